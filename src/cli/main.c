@@ -1,0 +1,32 @@
+/* Entry point of the `deepinfer` CLI: dispatches to the subcommands in the table below. */
+#include "cli.h"
+#include <string.h>
+
+int di_cmd_score(int argc, char **argv);
+int di_cmd_generate(int argc, char **argv);
+
+static const di_cli_command COMMANDS[] = {
+    {"score", "write the logits of a token sequence to a safetensors file", di_cmd_score},
+    {"generate", "generate a continuation of a prompt", di_cmd_generate},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: deepinfer <command> [options]\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+    fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+  fprintf(f, "\n`deepinfer <command> --help` describes each command.\n"
+             "Environment: DEEPINFER_HF_MODEL_DIR (default model folder), DEEPINFER_ACCELERATOR (cpu, cuda).\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || di_cli_is_help(argv[1])) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+    if (strcmp(argv[1], COMMANDS[i].name) == 0)
+      return COMMANDS[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "deepinfer: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,110 @@
+/* See json.h. */
+#include "util/json.h"
+#include <errno.h>
+#include <string.h>
+
+di_status di_read_file(const char *path, char **data, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return di_error_set(errno == ENOENT ? DI_ERR_NOT_FOUND : DI_ERR_IO, "cannot open %s: %s", path,
+                        strerror(errno));
+  if (fseek(f, 0, SEEK_END) != 0) {
+    fclose(f);
+    return di_error_set(DI_ERR_IO, "cannot seek %s", path);
+  }
+  long n = ftell(f);
+  rewind(f);
+  char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (!buf) {
+    fclose(f);
+    return di_error_set(DI_ERR_OOM, "cannot read %s: out of memory", path);
+  }
+  size_t got = fread(buf, 1, (size_t)n, f);
+  fclose(f);
+  if (got != (size_t)n) {
+    free(buf);
+    return di_error_set(DI_ERR_IO, "short read on %s", path);
+  }
+  buf[n] = 0;
+  *data = buf;
+  if (len)
+    *len = (size_t)n;
+  return DI_OK;
+}
+
+di_status di_json_parse(const char *text, size_t len, const char *what, cJSON **out) {
+  const char *end = NULL;
+  cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+  if (!j) {
+    size_t off = end && end >= text ? (size_t)(end - text) : 0;
+    return di_error_set(DI_ERR_FORMAT, "%s: invalid JSON near byte %zu", what, off);
+  }
+  *out = j;
+  return DI_OK;
+}
+
+di_status di_json_read_file(const char *path, cJSON **out) {
+  char *buf;
+  size_t n;
+  DI_TRY(di_read_file(path, &buf, &n));
+  di_status st = di_json_parse(buf, n, path, out);
+  free(buf);
+  return st;
+}
+
+static const cJSON *get(const cJSON *obj, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  return (v && !cJSON_IsNull(v)) ? v : NULL;
+}
+
+di_status di_json_int(const cJSON *obj, const char *key, int64_t def, const char *what, int64_t *out) {
+  const cJSON *v = get(obj, key);
+  if (!v) {
+    *out = def;
+    return DI_OK;
+  }
+  if (cJSON_IsBool(v)) {
+    *out = cJSON_IsTrue(v);
+    return DI_OK;
+  }
+  if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+    return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be an integer", what, key);
+  *out = (int64_t)v->valuedouble;
+  return DI_OK;
+}
+
+di_status di_json_num(const cJSON *obj, const char *key, double def, const char *what, double *out) {
+  const cJSON *v = get(obj, key);
+  if (!v) {
+    *out = def;
+    return DI_OK;
+  }
+  if (!cJSON_IsNumber(v))
+    return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be a number", what, key);
+  *out = v->valuedouble;
+  return DI_OK;
+}
+
+di_status di_json_bool(const cJSON *obj, const char *key, int def, const char *what, int *out) {
+  const cJSON *v = get(obj, key);
+  if (!v) {
+    *out = def;
+    return DI_OK;
+  }
+  if (!cJSON_IsBool(v))
+    return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be true or false", what, key);
+  *out = cJSON_IsTrue(v);
+  return DI_OK;
+}
+
+di_status di_json_str(const cJSON *obj, const char *key, const char *def, const char *what, const char **out) {
+  const cJSON *v = get(obj, key);
+  if (!v) {
+    *out = def;
+    return DI_OK;
+  }
+  if (!cJSON_IsString(v))
+    return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be a string", what, key);
+  *out = v->valuestring;
+  return DI_OK;
+}

@@ -1,0 +1,25 @@
+/* JSON helpers over cJSON (Debian's libcjson): reading a file into a tree, typed getters that
+ * report the key at fault. Numbers are doubles; integers are exact up to 2^53. */
+#ifndef DI_UTIL_JSON_H
+#define DI_UTIL_JSON_H
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include "util/status.h"
+
+/* Reads and parses `path`. On failure sets an error naming the file (and the byte offset of a
+ * syntax error). *out must be freed with cJSON_Delete. */
+di_status di_json_read_file(const char *path, cJSON **out);
+/* Parses `len` bytes (need not be NUL-terminated). `what` names the input in errors. */
+di_status di_json_parse(const char *text, size_t len, const char *what, cJSON **out);
+
+/* Typed lookups: missing key or JSON null gives `def`; a value of the wrong type is an error
+ * naming `what`.`key`. */
+di_status di_json_int(const cJSON *obj, const char *key, int64_t def, const char *what, int64_t *out);
+di_status di_json_num(const cJSON *obj, const char *key, double def, const char *what, double *out);
+di_status di_json_bool(const cJSON *obj, const char *key, int def, const char *what, int *out);
+/* Returns a borrowed string or `def`; wrong type is an error. */
+di_status di_json_str(const cJSON *obj, const char *key, const char *def, const char *what, const char **out);
+
+/* Reads a whole file into a malloc'd NUL-terminated buffer. */
+di_status di_read_file(const char *path, char **data, size_t *len);
+#endif

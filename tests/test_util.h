@@ -1,0 +1,46 @@
+/* Minimal test harness shared by the C tests: CHECK macros that count, and a closing line
+ * "N passed, N failed" that CI reads. A test binary exits nonzero when any check failed. */
+#ifndef DI_TEST_UTIL_H
+#define DI_TEST_UTIL_H
+#include <stdio.h>
+#include <string.h>
+
+extern int di_test_passed, di_test_failed;
+
+#define CHECK(c)                                                                   \
+  do {                                                                             \
+    if (c) {                                                                       \
+      di_test_passed++;                                                            \
+    } else {                                                                       \
+      di_test_failed++;                                                            \
+      fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                 \
+    }                                                                              \
+  } while (0)
+
+#define CHECKF(c, ...)                                                             \
+  do {                                                                             \
+    if (c) {                                                                       \
+      di_test_passed++;                                                            \
+    } else {                                                                       \
+      di_test_failed++;                                                            \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);                 \
+      fprintf(stderr, __VA_ARGS__);                                                \
+      fputc('\n', stderr);                                                         \
+    }                                                                              \
+  } while (0)
+
+/* Checks that `st` failed and di_last_error() contains `needle`. */
+#define CHECK_ERR(st, needle)                                                      \
+  do {                                                                             \
+    di_status st_ = (st);                                                          \
+    const char *m_ = di_last_error();                                              \
+    CHECKF(st_ != DI_OK && strstr(m_, (needle)) != NULL,                           \
+           "status %d, message \"%s\", expected to contain \"%s\"", (int)st_, m_,  \
+           (needle));                                                              \
+  } while (0)
+
+/* Path of a file under the source tree ($DI_SOURCE_DIR or "."); static buffer, rotating. */
+const char *test_path(const char *rel);
+/* Prints the closing line and returns the exit code. */
+int test_finish(const char *name);
+#endif
