@@ -75,6 +75,138 @@ int di_model_eos_ids(const di_model *m, int32_t *ids, int cap);
  * at every position to `logits` (row-major [n][vocab_size], float32). */
 di_status di_model_score(di_model *m, const int32_t *ids, int n, float *logits);
 
+/* ============================================================================================ */
+/* Engine: continuous batching over a paged KV cache (see docs/NOTES.md, "Engine")               */
+/* ============================================================================================ */
+typedef struct di_engine di_engine;
+
+typedef struct di_engine_options {
+  int max_num_seqs;              /* sequences running at once (default 256) */
+  int max_num_batched_tokens;    /* tokens per step (default 2048) */
+  int max_model_len;             /* longest prompt + output; <= 0: the model's context */
+  int enable_prefix_caching;     /* share cached full blocks between requests (default 1) */
+  int enable_chunked_prefill;    /* split long prompts across steps (default 1) */
+  int async_scheduling;          /* prepare step n+1 while step n runs (default 1) */
+  int64_t kv_cache_memory_bytes; /* KV pool budget; <= 0: default (1 GiB) */
+  int64_t num_kv_blocks;         /* > 0: exactly this many blocks (overrides the budget) */
+  uint64_t seed;                 /* seeds the seeds drawn for unseeded requests (0: from the clock) */
+} di_engine_options;
+
+void di_engine_options_default(di_engine_options *opt);
+
+typedef enum di_finish_reason {
+  DI_FINISH_NONE = 0,   /* still running */
+  DI_FINISH_STOP,       /* a stop token or stop string (or the grammar ended) */
+  DI_FINISH_LENGTH,     /* max_tokens, or the model's context filled */
+  DI_FINISH_ABORT,      /* di_engine_abort */
+  DI_FINISH_ERROR       /* this request failed; see di_seq_output.error */
+} di_finish_reason;
+const char *di_finish_reason_str(di_finish_reason r); /* "stop", "length", "abort", "error", "" */
+
+/* One request. Everything is copied by di_engine_add_request. Zero values mean "unset" where
+ * noted; use di_request_params_default. */
+typedef struct di_request_params {
+  /* prompt: token ids, or a text encoded with the model's tokenizer (BOS per its config) */
+  const int32_t *prompt_ids;
+  int n_prompt_ids;
+  const char *prompt;
+  /* sampling */
+  int n;                         /* samples of this prompt (default 1); they share its KV blocks */
+  float temperature;             /* <= 0: greedy (default 1) */
+  float top_p;                   /* (0, 1]; 1: off */
+  int top_k;                     /* <= 0: off */
+  float min_p;                   /* [0, 1]; 0: off */
+  float repetition_penalty;      /* 1: off; > 1 discourages tokens of the prompt and output */
+  float presence_penalty;        /* 0: off; output tokens only */
+  float frequency_penalty;       /* 0: off; output tokens only */
+  const int32_t *logit_bias_ids; /* added to the logits before everything else */
+  const float *logit_bias_values;
+  int n_logit_bias;
+  int has_seed;                  /* 0: a seed is drawn at admission */
+  uint64_t seed;
+  int logprobs;                  /* < 0: none; k >= 0: logprob of the chosen token + top k */
+  /* stopping */
+  int max_tokens;                /* new tokens at most (default 16; <= 0: up to the context) */
+  int min_tokens;                /* stop tokens banned until this many tokens were generated */
+  const int32_t *stop_token_ids; /* extra stop tokens (the model's EOS ids stop unless ignore_eos) */
+  int n_stop_token_ids;
+  const char *const *stop;       /* stop strings (not included in the returned text) */
+  int n_stop;
+  int ignore_eos;
+  int include_stop_str_in_output;
+  int skip_special_tokens;       /* in the returned text (default 1) */
+  /* structured outputs (vLLM's structured_outputs): at most one of these */
+  const char *json_schema;       /* JSON Schema text */
+  const char *regex;
+  const char *grammar;           /* GBNF-style EBNF */
+  int json_object;               /* any JSON object */
+} di_request_params;
+
+void di_request_params_default(di_request_params *p);
+
+typedef struct di_token_logprob {
+  int32_t id;
+  float logprob;
+} di_token_logprob;
+
+/* What one step did for one sample of one request. */
+typedef struct di_seq_output {
+  uint64_t req_id;
+  int sample_index;              /* 0..n-1 */
+  int n_new_tokens;
+  const int32_t *new_tokens;
+  const char *new_text;          /* new text (NUL-terminated; "" without a tokenizer) */
+  size_t new_text_len;
+  const float *new_logprobs;     /* [n_new_tokens] when logprobs >= 0, else NULL */
+  int n_top;                     /* top alternatives per token */
+  const di_token_logprob *top;   /* [n_new_tokens][n_top] */
+  di_finish_reason finish_reason; /* != DI_FINISH_NONE: this sample is done */
+  const char *error;             /* message when finish_reason == DI_FINISH_ERROR, else NULL */
+  int32_t stop_token;            /* the stop token it ended on, or -1 */
+  int n_prompt_tokens;
+  int n_cached_tokens;           /* prompt tokens found in the prefix cache */
+  int n_output_tokens;           /* generated so far */
+  double time_to_first_token;    /* seconds from add to first token (-1 before it) */
+  double time_per_output_token;  /* mean seconds between later tokens (set when finished) */
+} di_seq_output;
+
+typedef struct di_step_output {
+  int n;
+  const di_seq_output *seqs;
+} di_step_output;
+
+typedef struct di_engine_stats {
+  int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+  double prefix_cache_hit_rate;  /* hit tokens / queried prompt tokens */
+  int64_t prefix_cache_hit_tokens, prefix_cache_query_tokens;
+  int n_running, n_waiting;
+  int64_t steps, prompt_tokens, generated_tokens, preemptions;
+  double prompt_tokens_per_s, generation_tokens_per_s; /* over the engine's busy time */
+  double host_time_s;            /* host-side scheduling + sampling time, total */
+  double hidden_host_time_s;     /* of it, spent while the backend was computing */
+  double backend_wait_s;         /* time blocked in the backend's wait */
+} di_engine_stats;
+
+/* Creates an engine over a loaded model (which must outlive it; one engine per model at a time:
+ * the backend's KV pool is sized here). `opt` may be NULL. */
+di_status di_engine_create(di_model *m, const di_engine_options *opt, di_engine **out);
+void di_engine_free(di_engine *e);
+/* Queues a request. Invalid parameters are an error returned here (nothing queued); a prompt that
+ * cannot fit the context is queued and finishes at once with DI_FINISH_ERROR. */
+di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64_t *req_id);
+/* Runs one scheduling step. *out (owned by the engine, valid until the next step/free) lists the
+ * samples that produced tokens or finished. Per-request failures are reported there; a status
+ * other than DI_OK means the engine itself failed (backend error). */
+di_status di_engine_step(di_engine *e, di_step_output **out);
+/* Aborts a request (all its samples); reported as DI_FINISH_ABORT by the next step. Unknown or
+ * finished ids: DI_ERR_NOT_FOUND. */
+di_status di_engine_abort(di_engine *e, uint64_t req_id);
+/* 1 while any request is queued, running or has output not yet reported. */
+int di_engine_has_unfinished(const di_engine *e);
+void di_engine_get_stats(const di_engine *e, di_engine_stats *s);
+/* Verifies the KV block accounting (no leaked or double-freed block). */
+di_status di_engine_check(const di_engine *e);
+
 #ifdef __cplusplus
 }
 #endif

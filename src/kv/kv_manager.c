@@ -1,0 +1,272 @@
+/* The KV block manager: per-sequence block tables over one block pool per cache group, prefix
+ * caching by hash chain, window groups that give back old blocks (see kv_manager.h). */
+#include "kv/kv_manager.h"
+#include "kv/block_pool.h"
+#include <stdlib.h>
+#include <string.h>
+
+struct di_kv_manager {
+  int n_groups;
+  di_kv_group_info info[DI_KV_MAX_GROUPS];
+  int span[DI_KV_MAX_GROUPS];          /* tokens covered by one block */
+  di_block_pool pool[DI_KV_MAX_GROUPS];
+  int prefix_caching;
+  int64_t query_tokens, hit_tokens;
+};
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+static uint64_t hash_with(uint64_t seed, uint64_t parent, const int32_t *t, int n) {
+  uint64_t h = mix64(seed ^ mix64(parent + 0x9e3779b97f4a7c15ULL));
+  for (int i = 0; i < n; i++) h = mix64(h ^ ((uint64_t)(uint32_t)t[i] + ((uint64_t)i << 32)));
+  return mix64(h ^ (uint64_t)n);
+}
+
+uint64_t di_kv_block_hash(uint64_t parent, const int32_t *tokens, int n) {
+  return hash_with(0x243f6a8885a308d3ULL, parent, tokens, n);
+}
+static uint64_t block_hash2(uint64_t parent, const int32_t *tokens, int n) {
+  return hash_with(0x13198a2e03707344ULL, parent, tokens, n);
+}
+
+di_status di_kv_manager_create(const di_kv_group_info *groups, int n_groups, const int64_t *n_blocks,
+                               int prefix_caching, di_kv_manager **out) {
+  if (n_groups < 1 || n_groups > DI_KV_MAX_GROUPS)
+    return di_error_set(DI_ERR_INVALID_ARG, "KV manager: %d cache groups (1..%d supported)", n_groups, DI_KV_MAX_GROUPS);
+  di_kv_manager *m = calloc(1, sizeof *m);
+  if (!m) return di_error_set(DI_ERR_OOM, "KV manager: out of memory");
+  m->n_groups = n_groups;
+  m->prefix_caching = prefix_caching;
+  for (int g = 0; g < n_groups; g++) {
+    m->info[g] = groups[g];
+    int tpe = groups[g].tokens_per_entry > 0 ? groups[g].tokens_per_entry : 1;
+    m->info[g].tokens_per_entry = tpe;
+    m->span[g] = DI_KV_BLOCK_SIZE * tpe;
+    di_status st = di_block_pool_init(&m->pool[g], n_blocks[g]);
+    if (st != DI_OK) {
+      di_kv_manager_free(m);
+      return di_error_wrap(st, "KV cache group %d: ", g);
+    }
+  }
+  *out = m;
+  return DI_OK;
+}
+
+void di_kv_manager_free(di_kv_manager *m) {
+  if (!m) return;
+  for (int g = 0; g < m->n_groups; g++) di_block_pool_destroy(&m->pool[g]);
+  free(m);
+}
+
+int di_kv_num_groups(const di_kv_manager *m) { return m->n_groups; }
+int64_t di_kv_group_blocks(const di_kv_manager *m, int g) { return m->pool[g].n; }
+
+static int64_t blocks_for(const di_kv_group_info *gi, int64_t tokens, int max_seqs) {
+  int64_t span = (int64_t)DI_KV_BLOCK_SIZE * (gi->tokens_per_entry > 0 ? gi->tokens_per_entry : 1);
+  int64_t n = (tokens + span - 1) / span;
+  if (gi->window > 0) {
+    int64_t cap = (int64_t)max_seqs * ((gi->window + span - 1) / span + 1);
+    if (n > cap) n = cap;
+  }
+  return n < 1 ? 1 : n;
+}
+
+di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs,
+                     int64_t *n_blocks) {
+  if (n_groups < 1 || n_groups > DI_KV_MAX_GROUPS)
+    return di_error_set(DI_ERR_INVALID_ARG, "KV plan: %d cache groups", n_groups);
+  for (int g = 0; g < n_groups; g++)
+    if (groups[g].bytes_per_token <= 0)
+      return di_error_set(DI_ERR_INVALID_ARG, "KV plan: group %d has %lld bytes per token", g, (long long)groups[g].bytes_per_token);
+  /* largest token capacity T whose blocks fit the budget (binary search; cost is monotone in T) */
+  int64_t lo = 0, hi = (int64_t)1 << 40;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo + 1) / 2, bytes = 0;
+    for (int g = 0; g < n_groups && bytes <= budget_bytes; g++)
+      bytes += blocks_for(&groups[g], mid, max_seqs) * groups[g].bytes_per_token * DI_KV_BLOCK_SIZE;
+    if (bytes <= budget_bytes) lo = mid; else hi = mid - 1;
+  }
+  if (lo < 1)
+    return di_error_set(DI_ERR_OOM, "KV cache budget of %lld bytes holds not even one block per cache group "
+                        "(one block of group 0 is %lld bytes)", (long long)budget_bytes,
+                        (long long)(groups[0].bytes_per_token * DI_KV_BLOCK_SIZE));
+  for (int g = 0; g < n_groups; g++) n_blocks[g] = blocks_for(&groups[g], lo, max_seqs);
+  return DI_OK;
+}
+
+static di_status seq_reserve(di_kv_seq *s, int g, int n) {
+  if (n <= s->cap[g]) return DI_OK;
+  int cap = s->cap[g] ? s->cap[g] : 8;
+  while (cap < n) cap *= 2;
+  int32_t *t = realloc(s->table[g], (size_t)cap * sizeof *t);
+  if (!t) return di_error_set(DI_ERR_OOM, "KV block table: out of memory");
+  s->table[g] = t;
+  s->cap[g] = cap;
+  return DI_OK;
+}
+
+static int groups_share_prefixes(const di_kv_manager *m) {
+  for (int g = 0; g < m->n_groups; g++)
+    if (m->info[g].window > 0) return 0; /* a window group's old blocks are gone: no hits */
+  return 1;
+}
+
+int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_tokens, int force) {
+  if ((!m->prefix_caching && !force) || n_tokens <= 1 || !groups_share_prefixes(m)) return 0;
+  for (int g = 0; g < m->n_groups; g++)
+    if (s->n[g] != 0) return 0;
+  if (!force) m->query_tokens += n_tokens;
+  /* per group: longest run of cached blocks; the common hit is the shortest of these */
+  int hit = n_tokens - 1;
+  for (int g = 0; g < m->n_groups; g++) {
+    int span = m->span[g], k = 0;
+    uint64_t h = 0;
+    while ((k + 1) * span <= hit) {
+      uint64_t nh = di_kv_block_hash(h, tokens + k * span, span);
+      if (di_block_pool_lookup(&m->pool[g], nh, block_hash2(h, tokens + k * span, span)) < 0) break;
+      h = nh;
+      k++;
+    }
+    if (k * span < hit) hit = k * span;
+  }
+  if (hit <= 0) return 0;
+  for (int g = 0; g < m->n_groups; g++) {
+    int span = m->span[g], k = hit / span;
+    if (seq_reserve(s, g, k) != DI_OK) {
+      di_kv_free_seq(m, s);
+      return 0;
+    }
+    uint64_t h = 0;
+    for (int i = 0; i < k; i++) {
+      uint64_t nh = di_kv_block_hash(h, tokens + i * span, span);
+      int32_t b = di_block_pool_lookup(&m->pool[g], nh, block_hash2(h, tokens + i * span, span));
+      DI_ASSERT(b >= 0);
+      di_block_pool_ref(&m->pool[g], b);
+      s->table[g][i] = b;
+      h = nh;
+    }
+    s->n[g] = k;
+    s->n_hashed[g] = k;
+    s->last_hash[g] = h;
+  }
+  if (!force) m->hit_tokens += hit;
+  return hit;
+}
+
+static int blocks_to_cover(const di_kv_manager *m, int g, int n_tokens) {
+  return (n_tokens + m->span[g] - 1) / m->span[g];
+}
+
+int64_t di_kv_blocks_needed(const di_kv_manager *m, const di_kv_seq *s, int n_tokens) {
+  int64_t need = 0;
+  for (int g = 0; g < m->n_groups; g++) {
+    int want = blocks_to_cover(m, g, n_tokens);
+    if (want > s->n[g]) need += want - s->n[g];
+  }
+  return need;
+}
+
+int di_kv_can_allocate(const di_kv_manager *m, const di_kv_seq *s, int n_tokens) {
+  for (int g = 0; g < m->n_groups; g++) {
+    int want = blocks_to_cover(m, g, n_tokens);
+    if (want > s->n[g] && want - s->n[g] > m->pool[g].n_free) return 0;
+  }
+  return 1;
+}
+
+di_status di_kv_allocate(di_kv_manager *m, di_kv_seq *s, int n_tokens) {
+  if (!di_kv_can_allocate(m, s, n_tokens)) {
+    for (int g = 0; g < m->n_groups; g++) {
+      int want = blocks_to_cover(m, g, n_tokens);
+      if (want - s->n[g] > m->pool[g].n_free)
+        return di_error_set(DI_ERR_OOM, "KV cache group %d: %d more blocks needed, %lld free of %lld",
+                            g, want - s->n[g], (long long)m->pool[g].n_free, (long long)m->pool[g].n);
+    }
+  }
+  for (int g = 0; g < m->n_groups; g++) DI_TRY(seq_reserve(s, g, blocks_to_cover(m, g, n_tokens)));
+  for (int g = 0; g < m->n_groups; g++) {
+    int want = blocks_to_cover(m, g, n_tokens);
+    while (s->n[g] < want) {
+      int32_t b = di_block_pool_alloc(&m->pool[g]);
+      DI_ASSERT(b >= 0);
+      s->table[g][s->n[g]++] = b;
+    }
+  }
+  return DI_OK;
+}
+
+void di_kv_commit(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_valid) {
+  for (int g = 0; g < m->n_groups; g++) {
+    if (m->info[g].window > 0) continue;
+    int span = m->span[g];
+    while ((s->n_hashed[g] + 1) * span <= n_valid && s->n_hashed[g] < s->n[g]) {
+      int i = s->n_hashed[g];
+      uint64_t h = s->last_hash[g];
+      uint64_t nh = di_kv_block_hash(h, tokens + i * span, span);
+      di_block_pool_register(&m->pool[g], s->table[g][i], nh, block_hash2(h, tokens + i * span, span));
+      s->last_hash[g] = nh;
+      s->n_hashed[g]++;
+    }
+  }
+}
+
+void di_kv_slide(di_kv_manager *m, di_kv_seq *s, int pos) {
+  for (int g = 0; g < m->n_groups; g++) {
+    int w = m->info[g].window;
+    if (w <= 0) continue;
+    int span = m->span[g];
+    /* block i covers tokens [i*span, (i+1)*span); it is needed while (i+1)*span > pos - w */
+    while (s->n_freed[g] < s->n[g] && (int64_t)(s->n_freed[g] + 1) * span <= (int64_t)pos - w) {
+      int i = s->n_freed[g]++;
+      if (s->table[g][i] >= 0) di_block_pool_unref(&m->pool[g], s->table[g][i]);
+      s->table[g][i] = -1;
+    }
+  }
+}
+
+void di_kv_free_seq(di_kv_manager *m, di_kv_seq *s) {
+  for (int g = 0; g < m->n_groups; g++) {
+    for (int i = s->n[g] - 1; i >= 0; i--)
+      if (s->table[g][i] >= 0) di_block_pool_unref(&m->pool[g], s->table[g][i]);
+    free(s->table[g]);
+  }
+  memset(s, 0, sizeof *s);
+}
+
+void di_kv_get_stats(const di_kv_manager *m, di_kv_stats *st) {
+  memset(st, 0, sizeof *st);
+  for (int g = 0; g < m->n_groups; g++) {
+    st->total_blocks += m->pool[g].n;
+    st->free_blocks += m->pool[g].n_free;
+    st->cached_blocks += m->pool[g].n_cached;
+    st->evictions += m->pool[g].evictions;
+  }
+  st->used_blocks = st->total_blocks - st->free_blocks;
+  st->query_tokens = m->query_tokens;
+  st->hit_tokens = m->hit_tokens;
+}
+
+int64_t di_kv_seq_refs(const di_kv_manager *m, const di_kv_seq *s) {
+  int64_t r = 0;
+  for (int g = 0; g < m->n_groups; g++)
+    for (int i = 0; i < s->n[g]; i++) r += s->table[g][i] >= 0;
+  return r;
+}
+
+di_status di_kv_check(const di_kv_manager *m, int64_t expected_refs) {
+  int64_t refs = 0;
+  char what[48];
+  for (int g = 0; g < m->n_groups; g++) {
+    snprintf(what, sizeof what, "KV cache group %d", g);
+    DI_TRY(di_block_pool_check(&m->pool[g], what));
+    for (int64_t b = 0; b < m->pool[g].n; b++) refs += m->pool[g].ref[b];
+  }
+  if (expected_refs >= 0 && refs != expected_refs)
+    return di_error_set(DI_ERR_INTERNAL, "KV cache: %lld block references held, live sequences account for %lld",
+                        (long long)refs, (long long)expected_refs);
+  return DI_OK;
+}
