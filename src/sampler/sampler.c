@@ -1,0 +1,248 @@
+/* One-row sampler (see sampler.h). Truncation avoids sorting the vocabulary: top-k keeps a heap of
+ * k entries, top-p first gathers the tokens above a probability threshold that is lowered tenfold
+ * until they hold enough mass (the nucleus is always among the most probable tokens), and sorts
+ * only those. Ties are broken by the lower id everywhere, so results are reproducible. */
+#include "sampler/sampler.h"
+#include "sampler/rng.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct di_sampler {
+  int vocab;
+  int32_t *count;   /* output-token counts (zero between calls) */
+  uint8_t *seen;    /* token appears in prompt or output (zero between calls) */
+  int32_t *touched; /* ids whose count/seen were set */
+  int32_t *cid;     /* candidates */
+  float *cp;
+};
+
+di_status di_sampler_create(int vocab, di_sampler **out) {
+  if (vocab <= 0) return di_error_set(DI_ERR_INVALID_ARG, "sampler: vocabulary of %d tokens", vocab);
+  di_sampler *s = calloc(1, sizeof *s);
+  if (!s) return di_error_set(DI_ERR_OOM, "sampler: out of memory");
+  s->vocab = vocab;
+  s->count = calloc((size_t)vocab, sizeof *s->count);
+  s->seen = calloc((size_t)vocab, 1);
+  s->touched = malloc((size_t)vocab * sizeof *s->touched);
+  s->cid = malloc((size_t)vocab * sizeof *s->cid);
+  s->cp = malloc((size_t)vocab * sizeof *s->cp);
+  if (!s->count || !s->seen || !s->touched || !s->cid || !s->cp) {
+    di_sampler_free(s);
+    return di_error_set(DI_ERR_OOM, "sampler: out of memory for %d-token scratch", vocab);
+  }
+  *out = s;
+  return DI_OK;
+}
+
+void di_sampler_free(di_sampler *s) {
+  if (!s) return;
+  free(s->count); free(s->seen); free(s->touched); free(s->cid); free(s->cp);
+  free(s);
+}
+
+di_status di_sampling_validate(const di_sampling *sp, int vocab) {
+  if (!(sp->temperature >= 0) && !(sp->temperature < 0)) return di_error_set(DI_ERR_INVALID_ARG, "temperature is NaN");
+  if (!(sp->top_p > 0 && sp->top_p <= 1)) return di_error_set(DI_ERR_INVALID_ARG, "top_p must be in (0, 1], got %g", sp->top_p);
+  if (!(sp->min_p >= 0 && sp->min_p <= 1)) return di_error_set(DI_ERR_INVALID_ARG, "min_p must be in [0, 1], got %g", sp->min_p);
+  if (!(sp->repetition_penalty > 0 && isfinite(sp->repetition_penalty)))
+    return di_error_set(DI_ERR_INVALID_ARG, "repetition_penalty must be > 0, got %g", sp->repetition_penalty);
+  if (!isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty))
+    return di_error_set(DI_ERR_INVALID_ARG, "presence_penalty and frequency_penalty must be finite");
+  if (sp->logprobs > DI_MAX_LOGPROBS)
+    return di_error_set(DI_ERR_INVALID_ARG, "logprobs must be at most %d, got %d", DI_MAX_LOGPROBS, sp->logprobs);
+  for (int i = 0; i < sp->n_bias; i++) {
+    if (sp->bias_ids[i] < 0 || sp->bias_ids[i] >= vocab)
+      return di_error_set(DI_ERR_INVALID_ARG, "logit_bias names token %d, outside the vocabulary [0, %d)", sp->bias_ids[i], vocab);
+    if (isnan(sp->bias_values[i])) return di_error_set(DI_ERR_INVALID_ARG, "logit_bias for token %d is NaN", sp->bias_ids[i]);
+  }
+  return DI_OK;
+}
+
+/* a ranks before b: larger probability, then lower id */
+static int before(float pa, int32_t ia, float pb, int32_t ib) { return pa > pb || (pa == pb && ia < ib); }
+
+static int cmp_cand(const void *a, const void *b, void *ctx) {
+  const float *p = ctx;
+  int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
+  if (before(p[ia], ia, p[ib], ib)) return -1;
+  if (before(p[ib], ib, p[ia], ia)) return 1;
+  return 0;
+}
+
+/* qsort_r is a GNU extension (_GNU_SOURCE is defined project-wide) */
+static void sort_ids(int32_t *ids, int n, float *p) { qsort_r(ids, (size_t)n, sizeof *ids, cmp_cand, p); }
+
+static void apply_penalties(di_sampler *s, float *l, const di_sampling *sp, const int32_t *hist, int n_prompt,
+                            int n_hist) {
+  int rep = sp->repetition_penalty != 1.0f, pf = sp->presence_penalty != 0 || sp->frequency_penalty != 0;
+  if (!rep && !pf) return;
+  int nt = 0;
+  for (int i = 0; i < n_hist; i++) {
+    int32_t t = hist[i];
+    if (t < 0 || t >= s->vocab) continue;
+    if (!s->seen[t] && s->count[t] == 0) s->touched[nt++] = t;
+    s->seen[t] = 1;
+    if (i >= n_prompt) s->count[t]++;
+  }
+  for (int k = 0; k < nt; k++) {
+    int32_t t = s->touched[k];
+    if (rep) l[t] = l[t] > 0 ? l[t] / sp->repetition_penalty : l[t] * sp->repetition_penalty;
+    if (pf && s->count[t] > 0) l[t] -= sp->presence_penalty + sp->frequency_penalty * (float)s->count[t];
+    s->seen[t] = 0;
+    s->count[t] = 0;
+  }
+}
+
+/* keeps the k best of ids[0..n) (by p) at the front in rank order; returns min(k, n) */
+static int top_k_select(int32_t *ids, int n, int k, const float *p) {
+  if (k >= n) return n;
+  /* min-heap of the k best seen so far; root = worst of them */
+  int32_t *h = ids; /* reuse the front of the array: ids[0..k) becomes the heap */
+  for (int i = k / 2 - 1; i >= 0; i--) {
+    for (int j = i;;) {
+      int c = 2 * j + 1, w = j;
+      if (c < k && before(p[h[w]], h[w], p[h[c]], h[c])) w = c;
+      if (c + 1 < k && before(p[h[w]], h[w], p[h[c + 1]], h[c + 1])) w = c + 1;
+      if (w == j) break;
+      int32_t t = h[j]; h[j] = h[w]; h[w] = t; j = w;
+    }
+  }
+  for (int i = k; i < n; i++) {
+    int32_t x = ids[i];
+    if (!before(p[x], x, p[h[0]], h[0])) continue;
+    h[0] = x;
+    for (int j = 0;;) {
+      int c = 2 * j + 1, w = j;
+      if (c < k && before(p[h[w]], h[w], p[h[c]], h[c])) w = c;
+      if (c + 1 < k && before(p[h[w]], h[w], p[h[c + 1]], h[c + 1])) w = c + 1;
+      if (w == j) break;
+      int32_t t = h[j]; h[j] = h[w]; h[w] = t; j = w;
+    }
+  }
+  return k;
+}
+
+di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_sampling *sp,
+                            const int32_t *history, int n_prompt, int n_history, const uint32_t *allow,
+                            uint64_t counter, di_sample_result *res) {
+  int V = vocab_limit > 0 && vocab_limit < s->vocab ? vocab_limit : s->vocab;
+  for (int i = 0; i < sp->n_bias; i++)
+    if (sp->bias_ids[i] >= 0 && sp->bias_ids[i] < V) l[sp->bias_ids[i]] += sp->bias_values[i];
+  if (allow)
+    for (int i = 0; i < V; i++)
+      if (!(allow[i >> 5] >> (i & 31) & 1u)) l[i] = -INFINITY;
+  for (int i = 0; i < sp->n_ban; i++)
+    if (sp->ban_ids[i] >= 0 && sp->ban_ids[i] < V) l[sp->ban_ids[i]] = -INFINITY;
+  apply_penalties(s, l, sp, history, n_prompt, n_history);
+
+  int32_t best = -1;
+  float mx = -INFINITY;
+  for (int i = 0; i < V; i++) {
+    if (isnan(l[i])) l[i] = -INFINITY; /* a NaN logit is never sampled */
+    if (l[i] > mx) { mx = l[i]; best = i; }
+  }
+  if (best < 0) return di_error_set(DI_ERR_INVALID_ARG, "no token is allowed at this step (all masked or banned)");
+
+  double lse = 0;
+  if (sp->logprobs >= 0) {
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)l[i] - mx);
+    lse = mx + log(z);
+  }
+
+  int32_t tok = best;
+  if (sp->temperature > 0 && sp->top_k != 1) {
+    float *p = s->cp;
+    double inv_t = 1.0 / sp->temperature, z = 0;
+    for (int i = 0; i < V; i++) {
+      p[i] = (float)exp(((double)l[i] - mx) * inv_t); /* the best token has p = 1 */
+      z += p[i];
+    }
+    int trunc = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1 || sp->min_p > 0;
+    double u = di_rng_uniform(sp->seed, sp->stream, counter);
+    if (!trunc) {
+      double target = u * z, acc = 0;
+      tok = -1;
+      for (int i = 0; i < V; i++) {
+        if (p[i] <= 0) continue;
+        acc += p[i];
+        tok = i;
+        if (acc > target) break;
+      }
+    } else {
+      int32_t *c = s->cid;
+      int n = 0, sorted = 0;
+      if (sp->top_k > 0 && sp->top_k < V) {
+        for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
+        n = top_k_select(c, n, sp->top_k, p);
+        sort_ids(c, n, p);
+        sorted = 1;
+        z = 0;
+        for (int i = 0; i < n; i++) z += p[c[i]];
+      } else if (sp->top_p < 1) {
+        /* the nucleus lies within the tokens above some threshold: find one that holds top_p */
+        for (double thr = 0.1;; thr *= 0.1) {
+          double m = 0;
+          n = 0;
+          if (thr < 1e-30) {
+            for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
+            break;
+          }
+          for (int i = 0; i < V; i++) if (p[i] >= thr) { c[n++] = i; m += p[i]; }
+          if (m >= sp->top_p * z) break;
+        }
+        sort_ids(c, n, p);
+        sorted = 1;
+      } else {
+        for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
+      }
+      if (sp->top_p < 1 && sorted) {
+        double acc = 0, need = sp->top_p * z;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+          acc += p[c[i]];
+          if (acc >= need) { keep = i + 1; break; }
+        }
+        n = keep;
+      }
+      if (sp->min_p > 0) {
+        /* relative to the most probable survivor, which is c[0] when sorted and has p = 1 */
+        float pm = 0;
+        for (int i = 0; i < n; i++) if (p[c[i]] > pm) pm = p[c[i]];
+        int m = 0;
+        for (int i = 0; i < n; i++) if (p[c[i]] >= sp->min_p * pm) c[m++] = c[i];
+        n = m;
+      }
+      double tot = 0;
+      for (int i = 0; i < n; i++) tot += p[c[i]];
+      double target = u * tot, acc = 0;
+      tok = c[n - 1];
+      for (int i = 0; i < n; i++) {
+        acc += p[c[i]];
+        if (acc > target) { tok = c[i]; break; }
+      }
+    }
+    if (tok < 0) tok = best;
+  }
+  res->token = tok;
+  res->n_top = 0;
+  res->logprob = sp->logprobs >= 0 ? (float)(l[tok] - lse) : 0.0f;
+  if (sp->logprobs > 0) {
+    int k = sp->logprobs;
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+      if (l[i] == -INFINITY) continue;
+      if (n == k && !before(l[i], i, l[res->top_ids[n - 1]], res->top_ids[n - 1])) continue;
+      int j = n < k ? n++ : k - 1;
+      while (j > 0 && before(l[i], i, l[res->top_ids[j - 1]], res->top_ids[j - 1])) {
+        res->top_ids[j] = res->top_ids[j - 1];
+        j--;
+      }
+      res->top_ids[j] = i;
+    }
+    for (int j = 0; j < n; j++) res->top_logprobs[j] = (float)(l[res->top_ids[j]] - lse);
+    res->n_top = n;
+  }
+  return DI_OK;
+}

@@ -1,0 +1,52 @@
+/* Sampling one token from one row of logits: logit bias, bans and masks (padding ids, grammar),
+ * repetition / presence / frequency penalties, log-probabilities (chosen + top-n), then greedy or
+ * temperature + top-k + top-p + min-p and one counter-based draw.
+ *
+ * Order (documented for users): bias -> bans/masks -> penalties -> logprobs are taken here (the
+ * distribution after penalties and masks, before temperature and truncation) -> temperature ->
+ * top-k -> top-p -> min-p -> draw. Greedy (temperature <= 0) takes the largest logit, the lowest id
+ * on ties. A row never depends on another row: the engine samples rows independently. */
+#ifndef DI_SAMPLER_H
+#define DI_SAMPLER_H
+#include <stdint.h>
+#include "util/status.h"
+
+#define DI_MAX_LOGPROBS 20
+
+typedef struct di_sampling {
+  float temperature, top_p, min_p;
+  int top_k;
+  float repetition_penalty, presence_penalty, frequency_penalty;
+  const int32_t *bias_ids;
+  const float *bias_values;
+  int n_bias;
+  const int32_t *ban_ids;      /* never sampled this step (min_tokens) */
+  int n_ban;
+  int logprobs;                /* < 0: none */
+  uint64_t seed;
+  uint64_t stream;             /* the sample index */
+} di_sampling;
+
+typedef struct di_sample_result {
+  int32_t token;
+  float logprob;
+  int n_top;
+  int32_t top_ids[DI_MAX_LOGPROBS];
+  float top_logprobs[DI_MAX_LOGPROBS];
+} di_sample_result;
+
+typedef struct di_sampler di_sampler; /* scratch buffers for one vocabulary size; one thread */
+
+di_status di_sampler_create(int vocab, di_sampler **out);
+void di_sampler_free(di_sampler *s);
+
+/* Samples from `logits` ([vocab], modified in place). Ids >= vocab_limit are never chosen; when
+ * `allow` (a bitmask, bit i = id i allowed) is non-NULL only allowed ids are. `history` holds the
+ * prompt (first n_prompt) then the output tokens (n_history in all) for the penalties. `counter`
+ * is the position being generated (keys the draw). DI_ERR_INVALID_ARG when nothing is allowed. */
+di_status di_sampler_sample(di_sampler *s, float *logits, int vocab_limit, const di_sampling *sp,
+                            const int32_t *history, int n_prompt, int n_history, const uint32_t *allow,
+                            uint64_t counter, di_sample_result *res);
+/* Checks parameter ranges; names the bad one. */
+di_status di_sampling_validate(const di_sampling *sp, int vocab);
+#endif
