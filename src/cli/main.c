@@ -4,10 +4,12 @@
 
 int di_cmd_score(int argc, char **argv);
 int di_cmd_generate(int argc, char **argv);
+int di_cmd_grammar(int argc, char **argv);
 
 static const di_cli_command COMMANDS[] = {
     {"score", "write the logits of a token sequence to a safetensors file", di_cmd_score},
     {"generate", "generate a continuation of a prompt", di_cmd_generate},
+    {"grammar", "compile a grammar (regex, JSON schema, EBNF) and check stdin against it", di_cmd_grammar},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,406 @@
+/* EBNF front-end: the GBNF dialect llama.cpp users write -- `name ::= alternatives`, literals
+ * with escapes, [classes] with ranges and ^negation, `.`, groups, `? * + {m} {m,} {m,n}`, `#`
+ * comments; the start rule is `root`. Errors say "line L, column C". */
+#include "grammar/gram_ir.h"
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  di_gb *b;
+  const char *s;
+  size_t n, i;
+  int depth;
+  size_t *refpos; /* first reference of each rule (for "used but not defined") */
+  int cap_ref;
+} ep;
+
+static di_status perr(const ep *p, size_t at, const char *fmt, const char *arg) {
+  int line = 1, col = 1;
+  for (size_t k = 0; k < at && k < p->n; k++) {
+    if (p->s[k] == '\n')
+      line++, col = 1;
+    else
+      col++;
+  }
+  char msg[256];
+  snprintf(msg, sizeof msg, fmt, arg ? arg : "");
+  return di_error_set(DI_ERR_FORMAT, "grammar: %s at line %d, column %d", msg, line, col);
+}
+
+static void skip_space(ep *p, int newlines) {
+  while (p->i < p->n) {
+    char c = p->s[p->i];
+    if (c == ' ' || c == '\t' || c == '\r' || (newlines && c == '\n')) {
+      p->i++;
+    } else if (c == '#') {
+      while (p->i < p->n && p->s[p->i] != '\n')
+        p->i++;
+    } else {
+      break;
+    }
+  }
+}
+
+static int is_word(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
+
+/* Decodes one UTF-8 code point at p->i; -1 when malformed. */
+static int32_t next_utf8(ep *p) {
+  const unsigned char *u = (const unsigned char *)p->s;
+  unsigned c = u[p->i];
+  int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (!len || p->i + (size_t)len > p->n)
+    return -1;
+  uint32_t cp = len == 1 ? c : len == 2 ? (c & 31) : len == 3 ? (c & 15) : (c & 7);
+  for (int k = 1; k < len; k++) {
+    if ((u[p->i + (size_t)k] & 0xC0) != 0x80)
+      return -1;
+    cp = (cp << 6) | (u[p->i + (size_t)k] & 63);
+  }
+  p->i += (size_t)len;
+  return (int32_t)cp;
+}
+
+static int hexval(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* One character of a literal or class, with escapes. Returns a code point or sets *st. */
+static int32_t parse_char(ep *p, di_status *st) {
+  size_t at = p->i;
+  if (p->s[p->i] != '\\') {
+    int32_t c = next_utf8(p);
+    if (c < 0)
+      *st = perr(p, at, "invalid UTF-8%s", NULL);
+    return c;
+  }
+  p->i++;
+  if (p->i >= p->n) {
+    *st = perr(p, at, "unfinished escape%s", NULL);
+    return -1;
+  }
+  char e = p->s[p->i++];
+  int digits = 0;
+  switch (e) {
+  case 'n': return '\n';
+  case 't': return '\t';
+  case 'r': return '\r';
+  case 'f': return '\f';
+  case 'v': return '\v';
+  case '0': return 0;
+  case '\\': case '"': case '[': case ']': case '-': case '^': case '\'': case '/': case '.':
+    return e;
+  case 'x': digits = 2; break;
+  case 'u': digits = 4; break;
+  case 'U': digits = 8; break;
+  default:
+    *st = perr(p, at, "unknown escape%s", NULL);
+    return -1;
+  }
+  uint32_t v = 0;
+  for (int k = 0; k < digits; k++) {
+    int h = p->i < p->n ? hexval(p->s[p->i]) : -1;
+    if (h < 0) {
+      *st = perr(p, at, "escape needs %s hex digits", digits == 2 ? "2" : digits == 4 ? "4" : "8");
+      return -1;
+    }
+    v = v * 16 + (uint32_t)h;
+    p->i++;
+  }
+  if (v > 0x10FFFF) {
+    *st = perr(p, at, "code point out of range%s", NULL);
+    return -1;
+  }
+  return (int32_t)v;
+}
+
+static void emit_cp(di_gb *b, di_gseq *s, uint32_t c) {
+  di_cprange r = {c, c};
+  if (c < 0x80)
+    di_gseq_byte(b, s, (uint8_t)c);
+  else
+    di_gseq_cpset(b, s, &r, 1, 0);
+}
+
+static di_status parse_alternates(ep *p, int rule, int nested);
+
+static int note_ref(ep *p, int rule, size_t at) {
+  if (rule >= p->cap_ref) {
+    int nc = p->cap_ref ? p->cap_ref * 2 : 64;
+    while (nc <= rule)
+      nc *= 2;
+    size_t *q = realloc(p->refpos, sizeof(size_t) * (size_t)nc);
+    if (!q)
+      return 0;
+    for (int k = p->cap_ref; k < nc; k++)
+      q[k] = (size_t)-1;
+    p->refpos = q;
+    p->cap_ref = nc;
+  }
+  if (p->refpos[rule] == (size_t)-1)
+    p->refpos[rule] = at;
+  return 1;
+}
+
+static int parse_int(ep *p, int *out) {
+  if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
+    return 0;
+  long v = 0;
+  while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+    v = v * 10 + (p->s[p->i++] - '0');
+    if (v > 1000000)
+      v = 1000000;
+  }
+  *out = (int)v;
+  return 1;
+}
+
+static di_status parse_sequence(ep *p, di_gseq *seq, int nested) {
+  di_gb *b = p->b;
+  int item = -1; /* start of the last item in seq, what a postfix operator applies to */
+  di_status st = DI_OK;
+  for (;;) {
+    skip_space(p, nested);
+    if (p->i >= p->n)
+      break;
+    char c = p->s[p->i];
+    size_t at = p->i;
+    if (c == '"') {
+      item = seq->n;
+      p->i++;
+      while (p->i < p->n && p->s[p->i] != '"') {
+        int32_t cp = parse_char(p, &st);
+        if (cp < 0)
+          return st;
+        emit_cp(b, seq, (uint32_t)cp);
+      }
+      if (p->i >= p->n)
+        return perr(p, at, "unterminated string literal%s", NULL);
+      p->i++;
+    } else if (c == '[') {
+      item = seq->n;
+      p->i++;
+      int neg = 0;
+      if (p->i < p->n && p->s[p->i] == '^')
+        neg = 1, p->i++;
+      di_cprange *rs = NULL;
+      int nr = 0, cap = 0;
+      while (p->i < p->n && p->s[p->i] != ']') {
+        int32_t lo = parse_char(p, &st), hi;
+        if (lo < 0) {
+          free(rs);
+          return st;
+        }
+        hi = lo;
+        if (p->i + 1 < p->n && p->s[p->i] == '-' && p->s[p->i + 1] != ']') {
+          p->i++;
+          hi = parse_char(p, &st);
+          if (hi < 0) {
+            free(rs);
+            return st;
+          }
+          if (hi < lo) {
+            free(rs);
+            return perr(p, at, "character range out of order%s", NULL);
+          }
+        }
+        if (nr == cap) {
+          cap = cap ? cap * 2 : 8;
+          di_cprange *q = realloc(rs, sizeof *rs * (size_t)cap);
+          if (!q) {
+            free(rs);
+            return di_error_set(DI_ERR_OOM, "out of memory");
+          }
+          rs = q;
+        }
+        rs[nr++] = (di_cprange){(uint32_t)lo, (uint32_t)hi};
+      }
+      if (p->i >= p->n) {
+        free(rs);
+        return perr(p, at, "unterminated character class%s", NULL);
+      }
+      p->i++;
+      di_gseq_cpset(b, seq, rs, nr, neg);
+      free(rs);
+    } else if (c == '.') {
+      item = seq->n;
+      p->i++;
+      di_cprange all = {0, 0x10FFFF};
+      di_gseq_cpset(b, seq, &all, 1, 0);
+    } else if (c == '(') {
+      item = seq->n;
+      p->i++;
+      if (++p->depth > 200)
+        return perr(p, at, "groups nested too deeply%s", NULL);
+      int r = di_gb_new_rule(b, "group");
+      DI_TRY(parse_alternates(p, r, 1));
+      p->depth--;
+      skip_space(p, 1);
+      if (p->i >= p->n || p->s[p->i] != ')')
+        return perr(p, at, "unclosed '('%s", NULL);
+      p->i++;
+      di_gseq_push(b, seq, (di_gel){DI_GE_RULE, r});
+    } else if (is_word(c)) {
+      size_t j = p->i;
+      while (j < p->n && is_word(p->s[j]))
+        j++;
+      size_t k = j;
+      while (k < p->n && (p->s[k] == ' ' || p->s[k] == '\t'))
+        k++;
+      if (!nested && k + 2 < p->n && memcmp(p->s + k, "::=", 3) == 0)
+        break; /* the next rule starts */
+      char name[128];
+      if (j - p->i >= sizeof name)
+        return perr(p, at, "rule name too long%s", NULL);
+      memcpy(name, p->s + p->i, j - p->i);
+      name[j - p->i] = 0;
+      p->i = j;
+      item = seq->n;
+      int r = di_gb_rule(b, name);
+      if (!note_ref(p, r, at))
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      di_gseq_push(b, seq, (di_gel){DI_GE_RULE, r});
+    } else if (c == '*' || c == '+' || c == '?' || c == '{') {
+      if (item < 0)
+        return perr(p, at, "'%c' has nothing to repeat", (char[]){c, 0});
+      int min = 0, max = -1;
+      p->i++;
+      if (c == '+')
+        min = 1;
+      else if (c == '?')
+        max = 1;
+      else if (c == '{') {
+        skip_space(p, 0);
+        if (!parse_int(p, &min))
+          return perr(p, at, "expected a number after '{'%s", NULL);
+        skip_space(p, 0);
+        max = min;
+        if (p->i < p->n && p->s[p->i] == ',') {
+          p->i++;
+          skip_space(p, 0);
+          max = -1;
+          parse_int(p, &max);
+          skip_space(p, 0);
+        }
+        if (p->i >= p->n || p->s[p->i] != '}')
+          return perr(p, at, "expected '}'%s", NULL);
+        p->i++;
+        if (max >= 0 && max < min)
+          return perr(p, at, "repetition {m,n} with n < m%s", NULL);
+      }
+      di_gseq tail = {0};
+      for (int k = item; k < seq->n; k++)
+        di_gseq_push(b, &tail, seq->v[k]);
+      seq->n = item;
+      di_gel x = di_gb_wrap(b, &tail, "item");
+      di_gseq_free(&tail);
+      di_gseq_repeat(b, seq, x, min, max);
+      if (b->oom)
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      if (b->total_els > b->max_els)
+        return perr(p, at, "repetition makes the grammar too large%s", NULL);
+      item = -1; /* "a**" is an error as in llama.cpp */
+    } else if (c == '<') {
+      return perr(p, at, "token references (<...>) are not supported%s", NULL);
+    } else {
+      break; /* | ) newline or something the caller reports */
+    }
+    if (b->oom)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  return DI_OK;
+}
+
+static di_status parse_alternates(ep *p, int rule, int nested) {
+  for (;;) {
+    di_gseq seq = {0};
+    di_status st = parse_sequence(p, &seq, nested);
+    if (st == DI_OK)
+      st = di_gb_add_alt(p->b, rule, seq.v, seq.n);
+    di_gseq_free(&seq);
+    DI_TRY(st);
+    skip_space(p, nested);
+    /* a line starting with '|' continues the rule (more lenient than llama.cpp) */
+    size_t k = p->i;
+    if (!nested) {
+      size_t j = k;
+      while (j < p->n && (p->s[j] == ' ' || p->s[j] == '\t' || p->s[j] == '\r' || p->s[j] == '\n'))
+        j++;
+      if (j < p->n && p->s[j] == '|')
+        k = j;
+    }
+    if (k < p->n && p->s[k] == '|') {
+      p->i = k + 1;
+      skip_space(p, 1);
+      continue;
+    }
+    return DI_OK;
+  }
+}
+
+di_status di_ebnf_compile(di_gb *b, const char *src, size_t len) {
+  ep p = {.b = b, .s = src, .n = len};
+  di_status st = DI_OK;
+  for (;;) {
+    skip_space(&p, 1);
+    if (p.i >= p.n)
+      break;
+    size_t at = p.i;
+    size_t j = p.i;
+    while (j < p.n && is_word(p.s[j]))
+      j++;
+    if (j == p.i) {
+      st = perr(&p, at, "expected a rule name%s", NULL);
+      break;
+    }
+    char name[128];
+    if (j - p.i >= sizeof name) {
+      st = perr(&p, at, "rule name too long%s", NULL);
+      break;
+    }
+    memcpy(name, p.s + p.i, j - p.i);
+    name[j - p.i] = 0;
+    p.i = j;
+    skip_space(&p, 0);
+    if (p.i + 3 > p.n || memcmp(p.s + p.i, "::=", 3) != 0) {
+      st = perr(&p, p.i, "expected '::=' after rule name%s", NULL);
+      break;
+    }
+    p.i += 3;
+    int r = di_gb_rule(b, name);
+    if (b->rules[r].defined) {
+      st = perr(&p, at, "rule '%s' defined twice", name);
+      break;
+    }
+    skip_space(&p, 1);
+    st = parse_alternates(&p, r, 0);
+    if (st != DI_OK)
+      break;
+    skip_space(&p, 0);
+    if (p.i < p.n && p.s[p.i] != '\n') {
+      st = perr(&p, p.i, "unexpected '%s'", (char[]){p.s[p.i], 0});
+      break;
+    }
+  }
+  if (st == DI_OK) {
+    for (int r = 0; r < b->n_rules; r++) {
+      if (!b->rules[r].defined) {
+        size_t at = r < p.cap_ref && p.refpos[r] != (size_t)-1 ? p.refpos[r] : 0;
+        st = perr(&p, at, "rule '%s' is used but not defined", b->rules[r].name);
+        break;
+      }
+    }
+  }
+  int root = -1;
+  if (st == DI_OK) {
+    for (int r = 0; r < b->n_rules; r++)
+      if (strcmp(b->rules[r].name, "root") == 0)
+        root = r;
+    if (root < 0)
+      st = di_error_set(DI_ERR_FORMAT, "grammar: no 'root' rule at line 1, column 1");
+  }
+  free(p.refpos);
+  DI_TRY(st);
+  return di_gb_finish(b, root);
+}

@@ -1,0 +1,603 @@
+/* Grammar builder: rules, alternatives, interned byte classes, UTF-8 lowering of code-point
+ * sets, bounded repetition, and the final checks (defined, productive, not left-recursive) and
+ * flattening into the array the automaton walks. */
+#include "grammar/gram_ir.h"
+#include <stdlib.h>
+#include <string.h>
+
+struct di_cpcache {
+  di_cprange *r;
+  int n, negate;
+  di_gel el;
+};
+
+void di_gb_init(di_gb *b, int max_elements) {
+  memset(b, 0, sizeof *b);
+  b->max_els = max_elements > 0 ? max_elements : 2000000;
+  b->root = -1;
+}
+
+void di_gb_free(di_gb *b) {
+  for (int i = 0; i < b->n_rules; i++) {
+    free(b->rules[i].name);
+    free(b->rules[i].alt_off);
+    free(b->rules[i].els);
+  }
+  for (int i = 0; i < b->n_cpc; i++)
+    free(b->cpc[i].r);
+  free(b->cpc);
+  free(b->rules);
+  free(b->classes);
+  free(b->flat);
+  free(b->rule_alts);
+  free(b->rule_first);
+  memset(b, 0, sizeof *b);
+}
+
+static int grow(void **p, int *cap, int need, size_t elsize) {
+  if (need <= *cap)
+    return 1;
+  int nc = *cap ? *cap : 8;
+  while (nc < need)
+    nc *= 2;
+  void *q = realloc(*p, (size_t)nc * elsize);
+  if (!q)
+    return 0;
+  *p = q;
+  *cap = nc;
+  return 1;
+}
+
+int di_gb_rule(di_gb *b, const char *name) {
+  for (int i = 0; i < b->n_rules; i++)
+    if (strcmp(b->rules[i].name, name) == 0)
+      return i;
+  if (!grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof(di_grule))) {
+    b->oom = 1;
+    return 0;
+  }
+  di_grule *r = &b->rules[b->n_rules];
+  memset(r, 0, sizeof *r);
+  r->name = strdup(name);
+  if (!r->name)
+    b->oom = 1;
+  return b->n_rules++;
+}
+
+int di_gb_new_rule(di_gb *b, const char *hint) {
+  /* anonymous names contain '#', which EBNF identifiers cannot, so they never collide; no lookup
+   * needed (keeps building O(rules)) */
+  if (!grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof(di_grule))) {
+    b->oom = 1;
+    return 0;
+  }
+  char name[96];
+  snprintf(name, sizeof name, "%.60s#%d", hint, b->n_rules);
+  di_grule *r = &b->rules[b->n_rules];
+  memset(r, 0, sizeof *r);
+  r->name = strdup(name);
+  if (!r->name)
+    b->oom = 1;
+  return b->n_rules++;
+}
+
+di_status di_gb_add_alt(di_gb *b, int rule, const di_gel *els, int n) {
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+  if (b->total_els + n + 1 > b->max_els)
+    return di_error_set(DI_ERR_UNSUPPORTED, "grammar too large: more than %d elements (bound max_elements)",
+                        b->max_els);
+  di_grule *r = &b->rules[rule];
+  if (!grow((void **)&r->alt_off, &r->cap_alts, r->n_alts + 2, sizeof(int32_t)) ||
+      !grow((void **)&r->els, &r->cap_els, r->n_els + n, sizeof(di_gel))) {
+    b->oom = 1;
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+  }
+  if (r->n_alts == 0)
+    r->alt_off[0] = 0;
+  if (n)
+    memcpy(r->els + r->n_els, els, (size_t)n * sizeof(di_gel));
+  r->n_els += n;
+  r->n_alts++;
+  r->alt_off[r->n_alts] = r->n_els;
+  r->defined = 1;
+  b->total_els += n + 1;
+  return DI_OK;
+}
+
+int di_gb_class(di_gb *b, const di_gbyteset *s) {
+  /* linear intern over recent classes: grammars have few distinct classes */
+  int lo = b->n_classes > 256 ? b->n_classes - 256 : 0;
+  for (int i = b->n_classes - 1; i >= lo; i--)
+    if (memcmp(&b->classes[i], s, sizeof *s) == 0)
+      return i;
+  if (!grow((void **)&b->classes, &b->cap_classes, b->n_classes + 1, sizeof(di_gbyteset))) {
+    b->oom = 1;
+    return 0;
+  }
+  b->classes[b->n_classes] = *s;
+  return b->n_classes++;
+}
+
+void di_gseq_push(di_gb *b, di_gseq *s, di_gel e) {
+  if (!grow((void **)&s->v, &s->cap, s->n + 1, sizeof(di_gel))) {
+    b->oom = 1;
+    return;
+  }
+  s->v[s->n++] = e;
+}
+
+void di_gseq_free(di_gseq *s) {
+  free(s->v);
+  s->v = NULL;
+  s->n = s->cap = 0;
+}
+
+void di_gseq_byte(di_gb *b, di_gseq *s, uint8_t c) {
+  di_gbyteset set = {{0}};
+  di_gbyteset_add(&set, c);
+  di_gseq_push(b, s, (di_gel){DI_GE_CLASS, di_gb_class(b, &set)});
+}
+
+void di_gseq_bytes(di_gb *b, di_gseq *s, const char *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    di_gseq_byte(b, s, (uint8_t)p[i]);
+}
+
+static int cmp_range(const void *a, const void *c) {
+  const di_cprange *x = a, *y = c;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+int di_cpset_normalize(di_cprange *r, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (r[i].lo > r[i].hi || r[i].lo > 0x10FFFF)
+      continue;
+    if (r[i].hi > 0x10FFFF)
+      r[i].hi = 0x10FFFF;
+    r[k++] = r[i];
+  }
+  qsort(r, (size_t)k, sizeof *r, cmp_range);
+  int m = 0;
+  for (int i = 0; i < k; i++) {
+    if (m > 0 && r[i].lo <= r[m - 1].hi + 1) {
+      if (r[i].hi > r[m - 1].hi)
+        r[m - 1].hi = r[i].hi;
+    } else {
+      r[m++] = r[i];
+    }
+  }
+  return m;
+}
+
+static int utf8_encode(uint32_t c, uint8_t *o) {
+  if (c < 0x80) {
+    o[0] = (uint8_t)c;
+    return 1;
+  }
+  if (c < 0x800) {
+    o[0] = (uint8_t)(0xC0 | (c >> 6));
+    o[1] = (uint8_t)(0x80 | (c & 63));
+    return 2;
+  }
+  if (c < 0x10000) {
+    o[0] = (uint8_t)(0xE0 | (c >> 12));
+    o[1] = (uint8_t)(0x80 | ((c >> 6) & 63));
+    o[2] = (uint8_t)(0x80 | (c & 63));
+    return 3;
+  }
+  o[0] = (uint8_t)(0xF0 | (c >> 18));
+  o[1] = (uint8_t)(0x80 | ((c >> 12) & 63));
+  o[2] = (uint8_t)(0x80 | ((c >> 6) & 63));
+  o[3] = (uint8_t)(0x80 | (c & 63));
+  return 4;
+}
+
+/* A UTF-8 byte-range sequence: bytes k in [lo[k], hi[k]]. */
+typedef struct {
+  uint8_t lo[4], hi[4];
+  int len;
+} u8seq;
+
+typedef struct {
+  u8seq *v;
+  int n, cap;
+} u8seqs;
+
+/* Splits [lo,hi] (same encoded length) until every byte position is an independent range:
+ * the classic construction used by regex engines to compile Unicode classes to bytes. */
+static void utf8_split(u8seqs *out, uint32_t lo, uint32_t hi, int *oom) {
+  static const uint32_t bounds[] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+  for (int i = 0; i < 3; i++) {
+    if (lo <= bounds[i] && hi > bounds[i]) {
+      utf8_split(out, lo, bounds[i], oom);
+      utf8_split(out, bounds[i] + 1, hi, oom);
+      return;
+    }
+  }
+  uint8_t a[4], z[4];
+  int len = utf8_encode(lo, a);
+  for (int i = 1; i < len; i++) {
+    uint32_t m = (1u << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        utf8_split(out, lo, lo | m, oom);
+        utf8_split(out, (lo | m) + 1, hi, oom);
+        return;
+      }
+      if ((hi & m) != m) {
+        utf8_split(out, lo, (hi & ~m) - 1, oom);
+        utf8_split(out, hi & ~m, hi, oom);
+        return;
+      }
+    }
+  }
+  utf8_encode(hi, z);
+  if (!grow((void **)&out->v, &out->cap, out->n + 1, sizeof(u8seq))) {
+    *oom = 1;
+    return;
+  }
+  u8seq *s = &out->v[out->n++];
+  s->len = len;
+  for (int i = 0; i < len; i++) {
+    s->lo[i] = a[i];
+    s->hi[i] = z[i];
+  }
+}
+
+static int range_class(di_gb *b, uint8_t lo, uint8_t hi) {
+  di_gbyteset set = {{0}};
+  for (unsigned c = lo; c <= hi; c++)
+    di_gbyteset_add(&set, c);
+  return di_gb_class(b, &set);
+}
+
+void di_gseq_cpset(di_gb *b, di_gseq *s, const di_cprange *in, int n, int negate) {
+  di_cprange *r = malloc(sizeof(di_cprange) * (size_t)(n + 2) * 2);
+  if (!r) {
+    b->oom = 1;
+    return;
+  }
+  memcpy(r, in, sizeof(di_cprange) * (size_t)n);
+  n = di_cpset_normalize(r, n);
+  if (negate) { /* complement over 0..0x10FFFF */
+    di_cprange *c = r + n + 2;
+    int k = 0;
+    uint32_t next = 0;
+    for (int i = 0; i < n; i++) {
+      if (r[i].lo > next)
+        c[k++] = (di_cprange){next, r[i].lo - 1};
+      next = r[i].hi + 1;
+    }
+    if (next <= 0x10FFFF)
+      c[k++] = (di_cprange){next, 0x10FFFF};
+    memmove(r, c, sizeof(di_cprange) * (size_t)k);
+    n = k;
+  }
+  /* surrogates are not valid UTF-8: carve D800-DFFF out */
+  di_cprange tmp[2];
+  int m = 0;
+  di_cprange *r2 = malloc(sizeof(di_cprange) * (size_t)(n * 2 + 1));
+  if (!r2) {
+    free(r);
+    b->oom = 1;
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    int t = 0;
+    if (r[i].lo < 0xD800)
+      tmp[t++] = (di_cprange){r[i].lo, r[i].hi < 0xD7FF ? r[i].hi : 0xD7FF};
+    if (r[i].hi > 0xDFFF)
+      tmp[t++] = (di_cprange){r[i].lo > 0xE000 ? r[i].lo : 0xE000, r[i].hi};
+    for (int j = 0; j < t; j++)
+      r2[m++] = tmp[j];
+  }
+  free(r);
+  n = m;
+  r = r2;
+  /* reuse a recent identical set */
+  for (int i = b->n_cpc - 1; i >= 0 && i >= b->n_cpc - 64; i--) {
+    if (b->cpc[i].n == n && memcmp(b->cpc[i].r, r, sizeof(di_cprange) * (size_t)n) == 0) {
+      di_gseq_push(b, s, b->cpc[i].el);
+      free(r);
+      return;
+    }
+  }
+  u8seqs seqs = {0};
+  int oom = 0;
+  di_gbyteset ascii = {{0}};
+  int has_ascii = 0;
+  for (int i = 0; i < n; i++) {
+    uint32_t lo = r[i].lo, hi = r[i].hi;
+    if (lo < 0x80) {
+      uint32_t h = hi < 0x7F ? hi : 0x7F;
+      for (uint32_t c = lo; c <= h; c++)
+        di_gbyteset_add(&ascii, c);
+      has_ascii = 1;
+      if (hi < 0x80)
+        continue;
+      lo = 0x80;
+    }
+    utf8_split(&seqs, lo, hi, &oom);
+  }
+  di_gel el;
+  if (oom) {
+    b->oom = 1;
+    free(seqs.v);
+    free(r);
+    return;
+  }
+  if (seqs.n == 0) {
+    el = (di_gel){DI_GE_CLASS, di_gb_class(b, &ascii)}; /* possibly empty: never matches */
+  } else {
+    int rule = di_gb_new_rule(b, "char");
+    if (has_ascii) {
+      di_gel a = {DI_GE_CLASS, di_gb_class(b, &ascii)};
+      di_gb_add_alt(b, rule, &a, 1);
+    }
+    /* sequences sharing all but the last byte range merge poorly; they are few anyway */
+    for (int i = 0; i < seqs.n; i++) {
+      di_gel e[4];
+      for (int k = 0; k < seqs.v[i].len; k++)
+        e[k] = (di_gel){DI_GE_CLASS, range_class(b, seqs.v[i].lo[k], seqs.v[i].hi[k])};
+      di_gb_add_alt(b, rule, e, seqs.v[i].len);
+    }
+    el = (di_gel){DI_GE_RULE, rule};
+  }
+  free(seqs.v);
+  di_gseq_push(b, s, el);
+  if (grow((void **)&b->cpc, &b->cap_cpc, b->n_cpc + 1, sizeof(struct di_cpcache))) {
+    b->cpc[b->n_cpc++] = (struct di_cpcache){r, n, 0, el};
+  } else {
+    free(r);
+  }
+}
+
+di_gel di_gb_wrap(di_gb *b, const di_gseq *s, const char *hint) {
+  if (s->n == 1)
+    return s->v[0];
+  int r = di_gb_new_rule(b, hint);
+  di_gb_add_alt(b, r, s->v, s->n);
+  return (di_gel){DI_GE_RULE, r};
+}
+
+void di_gseq_repeat(di_gb *b, di_gseq *s, di_gel x, int min, int max) {
+  for (int i = 0; i < min; i++)
+    di_gseq_push(b, s, x);
+  if (max < 0) { /* R ::= x R | "" -- right recursion, a tail call in the automaton */
+    int r = di_gb_new_rule(b, "star");
+    di_gel e[2] = {x, {DI_GE_RULE, r}};
+    di_gb_add_alt(b, r, e, 2);
+    di_gb_add_alt(b, r, NULL, 0);
+    di_gseq_push(b, s, (di_gel){DI_GE_RULE, r});
+    return;
+  }
+  int k = max - min;
+  if (k <= 0)
+    return;
+  /* O_1 ::= x | "" ; O_j ::= x O_{j-1} | "" */
+  int prev = -1;
+  for (int j = 1; j <= k; j++) {
+    int r = di_gb_new_rule(b, "opt");
+    di_gel e[2] = {x, {DI_GE_RULE, prev}};
+    di_gb_add_alt(b, r, e, prev < 0 ? 1 : 2);
+    di_gb_add_alt(b, r, NULL, 0);
+    prev = r;
+    if (b->oom || b->total_els > b->max_els)
+      break;
+  }
+  di_gseq_push(b, s, (di_gel){DI_GE_RULE, prev});
+}
+
+static int class_empty(const di_gbyteset *c) {
+  for (int i = 0; i < 8; i++)
+    if (c->w[i])
+      return 0;
+  return 1;
+}
+
+di_status di_gb_finish(di_gb *b, int root) {
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+  if (b->total_els > b->max_els)
+    return di_error_set(DI_ERR_UNSUPPORTED, "grammar too large: more than %d elements", b->max_els);
+  int nr = b->n_rules;
+  for (int i = 0; i < nr; i++)
+    if (!b->rules[i].defined)
+      return di_error_set(DI_ERR_FORMAT, "rule '%s' is used but not defined", b->rules[i].name);
+  char *prod = calloc((size_t)nr + 1, 1), *nullable = calloc((size_t)nr + 1, 1);
+  if (!prod || !nullable) {
+    free(prod);
+    free(nullable);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  /* productive and nullable rules: fixpoints */
+  for (int changed = 1; changed;) {
+    changed = 0;
+    for (int i = 0; i < nr; i++) {
+      di_grule *r = &b->rules[i];
+      for (int a = 0; a < r->n_alts; a++) {
+        int p = 1, nl = 1;
+        for (int k = r->alt_off[a]; k < r->alt_off[a + 1]; k++) {
+          di_gel e = r->els[k];
+          if (e.kind == DI_GE_CLASS) {
+            nl = 0;
+            if (class_empty(&b->classes[e.arg]))
+              p = 0;
+          } else {
+            if (!prod[e.arg])
+              p = 0;
+            if (!nullable[e.arg])
+              nl = 0;
+          }
+        }
+        if (p && !prod[i])
+          prod[i] = 1, changed = 1;
+        if (nl && !nullable[i])
+          nullable[i] = 1, changed = 1;
+      }
+    }
+  }
+  if (!prod[root]) {
+    free(prod);
+    free(nullable);
+    return di_error_set(DI_ERR_FORMAT, "the grammar accepts nothing (rule '%s' can never complete)",
+                        b->rules[root].name);
+  }
+  /* left recursion: a cycle of rule references each reachable through a nullable prefix. The
+   * automaton expands rules eagerly, so such a cycle would never terminate. Iterative DFS. */
+  char *color = calloc((size_t)nr, 1);
+  int *stk = malloc(sizeof(int) * (size_t)nr * 2 + 2);
+  di_status st = DI_OK;
+  if (!color || !stk) {
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int s0 = 0; st == DI_OK && s0 < nr; s0++) {
+    if (color[s0])
+      continue;
+    int sp = 0;
+    stk[sp++] = s0;
+    stk[sp++] = 0; /* (rule, next element index to scan over all alts' nullable prefixes) */
+    color[s0] = 1;
+    while (sp && st == DI_OK) {
+      int ri = stk[sp - 2], ki = stk[sp - 1];
+      di_grule *r = &b->rules[ri];
+      int next = -1;
+      /* scan element ki: alternatives are walked only over their nullable prefix */
+      while (ki < r->n_els) {
+        int lo = 0, hi = r->n_alts - 1; /* alternative containing ki */
+        while (lo < hi) {
+          int mid = (lo + hi + 1) / 2;
+          if (r->alt_off[mid] <= ki)
+            lo = mid;
+          else
+            hi = mid - 1;
+        }
+        di_gel e = r->els[ki];
+        if (e.kind == DI_GE_CLASS || !prod[e.arg] || !nullable[e.arg])
+          ki = r->alt_off[lo + 1] > ki ? r->alt_off[lo + 1] : ki + 1;
+        else
+          ki++;
+        if (e.kind == DI_GE_RULE && prod[e.arg]) {
+          next = e.arg;
+          break;
+        }
+      }
+      stk[sp - 1] = ki;
+      if (next < 0) {
+        color[ri] = 2;
+        sp -= 2;
+      } else if (color[next] == 1) {
+        st = di_error_set(DI_ERR_UNSUPPORTED, "rule '%s' is left-recursive (through '%s'); rewrite it with repetition",
+                          b->rules[next].name, b->rules[ri].name);
+      } else if (color[next] == 0) {
+        color[next] = 1;
+        stk[sp++] = next;
+        stk[sp++] = 0;
+      }
+    }
+  }
+  free(color);
+  free(stk);
+  if (st != DI_OK) {
+    free(prod);
+    free(nullable);
+    return st;
+  }
+  /* flatten, dropping alternatives that can never complete */
+  b->flat = malloc(sizeof(di_gel) * (size_t)(b->total_els + 1));
+  b->rule_first = malloc(sizeof(int32_t) * (size_t)(nr + 1));
+  int n_alts = 0;
+  for (int i = 0; i < nr; i++)
+    n_alts += b->rules[i].n_alts;
+  b->rule_alts = malloc(sizeof(int32_t) * (size_t)(n_alts + 1));
+  if (!b->flat || !b->rule_first || !b->rule_alts) {
+    free(prod);
+    free(nullable);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  int nf = 0, na = 0;
+  for (int i = 0; i < nr; i++) {
+    di_grule *r = &b->rules[i];
+    b->rule_first[i] = na;
+    for (int a = 0; a < r->n_alts; a++) {
+      int ok = 1;
+      for (int k = r->alt_off[a]; k < r->alt_off[a + 1]; k++) {
+        di_gel e = r->els[k];
+        if ((e.kind == DI_GE_CLASS && class_empty(&b->classes[e.arg])) || (e.kind == DI_GE_RULE && !prod[e.arg]))
+          ok = 0;
+      }
+      if (!ok)
+        continue;
+      b->rule_alts[na++] = nf;
+      for (int k = r->alt_off[a]; k < r->alt_off[a + 1]; k++)
+        b->flat[nf++] = r->els[k];
+      b->flat[nf++] = (di_gel){DI_GE_END, i};
+    }
+  }
+  b->rule_first[nr] = na;
+  b->n_flat = nf;
+  b->root = root;
+  free(prod);
+  free(nullable);
+  return DI_OK;
+}
+
+static void print_class(const di_gbyteset *c, FILE *f) {
+  int n = 0;
+  for (int i = 0; i < 256; i++)
+    n += di_gbyteset_has(c, (unsigned)i);
+  if (n == 1) {
+    for (int i = 0; i < 256; i++)
+      if (di_gbyteset_has(c, (unsigned)i)) {
+        if (i >= 0x20 && i < 0x7F && i != '"' && i != '\\')
+          fprintf(f, "\"%c\"", i);
+        else
+          fprintf(f, "\"\\x%02X\"", i);
+      }
+    return;
+  }
+  fputc('[', f);
+  for (int i = 0; i < 256;) {
+    if (!di_gbyteset_has(c, (unsigned)i)) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j + 1 < 256 && di_gbyteset_has(c, (unsigned)j + 1))
+      j++;
+    for (int k = 0; k < (j > i ? 2 : 1); k++) {
+      int ch = k ? j : i;
+      if (ch > 0x20 && ch < 0x7F && ch != ']' && ch != '\\' && ch != '-' && ch != '^')
+        fputc(ch, f);
+      else
+        fprintf(f, "\\x%02X", ch);
+      if (k == 0 && j > i)
+        fputc('-', f);
+    }
+    i = j + 1;
+  }
+  fputc(']', f);
+}
+
+void di_gb_print(const di_gb *b, FILE *f) {
+  for (int i = 0; i < b->n_rules; i++) {
+    fprintf(f, "%s ::=", b->rules[i].name);
+    for (int a = b->rule_first[i]; a < b->rule_first[i + 1]; a++) {
+      if (a > b->rule_first[i])
+        fprintf(f, " |");
+      int p = b->rule_alts[a];
+      if (b->flat[p].kind == DI_GE_END)
+        fprintf(f, " \"\"");
+      for (; b->flat[p].kind != DI_GE_END; p++) {
+        fputc(' ', f);
+        if (b->flat[p].kind == DI_GE_CLASS)
+          print_class(&b->classes[b->flat[p].arg], f);
+        else
+          fprintf(f, "%s", b->rules[b->flat[p].arg].name);
+      }
+    }
+    fputc('\n', f);
+  }
+}

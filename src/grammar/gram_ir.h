@@ -1,0 +1,99 @@
+/* The grammar engine's intermediate form, shared by the three front-ends: rules made of
+ * alternatives, each a sequence of byte classes (256-bit sets) and rule references. Front-ends
+ * work in Unicode code points; di_gb_cpset() lowers a code-point set to UTF-8 byte sequences. */
+#ifndef DI_GRAMMAR_IR_H
+#define DI_GRAMMAR_IR_H
+#include <stdint.h>
+#include <stdio.h>
+#include "util/status.h"
+
+enum { DI_GE_CLASS = 0, DI_GE_RULE = 1, DI_GE_END = 2 };
+typedef struct di_gel {
+  int32_t kind; /* DI_GE_* */
+  int32_t arg;  /* class id or rule id */
+} di_gel;
+
+/* A growable element sequence, what front-ends assemble an alternative in. */
+typedef struct di_gseq {
+  di_gel *v;
+  int n, cap;
+} di_gseq;
+
+typedef struct di_gbyteset {
+  uint32_t w[8];
+} di_gbyteset;
+
+typedef struct di_cprange {
+  uint32_t lo, hi; /* inclusive code points */
+} di_cprange;
+
+typedef struct di_grule {
+  char *name;
+  int32_t *alt_off; /* alternatives: offsets into `els`, n_alts + 1 entries */
+  int n_alts, cap_alts;
+  di_gel *els;
+  int n_els, cap_els;
+  int defined;
+} di_grule;
+
+/* The builder; also the compiled grammar's core once di_gb_finish() has flattened it. */
+typedef struct di_gb {
+  di_grule *rules;
+  int n_rules, cap_rules;
+  di_gbyteset *classes;
+  int n_classes, cap_classes;
+  int total_els, max_els;
+  int oom;
+  struct di_cpcache *cpc; /* recently lowered code-point sets -> element, to reuse rules */
+  int n_cpc, cap_cpc;
+  /* flattened form (after di_gb_finish) */
+  di_gel *flat;         /* every alternative's elements followed by a DI_GE_END */
+  int n_flat;
+  int32_t *rule_alts;   /* alternative start positions in `flat`, grouped by rule */
+  int32_t *rule_first;  /* n_rules + 1 offsets into rule_alts */
+  int root;
+} di_gb;
+
+void di_gb_init(di_gb *b, int max_elements);
+void di_gb_free(di_gb *b);
+/* A rule by name, created undefined when new. */
+int di_gb_rule(di_gb *b, const char *name);
+/* A fresh anonymous rule named after `hint` (hint-N). */
+int di_gb_new_rule(di_gb *b, const char *hint);
+/* Appends an alternative to `rule` (marks the rule defined). Fails past the element budget. */
+di_status di_gb_add_alt(di_gb *b, int rule, const di_gel *els, int n);
+int di_gb_class(di_gb *b, const di_gbyteset *s);
+
+/* Sequence helpers (they record allocation failure in b->oom). */
+void di_gseq_push(di_gb *b, di_gseq *s, di_gel e);
+void di_gseq_free(di_gseq *s);
+void di_gseq_byte(di_gb *b, di_gseq *s, uint8_t c);
+void di_gseq_bytes(di_gb *b, di_gseq *s, const char *p, size_t n);
+/* Appends matching one code point of the set (ranges need not be sorted or disjoint). */
+void di_gseq_cpset(di_gb *b, di_gseq *s, const di_cprange *r, int n, int negate);
+/* Wraps a sequence into a rule of one alternative, returns the RULE element. */
+di_gel di_gb_wrap(di_gb *b, const di_gseq *s, const char *hint);
+/* Appends x{min,max} (max < 0 = unbounded) where x is one element. */
+void di_gseq_repeat(di_gb *b, di_gseq *s, di_gel x, int min, int max);
+/* Normalises the code-point range list: sort, merge, clip to 0..0x10FFFF minus nothing. Returns n. */
+int di_cpset_normalize(di_cprange *r, int n);
+
+/* Checks (every rule defined, none left-recursive, root productive), drops dead alternatives and
+ * flattens. `root` is the start rule. Errors name the rule. */
+di_status di_gb_finish(di_gb *b, int root);
+void di_gb_print(const di_gb *b, FILE *f);
+
+static inline int di_gbyteset_has(const di_gbyteset *s, unsigned c) { return (s->w[c >> 5] >> (c & 31)) & 1u; }
+static inline void di_gbyteset_add(di_gbyteset *s, unsigned c) { s->w[c >> 5] |= 1u << (c & 31); }
+
+/* Front-ends (each fills a fresh builder and calls di_gb_finish). */
+struct di_grammar_options;
+di_status di_ebnf_compile(di_gb *b, const char *src, size_t len);
+/* Regex into rule `rule`. json_string: emit code points as they appear inside a JSON string
+ * (quotes, backslashes and control characters escaped). anchored: whole match (else the JSON
+ * Schema "pattern" search semantics: unanchored unless ^/$). */
+di_status di_regex_compile_into(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored);
+di_status di_regex_compile(di_gb *b, const char *src, size_t len);
+di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt);
+di_status di_json_any_compile(di_gb *b, const struct di_grammar_options *opt);
+#endif

@@ -1,0 +1,323 @@
+/* Lazily determinised pushdown automaton (see gram_rt.h). Expansion of rule references is
+ * eager (closure) with tail calls eliminated, so repetition written as right recursion keeps
+ * stacks flat; left recursion is rejected at compile time, which makes every closure finite. */
+#include "grammar/gram_rt.h"
+#include <stdlib.h>
+#include <string.h>
+
+static inline uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return (uint32_t)x;
+}
+
+static int grow(void **p, int *cap, int need, size_t elsize) {
+  if (need <= *cap)
+    return 1;
+  int nc = *cap ? *cap : 64;
+  while (nc < need)
+    nc *= 2;
+  void *q = realloc(*p, (size_t)nc * elsize);
+  if (!q)
+    return 0;
+  *p = q;
+  *cap = nc;
+  return 1;
+}
+
+static int node_rehash(di_grt *rt, int cap) {
+  int32_t *h = malloc(sizeof(int32_t) * (size_t)cap);
+  if (!h)
+    return 0;
+  memset(h, 0xff, sizeof(int32_t) * (size_t)cap);
+  for (int i = 2; i < rt->nn; i++) {
+    uint32_t k = mix(((uint64_t)(uint32_t)rt->npos[i] << 32) | (uint32_t)rt->npar[i]) & (uint32_t)(cap - 1);
+    while (h[k] >= 0)
+      k = (k + 1) & (uint32_t)(cap - 1);
+    h[k] = i;
+  }
+  free(rt->nhash);
+  rt->nhash = h;
+  rt->nhcap = cap;
+  return 1;
+}
+
+/* Node id of (pos, parent), created when new; -1 past the budget or out of memory. */
+static int node_get(di_grt *rt, int pos, int parent) {
+  uint32_t k = mix(((uint64_t)(uint32_t)pos << 32) | (uint32_t)parent) & (uint32_t)(rt->nhcap - 1);
+  for (;;) {
+    int id = rt->nhash[k];
+    if (id < 0)
+      break;
+    if (rt->npos[id] == pos && rt->npar[id] == parent)
+      return id;
+    k = (k + 1) & (uint32_t)(rt->nhcap - 1);
+  }
+  if (rt->nn >= rt->max_nodes)
+    return -1;
+  int oldcap = rt->capn;
+  if (!grow((void **)&rt->npos, &rt->capn, rt->nn + 1, sizeof(int32_t)))
+    return -1;
+  if (rt->capn != oldcap) { /* npar and gen share npos' capacity */
+    int32_t *np = realloc(rt->npar, sizeof(int32_t) * (size_t)rt->capn);
+    if (np)
+      rt->npar = np;
+    uint32_t *ng = realloc(rt->gen, sizeof(uint32_t) * (size_t)rt->capn);
+    if (ng)
+      rt->gen = ng;
+    if (!np || !ng) {
+      rt->capn = oldcap; /* keep the arrays consistent: npos is merely larger */
+      return -1;
+    }
+  }
+  int id = rt->nn++;
+  rt->npos[id] = pos;
+  rt->npar[id] = parent;
+  rt->gen[id] = 0;
+  rt->nhash[k] = id;
+  if (rt->nn * 2 > rt->nhcap && !node_rehash(rt, rt->nhcap * 2))
+    return -1;
+  return id;
+}
+
+static uint32_t state_hash(const int32_t *v, int n, int flags) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)flags;
+  for (int i = 0; i < n; i++)
+    h = (h ^ (uint32_t)v[i]) * 0x100000001B3ULL;
+  return mix(h);
+}
+
+static int state_rehash(di_grt *rt, int cap) {
+  int32_t *h = malloc(sizeof(int32_t) * (size_t)cap);
+  if (!h)
+    return 0;
+  memset(h, 0xff, sizeof(int32_t) * (size_t)cap);
+  for (int i = 0; i < rt->ns; i++) {
+    uint32_t k = state_hash(rt->sn + rt->soff[i], rt->soff[i + 1] - rt->soff[i], rt->sflags[i]) & (uint32_t)(cap - 1);
+    while (h[k] >= 0)
+      k = (k + 1) & (uint32_t)(cap - 1);
+    h[k] = i;
+  }
+  free(rt->shash);
+  rt->shash = h;
+  rt->shcap = cap;
+  return 1;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Interns the set v[0..n) (sorted here) with flags; DI_GRT_DEAD when empty and flagless. */
+static int state_get(di_grt *rt, int32_t *v, int n, int flags) {
+  if (n == 0 && flags == 0)
+    return DI_GRT_DEAD;
+  qsort(v, (size_t)n, sizeof(int32_t), cmp_i32);
+  uint32_t h = state_hash(v, n, flags);
+  uint32_t k = h & (uint32_t)(rt->shcap - 1);
+  for (;;) {
+    int id = rt->shash[k];
+    if (id < 0)
+      break;
+    int m = rt->soff[id + 1] - rt->soff[id];
+    if (m == n && rt->sflags[id] == flags && memcmp(rt->sn + rt->soff[id], v, sizeof(int32_t) * (size_t)n) == 0)
+      return id;
+    k = (k + 1) & (uint32_t)(rt->shcap - 1);
+  }
+  if (rt->ns >= rt->max_states) {
+    di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d states", rt->max_states);
+    return DI_GRT_ERROR;
+  }
+  if (!grow((void **)&rt->sn, &rt->sn_cap, rt->sn_n + n, sizeof(int32_t)))
+    goto oom;
+  int old = rt->caps;
+  if (!grow((void **)&rt->sflags, &rt->caps, rt->ns + 1, 1))
+    goto oom;
+  if (rt->caps != old) {
+    int32_t *so = realloc(rt->soff, sizeof(int32_t) * (size_t)(rt->caps + 1));
+    int32_t **tr = realloc(rt->trans, sizeof(int32_t *) * (size_t)rt->caps);
+    if (so)
+      rt->soff = so;
+    if (tr)
+      rt->trans = tr;
+    if (!so || !tr)
+      goto oom;
+  }
+  int id = rt->ns++;
+  memcpy(rt->sn + rt->sn_n, v, sizeof(int32_t) * (size_t)n);
+  rt->sn_n += n;
+  rt->soff[id + 1] = rt->sn_n;
+  rt->sflags[id] = (uint8_t)flags;
+  rt->trans[id] = NULL;
+  rt->shash[k] = id;
+  if (rt->ns * 2 > rt->shcap && !state_rehash(rt, rt->shcap * 2))
+    goto oom;
+  return id;
+oom:
+  di_error_set(DI_ERR_OOM, "out of memory growing the grammar automaton");
+  return DI_GRT_ERROR;
+}
+
+static int push_work(di_grt *rt, int *nw, int id) {
+  if (id < 0)
+    return 0;
+  if (!grow((void **)&rt->work, &rt->work_cap, *nw + 1, sizeof(int32_t)))
+    return 0;
+  rt->work[(*nw)++] = id;
+  return 1;
+}
+
+/* Closure of the work list: expands rule references and pops finished alternatives until only
+ * terminal (byte class) positions remain. Returns the new state. */
+static int closure(di_grt *rt, int nw) {
+  const di_gb *g = rt->g;
+  int nout = 0, flags = 0;
+  while (nw > 0) {
+    int id = rt->work[--nw];
+    if (rt->gen[id] == rt->cur_gen)
+      continue;
+    rt->gen[id] = rt->cur_gen;
+    int pos = rt->npos[id], par = rt->npar[id];
+    di_gel e = g->flat[pos];
+    if (e.kind == DI_GE_CLASS) {
+      if (!grow((void **)&rt->out, &rt->out_cap, nout + 1, sizeof(int32_t)))
+        goto oom;
+      rt->out[nout++] = id;
+      if (nout > rt->max_set) {
+        di_error_set(DI_ERR_OOM, "grammar is too ambiguous: more than %d parallel parses", rt->max_set);
+        return DI_GRT_ERROR;
+      }
+    } else if (e.kind == DI_GE_END) {
+      if (par == DI_GRT_ROOT)
+        flags |= DI_GRT_ACCEPT;
+      else if (par == DI_GRT_PSEUDO)
+        flags |= DI_GRT_PSEUDO_END;
+      else if (!push_work(rt, &nw, par))
+        goto oom;
+    } else {
+      int cont = g->flat[pos + 1].kind == DI_GE_END ? par : node_get(rt, pos + 1, par);
+      if (cont < 0)
+        goto oom;
+      for (int a = g->rule_first[e.arg]; a < g->rule_first[e.arg + 1]; a++)
+        if (!push_work(rt, &nw, node_get(rt, g->rule_alts[a], cont)))
+          goto oom;
+    }
+  }
+  return state_get(rt, rt->out, nout, flags);
+oom:
+  di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes (or memory)", rt->max_nodes);
+  return DI_GRT_ERROR;
+}
+
+di_status di_grt_init(di_grt *rt, const di_gb *g) {
+  memset(rt, 0, sizeof *rt);
+  rt->g = g;
+  rt->max_nodes = 8 << 20;
+  rt->max_states = 400000;
+  rt->max_set = 100000;
+  rt->nhcap = 1024;
+  rt->shcap = 1024;
+  rt->nhash = malloc(sizeof(int32_t) * (size_t)rt->nhcap);
+  rt->shash = malloc(sizeof(int32_t) * (size_t)rt->shcap);
+  rt->caps = 64;
+  rt->sflags = malloc((size_t)rt->caps);
+  rt->soff = malloc(sizeof(int32_t) * (size_t)(rt->caps + 1));
+  rt->trans = malloc(sizeof(int32_t *) * (size_t)rt->caps);
+  rt->capn = 1024;
+  rt->npos = malloc(sizeof(int32_t) * (size_t)rt->capn);
+  rt->npar = malloc(sizeof(int32_t) * (size_t)rt->capn);
+  rt->gen = malloc(sizeof(uint32_t) * (size_t)rt->capn);
+  if (!rt->nhash || !rt->shash || !rt->sflags || !rt->soff || !rt->trans || !rt->npos || !rt->npar || !rt->gen) {
+    di_grt_free(rt);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  memset(rt->nhash, 0xff, sizeof(int32_t) * (size_t)rt->nhcap);
+  memset(rt->shash, 0xff, sizeof(int32_t) * (size_t)rt->shcap);
+  rt->soff[0] = 0;
+  rt->nn = 2; /* sentinels */
+  rt->npos[0] = rt->npos[1] = -1;
+  rt->npar[0] = rt->npar[1] = -1;
+  rt->gen[0] = rt->gen[1] = 0;
+  rt->cur_gen = 1;
+  int nw = 0;
+  for (int a = g->rule_first[g->root]; a < g->rule_first[g->root + 1]; a++)
+    if (!push_work(rt, &nw, node_get(rt, g->rule_alts[a], DI_GRT_ROOT))) {
+      di_grt_free(rt);
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    }
+  rt->start = closure(rt, nw);
+  if (rt->start < 0) {
+    di_grt_free(rt);
+    return rt->start == DI_GRT_DEAD ? di_error_set(DI_ERR_FORMAT, "the grammar accepts nothing") : DI_ERR_OOM;
+  }
+  return DI_OK;
+}
+
+void di_grt_free(di_grt *rt) {
+  if (rt->trans)
+    for (int i = 0; i < rt->ns; i++)
+      free(rt->trans[i]);
+  free(rt->trans);
+  free(rt->npos);
+  free(rt->npar);
+  free(rt->nhash);
+  free(rt->soff);
+  free(rt->sn);
+  free(rt->sflags);
+  free(rt->shash);
+  free(rt->gen);
+  free(rt->work);
+  free(rt->out);
+  memset(rt, 0, sizeof *rt);
+}
+
+int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
+  if (!rt->trans[s]) {
+    int32_t *t = malloc(sizeof(int32_t) * 256);
+    if (!t) {
+      di_error_set(DI_ERR_OOM, "out of memory");
+      return DI_GRT_ERROR;
+    }
+    for (int i = 0; i < 256; i++)
+      t[i] = DI_GRT_UNKNOWN;
+    rt->trans[s] = t;
+  }
+  if (++rt->cur_gen == 0) { /* generation counter wrapped: clear marks */
+    memset(rt->gen, 0, sizeof(uint32_t) * (size_t)rt->nn);
+    rt->cur_gen = 1;
+  }
+  const di_gb *g = rt->g;
+  int nw = 0;
+  for (int i = rt->soff[s]; i < rt->soff[s + 1]; i++) {
+    int id = rt->sn[i];
+    int pos = rt->npos[id];
+    if (di_gbyteset_has(&g->classes[g->flat[pos].arg], c)) {
+      if (!push_work(rt, &nw, node_get(rt, pos + 1, rt->npar[id]))) {
+        di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+        return DI_GRT_ERROR;
+      }
+    }
+  }
+  int r = closure(rt, nw);
+  if (r != DI_GRT_ERROR)
+    rt->trans[s][c] = r; /* note: rt->trans may have moved, index again */
+  return r;
+}
+
+int di_grt_pseudo_state(di_grt *rt, int pos) {
+  int id = node_get(rt, pos, DI_GRT_PSEUDO);
+  if (id < 0) {
+    di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of stack nodes");
+    return DI_GRT_ERROR;
+  }
+  int32_t v = id;
+  /* state_get sorts in place: use the scratch buffer */
+  if (!grow((void **)&rt->out, &rt->out_cap, 1, sizeof(int32_t)))
+    return DI_GRT_ERROR;
+  rt->out[0] = v;
+  return state_get(rt, rt->out, 1, 0);
+}

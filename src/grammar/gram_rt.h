@@ -1,0 +1,48 @@
+/* The grammar automaton at run time: a pushdown automaton over bytes whose stacks are
+ * hash-consed nodes (position, parent) and whose configurations -- sets of stacks -- are interned
+ * as numbered states with memoised byte transitions, i.e. a DFA built lazily as input is seen. */
+#ifndef DI_GRAMMAR_RT_H
+#define DI_GRAMMAR_RT_H
+#include "grammar/gram_ir.h"
+
+enum { DI_GRT_ROOT = 0, DI_GRT_PSEUDO = 1 };   /* sentinel parents: end of grammar / unknown stack */
+enum { DI_GRT_ACCEPT = 1, DI_GRT_PSEUDO_END = 2 }; /* state flags */
+#define DI_GRT_DEAD (-1)
+#define DI_GRT_ERROR (-2)
+#define DI_GRT_UNKNOWN (-3)
+
+typedef struct di_grt {
+  const di_gb *g;
+  int32_t *npos, *npar; /* node id -> (position in g->flat, parent node id) */
+  int nn, capn;
+  int32_t *nhash;
+  int nhcap;
+  int32_t *soff, *sn; /* state i = terminal nodes sn[soff[i] .. soff[i+1]) (sorted) */
+  int sn_n, sn_cap;
+  uint8_t *sflags;
+  int ns, caps;
+  int32_t *shash;
+  int shcap;
+  int32_t **trans; /* per state, 256 successors (DI_GRT_UNKNOWN until computed) or NULL */
+  uint32_t *gen;   /* per node: closure generation that visited it */
+  uint32_t cur_gen;
+  int32_t *work, *out;
+  int work_cap, out_cap;
+  int start;
+  int max_nodes, max_states, max_set;
+} di_grt;
+
+di_status di_grt_init(di_grt *rt, const di_gb *g);
+void di_grt_free(di_grt *rt);
+/* Computes the successor of state s on byte c (slow path of di_grt_step). */
+int di_grt_step_slow(di_grt *rt, int s, unsigned c);
+static inline int di_grt_step(di_grt *rt, int s, unsigned c) {
+  int32_t *t = rt->trans[s];
+  if (t && t[c] != DI_GRT_UNKNOWN)
+    return t[c];
+  return di_grt_step_slow(rt, s, c);
+}
+/* The state {stack (pos, PSEUDO)}: a terminal position under an unknown stack. */
+int di_grt_pseudo_state(di_grt *rt, int pos);
+static inline int di_grt_flags(const di_grt *rt, int s) { return rt->sflags[s]; }
+#endif

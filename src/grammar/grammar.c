@@ -1,0 +1,144 @@
+/* Grammar compilation entry point: dispatches to the front-ends, keeps a process-wide cache of
+ * compiled grammars keyed by (kind, options, source text), and checks whole strings. */
+#include "grammar/grammar_impl.h"
+#include <stdlib.h>
+#include <string.h>
+
+#define CACHE_SLOTS 64
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static di_grammar *cache[CACHE_SLOTS];
+static unsigned cache_next;
+
+static uint64_t fnv(const void *p, size_t n, uint64_t h) {
+  const unsigned char *u = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ u[i]) * 0x100000001B3ULL;
+  return h;
+}
+
+static void normalize_opt(di_grammar_options *o, const di_grammar_options *in) {
+  memset(o, 0, sizeof *o);
+  if (in)
+    *o = *in;
+  if (o->max_whitespace < 0)
+    o->max_whitespace = 0;
+  if (o->max_branches <= 0)
+    o->max_branches = 256;
+  if (o->max_elements <= 0)
+    o->max_elements = 2000000;
+  o->ignore_unsupported_keywords = o->ignore_unsupported_keywords != 0;
+}
+
+static void grammar_destroy(di_grammar *g) {
+  if (!g)
+    return;
+  if (g->rt_ready)
+    di_grt_free(&g->rt);
+  di_gvcache_free_all(g->vcaches);
+  di_gb_free(&g->core);
+  pthread_mutex_destroy(&g->mu);
+  free(g->src);
+  free(g);
+}
+
+static di_status compile_new(di_grammar_kind kind, const char *src, size_t len, const di_grammar_options *o,
+                             di_grammar **out) {
+  di_grammar *g = calloc(1, sizeof *g);
+  if (!g)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  pthread_mutex_init(&g->mu, NULL);
+  di_gb_init(&g->core, o->max_elements);
+  di_status st;
+  switch (kind) {
+  case DI_GRAMMAR_EBNF: st = di_ebnf_compile(&g->core, src, len); break;
+  case DI_GRAMMAR_REGEX: st = di_regex_compile(&g->core, src, len); break;
+  case DI_GRAMMAR_JSON_SCHEMA: st = di_json_schema_compile(&g->core, src, len, o); break;
+  case DI_GRAMMAR_JSON_ANY: st = di_json_any_compile(&g->core, o); break;
+  default: st = di_error_set(DI_ERR_INVALID_ARG, "unknown grammar kind %d", (int)kind);
+  }
+  if (st != DI_OK) {
+    grammar_destroy(g);
+    return st;
+  }
+  g->refs = 1;
+  *out = g;
+  return DI_OK;
+}
+
+di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t len, const di_grammar_options *opt,
+                             di_grammar **out) {
+  if (!out || (!source && len && kind != DI_GRAMMAR_JSON_ANY))
+    return di_error_set(DI_ERR_INVALID_ARG, "di_grammar_compile: NULL argument");
+  if (kind == DI_GRAMMAR_JSON_ANY)
+    len = 0;
+  di_grammar_options o;
+  normalize_opt(&o, opt);
+  uint64_t h = fnv(&kind, sizeof kind, 0xcbf29ce484222325ULL);
+  h = fnv(&o, sizeof o, h);
+  h = fnv(source ? source : "", len, h);
+  pthread_mutex_lock(&cache_mu);
+  for (int i = 0; i < CACHE_SLOTS; i++) {
+    di_grammar *c = cache[i];
+    if (c && c->hash == h && c->kind == kind && c->len == len && memcmp(&c->opt, &o, sizeof o) == 0 &&
+        (len == 0 || memcmp(c->src, source, len) == 0)) {
+      c->refs++;
+      pthread_mutex_unlock(&cache_mu);
+      *out = c;
+      return DI_OK;
+    }
+  }
+  pthread_mutex_unlock(&cache_mu);
+  di_grammar *g = NULL;
+  DI_TRY(compile_new(kind, source ? source : "", len, &o, &g));
+  g->kind = kind;
+  g->opt = o;
+  g->len = len;
+  g->hash = h;
+  g->src = malloc(len + 1);
+  if (!g->src) {
+    grammar_destroy(g);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  if (len)
+    memcpy(g->src, source, len);
+  g->src[len] = 0;
+  pthread_mutex_lock(&cache_mu);
+  unsigned slot = cache_next++ % CACHE_SLOTS;
+  di_grammar *old = cache[slot];
+  cache[slot] = g;
+  g->refs++; /* the cache's reference */
+  if (old && --old->refs == 0) {
+    pthread_mutex_unlock(&cache_mu);
+    grammar_destroy(old);
+  } else {
+    pthread_mutex_unlock(&cache_mu);
+  }
+  *out = g;
+  return DI_OK;
+}
+
+void di_grammar_free(di_grammar *g) {
+  if (!g)
+    return;
+  pthread_mutex_lock(&cache_mu);
+  int last = --g->refs == 0;
+  pthread_mutex_unlock(&cache_mu);
+  if (last)
+    grammar_destroy(g);
+}
+
+int di_grammar_accepts(const di_grammar *g, const char *s, size_t len) {
+  di_grt rt;
+  if (di_grt_init(&rt, &g->core) != DI_OK)
+    return 0;
+  int st = rt.start;
+  for (size_t i = 0; i < len && st >= 0; i++)
+    st = di_grt_step(&rt, st, (unsigned char)s[i]);
+  int ok = st >= 0 && (di_grt_flags(&rt, st) & DI_GRT_ACCEPT);
+  di_grt_free(&rt);
+  return ok;
+}
+
+int di_grammar_num_elements(const di_grammar *g) { return g->core.n_flat; }
+
+void di_grammar_print(const di_grammar *g, FILE *f) { di_gb_print(&g->core, f); }

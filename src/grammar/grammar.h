@@ -1,0 +1,71 @@
+/* Structured outputs: one grammar engine (a byte-level pushdown automaton, determinised lazily)
+ * with three front-ends (GBNF-style EBNF, regex, JSON Schema) and token masks over a vocabulary.
+ * This is the interface the sampler/engine uses; see docs/structured-outputs.md for the policies. */
+#ifndef DI_GRAMMAR_H
+#define DI_GRAMMAR_H
+#include <stddef.h>
+#include <stdint.h>
+#include "util/status.h"
+
+/* A compiled grammar: immutable as far as callers can tell (its lazily built automaton caches
+ * are guarded by a mutex), refcounted, shareable across threads. */
+typedef struct di_grammar di_grammar;
+typedef enum {
+  DI_GRAMMAR_EBNF,        /* GBNF dialect (llama.cpp): the start rule is `root` */
+  DI_GRAMMAR_REGEX,       /* whole-output match */
+  DI_GRAMMAR_JSON_SCHEMA, /* a JSON Schema (draft 2020-12 subset) as JSON text */
+  DI_GRAMMAR_JSON_ANY     /* any JSON object (OpenAI json_object mode); source ignored */
+} di_grammar_kind;
+
+typedef struct di_grammar_options {
+  int ignore_unsupported_keywords; /* JSON Schema: 1 = skip unknown keywords instead of failing */
+  int max_whitespace;              /* JSON: whitespace chars allowed between tokens (0 = compact) */
+  int max_branches;                /* JSON Schema: bound on anyOf/oneOf/allOf expansion (0 = 256) */
+  int max_elements;                /* bound on the compiled grammar's size (0 = 2,000,000) */
+} di_grammar_options;
+
+/* Compiles `source` (`len` bytes). Errors carry a position ("line 3, column 7" / "offset 12" /
+ * a JSON pointer for schemas). The result is cached by (kind, content, options): compiling the
+ * same text again returns the same grammar with its reference count raised. opt may be NULL. */
+di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t len,
+                             const di_grammar_options *opt, di_grammar **out);
+/* Drops one reference; NULL is a no-op. */
+void di_grammar_free(di_grammar *g);
+/* 1 when the grammar accepts all `len` bytes of s as a whole output, 0 otherwise (also 0 if the
+ * automaton's state budget ran out, with di_last_error() saying so). */
+int di_grammar_accepts(const di_grammar *g, const char *s, size_t len);
+/* Number of rules / elements after compilation (for tests and the benchmark). */
+int di_grammar_num_elements(const di_grammar *g);
+/* Writes the compiled grammar as GBNF-like text (debugging aid; `deepinfer grammar --print`). */
+void di_grammar_print(const di_grammar *g, FILE *f);
+
+/* Vocabulary: the raw bytes of each token id + which ids end generation. Built once per
+ * tokenizer; immutable, shareable. Ids with no bytes (NULL or length 0) are never allowed. Stop
+ * ids are allowed exactly when the grammar can end, whatever their bytes. */
+typedef struct di_grammar_vocab di_grammar_vocab;
+di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes, const size_t *token_lens,
+                                  const int32_t *stop_ids, int n_stop, di_grammar_vocab **out);
+void di_grammar_vocab_free(di_grammar_vocab *v);
+int di_grammar_vocab_size(const di_grammar_vocab *v);
+
+/* Per-request state. The grammar and the vocabulary must outlive the matcher. A matcher is used
+ * by one thread at a time; matchers of one grammar on different threads share its caches. */
+typedef struct di_grammar_matcher di_grammar_matcher;
+di_status di_grammar_matcher_create(const di_grammar *g, const di_grammar_vocab *v, di_grammar_matcher **out);
+void di_grammar_matcher_free(di_grammar_matcher *m);
+/* bitmask: ceil(vocab_size/32) uint32 words, bit i set = token i allowed. Stop ids allowed
+ * exactly when the grammar can end here. After termination only stop ids... nothing is allowed. */
+di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask);
+/* Advances by one token; an error (DI_ERR_INVALID_ARG) if the grammar does not allow it, and then
+ * the state is unchanged. */
+di_status di_grammar_matcher_accept_token(di_grammar_matcher *m, int32_t id);
+/* Advances by raw bytes (e.g. a forced prefix); all-or-nothing like accept_token. Counts as one
+ * step for rollback. */
+di_status di_grammar_matcher_accept_bytes(di_grammar_matcher *m, const char *s, size_t len);
+/* Undoes the last n accepted steps (0 <= n <= number accepted). */
+di_status di_grammar_matcher_rollback(di_grammar_matcher *m, int n_tokens);
+int di_grammar_matcher_num_accepted(const di_grammar_matcher *m);
+void di_grammar_matcher_reset(di_grammar_matcher *m);
+int di_grammar_matcher_is_terminated(const di_grammar_matcher *m); /* a stop token was accepted */
+int di_grammar_matcher_can_end(const di_grammar_matcher *m);
+#endif

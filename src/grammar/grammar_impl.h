@@ -1,0 +1,27 @@
+/* Internals shared by grammar.c (compile, cache, whole-string check) and matcher.c (token masks):
+ * the compiled grammar object and its lazily built, mutex-guarded automaton and mask caches. */
+#ifndef DI_GRAMMAR_IMPL_H
+#define DI_GRAMMAR_IMPL_H
+#include <pthread.h>
+#include "grammar/grammar.h"
+#include "grammar/gram_rt.h"
+
+struct di_gvcache; /* per-vocabulary mask caches, matcher.c */
+
+struct di_grammar {
+  di_gb core;
+  int refs;                 /* guarded by the global cache mutex */
+  pthread_mutex_t mu;       /* guards rt and vcaches */
+  di_grt rt;
+  int rt_ready;
+  struct di_gvcache *vcaches;
+  /* cache key */
+  di_grammar_kind kind;
+  di_grammar_options opt;
+  char *src;
+  size_t len;
+  uint64_t hash;
+};
+
+void di_gvcache_free_all(struct di_gvcache *c);
+#endif

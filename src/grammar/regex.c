@@ -1,0 +1,528 @@
+/* Regex front-end (ECMAScript-style syntax): literals, classes with ranges/negation, \d \w \s
+ * (and negations), \xHH \uHHHH \u{H..} escapes, `.`, `* + ? {m} {m,} {m,n}` (lazy forms too),
+ * alternation, (capturing / (?:non-capturing) / (?<named>)) groups. Matching is over code points
+ * emitted as UTF-8. Whole-output match for `--regex`; JSON Schema `pattern` uses search
+ * semantics (unanchored unless ^ / $) and JSON-string escaping. Errors say "offset N". */
+#include "grammar/gram_ir.h"
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  di_gb *b;
+  const char *s;
+  size_t n, i;
+  int json, depth;
+} rp;
+
+typedef struct {
+  di_cprange *v;
+  int n, cap;
+} cset;
+
+static di_status rerr(const rp *p, size_t at, const char *what) {
+  return di_error_set(DI_ERR_FORMAT, "regex: %s at offset %zu", what, at);
+}
+
+static int cs_add(cset *c, uint32_t lo, uint32_t hi) {
+  if (c->n == c->cap) {
+    int nc = c->cap ? c->cap * 2 : 8;
+    di_cprange *q = realloc(c->v, sizeof *q * (size_t)nc);
+    if (!q)
+      return 0;
+    c->v = q;
+    c->cap = nc;
+  }
+  c->v[c->n++] = (di_cprange){lo, hi};
+  return 1;
+}
+
+static const di_cprange R_DIGIT[] = {{'0', '9'}};
+static const di_cprange R_WORD[] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+static const di_cprange R_SPACE[] = {{9, 13},         {' ', ' '},       {0xA0, 0xA0},     {0x1680, 0x1680},
+                                     {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F},
+                                     {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
+
+/* Adds a predefined set or its complement. */
+static int cs_add_set(cset *c, const di_cprange *r, int n, int negate) {
+  if (!negate) {
+    for (int i = 0; i < n; i++)
+      if (!cs_add(c, r[i].lo, r[i].hi))
+        return 0;
+    return 1;
+  }
+  uint32_t next = 0;
+  for (int i = 0; i < n; i++) {
+    if (r[i].lo > next && !cs_add(c, next, r[i].lo - 1))
+      return 0;
+    next = r[i].hi + 1;
+  }
+  return cs_add(c, next, 0x10FFFF);
+}
+
+static int hexval(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static int32_t next_utf8(rp *p) {
+  const unsigned char *u = (const unsigned char *)p->s;
+  unsigned c = u[p->i];
+  int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (!len || p->i + (size_t)len > p->n)
+    return -1;
+  uint32_t cp = len == 1 ? c : len == 2 ? (c & 31) : len == 3 ? (c & 15) : (c & 7);
+  for (int k = 1; k < len; k++) {
+    if ((u[p->i + (size_t)k] & 0xC0) != 0x80)
+      return -1;
+    cp = (cp << 6) | (u[p->i + (size_t)k] & 63);
+  }
+  p->i += (size_t)len;
+  return (int32_t)cp;
+}
+
+/* Parses an escape after '\' (p->i at the letter). Either returns a code point (>= 0) or, for a
+ * class escape, fills `set` and returns -2; -1 on error (*st set). */
+static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
+  size_t at = p->i - 1;
+  if (p->i >= p->n) {
+    *st = rerr(p, at, "trailing backslash");
+    return -1;
+  }
+  char e = p->s[p->i++];
+  int ok = 1;
+  switch (e) {
+  case 'd': ok = cs_add_set(set, R_DIGIT, 1, 0); break;
+  case 'D': ok = cs_add_set(set, R_DIGIT, 1, 1); break;
+  case 'w': ok = cs_add_set(set, R_WORD, 4, 0); break;
+  case 'W': ok = cs_add_set(set, R_WORD, 4, 1); break;
+  case 's': ok = cs_add_set(set, R_SPACE, 10, 0); break;
+  case 'S': ok = cs_add_set(set, R_SPACE, 10, 1); break;
+  case 'n': return '\n';
+  case 't': return '\t';
+  case 'r': return '\r';
+  case 'f': return '\f';
+  case 'v': return '\v';
+  case '0': return 0;
+  case 'b':
+    if (in_class)
+      return '\b';
+    *st = rerr(p, at, "word boundary \\b is not supported");
+    return -1;
+  case 'B':
+    *st = rerr(p, at, "\\B is not supported");
+    return -1;
+  case 'x': {
+    int h1 = p->i < p->n ? hexval(p->s[p->i]) : -1, h2 = p->i + 1 < p->n ? hexval(p->s[p->i + 1]) : -1;
+    if (h1 < 0 || h2 < 0) {
+      *st = rerr(p, at, "\\x needs two hex digits");
+      return -1;
+    }
+    p->i += 2;
+    return h1 * 16 + h2;
+  }
+  case 'u': {
+    uint32_t v = 0;
+    if (p->i < p->n && p->s[p->i] == '{') {
+      p->i++;
+      int nd = 0;
+      while (p->i < p->n && hexval(p->s[p->i]) >= 0 && nd < 8)
+        v = v * 16 + (uint32_t)hexval(p->s[p->i++]), nd++;
+      if (!nd || p->i >= p->n || p->s[p->i] != '}' || v > 0x10FFFF) {
+        *st = rerr(p, at, "bad \\u{...} escape");
+        return -1;
+      }
+      p->i++;
+      return (int32_t)v;
+    }
+    for (int k = 0; k < 4; k++) {
+      int h = p->i < p->n ? hexval(p->s[p->i]) : -1;
+      if (h < 0) {
+        *st = rerr(p, at, "\\u needs four hex digits");
+        return -1;
+      }
+      v = v * 16 + (uint32_t)h;
+      p->i++;
+    }
+    return (int32_t)v;
+  }
+  case 'p': case 'P':
+    *st = rerr(p, at, "Unicode property escapes are not supported");
+    return -1;
+  case 'c': case 'k':
+    *st = rerr(p, at, "this escape is not supported");
+    return -1;
+  default:
+    if (e >= '1' && e <= '9') {
+      *st = rerr(p, at, "backreferences are not supported");
+      return -1;
+    }
+    if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z')) {
+      *st = rerr(p, at, "unknown escape");
+      return -1;
+    }
+    p->i--;
+    {
+      int32_t c = next_utf8(p);
+      if (c < 0) {
+        *st = rerr(p, at, "invalid UTF-8");
+        return -1;
+      }
+      return c;
+    }
+  }
+  if (!ok) {
+    *st = di_error_set(DI_ERR_OOM, "out of memory");
+    return -1;
+  }
+  return -2;
+}
+
+/* The bytes generation writes for code point c inside a JSON string (Python json.dumps with
+ * ensure_ascii=False: short escapes for \b\f\n\r\t, \u00XX for other controls). */
+static void json_escape_cp(di_gb *b, di_gseq *s, uint32_t c) {
+  char buf[8];
+  switch (c) {
+  case '"': di_gseq_bytes(b, s, "\\\"", 2); return;
+  case '\\': di_gseq_bytes(b, s, "\\\\", 2); return;
+  case '\b': di_gseq_bytes(b, s, "\\b", 2); return;
+  case '\f': di_gseq_bytes(b, s, "\\f", 2); return;
+  case '\n': di_gseq_bytes(b, s, "\\n", 2); return;
+  case '\r': di_gseq_bytes(b, s, "\\r", 2); return;
+  case '\t': di_gseq_bytes(b, s, "\\t", 2); return;
+  default:
+    snprintf(buf, sizeof buf, "\\u%04x", c);
+    di_gseq_bytes(b, s, buf, 6);
+  }
+}
+
+static int json_special(uint32_t c) { return c < 0x20 || c == '"' || c == '\\'; }
+
+/* Emits one code point of `set` (optionally negated). */
+static void emit_set(rp *p, di_gseq *s, cset *set, int negate) {
+  di_gb *b = p->b;
+  if (!p->json) {
+    di_gseq_cpset(b, s, set->v, set->n, negate);
+    return;
+  }
+  /* JSON string mode: the set minus the specials as plain code points, plus each special in it
+   * as its escape sequence */
+  int n = di_cpset_normalize(set->v, set->n);
+  set->n = n;
+  if (negate) {
+    cset c = {0};
+    cs_add_set(&c, set->v, n, 1);
+    free(set->v);
+    *set = c;
+    n = set->n;
+  }
+  int rule = di_gb_new_rule(b, "jchar");
+  cset plain = {0};
+  for (int i = 0; i < n; i++) {
+    uint32_t lo = set->v[i].lo, hi = set->v[i].hi;
+    for (uint32_t c = lo; c <= hi && c < 0x80; c++) {
+      if (json_special(c)) {
+        di_gseq e = {0};
+        json_escape_cp(b, &e, c);
+        di_gb_add_alt(b, rule, e.v, e.n);
+        di_gseq_free(&e);
+      } else {
+        cs_add(&plain, c, c);
+      }
+    }
+    if (hi >= 0x80)
+      cs_add(&plain, lo < 0x80 ? 0x80 : lo, hi);
+  }
+  if (plain.n) {
+    di_gseq e = {0};
+    di_gseq_cpset(b, &e, plain.v, plain.n, 0);
+    di_gb_add_alt(b, rule, e.v, e.n);
+    di_gseq_free(&e);
+  }
+  free(plain.v);
+  di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule});
+}
+
+static void emit_cp(rp *p, di_gseq *s, uint32_t c) {
+  if (p->json && json_special(c)) {
+    json_escape_cp(p->b, s, c);
+    return;
+  }
+  if (c < 0x80) {
+    di_gseq_byte(p->b, s, (uint8_t)c);
+  } else {
+    di_cprange r = {c, c};
+    di_gseq_cpset(p->b, s, &r, 1, 0);
+  }
+}
+
+static di_status parse_alt(rp *p, int rule, int top, int *anch_start, int *anch_end);
+
+static di_status parse_class(rp *p, di_gseq *s) {
+  size_t at = p->i - 1;
+  cset set = {0};
+  int neg = 0;
+  di_status st = DI_OK;
+  if (p->i < p->n && p->s[p->i] == '^')
+    neg = 1, p->i++;
+  int first = 1;
+  while (p->i < p->n && (p->s[p->i] != ']' || (first && 0))) {
+    first = 0;
+    int32_t lo;
+    if (p->s[p->i] == '\\') {
+      p->i++;
+      lo = parse_escape(p, &set, 1, &st);
+      if (lo == -1)
+        goto fail;
+      if (lo == -2)
+        continue;
+    } else {
+      lo = next_utf8(p);
+      if (lo < 0) {
+        st = rerr(p, p->i, "invalid UTF-8");
+        goto fail;
+      }
+    }
+    int32_t hi = lo;
+    if (p->i + 1 < p->n && p->s[p->i] == '-' && p->s[p->i + 1] != ']') {
+      size_t dash = p->i;
+      p->i++;
+      if (p->s[p->i] == '\\') {
+        p->i++;
+        cset tmp = {0};
+        hi = parse_escape(p, &tmp, 1, &st);
+        free(tmp.v);
+        if (hi == -1)
+          goto fail;
+        if (hi == -2) {
+          st = rerr(p, dash, "a class escape cannot end a range");
+          goto fail;
+        }
+      } else {
+        hi = next_utf8(p);
+        if (hi < 0) {
+          st = rerr(p, p->i, "invalid UTF-8");
+          goto fail;
+        }
+      }
+      if (hi < lo) {
+        st = rerr(p, dash, "range out of order in character class");
+        goto fail;
+      }
+    }
+    if (!cs_add(&set, (uint32_t)lo, (uint32_t)hi)) {
+      st = di_error_set(DI_ERR_OOM, "out of memory");
+      goto fail;
+    }
+  }
+  if (p->i >= p->n) {
+    st = rerr(p, at, "unterminated character class");
+    goto fail;
+  }
+  p->i++;
+  emit_set(p, s, &set, neg);
+fail:
+  free(set.v);
+  return st;
+}
+
+static int parse_num(rp *p, int *v) {
+  if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
+    return 0;
+  long x = 0;
+  while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+    x = x * 10 + (p->s[p->i++] - '0');
+    if (x > 1000000)
+      x = 1000000;
+  }
+  *v = (int)x;
+  return 1;
+}
+
+/* Tries to read a {m}, {m,}, {m,n} quantifier at '{'; 0 (position restored) when it is not one. */
+static int parse_brace(rp *p, int *min, int *max) {
+  size_t save = p->i;
+  p->i++;
+  if (!parse_num(p, min)) {
+    p->i = save;
+    return 0;
+  }
+  *max = *min;
+  if (p->i < p->n && p->s[p->i] == ',') {
+    p->i++;
+    *max = -1;
+    parse_num(p, max);
+  }
+  if (p->i >= p->n || p->s[p->i] != '}') {
+    p->i = save;
+    return 0;
+  }
+  p->i++;
+  return 1;
+}
+
+static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
+  di_gb *b = p->b;
+  int item = -1;
+  di_status st = DI_OK;
+  while (p->i < p->n) {
+    char c = p->s[p->i];
+    size_t at = p->i;
+    if (c == '|' || c == ')')
+      break;
+    if (c == '$') {
+      p->i++;
+      if (top && (p->i >= p->n || p->s[p->i] == '|')) {
+        *anch_end = 1;
+        break;
+      }
+      return rerr(p, at, "'$' is only supported at the end of the pattern");
+    }
+    if (c == '^')
+      return rerr(p, at, "'^' is only supported at the start of the pattern");
+    if (c == '*' || c == '+' || c == '?' || c == '{') {
+      int min = 0, max = -1;
+      if (c == '{') {
+        if (!parse_brace(p, &min, &max)) {
+          p->i++;
+          item = s->n;
+          emit_cp(p, s, '{'); /* a literal brace, as ECMAScript's web-compat grammar allows */
+          continue;
+        }
+        if (max >= 0 && max < min)
+          return rerr(p, at, "numbers out of order in {} quantifier");
+      } else {
+        p->i++;
+        if (c == '+')
+          min = 1;
+        else if (c == '?')
+          max = 1;
+      }
+      if (item < 0)
+        return rerr(p, at, "nothing to repeat");
+      if (p->i < p->n && (p->s[p->i] == '?' || p->s[p->i] == '+'))
+        p->i++; /* lazy / possessive: same language */
+      di_gseq tail = {0};
+      for (int k = item; k < s->n; k++)
+        di_gseq_push(b, &tail, s->v[k]);
+      s->n = item;
+      di_gel x = di_gb_wrap(b, &tail, "re");
+      di_gseq_free(&tail);
+      di_gseq_repeat(b, s, x, min, max);
+      if (b->total_els > b->max_els)
+        return rerr(p, at, "repetition makes the grammar too large");
+      item = -1;
+      continue;
+    }
+    item = s->n;
+    if (c == '(') {
+      p->i++;
+      if (p->i + 1 < p->n && p->s[p->i] == '?') {
+        char k = p->s[p->i + 1];
+        if (k == ':') {
+          p->i += 2;
+        } else if (k == '<' && p->i + 2 < p->n && p->s[p->i + 2] != '=' && p->s[p->i + 2] != '!') {
+          while (p->i < p->n && p->s[p->i] != '>')
+            p->i++;
+          if (p->i >= p->n)
+            return rerr(p, at, "unterminated group name");
+          p->i++;
+        } else {
+          return rerr(p, at, "lookaround and inline flags are not supported");
+        }
+      }
+      if (++p->depth > 200)
+        return rerr(p, at, "groups nested too deeply");
+      int r = di_gb_new_rule(b, "regroup");
+      DI_TRY(parse_alt(p, r, 0, NULL, NULL));
+      p->depth--;
+      if (p->i >= p->n || p->s[p->i] != ')')
+        return rerr(p, at, "unclosed '('");
+      p->i++;
+      di_gseq_push(b, s, (di_gel){DI_GE_RULE, r});
+    } else if (c == '[') {
+      p->i++;
+      DI_TRY(parse_class(p, s));
+    } else if (c == '.') {
+      p->i++;
+      cset set = {0};
+      static const di_cprange nl[] = {{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}};
+      cs_add_set(&set, nl, 3, 1);
+      emit_set(p, s, &set, 0);
+      free(set.v);
+    } else if (c == '\\') {
+      p->i++;
+      cset set = {0};
+      int32_t cp = parse_escape(p, &set, 0, &st);
+      if (cp == -1) {
+        free(set.v);
+        return st;
+      }
+      if (cp == -2)
+        emit_set(p, s, &set, 0);
+      else
+        emit_cp(p, s, (uint32_t)cp);
+      free(set.v);
+    } else {
+      int32_t cp = next_utf8(p);
+      if (cp < 0)
+        return rerr(p, at, "invalid UTF-8");
+      emit_cp(p, s, (uint32_t)cp);
+    }
+    if (b->oom)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  return DI_OK;
+}
+
+static void any_star(rp *p, di_gseq *s) {
+  cset set = {0};
+  cs_add(&set, 0, 0x10FFFF);
+  di_gseq one = {0};
+  emit_set(p, &one, &set, 0);
+  free(set.v);
+  di_gel x = di_gb_wrap(p->b, &one, "any");
+  di_gseq_free(&one);
+  di_gseq_repeat(p->b, s, x, 0, -1);
+}
+
+/* Alternatives into `rule`. At top level with search semantics (anch_start != NULL and
+ * *anch_start == -1 meaning "unanchored mode"), each alternative gets its own anchors. */
+static di_status parse_alt(rp *p, int rule, int top, int *anch_start, int *anch_end) {
+  for (;;) {
+    di_gseq s = {0};
+    int a_start = 0, a_end = 0;
+    if (top && p->i < p->n && p->s[p->i] == '^')
+      p->i++, a_start = 1;
+    int search = top && anch_start && *anch_start < 0;
+    if (search && !a_start)
+      any_star(p, &s);
+    di_status st = parse_seq(p, &s, top, &a_end);
+    if (st == DI_OK && search && !a_end)
+      any_star(p, &s);
+    if (st == DI_OK)
+      st = di_gb_add_alt(p->b, rule, s.v, s.n);
+    di_gseq_free(&s);
+    DI_TRY(st);
+    if (p->i < p->n && p->s[p->i] == '|') {
+      p->i++;
+      continue;
+    }
+    return DI_OK;
+  }
+}
+
+di_status di_regex_compile_into(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored) {
+  rp p = {.b = b, .s = src, .n = len, .json = json_string};
+  int mode = anchored ? 0 : -1;
+  DI_TRY(parse_alt(&p, rule, 1, &mode, NULL));
+  if (p.i < p.n)
+    return rerr(&p, p.i, p.s[p.i] == ')' ? "unmatched ')'" : "unexpected character");
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  return DI_OK;
+}
+
+di_status di_regex_compile(di_gb *b, const char *src, size_t len) {
+  int root = di_gb_rule(b, "root");
+  DI_TRY(di_regex_compile_into(b, root, src, len, 0, 1));
+  return di_gb_finish(b, root);
+}
