@@ -20,7 +20,16 @@ di_status di_error_wrap(di_status st, const char *fmt, ...) {
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
   memcpy(old, g_msg, sizeof old);
-  snprintf(g_msg, sizeof g_msg, "%s: %s", prefix, old);
+  size_t pl = strlen(prefix);
+  if (pl > sizeof g_msg - 3)
+    pl = sizeof g_msg - 3;
+  memcpy(g_msg, prefix, pl);
+  g_msg[pl] = ':';
+  g_msg[pl + 1] = ' ';
+  size_t rest = sizeof g_msg - pl - 3;
+  size_t ol = strnlen(old, rest);
+  memcpy(g_msg + pl + 2, old, ol);
+  g_msg[pl + 2 + ol] = 0;
   return st;
 }
 

@@ -1,0 +1,137 @@
+/* The public model API: loading a Hugging Face folder (config, weights, backend), facts about the
+ * model, and whole-sequence scoring. */
+#include "api/model_internal.h"
+#include "backend/cpu/cpu_backend.h"
+#include "model/safetensors.h"
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#ifdef DI_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+void di_model_options_default(di_model_options *opt) {
+  memset(opt, 0, sizeof *opt);
+  opt->load_format = "auto";
+  opt->dummy_seed = 0;
+}
+
+di_status di_backend_create(const char *accelerator, const di_model_config *cfg, const di_ds_weights *w, int threads,
+                            di_backend **out) {
+  if (!accelerator || !*accelerator || strcasecmp(accelerator, "cpu") == 0)
+    return di_backend_cpu_create(cfg, w, threads, out);
+  if (strcasecmp(accelerator, "cuda") == 0 || strcasecmp(accelerator, "nvidia") == 0) {
+#ifdef DI_HAVE_CUDA
+    return di_backend_cuda_create(cfg, w, out);
+#else
+    return di_error_set(DI_ERR_UNSUPPORTED, "accelerator \"%s\": this build has no CUDA backend (build with nvcc, DI_CUDA=ON)",
+                        accelerator);
+#endif
+  }
+  return di_error_set(DI_ERR_INVALID_ARG, "unknown accelerator \"%s\" (cpu, cuda)", accelerator);
+}
+
+di_status di_model_load(const char *dir, const di_model_options *opt_in, di_model **out) {
+  if (!dir || !out)
+    return di_error_set(DI_ERR_INVALID_ARG, "di_model_load: NULL argument");
+  di_model_options opt;
+  if (opt_in)
+    opt = *opt_in;
+  else
+    di_model_options_default(&opt);
+  const char *fmt = opt.load_format && *opt.load_format ? opt.load_format : "auto";
+  int dummy = strcmp(fmt, "dummy") == 0;
+  if (!dummy && strcmp(fmt, "auto") != 0 && strcmp(fmt, "safetensors") != 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "unknown load format \"%s\" (auto, safetensors, dummy)", fmt);
+  const char *acc = opt.accelerator;
+  if (!acc || !*acc)
+    acc = getenv("DEEPINFER_ACCELERATOR");
+  di_model *m = calloc(1, sizeof *m);
+  if (!m)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  m->dir = strdup(dir);
+  m->threads = opt.threads;
+  di_status st = di_model_config_load(dir, &m->cfg);
+  if (st != DI_OK)
+    goto fail;
+  if (!opt.quiet)
+    fprintf(stderr, "deepinfer: loading %s (%s, %d layers, %s weights)\n", dir, m->cfg.model_type, m->cfg.num_hidden_layers,
+            dummy ? "dummy" : "safetensors");
+  if (dummy) {
+    st = di_ds_weights_dummy(&m->cfg, opt.dummy_seed, &m->weights);
+  } else {
+    st = di_tensor_source_open(dir, &m->source);
+    if (st == DI_OK)
+      st = di_ds_weights_bind(&m->cfg, m->source, &m->weights);
+  }
+  if (st != DI_OK)
+    goto fail;
+  st = di_backend_create(acc, &m->cfg, &m->weights, opt.threads, &m->backend);
+  if (st != DI_OK)
+    goto fail;
+  m->tokenizer_vocab = m->cfg.vocab_size;
+  if (!opt.quiet)
+    fprintf(stderr, "deepinfer: loaded on %s\n", m->backend->ops->name);
+  *out = m;
+  return DI_OK;
+fail:
+  di_error_wrap(st, "loading model");
+  di_model_free(m);
+  return st;
+}
+
+void di_model_free(di_model *m) {
+  if (!m)
+    return;
+  if (m->backend)
+    m->backend->ops->destroy(m->backend);
+  di_ds_weights_free(&m->weights);
+  di_tensor_source_free(m->source);
+  free(m->dir);
+  free(m);
+}
+
+int di_model_vocab_size(const di_model *m) { return m ? m->cfg.vocab_size : 0; }
+int di_model_max_context(const di_model *m) { return m ? m->cfg.max_position_embeddings : 0; }
+const char *di_model_type(const di_model *m) { return m ? m->cfg.model_type : ""; }
+const char *di_model_dir(const di_model *m) { return m ? m->dir : ""; }
+
+int di_model_eos_ids(const di_model *m, int32_t *ids, int cap) {
+  if (!m)
+    return 0;
+  for (int i = 0; i < m->cfg.n_eos && i < cap; i++)
+    ids[i] = m->cfg.eos_token_ids[i];
+  return m->cfg.n_eos;
+}
+
+di_status di_model_score(di_model *m, const int32_t *ids, int n, float *logits) {
+  if (!m || !ids || !logits || n <= 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "di_model_score: empty sequence or NULL argument");
+  if (n > m->cfg.max_position_embeddings)
+    return di_error_set(DI_ERR_CONTEXT_OVERFLOW, "sequence of %d tokens is longer than the context (%d)", n,
+                        m->cfg.max_position_embeddings);
+  const int nb = (n + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+  di_status st = m->backend->ops->kv_alloc(m->backend, nb);
+  if (st != DI_OK)
+    return st;
+  int32_t *table = malloc(sizeof(int32_t) * (size_t)nb), *pos = malloc(sizeof(int32_t) * (size_t)n),
+          *seq = calloc((size_t)n, sizeof(int32_t)), *rows = malloc(sizeof(int32_t) * (size_t)n);
+  if (!table || !pos || !seq || !rows) {
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+    goto done;
+  }
+  for (int i = 0; i < nb; i++)
+    table[i] = i;
+  for (int i = 0; i < n; i++)
+    pos[i] = rows[i] = i;
+  di_batch_seq s = {table, nb};
+  di_batch b = {.n_tokens = n, .tokens = ids, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = &s,
+                .n_outputs = n, .output_rows = rows};
+  st = di_backend_forward(m->backend, &b, logits);
+done:
+  free(table);
+  free(pos);
+  free(seq);
+  free(rows);
+  return st;
+}

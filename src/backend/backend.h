@@ -1,0 +1,85 @@
+/* The backend interface: what the engine asks of a device (CPU, CUDA). The engine (scheduler + KV
+ * block manager) decides WHAT runs each step and hands the backend a plain di_batch; the backend owns
+ * the weights on its device, the KV block pool and the forward pass. Nothing here knows about
+ * requests, sampling policy or tokenizers.
+ *
+ * KV cache addressing: the pool is `n_blocks` blocks of DI_KV_BLOCK_SIZE tokens. The token at
+ * position p of sequence s lives in block `seqs[s].block_table[p / DI_KV_BLOCK_SIZE]`, slot
+ * p % DI_KV_BLOCK_SIZE, for every layer. A forward step first writes the cache entries of all its
+ * tokens, then computes attention: token i attends to positions [0, positions[i]] of its sequence
+ * (so a chunk of a prompt sees the earlier chunks through the cache). */
+#ifndef DI_BACKEND_H
+#define DI_BACKEND_H
+#include <stdint.h>
+#include "util/status.h"
+#include "model/config.h"
+
+#define DI_KV_BLOCK_SIZE 64
+
+typedef struct di_batch_seq {
+  const int32_t *block_table; /* block ids, enough to cover every position this step touches */
+  int n_blocks;
+} di_batch_seq;
+
+typedef struct di_batch {
+  int n_tokens;
+  const int32_t *tokens;      /* [n_tokens] token ids */
+  const int32_t *positions;   /* [n_tokens] position of each token in its sequence */
+  const int32_t *seq_of;      /* [n_tokens] index into seqs */
+  int n_seqs;
+  const di_batch_seq *seqs;   /* [n_seqs] */
+  int n_outputs;
+  const int32_t *output_rows; /* [n_outputs] rows (token indices) whose logits are wanted, ascending */
+} di_batch;
+
+/* Per output row sampling request for backends that sample on the device (optional). */
+typedef struct di_sample_row {
+  float temperature;          /* <= 0: greedy */
+  float top_p;                /* 1: off */
+  int top_k;                  /* <= 0: off */
+  float min_p;                /* 0: off */
+  uint64_t seed;              /* counter-based RNG key */
+  uint64_t counter;           /* position in the request: (seed, counter) -> one uniform draw */
+  int vocab_limit;            /* ids >= vocab_limit never sampled (padding beyond the tokenizer) */
+} di_sample_row;
+
+/* What the engine needs to size the KV pool. One group for MLA models; DeepSeek-V4 adds groups
+ * (sliding window, compressed entries, indexer keys) with their own sizes. */
+typedef struct di_kv_group_info {
+  int n_layers;               /* layers that keep an entry per token in this group */
+  int64_t bytes_per_token;    /* all layers of the group together, in the backend's cache dtype */
+  int tokens_per_entry;       /* 1: every token; 4 or 128: compressed groups (V4) */
+  int window;                 /* 0: whole context; else only the last `window` tokens are kept */
+} di_kv_group_info;
+
+typedef struct di_backend di_backend;
+
+typedef struct di_backend_ops {
+  const char *name;
+  /* KV layout facts of this model on this backend. Returns the number of groups (<= cap). */
+  int (*kv_groups)(di_backend *b, di_kv_group_info *groups, int cap);
+  /* (Re)allocates the KV pool with n_blocks blocks of DI_KV_BLOCK_SIZE tokens. */
+  di_status (*kv_alloc)(di_backend *b, int64_t n_blocks);
+  /* Starts a forward step. The batch's arrays must stay valid until wait() returns. */
+  di_status (*submit)(di_backend *b, const di_batch *batch);
+  /* Finishes the step started by submit(); writes logits [n_outputs][vocab] (host, float32) when
+   * `logits` is non-NULL, and the final hidden states of the output rows [n_outputs][hidden] (after
+   * the final norm; for MTP drafting) when `hidden` is non-NULL. */
+  di_status (*wait)(di_backend *b, float *logits, float *hidden);
+  /* Optional (NULL if unsupported): after wait(), sample one token per output row on the device. */
+  di_status (*sample)(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens);
+  void (*destroy)(di_backend *b);
+} di_backend_ops;
+
+struct di_backend {
+  const di_backend_ops *ops;
+  const di_model_config *cfg;
+  int vocab_size, hidden_size;
+};
+
+/* Synchronous forward: submit + wait. */
+static inline di_status di_backend_forward(di_backend *b, const di_batch *batch, float *logits) {
+  DI_TRY(b->ops->submit(b, batch));
+  return b->ops->wait(b, logits, NULL);
+}
+#endif

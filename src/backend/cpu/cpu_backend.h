@@ -1,0 +1,40 @@
+/* The CPU backend: weights used in place (memory-mapped checkpoint), a float32 paged latent KV pool,
+ * grow-only scratch buffers sized by the largest step seen, and a thread pool. */
+#ifndef DI_CPU_BACKEND_H
+#define DI_CPU_BACKEND_H
+#include "backend/backend.h"
+#include "arch/deepseek.h"
+#include "util/threadpool.h"
+
+typedef struct di_cpu_backend {
+  di_backend base;
+  const di_model_config *cfg;
+  const di_ds_weights *w;
+  di_threadpool *tp;
+  float inv_freq[256];
+  /* absorbed MLA matrices, float32: W_UK^T [layer][head][kv_lora][nope], W_UV [layer][head][v][kv_lora] */
+  float **w_uk, **w_uv;
+  /* KV pool: [block][cache layer][slot][kv_dim], kv_dim = kv_lora_rank + qk_rope_head_dim */
+  float *kv_pool;
+  int64_t n_blocks;
+  int n_cache_layers, kv_dim;
+  /* scratch (capacity in tokens / attention positions) */
+  int cap_tokens, cap_positions;
+  float *s_x, *s_h, *s_o, *s_q, *s_qa, *s_kv, *s_attn, *s_g, *s_u, *s_router, *s_topk_w;
+  float *s_exp_in, *s_exp_out, *s_exp_slot, *s_shared, *s_mtp_cat;
+  int32_t *s_topk_ids, *s_exp_count, *s_exp_start, *s_exp_rows, *s_exp_fill;
+  float *attn_scratch;
+  size_t attn_scratch_per_thread;
+  const di_batch *pending; /* submitted, not yet run */
+} di_cpu_backend;
+
+di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights *w, int threads, di_backend **out);
+/* Grows the scratch buffers for a step of T tokens (and its longest attention span). */
+di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch);
+di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden);
+/* MTP module `mtp_index`: tokens[t] is the token after the one whose final hidden state is
+ * prev_hidden[t]; writes the MTP logits (predicting the token after tokens[t]) of the output rows. The
+ * MTP layer keeps its own KV entries in the same block tables. */
+di_status di_cpu_deepseek_mtp_forward(di_cpu_backend *b, int mtp_index, const di_batch *batch, const float *prev_hidden,
+                                      float *logits, float *hidden_out);
+#endif

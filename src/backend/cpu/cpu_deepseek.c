@@ -1,0 +1,360 @@
+/* The DeepSeek-V2/V3 forward pass on the CPU backend: MLA attention over the paged latent cache in
+ * the absorbed form, DeepSeekMoE with shared experts, float32 activations, weights read as stored.
+ *
+ * Per layer, for the T tokens of a step (x: [T][hidden] residual stream):
+ *   h = RMSNorm(x)
+ *   q = q_b(RMSNorm(q_a(h)))  (or q_proj(h))            -> per head [q_nope | q_pe]
+ *   [c_kv | k_pe] = kv_a(h);  c_kv = RMSNorm(c_kv);  k_pe, q_pe = RoPE(pos)
+ *   cache[layer][pos] = [c_kv | k_pe]                     (written before any token reads)
+ *   q_lat = W_UK^T q_nope;  s_j = (q_lat . c_kv_j + q_pe . k_pe_j) * scale, j <= pos
+ *   o_lat = sum_j softmax(s)_j c_kv_j;  out_h = W_UV o_lat;  x += o_proj(out)
+ *   x += FFN(RMSNorm(x))        (dense SiLU-gated MLP, or routed top-k experts + shared experts)
+ * Every per-token quantity is computed with a reduction order that does not depend on the other
+ * tokens of the step (see cpu_gemm.h), which makes the backend batch-invariant. */
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_gemm.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- small row ops ------------------------------------------------------------------------------ */
+
+static void rmsnorm_row(float *out, const float *x, const float *w, int n, float eps) {
+  /* HF: x * rsqrt(mean(x^2) + eps) * w, in float32 */
+  float ss = di_cpu_dot(x, x, n) / (float)n;
+  float r = 1.0f / sqrtf(ss + eps);
+  for (int i = 0; i < n; i++)
+    out[i] = w[i] * (x[i] * r);
+}
+
+static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+
+/* Rotates `x` (rope_dim values) in place for position `pos`. */
+static void rope_apply(const di_cpu_backend *b, float *x, int pos) {
+  const int half = b->cfg->qk_rope_head_dim / 2;
+  const float af = b->cfg->rope_attention_factor;
+  for (int i = 0; i < half; i++) {
+    float ang = (float)pos * b->inv_freq[i];
+    float c = cosf(ang) * af, s = sinf(ang) * af;
+    int i0 = b->cfg->rope_interleave ? 2 * i : i, i1 = b->cfg->rope_interleave ? 2 * i + 1 : i + half;
+    float x0 = x[i0], x1 = x[i1];
+    x[i0] = x0 * c - x1 * s;
+    x[i1] = x1 * c + x0 * s;
+  }
+}
+
+static inline float *kv_entry(const di_cpu_backend *b, int layer, int32_t block, int slot) {
+  return b->kv_pool + (((size_t)block * (size_t)b->n_cache_layers + (size_t)layer) * DI_KV_BLOCK_SIZE + (size_t)slot) *
+                          (size_t)b->kv_dim;
+}
+
+/* ---- attention -------------------------------------------------------------------------------- */
+
+typedef struct {
+  di_cpu_backend *b;
+  const di_batch *batch;
+  int layer;
+  const float *q;  /* [T][NH*dqk] */
+  float *out;      /* [T][NH*dv] */
+} attn_ctx;
+
+static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
+  attn_ctx *a = p;
+  di_cpu_backend *b = a->b;
+  const di_model_config *c = b->cfg;
+  const int NH = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
+  const int dqk = dn + dr, R = c->kv_lora_rank;
+  float *scratch = b->attn_scratch + (size_t)thread * b->attn_scratch_per_thread;
+  float *q_lat = scratch, *q_pe = q_lat + R, *o_lat = q_pe + dr, *scores = o_lat + R;
+  const float *wk = b->w_uk[a->layer], *wv = b->w_uv[a->layer];
+  for (int64_t job = begin; job < end; job++) {
+    const int t = (int)(job / NH), h = (int)(job % NH);
+    const int pos = a->batch->positions[t];
+    const di_batch_seq *seq = &a->batch->seqs[a->batch->seq_of[t]];
+    const float *q = a->q + (size_t)t * NH * dqk + (size_t)h * dqk;
+    /* q_lat[r] = sum_d W_UK[h][d][r] q_nope[d], via the transposed copy [h][r][d] */
+    for (int r = 0; r < R; r++)
+      q_lat[r] = di_cpu_dot(wk + ((size_t)h * R + r) * dn, q, dn);
+    memcpy(q_pe, q + dn, sizeof(float) * (size_t)dr);
+    rope_apply(b, q_pe, pos);
+    float mx = -INFINITY;
+    for (int j = 0; j <= pos; j++) {
+      const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
+      float s = (di_cpu_dot(q_lat, e, R) + di_cpu_dot(q_pe, e + R, dr)) * c->softmax_scale;
+      scores[j] = s;
+      if (s > mx)
+        mx = s;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j <= pos; j++) {
+      scores[j] = expf(scores[j] - mx);
+      sum += scores[j];
+    }
+    const float inv = 1.0f / sum;
+    memset(o_lat, 0, sizeof(float) * (size_t)R);
+    for (int j = 0; j <= pos; j++) {
+      const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
+      const float pj = scores[j] * inv;
+      for (int r = 0; r < R; r++)
+        o_lat[r] += pj * e[r];
+    }
+    float *o = a->out + (size_t)t * NH * dv + (size_t)h * dv;
+    for (int e2 = 0; e2 < dv; e2++)
+      o[e2] = di_cpu_dot(wv + ((size_t)h * dv + e2) * R, o_lat, R);
+  }
+}
+
+static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const di_ds_layer *L, const float *h,
+                      float *out) {
+  const di_model_config *c = b->cfg;
+  const int T = batch->n_tokens, H = c->hidden_size, NH = c->num_attention_heads;
+  const int dqk = di_cfg_qk_head_dim(c), R = c->kv_lora_rank, dr = c->qk_rope_head_dim;
+  float *q = b->s_q, *kv = b->s_kv;
+  if (c->q_lora_rank > 0) {
+    float *qa = b->s_qa;
+    di_cpu_gemm(b->tp, h, T, H, &L->q_a, 0, c->q_lora_rank, qa, c->q_lora_rank);
+    for (int t = 0; t < T; t++)
+      rmsnorm_row(qa + (size_t)t * c->q_lora_rank, qa + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank,
+                  c->rms_norm_eps);
+    di_cpu_gemm(b->tp, qa, T, c->q_lora_rank, &L->q_b, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk);
+  } else {
+    di_cpu_gemm(b->tp, h, T, H, &L->q_proj, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk);
+  }
+  di_cpu_gemm(b->tp, h, T, H, &L->kv_a, 0, R + dr, kv, R + dr);
+  /* write the cache entries of every token of the step first */
+  for (int t = 0; t < T; t++) {
+    const int pos = batch->positions[t];
+    const di_batch_seq *seq = &batch->seqs[batch->seq_of[t]];
+    float *e = kv_entry(b, layer, seq->block_table[pos / DI_KV_BLOCK_SIZE], pos % DI_KV_BLOCK_SIZE);
+    const float *src = kv + (size_t)t * (R + dr);
+    rmsnorm_row(e, src, L->kv_a_norm, R, c->rms_norm_eps);
+    memcpy(e + R, src + R, sizeof(float) * (size_t)dr);
+    rope_apply(b, e + R, pos);
+  }
+  attn_ctx a = {b, batch, layer, q, b->s_attn};
+  di_parallel_for(b->tp, (int64_t)T * NH, 1, attn_task, &a);
+  di_cpu_gemm(b->tp, b->s_attn, T, (int64_t)NH * c->v_head_dim, &L->o_proj, 0, H, out, H);
+}
+
+/* ---- feed-forward --------------------------------------------------------------------------------- */
+
+/* out[m] = down(silu(gate x[m]) * up x[m]) for M rows. */
+static void mlp(di_cpu_backend *b, const float *x, int M, const di_weight *gate, const di_weight *up,
+                const di_weight *down, float *out) {
+  const int H = b->cfg->hidden_size;
+  const int64_t I = gate->rows;
+  float *g = b->s_g, *u = b->s_u;
+  di_cpu_gemm(b->tp, x, M, H, gate, 0, I, g, I);
+  di_cpu_gemm(b->tp, x, M, H, up, 0, I, u, I);
+  for (int64_t i = 0; i < (int64_t)M * I; i++)
+    g[i] = silu(g[i]) * u[i];
+  di_cpu_gemm(b->tp, g, M, I, down, 0, H, out, H);
+}
+
+/* Router: picks num_experts_per_tok experts and their weights for one token. */
+static void route(const di_cpu_backend *b, const di_ds_layer *L, const float *logits, int32_t *ids, float *wts) {
+  const di_model_config *c = b->cfg;
+  const int E = c->n_routed_experts, K = c->num_experts_per_tok;
+  float scores[1024], choice[1024];
+  if (c->scoring_func == DI_SCORE_SOFTMAX) {
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++)
+      mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < E; e++)
+      sum += (scores[e] = expf(logits[e] - mx));
+    for (int e = 0; e < E; e++)
+      scores[e] /= sum;
+  } else {
+    for (int e = 0; e < E; e++)
+      scores[e] = 1.0f / (1.0f + expf(-logits[e]));
+  }
+  for (int e = 0; e < E; e++)
+    choice[e] = scores[e] + (L->router_bias && c->topk_method == DI_TOPK_NOAUX_TC ? L->router_bias[e] : 0.0f);
+  if (c->topk_method != DI_TOPK_GREEDY && c->n_group > 1) {
+    const int G = c->n_group, per = E / G;
+    float gscore[256];
+    for (int g = 0; g < G; g++) {
+      const float *v = choice + g * per;
+      if (c->topk_method == DI_TOPK_NOAUX_TC) { /* sum of the group's top-2 */
+        float a = -INFINITY, a2 = -INFINITY;
+        for (int i = 0; i < per; i++) {
+          if (v[i] > a) {
+            a2 = a;
+            a = v[i];
+          } else if (v[i] > a2) {
+            a2 = v[i];
+          }
+        }
+        gscore[g] = a + a2;
+      } else { /* group_limited_greedy: the group's max */
+        float a = -INFINITY;
+        for (int i = 0; i < per; i++)
+          a = v[i] > a ? v[i] : a;
+        gscore[g] = a;
+      }
+    }
+    /* keep the topk_group best groups (ties: lower index), mask the rest out */
+    int keep[256] = {0};
+    for (int k = 0; k < c->topk_group; k++) {
+      int best = -1;
+      for (int g = 0; g < G; g++)
+        if (!keep[g] && (best < 0 || gscore[g] > gscore[best]))
+          best = g;
+      keep[best] = 1;
+    }
+    for (int g = 0; g < G; g++)
+      if (!keep[g])
+        for (int i = 0; i < per; i++)
+          choice[g * per + i] = -INFINITY;
+  }
+  /* top-K by choice score, descending; ties go to the lower expert index */
+  unsigned char taken[1024] = {0};
+  float sum = 0.0f;
+  for (int k = 0; k < K; k++) {
+    int best = -1;
+    for (int e = 0; e < E; e++)
+      if (!taken[e] && (best < 0 || choice[e] > choice[best]))
+        best = e;
+    taken[best] = 1;
+    ids[k] = best;
+    wts[k] = scores[best];
+    sum += wts[k];
+  }
+  /* DeepSeek's own code: V3 renormalizes (norm_topk_prob) then scales; V2 either renormalizes or
+   * scales. transformers' V2 ignores norm_topk_prob; we follow DeepSeek (see docs/NOTES.md). */
+  const int renorm = K > 1 && c->norm_topk_prob;
+  for (int k = 0; k < K; k++) {
+    if (renorm)
+      wts[k] /= (sum + 1e-20f);
+    if (c->arch == DI_ARCH_DEEPSEEK_V3 || !renorm)
+      wts[k] *= c->routed_scaling_factor;
+  }
+}
+
+static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, float *out) {
+  const di_model_config *c = b->cfg;
+  const int H = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+  float *logits = b->s_router;
+  di_cpu_gemm(b->tp, x, T, H, &L->router, 0, E, logits, E);
+  int32_t *ids = b->s_topk_ids;
+  float *wts = b->s_topk_w;
+  for (int t = 0; t < T; t++)
+    route(b, L, logits + (size_t)t * E, ids + (size_t)t * K, wts + (size_t)t * K);
+  /* group (token, k) pairs by expert; each expert's rows go through one GEMM */
+  int32_t *count = b->s_exp_count, *start = b->s_exp_start, *rows = b->s_exp_rows;
+  memset(count, 0, sizeof(int32_t) * (size_t)E);
+  for (int i = 0; i < T * K; i++)
+    count[ids[i]]++;
+  for (int e = 0, acc = 0; e < E; e++) {
+    start[e] = acc;
+    acc += count[e];
+  }
+  int32_t *fill = b->s_exp_fill;
+  memcpy(fill, start, sizeof(int32_t) * (size_t)E);
+  for (int i = 0; i < T * K; i++)
+    rows[fill[ids[i]]++] = i; /* i = t*K + k, ascending within each expert */
+  float *xin = b->s_exp_in, *yout = b->s_exp_out, *per_slot = b->s_exp_slot;
+  for (int e = 0; e < E; e++) {
+    const int n = count[e];
+    if (!n)
+      continue;
+    for (int r = 0; r < n; r++)
+      memcpy(xin + (size_t)r * H, x + (size_t)(rows[start[e] + r] / K) * H, sizeof(float) * (size_t)H);
+    mlp(b, xin, n, &L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], yout);
+    for (int r = 0; r < n; r++)
+      memcpy(per_slot + (size_t)rows[start[e] + r] * H, yout + (size_t)r * H, sizeof(float) * (size_t)H);
+  }
+  /* combine in the router's order, then add the shared experts */
+  for (int t = 0; t < T; t++) {
+    float *o = out + (size_t)t * H;
+    memset(o, 0, sizeof(float) * (size_t)H);
+    for (int k = 0; k < K; k++) {
+      const float w = wts[t * K + k], *y = per_slot + (size_t)(t * K + k) * H;
+      for (int i = 0; i < H; i++)
+        o[i] += w * y[i];
+    }
+  }
+  if (L->has_shared) {
+    mlp(b, x, T, &L->sh_gate, &L->sh_up, &L->sh_down, b->s_shared);
+    for (int64_t i = 0; i < (int64_t)T * H; i++)
+      out[i] += b->s_shared[i];
+  }
+}
+
+/* ---- the whole pass --------------------------------------------------------------------------------- */
+
+static void decoder_layer(di_cpu_backend *b, const di_batch *batch, int layer, const di_ds_layer *L, float *x) {
+  const int T = batch->n_tokens, H = b->cfg->hidden_size;
+  float *h = b->s_h, *o = b->s_o;
+  for (int t = 0; t < T; t++)
+    rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->attn_norm, H, b->cfg->rms_norm_eps);
+  attention(b, batch, layer, L, h, o);
+  for (int64_t i = 0; i < (int64_t)T * H; i++)
+    x[i] += o[i];
+  for (int t = 0; t < T; t++)
+    rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->ffn_norm, H, b->cfg->rms_norm_eps);
+  if (L->is_moe)
+    moe(b, L, h, T, o);
+  else
+    mlp(b, h, T, &L->gate, &L->up, &L->down, o);
+  for (int64_t i = 0; i < (int64_t)T * H; i++)
+    x[i] += o[i];
+}
+
+di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden) {
+  const di_model_config *c = b->cfg;
+  const di_ds_weights *w = b->w;
+  const int T = batch->n_tokens, H = c->hidden_size;
+  DI_TRY(di_cpu_backend_reserve(b, T, batch));
+  float *x = b->s_x;
+  for (int t = 0; t < T; t++) {
+    int32_t id = batch->tokens[t];
+    if (id < 0 || id >= c->vocab_size)
+      return di_error_set(DI_ERR_INVALID_ARG, "token id %d out of range [0, %d)", id, c->vocab_size);
+    di_weight_rows_f32(&w->embed, id, id + 1, x + (size_t)t * H);
+  }
+  for (int l = 0; l < w->n_layers; l++)
+    decoder_layer(b, batch, l, &w->layers[l], x);
+  /* final norm and lm_head for the output rows only */
+  float *hn = b->s_h;
+  for (int i = 0; i < batch->n_outputs; i++)
+    rmsnorm_row(hn + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, w->final_norm, H, c->rms_norm_eps);
+  if (hidden)
+    memcpy(hidden, hn, sizeof(float) * (size_t)batch->n_outputs * H);
+  if (logits)
+    di_cpu_gemm(b->tp, hn, batch->n_outputs, H, &w->lm_head, 0, c->vocab_size, logits, c->vocab_size);
+  return DI_OK;
+}
+
+di_status di_cpu_deepseek_mtp_forward(di_cpu_backend *b, int mtp_index, const di_batch *batch, const float *prev_hidden,
+                                      float *logits, float *hidden_out) {
+  const di_model_config *c = b->cfg;
+  const di_ds_weights *w = b->w;
+  if (mtp_index < 0 || mtp_index >= w->n_mtp)
+    return di_error_set(DI_ERR_INVALID_ARG, "the model has %d MTP layers; %d requested", w->n_mtp, mtp_index);
+  const di_ds_layer *L = &w->layers[w->n_layers + mtp_index];
+  const int T = batch->n_tokens, H = c->hidden_size;
+  DI_TRY(di_cpu_backend_reserve(b, T, batch));
+  float *x = b->s_x, *cat = b->s_mtp_cat;
+  /* x = eh_proj([enorm(embed(next token)) | hnorm(h_prev)]) */
+  for (int t = 0; t < T; t++) {
+    int32_t id = batch->tokens[t];
+    if (id < 0 || id >= c->vocab_size)
+      return di_error_set(DI_ERR_INVALID_ARG, "token id %d out of range [0, %d)", id, c->vocab_size);
+    float *row = cat + (size_t)t * 2 * H;
+    di_weight_rows_f32(&L->mtp_embed, id, id + 1, row);
+    rmsnorm_row(row, row, L->enorm, H, c->rms_norm_eps);
+    rmsnorm_row(row + H, prev_hidden + (size_t)t * H, L->hnorm, H, c->rms_norm_eps);
+  }
+  di_cpu_gemm(b->tp, cat, T, 2 * H, &L->eh_proj, 0, H, x, H);
+  decoder_layer(b, batch, w->n_layers + mtp_index, L, x);
+  float *hn = b->s_h;
+  for (int i = 0; i < batch->n_outputs; i++)
+    rmsnorm_row(hn + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, L->head_norm, H, c->rms_norm_eps);
+  if (hidden_out)
+    for (int i = 0; i < batch->n_outputs; i++)
+      memcpy(hidden_out + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, sizeof(float) * (size_t)H);
+  if (logits)
+    di_cpu_gemm(b->tp, hn, batch->n_outputs, H, &L->head, 0, c->vocab_size, logits, c->vocab_size);
+  return DI_OK;
+}

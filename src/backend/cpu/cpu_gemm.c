@@ -1,0 +1,126 @@
+/* See cpu_gemm.h. Tiles of 4 weight rows x 2 activation rows keep 8 accumulators, 4 converted
+ * weight vectors and 2 activation vectors in the 16 YMM registers; the weight row is converted to
+ * float32 once per tile and reused for both activation rows. */
+#include "backend/cpu/cpu_gemm.h"
+#include "util/numeric.h"
+#include <immintrin.h>
+
+#define NR 4
+#define MR 2
+
+static inline float hsum8(__m256 v) {
+  /* fixed order: (v0+v4, v1+v5, v2+v6, v3+v7) then pairwise */
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehl_ps(s, s);
+  s = _mm_add_ps(s, sh);
+  sh = _mm_shuffle_ps(s, s, 1);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+/* Loads 8 weights of row r starting at column k as float32. `scale` is the FP8 block scale for
+ * these 8 columns (blocks are multiples of 8 wide, or handled by the scalar path). */
+static inline __m256 load_w8(const di_weight *w, int64_t r, int64_t k, float scale) {
+  int64_t i = r * w->cols + k;
+  switch (w->dtype) {
+  case DI_DT_BF16: {
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w->data + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  case DI_DT_F16:
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w->data + i)));
+  case DI_DT_F8E4M3: {
+    __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)w->data + i));
+    __m256 v = _mm256_i32gather_ps(di_fp8e4m3_table, _mm256_cvtepu8_epi32(b), 4);
+    return _mm256_mul_ps(v, _mm256_set1_ps(scale));
+  }
+  default:
+    return _mm256_loadu_ps((const float *)w->data + i);
+  }
+}
+
+static inline float fp8_scale(const di_weight *w, int64_t r, int64_t k) {
+  return w->dtype == DI_DT_F8E4M3 ? w->scale_inv[(r / w->block_rows) * w->scale_cols + k / w->block_cols] : 1.0f;
+}
+
+typedef struct {
+  const float *x;
+  int64_t M, ldx;
+  const di_weight *w;
+  int64_t n0;
+  float *y;
+  int64_t ldy;
+} gemm_ctx;
+
+/* FP8 blocks narrower than 8 columns or not 8-aligned would put two scales in one vector; such
+ * weights take the scalar path (same per-element order is kept by design of that path). */
+static int vector_ok(const di_weight *w) {
+  return w->dtype != DI_DT_F8E4M3 || (w->block_cols % 8) == 0;
+}
+
+static void gemm_rows(void *p, int64_t b, int64_t e, int thread) {
+  const gemm_ctx *c = p;
+  const di_weight *w = c->w;
+  const int64_t K = w->cols, K8 = vector_ok(w) ? K & ~(int64_t)7 : 0;
+  for (int64_t nb = b; nb < e; nb += NR) {
+    int nr = (int)(e - nb < NR ? e - nb : NR);
+    int64_t n = c->n0 + nb;
+    for (int64_t m = 0; m < c->M; m += MR) {
+      int mr = (int)(c->M - m < MR ? c->M - m : MR);
+      __m256 acc[MR][NR];
+      for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++)
+          acc[i][j] = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K8; k += 8) {
+        __m256 wv[NR];
+        for (int j = 0; j < nr; j++)
+          wv[j] = load_w8(w, n + j, k, fp8_scale(w, n + j, k));
+        for (int i = 0; i < mr; i++) {
+          __m256 xv = _mm256_loadu_ps(c->x + (m + i) * c->ldx + k);
+          for (int j = 0; j < nr; j++)
+            acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+      }
+      for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+          float s = hsum8(acc[i][j]);
+          const float *xr = c->x + (m + i) * c->ldx;
+          for (int64_t k = K8; k < K; k++)
+            s += xr[k] * di_weight_get(w, n + j, k);
+          c->y[(m + i) * c->ldy + (nb + j)] = s;
+        }
+    }
+  }
+}
+
+void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const di_weight *w, int64_t n0,
+                 int64_t n1, float *y, int64_t ldy) {
+  gemm_ctx c = {x, M, ldx, w, n0, y, ldy};
+  int64_t N = n1 - n0;
+  /* tasks are whole NR-row groups so tiles never straddle threads */
+  int64_t groups = (N + NR - 1) / NR;
+  (void)groups;
+  int64_t grain = 64 * 1024 / (w->cols > 0 ? w->cols : 1);
+  if (grain < NR)
+    grain = NR;
+  grain = (grain + NR - 1) / NR * NR;
+  di_parallel_for(tp, N, grain, gemm_rows, &c);
+}
+
+void di_cpu_gemm_f32(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const float *W, int64_t N,
+                     int64_t K, float *y, int64_t ldy) {
+  di_weight w = {.name = "f32", .dtype = DI_DT_F32, .rows = N, .cols = K, .data = W};
+  di_cpu_gemm(tp, x, M, ldx, &w, 0, N, y, ldy);
+}
+
+float di_cpu_dot(const float *a, const float *b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t n8 = n & ~(int64_t)7, k = 0;
+  for (; k < n8; k += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+  float s = hsum8(acc);
+  for (; k < n; k++)
+    s += a[k] * b[k];
+  return s;
+}

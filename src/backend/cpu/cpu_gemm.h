@@ -1,0 +1,21 @@
+/* CPU matrix products against checkpoint weights: y[m][n - n0] = sum_k x[m][k] * W[n][k] for
+ * n in [n0, n1), W stored as BF16 / F16 / F32 / FP8-E4M3 (block-scaled) and dequantized in
+ * registers (AVX2 + FMA), accumulated in float32.
+ *
+ * Batch invariance: every output element is reduced in the same fixed order (8-lane partial sums
+ * over k, then a fixed horizontal sum, then the scalar tail), whatever M, the tile it falls in, or
+ * the thread that computes it. So a row's result never depends on what else is in the batch. */
+#ifndef DI_CPU_GEMM_H
+#define DI_CPU_GEMM_H
+#include <stdint.h>
+#include "model/weights.h"
+#include "util/threadpool.h"
+
+void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const di_weight *w, int64_t n0,
+                 int64_t n1, float *y, int64_t ldy);
+/* Plain float32 matrix: y[m][n] = sum_k x[m][k] * W[n][k], W row-major [N][K] (same reduction order). */
+void di_cpu_gemm_f32(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const float *W, int64_t N,
+                     int64_t K, float *y, int64_t ldy);
+/* Dot product in the same fixed order as the GEMM (8-lane partials, fixed horizontal sum, tail). */
+float di_cpu_dot(const float *a, const float *b, int64_t n);
+#endif

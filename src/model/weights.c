@@ -1,0 +1,40 @@
+/* Element access for di_weight (see weights.h): the slow, obviously-correct path used by
+ * references, tests and one-time conversions at load. */
+#include "model/weights.h"
+#include "util/numeric.h"
+
+size_t di_dtype_size(di_dtype t) {
+  switch (t) {
+  case DI_DT_F32: return 4;
+  case DI_DT_BF16: return 2;
+  case DI_DT_F16: return 2;
+  case DI_DT_F8E4M3: return 1;
+  case DI_DT_I32: return 4;
+  case DI_DT_I64: return 8;
+  default: return 0;
+  }
+}
+
+const char *di_dtype_name(di_dtype t) {
+  static const char *names[] = {"F32", "BF16", "F16", "F8_E4M3", "I32", "I64"};
+  return (unsigned)t < DI_DT_COUNT ? names[t] : "?";
+}
+
+float di_weight_get(const di_weight *w, int64_t r, int64_t c) {
+  int64_t i = r * w->cols + c;
+  switch (w->dtype) {
+  case DI_DT_F32: return ((const float *)w->data)[i];
+  case DI_DT_BF16: return di_bf16_to_f32(((const uint16_t *)w->data)[i]);
+  case DI_DT_F16: return di_f16_to_f32(((const uint16_t *)w->data)[i]);
+  case DI_DT_F8E4M3:
+    return di_fp8e4m3_to_f32(((const uint8_t *)w->data)[i]) *
+           w->scale_inv[(r / w->block_rows) * w->scale_cols + c / w->block_cols];
+  default: return 0.0f;
+  }
+}
+
+void di_weight_rows_f32(const di_weight *w, int64_t r0, int64_t r1, float *out) {
+  for (int64_t r = r0; r < r1; r++)
+    for (int64_t c = 0; c < w->cols; c++)
+      *out++ = di_weight_get(w, r, c);
+}

@@ -1,0 +1,32 @@
+/* Scalar conversions of the storage formats to float32: bf16, IEEE half, and FP8 E4M3 (the OCP
+ * "fn" variant DeepSeek checkpoints use: no infinities, 0x7f/0xff are NaN, max 448). */
+#ifndef DI_UTIL_NUMERIC_H
+#define DI_UTIL_NUMERIC_H
+#include <stdint.h>
+#include <string.h>
+
+static inline float di_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Round-to-nearest-even float32 -> bf16 (NaN stays NaN). */
+static inline uint16_t di_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+
+float di_f16_to_f32(uint16_t h);
+uint16_t di_f32_to_f16(float f);
+/* FP8 E4M3 (fn) lookup table, 256 entries. */
+extern const float *di_fp8e4m3_table;
+static inline float di_fp8e4m3_to_f32(uint8_t v) { return di_fp8e4m3_table[v]; }
+/* Nearest E4M3 value to f (saturating at +-448), for making dummy FP8 weights and tests. */
+uint8_t di_f32_to_fp8e4m3(float f);
+#endif

@@ -1,0 +1,146 @@
+/* See threadpool.h. Workers wait on a generation counter; the caller takes part in the work, and
+ * the last finisher signals completion. Short spins before sleeping keep decode-step latency low. */
+#include "util/threadpool.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct di_threadpool {
+  int n;
+  pthread_t *threads;
+  pthread_mutex_t mu;
+  pthread_cond_t cv_work, cv_done;
+  /* current job */
+  di_parallel_fn fn;
+  void *ctx;
+  int64_t total, chunk;
+  atomic_llong next;
+  atomic_int pending;
+  uint64_t generation;
+  int stop;
+};
+
+typedef struct {
+  di_threadpool *tp;
+  int index;
+} worker_arg;
+
+static void run_chunks(di_threadpool *tp, int thread) {
+  for (;;) {
+    int64_t b = atomic_fetch_add(&tp->next, tp->chunk);
+    if (b >= tp->total)
+      break;
+    int64_t e = b + tp->chunk < tp->total ? b + tp->chunk : tp->total;
+    tp->fn(tp->ctx, b, e, thread);
+  }
+}
+
+static void *worker(void *p) {
+  worker_arg *a = p;
+  di_threadpool *tp = a->tp;
+  int index = a->index;
+  free(a);
+  uint64_t seen = 0;
+  for (;;) {
+    pthread_mutex_lock(&tp->mu);
+    while (!tp->stop && tp->generation == seen)
+      pthread_cond_wait(&tp->cv_work, &tp->mu);
+    if (tp->stop) {
+      pthread_mutex_unlock(&tp->mu);
+      return NULL;
+    }
+    seen = tp->generation;
+    pthread_mutex_unlock(&tp->mu);
+    run_chunks(tp, index);
+    if (atomic_fetch_sub(&tp->pending, 1) == 1) {
+      pthread_mutex_lock(&tp->mu);
+      pthread_cond_signal(&tp->cv_done);
+      pthread_mutex_unlock(&tp->mu);
+    }
+  }
+}
+
+di_status di_threadpool_create(int n_threads, di_threadpool **out) {
+  if (n_threads <= 0) {
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    n_threads = c > 0 ? (int)c : 1;
+  }
+  di_threadpool *tp = calloc(1, sizeof *tp);
+  if (!tp)
+    return di_error_set(DI_ERR_OOM, "thread pool: out of memory");
+  tp->n = n_threads;
+  pthread_mutex_init(&tp->mu, NULL);
+  pthread_cond_init(&tp->cv_work, NULL);
+  pthread_cond_init(&tp->cv_done, NULL);
+  tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
+  if (!tp->threads) {
+    free(tp);
+    return di_error_set(DI_ERR_OOM, "thread pool: out of memory");
+  }
+  for (int i = 1; i < n_threads; i++) {
+    worker_arg *a = malloc(sizeof *a);
+    a->tp = tp;
+    a->index = i;
+    if (pthread_create(&tp->threads[i], NULL, worker, a) != 0) {
+      free(a);
+      tp->n = i;
+      break;
+    }
+  }
+  *out = tp;
+  return DI_OK;
+}
+
+void di_threadpool_free(di_threadpool *tp) {
+  if (!tp)
+    return;
+  pthread_mutex_lock(&tp->mu);
+  tp->stop = 1;
+  pthread_cond_broadcast(&tp->cv_work);
+  pthread_mutex_unlock(&tp->mu);
+  for (int i = 1; i < tp->n; i++)
+    pthread_join(tp->threads[i], NULL);
+  pthread_mutex_destroy(&tp->mu);
+  pthread_cond_destroy(&tp->cv_work);
+  pthread_cond_destroy(&tp->cv_done);
+  free(tp->threads);
+  free(tp);
+}
+
+int di_threadpool_size(const di_threadpool *tp) { return tp ? tp->n : 1; }
+
+void di_parallel_for(di_threadpool *tp, int64_t n, int64_t grain, di_parallel_fn fn, void *ctx) {
+  if (n <= 0)
+    return;
+  if (grain < 1)
+    grain = 1;
+  int nt = tp ? tp->n : 1;
+  if (nt == 1 || n <= grain) {
+    fn(ctx, 0, n, 0);
+    return;
+  }
+  int64_t chunk = (n + nt * 4 - 1) / (nt * 4);
+  if (chunk < grain)
+    chunk = grain;
+  tp->fn = fn;
+  tp->ctx = ctx;
+  tp->total = n;
+  tp->chunk = chunk;
+  atomic_store(&tp->next, 0);
+  atomic_store(&tp->pending, nt - 1);
+  pthread_mutex_lock(&tp->mu);
+  tp->generation++;
+  pthread_cond_broadcast(&tp->cv_work);
+  pthread_mutex_unlock(&tp->mu);
+  run_chunks(tp, 0);
+  /* wait for the workers (spin briefly, then sleep) */
+  for (int spin = 0; spin < 20000 && atomic_load(&tp->pending) > 0; spin++)
+    __builtin_ia32_pause();
+  if (atomic_load(&tp->pending) > 0) {
+    pthread_mutex_lock(&tp->mu);
+    while (atomic_load(&tp->pending) > 0)
+      pthread_cond_wait(&tp->cv_done, &tp->mu);
+    pthread_mutex_unlock(&tp->mu);
+  }
+}
