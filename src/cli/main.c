@@ -4,11 +4,15 @@
 
 int di_cmd_score(int argc, char **argv);
 int di_cmd_generate(int argc, char **argv);
+int di_cmd_tokenize(int argc, char **argv);
+int di_cmd_detokenize(int argc, char **argv);
 int di_cmd_grammar(int argc, char **argv);
 
 static const di_cli_command COMMANDS[] = {
     {"score", "write the logits of a token sequence to a safetensors file", di_cmd_score},
     {"generate", "generate a continuation of a prompt", di_cmd_generate},
+    {"tokenize", "text on stdin to token ids (JSON), as Hugging Face tokenizers", di_cmd_tokenize},
+    {"detokenize", "token ids (JSON) on stdin to text, as Hugging Face tokenizers", di_cmd_detokenize},
     {"grammar", "compile a grammar (regex, JSON schema, EBNF) and check stdin against it", di_cmd_grammar},
 };
 
