@@ -7,6 +7,7 @@
 #include "test_util.h"
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static double rel_l2(const float *a, const float *b, size_t n) {
   double num = 0, den = 0;
@@ -51,10 +52,11 @@ static di_status decode_stepwise(di_model *m, const int32_t *ids, int n, float *
   return DI_OK;
 }
 
-static void check_case(const char *name) {
+/* `name` is the model folder; `golden_dir` the folder holding golden.safetensors (NULL: the same). */
+static void check_case(const char *name, const char *golden_dir) {
   char dir[512], gpath[600];
-  snprintf(dir, sizeof dir, "%s", test_path(name));
-  snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
+  snprintf(dir, sizeof dir, "%s", name[0] == '/' ? name : test_path(name));
+  snprintf(gpath, sizeof gpath, "%s/golden.safetensors", golden_dir ? test_path(golden_dir) : dir);
   di_model_options opt;
   di_model_options_default(&opt);
   opt.quiet = 1;
@@ -122,10 +124,43 @@ static void check_case(const char *name) {
   di_model_free(m);
 }
 
+/* The transformers>=5 dialect (rope_parameters) of dsv3-odd: its config.json with dsv3-odd's weights. */
+static void check_v5_dialect(void) {
+  char tmpl[] = "/tmp/di_v5cfg_XXXXXX";
+  char *d = mkdtemp(tmpl);
+  CHECK(d != NULL);
+  if (!d)
+    return;
+  char a[1200], b[600];
+  const char *files[][2] = {{"tests/data/models/dsv3-odd-v5config/config.json", "config.json"},
+                            {"tests/data/models/dsv3-odd/model.safetensors", "model.safetensors"}};
+  for (int i = 0; i < 2; i++) {
+    snprintf(a, sizeof a, "%s", test_path(files[i][0]));
+    if (a[0] != '/') { /* make relative paths absolute for the link */
+      char cwd[400];
+      if (getcwd(cwd, sizeof cwd)) {
+        char t[1100];
+        snprintf(t, sizeof t, "%s/%s", cwd, a);
+        snprintf(a, sizeof a, "%s", t);
+      }
+    }
+    snprintf(b, sizeof b, "%s/%s", d, files[i][1]);
+    CHECK(symlink(a, b) == 0);
+  }
+  check_case(d, "tests/data/models/dsv3-odd");
+  for (int i = 0; i < 2; i++) {
+    snprintf(b, sizeof b, "%s/%s", d, files[i][1]);
+    unlink(b);
+  }
+  rmdir(d);
+}
+
 int main(void) {
-  const char *cases[] = {"tests/data/models/dsv3-tiny", "tests/data/models/dsv3-tiny-fp8", "tests/data/models/dsv2-lite-tiny",
-                         "tests/data/models/dsv2-tiny"};
+  const char *cases[] = {"tests/data/models/dsv3-tiny",      "tests/data/models/dsv3-tiny-fp8", "tests/data/models/dsv2-lite-tiny",
+                         "tests/data/models/dsv2-tiny",      "tests/data/models/dsv3-odd",      "tests/data/models/dsv2-yarn-tied",
+                         "tests/data/models/dsv3-halfsplit", "tests/data/models/dsv3-fp8-16x12"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-    check_case(cases[i]);
+    check_case(cases[i], NULL);
+  check_v5_dialect();
   return test_finish("test_fixtures");
 }
