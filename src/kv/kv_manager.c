@@ -228,6 +228,17 @@ void di_kv_slide(di_kv_manager *m, di_kv_seq *s, int pos) {
   }
 }
 
+void di_kv_truncate(di_kv_manager *m, di_kv_seq *s, int n_tokens) {
+  for (int g = 0; g < m->n_groups; g++) {
+    int keep = blocks_to_cover(m, g, n_tokens);
+    if (keep < s->n_hashed[g]) keep = s->n_hashed[g];
+    while (s->n[g] > keep) {
+      int32_t b = s->table[g][--s->n[g]];
+      if (b >= 0) di_block_pool_unref(&m->pool[g], b);
+    }
+  }
+}
+
 void di_kv_free_seq(di_kv_manager *m, di_kv_seq *s) {
   for (int g = 0; g < m->n_groups; g++) {
     for (int i = s->n[g] - 1; i >= 0; i--)

@@ -72,6 +72,9 @@ void di_kv_commit(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_v
 /* Window groups: gives back blocks wholly before position `pos` - window (the next token to compute
  * is at `pos`). */
 void di_kv_slide(di_kv_manager *m, di_kv_seq *s, int pos);
+/* Gives back the tail blocks not needed for positions [0, n_tokens) (undoing an allocation that
+ * was planned but not used; those blocks hold no registered hash). */
+void di_kv_truncate(di_kv_manager *m, di_kv_seq *s, int n_tokens);
 /* Drops every reference of the sequence (tail blocks first, so they are evicted first) and frees
  * its tables. The sequence may be reused afterwards. */
 void di_kv_free_seq(di_kv_manager *m, di_kv_seq *s);

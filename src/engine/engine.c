@@ -1,0 +1,469 @@
+/* The engine core: the request table and queues, and the step loop with async ("zero-overhead")
+ * scheduling. While the backend computes step n, the host plans and builds step n+1 as if each
+ * sample of step n yielded a token (the token ids are patched in once step n is sampled), so the
+ * host work of scheduling overlaps the device; requests that finish in step n are dropped from the
+ * plan before it is submitted. When the plan for n+1 would need preemption, the engine plans it
+ * after step n instead (synchronously), so preemption never touches an in-flight sequence. */
+#include "engine/engine_internal.h"
+#include "sampler/rng.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *di_finish_reason_str(di_finish_reason r) {
+  switch (r) {
+  case DI_FINISH_STOP: return "stop";
+  case DI_FINISH_LENGTH: return "length";
+  case DI_FINISH_ABORT: return "abort";
+  case DI_FINISH_ERROR: return "error";
+  default: return "";
+  }
+}
+
+void di_engine_options_default(di_engine_options *o) {
+  memset(o, 0, sizeof *o);
+  o->max_num_seqs = 256;
+  o->max_num_batched_tokens = 2048;
+  o->enable_prefix_caching = 1;
+  o->enable_chunked_prefill = 1;
+  o->async_scheduling = 1;
+  o->kv_cache_memory_bytes = (int64_t)1 << 30;
+}
+
+void di_request_params_default(di_request_params *p) {
+  memset(p, 0, sizeof *p);
+  p->n = 1;
+  p->temperature = 1.0f;
+  p->top_p = 1.0f;
+  p->repetition_penalty = 1.0f;
+  p->logprobs = -1;
+  p->max_tokens = 16;
+  p->skip_special_tokens = 1;
+}
+
+di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engine_options *opt_in, di_engine **out) {
+  di_engine_options opt;
+  if (opt_in) opt = *opt_in; else di_engine_options_default(&opt);
+  if (opt.max_num_seqs <= 0) return di_error_set(DI_ERR_INVALID_ARG, "max_num_seqs must be positive, got %d", opt.max_num_seqs);
+  if (opt.max_num_batched_tokens <= 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "max_num_batched_tokens must be positive, got %d", opt.max_num_batched_tokens);
+  if (opt.max_model_len <= 0 || opt.max_model_len > cfg->max_context) opt.max_model_len = cfg->max_context;
+  if (opt.max_model_len <= 0) return di_error_set(DI_ERR_INVALID_ARG, "the model's context length is %d", cfg->max_context);
+  if (opt.kv_cache_memory_bytes <= 0) opt.kv_cache_memory_bytes = (int64_t)1 << 30;
+
+  di_backend *be = cfg->backend;
+  di_kv_group_info groups[DI_KV_MAX_GROUPS];
+  int ng = be->ops->kv_groups(be, groups, DI_KV_MAX_GROUPS);
+  if (ng < 1 || ng > DI_KV_MAX_GROUPS) return di_error_set(DI_ERR_BACKEND, "backend %s reports %d KV cache groups", be->ops->name, ng);
+  int64_t nb[DI_KV_MAX_GROUPS];
+  if (opt.num_kv_blocks > 0) {
+    for (int g = 0; g < ng; g++) nb[g] = opt.num_kv_blocks;
+  } else {
+    DI_TRY(di_kv_plan(groups, ng, opt.kv_cache_memory_bytes, opt.max_num_seqs, nb));
+  }
+  /* the backend addresses one pool (group 0's tables); more groups are planned and managed here
+   * but need a backend that takes one table per group (DeepSeek-V4) */
+  if (ng > 1) return di_error_set(DI_ERR_UNSUPPORTED, "backend %s reports %d KV cache groups; the batch interface carries one block table per sequence", be->ops->name, ng);
+
+  di_engine *e = calloc(1, sizeof *e);
+  if (!e) return di_error_set(DI_ERR_OOM, "engine: out of memory");
+  e->cfg = *cfg;
+  if (cfg->text) e->text = *cfg->text;
+  if (cfg->constraint) e->constraint = *cfg->constraint;
+  e->opt = opt;
+  e->be = be;
+  e->seed_state = opt.seed ? opt.seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)e << 16);
+  e->next_id = 1;
+  di_status st = di_kv_manager_create(groups, ng, nb, opt.enable_prefix_caching, &e->kv);
+  if (st == DI_OK) st = be->ops->kv_alloc(be, nb[0]);
+  if (st == DI_OK) st = di_sampler_create(cfg->vocab_size, &e->sampler);
+  if (st == DI_OK) {
+    e->logits = malloc((size_t)opt.max_num_seqs * (size_t)cfg->vocab_size * sizeof *e->logits);
+    e->mask_words = (cfg->vocab_size + 31) / 32;
+    e->mask = malloc((size_t)e->mask_words * sizeof *e->mask);
+    e->cap_queue = 64;
+    e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
+    e->waiting = malloc((size_t)e->cap_queue * sizeof *e->waiting);
+    if (!e->logits || !e->mask || !e->running || !e->waiting)
+      st = di_error_set(DI_ERR_OOM, "engine: out of memory for %d x %d logits", opt.max_num_seqs, cfg->vocab_size);
+  }
+  if (st != DI_OK) {
+    e->cfg.on_free = NULL; /* the caller still owns its context on failure */
+    di_engine_free(e);
+    return st;
+  }
+  *out = e;
+  return DI_OK;
+}
+
+void di_engine_free(di_engine *e) {
+  if (!e) return;
+  if (e->inflight_active) {
+    e->be->ops->wait(e->be, NULL, NULL); /* the step's arrays must outlive it */
+    e->inflight_active = 0;
+  }
+  for (int i = 0; i < e->n_all; i++) di_req_free(e, e->all[i]);
+  for (int i = 0; i < e->n_grave; i++) di_req_free(e, e->graveyard[i]);
+  free(e->all); free(e->graveyard); free(e->running); free(e->waiting); free(e->outs);
+  di_sched_free(&e->sched[0]);
+  di_sched_free(&e->sched[1]);
+  di_kv_manager_free(e->kv);
+  di_sampler_free(e->sampler);
+  free(e->logits); free(e->mask);
+  if (e->cfg.on_free) e->cfg.on_free(e->cfg.on_free_ctx);
+  free(e);
+}
+
+static di_status push_ptr(di_req ***arr, int *n, int *cap, di_req *r) {
+  if (*n == *cap) {
+    int c = *cap ? *cap * 2 : 64;
+    di_req **a = realloc(*arr, (size_t)c * sizeof *a);
+    if (!a) return di_error_set(DI_ERR_OOM, "engine: out of memory");
+    *arr = a;
+    *cap = c;
+  }
+  (*arr)[(*n)++] = r;
+  return DI_OK;
+}
+
+static di_status queue_reserve(di_engine *e, int extra) {
+  int need = e->n_all + extra; /* every queued request is in `all`, so this bounds both queues */
+  if (need <= e->cap_queue) return DI_OK;
+  int c = e->cap_queue;
+  while (c < need) c *= 2;
+  di_req **a = realloc(e->running, (size_t)c * sizeof *a);
+  if (!a) return di_error_set(DI_ERR_OOM, "engine: out of memory");
+  e->running = a;
+  a = realloc(e->waiting, (size_t)c * sizeof *a);
+  if (!a) return di_error_set(DI_ERR_OOM, "engine: out of memory");
+  e->waiting = a;
+  e->cap_queue = c;
+  return DI_OK;
+}
+
+static di_status validate(const di_engine *e, const di_request_params *p) {
+  if (p->n < 0 || p->n > 1024) return di_error_set(DI_ERR_INVALID_ARG, "n must be in [1, 1024], got %d", p->n);
+  if (p->n_prompt_ids < 0 || (p->n_prompt_ids > 0 && !p->prompt_ids))
+    return di_error_set(DI_ERR_INVALID_ARG, "prompt_ids: %d ids but no array", p->n_prompt_ids);
+  if (p->n_prompt_ids > 0 && p->prompt)
+    return di_error_set(DI_ERR_INVALID_ARG, "give either prompt_ids or a text prompt, not both");
+  if (p->n_prompt_ids == 0 && !p->prompt) return di_error_set(DI_ERR_INVALID_ARG, "the request has no prompt");
+  for (int i = 0; i < p->n_prompt_ids; i++)
+    if (p->prompt_ids[i] < 0 || p->prompt_ids[i] >= e->cfg.vocab_size)
+      return di_error_set(DI_ERR_INVALID_ARG, "prompt_ids[%d] = %d is outside the vocabulary [0, %d)", i,
+                          p->prompt_ids[i], e->cfg.vocab_size);
+  for (int i = 0; i < p->n_stop_token_ids; i++)
+    if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= e->cfg.vocab_size)
+      return di_error_set(DI_ERR_INVALID_ARG, "stop_token_ids[%d] = %d is outside the vocabulary", i, p->stop_token_ids[i]);
+  if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && (!p->logit_bias_ids || !p->logit_bias_values)))
+    return di_error_set(DI_ERR_INVALID_ARG, "logit_bias: %d entries but no arrays", p->n_logit_bias);
+  if (p->max_tokens < 0) return di_error_set(DI_ERR_INVALID_ARG, "max_tokens must be >= 0, got %d", p->max_tokens);
+  if (p->min_tokens < 0) return di_error_set(DI_ERR_INVALID_ARG, "min_tokens must be >= 0, got %d", p->min_tokens);
+  if (p->n_stop > 0 && !e->text.stream_create)
+    return di_error_set(DI_ERR_UNSUPPORTED, "stop strings need a tokenizer (the model folder has no tokenizer.json)");
+  if (p->prompt && !e->text.encode_prompt)
+    return di_error_set(DI_ERR_UNSUPPORTED, "a text prompt needs a tokenizer (the model folder has no tokenizer.json)");
+  int n_struct = !!p->json_schema + !!p->regex + !!p->grammar + !!p->json_object;
+  if (n_struct > 1) return di_error_set(DI_ERR_INVALID_ARG, "give at most one of json_schema, regex, grammar, json_object");
+  di_sampling sp = {.temperature = p->temperature, .top_p = p->top_p, .top_k = p->top_k, .min_p = p->min_p,
+                    .repetition_penalty = p->repetition_penalty, .presence_penalty = p->presence_penalty,
+                    .frequency_penalty = p->frequency_penalty, .bias_ids = p->logit_bias_ids,
+                    .bias_values = p->logit_bias_values, .n_bias = p->n_logit_bias, .logprobs = p->logprobs};
+  return di_sampling_validate(&sp, e->cfg.vocab_size);
+}
+
+/* a request that can never run ends with an error of its own at once */
+static const char *admission_error(const di_engine *e, const di_req *r, char *buf, size_t cap) {
+  if (r->n_prompt == 0) return "the prompt is empty";
+  if (r->n_prompt >= e->opt.max_model_len) {
+    snprintf(buf, cap, "the prompt has %d tokens; max_model_len is %d (the prompt must leave room for one token)",
+             r->n_prompt, e->opt.max_model_len);
+    return buf;
+  }
+  if (!e->opt.enable_chunked_prefill && r->n_prompt > e->opt.max_num_batched_tokens) {
+    snprintf(buf, cap, "the prompt has %d tokens, more than max_num_batched_tokens (%d) with chunked prefill off",
+             r->n_prompt, e->opt.max_num_batched_tokens);
+    return buf;
+  }
+  int64_t longest = (int64_t)r->n_prompt + r->max_tokens;
+  if (longest > e->opt.max_model_len) longest = e->opt.max_model_len;
+  int64_t blocks = (longest + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+  if (blocks > di_kv_group_blocks(e->kv, 0)) {
+    snprintf(buf, cap, "the request may need %lld KV blocks (%lld tokens) but the KV pool has %lld; raise the KV cache memory",
+             (long long)blocks, (long long)longest, (long long)di_kv_group_blocks(e->kv, 0));
+    return buf;
+  }
+  return NULL;
+}
+
+di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64_t *req_id) {
+  DI_TRY(validate(e, p));
+  int32_t *ids = NULL;
+  size_t n_ids = 0;
+  const int32_t *prompt = p->prompt_ids;
+  int n_prompt = p->n_prompt_ids;
+  if (p->prompt) {
+    DI_TRY(e->text.encode_prompt(e->text.ctx, p->prompt, &ids, &n_ids));
+    prompt = ids;
+    n_prompt = (int)n_ids;
+  }
+  int n = p->n > 0 ? p->n : 1;
+  di_status st = queue_reserve(e, n);
+  if (st != DI_OK) { free(ids); return st; }
+  uint64_t id = e->next_id++;
+  uint64_t seed = p->has_seed ? p->seed : di_rng_draw_seed(&e->seed_state);
+  di_req *leader = NULL;
+  di_req *made[1024];
+  for (int s = 0; s < n; s++) {
+    st = di_req_create(e, p, prompt, n_prompt, s, id, seed, &made[s]);
+    if (st != DI_OK) {
+      for (int k = 0; k < s; k++) di_req_free(e, made[k]);
+      free(ids);
+      return st;
+    }
+    made[s]->leader = leader;
+    if (s == 0) leader = made[0];
+  }
+  free(ids);
+  char buf[256];
+  for (int s = 0; s < n; s++) {
+    di_req *r = made[s];
+    if (push_ptr(&e->all, &e->n_all, &e->cap_all, r) != DI_OK) {
+      for (int k = s; k < n; k++) di_req_free(e, made[k]);
+      return DI_ERR_OOM;
+    }
+    r->state = DI_REQ_WAITING;
+    e->waiting[e->n_waiting++] = r;
+    const char *why = admission_error(e, r, buf, sizeof buf);
+    if (why) di_req_finish(e, r, DI_FINISH_ERROR, why);
+  }
+  *req_id = id;
+  return DI_OK;
+}
+
+di_status di_engine_abort(di_engine *e, uint64_t req_id) {
+  int found = 0;
+  for (int i = 0; i < e->n_all; i++) {
+    di_req *r = e->all[i];
+    if (r->id != req_id || r->state == DI_REQ_DONE) continue;
+    found = 1;
+    r->abort_requested = 1;
+    if (!r->inflight) di_req_finish(e, r, DI_FINISH_ABORT, NULL);
+  }
+  if (!found) return di_error_set(DI_ERR_NOT_FOUND, "no unfinished request with id %llu", (unsigned long long)req_id);
+  return DI_OK;
+}
+
+int di_engine_has_unfinished(const di_engine *e) {
+  for (int i = 0; i < e->n_all; i++)
+    if (!e->all[i]->reported) return 1;
+  return 0;
+}
+
+static void set_inflight(di_sched *s, int v) {
+  for (int i = 0; i < s->n; i++)
+    if (!s->e[i].dropped) {
+      s->e[i].r->inflight = v;
+      if (s->e[i].sample && v) s->e[i].r->pending = 1;
+    }
+}
+
+/* Samples the rows of a finished step and applies the results. */
+static di_status process_step(di_engine *e, di_sched *s) {
+  int row = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    di_req *r = en->r;
+    r->inflight = 0;
+    r->pending = 0;
+    int my_row = en->sample ? row++ : -1;
+    if (r->state == DI_REQ_DONE) continue;
+    r->n_valid = en->start + en->n_new;
+    di_kv_commit(e->kv, &r->kv, r->tokens, r->n_valid < r->n_tokens ? r->n_valid : r->n_tokens);
+    if (r->abort_requested) {
+      di_req_finish(e, r, DI_FINISH_ABORT, NULL);
+      continue;
+    }
+    if (my_row < 0) continue;
+    float *lg = e->logits + (size_t)my_row * (size_t)e->cfg.vocab_size;
+    const uint32_t *allow = NULL;
+    if (r->constraint) {
+      memset(e->mask, 0, (size_t)e->mask_words * sizeof *e->mask);
+      if (e->constraint.fill_mask(r->constraint, e->mask) != DI_OK) {
+        di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
+        continue;
+      }
+      allow = e->mask;
+    }
+    di_sampling sp = r->sp;
+    if (r->n_tokens - r->n_prompt >= r->min_tokens) sp.n_ban = 0;
+    di_sample_result res;
+    di_status st = di_sampler_sample(e->sampler, lg, e->cfg.vocab_limit, &sp, r->tokens, r->n_prompt, r->n_tokens,
+                                     allow, (uint64_t)r->n_tokens, &res);
+    if (st != DI_OK) {
+      di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
+      continue;
+    }
+    di_req_append_token(e, r, &res);
+  }
+  return DI_OK;
+}
+
+/* Moves every request with something to report into the step output. */
+static di_status collect_outputs(di_engine *e) {
+  e->n_outs = 0;
+  for (int i = 0; i < e->n_all; i++) {
+    di_req *r = e->all[i];
+    if (!r->in_output) continue;
+    if (e->n_outs == e->cap_outs) {
+      int c = e->cap_outs ? e->cap_outs * 2 : 64;
+      di_seq_output *o = realloc(e->outs, (size_t)c * sizeof *o);
+      if (!o) return di_error_set(DI_ERR_OOM, "engine: out of memory for outputs");
+      e->outs = o;
+      e->cap_outs = c;
+    }
+    di_req_fill_output(e, r, &e->outs[e->n_outs++]);
+  }
+  /* reported finished requests leave the table; they are freed at the next step */
+  int k = 0;
+  for (int i = 0; i < e->n_all; i++) {
+    di_req *r = e->all[i];
+    if (r->reported && !r->inflight) DI_TRY(push_ptr(&e->graveyard, &e->n_grave, &e->cap_grave, r));
+    else e->all[k++] = r;
+  }
+  e->n_all = k;
+  e->step_out.n = e->n_outs;
+  e->step_out.seqs = e->outs;
+  return DI_OK;
+}
+
+static di_status submit(di_engine *e, di_sched *s) {
+  DI_TRY(e->be->ops->submit(e->be, &s->batch));
+  e->t_submit = di_now();
+  e->inflight_active = 1;
+  set_inflight(s, 1);
+  e->steps++;
+  return DI_OK;
+}
+
+static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
+  /* the engine cannot go on with this step: its requests end with the backend's message */
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", di_last_error());
+  for (int i = 0; i < s->n; i++) {
+    di_req *r = s->e[i].r;
+    r->inflight = r->pending = 0;
+    if (!s->e[i].dropped) di_req_finish(e, r, DI_FINISH_ERROR, msg);
+  }
+  di_sched_clear(s);
+  e->inflight_active = 0;
+  di_error_set(st, "%s", msg);
+  return st;
+}
+
+di_status di_engine_step(di_engine *e, di_step_output **out) {
+  double t0 = di_now(), t_blocked = 0;
+  for (int i = 0; i < e->n_grave; i++) di_req_free(e, e->graveyard[i]);
+  e->n_grave = 0;
+  for (int i = 0; i < e->n_all; i++) di_req_reset_output(e->all[i]);
+  di_status st = DI_OK;
+
+  if (!e->inflight_active) {
+    di_sched *s = &e->sched[e->cur];
+    DI_TRY(di_schedule(e, s, 0));
+    if (s->n > 0) {
+      DI_TRY(di_sched_build_batch(e, s));
+      double ts = di_now();
+      st = submit(e, s);
+      t_blocked += di_now() - ts;
+      if (st != DI_OK) return fail_inflight(e, s, st);
+    }
+  }
+  if (e->inflight_active) {
+    di_sched *cur = &e->sched[e->cur], *next = &e->sched[e->cur ^ 1];
+    di_sched_clear(next);
+    if (e->opt.async_scheduling) {
+      DI_TRY(di_schedule(e, next, 1));
+      if (next->n > 0) DI_TRY(di_sched_build_batch(e, next));
+    }
+    double tw = di_now();
+    e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
+    st = e->be->ops->wait(e->be, e->logits, NULL);
+    double tw1 = di_now();
+    t_blocked += tw1 - tw;
+    e->wait_s += tw1 - tw;
+    e->inflight_active = 0;
+    if (st != DI_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", di_last_error());
+      for (int i = 0; i < next->n; i++) /* the plan for n+1 is void: its requests fail too */
+        di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
+      di_sched_clear(next);
+      di_error_set(st, "%s", msg);
+      fail_inflight(e, cur, st);
+      collect_outputs(e);
+      *out = &e->step_out;
+      return st;
+    }
+    DI_TRY(process_step(e, cur));
+    di_sched_clear(cur);
+    if (next->n > 0) {
+      int dropped = 0;
+      for (int i = 0; i < next->n; i++) {
+        di_req *r = next->e[i].r;
+        if (r->state == DI_REQ_DONE) { next->e[i].dropped = 1; dropped = 1; continue; }
+        if (r->abort_requested) { di_req_finish(e, r, DI_FINISH_ABORT, NULL); next->e[i].dropped = 1; dropped = 1; }
+      }
+      if (dropped) DI_TRY(di_sched_build_batch(e, next));
+      else di_sched_patch_tokens(next);
+      if (next->batch.n_tokens > 0) {
+        double ts = di_now();
+        st = submit(e, next);
+        t_blocked += di_now() - ts;
+        e->cur ^= 1;
+        if (st != DI_OK) return fail_inflight(e, next, st);
+      } else {
+        di_sched_clear(next);
+      }
+    }
+  }
+  DI_TRY(collect_outputs(e));
+  double t1 = di_now();
+  e->busy_s += t1 - t0;
+  e->host_s += (t1 - t0) - t_blocked;
+  *out = &e->step_out;
+  return DI_OK;
+}
+
+void di_engine_get_stats(const di_engine *e, di_engine_stats *s) {
+  memset(s, 0, sizeof *s);
+  di_kv_stats k;
+  di_kv_get_stats(e->kv, &k);
+  s->kv_blocks_total = k.total_blocks;
+  s->kv_blocks_used = k.used_blocks;
+  s->kv_blocks_free = k.free_blocks;
+  s->kv_blocks_cached = k.cached_blocks;
+  s->prefix_cache_hit_tokens = k.hit_tokens;
+  s->prefix_cache_query_tokens = k.query_tokens;
+  s->prefix_cache_hit_rate = k.query_tokens > 0 ? (double)k.hit_tokens / (double)k.query_tokens : 0;
+  s->n_running = e->n_running;
+  s->n_waiting = e->n_waiting;
+  s->steps = e->steps;
+  s->prompt_tokens = e->prompt_tokens;
+  s->generated_tokens = e->generated_tokens;
+  s->preemptions = e->preemptions;
+  s->prompt_tokens_per_s = e->busy_s > 0 ? (double)e->prompt_tokens / e->busy_s : 0;
+  s->generation_tokens_per_s = e->busy_s > 0 ? (double)e->generated_tokens / e->busy_s : 0;
+  s->host_time_s = e->host_s;
+  s->hidden_host_time_s = e->hidden_s < e->host_s ? e->hidden_s : e->host_s;
+  s->backend_wait_s = e->wait_s;
+}
+
+di_status di_engine_check(const di_engine *e) {
+  int64_t refs = 0;
+  for (int i = 0; i < e->n_all; i++) refs += di_kv_seq_refs(e->kv, &e->all[i]->kv);
+  for (int i = 0; i < e->n_grave; i++) refs += di_kv_seq_refs(e->kv, &e->graveyard[i]->kv);
+  return di_kv_check(e->kv, refs);
+}

@@ -1,0 +1,174 @@
+/* The engine's internal structures: requests, the scheduler's plan for one step, and the engine
+ * core, which runs over any backend (the real model's, or a mock in tests) with optional text and
+ * structured-output adapters. The public di_engine_* functions live in engine.c; di_engine_create
+ * (which needs a loaded model) lives in src/api/engine.c and calls di_engine_core_create. */
+#ifndef DI_ENGINE_INTERNAL_H
+#define DI_ENGINE_INTERNAL_H
+#include "deepinfer.h"
+#include "backend/backend.h"
+#include "kv/kv_manager.h"
+#include "sampler/sampler.h"
+#include "sampler/stop_strings.h"
+
+/* Text: prompt encoding and streaming detokenisation (the tokenizer, or a mock in tests). */
+typedef struct di_text_ops {
+  void *ctx;
+  di_status (*encode_prompt)(void *ctx, const char *text, int32_t **ids, size_t *n);
+  di_status (*stream_create)(void *ctx, int skip_special_tokens, void **stream);
+  di_status (*stream_push)(void *stream, int32_t id, const char **text, size_t *len);
+  di_status (*stream_flush)(void *stream, const char **text, size_t *len);
+  void (*stream_free)(void *stream);
+} di_text_ops;
+
+/* Structured outputs: a per-request token-mask state (the grammar engine, via an adapter). */
+typedef struct di_constraint_ops {
+  void *ctx;
+  /* Compiles what `p` asks for (json_schema / regex / grammar / json_object) into a state. */
+  di_status (*create)(void *ctx, const di_request_params *p, void **state);
+  di_status (*fill_mask)(void *state, uint32_t *mask); /* ceil(vocab/32) words, zeroed by the caller */
+  di_status (*accept)(void *state, int32_t id);
+  int (*is_terminated)(void *state);
+  void (*free)(void *state);
+} di_constraint_ops;
+
+typedef struct di_engine_core_config {
+  di_backend *backend;
+  int vocab_size;          /* logits row width */
+  int vocab_limit;         /* ids >= this are padding: never sampled */
+  int max_context;         /* the model's context */
+  const int32_t *eos_ids;
+  int n_eos;
+  const di_text_ops *text;             /* NULL: no tokenizer (text prompts and stop strings fail) */
+  const di_constraint_ops *constraint; /* NULL: structured outputs unavailable (requests fail) */
+  const char *constraint_missing;      /* message for that case */
+  void (*on_free)(void *ctx);          /* called by di_engine_free with on_free_ctx */
+  void *on_free_ctx;
+} di_engine_core_config;
+
+di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engine_options *opt, di_engine **out);
+
+typedef enum { DI_REQ_WAITING, DI_REQ_RUNNING, DI_REQ_DONE } di_req_state;
+
+typedef struct di_req {
+  uint64_t id;
+  int sample_index, n_samples;
+  struct di_req *leader;     /* sample 0 of the same request (NULL for sample 0) */
+  di_req_state state;
+  int32_t *tokens;           /* prompt then output */
+  int n_tokens, cap, n_prompt;
+  int n_computed;            /* tokens whose KV is written or scheduled to be */
+  int n_valid;               /* tokens whose KV is written (completed steps) */
+  int pending;               /* 1 while an in-flight step samples its next token */
+  int inflight;              /* 1 while it is part of the in-flight step */
+  int n_cached;              /* prompt tokens found in the prefix cache (first admission) */
+  int admitted;
+  di_kv_seq kv;
+  /* sampling and stopping */
+  di_sampling sp;
+  int32_t *bias_ids;
+  float *bias_values;
+  int max_tokens, min_tokens, max_len;
+  int32_t *stop_ids;         /* EOS (unless ignore_eos) + stop_token_ids */
+  int n_stop_ids;
+  di_stop_set stops;
+  int include_stop_str;
+  void *detok;
+  char *text;                /* generated text so far (after stop-string truncation) */
+  size_t text_len, text_cap, text_checked, text_emitted;
+  void *constraint;
+  /* finishing */
+  di_finish_reason finish;
+  char *error;
+  int32_t stop_token;
+  int abort_requested;
+  int reported;              /* final output handed out */
+  /* this step's output */
+  int in_output;             /* has something to report */
+  int collected;             /* reported by the last step: its buffers are reset by the next */
+  int n_out, out_cap;
+  int32_t *out_tokens;
+  float *out_lp;
+  di_token_logprob *out_top;
+  size_t out_text_from;      /* text emitted this step: text[out_text_from .. text_emitted) */
+  char *out_text;            /* NUL-terminated copy for the API */
+  /* timing */
+  double t_arrival, t_first, t_last;
+} di_req;
+
+/* One scheduled piece of work: tokens [start, start + n_new) of r; sample = logits wanted. */
+typedef struct di_sched_entry {
+  di_req *r;
+  int start, n_new, sample;
+  int dropped;
+} di_sched_entry;
+
+typedef struct di_sched {
+  di_sched_entry *e;
+  int n, cap, n_tokens, n_sample;
+  /* the batch built from it */
+  int32_t *tokens, *positions, *seq_of, *out_rows;
+  di_batch_seq *seqs;
+  int tok_cap, seq_cap;
+  di_batch batch;
+} di_sched;
+
+struct di_engine {
+  di_engine_core_config cfg;
+  di_text_ops text;
+  di_constraint_ops constraint;
+  di_engine_options opt;
+  di_backend *be;
+  di_kv_manager *kv;
+  di_sampler *sampler;
+  float *logits;             /* [max_num_seqs][vocab] */
+  uint32_t *mask;            /* [ceil(vocab/32)] */
+  int mask_words;
+  uint64_t next_id, seed_state;
+  /* requests: every live one in `all`; queues hold pointers */
+  di_req **all;
+  int n_all, cap_all;
+  di_req **running, **waiting;
+  int n_running, n_waiting, cap_queue;
+  di_req **graveyard;        /* finished and reported: freed at the next step */
+  int n_grave, cap_grave;
+  /* steps */
+  di_sched sched[2];
+  int cur;                   /* sched[cur] is in flight when inflight_active */
+  int inflight_active;
+  double t_submit;           /* when the in-flight step was submitted */
+  int preempted_this_step;
+  /* outputs */
+  di_seq_output *outs;
+  int n_outs, cap_outs;
+  di_step_output step_out;
+  /* stats */
+  int64_t steps, prompt_tokens, generated_tokens, preemptions;
+  double busy_s, host_s, hidden_s, wait_s;
+};
+
+/* request.c */
+di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t *prompt, int n_prompt,
+                        int sample_index, uint64_t id, uint64_t seed, di_req **out);
+void di_req_free(di_engine *e, di_req *r);
+/* Ends a request (frees its KV blocks; it leaves the queues); reported at the next collection. */
+void di_req_finish(di_engine *e, di_req *r, di_finish_reason why, const char *error);
+/* Appends a sampled token and applies every stop rule. */
+void di_req_append_token(di_engine *e, di_req *r, const di_sample_result *res);
+/* Copies this step's output into an API record (and resets the step buffers on the next step). */
+void di_req_fill_output(di_engine *e, di_req *r, di_seq_output *o);
+void di_req_reset_output(di_req *r);
+int di_req_output_count(const di_req *r);
+
+/* scheduler.c: plans one step. `spec`: step n is in flight, plan step n+1 as if every sample of
+ * step n produced one token and none finished (no preemption in that mode). */
+di_status di_schedule(di_engine *e, di_sched *s, int spec);
+/* Builds s->batch (tokens of pending samples are filled by di_sched_patch after step n). */
+di_status di_sched_build_batch(di_engine *e, di_sched *s);
+void di_sched_patch_tokens(di_sched *s);
+void di_sched_clear(di_sched *s);
+void di_sched_free(di_sched *s);
+/* queues */
+void di_engine_remove_running(di_engine *e, di_req *r);
+void di_engine_remove_waiting(di_engine *e, di_req *r);
+double di_now(void);
+#endif

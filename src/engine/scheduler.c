@@ -1,0 +1,211 @@
+/* The scheduler: continuous batching under a token budget and a sequence cap, chunked prefill,
+ * prefix-cache lookups at admission, and preemption by recompute when KV blocks run out (the most
+ * recently admitted running request gives its blocks back and rejoins the front of the queue; it
+ * recomputes its prompt and output later and, sampling being keyed by position, produces the same
+ * tokens). Also turns a plan into the backend's di_batch. */
+#include "engine/engine_internal.h"
+#include <stdlib.h>
+#include <string.h>
+
+static di_status sched_push(di_sched *s, di_req *r, int start, int n_new, int sample) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? s->cap * 2 : 64;
+    di_sched_entry *e = realloc(s->e, (size_t)cap * sizeof *e);
+    if (!e) return di_error_set(DI_ERR_OOM, "scheduler: out of memory");
+    s->e = e;
+    s->cap = cap;
+  }
+  s->e[s->n++] = (di_sched_entry){r, start, n_new, sample, 0};
+  s->n_tokens += n_new;
+  s->n_sample += sample;
+  return DI_OK;
+}
+
+void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = 0; }
+
+void di_sched_free(di_sched *s) {
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs);
+  memset(s, 0, sizeof *s);
+}
+
+static void remove_at(di_req **q, int *n, int i) {
+  memmove(q + i, q + i + 1, (size_t)(*n - i - 1) * sizeof *q);
+  (*n)--;
+}
+
+void di_engine_remove_running(di_engine *e, di_req *r) {
+  for (int i = 0; i < e->n_running; i++)
+    if (e->running[i] == r) { remove_at(e->running, &e->n_running, i); return; }
+}
+
+void di_engine_remove_waiting(di_engine *e, di_req *r) {
+  for (int i = 0; i < e->n_waiting; i++)
+    if (e->waiting[i] == r) { remove_at(e->waiting, &e->n_waiting, i); return; }
+}
+
+static void preempt(di_engine *e, di_req *v) {
+  di_engine_remove_running(e, v);
+  di_kv_free_seq(e->kv, &v->kv);
+  v->n_computed = v->n_valid = 0;
+  v->state = DI_REQ_WAITING;
+  memmove(e->waiting + 1, e->waiting, (size_t)e->n_waiting * sizeof *e->waiting);
+  e->waiting[0] = v;
+  e->n_waiting++;
+  e->preemptions++;
+  e->preempted_this_step = 1;
+}
+
+/* tokens the request will have once the in-flight step's sample lands */
+static int total_tokens(const di_req *r, int spec) { return r->n_tokens + (spec ? r->pending : 0); }
+
+static int in_plan(const di_sched *s, const di_req *r) {
+  for (int i = 0; i < s->n; i++) if (s->e[i].r == r) return 1;
+  return 0;
+}
+
+di_status di_schedule(di_engine *e, di_sched *s, int spec) {
+  di_sched_clear(s);
+  e->preempted_this_step = 0;
+  int budget = e->opt.max_num_batched_tokens;
+  int chunked = e->opt.enable_chunked_prefill;
+
+  for (int i = 0; i < e->n_running && budget > 0; i++) {
+    di_req *r = e->running[i];
+    if (r->abort_requested) continue;
+    int total = total_tokens(r, spec);
+    if (spec && r->pending) {
+      int n_out = total - r->n_prompt;
+      if (n_out >= r->max_tokens || total >= r->max_len) continue; /* finishes on length */
+    }
+    int need = total - r->n_computed;
+    if (need <= 0) continue;
+    int n_new = need < budget ? need : budget;
+    if (!di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
+      if (spec) {
+        /* memory is short: give up the early plan; after step n the plan is made with
+         * preemption allowed (never starving the request that cannot grow) */
+        for (int k = s->n - 1; k >= 0; k--) {
+          di_req *q = s->e[k].r;
+          q->n_computed = s->e[k].start;
+          di_kv_truncate(e->kv, &q->kv, q->n_computed > q->n_valid ? q->n_computed : q->n_valid);
+        }
+        di_sched_clear(s);
+        return DI_OK;
+      }
+      /* free memory by preempting the latest admitted requests that are not yet planned */
+      while (!di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
+        di_req *victim = NULL;
+        for (int j = e->n_running - 1; j >= 0; j--)
+          if (!in_plan(s, e->running[j])) { victim = e->running[j]; break; }
+        if (!victim) break;
+        preempt(e, victim);
+        if (victim == r) break;
+      }
+      if (r->state != DI_REQ_RUNNING) { i--; continue; } /* r itself was preempted; list shifted */
+      if (!di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) continue;
+      /* the loop removed entries after i only (victims are unplanned, r is at i): i stays valid */
+    }
+    DI_TRY(di_kv_allocate(e->kv, &r->kv, r->n_computed + n_new));
+    DI_TRY(sched_push(s, r, r->n_computed, n_new, r->n_computed + n_new == total));
+    r->n_computed += n_new;
+    budget -= n_new;
+  }
+
+  /* admit waiting requests (FCFS) unless this step had to preempt */
+  for (int i = 0; i < e->n_waiting && budget > 0 && !e->preempted_this_step; i++) {
+    if (e->n_running >= e->opt.max_num_seqs) break;
+    di_req *r = e->waiting[i];
+    if (r->abort_requested) continue;
+    /* samples 1..n-1 wait until sample 0 has written the prompt's blocks, then share them */
+    di_req *lead = r->leader;
+    if (lead && lead->state != DI_REQ_DONE && lead->n_valid < lead->n_prompt) continue;
+    int fresh = r->n_computed == 0;
+    int hit = 0;
+    if (fresh) {
+      hit = di_kv_match_prefix(e->kv, &r->kv, r->tokens, r->n_tokens, r->sample_index > 0);
+      r->n_computed = r->n_valid = hit;
+    }
+    int need = r->n_tokens - r->n_computed;
+    int n_new = need < budget ? need : budget;
+    int whole_needed = !chunked && !r->admitted; /* a preempted request may recompute in chunks */
+    if ((whole_needed && n_new < need) || !di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
+      if (fresh) {
+        di_kv_free_seq(e->kv, &r->kv);
+        r->n_computed = r->n_valid = 0;
+      }
+      break;
+    }
+    DI_TRY(di_kv_allocate(e->kv, &r->kv, r->n_computed + n_new));
+    if (!r->admitted) {
+      r->admitted = 1;
+      r->n_cached = hit;
+      e->prompt_tokens += r->n_prompt;
+    }
+    remove_at(e->waiting, &e->n_waiting, i);
+    i--;
+    r->state = DI_REQ_RUNNING;
+    e->running[e->n_running++] = r;
+    DI_TRY(sched_push(s, r, r->n_computed, n_new, r->n_computed + n_new == r->n_tokens));
+    r->n_computed += n_new;
+    budget -= n_new;
+  }
+  return DI_OK;
+}
+
+static di_status grow(void **p, int *cap, int need, size_t elem) {
+  if (need <= *cap) return DI_OK;
+  int c = *cap ? *cap : 64;
+  while (c < need) c *= 2;
+  void *q = realloc(*p, (size_t)c * elem);
+  if (!q) return di_error_set(DI_ERR_OOM, "batch: out of memory");
+  *p = q;
+  *cap = c;
+  return DI_OK;
+}
+
+di_status di_sched_build_batch(di_engine *e, di_sched *s) {
+  (void)e;
+  int n_tok = 0, n_seq = 0, n_out = 0;
+  for (int i = 0; i < s->n; i++) if (!s->e[i].dropped) { n_tok += s->e[i].n_new; n_seq++; n_out += s->e[i].sample; }
+  int tc = s->tok_cap, sc = s->seq_cap;
+  DI_TRY(grow((void **)&s->tokens, &tc, n_tok, sizeof *s->tokens));
+  tc = s->tok_cap;
+  DI_TRY(grow((void **)&s->positions, &tc, n_tok, sizeof *s->positions));
+  tc = s->tok_cap;
+  DI_TRY(grow((void **)&s->seq_of, &tc, n_tok, sizeof *s->seq_of));
+  tc = s->tok_cap;
+  DI_TRY(grow((void **)&s->out_rows, &tc, n_tok, sizeof *s->out_rows));
+  s->tok_cap = tc;
+  DI_TRY(grow((void **)&s->seqs, &sc, n_seq, sizeof *s->seqs));
+  s->seq_cap = sc;
+  int t = 0, q = 0, o = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    di_req *r = en->r;
+    s->seqs[q].block_table = r->kv.table[0];
+    s->seqs[q].n_blocks = r->kv.n[0];
+    for (int k = 0; k < en->n_new; k++) {
+      int pos = en->start + k;
+      s->tokens[t] = pos < r->n_tokens ? r->tokens[pos] : -1; /* -1: sampled by the in-flight step */
+      s->positions[t] = pos;
+      s->seq_of[t] = q;
+      t++;
+    }
+    if (en->sample) s->out_rows[o++] = t - 1;
+    q++;
+  }
+  s->batch = (di_batch){.n_tokens = t, .tokens = s->tokens, .positions = s->positions, .seq_of = s->seq_of,
+                        .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows};
+  return DI_OK;
+}
+
+void di_sched_patch_tokens(di_sched *s) {
+  int t = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    for (int k = 0; k < en->n_new; k++, t++)
+      if (s->tokens[t] < 0) s->tokens[t] = en->r->tokens[en->start + k];
+  }
+}

@@ -1,0 +1,175 @@
+/* A mock backend for engine tests: its "KV cache" stores the token id and position written into each
+ * slot, and the logits of an output row are a hash of the tokens it reads back through the block
+ * table for positions [0, pos]. So any block-table, prefix-cache, chunking or preemption mistake
+ * changes the logits, and the expected output of a request can be computed alone, without the engine,
+ * by mock_logits_of() over its plain token list. It can also sleep per step (a device that computes
+ * while the host schedules) and fail on a chosen step. Header-only: each test includes it. */
+#ifndef DI_TEST_MOCK_BACKEND_H
+#define DI_TEST_MOCK_BACKEND_H
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "backend/backend.h"
+#include "engine/engine_internal.h"
+
+typedef struct mock_backend {
+  di_backend base;
+  int vocab;
+  int64_t n_blocks;
+  int32_t *kv_tok, *kv_pos;     /* [n_blocks * 64] */
+  float *out;                   /* logits of the submitted step */
+  int n_out, max_out;
+  int fail_at_step, steps;      /* fail_at_step > 0: submit of that step fails */
+  double sleep_s, t_submit;
+  int errors;                   /* reads of slots not written for that position */
+  int64_t max_tokens_per_step;
+} mock_backend;
+
+static uint64_t mock_mix(uint64_t x) {
+  x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/* logits of the row whose context is toks[0..n) */
+static void mock_logits_of(const int32_t *toks, int n, int vocab, float *lg) {
+  uint64_t h = 0x1234;
+  for (int i = 0; i < n; i++) h = mock_mix(h ^ (uint64_t)(uint32_t)toks[i]) + (uint64_t)i;
+  for (int v = 0; v < vocab; v++) {
+    uint64_t x = mock_mix(h ^ ((uint64_t)v * 0x9e3779b97f4a7c15ULL));
+    lg[v] = (float)((double)(x >> 40) / (double)(1 << 24) * 6.0); /* [0, 6): a spread of probabilities */
+  }
+}
+
+static int mock_kv_groups(di_backend *b, di_kv_group_info *g, int cap) {
+  (void)b;
+  if (cap < 1) return 0;
+  g[0] = (di_kv_group_info){.n_layers = 1, .bytes_per_token = 1024, .tokens_per_entry = 1, .window = 0};
+  return 1;
+}
+
+static di_status mock_kv_alloc(di_backend *b, int64_t n) {
+  mock_backend *m = (mock_backend *)b;
+  free(m->kv_tok); free(m->kv_pos);
+  m->n_blocks = n;
+  m->kv_tok = malloc((size_t)n * DI_KV_BLOCK_SIZE * sizeof *m->kv_tok);
+  m->kv_pos = malloc((size_t)n * DI_KV_BLOCK_SIZE * sizeof *m->kv_pos);
+  for (int64_t i = 0; i < n * DI_KV_BLOCK_SIZE; i++) m->kv_pos[i] = -1;
+  return m->kv_tok && m->kv_pos ? DI_OK : di_error_set(DI_ERR_OOM, "mock kv");
+}
+
+static double mock_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static di_status mock_submit(di_backend *b, const di_batch *bt) {
+  mock_backend *m = (mock_backend *)b;
+  m->steps++;
+  if (m->fail_at_step > 0 && m->steps == m->fail_at_step) return di_error_set(DI_ERR_BACKEND, "mock device fault at step %d", m->steps);
+  if (bt->n_tokens > m->max_tokens_per_step) m->max_tokens_per_step = bt->n_tokens;
+  for (int i = 0; i < bt->n_tokens; i++) {
+    const di_batch_seq *s = &bt->seqs[bt->seq_of[i]];
+    int pos = bt->positions[i];
+    if (pos / DI_KV_BLOCK_SIZE >= s->n_blocks || bt->tokens[i] < 0) { m->errors++; continue; }
+    int64_t slot = (int64_t)s->block_table[pos / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + pos % DI_KV_BLOCK_SIZE;
+    m->kv_tok[slot] = bt->tokens[i];
+    m->kv_pos[slot] = pos;
+  }
+  if (bt->n_outputs > m->max_out) {
+    m->max_out = bt->n_outputs;
+    m->out = realloc(m->out, (size_t)m->max_out * (size_t)m->vocab * sizeof *m->out);
+  }
+  int32_t *ctx = NULL;
+  int ctx_cap = 0;
+  for (int o = 0; o < bt->n_outputs; o++) {
+    int row = bt->output_rows[o];
+    const di_batch_seq *s = &bt->seqs[bt->seq_of[row]];
+    int pos = bt->positions[row];
+    if (pos + 1 > ctx_cap) { ctx_cap = pos + 1; ctx = realloc(ctx, (size_t)ctx_cap * sizeof *ctx); }
+    for (int p = 0; p <= pos; p++) {
+      int64_t slot = (int64_t)s->block_table[p / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + p % DI_KV_BLOCK_SIZE;
+      if (m->kv_pos[slot] != p) m->errors++;
+      ctx[p] = m->kv_tok[slot];
+    }
+    mock_logits_of(ctx, pos + 1, m->vocab, m->out + (size_t)o * (size_t)m->vocab);
+  }
+  free(ctx);
+  m->n_out = bt->n_outputs;
+  m->t_submit = mock_now();
+  return DI_OK;
+}
+
+static di_status mock_wait(di_backend *b, float *logits, float *hidden) {
+  mock_backend *m = (mock_backend *)b;
+  (void)hidden;
+  if (m->sleep_s > 0) {
+    double until = m->t_submit + m->sleep_s;
+    for (double t = mock_now(); t < until; t = mock_now()) {
+      struct timespec ts = {0, (long)((until - t) * 1e9)};
+      nanosleep(&ts, NULL);
+    }
+  }
+  if (logits && m->n_out) memcpy(logits, m->out, (size_t)m->n_out * (size_t)m->vocab * sizeof *logits);
+  return DI_OK;
+}
+
+static void mock_destroy(di_backend *b) {
+  mock_backend *m = (mock_backend *)b;
+  free(m->kv_tok); free(m->kv_pos); free(m->out);
+  free(m);
+}
+
+static const di_backend_ops MOCK_OPS = {"mock", mock_kv_groups, mock_kv_alloc, mock_submit, mock_wait, NULL, mock_destroy};
+
+static mock_backend *mock_backend_new(int vocab) {
+  mock_backend *m = calloc(1, sizeof *m);
+  m->base.ops = &MOCK_OPS;
+  m->base.vocab_size = vocab;
+  m->vocab = vocab;
+  return m;
+}
+
+/* ---- mock text: token t is the letter 'a' + (t % 26); ids 0 and 1 (EOS) decode to nothing ---- */
+typedef struct mock_stream { char buf[4]; } mock_stream;
+static di_status mock_stream_create(void *ctx, int skip, void **s) {
+  (void)ctx; (void)skip;
+  *s = calloc(1, sizeof(mock_stream));
+  return DI_OK;
+}
+static di_status mock_stream_push(void *s, int32_t id, const char **text, size_t *len) {
+  mock_stream *ms = s;
+  if (id < 2) { *text = ""; *len = 0; return DI_OK; }
+  ms->buf[0] = (char)('a' + id % 26);
+  ms->buf[1] = 0;
+  *text = ms->buf;
+  *len = 1;
+  return DI_OK;
+}
+static di_status mock_stream_flush(void *s, const char **text, size_t *len) { (void)s; *text = ""; *len = 0; return DI_OK; }
+static void mock_stream_free(void *s) { free(s); }
+static di_status mock_encode(void *ctx, const char *text, int32_t **ids, size_t *n) {
+  (void)ctx;
+  size_t L = strlen(text);
+  *ids = malloc((L + 1) * sizeof **ids);
+  for (size_t i = 0; i < L; i++) (*ids)[i] = 2 + (int32_t)((unsigned char)text[i] % 26);
+  *n = L;
+  return DI_OK;
+}
+static const di_text_ops MOCK_TEXT = {NULL, mock_encode, mock_stream_create, mock_stream_push, mock_stream_flush, mock_stream_free};
+
+static const int32_t MOCK_EOS[1] = {1};
+
+static di_status mock_engine(mock_backend *m, const di_engine_options *opt, int with_text, int max_context, di_engine **out) {
+  di_engine_core_config cfg = {0};
+  cfg.backend = &m->base;
+  cfg.vocab_size = m->vocab;
+  cfg.vocab_limit = m->vocab;
+  cfg.max_context = max_context;
+  cfg.eos_ids = MOCK_EOS;
+  cfg.n_eos = 1;
+  cfg.text = with_text ? &MOCK_TEXT : NULL;
+  return di_engine_core_create(&cfg, opt, out);
+}
+#endif
