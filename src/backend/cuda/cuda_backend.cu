@@ -1,0 +1,748 @@
+/* The CUDA backend: device weights, the paged latent KV pool and the DeepSeek-V2/V3 forward pass
+ * composed from the kernels of this folder, behind backend/backend.h's vtable.
+ *
+ * A step: submit() lays the batch's host arrays (tokens, positions, cache slots, block tables, the
+ * attention work list) out in one pinned buffer, copies it to the device in one transfer and
+ * enqueues the forward pass; wait() synchronizes and copies the wanted logits. Steps of at most
+ * DI_CUDA_GRAPH_MAX_T tokens are padded to a power-of-two bucket (padding tokens live in a spare
+ * KV block) and, from the second time a bucket is seen, replayed from a captured CUDA graph, so a
+ * decode step costs one graph launch. Everything whose size depends on the data (expert counts,
+ * split attention items) is read by the kernels from device memory, which is what lets one graph
+ * serve every step of its bucket.
+ *
+ * Numerics: fp32 residual stream; bf16 GEMM operands with f32 accumulation; norms, softmax, router
+ * and rotary in fp32; the absorbed query and the KV cache in bf16. */
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+#include "util/numeric.h"
+}
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define DI_CUDA_GRAPH_MAX_T 256
+#define MAX_GRAPHS 64
+
+typedef struct cu_layer {
+  float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm, *router_bias;
+  bf16 *q_a, *q_b, *q_proj, *kv_a, *kv_b, *o_proj;
+  int is_moe, has_shared;
+  bf16 *gate_up, *down;        /* dense MLP: [2I][H], [H][I] */
+  bf16 *router;                /* [E][H] */
+  bf16 *exp_gu, *exp_down;     /* [E][2Ip][H] (gate rows 0.., up rows Ip..), [E][H][Ip] */
+  bf16 *sh_gu, *sh_down;       /* [2Is][H], [H][Is] */
+} cu_layer;
+
+typedef struct graph_entry {
+  int T, n_out, bt_stride, max_items, max_citems, bm, n_seq_rows;
+  int seen;                    /* eager runs so far; captured on the second */
+  cudaGraphExec_t exec;
+} graph_entry;
+
+typedef struct cu_backend {
+  di_backend base;
+  cudaStream_t stream;
+  di_cu_blas *blas;
+  int sms, use_graphs;
+  /* shapes */
+  int H, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr;
+  float eps;
+  di_cuk_router router;
+  di_cuk_rope rope;
+  /* weights */
+  bf16 *embed, *lm_head;
+  float *final_norm, *inv_freq;
+  cu_layer *L;
+  int n_layers;
+  void **allocs;
+  int n_allocs, cap_allocs;
+  /* KV pool: [layer][(n_blocks + 1) * 64][576]; block n_blocks is the padding tokens' scratch */
+  bf16 *kv;
+  int64_t n_blocks;
+  /* activations, for cap_T tokens */
+  int cap_T, cap_out, cap_parts;
+  float *h, *qa_f, *kva, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
+  bf16 *xn, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
+  int32_t *topk_ids, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
+  /* step inputs: pinned host mirror and device copy */
+  int32_t *in_host, *in_dev;
+  size_t in_cap; /* int32 elements */
+  /* the step in flight */
+  int pending, T, Tp, n_out, n_out_p, bt_stride, max_items, max_citems, bm, n_seq_rows;
+  size_t in_used;
+  int32_t *d_tokens, *d_pos, *d_slots, *d_out_rows, *d_bt, *d_nitems, *d_ncitems;
+  di_cuk_attn_item *d_items;
+  di_cuk_combine_item *d_citems;
+  int32_t *d_sample_out;
+  di_cuk_sample_row *d_sample_rows;
+  di_cuk_sample_row *h_sample_rows;
+  int32_t *h_sample_out;
+  /* graphs */
+  graph_entry graphs[MAX_GRAPHS];
+  int n_graphs;
+  di_cuda_stats stats;
+} cu_backend;
+
+/* ---- allocation --------------------------------------------------------------------------------- */
+
+static di_status dev_alloc(cu_backend *b, void **p, size_t bytes) {
+  if (b->n_allocs == b->cap_allocs) {
+    int nc = b->cap_allocs ? 2 * b->cap_allocs : 256;
+    void **na = (void **)realloc(b->allocs, sizeof(void *) * (size_t)nc);
+    if (!na) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+    b->allocs = na;
+    b->cap_allocs = nc;
+  }
+  cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+  if (e != cudaSuccess)
+    return di_error_set(DI_ERR_OOM, "cuda: cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+  b->allocs[b->n_allocs++] = *p;
+  return DI_OK;
+}
+
+static void dev_free(cu_backend *b, void *p) {
+  if (!p) return;
+  for (int i = 0; i < b->n_allocs; i++)
+    if (b->allocs[i] == p) {
+      cudaFree(p);
+      b->allocs[i] = b->allocs[--b->n_allocs];
+      return;
+    }
+}
+
+/* ---- weight upload ------------------------------------------------------------------------------- */
+
+/* Rows [r0, r1) of w (all its columns) to dst, whose rows are dst_ld elements apart. */
+static di_status up_rows(const di_weight *w, int64_t r0, int64_t r1, bf16 *dst, int64_t dst_ld) {
+  const int64_t C = w->cols, n = r1 - r0;
+  if (n <= 0) return DI_OK;
+  if (w->dtype == DI_DT_BF16) {
+    const uint16_t *src = (const uint16_t *)w->data + r0 * C;
+    if (dst_ld == C) DI_CU(cudaMemcpy(dst, src, (size_t)(n * C) * 2, cudaMemcpyHostToDevice));
+    else DI_CU(cudaMemcpy2D(dst, (size_t)dst_ld * 2, src, (size_t)C * 2, (size_t)C * 2, (size_t)n, cudaMemcpyHostToDevice));
+    return DI_OK;
+  }
+  /* other dtypes (FP8 with block scales, F16, F32): dequantize on the host, 256 rows at a time */
+  const int64_t chunk = 256;
+  float *f = (float *)malloc(sizeof(float) * (size_t)(chunk * C));
+  uint16_t *hb = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(chunk * C));
+  if (!f || !hb) { free(f); free(hb); return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory converting %s", w->name ? w->name : "?"); }
+  di_status st = DI_OK;
+  for (int64_t r = r0; r < r1 && st == DI_OK; r += chunk) {
+    int64_t m = r1 - r < chunk ? r1 - r : chunk;
+    di_weight_rows_f32(w, r, r + m, f);
+    for (int64_t i = 0; i < m * C; i++) hb[i] = di_f32_to_bf16(f[i]);
+    cudaError_t e = cudaMemcpy2D(dst + (r - r0) * dst_ld, (size_t)dst_ld * 2, hb, (size_t)C * 2, (size_t)C * 2,
+                                 (size_t)m, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) st = di_error_set(DI_ERR_BACKEND, "cuda: uploading %s: %s", w->name ? w->name : "?", cudaGetErrorString(e));
+  }
+  free(f);
+  free(hb);
+  return st;
+}
+
+static di_status check_shape(const di_weight *w, int64_t rows, int64_t cols, const char *what) {
+  if (!w->data || w->rows != rows || w->cols != cols)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: weight %s is [%lld x %lld], expected [%lld x %lld]",
+                        w->name ? w->name : what, (long long)w->rows, (long long)w->cols, (long long)rows, (long long)cols);
+  return DI_OK;
+}
+
+static di_status up_mat(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what) {
+  DI_TRY(check_shape(w, rows, cols, what));
+  DI_TRY(dev_alloc(b, (void **)out, (size_t)(rows * cols) * 2));
+  return up_rows(w, 0, rows, *out, cols);
+}
+
+static di_status up_vec(cu_backend *b, const float *v, int64_t n, float **out) {
+  DI_TRY(dev_alloc(b, (void **)out, sizeof(float) * (size_t)n));
+  if (v) DI_CU(cudaMemcpy(*out, v, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+  else DI_CU(cudaMemset(*out, 0, sizeof(float) * (size_t)n));
+  return DI_OK;
+}
+
+static di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_layer *s, cu_layer *d, int l) {
+  const int H = b->H;
+  DI_TRY(up_vec(b, s->attn_norm, H, &d->attn_norm));
+  DI_TRY(up_vec(b, s->ffn_norm, H, &d->ffn_norm));
+  if (b->qr > 0) {
+    DI_TRY(up_mat(b, &s->q_a, b->qr, H, &d->q_a, "q_a_proj"));
+    DI_TRY(up_vec(b, s->q_a_norm, b->qr, &d->q_a_norm));
+    DI_TRY(up_mat(b, &s->q_b, (int64_t)b->NH * b->dqk, b->qr, &d->q_b, "q_b_proj"));
+  } else {
+    DI_TRY(up_mat(b, &s->q_proj, (int64_t)b->NH * b->dqk, H, &d->q_proj, "q_proj"));
+  }
+  DI_TRY(up_mat(b, &s->kv_a, b->R + b->dr, H, &d->kv_a, "kv_a_proj_with_mqa"));
+  DI_TRY(up_vec(b, s->kv_a_norm, b->R, &d->kv_a_norm));
+  DI_TRY(up_mat(b, &s->kv_b, (int64_t)b->NH * (b->dn + b->dv), b->R, &d->kv_b, "kv_b_proj"));
+  DI_TRY(up_mat(b, &s->o_proj, H, (int64_t)b->NH * b->dv, &d->o_proj, "o_proj"));
+  d->is_moe = s->is_moe;
+  if (!s->is_moe) {
+    const int I = b->Idense;
+    DI_TRY(check_shape(&s->gate, I, H, "mlp.gate_proj"));
+    DI_TRY(check_shape(&s->up, I, H, "mlp.up_proj"));
+    DI_TRY(dev_alloc(b, (void **)&d->gate_up, (size_t)2 * I * H * 2));
+    DI_TRY(up_rows(&s->gate, 0, I, d->gate_up, H));
+    DI_TRY(up_rows(&s->up, 0, I, d->gate_up + (int64_t)I * H, H));
+    DI_TRY(up_mat(b, &s->down, H, I, &d->down, "mlp.down_proj"));
+    return DI_OK;
+  }
+  const int E = b->E, I = c->moe_intermediate_size, Ip = b->Ip;
+  DI_TRY(up_mat(b, &s->router, E, H, &d->router, "mlp.gate"));
+  if (s->router_bias) DI_TRY(up_vec(b, s->router_bias, E, &d->router_bias));
+  const size_t gu_e = (size_t)2 * Ip * H, dn_e = (size_t)H * Ip;
+  DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * E * 2));
+  DI_TRY(dev_alloc(b, (void **)&d->exp_down, dn_e * E * 2));
+  if (Ip != I) {
+    DI_CU(cudaMemset(d->exp_gu, 0, gu_e * E * 2));
+    DI_CU(cudaMemset(d->exp_down, 0, dn_e * E * 2));
+  }
+  for (int e = 0; e < E; e++) {
+    DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
+    DI_TRY(check_shape(&s->exp_up[e], I, H, "experts.up_proj"));
+    DI_TRY(check_shape(&s->exp_down[e], H, I, "experts.down_proj"));
+    DI_TRY(up_rows(&s->exp_gate[e], 0, I, d->exp_gu + gu_e * e, H));
+    DI_TRY(up_rows(&s->exp_up[e], 0, I, d->exp_gu + gu_e * e + (size_t)Ip * H, H));
+    DI_TRY(up_rows(&s->exp_down[e], 0, H, d->exp_down + dn_e * e, Ip));
+  }
+  d->has_shared = s->has_shared;
+  if (s->has_shared) {
+    const int Is = (int)s->sh_gate.rows;
+    if (b->Ish && Is != b->Ish)
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: layer %d shared experts %d wide, others %d", l, Is, b->Ish);
+    b->Ish = Is;
+    DI_TRY(check_shape(&s->sh_up, Is, H, "shared_experts.up_proj"));
+    DI_TRY(check_shape(&s->sh_gate, Is, H, "shared_experts.gate_proj"));
+    DI_TRY(dev_alloc(b, (void **)&d->sh_gu, (size_t)2 * Is * H * 2));
+    DI_TRY(up_rows(&s->sh_gate, 0, Is, d->sh_gu, H));
+    DI_TRY(up_rows(&s->sh_up, 0, Is, d->sh_gu + (int64_t)Is * H, H));
+    DI_TRY(up_mat(b, &s->sh_down, H, Is, &d->sh_down, "shared_experts.down_proj"));
+  }
+  return DI_OK;
+}
+
+/* ---- activations -------------------------------------------------------------------------------- */
+
+static void drop_graphs(cu_backend *b) {
+  for (int i = 0; i < b->n_graphs; i++)
+    if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
+  b->n_graphs = 0;
+}
+
+#define REALLOC(ptr, bytes)                                                      \
+  do {                                                                           \
+    dev_free(b, (void *)(ptr));                                                  \
+    (ptr) = NULL;                                                                \
+    DI_TRY(dev_alloc(b, (void **)&(ptr), (size_t)(bytes)));                      \
+  } while (0)
+
+static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
+  if (T > b->cap_T) {
+    int c = b->cap_T ? b->cap_T : 256;
+    while (c < T) c *= 2;
+    drop_graphs(b);
+    b->cap_T = c;
+    const int64_t A = (int64_t)c * b->K; /* expert assignments */
+    int64_t gu_w = 2 * (int64_t)b->Ip * (A > 0 ? A : 0);
+    if (2 * (int64_t)b->Idense * c > gu_w) gu_w = 2 * (int64_t)b->Idense * c;
+    if (2 * (int64_t)b->Ish * c > gu_w) gu_w = 2 * (int64_t)b->Ish * c;
+    REALLOC(b->h, sizeof(float) * (size_t)c * b->H);
+    REALLOC(b->xn, 2 * (size_t)c * b->H);
+    REALLOC(b->q, 2 * (size_t)c * b->NH * b->dqk);
+    REALLOC(b->qa_f, sizeof(float) * (size_t)c * (b->qr > 0 ? b->qr : 1));
+    REALLOC(b->qa_n, 2 * (size_t)c * (b->qr > 0 ? b->qr : 1));
+    REALLOC(b->kva, sizeof(float) * (size_t)c * (b->R + b->dr));
+    REALLOC(b->Qa, 2 * (size_t)c * b->NH * DI_CUK_MLA_D);
+    REALLOC(b->olat, 2 * (size_t)c * b->NH * DI_CUK_MLA_R);
+    REALLOC(b->attn, 2 * (size_t)c * b->NH * b->dv);
+    REALLOC(b->router_logits, sizeof(float) * (size_t)c * (b->E > 0 ? b->E : 1));
+    REALLOC(b->topk_ids, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->topk_w, sizeof(float) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->perm_tok, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->inv, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->tiles, sizeof(int32_t) * (size_t)(A / 16 + b->E + 1));
+    REALLOC(b->expert_off, sizeof(int32_t) * (size_t)(b->E + 1));
+    REALLOC(b->n_tiles, sizeof(int32_t) * 4);
+    REALLOC(b->gu, 2 * (size_t)gu_w);
+    REALLOC(b->act, (size_t)gu_w); /* half of gu's elements, 2 bytes each */
+    REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->H);
+    /* the padded garbage rows of Qa's latent columns are rewritten every step; start finite */
+    DI_CU(cudaMemset(b->Qa, 0, 2 * (size_t)c * b->NH * DI_CUK_MLA_D));
+  }
+  if (n_out > b->cap_out) {
+    int c = b->cap_out ? b->cap_out : 16;
+    while (c < n_out) c *= 2;
+    drop_graphs(b);
+    b->cap_out = c;
+    REALLOC(b->hout, sizeof(float) * (size_t)c * b->H);
+    REALLOC(b->hn, 2 * (size_t)c * b->H);
+    REALLOC(b->logits, sizeof(float) * (size_t)c * b->V);
+    REALLOC(b->d_sample_out, sizeof(int32_t) * (size_t)c);
+    REALLOC(b->d_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c);
+    cudaFreeHost(b->h_sample_rows);
+    cudaFreeHost(b->h_sample_out);
+    b->h_sample_rows = NULL;
+    b->h_sample_out = NULL;
+    DI_CU(cudaMallocHost((void **)&b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c));
+    DI_CU(cudaMallocHost((void **)&b->h_sample_out, sizeof(int32_t) * (size_t)c));
+  }
+  if (n_parts > b->cap_parts) {
+    int c = b->cap_parts ? b->cap_parts : 512;
+    while (c < n_parts) c *= 2;
+    drop_graphs(b);
+    b->cap_parts = c;
+    REALLOC(b->part_o, sizeof(float) * (size_t)c * DI_CUK_ATTN_ROWS * DI_CUK_MLA_R);
+    REALLOC(b->part_lse, sizeof(float) * (size_t)c * DI_CUK_ATTN_ROWS);
+  }
+  return DI_OK;
+}
+
+/* ---- the forward pass ---------------------------------------------------------------------------- */
+
+static bf16 *layer_cache(cu_backend *b, int l) {
+  return b->kv + (size_t)l * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D;
+}
+
+static di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16 *down, int I) {
+  cudaStream_t s = b->stream;
+  DI_TRY(di_cu_gemm(b->blas, T, 2 * I, b->H, (const uint16_t *)b->xn, b->H, (const uint16_t *)gate_up, b->H,
+                    b->gu, 2 * I, 0, 0.f, s));
+  DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, T, I, (uint16_t *)b->act, s));
+  DI_TRY(di_cu_gemm(b->blas, T, b->H, I, (const uint16_t *)b->act, I, (const uint16_t *)down, I, b->h, b->H, 1,
+                    1.f, s));
+  return DI_OK;
+}
+
+static di_status forward(cu_backend *b) {
+  cudaStream_t s = b->stream;
+  const int T = b->Tp, H = b->H, NH = b->NH;
+  const uint16_t *xn = (const uint16_t *)b->xn;
+  DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, T, H, b->h, s));
+  for (int l = 0; l < b->n_layers; l++) {
+    const cu_layer *L = &b->L[l];
+    DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, H, s));
+    if (b->qr > 0) {
+      DI_TRY(di_cu_gemm(b->blas, T, b->qr, H, xn, H, (const uint16_t *)L->q_a, H, b->qa_f, b->qr, 1, 0.f, s));
+      DI_TRY(di_cuk_rmsnorm(b->qa_f, b->qr, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n, b->qr, s));
+      DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
+                        b->qr, b->q, NH * b->dqk, 0, 0.f, s));
+    } else {
+      DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, H, xn, H, (const uint16_t *)L->q_proj, H, b->q, NH * b->dqk, 0, 0.f, s));
+    }
+    DI_TRY(di_cu_gemm(b->blas, T, b->R + b->dr, H, xn, H, (const uint16_t *)L->kv_a, H, b->kva, b->R + b->dr, 1, 0.f, s));
+    bf16 *cache = layer_cache(b, l);
+    DI_TRY(di_cuk_mla_prep(b->kva, (const uint16_t *)b->q, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R,
+                           L->kv_a_norm, b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
+    /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
+    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, (const uint16_t *)b->q, NH * b->dqk, b->dqk,
+                              (const uint16_t *)L->kv_b, b->R, (int64_t)(b->dn + b->dv) * b->R, 1,
+                              (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+    DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
+                           b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
+                           (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+    if (b->max_citems > 0)
+      DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
+                                (uint16_t *)b->olat, s));
+    /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
+    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
+                              DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
+                              (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
+    DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
+                      NH * b->dv, b->h, H, 1, 1.f, s));
+    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, H, s));
+    if (!L->is_moe) {
+      DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
+      continue;
+    }
+    const int E = b->E, K = b->K, A = T * K, bm = A >= 32 * E ? 64 : 16;
+    const int max_tiles = (A + bm - 1) / bm + E;
+    DI_TRY(di_cu_gemm(b->blas, T, E, H, xn, H, (const uint16_t *)L->router, H, b->router_logits, E, 1, 0.f, s));
+    DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, s));
+    DI_TRY(di_cuk_moe_permute(b->topk_ids, A, K, E, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+    DI_TRY(di_cuk_grouped_gemm(xn, H, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, H, b->expert_off,
+                               b->tiles, b->n_tiles, max_tiles, bm, b->gu, 2 * b->Ip, 0, s));
+    DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, A, b->Ip, (uint16_t *)b->act, s));
+    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, H, b->Ip,
+                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, H, 1, s));
+    DI_TRY(di_cuk_moe_combine(b->y, b->inv, b->topk_w, T, K, H, b->h, s));
+    if (L->has_shared) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+  }
+  DI_TRY(di_cuk_gather_f32(b->h, b->d_out_rows, b->n_out_p, H, b->hout, s));
+  DI_TRY(di_cuk_rmsnorm(b->hout, H, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, s));
+  DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
+                    b->logits, b->V, 1, 0.f, s));
+  return DI_OK;
+}
+
+/* ---- step preparation ---------------------------------------------------------------------------- */
+
+static int pow2_at_least(int n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+static di_status ensure_inputs(cu_backend *b, size_t n) {
+  if (n <= b->in_cap) return DI_OK;
+  size_t c = b->in_cap ? b->in_cap : ((size_t)1 << 20);
+  while (c < n) c *= 2;
+  drop_graphs(b);
+  cudaFreeHost(b->in_host);
+  b->in_host = NULL;
+  dev_free(b, b->in_dev);
+  b->in_dev = NULL;
+  DI_CU(cudaMallocHost((void **)&b->in_host, c * sizeof(int32_t)));
+  DI_TRY(dev_alloc(b, (void **)&b->in_dev, c * sizeof(int32_t)));
+  b->in_cap = c;
+  return DI_OK;
+}
+
+static di_status prepare(cu_backend *b, const di_batch *bt) {
+  const int T = bt->n_tokens, NH = b->NH;
+  if (T <= 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: empty batch");
+  if (bt->n_outputs < 0 || bt->n_outputs > T)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: %d outputs for %d tokens", bt->n_outputs, T);
+  if (!b->kv) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: submit before kv_alloc");
+  const int graph = b->use_graphs && T <= DI_CUDA_GRAPH_MAX_T;
+  const int Tp = graph ? pow2_at_least(T) : T;
+  const int n_out = bt->n_outputs, n_out_p = graph ? pow2_at_least(n_out > 0 ? n_out : 1) : (n_out > 0 ? n_out : 1);
+  int max_blocks = 1;
+  for (int t = 0; t < T; t++) {
+    int sq = bt->seq_of[t], pos = bt->positions[t];
+    if (sq < 0 || sq >= bt->n_seqs) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: sequence %d of %d", t, sq, bt->n_seqs);
+    if (bt->tokens[t] < 0 || bt->tokens[t] >= b->V)
+      return di_error_set(DI_ERR_INVALID_ARG, "token id %d out of range [0, %d)", bt->tokens[t], b->V);
+    if (pos < 0 || pos / DI_KV_BLOCK_SIZE >= bt->seqs[sq].n_blocks)
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: position %d beyond its %d blocks", t, pos, bt->seqs[sq].n_blocks);
+    if (pos / DI_KV_BLOCK_SIZE + 1 > max_blocks) max_blocks = pos / DI_KV_BLOCK_SIZE + 1;
+  }
+  for (int i = 0; i < n_out; i++)
+    if (bt->output_rows[i] < 0 || bt->output_rows[i] >= T)
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: output row %d out of range", bt->output_rows[i]);
+  const int bt_stride = pow2_at_least(max_blocks);
+
+  /* attention chunks: runs of consecutive tokens of one sequence, cut into rows of bm; padding
+   * tokens form their own run (the spare sequence T_p, position 0) */
+  const int rows_total = Tp * NH;
+  int n_runs = 0;
+  for (int t = 0; t < T; t++)
+    if (t == 0 || bt->seq_of[t] != bt->seq_of[t - 1]) n_runs++;
+  if (Tp > T) n_runs++;
+  const int bm = rows_total / n_runs >= 64 ? 64 : 16;
+  /* count chunks */
+  int n_chunks = 0;
+  for (int t = 0; t < Tp;) {
+    int u = t + 1;
+    while (u < Tp && (t >= T ? 1 : (u < T && bt->seq_of[u] == bt->seq_of[t]))) u++;
+    n_chunks += (((u - t) * NH) + bm - 1) / bm;
+    t = u;
+  }
+  const int target = 2 * b->sms;
+  int S_max = n_chunks >= target ? 1 : (target + n_chunks - 1) / n_chunks;
+  int tiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + DI_CUK_ATTN_KTILE - 1) / DI_CUK_ATTN_KTILE;
+  if (S_max > tiles_cap) S_max = tiles_cap;
+  const int max_items = n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
+  DI_TRY(ensure_acts(b, Tp, n_out_p, max_items));
+
+  /* layout of the input block (int32 units); the last block-table row is the padding tokens' */
+  const int n_seq_rows = (bt->n_seqs > Tp ? bt->n_seqs : Tp) + 1, spare_seq = n_seq_rows - 1;
+  size_t o = 0;
+  const size_t o_tok = o; o += Tp;
+  const size_t o_pos = o; o += Tp;
+  const size_t o_slot = o; o += Tp;
+  const size_t o_out = o; o += n_out_p;
+  const size_t o_bt = o; o += (size_t)n_seq_rows * bt_stride;
+  const size_t o_n = o; o += 4;
+  o = (o + 3) & ~(size_t)3;
+  const size_t o_items = o; o += (size_t)max_items * 6;
+  const size_t o_citems = o; o += (size_t)(max_citems > 0 ? max_citems : 1) * 4;
+  DI_TRY(ensure_inputs(b, o));
+  int32_t *hi = b->in_host;
+  const int32_t spare = (int32_t)b->n_blocks;
+  for (int t = 0; t < Tp; t++) {
+    if (t < T) {
+      const di_batch_seq *sq = &bt->seqs[bt->seq_of[t]];
+      int pos = bt->positions[t];
+      hi[o_tok + t] = bt->tokens[t];
+      hi[o_pos + t] = pos;
+      hi[o_slot + t] = sq->block_table[pos / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + pos % DI_KV_BLOCK_SIZE;
+    } else {
+      hi[o_tok + t] = 0;
+      hi[o_pos + t] = 0;
+      hi[o_slot + t] = spare * DI_KV_BLOCK_SIZE;
+    }
+  }
+  for (int i = 0; i < n_out_p; i++) hi[o_out + i] = i < n_out ? bt->output_rows[i] : 0;
+  for (int sidx = 0; sidx < n_seq_rows; sidx++) {
+    int32_t *row = hi + o_bt + (size_t)sidx * bt_stride;
+    int nb = 0;
+    if (sidx < bt->n_seqs) {
+      nb = bt->seqs[sidx].n_blocks < bt_stride ? bt->seqs[sidx].n_blocks : bt_stride;
+      for (int j = 0; j < nb; j++) {
+        int32_t id = bt->seqs[sidx].block_table[j];
+        if (id < 0 || id >= b->n_blocks)
+          return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: block id %d out of range [0, %lld)", id, (long long)b->n_blocks);
+        row[j] = id;
+      }
+    }
+    for (int j = nb; j < bt_stride; j++) row[j] = spare;
+  }
+  /* items */
+  di_cuk_attn_item *items = (di_cuk_attn_item *)(hi + o_items);
+  di_cuk_combine_item *citems = (di_cuk_combine_item *)(hi + o_citems);
+  int ni = 0, nci = 0, part = 0;
+  for (int t = 0; t < Tp;) {
+    int u = t + 1;
+    while (u < Tp && (t >= T ? 1 : (u < T && bt->seq_of[u] == bt->seq_of[t]))) u++;
+    const int seq = t >= T ? spare_seq : bt->seq_of[t];
+    for (int r0 = t * NH; r0 < u * NH; r0 += bm) {
+      int r1 = r0 + bm < u * NH ? r0 + bm : u * NH;
+      int maxpos = 0;
+      for (int tt = r0 / NH; tt <= (r1 - 1) / NH; tt++) {
+        int p = tt < T ? bt->positions[tt] : 0;
+        if (p > maxpos) maxpos = p;
+      }
+      const int nkt = (maxpos + DI_CUK_ATTN_KTILE) / DI_CUK_ATTN_KTILE;
+      int S = S_max < nkt ? S_max : nkt;
+      const int per = (nkt + S - 1) / S;
+      S = (nkt + per - 1) / per;
+      if (S == 1) {
+        items[ni++] = (di_cuk_attn_item){r0, r1, seq, 0, maxpos + 1, -1};
+      } else {
+        citems[nci++] = (di_cuk_combine_item){r0, r1, part, S};
+        for (int sp = 0; sp < S; sp++) {
+          int k0 = sp * per * DI_CUK_ATTN_KTILE, k1 = (sp + 1) * per * DI_CUK_ATTN_KTILE;
+          if (k1 > maxpos + 1) k1 = maxpos + 1;
+          items[ni++] = (di_cuk_attn_item){r0, r1, seq, k0, k1, part++};
+        }
+      }
+    }
+    t = u;
+  }
+  DI_ASSERT(ni <= max_items && nci <= (max_citems > 0 ? max_citems : 0) + 0);
+  hi[o_n] = ni;
+  hi[o_n + 1] = nci;
+  int32_t *d = b->in_dev;
+  b->d_tokens = d + o_tok; b->d_pos = d + o_pos; b->d_slots = d + o_slot; b->d_out_rows = d + o_out;
+  b->d_bt = d + o_bt; b->d_nitems = d + o_n; b->d_ncitems = d + o_n + 1;
+  b->d_items = (di_cuk_attn_item *)(d + o_items);
+  b->d_citems = (di_cuk_combine_item *)(d + o_citems);
+  b->T = T; b->Tp = Tp; b->n_out = n_out; b->n_out_p = n_out_p; b->bt_stride = bt_stride;
+  b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->in_used = o;
+  b->n_seq_rows = n_seq_rows;
+  return DI_OK;
+}
+
+/* ---- vtable ---------------------------------------------------------------------------------------- */
+
+static int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap) {
+  cu_backend *b = (cu_backend *)bb;
+  if (cap < 1) return 1;
+  g[0].n_layers = b->n_layers;
+  g[0].bytes_per_token = (int64_t)b->n_layers * DI_CUK_MLA_D * 2;
+  g[0].tokens_per_entry = 1;
+  g[0].window = 0;
+  return 1;
+}
+
+static di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks) {
+  cu_backend *b = (cu_backend *)bb;
+  if (n_blocks <= 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: kv_alloc of %lld blocks", (long long)n_blocks);
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: kv_alloc while a step is in flight");
+  drop_graphs(b);
+  dev_free(b, b->kv);
+  b->kv = NULL;
+  size_t bytes = (size_t)b->n_layers * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2;
+  DI_TRY(dev_alloc(b, (void **)&b->kv, bytes));
+  DI_CU(cudaMemset(b->kv, 0, bytes));
+  b->n_blocks = n_blocks;
+  return DI_OK;
+}
+
+static graph_entry *find_graph(cu_backend *b) {
+  for (int i = 0; i < b->n_graphs; i++) {
+    graph_entry *g = &b->graphs[i];
+    if (g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
+        g->max_citems == b->max_citems && g->bm == b->bm && g->n_seq_rows == b->n_seq_rows)
+      return g;
+  }
+  if (b->n_graphs == MAX_GRAPHS) drop_graphs(b);
+  graph_entry *g = &b->graphs[b->n_graphs++];
+  memset(g, 0, sizeof *g);
+  g->T = b->Tp; g->n_out = b->n_out_p; g->bt_stride = b->bt_stride; g->max_items = b->max_items;
+  g->max_citems = b->max_citems; g->bm = b->bm; g->n_seq_rows = b->n_seq_rows;
+  return g;
+}
+
+static di_status cu_submit(di_backend *bb, const di_batch *batch) {
+  cu_backend *b = (cu_backend *)bb;
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: submit while a step is in flight");
+  DI_TRY(prepare(b, batch));
+  DI_CU(cudaMemcpyAsync(b->in_dev, b->in_host, b->in_used * sizeof(int32_t), cudaMemcpyHostToDevice, b->stream));
+  b->stats.steps++;
+  const int graph = b->use_graphs && b->T <= DI_CUDA_GRAPH_MAX_T;
+  if (!graph) {
+    DI_TRY(forward(b));
+    b->pending = 1;
+    return DI_OK;
+  }
+  graph_entry *g = find_graph(b);
+  if (!g->exec && g->seen < 1) { /* first sight: eager (sets kernel attributes, plans GEMMs) */
+    g->seen++;
+    DI_TRY(forward(b));
+    b->pending = 1;
+    return DI_OK;
+  }
+  if (!g->exec) {
+    cudaGraph_t graph_h = NULL;
+    DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+    di_status st = forward(b);
+    cudaError_t e = cudaStreamEndCapture(b->stream, &graph_h);
+    if (st != DI_OK) { if (graph_h) cudaGraphDestroy(graph_h); return st; }
+    if (e != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: graph capture failed: %s", cudaGetErrorString(e));
+    e = cudaGraphInstantiate(&g->exec, graph_h, 0);
+    cudaGraphDestroy(graph_h);
+    if (e != cudaSuccess) { g->exec = NULL; return di_error_set(DI_ERR_BACKEND, "cuda: graph instantiate failed: %s", cudaGetErrorString(e)); }
+    b->stats.graph_captures++;
+  }
+  DI_CU(cudaGraphLaunch(g->exec, b->stream));
+  b->stats.graph_replays++;
+  b->pending = 1;
+  return DI_OK;
+}
+
+static di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
+  cu_backend *b = (cu_backend *)bb;
+  if (!b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: wait without submit");
+  b->pending = 0;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  if (logits && b->n_out > 0)
+    DI_CU(cudaMemcpy(logits, b->logits, sizeof(float) * (size_t)b->n_out * b->V, cudaMemcpyDeviceToHost));
+  if (hidden && b->n_out > 0) {
+    size_t n = (size_t)b->n_out * b->H;
+    uint16_t *tmp = (uint16_t *)malloc(n * 2);
+    if (!tmp) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+    cudaError_t e = cudaMemcpy(tmp, b->hn, n * 2, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) { free(tmp); return di_error_set(DI_ERR_BACKEND, "cuda: hidden copy: %s", cudaGetErrorString(e)); }
+    for (size_t i = 0; i < n; i++) hidden[i] = di_bf16_to_f32(tmp[i]);
+    free(tmp);
+  }
+  return DI_OK;
+}
+
+static di_status cu_sample(di_backend *bb, const di_sample_row *rows, int n, int32_t *tokens) {
+  cu_backend *b = (cu_backend *)bb;
+  if (n != b->n_out) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample of %d rows after a step with %d outputs", n, b->n_out);
+  for (int i = 0; i < n; i++) {
+    di_cuk_sample_row *r = &b->h_sample_rows[i];
+    r->temperature = rows[i].temperature;
+    r->top_p = rows[i].top_p;
+    r->min_p = rows[i].min_p;
+    r->top_k = rows[i].top_k;
+    r->vocab_limit = rows[i].vocab_limit;
+    r->seed = rows[i].seed;
+    r->counter = rows[i].counter;
+  }
+  DI_CU(cudaMemcpyAsync(b->d_sample_rows, b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)n,
+                        cudaMemcpyHostToDevice, b->stream));
+  DI_TRY(di_cuk_sample(b->logits, n, b->V, b->d_sample_rows, b->d_sample_out, b->stream));
+  DI_CU(cudaMemcpyAsync(b->h_sample_out, b->d_sample_out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, b->stream));
+  DI_CU(cudaStreamSynchronize(b->stream));
+  memcpy(tokens, b->h_sample_out, sizeof(int32_t) * (size_t)n);
+  return DI_OK;
+}
+
+static void cu_destroy(di_backend *bb) {
+  cu_backend *b = (cu_backend *)bb;
+  if (!b) return;
+  if (b->stream) cudaStreamSynchronize(b->stream);
+  drop_graphs(b);
+  for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
+  free(b->allocs);
+  free(b->L);
+  cudaFreeHost(b->in_host);
+  cudaFreeHost(b->h_sample_rows);
+  cudaFreeHost(b->h_sample_out);
+  di_cu_blas_destroy(b->blas);
+  if (b->stream) cudaStreamDestroy(b->stream);
+  free(b);
+}
+
+static const di_backend_ops CU_OPS = {"cuda", cu_kv_groups, cu_kv_alloc, cu_submit, cu_wait, cu_sample, cu_destroy};
+
+static di_status create(const di_model_config *c, const di_ds_weights *w, cu_backend *b) {
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0)
+    return di_error_set(DI_ERR_BACKEND, "cuda: no CUDA device available (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  int dev = 0;
+  DI_CU(cudaGetDevice(&dev));
+  DI_CU(cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, dev));
+  DI_CU(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+  DI_TRY(di_cu_blas_create(&b->blas));
+  const char *ge = getenv("DEEPINFER_CUDA_GRAPHS");
+  b->use_graphs = !(ge && strcmp(ge, "0") == 0);
+  b->H = c->hidden_size; b->NH = c->num_attention_heads; b->dn = c->qk_nope_head_dim; b->dr = c->qk_rope_head_dim;
+  b->dv = c->v_head_dim; b->R = c->kv_lora_rank; b->dqk = b->dn + b->dr; b->V = c->vocab_size;
+  b->qr = c->q_lora_rank; b->eps = c->rms_norm_eps; b->Idense = c->intermediate_size;
+  b->E = c->n_routed_experts; b->K = c->n_routed_experts > 0 ? c->num_experts_per_tok : 0;
+  b->Ip = (c->moe_intermediate_size + 63) / 64 * 64;
+  if (b->R > DI_CUK_MLA_R || b->dr > DI_CUK_MLA_P || b->dr % 2)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: kv_lora_rank %d / rope dim %d unsupported (<= %d / even <= %d)",
+                        b->R, b->dr, DI_CUK_MLA_R, DI_CUK_MLA_P);
+  if (b->E > 0 && (b->H % 128 || b->K > 8))
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: MoE needs hidden %% 128 == 0 (got %d) and top-k <= 8 (got %d)", b->H, b->K);
+  b->router.E = b->E; b->router.k = b->K; b->router.n_group = c->n_group; b->router.topk_group = c->topk_group;
+  b->router.sigmoid = c->scoring_func == DI_SCORE_SIGMOID;
+  b->router.method = c->topk_method == DI_TOPK_GREEDY ? 0 : c->topk_method == DI_TOPK_GROUP_LIMITED_GREEDY ? 1 : 2;
+  b->router.norm_topk = c->norm_topk_prob;
+  b->router.scale_after_norm = c->arch == DI_ARCH_DEEPSEEK_V3;
+  b->router.routed_scale = c->routed_scaling_factor;
+  double invf[DI_CUK_MLA_P / 2];
+  float invf32[DI_CUK_MLA_P / 2];
+  di_rope_inv_freq(c, invf);
+  for (int i = 0; i < b->dr / 2; i++) invf32[i] = (float)invf[i];
+  DI_TRY(up_vec(b, invf32, b->dr / 2, &b->inv_freq));
+  b->rope.inv_freq = b->inv_freq;
+  b->rope.attn_factor = c->rope_attention_factor;
+  b->rope.interleave = c->rope_interleave;
+  /* weights */
+  DI_TRY(up_mat(b, &w->embed, b->V, b->H, &b->embed, "embed_tokens"));
+  DI_TRY(up_mat(b, &w->lm_head, b->V, b->H, &b->lm_head, "lm_head"));
+  DI_TRY(up_vec(b, w->final_norm, b->H, &b->final_norm));
+  b->n_layers = w->n_layers;
+  b->L = (cu_layer *)calloc((size_t)(b->n_layers > 0 ? b->n_layers : 1), sizeof(cu_layer));
+  if (!b->L) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+  for (int l = 0; l < b->n_layers; l++) DI_TRY(upload_layer(b, c, &w->layers[l], &b->L[l], l));
+  DI_TRY(ensure_acts(b, 256, 16, 512));
+  DI_CU(cudaDeviceSynchronize());
+  return DI_OK;
+}
+
+extern "C" di_status di_backend_cuda_create(const di_model_config *cfg, const di_ds_weights *w, di_backend **out) {
+  cu_backend *b = (cu_backend *)calloc(1, sizeof *b);
+  if (!b) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+  b->base.ops = &CU_OPS;
+  b->base.cfg = cfg;
+  b->base.vocab_size = cfg->vocab_size;
+  b->base.hidden_size = cfg->hidden_size;
+  di_status st = create(cfg, w, b);
+  if (st != DI_OK) {
+    cu_destroy(&b->base);
+    return st;
+  }
+  *out = &b->base;
+  return DI_OK;
+}
+
+extern "C" int64_t di_backend_cuda_free_bytes(void) {
+  size_t fr = 0, tot = 0;
+  if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
+  return (int64_t)fr;
+}
+
+extern "C" void di_backend_cuda_stats(di_backend *bb, di_cuda_stats *out) {
+  *out = ((cu_backend *)bb)->stats;
+}

@@ -1,0 +1,19 @@
+/* The NVIDIA backend: the whole DeepSeek-V2/V3 forward pass, the paged latent KV pool and sampling
+ * on one CUDA device (sm_90), behind the backend vtable of backend/backend.h. Weights are uploaded
+ * once at create (bf16 as stored; FP8 / F16 / F32 converted to bf16 on the host). */
+#ifndef DI_CUDA_BACKEND_H
+#define DI_CUDA_BACKEND_H
+#include "backend/backend.h"
+#include "arch/deepseek.h"
+
+/* `w` must outlive nothing: everything is copied to the device before this returns. */
+di_status di_backend_cuda_create(const di_model_config *cfg, const di_ds_weights *w, di_backend **out);
+/* Free device memory in bytes right now (for sizing the KV pool from a budget); -1 on error. */
+int64_t di_backend_cuda_free_bytes(void);
+/* Statistics of the CUDA backend since create (graphs captured / replayed), for tests and benches. */
+typedef struct di_cuda_stats {
+  int64_t steps, graph_captures, graph_replays;
+} di_cuda_stats;
+void di_backend_cuda_stats(di_backend *b, di_cuda_stats *out);
+/* DEEPINFER_CUDA_GRAPHS=0 in the environment turns graph capture off (checked at create). */
+#endif

@@ -1,0 +1,92 @@
+/* Shared helpers of the CUDA backend's .cu files: C headers of the project included with C
+ * linkage, the error-check macro that turns a CUDA failure into a di_status with a message, and
+ * bf16 <-> float conversions used by every kernel. */
+#ifndef DI_CUDA_COMMON_CUH
+#define DI_CUDA_COMMON_CUH
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+extern "C" {
+#include "util/status.h"
+}
+
+#define DI_CU(call)                                                                      \
+  do {                                                                                   \
+    cudaError_t di_cu_e_ = (call);                                                       \
+    if (di_cu_e_ != cudaSuccess)                                                         \
+      return di_error_set(DI_ERR_BACKEND, "cuda: %s failed: %s (%s:%d)", #call,           \
+                          cudaGetErrorString(di_cu_e_), __FILE__, __LINE__);             \
+  } while (0)
+
+/* After a kernel launch: launch-configuration errors surface here, not at the next sync. */
+#define DI_CU_LAUNCH(what)                                                               \
+  do {                                                                                   \
+    cudaError_t di_cu_e_ = cudaGetLastError();                                           \
+    if (di_cu_e_ != cudaSuccess)                                                         \
+      return di_error_set(DI_ERR_BACKEND, "cuda: launching %s failed: %s", what,          \
+                          cudaGetErrorString(di_cu_e_));                                 \
+  } while (0)
+
+typedef __nv_bfloat16 bf16;
+
+static __device__ __forceinline__ float di_bf(bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ bf16 di_fb(float x) { return __float2bfloat16(x); }
+
+static inline int di_cdiv(int a, int b) { return (a + b - 1) / b; }
+
+/* Block-wide sum of one float per thread (blockDim.x a multiple of 32, <= 1024). */
+static __device__ __forceinline__ float di_block_sum(float v, float *scratch32) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (l == 0) scratch32[w] = v;
+  __syncthreads();
+  v = l < nw ? scratch32[l] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+static __device__ __forceinline__ float di_block_max(float v, float *scratch32) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (l == 0) scratch32[w] = v;
+  __syncthreads();
+  v = l < nw ? scratch32[l] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* mma.sync m16n8k16 bf16 -> f32 and ldmatrix, the building blocks of the tensor-core kernels
+ * (grouped expert GEMM, MLA attention). Fragment layouts are the PTX ISA's: for the accumulator,
+ * thread `lane` holds rows lane/4 and lane/4+8, columns 2*(lane%4) and +1. */
+static __device__ __forceinline__ void di_mma16816(float *c, const uint32_t *a, const uint32_t *b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+static __device__ __forceinline__ void di_ldsm_x4(uint32_t *r, const void *p) {
+  uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void di_ldsm_x4_t(uint32_t *r, const void *p) {
+  uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void di_cp_async16(void *smem, const void *gmem, bool pred) {
+  uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  int n = pred ? 16 : 0; /* src-size 0 fills the 16 bytes with zeros */
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+static __device__ __forceinline__ void di_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void di_cp_wait(void) {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+static __device__ __forceinline__ uint32_t di_pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *(uint32_t *)&v;
+}
+#endif

@@ -1,0 +1,146 @@
+/* C entry points of the CUDA backend's kernels (device pointers in, launched on `stream`, no sync).
+ * The backend composes the forward pass from these; tests/cuda/ checks each one against a plain-C
+ * reference. bf16 data is passed as uint16_t (the raw bits). Every function returns DI_OK or
+ * DI_ERR_BACKEND with the CUDA error in the message. */
+#ifndef DI_CUDA_KERNELS_H
+#define DI_CUDA_KERNELS_H
+#include <stdint.h>
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef struct CUstream_st *di_cu_stream; /* == cudaStream_t */
+
+/* ---- elementwise / norms (k_norm.cu) ---- */
+/* h[t][:] = float(table[tokens[t]][:]) */
+di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, int T, int hidden, float *h,
+                       di_cu_stream s);
+/* out[t][:] = bf16(x[t][:] / rms(x[t]) * w) over n columns; x row stride ldx, out row stride ldo. */
+di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,
+                         uint16_t *out, int ldo, di_cu_stream s);
+/* out[t][i] = silu(gu[t][i]) * gu[t][I + i]  (gu row stride 2I, out row stride I); bf16 in/out. */
+di_status di_cuk_silu_mul(const uint16_t *gu, int T, int I, uint16_t *out, di_cu_stream s);
+/* out[i][:] = in[rows[i]][:] for n rows of `cols` floats. */
+di_status di_cuk_gather_f32(const float *in, const int32_t *rows, int n, int cols, float *out,
+                            di_cu_stream s);
+
+/* ---- MLA preparation (k_mla_prep.cu) ---- */
+typedef struct di_cuk_rope {
+  const float *inv_freq;  /* [rope_dim/2] device */
+  float attn_factor;      /* multiplies cos and sin (YaRN mscale) */
+  int interleave;         /* 1: pairs (2i, 2i+1); 0: pairs (i, i + d/2) */
+} di_cuk_rope;
+/* For each token t: the cache entry cache[slots[t]] = [rmsnorm(kva[t][0:R]) * kv_norm, 0.. | rope(kva[t][R:R+P]), 0..]
+ * (bf16, DI_CUK_MLA_D wide: latent at 0, rope at DI_CUK_MLA_R), and q_pe of each head
+ * (q[t][h*(N+P) + N ..]) roped into Qa[t][h][DI_CUK_MLA_R ..] (zeros in Qa's padding columns; the
+ * latent columns [0, R) of Qa are left alone: the absorption GEMM writes them).
+ * kva: fp32 [T][R+P]; q: bf16 [T][H*(N+P)]; Qa: bf16 [T][H][D]; cache: bf16 [slots][D].
+ * Needs R <= 512, P <= 64. */
+di_status di_cuk_mla_prep(const float *kva, const uint16_t *q, const int32_t *positions,
+                          const int32_t *slots, int T, int H, int N, int P, int R,
+                          const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
+                          uint16_t *cache, di_cu_stream s);
+
+/* ---- MLA attention over the paged latent cache, absorbed form (k_mla_attn.cu) ---- */
+/* One unit of work: rows [row0, row1) of the flattened (token, head) row space, all of one
+ * sequence, over keys [k0, k1). part < 0: write the normalized result straight to `out`; else
+ * write it (with its log-sum-exp) to partial slot `part`, merged later by di_cuk_mla_combine. */
+typedef struct di_cuk_attn_item {
+  int32_t row0, row1, seq, k0, k1, part;
+} di_cuk_attn_item;
+typedef struct di_cuk_combine_item {
+  int32_t row0, row1, part0, nsplit;
+} di_cuk_combine_item;
+#define DI_CUK_ATTN_ROWS 64     /* rows per attention item, at most */
+#define DI_CUK_ATTN_KTILE 64    /* keys per tile; split boundaries are multiples of this */
+/* The cache entry and absorbed query are laid out for the kernel's fixed shape: [latent 512 | rope
+ * 64], smaller ranks (the tiny test models) zero-padded, which leaves every dot product unchanged. */
+#define DI_CUK_MLA_R 512
+#define DI_CUK_MLA_P 64
+#define DI_CUK_MLA_D 576
+/* Q: bf16 [T*H][D] (row = t*H + h); cache: bf16 [n_blocks*64][D] of this layer; block_tables:
+ * int32 [n_seqs][bt_stride]; positions: [T]; items: [*n_items] (device count, grid = max_items);
+ * out: bf16 [T*H][R] (R = DI_CUK_MLA_R); part_o: f32 [n_parts][64][R]; part_lse: f32 [n_parts][64]. Score of row r
+ * against key k (k <= positions[r / H]) = scale * Q[r] . cache[k]; out = softmax-weighted sum of
+ * cache[k][0:R]. rows_per_cta: 16 or 64 (items then hold at most that many rows). */
+di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+                          int bt_stride, const int32_t *positions, int H, float scale,
+                          const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                          int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
+                          di_cu_stream s);
+di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_items,
+                             int max_items, const float *part_o, const float *part_lse,
+                             uint16_t *out, di_cu_stream s);
+
+/* ---- MoE (k_moe.cu) ---- */
+typedef struct di_cuk_router {
+  int E, k, n_group, topk_group;
+  int sigmoid;        /* scoring: 0 softmax, 1 sigmoid */
+  int method;         /* 0 greedy, 1 group_limited_greedy, 2 noaux_tc */
+  int norm_topk;      /* renormalize the k weights */
+  int scale_after_norm; /* V3: multiply by routed_scaling even when renormalized */
+  float routed_scale;
+} di_cuk_router;
+/* logits: f32 [T][E]; bias: f32 [E] or NULL. ids: int32 [T][k]; w: f32 [T][k]. */
+di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
+                           int32_t *ids, float *w, di_cu_stream s);
+/* Sorts the T*k assignments by expert. Outputs: perm_tok[n] (token of the j-th sorted assignment),
+ * inv[a] (sorted position of assignment a), tiles[] (expert << 16 | m-tile index within expert,
+ * for tiles of `bm` rows) with *n_tiles, expert_off[E+1]. Workspace: none (one block). */
+di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int bm,
+                             int32_t *perm_tok, int32_t *inv, int32_t *expert_off,
+                             int32_t *tiles, int32_t *n_tiles, di_cu_stream s);
+/* h[t][:] += sum_j w[t][j] * y[inv[t*k+j]][:]  (y f32 [n_assign][n]) */
+di_status di_cuk_moe_combine(const float *y, const int32_t *inv, const float *w, int T, int k, int n,
+                             float *h, di_cu_stream s);
+
+/* ---- grouped GEMM (k_grouped_gemm.cu) ---- */
+/* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):
+ *   C[m][n] = sum_k A[arow(m)][k] * W[e][n][k],  arow(m) = a_rows ? a_rows[m] : m.
+ * A bf16 (row stride lda), W bf16 [E][N][K] contiguous, C bf16 or f32 (c_f32) with row stride ldc.
+ * K must be a multiple of 64, N of 128 (pad the weights). bm is 16 or 64. Grid: max_tiles x N/128. */
+di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows, const uint16_t *W,
+                              int N, int K, const int32_t *expert_off, const int32_t *tiles,
+                              const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc,
+                              int c_f32, di_cu_stream s);
+
+/* ---- dense GEMMs through cuBLASLt / cuBLAS (gemm.cu) ---- */
+typedef struct di_cu_blas di_cu_blas;
+di_status di_cu_blas_create(di_cu_blas **out);
+void di_cu_blas_destroy(di_cu_blas *b);
+/* Y[M][N] = X[M][K] . W[N][K]^T + beta * Y   (row-major; X, W bf16; Y bf16 or f32 (y_f32)).
+ * bf16 in, f32 accumulate; the beta = 1 form is how residual adds are fused. */
+di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx, const uint16_t *W,
+                     int ldw, void *Y, int ldy, int y_f32, float beta, di_cu_stream s);
+/* Batched over `batch` heads, row-major, bf16 in/out, f32 accumulate:
+ *   Y_h[M][N] = X_h[M][K] . op(W_h)  with op(W_h) = W_h ([K][N]) when w_kn, else W_h^T (W_h [N][K]).
+ * X_h = X + h*sx (row stride ldx), W_h = W + h*sw (row stride ldw), Y_h = Y + h*sy (row stride ldy). */
+di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, int K, const uint16_t *X, int ldx,
+                             int64_t sx, const uint16_t *W, int ldw, int64_t sw, int w_kn, uint16_t *Y,
+                             int ldy, int64_t sy, di_cu_stream s);
+
+/* ---- sampling (k_sample.cu) ---- */
+typedef struct di_cuk_sample_row {
+  float temperature, top_p, min_p;
+  int top_k, vocab_limit;
+  uint64_t seed, counter;
+} di_cuk_sample_row;
+/* One token per row of logits (f32 [n][V]); rows' parameters in device memory. */
+di_status di_cuk_sample(const float *logits, int n, int V, const di_cuk_sample_row *rows,
+                        int32_t *out, di_cu_stream s);
+/* The uniform draw in [0,1) of (seed, counter); the same function on host and device. */
+double di_cuk_uniform(uint64_t seed, uint64_t counter);
+
+/* ---- helpers for tests and benchmarks (cuda_testapi.cu) ---- */
+void *di_cut_malloc(size_t bytes);          /* NULL on failure */
+void di_cut_free(void *p);
+int di_cut_h2d(void *dst, const void *src, size_t bytes);
+int di_cut_d2h(void *dst, const void *src, size_t bytes);
+int di_cut_sync(void);                      /* 0 when the device is fine */
+int di_cut_device_ok(void);                 /* a CUDA device is present */
+double di_cut_time_ms(void);                /* host wall clock, ms */
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,147 @@
+/* Grouped expert GEMM: for the assignments sorted by expert (k_moe.cu), each CTA takes one m-tile of
+ * one expert's rows (16 or 64) and 128 output columns, and computes C = A_rows . W_e^T with
+ * mma.sync m16n8k16 (bf16 in, f32 accumulate). The A rows are gathered through an index list so the
+ * permuted activations never need to be materialized. The tile list lives on the device, so the
+ * grid is launched at its upper bound (blocks past *n_tiles exit at once) and a decode step needs no
+ * host round trip. A 4-stage cp.async pipeline keeps weight tiles streaming: at decode batch sizes
+ * the kernel is bound by reading the experts' weights, which is why bm=16 exists (less wasted MMA
+ * and shared memory, two CTAs per SM). */
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+
+#define BN 128
+#define BK 64
+#define STAGES 4
+#define KROW (BK + 8) /* padded smem row: 144 B = 9 x 16 B, conflict-free ldmatrix */
+
+template <int BM>
+static __global__ void __launch_bounds__(128)
+grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
+                    const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, void *C, int ldc,
+                    int c_f32) {
+  if ((int)blockIdx.y >= *n_tiles) return;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16 *sA = (bf16 *)smem_raw;              /* [STAGES][BM][KROW] */
+  bf16 *sB = sA + STAGES * BM * KROW;       /* [STAGES][BN][KROW] */
+  __shared__ int srow[BM];
+
+  const int tile = tiles[blockIdx.y];
+  const int e = tile >> 16, ti = tile & 0xffff;
+  const int m0 = off[e] + ti * BM, mend = min(off[e + 1], m0 + BM);
+  const int n0 = blockIdx.x * BN;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int r = tid; r < BM; r += 128) {
+    int m = m0 + r;
+    srow[r] = m < mend ? (a_rows ? a_rows[m] : m) : -1;
+  }
+  __syncthreads();
+  const bf16 *We = W + (int64_t)e * N * K;
+
+  auto load = [&](int stage, int k0) {
+    bf16 *a = sA + stage * BM * KROW, *b = sB + stage * BN * KROW;
+    for (int c = tid; c < BM * (BK / 8); c += 128) {
+      int r = c / (BK / 8), col = (c % (BK / 8)) * 8;
+      int ar = srow[r];
+      di_cp_async16(a + r * KROW + col, A + (int64_t)(ar < 0 ? 0 : ar) * lda + k0 + col, ar >= 0);
+    }
+    for (int c = tid; c < BN * (BK / 8); c += 128) {
+      int r = c / (BK / 8), col = (c % (BK / 8)) * 8;
+      di_cp_async16(b + r * KROW + col, We + (int64_t)(n0 + r) * K + k0 + col, true);
+    }
+  };
+
+  const int nk = K / BK;
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; st++) {
+    if (st < nk) load(st, st * BK);
+    di_cp_commit();
+  }
+  float acc[BM / 16][4][4];
+#pragma unroll
+  for (int i = 0; i < BM / 16; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+  for (int kt = 0; kt < nk; kt++) {
+    di_cp_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      int nxt = kt + STAGES - 1;
+      if (nxt < nk) load(nxt % STAGES, nxt * BK);
+      di_cp_commit();
+    }
+    const bf16 *a = sA + (kt % STAGES) * BM * KROW, *b = sB + (kt % STAGES) * BN * KROW;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      uint32_t bf[2][4];
+      /* 4 n8 tiles of this warp (cols warp*32 ..): two x4 loads, each = 2 n-tiles x (k0-7, k8-15) */
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const bf16 *p = b + (warp * 32 + h * 16 + (lane & 7) + ((lane >> 4) << 3)) * KROW + kk +
+                        ((lane >> 3) & 1) * 8;
+        di_ldsm_x4(bf[h], p);
+      }
+#pragma unroll
+      for (int mi = 0; mi < BM / 16; mi++) {
+        uint32_t af[4];
+        di_ldsm_x4(af, a + (mi * 16 + (lane & 15)) * KROW + kk + (lane >> 4) * 8);
+        di_mma16816(acc[mi][0], af, &bf[0][0]);
+        di_mma16816(acc[mi][1], af, &bf[0][2]);
+        di_mma16816(acc[mi][2], af, &bf[1][0]);
+        di_mma16816(acc[mi][3], af, &bf[1][2]);
+      }
+    }
+  }
+  di_cp_wait<0>();
+
+#pragma unroll
+  for (int mi = 0; mi < BM / 16; mi++) {
+#pragma unroll
+    for (int nj = 0; nj < 4; nj++) {
+      int col = n0 + warp * 32 + nj * 8 + (lane & 3) * 2;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        int m = m0 + mi * 16 + (lane >> 2) + hh * 8;
+        if (m >= mend) continue;
+        float v0 = acc[mi][nj][2 * hh], v1 = acc[mi][nj][2 * hh + 1];
+        if (c_f32)
+          *(float2 *)((float *)C + (int64_t)m * ldc + col) = make_float2(v0, v1);
+        else
+          *(__nv_bfloat162 *)((bf16 *)C + (int64_t)m * ldc + col) = __floats2bfloat162_rn(v0, v1);
+      }
+    }
+  }
+}
+
+template <int BM>
+static di_status launch(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
+                        const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
+                        void *C, int ldc, int c_f32, cudaStream_t s) {
+  size_t sm = (size_t)STAGES * (BM + BN) * KROW * 2;
+  static int attr_set;
+  if (!attr_set) {
+    DI_CU(cudaFuncSetAttribute(grouped_gemm_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr_set = 1;
+  }
+  dim3 grid(N / BN, max_tiles);
+  grouped_gemm_kernel<BM><<<grid, 128, sm, s>>>(A, lda, a_rows, W, N, K, off, tiles, n_tiles, C, ldc, c_f32);
+  DI_CU_LAUNCH("grouped_gemm");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows,
+                                         const uint16_t *W, int N, int K, const int32_t *expert_off,
+                                         const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
+                                         int bm, void *C, int ldc, int c_f32, di_cu_stream s) {
+  if (max_tiles <= 0) return DI_OK;
+  if (N % BN || K % BK || max_tiles > 65535)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm N %d K %d tiles %d (N%%128, K%%64)", N,
+                        K, max_tiles);
+  if (bm == 16)
+    return launch<16>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles,
+                      max_tiles, C, ldc, c_f32, s);
+  if (bm == 64)
+    return launch<64>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles,
+                      max_tiles, C, ldc, c_f32, s);
+  return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm bm %d (16 or 64)", bm);
+}

@@ -1,0 +1,181 @@
+/* MoE routing on the GPU: router scores (softmax or sigmoid over the router logits), expert choice
+ * by every DeepSeek variant (greedy, group-limited greedy, noaux_tc with the score-correction bias),
+ * the k weights (renormalized, scaled); then the permutation of the T*k (token, expert) assignments
+ * into expert-contiguous order with the tile list the grouped GEMM walks; and the weighted combine
+ * of the expert outputs back into the residual stream. Everything stays on the device so a decode
+ * step can be captured in a CUDA graph (no host round trip for the expert counts). */
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+
+#define MAXE 1024
+
+/* One block per token, one thread per expert (blockDim = E rounded up to 32). Top-k by k rounds of
+ * a block-wide argmax; ties go to the lower expert id. */
+static __global__ void route_kernel(const float *logits, const float *bias, di_cuk_router r,
+                                    int32_t *ids, float *wout) {
+  __shared__ float sc[MAXE], ch[MAXE];  /* score, choice value */
+  __shared__ float gsc[MAXE];
+  __shared__ float red_v[32];
+  __shared__ int red_i[32];
+  __shared__ float red[32];
+  const int t = blockIdx.x, e = threadIdx.x, E = r.E;
+  float x = e < E ? logits[(int64_t)t * E + e] : -INFINITY;
+  float s;
+  if (r.sigmoid) {
+    s = e < E ? 1.f / (1.f + expf(-x)) : 0.f;
+  } else {
+    float mx = di_block_max(x, red);
+    float ex = e < E ? expf(x - mx) : 0.f;
+    float sum = di_block_sum(ex, red);
+    s = ex / sum;
+  }
+  if (e < E) {
+    sc[e] = s;
+    ch[e] = (r.method == 2 && bias) ? s + bias[e] : s;
+  }
+  __syncthreads();
+  if (r.method != 0 && r.n_group > 1) {
+    /* group score: max (group_limited_greedy) or sum of the top two (noaux_tc) */
+    int gs = E / r.n_group;
+    if (e < r.n_group) {
+      float a = -INFINITY, b = -INFINITY;
+      for (int i = e * gs; i < (e + 1) * gs; i++) {
+        float v = ch[i];
+        if (v > a) { b = a; a = v; } else if (v > b) b = v;
+      }
+      gsc[e] = r.method == 2 ? a + (gs > 1 ? b : 0.f) : a;
+    }
+    __syncthreads();
+    /* rank of my group among groups (ties to the lower id): kept when rank < topk_group */
+    if (e < E) {
+      int grp = e / gs, rank = 0;
+      float my = gsc[grp];
+      for (int q = 0; q < r.n_group; q++)
+        rank += (gsc[q] > my) || (gsc[q] == my && q < grp);
+      if (rank >= r.topk_group) ch[e] = -INFINITY;
+    }
+    __syncthreads();
+  }
+  float v = e < E ? ch[e] : -INFINITY;
+  float wsum = 0.f;
+  float myw[8];
+  int myid[8];
+  for (int j = 0; j < r.k; j++) {
+    /* block argmax of v */
+    float bv = v;
+    int bi = e < E ? e : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (l == 0) { red_v[w] = bv; red_i[w] = bi; }
+    __syncthreads();
+    if (w == 0) {
+      bv = l < nw ? red_v[l] : -INFINITY;
+      bi = l < nw ? red_i[l] : 0x7fffffff;
+      for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+      }
+      if (l == 0) red_i[0] = bi;
+    }
+    __syncthreads();
+    int win = red_i[0];
+    if (win < 0 || win >= E) win = 0; /* all -inf / NaN: any valid id keeps the permutation in bounds */
+    __syncthreads();
+    if (e == win) v = -INFINITY;
+    if (j < 8) { myid[j] = win; myw[j] = sc[win]; }
+    wsum += sc[win];
+  }
+  if (threadIdx.x == 0) {
+    int normalized = r.norm_topk && r.k > 1;
+    for (int j = 0; j < r.k && j < 8; j++) {
+      float w = myw[j];
+      if (normalized) w /= (wsum + 1e-20f);
+      if (!normalized || r.scale_after_norm) w *= r.routed_scale;
+      ids[(int64_t)t * r.k + j] = myid[j];
+      wout[(int64_t)t * r.k + j] = w;
+    }
+  }
+}
+
+extern "C" di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
+                                      int32_t *ids, float *w, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  if (r.E > MAXE || r.k > 8 || r.k < 1 || r.k > r.E)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: router with %d experts, top-%d unsupported", r.E, r.k);
+  if (r.n_group > 1 && (r.E % r.n_group || r.n_group > MAXE))
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts not divisible into %d groups", r.E, r.n_group);
+  int threads = (r.E + 31) / 32 * 32;
+  if (threads < 32) threads = 32;
+  route_kernel<<<T, threads, 0, s>>>(logits, bias, r, ids, w);
+  DI_CU_LAUNCH("moe_route");
+  return DI_OK;
+}
+
+/* One block does the whole permutation: counts per expert, offsets, tile list, scatter. The order
+ * inside an expert's segment follows the atomics and may vary run to run; every row of the grouped
+ * GEMM is computed independently, so the results do not. */
+static __global__ void permute_kernel(const int32_t *ids, int n, int k, int E, int bm,
+                                      int32_t *perm_tok, int32_t *inv, int32_t *off, int32_t *tiles,
+                                      int32_t *n_tiles) {
+  __shared__ int cnt[MAXE], fill[MAXE], soff[MAXE + 1];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) { cnt[e] = 0; fill[e] = 0; }
+  __syncthreads();
+  for (int a = threadIdx.x; a < n; a += blockDim.x) atomicAdd(&cnt[ids[a]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int acc = 0, nt = 0;
+    for (int e = 0; e < E; e++) {
+      soff[e] = acc;
+      off[e] = acc;
+      for (int i = 0; i * bm < cnt[e]; i++) tiles[nt++] = (e << 16) | i;
+      acc += cnt[e];
+    }
+    soff[E] = acc;
+    off[E] = acc;
+    *n_tiles = nt;
+  }
+  __syncthreads();
+  for (int a = threadIdx.x; a < n; a += blockDim.x) {
+    int e = ids[a];
+    int p = soff[e] + atomicAdd(&fill[e], 1);
+    perm_tok[p] = a / k;
+    inv[a] = p;
+  }
+}
+
+extern "C" di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int bm,
+                                        int32_t *perm_tok, int32_t *inv, int32_t *expert_off,
+                                        int32_t *tiles, int32_t *n_tiles, di_cu_stream s) {
+  if (E > MAXE || E >= 32768)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts unsupported", E);
+  permute_kernel<<<1, 1024, 0, s>>>(ids, n_assign, k, E, bm, perm_tok, inv, expert_off, tiles, n_tiles);
+  DI_CU_LAUNCH("moe_permute");
+  return DI_OK;
+}
+
+static __global__ void combine_kernel(const float *y, const int32_t *inv, const float *w, int k, int n,
+                                      float *h) {
+  int t = blockIdx.x;
+  int rows[8];
+  float ws[8];
+  for (int j = 0; j < k; j++) { rows[j] = inv[t * k + j]; ws[j] = w[t * k + j]; }
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; j++) acc += ws[j] * y[(int64_t)rows[j] * n + c];
+    h[(int64_t)t * n + c] += acc;
+  }
+}
+
+extern "C" di_status di_cuk_moe_combine(const float *y, const int32_t *inv, const float *w, int T, int k,
+                                        int n, float *h, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  if (k > 8) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: top-%d unsupported (<= 8)", k);
+  combine_kernel<<<T, 256, 0, s>>>(y, inv, w, k, n, h);
+  DI_CU_LAUNCH("moe_combine");
+  return DI_OK;
+}

@@ -1,0 +1,74 @@
+/* Row-wise kernels of the forward pass: token embedding gather, RMSNorm (fp32 residual stream in,
+ * bf16 GEMM operand out), SiLU-and-multiply of the fused gate|up GEMM output, and row gathers.
+ * The residual adds themselves are fused into the GEMM epilogues (beta = 1) and the MoE combine. */
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+
+static __global__ void embed_kernel(const bf16 *table, const int32_t *tokens, int hidden, float *h) {
+  int t = blockIdx.x;
+  const bf16 *row = table + (int64_t)tokens[t] * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) h[(int64_t)t * hidden + i] = di_bf(row[i]);
+}
+
+extern "C" di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, int T, int hidden,
+                                  float *h, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  embed_kernel<<<T, 256, 0, s>>>((const bf16 *)table, tokens, hidden, h);
+  DI_CU_LAUNCH("embed");
+  return DI_OK;
+}
+
+/* One block per row; the row is read twice (sum of squares, then scale), the second time from L1/L2. */
+static __global__ void rmsnorm_kernel(const float *x, int ldx, const float *w, int n, float eps,
+                                      bf16 *out, int ldo) {
+  __shared__ float red[32];
+  const float *xr = x + (int64_t)blockIdx.x * ldx;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = di_block_sum(ss, red);
+  float inv = rsqrtf(ss / n + eps);
+  bf16 *o = out + (int64_t)blockIdx.x * ldo;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = di_fb(xr[i] * inv * w[i]);
+}
+
+extern "C" di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,
+                                    uint16_t *out, int ldo, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  rmsnorm_kernel<<<T, 256, 0, s>>>(x, ldx, w, n, eps, (bf16 *)out, ldo);
+  DI_CU_LAUNCH("rmsnorm");
+  return DI_OK;
+}
+
+static __global__ void silu_mul_kernel(const bf16 *gu, int64_t total, int I, bf16 *out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t t = i / I;
+    int c = (int)(i - t * I);
+    float g = di_bf(gu[t * 2 * I + c]), u = di_bf(gu[t * 2 * I + I + c]);
+    out[i] = di_fb(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+extern "C" di_status di_cuk_silu_mul(const uint16_t *gu, int T, int I, uint16_t *out, di_cu_stream s) {
+  int64_t total = (int64_t)T * I;
+  if (total <= 0) return DI_OK;
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 65535) blocks = 65535;
+  silu_mul_kernel<<<(int)blocks, 256, 0, s>>>((const bf16 *)gu, total, I, (bf16 *)out);
+  DI_CU_LAUNCH("silu_mul");
+  return DI_OK;
+}
+
+static __global__ void gather_kernel(const float *in, const int32_t *rows, int cols, float *out) {
+  const float *src = in + (int64_t)rows[blockIdx.x] * cols;
+  float *dst = out + (int64_t)blockIdx.x * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
+}
+
+extern "C" di_status di_cuk_gather_f32(const float *in, const int32_t *rows, int n, int cols,
+                                       float *out, di_cu_stream s) {
+  if (n <= 0) return DI_OK;
+  gather_kernel<<<n, 256, 0, s>>>(in, rows, cols, out);
+  DI_CU_LAUNCH("gather");
+  return DI_OK;
+}
