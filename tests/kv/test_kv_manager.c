@@ -1,0 +1,175 @@
+/* KV block manager: allocation and freeing, prefix hits (full blocks only, never the last token),
+ * LRU eviction order of cached blocks, OOM all-or-nothing, several cache groups (compressed and
+ * window groups), pool planning from a byte budget, and a random walk checked against the
+ * invariants after every operation. */
+#include "test_util.h"
+#include "kv/kv_manager.h"
+#include "sampler/rng.h"
+#include <stdlib.h>
+#include <string.h>
+
+static di_kv_group_info main_group(void) {
+  return (di_kv_group_info){.n_layers = 2, .bytes_per_token = 1000, .tokens_per_entry = 1, .window = 0};
+}
+
+static void test_basic_and_prefix(void) {
+  di_kv_group_info g = main_group();
+  int64_t nb = 8;
+  di_kv_manager *m;
+  CHECK(di_kv_manager_create(&g, 1, &nb, 1, &m) == DI_OK);
+  int32_t toks[600];
+  for (int i = 0; i < 600; i++) toks[i] = i * 7 % 1000;
+  di_kv_seq a = {0}, b = {0}, c = {0};
+  CHECK(di_kv_match_prefix(m, &a, toks, 130, 0) == 0);
+  CHECK(di_kv_allocate(m, &a, 130) == DI_OK);
+  CHECK(a.n[0] == 3);
+  di_kv_commit(m, &a, toks, 130);
+  CHECK(a.n_hashed[0] == 2);
+  /* b shares the first two full blocks */
+  CHECK(di_kv_match_prefix(m, &b, toks, 200, 0) == 128);
+  CHECK(b.n[0] == 2 && b.table[0][0] == a.table[0][0] && b.table[0][1] == a.table[0][1]);
+  CHECK(di_kv_check(m, di_kv_seq_refs(m, &a) + di_kv_seq_refs(m, &b)) == DI_OK);
+  /* exactly 128 tokens: the last token must be computed, so only one block is a hit */
+  CHECK(di_kv_match_prefix(m, &c, toks, 128, 0) == 64);
+  di_kv_free_seq(m, &c);
+  /* a different token in block 1 stops the match there */
+  int32_t other[200];
+  memcpy(other, toks, sizeof other);
+  other[100] = 999;
+  CHECK(di_kv_match_prefix(m, &c, other, 200, 0) == 64);
+  di_kv_free_seq(m, &c);
+  /* OOM is all or nothing */
+  CHECK(di_kv_allocate(m, &b, 600) == DI_ERR_OOM);
+  CHECK(b.n[0] == 2);
+  CHECK(di_kv_allocate(m, &b, 64 * 7) == DI_OK);
+  di_kv_stats st;
+  di_kv_get_stats(m, &st);
+  CHECK(st.used_blocks == 8 && st.free_blocks == 0);
+  CHECK(st.hit_tokens == 128 + 64 + 64);
+  di_kv_free_seq(m, &a);
+  di_kv_free_seq(m, &b);
+  di_kv_get_stats(m, &st);
+  CHECK(st.used_blocks == 0 && st.cached_blocks == 2);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  /* cached blocks survive until memory is needed, then the least recently used goes first */
+  CHECK(di_kv_match_prefix(m, &a, toks, 200, 0) == 128);
+  di_kv_free_seq(m, &a);
+  CHECK(di_kv_allocate(m, &a, 64 * 6) == DI_OK); /* the six uncached blocks */
+  di_kv_get_stats(m, &st);
+  CHECK(st.cached_blocks == 2 && st.evictions == 0);
+  CHECK(di_kv_allocate(m, &a, 64 * 7) == DI_OK); /* evicts one: the tail block (freed first) */
+  di_kv_get_stats(m, &st);
+  CHECK(st.evictions == 1 && st.cached_blocks == 1);
+  CHECK(di_kv_match_prefix(m, &b, toks, 200, 0) == 64);
+  di_kv_free_seq(m, &b);
+  di_kv_free_seq(m, &a);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  /* prefix caching off: no lookups unless forced (samples of one request) */
+  di_kv_manager_free(m);
+  CHECK(di_kv_manager_create(&g, 1, &nb, 0, &m) == DI_OK);
+  CHECK(di_kv_allocate(m, &a, 130) == DI_OK);
+  di_kv_commit(m, &a, toks, 130);
+  CHECK(di_kv_match_prefix(m, &b, toks, 200, 0) == 0);
+  CHECK(di_kv_match_prefix(m, &b, toks, 200, 1) == 128);
+  di_kv_free_seq(m, &a);
+  di_kv_free_seq(m, &b);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  di_kv_manager_free(m);
+}
+
+static void test_groups(void) {
+  /* V4-like: main cache, a compressed cache (1 entry per 4 tokens), a 128-token window */
+  di_kv_group_info g[3] = {main_group(),
+                           {.n_layers = 2, .bytes_per_token = 500, .tokens_per_entry = 4, .window = 0},
+                           {.n_layers = 4, .bytes_per_token = 2000, .tokens_per_entry = 1, .window = 128}};
+  int64_t nb[3];
+  CHECK(di_kv_plan(g, 3, 64 * 1000 * 100, 4, nb) == DI_OK);
+  int64_t bytes = nb[0] * 64000 + nb[1] * 32000 + nb[2] * 128000;
+  CHECKF(bytes <= 64 * 1000 * 100 && nb[0] > 40, "plan %lld %lld %lld", (long long)nb[0], (long long)nb[1], (long long)nb[2]);
+  CHECK(nb[1] == (nb[0] + 3) / 4);
+  CHECK(nb[2] <= 4 * (2 + 1));
+  CHECK_ERR(di_kv_plan(g, 3, 100, 4, nb), "not even one block");
+  di_kv_manager *m;
+  int64_t cnt[3] = {20, 5, 12};
+  CHECK(di_kv_manager_create(g, 3, cnt, 1, &m) == DI_OK);
+  di_kv_seq s = {0};
+  CHECK(di_kv_allocate(m, &s, 300) == DI_OK);
+  CHECK(s.n[0] == 5 && s.n[1] == 2 && s.n[2] == 5);
+  di_kv_slide(m, &s, 300); /* window 128: tokens before 172 are not needed: blocks 0, 1 go */
+  CHECK(s.n_freed[2] == 2 && s.table[2][0] == -1 && s.table[2][1] == -1 && s.table[2][2] >= 0);
+  CHECK(di_kv_check(m, di_kv_seq_refs(m, &s)) == DI_OK);
+  int32_t toks[300] = {0};
+  di_kv_commit(m, &s, toks, 300);
+  di_kv_seq t = {0};
+  CHECK(di_kv_match_prefix(m, &t, toks, 300, 0) == 0); /* window groups: no prefix hits */
+  di_kv_free_seq(m, &s);
+  di_kv_stats st;
+  di_kv_get_stats(m, &st);
+  CHECK(st.used_blocks == 0 && st.total_blocks == 37);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  di_kv_manager_free(m);
+  /* two full groups with different spans: the common hit is the shorter one */
+  di_kv_group_info g2[2] = {main_group(), {.n_layers = 1, .bytes_per_token = 10, .tokens_per_entry = 4, .window = 0}};
+  int64_t c2[2] = {16, 4};
+  CHECK(di_kv_manager_create(g2, 2, c2, 1, &m) == DI_OK);
+  int32_t tk[400];
+  for (int i = 0; i < 400; i++) tk[i] = i;
+  CHECK(di_kv_allocate(m, &s, 400) == DI_OK);
+  di_kv_commit(m, &s, tk, 400);
+  CHECK(di_kv_match_prefix(m, &t, tk, 400, 0) == 256);
+  CHECK(t.n[0] == 4 && t.n[1] == 1);
+  di_kv_free_seq(m, &s);
+  di_kv_free_seq(m, &t);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  di_kv_manager_free(m);
+}
+
+static void test_random_walk(void) {
+  di_kv_group_info g = main_group();
+  int64_t nb = 24;
+  di_kv_manager *m;
+  CHECK(di_kv_manager_create(&g, 1, &nb, 1, &m) == DI_OK);
+  enum { NS = 12 };
+  di_kv_seq s[NS];
+  int len[NS];
+  memset(s, 0, sizeof s);
+  memset(len, 0, sizeof len);
+  int32_t base[1024];
+  for (int i = 0; i < 1024; i++) base[i] = i % 5;
+  int ok = 1;
+  for (int it = 0; it < 20000 && ok; it++) {
+    int k = (int)(di_rng_u64(1, 2, (uint64_t)it) % NS), op = (int)(di_rng_u64(3, 4, (uint64_t)it) % 4);
+    if (op == 0) {
+      di_kv_free_seq(m, &s[k]);
+      len[k] = 0;
+    } else if (op == 1 && len[k] == 0) {
+      int n = 1 + (int)(di_rng_u64(5, 6, (uint64_t)it) % 400);
+      len[k] = di_kv_match_prefix(m, &s[k], base, n, 0);
+      if (di_kv_allocate(m, &s[k], n) == DI_OK) len[k] = n;
+      else { di_kv_free_seq(m, &s[k]); len[k] = 0; }
+    } else if (len[k] > 0) {
+      int n = len[k] + 1 + (int)(di_rng_u64(7, 8, (uint64_t)it) % 80);
+      if (n < 1000 && di_kv_allocate(m, &s[k], n) == DI_OK) {
+        len[k] = n;
+        di_kv_commit(m, &s[k], base, n);
+      }
+    }
+    int64_t refs = 0;
+    for (int j = 0; j < NS; j++) refs += di_kv_seq_refs(m, &s[j]);
+    if (di_kv_check(m, refs) != DI_OK) { ok = 0; fprintf(stderr, "iteration %d: %s\n", it, di_last_error()); }
+  }
+  CHECK(ok);
+  for (int j = 0; j < NS; j++) di_kv_free_seq(m, &s[j]);
+  di_kv_stats st;
+  di_kv_get_stats(m, &st);
+  CHECK(st.used_blocks == 0 && st.hit_tokens > 0 && st.evictions > 0);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  di_kv_manager_free(m);
+}
+
+int main(void) {
+  test_basic_and_prefix();
+  test_groups();
+  test_random_walk();
+  return test_finish("test_kv_manager");
+}
