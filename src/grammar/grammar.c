@@ -127,6 +127,14 @@ void di_grammar_free(di_grammar *g) {
     grammar_destroy(g);
 }
 
+di_grammar *di_grammar_ref_internal(const di_grammar *gc) {
+  di_grammar *g = (di_grammar *)gc;
+  pthread_mutex_lock(&cache_mu);
+  g->refs++;
+  pthread_mutex_unlock(&cache_mu);
+  return g;
+}
+
 int di_grammar_accepts(const di_grammar *g, const char *s, size_t len) {
   di_grt rt;
   if (di_grt_init(&rt, &g->core) != DI_OK)

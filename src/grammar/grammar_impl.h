@@ -24,4 +24,6 @@ struct di_grammar {
 };
 
 void di_gvcache_free_all(struct di_gvcache *c);
+/* Takes one more reference (matchers hold one). */
+di_grammar *di_grammar_ref_internal(const di_grammar *g);
 #endif

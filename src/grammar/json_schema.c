@@ -1,9 +1,1453 @@
-/* placeholder, replaced below */
+/* JSON Schema front-end: compiles a schema (draft 2020-12 subset) to grammar rules that produce
+ * the JSON text generation writes: compact (or bounded whitespace), properties in schema order,
+ * integral numbers as integers. Errors name the keyword and its JSON pointer. Policies are in
+ * docs/structured-outputs.md. Also the "any JSON" grammar. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include "grammar/gram_ir.h"
 #include "grammar/grammar.h"
-di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt) {
-  return di_error_set(DI_ERR_UNSUPPORTED, "json schema: not yet");
+#include "util/json.h"
+
+enum { T_NULL = 1, T_BOOL = 2, T_OBJECT = 4, T_ARRAY = 8, T_NUMBER = 16, T_INTEGER = 32, T_STRING = 64, T_ALL = 127 };
+
+typedef struct {
+  const cJSON *node;
+  int rule;
+} memo_t;
+
+typedef struct {
+  di_gb *b;
+  const di_grammar_options *opt;
+  cJSON *root;
+  memo_t *memo;
+  int nmemo, capmemo;
+  cJSON **owned; /* merged schemas we allocated */
+  int nowned, capowned;
+  int branches, depth;
+  di_gel ws;      /* bounded whitespace element, or kind -1 for none */
+  int r_any, r_string, r_number, r_jchar, r_int;
+} jc;
+
+static di_status unsupported(jc *c, const char *path, const char *kw) {
+  return di_error_set(DI_ERR_UNSUPPORTED,
+                      "json schema: unsupported keyword '%s' at %s (pass ignore_unsupported_keywords / "
+                      "--ignore-unsupported to skip it)",
+                      kw, *path ? path : "#");
 }
-di_status di_json_any_compile(di_gb *b, const struct di_grammar_options *opt) {
-  return di_error_set(DI_ERR_UNSUPPORTED, "json: not yet");
+
+static int own(jc *c, cJSON *j) {
+  if (c->nowned == c->capowned) {
+    int nc = c->capowned ? c->capowned * 2 : 16;
+    cJSON **q = realloc(c->owned, sizeof *q * (size_t)nc);
+    if (!q)
+      return 0;
+    c->owned = q;
+    c->capowned = nc;
+  }
+  c->owned[c->nowned++] = j;
+  return 1;
+}
+
+/* ---- small sequence helpers ------------------------------------------------------------------ */
+static void lit(jc *c, di_gseq *s, const char *t) { di_gseq_bytes(c->b, s, t, strlen(t)); }
+static void ws(jc *c, di_gseq *s) {
+  if (c->ws.kind >= 0)
+    di_gseq_push(c->b, s, c->ws);
+}
+static di_gel rule_el(int r) { return (di_gel){DI_GE_RULE, r}; }
+
+/* ---- serialising JSON values the way generation writes them ---------------------------------- */
+typedef struct {
+  char *p;
+  size_t n, cap;
+  int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+  if (b->n + n + 1 > b->cap) {
+    size_t nc = b->cap ? b->cap * 2 : 64;
+    while (nc < b->n + n + 1)
+      nc *= 2;
+    char *q = realloc(b->p, nc);
+    if (!q) {
+      b->oom = 1;
+      return;
+    }
+    b->p = q;
+    b->cap = nc;
+  }
+  memcpy(b->p + b->n, s, n);
+  b->n += n;
+  b->p[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_json_string(sbuf *b, const char *s) {
+  sb_put(b, "\"", 1);
+  for (const unsigned char *u = (const unsigned char *)s; *u; u++) {
+    char e[8];
+    switch (*u) {
+    case '"': sb_put(b, "\\\"", 2); break;
+    case '\\': sb_put(b, "\\\\", 2); break;
+    case '\b': sb_put(b, "\\b", 2); break;
+    case '\f': sb_put(b, "\\f", 2); break;
+    case '\n': sb_put(b, "\\n", 2); break;
+    case '\r': sb_put(b, "\\r", 2); break;
+    case '\t': sb_put(b, "\\t", 2); break;
+    default:
+      if (*u < 0x20) {
+        snprintf(e, sizeof e, "\\u%04x", *u);
+        sb_put(b, e, 6);
+      } else {
+        sb_put(b, (const char *)u, 1);
+      }
+    }
+  }
+  sb_put(b, "\"", 1);
+}
+
+static void sb_number(sbuf *b, double v) {
+  char t[64];
+  if (v == floor(v) && fabs(v) < 1e300) {
+    snprintf(t, sizeof t, "%.0f", v);
+    if (strcmp(t, "-0") == 0)
+      strcpy(t, "0");
+  } else {
+    for (int prec = 1; prec <= 17; prec++) {
+      snprintf(t, sizeof t, "%.*g", prec, v);
+      if (strtod(t, NULL) == v)
+        break;
+    }
+  }
+  sb_str(b, t);
+}
+
+static void sb_json(sbuf *b, const cJSON *j) {
+  if (cJSON_IsNull(j))
+    sb_str(b, "null");
+  else if (cJSON_IsTrue(j))
+    sb_str(b, "true");
+  else if (cJSON_IsFalse(j))
+    sb_str(b, "false");
+  else if (cJSON_IsNumber(j))
+    sb_number(b, j->valuedouble);
+  else if (cJSON_IsString(j))
+    sb_json_string(b, j->valuestring);
+  else if (cJSON_IsArray(j)) {
+    sb_put(b, "[", 1);
+    for (const cJSON *e = j->child; e; e = e->next) {
+      sb_json(b, e);
+      if (e->next)
+        sb_put(b, ",", 1);
+    }
+    sb_put(b, "]", 1);
+  } else if (cJSON_IsObject(j)) {
+    sb_put(b, "{", 1);
+    for (const cJSON *e = j->child; e; e = e->next) {
+      sb_json_string(b, e->string);
+      sb_put(b, ":", 1);
+      sb_json(b, e);
+      if (e->next)
+        sb_put(b, ",", 1);
+    }
+    sb_put(b, "}", 1);
+  }
+}
+
+/* Literal JSON value with whitespace slots (only where generation may put whitespace). */
+static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
+  if (cJSON_IsArray(j) || cJSON_IsObject(j)) {
+    int obj = cJSON_IsObject(j);
+    lit(c, s, obj ? "{" : "[");
+    for (const cJSON *e = j->child; e; e = e->next) {
+      ws(c, s);
+      if (obj) {
+        sbuf k = {0};
+        sb_json_string(&k, e->string);
+        di_gseq_bytes(c->b, s, k.p ? k.p : "", k.n);
+        free(k.p);
+        ws(c, s);
+        lit(c, s, ":");
+        ws(c, s);
+      }
+      emit_value_literal(c, s, e);
+      ws(c, s);
+      if (e->next)
+        lit(c, s, ",");
+    }
+    if (!j->child)
+      ws(c, s);
+    lit(c, s, obj ? "}" : "]");
+    return;
+  }
+  sbuf v = {0};
+  sb_json(&v, j);
+  di_gseq_bytes(c->b, s, v.p ? v.p : "", v.n);
+  if (v.oom)
+    c->b->oom = 1;
+  free(v.p);
+}
+
+/* ---- shared rules ---------------------------------------------------------------------------- */
+static int mk_rule_regex(jc *c, const char *hint, const char *re) {
+  int r = di_gb_new_rule(c->b, hint);
+  if (di_regex_compile_into(c->b, r, re, strlen(re), 0, 1) != DI_OK)
+    c->b->oom = 1; /* our own regexes: cannot fail except out of memory */
+  return r;
+}
+
+static int jchar_rule(jc *c) {
+  if (c->r_jchar < 0)
+    c->r_jchar = mk_rule_regex(c, "jchar", "[^\"\\\\\\x00-\\x1f]|\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})");
+  return c->r_jchar;
+}
+
+static int string_rule(jc *c) {
+  if (c->r_string < 0) {
+    c->r_string = di_gb_new_rule(c->b, "string");
+    di_gseq s = {0};
+    lit(c, &s, "\"");
+    di_gseq_repeat(c->b, &s, rule_el(jchar_rule(c)), 0, -1);
+    lit(c, &s, "\"");
+    di_gb_add_alt(c->b, c->r_string, s.v, s.n);
+    di_gseq_free(&s);
+  }
+  return c->r_string;
+}
+
+static int number_rule(jc *c) {
+  if (c->r_number < 0)
+    c->r_number = mk_rule_regex(c, "number", "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?");
+  return c->r_number;
+}
+
+static int int_rule(jc *c) {
+  if (c->r_int < 0)
+    c->r_int = mk_rule_regex(c, "integer", "-?(0|[1-9][0-9]*)");
+  return c->r_int;
+}
+
+/* value ::= object | array | string | number | true | false | null, with the whitespace policy */
+static int any_rule(jc *c) {
+  if (c->r_any >= 0)
+    return c->r_any;
+  di_gb *b = c->b;
+  int v = c->r_any = di_gb_new_rule(b, "value");
+  int obj = di_gb_new_rule(b, "object"), arr = di_gb_new_rule(b, "array");
+  int mem = di_gb_new_rule(b, "member");
+  di_gseq s = {0};
+  /* member ::= ws string ws ":" ws value ws */
+  ws(c, &s);
+  di_gseq_push(b, &s, rule_el(string_rule(c)));
+  ws(c, &s);
+  lit(c, &s, ":");
+  ws(c, &s);
+  di_gseq_push(b, &s, rule_el(v));
+  ws(c, &s);
+  di_gb_add_alt(b, mem, s.v, s.n);
+  s.n = 0;
+  /* object ::= "{" member ("," member)* "}" | "{" ws "}" */
+  lit(c, &s, "{");
+  di_gseq_push(b, &s, rule_el(mem));
+  {
+    di_gseq t = {0};
+    lit(c, &t, ",");
+    di_gseq_push(b, &t, rule_el(mem));
+    di_gseq_repeat(b, &s, di_gb_wrap(b, &t, "more"), 0, -1);
+    di_gseq_free(&t);
+  }
+  lit(c, &s, "}");
+  di_gb_add_alt(b, obj, s.v, s.n);
+  s.n = 0;
+  lit(c, &s, "{");
+  ws(c, &s);
+  lit(c, &s, "}");
+  di_gb_add_alt(b, obj, s.v, s.n);
+  s.n = 0;
+  /* array ::= "[" ws value ws ("," ws value ws)* "]" | "[" ws "]" */
+  int el = di_gb_new_rule(b, "element");
+  ws(c, &s);
+  di_gseq_push(b, &s, rule_el(v));
+  ws(c, &s);
+  di_gb_add_alt(b, el, s.v, s.n);
+  s.n = 0;
+  lit(c, &s, "[");
+  di_gseq_push(b, &s, rule_el(el));
+  {
+    di_gseq t = {0};
+    lit(c, &t, ",");
+    di_gseq_push(b, &t, rule_el(el));
+    di_gseq_repeat(b, &s, di_gb_wrap(b, &t, "more"), 0, -1);
+    di_gseq_free(&t);
+  }
+  lit(c, &s, "]");
+  di_gb_add_alt(b, arr, s.v, s.n);
+  s.n = 0;
+  lit(c, &s, "[");
+  ws(c, &s);
+  lit(c, &s, "]");
+  di_gb_add_alt(b, arr, s.v, s.n);
+  s.n = 0;
+  di_gel alts[] = {rule_el(obj), rule_el(arr), rule_el(string_rule(c)), rule_el(number_rule(c))};
+  for (int i = 0; i < 4; i++)
+    di_gb_add_alt(b, v, &alts[i], 1);
+  const char *kw[] = {"true", "false", "null"};
+  for (int i = 0; i < 3; i++) {
+    lit(c, &s, kw[i]);
+    di_gb_add_alt(b, v, s.v, s.n);
+    s.n = 0;
+  }
+  di_gseq_free(&s);
+  return v;
+}
+
+static void jc_init(jc *c, di_gb *b, const di_grammar_options *opt) {
+  memset(c, 0, sizeof *c);
+  c->b = b;
+  c->opt = opt;
+  c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = -1;
+  c->ws.kind = -1;
+  if (opt && opt->max_whitespace > 0) {
+    di_gbyteset set = {{0}};
+    di_gbyteset_add(&set, ' ');
+    di_gbyteset_add(&set, '\t');
+    di_gbyteset_add(&set, '\n');
+    di_gseq s = {0};
+    di_gseq_repeat(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &set)}, 0, opt->max_whitespace);
+    c->ws = di_gb_wrap(b, &s, "ws");
+    di_gseq_free(&s);
+  }
+}
+
+static void jc_free(jc *c) {
+  for (int i = 0; i < c->nowned; i++)
+    cJSON_Delete(c->owned[i]);
+  free(c->owned);
+  free(c->memo);
+}
+
+/* ---- integer ranges -------------------------------------------------------------------------- */
+static int ndigits(uint64_t v) {
+  int n = 1;
+  while (v >= 10)
+    v /= 10, n++;
+  return n;
+}
+
+static void digit_class(jc *c, di_gseq *s, int lo, int hi) {
+  di_gbyteset set = {{0}};
+  for (int d = lo; d <= hi; d++)
+    di_gbyteset_add(&set, (unsigned)('0' + d));
+  di_gseq_push(c->b, s, (di_gel){DI_GE_CLASS, di_gb_class(c->b, &set)});
+}
+
+/* Adds to `rule` alternatives for the fixed-length digit strings x..y (both `len` digits, leading
+ * zeros allowed), prefixed by `pre`. */
+static void fixed_range(jc *c, int rule, const di_gseq *pre, const char *x, const char *y, int len) {
+  if (len == 0) {
+    di_gb_add_alt(c->b, rule, pre->v, pre->n);
+    return;
+  }
+  di_gseq s = {0};
+  for (int i = 0; i < pre->n; i++)
+    di_gseq_push(c->b, &s, pre->v[i]);
+  int x0 = x[0] - '0', y0 = y[0] - '0';
+  if (x0 == y0) {
+    digit_class(c, &s, x0, x0);
+    fixed_range(c, rule, &s, x + 1, y + 1, len - 1);
+    di_gseq_free(&s);
+    return;
+  }
+  char nines[24], zeros[24];
+  memset(nines, '9', (size_t)len);
+  memset(zeros, '0', (size_t)len);
+  nines[len] = zeros[len] = 0;
+  int n0 = s.n;
+  digit_class(c, &s, x0, x0);
+  fixed_range(c, rule, &s, x + 1, nines, len - 1);
+  s.n = n0;
+  if (y0 - x0 >= 2) {
+    digit_class(c, &s, x0 + 1, y0 - 1);
+    for (int i = 1; i < len; i++)
+      digit_class(c, &s, 0, 9);
+    di_gb_add_alt(c->b, rule, s.v, s.n);
+    s.n = n0;
+  }
+  digit_class(c, &s, y0, y0);
+  fixed_range(c, rule, &s, zeros, y + 1, len - 1);
+  di_gseq_free(&s);
+}
+
+/* Alternatives for non-negative integers a..b (b < 0: unbounded) without leading zeros. */
+static void nonneg_range(jc *c, int rule, const di_gseq *pre, uint64_t a, int64_t b) {
+  int la = ndigits(a), lb = b < 0 ? la : ndigits((uint64_t)b);
+  for (int L = la; L <= lb; L++) {
+    uint64_t lo = L == 1 ? 0 : 1;
+    for (int i = 1; i < L; i++)
+      lo *= 10;
+    uint64_t hi = lo ? lo * 10 - 1 : 9;
+    if (L == 1)
+      hi = 9;
+    uint64_t x = a > lo ? a : lo, y = (b >= 0 && (uint64_t)b < hi) ? (uint64_t)b : hi;
+    if (x > y)
+      continue;
+    char xs[24], ys[24];
+    snprintf(xs, sizeof xs, "%0*llu", L, (unsigned long long)x);
+    snprintf(ys, sizeof ys, "%0*llu", L, (unsigned long long)y);
+    fixed_range(c, rule, pre, xs, ys, L);
+  }
+  if (b < 0) { /* more digits than a: [1-9][0-9]{la,} */
+    di_gseq s = {0};
+    for (int i = 0; i < pre->n; i++)
+      di_gseq_push(c->b, &s, pre->v[i]);
+    digit_class(c, &s, 1, 9);
+    di_gbyteset set = {{0}};
+    for (int d = '0'; d <= '9'; d++)
+      di_gbyteset_add(&set, (unsigned)d);
+    di_gseq_repeat(c->b, &s, (di_gel){DI_GE_CLASS, di_gb_class(c->b, &set)}, la, -1);
+    di_gb_add_alt(c->b, rule, s.v, s.n);
+    di_gseq_free(&s);
+  }
+}
+
+/* Integers in [lo, hi]; has_lo/has_hi say whether each bound exists. */
+static di_status int_range(jc *c, int rule, int has_lo, int64_t lo, int has_hi, int64_t hi, const char *path) {
+  const int64_t LIM = 9007199254740992LL; /* 2^53: beyond it JSON numbers are not exact */
+  if ((has_lo && (lo > LIM || lo < -LIM)) || (has_hi && (hi > LIM || hi < -LIM)))
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: integer bound beyond 2^53 at %s", path);
+  if (has_lo && has_hi && lo > hi)
+    return di_error_set(DI_ERR_FORMAT, "json schema: minimum above maximum at %s (no integer fits)", path);
+  di_gseq pre = {0};
+  /* non-negative part */
+  if (!has_hi || hi >= 0)
+    nonneg_range(c, rule, &pre, has_lo && lo > 0 ? (uint64_t)lo : 0, has_hi ? hi : -1);
+  /* negative part: "-" (1..) */
+  if (!has_lo || lo < 0) {
+    lit(c, &pre, "-");
+    uint64_t a = has_hi && hi < 0 ? (uint64_t)(-hi) : 1;
+    int64_t b = has_lo ? -lo : -1;
+    nonneg_range(c, rule, &pre, a, b);
+  }
+  di_gseq_free(&pre);
+  return DI_OK;
+}
+
+/* ---- $ref ------------------------------------------------------------------------------------ */
+static di_status resolve_ref(jc *c, const char *ref, const char *path, const cJSON **out) {
+  if (ref[0] != '#')
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: only local $ref ('#...') is supported, got '%s' at %s", ref,
+                        path);
+  const cJSON *cur = c->root;
+  const char *p = ref + 1;
+  if (*p && *p != '/')
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: $ref to an anchor ('%s') is not supported at %s", ref, path);
+  while (*p == '/') {
+    p++;
+    char tok[256];
+    size_t n = 0;
+    while (*p && *p != '/' && n + 1 < sizeof tok) {
+      char ch = *p++;
+      if (ch == '~' && (*p == '0' || *p == '1'))
+        ch = *p++ == '0' ? '~' : '/';
+      else if (ch == '%' && p[0] && p[1]) {
+        char hx[3] = {p[0], p[1], 0};
+        ch = (char)strtol(hx, NULL, 16);
+        p += 2;
+      }
+      tok[n++] = ch;
+    }
+    tok[n] = 0;
+    if (cJSON_IsArray(cur)) {
+      char *end;
+      long k = strtol(tok, &end, 10);
+      cur = *end ? NULL : cJSON_GetArrayItem(cur, (int)k);
+    } else if (cJSON_IsObject(cur)) {
+      const cJSON *e = cur->child;
+      while (e && strcmp(e->string, tok) != 0)
+        e = e->next;
+      cur = e;
+    } else {
+      cur = NULL;
+    }
+    if (!cur)
+      return di_error_set(DI_ERR_FORMAT, "json schema: $ref '%s' at %s points nowhere", ref, path);
+  }
+  *out = cur;
+  return DI_OK;
+}
+
+/* ---- schema compilation ---------------------------------------------------------------------- */
+static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out);
+
+static const char *ANNOTATIONS[] = {"$schema", "$id", "title", "description", "default", "examples", "$comment",
+                                    "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
+                                    "contentMediaType", "contentEncoding", "contentSchema", NULL};
+static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "required", "additionalProperties",
+                                  "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+                                  "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
+                                  "oneOf", "allOf", "$ref", NULL};
+
+static int in_list(const char *k, const char **list) {
+  for (int i = 0; list[i]; i++)
+    if (strcmp(k, list[i]) == 0)
+      return 1;
+  return 0;
+}
+
+static int type_bit(const char *t) {
+  static const char *names[] = {"null", "boolean", "object", "array", "number", "integer", "string"};
+  for (int i = 0; i < 7; i++)
+    if (strcmp(t, names[i]) == 0)
+      return 1 << i;
+  return 0;
+}
+
+static di_status get_types(const cJSON *sch, const char *path, int *out) {
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(sch, "type");
+  if (!t) {
+    *out = T_ALL;
+    return DI_OK;
+  }
+  int m = 0;
+  if (cJSON_IsString(t)) {
+    m = type_bit(t->valuestring);
+    if (!m)
+      return di_error_set(DI_ERR_FORMAT, "json schema: unknown type '%s' at %s/type", t->valuestring, path);
+  } else if (cJSON_IsArray(t)) {
+    for (const cJSON *e = t->child; e; e = e->next) {
+      int b = cJSON_IsString(e) ? type_bit(e->valuestring) : 0;
+      if (!b)
+        return di_error_set(DI_ERR_FORMAT, "json schema: bad entry in 'type' at %s/type", path);
+      m |= b;
+    }
+  } else {
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'type' must be a string or an array at %s/type", path);
+  }
+  if (m & T_NUMBER)
+    m |= T_INTEGER;
+  *out = m;
+  return DI_OK;
+}
+
+/* JSON type bits a value has (integral numbers are also "number"). */
+static int value_types(const cJSON *v) {
+  if (cJSON_IsNull(v))
+    return T_NULL;
+  if (cJSON_IsBool(v))
+    return T_BOOL;
+  if (cJSON_IsObject(v))
+    return T_OBJECT;
+  if (cJSON_IsArray(v))
+    return T_ARRAY;
+  if (cJSON_IsString(v))
+    return T_STRING;
+  if (cJSON_IsNumber(v))
+    return v->valuedouble == floor(v->valuedouble) ? (T_NUMBER | T_INTEGER) : T_NUMBER;
+  return 0;
+}
+
+static cJSON *item(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+
+static di_status get_count(const cJSON *sch, const char *k, const char *path, int64_t *out) {
+  const cJSON *v = item(sch, k);
+  if (!v)
+    return DI_OK;
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
+    return di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be a non-negative integer at %s/%s", k, path, k);
+  *out = v->valuedouble > 1e9 ? 1000000000 : (int64_t)v->valuedouble;
+  return DI_OK;
+}
+
+/* Merges schema b into a copy of a (allOf semantics, for the subset we support). */
+static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, cJSON **out);
+
+/* Resolves a schema that is only a $ref (plus annotations) to its target. */
+static di_status deref(jc *c, const cJSON *s, const char *path, const cJSON **out) {
+  for (int hops = 0; hops < 64; hops++) {
+    const cJSON *r = cJSON_IsObject(s) ? item(s, "$ref") : NULL;
+    if (!r) {
+      *out = s;
+      return DI_OK;
+    }
+    if (!cJSON_IsString(r))
+      return di_error_set(DI_ERR_FORMAT, "json schema: $ref must be a string at %s", path);
+    const cJSON *t;
+    DI_TRY(resolve_ref(c, r->valuestring, path, &t));
+    int others = 0;
+    for (const cJSON *e = s->child; e; e = e->next)
+      if (strcmp(e->string, "$ref") != 0 && !in_list(e->string, ANNOTATIONS))
+        others = 1;
+    if (others) { /* $ref with sibling keywords: allOf(target, siblings) */
+      cJSON *sib = cJSON_Duplicate(s, 1);
+      if (!sib || !own(c, sib))
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      cJSON_DeleteItemFromObjectCaseSensitive(sib, "$ref");
+      cJSON *m;
+      if (++c->depth > 64)
+        return di_error_set(DI_ERR_UNSUPPORTED, "json schema: $ref merging nested too deeply at %s", path);
+      di_status st = merge(c, t, sib, path, &m);
+      c->depth--;
+      DI_TRY(st);
+      *out = m;
+      return DI_OK;
+    }
+    s = t;
+  }
+  return di_error_set(DI_ERR_FORMAT, "json schema: $ref chain too long (a cycle?) at %s", path);
+}
+
+static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, cJSON **out) {
+  DI_TRY(deref(c, a, path, &a));
+  DI_TRY(deref(c, b, path, &b));
+  if (cJSON_IsFalse(a) || cJSON_IsFalse(b)) {
+    cJSON *f = cJSON_CreateFalse();
+    if (!f || !own(c, f))
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    *out = f;
+    return DI_OK;
+  }
+  cJSON *m = cJSON_IsObject(a) ? cJSON_Duplicate(a, 1) : cJSON_CreateObject();
+  if (!m || !own(c, m))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  if (!cJSON_IsObject(b)) {
+    *out = m;
+    return DI_OK;
+  }
+  for (const cJSON *e = b->child; e; e = e->next) {
+    const char *k = e->string;
+    cJSON *x = item(m, k);
+    if (!x) {
+      cJSON_AddItemToObject(m, k, cJSON_Duplicate(e, 1));
+      continue;
+    }
+    if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1))
+      continue;
+    if (strcmp(k, "type") == 0) {
+      int ta, tb;
+      DI_TRY(get_types(m, path, &ta));
+      DI_TRY(get_types(b, path, &tb));
+      int t = ta & tb;
+      cJSON *arr = cJSON_CreateArray();
+      static const char *names[] = {"null", "boolean", "object", "array", "number", "integer", "string"};
+      for (int i = 0; i < 7; i++)
+        if ((t >> i) & 1)
+          cJSON_AddItemToArray(arr, cJSON_CreateString(names[i]));
+      if (t & T_NUMBER) { /* number implies integer in get_types; keep only "number" */
+        cJSON_Delete(arr);
+        arr = cJSON_CreateArray();
+        for (int i = 0; i < 7; i++)
+          if (((t >> i) & 1) && i != 5)
+            cJSON_AddItemToArray(arr, cJSON_CreateString(names[i]));
+      }
+      cJSON_ReplaceItemInObjectCaseSensitive(m, k, arr);
+    } else if (strcmp(k, "properties") == 0) {
+      for (const cJSON *p = e->child; p; p = p->next) {
+        cJSON *q = item(x, p->string);
+        if (!q) {
+          cJSON_AddItemToObject(x, p->string, cJSON_Duplicate(p, 1));
+        } else {
+          cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
+          cJSON_AddItemToArray(arr, cJSON_Duplicate(q, 1));
+          cJSON_AddItemToArray(arr, cJSON_Duplicate(p, 1));
+          cJSON_ReplaceItemInObjectCaseSensitive(x, p->string, all);
+        }
+      }
+    } else if (strcmp(k, "required") == 0) {
+      for (const cJSON *r = e->child; r; r = r->next) {
+        int found = 0;
+        for (const cJSON *q = x->child; q; q = q->next)
+          found |= cJSON_Compare(q, r, 1);
+        if (!found)
+          cJSON_AddItemToArray(x, cJSON_Duplicate(r, 1));
+      }
+    } else if (strcmp(k, "additionalProperties") == 0 || strcmp(k, "items") == 0) {
+      if (cJSON_IsFalse(x))
+        continue;
+      if (cJSON_IsFalse(e) || cJSON_IsTrue(x)) {
+        cJSON_ReplaceItemInObjectCaseSensitive(m, k, cJSON_Duplicate(e, 1));
+      } else if (!cJSON_IsTrue(e)) {
+        cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
+        cJSON_AddItemToArray(arr, cJSON_Duplicate(x, 1));
+        cJSON_AddItemToArray(arr, cJSON_Duplicate(e, 1));
+        cJSON_ReplaceItemInObjectCaseSensitive(m, k, all);
+      }
+    } else if (cJSON_IsNumber(x) && cJSON_IsNumber(e) &&
+               (strncmp(k, "min", 3) == 0 || strncmp(k, "max", 3) == 0 || strncmp(k, "exclusiveM", 10) == 0)) {
+      int is_min = strncmp(k, "min", 3) == 0 || strcmp(k, "exclusiveMinimum") == 0;
+      double v = is_min ? fmax(x->valuedouble, e->valuedouble) : fmin(x->valuedouble, e->valuedouble);
+      cJSON_SetNumberValue(x, v);
+    } else if (strcmp(k, "enum") == 0 || strcmp(k, "const") == 0) {
+      /* intersection: keep a's values that b allows */
+      cJSON *arr = cJSON_CreateArray();
+      const cJSON *xa = strcmp(k, "const") == 0 ? NULL : x->child;
+      const cJSON *ea = strcmp(k, "const") == 0 ? NULL : e->child;
+      if (strcmp(k, "const") == 0) {
+        if (cJSON_Compare(x, e, 1))
+          cJSON_AddItemToArray(arr, cJSON_Duplicate(x, 1));
+      } else {
+        for (; xa; xa = xa->next)
+          for (const cJSON *q = ea; q; q = q->next)
+            if (cJSON_Compare(xa, q, 1)) {
+              cJSON_AddItemToArray(arr, cJSON_Duplicate(xa, 1));
+              break;
+            }
+      }
+      cJSON_DeleteItemFromObjectCaseSensitive(m, k);
+      cJSON_AddItemToObject(m, "enum", arr);
+    } else if (strcmp(k, "allOf") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) {
+      /* both have the combinator: nest b's under a fresh allOf */
+      cJSON *extra = item(m, "allOf");
+      if (!extra)
+        extra = cJSON_AddArrayToObject(m, "allOf");
+      cJSON *w = cJSON_CreateObject();
+      cJSON_AddItemToObject(w, k, cJSON_Duplicate(e, 1));
+      cJSON_AddItemToArray(extra, w);
+    } else {
+      return di_error_set(DI_ERR_UNSUPPORTED, "json schema: cannot combine two different '%s' (allOf) at %s", k, path);
+    }
+  }
+  *out = m;
+  return DI_OK;
+}
+
+static di_status check_keywords(jc *c, const cJSON *sch, const char *path) {
+  for (const cJSON *e = sch->child; e; e = e->next) {
+    const char *k = e->string;
+    if (in_list(k, ANNOTATIONS) || in_list(k, SUPPORTED) || strncmp(k, "x-", 2) == 0)
+      continue;
+    if (!c->opt->ignore_unsupported_keywords)
+      return unsupported(c, path, k);
+  }
+  return DI_OK;
+}
+
+static int memo_find(jc *c, const cJSON *n) {
+  for (int i = c->nmemo - 1; i >= 0; i--)
+    if (c->memo[i].node == n)
+      return c->memo[i].rule;
+  return -1;
+}
+
+static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule) {
+  di_gb *b = c->b;
+  const cJSON *fmt = item(sch, "format"), *pat = item(sch, "pattern");
+  int64_t minl = 0, maxl = -1;
+  DI_TRY(get_count(sch, "minLength", path, &minl));
+  DI_TRY(get_count(sch, "maxLength", path, &maxl));
+  int has_len = minl > 0 || maxl >= 0;
+  di_gseq s = {0};
+  di_status st = DI_OK;
+  if (fmt && !cJSON_IsString(fmt))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'format' must be a string at %s", path);
+  if (pat && !cJSON_IsString(pat))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'pattern' must be a string at %s", path);
+  const char *fre = NULL;
+  if (fmt) {
+    static const char *fmts[][2] = {
+        {"date", "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"},
+        {"time", "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
+        {"date-time", "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+                      "T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
+        {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+        {"email", "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"},
+        {"ipv4", "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"},
+    };
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
+      if (strcmp(fmt->valuestring, fmts[i][0]) == 0)
+        fre = fmts[i][1];
+    if (!fre && !c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported format '%s' at %s/format", fmt->valuestring, path);
+  }
+  int n_constraints = (fre != NULL) + (pat != NULL) + has_len;
+  if (n_constraints > 1 && !c->opt->ignore_unsupported_keywords)
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "json schema: combining format, pattern and minLength/maxLength on one string is not supported at %s",
+                        path);
+  lit(c, &s, "\"");
+  if (fre || pat) {
+    int r = di_gb_new_rule(b, fre ? "format" : "pattern");
+    const char *re = fre ? fre : pat->valuestring;
+    st = di_regex_compile_into(b, r, re, strlen(re), 1, fre ? 1 : 0);
+    if (st != DI_OK) {
+      di_gseq_free(&s);
+      return di_error_wrap(st, "json schema: 'pattern' at %s", path);
+    }
+    di_gseq_push(b, &s, rule_el(r));
+  } else if (has_len) {
+    if (maxl >= 0 && maxl < minl) {
+      di_gseq_free(&s);
+      return di_error_set(DI_ERR_FORMAT, "json schema: maxLength below minLength at %s", path);
+    }
+    if (minl > 100000 || maxl > 100000) {
+      di_gseq_free(&s);
+      return di_error_set(DI_ERR_UNSUPPORTED, "json schema: string length bound above 100000 at %s", path);
+    }
+    di_gseq_repeat(b, &s, rule_el(jchar_rule(c)), (int)minl, (int)maxl);
+  } else {
+    s.n = 0;
+    di_gseq_push(b, &s, rule_el(string_rule(c)));
+    st = di_gb_add_alt(b, rule, s.v, s.n);
+    di_gseq_free(&s);
+    return st;
+  }
+  lit(c, &s, "\"");
+  st = di_gb_add_alt(b, rule, s.v, s.n);
+  di_gseq_free(&s);
+  return st;
+}
+
+static di_status gen_integer(jc *c, const cJSON *sch, const char *path, int rule) {
+  int has_lo = 0, has_hi = 0;
+  double lo = 0, hi = 0;
+  const cJSON *v;
+  if ((v = item(sch, "minimum")) && cJSON_IsNumber(v))
+    has_lo = 1, lo = ceil(v->valuedouble);
+  if ((v = item(sch, "exclusiveMinimum")) && cJSON_IsNumber(v)) {
+    double x = floor(v->valuedouble) + 1;
+    if (!has_lo || x > lo)
+      lo = x;
+    has_lo = 1;
+  }
+  if ((v = item(sch, "maximum")) && cJSON_IsNumber(v))
+    has_hi = 1, hi = floor(v->valuedouble);
+  if ((v = item(sch, "exclusiveMaximum")) && cJSON_IsNumber(v)) {
+    double x = ceil(v->valuedouble) - 1;
+    if (!has_hi || x < hi)
+      hi = x;
+    has_hi = 1;
+  }
+  if (!has_lo && !has_hi) {
+    di_gel e = rule_el(int_rule(c));
+    return di_gb_add_alt(c->b, rule, &e, 1);
+  }
+  if (fabs(lo) > 9.1e15 || fabs(hi) > 9.1e15)
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: integer bound beyond 2^53 at %s", path);
+  if (has_lo && has_hi && lo > hi)
+    return DI_OK; /* no integer fits: this type contributes no alternative */
+  return int_range(c, rule, has_lo, (int64_t)lo, has_hi, (int64_t)hi, path);
+}
+
+/* "string key not equal to any of keys[]" (as JSON-encoded bytes, between the quotes): a trie of
+ * rules; the first byte that leaves the trie continues as any string. */
+typedef struct {
+  char **keys;
+  int n;
+} keyset;
+
+static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, int depth) {
+  di_gb *b = c->b;
+  int r = di_gb_new_rule(b, "key");
+  int is_full = 0;
+  di_gbyteset next = {{0}};
+  for (int i = 0; i < ks->n; i++) {
+    if (strncmp(ks->keys[i], prefix, plen) != 0 || strlen(ks->keys[i]) < plen)
+      continue;
+    if (ks->keys[i][plen] == 0)
+      is_full = 1;
+    else
+      di_gbyteset_add(&next, (unsigned char)ks->keys[i][plen]);
+  }
+  di_gseq s = {0};
+  if (!is_full) {
+    lit(c, &s, "\"");
+    di_gb_add_alt(b, r, s.v, s.n);
+    s.n = 0;
+  }
+  char buf[1024];
+  for (unsigned ch = 0; ch < 256; ch++) {
+    if (!di_gbyteset_has(&next, ch))
+      continue;
+    if (plen + 1 >= sizeof buf || depth > 200)
+      continue; /* absurdly long keys: such keys are simply not generated as additional keys */
+    memcpy(buf, prefix, plen);
+    buf[plen] = (char)ch;
+    int sub = excl_rule(c, ks, buf, plen + 1, depth + 1);
+    di_gseq_byte(b, &s, (uint8_t)ch);
+    di_gseq_push(b, &s, rule_el(sub));
+    di_gb_add_alt(b, r, s.v, s.n);
+    s.n = 0;
+  }
+  /* leave the trie: a character whose first byte is not a trie continuation, then any tail */
+  di_gbyteset plain = {{0}};
+  for (unsigned ch = 0x20; ch < 0x80; ch++)
+    if (ch != '"' && ch != '\\' && !di_gbyteset_has(&next, ch))
+      di_gbyteset_add(&plain, ch);
+  di_gseq_push(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &plain)});
+  di_gseq_push(b, &s, rule_el(string_rule(c)) /* placeholder replaced below */);
+  s.n = 1;
+  {
+    /* tail ::= jchar* '"' */
+    di_gseq t = {0};
+    di_gseq_repeat(b, &t, rule_el(jchar_rule(c)), 0, -1);
+    lit(c, &t, "\"");
+    di_gel tail = di_gb_wrap(b, &t, "ktail");
+    di_gseq_free(&t);
+    di_gseq_push(b, &s, tail);
+    di_gb_add_alt(b, r, s.v, s.n);
+    s.n = 0;
+    int esc_ok = !di_gbyteset_has(&next, '\\');
+    for (unsigned lead = 0xC2; lead < 0xF5; lead++) {
+      if (di_gbyteset_has(&next, lead))
+        esc_ok = 0;
+    }
+    if (esc_ok) { /* escapes and non-ASCII characters also leave the trie */
+      di_gbyteset hi = {{0}};
+      (void)hi;
+      di_gseq u = {0};
+      static const char *re = "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})|[\\u0080-\\u{10FFFF}]";
+      int rr = di_gb_new_rule(b, "kesc");
+      if (di_regex_compile_into(b, rr, re, strlen(re), 0, 1) != DI_OK)
+        b->oom = 1;
+      di_gseq_push(b, &u, rule_el(rr));
+      di_gseq_push(b, &u, tail);
+      di_gb_add_alt(b, r, u.v, u.n);
+      di_gseq_free(&u);
+    }
+  }
+  di_gseq_free(&s);
+  return r;
+}
+
+static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule) {
+  di_gb *b = c->b;
+  const cJSON *props = item(sch, "properties"), *req = item(sch, "required"), *addl = item(sch, "additionalProperties");
+  if (props && !cJSON_IsObject(props))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'properties' must be an object at %s", path);
+  if (req && !cJSON_IsArray(req))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'required' must be an array at %s", path);
+  /* the property list: properties in order, then required names not among them */
+  int np = 0;
+  for (const cJSON *p = props ? props->child : NULL; p; p = p->next)
+    np++;
+  for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
+    np++;
+  const char **names = calloc((size_t)np + 1, sizeof *names);
+  const cJSON **schemas = calloc((size_t)np + 1, sizeof *schemas);
+  int *isreq = calloc((size_t)np + 1, sizeof(int));
+  int *rules = calloc((size_t)np + 1, sizeof(int));
+  keyset ks = {calloc((size_t)np + 1, sizeof(char *)), 0};
+  di_status st = DI_OK;
+  if (!names || !schemas || !isreq || !rules || !ks.keys) {
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+    goto done;
+  }
+  int n = 0;
+  for (const cJSON *p = props ? props->child : NULL; p; p = p->next) {
+    int dup = 0;
+    for (int i = 0; i < n; i++)
+      dup |= strcmp(names[i], p->string) == 0;
+    if (dup)
+      continue;
+    names[n] = p->string;
+    schemas[n++] = p;
+  }
+  int nprops = n;
+  for (const cJSON *r = req ? req->child : NULL; r; r = r->next) {
+    if (!cJSON_IsString(r)) {
+      st = di_error_set(DI_ERR_FORMAT, "json schema: 'required' entries must be strings at %s/required", path);
+      goto done;
+    }
+    int found = -1;
+    for (int i = 0; i < n; i++)
+      if (strcmp(names[i], r->valuestring) == 0)
+        found = i;
+    if (found >= 0) {
+      isreq[found] = 1;
+    } else {
+      names[n] = r->valuestring;
+      schemas[n] = addl && !cJSON_IsBool(addl) ? addl : NULL; /* NULL: any value */
+      isreq[n++] = 1;
+    }
+  }
+  int allow_addl = addl && !cJSON_IsFalse(addl);
+  for (int i = 0; i < n; i++) {
+    char sub[1200];
+    snprintf(sub, sizeof sub, "%s/properties/%s", path, names[i]);
+    if (schemas[i]) {
+      st = gen(c, schemas[i], sub, &rules[i]);
+      if (st != DI_OK)
+        goto done;
+    } else {
+      rules[i] = any_rule(c);
+    }
+    if (rules[i] < 0 && isreq[i])
+      goto done; /* a required property that can have no value: no object fits */
+    sbuf kb = {0};
+    sb_json_string(&kb, names[i]);
+    if (kb.oom) {
+      st = di_error_set(DI_ERR_OOM, "out of memory");
+      goto done;
+    }
+    ks.keys[ks.n++] = kb.p;
+  }
+  /* additional members: key (not a named property) ":" value */
+  int r_addl = -1;
+  if (allow_addl) {
+    int vr;
+    if (cJSON_IsTrue(addl)) {
+      vr = any_rule(c);
+    } else {
+      char sub[1200];
+      snprintf(sub, sizeof sub, "%s/additionalProperties", path);
+      st = gen(c, addl, sub, &vr);
+      if (st != DI_OK)
+        goto done;
+    }
+    if (vr >= 0) {
+      /* keys without their quotes for the exclusion trie */
+      keyset raw = {ks.keys, ks.n};
+      for (int i = 0; i < ks.n; i++) {
+        size_t L = strlen(ks.keys[i]);
+        memmove(ks.keys[i], ks.keys[i] + 1, L - 2);
+        ks.keys[i][L - 2] = 0;
+      }
+      r_addl = di_gb_new_rule(b, "addl");
+      di_gseq s = {0};
+      lit(c, &s, "\"");
+      di_gseq_push(b, &s, rule_el(n ? excl_rule(c, &raw, "", 0, 0) : -1));
+      if (!n) {
+        s.n = 0;
+        di_gseq_push(b, &s, rule_el(string_rule(c)));
+      }
+      ws(c, &s);
+      lit(c, &s, ":");
+      ws(c, &s);
+      di_gseq_push(b, &s, rule_el(vr));
+      di_gb_add_alt(b, r_addl, s.v, s.n);
+      di_gseq_free(&s);
+      for (int i = 0; i < ks.n; i++) { /* restore quotes (not needed further, but keep keys valid) */
+        size_t L = strlen(ks.keys[i]);
+        memmove(ks.keys[i] + 1, ks.keys[i], L + 1);
+        ks.keys[i][0] = '"';
+      }
+    }
+  }
+  /* S_i: members from property i on, none emitted yet; R_i: some emitted (needs a comma) */
+  int Snext = -1, Rnext = -1;
+  {
+    /* tail after the last named property: additional members */
+    int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
+    di_gseq s = {0};
+    di_gb_add_alt(b, S, NULL, 0);
+    di_gb_add_alt(b, R, NULL, 0);
+    if (r_addl >= 0) {
+      di_gseq t = {0};
+      lit(c, &t, ",");
+      ws(c, &t);
+      di_gseq_push(b, &t, rule_el(r_addl));
+      ws(c, &t);
+      di_gel more = di_gb_wrap(b, &t, "addl_more");
+      di_gseq_free(&t);
+      di_gseq_push(b, &s, rule_el(r_addl));
+      ws(c, &s);
+      di_gseq_repeat(b, &s, more, 0, -1);
+      di_gb_add_alt(b, S, s.v, s.n);
+      s.n = 0;
+      di_gseq_push(b, &s, more);
+      di_gseq_repeat(b, &s, more, 0, -1);
+      di_gb_add_alt(b, R, s.v, s.n);
+    }
+    di_gseq_free(&s);
+    Snext = S;
+    Rnext = R;
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
+    di_gseq kv = {0};
+    di_gseq_bytes(b, &kv, ks.keys[i], strlen(ks.keys[i]));
+    ws(c, &kv);
+    lit(c, &kv, ":");
+    ws(c, &kv);
+    if (rules[i] >= 0) {
+      di_gseq_push(b, &kv, rule_el(rules[i]));
+      ws(c, &kv);
+      di_gel kvel = di_gb_wrap(b, &kv, "member");
+      di_gseq s = {0};
+      di_gseq_push(b, &s, kvel);
+      di_gseq_push(b, &s, rule_el(Rnext));
+      di_gb_add_alt(b, S, s.v, s.n);
+      s.n = 0;
+      lit(c, &s, ",");
+      ws(c, &s);
+      di_gseq_push(b, &s, kvel);
+      di_gseq_push(b, &s, rule_el(Rnext));
+      di_gb_add_alt(b, R, s.v, s.n);
+      di_gseq_free(&s);
+    }
+    di_gseq_free(&kv);
+    if (!isreq[i]) {
+      di_gel e = rule_el(Snext);
+      di_gb_add_alt(b, S, &e, 1);
+      e = rule_el(Rnext);
+      di_gb_add_alt(b, R, &e, 1);
+    } else if (rules[i] < 0) {
+      /* required but unsatisfiable: S/R get no alternative and are pruned as unproductive */
+    }
+    if (!b->rules[S].defined)
+      b->rules[S].defined = 1, b->rules[R].defined = 1;
+    Snext = S;
+    Rnext = R;
+  }
+  (void)nprops;
+  {
+    di_gseq s = {0};
+    lit(c, &s, "{");
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(Snext));
+    lit(c, &s, "}");
+    st = di_gb_add_alt(b, rule, s.v, s.n);
+    di_gseq_free(&s);
+  }
+done:
+  for (int i = 0; ks.keys && i < ks.n; i++)
+    free(ks.keys[i]);
+  free(ks.keys);
+  free(names);
+  free(schemas);
+  free(isreq);
+  free(rules);
+  return st;
+}
+
+static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) {
+  di_gb *b = c->b;
+  const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems");
+  int64_t minI = 0, maxI = -1;
+  DI_TRY(get_count(sch, "minItems", path, &minI));
+  DI_TRY(get_count(sch, "maxItems", path, &maxI));
+  if (prefix && !cJSON_IsArray(prefix))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'prefixItems' must be an array at %s", path);
+  int P = prefix ? cJSON_GetArraySize(prefix) : 0;
+  int r_item = -1; /* element schema past the prefix; -1: none allowed */
+  char sub[1200];
+  if (!items || cJSON_IsTrue(items)) {
+    r_item = any_rule(c);
+  } else if (!cJSON_IsFalse(items)) {
+    snprintf(sub, sizeof sub, "%s/items", path);
+    DI_TRY(gen(c, items, sub, &r_item));
+  }
+  int *pr = calloc((size_t)P + 1, sizeof(int));
+  if (!pr)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  int k = 0;
+  for (const cJSON *e = prefix ? prefix->child : NULL; e; e = e->next, k++) {
+    snprintf(sub, sizeof sub, "%s/prefixItems/%d", path, k);
+    di_status st = gen(c, e, sub, &pr[k]);
+    if (st != DI_OK) {
+      free(pr);
+      return st;
+    }
+  }
+  /* limit the length to the prefix when no further items are allowed, and where a prefix item
+   * is unsatisfiable (rule < 0) */
+  int64_t maxlen = maxI;
+  for (int i = 0; i < P; i++)
+    if (pr[i] < 0 && (maxlen < 0 || maxlen > i))
+      maxlen = i;
+  if (r_item < 0 && (maxlen < 0 || maxlen > P))
+    maxlen = P;
+  if (minI > 100000 || maxlen > 100000) {
+    free(pr);
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: minItems/maxItems above 100000 at %s", path);
+  }
+  if (maxlen >= 0 && minI > maxlen) {
+    free(pr);
+    return DI_OK; /* no array fits */
+  }
+  /* A_k: continuation after k elements (k >= 1), up to the prefix length; then repetition */
+  int next = -1; /* rule for "after k elements" */
+  int tailK = P > 0 ? P : 1;
+  {
+    /* after tailK elements: ("," item){max(0,min-tailK), maxlen-tailK} */
+    int r = di_gb_new_rule(b, "arr_tail");
+    di_gseq s = {0};
+    if (r_item >= 0 && (maxlen < 0 || maxlen > tailK)) {
+      di_gseq t = {0};
+      lit(c, &t, ",");
+      ws(c, &t);
+      di_gseq_push(b, &t, rule_el(r_item));
+      ws(c, &t);
+      di_gel one = di_gb_wrap(b, &t, "arr_more");
+      di_gseq_free(&t);
+      int lo = (int)(minI > tailK ? minI - tailK : 0);
+      int hi = maxlen < 0 ? -1 : (int)(maxlen - tailK);
+      di_gseq_repeat(b, &s, one, lo, hi);
+      di_gb_add_alt(b, r, s.v, s.n);
+    } else if (minI <= tailK) {
+      di_gb_add_alt(b, r, NULL, 0);
+    }
+    di_gseq_free(&s);
+    b->rules[r].defined = 1;
+    next = r;
+  }
+  for (int kk = tailK - 1; kk >= 1; kk--) { /* after kk elements, kk < P */
+    int r = di_gb_new_rule(b, "arr_k");
+    if (kk >= minI)
+      di_gb_add_alt(b, r, NULL, 0);
+    if (pr[kk] >= 0 && (maxlen < 0 || maxlen > kk)) {
+      di_gseq s = {0};
+      lit(c, &s, ",");
+      ws(c, &s);
+      di_gseq_push(b, &s, rule_el(pr[kk]));
+      ws(c, &s);
+      di_gseq_push(b, &s, rule_el(next));
+      di_gb_add_alt(b, r, s.v, s.n);
+      di_gseq_free(&s);
+    }
+    b->rules[r].defined = 1;
+    next = r;
+  }
+  di_gseq s = {0};
+  int first = P > 0 ? pr[0] : r_item;
+  if (minI == 0) {
+    lit(c, &s, "[");
+    ws(c, &s);
+    lit(c, &s, "]");
+    di_gb_add_alt(b, rule, s.v, s.n);
+    s.n = 0;
+  }
+  if (first >= 0 && maxlen != 0) {
+    lit(c, &s, "[");
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(first));
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(next));
+    lit(c, &s, "]");
+    di_gb_add_alt(b, rule, s.v, s.n);
+  }
+  di_gseq_free(&s);
+  free(pr);
+  return DI_OK;
+}
+
+/* Alternatives of `rule` for schema `sch` that has no anyOf/oneOf/allOf/$ref left. */
+static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) {
+  DI_TRY(check_keywords(c, sch, path));
+  int types;
+  DI_TRY(get_types(sch, path, &types));
+  const cJSON *en = item(sch, "enum"), *cn = item(sch, "const");
+  if (en || cn) {
+    if (en && !cJSON_IsArray(en))
+      return di_error_set(DI_ERR_FORMAT, "json schema: 'enum' must be an array at %s/enum", path);
+    for (const cJSON *v = cn ? cn : en->child; v; v = cn ? NULL : v->next) {
+      if (!(value_types(v) & types))
+        continue;
+      if (cn && en) { /* both: the const must be in the enum */
+        int in = 0;
+        for (const cJSON *q = en->child; q; q = q->next)
+          in |= cJSON_Compare(q, cn, 1);
+        if (!in)
+          continue;
+      }
+      di_gseq s = {0};
+      emit_value_literal(c, &s, v);
+      di_status st = di_gb_add_alt(c->b, rule, s.v, s.n);
+      di_gseq_free(&s);
+      DI_TRY(st);
+    }
+    return DI_OK;
+  }
+  di_gseq s = {0};
+  if (types & T_NULL) {
+    lit(c, &s, "null");
+    di_gb_add_alt(c->b, rule, s.v, s.n);
+    s.n = 0;
+  }
+  if (types & T_BOOL) {
+    lit(c, &s, "true");
+    di_gb_add_alt(c->b, rule, s.v, s.n);
+    s.n = 0;
+    lit(c, &s, "false");
+    di_gb_add_alt(c->b, rule, s.v, s.n);
+    s.n = 0;
+  }
+  di_gseq_free(&s);
+  int has_bounds = item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") ||
+                   item(sch, "exclusiveMaximum");
+  if (types & T_NUMBER) {
+    if (has_bounds && !c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED,
+                          "json schema: minimum/maximum are supported for integers only, at %s (use type integer)", path);
+    di_gel e = rule_el(number_rule(c));
+    DI_TRY(di_gb_add_alt(c->b, rule, &e, 1));
+  } else if (types & T_INTEGER) {
+    DI_TRY(gen_integer(c, sch, path, rule));
+  }
+  if (types & T_STRING)
+    DI_TRY(gen_string(c, sch, path, rule));
+  if (types & T_ARRAY)
+    DI_TRY(gen_array(c, sch, path, rule));
+  if (types & T_OBJECT)
+    DI_TRY(gen_object(c, sch, path, rule));
+  return DI_OK;
+}
+
+/* Compiles schema `sch` into a rule (memoised by node, so recursive $refs work). *rule_out = -1
+ * when the schema admits no value (false, or empty intersections). */
+static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
+  if (cJSON_IsTrue(sch)) {
+    *rule_out = any_rule(c);
+    return DI_OK;
+  }
+  if (cJSON_IsFalse(sch)) {
+    *rule_out = -1;
+    return DI_OK;
+  }
+  if (!cJSON_IsObject(sch))
+    return di_error_set(DI_ERR_FORMAT, "json schema: a schema must be an object or a boolean at %s", *path ? path : "#");
+  int m = memo_find(c, sch);
+  if (m >= 0) {
+    *rule_out = m;
+    return DI_OK;
+  }
+  if (++c->depth > 200)
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: nested too deeply at %s", path);
+  di_gb *b = c->b;
+  int rule = di_gb_new_rule(b, "schema");
+  if (c->nmemo == c->capmemo) {
+    int nc = c->capmemo ? c->capmemo * 2 : 32;
+    memo_t *q = realloc(c->memo, sizeof *q * (size_t)nc);
+    if (!q)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    c->memo = q;
+    c->capmemo = nc;
+  }
+  c->memo[c->nmemo++] = (memo_t){sch, rule};
+  b->rules[rule].defined = 1;
+  di_status st = DI_OK;
+  const cJSON *ref = item(sch, "$ref"), *all = item(sch, "allOf"), *any = item(sch, "anyOf"), *one = item(sch, "oneOf");
+  if (ref) {
+    const cJSON *t;
+    st = deref(c, sch, path, &t);
+    if (st == DI_OK) {
+      int r;
+      st = gen(c, t, path, &r);
+      if (st == DI_OK && r >= 0) {
+        di_gel e = rule_el(r);
+        st = di_gb_add_alt(b, rule, &e, 1);
+      }
+    }
+  } else if (all) {
+    if (!cJSON_IsArray(all)) {
+      st = di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+    } else {
+      cJSON *base = cJSON_Duplicate(sch, 1);
+      if (!base || !own(c, base)) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+      } else {
+        cJSON_DeleteItemFromObjectCaseSensitive(base, "allOf");
+        cJSON *acc = base;
+        for (const cJSON *e = all->child; e && st == DI_OK; e = e->next)
+          st = merge(c, acc, e, path, &acc);
+        int r;
+        if (st == DI_OK)
+          st = gen(c, acc, path, &r);
+        if (st == DI_OK && r >= 0) {
+          di_gel e = rule_el(r);
+          st = di_gb_add_alt(b, rule, &e, 1);
+        }
+      }
+    }
+  } else if (any || one) {
+    const cJSON *arr = any ? any : one;
+    const char *kw = any ? "anyOf" : "oneOf";
+    if (!cJSON_IsArray(arr)) {
+      st = di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be an array at %s/%s", kw, path, kw);
+    } else {
+      cJSON *base = cJSON_Duplicate(sch, 1);
+      if (!base || !own(c, base)) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+      } else {
+        cJSON_DeleteItemFromObjectCaseSensitive(base, kw);
+        int siblings = 0;
+        for (const cJSON *e = base->child; e; e = e->next)
+          if (!in_list(e->string, ANNOTATIONS))
+            siblings = 1;
+        int k = 0;
+        for (const cJSON *e = arr->child; e && st == DI_OK; e = e->next, k++) {
+          if (++c->branches > c->opt->max_branches) {
+            st = di_error_set(DI_ERR_UNSUPPORTED,
+                              "json schema: anyOf/oneOf/allOf expansion exceeds %d branches at %s (raise max_branches)",
+                              c->opt->max_branches, path);
+            break;
+          }
+          char sub[1200];
+          snprintf(sub, sizeof sub, "%s/%s/%d", path, kw, k);
+          const cJSON *branch = e;
+          if (siblings) {
+            cJSON *mm;
+            st = merge(c, base, e, sub, &mm);
+            branch = mm;
+          }
+          int r = -1;
+          if (st == DI_OK)
+            st = gen(c, branch, sub, &r);
+          if (st == DI_OK && r >= 0) {
+            di_gel el = rule_el(r);
+            st = di_gb_add_alt(b, rule, &el, 1);
+          }
+        }
+      }
+    }
+  } else {
+    st = gen_plain(c, sch, path, rule);
+  }
+  c->depth--;
+  if (st != DI_OK)
+    return st;
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  if (b->total_els > b->max_els)
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: grammar too large (more than %d elements) at %s", b->max_els,
+                        path);
+  *rule_out = rule; /* possibly without alternatives: pruned as unproductive by di_gb_finish */
+  return DI_OK;
+}
+
+di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di_grammar_options *opt) {
+  cJSON *root = NULL;
+  DI_TRY(di_json_parse(src, len, "json schema", &root));
+  jc c;
+  jc_init(&c, b, opt);
+  c.root = root;
+  int r = -1;
+  di_status st = gen(&c, root, "#", &r);
+  if (st == DI_OK) {
+    int top = di_gb_new_rule(b, "root");
+    b->rules[top].defined = 1;
+    if (r >= 0) {
+      di_gel e = rule_el(r);
+      st = di_gb_add_alt(b, top, &e, 1);
+    }
+    if (st == DI_OK)
+      st = di_gb_finish(b, top);
+    if (st != DI_OK && strstr(di_last_error(), "accepts nothing"))
+      st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema");
+  }
+  jc_free(&c);
+  cJSON_Delete(root);
+  return st;
+}
+
+di_status di_json_any_compile(di_gb *b, const di_grammar_options *opt) {
+  /* json_object mode: the top level is an object */
+  jc c;
+  jc_init(&c, b, opt);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "type", "object");
+  cJSON_AddTrueToObject(o, "additionalProperties");
+  c.root = o;
+  int r = -1;
+  di_status st = gen(&c, o, "#", &r);
+  if (st == DI_OK) {
+    int top = di_gb_new_rule(b, "root");
+    di_gel e = rule_el(r);
+    st = di_gb_add_alt(b, top, &e, 1);
+    if (st == DI_OK)
+      st = di_gb_finish(b, top);
+  }
+  jc_free(&c);
+  cJSON_Delete(o);
+  return st;
 }

@@ -1,3 +1,438 @@
-/* placeholder */
+/* Token masks and per-request matchers. A mask for automaton state S (a set of stacks, each
+ * topped by a byte-class position) is the union over its stacks. For each position we compute
+ * once, by walking the vocabulary trie with the stack below replaced by an unknown (PSEUDO), which
+ * tokens are accepted whatever the stack ("context-independent", the XGrammar idea), which are
+ * rejected whatever it is, and which are uncertain (they run past the end of the rule); at run
+ * time only the uncertain ones are walked from the real state. Whole masks are also cached per
+ * state, since states repeat (string bodies, object keys). */
+#include <stdlib.h>
+#include <string.h>
 #include "grammar/grammar_impl.h"
-void di_gvcache_free_all(struct di_gvcache *c) { (void)c; }
+#include "grammar/vocab.h"
+
+typedef struct ci_entry {
+  int nacc;
+  uint32_t *acc_bits; /* dense form (vocab words), or NULL */
+  int32_t *acc_list;  /* sparse form: token ids */
+  int32_t *unc;       /* uncertain tokens: sorted indices (trie order) */
+  int nunc;
+} ci_entry;
+
+struct di_gvcache {
+  uint64_t serial;
+  const di_grammar_vocab *v;
+  ci_entry **ci; /* by position in the flattened grammar */
+  int nci;
+  uint32_t **mask; /* by state id */
+  int cap_mask, nmask, max_masks;
+  int32_t *st;     /* walk scratch: state per depth */
+  uint8_t *pseen;  /* walk scratch: PSEUDO_END seen above this depth */
+  uint32_t *bits;  /* scratch bitmap */
+  int32_t *buf;
+  int cap_buf;
+  struct di_gvcache *next;
+};
+
+struct di_grammar_matcher {
+  di_grammar *g;
+  const di_grammar_vocab *v;
+  struct di_gvcache *vc;
+  int32_t *hist; /* state after each accepted step; hist[0] = start */
+  uint8_t *stop; /* step i accepted a stop token */
+  int nh, caph;
+};
+
+static void ci_free(ci_entry *e) {
+  if (!e)
+    return;
+  free(e->acc_bits);
+  free(e->acc_list);
+  free(e->unc);
+  free(e);
+}
+
+void di_gvcache_free_all(struct di_gvcache *c) {
+  while (c) {
+    struct di_gvcache *n = c->next;
+    for (int i = 0; i < c->nci; i++)
+      ci_free(c->ci[i]);
+    for (int i = 0; i < c->cap_mask; i++)
+      free(c->mask[i]);
+    free(c->ci);
+    free(c->mask);
+    free(c->st);
+    free(c->pseen);
+    free(c->bits);
+    free(c->buf);
+    free(c);
+    c = n;
+  }
+}
+
+/* Under g->mu. */
+static di_status ensure_rt(di_grammar *g) {
+  if (g->rt_ready)
+    return DI_OK;
+  DI_TRY(di_grt_init(&g->rt, &g->core));
+  g->rt_ready = 1;
+  return DI_OK;
+}
+
+static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
+  for (struct di_gvcache *c = g->vcaches; c; c = c->next)
+    if (c->serial == v->serial)
+      return c;
+  struct di_gvcache *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->serial = v->serial;
+  c->v = v;
+  c->nci = g->core.n_flat;
+  c->ci = calloc((size_t)c->nci + 1, sizeof *c->ci);
+  c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
+  c->pseen = malloc((size_t)v->maxlen + 2);
+  c->bits = calloc((size_t)v->words + 1, sizeof(uint32_t));
+  size_t per = (size_t)v->words * 4 + 64;
+  c->max_masks = (int)((size_t)(32 << 20) / per);
+  if (c->max_masks < 64)
+    c->max_masks = 64;
+  if (!c->ci || !c->st || !c->pseen || !c->bits) {
+    di_gvcache_free_all(c);
+    return NULL;
+  }
+  c->next = g->vcaches;
+  g->vcaches = c;
+  return c;
+}
+
+static int buf_append(int32_t **p, int *n, int *cap, int32_t x) {
+  if (*n == *cap) {
+    int nc = *cap ? *cap * 2 : 256;
+    int32_t *q = realloc(*p, sizeof(int32_t) * (size_t)nc);
+    if (!q)
+      return 0;
+    *p = q;
+    *cap = nc;
+  }
+  (*p)[(*n)++] = x;
+  return 1;
+}
+
+/* The context-independent classification of terminal position `pos`. Under g->mu. */
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int pos, ci_entry **out) {
+  const di_grammar_vocab *v = c->v;
+  di_grt *rt = &g->rt;
+  ci_entry *e = calloc(1, sizeof *e);
+  if (!e)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  int s0 = di_grt_pseudo_state(rt, pos);
+  if (s0 < 0) {
+    free(e);
+    return DI_ERR_OOM;
+  }
+  uint32_t *bits = c->bits; /* all zero on entry, left zero on exit */
+  int cap_unc = 0, nacc = 0;
+  c->st[0] = s0;
+  c->pseen[0] = 0;
+  di_status st = DI_OK;
+  for (int i = 0; i < v->nnodes;) {
+    int d = v->tdepth[i];
+    int prev = c->st[d - 1];
+    uint8_t pse = c->pseen[d - 1] | ((di_grt_flags(rt, prev) & DI_GRT_PSEUDO_END) != 0);
+    int s = di_grt_step(rt, prev, v->tbyte[i]);
+    if (s == DI_GRT_ERROR) {
+      st = DI_ERR_OOM;
+      break;
+    }
+    if (s == DI_GRT_DEAD) {
+      if (pse)
+        for (int k = v->tok_lo[i]; k < v->tok_lo[v->tnext[i]]; k++)
+          if (!buf_append(&e->unc, &e->nunc, &cap_unc, k)) {
+            st = di_error_set(DI_ERR_OOM, "out of memory");
+            break;
+          }
+      i = v->tnext[i];
+      continue;
+    }
+    c->st[d] = s;
+    c->pseen[d] = pse;
+    for (int k = v->tok_lo[i]; k < v->tok_lo[i + 1]; k++) {
+      int id = v->sorted[k];
+      bits[id >> 5] |= 1u << (id & 31);
+      nacc++;
+    }
+    i++;
+  }
+  /* store accepted tokens densely or as a list, whichever is smaller; clear the scratch */
+  if (st == DI_OK) {
+    e->nacc = nacc;
+    if (nacc > v->words) {
+      e->acc_bits = malloc(sizeof(uint32_t) * (size_t)v->words);
+      if (e->acc_bits)
+        memcpy(e->acc_bits, bits, sizeof(uint32_t) * (size_t)v->words);
+      else
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+    } else if (nacc > 0) {
+      e->acc_list = malloc(sizeof(int32_t) * (size_t)nacc);
+      if (!e->acc_list)
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+      int n = 0;
+      for (int w = 0; w < v->words && e->acc_list; w++)
+        for (uint32_t x = bits[w]; x; x &= x - 1)
+          e->acc_list[n++] = w * 32 + __builtin_ctz(x);
+    }
+  }
+  memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
+  if (st != DI_OK) {
+    ci_free(e);
+    return st;
+  }
+  *out = e;
+  return DI_OK;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Full mask for state S into out (vocab words). Under g->mu. */
+static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32_t *out) {
+  const di_grammar_vocab *v = c->v;
+  di_grt *rt = &g->rt;
+  int W = v->words;
+  memset(out, 0, sizeof(uint32_t) * (size_t)W);
+  int nbuf = 0, lists = 0;
+  for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
+    int pos = rt->npos[rt->sn[k]];
+    if (!c->ci[pos])
+      DI_TRY(compute_ci(g, c, pos, &c->ci[pos]));
+    ci_entry *e = c->ci[pos];
+    if (e->acc_bits) {
+      for (int w = 0; w < W; w++)
+        out[w] |= e->acc_bits[w];
+    } else {
+      for (int i = 0; i < e->nacc; i++)
+        out[e->acc_list[i] >> 5] |= 1u << (e->acc_list[i] & 31);
+    }
+    if (e->nunc) {
+      lists++;
+      for (int i = 0; i < e->nunc; i++)
+        if (!buf_append(&c->buf, &nbuf, &c->cap_buf, e->unc[i]))
+          return di_error_set(DI_ERR_OOM, "out of memory");
+    }
+  }
+  if (lists > 1) { /* merge: sort, unique */
+    qsort(c->buf, (size_t)nbuf, sizeof(int32_t), cmp_i32);
+    int m = 0;
+    for (int i = 0; i < nbuf; i++)
+      if (m == 0 || c->buf[m - 1] != c->buf[i])
+        c->buf[m++] = c->buf[i];
+    nbuf = m;
+  }
+  /* walk the uncertain tokens from the real state, reusing the states of the shared prefix with
+   * the previous token (they come in trie order) */
+  const uint8_t *prev = NULL;
+  int prevlen = 0, valid = 0; /* c->st[0..valid] are states for prev's prefix */
+  c->st[0] = S;
+  for (int i = 0; i < nbuf; i++) {
+    int id = v->sorted[c->buf[i]];
+    if ((out[id >> 5] >> (id & 31)) & 1u)
+      continue;
+    const uint8_t *t = v->bytes + v->off[id];
+    int len = (int)(v->off[id + 1] - v->off[id]);
+    int l = 0;
+    if (prev)
+      while (l < len && l < prevlen && l < valid && t[l] == prev[l])
+        l++;
+    int s = c->st[l];
+    int d = l;
+    for (; d < len; d++) {
+      s = di_grt_step(rt, s, t[d]);
+      if (s < 0)
+        break;
+      c->st[d + 1] = s;
+    }
+    if (s == DI_GRT_ERROR)
+      return DI_ERR_OOM;
+    valid = d; /* st[0..d] valid */
+    prev = t;
+    prevlen = len;
+    if (s >= 0)
+      out[id >> 5] |= 1u << (id & 31);
+  }
+  if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)
+    for (int i = 0; i < v->nstop; i++)
+      out[v->stop[i] >> 5] |= 1u << (v->stop[i] & 31);
+  return DI_OK;
+}
+
+di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab *v, di_grammar_matcher **out) {
+  if (!gc || !v || !out)
+    return di_error_set(DI_ERR_INVALID_ARG, "di_grammar_matcher_create: NULL argument");
+  di_grammar *g = (di_grammar *)gc; /* logically const: only its caches change, under g->mu */
+  di_grammar_matcher *m = calloc(1, sizeof *m);
+  if (!m)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  pthread_mutex_lock(&g->mu);
+  di_status st = ensure_rt(g);
+  if (st == DI_OK) {
+    m->vc = get_vcache(g, v);
+    if (!m->vc)
+      st = di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  int start = g->rt_ready ? g->rt.start : 0;
+  pthread_mutex_unlock(&g->mu);
+  m->caph = 64;
+  m->hist = malloc(sizeof(int32_t) * (size_t)m->caph);
+  m->stop = malloc((size_t)m->caph);
+  if (st == DI_OK && (!m->hist || !m->stop))
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+  if (st != DI_OK) {
+    free(m->hist);
+    free(m->stop);
+    free(m);
+    return st;
+  }
+  m->g = di_grammar_ref_internal(g);
+  m->v = v;
+  m->hist[0] = start;
+  m->stop[0] = 0;
+  m->nh = 1;
+  *out = m;
+  return DI_OK;
+}
+
+void di_grammar_matcher_free(di_grammar_matcher *m) {
+  if (!m)
+    return;
+  di_grammar_free(m->g);
+  free(m->hist);
+  free(m->stop);
+  free(m);
+}
+
+int di_grammar_matcher_is_terminated(const di_grammar_matcher *m) { return m->stop[m->nh - 1]; }
+
+int di_grammar_matcher_can_end(const di_grammar_matcher *m) {
+  if (m->stop[m->nh - 1])
+    return 1;
+  pthread_mutex_lock(&m->g->mu); /* the state table may be growing in another thread */
+  int r = (di_grt_flags(&m->g->rt, m->hist[m->nh - 1]) & DI_GRT_ACCEPT) != 0;
+  pthread_mutex_unlock(&m->g->mu);
+  return r;
+}
+
+int di_grammar_matcher_num_accepted(const di_grammar_matcher *m) { return m->nh - 1; }
+
+void di_grammar_matcher_reset(di_grammar_matcher *m) { m->nh = 1; }
+
+di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask) {
+  const di_grammar_vocab *v = m->v;
+  if (m->stop[m->nh - 1]) {
+    memset(bitmask, 0, sizeof(uint32_t) * (size_t)v->words);
+    return DI_OK;
+  }
+  di_grammar *g = m->g;
+  struct di_gvcache *c = m->vc;
+  int S = m->hist[m->nh - 1];
+  pthread_mutex_lock(&g->mu);
+  di_status st = DI_OK;
+  if (S < c->cap_mask && c->mask[S]) {
+    memcpy(bitmask, c->mask[S], sizeof(uint32_t) * (size_t)v->words);
+  } else {
+    st = compute_mask(g, c, S, bitmask);
+    if (st == DI_OK && c->nmask < c->max_masks) {
+      if (S >= c->cap_mask) {
+        int nc = c->cap_mask ? c->cap_mask : 256;
+        while (nc <= S)
+          nc *= 2;
+        uint32_t **q = realloc(c->mask, sizeof *q * (size_t)nc);
+        if (q) {
+          memset(q + c->cap_mask, 0, sizeof *q * (size_t)(nc - c->cap_mask));
+          c->mask = q;
+          c->cap_mask = nc;
+        }
+      }
+      if (S < c->cap_mask) {
+        c->mask[S] = malloc(sizeof(uint32_t) * (size_t)v->words);
+        if (c->mask[S]) {
+          memcpy(c->mask[S], bitmask, sizeof(uint32_t) * (size_t)v->words);
+          c->nmask++;
+        }
+      }
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+  return st;
+}
+
+static di_status push_state(di_grammar_matcher *m, int s, int stop) {
+  if (m->nh == m->caph) {
+    int nc = m->caph * 2;
+    int32_t *h = realloc(m->hist, sizeof(int32_t) * (size_t)nc);
+    if (h)
+      m->hist = h;
+    uint8_t *t = realloc(m->stop, (size_t)nc);
+    if (t)
+      m->stop = t;
+    if (!h || !t)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    m->caph = nc;
+  }
+  m->hist[m->nh] = s;
+  m->stop[m->nh] = (uint8_t)stop;
+  m->nh++;
+  return DI_OK;
+}
+
+static di_status advance(di_grammar_matcher *m, const uint8_t *b, size_t n, int *out) {
+  di_grammar *g = m->g;
+  pthread_mutex_lock(&g->mu);
+  int s = m->hist[m->nh - 1];
+  for (size_t i = 0; i < n && s >= 0; i++)
+    s = di_grt_step(&g->rt, s, b[i]);
+  pthread_mutex_unlock(&g->mu);
+  if (s == DI_GRT_ERROR)
+    return DI_ERR_OOM;
+  *out = s;
+  return DI_OK;
+}
+
+di_status di_grammar_matcher_accept_token(di_grammar_matcher *m, int32_t id) {
+  const di_grammar_vocab *v = m->v;
+  if (id < 0 || id >= v->n)
+    return di_error_set(DI_ERR_INVALID_ARG, "token id %d outside the vocabulary (size %d)", (int)id, v->n);
+  if (m->stop[m->nh - 1])
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d after the stop token", (int)id);
+  if (v->is_stop[id]) {
+    if (!di_grammar_matcher_can_end(m))
+      return di_error_set(DI_ERR_INVALID_ARG, "grammar: stop token %d before the grammar can end", (int)id);
+    return push_state(m, m->hist[m->nh - 1], 1);
+  }
+  uint32_t len = v->off[id + 1] - v->off[id];
+  if (len == 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d has no bytes and is never allowed", (int)id);
+  int s;
+  DI_TRY(advance(m, v->bytes + v->off[id], len, &s));
+  if (s < 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d is not allowed here", (int)id);
+  return push_state(m, s, 0);
+}
+
+di_status di_grammar_matcher_accept_bytes(di_grammar_matcher *m, const char *s, size_t len) {
+  if (m->stop[m->nh - 1])
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar: bytes after the stop token");
+  int st;
+  DI_TRY(advance(m, (const uint8_t *)s, len, &st));
+  if (st < 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar: these bytes are not allowed here");
+  return push_state(m, st, 0);
+}
+
+di_status di_grammar_matcher_rollback(di_grammar_matcher *m, int n) {
+  if (n < 0 || n > m->nh - 1)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar: cannot roll back %d steps (%d accepted)", n, m->nh - 1);
+  m->nh -= n;
+  return DI_OK;
+}

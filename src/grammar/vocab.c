@@ -1,0 +1,159 @@
+/* Grammar vocabulary: each token id's bytes, the stop ids, and a byte trie of the other tokens
+ * laid out in preorder, so a mask computation can walk all tokens sharing a prefix once and skip
+ * a whole subtree when the automaton dies on the prefix. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/vocab.h"
+
+static atomic_ullong vocab_serial = 1;
+
+static const di_grammar_vocab *sort_v;
+static int cmp_tok(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  const di_grammar_vocab *v = sort_v;
+  uint32_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
+  int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], lx < ly ? lx : ly);
+  if (c)
+    return c;
+  if (lx != ly)
+    return lx < ly ? -1 : 1;
+  return x < y ? -1 : x > y;
+}
+
+di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes, const size_t *token_lens,
+                                  const int32_t *stop_ids, int n_stop, di_grammar_vocab **out) {
+  if (vocab_size <= 0 || !token_bytes || !token_lens || (n_stop && !stop_ids) || !out)
+    return di_error_set(DI_ERR_INVALID_ARG, "di_grammar_vocab_create: bad arguments");
+  di_grammar_vocab *v = calloc(1, sizeof *v);
+  if (!v)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  v->n = vocab_size;
+  v->words = (vocab_size + 31) / 32;
+  v->serial = atomic_fetch_add(&vocab_serial, 1);
+  size_t total = 0;
+  for (int i = 0; i < vocab_size; i++)
+    total += token_bytes[i] ? token_lens[i] : 0;
+  v->off = malloc(sizeof(uint32_t) * ((size_t)vocab_size + 1));
+  v->bytes = malloc(total + 1);
+  v->is_stop = calloc((size_t)vocab_size, 1);
+  v->stop = malloc(sizeof(int32_t) * ((size_t)n_stop + 1));
+  v->sorted = malloc(sizeof(int32_t) * ((size_t)vocab_size + 1));
+  if (!v->off || !v->bytes || !v->is_stop || !v->stop || !v->sorted || total > 0xFFFFFFF0u) {
+    di_grammar_vocab_free(v);
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar vocabulary");
+  }
+  size_t o = 0;
+  for (int i = 0; i < vocab_size; i++) {
+    v->off[i] = (uint32_t)o;
+    if (token_bytes[i] && token_lens[i]) {
+      memcpy(v->bytes + o, token_bytes[i], token_lens[i]);
+      o += token_lens[i];
+    }
+  }
+  v->off[vocab_size] = (uint32_t)o;
+  for (int i = 0; i < n_stop; i++) {
+    if (stop_ids[i] < 0 || stop_ids[i] >= vocab_size) {
+      di_grammar_vocab_free(v);
+      return di_error_set(DI_ERR_INVALID_ARG, "stop id %d outside the vocabulary (size %d)", (int)stop_ids[i], vocab_size);
+    }
+    if (!v->is_stop[stop_ids[i]])
+      v->stop[v->nstop++] = stop_ids[i];
+    v->is_stop[stop_ids[i]] = 1;
+  }
+  int ns = 0, maxlen = 0;
+  for (int i = 0; i < vocab_size; i++) {
+    int len = (int)(v->off[i + 1] - v->off[i]);
+    if (len > 0 && !v->is_stop[i])
+      v->sorted[ns++] = i;
+    if (len > maxlen)
+      maxlen = len;
+  }
+  v->nsorted = ns;
+  v->maxlen = maxlen;
+  /* qsort has no context argument in C11: a global guarded by a lock (vocab creation is rare) */
+  static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&sort_mu);
+  sort_v = v;
+  qsort(v->sorted, (size_t)ns, sizeof(int32_t), cmp_tok);
+  pthread_mutex_unlock(&sort_mu);
+  /* trie in preorder: one node per distinct prefix */
+  size_t cap = 1024;
+  v->tbyte = malloc(cap);
+  v->tdepth = malloc(sizeof(int32_t) * cap);
+  v->tnext = malloc(sizeof(int32_t) * cap);
+  v->tok_lo = malloc(sizeof(int32_t) * (cap + 1));
+  int32_t *open = malloc(sizeof(int32_t) * ((size_t)maxlen + 2));
+  if (!v->tbyte || !v->tdepth || !v->tnext || !v->tok_lo || !open) {
+    free(open);
+    di_grammar_vocab_free(v);
+    return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
+  }
+  int nn = 0, nopen = 0;
+  const uint8_t *prev = NULL;
+  int prevlen = 0;
+  for (int k = 0; k < ns; k++) {
+    int id = v->sorted[k];
+    const uint8_t *t = v->bytes + v->off[id];
+    int len = (int)(v->off[id + 1] - v->off[id]);
+    int l = 0;
+    while (prev && l < len && l < prevlen && t[l] == prev[l])
+      l++;
+    while (nopen > l) /* close nodes deeper than the shared prefix */
+      v->tnext[open[--nopen]] = nn;
+    for (int d = l; d < len; d++) {
+      if ((size_t)nn + 1 >= cap) {
+        cap *= 2;
+        uint8_t *a = realloc(v->tbyte, cap);
+        if (a)
+          v->tbyte = a;
+        int32_t *b = realloc(v->tdepth, sizeof(int32_t) * cap), *c = realloc(v->tnext, sizeof(int32_t) * cap),
+                *e = realloc(v->tok_lo, sizeof(int32_t) * (cap + 1));
+        if (b)
+          v->tdepth = b;
+        if (c)
+          v->tnext = c;
+        if (e)
+          v->tok_lo = e;
+        if (!a || !b || !c || !e) {
+          free(open);
+          di_grammar_vocab_free(v);
+          return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
+        }
+      }
+      v->tbyte[nn] = t[d];
+      v->tdepth[nn] = d + 1;
+      v->tok_lo[nn] = k; /* first token (sorted index) at or below this node */
+      open[nopen++] = nn;
+      nn++;
+    }
+    prev = t;
+    prevlen = len;
+  }
+  while (nopen > 0)
+    v->tnext[open[--nopen]] = nn;
+  v->tok_lo[nn] = ns;
+  v->nnodes = nn;
+  free(open);
+  /* Tokens ending at node i are exactly the sorted indices [tok_lo[i], tok_lo[i+1]): a token that
+   * creates no node equals its predecessor. The subtree of i holds [tok_lo[i], tok_lo[tnext[i]]). */
+  *out = v;
+  return DI_OK;
+}
+
+void di_grammar_vocab_free(di_grammar_vocab *v) {
+  if (!v)
+    return;
+  free(v->off);
+  free(v->bytes);
+  free(v->is_stop);
+  free(v->stop);
+  free(v->sorted);
+  free(v->tbyte);
+  free(v->tdepth);
+  free(v->tnext);
+  free(v->tok_lo);
+  free(v);
+}
+
+int di_grammar_vocab_size(const di_grammar_vocab *v) { return v->n; }

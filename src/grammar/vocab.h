@@ -1,0 +1,23 @@
+/* The grammar vocabulary's internal layout (vocab.c builds it, matcher.c walks it). */
+#ifndef DI_GRAMMAR_VOCAB_H
+#define DI_GRAMMAR_VOCAB_H
+#include <pthread.h>
+#include "grammar/grammar.h"
+
+struct di_grammar_vocab {
+  int n, words;           /* vocabulary size, bitmask words */
+  uint64_t serial;        /* unique per vocabulary object: keys the per-grammar mask caches */
+  uint8_t *bytes;         /* all token bytes */
+  uint32_t *off;          /* token i = bytes[off[i] .. off[i+1]) */
+  uint8_t *is_stop;
+  int32_t *stop;
+  int nstop;
+  int32_t *sorted;        /* ids of the non-stop tokens with bytes, in byte order (trie preorder) */
+  int nsorted, maxlen;
+  /* the trie: node i (preorder) has byte tbyte[i] at depth tdepth[i] (1-based), its subtree ends
+   * before node tnext[i]; tok_lo[i] = first sorted index at or below node i */
+  uint8_t *tbyte;
+  int32_t *tdepth, *tnext, *tok_lo;
+  int nnodes;
+};
+#endif

@@ -1,0 +1,150 @@
+/* Token masks against brute force: for random walks through several grammars over a synthetic
+ * vocabulary (all single bytes, multi-byte fragments, UTF-8 pieces, random strings, a stop id,
+ * empty ids), every mask bit must equal "accepting this token alone succeeds". Also rollback,
+ * termination and the stop-token rules. */
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/grammar.h"
+#include "test_util.h"
+
+static uint64_t rng = 88172645463325252ULL;
+static uint32_t rnd(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (uint32_t)rng;
+}
+
+#define NV 1400
+static char *toks[NV];
+static size_t lens[NV];
+static int n_tok;
+
+static void add_tok(const char *s, size_t n) {
+  toks[n_tok] = malloc(n + 1);
+  memcpy(toks[n_tok], s, n);
+  toks[n_tok][n] = 0;
+  lens[n_tok++] = n;
+}
+
+static void build_vocab(void) {
+  for (int b = 0; b < 256; b++) {
+    char c = (char)b;
+    add_tok(&c, 1);
+  }
+  static const char *frags[] = {"{\"", "\":", "\",", "\"}", "\"", "{}", "[]", "[", "],", "},", "true", "false", "null",
+                                "nul", "tru", "name", "\"name", "\"name\":", "age", "\"age\":", "0", "10", "123", "-1",
+                                "1.5", "e+", ".0", "\\n", "\\\"", "\\u00", "é", "\xc3", "\xa9", "日本", "\xe6\x97",
+                                " ", "  ", "\n", ", ", ": ", "abc", "ab", "a", "b", "c", "x", "2024", "-01", "-15",
+                                "T12", ":30", ":00Z", "@", ".com", "foo", "bar", "\"foo\"", "\"bar\"", "+", "(", ")",
+                                "1+2", "()", "((", "))", "ws", "\"tags\":[", "\"x\"]", "[\"", "\"]"};
+  for (size_t i = 0; i < sizeof frags / sizeof frags[0]; i++)
+    add_tok(frags[i], strlen(frags[i]));
+  static const char alpha[] = "{}[]\":,0123456789-.eE+abcdefnrtulsx \\\n@T:Z";
+  while (n_tok < NV - 10) {
+    char buf[8];
+    int n = 2 + (int)(rnd() % 6);
+    for (int i = 0; i < n; i++)
+      buf[i] = alpha[rnd() % (sizeof alpha - 1)];
+    add_tok(buf, (size_t)n);
+  }
+  while (n_tok < NV)
+    add_tok("", 0); /* padding / special ids without bytes */
+}
+
+static int allowed(const uint32_t *mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1u; }
+
+static void walk(const char *name, di_grammar_kind kind, const char *src, int steps, int walks) {
+  di_grammar *g = NULL;
+  di_status st = di_grammar_compile(kind, src, strlen(src), NULL, &g);
+  CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
+  if (st != DI_OK)
+    return;
+  const int STOP = NV - 1;
+  int32_t stops[1] = {STOP};
+  /* the stop id has no bytes of its own here; give it some to check they are ignored */
+  di_grammar_vocab *v = NULL;
+  const char *tb[NV];
+  for (int i = 0; i < NV; i++)
+    tb[i] = toks[i];
+  size_t tl[NV];
+  memcpy(tl, lens, sizeof tl);
+  tb[STOP] = "</s>";
+  tl[STOP] = 4;
+  CHECK(di_grammar_vocab_create(NV, tb, tl, stops, 1, &v) == DI_OK);
+  uint32_t mask[(NV + 31) / 32];
+  int bad = 0, ended = 0;
+  for (int w = 0; w < walks; w++) {
+    di_grammar_matcher *m = NULL;
+    CHECK(di_grammar_matcher_create(g, v, &m) == DI_OK);
+    for (int step = 0; step < steps; step++) {
+      CHECK(di_grammar_matcher_fill_mask(m, mask) == DI_OK);
+      int n_allowed = 0, cand[NV];
+      for (int id = 0; id < NV; id++) {
+        int a = allowed(mask, id);
+        int ok;
+        if (id == STOP) {
+          ok = di_grammar_matcher_can_end(m);
+        } else if (di_grammar_matcher_accept_token(m, id) == DI_OK) {
+          ok = 1;
+          CHECK(di_grammar_matcher_rollback(m, 1) == DI_OK);
+        } else {
+          ok = 0;
+        }
+        if (a != ok && bad++ < 5)
+          fprintf(stderr, "%s: walk %d step %d token %d '%s': mask %d, brute force %d\n", name, w, step, id, toks[id],
+                  a, ok);
+        if (ok && id != STOP)
+          cand[n_allowed++] = id;
+      }
+      if (n_allowed == 0 || (di_grammar_matcher_can_end(m) && rnd() % 8 == 0)) {
+        CHECK(di_grammar_matcher_can_end(m));
+        CHECK(di_grammar_matcher_accept_token(m, STOP) == DI_OK);
+        CHECK(di_grammar_matcher_is_terminated(m));
+        CHECK(di_grammar_matcher_fill_mask(m, mask) == DI_OK);
+        int any = 0;
+        for (int i = 0; i < (NV + 31) / 32; i++)
+          any |= mask[i] != 0;
+        CHECK(!any);
+        CHECK(di_grammar_matcher_accept_token(m, 'a') != DI_OK);
+        CHECK(di_grammar_matcher_rollback(m, 1) == DI_OK);
+        CHECK(!di_grammar_matcher_is_terminated(m));
+        ended++;
+        break;
+      }
+      int id = cand[rnd() % (unsigned)n_allowed];
+      CHECK(di_grammar_matcher_accept_token(m, id) == DI_OK);
+      if (rnd() % 10 == 0 && di_grammar_matcher_num_accepted(m) >= 2) { /* speculative: roll back 2, redo */
+        CHECK(di_grammar_matcher_rollback(m, 2) == DI_OK);
+      }
+    }
+    /* empty ids are never allowed */
+    CHECK(!allowed(mask, NV - 2));
+    CHECK(di_grammar_matcher_accept_token(m, NV - 2) != DI_OK);
+    CHECK(di_grammar_matcher_rollback(m, di_grammar_matcher_num_accepted(m) + 1) != DI_OK);
+    di_grammar_matcher_free(m);
+  }
+  CHECKF(bad == 0, "%s: %d mask mismatches", name, bad);
+  fprintf(stderr, "%s: %d walks, %d ended by stop\n", name, walks, ended);
+  di_grammar_vocab_free(v);
+  di_grammar_free(g);
+}
+
+int main(void) {
+  build_vocab();
+  walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);
+  walk("schema", DI_GRAMMAR_JSON_SCHEMA,
+       "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"age\":{\"type\":\"integer\","
+       "\"minimum\":-5,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",\"foo\"]}},\"when\":{"
+       "\"type\":\"string\",\"format\":\"date-time\"}},\"required\":[\"name\",\"age\"],\"additionalProperties\":{\"type\":"
+       "\"boolean\"}}",
+       40, 12);
+  walk("regex", DI_GRAMMAR_REGEX, "(ab|a[0-9]+c)*x?(é|日本)+\\d{2,4}", 25, 12);
+  walk("ebnf", DI_GRAMMAR_EBNF,
+       "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= [0-9]+ | \"(\" ws expr ws \")\"\nws ::= \" \"?\n", 30,
+       12);
+  walk("ws-json", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"maxItems\":4}", 30, 8);
+  for (int i = 0; i < n_tok; i++)
+    free(toks[i]);
+  return test_finish("test_grammar_mask");
+}
