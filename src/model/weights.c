@@ -2,6 +2,7 @@
  * references, tests and one-time conversions at load. */
 #include "model/weights.h"
 #include "util/numeric.h"
+#include <string.h>
 
 size_t di_dtype_size(di_dtype t) {
   switch (t) {
@@ -20,12 +21,25 @@ const char *di_dtype_name(di_dtype t) {
   return (unsigned)t < DI_DT_COUNT ? names[t] : "?";
 }
 
+/* Checkpoint data need not be aligned (safetensors headers are not always padded): load through
+ * memcpy, which compiles to a plain load. */
+static inline float ld_f32(const void *p, int64_t i) {
+  float v;
+  memcpy(&v, (const char *)p + 4 * i, 4);
+  return v;
+}
+static inline uint16_t ld_u16(const void *p, int64_t i) {
+  uint16_t v;
+  memcpy(&v, (const char *)p + 2 * i, 2);
+  return v;
+}
+
 float di_weight_get(const di_weight *w, int64_t r, int64_t c) {
   int64_t i = r * w->cols + c;
   switch (w->dtype) {
-  case DI_DT_F32: return ((const float *)w->data)[i];
-  case DI_DT_BF16: return di_bf16_to_f32(((const uint16_t *)w->data)[i]);
-  case DI_DT_F16: return di_f16_to_f32(((const uint16_t *)w->data)[i]);
+  case DI_DT_F32: return ld_f32(w->data, i);
+  case DI_DT_BF16: return di_bf16_to_f32(ld_u16(w->data, i));
+  case DI_DT_F16: return di_f16_to_f32(ld_u16(w->data, i));
   case DI_DT_F8E4M3:
     return di_fp8e4m3_to_f32(((const uint8_t *)w->data)[i]) *
            w->scale_inv[(r / w->block_rows) * w->scale_cols + c / w->block_cols];
