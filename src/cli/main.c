@@ -7,6 +7,7 @@ int di_cmd_generate(int argc, char **argv);
 int di_cmd_tokenize(int argc, char **argv);
 int di_cmd_detokenize(int argc, char **argv);
 int di_cmd_grammar(int argc, char **argv);
+int di_cmd_chat_template(int argc, char **argv);
 
 static const di_cli_command COMMANDS[] = {
     {"score", "write the logits of a token sequence to a safetensors file", di_cmd_score},
@@ -14,6 +15,7 @@ static const di_cli_command COMMANDS[] = {
     {"tokenize", "text on stdin to token ids (JSON), as Hugging Face tokenizers", di_cmd_tokenize},
     {"detokenize", "token ids (JSON) on stdin to text, as Hugging Face tokenizers", di_cmd_detokenize},
     {"grammar", "compile a grammar (regex, JSON schema, EBNF) and check stdin against it", di_cmd_grammar},
+    {"chat-template", "render a conversation with a model's chat template", di_cmd_chat_template},
 };
 
 static void usage(FILE *f) {
