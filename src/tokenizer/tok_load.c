@@ -633,8 +633,12 @@ di_status di_tokenizer_load_mem(const char *json, size_t len, const char *config
   if (st == DI_OK) {
     t = calloc(1, sizeof *t);
     st = t ? load_all(t, root, cfg) : di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
-    if (st != DI_OK && what && strcmp(what, W) != 0)
-      di_error_wrap(st, "%s: ", what);
+    if (st != DI_OK && what && strcmp(what, W) != 0) { /* name the file instead of "tokenizer.json" */
+      char msg[1024];
+      const char *m = di_last_error();
+      snprintf(msg, sizeof msg, "%s", strncmp(m, W ": ", sizeof W + 1) == 0 ? m + sizeof W + 1 : m);
+      di_error_set(st, "%s: %s", what, msg);
+    }
   }
   cJSON_Delete(root);
   cJSON_Delete(cfg);

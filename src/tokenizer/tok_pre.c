@@ -48,15 +48,84 @@ int di_cp_to_byte(uint32_t cp) {
 }
 
 /* ---- patterns ---- */
+/* Oniguruma's \s (what HF's regexes are written for) is the White_Space property; PCRE2 10.42's \s
+ * in UCP mode also matches U+180E. So \s and \S are spelled out as explicit classes. */
+#define WS_CHARS "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+static int rewrite_regex(const char *src, size_t n, di_buf *out) {
+  int in_class = 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = src[i];
+    if (c == '\\' && i + 1 < n) {
+      char e = src[i + 1];
+      i++;
+      if (e == 's' || e == 'S') {
+        if (in_class && e == 's') {
+          if (di_buf_append(out, WS_CHARS, sizeof WS_CHARS - 1))
+            return -1;
+          continue;
+        }
+        if (!in_class) {
+          const char *open = e == 's' ? "[" : "[^";
+          if (di_buf_append(out, open, strlen(open)) || di_buf_append(out, WS_CHARS, sizeof WS_CHARS - 1) ||
+              di_buf_putc(out, ']'))
+            return -1;
+          continue;
+        }
+      }
+      if (di_buf_putc(out, '\\') || di_buf_putc(out, e))
+        return -1;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = 1;
+      if (di_buf_putc(out, c))
+        return -1;
+      /* a ']' right after '[' or '[^' is a literal */
+      if (i + 1 < n && src[i + 1] == '^') {
+        if (di_buf_putc(out, '^'))
+          return -1;
+        i++;
+      }
+      if (i + 1 < n && src[i + 1] == ']') {
+        if (di_buf_putc(out, ']'))
+          return -1;
+        i++;
+      }
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < n && src[i + 1] == ':') { /* POSIX class [:alpha:] */
+      const char *end = memchr(src + i + 2, ']', n - i - 2);
+      if (end) {
+        size_t l = (size_t)(end - (src + i)) + 1;
+        if (di_buf_append(out, src + i, l))
+          return -1;
+        i += l - 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']')
+      in_class = 0;
+    if (di_buf_putc(out, c))
+      return -1;
+  }
+  return di_buf_reserve(out, 0);
+}
+
 di_status di_pattern_compile(di_pattern *pat, const char *src, size_t n, int literal, const char *what) {
   int err;
   PCRE2_SIZE off;
-  uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-  pat->re = pcre2_compile((PCRE2_SPTR)src, n, opts, &err, &off, NULL);
+  di_buf rx = {0};
+  if (!literal) {
+    if (rewrite_regex(src, n, &rx))
+      return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  }
+  uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* LITERAL refuses UCP */
+  pat->re = pcre2_compile((PCRE2_SPTR)(literal ? src : rx.p), literal ? n : rx.len, opts, &err, &off, NULL);
+  di_buf_free(&rx);
   if (!pat->re) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    return di_error_set(DI_ERR_FORMAT, "%s: bad regex \"%.*s\" at offset %zu: %s", what, (int)(n > 200 ? 200 : n),
+    return di_error_set(DI_ERR_FORMAT, "%s: bad regex \"%.*s\" near offset %zu: %s", what, (int)(n > 200 ? 200 : n),
                         src, (size_t)off, (const char *)msg);
   }
   pcre2_jit_compile(pat->re, PCRE2_JIT_COMPLETE); /* no JIT: the interpreter still works */
