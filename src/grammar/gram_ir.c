@@ -445,61 +445,118 @@ di_status di_gb_finish(di_gb *b, int root) {
     return di_error_set(DI_ERR_FORMAT, "the grammar accepts nothing (rule '%s' can never complete)",
                         b->rules[root].name);
   }
-  /* left recursion: a cycle of rule references each reachable through a nullable prefix. The
-   * automaton expands rules eagerly, so such a cycle would never terminate. Iterative DFS. */
-  char *color = calloc((size_t)nr, 1);
-  int *stk = malloc(sizeof(int) * (size_t)nr * 2 + 2);
+  /* Left recursion: a cycle of rule references, each reached through a nullable prefix, that
+   * pushes a stack node on the way (a reference that is not the last element of its alternative).
+   * The automaton expands rules eagerly, so such a cycle would grow stacks without end; cycles of
+   * tail references only (as in `(a*)*`) revisit the same node and are harmless. Found with
+   * strongly connected components (iterative Tarjan) over the "left edges". */
   di_status st = DI_OK;
-  if (!color || !stk) {
+  int ne = 0, cape = 64;
+  int *eto = malloc(sizeof(int) * (size_t)cape), *efrom = malloc(sizeof(int) * (size_t)cape);
+  char *egrow = malloc((size_t)cape);
+  int *eoff = calloc((size_t)nr + 1, sizeof(int));
+  if (!eto || !efrom || !egrow || !eoff)
     st = di_error_set(DI_ERR_OOM, "out of memory");
-  }
-  for (int s0 = 0; st == DI_OK && s0 < nr; s0++) {
-    if (color[s0])
-      continue;
-    int sp = 0;
-    stk[sp++] = s0;
-    stk[sp++] = 0; /* (rule, next element index to scan over all alts' nullable prefixes) */
-    color[s0] = 1;
-    while (sp && st == DI_OK) {
-      int ri = stk[sp - 2], ki = stk[sp - 1];
-      di_grule *r = &b->rules[ri];
-      int next = -1;
-      /* scan element ki: alternatives are walked only over their nullable prefix */
-      while (ki < r->n_els) {
-        int lo = 0, hi = r->n_alts - 1; /* alternative containing ki */
-        while (lo < hi) {
-          int mid = (lo + hi + 1) / 2;
-          if (r->alt_off[mid] <= ki)
-            lo = mid;
-          else
-            hi = mid - 1;
-        }
-        di_gel e = r->els[ki];
-        if (e.kind == DI_GE_CLASS || !prod[e.arg] || !nullable[e.arg])
-          ki = r->alt_off[lo + 1] > ki ? r->alt_off[lo + 1] : ki + 1;
-        else
-          ki++;
-        if (e.kind == DI_GE_RULE && prod[e.arg]) {
-          next = e.arg;
+  for (int i = 0; st == DI_OK && i < nr; i++) {
+    di_grule *r = &b->rules[i];
+    eoff[i] = ne;
+    for (int a = 0; a < r->n_alts && st == DI_OK; a++) {
+      for (int k = r->alt_off[a]; k < r->alt_off[a + 1]; k++) {
+        di_gel e = r->els[k];
+        if (e.kind == DI_GE_CLASS || !prod[e.arg])
           break;
+        if (ne == cape) {
+          cape *= 2;
+          int *t1 = realloc(eto, sizeof(int) * (size_t)cape), *t2 = realloc(efrom, sizeof(int) * (size_t)cape);
+          char *t3 = realloc(egrow, (size_t)cape);
+          if (t1)
+            eto = t1;
+          if (t2)
+            efrom = t2;
+          if (t3)
+            egrow = t3;
+          if (!t1 || !t2 || !t3) {
+            st = di_error_set(DI_ERR_OOM, "out of memory");
+            break;
+          }
         }
-      }
-      stk[sp - 1] = ki;
-      if (next < 0) {
-        color[ri] = 2;
-        sp -= 2;
-      } else if (color[next] == 1) {
-        st = di_error_set(DI_ERR_UNSUPPORTED, "rule '%s' is left-recursive (through '%s'); rewrite it with repetition",
-                          b->rules[next].name, b->rules[ri].name);
-      } else if (color[next] == 0) {
-        color[next] = 1;
-        stk[sp++] = next;
-        stk[sp++] = 0;
+        eto[ne] = e.arg;
+        efrom[ne] = i;
+        egrow[ne] = k + 1 < r->alt_off[a + 1];
+        ne++;
+        if (!nullable[e.arg])
+          break;
       }
     }
   }
-  free(color);
-  free(stk);
+  eoff[nr] = ne;
+  int *idx = malloc(sizeof(int) * (size_t)nr), *low = malloc(sizeof(int) * (size_t)nr);
+  int *comp = malloc(sizeof(int) * (size_t)nr), *tstack = malloc(sizeof(int) * (size_t)nr);
+  int *cs_node = malloc(sizeof(int) * (size_t)nr), *cs_edge = malloc(sizeof(int) * (size_t)nr);
+  char *onstack = calloc((size_t)nr, 1);
+  if (st == DI_OK && (!idx || !low || !comp || !tstack || !cs_node || !cs_edge || !onstack))
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+  if (st == DI_OK) {
+    for (int i = 0; i < nr; i++)
+      idx[i] = -1;
+    int counter = 0, tsp = 0, ncomp = 0;
+    for (int s0 = 0; s0 < nr; s0++) {
+      if (idx[s0] >= 0)
+        continue;
+      int csp = 0;
+      cs_node[csp] = s0;
+      cs_edge[csp++] = eoff[s0];
+      idx[s0] = low[s0] = counter++;
+      tstack[tsp++] = s0;
+      onstack[s0] = 1;
+      while (csp) {
+        int v = cs_node[csp - 1];
+        if (cs_edge[csp - 1] < eoff[v + 1]) {
+          int w = eto[cs_edge[csp - 1]++];
+          if (idx[w] < 0) {
+            idx[w] = low[w] = counter++;
+            tstack[tsp++] = w;
+            onstack[w] = 1;
+            cs_node[csp] = w;
+            cs_edge[csp++] = eoff[w];
+          } else if (onstack[w] && idx[w] < low[v]) {
+            low[v] = idx[w];
+          }
+        } else {
+          if (low[v] == idx[v]) {
+            int w;
+            do {
+              w = tstack[--tsp];
+              onstack[w] = 0;
+              comp[w] = ncomp;
+            } while (w != v);
+            ncomp++;
+          }
+          csp--;
+          if (csp && low[v] < low[cs_node[csp - 1]])
+            low[cs_node[csp - 1]] = low[v];
+        }
+      }
+    }
+    for (int e = 0; e < ne; e++)
+      if (egrow[e] && comp[efrom[e]] == comp[eto[e]]) {
+        st = di_error_set(DI_ERR_UNSUPPORTED,
+                          "rule '%s' is left-recursive (through '%s'); rewrite it with repetition",
+                          b->rules[eto[e]].name, b->rules[efrom[e]].name);
+        break;
+      }
+  }
+  free(eto);
+  free(efrom);
+  free(egrow);
+  free(eoff);
+  free(idx);
+  free(low);
+  free(comp);
+  free(tstack);
+  free(cs_node);
+  free(cs_edge);
+  free(onstack);
   if (st != DI_OK) {
     free(prod);
     free(nullable);

@@ -1,0 +1,158 @@
+/* Accept/reject conformance cases for the three front-ends, read from
+ * tests/data/grammar/cases_{ebnf,regex,schema}.txt:
+ *   @KIND GRAMMAR      compile (KIND: ebnf, regex, schema, json); GRAMMAR is verbatim except that
+ *                      in EBNF " ;; " separates rules (stands for a newline)
+ *   + INPUT            must be accepted whole          - INPUT   must be rejected
+ *   !KIND GRAMMAR      must fail to compile, and the next line `? TEXT` is part of the message
+ * INPUT takes escapes \n \t \r \\ \xHH; `+` / `-` alone stand for the empty input. The regex cases are also run through PCRE2 (full
+ * match) as an independent oracle. */
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/grammar.h"
+#include "test_util.h"
+#include "util/json.h"
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+static size_t unescape(const char *s, char *out) {
+  size_t n = 0;
+  for (; *s; s++) {
+    if (*s == '\\' && s[1]) {
+      s++;
+      switch (*s) {
+      case 'n': out[n++] = '\n'; break;
+      case 't': out[n++] = '\t'; break;
+      case 'r': out[n++] = '\r'; break;
+      case '\\': out[n++] = '\\'; break;
+      case 'x': {
+        char h[3] = {s[1], s[2], 0};
+        out[n++] = (char)strtol(h, NULL, 16);
+        s += 2;
+        break;
+      }
+      default: out[n++] = '\\'; out[n++] = *s;
+      }
+    } else {
+      out[n++] = *s;
+    }
+  }
+  out[n] = 0;
+  return n;
+}
+
+static int kind_of(const char *k, di_grammar_kind *out) {
+  if (strncmp(k, "ebnf", 4) == 0)
+    *out = DI_GRAMMAR_EBNF;
+  else if (strncmp(k, "regex", 5) == 0)
+    *out = DI_GRAMMAR_REGEX;
+  else if (strncmp(k, "schema", 6) == 0)
+    *out = DI_GRAMMAR_JSON_SCHEMA;
+  else if (strncmp(k, "json", 4) == 0)
+    *out = DI_GRAMMAR_JSON_ANY;
+  else
+    return 0;
+  return 1;
+}
+
+static void run_file(const char *rel) {
+  char *data = NULL;
+  size_t len = 0;
+  if (di_read_file(test_path(rel), &data, &len) != DI_OK) {
+    CHECKF(0, "cannot read %s: %s", rel, di_last_error());
+    return;
+  }
+  di_grammar *g = NULL;
+  pcre2_code *re = NULL;
+  pcre2_match_data *md = NULL;
+  int lineno = 0, n_acc = 0, n_rej = 0, n_err = 0, expect_error = 0;
+  char *gsrc = malloc(len + 1), *inp = malloc(len + 1);
+  char *save = NULL;
+  for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    lineno++;
+    if (line[0] == '#' || line[0] == 0)
+      continue;
+    if (line[0] == '@' || line[0] == '!') {
+      di_grammar_free(g);
+      g = NULL;
+      if (re)
+        pcre2_code_free(re), re = NULL;
+      di_grammar_kind kind;
+      char *sp = strchr(line, ' ');
+      const char *src = sp ? sp + 1 : "";
+      if (!kind_of(line + 1, &kind)) {
+        CHECKF(0, "%s:%d: bad kind", rel, lineno);
+        continue;
+      }
+      size_t n = 0;
+      for (const char *q = src; *q; q++) {
+        if (kind == DI_GRAMMAR_EBNF && strncmp(q, " ;; ", 4) == 0) {
+          gsrc[n++] = '\n';
+          q += 3;
+        } else {
+          gsrc[n++] = *q;
+        }
+      }
+      gsrc[n] = 0;
+      di_status st = di_grammar_compile(kind, gsrc, n, NULL, &g);
+      if (line[0] == '!') {
+        CHECKF(st != DI_OK, "%s:%d: expected a compile error", rel, lineno);
+        if (st == DI_OK) {
+          di_grammar_free(g);
+          g = NULL;
+        }
+        expect_error = 1;
+        n_err++;
+      } else {
+        CHECKF(st == DI_OK, "%s:%d: %s", rel, lineno, di_last_error());
+        expect_error = 0;
+        if (st != DI_OK)
+          g = NULL;
+        if (kind == DI_GRAMMAR_REGEX && g) {
+          int ec;
+          PCRE2_SIZE eo;
+          re = pcre2_compile((PCRE2_SPTR)gsrc, n, PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &ec, &eo, NULL);
+        }
+      }
+      continue;
+    }
+    if (line[0] == '?') {
+      CHECKF(expect_error && strstr(di_last_error(), line + 2), "%s:%d: message \"%s\" lacks \"%s\"", rel, lineno,
+             di_last_error(), line + 2);
+      continue;
+    }
+    if ((line[0] == '+' || line[0] == '-') && g) {
+      const char *src = line[1] == ' ' ? line + 2 : line + 1;
+      size_t n = unescape(src, inp);
+      int want = line[0] == '+';
+      int got = di_grammar_accepts(g, inp, n);
+      CHECKF(got == want, "%s:%d: '%s' %s but should be %s", rel, lineno, src, got ? "accepted" : "rejected",
+             want ? "accepted" : "rejected");
+      if (re) {
+        if (!md)
+          md = pcre2_match_data_create(4, NULL);
+        int r = pcre2_match(re, (PCRE2_SPTR)inp, n, 0, 0, md, NULL);
+        CHECKF((r >= 0) == want, "%s:%d: PCRE2 disagrees with the expectation for '%s'", rel, lineno, src);
+      }
+      if (want)
+        n_acc++;
+      else
+        n_rej++;
+    }
+  }
+  fprintf(stderr, "%s: %d accept, %d reject, %d error cases\n", rel, n_acc, n_rej, n_err);
+  di_grammar_free(g);
+  if (re)
+    pcre2_code_free(re);
+  if (md)
+    pcre2_match_data_free(md);
+  free(gsrc);
+  free(inp);
+  free(data);
+}
+
+int main(void) {
+  run_file("tests/data/grammar/cases_ebnf.txt");
+  run_file("tests/data/grammar/cases_regex.txt");
+  run_file("tests/data/grammar/cases_schema.txt");
+  return test_finish("test_grammar_cases");
+}
