@@ -10,6 +10,9 @@ typedef struct di_cli_command {
   int (*run)(int argc, char **argv); /* argv[0] is the command name; returns the exit code */
 } di_cli_command;
 
+/* The subcommands (one file each). */
+int di_cmd_score(int argc, char **argv);
+
 /* Flag helpers shared by the commands: `--name value` and `--name=value` forms. */
 /* If argv[*i] is `--name` (or `--name=v`), stores the value, advances *i and returns 1. A missing
  * value prints an error and sets *err. */

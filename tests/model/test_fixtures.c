@@ -137,11 +137,10 @@ static void check_v5_dialect(void) {
   for (int i = 0; i < 2; i++) {
     snprintf(a, sizeof a, "%s", test_path(files[i][0]));
     if (a[0] != '/') { /* make relative paths absolute for the link */
-      char cwd[400];
-      if (getcwd(cwd, sizeof cwd)) {
-        char t[1100];
-        snprintf(t, sizeof t, "%s/%s", cwd, a);
-        snprintf(a, sizeof a, "%s", t);
+      char cwd[400], t[sizeof a];
+      if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(a) + 2 < sizeof t) {
+        memcpy(t, a, strlen(a) + 1);
+        snprintf(a, sizeof a, "%s/%s", cwd, t);
       }
     }
     snprintf(b, sizeof b, "%s/%s", d, files[i][1]);
