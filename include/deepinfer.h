@@ -110,6 +110,8 @@ typedef struct di_request_params {
   const int32_t *prompt_ids;
   int n_prompt_ids;
   const char *prompt;
+  int prompt_is_rendered;        /* the text prompt is a rendered chat template (holds its own BOS):
+                                    encoded without adding special tokens */
   /* sampling */
   int n;                         /* samples of this prompt (default 1); they share its KV blocks */
   float temperature;             /* <= 0: greedy (default 1) */

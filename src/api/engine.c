@@ -9,8 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-static di_status t_encode(void *ctx, const char *text, int32_t **ids, size_t *n) {
-  return di_tokenizer_encode_prompt(((di_engine_text_ctx *)ctx)->tok, text, strlen(text), ids, n);
+static di_status t_encode(void *ctx, const char *text, int raw, int32_t **ids, size_t *n) {
+  const di_tokenizer *t = ((di_engine_text_ctx *)ctx)->tok;
+  if (raw) return di_tokenizer_encode(t, text, strlen(text), 0, ids, n);
+  return di_tokenizer_encode_prompt(t, text, strlen(text), ids, n);
 }
 static di_status t_create(void *ctx, int skip, void **stream) {
   return di_detok_stream_create(((di_engine_text_ctx *)ctx)->tok, skip, (di_detok_stream **)stream);

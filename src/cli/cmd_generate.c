@@ -1,16 +1,332 @@
-/* `deepinfer generate`: generate a continuation of a prompt with the engine (minimal placeholder
- * while the engine is being written; it reports that generation is not available yet). */
+/* `deepinfer generate`: one prompt (token ids, text, or a chat message rendered with the model's
+ * template) through the engine; streams text to stdout, or with --output-format json prints one
+ * JSON object {ids, text, finish_reason}. Sampling defaults come from generation_config.json; flags
+ * override them. Engine flags carry vLLM's names. */
 #include "cli.h"
-#include <stdio.h>
+#include "api/model_internal.h"
+#include "util/json.h"
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 int di_cmd_generate(int argc, char **argv);
 
-int di_cmd_generate(int argc, char **argv) {
-  for (int i = 1; i < argc; i++)
-    if (di_cli_is_help(argv[i])) {
-      printf("usage: deepinfer generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]\n");
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: deepinfer generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+          "\n"
+          "Model:    --model DIR (else $DEEPINFER_HF_MODEL_DIR, else the shipped models/default)\n"
+          "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
+          "Prompt:   --prompt TEXT  --prompt-ids 1,2,3  --chat (the prompt is one user message,\n"
+          "          rendered with the model's chat template)\n"
+          "Sampling: --max-tokens N (128)  --temperature T (0 = greedy)  --top-p P  --top-k K  --min-p P\n"
+          "          --repetition-penalty R  --presence-penalty P  --frequency-penalty F  --seed S\n"
+          "          --n N  --ignore-eos  --stop STR (repeatable)  --stop-token-id ID (repeatable)\n"
+          "          (defaults: generation_config.json, else temperature 1, top-p 1, top-k off)\n"
+          "Structure: --json-schema FILE | --regex RE | --grammar FILE (GBNF) | --json (any JSON object)\n"
+          "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
+          "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
+          "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling\n"
+          "Output:   --output-format text|json (json: one object {ids, text, finish_reason} on stdout;\n"
+          "          ids are the generated tokens, the stop token included)  --stats (engine stats on stderr)\n");
+}
+
+static int parse_int(const char *flag, const char *v, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) {
+    fprintf(stderr, "deepinfer generate: %s: \"%s\" is not an integer in [%lld, %lld]\n", flag, v, lo, hi);
+    return 0;
+  }
+  *out = x;
+  return 1;
+}
+
+static int parse_float(const char *flag, const char *v, float *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !isfinite(x)) {
+    fprintf(stderr, "deepinfer generate: %s: \"%s\" is not a number\n", flag, v);
+    return 0;
+  }
+  *out = (float)x;
+  return 1;
+}
+
+static int parse_ids(const char *v, int32_t **ids, int *n) {
+  int cap = 16, k = 0;
+  int32_t *a = malloc((size_t)cap * sizeof *a);
+  const char *p = v;
+  while (a && *p) {
+    char *end;
+    errno = 0;
+    long x = strtol(p, &end, 10);
+    if (errno || end == p || x < 0 || x > INT32_MAX) {
+      fprintf(stderr, "deepinfer generate: --prompt-ids: bad id at offset %d of \"%s\"\n", (int)(p - v), v);
+      free(a);
       return 0;
     }
-  fprintf(stderr, "deepinfer generate: the engine is not built yet\n");
-  return 1;
+    if (k == cap) {
+      cap *= 2;
+      int32_t *b = realloc(a, (size_t)cap * sizeof *b);
+      if (!b) { free(a); return 0; }
+      a = b;
+    }
+    a[k++] = (int32_t)x;
+    p = end;
+    while (*p == ',' || *p == ' ') p++;
+  }
+  *ids = a;
+  *n = k;
+  return a != NULL;
+}
+
+static char *read_text_file(const char *path) {
+  char *data;
+  size_t len;
+  if (di_read_file(path, &data, &len) != DI_OK) {
+    fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
+    return NULL;
+  }
+  return data;
+}
+
+#define MAX_STOPS 64
+
+int di_cmd_generate(int argc, char **argv) {
+  const char *model_dir = NULL, *prompt = NULL, *prompt_ids_s = NULL, *fmt = "text", *load_format = "auto";
+  const char *accelerator = NULL, *schema_file = NULL, *regex = NULL, *grammar_file = NULL;
+  const char *stops[MAX_STOPS];
+  int32_t stop_ids[MAX_STOPS];
+  int n_stops = 0, n_stop_ids = 0, chat = 0, ignore_eos = 0, json_any = 0, show_stats = 0;
+  long long max_tokens = 128, seed = -1, threads = 0, top_k = -2, n = 1, dummy_seed = 0;
+  float temperature = NAN, top_p = NAN, min_p = 0, rep = 1, pres = 0, freq = 0;
+  di_engine_options eo;
+  di_engine_options_default(&eo);
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL, *a = argv[i];
+    int err = 0;
+    long long x;
+    if (di_cli_is_help(a)) { usage(stdout); return 0; }
+#define FLAG(name) (di_cli_flag_value(argc, argv, &i, name, &v, &err) && !err)
+    if (strcmp(a, "--chat") == 0) chat = 1;
+    else if (strcmp(a, "--ignore-eos") == 0) ignore_eos = 1;
+    else if (strcmp(a, "--json") == 0) json_any = 1;
+    else if (strcmp(a, "--stats") == 0) show_stats = 1;
+    else if (strcmp(a, "--enable-prefix-caching") == 0) eo.enable_prefix_caching = 1;
+    else if (strcmp(a, "--no-enable-prefix-caching") == 0) eo.enable_prefix_caching = 0;
+    else if (strcmp(a, "--no-chunked-prefill") == 0) eo.enable_chunked_prefill = 0;
+    else if (strcmp(a, "--no-async-scheduling") == 0) eo.async_scheduling = 0;
+    else if (FLAG("--model")) model_dir = v;
+    else if (FLAG("--prompt")) prompt = v;
+    else if (FLAG("--prompt-ids")) prompt_ids_s = v;
+    else if (FLAG("--output-format")) fmt = v;
+    else if (FLAG("--load-format")) load_format = v;
+    else if (FLAG("--accelerator")) accelerator = v;
+    else if (FLAG("--json-schema")) schema_file = v;
+    else if (FLAG("--regex")) regex = v;
+    else if (FLAG("--grammar")) grammar_file = v;
+    else if (FLAG("--stop")) {
+      if (n_stops == MAX_STOPS) { fprintf(stderr, "deepinfer generate: at most %d --stop\n", MAX_STOPS); return 2; }
+      stops[n_stops++] = v;
+    } else if (FLAG("--stop-token-id")) {
+      if (n_stop_ids == MAX_STOPS || !parse_int(a, v, 0, INT32_MAX, &x)) return 2;
+      stop_ids[n_stop_ids++] = (int32_t)x;
+    } else if (FLAG("--max-tokens")) { if (!parse_int(a, v, 0, INT32_MAX, &max_tokens)) return 2; }
+    else if (FLAG("--seed")) { if (!parse_int(a, v, 0, INT64_MAX, &seed)) return 2; }
+    else if (FLAG("--threads")) { if (!parse_int(a, v, 0, 4096, &threads)) return 2; }
+    else if (FLAG("--top-k")) { if (!parse_int(a, v, -1, INT32_MAX, &top_k)) return 2; }
+    else if (FLAG("--n")) { if (!parse_int(a, v, 1, 1024, &n)) return 2; }
+    else if (FLAG("--dummy-seed")) { if (!parse_int(a, v, 0, INT64_MAX, &dummy_seed)) return 2; }
+    else if (FLAG("--temperature")) { if (!parse_float(a, v, &temperature)) return 2; }
+    else if (FLAG("--top-p")) { if (!parse_float(a, v, &top_p)) return 2; }
+    else if (FLAG("--min-p")) { if (!parse_float(a, v, &min_p)) return 2; }
+    else if (FLAG("--repetition-penalty")) { if (!parse_float(a, v, &rep)) return 2; }
+    else if (FLAG("--presence-penalty")) { if (!parse_float(a, v, &pres)) return 2; }
+    else if (FLAG("--frequency-penalty")) { if (!parse_float(a, v, &freq)) return 2; }
+    else if (FLAG("--max-model-len")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.max_model_len = (int)x; }
+    else if (FLAG("--max-num-seqs")) { if (!parse_int(a, v, 1, 1 << 20, &x)) return 2; eo.max_num_seqs = (int)x; }
+    else if (FLAG("--max-num-batched-tokens")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.max_num_batched_tokens = (int)x; }
+    else if (FLAG("--kv-cache-memory")) { if (!parse_int(a, v, 1, INT64_MAX, &x)) return 2; eo.kv_cache_memory_bytes = x; }
+    else if (FLAG("--num-kv-blocks")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.num_kv_blocks = x; }
+    else {
+      if (!err) fprintf(stderr, "deepinfer generate: unknown option '%s' (see --help)\n", a);
+      return 2;
+    }
+#undef FLAG
+  }
+  int json_out = strcmp(fmt, "json") == 0;
+  if (!json_out && strcmp(fmt, "text") != 0) {
+    fprintf(stderr, "deepinfer generate: --output-format must be text or json, not \"%s\"\n", fmt);
+    return 2;
+  }
+  if (!prompt == !prompt_ids_s) {
+    fprintf(stderr, "deepinfer generate: give exactly one of --prompt and --prompt-ids\n");
+    return 2;
+  }
+  if (chat && !prompt) {
+    fprintf(stderr, "deepinfer generate: --chat needs --prompt TEXT\n");
+    return 2;
+  }
+  if (!!schema_file + !!regex + !!grammar_file + json_any > 1) {
+    fprintf(stderr, "deepinfer generate: give at most one of --json-schema, --regex, --grammar, --json\n");
+    return 2;
+  }
+  if (!model_dir) model_dir = di_cli_default_model_dir();
+
+  int rc = 1;
+  di_model *m = NULL;
+  di_engine *e = NULL;
+  di_chat_template *tmpl = NULL;
+  char *rendered = NULL, *schema = NULL, *grammar = NULL, *text = NULL;
+  int32_t *pids = NULL, *out_ids = NULL;
+  int n_pids = 0, n_out = 0, cap_out = 0;
+  size_t text_len = 0, text_cap = 0;
+  di_finish_reason fin = DI_FINISH_NONE;
+  char err_msg[1024] = "";
+
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.load_format = load_format;
+  mo.accelerator = accelerator;
+  mo.threads = (int)threads;
+  mo.dummy_seed = (uint64_t)dummy_seed;
+  mo.quiet = json_out;
+  if (prompt_ids_s && !parse_ids(prompt_ids_s, &pids, &n_pids)) return 2;
+  if (schema_file && !(schema = read_text_file(schema_file))) goto done;
+  if (grammar_file && !(grammar = read_text_file(grammar_file))) goto done;
+  if (di_model_load(model_dir, &mo, &m) != DI_OK) {
+    fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
+    goto done;
+  }
+  if (di_engine_create(m, &eo, &e) != DI_OK) {
+    fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
+    goto done;
+  }
+  di_request_params p;
+  di_request_params_default(&p);
+  if (chat) {
+    if (di_chat_template_load(model_dir, &tmpl) != DI_OK) {
+      fprintf(stderr, "deepinfer generate: --chat: %s\n", di_last_error());
+      goto done;
+    }
+    cJSON *msgs = cJSON_CreateArray(), *msg = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "role", "user");
+    cJSON_AddStringToObject(msg, "content", prompt);
+    cJSON_AddItemToArray(msgs, msg);
+    char *conv = cJSON_PrintUnformatted(msgs);
+    cJSON_Delete(msgs);
+    di_status st = conv ? di_chat_template_render_json(tmpl, conv, 1, &rendered) : DI_ERR_OOM;
+    free(conv);
+    if (st != DI_OK) {
+      fprintf(stderr, "deepinfer generate: --chat: %s\n", di_last_error());
+      goto done;
+    }
+    p.prompt = rendered;
+    p.prompt_is_rendered = 1;
+  } else if (prompt) {
+    p.prompt = prompt;
+  } else {
+    p.prompt_ids = pids;
+    p.n_prompt_ids = n_pids;
+  }
+  const di_model_config *cfg = &m->cfg;
+  p.temperature = !isnan(temperature) ? temperature : !isnan(cfg->gen_temperature) ? cfg->gen_temperature : 1.0f;
+  p.top_p = !isnan(top_p) ? top_p : !isnan(cfg->gen_top_p) && cfg->gen_top_p > 0 ? cfg->gen_top_p : 1.0f;
+  p.top_k = top_k != -2 ? (int)top_k : cfg->gen_top_k > 0 ? cfg->gen_top_k : 0;
+  p.min_p = min_p;
+  p.repetition_penalty = rep;
+  p.presence_penalty = pres;
+  p.frequency_penalty = freq;
+  p.max_tokens = (int)max_tokens;
+  p.n = (int)n;
+  if (seed >= 0) { p.has_seed = 1; p.seed = (uint64_t)seed; }
+  p.ignore_eos = ignore_eos;
+  p.stop = stops;
+  p.n_stop = n_stops;
+  p.stop_token_ids = stop_ids;
+  p.n_stop_token_ids = n_stop_ids;
+  p.json_schema = schema;
+  p.regex = regex;
+  p.grammar = grammar;
+  p.json_object = json_any;
+  uint64_t id;
+  if (di_engine_add_request(e, &p, &id) != DI_OK) {
+    fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
+    goto done;
+  }
+  while (di_engine_has_unfinished(e)) {
+    di_step_output *out;
+    if (di_engine_step(e, &out) != DI_OK) {
+      snprintf(err_msg, sizeof err_msg, "%s", di_last_error());
+      fin = DI_FINISH_ERROR;
+      if (!di_engine_has_unfinished(e)) break;
+      continue;
+    }
+    for (int i = 0; i < out->n; i++) {
+      const di_seq_output *o = &out->seqs[i];
+      if (o->sample_index != 0) continue; /* --n > 1: the first sample is printed */
+      if (n_out + o->n_new_tokens > cap_out) {
+        cap_out = (n_out + o->n_new_tokens) * 2 + 16;
+        int32_t *b = realloc(out_ids, (size_t)cap_out * sizeof *b);
+        if (!b) goto done;
+        out_ids = b;
+      }
+      memcpy(out_ids + n_out, o->new_tokens, (size_t)o->n_new_tokens * sizeof *out_ids);
+      n_out += o->n_new_tokens;
+      if (o->new_text_len) {
+        if (text_len + o->new_text_len + 1 > text_cap) {
+          text_cap = (text_len + o->new_text_len + 1) * 2;
+          char *b = realloc(text, text_cap);
+          if (!b) goto done;
+          text = b;
+        }
+        memcpy(text + text_len, o->new_text, o->new_text_len);
+        text_len += o->new_text_len;
+        text[text_len] = 0;
+        if (!json_out) {
+          fwrite(o->new_text, 1, o->new_text_len, stdout);
+          fflush(stdout);
+        }
+      }
+      if (o->finish_reason) {
+        fin = o->finish_reason;
+        if (o->error) snprintf(err_msg, sizeof err_msg, "%s", o->error);
+      }
+    }
+  }
+  if (json_out) {
+    cJSON *obj = cJSON_CreateObject(), *ids = cJSON_CreateArray();
+    for (int i = 0; i < n_out; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(out_ids[i]));
+    cJSON_AddItemToObject(obj, "ids", ids);
+    cJSON_AddStringToObject(obj, "text", text ? text : "");
+    cJSON_AddStringToObject(obj, "finish_reason", di_finish_reason_str(fin));
+    if (fin == DI_FINISH_ERROR) cJSON_AddStringToObject(obj, "error", err_msg);
+    char *s = cJSON_PrintUnformatted(obj);
+    if (s) printf("%s\n", s);
+    free(s);
+    cJSON_Delete(obj);
+  } else {
+    printf("\n");
+  }
+  if (fin == DI_FINISH_ERROR) fprintf(stderr, "deepinfer generate: %s\n", err_msg);
+  if (show_stats) {
+    di_engine_stats s;
+    di_engine_get_stats(e, &s);
+    fprintf(stderr, "deepinfer: %lld prompt tokens, %lld generated, %.1f tok/s generation, %lld steps, prefix-cache hit rate %.2f, "
+            "KV blocks %lld used / %lld total\n", (long long)s.prompt_tokens, (long long)s.generated_tokens,
+            s.generation_tokens_per_s, (long long)s.steps, s.prefix_cache_hit_rate, (long long)s.kv_blocks_used,
+            (long long)s.kv_blocks_total);
+  }
+  rc = fin == DI_FINISH_ERROR ? 1 : 0;
+done:
+  di_engine_free(e);
+  di_model_free(m);
+  di_chat_template_free(tmpl);
+  di_string_free(rendered);
+  free(schema); free(grammar); free(pids); free(out_ids); free(text);
+  return rc;
 }

@@ -204,7 +204,7 @@ di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64
   const int32_t *prompt = p->prompt_ids;
   int n_prompt = p->n_prompt_ids;
   if (p->prompt) {
-    DI_TRY(e->text.encode_prompt(e->text.ctx, p->prompt, &ids, &n_ids));
+    DI_TRY(e->text.encode_prompt(e->text.ctx, p->prompt, p->prompt_is_rendered, &ids, &n_ids));
     prompt = ids;
     n_prompt = (int)n_ids;
   }

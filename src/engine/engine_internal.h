@@ -13,7 +13,8 @@
 /* Text: prompt encoding and streaming detokenisation (the tokenizer, or a mock in tests). */
 typedef struct di_text_ops {
   void *ctx;
-  di_status (*encode_prompt)(void *ctx, const char *text, int32_t **ids, size_t *n);
+  /* raw: no special tokens added (the text is a rendered chat template) */
+  di_status (*encode_prompt)(void *ctx, const char *text, int raw, int32_t **ids, size_t *n);
   di_status (*stream_create)(void *ctx, int skip_special_tokens, void **stream);
   di_status (*stream_push)(void *stream, int32_t id, const char **text, size_t *len);
   di_status (*stream_flush)(void *stream, const char **text, size_t *len);

@@ -149,8 +149,9 @@ static di_status mock_stream_push(void *s, int32_t id, const char **text, size_t
 }
 static di_status mock_stream_flush(void *s, const char **text, size_t *len) { (void)s; *text = ""; *len = 0; return DI_OK; }
 static void mock_stream_free(void *s) { free(s); }
-static di_status mock_encode(void *ctx, const char *text, int32_t **ids, size_t *n) {
+static di_status mock_encode(void *ctx, const char *text, int raw, int32_t **ids, size_t *n) {
   (void)ctx;
+  (void)raw;
   size_t L = strlen(text);
   *ids = malloc((L + 1) * sizeof **ids);
   for (size_t i = 0; i < L; i++) (*ids)[i] = 2 + (int32_t)((unsigned char)text[i] % 26);
