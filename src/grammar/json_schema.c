@@ -996,12 +996,21 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     }
     if (vr >= 0) {
       /* keys without their quotes for the exclusion trie */
-      keyset raw = {ks.keys, ks.n};
-      for (int i = 0; i < ks.n; i++) {
+      keyset raw = {calloc((size_t)ks.n + 1, sizeof(char *)), ks.n};
+      for (int i = 0; raw.keys && i < ks.n; i++) {
         size_t L = strlen(ks.keys[i]);
-        memmove(ks.keys[i], ks.keys[i] + 1, L - 2);
-        ks.keys[i][L - 2] = 0;
+        raw.keys[i] = malloc(L);
+        if (raw.keys[i]) {
+          memcpy(raw.keys[i], ks.keys[i] + 1, L - 2);
+          raw.keys[i][L - 2] = 0;
+        } else {
+          b->oom = 1;
+          raw.n = i;
+          break;
+        }
       }
+      if (!raw.keys)
+        b->oom = 1, raw.n = 0;
       r_addl = di_gb_new_rule(b, "addl");
       di_gseq s = {0};
       lit(c, &s, "\"");
@@ -1016,11 +1025,9 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       di_gseq_push(b, &s, rule_el(vr));
       di_gb_add_alt(b, r_addl, s.v, s.n);
       di_gseq_free(&s);
-      for (int i = 0; i < ks.n; i++) { /* restore quotes (not needed further, but keep keys valid) */
-        size_t L = strlen(ks.keys[i]);
-        memmove(ks.keys[i] + 1, ks.keys[i], L + 1);
-        ks.keys[i][0] = '"';
-      }
+      for (int i = 0; i < raw.n; i++)
+        free(raw.keys[i]);
+      free(raw.keys);
     }
   }
   /* S_i: members from property i on, none emitted yet; R_i: some emitted (needs a comma) */
