@@ -139,8 +139,11 @@ static void check_v5_dialect(void) {
     if (a[0] != '/') { /* make relative paths absolute for the link */
       char cwd[400], t[sizeof a];
       if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(a) + 2 < sizeof t) {
-        memcpy(t, a, strlen(a) + 1);
-        snprintf(a, sizeof a, "%s/%s", cwd, t);
+        size_t lc = strlen(cwd), la = strlen(a);
+        memcpy(t, a, la + 1);
+        memcpy(a, cwd, lc);
+        a[lc] = '/';
+        memcpy(a + lc + 1, t, la + 1);
       }
     }
     snprintf(b, sizeof b, "%s/%s", d, files[i][1]);
