@@ -96,12 +96,14 @@ static di_status case_map(struct jj_ctx *c, const jnode *at, jv s, int mode, jv 
   while (i < s.u.s.n) {
     uint32_t cp = jj_utf8_next(s.u.s.p, s.u.s.n, &i);
     uint32_t r;
-    if (mode == 0) r = cp_lower(cp);
-    else if (mode == 1) r = cp_upper(cp);
-    else if (mode == 2) r = prev_cased ? cp_lower(cp) : cp_upper(cp);
-    else r = first ? cp_upper(cp) : cp_lower(cp);
+    int up = mode == 1 || (mode == 2 && !prev_cased) || (mode == 3 && first);
+    r = up ? cp_upper(cp) : cp_lower(cp);
     prev_cased = cp_cased(cp);
     first = 0;
+    if (cp == 0xdf && up) { /* ß: upper "SS", title "Ss" */
+      jj_buf_puts(&b, mode == 1 ? "SS" : "Ss");
+      continue;
+    }
     jj_utf8_put(&b, r);
   }
   return buf_to_str(c, at, &b, out);
@@ -174,10 +176,8 @@ static di_status split(struct jj_ctx *c, const jnode *at, jv s, const jv *sep, c
       for (;;) {
         while (i < n) { size_t j = i; if (!jj_py_isspace(jj_utf8_next(p, n, &j))) break; i = j; }
         if (i >= n) break;
-        if (maxs >= 0 && splits >= maxs) {
-          size_t e = n;
-          while (e > i) { size_t k = e - 1; while (k > i && ((unsigned char)p[k] & 0xc0) == 0x80) k--; size_t j = k; if (!jj_py_isspace(jj_utf8_next(p, n, &j))) break; e = k; }
-          DI_TRY(push(c, at, l, jv_strn(p + i, e - i)));
+        if (maxs >= 0 && splits >= maxs) { /* the rest, trailing whitespace kept (as Python) */
+          DI_TRY(push(c, at, l, jv_strn(p + i, n - i)));
           break;
         }
         size_t st = i;
@@ -192,10 +192,8 @@ static di_status split(struct jj_ctx *c, const jnode *at, jv s, const jv *sep, c
       for (;;) {
         while (e > 0) { size_t k = e - 1; while (k > 0 && ((unsigned char)p[k] & 0xc0) == 0x80) k--; size_t j = k; if (!jj_py_isspace(jj_utf8_next(p, n, &j))) break; e = k; }
         if (e == 0) break;
-        if (maxs >= 0 && splits >= maxs) {
-          size_t st = 0;
-          while (st < e) { size_t j = st; if (!jj_py_isspace(jj_utf8_next(p, n, &j))) break; st = j; }
-          DI_TRY(push(c, at, l, jv_strn(p + st, e - st)));
+        if (maxs >= 0 && splits >= maxs) { /* the rest, leading whitespace kept (as Python) */
+          DI_TRY(push(c, at, l, jv_strn(p, e)));
           break;
         }
         size_t st = e;
@@ -890,7 +888,24 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     if (!strcmp(f, "trim")) return strip(c, at, s, arg(a, 0, "chars"), 3, out);
     if (!strcmp(f, "upper")) return case_map(c, at, s, 1, out);
     if (!strcmp(f, "lower")) return case_map(c, at, s, 0, out);
-    if (!strcmp(f, "title")) return case_map(c, at, s, 2, out);
+    if (!strcmp(f, "title")) { /* Jinja: words split at runs of [-\s({[<]; first char upper, rest lower */
+      jj_buf b = {0};
+      size_t i = 0;
+      int word_start = 1;
+      while (i < s.u.s.n) {
+        uint32_t cp = jj_utf8_next(s.u.s.p, s.u.s.n, &i);
+        int sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || jj_py_isspace(cp);
+        if (sep) {
+          jj_utf8_put(&b, cp);
+          word_start = 1;
+          continue;
+        }
+        if (cp == 0xdf && word_start) jj_buf_puts(&b, "SS");
+        else jj_utf8_put(&b, word_start ? cp_upper(cp) : cp_lower(cp));
+        word_start = 0;
+      }
+      return buf_to_str(c, at, &b, out);
+    }
     if (!strcmp(f, "capitalize")) return case_map(c, at, s, 3, out);
     if (!strcmp(f, "replace")) {
       if (a->n < 2) return jj_err(c, at, DI_ERR_INVALID_ARG, "replace needs old and new");
@@ -944,7 +959,7 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
         const char *nl = memchr(s.u.s.p + i, '\n', s.u.s.n - i);
         size_t e = nl ? (size_t)(nl - s.u.s.p) : s.u.s.n;
         int empty = e == i;
-        if ((ln > 0 || first) && (bl || !empty)) jj_buf_puts(&b, ind);
+        if ((ln == 0 && first) || (ln > 0 && (bl || !empty))) jj_buf_puts(&b, ind);
         jj_buf_put(&b, s.u.s.p + i, e - i);
         if (!nl) break;
         jj_buf_putc(&b, '\n');
@@ -1151,7 +1166,11 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     const char *how = method && method->kind == JV_STR ? method->u.s.p : "common";
     if (!strncmp(how, "floor", 5)) r = floor(x * m) / m;
     else if (!strncmp(how, "ceil", 4)) r = ceil(x * m) / m;
-    else r = round(x * m) / m;
+    else if (p >= 0 && isfinite(x)) { /* Python's round(): correctly rounded, ties to even, as printf does */
+      char buf[512];
+      snprintf(buf, sizeof buf, "%.*f", (int)p, x);
+      r = strtod(buf, NULL);
+    } else r = nearbyint(x / pow(10.0, (double)-p)) * pow(10.0, (double)-p);
     *out = jv_float(r);
     return DI_OK;
   }
