@@ -31,7 +31,7 @@ typedef struct cu_layer {
   int is_moe, has_shared;
   bf16 *gate_up, *down;        /* dense MLP: [2I][H], [H][I] */
   bf16 *router;                /* [E][H] */
-  bf16 *exp_gu, *exp_down;     /* [E][2Ip][H] (gate rows 0.., up rows Ip..), [E][H][Ip] */
+  bf16 *exp_gu, *exp_down;     /* [E][2Ip][Hp] (gate rows 0.., up rows Ip..), [E][Hp][Ip]; zero padded */
   bf16 *sh_gu, *sh_down;       /* [2Is][H], [H][Is] */
 } cu_layer;
 
@@ -47,7 +47,7 @@ typedef struct cu_backend {
   di_cu_blas *blas;
   int sms, use_graphs;
   /* shapes */
-  int H, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr;
+  int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   float eps;
   di_cuk_router router;
   di_cuk_rope rope;
@@ -192,10 +192,11 @@ static di_status upload_layer(cu_backend *b, const di_model_config *c, const di_
   const int E = b->E, I = c->moe_intermediate_size, Ip = b->Ip;
   DI_TRY(up_mat(b, &s->router, E, H, &d->router, "mlp.gate"));
   if (s->router_bias) DI_TRY(up_vec(b, s->router_bias, E, &d->router_bias));
-  const size_t gu_e = (size_t)2 * Ip * H, dn_e = (size_t)H * Ip;
+  const int Hp = b->Hp;
+  const size_t gu_e = (size_t)2 * Ip * Hp, dn_e = (size_t)Hp * Ip;
   DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * E * 2));
   DI_TRY(dev_alloc(b, (void **)&d->exp_down, dn_e * E * 2));
-  if (Ip != I) {
+  if (Ip != I || Hp != H) {
     DI_CU(cudaMemset(d->exp_gu, 0, gu_e * E * 2));
     DI_CU(cudaMemset(d->exp_down, 0, dn_e * E * 2));
   }
@@ -203,8 +204,8 @@ static di_status upload_layer(cu_backend *b, const di_model_config *c, const di_
     DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
     DI_TRY(check_shape(&s->exp_up[e], I, H, "experts.up_proj"));
     DI_TRY(check_shape(&s->exp_down[e], H, I, "experts.down_proj"));
-    DI_TRY(up_rows(&s->exp_gate[e], 0, I, d->exp_gu + gu_e * e, H));
-    DI_TRY(up_rows(&s->exp_up[e], 0, I, d->exp_gu + gu_e * e + (size_t)Ip * H, H));
+    DI_TRY(up_rows(&s->exp_gate[e], 0, I, d->exp_gu + gu_e * e, Hp));
+    DI_TRY(up_rows(&s->exp_up[e], 0, I, d->exp_gu + gu_e * e + (size_t)Ip * Hp, Hp));
     DI_TRY(up_rows(&s->exp_down[e], 0, H, d->exp_down + dn_e * e, Ip));
   }
   d->has_shared = s->has_shared;
@@ -249,7 +250,8 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     if (2 * (int64_t)b->Idense * c > gu_w) gu_w = 2 * (int64_t)b->Idense * c;
     if (2 * (int64_t)b->Ish * c > gu_w) gu_w = 2 * (int64_t)b->Ish * c;
     REALLOC(b->h, sizeof(float) * (size_t)c * b->H);
-    REALLOC(b->xn, 2 * (size_t)c * b->H);
+    REALLOC(b->xn, 2 * (size_t)c * b->Hp);
+    DI_CU(cudaMemset(b->xn, 0, 2 * (size_t)c * b->Hp)); /* padding columns stay zero */
     REALLOC(b->q, 2 * (size_t)c * b->NH * b->dqk);
     REALLOC(b->qa_f, sizeof(float) * (size_t)c * (b->qr > 0 ? b->qr : 1));
     REALLOC(b->qa_n, 2 * (size_t)c * (b->qr > 0 ? b->qr : 1));
@@ -267,7 +269,7 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     REALLOC(b->n_tiles, sizeof(int32_t) * 4);
     REALLOC(b->gu, 2 * (size_t)gu_w);
     REALLOC(b->act, (size_t)gu_w); /* half of gu's elements, 2 bytes each */
-    REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->H);
+    REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->Hp);
     /* the padded garbage rows of Qa's latent columns are rewritten every step; start finite */
     DI_CU(cudaMemset(b->Qa, 0, 2 * (size_t)c * b->NH * DI_CUK_MLA_D));
   }
@@ -307,7 +309,7 @@ static bf16 *layer_cache(cu_backend *b, int l) {
 
 static di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16 *down, int I) {
   cudaStream_t s = b->stream;
-  DI_TRY(di_cu_gemm(b->blas, T, 2 * I, b->H, (const uint16_t *)b->xn, b->H, (const uint16_t *)gate_up, b->H,
+  DI_TRY(di_cu_gemm(b->blas, T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, (const uint16_t *)gate_up, b->H,
                     b->gu, 2 * I, 0, 0.f, s));
   DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, T, I, (uint16_t *)b->act, s));
   DI_TRY(di_cu_gemm(b->blas, T, b->H, I, (const uint16_t *)b->act, I, (const uint16_t *)down, I, b->h, b->H, 1,
@@ -317,21 +319,21 @@ static di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16
 
 static di_status forward(cu_backend *b) {
   cudaStream_t s = b->stream;
-  const int T = b->Tp, H = b->H, NH = b->NH;
+  const int T = b->Tp, H = b->H, Hp = b->Hp, NH = b->NH;
   const uint16_t *xn = (const uint16_t *)b->xn;
   DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, T, H, b->h, s));
   for (int l = 0; l < b->n_layers; l++) {
     const cu_layer *L = &b->L[l];
-    DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, H, s));
+    DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, s));
     if (b->qr > 0) {
-      DI_TRY(di_cu_gemm(b->blas, T, b->qr, H, xn, H, (const uint16_t *)L->q_a, H, b->qa_f, b->qr, 1, 0.f, s));
+      DI_TRY(di_cu_gemm(b->blas, T, b->qr, H, xn, Hp, (const uint16_t *)L->q_a, H, b->qa_f, b->qr, 1, 0.f, s));
       DI_TRY(di_cuk_rmsnorm(b->qa_f, b->qr, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n, b->qr, s));
       DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
                         b->qr, b->q, NH * b->dqk, 0, 0.f, s));
     } else {
-      DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, H, xn, H, (const uint16_t *)L->q_proj, H, b->q, NH * b->dqk, 0, 0.f, s));
+      DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, H, xn, Hp, (const uint16_t *)L->q_proj, H, b->q, NH * b->dqk, 0, 0.f, s));
     }
-    DI_TRY(di_cu_gemm(b->blas, T, b->R + b->dr, H, xn, H, (const uint16_t *)L->kv_a, H, b->kva, b->R + b->dr, 1, 0.f, s));
+    DI_TRY(di_cu_gemm(b->blas, T, b->R + b->dr, H, xn, Hp, (const uint16_t *)L->kv_a, H, b->kva, b->R + b->dr, 1, 0.f, s));
     bf16 *cache = layer_cache(b, l);
     DI_TRY(di_cuk_mla_prep(b->kva, (const uint16_t *)b->q, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R,
                            L->kv_a_norm, b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
@@ -351,22 +353,22 @@ static di_status forward(cu_backend *b) {
                               (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
     DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
                       NH * b->dv, b->h, H, 1, 1.f, s));
-    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, H, s));
+    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, s));
     if (!L->is_moe) {
       DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
       continue;
     }
     const int E = b->E, K = b->K, A = T * K, bm = A >= 32 * E ? 64 : 16;
     const int max_tiles = (A + bm - 1) / bm + E;
-    DI_TRY(di_cu_gemm(b->blas, T, E, H, xn, H, (const uint16_t *)L->router, H, b->router_logits, E, 1, 0.f, s));
+    DI_TRY(di_cu_gemm(b->blas, T, E, H, xn, Hp, (const uint16_t *)L->router, H, b->router_logits, E, 1, 0.f, s));
     DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, s));
     DI_TRY(di_cuk_moe_permute(b->topk_ids, A, K, E, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
-    DI_TRY(di_cuk_grouped_gemm(xn, H, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, H, b->expert_off,
+    DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
                                b->tiles, b->n_tiles, max_tiles, bm, b->gu, 2 * b->Ip, 0, s));
     DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, A, b->Ip, (uint16_t *)b->act, s));
-    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, H, b->Ip,
-                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, H, 1, s));
-    DI_TRY(di_cuk_moe_combine(b->y, b->inv, b->topk_w, T, K, H, b->h, s));
+    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, s));
+    DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, K, H, b->h, s));
     if (L->has_shared) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
   }
   DI_TRY(di_cuk_gather_f32(b->h, b->d_out_rows, b->n_out_p, H, b->hout, s));
@@ -689,11 +691,12 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->qr = c->q_lora_rank; b->eps = c->rms_norm_eps; b->Idense = c->intermediate_size;
   b->E = c->n_routed_experts; b->K = c->n_routed_experts > 0 ? c->num_experts_per_tok : 0;
   b->Ip = (c->moe_intermediate_size + 63) / 64 * 64;
+  b->Hp = b->E > 0 ? (b->H + 127) / 128 * 128 : b->H;
   if (b->R > DI_CUK_MLA_R || b->dr > DI_CUK_MLA_P || b->dr % 2)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: kv_lora_rank %d / rope dim %d unsupported (<= %d / even <= %d)",
                         b->R, b->dr, DI_CUK_MLA_R, DI_CUK_MLA_P);
-  if (b->E > 0 && (b->H % 128 || b->K > 8))
-    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: MoE needs hidden %% 128 == 0 (got %d) and top-k <= 8 (got %d)", b->H, b->K);
+  if (b->E > 0 && b->K > 8)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: MoE top-k <= 8 supported (got %d)", b->K);
   b->router.E = b->E; b->router.k = b->K; b->router.n_group = c->n_group; b->router.topk_group = c->topk_group;
   b->router.sigmoid = c->scoring_func == DI_SCORE_SIGMOID;
   b->router.method = c->topk_method == DI_TOPK_GREEDY ? 0 : c->topk_method == DI_TOPK_GROUP_LIMITED_GREEDY ? 1 : 2;

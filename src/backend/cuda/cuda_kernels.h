@@ -91,9 +91,9 @@ di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk
 di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int bm,
                              int32_t *perm_tok, int32_t *inv, int32_t *expert_off,
                              int32_t *tiles, int32_t *n_tiles, di_cu_stream s);
-/* h[t][:] += sum_j w[t][j] * y[inv[t*k+j]][:]  (y f32 [n_assign][n]) */
-di_status di_cuk_moe_combine(const float *y, const int32_t *inv, const float *w, int T, int k, int n,
-                             float *h, di_cu_stream s);
+/* h[t][0:n] += sum_j w[t][j] * y[inv[t*k+j]][0:n]  (y f32 [n_assign][ldy], h [T][n]) */
+di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T, int k,
+                             int n, float *h, di_cu_stream s);
 
 /* ---- grouped GEMM (k_grouped_gemm.cu) ---- */
 /* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):

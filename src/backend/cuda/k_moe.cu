@@ -158,24 +158,24 @@ extern "C" di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k,
   return DI_OK;
 }
 
-static __global__ void combine_kernel(const float *y, const int32_t *inv, const float *w, int k, int n,
-                                      float *h) {
+static __global__ void combine_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k,
+                                      int n, float *h) {
   int t = blockIdx.x;
   int rows[8];
   float ws[8];
   for (int j = 0; j < k; j++) { rows[j] = inv[t * k + j]; ws[j] = w[t * k + j]; }
   for (int c = threadIdx.x; c < n; c += blockDim.x) {
     float acc = 0.f;
-    for (int j = 0; j < k; j++) acc += ws[j] * y[(int64_t)rows[j] * n + c];
+    for (int j = 0; j < k; j++) acc += ws[j] * y[(int64_t)rows[j] * ldy + c];
     h[(int64_t)t * n + c] += acc;
   }
 }
 
-extern "C" di_status di_cuk_moe_combine(const float *y, const int32_t *inv, const float *w, int T, int k,
-                                        int n, float *h, di_cu_stream s) {
+extern "C" di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T,
+                                        int k, int n, float *h, di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (k > 8) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: top-%d unsupported (<= 8)", k);
-  combine_kernel<<<T, 256, 0, s>>>(y, inv, w, k, n, h);
+  combine_kernel<<<T, 256, 0, s>>>(y, ldy, inv, w, k, n, h);
   DI_CU_LAUNCH("moe_combine");
   return DI_OK;
 }

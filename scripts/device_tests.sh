@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark of the CUDA backend in one call.
+#   scripts/device_tests.sh --build   (here, on the build machine) configure + build with nvcc for
+#                                     sm_90a into build-cuda/ and stage the binaries in .carry/cuda/
+#   scripts/device_tests.sh [BINDIR]  (on the device, repo root) run them: kernel tests, model-level
+#                                     agreement on the fixtures, then the V2-Lite-shape benchmark.
+# The device image has the CUDA runtime and cuBLAS but no -dev packages, so the binaries are built
+# here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
+# files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
+# Environment: BENCH_ARGS (extra bench arguments), SKIP_BENCH=1, SKIP_MODEL=1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--build" ]; then
+  set -e
+  export PATH="/usr/local/cuda/bin:$PATH"
+  cmake -S . -B build-cuda -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_model bench_cuda_decode
+  mkdir -p .carry/cuda
+  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_model build-cuda/bench_cuda_decode .carry/cuda/
+  for lib in $(ldd build-cuda/test_cuda_model | awk '/cjson|pcre2/ {print $3}'); do cp -L "$lib" .carry/cuda/; done
+  ls -la .carry/cuda
+  exit 0
+fi
+BIN="${1:-.carry/cuda}"
+LOG="${OUT:-./device-logs}"
+mkdir -p "$LOG"
+export LD_LIBRARY_PATH="$BIN:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export DI_SOURCE_DIR="$PWD"
+fail=0
+stage() { # name, timeout, command...
+  local name="$1" t="$2"; shift 2
+  echo "=== $name ($(date -u +%T))"
+  local s=$SECONDS
+  timeout "$t" "$@" >"$LOG/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: exit $rc in $((SECONDS - s)) s"
+  tail -n 40 "$LOG/$name.log"
+  [ $rc -eq 0 ] || fail=1
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$LOG/gpu.txt"
+ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
+stage kernels 240 "$BIN/test_cuda_kernels"
+[ "${SKIP_MODEL:-0}" = 1 ] || stage model 240 "$BIN/test_cuda_model"
+[ "${SKIP_BENCH:-0}" = 1 ] || stage bench 420 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json ${BENCH_ARGS:-}
+echo "device_tests: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+exit $fail

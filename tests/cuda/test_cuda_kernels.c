@@ -1,0 +1,543 @@
+/* Every CUDA kernel against a plain-C reference on fresh random inputs at real shapes (V2-Lite:
+ * 16 heads, kv_lora 512, rope 64, 64 experts top-6, hidden 2048; V3: 128 heads, 256 experts top-8;
+ * contexts up to 32k). Tolerances (relative L2 error against a double-precision reference computed
+ * from the same bf16 inputs): GEMMs 1e-2 with bf16 output / 1e-3 with f32 output; attention 1e-2
+ * (P is rounded to bf16 for the PV product); MoE chain 1e-2; norms / rope 1e-2 (bf16 outputs);
+ * router ids exact and weights 1e-5; sampling: the same token as the CPU sampler. Built only with
+ * nvcc; run on the device by scripts/device_tests.sh. */
+#include "backend/cuda/cuda_kernels.h"
+#include "sampler/sampler.h"
+#include "sampler/rng.h"
+#include "util/numeric.h"
+#include "test_util.h"
+#include <math.h>
+#include <stdlib.h>
+#include <stdint.h>
+
+static uint64_t rng_s = 0x1234567;
+static double urand(void) { /* [0, 1) */
+  rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
+  return (double)(rng_s >> 11) / 9007199254740992.0;
+}
+static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
+static uint16_t *rand_bf16(size_t n, float scale) {
+  uint16_t *v = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) v[i] = di_f32_to_bf16(nrand() * scale);
+  return v;
+}
+static float *rand_f32(size_t n, float scale) {
+  float *v = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) v[i] = nrand() * scale;
+  return v;
+}
+static float bf(uint16_t x) { return di_bf16_to_f32(x); }
+static void *dup_dev(const void *h, size_t bytes) {
+  void *d = di_cut_malloc(bytes);
+  if (d && h) di_cut_h2d(d, h, bytes);
+  return d;
+}
+static double rel_err_d(const double *ref, const float *got, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = ref[i] - got[i];
+    if (got[i] != got[i]) return INFINITY;
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  return sqrt(num / (den > 0 ? den : 1));
+}
+static float *bf16_dev_to_f32(const void *d, size_t n) {
+  uint16_t *t = malloc(n * 2);
+  float *f = malloc(n * 4);
+  di_cut_d2h(t, d, n * 2);
+  for (size_t i = 0; i < n; i++) f[i] = bf(t[i]);
+  free(t);
+  return f;
+}
+
+/* ---- GEMM --------------------------------------------------------------------------------------- */
+static void test_gemm(di_cu_blas *blas, int M, int N, int K, int y_f32, float beta) {
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f), *W = rand_bf16((size_t)N * K, 0.05f);
+  float *Y0 = rand_f32((size_t)M * N, 1.f);
+  void *dX = dup_dev(X, (size_t)M * K * 2), *dW = dup_dev(W, (size_t)N * K * 2);
+  void *dY = di_cut_malloc((size_t)M * N * 4);
+  if (y_f32) di_cut_h2d(dY, Y0, (size_t)M * N * 4);
+  di_status st = di_cu_gemm(blas, M, N, K, X ? dX : NULL, K, dW, K, dY, N, y_f32, beta, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  double *ref = malloc(sizeof(double) * (size_t)M * N);
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      double a = 0;
+      for (int k = 0; k < K; k++) a += (double)bf(X[(size_t)m * K + k]) * bf(W[(size_t)n * K + k]);
+      ref[(size_t)m * N + n] = a + (y_f32 ? beta * Y0[(size_t)m * N + n] : 0);
+    }
+  float *got;
+  if (y_f32) { got = malloc((size_t)M * N * 4); di_cut_d2h(got, dY, (size_t)M * N * 4); }
+  else got = bf16_dev_to_f32(dY, (size_t)M * N);
+  double err = rel_err_d(ref, got, (size_t)M * N), tol = y_f32 ? 1e-3 : 1e-2;
+  CHECKF(err < tol, "gemm %dx%dx%d f32=%d beta=%g: rel err %.3e", M, N, K, y_f32, beta, err);
+  printf("gemm %dx%dx%d f32=%d beta=%g: rel err %.2e\n", M, N, K, y_f32, beta, err);
+  free(X); free(W); free(Y0); free(ref); free(got);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
+}
+
+/* Y_h = X_h . W_h (w_kn) per head, the absorption shape */
+static void test_gemm_batched(di_cu_blas *blas, int NH, int T, int N, int K, int w_kn) {
+  int ldx = NH * K + 8, ldy = NH * N + 16; /* strided like the real buffers */
+  uint16_t *X = rand_bf16((size_t)T * ldx, 1.f), *W = rand_bf16((size_t)NH * N * K, 0.1f);
+  void *dX = dup_dev(X, (size_t)T * ldx * 2), *dW = dup_dev(W, (size_t)NH * N * K * 2);
+  void *dY = di_cut_malloc((size_t)T * ldy * 2);
+  di_status st = di_cu_gemm_batched(blas, NH, T, N, K, dX, ldx, K, dW, w_kn ? N : K, (int64_t)N * K, w_kn,
+                                    dY, ldy, N, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *g = bf16_dev_to_f32(dY, (size_t)T * ldy);
+  double *ref = malloc(sizeof(double) * (size_t)T * NH * N);
+  float *got = malloc(sizeof(float) * (size_t)T * NH * N);
+  for (int h = 0; h < NH; h++)
+    for (int t = 0; t < T; t++)
+      for (int n = 0; n < N; n++) {
+        double a = 0;
+        for (int k = 0; k < K; k++) {
+          float w = w_kn ? bf(W[(size_t)h * N * K + (size_t)k * N + n]) : bf(W[(size_t)h * N * K + (size_t)n * K + k]);
+          a += (double)bf(X[(size_t)t * ldx + h * K + k]) * w;
+        }
+        ref[((size_t)t * NH + h) * N + n] = a;
+        got[((size_t)t * NH + h) * N + n] = g[(size_t)t * ldy + h * N + n];
+      }
+  double err = rel_err_d(ref, got, (size_t)T * NH * N);
+  CHECKF(err < 1e-2, "batched gemm NH=%d T=%d N=%d K=%d kn=%d: rel err %.3e", NH, T, N, K, w_kn, err);
+  printf("batched gemm NH=%d T=%d N=%d K=%d kn=%d: rel err %.2e\n", NH, T, N, K, w_kn, err);
+  free(X); free(W); free(g); free(ref); free(got);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
+}
+
+/* ---- RMSNorm, SiLU-mul ---------------------------------------------------------------------------- */
+static void test_norms(int T, int n) {
+  float *x = rand_f32((size_t)T * n, 3.f), *w = rand_f32(n, 1.f);
+  void *dx = dup_dev(x, (size_t)T * n * 4), *dw = dup_dev(w, (size_t)n * 4), *dout = di_cut_malloc((size_t)T * n * 2);
+  CHECK(di_cuk_rmsnorm(dx, n, dw, T, n, 1e-6f, dout, n, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *got = bf16_dev_to_f32(dout, (size_t)T * n);
+  double *ref = malloc(sizeof(double) * (size_t)T * n);
+  for (int t = 0; t < T; t++) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[t * n + i] * x[t * n + i];
+    double r = 1.0 / sqrt(ss / n + 1e-6);
+    for (int i = 0; i < n; i++) ref[t * n + i] = x[t * n + i] * r * w[i];
+  }
+  double err = rel_err_d(ref, got, (size_t)T * n);
+  CHECKF(err < 1e-2, "rmsnorm rel err %.3e", err);
+  printf("rmsnorm T=%d n=%d: rel err %.2e\n", T, n, err);
+  free(got); free(ref);
+  /* silu-mul */
+  int I = n / 2;
+  uint16_t *gu = rand_bf16((size_t)T * 2 * I, 2.f);
+  void *dgu = dup_dev(gu, (size_t)T * 2 * I * 2), *da = di_cut_malloc((size_t)T * I * 2);
+  CHECK(di_cuk_silu_mul(dgu, T, I, da, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  got = bf16_dev_to_f32(da, (size_t)T * I);
+  ref = malloc(sizeof(double) * (size_t)T * I);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < I; i++) {
+      double g = bf(gu[(size_t)t * 2 * I + i]), u = bf(gu[(size_t)t * 2 * I + I + i]);
+      ref[(size_t)t * I + i] = g / (1 + exp(-g)) * u;
+    }
+  err = rel_err_d(ref, got, (size_t)T * I);
+  CHECKF(err < 1e-2, "silu_mul rel err %.3e", err);
+  free(got); free(ref); free(gu); free(x); free(w);
+  di_cut_free(dx); di_cut_free(dw); di_cut_free(dout); di_cut_free(dgu); di_cut_free(da);
+}
+
+/* ---- MLA: prep (norm + rope into the padded cache / query) and attention --------------------------- */
+enum { D = DI_CUK_MLA_D, DR = DI_CUK_MLA_R };
+
+static void test_mla_prep(int T, int H, int N, int P, int R, int interleave) {
+  float *kva = rand_f32((size_t)T * (R + P), 1.f), *kvn = rand_f32(R, 1.f);
+  uint16_t *q = rand_bf16((size_t)T * H * (N + P), 1.f);
+  int32_t *pos = malloc(4 * (size_t)T), *slots = malloc(4 * (size_t)T);
+  float invf[32];
+  for (int i = 0; i < P / 2; i++) invf[i] = (float)pow(10000.0, -2.0 * i / P);
+  for (int t = 0; t < T; t++) { pos[t] = (int)(urand() * 100000); slots[t] = 3 * t + 1; }
+  void *dkva = dup_dev(kva, (size_t)T * (R + P) * 4), *dkvn = dup_dev(kvn, (size_t)R * 4);
+  void *dq = dup_dev(q, (size_t)T * H * (N + P) * 2), *dpos = dup_dev(pos, 4 * (size_t)T),
+       *dslot = dup_dev(slots, 4 * (size_t)T), *dinv = dup_dev(invf, sizeof invf);
+  void *dQa = di_cut_malloc((size_t)T * H * D * 2), *dcache = di_cut_malloc((size_t)(3 * T + 2) * D * 2);
+  di_cuk_rope rope = {dinv, 1.3f, interleave};
+  di_status st = di_cuk_mla_prep(dkva, dq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa, dcache, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *cache = bf16_dev_to_f32(dcache, (size_t)(3 * T + 2) * D), *Qa = bf16_dev_to_f32(dQa, (size_t)T * H * D);
+  size_t nref = (size_t)T * (D + H * (D - DR));
+  double *ref = malloc(sizeof(double) * nref);
+  float *got = malloc(sizeof(float) * nref);
+  size_t k = 0;
+  for (int t = 0; t < T; t++) {
+    const float *x = kva + (size_t)t * (R + P);
+    double ss = 0;
+    for (int i = 0; i < R; i++) ss += (double)x[i] * x[i];
+    double r = 1.0 / sqrt(ss / R + 1e-6);
+    double e[D] = {0};
+    for (int i = 0; i < R; i++) e[i] = x[i] * r * kvn[i];
+    double qe[64][64];
+    for (int h = 0; h < H; h++) for (int i = 0; i < 64; i++) qe[h][i] = 0;
+    for (int i = 0; i < P / 2; i++) {
+      double ang = (double)pos[t] * invf[i], c = cos(ang) * 1.3, s = sin(ang) * 1.3;
+      int a = interleave ? 2 * i : i, b = interleave ? 2 * i + 1 : i + P / 2;
+      e[DR + a] = x[R + a] * c - x[R + b] * s;
+      e[DR + b] = x[R + b] * c + x[R + a] * s;
+      for (int h = 0; h < H && h < 64; h++) {
+        const uint16_t *qp = q + (size_t)t * H * (N + P) + (size_t)h * (N + P) + N;
+        qe[h][a] = bf(qp[a]) * c - bf(qp[b]) * s;
+        qe[h][b] = bf(qp[b]) * c + bf(qp[a]) * s;
+      }
+    }
+    for (int i = 0; i < D; i++) { ref[k] = e[i]; got[k++] = cache[(size_t)slots[t] * D + i]; }
+    for (int h = 0; h < H; h++)
+      for (int i = DR; i < D; i++) { ref[k] = h < 64 ? qe[h][i - DR] : 0; got[k++] = Qa[((size_t)t * H + h) * D + i]; }
+    for (int h = 0; h < H; h++) /* latent padding of Qa must be zero */
+      for (int i = R; i < DR; i++) if (Qa[((size_t)t * H + h) * D + i] != 0.f) { CHECKF(0, "Qa padding not zero"); break; }
+  }
+  double err = rel_err_d(ref, got, k);
+  CHECKF(err < 1e-2, "mla_prep R=%d P=%d: rel err %.3e", R, P, err);
+  printf("mla_prep T=%d H=%d R=%d P=%d interleave=%d: rel err %.2e\n", T, H, R, P, interleave, err);
+  free(kva); free(kvn); free(q); free(pos); free(slots); free(cache); free(Qa); free(ref); free(got);
+  di_cut_free(dkva); di_cut_free(dkvn); di_cut_free(dq); di_cut_free(dpos); di_cut_free(dslot); di_cut_free(dinv);
+  di_cut_free(dQa); di_cut_free(dcache);
+}
+
+/* Attention: n_seq sequences; sequence s has n_tok[s] new tokens ending at position ctx[s]-1.
+ * Items: rows of each sequence's tokens cut into bm, each split into `split` key ranges. */
+static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, int bm, int split, const char *label) {
+  int T = 0, max_blocks = 0, total_blocks = 0;
+  for (int s = 0; s < n_seq; s++) {
+    T += n_tok[s];
+    int nb = (ctx[s] + 63) / 64;
+    total_blocks += nb;
+    if (nb > max_blocks) max_blocks = nb;
+  }
+  /* scrambled block tables */
+  int32_t *perm = malloc(4 * (size_t)total_blocks);
+  for (int i = 0; i < total_blocks; i++) perm[i] = i;
+  for (int i = total_blocks - 1; i > 0; i--) { int j = (int)(urand() * (i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+  int32_t *bt = calloc((size_t)n_seq * max_blocks, 4);
+  int32_t *pos = malloc(4 * (size_t)T), *seq_of = malloc(4 * (size_t)T);
+  for (int s = 0, used = 0, t = 0; s < n_seq; s++) {
+    int nb = (ctx[s] + 63) / 64;
+    for (int j = 0; j < nb; j++) bt[s * max_blocks + j] = perm[used++];
+    for (int i = 0; i < n_tok[s]; i++, t++) { pos[t] = ctx[s] - n_tok[s] + i; seq_of[t] = s; }
+  }
+  size_t cache_n = (size_t)total_blocks * 64 * D;
+  uint16_t *cache = rand_bf16(cache_n, 1.f);
+  uint16_t *Q = rand_bf16((size_t)T * H * D, 0.25f);
+  /* items */
+  int cap = T * H / 16 * split + n_seq * split + 16;
+  di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
+  di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
+  int ni = 0, nci = 0, part = 0;
+  for (int s = 0, t0 = 0; s < n_seq; t0 += n_tok[s], s++) {
+    for (int r0 = t0 * H; r0 < (t0 + n_tok[s]) * H; r0 += bm) {
+      int r1 = r0 + bm < (t0 + n_tok[s]) * H ? r0 + bm : (t0 + n_tok[s]) * H;
+      int maxpos = pos[(r1 - 1) / H];
+      int nkt = (maxpos + 64) / 64, S = split < nkt ? split : nkt, per = (nkt + S - 1) / S;
+      S = (nkt + per - 1) / per;
+      if (S == 1) { items[ni++] = (di_cuk_attn_item){r0, r1, s, 0, maxpos + 1, -1}; continue; }
+      citems[nci++] = (di_cuk_combine_item){r0, r1, part, S};
+      for (int sp = 0; sp < S; sp++) {
+        int k0 = sp * per * 64, k1 = (sp + 1) * per * 64;
+        if (k1 > maxpos + 1) k1 = maxpos + 1;
+        items[ni++] = (di_cuk_attn_item){r0, r1, s, k0, k1, part++};
+      }
+    }
+  }
+  int32_t counts[2] = {ni, nci};
+  void *dQ = dup_dev(Q, (size_t)T * H * D * 2), *dc = dup_dev(cache, cache_n * 2);
+  void *dbt = dup_dev(bt, 4 * (size_t)n_seq * max_blocks), *dpos = dup_dev(pos, 4 * (size_t)T);
+  void *dit = dup_dev(items, sizeof *items * (size_t)(ni ? ni : 1)), *dcit = dup_dev(citems, sizeof *citems * (size_t)(nci ? nci : 1));
+  void *dn = dup_dev(counts, 8);
+  void *dout = di_cut_malloc((size_t)T * H * DR * 2);
+  void *dpo = di_cut_malloc((size_t)(part ? part : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(part ? part : 1) * 64 * 4);
+  const float scale = 0.0721f;
+  double t0 = di_cut_time_ms();
+  di_status st = di_cuk_mla_attn(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (nci) CHECK(di_cuk_mla_combine(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  double ms = di_cut_time_ms() - t0;
+  float *got = bf16_dev_to_f32(dout, (size_t)T * H * DR);
+  /* reference, double */
+  double *ref = malloc(sizeof(double) * (size_t)T * H * DR);
+  int maxctx = 0;
+  for (int s = 0; s < n_seq; s++) if (ctx[s] > maxctx) maxctx = ctx[s];
+  double *sc = malloc(sizeof(double) * (size_t)maxctx);
+  float *qf = malloc(sizeof(float) * D), *kf = malloc(sizeof(float) * (size_t)maxctx * D);
+  for (int t = 0; t < T; t++) {
+    int s = seq_of[t];
+    for (int j = 0; j <= pos[t]; j++) {
+      const uint16_t *e = cache + ((size_t)bt[s * max_blocks + j / 64] * 64 + j % 64) * D;
+      for (int i = 0; i < D; i++) kf[(size_t)j * D + i] = bf(e[i]);
+    }
+    for (int h = 0; h < H; h++) {
+      for (int i = 0; i < D; i++) qf[i] = bf(Q[((size_t)t * H + h) * D + i]);
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j <= pos[t]; j++) {
+        double a = 0;
+        const float *e = kf + (size_t)j * D;
+        for (int i = 0; i < D; i++) a += (double)qf[i] * e[i];
+        sc[j] = a * scale;
+        if (sc[j] > mx) mx = sc[j];
+      }
+      for (int j = 0; j <= pos[t]; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+      double *o = ref + ((size_t)t * H + h) * DR;
+      for (int i = 0; i < DR; i++) o[i] = 0;
+      for (int j = 0; j <= pos[t]; j++) {
+        const float *e = kf + (size_t)j * D;
+        double p = sc[j] / sum;
+        for (int i = 0; i < DR; i++) o[i] += p * e[i];
+      }
+    }
+  }
+  double err = rel_err_d(ref, got, (size_t)T * H * DR);
+  CHECKF(err < 1e-2, "mla_attn %s: rel err %.3e", label, err);
+  printf("mla_attn %-34s H=%3d T=%4d items=%4d parts=%4d: rel err %.2e (%.2f ms incl. launch)\n", label, H, T, ni,
+         part, err, ms);
+  free(perm); free(bt); free(pos); free(seq_of); free(cache); free(Q); free(items); free(citems); free(got); free(ref);
+  free(sc); free(qf); free(kf);
+  di_cut_free(dQ); di_cut_free(dc); di_cut_free(dbt); di_cut_free(dpos); di_cut_free(dit); di_cut_free(dcit);
+  di_cut_free(dn); di_cut_free(dout); di_cut_free(dpo); di_cut_free(dpl);
+}
+
+/* ---- MoE: routing variants; then route -> permute -> grouped GEMMs -> combine --------------------- */
+static void ref_route(const float *lg, const float *bias, di_cuk_router r, int32_t *ids, float *w) {
+  int E = r.E;
+  double sc[1024], ch[1024];
+  if (r.sigmoid) for (int e = 0; e < E; e++) sc[e] = 1 / (1 + exp(-(double)lg[e]));
+  else {
+    double mx = -1e300, s = 0;
+    for (int e = 0; e < E; e++) if (lg[e] > mx) mx = lg[e];
+    for (int e = 0; e < E; e++) s += (sc[e] = exp(lg[e] - mx));
+    for (int e = 0; e < E; e++) sc[e] /= s;
+  }
+  for (int e = 0; e < E; e++) ch[e] = sc[e] + (r.method == 2 && bias ? bias[e] : 0);
+  if (r.method != 0 && r.n_group > 1) {
+    int G = r.n_group, per = E / G, keep[64] = {0};
+    double gs[64];
+    for (int g = 0; g < G; g++) {
+      double a = -1e300, b = -1e300;
+      for (int i = 0; i < per; i++) { double v = ch[g * per + i]; if (v > a) { b = a; a = v; } else if (v > b) b = v; }
+      gs[g] = r.method == 2 ? a + b : a;
+    }
+    for (int k = 0; k < r.topk_group; k++) {
+      int best = -1;
+      for (int g = 0; g < G; g++) if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+      keep[best] = 1;
+    }
+    for (int g = 0; g < G; g++) if (!keep[g]) for (int i = 0; i < per; i++) ch[g * per + i] = -1e300;
+  }
+  unsigned char taken[1024] = {0};
+  double sum = 0;
+  for (int k = 0; k < r.k; k++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) if (!taken[e] && (best < 0 || ch[e] > ch[best])) best = e;
+    taken[best] = 1;
+    ids[k] = best;
+    w[k] = (float)sc[best];
+    sum += sc[best];
+  }
+  int normd = r.norm_topk && r.k > 1;
+  for (int k = 0; k < r.k; k++) {
+    if (normd) w[k] = (float)(w[k] / (sum + 1e-20));
+    if (!normd || r.scale_after_norm) w[k] *= r.routed_scale;
+  }
+}
+
+static void test_route(int T, di_cuk_router r, const char *label) {
+  float *lg = rand_f32((size_t)T * r.E, 2.f), *bias = rand_f32(r.E, 0.1f);
+  void *dl = dup_dev(lg, (size_t)T * r.E * 4), *db = dup_dev(bias, (size_t)r.E * 4);
+  void *dids = di_cut_malloc((size_t)T * r.k * 4), *dw = di_cut_malloc((size_t)T * r.k * 4);
+  di_status st = di_cuk_moe_route(dl, r.method == 2 ? db : NULL, T, r, dids, dw, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  int32_t *ids = malloc((size_t)T * r.k * 4), rid[8];
+  float *w = malloc((size_t)T * r.k * 4), rw[8];
+  di_cut_d2h(ids, dids, (size_t)T * r.k * 4);
+  di_cut_d2h(w, dw, (size_t)T * r.k * 4);
+  int bad = 0;
+  double werr = 0;
+  for (int t = 0; t < T; t++) {
+    ref_route(lg + (size_t)t * r.E, bias, r, rid, rw);
+    for (int k = 0; k < r.k; k++) {
+      if (ids[t * r.k + k] != rid[k]) bad++;
+      double d = fabs(w[t * r.k + k] - rw[k]) / (fabs(rw[k]) + 1e-6);
+      if (d > werr) werr = d;
+    }
+  }
+  CHECKF(bad == 0 && werr < 1e-5, "route %s: %d id mismatches, weight err %.3e", label, bad, werr);
+  printf("route %-28s E=%3d k=%d T=%d: id mismatches %d, max weight rel err %.2e\n", label, r.E, r.k, T, bad, werr);
+  free(lg); free(bias); free(ids); free(w);
+  di_cut_free(dl); di_cut_free(db); di_cut_free(dids); di_cut_free(dw);
+}
+
+static void test_moe_chain(int T, int E, int K, int Hd, int I) {
+  const int Ip = (I + 63) / 64 * 64, A = T * K, bm = A >= 32 * E ? 64 : 16, max_tiles = (A + bm - 1) / bm + E;
+  uint16_t *x = rand_bf16((size_t)T * Hd, 1.f);
+  uint16_t *wgu = calloc((size_t)E * 2 * Ip * Hd, 2), *wd = calloc((size_t)E * Hd * Ip, 2);
+  for (int e = 0; e < E; e++)
+    for (int r = 0; r < 2 * Ip; r++)
+      if (r % Ip < I)
+        for (int c = 0; c < Hd; c++) wgu[((size_t)e * 2 * Ip + r) * Hd + c] = di_f32_to_bf16(nrand() / sqrtf((float)Hd));
+  for (int e = 0; e < E; e++)
+    for (int r = 0; r < Hd; r++)
+      for (int c = 0; c < I; c++) wd[((size_t)e * Hd + r) * Ip + c] = di_f32_to_bf16(nrand() / sqrtf((float)I));
+  float *lg = rand_f32((size_t)T * E, 2.f), *h0 = rand_f32((size_t)T * Hd, 1.f);
+  di_cuk_router r = {E, K, 1, 1, 0, 0, 1, 0, 1.f};
+  void *dx = dup_dev(x, (size_t)T * Hd * 2), *dgu_w = dup_dev(wgu, (size_t)E * 2 * Ip * Hd * 2),
+       *dd_w = dup_dev(wd, (size_t)E * Hd * Ip * 2), *dlg = dup_dev(lg, (size_t)T * E * 4), *dh = dup_dev(h0, (size_t)T * Hd * 4);
+  void *dids = di_cut_malloc((size_t)A * 4), *dw = di_cut_malloc((size_t)A * 4), *dperm = di_cut_malloc((size_t)A * 4),
+       *dinv = di_cut_malloc((size_t)A * 4), *doff = di_cut_malloc((size_t)(E + 1) * 4),
+       *dtiles = di_cut_malloc((size_t)max_tiles * 4), *dnt = di_cut_malloc(16),
+       *dgu = di_cut_malloc((size_t)A * 2 * Ip * 2), *dact = di_cut_malloc((size_t)A * Ip * 2), *dy = di_cut_malloc((size_t)A * Hd * 4);
+  double t0 = di_cut_time_ms();
+  CHECK(di_cuk_moe_route(dlg, NULL, T, r, dids, dw, NULL) == DI_OK);
+  CHECK(di_cuk_moe_permute(dids, A, K, E, bm, dperm, dinv, doff, dtiles, dnt, NULL) == DI_OK);
+  di_status st = di_cuk_grouped_gemm(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, dgu, 2 * Ip, 0, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cuk_silu_mul(dgu, A, Ip, dact, NULL) == DI_OK);
+  st = di_cuk_grouped_gemm(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, dy, Hd, 1, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, K, Hd, dh, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  double ms = di_cut_time_ms() - t0;
+  float *got = malloc((size_t)T * Hd * 4);
+  di_cut_d2h(got, dh, (size_t)T * Hd * 4);
+  double *ref = malloc(sizeof(double) * (size_t)T * Hd), *g = malloc(sizeof(double) * Ip);
+  int32_t rid[8];
+  float rw[8];
+  for (int t = 0; t < T; t++) {
+    double *o = ref + (size_t)t * Hd;
+    for (int c = 0; c < Hd; c++) o[c] = h0[(size_t)t * Hd + c];
+    ref_route(lg + (size_t)t * E, NULL, r, rid, rw);
+    for (int k = 0; k < K; k++) {
+      int e = rid[k];
+      for (int i = 0; i < I; i++) {
+        double a = 0, b = 0;
+        const uint16_t *wg = wgu + ((size_t)e * 2 * Ip + i) * Hd, *wu = wgu + ((size_t)e * 2 * Ip + Ip + i) * Hd;
+        for (int c = 0; c < Hd; c++) { double xv = bf(x[(size_t)t * Hd + c]); a += xv * bf(wg[c]); b += xv * bf(wu[c]); }
+        g[i] = a / (1 + exp(-a)) * b;
+      }
+      for (int c = 0; c < Hd; c++) {
+        double a = 0;
+        for (int i = 0; i < I; i++) a += g[i] * bf(wd[((size_t)e * Hd + c) * Ip + i]);
+        o[c] += rw[k] * a;
+      }
+    }
+  }
+  /* compare the MoE contribution only (h - h0) */
+  float *gd = malloc((size_t)T * Hd * 4);
+  for (size_t i = 0; i < (size_t)T * Hd; i++) { gd[i] = got[i] - h0[i]; ref[i] -= h0[i]; }
+  double err = rel_err_d(ref, gd, (size_t)T * Hd);
+  CHECKF(err < 1e-2, "moe chain T=%d E=%d k=%d: rel err %.3e", T, E, K, err);
+  printf("moe chain T=%4d E=%3d k=%d hidden=%d inter=%d bm=%d: rel err %.2e (%.2f ms incl. launch)\n", T, E, K, Hd, I, bm, err, ms);
+  free(x); free(wgu); free(wd); free(lg); free(h0); free(got); free(ref); free(g); free(gd);
+  void *ptrs[] = {dx, dgu_w, dd_w, dlg, dh, dids, dw, dperm, dinv, doff, dtiles, dnt, dgu, dact, dy};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+}
+
+/* ---- sampling vs the CPU sampler ----------------------------------------------------------------- */
+static void test_sample(int V) {
+  const int n = 10;
+  di_cuk_sample_row rows[10] = {
+      {0.f, 1.f, 0.f, 0, 0, 1, 0},      /* greedy */
+      {0.8f, 1.f, 0.f, 1, 0, 2, 5},     /* top_k 1 == greedy */
+      {1.0f, 1.f, 0.f, 0, 0, 3, 7},     /* plain temperature, id-order draw */
+      {0.7f, 1.f, 0.f, 50, 0, 4, 9},    /* top-k */
+      {1.0f, 0.9f, 0.f, 0, 0, 5, 11},   /* top-p */
+      {1.0f, 0.95f, 0.f, 40, 0, 6, 13}, /* top-k + top-p */
+      {1.2f, 1.f, 0.05f, 0, 0, 7, 15},  /* min-p */
+      {0.9f, 0.8f, 0.02f, 100, 0, 8, 17},
+      {1.0f, 1.f, 0.f, 0, V / 2, 9, 19}, /* vocab limit */
+      {0.5f, 1.f, 0.f, 0, 0, 10, 21},
+  };
+  float *lg = malloc(sizeof(float) * (size_t)n * V);
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < V; i++) lg[(size_t)r * V + i] = nrand() * 3.f + (i % 97 == 0 ? 6.f : 0.f);
+  void *dl = dup_dev(lg, sizeof(float) * (size_t)n * V), *dr = dup_dev(rows, sizeof rows), *dout = di_cut_malloc(4 * n);
+  double t0 = di_cut_time_ms();
+  di_status st = di_cuk_sample(dl, n, V, dr, dout, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  double ms = di_cut_time_ms() - t0;
+  int32_t out[10];
+  di_cut_d2h(out, dout, sizeof out);
+  di_sampler *smp = NULL;
+  CHECK(di_sampler_create(V, &smp) == DI_OK);
+  int same = 0;
+  for (int r = 0; r < n; r++) {
+    di_sampling sp;
+    memset(&sp, 0, sizeof sp);
+    sp.temperature = rows[r].temperature; sp.top_p = rows[r].top_p; sp.min_p = rows[r].min_p; sp.top_k = rows[r].top_k;
+    sp.repetition_penalty = 1.f; sp.logprobs = -1; sp.seed = rows[r].seed; sp.stream = 0;
+    di_sample_result res;
+    st = di_sampler_sample(smp, lg + (size_t)r * V, rows[r].vocab_limit, &sp, NULL, 0, 0, NULL, rows[r].counter, &res);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    CHECKF(out[r] == res.token, "sample row %d: gpu %d, cpu %d", r, out[r], res.token);
+    same += out[r] == res.token;
+  }
+  printf("sample V=%d: %d/%d rows equal to the CPU sampler (%.2f ms incl. launch)\n", V, same, n, ms);
+  CHECK(fabs(di_cuk_uniform(42, 7) - di_rng_uniform(42, 0, 7)) < 1e-15);
+  di_sampler_free(smp);
+  free(lg);
+  di_cut_free(dl); di_cut_free(dr); di_cut_free(dout);
+}
+
+int main(void) {
+  if (!di_cut_device_ok()) {
+    printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  di_cu_blas *blas = NULL;
+  CHECK(di_cu_blas_create(&blas) == DI_OK);
+  test_gemm(blas, 5, 2048, 2048, 1, 1.f);
+  test_gemm(blas, 64, 3072, 2048, 0, 0.f);
+  test_gemm(blas, 3, 777, 72, 1, 0.f);
+  test_gemm_batched(blas, 16, 9, 512, 128, 1);  /* q_lat = q_nope . W_UK */
+  test_gemm_batched(blas, 16, 9, 128, 512, 0);  /* v = o_lat . W_UV^T */
+  test_norms(7, 2048);
+  test_norms(3, 72);
+  test_mla_prep(5, 16, 128, 64, 512, 1);
+  test_mla_prep(4, 4, 32, 16, 32, 0);
+  test_mla_prep(3, 128, 128, 64, 512, 1);
+  {
+    int ctx[] = {1, 100, 4097, 32768}, nt[] = {1, 1, 1, 1};
+    test_mla_attn(16, 4, ctx, nt, 16, 1, "V2-Lite decode, no split");
+    test_mla_attn(16, 4, ctx, nt, 16, 16, "V2-Lite decode, 16-way split");
+  }
+  {
+    int ctx[] = {777, 5000}, nt[] = {1, 1};
+    test_mla_attn(128, 2, ctx, nt, 64, 4, "V3 decode (128 heads), split 4");
+  }
+  {
+    int ctx[] = {100, 37}, nt[] = {70, 37};
+    test_mla_attn(16, 2, ctx, nt, 64, 1, "prefill chunks (70 after 30; 37)");
+    test_mla_attn(16, 2, ctx, nt, 64, 2, "prefill chunks, split 2");
+    test_mla_attn(4, 2, ctx, nt, 16, 1, "tiny heads (4), bm 16");
+  }
+  {
+    di_cuk_router r1 = {64, 6, 1, 1, 0, 0, 0, 0, 1.f};      /* V2-Lite: softmax greedy */
+    di_cuk_router r2 = {64, 6, 8, 3, 0, 1, 0, 0, 16.f};     /* V2: group-limited greedy */
+    di_cuk_router r3 = {256, 8, 8, 4, 1, 2, 1, 1, 2.5f};    /* V3: sigmoid noaux_tc, renorm, scale */
+    di_cuk_router r4 = {64, 6, 1, 1, 0, 0, 1, 0, 3.f};      /* V2 renormalized: no scaling */
+    test_route(300, r1, "softmax greedy");
+    test_route(300, r2, "group-limited greedy");
+    test_route(300, r3, "sigmoid noaux_tc");
+    test_route(300, r4, "softmax greedy norm (V2)");
+  }
+  test_moe_chain(1, 64, 6, 2048, 1408);
+  test_moe_chain(16, 64, 6, 2048, 1408);
+  test_moe_chain(300, 256, 8, 256, 200);
+  test_moe_chain(3, 12, 3, 128, 40);
+  test_sample(129280);
+  di_cu_blas_destroy(blas);
+  return test_finish("test_cuda_kernels");
+}
