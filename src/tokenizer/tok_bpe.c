@@ -20,27 +20,29 @@ uint64_t di_hash_bytes(const char *s, size_t n) {
   return h * 0x9E3779B97F4A7C15ULL;
 }
 
+/* Slots hold (hash32 << 32 | key index + 1): probes compare the hash before touching key bytes, so a
+ * lookup costs about one cache miss in the table plus one in the matching key. */
 di_status di_strmap_build(di_strmap *m, int32_t n_keys, const uint32_t *off, const uint32_t *len,
                           const char *data, const char *what) {
   uint32_t cap = 16;
   while (cap < (uint32_t)n_keys * 2u + 2u)
     cap *= 2;
-  m->slots = malloc(cap * sizeof *m->slots);
+  m->slots = calloc(cap, sizeof *m->slots);
   if (!m->slots)
     return di_error_set(DI_ERR_OOM, "%s: out of memory for a hash map of %d keys", what, n_keys);
-  memset(m->slots, 0xFF, cap * sizeof *m->slots);
   m->mask = cap - 1;
   for (int32_t k = 0; k < n_keys; k++) {
     if (len[k] == UINT32_MAX)
       continue; /* hole */
-    uint32_t h = (uint32_t)di_hash_bytes(data + off[k], len[k]) & m->mask;
-    while (m->slots[h] >= 0) {
-      int32_t o = m->slots[h];
-      if (len[o] == len[k] && memcmp(data + off[o], data + off[k], len[k]) == 0)
+    uint64_t hh = di_hash_bytes(data + off[k], len[k]);
+    uint32_t h = (uint32_t)hh & m->mask, tag = (uint32_t)(hh >> 32);
+    while (m->slots[h]) {
+      int32_t o = (int32_t)(uint32_t)m->slots[h] - 1;
+      if ((uint32_t)(m->slots[h] >> 32) == tag && len[o] == len[k] && memcmp(data + off[o], data + off[k], len[k]) == 0)
         break; /* duplicate key: the later one wins, as a Rust HashMap collect does */
       h = (h + 1) & m->mask;
     }
-    m->slots[h] = k;
+    m->slots[h] = ((uint64_t)tag << 32) | (uint32_t)(k + 1);
   }
   return DI_OK;
 }
@@ -49,13 +51,17 @@ int32_t di_strmap_get(const di_strmap *m, const char *s, size_t n, const uint32_
                       const char *data) {
   if (!m->slots)
     return -1;
-  uint32_t h = (uint32_t)di_hash_bytes(s, n) & m->mask;
+  uint64_t hh = di_hash_bytes(s, n);
+  uint32_t h = (uint32_t)hh & m->mask, tag = (uint32_t)(hh >> 32);
   for (;;) {
-    int32_t k = m->slots[h];
-    if (k < 0)
+    uint64_t v = m->slots[h];
+    if (!v)
       return -1;
-    if (len[k] == n && memcmp(data + off[k], s, n) == 0)
-      return k;
+    if ((uint32_t)(v >> 32) == tag) {
+      int32_t k = (int32_t)(uint32_t)v - 1;
+      if (len[k] == n && memcmp(data + off[k], s, n) == 0)
+        return k;
+    }
     h = (h + 1) & m->mask;
   }
 }
@@ -109,7 +115,8 @@ di_status di_bpe_merges_init(di_tokenizer *t, size_t n) {
   return DI_OK;
 }
 
-di_status di_bpe_merge_add(di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb, uint32_t rank) {
+di_status di_bpe_merge_resolve(const di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb,
+                               uint32_t rank, int32_t out[3]) {
   int32_t ia = di_vocab_lookup(t, a, na), ib = di_vocab_lookup(t, b, nb);
   if (ia < 0 || ib < 0)
     return di_error_set(DI_ERR_FORMAT, "tokenizer.json: model.merges[%u]: token \"%.*s\" is not in the vocab",
@@ -128,15 +135,21 @@ di_status di_bpe_merge_add(di_tokenizer *t, const char *a, size_t na, const char
   int32_t id = di_vocab_lookup(t, buf, nn);
   if (id < 0) {
     di_status st = di_error_set(DI_ERR_FORMAT, "tokenizer.json: model.merges[%u]: merged token \"%.*s\" is not in the vocab",
-                                rank, (int)nn, buf);
+                                rank, (int)(nn > 200 ? 200 : nn), buf);
     if (buf != stackbuf)
       free(buf);
     return st;
   }
   if (buf != stackbuf)
     free(buf);
-  merge_put(&t->merges, ia, ib, rank, id);
+  out[0] = ia;
+  out[1] = ib;
+  out[2] = id;
   return DI_OK;
+}
+
+void di_bpe_merge_insert(di_tokenizer *t, const int32_t m[3], uint32_t rank) {
+  merge_put(&t->merges, m[0], m[1], rank, m[2]);
 }
 
 /* ---- word cache ---- */

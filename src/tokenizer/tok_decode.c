@@ -210,15 +210,17 @@ di_status di_decode_tokens(const di_tokenizer *t, const int32_t *ids, size_t n, 
   return st;
 }
 
-/* transformers' clean_up_tokenization: sequential str.replace passes that drop one space. */
+/* transformers' clean_up_tokenization: sequential str.replace passes, in its order. */
 void di_cleanup_spaces(di_buf *b) {
-  static const char *const pats[] = {" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're"};
+  static const char *const pats[][2] = {{" .", "."},     {" ?", "?"},     {" !", "!"},   {" ,", ","},
+                                        {" ' ", "'"},    {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"},
+                                        {" 've", "'ve"}, {" 're", "'re"}};
   for (size_t p = 0; p < sizeof pats / sizeof pats[0]; p++) {
-    size_t pl = strlen(pats[p]), r = 0, w = 0;
+    size_t pl = strlen(pats[p][0]), rl = strlen(pats[p][1]), r = 0, w = 0;
     while (r < b->len) {
-      if (r + pl <= b->len && memcmp(b->p + r, pats[p], pl) == 0) {
-        memmove(b->p + w, b->p + r + 1, pl - 1); /* drop the space, keep the rest, skip the match */
-        w += pl - 1;
+      if (r + pl <= b->len && memcmp(b->p + r, pats[p][0], pl) == 0) {
+        memcpy(b->p + w, pats[p][1], rl); /* replacements are shorter: w + rl <= r + pl */
+        w += rl;
         r += pl;
       } else {
         b->p[w++] = b->p[r++];

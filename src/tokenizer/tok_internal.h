@@ -12,7 +12,7 @@
 
 /* ---- string -> id hash map (open addressing over ids; keys live in the owner's token table) ---- */
 typedef struct {
-  int32_t *slots; /* -1 empty, else an index into the key table */
+  uint64_t *slots; /* 0 empty, else (hash32 << 32) | (key index + 1) */
   uint32_t mask;
 } di_strmap;
 uint64_t di_hash_bytes(const char *s, size_t n);
@@ -115,6 +115,8 @@ struct di_tokenizer {
   uint32_t *mtok_off, *mtok_len; /* model vocab strings, indexed by id */
   int32_t n_model_ids;      /* max model id + 1 */
   di_strmap added_map;      /* token string -> added index */
+  uint32_t *added_off, *added_len; /* keys of added_map in added_keys */
+  di_buf added_keys;
   int32_t char_id[0x400];   /* model id of single code points below U+0400 (-1 none) */
   /* BPE model */
   di_merge_map merges;
@@ -151,7 +153,10 @@ di_status di_bpe_build(di_tokenizer *t);
 di_status di_bpe_encode_word(const di_tokenizer *t, const char *w, size_t n, di_ivec *out);
 void di_bpe_free(di_tokenizer *t);
 di_status di_bpe_merges_init(di_tokenizer *t, size_t n);
-di_status di_bpe_merge_add(di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb, uint32_t rank);
+/* Ids of a merge's two tokens and of their concatenation (out[0..2]); errors name the merge. */
+di_status di_bpe_merge_resolve(const di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb,
+                               uint32_t rank, int32_t out[3]);
+void di_bpe_merge_insert(di_tokenizer *t, const int32_t m[3], uint32_t rank);
 int32_t di_vocab_lookup(const di_tokenizer *t, const char *s, size_t n);
 int32_t di_strmap_get(const di_strmap *m, const char *s, size_t n, const uint32_t *off, const uint32_t *len,
                       const char *data);

@@ -3,6 +3,7 @@
  * DI_ERR_UNSUPPORTED errors that name the type; malformed input is DI_ERR_FORMAT naming the key. */
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/unicode.h"
+#include "tokenizer/tok_json.h"
 #include "util/json.h"
 #include <sys/stat.h>
 #include <unistd.h>
@@ -396,36 +397,89 @@ static di_status load_post(di_tokenizer *t, const cJSON *o, int depth) {
 }
 
 /* ---- model ---- */
-static di_status load_model(di_tokenizer *t, const cJSON *model, const cJSON *added) {
+/* Where model.vocab and model.merges lie in the tokenizer.json text (scanned, not parsed by cJSON). */
+typedef struct {
+  const char *vocab, *merges;
+  size_t vocab_len, merges_len;
+  const char *begin; /* start of the whole text, for error offsets */
+} raw_model;
+
+static di_status scan_at(di_jscan *js, const raw_model *rm, const char *p, size_t n) {
+  js->begin = rm->begin;
+  js->p = p;
+  js->end = p + n;
+  js->what = W;
+  return DI_OK;
+}
+
+typedef struct { int32_t id; uint32_t off, len; } vent;
+
+static di_status load_model(di_tokenizer *t, const cJSON *model, const cJSON *added, const raw_model *rm) {
   const char *ty = type_of(model);
   if (!model)
     return di_error_set(DI_ERR_FORMAT, W ": missing \"model\"");
   if (ty && strcmp(ty, "BPE") != 0)
     return di_error_set(DI_ERR_UNSUPPORTED, W ": model type \"%s\" is not supported (only BPE)", ty);
-  const cJSON *vocab = jget(model, "vocab"), *merges = jget(model, "merges"), *it;
-  if (!cJSON_IsObject(vocab))
-    return di_error_set(DI_ERR_FORMAT, W ": model.vocab must be an object");
-  if (merges && !cJSON_IsArray(merges))
-    return di_error_set(DI_ERR_FORMAT, W ": model.merges must be an array");
-  const cJSON *dropout = jget(model, "dropout");
+  if (!rm->vocab)
+    return di_error_set(DI_ERR_FORMAT, W ": missing model.vocab");
+  const cJSON *dropout = jget(model, "dropout"), *it;
   if (dropout && cJSON_IsNumber(dropout) && dropout->valuedouble > 0 && dropout->valuedouble < 1)
     return di_error_set(DI_ERR_UNSUPPORTED, W ": model.dropout is not supported (tokenization would be random)");
-  /* vocab ids */
+  /* vocab: strings go straight into tok_data (NUL-terminated each, so id_to_token can hand them out) */
+  di_jscan js;
+  scan_at(&js, rm, rm->vocab, rm->vocab_len);
+  vent *ents = NULL;
+  size_t nent = 0, cap = 0;
   int64_t max_id = -1;
-  cJSON_ArrayForEach(it, vocab) {
-    if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 16777216.0 ||
-        it->valuedouble != (double)(int64_t)it->valuedouble)
-      return di_error_set(DI_ERR_FORMAT, W ": model.vocab[\"%.64s\"]: id must be an integer in [0, 2^24]",
-                          it->string ? it->string : "");
-    if ((int64_t)it->valuedouble > max_id)
-      max_id = (int64_t)it->valuedouble;
+  di_status st = di_jscan_expect(&js, '{');
+  int more = st == DI_OK && !di_jscan_peek(&js, '}');
+  if (st == DI_OK && !more)
+    st = di_jscan_expect(&js, '}');
+  while (st == DI_OK && more) {
+    size_t off = t->tok_data.len;
+    int64_t id;
+    st = di_jscan_string(&js, &t->tok_data);
+    if (st == DI_OK)
+      st = di_jscan_expect(&js, ':');
+    if (st == DI_OK)
+      st = di_jscan_int(&js, &id);
+    if (st == DI_OK && (id < 0 || id > 16777216))
+      st = di_error_set(DI_ERR_FORMAT, W ": model.vocab[\"%.64s\"]: id %lld is outside [0, 2^24]", t->tok_data.p + off,
+                        (long long)id);
+    if (st != DI_OK)
+      break;
+    if (di_buf_putc(&t->tok_data, 0)) {
+      st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+      break;
+    }
+    if (nent == cap) {
+      cap = cap ? cap * 2 : 1024;
+      vent *p = realloc(ents, cap * sizeof *p);
+      if (!p) {
+        st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+        break;
+      }
+      ents = p;
+    }
+    ents[nent++] = (vent){(int32_t)id, (uint32_t)off, (uint32_t)(t->tok_data.len - off - 1)};
+    if (id > max_id)
+      max_id = id;
+    st = di_jscan_next(&js, '}', &more);
+  }
+  if (st != DI_OK) {
+    free(ents);
+    return st;
   }
   int64_t max_all = max_id;
   cJSON_ArrayForEach(it, added) {
     int64_t id;
-    DI_TRY(di_json_int(it, "id", -1, W ": added_tokens[]", &id));
-    if (id < 0 || id > 16777216)
-      return di_error_set(DI_ERR_FORMAT, W ": added_tokens[]: \"id\" must be an integer in [0, 2^24]");
+    st = di_json_int(it, "id", -1, W ": added_tokens[]", &id);
+    if (st == DI_OK && (id < 0 || id > 16777216))
+      st = di_error_set(DI_ERR_FORMAT, W ": added_tokens[]: \"id\" must be an integer in [0, 2^24]");
+    if (st != DI_OK) {
+      free(ents);
+      return st;
+    }
     if (id > max_all)
       max_all = id;
   }
@@ -437,19 +491,17 @@ static di_status load_model(di_tokenizer *t, const cJSON *model, const cJSON *ad
   t->tok_off = malloc(nv * sizeof *t->tok_off);
   t->tok_len = malloc(nv * sizeof *t->tok_len);
   t->tok_flags = calloc(nv, 1);
-  if (!t->mtok_off || !t->mtok_len || !t->tok_off || !t->tok_len || !t->tok_flags)
+  if (!t->mtok_off || !t->mtok_len || !t->tok_off || !t->tok_len || !t->tok_flags) {
+    free(ents);
     return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  }
   for (size_t i = 0; i < nv; i++)
     t->mtok_len[i] = UINT32_MAX;
-  cJSON_ArrayForEach(it, vocab) {
-    int32_t id = (int32_t)it->valuedouble;
-    size_t n = strlen(it->string ? it->string : "");
-    t->mtok_off[id] = (uint32_t)t->tok_data.len;
-    t->mtok_len[id] = (uint32_t)n;
-    /* each string is NUL-terminated in tok_data so id_to_token can hand it out */
-    if (di_buf_append(&t->tok_data, it->string ? it->string : "", n) || di_buf_putc(&t->tok_data, 0))
-      return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  for (size_t k = 0; k < nent; k++) { /* a later duplicate key of the same id wins */
+    t->mtok_off[ents[k].id] = ents[k].off;
+    t->mtok_len[ents[k].id] = ents[k].len;
   }
+  free(ents);
   DI_TRY(di_strmap_build(&t->vocab, t->n_model_ids, t->mtok_off, t->mtok_len, t->tok_data.p, W ": model.vocab"));
   for (int32_t i = 0; i < t->vocab_size; i++) {
     int used = i < t->n_model_ids && t->mtok_len[i] != UINT32_MAX;
@@ -472,29 +524,57 @@ static di_status load_model(di_tokenizer *t, const cJSON *model, const cJSON *ad
   DI_TRY(di_json_str(model, "end_of_word_suffix", NULL, W ": model", &s));
   if (s && *s && !(t->suffix = dup_n(s, t->suffix_len = strlen(s))))
     return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
-  /* merges */
-  size_t nm = merges ? (size_t)cJSON_GetArraySize(merges) : 0;
-  DI_TRY(di_bpe_merges_init(t, nm));
+  /* merges: "a b" strings or ["a", "b"] pairs; resolved to ids first, then the map is sized */
+  di_ivec trip = {0};
+  di_buf a = {0}, b = {0};
   uint32_t rank = 0;
-  if (merges) {
-    cJSON_ArrayForEach(it, merges) {
-      if (cJSON_IsString(it)) {
-        const char *m = it->valuestring, *sp = strchr(m, ' ');
-        if (!sp || strchr(sp + 1, ' '))
-          return di_error_set(DI_ERR_FORMAT, W ": model.merges[%u]: \"%.64s\" is not two tokens separated by one space",
-                              rank, m);
-        DI_TRY(di_bpe_merge_add(t, m, (size_t)(sp - m), sp + 1, strlen(sp + 1), rank));
-      } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(it->child) &&
-                 cJSON_IsString(it->child->next)) {
-        const char *a = it->child->valuestring, *b = it->child->next->valuestring;
-        DI_TRY(di_bpe_merge_add(t, a, strlen(a), b, strlen(b), rank));
+  if (rm->merges) {
+    scan_at(&js, rm, rm->merges, rm->merges_len);
+    st = di_jscan_expect(&js, '[');
+    more = st == DI_OK && !di_jscan_peek(&js, ']');
+    if (st == DI_OK && !more)
+      st = di_jscan_expect(&js, ']');
+    while (st == DI_OK && more) {
+      a.len = b.len = 0;
+      const char *pa, *pb;
+      size_t na, nb;
+      if (di_jscan_peek(&js, '[')) {
+        st = di_jscan_expect(&js, '[');
+        if (st == DI_OK)
+          st = di_jscan_string(&js, &a);
+        if (st == DI_OK)
+          st = di_jscan_expect(&js, ',');
+        if (st == DI_OK)
+          st = di_jscan_string(&js, &b);
+        if (st == DI_OK)
+          st = di_jscan_expect(&js, ']');
+        pa = a.p ? a.p : "", na = a.len, pb = b.p ? b.p : "", nb = b.len;
       } else {
-        return di_error_set(DI_ERR_FORMAT, W ": model.merges[%u] must be \"a b\" or [\"a\", \"b\"]", rank);
+        st = di_jscan_string(&js, &a);
+        const char *sp = st == DI_OK && a.p ? memchr(a.p, ' ', a.len) : NULL;
+        if (st == DI_OK && (!sp || memchr(sp + 1, ' ', a.len - (size_t)(sp + 1 - a.p))))
+          st = di_error_set(DI_ERR_FORMAT, W ": model.merges[%u]: \"%.64s\" is not two tokens separated by one space",
+                            rank, a.p ? a.p : "");
+        pa = a.p, na = sp ? (size_t)(sp - a.p) : 0, pb = sp ? sp + 1 : "", nb = sp ? a.len - na - 1 : 0;
       }
+      int32_t m[3];
+      if (st == DI_OK)
+        st = di_bpe_merge_resolve(t, pa, na, pb, nb, rank, m);
+      if (st == DI_OK && (di_ivec_push(&trip, m[0]) || di_ivec_push(&trip, m[1]) || di_ivec_push(&trip, m[2])))
+        st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
       rank++;
+      if (st == DI_OK)
+        st = di_jscan_next(&js, ']', &more);
     }
   }
-  return DI_OK;
+  if (st == DI_OK)
+    st = di_bpe_merges_init(t, trip.len / 3);
+  for (size_t k = 0; st == DI_OK && k < trip.len; k += 3)
+    di_bpe_merge_insert(t, trip.p + k, (uint32_t)(k / 3));
+  free(trip.p);
+  di_buf_free(&a);
+  di_buf_free(&b);
+  return st;
 }
 
 static di_status load_added(di_tokenizer *t, const cJSON *added) {
@@ -545,13 +625,13 @@ static di_status config_token(const cJSON *cfg, const char *key, char **out) {
   return DI_OK;
 }
 
-static di_status load_all(di_tokenizer *t, const cJSON *root, const cJSON *cfg) {
+static di_status load_all(di_tokenizer *t, const cJSON *root, const cJSON *cfg, const raw_model *rm) {
   if (!cJSON_IsObject(root))
     return di_error_set(DI_ERR_FORMAT, W ": the top level must be an object");
   const cJSON *added = jget(root, "added_tokens");
   if (added && !cJSON_IsArray(added))
     return di_error_set(DI_ERR_FORMAT, W ": \"added_tokens\" must be an array");
-  DI_TRY(load_model(t, jget(root, "model"), added));
+  DI_TRY(load_model(t, jget(root, "model"), added, rm));
   if (added)
     DI_TRY(load_added(t, added));
   const cJSON *o;
@@ -571,24 +651,19 @@ static di_status load_all(di_tokenizer *t, const cJSON *root, const cJSON *cfg) 
       return di_error_set(DI_ERR_FORMAT, W ": post_processor: token id %d is outside the vocab", (int)id);
   }
   /* added tokens: lookup map, normalized forms, matchers */
-  t->added_map.slots = NULL;
-  {
-    uint32_t *off = malloc(((size_t)t->n_added + 1) * sizeof *off), *len = malloc(((size_t)t->n_added + 1) * sizeof *len);
-    di_buf keys = {0};
-    di_status st = off && len ? DI_OK : di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
-    for (int i = 0; i < t->n_added && st == DI_OK; i++) {
-      off[i] = (uint32_t)keys.len;
-      len[i] = (uint32_t)t->added[i].len;
-      if (di_buf_append(&keys, t->added[i].content, t->added[i].len))
-        st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
-    }
-    if (st == DI_OK)
-      st = di_strmap_build(&t->added_map, t->n_added, off, len, keys.p ? keys.p : "", W ": added_tokens");
-    free(off);
-    free(len);
-    di_buf_free(&keys);
-    DI_TRY(st);
+  t->added_off = malloc(((size_t)t->n_added + 1) * sizeof *t->added_off);
+  t->added_len = malloc(((size_t)t->n_added + 1) * sizeof *t->added_len);
+  if (!t->added_off || !t->added_len)
+    return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  for (int i = 0; i < t->n_added; i++) {
+    t->added_off[i] = (uint32_t)t->added_keys.len;
+    t->added_len[i] = (uint32_t)t->added[i].len;
+    if (di_buf_append(&t->added_keys, t->added[i].content, t->added[i].len))
+      return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
   }
+  if (di_buf_reserve(&t->added_keys, 0))
+    return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  DI_TRY(di_strmap_build(&t->added_map, t->n_added, t->added_off, t->added_len, t->added_keys.p, W ": added_tokens"));
   for (int i = 0; i < t->n_added; i++) {
     di_added *a = &t->added[i];
     if (!a->normalized)
@@ -621,24 +696,99 @@ static di_status load_all(di_tokenizer *t, const cJSON *root, const cJSON *cfg) 
   return di_build_raw_bytes(t);
 }
 
+/* Adds the cJSON parse of the value at the scanner to obj under key. */
+static di_status scan_small(di_jscan *js, cJSON *obj, const char *key) {
+  const char *v;
+  size_t n;
+  DI_TRY(di_jscan_value_extent(js, &v, &n));
+  cJSON *item = cJSON_ParseWithLength(v, n);
+  if (!item)
+    return di_error_set(DI_ERR_FORMAT, W ": invalid JSON in \"%.64s\" at byte %zu", key, (size_t)(v - js->begin));
+  cJSON_DeleteItemFromObjectCaseSensitive(obj, key); /* a repeated key: the last one wins */
+  cJSON_AddItemToObject(obj, key, item);
+  return DI_OK;
+}
+
+/* Top level of tokenizer.json: model.vocab and model.merges are located, the rest parsed. */
+static di_status scan_root(const char *json, size_t len, cJSON *root, raw_model *rm) {
+  di_jscan js = {json, json, json + len, W};
+  di_buf key = {0};
+  rm->begin = json;
+  di_status st = di_jscan_expect(&js, '{');
+  int more = st == DI_OK && !di_jscan_peek(&js, '}');
+  if (st == DI_OK && !more)
+    st = di_jscan_expect(&js, '}');
+  while (st == DI_OK && more) {
+    key.len = 0;
+    st = di_jscan_string(&js, &key);
+    if (st == DI_OK)
+      st = di_jscan_expect(&js, ':');
+    if (st != DI_OK)
+      break;
+    const char *k = key.p ? key.p : "";
+    if (!strcmp(k, "model") && di_jscan_peek(&js, '{')) {
+      cJSON *model = cJSON_CreateObject();
+      di_buf mk = {0};
+      if (!model)
+        st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+      else {
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "model");
+        cJSON_AddItemToObject(root, "model", model);
+      }
+      if (st == DI_OK)
+        st = di_jscan_expect(&js, '{');
+      int mmore = st == DI_OK && !di_jscan_peek(&js, '}');
+      if (st == DI_OK && !mmore)
+        st = di_jscan_expect(&js, '}');
+      while (st == DI_OK && mmore) {
+        mk.len = 0;
+        st = di_jscan_string(&js, &mk);
+        if (st == DI_OK)
+          st = di_jscan_expect(&js, ':');
+        if (st != DI_OK)
+          break;
+        const char *m = mk.p ? mk.p : "";
+        if (!strcmp(m, "vocab"))
+          st = di_jscan_value_extent(&js, &rm->vocab, &rm->vocab_len);
+        else if (!strcmp(m, "merges"))
+          st = di_jscan_value_extent(&js, &rm->merges, &rm->merges_len);
+        else
+          st = scan_small(&js, model, m);
+        if (st == DI_OK)
+          st = di_jscan_next(&js, '}', &mmore);
+      }
+      di_buf_free(&mk);
+    } else {
+      st = scan_small(&js, root, k);
+    }
+    if (st == DI_OK)
+      st = di_jscan_next(&js, '}', &more);
+  }
+  if (st == DI_OK && !di_jscan_peek(&js, ' ') && js.p < js.end) /* (peek skips whitespace) */
+    st = di_error_set(DI_ERR_FORMAT, W ": unexpected text after the top-level object at byte %zu", (size_t)(js.p - json));
+  di_buf_free(&key);
+  return st;
+}
+
 di_status di_tokenizer_load_mem(const char *json, size_t len, const char *config_json, size_t config_len,
                                 const char *what, di_tokenizer **out) {
   if (!json || !out)
     return di_error_set(DI_ERR_INVALID_ARG, "di_tokenizer_load_mem: NULL argument");
-  cJSON *root = NULL, *cfg = NULL;
-  di_status st = di_json_parse(json, len, what ? what : W, &root);
+  cJSON *root = cJSON_CreateObject(), *cfg = NULL;
+  raw_model rm = {0};
+  di_status st = root ? scan_root(json, len, root, &rm) : di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
   if (st == DI_OK && config_json)
     st = di_json_parse(config_json, config_len, "tokenizer_config.json", &cfg);
   di_tokenizer *t = NULL;
   if (st == DI_OK) {
     t = calloc(1, sizeof *t);
-    st = t ? load_all(t, root, cfg) : di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
-    if (st != DI_OK && what && strcmp(what, W) != 0) { /* name the file instead of "tokenizer.json" */
-      char msg[1024];
-      const char *m = di_last_error();
-      snprintf(msg, sizeof msg, "%s", strncmp(m, W ": ", sizeof W + 1) == 0 ? m + sizeof W + 1 : m);
-      di_error_set(st, "%s: %s", what, msg);
-    }
+    st = t ? load_all(t, root, cfg, &rm) : di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  }
+  if (st != DI_OK && what && strcmp(what, W) != 0) { /* name the file instead of "tokenizer.json" */
+    char msg[1024];
+    const char *m = di_last_error();
+    snprintf(msg, sizeof msg, "%s", strncmp(m, W ": ", sizeof W + 1) == 0 ? m + sizeof W + 1 : m);
+    di_error_set(st, "%s: %s", what, msg);
   }
   cJSON_Delete(root);
   cJSON_Delete(cfg);
@@ -697,6 +847,9 @@ void di_tokenizer_free(di_tokenizer *t) {
   di_buf_free(&t->tok_data);
   free(t->vocab.slots);
   free(t->added_map.slots);
+  free(t->added_off);
+  free(t->added_len);
+  di_buf_free(&t->added_keys);
   free(t->mtok_off);
   free(t->mtok_len);
   free(t->prefix);
@@ -747,15 +900,9 @@ int32_t di_tokenizer_token_to_id(const di_tokenizer *t, const char *token) {
   size_t n = strlen(token);
   if (t->added_map.slots && t->n_added) {
     /* keys of added_map are the added contents in order */
-    uint32_t h = (uint32_t)di_hash_bytes(token, n) & t->added_map.mask;
-    for (;;) {
-      int32_t k = t->added_map.slots[h];
-      if (k < 0)
-        break;
-      if (t->added[k].len == n && memcmp(t->added[k].content, token, n) == 0)
-        return t->added[k].id;
-      h = (h + 1) & t->added_map.mask;
-    }
+    int32_t k = di_strmap_get(&t->added_map, token, n, t->added_off, t->added_len, t->added_keys.p);
+    if (k >= 0)
+      return t->added[k].id;
   }
   return di_vocab_lookup(t, token, n);
 }

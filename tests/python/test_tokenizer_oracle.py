@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import unicodedata
+import zlib
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,8 @@ def test_oracle(fam, tokdirs):
     clean = bool(cfg.get("clean_up_tokenization_spaces", False))
     added = json.loads((d / "tokenizer.json").read_text())["added_tokens"]
     specials = [a["content"] for a in added][:64]
-    texts = gen_texts(hash(fam) % 1000 + 7, specials)
+    seed = zlib.crc32(fam.encode()) + int(os.environ.get("DI_TOK_SEED", "0"))  # (str hash() is salted)
+    texts = gen_texts(seed, specials)
     args = ["--tokenizer", str(d)]
 
     ref = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
