@@ -707,6 +707,28 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
       return di_error_set(DI_ERR_UNSUPPORTED, "json schema: cannot combine two different '%s' (allOf) at %s", k, path);
     }
   }
+  /* additionalProperties of one side applies to the properties only the other side names */
+  cJSON *mp = item(m, "properties");
+  for (cJSON *p = mp ? mp->child : NULL; p; p = p->next) {
+    for (int side = 0; side < 2; side++) {
+      const cJSON *src = side ? b : a;
+      const cJSON *sp = cJSON_IsObject(src) ? item(src, "properties") : NULL;
+      const cJSON *sa = cJSON_IsObject(src) ? item(src, "additionalProperties") : NULL;
+      if (!sa || cJSON_IsTrue(sa) || (sp && item(sp, p->string)))
+        continue;
+      cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
+      cJSON_AddItemToArray(arr, cJSON_Duplicate(p, 1));
+      cJSON_AddItemToArray(arr, cJSON_Duplicate(sa, 1));
+      char *key = strdup(p->string);
+      if (!key) {
+        cJSON_Delete(all);
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      }
+      cJSON_ReplaceItemInObjectCaseSensitive(mp, key, all);
+      free(key);
+      p = all;
+    }
+  }
   *out = m;
   return DI_OK;
 }
@@ -744,14 +766,20 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
     return di_error_set(DI_ERR_FORMAT, "json schema: 'pattern' must be a string at %s", path);
   const char *fre = NULL;
   if (fmt) {
+#define DATE_RE                                                                                              \
+  "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))" \
+  "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
+#define TIME_RE "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define IPV4_RE "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"
     static const char *fmts[][2] = {
-        {"date", "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"},
-        {"time", "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
-        {"date-time", "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
-                      "T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
+        {"date", DATE_RE},
+        {"time", TIME_RE},
+        {"date-time", "(" DATE_RE ")[Tt]" TIME_RE},
         {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-        {"email", "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"},
-        {"ipv4", "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"},
+        {"email", "([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*|\"([^\"\\\\]|\\\\.)*\")@"
+                  "([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
+                  "|\\[" IPV4_RE "\\]|\\[IPv6:[0-9A-Fa-f:.]+\\])"},
+        {"ipv4", IPV4_RE},
     };
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
       if (strcmp(fmt->valuestring, fmts[i][0]) == 0)
@@ -1413,6 +1441,11 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
 }
 
 di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di_grammar_options *opt) {
+  /* cJSON strings are NUL-terminated: a schema string holding U+0000 would be silently cut */
+  for (size_t i = 0; i + 6 <= len; i++)
+    if (src[i] == '\\' && (src[i + 1] == 'u' || src[i + 1] == 'U') && memcmp(src + i + 2, "0000", 4) == 0 &&
+        (i == 0 || src[i - 1] != '\\'))
+      return di_error_set(DI_ERR_UNSUPPORTED, "json schema: strings containing U+0000 are not supported (offset %zu)", i);
   cJSON *root = NULL;
   DI_TRY(di_json_parse(src, len, "json schema", &root));
   jc c;

@@ -23,6 +23,11 @@ static di_status rerr(const rp *p, size_t at, const char *what) {
   return di_error_set(DI_ERR_FORMAT, "regex: %s at offset %zu", what, at);
 }
 
+/* Valid regex syntax that this engine does not implement. */
+static di_status runsup(const rp *p, size_t at, const char *what) {
+  return di_error_set(DI_ERR_UNSUPPORTED, "regex: %s at offset %zu", what, at);
+}
+
 static int cs_add(cset *c, uint32_t lo, uint32_t hi) {
   if (c->n == c->cap) {
     int nc = c->cap ? c->cap * 2 : 8;
@@ -105,10 +110,10 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
   case 'b':
     if (in_class)
       return '\b';
-    *st = rerr(p, at, "word boundary \\b is not supported");
+    *st = runsup(p, at, "word boundary \\b is not supported");
     return -1;
   case 'B':
-    *st = rerr(p, at, "\\B is not supported");
+    *st = runsup(p, at, "\\B is not supported");
     return -1;
   case 'x': {
     int h1 = p->i < p->n ? hexval(p->s[p->i]) : -1, h2 = p->i + 1 < p->n ? hexval(p->s[p->i + 1]) : -1;
@@ -145,14 +150,14 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
     return (int32_t)v;
   }
   case 'p': case 'P':
-    *st = rerr(p, at, "Unicode property escapes are not supported");
+    *st = runsup(p, at, "Unicode property escapes are not supported");
     return -1;
   case 'c': case 'k':
-    *st = rerr(p, at, "this escape is not supported");
+    *st = runsup(p, at, "this escape is not supported");
     return -1;
   default:
     if (e >= '1' && e <= '9') {
-      *st = rerr(p, at, "backreferences are not supported");
+      *st = runsup(p, at, "backreferences are not supported");
       return -1;
     }
     if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z')) {
@@ -374,10 +379,10 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
         *anch_end = 1;
         break;
       }
-      return rerr(p, at, "'$' is only supported at the end of the pattern");
+      return runsup(p, at, "'$' is only supported at the end of the pattern");
     }
     if (c == '^')
-      return rerr(p, at, "'^' is only supported at the start of the pattern");
+      return runsup(p, at, "'^' is only supported at the start of the pattern");
     if (c == '*' || c == '+' || c == '?' || c == '{') {
       int min = 0, max = -1;
       if (c == '{') {
@@ -426,7 +431,7 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
             return rerr(p, at, "unterminated group name");
           p->i++;
         } else {
-          return rerr(p, at, "lookaround and inline flags are not supported");
+          return runsup(p, at, "lookaround and inline flags are not supported");
         }
       }
       if (++p->depth > 200)

@@ -1,0 +1,239 @@
+"""JSON-Schema-Test-Suite (draft 2020-12) against the grammar engine's JSON Schema front-end.
+
+For every test group whose schema compiles, each instance is serialised the way generation writes
+JSON (compact, properties in schema order, integral numbers as integers, UTF-8 unescaped; see
+docs/structured-outputs.md) and checked with di_grammar_accepts:
+  valid   + accepted -> pass          invalid + rejected -> pass
+  valid   + rejected -> skip if the documented generation defaults exclude it (the instance fails
+                        the "generation schema": additionalProperties false when absent, formats
+                        asserted), else FAIL
+  invalid + accepted -> skip if the generation defaults admit it (oneOf generated as anyOf), else FAIL
+Groups whose schema uses an unsupported keyword (compile error DI_ERR_UNSUPPORTED) count as skipped.
+The test fails on any FAIL; the counts are printed (and recorded in docs/structured-outputs.md).
+"""
+import ctypes
+import json
+import os
+import pathlib
+import urllib.parse
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SUITE = ROOT / "tests/data/grammar/JSON-Schema-Test-Suite/draft2020-12"
+DI_GRAMMAR_JSON_SCHEMA = 2
+DI_ERR_UNSUPPORTED = 4
+
+
+def load_lib():
+    path = os.environ.get("DEEPINFER_LIB")
+    if not path or not os.path.exists(path):
+        pytest.skip("DEEPINFER_LIB not set")
+    lib = ctypes.CDLL(path)
+    lib.di_grammar_compile.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,
+                                       ctypes.POINTER(ctypes.c_void_p)]
+    lib.di_grammar_compile.restype = ctypes.c_int
+    lib.di_grammar_accepts.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.di_grammar_accepts.restype = ctypes.c_int
+    lib.di_grammar_free.argtypes = [ctypes.c_void_p]
+    lib.di_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+# ---- serialisation the way generation writes it ------------------------------------------------
+def pointer(root, ref):
+    node = root
+    try:
+        for tok in ref[1:].split("/")[1:] if ref.startswith("#/") else []:
+            tok = urllib.parse.unquote(tok).replace("~1", "/").replace("~0", "~")
+            node = node[int(tok)] if isinstance(node, list) else node[tok]
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None
+    return node
+
+
+def resolve(s, root, depth=0):
+    while isinstance(s, dict) and isinstance(s.get("$ref"), str) and s["$ref"].startswith("#") and depth < 50:
+        depth += 1
+        s = pointer(root, s["$ref"]) if s["$ref"] != "#" else root
+    return s
+
+
+def branches(s, root, depth=0):
+    """The schema and the subschemas whose properties generation merges in (allOf/anyOf/oneOf, $ref)."""
+    out = []
+    s = resolve(s, root)
+    if not isinstance(s, dict) or depth > 20:
+        return out
+    out.append(s)
+    if isinstance(s.get("$ref"), str):
+        out += branches(resolve({"$ref": s["$ref"]}, root), root, depth + 1)
+    for kw in ("allOf", "anyOf", "oneOf"):
+        for b in s.get(kw, []) if isinstance(s.get(kw), list) else []:
+            out += branches(b, root, depth + 1)
+    return out
+
+
+def strict_equal(a, b):
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(strict_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(strict_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def canonical(inst, schema, root):
+    bs = branches(schema, root) if schema is not None else []
+    for b in bs:  # an enum/const literal: generation writes the literal's own key order
+        cands = ([b["const"]] if "const" in b else []) + (b["enum"] if isinstance(b.get("enum"), list) else [])
+        for c in cands:
+            if strict_equal(c, inst):
+                return canonical(c, None, root)
+    if isinstance(inst, float) and inst.is_integer():
+        return int(inst)
+    if isinstance(inst, list):
+        out = []
+        for i, x in enumerate(inst):
+            sub = None
+            for b in bs:
+                pi = b.get("prefixItems")
+                if isinstance(pi, list) and i < len(pi):
+                    sub = pi[i]
+                    break
+                if "items" in b and not isinstance(pi, list) or (isinstance(pi, list) and "items" in b):
+                    sub = b["items"]
+                    break
+            out.append(canonical(x, sub, root))
+        return out
+    if isinstance(inst, dict):
+        order = []
+        for b in bs:
+            for k in b.get("properties", {}) if isinstance(b.get("properties"), dict) else []:
+                if k not in order:
+                    order.append(k)
+        for b in bs:
+            for k in b.get("required", []) if isinstance(b.get("required"), list) else []:
+                if k not in order:
+                    order.append(k)
+        keys = [k for k in order if k in inst] + [k for k in inst if k not in order]
+        out = {}
+        for k in keys:
+            sub = None
+            for b in bs:
+                if isinstance(b.get("properties"), dict) and k in b["properties"]:
+                    sub = b["properties"][k]
+                    break
+            if sub is None:
+                for b in bs:
+                    if isinstance(b.get("additionalProperties"), (dict, bool)):
+                        sub = b["additionalProperties"]
+                        break
+            out[k] = canonical(inst[k], sub if isinstance(sub, dict) else None, root)
+        return out
+    return inst
+
+
+def serialize(inst, schema):
+    return json.dumps(canonical(inst, schema, schema), separators=(",", ":"), ensure_ascii=False)
+
+
+# ---- the generation schema: validation semantics with the documented generation defaults ------
+SCHEMA_MAP = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
+SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+              "unevaluatedItems", "unevaluatedProperties")
+SCHEMA_LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
+
+
+def generation_schema(s):
+    if not isinstance(s, dict):
+        return s
+    out = {}
+    for k, v in s.items():
+        if k in SCHEMA_MAP and isinstance(v, dict):
+            out[k] = {n: generation_schema(x) for n, x in v.items()}
+        elif k in SCHEMA_ONE:
+            out[k] = generation_schema(v)
+        elif k in SCHEMA_LIST and isinstance(v, list):
+            out["anyOf" if k == "oneOf" else k] = [generation_schema(x) for x in v]
+        else:
+            out[k] = v
+    if "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def gen_valid(schema, inst):
+    v = jsonschema.Draft202012Validator(generation_schema(schema),
+                                        format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    try:
+        return v.is_valid(inst)
+    except Exception:  # unresolvable refs and the like: not decidable here
+        return None
+
+
+def run_suite(lib):
+    files = sorted(SUITE.glob("*.json")) + sorted((SUITE / "optional/format").glob("*.json"))
+    totals = {"pass": 0, "skip": 0, "fail": 0}
+    per_file = {}
+    failures = []
+    for f in files:
+        counts = {"pass": 0, "skip": 0, "fail": 0}
+        for group in json.loads(f.read_text()):
+            schema = group["schema"]
+            src = json.dumps(schema).encode()
+            g = ctypes.c_void_p()
+            st = lib.di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, len(src), None, ctypes.byref(g))
+            err = lib.di_last_error().decode(errors="replace") if st else ""
+            for t in group["tests"]:
+                if st == DI_ERR_UNSUPPORTED:
+                    counts["skip"] += 1
+                    continue
+                text = serialize(t["data"], schema)
+                if st != 0:
+                    accepted = False  # e.g. "no JSON value satisfies the schema"
+                else:
+                    b = text.encode()
+                    accepted = bool(lib.di_grammar_accepts(g, b, len(b)))
+                if accepted == t["valid"]:
+                    counts["pass"] += 1
+                    continue
+                gv = gen_valid(schema, t["data"])
+                if t["valid"] and gv is False:
+                    counts["skip"] += 1  # excluded by the generation defaults
+                elif not t["valid"] and gv is True:
+                    counts["skip"] += 1  # admitted by the generation defaults (oneOf as anyOf)
+                else:
+                    counts["fail"] += 1
+                    failures.append(f"{f.name}: {group['description']} / {t['description']}: {text} "
+                                    f"(valid={t['valid']}, accepted={accepted}{', compile: ' + err if st else ''})")
+            if st == 0:
+                lib.di_grammar_free(g)
+        per_file[f.name] = counts
+        for k in totals:
+            totals[k] += counts[k]
+    return totals, per_file, failures
+
+
+def test_json_schema_test_suite():
+    lib = load_lib()
+    totals, per_file, failures = run_suite(lib)
+    for name, c in per_file.items():
+        print(f"{name:32s} pass {c['pass']:4d}  skip {c['skip']:4d}  fail {c['fail']:4d}")
+    print(f"TOTAL pass {totals['pass']} skip {totals['skip']} fail {totals['fail']}")
+    assert totals["pass"] > 400
+    assert not failures, "\n".join(failures[:40])
+
+
+if __name__ == "__main__":
+    lib = load_lib()
+    totals, per_file, failures = run_suite(lib)
+    for name, c in per_file.items():
+        print(f"{name:32s} pass {c['pass']:4d}  skip {c['skip']:4d}  fail {c['fail']:4d}")
+    print(f"TOTAL pass {totals['pass']} skip {totals['skip']} fail {totals['fail']}")
+    print("\n".join(failures))
