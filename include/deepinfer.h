@@ -227,6 +227,51 @@ di_status di_chat_template_render_json(const di_chat_template *t, const char *co
 /* Frees a string the library returned to the caller. NULL: no-op. */
 void di_string_free(char *s);
 
+/* ============================================================================================ */
+/* Tokenizer                                                                                     */
+/* ============================================================================================ */
+/* Hugging Face tokenizer.json (BPE: byte-level or SentencePiece-style with byte fallback), encoding
+ * and decoding exactly as the Hugging Face `tokenizers` library does. A loaded tokenizer may be used
+ * from several threads at once (its only mutable state, a word cache, is locked). */
+typedef struct di_tokenizer di_tokenizer;
+
+/* `path` is a folder (tokenizer.json + optional tokenizer_config.json; a model folder works) or a
+ * tokenizer.json file. */
+di_status di_tokenizer_load(const char *path, di_tokenizer **out);
+void di_tokenizer_free(di_tokenizer *t);
+/* HF encode(text, add_special_tokens). *ids is malloc'd: free() it. Invalid UTF-8: each maximal
+ * invalid byte sequence reads as U+FFFD (Python's bytes.decode("utf-8", "replace")). */
+di_status di_tokenizer_encode(const di_tokenizer *t, const char *text, size_t len, int add_special_tokens,
+                              int32_t **ids, size_t *n_ids);
+/* HF decode(ids, skip_special_tokens), plus transformers' clean-up of tokenization spaces when
+ * tokenizer_config.json sets clean_up_tokenization_spaces. *text is malloc'd, NUL-terminated. */
+di_status di_tokenizer_decode(const di_tokenizer *t, const int32_t *ids, size_t n, int skip_special_tokens,
+                              char **text, size_t *len);
+int di_tokenizer_vocab_size(const di_tokenizer *t); /* max id + 1 over the vocab and added tokens */
+/* The bytes token `id` contributes to generated text (NULL and *len = 0 for an unused id); valid
+ * while t lives. */
+const char *di_tokenizer_token_bytes(const di_tokenizer *t, int32_t id, size_t *len);
+int di_tokenizer_is_special(const di_tokenizer *t, int32_t id);
+int32_t di_tokenizer_token_to_id(const di_tokenizer *t, const char *token); /* -1 if none */
+/* tokenizer_config.json facts: BOS/EOS ids (-1 if none) and strings (NULL if none), add_bos_token. */
+int32_t di_tokenizer_bos_id(const di_tokenizer *t);
+int32_t di_tokenizer_eos_id(const di_tokenizer *t);
+int di_tokenizer_add_bos(const di_tokenizer *t);
+const char *di_tokenizer_bos_token(const di_tokenizer *t);
+const char *di_tokenizer_eos_token(const di_tokenizer *t);
+/* Ids of a raw text prompt: encode without special tokens, then BOS as add_bos_token says. */
+di_status di_tokenizer_encode_prompt(const di_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n);
+
+/* Streaming detokenizer: push generated ids one at a time; each call returns the newly completed
+ * text (never a split UTF-8 character, never repeated). All outputs + flush == the full decode. */
+typedef struct di_detok_stream di_detok_stream;
+di_status di_detok_stream_create(const di_tokenizer *t, int skip_special_tokens, di_detok_stream **out);
+/* *text (owned by the stream, valid until its next call) and *len: the new text, possibly empty. */
+di_status di_detok_stream_push(di_detok_stream *s, int32_t id, const char **text, size_t *len);
+/* The rest (an incomplete character at the end comes out as U+FFFD); the stream starts afresh. */
+di_status di_detok_stream_flush(di_detok_stream *s, const char **text, size_t *len);
+void di_detok_stream_free(di_detok_stream *s);
+
 #ifdef __cplusplus
 }
 #endif
