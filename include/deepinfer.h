@@ -168,6 +168,7 @@ typedef struct di_seq_output {
   int n_prompt_tokens;
   int n_cached_tokens;           /* prompt tokens found in the prefix cache */
   int n_output_tokens;           /* generated so far */
+  const int32_t *prompt_token_ids; /* [n_prompt_tokens] (text prompts: as encoded) */
   double time_to_first_token;    /* seconds from add to first token (-1 before it) */
   double time_per_output_token;  /* mean seconds between later tokens (set when finished) */
 } di_seq_output;
@@ -208,6 +209,9 @@ int di_engine_has_unfinished(const di_engine *e);
 void di_engine_get_stats(const di_engine *e, di_engine_stats *s);
 /* Verifies the KV block accounting (no leaked or double-freed block). */
 di_status di_engine_check(const di_engine *e);
+/* sizeof of a public struct by name ("di_request_params", ...), 0 if unknown: lets bindings
+ * (the ctypes package) verify their mirror of the layout. */
+size_t di_abi_sizeof(const char *struct_name);
 
 /* ============================================================================================ */
 /* Chat templates                                                                                */

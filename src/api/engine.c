@@ -72,3 +72,15 @@ di_status di_engine_create(di_model *m, const di_engine_options *opt, di_engine 
   if (st != DI_OK) ctx_free(c);
   return st;
 }
+
+size_t di_abi_sizeof(const char *name) {
+  if (!name) return 0;
+  if (strcmp(name, "di_engine_options") == 0) return sizeof(di_engine_options);
+  if (strcmp(name, "di_request_params") == 0) return sizeof(di_request_params);
+  if (strcmp(name, "di_seq_output") == 0) return sizeof(di_seq_output);
+  if (strcmp(name, "di_step_output") == 0) return sizeof(di_step_output);
+  if (strcmp(name, "di_engine_stats") == 0) return sizeof(di_engine_stats);
+  if (strcmp(name, "di_model_options") == 0) return sizeof(di_model_options);
+  if (strcmp(name, "di_token_logprob") == 0) return sizeof(di_token_logprob);
+  return 0;
+}

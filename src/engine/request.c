@@ -279,6 +279,7 @@ void di_req_fill_output(di_engine *e, di_req *r, di_seq_output *o) {
   o->n_cached_tokens = r->n_cached;
   int n_output = r->n_tokens - r->n_prompt;
   o->n_output_tokens = n_output;
+  o->prompt_token_ids = r->tokens;
   o->time_to_first_token = r->t_first >= 0 ? r->t_first - r->t_arrival : -1;
   o->time_per_output_token = n_output > 1 ? (r->t_last - r->t_first) / (n_output - 1) : 0;
   if (r->state == DI_REQ_DONE) r->reported = 1;

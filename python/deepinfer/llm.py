@@ -1,0 +1,296 @@
+"""The offline API: LLM(model=...).generate(prompts, params) and .chat(messages, params), as in vLLM.
+
+The model folder is `model`, else $DEEPINFER_HF_MODEL_DIR, else the shipped default model
+(models/default next to the package or in the repository).
+"""
+import ctypes
+import json
+import os
+import time
+
+from . import _lib
+from .outputs import Logprob, RequestOutput
+from .sampling_params import SamplingParams
+
+
+def default_model_dir():
+    env = os.environ.get("DEEPINFER_HF_MODEL_DIR")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "models", "default"), os.path.join(_lib._repo_root(), "models", "default")):
+        if os.path.exists(os.path.join(cand, "config.json")):
+            return cand
+    raise FileNotFoundError("no model given, DEEPINFER_HF_MODEL_DIR is not set and the default model "
+                            "(models/default) was not found")
+
+
+class LLM:
+    """An engine over one model. Engine options use vLLM's names: max_model_len, max_num_seqs,
+    max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, async_scheduling,
+    kv_cache_memory_bytes, num_kv_blocks, seed; model loading: load_format ("auto", "dummy"),
+    accelerator ("cpu", "cuda"), threads, quiet."""
+
+    def __init__(self, model=None, *, max_model_len=None, max_num_seqs=256, max_num_batched_tokens=2048,
+                 enable_prefix_caching=True, enable_chunked_prefill=True, async_scheduling=True,
+                 kv_cache_memory_bytes=None, num_kv_blocks=None, seed=0, load_format="auto", accelerator=None,
+                 threads=None, dummy_seed=0, quiet=True, **unsupported):
+        if unsupported:
+            raise TypeError("LLM: unsupported argument(s): " + ", ".join(sorted(unsupported)))
+        self._L = _lib.lib()
+        self._model = ctypes.c_void_p()
+        self._engine = ctypes.c_void_p()
+        self._template = None
+        self.model_dir = model if model is not None else default_model_dir()
+        mo = _lib.ModelOptions()
+        self._L.di_model_options_default(ctypes.byref(mo))
+        mo.load_format = load_format.encode()
+        mo.accelerator = accelerator.encode() if accelerator else None
+        mo.threads = int(threads or 0)
+        mo.dummy_seed = int(dummy_seed)
+        mo.quiet = 1 if quiet else 0
+        _lib.check(self._L.di_model_load(self.model_dir.encode(), ctypes.byref(mo), ctypes.byref(self._model)),
+                   f"loading {self.model_dir}")
+        eo = _lib.EngineOptions()
+        self._L.di_engine_options_default(ctypes.byref(eo))
+        eo.max_num_seqs = int(max_num_seqs)
+        eo.max_num_batched_tokens = int(max_num_batched_tokens)
+        eo.max_model_len = int(max_model_len or 0)
+        eo.enable_prefix_caching = int(bool(enable_prefix_caching))
+        eo.enable_chunked_prefill = int(bool(enable_chunked_prefill))
+        eo.async_scheduling = int(bool(async_scheduling))
+        if kv_cache_memory_bytes:
+            eo.kv_cache_memory_bytes = int(kv_cache_memory_bytes)
+        if num_kv_blocks:
+            eo.num_kv_blocks = int(num_kv_blocks)
+        eo.seed = int(seed or 0)
+        st = self._L.di_engine_create(self._model, ctypes.byref(eo), ctypes.byref(self._engine))
+        if st != 0:
+            msg = self._L.di_last_error().decode("utf-8", "replace")
+            self._L.di_model_free(self._model)
+            self._model = ctypes.c_void_p()
+            raise _lib.DeepInferError(f"creating the engine: {msg}")
+        self._counter = 0
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def close(self):
+        if getattr(self, "_engine", None):
+            self._L.di_engine_free(self._engine)
+            self._engine = ctypes.c_void_p()
+        if getattr(self, "_template", None):
+            self._L.di_chat_template_free(self._template)
+            self._template = None
+        if getattr(self, "_model", None):
+            self._L.di_model_free(self._model)
+            self._model = ctypes.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def _add(self, prompt, sp, rendered=False):
+        keep = []  # ctypes buffers that must live until add_request returns (it copies)
+        p = _lib.RequestParams()
+        self._L.di_request_params_default(ctypes.byref(p))
+        text = None
+        if isinstance(prompt, str):
+            text = prompt
+            p.prompt = prompt.encode("utf-8")
+            p.prompt_is_rendered = 1 if rendered else 0
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = [int(x) for x in prompt["prompt_token_ids"]]
+            arr = (ctypes.c_int32 * max(1, len(ids)))(*ids)
+            keep.append(arr)
+            p.prompt_ids = ctypes.cast(arr, _lib.c_int32_p)
+            p.n_prompt_ids = len(ids)
+        elif isinstance(prompt, dict) and "prompt" in prompt:
+            text = prompt["prompt"]
+            p.prompt = text.encode("utf-8")
+        else:
+            raise TypeError("a prompt is a string, {'prompt': str} or {'prompt_token_ids': [ints]}")
+        p.n = sp.n
+        p.temperature = sp.temperature
+        p.top_p = sp.top_p
+        p.top_k = sp.top_k if sp.top_k > 0 else 0
+        p.min_p = sp.min_p
+        p.repetition_penalty = sp.repetition_penalty
+        p.presence_penalty = sp.presence_penalty
+        p.frequency_penalty = sp.frequency_penalty
+        if sp.seed is not None:
+            p.has_seed = 1
+            p.seed = int(sp.seed) & 0xFFFFFFFFFFFFFFFF
+        p.logprobs = -1 if sp.logprobs is None else int(sp.logprobs)
+        p.max_tokens = 0 if sp.max_tokens is None else int(sp.max_tokens)
+        if sp.max_tokens is not None and p.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be at least 1, got {sp.max_tokens}")
+        p.min_tokens = sp.min_tokens
+        if sp.stop_token_ids:
+            arr = (ctypes.c_int32 * len(sp.stop_token_ids))(*sp.stop_token_ids)
+            keep.append(arr)
+            p.stop_token_ids = ctypes.cast(arr, _lib.c_int32_p)
+            p.n_stop_token_ids = len(sp.stop_token_ids)
+        if sp.stop:
+            arr = (ctypes.c_char_p * len(sp.stop))(*[s.encode("utf-8") for s in sp.stop])
+            keep.append(arr)
+            p.stop = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+            p.n_stop = len(sp.stop)
+        if sp.logit_bias:
+            ids = list(sp.logit_bias.keys())
+            a = (ctypes.c_int32 * len(ids))(*[int(i) for i in ids])
+            b = (ctypes.c_float * len(ids))(*[float(sp.logit_bias[i]) for i in ids])
+            keep += [a, b]
+            p.logit_bias_ids = ctypes.cast(a, _lib.c_int32_p)
+            p.logit_bias_values = ctypes.cast(b, _lib.c_float_p)
+            p.n_logit_bias = len(ids)
+        p.ignore_eos = int(sp.ignore_eos)
+        p.include_stop_str_in_output = int(sp.include_stop_str_in_output)
+        p.skip_special_tokens = int(sp.skip_special_tokens)
+        so = sp.structured_outputs
+        if so is not None:
+            schema = so.schema_text()
+            if schema is not None:
+                p.json_schema = schema.encode("utf-8")
+            if so.regex is not None:
+                p.regex = so.regex.encode("utf-8")
+            if so.grammar is not None:
+                p.grammar = so.grammar.encode("utf-8")
+            p.json_object = int(so.json_object)
+        rid = ctypes.c_uint64()
+        _lib.check(self._L.di_engine_add_request(self._engine, ctypes.byref(p), ctypes.byref(rid)), "adding a request")
+        self._counter += 1
+        out = RequestOutput(str(rid.value), text, sp.n)
+        out.metrics.arrival_time = time.time()
+        if text is None:
+            out.prompt_token_ids = [int(x) for x in prompt["prompt_token_ids"]]
+        return rid.value, out
+
+    def _run(self, reqs):
+        """Steps the engine until every request in `reqs` ({id: RequestOutput}) finished."""
+        bytes_acc = {}
+        pending = {rid: set(range(len(o.outputs))) for rid, o in reqs.items()}
+        step = ctypes.POINTER(_lib.StepOutput)()
+        while any(pending.values()):
+            _lib.check(self._L.di_engine_step(self._engine, ctypes.byref(step)), "engine step")
+            so = step.contents
+            for i in range(so.n):
+                s = so.seqs[i]
+                ro = reqs.get(s.req_id)
+                if ro is None:
+                    continue
+                co = ro.outputs[s.sample_index]
+                if ro.prompt_token_ids is None and s.prompt_token_ids:
+                    ro.prompt_token_ids = s.prompt_token_ids[:s.n_prompt_tokens]
+                ro.num_cached_tokens = s.n_cached_tokens
+                if s.n_new_tokens:
+                    co.token_ids.extend(s.new_tokens[:s.n_new_tokens])
+                if s.new_text_len:
+                    key = (s.req_id, s.sample_index)
+                    bytes_acc[key] = bytes_acc.get(key, b"") + ctypes.string_at(s.new_text, s.new_text_len)
+                if s.new_logprobs:
+                    if co.logprobs is None:
+                        co.logprobs, co.cumulative_logprob = [], 0.0
+                    for t in range(s.n_new_tokens):
+                        d = {}
+                        for k in range(s.n_top):
+                            tl = s.top[t * s.n_top + k]
+                            if tl.id >= 0:
+                                d[tl.id] = Logprob(tl.logprob, rank=k + 1)
+                        chosen = s.new_tokens[t]
+                        if chosen not in d:
+                            d[chosen] = Logprob(s.new_logprobs[t])
+                        co.logprobs.append(d)
+                        co.cumulative_logprob += s.new_logprobs[t]
+                if s.finish_reason:
+                    co.finish_reason = _lib.FINISH_REASONS.get(s.finish_reason)
+                    if s.stop_token >= 0:
+                        co.stop_reason = s.stop_token
+                    if s.error:
+                        co.error = s.error.decode("utf-8", "replace")
+                    ro.metrics.time_to_first_token = s.time_to_first_token if s.time_to_first_token >= 0 else None
+                    ro.metrics.time_per_output_token = s.time_per_output_token
+                    pending[s.req_id].discard(s.sample_index)
+                    if not pending[s.req_id]:
+                        ro.finished = True
+                        ro.metrics.finished_time = time.time()
+        for (rid, idx), b in bytes_acc.items():
+            reqs[rid].outputs[idx].text = b.decode("utf-8", "replace")
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=False):
+        """prompts: a string, {'prompt_token_ids': [...]}, or a list of these. sampling_params: one
+        SamplingParams for all, or a list (one per prompt). Returns RequestOutputs in prompt order."""
+        single = isinstance(prompts, (str, dict))
+        plist = [prompts] if single else list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        sps = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(plist)
+        if len(sps) != len(plist):
+            raise ValueError(f"{len(plist)} prompts but {len(sps)} sampling params")
+        return self._generate(plist, sps, rendered=False)
+
+    def _generate(self, plist, sps, rendered):
+        order, reqs = [], {}
+        try:
+            for pr, sp in zip(plist, sps):
+                rid, out = self._add(pr, sp, rendered)
+                order.append(rid)
+                reqs[rid] = out
+            self._run(reqs)
+        except BaseException:
+            for rid in order:  # leave the engine clean for the next call
+                self._L.di_engine_abort(self._engine, rid)
+            while self._L.di_engine_has_unfinished(self._engine):
+                step = ctypes.POINTER(_lib.StepOutput)()
+                if self._L.di_engine_step(self._engine, ctypes.byref(step)) != 0:
+                    break
+            raise
+        return [reqs[rid] for rid in order]
+
+    def _chat_template(self):
+        if self._template is None:
+            t = ctypes.c_void_p()
+            _lib.check(self._L.di_chat_template_load(self.model_dir.encode(), ctypes.byref(t)),
+                       "loading the chat template")
+            self._template = t
+        return self._template
+
+    def render_chat(self, messages, add_generation_prompt=True, chat_template_kwargs=None):
+        """The conversation rendered with the model's chat template (a string)."""
+        conv = {"messages": messages, **(chat_template_kwargs or {})}
+        out = ctypes.c_void_p()
+        _lib.check(self._L.di_chat_template_render_json(self._chat_template(), json.dumps(conv).encode("utf-8"),
+                                                        1 if add_generation_prompt else 0, ctypes.byref(out)),
+                   "rendering the chat template")
+        try:
+            return ctypes.string_at(out.value).decode("utf-8")
+        finally:
+            self._L.di_string_free(out)
+
+    def chat(self, messages, sampling_params=None, use_tqdm=False, add_generation_prompt=True,
+             chat_template_kwargs=None):
+        """messages: one conversation (a list of {'role', 'content'}) or a list of conversations."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        texts = [self.render_chat(c, add_generation_prompt, chat_template_kwargs) for c in convs]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        sps = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(texts)
+        return self._generate(texts, sps, rendered=True)
+
+    # ---- statistics ----------------------------------------------------------------------------
+    def get_stats(self):
+        """Engine statistics: KV blocks, prefix-cache hit rate, token counts and rates, host time."""
+        s = _lib.EngineStats()
+        self._L.di_engine_get_stats(self._engine, ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in _lib.EngineStats._fields_}
+
+    def check(self):
+        """Verifies the KV block accounting; raises on a leaked or double-freed block."""
+        _lib.check(self._L.di_engine_check(self._engine), "engine check")

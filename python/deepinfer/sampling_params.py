@@ -1,0 +1,67 @@
+"""SamplingParams and StructuredOutputsParams with vLLM's parameter names."""
+import json as _json
+
+
+class StructuredOutputsParams:
+    """At most one of: json (a JSON Schema as dict or text), regex, grammar (GBNF-style EBNF),
+    json_object=True (any JSON object)."""
+
+    def __init__(self, json=None, regex=None, grammar=None, json_object=None):
+        given = [x for x in (json, regex, grammar) if x is not None] + ([1] if json_object else [])
+        if len(given) > 1:
+            raise ValueError("StructuredOutputsParams: give only one of json, regex, grammar, json_object")
+        self.json = json
+        self.regex = regex
+        self.grammar = grammar
+        self.json_object = bool(json_object)
+
+    def schema_text(self):
+        if self.json is None:
+            return None
+        return self.json if isinstance(self.json, str) else _json.dumps(self.json)
+
+    def __repr__(self):
+        return (f"StructuredOutputsParams(json={self.json!r}, regex={self.regex!r}, grammar={self.grammar!r}, "
+                f"json_object={self.json_object})")
+
+
+class SamplingParams:
+    """Sampling parameters of one request (vLLM's names and defaults: temperature 1, top_p 1,
+    top_k off (0 or -1), max_tokens 16). temperature 0 is greedy. seed=None: a seed is drawn when
+    the request is admitted. stop strings are not included in the returned text unless
+    include_stop_str_in_output. logprobs=k returns the chosen token's logprob and the top k."""
+
+    def __init__(self, n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0,
+                 frequency_penalty=0.0, repetition_penalty=1.0, seed=None, stop=None, stop_token_ids=None,
+                 ignore_eos=False, max_tokens=16, min_tokens=0, logprobs=None, include_stop_str_in_output=False,
+                 skip_special_tokens=True, logit_bias=None, structured_outputs=None):
+        self.n = int(n)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k) if top_k is not None else 0
+        self.min_p = float(min_p)
+        self.presence_penalty = float(presence_penalty)
+        self.frequency_penalty = float(frequency_penalty)
+        self.repetition_penalty = float(repetition_penalty)
+        self.seed = seed
+        if isinstance(stop, str):
+            stop = [stop]
+        self.stop = list(stop) if stop else []
+        self.stop_token_ids = list(stop_token_ids) if stop_token_ids else []
+        self.ignore_eos = bool(ignore_eos)
+        self.max_tokens = max_tokens
+        self.min_tokens = int(min_tokens)
+        self.logprobs = logprobs
+        self.include_stop_str_in_output = bool(include_stop_str_in_output)
+        self.skip_special_tokens = bool(skip_special_tokens)
+        self.logit_bias = dict(logit_bias) if logit_bias else {}
+        self.structured_outputs = structured_outputs
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {temperature}")
+
+    def __repr__(self):
+        keys = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
+                "ignore_eos", "logprobs")
+        return "SamplingParams(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in keys) + ")"

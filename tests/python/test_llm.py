@@ -1,0 +1,148 @@
+"""The Python package `deepinfer` (ctypes binding): LLM.generate and LLM.chat on fixture models.
+
+dsv3-tiny: real weights, token-id prompts; greedy output equals the `deepinfer generate` CLI and
+does not depend on batching. engine-dummy: random weights with the default model's tokenizer and
+chat template, for text prompts, chat, stop strings, n samples, logprobs, structured outputs and
+per-request errors.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from deepinfer import LLM, SamplingParams, StructuredOutputsParams, DeepInferError  # noqa: E402
+
+TINY = os.path.join(ROOT, "tests", "data", "models", "dsv3-tiny")
+DUMMY = os.path.join(ROOT, "tests", "data", "models", "engine-dummy")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    llm = LLM(TINY, num_kv_blocks=256, threads=2)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def dummy():
+    llm = LLM(DUMMY, load_format="dummy", num_kv_blocks=256, threads=2, seed=1)
+    yield llm
+    llm.close()
+
+
+def test_generate_ids_matches_cli_and_alone(tiny):
+    prompts = [{"prompt_token_ids": [(7 * i + 3 * k) % 1000 + 2 for i in range(1 + 13 * k)]} for k in range(8)]
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    together = tiny.generate(prompts, sp)
+    assert [o.outputs[0].finish_reason for o in together] == ["length"] * 8
+    for p, o in zip(prompts, together):
+        alone = tiny.generate(p, sp)[0]
+        assert alone.outputs[0].token_ids == o.outputs[0].token_ids
+        assert o.prompt_token_ids == p["prompt_token_ids"]
+        assert len(o.outputs[0].token_ids) == 10
+        assert o.metrics.time_to_first_token is not None and o.metrics.time_to_first_token >= 0
+    cli = os.environ.get("DEEPINFER_CLI")
+    if cli:
+        ids = ",".join(map(str, prompts[3]["prompt_token_ids"]))
+        r = subprocess.run([cli, "generate", "--model", TINY, "--prompt-ids", ids, "--max-tokens", "10",
+                            "--temperature", "0", "--ignore-eos", "--output-format", "json"],
+                           capture_output=True, text=True, check=True)
+        res = json.loads(r.stdout)
+        assert res["ids"] == together[3].outputs[0].token_ids
+        assert res["finish_reason"] == "length" and res["text"] == ""
+    tiny.check()
+    assert tiny.get_stats()["kv_blocks_used"] == 0
+
+
+def test_seeded_sampling_reproducible(tiny):
+    p = {"prompt_token_ids": [5, 6, 7, 8, 9]}
+    sp = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=12, ignore_eos=True, n=3)
+    a = tiny.generate(p, sp)[0]
+    b = tiny.generate([p, {"prompt_token_ids": [9, 9, 9]}], sp)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1  # the three samples differ
+    unseeded = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    x, y = tiny.generate([p, p], unseeded)
+    assert x.outputs[0].token_ids != y.outputs[0].token_ids  # each draws its own seed
+
+
+def test_logprobs_and_errors(tiny):
+    o = tiny.generate({"prompt_token_ids": [3, 4]}, SamplingParams(temperature=0, max_tokens=4, logprobs=3,
+                                                                   ignore_eos=True))[0].outputs[0]
+    assert len(o.logprobs) == 4
+    for tok, d in zip(o.token_ids, o.logprobs):
+        assert tok in d and d[tok].rank == 1  # greedy: the chosen token is the top one
+        assert len(d) == 3 and all(lp.logprob <= 0 for lp in d.values())
+    assert o.cumulative_logprob == pytest.approx(sum(d[t].logprob for t, d in zip(o.token_ids, o.logprobs)))
+    with pytest.raises(DeepInferError, match="top_p"):
+        tiny.generate({"prompt_token_ids": [3]}, SamplingParams(top_p=0))
+    with pytest.raises(DeepInferError, match="outside the vocabulary"):
+        tiny.generate({"prompt_token_ids": [3, 99999]}, SamplingParams())
+    # a prompt longer than the context fails on its own; the other request still finishes
+    long = {"prompt_token_ids": [5] * 5000}
+    bad, good = tiny.generate([long, {"prompt_token_ids": [5, 6]}], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert bad.outputs[0].finish_reason == "error" and "max_model_len" in bad.outputs[0].error
+    assert good.outputs[0].finish_reason == "length" and len(good.outputs[0].token_ids) == 3
+    with pytest.raises(DeepInferError, match="tokenizer"):
+        tiny.generate("text needs a tokenizer", SamplingParams())
+    tiny.check()
+
+
+def test_text_prompt_stop_strings(dummy):
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    full = dummy.generate("The quick brown fox", sp)[0]
+    text = full.outputs[0].text
+    assert len(text) > 10 and full.prompt_token_ids[0] == 0  # BOS added for a text prompt
+    assert all(t < 8197 for t in full.outputs[0].token_ids)  # padding ids never sampled
+    stop = text[4:7]
+    cut = dummy.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                                stop=[stop]))[0].outputs[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == text[:text.index(stop)]
+    incl = dummy.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                                 stop=[stop], include_stop_str_in_output=True))
+    assert incl[0].outputs[0].text == text[:text.index(stop) + len(stop)]
+
+
+def test_chat(dummy):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    rendered = dummy.render_chat(msgs)
+    assert "Hi!" in rendered
+    out = dummy.chat(msgs, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 8
+    ids = out[0].prompt_token_ids
+    assert ids.count(0) == 1  # the template's BOS only (not a second one from encoding)
+    two = dummy.chat([msgs, [{"role": "user", "content": "Other"}]], SamplingParams(temperature=0, max_tokens=8,
+                                                                                   ignore_eos=True))
+    assert two[0].outputs[0].token_ids == out[0].outputs[0].token_ids
+
+
+def test_structured_outputs(dummy):
+    rx = r"(yes|no|maybe) [0-9]{2}"
+    sp = SamplingParams(temperature=1.0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex=rx))
+    outs = dummy.generate(["Answer:"] * 8, [SamplingParams(temperature=1.0, max_tokens=20, seed=s,
+                                                           structured_outputs=StructuredOutputsParams(regex=rx))
+                                            for s in range(8)])
+    for o in outs:
+        c = o.outputs[0]
+        assert c.finish_reason == "stop", c
+        assert re.fullmatch(rx, c.text), c.text
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    sp = SamplingParams(temperature=0.8, max_tokens=64, seed=3,
+                        structured_outputs=StructuredOutputsParams(json=schema))
+    o = dummy.generate("JSON:", sp)[0].outputs[0]
+    if o.finish_reason == "stop":
+        v = json.loads(o.text)
+        assert set(v) == {"a", "b"} and isinstance(v["a"], int) and v["b"] in ("x", "y")
+    else:
+        assert o.finish_reason == "length" and o.text.startswith("{")
+    with pytest.raises(DeepInferError, match="structured output"):
+        dummy.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed")))
+    dummy.check()
