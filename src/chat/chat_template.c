@@ -106,7 +106,7 @@ di_status di_chat_template_load(const char *dir, di_chat_template **out) {
     const char *s;
     st = token_string(cfg, TOKEN_NAMES[i], &s);
     if (st == DI_OK) st = set_token(t, i, s);
-    if (st != DI_OK) st = di_error_wrap(st, "%s: ", cpath);
+    if (st != DI_OK) st = di_error_wrap(st, "%s", cpath);
   }
   if (st == DI_OK && file_exists(jpath)) {
     size_t n;
@@ -114,7 +114,7 @@ di_status di_chat_template_load(const char *dir, di_chat_template **out) {
     if (st == DI_OK && strlen(src) != n) st = di_error_set(DI_ERR_FORMAT, "%s: contains a NUL byte", jpath);
     if (st == DI_OK) {
       st = jj_parse(src, n, &t->tpl);
-      if (st != DI_OK) st = di_error_wrap(st, "%s: ", jpath);
+      if (st != DI_OK) st = di_error_wrap(st, "%s", jpath);
     }
   } else if (st == DI_OK) {
     const cJSON *ct = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
@@ -122,7 +122,7 @@ di_status di_chat_template_load(const char *dir, di_chat_template **out) {
       st = di_error_set(DI_ERR_NOT_FOUND, "%s has no chat template: neither chat_template.jinja nor \"chat_template\" in tokenizer_config.json", dir);
     } else if (cJSON_IsString(ct)) {
       st = jj_parse(ct->valuestring, strlen(ct->valuestring), &t->tpl);
-      if (st != DI_OK) st = di_error_wrap(st, "%s: ", cpath);
+      if (st != DI_OK) st = di_error_wrap(st, "%s", cpath);
     } else if (cJSON_IsArray(ct)) {
       for (const cJSON *e = ct->child; e && st == DI_OK; e = e->next) {
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name"), *tx = cJSON_GetObjectItemCaseSensitive(e, "template");
@@ -134,7 +134,7 @@ di_status di_chat_template_load(const char *dir, di_chat_template **out) {
                              : strcmp(nm->valuestring, "tool_use") == 0 ? &t->tool_use : NULL;
         if (!slot) continue;
         st = jj_parse(tx->valuestring, strlen(tx->valuestring), slot);
-        if (st != DI_OK) st = di_error_wrap(st, "%s (template \"%s\"): ", cpath, nm->valuestring);
+        if (st != DI_OK) st = di_error_wrap(st, "%s (template \"%s\")", cpath, nm->valuestring);
       }
       if (st == DI_OK && !t->tpl)
         st = di_error_set(DI_ERR_NOT_FOUND, "%s: \"chat_template\" has no template named \"default\"", cpath);

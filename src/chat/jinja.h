@@ -22,12 +22,13 @@ void jj_arena_free(jj_arena *a);
 
 /* ---- values --------------------------------------------------------------------------------- */
 typedef enum {
-  JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS, JV_FUNC
+  JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS, JV_FUNC, JV_LOOP
 } jv_kind;
 
 typedef struct jv_list jv_list;
 typedef struct jv_dict jv_dict;
 typedef struct jv_func jv_func;
+typedef struct jv_loop jv_loop;
 
 typedef struct jv {
   uint8_t kind;
@@ -39,11 +40,13 @@ typedef struct jv {
     jv_list *l;
     jv_dict *d;  /* JV_DICT, JV_NS */
     jv_func *fn;
+    jv_loop *loop; /* JV_LOOP: a for loop's `loop` variable */
   } u;
 } jv;
 
 struct jv_list { size_t n, cap; jv *v; };
 struct jv_dict { size_t n, cap; jv *k, *v; };
+struct jv_loop { int64_t i, n; const jv_list *items; };
 
 static inline jv jv_undef(void) { jv r = {0}; r.kind = JV_UNDEF; return r; }
 static inline jv jv_none(void) { jv r = {0}; r.kind = JV_NONE; return r; }

@@ -384,10 +384,13 @@ static di_status do_slice(jj_ctx *c, frame *f, const jnode *e, jv obj, jv *out) 
   return out->kind == JV_STR ? DI_OK : oom(c, e);
 }
 
+static di_status loop_attr(jj_ctx *c, const jnode *at, const jv_loop *L, const char *name, size_t n, jv *out);
+
 /* obj[key] with Jinja's fallbacks: a missing key or index gives Undefined; a string key that is not
  * an item may name a method. */
 static di_status getitem(jj_ctx *c, const jnode *at, jv obj, jv key, jv *out) {
   if (obj.kind == JV_UNDEF) return undef_err(c, at, obj);
+  if (obj.kind == JV_LOOP && key.kind == JV_STR) return loop_attr(c, at, obj.u.loop, key.u.s.p, key.u.s.n, out);
   *out = jv_undef();
   if (obj.kind == JV_DICT || obj.kind == JV_NS) {
     jv *v = jj_dict_get(obj.u.d, key);
@@ -414,8 +417,40 @@ static di_status getitem(jj_ctx *c, const jnode *at, jv obj, jv key, jv *out) {
   return DI_OK;
 }
 
+/* loop.index and friends, computed from the loop's position. */
+static di_status loop_attr(jj_ctx *c, const jnode *at, const jv_loop *L, const char *name, size_t n, jv *out) {
+  char k[16];
+  snprintf(k, sizeof k, "%.*s", (int)(n < 15 ? n : 15), name);
+  int64_t i = L->i, len = L->n;
+  *out = jv_undef();
+  if (!strcmp(k, "index")) *out = jv_int(i + 1);
+  else if (!strcmp(k, "index0")) *out = jv_int(i);
+  else if (!strcmp(k, "revindex")) *out = jv_int(len - i);
+  else if (!strcmp(k, "revindex0")) *out = jv_int(len - i - 1);
+  else if (!strcmp(k, "first")) *out = jv_bool(i == 0);
+  else if (!strcmp(k, "last")) *out = jv_bool(i + 1 == len);
+  else if (!strcmp(k, "length")) *out = jv_int(len);
+  else if (!strcmp(k, "depth")) *out = jv_int(1);
+  else if (!strcmp(k, "depth0")) *out = jv_int(0);
+  else if (!strcmp(k, "previtem")) { if (i > 0) *out = L->items->v[i - 1]; }
+  else if (!strcmp(k, "nextitem")) { if (i + 1 < len) *out = L->items->v[i + 1]; }
+  else if (!strcmp(k, "cycle")) {
+    jv_func *cyc = jj_alloc(c->a, sizeof *cyc);
+    if (!cyc) return oom(c, at);
+    cyc->type = FN_CYCLE;
+    cyc->name = "loop.cycle";
+    cyc->self = jv_int(i);
+    out->kind = JV_FUNC;
+    out->u.fn = cyc;
+  } else if (!strcmp(k, "changed"))
+    return jj_err(c, at, DI_ERR_UNSUPPORTED, "unsupported construct: loop.changed");
+  if (out->kind == JV_UNDEF) { out->u.s.p = name; out->u.s.n = n; }
+  return DI_OK;
+}
+
 static di_status getattr_(jj_ctx *c, const jnode *at, jv obj, const char *name, size_t n, jv *out) {
   if (obj.kind == JV_UNDEF) return undef_err(c, at, obj);
+  if (obj.kind == JV_LOOP) return loop_attr(c, at, obj.u.loop, name, n, out);
   if (obj.kind != JV_NS && jj_method_lookup(c, obj, name, n, out)) return DI_OK;
   *out = jv_undef();
   if (obj.kind == JV_DICT || obj.kind == JV_NS) {
@@ -714,11 +749,6 @@ static di_status capture(jj_ctx *c, frame *f, const jn_list *body, const jnode *
   return st;
 }
 
-static di_status set_loop_key(jj_ctx *c, jv_dict *d, const char *k, jv v, const jnode *at) {
-  if (jj_dict_set(c->a, d, jv_strn(k, strlen(k)), v)) return oom(c, at);
-  return DI_OK;
-}
-
 static di_status exec_for(jj_ctx *c, frame *f, const jnode *s) {
   jv it;
   DI_TRY(eval(c, f, s->b, &it));
@@ -742,29 +772,14 @@ static di_status exec_for(jj_ctx *c, frame *f, const jnode *s) {
     DI_TRY(step(c, s));
     frame *lf = frame_new(c, f);
     if (!lf) return oom(c, s);
+    jv_loop *L = jj_alloc(c->a, sizeof *L);
+    if (!L) return oom(c, s);
+    L->i = (int64_t)i;
+    L->n = (int64_t)n;
+    L->items = items;
     jv loop = {0};
-    loop.kind = JV_DICT;
-    loop.u.d = jj_dict_new(c->a, 12);
-    jv_func *cyc = jj_alloc(c->a, sizeof *cyc);
-    if (!loop.u.d || !cyc) return oom(c, s);
-    cyc->type = FN_CYCLE;
-    cyc->name = "loop.cycle";
-    cyc->self = jv_int((int64_t)i);
-    jv cv = {0};
-    cv.kind = JV_FUNC;
-    cv.u.fn = cyc;
-    DI_TRY(set_loop_key(c, loop.u.d, "index", jv_int((int64_t)i + 1), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "index0", jv_int((int64_t)i), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "revindex", jv_int((int64_t)(n - i)), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "revindex0", jv_int((int64_t)(n - i - 1)), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "first", jv_bool(i == 0), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "last", jv_bool(i + 1 == n), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "length", jv_int((int64_t)n), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "depth", jv_int(1), s));
-    DI_TRY(set_loop_key(c, loop.u.d, "depth0", jv_int(0), s));
-    if (i > 0) DI_TRY(set_loop_key(c, loop.u.d, "previtem", items->v[i - 1], s));
-    if (i + 1 < n) DI_TRY(set_loop_key(c, loop.u.d, "nextitem", items->v[i + 1], s));
-    DI_TRY(set_loop_key(c, loop.u.d, "cycle", cv, s));
+    loop.kind = JV_LOOP;
+    loop.u.loop = L;
     DI_TRY(assign(c, lf, "loop", 4, loop, s));
     DI_TRY(bind_target(c, lf, s->a, items->v[i]));
     DI_TRY(exec_body(c, lf, &s->list));

@@ -302,6 +302,7 @@ const char *jj_kind_name(jv v) {
   case JV_LIST: return v.tuple ? "tuple" : "list";
   case JV_DICT: return "dict";
   case JV_NS: return "Namespace";
+  case JV_LOOP: return "LoopContext";
   default: return "function";
   }
 }
@@ -426,6 +427,7 @@ void jj_to_str(jj_buf *b, jv v) {
     { jv d = v; d.kind = JV_DICT; jj_repr(b, d); }
     jj_buf_putc(b, '>');
     return;
+  case JV_LOOP: jj_buf_printf(b, "<LoopContext %lld/%lld>", (long long)v.u.loop->i + 1, (long long)v.u.loop->n); return;
   default: jj_buf_printf(b, "<function %s>", v.u.fn->name ? v.u.fn->name : "?"); return;
   }
 }
