@@ -1,7 +1,10 @@
-/* See threadpool.h. Workers wait on a generation counter; the caller takes part in the work, and
- * the last finisher signals completion. Short spins before sleeping keep decode-step latency low. */
+/* See threadpool.h. Workers watch a generation counter: they spin on it for a while after each job
+ * (decode steps issue hundreds of small parallel loops back to back, and a futex wake-up per loop
+ * costs more than the loop) and only then sleep on a condition variable. The caller takes part in
+ * the work and spins until the workers are done. */
 #include "util/threadpool.h"
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,8 +20,9 @@ struct di_threadpool {
   int64_t total, chunk;
   atomic_llong next;
   atomic_int pending;
-  uint64_t generation;
-  int stop;
+  atomic_ullong generation;
+  atomic_int sleepers;
+  atomic_int stop;
 };
 
 typedef struct {
@@ -43,21 +47,27 @@ static void *worker(void *p) {
   free(a);
   uint64_t seen = 0;
   for (;;) {
-    pthread_mutex_lock(&tp->mu);
-    while (!tp->stop && tp->generation == seen)
-      pthread_cond_wait(&tp->cv_work, &tp->mu);
-    if (tp->stop) {
-      pthread_mutex_unlock(&tp->mu);
-      return NULL;
+    int spins = 0;
+    while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop) && spins < 20000) {
+      if (spins < 4000)
+        __builtin_ia32_pause();
+      else
+        sched_yield();
+      spins++;
     }
-    seen = tp->generation;
-    pthread_mutex_unlock(&tp->mu);
-    run_chunks(tp, index);
-    if (atomic_fetch_sub(&tp->pending, 1) == 1) {
+    if (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop)) {
       pthread_mutex_lock(&tp->mu);
-      pthread_cond_signal(&tp->cv_done);
+      atomic_fetch_add(&tp->sleepers, 1);
+      while (!atomic_load(&tp->stop) && atomic_load(&tp->generation) == seen)
+        pthread_cond_wait(&tp->cv_work, &tp->mu);
+      atomic_fetch_sub(&tp->sleepers, 1);
       pthread_mutex_unlock(&tp->mu);
     }
+    if (atomic_load(&tp->stop))
+      return NULL;
+    seen = atomic_load(&tp->generation);
+    run_chunks(tp, index);
+    atomic_fetch_sub(&tp->pending, 1);
   }
 }
 
@@ -96,7 +106,7 @@ void di_threadpool_free(di_threadpool *tp) {
   if (!tp)
     return;
   pthread_mutex_lock(&tp->mu);
-  tp->stop = 1;
+  atomic_store(&tp->stop, 1);
   pthread_cond_broadcast(&tp->cv_work);
   pthread_mutex_unlock(&tp->mu);
   for (int i = 1; i < tp->n; i++)
@@ -129,18 +139,18 @@ void di_parallel_for(di_threadpool *tp, int64_t n, int64_t grain, di_parallel_fn
   tp->chunk = chunk;
   atomic_store(&tp->next, 0);
   atomic_store(&tp->pending, nt - 1);
-  pthread_mutex_lock(&tp->mu);
-  tp->generation++;
-  pthread_cond_broadcast(&tp->cv_work);
-  pthread_mutex_unlock(&tp->mu);
-  run_chunks(tp, 0);
-  /* wait for the workers (spin briefly, then sleep) */
-  for (int spin = 0; spin < 20000 && atomic_load(&tp->pending) > 0; spin++)
-    __builtin_ia32_pause();
-  if (atomic_load(&tp->pending) > 0) {
+  atomic_fetch_add(&tp->generation, 1);
+  if (atomic_load(&tp->sleepers) > 0) {
     pthread_mutex_lock(&tp->mu);
-    while (atomic_load(&tp->pending) > 0)
-      pthread_cond_wait(&tp->cv_done, &tp->mu);
+    pthread_cond_broadcast(&tp->cv_work);
     pthread_mutex_unlock(&tp->mu);
+  }
+  run_chunks(tp, 0);
+  /* spin, then yield: on an oversubscribed machine the worker may need our core to finish */
+  for (int spin = 0; atomic_load(&tp->pending) > 0; spin++) {
+    if (spin < 4000)
+      __builtin_ia32_pause();
+    else
+      sched_yield();
   }
 }

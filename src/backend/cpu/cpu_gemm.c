@@ -19,31 +19,6 @@ static inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-/* Loads 8 weights of row r starting at column k as float32. `scale` is the FP8 block scale for
- * these 8 columns (blocks are multiples of 8 wide, or handled by the scalar path). */
-static inline __m256 load_w8(const di_weight *w, int64_t r, int64_t k, float scale) {
-  int64_t i = r * w->cols + k;
-  switch (w->dtype) {
-  case DI_DT_BF16: {
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w->data + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  case DI_DT_F16:
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w->data + i)));
-  case DI_DT_F8E4M3: {
-    __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)w->data + i));
-    __m256 v = _mm256_i32gather_ps(di_fp8e4m3_table, _mm256_cvtepu8_epi32(b), 4);
-    return _mm256_mul_ps(v, _mm256_set1_ps(scale));
-  }
-  default:
-    return _mm256_loadu_ps((const float *)w->data + i);
-  }
-}
-
-static inline float fp8_scale(const di_weight *w, int64_t r, int64_t k) {
-  return w->dtype == DI_DT_F8E4M3 ? w->scale_inv[(r / w->block_rows) * w->scale_cols + k / w->block_cols] : 1.0f;
-}
-
 typedef struct {
   const float *x;
   int64_t M, ldx;
@@ -54,43 +29,101 @@ typedef struct {
 } gemm_ctx;
 
 /* FP8 blocks narrower than 8 columns or not 8-aligned would put two scales in one vector; such
- * weights take the scalar path (same per-element order is kept by design of that path). */
+ * weights take the scalar path for every column (the per-element order is still fixed). */
 static int vector_ok(const di_weight *w) {
   return w->dtype != DI_DT_F8E4M3 || (w->block_cols % 8) == 0;
 }
 
+/* One kernel per storage type, so the inner loop has no type dispatch. LOADW(r, k) yields 8
+ * float32 weights of row r from column k. */
+#define GEMM_KERNEL(NAME, LOADW)                                                                \
+  static void NAME(const gemm_ctx *c, int64_t b, int64_t e) {                                   \
+    const di_weight *w = c->w;                                                                  \
+    const int64_t K = w->cols, K8 = vector_ok(w) ? K & ~(int64_t)7 : 0;                         \
+    for (int64_t nb = b; nb < e; nb += NR) {                                                    \
+      const int nr = (int)(e - nb < NR ? e - nb : NR);                                          \
+      const int64_t n = c->n0 + nb;                                                             \
+      for (int64_t m = 0; m < c->M; m += MR) {                                                  \
+        const int mr = (int)(c->M - m < MR ? c->M - m : MR);                                    \
+        __m256 acc[MR][NR];                                                                     \
+        for (int i = 0; i < MR; i++)                                                            \
+          for (int j = 0; j < NR; j++)                                                          \
+            acc[i][j] = _mm256_setzero_ps();                                                    \
+        if (nr == NR && mr == MR) {                                                             \
+          const float *x0 = c->x + m * c->ldx, *x1 = x0 + c->ldx;                               \
+          for (int64_t k = 0; k < K8; k += 8) {                                                 \
+            const __m256 w0 = LOADW(n, k), w1 = LOADW(n + 1, k), w2 = LOADW(n + 2, k),          \
+                         w3 = LOADW(n + 3, k);                                                  \
+            const __m256 xa = _mm256_loadu_ps(x0 + k), xb = _mm256_loadu_ps(x1 + k);            \
+            acc[0][0] = _mm256_fmadd_ps(xa, w0, acc[0][0]);                                     \
+            acc[0][1] = _mm256_fmadd_ps(xa, w1, acc[0][1]);                                     \
+            acc[0][2] = _mm256_fmadd_ps(xa, w2, acc[0][2]);                                     \
+            acc[0][3] = _mm256_fmadd_ps(xa, w3, acc[0][3]);                                     \
+            acc[1][0] = _mm256_fmadd_ps(xb, w0, acc[1][0]);                                     \
+            acc[1][1] = _mm256_fmadd_ps(xb, w1, acc[1][1]);                                     \
+            acc[1][2] = _mm256_fmadd_ps(xb, w2, acc[1][2]);                                     \
+            acc[1][3] = _mm256_fmadd_ps(xb, w3, acc[1][3]);                                     \
+          }                                                                                     \
+        } else if (nr == NR && mr == 1) {                                                       \
+          const float *x0 = c->x + m * c->ldx;                                                  \
+          for (int64_t k = 0; k < K8; k += 8) {                                                 \
+            const __m256 xa = _mm256_loadu_ps(x0 + k);                                          \
+            acc[0][0] = _mm256_fmadd_ps(xa, LOADW(n, k), acc[0][0]);                            \
+            acc[0][1] = _mm256_fmadd_ps(xa, LOADW(n + 1, k), acc[0][1]);                        \
+            acc[0][2] = _mm256_fmadd_ps(xa, LOADW(n + 2, k), acc[0][2]);                        \
+            acc[0][3] = _mm256_fmadd_ps(xa, LOADW(n + 3, k), acc[0][3]);                        \
+          }                                                                                     \
+        } else {                                                                                \
+          for (int64_t k = 0; k < K8; k += 8)                                                   \
+            for (int j = 0; j < nr; j++) {                                                      \
+              const __m256 wv = LOADW(n + j, k);                                                \
+              for (int i = 0; i < mr; i++)                                                      \
+                acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(c->x + (m + i) * c->ldx + k), wv,   \
+                                            acc[i][j]);                                         \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < mr; i++)                                                            \
+          for (int j = 0; j < nr; j++) {                                                        \
+            float s = hsum8(acc[i][j]);                                                         \
+            const float *xr = c->x + (m + i) * c->ldx;                                          \
+            for (int64_t k = K8; k < K; k++)                                                    \
+              s += xr[k] * di_weight_get(w, n + j, k);                                          \
+            c->y[(m + i) * c->ldy + (nb + j)] = s;                                              \
+          }                                                                                     \
+      }                                                                                         \
+    }                                                                                           \
+  }
+
+#define LOAD_BF16(r, k)                                                                         \
+  _mm256_castsi256_ps(_mm256_slli_epi32(                                                        \
+      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wd16 + (r) * K + (k)))), 16))
+#define LOAD_F16(r, k) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd16 + (r) * K + (k))))
+#define LOAD_F32(r, k) _mm256_loadu_ps(wd32 + (r) * K + (k))
+#define LOAD_FP8(r, k)                                                                          \
+  _mm256_mul_ps(_mm256_i32gather_ps(di_fp8e4m3_table,                                           \
+                                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(                       \
+                                        (const __m128i *)(wd8 + (r) * K + (k)))),               \
+                                    4),                                                         \
+                _mm256_set1_ps(w->scale_inv[((r) / w->block_rows) * w->scale_cols + (k) / w->block_cols]))
+
+#define wd16 ((const uint16_t *)w->data)
+#define wd32 ((const float *)w->data)
+#define wd8 ((const uint8_t *)w->data)
+GEMM_KERNEL(gemm_bf16, LOAD_BF16)
+GEMM_KERNEL(gemm_f16, LOAD_F16)
+GEMM_KERNEL(gemm_f32, LOAD_F32)
+GEMM_KERNEL(gemm_fp8, LOAD_FP8)
+#undef wd16
+#undef wd32
+#undef wd8
+
 static void gemm_rows(void *p, int64_t b, int64_t e, int thread) {
   const gemm_ctx *c = p;
-  const di_weight *w = c->w;
-  const int64_t K = w->cols, K8 = vector_ok(w) ? K & ~(int64_t)7 : 0;
-  for (int64_t nb = b; nb < e; nb += NR) {
-    int nr = (int)(e - nb < NR ? e - nb : NR);
-    int64_t n = c->n0 + nb;
-    for (int64_t m = 0; m < c->M; m += MR) {
-      int mr = (int)(c->M - m < MR ? c->M - m : MR);
-      __m256 acc[MR][NR];
-      for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++)
-          acc[i][j] = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8) {
-        __m256 wv[NR];
-        for (int j = 0; j < nr; j++)
-          wv[j] = load_w8(w, n + j, k, fp8_scale(w, n + j, k));
-        for (int i = 0; i < mr; i++) {
-          __m256 xv = _mm256_loadu_ps(c->x + (m + i) * c->ldx + k);
-          for (int j = 0; j < nr; j++)
-            acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
-      }
-      for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-          float s = hsum8(acc[i][j]);
-          const float *xr = c->x + (m + i) * c->ldx;
-          for (int64_t k = K8; k < K; k++)
-            s += xr[k] * di_weight_get(w, n + j, k);
-          c->y[(m + i) * c->ldy + (nb + j)] = s;
-        }
-    }
+  switch (c->w->dtype) {
+  case DI_DT_BF16: gemm_bf16(c, b, e); break;
+  case DI_DT_F16: gemm_f16(c, b, e); break;
+  case DI_DT_F8E4M3: gemm_fp8(c, b, e); break;
+  default: gemm_f32(c, b, e); break;
   }
 }
 
