@@ -117,7 +117,8 @@ static void test_gemm_batched(di_cu_blas *blas, int NH, int T, int N, int K, int
 static void test_norms(int T, int n) {
   float *x = rand_f32((size_t)T * n, 3.f), *w = rand_f32(n, 1.f);
   void *dx = dup_dev(x, (size_t)T * n * 4), *dw = dup_dev(w, (size_t)n * 4), *dout = di_cut_malloc((size_t)T * n * 2);
-  CHECK(di_cuk_rmsnorm(dx, n, dw, T, n, 1e-6f, dout, n, NULL) == DI_OK);
+  void *dof = di_cut_malloc((size_t)T * n * 4);
+  CHECK(di_cuk_rmsnorm(dx, n, dw, T, n, 1e-6f, dout, n, dof, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   float *got = bf16_dev_to_f32(dout, (size_t)T * n);
   double *ref = malloc(sizeof(double) * (size_t)T * n);
@@ -129,6 +130,12 @@ static void test_norms(int T, int n) {
   }
   double err = rel_err_d(ref, got, (size_t)T * n);
   CHECKF(err < 1e-2, "rmsnorm rel err %.3e", err);
+  float *gotf = malloc((size_t)T * n * 4);
+  di_cut_d2h(gotf, dof, (size_t)T * n * 4);
+  double errf = rel_err_d(ref, gotf, (size_t)T * n);
+  CHECKF(errf < 1e-5, "rmsnorm f32 output rel err %.3e", errf);
+  free(gotf);
+  di_cut_free(dof);
   printf("rmsnorm T=%d n=%d: rel err %.2e\n", T, n, err);
   free(got); free(ref);
   /* silu-mul */
@@ -154,18 +161,21 @@ static void test_norms(int T, int n) {
 enum { D = DI_CUK_MLA_D, DR = DI_CUK_MLA_R };
 
 static void test_mla_prep(int T, int H, int N, int P, int R, int interleave) {
-  float *kva = rand_f32((size_t)T * (R + P), 1.f), *kvn = rand_f32(R, 1.f);
+  uint16_t *kvb = rand_bf16((size_t)T * (R + P), 1.f);
+  float *kva = malloc(sizeof(float) * (size_t)T * (R + P)), *kvn = rand_f32(R, 1.f);
+  for (size_t i = 0; i < (size_t)T * (R + P); i++) kva[i] = bf(kvb[i]);
   uint16_t *q = rand_bf16((size_t)T * H * (N + P), 1.f);
   int32_t *pos = malloc(4 * (size_t)T), *slots = malloc(4 * (size_t)T);
   float invf[32];
   for (int i = 0; i < P / 2; i++) invf[i] = (float)pow(10000.0, -2.0 * i / P);
   for (int t = 0; t < T; t++) { pos[t] = (int)(urand() * 100000); slots[t] = 3 * t + 1; }
-  void *dkva = dup_dev(kva, (size_t)T * (R + P) * 4), *dkvn = dup_dev(kvn, (size_t)R * 4);
+  void *dkva = dup_dev(kvb, (size_t)T * (R + P) * 2), *dkvn = dup_dev(kvn, (size_t)R * 4);
   void *dq = dup_dev(q, (size_t)T * H * (N + P) * 2), *dpos = dup_dev(pos, 4 * (size_t)T),
        *dslot = dup_dev(slots, 4 * (size_t)T), *dinv = dup_dev(invf, sizeof invf);
   void *dQa = di_cut_malloc((size_t)T * H * D * 2), *dcache = di_cut_malloc((size_t)(3 * T + 2) * D * 2);
   di_cuk_rope rope = {dinv, 1.3f, interleave};
-  di_status st = di_cuk_mla_prep(dkva, dq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa, dcache, NULL);
+  di_status st = di_cuk_mla_prep(dkva, R + P, dq, H * (N + P), dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa,
+                                 dcache, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   CHECK(di_cut_sync() == 0);
   float *cache = bf16_dev_to_f32(dcache, (size_t)(3 * T + 2) * D), *Qa = bf16_dev_to_f32(dQa, (size_t)T * H * D);
@@ -202,7 +212,7 @@ static void test_mla_prep(int T, int H, int N, int P, int R, int interleave) {
   double err = rel_err_d(ref, got, k);
   CHECKF(err < 1e-2, "mla_prep R=%d P=%d: rel err %.3e", R, P, err);
   printf("mla_prep T=%d H=%d R=%d P=%d interleave=%d: rel err %.2e\n", T, H, R, P, interleave, err);
-  free(kva); free(kvn); free(q); free(pos); free(slots); free(cache); free(Qa); free(ref); free(got);
+  free(kva); free(kvb); free(kvn); free(q); free(pos); free(slots); free(cache); free(Qa); free(ref); free(got);
   di_cut_free(dkva); di_cut_free(dkvn); di_cut_free(dq); di_cut_free(dpos); di_cut_free(dslot); di_cut_free(dinv);
   di_cut_free(dQa); di_cut_free(dcache);
 }
@@ -379,46 +389,56 @@ static void test_route(int T, di_cuk_router r, const char *label) {
   di_cut_free(dl); di_cut_free(db); di_cut_free(dids); di_cut_free(dw);
 }
 
-static void test_moe_chain(int T, int E, int K, int Hd, int I) {
-  const int Ip = (I + 63) / 64 * 64, A = T * K, bm = A >= 32 * E ? 64 : 16, max_tiles = (A + bm - 1) / bm + E;
+/* route (with n_sh shared experts folded in as experts E.., weight 1) -> permute -> glu grouped GEMM
+ * -> down grouped GEMM -> combine (+ the fused RMSNorm of the result), as the backend runs it */
+static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I) {
+  const int Ip = (I + 63) / 64 * 64, Et = E + n_sh, Kt = K + n_sh, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
+  int max_tiles = (A + bm - 1) / bm + Et;
+  if (max_tiles > A) max_tiles = A;
   uint16_t *x = rand_bf16((size_t)T * Hd, 1.f);
-  uint16_t *wgu = calloc((size_t)E * 2 * Ip * Hd, 2), *wd = calloc((size_t)E * Hd * Ip, 2);
-  for (int e = 0; e < E; e++)
+  uint16_t *wgu = calloc((size_t)Et * 2 * Ip * Hd, 2), *wd = calloc((size_t)Et * Hd * Ip, 2);
+  for (int e = 0; e < Et; e++)
     for (int r = 0; r < 2 * Ip; r++)
       if (r % Ip < I)
         for (int c = 0; c < Hd; c++) wgu[((size_t)e * 2 * Ip + r) * Hd + c] = di_f32_to_bf16(nrand() / sqrtf((float)Hd));
-  for (int e = 0; e < E; e++)
+  for (int e = 0; e < Et; e++)
     for (int r = 0; r < Hd; r++)
       for (int c = 0; c < I; c++) wd[((size_t)e * Hd + r) * Ip + c] = di_f32_to_bf16(nrand() / sqrtf((float)I));
-  float *lg = rand_f32((size_t)T * E, 2.f), *h0 = rand_f32((size_t)T * Hd, 1.f);
-  di_cuk_router r = {E, K, 1, 1, 0, 0, 1, 0, 1.f};
-  void *dx = dup_dev(x, (size_t)T * Hd * 2), *dgu_w = dup_dev(wgu, (size_t)E * 2 * Ip * Hd * 2),
-       *dd_w = dup_dev(wd, (size_t)E * Hd * Ip * 2), *dlg = dup_dev(lg, (size_t)T * E * 4), *dh = dup_dev(h0, (size_t)T * Hd * 4);
+  float *lg = rand_f32((size_t)T * E, 2.f), *h0 = rand_f32((size_t)T * Hd, 1.f), *nw = rand_f32(Hd, 1.f);
+  di_cuk_router r = {E, K, 1, 1, 0, 0, 1, 0, 1.f, n_sh};
+  void *dx = dup_dev(x, (size_t)T * Hd * 2), *dstage = dup_dev(wgu, (size_t)Et * 2 * Ip * Hd * 2),
+       *dgu_w = di_cut_malloc((size_t)Et * 2 * Ip * Hd * 2), *dd_w = dup_dev(wd, (size_t)Et * Hd * Ip * 2),
+       *dlg = dup_dev(lg, (size_t)T * E * 4), *dh = dup_dev(h0, (size_t)T * Hd * 4), *dnw = dup_dev(nw, (size_t)Hd * 4);
   void *dids = di_cut_malloc((size_t)A * 4), *dw = di_cut_malloc((size_t)A * 4), *dperm = di_cut_malloc((size_t)A * 4),
-       *dinv = di_cut_malloc((size_t)A * 4), *doff = di_cut_malloc((size_t)(E + 1) * 4),
-       *dtiles = di_cut_malloc((size_t)max_tiles * 4), *dnt = di_cut_malloc(16),
-       *dgu = di_cut_malloc((size_t)A * 2 * Ip * 2), *dact = di_cut_malloc((size_t)A * Ip * 2), *dy = di_cut_malloc((size_t)A * Hd * 4);
+       *dinv = di_cut_malloc((size_t)A * 4), *doff = di_cut_malloc((size_t)(Et + 1) * 4),
+       *dtiles = di_cut_malloc((size_t)((A + 15) / 16 + Et + 1) * 4), *dnt = di_cut_malloc(16),
+       *dact = di_cut_malloc((size_t)A * Ip * 2), *dy = di_cut_malloc((size_t)A * Hd * 4),
+       *dxn = di_cut_malloc((size_t)T * Hd * 2);
+  CHECK(di_cuk_glu_interleave(dstage, dgu_w, Et, Ip, Hd, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
   double t0 = di_cut_time_ms();
   CHECK(di_cuk_moe_route(dlg, NULL, T, r, dids, dw, NULL) == DI_OK);
-  CHECK(di_cuk_moe_permute(dids, A, K, E, bm, dperm, dinv, doff, dtiles, dnt, NULL) == DI_OK);
-  di_status st = di_cuk_grouped_gemm(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, dgu, 2 * Ip, 0, NULL);
+  CHECK(di_cuk_moe_permute(dids, A, Kt, Et, bm, dperm, dinv, doff, dtiles, dnt, NULL) == DI_OK);
+  di_status st = di_cuk_grouped_gemm(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, dact, Ip, 0, 1, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
-  CHECK(di_cuk_silu_mul(dgu, A, Ip, dact, NULL) == DI_OK);
-  st = di_cuk_grouped_gemm(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, dy, Hd, 1, NULL);
+  st = di_cuk_grouped_gemm(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, dy, Hd, 1, 0, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
-  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, K, Hd, dh, NULL) == DI_OK);
+  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, Kt, Hd, dh, dnw, 1e-6f, dxn, Hd, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   double ms = di_cut_time_ms() - t0;
   float *got = malloc((size_t)T * Hd * 4);
   di_cut_d2h(got, dh, (size_t)T * Hd * 4);
+  float *gxn = bf16_dev_to_f32(dxn, (size_t)T * Hd);
   double *ref = malloc(sizeof(double) * (size_t)T * Hd), *g = malloc(sizeof(double) * Ip);
-  int32_t rid[8];
-  float rw[8];
+  double *rxn = malloc(sizeof(double) * (size_t)T * Hd);
+  int32_t rid[16];
+  float rw[16];
   for (int t = 0; t < T; t++) {
     double *o = ref + (size_t)t * Hd;
-    for (int c = 0; c < Hd; c++) o[c] = h0[(size_t)t * Hd + c];
+    for (int c = 0; c < Hd; c++) o[c] = 0;
     ref_route(lg + (size_t)t * E, NULL, r, rid, rw);
-    for (int k = 0; k < K; k++) {
+    for (int j = 0; j < n_sh; j++) { rid[K + j] = E + j; rw[K + j] = 1.f; }
+    for (int k = 0; k < Kt; k++) {
       int e = rid[k];
       for (int i = 0; i < I; i++) {
         double a = 0, b = 0;
@@ -432,15 +452,20 @@ static void test_moe_chain(int T, int E, int K, int Hd, int I) {
         o[c] += rw[k] * a;
       }
     }
+    double ss = 0;
+    for (int c = 0; c < Hd; c++) { double v = o[c] + h0[(size_t)t * Hd + c]; ss += v * v; }
+    for (int c = 0; c < Hd; c++) rxn[(size_t)t * Hd + c] = (o[c] + h0[(size_t)t * Hd + c]) / sqrt(ss / Hd + 1e-6) * nw[c];
   }
-  /* compare the MoE contribution only (h - h0) */
+  /* compare the MoE contribution (h - h0), and the fused norm of the new h */
   float *gd = malloc((size_t)T * Hd * 4);
-  for (size_t i = 0; i < (size_t)T * Hd; i++) { gd[i] = got[i] - h0[i]; ref[i] -= h0[i]; }
-  double err = rel_err_d(ref, gd, (size_t)T * Hd);
+  for (size_t i = 0; i < (size_t)T * Hd; i++) gd[i] = got[i] - h0[i];
+  double err = rel_err_d(ref, gd, (size_t)T * Hd), errn = rel_err_d(rxn, gxn, (size_t)T * Hd);
   CHECKF(err < 1e-2, "moe chain T=%d E=%d k=%d: rel err %.3e", T, E, K, err);
-  printf("moe chain T=%4d E=%3d k=%d hidden=%d inter=%d bm=%d: rel err %.2e (%.2f ms incl. launch)\n", T, E, K, Hd, I, bm, err, ms);
-  free(x); free(wgu); free(wd); free(lg); free(h0); free(got); free(ref); free(g); free(gd);
-  void *ptrs[] = {dx, dgu_w, dd_w, dlg, dh, dids, dw, dperm, dinv, doff, dtiles, dnt, dgu, dact, dy};
+  CHECKF(errn < 1e-2, "moe chain T=%d fused norm: rel err %.3e", T, errn);
+  printf("moe chain T=%4d E=%3d+%d k=%d hidden=%d inter=%d bm=%d: rel err %.2e, fused norm %.2e (%.2f ms incl. launch)\n",
+         T, E, n_sh, K, Hd, I, bm, err, errn, ms);
+  free(x); free(wgu); free(wd); free(lg); free(h0); free(nw); free(got); free(gxn); free(ref); free(g); free(gd); free(rxn);
+  void *ptrs[] = {dx, dstage, dgu_w, dd_w, dlg, dh, dnw, dids, dw, dperm, dinv, doff, dtiles, dnt, dact, dy, dxn};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
 }
 
@@ -492,6 +517,7 @@ static void test_sample(int V) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
     printf("no CUDA device: skipped\n");
     return 77;
@@ -524,19 +550,19 @@ int main(void) {
     test_mla_attn(4, 2, ctx, nt, 16, 1, "tiny heads (4), bm 16");
   }
   {
-    di_cuk_router r1 = {64, 6, 1, 1, 0, 0, 0, 0, 1.f};      /* V2-Lite: softmax greedy */
-    di_cuk_router r2 = {64, 6, 8, 3, 0, 1, 0, 0, 16.f};     /* V2: group-limited greedy */
-    di_cuk_router r3 = {256, 8, 8, 4, 1, 2, 1, 1, 2.5f};    /* V3: sigmoid noaux_tc, renorm, scale */
-    di_cuk_router r4 = {64, 6, 1, 1, 0, 0, 1, 0, 3.f};      /* V2 renormalized: no scaling */
+    di_cuk_router r1 = {64, 6, 1, 1, 0, 0, 0, 0, 1.f, 0};      /* V2-Lite: softmax greedy */
+    di_cuk_router r2 = {64, 6, 8, 3, 0, 1, 0, 0, 16.f, 0};     /* V2: group-limited greedy */
+    di_cuk_router r3 = {256, 8, 8, 4, 1, 2, 1, 1, 2.5f, 0};    /* V3: sigmoid noaux_tc, renorm, scale */
+    di_cuk_router r4 = {64, 6, 1, 1, 0, 0, 1, 0, 3.f, 0};      /* V2 renormalized: no scaling */
     test_route(300, r1, "softmax greedy");
     test_route(300, r2, "group-limited greedy");
     test_route(300, r3, "sigmoid noaux_tc");
     test_route(300, r4, "softmax greedy norm (V2)");
   }
-  test_moe_chain(1, 64, 6, 2048, 1408);
-  test_moe_chain(16, 64, 6, 2048, 1408);
-  test_moe_chain(300, 256, 8, 256, 200);
-  test_moe_chain(3, 12, 3, 128, 40);
+  test_moe_chain(1, 64, 6, 2, 2048, 1408);   /* V2-Lite decode, 2 shared experts folded in */
+  test_moe_chain(16, 64, 6, 2, 2048, 1408);
+  test_moe_chain(300, 256, 8, 1, 256, 200);  /* V3 routing width, bm 64 */
+  test_moe_chain(3, 12, 3, 0, 128, 40);      /* odd sizes (padded intermediate) */
   test_sample(129280);
   di_cu_blas_destroy(blas);
   return test_finish("test_cuda_kernels");

@@ -178,6 +178,7 @@ static void check_case(const char *name) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
     printf("no CUDA device: skipped\n");
     return 77;

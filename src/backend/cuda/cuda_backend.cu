@@ -24,14 +24,17 @@ extern "C" {
 
 #define DI_CUDA_GRAPH_MAX_T 256
 #define MAX_GRAPHS 64
+#define MAX_MARKS 2048
 
 typedef struct cu_layer {
   float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm, *router_bias;
-  bf16 *q_a, *q_b, *q_proj, *kv_a, *kv_b, *o_proj;
+  bf16 *qkv_a;                 /* [q_a (qr) or q_proj (NH*dqk) | kv_a (R+dr)][H]: one GEMM */
+  bf16 *q_b, *kv_b, *o_proj;
   int is_moe, has_shared;
   bf16 *gate_up, *down;        /* dense MLP: [2I][H], [H][I] */
   bf16 *router;                /* [E][H] */
-  bf16 *exp_gu, *exp_down;     /* [E][2Ip][Hp] (gate rows 0.., up rows Ip..), [E][Hp][Ip]; zero padded */
+  bf16 *exp_gu, *exp_down;     /* [Et][2Ip][Hp] gate/up interleaved by 8 rows (glu), [Et][Hp][Ip]; zero
+                                  padded; Et = E + n_sh (shared experts folded in as experts) */
   bf16 *sh_gu, *sh_down;       /* [2Is][H], [H][Is] */
 } cu_layer;
 
@@ -48,6 +51,8 @@ typedef struct cu_backend {
   int sms, use_graphs;
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
+  int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
+  bf16 *stage;                 /* upload staging for one layer's experts */
   float eps;
   di_cuk_router router;
   di_cuk_rope rope;
@@ -63,8 +68,8 @@ typedef struct cu_backend {
   int64_t n_blocks;
   /* activations, for cap_T tokens */
   int cap_T, cap_out, cap_parts;
-  float *h, *qa_f, *kva, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
-  bf16 *xn, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
+  float *h, *xf, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
+  bf16 *xn, *qkv, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
   int32_t *topk_ids, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
   /* step inputs: pinned host mirror and device copy */
   int32_t *in_host, *in_dev;
@@ -83,6 +88,14 @@ typedef struct cu_backend {
   graph_entry graphs[MAX_GRAPHS];
   int n_graphs;
   di_cuda_stats stats;
+  /* DEEPINFER_CUDA_PROFILE=1: per-phase device time of eager steps (graphs off), printed at destroy */
+  int prof, n_marks;
+  cudaEvent_t marks[MAX_MARKS];
+  const char *mark_label[MAX_MARKS];
+  const char *plabel[64];
+  double ptime[64];
+  int n_plabel;
+  int64_t prof_steps;
 } cu_backend;
 
 /* ---- allocation --------------------------------------------------------------------------------- */
@@ -143,6 +156,29 @@ static di_status up_rows(const di_weight *w, int64_t r0, int64_t r1, bf16 *dst, 
   return st;
 }
 
+/* Columns [c0, c1) of rows [r0, r1) of w to dst (row stride dst_ld). */
+static di_status up_cols(const di_weight *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1, bf16 *dst, int64_t dst_ld) {
+  const int64_t C = w->cols, n = r1 - r0, wd = c1 - c0;
+  if (n <= 0 || wd <= 0) return DI_OK;
+  if (w->dtype == DI_DT_BF16) {
+    DI_CU(cudaMemcpy2D(dst, (size_t)dst_ld * 2, (const uint16_t *)w->data + r0 * C + c0, (size_t)C * 2, (size_t)wd * 2,
+                       (size_t)n, cudaMemcpyHostToDevice));
+    return DI_OK;
+  }
+  float *f = (float *)malloc(sizeof(float) * (size_t)C);
+  uint16_t *hb = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(n * wd));
+  if (!f || !hb) { free(f); free(hb); return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory"); }
+  for (int64_t r = 0; r < n; r++) {
+    di_weight_rows_f32(w, r0 + r, r0 + r + 1, f);
+    for (int64_t c = 0; c < wd; c++) hb[r * wd + c] = di_f32_to_bf16(f[c0 + c]);
+  }
+  cudaError_t e = cudaMemcpy2D(dst, (size_t)dst_ld * 2, hb, (size_t)wd * 2, (size_t)wd * 2, (size_t)n, cudaMemcpyHostToDevice);
+  free(f);
+  free(hb);
+  if (e != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: upload: %s", cudaGetErrorString(e));
+  return DI_OK;
+}
+
 static di_status check_shape(const di_weight *w, int64_t rows, int64_t cols, const char *what) {
   if (!w->data || w->rows != rows || w->cols != cols)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: weight %s is [%lld x %lld], expected [%lld x %lld]",
@@ -167,14 +203,20 @@ static di_status upload_layer(cu_backend *b, const di_model_config *c, const di_
   const int H = b->H;
   DI_TRY(up_vec(b, s->attn_norm, H, &d->attn_norm));
   DI_TRY(up_vec(b, s->ffn_norm, H, &d->ffn_norm));
+  /* the attention's input projections as one matrix: [q_a or q_proj ; kv_a] */
+  const int qrows = b->qr > 0 ? b->qr : b->NH * b->dqk;
+  DI_TRY(dev_alloc(b, (void **)&d->qkv_a, (size_t)b->Wa * H * 2));
   if (b->qr > 0) {
-    DI_TRY(up_mat(b, &s->q_a, b->qr, H, &d->q_a, "q_a_proj"));
+    DI_TRY(check_shape(&s->q_a, b->qr, H, "q_a_proj"));
+    DI_TRY(up_rows(&s->q_a, 0, b->qr, d->qkv_a, H));
     DI_TRY(up_vec(b, s->q_a_norm, b->qr, &d->q_a_norm));
     DI_TRY(up_mat(b, &s->q_b, (int64_t)b->NH * b->dqk, b->qr, &d->q_b, "q_b_proj"));
   } else {
-    DI_TRY(up_mat(b, &s->q_proj, (int64_t)b->NH * b->dqk, H, &d->q_proj, "q_proj"));
+    DI_TRY(check_shape(&s->q_proj, qrows, H, "q_proj"));
+    DI_TRY(up_rows(&s->q_proj, 0, qrows, d->qkv_a, H));
   }
-  DI_TRY(up_mat(b, &s->kv_a, b->R + b->dr, H, &d->kv_a, "kv_a_proj_with_mqa"));
+  DI_TRY(check_shape(&s->kv_a, b->R + b->dr, H, "kv_a_proj_with_mqa"));
+  DI_TRY(up_rows(&s->kv_a, 0, b->R + b->dr, d->qkv_a + (size_t)qrows * H, H));
   DI_TRY(up_vec(b, s->kv_a_norm, b->R, &d->kv_a_norm));
   DI_TRY(up_mat(b, &s->kv_b, (int64_t)b->NH * (b->dn + b->dv), b->R, &d->kv_b, "kv_b_proj"));
   DI_TRY(up_mat(b, &s->o_proj, H, (int64_t)b->NH * b->dv, &d->o_proj, "o_proj"));
@@ -192,24 +234,37 @@ static di_status upload_layer(cu_backend *b, const di_model_config *c, const di_
   const int E = b->E, I = c->moe_intermediate_size, Ip = b->Ip;
   DI_TRY(up_mat(b, &s->router, E, H, &d->router, "mlp.gate"));
   if (s->router_bias) DI_TRY(up_vec(b, s->router_bias, E, &d->router_bias));
-  const int Hp = b->Hp;
+  const int Hp = b->Hp, Et = b->Et;
   const size_t gu_e = (size_t)2 * Ip * Hp, dn_e = (size_t)Hp * Ip;
-  DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * E * 2));
-  DI_TRY(dev_alloc(b, (void **)&d->exp_down, dn_e * E * 2));
+  DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * Et * 2));
+  DI_TRY(dev_alloc(b, (void **)&d->exp_down, dn_e * Et * 2));
+  if (!b->stage) DI_TRY(dev_alloc(b, (void **)&b->stage, gu_e * Et * 2));
   if (Ip != I || Hp != H) {
-    DI_CU(cudaMemset(d->exp_gu, 0, gu_e * E * 2));
-    DI_CU(cudaMemset(d->exp_down, 0, dn_e * E * 2));
+    DI_CU(cudaMemset(b->stage, 0, gu_e * Et * 2));
+    DI_CU(cudaMemset(d->exp_down, 0, dn_e * Et * 2));
   }
+  /* staging layout per expert: gate rows [0, Ip), up rows [Ip, 2Ip); then interleaved for the glu GEMM */
   for (int e = 0; e < E; e++) {
     DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
     DI_TRY(check_shape(&s->exp_up[e], I, H, "experts.up_proj"));
     DI_TRY(check_shape(&s->exp_down[e], H, I, "experts.down_proj"));
-    DI_TRY(up_rows(&s->exp_gate[e], 0, I, d->exp_gu + gu_e * e, Hp));
-    DI_TRY(up_rows(&s->exp_up[e], 0, I, d->exp_gu + gu_e * e + (size_t)Ip * Hp, Hp));
+    DI_TRY(up_rows(&s->exp_gate[e], 0, I, b->stage + gu_e * e, Hp));
+    DI_TRY(up_rows(&s->exp_up[e], 0, I, b->stage + gu_e * e + (size_t)Ip * Hp, Hp));
     DI_TRY(up_rows(&s->exp_down[e], 0, H, d->exp_down + dn_e * e, Ip));
   }
   d->has_shared = s->has_shared;
-  if (s->has_shared) {
+  if (s->has_shared && b->n_sh > 0) {
+    /* shared MLP of width n_sh*I == n_sh experts of width I (a slice of its rows / columns each) */
+    DI_TRY(check_shape(&s->sh_gate, (int64_t)b->n_sh * I, H, "shared_experts.gate_proj"));
+    DI_TRY(check_shape(&s->sh_up, (int64_t)b->n_sh * I, H, "shared_experts.up_proj"));
+    DI_TRY(check_shape(&s->sh_down, H, (int64_t)b->n_sh * I, "shared_experts.down_proj"));
+    for (int j = 0; j < b->n_sh; j++) {
+      const int e = E + j;
+      DI_TRY(up_rows(&s->sh_gate, (int64_t)j * I, (int64_t)(j + 1) * I, b->stage + gu_e * e, Hp));
+      DI_TRY(up_rows(&s->sh_up, (int64_t)j * I, (int64_t)(j + 1) * I, b->stage + gu_e * e + (size_t)Ip * Hp, Hp));
+      DI_TRY(up_cols(&s->sh_down, 0, H, (int64_t)j * I, (int64_t)(j + 1) * I, d->exp_down + dn_e * e, Ip));
+    }
+  } else if (s->has_shared) {
     const int Is = (int)s->sh_gate.rows;
     if (b->Ish && Is != b->Ish)
       return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: layer %d shared experts %d wide, others %d", l, Is, b->Ish);
@@ -221,6 +276,8 @@ static di_status upload_layer(cu_backend *b, const di_model_config *c, const di_
     DI_TRY(up_rows(&s->sh_up, 0, Is, d->sh_gu + (int64_t)Is * H, H));
     DI_TRY(up_mat(b, &s->sh_down, H, Is, &d->sh_down, "shared_experts.down_proj"));
   }
+  DI_TRY(di_cuk_glu_interleave((const uint16_t *)b->stage, (uint16_t *)d->exp_gu, Et, Ip, Hp, NULL));
+  DI_CU(cudaDeviceSynchronize()); /* the staging buffer is reused by the next layer */
   return DI_OK;
 }
 
@@ -245,17 +302,19 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     while (c < T) c *= 2;
     drop_graphs(b);
     b->cap_T = c;
-    const int64_t A = (int64_t)c * b->K; /* expert assignments */
-    int64_t gu_w = 2 * (int64_t)b->Ip * (A > 0 ? A : 0);
-    if (2 * (int64_t)b->Idense * c > gu_w) gu_w = 2 * (int64_t)b->Idense * c;
+    const int64_t A = (int64_t)c * b->Kt; /* expert assignments */
+    int64_t act_w = (int64_t)b->Ip * A;
+    if ((int64_t)b->Idense * c > act_w) act_w = (int64_t)b->Idense * c;
+    if ((int64_t)b->Ish * c > act_w) act_w = (int64_t)b->Ish * c;
+    int64_t gu_w = 2 * (int64_t)b->Idense * c;
     if (2 * (int64_t)b->Ish * c > gu_w) gu_w = 2 * (int64_t)b->Ish * c;
     REALLOC(b->h, sizeof(float) * (size_t)c * b->H);
+    REALLOC(b->xf, sizeof(float) * (size_t)c * b->H);
     REALLOC(b->xn, 2 * (size_t)c * b->Hp);
     DI_CU(cudaMemset(b->xn, 0, 2 * (size_t)c * b->Hp)); /* padding columns stay zero */
+    REALLOC(b->qkv, 2 * (size_t)c * b->Wa);
     REALLOC(b->q, 2 * (size_t)c * b->NH * b->dqk);
-    REALLOC(b->qa_f, sizeof(float) * (size_t)c * (b->qr > 0 ? b->qr : 1));
     REALLOC(b->qa_n, 2 * (size_t)c * (b->qr > 0 ? b->qr : 1));
-    REALLOC(b->kva, sizeof(float) * (size_t)c * (b->R + b->dr));
     REALLOC(b->Qa, 2 * (size_t)c * b->NH * DI_CUK_MLA_D);
     REALLOC(b->olat, 2 * (size_t)c * b->NH * DI_CUK_MLA_R);
     REALLOC(b->attn, 2 * (size_t)c * b->NH * b->dv);
@@ -264,11 +323,11 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     REALLOC(b->topk_w, sizeof(float) * (size_t)(A > 0 ? A : 1));
     REALLOC(b->perm_tok, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
     REALLOC(b->inv, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
-    REALLOC(b->tiles, sizeof(int32_t) * (size_t)(A / 16 + b->E + 1));
-    REALLOC(b->expert_off, sizeof(int32_t) * (size_t)(b->E + 1));
+    REALLOC(b->tiles, sizeof(int32_t) * (size_t)(A / 16 + b->Et + 1));
+    REALLOC(b->expert_off, sizeof(int32_t) * (size_t)(b->Et + 1));
     REALLOC(b->n_tiles, sizeof(int32_t) * 4);
-    REALLOC(b->gu, 2 * (size_t)gu_w);
-    REALLOC(b->act, (size_t)gu_w); /* half of gu's elements, 2 bytes each */
+    REALLOC(b->gu, 2 * (size_t)(gu_w > 0 ? gu_w : 1));
+    REALLOC(b->act, 2 * (size_t)(act_w > 0 ? act_w : 1));
     REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->Hp);
     /* the padded garbage rows of Qa's latent columns are rewritten every step; start finite */
     DI_CU(cudaMemset(b->Qa, 0, 2 * (size_t)c * b->NH * DI_CUK_MLA_D));
@@ -317,64 +376,96 @@ static di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16
   return DI_OK;
 }
 
+#define PROF(label) prof_mark(b, label)
+
+static void prof_mark(cu_backend *b, const char *label) {
+  if (!b->prof || b->n_marks >= MAX_MARKS) return;
+  cudaEventRecord(b->marks[b->n_marks], b->stream);
+  b->mark_label[b->n_marks++] = label;
+}
+
 static di_status forward(cu_backend *b) {
   cudaStream_t s = b->stream;
   const int T = b->Tp, H = b->H, Hp = b->Hp, NH = b->NH;
   const uint16_t *xn = (const uint16_t *)b->xn;
+  b->n_marks = 0;
+  PROF("start");
   DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, T, H, b->h, s));
+  int xn_ready = 0; /* the MoE combine already wrote this layer's normed input */
   for (int l = 0; l < b->n_layers; l++) {
     const cu_layer *L = &b->L[l];
-    DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, s));
+    if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
+    xn_ready = 0;
+    PROF("norm");
+    DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
+    const uint16_t *q, *kva;
+    int ldq;
     if (b->qr > 0) {
-      DI_TRY(di_cu_gemm(b->blas, T, b->qr, H, xn, Hp, (const uint16_t *)L->q_a, H, b->qa_f, b->qr, 1, 0.f, s));
-      DI_TRY(di_cuk_rmsnorm(b->qa_f, b->qr, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n, b->qr, s));
+      DI_TRY(di_cuk_rmsnorm_bf16((const uint16_t *)b->qkv, b->Wa, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n,
+                                 b->qr, s));
       DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
                         b->qr, b->q, NH * b->dqk, 0, 0.f, s));
+      q = (const uint16_t *)b->q;
+      ldq = NH * b->dqk;
+      kva = (const uint16_t *)b->qkv + b->qr;
     } else {
-      DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, H, xn, Hp, (const uint16_t *)L->q_proj, H, b->q, NH * b->dqk, 0, 0.f, s));
+      q = (const uint16_t *)b->qkv;
+      ldq = b->Wa;
+      kva = (const uint16_t *)b->qkv + NH * b->dqk;
     }
-    DI_TRY(di_cu_gemm(b->blas, T, b->R + b->dr, H, xn, Hp, (const uint16_t *)L->kv_a, H, b->kva, b->R + b->dr, 1, 0.f, s));
+    PROF("q/kv proj");
     bf16 *cache = layer_cache(b, l);
-    DI_TRY(di_cuk_mla_prep(b->kva, (const uint16_t *)b->q, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R,
-                           L->kv_a_norm, b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
+    DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
+                           b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
     /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
-    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, (const uint16_t *)b->q, NH * b->dqk, b->dqk,
-                              (const uint16_t *)L->kv_b, b->R, (int64_t)(b->dn + b->dv) * b->R, 1,
-                              (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
+                              (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+    PROF("mla prep+absorb");
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                            b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                            (uint16_t *)b->olat, b->part_o, b->part_lse, s));
     if (b->max_citems > 0)
       DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                                 (uint16_t *)b->olat, s));
+    PROF("mla attention");
     /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
     DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                               DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
                               (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
     DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
                       NH * b->dv, b->h, H, 1, 1.f, s));
-    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, s));
+    PROF("v + o_proj");
+    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
     if (!L->is_moe) {
       DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
+      PROF("dense mlp");
       continue;
     }
-    const int E = b->E, K = b->K, A = T * K, bm = A >= 32 * E ? 64 : 16;
-    const int max_tiles = (A + bm - 1) / bm + E;
-    DI_TRY(di_cu_gemm(b->blas, T, E, H, xn, Hp, (const uint16_t *)L->router, H, b->router_logits, E, 1, 0.f, s));
+    const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
+    int max_tiles = (A + bm - 1) / bm + Et;
+    if (max_tiles > A) max_tiles = A;
+    DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
     DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, s));
-    DI_TRY(di_cuk_moe_permute(b->topk_ids, A, K, E, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+    DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+    PROF("router");
     DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                               b->tiles, b->n_tiles, max_tiles, bm, b->gu, 2 * b->Ip, 0, s));
-    DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, A, b->Ip, (uint16_t *)b->act, s));
+                               b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
+    PROF("experts gate/up");
     DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, s));
-    DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, K, H, b->h, s));
-    if (L->has_shared) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
+    PROF("experts down");
+    if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+    const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0);
+    DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
+                              b->eps, (uint16_t *)b->xn, Hp, s));
+    xn_ready = fuse;
+    PROF("combine");
   }
   DI_TRY(di_cuk_gather_f32(b->h, b->d_out_rows, b->n_out_p, H, b->hout, s));
-  DI_TRY(di_cuk_rmsnorm(b->hout, H, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, s));
+  DI_TRY(di_cuk_rmsnorm(b->hout, H, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, NULL, s));
   DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
                     b->logits, b->V, 1, 0.f, s));
+  PROF("lm_head");
   return DI_OK;
 }
 
@@ -620,6 +711,17 @@ static di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
   if (!b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: wait without submit");
   b->pending = 0;
   DI_CU(cudaStreamSynchronize(b->stream));
+  if (b->prof && b->n_marks > 1) {
+    b->prof_steps++;
+    for (int i = 1; i < b->n_marks; i++) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, b->marks[i - 1], b->marks[i]);
+      int k = 0;
+      while (k < b->n_plabel && strcmp(b->plabel[k], b->mark_label[i])) k++;
+      if (k == b->n_plabel && k < 64) b->plabel[b->n_plabel++] = b->mark_label[i];
+      if (k < 64) b->ptime[k] += ms;
+    }
+  }
   if (logits && b->n_out > 0)
     DI_CU(cudaMemcpy(logits, b->logits, sizeof(float) * (size_t)b->n_out * b->V, cudaMemcpyDeviceToHost));
   if (hidden && b->n_out > 0) {
@@ -660,6 +762,15 @@ static void cu_destroy(di_backend *bb) {
   cu_backend *b = (cu_backend *)bb;
   if (!b) return;
   if (b->stream) cudaStreamSynchronize(b->stream);
+  if (b->prof && b->prof_steps) {
+    double tot = 0;
+    for (int k = 0; k < b->n_plabel; k++) tot += b->ptime[k];
+    fprintf(stderr, "cuda profile over %lld eager steps (device time per phase, all layers):\n", (long long)b->prof_steps);
+    for (int k = 0; k < b->n_plabel; k++)
+      fprintf(stderr, "  %-18s %10.3f ms  %5.1f%%\n", b->plabel[k], b->ptime[k], 100.0 * b->ptime[k] / tot);
+  }
+  if (b->prof)
+    for (int i = 0; i < MAX_MARKS; i++) if (b->marks[i]) cudaEventDestroy(b->marks[i]);
   drop_graphs(b);
   for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
   free(b->allocs);
@@ -686,12 +797,31 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   DI_TRY(di_cu_blas_create(&b->blas));
   const char *ge = getenv("DEEPINFER_CUDA_GRAPHS");
   b->use_graphs = !(ge && strcmp(ge, "0") == 0);
+  const char *pe = getenv("DEEPINFER_CUDA_PROFILE");
+  if (pe && strcmp(pe, "1") == 0) {
+    b->prof = 1;
+    b->use_graphs = 0;
+    for (int i = 0; i < MAX_MARKS; i++) DI_CU(cudaEventCreate(&b->marks[i]));
+  }
   b->H = c->hidden_size; b->NH = c->num_attention_heads; b->dn = c->qk_nope_head_dim; b->dr = c->qk_rope_head_dim;
   b->dv = c->v_head_dim; b->R = c->kv_lora_rank; b->dqk = b->dn + b->dr; b->V = c->vocab_size;
   b->qr = c->q_lora_rank; b->eps = c->rms_norm_eps; b->Idense = c->intermediate_size;
   b->E = c->n_routed_experts; b->K = c->n_routed_experts > 0 ? c->num_experts_per_tok : 0;
   b->Ip = (c->moe_intermediate_size + 63) / 64 * 64;
   b->Hp = b->E > 0 ? (b->H + 127) / 128 * 128 : b->H;
+  b->Wa = (b->qr > 0 ? b->qr : b->NH * b->dqk) + b->R + b->dr;
+  /* shared experts fold into the grouped GEMM when they are n_shared experts' worth of width */
+  b->n_sh = 0;
+  if (b->E > 0 && c->n_shared_experts > 0) {
+    int fold = 1;
+    for (int l = 0; l < w->n_layers; l++)
+      if (w->layers[l].is_moe && w->layers[l].has_shared &&
+          w->layers[l].sh_gate.rows != (int64_t)c->n_shared_experts * c->moe_intermediate_size)
+        fold = 0;
+    if (fold) b->n_sh = c->n_shared_experts;
+  }
+  b->Et = b->E + b->n_sh;
+  b->Kt = b->K + b->n_sh;
   if (b->R > DI_CUK_MLA_R || b->dr > DI_CUK_MLA_P || b->dr % 2)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: kv_lora_rank %d / rope dim %d unsupported (<= %d / even <= %d)",
                         b->R, b->dr, DI_CUK_MLA_R, DI_CUK_MLA_P);
@@ -703,6 +833,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->router.norm_topk = c->norm_topk_prob;
   b->router.scale_after_norm = c->arch == DI_ARCH_DEEPSEEK_V3;
   b->router.routed_scale = c->routed_scaling_factor;
+  b->router.n_shared = b->n_sh;
   double invf[DI_CUK_MLA_P / 2];
   float invf32[DI_CUK_MLA_P / 2];
   di_rope_inv_freq(c, invf);
@@ -719,6 +850,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->L = (cu_layer *)calloc((size_t)(b->n_layers > 0 ? b->n_layers : 1), sizeof(cu_layer));
   if (!b->L) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
   for (int l = 0; l < b->n_layers; l++) DI_TRY(upload_layer(b, c, &w->layers[l], &b->L[l], l));
+  dev_free(b, b->stage);
+  b->stage = NULL;
   DI_TRY(ensure_acts(b, 256, 16, 512));
   DI_CU(cudaDeviceSynchronize());
   return DI_OK;

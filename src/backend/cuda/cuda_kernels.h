@@ -16,9 +16,17 @@ typedef struct CUstream_st *di_cu_stream; /* == cudaStream_t */
 /* h[t][:] = float(table[tokens[t]][:]) */
 di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, int T, int hidden, float *h,
                        di_cu_stream s);
-/* out[t][:] = bf16(x[t][:] / rms(x[t]) * w) over n columns; x row stride ldx, out row stride ldo. */
+/* out[t][:] = bf16(x[t][:] / rms(x[t]) * w) over n columns; x row stride ldx, out row stride ldo.
+ * out_f32 (may be NULL): the same values in f32, row stride n (the router's fp32 input). */
 di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,
-                         uint16_t *out, int ldo, di_cu_stream s);
+                         uint16_t *out, int ldo, float *out_f32, di_cu_stream s);
+/* The same with a bf16 input (q_lora's q_a output). */
+di_status di_cuk_rmsnorm_bf16(const uint16_t *x, int ldx, const float *w, int T, int n, float eps,
+                              uint16_t *out, int ldo, di_cu_stream s);
+/* Router logits in fp32 (as the reference computes them): out[t][e] = x[t] . W[e], x f32 [T][n],
+ * W bf16 [E][n]. */
+di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
+                               di_cu_stream s);
 /* out[t][i] = silu(gu[t][i]) * gu[t][I + i]  (gu row stride 2I, out row stride I); bf16 in/out. */
 di_status di_cuk_silu_mul(const uint16_t *gu, int T, int I, uint16_t *out, di_cu_stream s);
 /* out[i][:] = in[rows[i]][:] for n rows of `cols` floats. */
@@ -35,10 +43,11 @@ typedef struct di_cuk_rope {
  * (bf16, DI_CUK_MLA_D wide: latent at 0, rope at DI_CUK_MLA_R), and q_pe of each head
  * (q[t][h*(N+P) + N ..]) roped into Qa[t][h][DI_CUK_MLA_R ..] (zeros in Qa's padding columns; the
  * latent columns [0, R) of Qa are left alone: the absorption GEMM writes them).
- * kva: fp32 [T][R+P]; q: bf16 [T][H*(N+P)]; Qa: bf16 [T][H][D]; cache: bf16 [slots][D].
+ * kva: bf16 [T][R+P] (row stride ldk); q: bf16 [T][H*(N+P)] (row stride ldq); Qa: bf16 [T][H][D];
+ * cache: bf16 [slots][D].
  * Needs R <= 512, P <= 64. */
-di_status di_cuk_mla_prep(const float *kva, const uint16_t *q, const int32_t *positions,
-                          const int32_t *slots, int T, int H, int N, int P, int R,
+di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_t *q, int ldq,
+                          const int32_t *positions, const int32_t *slots, int T, int H, int N, int P, int R,
                           const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
                           uint16_t *cache, di_cu_stream s);
 
@@ -81,8 +90,10 @@ typedef struct di_cuk_router {
   int norm_topk;      /* renormalize the k weights */
   int scale_after_norm; /* V3: multiply by routed_scaling even when renormalized */
   float routed_scale;
+  int n_shared;         /* shared experts folded in as experts E .. E+n_shared-1, weight 1 */
 } di_cuk_router;
-/* logits: f32 [T][E]; bias: f32 [E] or NULL. ids: int32 [T][k]; w: f32 [T][k]. */
+/* logits: f32 [T][E]; bias: f32 [E] or NULL. ids: int32 [T][k + n_shared]; w likewise (the shared
+ * experts last, with weight 1). */
 di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
                            int32_t *ids, float *w, di_cu_stream s);
 /* Sorts the T*k assignments by expert. Outputs: perm_tok[n] (token of the j-th sorted assignment),
@@ -91,19 +102,28 @@ di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk
 di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int bm,
                              int32_t *perm_tok, int32_t *inv, int32_t *expert_off,
                              int32_t *tiles, int32_t *n_tiles, di_cu_stream s);
-/* h[t][0:n] += sum_j w[t][j] * y[inv[t*k+j]][0:n]  (y f32 [n_assign][ldy], h [T][n]) */
+/* h[t][0:n] += sum_j w[t][j] * y[inv[t*k+j]][0:n]  (y f32 [n_assign][ldy], h [T][n]); then, when
+ * norm_w is non-NULL, xn[t] = bf16(rmsnorm(h[t]) * norm_w) (row stride ldo): the next layer's
+ * input norm fused in. */
 di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T, int k,
-                             int n, float *h, di_cu_stream s);
+                             int n, float *h, const float *norm_w, float eps, uint16_t *xn, int ldo,
+                             di_cu_stream s);
 
 /* ---- grouped GEMM (k_grouped_gemm.cu) ---- */
 /* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):
  *   C[m][n] = sum_k A[arow(m)][k] * W[e][n][k],  arow(m) = a_rows ? a_rows[m] : m.
  * A bf16 (row stride lda), W bf16 [E][N][K] contiguous, C bf16 or f32 (c_f32) with row stride ldc.
- * K must be a multiple of 64, N of 128 (pad the weights). bm is 16 or 64. Grid: max_tiles x N/128. */
+ * K must be a multiple of 64, N of 128 (pad the weights). bm is 16 or 64. Grid: max_tiles x N/128.
+ * glu: W's rows are gate/up interleaved in groups of 8 (rows 16q..16q+7 = gate rows 8q..8q+7,
+ * rows 16q+8..16q+15 = up rows 8q..), and C (bf16) gets silu(gate) * up: [M][N/2]. */
 di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows, const uint16_t *W,
                               int N, int K, const int32_t *expert_off, const int32_t *tiles,
                               const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc,
-                              int c_f32, di_cu_stream s);
+                              int c_f32, int glu, di_cu_stream s);
+/* Reorders rows of [gate (I rows); up (I rows)] (each `cols` wide, n_mat matrices back to back) into
+ * the glu interleaving above; src and dst distinct. I must be a multiple of 8. */
+di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, int I, int cols,
+                                di_cu_stream s);
 
 /* ---- dense GEMMs through cuBLASLt / cuBLAS (gemm.cu) ---- */
 typedef struct di_cu_blas di_cu_blas;

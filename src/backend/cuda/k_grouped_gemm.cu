@@ -18,7 +18,7 @@ template <int BM>
 static __global__ void __launch_bounds__(128)
 grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
                     const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, void *C, int ldc,
-                    int c_f32) {
+                    int c_f32, int glu) {
   if ((int)blockIdx.y >= *n_tiles) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16 *sA = (bf16 *)smem_raw;              /* [STAGES][BM][KROW] */
@@ -94,6 +94,25 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
   }
   di_cp_wait<0>();
 
+  if (glu) { /* n-tiles (0,1) and (2,3) are (gate, up) of the same 8 intermediate columns */
+#pragma unroll
+    for (int mi = 0; mi < BM / 16; mi++) {
+#pragma unroll
+      for (int pr = 0; pr < 2; pr++) {
+        int col = (n0 + warp * 32 + pr * 16) / 2 + (lane & 3) * 2;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          int m = m0 + mi * 16 + (lane >> 2) + hh * 8;
+          if (m >= mend) continue;
+          float g0 = acc[mi][2 * pr][2 * hh], g1 = acc[mi][2 * pr][2 * hh + 1];
+          float u0 = acc[mi][2 * pr + 1][2 * hh], u1 = acc[mi][2 * pr + 1][2 * hh + 1];
+          float v0 = g0 / (1.f + __expf(-g0)) * u0, v1 = g1 / (1.f + __expf(-g1)) * u1;
+          *(__nv_bfloat162 *)((bf16 *)C + (int64_t)m * ldc + col) = __floats2bfloat162_rn(v0, v1);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int mi = 0; mi < BM / 16; mi++) {
 #pragma unroll
@@ -116,7 +135,7 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
 template <int BM>
 static di_status launch(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
                         const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
-                        void *C, int ldc, int c_f32, cudaStream_t s) {
+                        void *C, int ldc, int c_f32, int glu, cudaStream_t s) {
   size_t sm = (size_t)STAGES * (BM + BN) * KROW * 2;
   static int attr_set;
   if (!attr_set) {
@@ -124,7 +143,7 @@ static di_status launch(const bf16 *A, int lda, const int32_t *a_rows, const bf1
     attr_set = 1;
   }
   dim3 grid(N / BN, max_tiles);
-  grouped_gemm_kernel<BM><<<grid, 128, sm, s>>>(A, lda, a_rows, W, N, K, off, tiles, n_tiles, C, ldc, c_f32);
+  grouped_gemm_kernel<BM><<<grid, 128, sm, s>>>(A, lda, a_rows, W, N, K, off, tiles, n_tiles, C, ldc, c_f32, glu);
   DI_CU_LAUNCH("grouped_gemm");
   return DI_OK;
 }
@@ -132,16 +151,34 @@ static di_status launch(const bf16 *A, int lda, const int32_t *a_rows, const bf1
 extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows,
                                          const uint16_t *W, int N, int K, const int32_t *expert_off,
                                          const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
-                                         int bm, void *C, int ldc, int c_f32, di_cu_stream s) {
+                                         int bm, void *C, int ldc, int c_f32, int glu, di_cu_stream s) {
   if (max_tiles <= 0) return DI_OK;
   if (N % BN || K % BK || max_tiles > 65535)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm N %d K %d tiles %d (N%%128, K%%64)", N,
                         K, max_tiles);
   if (bm == 16)
     return launch<16>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles,
-                      max_tiles, C, ldc, c_f32, s);
+                      max_tiles, C, ldc, c_f32, glu, s);
   if (bm == 64)
     return launch<64>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles,
-                      max_tiles, C, ldc, c_f32, s);
+                      max_tiles, C, ldc, c_f32, glu, s);
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm bm %d (16 or 64)", bm);
+}
+
+/* dst row r of matrix i: group q = r / 16, j = r % 16 -> src row (j < 8 ? 8q + j : I + 8q + j - 8) */
+static __global__ void interleave_kernel(const bf16 *src, bf16 *dst, int I, int cols) {
+  const int r = blockIdx.x, i = blockIdx.y;
+  const int q = r / 16, j = r % 16, sr = j < 8 ? 8 * q + j : I + 8 * q + (j - 8);
+  const bf16 *a = src + ((int64_t)i * 2 * I + sr) * cols;
+  bf16 *b = dst + ((int64_t)i * 2 * I + r) * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) b[c] = a[c];
+}
+
+extern "C" di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, int I, int cols,
+                                           di_cu_stream s) {
+  if (I % 8 || n_mat <= 0 || n_mat > 65535)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: glu_interleave of %d x %d rows", n_mat, I);
+  interleave_kernel<<<dim3(2 * I, n_mat), 256, 0, s>>>((const bf16 *)src, (bf16 *)dst, I, cols);
+  DI_CU_LAUNCH("glu_interleave");
+  return DI_OK;
 }

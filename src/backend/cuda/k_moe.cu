@@ -92,12 +92,17 @@ static __global__ void route_kernel(const float *logits, const float *bias, di_c
   }
   if (threadIdx.x == 0) {
     int normalized = r.norm_topk && r.k > 1;
+    const int kt = r.k + r.n_shared;
     for (int j = 0; j < r.k && j < 8; j++) {
       float w = myw[j];
       if (normalized) w /= (wsum + 1e-20f);
       if (!normalized || r.scale_after_norm) w *= r.routed_scale;
-      ids[(int64_t)t * r.k + j] = myid[j];
-      wout[(int64_t)t * r.k + j] = w;
+      ids[(int64_t)t * kt + j] = myid[j];
+      wout[(int64_t)t * kt + j] = w;
+    }
+    for (int j = 0; j < r.n_shared; j++) {
+      ids[(int64_t)t * kt + r.k + j] = E + j;
+      wout[(int64_t)t * kt + r.k + j] = 1.f;
     }
   }
 }
@@ -105,7 +110,7 @@ static __global__ void route_kernel(const float *logits, const float *bias, di_c
 extern "C" di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
                                       int32_t *ids, float *w, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  if (r.E > MAXE || r.k > 8 || r.k < 1 || r.k > r.E)
+  if (r.E + r.n_shared > MAXE || r.k > 8 || r.k < 1 || r.k > r.E || r.n_shared < 0)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda: router with %d experts, top-%d unsupported", r.E, r.k);
   if (r.n_group > 1 && (r.E % r.n_group || r.n_group > MAXE))
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts not divisible into %d groups", r.E, r.n_group);
@@ -159,23 +164,33 @@ extern "C" di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k,
 }
 
 static __global__ void combine_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k,
-                                      int n, float *h) {
+                                      int n, float *h, const float *norm_w, float eps, bf16 *xn, int ldo) {
+  __shared__ float red[32];
   int t = blockIdx.x;
-  int rows[8];
-  float ws[8];
+  int rows[16];
+  float ws[16];
   for (int j = 0; j < k; j++) { rows[j] = inv[t * k + j]; ws[j] = w[t * k + j]; }
+  float ss = 0.f;
   for (int c = threadIdx.x; c < n; c += blockDim.x) {
     float acc = 0.f;
     for (int j = 0; j < k; j++) acc += ws[j] * y[(int64_t)rows[j] * ldy + c];
-    h[(int64_t)t * n + c] += acc;
+    float v = h[(int64_t)t * n + c] + acc;
+    h[(int64_t)t * n + c] = v;
+    ss += v * v;
   }
+  if (!norm_w) return;
+  ss = di_block_sum(ss, red); /* the barrier also orders this thread's h writes before the re-read */
+  float inv_rms = rsqrtf(ss / n + eps);
+  for (int c = threadIdx.x; c < n; c += blockDim.x)
+    xn[(int64_t)t * ldo + c] = di_fb(h[(int64_t)t * n + c] * inv_rms * norm_w[c]);
 }
 
 extern "C" di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T,
-                                        int k, int n, float *h, di_cu_stream s) {
+                                        int k, int n, float *h, const float *norm_w, float eps, uint16_t *xn,
+                                        int ldo, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  if (k > 8) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: top-%d unsupported (<= 8)", k);
-  combine_kernel<<<T, 256, 0, s>>>(y, ldy, inv, w, k, n, h);
+  if (k > 16) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts per token unsupported (<= 16)", k);
+  combine_kernel<<<T, 256, 0, s>>>(y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn, ldo);
   DI_CU_LAUNCH("moe_combine");
   return DI_OK;
 }

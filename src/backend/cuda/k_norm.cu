@@ -19,23 +19,61 @@ extern "C" di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, 
 }
 
 /* One block per row; the row is read twice (sum of squares, then scale), the second time from L1/L2. */
-static __global__ void rmsnorm_kernel(const float *x, int ldx, const float *w, int n, float eps,
-                                      bf16 *out, int ldo) {
+template <typename TI>
+static __global__ void rmsnorm_kernel(const TI *x, int ldx, const float *w, int n, float eps, bf16 *out,
+                                      int ldo, float *of) {
   __shared__ float red[32];
-  const float *xr = x + (int64_t)blockIdx.x * ldx;
+  const TI *xr = x + (int64_t)blockIdx.x * ldx;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = (float)xr[i];
+    ss += v * v;
+  }
   ss = di_block_sum(ss, red);
   float inv = rsqrtf(ss / n + eps);
   bf16 *o = out + (int64_t)blockIdx.x * ldo;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = di_fb(xr[i] * inv * w[i]);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = (float)xr[i] * inv * w[i];
+    o[i] = di_fb(v);
+    if (of) of[(int64_t)blockIdx.x * n + i] = v;
+  }
 }
 
 extern "C" di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,
-                                    uint16_t *out, int ldo, di_cu_stream s) {
+                                    uint16_t *out, int ldo, float *out_f32, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  rmsnorm_kernel<<<T, 256, 0, s>>>(x, ldx, w, n, eps, (bf16 *)out, ldo);
+  rmsnorm_kernel<float><<<T, 256, 0, s>>>(x, ldx, w, n, eps, (bf16 *)out, ldo, out_f32);
   DI_CU_LAUNCH("rmsnorm");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_rmsnorm_bf16(const uint16_t *x, int ldx, const float *w, int T, int n, float eps,
+                                         uint16_t *out, int ldo, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  rmsnorm_kernel<bf16><<<T, 256, 0, s>>>((const bf16 *)x, ldx, w, n, eps, (bf16 *)out, ldo, NULL);
+  DI_CU_LAUNCH("rmsnorm_bf16");
+  return DI_OK;
+}
+
+/* One warp per (token, expert) dot product; W (E x n bf16) stays in L2 across tokens. */
+static __global__ void router_kernel(const float *x, const bf16 *W, int T, int E, int n, float *out) {
+  int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (gw >= T * E) return;
+  int t = gw / E, e = gw % E;
+  const float *xr = x + (int64_t)t * n;
+  const bf16 *wr = W + (int64_t)e * n;
+  float acc = 0.f;
+  for (int i = lane; i < n; i += 32) acc += xr[i] * di_bf(wr[i]);
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) out[(int64_t)t * E + e] = acc;
+}
+
+extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
+                                          di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  int warps = T * E;
+  router_kernel<<<(warps + 7) / 8, 256, 0, s>>>(x, (const bf16 *)W, T, E, n, out);
+  DI_CU_LAUNCH("router_logits");
   return DI_OK;
 }
 
