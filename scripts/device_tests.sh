@@ -2,7 +2,8 @@
 # Every GPU test and benchmark of the CUDA backend in one call.
 #   scripts/device_tests.sh --build   (here, on the build machine) configure + build with nvcc for
 #                                     sm_90a into build-cuda/ and stage the binaries in .carry/cuda/
-#   scripts/device_tests.sh [BINDIR]  (on the device, repo root) run them: kernel tests, model-level
+#   scripts/device_tests.sh [BINDIR]  (on the device, repo root) run them (default: unpack
+#                                     .carry/cudapack/bin.tar.xz, carried): kernel tests, model-level
 #                                     agreement on the fixtures, then the V2-Lite-shape benchmark.
 # The device image has the CUDA runtime and cuBLAS but no -dev packages, so the binaries are built
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
@@ -18,10 +19,23 @@ if [ "${1:-}" = "--build" ]; then
   mkdir -p .carry/cuda
   cp build-cuda/test_cuda_kernels build-cuda/test_cuda_model build-cuda/bench_cuda_decode .carry/cuda/
   for lib in $(ldd build-cuda/test_cuda_model | awk '/cjson|pcre2/ {print $3}'); do cp -L "$lib" .carry/cuda/; done
-  ls -la .carry/cuda
+  # the device call's whole working tree is capped at 64 MiB: carry the binaries stripped and xz-packed
+  rm -rf /tmp/di_cudabin && mkdir -p /tmp/di_cudabin/cudabin .carry/cudapack
+  for f in .carry/cuda/*; do
+    case "$f" in *.so*) cp "$f" /tmp/di_cudabin/cudabin/ ;; *) strip -o "/tmp/di_cudabin/cudabin/$(basename "$f")" "$f" ;; esac
+  done
+  tar cJf .carry/cudapack/bin.tar.xz -C /tmp/di_cudabin cudabin
+  ls -la .carry/cuda .carry/cudapack
   exit 0
 fi
-BIN="${1:-.carry/cuda}"
+BIN="${1:-}"
+if [ -z "$BIN" ]; then
+  if [ -f .carry/cudapack/bin.tar.xz ]; then
+    mkdir -p /tmp/di_dev && tar xJf .carry/cudapack/bin.tar.xz -C /tmp/di_dev && BIN=/tmp/di_dev/cudabin
+  else
+    BIN=.carry/cuda
+  fi
+fi
 LOG="${OUT:-./device-logs}"
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$BIN:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
