@@ -152,82 +152,96 @@ di_status di_chat_template_load(const char *dir, di_chat_template **out) {
   return DI_OK;
 }
 
+static int reserved(const char *k) {
+  return !strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "documents") || !strcmp(k, "add_generation_prompt");
+}
+
+static di_status set_tokens(const di_chat_template *t, jj_vars *v) {
+  for (size_t i = 0; i < NTOK; i++)
+    if (t->tokens[i]) {
+      jv s = jj_str_dup(&v->arena, t->tokens[i], strlen(t->tokens[i]));
+      if (s.kind != JV_STR) return di_error_set(DI_ERR_OOM, "chat template: out of memory");
+      DI_TRY(jj_vars_set(v, TOKEN_NAMES[i], s));
+    }
+  return DI_OK;
+}
+
+/* Adds the named arguments after the tokens and extras (so they win), checks them, renders. */
+static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv tools, int agp, char **out, size_t *len) {
+  if (messages.kind != JV_LIST || messages.tuple)
+    return di_error_set(DI_ERR_INVALID_ARG, "chat template: messages must be a JSON array");
+  if (messages.u.l->n == 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "chat template: cannot apply a chat template to an empty conversation");
+  if (tools.kind != JV_NONE && tools.kind != JV_LIST)
+    return di_error_set(DI_ERR_INVALID_ARG, "chat template: tools must be a JSON array");
+  DI_TRY(jj_vars_set(v, "messages", messages));
+  DI_TRY(jj_vars_set(v, "tools", tools));
+  DI_TRY(jj_vars_set(v, "documents", jv_none()));
+  DI_TRY(jj_vars_set(v, "add_generation_prompt", jv_bool(agp)));
+  const jj_template *tpl = tools.kind != JV_NONE && t->tool_use ? t->tool_use : t->tpl;
+  size_t n = 0;
+  DI_TRY(jj_render_vars(tpl, v, NULL, out, &n));
+  if (len) *len = n;
+  return DI_OK;
+}
+
 di_status di_chat_template_render(const di_chat_template *t, const cJSON *messages, const cJSON *tools,
                                   int add_generation_prompt, const cJSON *extra, char **out, size_t *len) {
   if (!t || !messages || !out) return di_error_set(DI_ERR_INVALID_ARG, "chat template: NULL argument");
-  if (!cJSON_IsArray(messages)) return di_error_set(DI_ERR_INVALID_ARG, "chat template: messages must be a JSON array");
-  if (cJSON_GetArraySize(messages) == 0)
-    return di_error_set(DI_ERR_INVALID_ARG, "chat template: cannot apply a chat template to an empty conversation");
-  if (tools && !cJSON_IsArray(tools) && !cJSON_IsNull(tools))
-    return di_error_set(DI_ERR_INVALID_ARG, "chat template: tools must be a JSON array");
   if (extra && !cJSON_IsObject(extra)) return di_error_set(DI_ERR_INVALID_ARG, "chat template: extra variables must be a JSON object");
-  if (tools && cJSON_IsNull(tools)) tools = NULL;
-  cJSON *vars = cJSON_CreateObject();
-  if (!vars) return di_error_set(DI_ERR_OOM, "chat template: out of memory");
-  int ok = 1;
-  /* Later entries shadow earlier ones: special tokens < extra < the named arguments. */
-  for (size_t i = 0; i < NTOK && ok; i++)
-    if (t->tokens[i]) ok = cJSON_AddStringToObject(vars, TOKEN_NAMES[i], t->tokens[i]) != NULL;
-  for (const cJSON *e = extra ? extra->child : NULL; e && ok; e = e->next) {
-    const char *k = e->string ? e->string : "";
-    if (!strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "documents") || !strcmp(k, "add_generation_prompt")) {
-      cJSON_Delete(vars);
-      return di_error_set(DI_ERR_INVALID_ARG, "chat template: the extra variable \"%s\" would replace an argument of the render", k);
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(vars, k);
-    ok = cJSON_AddItemReferenceToObject(vars, k, (cJSON *)e);
+  for (const cJSON *e = extra ? extra->child : NULL; e; e = e->next)
+    if (reserved(e->string ? e->string : ""))
+      return di_error_set(DI_ERR_INVALID_ARG, "chat template: the extra variable \"%s\" would replace an argument of the render", e->string);
+  jj_vars v;
+  di_status st = jj_vars_init(&v);
+  /* special tokens < extra variables < the named arguments, as transformers passes them */
+  if (st == DI_OK) st = set_tokens(t, &v);
+  for (const cJSON *e = extra ? extra->child : NULL; st == DI_OK && e; e = e->next)
+    st = jj_vars_set_cjson(&v, e->string ? e->string : "", e);
+  if (st == DI_OK) {
+    jv m = jj_from_cjson(&v.arena, messages);
+    jv tl = tools && !cJSON_IsNull(tools) ? jj_from_cjson(&v.arena, tools) : jv_none();
+    st = v.arena.failed ? di_error_set(DI_ERR_OOM, "chat template: out of memory")
+                        : finish(t, &v, m, tl, add_generation_prompt != 0, out, len);
   }
-  if (ok) ok = cJSON_AddItemReferenceToObject(vars, "messages", (cJSON *)messages);
-  if (ok) ok = tools ? cJSON_AddItemReferenceToObject(vars, "tools", (cJSON *)tools) : cJSON_AddNullToObject(vars, "tools") != NULL;
-  if (ok) ok = cJSON_AddNullToObject(vars, "documents") != NULL;
-  if (ok) ok = cJSON_AddBoolToObject(vars, "add_generation_prompt", add_generation_prompt != 0) != NULL;
-  if (!ok) {
-    cJSON_Delete(vars);
-    return di_error_set(DI_ERR_OOM, "chat template: out of memory");
-  }
-  const jj_template *tpl = tools && t->tool_use ? t->tool_use : t->tpl;
-  size_t n = 0;
-  di_status st = jj_render(tpl, vars, NULL, out, &n);
-  cJSON_Delete(vars);
-  if (st == DI_OK && len) *len = n;
+  jj_vars_free(&v);
   return st;
 }
 
 /* ---- public JSON-string API (include/deepinfer.h) ---------------------------------------------- */
+/* The conversation text is read with Python's json.loads semantics (jj_json_parse), so numbers
+ * written as 3.0 stay floats and print back as transformers prints them. */
 di_status di_chat_template_render_json(const di_chat_template *t, const char *conversation_json,
                                        int add_generation_prompt, char **out) {
   if (!t || !conversation_json || !out) return di_error_set(DI_ERR_INVALID_ARG, "chat template: NULL argument");
-  cJSON *root;
-  DI_TRY(di_json_parse(conversation_json, strlen(conversation_json), "the conversation", &root));
-  const cJSON *messages = root, *tools = NULL;
-  cJSON *extra = NULL;
-  di_status st = DI_OK;
+  jj_vars v;
+  DI_TRY(jj_vars_init(&v));
+  jv root;
+  di_status st = jj_json_parse(&v.arena, conversation_json, strlen(conversation_json), "the conversation", &root);
+  jv messages = root, tools = jv_none();
   int agp = add_generation_prompt < 0 ? 1 : add_generation_prompt;
-  if (cJSON_IsObject(root)) {
-    messages = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (!messages) st = di_error_set(DI_ERR_INVALID_ARG, "the conversation object has no \"messages\"");
-    const cJSON *g = cJSON_GetObjectItemCaseSensitive(root, "add_generation_prompt");
+  if (st == DI_OK) st = set_tokens(t, &v);
+  if (st == DI_OK && root.kind == JV_DICT) {
+    jv *m = jj_dict_gets(root.u.d, "messages", 8), *tl = jj_dict_gets(root.u.d, "tools", 5),
+       *g = jj_dict_gets(root.u.d, "add_generation_prompt", 21);
+    if (!m) st = di_error_set(DI_ERR_INVALID_ARG, "the conversation object has no \"messages\"");
+    else messages = *m;
+    if (tl) tools = *tl;
     if (st == DI_OK && g && add_generation_prompt < 0) {
-      if (!cJSON_IsBool(g)) st = di_error_set(DI_ERR_INVALID_ARG, "the conversation's \"add_generation_prompt\" must be true or false");
-      else agp = cJSON_IsTrue(g);
+      if (g->kind != JV_BOOL) st = di_error_set(DI_ERR_INVALID_ARG, "the conversation's \"add_generation_prompt\" must be true or false");
+      else agp = (int)g->u.i;
     }
-    if (st == DI_OK) {
-      extra = cJSON_CreateObject();
-      if (!extra) st = di_error_set(DI_ERR_OOM, "chat template: out of memory");
+    for (size_t i = 0; st == DI_OK && i < root.u.d->n; i++) {
+      jv k = root.u.d->k[i];
+      char name[256];
+      snprintf(name, sizeof name, "%.*s", (int)(k.u.s.n < 255 ? k.u.s.n : 255), k.u.s.p);
+      if (!reserved(name)) st = jj_vars_set(&v, name, root.u.d->v[i]);
     }
-    for (const cJSON *e = root->child; st == DI_OK && e; e = e->next) {
-      const char *k = e->string ? e->string : "";
-      if (!strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "add_generation_prompt") || !strcmp(k, "documents"))
-        continue;
-      if (!cJSON_AddItemReferenceToObject(extra, k, (cJSON *)e)) st = di_error_set(DI_ERR_OOM, "chat template: out of memory");
-    }
-  } else if (!cJSON_IsArray(root)) {
+  } else if (st == DI_OK && root.kind != JV_LIST) {
     st = di_error_set(DI_ERR_INVALID_ARG, "the conversation must be a JSON array of messages or an object with \"messages\"");
   }
-  if (st == DI_OK) st = di_chat_template_render(t, messages, tools, agp, extra, out, NULL);
-  cJSON_Delete(extra);
-  cJSON_Delete(root);
+  if (st == DI_OK) st = finish(t, &v, messages, tools, agp, out, NULL);
+  jj_vars_free(&v);
   return st;
 }
 

@@ -163,7 +163,23 @@ typedef struct jj_render_limits {
   uint64_t max_steps; /* evaluation steps; 0: default 50 million */
 } jj_render_limits;
 
-/* Renders with the variables of `vars` (a cJSON object). *out is malloc'd and NUL-terminated. */
+/* The variables a render starts from, in the arena the render then uses (jinja_json.c). */
+typedef struct jj_vars {
+  jj_arena arena;
+  jv_dict *d;
+} jj_vars;
+di_status jj_vars_init(jj_vars *v);
+void jj_vars_free(jj_vars *v);
+di_status jj_vars_set(jj_vars *v, const char *name, jv val); /* replaces an existing name */
+di_status jj_vars_set_cjson(jj_vars *v, const char *name, const cJSON *j);
+/* JSON text to a value with Python's json.loads semantics ("3" int, "3.0" float). */
+di_status jj_json_parse(jj_arena *a, const char *text, size_t n, const char *what, jv *out);
+
+/* Renders with `vars` (consumed: their arena holds the render's values; free them after). *out is
+ * malloc'd and NUL-terminated. */
+di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_limits *lim, char **out,
+                         size_t *len);
+/* The same with the members of a cJSON object as the variables (NULL: none). */
 di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_limits *lim, char **out,
                     size_t *len);
 

@@ -873,32 +873,25 @@ static di_status exec_body(jj_ctx *c, frame *f, const jn_list *body) {
   return DI_OK;
 }
 
-di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_limits *lim, char **out, size_t *len) {
-  jj_arena a = {0};
-  a.limit = lim && lim->max_memory ? lim->max_memory : (size_t)256 << 20;
+di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_limits *lim, char **out, size_t *len) {
+  jj_arena *a = &vars->arena;
+  a->limit = lim && lim->max_memory ? lim->max_memory : (size_t)256 << 20;
+  if (a->used_total > a->limit) a->limit = a->used_total + (a->limit >> 1); /* the inputs themselves */
   jj_buf o = {0};
   o.limit = lim && lim->max_output ? lim->max_output : (size_t)64 << 20;
   jj_ctx c = {0};
-  c.a = &a;
+  c.a = a;
   c.out = &o;
   c.max_steps = lim && lim->max_steps ? lim->max_steps : 50000000ull;
   di_status st = DI_OK;
-  c.root = frame_new(&c, NULL);
+  c.root = jj_alloc(a, sizeof *c.root);
   if (!c.root) st = oom(&c, NULL);
-  if (st == DI_OK && vars) {
-    for (const cJSON *v = vars->child; v; v = v->next) {
-      jv x = jj_from_cjson(&a, v);
-      if (a.failed) { st = oom(&c, NULL); break; }
-      const char *k = v->string ? v->string : "";
-      if ((st = assign(&c, c.root, k, strlen(k), x, NULL)) != DI_OK) break;
-    }
-  }
+  else c.root->vars = vars->d;
   /* the template's own top-level scope sits below the caller's variables */
   frame *top = st == DI_OK ? frame_new(&c, c.root) : NULL;
   if (st == DI_OK && !top) st = oom(&c, NULL);
   if (st == DI_OK) st = exec_body(&c, top, &t->body);
   if (st == DI_OK && o.failed) st = jj_err(&c, NULL, DI_ERR_OOM, "the output is too large");
-  jj_arena_free(&a);
   if (st != DI_OK) {
     jj_buf_free(&o);
     return st;
@@ -910,4 +903,14 @@ di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_lim
   *out = o.p;
   *len = o.n;
   return DI_OK;
+}
+
+di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_limits *lim, char **out, size_t *len) {
+  jj_vars v;
+  di_status st = jj_vars_init(&v);
+  for (const cJSON *e = vars ? vars->child : NULL; st == DI_OK && e; e = e->next)
+    st = jj_vars_set_cjson(&v, e->string ? e->string : "", e);
+  if (st == DI_OK) st = jj_render_vars(t, &v, lim, out, len);
+  jj_vars_free(&v);
+  return st;
 }

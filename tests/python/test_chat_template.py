@@ -87,7 +87,7 @@ def rand_args(rng, as_string):
     args = {}
     for _ in range(rng.randint(0, 3)):
         args[rng.choice(["city", "q", "n", "flag", "nested"])] = rng.choice(
-            [rand_text(rng), rng.randint(-5, 100), True, None, [1, "x"], {"k": rand_text(rng)}])
+            [rand_text(rng), rng.randint(-5, 100), True, None, [1, "x"], {"k": rand_text(rng)}, 1.0, -2.5e-3, 1e21, 0.1])
     return json.dumps(args, ensure_ascii=False) if as_string else args
 
 

@@ -6,8 +6,10 @@ made with; pip install transformers==5.17.0 tokenizers jinja2, torch not needed)
 Each template folder here (tokenizer_config.json, optional chat_template.jinja) is loaded the way
 DeepInfer loads it; a PreTrainedTokenizerFast with an empty BPE model carries its special tokens
 and template, and apply_chat_template(..., tokenize=False) renders every case. Each output line:
-  {"messages", "tools", "add_generation_prompt", "extra", "text"}   or   {..., "error": "..."}
-where "error" means transformers raised (DeepInfer must fail too).
+  {"messages", "tools", "add_generation_prompt", "extra", "conversation", "text"}  or  {..., "error": "..."}
+where "conversation" is the same input as one JSON text (what `deepinfer chat-template` and
+di_chat_template_render_json read)
+and "error" means transformers raised (DeepInfer must fail too).
 
 Usage: python3 tests/data/chat/make_goldens.py   (from anywhere; writes next to this file)
 """
@@ -113,6 +115,10 @@ OBJ_TOOLS = [
      {"role": "assistant", "content": "", "tool_calls": [
          call("search", {"q": "jinja \"templates\" \\ path", "top_k": 3, "nested": {"a": [1, 2.5, None, True]}})]},
      {"role": "tool", "content": "no results"}],
+    [{"role": "user", "content": "Numbers"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         call("get_weather", {"temperature": 21.0, "big": 1e20, "small": 1.5e-7, "neg": -0.0, "int": 7, "e": 2.5e16})]},
+     {"role": "tool", "content": "ok"}],
 ]
 
 QWEN_REASONING = [
@@ -188,6 +194,12 @@ def main():
         lines = []
         for c in cases(name):
             rec = dict(c)
+            # the conversation as the JSON text DeepInfer's string API reads (keeps 21.0 a float)
+            conv = dict(c["extra"])
+            conv.update({"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"]})
+            if c["tools"] is not None:
+                conv["tools"] = c["tools"]
+            rec["conversation"] = json.dumps(conv, ensure_ascii=False)
             try:
                 rec["text"] = tok.apply_chat_template(c["messages"], tools=c["tools"], tokenize=False,
                                                       add_generation_prompt=c["add_generation_prompt"], **c["extra"])
