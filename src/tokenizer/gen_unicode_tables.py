@@ -71,10 +71,19 @@ for a, b, c in pairs:
     out.write("  {0x%X, 0x%X, 0x%X},\n" % (a, b, c))
 out.write("};\nconst size_t di_uc_pair_count = sizeof di_uc_pair_table / sizeof di_uc_pair_table[0];\n")
 
-# ranges of alphanumeric characters (Python's str.isalnum, close to Rust's char::is_alphanumeric)
+# ranges of "word" characters as the Rust regex crate's \w (HF's single_word test): Alphabetic, marks,
+# decimal digits, connector punctuation, joiners. Alphabetic = letters + Nl + Other_Alphabetic; the
+# latter is mostly marks (covered) plus the circled/squared Latin letters added by hand.
+OTHER_ALPHA_SYMBOLS = [(0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189)]
+def is_word(cp):
+    cat = ud.category(chr(cp))
+    if cat[0] in "LM" or cat in ("Nd", "Nl", "Pc") or cp in (0x200C, 0x200D):
+        return True
+    return any(a <= cp <= b for a, b in OTHER_ALPHA_SYMBOLS)
+
 ranges = []
 for cp in range(0x110000):
-    if is_char(cp) and chr(cp).isalnum():
+    if is_char(cp) and is_word(cp):
         if ranges and ranges[-1][1] == cp - 1:
             ranges[-1][1] = cp
         else:

@@ -178,7 +178,7 @@ di_status di_decode_tokens(const di_tokenizer *t, const int32_t *ids, size_t n, 
       break;
     }
     uint8_t f = t->tok_flags[id];
-    if (!(f & 1) || (skip_special && (f & 2)))
+    if (!(f & 1) || (skip_special && (f & 8)))
       continue;
     if (sl_add(&a, t->tok_data.p + t->tok_off[id], t->tok_len[id]))
       st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
@@ -320,6 +320,13 @@ static int token_raw(const di_tokenizer *t, int32_t id, di_buf *out) {
 }
 
 di_status di_build_raw_bytes(di_tokenizer *t) {
+  int byte_fallback = 0;
+  for (int k = 0; k < t->n_decs; k++)
+    byte_fallback |= t->decs[k].kind == DEC_BYTEFALLBACK;
+  if (byte_fallback)
+    for (int32_t id = 0; id < t->vocab_size; id++)
+      if ((t->tok_flags[id] & 1) && byte_token(t->tok_data.p + t->tok_off[id], t->tok_len[id]) >= 0)
+        t->tok_flags[id] |= 16;
   t->raw_off = malloc((size_t)t->vocab_size * sizeof *t->raw_off);
   t->raw_len = malloc((size_t)t->vocab_size * sizeof *t->raw_len);
   if (!t->raw_off || !t->raw_len)
@@ -423,6 +430,14 @@ di_status di_detok_stream_push(di_detok_stream *s, int32_t id, const char **text
                         (int)s->t->vocab_size);
   if (di_ivec_push(&s->ids, id))
     return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  if (s->t->tok_flags[id] & 16) {
+    /* a ByteFallback byte token: a later byte token can still turn this group of bytes into
+     * U+FFFD per byte, so nothing is final until a non-byte token closes the group */
+    s->out.len = 0;
+    *text = "";
+    *len = 0;
+    return DI_OK;
+  }
   s->scratch.len = 0;
   DI_TRY(di_decode_tokens(s->t, s->ids.p, s->ids.len, s->skip, &s->scratch));
   const char *str = s->scratch.p ? s->scratch.p : "";

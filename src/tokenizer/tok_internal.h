@@ -108,7 +108,8 @@ struct di_tokenizer {
   /* token table: id -> string (model vocab, overridden by added tokens) */
   int32_t vocab_size;
   uint32_t *tok_off, *tok_len;
-  uint8_t *tok_flags;       /* 1: used, 2: special, 4: added */
+  uint8_t *tok_flags;       /* 1: used, 2: special, 4: added, 8: dropped by skip_special_tokens,
+                               16: a ByteFallback <0xXX> token */
   di_buf tok_data;
   /* model vocab only (BPE lookups): map over ids of the model */
   di_strmap vocab;

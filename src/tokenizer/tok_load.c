@@ -216,7 +216,9 @@ static di_status load_pretokenizer(di_tokenizer *t, const cJSON *o, int depth) {
     pr.kind = PRE_SPLIT;
     pr.behavior = BEH_REMOVED;
     pr.invert = 1;
-    const char *re = "\\w+|[^\\w\\s]+";
+    /* HF runs this one with the Rust regex crate, whose \\w is Unicode's word class */
+    const char *re = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]+|"
+                     "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}\\p{White_Space}]+";
     DI_TRY(di_pattern_compile(&pr.pat, re, strlen(re), 0, "pre_tokenizer Whitespace"));
     pr.has_pat = 1;
   } else if (!strcmp(ty, "WhitespaceSplit")) {
@@ -604,7 +606,7 @@ static di_status load_added(di_tokenizer *t, const cJSON *added) {
     t->n_added++;
     t->tok_off[id] = (uint32_t)t->tok_data.len;
     t->tok_len[id] = (uint32_t)a->len;
-    t->tok_flags[id] = (uint8_t)(1 | 4 | (a->special ? 2 : 0));
+    t->tok_flags[id] = (uint8_t)(1 | 4 | (a->special ? 2 | 8 : 0));
     if (di_buf_append(&t->tok_data, c, a->len) || di_buf_putc(&t->tok_data, 0))
       return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
   }
@@ -674,6 +676,15 @@ static di_status load_all(di_tokenizer *t, const cJSON *root, const cJSON *cfg, 
       return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
     a->norm = nb.p;
     a->norm_len = nb.len;
+    /* As HF: a normalized added token decodes as its normalized form, and then is no longer found
+     * among the special tokens that skip_special_tokens drops (that check compares strings). */
+    if (a->norm_len != a->len || memcmp(a->norm, a->content, a->len) != 0) {
+      t->tok_off[a->id] = (uint32_t)t->tok_data.len;
+      t->tok_len[a->id] = (uint32_t)a->norm_len;
+      t->tok_flags[a->id] &= (uint8_t)~8;
+      if (di_buf_append(&t->tok_data, a->norm, a->norm_len) || di_buf_putc(&t->tok_data, 0))
+        return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+    }
   }
   DI_TRY(di_trie_build(t, &t->trie_raw, 0));
   DI_TRY(di_trie_build(t, &t->trie_norm, 1));

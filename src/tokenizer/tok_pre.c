@@ -49,7 +49,10 @@ int di_cp_to_byte(uint32_t cp) {
 
 /* ---- patterns ---- */
 /* Oniguruma's \s (what HF's regexes are written for) is the White_Space property; PCRE2 10.42's \s
- * in UCP mode also matches U+180E. So \s and \S are spelled out as explicit classes. */
+ * in UCP mode also matches U+180E. Oniguruma's \w is letters, marks, Nd and Pc; PCRE2 10.42's is
+ * letters and all numbers. So \s, \S, \w and \W are spelled out as explicit classes (\S and \W
+ * only outside brackets, where a negated class can stand). */
+#define WORD_CHARS "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
 #define WS_CHARS "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 static int rewrite_regex(const char *src, size_t n, di_buf *out) {
   int in_class = 0;
@@ -58,16 +61,17 @@ static int rewrite_regex(const char *src, size_t n, di_buf *out) {
     if (c == '\\' && i + 1 < n) {
       char e = src[i + 1];
       i++;
-      if (e == 's' || e == 'S') {
-        if (in_class && e == 's') {
-          if (di_buf_append(out, WS_CHARS, sizeof WS_CHARS - 1))
+      if (e == 's' || e == 'S' || e == 'w' || e == 'W') {
+        const char *set = e == 's' || e == 'S' ? WS_CHARS : WORD_CHARS;
+        int neg = e == 'S' || e == 'W';
+        if (in_class && !neg) {
+          if (di_buf_append(out, set, strlen(set)))
             return -1;
           continue;
         }
         if (!in_class) {
-          const char *open = e == 's' ? "[" : "[^";
-          if (di_buf_append(out, open, strlen(open)) || di_buf_append(out, WS_CHARS, sizeof WS_CHARS - 1) ||
-              di_buf_putc(out, ']'))
+          const char *open = neg ? "[^" : "[";
+          if (di_buf_append(out, open, strlen(open)) || di_buf_append(out, set, strlen(set)) || di_buf_putc(out, ']'))
             return -1;
           continue;
         }
@@ -468,8 +472,12 @@ static di_status apply_pre(const di_pre *pr, scratch *s, pvec *in, pvec *out) {
       if (pr->add_prefix_space && s->arena.p[pc.off] != ' ') {
         q.off = (uint32_t)s->arena.len;
         q.len = pc.len + 1;
-        if (di_buf_putc(&s->arena, ' ') || di_buf_append(&s->arena, s->arena.p + pc.off, pc.len))
+        if (di_buf_reserve(&s->arena, (size_t)pc.len + 1)) /* reserve first: the source is in the arena */
           return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+        s->arena.p[s->arena.len] = ' ';
+        memcpy(s->arena.p + s->arena.len + 1, s->arena.p + pc.off, pc.len);
+        s->arena.len += (size_t)pc.len + 1;
+        s->arena.p[s->arena.len] = 0;
       }
       size_t first_new = out->len;
       if (pr->has_pat) {

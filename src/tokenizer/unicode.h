@@ -33,7 +33,7 @@ int di_utf8_valid(const char *s, size_t n);
 int di_utf8_lossy_append(di_buf *b, const char *s, size_t n);
 /* Rust's char::is_whitespace (the White_Space property). */
 int di_uc_is_whitespace(uint32_t cp);
-/* Rust's char::is_alphanumeric (from Python's str.isalnum data), the word test of single_word. */
+/* The Rust regex crate's \\w (letters, marks, Nd, Nl, Pc, joiners): HF's single_word test. */
 int di_uc_is_word(uint32_t cp);
 
 typedef enum { DI_NF_NFC, DI_NF_NFD, DI_NF_NFKC, DI_NF_NFKD } di_nf_form;
