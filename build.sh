@@ -44,7 +44,7 @@ case "$MODE" in
     configure_and_build build -DCMAKE_BUILD_TYPE=Release
     ctest --test-dir build --output-on-failure -j "$JOBS" ;;
   asan)
-    DI_CUDA=OFF configure_and_build build-asan -DCMAKE_BUILD_TYPE=Debug -DDI_SANITIZE=ON
+    DI_CUDA=OFF configure_and_build build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DDI_SANITIZE=ON
     ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E python ;;
   fuzz)
     CC=clang DI_CUDA=OFF configure_and_build build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDI_FUZZ=ON \
