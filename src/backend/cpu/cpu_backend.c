@@ -1,6 +1,7 @@
 /* CPU backend setup, KV pool and the backend vtable (see cpu_backend.h). The CPU runs a step
  * synchronously inside wait(); submit() only records the batch. */
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_gemm.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,8 @@ static void free_scratch(di_cpu_backend *b) {
     free(*fs[i]);
     *fs[i] = NULL;
   }
+  free(b->s_jobs);
+  b->s_jobs = NULL;
   int32_t **is[] = {&b->s_topk_ids, &b->s_exp_count, &b->s_exp_start, &b->s_exp_rows, &b->s_exp_fill};
   for (size_t i = 0; i < sizeof is / sizeof is[0]; i++) {
     free(*is[i]);
@@ -57,8 +60,9 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
   A(b->s_qa, Tn * (size_t)(c->q_lora_rank > 0 ? c->q_lora_rank : 1));
   A(b->s_kv, Tn * (R + dr));
   A(b->s_attn, Tn * NH * (size_t)c->v_head_dim);
-  A(b->s_g, Tn * K * I);
-  A(b->s_u, Tn * K * I);
+  A(b->s_g, Tn * K * I + Tn * SI);
+  A(b->s_u, Tn * K * I + Tn * SI);
+  A(b->s_jobs, 2 * E + 4);
   A(b->s_router, Tn * E);
   A(b->s_topk_w, Tn * K);
   A(b->s_topk_ids, Tn * K);

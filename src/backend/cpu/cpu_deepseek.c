@@ -110,17 +110,20 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
   const int T = batch->n_tokens, H = c->hidden_size, NH = c->num_attention_heads;
   const int dqk = di_cfg_qk_head_dim(c), R = c->kv_lora_rank, dr = c->qk_rope_head_dim;
   float *q = b->s_q, *kv = b->s_kv;
+  /* the projections that read h run as one parallel loop */
+  di_gemm_job first[2] = {{h, T, H, &L->kv_a, 0, R + dr, kv, R + dr}};
   if (c->q_lora_rank > 0) {
     float *qa = b->s_qa;
-    di_cpu_gemm(b->tp, h, T, H, &L->q_a, 0, c->q_lora_rank, qa, c->q_lora_rank);
+    first[1] = (di_gemm_job){h, T, H, &L->q_a, 0, c->q_lora_rank, qa, c->q_lora_rank};
+    di_cpu_gemm_multi(b->tp, first, 2);
     for (int t = 0; t < T; t++)
       rmsnorm_row(qa + (size_t)t * c->q_lora_rank, qa + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank,
                   c->rms_norm_eps);
     di_cpu_gemm(b->tp, qa, T, c->q_lora_rank, &L->q_b, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk);
   } else {
-    di_cpu_gemm(b->tp, h, T, H, &L->q_proj, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk);
+    first[1] = (di_gemm_job){h, T, H, &L->q_proj, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk};
+    di_cpu_gemm_multi(b->tp, first, 2);
   }
-  di_cpu_gemm(b->tp, h, T, H, &L->kv_a, 0, R + dr, kv, R + dr);
   /* write the cache entries of every token of the step first */
   for (int t = 0; t < T; t++) {
     const int pos = batch->positions[t];
@@ -144,8 +147,8 @@ static void mlp(di_cpu_backend *b, const float *x, int M, const di_weight *gate,
   const int H = b->cfg->hidden_size;
   const int64_t I = gate->rows;
   float *g = b->s_g, *u = b->s_u;
-  di_cpu_gemm(b->tp, x, M, H, gate, 0, I, g, I);
-  di_cpu_gemm(b->tp, x, M, H, up, 0, I, u, I);
+  const di_gemm_job gu[2] = {{x, M, H, gate, 0, I, g, I}, {x, M, H, up, 0, I, u, I}};
+  di_cpu_gemm_multi(b->tp, gu, 2);
   for (int64_t i = 0; i < (int64_t)M * I; i++)
     g[i] = silu(g[i]) * u[i];
   di_cpu_gemm(b->tp, g, M, I, down, 0, H, out, H);
@@ -253,17 +256,45 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
   memcpy(fill, start, sizeof(int32_t) * (size_t)E);
   for (int i = 0; i < T * K; i++)
     rows[fill[ids[i]]++] = i; /* i = t*K + k, ascending within each expert */
-  float *xin = b->s_exp_in, *yout = b->s_exp_out, *per_slot = b->s_exp_slot;
+  /* gather each expert's rows, then run every expert's gate+up (and the shared experts') as one
+   * parallel loop, SiLU-and-multiply, and every down projection as a second loop */
+  float *xin = b->s_exp_in, *per_slot = b->s_exp_slot, *g = b->s_g, *u = b->s_u;
+  const int64_t I = c->moe_intermediate_size;
+  const int64_t SI = L->has_shared ? L->sh_gate.rows : 0;
+  di_gemm_job *jobs = b->s_jobs;
+  int nj = 0;
   for (int e = 0; e < E; e++) {
     const int n = count[e];
     if (!n)
       continue;
+    float *xe = xin + (size_t)start[e] * H, *ge = g + (size_t)start[e] * I, *ue = u + (size_t)start[e] * I;
     for (int r = 0; r < n; r++)
-      memcpy(xin + (size_t)r * H, x + (size_t)(rows[start[e] + r] / K) * H, sizeof(float) * (size_t)H);
-    mlp(b, xin, n, &L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], yout);
-    for (int r = 0; r < n; r++)
-      memcpy(per_slot + (size_t)rows[start[e] + r] * H, yout + (size_t)r * H, sizeof(float) * (size_t)H);
+      memcpy(xe + (size_t)r * H, x + (size_t)(rows[start[e] + r] / K) * H, sizeof(float) * (size_t)H);
+    jobs[nj++] = (di_gemm_job){xe, n, H, &L->exp_gate[e], 0, I, ge, I};
+    jobs[nj++] = (di_gemm_job){xe, n, H, &L->exp_up[e], 0, I, ue, I};
   }
+  float *sg = g + (size_t)T * K * I, *su = u + (size_t)T * K * I;
+  if (L->has_shared) {
+    jobs[nj++] = (di_gemm_job){x, T, H, &L->sh_gate, 0, SI, sg, SI};
+    jobs[nj++] = (di_gemm_job){x, T, H, &L->sh_up, 0, SI, su, SI};
+  }
+  di_cpu_gemm_multi(b->tp, jobs, nj);
+  for (int64_t i = 0; i < (int64_t)T * K * I; i++)
+    g[i] = silu(g[i]) * u[i];
+  for (int64_t i = 0; i < (int64_t)T * SI; i++)
+    sg[i] = silu(sg[i]) * su[i];
+  nj = 0;
+  for (int e = 0; e < E; e++) {
+    const int n = count[e];
+    if (!n)
+      continue;
+    jobs[nj++] = (di_gemm_job){g + (size_t)start[e] * I, n, I, &L->exp_down[e], 0, H, b->s_exp_out + (size_t)start[e] * H, H};
+  }
+  if (L->has_shared)
+    jobs[nj++] = (di_gemm_job){sg, T, SI, &L->sh_down, 0, H, b->s_shared, H};
+  di_cpu_gemm_multi(b->tp, jobs, nj);
+  for (int i = 0; i < T * K; i++) /* expert-sorted row i of the outputs belongs to slot rows[i] */
+    memcpy(per_slot + (size_t)rows[i] * H, b->s_exp_out + (size_t)i * H, sizeof(float) * (size_t)H);
   /* combine in the router's order, then add the shared experts */
   for (int t = 0; t < T; t++) {
     float *o = out + (size_t)t * H;
@@ -274,11 +305,9 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
         o[i] += w * y[i];
     }
   }
-  if (L->has_shared) {
-    mlp(b, x, T, &L->sh_gate, &L->sh_up, &L->sh_down, b->s_shared);
+  if (L->has_shared)
     for (int64_t i = 0; i < (int64_t)T * H; i++)
       out[i] += b->s_shared[i];
-  }
 }
 
 /* ---- the whole pass --------------------------------------------------------------------------------- */

@@ -141,6 +141,55 @@ void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, cons
   di_parallel_for(tp, N, grain, gemm_rows, &c);
 }
 
+/* The multi-job loop runs over units of NR output rows of all jobs laid end to end. */
+typedef struct {
+  const di_gemm_job *jobs;
+  int n_jobs;
+  const int64_t *unit_start; /* [n_jobs + 1] first unit of each job */
+} multi_ctx;
+
+static void multi_rows(void *p, int64_t b, int64_t e, int thread) {
+  const multi_ctx *mc = p;
+  int j = 0;
+  while (j + 1 < mc->n_jobs && mc->unit_start[j + 1] <= b)
+    j++;
+  for (int64_t u = b; u < e;) {
+    while (mc->unit_start[j + 1] <= u)
+      j++;
+    const di_gemm_job *jb = &mc->jobs[j];
+    int64_t ue = e < mc->unit_start[j + 1] ? e : mc->unit_start[j + 1];
+    int64_t r0 = (u - mc->unit_start[j]) * NR, r1 = (ue - mc->unit_start[j]) * NR;
+    if (r1 > jb->n1 - jb->n0)
+      r1 = jb->n1 - jb->n0;
+    gemm_ctx c = {jb->x, jb->M, jb->ldx, jb->w, jb->n0, jb->y, jb->ldy};
+    gemm_rows(&c, r0, r1, thread);
+    u = ue;
+  }
+}
+
+void di_cpu_gemm_multi(di_threadpool *tp, const di_gemm_job *jobs, int n_jobs) {
+  if (n_jobs <= 0)
+    return;
+  int64_t starts[257], *st = n_jobs < 256 ? starts : malloc(sizeof(int64_t) * (size_t)(n_jobs + 1));
+  if (!st) { /* fall back to one loop per job */
+    for (int j = 0; j < n_jobs; j++)
+      di_cpu_gemm(tp, jobs[j].x, jobs[j].M, jobs[j].ldx, jobs[j].w, jobs[j].n0, jobs[j].n1, jobs[j].y, jobs[j].ldy);
+    return;
+  }
+  st[0] = 0;
+  int64_t work = 0;
+  for (int j = 0; j < n_jobs; j++) {
+    st[j + 1] = st[j] + (jobs[j].n1 - jobs[j].n0 + NR - 1) / NR;
+    work += (jobs[j].n1 - jobs[j].n0) * jobs[j].w->cols * (jobs[j].M > 0 ? jobs[j].M : 1);
+  }
+  multi_ctx mc = {jobs, n_jobs, st};
+  /* about 64K multiply-adds per task at least */
+  int64_t units = st[n_jobs], grain = units > 0 ? (64 * 1024) / (work / units + 1) : 1;
+  di_parallel_for(tp, units, grain < 1 ? 1 : grain, multi_rows, &mc);
+  if (st != starts)
+    free(st);
+}
+
 void di_cpu_gemm_f32(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const float *W, int64_t N,
                      int64_t K, float *y, int64_t ldy) {
   di_weight w = {.name = "f32", .dtype = DI_DT_F32, .rows = N, .cols = K, .data = W};

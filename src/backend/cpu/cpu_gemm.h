@@ -13,6 +13,17 @@
 
 void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const di_weight *w, int64_t n0,
                  int64_t n1, float *y, int64_t ldy);
+/* Several independent products in one parallel loop (one synchronization instead of one per
+ * product): job j computes y_j[m][n - n0_j] for n in [n0_j, n1_j). Same arithmetic as di_cpu_gemm. */
+typedef struct di_gemm_job {
+  const float *x;
+  int64_t M, ldx;
+  const di_weight *w;
+  int64_t n0, n1;
+  float *y;
+  int64_t ldy;
+} di_gemm_job;
+void di_cpu_gemm_multi(di_threadpool *tp, const di_gemm_job *jobs, int n_jobs);
 /* Plain float32 matrix: y[m][n] = sum_k x[m][k] * W[n][k], W row-major [N][K] (same reduction order). */
 void di_cpu_gemm_f32(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const float *W, int64_t N,
                      int64_t K, float *y, int64_t ldy);
