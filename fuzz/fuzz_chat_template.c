@@ -1,6 +1,8 @@
-/* libFuzzer target: the chat-template lexer, parser and evaluator. The input is a template; it is
- * rendered against a fixed conversation with tool calls, under small memory, output and step
- * limits, so any input must either render or fail with an error, never crash or hang. */
+/* libFuzzer target: the chat-template lexer, parser and evaluator, and the conversation JSON
+ * reader. The input is a template, optionally followed by a NUL byte and a conversation (JSON
+ * text, as `deepinfer chat-template --messages` reads it). Without one, the template renders
+ * against a fixed conversation with tool calls. Small memory, output and step limits: any input
+ * must either render or fail with an error, never crash or hang. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +19,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         "{\"name\": \"f\", \"arguments\": {\"a\": [1, 2.5, null, true]}}}]}, {\"role\": \"tool\", \"content\": \"1\"}],"
         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"bos_token\": \"<s>\","
         "\"eos_token\": \"</s>\", \"add_generation_prompt\": true}");
+  const uint8_t *nul = memchr(data, 0, size);
+  size_t tlen = nul ? (size_t)(nul - data) : size;
   jj_template *t;
-  if (jj_parse((const char *)data, size, &t) != DI_OK) return 0;
+  if (jj_parse((const char *)data, tlen, &t) != DI_OK) return 0;
   jj_render_limits lim = {16 << 20, 1 << 20, 200000};
   char *out = NULL;
   size_t len;
-  if (jj_render(t, vars, &lim, &out, &len) == DI_OK) free(out);
+  if (!nul) {
+    if (jj_render(t, vars, &lim, &out, &len) == DI_OK) free(out);
+  } else {
+    jj_vars v;
+    if (jj_vars_init(&v) == DI_OK) {
+      jv conv;
+      size_t clen = size - tlen - 1;
+      if (jj_json_parse(&v.arena, (const char *)nul + 1, clen, "conversation", &conv) == DI_OK &&
+          jj_vars_set(&v, "messages", conv) == DI_OK && jj_render_vars(t, &v, &lim, &out, &len) == DI_OK)
+        free(out);
+    }
+    jj_vars_free(&v);
+  }
   jj_template_free(t);
   return 0;
 }

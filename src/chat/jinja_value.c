@@ -57,7 +57,8 @@ void jj_arena_free(jj_arena *a) {
 /* ---- buffers -------------------------------------------------------------------------------- */
 void jj_buf_put(jj_buf *b, const char *s, size_t n) {
   if (b->failed || n == 0) return;
-  if (b->limit && b->n + n > b->limit) {
+  /* buffers without a limit of their own (temporaries) stop at 64 MiB */
+  if (b->n + n > (b->limit ? b->limit : (size_t)64 << 20)) {
     b->failed = 1;
     return;
   }
@@ -386,14 +387,26 @@ static void repr_str(jj_buf *b, const char *p, size_t n) {
   jj_buf_putc(b, q);
 }
 
-void jj_repr(jj_buf *b, jv v) {
+static void repr_depth(jj_buf *b, jv v, int depth);
+static void str_depth(jj_buf *b, jv v, int depth);
+
+void jj_repr(jj_buf *b, jv v) { repr_depth(b, v, 0); }
+void jj_to_str(jj_buf *b, jv v) { str_depth(b, v, 0); }
+
+/* depth guards against namespaces that contain themselves ({% set ns.a = ns %}) */
+static void repr_depth(jj_buf *b, jv v, int depth) {
+  if (b->failed) return;
+  if (depth > 64) {
+    jj_buf_puts(b, "...");
+    return;
+  }
   switch (v.kind) {
   case JV_STR: repr_str(b, v.u.s.p, v.u.s.n); return;
   case JV_LIST:
     jj_buf_putc(b, v.tuple ? '(' : '[');
     for (size_t i = 0; i < v.u.l->n; i++) {
       if (i) jj_buf_puts(b, ", ");
-      jj_repr(b, v.u.l->v[i]);
+      repr_depth(b, v.u.l->v[i], depth + 1);
     }
     if (v.tuple && v.u.l->n == 1) jj_buf_putc(b, ',');
     jj_buf_putc(b, v.tuple ? ')' : ']');
@@ -402,18 +415,19 @@ void jj_repr(jj_buf *b, jv v) {
     jj_buf_putc(b, '{');
     for (size_t i = 0; i < v.u.d->n; i++) {
       if (i) jj_buf_puts(b, ", ");
-      jj_repr(b, v.u.d->k[i]);
+      repr_depth(b, v.u.d->k[i], depth + 1);
       jj_buf_puts(b, ": ");
-      jj_repr(b, v.u.d->v[i]);
+      repr_depth(b, v.u.d->v[i], depth + 1);
     }
     jj_buf_putc(b, '}');
     return;
   case JV_UNDEF: return;
-  default: jj_to_str(b, v);
+  default: str_depth(b, v, depth + 1);
   }
 }
 
-void jj_to_str(jj_buf *b, jv v) {
+static void str_depth(jj_buf *b, jv v, int depth) {
+  if (b->failed) return;
   switch (v.kind) {
   case JV_UNDEF: return;
   case JV_NONE: jj_buf_puts(b, "None"); return;
@@ -421,10 +435,10 @@ void jj_to_str(jj_buf *b, jv v) {
   case JV_INT: jj_buf_printf(b, "%lld", (long long)v.u.i); return;
   case JV_FLOAT: jj_float_repr(b, v.u.f); return;
   case JV_STR: jj_buf_put(b, v.u.s.p, v.u.s.n); return;
-  case JV_LIST: case JV_DICT: jj_repr(b, v); return;
+  case JV_LIST: case JV_DICT: repr_depth(b, v, depth); return;
   case JV_NS:
     jj_buf_puts(b, "<Namespace ");
-    { jv d = v; d.kind = JV_DICT; jj_repr(b, d); }
+    { jv d = v; d.kind = JV_DICT; repr_depth(b, d, depth + 1); }
     jj_buf_putc(b, '>');
     return;
   case JV_LOOP: jj_buf_printf(b, "<LoopContext %lld/%lld>", (long long)v.u.loop->i + 1, (long long)v.u.loop->n); return;

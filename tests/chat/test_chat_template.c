@@ -345,12 +345,24 @@ static void test_fuzz_corpus(void) {
     size_t n;
     if (di_read_file(path, &data, &n) != DI_OK) continue;
     files++;
+    /* as fuzz/fuzz_chat_template.c: a template, then optionally NUL and a conversation */
+    const char *nul = memchr(data, 0, n);
+    size_t tlen = nul ? (size_t)(nul - data) : n;
     jj_template *t;
-    if (jj_parse(data, n, &t) == DI_OK) {
+    if (jj_parse(data, tlen, &t) == DI_OK) {
       jj_render_limits lim = {16 << 20, 1 << 20, 200000};
       char *out = NULL;
       size_t len;
-      if (jj_render(t, vars, &lim, &out, &len) == DI_OK) rendered++;
+      if (!nul) {
+        if (jj_render(t, vars, &lim, &out, &len) == DI_OK) rendered++;
+      } else {
+        jj_vars v;
+        jv conv;
+        if (jj_vars_init(&v) == DI_OK && jj_json_parse(&v.arena, nul + 1, n - tlen - 1, "conversation", &conv) == DI_OK &&
+            jj_vars_set(&v, "messages", conv) == DI_OK && jj_render_vars(t, &v, &lim, &out, &len) == DI_OK)
+          rendered++;
+        jj_vars_free(&v);
+      }
       free(out);
       jj_template_free(t);
     } else CHECKF(di_last_error()[0] != 0, "%s failed without a message", e->d_name);
