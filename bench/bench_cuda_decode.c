@@ -206,6 +206,7 @@ int main(int argc, char **argv) {
   printf("\n%-8s %14s %10s\n", "prefill", "tokens/s", "ms");
   for (int pi = 0; pi < np; pi++) {
     const int T = prefills[pi];
+    if (T <= 0) continue;
     seqs[0].block_table = tables;
     seqs[0].n_blocks = (T + 63) / 64;
     for (int t = 0; t < T; t++) { tok[t] = (int32_t)((rnd() >> 33) % (uint64_t)cfg.vocab_size); pos[t] = t; seq[t] = 0; }

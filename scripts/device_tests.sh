@@ -56,5 +56,8 @@ ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
 stage kernels 240 "$BIN/test_cuda_kernels"
 [ "${SKIP_MODEL:-0}" = 1 ] || stage model 240 "$BIN/test_cuda_model"
 [ "${SKIP_BENCH:-0}" = 1 ] || stage bench 420 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json ${BENCH_ARGS:-}
+# per-phase device time of eager steps (graphs off): where a decode step spends its time
+[ "${SKIP_PROFILE:-0}" = 1 ] || stage profile 200 env DEEPINFER_CUDA_PROFILE=1 "$BIN/bench_cuda_decode" \
+  bench/configs/v2-lite.json --batches 1 --gen 32 --prefill 0
 echo "device_tests: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail

@@ -444,9 +444,14 @@ static di_status forward(cu_backend *b) {
     const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
     int max_tiles = (A + bm - 1) / bm + Et;
     if (max_tiles > A) max_tiles = A;
-    DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
-    DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, s));
-    DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+    if (T <= DI_CUK_ROUTE_SMALL_T && E <= 256 && b->router.n_group <= 64) {
+      DI_TRY(di_cuk_moe_route_small(b->xf, (const uint16_t *)L->router, L->router_bias, T, H, b->router, bm, b->topk_ids,
+                                    b->topk_w, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+    } else {
+      DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
+      DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, s));
+      DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+    }
     PROF("router");
     DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
                                b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
@@ -711,7 +716,7 @@ static di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
   if (!b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: wait without submit");
   b->pending = 0;
   DI_CU(cudaStreamSynchronize(b->stream));
-  if (b->prof && b->n_marks > 1) {
+  if (b->prof && b->n_marks > 1 && b->T <= DI_CUDA_GRAPH_MAX_T) { /* decode-sized steps only */
     b->prof_steps++;
     for (int i = 1; i < b->n_marks; i++) {
       float ms = 0;
@@ -765,7 +770,8 @@ static void cu_destroy(di_backend *bb) {
   if (b->prof && b->prof_steps) {
     double tot = 0;
     for (int k = 0; k < b->n_plabel; k++) tot += b->ptime[k];
-    fprintf(stderr, "cuda profile over %lld eager steps (device time per phase, all layers):\n", (long long)b->prof_steps);
+    fprintf(stderr, "cuda profile over %lld eager decode-sized steps (device time per phase, all layers):\n",
+            (long long)b->prof_steps);
     for (int k = 0; k < b->n_plabel; k++)
       fprintf(stderr, "  %-18s %10.3f ms  %5.1f%%\n", b->plabel[k], b->ptime[k], 100.0 * b->ptime[k] / tot);
   }

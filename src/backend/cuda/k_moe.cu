@@ -194,3 +194,118 @@ extern "C" di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *
   DI_CU_LAUNCH("moe_combine");
   return DI_OK;
 }
+
+/* ---- small-step fused path: one block, 1024 threads ---------------------------------------------- */
+#define SMALL_MAXE 256
+
+static __global__ void __launch_bounds__(1024)
+route_small_kernel(const float *x, const bf16 *W, const float *bias, int T, int n, di_cuk_router r, int bm,
+                   int32_t *ids, float *wout, int32_t *perm_tok, int32_t *inv, int32_t *off, int32_t *tiles,
+                   int32_t *n_tiles) {
+  __shared__ float lg[DI_CUK_ROUTE_SMALL_T][SMALL_MAXE];
+  __shared__ int sid[DI_CUK_ROUTE_SMALL_T * 16];
+  const int E = r.E, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  /* logits: one warp per (token, expert) dot product */
+  for (int j = warp; j < T * E; j += 32) {
+    int t = j / E, e = j % E;
+    const float *xr = x + (int64_t)t * n;
+    const bf16 *wr = W + (int64_t)e * n;
+    float acc = 0.f;
+    for (int i = lane; i < n; i += 32) acc += xr[i] * di_bf(wr[i]);
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) lg[t][e] = acc;
+  }
+  __syncthreads();
+  const int kt = r.k + r.n_shared;
+  if (threadIdx.x < T) { /* routing of token t by one thread: the reference procedure */
+    const int t = threadIdx.x;
+    float sc[SMALL_MAXE], ch[SMALL_MAXE];
+    if (r.sigmoid) {
+      for (int e = 0; e < E; e++) sc[e] = 1.f / (1.f + expf(-lg[t][e]));
+    } else {
+      float mx = -INFINITY, sum = 0.f;
+      for (int e = 0; e < E; e++) mx = fmaxf(mx, lg[t][e]);
+      for (int e = 0; e < E; e++) sum += (sc[e] = expf(lg[t][e] - mx));
+      for (int e = 0; e < E; e++) sc[e] /= sum;
+    }
+    for (int e = 0; e < E; e++) ch[e] = sc[e] + (r.method == 2 && bias ? bias[e] : 0.f);
+    if (r.method != 0 && r.n_group > 1) {
+      const int G = r.n_group, per = E / G;
+      float gsc[64];
+      unsigned long long keep = 0;
+      for (int g = 0; g < G; g++) {
+        float a = -INFINITY, b2 = -INFINITY;
+        for (int i = 0; i < per; i++) {
+          float v = ch[g * per + i];
+          if (v > a) { b2 = a; a = v; } else if (v > b2) b2 = v;
+        }
+        gsc[g] = r.method == 2 ? a + (per > 1 ? b2 : 0.f) : a;
+      }
+      for (int k = 0; k < r.topk_group; k++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
+          if (!(keep >> g & 1ull) && (best < 0 || gsc[g] > gsc[best])) best = g;
+        keep |= 1ull << best;
+      }
+      for (int g = 0; g < G; g++)
+        if (!(keep >> g & 1ull))
+          for (int i = 0; i < per; i++) ch[g * per + i] = -INFINITY;
+    }
+    float wts[8], sum = 0.f;
+    int pick[8];
+    for (int k = 0; k < r.k; k++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        bool taken = false;
+        for (int q = 0; q < k; q++) taken |= pick[q] == e;
+        if (!taken && (best < 0 || ch[e] > ch[best])) best = e;
+      }
+      pick[k] = best;
+      wts[k] = sc[best];
+      sum += wts[k];
+    }
+    const int normalized = r.norm_topk && r.k > 1;
+    for (int k = 0; k < r.k; k++) {
+      float w = wts[k];
+      if (normalized) w /= (sum + 1e-20f);
+      if (!normalized || r.scale_after_norm) w *= r.routed_scale;
+      ids[t * kt + k] = pick[k];
+      wout[t * kt + k] = w;
+      sid[t * kt + k] = pick[k];
+    }
+    for (int j = 0; j < r.n_shared; j++) {
+      ids[t * kt + r.k + j] = E + j;
+      wout[t * kt + r.k + j] = 1.f;
+      sid[t * kt + r.k + j] = E + j;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) { /* permutation, stable (assignment order within an expert) */
+    const int Et = E + r.n_shared, A = T * kt;
+    int acc = 0, nt = 0;
+    for (int e = 0; e < Et; e++) {
+      off[e] = acc;
+      int c = 0;
+      for (int a = 0; a < A; a++)
+        if (sid[a] == e) { perm_tok[acc + c] = a / kt; inv[a] = acc + c; c++; }
+      for (int i = 0; i * bm < c; i++) tiles[nt++] = (e << 16) | i;
+      acc += c;
+    }
+    off[Et] = acc;
+    *n_tiles = nt;
+  }
+}
+
+extern "C" di_status di_cuk_moe_route_small(const float *x, const uint16_t *W, const float *bias, int T, int n,
+                                            di_cuk_router r, int bm, int32_t *ids, float *w, int32_t *perm_tok,
+                                            int32_t *inv, int32_t *expert_off, int32_t *tiles, int32_t *n_tiles,
+                                            di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  if (T > DI_CUK_ROUTE_SMALL_T || r.E > SMALL_MAXE || r.k > 8 || r.k < 1 || r.k + r.n_shared > 16 ||
+      r.n_group > 64 || (r.n_group > 1 && r.E % r.n_group))
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: small-step routing of %d tokens over %d experts top-%d", T, r.E, r.k);
+  route_small_kernel<<<1, 1024, 0, s>>>(x, (const bf16 *)W, bias, T, n, r, bm, ids, w, perm_tok, inv, expert_off,
+                                        tiles, n_tiles);
+  DI_CU_LAUNCH("moe_route_small");
+  return DI_OK;
+}

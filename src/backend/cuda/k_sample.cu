@@ -5,9 +5,10 @@
  * order and the same running-sum draw over them. Only one token id per row leaves the device.
  * The survivors are found by radix selection on the probability's bits (k-th largest for top-k,
  * the mass threshold for top-p), then gathered (at most CAP) and sorted in shared memory so the
- * CPU's ordered logic can run exactly; a larger survivor set is drawn from in id order (a
- * documented approximation: same distribution, different token for the same u). The uniform
- * draw is the sampler's counter-based generator with stream 0. */
+ * CPU's ordered logic runs exactly; a larger survivor set is drawn from by one more radix
+ * selection (the token where the descending-order running mass passes u * total), which equals the
+ * CPU's choice up to float summation order. The uniform draw is the sampler's counter-based
+ * generator with stream 0 (di_sample_row has no stream). */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 
@@ -68,6 +69,64 @@ static __device__ __forceinline__ float prob(const float *l, int i, float mx, fl
   return x == -INFINITY || x != x ? 0.f : expf((x - mx) * inv_t);
 }
 
+/* This thread's share of the mass of the tokens with bits(p) >= lo. */
+static __device__ double mass_from(const float *l, int V, float mx, float inv_t, unsigned int lo) {
+  double m = 0;
+  for (int i = threadIdx.x; i < V; i += NT) {
+    float p = prob(l, i, mx, inv_t);
+    if (p > 0.f && __float_as_uint(p) >= lo) m += p;
+  }
+  return m;
+}
+
+/* Radix selection (4 passes of 8 bits, from the top) over the tokens with bits(p) >= lo, in
+ * descending order of p. by_mass = 0: the bits of the need_i-th largest p; by_mass = 1: the bits
+ * of the token at which the running mass (descending order) reaches need_f (strict: passes it). */
+static __device__ unsigned int radix_select(const float *l, int V, float mx, float inv_t, unsigned int lo,
+                                            int by_mass, float need_f, int need_i, int strict, Shared &sh) {
+  if (threadIdx.x == 0) { sh.prefix = 0; sh.needi = need_i; sh.needf = need_f; }
+  for (int pass = 0; pass < 4; pass++) {
+    const int shift = 24 - 8 * pass;
+    for (int d = threadIdx.x; d < 256; d += NT) { sh.hist[d] = 0; sh.histm[d] = 0.f; }
+    __syncthreads();
+    const unsigned int pre = sh.prefix;
+    const unsigned int hmask = pass == 0 ? 0u : (0xffffffffu << (shift + 8));
+    for (int i = threadIdx.x; i < V; i += NT) {
+      float p = prob(l, i, mx, inv_t);
+      unsigned int b = __float_as_uint(p);
+      if (p > 0.f && b >= lo && (b & hmask) == pre) {
+        int d = (b >> shift) & 255;
+        if (by_mass) atomicAdd(&sh.histm[d], p);
+        else atomicAdd(&sh.hist[d], 1u);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int d = 255;
+      if (!by_mass) {
+        int need = sh.needi;
+        for (; d > 0; d--) {
+          if ((int)sh.hist[d] >= need) break;
+          need -= sh.hist[d];
+        }
+        sh.needi = need;
+      } else {
+        float need = sh.needf;
+        for (; d > 0; d--) {
+          if (strict ? sh.histm[d] > need : sh.histm[d] >= need) break;
+          need -= sh.histm[d];
+        }
+        sh.needf = need;
+      }
+      sh.prefix = pre | ((unsigned int)d << shift);
+    }
+    __syncthreads();
+  }
+  unsigned int r = sh.prefix;
+  __syncthreads();
+  return r < lo ? lo : r;
+}
+
 static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, int Vfull,
                                                            const di_cuk_sample_row *rows, int32_t *out) {
   __shared__ Shared sh;
@@ -115,49 +174,15 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
   for (int i = tid; i < V; i += NT) zs += prob(l, i, mx, inv_t);
   const double z = block_sum_d(zs, sh);
 
-  /* survivors: p >= tau */
-  unsigned int tau = 1; /* smallest positive float bits: every p > 0 */
-  if (use_k || rw.top_p < 1.f) {
-    if (tid == 0) { sh.prefix = 0; sh.needi = rw.top_k; sh.needf = (float)(rw.top_p * z); }
-    for (int pass = 0; pass < 4; pass++) {
-      const int shift = 24 - 8 * pass;
-      for (int d = tid; d < 256; d += NT) { sh.hist[d] = 0; sh.histm[d] = 0.f; }
-      __syncthreads();
-      const unsigned int pre = sh.prefix;
-      const unsigned int hmask = pass == 0 ? 0u : (0xffffffffu << (shift + 8));
-      for (int i = tid; i < V; i += NT) {
-        float p = prob(l, i, mx, inv_t);
-        unsigned int b = __float_as_uint(p);
-        if (p > 0.f && (b & hmask) == pre) {
-          int d = (b >> shift) & 255;
-          if (use_k) atomicAdd(&sh.hist[d], 1u);
-          else atomicAdd(&sh.histm[d], p);
-        }
-      }
-      __syncthreads();
-      if (tid == 0) {
-        int d = 255;
-        if (use_k) {
-          int need = sh.needi;
-          for (; d > 0; d--) {
-            if ((int)sh.hist[d] >= need) break;
-            need -= sh.hist[d];
-          }
-          sh.needi = need;
-        } else {
-          float need = sh.needf;
-          for (; d > 0; d--) {
-            if (sh.histm[d] >= need) break;
-            need -= sh.histm[d];
-          }
-          sh.needf = need;
-        }
-        sh.prefix = pre | ((unsigned int)d << shift);
-      }
-      __syncthreads();
-    }
-    tau = sh.prefix;
-    if (tau == 0) tau = 1;
+  /* survivors: p >= tau (bits of p; positive floats order like their bits) */
+  unsigned int tau = 1; /* smallest positive float: every p > 0 */
+  if (use_k) tau = radix_select(l, V, mx, inv_t, 1u, 0, 0.f, rw.top_k, 0, sh);
+  /* the exact (sorted) path below redoes top-p and min-p itself from the top-k survivors; without
+   * top-k it takes the survivors of every cut */
+  const unsigned int tau_k = tau;
+  if (rw.top_p < 1.f) {
+    double zk = use_k ? block_sum_d(mass_from(l, V, mx, inv_t, tau), sh) : z;
+    tau = radix_select(l, V, mx, inv_t, tau, 1, (float)(rw.top_p * zk), 0, 0, sh);
   }
   if (rw.min_p > 0.f) {
     unsigned int tm = __float_as_uint(rw.min_p); /* the most probable token has p = 1 */
@@ -168,7 +193,7 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
   if (trunc) {
     for (int i = tid; i < V; i += NT) {
       float p = prob(l, i, mx, inv_t);
-      if (__float_as_uint(p) >= tau && p > 0.f) {
+      if (__float_as_uint(p) >= (use_k ? tau_k : tau) && p > 0.f) {
         int j = atomicAdd(&sh.ncand, 1);
         if (j < CAP) { sh.cp[j] = p; sh.cid[j] = i; }
       }
@@ -206,7 +231,7 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
         zz = 0;
         for (int i = 0; i < n; i++) zz += sh.cp[i];
       }
-      if (rw.top_p < 1.f) {
+      if (rw.top_p < 1.f && use_k) { /* without top-k the candidates are the nucleus already */
         double acc = 0, need = rw.top_p * zz;
         for (int i = 0; i < n; i++) {
           acc += sh.cp[i];
@@ -231,7 +256,22 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
     }
     return;
   }
-  /* id-order draw over p >= tau (every p > 0 without truncation): chunked prefix sums */
+  if (trunc) {
+    /* more survivors than fit in shared memory: the draw in descending-probability order, by radix
+     * selection of the token where the running mass passes u * tot (ties: the lowest id) */
+    const double tot = block_sum_d(mass_from(l, V, mx, inv_t, tau), sh);
+    const unsigned int key = radix_select(l, V, mx, inv_t, tau, 1, (float)(u * tot), 0, 1, sh);
+    if (tid == 0) sh.redi[0] = 0x7fffffff;
+    __syncthreads();
+    for (int i = tid; i < V; i += NT) {
+      float p = prob(l, i, mx, inv_t);
+      if (p > 0.f && __float_as_uint(p) == key) atomicMin(&sh.redi[0], i);
+    }
+    __syncthreads();
+    if (tid == 0) out[blockIdx.x] = sh.redi[0] == 0x7fffffff ? best : sh.redi[0];
+    return;
+  }
+  /* id-order draw over every p > 0 (no truncation): chunked prefix sums */
   const int chunk = (V + NT - 1) / NT;
   const int c0 = tid * chunk, c1 = min(V, c0 + chunk);
   double cs = 0;
