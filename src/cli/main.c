@@ -3,6 +3,7 @@
 #include <string.h>
 
 int di_cmd_score(int argc, char **argv);
+int di_cmd_perplexity(int argc, char **argv);
 int di_cmd_generate(int argc, char **argv);
 int di_cmd_tokenize(int argc, char **argv);
 int di_cmd_detokenize(int argc, char **argv);
@@ -12,6 +13,7 @@ int di_cmd_chat_template(int argc, char **argv);
 static const di_cli_command COMMANDS[] = {
     {"score", "write the logits of a token sequence to a safetensors file", di_cmd_score},
     {"generate", "generate a continuation of a prompt", di_cmd_generate},
+    {"perplexity", "perplexity of the model on a text file", di_cmd_perplexity},
     {"tokenize", "text on stdin to token ids (JSON), as Hugging Face tokenizers", di_cmd_tokenize},
     {"detokenize", "token ids (JSON) on stdin to text, as Hugging Face tokenizers", di_cmd_detokenize},
     {"grammar", "compile a grammar (regex, JSON schema, EBNF) and check stdin against it", di_cmd_grammar},
