@@ -94,7 +94,7 @@ static int replay(const char *name) {
 }
 
 static void test_goldens(void) { /* through di_chat_template_render_json and the cJSON API */
-  static const char *const names[] = {"deepseek-v3", "deepseek-v2", "deepseek-r1", "llama3", "llama3.2",
+  static const char *const names[] = {"deepseek-v3", "deepseek-v2", "deepseek-r1", "deepseek-v3.1", "llama3", "llama3.2",
                                       "qwen3", "named", "features"};
   int total = 0;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DATA = os.path.join(ROOT, "tests", "data", "chat")
 CLI = os.environ.get("DEEPINFER_CLI")
 LIB = os.environ.get("DEEPINFER_LIB")
-TEMPLATES = ["deepseek-v3", "deepseek-v2", "deepseek-r1", "llama3", "llama3.2", "qwen3", "named", "features"]
+TEMPLATES = ["deepseek-v3", "deepseek-v2", "deepseek-r1", "deepseek-v3.1", "llama3", "llama3.2", "qwen3", "named", "features"]
 
 
 def goldens(name):
@@ -178,6 +178,8 @@ def test_random_oracle(name):
                 conv["enable_thinking"] = rng.random() < 0.5
             if name == "llama3.2":
                 conv["date_string"] = "26 Jul 2024"
+            if name == "deepseek-v3.1" and rng.random() < 0.5:
+                conv["thinking"] = rng.random() < 0.5
             extra = {k: v for k, v in conv.items() if k not in ("messages", "tools", "add_generation_prompt")}
             try:
                 want = tok.apply_chat_template(msgs, tools=conv.get("tools"), tokenize=False,

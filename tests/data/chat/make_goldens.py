@@ -147,9 +147,15 @@ def cases(name):
             out.append({"messages": msgs, "tools": tools, "add_generation_prompt": g, "extra": extra or {}})
     for m in GENERIC:
         add(m)
-    if name in ("deepseek-v3", "deepseek-r1", "features"):
+    if name in ("deepseek-v3", "deepseek-r1", "deepseek-v3.1", "features"):
         for m in DS_TOOLS:
             add(m)
+    if name == "deepseek-v3.1":
+        for think in (True, False):
+            add(GENERIC[5], extra={"thinking": think})
+            add(DS_TOOLS[0], extra={"thinking": think})
+        add([{"role": "user", "content": "Continue"}, {"role": "assistant", "content": "Partial", "prefix": True}],
+            extra={"thinking": True}, gens=(False,))
     if name in ("qwen3", "llama3.2", "features", "named"):
         for m in OBJ_TOOLS:
             add(m, TOOL_SCHEMAS)
@@ -172,7 +178,7 @@ def cases(name):
         for m in FEATURE_EXTRA:
             add(m)
         add(GENERIC[0], extra={"extra_var": "custom value", "bos_token": "<override>"})
-    if name in ("deepseek-v3", "deepseek-v2", "deepseek-r1", "llama3"):
+    if name in ("deepseek-v3", "deepseek-v2", "deepseek-r1", "deepseek-v3.1", "llama3"):
         add(GENERIC[2], extra={"unused_var": [1, 2, 3]})
     if name == "llama3.2":  # every case needs a fixed date: the template calls strftime_now otherwise
         for c in out:
