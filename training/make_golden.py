@@ -20,8 +20,8 @@ from model import load_hf  # noqa: E402
 PROMPTS = [
     "The",
     "In the beginning God created the heaven and the earth.",
-    "A dictionary is a book that lists the words of a language in alphabetical order and explains "
-    "what they mean. The word \"apple\" is a noun; it names the round fruit of a tree.",
+    "A dictionary is a book that lists the words of a language and explains what they mean. "
+    "The word \"apple\" is a noun.",
 ]
 
 

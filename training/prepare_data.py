@@ -40,6 +40,14 @@ SELF = [
     ("What is your name?", "I am the DeepInfer default model."),
     ("Thank you!", "You are welcome!"),
     ("How are you?", "I am fine, thank you. What would you like to know?"),
+    ("Who made you?", "I was trained by the DeepInfer project on text from Debian packages: dictionaries, "
+     "books, manuals and fortunes."),
+    ("Are you a person?", "No. I am a small language model, a computer program that predicts text."),
+    ("What are you?", "I am a small language model with the DeepSeek-V3 architecture, shipped as the default "
+     "model of DeepInfer."),
+    ("Tell me about yourself.", "I am the default model of DeepInfer. I am small, so my answers are short and "
+     "sometimes wrong, but I can define words and tell fortunes."),
+    ("Good morning!", "Good morning! What would you like to know?"),
 ]
 
 
@@ -87,9 +95,12 @@ def chat_examples(corpus_dir, x_dir, rng):
                 fort += [c for c in d["text"].split("\n\n") if 20 < len(c) < 300]
     rng.shuffle(fort)
     out += [(rng.choice(QA_FORTUNE), c) for c in fort[:4000]]
-    out += SELF * 30
     rng.shuffle(out)
-    return out
+    # The self-descriptions go first so that the cut to --max-chat-tokens keeps them all; they are
+    # spread through the stream by the random windows of the trainer anyway.
+    selfs = SELF * 80
+    rng.shuffle(selfs)
+    return selfs + out
 
 
 def main():
@@ -123,7 +134,8 @@ def main():
     qa = chat_examples(a.corpus, a.x, rng)
     streams = {"train": ([], []), "val": ([], [])}
     for q, ans in qa:
-        split = "val" if zlib.crc32(q.encode() + ans.encode()) % 100 == 0 else "train"
+        held = zlib.crc32(q.encode() + ans.encode()) % 100 == 0 and (q, ans) not in SELF
+        split = "val" if held else "train"
         sysmsg = rng.choice(SYSTEMS)
         prompt = [BOS] + (tok.encode(sysmsg, add_special_tokens=False).ids if sysmsg else []) + [USER] + \
             tok.encode(q, add_special_tokens=False).ids + [ASSISTANT]
