@@ -263,7 +263,7 @@ static di_status parse_sequence(ep *p, di_gseq *seq, int nested) {
       di_gseq_push(b, seq, (di_gel){DI_GE_RULE, r});
     } else if (c == '*' || c == '+' || c == '?' || c == '{') {
       if (item < 0)
-        return perr(p, at, "'%c' has nothing to repeat", (char[]){c, 0});
+        return perr(p, at, "'%s' has nothing to repeat", (char[]){c, 0});
       int min = 0, max = -1;
       p->i++;
       if (c == '+')

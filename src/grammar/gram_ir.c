@@ -259,7 +259,8 @@ void di_gseq_cpset(di_gb *b, di_gseq *s, const di_cprange *in, int n, int negate
     b->oom = 1;
     return;
   }
-  memcpy(r, in, sizeof(di_cprange) * (size_t)n);
+  if (n > 0)
+    memcpy(r, in, sizeof(di_cprange) * (size_t)n);
   n = di_cpset_normalize(r, n);
   if (negate) { /* complement over 0..0x10FFFF */
     di_cprange *c = r + n + 2;

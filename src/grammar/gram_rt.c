@@ -116,7 +116,8 @@ static int cmp_i32(const void *a, const void *b) {
 static int state_get(di_grt *rt, int32_t *v, int n, int flags) {
   if (n == 0 && flags == 0)
     return DI_GRT_DEAD;
-  qsort(v, (size_t)n, sizeof(int32_t), cmp_i32);
+  if (n > 1)
+    qsort(v, (size_t)n, sizeof(int32_t), cmp_i32);
   uint32_t h = state_hash(v, n, flags);
   uint32_t k = h & (uint32_t)(rt->shcap - 1);
   for (;;) {
@@ -124,7 +125,7 @@ static int state_get(di_grt *rt, int32_t *v, int n, int flags) {
     if (id < 0)
       break;
     int m = rt->soff[id + 1] - rt->soff[id];
-    if (m == n && rt->sflags[id] == flags && memcmp(rt->sn + rt->soff[id], v, sizeof(int32_t) * (size_t)n) == 0)
+    if (m == n && rt->sflags[id] == flags && (n == 0 || memcmp(rt->sn + rt->soff[id], v, sizeof(int32_t) * (size_t)n) == 0))
       return id;
     k = (k + 1) & (uint32_t)(rt->shcap - 1);
   }
@@ -148,7 +149,8 @@ static int state_get(di_grt *rt, int32_t *v, int n, int flags) {
       goto oom;
   }
   int id = rt->ns++;
-  memcpy(rt->sn + rt->sn_n, v, sizeof(int32_t) * (size_t)n);
+  if (n > 0)
+    memcpy(rt->sn + rt->sn_n, v, sizeof(int32_t) * (size_t)n);
   rt->sn_n += n;
   rt->soff[id + 1] = rt->sn_n;
   rt->sflags[id] = (uint8_t)flags;
@@ -308,16 +310,26 @@ int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
   return r;
 }
 
-int di_grt_pseudo_state(di_grt *rt, int pos) {
-  int id = node_get(rt, pos, DI_GRT_PSEUDO);
-  if (id < 0) {
-    di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of stack nodes");
-    return DI_GRT_ERROR;
+int di_grt_truncated_stack(di_grt *rt, int id, int depth) {
+  int pos[64];
+  int n = 0, cur = id;
+  if (depth > 64)
+    depth = 64;
+  while (n < depth && cur > DI_GRT_PSEUDO) {
+    pos[n++] = rt->npos[cur];
+    cur = rt->npar[cur];
   }
-  int32_t v = id;
-  /* state_get sorts in place: use the scratch buffer */
+  int base = cur > DI_GRT_PSEUDO ? DI_GRT_PSEUDO : cur; /* deeper frames become "unknown" */
+  for (int i = n - 1; i >= 0 && base >= 0; i--)
+    base = node_get(rt, pos[i], base);
+  if (base < 0)
+    di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+  return base < 0 ? DI_GRT_ERROR : base;
+}
+
+int di_grt_node_state(di_grt *rt, int id) {
   if (!grow((void **)&rt->out, &rt->out_cap, 1, sizeof(int32_t)))
     return DI_GRT_ERROR;
-  rt->out[0] = v;
+  rt->out[0] = id; /* state_get sorts in place: use the scratch buffer */
   return state_get(rt, rt->out, 1, 0);
 }

@@ -42,7 +42,10 @@ static inline int di_grt_step(di_grt *rt, int s, unsigned c) {
     return t[c];
   return di_grt_step_slow(rt, s, c);
 }
-/* The state {stack (pos, PSEUDO)}: a terminal position under an unknown stack. */
-int di_grt_pseudo_state(di_grt *rt, int pos);
+/* Stack node `id` with only its top `depth` frames kept and the rest replaced by the unknown
+ * PSEUDO sentinel (unchanged when the stack is not deeper). DI_GRT_ERROR past the budget. */
+int di_grt_truncated_stack(di_grt *rt, int id, int depth);
+/* The state {stack id}, where id's position is a byte class. */
+int di_grt_node_state(di_grt *rt, int id);
 static inline int di_grt_flags(const di_grt *rt, int s) { return rt->sflags[s]; }
 #endif

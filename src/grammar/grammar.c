@@ -73,6 +73,16 @@ di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t le
     len = 0;
   di_grammar_options o;
   normalize_opt(&o, opt);
+  int no_cache = o.no_cache;
+  o.no_cache = 0;
+  if (no_cache) {
+    di_grammar *g = NULL;
+    DI_TRY(compile_new(kind, source ? source : "", len, &o, &g));
+    g->kind = kind;
+    g->opt = o;
+    *out = g; /* not in the cache: g->src stays NULL, never matched */
+    return DI_OK;
+  }
   uint64_t h = fnv(&kind, sizeof kind, 0xcbf29ce484222325ULL);
   h = fnv(&o, sizeof o, h);
   h = fnv(source ? source : "", len, h);

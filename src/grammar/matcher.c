@@ -5,8 +5,10 @@
  * rejected whatever it is, and which are uncertain (they run past the end of the rule); at run
  * time only the uncertain ones are walked from the real state. Whole masks are also cached per
  * state, since states repeat (string bodies, object keys). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "grammar/grammar_impl.h"
 #include "grammar/vocab.h"
 
@@ -21,8 +23,10 @@ typedef struct ci_entry {
 struct di_gvcache {
   uint64_t serial;
   const di_grammar_vocab *v;
-  ci_entry **ci; /* by position in the flattened grammar */
+  ci_entry **ci;   /* by truncated stack (node id, see di_grt_truncated_stack) */
+  int32_t *chosen; /* by real stack node: the truncated stack whose entry it uses (0 = not yet) */
   int nci;
+  int ci_depth, ci_max_uncertain; /* see get_ci */
   uint32_t **mask; /* by state id */
   int cap_mask, nmask, max_masks;
   int32_t *st;     /* walk scratch: state per depth */
@@ -59,6 +63,7 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     for (int i = 0; i < c->cap_mask; i++)
       free(c->mask[i]);
     free(c->ci);
+    free(c->chosen);
     free(c->mask);
     free(c->st);
     free(c->pseen);
@@ -87,8 +92,17 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     return NULL;
   c->serial = v->serial;
   c->v = v;
-  c->nci = g->core.n_flat;
-  c->ci = calloc((size_t)c->nci + 1, sizeof *c->ci);
+  c->nci = 1024;
+  c->ci = calloc((size_t)c->nci, sizeof *c->ci);
+  c->chosen = calloc((size_t)c->nci, sizeof *c->chosen);
+  c->ci_depth = 12;
+  c->ci_max_uncertain = 256;
+  const char *env = getenv("DI_GRAMMAR_CI_DEPTH");
+  if (env && atoi(env) > 0)
+    c->ci_depth = atoi(env);
+  env = getenv("DI_GRAMMAR_CI_UNCERTAIN");
+  if (env && atoi(env) >= 0)
+    c->ci_max_uncertain = atoi(env);
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->bits = calloc((size_t)v->words + 1, sizeof(uint32_t));
@@ -96,7 +110,7 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   c->max_masks = (int)((size_t)(32 << 20) / per);
   if (c->max_masks < 64)
     c->max_masks = 64;
-  if (!c->ci || !c->st || !c->pseen || !c->bits) {
+  if (!c->ci || !c->chosen || !c->st || !c->pseen || !c->bits) {
     di_gvcache_free_all(c);
     return NULL;
   }
@@ -118,14 +132,15 @@ static int buf_append(int32_t **p, int *n, int *cap, int32_t x) {
   return 1;
 }
 
-/* The context-independent classification of terminal position `pos`. Under g->mu. */
-static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int pos, ci_entry **out) {
+/* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
+ * accepted / rejected whatever lies below, or uncertain. Under g->mu. */
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, ci_entry **out) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   ci_entry *e = calloc(1, sizeof *e);
   if (!e)
     return di_error_set(DI_ERR_OOM, "out of memory");
-  int s0 = di_grt_pseudo_state(rt, pos);
+  int s0 = di_grt_node_state(rt, key);
   if (s0 < 0) {
     free(e);
     return DI_ERR_OOM;
@@ -135,7 +150,11 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int pos, ci_ent
   c->st[0] = s0;
   c->pseen[0] = 0;
   di_status st = DI_OK;
+  long visited = 0;
+  struct timespec ts0, ts1;
+  clock_gettime(CLOCK_MONOTONIC, &ts0);
   for (int i = 0; i < v->nnodes;) {
+    visited++;
     int d = v->tdepth[i];
     int prev = c->st[d - 1];
     uint8_t pse = c->pseen[d - 1] | ((di_grt_flags(rt, prev) & DI_GRT_PSEUDO_END) != 0);
@@ -183,12 +202,65 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int pos, ci_ent
     }
   }
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
+  clock_gettime(CLOCK_MONOTONIC, &ts1);
+  if (getenv("DI_GRAMMAR_DEBUG"))
+    fprintf(stderr, "ci key %d (pos %d): accepted %d uncertain %d states %d visited %ld of %d us %.0f\n", key,
+            rt->npos[key], nacc, e->nunc, rt->ns, visited, v->nnodes,
+            (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
   if (st != DI_OK) {
     ci_free(e);
     return st;
   }
   *out = e;
   return DI_OK;
+}
+
+static int ensure_ci_slots(struct di_gvcache *c, int id) {
+  if (id < c->nci)
+    return 1;
+  int nc = c->nci * 2;
+  while (nc <= id)
+    nc *= 2;
+  ci_entry **q = realloc(c->ci, sizeof *q * (size_t)nc);
+  if (q)
+    c->ci = q;
+  int32_t *r = realloc(c->chosen, sizeof *r * (size_t)nc);
+  if (r)
+    c->chosen = r;
+  if (!q || !r)
+    return 0;
+  memset(c->ci + c->nci, 0, sizeof *q * (size_t)(nc - c->nci));
+  memset(c->chosen + c->nci, 0, sizeof *r * (size_t)(nc - c->nci));
+  c->nci = nc;
+  return 1;
+}
+
+/* The classification used for real stack `id`. Keeping fewer stack frames lets more stacks share
+ * one entry (and its trie walk), but leaves more tokens uncertain, to be walked at every mask: so
+ * the shallowest truncation with at most ci_max_uncertain uncertain tokens is chosen, trying 1, 2,
+ * ... frames (at most ci_depth; a stack that is not deeper is exact and has none uncertain). */
+static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, ci_entry **out) {
+  di_grt *rt = &g->rt;
+  if (!ensure_ci_slots(c, id))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  if (c->chosen[id]) {
+    *out = c->ci[c->chosen[id]];
+    return DI_OK;
+  }
+  for (int depth = 1;; depth++) {
+    int key = di_grt_truncated_stack(rt, id, depth);
+    if (key < 0)
+      return DI_ERR_OOM;
+    if (!ensure_ci_slots(c, key) || !ensure_ci_slots(c, id))
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    if (!c->ci[key])
+      DI_TRY(compute_ci(g, c, key, &c->ci[key]));
+    if (c->ci[key]->nunc <= c->ci_max_uncertain || key == id || depth >= c->ci_depth) {
+      c->chosen[id] = key;
+      *out = c->ci[key];
+      return DI_OK;
+    }
+  }
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -204,10 +276,8 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
   memset(out, 0, sizeof(uint32_t) * (size_t)W);
   int nbuf = 0, lists = 0;
   for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
-    int pos = rt->npos[rt->sn[k]];
-    if (!c->ci[pos])
-      DI_TRY(compute_ci(g, c, pos, &c->ci[pos]));
-    ci_entry *e = c->ci[pos];
+    ci_entry *e = NULL;
+    DI_TRY(get_ci(g, c, rt->sn[k], &e));
     if (e->acc_bits) {
       for (int w = 0; w < W; w++)
         out[w] |= e->acc_bits[w];

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Grammar benchmark: DeepInfer (bench_grammar) vs XGrammar and llguidance (pip), same tokenizer,
+same schema, same token sequences, one thread each.
+
+Generates N documents valid for bench/grammar/schema_order.json (compact, keys in schema order,
+the way DeepInfer generation writes JSON) and N "any JSON object" documents, tokenizes them once
+with the Hugging Face tokenizer, then for each engine and each document: compiles the grammar
+afresh (compile time), and replays the tokens, timing each mask computation (then accepting the
+token; EOS at the end). Reports median / p99 / max of the per-token mask time and the compile
+median. Python engines are timed around their mask call (includes ~1 us of Python overhead).
+
+  python3 bench/grammar_compare.py --bench build/bench_grammar \
+      --tokenizer tests/data/tokenizers/deepseek-v3 [--docs 30] [--out /tmp/gbench]
+
+llama.cpp's grammar sampler is not measured here (see docs/PERFORMANCE.md).
+"""
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import string
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "bench/grammar/schema_order.json"
+
+WORDS = ("the quick brown fox jumps over lazy dog order shipping delivery fragile handle with care please "
+         "call before arriving leave at the door gift wrap invoice attached thank you café naïve résumé 東京 "
+         "priority customer requested express").split()
+
+
+def rand_text(rng, lo, hi):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def order_doc(rng):
+    hexs = "0123456789abcdef"
+    uid = "-".join("".join(rng.choice(hexs) for _ in range(n)) for n in (8, 4, 4, 4, 12))
+    name = rng.choice(["Ada", "Grace", "Linus", "Zoë", "José", "Mei"]) + " " + rng.choice(
+        ["Lovelace", "Hopper", "Torvalds", "García", "Nakamura"])
+    cust = {"name": name[:40], "email": name.split()[0].lower().replace("ë", "e").replace("é", "e") + "@example.com"}
+    if rng.random() < 0.7:
+        cust["age"] = rng.randint(18, 120)
+    items = []
+    for _ in range(rng.randint(1, 4)):
+        it = {"sku": "".join(rng.choice(string.ascii_uppercase) for _ in range(3)) + "-%04d" % rng.randint(0, 9999),
+              "quantity": rng.randint(1, 100), "price": round(rng.uniform(0.5, 500), 2)}
+        if rng.random() < 0.5:
+            it["tags"] = [rng.choice(WORDS) for _ in range(rng.randint(0, 3))]
+        items.append(it)
+    doc = {"id": uid, "customer": cust, "items": items,
+           "status": rng.choice(["pending", "shipped", "delivered", "cancelled"]),
+           "created": "2024-%02d-%02dT%02d:%02d:%02dZ" % (rng.randint(1, 12), rng.randint(1, 28), rng.randint(0, 23),
+                                                        rng.randint(0, 59), rng.randint(0, 59))}
+    if rng.random() < 0.6:
+        doc["notes"] = rand_text(rng, 3, 25) if rng.random() < 0.8 else None
+    if rng.random() < 0.5:
+        doc["priority"] = rng.random() < 0.5
+    return doc
+
+
+def any_value(rng, depth):
+    r = rng.random()
+    if depth > 3 or r < 0.35:
+        return rng.choice([rng.randint(-1000, 100000), round(rng.uniform(-10, 10), 3), rand_text(rng, 1, 6), True,
+                           None])
+    if r < 0.6:
+        return [any_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {rng.choice(WORDS) + str(i): any_value(rng, depth + 1) for i in range(rng.randint(0, 4))}
+
+
+def any_doc(rng):
+    return {rng.choice(WORDS) + str(i): any_value(rng, 1) for i in range(rng.randint(1, 6))}
+
+
+def dumps(d):
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+
+
+def stats(ts):
+    ts = sorted(ts)
+    p = lambda q: ts[min(len(ts) - 1, int(q * (len(ts) - 1) + 0.5))]
+    return {"median": p(0.5), "p99": p(0.99), "max": ts[-1], "mean": statistics.fmean(ts), "n": len(ts)}
+
+
+def run_xgrammar(hf_tok, eos, grammar_src, is_any, docs_ids):
+    import torch  # noqa: F401  (xgrammar's bitmask type)
+    import xgrammar as xgr
+    info = xgr.TokenizerInfo.from_huggingface(hf_tok, vocab_size=len(hf_tok), stop_token_ids=[eos])
+    comp = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    masks, compiles = [], []
+    for ids in docs_ids:
+        t0 = time.perf_counter()
+        cg = comp.compile_json_schema(grammar_src, any_whitespace=False)
+        compiles.append((time.perf_counter() - t0) * 1e3)
+        m = xgr.GrammarMatcher(cg)
+        for tid in list(ids) + [eos]:
+            t0 = time.perf_counter_ns()
+            m.fill_next_token_bitmask(bitmask)
+            masks.append((time.perf_counter_ns() - t0) / 1e3)
+            if not m.accept_token(tid):
+                raise RuntimeError("xgrammar rejected token %d" % tid)
+    return stats(masks), statistics.median(compiles)
+
+
+def run_llguidance(hf_tok, eos, grammar_src, is_any, docs_ids):
+    import llguidance
+    import llguidance.hf
+    import llguidance.numpy
+    lltok = llguidance.hf.from_tokenizer(hf_tok, n_vocab=len(hf_tok), eos_token=eos)
+    bitmask = llguidance.numpy.allocate_token_bitmask(1, lltok.vocab_size)
+    schema = json.loads(grammar_src)
+    masks, compiles = [], []
+    for ids in docs_ids:
+        t0 = time.perf_counter()
+        grm = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+        m = llguidance.LLMatcher(lltok, grm)
+        compiles.append((time.perf_counter() - t0) * 1e3)
+        if m.is_error():
+            raise RuntimeError(m.get_error())
+        for tid in list(ids) + [eos]:
+            t0 = time.perf_counter_ns()
+            llguidance.numpy.fill_next_token_bitmask(m, bitmask, 0)
+            masks.append((time.perf_counter_ns() - t0) / 1e3)
+            if not m.consume_token(tid):
+                raise RuntimeError("llguidance rejected token %d: %s" % (tid, m.get_error()))
+    return stats(masks), statistics.median(compiles)
+
+
+def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path):
+    args = [bench, "--tokenizer", tok_dir, "--docs", docs_path, "--ids", ids_path]
+    args += ["--json"] if schema_path is None else ["--schema", schema_path]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    res = {}
+    for line in out.splitlines():
+        if line.startswith("mask us:"):
+            f = line.split()
+            res["median"], res["p99"], res["max"] = float(f[3]), float(f[7]), float(f[9])
+        if line.startswith("compile ms:"):
+            res["compile"] = float(line.split()[3])
+    return res, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", required=True)
+    ap.add_argument("--tokenizer", required=True, help="folder with tokenizer.json")
+    ap.add_argument("--docs", type=int, default=30)
+    ap.add_argument("--out", default="/tmp/gbench")
+    ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    tokjson = os.path.join(a.tokenizer, "tokenizer.json")
+    cfg = json.load(open(os.path.join(a.tokenizer, "tokenizer_config.json")))
+    eos_tok = cfg.get("eos_token")
+    eos_tok = eos_tok["content"] if isinstance(eos_tok, dict) else eos_tok
+    hf_tok = PreTrainedTokenizerFast(tokenizer_file=tokjson, eos_token=eos_tok)
+    raw = Tokenizer.from_file(tokjson)
+    eos = raw.token_to_id(eos_tok)
+    rng = random.Random(1234)
+    cases = [("schema", SCHEMA.read_text(), [order_doc(rng) for _ in range(a.docs)]),
+             ("json-object", '{"type":"object"}', [any_doc(rng) for _ in range(a.docs)])]
+    rows = []
+    for name, src, docs in cases:
+        texts = [dumps(d) for d in docs]
+        ids = [raw.encode(t, add_special_tokens=False).ids for t in texts]
+        dp, ip = os.path.join(a.out, name + ".docs.jsonl"), os.path.join(a.out, name + ".ids.txt")
+        with open(dp, "w") as f:
+            f.writelines(json.dumps(t, ensure_ascii=False) + "\n" for t in texts)
+        with open(ip, "w") as f:
+            f.writelines(" ".join(map(str, x)) + "\n" for x in ids)
+        ntok = sum(len(x) for x in ids)
+        for eng in a.engines.split(","):
+            try:
+                if eng == "deepinfer":
+                    r, _ = run_deepinfer(a.bench, a.tokenizer, str(SCHEMA) if name == "schema" else None, dp, ip)
+                    rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok))
+                elif eng == "xgrammar":
+                    s, c = run_xgrammar(hf_tok, eos, src, name != "schema", ids)
+                    rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok))
+                elif eng == "llguidance":
+                    s, c = run_llguidance(hf_tok, eos, src, name != "schema", ids)
+                    rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok))
+            except Exception as e:  # an engine missing or failing is reported, not fatal
+                print(f"{eng} on {name}: {e}", file=sys.stderr)
+    print(f"| grammar | engine | mask median us | mask p99 us | mask max us | compile median ms | tokens |")
+    print(f"|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.3f} | {r[6]} |")
+
+
+if __name__ == "__main__":
+    main()

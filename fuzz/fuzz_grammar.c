@@ -1,0 +1,78 @@
+/* libFuzzer target for the grammar front-ends and the automaton: the first byte picks the
+ * front-end (EBNF, regex, JSON Schema), the rest is the grammar source. Compiled grammars are
+ * exercised through di_grammar_accepts and a short masked walk over a small vocabulary. Also
+ * replayed over fuzz/corpus/grammar by tests/grammar/test_grammar_fuzz_corpus.c. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/grammar.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static di_grammar_vocab *fuzz_vocab(void) {
+  static di_grammar_vocab *v;
+  if (v)
+    return v;
+  static char bytes[256];
+  static const char *extra[] = {"{\"", "\":", "\",", "true", "null", "ab", "12", "\xc3\xa9", " \n", "\"}", "]]"};
+  enum { N = 256 + 11 + 2 };
+  const char *tb[N];
+  size_t tl[N];
+  for (int i = 0; i < 256; i++) {
+    bytes[i] = (char)i;
+    tb[i] = &bytes[i];
+    tl[i] = 1;
+  }
+  for (int i = 0; i < 11; i++) {
+    tb[256 + i] = extra[i];
+    tl[256 + i] = strlen(extra[i]);
+  }
+  tb[N - 2] = NULL;
+  tl[N - 2] = 0;
+  tb[N - 1] = "</s>";
+  tl[N - 1] = 4;
+  int32_t stop = N - 1;
+  if (di_grammar_vocab_create(N, tb, tl, &stop, 1, &v) != DI_OK)
+    return NULL;
+  return v;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 1)
+    return 0;
+  static const di_grammar_kind kinds[] = {DI_GRAMMAR_EBNF, DI_GRAMMAR_REGEX, DI_GRAMMAR_JSON_SCHEMA};
+  di_grammar_kind kind = kinds[data[0] % 3];
+  di_grammar_options opt = {0};
+  opt.max_elements = 50000; /* keep each run fast */
+  opt.max_whitespace = data[0] / 3 % 3;
+  di_grammar *g = NULL;
+  if (di_grammar_compile(kind, (const char *)data + 1, size - 1, &opt, &g) != DI_OK)
+    return 0;
+  static const char *probes[] = {"", "a", "{}", "[1,2]", "{\"a\":1}", "abc", "\"x\"", "0", "null", "\xc3\xa9"};
+  for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++)
+    (void)di_grammar_accepts(g, probes[i], strlen(probes[i]));
+  (void)di_grammar_accepts(g, (const char *)data + 1, size - 1);
+  di_grammar_vocab *v = fuzz_vocab();
+  di_grammar_matcher *m = NULL;
+  if (v && di_grammar_matcher_create(g, v, &m) == DI_OK) {
+    uint32_t mask[(256 + 13 + 31) / 32];
+    for (int step = 0; step < 12; step++) {
+      if (di_grammar_matcher_fill_mask(m, mask) != DI_OK)
+        break;
+      int pick = -1;
+      for (int id = 0; id < 256 + 13; id++)
+        if ((mask[id >> 5] >> (id & 31)) & 1u) {
+          pick = id;
+          if ((size_t)step < size && data[step] % 4 == (unsigned)id % 4)
+            break;
+        }
+      if (pick < 0 || di_grammar_matcher_accept_token(m, pick) != DI_OK)
+        break;
+      if (step % 5 == 4)
+        di_grammar_matcher_rollback(m, 1);
+    }
+    di_grammar_matcher_free(m);
+  }
+  di_grammar_free(g);
+  return 0;
+}
