@@ -444,14 +444,9 @@ static di_status forward(cu_backend *b) {
     const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
     int max_tiles = (A + bm - 1) / bm + Et;
     if (max_tiles > A) max_tiles = A;
-    if (T <= DI_CUK_ROUTE_SMALL_T && E <= 256 && b->router.n_group <= 64) {
-      DI_TRY(di_cuk_moe_route_small(b->xf, (const uint16_t *)L->router, L->router_bias, T, H, b->router, bm, b->topk_ids,
-                                    b->topk_w, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
-    } else {
-      DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
-      DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, s));
-      DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
-    }
+    DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
+    DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, s));
+    DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
     PROF("router");
     DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
                                b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));

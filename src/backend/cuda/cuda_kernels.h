@@ -102,14 +102,6 @@ di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk
 di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int bm,
                              int32_t *perm_tok, int32_t *inv, int32_t *expert_off,
                              int32_t *tiles, int32_t *n_tiles, di_cu_stream s);
-/* Small steps (T <= DI_CUK_ROUTE_SMALL_T, decode): router logits from f32 x [T][n] and bf16 W [E][n],
- * routing, and the permutation of di_cuk_moe_permute, all in one single-block launch. Same outputs
- * as di_cuk_router_logits + di_cuk_moe_route + di_cuk_moe_permute (expert segments in token order). */
-#define DI_CUK_ROUTE_SMALL_T 8
-di_status di_cuk_moe_route_small(const float *x, const uint16_t *W, const float *bias, int T, int n,
-                                 di_cuk_router r, int bm, int32_t *ids, float *w, int32_t *perm_tok,
-                                 int32_t *inv, int32_t *expert_off, int32_t *tiles, int32_t *n_tiles,
-                                 di_cu_stream s);
 /* h[t][0:n] += sum_j w[t][j] * y[inv[t*k+j]][0:n]  (y f32 [n_assign][ldy], h [T][n]); then, when
  * norm_w is non-NULL, xn[t] = bf16(rmsnorm(h[t]) * norm_w) (row stride ldo): the next layer's
  * input norm fused in. */

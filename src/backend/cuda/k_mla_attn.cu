@@ -73,7 +73,8 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
     const bf16 *K = sK + (j & 1) * KT * SROW;
 
     /* S[16 rows of group g][8 keys of quarter wq] = Q . K^T over 576 dims */
-    float sacc[4] = {0.f, 0.f, 0.f, 0.f};
+    /* two accumulators: the 36 dependent MMAs of one chain would serialize on their latency */
+    float sacc[4] = {0.f, 0.f, 0.f, 0.f}, sacc2[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16 *qrow = sQ + (g * 16 + (lane & 15)) * SROW + (lane >> 4) * 8;
     const bf16 *krow = K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8;
 #pragma unroll 6
@@ -83,8 +84,10 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
       di_ldsm_x4(a2, qrow + kk * 16 + 16);
       di_ldsm_x4(b, krow + kk * 16);
       di_mma16816(sacc, a, b);
-      di_mma16816(sacc, a2, b + 2);
+      di_mma16816(sacc2, a2, b + 2);
     }
+#pragma unroll
+    for (int i = 0; i < 4; i++) sacc[i] += sacc2[i];
     {
       int kc = wq * 8 + (lane & 3) * 2;
       int p0 = sPos[rA], p1 = sPos[rA + 8];

@@ -169,6 +169,8 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
   const double u = uniform01(rw.seed, rw.counter);
   const int use_k = rw.top_k > 0 && rw.top_k < V;
   const int trunc = use_k || rw.top_p < 1.f || rw.min_p > 0.f;
+  /* the CPU sampler sorts only for top-k / top-p; min-p alone keeps id order */
+  const int sorted_order = use_k || rw.top_p < 1.f;
 
   double zs = 0;
   for (int i = tid; i < V; i += NT) zs += prob(l, i, mx, inv_t);
@@ -190,7 +192,7 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
   }
   if (tid == 0) sh.ncand = 0;
   __syncthreads();
-  if (trunc) {
+  if (sorted_order) {
     for (int i = tid; i < V; i += NT) {
       float p = prob(l, i, mx, inv_t);
       if (__float_as_uint(p) >= (use_k ? tau_k : tau) && p > 0.f) {
@@ -201,7 +203,7 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
     __syncthreads();
   }
   const int nc = sh.ncand;
-  if (trunc && nc <= CAP) {
+  if (sorted_order && nc <= CAP) {
     /* bitonic sort of the survivors: p descending, id ascending */
     int n2 = 1;
     while (n2 < nc) n2 <<= 1;
@@ -256,7 +258,7 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
     }
     return;
   }
-  if (trunc) {
+  if (sorted_order) {
     /* more survivors than fit in shared memory: the draw in descending-probability order, by radix
      * selection of the token where the running mass passes u * tot (ties: the lowest id) */
     const double tot = block_sum_d(mass_from(l, V, mx, inv_t, tau), sh);
@@ -271,7 +273,8 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
     if (tid == 0) out[blockIdx.x] = sh.redi[0] == 0x7fffffff ? best : sh.redi[0];
     return;
   }
-  /* id-order draw over every p > 0 (no truncation): chunked prefix sums */
+  /* id-order draw over the survivors p >= tau (all p > 0 without truncation; min-p alone keeps id
+   * order too): chunked prefix sums */
   const int chunk = (V + NT - 1) / NT;
   const int c0 = tid * chunk, c1 = min(V, c0 + chunk);
   double cs = 0;
