@@ -120,10 +120,11 @@ di_status jj_lex(jj_arena *a, const char *src, size_t len, jj_tok **toks, size_t
 typedef enum {
   /* statements */
   N_TEXT, N_OUTPUT, N_IF, N_FOR, N_SET, N_SET_BLOCK, N_MACRO, N_BREAK, N_CONTINUE, N_BLOCK,
-  N_WITH, N_FILTER_BLOCK,
+  N_WITH, N_FILTER_BLOCK, N_CALL_BLOCK,
   /* expressions */
   E_CONST, E_NAME, E_LIST, E_TUPLE, E_DICT, E_ATTR, E_ITEM, E_SLICE, E_CALL, E_FILTER, E_TEST,
-  E_NEG, E_POS, E_NOT, E_AND, E_OR, E_BINOP, E_COMPARE, E_COND, E_CONCAT
+  E_NEG, E_POS, E_NOT, E_AND, E_OR, E_BINOP, E_COMPARE, E_COND, E_CONCAT,
+  E_STAR, E_DSTAR /* *args and **kwargs in a call's arguments */
 } jn_kind;
 
 typedef enum {
@@ -135,7 +136,7 @@ typedef struct jnode jnode;
 typedef struct jn_list { jnode **v; int n, cap; } jn_list;
 
 struct jnode {
-  uint8_t kind, op, negated; /* negated: E_TEST "is not" */
+  uint8_t kind, op, negated; /* negated: E_TEST "is not"; N_MACRO op: uses varargs 1, kwargs 2 */
   int line, col;
   const char *name;         /* NAME, ATTR, FILTER/TEST/MACRO name, TEXT bytes */
   size_t name_len;

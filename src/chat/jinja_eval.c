@@ -21,6 +21,7 @@ typedef struct jj_ctx {
   uint64_t steps, max_steps;
   int flow; /* 1: break, 2: continue */
   int depth;
+  jv pending_caller; /* a {% call %} block's body, handed to the next macro call */
 } jj_ctx;
 
 jj_arena *jj_ctx_arena(jj_ctx *c) { return c->a; }
@@ -463,36 +464,96 @@ static di_status getattr_(jj_ctx *c, const jnode *at, jv obj, const char *name, 
 }
 
 /* ---- calls ---------------------------------------------------------------------------------- */
+/* Evaluates a call's arguments, spreading *list into positional and **dict into keyword ones. */
 static di_status eval_args(jj_ctx *c, frame *f, const jnode *e, jj_args *args) {
   memset(args, 0, sizeof *args);
-  int n = e->list.n, nk = e->list2.n;
+  int n = e->list.n, nk = e->list2.n, spread = 0;
+  for (int i = 0; i < n; i++) spread |= e->list.v[i]->kind == E_STAR;
+  for (int i = 0; i < nk; i++) spread |= e->list2.v[i]->kind == E_DSTAR;
   jv *v = jj_alloc(c->a, (size_t)(n + nk + 1) * sizeof(jv));
   if (!v) return oom(c, e);
-  for (int i = 0; i < n; i++) DI_TRY(eval(c, f, e->list.v[i], &v[i]));
-  for (int i = 0; i < nk; i++) DI_TRY(eval(c, f, e->list2.v[i], &v[n + i]));
-  args->n = n;
-  args->v = v;
-  args->nkw = nk;
-  args->kwn = e->kwnames;
-  args->kwv = v + n;
+  for (int i = 0; i < n; i++) DI_TRY(eval(c, f, e->list.v[i]->kind == E_STAR ? e->list.v[i]->a : e->list.v[i], &v[i]));
+  for (int i = 0; i < nk; i++) DI_TRY(eval(c, f, e->list2.v[i]->kind == E_DSTAR ? e->list2.v[i]->a : e->list2.v[i], &v[n + i]));
+  if (!spread) {
+    args->n = n;
+    args->v = v;
+    args->nkw = nk;
+    args->kwn = e->kwnames;
+    args->kwv = v + n;
+    return DI_OK;
+  }
+  jv_list *pos = jj_list_new(c->a, 0), *kv = jj_list_new(c->a, 0), *kn = jj_list_new(c->a, 0);
+  if (!pos || !kv || !kn) return oom(c, e);
+  for (int i = 0; i < n; i++) {
+    if (e->list.v[i]->kind != E_STAR) {
+      if (jj_list_push(c->a, pos, v[i])) return oom(c, e);
+      continue;
+    }
+    jv_list *items = NULL;
+    if (v[i].kind == JV_UNDEF) return undef_err(c, e->list.v[i], v[i]);
+    DI_TRY(jj_iter_items(c, e->list.v[i], v[i], &items));
+    for (size_t k = 0; k < items->n; k++)
+      if (jj_list_push(c->a, pos, items->v[k])) return oom(c, e);
+  }
+  for (int i = 0; i < nk; i++) {
+    if (e->list2.v[i]->kind != E_DSTAR) {
+      jv name = jv_strn(e->kwnames[i], strlen(e->kwnames[i]));
+      if (jj_list_push(c->a, kn, name) || jj_list_push(c->a, kv, v[n + i])) return oom(c, e);
+      continue;
+    }
+    if (v[n + i].kind != JV_DICT)
+      return jj_err(c, e->list2.v[i], DI_ERR_INVALID_ARG, "argument after ** must be a mapping, not %s", jj_kind_name(v[n + i]));
+    const jv_dict *d = v[n + i].u.d;
+    for (size_t k = 0; k < d->n; k++) {
+      if (d->k[k].kind != JV_STR) return jj_err(c, e->list2.v[i], DI_ERR_INVALID_ARG, "keywords must be strings");
+      jv name = jj_str_dup(c->a, d->k[k].u.s.p, d->k[k].u.s.n); /* NUL-terminated copy */
+      if (name.kind != JV_STR || jj_list_push(c->a, kn, name) || jj_list_push(c->a, kv, d->v[k])) return oom(c, e);
+    }
+  }
+  const char **names = jj_alloc(c->a, (kn->n + 1) * sizeof *names);
+  if (!names) return oom(c, e);
+  for (size_t k = 0; k < kn->n; k++) names[k] = kn->v[k].u.s.p;
+  args->n = (int)pos->n;
+  args->v = pos->v;
+  args->nkw = (int)kv->n;
+  args->kwn = names;
+  args->kwv = kv->v;
   return DI_OK;
 }
 
 static di_status call_macro(jj_ctx *c, const jnode *at, const jv_func *fn, const jj_args *args, jv *out) {
   const jnode *m = fn->macro;
+  jv caller = c->pending_caller;
+  c->pending_caller = jv_undef();
   if (c->depth > 64) return jj_err(c, at, DI_ERR_UNSUPPORTED, "macro calls nested more than 64 deep");
   frame *f = frame_new(c, (frame *)fn->closure);
   if (!f) return oom(c, at);
-  if (args->n > m->list.n)
-    return jj_err(c, at, DI_ERR_INVALID_ARG, "macro '%.*s' takes not more than %d argument(s)", (int)m->name_len, m->name, m->list.n);
+  /* extra arguments go to `varargs` / `kwargs` when the macro uses them, as in Jinja */
+  jv varargs = {0}, kwargs = {0};
+  varargs.kind = JV_LIST;
+  varargs.u.l = jj_list_new(c->a, 0);
+  kwargs.kind = JV_DICT;
+  kwargs.u.d = jj_dict_new(c->a, 0);
+  if (!varargs.u.l || !kwargs.u.d) return oom(c, at);
+  if (args->n > m->list.n) {
+    if (!(m->op & 1))
+      return jj_err(c, at, DI_ERR_INVALID_ARG, "macro '%.*s' takes not more than %d argument(s)", (int)m->name_len, m->name, m->list.n);
+    for (int k = m->list.n; k < args->n; k++)
+      if (jj_list_push(c->a, varargs.u.l, args->v[k])) return oom(c, at);
+  }
   for (int k = 0; k < args->nkw; k++) {
     int found = 0;
     for (int p = 0; p < m->list.n; p++)
       if (strlen(args->kwn[k]) == m->list.v[p]->name_len && memcmp(args->kwn[k], m->list.v[p]->name, m->list.v[p]->name_len) == 0)
         found = 1;
-    if (!found)
+    if (found) continue;
+    if (!(m->op & 2))
       return jj_err(c, at, DI_ERR_INVALID_ARG, "macro '%.*s' takes no keyword argument '%s'", (int)m->name_len, m->name, args->kwn[k]);
+    if (jj_dict_set(c->a, kwargs.u.d, jv_strn(args->kwn[k], strlen(args->kwn[k])), args->kwv[k])) return oom(c, at);
   }
+  if (m->op & 1) DI_TRY(assign(c, f, "varargs", 7, varargs, at));
+  if (m->op & 2) DI_TRY(assign(c, f, "kwargs", 6, kwargs, at));
+  if (caller.kind == JV_FUNC) DI_TRY(assign(c, f, "caller", 6, caller, at));
   for (int p = 0; p < m->list.n; p++) {
     const jnode *pn = m->list.v[p];
     jv v = jv_undef();
@@ -843,6 +904,25 @@ static di_status exec_stmt(jj_ctx *c, frame *f, const jnode *s) {
     v.kind = JV_FUNC;
     v.u.fn = fn;
     DI_TRY(assign(c, f, s->name, s->name_len, v, s));
+    break;
+  }
+  case N_CALL_BLOCK: {
+    jv_func *fn = jj_alloc(c->a, sizeof *fn);
+    if (!fn) return oom(c, s);
+    fn->type = FN_MACRO;
+    fn->name = "caller";
+    fn->macro = s->b;
+    fn->closure = f;
+    jv callee, r;
+    DI_TRY(eval(c, f, s->a->a, &callee));
+    jj_args args;
+    DI_TRY(eval_args(c, f, s->a, &args));
+    if (callee.kind != JV_FUNC || callee.u.fn->type != FN_MACRO)
+      return jj_err(c, s, DI_ERR_INVALID_ARG, "a call block needs a macro, not %s", jj_kind_name(callee));
+    c->pending_caller.kind = JV_FUNC;
+    c->pending_caller.u.fn = fn;
+    DI_TRY(call(c, s->a, callee, &args, &r));
+    jj_to_str(c->out, r);
     break;
   }
   case N_BREAK: c->flow = 1; break;

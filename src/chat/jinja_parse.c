@@ -13,6 +13,7 @@ typedef struct parser {
   jj_tok *t;
   size_t n, i;
   int depth;
+  jnode *cur_macro; /* the macro being parsed: records whether it uses varargs/kwargs */
 } parser;
 
 static jj_tok *cur(parser *P) { return &P->t[P->i]; }
@@ -107,8 +108,27 @@ static di_status parse_call_args(parser *P, jnode *call, jn_list *pos, jn_list *
       DI_TRY(expect_op(P, ","));
       if (is_op(cur(P), ")")) break;
     }
-    if (is_op(cur(P), "*") || is_op(cur(P), "**"))
-      return perr(P, cur(P), DI_ERR_UNSUPPORTED, "unsupported construct: %s", "*args or **kwargs in a call");
+    if (is_op(cur(P), "*") || is_op(cur(P), "**")) {
+      int dstar = cur(P)->op[1] == '*';
+      jnode *w = node(P, dstar ? E_DSTAR : E_STAR, cur(P));
+      if (!w) return oom();
+      adv(P);
+      DI_TRY(parse_expression(P, 1, &w->a));
+      if (!dstar) {
+        if (list_push(P, pos, w)) return oom();
+        continue;
+      }
+      if (nkw == cap) {
+        cap = cap ? cap * 2 : 4;
+        const char **nn = jj_alloc(P->a, (size_t)cap * sizeof *nn);
+        if (!nn) return oom();
+        if (nkw) memcpy(nn, names, (size_t)nkw * sizeof *nn);
+        names = nn;
+      }
+      names[nkw++] = NULL; /* **mapping: names come from the value */
+      if (list_push(P, kwv, w)) return oom();
+      continue;
+    }
     if (cur(P)->type == TK_NAME && is_op(peek(P, 1), "=")) {
       jj_tok *nt = cur(P);
       adv(P);
@@ -326,6 +346,8 @@ static di_status parse_primary(parser *P, jnode **out) {
       if (!(n = node(P, E_NAME, t))) return oom();
       n->name = t->p;
       n->name_len = t->n;
+      if (P->cur_macro && is_kw(t, "varargs")) P->cur_macro->op |= 1;
+      if (P->cur_macro && is_kw(t, "kwargs")) P->cur_macro->op |= 2;
     }
     adv(P);
   } else if (t->type == TK_STRING) {
@@ -763,6 +785,8 @@ static di_status parse_set(parser *P, jj_tok *at, jnode **out) {
   return end_tag(P);
 }
 
+static di_status parse_params(parser *P, jnode *n);
+
 static di_status parse_macro(parser *P, jj_tok *at, jnode **out) {
   jnode *n = node(P, N_MACRO, at);
   if (!n) return oom();
@@ -771,8 +795,49 @@ static di_status parse_macro(parser *P, jj_tok *at, jnode **out) {
   n->name = cur(P)->p;
   n->name_len = cur(P)->n;
   adv(P);
+  DI_TRY(parse_params(P, n));
+  DI_TRY(expect_block_end(P));
+  static const char *const ends[] = {"endmacro", NULL};
+  const char *w;
+  jnode *body = node(P, N_BLOCK, at);
+  if (!body) return oom();
+  n->a = body;
+  jnode *outer = P->cur_macro;
+  P->cur_macro = n;
+  di_status st = parse_body(P, ends, &body->list, &w);
+  P->cur_macro = outer;
+  DI_TRY(st);
+  adv(P);
+  if (cur(P)->type == TK_NAME) adv(P); /* {% endmacro name %} */
+  return expect_block_end(P);
+}
+
+/* {% call [(params)] macro(args) %}body{% endcall %}: the body becomes the macro's `caller`. */
+static di_status parse_call_block(parser *P, jj_tok *at, jnode **out) {
+  jnode *n = node(P, N_CALL_BLOCK, at), *cd = node(P, N_MACRO, at), *body = node(P, N_BLOCK, at);
+  if (!n || !cd || !body) return oom();
+  *out = n;
+  cd->name = "caller";
+  cd->name_len = 6;
+  cd->a = body;
+  n->b = cd;
+  if (is_op(cur(P), "(")) DI_TRY(parse_params(P, cd));
+  DI_TRY(parse_expression(P, 1, &n->a));
+  if (n->a->kind != E_CALL) return perr(P, at, DI_ERR_FORMAT, "%s", "a call block needs a macro call");
+  DI_TRY(expect_block_end(P));
+  static const char *const ends[] = {"endcall", NULL};
+  const char *w;
+  jnode *outer = P->cur_macro;
+  P->cur_macro = cd;
+  di_status st = parse_body(P, ends, &body->list, &w);
+  P->cur_macro = outer;
+  DI_TRY(st);
+  return end_tag(P);
+}
+
+/* '(' name [= default], ... ')' into m->list (E_NAME) and m->list2 (defaults or NULL). */
+static di_status parse_params(parser *P, jnode *n) {
   DI_TRY(expect_op(P, "("));
-  /* parameters in n->list (E_NAME nodes), their defaults (or NULL) in n->list2 */
   while (!is_op(cur(P), ")")) {
     if (n->list.n) DI_TRY(expect_op(P, ","));
     jj_tok *t = cur(P);
@@ -790,16 +855,7 @@ static di_status parse_macro(parser *P, jj_tok *at, jnode **out) {
     if (list_push(P, &n->list, p) || list_push(P, &n->list2, def)) return oom();
   }
   adv(P);
-  DI_TRY(expect_block_end(P));
-  static const char *const ends[] = {"endmacro", NULL};
-  const char *w;
-  jnode *body = node(P, N_BLOCK, at);
-  if (!body) return oom();
-  n->a = body;
-  DI_TRY(parse_body(P, ends, &body->list, &w));
-  adv(P);
-  if (cur(P)->type == TK_NAME) adv(P); /* {% endmacro name %} */
-  return expect_block_end(P);
+  return DI_OK;
 }
 
 static di_status parse_statement(parser *P, jnode **out) {
@@ -810,6 +866,7 @@ static di_status parse_statement(parser *P, jnode **out) {
   if (is_kw(t, "for")) return parse_for(P, t, out);
   if (is_kw(t, "set")) return parse_set(P, t, out);
   if (is_kw(t, "macro")) return parse_macro(P, t, out);
+  if (is_kw(t, "call")) return parse_call_block(P, t, out);
   if (is_kw(t, "break") || is_kw(t, "continue")) {
     if (!(*out = node(P, is_kw(t, "break") ? N_BREAK : N_CONTINUE, t))) return oom();
     return expect_block_end(P);
@@ -860,7 +917,7 @@ static di_status parse_statement(parser *P, jnode **out) {
     DI_TRY(parse_body(P, ends, &n->list, &w));
     return end_tag(P);
   }
-  static const char *const known[] = {"include", "import", "from", "extends", "block", "call", "autoescape",
+  static const char *const known[] = {"include", "import", "from", "extends", "block", "autoescape",
                                       "do", "trans", "pluralize", "raw", "endraw", NULL};
   for (int k = 0; known[k]; k++)
     if (is_kw(t, known[k]))
@@ -930,7 +987,7 @@ di_status jj_parse(const char *src, size_t len, jj_template **out) {
   size_t n;
   di_status st = jj_lex(&t->arena, src, len, &toks, &n);
   if (st == DI_OK) {
-    parser P = {&t->arena, toks, n, 0, 0};
+    parser P = {&t->arena, toks, n, 0, 0, NULL};
     const char *w = NULL;
     st = parse_body(&P, NULL, &t->body, &w);
   }

@@ -421,7 +421,7 @@ static void repr_depth(jj_buf *b, jv v, int depth) {
     }
     jj_buf_putc(b, '}');
     return;
-  case JV_UNDEF: return;
+  case JV_UNDEF: jj_buf_puts(b, "Undefined"); return; /* Jinja's Undefined.__repr__ */
   default: str_depth(b, v, depth + 1);
   }
 }

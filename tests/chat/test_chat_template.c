@@ -105,6 +105,46 @@ static void test_goldens(void) { /* through di_chat_template_render_json and the
   printf("golden cases replayed: %d\n", total);
 }
 
+/* 52 real templates (Zephyr, Mistral, Mixtral, Command-R, Hermes, Llama 3.1/3.2, Qwen 2.5/3/3.5,
+ * DeepSeek, MiniCPM3 with call blocks, Jamba with *args, GLM, Kimi, ...) with the inputs of
+ * huggingface.js's Jinja end-to-end tests, rendered by transformers 5.17. */
+static void test_public_templates(void) {
+  char *data;
+  size_t n;
+  di_status st = di_read_file(test_path("tests/data/chat/public_templates.jsonl"), &data, &n);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st != DI_OK) return;
+  int cases = 0;
+  for (char *line = data; line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = 0;
+    cJSON *rec = cJSON_Parse(line);
+    if (rec) {
+      const char *name = cJSON_GetObjectItem(rec, "name")->valuestring;
+      const cJSON *text = cJSON_GetObjectItem(rec, "text");
+      di_chat_template *t = NULL;
+      char *out = NULL;
+      st = di_chat_template_from_string(cJSON_GetObjectItem(rec, "template")->valuestring, NULL, NULL, &t);
+      if (st == DI_OK) st = di_chat_template_render_json(t, cJSON_GetObjectItem(rec, "conversation")->valuestring, -1, &out);
+      if (text) {
+        CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
+        if (st == DI_OK) {
+          int d = first_diff(out, strlen(out), text->valuestring, strlen(text->valuestring));
+          CHECKF(strcmp(out, text->valuestring) == 0, "%s differs at byte %d:\n  want: %.80s\n  got:  %.80s", name, d,
+                 text->valuestring + d, out + d);
+        }
+      } else CHECKF(st != DI_OK, "%s: transformers failed but we rendered", name);
+      free(out);
+      di_chat_template_free(t);
+      cJSON_Delete(rec);
+      cases++;
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  free(data);
+  CHECKF(cases >= 50, "only %d public templates", cases);
+}
+
 /* The project's DeepSeek-V3 chat fixture (copied from fixtures/chat_dsv3_public.jsonl). */
 static void test_dsv3_fixture(void) {
   di_chat_template *t = NULL;
@@ -231,6 +271,11 @@ static void test_semantics(void) {
   expect_render("{% filter upper %}shout {{ 'it' }}{% endfilter %}", "SHOUT IT");
   expect_render("{% set s | trim %}  padded  {% endset %}[{{ s }}]", "[padded]");
   expect_render("{% generation %}gen{% endgeneration %}", "gen");
+  expect_render("{% macro m(a) %}<{{ caller(a * 2) }}>{% endmacro %}{% call(x) m(3) %}[{{ x }}]{% endcall %}", "<[6]>");
+  expect_render("{% macro m(a, b=1) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(*[1, 2, 3], **{'z': 4}) }}",
+                "12[3]{'z': 4}");
+  expect_error("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", DI_ERR_INVALID_ARG, "takes not more than 1 argument");
+  expect_error("{% macro m() %}{% endmacro %}{{ m(**[1]) }}", DI_ERR_INVALID_ARG, "argument after ** must be a mapping");
   expect_render("{{ x if x is defined else 'fallback' }}{{ [1, 2, 3][-1] }}{{ 'abc'[-1] }}", "fallback3c");
   /* strftime_now is local time, as Python's datetime.now() */
   char want[64];
@@ -377,6 +422,7 @@ static void test_fuzz_corpus(void) {
 
 int main(void) {
   test_goldens();
+  test_public_templates();
   test_dsv3_fixture();
   test_errors();
   test_semantics();

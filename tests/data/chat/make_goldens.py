@@ -187,6 +187,31 @@ def cases(name):
     return out
 
 
+def public_goldens():
+    """public_templates.jsonl: real templates with the inputs huggingface.js's Jinja end-to-end tests
+    use (packages/jinja/test/e2e.test.js). Each line {"name", "template", "conversation"}; this
+    fills in "text" (or "error") from transformers, in place."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    path = os.path.join(HERE, "public_templates.jsonl")
+    recs = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
+    for r in recs:
+        r.pop("text", None)
+        r.pop("error", None)
+        data = json.loads(r["conversation"])
+        msgs = data.pop("messages")
+        tools = data.pop("tools", None)
+        agp = data.pop("add_generation_prompt", True)  # DeepInfer's default when the key is absent
+        try:
+            r["text"] = render_jinja_template([msgs], tools=tools, chat_template=r["template"],
+                                              add_generation_prompt=agp, **data)[0][0]
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {e}"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+    print(f"public_templates: {len(recs)} templates ({sum('error' in r for r in recs)} expected errors)")
+
+
 def main():
     import transformers
 
@@ -216,6 +241,7 @@ def main():
             f.write("\n".join(lines) + "\n")
         n_err = sum('"error"' in l for l in lines)
         print(f"{name}: {len(lines)} cases ({n_err} expected errors)")
+    public_goldens()
 
 
 if __name__ == "__main__":
