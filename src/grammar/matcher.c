@@ -18,6 +18,7 @@ typedef struct ci_entry {
   int32_t *acc_list;  /* sparse form: token ids */
   int32_t *unc;       /* uncertain tokens: sorted indices (trie order) */
   int nunc;
+  int overflow;       /* walk abandoned past its bound of uncertain tokens (no lists kept) */
 } ci_entry;
 
 struct di_gvcache {
@@ -30,6 +31,7 @@ struct di_gvcache {
   uint32_t **mask; /* by state id */
   int cap_mask, nmask, max_masks;
   int32_t *st;     /* walk scratch: state per depth */
+  int32_t **rows;  /* walk scratch: transition row per depth */
   uint8_t *pseen;  /* walk scratch: PSEUDO_END seen above this depth */
   uint32_t *bits;  /* scratch bitmap */
   int32_t *buf;
@@ -66,6 +68,7 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->chosen);
     free(c->mask);
     free(c->st);
+    free(c->rows);
     free(c->pseen);
     free(c->bits);
     free(c->buf);
@@ -105,12 +108,13 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     c->ci_max_uncertain = atoi(env);
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
+  c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
   c->bits = calloc((size_t)v->words + 1, sizeof(uint32_t));
   size_t per = (size_t)v->words * 4 + 64;
   c->max_masks = (int)((size_t)(32 << 20) / per);
   if (c->max_masks < 64)
     c->max_masks = 64;
-  if (!c->ci || !c->chosen || !c->st || !c->pseen || !c->bits) {
+  if (!c->ci || !c->chosen || !c->st || !c->rows || !c->pseen || !c->bits) {
     di_gvcache_free_all(c);
     return NULL;
   }
@@ -134,7 +138,7 @@ static int buf_append(int32_t **p, int *n, int *cap, int32_t x) {
 
 /* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
  * accepted / rejected whatever lies below, or uncertain. Under g->mu. */
-static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, ci_entry **out) {
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, ci_entry **out) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   ci_entry *e = calloc(1, sizeof *e);
@@ -147,43 +151,62 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, ci_ent
   }
   uint32_t *bits = c->bits; /* all zero on entry, left zero on exit */
   int cap_unc = 0, nacc = 0;
-  c->st[0] = s0;
-  c->pseen[0] = 0;
+  /* per depth: the state, its transition row (NULL until allocated) and whether the rule end
+   * was passed at or above it (tokens running further are uncertain) */
+  int32_t *sts = c->st;
+  int32_t **rows = c->rows;
+  uint8_t *pse = c->pseen;
+  sts[0] = s0;
+  rows[0] = rt->trans[s0];
+  pse[0] = (di_grt_flags(rt, s0) & DI_GRT_PSEUDO_END) != 0;
   di_status st = DI_OK;
   long visited = 0;
   struct timespec ts0, ts1;
   clock_gettime(CLOCK_MONOTONIC, &ts0);
-  for (int i = 0; i < v->nnodes;) {
+  const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
+  const uint8_t *tbyte = v->tbyte;
+  for (int i = 0, n = v->nnodes; i < n;) {
     visited++;
-    int d = v->tdepth[i];
-    int prev = c->st[d - 1];
-    uint8_t pse = c->pseen[d - 1] | ((di_grt_flags(rt, prev) & DI_GRT_PSEUDO_END) != 0);
-    int s = di_grt_step(rt, prev, v->tbyte[i]);
-    if (s == DI_GRT_ERROR) {
-      st = DI_ERR_OOM;
-      break;
+    int d = tdepth[i];
+    const int32_t *row = rows[d - 1];
+    int s = row ? row[tbyte[i]] : DI_GRT_UNKNOWN;
+    if (s == DI_GRT_UNKNOWN) {
+      s = di_grt_step_slow(rt, sts[d - 1], tbyte[i]);
+      rows[d - 1] = rt->trans[sts[d - 1]];
     }
-    if (s == DI_GRT_DEAD) {
-      if (pse)
-        for (int k = v->tok_lo[i]; k < v->tok_lo[v->tnext[i]]; k++)
+    if (s < 0) {
+      if (s == DI_GRT_ERROR) {
+        st = DI_ERR_OOM;
+        break;
+      }
+      if (pse[d - 1]) {
+        for (int k = tok_lo[i]; k < tok_lo[tnext[i]]; k++)
           if (!buf_append(&e->unc, &e->nunc, &cap_unc, k)) {
             st = di_error_set(DI_ERR_OOM, "out of memory");
             break;
           }
-      i = v->tnext[i];
+        if (st != DI_OK)
+          break;
+        if (max_unc >= 0 && e->nunc > max_unc) { /* too uncertain: the caller keeps more frames */
+          e->overflow = 1;
+          break;
+        }
+      }
+      i = tnext[i];
       continue;
     }
-    c->st[d] = s;
-    c->pseen[d] = pse;
-    for (int k = v->tok_lo[i]; k < v->tok_lo[i + 1]; k++) {
-      int id = v->sorted[k];
+    sts[d] = s;
+    rows[d] = rt->trans[s];
+    pse[d] = pse[d - 1] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
+    for (int k = tok_lo[i], ke = tok_lo[i + 1]; k < ke; k++) {
+      int id = sorted[k];
       bits[id >> 5] |= 1u << (id & 31);
       nacc++;
     }
     i++;
   }
   /* store accepted tokens densely or as a list, whichever is smaller; clear the scratch */
-  if (st == DI_OK) {
+  if (st == DI_OK && !e->overflow) {
     e->nacc = nacc;
     if (nacc > v->words) {
       e->acc_bits = malloc(sizeof(uint32_t) * (size_t)v->words);
@@ -253,9 +276,14 @@ static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, ci_entry **
       return DI_ERR_OOM;
     if (!ensure_ci_slots(c, key) || !ensure_ci_slots(c, id))
       return di_error_set(DI_ERR_OOM, "out of memory");
+    int last = key == id || depth >= c->ci_depth;
+    if (c->ci[key] && c->ci[key]->overflow && last) { /* abandoned earlier, needed in full now */
+      ci_free(c->ci[key]);
+      c->ci[key] = NULL;
+    }
     if (!c->ci[key])
-      DI_TRY(compute_ci(g, c, key, &c->ci[key]));
-    if (c->ci[key]->nunc <= c->ci_max_uncertain || key == id || depth >= c->ci_depth) {
+      DI_TRY(compute_ci(g, c, key, last ? -1 : c->ci_max_uncertain, &c->ci[key]));
+    if (last || c->ci[key]->nunc <= c->ci_max_uncertain) {
       c->chosen[id] = key;
       *out = c->ci[key];
       return DI_OK;
