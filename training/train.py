@@ -8,7 +8,7 @@ with the auxiliary-loss-free rule of DeepSeek-V3 (bias += gamma * sign(mean load
 Then it saves the Hugging Face folder and writes metrics.json (held-out perplexity, MTP agreement per
 position bucket, greedy-generation draft acceptance) and samples.json.
 
-Usage (GPU): python3 training/train.py --data .carry/data --out OUT/model
+Usage (GPU): python3 training/train.py --data .carry/data --out OUT/m/model   (defaults = the shipped run)
 CPU smoke test: python3 training/train.py --tiny --device cpu --steps 20 --out /tmp/tiny
 """
 import argparse, json, math, os, shutil, sys, time
@@ -168,19 +168,19 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="tiny config for a CPU smoke test")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--epochs", type=float, default=8.0, help="passes over the corpus (token budget)")
+    ap.add_argument("--epochs", type=float, default=14.0, help="passes over the corpus (token budget)")
     ap.add_argument("--steps", type=int, default=0, help="fixed step count (overrides --epochs)")
-    ap.add_argument("--time-budget", type=float, default=330.0, help="seconds of training at most")
+    ap.add_argument("--time-budget", type=float, default=240.0, help="seconds of training at most")
     ap.add_argument("--lr", type=float, default=2.5e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--mtp-lambda", type=float, default=0.3)
     ap.add_argument("--bias-gamma", type=float, default=1e-3)
-    ap.add_argument("--chat-frac", type=float, default=0.03, help="chat rows per batch, pre-training phase")
-    ap.add_argument("--chat-phase", type=float, default=0.12, help="final fraction of training = chat phase")
-    ap.add_argument("--chat-phase-frac", type=float, default=0.4, help="chat rows per batch in that phase")
-    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--chat-frac", type=float, default=0.05, help="chat rows per batch, pre-training phase")
+    ap.add_argument("--chat-phase", type=float, default=0.2, help="final fraction of training = chat phase")
+    ap.add_argument("--chat-phase-frac", type=float, default=0.5, help="chat rows per batch in that phase")
+    ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
