@@ -524,7 +524,14 @@ int main(void) {
   }
   di_cu_blas *blas = NULL;
   CHECK(di_cu_blas_create(&blas) == DI_OK);
-  test_gemm(blas, 5, 2048, 2048, 1, 1.f);
+  test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* M <= 8: the skinny kernel */
+  test_gemm(blas, 8, 3648, 2048, 0, 0.f);
+  test_gemm(blas, 1, 129280, 2048, 1, 0.f);     /* lm_head shape */
+  di_cu_blas_set_skinny(blas, 0);
+  test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* the same through cuBLASLt */
+  test_gemm_batched(blas, 16, 3, 128, 512, 0);
+  di_cu_blas_set_skinny(blas, 1);
+  test_gemm_batched(blas, 16, 3, 128, 512, 0);  /* batched skinny (v = o_lat . W_UV^T) */
   test_gemm(blas, 64, 3072, 2048, 0, 0.f);
   test_gemm(blas, 3, 777, 72, 1, 0.f);
   test_gemm_batched(blas, 16, 9, 512, 128, 1);  /* q_lat = q_nope . W_UK */

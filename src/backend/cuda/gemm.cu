@@ -1,6 +1,6 @@
 /* Dense GEMMs of the forward pass through cuBLASLt (bf16 operands, f32 accumulate; output bf16 or
- * f32, with beta = 1 fusing the residual add), and the per-head batched GEMMs of MLA's weight
- * absorption through cuBLAS. Row-major Y = X W^T is column-major Y^T = W X^T, which is how the
+ * f32, with beta = 1 fusing the residual add), a skinny kernel of our own for decode-sized M, and
+ * the per-head batched GEMMs of MLA's weight absorption through cuBLAS. Row-major Y = X W^T is column-major Y^T = W X^T, which is how the
  * calls below are laid out. Heuristic results are cached per shape so a step does no planning. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
@@ -25,6 +25,7 @@ struct di_cu_blas {
   void *ws;
   plan plans[MAX_PLANS];
   int n_plans;
+  int no_skinny; /* tests: force the cuBLASLt path */
 };
 
 #define LT(call)                                                                               \
@@ -45,6 +46,8 @@ extern "C" di_status di_cu_blas_create(di_cu_blas **out) {
   LT(cublasSetMathMode(b->h, CUBLAS_DEFAULT_MATH));
   return DI_OK;
 }
+
+extern "C" void di_cu_blas_set_skinny(di_cu_blas *b, int on) { b->no_skinny = !on; }
 
 extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (!b) return;
@@ -84,10 +87,103 @@ static di_status make_plan(di_cu_blas *b, plan *p) {
   return DI_OK;
 }
 
+/* Skinny GEMM for decode-sized M (<= SK_MAXM): Y = X W^T streams W once at close to memory bandwidth,
+ * where a tiled library GEMM would launch too few CTAs (one per 128 output columns) or add a split-K
+ * reduction. One warp per SK_NR output columns; each lane reads 16 bytes of each W row per step and
+ * the matching X values (X is tiny and stays in L1); the dot products are reduced across the warp. */
+#define SK_MAXM 8
+#define SK_NR 2
+#define SK_WARPS 8
+
+template <int M>
+static __global__ void __launch_bounds__(SK_WARPS * 32)
+skinny_kernel(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, void *Y, int ldy, int y_f32,
+              float beta, int64_t sx, int64_t sw, int64_t sy) {
+  const int lane = threadIdx.x & 31;
+  X += sx * blockIdx.y; /* batched over heads (grid.y) */
+  W += sw * blockIdx.y;
+  Y = y_f32 ? (void *)((float *)Y + sy * blockIdx.y) : (void *)((bf16 *)Y + sy * blockIdx.y);
+  const int n0 = (blockIdx.x * SK_WARPS + (threadIdx.x >> 5)) * SK_NR;
+  if (n0 >= N) return;
+  float acc[SK_NR][M];
+#pragma unroll
+  for (int r = 0; r < SK_NR; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[r][m] = 0.f;
+  const bf16 *w0 = W + (int64_t)n0 * ldw;
+  const bool has1 = n0 + 1 < N;
+#pragma unroll 4
+  for (int k = lane * 8; k < K; k += 256) {
+    uint4 wv[SK_NR];
+    wv[0] = *(const uint4 *)(w0 + k);
+    wv[1] = has1 ? *(const uint4 *)(w0 + ldw + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      uint4 xv = __ldg((const uint4 *)(X + (int64_t)m * ldx + k));
+      const __nv_bfloat162 *xp = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+      for (int r = 0; r < SK_NR; r++) {
+        const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv[r];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          float2 a = __bfloat1622float2(xp[j]), c = __bfloat1622float2(wp[j]);
+          acc[r][m] = fmaf(a.x, c.x, fmaf(a.y, c.y, acc[r][m]));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < SK_NR; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      float v = acc[r][m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      acc[r][m] = v;
+    }
+  if (lane < SK_NR * M) { /* lane -> (r, m): spread the stores over lanes */
+    const int r = lane / M, m = lane % M, n = n0 + r;
+    float v = 0.f;
+#pragma unroll
+    for (int rr = 0; rr < SK_NR; rr++)
+#pragma unroll
+      for (int mm = 0; mm < M; mm++)
+        if (rr == r && mm == m) v = acc[rr][mm];
+    if (n < N) {
+      if (y_f32) {
+        float *y = (float *)Y + (int64_t)m * ldy + n;
+        *y = beta != 0.f ? v + beta * *y : v;
+      } else {
+        ((bf16 *)Y)[(int64_t)m * ldy + n] = di_fb(v);
+      }
+    }
+  }
+}
+
+static bool skinny_ok(int M, int K, const void *X, int ldx, const void *W, int ldw) {
+  return M >= 1 && M <= SK_MAXM && K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && ((uintptr_t)X & 15) == 0 &&
+         ((uintptr_t)W & 15) == 0;
+}
+
+static di_status skinny(int M, int N, int K, const uint16_t *X, int ldx, const uint16_t *W, int ldw, void *Y, int ldy,
+                        int y_f32, float beta, cudaStream_t s, int batch = 1, int64_t sx = 0, int64_t sw = 0,
+                        int64_t sy = 0) {
+  const dim3 blocks((N + SK_WARPS * SK_NR - 1) / (SK_WARPS * SK_NR), batch);
+  const bf16 *x = (const bf16 *)X, *w = (const bf16 *)W;
+  switch (M) {
+#define SK_CASE(m) \
+  case m: skinny_kernel<m><<<blocks, SK_WARPS * 32, 0, s>>>(x, ldx, w, ldw, N, K, Y, ldy, y_f32, beta, sx, sw, sy); break;
+    SK_CASE(1) SK_CASE(2) SK_CASE(3) SK_CASE(4) SK_CASE(5) SK_CASE(6) SK_CASE(7) SK_CASE(8)
+#undef SK_CASE
+  }
+  DI_CU_LAUNCH("skinny_gemm");
+  return DI_OK;
+}
+
 extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx,
                                 const uint16_t *W, int ldw, void *Y, int ldy, int y_f32, float beta,
                                 di_cu_stream s) {
   if (M <= 0) return DI_OK;
+  if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny) return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
   int hb = beta != 0.f;
   plan *p = NULL;
   for (int i = 0; i < b->n_plans; i++) {
@@ -118,6 +214,8 @@ extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, 
                                         int ldx, int64_t sx, const uint16_t *W, int ldw, int64_t sw,
                                         int w_kn, uint16_t *Y, int ldy, int64_t sy, di_cu_stream s) {
   if (M <= 0 || batch <= 0) return DI_OK;
+  if (!w_kn && !b->no_skinny && skinny_ok(M, K, X, ldx, W, ldw) && sx % 8 == 0 && sw % 8 == 0)
+    return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, 0, 0.f, s, batch, sx, sw, sy);
   LT(cublasSetStream(b->h, s));
   float alpha = 1.f, beta = 0.f;
   /* column-major Y_h^T [N x M] = op(W_h)^T-as-colmajor [N x K] . X_h^T [K x M] */

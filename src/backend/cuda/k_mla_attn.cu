@@ -227,25 +227,40 @@ extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
   return DI_OK;
 }
 
-/* Merges the split partial results of each row: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M). */
-static __global__ void mla_combine_kernel(const di_cuk_combine_item *items, const int32_t *n_items,
-                                          const float *part_o, const float *part_lse, bf16 *out) {
+/* Merges the split partial results of each row: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
+ * One warp per row (16 warps), each lane 16 of the 512 columns. */
+static __global__ void __launch_bounds__(512)
+mla_combine_kernel(const di_cuk_combine_item *items, const int32_t *n_items, const float *part_o,
+                   const float *part_lse, bf16 *out) {
   if ((int)blockIdx.x >= *n_items) return;
   const di_cuk_combine_item it = items[blockIdx.x];
-  for (int r = 0; r < it.row1 - it.row0; r++) {
+  const int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < it.row1 - it.row0; r += 16) {
     float M = -INFINITY;
-    for (int sp = 0; sp < it.nsplit; sp++)
+    for (int sp = lane; sp < it.nsplit; sp += 32)
       M = fmaxf(M, part_lse[(int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r]);
-    for (int c = threadIdx.x; c < DR; c += blockDim.x) {
-      float acc = 0.f, wsum = 0.f;
-      for (int sp = 0; sp < it.nsplit; sp++) {
-        float lse = part_lse[(int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r];
-        float w = lse == -INFINITY ? 0.f : exp2f(lse - M);
-        wsum += w;
-        acc += w * part_o[((int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r) * DR + c];
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float acc[DR / 32 / 2][2];
+#pragma unroll
+    for (int i = 0; i < DR / 64; i++) acc[i][0] = acc[i][1] = 0.f;
+    float wsum = 0.f;
+    for (int sp = 0; sp < it.nsplit; sp++) {
+      float lse = part_lse[(int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r];
+      float w = lse == -INFINITY ? 0.f : exp2f(lse - M);
+      wsum += w;
+      const float *po = part_o + ((int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r) * DR;
+#pragma unroll
+      for (int i = 0; i < DR / 64; i++) {
+        float2 v = *(const float2 *)(po + i * 64 + lane * 2);
+        acc[i][0] += w * v.x;
+        acc[i][1] += w * v.y;
       }
-      out[(int64_t)(it.row0 + r) * DR + c] = di_fb(wsum > 0.f ? acc / wsum : 0.f);
     }
+    float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    bf16 *o = out + (int64_t)(it.row0 + r) * DR;
+#pragma unroll
+    for (int i = 0; i < DR / 64; i++)
+      *(__nv_bfloat162 *)(o + i * 64 + lane * 2) = __floats2bfloat162_rn(acc[i][0] * inv, acc[i][1] * inv);
   }
 }
 
@@ -253,7 +268,7 @@ extern "C" di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const 
                                         int max_items, const float *part_o, const float *part_lse,
                                         uint16_t *out, di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
-  mla_combine_kernel<<<max_items, 256, 0, s>>>(items, n_items, part_o, part_lse, (bf16 *)out);
+  mla_combine_kernel<<<max_items, 512, 0, s>>>(items, n_items, part_o, part_lse, (bf16 *)out);
   DI_CU_LAUNCH("mla_combine");
   return DI_OK;
 }
