@@ -62,13 +62,21 @@ static di_status sb_wait(di_backend *b, float *logits, float *hidden) {
   return DI_OK;
 }
 static void sb_destroy(di_backend *b) { free(b); }
+/* device sampling: the token comes back with the step (as from a GPU sampler) */
+static di_status sb_sample(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens) {
+  sleep_backend *s = (sleep_backend *)b;
+  for (int i = 0; i < n; i++) tokens[i] = 2 + (int32_t)((rows[i].counter * 7919 + (uint64_t)i) % (uint64_t)(s->vocab - 2));
+  return DI_OK;
+}
 static const di_backend_ops SB_OPS = {"sleep", sb_groups, sb_alloc, sb_submit, sb_wait, NULL, sb_destroy};
+static const di_backend_ops SB_OPS_DEV = {"sleep+sample", sb_groups, sb_alloc, sb_submit, sb_wait, sb_sample, sb_destroy};
 
 static int bench_host(int seqs, int vocab, double sleep_ms) {
   printf("host scheduling: %d running sequences, vocab %d, backend sleeps %.1f ms per step\n", seqs, vocab, sleep_ms);
-  for (int async = 0; async <= 1; async++) {
+  for (int mode = 0; mode < 4; mode++) {
+    int async = mode & 1, dev = mode >> 1;
     sleep_backend *sb = calloc(1, sizeof *sb);
-    sb->base.ops = &SB_OPS;
+    sb->base.ops = dev ? &SB_OPS_DEV : &SB_OPS;
     sb->vocab = vocab;
     sb->sleep_s = sleep_ms * 1e-3;
     static const int32_t eos[1] = {1};
@@ -110,8 +118,8 @@ static int bench_host(int seqs, int vocab, double sleep_ms) {
     di_engine_get_stats(e, &s1);
     double host = (s1.host_time_s - s0.host_time_s) / steps * 1e3;
     double hidden = (s1.hidden_host_time_s - s0.hidden_host_time_s) / steps * 1e3;
-    printf("  async %-3s: %d running, wall %.3f ms/step (device %.1f), host %.3f ms/step, hidden %.3f ms (%.0f%%), "
-           "exposed host %.3f ms/step\n", async ? "on" : "off", s1.n_running, wall / steps * 1e3, sleep_ms, host, hidden,
+    printf("  %s sampling, async %-3s: %d running, wall %.3f ms/step (device %.1f), host %.3f ms/step, hidden %.3f ms (%.0f%%), "
+           "exposed host %.3f ms/step\n", dev ? "device" : "host", async ? "on" : "off", s1.n_running, wall / steps * 1e3, sleep_ms, host, hidden,
            host > 0 ? 100 * hidden / host : 0, wall / steps * 1e3 - sleep_ms);
     free(prompt);
     di_engine_free(e);

@@ -80,12 +80,16 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   if (st == DI_OK) st = di_sampler_create(cfg->vocab_size, &e->sampler);
   if (st == DI_OK) {
     e->logits = malloc((size_t)opt.max_num_seqs * (size_t)cfg->vocab_size * sizeof *e->logits);
+    e->dev_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_rows);
+    e->dev_tokens = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_tokens);
+    const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
+    e->device_sampling = be->ops->sample != NULL && !(hs && *hs && strcmp(hs, "0") != 0);
     e->mask_words = (cfg->vocab_size + 31) / 32;
     e->mask = malloc((size_t)e->mask_words * sizeof *e->mask);
     e->cap_queue = 64;
     e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
     e->waiting = malloc((size_t)e->cap_queue * sizeof *e->waiting);
-    if (!e->logits || !e->mask || !e->running || !e->waiting)
+    if (!e->logits || !e->mask || !e->running || !e->waiting || !e->dev_rows || !e->dev_tokens)
       st = di_error_set(DI_ERR_OOM, "engine: out of memory for %d x %d logits", opt.max_num_seqs, cfg->vocab_size);
   }
   if (st != DI_OK) {
@@ -110,7 +114,7 @@ void di_engine_free(di_engine *e) {
   di_sched_free(&e->sched[1]);
   di_kv_manager_free(e->kv);
   di_sampler_free(e->sampler);
-  free(e->logits); free(e->mask);
+  free(e->logits); free(e->mask); free(e->dev_rows); free(e->dev_tokens);
   if (e->cfg.on_free) e->cfg.on_free(e->cfg.on_free_ctx);
   free(e);
 }
@@ -269,9 +273,34 @@ static void set_inflight(di_sched *s, int v) {
     }
 }
 
-/* Samples the rows of a finished step and applies the results. */
-static di_status process_step(di_engine *e, di_sched *s) {
+/* A row the backend can sample on the device: nothing but temperature / top-k / top-p / min-p and
+ * the seed (the device draws with the same counter-based generator, for sample 0). */
+static int device_row_ok(const di_req *r) {
+  const di_sampling *sp = &r->sp;
+  return !r->constraint && sp->logprobs < 0 && sp->n_bias == 0 && sp->repetition_penalty == 1.0f &&
+         sp->presence_penalty == 0 && sp->frequency_penalty == 0 && r->sample_index == 0 &&
+         r->n_tokens - r->n_prompt >= r->min_tokens;
+}
+
+static int plan_device_sampling(di_engine *e, di_sched *s) {
+  if (!e->device_sampling || s->batch.n_outputs == 0) return 0;
+  int k = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped || !en->sample) continue;
+    di_req *r = en->r;
+    if (r->state != DI_REQ_DONE && !device_row_ok(r)) return 0;
+    e->dev_rows[k++] = (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
+                                       .min_p = r->sp.min_p, .seed = r->sp.seed, .counter = (uint64_t)r->n_tokens,
+                                       .vocab_limit = e->cfg.vocab_limit};
+  }
+  return 1;
+}
+
+/* Samples the rows of a completed step and applies what the next step depends on. */
+static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
   int row = 0;
+  if (on_device) DI_TRY(e->be->ops->sample(e->be, e->dev_rows, s->batch.n_outputs, e->dev_tokens));
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
@@ -279,7 +308,10 @@ static di_status process_step(di_engine *e, di_sched *s) {
     r->inflight = 0;
     r->pending = 0;
     int my_row = en->sample ? row++ : -1;
-    if (r->state == DI_REQ_DONE) continue;
+    if (r->state == DI_REQ_DONE) { /* ended while the step ran: its blocks can go back now */
+      di_kv_free_seq(e->kv, &r->kv);
+      continue;
+    }
     r->n_valid = en->start + en->n_new;
     di_kv_commit(e->kv, &r->kv, r->tokens, r->n_valid < r->n_tokens ? r->n_valid : r->n_tokens);
     if (r->abort_requested) {
@@ -287,28 +319,40 @@ static di_status process_step(di_engine *e, di_sched *s) {
       continue;
     }
     if (my_row < 0) continue;
-    float *lg = e->logits + (size_t)my_row * (size_t)e->cfg.vocab_size;
-    const uint32_t *allow = NULL;
-    if (r->constraint) {
-      memset(e->mask, 0, (size_t)e->mask_words * sizeof *e->mask);
-      if (e->constraint.fill_mask(r->constraint, e->mask) != DI_OK) {
+    di_sample_result res;
+    if (on_device) {
+      res.token = e->dev_tokens[my_row];
+      res.logprob = 0;
+      res.n_top = 0;
+    } else {
+      float *lg = e->logits + (size_t)my_row * (size_t)e->cfg.vocab_size;
+      const uint32_t *allow = NULL;
+      if (r->constraint) {
+        memset(e->mask, 0, (size_t)e->mask_words * sizeof *e->mask);
+        if (e->constraint.fill_mask(r->constraint, e->mask) != DI_OK) {
+          di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
+          continue;
+        }
+        allow = e->mask;
+      }
+      di_sampling sp = r->sp;
+      if (r->n_tokens - r->n_prompt >= r->min_tokens) sp.n_ban = 0;
+      di_status st = di_sampler_sample(e->sampler, lg, e->cfg.vocab_limit, &sp, r->tokens, r->n_prompt, r->n_tokens,
+                                       allow, (uint64_t)r->n_tokens, &res);
+      if (st != DI_OK) {
         di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
         continue;
       }
-      allow = e->mask;
     }
-    di_sampling sp = r->sp;
-    if (r->n_tokens - r->n_prompt >= r->min_tokens) sp.n_ban = 0;
-    di_sample_result res;
-    di_status st = di_sampler_sample(e->sampler, lg, e->cfg.vocab_limit, &sp, r->tokens, r->n_prompt, r->n_tokens,
-                                     allow, (uint64_t)r->n_tokens, &res);
-    if (st != DI_OK) {
-      di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
-      continue;
-    }
-    di_req_append_token(e, r, &res);
+    di_req_push_token(e, r, &res);
   }
   return DI_OK;
+}
+
+/* Detokenisation, stop strings and the grammar for the tokens of a completed step. */
+static void post_step(di_engine *e, di_sched *s) {
+  for (int i = 0; i < s->n; i++)
+    if (!s->e[i].dropped && s->e[i].sample) di_req_post_tokens(e, s->e[i].r);
 }
 
 /* Moves every request with something to report into the step output. */
@@ -355,7 +399,9 @@ static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
   for (int i = 0; i < s->n; i++) {
     di_req *r = s->e[i].r;
     r->inflight = r->pending = 0;
-    if (!s->e[i].dropped) di_req_finish(e, r, DI_FINISH_ERROR, msg);
+    if (s->e[i].dropped) continue;
+    if (r->state == DI_REQ_DONE) di_kv_free_seq(e->kv, &r->kv); /* ended while in flight */
+    else di_req_finish(e, r, DI_FINISH_ERROR, msg);
   }
   di_sched_clear(s);
   e->inflight_active = 0;
@@ -388,9 +434,10 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       DI_TRY(di_schedule(e, next, 1));
       if (next->n > 0) DI_TRY(di_sched_build_batch(e, next));
     }
+    int on_device = plan_device_sampling(e, cur);
     double tw = di_now();
     e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
-    st = e->be->ops->wait(e->be, e->logits, NULL);
+    st = e->be->ops->wait(e->be, on_device ? NULL : e->logits, NULL);
     double tw1 = di_now();
     t_blocked += tw1 - tw;
     e->wait_s += tw1 - tw;
@@ -407,8 +454,12 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       *out = &e->step_out;
       return st;
     }
-    DI_TRY(process_step(e, cur));
-    di_sched_clear(cur);
+    st = sample_step(e, cur, on_device);
+    if (st != DI_OK) {
+      for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, di_last_error());
+      di_sched_clear(next);
+      return fail_inflight(e, cur, st);
+    }
     if (next->n > 0) {
       int dropped = 0;
       for (int i = 0; i < next->n; i++) {
@@ -428,9 +479,16 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
         di_sched_clear(next);
       }
     }
+    /* the rest of step n's results, while step n+1 computes */
+    double tp = di_now();
+    post_step(e, cur);
+    di_sched_clear(cur);
+    if (e->inflight_active) e->hidden_s += di_now() - tp;
   }
+  double tc = di_now();
   DI_TRY(collect_outputs(e));
   double t1 = di_now();
+  if (e->inflight_active) e->hidden_s += t1 - tc;
   e->busy_s += t1 - t0;
   e->host_s += (t1 - t0) - t_blocked;
   *out = &e->step_out;

@@ -62,6 +62,7 @@ typedef struct di_req {
   int pending;               /* 1 while an in-flight step samples its next token */
   int inflight;              /* 1 while it is part of the in-flight step */
   int n_cached;              /* prompt tokens found in the prefix cache (first admission) */
+  int n_posted;              /* output tokens already detokenised / given to the grammar */
   int admitted;
   di_kv_seq kv;
   /* sampling and stopping */
@@ -122,6 +123,9 @@ struct di_engine {
   di_kv_manager *kv;
   di_sampler *sampler;
   float *logits;             /* [max_num_seqs][vocab] */
+  di_sample_row *dev_rows;   /* [max_num_seqs] rows for a backend that samples on the device */
+  int32_t *dev_tokens;
+  int device_sampling;       /* the backend samples and DEEPINFER_HOST_SAMPLING is unset */
   uint32_t *mask;            /* [ceil(vocab/32)] */
   int mask_words;
   uint64_t next_id, seed_state;
@@ -153,8 +157,12 @@ di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t 
 void di_req_free(di_engine *e, di_req *r);
 /* Ends a request (frees its KV blocks; it leaves the queues); reported at the next collection. */
 void di_req_finish(di_engine *e, di_req *r, di_finish_reason why, const char *error);
-/* Appends a sampled token and applies every stop rule. */
-void di_req_append_token(di_engine *e, di_req *r, const di_sample_result *res);
+/* Appends a sampled token and applies the cheap stop rules (stop tokens, length): what must be
+ * known before the next step is submitted. */
+void di_req_push_token(di_engine *e, di_req *r, const di_sample_result *res);
+/* The rest, done while the next step computes: the grammar, detokenisation, stop strings (which
+ * may end a request that is already in the next step: its result is then discarded). */
+void di_req_post_tokens(di_engine *e, di_req *r);
 /* Copies this step's output into an API record (and resets the step buffers on the next step). */
 void di_req_fill_output(di_engine *e, di_req *r, di_seq_output *o);
 void di_req_reset_output(di_req *r);

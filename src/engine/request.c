@@ -121,7 +121,9 @@ void di_req_finish(di_engine *e, di_req *r, di_finish_reason why, const char *er
     for (int i = 0; i < e->n_all; i++)
       if (e->all[i]->leader == r) e->all[i]->leader = NULL;
   if (error && !r->error) r->error = strdup(error);
-  di_kv_free_seq(e->kv, &r->kv);
+  /* an in-flight step still reads this request's block table: the blocks go back when that step
+   * has completed (di_req_release_inflight) */
+  if (!r->inflight) di_kv_free_seq(e->kv, &r->kv);
   r->n_computed = r->n_valid = 0;
   /* everything still held back is final text now */
   if (why != DI_FINISH_ERROR && r->text_emitted < r->text_len) r->text_emitted = r->text_len;
@@ -177,16 +179,17 @@ static int add_text(di_engine *e, di_req *r, const char *s, size_t n) {
     r->text_len = (size_t)at + (r->include_stop_str ? r->stops.len[which] : 0);
     r->text[r->text_len] = 0;
     if (r->text_emitted > r->text_len) r->text_emitted = r->text_len;
-    di_req_finish(e, r, DI_FINISH_STOP, NULL);
+    if (r->state == DI_REQ_DONE) r->finish = DI_FINISH_STOP; /* it also reached its length */
+    else di_req_finish(e, r, DI_FINISH_STOP, NULL);
     return 1;
   }
   r->text_checked = r->text_len;
-  size_t hold = di_stop_holdback(&r->stops, r->text, r->text_len);
+  size_t hold = r->state == DI_REQ_DONE ? 0 : di_stop_holdback(&r->stops, r->text, r->text_len);
   if (r->text_len - hold > r->text_emitted) r->text_emitted = r->text_len - hold;
   return 0;
 }
 
-void di_req_append_token(di_engine *e, di_req *r, const di_sample_result *res) {
+void di_req_push_token(di_engine *e, di_req *r, const di_sample_result *res) {
   int32_t t = res->token;
   double now = di_now();
   if (r->t_first < 0) r->t_first = now;
@@ -209,42 +212,42 @@ void di_req_append_token(di_engine *e, di_req *r, const di_sample_result *res) {
   mark_output(e, r);
   e->generated_tokens++;
   int n_output = r->n_tokens - r->n_prompt;
-
-  if (r->constraint) {
-    di_status st = e->constraint.accept(r->constraint, t);
-    if (st != DI_OK) {
-      di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
-      return;
-    }
-  }
   for (int i = 0; i < r->n_stop_ids; i++)
     if (r->stop_ids[i] == t && n_output >= r->min_tokens) {
       r->stop_token = t;
       di_req_finish(e, r, DI_FINISH_STOP, NULL);
       return;
     }
-  if (r->detok) {
-    const char *s;
-    size_t n;
-    di_status st = e->text.stream_push(r->detok, t, &s, &n);
-    if (st != DI_OK) {
-      di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
-      return;
+  if (n_output >= r->max_tokens || r->n_tokens >= r->max_len) di_req_finish(e, r, DI_FINISH_LENGTH, NULL);
+}
+
+void di_req_post_tokens(di_engine *e, di_req *r) {
+  while (r->n_posted < r->n_tokens - r->n_prompt) {
+    int i = r->n_prompt + r->n_posted++;
+    int32_t t = r->tokens[i];
+    int last = i == r->n_tokens - 1;
+    if (last && r->stop_token == t && r->state == DI_REQ_DONE) break; /* the stop token adds no text */
+    if (r->constraint && r->state != DI_REQ_DONE) {
+      di_status st = e->constraint.accept(r->constraint, t);
+      if (st != DI_OK) {
+        di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
+        return;
+      }
     }
-    if (add_text(e, r, s, n)) return;
-  }
-  if (r->constraint && e->constraint.is_terminated(r->constraint)) {
-    di_req_finish(e, r, DI_FINISH_STOP, NULL);
-    return;
-  }
-  if (n_output >= r->max_tokens || r->n_tokens >= r->max_len) {
-    /* the detokenizer may hold an incomplete character: flush it through the stop check */
     if (r->detok) {
       const char *s;
       size_t n;
-      if (e->text.stream_flush(r->detok, &s, &n) == DI_OK && add_text(e, r, s, n)) return;
+      di_status st = e->text.stream_push(r->detok, t, &s, &n);
+      if (st != DI_OK) {
+        di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
+        return;
+      }
+      if (add_text(e, r, s, n)) return;
+      if (last && r->state == DI_REQ_DONE && e->text.stream_flush(r->detok, &s, &n) == DI_OK && add_text(e, r, s, n))
+        return; /* the detokenizer may hold an incomplete character: flush it through the stop check */
     }
-    di_req_finish(e, r, DI_FINISH_LENGTH, NULL);
+    if (r->constraint && r->state != DI_REQ_DONE && e->constraint.is_terminated(r->constraint))
+      di_req_finish(e, r, DI_FINISH_STOP, NULL);
   }
 }
 

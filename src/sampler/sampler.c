@@ -7,6 +7,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 struct di_sampler {
   int vocab;
@@ -57,6 +60,35 @@ di_status di_sampling_validate(const di_sampling *sp, int vocab) {
     if (isnan(sp->bias_values[i])) return di_error_set(DI_ERR_INVALID_ARG, "logit_bias for token %d is NaN", sp->bias_ids[i]);
   }
   return DI_OK;
+}
+
+/* The largest logit and its lowest id (-1 when every logit is -inf or NaN). AVX2: eight lanes of
+ * maxima, then the first index holding the maximum; NaN never wins (max_ps keeps the accumulator). */
+static int32_t row_argmax(const float *l, int V, float *out_max) {
+  float mx = -INFINITY;
+  int i = 0;
+#ifdef __AVX2__
+  if (V >= 16) {
+    __m256 acc = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= V; i += 8) acc = _mm256_max_ps(_mm256_loadu_ps(l + i), acc);
+    float lane[8];
+    _mm256_storeu_ps(lane, acc);
+    for (int k = 0; k < 8; k++) if (lane[k] > mx) mx = lane[k];
+  }
+#endif
+  for (; i < V; i++) if (l[i] > mx) mx = l[i];
+  *out_max = mx;
+  if (mx == -INFINITY) return -1;
+  i = 0;
+#ifdef __AVX2__
+  __m256 m8 = _mm256_set1_ps(mx);
+  for (; i + 8 <= V; i += 8) {
+    int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + i), m8, _CMP_EQ_OQ));
+    if (bits) return i + __builtin_ctz((unsigned)bits);
+  }
+#endif
+  for (; i < V; i++) if (l[i] == mx) return i;
+  return -1;
 }
 
 /* a ranks before b: larger probability, then lower id */
@@ -136,16 +168,14 @@ di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_s
     if (sp->ban_ids[i] >= 0 && sp->ban_ids[i] < V) l[sp->ban_ids[i]] = -INFINITY;
   apply_penalties(s, l, sp, history, n_prompt, n_history);
 
-  int32_t best = -1;
-  float mx = -INFINITY;
-  for (int i = 0; i < V; i++) {
-    if (isnan(l[i])) l[i] = -INFINITY; /* a NaN logit is never sampled */
-    if (l[i] > mx) { mx = l[i]; best = i; }
-  }
+  float mx;
+  int32_t best = row_argmax(l, V, &mx); /* NaN logits are never chosen */
   if (best < 0) return di_error_set(DI_ERR_INVALID_ARG, "no token is allowed at this step (all masked or banned)");
 
   double lse = 0;
   if (sp->logprobs >= 0) {
+    for (int i = 0; i < V; i++)
+      if (isnan(l[i])) l[i] = -INFINITY;
     double z = 0;
     for (int i = 0; i < V; i++) z += exp((double)l[i] - mx);
     lse = mx + log(z);
@@ -154,9 +184,11 @@ di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_s
   int32_t tok = best;
   if (sp->temperature > 0 && sp->top_k != 1) {
     float *p = s->cp;
-    double inv_t = 1.0 / sp->temperature, z = 0;
+    float inv_t = 1.0f / sp->temperature;
+    double z = 0;
     for (int i = 0; i < V; i++) {
-      p[i] = (float)exp(((double)l[i] - mx) * inv_t); /* the best token has p = 1 */
+      float d = (l[i] - mx) * inv_t; /* the best token has p = 1; -inf, NaN and underflow give 0 */
+      p[i] = d > -87.0f ? expf(d) : 0.0f;
       z += p[i];
     }
     int trunc = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1 || sp->min_p > 0;

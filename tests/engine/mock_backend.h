@@ -23,6 +23,7 @@ typedef struct mock_backend {
   double sleep_s, t_submit;
   int errors;                   /* reads of slots not written for that position */
   int64_t max_tokens_per_step;
+  int64_t device_samples;       /* rows sampled by mock_sample */
 } mock_backend;
 
 static uint64_t mock_mix(uint64_t x) {
@@ -122,6 +123,28 @@ static void mock_destroy(di_backend *b) {
 }
 
 static const di_backend_ops MOCK_OPS = {"mock", mock_kv_groups, mock_kv_alloc, mock_submit, mock_wait, NULL, mock_destroy};
+
+/* "device" sampling: the host sampler run on the mock's own logits, as a backend would on its device */
+static di_status mock_sample(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens) {
+  mock_backend *m = (mock_backend *)b;
+  if (n != m->n_out) return di_error_set(DI_ERR_INVALID_ARG, "mock sample: %d rows, step had %d", n, m->n_out);
+  di_sampler *s;
+  DI_TRY(di_sampler_create(m->vocab, &s));
+  for (int i = 0; i < n; i++) {
+    di_sampling sp = {.temperature = rows[i].temperature, .top_p = rows[i].top_p, .top_k = rows[i].top_k,
+                      .min_p = rows[i].min_p, .repetition_penalty = 1, .logprobs = -1, .seed = rows[i].seed};
+    di_sample_result res;
+    di_status st = di_sampler_sample(s, m->out + (size_t)i * (size_t)m->vocab, rows[i].vocab_limit, &sp, NULL, 0, 0,
+                                     NULL, rows[i].counter, &res);
+    if (st != DI_OK) { di_sampler_free(s); return st; }
+    tokens[i] = res.token;
+  }
+  di_sampler_free(s);
+  m->device_samples += n;
+  return DI_OK;
+}
+static const di_backend_ops MOCK_OPS_DEV = {"mock-dev", mock_kv_groups, mock_kv_alloc, mock_submit, mock_wait, mock_sample,
+                                            mock_destroy};
 
 static mock_backend *mock_backend_new(int vocab) {
   mock_backend *m = calloc(1, sizeof *m);

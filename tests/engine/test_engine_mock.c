@@ -86,8 +86,9 @@ static void fill_params(di_request_params *p, const case_t *c) {
 
 /* runs all cases in one engine, returns the number of mismatching cases */
 static int run_engine(case_t *cs, int n, di_engine_options *opt, mock_backend **mb_out, di_engine_stats *st_out,
-                      const char *what) {
+                      const char *what, int device_sampling) {
   mock_backend *mb = mock_backend_new(VOCAB);
+  if (device_sampling) mb->base.ops = &MOCK_OPS_DEV;
   di_engine *e;
   di_status st = mock_engine(mb, opt, 0, 4096, &e);
   CHECKF(st == DI_OK, "%s: create: %s", what, di_last_error());
@@ -140,8 +141,9 @@ static int run_engine(case_t *cs, int n, di_engine_options *opt, mock_backend **
 static void test_equivalence(int sampled) {
   static case_t cs[NREQ];
   make_cases(cs, NREQ, sampled);
-  const char *names[] = {"default", "no prefix cache", "no chunked prefill", "sync", "tiny budget", "one by one"};
-  for (int v = 0; v < 6; v++) {
+  const char *names[] = {"default", "no prefix cache", "no chunked prefill", "sync", "tiny budget", "one by one",
+                         "device sampling"};
+  for (int v = 0; v < 7; v++) {
     di_engine_options o;
     di_engine_options_default(&o);
     o.max_num_batched_tokens = 256;
@@ -155,7 +157,10 @@ static void test_equivalence(int sampled) {
     memset(&st, 0, sizeof st);
     char what[64];
     snprintf(what, sizeof what, "%s/%s", sampled ? "sampled" : "greedy", names[v]);
-    int bad = run_engine(cs, NREQ, &o, NULL, &st, what);
+    mock_backend *mb = NULL;
+    int bad = run_engine(cs, NREQ, &o, &mb, &st, what, v == 6);
+    if (v == 6) CHECKF(mb->device_samples > 0, "%s: no row was sampled on the device", what);
+    mock_destroy(&mb->base);
     CHECKF(bad == 0, "%s: %d of %d requests differ from the request alone", what, bad, NREQ);
     if (v == 0) CHECKF(st.prefix_cache_hit_tokens > 0, "%s: no prefix-cache hits on shared prompts", what);
     if (v == 1) CHECK(st.prefix_cache_hit_tokens == 0);
