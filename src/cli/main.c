@@ -9,6 +9,7 @@ int di_cmd_tokenize(int argc, char **argv);
 int di_cmd_detokenize(int argc, char **argv);
 int di_cmd_grammar(int argc, char **argv);
 int di_cmd_chat_template(int argc, char **argv);
+int di_cmd_serve(int argc, char **argv);
 
 static const di_cli_command COMMANDS[] = {
     {"score", "write the logits of a token sequence to a safetensors file", di_cmd_score},
@@ -18,6 +19,7 @@ static const di_cli_command COMMANDS[] = {
     {"detokenize", "token ids (JSON) on stdin to text, as Hugging Face tokenizers", di_cmd_detokenize},
     {"grammar", "compile a grammar (regex, JSON schema, EBNF) and check stdin against it", di_cmd_grammar},
     {"chat-template", "render a conversation with a model's chat template", di_cmd_chat_template},
+    {"serve", "serve the OpenAI API over HTTP (completions, chat, streaming)", di_cmd_serve},
 };
 
 static void usage(FILE *f) {

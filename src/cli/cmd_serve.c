@@ -1,0 +1,162 @@
+/* `deepinfer serve`: loads a model and serves the OpenAI API over HTTP (src/server/, docs/server.md).
+ * Flags carry vLLM's names; SIGINT/SIGTERM shut the server down gracefully. */
+#include "cli.h"
+#include "server/server.h"
+#include "util/status.h"
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+int di_cmd_serve(int argc, char **argv);
+
+static di_server *g_server;
+
+static void on_signal(int sig) {
+  (void)sig;
+  if (g_server) di_server_request_stop(g_server);
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: deepinfer serve [MODEL_DIR] [--model DIR] [--host 127.0.0.1] [--port 8000] [options]\n"
+          "\n"
+          "Serves the OpenAI API: POST /v1/completions, /v1/chat/completions, GET /v1/models, /health,\n"
+          "/metrics, /version, POST /tokenize, /detokenize (see docs/server.md).\n"
+          "\n"
+          "Model:    MODEL_DIR or --model DIR (else $DEEPINFER_HF_MODEL_DIR, else the shipped models/default)\n"
+          "          --served-model-name NAME (default: the model argument as given, or \"default\")\n"
+          "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
+          "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
+          "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
+          "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling  --seed N\n"
+          "HTTP:     --host ADDR (default 127.0.0.1; 0.0.0.0 for all interfaces)  --port N (0: any free port)\n"
+          "          --api-key KEY (or $DEEPINFER_API_KEY: /v1/ needs \"Authorization: Bearer KEY\")\n"
+          "          --max-connections N (512)  --max-body-bytes N (32 MiB)  --keep-alive-timeout S (60)\n"
+          "          --shutdown-timeout S (10: in-flight requests get this long on SIGINT/SIGTERM)\n"
+          "          --disable-log-requests (no access-log lines on stderr)\n");
+}
+
+static int parse_ll(const char *flag, const char *v, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) {
+    fprintf(stderr, "deepinfer serve: %s: \"%s\" is not an integer in [%lld, %lld]\n", flag, v, lo, hi);
+    return 0;
+  }
+  *out = x;
+  return 1;
+}
+
+int di_cmd_serve(int argc, char **argv) {
+  const char *model_dir = NULL, *served = NULL, *load_format = "auto", *accelerator = NULL, *api_key = NULL;
+  long long threads = 0, dummy_seed = 0, seed = 0, x;
+  di_server_config sc;
+  di_server_config_default(&sc);
+  di_engine_options eo;
+  di_engine_options_default(&eo);
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL, *a = argv[i];
+    int err = 0;
+    if (di_cli_is_help(a)) { usage(stdout); return 0; }
+#define FLAG(name) (di_cli_flag_value(argc, argv, &i, name, &v, &err) && !err)
+#define INT(lo, hi) if (!parse_ll(a, v, lo, hi, &x)) return 2
+    if (strcmp(a, "--enable-prefix-caching") == 0) eo.enable_prefix_caching = 1;
+    else if (strcmp(a, "--no-enable-prefix-caching") == 0) eo.enable_prefix_caching = 0;
+    else if (strcmp(a, "--no-chunked-prefill") == 0) eo.enable_chunked_prefill = 0;
+    else if (strcmp(a, "--no-async-scheduling") == 0) eo.async_scheduling = 0;
+    else if (strcmp(a, "--disable-log-requests") == 0) sc.log_requests = 0;
+    else if (FLAG("--model")) model_dir = v;
+    else if (FLAG("--served-model-name")) served = v;
+    else if (FLAG("--host")) sc.host = v;
+    else if (FLAG("--port")) { INT(0, 65535); sc.port = (int)x; }
+    else if (FLAG("--api-key")) api_key = v;
+    else if (FLAG("--load-format")) load_format = v;
+    else if (FLAG("--accelerator")) accelerator = v;
+    else if (FLAG("--threads")) { INT(0, 4096); threads = x; }
+    else if (FLAG("--dummy-seed")) { INT(0, INT64_MAX); dummy_seed = x; }
+    else if (FLAG("--seed")) { INT(0, INT64_MAX); seed = x; }
+    else if (FLAG("--max-model-len")) { INT(1, INT32_MAX); eo.max_model_len = (int)x; }
+    else if (FLAG("--max-num-seqs")) { INT(1, 1 << 20); eo.max_num_seqs = (int)x; }
+    else if (FLAG("--max-num-batched-tokens")) { INT(1, INT32_MAX); eo.max_num_batched_tokens = (int)x; }
+    else if (FLAG("--kv-cache-memory")) { INT(1, INT64_MAX); eo.kv_cache_memory_bytes = x; }
+    else if (FLAG("--num-kv-blocks")) { INT(1, INT32_MAX); eo.num_kv_blocks = x; }
+    else if (FLAG("--max-connections")) { INT(1, 1 << 20); sc.max_connections = (int)x; }
+    else if (FLAG("--max-body-bytes")) { INT(1024, (long long)1 << 40); sc.max_body_bytes = (size_t)x; }
+    else if (FLAG("--keep-alive-timeout")) { INT(1, 86400); sc.keep_alive_timeout_s = (int)x; }
+    else if (FLAG("--shutdown-timeout")) { INT(0, 86400); sc.shutdown_grace_s = (int)x; }
+    else if (a[0] != '-' && !model_dir) model_dir = a;
+    else {
+      if (!err) fprintf(stderr, "deepinfer serve: unknown option '%s' (see --help)\n", a);
+      return 2;
+    }
+#undef INT
+#undef FLAG
+  }
+  if (!served) served = model_dir ? model_dir : "default";
+  if (!model_dir) model_dir = di_cli_default_model_dir();
+  if (!api_key) api_key = getenv("DEEPINFER_API_KEY");
+  eo.seed = (uint64_t)seed;
+
+  int rc = 1;
+  di_model *m = NULL;
+  di_engine *e = NULL;
+  di_chat_template *tmpl = NULL;
+  di_server *srv = NULL;
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.load_format = load_format;
+  mo.accelerator = accelerator;
+  mo.threads = (int)threads;
+  mo.dummy_seed = (uint64_t)dummy_seed;
+  if (di_model_load(model_dir, &mo, &m) != DI_OK || di_engine_create(m, &eo, &e) != DI_OK) {
+    fprintf(stderr, "deepinfer serve: %s\n", di_last_error());
+    goto done;
+  }
+  if (di_chat_template_load(model_dir, &tmpl) != DI_OK) {
+    fprintf(stderr, "deepinfer serve: no chat template (/v1/chat/completions answers 400): %s\n", di_last_error());
+    tmpl = NULL;
+  }
+  sc.served_name = served;
+  sc.api_key = api_key;
+  sc.model = m;
+  sc.engine = e;
+  sc.tmpl = tmpl;
+  sc.max_model_len = eo.max_model_len > 0 && eo.max_model_len < di_model_max_context(m) ? eo.max_model_len
+                                                                                          : di_model_max_context(m);
+  if (di_server_create(&sc, &srv) != DI_OK) {
+    fprintf(stderr, "deepinfer serve: %s\n", di_last_error());
+    goto done;
+  }
+  g_server = srv;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  fprintf(stderr, "deepinfer serve: model %s (%s) as \"%s\", max_model_len %d\n", model_dir, di_model_type(m), served,
+          sc.max_model_len);
+  fprintf(stderr, "deepinfer serve: listening on http://%s:%d\n", strchr(sc.host, ':') ? "[::]" : sc.host,
+          di_server_port(srv));
+  fflush(stderr);
+  if (di_server_run(srv) != DI_OK) {
+    fprintf(stderr, "deepinfer serve: %s\n", di_last_error());
+    /* a connection thread may still use the server: leave it allocated */
+    srv = NULL;
+    goto done_keep;
+  }
+  rc = 0;
+done:
+  g_server = NULL;
+  di_server_free(srv);
+  di_engine_free(e);
+  di_model_free(m);
+  di_chat_template_free(tmpl);
+  return rc;
+done_keep:
+  g_server = NULL;
+  return 1;
+}

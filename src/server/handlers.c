@@ -1,0 +1,631 @@
+/* The endpoints of `deepinfer serve`: routing, /v1/completions and /v1/chat/completions (whole
+ * responses and server-sent-event streams), /v1/models, /health, /version, /metrics, /tokenize and
+ * /detokenize. Generation requests become one engine job each (engine_loop.h); while waiting for
+ * its events a handler polls its socket so that a client that went away aborts its job. */
+#include "server/server_internal.h"
+#include "api/model_internal.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define DI_SERVER_VERSION "0.1.0"
+#define POLL_MS 100
+
+static const char *JSON_TYPE = "application/json";
+
+static int send_json(di_conn *c, int status, cJSON *obj, int keep_alive) {
+  char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+  cJSON_Delete(obj);
+  c->status = s ? status : 500;
+  static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+  int rc = s ? di_http_respond(c->fd, status, JSON_TYPE, s, strlen(s), keep_alive, NULL)
+             : di_http_respond(c->fd, 500, JSON_TYPE, oom, sizeof oom - 1, 0, NULL);
+  free(s);
+  return rc == 0 ? keep_alive : 0;
+}
+
+int di_srv_send_error(di_conn *c, const di_oai_error *e, int keep_alive) {
+  char *s = di_oai_error_json(e);
+  c->status = e->status;
+  const char *extra = e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL;
+  int rc = di_http_respond(c->fd, e->status, JSON_TYPE, s ? s : "{}", s ? strlen(s) : 2, keep_alive, extra);
+  free(s);
+  pthread_mutex_lock(&c->srv->mu);
+  c->srv->n_errors++;
+  pthread_mutex_unlock(&c->srv->mu);
+  return rc == 0 ? keep_alive : 0;
+}
+
+static void make_id(di_server *s, const char *prefix, char *out, size_t cap) {
+  pthread_mutex_lock(&s->mu);
+  uint64_t k = s->next_id++;
+  pthread_mutex_unlock(&s->mu);
+  /* splitmix64 of a per-server random seed and a counter: unique, not guessable from the count */
+  uint64_t z = s->id_seed + k * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)z, (unsigned long long)(k & 0xffffffffu));
+}
+
+/* ---- generation -------------------------------------------------------------------------------- */
+typedef struct choice {
+  char *text;
+  size_t len, cap;
+  cJSON *logprobs;               /* completions: the logprobs object; chat: the content array */
+  int text_offset;
+  di_finish_reason finish;
+  int n_out;
+  char *error;
+} choice;
+
+typedef struct gen {
+  di_server *s;
+  di_conn *c;
+  di_oai_request r;
+  di_srv_job *job;
+  int n_choices;
+  choice *ch;
+  char id[64];
+  long long created;
+  int prompt_tokens, cached_tokens;
+  int keep_alive;
+} gen;
+
+static int append(choice *c, const char *t, size_t n) {
+  if (c->len + n + 1 > c->cap) {
+    size_t cap = (c->len + n + 1) * 2;
+    char *b = realloc(c->text, cap);
+    if (!b) return -1;
+    c->text = b;
+    c->cap = cap;
+  }
+  memcpy(c->text + c->len, t, n);
+  c->len += n;
+  c->text[c->len] = 0;
+  return 0;
+}
+
+static cJSON *new_logprobs(int chat) { return chat ? cJSON_CreateArray() : di_oai_completion_logprobs_new(); }
+
+/* adds an event's tokens to `lp` (a fresh or accumulated logprobs object) */
+static void add_event_logprobs(gen *g, choice *ch, cJSON *lp, const di_srv_event *ev) {
+  for (int t = 0; t < ev->n_tokens; t++) {
+    di_oai_add_logprob(g->s->oai.tok, g->r.chat, lp, ev->tokens[t], ev->logprobs[t],
+                       ev->top ? ev->top + (size_t)t * (size_t)ev->n_top : NULL, ev->n_top, ch->text_offset);
+    size_t n = 0;
+    if (g->s->oai.tok && di_tokenizer_token_bytes(g->s->oai.tok, ev->tokens[t], &n)) ch->text_offset += (int)n;
+  }
+}
+
+static cJSON *usage_json(const gen *g) {
+  long long completion = 0;
+  for (int i = 0; i < g->n_choices; i++) completion += g->ch[i].n_out;
+  cJSON *u = cJSON_CreateObject();
+  cJSON_AddNumberToObject(u, "prompt_tokens", g->prompt_tokens);
+  cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
+  cJSON_AddNumberToObject(u, "total_tokens", (double)(g->prompt_tokens + completion));
+  cJSON *d = cJSON_CreateObject();
+  cJSON_AddNumberToObject(d, "cached_tokens", g->cached_tokens);
+  cJSON_AddItemToObject(u, "prompt_tokens_details", d);
+  return u;
+}
+
+static cJSON *envelope(const gen *g, const char *object) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", g->id);
+  cJSON_AddStringToObject(o, "object", object);
+  cJSON_AddNumberToObject(o, "created", (double)g->created);
+  cJSON_AddStringToObject(o, "model", g->s->cfg.served_name);
+  return o;
+}
+
+static const char *finish_str(di_finish_reason f) {
+  return f == DI_FINISH_STOP ? "stop" : f == DI_FINISH_LENGTH ? "length" : f == DI_FINISH_ABORT ? "abort" : "error";
+}
+
+static void record_usage(gen *g, int ok) {
+  long long completion = 0;
+  for (int i = 0; i < g->n_choices; i++) completion += g->ch[i].n_out;
+  pthread_mutex_lock(&g->s->mu);
+  g->s->n_prompt_tokens += g->prompt_tokens;
+  g->s->n_generation_tokens += completion;
+  if (!ok) g->s->n_disconnects++;
+  pthread_mutex_unlock(&g->s->mu);
+}
+
+/* usage counts from an event (every event carries the prompt and output counts) */
+static void note_event(gen *g, choice *ch, const di_srv_event *ev) {
+  if (ev->n_output_tokens > ch->n_out) ch->n_out = ev->n_output_tokens;
+  if (ev->sample_index == 0 && ev->finish != DI_FINISH_NONE) g->cached_tokens += ev->n_cached_tokens;
+  if (ev->finish != DI_FINISH_NONE) {
+    ch->finish = ev->finish;
+    if (ev->error && !ch->error) ch->error = strdup(ev->error);
+  }
+}
+
+/* Waits for the next event, watching the socket. Returns 1 with *ev, -1 when the job is done, -2
+ * when the client went away (the job is aborted then). */
+static int wait_event(gen *g, di_srv_event **ev) {
+  for (;;) {
+    int rc = di_srv_next_event(g->s->loop, g->job, POLL_MS, ev);
+    if (rc != 0) return rc;
+    if (di_srv_peer_gone(g->c->fd)) {
+      di_srv_abort(g->s->loop, g->job);
+      return -2;
+    }
+  }
+}
+
+/* the error to answer when a choice ended in an error or was aborted by the server */
+static int failed_choice(const gen *g, di_oai_error *err) {
+  for (int i = 0; i < g->n_choices; i++) {
+    const choice *ch = &g->ch[i];
+    if (ch->finish == DI_FINISH_ERROR) {
+      /* an error before any token is the request's fault (it cannot fit the KV pool ...) */
+      int before = ch->n_out == 0;
+      return di_oai_fail(err, before ? 400 : 500, before ? "invalid_request_error" : "server_error", "", NULL, "%s",
+                         ch->error ? ch->error : "the request failed");
+    }
+    if (ch->finish == DI_FINISH_ABORT || ch->finish == DI_FINISH_NONE) {
+      const char *why = di_srv_job_error(g->s->loop, g->job);
+      return di_oai_fail(err, 503, "server_error", "", NULL, "the request was aborted: %s",
+                         why && *why ? why : "the server is shutting down");
+    }
+  }
+  return 0;
+}
+
+static int respond_whole(gen *g) {
+  di_srv_event *ev;
+  int rc;
+  while ((rc = wait_event(g, &ev)) == 1) {
+    int ci = ev->prompt_index * g->r.n + ev->sample_index;
+    if (ci >= 0 && ci < g->n_choices) {
+      choice *ch = &g->ch[ci];
+      if (ev->logprobs && g->r.logprobs >= 0) {
+        if (!ch->logprobs) ch->logprobs = new_logprobs(g->r.chat);
+        if (ch->logprobs) add_event_logprobs(g, ch, ch->logprobs, ev);
+      }
+      if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
+        di_srv_event_free(ev);
+        di_srv_abort(g->s->loop, g->job);
+        di_oai_error err;
+        di_oai_fail(&err, 500, "server_error", "", NULL, "out of memory");
+        return di_srv_send_error(g->c, &err, 0);
+      }
+      note_event(g, ch, ev);
+    }
+    di_srv_event_free(ev);
+  }
+  record_usage(g, rc != -2);
+  if (rc == -2) { g->c->status = 499; return 0; }
+  di_oai_error err;
+  if (failed_choice(g, &err)) return di_srv_send_error(g->c, &err, g->keep_alive);
+  cJSON *o = envelope(g, g->r.chat ? "chat.completion" : "text_completion");
+  cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+  for (int i = 0; i < g->n_choices; i++) {
+    choice *ch = &g->ch[i];
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", i);
+    if (g->r.chat) {
+      cJSON *m = cJSON_AddObjectToObject(c, "message");
+      cJSON_AddStringToObject(m, "role", "assistant");
+      cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
+      cJSON_AddArrayToObject(m, "tool_calls");
+      if (ch->logprobs) {
+        cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
+        cJSON_AddItemToObject(lp, "content", ch->logprobs);
+        ch->logprobs = NULL;
+      } else {
+        cJSON_AddNullToObject(c, "logprobs");
+      }
+    } else {
+      const char *echo = g->r.echo ? g->r.prompt_text[i / g->r.n] : "";
+      size_t el = strlen(echo);
+      char *t = malloc(el + ch->len + 1);
+      if (t) {
+        memcpy(t, echo, el);
+        if (ch->len) memcpy(t + el, ch->text, ch->len);
+        t[el + ch->len] = 0;
+      }
+      cJSON_AddStringToObject(c, "text", t ? t : "");
+      free(t);
+      if (ch->logprobs) { cJSON_AddItemToObject(c, "logprobs", ch->logprobs); ch->logprobs = NULL; }
+      else cJSON_AddNullToObject(c, "logprobs");
+    }
+    cJSON_AddStringToObject(c, "finish_reason", finish_str(ch->finish));
+    cJSON_AddNullToObject(c, "stop_reason");
+    cJSON_AddItemToArray(choices, c);
+  }
+  cJSON_AddItemToObject(o, "usage", usage_json(g));
+  return send_json(g->c, 200, o, g->keep_alive);
+}
+
+static int sse_send(gen *g, cJSON *obj) {
+  char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+  cJSON_Delete(obj);
+  if (!s) return -1;
+  size_t n = strlen(s);
+  char *msg = malloc(n + 9);
+  if (!msg) { free(s); return -1; }
+  memcpy(msg, "data: ", 6);
+  memcpy(msg + 6, s, n);
+  memcpy(msg + 6 + n, "\n\n", 3);
+  free(s);
+  int rc = di_http_write_chunk(g->c->fd, msg, n + 8);
+  free(msg);
+  return rc;
+}
+
+/* one streamed chunk for choice `index`: text (may be empty), logprobs (taken), finish or NULL */
+static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int role, cJSON *lp, const char *finish) {
+  cJSON *o = envelope(g, g->r.chat ? "chat.completion.chunk" : "text_completion");
+  cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+  cJSON *c = cJSON_CreateObject();
+  cJSON_AddNumberToObject(c, "index", index);
+  char *t = malloc(len + 1);
+  if (t) { memcpy(t, text, len); t[len] = 0; }
+  if (g->r.chat) {
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    if (role) cJSON_AddStringToObject(d, "role", "assistant");
+    if (len || role) cJSON_AddStringToObject(d, "content", t ? t : "");
+    if (lp) {
+      cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
+      cJSON_AddItemToObject(l, "content", lp);
+    } else {
+      cJSON_AddNullToObject(c, "logprobs");
+    }
+  } else {
+    cJSON_AddStringToObject(c, "text", t ? t : "");
+    if (lp) cJSON_AddItemToObject(c, "logprobs", lp); else cJSON_AddNullToObject(c, "logprobs");
+  }
+  free(t);
+  if (finish) cJSON_AddStringToObject(c, "finish_reason", finish); else cJSON_AddNullToObject(c, "finish_reason");
+  if (!g->r.chat || finish) cJSON_AddNullToObject(c, "stop_reason");
+  cJSON_AddItemToArray(choices, c);
+  if (g->r.include_usage) cJSON_AddNullToObject(o, "usage");
+  return o;
+}
+
+static int respond_stream(gen *g) {
+  int ok = di_http_begin_chunked(g->c->fd, 200, "text/event-stream; charset=utf-8", g->keep_alive, NULL) == 0;
+  g->c->status = 200;
+  for (int i = 0; ok && i < g->n_choices; i++) {
+    if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL)) == 0;
+    else if (g->r.echo) {
+      const char *p = g->r.prompt_text[i / g->r.n];
+      ok = sse_send(g, chunk_json(g, i, p, strlen(p), 0, NULL, NULL)) == 0;
+    }
+  }
+  di_srv_event *ev;
+  int rc = -1;
+  while (ok && (rc = wait_event(g, &ev)) == 1) {
+    int ci = ev->prompt_index * g->r.n + ev->sample_index;
+    if (ci >= 0 && ci < g->n_choices) {
+      choice *ch = &g->ch[ci];
+      note_event(g, ch, ev);
+      cJSON *lp = NULL;
+      if (ev->logprobs && g->r.logprobs >= 0 && ev->n_tokens > 0 && (lp = new_logprobs(g->r.chat)))
+        add_event_logprobs(g, ch, lp, ev);
+      if (ev->finish == DI_FINISH_ERROR || ev->finish == DI_FINISH_ABORT) {
+        cJSON_Delete(lp);
+        di_oai_error err;
+        failed_choice(g, &err);
+        char *s = di_oai_error_json(&err);
+        if (s) {
+          size_t n = strlen(s);
+          char *msg = malloc(n + 9);
+          if (msg) {
+            snprintf(msg, n + 9, "data: %s\n\n", s);
+            ok = di_http_write_chunk(g->c->fd, msg, n + 8) == 0;
+          }
+          free(msg);
+          free(s);
+        }
+      } else if (ev->text_len || lp || ev->finish != DI_FINISH_NONE) {
+        ok = sse_send(g, chunk_json(g, ci, ev->text, ev->text_len, 0, lp,
+                                    ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL)) == 0;
+      }
+    }
+    di_srv_event_free(ev);
+  }
+  if (!ok || rc == -2) {
+    if (!ok) di_srv_abort(g->s->loop, g->job);
+    record_usage(g, 0);
+    g->c->status = 499;
+    return 0;
+  }
+  record_usage(g, 1);
+  if (g->r.include_usage) {
+    cJSON *o = envelope(g, g->r.chat ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", usage_json(g));
+    if (sse_send(g, o) != 0) return 0;
+  }
+  static const char done[] = "data: [DONE]\n\n";
+  if (di_http_write_chunk(g->c->fd, done, sizeof done - 1) != 0 || di_http_end_chunked(g->c->fd) != 0) return 0;
+  return g->keep_alive;
+}
+
+static int handle_generate(di_server *s, di_conn *c, const char *body, size_t len, int chat, int keep_alive) {
+  gen g;
+  memset(&g, 0, sizeof g);
+  g.s = s;
+  g.c = c;
+  g.keep_alive = keep_alive;
+  di_oai_error err;
+  if (di_oai_parse_request(&s->oai, chat, body, len, &g.r, &err)) return di_srv_send_error(c, &err, keep_alive);
+  int result;
+  g.n_choices = g.r.n_prompts * g.r.n;
+  g.ch = calloc((size_t)g.n_choices, sizeof *g.ch);
+  g.job = g.ch ? di_srv_job_create(g.r.n_prompts, g.r.params) : NULL;
+  if (!g.job) {
+    di_oai_fail(&err, 500, "server_error", "", NULL, "out of memory");
+    result = di_srv_send_error(c, &err, keep_alive);
+    goto done;
+  }
+  di_status st = di_srv_submit(s->loop, g.job);
+  if (st != DI_OK) {
+    /* parameters the engine rejected (a schema or regex that does not compile, ...) */
+    if (st == DI_ERR_ABORTED) di_oai_fail(&err, 503, "server_error", "", NULL, "%s", di_last_error());
+    else if (st == DI_ERR_OOM || st == DI_ERR_BACKEND || st == DI_ERR_INTERNAL)
+      di_oai_fail(&err, 500, "server_error", "", NULL, "%s", di_last_error());
+    else di_oai_fail(&err, 400, "invalid_request_error", "", NULL, "%s", di_last_error());
+    result = di_srv_send_error(c, &err, keep_alive);
+    goto done;
+  }
+  make_id(s, chat ? "chatcmpl-" : "cmpl-", g.id, sizeof g.id);
+  g.created = (long long)time(NULL);
+  for (int i = 0; i < g.r.n_prompts; i++) g.prompt_tokens += g.r.n_prompt_ids[i];
+  pthread_mutex_lock(&s->mu);
+  s->n_generate_requests++;
+  pthread_mutex_unlock(&s->mu);
+  result = g.r.stream ? respond_stream(&g) : respond_whole(&g);
+done:
+  if (g.job) di_srv_job_release(s->loop, g.job);
+  for (int i = 0; g.ch && i < g.n_choices; i++) {
+    free(g.ch[i].text);
+    free(g.ch[i].error);
+    cJSON_Delete(g.ch[i].logprobs);
+  }
+  free(g.ch);
+  di_oai_request_free(&g.r);
+  return result;
+}
+
+/* ---- the other endpoints ----------------------------------------------------------------------- */
+static cJSON *model_card(di_server *s) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "id", s->cfg.served_name);
+  cJSON_AddStringToObject(m, "object", "model");
+  cJSON_AddNumberToObject(m, "created", (double)s->started);
+  cJSON_AddStringToObject(m, "owned_by", "deepinfer");
+  cJSON_AddStringToObject(m, "root", di_model_dir(s->cfg.model));
+  cJSON_AddNullToObject(m, "parent");
+  cJSON_AddNumberToObject(m, "max_model_len", s->cfg.max_model_len);
+  return m;
+}
+
+static int handle_models(di_server *s, di_conn *c, int keep_alive) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "object", "list");
+  cJSON *d = cJSON_AddArrayToObject(o, "data");
+  cJSON_AddItemToArray(d, model_card(s));
+  return send_json(c, 200, o, keep_alive);
+}
+
+static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
+  di_engine_stats st;
+  int running, waiting;
+  di_srv_stats(s->loop, &st, &running, &waiting);
+  pthread_mutex_lock(&s->mu);
+  long long req = s->n_requests, gens = s->n_generate_requests, errs = s->n_errors, gone = s->n_disconnects;
+  long long pt = s->n_prompt_tokens, gt = s->n_generation_tokens;
+  int conns = s->n_conns;
+  pthread_mutex_unlock(&s->mu);
+  char buf[4096];
+  const char *m = s->cfg.served_name;
+  int n = snprintf(buf, sizeof buf,
+      "# HELP deepinfer_num_requests_running Engine requests in flight (jobs).\n# TYPE deepinfer_num_requests_running gauge\n"
+      "deepinfer_num_requests_running{model_name=\"%s\"} %d\n"
+      "# HELP deepinfer_num_requests_waiting Jobs queued for the engine thread.\n# TYPE deepinfer_num_requests_waiting gauge\n"
+      "deepinfer_num_requests_waiting{model_name=\"%s\"} %d\n"
+      "# TYPE deepinfer_num_sequences_running gauge\ndeepinfer_num_sequences_running{model_name=\"%s\"} %d\n"
+      "# TYPE deepinfer_num_sequences_waiting gauge\ndeepinfer_num_sequences_waiting{model_name=\"%s\"} %d\n"
+      "# TYPE deepinfer_kv_cache_usage_perc gauge\ndeepinfer_kv_cache_usage_perc{model_name=\"%s\"} %.6f\n"
+      "# TYPE deepinfer_prefix_cache_hit_rate gauge\ndeepinfer_prefix_cache_hit_rate{model_name=\"%s\"} %.6f\n"
+      "# TYPE deepinfer_prompt_tokens_total counter\ndeepinfer_prompt_tokens_total{model_name=\"%s\"} %lld\n"
+      "# TYPE deepinfer_generation_tokens_total counter\ndeepinfer_generation_tokens_total{model_name=\"%s\"} %lld\n"
+      "# TYPE deepinfer_engine_steps_total counter\ndeepinfer_engine_steps_total{model_name=\"%s\"} %lld\n"
+      "# TYPE deepinfer_preemptions_total counter\ndeepinfer_preemptions_total{model_name=\"%s\"} %lld\n"
+      "# TYPE deepinfer_http_requests_total counter\ndeepinfer_http_requests_total %lld\n"
+      "# TYPE deepinfer_generate_requests_total counter\ndeepinfer_generate_requests_total %lld\n"
+      "# TYPE deepinfer_http_errors_total counter\ndeepinfer_http_errors_total %lld\n"
+      "# TYPE deepinfer_client_disconnects_total counter\ndeepinfer_client_disconnects_total %lld\n"
+      "# TYPE deepinfer_open_connections gauge\ndeepinfer_open_connections %d\n",
+      m, running, m, waiting, m, st.n_running, m, st.n_waiting, m,
+      st.kv_blocks_total ? (double)st.kv_blocks_used / (double)st.kv_blocks_total : 0.0, m, st.prefix_cache_hit_rate, m, pt, m,
+      gt, m, (long long)st.steps, m, (long long)st.preemptions, req, gens, errs, gone, conns);
+  if (n < 0 || (size_t)n >= sizeof buf) n = 0;
+  c->status = 200;
+  return di_http_respond(c->fd, 200, "text/plain; version=0.0.4", buf, (size_t)n, keep_alive, NULL) == 0 ? keep_alive : 0;
+}
+
+static int handle_tokenize(di_server *s, di_conn *c, const char *body, size_t len, int keep_alive) {
+  di_oai_error err;
+  cJSON *root;
+  if (di_oai_parse_json(body, len, &root, &err)) return di_srv_send_error(c, &err, keep_alive);
+  int rc;
+  if (!cJSON_IsObject(root) || di_oai_check_model(&s->oai, root, &err)) {
+    if (!cJSON_IsObject(root)) di_oai_fail(&err, 400, "invalid_request_error", "", NULL, "the request body must be a JSON object");
+    cJSON_Delete(root);
+    return di_srv_send_error(c, &err, keep_alive);
+  }
+  const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+  const cJSON *ast = cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens");
+  if (!s->oai.tok) {
+    di_oai_fail(&err, 400, "invalid_request_error", "", NULL, "the model folder has no tokenizer.json");
+  } else if (cJSON_IsString(prompt)) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    di_status st = ast && cJSON_IsFalse(ast)
+                       ? di_tokenizer_encode(s->oai.tok, prompt->valuestring, strlen(prompt->valuestring), 0, &ids, &n)
+                       : di_tokenizer_encode_prompt(s->oai.tok, prompt->valuestring, strlen(prompt->valuestring), &ids, &n);
+    if (st != DI_OK) {
+      di_oai_fail(&err, 400, "invalid_request_error", "prompt", NULL, "%s", di_last_error());
+    } else {
+      cJSON *o = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(o, "tokens");
+      for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
+      cJSON_AddNumberToObject(o, "count", (double)n);
+      cJSON_AddNumberToObject(o, "max_model_len", s->cfg.max_model_len);
+      free(ids);
+      cJSON_Delete(root);
+      return send_json(c, 200, o, keep_alive);
+    }
+  } else if (msgs) {
+    /* the chat path: rendered and encoded exactly as /v1/chat/completions does */
+    di_oai_request r;
+    char *text = cJSON_PrintUnformatted(root);
+    if (text && di_oai_parse_request(&s->oai, 1, text, strlen(text), &r, &err) == 0) {
+      cJSON *o = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(o, "tokens");
+      for (int i = 0; i < r.n_prompt_ids[0]; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(r.prompt_ids[0][i]));
+      cJSON_AddNumberToObject(o, "count", r.n_prompt_ids[0]);
+      cJSON_AddNumberToObject(o, "max_model_len", s->cfg.max_model_len);
+      di_oai_request_free(&r);
+      free(text);
+      cJSON_Delete(root);
+      return send_json(c, 200, o, keep_alive);
+    }
+    if (!text) di_oai_fail(&err, 500, "server_error", "", NULL, "out of memory");
+    free(text);
+  } else {
+    di_oai_fail(&err, 400, "invalid_request_error", "prompt", NULL, "give 'prompt' (a string) or 'messages'");
+  }
+  cJSON_Delete(root);
+  rc = di_srv_send_error(c, &err, keep_alive);
+  return rc;
+}
+
+static int handle_detokenize(di_server *s, di_conn *c, const char *body, size_t len, int keep_alive) {
+  di_oai_error err;
+  cJSON *root;
+  if (di_oai_parse_json(body, len, &root, &err)) return di_srv_send_error(c, &err, keep_alive);
+  const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+  int n = cJSON_GetArraySize(toks);
+  int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
+  int bad = !cJSON_IsObject(root) || !cJSON_IsArray(toks) || !ids || di_oai_check_model(&s->oai, root, &err);
+  if (!bad && !s->oai.tok) {
+    bad = 1;
+    di_oai_fail(&err, 400, "invalid_request_error", "", NULL, "the model folder has no tokenizer.json");
+  } else if (bad && err.status != 404) {
+    di_oai_fail(&err, 400, "invalid_request_error", "tokens", NULL, "'tokens' must be an array of token ids");
+  }
+  int i = 0;
+  for (const cJSON *v = bad ? NULL : toks->child; v; v = v->next, i++) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+        v->valuedouble >= s->oai.vocab_size) {
+      bad = 1;
+      di_oai_fail(&err, 400, "invalid_request_error", "tokens", NULL, "tokens[%d] is not a token id in [0, %d)", i, s->oai.vocab_size);
+      break;
+    }
+    ids[i] = (int32_t)v->valuedouble;
+  }
+  cJSON_Delete(root);
+  char *text = NULL;
+  size_t tlen;
+  if (!bad && di_tokenizer_decode(s->oai.tok, ids, (size_t)n, 0, &text, &tlen) != DI_OK) {
+    bad = 1;
+    di_oai_fail(&err, 400, "invalid_request_error", "tokens", NULL, "%s", di_last_error());
+  }
+  free(ids);
+  if (bad) return di_srv_send_error(c, &err, keep_alive);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "prompt", text);
+  free(text);
+  return send_json(c, 200, o, keep_alive);
+}
+
+/* ---- routing ----------------------------------------------------------------------------------- */
+static int path_is(const di_http_request *req, const char *p) {
+  size_t n = strlen(p);
+  return req->path_len == n && memcmp(req->target, p, n) == 0;
+}
+
+static int method_not_allowed(di_conn *c, const char *allow, int keep_alive) {
+  di_oai_error err;
+  di_oai_fail(&err, 405, "invalid_request_error", "", NULL, "method not allowed (allowed: %s)", allow);
+  char *s = di_oai_error_json(&err);
+  char extra[64];
+  snprintf(extra, sizeof extra, "Allow: %s\r\n", allow);
+  c->status = 405;
+  int rc = di_http_respond(c->fd, 405, JSON_TYPE, s ? s : "{}", s ? strlen(s) : 2, keep_alive, extra);
+  free(s);
+  return rc == 0 ? keep_alive : 0;
+}
+
+static int authorized(di_server *s, const di_http_request *req) {
+  if (!s->cfg.api_key || !*s->cfg.api_key) return 1;
+  size_t n;
+  const char *v = di_http_header_get(req, "authorization", &n);
+  size_t kl = strlen(s->cfg.api_key);
+  if (!v || n != 7 + kl || strncasecmp(v, "Bearer ", 7) != 0) return 0;
+  /* constant-time compare: the key is a secret */
+  unsigned diff = 0;
+  for (size_t i = 0; i < kl; i++) diff |= (unsigned char)v[7 + i] ^ (unsigned char)s->cfg.api_key[i];
+  return diff == 0;
+}
+
+int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const char *body, size_t body_len) {
+  int ka = req->keep_alive;
+  int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
+  pthread_mutex_lock(&s->mu);
+  s->n_requests++;
+  pthread_mutex_unlock(&s->mu);
+  di_oai_error err;
+  if (req->path_len >= 4 && memcmp(req->target, "/v1/", 4) == 0 && !authorized(s, req)) {
+    di_oai_fail(&err, 401, "invalid_request_error", "", "invalid_api_key", "Unauthorized: a valid API key is required "
+                "(Authorization: Bearer KEY)");
+    return di_srv_send_error(c, &err, ka);
+  }
+  if (path_is(req, "/health") || path_is(req, "/ping")) {
+    if (!get && !(post && path_is(req, "/ping"))) return method_not_allowed(c, path_is(req, "/ping") ? "GET, POST" : "GET", ka);
+    c->status = 200;
+    return di_http_respond(c->fd, 200, JSON_TYPE, "", 0, ka, NULL) == 0 ? ka : 0;
+  }
+  if (path_is(req, "/version")) {
+    if (!get) return method_not_allowed(c, "GET", ka);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "version", DI_SERVER_VERSION);
+    return send_json(c, 200, o, ka);
+  }
+  if (path_is(req, "/metrics")) {
+    if (!get) return method_not_allowed(c, "GET", ka);
+    return handle_metrics(s, c, ka);
+  }
+  if (path_is(req, "/v1/models")) {
+    if (!get) return method_not_allowed(c, "GET", ka);
+    return handle_models(s, c, ka);
+  }
+  if (req->path_len > 11 && memcmp(req->target, "/v1/models/", 11) == 0) {
+    if (!get) return method_not_allowed(c, "GET", ka);
+    size_t n = req->path_len - 11;
+    const char *name = req->target + 11;
+    if (strlen(s->cfg.served_name) == n && memcmp(name, s->cfg.served_name, n) == 0) return send_json(c, 200, model_card(s), ka);
+    di_oai_fail(&err, 404, "invalid_request_error", "model", "model_not_found", "The model `%.*s` does not exist.", (int)n, name);
+    return di_srv_send_error(c, &err, ka);
+  }
+  int is_cmpl = path_is(req, "/v1/completions"), is_chat = path_is(req, "/v1/chat/completions");
+  int is_tok = path_is(req, "/tokenize"), is_detok = path_is(req, "/detokenize");
+  if (is_cmpl || is_chat || is_tok || is_detok) {
+    if (!post) return method_not_allowed(c, "POST", ka);
+    if (is_cmpl || is_chat) return handle_generate(s, c, body, body_len, is_chat, ka);
+    return is_tok ? handle_tokenize(s, c, body, body_len, ka) : handle_detokenize(s, c, body, body_len, ka);
+  }
+  di_oai_fail(&err, 404, "invalid_request_error", "", NULL, "no such endpoint: %s %.*s", req->method, (int)req->path_len,
+              req->target);
+  return di_srv_send_error(c, &err, ka);
+}

@@ -1,0 +1,83 @@
+/* The OpenAI API of `deepinfer serve`: JSON request bodies of /v1/completions and
+ * /v1/chat/completions (plus vLLM's extra sampling and structured-output fields) read into engine
+ * requests with OpenAI-style errors, and the pieces of OpenAI-shaped responses (errors, logprobs). */
+#ifndef DI_SERVER_OPENAI_H
+#define DI_SERVER_OPENAI_H
+#include <cjson/cJSON.h>
+#include "deepinfer.h"
+
+/* What the request readers need to know about the served model. */
+typedef struct di_oai_ctx {
+  const di_tokenizer *tok;         /* NULL: token-id prompts only */
+  const di_chat_template *tmpl;    /* NULL: no chat endpoint */
+  const char *served_name;         /* the `model` clients name */
+  const char *model_dir;           /* also accepted as the `model` */
+  int max_model_len;
+  int vocab_size;
+  float default_temperature, default_top_p; /* generation_config.json; NAN: unset */
+  int default_top_k;                        /* <= 0: unset */
+} di_oai_ctx;
+
+/* An OpenAI error: HTTP status and the body's {"error": {message, type, param, code}}. */
+typedef struct di_oai_error {
+  int status;
+  const char *type;                /* "invalid_request_error", "not_found_error", "server_error" ... */
+  const char *code;                /* NULL or "model_not_found", "context_length_exceeded", ... */
+  char param[64];                  /* "" for null */
+  char message[1024];
+} di_oai_error;
+
+/* Fills `e` (printf-style message) and returns -1, for `return di_oai_fail(...)`. */
+int di_oai_fail(di_oai_error *e, int status, const char *type, const char *param, const char *code,
+                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error": {...}} as a malloc'd string (NULL on out of memory). */
+char *di_oai_error_json(const di_oai_error *e);
+
+/* A request read from its JSON body. */
+typedef struct di_oai_request {
+  int chat;
+  int stream, include_usage;
+  int echo;                        /* completions: the prompt text leads each choice's text */
+  int logprobs;                    /* top alternatives per token; -1: no logprobs */
+  int n;                           /* samples per prompt */
+  int n_prompts;
+  di_request_params *params;       /* [n_prompts]: token-id prompts, everything else shared */
+  int32_t **prompt_ids;            /* [n_prompts] */
+  int *n_prompt_ids;
+  char **prompt_text;              /* [n_prompts] for echo: the prompt as text */
+  /* storage the params point into */
+  char **stops;
+  int n_stops;
+  int32_t *stop_token_ids;
+  int n_stop_token_ids;
+  int32_t *bias_ids;
+  float *bias_values;
+  int n_bias;
+  char *json_schema, *regex, *grammar;
+  char *rendered;                  /* chat: the rendered conversation */
+} di_oai_request;
+
+/* Read a /v1/completions (chat = 0) or /v1/chat/completions (chat = 1) body. Returns 0, or -1 with
+ * `err` filled (and `r` freed). Prompts are tokenized here (the engine gets ids) so that their
+ * lengths are checked against max_model_len before anything is queued. */
+int di_oai_parse_request(const di_oai_ctx *ctx, int chat, const char *body, size_t len, di_oai_request *r,
+                         di_oai_error *err);
+void di_oai_request_free(di_oai_request *r);
+
+/* `model` of a request: 0 when absent or ours, else -1 with a 404 error. */
+int di_oai_check_model(const di_oai_ctx *ctx, const cJSON *root, di_oai_error *err);
+
+/* A token's text for logprobs: its bytes with invalid UTF-8 replaced by U+FFFD (malloc'd). */
+char *di_oai_token_text(const di_tokenizer *tok, int32_t id, const char **raw, size_t *raw_len);
+
+/* Appends one generated token to a logprobs object being built.
+ * Completions ({tokens, token_logprobs, top_logprobs, text_offset}): `obj` is that object.
+ * Chat ({content: [{token, logprob, bytes, top_logprobs}]}): `obj` is the content array. */
+void di_oai_add_logprob(const di_tokenizer *tok, int chat, cJSON *obj, int32_t id, float logprob,
+                        const di_token_logprob *top, int n_top, int text_offset);
+/* An empty logprobs object of the completions shape. */
+cJSON *di_oai_completion_logprobs_new(void);
+
+/* Parses a JSON body into a tree; -1 with a 400 error naming the position on malformed JSON. */
+int di_oai_parse_json(const char *body, size_t len, cJSON **out, di_oai_error *err);
+#endif
