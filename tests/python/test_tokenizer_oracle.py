@@ -203,3 +203,65 @@ def test_raw_modes_and_invalid_utf8(fam, tokdirs):
     assert p.returncode != 0 and b"outside the vocab" in p.stderr
     p = subprocess.run([CLI, "tokenize", "--tokenizer", str(ROOT / "tests")], input=b"x", capture_output=True)
     assert p.returncode != 0 and b"tokenizer.json" in p.stderr
+
+
+def _bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@pytest.mark.skipif(not os.environ.get("DEEPINFER_LIB"), reason="DEEPINFER_LIB is not set")
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_token_bytes_and_facts(fam, tokdirs):
+    """di_tokenizer_token_bytes (what the grammar engine masks with) for every id, through ctypes."""
+    import ctypes as C
+    lib = C.CDLL(os.environ["DEEPINFER_LIB"])
+    lib.di_tokenizer_load.argtypes = [C.c_char_p, C.POINTER(C.c_void_p)]
+    lib.di_tokenizer_token_bytes.argtypes = [C.c_void_p, C.c_int32, C.POINTER(C.c_size_t)]
+    lib.di_tokenizer_token_bytes.restype = C.POINTER(C.c_char)
+    lib.di_tokenizer_vocab_size.argtypes = [C.c_void_p]
+    lib.di_tokenizer_is_special.argtypes = [C.c_void_p, C.c_int32]
+    lib.di_tokenizer_bos_id.argtypes = [C.c_void_p]
+    lib.di_tokenizer_add_bos.argtypes = [C.c_void_p]
+    lib.di_tokenizer_free.argtypes = [C.c_void_p]
+    h = C.c_void_p()
+    assert lib.di_tokenizer_load(str(tokdirs[fam]).encode(), C.byref(h)) == 0
+    tok = tokenizers.Tokenizer.from_file(str(tokdirs[fam] / "tokenizer.json"))
+    cfg = json.loads((tokdirs[fam] / "tokenizer_config.json").read_text())
+    added = {a["id"]: a for a in json.loads((tokdirs[fam] / "tokenizer.json").read_text())["added_tokens"]}
+    vs = lib.di_tokenizer_vocab_size(h)
+    assert vs == max(tok.get_vocab(with_added_tokens=True).values()) + 1
+    bl = fam != "llama2"
+    inv = _bytes_to_unicode()
+    n = C.c_size_t()
+    bad = []
+    ids = sorted(set(range(min(vs, 2000))) | set(range(0, vs, 5)) | set(added))  # (all ids: too slow in ctypes)
+    for i in ids:
+        s = tok.id_to_token(i)
+        p = lib.di_tokenizer_token_bytes(h, i, C.byref(n))
+        got = None if not p else C.string_at(p, n.value)
+        if s is None:
+            exp = None
+        elif i in added and added[i]["special"]:
+            exp = added[i]["content"].encode()
+        elif bl:
+            exp = bytes(inv[c] for c in s) if all(c in inv for c in s) else s.encode()
+        elif len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+            exp = bytes([int(s[3:5], 16)])
+        else:
+            exp = s.replace("\u2581", " ").encode()
+        if got != exp:
+            bad.append((i, s, exp, got))
+        assert bool(lib.di_tokenizer_is_special(h, i)) == (i in added and added[i]["special"])
+    assert not bad, bad[:5]
+    bos = cfg.get("bos_token")
+    bos = bos["content"] if isinstance(bos, dict) else bos
+    assert lib.di_tokenizer_bos_id(h) == (tok.token_to_id(bos) if bos else -1)
+    assert lib.di_tokenizer_add_bos(h) == int(bool(cfg.get("add_bos_token", False)))
+    lib.di_tokenizer_free(h)
