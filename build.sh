@@ -19,6 +19,7 @@ have_cmd cc || need_pkgs+=(gcc)
 have_cmd c++ || need_pkgs+=(g++)
 have_cmd make || need_pkgs+=(make)
 have_cmd python3 || need_pkgs+=(python3)
+have_cmd xz || need_pkgs+=(xz-utils)
 have_pkg libcjson-dev || need_pkgs+=(libcjson-dev)
 have_pkg libpcre2-dev || need_pkgs+=(libpcre2-dev)
 if [ "$MODE" = fuzz ]; then have_cmd clang || need_pkgs+=(clang); fi
