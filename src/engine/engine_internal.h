@@ -110,7 +110,9 @@ typedef struct di_sched {
   /* the batch built from it */
   int32_t *tokens, *positions, *seq_of, *out_rows;
   di_batch_seq *seqs;
-  int tok_cap, seq_cap;
+  int32_t *tables;           /* copies of the block tables: the engine may grow (realloc) a request's
+                                table while this batch is in flight */
+  int tok_cap, seq_cap, table_cap;
   di_batch batch;
 } di_sched;
 

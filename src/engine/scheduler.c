@@ -24,7 +24,7 @@ static di_status sched_push(di_sched *s, di_req *r, int start, int n_new, int sa
 void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = 0; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables);
   memset(s, 0, sizeof *s);
 }
 
@@ -165,8 +165,17 @@ static di_status grow(void **p, int *cap, int need, size_t elem) {
 
 di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   (void)e;
-  int n_tok = 0, n_seq = 0, n_out = 0;
-  for (int i = 0; i < s->n; i++) if (!s->e[i].dropped) { n_tok += s->e[i].n_new; n_seq++; n_out += s->e[i].sample; }
+  int n_tok = 0, n_seq = 0, n_out = 0, n_tab = 0;
+  for (int i = 0; i < s->n; i++)
+    if (!s->e[i].dropped) {
+      n_tok += s->e[i].n_new;
+      n_seq++;
+      n_out += s->e[i].sample;
+      n_tab += s->e[i].r->kv.n[0];
+    }
+  int tb = s->table_cap;
+  DI_TRY(grow((void **)&s->tables, &tb, n_tab, sizeof *s->tables));
+  s->table_cap = tb;
   int tc = s->tok_cap, sc = s->seq_cap;
   DI_TRY(grow((void **)&s->tokens, &tc, n_tok, sizeof *s->tokens));
   tc = s->tok_cap;
@@ -178,13 +187,16 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   s->tok_cap = tc;
   DI_TRY(grow((void **)&s->seqs, &sc, n_seq, sizeof *s->seqs));
   s->seq_cap = sc;
-  int t = 0, q = 0, o = 0;
+  int t = 0, q = 0, o = 0, tab = 0;
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
     di_req *r = en->r;
-    s->seqs[q].block_table = r->kv.table[0];
-    s->seqs[q].n_blocks = r->kv.n[0];
+    int nb = r->kv.n[0];
+    if (nb) memcpy(s->tables + tab, r->kv.table[0], (size_t)nb * sizeof *s->tables);
+    s->seqs[q].block_table = s->tables + tab;
+    s->seqs[q].n_blocks = nb;
+    tab += nb;
     for (int k = 0; k < en->n_new; k++) {
       int pos = en->start + k;
       s->tokens[t] = pos < r->n_tokens ? r->tokens[pos] : -1; /* -1: sampled by the in-flight step */

@@ -24,6 +24,7 @@ typedef struct mock_backend {
   int errors;                   /* reads of slots not written for that position */
   int64_t max_tokens_per_step;
   int64_t device_samples;       /* rows sampled by mock_sample */
+  const di_batch *pending;      /* submitted, run at wait() */
 } mock_backend;
 
 static uint64_t mock_mix(uint64_t x) {
@@ -69,6 +70,12 @@ static di_status mock_submit(di_backend *b, const di_batch *bt) {
   mock_backend *m = (mock_backend *)b;
   m->steps++;
   if (m->fail_at_step > 0 && m->steps == m->fail_at_step) return di_error_set(DI_ERR_BACKEND, "mock device fault at step %d", m->steps);
+  m->pending = bt; /* the work happens in wait(): the batch's arrays must stay valid until then */
+  m->t_submit = mock_now();
+  return DI_OK;
+}
+
+static void mock_run(mock_backend *m, const di_batch *bt) {
   if (bt->n_tokens > m->max_tokens_per_step) m->max_tokens_per_step = bt->n_tokens;
   for (int i = 0; i < bt->n_tokens; i++) {
     const di_batch_seq *s = &bt->seqs[bt->seq_of[i]];
@@ -98,13 +105,13 @@ static di_status mock_submit(di_backend *b, const di_batch *bt) {
   }
   free(ctx);
   m->n_out = bt->n_outputs;
-  m->t_submit = mock_now();
-  return DI_OK;
 }
 
 static di_status mock_wait(di_backend *b, float *logits, float *hidden) {
   mock_backend *m = (mock_backend *)b;
   (void)hidden;
+  if (m->pending) mock_run(m, m->pending);
+  m->pending = NULL;
   if (m->sleep_s > 0) {
     double until = m->t_submit + m->sleep_s;
     for (double t = mock_now(); t < until; t = mock_now()) {
