@@ -45,7 +45,7 @@ static di_status buf_to_str(struct jj_ctx *c, const jnode *at, jj_buf *b, jv *ou
 /* str(v) as a string value (Undefined gives ""). */
 static di_status to_s(struct jj_ctx *c, const jnode *at, jv v, jv *out) {
   if (v.kind == JV_STR) { *out = v; return DI_OK; }
-  jj_buf b = {0};
+  jj_buf b = {.limit = jj_ctx_out_limit(c)};
   jj_to_str(&b, v);
   return buf_to_str(c, at, &b, out);
 }
@@ -90,7 +90,7 @@ static int cp_cased(uint32_t c) { return cp_is_upper(c) || cp_is_lower(c); }
 
 /* mode: 0 lower, 1 upper, 2 title, 3 capitalize */
 static di_status case_map(struct jj_ctx *c, const jnode *at, jv s, int mode, jv *out) {
-  jj_buf b = {0};
+  jj_buf b = {.limit = jj_ctx_out_limit(c)};
   size_t i = 0;
   int prev_cased = 0, first = 1;
   while (i < s.u.s.n) {
@@ -242,7 +242,7 @@ static di_status split(struct jj_ctx *c, const jnode *at, jv s, const jv *sep, c
 
 static di_status replace(struct jj_ctx *c, const jnode *at, jv s, jv old, jv neu, int64_t count, jv *out) {
   if (old.kind != JV_STR || neu.kind != JV_STR) return jj_err(c, at, DI_ERR_INVALID_ARG, "replace() arguments must be str");
-  jj_buf b = {0};
+  jj_buf b = {.limit = jj_ctx_out_limit(c)};
   const char *p = s.u.s.p;
   size_t n = s.u.s.n, i = 0;
   int64_t done = 0;
@@ -290,7 +290,7 @@ static di_status startswith(struct jj_ctx *c, const jnode *at, jv s, const jj_ar
 }
 
 static di_status join_items(struct jj_ctx *c, const jnode *at, jv_list *items, jv sep, int strict, jv *out) {
-  jj_buf b = {0};
+  jj_buf b = {.limit = jj_ctx_out_limit(c)};
   for (size_t i = 0; i < items->n; i++) {
     if (i) jj_buf_put(&b, sep.u.s.p, sep.u.s.n);
     if (strict && items->v[i].kind != JV_STR) {
@@ -569,7 +569,7 @@ di_status jj_call_global(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
     return DI_OK;
   }
   if (fn == &G_RAISE) {
-    jj_buf b = {0};
+    jj_buf b = {.limit = jj_ctx_out_limit(c)};
     if (a->n >= 1) jj_to_str(&b, a->v[0]);
     di_status st = jj_err(c, at, DI_ERR_INVALID_ARG, "raise_exception: %s", b.p ? b.p : "");
     jj_buf_free(&b);
@@ -852,7 +852,7 @@ static di_status tojson_filter(struct jj_ctx *c, const jnode *at, jv v, const jj
     o.item_sep = s1;
     o.key_sep = s2;
   }
-  jj_buf b = {0};
+  jj_buf b = {.limit = jj_ctx_out_limit(c)};
   const char *bad = NULL;
   if (jj_to_json(&b, v, &o, 0, &bad)) {
     jj_buf_free(&b);
@@ -889,7 +889,7 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     if (!strcmp(f, "upper")) return case_map(c, at, s, 1, out);
     if (!strcmp(f, "lower")) return case_map(c, at, s, 0, out);
     if (!strcmp(f, "title")) { /* Jinja: words split at runs of [-\s({[<]; first char upper, rest lower */
-      jj_buf b = {0};
+      jj_buf b = {.limit = jj_ctx_out_limit(c)};
       size_t i = 0;
       int word_start = 1;
       while (i < s.u.s.n) {
@@ -934,7 +934,7 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
       if (width > 100000) width = 100000;
       if (width <= len) { *out = s; return DI_OK; }
       int64_t pad = width - len, left = pad / 2 + (pad & width & 1);
-      jj_buf b = {0};
+      jj_buf b = {.limit = jj_ctx_out_limit(c)};
       for (int64_t i = 0; i < left; i++) jj_buf_putc(&b, ' ');
       jj_buf_put(&b, s.u.s.p, s.u.s.n);
       for (int64_t i = 0; i < pad - left; i++) jj_buf_putc(&b, ' ');
@@ -952,7 +952,7 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
         ind[k] = 0;
       }
       int first = fst && jj_truthy(*fst), bl = blank && jj_truthy(*blank);
-      jj_buf b = {0};
+      jj_buf b = {.limit = jj_ctx_out_limit(c)};
       /* Jinja: lines after the first get the indent (empty lines only with blank=True) */
       size_t i = 0, ln = 0;
       while (i <= s.u.s.n) {
@@ -969,7 +969,7 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
       return buf_to_str(c, at, &b, out);
     }
     /* escape */
-    jj_buf b = {0};
+    jj_buf b = {.limit = jj_ctx_out_limit(c)};
     for (size_t i = 0; i < s.u.s.n; i++) {
       char ch = s.u.s.p[i];
       if (ch == '&') jj_buf_puts(&b, "&amp;");
@@ -1025,7 +1025,7 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     if (v.kind == JV_STR) {
       jv_list *items = NULL;
       DI_TRY(jj_iter_items(c, at, v, &items));
-      jj_buf b = {0};
+      jj_buf b = {.limit = jj_ctx_out_limit(c)};
       for (size_t i = items->n; i-- > 0;) jj_buf_put(&b, items->v[i].u.s.p, items->v[i].u.s.n);
       return buf_to_str(c, at, &b, out);
     }

@@ -25,6 +25,7 @@ typedef struct jj_ctx {
 } jj_ctx;
 
 jj_arena *jj_ctx_arena(jj_ctx *c) { return c->a; }
+size_t jj_ctx_out_limit(jj_ctx *c) { return c->out->limit; }
 
 di_status jj_err(jj_ctx *c, const jnode *at, di_status st, const char *fmt, ...) {
   char msg[512];
@@ -372,7 +373,7 @@ static di_status do_slice(jj_ctx *c, frame *f, const jnode *e, jv obj, jv *out) 
     jj_utf8_next(obj.u.s.p, obj.u.s.n, &i);
   }
   offs[k] = obj.u.s.n;
-  jj_buf b = {0};
+  jj_buf b = {.limit = jj_ctx_out_limit(c)};
   if (stp == 1) {
     if (en > st) jj_buf_put(&b, obj.u.s.p + offs[st], offs[en] - offs[st]);
   } else {
@@ -756,7 +757,7 @@ static di_status eval(jj_ctx *c, frame *f, const jnode *e, jv *out) {
     return DI_OK;
   }
   case E_CONCAT: {
-    jj_buf b = {0};
+    jj_buf b = {.limit = jj_ctx_out_limit(c)};
     for (int i = 0; i < e->list.n; i++) {
       jv x;
       di_status st = eval(c, f, e->list.v[i], &x);

@@ -387,46 +387,63 @@ static void repr_str(jj_buf *b, const char *p, size_t n) {
   jj_buf_putc(b, q);
 }
 
-static void repr_depth(jj_buf *b, jv v, int depth);
-static void str_depth(jj_buf *b, jv v, int depth);
+/* Containers being printed, so that a namespace holding itself prints as Python does: its dict
+ * repr shows "{...}" when met again inside itself (reprlib's recursion guard). */
+typedef struct repr_path { const void *p[72]; int n; } repr_path;
 
-void jj_repr(jj_buf *b, jv v) { repr_depth(b, v, 0); }
-void jj_to_str(jj_buf *b, jv v) { str_depth(b, v, 0); }
+static void repr_in(jj_buf *b, jv v, repr_path *path);
+static void str_in(jj_buf *b, jv v, repr_path *path);
 
-/* depth guards against namespaces that contain themselves ({% set ns.a = ns %}) */
-static void repr_depth(jj_buf *b, jv v, int depth) {
-  if (b->failed) return;
-  if (depth > 64) {
+void jj_repr(jj_buf *b, jv v) { repr_path path = {{0}, 0}; repr_in(b, v, &path); }
+void jj_to_str(jj_buf *b, jv v) { repr_path path = {{0}, 0}; str_in(b, v, &path); }
+
+static int path_push(jj_buf *b, repr_path *path, const void *p, const char *again) {
+  for (int i = 0; i < path->n; i++)
+    if (path->p[i] == p) {
+      jj_buf_puts(b, again);
+      return 0;
+    }
+  if (path->n >= 64) { /* deeper than any real value: stop */
     jj_buf_puts(b, "...");
-    return;
+    return 0;
   }
+  path->p[path->n++] = p;
+  return 1;
+}
+
+static void repr_in(jj_buf *b, jv v, repr_path *path) {
+  if (b->failed) return;
   switch (v.kind) {
   case JV_STR: repr_str(b, v.u.s.p, v.u.s.n); return;
   case JV_LIST:
+    if (!path_push(b, path, v.u.l, v.tuple ? "(...)" : "[...]")) return;
     jj_buf_putc(b, v.tuple ? '(' : '[');
     for (size_t i = 0; i < v.u.l->n; i++) {
       if (i) jj_buf_puts(b, ", ");
-      repr_depth(b, v.u.l->v[i], depth + 1);
+      repr_in(b, v.u.l->v[i], path);
     }
     if (v.tuple && v.u.l->n == 1) jj_buf_putc(b, ',');
     jj_buf_putc(b, v.tuple ? ')' : ']');
+    path->n--;
     return;
   case JV_DICT:
+    if (!path_push(b, path, v.u.d, "{...}")) return;
     jj_buf_putc(b, '{');
     for (size_t i = 0; i < v.u.d->n; i++) {
       if (i) jj_buf_puts(b, ", ");
-      repr_depth(b, v.u.d->k[i], depth + 1);
+      repr_in(b, v.u.d->k[i], path);
       jj_buf_puts(b, ": ");
-      repr_depth(b, v.u.d->v[i], depth + 1);
+      repr_in(b, v.u.d->v[i], path);
     }
     jj_buf_putc(b, '}');
+    path->n--;
     return;
   case JV_UNDEF: jj_buf_puts(b, "Undefined"); return; /* Jinja's Undefined.__repr__ */
-  default: str_depth(b, v, depth + 1);
+  default: str_in(b, v, path);
   }
 }
 
-static void str_depth(jj_buf *b, jv v, int depth) {
+static void str_in(jj_buf *b, jv v, repr_path *path) {
   if (b->failed) return;
   switch (v.kind) {
   case JV_UNDEF: return;
@@ -435,10 +452,10 @@ static void str_depth(jj_buf *b, jv v, int depth) {
   case JV_INT: jj_buf_printf(b, "%lld", (long long)v.u.i); return;
   case JV_FLOAT: jj_float_repr(b, v.u.f); return;
   case JV_STR: jj_buf_put(b, v.u.s.p, v.u.s.n); return;
-  case JV_LIST: case JV_DICT: repr_depth(b, v, depth); return;
+  case JV_LIST: case JV_DICT: repr_in(b, v, path); return;
   case JV_NS:
     jj_buf_puts(b, "<Namespace ");
-    { jv d = v; d.kind = JV_DICT; repr_depth(b, d, depth + 1); }
+    { jv d = v; d.kind = JV_DICT; repr_in(b, d, path); }
     jj_buf_putc(b, '>');
     return;
   case JV_LOOP: jj_buf_printf(b, "<LoopContext %lld/%lld>", (long long)v.u.loop->i + 1, (long long)v.u.loop->n); return;
