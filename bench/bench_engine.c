@@ -9,7 +9,11 @@
  *   bench_engine prefix MODEL_DIR [N_REQ] [SYS_LEN]
  *       Shared-system-prompt workload on the CPU backend: N_REQ requests (default 32) = the same
  *       SYS_LEN-token system prompt (default 1024) + 16 own tokens, 8 new tokens each; wall time
- *       with prefix caching off and on. */
+ *       with prefix caching off and on.
+ *   bench_engine model MODEL_DIR [auto|dummy] [cpu|cuda] [SEQS] [PROMPT_LEN]
+ *       The engine over a real backend: 100 decode steps with SEQS running sequences (default 64),
+ *       async scheduling off and on; ms per step, tokens/s, host time and its hidden share.
+ *       DEEPINFER_HOST_SAMPLING=1 samples on the host even when the backend offers to. */
 #include "deepinfer.h"
 #include "engine/engine_internal.h"
 #include <stdio.h>
@@ -180,11 +184,82 @@ static int bench_prefix(const char *dir, int n_req, int sys_len) {
   return 0;
 }
 
+/* The engine over a real backend: decode steps with SEQS running sequences, async off and on. */
+static int bench_model(const char *dir, const char *load_format, const char *accel, int seqs, int prompt_len) {
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.load_format = load_format;
+  mo.accelerator = accel;
+  mo.quiet = 1;
+  di_model *m;
+  double tl = now_s();
+  if (di_model_load(dir, &mo, &m) != DI_OK) {
+    fprintf(stderr, "bench: %s\n", di_last_error());
+    return 1;
+  }
+  int V = di_model_vocab_size(m);
+  const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
+  printf("engine on %s (%s weights, %s, loaded in %.1f s): %d sequences, %d-token prompts, greedy, %s sampling\n", dir,
+         load_format, accel, now_s() - tl, seqs, prompt_len, hs && *hs && strcmp(hs, "0") ? "host" : "device if offered");
+  int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
+  for (int async = 0; async <= 1; async++) {
+    di_engine_options o;
+    di_engine_options_default(&o);
+    o.max_num_seqs = seqs;
+    o.max_num_batched_tokens = 8192;
+    o.async_scheduling = async;
+    o.num_kv_blocks = (int64_t)seqs * ((prompt_len + 300) / 64 + 1);
+    di_engine *e;
+    if (di_engine_create(m, &o, &e) != DI_OK) {
+      fprintf(stderr, "bench: %s\n", di_last_error());
+      return 1;
+    }
+    for (int k = 0; k < seqs; k++) {
+      for (int i = 0; i < prompt_len; i++) ids[i] = 3 + (int32_t)((k * 7919 + i * 104729) % (V - 3));
+      di_request_params p;
+      di_request_params_default(&p);
+      p.prompt_ids = ids;
+      p.n_prompt_ids = prompt_len;
+      p.max_tokens = 256;
+      p.temperature = 0;
+      p.ignore_eos = 1;
+      uint64_t id;
+      di_engine_add_request(e, &p, &id);
+    }
+    di_step_output *out;
+    di_engine_stats s0, s1;
+    for (int i = 0; i < 200; i++) { /* until every prompt is in and decoding */
+      di_engine_step(e, &out);
+      di_engine_get_stats(e, &s0);
+      if (s0.n_waiting == 0 && s0.generated_tokens >= 2 * seqs) break;
+    }
+    di_engine_get_stats(e, &s0);
+    int steps = 100;
+    double t0 = now_s();
+    for (int i = 0; i < steps; i++) di_engine_step(e, &out);
+    double wall = now_s() - t0;
+    di_engine_get_stats(e, &s1);
+    double host = (s1.host_time_s - s0.host_time_s) / steps * 1e3, hid = (s1.hidden_host_time_s - s0.hidden_host_time_s) / steps * 1e3;
+    double wait = (s1.backend_wait_s - s0.backend_wait_s) / steps * 1e3;
+    printf("  async %-3s: %d running, %.3f ms/step, %.0f tok/s, host %.3f ms/step (hidden %.3f ms, %.0f%%), "
+           "blocked in wait %.3f ms/step\n", async ? "on" : "off", s1.n_running, wall / steps * 1e3,
+           (double)(s1.generated_tokens - s0.generated_tokens) / wall, host, hid, host > 0 ? 100 * hid / host : 0, wait);
+    di_engine_free(e);
+  }
+  free(ids);
+  di_model_free(m);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 3 && strcmp(argv[1], "model") == 0)
+    return bench_model(argv[2], argc > 3 ? argv[3] : "auto", argc > 4 ? argv[4] : "cpu", argc > 5 ? atoi(argv[5]) : 64,
+                       argc > 6 ? atoi(argv[6]) : 128);
   if (argc >= 2 && strcmp(argv[1], "host") == 0)
     return bench_host(argc > 2 ? atoi(argv[2]) : 256, argc > 3 ? atoi(argv[3]) : 129280, argc > 4 ? atof(argv[4]) : 5.0);
   if (argc >= 3 && strcmp(argv[1], "prefix") == 0)
     return bench_prefix(argv[2], argc > 3 ? atoi(argv[3]) : 32, argc > 4 ? atoi(argv[4]) : 1024);
-  fprintf(stderr, "usage: bench_engine host [SEQS] [VOCAB] [SLEEP_MS] | bench_engine prefix MODEL_DIR [N_REQ] [SYS_LEN]\n");
+  fprintf(stderr, "usage: bench_engine host [SEQS] [VOCAB] [SLEEP_MS] | bench_engine prefix MODEL_DIR [N_REQ] [SYS_LEN]\n"
+                  "       bench_engine model MODEL_DIR [auto|dummy] [cpu|cuda] [SEQS] [PROMPT_LEN]\n");
   return 2;
 }
