@@ -1,0 +1,84 @@
+/* Token masks with the real DeepSeek-V3 tokenizer (tests/data/tokenizers/deepseek-v3, 128k ids):
+ * documents valid for a schema, a regex and the JSON-object mode are tokenized and replayed; every
+ * token of the document must be allowed, EOS exactly where the grammar can end, special tokens and ids past the
+ * tokenizer never; at some steps the whole mask is compared against brute force (each id
+ * accepted alone, then rolled back). */
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/grammar.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+static int allowed(const uint32_t *m, int id) { return (m[id >> 5] >> (id & 31)) & 1u; }
+
+static void replay(di_tokenizer *tok, const di_grammar_vocab *v, int vsize, di_grammar_kind kind, const char *src,
+                   const char *doc, int brute_every) {
+  di_grammar *g = NULL;
+  di_status st = di_grammar_compile(kind, src, strlen(src), NULL, &g);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st != DI_OK)
+    return;
+  int32_t *ids = NULL;
+  size_t n = 0;
+  CHECK(di_tokenizer_encode(tok, doc, strlen(doc), 0, &ids, &n) == DI_OK);
+  di_grammar_matcher *m = NULL;
+  CHECK(di_grammar_matcher_create(g, v, &m) == DI_OK);
+  uint32_t *mask = malloc(sizeof(uint32_t) * (size_t)((vsize + 31) / 32));
+  int eos = di_tokenizer_eos_id(tok), bad = 0;
+  for (size_t k = 0; k <= n && m; k++) {
+    CHECK(di_grammar_matcher_fill_mask(m, mask) == DI_OK);
+    CHECKF(allowed(mask, eos) == di_grammar_matcher_can_end(m), "EOS allowed %d at step %zu", allowed(mask, eos), k);
+    if (k == n)
+      CHECK(allowed(mask, eos));
+    CHECK(!allowed(mask, vsize - 1)); /* padding id beyond the tokenizer */
+    CHECK(!allowed(mask, di_tokenizer_bos_id(tok)));
+    if (brute_every && k % (size_t)brute_every == 0) {
+      for (int id = 0; id < vsize; id++) {
+        int ok;
+        if (id == eos) {
+          ok = di_grammar_matcher_can_end(m);
+        } else {
+          ok = di_grammar_matcher_accept_token(m, id) == DI_OK;
+          if (ok)
+            di_grammar_matcher_rollback(m, 1);
+        }
+        if (ok != allowed(mask, id) && bad++ < 5)
+          fprintf(stderr, "step %zu id %d: mask %d brute force %d\n", k, id, allowed(mask, id), ok);
+      }
+    }
+    if (k < n) {
+      CHECKF(allowed(mask, ids[k]), "document token %zu (id %d) not allowed", k, ids[k]);
+      CHECK(di_grammar_matcher_accept_token(m, ids[k]) == DI_OK);
+    } else {
+      CHECK(di_grammar_matcher_accept_token(m, eos) == DI_OK);
+      CHECK(di_grammar_matcher_is_terminated(m));
+    }
+  }
+  CHECKF(bad == 0, "%d mask mismatches", bad);
+  free(mask);
+  free(ids);
+  di_grammar_matcher_free(m);
+  di_grammar_free(g);
+}
+
+int main(void) {
+  di_tokenizer *tok = NULL;
+  di_status st = di_tokenizer_load(test_path("tests/data/tokenizers/deepseek-v3"), &tok);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st != DI_OK)
+    return test_finish("test_grammar_tokenizer");
+  int vsize = di_tokenizer_vocab_size(tok) + 64; /* a model's padded vocabulary */
+  di_grammar_vocab *v = NULL;
+  CHECK(di_grammar_vocab_from_tokenizer(tok, vsize, NULL, 0, &v) == DI_OK);
+  replay(tok, v, vsize, DI_GRAMMAR_JSON_SCHEMA,
+         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":20},\"age\":{\"type\":"
+         "\"integer\",\"minimum\":0,\"maximum\":130},\"email\":{\"type\":\"string\",\"format\":\"email\"},\"tags\":{"
+         "\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"日本\"]}}},\"required\":[\"name\",\"age\"]}",
+         "{\"name\":\"Zoë O'Brien\",\"age\":42,\"email\":\"zoe@example.org\",\"tags\":[\"green\",\"日本\"]}", 6);
+  replay(tok, v, vsize, DI_GRAMMAR_REGEX, "(\\d{3}-){2}\\d{4}( ext\\. \\d+)?", "555-123-4567 ext. 89", 3);
+  replay(tok, v, vsize, DI_GRAMMAR_JSON_ANY, "",
+         "{\"a\":[1,-2.5e3,true,null,{\"b\":\"c\\\"d\\n\"}],\"emoji\":\"😀 café\",\"n\":{}}", 8);
+  di_grammar_vocab_free(v);
+  di_tokenizer_free(tok);
+  return test_finish("test_grammar_tokenizer");
+}
