@@ -92,10 +92,16 @@ typedef struct di_cuk_router {
   float routed_scale;
   int n_shared;         /* shared experts folded in as experts E .. E+n_shared-1, weight 1 */
 } di_cuk_router;
+/* The permutation outputs of di_cuk_moe_permute (see there). */
+typedef struct di_cuk_perm {
+  int bm;
+  int32_t *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
+} di_cuk_perm;
 /* logits: f32 [T][E]; bias: f32 [E] or NULL. ids: int32 [T][k + n_shared]; w likewise (the shared
- * experts last, with weight 1). */
+ * experts last, with weight 1). With T == 1 and perm non-NULL the permutation is done here too
+ * (a decode step of one sequence then needs no di_cuk_moe_permute launch). */
 di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
-                           int32_t *ids, float *w, di_cu_stream s);
+                           int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s);
 /* Sorts the T*k assignments by expert. Outputs: perm_tok[n] (token of the j-th sorted assignment),
  * inv[a] (sorted position of assignment a), tiles[] (expert << 16 | m-tile index within expert,
  * for tiles of `bm` rows) with *n_tiles, expert_off[E+1]. Workspace: none (one block). */
@@ -108,6 +114,13 @@ di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int
 di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T, int k,
                              int n, float *h, const float *norm_w, float eps, uint16_t *xn, int ldo,
                              di_cu_stream s);
+
+/* ---- MLA weight absorption for decode-sized steps (k_mla_prep.cu) ---- */
+/* Qa[t][h][0:R] = q_nope[t][h] . W_UK[h] for T <= 8 tokens: q (bf16, row stride ldq, head h's
+ * nope part at h*dqk), W_UK[h] = kv_b rows h*(dn+dv) .. +dn ([dn][R], bf16). The cuBLAS batched GEMM
+ * serves larger T. */
+di_status di_cuk_mla_absorb(const uint16_t *q, int ldq, int T, int H, int dn, int dqk, const uint16_t *kv_b,
+                            int R, int dv, uint16_t *Qa, di_cu_stream s);
 
 /* ---- grouped GEMM (k_grouped_gemm.cu) ---- */
 /* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):

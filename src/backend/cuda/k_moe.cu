@@ -6,13 +6,15 @@
  * step can be captured in a CUDA graph (no host round trip for the expert counts). */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include <string.h>
 
 #define MAXE 1024
 
 /* One block per token, one thread per expert (blockDim = E rounded up to 32). Top-k by k rounds of
  * a block-wide argmax; ties go to the lower expert id. */
 static __global__ void route_kernel(const float *logits, const float *bias, di_cuk_router r,
-                                    int32_t *ids, float *wout) {
+                                    int32_t *ids, float *wout, di_cuk_perm pm, int do_perm) {
+  __shared__ int sid[16];
   __shared__ float sc[MAXE], ch[MAXE];  /* score, choice value */
   __shared__ float gsc[MAXE];
   __shared__ float red_v[32];
@@ -90,9 +92,9 @@ static __global__ void route_kernel(const float *logits, const float *bias, di_c
     if (j < 8) { myid[j] = win; myw[j] = sc[win]; }
     wsum += sc[win];
   }
+  const int kt = r.k + r.n_shared;
   if (threadIdx.x == 0) {
     int normalized = r.norm_topk && r.k > 1;
-    const int kt = r.k + r.n_shared;
     for (int j = 0; j < r.k && j < 8; j++) {
       float w = myw[j];
       if (normalized) w /= (wsum + 1e-20f);
@@ -104,11 +106,29 @@ static __global__ void route_kernel(const float *logits, const float *bias, di_c
       ids[(int64_t)t * kt + r.k + j] = E + j;
       wout[(int64_t)t * kt + r.k + j] = 1.f;
     }
+    for (int j = 0; j < kt; j++) sid[j] = j < r.k ? myid[j] : E + (j - r.k);
   }
+  if (!do_perm) return; /* uniform: the whole block returns or none */
+  /* one token: its kt experts are distinct, so each is a one-row segment; rank = sorted position */
+  __syncthreads();
+  const int Et = E + r.n_shared;
+  for (int x = threadIdx.x; x <= Et; x += blockDim.x) {
+    int c = 0;
+    for (int j = 0; j < kt; j++) c += sid[j] < x;
+    pm.expert_off[x] = c;
+  }
+  for (int j = threadIdx.x; j < kt; j += blockDim.x) {
+    int rank = 0;
+    for (int q = 0; q < kt; q++) rank += sid[q] < sid[j];
+    pm.inv[j] = rank;
+    pm.perm_tok[rank] = 0;
+    pm.tiles[rank] = sid[j] << 16;
+  }
+  if (threadIdx.x == 0) *pm.n_tiles = kt;
 }
 
 extern "C" di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
-                                      int32_t *ids, float *w, di_cu_stream s) {
+                                      int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (r.E + r.n_shared > MAXE || r.k > 8 || r.k < 1 || r.k > r.E || r.n_shared < 0)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda: router with %d experts, top-%d unsupported", r.E, r.k);
@@ -116,7 +136,12 @@ extern "C" di_status di_cuk_moe_route(const float *logits, const float *bias, in
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts not divisible into %d groups", r.E, r.n_group);
   int threads = (r.E + 31) / 32 * 32;
   if (threads < 32) threads = 32;
-  route_kernel<<<T, threads, 0, s>>>(logits, bias, r, ids, w);
+  if (r.k + r.n_shared > 16) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts per token (<= 16)", r.k + r.n_shared);
+  di_cuk_perm pm;
+  memset(&pm, 0, sizeof pm);
+  const int do_perm = perm != NULL && T == 1;
+  if (do_perm) pm = *perm;
+  route_kernel<<<T, threads, 0, s>>>(logits, bias, r, ids, w, pm, do_perm);
   DI_CU_LAUNCH("moe_route");
   return DI_OK;
 }
@@ -190,7 +215,7 @@ extern "C" di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *
                                         int ldo, di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (k > 16) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts per token unsupported (<= 16)", k);
-  combine_kernel<<<T, 256, 0, s>>>(y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn, ldo);
+  combine_kernel<<<T, 1024, 0, s>>>(y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn, ldo);
   DI_CU_LAUNCH("moe_combine");
   return DI_OK;
 }
