@@ -33,17 +33,14 @@ int di_cp_to_byte(uint32_t cp) {
     return (int)cp;
   if ((cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF))
     return (int)cp;
-  if (cp >= 0x100 && cp <= 0x143) {
-    static int16_t inv[0x44];
-    static int ready; /* benign race: every thread writes the same values */
-    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
-      for (int b = 0; b < 256; b++)
-        if (di_byte_to_cp[b] >= 0x100)
-          inv[di_byte_to_cp[b] - 0x100] = (int16_t)b;
-      __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-    }
-    return inv[cp - 0x100];
-  }
+  /* the stand-ins above U+00FF are assigned in byte order to the bytes not printable themselves:
+   * 0x00-0x20, then 0x7F-0xA0, then 0xAD */
+  if (cp >= 0x100 && cp <= 0x120)
+    return (int)(cp - 0x100);
+  if (cp >= 0x121 && cp <= 0x142)
+    return (int)(0x7F + cp - 0x121);
+  if (cp == 0x143)
+    return 0xAD;
   return -1;
 }
 
