@@ -167,7 +167,8 @@ static di_status set_tokens(const di_chat_template *t, jj_vars *v) {
 }
 
 /* Adds the named arguments after the tokens and extras (so they win), checks them, renders. */
-static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv tools, int agp, char **out, size_t *len) {
+static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv tools, jv documents, int agp,
+                        char **out, size_t *len) {
   if (messages.kind != JV_LIST || messages.tuple)
     return di_error_set(DI_ERR_INVALID_ARG, "chat template: messages must be a JSON array");
   if (messages.u.l->n == 0)
@@ -176,7 +177,13 @@ static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv t
     return di_error_set(DI_ERR_INVALID_ARG, "chat template: tools must be a JSON array");
   DI_TRY(jj_vars_set(v, "messages", messages));
   DI_TRY(jj_vars_set(v, "tools", tools));
-  DI_TRY(jj_vars_set(v, "documents", jv_none()));
+  if (documents.kind != JV_NONE) {
+    if (documents.kind != JV_LIST) return di_error_set(DI_ERR_INVALID_ARG, "chat template: documents must be a JSON array");
+    for (size_t i = 0; i < documents.u.l->n; i++)
+      if (documents.u.l->v[i].kind != JV_DICT)
+        return di_error_set(DI_ERR_INVALID_ARG, "chat template: documents should be a list of objects with \"title\" and \"text\"");
+  }
+  DI_TRY(jj_vars_set(v, "documents", documents));
   DI_TRY(jj_vars_set(v, "add_generation_prompt", jv_bool(agp)));
   const jj_template *tpl = tools.kind != JV_NONE && t->tool_use ? t->tool_use : t->tpl;
   size_t n = 0;
@@ -202,7 +209,7 @@ di_status di_chat_template_render(const di_chat_template *t, const cJSON *messag
     jv m = jj_from_cjson(&v.arena, messages);
     jv tl = tools && !cJSON_IsNull(tools) ? jj_from_cjson(&v.arena, tools) : jv_none();
     st = v.arena.failed ? di_error_set(DI_ERR_OOM, "chat template: out of memory")
-                        : finish(t, &v, m, tl, add_generation_prompt != 0, out, len);
+                        : finish(t, &v, m, tl, jv_none(), add_generation_prompt != 0, out, len);
   }
   jj_vars_free(&v);
   return st;
@@ -218,15 +225,16 @@ di_status di_chat_template_render_json(const di_chat_template *t, const char *co
   DI_TRY(jj_vars_init(&v));
   jv root;
   di_status st = jj_json_parse(&v.arena, conversation_json, strlen(conversation_json), "the conversation", &root);
-  jv messages = root, tools = jv_none();
+  jv messages = root, tools = jv_none(), documents = jv_none();
   int agp = add_generation_prompt < 0 ? 1 : add_generation_prompt;
   if (st == DI_OK) st = set_tokens(t, &v);
   if (st == DI_OK && root.kind == JV_DICT) {
     jv *m = jj_dict_gets(root.u.d, "messages", 8), *tl = jj_dict_gets(root.u.d, "tools", 5),
-       *g = jj_dict_gets(root.u.d, "add_generation_prompt", 21);
+       *g = jj_dict_gets(root.u.d, "add_generation_prompt", 21), *docs = jj_dict_gets(root.u.d, "documents", 9);
     if (!m) st = di_error_set(DI_ERR_INVALID_ARG, "the conversation object has no \"messages\"");
     else messages = *m;
     if (tl) tools = *tl;
+    if (docs) documents = *docs;
     if (st == DI_OK && g && add_generation_prompt < 0) {
       if (g->kind != JV_BOOL) st = di_error_set(DI_ERR_INVALID_ARG, "the conversation's \"add_generation_prompt\" must be true or false");
       else agp = (int)g->u.i;
@@ -240,7 +248,7 @@ di_status di_chat_template_render_json(const di_chat_template *t, const char *co
   } else if (st == DI_OK && root.kind != JV_LIST) {
     st = di_error_set(DI_ERR_INVALID_ARG, "the conversation must be a JSON array of messages or an object with \"messages\"");
   }
-  if (st == DI_OK) st = finish(t, &v, messages, tools, agp, out, NULL);
+  if (st == DI_OK) st = finish(t, &v, messages, tools, documents, agp, out, NULL);
   jj_vars_free(&v);
   return st;
 }

@@ -19,7 +19,7 @@ static void help(FILE *f) {
           "  --tokenizer DIR          tokenizer or model folder (default: --model, $DEEPINFER_HF_MODEL_DIR)\n"
           "  --model DIR              the same\n"
           "  --messages FILE          a JSON array of messages, or an object with \"messages\", optional\n"
-          "                           \"tools\" and \"add_generation_prompt\"; its other keys become extra\n"
+          "                           \"tools\", \"documents\" and \"add_generation_prompt\"; its other keys become extra\n"
           "                           template variables (e.g. \"enable_thinking\": false). \"-\": stdin\n"
           "  --no-generation-prompt   do not end with the assistant header (add_generation_prompt=false)\n");
 }

@@ -105,7 +105,7 @@ static void test_goldens(void) { /* through di_chat_template_render_json and the
   printf("golden cases replayed: %d\n", total);
 }
 
-/* 52 real templates (Zephyr, Mistral, Mixtral, Command-R, Hermes, Llama 3.1/3.2, Qwen 2.5/3/3.5,
+/* 53 real templates (Zephyr, Mistral, Mixtral, Command-R, Hermes, Llama 3.1/3.2, Qwen 2.5/3/3.5,
  * DeepSeek, MiniCPM3 with call blocks, Jamba with *args, GLM, Kimi, ...) with the inputs of
  * huggingface.js's Jinja end-to-end tests, rendered by transformers 5.17. */
 static void test_public_templates(void) {
@@ -271,6 +271,10 @@ static void test_semantics(void) {
   expect_render("{% filter upper %}shout {{ 'it' }}{% endfilter %}", "SHOUT IT");
   expect_render("{% set s | trim %}  padded  {% endset %}[{{ s }}]", "[padded]");
   expect_render("{% generation %}gen{% endgeneration %}", "gen");
+  /* a namespace holding itself prints as Python's reprlib guard does */
+  expect_render("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{% set ns.b = [ns] %}{{ ns }}",
+                "<Namespace {'a': <Namespace {...}>, 'b': [<Namespace {...}>]}>");
+  expect_render("{{ [x, none, {'k': x}] }}", "[Undefined, None, {'k': Undefined}]");
   expect_render("{% macro m(a) %}<{{ caller(a * 2) }}>{% endmacro %}{% call(x) m(3) %}[{{ x }}]{% endcall %}", "<[6]>");
   expect_render("{% macro m(a, b=1) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(*[1, 2, 3], **{'z': 4}) }}",
                 "12[3]{'z': 4}");

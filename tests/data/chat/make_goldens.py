@@ -189,7 +189,7 @@ def cases(name):
 
 def public_goldens():
     """public_templates.jsonl: real templates with the inputs huggingface.js's Jinja end-to-end tests
-    use (packages/jinja/test/e2e.test.js). Each line {"name", "template", "conversation"}; this
+    use (packages/jinja/test/e2e.test.js), "documents" included. Each line {"name", "template", "conversation"}; this
     fills in "text" (or "error") from transformers, in place."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -201,9 +201,10 @@ def public_goldens():
         data = json.loads(r["conversation"])
         msgs = data.pop("messages")
         tools = data.pop("tools", None)
+        documents = data.pop("documents", None)
         agp = data.pop("add_generation_prompt", True)  # DeepInfer's default when the key is absent
         try:
-            r["text"] = render_jinja_template([msgs], tools=tools, chat_template=r["template"],
+            r["text"] = render_jinja_template([msgs], tools=tools, documents=documents, chat_template=r["template"],
                                               add_generation_prompt=agp, **data)[0][0]
         except Exception as e:
             r["error"] = f"{type(e).__name__}: {e}"
