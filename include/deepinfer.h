@@ -225,7 +225,8 @@ void di_chat_template_free(di_chat_template *t);
 /* conversation_json: a JSON array of messages ({"role", "content", ...}; tool_calls etc. pass
  * through), or an object {"messages": [...], "tools": [...], "documents": [...],
  * "add_generation_prompt": bool, ...} whose other keys become extra template variables.
- * add_generation_prompt: 1 or 0, or -1 to take the object's key (default true). *out is NUL-terminated; free it with di_string_free. */
+ * add_generation_prompt: 1 or 0, or -1 to take the object's key (default true). *out is
+ * NUL-terminated; free it with di_string_free. */
 di_status di_chat_template_render_json(const di_chat_template *t, const char *conversation_json,
                                        int add_generation_prompt, char **out);
 /* Frees a string the library returned to the caller. NULL: no-op. */
