@@ -113,33 +113,6 @@ static void test_gemm_batched(di_cu_blas *blas, int NH, int T, int N, int K, int
   di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
 }
 
-/* the absorption kernel for decode-sized steps: Qa[t][h][0:R] = q_nope[t][h] . W_UK[h] */
-static void test_absorb(int T, int H, int dn, int dr, int dv, int R) {
-  const int dqk = dn + dr, ldq = H * dqk;
-  uint16_t *q = rand_bf16((size_t)T * ldq, 1.f), *kvb = rand_bf16((size_t)H * (dn + dv) * R, 0.1f);
-  void *dq = dup_dev(q, (size_t)T * ldq * 2), *dk = dup_dev(kvb, (size_t)H * (dn + dv) * R * 2),
-       *dQa = di_cut_malloc((size_t)T * H * DI_CUK_MLA_D * 2);
-  di_status st = di_cuk_mla_absorb(dq, ldq, T, H, dn, dqk, dk, R, dv, dQa, NULL);
-  CHECKF(st == DI_OK, "%s", di_last_error());
-  CHECK(di_cut_sync() == 0);
-  float *Qa = bf16_dev_to_f32(dQa, (size_t)T * H * DI_CUK_MLA_D), *got = malloc(sizeof(float) * (size_t)T * H * R);
-  double *ref = malloc(sizeof(double) * (size_t)T * H * R);
-  for (int t = 0; t < T; t++)
-    for (int h = 0; h < H; h++)
-      for (int r = 0; r < R; r++) {
-        double a = 0;
-        for (int d = 0; d < dn; d++)
-          a += (double)bf(q[(size_t)t * ldq + h * dqk + d]) * bf(kvb[((size_t)h * (dn + dv) + d) * R + r]);
-        ref[((size_t)t * H + h) * R + r] = a;
-        got[((size_t)t * H + h) * R + r] = Qa[((size_t)t * H + h) * DI_CUK_MLA_D + r];
-      }
-  double err = rel_err_d(ref, got, (size_t)T * H * R);
-  CHECKF(err < 1e-2, "mla_absorb T=%d H=%d: rel err %.3e", T, H, err);
-  printf("mla_absorb T=%d H=%d dn=%d R=%d: rel err %.2e\n", T, H, dn, R, err);
-  free(q); free(kvb); free(Qa); free(got); free(ref);
-  di_cut_free(dq); di_cut_free(dk); di_cut_free(dQa);
-}
-
 /* ---- RMSNorm, SiLU-mul ---------------------------------------------------------------------------- */
 static void test_norms(int T, int n) {
   float *x = rand_f32((size_t)T * n, 3.f), *w = rand_f32(n, 1.f);
@@ -565,9 +538,6 @@ int main(void) {
   test_gemm(blas, 3, 777, 72, 1, 0.f);
   test_gemm_batched(blas, 16, 9, 512, 128, 1);  /* q_lat = q_nope . W_UK */
   test_gemm_batched(blas, 16, 9, 128, 512, 0);  /* v = o_lat . W_UV^T */
-  test_absorb(1, 16, 128, 64, 128, 512);   /* V2-Lite decode */
-  test_absorb(8, 128, 128, 64, 128, 512);  /* V3 heads */
-  test_absorb(3, 3, 24, 8, 20, 24);        /* odd sizes */
   test_norms(7, 2048);
   test_norms(3, 72);
   test_mla_prep(5, 16, 128, 64, 512, 1);

@@ -418,11 +418,8 @@ static di_status forward(cu_backend *b) {
     DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
                            b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
     /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
-    if (T <= 8 && b->dn <= 256)
-      DI_TRY(di_cuk_mla_absorb(q, ldq, T, NH, b->dn, b->dqk, (const uint16_t *)L->kv_b, b->R, b->dv, (uint16_t *)b->Qa, s));
-    else
-      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
-                                (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
+                              (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
     PROF("mla prep+absorb");
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                            b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,

@@ -115,13 +115,6 @@ di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const 
                              int n, float *h, const float *norm_w, float eps, uint16_t *xn, int ldo,
                              di_cu_stream s);
 
-/* ---- MLA weight absorption for decode-sized steps (k_mla_prep.cu) ---- */
-/* Qa[t][h][0:R] = q_nope[t][h] . W_UK[h] for T <= 8 tokens: q (bf16, row stride ldq, head h's
- * nope part at h*dqk), W_UK[h] = kv_b rows h*(dn+dv) .. +dn ([dn][R], bf16). The cuBLAS batched GEMM
- * serves larger T. */
-di_status di_cuk_mla_absorb(const uint16_t *q, int ldq, int T, int H, int dn, int dqk, const uint16_t *kv_b,
-                            int R, int dv, uint16_t *Qa, di_cu_stream s);
-
 /* ---- grouped GEMM (k_grouped_gemm.cu) ---- */
 /* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):
  *   C[m][n] = sum_k A[arow(m)][k] * W[e][n][k],  arow(m) = a_rows ? a_rows[m] : m.

@@ -76,38 +76,3 @@ extern "C" di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_
   return DI_OK;
 }
 
-/* One thread per latent column r of one head; the T (<= 8) q_nope vectors of the head sit in shared
- * memory; W_UK[h] is read once, coalesced across the block. */
-static __global__ void absorb_kernel(const bf16 *q, int ldq, int T, int H, int dn, int dqk, const bf16 *kv_b,
-                                     int R, int dv, bf16 *Qa) {
-  __shared__ float qn[8][256];
-  const int h = blockIdx.x, r = blockIdx.y * blockDim.x + threadIdx.x;
-  for (int i = threadIdx.x; i < T * dn; i += blockDim.x) {
-    int t = i / dn, d = i % dn;
-    qn[t][d] = di_bf(q[(int64_t)t * ldq + (int64_t)h * dqk + d]);
-  }
-  __syncthreads();
-  if (r >= R) return;
-  const bf16 *w = kv_b + (int64_t)h * (dn + dv) * R + r;
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-  for (int d = 0; d < dn; d++) {
-    float wv = di_bf(w[(int64_t)d * R]);
-#pragma unroll
-    for (int t = 0; t < 8; t++) acc[t] = fmaf(qn[t][d], wv, acc[t]);
-  }
-#pragma unroll
-  for (int t = 0; t < 8; t++)
-    if (t < T) Qa[((int64_t)t * H + h) * DI_CUK_MLA_D + r] = di_fb(acc[t]);
-}
-
-extern "C" di_status di_cuk_mla_absorb(const uint16_t *q, int ldq, int T, int H, int dn, int dqk,
-                                       const uint16_t *kv_b, int R, int dv, uint16_t *Qa, di_cu_stream s) {
-  if (T <= 0) return DI_OK;
-  if (T > 8 || dn > 256 || R > DI_CUK_MLA_R)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_absorb of %d tokens, nope %d, rank %d", T, dn, R);
-  absorb_kernel<<<dim3(H, (R + 127) / 128), 128, 0, s>>>((const bf16 *)q, ldq, T, H, dn, dqk, (const bf16 *)kv_b,
-                                                         R, dv, (bf16 *)Qa);
-  DI_CU_LAUNCH("mla_absorb");
-  return DI_OK;
-}
