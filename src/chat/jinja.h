@@ -219,5 +219,7 @@ di_status jj_call_global(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
 di_status jj_err(struct jj_ctx *c, const jnode *at, di_status st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 jj_arena *jj_ctx_arena(struct jj_ctx *c);
+/* fmt % args, Python's printf-style formatting (jinja_format.c). */
+di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out);
 size_t jj_ctx_out_limit(struct jj_ctx *c); /* the render's output limit, for temporary strings */
 #endif

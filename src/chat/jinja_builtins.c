@@ -670,7 +670,7 @@ di_status jj_call_test(struct jj_ctx *c, const jnode *at, const char *t, jv v, c
 
 /* ---- filters -------------------------------------------------------------------------------- */
 static const char *const FILTERS[] = {"abs", "attr", "capitalize", "center", "count", "d", "default", "dictsort",
-                                      "e", "escape", "first", "float", "forceescape", "indent", "int", "items",
+                                      "e", "escape", "first", "float", "forceescape", "format", "indent", "int", "items",
                                       "join", "last", "length", "list", "lower", "map", "max", "min", "reject",
                                       "rejectattr", "replace", "reverse", "round", "safe", "select", "selectattr",
                                       "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper",
@@ -864,6 +864,24 @@ static di_status tojson_filter(struct jj_ctx *c, const jnode *at, jv v, const jj
 di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v, const jj_args *a, jv *out) {
   if (!strcmp(f, "tojson")) return tojson_filter(c, at, v, a, out);
   if (!strcmp(f, "safe")) { *out = v; return DI_OK; }
+  if (!strcmp(f, "format")) { /* Jinja: str(value) % (args or kwargs) */
+    if (a->n && a->nkw) return jj_err(c, at, DI_ERR_INVALID_ARG, "can't handle positional and keyword arguments at the same time");
+    jv s, fa = {0};
+    DI_TRY(to_s(c, at, v, &s));
+    if (a->nkw) {
+      fa.kind = JV_DICT;
+      fa.u.d = jj_dict_new(A(c), (size_t)a->nkw);
+      if (!fa.u.d) return oom(c, at);
+      for (int i = 0; i < a->nkw; i++)
+        if (jj_dict_set(A(c), fa.u.d, jv_strn(a->kwn[i], strlen(a->kwn[i])), a->kwv[i])) return oom(c, at);
+    } else {
+      jv_list *l = jj_list_new(A(c), (size_t)a->n);
+      if (!l) return oom(c, at);
+      for (int i = 0; i < a->n; i++) DI_TRY(push(c, at, l, a->v[i]));
+      fa = list_val(l, 1);
+    }
+    return jj_format(c, at, s, fa, out);
+  }
   if (!strcmp(f, "d") || !strcmp(f, "default")) {
     const jv *def = arg(a, 0, "default_value"), *boolean = arg(a, 1, "boolean");
     int use = v.kind == JV_UNDEF || (boolean && jj_truthy(*boolean) && !jj_truthy(v));

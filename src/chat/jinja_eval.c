@@ -233,8 +233,7 @@ static di_status arith(jj_ctx *c, const jnode *at, int op, jv a, jv b, jv *out) 
     if ((a.kind == JV_STR || a.kind == JV_LIST) && (b.kind == JV_INT || b.kind == JV_BOOL)) return repeat(c, at, a, b.u.i, out);
     if ((b.kind == JV_STR || b.kind == JV_LIST) && (a.kind == JV_INT || a.kind == JV_BOOL)) return repeat(c, at, b, a.u.i, out);
   }
-  if (op == OP_MOD && a.kind == JV_STR)
-    return jj_err(c, at, DI_ERR_UNSUPPORTED, "unsupported construct: printf-style string formatting with %%");
+  if (op == OP_MOD && a.kind == JV_STR) return jj_format(c, at, a, b, out);
   return type_err(c, at, op, a, b);
 }
 

@@ -211,7 +211,10 @@ static void test_errors(void) {
   expect_error("ab\n  {{ messages | wordwrap(5) }}", DI_ERR_UNSUPPORTED, "line 2 column 15: unsupported construct: the filter 'wordwrap'");
   expect_error("{% if x is prime %}{% endif %}", DI_ERR_UNSUPPORTED, "unsupported construct: the test 'prime'");
   expect_error("{% for x in y recursive %}{% endfor %}", DI_ERR_UNSUPPORTED, "recursive for loops");
-  expect_error("{{ '%s' % 1 }}", DI_ERR_UNSUPPORTED, "printf-style string formatting");
+  expect_error("{{ '%d' % 'x' }}", DI_ERR_INVALID_ARG, "a real number is required, not str");
+  expect_error("{{ '%s %s' % 1 }}", DI_ERR_INVALID_ARG, "not enough arguments for format string");
+  expect_error("{{ '%s' % (1, 2) }}", DI_ERR_INVALID_ARG, "not all arguments converted");
+  expect_error("{{ '%y' % 1 }}", DI_ERR_INVALID_ARG, "unsupported format character 'y'");
   expect_error("{{ 'a'.format(1) }}", DI_ERR_UNSUPPORTED, "the method str.format");
   expect_error("{{ lipsum() }}", DI_ERR_UNSUPPORTED, "lipsum");
   expect_error("{% extends 'base' %}", DI_ERR_UNSUPPORTED, "the 'extends' tag");
