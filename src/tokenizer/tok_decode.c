@@ -389,6 +389,42 @@ void di_detok_stream_free(di_detok_stream *s) {
   free(s);
 }
 
+/* Whether the raw bytes of the window's tokens end inside a UTF-8 character that later bytes could
+ * still complete (HF's DecodeStream only looks for a trailing U+FFFD, which also holds back text
+ * ending in a genuine U+FFFD and makes the window grow without bound). */
+static int tail_incomplete(const di_detok_stream *s) {
+  unsigned char tail[4];
+  int k = 0;
+  for (size_t i = s->ids.len; i-- > 0 && k < 4;) {
+    int32_t id = s->ids.p[i];
+    if (s->skip && (s->t->tok_flags[id] & 8))
+      continue;
+    size_t bl;
+    const char *b = di_tokenizer_token_bytes(s->t, id, &bl);
+    while (bl > 0 && k < 4)
+      tail[3 - k++] = (unsigned char)b[--bl];
+  }
+  const unsigned char *t = tail + 4 - k;
+  /* find the last lead byte within the tail; incomplete if it announces more bytes than follow and
+   * every byte after it is a continuation byte acceptable there */
+  for (int j = k - 1; j >= 0 && j >= k - 3; j--) {
+    unsigned c = t[j];
+    if ((c & 0xC0) == 0x80)
+      continue;
+    int need = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+    int have = k - j;
+    if (have >= need)
+      return 0;
+    if (have >= 2) { /* second byte ranges of E0, ED, F0, F4 */
+      unsigned b1 = t[j + 1];
+      if ((c == 0xE0 && b1 < 0xA0) || (c == 0xED && b1 > 0x9F) || (c == 0xF0 && b1 < 0x90) || (c == 0xF4 && b1 > 0x8F))
+        return 0;
+    }
+    return 1;
+  }
+  return 0;
+}
+
 /* Passes raw text through the clean-up stage: emits what can no longer change. */
 static di_status stream_emit(di_detok_stream *s, const char *txt, size_t n, int final) {
   s->out.len = 0;
@@ -443,6 +479,8 @@ di_status di_detok_stream_push(di_detok_stream *s, int32_t id, const char **text
   const char *str = s->scratch.p ? s->scratch.p : "";
   size_t n = s->scratch.len;
   int ends_fffd = n >= 3 && memcmp(str + n - 3, "\xEF\xBF\xBD", 3) == 0;
+  if (ends_fffd && !tail_incomplete(s))
+    ends_fffd = 0; /* a real U+FFFD (or an invalid byte): final, no need to wait */
   if (n > s->prefix.len && !ends_fffd && memcmp(str, s->prefix.p ? s->prefix.p : "", s->prefix.len) == 0) {
     const char *nt = str + s->prefix.len;
     size_t nn = n - s->prefix.len;

@@ -91,8 +91,8 @@ static void check_stream(const di_tokenizer *t, const int32_t *ids, size_t n, in
 }
 
 static void test_golden(const di_tokenizer *t) {
-  golden *g;
-  size_t n;
+  golden *g = NULL;
+  size_t n = 0;
   CHECK(load_golden(&g, &n) == 0);
   CHECKF(n >= 60, "golden lines: %zu", n);
   size_t bad_ids = 0, bad_dec = 0;
