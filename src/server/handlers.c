@@ -72,6 +72,7 @@ typedef struct gen {
   long long created;
   int prompt_tokens, cached_tokens;
   int keep_alive;
+  double last_peer_check;
 } gen;
 
 static int append(choice *c, const char *t, size_t n) {
@@ -150,12 +151,20 @@ static void note_event(gen *g, choice *ch, const di_srv_event *ev) {
  * when the client went away (the job is aborted then). */
 static int wait_event(gen *g, di_srv_event **ev) {
   for (;;) {
+    /* the socket is checked every POLL_MS even while events keep coming (a non-streamed request
+     * writes nothing until the end, so a gone client is only seen this way) */
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double now = (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+    if (now - g->last_peer_check >= POLL_MS * 1e-3) {
+      g->last_peer_check = now;
+      if (di_srv_peer_gone(g->c->fd)) {
+        di_srv_abort(g->s->loop, g->job);
+        return -2;
+      }
+    }
     int rc = di_srv_next_event(g->s->loop, g->job, POLL_MS, ev);
     if (rc != 0) return rc;
-    if (di_srv_peer_gone(g->c->fd)) {
-      di_srv_abort(g->s->loop, g->job);
-      return -2;
-    }
   }
 }
 
