@@ -115,6 +115,8 @@ def server():
     s = Server()
     try:
         yield s
+        rc = s.stop()  # graceful: exit code 0 (under ASan also: no leak)
+        assert rc == 0, s.text()[-3000:]
     finally:
         s.kill()
 
