@@ -7,6 +7,7 @@
 #include <string.h>
 #include "grammar/gram_ir.h"
 #include "grammar/grammar.h"
+#include "grammar/json_text.h"
 #include "util/json.h"
 
 enum { T_NULL = 1, T_BOOL = 2, T_OBJECT = 4, T_ARRAY = 8, T_NUMBER = 16, T_INTEGER = 32, T_STRING = 64, T_ALL = 127 };
@@ -57,104 +58,6 @@ static void ws(jc *c, di_gseq *s) {
 }
 static di_gel rule_el(int r) { return (di_gel){DI_GE_RULE, r}; }
 
-/* ---- serialising JSON values the way generation writes them ---------------------------------- */
-typedef struct {
-  char *p;
-  size_t n, cap;
-  int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-  if (b->n + n + 1 > b->cap) {
-    size_t nc = b->cap ? b->cap * 2 : 64;
-    while (nc < b->n + n + 1)
-      nc *= 2;
-    char *q = realloc(b->p, nc);
-    if (!q) {
-      b->oom = 1;
-      return;
-    }
-    b->p = q;
-    b->cap = nc;
-  }
-  memcpy(b->p + b->n, s, n);
-  b->n += n;
-  b->p[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_json_string(sbuf *b, const char *s) {
-  sb_put(b, "\"", 1);
-  for (const unsigned char *u = (const unsigned char *)s; *u; u++) {
-    char e[8];
-    switch (*u) {
-    case '"': sb_put(b, "\\\"", 2); break;
-    case '\\': sb_put(b, "\\\\", 2); break;
-    case '\b': sb_put(b, "\\b", 2); break;
-    case '\f': sb_put(b, "\\f", 2); break;
-    case '\n': sb_put(b, "\\n", 2); break;
-    case '\r': sb_put(b, "\\r", 2); break;
-    case '\t': sb_put(b, "\\t", 2); break;
-    default:
-      if (*u < 0x20) {
-        snprintf(e, sizeof e, "\\u%04x", *u);
-        sb_put(b, e, 6);
-      } else {
-        sb_put(b, (const char *)u, 1);
-      }
-    }
-  }
-  sb_put(b, "\"", 1);
-}
-
-static void sb_number(sbuf *b, double v) {
-  char t[64];
-  if (v == floor(v) && fabs(v) < 1e300) {
-    snprintf(t, sizeof t, "%.0f", v);
-    if (strcmp(t, "-0") == 0)
-      strcpy(t, "0");
-  } else {
-    for (int prec = 1; prec <= 17; prec++) {
-      snprintf(t, sizeof t, "%.*g", prec, v);
-      if (strtod(t, NULL) == v)
-        break;
-    }
-  }
-  sb_str(b, t);
-}
-
-static void sb_json(sbuf *b, const cJSON *j) {
-  if (cJSON_IsNull(j))
-    sb_str(b, "null");
-  else if (cJSON_IsTrue(j))
-    sb_str(b, "true");
-  else if (cJSON_IsFalse(j))
-    sb_str(b, "false");
-  else if (cJSON_IsNumber(j))
-    sb_number(b, j->valuedouble);
-  else if (cJSON_IsString(j))
-    sb_json_string(b, j->valuestring);
-  else if (cJSON_IsArray(j)) {
-    sb_put(b, "[", 1);
-    for (const cJSON *e = j->child; e; e = e->next) {
-      sb_json(b, e);
-      if (e->next)
-        sb_put(b, ",", 1);
-    }
-    sb_put(b, "]", 1);
-  } else if (cJSON_IsObject(j)) {
-    sb_put(b, "{", 1);
-    for (const cJSON *e = j->child; e; e = e->next) {
-      sb_json_string(b, e->string);
-      sb_put(b, ":", 1);
-      sb_json(b, e);
-      if (e->next)
-        sb_put(b, ",", 1);
-    }
-    sb_put(b, "}", 1);
-  }
-}
-
 /* Literal JSON value with whitespace slots (only where generation may put whitespace). */
 static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
   if (cJSON_IsArray(j) || cJSON_IsObject(j)) {
@@ -163,8 +66,8 @@ static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
     for (const cJSON *e = j->child; e; e = e->next) {
       ws(c, s);
       if (obj) {
-        sbuf k = {0};
-        sb_json_string(&k, e->string);
+        di_sbuf k = {0};
+        di_sbuf_json_string(&k, e->string);
         di_gseq_bytes(c->b, s, k.p ? k.p : "", k.n);
         free(k.p);
         ws(c, s);
@@ -181,8 +84,8 @@ static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
     lit(c, s, obj ? "}" : "]");
     return;
   }
-  sbuf v = {0};
-  sb_json(&v, j);
+  di_sbuf v = {0};
+  di_sbuf_json(&v, j);
   di_gseq_bytes(c->b, s, v.p ? v.p : "", v.n);
   if (v.oom)
     c->b->oom = 1;
@@ -327,90 +230,6 @@ static void jc_free(jc *c) {
   free(c->memo);
 }
 
-/* ---- integer ranges -------------------------------------------------------------------------- */
-static int ndigits(uint64_t v) {
-  int n = 1;
-  while (v >= 10)
-    v /= 10, n++;
-  return n;
-}
-
-static void digit_class(jc *c, di_gseq *s, int lo, int hi) {
-  di_gbyteset set = {{0}};
-  for (int d = lo; d <= hi; d++)
-    di_gbyteset_add(&set, (unsigned)('0' + d));
-  di_gseq_push(c->b, s, (di_gel){DI_GE_CLASS, di_gb_class(c->b, &set)});
-}
-
-/* Adds to `rule` alternatives for the fixed-length digit strings x..y (both `len` digits, leading
- * zeros allowed), prefixed by `pre`. */
-static void fixed_range(jc *c, int rule, const di_gseq *pre, const char *x, const char *y, int len) {
-  if (len == 0) {
-    di_gb_add_alt(c->b, rule, pre->v, pre->n);
-    return;
-  }
-  di_gseq s = {0};
-  for (int i = 0; i < pre->n; i++)
-    di_gseq_push(c->b, &s, pre->v[i]);
-  int x0 = x[0] - '0', y0 = y[0] - '0';
-  if (x0 == y0) {
-    digit_class(c, &s, x0, x0);
-    fixed_range(c, rule, &s, x + 1, y + 1, len - 1);
-    di_gseq_free(&s);
-    return;
-  }
-  char nines[24], zeros[24];
-  memset(nines, '9', (size_t)len);
-  memset(zeros, '0', (size_t)len);
-  nines[len] = zeros[len] = 0;
-  int n0 = s.n;
-  digit_class(c, &s, x0, x0);
-  fixed_range(c, rule, &s, x + 1, nines, len - 1);
-  s.n = n0;
-  if (y0 - x0 >= 2) {
-    digit_class(c, &s, x0 + 1, y0 - 1);
-    for (int i = 1; i < len; i++)
-      digit_class(c, &s, 0, 9);
-    di_gb_add_alt(c->b, rule, s.v, s.n);
-    s.n = n0;
-  }
-  digit_class(c, &s, y0, y0);
-  fixed_range(c, rule, &s, zeros, y + 1, len - 1);
-  di_gseq_free(&s);
-}
-
-/* Alternatives for non-negative integers a..b (b < 0: unbounded) without leading zeros. */
-static void nonneg_range(jc *c, int rule, const di_gseq *pre, uint64_t a, int64_t b) {
-  int la = ndigits(a), lb = b < 0 ? la : ndigits((uint64_t)b);
-  for (int L = la; L <= lb; L++) {
-    uint64_t lo = L == 1 ? 0 : 1;
-    for (int i = 1; i < L; i++)
-      lo *= 10;
-    uint64_t hi = lo ? lo * 10 - 1 : 9;
-    if (L == 1)
-      hi = 9;
-    uint64_t x = a > lo ? a : lo, y = (b >= 0 && (uint64_t)b < hi) ? (uint64_t)b : hi;
-    if (x > y)
-      continue;
-    char xs[24], ys[24];
-    snprintf(xs, sizeof xs, "%0*llu", L, (unsigned long long)x);
-    snprintf(ys, sizeof ys, "%0*llu", L, (unsigned long long)y);
-    fixed_range(c, rule, pre, xs, ys, L);
-  }
-  if (b < 0) { /* more digits than a: [1-9][0-9]{la,} */
-    di_gseq s = {0};
-    for (int i = 0; i < pre->n; i++)
-      di_gseq_push(c->b, &s, pre->v[i]);
-    digit_class(c, &s, 1, 9);
-    di_gbyteset set = {{0}};
-    for (int d = '0'; d <= '9'; d++)
-      di_gbyteset_add(&set, (unsigned)d);
-    di_gseq_repeat(c->b, &s, (di_gel){DI_GE_CLASS, di_gb_class(c->b, &set)}, la, -1);
-    di_gb_add_alt(c->b, rule, s.v, s.n);
-    di_gseq_free(&s);
-  }
-}
-
 /* Integers in [lo, hi]; has_lo/has_hi say whether each bound exists. */
 static di_status int_range(jc *c, int rule, int has_lo, int64_t lo, int has_hi, int64_t hi, const char *path) {
   const int64_t LIM = 9007199254740992LL; /* 2^53: beyond it JSON numbers are not exact */
@@ -418,18 +237,7 @@ static di_status int_range(jc *c, int rule, int has_lo, int64_t lo, int has_hi, 
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: integer bound beyond 2^53 at %s", path);
   if (has_lo && has_hi && lo > hi)
     return di_error_set(DI_ERR_FORMAT, "json schema: minimum above maximum at %s (no integer fits)", path);
-  di_gseq pre = {0};
-  /* non-negative part */
-  if (!has_hi || hi >= 0)
-    nonneg_range(c, rule, &pre, has_lo && lo > 0 ? (uint64_t)lo : 0, has_hi ? hi : -1);
-  /* negative part: "-" (1..) */
-  if (!has_lo || lo < 0) {
-    lit(c, &pre, "-");
-    uint64_t a = has_hi && hi < 0 ? (uint64_t)(-hi) : 1;
-    int64_t b = has_lo ? -lo : -1;
-    nonneg_range(c, rule, &pre, a, b);
-  }
-  di_gseq_free(&pre);
+  di_json_int_range(c->b, rule, has_lo, lo, has_hi, hi);
   return DI_OK;
 }
 
@@ -1001,8 +809,8 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     }
     if (rules[i] < 0 && isreq[i])
       goto done; /* a required property that can have no value: no object fits */
-    sbuf kb = {0};
-    sb_json_string(&kb, names[i]);
+    di_sbuf kb = {0};
+    di_sbuf_json_string(&kb, names[i]);
     if (kb.oom) {
       st = di_error_set(DI_ERR_OOM, "out of memory");
       goto done;
