@@ -295,7 +295,8 @@ static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int ro
   if (finish) cJSON_AddStringToObject(c, "finish_reason", finish); else cJSON_AddNullToObject(c, "finish_reason");
   if (!g->r.chat || finish) cJSON_AddNullToObject(c, "stop_reason");
   cJSON_AddItemToArray(choices, c);
-  if (g->r.include_usage) cJSON_AddNullToObject(o, "usage");
+  if (g->r.include_usage && g->r.continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(g));
+  else if (g->r.include_usage) cJSON_AddNullToObject(o, "usage");
   return o;
 }
 

@@ -438,7 +438,9 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   if (so) {
     if (!r->stream) return BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
     if (!cJSON_IsObject(so)) return BAD("stream_options", "'stream_options' must be an object");
-    if (get_bool(so, "include_usage", &r->include_usage, err)) return -1;
+    if (get_bool(so, "include_usage", &r->include_usage, err) ||
+        get_bool(so, "continuous_usage_stats", &r->continuous_usage, err))
+      return -1;
   }
   if (chat) {
     int want = 0;
@@ -454,6 +456,7 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
     const cJSON *suffix = field(root, "suffix");
     if (suffix && !(cJSON_IsString(suffix) && !suffix->valuestring[0])) return BAD("suffix", "'suffix' is not supported");
   }
+  if (field(root, "prompt_logprobs")) return BAD("prompt_logprobs", "prompt_logprobs is not supported");
   r->n = (int)n;
   if (read_stops(root, r, err) || read_logit_bias(ctx, root, r, err)) return -1;
   int json_object = 0;

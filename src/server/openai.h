@@ -37,6 +37,7 @@ char *di_oai_error_json(const di_oai_error *e);
 typedef struct di_oai_request {
   int chat;
   int stream, include_usage;
+  int continuous_usage;            /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
   int echo;                        /* completions: the prompt text leads each choice's text */
   int logprobs;                    /* top alternatives per token; -1: no logprobs */
   int n;                           /* samples per prompt */

@@ -578,3 +578,16 @@ def test_api_key_and_graceful_shutdown():
         assert "Bearer" not in s.text()
     finally:
         s.kill()
+
+
+def test_continuous_usage_and_unsupported(server):
+    events, done = server.stream("/v1/completions", greedy(prompt="u", max_tokens=4, stream=True,
+                                                           stream_options={"include_usage": True,
+                                                                           "continuous_usage_stats": True}))
+    counts = [e["usage"]["completion_tokens"] for e in events if e["choices"]]
+    assert done and counts == sorted(counts) and counts[-1] == 4
+    check_error(*server.post("/v1/completions", {"prompt": "x", "prompt_logprobs": 1}), 400, "prompt_logprobs")
+    check_error(*server.post("/v1/completions", {"prompt": "x", "suffix": "y"}), 400, "suffix")
+    check_error(*server.post("/v1/completions", {"prompt": "x", "n": 2, "best_of": 3}), 400, "best_of")
+    check_error(*server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                      "tool_choice": "required"}), 400, "tool_choice")
