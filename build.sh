@@ -23,6 +23,7 @@ have_cmd xz || need_pkgs+=(xz-utils)
 have_pkg libcjson-dev || need_pkgs+=(libcjson-dev)
 have_pkg libpcre2-dev || need_pkgs+=(libpcre2-dev)
 if [ "$MODE" = fuzz ]; then have_cmd clang || need_pkgs+=(clang); fi
+if [ "$MODE" = test ] && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then need_pkgs+=(python3-venv); fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "build.sh: installing ${need_pkgs[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -39,10 +40,23 @@ configure_and_build() {  # dir, extra cmake args...
   cmake --build "$dir" -j "$JOBS"
 }
 
+# A Python with the test requirements: this one if it has them, else a virtual environment in
+# build/pyvenv (Debian's system Python refuses pip installs).
+test_python() {
+  local req=tests/python/requirements.txt
+  if python3 -c 'import pytest, tokenizers, jsonschema, transformers, openai' >/dev/null 2>&1; then
+    command -v python3; return
+  fi
+  local venv=build/pyvenv
+  if [ ! -x "$venv/bin/python" ]; then mkdir -p build && python3 -m venv "$venv" >&2; fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req" >&2
+  echo "$PWD/$venv/bin/python"
+}
+
 case "$MODE" in
   build) configure_and_build build -DCMAKE_BUILD_TYPE=Release ;;
   test)
-    configure_and_build build -DCMAKE_BUILD_TYPE=Release
+    configure_and_build build -DCMAKE_BUILD_TYPE=Release -DDI_PYTHON="$(test_python)"
     ctest --test-dir build --output-on-failure -j "$JOBS" ;;
   asan)
     DI_CUDA=OFF configure_and_build build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DDI_SANITIZE=ON
