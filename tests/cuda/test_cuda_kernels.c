@@ -572,6 +572,7 @@ int main(void) {
   test_moe_chain(16, 64, 6, 2, 2048, 1408);
   test_moe_chain(300, 256, 8, 1, 256, 200);  /* V3 routing width, bm 64 */
   test_moe_chain(3, 12, 3, 0, 128, 40);      /* odd sizes (padded intermediate) */
+  test_moe_chain(600, 64, 6, 2, 256, 256);   /* A = 4800 >= 32 * 66: the bm = 64 tiles (prefill) */
   test_sample(129280);
   di_cu_blas_destroy(blas);
   return test_finish("test_cuda_kernels");
