@@ -34,7 +34,9 @@ static void usage(FILE *f) {
           "          --api-key KEY (or $DEEPINFER_API_KEY: /v1/ needs \"Authorization: Bearer KEY\")\n"
           "          --max-connections N (512)  --max-body-bytes N (32 MiB)  --keep-alive-timeout S (60)\n"
           "          --shutdown-timeout S (10: in-flight requests get this long on SIGINT/SIGTERM)\n"
-          "          --disable-log-requests (no access-log lines on stderr)\n");
+          "          --disable-log-requests (no access-log lines on stderr)\n"
+          "Tools:    --enable-auto-tool-choice --tool-call-parser deepseek_v3|deepseek_v31 (DeepSeek tool-call\n"
+          "          markup in chat replies becomes OpenAI tool_calls)\n");
 }
 
 static int parse_ll(const char *flag, const char *v, long long lo, long long hi, long long *out) {
@@ -52,6 +54,7 @@ static int parse_ll(const char *flag, const char *v, long long lo, long long hi,
 int di_cmd_serve(int argc, char **argv) {
   const char *model_dir = NULL, *served = NULL, *load_format = "auto", *accelerator = NULL, *api_key = NULL;
   long long threads = 0, dummy_seed = 0, seed = 0, x;
+  int auto_tools = 0;
   di_server_config sc;
   di_server_config_default(&sc);
   di_engine_options eo;
@@ -67,6 +70,14 @@ int di_cmd_serve(int argc, char **argv) {
     else if (strcmp(a, "--no-chunked-prefill") == 0) eo.enable_chunked_prefill = 0;
     else if (strcmp(a, "--no-async-scheduling") == 0) eo.async_scheduling = 0;
     else if (strcmp(a, "--disable-log-requests") == 0) sc.log_requests = 0;
+    else if (strcmp(a, "--enable-auto-tool-choice") == 0) auto_tools = 1;
+    else if (FLAG("--tool-call-parser")) {
+      if (strcmp(v, "deepseek_v3") != 0 && strcmp(v, "deepseek_v31") != 0) {
+        fprintf(stderr, "deepinfer serve: --tool-call-parser: \"%s\" is not known (deepseek_v3, deepseek_v31)\n", v);
+        return 2;
+      }
+      sc.tool_call_parser = 1;
+    }
     else if (FLAG("--model")) model_dir = v;
     else if (FLAG("--served-model-name")) served = v;
     else if (FLAG("--host")) sc.host = v;
@@ -93,6 +104,10 @@ int di_cmd_serve(int argc, char **argv) {
     }
 #undef INT
 #undef FLAG
+  }
+  if (auto_tools != sc.tool_call_parser) {
+    fprintf(stderr, "deepinfer serve: --enable-auto-tool-choice and --tool-call-parser go together (as in vLLM)\n");
+    return 2;
   }
   if (!served) served = model_dir ? model_dir : "default";
   if (!model_dir) model_dir = di_cli_default_model_dir();

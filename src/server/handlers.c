@@ -4,6 +4,7 @@
  * its events a handler polls its socket so that a client that went away aborts its job. */
 #include "server/server_internal.h"
 #include "api/model_internal.h"
+#include "server/tool_calls.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@ typedef struct choice {
   size_t len, cap;
   cJSON *logprobs;               /* completions: the logprobs object; chat: the content array */
   int text_offset;
+  size_t emitted;                /* streamed with tool parsing: bytes of text sent as content */
   di_finish_reason finish;
   int n_out;
   char *error;
@@ -125,6 +127,30 @@ static cJSON *envelope(const gen *g, const char *object) {
 
 static const char *finish_str(di_finish_reason f) {
   return f == DI_FINISH_STOP ? "stop" : f == DI_FINISH_LENGTH ? "length" : f == DI_FINISH_ABORT ? "abort" : "error";
+}
+
+/* The tool calls in a chat reply as OpenAI's tool_calls array (stream: with an "index" each), or
+ * NULL when it has none; *content_len: the bytes of content before them. */
+static cJSON *tool_calls_json(gen *g, const char *text, size_t len, size_t *content_len, int stream) {
+  di_tool_call *calls;
+  *content_len = len;
+  int n = text ? di_tool_calls_parse(text, len, content_len, &calls) : 0;
+  if (n <= 0) return NULL;
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; i < n; i++) {
+    cJSON *c = cJSON_CreateObject();
+    char id[64];
+    make_id(g->s, "chatcmpl-tool-", id, sizeof id);
+    if (stream) cJSON_AddNumberToObject(c, "index", i);
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON *f = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(f, "name", calls[i].name);
+    cJSON_AddStringToObject(f, "arguments", calls[i].arguments);
+    cJSON_AddItemToArray(a, c);
+  }
+  di_tool_calls_free(calls, n);
+  return a;
 }
 
 static void record_usage(gen *g, int ok) {
@@ -222,8 +248,23 @@ static int respond_whole(gen *g) {
     if (g->r.chat) {
       cJSON *m = cJSON_AddObjectToObject(c, "message");
       cJSON_AddStringToObject(m, "role", "assistant");
-      cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
-      cJSON_AddArrayToObject(m, "tool_calls");
+      size_t content_len = ch->len;
+      cJSON *calls = g->r.parse_tools ? tool_calls_json(g, ch->text, ch->len, &content_len, 0) : NULL;
+      if (calls) {
+        /* the reply's text before the calls is the content (null when there is none, as OpenAI) */
+        while (content_len && strchr(" \n\r\t", ch->text[content_len - 1])) content_len--;
+        if (content_len) {
+          ch->text[content_len] = 0;
+          cJSON_AddStringToObject(m, "content", ch->text);
+        } else {
+          cJSON_AddNullToObject(m, "content");
+        }
+        cJSON_AddItemToObject(m, "tool_calls", calls);
+        ch->finish = DI_FINISH_NONE; /* reported as "tool_calls" below */
+      } else {
+        cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
+        cJSON_AddArrayToObject(m, "tool_calls");
+      }
       if (ch->logprobs) {
         cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
         cJSON_AddItemToObject(lp, "content", ch->logprobs);
@@ -245,7 +286,7 @@ static int respond_whole(gen *g) {
       if (ch->logprobs) { cJSON_AddItemToObject(c, "logprobs", ch->logprobs); ch->logprobs = NULL; }
       else cJSON_AddNullToObject(c, "logprobs");
     }
-    cJSON_AddStringToObject(c, "finish_reason", finish_str(ch->finish));
+    cJSON_AddStringToObject(c, "finish_reason", ch->finish == DI_FINISH_NONE ? "tool_calls" : finish_str(ch->finish));
     cJSON_AddNullToObject(c, "stop_reason");
     cJSON_AddItemToArray(choices, c);
   }
@@ -270,7 +311,8 @@ static int sse_send(gen *g, cJSON *obj) {
 }
 
 /* one streamed chunk for choice `index`: text (may be empty), logprobs (taken), finish or NULL */
-static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int role, cJSON *lp, const char *finish) {
+static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int role, cJSON *lp, const char *finish,
+                         cJSON *tool_calls) {
   cJSON *o = envelope(g, g->r.chat ? "chat.completion.chunk" : "text_completion");
   cJSON *choices = cJSON_AddArrayToObject(o, "choices");
   cJSON *c = cJSON_CreateObject();
@@ -281,6 +323,7 @@ static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int ro
     cJSON *d = cJSON_AddObjectToObject(c, "delta");
     if (role) cJSON_AddStringToObject(d, "role", "assistant");
     if (len || role) cJSON_AddStringToObject(d, "content", t ? t : "");
+    if (tool_calls) cJSON_AddItemToObject(d, "tool_calls", tool_calls);
     if (lp) {
       cJSON *l = cJSON_AddObjectToObject(c, "logprobs");
       cJSON_AddItemToObject(l, "content", lp);
@@ -304,10 +347,10 @@ static int respond_stream(gen *g) {
   int ok = di_http_begin_chunked(g->c->fd, 200, "text/event-stream; charset=utf-8", g->keep_alive, NULL) == 0;
   g->c->status = 200;
   for (int i = 0; ok && i < g->n_choices; i++) {
-    if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL)) == 0;
+    if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL, NULL)) == 0;
     else if (g->r.echo) {
       const char *p = g->r.prompt_text[i / g->r.n];
-      ok = sse_send(g, chunk_json(g, i, p, strlen(p), 0, NULL, NULL)) == 0;
+      ok = sse_send(g, chunk_json(g, i, p, strlen(p), 0, NULL, NULL, NULL)) == 0;
     }
   }
   di_srv_event *ev;
@@ -335,9 +378,31 @@ static int respond_stream(gen *g) {
           free(msg);
           free(s);
         }
+      } else if (g->r.parse_tools) {
+        /* content streams up to where tool-call markup starts (or might start); the calls go out
+         * whole with the finish */
+        if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
+          cJSON_Delete(lp);
+          ok = 0;
+          di_srv_event_free(ev);
+          break;
+        }
+        size_t safe = di_tool_calls_safe_prefix(ch->text ? ch->text : "", ch->len), content_len = safe;
+        cJSON *calls = NULL;
+        const char *fin = NULL;
+        if (ev->finish != DI_FINISH_NONE) {
+          calls = tool_calls_json(g, ch->text, ch->len, &content_len, 1);
+          if (!calls) content_len = ch->len;
+          fin = calls ? "tool_calls" : finish_str(ev->finish);
+        }
+        size_t from = ch->emitted, to = content_len > from ? content_len : from;
+        ch->emitted = to;
+        if (to > from || lp || fin)
+          ok = sse_send(g, chunk_json(g, ci, ch->text + from, to - from, 0, lp, fin, calls)) == 0;
+        else cJSON_Delete(calls);
       } else if (ev->text_len || lp || ev->finish != DI_FINISH_NONE) {
         ok = sse_send(g, chunk_json(g, ci, ev->text, ev->text_len, 0, lp,
-                                    ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL)) == 0;
+                                    ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL, NULL)) == 0;
       }
     }
     di_srv_event_free(ev);

@@ -217,8 +217,7 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   const cJSON *tool_choice = field(root, "tool_choice");
   if (tool_choice && !(cJSON_IsString(tool_choice) && (strcmp(tool_choice->valuestring, "auto") == 0 ||
                                                         strcmp(tool_choice->valuestring, "none") == 0)))
-    return BAD("tool_choice", "only tool_choice \"auto\" and \"none\" are supported (the tools are shown to the model "
-               "through its chat template; tool calls are not parsed out of the reply)");
+    return BAD("tool_choice", "only tool_choice \"auto\" and \"none\" are supported");
   cJSON *conv = cJSON_CreateObject();
   cJSON *m = cJSON_Duplicate(msgs, 1);
   if (!conv || !m) { cJSON_Delete(conv); cJSON_Delete(m); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
@@ -234,8 +233,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   const cJSON *tools = field(root, "tools");
   if (tools) {
     if (!cJSON_IsArray(tools)) { cJSON_Delete(conv); return BAD("tools", "'tools' must be an array"); }
-    if (!(tool_choice && strcmp(tool_choice->valuestring, "none") == 0))
+    if (!(tool_choice && strcmp(tool_choice->valuestring, "none") == 0)) {
       cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+      r->parse_tools = ctx->tool_parser && cJSON_GetArraySize(tools) > 0;
+    }
   }
   const cJSON *kw = field(root, "chat_template_kwargs");
   if (kw) {

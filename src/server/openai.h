@@ -16,6 +16,7 @@ typedef struct di_oai_ctx {
   int vocab_size;
   float default_temperature, default_top_p; /* generation_config.json; NAN: unset */
   int default_top_k;                        /* <= 0: unset */
+  int tool_parser;                 /* nonzero: DeepSeek tool-call markup in chat replies becomes tool_calls */
 } di_oai_ctx;
 
 /* An OpenAI error: HTTP status and the body's {"error": {message, type, param, code}}. */
@@ -36,6 +37,7 @@ char *di_oai_error_json(const di_oai_error *e);
 /* A request read from its JSON body. */
 typedef struct di_oai_request {
   int chat;
+  int parse_tools;                 /* chat with tools and a tool parser: replies may hold tool calls */
   int stream, include_usage;
   int continuous_usage;            /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
   int echo;                        /* completions: the prompt text leads each choice's text */

@@ -35,7 +35,7 @@ class Server:
         self.log = tempfile.NamedTemporaryFile(prefix="di-serve-", suffix=".log", delete=False)
         cmd = [CLI, "serve", DUMMY, "--load-format", "dummy", "--seed", "1", "--port", "0", "--threads", "2",
                "--num-kv-blocks", "512", "--served-model-name", NAME, "--max-body-bytes", "65536",
-               "--shutdown-timeout", "10", *extra]
+               "--shutdown-timeout", "10", "--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v3", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 60
         self.port = None
@@ -591,3 +591,40 @@ def test_continuous_usage_and_unsupported(server):
     check_error(*server.post("/v1/completions", {"prompt": "x", "n": 2, "best_of": 3}), 400, "best_of")
     check_error(*server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                       "tool_choice": "required"}), 400, "tool_choice")
+
+
+TOOL_MARKUP = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+               "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_tool_calls(server):
+    # the reply is forced (guided_regex) to DeepSeek-V3 tool-call markup after some content
+    rx = re.sub(r"([{}\[\]().*+?|^$\\])", r"\\\1", "Sure." + TOOL_MARKUP)
+    req = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS, "max_tokens": 400,
+           "temperature": 0, "guided_regex": rx}
+    status, body = server.post("/v1/chat/completions", req)
+    assert status == 200, body
+    c = body["choices"][0]
+    assert c["finish_reason"] == "tool_calls", c
+    assert c["message"]["content"] == "Sure."
+    (call,) = c["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    events, done = server.stream("/v1/chat/completions", dict(req, stream=True))
+    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    calls = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls", [])]
+    assert done and content == "Sure." and len(calls) == 1 and calls[0]["index"] == 0
+    assert calls[0]["function"]["name"] == "get_weather" and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # without tools in the request the markup stays content
+    no_tools = dict(req)
+    del no_tools["tools"]
+    status, body = server.post("/v1/chat/completions", no_tools)
+    assert body["choices"][0]["message"]["content"] == "Sure." + TOOL_MARKUP
+    assert body["choices"][0]["message"]["tool_calls"] == [] and body["choices"][0]["finish_reason"] == "stop"
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=NAME, messages=req["messages"], tools=TOOLS, max_tokens=400, temperature=0,
+                                       extra_body={"guided_regex": rx})
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
