@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 static int is_tchar(unsigned char c) {
   if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return 1;
@@ -357,8 +358,32 @@ int di_http_write_all(int fd, const void *data, size_t len) {
   return 0;
 }
 
+/* Sends the buffers as one message (one packet for small responses: with TCP_NODELAY separate
+ * sends would each go out alone). */
+static int write_iov(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    struct msghdr m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)n;
+    ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    while (n > 0 && (size_t)k >= iov->iov_len) {
+      k -= (ssize_t)iov->iov_len;
+      iov++;
+      n--;
+    }
+    if (n > 0) {
+      iov->iov_base = (char *)iov->iov_base + k;
+      iov->iov_len -= (size_t)k;
+    }
+  }
+  return 0;
+}
+
 static int write_head(int fd, int status, const char *content_type, long long content_length, int keep_alive,
-                      const char *extra) {
+                      const char *extra, const char *body, size_t body_len) {
   char head[1024];
   int n;
   if (content_length >= 0)
@@ -370,27 +395,26 @@ static int write_head(int fd, int status, const char *content_type, long long co
                  "Cache-Control: no-cache\r\nConnection: %s\r\n", status, di_http_reason(status), content_type,
                  keep_alive ? "keep-alive" : "close");
   if (n < 0 || (size_t)n >= sizeof head) return -1;
-  if (di_http_write_all(fd, head, (size_t)n) != 0) return -1;
-  if (extra && *extra && di_http_write_all(fd, extra, strlen(extra)) != 0) return -1;
-  return di_http_write_all(fd, "\r\n", 2);
+  struct iovec iov[4] = {{head, (size_t)n}, {(void *)(extra ? extra : ""), extra ? strlen(extra) : 0},
+                         {(void *)"\r\n", 2}, {(void *)(body ? body : ""), body ? body_len : 0}};
+  return write_iov(fd, iov, 4);
 }
 
 int di_http_respond(int fd, int status, const char *content_type, const char *body, size_t len, int keep_alive,
                     const char *extra_headers) {
-  if (write_head(fd, status, content_type, (long long)len, keep_alive, extra_headers) != 0) return -1;
-  return len ? di_http_write_all(fd, body, len) : 0;
+  return write_head(fd, status, content_type, (long long)len, keep_alive, extra_headers, body, len);
 }
 
 int di_http_begin_chunked(int fd, int status, const char *content_type, int keep_alive, const char *extra_headers) {
-  return write_head(fd, status, content_type, -1, keep_alive, extra_headers);
+  return write_head(fd, status, content_type, -1, keep_alive, extra_headers, NULL, 0);
 }
 
 int di_http_write_chunk(int fd, const char *data, size_t len) {
   if (len == 0) return 0; /* a zero-size chunk would end the body */
   char sz[32];
   int n = snprintf(sz, sizeof sz, "%zx\r\n", len);
-  if (di_http_write_all(fd, sz, (size_t)n) != 0 || di_http_write_all(fd, data, len) != 0) return -1;
-  return di_http_write_all(fd, "\r\n", 2);
+  struct iovec iov[3] = {{sz, (size_t)n}, {(void *)data, len}, {(void *)"\r\n", 2}};
+  return write_iov(fd, iov, 3);
 }
 
 int di_http_end_chunked(int fd) { return di_http_write_all(fd, "0\r\n\r\n", 5); }
