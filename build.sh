@@ -44,7 +44,7 @@ configure_and_build() {  # dir, extra cmake args...
 # build/pyvenv (Debian's system Python refuses pip installs).
 test_python() {
   local req=tests/python/requirements.txt
-  if python3 -c 'import pytest, tokenizers, jsonschema, transformers, openai' >/dev/null 2>&1; then
+  if python3 -c 'import pytest, tokenizers, jsonschema, rfc3339_validator, transformers, openai, jinja2' >/dev/null 2>&1; then
     command -v python3; return
   fi
   local venv=build/pyvenv
