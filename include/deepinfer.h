@@ -204,7 +204,8 @@ di_status di_engine_step(di_engine *e, di_step_output **out);
 /* Aborts a request (all its samples); reported as DI_FINISH_ABORT by the next step. Unknown or
  * finished ids: DI_ERR_NOT_FOUND. */
 di_status di_engine_abort(di_engine *e, uint64_t req_id);
-/* 1 while any request is queued, running or has output not yet reported. */
+/* 1 while any request is queued, running or has output not yet reported, or a step is still in
+ * flight (stepping until 0 returns every KV block). */
 int di_engine_has_unfinished(const di_engine *e);
 void di_engine_get_stats(const di_engine *e, di_engine_stats *s);
 /* Verifies the KV block accounting (no leaked or double-freed block). */

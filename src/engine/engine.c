@@ -260,6 +260,7 @@ di_status di_engine_abort(di_engine *e, uint64_t req_id) {
 }
 
 int di_engine_has_unfinished(const di_engine *e) {
+  if (e->inflight_active) return 1; /* its requests may all have ended; stepping it drains the pipeline */
   for (int i = 0; i < e->n_all; i++)
     if (!e->all[i]->reported) return 1;
   return 0;

@@ -1,0 +1,37 @@
+/* Replays fuzz/corpus/engine (inputs of fuzz/fuzz_engine.c) through the same fuzz case, plus a few
+ * hundred pseudo-random inputs, so CI exercises the engine state machine the fuzzer explored. */
+#include "test_util.h"
+#include "engine_fuzz_body.h"
+#include "sampler/rng.h"
+#include "util/json.h"
+#include <dirent.h>
+#include <stdlib.h>
+
+int main(void) {
+  DIR *d = opendir(test_path("fuzz/corpus/engine"));
+  CHECK(d != NULL);
+  int n = 0;
+  struct dirent *de;
+  while (d && (de = readdir(d))) {
+    if (de->d_name[0] == '.') continue;
+    char rel[512];
+    snprintf(rel, sizeof rel, "fuzz/corpus/engine/%s", de->d_name);
+    char *buf;
+    size_t len;
+    if (di_read_file(test_path(rel), &buf, &len) != DI_OK) continue;
+    int bad = engine_fuzz_one((const uint8_t *)buf, len);
+    CHECKF(bad == 0, "%s: %d violations", rel, bad);
+    free(buf);
+    n++;
+  }
+  if (d) closedir(d);
+  CHECKF(n >= 10, "only %d corpus files", n);
+  uint8_t in[256];
+  for (int c = 0; c < 300; c++) {
+    size_t len = 8 + di_rng_u64(3, 1, (uint64_t)c) % 248;
+    for (size_t i = 0; i < len; i++) in[i] = (uint8_t)di_rng_u64(3, 2, (uint64_t)c * 1000 + i);
+    int bad = engine_fuzz_one(in, len);
+    CHECKF(bad == 0, "random case %d: %d violations", c, bad);
+  }
+  return test_finish("test_engine_fuzz_corpus");
+}
