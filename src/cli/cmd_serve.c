@@ -36,7 +36,8 @@ static void usage(FILE *f) {
           "          --shutdown-timeout S (10: in-flight requests get this long on SIGINT/SIGTERM)\n"
           "          --disable-log-requests (no access-log lines on stderr)\n"
           "Tools:    --enable-auto-tool-choice --tool-call-parser deepseek_v3|deepseek_v31 (DeepSeek tool-call\n"
-          "          markup in chat replies becomes OpenAI tool_calls)\n");
+          "          markup in chat replies becomes OpenAI tool_calls)  --reasoning-parser deepseek_r1\n"
+          "          (<think>...</think> of chat replies becomes reasoning_content)\n");
 }
 
 static int parse_ll(const char *flag, const char *v, long long lo, long long hi, long long *out) {
@@ -71,7 +72,13 @@ int di_cmd_serve(int argc, char **argv) {
     else if (strcmp(a, "--no-async-scheduling") == 0) eo.async_scheduling = 0;
     else if (strcmp(a, "--disable-log-requests") == 0) sc.log_requests = 0;
     else if (strcmp(a, "--enable-auto-tool-choice") == 0) auto_tools = 1;
-    else if (FLAG("--tool-call-parser")) {
+    else if (FLAG("--reasoning-parser")) {
+      if (strcmp(v, "deepseek_r1") != 0) {
+        fprintf(stderr, "deepinfer serve: --reasoning-parser: \"%s\" is not known (deepseek_r1)\n", v);
+        return 2;
+      }
+      sc.reasoning_parser = 1;
+    } else if (FLAG("--tool-call-parser")) {
       if (strcmp(v, "deepseek_v3") != 0 && strcmp(v, "deepseek_v31") != 0) {
         fprintf(stderr, "deepinfer serve: --tool-call-parser: \"%s\" is not known (deepseek_v3, deepseek_v31)\n", v);
         return 2;

@@ -4,6 +4,7 @@
  * its events a handler polls its socket so that a client that went away aborts its job. */
 #include "server/server_internal.h"
 #include "api/model_internal.h"
+#include "server/reasoning.h"
 #include "server/tool_calls.h"
 #include <math.h>
 #include <stdio.h>
@@ -57,7 +58,7 @@ typedef struct choice {
   size_t len, cap;
   cJSON *logprobs;               /* completions: the logprobs object; chat: the content array */
   int text_offset;
-  size_t emitted;                /* streamed with tool parsing: bytes of text sent as content */
+  size_t r_emitted, c_emitted;   /* streamed with a reasoning/tool parser: text sent as reasoning, content */
   di_finish_reason finish;
   int n_out;
   char *error;
@@ -248,23 +249,32 @@ static int respond_whole(gen *g) {
     if (g->r.chat) {
       cJSON *m = cJSON_AddObjectToObject(c, "message");
       cJSON_AddStringToObject(m, "role", "assistant");
-      size_t content_len = ch->len;
-      cJSON *calls = g->r.parse_tools ? tool_calls_json(g, ch->text, ch->len, &content_len, 0) : NULL;
+      const char *text = ch->text ? ch->text : "";
+      size_t c_begin = 0, content_len = ch->len;
+      if (g->r.parse_reasoning) {
+        di_reasoning_split sp;
+        di_reasoning_split_text(text, ch->len, 1, &sp);
+        char *r = strndup(text + sp.r_begin, sp.r_end - sp.r_begin);
+        if (r) cJSON_AddStringToObject(m, "reasoning_content", r);
+        free(r);
+        c_begin = sp.c_begin;
+        content_len = ch->len - c_begin;
+      }
+      cJSON *calls = g->r.parse_tools ? tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len, 0) : NULL;
       if (calls) {
         /* the reply's text before the calls is the content (null when there is none, as OpenAI) */
-        while (content_len && strchr(" \n\r\t", ch->text[content_len - 1])) content_len--;
-        if (content_len) {
-          ch->text[content_len] = 0;
-          cJSON_AddStringToObject(m, "content", ch->text);
-        } else {
-          cJSON_AddNullToObject(m, "content");
-        }
-        cJSON_AddItemToObject(m, "tool_calls", calls);
+        while (content_len && strchr(" \n\r\t", text[c_begin + content_len - 1])) content_len--;
         ch->finish = DI_FINISH_NONE; /* reported as "tool_calls" below */
-      } else {
-        cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
-        cJSON_AddArrayToObject(m, "tool_calls");
       }
+      char *content = strndup(text + c_begin, content_len);
+      /* content is null when the reply is all tool calls, or all reasoning (as vLLM) */
+      if (content && (content_len || (!calls && !(g->r.parse_reasoning && c_begin >= ch->len))))
+        cJSON_AddStringToObject(m, "content", content);
+      else
+        cJSON_AddNullToObject(m, "content");
+      free(content);
+      if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
+      else cJSON_AddArrayToObject(m, "tool_calls");
       if (ch->logprobs) {
         cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
         cJSON_AddItemToObject(lp, "content", ch->logprobs);
@@ -312,7 +322,7 @@ static int sse_send(gen *g, cJSON *obj) {
 
 /* one streamed chunk for choice `index`: text (may be empty), logprobs (taken), finish or NULL */
 static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int role, cJSON *lp, const char *finish,
-                         cJSON *tool_calls) {
+                         cJSON *tool_calls, const char *reasoning, size_t reasoning_len) {
   cJSON *o = envelope(g, g->r.chat ? "chat.completion.chunk" : "text_completion");
   cJSON *choices = cJSON_AddArrayToObject(o, "choices");
   cJSON *c = cJSON_CreateObject();
@@ -322,6 +332,11 @@ static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int ro
   if (g->r.chat) {
     cJSON *d = cJSON_AddObjectToObject(c, "delta");
     if (role) cJSON_AddStringToObject(d, "role", "assistant");
+    if (reasoning_len) {
+      char *r = strndup(reasoning, reasoning_len);
+      if (r) cJSON_AddStringToObject(d, "reasoning_content", r);
+      free(r);
+    }
     if (len || role) cJSON_AddStringToObject(d, "content", t ? t : "");
     if (tool_calls) cJSON_AddItemToObject(d, "tool_calls", tool_calls);
     if (lp) {
@@ -347,10 +362,10 @@ static int respond_stream(gen *g) {
   int ok = di_http_begin_chunked(g->c->fd, 200, "text/event-stream; charset=utf-8", g->keep_alive, NULL) == 0;
   g->c->status = 200;
   for (int i = 0; ok && i < g->n_choices; i++) {
-    if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL, NULL)) == 0;
+    if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL, NULL, NULL, 0)) == 0;
     else if (g->r.echo) {
       const char *p = g->r.prompt_text[i / g->r.n];
-      ok = sse_send(g, chunk_json(g, i, p, strlen(p), 0, NULL, NULL, NULL)) == 0;
+      ok = sse_send(g, chunk_json(g, i, p, strlen(p), 0, NULL, NULL, NULL, NULL, 0)) == 0;
     }
   }
   di_srv_event *ev;
@@ -378,31 +393,46 @@ static int respond_stream(gen *g) {
           free(msg);
           free(s);
         }
-      } else if (g->r.parse_tools) {
-        /* content streams up to where tool-call markup starts (or might start); the calls go out
-         * whole with the finish */
+      } else if (g->r.parse_tools || g->r.parse_reasoning) {
+        /* the text is split as it grows: reasoning up to </think>, content up to where tool-call
+         * markup starts; a tail that might begin a marker waits; the calls go out whole at the end */
         if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
           cJSON_Delete(lp);
           ok = 0;
           di_srv_event_free(ev);
           break;
         }
-        size_t safe = di_tool_calls_safe_prefix(ch->text ? ch->text : "", ch->len), content_len = safe;
-        cJSON *calls = NULL;
-        const char *fin = NULL;
-        if (ev->finish != DI_FINISH_NONE) {
-          calls = tool_calls_json(g, ch->text, ch->len, &content_len, 1);
-          if (!calls) content_len = ch->len;
-          fin = calls ? "tool_calls" : finish_str(ev->finish);
+        const char *text = ch->text ? ch->text : "";
+        int final = ev->finish != DI_FINISH_NONE;
+        size_t r_from = 0, r_to = 0, c_begin = 0;
+        if (g->r.parse_reasoning) {
+          di_reasoning_split sp;
+          di_reasoning_split_text(text, ch->len, final, &sp);
+          r_from = ch->r_emitted > sp.r_begin ? ch->r_emitted : sp.r_begin;
+          r_to = sp.r_end > r_from ? sp.r_end : r_from;
+          ch->r_emitted = r_to;
+          c_begin = sp.c_begin;
         }
-        size_t from = ch->emitted, to = content_len > from ? content_len : from;
-        ch->emitted = to;
-        if (to > from || lp || fin)
-          ok = sse_send(g, chunk_json(g, ci, ch->text + from, to - from, 0, lp, fin, calls)) == 0;
+        size_t c_end = ch->len;
+        cJSON *calls = NULL;
+        if (g->r.parse_tools && c_begin < ch->len) {
+          size_t content_len;
+          if (final && (calls = tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len, 1)))
+            c_end = c_begin + content_len;
+          else if (!final)
+            c_end = c_begin + di_tool_calls_safe_prefix(text + c_begin, ch->len - c_begin);
+        }
+        size_t c_from = ch->c_emitted > c_begin ? ch->c_emitted : c_begin;
+        if (c_end < c_from) c_end = c_from;
+        ch->c_emitted = c_end;
+        const char *fin = final ? (calls ? "tool_calls" : finish_str(ev->finish)) : NULL;
+        if (c_end > c_from || r_to > r_from || lp || fin)
+          ok = sse_send(g, chunk_json(g, ci, text + c_from, c_end - c_from, 0, lp, fin, calls, text + r_from,
+                                      r_to - r_from)) == 0;
         else cJSON_Delete(calls);
       } else if (ev->text_len || lp || ev->finish != DI_FINISH_NONE) {
         ok = sse_send(g, chunk_json(g, ci, ev->text, ev->text_len, 0, lp,
-                                    ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL, NULL)) == 0;
+                                    ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL, NULL, NULL, 0)) == 0;
       }
     }
     di_srv_event_free(ev);

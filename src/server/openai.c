@@ -246,6 +246,7 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
         cJSON_AddItemToObject(conv, v->string, cJSON_Duplicate(v, 1));
   }
   cJSON_AddBoolToObject(conv, "add_generation_prompt", add_gen);
+  r->parse_reasoning = ctx->reasoning_parser;
   char *text = cJSON_PrintUnformatted(conv);
   cJSON_Delete(conv);
   if (!text) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");

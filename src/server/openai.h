@@ -17,6 +17,7 @@ typedef struct di_oai_ctx {
   float default_temperature, default_top_p; /* generation_config.json; NAN: unset */
   int default_top_k;                        /* <= 0: unset */
   int tool_parser;                 /* nonzero: DeepSeek tool-call markup in chat replies becomes tool_calls */
+  int reasoning_parser;            /* nonzero: <think>...</think> in chat replies becomes reasoning_content */
 } di_oai_ctx;
 
 /* An OpenAI error: HTTP status and the body's {"error": {message, type, param, code}}. */
@@ -38,6 +39,7 @@ char *di_oai_error_json(const di_oai_error *e);
 typedef struct di_oai_request {
   int chat;
   int parse_tools;                 /* chat with tools and a tool parser: replies may hold tool calls */
+  int parse_reasoning;             /* chat with a reasoning parser: replies hold <think> reasoning */
   int stream, include_usage;
   int continuous_usage;            /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
   int echo;                        /* completions: the prompt text leads each choice's text */

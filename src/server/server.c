@@ -112,6 +112,7 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   s->oai.default_top_p = m->cfg.gen_top_p;
   s->oai.default_top_k = m->cfg.gen_top_k;
   s->oai.tool_parser = cfg->tool_call_parser;
+  s->oai.reasoning_parser = cfg->reasoning_parser;
   *out = s;
   return DI_OK;
 }

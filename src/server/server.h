@@ -23,6 +23,7 @@ typedef struct di_server_config {
   di_chat_template *tmpl;        /* borrowed; NULL: no chat endpoint */
   int max_model_len;             /* the engine's (prompt + output) limit */
   int tool_call_parser;          /* nonzero: parse DeepSeek tool-call markup out of chat replies (tool_calls) */
+  int reasoning_parser;          /* nonzero: <think>...</think> of chat replies goes to reasoning_content */
 } di_server_config;
 
 void di_server_config_default(di_server_config *c);

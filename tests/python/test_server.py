@@ -628,3 +628,40 @@ def test_tool_calls(server):
     r = client.chat.completions.create(model=NAME, messages=req["messages"], tools=TOOLS, max_tokens=400, temperature=0,
                                        extra_body={"guided_regex": rx})
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def escape_rx(text):
+    return re.sub(r"([{}\[\]().*+?|^$\\])", r"\\\1", text)
+
+
+def test_reasoning_parser():
+    s = Server("--reasoning-parser", "deepseek_r1", "--disable-log-requests")
+    try:
+        cases = [("Two and two.</think>It is 4.", "Two and two.", "It is 4.", None),
+                 ("Still thinking", "Still thinking", None, None),
+                 ("<think>hmm</think>Sure." + TOOL_MARKUP, "hmm", "Sure.", "get_weather")]
+        for forced, reasoning, content, tool in cases:
+            req = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 400, "temperature": 0,
+                   "guided_regex": escape_rx(forced)}
+            if tool:
+                req["tools"] = TOOLS
+            status, body = s.post("/v1/chat/completions", req)
+            assert status == 200, body
+            m = body["choices"][0]["message"]
+            assert m["reasoning_content"] == reasoning and m["content"] == content, m
+            if tool:
+                assert m["tool_calls"][0]["function"]["name"] == tool
+                assert body["choices"][0]["finish_reason"] == "tool_calls"
+            events, done = s.stream("/v1/chat/completions", dict(req, stream=True))
+            deltas = [e["choices"][0]["delta"] for e in events]
+            assert done
+            assert "".join(d.get("reasoning_content") or "" for d in deltas) == reasoning
+            assert "".join(d.get("content") or "" for d in deltas) == (content or "")
+            assert [tc["function"]["name"] for d in deltas for tc in d.get("tool_calls", [])] == ([tool] if tool else [])
+        # completions are not split
+        status, body = s.post("/v1/completions", {"prompt": "x", "max_tokens": 50, "temperature": 0,
+                                                  "guided_regex": escape_rx("a</think>b")})
+        assert body["choices"][0]["text"] == "a</think>b"
+        assert s.stop() == 0
+    finally:
+        s.kill()
