@@ -7,13 +7,18 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int di_cmd_serve(int argc, char **argv);
 
 static di_server *g_server;
 
+static volatile sig_atomic_t g_signals;
+
 static void on_signal(int sig) {
   (void)sig;
+  /* the first signal starts the graceful shutdown; a second one (Ctrl-C again) exits at once */
+  if (g_signals++ > 0) _exit(130);
   if (g_server) di_server_request_stop(g_server);
 }
 
@@ -161,7 +166,8 @@ int di_cmd_serve(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   fprintf(stderr, "deepinfer serve: model %s (%s) as \"%s\", max_model_len %d\n", model_dir, di_model_type(m), served,
           sc.max_model_len);
-  fprintf(stderr, "deepinfer serve: listening on http://%s:%d\n", strchr(sc.host, ':') ? "[::]" : sc.host,
+  int v6 = strchr(sc.host, ':') != NULL;
+  fprintf(stderr, "deepinfer serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", sc.host, v6 ? "]" : "",
           di_server_port(srv));
   fflush(stderr);
   if (di_server_run(srv) != DI_OK) {
