@@ -7,6 +7,7 @@
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,7 +77,23 @@ typedef struct gen {
   int prompt_tokens, cached_tokens;
   int keep_alive;
   double last_peer_check;
+  double t_submit, t_first;      /* monotonic seconds: job accepted, first token */
 } gen;
+
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* mutex held */
+static void observe(di_histogram *h, double v) {
+  int b = 0;
+  while (b < h->n && v > h->le[b]) b++;
+  if (b < h->n) h->counts[b]++;
+  h->sum += v;
+  h->count++;
+}
 
 static int append(choice *c, const char *t, size_t n) {
   if (c->len + n + 1 > c->cap) {
@@ -156,16 +173,30 @@ static cJSON *tool_calls_json(gen *g, const char *text, size_t len, size_t *cont
 
 static void record_usage(gen *g, int ok) {
   long long completion = 0;
-  for (int i = 0; i < g->n_choices; i++) completion += g->ch[i].n_out;
-  pthread_mutex_lock(&g->s->mu);
-  g->s->n_prompt_tokens += g->prompt_tokens;
-  g->s->n_generation_tokens += completion;
-  if (!ok) g->s->n_disconnects++;
-  pthread_mutex_unlock(&g->s->mu);
+  int longest = 0;
+  for (int i = 0; i < g->n_choices; i++) {
+    completion += g->ch[i].n_out;
+    if (g->ch[i].n_out > longest) longest = g->ch[i].n_out;
+  }
+  double t = mono_s();
+  di_server *s = g->s;
+  pthread_mutex_lock(&s->mu);
+  s->n_prompt_tokens += g->prompt_tokens;
+  s->n_generation_tokens += completion;
+  if (!ok) s->n_disconnects++;
+  for (int i = 0; i < g->n_choices; i++)
+    if (g->ch[i].finish >= 0 && g->ch[i].finish < 5) s->finished[g->ch[i].finish]++;
+  if (ok && g->t_submit > 0) {
+    if (g->t_first > 0) observe(&s->ttft, g->t_first - g->t_submit);
+    observe(&s->e2e, t - g->t_submit);
+    if (g->t_first > 0 && longest > 1) observe(&s->tpot, (t - g->t_first) / (longest - 1));
+  }
+  pthread_mutex_unlock(&s->mu);
 }
 
 /* usage counts from an event (every event carries the prompt and output counts) */
 static void note_event(gen *g, choice *ch, const di_srv_event *ev) {
+  if (ev->n_tokens > 0 && g->t_first == 0) g->t_first = mono_s();
   if (ev->n_output_tokens > ch->n_out) ch->n_out = ev->n_output_tokens;
   if (ev->sample_index == 0 && ev->finish != DI_FINISH_NONE) g->cached_tokens += ev->n_cached_tokens;
   if (ev->finish != DI_FINISH_NONE) {
@@ -482,6 +513,7 @@ static int handle_generate(di_server *s, di_conn *c, const char *body, size_t le
     result = di_srv_send_error(c, &err, keep_alive);
     goto done;
   }
+  g.t_submit = mono_s();
   make_id(s, chat ? "chatcmpl-" : "cmpl-", g.id, sizeof g.id);
   g.created = (long long)time(NULL);
   for (int i = 0; i < g.r.n_prompts; i++) g.prompt_tokens += g.r.n_prompt_ids[i];
@@ -522,41 +554,93 @@ static int handle_models(di_server *s, di_conn *c, int keep_alive) {
   return send_json(c, 200, o, keep_alive);
 }
 
+/* a growing text buffer for /metrics */
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  for (int attempt = 0; attempt < 2; attempt++) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = b->p ? vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap) : -1;
+    va_end(ap);
+    if (n >= 0 && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
+    size_t cap = (b->cap ? b->cap * 2 : 8192) + (n > 0 ? (size_t)n : 0);
+    char *q = realloc(b->p, cap);
+    if (!q) return;
+    b->p = q;
+    b->cap = cap;
+  }
+}
+
+static void sb_histogram(sbuf *b, const char *name, const char *help, const char *label, const di_histogram *h) {
+  sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+  long long cum = 0;
+  for (int i = 0; i < h->n; i++) {
+    cum += h->counts[i];
+    sb_printf(b, "%s_bucket{%s,le=\"%g\"} %lld\n", name, label, h->le[i], cum);
+  }
+  sb_printf(b, "%s_bucket{%s,le=\"+Inf\"} %lld\n%s_sum{%s} %.6f\n%s_count{%s} %lld\n", name, label, h->count, name,
+            label, h->sum, name, label, h->count);
+}
+
 static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
   di_engine_stats st;
   int running, waiting;
   di_srv_stats(s->loop, &st, &running, &waiting);
+  /* the model name as a Prometheus label value (backslash, quote and newline escaped) */
+  char label[600] = "model_name=\"";
+  size_t k = strlen(label);
+  for (const char *p = s->cfg.served_name; *p && k < sizeof label - 4; p++) {
+    if (*p == '\\' || *p == '"') label[k++] = '\\';
+    if (*p == '\n') { label[k++] = '\\'; label[k++] = 'n'; continue; }
+    label[k++] = *p;
+  }
+  label[k++] = '"';
+  label[k] = 0;
+  const char *l = label;
+  sbuf b = {0};
   pthread_mutex_lock(&s->mu);
-  long long req = s->n_requests, gens = s->n_generate_requests, errs = s->n_errors, gone = s->n_disconnects;
-  long long pt = s->n_prompt_tokens, gt = s->n_generation_tokens;
-  int conns = s->n_conns;
-  pthread_mutex_unlock(&s->mu);
-  char buf[4096];
-  const char *m = s->cfg.served_name;
-  int n = snprintf(buf, sizeof buf,
-      "# HELP deepinfer_num_requests_running Engine requests in flight (jobs).\n# TYPE deepinfer_num_requests_running gauge\n"
-      "deepinfer_num_requests_running{model_name=\"%s\"} %d\n"
-      "# HELP deepinfer_num_requests_waiting Jobs queued for the engine thread.\n# TYPE deepinfer_num_requests_waiting gauge\n"
-      "deepinfer_num_requests_waiting{model_name=\"%s\"} %d\n"
-      "# TYPE deepinfer_num_sequences_running gauge\ndeepinfer_num_sequences_running{model_name=\"%s\"} %d\n"
-      "# TYPE deepinfer_num_sequences_waiting gauge\ndeepinfer_num_sequences_waiting{model_name=\"%s\"} %d\n"
-      "# TYPE deepinfer_kv_cache_usage_perc gauge\ndeepinfer_kv_cache_usage_perc{model_name=\"%s\"} %.6f\n"
-      "# TYPE deepinfer_prefix_cache_hit_rate gauge\ndeepinfer_prefix_cache_hit_rate{model_name=\"%s\"} %.6f\n"
-      "# TYPE deepinfer_prompt_tokens_total counter\ndeepinfer_prompt_tokens_total{model_name=\"%s\"} %lld\n"
-      "# TYPE deepinfer_generation_tokens_total counter\ndeepinfer_generation_tokens_total{model_name=\"%s\"} %lld\n"
-      "# TYPE deepinfer_engine_steps_total counter\ndeepinfer_engine_steps_total{model_name=\"%s\"} %lld\n"
-      "# TYPE deepinfer_preemptions_total counter\ndeepinfer_preemptions_total{model_name=\"%s\"} %lld\n"
+  sb_printf(&b,
+      "# HELP deepinfer_num_requests_running Jobs (HTTP generation requests) in the engine.\n"
+      "# TYPE deepinfer_num_requests_running gauge\ndeepinfer_num_requests_running{%s} %d\n"
+      "# HELP deepinfer_num_requests_waiting Jobs queued for the engine thread.\n"
+      "# TYPE deepinfer_num_requests_waiting gauge\ndeepinfer_num_requests_waiting{%s} %d\n"
+      "# TYPE deepinfer_num_sequences_running gauge\ndeepinfer_num_sequences_running{%s} %d\n"
+      "# TYPE deepinfer_num_sequences_waiting gauge\ndeepinfer_num_sequences_waiting{%s} %d\n"
+      "# TYPE deepinfer_kv_cache_usage_perc gauge\ndeepinfer_kv_cache_usage_perc{%s} %.6f\n"
+      "# TYPE deepinfer_prefix_cache_hit_rate gauge\ndeepinfer_prefix_cache_hit_rate{%s} %.6f\n"
+      "# TYPE deepinfer_prompt_tokens_total counter\ndeepinfer_prompt_tokens_total{%s} %lld\n"
+      "# TYPE deepinfer_generation_tokens_total counter\ndeepinfer_generation_tokens_total{%s} %lld\n"
+      "# TYPE deepinfer_engine_steps_total counter\ndeepinfer_engine_steps_total{%s} %lld\n"
+      "# TYPE deepinfer_preemptions_total counter\ndeepinfer_preemptions_total{%s} %lld\n"
       "# TYPE deepinfer_http_requests_total counter\ndeepinfer_http_requests_total %lld\n"
       "# TYPE deepinfer_generate_requests_total counter\ndeepinfer_generate_requests_total %lld\n"
       "# TYPE deepinfer_http_errors_total counter\ndeepinfer_http_errors_total %lld\n"
       "# TYPE deepinfer_client_disconnects_total counter\ndeepinfer_client_disconnects_total %lld\n"
       "# TYPE deepinfer_open_connections gauge\ndeepinfer_open_connections %d\n",
-      m, running, m, waiting, m, st.n_running, m, st.n_waiting, m,
-      st.kv_blocks_total ? (double)st.kv_blocks_used / (double)st.kv_blocks_total : 0.0, m, st.prefix_cache_hit_rate, m, pt, m,
-      gt, m, (long long)st.steps, m, (long long)st.preemptions, req, gens, errs, gone, conns);
-  if (n < 0 || (size_t)n >= sizeof buf) n = 0;
-  c->status = 200;
-  return di_http_respond(c->fd, 200, "text/plain; version=0.0.4", buf, (size_t)n, keep_alive, NULL) == 0 ? keep_alive : 0;
+      l, running, l, waiting, l, st.n_running, l, st.n_waiting, l,
+      st.kv_blocks_total ? (double)st.kv_blocks_used / (double)st.kv_blocks_total : 0.0, l, st.prefix_cache_hit_rate, l,
+      s->n_prompt_tokens, l, s->n_generation_tokens, l, (long long)st.steps, l, (long long)st.preemptions, s->n_requests,
+      s->n_generate_requests, s->n_errors, s->n_disconnects, s->n_conns);
+  sb_printf(&b, "# HELP deepinfer_request_success_total Finished samples by finish reason.\n"
+                "# TYPE deepinfer_request_success_total counter\n");
+  static const char *reasons[5] = {"none", "stop", "length", "abort", "error"};
+  for (int i = 1; i < 5; i++)
+    sb_printf(&b, "deepinfer_request_success_total{%s,finished_reason=\"%s\"} %lld\n", l, reasons[i], s->finished[i]);
+  sb_histogram(&b, "deepinfer_time_to_first_token_seconds", "From the job's admission to its first token.", l, &s->ttft);
+  sb_histogram(&b, "deepinfer_e2e_request_latency_seconds", "From the job's admission to its response's end.", l, &s->e2e);
+  sb_histogram(&b, "deepinfer_time_per_output_token_seconds", "Mean time between output tokens of a request.", l, &s->tpot);
+  pthread_mutex_unlock(&s->mu);
+  int have = b.p != NULL;
+  c->status = have ? 200 : 500;
+  int rc = have ? di_http_respond(c->fd, 200, "text/plain; version=0.0.4", b.p, b.len, keep_alive, NULL)
+                : di_http_respond(c->fd, 500, "text/plain", "out of memory\n", 14, 0, NULL);
+  free(b.p);
+  return rc == 0 && have ? keep_alive : 0;
 }
 
 static int handle_tokenize(di_server *s, di_conn *c, const char *body, size_t len, int keep_alive) {

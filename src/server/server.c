@@ -88,6 +88,13 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   s->id_seed = (uint64_t)t.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)t.tv_sec ^ ((uint64_t)getpid() << 32);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->conns_cond, NULL);
+  /* vLLM's bucket bounds, so dashboards made for it read these the same way */
+  static const double ttft_le[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0};
+  static const double e2e_le[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
+  static const double tpot_le[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5};
+  s->ttft = (di_histogram){.n = 16, .le = ttft_le};
+  s->e2e = (di_histogram){.n = 15, .le = e2e_le};
+  s->tpot = (di_histogram){.n = 13, .le = tpot_le};
   di_model *m = cfg->model;
   /* the server's own tokenizer (prompts are encoded on the handler threads; it is thread-safe) */
   s->tok = m->tokenizer;

@@ -18,6 +18,16 @@ typedef struct di_conn {
   int status;                    /* status of the last response sent (access log) */
 } di_conn;
 
+/* A Prometheus histogram with fixed bucket bounds. */
+#define DI_HIST_MAX 20
+typedef struct di_histogram {
+  int n;                         /* bounds */
+  const double *le;
+  long long counts[DI_HIST_MAX]; /* per bucket (not cumulative) */
+  double sum;
+  long long count;
+} di_histogram;
+
 struct di_server {
   di_server_config cfg;
   int listen_fd, port;
@@ -36,6 +46,8 @@ struct di_server {
   uint64_t next_id;
   long long n_requests, n_generate_requests, n_errors, n_disconnects;
   long long n_prompt_tokens, n_generation_tokens;
+  di_histogram ttft, e2e, tpot;  /* seconds: to the first token, whole request, per output token */
+  long long finished[5];         /* samples by di_finish_reason */
 };
 
 /* Answers one request (handlers.c). Returns 1 to keep the connection open, 0 to close it. */

@@ -665,3 +665,18 @@ def test_reasoning_parser():
         assert s.stop() == 0
     finally:
         s.kill()
+
+
+def test_metrics_histograms(server):
+    server.post("/v1/completions", greedy(prompt="histogram", max_tokens=4))
+    status, h, raw = server.request("GET", "/metrics")
+    text = raw.decode()
+    assert status == 200 and h["Content-Type"].startswith("text/plain")
+    for name in ("deepinfer_time_to_first_token_seconds", "deepinfer_e2e_request_latency_seconds",
+                 "deepinfer_time_per_output_token_seconds"):
+        count = float(re.search(r"^%s_count\{[^}]*\} (\S+)$" % name, text, re.M).group(1))
+        inf = float(re.search(r'^%s_bucket\{[^}]*le="\+Inf"\} (\S+)$' % name, text, re.M).group(1))
+        buckets = [float(x) for x in re.findall(r"^%s_bucket\{[^}]*\} (\S+)$" % name, text, re.M)]
+        assert count >= 1 and inf == count and buckets == sorted(buckets)
+    assert metric(server, "deepinfer_generation_tokens_total") >= 4
+    assert re.search(r'deepinfer_request_success_total\{model_name="%s",finished_reason="length"\} [1-9]' % NAME, text)
