@@ -411,8 +411,15 @@ static int respond_stream(gen *g) {
         add_event_logprobs(g, ch, lp, ev);
       if (ev->finish == DI_FINISH_ERROR || ev->finish == DI_FINISH_ABORT) {
         cJSON_Delete(lp);
+        /* this sample's own error (other samples may still be running) */
         di_oai_error err;
-        failed_choice(g, &err);
+        const char *why = di_srv_job_error(g->s->loop, g->job);
+        if (ev->finish == DI_FINISH_ERROR)
+          di_oai_fail(&err, ch->n_out == 0 ? 400 : 500, ch->n_out == 0 ? "invalid_request_error" : "server_error", "",
+                      NULL, "%s", ev->error ? ev->error : "the request failed");
+        else
+          di_oai_fail(&err, 503, "server_error", "", NULL, "the request was aborted: %s",
+                      why && *why ? why : "the server is shutting down");
         char *s = di_oai_error_json(&err);
         if (s) {
           size_t n = strlen(s);

@@ -546,8 +546,20 @@ def test_openai_client(server):
 
 
 def test_api_key_and_graceful_shutdown():
-    s = Server("--api-key", "sekrit", "--disable-log-requests")
+    s = Server("--api-key", "sekrit", "--disable-log-requests", "--num-kv-blocks", "4")
     try:
+        # a request the KV pool (4 blocks of 64 tokens) can never hold fails at admission: a 400, or in a
+        # stream an error event before [DONE]
+        auth = {"Authorization": "Bearer sekrit"}
+        status, body = s.post("/v1/completions", greedy(prompt="x", max_tokens=400), headers=auth)
+        check_error(status, body, 400)
+        assert "KV" in body["error"]["message"]
+        status, headers, raw = s.request("POST", "/v1/completions", json.dumps(greedy(prompt="x", max_tokens=400,
+                                                                                      stream=True)), headers=auth)
+        blocks = [b for b in raw.decode().split("\n\n") if b.strip()]
+        assert status == 200 and blocks[-1] == "data: [DONE]"
+        err = json.loads(blocks[-2][6:])["error"]
+        assert "KV" in err["message"] and err["type"] == "invalid_request_error"
         status, body = s.post("/v1/completions", greedy(prompt="x", max_tokens=2))
         check_error(status, body, 401)
         status, body = s.post("/v1/completions", greedy(prompt="x", max_tokens=2), headers={"Authorization": "Bearer nope"})
