@@ -323,7 +323,11 @@ static void accept_one(di_server *s) {
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   int fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-  if (fd < 0) return;
+  if (fd < 0) {
+    /* out of descriptors: the listener stays readable, so back off instead of spinning */
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(100000);
+    return;
+  }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* SSE chunks go out at once */
   struct timeval tv = {60, 0};
