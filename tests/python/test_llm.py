@@ -146,3 +146,48 @@ def test_structured_outputs(dummy):
     with pytest.raises(DeepInferError, match="structured output"):
         dummy.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed")))
     dummy.check()
+
+
+DEFAULT = os.path.join(ROOT, "models", "default")
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(DEFAULT, "model.safetensors")), reason="no shipped model")
+def test_default_model_llm_and_chat(monkeypatch):
+    monkeypatch.delenv("DEEPINFER_HF_MODEL_DIR", raising=False)
+    llm = LLM(threads=2, max_num_batched_tokens=64)  # no model given: the shipped models/default
+    assert os.path.samefile(llm.model_dir, DEFAULT)
+    system = "You are a helpful assistant who answers in one short sentence. " * 4
+    prompts = [system + q for q in ("What is the sea?", "Name a color.", "Who wrote poems?", "Where is Paris?")]
+    sp = SamplingParams(temperature=0, max_tokens=24)
+    together = llm.generate(prompts, sp)
+    assert llm.get_stats()["prefix_cache_hit_tokens"] > 0  # the shared system prompt
+    for p, t in zip(prompts, together):
+        alone = llm.generate(p, sp)[0]
+        assert alone.outputs[0].token_ids == t.outputs[0].token_ids
+        assert alone.outputs[0].text == t.outputs[0].text
+        assert t.outputs[0].finish_reason in ("stop", "length")
+    stopped = [o for o in together if o.outputs[0].finish_reason == "stop"]
+    for o in stopped:
+        assert o.outputs[0].stop_reason == 1  # the model's EOS, included in token_ids, not in text
+        assert o.outputs[0].token_ids[-1] == 1
+    chat = llm.chat([{"role": "user", "content": "Write one sentence about the sea."}],
+                    SamplingParams(temperature=0, max_tokens=40))
+    assert chat[0].outputs[0].text.strip()
+    llm.check()
+    llm.close()
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(DEFAULT, "model.safetensors")), reason="no shipped model")
+def test_examples_run():
+    env = dict(os.environ)
+    env.pop("DEEPINFER_HF_MODEL_DIR", None)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "offline_inference.py"), "--max-tokens", "8"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("Generated:") == 4 and "Chat:" in r.stdout
+    cli = os.environ.get("DEEPINFER_CLI")
+    twin = os.path.join(os.path.dirname(cli), "offline_inference") if cli else None
+    if twin and os.path.exists(twin):
+        r = subprocess.run([twin], capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.count("Generated:") == 4
