@@ -20,8 +20,8 @@ uint64_t di_hash_bytes(const char *s, size_t n) {
   return h * 0x9E3779B97F4A7C15ULL;
 }
 
-/* Slots hold (hash32 << 32 | key index + 1): probes compare the hash before touching key bytes, so a
- * lookup costs about one cache miss in the table plus one in the matching key. */
+/* Open addressing; a slot holds the hash tag and the key's offset and length, so a probe costs one
+ * cache miss in the table plus one in the matching key's bytes. */
 di_status di_strmap_build(di_strmap *m, int32_t n_keys, const uint32_t *off, const uint32_t *len,
                           const char *data, const char *what) {
   uint32_t cap = 16;
@@ -36,32 +36,33 @@ di_status di_strmap_build(di_strmap *m, int32_t n_keys, const uint32_t *off, con
       continue; /* hole */
     uint64_t hh = di_hash_bytes(data + off[k], len[k]);
     uint32_t h = (uint32_t)hh & m->mask, tag = (uint32_t)(hh >> 32);
-    while (m->slots[h]) {
-      int32_t o = (int32_t)(uint32_t)m->slots[h] - 1;
-      if ((uint32_t)(m->slots[h] >> 32) == tag && len[o] == len[k] && memcmp(data + off[o], data + off[k], len[k]) == 0)
+    while (m->slots[h].idx) {
+      const di_strslot *o = &m->slots[h];
+      if (o->tag == tag && o->len == len[k] && memcmp(data + o->off, data + off[k], len[k]) == 0) {
+        m->dups++;
         break; /* duplicate key: the later one wins, as a Rust HashMap collect does */
+      }
       h = (h + 1) & m->mask;
     }
-    m->slots[h] = ((uint64_t)tag << 32) | (uint32_t)(k + 1);
+    m->slots[h] = (di_strslot){tag, (uint32_t)k + 1, off[k], len[k]};
   }
   return DI_OK;
 }
 
 int32_t di_strmap_get(const di_strmap *m, const char *s, size_t n, const uint32_t *off, const uint32_t *len,
                       const char *data) {
+  (void)off;
+  (void)len;
   if (!m->slots)
     return -1;
   uint64_t hh = di_hash_bytes(s, n);
   uint32_t h = (uint32_t)hh & m->mask, tag = (uint32_t)(hh >> 32);
   for (;;) {
-    uint64_t v = m->slots[h];
-    if (!v)
+    const di_strslot *sl = &m->slots[h];
+    if (!sl->idx)
       return -1;
-    if ((uint32_t)(v >> 32) == tag) {
-      int32_t k = (int32_t)(uint32_t)v - 1;
-      if (len[k] == n && memcmp(data + off[k], s, n) == 0)
-        return k;
-    }
+    if (sl->tag == tag && sl->len == n && memcmp(data + sl->off, s, n) == 0)
+      return (int32_t)sl->idx - 1;
     h = (h + 1) & m->mask;
   }
 }
@@ -115,7 +116,7 @@ di_status di_bpe_merges_init(di_tokenizer *t, size_t n) {
   return DI_OK;
 }
 
-di_status di_bpe_merge_resolve(const di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb,
+di_status di_bpe_merge_resolve(di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb,
                                uint32_t rank, int32_t out[3]) {
   int32_t ia = di_vocab_lookup(t, a, na), ib = di_vocab_lookup(t, b, nb);
   if (ia < 0 || ib < 0)
@@ -132,7 +133,15 @@ di_status di_bpe_merge_resolve(const di_tokenizer *t, const char *a, size_t na, 
     return di_error_set(DI_ERR_OOM, "tokenizer.json: out of memory");
   memcpy(buf, a, na);
   memcpy(buf + na, b + skip, nb - skip);
-  int32_t id = di_vocab_lookup(t, buf, nn);
+  /* most vocabularies number merged tokens in merge order: try rank + the last offset first */
+  int32_t id = -1, guess = (int32_t)rank + t->merge_guess;
+  if (guess >= 0 && guess < t->n_model_ids && t->mtok_len[guess] == nn &&
+      memcmp(t->tok_data.p + t->mtok_off[guess], buf, nn) == 0)
+    id = guess;
+  if (id < 0)
+    id = di_vocab_lookup(t, buf, nn);
+  if (id >= 0)
+    t->merge_guess = id - (int32_t)rank;
   if (id < 0) {
     di_status st = di_error_set(DI_ERR_FORMAT, "tokenizer.json: model.merges[%u]: merged token \"%.*s\" is not in the vocab",
                                 rank, (int)(nn > 200 ? 200 : nn), buf);
@@ -238,7 +247,7 @@ di_status di_bpe_build(di_tokenizer *t) {
   if (!t->cache)
     return di_error_set(DI_ERR_OOM, "tokenizer: out of memory for the BPE cache");
   for (int i = 0; i < 0x400; i++) {
-    char u[4];
+    char u[8]; /* (8: the hash reads whole words when it can) */
     int l = di_utf8_encode((uint32_t)i, u);
     t->char_id[i] = di_vocab_lookup(t, u, (size_t)l);
   }

@@ -12,8 +12,14 @@
 
 /* ---- string -> id hash map (open addressing over ids; keys live in the owner's token table) ---- */
 typedef struct {
-  uint64_t *slots; /* 0 empty, else (hash32 << 32) | (key index + 1) */
+  uint32_t tag;  /* high half of the key's hash */
+  uint32_t idx;  /* key index + 1; 0 = empty */
+  uint32_t off, len; /* the key's bytes, copied here so a probe touches one cache line */
+} di_strslot;
+typedef struct {
+  di_strslot *slots;
   uint32_t mask;
+  uint32_t dups; /* keys seen twice while building (the later index won) */
 } di_strmap;
 uint64_t di_hash_bytes(const char *s, size_t n);
 
@@ -121,6 +127,7 @@ struct di_tokenizer {
   int32_t char_id[0x400];   /* model id of single code points below U+0400 (-1 none) */
   /* BPE model */
   di_merge_map merges;
+  int32_t merge_guess;      /* loader: new_id - rank of the last merge (ids often follow ranks) */
   int ignore_merges, byte_fallback, fuse_unk;
   int32_t unk_id;
   char *prefix, *suffix;    /* continuing_subword_prefix / end_of_word_suffix (NULL or "") */
@@ -155,7 +162,7 @@ di_status di_bpe_encode_word(const di_tokenizer *t, const char *w, size_t n, di_
 void di_bpe_free(di_tokenizer *t);
 di_status di_bpe_merges_init(di_tokenizer *t, size_t n);
 /* Ids of a merge's two tokens and of their concatenation (out[0..2]); errors name the merge. */
-di_status di_bpe_merge_resolve(const di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb,
+di_status di_bpe_merge_resolve(di_tokenizer *t, const char *a, size_t na, const char *b, size_t nb,
                                uint32_t rank, int32_t out[3]);
 void di_bpe_merge_insert(di_tokenizer *t, const int32_t m[3], uint32_t rank);
 int32_t di_vocab_lookup(const di_tokenizer *t, const char *s, size_t n);

@@ -505,6 +505,10 @@ static di_status load_model(di_tokenizer *t, const cJSON *model, const cJSON *ad
   }
   free(ents);
   DI_TRY(di_strmap_build(&t->vocab, t->n_model_ids, t->mtok_off, t->mtok_len, t->tok_data.p, W ": model.vocab"));
+  if (t->vocab.dups) /* a string given two ids: HF keeps the later, the other id is no token at all */
+    for (int32_t i = 0; i < t->n_model_ids; i++)
+      if (t->mtok_len[i] != UINT32_MAX && di_vocab_lookup(t, t->tok_data.p + t->mtok_off[i], t->mtok_len[i]) != i)
+        t->mtok_len[i] = UINT32_MAX;
   for (int32_t i = 0; i < t->vocab_size; i++) {
     int used = i < t->n_model_ids && t->mtok_len[i] != UINT32_MAX;
     t->tok_off[i] = used ? t->mtok_off[i] : 0;

@@ -343,6 +343,13 @@ static void test_errors(void) {
   free(dec);
   di_tokenizer_free(t);
   di_tokenizer_free(NULL);
+  /* a vocab string given twice: the later id wins and the earlier id is no token (as HF) */
+  CHECK(load_str("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"a\": 2}}}", &t) == DI_OK);
+  CHECK(di_tokenizer_token_to_id(t, "a") == 2 && di_tokenizer_id_to_token(t, 0) == NULL);
+  CHECK(di_tokenizer_encode(t, "ab", 2, 0, &ids, &n) == DI_OK);
+  CHECK(n == 2 && ids[0] == 2 && ids[1] == 1);
+  free(ids);
+  di_tokenizer_free(t);
 }
 
 int main(void) {
