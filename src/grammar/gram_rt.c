@@ -221,6 +221,9 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
   rt->max_nodes = 8 << 20;
   rt->max_states = 400000;
   rt->max_set = 100000;
+  const char *env = getenv("DI_GRAMMAR_MAX_STATES"); /* tests of the budget paths */
+  if (env && atoi(env) > 16)
+    rt->max_states = atoi(env);
   rt->nhcap = 1024;
   rt->shcap = 1024;
   rt->nhash = malloc(sizeof(int32_t) * (size_t)rt->nhcap);

@@ -15,6 +15,7 @@ struct di_grammar {
   di_grt rt;
   int rt_ready;
   struct di_gvcache *vcaches;
+  int live_matchers;        /* guarded by mu: caches are reset only when none is live */
   /* cache key */
   di_grammar_kind kind;
   di_grammar_options opt;

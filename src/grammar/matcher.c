@@ -28,6 +28,7 @@ struct di_gvcache {
   int32_t *chosen; /* by real stack node: the truncated stack whose entry it uses (0 = not yet) */
   int nci;
   int ci_depth, ci_max_uncertain; /* see get_ci */
+  size_t ci_bytes, ci_max_bytes;   /* memory held by the entries; all are dropped past the cap */
   uint32_t **mask; /* by state id */
   int cap_mask, nmask, max_masks;
   int32_t *st;     /* walk scratch: state per depth */
@@ -100,6 +101,7 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   c->chosen = calloc((size_t)c->nci, sizeof *c->chosen);
   c->ci_depth = 12;
   c->ci_max_uncertain = 256;
+  c->ci_max_bytes = (size_t)128 << 20;
   const char *env = getenv("DI_GRAMMAR_CI_DEPTH");
   if (env && atoi(env) > 0)
     c->ci_depth = atoi(env);
@@ -234,6 +236,8 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     ci_free(e);
     return st;
   }
+  c->ci_bytes += sizeof *e + sizeof(int32_t) * (size_t)e->nunc +
+                 (e->acc_bits ? sizeof(uint32_t) * (size_t)v->words : sizeof(int32_t) * (size_t)e->nacc);
   *out = e;
   return DI_OK;
 }
@@ -264,6 +268,14 @@ static int ensure_ci_slots(struct di_gvcache *c, int id) {
  * ... frames (at most ci_depth; a stack that is not deeper is exact and has none uncertain). */
 static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, ci_entry **out) {
   di_grt *rt = &g->rt;
+  if (c->ci_bytes > c->ci_max_bytes) { /* bound the memory: start over (entries are only caches) */
+    for (int i = 0; i < c->nci; i++) {
+      ci_free(c->ci[i]);
+      c->ci[i] = NULL;
+    }
+    memset(c->chosen, 0, sizeof *c->chosen * (size_t)c->nci);
+    c->ci_bytes = 0;
+  }
   if (!ensure_ci_slots(c, id))
     return di_error_set(DI_ERR_OOM, "out of memory");
   if (c->chosen[id]) {
@@ -373,6 +385,15 @@ di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab
   if (!m)
     return di_error_set(DI_ERR_OOM, "out of memory");
   pthread_mutex_lock(&g->mu);
+  /* The automaton only grows (states and stacks are never freed while a matcher may hold them):
+   * when it has used half of its budget and no matcher is live, start it and the caches afresh. */
+  if (g->rt_ready && g->live_matchers == 0 &&
+      (g->rt.ns > g->rt.max_states / 2 || g->rt.nn > g->rt.max_nodes / 2)) {
+    di_grt_free(&g->rt);
+    g->rt_ready = 0;
+    di_gvcache_free_all(g->vcaches);
+    g->vcaches = NULL;
+  }
   di_status st = ensure_rt(g);
   if (st == DI_OK) {
     m->vc = get_vcache(g, v);
@@ -380,6 +401,8 @@ di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab
       st = di_error_set(DI_ERR_OOM, "out of memory");
   }
   int start = g->rt_ready ? g->rt.start : 0;
+  if (st == DI_OK)
+    g->live_matchers++;
   pthread_mutex_unlock(&g->mu);
   m->caph = 64;
   m->hist = malloc(sizeof(int32_t) * (size_t)m->caph);
@@ -387,6 +410,11 @@ di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab
   if (st == DI_OK && (!m->hist || !m->stop))
     st = di_error_set(DI_ERR_OOM, "out of memory");
   if (st != DI_OK) {
+    if (m->vc) {
+      pthread_mutex_lock(&g->mu);
+      g->live_matchers--;
+      pthread_mutex_unlock(&g->mu);
+    }
     free(m->hist);
     free(m->stop);
     free(m);
@@ -404,6 +432,9 @@ di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab
 void di_grammar_matcher_free(di_grammar_matcher *m) {
   if (!m)
     return;
+  pthread_mutex_lock(&m->g->mu);
+  m->g->live_matchers--;
+  pthread_mutex_unlock(&m->g->mu);
   di_grammar_free(m->g);
   free(m->hist);
   free(m->stop);

@@ -130,8 +130,52 @@ static void walk(const char *name, di_grammar_kind kind, const char *src, int st
   di_grammar_free(g);
 }
 
+/* A tiny state budget: the automaton of a grammar used by successive requests is reset between
+ * them (no live matcher), and a request that needs more states gets an error, not a crash. */
+static void budget(void) {
+  setenv("DI_GRAMMAR_MAX_STATES", "600", 1);
+  di_grammar_options opt = {0};
+  opt.no_cache = 1;
+  di_grammar *g = NULL;
+  const char *src = "{}";
+  CHECK(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, strlen(src), &opt, &g) == DI_OK);
+  const char *tb[NV];
+  for (int i = 0; i < NV; i++)
+    tb[i] = toks[i];
+  int32_t stop = NV - 1;
+  di_grammar_vocab *v = NULL;
+  CHECK(di_grammar_vocab_create(NV, tb, lens, &stop, 1, &v) == DI_OK);
+  uint32_t mask[(NV + 31) / 32];
+  int errors = 0, completed = 0;
+  for (int r = 0; r < 12; r++) {
+    di_grammar_matcher *m = NULL;
+    CHECK(di_grammar_matcher_create(g, v, &m) == DI_OK);
+    const char *doc = r % 3 == 2 ? "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+                                 : "[1,{\"a\":[true]}]";
+    int ok = 1;
+    for (const char *p = doc; *p && ok; p++) {
+      if (di_grammar_matcher_fill_mask(m, mask) != DI_OK || di_grammar_matcher_accept_token(m, (unsigned char)*p) != DI_OK)
+        ok = 0;
+    }
+    if (ok) {
+      CHECK(di_grammar_matcher_can_end(m));
+      completed++;
+    } else {
+      errors++;
+      CHECK(di_last_error()[0] != 0);
+    }
+    di_grammar_matcher_free(m);
+  }
+  CHECKF(completed == 8 && errors == 4, "%d requests completed under the tiny budget", completed);
+  fprintf(stderr, "budget: %d requests completed, %d stopped by the state budget\n", completed, errors);
+  di_grammar_vocab_free(v);
+  di_grammar_free(g);
+  unsetenv("DI_GRAMMAR_MAX_STATES");
+}
+
 int main(void) {
   build_vocab();
+  budget();
   walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);
   walk("schema", DI_GRAMMAR_JSON_SCHEMA,
        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"age\":{\"type\":\"integer\","
