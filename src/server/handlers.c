@@ -53,6 +53,28 @@ static void make_id(di_server *s, const char *prefix, char *out, size_t cap) {
   snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)z, (unsigned long long)(k & 0xffffffffu));
 }
 
+/* a growing text buffer (/metrics, the SSE events of a stream waiting to be sent) */
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  for (int attempt = 0; attempt < 2; attempt++) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = b->p ? vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap) : -1;
+    va_end(ap);
+    if (n >= 0 && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
+    size_t cap = (b->cap ? b->cap * 2 : 8192) + (n > 0 ? (size_t)n : 0);
+    char *q = realloc(b->p, cap);
+    if (!q) return;
+    b->p = q;
+    b->cap = cap;
+  }
+}
+
 /* ---- generation -------------------------------------------------------------------------------- */
 typedef struct choice {
   char *text;
@@ -78,6 +100,7 @@ typedef struct gen {
   int keep_alive;
   double last_peer_check;
   double t_submit, t_first;      /* monotonic seconds: job accepted, first token */
+  sbuf out;                      /* streamed events not sent yet */
 } gen;
 
 static double mono_s(void) {
@@ -335,19 +358,22 @@ static int respond_whole(gen *g) {
   return send_json(g->c, 200, o, g->keep_alive);
 }
 
+/* Queues one SSE event; the queue goes out as one HTTP chunk when no more events are waiting
+ * (sse_flush), so a burst of events (n > 1, or a handler that fell behind) costs one send. */
 static int sse_send(gen *g, cJSON *obj) {
   char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
   cJSON_Delete(obj);
   if (!s) return -1;
-  size_t n = strlen(s);
-  char *msg = malloc(n + 9);
-  if (!msg) { free(s); return -1; }
-  memcpy(msg, "data: ", 6);
-  memcpy(msg + 6, s, n);
-  memcpy(msg + 6 + n, "\n\n", 3);
+  size_t before = g->out.len;
+  sb_printf(&g->out, "data: %s\n\n", s);
   free(s);
-  int rc = di_http_write_chunk(g->c->fd, msg, n + 8);
-  free(msg);
+  return g->out.len > before ? 0 : -1;
+}
+
+static int sse_flush(gen *g) {
+  if (g->out.len == 0) return 0;
+  int rc = di_http_write_chunk(g->c->fd, g->out.p, g->out.len);
+  g->out.len = 0;
   return rc;
 }
 
@@ -399,9 +425,19 @@ static int respond_stream(gen *g) {
       ok = sse_send(g, chunk_json(g, i, p, strlen(p), 0, NULL, NULL, NULL, NULL, 0)) == 0;
     }
   }
+  if (ok) ok = sse_flush(g) == 0;
   di_srv_event *ev;
-  int rc = -1;
-  while (ok && (rc = wait_event(g, &ev)) == 1) {
+  int rc = -1, pending = 0;
+  while (ok) {
+    /* take every event already waiting before sending; block (watching the socket) only after */
+    if (pending && (rc = di_srv_next_event(g->s->loop, g->job, 0, &ev)) == 0) {
+      ok = sse_flush(g) == 0;
+      pending = 0;
+      continue;
+    }
+    if (!pending) rc = wait_event(g, &ev);
+    if (rc != 1) break;
+    pending = 1;
     int ci = ev->prompt_index * g->r.n + ev->sample_index;
     if (ci >= 0 && ci < g->n_choices) {
       choice *ch = &g->ch[ci];
@@ -421,16 +457,8 @@ static int respond_stream(gen *g) {
           di_oai_fail(&err, 503, "server_error", "", NULL, "the request was aborted: %s",
                       why && *why ? why : "the server is shutting down");
         char *s = di_oai_error_json(&err);
-        if (s) {
-          size_t n = strlen(s);
-          char *msg = malloc(n + 9);
-          if (msg) {
-            snprintf(msg, n + 9, "data: %s\n\n", s);
-            ok = di_http_write_chunk(g->c->fd, msg, n + 8) == 0;
-          }
-          free(msg);
-          free(s);
-        }
+        if (s) sb_printf(&g->out, "data: %s\n\n", s);
+        free(s);
       } else if (g->r.parse_tools || g->r.parse_reasoning) {
         /* the text is split as it grows: reasoning up to </think>, content up to where tool-call
          * markup starts; a tail that might begin a marker waits; the calls go out whole at the end */
@@ -475,6 +503,7 @@ static int respond_stream(gen *g) {
     }
     di_srv_event_free(ev);
   }
+  if (ok && rc != -2) ok = sse_flush(g) == 0;
   if (!ok || rc == -2) {
     if (!ok) di_srv_abort(g->s->loop, g->job);
     record_usage(g, 0);
@@ -486,7 +515,7 @@ static int respond_stream(gen *g) {
     cJSON *o = envelope(g, g->r.chat ? "chat.completion.chunk" : "text_completion");
     cJSON_AddArrayToObject(o, "choices");
     cJSON_AddItemToObject(o, "usage", usage_json(g));
-    if (sse_send(g, o) != 0) return 0;
+    if (sse_send(g, o) != 0 || sse_flush(g) != 0) return 0;
   }
   static const char done[] = "data: [DONE]\n\n";
   if (di_http_write_chunk(g->c->fd, done, sizeof done - 1) != 0 || di_http_end_chunked(g->c->fd) != 0) return 0;
@@ -536,6 +565,7 @@ done:
     cJSON_Delete(g.ch[i].logprobs);
   }
   free(g.ch);
+  free(g.out.p);
   di_oai_request_free(&g.r);
   return result;
 }
@@ -559,28 +589,6 @@ static int handle_models(di_server *s, di_conn *c, int keep_alive) {
   cJSON *d = cJSON_AddArrayToObject(o, "data");
   cJSON_AddItemToArray(d, model_card(s));
   return send_json(c, 200, o, keep_alive);
-}
-
-/* a growing text buffer for /metrics */
-typedef struct sbuf {
-  char *p;
-  size_t len, cap;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-  for (int attempt = 0; attempt < 2; attempt++) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = b->p ? vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap) : -1;
-    va_end(ap);
-    if (n >= 0 && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
-    size_t cap = (b->cap ? b->cap * 2 : 8192) + (n > 0 ? (size_t)n : 0);
-    char *q = realloc(b->p, cap);
-    if (!q) return;
-    b->p = q;
-    b->cap = cap;
-  }
 }
 
 static void sb_histogram(sbuf *b, const char *name, const char *help, const char *label, const di_histogram *h) {
