@@ -77,19 +77,18 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   e->next_id = 1;
   di_status st = di_kv_manager_create(groups, ng, nb, opt.enable_prefix_caching, &e->kv);
   if (st == DI_OK) st = be->ops->kv_alloc(be, nb[0]);
-  if (st == DI_OK) st = di_sampler_create(cfg->vocab_size, &e->sampler);
+  if (st == DI_OK) st = di_row_sampler_create(cfg->vocab_size, 0, &e->rows);
   if (st == DI_OK) {
     e->logits = malloc((size_t)opt.max_num_seqs * (size_t)cfg->vocab_size * sizeof *e->logits);
     e->dev_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_rows);
     e->dev_tokens = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_tokens);
     const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
     e->device_sampling = be->ops->sample != NULL && !(hs && *hs && strcmp(hs, "0") != 0);
-    e->mask_words = (cfg->vocab_size + 31) / 32;
-    e->mask = malloc((size_t)e->mask_words * sizeof *e->mask);
+    e->jobs = malloc((size_t)opt.max_num_seqs * sizeof *e->jobs);
     e->cap_queue = 64;
     e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
     e->waiting = malloc((size_t)e->cap_queue * sizeof *e->waiting);
-    if (!e->logits || !e->mask || !e->running || !e->waiting || !e->dev_rows || !e->dev_tokens)
+    if (!e->logits || !e->jobs || !e->running || !e->waiting || !e->dev_rows || !e->dev_tokens)
       st = di_error_set(DI_ERR_OOM, "engine: out of memory for %d x %d logits", opt.max_num_seqs, cfg->vocab_size);
   }
   if (st != DI_OK) {
@@ -113,8 +112,8 @@ void di_engine_free(di_engine *e) {
   di_sched_free(&e->sched[0]);
   di_sched_free(&e->sched[1]);
   di_kv_manager_free(e->kv);
-  di_sampler_free(e->sampler);
-  free(e->logits); free(e->mask); free(e->dev_rows); free(e->dev_tokens);
+  di_row_sampler_free(e->rows);
+  free(e->logits); free(e->jobs); free(e->dev_rows); free(e->dev_tokens);
   if (e->cfg.on_free) e->cfg.on_free(e->cfg.on_free_ctx);
   free(e);
 }
@@ -300,7 +299,7 @@ static int plan_device_sampling(di_engine *e, di_sched *s) {
 
 /* Samples the rows of a completed step and applies what the next step depends on. */
 static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
-  int row = 0;
+  int row = 0, n_jobs = 0;
   if (on_device) DI_TRY(e->be->ops->sample(e->be, e->dev_rows, s->batch.n_outputs, e->dev_tokens));
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
@@ -320,32 +319,20 @@ static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
       continue;
     }
     if (my_row < 0) continue;
-    di_sample_result res;
     if (on_device) {
-      res.token = e->dev_tokens[my_row];
-      res.logprob = 0;
-      res.n_top = 0;
+      di_sample_result res = {.token = e->dev_tokens[my_row]};
+      di_req_push_token(e, r, &res);
     } else {
-      float *lg = e->logits + (size_t)my_row * (size_t)e->cfg.vocab_size;
-      const uint32_t *allow = NULL;
-      if (r->constraint) {
-        memset(e->mask, 0, (size_t)e->mask_words * sizeof *e->mask);
-        if (e->constraint.fill_mask(r->constraint, e->mask) != DI_OK) {
-          di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
-          continue;
-        }
-        allow = e->mask;
-      }
-      di_sampling sp = r->sp;
-      if (r->n_tokens - r->n_prompt >= r->min_tokens) sp.n_ban = 0;
-      di_status st = di_sampler_sample(e->sampler, lg, e->cfg.vocab_limit, &sp, r->tokens, r->n_prompt, r->n_tokens,
-                                       allow, (uint64_t)r->n_tokens, &res);
-      if (st != DI_OK) {
-        di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
-        continue;
-      }
+      e->jobs[n_jobs].r = r;
+      e->jobs[n_jobs++].row = my_row;
     }
-    di_req_push_token(e, r, &res);
+  }
+  if (n_jobs == 0) return DI_OK;
+  di_row_sampler_run(e->rows, e, e->jobs, n_jobs);
+  for (int j = 0; j < n_jobs; j++) {
+    di_row_job *jb = &e->jobs[j];
+    if (jb->st != DI_OK) di_req_finish(e, jb->r, DI_FINISH_ERROR, jb->err);
+    else di_req_push_token(e, jb->r, &jb->res);
   }
   return DI_OK;
 }

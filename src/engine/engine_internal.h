@@ -48,6 +48,22 @@ typedef struct di_engine_core_config {
 
 di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engine_options *opt, di_engine **out);
 
+/* sample_rows.c: host sampling of a step's rows, in parallel over rows when worth it */
+typedef struct di_row_job {
+  struct di_req *r;
+  int row;                   /* logits row */
+  di_sample_result res;
+  di_status st;
+  char err[256];
+} di_row_job;
+typedef struct di_row_sampler di_row_sampler;
+/* threads <= 0: $DEEPINFER_SAMPLER_THREADS, else half the cores, at most 8 */
+di_status di_row_sampler_create(int vocab, int threads, di_row_sampler **out);
+void di_row_sampler_free(di_row_sampler *rs);
+void di_row_sampler_run(di_row_sampler *rs, di_engine *e, di_row_job *jobs, int n);
+/* Work (rows x vocab) from which the threads are used (tests set 0 to force them). */
+void di_row_sampler_set_min_work(di_row_sampler *rs, int64_t rows_x_vocab);
+
 typedef enum { DI_REQ_WAITING, DI_REQ_RUNNING, DI_REQ_DONE } di_req_state;
 
 typedef struct di_req {
@@ -123,13 +139,12 @@ struct di_engine {
   di_engine_options opt;
   di_backend *be;
   di_kv_manager *kv;
-  di_sampler *sampler;
+  di_row_sampler *rows;      /* host sampling of a step's rows */
+  di_row_job *jobs;          /* [max_num_seqs] */
   float *logits;             /* [max_num_seqs][vocab] */
   di_sample_row *dev_rows;   /* [max_num_seqs] rows for a backend that samples on the device */
   int32_t *dev_tokens;
   int device_sampling;       /* the backend samples and DEEPINFER_HOST_SAMPLING is unset */
-  uint32_t *mask;            /* [ceil(vocab/32)] */
-  int mask_words;
   uint64_t next_id, seed_state;
   /* requests: every live one in `all`; queues hold pointers */
   di_req **all;

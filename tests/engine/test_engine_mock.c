@@ -89,9 +89,12 @@ static void fill_params(di_request_params *p, const case_t *c) {
 static int run_engine(case_t *cs, int n, di_engine_options *opt, mock_backend **mb_out, di_engine_stats *st_out,
                       const char *what, int device_sampling) {
   mock_backend *mb = mock_backend_new(VOCAB);
-  if (device_sampling) mb->base.ops = &MOCK_OPS_DEV;
+  if (device_sampling == 1) mb->base.ops = &MOCK_OPS_DEV;
+  if (device_sampling == 2) setenv("DEEPINFER_SAMPLER_THREADS", "3", 1); /* host rows over 3 threads */
   di_engine *e;
   di_status st = mock_engine(mb, opt, 0, 4096, &e);
+  unsetenv("DEEPINFER_SAMPLER_THREADS");
+  if (st == DI_OK && device_sampling == 2) di_row_sampler_set_min_work(e->rows, 0);
   CHECKF(st == DI_OK, "%s: create: %s", what, di_last_error());
   if (st != DI_OK) return n;
   for (int k = 0; k < n; k++) {
@@ -143,8 +146,8 @@ static void test_equivalence(int sampled) {
   static case_t cs[NREQ];
   make_cases(cs, NREQ, sampled);
   const char *names[] = {"default", "no prefix cache", "no chunked prefill", "sync", "tiny budget", "one by one",
-                         "device sampling"};
-  for (int v = 0; v < 7; v++) {
+                         "device sampling", "threaded host sampling"};
+  for (int v = 0; v < 8; v++) {
     di_engine_options o;
     di_engine_options_default(&o);
     o.max_num_batched_tokens = 256;
@@ -159,7 +162,7 @@ static void test_equivalence(int sampled) {
     char what[64];
     snprintf(what, sizeof what, "%s/%s", sampled ? "sampled" : "greedy", names[v]);
     mock_backend *mb = NULL;
-    int bad = run_engine(cs, NREQ, &o, &mb, &st, what, v == 6);
+    int bad = run_engine(cs, NREQ, &o, &mb, &st, what, v == 6 ? 1 : v == 7 ? 2 : 0);
     if (v == 6) CHECKF(mb->device_samples > 0, "%s: no row was sampled on the device", what);
     mock_destroy(&mb->base);
     CHECKF(bad == 0, "%s: %d of %d requests differ from the request alone", what, bad, NREQ);
