@@ -224,13 +224,34 @@ class LLM:
         for (rid, idx), b in bytes_acc.items():
             reqs[rid].outputs[idx].text = b.decode("utf-8", "replace")
 
+    def get_default_sampling_params(self):
+        """SamplingParams from the model's generation_config.json (temperature, top_p, top_k,
+        max_new_tokens), as vLLM does; used when generate/chat get no sampling_params."""
+        kw = {}
+        try:
+            with open(os.path.join(self.model_dir, "generation_config.json"), encoding="utf-8") as f:
+                g = json.load(f)
+        except (OSError, ValueError):
+            g = {}
+        if g.get("do_sample") is False:
+            kw["temperature"] = 0.0
+        elif isinstance(g.get("temperature"), (int, float)):
+            kw["temperature"] = float(g["temperature"])
+        if isinstance(g.get("top_p"), (int, float)):
+            kw["top_p"] = float(g["top_p"])
+        if isinstance(g.get("top_k"), int):
+            kw["top_k"] = g["top_k"]
+        if isinstance(g.get("max_new_tokens"), int):
+            kw["max_tokens"] = g["max_new_tokens"]
+        return SamplingParams(**kw)
+
     def generate(self, prompts, sampling_params=None, use_tqdm=False):
         """prompts: a string, {'prompt_token_ids': [...]}, or a list of these. sampling_params: one
         SamplingParams for all, or a list (one per prompt). Returns RequestOutputs in prompt order."""
         single = isinstance(prompts, (str, dict))
         plist = [prompts] if single else list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         sps = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(plist)
         if len(sps) != len(plist):
             raise ValueError(f"{len(plist)} prompts but {len(sps)} sampling params")
@@ -280,7 +301,7 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [self.render_chat(c, add_generation_prompt, chat_template_kwargs) for c in convs]
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         sps = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(texts)
         return self._generate(texts, sps, rendered=True)
 

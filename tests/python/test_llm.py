@@ -170,6 +170,8 @@ def test_default_model_llm_and_chat(monkeypatch):
     for o in stopped:
         assert o.outputs[0].stop_reason == 1  # the model's EOS, included in token_ids, not in text
         assert o.outputs[0].token_ids[-1] == 1
+    d = llm.get_default_sampling_params()  # generation_config.json: temperature 0.7, top_p 0.95, 128 tokens
+    assert (d.temperature, d.top_p, d.max_tokens) == (0.7, 0.95, 128)
     chat = llm.chat([{"role": "user", "content": "Write one sentence about the sea."}],
                     SamplingParams(temperature=0, max_tokens=40))
     assert chat[0].outputs[0].text.strip()
