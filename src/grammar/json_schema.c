@@ -27,7 +27,7 @@ typedef struct {
   int nowned, capowned;
   int branches, depth;
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
-  int r_any, r_string, r_number, r_jchar, r_int;
+  int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc;
 } jc;
 
 static di_status unsupported(jc *c, const char *path, const char *kw) {
@@ -209,7 +209,7 @@ static void jc_init(jc *c, di_gb *b, const di_grammar_options *opt) {
   memset(c, 0, sizeof *c);
   c->b = b;
   c->opt = opt;
-  c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = -1;
+  c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = c->r_ktail = c->r_kesc = -1;
   c->ws.kind = -1;
   if (opt && opt->max_whitespace > 0) {
     di_gbyteset set = {{0}};
@@ -709,37 +709,30 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
   for (unsigned ch = 0x20; ch < 0x80; ch++)
     if (ch != '"' && ch != '\\' && !di_gbyteset_has(&next, ch))
       di_gbyteset_add(&plain, ch);
-  di_gseq_push(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &plain)});
-  di_gseq_push(b, &s, rule_el(string_rule(c)) /* placeholder replaced below */);
-  s.n = 1;
-  {
-    /* tail ::= jchar* '"' */
+  if (c->r_ktail < 0) { /* shared by all trie nodes: tail ::= jchar* '"' ; esc ::= an escape or non-ASCII */
     di_gseq t = {0};
     di_gseq_repeat(b, &t, rule_el(jchar_rule(c)), 0, -1);
     lit(c, &t, "\"");
-    di_gel tail = di_gb_wrap(b, &t, "ktail");
+    c->r_ktail = di_gb_new_rule(b, "ktail");
+    di_gb_add_alt(b, c->r_ktail, t.v, t.n);
     di_gseq_free(&t);
-    di_gseq_push(b, &s, tail);
+    static const char *re = "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})|[\\u0080-\\u{10FFFF}]";
+    c->r_kesc = di_gb_new_rule(b, "kesc");
+    if (di_regex_compile_into(b, c->r_kesc, re, strlen(re), 0, 1) != DI_OK)
+      b->oom = 1;
+  }
+  di_gseq_push(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &plain)});
+  di_gseq_push(b, &s, rule_el(c->r_ktail));
+  di_gb_add_alt(b, r, s.v, s.n);
+  s.n = 0;
+  int esc_ok = !di_gbyteset_has(&next, '\\');
+  for (unsigned lead = 0xC2; lead < 0xF5; lead++)
+    if (di_gbyteset_has(&next, lead))
+      esc_ok = 0;
+  if (esc_ok) { /* escapes and non-ASCII characters also leave the trie */
+    di_gseq_push(b, &s, rule_el(c->r_kesc));
+    di_gseq_push(b, &s, rule_el(c->r_ktail));
     di_gb_add_alt(b, r, s.v, s.n);
-    s.n = 0;
-    int esc_ok = !di_gbyteset_has(&next, '\\');
-    for (unsigned lead = 0xC2; lead < 0xF5; lead++) {
-      if (di_gbyteset_has(&next, lead))
-        esc_ok = 0;
-    }
-    if (esc_ok) { /* escapes and non-ASCII characters also leave the trie */
-      di_gbyteset hi = {{0}};
-      (void)hi;
-      di_gseq u = {0};
-      static const char *re = "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})|[\\u0080-\\u{10FFFF}]";
-      int rr = di_gb_new_rule(b, "kesc");
-      if (di_regex_compile_into(b, rr, re, strlen(re), 0, 1) != DI_OK)
-        b->oom = 1;
-      di_gseq_push(b, &u, rule_el(rr));
-      di_gseq_push(b, &u, tail);
-      di_gb_add_alt(b, r, u.v, u.n);
-      di_gseq_free(&u);
-    }
   }
   di_gseq_free(&s);
   return r;
