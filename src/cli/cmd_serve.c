@@ -40,6 +40,7 @@ static void usage(FILE *f) {
           "          --max-connections N (512)  --max-body-bytes N (32 MiB)  --keep-alive-timeout S (60)\n"
           "          --shutdown-timeout S (10: in-flight requests get this long on SIGINT/SIGTERM)\n"
           "          --disable-log-requests (no access-log lines on stderr)\n"
+          "          --allowed-origins '*'|ORIGIN,ORIGIN...|'' (CORS; default *: any browser origin may call)\n"
           "Tools:    --enable-auto-tool-choice --tool-call-parser deepseek_v3|deepseek_v31 (DeepSeek tool-call\n"
           "          markup in chat replies becomes OpenAI tool_calls)  --reasoning-parser deepseek_r1\n"
           "          (<think>...</think> of chat replies becomes reasoning_content)\n");
@@ -95,6 +96,7 @@ int di_cmd_serve(int argc, char **argv) {
     else if (FLAG("--host")) sc.host = v;
     else if (FLAG("--port")) { INT(0, 65535); sc.port = (int)x; }
     else if (FLAG("--api-key")) api_key = v;
+    else if (FLAG("--allowed-origins")) sc.allowed_origins = v;
     else if (FLAG("--load-format")) load_format = v;
     else if (FLAG("--accelerator")) accelerator = v;
     else if (FLAG("--threads")) { INT(0, 4096); threads = x; }

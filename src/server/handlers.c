@@ -18,13 +18,21 @@
 
 static const char *JSON_TYPE = "application/json";
 
+/* A whole response carrying the request's common headers (c->extra) and `more`. */
+static int respond(di_conn *c, int status, const char *type, const char *body, size_t len, int keep_alive,
+                   const char *more) {
+  char h[2048];
+  snprintf(h, sizeof h, "%s%s", c->extra, more ? more : "");
+  return di_http_respond(c->fd, status, type, body, len, keep_alive, h);
+}
+
 static int send_json(di_conn *c, int status, cJSON *obj, int keep_alive) {
   char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
   cJSON_Delete(obj);
   c->status = s ? status : 500;
   static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
-  int rc = s ? di_http_respond(c->fd, status, JSON_TYPE, s, strlen(s), keep_alive, NULL)
-             : di_http_respond(c->fd, 500, JSON_TYPE, oom, sizeof oom - 1, 0, NULL);
+  int rc = s ? respond(c, status, JSON_TYPE, s, strlen(s), keep_alive, NULL)
+             : respond(c, 500, JSON_TYPE, oom, sizeof oom - 1, 0, NULL);
   free(s);
   return rc == 0 ? keep_alive : 0;
 }
@@ -33,7 +41,7 @@ int di_srv_send_error(di_conn *c, const di_oai_error *e, int keep_alive) {
   char *s = di_oai_error_json(e);
   c->status = e->status;
   const char *extra = e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL;
-  int rc = di_http_respond(c->fd, e->status, JSON_TYPE, s ? s : "{}", s ? strlen(s) : 2, keep_alive, extra);
+  int rc = respond(c, e->status, JSON_TYPE, s ? s : "{}", s ? strlen(s) : 2, keep_alive, extra);
   free(s);
   pthread_mutex_lock(&c->srv->mu);
   c->srv->n_errors++;
@@ -416,7 +424,7 @@ static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int ro
 }
 
 static int respond_stream(gen *g) {
-  int ok = di_http_begin_chunked(g->c->fd, 200, "text/event-stream; charset=utf-8", g->keep_alive, NULL) == 0;
+  int ok = di_http_begin_chunked(g->c->fd, 200, "text/event-stream; charset=utf-8", g->keep_alive, g->c->extra) == 0;
   g->c->status = 200;
   for (int i = 0; ok && i < g->n_choices; i++) {
     if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL, NULL, NULL, 0)) == 0;
@@ -652,8 +660,8 @@ static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
   pthread_mutex_unlock(&s->mu);
   int have = b.p != NULL;
   c->status = have ? 200 : 500;
-  int rc = have ? di_http_respond(c->fd, 200, "text/plain; version=0.0.4", b.p, b.len, keep_alive, NULL)
-                : di_http_respond(c->fd, 500, "text/plain", "out of memory\n", 14, 0, NULL);
+  int rc = have ? respond(c, 200, "text/plain; version=0.0.4", b.p, b.len, keep_alive, NULL)
+                : respond(c, 500, "text/plain", "out of memory\n", 14, 0, NULL);
   free(b.p);
   return rc == 0 && have ? keep_alive : 0;
 }
@@ -766,7 +774,7 @@ static int method_not_allowed(di_conn *c, const char *allow, int keep_alive) {
   char extra[64];
   snprintf(extra, sizeof extra, "Allow: %s\r\n", allow);
   c->status = 405;
-  int rc = di_http_respond(c->fd, 405, JSON_TYPE, s ? s : "{}", s ? strlen(s) : 2, keep_alive, extra);
+  int rc = respond(c, 405, JSON_TYPE, s ? s : "{}", s ? strlen(s) : 2, keep_alive, extra);
   free(s);
   return rc == 0 ? keep_alive : 0;
 }
@@ -783,9 +791,57 @@ static int authorized(di_server *s, const di_http_request *req) {
   return diff == 0;
 }
 
+/* 1 when `origin` may read responses (CORS): "*" allows all, else a comma-separated list */
+static int origin_allowed(const char *allowed, const char *origin, size_t n) {
+  if (!allowed || !*allowed) return 0;
+  if (strcmp(allowed, "*") == 0) return 1;
+  for (const char *p = allowed; *p;) {
+    while (*p == ',' || *p == ' ') p++;
+    const char *e = p;
+    while (*e && *e != ',') e++;
+    const char *t = e;
+    while (t > p && t[-1] == ' ') t--;
+    if ((size_t)(t - p) == n && memcmp(p, origin, n) == 0) return 1;
+    p = e;
+  }
+  return 0;
+}
+
+/* the headers every response to this request carries: CORS for allowed origins, the client's
+ * X-Request-Id echoed (header values are free of CR/LF: the parser refuses control characters) */
+static void common_headers(di_server *s, di_conn *c, const di_http_request *req) {
+  size_t n = 0, k = 0;
+  const char *origin = di_http_header_get(req, "origin", &n);
+  c->extra[0] = 0;
+  if (origin && n < 300 && origin_allowed(s->cfg.allowed_origins, origin, n)) {
+    if (strcmp(s->cfg.allowed_origins, "*") == 0)
+      k += (size_t)snprintf(c->extra + k, sizeof c->extra - k, "Access-Control-Allow-Origin: *\r\n");
+    else
+      k += (size_t)snprintf(c->extra + k, sizeof c->extra - k, "Access-Control-Allow-Origin: %.*s\r\nVary: Origin\r\n",
+                            (int)n, origin);
+  }
+  const char *rid = di_http_header_get(req, "x-request-id", &n);
+  if (rid && n > 0 && n <= 256 && k < sizeof c->extra)
+    snprintf(c->extra + k, sizeof c->extra - k, "X-Request-Id: %.*s\r\n", (int)n, rid);
+}
+
 int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const char *body, size_t body_len) {
   int ka = req->keep_alive;
   int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
+  common_headers(s, c, req);
+  if (strcmp(req->method, "OPTIONS") == 0) {
+    /* a CORS preflight: what a browser may send (the allowed origin, if any, is in c->extra) */
+    char more[512];
+    size_t n = 0;
+    const char *h = di_http_header_get(req, "access-control-request-headers", &n);
+    snprintf(more, sizeof more, "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: %.*s\r\n"
+             "Access-Control-Max-Age: 600\r\nAllow: GET, POST, OPTIONS\r\n", h && n < 300 ? (int)n : 1, h && n < 300 ? h : "*");
+    c->status = 200;
+    pthread_mutex_lock(&s->mu);
+    s->n_requests++;
+    pthread_mutex_unlock(&s->mu);
+    return respond(c, 200, "text/plain", "", 0, ka, more) == 0 ? ka : 0;
+  }
   pthread_mutex_lock(&s->mu);
   s->n_requests++;
   pthread_mutex_unlock(&s->mu);
@@ -798,7 +854,7 @@ int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const 
   if (path_is(req, "/health") || path_is(req, "/ping")) {
     if (!get && !(post && path_is(req, "/ping"))) return method_not_allowed(c, path_is(req, "/ping") ? "GET, POST" : "GET", ka);
     c->status = 200;
-    return di_http_respond(c->fd, 200, JSON_TYPE, "", 0, ka, NULL) == 0 ? ka : 0;
+    return respond(c, 200, JSON_TYPE, "", 0, ka, NULL) == 0 ? ka : 0;
   }
   if (path_is(req, "/version")) {
     if (!get) return method_not_allowed(c, "GET", ka);

@@ -31,6 +31,7 @@ void di_server_config_default(di_server_config *c) {
   c->request_timeout_s = 60;
   c->shutdown_grace_s = 10;
   c->log_requests = 1;
+  c->allowed_origins = "*";
 }
 
 static double now_s(void) {
@@ -75,6 +76,7 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   if (!s) { close(fd); return di_error_set(DI_ERR_OOM, "out of memory"); }
   s->cfg = *cfg;
   if (!s->cfg.max_head_bytes) s->cfg.max_head_bytes = 64 << 10;
+  if (!s->cfg.allowed_origins) s->cfg.allowed_origins = "";
   if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 32u << 20;
   if (s->cfg.max_connections <= 0) s->cfg.max_connections = 512;
   if (s->cfg.keep_alive_timeout_s <= 0) s->cfg.keep_alive_timeout_s = 60;
@@ -203,6 +205,7 @@ static void serve_connection(di_server *s, di_conn *c) {
     /* the request head: an idle connection waits keep_alive_timeout_s, a started one request_timeout_s */
     di_http_request req;
     int complete = 0;
+    c->extra[0] = 0;
     double idle_deadline = now_s() + s->cfg.keep_alive_timeout_s, deadline = 0;
     for (;;) {
       if (b.len) {

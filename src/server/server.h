@@ -24,6 +24,7 @@ typedef struct di_server_config {
   int max_model_len;             /* the engine's (prompt + output) limit */
   int tool_call_parser;          /* nonzero: parse DeepSeek tool-call markup out of chat replies (tool_calls) */
   int reasoning_parser;          /* nonzero: <think>...</think> of chat replies goes to reasoning_content */
+  const char *allowed_origins;   /* CORS: "*" (default), a comma-separated list of origins, or "" (no CORS headers) */
 } di_server_config;
 
 void di_server_config_default(di_server_config *c);

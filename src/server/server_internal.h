@@ -16,6 +16,7 @@ typedef struct di_conn {
   struct di_server *srv;
   struct di_conn *prev, *next;
   int status;                    /* status of the last response sent (access log) */
+  char extra[768];               /* headers every response to the current request carries (CORS, X-Request-Id) */
 } di_conn;
 
 /* A Prometheus histogram with fixed bucket bounds. */

@@ -546,8 +546,14 @@ def test_openai_client(server):
 
 
 def test_api_key_and_graceful_shutdown():
-    s = Server("--api-key", "sekrit", "--disable-log-requests", "--num-kv-blocks", "4")
+    s = Server("--api-key", "sekrit", "--disable-log-requests", "--num-kv-blocks", "4",
+               "--allowed-origins", "http://a.example, http://b.example")
     try:
+        # CORS with a list of origins: only those are named back; a preflight needs no key
+        status, h, raw = s.request("OPTIONS", "/v1/completions", headers={"Origin": "http://b.example"})
+        assert status == 200 and h.get("Access-Control-Allow-Origin") == "http://b.example" and h.get("Vary") == "Origin"
+        status, h, raw = s.request("GET", "/health", headers={"Origin": "http://c.example"})
+        assert status == 200 and "Access-Control-Allow-Origin" not in h
         # a request the KV pool (4 blocks of 64 tokens) can never hold fails at admission: a 400, or in a
         # stream an error event before [DONE]
         auth = {"Authorization": "Bearer sekrit"}
@@ -692,3 +698,23 @@ def test_metrics_histograms(server):
         assert count >= 1 and inf == count and buckets == sorted(buckets)
     assert metric(server, "deepinfer_generation_tokens_total") >= 4
     assert re.search(r'deepinfer_request_success_total\{model_name="%s",finished_reason="length"\} [1-9]' % NAME, text)
+
+
+def test_cors_and_request_id(server):
+    status, h, raw = server.request("GET", "/v1/models", headers={"Origin": "http://ui.example"})
+    assert status == 200 and h.get("Access-Control-Allow-Origin") == "*"
+    status, h, raw = server.request("GET", "/v1/models")
+    assert "Access-Control-Allow-Origin" not in h
+    status, h, raw = server.request("OPTIONS", "/v1/chat/completions", headers={
+        "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type, authorization"})
+    assert status == 200 and h.get("Access-Control-Allow-Origin") == "*"
+    assert "POST" in h.get("Access-Control-Allow-Methods", "") and h.get("Access-Control-Allow-Headers") == "content-type, authorization"
+    status, h, raw = server.request("POST", "/v1/completions", json.dumps(greedy(prompt="id", max_tokens=2)),
+                                    headers={"X-Request-Id": "req-42"})
+    assert status == 200 and h.get("X-Request-Id") == "req-42"
+    status, h, raw = server.request("POST", "/v1/completions", json.dumps(greedy(prompt="id", max_tokens=2, stream=True)),
+                                    headers={"X-Request-Id": "req-43", "Origin": "http://ui.example"})
+    assert status == 200 and h.get("X-Request-Id") == "req-43" and h.get("Access-Control-Allow-Origin") == "*"
+    status, h, raw = server.request("POST", "/v1/completions", b"{", headers={"X-Request-Id": "req-44"})
+    assert status == 400 and h.get("X-Request-Id") == "req-44"
