@@ -191,7 +191,8 @@ typedef struct di_engine_stats {
 } di_engine_stats;
 
 /* Creates an engine over a loaded model (which must outlive it; one engine per model at a time:
- * the backend's KV pool is sized here). `opt` may be NULL. */
+ * the backend's KV pool is sized here). `opt` may be NULL. An engine is not thread-safe: call its
+ * functions from one thread at a time (the server runs it on one engine thread). */
 di_status di_engine_create(di_model *m, const di_engine_options *opt, di_engine **out);
 void di_engine_free(di_engine *e);
 /* Queues a request. Invalid parameters are an error returned here (nothing queued); a prompt that
