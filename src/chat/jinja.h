@@ -32,7 +32,9 @@ typedef struct jv_loop jv_loop;
 
 typedef struct jv {
   uint8_t kind;
-  uint8_t tuple; /* JV_LIST: a tuple (prints with parentheses) */
+  uint8_t tuple; /* JV_LIST: JV_SEQ_LIST, JV_SEQ_TUPLE, or JV_SEQ_ITER (a generator or iterator, as
+                   Jinja's map/select/unique/items/reverse filters return: always true, no len(),
+                   no subscripts, not JSON) */
   union {
     int64_t i;   /* JV_INT, JV_BOOL */
     double f;
@@ -44,7 +46,12 @@ typedef struct jv {
   } u;
 } jv;
 
-struct jv_list { size_t n, cap; jv *v; };
+struct jv_list {
+  size_t n, cap;
+  jv *v;
+  const char *err; /* JV_SEQ_ITER: the error consuming this generator raises (Jinja filters are lazy) */
+};
+enum { JV_SEQ_LIST = 0, JV_SEQ_TUPLE = 1, JV_SEQ_ITER = 2 };
 struct jv_dict { size_t n, cap; jv *k, *v; };
 struct jv_loop { int64_t i, n; const jv_list *items; };
 

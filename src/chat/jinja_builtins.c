@@ -278,7 +278,7 @@ static di_status startswith(struct jj_ctx *c, const jnode *at, jv s, const jj_ar
   if (a->n != 1 || a->nkw) return jj_err(c, at, DI_ERR_UNSUPPORTED, "unsupported construct: %s with start/end arguments", ends ? "str.endswith" : "str.startswith");
   jv x = a->v[0];
   if (x.kind == JV_STR) { *out = jv_bool(starts_ends(s, x, ends)); return DI_OK; }
-  if (x.kind == JV_LIST && x.tuple) {
+  if (x.kind == JV_LIST && x.tuple == JV_SEQ_TUPLE) {
     for (size_t i = 0; i < x.u.l->n; i++) {
       if (x.u.l->v[i].kind != JV_STR) return jj_err(c, at, DI_ERR_INVALID_ARG, "tuple for startswith must only contain str");
       if (starts_ends(s, x.u.l->v[i], ends)) { *out = jv_bool(1); return DI_OK; }
@@ -324,7 +324,7 @@ int jj_method_lookup(struct jj_ctx *c, jv obj, const char *name, size_t n, jv *o
   const char *m = NULL;
   if (obj.kind == JV_STR) m = find_name(STR_METHODS, name, n);
   else if (obj.kind == JV_DICT) m = find_name(DICT_METHODS, name, n);
-  else if (obj.kind == JV_LIST) m = find_name(LIST_METHODS, name, n);
+  else if (obj.kind == JV_LIST && obj.tuple != JV_SEQ_ITER) m = find_name(LIST_METHODS, name, n);
   if (!m) return 0;
   jv_func *fn = jj_alloc(A(c), sizeof *fn);
   if (!fn) return 0;
@@ -553,8 +553,10 @@ di_status jj_call_global(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
         for (size_t i = 0; i < src.u.d->n; i++)
           if (jj_dict_set(A(c), r.u.d, src.u.d->k[i], src.u.d->v[i])) return oom(c, at);
       } else if (src.kind == JV_LIST) {
-        for (size_t i = 0; i < src.u.l->n; i++) {
-          jv p = src.u.l->v[i];
+        jv_list *pairs = NULL;
+        DI_TRY(jj_iter_items(c, at, src, &pairs));
+        for (size_t i = 0; i < pairs->n; i++) {
+          jv p = pairs->v[i];
           if (p.kind != JV_LIST || p.u.l->n != 2) return jj_err(c, at, DI_ERR_INVALID_ARG, "%s: sequence elements must be pairs", fn->name);
           if (jj_dict_set(A(c), r.u.d, p.u.l->v[0], p.u.l->v[1])) return oom(c, at);
         }
@@ -605,6 +607,17 @@ static di_status cmp_test(struct jj_ctx *c, const jnode *at, int op, jv a, jv b,
   if (op == OP_NE) { *out = !jj_equal(a, b); return DI_OK; }
   double x, y;
   int cmp;
+  if (a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple != JV_SEQ_ITER) {
+    /* Python orders lists and tuples by their first differing item, then by length */
+    size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
+    for (size_t i = 0; i < n; i++) {
+      if (jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
+      return cmp_test(c, at, op, a.u.l->v[i], b.u.l->v[i], out);
+    }
+    cmp = a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
+    *out = op == OP_LT ? cmp < 0 : op == OP_LE ? cmp <= 0 : op == OP_GT ? cmp > 0 : cmp >= 0;
+    return DI_OK;
+  }
   if ((a.kind == JV_INT || a.kind == JV_BOOL || a.kind == JV_FLOAT) && (b.kind == JV_INT || b.kind == JV_BOOL || b.kind == JV_FLOAT)) {
     x = a.kind == JV_FLOAT ? a.u.f : (double)a.u.i;
     y = b.kind == JV_FLOAT ? b.u.f : (double)b.u.i;
@@ -632,8 +645,10 @@ di_status jj_call_test(struct jj_ctx *c, const jnode *at, const char *t, jv v, c
   else if (!strcmp(t, "string")) *out = v.kind == JV_STR;
   else if (!strcmp(t, "mapping")) *out = v.kind == JV_DICT;
   else if (!strcmp(t, "iterable")) *out = v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
-  else if (!strcmp(t, "sequence")) *out = v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT;
-  else if (!strcmp(t, "callable")) *out = v.kind == JV_FUNC;
+  /* Jinja's Undefined has __len__ and __getitem__ (that raise) and __call__, so it passes these */
+  else if (!strcmp(t, "sequence"))
+    *out = v.kind == JV_STR || (v.kind == JV_LIST && v.tuple != JV_SEQ_ITER) || v.kind == JV_DICT || v.kind == JV_UNDEF;
+  else if (!strcmp(t, "callable")) *out = v.kind == JV_FUNC || v.kind == JV_UNDEF;
   else if (!strcmp(t, "escaped")) *out = 0;
   else if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
     jv s;
@@ -642,9 +657,17 @@ di_status jj_call_test(struct jj_ctx *c, const jnode *at, const char *t, jv v, c
     jv r;
     DI_TRY(str_method(c, at, t[0] == 'l' ? "islower" : "isupper", s, &none, &r));
     *out = (int)r.u.i;
-  } else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
-    if (!is_int(v)) return jj_err(c, at, DI_ERR_INVALID_ARG, "the test '%s' needs an integer, not %s", t, jj_kind_name(v));
-    *out = (int)((v.u.i % 2 != 0) == (t[0] == 'o'));
+  } else if (!strcmp(t, "odd") || !strcmp(t, "even")) { /* value % 2 == 1 (or 0), floats too */
+    if (v.kind == JV_STR) { /* str % 2 is string formatting; its result never equals a number */
+      jv r;
+      DI_TRY(jj_format(c, at, v, jv_int(2), &r));
+      *out = 0;
+    } else if (is_int(v)) *out = (int)((v.u.i % 2 != 0) == (t[0] == 'o'));
+    else if (v.kind == JV_FLOAT) {
+      double m = fmod(v.u.f, 2.0);
+      if (m < 0) m += 2.0;
+      *out = t[0] == 'o' ? m == 1.0 : m == 0.0;
+    } else return jj_err(c, at, DI_ERR_INVALID_ARG, "the test '%s' needs a number, not %s", t, jj_kind_name(v));
   } else {
     if (!x) return jj_err(c, at, DI_ERR_INVALID_ARG, "the test '%s' needs an argument", t);
     if (!strcmp(t, "sameas")) {
@@ -652,10 +675,21 @@ di_status jj_call_test(struct jj_ctx *c, const jnode *at, const char *t, jv v, c
       else *out = v.kind == x->kind && memcmp(&v.u, &x->u, sizeof v.u) == 0;
     } else if (!strcmp(t, "in")) {
       DI_TRY(jj_contains(c, at, *x, v, out));
-    } else if (!strcmp(t, "divisibleby")) {
-      if (!is_int(v) || !is_int(*x)) return jj_err(c, at, DI_ERR_INVALID_ARG, "divisibleby needs integers");
-      if (x->u.i == 0) return jj_err(c, at, DI_ERR_INVALID_ARG, "division by zero");
-      *out = v.u.i % x->u.i == 0;
+    } else if (!strcmp(t, "divisibleby") && v.kind == JV_STR) {
+      jv r;
+      DI_TRY(jj_format(c, at, v, *x, &r));
+      *out = 0;
+    } else if (!strcmp(t, "divisibleby")) { /* value % num == 0 */
+      int vn = is_int(v) || v.kind == JV_FLOAT, xn = is_int(*x) || x->kind == JV_FLOAT;
+      if (!vn || !xn) return jj_err(c, at, DI_ERR_INVALID_ARG, "divisibleby needs numbers");
+      if (is_int(v) && is_int(*x)) {
+        if (x->u.i == 0) return jj_err(c, at, DI_ERR_INVALID_ARG, "division by zero");
+        *out = x->u.i == -1 || v.u.i % x->u.i == 0;
+      } else {
+        double num = is_int(v) ? (double)v.u.i : v.u.f, d = is_int(*x) ? (double)x->u.i : x->u.f;
+        if (d == 0) return jj_err(c, at, DI_ERR_INVALID_ARG, "division by zero");
+        *out = fmod(num, d) == 0.0;
+      }
     } else {
       int op = (!strcmp(t, "eq") || !strcmp(t, "equalto") || !strcmp(t, "==")) ? OP_EQ
                : (!strcmp(t, "ne") || !strcmp(t, "!=")) ? OP_NE
@@ -752,8 +786,12 @@ static di_status sorted(struct jj_ctx *c, const jnode *at, jv_list *items, jv_li
 
 static di_status select_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v, const jj_args *a, jv *out) {
   int byattr = strstr(f, "attr") != NULL, keep_true = f[0] == 's';
-  jv_list *items, *res = jj_list_new(A(c), 0);
+  jv_list *items = NULL, *res = jj_list_new(A(c), 0);
   if (!res) return oom(c, at);
+  if (!jj_truthy(v)) { /* Jinja: `if value:` guards the loop, so a falsy value gives nothing */
+    *out = list_val(res, JV_SEQ_ITER);
+    return DI_OK;
+  }
   DI_TRY(jj_iter_items(c, at, v, &items));
   int first = 0;
   jv path = jv_undef();
@@ -781,13 +819,17 @@ static di_status select_filter(struct jj_ctx *c, const jnode *at, const char *f,
     else r = jj_truthy(x);
     if ((r != 0) == keep_true) DI_TRY(push(c, at, res, items->v[i]));
   }
-  *out = list_val(res, 0);
+  *out = list_val(res, JV_SEQ_ITER); /* select/reject/selectattr/rejectattr are generators */
   return DI_OK;
 }
 
 static di_status map_filter(struct jj_ctx *c, const jnode *at, jv v, const jj_args *a, jv *out) {
-  jv_list *items, *res = jj_list_new(A(c), 0);
+  jv_list *items = NULL, *res = jj_list_new(A(c), 0);
   if (!res) return oom(c, at);
+  if (!jj_truthy(v)) { /* Jinja: `if value:` guards the loop, so a falsy value gives nothing */
+    *out = list_val(res, JV_SEQ_ITER);
+    return DI_OK;
+  }
   DI_TRY(jj_iter_items(c, at, v, &items));
   const jv *attrp = arg(a, -1, "attribute");
   if (attrp) {
@@ -812,7 +854,7 @@ static di_status map_filter(struct jj_ctx *c, const jnode *at, jv v, const jj_ar
       DI_TRY(push(c, at, res, x));
     }
   }
-  *out = list_val(res, 0);
+  *out = list_val(res, JV_SEQ_ITER); /* Jinja's map is a generator */
   return DI_OK;
 }
 
@@ -861,9 +903,28 @@ static di_status tojson_filter(struct jj_ctx *c, const jnode *at, jv v, const jj
   return buf_to_str(c, at, &b, out);
 }
 
+static di_status call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v, const jj_args *a, jv *out);
+
+/* Jinja's map, select, reject, selectattr, rejectattr, unique and items filters are generators:
+ * nothing runs until something consumes them. We compute eagerly, so an error becomes a poisoned
+ * generator that raises it when consumed, and a never-consumed one stays harmless (and true). */
 di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v, const jj_args *a, jv *out) {
+  static const char *const lazy[] = {"map", "select", "reject", "selectattr", "rejectattr", "unique", "items", NULL};
+  di_status st = call_filter(c, at, f, v, a, out);
+  if (st == DI_OK || st == DI_ERR_OOM || !find_name(lazy, f, strlen(f))) return st;
+  if (st == DI_ERR_UNSUPPORTED && strstr(di_last_error(), "unsupported construct")) return st;
+  jv_list *l = jj_list_new(A(c), 0);
+  jv msg = jj_str_dup(A(c), di_last_error(), strlen(di_last_error()));
+  if (!l || msg.kind != JV_STR) return oom(c, at);
+  l->err = msg.u.s.p;
+  *out = list_val(l, JV_SEQ_ITER);
+  di_error_clear();
+  return DI_OK;
+}
+
+static di_status call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v, const jj_args *a, jv *out) {
   if (!strcmp(f, "tojson")) return tojson_filter(c, at, v, a, out);
-  if (!strcmp(f, "safe")) { *out = v; return DI_OK; }
+  if (!strcmp(f, "safe")) return to_s(c, at, v, out); /* Markup(value): a string */
   if (!strcmp(f, "format")) { /* Jinja: str(value) % (args or kwargs) */
     if (a->n && a->nkw) return jj_err(c, at, DI_ERR_INVALID_ARG, "can't handle positional and keyword arguments at the same time");
     jv s, fa = {0};
@@ -892,12 +953,18 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     switch (v.kind) {
     case JV_UNDEF: *out = jv_int(0); return DI_OK;
     case JV_STR: *out = jv_int((int64_t)jj_utf8_len(v.u.s.p, v.u.s.n)); return DI_OK;
-    case JV_LIST: *out = jv_int((int64_t)v.u.l->n); return DI_OK;
+    case JV_LIST:
+      if (v.tuple == JV_SEQ_ITER) break;
+      *out = jv_int((int64_t)v.u.l->n);
+      return DI_OK;
     case JV_DICT: *out = jv_int((int64_t)v.u.d->n); return DI_OK;
-    default: return jj_err(c, at, DI_ERR_INVALID_ARG, "object of type '%s' has no len()", jj_kind_name(v));
+    default: break;
     }
+    return jj_err(c, at, DI_ERR_INVALID_ARG, "object of type '%s' has no len()", jj_kind_name(v));
   }
   if (!strcmp(f, "string")) return to_s(c, at, v, out);
+  if (!strcmp(f, "indent") && v.kind != JV_STR) /* Jinja appends "\n" to the value itself */
+    return jj_err(c, at, DI_ERR_INVALID_ARG, "indent: unsupported operand type(s) for +=: '%s' and 'str'", jj_kind_name(v));
   if (!strcmp(f, "trim") || !strcmp(f, "upper") || !strcmp(f, "lower") || !strcmp(f, "title") ||
       !strcmp(f, "capitalize") || !strcmp(f, "e") || !strcmp(f, "escape") || !strcmp(f, "forceescape") ||
       !strcmp(f, "wordcount") || !strcmp(f, "center") || !strcmp(f, "indent") || !strcmp(f, "replace")) {
@@ -1000,7 +1067,8 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     return buf_to_str(c, at, &b, out);
   }
   if (!strcmp(f, "first") || !strcmp(f, "last")) {
-    if (f[0] == 'l' && v.kind == JV_UNDEF) return jj_err(c, at, DI_ERR_INVALID_ARG, "'%.*s' is undefined", (int)v.u.s.n, v.u.s.p ? v.u.s.p : "");
+    if (f[0] == 'l' && v.kind == JV_LIST && v.tuple == JV_SEQ_ITER)
+      return jj_err(c, at, DI_ERR_INVALID_ARG, "'generator' object is not reversible");
     jv_list *items = NULL;
     DI_TRY(jj_iter_items(c, at, v, &items));
     *out = items->n ? items->v[f[0] == 'f' ? 0 : items->n - 1] : jv_undef();
@@ -1019,7 +1087,9 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     if (v.kind != JV_DICT) return jj_err(c, at, DI_ERR_INVALID_ARG, "Can only get item pairs from a mapping.");
     jv_func fn = {FN_METHOD, "items", v, NULL, NULL};
     jj_args none = {0};
-    return jj_call_method(c, at, &fn, &none, out);
+    DI_TRY(jj_call_method(c, at, &fn, &none, out));
+    out->tuple = JV_SEQ_ITER; /* the items filter is a generator */
+    return DI_OK;
   }
   if (!strcmp(f, "join")) {
     const jv *sep = arg(a, 0, "d"), *attrp = arg(a, 1, "attribute");
@@ -1051,7 +1121,7 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     if (!l) return oom(c, at);
     DI_TRY(jj_iter_items(c, at, v, &items));
     for (size_t i = items->n; i-- > 0;) DI_TRY(push(c, at, l, items->v[i]));
-    *out = list_val(l, 0);
+    *out = list_val(l, JV_SEQ_ITER); /* reversed(list) is an iterator */
     return DI_OK;
   }
   if (!strcmp(f, "map")) return map_filter(c, at, v, a, out);
@@ -1059,10 +1129,12 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     return select_filter(c, at, f, v, a, out);
   if (!strcmp(f, "attr")) {
     if (a->n != 1 || a->v[0].kind != JV_STR) return jj_err(c, at, DI_ERR_INVALID_ARG, "attr needs a name");
-    if (v.kind == JV_DICT || v.kind == JV_NS) {
+    if (v.kind == JV_UNDEF) return jj_err(c, at, DI_ERR_INVALID_ARG, "'%.*s' is undefined", (int)v.u.s.n, v.u.s.p ? v.u.s.p : "value");
+    /* getattr only: a dict's keys are not attributes, a namespace's are */
+    if (v.kind == JV_NS) {
       jv *x = jj_dict_gets(v.u.d, a->v[0].u.s.p, a->v[0].u.s.n);
       *out = x ? *x : jv_undef();
-    } else *out = jv_undef();
+    } else if (!jj_method_lookup(c, v, a->v[0].u.s.p, a->v[0].u.s.n, out)) *out = jv_undef();
     return DI_OK;
   }
   if (!strcmp(f, "sort") || !strcmp(f, "unique") || !strcmp(f, "max") || !strcmp(f, "min") || !strcmp(f, "dictsort")) {
@@ -1094,13 +1166,16 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
       jv_list *l = jj_list_new(A(c), 0), *seen = jj_list_new(A(c), 0);
       if (!l || !seen) return oom(c, at);
       for (size_t i = 0; i < items->n; i++) {
+        jv k = keys->v[i]; /* keys go in a Python set */
+        if ((k.kind == JV_LIST && k.tuple == JV_SEQ_LIST) || k.kind == JV_DICT || k.kind == JV_NS)
+          return jj_err(c, at, DI_ERR_INVALID_ARG, "unhashable type: '%s'", jj_kind_name(k));
         int dup = 0;
         for (size_t j = 0; j < seen->n && !dup; j++) dup = jj_equal(seen->v[j], keys->v[i]);
         if (dup) continue;
         DI_TRY(push(c, at, seen, keys->v[i]));
         DI_TRY(push(c, at, l, items->v[i]));
       }
-      *out = list_val(l, 0);
+      *out = list_val(l, JV_SEQ_ITER); /* unique is a generator */
       return DI_OK;
     }
     if (!strcmp(f, "max") || !strcmp(f, "min")) {
@@ -1149,6 +1224,8 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
   }
   if (!strcmp(f, "int") || !strcmp(f, "float")) {
     const jv *def = arg(a, 0, "default");
+    if (v.kind == JV_UNDEF) /* Undefined's __int__/__float__ raise, past the filter's except */
+      return jj_err(c, at, DI_ERR_INVALID_ARG, "'%.*s' is undefined", (int)v.u.s.n, v.u.s.p ? v.u.s.p : "value");
     int isint = f[0] == 'i';
     jv d = def ? *def : isint ? jv_int(0) : jv_float(0.0);
     if (is_int(v)) *out = isint ? jv_int(v.u.i) : jv_float((double)v.u.i);
@@ -1157,8 +1234,10 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
       else *out = isint ? jv_int((int64_t)v.u.f) : v;
     } else if (v.kind == JV_STR) {
       char buf[64];
-      size_t n = v.u.s.n < 63 ? v.u.s.n : 63;
-      memcpy(buf, v.u.s.p, n);
+      jv sv;
+      DI_TRY(strip(c, at, v, NULL, 3, &sv)); /* Python's int() and float() ignore surrounding whitespace */
+      size_t n = sv.u.s.n < 63 ? sv.u.s.n : 63;
+      memcpy(buf, sv.u.s.p, n);
       buf[n] = 0;
       char *e;
       if (isint) {
@@ -1182,6 +1261,12 @@ di_status jj_call_filter(struct jj_ctx *c, const jnode *at, const char *f, jv v,
     if (isnan(x) && v.kind != JV_FLOAT) return jj_err(c, at, DI_ERR_INVALID_ARG, "round needs a number");
     double m = pow(10.0, (double)p), r;
     const char *how = method && method->kind == JV_STR ? method->u.s.p : "common";
+    if (is_int(v) && strncmp(how, "floor", 5) && strncmp(how, "ceil", 4)) { /* round(int, n) is an int */
+      if (p >= 0) { *out = jv_int(v.u.i); return DI_OK; }
+      double q = pow(10.0, (double)-p);
+      *out = jv_int((int64_t)(nearbyint((double)v.u.i / q) * q));
+      return DI_OK;
+    }
     if (!strncmp(how, "floor", 5)) r = floor(x * m) / m;
     else if (!strncmp(how, "ceil", 4)) r = ceil(x * m) / m;
     else if (p >= 0 && isfinite(x)) { /* Python's round(): correctly rounded, ties to even, as printf does */

@@ -86,6 +86,7 @@ static di_status exec_body(jj_ctx *c, frame *f, const jn_list *body);
 di_status jj_iter_items(jj_ctx *c, const jnode *at, jv v, jv_list **out);
 di_status jj_iter_items(jj_ctx *c, const jnode *at, jv v, jv_list **out) {
   if (v.kind == JV_LIST) {
+    if (v.u.l->err) return jj_err(c, at, DI_ERR_INVALID_ARG, "%s", v.u.l->err);
     *out = v.u.l;
     return DI_OK;
   }
@@ -147,6 +148,7 @@ static di_status repeat(jj_ctx *c, const jnode *at, jv seq, int64_t times, jv *o
 }
 
 static di_status arith(jj_ctx *c, const jnode *at, int op, jv a, jv b, jv *out) {
+  if (op == OP_MOD && a.kind == JV_STR) return jj_format(c, at, a, b, out);
   if (a.kind == JV_UNDEF) return undef_err(c, at, a);
   if (b.kind == JV_UNDEF) return undef_err(c, at, b);
   if (is_num(a) && is_num(b)) {
@@ -177,13 +179,19 @@ static di_status arith(jj_ctx *c, const jnode *at, int op, jv a, jv b, jv *out) 
       case OP_FLOORDIV:
         if (y == 0) return jj_err(c, at, DI_ERR_INVALID_ARG, "division by zero");
         r = floor(x / y);
+        if (r == 0) r = copysign(0.0, x / y);
         break;
       case OP_MOD:
         if (y == 0) return jj_err(c, at, DI_ERR_INVALID_ARG, "division by zero");
         r = fmod(x, y);
         if (r != 0 && ((r < 0) != (y < 0))) r += y;
+        if (r == 0) r = copysign(0.0, y); /* Python: a zero result takes the divisor's sign */
         break;
-      case OP_POW: r = pow(x, y); break;
+      case OP_POW:
+        if (x == 0 && y < 0) return jj_err(c, at, DI_ERR_INVALID_ARG, "0.0 cannot be raised to a negative power");
+        if (x < 0 && y != floor(y)) return jj_err(c, at, DI_ERR_UNSUPPORTED, "a negative number to a fractional power is complex");
+        r = pow(x, y);
+        break;
       default: return type_err(c, at, op, a, b);
       }
       *out = jv_float(r);
@@ -220,7 +228,7 @@ static di_status arith(jj_ctx *c, const jnode *at, int op, jv a, jv b, jv *out) 
     *out = jv_strn(p, n);
     return DI_OK;
   }
-  if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple) {
+  if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple != JV_SEQ_ITER) {
     jv r = a;
     r.u.l = jj_list_new(c->a, a.u.l->n + b.u.l->n);
     if (!r.u.l) return oom(c, at);
@@ -233,7 +241,6 @@ static di_status arith(jj_ctx *c, const jnode *at, int op, jv a, jv b, jv *out) 
     if ((a.kind == JV_STR || a.kind == JV_LIST) && (b.kind == JV_INT || b.kind == JV_BOOL)) return repeat(c, at, a, b.u.i, out);
     if ((b.kind == JV_STR || b.kind == JV_LIST) && (a.kind == JV_INT || a.kind == JV_BOOL)) return repeat(c, at, b, a.u.i, out);
   }
-  if (op == OP_MOD && a.kind == JV_STR) return jj_format(c, at, a, b, out);
   return type_err(c, at, op, a, b);
 }
 
@@ -255,7 +262,7 @@ static di_status order(jj_ctx *c, const jnode *at, int op, jv a, jv b, int *cmp)
     *cmp = str_cmp(a, b);
     return DI_OK;
   }
-  if (a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple) {
+  if (a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple != JV_SEQ_ITER) {
     size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
     for (size_t i = 0; i < n; i++) {
       if (jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
@@ -280,11 +287,14 @@ di_status jj_contains(jj_ctx *c, const jnode *at, jv hay, jv needle, int *out) {
     *out = needle.u.s.n == 0 || memmem(hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n) != NULL;
     return DI_OK;
   case JV_LIST:
+    if (hay.u.l->err) return jj_err(c, at, DI_ERR_INVALID_ARG, "%s", hay.u.l->err);
     *out = 0;
     for (size_t i = 0; i < hay.u.l->n; i++)
       if (jj_equal(hay.u.l->v[i], needle)) { *out = 1; break; }
     return DI_OK;
-  case JV_DICT: case JV_NS:
+  case JV_DICT:
+    if ((needle.kind == JV_LIST && needle.tuple == JV_SEQ_LIST) || needle.kind == JV_DICT)
+      return jj_err(c, at, DI_ERR_INVALID_ARG, "unhashable type: '%s'", jj_kind_name(needle));
     *out = jj_dict_get(hay.u.d, needle) != NULL;
     return DI_OK;
   case JV_UNDEF: *out = 0; return DI_OK; /* Undefined iterates as empty */
@@ -334,10 +344,12 @@ static di_status slice_index(jj_ctx *c, frame *f, const jnode *e, int64_t def, i
 
 static di_status do_slice(jj_ctx *c, frame *f, const jnode *e, jv obj, jv *out) {
   if (obj.kind == JV_UNDEF) return undef_err(c, e, obj);
-  if (obj.kind != JV_LIST && obj.kind != JV_STR) {
-    *out = jv_undef();
-    return DI_OK;
-  }
+  /* Jinja compiles a slice to a plain Python subscript (no getitem fallback), so slicing anything
+   * but a list, tuple or string raises. (Its constant folding sometimes turns a literal's failed
+   * slice into Undefined instead; we always raise.) */
+  if (obj.kind == JV_DICT) return jj_err(c, e, DI_ERR_INVALID_ARG, "unhashable type: 'slice'");
+  if ((obj.kind != JV_LIST && obj.kind != JV_STR) || (obj.kind == JV_LIST && obj.tuple == JV_SEQ_ITER))
+    return jj_err(c, e, DI_ERR_INVALID_ARG, "'%s' object is not subscriptable", jj_kind_name(obj));
   int64_t len = obj.kind == JV_LIST ? (int64_t)obj.u.l->n : (int64_t)jj_utf8_len(obj.u.s.p, obj.u.s.n);
   int64_t stp, st, en;
   int g1, g2, g3;
@@ -396,7 +408,7 @@ static di_status getitem(jj_ctx *c, const jnode *at, jv obj, jv key, jv *out) {
   if (obj.kind == JV_DICT || obj.kind == JV_NS) {
     jv *v = jj_dict_get(obj.u.d, key);
     if (v) { *out = *v; return DI_OK; }
-  } else if ((obj.kind == JV_LIST || obj.kind == JV_STR) && (key.kind == JV_INT || key.kind == JV_BOOL)) {
+  } else if (((obj.kind == JV_LIST && obj.tuple != JV_SEQ_ITER) || obj.kind == JV_STR) && (key.kind == JV_INT || key.kind == JV_BOOL)) {
     int64_t i = key.u.i;
     if (obj.kind == JV_LIST) {
       int64_t n = (int64_t)obj.u.l->n;
@@ -625,6 +637,24 @@ static di_status apply_block_filters(jj_ctx *c, frame *f, const jnode *chain, jv
   return jj_call_filter(c, chain, name, self, &args, out);
 }
 
+/* Whether Jinja's optimizer folds `e` to a constant: literals and pure operations on them. */
+static int const_tree(const jnode *e) {
+  if (!e) return 1;
+  switch (e->kind) {
+  case E_CONST: return 1;
+  case E_NEG: case E_POS: case E_NOT: case E_ATTR: return const_tree(e->a);
+  case E_ITEM: return const_tree(e->a) && (e->b->kind == E_SLICE ? const_tree(e->b->a) && const_tree(e->b->b) && const_tree(e->b->c) : const_tree(e->b));
+  case E_BINOP: case E_AND: case E_OR: return const_tree(e->a) && const_tree(e->b);
+  case E_COND: return const_tree(e->a) && const_tree(e->b) && const_tree(e->c);
+  case E_COMPARE: case E_LIST: case E_TUPLE: case E_DICT: case E_CONCAT:
+    if (e->kind == E_COMPARE && !const_tree(e->a)) return 0;
+    for (int i = 0; i < e->list.n; i++)
+      if (!const_tree(e->list.v[i])) return 0;
+    return 1;
+  default: return 0;
+  }
+}
+
 static di_status eval(jj_ctx *c, frame *f, const jnode *e, jv *out) {
   DI_TRY(step(c, e));
   switch (e->kind) {
@@ -739,6 +769,15 @@ static di_status eval(jj_ctx *c, frame *f, const jnode *e, jv *out) {
     jv x, y;
     DI_TRY(eval(c, f, e->a, &x));
     DI_TRY(eval(c, f, e->b, &y));
+    if (e->op == OP_POW && (x.kind == JV_INT || x.kind == JV_FLOAT) && (x.kind == JV_INT ? x.u.i < 0 : signbit(x.u.f)) &&
+        const_tree(e->a) && !const_tree(e->b)) {
+      /* Jinja folds a constant base such as -2 and writes it unparenthesized into Python code, so
+       * with a non-constant exponent `-2 ** x` means -(2 ** x) */
+      jv r, ax = x.kind == JV_INT ? jv_int(-x.u.i) : jv_float(-x.u.f);
+      if (x.kind == JV_INT && x.u.i == INT64_MIN) return jj_err(c, e, DI_ERR_UNSUPPORTED, "integer overflow");
+      DI_TRY(arith(c, e, OP_POW, ax, y, &r));
+      return arith(c, e, OP_SUB, r.kind == JV_FLOAT ? jv_float(0.0) : jv_int(0), r, out);
+    }
     return arith(c, e, e->op, x, y, out);
   }
   case E_COMPARE: {

@@ -165,7 +165,10 @@ di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out)
     }
     jj_buf_puts(&b, tmp);
   }
-  if (!used_mapping && argi < nargs && !(mapping && argi == 0)) {
+  /* Python skips this check when the argument is a mapping-like object (a list or dict; not a
+   * tuple or str) */
+  int getitem_arg = !tuple && (args.kind == JV_LIST || args.kind == JV_DICT || args.kind == JV_UNDEF);
+  if (!used_mapping && argi < nargs && !getitem_arg) {
     st = fmt_err(c, at, "not all arguments converted during string formatting");
     goto done;
   }

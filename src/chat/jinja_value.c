@@ -256,7 +256,7 @@ int jj_truthy(jv v) {
   case JV_BOOL: case JV_INT: return v.u.i != 0;
   case JV_FLOAT: return v.u.f != 0.0;
   case JV_STR: return v.u.s.n != 0;
-  case JV_LIST: return v.u.l->n != 0;
+  case JV_LIST: return v.tuple == JV_SEQ_ITER || v.u.l->n != 0;
   case JV_DICT: return v.u.d->n != 0;
   default: return 1;
   }
@@ -277,6 +277,7 @@ int jj_equal(jv a, jv b) {
   case JV_UNDEF: case JV_NONE: return 1;
   case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
   case JV_LIST:
+    if (a.tuple == JV_SEQ_ITER || b.tuple == JV_SEQ_ITER) return a.u.l == b.u.l && a.tuple == b.tuple;
     if (a.u.l->n != b.u.l->n || a.tuple != b.tuple) return 0;
     for (size_t i = 0; i < a.u.l->n; i++)
       if (!jj_equal(a.u.l->v[i], b.u.l->v[i])) return 0;
@@ -300,7 +301,7 @@ const char *jj_kind_name(jv v) {
   case JV_INT: return "int";
   case JV_FLOAT: return "float";
   case JV_STR: return "str";
-  case JV_LIST: return v.tuple ? "tuple" : "list";
+  case JV_LIST: return v.tuple == JV_SEQ_ITER ? "generator" : v.tuple ? "tuple" : "list";
   case JV_DICT: return "dict";
   case JV_NS: return "Namespace";
   case JV_LOOP: return "LoopContext";
@@ -416,6 +417,10 @@ static void repr_in(jj_buf *b, jv v, repr_path *path) {
   switch (v.kind) {
   case JV_STR: repr_str(b, v.u.s.p, v.u.s.n); return;
   case JV_LIST:
+    if (v.tuple == JV_SEQ_ITER) { /* Python prints the object's address; there is nothing to match */
+      jj_buf_puts(b, "<generator object>");
+      return;
+    }
     if (!path_push(b, path, v.u.l, v.tuple ? "(...)" : "[...]")) return;
     jj_buf_putc(b, v.tuple ? '(' : '[');
     for (size_t i = 0; i < v.u.l->n; i++) {
@@ -515,6 +520,7 @@ int jj_to_json(jj_buf *b, jv v, const jj_json_opts *o, int depth, const char **b
     return 0;
   case JV_STR: json_str(b, v.u.s.p, v.u.s.n, o->ensure_ascii); return 0;
   case JV_LIST:
+    if (v.tuple == JV_SEQ_ITER) { *bad = "generator"; return -1; }
     if (v.u.l->n == 0) { jj_buf_puts(b, "[]"); return 0; }
     jj_buf_putc(b, '[');
     for (size_t i = 0; i < v.u.l->n; i++) {
