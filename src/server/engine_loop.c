@@ -34,6 +34,7 @@ struct di_srv_engine {
   di_srv_job **active;       /* jobs whose requests are in the engine */
   int n_active, cap_active;
   int stop, abort_all;
+  int step_failed;           /* the last engine step failed (a backend error): /health says so */
   di_engine_stats stats;
 };
 
@@ -252,6 +253,7 @@ static void *engine_main(void *arg) {
       di_step_output *out = NULL;
       di_status st = di_engine_step(s->e, &out);
       pthread_mutex_lock(&s->mu);
+      s->step_failed = st != DI_OK;
       if (st != DI_OK) {
         /* the engine itself failed (backend error): fail everything in flight rather than spin */
         fprintf(stderr, "deepinfer serve: engine step failed: %s\n", di_last_error());
@@ -384,4 +386,11 @@ void di_srv_stats(di_srv_engine *s, di_engine_stats *st, int *jobs_running, int 
 const char *di_srv_job_error(di_srv_engine *s, di_srv_job *job) {
   (void)s;
   return job->err;
+}
+
+int di_srv_healthy(di_srv_engine *s) {
+  pthread_mutex_lock(&s->mu);
+  int ok = !s->step_failed;
+  pthread_mutex_unlock(&s->mu);
+  return ok;
 }

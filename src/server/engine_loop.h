@@ -55,6 +55,8 @@ const char *di_srv_job_error(di_srv_engine *s, di_srv_job *job);
 /* Aborts every job (shutdown). */
 void di_srv_abort_all(di_srv_engine *s);
 
+/* 0 when the engine's last step failed (a backend error), else 1. */
+int di_srv_healthy(di_srv_engine *s);
 /* The engine's stats as of its last step, and the jobs in flight. */
 void di_srv_stats(di_srv_engine *s, di_engine_stats *st, int *jobs_running, int *jobs_waiting);
 #endif

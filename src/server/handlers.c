@@ -853,6 +853,10 @@ int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const 
   }
   if (path_is(req, "/health") || path_is(req, "/ping")) {
     if (!get && !(post && path_is(req, "/ping"))) return method_not_allowed(c, path_is(req, "/ping") ? "GET, POST" : "GET", ka);
+    if (!di_srv_healthy(s->loop)) {
+      di_oai_fail(&err, 503, "server_error", "", NULL, "the engine's last step failed (see the server log)");
+      return di_srv_send_error(c, &err, ka);
+    }
     c->status = 200;
     return respond(c, 200, JSON_TYPE, "", 0, ka, NULL) == 0 ? ka : 0;
   }
