@@ -219,7 +219,7 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
   memset(rt, 0, sizeof *rt);
   rt->g = g;
   rt->max_nodes = 8 << 20;
-  rt->max_states = 400000;
+  rt->max_states = 200000; /* ~1 KB of transitions each: bounds memory to a few hundred MB */
   rt->max_set = 100000;
   const char *env = getenv("DI_GRAMMAR_MAX_STATES"); /* tests of the budget paths */
   if (env && atoi(env) > 16)
