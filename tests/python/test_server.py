@@ -547,8 +547,19 @@ def test_openai_client(server):
 
 def test_api_key_and_graceful_shutdown():
     s = Server("--api-key", "sekrit", "--disable-log-requests", "--num-kv-blocks", "4",
-               "--allowed-origins", "http://a.example, http://b.example")
+               "--allowed-origins", "http://a.example, http://b.example", "--max-connections", "4",
+               "--keep-alive-timeout", "2")
     try:
+        # connection limit: a fifth open connection is answered 503 and closed
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(4)]
+        time.sleep(0.3)
+        assert raw_exchange(s.port, b"GET /health HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 503 ")
+        # idle keep-alive connections are closed after --keep-alive-timeout
+        t0 = time.time()
+        assert idle[0].recv(100) == b"" and 1.5 < time.time() - t0 < 6
+        for sock in idle:
+            sock.close()
+        time.sleep(0.3)
         # CORS with a list of origins: only those are named back; a preflight needs no key
         status, h, raw = s.request("OPTIONS", "/v1/completions", headers={"Origin": "http://b.example"})
         assert status == 200 and h.get("Access-Control-Allow-Origin") == "http://b.example" and h.get("Vary") == "Origin"
