@@ -2,6 +2,7 @@
  * vocabulary (all single bytes, multi-byte fragments, UTF-8 pieces, random strings, a stop id,
  * empty ids), every mask bit must equal "accepting this token alone succeeds". Also rollback,
  * termination and the stop-token rules. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/grammar.h"
@@ -173,9 +174,85 @@ static void budget(void) {
   unsetenv("DI_GRAMMAR_MAX_STATES");
 }
 
+/* Matchers of one grammar on several threads share its caches (under its mutex): each thread
+ * walks its own random path and checks every mask against brute force. */
+typedef struct {
+  di_grammar *g;
+  di_grammar_vocab *v;
+  uint64_t seed;
+  int bad, steps, err;
+} thr_arg;
+
+static void *thread_walk(void *p) {
+  thr_arg *a = p;
+  uint64_t r = a->seed;
+  uint32_t mask[(NV + 31) / 32];
+  for (int w = 0; w < 3; w++) {
+    di_grammar_matcher *m = NULL;
+    if (di_grammar_matcher_create(a->g, a->v, &m) != DI_OK) {
+      a->err++;
+      return NULL;
+    }
+    for (int step = 0; step < 25; step++) {
+      if (di_grammar_matcher_fill_mask(m, mask) != DI_OK) {
+        a->err++;
+        break;
+      }
+      int cand[NV], n = 0;
+      for (int id = 0; id < NV - 1; id++) {
+        int ok = di_grammar_matcher_accept_token(m, id) == DI_OK;
+        if (ok) {
+          di_grammar_matcher_rollback(m, 1);
+          cand[n++] = id;
+        }
+        if (ok != allowed(mask, id))
+          a->bad++;
+      }
+      if (!n)
+        break;
+      r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+      if (di_grammar_matcher_accept_token(m, cand[r % (unsigned)n]) != DI_OK)
+        a->err++;
+      a->steps++;
+    }
+    di_grammar_matcher_free(m);
+  }
+  return NULL;
+}
+
+static void threads(void) {
+  const char *src = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":"
+                    "\"integer\",\"minimum\":-50}},\"b\":{\"type\":\"string\"}},\"additionalProperties\":true}";
+  di_grammar *g = NULL;
+  CHECK(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, strlen(src), NULL, &g) == DI_OK);
+  const char *tb[NV];
+  for (int i = 0; i < NV; i++)
+    tb[i] = toks[i];
+  int32_t stop = NV - 1;
+  di_grammar_vocab *v = NULL;
+  CHECK(di_grammar_vocab_create(NV, tb, lens, &stop, 1, &v) == DI_OK);
+  enum { T = 4 };
+  pthread_t th[T];
+  thr_arg args[T];
+  for (int i = 0; i < T; i++) {
+    args[i] = (thr_arg){g, v, 0x9E3779B97F4A7C15ULL * (uint64_t)(i + 1), 0, 0, 0};
+    CHECK(pthread_create(&th[i], NULL, thread_walk, &args[i]) == 0);
+  }
+  int steps = 0;
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    CHECKF(args[i].bad == 0 && args[i].err == 0, "thread %d: %d mismatches, %d errors", i, args[i].bad, args[i].err);
+    steps += args[i].steps;
+  }
+  CHECK(steps > 100);
+  di_grammar_vocab_free(v);
+  di_grammar_free(g);
+}
+
 int main(void) {
   build_vocab();
   budget();
+  threads();
   walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);
   walk("schema", DI_GRAMMAR_JSON_SCHEMA,
        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"age\":{\"type\":\"integer\","
