@@ -306,10 +306,30 @@ close:
   free(b.data);
 }
 
+/* Closes the way RFC 9112 9.6 asks: our side first, then whatever the client still sends is read
+ * and dropped (up to 1 s / 1 MiB), so an error answered before the request was fully read (413,
+ * 503, ...) is not lost to a reset caused by unread bytes. */
+static void linger_drain(int fd) {
+  shutdown(fd, SHUT_WR);
+  char scratch[4096];
+  size_t total = 0;
+  double end = now_s() + 1.0;
+  while (total < (1u << 20)) {
+    double left = end - now_s();
+    if (left <= 0) break;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) break;
+    ssize_t k = recv(fd, scratch, sizeof scratch, 0);
+    if (k <= 0) break;
+    total += (size_t)k;
+  }
+}
+
 static void *conn_main(void *arg) {
   di_conn *c = arg;
   di_server *s = c->srv;
   serve_connection(s, c);
+  linger_drain(c->fd);
   pthread_mutex_lock(&s->mu);
   if (c->prev) c->prev->next = c->next; else s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
@@ -317,6 +337,20 @@ static void *conn_main(void *arg) {
   pthread_cond_broadcast(&s->conns_cond);
   /* closed under the lock so the shutdown path never calls shutdown() on a reused descriptor */
   close(c->fd);
+  pthread_mutex_unlock(&s->mu);
+  free(c);
+  return NULL;
+}
+
+static void *reject_main(void *arg) {
+  di_conn *c = arg;
+  di_server *s = c->srv;
+  send_simple_error(c, 503, "too many open connections");
+  linger_drain(c->fd);
+  close(c->fd);
+  pthread_mutex_lock(&s->mu);
+  s->n_rejecting--;
+  pthread_cond_broadcast(&s->conns_cond);
   pthread_mutex_unlock(&s->mu);
   free(c);
   return NULL;
@@ -351,10 +385,27 @@ static void accept_one(di_server *s) {
   snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
   pthread_mutex_lock(&s->mu);
   if (s->n_conns >= s->cfg.max_connections) {
+    /* answered on a short-lived thread (at most 16 at once) so the lingering close does not stall
+     * the accept loop; beyond that the connection is just closed */
+    int take = s->n_rejecting < 16;
+    if (take) s->n_rejecting++;
     pthread_mutex_unlock(&s->mu);
-    send_simple_error(c, 503, "too many open connections");
-    close(fd);
-    free(c);
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 << 10);
+    int started = take && pthread_create(&th, &attr, reject_main, c) == 0;
+    pthread_attr_destroy(&attr);
+    if (!started) {
+      if (take) {
+        pthread_mutex_lock(&s->mu);
+        s->n_rejecting--;
+        pthread_mutex_unlock(&s->mu);
+      }
+      close(fd);
+      free(c);
+    }
     return;
   }
   c->next = s->conns;
@@ -398,7 +449,7 @@ static int wait_until(di_server *s, int (*done)(di_server *), double seconds) {
   return 1;
 }
 static int none_busy(di_server *s) { return s->n_busy == 0; }
-static int none_open(di_server *s) { return s->n_conns == 0; }
+static int none_open(di_server *s) { return s->n_conns == 0 && s->n_rejecting == 0; }
 
 di_status di_server_run(di_server *s) {
   DI_TRY(di_srv_engine_start(s->cfg.engine, &s->loop));

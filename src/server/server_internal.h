@@ -43,6 +43,7 @@ struct di_server {
   pthread_cond_t conns_cond;
   di_conn *conns;
   int n_conns, n_busy;           /* open connections; of them, inside a request */
+  int n_rejecting;               /* threads answering connections over the limit with 503 */
   int stopping;                  /* no new requests are read */
   uint64_t next_id;
   long long n_requests, n_generate_requests, n_errors, n_disconnects;
