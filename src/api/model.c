@@ -3,6 +3,7 @@
 #include "api/model_internal.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/safetensors.h"
+#include "util/progress.h"
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -57,15 +58,21 @@ di_status di_model_load(const char *dir, const di_model_options *opt_in, di_mode
   if (!opt.quiet)
     fprintf(stderr, "deepinfer: loading %s (%s, %d layers, %s weights)\n", dir, m->cfg.model_type, m->cfg.num_hidden_layers,
             dummy ? "dummy" : "safetensors");
+  di_progress prog, *pp = opt.quiet ? NULL : &prog;
+  di_progress_begin(pp, dummy ? "making dummy weights" : "loading weights", di_ds_weights_progress_units(&m->cfg));
   if (dummy) {
-    st = di_ds_weights_dummy(&m->cfg, opt.dummy_seed, &m->weights);
+    st = di_ds_weights_dummy(&m->cfg, opt.dummy_seed, &m->weights, pp);
   } else {
     st = di_tensor_source_open(dir, &m->source);
     if (st == DI_OK)
-      st = di_ds_weights_bind(&m->cfg, m->source, &m->weights);
+      st = di_ds_weights_bind(&m->cfg, m->source, &m->weights, pp);
   }
-  if (st != DI_OK)
+  if (st != DI_OK) {
+    if (pp && prog.tty)
+      fputc('\n', stderr);
     goto fail;
+  }
+  di_progress_end(pp);
   st = di_backend_create(acc, &m->cfg, &m->weights, opt.threads, &m->backend);
   if (st != DI_OK)
     goto fail;

@@ -46,12 +46,18 @@ typedef struct di_ds_weights {
   void *owned;                 /* allocations made while binding (f32 copies, dummy data) */
 } di_ds_weights;
 
+/* Both report one unit per layer to `progress` (NULL: silent), which the caller has begun with
+ * di_ds_weights_progress_units() units. */
+struct di_progress;
+int di_ds_weights_progress_units(const di_model_config *cfg);
 /* Binds every tensor the config calls for; a missing tensor or a shape/dtype that disagrees with
  * the config is an error naming the tensor (and the file it is in). */
-di_status di_ds_weights_bind(const di_model_config *cfg, di_tensor_source *src, di_ds_weights *w);
+di_status di_ds_weights_bind(const di_model_config *cfg, di_tensor_source *src, di_ds_weights *w,
+                             struct di_progress *progress);
 /* Random weights in the shapes the config describes (bf16, or FP8 block-scaled when the config
  * says fp8), deterministic in `seed`. */
-di_status di_ds_weights_dummy(const di_model_config *cfg, uint64_t seed, di_ds_weights *w);
+di_status di_ds_weights_dummy(const di_model_config *cfg, uint64_t seed, di_ds_weights *w,
+                              struct di_progress *progress);
 void di_ds_weights_free(di_ds_weights *w);
 /* Bytes of weights a decode step reads for one token (for roofline reports): attention, dense,
  * shared experts, top-k routed experts, lm_head; embedding row ignored. */

@@ -3,6 +3,7 @@
 #include "arch/deepseek.h"
 #include "model/safetensors.h"
 #include "util/numeric.h"
+#include "util/progress.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -160,7 +161,12 @@ static di_status bind_layer(binder *b, int l, di_ds_layer *L, int mtp) {
   return DI_OK;
 }
 
-di_status di_ds_weights_bind(const di_model_config *cfg, di_tensor_source *src, di_ds_weights *w) {
+int di_ds_weights_progress_units(const di_model_config *cfg) {
+  return cfg->num_hidden_layers + cfg->num_nextn_predict_layers + 1;
+}
+
+di_status di_ds_weights_bind(const di_model_config *cfg, di_tensor_source *src, di_ds_weights *w,
+                             struct di_progress *progress) {
   memset(w, 0, sizeof *w);
   binder b = {cfg, src, w, {0}};
   const int H = cfg->hidden_size;
@@ -188,9 +194,12 @@ di_status di_ds_weights_bind(const di_model_config *cfg, di_tensor_source *src, 
     w->lm_head = w->embed;
   else if ((st = bind_mat(&b, &w->lm_head, cfg->vocab_size, H, 0, "lm_head.weight")) != DI_OK)
     goto fail;
-  for (int l = 0; l < w->n_layers + n_mtp; l++)
+  di_progress_add(progress, 1);
+  for (int l = 0; l < w->n_layers + n_mtp; l++) {
     if ((st = bind_layer(&b, l, &w->layers[l], l >= w->n_layers)) != DI_OK)
       goto fail;
+    di_progress_add(progress, 1);
+  }
   return DI_OK;
 fail:
   di_ds_weights_free(w);
@@ -267,7 +276,7 @@ static float *dummy_vec(di_ds_weights *w, int64_t n, float center, float spread,
   return v;
 }
 
-di_status di_ds_weights_dummy(const di_model_config *c, uint64_t seed, di_ds_weights *w) {
+di_status di_ds_weights_dummy(const di_model_config *c, uint64_t seed, di_ds_weights *w, struct di_progress *progress) {
   memset(w, 0, sizeof *w);
   uint64_t s = seed ^ 0x5eedull;
   const int H = c->hidden_size, NH = c->num_attention_heads, dqk = di_cfg_qk_head_dim(c);
@@ -296,9 +305,12 @@ di_status di_ds_weights_dummy(const di_model_config *c, uint64_t seed, di_ds_wei
     w->lm_head = w->embed;
   else
     D(&w->lm_head, c->vocab_size, H, sh, 0);
+  di_progress_add(progress, 1);
   for (int l = 0; l < w->n_layers + w->n_mtp; l++) {
     di_ds_layer *L = &w->layers[l];
     int mtp = l >= w->n_layers;
+    if (l > 0)
+      di_progress_add(progress, 1);
     V(L->attn_norm, H, 1.0f, 0.1f);
     V(L->ffn_norm, H, 1.0f, 0.1f);
     if (c->q_lora_rank > 0) {
