@@ -128,6 +128,41 @@ static void *concurrent_client(void *arg) {
   return (void *)(intptr_t)ok;
 }
 
+/* A chaos client: random requests (whole, streamed, n > 1, stop strings, malformed bodies) and
+ * random disconnects part-way. Returns how many answers were not what their kind expects. */
+static void *chaos_client(void *arg) {
+  uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)((intptr_t)arg + 1);
+  long bad = 0;
+  for (int k = 0; k < 12; k++) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    int kind = (int)(x % 5), max_tokens = 1 + (int)((x >> 8) % 24), n = 1 + (int)((x >> 16) % 3);
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\": \"chaos %d %d\", \"max_tokens\": %d, \"n\": %d, \"temperature\": 0.8, "
+             "\"seed\": %d, \"stop\": [\"e\"], \"stream\": %s}", (int)(intptr_t)arg, k, max_tokens, n, k,
+             kind == 1 || kind == 3 ? "true" : "false");
+    if (kind == 4) snprintf(body, sizeof body, "{\"prompt\": [1, 2, \"x\"], \"max_tokens\": %d", max_tokens);
+    char req[1024];
+    int len = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                       strlen(body), body);
+    if (kind == 3) {
+      /* leaves after the first bytes of the stream */
+      int fd = connect_port();
+      if (fd < 0) { bad++; continue; }
+      send(fd, req, (size_t)len, MSG_NOSIGNAL);
+      char b[64];
+      if (recv(fd, b, sizeof b, 0) <= 0) bad++;
+      close(fd);
+      continue;
+    }
+    char *r = exchange(req, (size_t)len);
+    int st = status_of(r);
+    if (kind == 4 ? st != 400 : st != 200) bad++;
+    if (kind == 1 && (!r || !strstr(r, "data: [DONE]"))) bad++;
+    free(r);
+  }
+  return (void *)bad;
+}
+
 int main(void) {
   di_model_options mo;
   di_model_options_default(&mo);
@@ -262,6 +297,23 @@ int main(void) {
   r = exchange("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n", 44);
   CHECK(status_of(r) == 200);
   free(r);
+
+  /* chaos: 4 clients x 12 random requests with disconnects; then every KV block is free again */
+  pthread_t chaos[4];
+  for (intptr_t i = 0; i < 4; i++) pthread_create(&chaos[i], NULL, chaos_client, (void *)i);
+  long chaos_bad = 0;
+  for (int i = 0; i < 4; i++) {
+    void *b;
+    pthread_join(chaos[i], &b);
+    chaos_bad += (long)b;
+  }
+  CHECKF(chaos_bad == 0, "%ld unexpected answers", chaos_bad);
+  int idle = 0;
+  for (int i = 0; i < 400 && !idle; i++) {
+    idle = metric("deepinfer_num_requests_running") == 0 && metric("deepinfer_kv_cache_usage_perc") == 0;
+    if (!idle) usleep(25000);
+  }
+  CHECK(idle);
 
   di_server_request_stop(srv);
   void *res;
