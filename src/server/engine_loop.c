@@ -383,9 +383,10 @@ void di_srv_stats(di_srv_engine *s, di_engine_stats *st, int *jobs_running, int 
   pthread_mutex_unlock(&s->mu);
 }
 
-const char *di_srv_job_error(di_srv_engine *s, di_srv_job *job) {
-  (void)s;
-  return job->err;
+void di_srv_job_error(di_srv_engine *s, di_srv_job *job, char *buf, size_t cap) {
+  pthread_mutex_lock(&s->mu); /* the engine thread may write it (a failed step) while others run */
+  snprintf(buf, cap, "%s", job->err);
+  pthread_mutex_unlock(&s->mu);
 }
 
 int di_srv_healthy(di_srv_engine *s) {

@@ -50,8 +50,8 @@ int di_srv_next_event(di_srv_engine *s, di_srv_job *job, int timeout_ms, di_srv_
 /* Asks the engine thread to abort the job's requests (client gone). */
 void di_srv_abort(di_srv_engine *s, di_srv_job *job);
 void di_srv_job_release(di_srv_engine *s, di_srv_job *job);
-/* The job's error message, "" if none (a failed step, out of memory); read it after the last event. */
-const char *di_srv_job_error(di_srv_engine *s, di_srv_job *job);
+/* Copies the job's error message ("" if none: a failed step, out of memory) into buf. */
+void di_srv_job_error(di_srv_engine *s, di_srv_job *job, char *buf, size_t cap);
 /* Aborts every job (shutdown). */
 void di_srv_abort_all(di_srv_engine *s);
 

@@ -268,9 +268,10 @@ static int failed_choice(const gen *g, di_oai_error *err) {
                          ch->error ? ch->error : "the request failed");
     }
     if (ch->finish == DI_FINISH_ABORT || ch->finish == DI_FINISH_NONE) {
-      const char *why = di_srv_job_error(g->s->loop, g->job);
+      char why[1024];
+      di_srv_job_error(g->s->loop, g->job, why, sizeof why);
       return di_oai_fail(err, 503, "server_error", "", NULL, "the request was aborted: %s",
-                         why && *why ? why : "the server is shutting down");
+                         *why ? why : "the server is shutting down");
     }
   }
   return 0;
@@ -457,13 +458,14 @@ static int respond_stream(gen *g) {
         cJSON_Delete(lp);
         /* this sample's own error (other samples may still be running) */
         di_oai_error err;
-        const char *why = di_srv_job_error(g->s->loop, g->job);
+        char why[1024];
+        di_srv_job_error(g->s->loop, g->job, why, sizeof why);
         if (ev->finish == DI_FINISH_ERROR)
           di_oai_fail(&err, ch->n_out == 0 ? 400 : 500, ch->n_out == 0 ? "invalid_request_error" : "server_error", "",
                       NULL, "%s", ev->error ? ev->error : "the request failed");
         else
           di_oai_fail(&err, 503, "server_error", "", NULL, "the request was aborted: %s",
-                      why && *why ? why : "the server is shutting down");
+                      *why ? why : "the server is shutting down");
         char *s = di_oai_error_json(&err);
         if (s) sb_printf(&g->out, "data: %s\n\n", s);
         free(s);

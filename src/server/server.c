@@ -128,7 +128,9 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
 
 int di_server_port(const di_server *s) { return s->port; }
 
-void di_server_request_stop(di_server *s) { s->stop_requested = 1; }
+void di_server_request_stop(di_server *s) { atomic_store_explicit(&s->stop_requested, 1, memory_order_relaxed); }
+
+static int stop_requested(di_server *s) { return atomic_load_explicit(&s->stop_requested, memory_order_relaxed); }
 
 void di_server_free(di_server *s) {
   if (!s) return;
@@ -170,7 +172,7 @@ static ssize_t read_more(di_server *s, int fd, rbuf *b, double deadline, int idl
     b->cap = cap;
   }
   for (;;) {
-    if (idle && s->stop_requested) return -3;
+    if (idle && stop_requested(s)) return -3;
     double left = deadline - now_s();
     if (left <= 0) return -2;
     int ms = left * 1000 < TICK_MS ? (int)(left * 1000) + 1 : TICK_MS;
@@ -453,7 +455,7 @@ static int none_open(di_server *s) { return s->n_conns == 0 && s->n_rejecting ==
 
 di_status di_server_run(di_server *s) {
   DI_TRY(di_srv_engine_start(s->cfg.engine, &s->loop));
-  while (!s->stop_requested) {
+  while (!stop_requested(s)) {
     struct pollfd p = {s->listen_fd, POLLIN, 0};
     int r = poll(&p, 1, TICK_MS);
     if (r > 0 && (p.revents & POLLIN)) accept_one(s);

@@ -3,6 +3,7 @@
 #define DI_SERVER_INTERNAL_H
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
 #include "server/server.h"
@@ -32,7 +33,7 @@ typedef struct di_histogram {
 struct di_server {
   di_server_config cfg;
   int listen_fd, port;
-  volatile sig_atomic_t stop_requested;
+  atomic_int stop_requested;     /* set from a signal handler: lock-free atomic */
   di_srv_engine *loop;
   di_oai_ctx oai;
   const di_tokenizer *tok;       /* NULL when the model folder has no tokenizer.json */
