@@ -242,6 +242,25 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
   }
   memset(rt->nhash, 0xff, sizeof(int32_t) * (size_t)rt->nhcap);
   memset(rt->shash, 0xff, sizeof(int32_t) * (size_t)rt->shcap);
+  /* byte classes: refine the partition of 0..255 by every class set of the grammar */
+  memset(rt->cls, 0, sizeof rt->cls);
+  rt->ncls = 1;
+  for (int k = 0; k < g->n_classes && rt->ncls < 256; k++) {
+    int remap[256][2];
+    for (int i = 0; i < 256; i++)
+      remap[i][0] = remap[i][1] = -1;
+    int n = 0;
+    uint8_t nc[256];
+    for (int b = 0; b < 256; b++) {
+      int in = di_gbyteset_has(&g->classes[k], (unsigned)b);
+      int *slot = &remap[rt->cls[b]][in];
+      if (*slot < 0)
+        *slot = n++;
+      nc[b] = (uint8_t)*slot;
+    }
+    memcpy(rt->cls, nc, sizeof nc);
+    rt->ncls = n;
+  }
   rt->soff[0] = 0;
   rt->nn = 2; /* sentinels */
   rt->npos[0] = rt->npos[1] = -1;
@@ -282,12 +301,12 @@ void di_grt_free(di_grt *rt) {
 
 int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
   if (!rt->trans[s]) {
-    int32_t *t = malloc(sizeof(int32_t) * 256);
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)rt->ncls);
     if (!t) {
       di_error_set(DI_ERR_OOM, "out of memory");
       return DI_GRT_ERROR;
     }
-    for (int i = 0; i < 256; i++)
+    for (int i = 0; i < rt->ncls; i++)
       t[i] = DI_GRT_UNKNOWN;
     rt->trans[s] = t;
   }
@@ -309,7 +328,7 @@ int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
   }
   int r = closure(rt, nw);
   if (r != DI_GRT_ERROR)
-    rt->trans[s][c] = r; /* note: rt->trans may have moved, index again */
+    rt->trans[s][rt->cls[c]] = r; /* note: rt->trans may have moved, index again */
   return r;
 }
 

@@ -23,7 +23,9 @@ typedef struct di_grt {
   int ns, caps;
   int32_t *shash;
   int shcap;
-  int32_t **trans; /* per state, 256 successors (DI_GRT_UNKNOWN until computed) or NULL */
+  int32_t **trans; /* per state, a successor per byte class (DI_GRT_UNKNOWN until computed), or NULL */
+  uint8_t cls[256]; /* byte -> byte class: bytes no grammar class tells apart share transitions */
+  int ncls;
   uint32_t *gen;   /* per node: closure generation that visited it */
   uint32_t cur_gen;
   int32_t *work, *out;
@@ -38,8 +40,8 @@ void di_grt_free(di_grt *rt);
 int di_grt_step_slow(di_grt *rt, int s, unsigned c);
 static inline int di_grt_step(di_grt *rt, int s, unsigned c) {
   int32_t *t = rt->trans[s];
-  if (t && t[c] != DI_GRT_UNKNOWN)
-    return t[c];
+  if (t && t[rt->cls[c]] != DI_GRT_UNKNOWN)
+    return t[rt->cls[c]];
   return di_grt_step_slow(rt, s, c);
 }
 /* Stack node `id` with only its top `depth` frames kept and the rest replaced by the unknown

@@ -166,12 +166,12 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   struct timespec ts0, ts1;
   clock_gettime(CLOCK_MONOTONIC, &ts0);
   const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
-  const uint8_t *tbyte = v->tbyte;
+  const uint8_t *tbyte = v->tbyte, *cls = rt->cls;
   for (int i = 0, n = v->nnodes; i < n;) {
     visited++;
     int d = tdepth[i];
     const int32_t *row = rows[d - 1];
-    int s = row ? row[tbyte[i]] : DI_GRT_UNKNOWN;
+    int s = row ? row[cls[tbyte[i]]] : DI_GRT_UNKNOWN;
     if (s == DI_GRT_UNKNOWN) {
       s = di_grt_step_slow(rt, sts[d - 1], tbyte[i]);
       rows[d - 1] = rt->trans[sts[d - 1]];
