@@ -331,7 +331,8 @@ di_status jj_lex(jj_arena *a, const char *src, size_t len, jj_tok **toks, size_t
     size_t text_end = t;
     size_t raw_after;
     char rs_b, rs_e;
-    int is_raw = kind == '%' && match_word_tag(&L, t, "raw", &raw_after, &rs_b, &rs_e);
+    /* Jinja's raw opening tag ends with "-%}" or "%}" only; "{% raw +%}" is an (unknown) tag */
+    int is_raw = kind == '%' && match_word_tag(&L, t, "raw", &raw_after, &rs_b, &rs_e) && rs_e != '+';
     strip_before(&L, L.pos, &text_end, sign, kind != '{', line_starting);
     DI_TRY(emit_text(&L, L.pos, text_end));
     advance_lines(&L, L.pos, t);

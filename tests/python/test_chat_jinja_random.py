@@ -105,3 +105,72 @@ def test_random_expressions(seed):
                 assert got == want, f"#{i} {e}: Jinja printed {want!r}, we {got!r} {err or ''}"
                 same += 1
     assert same >= n // 3
+
+
+def gen_template(rng, depth=0):
+    """Random text, whitespace and tags with random -/+ modifiers: trim_blocks, lstrip_blocks and
+    whitespace control are where renderers usually disagree."""
+    out = []
+    for _ in range(rng.randint(1, 6)):
+        r = rng.random()
+        if r < 0.35:
+            out.append("".join(rng.choice([" ", "  ", "\t", "\n", "\n\n", "a", "b c", "\r\n", " \n "])
+                               for _ in range(rng.randint(1, 4))))
+        elif r < 0.5:
+            out.append("{{" + rng.choice(["", "-"]) + " " + rng.choice(["'x'", "1", "none", "'\\n'", "' y '"]) +
+                       " " + rng.choice(["", "-"]) + "}}")
+        elif r < 0.6:
+            out.append("{#" + rng.choice(["", "-"]) + " c " + rng.choice(["", "-", "+"]) + "#}")
+        elif r < 0.65:
+            out.append("{%" + rng.choice(["", "-", "+"]) + " raw " + rng.choice(["", "-", "+"]) + "%}" +
+                       rng.choice([" {{ r }} ", "\n x \n", ""]) + "{%" + rng.choice(["", "-", "+"]) + " endraw " +
+                       rng.choice(["", "-", "+"]) + "%}")
+        elif depth < 3:
+            tag = rng.choice(["if true", "if false", "for i in [1, 2]", "set z = 1", "macro q()"])
+            m = lambda: rng.choice(["", "-", "+"])  # noqa: E731
+            end = {"if": "endif", "fo": "endfor", "ma": "endmacro"}.get(tag[:2])
+            if end is None:
+                out.append("{%" + m() + " " + tag + " " + m() + "%}")
+            else:
+                body = gen_template(rng, depth + 1)
+                if tag.startswith("if") and rng.random() < 0.3:
+                    body += "{%" + m() + " else " + m() + "%}" + gen_template(rng, depth + 1)
+                out.append("{%" + m() + " " + tag + " " + m() + "%}" + body + "{%" + m() + " " + end + " " + m() + "%}")
+                if tag.startswith("macro"):
+                    out.append("{{ q() }}")
+    return "".join(out)
+
+
+@pytest.mark.skipif(not LIB, reason="DEEPINFER_LIB not set")
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_whitespace(seed):
+    transformers = pytest.importorskip("transformers")
+    if transformers.__version__ != "5.17.0":
+        pytest.skip(f"the reference is transformers 5.17.0, not {transformers.__version__}")
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    import test_chat_template
+
+    lib = test_chat_template.Lib(LIB)
+    rng = random.Random(100 + seed)
+    ctx = {"messages": [{"role": "user", "content": "hello"}], "add_generation_prompt": True}
+    n = int(os.environ.get("DI_CHAT_ORACLE_N", "300"))
+    with tempfile.TemporaryDirectory() as td:
+        for i in range(n):
+            src = gen_template(rng) + rng.choice(["", "\n", "\n\n", " "])
+            try:
+                want, why = _compile_jinja_template(src).render(**ctx, tools=None, documents=None), None
+            except Exception as ex:  # noqa: BLE001
+                want, why = None, f"{type(ex).__name__}: {ex}"
+            with open(os.path.join(td, "chat_template.jinja"), "w", newline="") as f:
+                f.write(src)
+            h = ctypes.c_void_p()
+            if lib.lib.di_chat_template_load(td.encode(), ctypes.byref(h)) != 0:
+                got, err = None, lib.lib.di_last_error().decode()
+            else:
+                got, err = lib.render(h, ctx)
+                lib.lib.di_chat_template_free(h)
+            if want is None:
+                assert got is None, f"#{i} {src!r}: Jinja failed ({why}) but we printed {got!r}"
+            else:
+                assert got == want, f"#{i} {src!r}:\n Jinja {want!r}\n we    {got!r} {err or ''}"
