@@ -50,8 +50,18 @@ struct jv_list {
   size_t n, cap;
   jv *v;
   const char *err; /* JV_SEQ_ITER: the error consuming this generator raises (Jinja filters are lazy) */
+  int64_t start, stop, step; /* JV_SEQ_RANGE */
 };
-enum { JV_SEQ_LIST = 0, JV_SEQ_TUPLE = 1, JV_SEQ_ITER = 2 };
+/* JV_LIST flavours (jv.tuple): Python's list, tuple, generator/iterator, dict views and range. */
+enum {
+  JV_SEQ_LIST = 0, JV_SEQ_TUPLE = 1, JV_SEQ_ITER = 2,
+  JV_SEQ_ITEMS = 3, JV_SEQ_KEYS = 4, JV_SEQ_VALUES = 5, /* dict.items()/keys()/values() */
+  JV_SEQ_RANGE = 6                                      /* range(start, stop, step) */
+};
+/* Supports x[i] and slicing (list, tuple, range). */
+static inline int jv_subscriptable(jv v) {
+  return v.kind == JV_LIST && (v.tuple == JV_SEQ_LIST || v.tuple == JV_SEQ_TUPLE || v.tuple == JV_SEQ_RANGE);
+}
 struct jv_dict { size_t n, cap; jv *k, *v; };
 struct jv_loop { int64_t i, n; const jv_list *items; };
 

@@ -324,7 +324,11 @@ int jj_method_lookup(struct jj_ctx *c, jv obj, const char *name, size_t n, jv *o
   const char *m = NULL;
   if (obj.kind == JV_STR) m = find_name(STR_METHODS, name, n);
   else if (obj.kind == JV_DICT) m = find_name(DICT_METHODS, name, n);
-  else if (obj.kind == JV_LIST && obj.tuple != JV_SEQ_ITER) m = find_name(LIST_METHODS, name, n);
+  else if (obj.kind == JV_LIST && obj.tuple == JV_SEQ_LIST) m = find_name(LIST_METHODS, name, n);
+  else if (obj.kind == JV_LIST && (obj.tuple == JV_SEQ_TUPLE || obj.tuple == JV_SEQ_RANGE)) {
+    static const char *const seq_methods[] = {"index", "count", NULL};
+    m = find_name(seq_methods, name, n);
+  }
   if (!m) return 0;
   jv_func *fn = jj_alloc(A(c), sizeof *fn);
   if (!fn) return 0;
@@ -477,7 +481,7 @@ di_status jj_call_method(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
         }
         DI_TRY(push(c, at, l, v));
       }
-      *out = list_val(l, 0);
+      *out = list_val(l, m[0] == 'k' ? JV_SEQ_KEYS : m[0] == 'v' ? JV_SEQ_VALUES : JV_SEQ_ITEMS);
       return DI_OK;
     }
     if (!strcmp(m, "get")) {
@@ -538,7 +542,10 @@ di_status jj_call_global(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
     jv_list *l = jj_list_new(A(c), cnt > 0 ? (size_t)cnt : 0);
     if (!l) return oom(c, at);
     for (int64_t i = st; sp > 0 ? i < en : i > en; i += sp) DI_TRY(push(c, at, l, jv_int(i)));
-    *out = list_val(l, 0);
+    l->start = st;
+    l->stop = en;
+    l->step = sp;
+    *out = list_val(l, JV_SEQ_RANGE);
     return DI_OK;
   }
   if (fn == &G_NAMESPACE || fn == &G_DICT) {
@@ -607,7 +614,7 @@ static di_status cmp_test(struct jj_ctx *c, const jnode *at, int op, jv a, jv b,
   if (op == OP_NE) { *out = !jj_equal(a, b); return DI_OK; }
   double x, y;
   int cmp;
-  if (a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple != JV_SEQ_ITER) {
+  if (a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple <= JV_SEQ_TUPLE) {
     /* Python orders lists and tuples by their first differing item, then by length */
     size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
     for (size_t i = 0; i < n; i++) {
@@ -647,7 +654,7 @@ di_status jj_call_test(struct jj_ctx *c, const jnode *at, const char *t, jv v, c
   else if (!strcmp(t, "iterable")) *out = v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
   /* Jinja's Undefined has __len__ and __getitem__ (that raise) and __call__, so it passes these */
   else if (!strcmp(t, "sequence"))
-    *out = v.kind == JV_STR || (v.kind == JV_LIST && v.tuple != JV_SEQ_ITER) || v.kind == JV_DICT || v.kind == JV_UNDEF;
+    *out = v.kind == JV_STR || jv_subscriptable(v) || v.kind == JV_DICT || v.kind == JV_UNDEF;
   else if (!strcmp(t, "callable")) *out = v.kind == JV_FUNC || v.kind == JV_UNDEF;
   else if (!strcmp(t, "escaped")) *out = 0;
   else if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
@@ -1167,7 +1174,8 @@ static di_status call_filter(struct jj_ctx *c, const jnode *at, const char *f, j
       if (!l || !seen) return oom(c, at);
       for (size_t i = 0; i < items->n; i++) {
         jv k = keys->v[i]; /* keys go in a Python set */
-        if ((k.kind == JV_LIST && k.tuple == JV_SEQ_LIST) || k.kind == JV_DICT || k.kind == JV_NS)
+        if ((k.kind == JV_LIST && (k.tuple == JV_SEQ_LIST || (k.tuple >= JV_SEQ_ITEMS && k.tuple <= JV_SEQ_VALUES))) ||
+            k.kind == JV_DICT)
           return jj_err(c, at, DI_ERR_INVALID_ARG, "unhashable type: '%s'", jj_kind_name(k));
         int dup = 0;
         for (size_t j = 0; j < seen->n && !dup; j++) dup = jj_equal(seen->v[j], keys->v[i]);

@@ -228,7 +228,7 @@ static di_status arith(jj_ctx *c, const jnode *at, int op, jv a, jv b, jv *out) 
     *out = jv_strn(p, n);
     return DI_OK;
   }
-  if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple != JV_SEQ_ITER) {
+  if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple <= JV_SEQ_TUPLE) {
     jv r = a;
     r.u.l = jj_list_new(c->a, a.u.l->n + b.u.l->n);
     if (!r.u.l) return oom(c, at);
@@ -238,8 +238,10 @@ static di_status arith(jj_ctx *c, const jnode *at, int op, jv a, jv b, jv *out) 
     return DI_OK;
   }
   if (op == OP_MUL) {
-    if ((a.kind == JV_STR || a.kind == JV_LIST) && (b.kind == JV_INT || b.kind == JV_BOOL)) return repeat(c, at, a, b.u.i, out);
-    if ((b.kind == JV_STR || b.kind == JV_LIST) && (a.kind == JV_INT || a.kind == JV_BOOL)) return repeat(c, at, b, a.u.i, out);
+    int ra = a.kind == JV_STR || (a.kind == JV_LIST && a.tuple <= JV_SEQ_TUPLE && a.tuple != JV_SEQ_ITER);
+    int rb = b.kind == JV_STR || (b.kind == JV_LIST && b.tuple <= JV_SEQ_TUPLE && b.tuple != JV_SEQ_ITER);
+    if (ra && (b.kind == JV_INT || b.kind == JV_BOOL)) return repeat(c, at, a, b.u.i, out);
+    if (rb && (a.kind == JV_INT || a.kind == JV_BOOL)) return repeat(c, at, b, a.u.i, out);
   }
   return type_err(c, at, op, a, b);
 }
@@ -262,7 +264,7 @@ static di_status order(jj_ctx *c, const jnode *at, int op, jv a, jv b, int *cmp)
     *cmp = str_cmp(a, b);
     return DI_OK;
   }
-  if (a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple != JV_SEQ_ITER) {
+  if (a.kind == JV_LIST && b.kind == JV_LIST && a.tuple == b.tuple && a.tuple <= JV_SEQ_TUPLE) {
     size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
     for (size_t i = 0; i < n; i++) {
       if (jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
@@ -293,7 +295,8 @@ di_status jj_contains(jj_ctx *c, const jnode *at, jv hay, jv needle, int *out) {
       if (jj_equal(hay.u.l->v[i], needle)) { *out = 1; break; }
     return DI_OK;
   case JV_DICT:
-    if ((needle.kind == JV_LIST && needle.tuple == JV_SEQ_LIST) || needle.kind == JV_DICT)
+    if ((needle.kind == JV_LIST && (needle.tuple == JV_SEQ_LIST || (needle.tuple >= JV_SEQ_ITEMS && needle.tuple <= JV_SEQ_VALUES))) ||
+        needle.kind == JV_DICT)
       return jj_err(c, at, DI_ERR_INVALID_ARG, "unhashable type: '%s'", jj_kind_name(needle));
     *out = jj_dict_get(hay.u.d, needle) != NULL;
     return DI_OK;
@@ -348,7 +351,7 @@ static di_status do_slice(jj_ctx *c, frame *f, const jnode *e, jv obj, jv *out) 
    * but a list, tuple or string raises. (Its constant folding sometimes turns a literal's failed
    * slice into Undefined instead; we always raise.) */
   if (obj.kind == JV_DICT) return jj_err(c, e, DI_ERR_INVALID_ARG, "unhashable type: 'slice'");
-  if ((obj.kind != JV_LIST && obj.kind != JV_STR) || (obj.kind == JV_LIST && obj.tuple == JV_SEQ_ITER))
+  if (obj.kind != JV_STR && !jv_subscriptable(obj))
     return jj_err(c, e, DI_ERR_INVALID_ARG, "'%s' object is not subscriptable", jj_kind_name(obj));
   int64_t len = obj.kind == JV_LIST ? (int64_t)obj.u.l->n : (int64_t)jj_utf8_len(obj.u.s.p, obj.u.s.n);
   int64_t stp, st, en;
@@ -372,6 +375,13 @@ static di_status do_slice(jj_ctx *c, frame *f, const jnode *e, jv obj, jv *out) 
     if (!r.u.l) return oom(c, e);
     for (int64_t i = st; stp > 0 ? i < en : i > en; i += stp)
       if (jj_list_push(c->a, r.u.l, obj.u.l->v[i])) return oom(c, e);
+    if (obj.tuple == JV_SEQ_RANGE) { /* a slice of a range is a range */
+      const jv_list *o = obj.u.l;
+      int64_t ns = o->start + st * o->step, nstep = o->step * stp, nstop = o->start + en * o->step;
+      r.u.l->start = ns;
+      r.u.l->step = nstep;
+      r.u.l->stop = nstop;
+    }
     *out = r;
     return DI_OK;
   }
@@ -408,7 +418,7 @@ static di_status getitem(jj_ctx *c, const jnode *at, jv obj, jv key, jv *out) {
   if (obj.kind == JV_DICT || obj.kind == JV_NS) {
     jv *v = jj_dict_get(obj.u.d, key);
     if (v) { *out = *v; return DI_OK; }
-  } else if (((obj.kind == JV_LIST && obj.tuple != JV_SEQ_ITER) || obj.kind == JV_STR) && (key.kind == JV_INT || key.kind == JV_BOOL)) {
+  } else if ((jv_subscriptable(obj) || obj.kind == JV_STR) && (key.kind == JV_INT || key.kind == JV_BOOL)) {
     int64_t i = key.u.i;
     if (obj.kind == JV_LIST) {
       int64_t n = (int64_t)obj.u.l->n;
@@ -646,6 +656,19 @@ static int const_tree(const jnode *e) {
   case E_ITEM: return const_tree(e->a) && (e->b->kind == E_SLICE ? const_tree(e->b->a) && const_tree(e->b->b) && const_tree(e->b->c) : const_tree(e->b));
   case E_BINOP: case E_AND: case E_OR: return const_tree(e->a) && const_tree(e->b);
   case E_COND: return const_tree(e->a) && const_tree(e->b) && const_tree(e->c);
+  case E_FILTER: case E_TEST: {
+    /* Jinja cannot fold filters that take the context */
+    static const char *const ctx_filters[] = {"map", "select", "reject", "selectattr", "rejectattr"};
+    if (e->kind == E_FILTER)
+      for (size_t k = 0; k < sizeof ctx_filters / sizeof ctx_filters[0]; k++)
+        if (e->name_len == strlen(ctx_filters[k]) && !memcmp(e->name, ctx_filters[k], e->name_len)) return 0;
+    if (!const_tree(e->a)) return 0;
+    for (int i = 0; i < e->list.n; i++)
+      if (!const_tree(e->list.v[i])) return 0;
+    for (int i = 0; i < e->list2.n; i++)
+      if (!const_tree(e->list2.v[i])) return 0;
+    return 1;
+  }
   case E_COMPARE: case E_LIST: case E_TUPLE: case E_DICT: case E_CONCAT:
     if (e->kind == E_COMPARE && !const_tree(e->a)) return 0;
     for (int i = 0; i < e->list.n; i++)
@@ -691,7 +714,8 @@ static di_status eval(jj_ctx *c, frame *f, const jnode *e, jv *out) {
       jv k, v;
       DI_TRY(eval(c, f, e->list.v[i], &k));
       DI_TRY(eval(c, f, e->list.v[i + 1], &v));
-      if (k.kind == JV_LIST && !k.tuple) return jj_err(c, e, DI_ERR_INVALID_ARG, "unhashable type: 'list'");
+      if (k.kind == JV_LIST && (k.tuple == JV_SEQ_LIST || (k.tuple >= JV_SEQ_ITEMS && k.tuple <= JV_SEQ_VALUES)))
+        return jj_err(c, e, DI_ERR_INVALID_ARG, "unhashable type: '%s'", jj_kind_name(k));
       if (k.kind == JV_DICT) return jj_err(c, e, DI_ERR_INVALID_ARG, "unhashable type: 'dict'");
       if (jj_dict_set(c->a, r.u.d, k, v)) return oom(c, e);
     }

@@ -25,7 +25,7 @@ di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out)
   jj_buf b = {.limit = jj_ctx_out_limit(c)};
   const char *p = fmt.u.s.p;
   size_t n = fmt.u.s.n, i = 0, argi = 0;
-  int tuple = args.kind == JV_LIST && args.tuple, mapping = args.kind == JV_DICT;
+  int tuple = args.kind == JV_LIST && args.tuple == JV_SEQ_TUPLE, mapping = args.kind == JV_DICT;
   size_t nargs = tuple ? args.u.l->n : 1;
   int used_mapping = 0;
   di_status st = DI_OK;
@@ -167,7 +167,7 @@ di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out)
   }
   /* Python skips this check when the argument is a mapping-like object (a list or dict; not a
    * tuple or str) */
-  int getitem_arg = !tuple && (args.kind == JV_LIST || args.kind == JV_DICT || args.kind == JV_UNDEF);
+  int getitem_arg = !tuple && (jv_subscriptable(args) || args.kind == JV_DICT || args.kind == JV_UNDEF);
   if (!used_mapping && argi < nargs && !getitem_arg) {
     st = fmt_err(c, at, "not all arguments converted during string formatting");
     goto done;

@@ -277,8 +277,17 @@ int jj_equal(jv a, jv b) {
   case JV_UNDEF: case JV_NONE: return 1;
   case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
   case JV_LIST:
-    if (a.tuple == JV_SEQ_ITER || b.tuple == JV_SEQ_ITER) return a.u.l == b.u.l && a.tuple == b.tuple;
-    if (a.u.l->n != b.u.l->n || a.tuple != b.tuple) return 0;
+    if (a.tuple != b.tuple) return 0;
+    if (a.tuple == JV_SEQ_ITER || a.tuple == JV_SEQ_VALUES) return a.u.l == b.u.l; /* identity */
+    if (a.u.l->n != b.u.l->n) return 0;
+    if (a.tuple == JV_SEQ_KEYS || a.tuple == JV_SEQ_ITEMS) { /* set-like: order does not matter */
+      for (size_t i = 0; i < a.u.l->n; i++) {
+        int found = 0;
+        for (size_t j = 0; j < b.u.l->n && !found; j++) found = jj_equal(a.u.l->v[i], b.u.l->v[j]);
+        if (!found) return 0;
+      }
+      return 1;
+    }
     for (size_t i = 0; i < a.u.l->n; i++)
       if (!jj_equal(a.u.l->v[i], b.u.l->v[i])) return 0;
     return 1;
@@ -301,7 +310,10 @@ const char *jj_kind_name(jv v) {
   case JV_INT: return "int";
   case JV_FLOAT: return "float";
   case JV_STR: return "str";
-  case JV_LIST: return v.tuple == JV_SEQ_ITER ? "generator" : v.tuple ? "tuple" : "list";
+  case JV_LIST: {
+    static const char *const names[] = {"list", "tuple", "generator", "dict_items", "dict_keys", "dict_values", "range"};
+    return v.tuple <= JV_SEQ_RANGE ? names[v.tuple] : "list";
+  }
   case JV_DICT: return "dict";
   case JV_NS: return "Namespace";
   case JV_LOOP: return "LoopContext";
@@ -421,6 +433,20 @@ static void repr_in(jj_buf *b, jv v, repr_path *path) {
       jj_buf_puts(b, "<generator object>");
       return;
     }
+    if (v.tuple == JV_SEQ_RANGE) {
+      if (v.u.l->step == 1) jj_buf_printf(b, "range(%lld, %lld)", (long long)v.u.l->start, (long long)v.u.l->stop);
+      else jj_buf_printf(b, "range(%lld, %lld, %lld)", (long long)v.u.l->start, (long long)v.u.l->stop, (long long)v.u.l->step);
+      return;
+    }
+    if (v.tuple >= JV_SEQ_ITEMS && v.tuple <= JV_SEQ_VALUES) { /* dict_items([...]) */
+      jv l = v;
+      l.tuple = JV_SEQ_LIST;
+      jj_buf_puts(b, jj_kind_name(v));
+      jj_buf_putc(b, '(');
+      repr_in(b, l, path);
+      jj_buf_putc(b, ')');
+      return;
+    }
     if (!path_push(b, path, v.u.l, v.tuple ? "(...)" : "[...]")) return;
     jj_buf_putc(b, v.tuple ? '(' : '[');
     for (size_t i = 0; i < v.u.l->n; i++) {
@@ -520,7 +546,7 @@ int jj_to_json(jj_buf *b, jv v, const jj_json_opts *o, int depth, const char **b
     return 0;
   case JV_STR: json_str(b, v.u.s.p, v.u.s.n, o->ensure_ascii); return 0;
   case JV_LIST:
-    if (v.tuple == JV_SEQ_ITER) { *bad = "generator"; return -1; }
+    if (v.tuple != JV_SEQ_LIST && v.tuple != JV_SEQ_TUPLE) { *bad = jj_kind_name(v); return -1; }
     if (v.u.l->n == 0) { jj_buf_puts(b, "[]"); return 0; }
     jj_buf_putc(b, '[');
     for (size_t i = 0; i < v.u.l->n; i++) {
