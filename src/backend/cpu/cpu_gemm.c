@@ -66,7 +66,16 @@ static int vector_ok(const di_weight *w) {
           }                                                                                     \
         } else if (nr == NR && mr == 1) {                                                       \
           const float *x0 = c->x + m * c->ldx;                                                  \
+          const char *pf = (const char *)w->data + (n + NR) * K * (int64_t)di_dtype_size(w->dtype); \
+          const int64_t pf_end = (int64_t)(e - nb > NR ? NR : 0) * K * (int64_t)di_dtype_size(w->dtype); \
+          const int64_t pf_step = pf_end / (K8 / 8 > 0 ? K8 / 8 : 1) + 1;                       \
+          int64_t pf_off = 0;                                                                   \
           for (int64_t k = 0; k < K8; k += 8) {                                                 \
+            /* prefetch the next row group while this one streams (decode is bandwidth-bound) */ \
+            if (pf_off < pf_end) {                                                              \
+              _mm_prefetch(pf + pf_off, _MM_HINT_T0);                                           \
+              pf_off += pf_step > 64 ? 64 : pf_step;                                            \
+            }                                                                                   \
             const __m256 xa = _mm256_loadu_ps(x0 + k);                                          \
             acc[0][0] = _mm256_fmadd_ps(xa, LOADW(n, k), acc[0][0]);                            \
             acc[0][1] = _mm256_fmadd_ps(xa, LOADW(n + 1, k), acc[0][1]);                        \
