@@ -537,6 +537,22 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
       p = all;
     }
   }
+  /* likewise `items` of a side without `prefixItems` covers every index, the other side's prefix
+   * positions included */
+  cJSON *mpi = item(m, "prefixItems");
+  for (int side = 0; side < 2 && cJSON_IsArray(mpi); side++) {
+    const cJSON *src = side ? b : a;
+    const cJSON *si = cJSON_IsObject(src) ? item(src, "items") : NULL;
+    if (!si || cJSON_IsTrue(si) || item(src, "prefixItems"))
+      continue;
+    for (cJSON *p = mpi->child; p; p = p->next) {
+      cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
+      cJSON_AddItemToArray(arr, cJSON_Duplicate(p, 1));
+      cJSON_AddItemToArray(arr, cJSON_Duplicate(si, 1));
+      cJSON_ReplaceItemViaPointer(mpi, p, all);
+      p = all;
+    }
+  }
   *out = m;
   return DI_OK;
 }
@@ -662,6 +678,89 @@ static di_status gen_integer(jc *c, const cJSON *sch, const char *path, int rule
   if (has_lo && has_hi && lo > hi)
     return DI_OK; /* no integer fits: this type contributes no alternative */
   return int_range(c, rule, has_lo, (int64_t)lo, has_hi, (int64_t)hi, path);
+}
+
+/* Fractions after an integer part: any (or none), only zeros (or none), or with a nonzero digit. */
+enum { FRAC_ANY, FRAC_ZERO, FRAC_NONZERO };
+static di_gel frac_el(jc *c, int kind) {
+  static const char *re[] = {"(\\.[0-9]+)?", "(\\.0+)?", "\\.[0-9]*[1-9][0-9]*"};
+  int r = mk_rule_regex(c, "frac", re[kind]);
+  return rule_el(r);
+}
+
+/* Adds `sign` I frac for I in [lo, hi] (hi < 0: unbounded), lo >= 0. */
+static void int_part_alt(jc *c, int rule, int neg, int64_t lo, int64_t hi, int frac) {
+  if (hi >= 0 && hi < lo)
+    return;
+  int r = di_gb_new_rule(c->b, "ipart");
+  di_json_int_range(c->b, r, 1, lo, hi >= 0, hi);
+  di_gseq s = {0};
+  if (neg)
+    lit(c, &s, "-");
+  di_gseq_push(c->b, &s, rule_el(r));
+  di_gseq_push(c->b, &s, frac_el(c, frac));
+  di_gb_add_alt(c->b, rule, s.v, s.n);
+  di_gseq_free(&s);
+}
+
+/* Magnitudes y = I.F (no exponent) in the interval from a (exclusive if a_ex) to b (b < 0:
+ * unbounded; exclusive if b_ex), a >= 0, written after an optional "-". */
+static void magnitude_interval(jc *c, int rule, int neg, int64_t a, int a_ex, int64_t b, int b_ex) {
+  if (b >= 0 && (b < a || (b == a && (a_ex || b_ex))))
+    return;
+  /* I strictly inside: any fraction */
+  int64_t ilo = a_ex ? a + 1 : a;
+  int64_t ihi = b < 0 ? -1 : b - 1;
+  if (b < 0 || ihi >= ilo)
+    int_part_alt(c, rule, neg, ilo, ihi, FRAC_ANY);
+  if (a_ex) /* I = a needs a nonzero fraction (and then stays below b when b > a) */
+    int_part_alt(c, rule, neg, a, a, FRAC_NONZERO);
+  if (b >= 0 && !b_ex && !(a_ex && b == a)) /* I = b only with a zero fraction */
+    int_part_alt(c, rule, neg, b, b, FRAC_ZERO);
+}
+
+/* Numbers (no exponent) within integral minimum/maximum bounds (inclusive or exclusive). */
+static di_status gen_number_bounded(jc *c, const cJSON *sch, const char *path, int rule) {
+  int has_lo = 0, has_hi = 0, lo_ex = 0, hi_ex = 0;
+  double lo = 0, hi = 0;
+  static const char *kw[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+  for (int k = 0; k < 4; k++) {
+    const cJSON *v = item(sch, kw[k]);
+    if (!v)
+      continue;
+    if (!cJSON_IsNumber(v))
+      return di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be a number at %s/%s", kw[k], path, kw[k]);
+    double x = v->valuedouble;
+    if (x != floor(x) || fabs(x) > 9e15) {
+      if (c->opt->ignore_unsupported_keywords)
+        continue;
+      return di_error_set(DI_ERR_UNSUPPORTED,
+                          "json schema: '%s' on a number must be an integer value (got %g) at %s/%s", kw[k], x, path,
+                          kw[k]);
+    }
+    if (k < 2 && (!has_lo || x > lo || (x == lo && k == 1)))
+      has_lo = 1, lo = x, lo_ex = k == 1;
+    if (k >= 2 && (!has_hi || x < hi || (x == hi && k == 3)))
+      has_hi = 1, hi = x, hi_ex = k == 3;
+  }
+  if (!has_lo && !has_hi) {
+    di_gel e = rule_el(number_rule(c));
+    return di_gb_add_alt(c->b, rule, &e, 1);
+  }
+  int64_t L = (int64_t)lo, H = (int64_t)hi;
+  /* x >= 0 part */
+  if (!has_hi || H > 0 || (H == 0 && !hi_ex)) {
+    int64_t a = has_lo && L >= 0 ? L : 0;
+    int a_ex = has_lo && L >= 0 ? lo_ex : 0;
+    magnitude_interval(c, rule, 0, a, a_ex, has_hi ? H : -1, has_hi ? hi_ex : 0);
+  }
+  /* x < 0 part: magnitude y = -x > 0 */
+  if (!has_lo || L < 0) {
+    int64_t a = has_hi && H < 0 ? -H : 0;
+    int a_ex = has_hi && H < 0 ? hi_ex : 1; /* y > 0: -0 is the non-negative part's business */
+    magnitude_interval(c, rule, 1, a, a_ex, has_lo ? -L : -1, has_lo ? lo_ex : 0);
+  }
+  return DI_OK;
 }
 
 /* "string key not equal to any of keys[]" (as JSON-encoded bytes, between the quotes): a trie of
@@ -1102,11 +1201,12 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   int has_bounds = item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") ||
                    item(sch, "exclusiveMaximum");
   if (types & T_NUMBER) {
-    if (has_bounds && !c->opt->ignore_unsupported_keywords)
-      return di_error_set(DI_ERR_UNSUPPORTED,
-                          "json schema: minimum/maximum are supported for integers only, at %s (use type integer)", path);
-    di_gel e = rule_el(number_rule(c));
-    DI_TRY(di_gb_add_alt(c->b, rule, &e, 1));
+    if (has_bounds) {
+      DI_TRY(gen_number_bounded(c, sch, path, rule));
+    } else {
+      di_gel e = rule_el(number_rule(c));
+      DI_TRY(di_gb_add_alt(c->b, rule, &e, 1));
+    }
   } else if (types & T_INTEGER) {
     DI_TRY(gen_integer(c, sch, path, rule));
   }

@@ -226,7 +226,7 @@ def test_json_schema_test_suite():
     for name, c in per_file.items():
         print(f"{name:32s} pass {c['pass']:4d}  skip {c['skip']:4d}  fail {c['fail']:4d}")
     print(f"TOTAL pass {totals['pass']} skip {totals['skip']} fail {totals['fail']}")
-    assert totals["pass"] > 400
+    assert totals["pass"] > 700
     assert not failures, "\n".join(failures[:40])
 
 
