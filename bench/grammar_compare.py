@@ -96,7 +96,8 @@ def run_xgrammar(hf_tok, eos, grammar_src, is_any, docs_ids):
     masks, compiles = [], []
     for ids in docs_ids:
         t0 = time.perf_counter()
-        cg = comp.compile_json_schema(grammar_src, any_whitespace=False)
+        cg = comp.compile_json_schema(grammar_src, any_whitespace=False, separators=(",", ":"),
+                                      strict_mode=not is_any)
         compiles.append((time.perf_counter() - t0) * 1e3)
         m = xgr.GrammarMatcher(cg)
         for tid in list(ids) + [eos]:
