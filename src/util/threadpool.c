@@ -1,7 +1,9 @@
-/* See threadpool.h. Workers watch a generation counter: they spin on it for a while after each job
- * (decode steps issue hundreds of small parallel loops back to back, and a futex wake-up per loop
- * costs more than the loop) and only then sleep on a condition variable. The caller takes part in
- * the work and spins until the workers are done. */
+/* See threadpool.h. Workers watch a job word `state` = (generation << 32) | joined-workers: they
+ * spin on it for a while after each job (decode steps issue hundreds of small parallel loops back to
+ * back, and a futex wake-up per loop costs more than the loop) and only then sleep on a condition
+ * variable. A worker takes part in a job only if it joins before the caller closes it; the caller
+ * works through the chunks itself and then waits only for workers that joined. So a worker that the
+ * OS has descheduled (another process on its core) never holds a loop up unless it is mid-chunk. */
 #include "util/threadpool.h"
 #include <pthread.h>
 #include <sched.h>
@@ -19,8 +21,7 @@ struct di_threadpool {
   void *ctx;
   int64_t total, chunk;
   atomic_llong next;
-  atomic_int pending;
-  atomic_ullong generation;
+  atomic_ullong state; /* generation << 32 | joined workers; low word CLOSED once the job ended */
   atomic_int sleepers;
   atomic_int stop;
 };
@@ -29,6 +30,10 @@ typedef struct {
   di_threadpool *tp;
   int index;
 } worker_arg;
+
+#define JOB_CLOSED 0xffffffffull
+#define GEN(s) ((s) >> 32)
+#define JOINED(s) ((s) & 0xffffffffull)
 
 static void run_chunks(di_threadpool *tp, int thread) {
   for (;;) {
@@ -48,26 +53,35 @@ static void *worker(void *p) {
   uint64_t seen = 0;
   for (;;) {
     int spins = 0;
-    while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop) && spins < 20000) {
+    while (GEN(atomic_load(&tp->state)) == seen && !atomic_load(&tp->stop) && spins < 20000) {
       if (spins < 4000)
         __builtin_ia32_pause();
       else
         sched_yield();
       spins++;
     }
-    if (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop)) {
+    if (GEN(atomic_load(&tp->state)) == seen && !atomic_load(&tp->stop)) {
       pthread_mutex_lock(&tp->mu);
       atomic_fetch_add(&tp->sleepers, 1);
-      while (!atomic_load(&tp->stop) && atomic_load(&tp->generation) == seen)
+      while (!atomic_load(&tp->stop) && GEN(atomic_load(&tp->state)) == seen)
         pthread_cond_wait(&tp->cv_work, &tp->mu);
       atomic_fetch_sub(&tp->sleepers, 1);
       pthread_mutex_unlock(&tp->mu);
     }
     if (atomic_load(&tp->stop))
       return NULL;
-    seen = atomic_load(&tp->generation);
-    run_chunks(tp, index);
-    atomic_fetch_sub(&tp->pending, 1);
+    /* join the current job unless it is already closed */
+    unsigned long long s = atomic_load(&tp->state);
+    seen = GEN(s);
+    for (;;) {
+      if (GEN(s) != seen || JOINED(s) == JOB_CLOSED)
+        break;
+      if (atomic_compare_exchange_weak(&tp->state, &s, s + 1)) {
+        run_chunks(tp, index);
+        atomic_fetch_sub(&tp->state, 1);
+        break;
+      }
+    }
   }
 }
 
@@ -138,16 +152,20 @@ void di_parallel_for(di_threadpool *tp, int64_t n, int64_t grain, di_parallel_fn
   tp->total = n;
   tp->chunk = chunk;
   atomic_store(&tp->next, 0);
-  atomic_store(&tp->pending, nt - 1);
-  atomic_fetch_add(&tp->generation, 1);
+  unsigned long long gen = GEN(atomic_load(&tp->state)) + 1;
+  atomic_store(&tp->state, gen << 32); /* publishes the job: open, nobody joined */
   if (atomic_load(&tp->sleepers) > 0) {
     pthread_mutex_lock(&tp->mu);
     pthread_cond_broadcast(&tp->cv_work);
     pthread_mutex_unlock(&tp->mu);
   }
   run_chunks(tp, 0);
-  /* spin, then yield: on an oversubscribed machine the worker may need our core to finish */
-  for (int spin = 0; atomic_load(&tp->pending) > 0; spin++) {
+  /* close the job once no joined worker is still inside a chunk */
+  unsigned long long open_idle = gen << 32;
+  for (int spin = 0;; spin++) {
+    unsigned long long expect = open_idle;
+    if (atomic_compare_exchange_weak(&tp->state, &expect, open_idle | JOB_CLOSED))
+      break;
     if (spin < 4000)
       __builtin_ia32_pause();
     else
