@@ -12,7 +12,12 @@ median. Python engines are timed around their mask call (includes ~1 us of Pytho
   python3 bench/grammar_compare.py --bench build/bench_grammar \
       --tokenizer tests/data/tokenizers/deepseek-v3 [--docs 30] [--out /tmp/gbench]
 
-llama.cpp's grammar sampler is not measured here (see docs/PERFORMANCE.md).
+llama.cpp (optional, engine "llamacpp"): `pip download llama-cpp-python --no-binary :all: --no-deps`,
+build `vendor/llama.cpp` (`cmake -B build -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF && cmake --build build
+--target llama`), compile bench/grammar_llama.cpp against it, make a vocab-only GGUF with
+`convert_hf_to_gguf.py DIR --vocab-only` (DIR: a DeepSeek-V3 config.json + the tokenizer files), then
+pass --llama-harness BIN --llama-vocab VOCAB.gguf --llama-src SDIST_DIR (its llama_cpp/llama_grammar.py
+converts the schema to GBNF; that converter drops minimum/maximum and the email format).
 """
 import argparse
 import json
@@ -133,6 +138,36 @@ def run_llguidance(hf_tok, eos, grammar_src, is_any, docs_ids):
     return stats(masks), statistics.median(compiles)
 
 
+def run_llamacpp(harness, vocab, sdist, src, ids_path, out_dir, name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("llama_grammar", os.path.join(sdist, "llama_cpp/llama_grammar.py"))
+    lg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lg)
+    schema = json.loads(src)
+    order = []
+    def collect(s):  # every property name in schema order, so the GBNF keeps the schema's order
+        if isinstance(s, dict):
+            for k, v in s.get("properties", {}).items():
+                if k not in order:
+                    order.append(k)
+                collect(v)
+            collect(s.get("items"))
+    collect(schema)
+    gpath = os.path.join(out_dir, name + ".gbnf")
+    with open(gpath, "w") as f:
+        f.write(lg.json_schema_to_gbnf(src, prop_order=order))
+    out = subprocess.run([harness, vocab, gpath, ids_path], capture_output=True, check=True).stdout
+    out = out.decode(errors="replace")  # llama.cpp logs raw token bytes
+    res = {}
+    for line in out.splitlines():
+        if line.startswith("mask us:"):
+            f = line.split()
+            res["median"], res["p99"], res["max"] = float(f[3]), float(f[7]), float(f[9])
+        if line.startswith("compile ms:"):
+            res["compile"] = float(line.split()[3])
+    return res
+
+
 def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path):
     args = [bench, "--tokenizer", tok_dir, "--docs", docs_path, "--ids", ids_path]
     args += ["--json"] if schema_path is None else ["--schema", schema_path]
@@ -154,6 +189,9 @@ def main():
     ap.add_argument("--docs", type=int, default=30)
     ap.add_argument("--out", default="/tmp/gbench")
     ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance")
+    ap.add_argument("--llama-harness")
+    ap.add_argument("--llama-vocab")
+    ap.add_argument("--llama-src")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     from tokenizers import Tokenizer
@@ -186,6 +224,9 @@ def main():
                 elif eng == "xgrammar":
                     s, c = run_xgrammar(hf_tok, eos, src, name != "schema", ids)
                     rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok))
+                elif eng == "llamacpp":
+                    r = run_llamacpp(a.llama_harness, a.llama_vocab, a.llama_src, src, ip, a.out, name)
+                    rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok))
                 elif eng == "llguidance":
                     s, c = run_llguidance(hf_tok, eos, src, name != "schema", ids)
                     rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok))
