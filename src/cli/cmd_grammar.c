@@ -14,6 +14,8 @@ int di_cmd_grammar(int argc, char **argv);
 static void usage(FILE *f) {
   fprintf(f, "usage: deepinfer grammar (--regex RE | --json-schema FILE | --grammar FILE | --json) [options]\n"
              "  --check                 read stdin verbatim; exit 0 if the grammar accepts it whole, 1 if not\n"
+             "  --check-prefix          read stdin verbatim; exit 0 if it is a prefix of some accepted string\n"
+             "                          (what a generation cut by max_tokens must be), 1 if not\n"
              "  --print                 print the compiled grammar (GBNF-like) to stdout\n"
              "  --max-whitespace N      JSON: whitespace characters allowed between tokens (default 0)\n"
              "  --ignore-unsupported    JSON Schema: skip unsupported keywords instead of failing\n"
@@ -45,9 +47,28 @@ static int read_stdin(char **out, size_t *len) {
   return 1;
 }
 
+/* A prefix check runs the bytes through a matcher over a vocabulary of the 256 single bytes. */
+static int accepts_prefix(const di_grammar *g, const char *s, size_t n) {
+  static char bytes[256];
+  const char *tok[256];
+  size_t lens[256];
+  for (int i = 0; i < 256; i++) {
+    bytes[i] = (char)i;
+    tok[i] = &bytes[i];
+    lens[i] = 1;
+  }
+  di_grammar_vocab *v = NULL;
+  di_grammar_matcher *m = NULL;
+  int ok = di_grammar_vocab_create(256, tok, lens, NULL, 0, &v) == DI_OK && di_grammar_matcher_create(g, v, &m) == DI_OK &&
+           di_grammar_matcher_accept_bytes(m, s, n) == DI_OK;
+  di_grammar_matcher_free(m);
+  di_grammar_vocab_free(v);
+  return ok;
+}
+
 int di_cmd_grammar(int argc, char **argv) {
   const char *regex = NULL, *schema_file = NULL, *grammar_file = NULL, *ws = NULL;
-  int json_any = 0, check = 0, print = 0, ignore = 0, err = 0, nkinds = 0;
+  int json_any = 0, check = 0, check_prefix = 0, print = 0, ignore = 0, err = 0, nkinds = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
     if (di_cli_is_help(argv[i])) {
@@ -65,6 +86,8 @@ int di_cmd_grammar(int argc, char **argv) {
       json_any = 1, nkinds++;
     } else if (strcmp(argv[i], "--check") == 0) {
       check = 1;
+    } else if (strcmp(argv[i], "--check-prefix") == 0) {
+      check = check_prefix = 1;
     } else if (strcmp(argv[i], "--print") == 0) {
       print = 1;
     } else if (strcmp(argv[i], "--ignore-unsupported") == 0) {
@@ -128,7 +151,10 @@ int di_cmd_grammar(int argc, char **argv) {
       return 2;
     }
     di_error_clear();
-    rc = di_grammar_accepts(g, in, n) ? 0 : 1;
+    if (check_prefix)
+      rc = accepts_prefix(g, in, n) ? 0 : 1;
+    else
+      rc = di_grammar_accepts(g, in, n) ? 0 : 1;
     if (rc)
       fprintf(stderr, "deepinfer grammar: input rejected%s%s\n", *di_last_error() ? ": " : "", di_last_error());
     free(in);
