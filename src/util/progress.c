@@ -26,10 +26,13 @@ static void draw(di_progress *p) {
     fprintf(stderr, "\rdeepinfer: %s [%s] %3d%%", p->label, bar, (int)(100 * p->done / total));
     fflush(stderr);
   } else {
+    /* lines only for loads long enough to want them (a small model loads in milliseconds) */
     int q = (int)(4 * p->done / total);
+    int quiet = seconds() - p->t0 < 0.5;
     while (p->last_quarter < q) {
       p->last_quarter++;
-      fprintf(stderr, "deepinfer: %s %d%%\n", p->label, 25 * p->last_quarter);
+      if (!quiet && p->last_quarter < 4)
+        fprintf(stderr, "deepinfer: %s %d%%\n", p->label, 25 * p->last_quarter);
     }
   }
 }
@@ -44,9 +47,7 @@ void di_progress_begin(di_progress *p, const char *label, int64_t total) {
   p->last_quarter = 0;
   p->last_width = -1;
   p->t0 = seconds();
-  if (!p->tty)
-    fprintf(stderr, "deepinfer: %s 0%%\n", label);
-  else
+  if (p->tty)
     draw(p);
 }
 

@@ -1,5 +1,6 @@
 /* Progress reporting while a model loads: a bar redrawn in place on a terminal, or a few plain
- * lines (0%, 25%, 50%, 75%, 100%) when stderr is a file or pipe. A NULL progress is silent. */
+ * lines (25%, 50%, 75%, then "done in N s") when stderr is a file or pipe; loads shorter than half a
+ * second print only the last line. A NULL progress is silent. */
 #ifndef DI_UTIL_PROGRESS_H
 #define DI_UTIL_PROGRESS_H
 #include <stdint.h>
