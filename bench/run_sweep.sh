@@ -22,3 +22,9 @@ if [ -n "${MODEL:-}" ]; then
     DEEPINFER_HOST_SAMPLING=1 "$B" model "$MODEL" "${LOAD:-auto}" "${ACCEL:-cpu}" "$seqs" 128
   done
 fi
+# Throughput/latency Pareto sweep over concurrency (CSV + SVG plot): set PARETO_OUT=dir
+if [ -n "${PARETO_OUT:-}" ]; then
+  DEEPINFER_LIB="${1:-build}/libdeepinfer.so" python3 bench/sweep_pareto.py \
+    --model "${MODEL:-models/default}" --load-format "${LOAD:-auto}" ${ACCEL:+--accelerator "$ACCEL"} \
+    --concurrency "${CONCURRENCY:-1,2,4,8,16,32,64}" --out "$PARETO_OUT"
+fi
