@@ -211,6 +211,26 @@ int di_engine_has_unfinished(const di_engine *e);
 void di_engine_get_stats(const di_engine *e, di_engine_stats *s);
 /* Verifies the KV block accounting (no leaked or double-freed block). */
 di_status di_engine_check(const di_engine *e);
+
+/* Speculative decoding with the model's MTP layer (DeepSeek-V3 num_nextn_predict_layers >= 1; CPU
+ * backend). Off by default; call before the first request. num_tokens: the longest draft (0 turns it
+ * off, at most 5). A sequence's draft stops at the first token whose cumulative confidence (product
+ * of the MTP layer's softmax probabilities of the drafted tokens) is below min_confidence (in [0, 1]).
+ * Lossless: every verified row is sampled exactly as plain decoding samples it and a draft token is
+ * accepted only if it equals that sample, so outputs are identical with and without it (greedy and
+ * seeded sampling). Turns async scheduling off. Structured-output requests decode without drafts. */
+di_status di_engine_set_speculative(di_engine *e, int num_tokens, float min_confidence);
+typedef struct di_spec_stats {
+  int num_tokens;                /* 0: off */
+  int64_t verify_steps;          /* sequence-steps that verified at least one draft token */
+  int64_t drafted_tokens;        /* draft tokens verified */
+  int64_t accepted_tokens;       /* of them, accepted */
+  int64_t drafted_at[5];         /* per draft position: verified ... */
+  int64_t accepted_at[5];        /* ... and accepted */
+  double acceptance_rate;        /* accepted / drafted */
+  double mean_accepted_length;   /* tokens per verify step: 1 + accepted / verify_steps */
+} di_spec_stats;
+void di_engine_get_spec_stats(const di_engine *e, di_spec_stats *s);
 /* sizeof of a public struct by name ("di_request_params", ...), 0 if unknown: lets bindings
  * (the ctypes package) verify their mirror of the layout. */
 size_t di_abi_sizeof(const char *struct_name);

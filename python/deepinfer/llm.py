@@ -25,16 +25,26 @@ def default_model_dir():
                             "(models/default) was not found")
 
 
+class _SpecStats(ctypes.Structure):
+    """Mirror of di_spec_stats."""
+    _fields_ = [("num_tokens", ctypes.c_int), ("verify_steps", ctypes.c_int64), ("drafted_tokens", ctypes.c_int64),
+                ("accepted_tokens", ctypes.c_int64), ("drafted_at", ctypes.c_int64 * 5),
+                ("accepted_at", ctypes.c_int64 * 5), ("acceptance_rate", ctypes.c_double),
+                ("mean_accepted_length", ctypes.c_double)]
+
+
 class LLM:
     """An engine over one model. Engine options use vLLM's names: max_model_len, max_num_seqs,
     max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, async_scheduling,
     kv_cache_memory_bytes, num_kv_blocks, seed; model loading: load_format ("auto", "dummy"),
-    accelerator ("cpu", "cuda"), threads, quiet."""
+    accelerator ("cpu", "cuda"), threads, quiet. speculative_config={"method": "mtp",
+    "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
+    decoding with the model's MTP layer (CPU backend; off by default)."""
 
     def __init__(self, model=None, *, max_model_len=None, max_num_seqs=256, max_num_batched_tokens=2048,
                  enable_prefix_caching=True, enable_chunked_prefill=True, async_scheduling=True,
                  kv_cache_memory_bytes=None, num_kv_blocks=None, seed=0, load_format="auto", accelerator=None,
-                 threads=None, dummy_seed=0, quiet=True, **unsupported):
+                 threads=None, dummy_seed=0, quiet=True, speculative_config=None, **unsupported):
         if unsupported:
             raise TypeError("LLM: unsupported argument(s): " + ", ".join(sorted(unsupported)))
         self._L = _lib.lib()
@@ -71,6 +81,41 @@ class LLM:
             self._model = ctypes.c_void_p()
             raise _lib.DeepInferError(f"creating the engine: {msg}")
         self._counter = 0
+        if speculative_config:
+            try:
+                self._set_speculative(speculative_config)
+            except Exception:
+                self.close()
+                raise
+
+    def _set_speculative(self, cfg):
+        cfg = dict(cfg)
+        method = cfg.pop("method", "mtp")
+        if method not in ("mtp", "deepseek_mtp"):
+            raise ValueError(f"speculative_config: method must be \"mtp\", got {method!r}")
+        n = cfg.pop("num_speculative_tokens", None)
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ValueError("speculative_config: num_speculative_tokens (an int, 0..5) is required")
+        conf = float(cfg.pop("min_confidence", 0.3))
+        if cfg:
+            raise ValueError("speculative_config: unsupported key(s): " + ", ".join(sorted(cfg)))
+        f = self._L.di_engine_set_speculative
+        f.restype = ctypes.c_int
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_float]
+        _lib.check(f(self._engine, n, conf), "speculative_config")
+
+    def get_speculative_stats(self):
+        """Speculative decoding counters: drafted / accepted tokens, per draft position, rates."""
+        s = _SpecStats()
+        f = self._L.di_engine_get_spec_stats
+        f.restype = None
+        f.argtypes = [ctypes.c_void_p, ctypes.POINTER(_SpecStats)]
+        f(self._engine, ctypes.byref(s))
+        return {"num_speculative_tokens": s.num_tokens, "verify_steps": s.verify_steps,
+                "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
+                "drafted_per_position": list(s.drafted_at)[:s.num_tokens],
+                "accepted_per_position": list(s.accepted_at)[:s.num_tokens],
+                "acceptance_rate": s.acceptance_rate, "mean_accepted_length": s.mean_accepted_length}
 
     # ---- lifetime ------------------------------------------------------------------------------
     def close(self):

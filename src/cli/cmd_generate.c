@@ -28,6 +28,9 @@ static void usage(FILE *f) {
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
           "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling\n"
+          "Speculative decoding (MTP layer, CPU; lossless; off by default):\n"
+          "          --speculative-tokens N (1..5)  --speculative-min-confidence P (0.3)\n"
+          "          --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":N}'\n"
           "Output:   --output-format text|json (json: one object {ids, text, finish_reason} on stdout;\n"
           "          ids are the generated tokens, the stop token included)  --stats (engine stats on stderr)\n");
 }
@@ -94,6 +97,28 @@ static char *read_text_file(const char *path) {
   return data;
 }
 
+/* vLLM's --speculative-config JSON: {"method": "mtp", "num_speculative_tokens": N} (and our
+ * optional "min_confidence") */
+static int parse_spec_config(const char *v, long long *n, float *conf) {
+  cJSON *j = cJSON_Parse(v);
+  const cJSON *meth = j ? cJSON_GetObjectItemCaseSensitive(j, "method") : NULL;
+  const cJSON *num = j ? cJSON_GetObjectItemCaseSensitive(j, "num_speculative_tokens") : NULL;
+  const cJSON *c = j ? cJSON_GetObjectItemCaseSensitive(j, "min_confidence") : NULL;
+  int ok = j && cJSON_IsObject(j) && (!meth || (cJSON_IsString(meth) && (strcmp(meth->valuestring, "mtp") == 0 ||
+                                                                         strcmp(meth->valuestring, "deepseek_mtp") == 0))) &&
+           cJSON_IsNumber(num) && num->valuedouble >= 0 && num->valuedouble <= 5 &&
+           num->valuedouble == (double)(int)num->valuedouble && (!c || cJSON_IsNumber(c));
+  if (ok) {
+    *n = (long long)num->valuedouble;
+    if (c) *conf = (float)c->valuedouble;
+  } else {
+    fprintf(stderr, "deepinfer generate: --speculative-config must be a JSON object {\"method\": \"mtp\", "
+                    "\"num_speculative_tokens\": 0..5} (optional \"min_confidence\"), got '%s'\n", v);
+  }
+  cJSON_Delete(j);
+  return ok;
+}
+
 #define MAX_STOPS 64
 
 int di_cmd_generate(int argc, char **argv) {
@@ -104,6 +129,8 @@ int di_cmd_generate(int argc, char **argv) {
   int n_stops = 0, n_stop_ids = 0, chat = 0, ignore_eos = 0, json_any = 0, show_stats = 0;
   long long max_tokens = 128, seed = -1, threads = 0, top_k = -2, n = 1, dummy_seed = 0;
   float temperature = NAN, top_p = NAN, min_p = 0, rep = 1, pres = 0, freq = 0;
+  long long spec_tokens = 0;
+  float spec_conf = 0.3f;
   di_engine_options eo;
   di_engine_options_default(&eo);
   for (int i = 1; i < argc; i++) {
@@ -151,6 +178,9 @@ int di_cmd_generate(int argc, char **argv) {
     else if (FLAG("--max-num-seqs")) { if (!parse_int(a, v, 1, 1 << 20, &x)) return 2; eo.max_num_seqs = (int)x; }
     else if (FLAG("--max-num-batched-tokens")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.max_num_batched_tokens = (int)x; }
     else if (FLAG("--kv-cache-memory")) { if (!parse_int(a, v, 1, INT64_MAX, &x)) return 2; eo.kv_cache_memory_bytes = x; }
+    else if (FLAG("--speculative-tokens")) { if (!parse_int(a, v, 0, 5, &spec_tokens)) return 2; }
+    else if (FLAG("--speculative-min-confidence")) { if (!parse_float(a, v, &spec_conf)) return 2; }
+    else if (FLAG("--speculative-config")) { if (!parse_spec_config(v, &spec_tokens, &spec_conf)) return 2; }
     else if (FLAG("--num-kv-blocks")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.num_kv_blocks = x; }
     else {
       if (!err) fprintf(stderr, "deepinfer generate: unknown option '%s' (see --help)\n", a);
@@ -203,6 +233,10 @@ int di_cmd_generate(int argc, char **argv) {
     goto done;
   }
   if (di_engine_create(m, &eo, &e) != DI_OK) {
+    fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
+    goto done;
+  }
+  if (spec_tokens > 0 && di_engine_set_speculative(e, (int)spec_tokens, spec_conf) != DI_OK) {
     fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
     goto done;
   }
@@ -320,6 +354,12 @@ int di_cmd_generate(int argc, char **argv) {
             "KV blocks %lld used / %lld total\n", (long long)s.prompt_tokens, (long long)s.generated_tokens,
             s.generation_tokens_per_s, (long long)s.steps, s.prefix_cache_hit_rate, (long long)s.kv_blocks_used,
             (long long)s.kv_blocks_total);
+    di_spec_stats ss;
+    di_engine_get_spec_stats(e, &ss);
+    if (ss.num_tokens > 0)
+      fprintf(stderr, "deepinfer: speculative (MTP, k=%d): %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f\n",
+              ss.num_tokens, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens, 100 * ss.acceptance_rate,
+              ss.mean_accepted_length);
   }
   rc = fin == DI_FINISH_ERROR ? 1 : 0;
 done:

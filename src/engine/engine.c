@@ -5,6 +5,7 @@
  * plan before it is submitted. When the plan for n+1 would need preemption, the engine plans it
  * after step n instead (synchronously), so preemption never touches an in-flight sequence. */
 #include "engine/engine_internal.h"
+#include "engine/spec_decode.h"
 #include "sampler/rng.h"
 #include <math.h>
 #include <stdlib.h>
@@ -113,6 +114,7 @@ void di_engine_free(di_engine *e) {
   di_sched_free(&e->sched[1]);
   di_kv_manager_free(e->kv);
   di_row_sampler_free(e->rows);
+  di_spec_free(e);
   free(e->logits); free(e->jobs); free(e->dev_rows); free(e->dev_tokens);
   if (e->cfg.on_free) e->cfg.on_free(e->cfg.on_free_ctx);
   free(e);
@@ -399,6 +401,7 @@ static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
 
 di_status di_engine_step(di_engine *e, di_step_output **out) {
   double t0 = di_now(), t_blocked = 0;
+  di_status st_spec = DI_OK;
   for (int i = 0; i < e->n_grave; i++) di_req_free(e, e->graveyard[i]);
   e->n_grave = 0;
   for (int i = 0; i < e->n_all; i++) di_req_reset_output(e->all[i]);
@@ -422,10 +425,10 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       DI_TRY(di_schedule(e, next, 1));
       if (next->n > 0) DI_TRY(di_sched_build_batch(e, next));
     }
-    int on_device = plan_device_sampling(e, cur);
+    int on_device = e->spec ? 0 : plan_device_sampling(e, cur);
     double tw = di_now();
     e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
-    st = e->be->ops->wait(e->be, on_device ? NULL : e->logits, NULL);
+    st = e->be->ops->wait(e->be, on_device ? NULL : e->logits, e->spec ? di_spec_hidden(e) : NULL);
     double tw1 = di_now();
     t_blocked += tw1 - tw;
     e->wait_s += tw1 - tw;
@@ -442,7 +445,7 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       *out = &e->step_out;
       return st;
     }
-    st = sample_step(e, cur, on_device);
+    st = e->spec ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
     if (st != DI_OK) {
       for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, di_last_error());
       di_sched_clear(next);
@@ -470,6 +473,10 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
     /* the rest of step n's results, while step n+1 computes */
     double tp = di_now();
     post_step(e, cur);
+    if (e->spec) { /* synchronous: nothing is in flight here */
+      di_spec_after_post(e, cur);
+      st_spec = di_spec_draft(e, cur);
+    }
     di_sched_clear(cur);
     if (e->inflight_active) e->hidden_s += di_now() - tp;
   }
@@ -480,6 +487,7 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
   e->busy_s += t1 - t0;
   e->host_s += (t1 - t0) - t_blocked;
   *out = &e->step_out;
+  if (st_spec != DI_OK) return st_spec; /* MTP failure: the message is set, its requests ended with it */
   return DI_OK;
 }
 

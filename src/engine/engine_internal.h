@@ -44,6 +44,10 @@ typedef struct di_engine_core_config {
   const char *constraint_missing;      /* message for that case */
   void (*on_free)(void *ctx);          /* called by di_engine_free with on_free_ctx */
   void *on_free_ctx;
+  /* Optional: the model's MTP layer for speculative decoding (NULL: unavailable). tokens[t] follows
+   * the token whose final hidden state is prev_hidden[t]; writes the MTP KV entries at positions[t];
+   * logits / hidden_out of the output rows (either may be NULL). */
+  di_status (*mtp)(di_backend *b, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out);
 } di_engine_core_config;
 
 di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engine_options *opt, di_engine **out);
@@ -63,6 +67,8 @@ void di_row_sampler_free(di_row_sampler *rs);
 void di_row_sampler_run(di_row_sampler *rs, di_engine *e, di_row_job *jobs, int n);
 /* Work (rows x vocab) from which the threads are used (tests set 0 to force them). */
 void di_row_sampler_set_min_work(di_row_sampler *rs, int64_t rows_x_vocab);
+
+#define DI_SPEC_MAX_DRAFT 5
 
 typedef enum { DI_REQ_WAITING, DI_REQ_RUNNING, DI_REQ_DONE } di_req_state;
 
@@ -111,6 +117,11 @@ typedef struct di_req {
   char *out_text;            /* NUL-terminated copy for the API */
   /* timing */
   double t_arrival, t_first, t_last;
+  /* speculative decoding (spec_decode.c): drafts for positions n_tokens.. with cumulative
+   * confidences; n_spec of them are verified by the step in flight */
+  int32_t draft[DI_SPEC_MAX_DRAFT];
+  float draft_conf[DI_SPEC_MAX_DRAFT];
+  int n_draft, n_spec;
 } di_req;
 
 /* One scheduled piece of work: tokens [start, start + n_new) of r; sample = logits wanted. */
@@ -163,6 +174,7 @@ struct di_engine {
   di_seq_output *outs;
   int n_outs, cap_outs;
   di_step_output step_out;
+  struct di_spec *spec;      /* speculative decoding state; NULL when off (the default) */
   /* stats */
   int64_t steps, prompt_tokens, generated_tokens, preemptions;
   double busy_s, host_s, hidden_s, wait_s;

@@ -4,6 +4,7 @@
  * recomputes its prompt and output later and, sampling being keyed by position, produces the same
  * tokens). Also turns a plan into the backend's di_batch. */
 #include "engine/engine_internal.h"
+#include "engine/spec_decode.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,6 +48,7 @@ static void preempt(di_engine *e, di_req *v) {
   di_engine_remove_running(e, v);
   di_kv_free_seq(e->kv, &v->kv);
   v->n_computed = v->n_valid = 0;
+  v->n_draft = 0;
   v->state = DI_REQ_WAITING;
   memmove(e->waiting + 1, e->waiting, (size_t)e->n_waiting * sizeof *e->waiting);
   e->waiting[0] = v;
@@ -111,6 +113,9 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     budget -= n_new;
   }
 
+  /* speculative decoding: draft tokens to verify, by confidence, before admissions */
+  if (e->spec) DI_TRY(di_spec_grant(e, s, &budget));
+
   /* admit waiting requests (FCFS) unless this step had to preempt */
   for (int i = 0; i < e->n_waiting && budget > 0 && !e->preempted_this_step; i++) {
     if (e->n_running >= e->opt.max_num_seqs) break;
@@ -164,7 +169,6 @@ static di_status grow(void **p, int *cap, int need, size_t elem) {
 }
 
 di_status di_sched_build_batch(di_engine *e, di_sched *s) {
-  (void)e;
   int n_tok = 0, n_seq = 0, n_out = 0, n_tab = 0;
   for (int i = 0; i < s->n; i++)
     if (!s->e[i].dropped) {
@@ -200,11 +204,13 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
     for (int k = 0; k < en->n_new; k++) {
       int pos = en->start + k;
       s->tokens[t] = pos < r->n_tokens ? r->tokens[pos] : -1; /* -1: sampled by the in-flight step */
+      if (pos >= r->n_tokens && r->n_spec > 0) s->tokens[t] = r->draft[pos - r->n_tokens]; /* verified draft */
+      if (e->spec) s->out_rows[o++] = t; /* every row: its hidden state feeds the MTP layer */
       s->positions[t] = pos;
       s->seq_of[t] = q;
       t++;
     }
-    if (en->sample) s->out_rows[o++] = t - 1;
+    if (en->sample && !e->spec) s->out_rows[o++] = t - 1;
     q++;
   }
   s->batch = (di_batch){.n_tokens = t, .tokens = s->tokens, .positions = s->positions, .seq_of = s->seq_of,

@@ -1,0 +1,19 @@
+/* Speculative decoding with the model's MTP layer ("DSpark") inside the engine: the hooks the step
+ * loop and the scheduler call when it is on (di_engine_set_speculative). Off: none is called. */
+#ifndef DI_SPEC_DECODE_H
+#define DI_SPEC_DECODE_H
+#include "engine/engine_internal.h"
+
+/* Grants draft tokens of running decode entries already in `s` from *budget, by confidence. */
+di_status di_spec_grant(di_engine *e, di_sched *s, int *budget);
+/* Hidden-state rows [max_num_batched_tokens][hidden] the backend's wait() fills (every row). */
+float *di_spec_hidden(di_engine *e);
+/* Samples and verifies the rows of a completed step (replaces the plain sample_step). */
+di_status di_spec_sample_step(di_engine *e, di_sched *s);
+/* After detokenisation: drops tokens accepted after a stop string ended the request. */
+void di_spec_after_post(di_engine *e, di_sched *s);
+/* Runs the MTP layer over the step's accepted tokens and drafts the next tokens. On failure the
+ * step's running requests end with the error, which is returned. */
+di_status di_spec_draft(di_engine *e, di_sched *s);
+void di_spec_free(di_engine *e);
+#endif
