@@ -169,12 +169,11 @@ static di_status grow(void **p, int *cap, int need, size_t elem) {
 }
 
 di_status di_sched_build_batch(di_engine *e, di_sched *s) {
-  int n_tok = 0, n_seq = 0, n_out = 0, n_tab = 0;
+  int n_tok = 0, n_seq = 0, n_tab = 0;
   for (int i = 0; i < s->n; i++)
     if (!s->e[i].dropped) {
       n_tok += s->e[i].n_new;
       n_seq++;
-      n_out += s->e[i].sample;
       n_tab += s->e[i].r->kv.n[0];
     }
   int tb = s->table_cap;
