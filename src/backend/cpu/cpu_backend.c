@@ -8,7 +8,7 @@
 static void free_scratch(di_cpu_backend *b) {
   float **fs[] = {&b->s_x, &b->s_h, &b->s_o, &b->s_q, &b->s_qa, &b->s_kv, &b->s_attn, &b->s_g, &b->s_u,
                   &b->s_router, &b->s_topk_w, &b->s_exp_in, &b->s_exp_out, &b->s_exp_slot, &b->s_shared,
-                  &b->s_mtp_cat, &b->attn_scratch};
+                  &b->s_mtp_cat, &b->s_rope, &b->attn_scratch};
   for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
     free(*fs[i]);
     *fs[i] = NULL;
@@ -75,6 +75,7 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
   A(b->s_exp_slot, Tn * K * H);
   A(b->s_shared, Tn * H);
   A(b->s_mtp_cat, Tn * 2 * H);
+  A(b->s_rope, Tn * dr);
   b->attn_scratch_per_thread = 2 * R + dr + (size_t)newP + 16;
   A(b->attn_scratch, b->attn_scratch_per_thread * (size_t)di_threadpool_size(b->tp));
 #undef A

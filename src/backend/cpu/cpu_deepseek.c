@@ -29,13 +29,26 @@ static void rmsnorm_row(float *out, const float *x, const float *w, int n, float
 
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
-/* Rotates `x` (rope_dim values) in place for position `pos`. */
-static void rope_apply(const di_cpu_backend *b, float *x, int pos) {
+/* cos/sin of every rotary pair for each token of the step, computed once per step (not per layer
+ * and head): rope[t][i] = {cos, sin}(positions[t] * inv_freq[i]) * attention factor. */
+static void rope_table(di_cpu_backend *b, const di_batch *batch) {
   const int half = b->cfg->qk_rope_head_dim / 2;
   const float af = b->cfg->rope_attention_factor;
+  for (int t = 0; t < batch->n_tokens; t++) {
+    float *cs = b->s_rope + (size_t)t * 2 * half;
+    for (int i = 0; i < half; i++) {
+      float ang = (float)batch->positions[t] * b->inv_freq[i];
+      cs[2 * i] = cosf(ang) * af;
+      cs[2 * i + 1] = sinf(ang) * af;
+    }
+  }
+}
+
+/* Rotates `x` (rope_dim values) in place with the cos/sin row `cs` of its token. */
+static void rope_apply(const di_cpu_backend *b, float *x, const float *cs) {
+  const int half = b->cfg->qk_rope_head_dim / 2;
   for (int i = 0; i < half; i++) {
-    float ang = (float)pos * b->inv_freq[i];
-    float c = cosf(ang) * af, s = sinf(ang) * af;
+    const float c = cs[2 * i], s = cs[2 * i + 1];
     int i0 = b->cfg->rope_interleave ? 2 * i : i, i1 = b->cfg->rope_interleave ? 2 * i + 1 : i + half;
     float x0 = x[i0], x1 = x[i1];
     x[i0] = x0 * c - x1 * s;
@@ -76,7 +89,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
     for (int r = 0; r < R; r++)
       q_lat[r] = di_cpu_dot(wk + ((size_t)h * R + r) * dn, q, dn);
     memcpy(q_pe, q + dn, sizeof(float) * (size_t)dr);
-    rope_apply(b, q_pe, pos);
+    rope_apply(b, q_pe, b->s_rope + (size_t)t * dr);
     float mx = -INFINITY;
     for (int j = 0; j <= pos; j++) {
       const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
@@ -132,7 +145,7 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     const float *src = kv + (size_t)t * (R + dr);
     rmsnorm_row(e, src, L->kv_a_norm, R, c->rms_norm_eps);
     memcpy(e + R, src + R, sizeof(float) * (size_t)dr);
-    rope_apply(b, e + R, pos);
+    rope_apply(b, e + R, b->s_rope + (size_t)t * dr);
   }
   attn_ctx a = {b, batch, layer, q, b->s_attn};
   di_parallel_for(b->tp, (int64_t)T * NH, 1, attn_task, &a);
@@ -335,6 +348,7 @@ di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, floa
   const di_ds_weights *w = b->w;
   const int T = batch->n_tokens, H = c->hidden_size;
   DI_TRY(di_cpu_backend_reserve(b, T, batch));
+  rope_table(b, batch);
   float *x = b->s_x;
   for (int t = 0; t < T; t++) {
     int32_t id = batch->tokens[t];
@@ -364,6 +378,7 @@ di_status di_cpu_deepseek_mtp_forward(di_cpu_backend *b, int mtp_index, const di
   const di_ds_layer *L = &w->layers[w->n_layers + mtp_index];
   const int T = batch->n_tokens, H = c->hidden_size;
   DI_TRY(di_cpu_backend_reserve(b, T, batch));
+  rope_table(b, batch);
   float *x = b->s_x, *cat = b->s_mtp_cat;
   /* x = eh_proj([enorm(embed(next token)) | hnorm(h_prev)]) */
   for (int t = 0; t < T; t++) {
