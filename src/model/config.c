@@ -187,6 +187,11 @@ di_status di_model_config_parse(const char *json, size_t len, const char *gen_js
       st = di_error_set(DI_ERR_FORMAT, W ": MoE needs moe_intermediate_size > 0 and 0 < num_experts_per_tok <= n_routed_experts");
       goto done;
     }
+    if (c.n_routed_experts > DI_MAX_EXPERTS || c.n_group > DI_MAX_EXPERT_GROUPS) {
+      st = di_error_set(DI_ERR_UNSUPPORTED, W ": %d routed experts in %d groups (at most %d experts, %d groups)",
+                        c.n_routed_experts, c.n_group, DI_MAX_EXPERTS, DI_MAX_EXPERT_GROUPS);
+      goto done;
+    }
     const char *tm = NULL, *sf = NULL;
     T(di_json_str(root, "topk_method", c.arch == DI_ARCH_DEEPSEEK_V3 ? "noaux_tc" : "greedy", W, &tm));
     T(di_json_str(root, "scoring_func", c.arch == DI_ARCH_DEEPSEEK_V3 ? "sigmoid" : "softmax", W, &sf));

@@ -12,6 +12,9 @@ typedef enum { DI_SCORE_SOFTMAX, DI_SCORE_SIGMOID } di_score_func;
 typedef enum { DI_TOPK_GREEDY, DI_TOPK_GROUP_LIMITED_GREEDY, DI_TOPK_NOAUX_TC } di_topk_method;
 
 #define DI_MAX_EOS 8
+/* Limits the kernels size their per-token router scratch by (DeepSeek-V3 has 256 experts, 8 groups). */
+#define DI_MAX_EXPERTS 1024
+#define DI_MAX_EXPERT_GROUPS 256
 
 typedef struct di_model_config {
   di_arch arch;

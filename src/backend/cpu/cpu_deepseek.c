@@ -171,7 +171,7 @@ static void mlp(di_cpu_backend *b, const float *x, int M, const di_weight *gate,
 static void route(const di_cpu_backend *b, const di_ds_layer *L, const float *logits, int32_t *ids, float *wts) {
   const di_model_config *c = b->cfg;
   const int E = c->n_routed_experts, K = c->num_experts_per_tok;
-  float scores[1024], choice[1024];
+  float scores[DI_MAX_EXPERTS], choice[DI_MAX_EXPERTS];
   if (c->scoring_func == DI_SCORE_SOFTMAX) {
     float mx = -INFINITY, sum = 0.0f;
     for (int e = 0; e < E; e++)
@@ -188,7 +188,7 @@ static void route(const di_cpu_backend *b, const di_ds_layer *L, const float *lo
     choice[e] = scores[e] + (L->router_bias && c->topk_method == DI_TOPK_NOAUX_TC ? L->router_bias[e] : 0.0f);
   if (c->topk_method != DI_TOPK_GREEDY && c->n_group > 1) {
     const int G = c->n_group, per = E / G;
-    float gscore[256];
+    float gscore[DI_MAX_EXPERT_GROUPS];
     for (int g = 0; g < G; g++) {
       const float *v = choice + g * per;
       if (c->topk_method == DI_TOPK_NOAUX_TC) { /* sum of the group's top-2 */
@@ -210,7 +210,7 @@ static void route(const di_cpu_backend *b, const di_ds_layer *L, const float *lo
       }
     }
     /* keep the topk_group best groups (ties: lower index), mask the rest out */
-    int keep[256] = {0};
+    int keep[DI_MAX_EXPERT_GROUPS] = {0};
     for (int k = 0; k < c->topk_group; k++) {
       int best = -1;
       for (int g = 0; g < G; g++)
@@ -224,7 +224,7 @@ static void route(const di_cpu_backend *b, const di_ds_layer *L, const float *lo
           choice[g * per + i] = -INFINITY;
   }
   /* top-K by choice score, descending; ties go to the lower expert index */
-  unsigned char taken[1024] = {0};
+  unsigned char taken[DI_MAX_EXPERTS] = {0};
   float sum = 0.0f;
   for (int k = 0; k < K; k++) {
     int best = -1;
