@@ -3,6 +3,7 @@
  * recently admitted running request gives its blocks back and rejoins the front of the queue; it
  * recomputes its prompt and output later and, sampling being keyed by position, produces the same
  * tokens). Also turns a plan into the backend's di_batch. */
+#include "util/grow.h"
 #include "engine/engine_internal.h"
 #include "engine/spec_decode.h"
 #include <stdlib.h>
@@ -157,15 +158,9 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
   return DI_OK;
 }
 
+/* di_grow with the batch builder's error message. */
 static di_status grow(void **p, int *cap, int need, size_t elem) {
-  if (need <= *cap) return DI_OK;
-  int c = *cap ? *cap : 64;
-  while (c < need) c *= 2;
-  void *q = realloc(*p, (size_t)c * elem);
-  if (!q) return di_error_set(DI_ERR_OOM, "batch: out of memory");
-  *p = q;
-  *cap = c;
-  return DI_OK;
+  return di_grow(p, cap, need, elem, 64) ? DI_OK : di_error_set(DI_ERR_OOM, "batch: out of memory");
 }
 
 di_status di_sched_build_batch(di_engine *e, di_sched *s) {

@@ -1,6 +1,7 @@
 /* Grammar builder: rules, alternatives, interned byte classes, UTF-8 lowering of code-point
  * sets, bounded repetition, and the final checks (defined, productive, not left-recursive) and
  * flattening into the array the automaton walks. */
+#include "util/grow.h"
 #include "grammar/gram_ir.h"
 #include <stdlib.h>
 #include <string.h>
@@ -34,19 +35,7 @@ void di_gb_free(di_gb *b) {
   memset(b, 0, sizeof *b);
 }
 
-static int grow(void **p, int *cap, int need, size_t elsize) {
-  if (need <= *cap)
-    return 1;
-  int nc = *cap ? *cap : 8;
-  while (nc < need)
-    nc *= 2;
-  void *q = realloc(*p, (size_t)nc * elsize);
-  if (!q)
-    return 0;
-  *p = q;
-  *cap = nc;
-  return 1;
-}
+static inline int grow(void **p, int *cap, int need, size_t elsize) { return di_grow(p, cap, need, elsize, 8); }
 
 int di_gb_rule(di_gb *b, const char *name) {
   for (int i = 0; i < b->n_rules; i++)

@@ -1,6 +1,7 @@
 /* Lazily determinised pushdown automaton (see gram_rt.h). Expansion of rule references is
  * eager (closure) with tail calls eliminated, so repetition written as right recursion keeps
  * stacks flat; left recursion is rejected at compile time, which makes every closure finite. */
+#include "util/grow.h"
 #include "grammar/gram_rt.h"
 #include <stdlib.h>
 #include <string.h>
@@ -14,19 +15,7 @@ static inline uint32_t mix(uint64_t x) {
   return (uint32_t)x;
 }
 
-static int grow(void **p, int *cap, int need, size_t elsize) {
-  if (need <= *cap)
-    return 1;
-  int nc = *cap ? *cap : 64;
-  while (nc < need)
-    nc *= 2;
-  void *q = realloc(*p, (size_t)nc * elsize);
-  if (!q)
-    return 0;
-  *p = q;
-  *cap = nc;
-  return 1;
-}
+static inline int grow(void **p, int *cap, int need, size_t elsize) { return di_grow(p, cap, need, elsize, 64); }
 
 static int node_rehash(di_grt *rt, int cap) {
   int32_t *h = malloc(sizeof(int32_t) * (size_t)cap);
