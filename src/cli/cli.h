@@ -2,6 +2,7 @@
  * table in main.c. Each command parses its own flags and prints its own --help. */
 #ifndef DI_CLI_H
 #define DI_CLI_H
+#include <stdint.h>
 #include <stdio.h>
 
 typedef struct di_cli_command {
@@ -18,6 +19,14 @@ int di_cmd_score(int argc, char **argv);
  * value prints an error and sets *err. */
 int di_cli_flag_value(int argc, char **argv, int *i, const char *name, const char **value, int *err);
 int di_cli_is_help(const char *arg);
+/* Parses an integer flag value in [lo, hi]; on failure prints "deepinfer CMD: FLAG: ..." and returns 0. */
+int di_cli_parse_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi, long long *out);
+/* Parses "1,2,3" (ids separated by commas and/or spaces) into a malloc'd array; returns the count, or
+ * -1 for a malformed list (with the byte offset of the bad id in *bad_offset when non-NULL). */
+int di_cli_parse_ids(const char *s, int32_t **ids, size_t *bad_offset);
+/* Reads all of `f` into a malloc'd buffer with a NUL after the data (the data may hold NULs too).
+ * NULL on out-of-memory. */
+char *di_cli_read_all(FILE *f, size_t *len);
 /* Default model folder: --model, else $DEEPINFER_HF_MODEL_DIR, else the shipped default model. */
 const char *di_cli_default_model_dir(void);
 #endif

@@ -1,10 +1,81 @@
 /* Flag parsing helpers shared by the subcommands (see cli.h). */
 #include "cli.h"
+#include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 int di_cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
+
+int di_cli_parse_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) {
+    fprintf(stderr, "deepinfer %s: %s: \"%s\" is not an integer in [%lld, %lld]\n", cmd, flag, v, lo, hi);
+    return 0;
+  }
+  *out = x;
+  return 1;
+}
+
+int di_cli_parse_ids(const char *s, int32_t **ids, size_t *bad_offset) {
+  int cap = 16, k = 0;
+  int32_t *a = malloc((size_t)cap * sizeof *a);
+  const char *p = s;
+  while (a && *p) {
+    char *end;
+    errno = 0;
+    long x = strtol(p, &end, 10);
+    if (errno || end == p || x < 0 || x > INT32_MAX) {
+      if (bad_offset)
+        *bad_offset = (size_t)(p - s);
+      free(a);
+      return -1;
+    }
+    if (k == cap) {
+      int32_t *b = realloc(a, (size_t)(cap *= 2) * sizeof *b);
+      if (!b) {
+        free(a);
+        return -1;
+      }
+      a = b;
+    }
+    a[k++] = (int32_t)x;
+    p = end;
+    while (*p == ',' || *p == ' ')
+      p++;
+  }
+  if (!a)
+    return -1;
+  *ids = a;
+  return k;
+}
+
+char *di_cli_read_all(FILE *f, size_t *len) {
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  if (!buf)
+    return NULL;
+  for (;;) {
+    if (n + 1 >= cap) {
+      char *q = realloc(buf, cap *= 2);
+      if (!q) {
+        free(buf);
+        return NULL;
+      }
+      buf = q;
+    }
+    size_t r = fread(buf + n, 1, cap - n - 1, f);
+    n += r;
+    if (r == 0)
+      break;
+  }
+  buf[n] = 0;
+  *len = n;
+  return buf;
+}
 
 int di_cli_flag_value(int argc, char **argv, int *i, const char *name, const char **value, int *err) {
   const char *a = argv[*i];

@@ -24,24 +24,6 @@ static void help(FILE *f) {
           "  --no-generation-prompt   do not end with the assistant header (add_generation_prompt=false)\n");
 }
 
-static char *read_all(FILE *f, size_t *n) {
-  size_t cap = 4096, len = 0;
-  char *p = malloc(cap);
-  if (!p) return NULL;
-  for (;;) {
-    if (len + 1 >= cap) {
-      char *q = realloc(p, cap *= 2);
-      if (!q) { free(p); return NULL; }
-      p = q;
-    }
-    size_t r = fread(p + len, 1, cap - len - 1, f);
-    len += r;
-    if (r == 0) break;
-  }
-  p[len] = 0;
-  *n = len;
-  return p;
-}
 
 int di_cmd_chat_template(int argc, char **argv) {
   const char *dir = NULL, *msgs = NULL;
@@ -74,7 +56,7 @@ int di_cmd_chat_template(int argc, char **argv) {
   char *text = NULL;
   size_t n = 0;
   if (strcmp(msgs, "-") == 0) {
-    text = read_all(stdin, &n);
+    text = di_cli_read_all(stdin, &n);
     if (!text) {
       fprintf(stderr, "deepinfer chat-template: cannot read stdin\n");
       return 1;

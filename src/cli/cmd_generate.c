@@ -36,15 +36,7 @@ static void usage(FILE *f) {
 }
 
 static int parse_int(const char *flag, const char *v, long long lo, long long hi, long long *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi) {
-    fprintf(stderr, "deepinfer generate: %s: \"%s\" is not an integer in [%lld, %lld]\n", flag, v, lo, hi);
-    return 0;
-  }
-  *out = x;
-  return 1;
+  return di_cli_parse_int("generate", flag, v, lo, hi, out);
 }
 
 static int parse_float(const char *flag, const char *v, float *out) {
@@ -60,31 +52,14 @@ static int parse_float(const char *flag, const char *v, float *out) {
 }
 
 static int parse_ids(const char *v, int32_t **ids, int *n) {
-  int cap = 16, k = 0;
-  int32_t *a = malloc((size_t)cap * sizeof *a);
-  const char *p = v;
-  while (a && *p) {
-    char *end;
-    errno = 0;
-    long x = strtol(p, &end, 10);
-    if (errno || end == p || x < 0 || x > INT32_MAX) {
-      fprintf(stderr, "deepinfer generate: --prompt-ids: bad id at offset %d of \"%s\"\n", (int)(p - v), v);
-      free(a);
-      return 0;
-    }
-    if (k == cap) {
-      cap *= 2;
-      int32_t *b = realloc(a, (size_t)cap * sizeof *b);
-      if (!b) { free(a); return 0; }
-      a = b;
-    }
-    a[k++] = (int32_t)x;
-    p = end;
-    while (*p == ',' || *p == ' ') p++;
+  size_t bad = 0;
+  int k = di_cli_parse_ids(v, ids, &bad);
+  if (k < 0) {
+    fprintf(stderr, "deepinfer generate: --prompt-ids: bad id at offset %d of \"%s\"\n", (int)bad, v);
+    return 0;
   }
-  *ids = a;
   *n = k;
-  return a != NULL;
+  return 1;
 }
 
 static char *read_text_file(const char *path) {

@@ -22,30 +22,6 @@ static void usage(FILE *f) {
              "exit status: 0 accepted (or compiled), 1 rejected, 2 malformed grammar or usage error\n");
 }
 
-static int read_stdin(char **out, size_t *len) {
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  if (!buf)
-    return 0;
-  for (;;) {
-    if (n == cap) {
-      char *q = realloc(buf, cap * 2);
-      if (!q) {
-        free(buf);
-        return 0;
-      }
-      buf = q;
-      cap *= 2;
-    }
-    size_t r = fread(buf + n, 1, cap - n, stdin);
-    n += r;
-    if (r == 0)
-      break;
-  }
-  *out = buf;
-  *len = n;
-  return 1;
-}
 
 /* A prefix check runs the bytes through a matcher over a vocabulary of the 256 single bytes. */
 static int accepts_prefix(const di_grammar *g, const char *s, size_t n) {
@@ -145,7 +121,7 @@ int di_cmd_grammar(int argc, char **argv) {
   if (check) {
     char *in = NULL;
     size_t n = 0;
-    if (!read_stdin(&in, &n)) {
+    if (!(in = di_cli_read_all(stdin, &n))) {
       fprintf(stderr, "deepinfer grammar: cannot read stdin\n");
       di_grammar_free(g);
       return 2;

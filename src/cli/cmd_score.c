@@ -6,42 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Parses "1,2,3" into a malloc'd array. Returns -1 on a malformed list. */
-int di_cli_parse_ids(const char *s, int32_t **ids);
-int di_cli_parse_ids(const char *s, int32_t **ids) {
-  int cap = 16, n = 0;
-  int32_t *v = malloc(sizeof(int32_t) * (size_t)cap);
-  const char *p = s;
-  while (v && *p) {
-    char *end;
-    long x = strtol(p, &end, 10);
-    if (end == p || x < 0 || x > INT32_MAX) {
-      free(v);
-      return -1;
-    }
-    if (n == cap) {
-      int32_t *nv = realloc(v, sizeof(int32_t) * (size_t)(cap *= 2));
-      if (!nv) {
-        free(v);
-        return -1;
-      }
-      v = nv;
-    }
-    v[n++] = (int32_t)x;
-    p = end;
-    while (*p == ' ')
-      p++;
-    if (*p == ',')
-      p++;
-    else if (*p) {
-      free(v);
-      return -1;
-    }
-  }
-  *ids = v;
-  return v ? n : -1;
-}
-
 static int write_logits(const char *path, const float *logits, int T, int V) {
   char header[256];
   size_t nbytes = (size_t)T * (size_t)V * 4;
@@ -98,7 +62,7 @@ int di_cmd_score(int argc, char **argv) {
     return 2;
   }
   int32_t *ids;
-  int n = di_cli_parse_ids(ids_s, &ids);
+  int n = di_cli_parse_ids(ids_s, &ids, NULL);
   if (n <= 0) {
     fprintf(stderr, "deepinfer score: --ids must be a non-empty comma-separated list of token ids\n");
     return 2;

@@ -47,15 +47,7 @@ static void usage(FILE *f) {
 }
 
 static int parse_ll(const char *flag, const char *v, long long lo, long long hi, long long *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi) {
-    fprintf(stderr, "deepinfer serve: %s: \"%s\" is not an integer in [%lld, %lld]\n", flag, v, lo, hi);
-    return 0;
-  }
-  *out = x;
-  return 1;
+  return di_cli_parse_int("serve", flag, v, lo, hi, out);
 }
 
 int di_cmd_serve(int argc, char **argv) {

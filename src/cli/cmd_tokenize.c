@@ -9,29 +9,6 @@
 int di_cmd_tokenize(int argc, char **argv);
 int di_cmd_detokenize(int argc, char **argv);
 
-static int read_stdin(char **data, size_t *len) {
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  if (!buf)
-    return -1;
-  for (;;) {
-    if (n == cap) {
-      char *p = realloc(buf, cap *= 2);
-      if (!p) {
-        free(buf);
-        return -1;
-      }
-      buf = p;
-    }
-    size_t got = fread(buf + n, 1, cap - n, stdin);
-    n += got;
-    if (got == 0)
-      break;
-  }
-  *data = buf;
-  *len = n;
-  return 0;
-}
 
 static void print_ids(FILE *f, const int32_t *ids, size_t n) {
   fputc('[', f);
@@ -104,7 +81,7 @@ int di_cmd_tokenize(int argc, char **argv) {
     return 1;
   char *in;
   size_t n;
-  if (read_stdin(&in, &n)) {
+  if (!(in = di_cli_read_all(stdin, &n))) {
     fprintf(stderr, "deepinfer tokenize: out of memory reading stdin\n");
     di_tokenizer_free(t);
     return 1;
@@ -264,7 +241,7 @@ int di_cmd_detokenize(int argc, char **argv) {
     return 1;
   char *in;
   size_t n;
-  if (read_stdin(&in, &n)) {
+  if (!(in = di_cli_read_all(stdin, &n))) {
     di_tokenizer_free(t);
     return 1;
   }
