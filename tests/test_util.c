@@ -1,5 +1,6 @@
 /* See test_util.h. */
 #include "test_util.h"
+#include <math.h>
 #include <stdlib.h>
 
 int di_test_passed, di_test_failed;
@@ -16,4 +17,16 @@ const char *test_path(const char *rel) {
 int test_finish(const char *name) {
   printf("%s: %d passed, %d failed\n", name, di_test_passed, di_test_failed);
   return di_test_failed ? 1 : 0;
+}
+
+double test_rel_l2(const float *got, const float *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (got[i] != got[i])
+      return INFINITY;
+    double d = (double)got[i] - (double)ref[i];
+    num += d * d;
+    den += (double)ref[i] * (double)ref[i];
+  }
+  return sqrt(num / (den > 0 ? den : 1));
 }

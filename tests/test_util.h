@@ -41,6 +41,8 @@ extern int di_test_passed, di_test_failed;
 
 /* Path of a file under the source tree ($DI_SOURCE_DIR or "."); static buffer, rotating. */
 const char *test_path(const char *rel);
+/* ||got - ref|| / ||ref|| in double precision; infinite when got holds a NaN. */
+double test_rel_l2(const float *got, const float *ref, size_t n);
 /* Prints the closing line and returns the exit code. */
 int test_finish(const char *name);
 #endif

@@ -44,6 +44,13 @@ void di_st_file_close(di_st_file *f) {
   memset(f, 0, sizeof *f);
 }
 
+const di_st_tensor *di_st_file_find(const di_st_file *f, const char *name) {
+  for (int i = 0; i < f->n_tensors; i++)
+    if (strcmp(f->tensors[i].name, name) == 0)
+      return &f->tensors[i];
+  return NULL;
+}
+
 di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_file *out) {
   memset(out, 0, sizeof *out);
   if (len < 8)

@@ -37,6 +37,8 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
 /* Maps and parses a file. */
 di_status di_st_open(const char *path, di_st_file *out);
 void di_st_file_close(di_st_file *f);
+/* The tensor called `name` in one file (linear search; NULL when absent). */
+const di_st_tensor *di_st_file_find(const di_st_file *f, const char *name);
 
 /* A model's tensors across one or more files (model.safetensors, or the shards named by
  * model.safetensors.index.json), looked up by name. */

@@ -19,21 +19,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = (double)a[i] - (double)b[i];
-    if (a[i] != a[i]) return INFINITY;
-    num += d * d;
-    den += (double)b[i] * (double)b[i];
-  }
-  return sqrt(num / (den > 0 ? den : 1));
-}
-static const di_st_tensor *find(const di_st_file *f, const char *name) {
-  for (int i = 0; i < f->n_tensors; i++)
-    if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
-  return NULL;
-}
 static int argmax(const float *v, int n, float *margin) {
   int b = 0;
   for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
@@ -52,7 +37,7 @@ typedef struct pool {
   int n;
 } pool;
 static void pool_add(pool *p, const float *got, const float *ref, int T, int V) {
-  for (int t = 0; t < T && p->n < 1024; t++) p->e[p->n++] = rel_l2(got + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
+  for (int t = 0; t < T && p->n < 1024; t++) p->e[p->n++] = test_rel_l2(got + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
 }
 static void pool_stats(pool *p, double *median, double *frac_ok) {
   int ok = 0;
@@ -138,9 +123,9 @@ static void check_case(const char *name) {
   for (int p = 0; p < 3; p++) {
     char k[64];
     snprintf(k, sizeof k, "p%d.ids", p);
-    const di_st_tensor *tid = find(&g, k);
+    const di_st_tensor *tid = di_st_file_find(&g, k);
     snprintf(k, sizeof k, "p%d.logits", p);
-    const di_st_tensor *tlog = find(&g, k);
+    const di_st_tensor *tlog = di_st_file_find(&g, k);
     if (!tid || !tlog) continue;
     const int T = (int)tid->shape[0];
     const int32_t *ids = tid->data;
@@ -149,7 +134,7 @@ static void check_case(const char *name) {
     CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
     st = di_model_score(mc, ids, T, lc);
     CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
-    double eg = rel_l2(lg, tlog->data, (size_t)T * V), ec = rel_l2(lg, lc, (size_t)T * V);
+    double eg = test_rel_l2(lg, tlog->data, (size_t)T * V), ec = test_rel_l2(lg, lc, (size_t)T * V);
     pool_add(&pg, lg, tlog->data, T, V);
     pool_add(&pc, lg, lc, T, V);
     int chk, bad = top1_bad(lg, tlog->data, T, V, &chk);
@@ -183,7 +168,7 @@ static void check_case(const char *name) {
     float *o[1] = {step_logits[i]};
     st = decode_batch(be, &ss[i], 1, o, V, i == 0);
     CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
-    double e = rel_l2(step_logits[i], alone[i], (size_t)ss[i].n * V);
+    double e = test_rel_l2(step_logits[i], alone[i], (size_t)ss[i].n * V);
     int chk, bad = top1_bad(step_logits[i], alone[i], ss[i].n, V, &chk);
     CHECKF(e < 3e-2 && bad * 20 <= chk, "%s seq %d: stepwise decode vs prompt pass rel err %.3e, top-1 bad %d of %d", name, i,
            e, bad, chk);
@@ -195,7 +180,7 @@ static void check_case(const char *name) {
     st = decode_batch(be, ss, 3, bo, V, 1);
     CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
     for (int i = 0; i < 3; i++) {
-      double e = rel_l2(bo[i], step_logits[i], (size_t)ss[i].n * V);
+      double e = test_rel_l2(bo[i], step_logits[i], (size_t)ss[i].n * V);
       CHECKF(e < 1e-2, "%s seq %d: batched vs alone rel err %.3e", name, i, e);
       printf("%-32s seq %d batched vs alone %.2e\n", name, i, e);
       free(bo[i]);

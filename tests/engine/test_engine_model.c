@@ -125,11 +125,6 @@ static void test_model(const char *dir, int n_req) {
   di_model_free(m);
 }
 
-static const di_st_tensor *find(const di_st_file *f, const char *name) {
-  for (int i = 0; i < f->n_tensors; i++)
-    if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
-  return NULL;
-}
 
 /* greedy from the engine == the reference implementation's golden continuation (where decided) */
 static void test_golden(const char *dir) {
@@ -145,11 +140,11 @@ static void test_golden(const char *dir) {
   for (int pi = 0; pi < 3; pi++) {
     char name[32];
     snprintf(name, sizeof name, "p%d.ids", pi);
-    const di_st_tensor *ids = find(&gf, name);
+    const di_st_tensor *ids = di_st_file_find(&gf, name);
     snprintf(name, sizeof name, "p%d.greedy", pi);
-    const di_st_tensor *gr = find(&gf, name);
+    const di_st_tensor *gr = di_st_file_find(&gf, name);
     snprintf(name, sizeof name, "p%d.margin", pi);
-    const di_st_tensor *mg = find(&gf, name);
+    const di_st_tensor *mg = di_st_file_find(&gf, name);
     if (!ids || !gr || !mg) { CHECKF(0, "%s: golden tensors missing", dir); continue; }
     di_engine *e;
     di_engine_options o;

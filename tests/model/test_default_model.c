@@ -10,23 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = (double)a[i] - (double)b[i];
-    num += d * d;
-    den += (double)b[i] * (double)b[i];
-  }
-  return sqrt(num / (den > 0 ? den : 1));
-}
 
 static const di_st_tensor *find(const di_st_file *f, const char *fmt, int p) {
   char name[64];
   snprintf(name, sizeof name, fmt, p);
-  for (int i = 0; i < f->n_tensors; i++)
-    if (strcmp(f->tensors[i].name, name) == 0)
-      return &f->tensors[i];
-  return NULL;
+  return di_st_file_find(f, name);
 }
 
 /* One prompt: main forward with logits and hidden states of every row, then the MTP layer over rows
@@ -57,7 +45,7 @@ static void check_prompt(di_model *m, const di_st_file *g, const di_st_file *mg,
     st = m->backend->ops->wait(m->backend, lg, hid);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (st == DI_OK) {
-    double e1 = rel_l2(lg, tlog->data, (size_t)T * V), e2 = rel_l2(hid, thid->data, (size_t)T * H);
+    double e1 = test_rel_l2(lg, tlog->data, (size_t)T * V), e2 = test_rel_l2(hid, thid->data, (size_t)T * H);
     CHECKF(e1 < 1e-4, "p%d: logits rel L2 %.3e", p, e1);
     CHECKF(e2 < 1e-4, "p%d: hidden rel L2 %.3e", p, e2);
     printf("default p%d T=%d: logits rel err %.2e, hidden rel err %.2e\n", p, T, e1, e2);
@@ -72,7 +60,7 @@ static void check_prompt(di_model *m, const di_st_file *g, const di_st_file *mg,
       st = di_cpu_deepseek_mtp_forward((di_cpu_backend *)m->backend, 0, &mb, thid->data, lg, NULL);
       CHECKF(st == DI_OK, "%s", di_last_error());
       if (st == DI_OK) {
-        double e3 = rel_l2(lg, tmtp->data, (size_t)(T - 1) * V);
+        double e3 = test_rel_l2(lg, tmtp->data, (size_t)(T - 1) * V);
         CHECKF(e3 < 1e-4, "p%d: MTP logits rel L2 %.3e", p, e3);
         printf("default p%d: MTP logits rel err %.2e\n", p, e3);
       }

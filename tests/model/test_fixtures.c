@@ -9,22 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    double d = (double)a[i] - (double)b[i];
-    num += d * d;
-    den += (double)b[i] * (double)b[i];
-  }
-  return sqrt(num / (den > 0 ? den : 1));
-}
 
-static const di_st_tensor *find(const di_st_file *f, const char *name) {
-  for (int i = 0; i < f->n_tensors; i++)
-    if (strcmp(f->tensors[i].name, name) == 0)
-      return &f->tensors[i];
-  return NULL;
-}
 
 static int argmax(const float *v, int n) {
   int b = 0;
@@ -77,13 +62,13 @@ static void check_case(const char *name, const char *golden_dir) {
   for (int p = 0; p < 3; p++) {
     char k[64];
     snprintf(k, sizeof k, "p%d.ids", p);
-    const di_st_tensor *tid = find(&g, k);
+    const di_st_tensor *tid = di_st_file_find(&g, k);
     snprintf(k, sizeof k, "p%d.logits", p);
-    const di_st_tensor *tlog = find(&g, k);
+    const di_st_tensor *tlog = di_st_file_find(&g, k);
     snprintf(k, sizeof k, "p%d.greedy", p);
-    const di_st_tensor *tgr = find(&g, k);
+    const di_st_tensor *tgr = di_st_file_find(&g, k);
     snprintf(k, sizeof k, "p%d.margin", p);
-    const di_st_tensor *tmar = find(&g, k);
+    const di_st_tensor *tmar = di_st_file_find(&g, k);
     CHECK(tid && tlog && tgr && tmar);
     if (!tid || !tlog || !tgr || !tmar)
       continue;
@@ -93,7 +78,7 @@ static void check_case(const char *name, const char *golden_dir) {
     float *lg = malloc(sizeof(float) * (size_t)(T + G) * V), *lg2 = malloc(sizeof(float) * (size_t)(T + G) * V);
     st = di_model_score(m, seq, T, lg);
     CHECKF(st == DI_OK, "%s", di_last_error());
-    double err = rel_l2(lg, tlog->data, (size_t)T * V);
+    double err = test_rel_l2(lg, tlog->data, (size_t)T * V);
     CHECKF(err < 1e-4, "%s p%d: logits rel L2 error %.3e", name, p, err);
     printf("%s p%d T=%d logits rel err %.2e\n", name, p, T, err);
     /* greedy continuation: prefill the prompt, then one cached decode step per token */
@@ -136,7 +121,7 @@ static void check_case(const char *name, const char *golden_dir) {
     CHECK(st == DI_OK);
     st = decode_stepwise(m, seq, n, lg2);
     CHECKF(st == DI_OK, "%s", di_last_error());
-    double derr = rel_l2(lg2, lg, (size_t)n * V);
+    double derr = test_rel_l2(lg2, lg, (size_t)n * V);
     CHECKF(derr < 1e-5, "%s p%d: decode vs prefill rel error %.3e", name, p, derr);
     free(seq);
     free(lg);
