@@ -2,6 +2,7 @@
  * {# #}, with Jinja2's whitespace rules as transformers sets them (trim_blocks, lstrip_blocks,
  * `-`/`+` modifiers, newline normalization, one trailing newline dropped) and its string escapes
  * (Python's unicode-escape). Raw blocks become text. */
+#include "util/text.h"
 #include "chat/jinja.h"
 #include <stdlib.h>
 #include <string.h>
@@ -56,12 +57,6 @@ static int is_digit(char c) { return c >= '0' && c <= '9'; }
 static int is_name0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 static int is_name(char c) { return is_name0(c) || is_digit(c); }
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 /* Decodes a string literal's body as Jinja does: encode("ascii", "backslashreplace") then
  * decode("unicode-escape"). So a backslash before a non-ASCII character yields the text of
@@ -93,7 +88,7 @@ static di_status decode_string(lexer *L, size_t at, const char *p, size_t n, jj_
       int nd = c == 'x' ? 2 : c == 'u' ? 4 : 8;
       uint32_t cp = 0;
       for (int k = 0; k < nd; k++) {
-        int h = i + (size_t)k < n ? hexval(p[i + (size_t)k]) : -1;
+        int h = i + (size_t)k < n ? di_hexval(p[i + (size_t)k]) : -1;
         if (h < 0) { jj_buf_free(&b); return lex_err(L, at, "string literal has a truncated \\x, \\u or \\U escape"); }
         cp = cp * 16 + (uint32_t)h;
       }

@@ -1,6 +1,7 @@
 /* EBNF front-end: the GBNF dialect llama.cpp users write -- `name ::= alternatives`, literals
  * with escapes, [classes] with ranges and ^negation, `.`, groups, `? * + {m} {m,} {m,n}`, `#`
  * comments; the start rule is `root`. Errors say "line L, column C". */
+#include "util/text.h"
 #include "grammar/gram_ir.h"
 #include <stdlib.h>
 #include <string.h>
@@ -45,32 +46,13 @@ static int is_word(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
 }
 
-/* Decodes one UTF-8 code point at p->i; -1 when malformed. */
-static int32_t next_utf8(ep *p) {
-  const unsigned char *u = (const unsigned char *)p->s;
-  unsigned c = u[p->i];
-  int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-  if (!len || p->i + (size_t)len > p->n)
-    return -1;
-  uint32_t cp = len == 1 ? c : len == 2 ? (c & 31) : len == 3 ? (c & 15) : (c & 7);
-  for (int k = 1; k < len; k++) {
-    if ((u[p->i + (size_t)k] & 0xC0) != 0x80)
-      return -1;
-    cp = (cp << 6) | (u[p->i + (size_t)k] & 63);
-  }
-  p->i += (size_t)len;
-  return (int32_t)cp;
-}
 
-static int hexval(char c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
 
 /* One character of a literal or class, with escapes. Returns a code point or sets *st. */
 static int32_t parse_char(ep *p, di_status *st) {
   size_t at = p->i;
   if (p->s[p->i] != '\\') {
-    int32_t c = next_utf8(p);
+    int32_t c = di_utf8_decode(p->s, p->n, &p->i);
     if (c < 0)
       *st = perr(p, at, "invalid UTF-8%s", NULL);
     return c;
@@ -100,7 +82,7 @@ static int32_t parse_char(ep *p, di_status *st) {
   }
   uint32_t v = 0;
   for (int k = 0; k < digits; k++) {
-    int h = p->i < p->n ? hexval(p->s[p->i]) : -1;
+    int h = p->i < p->n ? di_hexval(p->s[p->i]) : -1;
     if (h < 0) {
       *st = perr(p, at, "escape needs %s hex digits", digits == 2 ? "2" : digits == 4 ? "4" : "8");
       return -1;

@@ -3,6 +3,7 @@
  * alternation, (capturing / (?:non-capturing) / (?<named>)) groups. Matching is over code points
  * emitted as UTF-8. Whole-output match for `--regex`; JSON Schema `pattern` uses search
  * semantics (unanchored unless ^ / $) and JSON-string escaping. Errors say "offset N". */
+#include "util/text.h"
 #include "grammar/gram_ir.h"
 #include <stdlib.h>
 #include <string.h>
@@ -64,25 +65,7 @@ static int cs_add_set(cset *c, const di_cprange *r, int n, int negate) {
   return cs_add(c, next, 0x10FFFF);
 }
 
-static int hexval(char c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
 
-static int32_t next_utf8(rp *p) {
-  const unsigned char *u = (const unsigned char *)p->s;
-  unsigned c = u[p->i];
-  int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-  if (!len || p->i + (size_t)len > p->n)
-    return -1;
-  uint32_t cp = len == 1 ? c : len == 2 ? (c & 31) : len == 3 ? (c & 15) : (c & 7);
-  for (int k = 1; k < len; k++) {
-    if ((u[p->i + (size_t)k] & 0xC0) != 0x80)
-      return -1;
-    cp = (cp << 6) | (u[p->i + (size_t)k] & 63);
-  }
-  p->i += (size_t)len;
-  return (int32_t)cp;
-}
 
 /* Parses an escape after '\' (p->i at the letter). Either returns a code point (>= 0) or, for a
  * class escape, fills `set` and returns -2; -1 on error (*st set). */
@@ -116,7 +99,7 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
     *st = runsup(p, at, "\\B is not supported");
     return -1;
   case 'x': {
-    int h1 = p->i < p->n ? hexval(p->s[p->i]) : -1, h2 = p->i + 1 < p->n ? hexval(p->s[p->i + 1]) : -1;
+    int h1 = p->i < p->n ? di_hexval(p->s[p->i]) : -1, h2 = p->i + 1 < p->n ? di_hexval(p->s[p->i + 1]) : -1;
     if (h1 < 0 || h2 < 0) {
       *st = rerr(p, at, "\\x needs two hex digits");
       return -1;
@@ -129,8 +112,8 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
     if (p->i < p->n && p->s[p->i] == '{') {
       p->i++;
       int nd = 0;
-      while (p->i < p->n && hexval(p->s[p->i]) >= 0 && nd < 8)
-        v = v * 16 + (uint32_t)hexval(p->s[p->i++]), nd++;
+      while (p->i < p->n && di_hexval(p->s[p->i]) >= 0 && nd < 8)
+        v = v * 16 + (uint32_t)di_hexval(p->s[p->i++]), nd++;
       if (!nd || p->i >= p->n || p->s[p->i] != '}' || v > 0x10FFFF) {
         *st = rerr(p, at, "bad \\u{...} escape");
         return -1;
@@ -139,7 +122,7 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
       return (int32_t)v;
     }
     for (int k = 0; k < 4; k++) {
-      int h = p->i < p->n ? hexval(p->s[p->i]) : -1;
+      int h = p->i < p->n ? di_hexval(p->s[p->i]) : -1;
       if (h < 0) {
         *st = rerr(p, at, "\\u needs four hex digits");
         return -1;
@@ -166,7 +149,7 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
     }
     p->i--;
     {
-      int32_t c = next_utf8(p);
+      int32_t c = di_utf8_decode(p->s, p->n, &p->i);
       if (c < 0) {
         *st = rerr(p, at, "invalid UTF-8");
         return -1;
@@ -280,7 +263,7 @@ static di_status parse_class(rp *p, di_gseq *s) {
       if (lo == -2)
         continue;
     } else {
-      lo = next_utf8(p);
+      lo = di_utf8_decode(p->s, p->n, &p->i);
       if (lo < 0) {
         st = rerr(p, p->i, "invalid UTF-8");
         goto fail;
@@ -302,7 +285,7 @@ static di_status parse_class(rp *p, di_gseq *s) {
           goto fail;
         }
       } else {
-        hi = next_utf8(p);
+        hi = di_utf8_decode(p->s, p->n, &p->i);
         if (hi < 0) {
           st = rerr(p, p->i, "invalid UTF-8");
           goto fail;
@@ -467,7 +450,7 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
         emit_cp(p, s, (uint32_t)cp);
       free(set.v);
     } else {
-      int32_t cp = next_utf8(p);
+      int32_t cp = di_utf8_decode(p->s, p->n, &p->i);
       if (cp < 0)
         return rerr(p, at, "invalid UTF-8");
       emit_cp(p, s, (uint32_t)cp);

@@ -2,6 +2,7 @@
  * is re-parsed from the start of the buffer each time more bytes arrive: heads are small (limit
  * max_head_bytes), and a stateless parser is easier to fuzz. Bodies are not re-scanned: a
  * Content-Length body is only counted, a chunked body goes through a byte-at-a-time state machine. */
+#include "util/text.h"
 #include "server/http.h"
 #include <errno.h>
 #include <stdio.h>
@@ -193,12 +194,6 @@ static di_status ch_error(di_http_chunked *d, int status, const char *msg) {
   return di_error_set(DI_ERR_FORMAT, "chunked body: %s", msg);
 }
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 /* the size line ended: start the chunk's data, or the trailers after the last chunk */
 static di_status ch_size_done(di_http_chunked *d) {
@@ -230,7 +225,7 @@ di_status di_http_chunked_feed(di_http_chunked *d, const char *in, size_t len, s
     char c = in[i];
     switch (d->state) {
       case CH_SIZE: {
-        int h = hexval(c);
+        int h = di_hexval(c);
         if (h >= 0 && d->line_len < 16) {
           if (d->line_len == 15 || d->remaining > (UINT64_MAX >> 4)) return ch_error(d, 413, "chunk size too large");
           d->remaining = d->remaining * 16 + (uint64_t)h;

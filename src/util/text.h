@@ -1,0 +1,30 @@
+/* Small text helpers shared by the parsers (grammar front-ends, Jinja lexer, HTTP). */
+#ifndef DI_UTIL_TEXT_H
+#define DI_UTIL_TEXT_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* The value of a hexadecimal digit, or -1. */
+static inline int di_hexval(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Decodes the UTF-8 code point at s[*i] (s has n bytes) and advances *i past it; -1 (and *i
+ * unchanged) when the sequence is malformed or truncated. Lead bytes are checked by form only
+ * (no overlong or surrogate check). */
+static inline int32_t di_utf8_decode(const char *s, size_t n, size_t *i) {
+  const unsigned char *u = (const unsigned char *)s;
+  unsigned c = u[*i];
+  int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (!len || *i + (size_t)len > n)
+    return -1;
+  uint32_t cp = len == 1 ? c : len == 2 ? (c & 31) : len == 3 ? (c & 15) : (c & 7);
+  for (int k = 1; k < len; k++) {
+    if ((u[*i + (size_t)k] & 0xC0) != 0x80)
+      return -1;
+    cp = (cp << 6) | (u[*i + (size_t)k] & 63);
+  }
+  *i += (size_t)len;
+  return (int32_t)cp;
+}
+#endif
