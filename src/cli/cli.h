@@ -4,6 +4,7 @@
 #define DI_CLI_H
 #include <stdint.h>
 #include <stdio.h>
+#include "deepinfer.h"
 
 typedef struct di_cli_command {
   const char *name;
@@ -21,6 +22,11 @@ int di_cli_flag_value(int argc, char **argv, int *i, const char *name, const cha
 int di_cli_is_help(const char *arg);
 /* Parses an integer flag value in [lo, hi]; on failure prints "deepinfer CMD: FLAG: ..." and returns 0. */
 int di_cli_parse_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi, long long *out);
+/* The engine flags `generate` and `serve` share, with vLLM's names: --max-model-len, --max-num-seqs,
+ * --max-num-batched-tokens, --kv-cache-memory, --num-kv-blocks, --[no-]enable-prefix-caching,
+ * --no-chunked-prefill, --no-async-scheduling. If argv[*i] is one, applies it to *eo (advancing *i past
+ * its value) and returns 1; returns 0 for any other argument and -1 (message printed) for a bad value. */
+int di_cli_engine_flag(const char *cmd, int argc, char **argv, int *i, di_engine_options *eo);
 /* Parses "1,2,3" (ids separated by commas and/or spaces) into a malloc'd array; returns the count, or
  * -1 for a malformed list (with the byte offset of the bad id in *bad_offset when non-NULL). */
 int di_cli_parse_ids(const char *s, int32_t **ids, size_t *bad_offset);

@@ -20,6 +20,35 @@ int di_cli_parse_int(const char *cmd, const char *flag, const char *v, long long
   return 1;
 }
 
+int di_cli_engine_flag(const char *cmd, int argc, char **argv, int *i, di_engine_options *eo) {
+  const char *a = argv[*i], *v = NULL;
+  int err = 0;
+  long long x;
+  if (!strcmp(a, "--enable-prefix-caching"))
+    eo->enable_prefix_caching = 1;
+  else if (!strcmp(a, "--no-enable-prefix-caching"))
+    eo->enable_prefix_caching = 0;
+  else if (!strcmp(a, "--no-chunked-prefill"))
+    eo->enable_chunked_prefill = 0;
+  else if (!strcmp(a, "--no-async-scheduling"))
+    eo->async_scheduling = 0;
+#define INT_FLAG(name, lo, hi, field, type)                                     \
+  else if (di_cli_flag_value(argc, argv, i, name, &v, &err)) {                  \
+    if (err || !di_cli_parse_int(cmd, name, v, lo, hi, &x))                     \
+      return -1;                                                                \
+    eo->field = (type)x;                                                        \
+  }
+  INT_FLAG("--max-model-len", 1, INT32_MAX, max_model_len, int)
+  INT_FLAG("--max-num-seqs", 1, 1 << 20, max_num_seqs, int)
+  INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, max_num_batched_tokens, int)
+  INT_FLAG("--kv-cache-memory", 1, INT64_MAX, kv_cache_memory_bytes, int64_t)
+  INT_FLAG("--num-kv-blocks", 1, INT32_MAX, num_kv_blocks, int64_t)
+#undef INT_FLAG
+  else
+    return 0;
+  return 1;
+}
+
 int di_cli_parse_ids(const char *s, int32_t **ids, size_t *bad_offset) {
   int cap = 16, k = 0;
   int32_t *a = malloc((size_t)cap * sizeof *a);

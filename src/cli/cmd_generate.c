@@ -114,14 +114,13 @@ int di_cmd_generate(int argc, char **argv) {
     long long x;
     if (di_cli_is_help(a)) { usage(stdout); return 0; }
 #define FLAG(name) (di_cli_flag_value(argc, argv, &i, name, &v, &err) && !err)
+    int ef = di_cli_engine_flag("generate", argc, argv, &i, &eo);
+    if (ef < 0) return 2;
+    if (ef) continue;
     if (strcmp(a, "--chat") == 0) chat = 1;
     else if (strcmp(a, "--ignore-eos") == 0) ignore_eos = 1;
     else if (strcmp(a, "--json") == 0) json_any = 1;
     else if (strcmp(a, "--stats") == 0) show_stats = 1;
-    else if (strcmp(a, "--enable-prefix-caching") == 0) eo.enable_prefix_caching = 1;
-    else if (strcmp(a, "--no-enable-prefix-caching") == 0) eo.enable_prefix_caching = 0;
-    else if (strcmp(a, "--no-chunked-prefill") == 0) eo.enable_chunked_prefill = 0;
-    else if (strcmp(a, "--no-async-scheduling") == 0) eo.async_scheduling = 0;
     else if (FLAG("--model")) model_dir = v;
     else if (FLAG("--prompt")) prompt = v;
     else if (FLAG("--prompt-ids")) prompt_ids_s = v;
@@ -149,14 +148,9 @@ int di_cmd_generate(int argc, char **argv) {
     else if (FLAG("--repetition-penalty")) { if (!parse_float(a, v, &rep)) return 2; }
     else if (FLAG("--presence-penalty")) { if (!parse_float(a, v, &pres)) return 2; }
     else if (FLAG("--frequency-penalty")) { if (!parse_float(a, v, &freq)) return 2; }
-    else if (FLAG("--max-model-len")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.max_model_len = (int)x; }
-    else if (FLAG("--max-num-seqs")) { if (!parse_int(a, v, 1, 1 << 20, &x)) return 2; eo.max_num_seqs = (int)x; }
-    else if (FLAG("--max-num-batched-tokens")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.max_num_batched_tokens = (int)x; }
-    else if (FLAG("--kv-cache-memory")) { if (!parse_int(a, v, 1, INT64_MAX, &x)) return 2; eo.kv_cache_memory_bytes = x; }
     else if (FLAG("--speculative-tokens")) { if (!parse_int(a, v, 0, 5, &spec_tokens)) return 2; }
     else if (FLAG("--speculative-min-confidence")) { if (!parse_float(a, v, &spec_conf)) return 2; }
     else if (FLAG("--speculative-config")) { if (!parse_spec_config(v, &spec_tokens, &spec_conf)) return 2; }
-    else if (FLAG("--num-kv-blocks")) { if (!parse_int(a, v, 1, INT32_MAX, &x)) return 2; eo.num_kv_blocks = x; }
     else {
       if (!err) fprintf(stderr, "deepinfer generate: unknown option '%s' (see --help)\n", a);
       return 2;

@@ -64,11 +64,10 @@ int di_cmd_serve(int argc, char **argv) {
     if (di_cli_is_help(a)) { usage(stdout); return 0; }
 #define FLAG(name) (di_cli_flag_value(argc, argv, &i, name, &v, &err) && !err)
 #define INT(lo, hi) if (!parse_ll(a, v, lo, hi, &x)) return 2
-    if (strcmp(a, "--enable-prefix-caching") == 0) eo.enable_prefix_caching = 1;
-    else if (strcmp(a, "--no-enable-prefix-caching") == 0) eo.enable_prefix_caching = 0;
-    else if (strcmp(a, "--no-chunked-prefill") == 0) eo.enable_chunked_prefill = 0;
-    else if (strcmp(a, "--no-async-scheduling") == 0) eo.async_scheduling = 0;
-    else if (strcmp(a, "--disable-log-requests") == 0) sc.log_requests = 0;
+    int ef = di_cli_engine_flag("serve", argc, argv, &i, &eo);
+    if (ef < 0) return 2;
+    if (ef) continue;
+    if (strcmp(a, "--disable-log-requests") == 0) sc.log_requests = 0;
     else if (strcmp(a, "--enable-auto-tool-choice") == 0) auto_tools = 1;
     else if (FLAG("--reasoning-parser")) {
       if (strcmp(v, "deepseek_r1") != 0) {
@@ -94,11 +93,6 @@ int di_cmd_serve(int argc, char **argv) {
     else if (FLAG("--threads")) { INT(0, 4096); threads = x; }
     else if (FLAG("--dummy-seed")) { INT(0, INT64_MAX); dummy_seed = x; }
     else if (FLAG("--seed")) { INT(0, INT64_MAX); seed = x; }
-    else if (FLAG("--max-model-len")) { INT(1, INT32_MAX); eo.max_model_len = (int)x; }
-    else if (FLAG("--max-num-seqs")) { INT(1, 1 << 20); eo.max_num_seqs = (int)x; }
-    else if (FLAG("--max-num-batched-tokens")) { INT(1, INT32_MAX); eo.max_num_batched_tokens = (int)x; }
-    else if (FLAG("--kv-cache-memory")) { INT(1, INT64_MAX); eo.kv_cache_memory_bytes = x; }
-    else if (FLAG("--num-kv-blocks")) { INT(1, INT32_MAX); eo.num_kv_blocks = x; }
     else if (FLAG("--max-connections")) { INT(1, 1 << 20); sc.max_connections = (int)x; }
     else if (FLAG("--max-body-bytes")) { INT(1024, (long long)1 << 40); sc.max_body_bytes = (size_t)x; }
     else if (FLAG("--keep-alive-timeout")) { INT(1, 86400); sc.keep_alive_timeout_s = (int)x; }
