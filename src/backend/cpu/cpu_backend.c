@@ -7,7 +7,7 @@
 
 static void free_scratch(di_cpu_backend *b) {
   float **fs[] = {&b->s_x, &b->s_h, &b->s_o, &b->s_q, &b->s_qa, &b->s_kv, &b->s_attn, &b->s_g, &b->s_u,
-                  &b->s_router, &b->s_topk_w, &b->s_exp_in, &b->s_exp_out, &b->s_exp_slot, &b->s_shared,
+                  &b->s_router, &b->s_topk_w, &b->s_exp_in, &b->s_exp_out, &b->s_shared,
                   &b->s_mtp_cat, &b->s_rope, &b->attn_scratch};
   for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
     free(*fs[i]);
@@ -15,7 +15,7 @@ static void free_scratch(di_cpu_backend *b) {
   }
   free(b->s_jobs);
   b->s_jobs = NULL;
-  int32_t **is[] = {&b->s_topk_ids, &b->s_exp_count, &b->s_exp_start, &b->s_exp_rows, &b->s_exp_fill};
+  int32_t **is[] = {&b->s_topk_ids, &b->s_exp_count, &b->s_exp_start, &b->s_exp_rows, &b->s_exp_fill, &b->s_exp_where};
   for (size_t i = 0; i < sizeof is / sizeof is[0]; i++) {
     free(*is[i]);
     *is[i] = NULL;
@@ -72,7 +72,7 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
   A(b->s_exp_rows, Tn * K);
   A(b->s_exp_in, Tn * K * H);
   A(b->s_exp_out, Tn * K * H);
-  A(b->s_exp_slot, Tn * K * H);
+  A(b->s_exp_where, Tn * K);
   A(b->s_shared, Tn * H);
   A(b->s_mtp_cat, Tn * 2 * H);
   A(b->s_rope, Tn * dr);

@@ -21,9 +21,9 @@ typedef struct di_cpu_backend {
   /* scratch (capacity in tokens / attention positions) */
   int cap_tokens, cap_positions;
   float *s_x, *s_h, *s_o, *s_q, *s_qa, *s_kv, *s_attn, *s_g, *s_u, *s_router, *s_topk_w;
-  float *s_exp_in, *s_exp_out, *s_exp_slot, *s_shared, *s_mtp_cat;
+  float *s_exp_in, *s_exp_out, *s_shared, *s_mtp_cat;
   float *s_rope; /* [T][rope_dim/2][cos, sin] of the step's positions */
-  int32_t *s_topk_ids, *s_exp_count, *s_exp_start, *s_exp_rows, *s_exp_fill;
+  int32_t *s_topk_ids, *s_exp_count, *s_exp_start, *s_exp_rows, *s_exp_fill, *s_exp_where;
   struct di_gemm_job *s_jobs; /* [2 * n_experts + 2] */
   float *attn_scratch;
   size_t attn_scratch_per_thread;

@@ -265,13 +265,15 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
     start[e] = acc;
     acc += count[e];
   }
-  int32_t *fill = b->s_exp_fill;
+  int32_t *fill = b->s_exp_fill, *where = b->s_exp_where;
   memcpy(fill, start, sizeof(int32_t) * (size_t)E);
-  for (int i = 0; i < T * K; i++)
-    rows[fill[ids[i]]++] = i; /* i = t*K + k, ascending within each expert */
+  for (int i = 0; i < T * K; i++) {
+    where[i] = fill[ids[i]];    /* slot i = t*K + k lands in expert-sorted row where[i] */
+    rows[fill[ids[i]]++] = i;   /* ascending slots within each expert */
+  }
   /* gather each expert's rows, then run every expert's gate+up (and the shared experts') as one
    * parallel loop, SiLU-and-multiply, and every down projection as a second loop */
-  float *xin = b->s_exp_in, *per_slot = b->s_exp_slot, *g = b->s_g, *u = b->s_u;
+  float *xin = b->s_exp_in, *g = b->s_g, *u = b->s_u;
   const int64_t I = c->moe_intermediate_size;
   const int64_t SI = L->has_shared ? L->sh_gate.rows : 0;
   di_gemm_job *jobs = b->s_jobs;
@@ -306,14 +308,12 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
   if (L->has_shared)
     jobs[nj++] = (di_gemm_job){sg, T, SI, &L->sh_down, 0, H, b->s_shared, H};
   di_cpu_gemm_multi(b->tp, jobs, nj);
-  for (int i = 0; i < T * K; i++) /* expert-sorted row i of the outputs belongs to slot rows[i] */
-    memcpy(per_slot + (size_t)rows[i] * H, b->s_exp_out + (size_t)i * H, sizeof(float) * (size_t)H);
   /* combine in the router's order, then add the shared experts */
   for (int t = 0; t < T; t++) {
     float *o = out + (size_t)t * H;
     memset(o, 0, sizeof(float) * (size_t)H);
     for (int k = 0; k < K; k++) {
-      const float w = wts[t * K + k], *y = per_slot + (size_t)(t * K + k) * H;
+      const float w = wts[t * K + k], *y = b->s_exp_out + (size_t)where[t * K + k] * H;
       for (int i = 0; i < H; i++)
         o[i] += w * y[i];
     }
