@@ -1,5 +1,7 @@
 /* See test_util.h. */
 #include "test_util.h"
+#include "util/json.h"
+#include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -29,4 +31,28 @@ double test_rel_l2(const float *got, const float *ref, size_t n) {
     den += (double)ref[i] * (double)ref[i];
   }
   return sqrt(num / (den > 0 ? den : 1));
+}
+
+int test_for_each_file(const char *rel_dir, test_file_fn fn, void *ctx) {
+  DIR *d = opendir(test_path(rel_dir));
+  CHECKF(d != NULL, "cannot open %s", rel_dir);
+  if (!d)
+    return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.')
+      continue;
+    char rel[1024];
+    snprintf(rel, sizeof rel, "%s/%s", rel_dir, e->d_name);
+    char *buf;
+    size_t len;
+    if (di_read_file(test_path(rel), &buf, &len) != DI_OK)
+      continue;
+    fn(e->d_name, rel, buf, len, ctx);
+    free(buf);
+    n++;
+  }
+  closedir(d);
+  return n;
 }

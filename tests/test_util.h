@@ -41,6 +41,11 @@ extern int di_test_passed, di_test_failed;
 
 /* Path of a file under the source tree ($DI_SOURCE_DIR or "."); static buffer, rotating. */
 const char *test_path(const char *rel);
+/* Calls fn for every file (names starting with '.' skipped) of the folder `rel_dir` under the source
+ * tree, with its name, its path relative to the tree, and its bytes (NUL-terminated, freed after the
+ * call). Returns the number of files, or -1 (and a failed check) when the folder cannot be opened. */
+typedef void (*test_file_fn)(const char *name, const char *rel_path, const char *data, size_t len, void *ctx);
+int test_for_each_file(const char *rel_dir, test_file_fn fn, void *ctx);
 /* ||got - ref|| / ||ref|| in double precision; infinite when got holds a NaN. */
 double test_rel_l2(const float *got, const float *ref, size_t n);
 /* Prints the closing line and returns the exit code. */

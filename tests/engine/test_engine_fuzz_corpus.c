@@ -4,27 +4,15 @@
 #include "engine_fuzz_body.h"
 #include "sampler/rng.h"
 #include "util/json.h"
-#include <dirent.h>
 #include <stdlib.h>
 
+static void replay(const char *name, const char *rel, const char *buf, size_t len, void *ctx) {
+  int bad = engine_fuzz_one((const uint8_t *)buf, len);
+  CHECKF(bad == 0, "%s: %d violations", rel, bad);
+}
+
 int main(void) {
-  DIR *d = opendir(test_path("fuzz/corpus/engine"));
-  CHECK(d != NULL);
-  int n = 0;
-  struct dirent *de;
-  while (d && (de = readdir(d))) {
-    if (de->d_name[0] == '.') continue;
-    char rel[512];
-    snprintf(rel, sizeof rel, "fuzz/corpus/engine/%s", de->d_name);
-    char *buf;
-    size_t len;
-    if (di_read_file(test_path(rel), &buf, &len) != DI_OK) continue;
-    int bad = engine_fuzz_one((const uint8_t *)buf, len);
-    CHECKF(bad == 0, "%s: %d violations", rel, bad);
-    free(buf);
-    n++;
-  }
-  if (d) closedir(d);
+  int n = test_for_each_file("fuzz/corpus/engine", replay, NULL);
   CHECKF(n >= 10, "only %d corpus files", n);
   uint8_t in[256];
   for (int c = 0; c < 300; c++) {
