@@ -132,6 +132,26 @@ static int int_rule(jc *c) {
 }
 
 /* value ::= object | array | string | number | true | false | null, with the whitespace policy */
+/* rule ::= open item ("," item)* close | open ws close  (objects and arrays of "any JSON") */
+static void container_alts(jc *c, di_gseq *s, int rule, const char *open, int item, const char *close) {
+  di_gb *b = c->b;
+  lit(c, s, open);
+  di_gseq_push(b, s, rule_el(item));
+  di_gseq t = {0};
+  lit(c, &t, ",");
+  di_gseq_push(b, &t, rule_el(item));
+  di_gseq_repeat(b, s, di_gb_wrap(b, &t, "more"), 0, -1);
+  di_gseq_free(&t);
+  lit(c, s, close);
+  di_gb_add_alt(b, rule, s->v, s->n);
+  s->n = 0;
+  lit(c, s, open);
+  ws(c, s);
+  lit(c, s, close);
+  di_gb_add_alt(b, rule, s->v, s->n);
+  s->n = 0;
+}
+
 static int any_rule(jc *c) {
   if (c->r_any >= 0)
     return c->r_any;
@@ -151,23 +171,7 @@ static int any_rule(jc *c) {
   di_gb_add_alt(b, mem, s.v, s.n);
   s.n = 0;
   /* object ::= "{" member ("," member)* "}" | "{" ws "}" */
-  lit(c, &s, "{");
-  di_gseq_push(b, &s, rule_el(mem));
-  {
-    di_gseq t = {0};
-    lit(c, &t, ",");
-    di_gseq_push(b, &t, rule_el(mem));
-    di_gseq_repeat(b, &s, di_gb_wrap(b, &t, "more"), 0, -1);
-    di_gseq_free(&t);
-  }
-  lit(c, &s, "}");
-  di_gb_add_alt(b, obj, s.v, s.n);
-  s.n = 0;
-  lit(c, &s, "{");
-  ws(c, &s);
-  lit(c, &s, "}");
-  di_gb_add_alt(b, obj, s.v, s.n);
-  s.n = 0;
+  container_alts(c, &s, obj, "{", mem, "}");
   /* array ::= "[" ws value ws ("," ws value ws)* "]" | "[" ws "]" */
   int el = di_gb_new_rule(b, "element");
   ws(c, &s);
@@ -175,23 +179,7 @@ static int any_rule(jc *c) {
   ws(c, &s);
   di_gb_add_alt(b, el, s.v, s.n);
   s.n = 0;
-  lit(c, &s, "[");
-  di_gseq_push(b, &s, rule_el(el));
-  {
-    di_gseq t = {0};
-    lit(c, &t, ",");
-    di_gseq_push(b, &t, rule_el(el));
-    di_gseq_repeat(b, &s, di_gb_wrap(b, &t, "more"), 0, -1);
-    di_gseq_free(&t);
-  }
-  lit(c, &s, "]");
-  di_gb_add_alt(b, arr, s.v, s.n);
-  s.n = 0;
-  lit(c, &s, "[");
-  ws(c, &s);
-  lit(c, &s, "]");
-  di_gb_add_alt(b, arr, s.v, s.n);
-  s.n = 0;
+  container_alts(c, &s, arr, "[", el, "]");
   di_gel alts[] = {rule_el(obj), rule_el(arr), rule_el(string_rule(c)), rule_el(number_rule(c))};
   for (int i = 0; i < 4; i++)
     di_gb_add_alt(b, v, &alts[i], 1);
