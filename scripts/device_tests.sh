@@ -10,7 +10,7 @@
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
 # files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
 # Environment: BENCH_ARGS (extra bench arguments), SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
-# SKIP_PROFILE=1.
+# SKIP_PROFILE=1, SKIP_PDL_AB=1, SKIP_NCU=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--build" ]; then
@@ -62,5 +62,16 @@ stage kernels 240 "$BIN/test_cuda_kernels"
 # per-phase device time of eager steps (graphs off): where a decode step spends its time
 [ "${SKIP_PROFILE:-0}" = 1 ] || stage profile 200 env DEEPINFER_CUDA_PROFILE=1 "$BIN/bench_cuda_decode" \
   bench/configs/v2-lite.json --batches 1 --gen 32 --prefill 0
+# the same at batch 1 with programmatic dependent launch off (A/B of the PDL chain)
+[ "${SKIP_PDL_AB:-0}" = 1 ] || stage bench_nopdl 120 env DEEPINFER_CUDA_PDL=0 "$BIN/bench_cuda_decode" \
+  bench/configs/v2-lite.json --batches 1,64 --prefill 512
+# per-kernel device time of one decode step under Nsight Compute (where the runtime allows counters)
+if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
+  keep_fail=$fail # a profiler the runtime refuses is not a test failure
+  stage ncu 240 env DEEPINFER_CUDA_GRAPHS=0 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
+    --log-file "$LOG/ncu.csv" "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --gen 2 --prompt 64 --prefill 0
+  fail=$keep_fail
+  python3 scripts/ncu_step_summary.py "$LOG/ncu.csv" | tee "$LOG/ncu_summary.txt"
+fi
 echo "device_tests: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail

@@ -389,6 +389,93 @@ static void test_route(int T, di_cuk_router r, const char *label) {
   di_cut_free(dl); di_cut_free(db); di_cut_free(dids); di_cut_free(dw);
 }
 
+/* The fused gate (norm + router logits + routing, the last CTA routing each token) against the
+ * three kernels it replaces (bitwise: the same arithmetic) and a double-precision reference of the
+ * logits; run twice, so the per-token counters must have been left at zero; at T == 1 the
+ * permutation outputs too. */
+static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
+  const int E = r.E, kt = r.k + r.n_shared, ldxn = H + 64, Et = E + r.n_shared;
+  float *h = rand_f32((size_t)T * H, 1.f), *nw = rand_f32(H, 1.f), *bias = rand_f32(E, 0.05f);
+  uint16_t *W = rand_bf16((size_t)E * H, 1.f / sqrtf((float)H));
+  void *dh = dup_dev(h, (size_t)T * H * 4), *dnw = dup_dev(nw, (size_t)H * 4), *db = dup_dev(bias, (size_t)E * 4),
+       *dW = dup_dev(W, (size_t)E * H * 2);
+  const float *bptr = r.method == 2 ? (const float *)db : NULL;
+  void *dxn = di_cut_malloc((size_t)T * ldxn * 2), *dxn2 = di_cut_malloc((size_t)T * ldxn * 2),
+       *dxf = di_cut_malloc((size_t)T * H * 4), *dlg = di_cut_malloc((size_t)T * E * 4),
+       *dlg2 = di_cut_malloc((size_t)T * E * 4), *dcnt = di_cut_malloc((size_t)T * 4),
+       *dids = di_cut_malloc((size_t)T * kt * 4), *dw = di_cut_malloc((size_t)T * kt * 4),
+       *dids2 = di_cut_malloc((size_t)T * kt * 4), *dw2 = di_cut_malloc((size_t)T * kt * 4);
+  void *pv[2][5];
+  for (int i = 0; i < 2; i++) {
+    pv[i][0] = di_cut_malloc(64 * 4); pv[i][1] = di_cut_malloc(64 * 4); pv[i][2] = di_cut_malloc((size_t)(Et + 1) * 4);
+    pv[i][3] = di_cut_malloc(64 * 4); pv[i][4] = di_cut_malloc(16);
+  }
+  int32_t *zero = calloc((size_t)T, 4);
+  di_cut_h2d(dcnt, zero, (size_t)T * 4);
+  di_cuk_perm pm = {16, pv[0][0], pv[0][1], pv[0][2], pv[0][3], pv[0][4]};
+  di_cuk_perm pm2 = {16, pv[1][0], pv[1][1], pv[1][2], pv[1][3], pv[1][4]};
+  for (int rep = 0; rep < 2; rep++) {
+    di_status st = di_cuk_moe_gate(dh, dnw, 1e-6f, T, H, dW, bptr, r, dxn, ldxn, dlg, dcnt, dids, dw,
+                                   T == 1 ? &pm : NULL, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+  }
+  CHECK(di_cuk_rmsnorm(dh, H, dnw, T, H, 1e-6f, dxn2, ldxn, dxf, NULL) == DI_OK);
+  CHECK(di_cuk_router_logits(dxf, dW, T, E, H, dlg2, NULL) == DI_OK);
+  CHECK(di_cuk_moe_route(dlg2, bptr, T, r, dids2, dw2, T == 1 ? &pm2 : NULL, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  const size_t nxn = (size_t)T * ldxn, nlg = (size_t)T * E, nid = (size_t)T * kt;
+  uint16_t *xn = malloc(nxn * 2), *xn2 = malloc(nxn * 2);
+  float *lg = malloc(nlg * 4), *lg2 = malloc(nlg * 4), *w = malloc(nid * 4), *w2 = malloc(nid * 4);
+  int32_t *ids = malloc(nid * 4), *ids2 = malloc(nid * 4), *cnt = malloc((size_t)T * 4);
+  di_cut_d2h(xn, dxn, nxn * 2); di_cut_d2h(xn2, dxn2, nxn * 2);
+  di_cut_d2h(lg, dlg, nlg * 4); di_cut_d2h(lg2, dlg2, nlg * 4);
+  di_cut_d2h(ids, dids, nid * 4); di_cut_d2h(ids2, dids2, nid * 4);
+  di_cut_d2h(w, dw, nid * 4); di_cut_d2h(w2, dw2, nid * 4);
+  di_cut_d2h(cnt, dcnt, (size_t)T * 4);
+  int diff_xn = 0, diff_lg = 0, diff_route = 0, cnt_left = 0;
+  for (int t = 0; t < T; t++) {
+    for (int c = 0; c < H; c++) diff_xn += xn[(size_t)t * ldxn + c] != xn2[(size_t)t * ldxn + c];
+    cnt_left += cnt[t] != 0;
+  }
+  for (size_t i = 0; i < nlg; i++) diff_lg += lg[i] != lg2[i];
+  for (size_t i = 0; i < nid; i++) diff_route += ids[i] != ids2[i] || w[i] != w2[i];
+  /* logits against double precision */
+  double *ref = malloc(sizeof(double) * nlg);
+  for (int t = 0; t < T; t++) {
+    double ss = 0;
+    for (int c = 0; c < H; c++) ss += (double)h[(size_t)t * H + c] * h[(size_t)t * H + c];
+    double inv = 1 / sqrt(ss / H + 1e-6);
+    for (int e = 0; e < E; e++) {
+      double a = 0;
+      for (int c = 0; c < H; c++) a += h[(size_t)t * H + c] * inv * nw[c] * (double)bf(W[(size_t)e * H + c]);
+      ref[(size_t)t * E + e] = a;
+    }
+  }
+  double err = rel_err_d(ref, lg, nlg);
+  int perm_diff = 0;
+  if (T == 1) {
+    for (int i = 0; i < 5; i++) {
+      size_t n = i == 2 ? (size_t)(Et + 1) * 4 : i == 4 ? 4 : (size_t)kt * 4;
+      unsigned char *a = malloc(n), *b = malloc(n);
+      di_cut_d2h(a, pv[0][i], n);
+      di_cut_d2h(b, pv[1][i], n);
+      perm_diff += memcmp(a, b, n) != 0;
+      free(a); free(b);
+    }
+  }
+  CHECKF(diff_xn == 0 && diff_lg == 0 && diff_route == 0 && perm_diff == 0 && cnt_left == 0 && err < 1e-5,
+         "moe gate %s T=%d: xn diffs %d, logit diffs %d, route diffs %d, perm diffs %d, counters left %d, err %.3e",
+         label, T, diff_xn, diff_lg, diff_route, perm_diff, cnt_left, err);
+  printf("moe gate %-22s T=%3d E=%3d H=%d: == unfused (xn, logits, ids, weights%s), logits rel err %.2e\n", label, T, E,
+         H, T == 1 ? ", permutation" : "", err);
+  free(h); free(nw); free(bias); free(W); free(zero); free(xn); free(xn2); free(lg); free(lg2); free(w); free(w2);
+  free(ids); free(ids2); free(cnt); free(ref);
+  void *ptrs[] = {dh, dnw, db, dW, dxn, dxn2, dxf, dlg, dlg2, dcnt, dids, dw, dids2, dw2};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 5; j++) di_cut_free(pv[i][j]);
+}
+
 /* route (with n_sh shared experts folded in as experts E.., weight 1) -> permute -> glu grouped GEMM
  * -> down grouped GEMM -> combine (+ the fused RMSNorm of the result), as the backend runs it */
 static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I) {
@@ -536,7 +623,10 @@ int main(void) {
   test_gemm_batched(blas, 16, 3, 128, 512, 0);  /* batched skinny (v = o_lat . W_UV^T) */
   test_gemm(blas, 64, 3072, 2048, 0, 0.f);
   test_gemm(blas, 3, 777, 72, 1, 0.f);
-  test_gemm_batched(blas, 16, 9, 512, 128, 1);  /* q_lat = q_nope . W_UK */
+  test_gemm_batched(blas, 16, 9, 512, 128, 1);  /* q_lat = q_nope . W_UK (cuBLAS) */
+  test_gemm_batched(blas, 16, 1, 512, 128, 1);  /* ... decode-sized: our skinny [K][N] kernel */
+  test_gemm_batched(blas, 128, 8, 512, 128, 1); /* V3's 128 heads */
+  test_gemm_batched(blas, 4, 3, 40, 32, 1);     /* odd fixture ranks */
   test_gemm_batched(blas, 16, 9, 128, 512, 0);  /* v = o_lat . W_UV^T */
   test_norms(7, 2048);
   test_norms(3, 72);
@@ -567,6 +657,14 @@ int main(void) {
     test_route(300, r2, "group-limited greedy");
     test_route(300, r3, "sigmoid noaux_tc");
     test_route(300, r4, "softmax greedy norm (V2)");
+    di_cuk_router r1s = r1, r3s = r3;
+    r1s.n_shared = 2; /* V2-Lite with its shared experts folded in */
+    r3s.n_shared = 1;
+    test_moe_gate(1, 2048, r1s, "V2-Lite decode");
+    test_moe_gate(5, 2048, r1, "V2-Lite, 5 tokens");
+    test_moe_gate(1, 7168, r3s, "V3 decode");
+    test_moe_gate(64, 7168, r3, "V3, 64 tokens");
+    test_moe_gate(3, 72, r2, "group-limited, tiny");
   }
   test_moe_chain(1, 64, 6, 2, 2048, 1408);   /* V2-Lite decode, 2 shared experts folded in */
   test_moe_chain(16, 64, 6, 2, 2048, 1408);

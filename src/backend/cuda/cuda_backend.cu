@@ -23,6 +23,7 @@ extern "C" {
 #include <math.h>
 
 #define DI_CUDA_GRAPH_MAX_T 256
+#define GATE_FUSE_MAX_T 64 /* steps up to this many tokens use the fused MoE gate */
 #define MAX_GRAPHS 64
 #define MAX_MARKS 2048
 
@@ -71,6 +72,7 @@ typedef struct cu_backend {
   float *h, *xf, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
   bf16 *xn, *qkv, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
   int32_t *topk_ids, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
+  int32_t *gate_cnt;           /* di_cuk_moe_gate's per-token counters (zero between kernels) */
   /* step inputs: pinned host mirror and device copy */
   int32_t *in_host, *in_dev;
   size_t in_cap; /* int32 elements */
@@ -326,6 +328,8 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     REALLOC(b->tiles, sizeof(int32_t) * (size_t)(A / 16 + b->Et + 1));
     REALLOC(b->expert_off, sizeof(int32_t) * (size_t)(b->Et + 1));
     REALLOC(b->n_tiles, sizeof(int32_t) * 4);
+    REALLOC(b->gate_cnt, sizeof(int32_t) * (size_t)c);
+    DI_CU(cudaMemset(b->gate_cnt, 0, sizeof(int32_t) * (size_t)c));
     REALLOC(b->gu, 2 * (size_t)(gu_w > 0 ? gu_w : 1));
     REALLOC(b->act, 2 * (size_t)(act_w > 0 ? act_w : 1));
     REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->Hp);
@@ -435,7 +439,10 @@ static di_status forward(cu_backend *b) {
     DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
                       NH * b->dv, b->h, H, 1, 1.f, s));
     PROF("v + o_proj");
-    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
+    /* small steps: the MoE gate's norm, router logits and routing are one kernel (di_cuk_moe_gate) */
+    const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && di_cuk_moe_gate_supported(b->E, H);
+    if (!fused_gate)
+      DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
     if (!L->is_moe) {
       DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
       PROF("dense mlp");
@@ -444,9 +451,14 @@ static di_status forward(cu_backend *b) {
     const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
     int max_tiles = (A + bm - 1) / bm + Et;
     if (max_tiles > A) max_tiles = A;
-    DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
     const di_cuk_perm pm = {bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles};
-    DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, &pm, s));
+    if (fused_gate) {
+      DI_TRY(di_cuk_moe_gate(b->h, L->ffn_norm, b->eps, T, H, (const uint16_t *)L->router, L->router_bias, b->router,
+                             (uint16_t *)b->xn, Hp, b->router_logits, b->gate_cnt, b->topk_ids, b->topk_w, &pm, s));
+    } else {
+      DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
+      DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, &pm, s));
+    }
     if (T > 1)
       DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
     PROF("router");

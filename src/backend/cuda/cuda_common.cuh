@@ -29,6 +29,52 @@ extern "C" {
 
 typedef __nv_bfloat16 bf16;
 
+/* Programmatic dependent launch (Hopper): every kernel of the forward pass is launched with
+ * di_launch, which lets the next kernel of the stream start while this one drains, and begins with
+ * DI_PDL_ENTRY: wait until the previous kernel has finished and its writes are visible, then allow
+ * the next kernel to be scheduled. Nothing may be read from earlier kernels' outputs, or written at
+ * all, before the wait; what a kernel may do before it is prefetch weights, which no kernel writes.
+ * This hides the launch gap and the ramp-up of each of the ~10 kernels a decode layer takes (in
+ * a CUDA graph as well: capture keeps the programmatic edges). DEEPINFER_CUDA_PDL=0 turns it off. */
+static __device__ __forceinline__ void di_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void di_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+#define DI_PDL_ENTRY() \
+  do {                 \
+    di_pdl_wait();     \
+    di_pdl_trigger();  \
+  } while (0)
+/* L2 prefetch of one line holding p (weights only: see above). */
+static __device__ __forceinline__ void di_prefetch_l2(const void *p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+int di_cu_pdl_enabled(void); /* cuda_launch.cu: DEEPINFER_CUDA_PDL, default on */
+
+/* kernel<<<grid, block, smem, s>>>(args...) with the programmatic-serialization attribute. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t di_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                    Args... args) {
+  cudaLaunchConfig_t cfg;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = di_cu_pdl_enabled();
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
 static __device__ __forceinline__ float di_bf(bf16 x) { return __bfloat162float(x); }
 static __device__ __forceinline__ bf16 di_fb(float x) { return __float2bfloat16(x); }
 

@@ -102,6 +102,15 @@ typedef struct di_cuk_perm {
  * (a decode step of one sequence then needs no di_cuk_moe_permute launch). */
 di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
                            int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s);
+/* The gate of a small step fused (decode): xn[t] = bf16(rmsnorm(h[t]) * norm_w) (row stride ldxn;
+ * columns past H untouched), logits[t] = W . rmsnorm(h[t]) in f32 (scratch [T][E]), then
+ * di_cuk_moe_route's outputs (and its T == 1 permutation). counters: int32 [T], zero, left zero.
+ * Equal to di_cuk_rmsnorm + di_cuk_router_logits + di_cuk_moe_route. Only where
+ * di_cuk_moe_gate_supported(E, H) (E <= 256, H <= 8192). */
+int di_cuk_moe_gate_supported(int E, int H);
+di_status di_cuk_moe_gate(const float *h, const float *norm_w, float eps, int T, int H, const uint16_t *W,
+                          const float *bias, di_cuk_router r, uint16_t *xn, int ldxn, float *logits,
+                          int32_t *counters, int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s);
 /* Sorts the T*k assignments by expert. Outputs: perm_tok[n] (token of the j-th sorted assignment),
  * inv[a] (sorted position of assignment a), tiles[] (expert << 16 | m-tile index within expert,
  * for tiles of `bm` rows) with *n_tiles, expert_off[E+1]. Workspace: none (one block). */
@@ -119,7 +128,9 @@ di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const 
 /* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):
  *   C[m][n] = sum_k A[arow(m)][k] * W[e][n][k],  arow(m) = a_rows ? a_rows[m] : m.
  * A bf16 (row stride lda), W bf16 [E][N][K] contiguous, C bf16 or f32 (c_f32) with row stride ldc.
- * K must be a multiple of 64, N of 128 (pad the weights). bm is 16 or 64. Grid: max_tiles x N/128.
+ * K must be a multiple of 64, N of 128 (pad the weights). bm is 16 or 64. Grid: max_tiles x N/128,
+ * or x N/64 when that grid would not fill the GPU twice over (decode: more, shorter CTAs balance the
+ * weight streaming across the SMs).
  * glu: W's rows are gate/up interleaved in groups of 8 (rows 16q..16q+7 = gate rows 8q..8q+7,
  * rows 16q+8..16q+15 = up rows 8q..), and C (bf16) gets silu(gate) * up: [M][N/2]. */
 di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows, const uint16_t *W,

@@ -1,6 +1,6 @@
 /* Dense GEMMs of the forward pass through cuBLASLt (bf16 operands, f32 accumulate; output bf16 or
  * f32, with beta = 1 fusing the residual add), a skinny kernel of our own for decode-sized M, and
- * the per-head batched GEMMs of MLA's weight absorption through cuBLAS. Row-major Y = X W^T is column-major Y^T = W X^T, which is how the
+ * the per-head batched GEMMs of MLA's weight absorption (ours at decode-sized M, else cuBLAS). Row-major Y = X W^T is column-major Y^T = W X^T, which is how the
  * calls below are laid out. Heuristic results are cached per shape so a step does no planning. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
@@ -104,6 +104,11 @@ skinny_kernel(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, void
   W += sw * blockIdx.y;
   Y = y_f32 ? (void *)((float *)Y + sy * blockIdx.y) : (void *)((bf16 *)Y + sy * blockIdx.y);
   const int n0 = (blockIdx.x * SK_WARPS + (threadIdx.x >> 5)) * SK_NR;
+  /* this warp's weight rows into L2 while the previous kernel finishes (weights are never written) */
+  if (n0 < N)
+    for (int r = 0; r < SK_NR && n0 + r < N; r++)
+      for (int k = lane * 64; k < K; k += 32 * 64) di_prefetch_l2(W + (int64_t)(n0 + r) * ldw + k);
+  DI_PDL_ENTRY();
   if (n0 >= N) return;
   float acc[SK_NR][M];
 #pragma unroll
@@ -171,11 +176,85 @@ static di_status skinny(int M, int N, int K, const uint16_t *X, int ldx, const u
   const bf16 *x = (const bf16 *)X, *w = (const bf16 *)W;
   switch (M) {
 #define SK_CASE(m) \
-  case m: skinny_kernel<m><<<blocks, SK_WARPS * 32, 0, s>>>(x, ldx, w, ldw, N, K, Y, ldy, y_f32, beta, sx, sw, sy); break;
+  case m: DI_CU(di_launch(skinny_kernel<m>, blocks, SK_WARPS * 32, 0, s, x, ldx, w, ldw, N, K, Y, ldy, y_f32, beta, sx, sw, sy)); break;
     SK_CASE(1) SK_CASE(2) SK_CASE(3) SK_CASE(4) SK_CASE(5) SK_CASE(6) SK_CASE(7) SK_CASE(8)
 #undef SK_CASE
   }
   DI_CU_LAUNCH("skinny_gemm");
+  return DI_OK;
+}
+
+/* Skinny GEMM with W stored [K][N] (row-major, rows ldw apart), batched over grid.y: Y = X W for
+ * decode-sized M. This is MLA's query absorption q_lat[h] = q_nope[h] . W_UK[h] (K = 128, N = 512 per
+ * head), which at small M would otherwise be a cuBLAS batched call outside the PDL chain. A CTA takes
+ * KN_COLS columns; each thread owns 8 consecutive columns (one 16-byte load per W row) and every
+ * KN_KG-th row, and the KN_KG partial sums of a column are added in shared memory in a fixed order. */
+#define KN_COLS 128
+#define KN_KG 16
+
+template <int M>
+static __global__ void __launch_bounds__(256)
+skinny_kn_kernel(const bf16 *X, int ldx, int64_t sx, const bf16 *W, int ldw, int64_t sw, int N, int K,
+                 bf16 *Y, int ldy, int64_t sy) {
+  __shared__ float part[KN_KG][KN_COLS + 4];
+  const int cg = threadIdx.x % (KN_COLS / 8), kg = threadIdx.x / (KN_COLS / 8);
+  const int n = blockIdx.x * KN_COLS + cg * 8;
+  X += sx * blockIdx.y;
+  W += sw * blockIdx.y;
+  Y += sy * blockIdx.y;
+  const bool live = n < N; /* N % 8 == 0 (checked by the caller) */
+  if (live && (cg & 7) == 0)
+    for (int k = kg; k < K; k += KN_KG) di_prefetch_l2(W + (int64_t)k * ldw + n);
+  DI_PDL_ENTRY();
+  float acc[M][8];
+#pragma unroll
+  for (int m = 0; m < M; m++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[m][j] = 0.f;
+  if (live) {
+#pragma unroll 4
+    for (int k = kg; k < K; k += KN_KG) {
+      uint4 wv = *(const uint4 *)(W + (int64_t)k * ldw + n);
+      const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv;
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+        float xv = di_bf(X[(int64_t)m * ldx + k]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          float2 c = __bfloat1622float2(wp[j]);
+          acc[m][2 * j] = fmaf(xv, c.x, acc[m][2 * j]);
+          acc[m][2 * j + 1] = fmaf(xv, c.y, acc[m][2 * j + 1]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) part[kg][cg * 8 + j] = acc[m][j];
+    __syncthreads();
+    if (threadIdx.x < KN_COLS) {
+      const int c = threadIdx.x, nn = blockIdx.x * KN_COLS + c;
+      float v = 0.f;
+#pragma unroll
+      for (int g = 0; g < KN_KG; g++) v += part[g][c];
+      if (nn < N) Y[(int64_t)m * ldy + nn] = di_fb(v);
+    }
+    __syncthreads();
+  }
+}
+
+static di_status skinny_kn(int M, int N, int K, const uint16_t *X, int ldx, int64_t sx, const uint16_t *W, int ldw,
+                           int64_t sw, uint16_t *Y, int ldy, int64_t sy, int batch, cudaStream_t s) {
+  const dim3 blocks((N + KN_COLS - 1) / KN_COLS, batch);
+  const bf16 *x = (const bf16 *)X, *w = (const bf16 *)W;
+  bf16 *y = (bf16 *)Y;
+  switch (M) {
+#define KN_CASE(m) \
+  case m: DI_CU(di_launch(skinny_kn_kernel<m>, blocks, 256, 0, s, x, ldx, sx, w, ldw, sw, N, K, y, ldy, sy)); break;
+    KN_CASE(1) KN_CASE(2) KN_CASE(3) KN_CASE(4) KN_CASE(5) KN_CASE(6) KN_CASE(7) KN_CASE(8)
+#undef KN_CASE
+  }
   return DI_OK;
 }
 
@@ -216,6 +295,9 @@ extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, 
   if (M <= 0 || batch <= 0) return DI_OK;
   if (!w_kn && !b->no_skinny && skinny_ok(M, K, X, ldx, W, ldw) && sx % 8 == 0 && sw % 8 == 0)
     return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, 0, 0.f, s, batch, sx, sw, sy);
+  if (w_kn && !b->no_skinny && M <= SK_MAXM && N % 8 == 0 && ldw % 8 == 0 && sw % 8 == 0 && ((uintptr_t)W & 15) == 0 &&
+      batch <= 65535)
+    return skinny_kn(M, N, K, X, ldx, sx, W, ldw, sw, Y, ldy, sy, batch, s);
   LT(cublasSetStream(b->h, s));
   float alpha = 1.f, beta = 0.f;
   /* column-major Y_h^T [N x M] = op(W_h)^T-as-colmajor [N x K] . X_h^T [K x M] */

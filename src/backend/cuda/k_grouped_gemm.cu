@@ -1,5 +1,6 @@
 /* Grouped expert GEMM: for the assignments sorted by expert (k_moe.cu), each CTA takes one m-tile of
- * one expert's rows (16 or 64) and 128 output columns, and computes C = A_rows . W_e^T with
+ * one expert's rows (16 or 64) and 128 output columns (64 when the grid would be too small to keep
+ * every SM streaming: at decode 8 experts x 2816 columns make only 176 CTAs of 128 for 132 SMs), and computes C = A_rows . W_e^T with
  * mma.sync m16n8k16 (bf16 in, f32 accumulate). The A rows are gathered through an index list so the
  * permuted activations never need to be materialized. The tile list lives on the device, so the
  * grid is launched at its upper bound (blocks past *n_tiles exit at once) and a decode step needs no
@@ -9,16 +10,17 @@
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 
-#define BN 128
 #define BK 64
 #define STAGES 4
 #define KROW (BK + 8) /* padded smem row: 144 B = 9 x 16 B, conflict-free ldmatrix */
 
-template <int BM>
+template <int BM, int BN>
 static __global__ void __launch_bounds__(128)
 grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
                     const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, void *C, int ldc,
                     int c_f32, int glu) {
+  constexpr int WN = BN / 4, NT = WN / 8; /* columns and n8 tiles per warp */
+  DI_PDL_ENTRY();
   if ((int)blockIdx.y >= *n_tiles) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16 *sA = (bf16 *)smem_raw;              /* [STAGES][BM][KROW] */
@@ -56,11 +58,11 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
     if (st < nk) load(st, st * BK);
     di_cp_commit();
   }
-  float acc[BM / 16][4][4];
+  float acc[BM / 16][NT][4];
 #pragma unroll
   for (int i = 0; i < BM / 16; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
   for (int kt = 0; kt < nk; kt++) {
     di_cp_wait<STAGES - 2>();
@@ -73,11 +75,11 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
     const bf16 *a = sA + (kt % STAGES) * BM * KROW, *b = sB + (kt % STAGES) * BN * KROW;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
-      uint32_t bf[2][4];
-      /* 4 n8 tiles of this warp (cols warp*32 ..): two x4 loads, each = 2 n-tiles x (k0-7, k8-15) */
+      uint32_t bf[NT / 2][4];
+      /* NT n8 tiles of this warp (cols warp*WN ..): x4 loads, each = 2 n-tiles x (k0-7, k8-15) */
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const bf16 *p = b + (warp * 32 + h * 16 + (lane & 7) + ((lane >> 4) << 3)) * KROW + kk +
+      for (int h = 0; h < NT / 2; h++) {
+        const bf16 *p = b + (warp * WN + h * 16 + (lane & 7) + ((lane >> 4) << 3)) * KROW + kk +
                         ((lane >> 3) & 1) * 8;
         di_ldsm_x4(bf[h], p);
       }
@@ -85,10 +87,11 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
       for (int mi = 0; mi < BM / 16; mi++) {
         uint32_t af[4];
         di_ldsm_x4(af, a + (mi * 16 + (lane & 15)) * KROW + kk + (lane >> 4) * 8);
-        di_mma16816(acc[mi][0], af, &bf[0][0]);
-        di_mma16816(acc[mi][1], af, &bf[0][2]);
-        di_mma16816(acc[mi][2], af, &bf[1][0]);
-        di_mma16816(acc[mi][3], af, &bf[1][2]);
+#pragma unroll
+        for (int h = 0; h < NT / 2; h++) {
+          di_mma16816(acc[mi][2 * h], af, &bf[h][0]);
+          di_mma16816(acc[mi][2 * h + 1], af, &bf[h][2]);
+        }
       }
     }
   }
@@ -98,8 +101,8 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
 #pragma unroll
     for (int mi = 0; mi < BM / 16; mi++) {
 #pragma unroll
-      for (int pr = 0; pr < 2; pr++) {
-        int col = (n0 + warp * 32 + pr * 16) / 2 + (lane & 3) * 2;
+      for (int pr = 0; pr < NT / 2; pr++) {
+        int col = (n0 + warp * WN + pr * 16) / 2 + (lane & 3) * 2;
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
           int m = m0 + mi * 16 + (lane >> 2) + hh * 8;
@@ -116,8 +119,8 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
 #pragma unroll
   for (int mi = 0; mi < BM / 16; mi++) {
 #pragma unroll
-    for (int nj = 0; nj < 4; nj++) {
-      int col = n0 + warp * 32 + nj * 8 + (lane & 3) * 2;
+    for (int nj = 0; nj < NT; nj++) {
+      int col = n0 + warp * WN + nj * 8 + (lane & 3) * 2;
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) {
         int m = m0 + mi * 16 + (lane >> 2) + hh * 8;
@@ -132,20 +135,32 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
   }
 }
 
-template <int BM>
+template <int BM, int BN>
 static di_status launch(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
                         const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
                         void *C, int ldc, int c_f32, int glu, cudaStream_t s) {
   size_t sm = (size_t)STAGES * (BM + BN) * KROW * 2;
   static int attr_set;
   if (!attr_set) {
-    DI_CU(cudaFuncSetAttribute(grouped_gemm_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    DI_CU(cudaFuncSetAttribute(grouped_gemm_kernel<BM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attr_set = 1;
   }
   dim3 grid(N / BN, max_tiles);
-  grouped_gemm_kernel<BM><<<grid, 128, sm, s>>>(A, lda, a_rows, W, N, K, off, tiles, n_tiles, C, ldc, c_f32, glu);
-  DI_CU_LAUNCH("grouped_gemm");
+  DI_CU(di_launch(grouped_gemm_kernel<BM, BN>, grid, 128, sm, s, A, lda, a_rows, W, N, K, off, tiles, n_tiles, C,
+                  ldc, c_f32, glu));
   return DI_OK;
+}
+
+static int sm_count(void) {
+  static int n; /* the device does not change under a process; a benign race writes the same value */
+  if (!n) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+      n = v > 0 ? v : 132;
+    else
+      n = 132;
+  }
+  return n;
 }
 
 extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows,
@@ -153,15 +168,22 @@ extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32
                                          const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
                                          int bm, void *C, int ldc, int c_f32, int glu, di_cu_stream s) {
   if (max_tiles <= 0) return DI_OK;
-  if (N % BN || K % BK || max_tiles > 65535)
+  if (N % 128 || K % BK || max_tiles > 65535)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm N %d K %d tiles %d (N%%128, K%%64)", N,
                         K, max_tiles);
-  if (bm == 16)
-    return launch<16>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles,
-                      max_tiles, C, ldc, c_f32, glu, s);
-  if (bm == 64)
-    return launch<64>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles,
-                      max_tiles, C, ldc, c_f32, glu, s);
+  const int narrow = max_tiles * (N / 128) < 2 * sm_count(); /* too few 128-wide CTAs to fill the GPU */
+#define GG_LAUNCH(bm_, bn_)                                                                              \
+  return launch<bm_, bn_>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles, \
+                          max_tiles, C, ldc, c_f32, glu, s)
+  if (bm == 16) {
+    if (narrow) GG_LAUNCH(16, 64);
+    GG_LAUNCH(16, 128);
+  }
+  if (bm == 64) {
+    if (narrow) GG_LAUNCH(64, 64);
+    GG_LAUNCH(64, 128);
+  }
+#undef GG_LAUNCH
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm bm %d (16 or 64)", bm);
 }
 

@@ -21,6 +21,7 @@ static __global__ void __launch_bounds__(RG * 128)
 mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride,
                 const int32_t *positions, int H, float scale_log2, const di_cuk_attn_item *items,
                 const int32_t *n_items, bf16 *out, float *part_o, float *part_lse) {
+  DI_PDL_ENTRY();
   if ((int)blockIdx.x >= *n_items) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int BM = RG * 16;
@@ -207,9 +208,8 @@ extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
       DI_CU(cudaFuncSetAttribute(mla_attn_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
       attr_set4 = 1;
     }
-    mla_attn_kernel<4><<<max_items, 512, sm, s>>>((const bf16 *)Q, (const bf16 *)cache, block_tables,
-                                                  bt_stride, positions, H, sl2, items, n_items,
-                                                  (bf16 *)out, part_o, part_lse);
+    DI_CU(di_launch(mla_attn_kernel<4>, max_items, 512, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
+                    bt_stride, positions, H, sl2, items, n_items, (bf16 *)out, part_o, part_lse));
   } else if (rows_per_cta == 16) {
     size_t sm = attn_smem(1);
     static int attr_set1;
@@ -217,9 +217,8 @@ extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
       DI_CU(cudaFuncSetAttribute(mla_attn_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
       attr_set1 = 1;
     }
-    mla_attn_kernel<1><<<max_items, 128, sm, s>>>((const bf16 *)Q, (const bf16 *)cache, block_tables,
-                                                  bt_stride, positions, H, sl2, items, n_items,
-                                                  (bf16 *)out, part_o, part_lse);
+    DI_CU(di_launch(mla_attn_kernel<1>, max_items, 128, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
+                    bt_stride, positions, H, sl2, items, n_items, (bf16 *)out, part_o, part_lse));
   } else {
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn rows_per_cta %d (16 or 64)", rows_per_cta);
   }
@@ -232,6 +231,7 @@ extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
 static __global__ void __launch_bounds__(512)
 mla_combine_kernel(const di_cuk_combine_item *items, const int32_t *n_items, const float *part_o,
                    const float *part_lse, bf16 *out) {
+  DI_PDL_ENTRY();
   if ((int)blockIdx.x >= *n_items) return;
   const di_cuk_combine_item it = items[blockIdx.x];
   const int lane = threadIdx.x & 31;
@@ -268,7 +268,7 @@ extern "C" di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const 
                                         int max_items, const float *part_o, const float *part_lse,
                                         uint16_t *out, di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
-  mla_combine_kernel<<<max_items, 512, 0, s>>>(items, n_items, part_o, part_lse, (bf16 *)out);
+  DI_CU(di_launch(mla_combine_kernel, max_items, 512, 0, s, items, n_items, part_o, part_lse, (bf16 *)out));
   DI_CU_LAUNCH("mla_combine");
   return DI_OK;
 }

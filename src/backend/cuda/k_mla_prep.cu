@@ -17,6 +17,7 @@ static __global__ void mla_prep_kernel(const bf16 *kva, int ldk, const bf16 *q, 
                                        bf16 *cache) {
   __shared__ float red[32];
   __shared__ float cs[2][DI_CUK_MLA_P / 2]; /* cos, sin per pair */
+  DI_PDL_ENTRY();
   int t = blockIdx.x;
   const bf16 *x = kva + (int64_t)t * ldk;
   int pos = positions[t];
@@ -70,8 +71,8 @@ extern "C" di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_
     return di_error_set(DI_ERR_UNSUPPORTED,
                         "cuda: MLA ranks kv_lora %d / rope %d unsupported (need <= %d / even <= %d)", R,
                         P, DI_CUK_MLA_R, DI_CUK_MLA_P);
-  mla_prep_kernel<<<T, 256, 0, s>>>((const bf16 *)kva, ldk, (const bf16 *)q, ldq, positions, slots, H, N, P, R, kv_norm, eps,
-                                    rope, (bf16 *)Qa, (bf16 *)cache);
+  DI_CU(di_launch(mla_prep_kernel, T, 256, 0, s, (const bf16 *)kva, ldk, (const bf16 *)q, ldq, positions, slots, H, N,
+                  P, R, kv_norm, eps, rope, (bf16 *)Qa, (bf16 *)cache));
   DI_CU_LAUNCH("mla_prep");
   return DI_OK;
 }

@@ -10,18 +10,19 @@
 
 #define MAXE 1024
 
-/* One block per token, one thread per expert (blockDim = E rounded up to 32). Top-k by k rounds of
- * a block-wide argmax; ties go to the lower expert id. */
-static __global__ void route_kernel(const float *logits, const float *bias, di_cuk_router r,
-                                    int32_t *ids, float *wout, di_cuk_perm pm, int do_perm) {
+/* Routes token t: the whole block, one thread per expert (blockDim >= E, a multiple of 32). Top-k by
+ * k rounds of a block-wide argmax; ties go to the lower expert id. The logits are read through L2
+ * (__ldcg): in the fused gate kernel other CTAs wrote them during this kernel. */
+static __device__ void route_token(const float *logits, const float *bias, const di_cuk_router &r, int t,
+                                   int32_t *ids, float *wout, const di_cuk_perm &pm, int do_perm) {
   __shared__ int sid[16];
   __shared__ float sc[MAXE], ch[MAXE];  /* score, choice value */
   __shared__ float gsc[MAXE];
   __shared__ float red_v[32];
   __shared__ int red_i[32];
   __shared__ float red[32];
-  const int t = blockIdx.x, e = threadIdx.x, E = r.E;
-  float x = e < E ? logits[(int64_t)t * E + e] : -INFINITY;
+  const int e = threadIdx.x, E = r.E;
+  float x = e < E ? __ldcg(logits + (int64_t)t * E + e) : -INFINITY;
   float s;
   if (r.sigmoid) {
     s = e < E ? 1.f / (1.f + expf(-x)) : 0.f;
@@ -127,6 +128,12 @@ static __global__ void route_kernel(const float *logits, const float *bias, di_c
   if (threadIdx.x == 0) *pm.n_tiles = kt;
 }
 
+static __global__ void route_kernel(const float *logits, const float *bias, di_cuk_router r,
+                                    int32_t *ids, float *wout, di_cuk_perm pm, int do_perm) {
+  DI_PDL_ENTRY();
+  route_token(logits, bias, r, blockIdx.x, ids, wout, pm, do_perm);
+}
+
 extern "C" di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk_router r,
                                       int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s) {
   if (T <= 0) return DI_OK;
@@ -141,9 +148,86 @@ extern "C" di_status di_cuk_moe_route(const float *logits, const float *bias, in
   memset(&pm, 0, sizeof pm);
   const int do_perm = perm != NULL && T == 1;
   if (do_perm) pm = *perm;
-  route_kernel<<<T, threads, 0, s>>>(logits, bias, r, ids, w, pm, do_perm);
+  DI_CU(di_launch(route_kernel, T, threads, 0, s, logits, bias, r, ids, w, pm, do_perm));
   DI_CU_LAUNCH("moe_route");
   return DI_OK;
+}
+
+/* The MoE gate of a small step in one kernel: RMSNorm of the residual row (the expert GEMMs' bf16
+ * input, written by the first CTA of the token), router logits (one warp per expert, GATE_EPB experts
+ * per CTA, the same arithmetic as rmsnorm_kernel + router_kernel), and the routing of the token by
+ * the CTA that finishes last (an atomic counter per token, reset by that CTA for the next use). At
+ * decode this replaces three launches per layer; the router weights are prefetched into L2 before the
+ * kernel waits for its predecessor. blockDim is 256 (>= E: route_token's one thread per expert). */
+#define GATE_EPB 8
+#define GATE_THREADS 256
+
+static __global__ void __launch_bounds__(GATE_THREADS)
+moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf16 *W, const float *bias,
+                di_cuk_router r, bf16 *xn, int ldxn, float *logits, int32_t *counters, int32_t *ids,
+                float *wout, di_cuk_perm pm, int do_perm) {
+  extern __shared__ float xs[]; /* the normed row, fp32 [H] */
+  __shared__ float red[32];
+  __shared__ int s_last;
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int e = blockIdx.x * GATE_EPB + warp;
+  const bf16 *wr = W + (int64_t)(e < r.E ? e : 0) * H;
+  if (e < r.E)
+    for (int i = lane * 64; i < H; i += 32 * 64) di_prefetch_l2(wr + i); /* 128-byte lines */
+  DI_PDL_ENTRY();
+  const float *xr = h + (int64_t)t * H;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    float v = xr[i];
+    ss += v * v;
+  }
+  ss = di_block_sum(ss, red);
+  const float inv = rsqrtf(ss / H + eps);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    float v = xr[i] * inv * norm_w[i];
+    xs[i] = v;
+    if (blockIdx.x == 0) xn[(int64_t)t * ldxn + i] = di_fb(v);
+  }
+  __syncthreads();
+  if (e < r.E) {
+    float acc = 0.f;
+    for (int i = lane; i < H; i += 32) acc += xs[i] * di_bf(wr[i]);
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) logits[(int64_t)t * r.E + e] = acc;
+  }
+  __threadfence(); /* this CTA's logits visible device-wide before it is counted */
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&counters[t], 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) counters[t] = 0;
+  route_token(logits, bias, r, t, ids, wout, pm, do_perm);
+}
+
+extern "C" di_status di_cuk_moe_gate(const float *h, const float *norm_w, float eps, int T, int H,
+                                     const uint16_t *W, const float *bias, di_cuk_router r, uint16_t *xn,
+                                     int ldxn, float *logits, int32_t *counters, int32_t *ids, float *w,
+                                     const di_cuk_perm *perm, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  if (!di_cuk_moe_gate_supported(r.E, H) || r.k > 8 || r.k < 1 || r.k > r.E || r.n_shared < 0 ||
+      r.k + r.n_shared > 16)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: fused MoE gate with %d experts, top-%d, hidden %d", r.E, r.k, H);
+  if (r.n_group > 1 && r.E % r.n_group)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts not divisible into %d groups", r.E, r.n_group);
+  if (T > 65535) return di_error_set(DI_ERR_INVALID_ARG, "cuda: fused MoE gate of %d tokens", T);
+  di_cuk_perm pm;
+  memset(&pm, 0, sizeof pm);
+  const int do_perm = perm != NULL && T == 1;
+  if (do_perm) pm = *perm;
+  const dim3 grid((r.E + GATE_EPB - 1) / GATE_EPB, T);
+  DI_CU(di_launch(moe_gate_kernel, grid, GATE_THREADS, sizeof(float) * (size_t)H, s, h, norm_w, eps, H,
+                  (const bf16 *)W, bias, r, (bf16 *)xn, ldxn, logits, counters, ids, w, pm, do_perm));
+  return DI_OK;
+}
+
+extern "C" int di_cuk_moe_gate_supported(int E, int H) {
+  return E >= 1 && E <= GATE_THREADS && H >= 1 && H <= 8192; /* 32 KB of row + 12.5 KB of routing smem */
 }
 
 /* One block does the whole permutation: counts per expert, offsets, tile list, scatter. The order
@@ -153,6 +237,7 @@ static __global__ void permute_kernel(const int32_t *ids, int n, int k, int E, i
                                       int32_t *perm_tok, int32_t *inv, int32_t *off, int32_t *tiles,
                                       int32_t *n_tiles) {
   __shared__ int cnt[MAXE], fill[MAXE], soff[MAXE + 1];
+  DI_PDL_ENTRY();
   for (int e = threadIdx.x; e < E; e += blockDim.x) { cnt[e] = 0; fill[e] = 0; }
   __syncthreads();
   for (int a = threadIdx.x; a < n; a += blockDim.x) atomicAdd(&cnt[ids[a]], 1);
@@ -183,7 +268,7 @@ extern "C" di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k,
                                         int32_t *tiles, int32_t *n_tiles, di_cu_stream s) {
   if (E > MAXE || E >= 32768)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts unsupported", E);
-  permute_kernel<<<1, 1024, 0, s>>>(ids, n_assign, k, E, bm, perm_tok, inv, expert_off, tiles, n_tiles);
+  DI_CU(di_launch(permute_kernel, 1, 1024, 0, s, ids, n_assign, k, E, bm, perm_tok, inv, expert_off, tiles, n_tiles));
   DI_CU_LAUNCH("moe_permute");
   return DI_OK;
 }
@@ -191,6 +276,7 @@ extern "C" di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k,
 static __global__ void combine_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k,
                                       int n, float *h, const float *norm_w, float eps, bf16 *xn, int ldo) {
   __shared__ float red[32];
+  DI_PDL_ENTRY();
   int t = blockIdx.x;
   int rows[16];
   float ws[16];
@@ -215,7 +301,7 @@ extern "C" di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *
                                         int ldo, di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (k > 16) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts per token unsupported (<= 16)", k);
-  combine_kernel<<<T, 1024, 0, s>>>(y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn, ldo);
+  DI_CU(di_launch(combine_kernel, T, 1024, 0, s, y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn, ldo));
   DI_CU_LAUNCH("moe_combine");
   return DI_OK;
 }

@@ -5,6 +5,7 @@
 #include "cuda_kernels.h"
 
 static __global__ void embed_kernel(const bf16 *table, const int32_t *tokens, int hidden, float *h) {
+  DI_PDL_ENTRY();
   int t = blockIdx.x;
   const bf16 *row = table + (int64_t)tokens[t] * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) h[(int64_t)t * hidden + i] = di_bf(row[i]);
@@ -13,7 +14,7 @@ static __global__ void embed_kernel(const bf16 *table, const int32_t *tokens, in
 extern "C" di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, int T, int hidden,
                                   float *h, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  embed_kernel<<<T, 256, 0, s>>>((const bf16 *)table, tokens, hidden, h);
+  DI_CU(di_launch(embed_kernel, T, 256, 0, s, (const bf16 *)table, tokens, hidden, h));
   DI_CU_LAUNCH("embed");
   return DI_OK;
 }
@@ -23,6 +24,7 @@ template <typename TI>
 static __global__ void rmsnorm_kernel(const TI *x, int ldx, const float *w, int n, float eps, bf16 *out,
                                       int ldo, float *of) {
   __shared__ float red[32];
+  DI_PDL_ENTRY();
   const TI *xr = x + (int64_t)blockIdx.x * ldx;
   float ss = 0.f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -42,7 +44,7 @@ static __global__ void rmsnorm_kernel(const TI *x, int ldx, const float *w, int 
 extern "C" di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,
                                     uint16_t *out, int ldo, float *out_f32, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  rmsnorm_kernel<float><<<T, 256, 0, s>>>(x, ldx, w, n, eps, (bf16 *)out, ldo, out_f32);
+  DI_CU(di_launch(rmsnorm_kernel<float>, T, 256, 0, s, x, ldx, w, n, eps, (bf16 *)out, ldo, out_f32));
   DI_CU_LAUNCH("rmsnorm");
   return DI_OK;
 }
@@ -50,13 +52,14 @@ extern "C" di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int
 extern "C" di_status di_cuk_rmsnorm_bf16(const uint16_t *x, int ldx, const float *w, int T, int n, float eps,
                                          uint16_t *out, int ldo, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  rmsnorm_kernel<bf16><<<T, 256, 0, s>>>((const bf16 *)x, ldx, w, n, eps, (bf16 *)out, ldo, NULL);
+  DI_CU(di_launch(rmsnorm_kernel<bf16>, T, 256, 0, s, (const bf16 *)x, ldx, w, n, eps, (bf16 *)out, ldo, (float *)NULL));
   DI_CU_LAUNCH("rmsnorm_bf16");
   return DI_OK;
 }
 
 /* One warp per (token, expert) dot product; W (E x n bf16) stays in L2 across tokens. */
 static __global__ void router_kernel(const float *x, const bf16 *W, int T, int E, int n, float *out) {
+  DI_PDL_ENTRY();
   int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (gw >= T * E) return;
   int t = gw / E, e = gw % E;
@@ -72,12 +75,13 @@ extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int
                                           di_cu_stream s) {
   if (T <= 0) return DI_OK;
   int warps = T * E;
-  router_kernel<<<(warps + 7) / 8, 256, 0, s>>>(x, (const bf16 *)W, T, E, n, out);
+  DI_CU(di_launch(router_kernel, (warps + 7) / 8, 256, 0, s, x, (const bf16 *)W, T, E, n, out));
   DI_CU_LAUNCH("router_logits");
   return DI_OK;
 }
 
 static __global__ void silu_mul_kernel(const bf16 *gu, int64_t total, int I, bf16 *out) {
+  DI_PDL_ENTRY();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     int64_t t = i / I;
@@ -92,12 +96,13 @@ extern "C" di_status di_cuk_silu_mul(const uint16_t *gu, int T, int I, uint16_t 
   if (total <= 0) return DI_OK;
   int64_t blocks = (total + 255) / 256;
   if (blocks > 65535) blocks = 65535;
-  silu_mul_kernel<<<(int)blocks, 256, 0, s>>>((const bf16 *)gu, total, I, (bf16 *)out);
+  DI_CU(di_launch(silu_mul_kernel, (int)blocks, 256, 0, s, (const bf16 *)gu, total, I, (bf16 *)out));
   DI_CU_LAUNCH("silu_mul");
   return DI_OK;
 }
 
 static __global__ void gather_kernel(const float *in, const int32_t *rows, int cols, float *out) {
+  DI_PDL_ENTRY();
   const float *src = in + (int64_t)rows[blockIdx.x] * cols;
   float *dst = out + (int64_t)blockIdx.x * cols;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
@@ -106,7 +111,7 @@ static __global__ void gather_kernel(const float *in, const int32_t *rows, int c
 extern "C" di_status di_cuk_gather_f32(const float *in, const int32_t *rows, int n, int cols,
                                        float *out, di_cu_stream s) {
   if (n <= 0) return DI_OK;
-  gather_kernel<<<n, 256, 0, s>>>(in, rows, cols, out);
+  DI_CU(di_launch(gather_kernel, n, 256, 0, s, in, rows, cols, out));
   DI_CU_LAUNCH("gather");
   return DI_OK;
 }

@@ -130,6 +130,7 @@ static __device__ unsigned int radix_select(const float *l, int V, float mx, flo
 static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, int Vfull,
                                                            const di_cuk_sample_row *rows, int32_t *out) {
   __shared__ Shared sh;
+  DI_PDL_ENTRY();
   const di_cuk_sample_row rw = rows[blockIdx.x];
   const float *l = logits + (int64_t)blockIdx.x * Vfull;
   const int V = rw.vocab_limit > 0 && rw.vocab_limit < Vfull ? rw.vocab_limit : Vfull;
@@ -319,7 +320,7 @@ static __global__ void __launch_bounds__(NT) sample_kernel(const float *logits, 
 extern "C" di_status di_cuk_sample(const float *logits, int n, int V, const di_cuk_sample_row *rows,
                                    int32_t *out, di_cu_stream s) {
   if (n <= 0) return DI_OK;
-  sample_kernel<<<n, NT, 0, s>>>(logits, V, rows, out);
+  DI_CU(di_launch(sample_kernel, n, NT, 0, s, logits, V, rows, out));
   DI_CU_LAUNCH("sample");
   return DI_OK;
 }
