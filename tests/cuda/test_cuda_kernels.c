@@ -478,7 +478,7 @@ static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
 
 /* route (with n_sh shared experts folded in as experts E.., weight 1) -> permute -> glu grouped GEMM
  * -> down grouped GEMM -> combine (+ the fused RMSNorm of the result), as the backend runs it */
-static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I) {
+static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gemv_rows) {
   const int Ip = (I + 63) / 64 * 64, Et = E + n_sh, Kt = K + n_sh, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
   int max_tiles = (A + bm - 1) / bm + Et;
   if (max_tiles > A) max_tiles = A;
@@ -500,7 +500,11 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I) {
        *dinv = di_cut_malloc((size_t)A * 4), *doff = di_cut_malloc((size_t)(Et + 1) * 4),
        *dtiles = di_cut_malloc((size_t)((A + 15) / 16 + Et + 1) * 4), *dnt = di_cut_malloc(16),
        *dact = di_cut_malloc((size_t)A * Ip * 2), *dy = di_cut_malloc((size_t)A * Hd * 4),
-       *dxn = di_cut_malloc((size_t)T * Hd * 2);
+       *dxn = di_cut_malloc((size_t)T * Hd * 2), *dpart = di_cut_malloc((size_t)T * DI_CUK_COMBINE_PARTS(Hd) * 4),
+       *dcnt = di_cut_malloc((size_t)T * 4);
+  int32_t *zeros = calloc((size_t)T, 4);
+  di_cut_h2d(dcnt, zeros, (size_t)T * 4);
+  free(zeros);
   CHECK(di_cuk_glu_interleave(dstage, dgu_w, Et, Ip, Hd, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   double t0 = di_cut_time_ms();
@@ -508,11 +512,22 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I) {
   di_cuk_perm pm = {bm, dperm, dinv, doff, dtiles, dnt};
   CHECK(di_cuk_moe_route(dlg, NULL, T, r, dids, dw, &pm, NULL) == DI_OK);
   if (T > 1) CHECK(di_cuk_moe_permute(dids, A, Kt, Et, bm, dperm, dinv, doff, dtiles, dnt, NULL) == DI_OK);
-  di_status st = di_cuk_grouped_gemm(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, dact, Ip, 0, 1, NULL);
-  CHECKF(st == DI_OK, "%s", di_last_error());
-  st = di_cuk_grouped_gemm(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, dy, Hd, 1, 0, NULL);
-  CHECKF(st == DI_OK, "%s", di_last_error());
-  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, Kt, Hd, dh, dnw, 1e-6f, dxn, Hd, NULL) == DI_OK);
+  di_status st;
+  if (gemv_rows) { /* at T == 1 the shared experts' tiles are prefetched as the backend does */
+    const int pf0 = T == 1 && n_sh ? Kt - n_sh : -1;
+    st = di_cuk_grouped_gemv(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, gemv_rows, dact, Ip, 0,
+                             1, pf0, E, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    st = di_cuk_grouped_gemv(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, gemv_rows, dy, Hd, 1, 0,
+                             pf0, E, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+  } else {
+    st = di_cuk_grouped_gemm(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, dact, Ip, 0, 1, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    st = di_cuk_grouped_gemm(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, dy, Hd, 1, 0, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+  }
+  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, Kt, Hd, dh, dnw, 1e-6f, dxn, Hd, dpart, dcnt, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   double ms = di_cut_time_ms() - t0;
   float *got = malloc((size_t)T * Hd * 4);
@@ -551,10 +566,16 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I) {
   double err = rel_err_d(ref, gd, (size_t)T * Hd), errn = rel_err_d(rxn, gxn, (size_t)T * Hd);
   CHECKF(err < 1e-2, "moe chain T=%d E=%d k=%d: rel err %.3e", T, E, K, err);
   CHECKF(errn < 1e-2, "moe chain T=%d fused norm: rel err %.3e", T, errn);
-  printf("moe chain T=%4d E=%3d+%d k=%d hidden=%d inter=%d bm=%d: rel err %.2e, fused norm %.2e (%.2f ms incl. launch)\n",
-         T, E, n_sh, K, Hd, I, bm, err, errn, ms);
+  printf("moe chain T=%4d E=%3d+%d k=%d hidden=%d inter=%d bm=%d %s: rel err %.2e, fused norm %.2e (%.2f ms incl. launch)\n",
+         T, E, n_sh, K, Hd, I, bm, gemv_rows ? "gemv" : "mma ", err, errn, ms);
   free(x); free(wgu); free(wd); free(lg); free(h0); free(nw); free(got); free(gxn); free(ref); free(g); free(gd); free(rxn);
-  void *ptrs[] = {dx, dstage, dgu_w, dd_w, dlg, dh, dnw, dids, dw, dperm, dinv, doff, dtiles, dnt, dact, dy, dxn};
+  int32_t *cnt_after = malloc((size_t)T * 4);
+  di_cut_d2h(cnt_after, dcnt, (size_t)T * 4);
+  int left = 0;
+  for (int t = 0; t < T; t++) left += cnt_after[t] != 0;
+  CHECKF(left == 0, "moe chain T=%d: %d combine counters not reset", T, left);
+  free(cnt_after);
+  void *ptrs[] = {dx, dstage, dgu_w, dd_w, dlg, dh, dnw, dids, dw, dperm, dinv, doff, dtiles, dnt, dact, dy, dxn, dpart, dcnt};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
 }
 
@@ -666,11 +687,16 @@ int main(void) {
     test_moe_gate(64, 7168, r3, "V3, 64 tokens");
     test_moe_gate(3, 72, r2, "group-limited, tiny");
   }
-  test_moe_chain(1, 64, 6, 2, 2048, 1408);   /* V2-Lite decode, 2 shared experts folded in */
-  test_moe_chain(16, 64, 6, 2, 2048, 1408);
-  test_moe_chain(300, 256, 8, 1, 256, 200);  /* V3 routing width, bm 64 */
-  test_moe_chain(3, 12, 3, 0, 128, 40);      /* odd sizes (padded intermediate) */
-  test_moe_chain(600, 64, 6, 2, 256, 256);   /* A = 4800 >= 32 * 66: the bm = 64 tiles (prefill) */
+  test_moe_chain(1, 64, 6, 2, 2048, 1408, 0);   /* V2-Lite decode, 2 shared experts folded in (64-wide tiles) */
+  test_moe_chain(1, 64, 6, 2, 2048, 1408, 1);   /* ... as the GEMV the backend uses at T <= 4 */
+  test_moe_chain(4, 64, 6, 2, 2048, 1408, 4);
+  test_moe_chain(16, 64, 6, 2, 2048, 1408, 0);
+  test_moe_chain(16, 64, 6, 2, 2048, 1408, 4);  /* more rows per expert than one GEMV pass */
+  test_moe_chain(300, 256, 8, 1, 256, 200, 0);  /* V3 routing width, bm 64 */
+  test_moe_chain(3, 12, 3, 0, 128, 40, 0);      /* odd sizes (padded intermediate) */
+  test_moe_chain(3, 12, 3, 0, 128, 40, 3);
+  test_moe_chain(2, 16, 4, 1, 7168, 256, 2);    /* V3 hidden (K 7168) */
+  test_moe_chain(600, 64, 6, 2, 256, 256, 0);   /* A = 4800 >= 32 * 66: the bm = 64 tiles (prefill) */
   test_sample(129280);
   di_cu_blas_destroy(blas);
   return test_finish("test_cuda_kernels");

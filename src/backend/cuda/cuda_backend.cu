@@ -24,6 +24,16 @@ extern "C" {
 
 #define DI_CUDA_GRAPH_MAX_T 256
 #define GATE_FUSE_MAX_T 64 /* steps up to this many tokens use the fused MoE gate */
+#define GEMV_MAX_T 4       /* ... and up to this many the GEMV form of the expert products */
+
+/* DEEPINFER_CUDA_SKIP=a,b,...: leave these phases out of every step (benchmarking only: the outputs
+ * are garbage). The marginal cost of a phase inside a replayed graph, with the launch overlap, is the
+ * step time with it minus without it, which a kernel profiler (serialized, cold caches) cannot show. */
+enum {
+  SKIP_QKV = 1, SKIP_PREP = 2, SKIP_ABSORB = 4, SKIP_ATTN = 8, SKIP_VO = 16, SKIP_GATE = 32,
+  SKIP_EXPERTS = 64, SKIP_COMBINE = 128, SKIP_LMHEAD = 256
+};
+#define SKIP(bit) (b->skip & (bit))
 #define MAX_GRAPHS 64
 #define MAX_MARKS 2048
 
@@ -49,7 +59,7 @@ typedef struct cu_backend {
   di_backend base;
   cudaStream_t stream;
   di_cu_blas *blas;
-  int sms, use_graphs;
+  int sms, use_graphs, skip;
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -73,6 +83,8 @@ typedef struct cu_backend {
   bf16 *xn, *qkv, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
   int32_t *topk_ids, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
   int32_t *gate_cnt;           /* di_cuk_moe_gate's per-token counters (zero between kernels) */
+  int32_t *cmb_cnt;            /* di_cuk_moe_combine's likewise, and its partial sums of squares */
+  float *cmb_part;
   /* step inputs: pinned host mirror and device copy */
   int32_t *in_host, *in_dev;
   size_t in_cap; /* int32 elements */
@@ -330,6 +342,9 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     REALLOC(b->n_tiles, sizeof(int32_t) * 4);
     REALLOC(b->gate_cnt, sizeof(int32_t) * (size_t)c);
     DI_CU(cudaMemset(b->gate_cnt, 0, sizeof(int32_t) * (size_t)c));
+    REALLOC(b->cmb_cnt, sizeof(int32_t) * (size_t)c);
+    DI_CU(cudaMemset(b->cmb_cnt, 0, sizeof(int32_t) * (size_t)c));
+    REALLOC(b->cmb_part, sizeof(float) * (size_t)c * DI_CUK_COMBINE_PARTS(b->H));
     REALLOC(b->gu, 2 * (size_t)(gu_w > 0 ? gu_w : 1));
     REALLOC(b->act, 2 * (size_t)(act_w > 0 ? act_w : 1));
     REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->Hp);
@@ -401,7 +416,8 @@ static di_status forward(cu_backend *b) {
     if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
     xn_ready = 0;
     PROF("norm");
-    DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
+    if (!SKIP(SKIP_QKV))
+      DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
     const uint16_t *q, *kva;
     int ldq;
     if (b->qr > 0) {
@@ -419,24 +435,29 @@ static di_status forward(cu_backend *b) {
     }
     PROF("q/kv proj");
     bf16 *cache = layer_cache(b, l);
-    DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
+    if (!SKIP(SKIP_PREP))
+      DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
                            b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
     /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
-    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
+    if (!SKIP(SKIP_ABSORB))
+      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
                               (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
     PROF("mla prep+absorb");
-    DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
+    if (!SKIP(SKIP_ATTN))
+      DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                            b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                            (uint16_t *)b->olat, b->part_o, b->part_lse, s));
-    if (b->max_citems > 0)
+    if (b->max_citems > 0 && !SKIP(SKIP_ATTN))
       DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                                 (uint16_t *)b->olat, s));
     PROF("mla attention");
     /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
-    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
+    if (!SKIP(SKIP_VO))
+      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                               DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
                               (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
-    DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
+    if (!SKIP(SKIP_VO))
+      DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
                       NH * b->dv, b->h, H, 1, 1.f, s));
     PROF("v + o_proj");
     /* small steps: the MoE gate's norm, router logits and routing are one kernel (di_cuk_moe_gate) */
@@ -452,32 +473,46 @@ static di_status forward(cu_backend *b) {
     int max_tiles = (A + bm - 1) / bm + Et;
     if (max_tiles > A) max_tiles = A;
     const di_cuk_perm pm = {bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles};
-    if (fused_gate) {
+    if (SKIP(SKIP_GATE)) {
+    } else if (fused_gate) {
       DI_TRY(di_cuk_moe_gate(b->h, L->ffn_norm, b->eps, T, H, (const uint16_t *)L->router, L->router_bias, b->router,
                              (uint16_t *)b->xn, Hp, b->router_logits, b->gate_cnt, b->topk_ids, b->topk_w, &pm, s));
     } else {
       DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
       DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, &pm, s));
     }
-    if (T > 1)
+    if (T > 1 && !SKIP(SKIP_GATE))
       DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
     PROF("router");
-    DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                               b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
-    PROF("experts gate/up");
-    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
+    if (T <= GEMV_MAX_T) { /* decode: an expert has at most T rows; weight streaming as a GEMV */
+      const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
+      if (!SKIP(SKIP_EXPERTS)) {
+        DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
+                                   b->tiles, b->n_tiles, max_tiles, bm, T, b->act, b->Ip, 0, 1, pf0, E, s));
+        PROF("experts gate/up");
+        DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, s));
+      }
+    } else {
+      DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
+                                 b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
+      PROF("experts gate/up");
+      DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                 b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
+    }
     PROF("experts down");
     if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
     const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0);
-    DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
-                              b->eps, (uint16_t *)b->xn, Hp, s));
+    if (!SKIP(SKIP_COMBINE))
+      DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
+                              b->eps, (uint16_t *)b->xn, Hp, b->cmb_part, b->cmb_cnt, s));
     xn_ready = fuse;
     PROF("combine");
   }
   DI_TRY(di_cuk_gather_f32(b->h, b->d_out_rows, b->n_out_p, H, b->hout, s));
   DI_TRY(di_cuk_rmsnorm(b->hout, H, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, NULL, s));
-  DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
+  if (!SKIP(SKIP_LMHEAD))
+    DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
                     b->logits, b->V, 1, 0.f, s));
   PROF("lm_head");
   return DI_OK;
@@ -812,6 +847,12 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   DI_TRY(di_cu_blas_create(&b->blas));
   const char *ge = getenv("DEEPINFER_CUDA_GRAPHS");
   b->use_graphs = !(ge && strcmp(ge, "0") == 0);
+  const char *sk = getenv("DEEPINFER_CUDA_SKIP");
+  if (sk) {
+    static const char *names[] = {"qkv", "prep", "absorb", "attn", "vo", "gate", "experts", "combine", "lmhead"};
+    for (int i = 0; i < 9; i++)
+      if (strstr(sk, names[i])) b->skip |= 1 << i;
+  }
   const char *pe = getenv("DEEPINFER_CUDA_PROFILE");
   if (pe && strcmp(pe, "1") == 0) {
     b->prof = 1;

@@ -51,6 +51,15 @@ static __device__ __forceinline__ void di_pdl_trigger(void) {
     di_pdl_wait();     \
     di_pdl_trigger();  \
   } while (0)
+/* A 16-byte load of data no kernel writes (weights), not kept in L1, as a volatile asm so that a
+ * group of them is issued back to back (memory-level parallelism for weight streaming). */
+static __device__ __forceinline__ uint4 di_ld_stream16(const void *p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 /* L2 prefetch of one line holding p (weights only: see above). */
 static __device__ __forceinline__ void di_prefetch_l2(const void *p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

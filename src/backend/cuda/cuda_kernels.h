@@ -119,10 +119,12 @@ di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int
                              int32_t *tiles, int32_t *n_tiles, di_cu_stream s);
 /* h[t][0:n] += sum_j w[t][j] * y[inv[t*k+j]][0:n]  (y f32 [n_assign][ldy], h [T][n]); then, when
  * norm_w is non-NULL, xn[t] = bf16(rmsnorm(h[t]) * norm_w) (row stride ldo): the next layer's
- * input norm fused in. */
+ * input norm fused in. Scratch for the norm: ss_part f32 [T][DI_CUK_COMBINE_PARTS(n)], counters
+ * int32 [T] (zero, left zero). n <= 16384. */
+#define DI_CUK_COMBINE_PARTS(n) (((n) + 255) / 256)
 di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T, int k,
                              int n, float *h, const float *norm_w, float eps, uint16_t *xn, int ldo,
-                             di_cu_stream s);
+                             float *ss_part, int32_t *counters, di_cu_stream s);
 
 /* ---- grouped GEMM (k_grouped_gemm.cu) ---- */
 /* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):
@@ -137,6 +139,14 @@ di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows,
                               int N, int K, const int32_t *expert_off, const int32_t *tiles,
                               const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc,
                               int c_f32, int glu, di_cu_stream s);
+/* The same product for decode-sized steps, as a GEMV (k_grouped_gemm.cu): max_rows (1..4) rows per
+ * expert are computed per pass (more are correct, only slower); N a multiple of 64, K of 8.
+ * pf_tile0 >= 0: tiles pf_tile0.. are known before the routing finishes to be experts pf_expert0..
+ * (the shared experts at T == 1), whose weights are prefetched; else -1. */
+di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_rows, const uint16_t *W, int N, int K,
+                              const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
+                              int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu,
+                              int pf_tile0, int pf_expert0, di_cu_stream s);
 /* Reorders rows of [gate (I rows); up (I rows)] (each `cols` wide, n_mat matrices back to back) into
  * the glu interleaving above; src and dst distinct. I must be a multiple of 8. */
 di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, int I, int cols,

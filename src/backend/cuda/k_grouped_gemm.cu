@@ -187,6 +187,165 @@ extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm bm %d (16 or 64)", bm);
 }
 
+/* ---- decode-sized steps: the same grouped product as a GEMV ----------------------------------------
+ * When no expert has more than a few rows (a step of <= 4 tokens: each token gives an expert at most
+ * one row), tensor-core tiles waste most of their work and the shared-memory pipeline only adds
+ * latency. Here each warp streams GV_ROWS consecutive weight rows straight into registers (one 16-byte
+ * load per row per lane per step: 16 loads in flight) and keeps up to MR activation rows; the 16 dot
+ * products are reduced across the warp by halving exchanges (15 shuffles, after which lane 2r holds
+ * row r). glu: rows 0-7 of a warp are gate rows, 8-15 the matching up rows (the interleaving above).
+ * At T == 1 the shared experts are the last tiles (sorted by expert id, one tile each), so their
+ * weights are prefetched into L2 before the kernel waits for the router (pf_tile0 / pf_expert0). */
+#define GV_WARPS 4
+#define GV_ROWS 16
+
+/* step: lanes whose bit `off` is set keep the upper half of their values, the others the lower half,
+ * each adding the partner's copy of the half it keeps */
+#define GV_HALVE(half, off)                                                            \
+  {                                                                                    \
+    const bool upper = (lane & (off)) != 0;                                            \
+    _Pragma("unroll") for (int i = 0; i < (half); i++) {                               \
+      float send = upper ? v[i] : v[i + (half)], keep = upper ? v[i + (half)] : v[i]; \
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, (off));                         \
+    }                                                                                  \
+  }
+static __device__ __forceinline__ float gv_reduce16(float v[GV_ROWS], int lane) {
+  GV_HALVE(8, 16) GV_HALVE(4, 8) GV_HALVE(2, 4) GV_HALVE(1, 2)
+  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1); /* the sum of row lane >> 1 */
+}
+#undef GV_HALVE
+
+template <int MR>
+static __device__ __forceinline__ void gv_load(uint4 *av, uint4 *wv, const bf16 *const *arow, const bf16 *We, int K,
+                                               int k) {
+#pragma unroll
+  for (int m = 0; m < MR; m++) av[m] = *(const uint4 *)(arow[m] + k);
+#pragma unroll
+  for (int r = 0; r < GV_ROWS; r++) wv[r] = di_ld_stream16(We + (int64_t)r * K + k);
+}
+
+template <int MR>
+static __device__ __forceinline__ void gv_fma(float (*acc)[GV_ROWS], const uint4 *av, const uint4 *wv) {
+#pragma unroll
+  for (int m = 0; m < MR; m++) {
+    const __nv_bfloat162 *ap = (const __nv_bfloat162 *)&av[m];
+    float2 a[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) a[j] = __bfloat1622float2(ap[j]);
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) {
+      const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv[r];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        float2 c = __bfloat1622float2(wp[j]);
+        acc[m][r] = fmaf(a[j].x, c.x, fmaf(a[j].y, c.y, acc[m][r]));
+      }
+    }
+  }
+}
+
+template <int MR, int GLU>
+static __global__ void __launch_bounds__(GV_WARPS * 32)
+grouped_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
+                    const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc,
+                    int c_f32, int pf_tile0, int pf_expert0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * GV_WARPS + warp) * GV_ROWS;
+  if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) {
+    const bf16 *wp = W + ((int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N + n0) * K;
+    for (int r = 0; r < GV_ROWS; r++)
+      for (int k = lane * 64; k < K; k += 32 * 64) di_prefetch_l2(wp + (int64_t)r * K + k);
+  }
+  DI_PDL_ENTRY();
+  if ((int)blockIdx.y >= *n_tiles) return;
+  const int tile = tiles[blockIdx.y];
+  const int e = tile >> 16, ti = tile & 0xffff;
+  const int m0 = off[e] + ti * bm, mend = min(off[e + 1], m0 + bm);
+  const bf16 *We = W + ((int64_t)e * N + n0) * K;
+  for (int mb = m0; mb < mend; mb += MR) {
+    const int nm = min(MR, mend - mb);
+    const bf16 *arow[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+      int mm = mb + (m < nm ? m : 0);
+      arow[m] = A + (int64_t)(a_rows ? a_rows[mm] : mm) * lda;
+    }
+    float acc[MR][GV_ROWS];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+#pragma unroll
+      for (int r = 0; r < GV_ROWS; r++) acc[m][r] = 0.f;
+    uint4 av[MR], wv[GV_ROWS];
+    if constexpr (MR <= 2) {
+      /* software-pipelined: the 16 weight loads of step k+256 are issued before the FMAs of step k, so
+       * they stay in flight together (written plainly, the compiler interleaves loads and FMAs and
+       * keeps only ~4 of them outstanding). Wider MR would spill with two sets of registers. */
+      int k = lane * 8;
+      if (k < K) gv_load<MR>(av, wv, arow, We, K, k);
+      for (; k < K; k += 256) {
+        const int kn = k + 256;
+        uint4 an[MR], wn[GV_ROWS];
+        if (kn < K) gv_load<MR>(an, wn, arow, We, K, kn);
+        gv_fma<MR>(acc, av, wv);
+        if (kn < K) {
+#pragma unroll
+          for (int m = 0; m < MR; m++) av[m] = an[m];
+#pragma unroll
+          for (int r = 0; r < GV_ROWS; r++) wv[r] = wn[r];
+        }
+      }
+    } else {
+      for (int k = lane * 8; k < K; k += 256) {
+        gv_load<MR>(av, wv, arow, We, K, k);
+        gv_fma<MR>(acc, av, wv);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+      float v = gv_reduce16(acc[m], lane); /* lane l: row l >> 1 of this warp */
+      if (GLU) {
+        float u = __shfl_down_sync(0xffffffffu, v, 16); /* up row r + 8 sits in lane 2r + 16 */
+        if (m < nm && lane < 16 && (lane & 1) == 0) {
+          int col = n0 / 2 + (lane >> 1);
+          ((bf16 *)C)[(int64_t)(mb + m) * ldc + col] = di_fb(v / (1.f + __expf(-v)) * u);
+        }
+      } else if (m < nm && (lane & 1) == 0) {
+        int col = n0 + (lane >> 1);
+        if (c_f32) ((float *)C)[(int64_t)(mb + m) * ldc + col] = v;
+        else ((bf16 *)C)[(int64_t)(mb + m) * ldc + col] = di_fb(v);
+      }
+    }
+  }
+}
+
+extern "C" di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_rows, const uint16_t *W,
+                                         int N, int K, const int32_t *expert_off, const int32_t *tiles,
+                                         const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
+                                         int ldc, int c_f32, int glu, int pf_tile0, int pf_expert0,
+                                         di_cu_stream s) {
+  if (max_tiles <= 0) return DI_OK;
+  if (N % (GV_WARPS * GV_ROWS) || K % 8 || lda % 8 || max_tiles > 65535 || ((uintptr_t)A & 15) || ((uintptr_t)W & 15))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemv N %d K %d lda %d tiles %d (N%%64, K%%8, aligned)", N,
+                        K, lda, max_tiles);
+  const dim3 grid(N / (GV_WARPS * GV_ROWS), max_tiles);
+  const bf16 *a = (const bf16 *)A, *w = (const bf16 *)W;
+#define GV_CASE(mr)                                                                                          \
+  case mr:                                                                                                   \
+    if (glu)                                                                                                 \
+      DI_CU(di_launch(grouped_gemv_kernel<mr, 1>, grid, GV_WARPS * 32, 0, s, a, lda, a_rows, w, N, K, expert_off, \
+                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));                             \
+    else                                                                                                     \
+      DI_CU(di_launch(grouped_gemv_kernel<mr, 0>, grid, GV_WARPS * 32, 0, s, a, lda, a_rows, w, N, K, expert_off, \
+                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));                             \
+    break;
+  switch (max_rows) {
+    GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
+    default: return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemv with %d rows per expert (1..4)", max_rows);
+  }
+#undef GV_CASE
+  return DI_OK;
+}
+
 /* dst row r of matrix i: group q = r / 16, j = r % 16 -> src row (j < 8 ? 8q + j : I + 8q + j - 8) */
 static __global__ void interleave_kernel(const bf16 *src, bf16 *dst, int I, int cols) {
   const int r = blockIdx.x, i = blockIdx.y;

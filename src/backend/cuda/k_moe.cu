@@ -190,8 +190,24 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
   }
   __syncthreads();
   if (e < r.E) {
+    /* 16-byte weight loads, all of a lane's issued before the first is used (a 2-byte-per-lane loop
+     * here was a chain of dependent round trips: 17 us per layer) */
     float acc = 0.f;
-    for (int i = lane; i < H; i += 32) acc += xs[i] * di_bf(wr[i]);
+    if ((H & 7) == 0 && ((uintptr_t)wr & 15) == 0) {
+#pragma unroll 8
+      for (int i = lane * 8; i < H; i += 256) {
+        uint4 wv = *(const uint4 *)(wr + i);
+        const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          float2 c = __bfloat1622float2(wp[j]);
+          acc = fmaf(xs[i + 2 * j], c.x, acc);
+          acc = fmaf(xs[i + 2 * j + 1], c.y, acc);
+        }
+      }
+    } else {
+      for (int i = lane; i < H; i += 32) acc += xs[i] * di_bf(wr[i]);
+    }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) logits[(int64_t)t * r.E + e] = acc;
   }
@@ -273,36 +289,61 @@ extern "C" di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k,
   return DI_OK;
 }
 
-static __global__ void combine_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k,
-                                      int n, float *h, const float *norm_w, float eps, bf16 *xn, int ldo) {
+/* h[t] += sum_j w_j y[row_j] over CMB_COLS columns per CTA (grid: column blocks x tokens). With the
+ * next layer's norm fused in, each CTA also leaves the sum of squares of its columns, and the CTA of
+ * a token that finishes last adds those partial sums in a fixed order and writes the normed row: one
+ * kernel, every SM's worth of columns busy at decode (one CTA per token took 9 us per layer). */
+#define CMB_COLS 256
+#define CMB_MAX_PARTS 64
+
+static __global__ void __launch_bounds__(CMB_COLS)
+combine_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k, int n, float *h,
+               const float *norm_w, float eps, bf16 *xn, int ldo, float *ss_part, int32_t *counters) {
   __shared__ float red[32];
+  __shared__ int s_last;
   DI_PDL_ENTRY();
-  int t = blockIdx.x;
-  int rows[16];
-  float ws[16];
-  for (int j = 0; j < k; j++) { rows[j] = inv[t * k + j]; ws[j] = w[t * k + j]; }
+  const int t = blockIdx.y, c = blockIdx.x * CMB_COLS + threadIdx.x;
   float ss = 0.f;
-  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+  if (c < n) {
     float acc = 0.f;
-    for (int j = 0; j < k; j++) acc += ws[j] * y[(int64_t)rows[j] * ldy + c];
+    for (int j = 0; j < k; j++) acc += w[t * k + j] * y[(int64_t)inv[t * k + j] * ldy + c];
     float v = h[(int64_t)t * n + c] + acc;
     h[(int64_t)t * n + c] = v;
-    ss += v * v;
+    ss = v * v;
   }
   if (!norm_w) return;
-  ss = di_block_sum(ss, red); /* the barrier also orders this thread's h writes before the re-read */
-  float inv_rms = rsqrtf(ss / n + eps);
-  for (int c = threadIdx.x; c < n; c += blockDim.x)
-    xn[(int64_t)t * ldo + c] = di_fb(h[(int64_t)t * n + c] * inv_rms * norm_w[c]);
+  ss = di_block_sum(ss, red);
+  if (threadIdx.x == 0) ss_part[(int64_t)t * gridDim.x + blockIdx.x] = ss;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&counters[t], 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) {
+    counters[t] = 0;
+    float tot = 0.f;
+    for (int p = 0; p < (int)gridDim.x; p++) tot += __ldcg(ss_part + (int64_t)t * gridDim.x + p);
+    red[0] = tot;
+  }
+  __syncthreads();
+  const float inv_rms = rsqrtf(red[0] / n + eps);
+  for (int i = threadIdx.x; i < n; i += CMB_COLS)
+    xn[(int64_t)t * ldo + i] = di_fb(__ldcg(h + (int64_t)t * n + i) * inv_rms * norm_w[i]);
 }
 
 extern "C" di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T,
                                         int k, int n, float *h, const float *norm_w, float eps, uint16_t *xn,
-                                        int ldo, di_cu_stream s) {
+                                        int ldo, float *ss_part, int32_t *counters, di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (k > 16) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts per token unsupported (<= 16)", k);
-  DI_CU(di_launch(combine_kernel, T, 1024, 0, s, y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn, ldo));
-  DI_CU_LAUNCH("moe_combine");
+  const int parts = (n + CMB_COLS - 1) / CMB_COLS;
+  if (parts > CMB_MAX_PARTS || T > 65535)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: moe_combine of %d x %d", T, n);
+  if (norm_w && (!ss_part || !counters))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: moe_combine with a norm needs its scratch");
+  DI_CU(di_launch(combine_kernel, dim3(parts, T), CMB_COLS, 0, s, y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn,
+                  ldo, ss_part, counters));
   return DI_OK;
 }
 

@@ -65,8 +65,23 @@ static __global__ void router_kernel(const float *x, const bf16 *W, int T, int E
   int t = gw / E, e = gw % E;
   const float *xr = x + (int64_t)t * n;
   const bf16 *wr = W + (int64_t)e * n;
+  /* the same order of operations as k_moe.cu's fused gate (its results must be equal) */
   float acc = 0.f;
-  for (int i = lane; i < n; i += 32) acc += xr[i] * di_bf(wr[i]);
+  if ((n & 7) == 0 && ((uintptr_t)wr & 15) == 0) {
+#pragma unroll 8
+    for (int i = lane * 8; i < n; i += 256) {
+      uint4 wv = *(const uint4 *)(wr + i);
+      const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        float2 c = __bfloat1622float2(wp[j]);
+        acc = fmaf(xr[i + 2 * j], c.x, acc);
+        acc = fmaf(xr[i + 2 * j + 1], c.y, acc);
+      }
+    }
+  } else {
+    for (int i = lane; i < n; i += 32) acc += xr[i] * di_bf(wr[i]);
+  }
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) out[(int64_t)t * E + e] = acc;
 }
