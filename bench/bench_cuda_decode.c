@@ -6,7 +6,8 @@
  * one 256 MB random pool at a random offset, which is uploaded like a real checkpoint; the numbers
  * do not depend on the values, only the routing does, and that comes from the random router.
  * usage: bench_cuda_decode [config.json] [--batches 1,4,16,64,256] [--prompt 512] [--gen 128]
- *                          [--prefill 512,4096] */
+ *                          [--prefill 512,4096] [--skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead]
+ * --skip-sweep: batch-1 decode time with each listed phase left out (its marginal cost in the graph). */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -125,11 +126,13 @@ static int parse_list(const char *s, int *out, int cap) {
 int main(int argc, char **argv) {
   const char *cfg_path = "bench/configs/v2-lite.json";
   int batches[16] = {1, 4, 16, 64, 256}, nb = 5, prefills[8] = {512, 4096}, np = 2, prompt = 512, gen = 128;
+  const char *skip_sweep = NULL; /* phases to leave out one at a time at batch 1 (their marginal cost) */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
     else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) np = parse_list(argv[++i], prefills, 8);
     else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--skip-sweep") && i + 1 < argc) skip_sweep = argv[++i];
     else cfg_path = argv[i];
   }
   FILE *f = fopen(cfg_path, "rb");
@@ -221,6 +224,33 @@ int main(int argc, char **argv) {
       if (rep > 0 && ms < best) best = ms; /* rep 0 warms up (allocations, GEMM plans) */
     }
     printf("%-8d %14.0f %10.2f\n", T, T / (best / 1e3), best);
+  }
+  if (skip_sweep) {
+    /* batch 1, the first sequence's blocks: ms per decode step with each phase left out */
+    char list[256];
+    snprintf(list, sizeof list, "none,%s", skip_sweep);
+    printf("\nbatch-1 decode step without one phase (garbage outputs; marginal device time in the graph)\n");
+    double base = 0;
+    for (char *ph = strtok(list, ","); ph; ph = strtok(NULL, ",")) {
+      di_backend_cuda_set_skip(be, strcmp(ph, "none") ? ph : "");
+      seqs[0].block_table = tables;
+      seqs[0].n_blocks = per_seq_blocks;
+      double ts = 0;
+      const int n = 64, warm = 3;
+      int32_t nt = 1;
+      for (int step = -warm; step < n; step++) {
+        if (step == 0) ts = di_cut_time_ms();
+        tok[0] = nt; pos[0] = prompt + (step < 0 ? 0 : step % gen); seq[0] = 0; rows[0] = 0;
+        di_batch b = {.n_tokens = 1, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = seqs,
+                      .n_outputs = 1, .output_rows = rows};
+        if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
+        if (be->ops->sample(be, srow, 1, &nt) != DI_OK) FAIL(0);
+      }
+      double ms = (di_cut_time_ms() - ts) / n;
+      if (!strcmp(ph, "none")) base = ms;
+      printf("  %-10s %8.3f ms/step   phase costs %7.1f us/step\n", ph, ms, (base - ms) * 1e3);
+    }
+    di_backend_cuda_set_skip(be, "");
   }
   di_cuda_stats cs;
   di_backend_cuda_stats(be, &cs);

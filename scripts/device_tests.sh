@@ -10,7 +10,7 @@
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
 # files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
 # Environment: BENCH_ARGS (extra bench arguments), SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
-# SKIP_PROFILE=1, SKIP_PDL_AB=1, SKIP_NCU=1.
+# SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_PDL_AB=1, SKIP_NCU=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--build" ]; then
@@ -62,6 +62,9 @@ stage kernels 240 "$BIN/test_cuda_kernels"
 # per-phase device time of eager steps (graphs off): where a decode step spends its time
 [ "${SKIP_PROFILE:-0}" = 1 ] || stage profile 200 env DEEPINFER_CUDA_PROFILE=1 "$BIN/bench_cuda_decode" \
   bench/configs/v2-lite.json --batches 1 --gen 32 --prefill 0
+# marginal device time of each phase of a batch-1 decode step inside the replayed graph
+[ "${SKIP_SWEEP:-0}" = 1 ] || stage sweep 120 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 \
+  --prefill 0 --gen 64 --skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead
 # the same at batch 1 with programmatic dependent launch off (A/B of the PDL chain)
 [ "${SKIP_PDL_AB:-0}" = 1 ] || stage bench_nopdl 120 env DEEPINFER_CUDA_PDL=0 "$BIN/bench_cuda_decode" \
   bench/configs/v2-lite.json --batches 1,64 --prefill 512

@@ -34,6 +34,14 @@ enum {
   SKIP_EXPERTS = 64, SKIP_COMBINE = 128, SKIP_LMHEAD = 256
 };
 #define SKIP(bit) (b->skip & (bit))
+
+static int parse_skip(const char *phases) {
+  static const char *names[] = {"qkv", "prep", "absorb", "attn", "vo", "gate", "experts", "combine", "lmhead"};
+  int m = 0;
+  for (int i = 0; phases && i < 9; i++)
+    if (strstr(phases, names[i])) m |= 1 << i;
+  return m;
+}
 #define MAX_GRAPHS 64
 #define MAX_MARKS 2048
 
@@ -847,12 +855,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   DI_TRY(di_cu_blas_create(&b->blas));
   const char *ge = getenv("DEEPINFER_CUDA_GRAPHS");
   b->use_graphs = !(ge && strcmp(ge, "0") == 0);
-  const char *sk = getenv("DEEPINFER_CUDA_SKIP");
-  if (sk) {
-    static const char *names[] = {"qkv", "prep", "absorb", "attn", "vo", "gate", "experts", "combine", "lmhead"};
-    for (int i = 0; i < 9; i++)
-      if (strstr(sk, names[i])) b->skip |= 1 << i;
-  }
+  b->skip = parse_skip(getenv("DEEPINFER_CUDA_SKIP"));
   const char *pe = getenv("DEEPINFER_CUDA_PROFILE");
   if (pe && strcmp(pe, "1") == 0) {
     b->prof = 1;
@@ -933,6 +936,13 @@ extern "C" int64_t di_backend_cuda_free_bytes(void) {
   size_t fr = 0, tot = 0;
   if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
   return (int64_t)fr;
+}
+
+extern "C" void di_backend_cuda_set_skip(di_backend *bb, const char *phases) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old phase list */
+  b->skip = parse_skip(phases);
 }
 
 extern "C" void di_backend_cuda_stats(di_backend *bb, di_cuda_stats *out) {

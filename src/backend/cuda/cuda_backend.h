@@ -15,5 +15,9 @@ typedef struct di_cuda_stats {
   int64_t steps, graph_captures, graph_replays;
 } di_cuda_stats;
 void di_backend_cuda_stats(di_backend *b, di_cuda_stats *out);
+/* Benchmarking only: leave the named phases (a comma list of qkv, prep, absorb, attn, vo, gate,
+ * experts, combine, lmhead) out of every later step; "" restores the full pass. Outputs are garbage
+ * while phases are skipped. Also read from DEEPINFER_CUDA_SKIP at create. */
+void di_backend_cuda_set_skip(di_backend *b, const char *phases);
 /* DEEPINFER_CUDA_GRAPHS=0 in the environment turns graph capture off (checked at create). */
 #endif
