@@ -65,9 +65,12 @@ stage kernels 240 "$BIN/test_cuda_kernels"
 # marginal device time of each phase of a batch-1 decode step inside the replayed graph
 [ "${SKIP_SWEEP:-0}" = 1 ] || stage sweep 120 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 \
   --prefill 0 --gen 64 --skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead
-# the same at batch 1 with programmatic dependent launch off (A/B of the PDL chain)
-[ "${SKIP_PDL_AB:-0}" = 1 ] || stage bench_nopdl 120 env DEEPINFER_CUDA_PDL=0 "$BIN/bench_cuda_decode" \
-  bench/configs/v2-lite.json --batches 1,64 --prefill 512
+# A/B of the decode-path switches at batch 1, one process each (same machine, same call)
+if [ "${SKIP_PDL_AB:-0}" != 1 ]; then
+  for v in ${AB_VARIANTS:-DEEPINFER_CUDA_PDL=0 DEEPINFER_CUDA_CARVEOUT=100 DEEPINFER_CUDA_X=default}; do
+    stage "ab_${v%%=*}" 60 env "$v" "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --prefill 0
+  done
+fi
 # per-kernel device time of one decode step under Nsight Compute (where the runtime allows counters)
 if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
   keep_fail=$fail # a profiler the runtime refuses is not a test failure
@@ -75,6 +78,14 @@ if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
     --log-file "$LOG/ncu.csv" "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --gen 2 --prompt 64 --prefill 0
   fail=$keep_fail
   python3 scripts/ncu_step_summary.py "$LOG/ncu.csv" | tee "$LOG/ncu_summary.txt"
+fi
+# stall reasons of the decode attention and gate kernels (Nsight Compute's full set, two launches)
+if [ "${NCU_FULL:-0}" = 1 ] && command -v ncu >/dev/null; then
+  env DEEPINFER_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --set full -k "regex:mla_attn|moe_gate|grouped_gemv|skinny_kernel" \
+    --launch-skip 300 --launch-count 5 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --gen 2 --prefill 0 \
+    >"$LOG/ncu_full.txt" 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Theoretical Occ|Warp Cycles Per Issued|Stall|L2 Hit|Block Limit|Shared Memory Configuration Size|One or More Eligible|Issued Warp" \
+    "$LOG/ncu_full.txt" | head -150
 fi
 echo "device_tests: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail

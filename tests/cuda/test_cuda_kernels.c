@@ -492,7 +492,7 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
     for (int r = 0; r < Hd; r++)
       for (int c = 0; c < I; c++) wd[((size_t)e * Hd + r) * Ip + c] = di_f32_to_bf16(nrand() / sqrtf((float)I));
   float *lg = rand_f32((size_t)T * E, 2.f), *h0 = rand_f32((size_t)T * Hd, 1.f), *nw = rand_f32(Hd, 1.f);
-  di_cuk_router r = {E, K, 1, 1, 0, 0, 1, 0, 1.f, n_sh};
+  di_cuk_router r = {E, K, 1, 1, 0, 0, 1, 0, 1.f, n_sh, 0};
   void *dx = dup_dev(x, (size_t)T * Hd * 2), *dstage = dup_dev(wgu, (size_t)Et * 2 * Ip * Hd * 2),
        *dgu_w = di_cut_malloc((size_t)Et * 2 * Ip * Hd * 2), *dd_w = dup_dev(wd, (size_t)Et * Hd * Ip * 2),
        *dlg = dup_dev(lg, (size_t)T * E * 4), *dh = dup_dev(h0, (size_t)T * Hd * 4), *dnw = dup_dev(nw, (size_t)Hd * 4);
@@ -670,14 +670,18 @@ int main(void) {
     test_mla_attn(4, 2, ctx, nt, 16, 1, "tiny heads (4), bm 16");
   }
   {
-    di_cuk_router r1 = {64, 6, 1, 1, 0, 0, 0, 0, 1.f, 0};      /* V2-Lite: softmax greedy */
-    di_cuk_router r2 = {64, 6, 8, 3, 0, 1, 0, 0, 16.f, 0};     /* V2: group-limited greedy */
-    di_cuk_router r3 = {256, 8, 8, 4, 1, 2, 1, 1, 2.5f, 0};    /* V3: sigmoid noaux_tc, renorm, scale */
-    di_cuk_router r4 = {64, 6, 1, 1, 0, 0, 1, 0, 3.f, 0};      /* V2 renormalized: no scaling */
+    di_cuk_router r1 = {64, 6, 1, 1, 0, 0, 0, 0, 1.f, 0, 0};      /* V2-Lite: softmax greedy */
+    di_cuk_router r2 = {64, 6, 8, 3, 0, 1, 0, 0, 16.f, 0, 0};     /* V2: group-limited greedy */
+    di_cuk_router r3 = {256, 8, 8, 4, 1, 2, 1, 1, 2.5f, 0, 0};    /* V3: sigmoid noaux_tc, renorm, scale */
+    di_cuk_router r4 = {64, 6, 1, 1, 0, 0, 1, 0, 3.f, 0, 0};      /* V2 renormalized: no scaling */
     test_route(300, r1, "softmax greedy");
     test_route(300, r2, "group-limited greedy");
     test_route(300, r3, "sigmoid noaux_tc");
     test_route(300, r4, "softmax greedy norm (V2)");
+    di_cuk_router r1b = r1, r4b = r4; /* the same routers through the block-wide path */
+    r1b.block_route = r4b.block_route = 1;
+    test_route(300, r1b, "softmax greedy, block");
+    test_route(300, r4b, "softmax greedy norm, block");
     di_cuk_router r1s = r1, r3s = r3;
     r1s.n_shared = 2; /* V2-Lite with its shared experts folded in */
     r3s.n_shared = 1;

@@ -66,6 +66,10 @@ static __device__ __forceinline__ void di_prefetch_l2(const void *p) {
 }
 
 int di_cu_pdl_enabled(void); /* cuda_launch.cu: DEEPINFER_CUDA_PDL, default on */
+/* cuda_launch.cu: once per kernel, the carveout preference (DEEPINFER_CUDA_CARVEOUT=N, percent of
+ * the unified L1/shared memory as shared; default 100, -1: the driver's choice). One carveout for every kernel
+ * keeps an SM from draining to reconfigure between kernels of different shared-memory needs. */
+void di_cu_kernel_setup(const void *kernel);
 
 /* kernel<<<grid, block, smem, s>>>(args...) with the programmatic-serialization attribute. */
 template <typename... KArgs, typename... Args>
@@ -81,6 +85,7 @@ static inline cudaError_t di_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
   attr[0].val.programmaticStreamSerializationAllowed = di_cu_pdl_enabled();
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  di_cu_kernel_setup((const void *)kernel);
   return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 

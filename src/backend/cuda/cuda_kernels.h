@@ -62,7 +62,7 @@ typedef struct di_cuk_combine_item {
   int32_t row0, row1, part0, nsplit;
 } di_cuk_combine_item;
 #define DI_CUK_ATTN_ROWS 64     /* rows per attention item, at most */
-#define DI_CUK_ATTN_KTILE 64    /* keys per tile; split boundaries are multiples of this */
+#define DI_CUK_ATTN_KTILE 32    /* keys per shared-memory tile; the backend's splits are multiples */
 /* The cache entry and absorbed query are laid out for the kernel's fixed shape: [latent 512 | rope
  * 64], smaller ranks (the tiny test models) zero-padded, which leaves every dot product unchanged. */
 #define DI_CUK_MLA_R 512
@@ -91,6 +91,8 @@ typedef struct di_cuk_router {
   int scale_after_norm; /* V3: multiply by routed_scaling even when renormalized */
   float routed_scale;
   int n_shared;         /* shared experts folded in as experts E .. E+n_shared-1, weight 1 */
+  int block_route;      /* 1: always the block-wide routing (A/B measurements; default 0: one warp
+                           routes where the router allows) */
 } di_cuk_router;
 /* The permutation outputs of di_cuk_moe_permute (see there). */
 typedef struct di_cuk_perm {

@@ -227,15 +227,20 @@ extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
 }
 
 /* Merges the split partial results of each row: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).
- * One warp per row (16 warps), each lane 16 of the 512 columns. */
-static __global__ void __launch_bounds__(512)
+ * One warp per row, each lane 16 of the 512 columns; a CTA takes CMB_ROWS rows of an item (grid.y:
+ * row groups), so a decode step's 16 heads are merged by 4 CTAs rather than one SM reading every
+ * split's partial output. */
+#define CMB_ROWS 4
+static __global__ void __launch_bounds__(CMB_ROWS * 32)
 mla_combine_kernel(const di_cuk_combine_item *items, const int32_t *n_items, const float *part_o,
                    const float *part_lse, bf16 *out) {
   DI_PDL_ENTRY();
   if ((int)blockIdx.x >= *n_items) return;
   const di_cuk_combine_item it = items[blockIdx.x];
   const int lane = threadIdx.x & 31;
-  for (int r = threadIdx.x >> 5; r < it.row1 - it.row0; r += 16) {
+  {
+    const int r = blockIdx.y * CMB_ROWS + (threadIdx.x >> 5);
+    if (r >= it.row1 - it.row0) return;
     float M = -INFINITY;
     for (int sp = lane; sp < it.nsplit; sp += 32)
       M = fmaxf(M, part_lse[(int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r]);
@@ -268,7 +273,8 @@ extern "C" di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const 
                                         int max_items, const float *part_o, const float *part_lse,
                                         uint16_t *out, di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
-  DI_CU(di_launch(mla_combine_kernel, max_items, 512, 0, s, items, n_items, part_o, part_lse, (bf16 *)out));
+  DI_CU(di_launch(mla_combine_kernel, dim3(max_items, DI_CUK_ATTN_ROWS / CMB_ROWS), CMB_ROWS * 32, 0, s, items, n_items,
+                  part_o, part_lse, (bf16 *)out));
   DI_CU_LAUNCH("mla_combine");
   return DI_OK;
 }

@@ -128,9 +128,111 @@ static __device__ void route_token(const float *logits, const float *bias, const
   if (threadIdx.x == 0) *pm.n_tiles = kt;
 }
 
+/* The common routers (no expert groups, E <= 256: V2-Lite, Moonlight) by one warp, each lane holding
+ * experts lane, lane+32, ...: the same choices, ties to the lower id, as route_token, with no block
+ * barriers (the k rounds of a block argmax cost ~20 of them). Both the fused gate and route_kernel use
+ * it where it applies, so their results stay equal. */
+#define RW_PER_LANE 8
+static __device__ __forceinline__ bool route_warp_ok(const di_cuk_router &r) {
+  return !r.block_route && r.E <= 32 * RW_PER_LANE && !(r.method != 0 && r.n_group > 1);
+}
+
+static __device__ void route_warp(const float *logits, const float *bias, const di_cuk_router &r, int t,
+                                  int32_t *ids, float *wout, const di_cuk_perm &pm, int do_perm) {
+  const int lane = threadIdx.x & 31, E = r.E;
+  float sc[RW_PER_LANE], ch[RW_PER_LANE];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < RW_PER_LANE; j++) {
+    const int e = lane + 32 * j;
+    sc[j] = e < E ? __ldcg(logits + (int64_t)t * E + e) : -INFINITY;
+    mx = fmaxf(mx, sc[j]);
+  }
+  if (r.sigmoid) {
+#pragma unroll
+    for (int j = 0; j < RW_PER_LANE; j++) sc[j] = lane + 32 * j < E ? 1.f / (1.f + expf(-sc[j])) : 0.f;
+  } else {
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < RW_PER_LANE; j++) {
+      sc[j] = lane + 32 * j < E ? expf(sc[j] - mx) : 0.f;
+      sum += sc[j];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+    for (int j = 0; j < RW_PER_LANE; j++) sc[j] = sc[j] / sum;
+  }
+#pragma unroll
+  for (int j = 0; j < RW_PER_LANE; j++) {
+    const int e = lane + 32 * j;
+    ch[j] = e < E ? ((r.method == 2 && bias) ? sc[j] + bias[e] : sc[j]) : -INFINITY;
+  }
+  int myid[8];
+  float myw[8], wsum = 0.f;
+  for (int q = 0; q < r.k; q++) {
+    float bv = -INFINITY, bs = 0.f;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < RW_PER_LANE; j++) /* increasing ids: strict > keeps the lowest on ties */
+      if (ch[j] > bv) { bv = ch[j]; bi = lane + 32 * j; bs = sc[j]; }
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o), os = __shfl_xor_sync(0xffffffffu, bs, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; bs = os; }
+    }
+    int win = bi;
+    if (win < 0 || win >= E) { win = 0; bs = __shfl_sync(0xffffffffu, sc[0], 0); } /* all -inf / NaN */
+#pragma unroll
+    for (int j = 0; j < RW_PER_LANE; j++)
+      if (lane + 32 * j == win) ch[j] = -INFINITY;
+    myid[q] = win;
+    myw[q] = bs;
+    wsum += bs;
+  }
+  const int kt = r.k + r.n_shared;
+  const int normalized = r.norm_topk && r.k > 1;
+  if (lane == 0) {
+    for (int j = 0; j < r.k; j++) {
+      float w = myw[j];
+      if (normalized) w /= (wsum + 1e-20f);
+      if (!normalized || r.scale_after_norm) w *= r.routed_scale;
+      ids[(int64_t)t * kt + j] = myid[j];
+      wout[(int64_t)t * kt + j] = w;
+    }
+    for (int j = 0; j < r.n_shared; j++) {
+      ids[(int64_t)t * kt + r.k + j] = E + j;
+      wout[(int64_t)t * kt + r.k + j] = 1.f;
+    }
+  }
+  if (!do_perm) return;
+  /* one token: its kt experts are distinct, so each is a one-row segment; rank = sorted position */
+  int sid[16];
+  for (int j = 0; j < kt; j++) sid[j] = j < r.k ? myid[j] : E + (j - r.k);
+  const int Et = E + r.n_shared;
+  for (int x = lane; x <= Et; x += 32) {
+    int c = 0;
+    for (int j = 0; j < kt; j++) c += sid[j] < x;
+    pm.expert_off[x] = c;
+  }
+  for (int j = 0; j < kt; j++) {
+    if (lane != j % 32) continue;
+    int rank = 0;
+    for (int q = 0; q < kt; q++) rank += sid[q] < sid[j];
+    pm.inv[j] = rank;
+    pm.perm_tok[rank] = 0;
+    pm.tiles[rank] = sid[j] << 16;
+  }
+  if (lane == 0) *pm.n_tiles = kt;
+}
+
 static __global__ void route_kernel(const float *logits, const float *bias, di_cuk_router r,
                                     int32_t *ids, float *wout, di_cuk_perm pm, int do_perm) {
   DI_PDL_ENTRY();
+  if (route_warp_ok(r)) {
+    if (threadIdx.x < 32) route_warp(logits, bias, r, blockIdx.x, ids, wout, pm, do_perm);
+    return;
+  }
   route_token(logits, bias, r, blockIdx.x, ids, wout, pm, do_perm);
 }
 
@@ -218,6 +320,10 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
   if (!s_last) return;
   __threadfence();
   if (threadIdx.x == 0) counters[t] = 0;
+  if (route_warp_ok(r)) {
+    if (threadIdx.x < 32) route_warp(logits, bias, r, t, ids, wout, pm, do_perm);
+    return;
+  }
   route_token(logits, bias, r, t, ids, wout, pm, do_perm);
 }
 
