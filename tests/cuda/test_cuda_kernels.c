@@ -389,10 +389,9 @@ static void test_route(int T, di_cuk_router r, const char *label) {
   di_cut_free(dl); di_cut_free(db); di_cut_free(dids); di_cut_free(dw);
 }
 
-/* The fused gate (norm + router logits + routing, the last CTA routing each token) against the
- * three kernels it replaces (bitwise: the same arithmetic) and a double-precision reference of the
- * logits; run twice, so the per-token counters must have been left at zero; at T == 1 the
- * permutation outputs too. */
+/* The fused gate (norm + router logits + routing; a cluster per token, its CTA 0 routing) against
+ * the three kernels it replaces (bitwise: the same arithmetic) and a double-precision reference of
+ * the logits; at T == 1 the permutation outputs too. */
 static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
   const int E = r.E, kt = r.k + r.n_shared, ldxn = H + 64, Et = E + r.n_shared;
   float *h = rand_f32((size_t)T * H, 1.f), *nw = rand_f32(H, 1.f), *bias = rand_f32(E, 0.05f);
@@ -402,7 +401,7 @@ static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
   const float *bptr = r.method == 2 ? (const float *)db : NULL;
   void *dxn = di_cut_malloc((size_t)T * ldxn * 2), *dxn2 = di_cut_malloc((size_t)T * ldxn * 2),
        *dxf = di_cut_malloc((size_t)T * H * 4), *dlg = di_cut_malloc((size_t)T * E * 4),
-       *dlg2 = di_cut_malloc((size_t)T * E * 4), *dcnt = di_cut_malloc((size_t)T * 4),
+       *dlg2 = di_cut_malloc((size_t)T * E * 4),
        *dids = di_cut_malloc((size_t)T * kt * 4), *dw = di_cut_malloc((size_t)T * kt * 4),
        *dids2 = di_cut_malloc((size_t)T * kt * 4), *dw2 = di_cut_malloc((size_t)T * kt * 4);
   void *pv[2][5];
@@ -410,13 +409,11 @@ static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
     pv[i][0] = di_cut_malloc(64 * 4); pv[i][1] = di_cut_malloc(64 * 4); pv[i][2] = di_cut_malloc((size_t)(Et + 1) * 4);
     pv[i][3] = di_cut_malloc(64 * 4); pv[i][4] = di_cut_malloc(16);
   }
-  int32_t *zero = calloc((size_t)T, 4);
-  di_cut_h2d(dcnt, zero, (size_t)T * 4);
   di_cuk_perm pm = {16, pv[0][0], pv[0][1], pv[0][2], pv[0][3], pv[0][4]};
   di_cuk_perm pm2 = {16, pv[1][0], pv[1][1], pv[1][2], pv[1][3], pv[1][4]};
   for (int rep = 0; rep < 2; rep++) {
-    di_status st = di_cuk_moe_gate(dh, dnw, 1e-6f, T, H, dW, bptr, r, dxn, ldxn, dlg, dcnt, dids, dw,
-                                   T == 1 ? &pm : NULL, NULL);
+    di_status st = di_cuk_moe_gate(dh, dnw, 1e-6f, T, H, dW, bptr, r, dxn, ldxn, dlg, dids, dw, T == 1 ? &pm : NULL,
+                                   NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
   }
   CHECK(di_cuk_rmsnorm(dh, H, dnw, T, H, 1e-6f, dxn2, ldxn, dxf, NULL) == DI_OK);
@@ -426,17 +423,14 @@ static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
   const size_t nxn = (size_t)T * ldxn, nlg = (size_t)T * E, nid = (size_t)T * kt;
   uint16_t *xn = malloc(nxn * 2), *xn2 = malloc(nxn * 2);
   float *lg = malloc(nlg * 4), *lg2 = malloc(nlg * 4), *w = malloc(nid * 4), *w2 = malloc(nid * 4);
-  int32_t *ids = malloc(nid * 4), *ids2 = malloc(nid * 4), *cnt = malloc((size_t)T * 4);
+  int32_t *ids = malloc(nid * 4), *ids2 = malloc(nid * 4);
   di_cut_d2h(xn, dxn, nxn * 2); di_cut_d2h(xn2, dxn2, nxn * 2);
   di_cut_d2h(lg, dlg, nlg * 4); di_cut_d2h(lg2, dlg2, nlg * 4);
   di_cut_d2h(ids, dids, nid * 4); di_cut_d2h(ids2, dids2, nid * 4);
   di_cut_d2h(w, dw, nid * 4); di_cut_d2h(w2, dw2, nid * 4);
-  di_cut_d2h(cnt, dcnt, (size_t)T * 4);
-  int diff_xn = 0, diff_lg = 0, diff_route = 0, cnt_left = 0;
-  for (int t = 0; t < T; t++) {
+  int diff_xn = 0, diff_lg = 0, diff_route = 0;
+  for (int t = 0; t < T; t++)
     for (int c = 0; c < H; c++) diff_xn += xn[(size_t)t * ldxn + c] != xn2[(size_t)t * ldxn + c];
-    cnt_left += cnt[t] != 0;
-  }
   for (size_t i = 0; i < nlg; i++) diff_lg += lg[i] != lg2[i];
   for (size_t i = 0; i < nid; i++) diff_route += ids[i] != ids2[i] || w[i] != w2[i];
   /* logits against double precision */
@@ -463,14 +457,14 @@ static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
       free(a); free(b);
     }
   }
-  CHECKF(diff_xn == 0 && diff_lg == 0 && diff_route == 0 && perm_diff == 0 && cnt_left == 0 && err < 1e-5,
-         "moe gate %s T=%d: xn diffs %d, logit diffs %d, route diffs %d, perm diffs %d, counters left %d, err %.3e",
-         label, T, diff_xn, diff_lg, diff_route, perm_diff, cnt_left, err);
+  CHECKF(diff_xn == 0 && diff_lg == 0 && diff_route == 0 && perm_diff == 0 && err < 1e-5,
+         "moe gate %s T=%d: xn diffs %d, logit diffs %d, route diffs %d, perm diffs %d, err %.3e", label, T, diff_xn,
+         diff_lg, diff_route, perm_diff, err);
   printf("moe gate %-22s T=%3d E=%3d H=%d: == unfused (xn, logits, ids, weights%s), logits rel err %.2e\n", label, T, E,
          H, T == 1 ? ", permutation" : "", err);
-  free(h); free(nw); free(bias); free(W); free(zero); free(xn); free(xn2); free(lg); free(lg2); free(w); free(w2);
-  free(ids); free(ids2); free(cnt); free(ref);
-  void *ptrs[] = {dh, dnw, db, dW, dxn, dxn2, dxf, dlg, dlg2, dcnt, dids, dw, dids2, dw2};
+  free(h); free(nw); free(bias); free(W); free(xn); free(xn2); free(lg); free(lg2); free(w); free(w2);
+  free(ids); free(ids2); free(ref);
+  void *ptrs[] = {dh, dnw, db, dW, dxn, dxn2, dxf, dlg, dlg2, dids, dw, dids2, dw2};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 5; j++) di_cut_free(pv[i][j]);
@@ -500,11 +494,7 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
        *dinv = di_cut_malloc((size_t)A * 4), *doff = di_cut_malloc((size_t)(Et + 1) * 4),
        *dtiles = di_cut_malloc((size_t)((A + 15) / 16 + Et + 1) * 4), *dnt = di_cut_malloc(16),
        *dact = di_cut_malloc((size_t)A * Ip * 2), *dy = di_cut_malloc((size_t)A * Hd * 4),
-       *dxn = di_cut_malloc((size_t)T * Hd * 2), *dpart = di_cut_malloc((size_t)T * DI_CUK_COMBINE_PARTS(Hd) * 4),
-       *dcnt = di_cut_malloc((size_t)T * 4);
-  int32_t *zeros = calloc((size_t)T, 4);
-  di_cut_h2d(dcnt, zeros, (size_t)T * 4);
-  free(zeros);
+       *dxn = di_cut_malloc((size_t)T * Hd * 2);
   CHECK(di_cuk_glu_interleave(dstage, dgu_w, Et, Ip, Hd, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   double t0 = di_cut_time_ms();
@@ -527,7 +517,7 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
     st = di_cuk_grouped_gemm(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, dy, Hd, 1, 0, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
   }
-  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, Kt, Hd, dh, dnw, 1e-6f, dxn, Hd, dpart, dcnt, NULL) == DI_OK);
+  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, Kt, Hd, dh, dnw, 1e-6f, dxn, Hd, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   double ms = di_cut_time_ms() - t0;
   float *got = malloc((size_t)T * Hd * 4);
@@ -569,13 +559,7 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
   printf("moe chain T=%4d E=%3d+%d k=%d hidden=%d inter=%d bm=%d %s: rel err %.2e, fused norm %.2e (%.2f ms incl. launch)\n",
          T, E, n_sh, K, Hd, I, bm, gemv_rows ? "gemv" : "mma ", err, errn, ms);
   free(x); free(wgu); free(wd); free(lg); free(h0); free(nw); free(got); free(gxn); free(ref); free(g); free(gd); free(rxn);
-  int32_t *cnt_after = malloc((size_t)T * 4);
-  di_cut_d2h(cnt_after, dcnt, (size_t)T * 4);
-  int left = 0;
-  for (int t = 0; t < T; t++) left += cnt_after[t] != 0;
-  CHECKF(left == 0, "moe chain T=%d: %d combine counters not reset", T, left);
-  free(cnt_after);
-  void *ptrs[] = {dx, dstage, dgu_w, dd_w, dlg, dh, dnw, dids, dw, dperm, dinv, doff, dtiles, dnt, dact, dy, dxn, dpart, dcnt};
+  void *ptrs[] = {dx, dstage, dgu_w, dd_w, dlg, dh, dnw, dids, dw, dperm, dinv, doff, dtiles, dnt, dact, dy, dxn};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
 }
 

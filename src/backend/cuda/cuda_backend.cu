@@ -91,9 +91,6 @@ typedef struct cu_backend {
   float *h, *xf, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
   bf16 *xn, *qkv, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
   int32_t *topk_ids, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
-  int32_t *gate_cnt;           /* di_cuk_moe_gate's per-token counters (zero between kernels) */
-  int32_t *cmb_cnt;            /* di_cuk_moe_combine's likewise, and its partial sums of squares */
-  float *cmb_part;
   /* step inputs: pinned host mirror and device copy */
   int32_t *in_host, *in_dev;
   size_t in_cap; /* int32 elements */
@@ -349,11 +346,6 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     REALLOC(b->tiles, sizeof(int32_t) * (size_t)(A / 16 + b->Et + 1));
     REALLOC(b->expert_off, sizeof(int32_t) * (size_t)(b->Et + 1));
     REALLOC(b->n_tiles, sizeof(int32_t) * 4);
-    REALLOC(b->gate_cnt, sizeof(int32_t) * (size_t)c);
-    DI_CU(cudaMemset(b->gate_cnt, 0, sizeof(int32_t) * (size_t)c));
-    REALLOC(b->cmb_cnt, sizeof(int32_t) * (size_t)c);
-    DI_CU(cudaMemset(b->cmb_cnt, 0, sizeof(int32_t) * (size_t)c));
-    REALLOC(b->cmb_part, sizeof(float) * (size_t)c * DI_CUK_COMBINE_PARTS(b->H));
     REALLOC(b->gu, 2 * (size_t)(gu_w > 0 ? gu_w : 1));
     REALLOC(b->act, 2 * (size_t)(act_w > 0 ? act_w : 1));
     REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->Hp);
@@ -485,7 +477,7 @@ static di_status forward(cu_backend *b) {
     if (SKIP(SKIP_GATE)) {
     } else if (fused_gate) {
       DI_TRY(di_cuk_moe_gate(b->h, L->ffn_norm, b->eps, T, H, (const uint16_t *)L->router, L->router_bias, b->router,
-                             (uint16_t *)b->xn, Hp, b->router_logits, b->gate_cnt, b->topk_ids, b->topk_w, &pm, s));
+                             (uint16_t *)b->xn, Hp, b->router_logits, b->topk_ids, b->topk_w, &pm, s));
     } else {
       DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
       DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, &pm, s));
@@ -514,7 +506,7 @@ static di_status forward(cu_backend *b) {
     const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0);
     if (!SKIP(SKIP_COMBINE))
       DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
-                              b->eps, (uint16_t *)b->xn, Hp, b->cmb_part, b->cmb_cnt, s));
+                              b->eps, (uint16_t *)b->xn, Hp, s));
     xn_ready = fuse;
     PROF("combine");
   }

@@ -23,10 +23,6 @@ di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, 
 /* The same with a bf16 input (q_lora's q_a output). */
 di_status di_cuk_rmsnorm_bf16(const uint16_t *x, int ldx, const float *w, int T, int n, float eps,
                               uint16_t *out, int ldo, di_cu_stream s);
-/* Router logits in fp32 (as the reference computes them): out[t][e] = x[t] . W[e], x f32 [T][n],
- * W bf16 [E][n]. */
-di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
-                               di_cu_stream s);
 /* out[t][i] = silu(gu[t][i]) * gu[t][I + i]  (gu row stride 2I, out row stride I); bf16 in/out. */
 di_status di_cuk_silu_mul(const uint16_t *gu, int T, int I, uint16_t *out, di_cu_stream s);
 /* out[i][:] = in[rows[i]][:] for n rows of `cols` floats. */
@@ -99,6 +95,10 @@ typedef struct di_cuk_perm {
   int bm;
   int32_t *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
 } di_cuk_perm;
+/* Router logits in fp32 (as the reference computes them): out[t][e] = x[t] . W[e], x f32 [T][n],
+ * W bf16 [E][n]. */
+di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
+                               di_cu_stream s);
 /* logits: f32 [T][E]; bias: f32 [E] or NULL. ids: int32 [T][k + n_shared]; w likewise (the shared
  * experts last, with weight 1). With T == 1 and perm non-NULL the permutation is done here too
  * (a decode step of one sequence then needs no di_cuk_moe_permute launch). */
@@ -106,13 +106,13 @@ di_status di_cuk_moe_route(const float *logits, const float *bias, int T, di_cuk
                            int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s);
 /* The gate of a small step fused (decode): xn[t] = bf16(rmsnorm(h[t]) * norm_w) (row stride ldxn;
  * columns past H untouched), logits[t] = W . rmsnorm(h[t]) in f32 (scratch [T][E]), then
- * di_cuk_moe_route's outputs (and its T == 1 permutation). counters: int32 [T], zero, left zero.
- * Equal to di_cuk_rmsnorm + di_cuk_router_logits + di_cuk_moe_route. Only where
- * di_cuk_moe_gate_supported(E, H) (E <= 256, H <= 8192). */
+ * di_cuk_moe_route's outputs (and its T == 1 permutation). Equal to di_cuk_rmsnorm +
+ * di_cuk_router_logits + di_cuk_moe_route. Only where di_cuk_moe_gate_supported(E, H) (E <= 256,
+ * H <= 8192). */
 int di_cuk_moe_gate_supported(int E, int H);
 di_status di_cuk_moe_gate(const float *h, const float *norm_w, float eps, int T, int H, const uint16_t *W,
                           const float *bias, di_cuk_router r, uint16_t *xn, int ldxn, float *logits,
-                          int32_t *counters, int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s);
+                          int32_t *ids, float *w, const di_cuk_perm *perm, di_cu_stream s);
 /* Sorts the T*k assignments by expert. Outputs: perm_tok[n] (token of the j-th sorted assignment),
  * inv[a] (sorted position of assignment a), tiles[] (expert << 16 | m-tile index within expert,
  * for tiles of `bm` rows) with *n_tiles, expert_off[E+1]. Workspace: none (one block). */
@@ -121,12 +121,10 @@ di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k, int E, int
                              int32_t *tiles, int32_t *n_tiles, di_cu_stream s);
 /* h[t][0:n] += sum_j w[t][j] * y[inv[t*k+j]][0:n]  (y f32 [n_assign][ldy], h [T][n]); then, when
  * norm_w is non-NULL, xn[t] = bf16(rmsnorm(h[t]) * norm_w) (row stride ldo): the next layer's
- * input norm fused in. Scratch for the norm: ss_part f32 [T][DI_CUK_COMBINE_PARTS(n)], counters
- * int32 [T] (zero, left zero). n <= 16384. */
-#define DI_CUK_COMBINE_PARTS(n) (((n) + 255) / 256)
+ * input norm fused in. n <= 8128. */
 di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T, int k,
                              int n, float *h, const float *norm_w, float eps, uint16_t *xn, int ldo,
-                             float *ss_part, int32_t *counters, di_cu_stream s);
+                             di_cu_stream s);
 
 /* ---- grouped GEMM (k_grouped_gemm.cu) ---- */
 /* For each tile (expert e, m-tile i): rows m in [off[e] + i*bm, min(off[e+1], ..+bm)):

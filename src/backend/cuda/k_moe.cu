@@ -6,9 +6,48 @@
  * step can be captured in a CUDA graph (no host round trip for the expert counts). */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include <cooperative_groups.h>
 #include <string.h>
 
+namespace cg = cooperative_groups;
+
 #define MAXE 1024
+
+/* The routing's outputs for token t, by one thread: the k chosen experts with their weights
+ * (renormalized and/or scaled as the router says), then the shared experts with weight 1. */
+static __device__ void route_write(const di_cuk_router &r, int t, const int *myid, const float *myw, float wsum,
+                                   int32_t *ids, float *wout) {
+  const int kt = r.k + r.n_shared, normalized = r.norm_topk && r.k > 1;
+  for (int j = 0; j < r.k && j < 8; j++) {
+    float w = myw[j];
+    if (normalized) w /= (wsum + 1e-20f);
+    if (!normalized || r.scale_after_norm) w *= r.routed_scale;
+    ids[(int64_t)t * kt + j] = myid[j];
+    wout[(int64_t)t * kt + j] = w;
+  }
+  for (int j = 0; j < r.n_shared; j++) {
+    ids[(int64_t)t * kt + r.k + j] = r.E + j;
+    wout[(int64_t)t * kt + r.k + j] = 1.f;
+  }
+}
+
+/* The permutation of a one-token step, by threads tid, tid + nth, ...: its kt experts sid[] are
+ * distinct, so each is a one-row segment and an assignment's rank is its sorted position. */
+static __device__ void route_perm(const int *sid, int kt, int Et, const di_cuk_perm &pm, int tid, int nth) {
+  for (int x = tid; x <= Et; x += nth) {
+    int c = 0;
+    for (int j = 0; j < kt; j++) c += sid[j] < x;
+    pm.expert_off[x] = c;
+  }
+  for (int j = tid; j < kt; j += nth) {
+    int rank = 0;
+    for (int q = 0; q < kt; q++) rank += sid[q] < sid[j];
+    pm.inv[j] = rank;
+    pm.perm_tok[rank] = 0;
+    pm.tiles[rank] = sid[j] << 16;
+  }
+  if (tid == 0) *pm.n_tiles = kt;
+}
 
 /* Routes token t: the whole block, one thread per expert (blockDim >= E, a multiple of 32). Top-k by
  * k rounds of a block-wide argmax; ties go to the lower expert id. The logits are read through L2
@@ -95,37 +134,12 @@ static __device__ void route_token(const float *logits, const float *bias, const
   }
   const int kt = r.k + r.n_shared;
   if (threadIdx.x == 0) {
-    int normalized = r.norm_topk && r.k > 1;
-    for (int j = 0; j < r.k && j < 8; j++) {
-      float w = myw[j];
-      if (normalized) w /= (wsum + 1e-20f);
-      if (!normalized || r.scale_after_norm) w *= r.routed_scale;
-      ids[(int64_t)t * kt + j] = myid[j];
-      wout[(int64_t)t * kt + j] = w;
-    }
-    for (int j = 0; j < r.n_shared; j++) {
-      ids[(int64_t)t * kt + r.k + j] = E + j;
-      wout[(int64_t)t * kt + r.k + j] = 1.f;
-    }
+    route_write(r, t, myid, myw, wsum, ids, wout);
     for (int j = 0; j < kt; j++) sid[j] = j < r.k ? myid[j] : E + (j - r.k);
   }
   if (!do_perm) return; /* uniform: the whole block returns or none */
-  /* one token: its kt experts are distinct, so each is a one-row segment; rank = sorted position */
   __syncthreads();
-  const int Et = E + r.n_shared;
-  for (int x = threadIdx.x; x <= Et; x += blockDim.x) {
-    int c = 0;
-    for (int j = 0; j < kt; j++) c += sid[j] < x;
-    pm.expert_off[x] = c;
-  }
-  for (int j = threadIdx.x; j < kt; j += blockDim.x) {
-    int rank = 0;
-    for (int q = 0; q < kt; q++) rank += sid[q] < sid[j];
-    pm.inv[j] = rank;
-    pm.perm_tok[rank] = 0;
-    pm.tiles[rank] = sid[j] << 16;
-  }
-  if (threadIdx.x == 0) *pm.n_tiles = kt;
+  route_perm(sid, kt, E + r.n_shared, pm, threadIdx.x, blockDim.x);
 }
 
 /* The common routers (no expert groups, E <= 256: V2-Lite, Moonlight) by one warp, each lane holding
@@ -191,39 +205,11 @@ static __device__ void route_warp(const float *logits, const float *bias, const 
     wsum += bs;
   }
   const int kt = r.k + r.n_shared;
-  const int normalized = r.norm_topk && r.k > 1;
-  if (lane == 0) {
-    for (int j = 0; j < r.k; j++) {
-      float w = myw[j];
-      if (normalized) w /= (wsum + 1e-20f);
-      if (!normalized || r.scale_after_norm) w *= r.routed_scale;
-      ids[(int64_t)t * kt + j] = myid[j];
-      wout[(int64_t)t * kt + j] = w;
-    }
-    for (int j = 0; j < r.n_shared; j++) {
-      ids[(int64_t)t * kt + r.k + j] = E + j;
-      wout[(int64_t)t * kt + r.k + j] = 1.f;
-    }
-  }
+  if (lane == 0) route_write(r, t, myid, myw, wsum, ids, wout);
   if (!do_perm) return;
-  /* one token: its kt experts are distinct, so each is a one-row segment; rank = sorted position */
   int sid[16];
   for (int j = 0; j < kt; j++) sid[j] = j < r.k ? myid[j] : E + (j - r.k);
-  const int Et = E + r.n_shared;
-  for (int x = lane; x <= Et; x += 32) {
-    int c = 0;
-    for (int j = 0; j < kt; j++) c += sid[j] < x;
-    pm.expert_off[x] = c;
-  }
-  for (int j = 0; j < kt; j++) {
-    if (lane != j % 32) continue;
-    int rank = 0;
-    for (int q = 0; q < kt; q++) rank += sid[q] < sid[j];
-    pm.inv[j] = rank;
-    pm.perm_tok[rank] = 0;
-    pm.tiles[rank] = sid[j] << 16;
-  }
-  if (lane == 0) *pm.n_tiles = kt;
+  route_perm(sid, kt, E + r.n_shared, pm, lane, 32);
 }
 
 static __global__ void route_kernel(const float *logits, const float *bias, di_cuk_router r,
@@ -255,27 +241,69 @@ extern "C" di_status di_cuk_moe_route(const float *logits, const float *bias, in
   return DI_OK;
 }
 
+/* One router logit by one warp: x (f32, H) . w (bf16 row), 16-byte weight loads (a 2-byte-per-lane
+ * loop was a chain of dependent round trips), reduced across the warp; every lane gets the sum. The
+ * fused gate and router_kernel share it, so their logits are equal. */
+static __device__ __forceinline__ float router_dot(const float *x, const bf16 *w, int H, int lane) {
+  float acc = 0.f;
+  if ((H & 7) == 0 && ((uintptr_t)w & 15) == 0) {
+#pragma unroll 8
+    for (int i = lane * 8; i < H; i += 256) {
+      uint4 wv = *(const uint4 *)(w + i);
+      const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        float2 c = __bfloat1622float2(wp[j]);
+        acc = fmaf(x[i + 2 * j], c.x, acc);
+        acc = fmaf(x[i + 2 * j + 1], c.y, acc);
+      }
+    }
+  } else {
+    for (int i = lane; i < H; i += 32) acc += x[i] * di_bf(w[i]);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  return acc;
+}
+
+/* Router logits of larger steps: one warp per (token, expert); W (E x n bf16) stays in L2. */
+static __global__ void router_kernel(const float *x, const bf16 *W, int T, int E, int n, float *out) {
+  DI_PDL_ENTRY();
+  int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (gw >= T * E) return;
+  int t = gw / E, e = gw % E;
+  const float acc = router_dot(x + (int64_t)t * n, W + (int64_t)e * n, n, lane);
+  if (lane == 0) out[(int64_t)t * E + e] = acc;
+}
+
+extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
+                                          di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  int warps = T * E;
+  DI_CU(di_launch(router_kernel, (warps + 7) / 8, 256, 0, s, x, (const bf16 *)W, T, E, n, out));
+  return DI_OK;
+}
+
 /* The MoE gate of a small step in one kernel: RMSNorm of the residual row (the expert GEMMs' bf16
- * input, written by the first CTA of the token), router logits (one warp per expert, GATE_EPB experts
- * per CTA, the same arithmetic as rmsnorm_kernel + router_kernel), and the routing of the token by
- * the CTA that finishes last (an atomic counter per token, reset by that CTA for the next use). At
- * decode this replaces three launches per layer; the router weights are prefetched into L2 before the
- * kernel waits for its predecessor. blockDim is 256 (>= E: route_token's one thread per expert). */
-#define GATE_EPB 8
+ * input, written by CTA 0 of the token), router logits (a cluster of GATE_CLUSTER CTAs per token, each
+ * taking a slice of the experts, one warp per expert; the same arithmetic as rmsnorm_kernel +
+ * router_kernel), and the routing of the token by CTA 0 after a cluster barrier, which also makes the
+ * other CTAs' logits visible to it (an atomic last-CTA hand-off here cost a fence and an L2 round trip
+ * more). At decode this replaces three launches per layer; the router weights are prefetched into L2
+ * before the kernel waits for its predecessor. blockDim is 256 (>= E: route_token's thread per expert). */
+#define GATE_CLUSTER 8
 #define GATE_THREADS 256
 
 static __global__ void __launch_bounds__(GATE_THREADS)
 moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf16 *W, const float *bias,
-                di_cuk_router r, bf16 *xn, int ldxn, float *logits, int32_t *counters, int32_t *ids,
-                float *wout, di_cuk_perm pm, int do_perm) {
+                di_cuk_router r, bf16 *xn, int ldxn, float *logits, int32_t *ids, float *wout, di_cuk_perm pm,
+                int do_perm) {
   extern __shared__ float xs[]; /* the normed row, fp32 [H] */
   __shared__ float red[32];
-  __shared__ int s_last;
-  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = blockIdx.x * GATE_EPB + warp;
-  const bf16 *wr = W + (int64_t)(e < r.E ? e : 0) * H;
-  if (e < r.E)
-    for (int i = lane * 64; i < H; i += 32 * 64) di_prefetch_l2(wr + i); /* 128-byte lines */
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = GATE_THREADS / 32;
+  const int per = (r.E + GATE_CLUSTER - 1) / GATE_CLUSTER;
+  const int e0 = blockIdx.x * per, e1 = min(r.E, e0 + per);
+  for (int e = e0 + warp; e < e1; e += nw)
+    for (int i = lane * 64; i < H; i += 32 * 64) di_prefetch_l2(W + (int64_t)e * H + i); /* 128-byte lines */
   DI_PDL_ENTRY();
   const float *xr = h + (int64_t)t * H;
   float ss = 0.f;
@@ -291,35 +319,12 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
     if (blockIdx.x == 0) xn[(int64_t)t * ldxn + i] = di_fb(v);
   }
   __syncthreads();
-  if (e < r.E) {
-    /* 16-byte weight loads, all of a lane's issued before the first is used (a 2-byte-per-lane loop
-     * here was a chain of dependent round trips: 17 us per layer) */
-    float acc = 0.f;
-    if ((H & 7) == 0 && ((uintptr_t)wr & 15) == 0) {
-#pragma unroll 8
-      for (int i = lane * 8; i < H; i += 256) {
-        uint4 wv = *(const uint4 *)(wr + i);
-        const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          float2 c = __bfloat1622float2(wp[j]);
-          acc = fmaf(xs[i + 2 * j], c.x, acc);
-          acc = fmaf(xs[i + 2 * j + 1], c.y, acc);
-        }
-      }
-    } else {
-      for (int i = lane; i < H; i += 32) acc += xs[i] * di_bf(wr[i]);
-    }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  for (int e = e0 + warp; e < e1; e += nw) {
+    const float acc = router_dot(xs, W + (int64_t)e * H, H, lane);
     if (lane == 0) logits[(int64_t)t * r.E + e] = acc;
   }
-  __threadfence(); /* this CTA's logits visible device-wide before it is counted */
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&counters[t], 1) == (int)gridDim.x - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  if (threadIdx.x == 0) counters[t] = 0;
+  cg::this_cluster().sync(); /* release / acquire at cluster scope: every slice's logits are visible */
+  if (blockIdx.x != 0) return;
   if (route_warp_ok(r)) {
     if (threadIdx.x < 32) route_warp(logits, bias, r, t, ids, wout, pm, do_perm);
     return;
@@ -329,8 +334,8 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
 
 extern "C" di_status di_cuk_moe_gate(const float *h, const float *norm_w, float eps, int T, int H,
                                      const uint16_t *W, const float *bias, di_cuk_router r, uint16_t *xn,
-                                     int ldxn, float *logits, int32_t *counters, int32_t *ids, float *w,
-                                     const di_cuk_perm *perm, di_cu_stream s) {
+                                     int ldxn, float *logits, int32_t *ids, float *w, const di_cuk_perm *perm,
+                                     di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (!di_cuk_moe_gate_supported(r.E, H) || r.k > 8 || r.k < 1 || r.k > r.E || r.n_shared < 0 ||
       r.k + r.n_shared > 16)
@@ -342,9 +347,9 @@ extern "C" di_status di_cuk_moe_gate(const float *h, const float *norm_w, float 
   memset(&pm, 0, sizeof pm);
   const int do_perm = perm != NULL && T == 1;
   if (do_perm) pm = *perm;
-  const dim3 grid((r.E + GATE_EPB - 1) / GATE_EPB, T);
-  DI_CU(di_launch(moe_gate_kernel, grid, GATE_THREADS, sizeof(float) * (size_t)H, s, h, norm_w, eps, H,
-                  (const bf16 *)W, bias, r, (bf16 *)xn, ldxn, logits, counters, ids, w, pm, do_perm));
+  DI_CU(di_launch_cluster(moe_gate_kernel, dim3(GATE_CLUSTER, T), GATE_THREADS, sizeof(float) * (size_t)H, s,
+                          GATE_CLUSTER, h, norm_w, eps, H, (const bf16 *)W, bias, r, (bf16 *)xn, ldxn, logits, ids,
+                          w, pm, do_perm));
   return DI_OK;
 }
 
@@ -395,61 +400,75 @@ extern "C" di_status di_cuk_moe_permute(const int32_t *ids, int n_assign, int k,
   return DI_OK;
 }
 
-/* h[t] += sum_j w_j y[row_j] over CMB_COLS columns per CTA (grid: column blocks x tokens). With the
- * next layer's norm fused in, each CTA also leaves the sum of squares of its columns, and the CTA of
- * a token that finishes last adds those partial sums in a fixed order and writes the normed row: one
- * kernel, every SM's worth of columns busy at decode (one CTA per token took 9 us per layer). */
+/* h[t] += sum_j w_j y[row_j]. Without a norm to fuse, CTAs of CMB_COLS columns. With the next
+ * layer's norm fused in, a cluster of CMB_CLUSTER CTAs per token, each taking an eighth of the columns:
+ * each leaves the sum of squares of its columns in shared memory, and after a cluster barrier every
+ * CTA adds the eight partial sums (distributed shared memory, in rank order, so all agree bit for bit)
+ * and writes its own columns of the normed row. One kernel, no atomics, no serial tail: one CTA per
+ * token took 9 us per layer at decode, a last-CTA hand-off ~6. */
 #define CMB_COLS 256
-#define CMB_MAX_PARTS 64
+#define CMB_CLUSTER 8
+#define CMB_MAX_PER_THREAD 4 /* columns per thread in the cluster form: n <= 8 * 256 * 4 */
 
 static __global__ void __launch_bounds__(CMB_COLS)
-combine_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k, int n, float *h,
-               const float *norm_w, float eps, bf16 *xn, int ldo, float *ss_part, int32_t *counters) {
-  __shared__ float red[32];
-  __shared__ int s_last;
+combine_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k, int n, float *h) {
   DI_PDL_ENTRY();
   const int t = blockIdx.y, c = blockIdx.x * CMB_COLS + threadIdx.x;
-  float ss = 0.f;
-  if (c < n) {
-    float acc = 0.f;
-    for (int j = 0; j < k; j++) acc += w[t * k + j] * y[(int64_t)inv[t * k + j] * ldy + c];
-    float v = h[(int64_t)t * n + c] + acc;
-    h[(int64_t)t * n + c] = v;
-    ss = v * v;
+  if (c >= n) return;
+  float acc = 0.f;
+  for (int j = 0; j < k; j++) acc += w[t * k + j] * y[(int64_t)inv[t * k + j] * ldy + c];
+  h[(int64_t)t * n + c] += acc;
+}
+
+static __global__ void __launch_bounds__(CMB_COLS)
+combine_norm_kernel(const float *y, int ldy, const int32_t *inv, const float *w, int k, int n, float *h,
+                    const float *norm_w, float eps, bf16 *xn, int ldo) {
+  __shared__ float red[32];
+  __shared__ float s_ss;
+  DI_PDL_ENTRY();
+  cg::cluster_group cl = cg::this_cluster();
+  const int t = blockIdx.y, per = ((n + CMB_CLUSTER - 1) / CMB_CLUSTER + 7) & ~7;
+  const int c0 = blockIdx.x * per, c1 = min(n, c0 + per);
+  float v[CMB_MAX_PER_THREAD], ss = 0.f;
+#pragma unroll
+  for (int q = 0; q < CMB_MAX_PER_THREAD; q++) {
+    const int c = c0 + threadIdx.x + q * CMB_COLS;
+    v[q] = 0.f;
+    if (c < c1) {
+      float acc = 0.f;
+      for (int j = 0; j < k; j++) acc += w[t * k + j] * y[(int64_t)inv[t * k + j] * ldy + c];
+      v[q] = h[(int64_t)t * n + c] + acc;
+      h[(int64_t)t * n + c] = v[q];
+      ss += v[q] * v[q];
+    }
   }
-  if (!norm_w) return;
   ss = di_block_sum(ss, red);
-  if (threadIdx.x == 0) ss_part[(int64_t)t * gridDim.x + blockIdx.x] = ss;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&counters[t], 1) == (int)gridDim.x - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  if (threadIdx.x == 0) {
-    counters[t] = 0;
-    float tot = 0.f;
-    for (int p = 0; p < (int)gridDim.x; p++) tot += __ldcg(ss_part + (int64_t)t * gridDim.x + p);
-    red[0] = tot;
+  if (threadIdx.x == 0) s_ss = ss;
+  cl.sync();
+  float tot = 0.f;
+  for (int p = 0; p < CMB_CLUSTER; p++) tot += *cl.map_shared_rank(&s_ss, p);
+  const float inv_rms = rsqrtf(tot / n + eps);
+#pragma unroll
+  for (int q = 0; q < CMB_MAX_PER_THREAD; q++) {
+    const int c = c0 + threadIdx.x + q * CMB_COLS;
+    if (c < c1) xn[(int64_t)t * ldo + c] = di_fb(v[q] * inv_rms * norm_w[c]);
   }
-  __syncthreads();
-  const float inv_rms = rsqrtf(red[0] / n + eps);
-  for (int i = threadIdx.x; i < n; i += CMB_COLS)
-    xn[(int64_t)t * ldo + i] = di_fb(__ldcg(h + (int64_t)t * n + i) * inv_rms * norm_w[i]);
+  cl.sync(); /* no CTA leaves while another may still read its s_ss */
 }
 
 extern "C" di_status di_cuk_moe_combine(const float *y, int ldy, const int32_t *inv, const float *w, int T,
                                         int k, int n, float *h, const float *norm_w, float eps, uint16_t *xn,
-                                        int ldo, float *ss_part, int32_t *counters, di_cu_stream s) {
+                                        int ldo, di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (k > 16) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: %d experts per token unsupported (<= 16)", k);
-  const int parts = (n + CMB_COLS - 1) / CMB_COLS;
-  if (parts > CMB_MAX_PARTS || T > 65535)
+  if (T > 65535 || n > CMB_CLUSTER * CMB_COLS * CMB_MAX_PER_THREAD - 8 * CMB_CLUSTER)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda: moe_combine of %d x %d", T, n);
-  if (norm_w && (!ss_part || !counters))
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: moe_combine with a norm needs its scratch");
-  DI_CU(di_launch(combine_kernel, dim3(parts, T), CMB_COLS, 0, s, y, ldy, inv, w, k, n, h, norm_w, eps, (bf16 *)xn,
-                  ldo, ss_part, counters));
+  if (!norm_w) {
+    DI_CU(di_launch(combine_kernel, dim3((n + CMB_COLS - 1) / CMB_COLS, T), CMB_COLS, 0, s, y, ldy, inv, w, k, n, h));
+    return DI_OK;
+  }
+  DI_CU(di_launch_cluster(combine_norm_kernel, dim3(CMB_CLUSTER, T), CMB_COLS, 0, s, CMB_CLUSTER, y, ldy, inv, w, k, n,
+                          h, norm_w, eps, (bf16 *)xn, ldo));
   return DI_OK;
 }
 

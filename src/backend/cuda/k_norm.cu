@@ -1,5 +1,6 @@
 /* Row-wise kernels of the forward pass: token embedding gather, RMSNorm (fp32 residual stream in,
- * bf16 GEMM operand out), SiLU-and-multiply of the fused gate|up GEMM output, and row gathers.
+ * bf16 GEMM operand out), SiLU-and-multiply of the fused gate|up GEMM output, and row gathers (the
+ * router logits live with the rest of the MoE gate in k_moe.cu).
  * The residual adds themselves are fused into the GEMM epilogues (beta = 1) and the MoE combine. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
@@ -54,44 +55,6 @@ extern "C" di_status di_cuk_rmsnorm_bf16(const uint16_t *x, int ldx, const float
   if (T <= 0) return DI_OK;
   DI_CU(di_launch(rmsnorm_kernel<bf16>, T, 256, 0, s, (const bf16 *)x, ldx, w, n, eps, (bf16 *)out, ldo, (float *)NULL));
   DI_CU_LAUNCH("rmsnorm_bf16");
-  return DI_OK;
-}
-
-/* One warp per (token, expert) dot product; W (E x n bf16) stays in L2 across tokens. */
-static __global__ void router_kernel(const float *x, const bf16 *W, int T, int E, int n, float *out) {
-  DI_PDL_ENTRY();
-  int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (gw >= T * E) return;
-  int t = gw / E, e = gw % E;
-  const float *xr = x + (int64_t)t * n;
-  const bf16 *wr = W + (int64_t)e * n;
-  /* the same order of operations as k_moe.cu's fused gate (its results must be equal) */
-  float acc = 0.f;
-  if ((n & 7) == 0 && ((uintptr_t)wr & 15) == 0) {
-#pragma unroll 8
-    for (int i = lane * 8; i < n; i += 256) {
-      uint4 wv = *(const uint4 *)(wr + i);
-      const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        float2 c = __bfloat1622float2(wp[j]);
-        acc = fmaf(xr[i + 2 * j], c.x, acc);
-        acc = fmaf(xr[i + 2 * j + 1], c.y, acc);
-      }
-    }
-  } else {
-    for (int i = lane; i < n; i += 32) acc += xr[i] * di_bf(wr[i]);
-  }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) out[(int64_t)t * E + e] = acc;
-}
-
-extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
-                                          di_cu_stream s) {
-  if (T <= 0) return DI_OK;
-  int warps = T * E;
-  DI_CU(di_launch(router_kernel, (warps + 7) / 8, 256, 0, s, x, (const bf16 *)W, T, E, n, out));
-  DI_CU_LAUNCH("router_logits");
   return DI_OK;
 }
 
