@@ -505,12 +505,11 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
   di_status st;
   if (gemv_rows) { /* at T == 1 the shared experts' tiles are prefetched as the backend does */
     const int pf0 = T == 1 && n_sh ? Kt - n_sh : -1;
-    di_cuk_l2_prefetch nx = {{dd_w}, {(int64_t)Et * Hd * Ip * 2}}; /* a hint only: must not change results */
     st = di_cuk_grouped_gemv(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, gemv_rows, dact, Ip, 0,
-                             1, pf0, E, &nx, NULL);
+                             1, pf0, E, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
     st = di_cuk_grouped_gemv(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, gemv_rows, dy, Hd, 1, 0,
-                             pf0, E, NULL, NULL);
+                             pf0, E, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
   } else {
     st = di_cuk_grouped_gemm(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, dact, Ip, 0, 1, NULL);

@@ -68,7 +68,7 @@ typedef struct cu_backend {
   di_backend base;
   cudaStream_t stream;
   di_cu_blas *blas;
-  int sms, use_graphs, skip, attn_min_split, split_keys, no_l2_next;
+  int sms, use_graphs, skip, attn_min_split, split_keys;
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -488,23 +488,11 @@ static di_status forward(cu_backend *b) {
     if (T <= GEMV_MAX_T) { /* decode: an expert has at most T rows; weight streaming as a GEMV */
       const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
       if (!SKIP(SKIP_EXPERTS)) {
-        /* the down GEMV, launched early by PDL, pulls the next layer's attention weights into L2 while
-         * the gate/up GEMV streams (the next q/kv, absorption and output GEMVs then read L2) */
-        di_cuk_l2_prefetch nx;
-        memset(&nx, 0, sizeof nx);
-        if (l + 1 < b->n_layers && !b->no_l2_next) {
-          const cu_layer *N1 = &b->L[l + 1];
-          nx.p[0] = N1->qkv_a; nx.bytes[0] = (int64_t)b->Wa * H * 2;
-          nx.p[1] = N1->kv_b; nx.bytes[1] = (int64_t)NH * (b->dn + b->dv) * b->R * 2;
-          nx.p[2] = N1->o_proj; nx.bytes[2] = (int64_t)H * NH * b->dv * 2;
-          if (b->qr > 0) { nx.p[3] = N1->q_b; nx.bytes[3] = (int64_t)NH * b->dqk * b->qr * 2; }
-        }
         DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                                   b->tiles, b->n_tiles, max_tiles, bm, T, b->act, b->Ip, 0, 1, pf0, E, NULL, s));
+                                   b->tiles, b->n_tiles, max_tiles, bm, T, b->act, b->Ip, 0, 1, pf0, E, s));
         PROF("experts gate/up");
         DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, &nx,
-                                   s));
+                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, s));
       }
     } else {
       DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
@@ -869,8 +857,6 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->skip = parse_skip(getenv("DEEPINFER_CUDA_SKIP"));
   const char *ms = getenv("DEEPINFER_CUDA_ATTN_MIN_SPLIT");
   b->attn_min_split = ms && atoi(ms) > 0 ? atoi(ms) : 1;
-  const char *l2n = getenv("DEEPINFER_CUDA_L2_NEXT"); /* A/B: 0 = no prefetch of the next layer */
-  b->no_l2_next = l2n && l2n[0] == '0';
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
   const char *pe = getenv("DEEPINFER_CUDA_PROFILE");

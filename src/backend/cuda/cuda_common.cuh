@@ -60,11 +60,6 @@ static __device__ __forceinline__ uint4 di_ld_stream16(const void *p) {
                : "l"(p));
   return v;
 }
-/* L2 prefetch of the line holding p with the evict-last priority: for weights a later kernel needs
- * while other weights stream through L2 (normal priority lines go first). */
-static __device__ __forceinline__ void di_prefetch_l2_last(const void *p) {
-  asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
-}
 /* L2 prefetch of one line holding p (weights only: see above). */
 static __device__ __forceinline__ void di_prefetch_l2(const void *p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

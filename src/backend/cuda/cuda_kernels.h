@@ -143,17 +143,10 @@ di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows,
  * expert are computed per pass (more are correct, only slower); N a multiple of 64, K of 8.
  * pf_tile0 >= 0: tiles pf_tile0.. are known before the routing finishes to be experts pf_expert0..
  * (the shared experts at T == 1), whose weights are prefetched; else -1. */
-/* Weight ranges a kernel prefetches into L2 (evict-last) for the kernels after it, spread over its
- * threads; unused slots have bytes 0. */
-typedef struct di_cuk_l2_prefetch {
-  const void *p[4];
-  int64_t bytes[4];
-} di_cuk_l2_prefetch;
-/* next (may be NULL): prefetched before the kernel waits for its predecessor. */
 di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_rows, const uint16_t *W, int N, int K,
                               const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
                               int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu,
-                              int pf_tile0, int pf_expert0, const di_cuk_l2_prefetch *next, di_cu_stream s);
+                              int pf_tile0, int pf_expert0, di_cu_stream s);
 /* Reorders rows of [gate (I rows); up (I rows)] (each `cols` wide, n_mat matrices back to back) into
  * the glu interleaving above; src and dst distinct. I must be a multiple of 8. */
 di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, int I, int cols,

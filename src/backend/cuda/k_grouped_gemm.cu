@@ -9,7 +9,6 @@
  * and shared memory, two CTAs per SM). */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
-#include <string.h>
 
 #define BK 64
 #define STAGES 4
@@ -249,21 +248,13 @@ template <int MR, int GLU>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
 grouped_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
                     const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc,
-                    int c_f32, int pf_tile0, int pf_expert0, di_cuk_l2_prefetch next) {
+                    int c_f32, int pf_tile0, int pf_expert0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * GV_WARPS + warp) * GV_ROWS;
   if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) {
     const bf16 *wp = W + ((int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N + n0) * K;
     for (int r = 0; r < GV_ROWS; r++)
       for (int k = lane * 64; k < K; k += 32 * 64) di_prefetch_l2(wp + (int64_t)r * K + k);
-  }
-  { /* the next kernels' weights (the next layer's attention projections), evict-last, so that the
-       expert weights streaming through L2 meanwhile do not push them out */
-    const int64_t nth = (int64_t)gridDim.x * gridDim.y * blockDim.x;
-    const int64_t g = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-      for (int64_t l = g; l < (next.bytes[i] >> 7); l += nth) di_prefetch_l2_last((const char *)next.p[i] + (l << 7));
   }
   DI_PDL_ENTRY();
   if ((int)blockIdx.y >= *n_tiles) return;
@@ -331,10 +322,7 @@ extern "C" di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32
                                          int N, int K, const int32_t *expert_off, const int32_t *tiles,
                                          const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
                                          int ldc, int c_f32, int glu, int pf_tile0, int pf_expert0,
-                                         const di_cuk_l2_prefetch *next, di_cu_stream s) {
-  di_cuk_l2_prefetch nx;
-  memset(&nx, 0, sizeof nx);
-  if (next) nx = *next;
+                                         di_cu_stream s) {
   if (max_tiles <= 0) return DI_OK;
   if (N % (GV_WARPS * GV_ROWS) || K % 8 || lda % 8 || max_tiles > 65535 || ((uintptr_t)A & 15) || ((uintptr_t)W & 15))
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemv N %d K %d lda %d tiles %d (N%%64, K%%8, aligned)", N,
@@ -345,10 +333,10 @@ extern "C" di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32
   case mr:                                                                                                   \
     if (glu)                                                                                                 \
       DI_CU(di_launch(grouped_gemv_kernel<mr, 1>, grid, GV_WARPS * 32, 0, s, a, lda, a_rows, w, N, K, expert_off, \
-                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0, nx));                         \
+                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));                             \
     else                                                                                                     \
       DI_CU(di_launch(grouped_gemv_kernel<mr, 0>, grid, GV_WARPS * 32, 0, s, a, lda, a_rows, w, N, K, expert_off, \
-                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0, nx));                         \
+                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));                             \
     break;
   switch (max_rows) {
     GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
