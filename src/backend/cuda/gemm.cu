@@ -100,7 +100,6 @@ static di_status make_plan(di_cu_blas *b, plan *p) {
 #define SK_U 4
 #define SK_WARPS 4
 
-template <int M>
 static __device__ __forceinline__ void sk_load(uint4 (*w)[SK_U], const bf16 *const *wr, int K, int k0, int lane) {
 #pragma unroll
   for (int u = 0; u < SK_U; u++) {
@@ -159,10 +158,10 @@ skinny_kernel(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, void
   for (int r = 0; r < SK_NR; r++) wr[r] = W + (int64_t)(n0 + r < N ? n0 + r : n0) * ldw; /* past N: a copy */
   uint4 cur[SK_NR][SK_U], nxt[SK_NR][SK_U];
   const int chunk = SK_U * 256;
-  sk_load<M>(cur, wr, K, 0, lane);
+  sk_load(cur, wr, K, 0, lane);
   for (int k0 = 0; k0 < K; k0 += chunk) {
     const bool more = k0 + chunk < K;
-    if (more) sk_load<M>(nxt, wr, K, k0 + chunk, lane);
+    if (more) sk_load(nxt, wr, K, k0 + chunk, lane);
     sk_fma<M>(acc, cur, X, ldx, K, k0, lane);
     if (more) {
 #pragma unroll
