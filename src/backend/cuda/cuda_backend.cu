@@ -850,6 +850,13 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   int dev = 0;
   DI_CU(cudaGetDevice(&dev));
   DI_CU(cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, dev));
+  int cc_major = 0, cc_minor = 0;
+  DI_CU(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+  DI_CU(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (cc_major != 9) /* sm_90a code only (clusters, PDL, Hopper-specific instructions) */
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "cuda: the CUDA backend is built for sm_90 (H100/H200); device %d is sm_%d%d", dev, cc_major,
+                        cc_minor);
   DI_CU(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
   DI_TRY(di_cu_blas_create(&b->blas));
   const char *ge = getenv("DEEPINFER_CUDA_GRAPHS");
