@@ -71,7 +71,8 @@ int di_cu_pdl_enabled(void); /* cuda_launch.cu: DEEPINFER_CUDA_PDL, default on *
  * keeps an SM from draining to reconfigure between kernels of different shared-memory needs. */
 void di_cu_kernel_setup(const void *kernel);
 
-/* di_launch with thread-block clusters of cluster_x CTAs along x (grid.x a multiple of it). */
+/* kernel<<<grid, block, smem, s>>>(args...) with the programmatic-serialization attribute, and with
+ * thread-block clusters of cluster_x CTAs along x when cluster_x > 1 (grid.x a multiple of it). */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t di_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                             int cluster_x, Args... args) {
@@ -88,27 +89,15 @@ static inline cudaError_t di_launch_cluster(void (*kernel)(KArgs...), dim3 grid,
   attr[1].val.clusterDim.y = 1;
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  cfg.numAttrs = cluster_x > 1 ? 2 : 1;
   di_cu_kernel_setup((const void *)kernel);
   return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
 }
 
-/* kernel<<<grid, block, smem, s>>>(args...) with the programmatic-serialization attribute. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t di_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                     Args... args) {
-  cudaLaunchConfig_t cfg;
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = di_cu_pdl_enabled();
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  di_cu_kernel_setup((const void *)kernel);
-  return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+  return di_launch_cluster(kernel, grid, block, smem, s, 1, args...);
 }
 
 static __device__ __forceinline__ float di_bf(bf16 x) { return __bfloat162float(x); }
