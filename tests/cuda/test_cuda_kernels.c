@@ -219,6 +219,45 @@ static void test_mla_prep(int T, int H, int N, int P, int R, int interleave) {
 
 /* Attention: n_seq sequences; sequence s has n_tok[s] new tokens ending at position ctx[s]-1.
  * Items: rows of each sequence's tokens cut into bm, each split into `split` key ranges. */
+/* The fused decode launch (prep + absorption) against the two kernels it replaces: bitwise equal
+ * Qa (rope and latent columns) and cache entries. */
+static void test_mla_prep_absorb(di_cu_blas *blas, int T, int H, int N, int P, int R) {
+  const int Dv = 128, ldq = H * (N + P);
+  uint16_t *kvb = rand_bf16((size_t)T * (R + P), 1.f), *q = rand_bf16((size_t)T * ldq, 1.f);
+  uint16_t *kvb_w = rand_bf16((size_t)H * (N + Dv) * R, 0.1f); /* kv_b: per head N rows of W_UK, Dv of W_UV */
+  float *kvn = rand_f32(R, 1.f), invf[32];
+  for (int i = 0; i < P / 2; i++) invf[i] = (float)pow(10000.0, -2.0 * i / P);
+  int32_t pos[8], slots[8];
+  for (int t = 0; t < T; t++) { pos[t] = (int)(urand() * 5000); slots[t] = 2 * t + 1; }
+  void *dkva = dup_dev(kvb, (size_t)T * (R + P) * 2), *dkvn = dup_dev(kvn, (size_t)R * 4),
+       *dq = dup_dev(q, (size_t)T * ldq * 2), *dw = dup_dev(kvb_w, (size_t)H * (N + Dv) * R * 2),
+       *dpos = dup_dev(pos, 4 * (size_t)T), *dslot = dup_dev(slots, 4 * (size_t)T), *dinv = dup_dev(invf, sizeof invf);
+  const size_t nqa = (size_t)T * H * D, nc = (size_t)(2 * T + 2) * D;
+  void *dQa1 = di_cut_malloc(nqa * 2), *dQa2 = di_cut_malloc(nqa * 2), *dc1 = di_cut_malloc(nc * 2),
+       *dc2 = di_cut_malloc(nc * 2);
+  uint16_t *zero = calloc(nqa > nc ? nqa : nc, 2);
+  di_cut_h2d(dQa1, zero, nqa * 2); di_cut_h2d(dQa2, zero, nqa * 2); di_cut_h2d(dc1, zero, nc * 2); di_cut_h2d(dc2, zero, nc * 2);
+  di_cuk_rope rope = {dinv, 1.1f, 1};
+  const int64_t sw = (int64_t)(N + Dv) * R;
+  CHECK(di_cuk_mla_prep_absorb_ok(T, H, R, dw, R, sw));
+  di_status st = di_cuk_mla_prep_absorb(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa1, dc1,
+                                        dw, R, sw, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cuk_mla_prep(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa2, dc2, NULL) == DI_OK);
+  CHECK(di_cu_gemm_batched(blas, H, T, R, N, dq, ldq, N + P, dw, R, sw, 1, dQa2, H * D, D, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  uint16_t *a = malloc(nqa * 2), *b2 = malloc(nqa * 2), *c1 = malloc(nc * 2), *c2 = malloc(nc * 2);
+  di_cut_d2h(a, dQa1, nqa * 2); di_cut_d2h(b2, dQa2, nqa * 2); di_cut_d2h(c1, dc1, nc * 2); di_cut_d2h(c2, dc2, nc * 2);
+  int dq_ = 0, dc_ = 0;
+  for (size_t i = 0; i < nqa; i++) dq_ += a[i] != b2[i];
+  for (size_t i = 0; i < nc; i++) dc_ += c1[i] != c2[i];
+  CHECKF(dq_ == 0 && dc_ == 0, "mla prep+absorb T=%d H=%d R=%d: %d Qa and %d cache values differ", T, H, R, dq_, dc_);
+  printf("mla prep+absorb fused T=%d H=%d N=%d P=%d R=%d: Qa and cache equal to the two kernels\n", T, H, N, P, R);
+  free(kvb); free(q); free(kvb_w); free(kvn); free(zero); free(a); free(b2); free(c1); free(c2);
+  void *ptrs[] = {dkva, dkvn, dq, dw, dpos, dslot, dinv, dQa1, dQa2, dc1, dc2};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+}
+
 static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, int bm, int split, const char *label) {
   int T = 0, max_blocks = 0, total_blocks = 0;
   for (int s = 0; s < n_seq; s++) {
@@ -638,6 +677,10 @@ int main(void) {
   test_mla_prep(5, 16, 128, 64, 512, 1);
   test_mla_prep(4, 4, 32, 16, 32, 0);
   test_mla_prep(3, 128, 128, 64, 512, 1);
+  test_mla_prep_absorb(blas, 1, 16, 128, 64, 512); /* V2-Lite decode */
+  test_mla_prep_absorb(blas, 5, 16, 128, 64, 512);
+  test_mla_prep_absorb(blas, 8, 4, 32, 16, 32);    /* more tokens than heads (tiny fixtures) */
+  test_mla_prep_absorb(blas, 2, 128, 128, 64, 512); /* V3's 128 heads */
   {
     int ctx[] = {1, 100, 4097, 32768}, nt[] = {1, 1, 1, 1};
     test_mla_attn(16, 4, ctx, nt, 16, 1, "V2-Lite decode, no split");

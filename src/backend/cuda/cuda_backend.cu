@@ -436,13 +436,21 @@ static di_status forward(cu_backend *b) {
     }
     PROF("q/kv proj");
     bf16 *cache = layer_cache(b, l);
-    if (!SKIP(SKIP_PREP))
-      DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
-                           b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
-    /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
-    if (!SKIP(SKIP_ABSORB))
-      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
-                              (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+    const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
+    const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
+    if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
+      /* decode: both in one launch */
+      DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
+                                    b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
+    } else {
+      if (!SKIP(SKIP_PREP))
+        DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
+                             b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
+      /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
+      if (!SKIP(SKIP_ABSORB))
+        DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
+                                (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+    }
     PROF("mla prep+absorb");
     if (!SKIP(SKIP_ATTN))
       DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,

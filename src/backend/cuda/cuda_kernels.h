@@ -46,6 +46,15 @@ di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_t *q, int l
                           const int32_t *positions, const int32_t *slots, int T, int H, int N, int P, int R,
                           const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
                           uint16_t *cache, di_cu_stream s);
+/* di_cuk_mla_prep plus the absorption Qa[t][h][0:R] = q_nope[t][h] . W_UK[h] (W_UK[h] = wuk + h*sw,
+ * [N][R] with row stride ldw: kv_b's rows for head h), equal to di_cuk_mla_prep followed by
+ * di_cu_gemm_batched(..., w_kn = 1), in one launch; only where di_cuk_mla_prep_absorb_ok (T <= 8,
+ * R % 8 == 0, 16-byte aligned rows). */
+int di_cuk_mla_prep_absorb_ok(int T, int H, int R, const uint16_t *wuk, int ldw, int64_t sw);
+di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const uint16_t *q, int ldq, const int32_t *positions,
+                                 const int32_t *slots, int T, int H, int N, int P, int R, const float *kv_norm,
+                                 float eps, di_cuk_rope rope, uint16_t *Qa, uint16_t *cache, const uint16_t *wuk,
+                                 int ldw, int64_t sw, di_cu_stream s);
 
 /* ---- MLA attention over the paged latent cache, absorbed form (k_mla_attn.cu) ---- */
 /* One unit of work: rows [row0, row1) of the flattened (token, head) row space, all of one

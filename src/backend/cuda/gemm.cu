@@ -4,6 +4,7 @@
  * calls below are laid out. Heuristic results are cached per shape so a step does no planning. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_skinny_kn.cuh"
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <stdlib.h>
@@ -217,75 +218,17 @@ static di_status skinny(int M, int N, int K, const uint16_t *X, int ldx, const u
   return DI_OK;
 }
 
-/* Skinny GEMM with W stored [K][N] (row-major, rows ldw apart), batched over grid.y: Y = X W for
- * decode-sized M. This is MLA's query absorption q_lat[h] = q_nope[h] . W_UK[h] (K = 128, N = 512 per
- * head), which at small M would otherwise be a cuBLAS batched call outside the PDL chain. A CTA takes
- * KN_COLS columns; each thread owns 8 consecutive columns (one 16-byte load per W row) and every
- * KN_KG-th row, and the KN_KG partial sums of a column are added in shared memory in a fixed order. */
-#define KN_COLS 128
-#define KN_KG 16
-
+/* The [K][N] skinny GEMM batched over heads (grid.y); the tile itself is in k_skinny_kn.cuh. */
 template <int M>
-static __global__ void __launch_bounds__(256)
+static __global__ void __launch_bounds__(KN_THREADS)
 skinny_kn_kernel(const bf16 *X, int ldx, int64_t sx, const bf16 *W, int ldw, int64_t sw, int N, int K,
                  bf16 *Y, int ldy, int64_t sy) {
-  __shared__ float part[KN_KG][KN_COLS + 4];
-  const int cg = threadIdx.x % (KN_COLS / 8), kg = threadIdx.x / (KN_COLS / 8);
-  const int n = blockIdx.x * KN_COLS + cg * 8;
   X += sx * blockIdx.y;
   W += sw * blockIdx.y;
   Y += sy * blockIdx.y;
-  const bool live = n < N; /* N % 8 == 0 (checked by the caller) */
-  if (live && (cg & 7) == 0)
-    for (int k = kg; k < K; k += KN_KG) di_prefetch_l2(W + (int64_t)k * ldw + n);
+  kn_prefetch(W, ldw, N, K, blockIdx.x);
   DI_PDL_ENTRY();
-  float acc[M][8];
-#pragma unroll
-  for (int m = 0; m < M; m++)
-#pragma unroll
-    for (int j = 0; j < 8; j++) acc[m][j] = 0.f;
-  if (live) {
-    /* chunks of 8 rows per thread, all 8 loads issued before their FMAs (dn = 128: one chunk) */
-    for (int k0 = kg; k0 < K; k0 += 8 * KN_KG) {
-      uint4 wv[8];
-      bf16 xs[8][M];
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const int k = k0 + u * KN_KG;
-        wv[u] = k < K ? di_ld_stream16(W + (int64_t)k * ldw + n) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int m = 0; m < M; m++) xs[u][m] = k < K ? X[(int64_t)m * ldx + k] : di_fb(0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv[u];
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-          float xv = di_bf(xs[u][m]);
-#pragma unroll
-          for (int j = 0; j < 4; j++) {
-            float2 c = __bfloat1622float2(wp[j]);
-            acc[m][2 * j] = fmaf(xv, c.x, acc[m][2 * j]);
-            acc[m][2 * j + 1] = fmaf(xv, c.y, acc[m][2 * j + 1]);
-          }
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < M; m++) {
-#pragma unroll
-    for (int j = 0; j < 8; j++) part[kg][cg * 8 + j] = acc[m][j];
-    __syncthreads();
-    if (threadIdx.x < KN_COLS) {
-      const int c = threadIdx.x, nn = blockIdx.x * KN_COLS + c;
-      float v = 0.f;
-#pragma unroll
-      for (int g = 0; g < KN_KG; g++) v += part[g][c];
-      if (nn < N) Y[(int64_t)m * ldy + nn] = di_fb(v);
-    }
-    __syncthreads();
-  }
+  kn_tile<M>(X, ldx, W, ldw, N, K, Y, ldy, blockIdx.x);
 }
 
 static di_status skinny_kn(int M, int N, int K, const uint16_t *X, int ldx, int64_t sx, const uint16_t *W, int ldw,
@@ -295,7 +238,7 @@ static di_status skinny_kn(int M, int N, int K, const uint16_t *X, int ldx, int6
   bf16 *y = (bf16 *)Y;
   switch (M) {
 #define KN_CASE(m) \
-  case m: DI_CU(di_launch(skinny_kn_kernel<m>, blocks, 256, 0, s, x, ldx, sx, w, ldw, sw, N, K, y, ldy, sy)); break;
+  case m: DI_CU(di_launch(skinny_kn_kernel<m>, blocks, KN_THREADS, 0, s, x, ldx, sx, w, ldw, sw, N, K, y, ldy, sy)); break;
     KN_CASE(1) KN_CASE(2) KN_CASE(3) KN_CASE(4) KN_CASE(5) KN_CASE(6) KN_CASE(7) KN_CASE(8)
 #undef KN_CASE
   }
@@ -339,8 +282,7 @@ extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, 
   if (M <= 0 || batch <= 0) return DI_OK;
   if (!w_kn && !b->no_skinny && skinny_ok(M, K, X, ldx, W, ldw) && sx % 8 == 0 && sw % 8 == 0)
     return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, 0, 0.f, s, batch, sx, sw, sy);
-  if (w_kn && !b->no_skinny && M <= SK_MAXM && N % 8 == 0 && ldw % 8 == 0 && sw % 8 == 0 && ((uintptr_t)W & 15) == 0 &&
-      batch <= 65535)
+  if (w_kn && !b->no_skinny && kn_ok(M, N, ldw, sw, W) && batch <= 65535)
     return skinny_kn(M, N, K, X, ldx, sx, W, ldw, sw, Y, ldy, sy, batch, s);
   LT(cublasSetStream(b->h, s));
   float alpha = 1.f, beta = 0.f;

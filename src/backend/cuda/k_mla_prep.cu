@@ -1,24 +1,24 @@
-/* MLA preparation for one step, one block per token: RMSNorm of the compressed KV (c_kv) and RoPE of
+/* MLA preparation for one step, one block per token (for decode steps fused with the query
+ * absorption, see mla_prep_absorb_kernel): RMSNorm of the compressed KV (c_kv) and RoPE of
  * the shared key part (k_pe), written as one bf16 cache entry [c_kv | k_pe] into the paged latent
  * cache; and RoPE of every head's q_pe into the rope columns of the absorbed query Qa. The rotation
  * angle pos * inv_freq is formed in double so long positions (up to 160k) keep full precision. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_skinny_kn.cuh"
 
 static __device__ __forceinline__ void rope_pair(int i, int P, int interleave, int *a, int *b) {
   if (interleave) { *a = 2 * i; *b = 2 * i + 1; }
   else { *a = i; *b = i + P / 2; }
 }
 
-static __global__ void mla_prep_kernel(const bf16 *kva, int ldk, const bf16 *q, int ldq,
-                                       const int32_t *positions,
-                                       const int32_t *slots, int H, int N, int P, int R,
-                                       const float *kv_norm, float eps, di_cuk_rope rope, bf16 *Qa,
-                                       bf16 *cache) {
+/* Token t's preparation by one CTA (all its threads). */
+static __device__ void mla_prep_token(int t, const bf16 *kva, int ldk, const bf16 *q, int ldq,
+                                      const int32_t *positions, const int32_t *slots, int H, int N, int P, int R,
+                                      const float *kv_norm, float eps, const di_cuk_rope &rope, bf16 *Qa,
+                                      bf16 *cache) {
   __shared__ float red[32];
   __shared__ float cs[2][DI_CUK_MLA_P / 2]; /* cos, sin per pair */
-  DI_PDL_ENTRY();
-  int t = blockIdx.x;
   const bf16 *x = kva + (int64_t)t * ldk;
   int pos = positions[t];
   for (int i = threadIdx.x; i < P / 2; i += blockDim.x) {
@@ -61,6 +61,38 @@ static __global__ void mla_prep_kernel(const bf16 *kva, int ldk, const bf16 *q, 
   }
 }
 
+
+static __global__ void mla_prep_kernel(const bf16 *kva, int ldk, const bf16 *q, int ldq, const int32_t *positions,
+                                       const int32_t *slots, int H, int N, int P, int R, const float *kv_norm,
+                                       float eps, di_cuk_rope rope, bf16 *Qa, bf16 *cache) {
+  DI_PDL_ENTRY();
+  mla_prep_token(blockIdx.x, kva, ldk, q, ldq, positions, slots, H, N, P, R, kv_norm, eps, rope, Qa, cache);
+}
+
+/* Decode steps: the preparation and the query absorption q_lat[t][h] = q_nope[t][h] . W_UK[h] in one
+ * launch. They are independent (both read the q/kv projection; they write different columns of Qa, and
+ * the cache), so CTAs x < n_abs do the absorption tiles of head y and the last column of CTAs prepares
+ * token y: one kernel boundary per layer less on the decode critical path. */
+template <int M>
+static __global__ void __launch_bounds__(KN_THREADS)
+mla_prep_absorb_kernel(const bf16 *kva, int ldk, const bf16 *q, int ldq, const int32_t *positions,
+                       const int32_t *slots, int H, int N, int P, int R, const float *kv_norm, float eps,
+                       di_cuk_rope rope, bf16 *Qa, bf16 *cache, const bf16 *wuk, int ldw, int64_t sw, int n_abs) {
+  const int bx = blockIdx.x, by = blockIdx.y;
+  if (bx < n_abs) {
+    if (by >= H) return;
+    const bf16 *W = wuk + sw * by;
+    kn_prefetch(W, ldw, R, N, bx);
+    DI_PDL_ENTRY();
+    /* X = q_nope of head by (row stride ldq per token), Y = Qa latent columns of head by */
+    kn_tile<M>(q + (int64_t)by * (N + P), ldq, W, ldw, R, N, Qa + (int64_t)by * DI_CUK_MLA_D, H * DI_CUK_MLA_D, bx);
+    return;
+  }
+  DI_PDL_ENTRY();
+  if (by >= M) return;
+  mla_prep_token(by, kva, ldk, q, ldq, positions, slots, H, N, P, R, kv_norm, eps, rope, Qa, cache);
+}
+
 extern "C" di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_t *q, int ldq,
                                      const int32_t *positions, const int32_t *slots, int T, int H, int N,
                                      int P, int R,
@@ -74,6 +106,37 @@ extern "C" di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_
   DI_CU(di_launch(mla_prep_kernel, T, 256, 0, s, (const bf16 *)kva, ldk, (const bf16 *)q, ldq, positions, slots, H, N,
                   P, R, kv_norm, eps, rope, (bf16 *)Qa, (bf16 *)cache));
   DI_CU_LAUNCH("mla_prep");
+  return DI_OK;
+}
+
+extern "C" int di_cuk_mla_prep_absorb_ok(int T, int H, int R, const uint16_t *wuk, int ldw, int64_t sw) {
+  return T >= 1 && H <= 65535 && kn_ok(T, R, ldw, sw, wuk);
+}
+
+extern "C" di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const uint16_t *q, int ldq,
+                                            const int32_t *positions, const int32_t *slots, int T, int H, int N, int P,
+                                            int R, const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
+                                            uint16_t *cache, const uint16_t *wuk, int ldw, int64_t sw,
+                                            di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  if (P > DI_CUK_MLA_P || P % 2 || R > DI_CUK_MLA_R)
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "cuda: MLA ranks kv_lora %d / rope %d unsupported (need <= %d / even <= %d)", R,
+                        P, DI_CUK_MLA_R, DI_CUK_MLA_P);
+  if (!di_cuk_mla_prep_absorb_ok(T, H, R, wuk, ldw, sw))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fused MLA prep + absorption of %d tokens, rank %d", T, R);
+  const int n_abs = (R + KN_COLS - 1) / KN_COLS;
+  const dim3 grid(n_abs + 1, H > T ? H : T);
+  const bf16 *kv = (const bf16 *)kva, *qq = (const bf16 *)q, *w = (const bf16 *)wuk;
+  switch (T) {
+#define PA_CASE(m)                                                                                              \
+  case m:                                                                                                       \
+    DI_CU(di_launch(mla_prep_absorb_kernel<m>, grid, KN_THREADS, 0, s, kv, ldk, qq, ldq, positions, slots, H, N, P, R, \
+                    kv_norm, eps, rope, (bf16 *)Qa, (bf16 *)cache, w, ldw, sw, n_abs));                        \
+    break;
+    PA_CASE(1) PA_CASE(2) PA_CASE(3) PA_CASE(4) PA_CASE(5) PA_CASE(6) PA_CASE(7) PA_CASE(8)
+#undef PA_CASE
+  }
   return DI_OK;
 }
 

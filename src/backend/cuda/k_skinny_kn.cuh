@@ -1,0 +1,85 @@
+/* Skinny GEMM with W stored [K][N] (row-major, rows ldw apart) for decode-sized M: Y = X W, one CTA of
+ * 256 threads per KN_COLS output columns. This is MLA's query absorption q_lat[h] = q_nope[h] . W_UK[h]
+ * (K = 128, N = 512 per head), which at small M would otherwise be a cuBLAS batched call outside the
+ * PDL chain. Each thread owns 8 consecutive columns (one 16-byte load per W row) and every KN_KG-th
+ * row, and the KN_KG partial sums of a column are added in shared memory in a fixed order. The tile is
+ * a device function so that gemm.cu's batched kernel and k_mla_prep.cu's fused prep + absorption
+ * kernel run the same code (their results are equal). */
+#ifndef DI_K_SKINNY_KN_CUH
+#define DI_K_SKINNY_KN_CUH
+#include "cuda_common.cuh"
+
+#define KN_COLS 128
+#define KN_KG 16
+#define KN_THREADS 256
+
+/* Before the PDL wait: this thread's share of the weight tile into L2. */
+static __device__ __forceinline__ void kn_prefetch(const bf16 *W, int ldw, int N, int K, int bx) {
+  const int cg = threadIdx.x % (KN_COLS / 8), kg = threadIdx.x / (KN_COLS / 8);
+  const int n = bx * KN_COLS + cg * 8;
+  if (n < N && (cg & 7) == 0)
+    for (int k = kg; k < K; k += KN_KG) di_prefetch_l2(W + (int64_t)k * ldw + n);
+}
+
+/* Columns [bx * KN_COLS, +KN_COLS) of Y[M][N] = X[M][K] . W[K][N]; all 256 threads of the CTA. */
+template <int M>
+static __device__ __forceinline__ void kn_tile(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, bf16 *Y,
+                                               int ldy, int bx) {
+  __shared__ float part[KN_KG][KN_COLS + 4];
+  const int cg = threadIdx.x % (KN_COLS / 8), kg = threadIdx.x / (KN_COLS / 8);
+  const int n = bx * KN_COLS + cg * 8;
+  const bool live = n < N; /* N % 8 == 0 (checked by the callers) */
+  float acc[M][8];
+#pragma unroll
+  for (int m = 0; m < M; m++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[m][j] = 0.f;
+  if (live) {
+    /* chunks of 8 rows per thread, all 8 loads issued before their FMAs (dn = 128: one chunk) */
+    for (int k0 = kg; k0 < K; k0 += 8 * KN_KG) {
+      uint4 wv[8];
+      bf16 xs[8][M];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int k = k0 + u * KN_KG;
+        wv[u] = k < K ? di_ld_stream16(W + (int64_t)k * ldw + n) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int m = 0; m < M; m++) xs[u][m] = k < K ? X[(int64_t)m * ldx + k] : di_fb(0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv[u];
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+          float xv = di_bf(xs[u][m]);
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            float2 c = __bfloat1622float2(wp[j]);
+            acc[m][2 * j] = fmaf(xv, c.x, acc[m][2 * j]);
+            acc[m][2 * j + 1] = fmaf(xv, c.y, acc[m][2 * j + 1]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) part[kg][cg * 8 + j] = acc[m][j];
+    __syncthreads();
+    if (threadIdx.x < KN_COLS) {
+      const int c = threadIdx.x, nn = bx * KN_COLS + c;
+      float v = 0.f;
+#pragma unroll
+      for (int g = 0; g < KN_KG; g++) v += part[g][c];
+      if (nn < N) Y[(int64_t)m * ldy + nn] = di_fb(v);
+    }
+    __syncthreads();
+  }
+}
+
+/* The conditions both callers check: decode-sized M and 16-byte aligned weight rows. */
+static inline bool kn_ok(int M, int N, int ldw, int64_t sw, const void *W) {
+  return M >= 1 && M <= 8 && N % 8 == 0 && ldw % 8 == 0 && sw % 8 == 0 && ((uintptr_t)W & 15) == 0;
+}
+#endif
