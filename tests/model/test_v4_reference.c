@@ -1,0 +1,380 @@
+/* The DeepSeek-V4 float32 CPU reference forward (src/backend/cpu/cpu_deepseek_v4.c) against the golden
+ * outputs of transformers 5.17 on tests/data/models/dsv4-tiny: logits of every position (relative L2
+ * error < 1e-4) for prompts of 1, 40 and 300 tokens, and the 8-step greedy continuation (full
+ * recompute per step). Also: the original checkpoint naming gives identical logits, and bad configs /
+ * checkpoints fail with messages that name the field or tensor. */
+#include "arch/deepseek_v4.h"
+#include "backend/cpu/cpu_deepseek_v4.h"
+#include "model/safetensors.h"
+#include "util/json.h"
+#include "test_util.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FIXTURE "tests/data/models/dsv4-tiny"
+
+static char *cfg_text;
+static size_t cfg_len;
+
+static int argmax(const float *v, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[b])
+      b = i;
+  return b;
+}
+
+static di_status load_dir(const char *dir, const char *cfg_json, di_v4_config *cfg, di_tensor_source **src, di_v4_weights *w) {
+  DI_TRY(di_v4_config_parse(cfg_json, strlen(cfg_json), cfg));
+  DI_TRY(di_tensor_source_open(dir, src));
+  di_status st = di_v4_weights_bind(cfg, *src, w);
+  if (st != DI_OK) {
+    di_tensor_source_free(*src);
+    *src = NULL;
+  }
+  return st;
+}
+
+/* ---- golden comparisons -------------------------------------------------------------------------- */
+
+static void check_golden(const di_v4_config *cfg, const di_v4_weights *w) {
+  di_st_file g;
+  di_status st = di_st_open(test_path(FIXTURE "/golden.safetensors"), &g);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st != DI_OK)
+    return;
+  const int V = cfg->vocab_size;
+  for (int p = 0; p < 3; p++) {
+    char k[4][32];
+    snprintf(k[0], 32, "p%d.ids", p);
+    snprintf(k[1], 32, "p%d.logits", p);
+    snprintf(k[2], 32, "p%d.greedy", p);
+    snprintf(k[3], 32, "p%d.margin", p);
+    const di_st_tensor *tid = di_st_file_find(&g, k[0]), *tlg = di_st_file_find(&g, k[1]), *tgr = di_st_file_find(&g, k[2]),
+                       *tmg = di_st_file_find(&g, k[3]);
+    CHECK(tid && tlg && tgr && tmg);
+    if (!tid || !tlg || !tgr || !tmg)
+      continue;
+    const int T = (int)tid->shape[0], G = (int)tgr->shape[0];
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)(T + G));
+    float *lg = malloc(sizeof(float) * (size_t)(T + G) * V);
+    memcpy(seq, tid->data, sizeof(int32_t) * (size_t)T);
+    st = di_cpu_v4_forward_full(cfg, w, seq, T, lg);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    double err = test_rel_l2(lg, tlg->data, (size_t)T * V);
+    CHECKF(err < 1e-4, "p%d: logits rel L2 error %.3e", p, err);
+    /* the worst single position, to see whether an error is spread or local */
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+      double e = test_rel_l2(lg + (size_t)t * V, (const float *)tlg->data + (size_t)t * V, (size_t)V);
+      worst = e > worst ? e : worst;
+    }
+    printf("dsv4-tiny p%d T=%d logits rel L2 err %.2e (worst position %.2e)\n", p, T, err, worst);
+    const int32_t *gold = tgr->data;
+    const float *margin = tmg->data;
+    int ok = 1;
+    for (int s = 0; s < G && st == DI_OK; s++) {
+      st = di_cpu_v4_forward_full(cfg, w, seq, T + s, lg);
+      CHECKF(st == DI_OK, "%s", di_last_error());
+      int tok = argmax(lg + (size_t)(T + s - 1) * V, V);
+      if (margin[s] > 1e-3f) {
+        CHECKF(tok == gold[s], "p%d greedy step %d: got %d, reference %d (margin %.3g)", p, s, tok, gold[s], margin[s]);
+        ok &= tok == gold[s];
+      }
+      seq[T + s] = gold[s]; /* follow the reference path */
+    }
+    printf("dsv4-tiny p%d greedy %d steps %s\n", p, G, ok ? "equal" : "DIFFER");
+    free(seq);
+    free(lg);
+  }
+  di_st_file_close(&g);
+}
+
+/* ---- a modified copy of the checkpoint in a temporary folder ---------------------------------------- */
+
+/* `text` with the first `from` replaced by `to` (malloc'd), or NULL when `from` is absent. */
+static char *replace_once(const char *text, const char *from, const char *to) {
+  const char *at = strstr(text, from);
+  if (!at)
+    return NULL;
+  size_t n = strlen(text), pre = (size_t)(at - text), fl = strlen(from), tl = strlen(to);
+  char *s = malloc(n - fl + tl + 1);
+  memcpy(s, text, pre);
+  memcpy(s + pre, to, tl);
+  memcpy(s + pre + tl, at + fl, n - pre - fl + 1);
+  return s;
+}
+
+typedef struct {
+  uint8_t *buf; /* the whole model.safetensors */
+  size_t len;
+} blob;
+
+static blob read_model(void) {
+  blob b = {0};
+  char *d = NULL;
+  size_t n = 0;
+  if (di_read_file(test_path(FIXTURE "/model.safetensors"), &d, &n) == DI_OK) {
+    b.buf = (uint8_t *)d;
+    b.len = n;
+  }
+  return b;
+}
+
+typedef void (*edit_fn)(cJSON *header, uint8_t *data, void *arg);
+
+/* Writes dir/model.safetensors: the fixture with `edit` applied to its header tree and data section
+ * (header re-serialized and padded to 8 bytes so tensors stay aligned), and dir/config.json. */
+static int write_variant(const char *dir, edit_fn edit, void *arg) {
+  blob b = read_model();
+  if (!b.buf)
+    return 0;
+  uint64_t hl;
+  memcpy(&hl, b.buf, 8);
+  cJSON *h = cJSON_ParseWithLength((const char *)b.buf + 8, (size_t)hl);
+  if (!h) {
+    free(b.buf);
+    return 0;
+  }
+  uint8_t *data = b.buf + 8 + hl;
+  size_t dlen = b.len - 8 - (size_t)hl;
+  edit(h, data, arg);
+  char *text = cJSON_PrintUnformatted(h);
+  size_t tl = strlen(text), padded = (tl + 7) / 8 * 8;
+  char path[512];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  FILE *f = fopen(path, "wb");
+  int ok = f != NULL;
+  if (f) {
+    uint64_t pl = padded;
+    ok &= fwrite(&pl, 8, 1, f) == 1 && fwrite(text, 1, tl, f) == tl;
+    for (size_t i = tl; i < padded; i++)
+      ok &= fputc(' ', f) != EOF;
+    ok &= fwrite(data, 1, dlen, f) == dlen;
+    ok &= fclose(f) == 0;
+  }
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  f = fopen(path, "wb");
+  ok &= f != NULL;
+  if (f) {
+    ok &= fwrite(cfg_text, 1, cfg_len, f) == cfg_len;
+    ok &= fclose(f) == 0;
+  }
+  cJSON_free(text);
+  cJSON_Delete(h);
+  free(b.buf);
+  return ok;
+}
+
+static void remove_variant(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
+static void edit_rename(cJSON *h, uint8_t *data, void *arg) {
+  (void)data;
+  const char **names = arg; /* from, to */
+  cJSON *t = cJSON_DetachItemFromObjectCaseSensitive(h, names[0]);
+  if (t)
+    cJSON_AddItemToObject(h, names[1], t);
+}
+
+static void edit_shape(cJSON *h, uint8_t *data, void *arg) {
+  (void)data;
+  const char *name = arg;
+  cJSON *t = cJSON_GetObjectItemCaseSensitive(h, name);
+  cJSON *shape = t ? cJSON_GetObjectItemCaseSensitive(t, "shape") : NULL;
+  if (cJSON_GetArraySize(shape) == 2) { /* [r, c] -> [r/2, 2c]: same bytes, wrong shape */
+    cJSON *r = cJSON_GetArrayItem(shape, 0), *c = cJSON_GetArrayItem(shape, 1);
+    cJSON_SetNumberValue(r, r->valuedouble / 2);
+    cJSON_SetNumberValue(c, c->valuedouble * 2);
+  }
+}
+
+static void edit_tid2eid(cJSON *h, uint8_t *data, void *arg) {
+  (void)arg;
+  cJSON *t = cJSON_GetObjectItemCaseSensitive(h, "model.layers.0.ffn.gate.tid2eid");
+  cJSON *off = t ? cJSON_GetObjectItemCaseSensitive(t, "data_offsets") : NULL;
+  if (off) {
+    int64_t bad = 99; /* entry [3][1] */
+    memcpy(data + (size_t)cJSON_GetArrayItem(off, 0)->valuedouble + 8 * 7, &bad, 8);
+  }
+}
+
+/* The original checkpoint naming: no "model." prefix, embed.weight, norm.weight, hc_head_fn, ... */
+static void edit_original_names(cJSON *h, uint8_t *data, void *arg) {
+  (void)data;
+  (void)arg;
+  cJSON *out = cJSON_CreateObject();
+  cJSON *e;
+  while ((e = h->child) != NULL) {
+    cJSON_DetachItemViaPointer(h, e);
+    char name[512];
+    const char *n = e->string;
+    if (strcmp(n, "model.embed_tokens.weight") == 0)
+      snprintf(name, sizeof name, "embed.weight");
+    else if (strcmp(n, "model.norm.weight") == 0)
+      snprintf(name, sizeof name, "norm.weight");
+    else if (strncmp(n, "model.hc_head.", 14) == 0)
+      snprintf(name, sizeof name, "hc_head_%s", n + 17); /* model.hc_head.hc_fn -> hc_head_fn */
+    else if (strncmp(n, "model.", 6) == 0)
+      snprintf(name, sizeof name, "%s", n + 6);
+    else
+      snprintf(name, sizeof name, "%s", n);
+    cJSON_AddItemToObject(out, name, e);
+  }
+  /* move the renamed items back into h (the caller owns h) */
+  while ((e = out->child) != NULL) {
+    cJSON_DetachItemViaPointer(out, e);
+    cJSON_AddItemToObject(h, e->string, e);
+  }
+  cJSON_Delete(out);
+}
+
+/* Loads a variant; returns its status (and frees what was loaded). */
+static di_status load_variant(edit_fn edit, void *arg, const char *cfg_json, float *logits, const int32_t *ids, int n) {
+  char tmpl[] = "/tmp/di_v4ref_XXXXXX";
+  char *dir = mkdtemp(tmpl);
+  CHECK(dir != NULL);
+  if (!dir)
+    return DI_ERR_IO;
+  CHECK(write_variant(dir, edit, arg));
+  di_v4_config cfg;
+  di_tensor_source *src = NULL;
+  di_v4_weights w;
+  di_status st = load_dir(dir, cfg_json ? cfg_json : cfg_text, &cfg, &src, &w);
+  if (st == DI_OK && logits) {
+    st = di_cpu_v4_forward_full(&cfg, &w, ids, n, logits);
+  }
+  if (src) {
+    di_v4_weights_free(&w);
+    di_tensor_source_free(src);
+  }
+  remove_variant(dir);
+  return st;
+}
+
+static void check_checkpoint_errors(void) {
+  const char *missing[2] = {"model.layers.1.attn.indexer.wq_b.weight", "model.layers.1.attn.indexer.wq_b.weightX"};
+  CHECK_ERR(load_variant(edit_rename, missing, NULL, NULL, NULL, 0), "missing tensor 'model.layers.1.attn.indexer.wq_b.weight'");
+  const char *sink[2] = {"model.layers.3.attn.attn_sink", "model.layers.3.attn.sinks"};
+  CHECK_ERR(load_variant(edit_rename, sink, NULL, NULL, NULL, 0), "missing tensor 'model.layers.3.attn.attn_sink'");
+  CHECK_ERR(load_variant(edit_shape, "model.layers.2.attn.compressor.wkv.weight", NULL, NULL, NULL, 0),
+            "tensor 'model.layers.2.attn.compressor.wkv.weight'");
+  CHECK_ERR(load_variant(edit_shape, "model.layers.2.attn.compressor.wkv.weight", NULL, NULL, NULL, 0),
+            "has shape [32, 128], the config implies [64, 64]");
+  CHECK_ERR(load_variant(edit_tid2eid, NULL, NULL, NULL, NULL, 0), "entry [3][1] = 99 is not an expert id");
+  /* a CSA layer's checkpoint under an HCA config: its compressor is 2*head_dim wide, HCA's head_dim */
+  char *swapped = replace_once(cfg_text, "\"compressed_sparse_attention\",\n    \"heavily", "\"heavily_compressed_attention\",\n    \"heavily");
+  CHECK(swapped != NULL);
+  if (swapped) {
+    di_v4_config cfg;
+    di_tensor_source *src = NULL;
+    di_v4_weights w;
+    CHECK_ERR(load_dir(test_path(FIXTURE), swapped, &cfg, &src, &w),
+              "tensor 'model.layers.1.attn.compressor.wkv.weight' in");
+    free(swapped);
+  }
+}
+
+static void check_original_naming(const di_v4_config *cfg, const di_v4_weights *w) {
+  int32_t ids[40];
+  for (int i = 0; i < 40; i++)
+    ids[i] = (i * 37 + 11) % cfg->vocab_size;
+  float *a = malloc(sizeof(float) * 40 * cfg->vocab_size), *b = malloc(sizeof(float) * 40 * cfg->vocab_size);
+  di_status st = di_cpu_v4_forward_full(cfg, w, ids, 40, a);
+  CHECK(st == DI_OK);
+  st = load_variant(edit_original_names, NULL, NULL, b, ids, 40);
+  CHECKF(st == DI_OK, "original naming: %s", di_last_error());
+  CHECK(st == DI_OK && memcmp(a, b, sizeof(float) * 40 * cfg->vocab_size) == 0);
+  /* bad arguments */
+  ids[5] = cfg->vocab_size;
+  CHECK_ERR(di_cpu_v4_forward_full(cfg, w, ids, 40, a), "token 512 at position 5 is outside the vocabulary");
+  CHECK_ERR(di_cpu_v4_forward_full(cfg, w, ids, 0, a), "empty token sequence");
+  free(a);
+  free(b);
+}
+
+/* ---- config errors ----------------------------------------------------------------------------------- */
+
+/* Parses the fixture config with `from` replaced by `to`; expects an error containing `needle`. */
+static void cfg_err(const char *from, const char *to, const char *needle) {
+  char *s = replace_once(cfg_text, from, to);
+  CHECKF(s != NULL, "test setup: '%s' not in config.json", from);
+  if (!s)
+    return;
+  di_v4_config c;
+  CHECK_ERR(di_v4_config_parse(s, strlen(s), &c), needle);
+  free(s);
+}
+
+static void check_config(const di_v4_config *c) {
+  CHECK(c->n_layers == 4 && c->hidden_size == 64 && c->head_dim == 64 && c->n_heads == 4);
+  CHECK(c->attn_kind[0] == DI_V4_ATTN_SLIDING && c->attn_kind[1] == DI_V4_ATTN_CSA && c->attn_kind[2] == DI_V4_ATTN_HCA &&
+        c->attn_kind[3] == DI_V4_ATTN_CSA);
+  CHECK(c->ffn_kind[0] == DI_V4_FFN_HASH_MOE && c->ffn_kind[1] == DI_V4_FFN_MOE);
+  CHECK(c->csa_rate == 4 && c->hca_rate == 128 && c->index_topk == 8 && c->index_head_dim == 16 && c->index_n_heads == 2);
+  CHECK(c->rope_main.dim == 16 && !c->rope_main.yarn && c->rope_main.theta == 10000.0);
+  CHECK(c->rope_compress.dim == 16 && c->rope_compress.yarn && c->rope_compress.theta == 160000.0 &&
+        c->rope_compress.factor == 16.0 && c->rope_compress.original_max_pos == 64 && c->rope_compress.attention_factor == 1.0);
+  CHECK(c->hc_mult == 4 && c->hc_sinkhorn_iters == 20 && c->o_groups == 2 && c->o_lora_rank == 16 && c->sliding_window == 128);
+  CHECK(c->scoring == DI_V4_SCORE_SQRTSOFTPLUS && c->routed_scaling == 1.5 && c->swiglu_limit == 10.0 && !c->fp8);
+
+  cfg_err("\"hidden_size\": 64", "\"hidden_sizeX\": 64", "missing required field \"hidden_size\"");
+  cfg_err("\"hc_mult\": 4", "\"hc_mult\": \"four\"", "\"hc_mult\" must be an integer");
+  cfg_err("\"o_groups\": 2", "\"o_groups\": 3", "o_groups (3) must divide");
+  cfg_err("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "num_experts_per_tok (9) exceeds n_routed_experts (8)");
+  cfg_err("\"sliding_attention\"", "\"full_attention\"", "layer_types[0] = \"full_attention\"");
+  cfg_err("\"hash_moe\"", "\"dense\"", "mlp_layer_types[0] = \"dense\"");
+  cfg_err("\"scoring_func\": \"sqrtsoftplus\"", "\"scoring_func\": \"softmax\"", "scoring_func \"softmax\" is not supported");
+  cfg_err("\"model_type\": \"deepseek_v4\"", "\"model_type\": \"deepseek_v3\"", "model_type \"deepseek_v3\" is not deepseek_v4");
+  cfg_err("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 2", "num_key_value_heads must be 1");
+  cfg_err("\"index_topk\": 8,", "", "missing required field \"index_topk\"");
+  cfg_err("\"rope_type\": \"yarn\"", "\"rope_type\": \"ntk\"", "rope_type \"ntk\" is not supported");
+  cfg_err("\"original_max_position_embeddings\": 64", "\"original_max_position_embeddingz\": 64",
+          "needs \"original_max_position_embeddings\"");
+  cfg_err("{", "[", "config.json");
+
+  /* the original (flat) dialect: compress_ratios, num_hash_layers, qk_rope_head_dim, rope_scaling */
+  const char *flat = "{\"model_type\": \"deepseek_v4\", \"vocab_size\": 512, \"hidden_size\": 64, \"num_hidden_layers\": 4,"
+                     " \"num_attention_heads\": 4, \"head_dim\": 64, \"q_lora_rank\": 32, \"o_groups\": 2, \"o_lora_rank\": 16,"
+                     " \"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"index_n_heads\": 2,"
+                     " \"index_head_dim\": 16, \"index_topk\": 8, \"compress_ratios\": [0, 4, 128, 4, 0],"
+                     " \"num_hash_layers\": 1, \"qk_rope_head_dim\": 16, \"compress_rope_theta\": 160000,"
+                     " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 64,"
+                     " \"beta_fast\": 32, \"beta_slow\": 1}}";
+  di_v4_config f;
+  di_status st = di_v4_config_parse(flat, strlen(flat), &f);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(memcmp(f.attn_kind, c->attn_kind, 4) == 0 && memcmp(f.ffn_kind, c->ffn_kind, 4) == 0);
+  CHECK(memcmp(&f.rope_main, &c->rope_main, sizeof f.rope_main) == 0);
+  CHECK(memcmp(&f.rope_compress, &c->rope_compress, sizeof f.rope_compress) == 0);
+}
+
+int main(void) {
+  di_status st = di_read_file(test_path(FIXTURE "/config.json"), &cfg_text, &cfg_len);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st != DI_OK)
+    return test_finish("test_v4_reference");
+  di_v4_config cfg;
+  di_tensor_source *src = NULL;
+  di_v4_weights w;
+  st = load_dir(test_path(FIXTURE), cfg_text, &cfg, &src, &w);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st == DI_OK) {
+    check_config(&cfg);
+    check_golden(&cfg, &w);
+    check_original_naming(&cfg, &w);
+    di_v4_weights_free(&w);
+    di_tensor_source_free(src);
+  }
+  check_checkpoint_errors();
+  free(cfg_text);
+  return test_finish("test_v4_reference");
+}
