@@ -72,8 +72,10 @@ static di_status sb_sample(di_backend *b, const di_sample_row *rows, int n, int3
   for (int i = 0; i < n; i++) tokens[i] = 2 + (int32_t)((rows[i].counter * 7919 + (uint64_t)i) % (uint64_t)(s->vocab - 2));
   return DI_OK;
 }
-static const di_backend_ops SB_OPS = {"sleep", sb_groups, sb_alloc, sb_submit, sb_wait, NULL, sb_destroy};
-static const di_backend_ops SB_OPS_DEV = {"sleep+sample", sb_groups, sb_alloc, sb_submit, sb_wait, sb_sample, sb_destroy};
+static const di_backend_ops SB_OPS = {.name = "sleep", .kv_groups = sb_groups, .kv_alloc = sb_alloc, .submit = sb_submit,
+                                      .wait = sb_wait, .destroy = sb_destroy};
+static const di_backend_ops SB_OPS_DEV = {.name = "sleep+sample", .kv_groups = sb_groups, .kv_alloc = sb_alloc,
+                                          .submit = sb_submit, .wait = sb_wait, .sample = sb_sample, .destroy = sb_destroy};
 
 static int bench_host(int seqs, int vocab, double sleep_ms) {
   printf("host scheduling: %d running sequences, vocab %d, backend sleeps %.1f ms per step\n", seqs, vocab, sleep_ms);

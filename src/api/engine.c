@@ -3,7 +3,6 @@
  * tokenizer.json) as its text adapter, and the grammar engine for structured outputs. */
 #include "api/engine_api.h"
 #include "api/model_internal.h"
-#include "backend/cpu/cpu_backend.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 #include <stdlib.h>
@@ -21,11 +20,6 @@ static di_status t_create(void *ctx, int skip, void **stream) {
 static di_status t_push(void *s, int32_t id, const char **text, size_t *len) { return di_detok_stream_push(s, id, text, len); }
 static di_status t_flush(void *s, const char **text, size_t *len) { return di_detok_stream_flush(s, text, len); }
 static void t_free(void *s) { di_detok_stream_free(s); }
-
-/* the MTP layer for speculative decoding (CPU backend; the first MTP module) */
-static di_status cpu_mtp(di_backend *b, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out) {
-  return di_cpu_deepseek_mtp_forward((di_cpu_backend *)b, 0, batch, prev_hidden, logits, hidden_out);
-}
 
 static void ctx_free(void *p) {
   di_engine_text_ctx *c = p;
@@ -74,7 +68,6 @@ di_status di_engine_create(di_model *m, const di_engine_options *opt, di_engine 
   cfg.constraint_missing = "structured outputs need a tokenizer (the model folder has no tokenizer.json)";
   cfg.on_free = ctx_free;
   cfg.on_free_ctx = c;
-  if (m->weights.n_mtp > 0 && strcmp(m->backend->ops->name, "cpu") == 0) cfg.mtp = cpu_mtp;
   di_status st = di_engine_core_create(&cfg, opt, out);
   if (st != DI_OK) ctx_free(c);
   return st;

@@ -68,6 +68,12 @@ typedef struct di_backend_ops {
   di_status (*wait)(di_backend *b, float *logits, float *hidden);
   /* Optional (NULL if unsupported): after wait(), sample one token per output row on the device. */
   di_status (*sample)(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens);
+  /* Optional (NULL, or n_mtp_layers == 0: unavailable): the model's first MTP layer, for speculative
+   * decoding. tokens[t] follows the token whose final hidden state is prev_hidden[t] ([n_tokens][hidden]);
+   * writes the MTP layer's KV entries at positions[t]; logits [n_outputs][vocab] and hidden_out
+   * [n_outputs][hidden] (the MTP output before its head, for a next draft) of the output rows, either
+   * may be NULL. Synchronous (not between submit and wait). */
+  di_status (*mtp)(di_backend *b, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out);
   void (*destroy)(di_backend *b);
 } di_backend_ops;
 
@@ -75,6 +81,7 @@ struct di_backend {
   const di_backend_ops *ops;
   const di_model_config *cfg;
   int vocab_size, hidden_size;
+  int n_mtp_layers; /* MTP layers the backend can run through ops->mtp */
 };
 
 /* Synchronous forward: submit + wait. */

@@ -44,10 +44,6 @@ typedef struct di_engine_core_config {
   const char *constraint_missing;      /* message for that case */
   void (*on_free)(void *ctx);          /* called by di_engine_free with on_free_ctx */
   void *on_free_ctx;
-  /* Optional: the model's MTP layer for speculative decoding (NULL: unavailable). tokens[t] follows
-   * the token whose final hidden state is prev_hidden[t]; writes the MTP KV entries at positions[t];
-   * logits / hidden_out of the output rows (either may be NULL). */
-  di_status (*mtp)(di_backend *b, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out);
 } di_engine_core_config;
 
 di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engine_options *opt, di_engine **out);

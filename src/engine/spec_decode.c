@@ -64,8 +64,11 @@ di_status di_engine_set_speculative(di_engine *e, int num_tokens, float min_conf
     di_spec_free(e);
     return DI_OK;
   }
-  if (!e->cfg.mtp)
-    return di_error_set(DI_ERR_UNSUPPORTED, "speculative decoding needs the model's MTP layer (num_nextn_predict_layers >= 1) on the CPU backend");
+  if (!e->be->ops->mtp || e->be->n_mtp_layers < 1)
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "speculative decoding needs the model's MTP layer (num_nextn_predict_layers >= 1) on a backend "
+                        "that runs it (the %s backend %s)", e->be->ops->name,
+                        e->be->ops->mtp ? "has none for this model" : "does not run MTP layers yet");
   di_spec_free(e);
   struct di_spec *sp = calloc(1, sizeof *sp);
   if (!sp) return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory");
@@ -332,7 +335,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
   if (m == 0) return DI_OK;
   di_batch b = {.n_tokens = m, .tokens = sp->tok, .positions = sp->pos, .seq_of = sp->seq_of, .n_seqs = q,
                 .seqs = sp->seqs, .n_outputs = o, .output_rows = sp->out_rows};
-  di_status st = e->cfg.mtp(e->be, &b, sp->prev, o ? sp->logits : NULL, o ? sp->hid_out : NULL);
+  di_status st = e->be->ops->mtp(e->be, &b, sp->prev, o ? sp->logits : NULL, o ? sp->hid_out : NULL);
   if (st != DI_OK) return mtp_fail(e, s, st);
   /* drafts: one more MTP row per still-confident request and draft position */
   for (int j = 0; o > 0; j++) {
@@ -365,7 +368,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
     if (o == 0) break;
     di_batch bj = {.n_tokens = n, .tokens = sp->tok, .positions = sp->pos, .seq_of = sp->seq_of, .n_seqs = n,
                    .seqs = sp->seqs, .n_outputs = n, .output_rows = sp->out_rows};
-    st = e->cfg.mtp(e->be, &bj, sp->prev, sp->logits, sp->hid_out);
+    st = e->be->ops->mtp(e->be, &bj, sp->prev, sp->logits, sp->hid_out);
     if (st != DI_OK) return mtp_fail(e, s, st);
   }
   return DI_OK;

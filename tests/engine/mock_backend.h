@@ -129,7 +129,8 @@ static void mock_destroy(di_backend *b) {
   free(m);
 }
 
-static const di_backend_ops MOCK_OPS = {"mock", mock_kv_groups, mock_kv_alloc, mock_submit, mock_wait, NULL, mock_destroy};
+static const di_backend_ops MOCK_OPS = {.name = "mock", .kv_groups = mock_kv_groups, .kv_alloc = mock_kv_alloc,
+                                        .submit = mock_submit, .wait = mock_wait, .destroy = mock_destroy};
 
 /* "device" sampling: the host sampler run on the mock's own logits, as a backend would on its device */
 static di_status mock_sample(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens) {
@@ -150,8 +151,9 @@ static di_status mock_sample(di_backend *b, const di_sample_row *rows, int n, in
   m->device_samples += n;
   return DI_OK;
 }
-static const di_backend_ops MOCK_OPS_DEV = {"mock-dev", mock_kv_groups, mock_kv_alloc, mock_submit, mock_wait, mock_sample,
-                                            mock_destroy};
+static const di_backend_ops MOCK_OPS_DEV = {.name = "mock-dev", .kv_groups = mock_kv_groups, .kv_alloc = mock_kv_alloc,
+                                            .submit = mock_submit, .wait = mock_wait, .sample = mock_sample,
+                                            .destroy = mock_destroy};
 
 static mock_backend *mock_backend_new(int vocab) {
   mock_backend *m = calloc(1, sizeof *m);

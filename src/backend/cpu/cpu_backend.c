@@ -164,6 +164,11 @@ static void cpu_destroy(di_backend *base) {
   free(b);
 }
 
+/* the first MTP module (DeepSeek-V3 ships one) */
+static di_status cpu_mtp(di_backend *b, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out) {
+  return di_cpu_deepseek_mtp_forward((di_cpu_backend *)b, 0, batch, prev_hidden, logits, hidden_out);
+}
+
 static const di_backend_ops CPU_OPS = {
     .name = "cpu",
     .kv_groups = cpu_kv_groups,
@@ -171,6 +176,7 @@ static const di_backend_ops CPU_OPS = {
     .submit = cpu_submit,
     .wait = cpu_wait,
     .sample = NULL,
+    .mtp = cpu_mtp,
     .destroy = cpu_destroy,
 };
 
@@ -182,6 +188,7 @@ di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights 
   b->base.cfg = cfg;
   b->base.vocab_size = cfg->vocab_size;
   b->base.hidden_size = cfg->hidden_size;
+  b->base.n_mtp_layers = w->n_mtp;
   b->cfg = cfg;
   b->w = w;
   b->n_cache_layers = w->n_layers + w->n_mtp;
