@@ -435,35 +435,48 @@ static di_status binop(parser *P, jj_tok *at, int op, jnode *l, jnode *r, jnode 
   return DI_OK;
 }
 
-static di_status parse_pow(parser *P, jnode **out) {
+/* The left-associative binary levels share one loop: operands from `sub`, operators recognised by
+ * `op_of` (0: not an operator of this level), each making a `kind` node (E_BINOP carrying the
+ * operator, or E_AND / E_OR). */
+typedef di_status (*level_fn)(parser *P, jnode **out);
+
+static di_status parse_left_assoc(parser *P, jnode **out, level_fn sub, int (*op_of)(jj_tok *t), int kind) {
   jnode *l = NULL;
-  DI_TRY(parse_unary(P, 1, &l));
-  while (is_op(cur(P), "**")) {
+  DI_TRY(sub(P, &l));
+  for (;;) {
     jj_tok *at = cur(P);
+    const int op = op_of(at);
+    if (!op) break;
     adv(P);
     jnode *r = NULL;
-    DI_TRY(parse_unary(P, 1, &r));
-    DI_TRY(binop(P, at, OP_POW, l, r, &l));
+    DI_TRY(sub(P, &r));
+    if (kind == E_BINOP) {
+      DI_TRY(binop(P, at, op, l, r, &l));
+    } else {
+      jnode *n = node(P, kind, at);
+      if (!n) return oom();
+      n->a = l;
+      n->b = r;
+      l = n;
+    }
   }
   *out = l;
   return DI_OK;
 }
 
-static di_status parse_math2(parser *P, jnode **out) {
-  jnode *l = NULL;
-  DI_TRY(parse_pow(P, &l));
-  for (;;) {
-    jj_tok *at = cur(P);
-    int op = is_op(at, "*") ? OP_MUL : is_op(at, "/") ? OP_DIV : is_op(at, "//") ? OP_FLOORDIV : is_op(at, "%") ? OP_MOD : 0;
-    if (!op) break;
-    adv(P);
-    jnode *r = NULL;
-    DI_TRY(parse_pow(P, &r));
-    DI_TRY(binop(P, at, op, l, r, &l));
-  }
-  *out = l;
-  return DI_OK;
+static int op_pow(jj_tok *t) { return is_op(t, "**") ? OP_POW : 0; }
+static int op_mul(jj_tok *t) {
+  return is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FLOORDIV : is_op(t, "%") ? OP_MOD : 0;
 }
+static int op_add(jj_tok *t) { return is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : 0; }
+static int op_and(jj_tok *t) { return is_kw(t, "and"); }
+static int op_or(jj_tok *t) { return is_kw(t, "or"); }
+
+static di_status parse_unary_filtered(parser *P, jnode **out) { return parse_unary(P, 1, out); }
+static di_status parse_pow(parser *P, jnode **out) {
+  return parse_left_assoc(P, out, parse_unary_filtered, op_pow, E_BINOP);
+}
+static di_status parse_math2(parser *P, jnode **out) { return parse_left_assoc(P, out, parse_pow, op_mul, E_BINOP); }
 
 static di_status parse_concat(parser *P, jnode **out) {
   jnode *first = NULL;
@@ -485,21 +498,7 @@ static di_status parse_concat(parser *P, jnode **out) {
   return DI_OK;
 }
 
-static di_status parse_math1(parser *P, jnode **out) {
-  jnode *l = NULL;
-  DI_TRY(parse_concat(P, &l));
-  for (;;) {
-    jj_tok *at = cur(P);
-    int op = is_op(at, "+") ? OP_ADD : is_op(at, "-") ? OP_SUB : 0;
-    if (!op) break;
-    adv(P);
-    jnode *r = NULL;
-    DI_TRY(parse_concat(P, &r));
-    DI_TRY(binop(P, at, op, l, r, &l));
-  }
-  *out = l;
-  return DI_OK;
-}
+static di_status parse_math1(parser *P, jnode **out) { return parse_left_assoc(P, out, parse_concat, op_add, E_BINOP); }
 
 static di_status parse_compare(parser *P, jnode **out) {
   jnode *l = NULL;
@@ -558,39 +557,8 @@ static di_status parse_not(parser *P, jnode **out) {
   return parse_compare(P, out);
 }
 
-static di_status parse_and(parser *P, jnode **out) {
-  jnode *l = NULL;
-  DI_TRY(parse_not(P, &l));
-  while (is_kw(cur(P), "and")) {
-    jj_tok *at = cur(P);
-    adv(P);
-    jnode *r = NULL, *n = NULL;
-    DI_TRY(parse_not(P, &r));
-    if (!(n = node(P, E_AND, at))) return oom();
-    n->a = l;
-    n->b = r;
-    l = n;
-  }
-  *out = l;
-  return DI_OK;
-}
-
-static di_status parse_or(parser *P, jnode **out) {
-  jnode *l = NULL;
-  DI_TRY(parse_and(P, &l));
-  while (is_kw(cur(P), "or")) {
-    jj_tok *at = cur(P);
-    adv(P);
-    jnode *r = NULL, *n = NULL;
-    DI_TRY(parse_and(P, &r));
-    if (!(n = node(P, E_OR, at))) return oom();
-    n->a = l;
-    n->b = r;
-    l = n;
-  }
-  *out = l;
-  return DI_OK;
-}
+static di_status parse_and(parser *P, jnode **out) { return parse_left_assoc(P, out, parse_not, op_and, E_AND); }
+static di_status parse_or(parser *P, jnode **out) { return parse_left_assoc(P, out, parse_and, op_or, E_OR); }
 
 static di_status parse_expression(parser *P, int with_cond, jnode **out) {
   if (++P->depth > MAX_DEPTH) return perr(P, cur(P), DI_ERR_UNSUPPORTED, "%s", "expression nested too deeply");
