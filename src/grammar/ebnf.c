@@ -125,18 +125,7 @@ static int note_ref(ep *p, int rule, size_t at) {
   return 1;
 }
 
-static int parse_int(ep *p, int *out) {
-  if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-    return 0;
-  long v = 0;
-  while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-    v = v * 10 + (p->s[p->i++] - '0');
-    if (v > 1000000)
-      v = 1000000;
-  }
-  *out = (int)v;
-  return 1;
-}
+static int parse_int(ep *p, int *out) { return di_parse_decimal_capped(p->s, p->n, &p->i, out); }
 
 static di_status parse_sequence(ep *p, di_gseq *seq, int nested) {
   di_gb *b = p->b;

@@ -312,18 +312,7 @@ fail:
   return st;
 }
 
-static int parse_num(rp *p, int *v) {
-  if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9')
-    return 0;
-  long x = 0;
-  while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
-    x = x * 10 + (p->s[p->i++] - '0');
-    if (x > 1000000)
-      x = 1000000;
-  }
-  *v = (int)x;
-  return 1;
-}
+static int parse_num(rp *p, int *v) { return di_parse_decimal_capped(p->s, p->n, &p->i, v); }
 
 /* Tries to read a {m}, {m,}, {m,n} quantifier at '{'; 0 (position restored) when it is not one. */
 static int parse_brace(rp *p, int *min, int *max) {

@@ -9,6 +9,22 @@ static inline int di_hexval(char c) {
   return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
+/* Reads the decimal number at s[*i] (s has n bytes), advancing *i past its digits; values above 1e6
+ * read as 1e6 (repetition bounds: a larger bound is refused later by name). 0 (and *i unchanged)
+ * when no digit is there. */
+static inline int di_parse_decimal_capped(const char *s, size_t n, size_t *i, int *out) {
+  if (*i >= n || s[*i] < '0' || s[*i] > '9')
+    return 0;
+  long v = 0;
+  while (*i < n && s[*i] >= '0' && s[*i] <= '9') {
+    v = v * 10 + (s[(*i)++] - '0');
+    if (v > 1000000)
+      v = 1000000;
+  }
+  *out = (int)v;
+  return 1;
+}
+
 /* Decodes the UTF-8 code point at s[*i] (s has n bytes) and advances *i past it; -1 (and *i
  * unchanged) when the sequence is malformed or truncated. Lead bytes are checked by form only
  * (no overlong or surrogate check). */
