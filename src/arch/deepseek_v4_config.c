@@ -266,8 +266,8 @@ static di_status parse(const cJSON *root, di_v4_config *c) {
   if (c->top_k > c->n_routed_experts)
     return di_error_set(DI_ERR_FORMAT, W ": num_experts_per_tok (%d) exceeds n_routed_experts (%d)", c->top_k, c->n_routed_experts);
   if (((int64_t)c->n_heads * c->head_dim) % c->o_groups)
-    return di_error_set(DI_ERR_FORMAT, W ": o_groups (%d) must divide num_attention_heads*head_dim (%d)", c->o_groups,
-                        c->n_heads * c->head_dim);
+    return di_error_set(DI_ERR_FORMAT, W ": o_groups (%d) must divide num_attention_heads*head_dim (%lld)", c->o_groups,
+                        (long long)c->n_heads * c->head_dim);
   if (c->rope_main.dim > c->head_dim || c->rope_compress.dim > c->head_dim)
     return di_error_set(DI_ERR_FORMAT, W ": rotary dimension exceeds head_dim (%d)", c->head_dim);
   if (has_csa && c->rope_compress.dim > c->index_head_dim)

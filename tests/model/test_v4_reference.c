@@ -357,7 +357,19 @@ static void check_config(const di_v4_config *c) {
   CHECK(memcmp(&f.rope_compress, &c->rope_compress, sizeof f.rope_compress) == 0);
 }
 
+/* The fuzz corpus of the config parser (fuzz/fuzz_v4_config.c): good_* parse, the rest fail with a message. */
+static void replay_config(const char *name, const char *rel, const char *buf, size_t len, void *ctx) {
+  (void)ctx;
+  di_v4_config c;
+  di_status st = di_v4_config_parse(buf, len, &c);
+  if (strncmp(name, "good", 4) == 0)
+    CHECKF(st == DI_OK, "%s: %s", rel, di_last_error());
+  else
+    CHECKF(st != DI_OK && di_last_error()[0] != 0, "%s: expected an error", rel);
+}
+
 int main(void) {
+  CHECK(test_for_each_file("fuzz/corpus/v4_config", replay_config, NULL) >= 6);
   di_status st = di_read_file(test_path(FIXTURE "/config.json"), &cfg_text, &cfg_len);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (st != DI_OK)
