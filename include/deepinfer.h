@@ -75,6 +75,15 @@ int di_model_eos_ids(const di_model *m, int32_t *ids, int cap);
  * at every position to `logits` (row-major [n][vocab_size], float32). */
 di_status di_model_score(di_model *m, const int32_t *ids, int n, float *logits);
 
+/* Log-likelihood of the continuation ids[start..n) given the context ids[0..start), as
+ * lm-evaluation-harness scores answers: *logprob = sum over t in [start, n) of log p(ids[t] | ids[<t])
+ * (log-softmax over the whole vocabulary, summed in double), *is_greedy (may be NULL) = 1 when every
+ * continuation token is the argmax of its row (ties: the lowest id, as greedy sampling), else 0.
+ * Needs 1 <= start < n <= max context and ids in [0, vocab). One pass from an empty cache; only the
+ * rows [start-1, n-1) get logits, a bounded number per forward call. Like di_model_score it reuses
+ * the backend's KV pool: not while an engine of this model exists (free the engine first). */
+di_status di_model_loglikelihood(di_model *m, const int32_t *ids, int n, int start, float *logprob, int *is_greedy);
+
 /* ============================================================================================ */
 /* Engine: continuous batching over a paged KV cache (see docs/NOTES.md, "Engine")               */
 /* ============================================================================================ */
