@@ -124,11 +124,35 @@ def _declare(lib):
         "di_chat_template_free": (None, [P]),
         "di_chat_template_render_json": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]),
         "di_string_free": (None, [ctypes.c_void_p]),
+        # scoring (LLM.loglikelihood) and the tokenizer it encodes with
+        "di_model_score": (ctypes.c_int, [P, c_int32_p, ctypes.c_int, c_float_p]),
+        "di_model_loglikelihood": (ctypes.c_int, [P, c_int32_p, ctypes.c_int, ctypes.c_int, c_float_p,
+                                                  ctypes.POINTER(ctypes.c_int)]),
+        "di_tokenizer_load": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(P)]),
+        "di_tokenizer_free": (None, [P]),
+        "di_tokenizer_encode": (ctypes.c_int, [P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
+                                               ctypes.POINTER(c_int32_p), ctypes.POINTER(ctypes.c_size_t)]),
+        "di_tokenizer_bos_id": (ctypes.c_int32, [P]),
+        "di_tokenizer_eos_id": (ctypes.c_int32, [P]),
+        "di_tokenizer_add_bos": (ctypes.c_int, [P]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
         f.restype = res
         f.argtypes = args
+
+
+_libc_free = None
+
+
+def free(ptr):
+    """free() of a buffer the library malloc'd for the caller (di_tokenizer_encode's ids)."""
+    global _libc_free
+    if _libc_free is None:
+        _libc_free = ctypes.CDLL(None).free
+        _libc_free.restype = None
+        _libc_free.argtypes = [ctypes.c_void_p]
+    _libc_free(ptr)
 
 
 def lib():

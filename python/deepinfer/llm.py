@@ -8,7 +8,7 @@ import json
 import os
 import time
 
-from . import _lib
+from . import _lib, scoring
 from .outputs import Logprob, RequestOutput
 from .sampling_params import SamplingParams
 
@@ -51,6 +51,7 @@ class LLM:
         self._model = ctypes.c_void_p()
         self._engine = ctypes.c_void_p()
         self._template = None
+        self._tok = None
         self.model_dir = model if model is not None else default_model_dir()
         mo = _lib.ModelOptions()
         self._L.di_model_options_default(ctypes.byref(mo))
@@ -74,6 +75,7 @@ class LLM:
         if num_kv_blocks:
             eo.num_kv_blocks = int(num_kv_blocks)
         eo.seed = int(seed or 0)
+        self._eo, self._speculative_config = eo, speculative_config  # to recreate it (loglikelihood)
         st = self._L.di_engine_create(self._model, ctypes.byref(eo), ctypes.byref(self._engine))
         if st != 0:
             msg = self._L.di_last_error().decode("utf-8", "replace")
@@ -122,6 +124,9 @@ class LLM:
         if getattr(self, "_engine", None):
             self._L.di_engine_free(self._engine)
             self._engine = ctypes.c_void_p()
+        if getattr(self, "_tok", None):
+            self._L.di_tokenizer_free(self._tok)
+            self._tok = None
         if getattr(self, "_template", None):
             self._L.di_chat_template_free(self._template)
             self._template = None
@@ -349,6 +354,101 @@ class LLM:
             sampling_params = self.get_default_sampling_params()
         sps = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(texts)
         return self._generate(texts, sps, rendered=True)
+
+    # ---- scoring (lm-evaluation-harness style; see scoring.py for the tokenization rules) --------
+    def _tokenizer(self):
+        if self._tok is None:
+            t = ctypes.c_void_p()
+            _lib.check(self._L.di_tokenizer_load(self.model_dir.encode(), ctypes.byref(t)), "loading the tokenizer")
+            self._tok = t
+        return self._tok
+
+    def encode(self, text, add_special_tokens=False):
+        """Token ids of `text` (Hugging Face encode; special tokens such as BOS only when asked)."""
+        b = text.encode("utf-8")
+        ids, n = _lib.c_int32_p(), ctypes.c_size_t()
+        _lib.check(self._L.di_tokenizer_encode(self._tokenizer(), b, len(b), int(bool(add_special_tokens)),
+                                               ctypes.byref(ids), ctypes.byref(n)), "encoding")
+        try:
+            return ids[:n.value]
+        finally:
+            _lib.free(ids)
+
+    def _prefix_token(self):
+        """BOS, else EOS (lm-evaluation-harness's prefix_token_id), else None."""
+        t = self._tokenizer()
+        bos = self._L.di_tokenizer_bos_id(t)
+        if bos >= 0:
+            return bos
+        eos = self._L.di_tokenizer_eos_id(t)
+        return eos if eos >= 0 else None
+
+    def _score_sequences(self, seqs):
+        """[(ids, start)] -> [(logprob, is_greedy)] through di_model_loglikelihood. The engine shares
+        the backend's KV pool, so it is freed for the duration and created afresh afterwards (the
+        prefix cache and get_stats() counters start over)."""
+        if self._engine:
+            if self._L.di_engine_has_unfinished(self._engine):
+                raise RuntimeError("loglikelihood: the engine has unfinished requests")
+            self._L.di_engine_free(self._engine)
+            self._engine = ctypes.c_void_p()
+        try:
+            out = []
+            lp, g = ctypes.c_float(), ctypes.c_int()
+            for ids, start in seqs:
+                arr = (ctypes.c_int32 * len(ids))(*ids)
+                _lib.check(self._L.di_model_loglikelihood(self._model, arr, len(ids), start, ctypes.byref(lp),
+                                                          ctypes.byref(g)), "loglikelihood")
+                out.append((lp.value, bool(g.value)))
+            return out
+        finally:
+            _lib.check(self._L.di_engine_create(self._model, ctypes.byref(self._eo), ctypes.byref(self._engine)),
+                       "recreating the engine")
+            if self._speculative_config:
+                self._set_speculative(self._speculative_config)
+
+    def loglikelihood(self, requests, add_bos=None):
+        """requests: [(context, continuation)] strings. Returns [(logprob, is_greedy)]: the summed log
+        probability of the continuation's tokens given the context, and whether greedy decoding would
+        have produced exactly them. Tokenization as lm-evaluation-harness (see deepinfer.scoring):
+        the continuation's tokens are those of encode(context + continuation) after the context's
+        tokens (encoded separately if that split fails). add_bos: put BOS before the context (None:
+        as the tokenizer's add_bos_token says)."""
+        if add_bos is None:
+            add_bos = bool(self._L.di_tokenizer_add_bos(self._tokenizer()))
+        prefix_tok = self._prefix_token()
+        max_len = self._L.di_model_max_context(self._model)
+        seqs = []
+        for req in requests:
+            context, continuation = req
+            prefix = [prefix_tok] if prefix_tok is not None and (add_bos or not context) else []
+            if not prefix and not context:
+                raise ValueError("loglikelihood: empty context and the tokenizer has neither BOS nor EOS")
+            ids, start = scoring.encode_pair(self.encode, context, continuation, prefix)
+            seqs.append(scoring.truncate_left(ids, start, max_len))
+        return self._score_sequences(seqs)
+
+    def loglikelihood_rolling(self, texts, max_length=None):
+        """texts: strings. Returns [logprob]: each text's total log probability, every token predicted
+        once in disjoint windows of at most max_length tokens (default: the model's context - 1), the
+        first after the prefix token (BOS, else EOS), as lm-evaluation-harness's loglikelihood_rolling.
+        The number of tokens scored is len(llm.encode(text))."""
+        ctx = self._L.di_model_max_context(self._model)
+        max_length = ctx - 1 if max_length is None else int(max_length)
+        if not 1 <= max_length < ctx:
+            raise ValueError(f"max_length must be in [1, {ctx - 1}] (the model's context is {ctx}), got {max_length}")
+        prefix_tok = self._prefix_token()
+        if prefix_tok is None:
+            raise ValueError("loglikelihood_rolling: the tokenizer has neither BOS nor EOS to start a text with")
+        seqs, owner = [], []
+        for i, text in enumerate(texts):
+            for w in scoring.rolling_windows(self.encode(text), prefix_tok, max_length):
+                seqs.append(w)
+                owner.append(i)
+        totals = [0.0] * len(texts)
+        for i, (lp, _) in zip(owner, self._score_sequences(seqs)):
+            totals[i] += lp
+        return totals
 
     # ---- statistics ----------------------------------------------------------------------------
     def get_stats(self):
