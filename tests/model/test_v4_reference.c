@@ -1,7 +1,7 @@
 /* The DeepSeek-V4 float32 CPU reference forward (src/backend/cpu/cpu_deepseek_v4.c) against the golden
  * outputs of transformers 5.17 on tests/data/models/dsv4-tiny: logits of every position (relative L2
  * error < 1e-4) for prompts of 1, 40 and 300 tokens, and the 8-step greedy continuation (full
- * recompute per step). Also: the original checkpoint naming gives identical logits, and bad configs /
+ * recompute per step). Also: the original checkpoint naming and a BF16 copy give identical logits; bad configs /
  * checkpoints fail with messages that name the field or tensor. */
 #include "arch/deepseek_v4.h"
 #include "backend/cpu/cpu_deepseek_v4.h"
@@ -123,11 +123,14 @@ static blob read_model(void) {
   return b;
 }
 
+/* Edits the header tree and the data section in place. */
 typedef void (*edit_fn)(cJSON *header, uint8_t *data, void *arg);
+/* Or: edits the header and writes a whole new data section (malloc'd) to *out / *out_len. */
+typedef void (*rewrite_fn)(cJSON *header, const uint8_t *data, uint8_t **out, size_t *out_len);
 
 /* Writes dir/model.safetensors: the fixture with `edit` applied to its header tree and data section
  * (header re-serialized and padded to 8 bytes so tensors stay aligned), and dir/config.json. */
-static int write_variant(const char *dir, edit_fn edit, void *arg) {
+static int write_variant(const char *dir, edit_fn edit, rewrite_fn rewrite, void *arg) {
   blob b = read_model();
   if (!b.buf)
     return 0;
@@ -140,7 +143,10 @@ static int write_variant(const char *dir, edit_fn edit, void *arg) {
   }
   uint8_t *data = b.buf + 8 + hl;
   size_t dlen = b.len - 8 - (size_t)hl;
-  edit(h, data, arg);
+  if (rewrite)
+    rewrite(h, b.buf + 8 + hl, &data, &dlen);
+  else
+    edit(h, data, arg);
   char *text = cJSON_PrintUnformatted(h);
   size_t tl = strlen(text), padded = (tl + 7) / 8 * 8;
   char path[512];
@@ -164,6 +170,8 @@ static int write_variant(const char *dir, edit_fn edit, void *arg) {
   }
   cJSON_free(text);
   cJSON_Delete(h);
+  if (data != b.buf + 8 + hl)
+    free(data);
   free(b.buf);
   return ok;
 }
@@ -207,6 +215,54 @@ static void edit_tid2eid(cJSON *h, uint8_t *data, void *arg) {
   }
 }
 
+/* Every F32 tensor whose values are BF16-exact (all but the routers' correction biases: the fixture's
+ * weights are bf16-rounded) stored as BF16: the BF16 weight path must give bit-identical logits. */
+static int n_bf16; /* tensors converted by the last rewrite_bf16 */
+
+static void rewrite_bf16(cJSON *h, const uint8_t *data, uint8_t **out, size_t *out_len) {
+  size_t cap = 0;
+  n_bf16 = 0;
+  for (cJSON *e = h->child; e; e = e->next) {
+    cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (off)
+      cap += (size_t)(cJSON_GetArrayItem(off, 1)->valuedouble - cJSON_GetArrayItem(off, 0)->valuedouble);
+  }
+  uint8_t *buf = malloc(cap + 1);
+  size_t pos = 0;
+  for (cJSON *e = h->child; e; e = e->next) {
+    cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    if (!off || !cJSON_IsString(dt))
+      continue; /* __metadata__ */
+    size_t a = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble, z = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+    int exact = strcmp(dt->valuestring, "F32") == 0;
+    for (size_t i = a; exact && i < z; i += 4) {
+      uint32_t u;
+      memcpy(&u, data + i, 4);
+      exact = (u & 0xffff) == 0;
+    }
+    size_t start = pos;
+    if (exact) {
+      for (size_t i = a; i < z; i += 4, pos += 2) {
+        uint32_t u;
+        memcpy(&u, data + i, 4);
+        uint16_t hb = (uint16_t)(u >> 16);
+        memcpy(buf + pos, &hb, 2);
+      }
+      cJSON_SetValuestring(dt, "BF16");
+      n_bf16++;
+    } else {
+      memcpy(buf + pos, data + a, z - a);
+      pos += z - a;
+    }
+    pos = (pos + 7) / 8 * 8 <= cap ? (pos + 7) / 8 * 8 : pos; /* keep the next tensor aligned when there is room */
+    cJSON_SetNumberValue(cJSON_GetArrayItem(off, 0), (double)start);
+    cJSON_SetNumberValue(cJSON_GetArrayItem(off, 1), (double)(start + (exact ? (z - a) / 2 : z - a)));
+  }
+  *out = buf;
+  *out_len = pos;
+}
+
 /* The original checkpoint naming: no "model." prefix, embed.weight, norm.weight, hc_head_fn, ... */
 static void edit_original_names(cJSON *h, uint8_t *data, void *arg) {
   (void)data;
@@ -238,13 +294,14 @@ static void edit_original_names(cJSON *h, uint8_t *data, void *arg) {
 }
 
 /* Loads a variant; returns its status (and frees what was loaded). */
-static di_status load_variant(edit_fn edit, void *arg, const char *cfg_json, float *logits, const int32_t *ids, int n) {
+static di_status load_variant(edit_fn edit, rewrite_fn rewrite, void *arg, const char *cfg_json, float *logits,
+                              const int32_t *ids, int n) {
   char tmpl[] = "/tmp/di_v4ref_XXXXXX";
   char *dir = mkdtemp(tmpl);
   CHECK(dir != NULL);
   if (!dir)
     return DI_ERR_IO;
-  CHECK(write_variant(dir, edit, arg));
+  CHECK(write_variant(dir, edit, rewrite, arg));
   di_v4_config cfg;
   di_tensor_source *src = NULL;
   di_v4_weights w;
@@ -262,14 +319,14 @@ static di_status load_variant(edit_fn edit, void *arg, const char *cfg_json, flo
 
 static void check_checkpoint_errors(void) {
   const char *missing[2] = {"model.layers.1.attn.indexer.wq_b.weight", "model.layers.1.attn.indexer.wq_b.weightX"};
-  CHECK_ERR(load_variant(edit_rename, missing, NULL, NULL, NULL, 0), "missing tensor 'model.layers.1.attn.indexer.wq_b.weight'");
+  CHECK_ERR(load_variant(edit_rename, NULL, missing, NULL, NULL, NULL, 0), "missing tensor 'model.layers.1.attn.indexer.wq_b.weight'");
   const char *sink[2] = {"model.layers.3.attn.attn_sink", "model.layers.3.attn.sinks"};
-  CHECK_ERR(load_variant(edit_rename, sink, NULL, NULL, NULL, 0), "missing tensor 'model.layers.3.attn.attn_sink'");
-  CHECK_ERR(load_variant(edit_shape, "model.layers.2.attn.compressor.wkv.weight", NULL, NULL, NULL, 0),
+  CHECK_ERR(load_variant(edit_rename, NULL, sink, NULL, NULL, NULL, 0), "missing tensor 'model.layers.3.attn.attn_sink'");
+  CHECK_ERR(load_variant(edit_shape, NULL, "model.layers.2.attn.compressor.wkv.weight", NULL, NULL, NULL, 0),
             "tensor 'model.layers.2.attn.compressor.wkv.weight'");
-  CHECK_ERR(load_variant(edit_shape, "model.layers.2.attn.compressor.wkv.weight", NULL, NULL, NULL, 0),
+  CHECK_ERR(load_variant(edit_shape, NULL, "model.layers.2.attn.compressor.wkv.weight", NULL, NULL, NULL, 0),
             "has shape [32, 128], the config implies [64, 64]");
-  CHECK_ERR(load_variant(edit_tid2eid, NULL, NULL, NULL, NULL, 0), "entry [3][1] = 99 is not an expert id");
+  CHECK_ERR(load_variant(edit_tid2eid, NULL, NULL, NULL, NULL, NULL, 0), "entry [3][1] = 99 is not an expert id");
   /* a CSA layer's checkpoint under an HCA config: its compressor is 2*head_dim wide, HCA's head_dim */
   char *swapped = replace_once(cfg_text, "\"compressed_sparse_attention\",\n    \"heavily", "\"heavily_compressed_attention\",\n    \"heavily");
   CHECK(swapped != NULL);
@@ -290,8 +347,13 @@ static void check_original_naming(const di_v4_config *cfg, const di_v4_weights *
   float *a = malloc(sizeof(float) * 40 * cfg->vocab_size), *b = malloc(sizeof(float) * 40 * cfg->vocab_size);
   di_status st = di_cpu_v4_forward_full(cfg, w, ids, 40, a);
   CHECK(st == DI_OK);
-  st = load_variant(edit_original_names, NULL, NULL, b, ids, 40);
+  st = load_variant(edit_original_names, NULL, NULL, NULL, b, ids, 40);
   CHECKF(st == DI_OK, "original naming: %s", di_last_error());
+  CHECK(st == DI_OK && memcmp(a, b, sizeof(float) * 40 * cfg->vocab_size) == 0);
+  memset(b, 0, sizeof(float) * 40 * cfg->vocab_size);
+  st = load_variant(NULL, rewrite_bf16, NULL, NULL, b, ids, 40);
+  CHECKF(st == DI_OK, "bf16 copy: %s", di_last_error());
+  CHECKF(n_bf16 > 200, "only %d tensors converted to BF16", n_bf16);
   CHECK(st == DI_OK && memcmp(a, b, sizeof(float) * 40 * cfg->vocab_size) == 0);
   /* bad arguments */
   ids[5] = cfg->vocab_size;
