@@ -314,7 +314,7 @@ static di_status compress(ctx *cx, const di_v4_compressor *cp, int rate, int ove
  * entries we run the same selection procedure on (value, index) pairs: with k*64 <= n a heap select
  * of the first k, otherwise an introselect (median-of-three quickselect, insertion sort below four
  * elements, heap select when the depth budget 2*floor(log2 n) runs out), ordering by value only.
- * Checked against torch.topk on thousands of tie-heavy random rows (see docs/NOTES.md). */
+ * Checked against torch.topk on thousands of tie-heavy random rows by tests/data/tools/v4_topk_ties.py. */
 typedef struct {
   float v;
   int i;
