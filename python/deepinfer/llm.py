@@ -357,6 +357,8 @@ class LLM:
 
     # ---- scoring (lm-evaluation-harness style; see scoring.py for the tokenization rules) --------
     def _tokenizer(self):
+        if not self._model:
+            raise RuntimeError("LLM: used after close()")
         if self._tok is None:
             t = ctypes.c_void_p()
             _lib.check(self._L.di_tokenizer_load(self.model_dir.encode(), ctypes.byref(t)), "loading the tokenizer")

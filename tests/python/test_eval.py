@@ -170,6 +170,10 @@ def test_loglikelihood_errors(llm):
         llm.loglikelihood([("a", " b" * 3000)])
     long_ctx = llm.loglikelihood([(" x" * 3000, " y")])  # the context is cut on the left
     assert math.isfinite(long_ctx[0][0])
+    closed = LLM(MODEL, threads=1, num_kv_blocks=8)
+    closed.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        closed.loglikelihood([("a", " b")])
 
 
 # ---- scoring rules on a toy encoder ---------------------------------------------------------------
