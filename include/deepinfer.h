@@ -83,6 +83,12 @@ di_status di_model_score(di_model *m, const int32_t *ids, int n, float *logits);
  * rows [start-1, n-1) get logits, a bounded number per forward call. Like di_model_score it reuses
  * the backend's KV pool: not while an engine of this model exists (free the engine first). */
 di_status di_model_loglikelihood(di_model *m, const int32_t *ids, int n, int start, float *logprob, int *is_greedy);
+/* The same for n_seqs sequences (ids[i], n[i], start[i]) -> logprob[i], is_greedy[i] (may be NULL):
+ * short sequences share forward calls (each its own rows of the batch, up to 2048 fed tokens per call),
+ * so many small requests (multiple-choice items) run much faster than one call each. Results equal
+ * di_model_loglikelihood's on a batch-invariant backend (the CPU's). Errors name the sequence. */
+di_status di_model_loglikelihood_batch(di_model *m, int n_seqs, const int32_t *const *ids, const int *n, const int *start,
+                                       float *logprob, int *is_greedy);
 
 /* ============================================================================================ */
 /* Engine: continuous batching over a paged KV cache (see docs/NOTES.md, "Engine")               */

@@ -386,7 +386,7 @@ class LLM:
         return eos if eos >= 0 else None
 
     def _score_sequences(self, seqs):
-        """[(ids, start)] -> [(logprob, is_greedy)] through di_model_loglikelihood. The engine shares
+        """[(ids, start)] -> [(logprob, is_greedy)] through di_model_loglikelihood_batch. The engine shares
         the backend's KV pool, so it is freed for the duration and created afresh afterwards (the
         prefix cache and get_stats() counters start over)."""
         if self._engine:
@@ -396,12 +396,17 @@ class LLM:
             self._engine = ctypes.c_void_p()
         try:
             out = []
-            lp, g = ctypes.c_float(), ctypes.c_int()
-            for ids, start in seqs:
-                arr = (ctypes.c_int32 * len(ids))(*ids)
-                _lib.check(self._L.di_model_loglikelihood(self._model, arr, len(ids), start, ctypes.byref(lp),
-                                                          ctypes.byref(g)), "loglikelihood")
-                out.append((lp.value, bool(g.value)))
+            for k in range(0, len(seqs), 1024):  # short sequences share forward calls in the library
+                part = seqs[k:k + 1024]
+                m = len(part)
+                arrs = [(ctypes.c_int32 * len(ids))(*ids) for ids, _ in part]
+                ptrs = (_lib.c_int32_p * m)(*[ctypes.cast(a, _lib.c_int32_p) for a in arrs])
+                ns = (ctypes.c_int * m)(*[len(ids) for ids, _ in part])
+                starts = (ctypes.c_int * m)(*[start for _, start in part])
+                lps, gs = (ctypes.c_float * m)(), (ctypes.c_int * m)()
+                _lib.check(self._L.di_model_loglikelihood_batch(self._model, m, ptrs, ns, starts, lps, gs),
+                           "loglikelihood")
+                out += [(lps[i], bool(gs[i])) for i in range(m)]
             return out
         finally:
             _lib.check(self._L.di_engine_create(self._model, ctypes.byref(self._eo), ctypes.byref(self._engine)),

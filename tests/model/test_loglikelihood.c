@@ -1,12 +1,14 @@
 /* di_model_loglikelihood against a log-softmax computed here in double from di_model_score's logits
  * (fixture dsv3-tiny): the sum over the continuation (relative error < 1e-6 in one forward call,
  * < 1e-5 when forced through several chunks), the greedy flag on a greedy and a non-greedy
- * continuation, and the named errors. */
+ * continuation, di_model_loglikelihood_batch equal to one call per sequence however it groups them,
+ * and the named errors. */
 #include "api/model_loglik.h"
 #include "api/model_internal.h"
 #include "test_util.h"
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The reference: sum of log-softmax(logits[t-1])[ids[t]] for t in [start, n), and greedy-ness. */
 static double ref_loglik(const float *logits, int V, const int32_t *ids, int n, int start, int *greedy) {
@@ -87,6 +89,50 @@ static void check_greedy(di_model *m) {
   free(lg);
 }
 
+/* The batch call equals one call per sequence (the CPU backend is batch-invariant), whether the
+ * sequences share forward calls in one group, several groups, or run alone in chunks. */
+static void check_batch(di_model *m, const int32_t *base, int n_base) {
+  enum { K = 12 };
+  const int lens[K] = {9, 2, 30, 150, 64, 65, 3, 100, 12, 129, 40, 7};
+  const int starts[K] = {4, 1, 29, 1, 60, 2, 1, 50, 11, 128, 1, 6};
+  const int32_t *ids[K];
+  int n[K], starts_[K];
+  float single[K], got[K];
+  int gs[K], gg[K];
+  for (int i = 0; i < K; i++) {
+    ids[i] = base + (i * 7) % (n_base - lens[i] + 1);
+    n[i] = lens[i];
+    starts_[i] = starts[i];
+    CHECK(di_model_loglikelihood(m, ids[i], n[i], starts_[i], &single[i], &gs[i]) == DI_OK);
+  }
+  const int rows[] = {0, 1, 5, 64, 200};
+  for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
+    di_status st = di_model_loglikelihood_batch_rows(m, K, ids, n, starts_, rows[r], got, gg);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    int same = 1;
+    for (int i = 0; i < K; i++)
+      same &= got[i] == single[i] && gg[i] == gs[i];
+    CHECKF(same, "batch with %d rows per call differs from one call per sequence", rows[r]);
+  }
+  CHECK(di_model_loglikelihood_batch(m, K, ids, n, starts_, got, NULL) == DI_OK); /* is_greedy may be NULL */
+  CHECK(di_model_loglikelihood_batch(m, 0, NULL, NULL, NULL, NULL, NULL) == DI_OK);
+  /* errors name the sequence; outputs untouched */
+  float keep[K];
+  for (int i = 0; i < K; i++)
+    keep[i] = got[i] = -1.0f;
+  starts_[5] = n[5];
+  CHECK_ERR(di_model_loglikelihood_batch(m, K, ids, n, starts_, got, gg), "sequence 5: start 65 out of range [1, 64]");
+  starts_[5] = 2;
+  n[3] = di_model_max_context(m) + 1;
+  CHECK_ERR(di_model_loglikelihood_batch(m, K, ids, n, starts_, got, gg), "sequence 3: sequence of 4097 tokens");
+  CHECK(memcmp(keep, got, sizeof got) == 0);
+  CHECK_ERR(di_model_loglikelihood_batch(m, -1, ids, n, starts_, got, gg), "negative count");
+  CHECK_ERR(di_model_loglikelihood_batch(m, K, NULL, n, starts_, got, gg), "NULL argument");
+  const int32_t *holes[2] = {base, NULL};
+  int n2[2] = {5, 5}, s2[2] = {1, 1};
+  CHECK_ERR(di_model_loglikelihood_batch(m, 2, holes, n2, s2, got, gg), "sequence 1: NULL argument");
+}
+
 static void check_errors(di_model *m) {
   int32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   float lp = 123.0f;
@@ -134,6 +180,7 @@ int main(void) {
   check_against_score(m, ids, 150);
   check_against_score(m, ids, 9);
   check_greedy(m);
+  check_batch(m, ids, 150);
   check_errors(m);
   di_model_free(m);
   return test_finish("test_loglikelihood");
