@@ -1,0 +1,96 @@
+/* DeepSeek-V4 on the CPU: the building blocks shared by the whole-sequence reference forward
+ * (cpu_deepseek_v4.c) and the cached, incremental one (cpu_deepseek_v4_cache.c), so both compute every
+ * value with the same operations in the same order (their logits are then bit-identical). Internal. */
+#ifndef DI_BACKEND_CPU_DEEPSEEK_V4_OPS_H
+#define DI_BACKEND_CPU_DEEPSEEK_V4_OPS_H
+#include <stddef.h>
+#include <stdint.h>
+#include "arch/deepseek_v4.h"
+
+/* Scratch memory: a stack of blocks released back to a mark. */
+typedef struct di_v4_blk {
+  struct di_v4_blk *prev;
+  max_align_t data[];
+} di_v4_blk;
+
+typedef struct di_v4_rope_tab {
+  const di_v4_rope *p;
+  float inv_freq[512]; /* dim/2 entries */
+} di_v4_rope_tab;
+
+/* One forward call over T consecutive tokens starting at absolute position pos0. */
+typedef struct di_v4_ctx {
+  const di_v4_config *c;
+  const di_v4_weights *w;
+  const int32_t *tokens; /* [T] */
+  int T, pos0;
+  di_v4_blk *top;
+  di_v4_rope_tab main_rope, compress_rope;
+  const int *chunk_end;  /* reference only: see di_cpu_v4_forward_chunked */
+  void *user;            /* the caller's per-call state (the cached path's sequence) */
+} di_v4_ctx;
+
+/* Checks tokens and the size limits the fixed buffers below assume; sets up cx (ropes included). */
+di_status di_v4_ctx_init(di_v4_ctx *cx, const di_v4_config *cfg, const di_v4_weights *w, const int32_t *tokens, int n,
+                         const char *who);
+di_v4_blk *di_v4_mark(const di_v4_ctx *cx);
+void di_v4_release(di_v4_ctx *cx, di_v4_blk *m);
+/* Zeroed float array of n elements, or NULL (error set) when memory runs out. */
+float *di_v4_alloc_f(di_v4_ctx *cx, size_t n);
+
+#define DI_V4_ALLOC(var, n)                     \
+  float *var = di_v4_alloc_f(cx, (size_t)(n)); \
+  if (!var)                                     \
+    return DI_ERR_OOM;
+
+/* y[t][r] = sum_c W[r][c] x[t][c] for t < T (double sums); W is dequantized once per call. */
+di_status di_v4_linear(di_v4_ctx *cx, const di_weight *W, const float *x, int T, float *y);
+/* In-place RMSNorm of n values; weight NULL means unweighted. */
+void di_v4_rmsnorm(float *x, int n, const float *weight, double eps);
+/* Rotates the trailing rope dim channels of x[0..n) at `pos`; sign = -1 is the inverse rotation. */
+void di_v4_rope_apply(const di_v4_rope_tab *rt, float *x, int n, int pos, int sign);
+
+/* Marks in `chosen` (n flags, cleared first) the k entries of v[0..n) torch.topk(v, k) returns on the
+ * CPU, ties included. work: n entries of scratch (2 floats each). */
+typedef struct {
+  float v;
+  int i;
+} di_v4_scored;
+void di_v4_topk_like_torch(const float *v, int n, int k, di_v4_scored *work, unsigned char *chosen);
+
+/* A sublayer over the cx->T tokens: in [T][D] -> out [T][D]. */
+typedef di_status (*di_v4_sublayer_fn)(di_v4_ctx *cx, int l, const float *in, float *out);
+/* Embeds cx->tokens into X [T][hc][D] (every stream starts as the embedding). */
+void di_v4_embed(di_v4_ctx *cx, float *X);
+/* One mHC residual site over X [T][hc][D]: collapse, RMSNorm, sublayer, expand + mix. */
+di_status di_v4_hc_site(di_v4_ctx *cx, int l, float *X, const di_weight *fn, const float *base, const float *scale,
+                        const float *norm, di_v4_sublayer_fn sub);
+/* The MoE sublayer (routed experts by hash or learned top-k, plus the shared expert). */
+di_status di_v4_moe(di_v4_ctx *cx, int l, const float *x, float *out);
+/* Head: collapse the streams, final norm, output projection: logits [T][vocab]. */
+di_status di_v4_head(di_v4_ctx *cx, const float *X, float *logits);
+
+/* Attention inputs of T tokens at positions pos0+t: qr [T][q_lora] (the q residual, also the indexer's
+ * input), q [T][H][hd] (normed, roped) and kv [T][hd] (normed, roped), with rope table rt. */
+di_status di_v4_attn_qkv(di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_tab *rt, const float *a, float *qr, float *q,
+                         float *kv);
+/* One compressed entry at position pos: per channel, a softmax over the slots of (gate + position
+ * bias) weighs the slots' KV values; then RMSNorm and the compress rope. kv/gate rows are cp->width
+ * wide with the bias already added to gate. With `overlap`, prev_* (may be NULL: no previous window)
+ * are the previous window's rows whose first dim channels (Ca) join the current window's last dim
+ * channels (Cb); without it the current rows are all there is. */
+void di_v4_pool_window(const di_v4_ctx *cx, const di_v4_compressor *cp, int rate, int overlap, const float *prev_kv,
+                       const float *prev_gate, const float *cur_kv, const float *cur_gate, int pos, float *out);
+/* Indexer score of query qt (index heads, roped) with head weights hw (raw weights_proj output)
+ * against n compressed keys K [n][index_head_dim]: score[s] = sum_h w_h * relu(q_h . K_s) scaled. */
+void di_v4_index_scores(const di_v4_config *c, const float *qt, const float *hw, const float *K, int n, float *score);
+/* Attention of one query (all heads, q_t [H][hd]) at position pos over the window keys win
+ * [n_win][hd] (in position order) then the compressed entries cmp [n_cmp][hd], of which only those
+ * with sel[i] set when sel is given; sink logits per head; output rope rotated back. p: scratch of
+ * n_win + n_cmp floats. o_t: [H][hd]. */
+void di_v4_attend(const di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_tab *rt, const float *q_t, int pos,
+                  const float *win, int n_win, const float *cmp, int n_cmp, const unsigned char *sel, float *p, float *o_t);
+/* Grouped low-rank output projection of head outputs o [T][H*hd] -> out [T][D]. */
+di_status di_v4_attn_out(di_v4_ctx *cx, const di_v4_layer *L, const float *o, float *out);
+
+#endif
