@@ -142,8 +142,16 @@ typedef struct di_request_params {
   int has_seed;                  /* 0: a seed is drawn at admission */
   uint64_t seed;
   int logprobs;                  /* < 0: none; k >= 0: logprob of the chosen token + top k */
+  int prompt_logprobs;           /* < 0: none (default); k in [0, 20]: for every prompt token after the
+                                    first, log p(token | the tokens before it) and the top k ids, as
+                                    vLLM computes them: log-softmax of the raw logits (no temperature,
+                                    penalties or bias). Such a request takes no prefix-cache hits for
+                                    the prompt (its rows are recomputed). Delivered once, in sample 0's
+                                    first output (di_seq_output.prompt_logprobs). */
   /* stopping */
-  int max_tokens;                /* new tokens at most (default 16; <= 0: up to the context) */
+  int max_tokens;                /* new tokens at most (default 16). 0: up to the context, except with
+                                    prompt_logprobs >= 0, where 0 means none: the request only scores
+                                    its prompt and finishes after it (DI_FINISH_LENGTH, no token) */
   int min_tokens;                /* stop tokens banned until this many tokens were generated */
   const int32_t *stop_token_ids; /* extra stop tokens (the model's EOS ids stop unless ignore_eos) */
   int n_stop_token_ids;
@@ -186,6 +194,12 @@ typedef struct di_seq_output {
   const int32_t *prompt_token_ids; /* [n_prompt_tokens] (text prompts: as encoded) */
   double time_to_first_token;    /* seconds from add to first token (-1 before it) */
   double time_per_output_token;  /* mean seconds between later tokens (set when finished) */
+  /* prompt_logprobs >= 0: set in sample 0's first output (the step that completes the prompt), else
+   * NULL. [n_prompt_tokens]: entry i is log p(prompt[i] | prompt[<i]); entry 0 is NaN. */
+  const float *prompt_logprobs;
+  int n_prompt_top;              /* top alternatives per prompt token (the request's prompt_logprobs) */
+  const di_token_logprob *prompt_top; /* [n_prompt_tokens][n_prompt_top], best first (ties: lower id);
+                                         row 0 is id -1, NaN; NULL when n_prompt_top is 0 */
 } di_seq_output;
 
 typedef struct di_step_output {

@@ -33,7 +33,8 @@ class RequestParams(ctypes.Structure):
                 ("repetition_penalty", ctypes.c_float), ("presence_penalty", ctypes.c_float),
                 ("frequency_penalty", ctypes.c_float), ("logit_bias_ids", c_int32_p),
                 ("logit_bias_values", c_float_p), ("n_logit_bias", ctypes.c_int), ("has_seed", ctypes.c_int),
-                ("seed", ctypes.c_uint64), ("logprobs", ctypes.c_int), ("max_tokens", ctypes.c_int),
+                ("seed", ctypes.c_uint64), ("logprobs", ctypes.c_int), ("prompt_logprobs", ctypes.c_int),
+                ("max_tokens", ctypes.c_int),
                 ("min_tokens", ctypes.c_int), ("stop_token_ids", c_int32_p), ("n_stop_token_ids", ctypes.c_int),
                 ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", ctypes.c_int), ("ignore_eos", ctypes.c_int),
                 ("include_stop_str_in_output", ctypes.c_int), ("skip_special_tokens", ctypes.c_int),
@@ -52,7 +53,9 @@ class SeqOutput(ctypes.Structure):
                 ("finish_reason", ctypes.c_int), ("error", ctypes.c_char_p), ("stop_token", ctypes.c_int32),
                 ("n_prompt_tokens", ctypes.c_int), ("n_cached_tokens", ctypes.c_int),
                 ("n_output_tokens", ctypes.c_int), ("prompt_token_ids", c_int32_p),
-                ("time_to_first_token", ctypes.c_double), ("time_per_output_token", ctypes.c_double)]
+                ("time_to_first_token", ctypes.c_double), ("time_per_output_token", ctypes.c_double),
+                ("prompt_logprobs", c_float_p), ("n_prompt_top", ctypes.c_int),
+                ("prompt_top", ctypes.POINTER(TokenLogprob))]
 
 
 class StepOutput(ctypes.Structure):

@@ -39,6 +39,7 @@ void di_request_params_default(di_request_params *p) {
   p->top_p = 1.0f;
   p->repetition_penalty = 1.0f;
   p->logprobs = -1;
+  p->prompt_logprobs = -1;
   p->max_tokens = 16;
   p->skip_special_tokens = 1;
 }
@@ -164,6 +165,8 @@ static di_status validate(const di_engine *e, const di_request_params *p) {
   if (p->n_logit_bias < 0 || (p->n_logit_bias > 0 && (!p->logit_bias_ids || !p->logit_bias_values)))
     return di_error_set(DI_ERR_INVALID_ARG, "logit_bias: %d entries but no arrays", p->n_logit_bias);
   if (p->max_tokens < 0) return di_error_set(DI_ERR_INVALID_ARG, "max_tokens must be >= 0, got %d", p->max_tokens);
+  if (p->prompt_logprobs > DI_MAX_LOGPROBS)
+    return di_error_set(DI_ERR_INVALID_ARG, "prompt_logprobs must be at most %d, got %d", DI_MAX_LOGPROBS, p->prompt_logprobs);
   if (p->min_tokens < 0) return di_error_set(DI_ERR_INVALID_ARG, "min_tokens must be >= 0, got %d", p->min_tokens);
   if (p->n_stop > 0 && !e->text.stream_create)
     return di_error_set(DI_ERR_UNSUPPORTED, "stop strings need a tokenizer (the model folder has no tokenizer.json)");
@@ -191,6 +194,11 @@ static const char *admission_error(const di_engine *e, const di_req *r, char *bu
              r->n_prompt, e->opt.max_num_batched_tokens);
     return buf;
   }
+  if (!e->opt.enable_chunked_prefill && r->plp_k >= 0 && r->n_prompt - 1 > e->plp_row_cap) {
+    snprintf(buf, cap, "the prompt has %d tokens; with chunked prefill off, prompt logprobs are computed for prompts of "
+             "at most %d tokens", r->n_prompt, e->plp_row_cap + 1);
+    return buf;
+  }
   int64_t longest = (int64_t)r->n_prompt + r->max_tokens;
   if (longest > e->opt.max_model_len) longest = e->opt.max_model_len;
   int64_t blocks = (longest + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
@@ -214,7 +222,8 @@ di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64
     n_prompt = (int)n_ids;
   }
   int n = p->n > 0 ? p->n : 1;
-  di_status st = queue_reserve(e, n);
+  di_status st = p->prompt_logprobs >= 0 ? di_plp_reserve(e) : DI_OK;
+  if (st == DI_OK) st = queue_reserve(e, n);
   if (st != DI_OK) { free(ids); return st; }
   uint64_t id = e->next_id++;
   uint64_t seed = p->has_seed ? p->seed : di_rng_draw_seed(&e->seed_state);
@@ -285,7 +294,7 @@ static int device_row_ok(const di_req *r) {
 }
 
 static int plan_device_sampling(di_engine *e, di_sched *s) {
-  if (!e->device_sampling || s->batch.n_outputs == 0) return 0;
+  if (!e->device_sampling || s->batch.n_outputs == 0 || s->n_plp > 0) return 0; /* one row per sample only */
   int k = 0;
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
@@ -301,7 +310,7 @@ static int plan_device_sampling(di_engine *e, di_sched *s) {
 
 /* Samples the rows of a completed step and applies what the next step depends on. */
 static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
-  int row = 0, n_jobs = 0;
+  int n_jobs = 0;
   if (on_device) DI_TRY(e->be->ops->sample(e->be, e->dev_rows, s->batch.n_outputs, e->dev_tokens));
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
@@ -309,7 +318,7 @@ static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
     di_req *r = en->r;
     r->inflight = 0;
     r->pending = 0;
-    int my_row = en->sample ? row++ : -1;
+    int my_row = en->sample ? en->sample_row : -1;
     if (r->state == DI_REQ_DONE) { /* ended while the step ran: its blocks can go back now */
       di_kv_free_seq(e->kv, &r->kv);
       continue;
@@ -445,7 +454,9 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       *out = &e->step_out;
       return st;
     }
+    if (cur->n_plp > 0) di_plp_extract(e, cur);
     st = e->spec ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
+    if (st == DI_OK) di_plp_finish_scored(e, cur);
     if (st != DI_OK) {
       for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, di_last_error());
       di_sched_clear(next);

@@ -118,6 +118,14 @@ typedef struct di_req {
   int32_t draft[DI_SPEC_MAX_DRAFT];
   float draft_conf[DI_SPEC_MAX_DRAFT];
   int n_draft, n_spec;
+  /* prompt logprobs (prompt_logprobs.c): k < 0 off; rows of positions [0, n_prompt - 1) are
+   * extracted up to plp_next (each predicts the token after it) into plp / plp_top [n_prompt] */
+  int plp_k;
+  int plp_next;
+  int plp_sent;              /* delivered with the first output */
+  int score_only;            /* max_tokens 0 with prompt logprobs: no sample row, ends after the prompt */
+  float *plp;
+  di_token_logprob *plp_top;
 } di_req;
 
 /* One scheduled piece of work: tokens [start, start + n_new) of r; sample = logits wanted. */
@@ -125,11 +133,15 @@ typedef struct di_sched_entry {
   di_req *r;
   int start, n_new, sample;
   int dropped;
+  /* set by di_sched_build_batch: logits rows of this entry */
+  int sample_row;            /* output row of the sampled position (-1: none) */
+  int plp_pos0, plp_n, plp_row0; /* prompt-logprob rows: positions plp_pos0.. at rows plp_row0.. */
 } di_sched_entry;
 
 typedef struct di_sched {
   di_sched_entry *e;
   int n, cap, n_tokens, n_sample;
+  int n_plp;                 /* prompt-logprob rows (planned, then as built) */
   /* the batch built from it */
   int32_t *tokens, *positions, *seq_of, *out_rows;
   di_batch_seq *seqs;
@@ -171,6 +183,7 @@ struct di_engine {
   int n_outs, cap_outs;
   di_step_output step_out;
   struct di_spec *spec;      /* speculative decoding state; NULL when off (the default) */
+  int plp_row_cap;           /* prompt-logprob rows per step (0 until a request asks for them) */
   /* stats */
   int64_t steps, prompt_tokens, generated_tokens, preemptions;
   double busy_s, host_s, hidden_s, wait_s;
@@ -192,6 +205,17 @@ void di_req_post_tokens(di_engine *e, di_req *r);
 void di_req_fill_output(di_engine *e, di_req *r, di_seq_output *o);
 void di_req_reset_output(di_req *r);
 int di_req_output_count(const di_req *r);
+
+/* prompt_logprobs.c */
+/* Rows a request wants for positions [start, start + n): those < n_prompt - 1 not yet extracted;
+ * *first (may be NULL) = the first such position. */
+int di_plp_rows(const di_req *r, int start, int n, int *first);
+/* Sizes the logits buffer for prompt-logprob rows (first such request). */
+di_status di_plp_reserve(di_engine *e);
+/* Copies the prompt logprobs of a completed step's rows into their requests (before sampling). */
+void di_plp_extract(di_engine *e, const di_sched *s);
+/* Ends score-only requests whose prompt the completed step finished. */
+void di_plp_finish_scored(di_engine *e, const di_sched *s);
 
 /* scheduler.c: plans one step. `spec`: step n is in flight, plan step n+1 as if every sample of
  * step n produced one token and none finished (no preemption in that mode). */

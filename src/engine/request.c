@@ -34,7 +34,8 @@ di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t 
   r->n_prompt = n_prompt;
   int max_len = e->opt.max_model_len;
   r->max_len = max_len;
-  r->max_tokens = p->max_tokens > 0 ? p->max_tokens : max_len;
+  r->score_only = p->prompt_logprobs >= 0 && p->max_tokens == 0;
+  r->max_tokens = p->max_tokens > 0 ? p->max_tokens : r->score_only ? 0 : max_len;
   r->min_tokens = p->min_tokens > 0 ? p->min_tokens : 0;
   int cap_tokens = n_prompt + r->max_tokens;
   if (cap_tokens > max_len + 1 || cap_tokens < n_prompt) cap_tokens = (max_len > n_prompt ? max_len : n_prompt) + 1;
@@ -44,6 +45,17 @@ di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t 
   if (!r->tokens) { st = di_error_set(DI_ERR_OOM, "request: out of memory for %d tokens", r->cap); goto fail; }
   if (n_prompt) memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
   r->n_tokens = n_prompt;
+  r->plp_k = sample_index == 0 && p->prompt_logprobs >= 0 ? p->prompt_logprobs : -1; /* sample 0 reports them */
+  if (r->plp_k >= 0 && n_prompt > 0) {
+    r->plp = malloc((size_t)n_prompt * sizeof *r->plp);
+    if (r->plp_k > 0) r->plp_top = malloc((size_t)n_prompt * (size_t)r->plp_k * sizeof *r->plp_top);
+    if (!r->plp || (r->plp_k > 0 && !r->plp_top)) {
+      st = di_error_set(DI_ERR_OOM, "request: out of memory for %d prompt logprobs", n_prompt);
+      goto fail;
+    }
+    r->plp[0] = NAN; /* the first token has no context */
+    for (int j = 0; j < r->plp_k; j++) r->plp_top[j] = (di_token_logprob){-1, NAN};
+  }
 
   di_sampling *sp = &r->sp;
   sp->temperature = p->temperature;
@@ -106,6 +118,7 @@ void di_req_free(di_engine *e, di_req *r) {
   free(r->tokens); free(r->bias_ids); free(r->bias_values); free(r->stop_ids);
   free(r->text); free(r->error);
   free(r->out_tokens); free(r->out_lp); free(r->out_top); free(r->out_text);
+  free(r->plp); free(r->plp_top);
   free(r);
 }
 
@@ -285,6 +298,13 @@ void di_req_fill_output(di_engine *e, di_req *r, di_seq_output *o) {
   o->prompt_token_ids = r->tokens;
   o->time_to_first_token = r->t_first >= 0 ? r->t_first - r->t_arrival : -1;
   o->time_per_output_token = n_output > 1 ? (r->t_last - r->t_first) / (n_output - 1) : 0;
+  if (r->plp && !r->plp_sent && r->plp_next >= r->n_prompt - 1 && r->finish != DI_FINISH_ERROR &&
+      r->finish != DI_FINISH_ABORT) {
+    o->prompt_logprobs = r->plp;
+    o->n_prompt_top = r->plp_k;
+    o->prompt_top = r->plp_k > 0 ? r->plp_top : NULL;
+    r->plp_sent = 1;
+  }
   if (r->state == DI_REQ_DONE) r->reported = 1;
   r->in_output = 0;
   r->collected = 1;

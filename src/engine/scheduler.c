@@ -17,13 +17,27 @@ static di_status sched_push(di_sched *s, di_req *r, int start, int n_new, int sa
     s->e = e;
     s->cap = cap;
   }
-  s->e[s->n++] = (di_sched_entry){r, start, n_new, sample, 0};
+  s->e[s->n++] = (di_sched_entry){.r = r, .start = start, .n_new = n_new, .sample = sample, .sample_row = -1};
   s->n_tokens += n_new;
   s->n_sample += sample;
+  s->n_plp += di_plp_rows(r, start, n_new, NULL);
   return DI_OK;
 }
 
-void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = 0; }
+void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = s->n_plp = 0; }
+
+/* Shortens a chunk of r from `start` so that its prompt-logprob rows fit the step's row budget
+ * (the logits buffer); 0: nothing of r fits this step. */
+static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int start, int n_new) {
+  int first;
+  int rows = di_plp_rows(r, start, n_new, &first);
+  int left = e->plp_row_cap - s->n_plp;
+  if (rows <= left) return n_new;
+  return first + (left > 0 ? left : 0) - start;
+}
+
+/* the entry's sampled row is the whole prompt's last; a score-only request samples none */
+static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
   free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables);
@@ -83,6 +97,8 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     int need = total - r->n_computed;
     if (need <= 0) continue;
     int n_new = need < budget ? need : budget;
+    n_new = plp_fit(e, s, r, r->n_computed, n_new);
+    if (n_new <= 0) continue;
     if (!di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
       if (spec) {
         /* memory is short: give up the early plan; after step n the plan is made with
@@ -109,7 +125,7 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
       /* the loop removed entries after i only (victims are unplanned, r is at i): i stays valid */
     }
     DI_TRY(di_kv_allocate(e->kv, &r->kv, r->n_computed + n_new));
-    DI_TRY(sched_push(s, r, r->n_computed, n_new, r->n_computed + n_new == total));
+    DI_TRY(sched_push(s, r, r->n_computed, n_new, wants_sample(r, r->n_computed + n_new, total)));
     r->n_computed += n_new;
     budget -= n_new;
   }
@@ -127,12 +143,15 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     if (lead && lead->state != DI_REQ_DONE && lead->n_valid < lead->n_prompt) continue;
     int fresh = r->n_computed == 0;
     int hit = 0;
-    if (fresh) {
+    /* prompt logprobs need every prompt row computed: no prefix-cache hit until they are out */
+    if (fresh && di_plp_rows(r, 0, r->n_tokens, NULL) == 0) {
       hit = di_kv_match_prefix(e->kv, &r->kv, r->tokens, r->n_tokens, r->sample_index > 0);
       r->n_computed = r->n_valid = hit;
     }
     int need = r->n_tokens - r->n_computed;
     int n_new = need < budget ? need : budget;
+    n_new = plp_fit(e, s, r, r->n_computed, n_new);
+    if (n_new <= 0) break; /* the step's prompt-logprob rows are taken; FCFS: wait for the next */
     int whole_needed = !chunked && !r->admitted; /* a preempted request may recompute in chunks */
     if ((whole_needed && n_new < need) || !di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
       if (fresh) {
@@ -151,7 +170,7 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     i--;
     r->state = DI_REQ_RUNNING;
     e->running[e->n_running++] = r;
-    DI_TRY(sched_push(s, r, r->n_computed, n_new, r->n_computed + n_new == r->n_tokens));
+    DI_TRY(sched_push(s, r, r->n_computed, n_new, wants_sample(r, r->n_computed + n_new, r->n_tokens)));
     r->n_computed += n_new;
     budget -= n_new;
   }
@@ -185,7 +204,7 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   s->tok_cap = tc;
   DI_TRY(grow((void **)&s->seqs, &sc, n_seq, sizeof *s->seqs));
   s->seq_cap = sc;
-  int t = 0, q = 0, o = 0, tab = 0;
+  int t = 0, q = 0, o = 0, tab = 0, n_plp = 0;
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
@@ -195,6 +214,7 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
     s->seqs[q].block_table = s->tables + tab;
     s->seqs[q].n_blocks = nb;
     tab += nb;
+    int t0 = t;
     for (int k = 0; k < en->n_new; k++) {
       int pos = en->start + k;
       s->tokens[t] = pos < r->n_tokens ? r->tokens[pos] : -1; /* -1: sampled by the in-flight step */
@@ -204,11 +224,24 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
       s->seq_of[t] = q;
       t++;
     }
-    if (en->sample && !e->spec) s->out_rows[o++] = t - 1;
+    int first;
+    en->plp_n = di_plp_rows(r, en->start, en->n_new, &first);
+    en->plp_pos0 = first;
+    if (e->spec) { /* every row is an output row: row index = token index */
+      en->plp_row0 = t0 + (first - en->start);
+      en->sample_row = en->sample ? t - 1 : -1;
+    } else {
+      en->plp_row0 = o;
+      for (int k = 0; k < en->plp_n; k++) s->out_rows[o++] = t0 + (first - en->start) + k;
+      en->sample_row = en->sample ? o : -1;
+      if (en->sample) s->out_rows[o++] = t - 1;
+    }
+    n_plp += en->plp_n;
     q++;
   }
   s->batch = (di_batch){.n_tokens = t, .tokens = s->tokens, .positions = s->positions, .seq_of = s->seq_of,
                         .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows};
+  s->n_plp = n_plp;
   return DI_OK;
 }
 

@@ -1,0 +1,305 @@
+/* Prompt logprobs (di_request_params.prompt_logprobs): on the mock backend, every prompt row's
+ * logprob and top k equal a double log-softmax of the row's logits computed alone, with chunked
+ * prefill under a small row cap, other requests in the same steps (whose outputs stay the greedy
+ * reference), a prefix cache that already holds the prompt, preemption, device sampling, n > 1 and
+ * max_tokens 0 (score only); on the dsv3-tiny fixture, they equal a double log-softmax of
+ * di_model_score's logits (rel 1e-5) alone and batched. Block accounting is checked throughout. */
+#include "test_util.h"
+#include "mock_backend.h"
+#include "sampler/rng.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VOCAB 61
+#define MAXP 300
+
+typedef struct {
+  int32_t prompt[MAXP];
+  int n_prompt, max_tokens, k;   /* k < 0: no prompt logprobs */
+  int n;                         /* samples */
+  uint64_t id;
+  /* got */
+  int n_plp_outputs;             /* outputs carrying prompt logprobs */
+  float plp[MAXP];
+  di_token_logprob top[MAXP][DI_MAX_LOGPROBS];
+  int32_t toks[64];
+  int n_toks, finish, n_cached;
+} case_t;
+
+static uint64_t rs = 5;
+static int rnd(int n) { return (int)(di_rng_u64(3, 0, rs++) % (uint64_t)n); }
+
+/* log-softmax in double over `lg` [V]: lp of `target`, top k (larger first, ties: lower id) */
+static double ref_row(const float *lg, int V, int32_t target, int k, int32_t *top_ids, double *top_lp) {
+  double mx = -INFINITY, z = 0;
+  for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
+  for (int i = 0; i < V; i++) z += exp((double)lg[i] - mx);
+  double lse = mx + log(z);
+  char used[4096] = {0};
+  for (int j = 0; j < k; j++) {
+    int b = -1;
+    for (int i = 0; i < V; i++)
+      if (!used[i] && (b < 0 || lg[i] > lg[b])) b = i;
+    used[b] = 1;
+    top_ids[j] = b;
+    top_lp[j] = (double)lg[b] - lse;
+  }
+  return (double)lg[target] - lse;
+}
+
+static int close_rel(double got, double want, double rel) { return fabs(got - want) <= rel * fmax(1.0, fabs(want)); }
+
+/* compares a case's delivered prompt logprobs with rows from `logits_of(pos)` */
+static void check_case(const case_t *c, const float *rows, int V, const char *what) {
+  if (c->k < 0) {
+    CHECKF(c->n_plp_outputs == 0, "%s: prompt logprobs without asking", what);
+    return;
+  }
+  CHECKF(c->n_plp_outputs == 1, "%s: prompt logprobs delivered %d times", what, c->n_plp_outputs);
+  if (c->n_plp_outputs != 1) return;
+  CHECKF(isnan(c->plp[0]), "%s: entry 0 is %g, want NaN", what, (double)c->plp[0]);
+  int bad = 0;
+  for (int p = 1; p < c->n_prompt && bad < 3; p++) {
+    int32_t ids[DI_MAX_LOGPROBS];
+    double lps[DI_MAX_LOGPROBS];
+    double want = ref_row(rows + (size_t)(p - 1) * (size_t)V, V, c->prompt[p], c->k, ids, lps);
+    if (!close_rel(c->plp[p], want, 1e-5)) {
+      CHECKF(0, "%s: position %d: logprob %.8g, want %.8g", what, p, (double)c->plp[p], want);
+      bad++;
+    }
+    for (int j = 0; j < c->k; j++) {
+      const di_token_logprob *t = &c->top[p][j];
+      if (t->id != ids[j] || !close_rel(t->logprob, lps[j], 1e-5)) {
+        CHECKF(0, "%s: position %d top %d: (%d, %.8g), want (%d, %.8g)", what, p, j, t->id, (double)t->logprob, ids[j],
+               lps[j]);
+        bad++;
+        break;
+      }
+      if (j > 0) CHECKF(t->logprob <= c->top[p][j - 1].logprob, "%s: top not sorted at %d", what, p);
+    }
+    /* consistency: a token in the top list has the same logprob */
+    for (int j = 0; j < c->k; j++)
+      if (c->top[p][j].id == c->prompt[p]) CHECKF(c->top[p][j].logprob == c->plp[p], "%s: top vs chosen at %d", what, p);
+  }
+}
+
+static void take_output(case_t *cs, int n_cases, const di_seq_output *o) {
+  case_t *c = NULL;
+  for (int i = 0; i < n_cases; i++)
+    if (cs[i].id == o->req_id) c = &cs[i];
+  if (!c) return;
+  if (o->prompt_logprobs) {
+    c->n_plp_outputs++;
+    CHECK(o->sample_index == 0);
+    CHECK(o->n_prompt_top == c->k);
+    CHECK((o->prompt_top != NULL) == (c->k > 0));
+    for (int p = 0; p < o->n_prompt_tokens && p < MAXP; p++) {
+      c->plp[p] = o->prompt_logprobs[p];
+      for (int j = 0; j < o->n_prompt_top; j++) c->top[p][j] = o->prompt_top[(size_t)p * (size_t)o->n_prompt_top + j];
+    }
+  }
+  if (o->sample_index != 0) return;
+  for (int t = 0; t < o->n_new_tokens && c->n_toks < 64; t++) c->toks[c->n_toks++] = o->new_tokens[t];
+  if (o->finish_reason) {
+    c->finish = o->finish_reason;
+    c->n_cached = o->n_cached_tokens;
+  }
+}
+
+static void run(di_engine *e, case_t *cs, int n, const char *what) {
+  for (int k = 0; k < n; k++) {
+    di_request_params p;
+    di_request_params_default(&p);
+    p.prompt_ids = cs[k].prompt;
+    p.n_prompt_ids = cs[k].n_prompt;
+    p.max_tokens = cs[k].max_tokens;
+    p.temperature = 0;
+    p.ignore_eos = 1;
+    p.prompt_logprobs = cs[k].k;
+    p.n = cs[k].n > 0 ? cs[k].n : 1;
+    cs[k].n_plp_outputs = cs[k].n_toks = cs[k].finish = 0;
+    di_status st = di_engine_add_request(e, &p, &cs[k].id);
+    CHECKF(st == DI_OK, "%s: add: %s", what, di_last_error());
+  }
+  int guard = 0;
+  while (di_engine_has_unfinished(e) && guard++ < 100000) {
+    di_step_output *out;
+    di_status st = di_engine_step(e, &out);
+    if (st != DI_OK) { CHECKF(0, "%s: step: %s", what, di_last_error()); break; }
+    for (int i = 0; i < out->n; i++) take_output(cs, n, &out->seqs[i]);
+    if (guard % 5 == 0) CHECKF(di_engine_check(e) == DI_OK, "%s: %s", what, di_last_error());
+  }
+  CHECKF(di_engine_check(e) == DI_OK, "%s: %s", what, di_last_error());
+}
+
+/* mock: expected rows of a case and its greedy tokens */
+static void mock_check(const case_t *c, const char *what) {
+  float *rows = malloc((size_t)(c->n_prompt + 64) * VOCAB * sizeof *rows);
+  int32_t toks[MAXP + 64];
+  memcpy(toks, c->prompt, (size_t)c->n_prompt * sizeof *toks);
+  for (int p = 0; p < c->n_prompt; p++) mock_logits_of(toks, p + 1, VOCAB, rows + (size_t)p * VOCAB);
+  check_case(c, rows, VOCAB, what);
+  /* greedy continuation */
+  int n = c->n_prompt;
+  for (int t = 0; t < c->max_tokens; t++) {
+    float lg[VOCAB];
+    mock_logits_of(toks, n, VOCAB, lg);
+    int b = 0;
+    for (int i = 1; i < VOCAB; i++) if (lg[i] > lg[b]) b = i;
+    toks[n++] = b;
+  }
+  CHECKF(c->n_toks == c->max_tokens, "%s: %d tokens, want %d", what, c->n_toks, c->max_tokens);
+  for (int t = 0; t < c->n_toks && t < c->max_tokens; t++)
+    if (c->toks[t] != toks[c->n_prompt + t]) { CHECKF(0, "%s: token %d differs", what, t); break; }
+  CHECKF(c->finish == DI_FINISH_LENGTH, "%s: finish %d", what, c->finish);
+  free(rows);
+}
+
+static void make_cases(case_t *cs, int n) {
+  for (int i = 0; i < n; i++) {
+    case_t *c = &cs[i];
+    memset(c, 0, sizeof *c);
+    c->n_prompt = i == 0 ? 1 : i % 4 == 1 ? 150 + rnd(90) : 2 + rnd(60);
+    for (int p = 0; p < c->n_prompt; p++) c->prompt[p] = 2 + rnd(VOCAB - 2);
+    c->k = i % 3 == 2 ? -1 : i % 5; /* 0..4 alternatives, or none */
+    c->max_tokens = i % 4 == 3 && c->k >= 0 ? 0 : 1 + rnd(6);
+  }
+}
+
+static void test_mock(int async, int device, int prefix, int64_t kv_blocks, int row_cap, const char *what) {
+  enum { N = 14 };
+  static case_t cs[N];
+  make_cases(cs, N);
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.max_num_batched_tokens = 48;
+  o.async_scheduling = async;
+  o.enable_prefix_caching = prefix;
+  o.num_kv_blocks = kv_blocks;
+  mock_backend *mb = mock_backend_new(VOCAB);
+  if (device) mb->base.ops = &MOCK_OPS_DEV;
+  di_engine *e;
+  if (mock_engine(mb, &o, 0, 4096, &e) != DI_OK) { CHECKF(0, "%s: %s", what, di_last_error()); return; }
+  if (row_cap > 0) {
+    CHECK(di_plp_reserve(e) == DI_OK);
+    e->plp_row_cap = row_cap; /* fewer rows than the buffer holds: chunks shrink to fit */
+  }
+  run(e, cs, N, what);
+  di_engine_stats st;
+  di_engine_get_stats(e, &st);
+  if (kv_blocks > 0 && kv_blocks < 8) CHECKF(st.preemptions > 0, "%s: no preemption", what);
+  for (int i = 0; i < N; i++) {
+    char w[128];
+    snprintf(w, sizeof w, "%s case %d (prompt %d, k %d, max_tokens %d)", what, i, cs[i].n_prompt, cs[i].k, cs[i].max_tokens);
+    mock_check(&cs[i], w);
+  }
+  CHECKF(mb->errors == 0, "%s: %d bad KV reads", what, mb->errors);
+  di_engine_free(e);
+  mb->base.ops->destroy(&mb->base);
+}
+
+/* a prompt whose prefix is cached already still gets every row; its samples share the blocks */
+static void test_mock_cached(void) {
+  static case_t cs[2];
+  memset(cs, 0, sizeof cs);
+  cs[0].n_prompt = cs[1].n_prompt = 200;
+  for (int p = 0; p < 200; p++) cs[0].prompt[p] = cs[1].prompt[p] = 2 + rnd(VOCAB - 2);
+  cs[1].prompt[199] = 3;
+  cs[0].k = -1;
+  cs[0].max_tokens = 2;
+  cs[1].k = 2;
+  cs[1].max_tokens = 3;
+  cs[1].n = 3;
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.max_num_batched_tokens = 64;
+  mock_backend *mb = mock_backend_new(VOCAB);
+  di_engine *e;
+  if (mock_engine(mb, &o, 0, 4096, &e) != DI_OK) { CHECKF(0, "cached: %s", di_last_error()); return; }
+  run(e, &cs[0], 1, "cached: warm");
+  run(e, &cs[1], 1, "cached: plp");
+  mock_check(&cs[0], "cached: warm");
+  mock_check(&cs[1], "cached: plp");
+  CHECKF(cs[1].n_cached == 0, "cached: the prompt-logprob request took %d cached tokens", cs[1].n_cached);
+  /* validation */
+  di_request_params p;
+  di_request_params_default(&p);
+  p.prompt_ids = cs[0].prompt;
+  p.n_prompt_ids = 4;
+  p.prompt_logprobs = DI_MAX_LOGPROBS + 1;
+  uint64_t id;
+  CHECK_ERR(di_engine_add_request(e, &p, &id), "prompt_logprobs must be at most");
+  /* max_tokens 0 without prompt logprobs still means "up to the context" */
+  p.prompt_logprobs = -1;
+  p.max_tokens = 0;
+  CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
+  CHECK(di_engine_abort(e, id) == DI_OK);
+  for (int g = 0; di_engine_has_unfinished(e) && g < 100; g++) {
+    di_step_output *out;
+    CHECK(di_engine_step(e, &out) == DI_OK);
+  }
+  CHECK(di_engine_check(e) == DI_OK);
+  di_engine_free(e);
+  mb->base.ops->destroy(&mb->base);
+}
+
+/* the fixture model: rows against di_model_score, alone and in a batch with small chunks */
+static void test_model(void) {
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.quiet = 1;
+  mo.threads = 2;
+  di_model *m;
+  if (di_model_load(test_path("tests/data/models/dsv3-tiny"), &mo, &m) != DI_OK) {
+    CHECKF(0, "load: %s", di_last_error());
+    return;
+  }
+  int V = di_model_vocab_size(m);
+  enum { N = 5 };
+  static case_t cs[N];
+  memset(cs, 0, sizeof cs);
+  for (int i = 0; i < N; i++) {
+    cs[i].n_prompt = i == 0 ? 70 : 6 + rnd(30);
+    for (int p = 0; p < cs[i].n_prompt; p++) cs[i].prompt[p] = i > 0 && p < 20 ? cs[0].prompt[p] : rnd(V);
+    cs[i].k = i == 3 ? -1 : i == 0 ? 3 : i % 3;
+    cs[i].max_tokens = i == 1 ? 0 : 2;
+  }
+  float *rows[N];
+  for (int i = 0; i < N; i++) {
+    rows[i] = malloc((size_t)cs[i].n_prompt * (size_t)V * sizeof(float));
+    CHECK(di_model_score(m, cs[i].prompt, cs[i].n_prompt, rows[i]) == DI_OK);
+  }
+  for (int mode = 0; mode < 2; mode++) {
+    di_engine_options o;
+    di_engine_options_default(&o);
+    o.max_num_batched_tokens = mode ? 16 : 2048; /* mode 1: chunked prefill across several steps */
+    o.kv_cache_memory_bytes = 64 << 20;
+    di_engine *e;
+    if (di_engine_create(m, &o, &e) != DI_OK) { CHECKF(0, "engine: %s", di_last_error()); break; }
+    const char *what = mode ? "model batched, 16-token steps" : "model alone";
+    if (mode) run(e, cs, N, what);
+    else
+      for (int i = 0; i < N; i++) run(e, &cs[i], 1, what);
+    for (int i = 0; i < N; i++) {
+      char w[96];
+      snprintf(w, sizeof w, "%s: case %d", what, i);
+      check_case(&cs[i], rows[i], V, w);
+      CHECKF(cs[i].finish == DI_FINISH_LENGTH && cs[i].n_toks == cs[i].max_tokens, "%s: finish %d, %d tokens", w,
+             cs[i].finish, cs[i].n_toks);
+    }
+    di_engine_free(e);
+  }
+  for (int i = 0; i < N; i++) free(rows[i]);
+  di_model_free(m);
+}
+
+int main(void) {
+  test_mock(1, 0, 1, 0, 0, "async");
+  test_mock(0, 0, 0, 0, 0, "sync, no prefix cache");
+  test_mock(1, 1, 1, 0, 7, "device sampling, 7 rows per step");
+  test_mock(1, 0, 1, 4, 40, "preemption, 40 rows per step");
+  test_mock_cached();
+  test_model();
+  return test_finish("prompt_logprobs");
+}
