@@ -125,6 +125,7 @@ static di_status attention(di_v4_ctx *cx, int l, const float *a, float *out) {
   }
   DI_V4_ALLOC(o, (size_t)T * H * hd);
   DI_V4_ALLOC(p, (size_t)T + nc + 1);
+  DI_V4_ALLOC(ex, 2 * ((size_t)T + nc + 1));
   const int W = c->sliding_window;
   for (int t = 0; t < T; t++) {
     const int j0 = t - W + 1 > 0 ? t - W + 1 : 0;
@@ -137,7 +138,7 @@ static di_status attention(di_v4_ctx *cx, int l, const float *a, float *out) {
       n_cmp = nc;
     }
     di_v4_attend(cx, L, rt, q + (size_t)t * H * hd, t, kv + (size_t)j0 * hd, t - j0 + 1, ckv, n_cmp,
-                 sel ? sel + (size_t)t * nc : NULL, p, o + (size_t)t * H * hd);
+                 sel ? sel + (size_t)t * nc : NULL, p, (double *)ex, o + (size_t)t * H * hd);
   }
   DI_TRY(di_v4_attn_out(cx, L, o, out));
   di_v4_release(cx, m);

@@ -35,8 +35,15 @@ float *di_v4_alloc_f(di_v4_ctx *cx, size_t n) {
 di_status di_v4_linear(di_v4_ctx *cx, const di_weight *W, const float *x, int T, float *y) {
   di_v4_blk *m = di_v4_mark(cx);
   const int64_t R = W->rows, C = W->cols;
-  DI_V4_ALLOC(wf, R * C);
-  di_weight_rows_f32(W, 0, R, wf);
+  /* aligned float32 weights are read in place: a decode step would otherwise be dominated by the copy */
+  const float *wf = W->data;
+  if (W->dtype != DI_DT_F32 || (uintptr_t)W->data % _Alignof(float) != 0) {
+    float *conv = di_v4_alloc_f(cx, (size_t)(R * C));
+    if (!conv)
+      return DI_ERR_OOM;
+    di_weight_rows_f32(W, 0, R, conv);
+    wf = conv;
+  }
   for (int t = 0; t < T; t++) {
     const float *xt = x + (size_t)t * C;
     for (int64_t r = 0; r < R; r++) {
@@ -564,7 +571,7 @@ void di_v4_index_scores(const di_v4_config *c, const float *qt, const float *hw,
 }
 
 void di_v4_attend(const di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_tab *rt, const float *q_t, int pos,
-                  const float *win, int n_win, const float *cmp, int n_cmp, const unsigned char *sel, float *p, float *o_t) {
+                  const float *win, int n_win, const float *cmp, int n_cmp, const unsigned char *sel, float *p, double *ex, float *o_t) {
   const int H = cx->c->n_heads, hd = cx->c->head_dim;
   const double scale = 1.0 / sqrt((double)hd);
   for (int h = 0; h < H; h++) {
@@ -584,8 +591,10 @@ void di_v4_attend(const di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_ta
       mx = p[i] > mx ? p[i] : mx;
     }
     double sum = exp(L->sink[h] - mx);
-    for (int i = 0; i < n_win + n_cmp; i++)
-      sum += p[i] == -INFINITY ? 0 : exp(p[i] - mx);
+    for (int i = 0; i < n_win + n_cmp; i++) {
+      ex[i] = p[i] == -INFINITY ? 0 : exp(p[i] - mx); /* once per key, not per channel */
+      sum += ex[i];
+    }
     float *oh = o_t + (size_t)h * hd;
     for (int e = 0; e < hd; e++) {
       double acc = 0;
@@ -593,7 +602,7 @@ void di_v4_attend(const di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_ta
         if (p[i] == -INFINITY)
           continue;
         const float *v = i < n_win ? win + (size_t)i * hd : cmp + (size_t)(i - n_win) * hd;
-        acc += exp(p[i] - mx) * v[e];
+        acc += ex[i] * v[e];
       }
       oh[e] = (float)(acc / sum);
     }

@@ -86,10 +86,10 @@ void di_v4_pool_window(const di_v4_ctx *cx, const di_v4_compressor *cp, int rate
 void di_v4_index_scores(const di_v4_config *c, const float *qt, const float *hw, const float *K, int n, float *score);
 /* Attention of one query (all heads, q_t [H][hd]) at position pos over the window keys win
  * [n_win][hd] (in position order) then the compressed entries cmp [n_cmp][hd], of which only those
- * with sel[i] set when sel is given; sink logits per head; output rope rotated back. p: scratch of
- * n_win + n_cmp floats. o_t: [H][hd]. */
+ * with sel[i] set when sel is given; sink logits per head; output rope rotated back. p, ex: scratch of
+ * n_win + n_cmp floats / doubles. o_t: [H][hd]. */
 void di_v4_attend(const di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_tab *rt, const float *q_t, int pos,
-                  const float *win, int n_win, const float *cmp, int n_cmp, const unsigned char *sel, float *p, float *o_t);
+                  const float *win, int n_win, const float *cmp, int n_cmp, const unsigned char *sel, float *p, double *ex, float *o_t);
 /* Grouped low-rank output projection of head outputs o [T][H*hd] -> out [T][D]. */
 di_status di_v4_attn_out(di_v4_ctx *cx, const di_v4_layer *L, const float *o, float *out);
 

@@ -1,0 +1,353 @@
+/* DeepSeek-V4 cached forward on the CPU: the per-sequence state (window ring, compressed entries,
+ * indexer keys, compressors' pending windows) and the step that appends a chunk of tokens. Shares its
+ * arithmetic with the reference forward (cpu_deepseek_v4_ops.c), so the logits are bit-identical to
+ * di_cpu_v4_forward_chunked; only what is cached differs. Mirrors transformers' DeepseekV4 cache layers. */
+#include "backend/cpu/cpu_deepseek_v4_cache.h"
+#include "backend/cpu/cpu_deepseek_v4_ops.h"
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WHO "deepseek_v4 cached step"
+
+/* One compressor's running state (CSA main / CSA indexer / HCA). */
+typedef struct comp_state {
+  int dim, width, rate, overlap;
+  float *pend_kv, *pend_gate; /* [rate][width]: rows of the incomplete window; gate has the position bias added */
+  int n_pend;                 /* == positions % rate */
+  float *prev_kv, *prev_gate; /* overlap only, [rate][width]: the last complete window (its Ca half joins the next entry) */
+  float *ent;                 /* [cap][dim]: the entries so far, normed and roped at their first position */
+  int n_ent, cap;
+} comp_state;
+
+typedef struct layer_state {
+  int kind;
+  float *ring;                /* [ring_cap][head_dim]: K=V of position p at slot p % ring_cap */
+  comp_state comp, icomp;     /* comp: CSA / HCA; icomp: CSA's indexer */
+} layer_state;
+
+struct di_v4_seq_state {
+  int n_layers, head_dim, window, ring_cap, csa_rate, hca_rate, index_head_dim;
+  uint8_t attn_kind[DI_V4_MAX_LAYERS];
+  int64_t n_pos;
+  int broken;                 /* a step failed midway: the state is inconsistent until reset */
+  layer_state *layers;
+};
+
+/* ---- state ------------------------------------------------------------------------------------- */
+
+static di_status comp_init(comp_state *cs, int dim, int rate, int overlap) {
+  cs->dim = dim;
+  cs->rate = rate;
+  cs->overlap = overlap;
+  cs->width = overlap ? 2 * dim : dim;
+  const size_t rows = (size_t)rate * cs->width;
+  cs->pend_kv = calloc(rows * (overlap ? 4 : 2), sizeof(float));
+  if (!cs->pend_kv)
+    return di_error_set(DI_ERR_OOM, WHO ": out of memory for the compressor state");
+  cs->pend_gate = cs->pend_kv + rows;
+  if (overlap) {
+    cs->prev_kv = cs->pend_gate + rows;
+    cs->prev_gate = cs->prev_kv + rows;
+  }
+  return DI_OK;
+}
+
+/* pend_kv is the base of the one allocation (prev/pend pointers swap, so remember the lowest). */
+static void comp_free(comp_state *cs) {
+  float *base = cs->pend_kv;
+  if (cs->overlap && cs->prev_kv < base)
+    base = cs->prev_kv;
+  free(base);
+  free(cs->ent);
+}
+
+static size_t comp_bytes(const comp_state *cs) {
+  if (!cs->rate)
+    return 0;
+  return sizeof(float) * ((size_t)cs->rate * cs->width * (cs->overlap ? 4 : 2) + (size_t)cs->n_ent * cs->dim);
+}
+
+void di_v4_seq_state_free(di_v4_seq_state *s) {
+  if (!s)
+    return;
+  if (s->layers)
+    for (int l = 0; l < s->n_layers; l++) {
+      free(s->layers[l].ring);
+      comp_free(&s->layers[l].comp);
+      comp_free(&s->layers[l].icomp);
+    }
+  free(s->layers);
+  free(s);
+}
+
+di_status di_v4_seq_state_create(const di_v4_config *cfg, di_v4_seq_state **out) {
+  if (!cfg || !out)
+    return di_error_set(DI_ERR_INVALID_ARG, "deepseek_v4 state: NULL config or output pointer");
+  *out = NULL;
+  if (cfg->n_layers < 1 || cfg->n_layers > DI_V4_MAX_LAYERS || cfg->sliding_window < 1 || cfg->head_dim < 1 ||
+      cfg->csa_rate < 1 || cfg->hca_rate < 1 || cfg->csa_rate > 1024 || cfg->hca_rate > 1024)
+    return di_error_set(DI_ERR_INVALID_ARG,
+                        "deepseek_v4 state: unusable config (layers %d, sliding_window %d, head_dim %d, rates %d/%d)",
+                        cfg->n_layers, cfg->sliding_window, cfg->head_dim, cfg->csa_rate, cfg->hca_rate);
+  di_v4_seq_state *s = calloc(1, sizeof *s);
+  if (!s)
+    return di_error_set(DI_ERR_OOM, "deepseek_v4 state: out of memory");
+  s->n_layers = cfg->n_layers;
+  s->head_dim = cfg->head_dim;
+  s->window = cfg->sliding_window;
+  s->ring_cap = cfg->sliding_window - 1;
+  s->csa_rate = cfg->csa_rate;
+  s->hca_rate = cfg->hca_rate;
+  s->index_head_dim = cfg->index_head_dim;
+  memcpy(s->attn_kind, cfg->attn_kind, sizeof s->attn_kind);
+  s->layers = calloc((size_t)cfg->n_layers, sizeof *s->layers);
+  if (!s->layers) {
+    free(s);
+    return di_error_set(DI_ERR_OOM, "deepseek_v4 state: out of memory");
+  }
+  di_status st = DI_OK;
+  for (int l = 0; l < cfg->n_layers && st == DI_OK; l++) {
+    layer_state *ls = &s->layers[l];
+    ls->kind = cfg->attn_kind[l];
+    if (s->ring_cap > 0 && !(ls->ring = calloc((size_t)s->ring_cap * cfg->head_dim, sizeof(float))))
+      st = di_error_set(DI_ERR_OOM, "deepseek_v4 state: out of memory for the window of layer %d", l);
+    else if (ls->kind == DI_V4_ATTN_HCA)
+      st = comp_init(&ls->comp, cfg->head_dim, cfg->hca_rate, 0);
+    else if (ls->kind == DI_V4_ATTN_CSA) {
+      st = comp_init(&ls->comp, cfg->head_dim, cfg->csa_rate, 1);
+      if (st == DI_OK)
+        st = comp_init(&ls->icomp, cfg->index_head_dim, cfg->csa_rate, 1);
+    }
+  }
+  if (st != DI_OK) {
+    di_v4_seq_state_free(s);
+    return st;
+  }
+  *out = s;
+  return DI_OK;
+}
+
+void di_v4_seq_state_reset(di_v4_seq_state *s) {
+  if (!s)
+    return;
+  s->n_pos = 0;
+  s->broken = 0;
+  for (int l = 0; l < s->n_layers; l++) {
+    s->layers[l].comp.n_pend = s->layers[l].comp.n_ent = 0;
+    s->layers[l].icomp.n_pend = s->layers[l].icomp.n_ent = 0;
+  }
+}
+
+int64_t di_v4_seq_state_positions(const di_v4_seq_state *s) { return s ? s->n_pos : 0; }
+
+size_t di_v4_seq_state_bytes(const di_v4_seq_state *s) {
+  if (!s)
+    return 0;
+  size_t b = 0;
+  for (int l = 0; l < s->n_layers; l++) {
+    const layer_state *ls = &s->layers[l];
+    b += sizeof(float) * (size_t)s->ring_cap * s->head_dim + comp_bytes(&ls->comp) + comp_bytes(&ls->icomp);
+  }
+  return b;
+}
+
+/* ---- the step ------------------------------------------------------------------------------------ */
+
+/* Feeds the chunk's rows a [T][D] (positions pos0...) to a compressor: projects kv and gate, adds the
+ * position bias of each row's slot in its window, and pools every window the chunk completes into a
+ * new entry (at position entry*rate), as the reference's compress() pools it. */
+static di_status comp_feed(di_v4_ctx *cx, comp_state *cs, const di_v4_compressor *cp, const float *a) {
+  const int T = cx->T, wd = cs->width, rate = cs->rate;
+  const int need = cs->n_ent + (cs->n_pend + T) / rate;
+  if (need > cs->cap) {
+    int cap = cs->cap ? cs->cap : 16;
+    while (cap < need)
+      cap *= 2;
+    float *e = realloc(cs->ent, sizeof(float) * (size_t)cap * cs->dim);
+    if (!e)
+      return di_error_set(DI_ERR_OOM, WHO ": out of memory for %d compressed entries", cap);
+    cs->ent = e;
+    cs->cap = cap;
+  }
+  di_v4_blk *m = di_v4_mark(cx);
+  DI_V4_ALLOC(kv, (size_t)T * wd);
+  DI_V4_ALLOC(gate, (size_t)T * wd);
+  DI_TRY(di_v4_linear(cx, &cp->wkv, a, T, kv));
+  DI_TRY(di_v4_linear(cx, &cp->wgate, a, T, gate));
+  for (int t = 0; t < T; t++) {
+    const int slot = cs->n_pend; /* == (pos0 + t) % rate */
+    const float *bias = cp->ape + (size_t)slot * wd;
+    float *pk = cs->pend_kv + (size_t)slot * wd, *pg = cs->pend_gate + (size_t)slot * wd;
+    for (int ch = 0; ch < wd; ch++) {
+      pk[ch] = kv[(size_t)t * wd + ch];
+      pg[ch] = gate[(size_t)t * wd + ch] + bias[ch];
+    }
+    if (++cs->n_pend < rate)
+      continue;
+    const int has_prev = cs->overlap && cs->n_ent > 0;
+    di_v4_pool_window(cx, cp, rate, cs->overlap, has_prev ? cs->prev_kv : NULL, has_prev ? cs->prev_gate : NULL, cs->pend_kv,
+                      cs->pend_gate, cs->n_ent * rate, cs->ent + (size_t)cs->n_ent * cs->dim);
+    cs->n_ent++;
+    cs->n_pend = 0;
+    if (cs->overlap) { /* the window just closed is the next entry's previous one */
+      float *k = cs->prev_kv, *g = cs->prev_gate;
+      cs->prev_kv = cs->pend_kv;
+      cs->prev_gate = cs->pend_gate;
+      cs->pend_kv = k;
+      cs->pend_gate = g;
+    }
+  }
+  di_v4_release(cx, m);
+  return DI_OK;
+}
+
+/* CSA: for each query of the chunk, flags over the ic->n_ent entries that exist after the chunk: the
+ * indexer's top index_topk among those complete at the query, tie-broken as torch ranks all n_ent
+ * (the reference's indexer with chunk_end = the chunk's end). */
+static di_status indexer_step(di_v4_ctx *cx, const di_v4_layer *L, const comp_state *ic, const float *a, const float *qr,
+                              unsigned char *sel) {
+  const di_v4_config *c = cx->c;
+  const int T = cx->T, nh = c->index_n_heads, di = c->index_head_dim, rate = c->csa_rate, n = ic->n_ent;
+  di_v4_blk *m = di_v4_mark(cx);
+  DI_V4_ALLOC(q, (size_t)T * nh * di);
+  DI_TRY(di_v4_linear(cx, &L->idx_wq_b, qr, T, q));
+  DI_V4_ALLOC(hw, (size_t)T * nh);
+  DI_TRY(di_v4_linear(cx, &L->idx_weights, a, T, hw));
+  DI_V4_ALLOC(score, (size_t)n + 1);
+  di_v4_scored *work = (di_v4_scored *)di_v4_alloc_f(cx, 2 * (size_t)n + 2);
+  if (!work)
+    return DI_ERR_OOM;
+  memset(sel, 0, (size_t)T * n);
+  for (int t = 0; t < T && n > 0; t++) {
+    const int pos = cx->pos0 + t;
+    int valid = (pos + 1) / rate;
+    if (valid > n)
+      valid = n;
+    float *qt = q + (size_t)t * nh * di;
+    for (int h = 0; h < nh; h++)
+      di_v4_rope_apply(&cx->compress_rope, qt + h * di, di, pos, 1);
+    di_v4_index_scores(c, qt, hw + (size_t)t * nh, ic->ent, valid, score);
+    for (int s = valid; s < n; s++)
+      score[s] = -INFINITY;
+    unsigned char *st = sel + (size_t)t * n;
+    di_v4_topk_like_torch(score, n, c->index_topk < n ? c->index_topk : n, work, st);
+    for (int s = valid; s < n; s++)
+      st[s] = 0;
+  }
+  di_v4_release(cx, m);
+  return DI_OK;
+}
+
+/* The attention sublayer over the chunk, reading and extending the layer's state. Window keys of a
+ * query: the ring's past positions then the chunk's own, laid out in position order (the reference's
+ * summation order); compressed entries: all made so far, HCA's limited to complete windows, CSA's
+ * to the indexer's picks. */
+static di_status attention_step(di_v4_ctx *cx, int l, const float *a, float *out) {
+  const di_v4_config *c = cx->c;
+  di_v4_seq_state *s = cx->user;
+  layer_state *ls = &s->layers[l];
+  const di_v4_layer *L = &cx->w->layers[l];
+  const int T = cx->T, H = c->n_heads, hd = c->head_dim, ql = c->q_lora_rank, kind = ls->kind;
+  const di_v4_rope_tab *rt = kind == DI_V4_ATTN_SLIDING ? &cx->main_rope : &cx->compress_rope;
+  di_v4_blk *m = di_v4_mark(cx);
+  DI_V4_ALLOC(qr, (size_t)T * ql);
+  DI_V4_ALLOC(q, (size_t)T * H * hd);
+  DI_V4_ALLOC(kv, (size_t)T * hd);
+  DI_TRY(di_v4_attn_qkv(cx, L, rt, a, qr, q, kv));
+
+  /* window keys: positions [base, pos0 + T) */
+  const int W = s->window, R = s->ring_cap, P0 = cx->pos0;
+  const int npast = P0 < R ? P0 : R, base = P0 - npast;
+  DI_V4_ALLOC(wkeys, (size_t)(npast + T) * hd);
+  for (int j = 0; j < npast; j++)
+    memcpy(wkeys + (size_t)j * hd, ls->ring + (size_t)((base + j) % R) * hd, sizeof(float) * hd);
+  memcpy(wkeys + (size_t)npast * hd, kv, sizeof(float) * (size_t)T * hd);
+  for (int t = T > R ? T - R : 0; t < T; t++) /* the ring keeps the last R positions */
+    memcpy(ls->ring + (size_t)((P0 + t) % R) * hd, kv + (size_t)t * hd, sizeof(float) * hd);
+
+  unsigned char *sel = NULL;
+  int nc = 0;
+  if (kind != DI_V4_ATTN_SLIDING) {
+    DI_TRY(comp_feed(cx, &ls->comp, &L->comp, a));
+    nc = ls->comp.n_ent;
+    if (kind == DI_V4_ATTN_CSA) {
+      DI_TRY(comp_feed(cx, &ls->icomp, &L->icomp, a));
+      float *selbuf = di_v4_alloc_f(cx, ((size_t)T * nc + 3) / 4 + 1);
+      if (!selbuf)
+        return DI_ERR_OOM;
+      sel = (unsigned char *)selbuf;
+      DI_TRY(indexer_step(cx, L, &ls->icomp, a, qr, sel));
+    }
+  }
+  DI_V4_ALLOC(o, (size_t)T * H * hd);
+  DI_V4_ALLOC(p, (size_t)W + nc + 1);
+  DI_V4_ALLOC(ex, 2 * ((size_t)W + nc + 1));
+  for (int t = 0; t < T; t++) {
+    const int pos = P0 + t, j0 = pos - W + 1 > 0 ? pos - W + 1 : 0;
+    int n_cmp = 0;
+    if (kind == DI_V4_ATTN_HCA) {
+      n_cmp = (pos + 1) / ls->comp.rate;
+      if (n_cmp > nc)
+        n_cmp = nc;
+    } else if (kind == DI_V4_ATTN_CSA) {
+      n_cmp = nc;
+    }
+    di_v4_attend(cx, L, rt, q + (size_t)t * H * hd, pos, wkeys + (size_t)(j0 - base) * hd, pos - j0 + 1, ls->comp.ent, n_cmp,
+                 sel ? sel + (size_t)t * nc : NULL, p, (double *)ex, o + (size_t)t * H * hd);
+  }
+  DI_TRY(di_v4_attn_out(cx, L, o, out));
+  di_v4_release(cx, m);
+  return DI_OK;
+}
+
+/* Whether the state was made for a configuration of this shape. */
+static int state_matches(const di_v4_seq_state *s, const di_v4_config *c) {
+  return s->n_layers == c->n_layers && s->head_dim == c->head_dim && s->window == c->sliding_window &&
+         s->csa_rate == c->csa_rate && s->hca_rate == c->hca_rate && s->index_head_dim == c->index_head_dim &&
+         memcmp(s->attn_kind, c->attn_kind, (size_t)c->n_layers) == 0;
+}
+
+static di_status run_step(di_v4_ctx *cx, float *logits) {
+  const di_v4_config *c = cx->c;
+  const di_v4_weights *w = cx->w;
+  DI_V4_ALLOC(X, (size_t)cx->T * c->hc_mult * c->hidden_size);
+  di_v4_embed(cx, X);
+  for (int l = 0; l < c->n_layers; l++) {
+    const di_v4_layer *L = &w->layers[l];
+    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, attention_step));
+    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, di_v4_moe));
+  }
+  return di_v4_head(cx, X, logits);
+}
+
+di_status di_cpu_v4_forward_step(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s, const int32_t *tokens,
+                                 int n, float *logits_out) {
+  if (!cfg || !w || !s || !tokens || !logits_out)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": NULL %s", !cfg ? "config" : !w ? "weights" : !s ? "state"
+                                                                   : !tokens ? "tokens" : "logits buffer");
+  if (s->broken)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": the state is unusable after a failed step (reset it)");
+  if (!state_matches(s, cfg))
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": the state was made for another configuration (layers %d, head_dim %d, "
+                                            "window %d) than this model's (%d, %d, %d)",
+                        s->n_layers, s->head_dim, s->window, cfg->n_layers, cfg->head_dim, cfg->sliding_window);
+  if (w->n_layers != cfg->n_layers)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": weights have %d layers, the config %d", w->n_layers, cfg->n_layers);
+  di_v4_ctx cx;
+  DI_TRY(di_v4_ctx_init(&cx, cfg, w, tokens, n, WHO));
+  if (s->n_pos > INT_MAX - (int64_t)n)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": %d more tokens at position %lld pass the position limit (%d)", n,
+                        (long long)s->n_pos, INT_MAX);
+  cx.pos0 = (int)s->n_pos;
+  cx.user = s;
+  s->broken = 1; /* until the step completes: a failure midway leaves some layers updated */
+  di_status st = run_step(&cx, logits_out);
+  di_v4_release(&cx, NULL);
+  if (st == DI_OK) {
+    s->n_pos += n;
+    s->broken = 0;
+  }
+  return st;
+}

@@ -1,0 +1,40 @@
+/* DeepSeek-V4 cached (incremental) forward on the CPU: a per-sequence state that holds what later
+ * tokens need (sliding-window K=V, compressed entries, indexer keys, the compressors' pending windows)
+ * and a step that appends n tokens (a prompt chunk or one decode token) and returns their logits.
+ * Equal to the reference forward (di_cpu_v4_forward_chunked) bit for bit; tests/model/test_v4_cached.c. */
+#ifndef DI_BACKEND_CPU_DEEPSEEK_V4_CACHE_H
+#define DI_BACKEND_CPU_DEEPSEEK_V4_CACHE_H
+#include <stddef.h>
+#include <stdint.h>
+#include "arch/deepseek_v4.h"
+
+/* One sequence's state, per layer:
+ *  - every layer: K=V of the last sliding_window-1 positions (a ring; the current token is the W-th key);
+ *  - CSA and HCA layers: the compressed entries made so far (one per complete window of rate tokens),
+ *    and the compressor's pending rows (kv, gate + position bias) of the incomplete window;
+ *  - CSA layers also: the previous complete window's rows (its Ca half joins the next entry), and the
+ *    same three things for the indexer's own compressor (its entries are the indexer's keys).
+ * Sizes: the ring and the pending rows are fixed; the entries grow by one per rate tokens. */
+typedef struct di_v4_seq_state di_v4_seq_state;
+
+/* A fresh state (position 0) for a model of this configuration. */
+di_status di_v4_seq_state_create(const di_v4_config *cfg, di_v4_seq_state **out);
+void di_v4_seq_state_free(di_v4_seq_state *s);
+/* Back to position 0 (the memory is kept). */
+void di_v4_seq_state_reset(di_v4_seq_state *s);
+/* Tokens appended so far. */
+int64_t di_v4_seq_state_positions(const di_v4_seq_state *s);
+/* Bytes of cache data the state holds now (rings, pending rows and the entries made so far; not the
+ * spare capacity of its growable arrays). */
+size_t di_v4_seq_state_bytes(const di_v4_seq_state *s);
+
+/* Appends tokens[0..n) (n >= 1) at positions state.positions ... and writes their logits to
+ * logits_out [n][vocab_size]. Equal to di_cpu_v4_forward_chunked over the whole sequence so far with
+ * this call's tokens as one chunk (for n = 1: forward_full over the sequence, at its last position).
+ * Bad arguments (a NULL pointer, n < 1, a token outside the vocabulary, a state made for another
+ * configuration) are errors naming the problem and leave the state as it was; a state whose step
+ * failed midway (out of memory) refuses further steps until reset. */
+di_status di_cpu_v4_forward_step(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s, const int32_t *tokens,
+                                 int n, float *logits_out);
+
+#endif
