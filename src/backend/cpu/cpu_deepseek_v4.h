@@ -11,13 +11,16 @@
 di_status di_cpu_v4_forward_full(const di_v4_config *cfg, const di_v4_weights *w, const int32_t *tokens, int n,
                                  float *logits_out);
 
-/* The same forward as a cached run that fed the tokens in chunks would compute it: position t
- * belongs to the chunk ending (exclusive) at chunk_end[t] (non-decreasing, t < chunk_end[t] <= n).
- * The only difference a chunking makes is in the CSA indexer's top-k: torch ranks every compressed
- * entry that exists when the chunk runs (chunk_end[t]/rate of them, the not-yet-complete ones for
- * query t at -inf), and which of several exactly tied scores it keeps depends on that count. So
- * position t's logits equal forward_full over tokens[0..chunk_end[t]) at t. chunk_end NULL: all n
- * (forward_full). The oracle of the cached forward (cpu_deepseek_v4_cache.h). */
+/* The same forward as a cached run that fed the tokens in chunks computes it: position t belongs to
+ * the chunk ending (exclusive) at chunk_end[t] (non-decreasing, t < chunk_end[t] <= n). The only
+ * difference a chunking makes is in the CSA indexer's top-k: transformers (with its cache) ranks every
+ * compressed entry that exists when the chunk runs (chunk_end[t]/rate of them, those not complete for
+ * query t at -inf), and which of several exactly tied scores torch.topk keeps depends on that count;
+ * ties are frequent (a score is exactly 0 when relu zeroes every index head), and a different pick
+ * changes that position's hidden state and, through the window and the compressed entries, later
+ * ones. So the logits depend on the chunking, as transformers' do (tests/model/test_v4_cached.c checks
+ * this against transformers run chunk by chunk). chunk_end NULL: one chunk (forward_full). The oracle
+ * of the cached forward (cpu_deepseek_v4_cache.h). */
 di_status di_cpu_v4_forward_chunked(const di_v4_config *cfg, const di_v4_weights *w, const int32_t *tokens, int n,
                                     const int *chunk_end, float *logits_out);
 

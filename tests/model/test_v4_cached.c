@@ -1,0 +1,412 @@
+/* The DeepSeek-V4 cached forward (src/backend/cpu/cpu_deepseek_v4_cache.c) against the reference forward
+ * on tests/data/models/dsv4-tiny: chunked prefill (1-token steps, 7+128+165, one chunk, random chunk
+ * sizes) then 1-token decode give the reference's logits (rel L2 per position <= 1e-6; measured: 0, the
+ * arithmetic is shared) on the fixture's prompts and on random 600-token sequences; the reference's
+ * chunk model is itself checked against prefix forwards; greedy continuations equal transformers'
+ * golden ones; interleaved states; state sizes; named errors. */
+#include "arch/deepseek_v4.h"
+#include "backend/cpu/cpu_deepseek_v4.h"
+#include "backend/cpu/cpu_deepseek_v4_cache.h"
+#include "model/safetensors.h"
+#include "util/json.h"
+#include "test_util.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FIXTURE "tests/data/models/dsv4-tiny"
+
+static di_v4_config cfg;
+static di_v4_weights wts;
+static int V;
+static double worst_rel; /* the largest per-position rel L2 seen against the reference */
+
+static int argmax(const float *v, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[b])
+      b = i;
+  return b;
+}
+
+static void random_tokens(int32_t *tok, int n, unsigned seed) {
+  for (int t = 0; t < n; t++) {
+    seed = seed * 1103515245u + 12345u;
+    tok[t] = (int32_t)((seed >> 8) % (unsigned)V);
+  }
+}
+
+/* The largest per-position rel L2 of got vs ref over positions [0, n). */
+static double max_rel(const float *got, const float *ref, int n) {
+  double worst = 0;
+  for (int t = 0; t < n; t++) {
+    double e = test_rel_l2(got + (size_t)t * V, ref + (size_t)t * V, (size_t)V);
+    worst = e > worst ? e : worst;
+  }
+  return worst;
+}
+
+/* Runs tok[0..n) through a fresh state in chunks of the given sizes (the last one repeated until n
+ * is reached; sizes of 1 are decode steps), logits into lg [n][V], and fills chunk_end. */
+static di_status run_cached(const int32_t *tok, int n, const int *sizes, int n_sizes, float *lg, int *chunk_end) {
+  di_v4_seq_state *s;
+  DI_TRY(di_v4_seq_state_create(&cfg, &s));
+  di_status st = DI_OK;
+  for (int at = 0, i = 0; at < n && st == DI_OK; i++) {
+    int k = sizes[i < n_sizes ? i : n_sizes - 1];
+    if (k > n - at)
+      k = n - at;
+    st = di_cpu_v4_forward_step(&cfg, &wts, s, tok + at, k, lg + (size_t)at * V);
+    for (int t = at; t < at + k; t++)
+      chunk_end[t] = at + k;
+    at += k;
+  }
+  if (st == DI_OK && di_v4_seq_state_positions(s) != n)
+    st = di_error_set(DI_ERR_INTERNAL, "state holds %lld positions, expected %d", (long long)di_v4_seq_state_positions(s), n);
+  di_v4_seq_state_free(s);
+  return st;
+}
+
+/* One sequence under one chunking: cached logits vs the reference's chunked forward. Returns the
+ * number of positions where the plain whole-sequence reference (chunk_end = n) differs, i.e. where an
+ * indexer tie was broken differently because fewer entries existed when the chunk ran. */
+static int check_chunking(const char *name, const int32_t *tok, int n, const int *sizes, int n_sizes, const float *full) {
+  float *lg = malloc(sizeof(float) * (size_t)n * V), *ref = malloc(sizeof(float) * (size_t)n * V);
+  int *ce = malloc(sizeof(int) * (size_t)n), differ = 0;
+  di_status st = run_cached(tok, n, sizes, n_sizes, lg, ce);
+  CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
+  if (st == DI_OK) {
+    st = di_cpu_v4_forward_chunked(&cfg, &wts, tok, n, ce, ref);
+    CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
+    double e = max_rel(lg, ref, n);
+    worst_rel = e > worst_rel ? e : worst_rel;
+    CHECKF(e <= 1e-6, "%s: cached vs reference, worst position rel L2 %.3e", name, e);
+    for (int t = 0; t < n; t++)
+      differ += test_rel_l2(lg + (size_t)t * V, full + (size_t)t * V, (size_t)V) > 1e-6;
+    printf("%-34s T=%3d: worst position rel L2 vs reference %.1e; %d positions differ from the unchunked reference\n", name,
+           n, e, differ);
+  }
+  free(lg);
+  free(ref);
+  free(ce);
+  return differ;
+}
+
+/* The chunk semantics against transformers itself, run with its cache chunk by chunk
+ * (tests/data/v4_cached/transformers_cached.safetensors, made by tests/data/tools/v4_cached_golden.py):
+ * the cached path must agree at every kept position, where the unchunked reference often does not. */
+static void check_transformers_cached(void) {
+  di_st_file g;
+  di_status st = di_st_open(test_path("tests/data/v4_cached/transformers_cached.safetensors"), &g);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st != DI_OK)
+    return;
+  for (int c = 0; c < 3; c++) {
+    char k[4][32];
+    snprintf(k[0], 32, "c%d.ids", c);
+    snprintf(k[1], 32, "c%d.chunks", c);
+    snprintf(k[2], 32, "c%d.pos", c);
+    snprintf(k[3], 32, "c%d.logits", c);
+    const di_st_tensor *tid = di_st_file_find(&g, k[0]), *tch = di_st_file_find(&g, k[1]), *tpo = di_st_file_find(&g, k[2]),
+                       *tlg = di_st_file_find(&g, k[3]);
+    CHECK(tid && tch && tpo && tlg);
+    if (!tid || !tch || !tpo || !tlg)
+      continue;
+    const int n = (int)tid->shape[0], nch = (int)tch->shape[0], np = (int)tpo->shape[0];
+    const int32_t *pos = tpo->data;
+    float *lg = malloc(sizeof(float) * (size_t)n * V), *full = malloc(sizeof(float) * (size_t)n * V);
+    int *ce = malloc(sizeof(int) * (size_t)n);
+    st = run_cached(tid->data, n, tch->data, nch, lg, ce);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    if (st == DI_OK)
+      st = di_cpu_v4_forward_full(&cfg, &wts, tid->data, n, full);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    double worst = 0, worst_full = 0;
+    for (int i = 0; st == DI_OK && i < np; i++) {
+      const float *want = (const float *)tlg->data + (size_t)i * V;
+      double e = test_rel_l2(lg + (size_t)pos[i] * V, want, (size_t)V);
+      double f = test_rel_l2(full + (size_t)pos[i] * V, want, (size_t)V);
+      worst = e > worst ? e : worst;
+      worst_full = f > worst_full ? f : worst_full;
+    }
+    CHECKF(worst < 1e-5, "case %d: cached vs transformers' cached run, worst position rel L2 %.3e", c, worst);
+    CHECKF(worst_full > 1e-3, "case %d: the unchunked reference should differ here (%.3e)", c, worst_full);
+    printf("transformers cached case %d (T=%d, %d chunks): worst position rel L2 %.2e (unchunked reference: %.2e)\n", c, n,
+           nch, worst, worst_full);
+    free(lg);
+    free(full);
+    free(ce);
+  }
+  di_st_file_close(&g);
+}
+
+/* ---- the fixture's prompts and their golden continuations ----------------------------------------- */
+
+static void check_golden(void) {
+  di_st_file g;
+  di_status st = di_st_open(test_path(FIXTURE "/golden.safetensors"), &g);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st != DI_OK)
+    return;
+  for (int p = 0; p < 3; p++) {
+    char k[4][32];
+    snprintf(k[0], 32, "p%d.ids", p);
+    snprintf(k[1], 32, "p%d.logits", p);
+    snprintf(k[2], 32, "p%d.greedy", p);
+    snprintf(k[3], 32, "p%d.margin", p);
+    const di_st_tensor *tid = di_st_file_find(&g, k[0]), *tlg = di_st_file_find(&g, k[1]), *tgr = di_st_file_find(&g, k[2]),
+                       *tmg = di_st_file_find(&g, k[3]);
+    CHECK(tid && tlg && tgr && tmg);
+    if (!tid || !tlg || !tgr || !tmg)
+      continue;
+    const int T = (int)tid->shape[0], G = (int)tgr->shape[0];
+    const int32_t *ids = tid->data, *gold = tgr->data;
+    const float *margin = tmg->data;
+    /* the prompt plus the golden continuation, as one sequence under several chunkings */
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)(T + G));
+    memcpy(seq, ids, sizeof(int32_t) * (size_t)T);
+    memcpy(seq + T, gold, sizeof(int32_t) * (size_t)G);
+    const int N = T + G;
+    float *full = malloc(sizeof(float) * (size_t)N * V);
+    st = di_cpu_v4_forward_full(&cfg, &wts, seq, N, full);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    char name[64];
+    const int one[] = {1}, whole_then_decode[] = {T, 1}, split[] = {7, 128, 165, 1};
+    snprintf(name, sizeof name, "p%d 1-token steps", p);
+    check_chunking(name, seq, N, one, 1, full);
+    snprintf(name, sizeof name, "p%d prompt chunk + decode", p);
+    check_chunking(name, seq, N, whole_then_decode, 2, full);
+    if (T >= 300) {
+      snprintf(name, sizeof name, "p%d 7+128+165 + decode", p);
+      check_chunking(name, seq, N, split, 4, full);
+    }
+    free(full);
+
+    /* greedy decoding through the cached path: prompt in one chunk, then one token per step */
+    di_v4_seq_state *s;
+    st = di_v4_seq_state_create(&cfg, &s);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    if (st == DI_OK) {
+      float *lg = malloc(sizeof(float) * (size_t)T * V);
+      st = di_cpu_v4_forward_step(&cfg, &wts, s, ids, T, lg);
+      CHECKF(st == DI_OK, "%s", di_last_error());
+      double err = test_rel_l2(lg, tlg->data, (size_t)T * V);
+      CHECKF(err < 1e-4, "p%d: cached prefill logits vs transformers rel L2 %.3e", p, err);
+      int ok = 1, tok = argmax(lg + (size_t)(T - 1) * V, V);
+      for (int i = 0; i < G && st == DI_OK; i++) {
+        if (margin[i] > 1e-3f) {
+          CHECKF(tok == gold[i], "p%d greedy step %d: got %d, golden %d", p, i, tok, gold[i]);
+          ok &= tok == gold[i];
+        }
+        int32_t next = gold[i]; /* follow the golden path */
+        st = di_cpu_v4_forward_step(&cfg, &wts, s, &next, 1, lg);
+        CHECKF(st == DI_OK, "%s", di_last_error());
+        tok = argmax(lg, V);
+      }
+      printf("p%d: cached prefill vs transformers rel L2 %.2e; greedy %d steps %s\n", p, err, G, ok ? "equal" : "DIFFER");
+      free(lg);
+      di_v4_seq_state_free(s);
+    }
+    free(seq);
+  }
+  di_st_file_close(&g);
+}
+
+/* ---- long random sequences ------------------------------------------------------------------------- */
+
+static void check_random(void) {
+  const int N = 600;
+  int32_t *tok = malloc(sizeof(int32_t) * N);
+  float *full = malloc(sizeof(float) * (size_t)N * V);
+  for (int r = 0; r < 2; r++) {
+    random_tokens(tok, N, 1000u + (unsigned)r);
+    di_status st = di_cpu_v4_forward_full(&cfg, &wts, tok, N, full);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    if (st != DI_OK)
+      break;
+    const int one[] = {1}, whole[] = {N}, split[] = {7, 128, 165, 1}, odd[] = {3, 61, 130, 1, 1, 2, 255, 4, 1},
+              big[] = {200, 1, 129, 1};
+    char name[64];
+    snprintf(name, sizeof name, "random%d 1-token steps", r);
+    check_chunking(name, tok, N, one, 1, full);
+    snprintf(name, sizeof name, "random%d one chunk", r);
+    CHECK(check_chunking(name, tok, N, whole, 1, full) == 0); /* one chunk is the plain reference */
+    snprintf(name, sizeof name, "random%d 7+128+165 + decode", r);
+    check_chunking(name, tok, N, split, 4, full);
+    snprintf(name, sizeof name, "random%d odd chunks + decode", r);
+    check_chunking(name, tok, N, odd, 9, full);
+    snprintf(name, sizeof name, "random%d 200,1,129 + decode", r);
+    check_chunking(name, tok, N, big, 4, full);
+  }
+  free(tok);
+  free(full);
+}
+
+/* ---- two sequences interleaved ------------------------------------------------------------------ */
+
+static void check_interleaved(void) {
+  const int N = 300;
+  int32_t a[300], b[300];
+  random_tokens(a, N, 77u);
+  random_tokens(b, N, 78u);
+  float *la = malloc(sizeof(float) * (size_t)N * V), *lb = malloc(sizeof(float) * (size_t)N * V);
+  float *ia = malloc(sizeof(float) * (size_t)N * V), *ib = malloc(sizeof(float) * (size_t)N * V);
+  int *ce = malloc(sizeof(int) * N);
+  const int sa[] = {5, 1}, sb[] = {130, 1};
+  di_status st = run_cached(a, N, sa, 2, la, ce);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  st = run_cached(b, N, sb, 2, lb, ce);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  di_v4_seq_state *A, *B;
+  CHECK(di_v4_seq_state_create(&cfg, &A) == DI_OK);
+  CHECK(di_v4_seq_state_create(&cfg, &B) == DI_OK);
+  int pa = 0, pb = 0, i = 0, j = 0;
+  while (st == DI_OK && (pa < N || pb < N)) { /* alternate one step of each */
+    if (pa < N) {
+      int k = i++ ? 1 : sa[0];
+      st = di_cpu_v4_forward_step(&cfg, &wts, A, a + pa, k, ia + (size_t)pa * V);
+      pa += k;
+    }
+    if (pb < N && st == DI_OK) {
+      int k = j++ ? 1 : sb[0];
+      st = di_cpu_v4_forward_step(&cfg, &wts, B, b + pb, k, ib + (size_t)pb * V);
+      pb += k;
+    }
+  }
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(memcmp(la, ia, sizeof(float) * (size_t)N * V) == 0);
+  CHECK(memcmp(lb, ib, sizeof(float) * (size_t)N * V) == 0);
+  /* a reset state starts over: the first 40 tokens of b again */
+  di_v4_seq_state_reset(A);
+  CHECK(di_v4_seq_state_positions(A) == 0);
+  st = di_cpu_v4_forward_step(&cfg, &wts, A, b, 40, ia);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  float *ref = malloc(sizeof(float) * 40 * V);
+  CHECK(di_cpu_v4_forward_full(&cfg, &wts, b, 40, ref) == DI_OK);
+  CHECK(memcmp(ref, ia, sizeof(float) * 40 * V) == 0);
+  printf("two states interleaved (%d tokens each): bit-identical to each alone; reset state reused\n", N);
+  free(ref);
+  di_v4_seq_state_free(A);
+  di_v4_seq_state_free(B);
+  free(la);
+  free(lb);
+  free(ia);
+  free(ib);
+  free(ce);
+}
+
+/* ---- state sizes ------------------------------------------------------------------------------------ */
+
+static void check_sizes(void) {
+  di_v4_seq_state *s;
+  if (di_v4_seq_state_create(&cfg, &s) != DI_OK) {
+    CHECKF(0, "%s", di_last_error());
+    return;
+  }
+  const size_t fixed = di_v4_seq_state_bytes(s);
+  /* fixed part: per layer the window ring, plus per compressor its pending (and CSA previous) rows */
+  size_t expect = 0, per_csa = 0, per_hca = 0;
+  const int hd = cfg.head_dim, ihd = cfg.index_head_dim;
+  for (int l = 0; l < cfg.n_layers; l++) {
+    expect += 4u * (size_t)(cfg.sliding_window - 1) * hd;
+    if (cfg.attn_kind[l] == DI_V4_ATTN_CSA) {
+      expect += 4u * cfg.csa_rate * (4u * 2 * hd + 4u * 2 * ihd);
+      per_csa += 4u * (size_t)(hd + ihd);
+    } else if (cfg.attn_kind[l] == DI_V4_ATTN_HCA) {
+      expect += 4u * cfg.hca_rate * 2u * hd;
+      per_hca += 4u * (size_t)hd;
+    }
+  }
+  CHECKF(fixed == expect, "fixed state bytes %zu, expected %zu", fixed, expect);
+  const int N = 700;
+  int32_t tok[700];
+  random_tokens(tok, N, 5u);
+  float *lg = malloc(sizeof(float) * (size_t)N * V);
+  CHECK(di_cpu_v4_forward_step(&cfg, &wts, s, tok, N, lg) == DI_OK);
+  const size_t grown = di_v4_seq_state_bytes(s) - fixed;
+  const size_t want = (size_t)(N / cfg.csa_rate) * per_csa + (size_t)(N / cfg.hca_rate) * per_hca;
+  CHECKF(grown == want, "after %d tokens the state grew by %zu bytes, expected %zu", N, grown, want);
+  printf("state: %zu fixed bytes; after %d tokens +%zu (per layer: CSA %d B per %d tokens, HCA %d B per %d)\n", fixed, N,
+         grown, 4 * (hd + ihd), cfg.csa_rate, 4 * hd, cfg.hca_rate);
+  di_v4_seq_state_reset(s);
+  CHECK(di_v4_seq_state_bytes(s) == fixed);
+  free(lg);
+  di_v4_seq_state_free(s);
+}
+
+/* ---- bad arguments -------------------------------------------------------------------------------- */
+
+static void check_errors(void) {
+  di_v4_seq_state *s = NULL;
+  CHECK_ERR(di_v4_seq_state_create(NULL, &s), "NULL config");
+  di_v4_config bad = cfg;
+  bad.sliding_window = 0;
+  CHECK_ERR(di_v4_seq_state_create(&bad, &s), "sliding_window 0");
+  CHECK(s == NULL);
+  if (di_v4_seq_state_create(&cfg, &s) != DI_OK) {
+    CHECKF(0, "%s", di_last_error());
+    return;
+  }
+  float *lg = malloc(sizeof(float) * 8 * V);
+  int32_t tok[8] = {3, 4, 5, 6, 7, 8, 9, 10};
+  CHECK_ERR(di_cpu_v4_forward_step(&cfg, &wts, NULL, tok, 1, lg), "NULL state");
+  CHECK_ERR(di_cpu_v4_forward_step(&cfg, &wts, s, NULL, 1, lg), "NULL tokens");
+  CHECK_ERR(di_cpu_v4_forward_step(&cfg, &wts, s, tok, 1, NULL), "NULL logits");
+  CHECK_ERR(di_cpu_v4_forward_step(&cfg, &wts, s, tok, 0, lg), "empty token sequence");
+  CHECK_ERR(di_cpu_v4_forward_step(&cfg, &wts, s, tok, -3, lg), "empty token sequence");
+  tok[5] = V;
+  CHECK_ERR(di_cpu_v4_forward_step(&cfg, &wts, s, tok, 8, lg), "token 512 at position 5 is outside the vocabulary");
+  tok[5] = -1;
+  CHECK_ERR(di_cpu_v4_forward_step(&cfg, &wts, s, tok, 8, lg), "token -1 at position 5");
+  tok[5] = 8;
+  bad = cfg;
+  bad.sliding_window = 64;
+  CHECK_ERR(di_cpu_v4_forward_step(&bad, &wts, s, tok, 8, lg), "another configuration");
+  bad = cfg;
+  bad.attn_kind[1] = DI_V4_ATTN_HCA;
+  CHECK_ERR(di_cpu_v4_forward_step(&bad, &wts, s, tok, 8, lg), "another configuration");
+  CHECK(di_v4_seq_state_positions(s) == 0); /* refused steps left it alone */
+  /* and it still works, from position 0 */
+  CHECK(di_cpu_v4_forward_step(&cfg, &wts, s, tok, 8, lg) == DI_OK);
+  float *ref = malloc(sizeof(float) * 8 * V);
+  CHECK(di_cpu_v4_forward_full(&cfg, &wts, tok, 8, ref) == DI_OK);
+  CHECK(memcmp(ref, lg, sizeof(float) * 8 * V) == 0);
+  CHECK(di_v4_seq_state_positions(s) == 8);
+  int ce[8] = {2, 2, 3, 5, 4, 8, 8, 8};
+  CHECK_ERR(di_cpu_v4_forward_chunked(&cfg, &wts, tok, 8, ce, ref), "chunk_end[4] = 4");
+  ce[4] = 5;
+  ce[7] = 9;
+  CHECK_ERR(di_cpu_v4_forward_chunked(&cfg, &wts, tok, 8, ce, ref), "chunk_end[7] = 9");
+  free(ref);
+  free(lg);
+  di_v4_seq_state_free(s);
+  di_v4_seq_state_free(NULL);
+}
+
+int main(void) {
+  char *text = NULL;
+  size_t len = 0;
+  di_tensor_source *src = NULL;
+  di_status st = di_read_file(test_path(FIXTURE "/config.json"), &text, &len);
+  if (st == DI_OK)
+    st = di_v4_config_parse(text, len, &cfg);
+  if (st == DI_OK)
+    st = di_tensor_source_open(test_path(FIXTURE), &src);
+  if (st == DI_OK)
+    st = di_v4_weights_bind(&cfg, src, &wts);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st == DI_OK) {
+    V = cfg.vocab_size;
+    check_golden();
+    check_transformers_cached();
+    check_random();
+    check_interleaved();
+    check_sizes();
+    check_errors();
+    printf("worst per-position rel L2, cached vs reference: %.3e\n", worst_rel);
+    di_v4_weights_free(&wts);
+  }
+  di_tensor_source_free(src);
+  free(text);
+  return test_finish("test_v4_cached");
+}
