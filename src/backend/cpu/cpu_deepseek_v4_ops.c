@@ -46,7 +46,23 @@ di_status di_v4_linear(di_v4_ctx *cx, const di_weight *W, const float *x, int T,
   }
   for (int t = 0; t < T; t++) {
     const float *xt = x + (size_t)t * C;
-    for (int64_t r = 0; r < R; r++) {
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) { /* four rows at once for parallelism; each row still sums in order */
+      const float *w0 = wf + (size_t)r * C, *w1 = w0 + C, *w2 = w1 + C, *w3 = w2 + C;
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t k = 0; k < C; k++) {
+        const double xk = xt[k];
+        s0 += (double)w0[k] * xk;
+        s1 += (double)w1[k] * xk;
+        s2 += (double)w2[k] * xk;
+        s3 += (double)w3[k] * xk;
+      }
+      y[(size_t)t * R + r] = (float)s0;
+      y[(size_t)t * R + r + 1] = (float)s1;
+      y[(size_t)t * R + r + 2] = (float)s2;
+      y[(size_t)t * R + r + 3] = (float)s3;
+    }
+    for (; r < R; r++) {
       const float *wr = wf + (size_t)r * C;
       double s = 0;
       for (int64_t k = 0; k < C; k++)
@@ -595,17 +611,20 @@ void di_v4_attend(const di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_ta
       ex[i] = p[i] == -INFINITY ? 0 : exp(p[i] - mx); /* once per key, not per channel */
       sum += ex[i];
     }
-    float *oh = o_t + (size_t)h * hd;
-    for (int e = 0; e < hd; e++) {
-      double acc = 0;
-      for (int i = 0; i < n_win + n_cmp; i++) {
-        if (p[i] == -INFINITY)
-          continue;
-        const float *v = i < n_win ? win + (size_t)i * hd : cmp + (size_t)(i - n_win) * hd;
-        acc += ex[i] * v[e];
-      }
-      oh[e] = (float)(acc / sum);
+    /* keys outer, channels inner: each channel still sums over the keys in order */
+    double acc[1024];
+    for (int e = 0; e < hd; e++)
+      acc[e] = 0;
+    for (int i = 0; i < n_win + n_cmp; i++) {
+      if (p[i] == -INFINITY)
+        continue;
+      const float *v = i < n_win ? win + (size_t)i * hd : cmp + (size_t)(i - n_win) * hd;
+      for (int e = 0; e < hd; e++)
+        acc[e] += ex[i] * v[e];
     }
+    float *oh = o_t + (size_t)h * hd;
+    for (int e = 0; e < hd; e++)
+      oh[e] = (float)(acc[e] / sum);
     di_v4_rope_apply(rt, oh, hd, pos, -1);
   }
 }
@@ -647,8 +666,8 @@ di_status di_v4_ctx_init(di_v4_ctx *cx, const di_v4_config *cfg, const di_v4_wei
       return di_error_set(DI_ERR_INVALID_ARG, "%s: token %d at position %d is outside the vocabulary (%d)", who, tokens[t], t,
                           cfg->vocab_size);
   if (cfg->hc_mult > 64 || cfg->n_routed_experts > 1024 || cfg->rope_main.dim > 1024 || cfg->rope_compress.dim > 1024 ||
-      cfg->csa_rate > 1024 || cfg->hca_rate > 1024)
-    return di_error_set(DI_ERR_UNSUPPORTED, "%s: hc_mult > 64, > 1024 experts, rope dim > 1024 or "
+      cfg->csa_rate > 1024 || cfg->hca_rate > 1024 || cfg->head_dim > 1024)
+    return di_error_set(DI_ERR_UNSUPPORTED, "%s: hc_mult > 64, > 1024 experts, rope dim > 1024, head_dim > 1024 or "
                                             "compress rate > 1024 are not supported",
                         who);
   memset(cx, 0, sizeof *cx);
