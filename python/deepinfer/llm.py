@@ -33,6 +33,24 @@ class _SpecStats(ctypes.Structure):
                 ("mean_accepted_length", ctypes.c_double)]
 
 
+def _prompt_logprobs(s):
+    """vLLM's shape: None for the first prompt token, then {token_id: Logprob} with the token itself
+    and the top alternatives (rank 1 = the most likely; the token's own rank is set when it is among them)."""
+    out = [None]
+    k = s.n_prompt_top
+    for i in range(1, s.n_prompt_tokens):
+        d = {}
+        for j in range(k):
+            tl = s.prompt_top[i * k + j]
+            if tl.id >= 0:
+                d[tl.id] = Logprob(tl.logprob, rank=j + 1)
+        tok = s.prompt_token_ids[i]
+        if tok not in d:
+            d[tok] = Logprob(s.prompt_logprobs[i])
+        out.append(d)
+    return out
+
+
 class LLM:
     """An engine over one model. Engine options use vLLM's names: max_model_len, max_num_seqs,
     max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, async_scheduling,
@@ -179,9 +197,17 @@ class LLM:
             p.has_seed = 1
             p.seed = int(sp.seed) & 0xFFFFFFFFFFFFFFFF
         p.logprobs = -1 if sp.logprobs is None else int(sp.logprobs)
-        p.max_tokens = 0 if sp.max_tokens is None else int(sp.max_tokens)
-        if sp.max_tokens is not None and p.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be at least 1, got {sp.max_tokens}")
+        plp = getattr(sp, "prompt_logprobs", None)
+        p.prompt_logprobs = -1 if plp is None else int(plp)
+        if plp is not None and p.prompt_logprobs < 0:
+            raise ValueError(f"prompt_logprobs must be non-negative, got {plp}")
+        if sp.max_tokens is None:  # up to the context (0 would mean "score only" with prompt logprobs)
+            p.max_tokens = 0 if plp is None else self._L.di_model_max_context(self._model)
+        else:
+            p.max_tokens = int(sp.max_tokens)
+            if p.max_tokens < (0 if plp is not None else 1):
+                raise ValueError(f"max_tokens must be at least {0 if plp is not None else 1}"
+                                 f"{'' if plp is not None else ' (0 only with prompt_logprobs)'}, got {sp.max_tokens}")
         p.min_tokens = sp.min_tokens
         if sp.stop_token_ids:
             arr = (ctypes.c_int32 * len(sp.stop_token_ids))(*sp.stop_token_ids)
@@ -240,6 +266,8 @@ class LLM:
                 if ro.prompt_token_ids is None and s.prompt_token_ids:
                     ro.prompt_token_ids = s.prompt_token_ids[:s.n_prompt_tokens]
                 ro.num_cached_tokens = s.n_cached_tokens
+                if s.prompt_logprobs:
+                    ro.prompt_logprobs = _prompt_logprobs(s)
                 if s.n_new_tokens:
                     co.token_ids.extend(s.new_tokens[:s.n_new_tokens])
                 if s.new_text_len:

@@ -47,6 +47,7 @@ class RequestOutput:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = None
+        self.prompt_logprobs = None   # prompt_logprobs=k: [None, {token_id: Logprob}, ...] per prompt token
         self.outputs = [CompletionOutput(i) for i in range(n)]
         self.finished = False
         self.num_cached_tokens = 0

@@ -29,12 +29,14 @@ class SamplingParams:
     """Sampling parameters of one request (vLLM's names and defaults: temperature 1, top_p 1,
     top_k off (0 or -1), max_tokens 16). temperature 0 is greedy. seed=None: a seed is drawn when
     the request is admitted. stop strings are not included in the returned text unless
-    include_stop_str_in_output. logprobs=k returns the chosen token's logprob and the top k."""
+    include_stop_str_in_output. logprobs=k returns the chosen token's logprob and the top k.
+    prompt_logprobs=k returns every prompt token's logprob (after the first) and the top k (raw
+    log-softmax, as vLLM); with it, max_tokens=0 only scores the prompt (no token generated)."""
 
     def __init__(self, n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, presence_penalty=0.0,
                  frequency_penalty=0.0, repetition_penalty=1.0, seed=None, stop=None, stop_token_ids=None,
                  ignore_eos=False, max_tokens=16, min_tokens=0, logprobs=None, include_stop_str_in_output=False,
-                 skip_special_tokens=True, logit_bias=None, structured_outputs=None):
+                 skip_special_tokens=True, logit_bias=None, structured_outputs=None, prompt_logprobs=None):
         self.n = int(n)
         self.temperature = float(temperature)
         self.top_p = float(top_p)
@@ -52,6 +54,7 @@ class SamplingParams:
         self.max_tokens = max_tokens
         self.min_tokens = int(min_tokens)
         self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
         self.include_stop_str_in_output = bool(include_stop_str_in_output)
         self.skip_special_tokens = bool(skip_special_tokens)
         self.logit_bias = dict(logit_bias) if logit_bias else {}
@@ -63,5 +66,5 @@ class SamplingParams:
 
     def __repr__(self):
         keys = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
-                "ignore_eos", "logprobs")
+                "ignore_eos", "logprobs", "prompt_logprobs")
         return "SamplingParams(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in keys) + ")"

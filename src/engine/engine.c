@@ -184,7 +184,7 @@ static di_status validate(const di_engine *e, const di_request_params *p) {
 /* a request that can never run ends with an error of its own at once */
 static const char *admission_error(const di_engine *e, const di_req *r, char *buf, size_t cap) {
   if (r->n_prompt == 0) return "the prompt is empty";
-  if (r->n_prompt >= e->opt.max_model_len) {
+  if (r->n_prompt > e->opt.max_model_len || (r->n_prompt == e->opt.max_model_len && !r->score_only)) {
     snprintf(buf, cap, "the prompt has %d tokens; max_model_len is %d (the prompt must leave room for one token)",
              r->n_prompt, e->opt.max_model_len);
     return buf;

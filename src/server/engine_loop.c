@@ -44,6 +44,8 @@ void di_srv_event_free(di_srv_event *ev) {
   free(ev->text);
   free(ev->logprobs);
   free(ev->top);
+  free(ev->prompt_logprobs);
+  free(ev->prompt_top);
   free(ev->error);
   free(ev);
 }
@@ -121,6 +123,18 @@ static di_srv_event *event_copy(const di_seq_output *o, int prompt_index) {
       if (!ev->top) goto oom;
       memcpy(ev->top, o->top, nt * (size_t)o->n_top * sizeof *ev->top);
       ev->n_top = o->n_top;
+    }
+  }
+  if (o->prompt_logprobs && o->n_prompt_tokens > 0) {
+    size_t np = (size_t)o->n_prompt_tokens, k = (size_t)(o->n_prompt_top > 0 ? o->n_prompt_top : 0);
+    ev->prompt_logprobs = malloc(np * sizeof *ev->prompt_logprobs);
+    if (!ev->prompt_logprobs) goto oom;
+    memcpy(ev->prompt_logprobs, o->prompt_logprobs, np * sizeof *ev->prompt_logprobs);
+    if (k && o->prompt_top) {
+      ev->prompt_top = malloc(np * k * sizeof *ev->prompt_top);
+      if (!ev->prompt_top) goto oom;
+      memcpy(ev->prompt_top, o->prompt_top, np * k * sizeof *ev->prompt_top);
+      ev->n_prompt_top = (int)k;
     }
   }
   if (o->error && !(ev->error = strdup(o->error))) goto oom;

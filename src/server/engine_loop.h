@@ -26,6 +26,9 @@ typedef struct di_srv_event {
   char *error;                /* finish == DI_FINISH_ERROR */
   int32_t stop_token;
   int n_prompt_tokens, n_cached_tokens, n_output_tokens;
+  float *prompt_logprobs;     /* [n_prompt_tokens] (entry 0 NaN) in sample 0's first event, else NULL */
+  int n_prompt_top;
+  di_token_logprob *prompt_top; /* [n_prompt_tokens][n_prompt_top] or NULL */
 } di_srv_event;
 void di_srv_event_free(di_srv_event *ev);
 

@@ -109,6 +109,10 @@ typedef struct gen {
   double last_peer_check;
   double t_submit, t_first;      /* monotonic seconds: job accepted, first token */
   sbuf out;                      /* streamed events not sent yet */
+  /* prompt logprobs per prompt (taken from sample 0's first event), stride plp_k[i] per token */
+  float **plp;
+  di_token_logprob **plp_top;
+  int *plp_k;
 } gen;
 
 static double mono_s(void) {
@@ -150,6 +154,90 @@ static void add_event_logprobs(gen *g, choice *ch, cJSON *lp, const di_srv_event
     size_t n = 0;
     if (g->s->oai.tok && di_tokenizer_token_bytes(g->s->oai.tok, ev->tokens[t], &n)) ch->text_offset += (int)n;
   }
+}
+
+/* keeps the prompt logprobs an event carries (sample 0's first) for the response */
+static void take_prompt_logprobs(gen *g, di_srv_event *ev) {
+  int i = ev->prompt_index;
+  if (!ev->prompt_logprobs || !g->plp || i < 0 || i >= g->r.n_prompts || g->plp[i]) return;
+  g->plp[i] = ev->prompt_logprobs;
+  g->plp_top[i] = ev->prompt_top;
+  g->plp_k[i] = ev->prompt_top ? ev->n_prompt_top : 0;
+  ev->prompt_logprobs = NULL;
+  ev->prompt_top = NULL;
+}
+
+/* bytes of a token's text (for text_offset) */
+static int token_len(const gen *g, int32_t id) {
+  size_t n = 0;
+  return g->s->oai.tok && di_tokenizer_token_bytes(g->s->oai.tok, id, &n) ? (int)n : 0;
+}
+
+/* completions with echo and logprobs: the prompt's tokens lead the logprobs (the first one with null
+ * logprob and alternatives), then the generated ones (`generated`, consumed; may be NULL); text_offset
+ * runs over all of them, as vLLM counts it */
+static cJSON *echo_logprobs_json(gen *g, int prompt, cJSON *generated) {
+  cJSON *o = di_oai_completion_logprobs_new();
+  if (!o) { cJSON_Delete(generated); return NULL; }
+  const int32_t *ids = g->r.prompt_ids[prompt];
+  const float *lp = g->plp[prompt];
+  int k = g->plp_k[prompt], want = g->r.logprobs < k ? g->r.logprobs : k, offset = 0;
+  for (int i = 0; i < g->r.n_prompt_ids[prompt]; i++) {
+    if (i == 0 || !lp) {
+      char *t = di_oai_token_text(g->s->oai.tok, ids[i], NULL, NULL);
+      cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "tokens"), cJSON_CreateString(t ? t : ""));
+      free(t);
+      cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "token_logprobs"), cJSON_CreateNull());
+      cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs"), cJSON_CreateNull());
+      cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(o, "text_offset"), cJSON_CreateNumber(offset));
+    } else {
+      di_oai_add_logprob(g->s->oai.tok, 0, o, ids[i], lp[i], k ? g->plp_top[prompt] + (size_t)i * (size_t)k : NULL,
+                         want, offset);
+    }
+    offset += token_len(g, ids[i]);
+  }
+  static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+  for (int a = 0; generated && a < 4; a++) {
+    cJSON *from = cJSON_GetObjectItemCaseSensitive(generated, keys[a]), *to = cJSON_GetObjectItemCaseSensitive(o, keys[a]);
+    cJSON *it;
+    while (from && (it = cJSON_DetachItemFromArray(from, 0)) != NULL) cJSON_AddItemToArray(to, it);
+  }
+  cJSON_Delete(generated);
+  return o;
+}
+
+/* vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}}, ...]; the token itself
+ * first, then the top `want` (rank known for those; null for a token outside them) */
+static cJSON *prompt_logprobs_json(gen *g, int prompt) {
+  cJSON *a = cJSON_CreateArray();
+  const float *lp = g->plp[prompt];
+  int k = g->plp_k[prompt], want = g->r.prompt_logprobs < k ? g->r.prompt_logprobs : k;
+  const int32_t *ids = g->r.prompt_ids[prompt];
+  for (int i = 0; a && i < g->r.n_prompt_ids[prompt]; i++) {
+    if (i == 0 || !lp) { cJSON_AddItemToArray(a, cJSON_CreateNull()); continue; }
+    cJSON *d = cJSON_CreateObject();
+    const di_token_logprob *top = k ? g->plp_top[prompt] + (size_t)i * (size_t)k : NULL;
+    for (int j = -1; j < want; j++) {
+      int32_t id = j < 0 ? ids[i] : top[j].id;
+      if (id < 0) continue;
+      char key[16];
+      snprintf(key, sizeof key, "%d", (int)id);
+      if (cJSON_GetObjectItemCaseSensitive(d, key)) continue;
+      int rank = 0;
+      for (int q = 0; q < want && !rank; q++)
+        if (top[q].id == id) rank = q + 1;
+      float v = j < 0 ? lp[i] : top[j].logprob;
+      cJSON *e = cJSON_AddObjectToObject(d, key);
+      cJSON_AddNumberToObject(e, "logprob", isfinite(v) ? v : -9999.0);
+      if (rank) cJSON_AddNumberToObject(e, "rank", rank);
+      else cJSON_AddNullToObject(e, "rank");
+      char *t = di_oai_token_text(g->s->oai.tok, id, NULL, NULL);
+      cJSON_AddStringToObject(e, "decoded_token", t ? t : "");
+      free(t);
+    }
+    cJSON_AddItemToArray(a, d);
+  }
+  return a;
 }
 
 static cJSON *usage_json(const gen *g) {
@@ -284,6 +372,7 @@ static int respond_whole(gen *g) {
     int ci = ev->prompt_index * g->r.n + ev->sample_index;
     if (ci >= 0 && ci < g->n_choices) {
       choice *ch = &g->ch[ci];
+      take_prompt_logprobs(g, ev);
       if (ev->logprobs && g->r.logprobs >= 0) {
         if (!ch->logprobs) ch->logprobs = new_logprobs(g->r.chat);
         if (ch->logprobs) add_event_logprobs(g, ch, ch->logprobs, ev);
@@ -356,13 +445,25 @@ static int respond_whole(gen *g) {
       }
       cJSON_AddStringToObject(c, "text", t ? t : "");
       free(t);
-      if (ch->logprobs) { cJSON_AddItemToObject(c, "logprobs", ch->logprobs); ch->logprobs = NULL; }
-      else cJSON_AddNullToObject(c, "logprobs");
+      int pi = i / g->r.n;
+      if (g->r.echo_logprobs) { /* every choice of the prompt echoes its logprobs */
+        cJSON *lp = echo_logprobs_json(g, pi, ch->logprobs);
+        ch->logprobs = NULL;
+        if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+        else cJSON_AddNullToObject(c, "logprobs");
+      } else if (ch->logprobs) {
+        cJSON_AddItemToObject(c, "logprobs", ch->logprobs);
+        ch->logprobs = NULL;
+      } else {
+        cJSON_AddNullToObject(c, "logprobs");
+      }
+      if (g->r.prompt_logprobs >= 0) cJSON_AddItemToObject(c, "prompt_logprobs", prompt_logprobs_json(g, pi));
     }
     cJSON_AddStringToObject(c, "finish_reason", ch->finish == DI_FINISH_NONE ? "tool_calls" : finish_str(ch->finish));
     cJSON_AddNullToObject(c, "stop_reason");
     cJSON_AddItemToArray(choices, c);
   }
+  if (g->r.chat && g->r.prompt_logprobs >= 0) cJSON_AddItemToObject(o, "prompt_logprobs", prompt_logprobs_json(g, 0));
   cJSON_AddItemToObject(o, "usage", usage_json(g));
   return send_json(g->c, 200, o, g->keep_alive);
 }
@@ -543,7 +644,13 @@ static int handle_generate(di_server *s, di_conn *c, const char *body, size_t le
   int result;
   g.n_choices = g.r.n_prompts * g.r.n;
   g.ch = calloc((size_t)g.n_choices, sizeof *g.ch);
-  g.job = g.ch ? di_srv_job_create(g.r.n_prompts, g.r.params) : NULL;
+  g.plp = calloc((size_t)g.r.n_prompts, sizeof *g.plp);
+  g.plp_top = calloc((size_t)g.r.n_prompts, sizeof *g.plp_top);
+  g.plp_k = calloc((size_t)g.r.n_prompts, sizeof *g.plp_k);
+  if (g.ch && g.r.echo_logprobs) /* generated tokens' text_offset continues after the prompt's tokens */
+    for (int i = 0; i < g.n_choices; i++)
+      for (int t = 0; t < g.r.n_prompt_ids[i / g.r.n]; t++) g.ch[i].text_offset += token_len(&g, g.r.prompt_ids[i / g.r.n][t]);
+  g.job = g.ch && g.plp && g.plp_top && g.plp_k ? di_srv_job_create(g.r.n_prompts, g.r.params) : NULL;
   if (!g.job) {
     di_oai_fail(&err, 500, "server_error", "", NULL, "out of memory");
     result = di_srv_send_error(c, &err, keep_alive);
@@ -575,6 +682,11 @@ done:
     cJSON_Delete(g.ch[i].logprobs);
   }
   free(g.ch);
+  for (int i = 0; g.plp && i < g.r.n_prompts; i++) {
+    free(g.plp[i]);
+    free(g.plp_top[i]);
+  }
+  free(g.plp); free(g.plp_top); free(g.plp_k);
   free(g.out.p);
   di_oai_request_free(&g.r);
   return result;

@@ -432,7 +432,8 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
     return -1;
   int has_seed = field(root, "seed") != NULL;
   const char *mt_key = chat && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (get_int(root, mt_key, 1, 2147483647.0, &max_tokens, err)) return -1;
+  /* completions: 0 scores the prompt only (echo, prompt logprobs), as lm-evaluation-harness asks */
+  if (get_int(root, mt_key, chat ? 1 : 0, 2147483647.0, &max_tokens, err)) return -1;
   long long best_of = n;
   if (get_int(root, "best_of", 1, MAX_SAMPLES, &best_of, err)) return -1;
   if (best_of != n) return BAD("best_of", "best_of other than n is not supported");
@@ -454,11 +455,21 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   } else {
     if (get_int(root, "logprobs", 0, MAX_TOP_LOGPROBS, &logprobs, err) || get_bool(root, "echo", &r->echo, err)) return -1;
     r->logprobs = (int)logprobs;
-    if (r->echo && logprobs >= 0) return BAD("echo", "echo together with logprobs (prompt logprobs) is not supported");
+    r->echo_logprobs = r->echo && logprobs >= 0;
     const cJSON *suffix = field(root, "suffix");
     if (suffix && !(cJSON_IsString(suffix) && !suffix->valuestring[0])) return BAD("suffix", "'suffix' is not supported");
   }
-  if (field(root, "prompt_logprobs")) return BAD("prompt_logprobs", "prompt_logprobs is not supported");
+  long long plp = -1;
+  if (get_int(root, "prompt_logprobs", 0, MAX_TOP_LOGPROBS, &plp, err)) return -1;
+  r->prompt_logprobs = (int)plp;
+  if (r->stream && (r->echo_logprobs || plp >= 0))
+    return BAD(r->echo_logprobs ? "echo" : "prompt_logprobs", "prompt logprobs (%s) are not supported with stream",
+               r->echo_logprobs ? "echo with logprobs" : "prompt_logprobs");
+  if (max_tokens == 0 && !r->echo && plp < 0)
+    return BAD(mt_key, "max_tokens 0 (scoring the prompt only) needs echo or prompt_logprobs");
+  /* the engine computes the larger of the two k; each answer takes its own top entries */
+  int engine_plp = r->echo_logprobs && logprobs > plp ? (int)logprobs : (int)plp;
+  if (max_tokens == 0 && engine_plp < 0) engine_plp = 0; /* score-only requests are prompt-logprob requests */
   r->n = (int)n;
   if (read_stops(root, r, err) || read_logit_bias(ctx, root, r, err)) return -1;
   int json_object = 0;
@@ -476,7 +487,7 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   for (int i = 0; i < r->n_prompts; i++) {
     int np = r->n_prompt_ids[i];
     if (np == 0) return BAD(pparam, "the prompt is empty (no tokens)");
-    if (np >= ctx->max_model_len)
+    if (np > ctx->max_model_len || (np == ctx->max_model_len && max_tokens != 0))
       return di_oai_fail(err, 400, "invalid_request_error", pparam, "context_length_exceeded",
                          "This model's maximum context length is %d tokens. However, your request has %d input tokens "
                          "(the prompt must leave room for at least one generated token). Please reduce the length of the %s.",
@@ -506,7 +517,8 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
     p->logprobs = r->logprobs;
     /* OpenAI's defaults: 16 new tokens for completions, the rest of the context for chat */
     int room = ctx->max_model_len - np;
-    p->max_tokens = max_tokens > 0 ? (int)max_tokens : chat ? room : room < 16 ? room : 16;
+    p->max_tokens = max_tokens >= 0 ? (int)max_tokens : chat ? room : room < 16 ? room : 16;
+    p->prompt_logprobs = engine_plp;
     p->min_tokens = (int)min_tokens;
     p->stop_token_ids = r->stop_token_ids;
     p->n_stop_token_ids = r->n_stop_token_ids;
@@ -528,6 +540,7 @@ int di_oai_parse_request(const di_oai_ctx *ctx, int chat, const char *body, size
   memset(r, 0, sizeof *r);
   r->chat = chat;
   r->logprobs = -1;
+  r->prompt_logprobs = -1;
   cJSON *root;
   if (di_oai_parse_json(body, len, &root, err)) return -1;
   int rc = parse(ctx, chat, root, r, err);

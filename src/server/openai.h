@@ -44,6 +44,8 @@ typedef struct di_oai_request {
   int continuous_usage;            /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
   int echo;                        /* completions: the prompt text leads each choice's text */
   int logprobs;                    /* top alternatives per token; -1: no logprobs */
+  int echo_logprobs;               /* completions with echo and logprobs: the prompt's tokens lead them */
+  int prompt_logprobs;             /* vLLM's prompt_logprobs field (top k per prompt token); -1: none */
   int n;                           /* samples per prompt */
   int n_prompts;
   di_request_params *params;       /* [n_prompts]: token-id prompts, everything else shared */

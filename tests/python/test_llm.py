@@ -193,3 +193,46 @@ def test_examples_run():
         r = subprocess.run([twin], capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.count("Generated:") == 4
+
+
+def tiny_score_logits(ids):
+    """`deepinfer score` logits of ids on dsv3-tiny, one list per position."""
+    import struct
+    import tempfile
+    cli = os.environ.get("DEEPINFER_CLI", os.path.join(ROOT, "build", "deepinfer"))
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "l.safetensors")
+        subprocess.run([cli, "score", "--model", TINY, "--threads", "2", "--ids", ",".join(map(str, ids)),
+                        "--out", out], capture_output=True, check=True)
+        with open(out, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            t = json.loads(f.read(n))["logits"]
+            rows, vocab = t["shape"]
+            f.seek(8 + n + t["data_offsets"][0])
+            data = struct.unpack(f"<{rows * vocab}f", f.read(rows * vocab * 4))
+    return [data[i * vocab:(i + 1) * vocab] for i in range(rows)]
+
+
+def test_prompt_logprobs(tiny):
+    import math
+    ids = [(11 * i + 5) % 900 + 2 for i in range(40)]
+    logits = tiny_score_logits(ids)
+    outs = tiny.generate([{"prompt_token_ids": ids}, {"prompt_token_ids": ids[:9]}],
+                         [SamplingParams(temperature=0, max_tokens=0, prompt_logprobs=2),
+                          SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)])
+    o = outs[0]
+    assert o.outputs[0].token_ids == [] and o.outputs[0].finish_reason == "length"
+    assert outs[1].prompt_logprobs is None and len(outs[1].outputs[0].token_ids) == 3
+    plp = o.prompt_logprobs
+    assert len(plp) == len(ids) and plp[0] is None
+    for t in range(1, len(ids)):
+        row = logits[t - 1]
+        m = max(row)
+        lse = m + math.log(sum(math.exp(x - m) for x in row))
+        want = row[ids[t]] - lse
+        assert plp[t][ids[t]].logprob == pytest.approx(want, rel=1e-5, abs=1e-6)
+        ranked = sorted((lp.rank, k) for k, lp in plp[t].items() if lp.rank is not None)
+        best = sorted(range(len(row)), key=lambda i: (-row[i], i))[:2]
+        assert [k for _, k in ranked] == best
+    with pytest.raises(ValueError):
+        tiny.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=0))  # 0 only with prompt_logprobs

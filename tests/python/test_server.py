@@ -10,10 +10,12 @@ when it is installed. The server process is always killed at the end.
 """
 import http.client
 import json
+import math
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -615,7 +617,7 @@ def test_continuous_usage_and_unsupported(server):
                                                                            "continuous_usage_stats": True}))
     counts = [e["usage"]["completion_tokens"] for e in events if e["choices"]]
     assert done and counts == sorted(counts) and counts[-1] == 4
-    check_error(*server.post("/v1/completions", {"prompt": "x", "prompt_logprobs": 1}), 400, "prompt_logprobs")
+    check_error(*server.post("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}), 400, "prompt_logprobs")
     check_error(*server.post("/v1/completions", {"prompt": "x", "suffix": "y"}), 400, "suffix")
     check_error(*server.post("/v1/completions", {"prompt": "x", "n": 2, "best_of": 3}), 400, "best_of")
     check_error(*server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
@@ -729,3 +731,82 @@ def test_cors_and_request_id(server):
     assert status == 200 and h.get("X-Request-Id") == "req-43" and h.get("Access-Control-Allow-Origin") == "*"
     status, h, raw = server.request("POST", "/v1/completions", b"{", headers={"X-Request-Id": "req-44"})
     assert status == 400 and h.get("X-Request-Id") == "req-44"
+
+
+def dummy_logprobs(ids):
+    """float64 log-softmax of `deepinfer score` logits of ids on the server's dummy model: row t-1 -> ids[t]
+    (logprob, the top 3 (id, logprob)) per position t >= 1."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "l.safetensors")
+        subprocess.run([CLI, "score", "--model", DUMMY, "--load-format", "dummy", "--threads", "2",
+                        "--ids", ",".join(map(str, ids)), "--out", out], capture_output=True, check=True)
+        with open(out, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            t = json.loads(f.read(n))["logits"]
+            rows, vocab = t["shape"]
+            f.seek(8 + n + t["data_offsets"][0])
+            data = struct.unpack(f"<{rows * vocab}f", f.read(rows * vocab * 4))
+    # the engine's distribution covers the tokenizer's ids (the rest of the rows is padding)
+    from tokenizers import Tokenizer
+    tv = Tokenizer.from_file(os.path.join(DUMMY, "tokenizer.json"))
+    limit = min(vocab, 1 + max(tv.get_vocab(with_added_tokens=True).values()))
+    res = [None]
+    for t in range(1, len(ids)):
+        row = data[(t - 1) * vocab:(t - 1) * vocab + limit]
+        m = max(row)
+        lse = m + math.log(sum(math.exp(x - m) for x in row))
+        order = sorted(range(limit), key=lambda i: (-row[i], i))[:3]
+        res.append((row[ids[t]] - lse, [(i, row[i] - lse) for i in order]))
+    return res
+
+
+def test_prompt_logprobs(server):
+    ids = [0, 1250, 3000, 77, 9, 1250, 3000]
+    ref = dummy_logprobs(ids)
+    # lm-evaluation-harness's local-completions scoring request: echo + logprobs + max_tokens 0
+    status, body = server.post("/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0,
+                                                   "temperature": 0})
+    assert status == 200, body
+    c = body["choices"][0]
+    assert c["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 0
+    lp = c["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == len(ids)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None and lp["text_offset"][0] == 0
+    assert lp["text_offset"] == sorted(lp["text_offset"])
+    assert "".join(lp["tokens"]) == c["text"] or "\ufffd" in "".join(lp["tokens"])
+    for t in range(1, len(ids)):
+        want, top = ref[t]
+        assert abs(lp["token_logprobs"][t] - want) < 1e-4 * max(1, abs(want)), (t, lp["token_logprobs"][t], want)
+        d = lp["top_logprobs"][t]
+        assert lp["tokens"][t] in d and 1 <= len(d) <= 2
+        assert abs(max(d.values()) - top[0][1]) < 1e-4 * max(1, abs(top[0][1]))
+    # echo + logprobs with generated tokens: the prompt's entries come first, offsets run on
+    status, gen = server.post("/v1/completions", {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 3,
+                                                  "temperature": 0, "ignore_eos": True})
+    assert status == 200, gen
+    glp = gen["choices"][0]["logprobs"]
+    assert len(glp["tokens"]) == len(glp["token_logprobs"]) == len(glp["text_offset"]) == len(ids) + 3
+    assert glp["text_offset"] == sorted(glp["text_offset"]) and glp["token_logprobs"][0] is None
+    for t in range(1, len(ids)):
+        assert abs(glp["token_logprobs"][t] - lp["token_logprobs"][t]) < 1e-6
+    # vLLM's prompt_logprobs field
+    status, body = server.post("/v1/completions", {"prompt": ids, "prompt_logprobs": 2, "max_tokens": 1,
+                                                   "temperature": 0})
+    assert status == 200, body
+    plp = body["choices"][0]["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    for t in range(1, len(ids)):
+        want, top = ref[t]
+        d = plp[t]
+        assert abs(d[str(ids[t])]["logprob"] - want) < 1e-4 * max(1, abs(want))
+        ranked = sorted((e["rank"], int(k)) for k, e in d.items() if e["rank"] is not None)
+        assert [k for _, k in ranked][:2] == [i for i, _ in top[:2]] and all("decoded_token" in e for e in d.values())
+    status, chat = server.post("/v1/chat/completions", greedy(messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                                                              prompt_logprobs=0))
+    assert status == 200, chat
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    # refused: scoring without asking for the prompt back, and prompt logprobs in a stream
+    status, body = server.post("/v1/completions", {"prompt": ids, "max_tokens": 0})
+    check_error(status, body, 400, "max_tokens")
+    status, body = server.post("/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "stream": True})
+    check_error(status, body, 400, "echo")

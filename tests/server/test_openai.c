@@ -53,7 +53,16 @@ static void test_completions(void) {
   for (int i = 0; i < 250; i++) strcat(body, i ? ",5" : "5");
   strcat(body, "]}");
   CHECK(rd(0, body, &r, &e) == 0);
-  CHECK(r.params[0].max_tokens == 6 && r.echo && r.prompt_text[0]);
+  CHECK(r.params[0].max_tokens == 6 && r.echo && r.prompt_text[0] && r.params[0].prompt_logprobs == -1);
+  di_oai_request_free(&r);
+  /* lm-evaluation-harness scoring: echo + logprobs + max_tokens 0 is a score-only prompt-logprob request;
+   * the engine computes the larger k of echo's logprobs and prompt_logprobs */
+  CHECK(rd(0, "{\"prompt\": [1, 2, 3], \"echo\": true, \"logprobs\": 3, \"max_tokens\": 0, \"prompt_logprobs\": 1}",
+           &r, &e) == 0);
+  CHECK(r.echo_logprobs && r.prompt_logprobs == 1 && r.params[0].max_tokens == 0 && r.params[0].prompt_logprobs == 3);
+  di_oai_request_free(&r);
+  CHECK(rd(0, "{\"prompt\": [1, 2], \"echo\": true, \"max_tokens\": 0}", &r, &e) == 0);
+  CHECK(!r.echo_logprobs && r.params[0].max_tokens == 0 && r.params[0].prompt_logprobs == 0);
   di_oai_request_free(&r);
 }
 
@@ -139,12 +148,15 @@ static void test_errors(void) {
   bad(0, "{\"prompt\": \"x\", \"logit_bias\": {\"8200\": 1}}", 400, "logit_bias");
   bad(0, "{\"prompt\": \"x\", \"logit_bias\": []}", 400, "logit_bias");
   bad(0, "{\"prompt\": \"x\", \"logprobs\": 21}", 400, "logprobs");
-  bad(0, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1}", 400, "echo");
+  bad(0, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1, \"stream\": true}", 400, "echo");
+  bad(0, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400, "max_tokens");
+  bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 0}", 400, "max_tokens");
   bad(0, "{\"prompt\": \"x\", \"suffix\": \"s\"}", 400, "suffix");
   bad(0, "{\"prompt\": \"x\", \"best_of\": 2}", 400, "best_of");
   bad(0, "{\"prompt\": \"x\", \"stream_options\": {}}", 400, "stream_options");
   bad(0, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 400, "include_usage");
-  bad(0, "{\"prompt\": \"x\", \"prompt_logprobs\": 1}", 400, "prompt_logprobs");
+  bad(0, "{\"prompt\": \"x\", \"prompt_logprobs\": 21}", 400, "prompt_logprobs");
+  bad(0, "{\"prompt\": \"x\", \"prompt_logprobs\": 1, \"stream\": true}", 400, "prompt_logprobs");
   /* context limits: 256 here */
   char big[4096] = "{\"prompt\": [";
   for (int i = 0; i < 256; i++) strcat(big, i ? ",5" : "5");
