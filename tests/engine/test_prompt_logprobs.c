@@ -36,12 +36,12 @@ static double ref_row(const float *lg, int V, int32_t target, int k, int32_t *to
   for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
   for (int i = 0; i < V; i++) z += exp((double)lg[i] - mx);
   double lse = mx + log(z);
-  char used[4096] = {0};
-  for (int j = 0; j < k; j++) {
+  for (int j = 0; j < k; j++) { /* the best after top_ids[j - 1] in (logit desc, id asc) order */
     int b = -1;
-    for (int i = 0; i < V; i++)
-      if (!used[i] && (b < 0 || lg[i] > lg[b])) b = i;
-    used[b] = 1;
+    for (int i = 0; i < V; i++) {
+      if (j > 0 && (lg[i] > lg[top_ids[j - 1]] || (lg[i] == lg[top_ids[j - 1]] && i <= top_ids[j - 1]))) continue;
+      if (b < 0 || lg[i] > lg[b]) b = i;
+    }
     top_ids[j] = b;
     top_lp[j] = (double)lg[b] - lse;
   }
@@ -244,14 +244,14 @@ static void test_mock_cached(void) {
   mb->base.ops->destroy(&mb->base);
 }
 
-/* the fixture model: rows against di_model_score, alone and in a batch with small chunks */
-static void test_model(void) {
+/* a real model: rows against di_model_score, alone and in a batch with small chunks, or with MTP drafts */
+static void test_model(const char *dir, int spec) {
   di_model_options mo;
   di_model_options_default(&mo);
   mo.quiet = 1;
   mo.threads = 2;
   di_model *m;
-  if (di_model_load(test_path("tests/data/models/dsv3-tiny"), &mo, &m) != DI_OK) {
+  if (di_model_load(test_path(dir), &mo, &m) != DI_OK) {
     CHECKF(0, "load: %s", di_last_error());
     return;
   }
@@ -270,14 +270,20 @@ static void test_model(void) {
     rows[i] = malloc((size_t)cs[i].n_prompt * (size_t)V * sizeof(float));
     CHECK(di_model_score(m, cs[i].prompt, cs[i].n_prompt, rows[i]) == DI_OK);
   }
-  for (int mode = 0; mode < 2; mode++) {
+  for (int mode = spec ? 2 : 0; mode < (spec ? 3 : 2); mode++) {
     di_engine_options o;
     di_engine_options_default(&o);
-    o.max_num_batched_tokens = mode ? 16 : 2048; /* mode 1: chunked prefill across several steps */
+    o.max_num_batched_tokens = mode ? 16 : 2048; /* modes 1, 2: chunked prefill across several steps */
     o.kv_cache_memory_bytes = 64 << 20;
     di_engine *e;
     if (di_engine_create(m, &o, &e) != DI_OK) { CHECKF(0, "engine: %s", di_last_error()); break; }
-    const char *what = mode ? "model batched, 16-token steps" : "model alone";
+    /* mode 2: speculative decoding (every row of a step is an output row) */
+    if (mode == 2 && di_engine_set_speculative(e, 2, 0.0f) != DI_OK) {
+      CHECKF(0, "%s: speculative decoding: %s", dir, di_last_error());
+      di_engine_free(e);
+      break;
+    }
+    const char *what = mode == 2 ? "model batched, MTP drafts" : mode ? "model batched, 16-token steps" : "model alone";
     if (mode) run(e, cs, N, what);
     else
       for (int i = 0; i < N; i++) run(e, &cs[i], 1, what);
@@ -287,6 +293,11 @@ static void test_model(void) {
       check_case(&cs[i], rows[i], V, w);
       CHECKF(cs[i].finish == DI_FINISH_LENGTH && cs[i].n_toks == cs[i].max_tokens, "%s: finish %d, %d tokens", w,
              cs[i].finish, cs[i].n_toks);
+    }
+    if (mode == 2) {
+      di_spec_stats ss;
+      di_engine_get_spec_stats(e, &ss);
+      CHECKF(ss.drafted_tokens > 0, "%s: no draft was verified", what);
     }
     di_engine_free(e);
   }
@@ -300,6 +311,7 @@ int main(void) {
   test_mock(1, 1, 1, 0, 7, "device sampling, 7 rows per step");
   test_mock(1, 0, 1, 4, 40, "preemption, 40 rows per step");
   test_mock_cached();
-  test_model();
+  test_model("tests/data/models/dsv3-tiny", 0);
+  test_model("models/default", 1); /* has a trained MTP layer */
   return test_finish("prompt_logprobs");
 }
