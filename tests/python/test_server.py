@@ -789,6 +789,16 @@ def test_prompt_logprobs(server):
     assert glp["text_offset"] == sorted(glp["text_offset"]) and glp["token_logprobs"][0] is None
     for t in range(1, len(ids)):
         assert abs(glp["token_logprobs"][t] - lp["token_logprobs"][t]) < 1e-6
+    # several token prompts in one request, max_tokens 1 (as lm-evaluation-harness batches them): each
+    # choice echoes its own prompt's logprobs, then the generated token's
+    status, batch = server.post("/v1/completions", {"prompt": [ids, ids[:4], ids[2:]], "echo": True, "logprobs": 1,
+                                                    "max_tokens": 1, "temperature": 0, "seed": 1234})
+    assert status == 200, batch
+    for c, p in zip(sorted(batch["choices"], key=lambda c: c["index"]), [ids, ids[:4], ids[2:]]):
+        tl = c["logprobs"]["token_logprobs"]
+        assert len(tl) == len(p) + 1 and tl[0] is None and all(x <= 0 for x in tl[1:])
+    assert batch["choices"][0]["logprobs"]["token_logprobs"][:len(ids)] == lp["token_logprobs"]
+    assert batch["choices"][1]["logprobs"]["token_logprobs"][:4] == lp["token_logprobs"][:4]
     # vLLM's prompt_logprobs field
     status, body = server.post("/v1/completions", {"prompt": ids, "prompt_logprobs": 2, "max_tokens": 1,
                                                    "temperature": 0})
