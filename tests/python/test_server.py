@@ -799,6 +799,14 @@ def test_prompt_logprobs(server):
         assert len(tl) == len(p) + 1 and tl[0] is None and all(x <= 0 for x in tl[1:])
     assert batch["choices"][0]["logprobs"]["token_logprobs"][:len(ids)] == lp["token_logprobs"]
     assert batch["choices"][1]["logprobs"]["token_logprobs"][:4] == lp["token_logprobs"][:4]
+    # n samples: every choice echoes the prompt's logprobs (computed once, by sample 0)
+    for mt in (0, 2):
+        status, nb = server.post("/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": mt,
+                                                     "n": 2, "temperature": 0, "ignore_eos": True})
+        assert status == 200 and len(nb["choices"]) == 2, nb
+        for c in nb["choices"]:
+            assert c["logprobs"]["token_logprobs"][:len(ids)] == lp["token_logprobs"]
+            assert len(c["logprobs"]["tokens"]) == len(ids) + mt and c["finish_reason"] == "length"
     # vLLM's prompt_logprobs field
     status, body = server.post("/v1/completions", {"prompt": ids, "prompt_logprobs": 2, "max_tokens": 1,
                                                    "temperature": 0})
