@@ -1,9 +1,9 @@
 /* The DeepSeek-V4 cached forward (src/backend/cpu/cpu_deepseek_v4_cache.c) against the reference forward
- * on tests/data/models/dsv4-tiny: chunked prefill (1-token steps, 7+128+165, one chunk, random chunk
- * sizes) then 1-token decode give the reference's logits (rel L2 per position <= 1e-6; measured: 0, the
- * arithmetic is shared) on the fixture's prompts and on random 600-token sequences; the reference's
- * chunk model is itself checked against prefix forwards; greedy continuations equal transformers'
- * golden ones; interleaved states; state sizes; named errors. */
+ * on tests/data/models/dsv4-tiny: chunked prefill (1-token steps, 7+128+165, one chunk, odd chunk sizes)
+ * then 1-token decode give the reference's logits under the same chunking (rel L2 per position <= 1e-6;
+ * measured: 0, the arithmetic is shared) on the fixture's prompts and on random 600-token sequences; the
+ * chunk semantics match transformers' own cached run chunk by chunk (tests/data/v4_cached); prefill logits
+ * and greedy continuations match transformers' golden ones; interleaved states; state sizes; named errors. */
 #include "arch/deepseek_v4.h"
 #include "backend/cpu/cpu_deepseek_v4.h"
 #include "backend/cpu/cpu_deepseek_v4_cache.h"

@@ -30,7 +30,8 @@ size_t di_v4_seq_state_bytes(const di_v4_seq_state *s);
 
 /* Appends tokens[0..n) (n >= 1) at positions state.positions ... and writes their logits to
  * logits_out [n][vocab_size]. Equal to di_cpu_v4_forward_chunked over the whole sequence so far with
- * this call's tokens as one chunk (for n = 1: forward_full over the sequence, at its last position).
+ * each step's tokens as one chunk: like transformers' cached run, the logits depend on the chunking
+ * (CSA indexer top-k ties; see cpu_deepseek_v4.h).
  * Bad arguments (a NULL pointer, n < 1, a token outside the vocabulary, a state made for another
  * configuration) are errors naming the problem and leave the state as it was; a state whose step
  * failed midway (out of memory) refuses further steps until reset. */
