@@ -93,6 +93,7 @@ typedef struct choice {
   di_finish_reason finish;
   int n_out;
   char *error;
+  int echoed;                    /* streamed echo with logprobs: the prompt's chunk was sent */
 } choice;
 
 typedef struct gen {
@@ -530,7 +531,7 @@ static int respond_stream(gen *g) {
   g->c->status = 200;
   for (int i = 0; ok && i < g->n_choices; i++) {
     if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL, NULL, NULL, 0)) == 0;
-    else if (g->r.echo) {
+    else if (g->r.echo && !g->r.echo_logprobs) { /* with logprobs: once the prompt's logprobs are in */
       const char *p = g->r.prompt_text[i / g->r.n];
       ok = sse_send(g, chunk_json(g, i, p, strlen(p), 0, NULL, NULL, NULL, NULL, 0)) == 0;
     }
@@ -551,6 +552,24 @@ static int respond_stream(gen *g) {
     int ci = ev->prompt_index * g->r.n + ev->sample_index;
     if (ci >= 0 && ci < g->n_choices) {
       choice *ch = &g->ch[ci];
+      if (g->r.echo_logprobs) {
+        /* the echo chunk of each choice of this prompt carries the prompt's logprobs (sample 0's first
+         * event brings them; a choice that has an event before them, e.g. an error, echoes without) */
+        take_prompt_logprobs(g, ev);
+        int pi = ev->prompt_index;
+        for (int k = 0; ok && k < g->r.n; k++) {
+          choice *c2 = &g->ch[pi * g->r.n + k];
+          if (c2->echoed || (!g->plp[pi] && c2 != ch)) continue;
+          c2->echoed = 1;
+          const char *p = g->r.prompt_text[pi];
+          ok = sse_send(g, chunk_json(g, pi * g->r.n + k, p, strlen(p), 0, echo_logprobs_json(g, pi, NULL), NULL, NULL,
+                                      NULL, 0)) == 0;
+        }
+        if (!ok) {
+          di_srv_event_free(ev);
+          break;
+        }
+      }
       note_event(g, ch, ev);
       cJSON *lp = NULL;
       if (ev->logprobs && g->r.logprobs >= 0 && ev->n_tokens > 0 && (lp = new_logprobs(g->r.chat)))

@@ -462,9 +462,7 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   long long plp = -1;
   if (get_int(root, "prompt_logprobs", 0, MAX_TOP_LOGPROBS, &plp, err)) return -1;
   r->prompt_logprobs = (int)plp;
-  if (r->stream && (r->echo_logprobs || plp >= 0))
-    return BAD(r->echo_logprobs ? "echo" : "prompt_logprobs", "prompt logprobs (%s) are not supported with stream",
-               r->echo_logprobs ? "echo with logprobs" : "prompt_logprobs");
+  if (r->stream && plp >= 0) return BAD("prompt_logprobs", "prompt_logprobs is not supported with stream");
   if (max_tokens == 0 && !r->echo && plp < 0)
     return BAD(mt_key, "max_tokens 0 (scoring the prompt only) needs echo or prompt_logprobs");
   /* the engine computes the larger of the two k; each answer takes its own top entries */

@@ -826,5 +826,20 @@ def test_prompt_logprobs(server):
     # refused: scoring without asking for the prompt back, and prompt logprobs in a stream
     status, body = server.post("/v1/completions", {"prompt": ids, "max_tokens": 0})
     check_error(status, body, 400, "max_tokens")
-    status, body = server.post("/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "stream": True})
-    check_error(status, body, 400, "echo")
+    status, body = server.post("/v1/completions", {"prompt": ids, "prompt_logprobs": 1, "stream": True})
+    check_error(status, body, 400, "prompt_logprobs")
+    # streamed echo + logprobs: the first chunk of each choice is the prompt with its logprobs
+    for mt in (0, 3):
+        req = {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": mt, "n": 2, "temperature": 0,
+               "ignore_eos": True}
+        status, whole = server.post("/v1/completions", req)
+        events, done = server.stream("/v1/completions", dict(req, stream=True))
+        assert done
+        for i in range(2):
+            chunks = [c for e in events for c in e["choices"] if c["index"] == i]
+            first = chunks[0]["logprobs"]
+            assert len(first["tokens"]) == len(ids) and first["token_logprobs"] == lp["token_logprobs"]
+            merged = {k: [x for c in chunks if c["logprobs"] for x in c["logprobs"][k]] for k in first}
+            assert merged == whole["choices"][i]["logprobs"]
+            assert "".join(c["text"] for c in chunks) == whole["choices"][i]["text"]
+            assert chunks[-1]["finish_reason"] == "length"

@@ -148,7 +148,6 @@ static void test_errors(void) {
   bad(0, "{\"prompt\": \"x\", \"logit_bias\": {\"8200\": 1}}", 400, "logit_bias");
   bad(0, "{\"prompt\": \"x\", \"logit_bias\": []}", 400, "logit_bias");
   bad(0, "{\"prompt\": \"x\", \"logprobs\": 21}", 400, "logprobs");
-  bad(0, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1, \"stream\": true}", 400, "echo");
   bad(0, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400, "max_tokens");
   bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 0}", 400, "max_tokens");
   bad(0, "{\"prompt\": \"x\", \"suffix\": \"s\"}", 400, "suffix");
