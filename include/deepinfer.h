@@ -200,6 +200,8 @@ typedef struct di_seq_output {
   int n_prompt_top;              /* top alternatives per prompt token (the request's prompt_logprobs) */
   const di_token_logprob *prompt_top; /* [n_prompt_tokens][n_prompt_top], best first (ties: lower id);
                                          row 0 is id -1, NaN; NULL when n_prompt_top is 0 */
+  const int32_t *prompt_ranks;   /* [n_prompt_tokens]: 1 + the number of ids whose logit is larger than
+                                    the prompt token's (vLLM's rank); entry 0 is 0 */
 } di_seq_output;
 
 typedef struct di_step_output {

@@ -55,7 +55,7 @@ class SeqOutput(ctypes.Structure):
                 ("n_output_tokens", ctypes.c_int), ("prompt_token_ids", c_int32_p),
                 ("time_to_first_token", ctypes.c_double), ("time_per_output_token", ctypes.c_double),
                 ("prompt_logprobs", c_float_p), ("n_prompt_top", ctypes.c_int),
-                ("prompt_top", ctypes.POINTER(TokenLogprob))]
+                ("prompt_top", ctypes.POINTER(TokenLogprob)), ("prompt_ranks", c_int32_p)]
 
 
 class StepOutput(ctypes.Structure):

@@ -35,7 +35,7 @@ class _SpecStats(ctypes.Structure):
 
 def _prompt_logprobs(s):
     """vLLM's shape: None for the first prompt token, then {token_id: Logprob} with the token itself
-    and the top alternatives (rank 1 = the most likely; the token's own rank is set when it is among them)."""
+    and the top alternatives (rank 1 = the most likely; the token's rank counts the ids more likely than it)."""
     out = [None]
     k = s.n_prompt_top
     for i in range(1, s.n_prompt_tokens):
@@ -45,8 +45,7 @@ def _prompt_logprobs(s):
             if tl.id >= 0:
                 d[tl.id] = Logprob(tl.logprob, rank=j + 1)
         tok = s.prompt_token_ids[i]
-        if tok not in d:
-            d[tok] = Logprob(s.prompt_logprobs[i])
+        d[tok] = Logprob(s.prompt_logprobs[i], rank=s.prompt_ranks[i])
         out.append(d)
     return out
 

@@ -126,6 +126,7 @@ typedef struct di_req {
   int score_only;            /* max_tokens 0 with prompt logprobs: no sample row, ends after the prompt */
   float *plp;
   di_token_logprob *plp_top;
+  int32_t *plp_rank;
 } di_req;
 
 /* One scheduled piece of work: tokens [start, start + n_new) of r; sample = logits wanted. */

@@ -41,15 +41,21 @@ di_status di_plp_reserve(di_engine *e) {
 /* is (la, a) ranked before (lb, b): larger logit, then lower id */
 static int before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
 
-static void row_logprobs(const float *l, int V, int k, int32_t target, float *lp, di_token_logprob *top) {
+static void row_logprobs(const float *l, int V, int k, int32_t target, float *lp, int32_t *rank, di_token_logprob *top) {
   float mx = -INFINITY;
   for (int i = 0; i < V; i++)
     if (l[i] > mx) mx = l[i]; /* NaN compares false: skipped */
+  int ok = target >= 0 && target < V && !isnan(l[target]);
+  float lt = ok ? l[target] : INFINITY;
   double z = 0;
-  for (int i = 0; i < V; i++)
+  int32_t above = 0;
+  for (int i = 0; i < V; i++) {
     if (!isnan(l[i])) z += exp((double)l[i] - (double)mx);
+    above += l[i] > lt;
+  }
   double lse = (double)mx + log(z);
-  *lp = target >= 0 && target < V && !isnan(l[target]) ? (float)((double)l[target] - lse) : -INFINITY;
+  *lp = ok ? (float)((double)l[target] - lse) : -INFINITY;
+  *rank = ok ? above + 1 : V;
   if (k <= 0) return;
   int32_t ids[DI_MAX_LOGPROBS];
   int n = 0;
@@ -79,7 +85,7 @@ void di_plp_extract(di_engine *e, const di_sched *s) {
     for (int j = 0; j < en->plp_n; j++) {
       int pos = en->plp_pos0 + j; /* its row predicts the token at pos + 1 */
       const float *l = e->logits + (size_t)(en->plp_row0 + j) * (size_t)e->cfg.vocab_size;
-      row_logprobs(l, V, k, r->tokens[pos + 1], &r->plp[pos + 1],
+      row_logprobs(l, V, k, r->tokens[pos + 1], &r->plp[pos + 1], &r->plp_rank[pos + 1],
                    k > 0 ? r->plp_top + (size_t)(pos + 1) * (size_t)k : NULL);
     }
     if (en->plp_pos0 + en->plp_n > r->plp_next) r->plp_next = en->plp_pos0 + en->plp_n;

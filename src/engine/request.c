@@ -48,12 +48,14 @@ di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t 
   r->plp_k = sample_index == 0 && p->prompt_logprobs >= 0 ? p->prompt_logprobs : -1; /* sample 0 reports them */
   if (r->plp_k >= 0 && n_prompt > 0) {
     r->plp = malloc((size_t)n_prompt * sizeof *r->plp);
+    r->plp_rank = malloc((size_t)n_prompt * sizeof *r->plp_rank);
     if (r->plp_k > 0) r->plp_top = malloc((size_t)n_prompt * (size_t)r->plp_k * sizeof *r->plp_top);
-    if (!r->plp || (r->plp_k > 0 && !r->plp_top)) {
+    if (!r->plp || !r->plp_rank || (r->plp_k > 0 && !r->plp_top)) {
       st = di_error_set(DI_ERR_OOM, "request: out of memory for %d prompt logprobs", n_prompt);
       goto fail;
     }
     r->plp[0] = NAN; /* the first token has no context */
+    r->plp_rank[0] = 0;
     for (int j = 0; j < r->plp_k; j++) r->plp_top[j] = (di_token_logprob){-1, NAN};
   }
 
@@ -118,7 +120,7 @@ void di_req_free(di_engine *e, di_req *r) {
   free(r->tokens); free(r->bias_ids); free(r->bias_values); free(r->stop_ids);
   free(r->text); free(r->error);
   free(r->out_tokens); free(r->out_lp); free(r->out_top); free(r->out_text);
-  free(r->plp); free(r->plp_top);
+  free(r->plp); free(r->plp_top); free(r->plp_rank);
   free(r);
 }
 
@@ -303,6 +305,7 @@ void di_req_fill_output(di_engine *e, di_req *r, di_seq_output *o) {
     o->prompt_logprobs = r->plp;
     o->n_prompt_top = r->plp_k;
     o->prompt_top = r->plp_k > 0 ? r->plp_top : NULL;
+    o->prompt_ranks = r->plp_rank;
     r->plp_sent = 1;
   }
   if (r->state == DI_REQ_DONE) r->reported = 1;

@@ -46,6 +46,7 @@ void di_srv_event_free(di_srv_event *ev) {
   free(ev->top);
   free(ev->prompt_logprobs);
   free(ev->prompt_top);
+  free(ev->prompt_ranks);
   free(ev->error);
   free(ev);
 }
@@ -130,6 +131,11 @@ static di_srv_event *event_copy(const di_seq_output *o, int prompt_index) {
     ev->prompt_logprobs = malloc(np * sizeof *ev->prompt_logprobs);
     if (!ev->prompt_logprobs) goto oom;
     memcpy(ev->prompt_logprobs, o->prompt_logprobs, np * sizeof *ev->prompt_logprobs);
+    if (o->prompt_ranks) {
+      ev->prompt_ranks = malloc(np * sizeof *ev->prompt_ranks);
+      if (!ev->prompt_ranks) goto oom;
+      memcpy(ev->prompt_ranks, o->prompt_ranks, np * sizeof *ev->prompt_ranks);
+    }
     if (k && o->prompt_top) {
       ev->prompt_top = malloc(np * k * sizeof *ev->prompt_top);
       if (!ev->prompt_top) goto oom;

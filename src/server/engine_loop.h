@@ -29,6 +29,7 @@ typedef struct di_srv_event {
   float *prompt_logprobs;     /* [n_prompt_tokens] (entry 0 NaN) in sample 0's first event, else NULL */
   int n_prompt_top;
   di_token_logprob *prompt_top; /* [n_prompt_tokens][n_prompt_top] or NULL */
+  int32_t *prompt_ranks;      /* [n_prompt_tokens] with prompt_logprobs */
 } di_srv_event;
 void di_srv_event_free(di_srv_event *ev);
 

@@ -113,6 +113,7 @@ typedef struct gen {
   /* prompt logprobs per prompt (taken from sample 0's first event), stride plp_k[i] per token */
   float **plp;
   di_token_logprob **plp_top;
+  int32_t **plp_rank;
   int *plp_k;
 } gen;
 
@@ -163,9 +164,11 @@ static void take_prompt_logprobs(gen *g, di_srv_event *ev) {
   if (!ev->prompt_logprobs || !g->plp || i < 0 || i >= g->r.n_prompts || g->plp[i]) return;
   g->plp[i] = ev->prompt_logprobs;
   g->plp_top[i] = ev->prompt_top;
+  g->plp_rank[i] = ev->prompt_ranks;
   g->plp_k[i] = ev->prompt_top ? ev->n_prompt_top : 0;
   ev->prompt_logprobs = NULL;
   ev->prompt_top = NULL;
+  ev->prompt_ranks = NULL;
 }
 
 /* bytes of a token's text (for text_offset) */
@@ -208,7 +211,7 @@ static cJSON *echo_logprobs_json(gen *g, int prompt, cJSON *generated) {
 }
 
 /* vLLM's prompt_logprobs: [null, {"<id>": {logprob, rank, decoded_token}}, ...]; the token itself
- * first, then the top `want` (rank known for those; null for a token outside them) */
+ * first (its rank: 1 + the ids more likely), then the top `want` (rank: their place) */
 static cJSON *prompt_logprobs_json(gen *g, int prompt) {
   cJSON *a = cJSON_CreateArray();
   const float *lp = g->plp[prompt];
@@ -224,7 +227,7 @@ static cJSON *prompt_logprobs_json(gen *g, int prompt) {
       char key[16];
       snprintf(key, sizeof key, "%d", (int)id);
       if (cJSON_GetObjectItemCaseSensitive(d, key)) continue;
-      int rank = 0;
+      int rank = j < 0 && g->plp_rank[prompt] ? g->plp_rank[prompt][i] : 0;
       for (int q = 0; q < want && !rank; q++)
         if (top[q].id == id) rank = q + 1;
       float v = j < 0 ? lp[i] : top[j].logprob;
@@ -666,10 +669,11 @@ static int handle_generate(di_server *s, di_conn *c, const char *body, size_t le
   g.plp = calloc((size_t)g.r.n_prompts, sizeof *g.plp);
   g.plp_top = calloc((size_t)g.r.n_prompts, sizeof *g.plp_top);
   g.plp_k = calloc((size_t)g.r.n_prompts, sizeof *g.plp_k);
+  g.plp_rank = calloc((size_t)g.r.n_prompts, sizeof *g.plp_rank);
   if (g.ch && g.r.echo_logprobs) /* generated tokens' text_offset continues after the prompt's tokens */
     for (int i = 0; i < g.n_choices; i++)
       for (int t = 0; t < g.r.n_prompt_ids[i / g.r.n]; t++) g.ch[i].text_offset += token_len(&g, g.r.prompt_ids[i / g.r.n][t]);
-  g.job = g.ch && g.plp && g.plp_top && g.plp_k ? di_srv_job_create(g.r.n_prompts, g.r.params) : NULL;
+  g.job = g.ch && g.plp && g.plp_top && g.plp_k && g.plp_rank ? di_srv_job_create(g.r.n_prompts, g.r.params) : NULL;
   if (!g.job) {
     di_oai_fail(&err, 500, "server_error", "", NULL, "out of memory");
     result = di_srv_send_error(c, &err, keep_alive);
@@ -701,11 +705,12 @@ done:
     cJSON_Delete(g.ch[i].logprobs);
   }
   free(g.ch);
-  for (int i = 0; g.plp && i < g.r.n_prompts; i++) {
+  for (int i = 0; g.plp && g.plp_top && g.plp_rank && i < g.r.n_prompts; i++) {
     free(g.plp[i]);
     free(g.plp_top[i]);
+    free(g.plp_rank[i]);
   }
-  free(g.plp); free(g.plp_top); free(g.plp_k);
+  free(g.plp); free(g.plp_top); free(g.plp_k); free(g.plp_rank);
   free(g.out.p);
   di_oai_request_free(&g.r);
   return result;

@@ -22,6 +22,7 @@ typedef struct {
   /* got */
   int n_plp_outputs;             /* outputs carrying prompt logprobs */
   float plp[MAXP];
+  int32_t rank[MAXP];
   di_token_logprob top[MAXP][DI_MAX_LOGPROBS];
   int32_t toks[64];
   int n_toks, finish, n_cached;
@@ -58,12 +59,20 @@ static void check_case(const case_t *c, const float *rows, int V, const char *wh
   }
   CHECKF(c->n_plp_outputs == 1, "%s: prompt logprobs delivered %d times", what, c->n_plp_outputs);
   if (c->n_plp_outputs != 1) return;
-  CHECKF(isnan(c->plp[0]), "%s: entry 0 is %g, want NaN", what, (double)c->plp[0]);
+  CHECKF(isnan(c->plp[0]) && c->rank[0] == 0, "%s: entry 0 is %g (rank %d), want NaN (0)", what, (double)c->plp[0],
+         c->rank[0]);
   int bad = 0;
   for (int p = 1; p < c->n_prompt && bad < 3; p++) {
     int32_t ids[DI_MAX_LOGPROBS];
     double lps[DI_MAX_LOGPROBS];
     double want = ref_row(rows + (size_t)(p - 1) * (size_t)V, V, c->prompt[p], c->k, ids, lps);
+    const float *row = rows + (size_t)(p - 1) * (size_t)V;
+    int32_t above = 0;
+    for (int i = 0; i < V; i++) above += row[i] > row[c->prompt[p]];
+    if (c->rank[p] != above + 1) {
+      CHECKF(0, "%s: position %d: rank %d, want %d", what, p, c->rank[p], above + 1);
+      bad++;
+    }
     if (!close_rel(c->plp[p], want, 1e-5)) {
       CHECKF(0, "%s: position %d: logprob %.8g, want %.8g", what, p, (double)c->plp[p], want);
       bad++;
@@ -96,6 +105,7 @@ static void take_output(case_t *cs, int n_cases, const di_seq_output *o) {
     CHECK((o->prompt_top != NULL) == (c->k > 0));
     for (int p = 0; p < o->n_prompt_tokens && p < MAXP; p++) {
       c->plp[p] = o->prompt_logprobs[p];
+      c->rank[p] = o->prompt_ranks ? o->prompt_ranks[p] : -1;
       for (int j = 0; j < o->n_prompt_top; j++) c->top[p][j] = o->prompt_top[(size_t)p * (size_t)o->n_prompt_top + j];
     }
   }

@@ -756,7 +756,7 @@ def dummy_logprobs(ids):
         m = max(row)
         lse = m + math.log(sum(math.exp(x - m) for x in row))
         order = sorted(range(limit), key=lambda i: (-row[i], i))[:3]
-        res.append((row[ids[t]] - lse, [(i, row[i] - lse) for i in order]))
+        res.append((row[ids[t]] - lse, [(i, row[i] - lse) for i in order], 1 + sum(x > row[ids[t]] for x in row)))
     return res
 
 
@@ -775,7 +775,7 @@ def test_prompt_logprobs(server):
     assert lp["text_offset"] == sorted(lp["text_offset"])
     assert "".join(lp["tokens"]) == c["text"] or "\ufffd" in "".join(lp["tokens"])
     for t in range(1, len(ids)):
-        want, top = ref[t]
+        want, top, _ = ref[t]
         assert abs(lp["token_logprobs"][t] - want) < 1e-4 * max(1, abs(want)), (t, lp["token_logprobs"][t], want)
         d = lp["top_logprobs"][t]
         assert lp["tokens"][t] in d and 1 <= len(d) <= 2
@@ -814,11 +814,11 @@ def test_prompt_logprobs(server):
     plp = body["choices"][0]["prompt_logprobs"]
     assert len(plp) == len(ids) and plp[0] is None
     for t in range(1, len(ids)):
-        want, top = ref[t]
+        want, top, rank = ref[t]
         d = plp[t]
-        assert abs(d[str(ids[t])]["logprob"] - want) < 1e-4 * max(1, abs(want))
-        ranked = sorted((e["rank"], int(k)) for k, e in d.items() if e["rank"] is not None)
-        assert [k for _, k in ranked][:2] == [i for i, _ in top[:2]] and all("decoded_token" in e for e in d.values())
+        assert abs(d[str(ids[t])]["logprob"] - want) < 1e-4 * max(1, abs(want)) and d[str(ids[t])]["rank"] == rank
+        assert all(d[str(i)]["rank"] == j + 1 for j, (i, _) in enumerate(top[:2]) if i != ids[t])
+        assert len(d) <= 3 and all("decoded_token" in e for e in d.values())
     status, chat = server.post("/v1/chat/completions", greedy(messages=[{"role": "user", "content": "x"}], max_tokens=1,
                                                               prompt_logprobs=0))
     assert status == 200, chat
