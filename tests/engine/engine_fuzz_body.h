@@ -1,13 +1,15 @@
 /* One fuzz case for the engine's state machine (used by fuzz/fuzz_engine.c and replayed by
  * tests/engine/test_engine_fuzz_corpus.c): the input bytes choose the engine options (pool size,
  * budgets, async, chunking, prefix caching, device sampling) and a sequence of operations (add a
- * request with random length / sampling / stop strings / n, abort, step) on the mock backend. After
- * every step the block accounting must hold and the mock must never read a KV slot that was not
- * written for that position; at the end, with everything aborted and drained, no block is in use.
- * Returns the number of violations (0 = fine). */
+ * request with random length / sampling / stop strings / n / prompt logprobs / score only, abort,
+ * step) on the mock backend. After every step the block accounting must hold and the mock must never
+ * read a KV slot that was not written for that position; prompt logprobs must arrive once, in sample
+ * 0's first output, equal to the mock's reference rows; at the end, with everything aborted and
+ * drained, no block is in use. Returns the number of violations (0 = fine). */
 #ifndef DI_TEST_ENGINE_FUZZ_BODY_H
 #define DI_TEST_ENGINE_FUZZ_BODY_H
 #include "mock_backend.h"
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,14 +22,18 @@ typedef struct fz_req {
   di_sampling sp;
   int32_t got[2][24];
   int n_got[2], finish[2];
+  int vocab, plp_k;  /* plp_k: the request's prompt_logprobs (< 0: none) */
+  int n_out[2];      /* outputs seen per sample */
+  int plp_got;       /* times the prompt arrays arrived */
 } fz_req;
 
 static long fz_compared; /* samples checked against their reference (for the replay test) */
+static long fz_plp_checked, fz_scored; /* prompt arrays checked, score-only requests added */
 
 static int fz_reference_ok(const fz_req *q, int sample) {
   di_sampler *s;
   fz_compared++;
-  if (di_sampler_create(40, &s) != DI_OK) return 0;
+  if (di_sampler_create(q->vocab, &s) != DI_OK) return 0;
   int32_t toks[512 + 24];
   memcpy(toks, q->prompt, (size_t)q->n_prompt * sizeof *toks);
   int n = q->n_prompt, k = 0, finish = DI_FINISH_LENGTH;
@@ -35,9 +41,9 @@ static int fz_reference_ok(const fz_req *q, int sample) {
   di_sampling sp = q->sp;
   sp.stream = (uint64_t)sample;
   while (k < q->max_tokens && n < 600) {
-    mock_logits_of(toks, n, 40, lg);
+    mock_logits_of(toks, n, q->vocab, lg);
     di_sample_result res;
-    di_sampler_sample(s, lg, 40, &sp, toks, q->n_prompt, n, NULL, (uint64_t)n, &res);
+    di_sampler_sample(s, lg, q->vocab, &sp, toks, q->n_prompt, n, NULL, (uint64_t)n, &res);
     toks[n++] = res.token;
     k++;
     if (!q->ignore_eos && res.token == MOCK_EOS[0]) { finish = DI_FINISH_STOP; break; }
@@ -54,18 +60,86 @@ typedef struct fz_in {
 
 static int fz_byte(fz_in *in) { return in->i < in->n ? in->p[in->i++] : 0; }
 
-static void fz_collect(fz_req *reqs, int n, const di_step_output *out) {
+/* The prompt arrays of one output against the mock's rows: entry i is the log-softmax (double sums,
+ * as the engine) of mock_logits_of(prompt, i) at prompt[i]; the top k are the k largest logits (ties:
+ * lower id), then id -1 where the vocabulary is smaller than k; rank = 1 + ids with a larger logit. */
+static int fz_check_plp(const fz_req *q, const di_seq_output *o) {
+  int V = q->vocab, k = q->plp_k, bad = 0;
+  fz_plp_checked++;
+  if (o->n_prompt_tokens != q->n_prompt || o->n_prompt_top != k || (k > 0) != (o->prompt_top != NULL) ||
+      !o->prompt_ranks) {
+    fprintf(stderr, "fuzz: prompt arrays of %d tokens, top %d (expected %d, %d)\n", o->n_prompt_tokens,
+            o->n_prompt_top, q->n_prompt, k);
+    return 1;
+  }
+  if (!isnan(o->prompt_logprobs[0]) || o->prompt_ranks[0] != 0) bad++;
+  for (int j = 0; j < k; j++)
+    if (o->prompt_top[j].id != -1) bad++;
+  float lg[40];
+  for (int i = 1; i < q->n_prompt && !bad; i++) {
+    mock_logits_of(q->prompt, i, V, lg);
+    double mx = lg[0], z = 0;
+    for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+    for (int v = 0; v < V; v++) z += exp((double)lg[v] - mx);
+    double lse = mx + log(z);
+    float lp = o->prompt_logprobs[i];
+    int32_t tgt = q->prompt[i], rank = 1;
+    for (int v = 0; v < V; v++) rank += lg[v] > lg[tgt];
+    if (!isfinite(lp) || lp > 0 || fabs(lp - ((double)lg[tgt] - lse)) > 1e-5 || o->prompt_ranks[i] != rank ||
+        rank < 1) {
+      fprintf(stderr, "fuzz: prompt token %d: logprob %g rank %d, reference %g rank %d\n", i, (double)lp,
+              o->prompt_ranks[i], (double)lg[tgt] - lse, rank);
+      bad++;
+    }
+    const di_token_logprob *top = o->prompt_top + (size_t)i * (size_t)k;
+    int used[40] = {0};
+    for (int j = 0; j < k && !bad; j++) {
+      if (j >= V) { bad += top[j].id != -1; continue; }
+      int best = -1; /* the reference's j-th: the largest unused logit, lower id first */
+      for (int v = 0; v < V; v++)
+        if (!used[v] && (best < 0 || lg[v] > lg[best])) best = v;
+      used[best] = 1;
+      if (top[j].id != best || !isfinite(top[j].logprob) || top[j].logprob > 0 ||
+          fabs(top[j].logprob - ((double)lg[best] - lse)) > 1e-5 || (j > 0 && top[j].logprob > top[j - 1].logprob)) {
+        fprintf(stderr, "fuzz: prompt token %d top %d: id %d %g, reference %d %g\n", i, j, top[j].id,
+                (double)top[j].logprob, best, (double)lg[best] - lse);
+        bad++;
+      }
+    }
+  }
+  if (bad) fprintf(stderr, "fuzz: prompt logprobs of a %d-token prompt (k %d) differ from the reference\n", q->n_prompt, k);
+  return bad;
+}
+
+static int fz_collect(fz_req *reqs, int n, const di_step_output *out) {
+  int bad = 0;
   for (int i = 0; i < out->n; i++) {
     const di_seq_output *o = &out->seqs[i];
     for (int k = 0; k < n; k++) {
       if (reqs[k].id != o->req_id || o->sample_index > 1) continue;
       fz_req *q = &reqs[k];
       int smp = o->sample_index;
+      if (o->prompt_logprobs) { /* once, with sample 0's first output, only when asked for */
+        if (smp != 0 || q->plp_k < 0 || q->plp_got || q->n_out[0] != 0) {
+          fprintf(stderr, "fuzz: prompt logprobs in sample %d's output %d (k %d, %d before)\n", smp, q->n_out[smp],
+                  q->plp_k, q->plp_got);
+          bad++;
+        } else {
+          bad += fz_check_plp(q, o);
+        }
+        q->plp_got++;
+      }
+      q->n_out[smp]++;
       for (int t = 0; t < o->n_new_tokens && q->n_got[smp] < 24; t++) q->got[smp][q->n_got[smp]++] = o->new_tokens[t];
       if (o->finish_reason) q->finish[smp] = o->finish_reason;
     }
   }
+  return bad;
 }
+
+/* The flags byte's high nibble turns prompt logprobs on (the value is the mock's vocabulary; 12 is
+ * smaller than the top 20). Only nibbles no seed of the older corpus used, so those keep their paths. */
+static const int FZ_PLP_VOCAB[16] = {0, 0, 40, 0, 0, 0, 40, 12, 0, 40, 0, 0, 0, 0, 0, 0};
 
 static int engine_fuzz_one(const uint8_t *data, size_t size) {
   fz_in in = {data, size, 0};
@@ -79,7 +153,8 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
   o.enable_chunked_prefill = !(flags & 2);
   o.enable_prefix_caching = !(flags & 4);
   o.seed = 1;
-  mock_backend *mb = mock_backend_new(40);
+  int plp_vocab = FZ_PLP_VOCAB[flags >> 4], vocab = plp_vocab ? plp_vocab : 40;
+  mock_backend *mb = mock_backend_new(vocab);
   if (flags & 8) mb->base.ops = &MOCK_OPS_DEV;
   di_engine *e;
   if (mock_engine(mb, &o, 1, 600, &e) != DI_OK) {
@@ -100,7 +175,8 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
       di_request_params_default(&p);
       int len = 1 + fz_byte(&in) * 2;
       int shared = fz_byte(&in);
-      for (int k = 0; k < len; k++) prompt[k] = 2 + (k < shared ? k % 30 : (k * 7 + shared) % 38);
+      int span = vocab - 2 < 30 ? vocab - 2 : 30; /* 30 and 38 with the vocabulary of 40 */
+      for (int k = 0; k < len; k++) prompt[k] = 2 + (k < shared ? k % span : (k * 7 + shared) % (vocab - 2));
       p.prompt_ids = prompt;
       p.n_prompt_ids = len;
       int s = fz_byte(&in);
@@ -115,8 +191,21 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
       p.seed = (uint64_t)len * 31 + (uint64_t)s;
       const char *stops[1] = {stop_pool[s & 3]};
       if (s & 2) { p.stop = stops; p.n_stop = 1; }
+      int plp_bad = 0;
+      if (plp_vocab) { /* off, 0..20 (small k more often), out of range; score only (max_tokens 0) */
+        int pb = fz_byte(&in), v = pb % 32;
+        p.prompt_logprobs = v < 6 ? -1 : v <= 26 ? v - 6 : v == 27 ? 21 : v == 28 ? 1000 : v - 29;
+        plp_bad = p.prompt_logprobs > 20;
+        if ((pb & 32) && p.prompt_logprobs >= 0) p.max_tokens = 0;
+      }
       uint64_t id;
-      if (n_ids < 64 && di_engine_add_request(e, &p, &id) == DI_OK) {
+      if (plp_bad && n_ids < 64) {
+        if (di_engine_add_request(e, &p, &id) != DI_ERR_INVALID_ARG) {
+          fprintf(stderr, "fuzz: prompt_logprobs %d was accepted\n", p.prompt_logprobs);
+          bad++;
+          break;
+        }
+      } else if (n_ids < 64 && di_engine_add_request(e, &p, &id) == DI_OK) {
         fz_req *q = &reqs[n_ids];
         memset(q, 0, sizeof *q);
         q->id = id;
@@ -126,6 +215,9 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
         q->has_stop = p.n_stop > 0;
         q->ignore_eos = p.ignore_eos;
         q->max_tokens = p.max_tokens;
+        q->vocab = vocab;
+        q->plp_k = p.prompt_logprobs;
+        fz_scored += p.max_tokens == 0;
         q->sp = (di_sampling){.temperature = p.temperature, .top_p = 1, .top_k = p.top_k, .repetition_penalty =
                               p.repetition_penalty, .logprobs = p.logprobs, .seed = p.seed};
         ids[n_ids++] = id;
@@ -134,7 +226,7 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
       if (n_ids) di_engine_abort(e, ids[fz_byte(&in) % n_ids]);
     } else {
       if (di_engine_step(e, &out) != DI_OK) { bad++; break; }
-      fz_collect(reqs, n_ids, out);
+      bad += fz_collect(reqs, n_ids, out);
       steps++;
       if (di_engine_check(e) != DI_OK) { fprintf(stderr, "fuzz: %s\n", di_last_error()); bad++; break; }
     }
@@ -143,7 +235,22 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
   /* the requests that ended on their own must equal their reference, however they were scheduled */
   for (int guard = 0; di_engine_has_unfinished(e) && guard < 20000; guard++) {
     if (di_engine_step(e, &out) != DI_OK) { bad++; break; }
-    fz_collect(reqs, n_ids, out);
+    bad += fz_collect(reqs, n_ids, out);
+  }
+  for (int k = 0; k < n_ids; k++) {
+    const fz_req *q = &reqs[k];
+    int f0 = q->finish[0];
+    if (q->plp_k >= 0 && f0 != DI_FINISH_ABORT && f0 != DI_FINISH_ERROR && q->plp_got != 1) {
+      fprintf(stderr, "fuzz: request %d (finish %d) got its prompt logprobs %d times\n", k, f0, q->plp_got);
+      bad++;
+    }
+    for (int smp = 0; smp < q->n && q->max_tokens == 0; smp++) /* score only: no token, LENGTH */
+      if (q->n_got[smp] != 0 || (q->finish[smp] != DI_FINISH_LENGTH && q->finish[smp] != DI_FINISH_ABORT &&
+                                 q->finish[smp] != DI_FINISH_ERROR)) {
+        fprintf(stderr, "fuzz: score-only request %d sample %d: %d tokens, finish %d\n", k, smp, q->n_got[smp],
+                q->finish[smp]);
+        bad++;
+      }
   }
   for (int k = 0; k < n_ids; k++)
     for (int smp = 0; smp < reqs[k].n; smp++) {

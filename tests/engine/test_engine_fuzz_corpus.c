@@ -22,6 +22,9 @@ int main(void) {
     CHECKF(bad == 0, "random case %d: %d violations", c, bad);
   }
   CHECKF(fz_compared > 300, "only %ld samples compared with their reference", fz_compared);
-  fprintf(stderr, "%ld samples equal to their reference\n", fz_compared);
+  CHECKF(fz_plp_checked > 30 && fz_scored > 10, "only %ld prompt-logprob outputs checked, %ld score-only requests",
+         fz_plp_checked, fz_scored);
+  fprintf(stderr, "%ld samples equal to their reference, %ld prompt-logprob outputs, %ld score-only requests\n",
+          fz_compared, fz_plp_checked, fz_scored);
   return test_finish("test_engine_fuzz_corpus");
 }
