@@ -91,7 +91,7 @@ static int fz_check_plp(const fz_req *q, const di_seq_output *o) {
               o->prompt_ranks[i], (double)lg[tgt] - lse, rank);
       bad++;
     }
-    const di_token_logprob *top = o->prompt_top + (size_t)i * (size_t)k;
+    const di_token_logprob *top = k > 0 ? o->prompt_top + (size_t)i * (size_t)k : NULL;
     int used[40] = {0};
     for (int j = 0; j < k && !bad; j++) {
       if (j >= V) { bad += top[j].id != -1; continue; }
