@@ -53,14 +53,9 @@ static di_status indexer(di_v4_ctx *cx, const di_v4_layer *L, const float *a, co
   di_v4_blk *m = di_v4_mark(cx);
   DI_V4_ALLOC(K, (size_t)nc * di + 1);
   DI_TRY(compress(cx, &L->icomp, rate, 1, a, K));
-  DI_V4_ALLOC(q, (size_t)T * nh * di);
-  DI_TRY(di_v4_linear(cx, &L->idx_wq_b, qr, T, q));
-  DI_V4_ALLOC(hw, (size_t)T * nh);
-  DI_TRY(di_v4_linear(cx, &L->idx_weights, a, T, hw));
-  DI_V4_ALLOC(score, (size_t)nc + 1);
-  di_v4_scored *work = (di_v4_scored *)di_v4_alloc_f(cx, 2 * (size_t)nc + 2);
-  if (!work)
-    return DI_ERR_OOM;
+  float *q, *hw, *score;
+  di_v4_scored *work;
+  DI_TRY(di_v4_indexer_inputs(cx, L, a, qr, nc, &q, &hw, &score, &work));
   memset(sel, 0, (size_t)T * nc);
   for (int t = 0; t < T; t++) {
     int valid = (t + 1) / rate;
@@ -72,16 +67,7 @@ static di_status indexer(di_v4_ctx *cx, const di_v4_layer *L, const float *a, co
     float *qt = q + (size_t)t * nh * di;
     for (int h = 0; h < nh; h++)
       di_v4_rope_apply(&cx->compress_rope, qt + h * di, di, t, 1);
-    di_v4_index_scores(c, qt, hw + (size_t)t * nh, K, valid, score);
-    /* torch takes the top min(index_topk, n) of all n entries, the incomplete ones at -inf, then
-     * drops picks that are not complete; so the kept set is the top-k of the complete entries */
-    for (int s = valid; s < n_t; s++)
-      score[s] = -INFINITY;
-    unsigned char *st = sel + (size_t)t * nc;
-    if (n_t > 0)
-      di_v4_topk_like_torch(score, n_t, c->index_topk < n_t ? c->index_topk : n_t, work, st);
-    for (int s = valid; s < nc; s++)
-      st[s] = 0;
+    di_v4_index_pick(c, qt, hw + (size_t)t * nh, K, n_t, valid, nc, score, work, sel + (size_t)t * nc);
   }
   di_v4_release(cx, m);
   return DI_OK;
@@ -129,14 +115,7 @@ static di_status attention(di_v4_ctx *cx, int l, const float *a, float *out) {
   const int W = c->sliding_window;
   for (int t = 0; t < T; t++) {
     const int j0 = t - W + 1 > 0 ? t - W + 1 : 0;
-    int n_cmp = 0; /* HCA: entries [0, n_cmp) */
-    if (kind == DI_V4_ATTN_HCA) {
-      n_cmp = (t + 1) / rate;
-      if (n_cmp > nc)
-        n_cmp = nc;
-    } else if (kind == DI_V4_ATTN_CSA) {
-      n_cmp = nc;
-    }
+    const int n_cmp = di_v4_visible_entries(kind, t, rate, nc);
     di_v4_attend(cx, L, rt, q + (size_t)t * H * hd, t, kv + (size_t)j0 * hd, t - j0 + 1, ckv, n_cmp,
                  sel ? sel + (size_t)t * nc : NULL, p, (double *)ex, o + (size_t)t * H * hd);
   }

@@ -211,14 +211,9 @@ static di_status indexer_step(di_v4_ctx *cx, const di_v4_layer *L, const comp_st
   const di_v4_config *c = cx->c;
   const int T = cx->T, nh = c->index_n_heads, di = c->index_head_dim, rate = c->csa_rate, n = ic->n_ent;
   di_v4_blk *m = di_v4_mark(cx);
-  DI_V4_ALLOC(q, (size_t)T * nh * di);
-  DI_TRY(di_v4_linear(cx, &L->idx_wq_b, qr, T, q));
-  DI_V4_ALLOC(hw, (size_t)T * nh);
-  DI_TRY(di_v4_linear(cx, &L->idx_weights, a, T, hw));
-  DI_V4_ALLOC(score, (size_t)n + 1);
-  di_v4_scored *work = (di_v4_scored *)di_v4_alloc_f(cx, 2 * (size_t)n + 2);
-  if (!work)
-    return DI_ERR_OOM;
+  float *q, *hw, *score;
+  di_v4_scored *work;
+  DI_TRY(di_v4_indexer_inputs(cx, L, a, qr, n, &q, &hw, &score, &work));
   memset(sel, 0, (size_t)T * n);
   for (int t = 0; t < T && n > 0; t++) {
     const int pos = cx->pos0 + t;
@@ -228,13 +223,7 @@ static di_status indexer_step(di_v4_ctx *cx, const di_v4_layer *L, const comp_st
     float *qt = q + (size_t)t * nh * di;
     for (int h = 0; h < nh; h++)
       di_v4_rope_apply(&cx->compress_rope, qt + h * di, di, pos, 1);
-    di_v4_index_scores(c, qt, hw + (size_t)t * nh, ic->ent, valid, score);
-    for (int s = valid; s < n; s++)
-      score[s] = -INFINITY;
-    unsigned char *st = sel + (size_t)t * n;
-    di_v4_topk_like_torch(score, n, c->index_topk < n ? c->index_topk : n, work, st);
-    for (int s = valid; s < n; s++)
-      st[s] = 0;
+    di_v4_index_pick(c, qt, hw + (size_t)t * nh, ic->ent, n, valid, n, score, work, sel + (size_t)t * n);
   }
   di_v4_release(cx, m);
   return DI_OK;
@@ -286,14 +275,7 @@ static di_status attention_step(di_v4_ctx *cx, int l, const float *a, float *out
   DI_V4_ALLOC(ex, 2 * ((size_t)W + nc + 1));
   for (int t = 0; t < T; t++) {
     const int pos = P0 + t, j0 = pos - W + 1 > 0 ? pos - W + 1 : 0;
-    int n_cmp = 0;
-    if (kind == DI_V4_ATTN_HCA) {
-      n_cmp = (pos + 1) / ls->comp.rate;
-      if (n_cmp > nc)
-        n_cmp = nc;
-    } else if (kind == DI_V4_ATTN_CSA) {
-      n_cmp = nc;
-    }
+    const int n_cmp = di_v4_visible_entries(kind, pos, ls->comp.rate, nc);
     di_v4_attend(cx, L, rt, q + (size_t)t * H * hd, pos, wkeys + (size_t)(j0 - base) * hd, pos - j0 + 1, ls->comp.ent, n_cmp,
                  sel ? sel + (size_t)t * nc : NULL, p, (double *)ex, o + (size_t)t * H * hd);
   }

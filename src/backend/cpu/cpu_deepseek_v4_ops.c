@@ -586,6 +586,28 @@ void di_v4_index_scores(const di_v4_config *c, const float *qt, const float *hw,
   }
 }
 
+di_status di_v4_indexer_inputs(di_v4_ctx *cx, const di_v4_layer *L, const float *a, const float *qr, int n, float **q,
+                               float **hw, float **score, di_v4_scored **work) {
+  const di_v4_config *c = cx->c;
+  const int T = cx->T, nh = c->index_n_heads;
+  if (!(*q = di_v4_alloc_f(cx, (size_t)T * nh * c->index_head_dim)) || !(*hw = di_v4_alloc_f(cx, (size_t)T * nh)) ||
+      !(*score = di_v4_alloc_f(cx, (size_t)n + 1)) || !(*work = (di_v4_scored *)di_v4_alloc_f(cx, 2 * (size_t)n + 2)))
+    return DI_ERR_OOM;
+  DI_TRY(di_v4_linear(cx, &L->idx_wq_b, qr, T, *q));
+  return di_v4_linear(cx, &L->idx_weights, a, T, *hw);
+}
+
+void di_v4_index_pick(const di_v4_config *c, const float *qt, const float *hw, const float *K, int n, int valid, int nc,
+                      float *score, di_v4_scored *work, unsigned char *sel) {
+  di_v4_index_scores(c, qt, hw, K, valid, score);
+  for (int s = valid; s < n; s++)
+    score[s] = -INFINITY;
+  if (n > 0)
+    di_v4_topk_like_torch(score, n, c->index_topk < n ? c->index_topk : n, work, sel);
+  for (int s = valid; s < nc; s++)
+    sel[s] = 0;
+}
+
 void di_v4_attend(const di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_tab *rt, const float *q_t, int pos,
                   const float *win, int n_win, const float *cmp, int n_cmp, const unsigned char *sel, float *p, double *ex, float *o_t) {
   const int H = cx->c->n_heads, hd = cx->c->head_dim;

@@ -84,6 +84,27 @@ void di_v4_pool_window(const di_v4_ctx *cx, const di_v4_compressor *cp, int rate
 /* Indexer score of query qt (index heads, roped) with head weights hw (raw weights_proj output)
  * against n compressed keys K [n][index_head_dim]: score[s] = sum_h w_h * relu(q_h . K_s) scaled. */
 void di_v4_index_scores(const di_v4_config *c, const float *qt, const float *hw, const float *K, int n, float *score);
+/* The indexer's inputs for a chunk: its queries q [T][index heads][index_head_dim] (not yet roped)
+ * from qr, its head weights hw [T][index heads] from a, and scratch for di_v4_index_pick over n
+ * entries; all from the context's arena. */
+di_status di_v4_indexer_inputs(di_v4_ctx *cx, const di_v4_layer *L, const float *a, const float *qr, int n, float **q,
+                               float **hw, float **score, di_v4_scored **work);
+/* Compressed entries a query at position pos may attend on a layer of this kind, of the nc made:
+ * none on sliding layers, the complete windows' on HCA, all on CSA (the indexer's picks mask them). */
+static inline int di_v4_visible_entries(int kind, int pos, int rate, int nc) {
+  if (kind == DI_V4_ATTN_HCA) {
+    const int n = (pos + 1) / rate;
+    return n < nc ? n : nc;
+  }
+  return kind == DI_V4_ATTN_CSA ? nc : 0;
+}
+/* The indexer's picks for one query (qt roped, hw as above) among the n entries of K that exist when
+ * its chunk runs, of which the first `valid` are complete at the query: torch takes the top
+ * min(index_topk, n) of all n with the incomplete ones at -inf, then drops picks that are not complete,
+ * so sel (nc >= n flags) marks the top-k of the complete entries, tie-broken as torch.topk does.
+ * score: n floats, work: 2n + 2 scored entries of scratch. */
+void di_v4_index_pick(const di_v4_config *c, const float *qt, const float *hw, const float *K, int n, int valid, int nc,
+                      float *score, di_v4_scored *work, unsigned char *sel);
 /* Attention of one query (all heads, q_t [H][hd]) at position pos over the window keys win
  * [n_win][hd] (in position order) then the compressed entries cmp [n_cmp][hd], of which only those
  * with sel[i] set when sel is given; sink logits per head; output rope rotated back. p, ex: scratch of
