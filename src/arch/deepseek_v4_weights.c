@@ -4,34 +4,18 @@
  * Matrices stay views of the checkpoint (any dtype the weight views handle); 1-D tensors are copied to f32. */
 #include "arch/deepseek_v4.h"
 #include "model/safetensors.h"
+#include "util/owned.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct owned_block {
-  struct owned_block *next;
-  max_align_t data[];
-} owned_block;
-
-static void *own(di_v4_weights *w, size_t bytes) {
-  owned_block *b = malloc(sizeof(owned_block) + bytes);
-  if (!b)
-    return NULL;
-  b->next = w->owned;
-  w->owned = b;
-  return b->data;
-}
+static void *own(di_v4_weights *w, size_t bytes) { return di_owned_alloc(&w->owned, bytes); }
 
 void di_v4_weights_free(di_v4_weights *w) {
   if (!w)
     return;
-  owned_block *b = w->owned;
-  while (b) {
-    owned_block *n = b->next;
-    free(b);
-    b = n;
-  }
+  di_owned_free(&w->owned);
   if (w->layers)
     for (int l = 0; l < w->n_layers; l++)
       free(w->layers[l].exp_w1); /* one block for w1, w2, w3 */

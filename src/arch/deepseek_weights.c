@@ -3,6 +3,7 @@
 #include "arch/deepseek.h"
 #include "model/safetensors.h"
 #include "util/numeric.h"
+#include "util/owned.h"
 #include "util/progress.h"
 #include <math.h>
 #include <stdarg.h>
@@ -11,29 +12,12 @@
 #include <string.h>
 
 /* Allocations made while binding are chained so one free releases them. */
-typedef struct owned_block {
-  struct owned_block *next;
-  max_align_t data[];
-} owned_block;
-
-static void *own(di_ds_weights *w, size_t bytes) {
-  owned_block *b = malloc(sizeof(owned_block) + bytes);
-  if (!b)
-    return NULL;
-  b->next = w->owned;
-  w->owned = b;
-  return b->data;
-}
+static void *own(di_ds_weights *w, size_t bytes) { return di_owned_alloc(&w->owned, bytes); }
 
 void di_ds_weights_free(di_ds_weights *w) {
   if (!w)
     return;
-  owned_block *b = w->owned;
-  while (b) {
-    owned_block *n = b->next;
-    free(b);
-    b = n;
-  }
+  di_owned_free(&w->owned);
   free(w->layers);
   memset(w, 0, sizeof *w);
 }
