@@ -40,15 +40,8 @@ static di_status bind_mat(binder *b, di_weight *out, int64_t rows, int64_t cols,
   va_end(ap);
   (void)quantizable;
   DI_TRY(di_tensor_source_weight(b->src, b->name, rows, cols, b->cfg->fp8 ? b->cfg->fp8_block : NULL, out));
-  /* kernels index the block scales as floats: give unaligned ones an aligned copy */
-  if (out->scale_inv && ((uintptr_t)out->scale_inv & 3)) {
-    size_t n = (size_t)((out->rows + out->block_rows - 1) / out->block_rows) * (size_t)out->scale_cols;
-    float *copy = own(b->w, n * sizeof(float));
-    if (!copy)
-      return di_error_set(DI_ERR_OOM, "out of memory");
-    memcpy(copy, out->scale_inv, n * sizeof(float));
-    out->scale_inv = copy;
-  }
+  if (di_weight_align_scales(out, &b->w->owned))
+    return di_error_set(DI_ERR_OOM, "out of memory");
   return DI_OK;
 }
 

@@ -2,7 +2,20 @@
  * references, tests and one-time conversions at load. */
 #include "model/weights.h"
 #include "util/numeric.h"
+#include "util/owned.h"
 #include <string.h>
+
+int di_weight_align_scales(di_weight *w, void **owned) {
+  if (!w->scale_inv || !((uintptr_t)w->scale_inv & 3))
+    return 0;
+  size_t n = (size_t)((w->rows + w->block_rows - 1) / w->block_rows) * (size_t)w->scale_cols;
+  float *copy = di_owned_alloc(owned, n * sizeof(float));
+  if (!copy)
+    return -1;
+  memcpy(copy, w->scale_inv, n * sizeof(float));
+  w->scale_inv = copy;
+  return 0;
+}
 
 size_t di_dtype_size(di_dtype t) {
   switch (t) {

@@ -26,4 +26,8 @@ typedef struct di_weight {
 float di_weight_get(const di_weight *w, int64_t r, int64_t c);
 /* Copies rows [r0, r1) to float32 `out` ([r1-r0][cols]). */
 void di_weight_rows_f32(const di_weight *w, int64_t r0, int64_t r1, float *out);
+/* FP8 block scales are read as floats by the kernels: when the checkpoint's are not 4-byte aligned
+ * (safetensors does not align tensors), points w at an aligned copy kept in the block chain *owned
+ * (util/owned.h), released with it. Returns 0, or -1 when out of memory. */
+int di_weight_align_scales(di_weight *w, void **owned);
 #endif
