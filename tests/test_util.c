@@ -21,6 +21,14 @@ int test_finish(const char *name) {
   return di_test_failed ? 1 : 0;
 }
 
+int test_argmax(const float *v, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[b])
+      b = i;
+  return b;
+}
+
 double test_rel_l2(const float *got, const float *ref, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; i++) {

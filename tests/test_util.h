@@ -48,6 +48,8 @@ typedef void (*test_file_fn)(const char *name, const char *rel_path, const char 
 int test_for_each_file(const char *rel_dir, test_file_fn fn, void *ctx);
 /* ||got - ref|| / ||ref|| in double precision; infinite when got holds a NaN. */
 double test_rel_l2(const float *got, const float *ref, size_t n);
+/* Index of the largest of v[0..n) (the first on ties, as greedy decoding). */
+int test_argmax(const float *v, int n);
 /* Prints the closing line and returns the exit code. */
 int test_finish(const char *name);
 #endif

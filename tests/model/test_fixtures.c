@@ -11,13 +11,6 @@
 
 
 
-static int argmax(const float *v, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (v[i] > v[b])
-      b = i;
-  return b;
-}
 
 /* Decodes `ids` one token per step through the cache; logits of every step into `out`. */
 static di_status decode_stepwise(di_model *m, const int32_t *ids, int n, float *out) {
@@ -100,7 +93,7 @@ static void check_case(const char *name, const char *golden_dir) {
                       .n_outputs = 1, .output_rows = &last};
       st = di_backend_forward(m->backend, &pre, lg);
       for (int s2 = 0; s2 < G && st == DI_OK; s2++) {
-        int tok = argmax(lg, V);
+        int tok = test_argmax(lg, V);
         if (margin[s2] > 1e-3f)
           CHECKF(tok == gold[s2], "%s p%d greedy step %d: got %d, reference %d (margin %.3g)", name, p, s2, tok, gold[s2],
                  margin[s2]);

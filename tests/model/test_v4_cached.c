@@ -10,6 +10,7 @@
 #include "model/safetensors.h"
 #include "util/json.h"
 #include "test_util.h"
+#include "v4_golden.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,13 +22,6 @@ static di_v4_weights wts;
 static int V;
 static double worst_rel; /* the largest per-position rel L2 seen against the reference */
 
-static int argmax(const float *v, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (v[i] > v[b])
-      b = i;
-  return b;
-}
 
 static void random_tokens(int32_t *tok, int n, unsigned seed) {
   for (int t = 0; t < n; t++) {
@@ -149,15 +143,8 @@ static void check_golden(void) {
   if (st != DI_OK)
     return;
   for (int p = 0; p < 3; p++) {
-    char k[4][32];
-    snprintf(k[0], 32, "p%d.ids", p);
-    snprintf(k[1], 32, "p%d.logits", p);
-    snprintf(k[2], 32, "p%d.greedy", p);
-    snprintf(k[3], 32, "p%d.margin", p);
-    const di_st_tensor *tid = di_st_file_find(&g, k[0]), *tlg = di_st_file_find(&g, k[1]), *tgr = di_st_file_find(&g, k[2]),
-                       *tmg = di_st_file_find(&g, k[3]);
-    CHECK(tid && tlg && tgr && tmg);
-    if (!tid || !tlg || !tgr || !tmg)
+    const di_st_tensor *tid, *tlg, *tgr, *tmg;
+    if (!v4_golden_prompt(&g, p, &tid, &tlg, &tgr, &tmg))
       continue;
     const int T = (int)tid->shape[0], G = (int)tgr->shape[0];
     const int32_t *ids = tid->data, *gold = tgr->data;
@@ -192,7 +179,7 @@ static void check_golden(void) {
       CHECKF(st == DI_OK, "%s", di_last_error());
       double err = test_rel_l2(lg, tlg->data, (size_t)T * V);
       CHECKF(err < 1e-4, "p%d: cached prefill logits vs transformers rel L2 %.3e", p, err);
-      int ok = 1, tok = argmax(lg + (size_t)(T - 1) * V, V);
+      int ok = 1, tok = test_argmax(lg + (size_t)(T - 1) * V, V);
       for (int i = 0; i < G && st == DI_OK; i++) {
         if (margin[i] > 1e-3f) {
           CHECKF(tok == gold[i], "p%d greedy step %d: got %d, golden %d", p, i, tok, gold[i]);
@@ -201,7 +188,7 @@ static void check_golden(void) {
         int32_t next = gold[i]; /* follow the golden path */
         st = di_cpu_v4_forward_step(&cfg, &wts, s, &next, 1, lg);
         CHECKF(st == DI_OK, "%s", di_last_error());
-        tok = argmax(lg, V);
+        tok = test_argmax(lg, V);
       }
       printf("p%d: cached prefill vs transformers rel L2 %.2e; greedy %d steps %s\n", p, err, G, ok ? "equal" : "DIFFER");
       free(lg);

@@ -8,6 +8,7 @@
 #include "model/safetensors.h"
 #include "util/json.h"
 #include "test_util.h"
+#include "v4_golden.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +19,6 @@
 static char *cfg_text;
 static size_t cfg_len;
 
-static int argmax(const float *v, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (v[i] > v[b])
-      b = i;
-  return b;
-}
 
 static di_status load_dir(const char *dir, const char *cfg_json, di_v4_config *cfg, di_tensor_source **src, di_v4_weights *w) {
   DI_TRY(di_v4_config_parse(cfg_json, strlen(cfg_json), cfg));
@@ -47,15 +41,8 @@ static void check_golden(const di_v4_config *cfg, const di_v4_weights *w) {
     return;
   const int V = cfg->vocab_size;
   for (int p = 0; p < 3; p++) {
-    char k[4][32];
-    snprintf(k[0], 32, "p%d.ids", p);
-    snprintf(k[1], 32, "p%d.logits", p);
-    snprintf(k[2], 32, "p%d.greedy", p);
-    snprintf(k[3], 32, "p%d.margin", p);
-    const di_st_tensor *tid = di_st_file_find(&g, k[0]), *tlg = di_st_file_find(&g, k[1]), *tgr = di_st_file_find(&g, k[2]),
-                       *tmg = di_st_file_find(&g, k[3]);
-    CHECK(tid && tlg && tgr && tmg);
-    if (!tid || !tlg || !tgr || !tmg)
+    const di_st_tensor *tid, *tlg, *tgr, *tmg;
+    if (!v4_golden_prompt(&g, p, &tid, &tlg, &tgr, &tmg))
       continue;
     const int T = (int)tid->shape[0], G = (int)tgr->shape[0];
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)(T + G));
@@ -78,7 +65,7 @@ static void check_golden(const di_v4_config *cfg, const di_v4_weights *w) {
     for (int s = 0; s < G && st == DI_OK; s++) {
       st = di_cpu_v4_forward_full(cfg, w, seq, T + s, lg);
       CHECKF(st == DI_OK, "%s", di_last_error());
-      int tok = argmax(lg + (size_t)(T + s - 1) * V, V);
+      int tok = test_argmax(lg + (size_t)(T + s - 1) * V, V);
       if (margin[s] > 1e-3f) {
         CHECKF(tok == gold[s], "p%d greedy step %d: got %d, reference %d (margin %.3g)", p, s, tok, gold[s], margin[s]);
         ok &= tok == gold[s];
