@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from deepinfer import LLM, SamplingParams, scoring  # noqa: E402
+from cli_score import score_logits  # noqa: E402
 
 CLI = os.environ.get("DEEPINFER_CLI")
 MODEL = os.path.join(ROOT, "models", "default")
@@ -74,17 +74,7 @@ def cli_tokenize(text):
 
 
 def cli_logits(ids):
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "l.safetensors")
-        subprocess.run([CLI, "score", "--model", MODEL, "--threads", "2", "--ids", ",".join(map(str, ids)),
-                        "--out", out], capture_output=True, check=True)
-        with open(out, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            t = json.loads(f.read(n))["logits"]
-            rows, vocab = t["shape"]
-            f.seek(8 + n + t["data_offsets"][0])
-            data = struct.unpack(f"<{rows * vocab}f", f.read(rows * vocab * 4))
-    return [data[i * vocab:(i + 1) * vocab] for i in range(rows)]
+    return score_logits(CLI, MODEL, ids)
 
 
 def ref_loglik(ids, start):

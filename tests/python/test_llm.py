@@ -197,20 +197,9 @@ def test_examples_run():
 
 def tiny_score_logits(ids):
     """`deepinfer score` logits of ids on dsv3-tiny, one list per position."""
-    import struct
-    import tempfile
+    from cli_score import score_logits
     cli = os.environ.get("DEEPINFER_CLI", os.path.join(ROOT, "build", "deepinfer"))
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "l.safetensors")
-        subprocess.run([cli, "score", "--model", TINY, "--threads", "2", "--ids", ",".join(map(str, ids)),
-                        "--out", out], capture_output=True, check=True)
-        with open(out, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            t = json.loads(f.read(n))["logits"]
-            rows, vocab = t["shape"]
-            f.seek(8 + n + t["data_offsets"][0])
-            data = struct.unpack(f"<{rows * vocab}f", f.read(rows * vocab * 4))
-    return [data[i * vocab:(i + 1) * vocab] for i in range(rows)]
+    return score_logits(cli, TINY, ids)
 
 
 def test_prompt_logprobs(tiny):

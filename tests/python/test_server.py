@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import threading
@@ -736,23 +735,16 @@ def test_cors_and_request_id(server):
 def dummy_logprobs(ids):
     """float64 log-softmax of `deepinfer score` logits of ids on the server's dummy model: row t-1 -> ids[t]
     (logprob, the top 3 (id, logprob)) per position t >= 1."""
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "l.safetensors")
-        subprocess.run([CLI, "score", "--model", DUMMY, "--load-format", "dummy", "--threads", "2",
-                        "--ids", ",".join(map(str, ids)), "--out", out], capture_output=True, check=True)
-        with open(out, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            t = json.loads(f.read(n))["logits"]
-            rows, vocab = t["shape"]
-            f.seek(8 + n + t["data_offsets"][0])
-            data = struct.unpack(f"<{rows * vocab}f", f.read(rows * vocab * 4))
+    from cli_score import score_logits
+    logits = score_logits(CLI, DUMMY, ids, ("--load-format", "dummy"))
+    vocab = len(logits[0])
     # the engine's distribution covers the tokenizer's ids (the rest of the rows is padding)
     from tokenizers import Tokenizer
     tv = Tokenizer.from_file(os.path.join(DUMMY, "tokenizer.json"))
     limit = min(vocab, 1 + max(tv.get_vocab(with_added_tokens=True).values()))
     res = [None]
     for t in range(1, len(ids)):
-        row = data[(t - 1) * vocab:(t - 1) * vocab + limit]
+        row = logits[t - 1][:limit]
         m = max(row)
         lse = m + math.log(sum(math.exp(x - m) for x in row))
         order = sorted(range(limit), key=lambda i: (-row[i], i))[:3]
