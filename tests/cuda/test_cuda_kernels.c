@@ -82,6 +82,38 @@ static void test_gemm(di_cu_blas *blas, int M, int N, int K, int y_f32, float be
   di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
 }
 
+/* Y = RMSNorm(H) . W^T with the norm inside the skinny kernel (the decode layer's q/kv projection) */
+static void test_gemm_normed(di_cu_blas *blas, int M, int N, int K) {
+  float *h = rand_f32((size_t)M * K, 3.f), *nw = rand_f32(K, 1.f);
+  uint16_t *W = rand_bf16((size_t)N * K, 0.05f);
+  void *dh = dup_dev(h, (size_t)M * K * 4), *dnw = dup_dev(nw, (size_t)K * 4), *dW = dup_dev(W, (size_t)N * K * 2);
+  void *dY = di_cut_malloc((size_t)M * N * 4);
+  CHECK(di_cu_gemm_normed_ok(blas, M, K, K));
+  di_status st = di_cu_gemm_normed(blas, M, N, K, dh, K, dnw, 1e-6f, dW, K, dY, N, 1, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  double *ref = malloc(sizeof(double) * (size_t)M * N);
+  float *x = malloc(sizeof(float) * (size_t)K);
+  for (int m = 0; m < M; m++) {
+    double ss = 0;
+    for (int k = 0; k < K; k++) ss += (double)h[(size_t)m * K + k] * h[(size_t)m * K + k];
+    const double inv = 1.0 / sqrt(ss / K + 1e-6);
+    for (int k = 0; k < K; k++) x[k] = bf(di_f32_to_bf16((float)(h[(size_t)m * K + k] * inv * nw[k])));
+    for (int n = 0; n < N; n++) {
+      double a = 0;
+      for (int k = 0; k < K; k++) a += (double)x[k] * bf(W[(size_t)n * K + k]);
+      ref[(size_t)m * N + n] = a;
+    }
+  }
+  float *got = malloc((size_t)M * N * 4);
+  di_cut_d2h(got, dY, (size_t)M * N * 4);
+  double err = rel_err_d(ref, got, (size_t)M * N);
+  CHECKF(err < 2e-3, "normed gemm %dx%dx%d: rel err %.3e", M, N, K, err);
+  printf("normed gemm %dx%dx%d: rel err %.2e\n", M, N, K, err);
+  free(h); free(nw); free(W); free(ref); free(x); free(got);
+  di_cut_free(dh); di_cut_free(dnw); di_cut_free(dW); di_cut_free(dY);
+}
+
 /* Y_h = X_h . W_h (w_kn) per head, the absorption shape */
 static void test_gemm_batched(di_cu_blas *blas, int NH, int T, int N, int K, int w_kn) {
   int ldx = NH * K + 8, ldy = NH * N + 16; /* strided like the real buffers */
@@ -258,6 +290,8 @@ static void test_mla_prep_absorb(di_cu_blas *blas, int T, int H, int N, int P, i
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
 }
 
+/* split > 0: items of bm rows over `split` key ranges (mla_attn + mla_combine); split < 0: the cluster
+ * form, -split clusters per 16-row group (mla_attn_cluster, + mla_combine when more than one) */
 static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, int bm, int split, const char *label) {
   int T = 0, max_blocks = 0, total_blocks = 0;
   for (int s = 0; s < n_seq; s++) {
@@ -281,6 +315,8 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   uint16_t *cache = rand_bf16(cache_n, 1.f);
   uint16_t *Q = rand_bf16((size_t)T * H * D, 0.25f);
   /* items */
+  const int n_cl = split < 0 ? -split : 0;
+  if (n_cl) split = n_cl * DI_CUK_ATTN_CLUSTER;
   int cap = T * H / 16 * split + n_seq * split + 16;
   di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
   di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
@@ -289,6 +325,10 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
     for (int r0 = t0 * H; r0 < (t0 + n_tok[s]) * H; r0 += bm) {
       int r1 = r0 + bm < (t0 + n_tok[s]) * H ? r0 + bm : (t0 + n_tok[s]) * H;
       int maxpos = pos[(r1 - 1) / H];
+      if (n_cl) {
+        ni += di_cuk_attn_cluster_items(r0, r1, s, maxpos + 1, n_cl, &part, items + ni, citems, &nci);
+        continue;
+      }
       int nkt = (maxpos + 64) / 64, S = split < nkt ? split : nkt, per = (nkt + S - 1) / S;
       S = (nkt + per - 1) / per;
       if (S == 1) { items[ni++] = (di_cuk_attn_item){r0, r1, s, 0, maxpos + 1, -1}; continue; }
@@ -309,7 +349,8 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   void *dpo = di_cut_malloc((size_t)(part ? part : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(part ? part : 1) * 64 * 4);
   const float scale = 0.0721f;
   double t0 = di_cut_time_ms();
-  di_status st = di_cuk_mla_attn(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
+  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, dout, dpo, dpl, NULL)
+                      : di_cuk_mla_attn(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (nci) CHECK(di_cuk_mla_combine(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
@@ -511,7 +552,11 @@ static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
 
 /* route (with n_sh shared experts folded in as experts E.., weight 1) -> permute -> glu grouped GEMM
  * -> down grouped GEMM -> combine (+ the fused RMSNorm of the result), as the backend runs it */
+/* gemv_rows: 0 the mma grouped GEMM, 1..4 the GEMV form, -1 (T == 1) the GEMV gate/up and the down
+ * projection fused with the combine (di_cuk_moe_down_combine; no fused norm then) */
 static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gemv_rows) {
+  const int fused_down = gemv_rows < 0;
+  if (fused_down) gemv_rows = 1;
   const int Ip = (I + 63) / 64 * 64, Et = E + n_sh, Kt = K + n_sh, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
   int max_tiles = (A + bm - 1) / bm + Et;
   if (max_tiles > A) max_tiles = A;
@@ -547,8 +592,11 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
     st = di_cuk_grouped_gemv(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, gemv_rows, dact, Ip, 0,
                              1, pf0, E, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
-    st = di_cuk_grouped_gemv(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, gemv_rows, dy, Hd, 1, 0,
-                             pf0, E, NULL);
+    if (fused_down)
+      st = di_cuk_moe_down_combine(dact, Ip, dd_w, Hd, Ip, dids, dw, dinv, Kt, dh, Hd, E, n_sh, NULL);
+    else
+      st = di_cuk_grouped_gemv(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, gemv_rows, dy, Hd, 1, 0,
+                               pf0, E, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
   } else {
     st = di_cuk_grouped_gemm(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, dact, Ip, 0, 1, NULL);
@@ -556,7 +604,7 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
     st = di_cuk_grouped_gemm(dact, Ip, NULL, dd_w, Hd, Ip, doff, dtiles, dnt, max_tiles, bm, dy, Hd, 1, 0, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
   }
-  CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, Kt, Hd, dh, dnw, 1e-6f, dxn, Hd, NULL) == DI_OK);
+  if (!fused_down) CHECK(di_cuk_moe_combine(dy, Hd, dinv, dw, T, Kt, Hd, dh, dnw, 1e-6f, dxn, Hd, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   double ms = di_cut_time_ms() - t0;
   float *got = malloc((size_t)T * Hd * 4);
@@ -592,11 +640,11 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
   /* compare the MoE contribution (h - h0), and the fused norm of the new h */
   float *gd = malloc((size_t)T * Hd * 4);
   for (size_t i = 0; i < (size_t)T * Hd; i++) gd[i] = got[i] - h0[i];
-  double err = rel_err_d(ref, gd, (size_t)T * Hd), errn = rel_err_d(rxn, gxn, (size_t)T * Hd);
+  double err = rel_err_d(ref, gd, (size_t)T * Hd), errn = fused_down ? 0 : rel_err_d(rxn, gxn, (size_t)T * Hd);
   CHECKF(err < 1e-2, "moe chain T=%d E=%d k=%d: rel err %.3e", T, E, K, err);
   CHECKF(errn < 1e-2, "moe chain T=%d fused norm: rel err %.3e", T, errn);
   printf("moe chain T=%4d E=%3d+%d k=%d hidden=%d inter=%d bm=%d %s: rel err %.2e, fused norm %.2e (%.2f ms incl. launch)\n",
-         T, E, n_sh, K, Hd, I, bm, gemv_rows ? "gemv" : "mma ", err, errn, ms);
+         T, E, n_sh, K, Hd, I, bm, fused_down ? "gemv + fused down/combine" : gemv_rows ? "gemv" : "mma ", err, errn, ms);
   free(x); free(wgu); free(wd); free(lg); free(h0); free(nw); free(got); free(gxn); free(ref); free(g); free(gd); free(rxn);
   void *ptrs[] = {dx, dstage, dgu_w, dd_w, dlg, dh, dnw, dids, dw, dperm, dinv, doff, dtiles, dnt, dact, dy, dxn};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
@@ -660,6 +708,9 @@ int main(void) {
   test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* M <= 8: the skinny kernel */
   test_gemm(blas, 8, 3648, 2048, 0, 0.f);
   test_gemm(blas, 1, 129280, 2048, 1, 0.f);     /* lm_head shape */
+  test_gemm_normed(blas, 1, 3648, 2048);         /* the q/kv projection with the attention norm inside */
+  test_gemm_normed(blas, 4, 2112, 7168);
+  test_gemm_normed(blas, 8, 100, 72);
   di_cu_blas_set_skinny(blas, 0);
   test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* the same through cuBLASLt */
   test_gemm_batched(blas, 16, 3, 128, 512, 0);
@@ -685,6 +736,13 @@ int main(void) {
     int ctx[] = {1, 100, 4097, 32768}, nt[] = {1, 1, 1, 1};
     test_mla_attn(16, 4, ctx, nt, 16, 1, "V2-Lite decode, no split");
     test_mla_attn(16, 4, ctx, nt, 16, 16, "V2-Lite decode, 16-way split");
+    test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, one cluster");
+    test_mla_attn(16, 4, ctx, nt, 16, -5, "V2-Lite decode, 5 clusters");
+    int ctx2[] = {600, 33, 1024}, nt2[] = {1, 1, 1};
+    test_mla_attn(16, 3, ctx2, nt2, 16, -1, "decode 600/33/1024, one cluster");
+    int ctx3[] = {600, 40}, nt3[] = {3, 2}; /* several tokens of a sequence: rows of 16 span 1 head group each */
+    test_mla_attn(16, 2, ctx3, nt3, 16, -2, "decode 3+2 tokens, 2 clusters");
+    test_mla_attn(8, 2, ctx3, nt3, 16, -1, "8 heads: 2 tokens per 16 rows");
   }
   {
     int ctx[] = {777, 5000}, nt[] = {1, 1};
@@ -720,6 +778,9 @@ int main(void) {
   }
   test_moe_chain(1, 64, 6, 2, 2048, 1408, 0);   /* V2-Lite decode, 2 shared experts folded in (64-wide tiles) */
   test_moe_chain(1, 64, 6, 2, 2048, 1408, 1);   /* ... as the GEMV the backend uses at T <= 4 */
+  test_moe_chain(1, 64, 6, 2, 2048, 1408, -1);  /* ... and T == 1's down projection fused with the combine */
+  test_moe_chain(1, 256, 8, 1, 512, 256, -1);   /* V3 routing width: 9 slots over 8 warps */
+  test_moe_chain(1, 16, 3, 0, 64, 40, -1);      /* tiny, no shared expert */
   test_moe_chain(4, 64, 6, 2, 2048, 1408, 4);
   test_moe_chain(16, 64, 6, 2, 2048, 1408, 0);
   test_moe_chain(16, 64, 6, 2, 2048, 1408, 4);  /* more rows per expert than one GEMV pass */

@@ -59,7 +59,7 @@ typedef struct cu_layer {
 } cu_layer;
 
 typedef struct graph_entry {
-  int T, n_out, bt_stride, max_items, max_citems, bm, n_seq_rows;
+  int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows;
   int seen;                    /* eager runs so far; captured on the second */
   cudaGraphExec_t exec;
 } graph_entry;
@@ -68,7 +68,7 @@ typedef struct cu_backend {
   di_backend base;
   cudaStream_t stream;
   di_cu_blas *blas;
-  int sms, use_graphs, skip, attn_min_split, split_keys;
+  int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine;
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -95,7 +95,7 @@ typedef struct cu_backend {
   int32_t *in_host, *in_dev;
   size_t in_cap; /* int32 elements */
   /* the step in flight */
-  int pending, T, Tp, n_out, n_out_p, bt_stride, max_items, max_citems, bm, n_seq_rows;
+  int pending, T, Tp, n_out, n_out_p, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows;
   size_t in_used;
   int32_t *d_tokens, *d_pos, *d_slots, *d_out_rows, *d_bt, *d_nitems, *d_ncitems;
   di_cuk_attn_item *d_items;
@@ -412,13 +412,23 @@ static di_status forward(cu_backend *b) {
   PROF("start");
   DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, T, H, b->h, s));
   int xn_ready = 0; /* the MoE combine already wrote this layer's normed input */
+  /* decode-sized steps: each layer's attention norm is done by its q/kv GEMM, and a one-token step's
+   * MoE down projection adds the weighted expert outputs to h itself (DEEPINFER_CUDA_DOWN_COMBINE=0:
+   * the separate combine kernel, which then also writes the next layer's normed input) */
+  const int normed_gemm = b->down_combine && di_cu_gemm_normed_ok(b->blas, T, H, H);
   for (int l = 0; l < b->n_layers; l++) {
     const cu_layer *L = &b->L[l];
-    if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
+    if (!xn_ready && normed_gemm) { /* decode: the attention norm inside the q/kv GEMM */
+      if (!SKIP(SKIP_QKV))
+        DI_TRY(di_cu_gemm_normed(b->blas, T, b->Wa, H, b->h, H, L->attn_norm, b->eps, (const uint16_t *)L->qkv_a, H,
+                                 b->qkv, b->Wa, 0, s));
+    } else {
+      if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
+      PROF("norm");
+      if (!SKIP(SKIP_QKV))
+        DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
+    }
     xn_ready = 0;
-    PROF("norm");
-    if (!SKIP(SKIP_QKV))
-      DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
     const uint16_t *q, *kva;
     int ldq;
     if (b->qr > 0) {
@@ -452,7 +462,11 @@ static di_status forward(cu_backend *b) {
                                 (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
     }
     PROF("mla prep+absorb");
-    if (!SKIP(SKIP_ATTN))
+    if (!SKIP(SKIP_ATTN) && b->attn_cl)
+      DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
+                                     NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
+                                     (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+    else if (!SKIP(SKIP_ATTN))
       DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                            b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                            (uint16_t *)b->olat, b->part_o, b->part_lse, s));
@@ -493,14 +507,20 @@ static di_status forward(cu_backend *b) {
     if (T > 1 && !SKIP(SKIP_GATE))
       DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
     PROF("router");
+    const int down_combine = normed_gemm && T == 1 && T <= GEMV_MAX_T && !(L->has_shared && b->n_sh == 0) &&
+                             !SKIP(SKIP_EXPERTS);
     if (T <= GEMV_MAX_T) { /* decode: an expert has at most T rows; weight streaming as a GEMV */
       const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
       if (!SKIP(SKIP_EXPERTS)) {
         DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
                                    b->tiles, b->n_tiles, max_tiles, bm, T, b->act, b->Ip, 0, 1, pf0, E, s));
         PROF("experts gate/up");
-        DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, s));
+        if (down_combine)
+          DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                         b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
+        else
+          DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                     b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, s));
       }
     } else {
       DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
@@ -511,8 +531,8 @@ static di_status forward(cu_backend *b) {
     }
     PROF("experts down");
     if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
-    const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0);
-    if (!SKIP(SKIP_COMBINE))
+    const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
+    if (!SKIP(SKIP_COMBINE) && !down_combine)
       DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
                               b->eps, (uint16_t *)b->xn, Hp, s));
     xn_ready = fuse;
@@ -595,7 +615,20 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   const int KS = b->split_keys;
   int tiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + KS - 1) / KS;
   if (S_max > tiles_cap) S_max = tiles_cap;
-  const int max_items = n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
+  /* decode of few sequences: the cluster form (splits merged inside a cluster of CTAs); clusters per
+   * row group up to one per CL_TILES x cluster-size key tiles, so a context of <= 1024 keys is one
+   * cluster and needs no combine kernel in the graph */
+  const int CL = DI_CUK_ATTN_CLUSTER, CL_TILES = 4;
+  const int cluster = b->attn_cluster && bm == 16 && n_chunks * CL <= target;
+  int C_max = 1;
+  if (cluster) {
+    const int ktiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + DI_CUK_ATTN_KTILE - 1) / DI_CUK_ATTN_KTILE;
+    C_max = (ktiles_cap + CL * CL_TILES - 1) / (CL * CL_TILES);
+    const int c_fit = target / (CL * n_chunks);
+    if (C_max > c_fit) C_max = c_fit > 1 ? c_fit : 1;
+    S_max = C_max; /* partial slots: one per cluster */
+  }
+  const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
   DI_TRY(ensure_acts(b, Tp, n_out_p, max_items));
 
   /* layout of the input block (int32 units); the last block-table row is the padding tokens' */
@@ -656,6 +689,13 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
         int p = tt < T ? bt->positions[tt] : 0;
         if (p > maxpos) maxpos = p;
       }
+      if (cluster) {
+        const int nkt = (maxpos + DI_CUK_ATTN_KTILE) / DI_CUK_ATTN_KTILE;
+        int nc = (nkt + CL * CL_TILES - 1) / (CL * CL_TILES);
+        if (nc > C_max) nc = C_max;
+        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, nc, &part, items + ni, citems, &nci);
+        continue;
+      }
       const int nkt = (maxpos + KS) / KS;
       /* at least attn_min_split x split_keys keys per split (DEEPINFER_CUDA_ATTN_MIN_SPLIT, default
        * 1; DEEPINFER_CUDA_ATTN_SPLIT_KEYS, default DI_CUK_ATTN_KTILE = 32): a split's work is a
@@ -687,7 +727,7 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   b->d_items = (di_cuk_attn_item *)(d + o_items);
   b->d_citems = (di_cuk_combine_item *)(d + o_citems);
   b->T = T; b->Tp = Tp; b->n_out = n_out; b->n_out_p = n_out_p; b->bt_stride = bt_stride;
-  b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->in_used = o;
+  b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->attn_cl = cluster; b->in_used = o;
   b->n_seq_rows = n_seq_rows;
   return DI_OK;
 }
@@ -722,14 +762,14 @@ static graph_entry *find_graph(cu_backend *b) {
   for (int i = 0; i < b->n_graphs; i++) {
     graph_entry *g = &b->graphs[i];
     if (g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
-        g->max_citems == b->max_citems && g->bm == b->bm && g->n_seq_rows == b->n_seq_rows)
+        g->max_citems == b->max_citems && g->bm == b->bm && g->attn_cl == b->attn_cl && g->n_seq_rows == b->n_seq_rows)
       return g;
   }
   if (b->n_graphs == MAX_GRAPHS) drop_graphs(b);
   graph_entry *g = &b->graphs[b->n_graphs++];
   memset(g, 0, sizeof *g);
   g->T = b->Tp; g->n_out = b->n_out_p; g->bt_stride = b->bt_stride; g->max_items = b->max_items;
-  g->max_citems = b->max_citems; g->bm = b->bm; g->n_seq_rows = b->n_seq_rows;
+  g->max_citems = b->max_citems; g->bm = b->bm; g->attn_cl = b->attn_cl; g->n_seq_rows = b->n_seq_rows;
   return g;
 }
 
@@ -873,6 +913,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->skip = parse_skip(getenv("DEEPINFER_CUDA_SKIP"));
   const char *ms = getenv("DEEPINFER_CUDA_ATTN_MIN_SPLIT");
   b->attn_min_split = ms && atoi(ms) > 0 ? atoi(ms) : 1;
+  const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");
+  b->down_combine = !(dcb && dcb[0] == '0');
+  const char *acl = getenv("DEEPINFER_CUDA_ATTN_CLUSTER"); /* 0: decode attention as splits + combine kernel */
+  b->attn_cluster = !(acl && acl[0] == '0');
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
   const char *pe = getenv("DEEPINFER_CUDA_PROFILE");

@@ -83,6 +83,20 @@ di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache, const int32_
                           const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                           int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
                           di_cu_stream s);
+/* The cluster form for decode steps of few sequences (16-row items): items come in groups of
+ * DI_CUK_ATTN_CLUSTER, the splits of one row group, merged inside the cluster; part < 0 (the whole key
+ * range in one cluster) writes `out`, else every item of the cluster carries the cluster's partial slot.
+ * max_items: a multiple of DI_CUK_ATTN_CLUSTER, as is *n_items. */
+#define DI_CUK_ATTN_CLUSTER 8
+di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+                                  int bt_stride, const int32_t *positions, int H, float scale,
+                                  const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                                  uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);
+/* Items of rows [row0, row1) of sequence seq over keys [0, n_keys) in the cluster form: n_clusters
+ * clusters whose CTAs take equal runs of key tiles (trailing ones may be empty); with more than one
+ * cluster, one combine item over partial slots *part .. (advanced). Returns the items written. */
+int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int n_clusters, int *part,
+                              di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems);
 di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_items,
                              int max_items, const float *part_o, const float *part_lse,
                              uint16_t *out, di_cu_stream s);
@@ -158,6 +172,13 @@ di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_rows,
                               int pf_tile0, int pf_expert0, di_cu_stream s);
 /* Reorders rows of [gate (I rows); up (I rows)] (each `cols` wide, n_mat matrices back to back) into
  * the glu interleaving above; src and dst distinct. I must be a multiple of 8. */
+/* A one-token step's MoE down projection fused with the weighted combine:
+ *   h[c] += sum_j w[j] * (W[ids[j]] row c) . act[inv[j]]   for c < n, j < kt (slot order)
+ * W: bf16 [experts][N][K]; act: bf16 rows of ld_act (the permuted gate/up output); the experts
+ * pf_expert0 .. +n_pf (the shared ones) are prefetched into L2 before the wait. N % 16 == 0. */
+di_status di_cuk_moe_down_combine(const uint16_t *act, int ld_act, const uint16_t *W, int N, int K,
+                                  const int32_t *ids, const float *w, const int32_t *inv, int kt, float *h, int n,
+                                  int pf_expert0, int n_pf, di_cu_stream s);
 di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, int I, int cols,
                                 di_cu_stream s);
 
@@ -169,6 +190,11 @@ void di_cu_blas_destroy(di_cu_blas *b);
  * bf16 in, f32 accumulate; the beta = 1 form is how residual adds are fused. */
 di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx, const uint16_t *W,
                      int ldw, void *Y, int ldy, int y_f32, float beta, di_cu_stream s);
+/* Y = RMSNorm(H; norm_w, eps) . W^T for decode-sized M (<= 8): the norm of each f32 row computed inside
+ * the skinny kernel (the same bf16 activations as di_cuk_rmsnorm writes). _ok says whether it applies. */
+int di_cu_gemm_normed_ok(di_cu_blas *b, int M, int K, int ldh);
+di_status di_cu_gemm_normed(di_cu_blas *b, int M, int N, int K, const float *H, int ldh, const float *norm_w,
+                            float eps, const uint16_t *W, int ldw, void *Y, int ldy, int y_f32, di_cu_stream s);
 /* M <= 8 (decode) goes to a skinny streaming kernel of our own unless turned off here (tests). */
 void di_cu_blas_set_skinny(di_cu_blas *b, int on);
 /* Batched over `batch` heads, row-major, bf16 in/out, f32 accumulate:

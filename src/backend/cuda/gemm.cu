@@ -110,36 +110,62 @@ static __device__ __forceinline__ void sk_load(uint4 (*w)[SK_U], const bf16 *con
   }
 }
 
-template <int M>
-static __device__ __forceinline__ void sk_fma(float (*acc)[M], const uint4 (*w)[SK_U], const bf16 *X, int ldx, int K,
-                                              int k0, int lane) {
+/* The activations of step k of row m as 8 floats: bf16 X as stored, or (NORM) the RMSNorm of the f32
+ * residual row computed on the fly, rounded to bf16 as rmsnorm_kernel writes it. */
+template <int NORM>
+static __device__ __forceinline__ void sk_x8(float *a, const void *X, int64_t off, const float *nw, int k, float inv) {
+  if constexpr (NORM) {
+    const float4 h0 = __ldg((const float4 *)((const float *)X + off)), h1 = __ldg((const float4 *)((const float *)X + off) + 1);
+    const float4 w0 = __ldg((const float4 *)(nw + k)), w1 = __ldg((const float4 *)(nw + k) + 1);
+    a[0] = di_bf(di_fb(h0.x * inv * w0.x)); a[1] = di_bf(di_fb(h0.y * inv * w0.y));
+    a[2] = di_bf(di_fb(h0.z * inv * w0.z)); a[3] = di_bf(di_fb(h0.w * inv * w0.w));
+    a[4] = di_bf(di_fb(h1.x * inv * w1.x)); a[5] = di_bf(di_fb(h1.y * inv * w1.y));
+    a[6] = di_bf(di_fb(h1.z * inv * w1.z)); a[7] = di_bf(di_fb(h1.w * inv * w1.w));
+  } else {
+    uint4 xv = __ldg((const uint4 *)((const bf16 *)X + off));
+    const __nv_bfloat162 *xp = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float2 f = __bfloat1622float2(xp[j]);
+      a[2 * j] = f.x;
+      a[2 * j + 1] = f.y;
+    }
+  }
+}
+
+template <int M, int NORM>
+static __device__ __forceinline__ void sk_fma(float (*acc)[M], const uint4 (*w)[SK_U], const void *X, int ldx, int K,
+                                              int k0, int lane, const float *nw, const float *inv) {
 #pragma unroll
   for (int u = 0; u < SK_U; u++) {
     const int k = k0 + u * 256 + lane * 8;
     if (k >= K) break;
 #pragma unroll
     for (int m = 0; m < M; m++) {
-      uint4 xv = __ldg((const uint4 *)(X + (int64_t)m * ldx + k));
-      const __nv_bfloat162 *xp = (const __nv_bfloat162 *)&xv;
+      float a[8];
+      sk_x8<NORM>(a, X, (int64_t)m * ldx + k, nw, k, NORM ? inv[m] : 0.f);
 #pragma unroll
       for (int r = 0; r < SK_NR; r++) {
         const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&w[r][u];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          float2 a = __bfloat1622float2(xp[j]), c = __bfloat1622float2(wp[j]);
-          acc[r][m] = fmaf(a.x, c.x, fmaf(a.y, c.y, acc[r][m]));
+          float2 c = __bfloat1622float2(wp[j]);
+          acc[r][m] = fmaf(a[2 * j], c.x, fmaf(a[2 * j + 1], c.y, acc[r][m]));
         }
       }
     }
   }
 }
 
-template <int M>
+/* NORM: X is the f32 residual stream and the kernel applies RMSNorm (weights nw, eps) to it on the
+ * way in: each warp first reduces the sum of squares of its M rows itself (the rows are 8 KB and
+ * come from L2; a warp's own reduction needs no barrier), which saves the decode layer a norm kernel. */
+template <int M, int NORM>
 static __global__ void __launch_bounds__(SK_WARPS * 32)
-skinny_kernel(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, void *Y, int ldy, int y_f32,
-              float beta, int64_t sx, int64_t sw, int64_t sy) {
+skinny_kernel(const void *X, int ldx, const bf16 *W, int ldw, int N, int K, void *Y, int ldy, int y_f32,
+              float beta, int64_t sx, int64_t sw, int64_t sy, const float *nw, float eps) {
   const int lane = threadIdx.x & 31;
-  X += sx * blockIdx.y; /* batched over heads (grid.y) */
+  X = NORM ? (const void *)((const float *)X + sx * blockIdx.y) : (const void *)((const bf16 *)X + sx * blockIdx.y);
   W += sw * blockIdx.y;
   Y = y_f32 ? (void *)((float *)Y + sy * blockIdx.y) : (void *)((bf16 *)Y + sy * blockIdx.y);
   const int n0 = (blockIdx.x * SK_WARPS + (threadIdx.x >> 5)) * SK_NR;
@@ -149,6 +175,21 @@ skinny_kernel(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, void
       for (int k = lane * 64; k < K; k += 32 * 64) di_prefetch_l2(W + (int64_t)(n0 + r) * ldw + k);
   DI_PDL_ENTRY();
   if (n0 >= N) return;
+  float inv[M];
+  if constexpr (NORM) {
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float4 *xr = (const float4 *)((const float *)X + (int64_t)m * ldx);
+      float ss = 0.f;
+#pragma unroll 4
+      for (int i = lane; i < K / 4; i += 32) {
+        float4 v = __ldg(xr + i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      inv[m] = rsqrtf(ss / K + eps);
+    }
+  }
   float acc[SK_NR][M];
 #pragma unroll
   for (int r = 0; r < SK_NR; r++)
@@ -163,7 +204,7 @@ skinny_kernel(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, void
   for (int k0 = 0; k0 < K; k0 += chunk) {
     const bool more = k0 + chunk < K;
     if (more) sk_load(nxt, wr, K, k0 + chunk, lane);
-    sk_fma<M>(acc, cur, X, ldx, K, k0, lane);
+    sk_fma<M, NORM>(acc, cur, X, ldx, K, k0, lane, nw, inv);
     if (more) {
 #pragma unroll
       for (int r = 0; r < SK_NR; r++)
@@ -203,19 +244,38 @@ static bool skinny_ok(int M, int K, const void *X, int ldx, const void *W, int l
          ((uintptr_t)W & 15) == 0;
 }
 
-static di_status skinny(int M, int N, int K, const uint16_t *X, int ldx, const uint16_t *W, int ldw, void *Y, int ldy,
+static di_status skinny(int M, int N, int K, const void *X, int ldx, const uint16_t *W, int ldw, void *Y, int ldy,
                         int y_f32, float beta, cudaStream_t s, int batch = 1, int64_t sx = 0, int64_t sw = 0,
-                        int64_t sy = 0) {
+                        int64_t sy = 0, const float *nw = NULL, float eps = 0.f) {
   const dim3 blocks((N + SK_WARPS * SK_NR - 1) / (SK_WARPS * SK_NR), batch);
-  const bf16 *x = (const bf16 *)X, *w = (const bf16 *)W;
-  switch (M) {
-#define SK_CASE(m) \
-  case m: DI_CU(di_launch(skinny_kernel<m>, blocks, SK_WARPS * 32, 0, s, x, ldx, w, ldw, N, K, Y, ldy, y_f32, beta, sx, sw, sy)); break;
-    SK_CASE(1) SK_CASE(2) SK_CASE(3) SK_CASE(4) SK_CASE(5) SK_CASE(6) SK_CASE(7) SK_CASE(8)
+  const bf16 *w = (const bf16 *)W;
+  switch (M * 2 + (nw != NULL)) {
+#define SK_CASE(m, nm) \
+  case m * 2 + nm: \
+    DI_CU(di_launch(skinny_kernel<m, nm>, blocks, SK_WARPS * 32, 0, s, X, ldx, w, ldw, N, K, Y, ldy, y_f32, beta, sx, sw, sy, nw, eps)); \
+    break;
+#define SK_CASE2(m) SK_CASE(m, 0) SK_CASE(m, 1)
+    SK_CASE2(1) SK_CASE2(2) SK_CASE2(3) SK_CASE2(4) SK_CASE2(5) SK_CASE2(6) SK_CASE2(7) SK_CASE2(8)
+#undef SK_CASE2
 #undef SK_CASE
   }
   DI_CU_LAUNCH("skinny_gemm");
   return DI_OK;
+}
+
+extern "C" int di_cu_gemm_normed_ok(di_cu_blas *b, int M, int K, int ldx) {
+  return !b->no_skinny && M >= 1 && M <= SK_MAXM && K % 8 == 0 && ldx % 4 == 0;
+}
+
+extern "C" di_status di_cu_gemm_normed(di_cu_blas *b, int M, int N, int K, const float *H, int ldh,
+                                       const float *norm_w, float eps, const uint16_t *W, int ldw, void *Y, int ldy,
+                                       int y_f32, di_cu_stream s) {
+  if (M <= 0) return DI_OK;
+  if (!di_cu_gemm_normed_ok(b, M, K, ldh) || ((uintptr_t)H & 15) || ((uintptr_t)norm_w & 15) ||
+      ((uintptr_t)W & 15) || ldw % 8)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: normed skinny GEMM %dx%dx%d (M <= %d, K %% 8, aligned)", M, N, K,
+                        SK_MAXM);
+  return skinny(M, N, K, H, ldh, W, ldw, Y, ldy, y_f32, 0.f, s, 1, 0, 0, 0, norm_w, eps);
 }
 
 /* The [K][N] skinny GEMM batched over heads (grid.y); the tile itself is in k_skinny_kn.cuh. */

@@ -346,6 +346,72 @@ extern "C" di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32
   return DI_OK;
 }
 
+/* The MoE down projection of a one-token step fused with the weighted combine into the residual row:
+ * CTA c owns output rows 16c .. 16c+15, and its warp j streams those rows of the down matrix of the
+ * token's expert slots j, j + DC_WARPS, ... (the same pipelined GEMV step as above), scales each dot
+ * product by the slot's routing weight, and the warps' sums are added in warp order in shared memory
+ * (the same sum on every run) and onto h. No fp32 expert outputs go through L2 and no combine kernel
+ * follows; the next layer's norm is done by its q/kv GEMM (di_cu_gemm_normed). The shared experts'
+ * rows (known before routing) are prefetched into L2 before the kernel waits for its predecessor. */
+#define DC_WARPS 8
+static __global__ void __launch_bounds__(DC_WARPS * 32)
+moe_down_combine_kernel(const bf16 *act, int ld_act, const bf16 *W, int N, int K, const int32_t *ids,
+                        const float *wts, const int32_t *inv, int kt, float *h, int n, int pf_expert0, int n_pf) {
+  __shared__ float part[DC_WARPS][GV_ROWS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n0 = blockIdx.x * GV_ROWS;
+  for (int e = warp; e < n_pf; e += DC_WARPS) {
+    const bf16 *wp = W + ((int64_t)(pf_expert0 + e) * N + n0) * K;
+    for (int r = 0; r < GV_ROWS; r++)
+      for (int k = lane * 64; k < K; k += 32 * 64) di_prefetch_l2(wp + (int64_t)r * K + k);
+  }
+  DI_PDL_ENTRY();
+  float tot = 0.f; /* lane 2r: row r of this CTA */
+  for (int j = warp; j < kt; j += DC_WARPS) {
+    const int e = ids[j];
+    const float wj = wts[j];
+    const bf16 *arow[1] = {act + (int64_t)inv[j] * ld_act};
+    const bf16 *We = W + ((int64_t)e * N + n0) * K;
+    float acc[1][GV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) acc[0][r] = 0.f;
+    uint4 av[1], wv[GV_ROWS];
+    int k = lane * 8;
+    if (k < K) gv_load<1>(av, wv, arow, We, K, k);
+    for (; k < K; k += 256) {
+      const int kn = k + 256;
+      uint4 an[1], wn[GV_ROWS];
+      if (kn < K) gv_load<1>(an, wn, arow, We, K, kn);
+      gv_fma<1>(acc, av, wv);
+      if (kn < K) {
+        av[0] = an[0];
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++) wv[r] = wn[r];
+      }
+    }
+    tot += wj * gv_reduce16(acc[0], lane);
+  }
+  if ((lane & 1) == 0) part[warp][lane >> 1] = tot;
+  __syncthreads();
+  if (threadIdx.x < GV_ROWS && n0 + (int)threadIdx.x < n) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < DC_WARPS; w++) sum += part[w][threadIdx.x];
+    h[n0 + threadIdx.x] += sum;
+  }
+}
+
+extern "C" di_status di_cuk_moe_down_combine(const uint16_t *act, int ld_act, const uint16_t *W, int N, int K,
+                                             const int32_t *ids, const float *w, const int32_t *inv, int kt,
+                                             float *h, int n, int pf_expert0, int n_pf, di_cu_stream s) {
+  if (N % GV_ROWS || K % 8 || ld_act % 8 || n > N || kt < 1 || ((uintptr_t)act & 15) || ((uintptr_t)W & 15))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: moe_down_combine N %d K %d ld %d n %d k %d (N%%16, K%%8, aligned)",
+                        N, K, ld_act, n, kt);
+  DI_CU(di_launch(moe_down_combine_kernel, N / GV_ROWS, DC_WARPS * 32, 0, s, (const bf16 *)act, ld_act,
+                  (const bf16 *)W, N, K, ids, w, inv, kt, h, n, pf_expert0, n_pf));
+  return DI_OK;
+}
+
 /* dst row r of matrix i: group q = r / 16, j = r % 16 -> src row (j < 8 ? 8q + j : I + 8q + j - 8) */
 static __global__ void interleave_kernel(const bf16 *src, bf16 *dst, int I, int cols) {
   const int r = blockIdx.x, i = blockIdx.y;
