@@ -290,9 +290,12 @@ static void test_mla_prep_absorb(di_cu_blas *blas, int T, int H, int N, int P, i
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
 }
 
-/* split > 0: items of bm rows over `split` key ranges (mla_attn + mla_combine); split < 0: the cluster
- * form, -split clusters per 16-row group (mla_attn_cluster, + mla_combine when more than one) */
+/* split > 0: items of bm rows over `split` key ranges (mla_attn + mla_combine); split < 0: the decode
+ * cluster form, -split clusters of `cl` CTAs per 16-row group (mla_attn_cluster, + mla_combine when
+ * more than one) */
+static int test_cl = 8;
 static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, int bm, int split, const char *label) {
+  const int cl = test_cl;
   int T = 0, max_blocks = 0, total_blocks = 0;
   for (int s = 0; s < n_seq; s++) {
     T += n_tok[s];
@@ -316,7 +319,7 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   uint16_t *Q = rand_bf16((size_t)T * H * D, 0.25f);
   /* items */
   const int n_cl = split < 0 ? -split : 0;
-  if (n_cl) split = n_cl * DI_CUK_ATTN_CLUSTER;
+  if (n_cl) split = n_cl * cl;
   int cap = T * H / 16 * split + n_seq * split + 16;
   di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
   di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
@@ -326,7 +329,7 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
       int r1 = r0 + bm < (t0 + n_tok[s]) * H ? r0 + bm : (t0 + n_tok[s]) * H;
       int maxpos = pos[(r1 - 1) / H];
       if (n_cl) {
-        ni += di_cuk_attn_cluster_items(r0, r1, s, maxpos + 1, n_cl, &part, items + ni, citems, &nci);
+        ni += di_cuk_attn_cluster_items(r0, r1, s, maxpos + 1, cl, n_cl, &part, items + ni, citems, &nci);
         continue;
       }
       int nkt = (maxpos + 64) / 64, S = split < nkt ? split : nkt, per = (nkt + S - 1) / S;
@@ -349,7 +352,7 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   void *dpo = di_cut_malloc((size_t)(part ? part : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(part ? part : 1) * 64 * 4);
   const float scale = 0.0721f;
   double t0 = di_cut_time_ms();
-  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, dout, dpo, dpl, NULL)
+  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, dout, dpo, dpl, NULL)
                       : di_cuk_mla_attn(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (nci) CHECK(di_cuk_mla_combine(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL) == DI_OK);
@@ -390,8 +393,8 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   }
   double err = rel_err_d(ref, got, (size_t)T * H * DR);
   CHECKF(err < 1e-2, "mla_attn %s: rel err %.3e", label, err);
-  printf("mla_attn %-34s H=%3d T=%4d items=%4d parts=%4d: rel err %.2e (%.2f ms incl. launch)\n", label, H, T, ni,
-         part, err, ms);
+  printf("mla_attn %-34s H=%3d T=%4d items=%4d parts=%4d%s: rel err %.2e (%.2f ms incl. launch)\n", label, H, T, ni,
+         part, n_cl ? (cl == 16 ? " cl16" : " cl8") : "", err, ms);
   free(perm); free(bt); free(pos); free(seq_of); free(cache); free(Q); free(items); free(citems); free(got); free(ref);
   free(sc); free(qf); free(kf);
   di_cut_free(dQ); di_cut_free(dc); di_cut_free(dbt); di_cut_free(dpos); di_cut_free(dit); di_cut_free(dcit);
@@ -743,6 +746,15 @@ int main(void) {
     int ctx3[] = {600, 40}, nt3[] = {3, 2}; /* several tokens of a sequence: rows of 16 span 1 head group each */
     test_mla_attn(16, 2, ctx3, nt3, 16, -2, "decode 3+2 tokens, 2 clusters");
     test_mla_attn(8, 2, ctx3, nt3, 16, -1, "8 heads: 2 tokens per 16 rows");
+    if (di_cuk_attn_cluster_ok(16)) { /* non-portable clusters of 16, where the GPU places them */
+      test_cl = 16;
+      test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, one cluster");
+      test_mla_attn(16, 4, ctx, nt, 16, -3, "V2-Lite decode, 3 clusters");
+      test_mla_attn(16, 2, ctx3, nt3, 16, -1, "decode 3+2 tokens, one cluster");
+      test_cl = 8;
+    } else {
+      printf("mla_attn: clusters of 16 CTAs not available on this GPU\n");
+    }
   }
   {
     int ctx[] = {777, 5000}, nt[] = {1, 1};

@@ -465,7 +465,7 @@ static di_status forward(cu_backend *b) {
     if (!SKIP(SKIP_ATTN) && b->attn_cl)
       DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                      NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
-                                     (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+                                     b->attn_cl, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
     else if (!SKIP(SKIP_ATTN))
       DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                            b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
@@ -615,14 +615,14 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   const int KS = b->split_keys;
   int tiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + KS - 1) / KS;
   if (S_max > tiles_cap) S_max = tiles_cap;
-  /* decode of few sequences: the cluster form (splits merged inside a cluster of CTAs); clusters per
-   * row group up to one per CL_TILES x cluster-size key tiles, so a context of <= 1024 keys is one
-   * cluster and needs no combine kernel in the graph */
-  const int CL = DI_CUK_ATTN_CLUSTER, CL_TILES = 4;
-  const int cluster = b->attn_cluster && bm == 16 && n_chunks * CL <= target;
+  /* decode of few sequences: the cluster form (splits merged inside a cluster of CTAs), with one
+   * cluster per row group up to CL_TILES x cluster-size key tiles (a context of <= 1024 keys in
+   * clusters of 8), so that short contexts need no combine kernel in the graph */
+  const int CL = b->attn_cluster, CL_TILES = 2;
+  const int cluster = CL > 0 && bm == 16 && n_chunks * CL <= target;
   int C_max = 1;
   if (cluster) {
-    const int ktiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + DI_CUK_ATTN_KTILE - 1) / DI_CUK_ATTN_KTILE;
+    const int ktiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + DI_CUK_DECODE_KTILE - 1) / DI_CUK_DECODE_KTILE;
     C_max = (ktiles_cap + CL * CL_TILES - 1) / (CL * CL_TILES);
     const int c_fit = target / (CL * n_chunks);
     if (C_max > c_fit) C_max = c_fit > 1 ? c_fit : 1;
@@ -690,10 +690,10 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
         if (p > maxpos) maxpos = p;
       }
       if (cluster) {
-        const int nkt = (maxpos + DI_CUK_ATTN_KTILE) / DI_CUK_ATTN_KTILE;
+        const int nkt = (maxpos + DI_CUK_DECODE_KTILE) / DI_CUK_DECODE_KTILE;
         int nc = (nkt + CL * CL_TILES - 1) / (CL * CL_TILES);
         if (nc > C_max) nc = C_max;
-        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, nc, &part, items + ni, citems, &nci);
+        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, CL, nc, &part, items + ni, citems, &nci);
         continue;
       }
       const int nkt = (maxpos + KS) / KS;
@@ -727,7 +727,7 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   b->d_items = (di_cuk_attn_item *)(d + o_items);
   b->d_citems = (di_cuk_combine_item *)(d + o_citems);
   b->T = T; b->Tp = Tp; b->n_out = n_out; b->n_out_p = n_out_p; b->bt_stride = bt_stride;
-  b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->attn_cl = cluster; b->in_used = o;
+  b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->attn_cl = cluster ? CL : 0; b->in_used = o;
   b->n_seq_rows = n_seq_rows;
   return DI_OK;
 }
@@ -915,8 +915,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->attn_min_split = ms && atoi(ms) > 0 ? atoi(ms) : 1;
   const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");
   b->down_combine = !(dcb && dcb[0] == '0');
-  const char *acl = getenv("DEEPINFER_CUDA_ATTN_CLUSTER"); /* 0: decode attention as splits + combine kernel */
-  b->attn_cluster = !(acl && acl[0] == '0');
+  /* decode attention in clusters of 8 CTAs; DEEPINFER_CUDA_ATTN_CLUSTER=16 (where the GPU can place
+   * them) or 0 (splits + a combine kernel, the prefill kernel's form) */
+  const char *acl = getenv("DEEPINFER_CUDA_ATTN_CLUSTER");
+  b->attn_cluster = !acl ? 8 : atoi(acl) == 16 && di_cuk_attn_cluster_ok(16) ? 16 : atoi(acl) == 0 ? 0 : 8;
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
   const char *pe = getenv("DEEPINFER_CUDA_PROFILE");

@@ -83,19 +83,21 @@ di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache, const int32_
                           const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                           int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
                           di_cu_stream s);
-/* The cluster form for decode steps of few sequences (16-row items): items come in groups of
- * DI_CUK_ATTN_CLUSTER, the splits of one row group, merged inside the cluster; part < 0 (the whole key
- * range in one cluster) writes `out`, else every item of the cluster carries the cluster's partial slot.
- * max_items: a multiple of DI_CUK_ATTN_CLUSTER, as is *n_items. */
-#define DI_CUK_ATTN_CLUSTER 8
+/* Decode attention for steps of few sequences (k_mla_decode.cu): 16-row items in groups of `cluster`
+ * (8, or 16 where di_cuk_attn_cluster_ok(16)), the splits of one row group merged inside a thread-block
+ * cluster; part < 0 (the whole key range in one cluster) writes `out`, else every item of the cluster
+ * carries the cluster's partial slot (merged by di_cuk_mla_combine). max_items and *n_items: multiples
+ * of `cluster`. Splits are runs of DI_CUK_DECODE_KTILE keys. */
+#define DI_CUK_DECODE_KTILE 64
 di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
                                   int bt_stride, const int32_t *positions, int H, float scale,
-                                  const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                                  const di_cuk_attn_item *items, const int32_t *n_items, int max_items, int cluster,
                                   uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);
-/* Items of rows [row0, row1) of sequence seq over keys [0, n_keys) in the cluster form: n_clusters
- * clusters whose CTAs take equal runs of key tiles (trailing ones may be empty); with more than one
- * cluster, one combine item over partial slots *part .. (advanced). Returns the items written. */
-int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int n_clusters, int *part,
+int di_cuk_attn_cluster_ok(int cluster);
+/* Items of rows [row0, row1) of sequence seq over keys [0, n_keys): n_clusters clusters of `cluster`
+ * CTAs with balanced runs of key tiles (some may be empty); with more than one cluster, one combine
+ * item over partial slots *part .. (advanced). Returns the items written. */
+int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int cluster, int n_clusters, int *part,
                               di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems);
 di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_items,
                              int max_items, const float *part_o, const float *part_lse,

@@ -175,6 +175,18 @@ skinny_kernel(const void *X, int ldx, const bf16 *W, int ldw, int N, int K, void
       for (int k = lane * 64; k < K; k += 32 * 64) di_prefetch_l2(W + (int64_t)(n0 + r) * ldw + k);
   DI_PDL_ENTRY();
   if (n0 >= N) return;
+  float acc[SK_NR][M];
+#pragma unroll
+  for (int r = 0; r < SK_NR; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[r][m] = 0.f;
+  const bf16 *wr[SK_NR];
+#pragma unroll
+  for (int r = 0; r < SK_NR; r++) wr[r] = W + (int64_t)(n0 + r < N ? n0 + r : n0) * ldw; /* past N: a copy */
+  uint4 cur[SK_NR][SK_U], nxt[SK_NR][SK_U];
+  const int chunk = SK_U * 256;
+  sk_load(cur, wr, K, 0, lane);
+  /* the first weight chunk is in flight while the norm's sum of squares is reduced */
   float inv[M];
   if constexpr (NORM) {
 #pragma unroll
@@ -190,17 +202,6 @@ skinny_kernel(const void *X, int ldx, const bf16 *W, int ldw, int N, int K, void
       inv[m] = rsqrtf(ss / K + eps);
     }
   }
-  float acc[SK_NR][M];
-#pragma unroll
-  for (int r = 0; r < SK_NR; r++)
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[r][m] = 0.f;
-  const bf16 *wr[SK_NR];
-#pragma unroll
-  for (int r = 0; r < SK_NR; r++) wr[r] = W + (int64_t)(n0 + r < N ? n0 + r : n0) * ldw; /* past N: a copy */
-  uint4 cur[SK_NR][SK_U], nxt[SK_NR][SK_U];
-  const int chunk = SK_U * 256;
-  sk_load(cur, wr, K, 0, lane);
   for (int k0 = 0; k0 < K; k0 += chunk) {
     const bool more = k0 + chunk < K;
     if (more) sk_load(nxt, wr, K, k0 + chunk, lane);

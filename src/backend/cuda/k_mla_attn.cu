@@ -6,19 +6,9 @@
  * is served by 4 warps, each owning 8 keys of the score tile and 128 of the 512 output columns, with
  * the online softmax (FlashAttention-2) kept in registers and the score tile exchanged through
  * shared memory. Long contexts are split over the key range into several work items (part >= 0)
- * whose partial results are merged by mla_combine.
- * Decode steps of a few sequences use the cluster form instead: the splits of a row group are the
- * DI_CUK_ATTN_CLUSTER CTAs of one thread-block cluster, which merge their partial results through
- * distributed shared memory (each CTA merging two of the 16 rows) before writing, so the split merge
- * costs no second kernel and no round trip of fp32 partials through L2. Its KV rows are prefetched into
- * L2 before the kernel waits for its predecessor (the block table and the cache rows of earlier steps
- * are not written by earlier kernels of the step; the one row that is, the new token's, is only
- * prefetched, and L2 is where that write lands). */
+ * whose partial results are merged by mla_combine. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
-#include <cooperative_groups.h>
-
-namespace cg = cooperative_groups;
 
 #define D DI_CUK_MLA_D
 #define DR DI_CUK_MLA_R
@@ -26,22 +16,12 @@ namespace cg = cooperative_groups;
 #define SROW (D + 8)   /* padded row (1168 B = 73 x 16 B: ldmatrix rows land in distinct banks) */
 #define SSTR (KT + 4)  /* score tile row stride (floats) */
 
-template <int RG, int CLUSTER>
+template <int RG>
 static __global__ void __launch_bounds__(RG * 128)
 mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride,
                 const int32_t *positions, int H, float scale_log2, const di_cuk_attn_item *items,
                 const int32_t *n_items, bf16 *out, float *part_o, float *part_lse) {
-  if constexpr (CLUSTER) {
-    /* this CTA's KV rows into L2 while the previous kernel finishes (9 lines of 128 B per row) */
-    const di_cuk_attn_item pit = items[blockIdx.x];
-    const int32_t *pbt = bt + (int64_t)pit.seq * bt_stride;
-    for (int c = threadIdx.x; c < (pit.k1 - pit.k0) * 9; c += blockDim.x) {
-      const int k = pit.k0 + c / 9;
-      di_prefetch_l2(cache + ((int64_t)pbt[k / 64] * 64 + (k % 64)) * D + (c % 9) * 64);
-    }
-  }
   DI_PDL_ENTRY();
-  /* n_items is a multiple of the cluster size in the cluster form: whole clusters leave together */
   if ((int)blockIdx.x >= *n_items) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int BM = RG * 16;
@@ -180,71 +160,6 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
   /* epilogue */
   float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   int lr0 = rA, lr1 = rA + 8;
-  if constexpr (CLUSTER) {
-    /* each CTA leaves its normalized partial [16][512] f32 and log-sum-exp [16] in its own shared
-     * memory (over the KV tiles: every warp is past them after the barrier), then CTA `rank` merges
-     * rows 2*rank, 2*rank+1 from all CTAs of the cluster, in rank order (the same sum on every run) */
-    static_assert(RG == 1 && 16 % DI_CUK_ATTN_CLUSTER == 0, "cluster form: one 16-row group");
-    cg::cluster_group cl = cg::this_cluster();
-    float *sO = (float *)sK; /* 32 KB of the 73 KB tile buffers */
-    float *sL = sS;
-    __syncthreads();
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) {
-      int col = wq * 128 + nt * 8 + (lane & 3) * 2;
-      *(float2 *)(sO + lr0 * DR + col) = make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
-      *(float2 *)(sO + lr1 * DR + col) = make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
-    }
-    if (wq == 0 && (lane & 3) == 0) {
-      sL[lr0] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
-      sL[lr1] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
-    }
-    cl.sync();
-    const int rpc = 16 / DI_CUK_ATTN_CLUSTER, rank = (int)cl.block_rank();
-    const int nthr = RG * 128, per_row = nthr / rpc; /* threads per merged row */
-    const int r = rank * rpc + tid / per_row, c0 = (tid % per_row) * (DR / per_row);
-    float lse[DI_CUK_ATTN_CLUSTER], M = -INFINITY;
-#pragma unroll
-    for (int p = 0; p < DI_CUK_ATTN_CLUSTER; p++) {
-      lse[p] = *cl.map_shared_rank(sL + r, p);
-      M = fmaxf(M, lse[p]);
-    }
-    float acc[DR / (RG * 128 / (16 / DI_CUK_ATTN_CLUSTER))];
-    constexpr int NC = sizeof acc / sizeof acc[0];
-#pragma unroll
-    for (int i = 0; i < NC; i++) acc[i] = 0.f;
-    float wsum = 0.f;
-#pragma unroll
-    for (int p = 0; p < DI_CUK_ATTN_CLUSTER; p++) {
-      const float w = lse[p] == -INFINITY ? 0.f : exp2f(lse[p] - M);
-      wsum += w;
-      const float4 *src = (const float4 *)cl.map_shared_rank(sO + r * DR + c0, p);
-#pragma unroll
-      for (int i = 0; i < NC / 4; i++) {
-        float4 v = src[i];
-        acc[4 * i] += w * v.x; acc[4 * i + 1] += w * v.y; acc[4 * i + 2] += w * v.z; acc[4 * i + 3] += w * v.w;
-      }
-    }
-    if (r < nrows) {
-      if (it.part < 0) {
-        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-        bf16 *dst = out + (int64_t)(it.row0 + r) * DR + c0;
-#pragma unroll
-        for (int i = 0; i < NC; i += 2)
-          *(__nv_bfloat162 *)(dst + i) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
-      } else { /* one of several clusters over this row group: its merged partial for mla_combine */
-        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-        float *dst = part_o + ((int64_t)it.part * DI_CUK_ATTN_ROWS + r) * DR + c0;
-#pragma unroll
-        for (int i = 0; i < NC; i += 4)
-          *(float4 *)(dst + i) = make_float4(acc[i] * inv, acc[i + 1] * inv, acc[i + 2] * inv, acc[i + 3] * inv);
-        if (tid % per_row == 0)
-          part_lse[(int64_t)it.part * DI_CUK_ATTN_ROWS + r] = wsum > 0.f ? M + log2f(wsum) : -INFINITY;
-      }
-    }
-    cl.sync(); /* no CTA leaves while another still reads its shared memory */
-    return;
-  }
   if (it.part < 0) {
 #pragma unroll
     for (int nt = 0; nt < 16; nt++) {
@@ -290,45 +205,24 @@ extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
     size_t sm = attn_smem(4);
     static int attr_set4;
     if (!attr_set4) {
-      DI_CU(cudaFuncSetAttribute(mla_attn_kernel<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+      DI_CU(cudaFuncSetAttribute(mla_attn_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
       attr_set4 = 1;
     }
-    DI_CU(di_launch(mla_attn_kernel<4, 0>, max_items, 512, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
+    DI_CU(di_launch(mla_attn_kernel<4>, max_items, 512, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
                     bt_stride, positions, H, sl2, items, n_items, (bf16 *)out, part_o, part_lse));
   } else if (rows_per_cta == 16) {
     size_t sm = attn_smem(1);
     static int attr_set1;
     if (!attr_set1) {
-      DI_CU(cudaFuncSetAttribute(mla_attn_kernel<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+      DI_CU(cudaFuncSetAttribute(mla_attn_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
       attr_set1 = 1;
     }
-    DI_CU(di_launch(mla_attn_kernel<1, 0>, max_items, 128, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
+    DI_CU(di_launch(mla_attn_kernel<1>, max_items, 128, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
                     bt_stride, positions, H, sl2, items, n_items, (bf16 *)out, part_o, part_lse));
   } else {
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn rows_per_cta %d (16 or 64)", rows_per_cta);
   }
   DI_CU_LAUNCH("mla_attn");
-  return DI_OK;
-}
-
-extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
-                                             int bt_stride, const int32_t *positions, int H, float scale,
-                                             const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
-                                             uint16_t *out, float *part_o, float *part_lse, di_cu_stream s) {
-  if (max_items <= 0) return DI_OK;
-  if (max_items % DI_CUK_ATTN_CLUSTER)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn cluster form with %d items", max_items);
-  const float sl2 = scale * 1.4426950408889634f;
-  const size_t sm = attn_smem(1);
-  static int attr_set;
-  if (!attr_set) {
-    DI_CU(cudaFuncSetAttribute(mla_attn_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attr_set = 1;
-  }
-  DI_CU(di_launch_cluster(mla_attn_kernel<1, 1>, max_items, 128, sm, s, DI_CUK_ATTN_CLUSTER, (const bf16 *)Q,
-                          (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                          (bf16 *)out, part_o, part_lse));
-  DI_CU_LAUNCH("mla_attn_cluster");
   return DI_OK;
 }
 
@@ -383,19 +277,4 @@ extern "C" di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const 
                   part_o, part_lse, (bf16 *)out));
   DI_CU_LAUNCH("mla_combine");
   return DI_OK;
-}
-
-extern "C" int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int n_clusters, int *part,
-                                         di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems) {
-  const int C = DI_CUK_ATTN_CLUSTER, KT_ = DI_CUK_ATTN_KTILE;
-  const int nkt = (n_keys + KT_ - 1) / KT_, per = (nkt + C * n_clusters - 1) / (C * n_clusters);
-  if (n_clusters > 1) citems[(*n_citems)++] = (di_cuk_combine_item){row0, row1, *part, n_clusters};
-  for (int i = 0; i < C * n_clusters; i++) {
-    int k0 = i * per * KT_, k1 = (i + 1) * per * KT_;
-    if (k1 > n_keys) k1 = n_keys;
-    if (k0 >= k1) k0 = k1 = 0; /* an empty split: log-sum-exp -inf, weight 0 in the merge */
-    items[i] = (di_cuk_attn_item){row0, row1, seq, k0, k1, n_clusters > 1 ? *part + i / C : -1};
-  }
-  if (n_clusters > 1) *part += n_clusters;
-  return C * n_clusters;
 }

@@ -53,7 +53,8 @@ static __device__ void route_perm(const int *sid, int kt, int Et, const di_cuk_p
  * k rounds of a block-wide argmax; ties go to the lower expert id. The logits are read through L2
  * (__ldcg): in the fused gate kernel other CTAs wrote them during this kernel. */
 static __device__ void route_token(const float *logits, const float *bias, const di_cuk_router &r, int t,
-                                   int32_t *ids, float *wout, const di_cuk_perm &pm, int do_perm) {
+                                   int32_t *ids, float *wout, const di_cuk_perm &pm, int do_perm,
+                                   const float *lg_local = NULL) {
   __shared__ int sid[16];
   __shared__ float sc[MAXE], ch[MAXE];  /* score, choice value */
   __shared__ float gsc[MAXE];
@@ -61,7 +62,7 @@ static __device__ void route_token(const float *logits, const float *bias, const
   __shared__ int red_i[32];
   __shared__ float red[32];
   const int e = threadIdx.x, E = r.E;
-  float x = e < E ? __ldcg(logits + (int64_t)t * E + e) : -INFINITY;
+  float x = e < E ? (lg_local ? lg_local[e] : __ldcg(logits + (int64_t)t * E + e)) : -INFINITY;
   float s;
   if (r.sigmoid) {
     s = e < E ? 1.f / (1.f + expf(-x)) : 0.f;
@@ -152,14 +153,15 @@ static __device__ __forceinline__ bool route_warp_ok(const di_cuk_router &r) {
 }
 
 static __device__ void route_warp(const float *logits, const float *bias, const di_cuk_router &r, int t,
-                                  int32_t *ids, float *wout, const di_cuk_perm &pm, int do_perm) {
+                                  int32_t *ids, float *wout, const di_cuk_perm &pm, int do_perm,
+                                  const float *lg_local = NULL) {
   const int lane = threadIdx.x & 31, E = r.E;
   float sc[RW_PER_LANE], ch[RW_PER_LANE];
   float mx = -INFINITY;
 #pragma unroll
   for (int j = 0; j < RW_PER_LANE; j++) {
     const int e = lane + 32 * j;
-    sc[j] = e < E ? __ldcg(logits + (int64_t)t * E + e) : -INFINITY;
+    sc[j] = e < E ? (lg_local ? lg_local[e] : __ldcg(logits + (int64_t)t * E + e)) : -INFINITY;
     mx = fmaxf(mx, sc[j]);
   }
   if (r.sigmoid) {
@@ -286,9 +288,9 @@ extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int
 /* The MoE gate of a small step in one kernel: RMSNorm of the residual row (the expert GEMMs' bf16
  * input, written by CTA 0 of the token), router logits (a cluster of GATE_CLUSTER CTAs per token, each
  * taking a slice of the experts, one warp per expert; the same arithmetic as rmsnorm_kernel +
- * router_kernel), and the routing of the token by CTA 0 after a cluster barrier, which also makes the
- * other CTAs' logits visible to it (an atomic last-CTA hand-off here cost a fence and an L2 round trip
- * more). At decode this replaces three launches per layer; the router weights are prefetched into L2
+ * router_kernel), and the routing of the token by CTA 0 after a cluster barrier; the CTAs write their
+ * logits into CTA 0's shared memory (distributed shared memory), so the routing reads them without an
+ * L2 round trip (an atomic last-CTA hand-off here cost a fence and an L2 round trip more). At decode this replaces three launches per layer; the router weights are prefetched into L2
  * before the kernel waits for its predecessor. blockDim is 256 (>= E: route_token's thread per expert). */
 #define GATE_CLUSTER 8
 #define GATE_THREADS 256
@@ -299,6 +301,7 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
                 int do_perm) {
   extern __shared__ float xs[]; /* the normed row, fp32 [H] */
   __shared__ float red[32];
+  __shared__ float lg[GATE_THREADS]; /* CTA 0's: every CTA's logits, through distributed shared memory */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = GATE_THREADS / 32;
   const int per = (r.E + GATE_CLUSTER - 1) / GATE_CLUSTER;
   const int e0 = blockIdx.x * per, e1 = min(r.E, e0 + per);
@@ -319,17 +322,22 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
     if (blockIdx.x == 0) xn[(int64_t)t * ldxn + i] = di_fb(v);
   }
   __syncthreads();
+  cg::cluster_group cl = cg::this_cluster();
+  float *lg0 = cl.map_shared_rank(lg, 0);
   for (int e = e0 + warp; e < e1; e += nw) {
     const float acc = router_dot(xs, W + (int64_t)e * H, H, lane);
-    if (lane == 0) logits[(int64_t)t * r.E + e] = acc;
+    if (lane == 0) {
+      logits[(int64_t)t * r.E + e] = acc;
+      lg0[e] = acc;
+    }
   }
-  cg::this_cluster().sync(); /* release / acquire at cluster scope: every slice's logits are visible */
+  cl.sync(); /* release / acquire at cluster scope: every slice's logits are in CTA 0's lg */
   if (blockIdx.x != 0) return;
   if (route_warp_ok(r)) {
-    if (threadIdx.x < 32) route_warp(logits, bias, r, t, ids, wout, pm, do_perm);
+    if (threadIdx.x < 32) route_warp(logits, bias, r, t, ids, wout, pm, do_perm, lg);
     return;
   }
-  route_token(logits, bias, r, t, ids, wout, pm, do_perm);
+  route_token(logits, bias, r, t, ids, wout, pm, do_perm, lg);
 }
 
 extern "C" di_status di_cuk_moe_gate(const float *h, const float *norm_w, float eps, int T, int H,

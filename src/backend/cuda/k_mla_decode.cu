@@ -1,0 +1,317 @@
+/* MLA decode attention for steps of few sequences: the split-KV form of k_mla_attn.cu reorganized for
+ * latency. A 16-row item (one token's 16 heads, or several tokens of one sequence) is served by a
+ * thread-block cluster of CL CTAs (8, or 16 where the GPU allows non-portable clusters); each CTA
+ * takes a balanced run of 64-key tiles, and the CTAs merge their partial results through distributed
+ * shared memory (CTA `rank` merging rows rank*16/CL ..), so the split merge needs no second kernel and
+ * no fp32 partials through L2.
+ * Why it is shaped this way (Nsight Compute on the 4-warp, 32-key kernel at batch 1: one warp per
+ * scheduler issuing every 7 cycles, ~1,200 instructions per warp per tile, 4-6 us per tile):
+ * - 8 warps (two per scheduler) and 64-key tiles: warp w scores keys 8w .. 8w+7 of the tile and owns
+ *   output columns 64w .. 64w+63, so the instructions per warp per tile stay about the same while a
+ *   tile covers twice the keys and the schedulers have a second warp to switch to.
+ * - each thread copies 18 fixed 16-byte chunks of one KV row per tile (one block-table lookup, then
+ *   constant offsets), where the generic loader spent ~15 instructions of index arithmetic per chunk.
+ * - the CTA's KV rows are prefetched into L2 before the kernel waits for its predecessor (the block
+ *   table and the cache rows of earlier steps are not written by earlier kernels of the step; the new
+ *   token's row is, but a prefetch only warms L2, where that write lands).
+ * Tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) do both products; the online softmax
+ * (FlashAttention-2) runs in registers, the score tile goes through shared memory. */
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
+#define D DI_CUK_MLA_D
+#define DR DI_CUK_MLA_R
+#define DW 8                     /* warps per CTA */
+#define DKT DI_CUK_DECODE_KTILE  /* keys per tile: 8 per warp */
+#define DROWS 16                 /* query rows per item */
+#define SROW (D + 8)             /* padded smem row (1168 B: ldmatrix rows land in distinct banks) */
+#define SSTR (DKT + 4)           /* score tile row stride (floats) */
+#define COLS (DR / DW)           /* output columns per warp in P.V */
+
+static_assert(DKT == 8 * DW, "one 8-key score slice per warp");
+
+static size_t decode_smem(void) {
+  return (size_t)DROWS * SROW * 2 + 2 * (size_t)DKT * SROW * 2 + (size_t)DROWS * SSTR * 4 + DROWS * 4;
+}
+
+template <int CL>
+static __global__ void __launch_bounds__(DW * 32)
+mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
+                  float scale_log2, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
+                  float *part_lse) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const di_cuk_attn_item it = items[blockIdx.x]; /* host-written: readable before the wait */
+  const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
+  for (int k = it.k0 + tid; k < it.k1; k += DW * 32) {
+    const bf16 *row = cache + ((int64_t)btab[k / 64] * 64 + (k % 64)) * D;
+#pragma unroll
+    for (int j = 0; j < 9; j++) di_prefetch_l2(row + j * 64); /* 9 lines of 128 B */
+  }
+  DI_PDL_ENTRY();
+  /* n_items is a multiple of CL: whole clusters leave together */
+  if ((int)blockIdx.x >= *n_items) return;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16 *sQ = (bf16 *)smem_raw;                   /* [DROWS][SROW] */
+  bf16 *sK = sQ + DROWS * SROW;                  /* [2][DKT][SROW] */
+  float *sS = (float *)(sK + 2 * DKT * SROW);    /* [DROWS][SSTR] */
+  int *sPos = (int *)(sS + DROWS * SSTR);        /* [DROWS] */
+  const int nrows = it.row1 - it.row0;
+
+  if (tid < DROWS) sPos[tid] = tid < nrows ? positions[(it.row0 + tid) / H] : -1;
+  for (int c = tid; c < DROWS * (D / 8); c += DW * 32) {
+    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    const bool ok = r < nrows;
+    di_cp_async16(sQ + r * SROW + col, Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + col, ok);
+  }
+  /* thread -> KV row tid / 4 of the tile, chunks (tid % 4) + 4j, j < 18 (72 chunks of 16 B per row) */
+  auto load_kv = [&](int buf, int kb) {
+    const int r = tid >> 2, q = tid & 3, k = kb + r;
+    const bool ok = k < it.k1;
+    const bf16 *src = cache + (ok ? ((int64_t)btab[k / 64] * 64 + (k % 64)) * D : 0) + q * 8;
+    bf16 *dst = sK + (buf * DKT + r) * SROW + q * 8;
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) di_cp_async16(dst + j * 32, src + j * 32, ok);
+  };
+  const int ntiles = (it.k1 - it.k0 + DKT - 1) / DKT;
+  if (ntiles > 0) load_kv(0, it.k0);
+  di_cp_commit();
+
+  float o[COLS / 8][4];
+#pragma unroll
+  for (int i = 0; i < COLS / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const int rA = lane >> 2; /* this thread's rows rA, rA + 8 */
+
+  for (int j = 0; j < ntiles; j++) {
+    const int kb = it.k0 + j * DKT;
+    di_cp_wait<0>();
+    __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer and scores */
+    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + DKT);
+    di_cp_commit();
+    const bf16 *K = sK + (j & 1) * DKT * SROW;
+
+    /* S[16 rows][8 keys of warp] = Q . K^T over 576 dims; two accumulators halve the MMA chain */
+    float sacc[4] = {0.f, 0.f, 0.f, 0.f}, sacc2[4] = {0.f, 0.f, 0.f, 0.f};
+    const bf16 *qrow = sQ + (lane & 15) * SROW + (lane >> 4) * 8;
+    const bf16 *krow = K + (warp * 8 + (lane & 7)) * SROW + (lane >> 3) * 8;
+#pragma unroll 6
+    for (int kk = 0; kk < D / 16; kk += 2) {
+      uint32_t a[4], a2[4], b[4];
+      di_ldsm_x4(a, qrow + kk * 16);
+      di_ldsm_x4(a2, qrow + kk * 16 + 16);
+      di_ldsm_x4(b, krow + kk * 16);
+      di_mma16816(sacc, a, b);
+      di_mma16816(sacc2, a2, b + 2);
+    }
+    {
+      const int kc = warp * 8 + (lane & 3) * 2;
+      const int p0 = sPos[rA], p1 = sPos[rA + 8];
+      const int ka = kb + kc, kb1 = ka + 1;
+      sS[rA * SSTR + kc] = (ka <= p0 && ka < it.k1) ? (sacc[0] + sacc2[0]) * scale_log2 : -INFINITY;
+      sS[rA * SSTR + kc + 1] = (kb1 <= p0 && kb1 < it.k1) ? (sacc[1] + sacc2[1]) * scale_log2 : -INFINITY;
+      sS[(rA + 8) * SSTR + kc] = (ka <= p1 && ka < it.k1) ? (sacc[2] + sacc2[2]) * scale_log2 : -INFINITY;
+      sS[(rA + 8) * SSTR + kc + 1] = (kb1 <= p1 && kb1 < it.k1) ? (sacc[3] + sacc2[3]) * scale_log2 : -INFINITY;
+    }
+    __syncthreads();
+
+    /* online softmax over this thread's slice of rows rA, rA + 8: keys 8q + (lane % 4) * 2 + {0, 1} */
+    float s0[DKT / 4], s1[DKT / 4];
+#pragma unroll
+    for (int q = 0; q < DKT / 8; q++) {
+      const int kc = q * 8 + (lane & 3) * 2;
+      const float2 v0 = *(const float2 *)(sS + rA * SSTR + kc), v1 = *(const float2 *)(sS + (rA + 8) * SSTR + kc);
+      s0[2 * q] = v0.x; s0[2 * q + 1] = v0.y;
+      s1[2 * q] = v1.x; s1[2 * q + 1] = v1.y;
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < DKT / 4; i++) { mx0 = fmaxf(mx0, s0[i]); mx1 = fmaxf(mx1, s1[i]); }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float nm0 = fmaxf(m0, mx0), nm1 = fmaxf(m1, mx1);
+    const float ref0 = nm0 == -INFINITY ? 0.f : nm0, ref1 = nm1 == -INFINITY ? 0.f : nm1;
+    const float al0 = exp2f(m0 - ref0), al1 = exp2f(m1 - ref1); /* m = -inf -> 0 */
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < DKT / 4; i++) {
+      s0[i] = exp2f(s0[i] - ref0); sum0 += s0[i];
+      s1[i] = exp2f(s1[i] - ref1); sum1 += s1[i];
+    }
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+    l0 = l0 * al0 + sum0; l1 = l1 * al1 + sum1;
+    m0 = nm0; m1 = nm1;
+#pragma unroll
+    for (int i = 0; i < COLS / 8; i++) { o[i][0] *= al0; o[i][1] *= al0; o[i][2] *= al1; o[i][3] *= al1; }
+
+    /* O[16 rows][64 columns of warp] += P . V, V = the tile's first 512 columns; k-step ks: keys 16ks .. */
+#pragma unroll
+    for (int ks = 0; ks < DKT / 16; ks++) {
+      uint32_t pa[4];
+      pa[0] = di_pack_bf16(s0[4 * ks], s0[4 * ks + 1]);
+      pa[1] = di_pack_bf16(s1[4 * ks], s1[4 * ks + 1]);
+      pa[2] = di_pack_bf16(s0[4 * ks + 2], s0[4 * ks + 3]);
+      pa[3] = di_pack_bf16(s1[4 * ks + 2], s1[4 * ks + 3]);
+      const int mi = lane >> 3;
+      const bf16 *vrow = K + (ks * 16 + (mi & 1) * 8 + (lane & 7)) * SROW + warp * COLS + (mi >> 1) * 8;
+#pragma unroll
+      for (int nt = 0; nt < COLS / 8; nt += 2) {
+        uint32_t b[4];
+        di_ldsm_x4_t(b, vrow + nt * 8);
+        di_mma16816(o[nt], pa, b);
+        di_mma16816(o[nt + 1], pa, b + 2);
+      }
+    }
+  }
+  di_cp_wait<0>();
+
+  /* merge across the cluster: every CTA leaves its normalized partial [16][512] f32 and log-sum-exp
+   * [16] in its own shared memory (over the KV tiles, which every warp is past after the barrier);
+   * CTA `rank` merges its rows from all CTAs in rank order (the same sum on every run) */
+  cg::cluster_group cl = cg::this_cluster();
+  float *sO = (float *)sK; /* 32 KB of the 146 KB of tile buffers */
+  float *sL = sS;
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  __syncthreads();
+#pragma unroll
+  for (int nt = 0; nt < COLS / 8; nt++) {
+    const int col = warp * COLS + nt * 8 + (lane & 3) * 2;
+    *(float2 *)(sO + rA * DR + col) = make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
+    *(float2 *)(sO + (rA + 8) * DR + col) = make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
+  }
+  if (warp == 0 && (lane & 3) == 0) {
+    sL[rA] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
+    sL[rA + 8] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
+  }
+  cl.sync();
+  constexpr int RPC = DROWS / CL;              /* rows merged per CTA */
+  constexpr int PER_ROW = DW * 32 / RPC;       /* threads per merged row */
+  constexpr int NC = DR / PER_ROW;             /* columns per thread: 4 (CL 8) or 2 (CL 16) */
+  const int rank = (int)cl.block_rank();
+  const int r = rank * RPC + tid / PER_ROW, c0 = (tid % PER_ROW) * NC;
+  float lse[CL], M = -INFINITY;
+#pragma unroll
+  for (int p = 0; p < CL; p++) {
+    lse[p] = *cl.map_shared_rank(sL + r, p);
+    M = fmaxf(M, lse[p]);
+  }
+  float acc[NC];
+#pragma unroll
+  for (int i = 0; i < NC; i++) acc[i] = 0.f;
+  float wsum = 0.f;
+#pragma unroll
+  for (int p = 0; p < CL; p++) {
+    const float w = lse[p] == -INFINITY ? 0.f : exp2f(lse[p] - M);
+    wsum += w;
+    const float *src = cl.map_shared_rank(sO + r * DR + c0, p);
+    if constexpr (NC == 4) {
+      const float4 v = *(const float4 *)src;
+      acc[0] += w * v.x; acc[1] += w * v.y; acc[2] += w * v.z; acc[3] += w * v.w;
+    } else {
+      const float2 v = *(const float2 *)src;
+      acc[0] += w * v.x; acc[1] += w * v.y;
+    }
+  }
+  const float winv = wsum > 0.f ? 1.f / wsum : 0.f;
+  if (r < nrows) {
+    if (it.part < 0) {
+      bf16 *dst = out + (int64_t)(it.row0 + r) * DR + c0;
+#pragma unroll
+      for (int i = 0; i < NC; i += 2)
+        *(__nv_bfloat162 *)(dst + i) = __floats2bfloat162_rn(acc[i] * winv, acc[i + 1] * winv);
+    } else { /* one of several clusters over this row group: its merged partial, for mla_combine */
+      float *dst = part_o + ((int64_t)it.part * DI_CUK_ATTN_ROWS + r) * DR + c0;
+#pragma unroll
+      for (int i = 0; i < NC; i += 2) *(float2 *)(dst + i) = make_float2(acc[i] * winv, acc[i + 1] * winv);
+      if (tid % PER_ROW == 0)
+        part_lse[(int64_t)it.part * DI_CUK_ATTN_ROWS + r] = wsum > 0.f ? M + log2f(wsum) : -INFINITY;
+    }
+  }
+  cl.sync(); /* no CTA leaves while another still reads its shared memory */
+}
+
+template <int CL>
+static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16 *cache, const int32_t *bt,
+                        int bt_stride, const int32_t *positions, int H, float sl2, const di_cuk_attn_item *items,
+                        const int32_t *n_items, bf16 *out, float *part_o, float *part_lse) {
+  static int attr_set;
+  const size_t sm = decode_smem();
+  if (!attr_set) {
+    DI_CU(cudaFuncSetAttribute(mla_decode_kernel<CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    if (CL > 8) DI_CU(cudaFuncSetAttribute(mla_decode_kernel<CL>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    attr_set = 1;
+  }
+  DI_CU(di_launch_cluster(mla_decode_kernel<CL>, max_items, DW * 32, sm, s, CL, Q, cache, bt, bt_stride, positions, H,
+                          sl2, items, n_items, out, part_o, part_lse));
+  DI_CU_LAUNCH("mla_decode");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+                                             int bt_stride, const int32_t *positions, int H, float scale,
+                                             const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                                             int cluster, uint16_t *out, float *part_o, float *part_lse,
+                                             di_cu_stream s) {
+  if (max_items <= 0) return DI_OK;
+  if ((cluster != 8 && cluster != 16) || max_items % cluster)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla decode attention: clusters of %d CTAs, %d items (8 or 16)",
+                        cluster, max_items);
+  const float sl2 = scale * 1.4426950408889634f;
+  const bf16 *q = (const bf16 *)Q, *c = (const bf16 *)cache;
+  return cluster == 8 ? launch<8>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
+                                  (bf16 *)out, part_o, part_lse)
+                      : launch<16>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
+                                   (bf16 *)out, part_o, part_lse);
+}
+
+extern "C" int di_cuk_attn_cluster_ok(int cluster) {
+  if (cluster == 8) return 1;
+  if (cluster != 16) return 0;
+  /* 16 CTAs of ~170 KB shared memory in one GPC: ask the occupancy calculator */
+  if (cudaFuncSetAttribute(mla_decode_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+      cudaFuncSetAttribute(mla_decode_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)decode_smem()) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 16;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(16);
+  cfg.blockDim = dim3(DW * 32);
+  cfg.dynamicSmemBytes = decode_smem();
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, (void *)mla_decode_kernel<16>, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n >= 1;
+}
+
+extern "C" int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int cluster, int n_clusters,
+                                         int *part, di_cuk_attn_item *items, di_cuk_combine_item *citems,
+                                         int *n_citems) {
+  const int n_cta = cluster * n_clusters, nkt = (n_keys + DKT - 1) / DKT;
+  if (n_clusters > 1) citems[(*n_citems)++] = (di_cuk_combine_item){row0, row1, *part, n_clusters};
+  for (int i = 0; i < n_cta; i++) { /* balanced: CTA i takes tiles [i*nkt/n_cta, (i+1)*nkt/n_cta) */
+    const int t0 = (int)((int64_t)i * nkt / n_cta), t1 = (int)((int64_t)(i + 1) * nkt / n_cta);
+    int k0 = t0 * DKT, k1 = t1 * DKT;
+    if (k1 > n_keys) k1 = n_keys;
+    if (k0 >= k1) k0 = k1 = 0; /* an empty split: log-sum-exp -inf, weight 0 in the merge */
+    items[i] = (di_cuk_attn_item){row0, row1, seq, k0, k1, n_clusters > 1 ? *part + i / cluster : -1};
+  }
+  if (n_clusters > 1) *part += n_clusters;
+  return n_cta;
+}
