@@ -293,9 +293,9 @@ static void test_mla_prep_absorb(di_cu_blas *blas, int T, int H, int N, int P, i
 /* split > 0: items of bm rows over `split` key ranges (mla_attn + mla_combine); split < 0: the decode
  * cluster form, -split clusters of `cl` CTAs per 16-row group (mla_attn_cluster, + mla_combine when
  * more than one) */
-static int test_cl = 8;
+static int test_cl = 8, test_fold_dv = 0, test_fold_ld = 0; /* fold: W_UV (dv x ld per head) in the epilogue */
 static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, int bm, int split, const char *label) {
-  const int cl = test_cl;
+  const int cl = test_cl, fdv = split == -1 ? test_fold_dv : 0, fld = test_fold_ld;
   int T = 0, max_blocks = 0, total_blocks = 0;
   for (int s = 0; s < n_seq; s++) {
     T += n_tok[s];
@@ -352,7 +352,11 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   void *dpo = di_cut_malloc((size_t)(part ? part : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(part ? part : 1) * 64 * 4);
   const float scale = 0.0721f;
   double t0 = di_cut_time_ms();
-  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, dout, dpo, dpl, NULL)
+  uint16_t *wuv = fdv ? rand_bf16((size_t)H * fdv * fld, 0.05f) : NULL;
+  void *dwuv = fdv ? dup_dev(wuv, (size_t)H * fdv * fld * 2) : NULL, *dv_out = fdv ? di_cut_malloc((size_t)T * H * fdv * 2) : NULL;
+  const di_cuk_uv_fold fold = {dwuv, (int64_t)fdv * fld, fld, fdv, H * fdv, dv_out};
+  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, dout, dpo, dpl,
+                                                fdv ? &fold : NULL, NULL)
                       : di_cuk_mla_attn(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (nci) CHECK(di_cuk_mla_combine(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL) == DI_OK);
@@ -391,10 +395,27 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
       }
     }
   }
-  double err = rel_err_d(ref, got, (size_t)T * H * DR);
-  CHECKF(err < 1e-2, "mla_attn %s: rel err %.3e", label, err);
-  printf("mla_attn %-34s H=%3d T=%4d items=%4d parts=%4d%s: rel err %.2e (%.2f ms incl. launch)\n", label, H, T, ni,
-         part, n_cl ? (cl == 16 ? " cl16" : " cl8") : "", err, ms);
+  double err;
+  if (fdv) { /* the epilogue's v = W_UV[h] . o_lat[:ld] in place of o_lat */
+    double *vref = malloc(sizeof(double) * (size_t)T * H * fdv);
+    for (int r = 0; r < T * H; r++)
+      for (int d = 0; d < fdv; d++) {
+        double a = 0;
+        for (int c = 0; c < fld; c++) a += ref[(size_t)r * DR + c] * bf(wuv[((size_t)(r % H) * fdv + d) * fld + c]);
+        vref[(size_t)r * fdv + d] = a;
+      }
+    float *gv = bf16_dev_to_f32(dv_out, (size_t)T * H * fdv);
+    err = rel_err_d(vref, gv, (size_t)T * H * fdv);
+    CHECKF(err < 1e-2, "mla_attn %s with W_UV folded (dv %d, rank %d): rel err %.3e", label, fdv, fld, err);
+    printf("mla_attn %-34s + W_UV fold dv=%d rank=%d: rel err %.2e\n", label, fdv, fld, err);
+    free(vref); free(gv); free(wuv);
+    di_cut_free(dwuv); di_cut_free(dv_out);
+  }
+  err = rel_err_d(ref, got, (size_t)T * H * DR);
+  if (!fdv) CHECKF(err < 1e-2, "mla_attn %s: rel err %.3e", label, err);
+  if (!fdv)
+    printf("mla_attn %-34s H=%3d T=%4d items=%4d parts=%4d%s: rel err %.2e (%.2f ms incl. launch)\n", label, H, T, ni,
+           part, n_cl ? (cl == 16 ? " cl16" : " cl8") : "", err, ms);
   free(perm); free(bt); free(pos); free(seq_of); free(cache); free(Q); free(items); free(citems); free(got); free(ref);
   free(sc); free(qf); free(kf);
   di_cut_free(dQ); di_cut_free(dc); di_cut_free(dbt); di_cut_free(dpos); di_cut_free(dit); di_cut_free(dcit);
@@ -746,11 +767,21 @@ int main(void) {
     int ctx3[] = {600, 40}, nt3[] = {3, 2}; /* several tokens of a sequence: rows of 16 span 1 head group each */
     test_mla_attn(16, 2, ctx3, nt3, 16, -2, "decode 3+2 tokens, 2 clusters");
     test_mla_attn(8, 2, ctx3, nt3, 16, -1, "8 heads: 2 tokens per 16 rows");
+    test_fold_dv = 128, test_fold_ld = 512; /* V2-Lite's W_UV */
+    test_mla_attn(16, 3, ctx2, nt2, 16, -1, "decode 600/33/1024, W_UV fold");
+    test_fold_dv = 32, test_fold_ld = 32;   /* the tiny fixtures' */
+    test_mla_attn(4, 2, ctx3, nt3, 16, -1, "4 heads: 4 tokens per 16 rows, fold");
+    test_fold_dv = 0;
     if (di_cuk_attn_cluster_ok(16)) { /* non-portable clusters of 16, where the GPU places them */
       test_cl = 16;
       test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, one cluster");
       test_mla_attn(16, 4, ctx, nt, 16, -3, "V2-Lite decode, 3 clusters");
       test_mla_attn(16, 2, ctx3, nt3, 16, -1, "decode 3+2 tokens, one cluster");
+      test_fold_dv = 128, test_fold_ld = 512;
+      test_mla_attn(16, 3, ctx2, nt2, 16, -1, "decode 600/33/1024, W_UV fold");
+      test_fold_dv = 32, test_fold_ld = 32;
+      test_mla_attn(4, 2, ctx3, nt3, 16, -1, "4 heads: 4 tokens per 16 rows, fold");
+      test_fold_dv = 0;
       test_cl = 8;
     } else {
       printf("mla_attn: clusters of 16 CTAs not available on this GPU\n");

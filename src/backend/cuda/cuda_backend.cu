@@ -68,7 +68,7 @@ typedef struct cu_backend {
   di_backend base;
   cudaStream_t stream;
   di_cu_blas *blas;
-  int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine;
+  int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine, fold_uv;
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -462,10 +462,16 @@ static di_status forward(cu_backend *b) {
                                 (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
     }
     PROF("mla prep+absorb");
+    /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
+    const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
+                        b->fold_uv;
+    const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
+                                 b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
     if (!SKIP(SKIP_ATTN) && b->attn_cl)
       DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                      NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
-                                     b->attn_cl, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+                                     b->attn_cl, (uint16_t *)b->olat, b->part_o, b->part_lse, fold_uv ? &fold : NULL,
+                                     s));
     else if (!SKIP(SKIP_ATTN))
       DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                            b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
@@ -475,7 +481,7 @@ static di_status forward(cu_backend *b) {
                                 (uint16_t *)b->olat, s));
     PROF("mla attention");
     /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
-    if (!SKIP(SKIP_VO))
+    if (!SKIP(SKIP_VO) && !fold_uv)
       DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                               DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
                               (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
@@ -913,12 +919,16 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->skip = parse_skip(getenv("DEEPINFER_CUDA_SKIP"));
   const char *ms = getenv("DEEPINFER_CUDA_ATTN_MIN_SPLIT");
   b->attn_min_split = ms && atoi(ms) > 0 ? atoi(ms) : 1;
+  const char *fuv = getenv("DEEPINFER_CUDA_FOLD_UV"); /* 0: W_UV as its own kernel at decode */
+  b->fold_uv = !(fuv && fuv[0] == '0');
   const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");
   b->down_combine = !(dcb && dcb[0] == '0');
-  /* decode attention in clusters of 8 CTAs; DEEPINFER_CUDA_ATTN_CLUSTER=16 (where the GPU can place
-   * them) or 0 (splits + a combine kernel, the prefill kernel's form) */
+  /* decode attention in clusters of 16 CTAs where the GPU can place them (H200: 417 vs 404 tok/s at
+   * batch 1 with 8), else 8; DEEPINFER_CUDA_ATTN_CLUSTER=8, 16 or 0 (splits + a combine kernel, the
+   * prefill kernel's form) */
   const char *acl = getenv("DEEPINFER_CUDA_ATTN_CLUSTER");
-  b->attn_cluster = !acl ? 8 : atoi(acl) == 16 && di_cuk_attn_cluster_ok(16) ? 16 : atoi(acl) == 0 ? 0 : 8;
+  const int want_cl = acl ? atoi(acl) : 16;
+  b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
   const char *pe = getenv("DEEPINFER_CUDA_PROFILE");

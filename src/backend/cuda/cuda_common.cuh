@@ -127,6 +127,24 @@ static __device__ __forceinline__ float di_block_max(float v, float *scratch32) 
   return v;
 }
 
+/* Sixteen per-lane partial sums of a warp reduced to sixteen totals with 15 shuffles: each step, lanes
+ * whose bit `off` is set keep the upper half of their values, the others the lower half, each adding
+ * the partner's copy of the half it keeps; afterwards lane l holds the total of value l >> 1. */
+#define DI_HALVE(half, off)                                                            \
+  {                                                                                    \
+    const bool upper = (lane & (off)) != 0;                                            \
+    _Pragma("unroll") for (int i = 0; i < (half); i++) {                               \
+      float send = upper ? v[i] : v[i + (half)], keep = upper ? v[i + (half)] : v[i]; \
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, (off));                         \
+    }                                                                                  \
+  }
+static __device__ __forceinline__ float di_warp_sum16(float v[16], int lane) {
+  DI_HALVE(8, 16) DI_HALVE(4, 8) DI_HALVE(2, 4) DI_HALVE(1, 2)
+  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1); /* the sum of row lane >> 1 */
+}
+#undef DI_HALVE
+
+
 /* mma.sync m16n8k16 bf16 -> f32 and ldmatrix, the building blocks of the tensor-core kernels
  * (grouped expert GEMM, MLA attention). Fragment layouts are the PTX ISA's: for the accumulator,
  * thread `lane` holds rows lane/4 and lane/4+8, columns 2*(lane%4) and +1. */

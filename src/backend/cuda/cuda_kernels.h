@@ -89,10 +89,21 @@ di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache, const int32_
  * carries the cluster's partial slot (merged by di_cuk_mla_combine). max_items and *n_items: multiples
  * of `cluster`. Splits are runs of DI_CUK_DECODE_KTILE keys. */
 #define DI_CUK_DECODE_KTILE 64
+/* fold (optional, only with one cluster per row group, i.e. every part < 0): instead of writing o_lat to
+ * `out`, write v = W_UV[h] . o_lat of each row (head h = row % H, token = row / H) as bf16 at
+ * v_out[token * ld_v + h * dv + d], W_UV[h] = dv rows of `ld` (= kv_lora_rank) weights at w + h * stride. */
+typedef struct di_cuk_uv_fold {
+  const uint16_t *w;
+  int64_t stride;
+  int ld, dv, ld_v;
+  uint16_t *v_out;
+} di_cuk_uv_fold;
+int di_cuk_uv_fold_ok(int dv, int rank);
 di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
                                   int bt_stride, const int32_t *positions, int H, float scale,
                                   const di_cuk_attn_item *items, const int32_t *n_items, int max_items, int cluster,
-                                  uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);
+                                  uint16_t *out, float *part_o, float *part_lse, const di_cuk_uv_fold *fold,
+                                  di_cu_stream s);
 int di_cuk_attn_cluster_ok(int cluster);
 /* Items of rows [row0, row1) of sequence seq over keys [0, n_keys): n_clusters clusters of `cluster`
  * CTAs with balanced runs of key tiles (some may be empty); with more than one cluster, one combine

@@ -199,22 +199,6 @@ extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32
 #define GV_WARPS 4
 #define GV_ROWS 16
 
-/* step: lanes whose bit `off` is set keep the upper half of their values, the others the lower half,
- * each adding the partner's copy of the half it keeps */
-#define GV_HALVE(half, off)                                                            \
-  {                                                                                    \
-    const bool upper = (lane & (off)) != 0;                                            \
-    _Pragma("unroll") for (int i = 0; i < (half); i++) {                               \
-      float send = upper ? v[i] : v[i + (half)], keep = upper ? v[i + (half)] : v[i]; \
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, (off));                         \
-    }                                                                                  \
-  }
-static __device__ __forceinline__ float gv_reduce16(float v[GV_ROWS], int lane) {
-  GV_HALVE(8, 16) GV_HALVE(4, 8) GV_HALVE(2, 4) GV_HALVE(1, 2)
-  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1); /* the sum of row lane >> 1 */
-}
-#undef GV_HALVE
-
 template <int MR>
 static __device__ __forceinline__ void gv_load(uint4 *av, uint4 *wv, const bf16 *const *arow, const bf16 *We, int K,
                                                int k) {
@@ -302,7 +286,7 @@ grouped_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
     }
 #pragma unroll
     for (int m = 0; m < MR; m++) {
-      float v = gv_reduce16(acc[m], lane); /* lane l: row l >> 1 of this warp */
+      float v = di_warp_sum16(acc[m], lane); /* lane l: row l >> 1 of this warp */
       if (GLU) {
         float u = __shfl_down_sync(0xffffffffu, v, 16); /* up row r + 8 sits in lane 2r + 16 */
         if (m < nm && lane < 16 && (lane & 1) == 0) {
@@ -389,7 +373,7 @@ moe_down_combine_kernel(const bf16 *act, int ld_act, const bf16 *W, int N, int K
         for (int r = 0; r < GV_ROWS; r++) wv[r] = wn[r];
       }
     }
-    tot += wj * gv_reduce16(acc[0], lane);
+    tot += wj * di_warp_sum16(acc[0], lane);
   }
   if ((lane & 1) == 0) part[warp][lane >> 1] = tot;
   __syncthreads();

@@ -3,7 +3,8 @@
  * thread-block cluster of CL CTAs (8, or 16 where the GPU allows non-portable clusters); each CTA
  * takes a balanced run of 64-key tiles, and the CTAs merge their partial results through distributed
  * shared memory (CTA `rank` merging rows rank*16/CL ..), so the split merge needs no second kernel and
- * no fp32 partials through L2.
+ * no fp32 partials through L2. When one cluster covers the row group, the value up-projection W_UV is
+ * applied in the same epilogue (each CTA to the rows it merged), which saves the layer another kernel.
  * Why it is shaped this way (Nsight Compute on the 4-warp, 32-key kernel at batch 1: one warp per
  * scheduler issuing every 7 cycles, ~1,200 instructions per warp per tile, 4-6 us per tile):
  * - 8 warps (two per scheduler) and 64-key tiles: warp w scores keys 8w .. 8w+7 of the tile and owns
@@ -37,14 +38,39 @@ static size_t decode_smem(void) {
   return (size_t)DROWS * SROW * 2 + 2 * (size_t)DKT * SROW * 2 + (size_t)DROWS * SSTR * 4 + DROWS * 4;
 }
 
+/* The value up-projection folded into the epilogue (uv.w != NULL): merged row r of head h becomes
+ * v[h] = W_UV[h] . o_lat (W_UV[h]: dv rows of `ld` = kv_lora_rank weights at w + h * stride), written
+ * as bf16 at v_out[token * ld_v + h * dv + d]; this saves the decode layer the W_UV kernel. */
+typedef struct uv_fold {
+  const bf16 *w;
+  int64_t stride;
+  int ld, dv, ld_v;
+  bf16 *v_out;
+} uv_fold;
+
+static __device__ __forceinline__ void cluster_arrive(void) {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void cluster_wait(void) {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 template <int CL>
 static __global__ void __launch_bounds__(DW * 32)
 mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
                   float scale_log2, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
-                  float *part_lse) {
+                  float *part_lse, uv_fold uv) {
+  constexpr int RPC = DROWS / CL; /* rows merged per CTA */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const di_cuk_attn_item it = items[blockIdx.x]; /* host-written: readable before the wait */
   const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
+  if (uv.w) { /* the W_UV blocks of the rows this CTA will merge (dv x ld, contiguous per head) */
+    const int rank0 = (int)cg::this_cluster().block_rank();
+    for (int i = 0; i < RPC && rank0 * RPC + i < it.row1 - it.row0; i++) {
+      const bf16 *wh = uv.w + (int64_t)((it.row0 + rank0 * RPC + i) % H) * uv.stride;
+      for (int c = tid * 64; c < uv.dv * uv.ld; c += DW * 32 * 64) di_prefetch_l2(wh + c);
+    }
+  }
   for (int k = it.k0 + tid; k < it.k1; k += DW * 32) {
     const bf16 *row = cache + ((int64_t)btab[k / 64] * 64 + (k % 64)) * D;
 #pragma unroll
@@ -191,7 +217,6 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
     sL[rA + 8] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
   }
   cl.sync();
-  constexpr int RPC = DROWS / CL;              /* rows merged per CTA */
   constexpr int PER_ROW = DW * 32 / RPC;       /* threads per merged row */
   constexpr int NC = DR / PER_ROW;             /* columns per thread: 4 (CL 8) or 2 (CL 16) */
   const int rank = (int)cl.block_rank();
@@ -220,6 +245,42 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
     }
   }
   const float winv = wsum > 0.f ? 1.f / wsum : 0.f;
+  if (uv.w) { /* host: only when one cluster covers the row group (part < 0) and dv % 16 == 0 */
+    float *sM = (float *)sQ; /* [RPC][DR]: the merged rows (Q is done with) */
+#pragma unroll
+    for (int i = 0; i < NC; i++) sM[(tid / PER_ROW) * DR + c0 + i] = acc[i] * winv;
+    cluster_arrive(); /* done reading the other CTAs' shared memory */
+    __syncthreads();
+    for (int o0 = warp * 16; o0 < RPC * uv.dv; o0 += DW * 16) {
+      const int rr = o0 / uv.dv, d0 = o0 % uv.dv, row = rank * RPC + rr;
+      if (row >= nrows) continue; /* warp-uniform */
+      const int head = (it.row0 + row) % H, tok = (it.row0 + row) / H;
+      const bf16 *w = uv.w + (int64_t)head * uv.stride + (int64_t)d0 * uv.ld;
+      float a16[16];
+#pragma unroll
+      for (int i = 0; i < 16; i++) a16[i] = 0.f;
+      for (int c = lane * 8; c < uv.ld; c += 256) {
+        uint4 wv[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) wv[i] = di_ld_stream16(w + (int64_t)i * uv.ld + c);
+        const float4 x0 = *(const float4 *)(sM + rr * DR + c), x1 = *(const float4 *)(sM + rr * DR + c + 4);
+        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+          const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv[i];
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            const float2 f = __bfloat1622float2(wp[j]);
+            a16[i] = fmaf(x[2 * j], f.x, fmaf(x[2 * j + 1], f.y, a16[i]));
+          }
+        }
+      }
+      const float v = di_warp_sum16(a16, lane);
+      if ((lane & 1) == 0) uv.v_out[(int64_t)tok * uv.ld_v + head * uv.dv + d0 + (lane >> 1)] = di_fb(v);
+    }
+    cluster_wait(); /* no CTA leaves while another may still read its shared memory */
+    return;
+  }
   if (r < nrows) {
     if (it.part < 0) {
       bf16 *dst = out + (int64_t)(it.row0 + r) * DR + c0;
@@ -240,7 +301,7 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
 template <int CL>
 static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16 *cache, const int32_t *bt,
                         int bt_stride, const int32_t *positions, int H, float sl2, const di_cuk_attn_item *items,
-                        const int32_t *n_items, bf16 *out, float *part_o, float *part_lse) {
+                        const int32_t *n_items, bf16 *out, float *part_o, float *part_lse, uv_fold uv) {
   static int attr_set;
   const size_t sm = decode_smem();
   if (!attr_set) {
@@ -249,7 +310,7 @@ static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16
     attr_set = 1;
   }
   DI_CU(di_launch_cluster(mla_decode_kernel<CL>, max_items, DW * 32, sm, s, CL, Q, cache, bt, bt_stride, positions, H,
-                          sl2, items, n_items, out, part_o, part_lse));
+                          sl2, items, n_items, out, part_o, part_lse, uv));
   DI_CU_LAUNCH("mla_decode");
   return DI_OK;
 }
@@ -258,18 +319,27 @@ extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *
                                              int bt_stride, const int32_t *positions, int H, float scale,
                                              const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                                              int cluster, uint16_t *out, float *part_o, float *part_lse,
-                                             di_cu_stream s) {
+                                             const di_cuk_uv_fold *fold, di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
   if ((cluster != 8 && cluster != 16) || max_items % cluster)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla decode attention: clusters of %d CTAs, %d items (8 or 16)",
                         cluster, max_items);
+  uv_fold uv = {NULL, 0, 0, 0, 0, NULL};
+  if (fold) {
+    if (!di_cuk_uv_fold_ok(fold->dv, fold->ld) || ((uintptr_t)fold->w & 15) || fold->stride % 8)
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda: W_UV fold with dv %d, rank %d (dv %% 16, rank %% 8, <= %d)",
+                          fold->dv, fold->ld, DR);
+    uv = (uv_fold){(const bf16 *)fold->w, fold->stride, fold->ld, fold->dv, fold->ld_v, (bf16 *)fold->v_out};
+  }
   const float sl2 = scale * 1.4426950408889634f;
   const bf16 *q = (const bf16 *)Q, *c = (const bf16 *)cache;
   return cluster == 8 ? launch<8>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                  (bf16 *)out, part_o, part_lse)
+                                  (bf16 *)out, part_o, part_lse, uv)
                       : launch<16>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                   (bf16 *)out, part_o, part_lse);
+                                   (bf16 *)out, part_o, part_lse, uv);
 }
+
+extern "C" int di_cuk_uv_fold_ok(int dv, int rank) { return dv > 0 && dv % 16 == 0 && rank > 0 && rank % 8 == 0 && rank <= DR; }
 
 extern "C" int di_cuk_attn_cluster_ok(int cluster) {
   if (cluster == 8) return 1;

@@ -294,30 +294,50 @@ extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int
  * before the kernel waits for its predecessor. blockDim is 256 (>= E: route_token's thread per expert). */
 #define GATE_CLUSTER 8
 #define GATE_THREADS 256
+#define GATE_STAGE_MAX (96 * 1024)
 
 static __global__ void __launch_bounds__(GATE_THREADS)
 moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf16 *W, const float *bias,
                 di_cuk_router r, bf16 *xn, int ldxn, float *logits, int32_t *ids, float *wout, di_cuk_perm pm,
-                int do_perm) {
-  extern __shared__ float xs[]; /* the normed row, fp32 [H] */
+                int do_perm, int stage) {
+  extern __shared__ __align__(16) float xs[]; /* the normed row, fp32 [H]; staged: norm weights [H], router rows */
   __shared__ float red[32];
   __shared__ float lg[GATE_THREADS]; /* CTA 0's: every CTA's logits, through distributed shared memory */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = GATE_THREADS / 32;
   const int per = (r.E + GATE_CLUSTER - 1) / GATE_CLUSTER;
   const int e0 = blockIdx.x * per, e1 = min(r.E, e0 + per);
-  for (int e = e0 + warp; e < e1; e += nw)
-    for (int i = lane * 64; i < H; i += 32 * 64) di_prefetch_l2(W + (int64_t)e * H + i); /* 128-byte lines */
+  float *nws = xs + H;
+  bf16 *wsl = (bf16 *)(nws + H);
+  if (stage) { /* norm weights and this CTA's router rows into shared memory while the predecessor runs */
+    for (int c = threadIdx.x; c < H / 4; c += blockDim.x) di_cp_async16(nws + 4 * c, norm_w + 4 * c, true);
+    for (int c = threadIdx.x; c < (e1 - e0) * H / 8; c += blockDim.x)
+      di_cp_async16(wsl + 8 * c, W + (int64_t)e0 * H + 8 * c, true);
+    di_cp_commit();
+  } else {
+    for (int e = e0 + warp; e < e1; e += nw)
+      for (int i = lane * 64; i < H; i += 32 * 64) di_prefetch_l2(W + (int64_t)e * H + i); /* 128-byte lines */
+  }
   DI_PDL_ENTRY();
   const float *xr = h + (int64_t)t * H;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) {
-    float v = xr[i];
-    ss += v * v;
+  if (stage) { /* H % 8 == 0: 16-byte loads, all issued together */
+#pragma unroll 4
+    for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
+      const float4 v = ((const float4 *)xr)[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    di_cp_wait<0>(); /* the block sum's barrier publishes every thread's copies */
+  } else {
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+      float v = xr[i];
+      ss += v * v;
+    }
   }
   ss = di_block_sum(ss, red);
   const float inv = rsqrtf(ss / H + eps);
+  const float *nwp = stage ? nws : norm_w;
   for (int i = threadIdx.x; i < H; i += blockDim.x) {
-    float v = xr[i] * inv * norm_w[i];
+    float v = xr[i] * inv * nwp[i];
     xs[i] = v;
     if (blockIdx.x == 0) xn[(int64_t)t * ldxn + i] = di_fb(v);
   }
@@ -325,7 +345,7 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
   cg::cluster_group cl = cg::this_cluster();
   float *lg0 = cl.map_shared_rank(lg, 0);
   for (int e = e0 + warp; e < e1; e += nw) {
-    const float acc = router_dot(xs, W + (int64_t)e * H, H, lane);
+    const float acc = router_dot(xs, stage ? wsl + (int64_t)(e - e0) * H : W + (int64_t)e * H, H, lane);
     if (lane == 0) {
       logits[(int64_t)t * r.E + e] = acc;
       lg0[e] = acc;
@@ -355,9 +375,21 @@ extern "C" di_status di_cuk_moe_gate(const float *h, const float *norm_w, float 
   memset(&pm, 0, sizeof pm);
   const int do_perm = perm != NULL && T == 1;
   if (do_perm) pm = *perm;
-  DI_CU(di_launch_cluster(moe_gate_kernel, dim3(GATE_CLUSTER, T), GATE_THREADS, sizeof(float) * (size_t)H, s,
-                          GATE_CLUSTER, h, norm_w, eps, H, (const bf16 *)W, bias, r, (bf16 *)xn, ldxn, logits, ids,
-                          w, pm, do_perm));
+  /* staged: the norm weights and each CTA's slice of router rows copied into shared memory before the
+   * wait, so the routing's critical path has no weight read from L2 (when they fit: V2-Lite's 8 x 2048
+   * rows are 32 KB per CTA, V3's 32 x 7168 would not) */
+  const int per = (r.E + GATE_CLUSTER - 1) / GATE_CLUSTER;
+  const size_t staged = sizeof(float) * 2 * (size_t)H + (size_t)per * H * 2;
+  const int stage = H % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)norm_w & 15) == 0 && ((uintptr_t)h & 15) == 0 &&
+                    staged <= GATE_STAGE_MAX;
+  const size_t smem = stage ? staged : sizeof(float) * (size_t)H;
+  static size_t smem_set;
+  if (smem > 48 * 1024 && smem > smem_set) {
+    DI_CU(cudaFuncSetAttribute(moe_gate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_set = smem;
+  }
+  DI_CU(di_launch_cluster(moe_gate_kernel, dim3(GATE_CLUSTER, T), GATE_THREADS, smem, s, GATE_CLUSTER, h, norm_w, eps,
+                          H, (const bf16 *)W, bias, r, (bf16 *)xn, ldxn, logits, ids, w, pm, do_perm, stage));
   return DI_OK;
 }
 
