@@ -319,20 +319,15 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
   }
   DI_PDL_ENTRY();
   const float *xr = h + (int64_t)t * H;
+  /* the sum of squares in rmsnorm_kernel's order (thread i: elements i, i + 256, ...), so that the fused
+   * and the unfused gate give bit-equal norms and routings (a prefill and a decode of the same token) */
   float ss = 0.f;
-  if (stage) { /* H % 8 == 0: 16-byte loads, all issued together */
 #pragma unroll 4
-    for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
-      const float4 v = ((const float4 *)xr)[i];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    di_cp_wait<0>(); /* the block sum's barrier publishes every thread's copies */
-  } else {
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-      float v = xr[i];
-      ss += v * v;
-    }
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    float v = xr[i];
+    ss += v * v;
   }
+  if (stage) di_cp_wait<0>(); /* the block sum's barrier publishes every thread's copies */
   ss = di_block_sum(ss, red);
   const float inv = rsqrtf(ss / H + eps);
   const float *nwp = stage ? nws : norm_w;
@@ -383,8 +378,8 @@ extern "C" di_status di_cuk_moe_gate(const float *h, const float *norm_w, float 
   const int stage = H % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)norm_w & 15) == 0 && ((uintptr_t)h & 15) == 0 &&
                     staged <= GATE_STAGE_MAX;
   const size_t smem = stage ? staged : sizeof(float) * (size_t)H;
-  static size_t smem_set;
-  if (smem > 48 * 1024 && smem > smem_set) {
+  static size_t smem_set; /* the opt-in covers static + dynamic shared memory above 48 KB */
+  if (smem > smem_set) {
     DI_CU(cudaFuncSetAttribute(moe_gate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     smem_set = smem;
   }
