@@ -9,6 +9,7 @@
  * whose partial results are merged by mla_combine. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_mla_tile.cuh"
 
 #define D DI_CUK_MLA_D
 #define DR DI_CUK_MLA_R
@@ -74,21 +75,9 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
     const bf16 *K = sK + (j & 1) * KT * SROW;
 
     /* S[16 rows of group g][8 keys of quarter wq] = Q . K^T over 576 dims */
-    /* two accumulators: the 36 dependent MMAs of one chain would serialize on their latency */
-    float sacc[4] = {0.f, 0.f, 0.f, 0.f}, sacc2[4] = {0.f, 0.f, 0.f, 0.f};
-    const bf16 *qrow = sQ + (g * 16 + (lane & 15)) * SROW + (lane >> 4) * 8;
-    const bf16 *krow = K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8;
-#pragma unroll 6
-    for (int kk = 0; kk < D / 16; kk += 2) {
-      uint32_t a[4], a2[4], b[4];
-      di_ldsm_x4(a, qrow + kk * 16);
-      di_ldsm_x4(a2, qrow + kk * 16 + 16);
-      di_ldsm_x4(b, krow + kk * 16);
-      di_mma16816(sacc, a, b);
-      di_mma16816(sacc2, a2, b + 2);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) sacc[i] += sacc2[i];
+    float sacc[4];
+    di_qk_slice(sQ + (g * 16 + (lane & 15)) * SROW + (lane >> 4) * 8, K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8,
+                sacc);
     {
       int kc = wq * 8 + (lane & 3) * 2;
       int p0 = sPos[rA], p1 = sPos[rA + 8];
@@ -108,39 +97,14 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
       s0[2 * q] = sS[rA * SSTR + kc]; s0[2 * q + 1] = sS[rA * SSTR + kc + 1];
       s1[2 * q] = sS[(rA + 8) * SSTR + kc]; s1[2 * q + 1] = sS[(rA + 8) * SSTR + kc + 1];
     }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 8; i++) { mx0 = fmaxf(mx0, s0[i]); mx1 = fmaxf(mx1, s1[i]); }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    float nm0 = fmaxf(m0, mx0), nm1 = fmaxf(m1, mx1);
-    float ref0 = nm0 == -INFINITY ? 0.f : nm0, ref1 = nm1 == -INFINITY ? 0.f : nm1;
-    float al0 = exp2f(m0 - ref0), al1 = exp2f(m1 - ref1); /* m = -inf -> 0 */
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      s0[i] = exp2f(s0[i] - ref0); sum0 += s0[i];
-      s1[i] = exp2f(s1[i] - ref1); sum1 += s1[i];
-    }
-    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-    l0 = l0 * al0 + sum0; l1 = l1 * al1 + sum1;
-    m0 = nm0; m1 = nm1;
+    float al0, al1;
+    di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
 #pragma unroll
     for (int i = 0; i < 16; i++) { o[i][0] *= al0; o[i][1] *= al0; o[i][2] *= al1; o[i][3] *= al1; }
     /* P as A fragments: k-step ks covers keys ks*16 .. +15 */
     uint32_t pa[2][4];
 #pragma unroll
-    for (int ks = 0; ks < 2; ks++) {
-      pa[ks][0] = di_pack_bf16(s0[4 * ks], s0[4 * ks + 1]);
-      pa[ks][1] = di_pack_bf16(s1[4 * ks], s1[4 * ks + 1]);
-      pa[ks][2] = di_pack_bf16(s0[4 * ks + 2], s0[4 * ks + 3]);
-      pa[ks][3] = di_pack_bf16(s1[4 * ks + 2], s1[4 * ks + 3]);
-    }
+    for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
     /* O[16 rows][128 cols of quarter wq] += P . V, V = K tile's first 512 columns */
 #pragma unroll
     for (int ks = 0; ks < 2; ks++) {

@@ -19,6 +19,7 @@
  * (FlashAttention-2) runs in registers, the score tile goes through shared memory. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_mla_tile.cuh"
 #include <cooperative_groups.h>
 
 namespace cg = cooperative_groups;
@@ -119,27 +120,17 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
     di_cp_commit();
     const bf16 *K = sK + (j & 1) * DKT * SROW;
 
-    /* S[16 rows][8 keys of warp] = Q . K^T over 576 dims; two accumulators halve the MMA chain */
-    float sacc[4] = {0.f, 0.f, 0.f, 0.f}, sacc2[4] = {0.f, 0.f, 0.f, 0.f};
-    const bf16 *qrow = sQ + (lane & 15) * SROW + (lane >> 4) * 8;
-    const bf16 *krow = K + (warp * 8 + (lane & 7)) * SROW + (lane >> 3) * 8;
-#pragma unroll 6
-    for (int kk = 0; kk < D / 16; kk += 2) {
-      uint32_t a[4], a2[4], b[4];
-      di_ldsm_x4(a, qrow + kk * 16);
-      di_ldsm_x4(a2, qrow + kk * 16 + 16);
-      di_ldsm_x4(b, krow + kk * 16);
-      di_mma16816(sacc, a, b);
-      di_mma16816(sacc2, a2, b + 2);
-    }
+    /* S[16 rows][8 keys of warp] = Q . K^T over 576 dims */
+    float sacc[4];
+    di_qk_slice(sQ + (lane & 15) * SROW + (lane >> 4) * 8, K + (warp * 8 + (lane & 7)) * SROW + (lane >> 3) * 8, sacc);
     {
       const int kc = warp * 8 + (lane & 3) * 2;
       const int p0 = sPos[rA], p1 = sPos[rA + 8];
       const int ka = kb + kc, kb1 = ka + 1;
-      sS[rA * SSTR + kc] = (ka <= p0 && ka < it.k1) ? (sacc[0] + sacc2[0]) * scale_log2 : -INFINITY;
-      sS[rA * SSTR + kc + 1] = (kb1 <= p0 && kb1 < it.k1) ? (sacc[1] + sacc2[1]) * scale_log2 : -INFINITY;
-      sS[(rA + 8) * SSTR + kc] = (ka <= p1 && ka < it.k1) ? (sacc[2] + sacc2[2]) * scale_log2 : -INFINITY;
-      sS[(rA + 8) * SSTR + kc + 1] = (kb1 <= p1 && kb1 < it.k1) ? (sacc[3] + sacc2[3]) * scale_log2 : -INFINITY;
+      sS[rA * SSTR + kc] = (ka <= p0 && ka < it.k1) ? sacc[0] * scale_log2 : -INFINITY;
+      sS[rA * SSTR + kc + 1] = (kb1 <= p0 && kb1 < it.k1) ? sacc[1] * scale_log2 : -INFINITY;
+      sS[(rA + 8) * SSTR + kc] = (ka <= p1 && ka < it.k1) ? sacc[2] * scale_log2 : -INFINITY;
+      sS[(rA + 8) * SSTR + kc + 1] = (kb1 <= p1 && kb1 < it.k1) ? sacc[3] * scale_log2 : -INFINITY;
     }
     __syncthreads();
 
@@ -152,28 +143,8 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
       s0[2 * q] = v0.x; s0[2 * q + 1] = v0.y;
       s1[2 * q] = v1.x; s1[2 * q + 1] = v1.y;
     }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < DKT / 4; i++) { mx0 = fmaxf(mx0, s0[i]); mx1 = fmaxf(mx1, s1[i]); }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float nm0 = fmaxf(m0, mx0), nm1 = fmaxf(m1, mx1);
-    const float ref0 = nm0 == -INFINITY ? 0.f : nm0, ref1 = nm1 == -INFINITY ? 0.f : nm1;
-    const float al0 = exp2f(m0 - ref0), al1 = exp2f(m1 - ref1); /* m = -inf -> 0 */
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int i = 0; i < DKT / 4; i++) {
-      s0[i] = exp2f(s0[i] - ref0); sum0 += s0[i];
-      s1[i] = exp2f(s1[i] - ref1); sum1 += s1[i];
-    }
-    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-    l0 = l0 * al0 + sum0; l1 = l1 * al1 + sum1;
-    m0 = nm0; m1 = nm1;
+    float al0, al1;
+    di_online_softmax2<DKT / 4>(s0, s1, m0, m1, l0, l1, al0, al1);
 #pragma unroll
     for (int i = 0; i < COLS / 8; i++) { o[i][0] *= al0; o[i][1] *= al0; o[i][2] *= al1; o[i][3] *= al1; }
 
@@ -181,10 +152,7 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
 #pragma unroll
     for (int ks = 0; ks < DKT / 16; ks++) {
       uint32_t pa[4];
-      pa[0] = di_pack_bf16(s0[4 * ks], s0[4 * ks + 1]);
-      pa[1] = di_pack_bf16(s1[4 * ks], s1[4 * ks + 1]);
-      pa[2] = di_pack_bf16(s0[4 * ks + 2], s0[4 * ks + 3]);
-      pa[3] = di_pack_bf16(s1[4 * ks + 2], s1[4 * ks + 3]);
+      di_p_fragment(s0, s1, ks, pa);
       const int mi = lane >> 3;
       const bf16 *vrow = K + (ks * 16 + (mi & 1) * 8 + (lane & 7)) * SROW + warp * COLS + (mi >> 1) * 8;
 #pragma unroll
