@@ -513,8 +513,7 @@ static di_status forward(cu_backend *b) {
     if (T > 1 && !SKIP(SKIP_GATE))
       DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
     PROF("router");
-    const int down_combine = normed_gemm && T == 1 && T <= GEMV_MAX_T && !(L->has_shared && b->n_sh == 0) &&
-                             !SKIP(SKIP_EXPERTS);
+    const int down_combine = normed_gemm && T == 1 && !(L->has_shared && b->n_sh == 0) && !SKIP(SKIP_EXPERTS);
     if (T <= GEMV_MAX_T) { /* decode: an expert has at most T rows; weight streaming as a GEMV */
       const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
       if (!SKIP(SKIP_EXPERTS)) {
@@ -621,9 +620,10 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   const int KS = b->split_keys;
   int tiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + KS - 1) / KS;
   if (S_max > tiles_cap) S_max = tiles_cap;
-  /* decode of few sequences: the cluster form (splits merged inside a cluster of CTAs), with one
-   * cluster per row group up to CL_TILES x cluster-size key tiles (a context of <= 1024 keys in
-   * clusters of 8), so that short contexts need no combine kernel in the graph */
+  /* decode of few sequences (<= 2 x SMs / cluster size of them): the cluster form (splits merged inside
+   * a cluster of CTAs, k_mla_decode.cu), one cluster per row group up to CL_TILES key tiles of 64 per
+   * CTA (contexts <= 2048 keys with clusters of 16, 1024 with 8), so short contexts need no combine
+   * kernel in the graph; longer ones take more clusters, merged by mla_combine */
   const int CL = b->attn_cluster, CL_TILES = 2;
   const int cluster = CL > 0 && bm == 16 && n_chunks * CL <= target;
   int C_max = 1;
