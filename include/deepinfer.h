@@ -148,6 +148,10 @@ typedef struct di_request_params {
                                     penalties or bias). Such a request takes no prefix-cache hits for
                                     the prompt (its rows are recomputed). Delivered once, in sample 0's
                                     first output (di_seq_output.prompt_logprobs). */
+  int prompt_logprobs_from;      /* with prompt_logprobs >= 0: the first prompt index reported (default 0:
+                                    all). Tokens before it get NaN (rank 0), and the prompt up to it may
+                                    come from the prefix cache: scoring continuations of one context
+                                    (multiple choice) computes the context once. In [0, prompt length]. */
   /* stopping */
   int max_tokens;                /* new tokens at most (default 16). 0: up to the context, except with
                                     prompt_logprobs >= 0, where 0 means none: the request only scores

@@ -34,7 +34,7 @@ class RequestParams(ctypes.Structure):
                 ("frequency_penalty", ctypes.c_float), ("logit_bias_ids", c_int32_p),
                 ("logit_bias_values", c_float_p), ("n_logit_bias", ctypes.c_int), ("has_seed", ctypes.c_int),
                 ("seed", ctypes.c_uint64), ("logprobs", ctypes.c_int), ("prompt_logprobs", ctypes.c_int),
-                ("max_tokens", ctypes.c_int),
+                ("prompt_logprobs_from", ctypes.c_int), ("max_tokens", ctypes.c_int),
                 ("min_tokens", ctypes.c_int), ("stop_token_ids", c_int32_p), ("n_stop_token_ids", ctypes.c_int),
                 ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", ctypes.c_int), ("ignore_eos", ctypes.c_int),
                 ("include_stop_str_in_output", ctypes.c_int), ("skip_special_tokens", ctypes.c_int),

@@ -92,7 +92,6 @@ class LLM:
         if num_kv_blocks:
             eo.num_kv_blocks = int(num_kv_blocks)
         eo.seed = int(seed or 0)
-        self._eo, self._speculative_config = eo, speculative_config  # to recreate it (loglikelihood)
         st = self._L.di_engine_create(self._model, ctypes.byref(eo), ctypes.byref(self._engine))
         if st != 0:
             msg = self._L.di_last_error().decode("utf-8", "replace")
@@ -164,7 +163,7 @@ class LLM:
         self.close()
 
     # ---- requests ------------------------------------------------------------------------------
-    def _add(self, prompt, sp, rendered=False):
+    def _add(self, prompt, sp, rendered=False, prompt_logprobs_from=0):
         keep = []  # ctypes buffers that must live until add_request returns (it copies)
         p = _lib.RequestParams()
         self._L.di_request_params_default(ctypes.byref(p))
@@ -200,6 +199,7 @@ class LLM:
         p.prompt_logprobs = -1 if plp is None else int(plp)
         if plp is not None and p.prompt_logprobs < 0:
             raise ValueError(f"prompt_logprobs must be non-negative, got {plp}")
+        p.prompt_logprobs_from = prompt_logprobs_from
         if sp.max_tokens is None:  # up to the context (0 would mean "score only" with prompt logprobs)
             p.max_tokens = 0 if plp is None else self._L.di_model_max_context(self._model)
         else:
@@ -265,7 +265,11 @@ class LLM:
                 if ro.prompt_token_ids is None and s.prompt_token_ids:
                     ro.prompt_token_ids = s.prompt_token_ids[:s.n_prompt_tokens]
                 ro.num_cached_tokens = s.n_cached_tokens
-                if s.prompt_logprobs:
+                if s.prompt_logprobs and getattr(ro, "_score_from", None) is not None:
+                    a = ro._score_from  # loglikelihood: the sum from there, and whether all are rank 1
+                    ro._score = (sum(s.prompt_logprobs[i] for i in range(a, s.n_prompt_tokens)),
+                                 all(s.prompt_ranks[i] == 1 for i in range(a, s.n_prompt_tokens)))
+                elif s.prompt_logprobs:
                     ro.prompt_logprobs = _prompt_logprobs(s)
                 if s.n_new_tokens:
                     co.token_ids.extend(s.new_tokens[:s.n_new_tokens])
@@ -413,33 +417,39 @@ class LLM:
         return eos if eos >= 0 else None
 
     def _score_sequences(self, seqs):
-        """[(ids, start)] -> [(logprob, is_greedy)] through di_model_loglikelihood_batch. The engine shares
-        the backend's KV pool, so it is freed for the duration and created afresh afterwards (the
-        prefix cache and get_stats() counters start over)."""
-        if self._engine:
-            if self._L.di_engine_has_unfinished(self._engine):
-                raise RuntimeError("loglikelihood: the engine has unfinished requests")
-            self._L.di_engine_free(self._engine)
-            self._engine = ctypes.c_void_p()
-        try:
-            out = []
-            for k in range(0, len(seqs), 1024):  # short sequences share forward calls in the library
-                part = seqs[k:k + 1024]
-                m = len(part)
-                arrs = [(ctypes.c_int32 * len(ids))(*ids) for ids, _ in part]
-                ptrs = (_lib.c_int32_p * m)(*[ctypes.cast(a, _lib.c_int32_p) for a in arrs])
-                ns = (ctypes.c_int * m)(*[len(ids) for ids, _ in part])
-                starts = (ctypes.c_int * m)(*[start for _, start in part])
-                lps, gs = (ctypes.c_float * m)(), (ctypes.c_int * m)()
-                _lib.check(self._L.di_model_loglikelihood_batch(self._model, m, ptrs, ns, starts, lps, gs),
-                           "loglikelihood")
-                out += [(lps[i], bool(gs[i])) for i in range(m)]
-            return out
-        finally:
-            _lib.check(self._L.di_engine_create(self._model, ctypes.byref(self._eo), ctypes.byref(self._engine)),
-                       "recreating the engine")
-            if self._speculative_config:
-                self._set_speculative(self._speculative_config)
+        """[(ids, start)] -> [(logprob, is_greedy)]: each sequence as a score-only engine request whose
+        prompt logprobs start at `start` (di_request_params.prompt_logprobs_from). The first sequence of
+        each distinct context runs in a first wave and the rest after it, so the later ones take the
+        context from the prefix cache (requests of one step cannot share blocks still being computed).
+        is_greedy: every continuation token has rank 1 (no id more likely; an id with an exactly equal
+        logit counts as a tie in its favour here, where greedy sampling takes the lowest id)."""
+        if self._L.di_engine_has_unfinished(self._engine):
+            raise RuntimeError("loglikelihood: the engine has unfinished requests")
+        sp = SamplingParams(max_tokens=0, prompt_logprobs=0, temperature=0.0)
+        for ids, start in seqs:
+            if not 1 <= start <= len(ids):
+                raise ValueError(f"loglikelihood: continuation start {start} outside the {len(ids)} tokens")
+        seen, first, rest = set(), [], []
+        for i, (ids, start) in enumerate(seqs):
+            key = tuple(ids[:start])
+            (rest if key in seen else first).append(i)
+            seen.add(key)
+        res = [None] * len(seqs)
+        for wave in (first, rest):
+            reqs, order = {}, []
+            for i in wave:
+                ids, start = seqs[i]
+                rid, out = self._add({"prompt_token_ids": ids}, sp, prompt_logprobs_from=start)
+                out._score_from, out._score = start, None
+                reqs[rid] = out
+                order.append((i, rid))
+            self._run(reqs)
+            for i, rid in order:
+                o = reqs[rid]
+                if o.outputs[0].finish_reason == "error" or o._score is None:
+                    raise RuntimeError(f"loglikelihood: {o.outputs[0].error or 'no prompt logprobs came back'}")
+                res[i] = o._score
+        return res
 
     def loglikelihood(self, requests, add_bos=None):
         """requests: [(context, continuation)] strings. Returns [(logprob, is_greedy)]: the summed log

@@ -167,6 +167,8 @@ static di_status validate(const di_engine *e, const di_request_params *p) {
   if (p->max_tokens < 0) return di_error_set(DI_ERR_INVALID_ARG, "max_tokens must be >= 0, got %d", p->max_tokens);
   if (p->prompt_logprobs > DI_MAX_LOGPROBS)
     return di_error_set(DI_ERR_INVALID_ARG, "prompt_logprobs must be at most %d, got %d", DI_MAX_LOGPROBS, p->prompt_logprobs);
+  if (p->prompt_logprobs_from < 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "prompt_logprobs_from must be >= 0, got %d", p->prompt_logprobs_from);
   if (p->min_tokens < 0) return di_error_set(DI_ERR_INVALID_ARG, "min_tokens must be >= 0, got %d", p->min_tokens);
   if (p->n_stop > 0 && !e->text.stream_create)
     return di_error_set(DI_ERR_UNSUPPORTED, "stop strings need a tokenizer (the model folder has no tokenizer.json)");
@@ -184,6 +186,10 @@ static di_status validate(const di_engine *e, const di_request_params *p) {
 /* a request that can never run ends with an error of its own at once */
 static const char *admission_error(const di_engine *e, const di_req *r, char *buf, size_t cap) {
   if (r->n_prompt == 0) return "the prompt is empty";
+  if (r->plp_k >= 0 && r->plp_from > r->n_prompt) {
+    snprintf(buf, cap, "prompt_logprobs_from is %d but the prompt has %d tokens", r->plp_from, r->n_prompt);
+    return buf;
+  }
   if (r->n_prompt > e->opt.max_model_len || (r->n_prompt == e->opt.max_model_len && !r->score_only)) {
     snprintf(buf, cap, "the prompt has %d tokens; max_model_len is %d (the prompt must leave room for one token)",
              r->n_prompt, e->opt.max_model_len);

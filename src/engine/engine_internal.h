@@ -121,6 +121,7 @@ typedef struct di_req {
   /* prompt logprobs (prompt_logprobs.c): k < 0 off; rows of positions [0, n_prompt - 1) are
    * extracted up to plp_next (each predicts the token after it) into plp / plp_top [n_prompt] */
   int plp_k;
+  int plp_from; /* the first prompt index reported (di_request_params.prompt_logprobs_from) */
   int plp_next;
   int plp_sent;              /* delivered with the first output */
   int score_only;            /* max_tokens 0 with prompt logprobs: no sample row, ends after the prompt */

@@ -54,9 +54,16 @@ di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t 
       st = di_error_set(DI_ERR_OOM, "request: out of memory for %d prompt logprobs", n_prompt);
       goto fail;
     }
-    r->plp[0] = NAN; /* the first token has no context */
-    r->plp_rank[0] = 0;
-    for (int j = 0; j < r->plp_k; j++) r->plp_top[j] = (di_token_logprob){-1, NAN};
+    /* the first token has no context; tokens before prompt_logprobs_from are not reported (their
+     * rows need not be computed, so the prompt up to there may come from the prefix cache) */
+    r->plp_from = p->prompt_logprobs_from;
+    const int none = r->plp_from > 1 ? (r->plp_from < n_prompt ? r->plp_from : n_prompt) : 1;
+    for (int i = 0; i < none; i++) {
+      r->plp[i] = NAN;
+      r->plp_rank[i] = 0;
+      for (int j = 0; j < r->plp_k; j++) r->plp_top[(size_t)i * r->plp_k + j] = (di_token_logprob){-1, NAN};
+    }
+    r->plp_next = none - 1; /* the row at position i predicts token i + 1 */
   }
 
   di_sampling *sp = &r->sp;

@@ -143,9 +143,12 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     if (lead && lead->state != DI_REQ_DONE && lead->n_valid < lead->n_prompt) continue;
     int fresh = r->n_computed == 0;
     int hit = 0;
-    /* prompt logprobs need every prompt row computed: no prefix-cache hit until they are out */
-    if (fresh && di_plp_rows(r, 0, r->n_tokens, NULL) == 0) {
-      hit = di_kv_match_prefix(e->kv, &r->kv, r->tokens, r->n_tokens, r->sample_index > 0);
+    /* prompt logprobs need their rows computed: a prefix-cache hit may cover the prompt only up to
+     * the first row still wanted (the match never takes the last token it is given) */
+    if (fresh) {
+      int first = 0;
+      const int lim = di_plp_rows(r, 0, r->n_tokens, &first) > 0 ? first + 1 : r->n_tokens;
+      hit = di_kv_match_prefix(e->kv, &r->kv, r->tokens, lim, r->sample_index > 0);
       r->n_computed = r->n_valid = hit;
     }
     int need = r->n_tokens - r->n_computed;

@@ -2,7 +2,8 @@
  * logprob and top k equal a double log-softmax of the row's logits computed alone, with chunked
  * prefill under a small row cap, other requests in the same steps (whose outputs stay the greedy
  * reference), a prefix cache that already holds the prompt, preemption, device sampling, n > 1 and
- * max_tokens 0 (score only); on the dsv3-tiny fixture, they equal a double log-softmax of
+ * max_tokens 0 (score only), and prompt_logprobs_from (positions before it unreported; the prompt up to
+ * it served from the prefix cache: the multiple-choice pattern); on the dsv3-tiny fixture, they equal a double log-softmax of
  * di_model_score's logits (rel 1e-5) alone and batched. Block accounting is checked throughout. */
 #include "test_util.h"
 #include "mock_backend.h"
@@ -17,6 +18,7 @@
 typedef struct {
   int32_t prompt[MAXP];
   int n_prompt, max_tokens, k;   /* k < 0: no prompt logprobs */
+  int from;                      /* prompt_logprobs_from */
   int n;                         /* samples */
   uint64_t id;
   /* got */
@@ -59,10 +61,14 @@ static void check_case(const case_t *c, const float *rows, int V, const char *wh
   }
   CHECKF(c->n_plp_outputs == 1, "%s: prompt logprobs delivered %d times", what, c->n_plp_outputs);
   if (c->n_plp_outputs != 1) return;
-  CHECKF(isnan(c->plp[0]) && c->rank[0] == 0, "%s: entry 0 is %g (rank %d), want NaN (0)", what, (double)c->plp[0],
-         c->rank[0]);
   int bad = 0;
-  for (int p = 1; p < c->n_prompt && bad < 3; p++) {
+  for (int p = 0; p < c->n_prompt && p < (c->from > 1 ? c->from : 1) && bad < 3; p++)
+    if (!isnan(c->plp[p]) || c->rank[p] != 0) {
+      CHECKF(0, "%s: entry %d (before the first reported) is %g (rank %d), want NaN (0)", what, p, (double)c->plp[p],
+             c->rank[p]);
+      bad++;
+    }
+  for (int p = c->from > 1 ? c->from : 1; p < c->n_prompt && bad < 3; p++) {
     int32_t ids[DI_MAX_LOGPROBS];
     double lps[DI_MAX_LOGPROBS];
     double want = ref_row(rows + (size_t)(p - 1) * (size_t)V, V, c->prompt[p], c->k, ids, lps);
@@ -127,6 +133,7 @@ static void run(di_engine *e, case_t *cs, int n, const char *what) {
     p.temperature = 0;
     p.ignore_eos = 1;
     p.prompt_logprobs = cs[k].k;
+    p.prompt_logprobs_from = cs[k].from;
     p.n = cs[k].n > 0 ? cs[k].n : 1;
     cs[k].n_plp_outputs = cs[k].n_toks = cs[k].finish = 0;
     di_status st = di_engine_add_request(e, &p, &cs[k].id);
@@ -254,6 +261,65 @@ static void test_mock_cached(void) {
   mb->base.ops->destroy(&mb->base);
 }
 
+/* prompt_logprobs_from: continuations of one 200-token context scored after each other; every one
+ * after the first takes the context's full blocks from the prefix cache, and only its own positions are
+ * reported */
+static void test_mock_from(int async) {
+  enum { N = 4, CTX = 200 };
+  static case_t cs[N];
+  memset(cs, 0, sizeof cs);
+  for (int p = 0; p < CTX; p++) cs[0].prompt[p] = 2 + rnd(VOCAB - 2);
+  for (int i = 0; i < N; i++) {
+    memcpy(cs[i].prompt, cs[0].prompt, CTX * sizeof(int32_t));
+    cs[i].n_prompt = CTX + 1 + i * 3;
+    for (int p = CTX; p < cs[i].n_prompt; p++) cs[i].prompt[p] = 2 + rnd(VOCAB - 2);
+    cs[i].k = i % 2; /* 0 or 1 alternatives */
+    cs[i].from = CTX;
+    cs[i].max_tokens = 0; /* score only */
+  }
+  cs[3].max_tokens = 2; /* and one that generates after scoring */
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.max_num_batched_tokens = 64;
+  o.async_scheduling = async;
+  mock_backend *mb = mock_backend_new(VOCAB);
+  di_engine *e;
+  if (mock_engine(mb, &o, 0, 4096, &e) != DI_OK) { CHECKF(0, "from: %s", di_last_error()); return; }
+  for (int i = 0; i < N; i++) run(e, &cs[i], 1, "from");
+  for (int i = 0; i < N; i++) {
+    char w[64];
+    snprintf(w, sizeof w, "from (async %d) continuation %d", async, i);
+    mock_check(&cs[i], w);
+    /* the first computes the context; the others find its 3 full blocks (192 tokens) cached */
+    CHECKF(cs[i].n_cached == (i == 0 ? 0 : 192), "%s: %d cached tokens", w, cs[i].n_cached);
+  }
+  CHECKF(mb->errors == 0, "from: %d bad KV reads", mb->errors);
+  /* bounds: below 0 refused at once; past the prompt, the request ends with an error of its own */
+  di_request_params p;
+  di_request_params_default(&p);
+  p.prompt_ids = cs[0].prompt;
+  p.n_prompt_ids = 5;
+  p.prompt_logprobs = 0;
+  p.prompt_logprobs_from = -1;
+  uint64_t id;
+  CHECK_ERR(di_engine_add_request(e, &p, &id), "prompt_logprobs_from must be >= 0");
+  p.prompt_logprobs_from = 6;
+  p.max_tokens = 0;
+  CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
+  int failed = 0;
+  for (int g = 0; di_engine_has_unfinished(e) && g < 100; g++) {
+    di_step_output *out;
+    CHECK(di_engine_step(e, &out) == DI_OK);
+    for (int i = 0; i < out->n; i++)
+      if (out->seqs[i].req_id == id && out->seqs[i].finish_reason == DI_FINISH_ERROR)
+        failed = out->seqs[i].error && strstr(out->seqs[i].error, "prompt_logprobs_from is 6") != NULL;
+  }
+  CHECKF(failed, "from: prompt_logprobs_from past the prompt did not fail with its own message");
+  CHECK(di_engine_check(e) == DI_OK);
+  di_engine_free(e);
+  mb->base.ops->destroy(&mb->base);
+}
+
 /* a real model: rows against di_model_score, alone and in a batch with small chunks, or with MTP drafts */
 static void test_model(const char *dir, int spec) {
   di_model_options mo;
@@ -323,5 +389,7 @@ int main(void) {
   test_mock_cached();
   test_model("tests/data/models/dsv3-tiny", 0);
   test_model("models/default", 1); /* has a trained MTP layer */
+  test_mock_from(1); /* last: the model cases above depend on the random stream before them */
+  test_mock_from(0);
   return test_finish("prompt_logprobs");
 }

@@ -7,7 +7,8 @@
 - Each driver on the sample tasks with --limit: the JSON structure, the metrics recomputed from the
   items, the chosen answers against LLM.loglikelihood called here, the answer matching rules
   reimplemented here, and task-file errors that name the line.
-- The engine still generates the same text after a loglikelihood call (it is recreated).
+- The engine still generates the same text after a loglikelihood call, which runs through it as
+  score-only requests: continuations of one context take the context from the prefix cache.
 """
 import json
 import math
@@ -150,6 +151,21 @@ def test_engine_survives_loglikelihood(llm):
     llm.loglikelihood([("a", " b")])
     after = llm.generate(["The Debian"], sp)[0].outputs[0].text
     assert before == after and before
+    llm.check()
+
+
+def test_loglikelihood_shares_the_context(llm):
+    context = "In the beginning God created the heaven and the earth. " * 12  # > 2 KV blocks of 64 tokens
+    choices = [" And the earth was without form.", " Then came the flood.", " It was good.", " 42"]
+    before = llm.get_stats()
+    got = llm.loglikelihood([(context, c) for c in choices])
+    after = llm.get_stats()
+    hit = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
+    n_ctx = len(llm.encode(context))
+    assert hit >= 3 * (n_ctx // 64) * 64, (hit, n_ctx)  # the last three find the first's full blocks
+    for (lp, _), c in zip(got, choices):  # the same numbers as each request alone, cache or not
+        [(alone, _)] = llm.loglikelihood([(context, c)])
+        assert abs(lp - alone) < 1e-5 * max(1.0, abs(alone)), (c, lp, alone)
     llm.check()
 
 
