@@ -151,7 +151,8 @@ typedef struct di_request_params {
   int prompt_logprobs_from;      /* with prompt_logprobs >= 0: the first prompt index reported (default 0:
                                     all). Tokens before it get NaN (rank 0), and the prompt up to it may
                                     come from the prefix cache: scoring continuations of one context
-                                    (multiple choice) computes the context once. In [0, prompt length]. */
+                                    (multiple choice) computes the context once. In [0, prompt length]:
+                                    di_engine_add_request refuses a value past the prompt. */
   /* stopping */
   int max_tokens;                /* new tokens at most (default 16). 0: up to the context, except with
                                     prompt_logprobs >= 0, where 0 means none: the request only scores

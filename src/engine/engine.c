@@ -186,10 +186,6 @@ static di_status validate(const di_engine *e, const di_request_params *p) {
 /* a request that can never run ends with an error of its own at once */
 static const char *admission_error(const di_engine *e, const di_req *r, char *buf, size_t cap) {
   if (r->n_prompt == 0) return "the prompt is empty";
-  if (r->plp_k >= 0 && r->plp_from > r->n_prompt) {
-    snprintf(buf, cap, "prompt_logprobs_from is %d but the prompt has %d tokens", r->plp_from, r->n_prompt);
-    return buf;
-  }
   if (r->n_prompt > e->opt.max_model_len || (r->n_prompt == e->opt.max_model_len && !r->score_only)) {
     snprintf(buf, cap, "the prompt has %d tokens; max_model_len is %d (the prompt must leave room for one token)",
              r->n_prompt, e->opt.max_model_len);
@@ -227,6 +223,11 @@ di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64
     prompt = ids;
     n_prompt = (int)n_ids;
   }
+  if (p->prompt_logprobs >= 0 && p->prompt_logprobs_from > n_prompt) {
+    free(ids);
+    return di_error_set(DI_ERR_INVALID_ARG, "prompt_logprobs_from is %d but the prompt has %d tokens",
+                        p->prompt_logprobs_from, n_prompt);
+  }
   int n = p->n > 0 ? p->n : 1;
   di_status st = p->prompt_logprobs >= 0 ? di_plp_reserve(e) : DI_OK;
   if (st == DI_OK) st = queue_reserve(e, n);
@@ -255,8 +256,12 @@ di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64
     }
     r->state = DI_REQ_WAITING;
     e->waiting[e->n_waiting++] = r;
-    const char *why = admission_error(e, r, buf, sizeof buf);
-    if (why) di_req_finish(e, r, DI_FINISH_ERROR, why);
+  }
+  /* after every sample is in e->all: a leader that fails here (an error only sample 0 can have, e.g.
+   * its prompt logprobs) clears its followers' pointers to it as it finishes */
+  for (int s = 0; s < n; s++) {
+    const char *why = admission_error(e, made[s], buf, sizeof buf);
+    if (why) di_req_finish(e, made[s], DI_FINISH_ERROR, why);
   }
   *req_id = id;
   return DI_OK;

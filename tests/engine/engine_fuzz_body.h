@@ -23,6 +23,7 @@ typedef struct fz_req {
   int32_t got[2][24];
   int n_got[2], finish[2];
   int vocab, plp_k;  /* plp_k: the request's prompt_logprobs (< 0: none) */
+  int plp_from;      /* its prompt_logprobs_from: entries before it are not reported */
   int n_out[2];      /* outputs seen per sample */
   int plp_got;       /* times the prompt arrays arrived */
 } fz_req;
@@ -72,11 +73,14 @@ static int fz_check_plp(const fz_req *q, const di_seq_output *o) {
             o->n_prompt_top, q->n_prompt, k);
     return 1;
   }
-  if (!isnan(o->prompt_logprobs[0]) || o->prompt_ranks[0] != 0) bad++;
-  for (int j = 0; j < k; j++)
-    if (o->prompt_top[j].id != -1) bad++;
+  const int first = q->plp_from > 1 ? q->plp_from : 1; /* entries before it: NaN, rank 0, no top */
+  for (int i = 0; i < first && i < q->n_prompt; i++) {
+    if (!isnan(o->prompt_logprobs[i]) || o->prompt_ranks[i] != 0) bad++;
+    for (int j = 0; j < k; j++)
+      if (o->prompt_top[(size_t)i * (size_t)k + j].id != -1) bad++;
+  }
   float lg[40];
-  for (int i = 1; i < q->n_prompt && !bad; i++) {
+  for (int i = first; i < q->n_prompt && !bad; i++) {
     mock_logits_of(q->prompt, i, V, lg);
     double mx = lg[0], z = 0;
     for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
@@ -195,13 +199,17 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
       if (plp_vocab) { /* off, 0..20 (small k more often), out of range; score only (max_tokens 0) */
         int pb = fz_byte(&in), v = pb % 32;
         p.prompt_logprobs = v < 6 ? -1 : v <= 26 ? v - 6 : v == 27 ? 21 : v == 28 ? 1000 : v - 29;
-        plp_bad = p.prompt_logprobs > 20;
         if ((pb & 32) && p.prompt_logprobs >= 0) p.max_tokens = 0;
+        /* reported from: the start, the middle, the last token, or past the prompt (refused) */
+        const int fsel = pb >> 6;
+        p.prompt_logprobs_from = fsel == 0 ? 0 : fsel == 1 ? len / 2 : fsel == 2 ? len - 1 : len + 1;
+        plp_bad = p.prompt_logprobs > 20 || (p.prompt_logprobs >= 0 && p.prompt_logprobs_from > len);
       }
       uint64_t id;
       if (plp_bad && n_ids < 64) {
         if (di_engine_add_request(e, &p, &id) != DI_ERR_INVALID_ARG) {
-          fprintf(stderr, "fuzz: prompt_logprobs %d was accepted\n", p.prompt_logprobs);
+          fprintf(stderr, "fuzz: prompt_logprobs %d from %d (prompt %d) was accepted\n", p.prompt_logprobs,
+                  p.prompt_logprobs_from, len);
           bad++;
           break;
         }
@@ -217,6 +225,7 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
         q->max_tokens = p.max_tokens;
         q->vocab = vocab;
         q->plp_k = p.prompt_logprobs;
+        q->plp_from = p.prompt_logprobs >= 0 ? p.prompt_logprobs_from : 0;
         fz_scored += p.max_tokens == 0;
         q->sp = (di_sampling){.temperature = p.temperature, .top_p = 1, .top_k = p.top_k, .repetition_penalty =
                               p.repetition_penalty, .logprobs = p.logprobs, .seed = p.seed};

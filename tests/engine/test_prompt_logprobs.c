@@ -294,7 +294,7 @@ static void test_mock_from(int async) {
     CHECKF(cs[i].n_cached == (i == 0 ? 0 : 192), "%s: %d cached tokens", w, cs[i].n_cached);
   }
   CHECKF(mb->errors == 0, "from: %d bad KV reads", mb->errors);
-  /* bounds: below 0 refused at once; past the prompt, the request ends with an error of its own */
+  /* bounds: [0, prompt length], else refused when added (also with n > 1: no sample is queued) */
   di_request_params p;
   di_request_params_default(&p);
   p.prompt_ids = cs[0].prompt;
@@ -304,17 +304,67 @@ static void test_mock_from(int async) {
   uint64_t id;
   CHECK_ERR(di_engine_add_request(e, &p, &id), "prompt_logprobs_from must be >= 0");
   p.prompt_logprobs_from = 6;
+  p.n = 2;
+  CHECK_ERR(di_engine_add_request(e, &p, &id), "prompt_logprobs_from is 6 but the prompt has 5 tokens");
+  CHECK(!di_engine_has_unfinished(e));
+  p.prompt_logprobs_from = 5; /* nothing to report: delivered all NaN */
   p.max_tokens = 0;
   CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
-  int failed = 0;
+  int got = 0;
   for (int g = 0; di_engine_has_unfinished(e) && g < 100; g++) {
     di_step_output *out;
     CHECK(di_engine_step(e, &out) == DI_OK);
     for (int i = 0; i < out->n; i++)
-      if (out->seqs[i].req_id == id && out->seqs[i].finish_reason == DI_FINISH_ERROR)
-        failed = out->seqs[i].error && strstr(out->seqs[i].error, "prompt_logprobs_from is 6") != NULL;
+      if (out->seqs[i].req_id == id && out->seqs[i].prompt_logprobs) {
+        got++;
+        for (int j = 0; j < 5; j++) CHECK(isnan(out->seqs[i].prompt_logprobs[j]) && out->seqs[i].prompt_ranks[j] == 0);
+      }
   }
-  CHECKF(failed, "from: prompt_logprobs_from past the prompt did not fail with its own message");
+  CHECKF(got == 1, "from: a request with nothing to report delivered its arrays %d times", got);
+  CHECK(di_engine_check(e) == DI_OK);
+  di_engine_free(e);
+  mb->base.ops->destroy(&mb->base);
+}
+
+/* a failure only sample 0 can have (its prompt logprobs do not fit a step with chunked prefill off)
+ * ends sample 0 at once; sample 1 runs on its own. Found by the engine fuzzer: sample 1 was queued after
+ * sample 0 had failed, so it kept a pointer to the freed leader (ASan: use after free). */
+static void test_mock_leader_error(void) {
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.enable_chunked_prefill = 0;
+  o.max_num_batched_tokens = 512;
+  mock_backend *mb = mock_backend_new(VOCAB);
+  di_engine *e;
+  if (mock_engine(mb, &o, 0, 4096, &e) != DI_OK) { CHECKF(0, "leader error: %s", di_last_error()); return; }
+  CHECK(di_plp_reserve(e) == DI_OK);
+  e->plp_row_cap = 8;
+  int32_t prompt[40];
+  for (int i = 0; i < 40; i++) prompt[i] = 2 + rnd(VOCAB - 2);
+  di_request_params p;
+  di_request_params_default(&p);
+  p.prompt_ids = prompt;
+  p.n_prompt_ids = 40;
+  p.prompt_logprobs = 0;
+  p.n = 2;
+  p.max_tokens = 3;
+  p.temperature = 0;
+  p.ignore_eos = 1;
+  uint64_t id;
+  CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
+  int fin[2] = {0, 0}, ntok[2] = {0, 0};
+  for (int g = 0; di_engine_has_unfinished(e) && g < 100; g++) {
+    di_step_output *out;
+    CHECK(di_engine_step(e, &out) == DI_OK);
+    for (int i = 0; i < out->n; i++) {
+      const di_seq_output *so = &out->seqs[i];
+      if (so->req_id != id || so->sample_index > 1) continue;
+      ntok[so->sample_index] += so->n_new_tokens;
+      if (so->finish_reason) fin[so->sample_index] = so->finish_reason;
+    }
+  }
+  CHECKF(fin[0] == DI_FINISH_ERROR && ntok[0] == 0, "leader error: sample 0 finished %d with %d tokens", fin[0], ntok[0]);
+  CHECKF(fin[1] == DI_FINISH_LENGTH && ntok[1] == 3, "leader error: sample 1 finished %d with %d tokens", fin[1], ntok[1]);
   CHECK(di_engine_check(e) == DI_OK);
   di_engine_free(e);
   mb->base.ops->destroy(&mb->base);
@@ -391,5 +441,6 @@ int main(void) {
   test_model("models/default", 1); /* has a trained MTP layer */
   test_mock_from(1); /* last: the model cases above depend on the random stream before them */
   test_mock_from(0);
+  test_mock_leader_error();
   return test_finish("prompt_logprobs");
 }
