@@ -192,8 +192,12 @@ int main(int argc, char **argv) {
     for (int s = 0; s < B; s++) { next[s] = (int32_t)((rnd() >> 33) % (uint64_t)cfg.vocab_size); srow[s].temperature = 0; srow[s].top_p = 1; }
     double tstart = 0;
     const int warm = 3;
+    di_cuda_stats cs0;
     for (int step = -warm; step < gen; step++) {
-      if (step == 0) tstart = di_cut_time_ms();
+      if (step == 0) {
+        tstart = di_cut_time_ms();
+        di_backend_cuda_stats(be, &cs0);
+      }
       int p = prompt + (step < 0 ? step + warm : step);
       for (int s = 0; s < B; s++) { tok[s] = next[s]; pos[s] = p; seq[s] = s; rows[s] = s; }
       di_batch b = {.n_tokens = B, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = B, .seqs = seqs,
@@ -203,7 +207,14 @@ int main(int argc, char **argv) {
     }
     double sec = (di_cut_time_ms() - tstart) / 1e3;
     res_dec[bi] = (double)B * gen / sec;
-    printf("%-8d %12.0f %14.3f %12.2f\n", B, res_dec[bi], sec * 1e3 / gen, tp);
+    printf("%-8d %12.0f %14.3f %12.2f", B, res_dec[bi], sec * 1e3 / gen, tp);
+    di_cuda_stats cs1;
+    di_backend_cuda_stats(be, &cs1);
+    if (cs1.timed_replays > cs0.timed_replays) { /* DEEPINFER_CUDA_GPU_TIME=1: the graph's device time */
+      const double g = (cs1.graph_ms - cs0.graph_ms) / (double)(cs1.timed_replays - cs0.timed_replays);
+      printf("   graph %.3f ms/step, between graphs %.1f us", g, (sec * 1e3 / gen - g) * 1e3);
+    }
+    printf("\n");
     fflush(stdout);
   }
   printf("\n%-8s %14s %10s\n", "prefill", "tokens/s", "ms");

@@ -111,6 +111,8 @@ typedef struct cu_backend {
   /* DEEPINFER_CUDA_PROFILE=1: per-phase device time of eager steps (graphs off), printed at destroy */
   int prof, n_marks;
   cudaEvent_t marks[MAX_MARKS];
+  int gpu_time, timing;        /* DEEPINFER_CUDA_GPU_TIME=1; this step's graph is between ev_g0/ev_g1 */
+  cudaEvent_t ev_g0, ev_g1;
   const char *mark_label[MAX_MARKS];
   const char *plabel[64];
   double ptime[64];
@@ -810,7 +812,10 @@ static di_status cu_submit(di_backend *bb, const di_batch *batch) {
     if (e != cudaSuccess) { g->exec = NULL; return di_error_set(DI_ERR_BACKEND, "cuda: graph instantiate failed: %s", cudaGetErrorString(e)); }
     b->stats.graph_captures++;
   }
+  if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g0, b->stream));
   DI_CU(cudaGraphLaunch(g->exec, b->stream));
+  if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g1, b->stream));
+  b->timing = b->gpu_time;
   b->stats.graph_replays++;
   b->pending = 1;
   return DI_OK;
@@ -821,6 +826,13 @@ static di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
   if (!b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: wait without submit");
   b->pending = 0;
   DI_CU(cudaStreamSynchronize(b->stream));
+  if (b->timing) {
+    float ms = 0;
+    DI_CU(cudaEventElapsedTime(&ms, b->ev_g0, b->ev_g1));
+    b->stats.graph_ms += ms;
+    b->stats.timed_replays++;
+    b->timing = 0;
+  }
   if (b->prof && b->n_marks > 1 && b->T <= DI_CUDA_GRAPH_MAX_T) { /* decode-sized steps only */
     b->prof_steps++;
     for (int i = 1; i < b->n_marks; i++) {
@@ -882,6 +894,8 @@ static void cu_destroy(di_backend *bb) {
   }
   if (b->prof)
     for (int i = 0; i < MAX_MARKS; i++) if (b->marks[i]) cudaEventDestroy(b->marks[i]);
+  if (b->ev_g0) cudaEventDestroy(b->ev_g0);
+  if (b->ev_g1) cudaEventDestroy(b->ev_g1);
   drop_graphs(b);
   for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
   free(b->allocs);
@@ -934,6 +948,12 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
+  const char *gt = getenv("DEEPINFER_CUDA_GPU_TIME");
+  if (gt && strcmp(gt, "1") == 0) {
+    DI_CU(cudaEventCreate(&b->ev_g0));
+    DI_CU(cudaEventCreate(&b->ev_g1));
+    b->gpu_time = 1;
+  }
   const char *pe = getenv("DEEPINFER_CUDA_PROFILE");
   if (pe && strcmp(pe, "1") == 0) {
     b->prof = 1;

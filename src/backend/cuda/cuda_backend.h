@@ -13,6 +13,11 @@ int64_t di_backend_cuda_free_bytes(void);
 /* Statistics of the CUDA backend since create (graphs captured / replayed), for tests and benches. */
 typedef struct di_cuda_stats {
   int64_t steps, graph_captures, graph_replays;
+  /* with DEEPINFER_CUDA_GPU_TIME=1: replays timed by events around the graph launch and their summed
+   * device time, so a benchmark can tell the GPU's step time from the wall time per step (the gap is
+   * host work and transfers between steps) */
+  int64_t timed_replays;
+  double graph_ms;
 } di_cuda_stats;
 void di_backend_cuda_stats(di_backend *b, di_cuda_stats *out);
 /* Benchmarking only: leave the named phases (a comma list of qkv, prep, absorb, attn, vo, gate,
