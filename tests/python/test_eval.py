@@ -229,6 +229,26 @@ def test_rolling_windows_cover_each_token_once():
 
 
 # ---- the drivers ----------------------------------------------------------------------------------
+def test_multiple_choice_fewshot(llm):
+    """--num-fewshot 2: each item's context is built here again from the recorded example lines (as
+    lm-evaluation-harness joins them) and its log-likelihoods recomputed; examples never include the item."""
+    path = os.path.join(TASKS, "multiple_choice.jsonl")
+    res = run_json("multiple_choice", "--tasks", path, "--limit", "5", "--num-fewshot", "2", "--fewshot-seed", "7")
+    assert res["num_fewshot"] == 2 and res["n"] == 5
+    src = read_jsonl(path, None)
+    for it in res["items"]:
+        shots = it["fewshot"]
+        assert len(shots) == 2 and it["line"] not in shots
+        ex = [src[n - 1] for n in shots]  # line numbers are 1-based
+        ctx = "\n\n".join([e["context"] + " " + e["choices"][e["gold"]] for e in ex] + [src[it["line"] - 1]["context"]])
+        lls = llm.loglikelihood([(ctx, " " + c) for c in src[it["line"] - 1]["choices"]])
+        assert all(abs(a - b) < 1e-5 * max(1.0, abs(b)) for a, (b, _) in zip(it["logprobs"], lls))
+    again = run_json("multiple_choice", "--tasks", path, "--limit", "5", "--num-fewshot", "2", "--fewshot-seed", "7")
+    assert [it["fewshot"] for it in again["items"]] == [it["fewshot"] for it in res["items"]]  # seeded
+    r = run_driver("multiple_choice", "--tasks", path, "--num-fewshot", "1000")
+    assert r.returncode == 2 and "--num-fewshot 1000" in r.stderr
+
+
 def test_multiple_choice_driver(llm):
     limit = 8
     res = run_json("multiple_choice", "--tasks", os.path.join(TASKS, "multiple_choice.jsonl"), "--limit", str(limit))
