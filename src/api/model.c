@@ -66,7 +66,7 @@ static di_status load_v4(di_model *m, const char *dir, int dummy, const char *ac
   DI_TRY(di_v4_weights_bind(&m->v4cfg, m->source, &m->v4w));
   di_progress_end(pp);
   m->is_v4 = 1;
-  return di_backend_cpu_v4_create(&m->cfg, &m->v4cfg, &m->v4w, &m->backend);
+  return di_backend_cpu_v4_create(&m->cfg, &m->v4cfg, &m->v4w, m->threads, &m->backend);
 }
 
 di_status di_model_load(const char *dir, const di_model_options *opt_in, di_model **out) {

@@ -1,10 +1,14 @@
 /* The DeepSeek-V4 CPU backend (see cpu_v4_backend.h): a table from the engine's sequence keys to cached
  * forward states; submit() checks the whole batch (so a bad batch changes no state), wait() runs each
  * sequence's tokens as one step of its state and writes the logits of the rows the engine asked for.
+ * The sequences of a step run in parallel, one thread per sequence at a time (the cached forward is
+ * single-threaded), so every result is the same for any thread count.
  * A sequence whose tokens start at position 0 starts from a fresh state (a new sequence, or one
  * recomputed after preemption); any other start must continue its state exactly. */
 #include "backend/cpu/cpu_v4_backend.h"
 #include "backend/cpu/cpu_deepseek_v4_cache.h"
+#include "util/threadpool.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +19,16 @@ typedef struct v4_seq {
   di_v4_seq_state *st;
 } v4_seq;
 
+/* One sequence's share of a step (run_batch). */
+typedef struct v4_job {
+  uint64_t key;
+  di_v4_seq_state *st;
+  int t0, n;                 /* its tokens in the batch */
+  int j0, n_rows;            /* its output rows: logits rows j0.., local rows in rows[j0..] */
+  di_status status;
+  char err[384];             /* the worker's message (error messages are per thread) */
+} v4_job;
+
 typedef struct v4_backend {
   di_backend base;
   const di_v4_config *c;
@@ -24,8 +38,14 @@ typedef struct v4_backend {
   int64_t bytes_per_seq;     /* a fresh state's bytes (ring + pending rows) */
   int64_t n_blocks;
   const di_batch *batch;     /* submitted, not yet waited for */
-  int *rows;                 /* scratch: local output rows of one sequence */
+  int *rows;                 /* scratch: per output row, its row within its sequence's tokens */
   int rows_cap;
+  v4_job *jobs;
+  int jobs_cap;
+  di_threadpool *tp;
+  /* the step being run (read by the workers) */
+  const di_batch *run;
+  float *run_logits;
 } v4_backend;
 
 static v4_seq *find(v4_backend *b, uint64_t key) {
@@ -157,9 +177,40 @@ static di_status get_state(v4_backend *b, uint64_t key, int restart, di_v4_seq_s
   return DI_OK;
 }
 
-static di_status run_batch(v4_backend *b, const di_batch *bt, float *logits) {
+static void run_job(v4_backend *b, v4_job *jb) {
+  static const int no_rows = 0;
   const size_t V = (size_t)b->c->vocab_size;
-  int from = 0, j = 0; /* j: the next output row */
+  jb->status = di_cpu_v4_forward_step_rows(b->c, b->w, jb->st, b->run->tokens + jb->t0, jb->n,
+                                           jb->n_rows ? b->rows + jb->j0 : &no_rows, jb->n_rows,
+                                           jb->n_rows ? b->run_logits + (size_t)jb->j0 * V : NULL);
+  if (jb->status != DI_OK)
+    snprintf(jb->err, sizeof jb->err, "%s", di_last_error());
+}
+
+static void run_jobs(void *ctx, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  v4_backend *b = ctx;
+  for (int64_t i = begin; i < end; i++)
+    run_job(b, &b->jobs[i]);
+}
+
+static di_status run_batch(v4_backend *b, const di_batch *bt, float *logits) {
+  if (bt->n_outputs > b->rows_cap) {
+    int *r = realloc(b->rows, (size_t)bt->n_outputs * sizeof *r);
+    if (!r)
+      return di_error_set(DI_ERR_OOM, WHO ": out of memory");
+    b->rows = r;
+    b->rows_cap = bt->n_outputs;
+  }
+  if (bt->n_seqs > b->jobs_cap) {
+    v4_job *a = realloc(b->jobs, (size_t)bt->n_seqs * sizeof *a);
+    if (!a)
+      return di_error_set(DI_ERR_OOM, WHO ": out of memory");
+    b->jobs = a;
+    b->jobs_cap = bt->n_seqs;
+  }
+  /* the states are found or made here, on one thread; the workers only step them */
+  int from = 0, j = 0, n_jobs = 0; /* j: the next output row */
   for (int q = 0; q < bt->n_seqs; q++) {
     int t0, n;
     DI_TRY(seq_span(bt, q, from, &t0, &n));
@@ -169,24 +220,23 @@ static di_status run_batch(v4_backend *b, const di_batch *bt, float *logits) {
     int j0 = j;
     while (j < bt->n_outputs && bt->output_rows[j] < t0 + n)
       j++;
-    const int n_rows = logits ? j - j0 : 0;
-    if (n_rows > b->rows_cap) {
-      int *r = realloc(b->rows, (size_t)n_rows * sizeof *r);
-      if (!r)
-        return di_error_set(DI_ERR_OOM, WHO ": out of memory");
-      b->rows = r;
-      b->rows_cap = n_rows;
-    }
-    for (int k = 0; k < n_rows; k++)
-      b->rows[k] = bt->output_rows[j0 + k] - t0;
-    di_v4_seq_state *st = NULL;
-    DI_TRY(get_state(b, bt->seqs[q].key, bt->positions[t0] == 0, &st));
-    static const int no_rows = 0;
-    di_status rc = di_cpu_v4_forward_step_rows(b->c, b->w, st, bt->tokens + t0, n, n_rows ? b->rows : &no_rows, n_rows,
-                                               n_rows ? logits + (size_t)j0 * V : NULL);
-    if (rc != DI_OK)
-      return di_error_wrap(rc, WHO ": sequence key %llu: ", (unsigned long long)bt->seqs[q].key);
+    for (int k = j0; k < j; k++)
+      b->rows[k] = bt->output_rows[k] - t0;
+    v4_job *jb = &b->jobs[n_jobs++];
+    *jb = (v4_job){.key = bt->seqs[q].key, .t0 = t0, .n = n, .j0 = j0, .n_rows = logits ? j - j0 : 0};
+    DI_TRY(get_state(b, jb->key, bt->positions[t0] == 0, &jb->st));
   }
+  b->run = bt;
+  b->run_logits = logits;
+  if (n_jobs == 1 || !b->tp)
+    run_jobs(b, 0, n_jobs, 0);
+  else
+    di_parallel_for(b->tp, n_jobs, 1, run_jobs, b);
+  b->run = NULL;
+  for (int i = 0; i < n_jobs; i++)
+    if (b->jobs[i].status != DI_OK)
+      return di_error_set(b->jobs[i].status, WHO ": sequence key %llu: %s", (unsigned long long)b->jobs[i].key,
+                          b->jobs[i].err);
   return DI_OK;
 }
 
@@ -218,6 +268,8 @@ static void v4_destroy(di_backend *base) {
     di_v4_seq_state_free(b->seqs[i].st);
   free(b->seqs);
   free(b->rows);
+  free(b->jobs);
+  di_threadpool_free(b->tp);
   free(b);
 }
 
@@ -234,7 +286,7 @@ static const di_backend_ops V4_OPS = {
 };
 
 di_status di_backend_cpu_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
-                                   di_backend **out) {
+                                   int threads, di_backend **out) {
   if (!cfg || !v4 || !w || !out)
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": NULL argument");
   if (w->n_layers != v4->n_layers)
@@ -251,6 +303,11 @@ di_status di_backend_cpu_v4_create(const di_model_config *cfg, const di_v4_confi
   b->w = w;
   di_v4_seq_state *probe;
   di_status st = di_v4_seq_state_create(v4, &probe);
+  if (st == DI_OK && threads != 1) {
+    st = di_threadpool_create(threads, &b->tp);
+    if (st != DI_OK)
+      di_v4_seq_state_free(probe);
+  }
   if (st != DI_OK) {
     free(b);
     return st;

@@ -6,9 +6,10 @@
 #include "arch/deepseek_v4.h"
 #include "backend/backend.h"
 
-/* cfg (the generic fields), v4 and w must outlive the backend. */
+/* cfg (the generic fields), v4 and w must outlive the backend. threads: the sequences of a step run
+ * in parallel on this many threads (<= 0: one per core; 1: none started). */
 di_status di_backend_cpu_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
-                                   di_backend **out);
+                                   int threads, di_backend **out);
 /* Sequences whose state the backend holds (for tests: 0 once every sequence was released). */
 int di_backend_cpu_v4_live_states(const di_backend *b);
 #endif
