@@ -1,11 +1,14 @@
-"""DeepSeek-V4 from the command line (tests/data/models/dsv4-tiny, no tokenizer): `generate --prompt-ids`
-reproduces the fixture's golden greedy continuation (prompt p1, whole-prompt prefill then 1-token decode,
-the chunking the goldens allow), n = 2 seeded samples, `score`, and the named refusals (text prompt without
-a tokenizer, dummy weights, speculative decoding, CUDA)."""
+"""DeepSeek-V4 from the command line and the Python package (tests/data/models/dsv4-tiny, no tokenizer):
+`generate --prompt-ids` / LLM.generate reproduce the fixture's golden greedy continuation (prompt p1,
+whole-prompt prefill then 1-token decode, the chunking the goldens allow), n = 2 seeded samples, `score`,
+scoring through the engine's prompt logprobs, and the named refusals (text prompt without a tokenizer,
+dummy weights, speculative decoding, CUDA)."""
 import json
+import math
 import os
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -61,3 +64,17 @@ def test_refusals_are_named(extra, needle):
     r = run("generate", "--model", V4, *extra)
     assert r.returncode != 0
     assert needle in r.stderr
+
+
+def test_python_generate_and_engine_scoring():
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from deepinfer import LLM, SamplingParams  # noqa: E402
+    llm = LLM(V4, threads=2)
+    try:
+        outs = llm.generate([{"prompt_token_ids": P1}] * 2, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+        assert [list(o.outputs[0].token_ids) for o in outs] == [P1_GREEDY, P1_GREEDY]
+        # the golden continuation is greedy: the engine's prompt logprobs say so (rank 1 everywhere)
+        (lp, greedy), = llm._score_sequences([(P1 + P1_GREEDY, len(P1))])
+        assert greedy and math.isfinite(lp) and lp < 0
+    finally:
+        llm.close()
