@@ -54,13 +54,13 @@ int64_t di_kv_group_blocks(const di_kv_manager *m, int g);
 di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs,
                      int64_t *n_blocks);
 
+/* 0 when no sequence can take another's blocks (a window group, or a group marked no_sharing):
+ * di_kv_match_prefix then finds nothing, and samples of one request compute their prompts alone. */
+int di_kv_shares_prefixes(const di_kv_manager *m);
 /* Prefix lookup for an empty sequence: takes references on the cached blocks that hold the longest
  * prefix of tokens[0..n_tokens-1) (never the whole sequence: the last token is always computed, as
  * its logits are wanted) and appends them to the tables. `force` looks up even when prefix caching
  * is off (samples of one request share their prompt). Returns the number of tokens found. */
-/* 0 when no sequence can take another's blocks (a window group, or a group marked no_sharing):
- * di_kv_match_prefix then finds nothing, and samples of one request compute their prompts alone. */
-int di_kv_shares_prefixes(const di_kv_manager *m);
 int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_tokens, int force);
 /* Blocks that allocating up to n_tokens (positions [0, n_tokens)) would take from the pools, per
  * group summed; 0 if the tables already cover it. */
