@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
   int32_t table[256];
   for (int i = 0; i < nb; i++)
     table[i] = i;
-  di_batch_seq s = {table, nb};
+  di_batch_seq s = {table, nb, 0};
   const int V = m->cfg.vocab_size;
   float *logits = malloc(sizeof(float) * (size_t)V);
   int32_t *ids = malloc(sizeof(int32_t) * (size_t)total), *pos = malloc(sizeof(int32_t) * (size_t)total),

@@ -59,20 +59,24 @@ typedef struct di_model_options {
 void di_model_options_default(di_model_options *opt);
 
 /* Loads a Hugging Face model folder (config.json, *.safetensors, optional generation_config.json,
- * tokenizer files). `opt` may be NULL for defaults. On success *out owns the model. */
+ * tokenizer files). `opt` may be NULL for defaults. On success *out owns the model.
+ * model_type deepseek_v2 / deepseek_v3: every path below. deepseek_v4: the CPU accelerator and
+ * safetensors weights only (no dummy weights, no CUDA); the engine and di_model_score serve it;
+ * di_model_loglikelihood(_batch) and speculative decoding are refused with an error naming it. */
 di_status di_model_load(const char *dir, const di_model_options *opt, di_model **out);
 void di_model_free(di_model *m);
 
 /* The model's facts. */
 int di_model_vocab_size(const di_model *m);       /* rows of the output layer (config vocab_size) */
 int di_model_max_context(const di_model *m);      /* max_position_embeddings */
-const char *di_model_type(const di_model *m);     /* "deepseek_v2", "deepseek_v3" */
+const char *di_model_type(const di_model *m);     /* "deepseek_v2", "deepseek_v3", "deepseek_v4" */
 const char *di_model_dir(const di_model *m);
 /* Default EOS ids (generation_config.json, else config.json). Returns the count; fills up to cap. */
 int di_model_eos_ids(const di_model *m, int32_t *ids, int cap);
 
 /* Runs the whole sequence `ids[0..n)` through the model from an empty cache and writes the logits
- * at every position to `logits` (row-major [n][vocab_size], float32). */
+ * at every position to `logits` (row-major [n][vocab_size], float32). DeepSeek-V4: one chunk (its
+ * logits depend on the chunking; this equals the uncached reference forward). */
 di_status di_model_score(di_model *m, const int32_t *ids, int n, float *logits);
 
 /* Log-likelihood of the continuation ids[start..n) given the context ids[0..start), as

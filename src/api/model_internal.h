@@ -5,6 +5,7 @@
 #include "deepinfer.h"
 #include "model/config.h"
 #include "arch/deepseek.h"
+#include "arch/deepseek_v4.h"
 #include "backend/backend.h"
 
 typedef struct di_tensor_source di_tensor_source;
@@ -13,7 +14,10 @@ struct di_model {
   char *dir;
   di_model_config cfg;
   di_tensor_source *source;  /* the memory-mapped checkpoint (NULL for dummy weights) */
-  di_ds_weights weights;
+  di_ds_weights weights;     /* DeepSeek-V2/V3 */
+  int is_v4;                 /* DeepSeek-V4: v4cfg + v4w, the V4 CPU backend; cfg holds the generic fields */
+  di_v4_config v4cfg;
+  di_v4_weights v4w;
   di_backend *backend;       /* owns the KV pool; one engine at a time uses it */
   int threads;
   struct di_tokenizer *tokenizer;        /* NULL when the folder has no tokenizer.json */
@@ -23,4 +27,6 @@ struct di_model {
 /* Creates the backend named by `accelerator` ("cpu", "cuda"/"nvidia") for a loaded model. */
 di_status di_backend_create(const char *accelerator, const di_model_config *cfg, const di_ds_weights *w,
                             int threads, di_backend **out);
+/* DI_ERR_UNSUPPORTED naming DeepSeek-V4 and `what` when m is a V4 model, else DI_OK. */
+di_status di_model_refuse_v4(const di_model *m, const char *what);
 #endif

@@ -108,7 +108,7 @@ static di_status scratch_init(ll_scratch *w, int R, int cap, int nb, int max_seq
 static di_status run_alone(di_model *m, const int32_t *ids, int n, int start, ll_scratch *w, double *sum, int *greedy) {
   const int V = m->cfg.vocab_size, R = w->R, T = n - 1;
   const int first = start - 1 + R < T ? start - 1 + R : T;
-  w->seqs[0] = (di_batch_seq){w->table, blocks_for(T)};
+  w->seqs[0] = (di_batch_seq){w->table, blocks_for(T), 0};
   *sum = 0;
   *greedy = 1;
   for (int a = 0, b = first; a < T; a = b, b = b + R < T ? b + R : T) {
@@ -139,7 +139,7 @@ static di_status run_group(di_model *m, const int32_t *const *ids, const int *n,
   int t = 0, o = 0, blk = 0;
   for (int i = i0; i < i1; i++) {
     const int T = n[i] - 1, k = i - i0;
-    w->seqs[k] = (di_batch_seq){w->table + blk, blocks_for(T)};
+    w->seqs[k] = (di_batch_seq){w->table + blk, blocks_for(T), (uint64_t)k};
     blk += blocks_for(T);
     for (int p = 0; p < T; p++, t++) {
       tokens[t] = ids[i][p];
@@ -169,6 +169,7 @@ di_status di_model_loglikelihood_chunked(di_model *m, const int32_t *ids, int n,
                                          float *logprob, int *is_greedy) {
   if (!m || !logprob)
     return di_error_set(DI_ERR_INVALID_ARG, "di_model_loglikelihood: NULL argument");
+  DI_TRY(di_model_refuse_v4(m, "di_model_loglikelihood"));
   DI_TRY(check_seq(m, ids, n, start, -1));
   const int R = max_rows > 0 ? max_rows : default_rows(m->cfg.vocab_size);
   const int first = start - 1 + R < n - 1 ? start - 1 + R : n - 1;
@@ -210,6 +211,7 @@ di_status di_model_loglikelihood_batch_rows(di_model *m, int n_seqs, const int32
                                             const int *start, int max_rows, float *logprob, int *is_greedy) {
   if (!m || n_seqs < 0 || (n_seqs > 0 && (!ids || !n || !start || !logprob)))
     return di_error_set(DI_ERR_INVALID_ARG, "di_model_loglikelihood_batch: NULL argument or negative count");
+  DI_TRY(di_model_refuse_v4(m, "di_model_loglikelihood_batch"));
   for (int i = 0; i < n_seqs; i++)
     DI_TRY(check_seq(m, ids[i], n[i], start[i], i));
   if (n_seqs == 0)

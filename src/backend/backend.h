@@ -19,6 +19,10 @@
 typedef struct di_batch_seq {
   const int32_t *block_table; /* block ids, enough to cover every position this step touches */
   int n_blocks;
+  /* Stable identity of the running sequence (the engine: request id and sample index), for backends
+   * that keep per-sequence state beside the blocks (DeepSeek-V4's CPU backend); others ignore it.
+   * The engine calls ops->release(key) when the sequence's KV is freed. */
+  uint64_t key;
 } di_batch_seq;
 
 typedef struct di_batch {
@@ -50,6 +54,12 @@ typedef struct di_kv_group_info {
   int64_t bytes_per_token;    /* all layers of the group together, in the backend's cache dtype */
   int tokens_per_entry;       /* 1: every token; 4 or 128: compressed groups (V4) */
   int window;                 /* 0: whole context; else only the last `window` tokens are kept */
+  /* 1: a sequence's cache cannot be shared with another (no prefix caching, no prompt blocks shared
+   * between samples): the backend keeps per-sequence state that the blocks do not hold (V4) */
+  int no_sharing;
+  /* bytes every running sequence holds besides its per-token growth (V4's sliding-window ring and
+   * compressor scratch); the KV plan sets max_num_seqs of them aside from the budget */
+  int64_t bytes_per_seq;
 } di_kv_group_info;
 
 typedef struct di_backend di_backend;
@@ -74,6 +84,10 @@ typedef struct di_backend_ops {
    * [n_outputs][hidden] (the MTP output before its head, for a next draft) of the output rows, either
    * may be NULL. Synchronous (not between submit and wait). */
   di_status (*mtp)(di_backend *b, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out);
+  /* Optional (NULL: the backend keeps no per-sequence state): the sequence with this key is gone
+   * (finished, aborted, preempted): drop its state. Unknown keys are ignored. Never called while a
+   * step that contains the sequence is in flight. */
+  void (*release)(di_backend *b, uint64_t key);
   void (*destroy)(di_backend *b);
 } di_backend_ops;
 

@@ -56,6 +56,7 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
 
   di_backend *be = cfg->backend;
   di_kv_group_info groups[DI_KV_MAX_GROUPS];
+  memset(groups, 0, sizeof groups); /* backends set the fields they know; the rest stay 0 */
   int ng = be->ops->kv_groups(be, groups, DI_KV_MAX_GROUPS);
   if (ng < 1 || ng > DI_KV_MAX_GROUPS) return di_error_set(DI_ERR_BACKEND, "backend %s reports %d KV cache groups", be->ops->name, ng);
   int64_t nb[DI_KV_MAX_GROUPS];
@@ -331,7 +332,7 @@ static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
     r->pending = 0;
     int my_row = en->sample ? en->sample_row : -1;
     if (r->state == DI_REQ_DONE) { /* ended while the step ran: its blocks can go back now */
-      di_kv_free_seq(e->kv, &r->kv);
+      di_req_free_kv(e, r);
       continue;
     }
     r->n_valid = en->start + en->n_new;
@@ -410,7 +411,7 @@ static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
     di_req *r = s->e[i].r;
     r->inflight = r->pending = 0;
     if (s->e[i].dropped) continue;
-    if (r->state == DI_REQ_DONE) di_kv_free_seq(e->kv, &r->kv); /* ended while in flight */
+    if (r->state == DI_REQ_DONE) di_req_free_kv(e, r); /* ended while in flight */
     else di_req_finish(e, r, DI_FINISH_ERROR, msg);
   }
   di_sched_clear(s);

@@ -195,6 +195,11 @@ struct di_engine {
 di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t *prompt, int n_prompt,
                         int sample_index, uint64_t id, uint64_t seed, di_req **out);
 void di_req_free(di_engine *e, di_req *r);
+/* The sequence's identity in the backend's batch (di_batch_seq.key): request id and sample index. */
+uint64_t di_req_key(const di_req *r);
+/* Gives back the sample's KV blocks and tells the backend to drop its per-sequence state (if it
+ * keeps any). Not while a step that contains the sample is in flight. */
+void di_req_free_kv(di_engine *e, di_req *r);
 /* Ends a request (frees its KV blocks; it leaves the queues); reported at the next collection. */
 void di_req_finish(di_engine *e, di_req *r, di_finish_reason why, const char *error);
 /* Appends a sampled token and applies the cheap stop rules (stop tokens, length): what must be

@@ -120,7 +120,7 @@ fail:
 
 void di_req_free(di_engine *e, di_req *r) {
   if (!r) return;
-  if (e->kv) di_kv_free_seq(e->kv, &r->kv);
+  if (e->kv) di_req_free_kv(e, r);
   if (r->detok && e->text.stream_free) e->text.stream_free(r->detok);
   if (r->constraint && e->constraint.free) e->constraint.free(r->constraint);
   di_stop_set_destroy(&r->stops);
@@ -129,6 +129,13 @@ void di_req_free(di_engine *e, di_req *r) {
   free(r->out_tokens); free(r->out_lp); free(r->out_top); free(r->out_text);
   free(r->plp); free(r->plp_top); free(r->plp_rank);
   free(r);
+}
+
+uint64_t di_req_key(const di_req *r) { return r->id * 1024u + (uint64_t)r->sample_index; } /* n <= 1024 */
+
+void di_req_free_kv(di_engine *e, di_req *r) {
+  di_kv_free_seq(e->kv, &r->kv);
+  if (e->be && e->be->ops->release) e->be->ops->release(e->be, di_req_key(r));
 }
 
 static void mark_output(di_engine *e, di_req *r) { (void)e; r->in_output = 1; }
@@ -145,7 +152,7 @@ void di_req_finish(di_engine *e, di_req *r, di_finish_reason why, const char *er
   if (error && !r->error) r->error = strdup(error);
   /* an in-flight step still reads this request's block table: the blocks go back when that step
    * has completed (di_req_release_inflight) */
-  if (!r->inflight) di_kv_free_seq(e->kv, &r->kv);
+  if (!r->inflight) di_req_free_kv(e, r);
   r->n_computed = r->n_valid = 0;
   /* everything still held back is final text now */
   if (why != DI_FINISH_ERROR && r->text_emitted < r->text_len) r->text_emitted = r->text_len;

@@ -61,7 +61,7 @@ void di_engine_remove_waiting(di_engine *e, di_req *r) {
 
 static void preempt(di_engine *e, di_req *v) {
   di_engine_remove_running(e, v);
-  di_kv_free_seq(e->kv, &v->kv);
+  di_req_free_kv(e, v); /* recomputed from position 0 later */
   v->n_computed = v->n_valid = 0;
   v->n_draft = 0;
   v->state = DI_REQ_WAITING;
@@ -140,7 +140,7 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     if (r->abort_requested) continue;
     /* samples 1..n-1 wait until sample 0 has written the prompt's blocks, then share them */
     di_req *lead = r->leader;
-    if (lead && lead->state != DI_REQ_DONE && lead->n_valid < lead->n_prompt) continue;
+    if (lead && lead->state != DI_REQ_DONE && lead->n_valid < lead->n_prompt && di_kv_shares_prefixes(e->kv)) continue;
     int fresh = r->n_computed == 0;
     int hit = 0;
     /* prompt logprobs need their rows computed: a prefix-cache hit may cover the prompt only up to
@@ -158,7 +158,7 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     int whole_needed = !chunked && !r->admitted; /* a preempted request may recompute in chunks */
     if ((whole_needed && n_new < need) || !di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
       if (fresh) {
-        di_kv_free_seq(e->kv, &r->kv);
+        di_req_free_kv(e, r);
         r->n_computed = r->n_valid = 0;
       }
       break;
@@ -216,6 +216,7 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
     if (nb) memcpy(s->tables + tab, r->kv.table[0], (size_t)nb * sizeof *s->tables);
     s->seqs[q].block_table = s->tables + tab;
     s->seqs[q].n_blocks = nb;
+    s->seqs[q].key = di_req_key(r);
     tab += nb;
     int t0 = t;
     for (int k = 0; k < en->n_new; k++) {

@@ -192,7 +192,7 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
     r->pending = 0;
     int base = en->n_new - r->n_spec;
     if (r->state == DI_REQ_DONE) {
-      di_kv_free_seq(e->kv, &r->kv);
+      di_req_free_kv(e, r);
       r->n_spec = 0;
       continue;
     }
@@ -324,7 +324,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
       memcpy(sp->prev + (size_t)m * H, sp->hidden + (size_t)(t0 + p - en->start) * H, H * sizeof(float));
       m++;
     }
-    sp->seqs[q] = (di_batch_seq){r->kv.table[0], r->kv.n[0]};
+    sp->seqs[q] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
     sp->reqs[q] = r;
     if (hi == r->n_tokens - 1 && draft_cap(sp, r) > 0) {
       sp->out_rows[o] = m - 1;
@@ -357,7 +357,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
       sp->tok[n] = d;
       sp->pos[n] = pos;
       sp->seq_of[n] = n;
-      sp->seqs[n] = (di_batch_seq){r->kv.table[0], r->kv.n[0]};
+      sp->seqs[n] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
       memcpy(sp->prev + (size_t)n * H, sp->hid_out + (size_t)a * H, H * sizeof(float));
       sp->reqs[n] = r;
       sp->out_req[n] = n;

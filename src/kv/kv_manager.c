@@ -82,6 +82,18 @@ di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budge
   for (int g = 0; g < n_groups; g++)
     if (groups[g].bytes_per_token <= 0)
       return di_error_set(DI_ERR_INVALID_ARG, "KV plan: group %d has %lld bytes per token", g, (long long)groups[g].bytes_per_token);
+  /* per-sequence state (V4's window ring, compressor scratch) comes off the budget first, for
+   * max_seqs sequences: the blocks then bound the per-token growth */
+  int64_t per_seq = 0;
+  for (int g = 0; g < n_groups; g++)
+    per_seq += groups[g].bytes_per_seq > 0 ? groups[g].bytes_per_seq : 0;
+  if (per_seq > 0) {
+    if (per_seq > budget_bytes / (max_seqs > 0 ? max_seqs : 1))
+      return di_error_set(DI_ERR_OOM, "KV cache budget of %lld bytes cannot hold the per-sequence state of %d sequences "
+                          "(%lld bytes each); lower max_num_seqs or raise the KV cache memory",
+                          (long long)budget_bytes, max_seqs, (long long)per_seq);
+    budget_bytes -= per_seq * (max_seqs > 0 ? max_seqs : 1);
+  }
   /* largest token capacity T whose blocks fit the budget (binary search; cost is monotone in T) */
   int64_t lo = 0, hi = (int64_t)1 << 40;
   while (lo < hi) {
@@ -111,9 +123,12 @@ static di_status seq_reserve(di_kv_seq *s, int g, int n) {
 
 static int groups_share_prefixes(const di_kv_manager *m) {
   for (int g = 0; g < m->n_groups; g++)
-    if (m->info[g].window > 0) return 0; /* a window group's old blocks are gone: no hits */
+    if (m->info[g].window > 0 || m->info[g].no_sharing) return 0; /* a window group's old blocks are gone: no hits;
+                                                                      no_sharing: the state is not in the blocks */
   return 1;
 }
+
+int di_kv_shares_prefixes(const di_kv_manager *m) { return groups_share_prefixes(m); }
 
 int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_tokens, int force) {
   if ((!m->prefix_caching && !force) || n_tokens <= 1 || !groups_share_prefixes(m)) return 0;

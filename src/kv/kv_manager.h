@@ -49,10 +49,14 @@ int64_t di_kv_group_blocks(const di_kv_manager *m, int g);
 
 /* Sizes the pools from a byte budget: every full-context group gets enough blocks to hold the same
  * number of tokens; window groups get at most what `max_seqs` sequences can hold in their window.
+ * Groups' bytes_per_seq (times max_seqs) are set aside from the budget first.
  * Fills n_blocks[g]; fails when not even one block of each group fits. */
 di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs,
                      int64_t *n_blocks);
 
+/* 0 when no sequence can take another's blocks (a window group, or a group marked no_sharing):
+ * di_kv_match_prefix then finds nothing, and samples of one request compute their prompts alone. */
+int di_kv_shares_prefixes(const di_kv_manager *m);
 /* Prefix lookup for an empty sequence: takes references on the cached blocks that hold the longest
  * prefix of tokens[0..n_tokens-1) (never the whole sequence: the last token is always computed, as
  * its logits are wanted) and appends them to the tables. `force` looks up even when prefix caching

@@ -124,14 +124,28 @@ di_status di_model_config_parse(const char *json, size_t len, const char *gen_js
     c.arch = DI_ARCH_DEEPSEEK_V3;
   else if (strcmp(mt, "deepseek_v2") == 0)
     c.arch = DI_ARCH_DEEPSEEK_V2;
-  else if (strcmp(mt, "deepseek_v4") == 0) {
-    st = di_error_set(DI_ERR_UNSUPPORTED, W ": model_type \"deepseek_v4\" is not supported yet (supported: deepseek_v2, deepseek_v3)");
-    goto done;
-  } else {
-    st = di_error_set(DI_ERR_UNSUPPORTED, W ": unknown model_type \"%.40s\" (supported: deepseek_v2, deepseek_v3)", mt);
+  else if (strcmp(mt, "deepseek_v4") == 0)
+    c.arch = DI_ARCH_DEEPSEEK_V4;
+  else {
+    st = di_error_set(DI_ERR_UNSUPPORTED, W ": unknown model_type \"%.40s\" (supported: deepseek_v2, deepseek_v3, deepseek_v4)", mt);
     goto done;
   }
   snprintf(c.model_type, sizeof c.model_type, "%s", mt);
+  double d;
+  if (c.arch == DI_ARCH_DEEPSEEK_V4) {
+    /* V4's architecture is read by di_v4_config_parse (arch/deepseek_v4.h); here only what the engine
+     * and the API use: vocabulary, sizes, context, special tokens, generation defaults */
+    T(require_int(root, "vocab_size", 1, &c.vocab_size));
+    T(require_int(root, "hidden_size", 1, &c.hidden_size));
+    T(require_int(root, "num_hidden_layers", 1, &c.num_hidden_layers));
+    T(get_int(root, "max_position_embeddings", 4096, &c.max_position_embeddings));
+    T(get_int(root, "num_nextn_predict_layers", 0, &c.num_nextn_predict_layers));
+    if (c.max_position_embeddings < 1 || c.num_nextn_predict_layers < 0) {
+      st = di_error_set(DI_ERR_FORMAT, W ": max_position_embeddings must be >= 1 and num_nextn_predict_layers >= 0");
+      goto done;
+    }
+    goto tokens;
+  }
 
   T(require_int(root, "vocab_size", 1, &c.vocab_size));
   T(require_int(root, "hidden_size", 1, &c.hidden_size));
@@ -162,7 +176,6 @@ di_status di_model_config_parse(const char *json, size_t len, const char *gen_js
     st = di_error_set(DI_ERR_FORMAT, W ": negative sizes");
     goto done;
   }
-  double d;
   T(di_json_num(root, "rms_norm_eps", 1e-6, W, &d));
   c.rms_norm_eps = (float)d;
   T(di_json_num(root, "routed_scaling_factor", 1.0, W, &d));
@@ -272,7 +285,7 @@ di_status di_model_config_parse(const char *json, size_t len, const char *gen_js
     c.fp8_block[0] = (int)cJSON_GetArrayItem(bs, 0)->valuedouble;
     c.fp8_block[1] = (int)cJSON_GetArrayItem(bs, 1)->valuedouble;
   }
-  /* tokens */
+tokens:
   T(get_int(root, "bos_token_id", -1, &c.bos_token_id));
   T(parse_eos(cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), W, &c));
   c.gen_temperature = NAN;

@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include "util/status.h"
 
-typedef enum { DI_ARCH_DEEPSEEK_V2 = 2, DI_ARCH_DEEPSEEK_V3 = 3 } di_arch;
+/* DI_ARCH_DEEPSEEK_V4: only the generic fields below are filled (vocabulary, sizes, context, tokens,
+ * generation defaults); the architecture is di_v4_config (arch/deepseek_v4.h). */
+typedef enum { DI_ARCH_DEEPSEEK_V2 = 2, DI_ARCH_DEEPSEEK_V3 = 3, DI_ARCH_DEEPSEEK_V4 = 4 } di_arch;
 typedef enum { DI_SCORE_SOFTMAX, DI_SCORE_SIGMOID } di_score_func;
 typedef enum { DI_TOPK_GREEDY, DI_TOPK_GROUP_LIMITED_GREEDY, DI_TOPK_NOAUX_TC } di_topk_method;
 

@@ -2,7 +2,8 @@
  * tests/engine/test_engine_fuzz_corpus.c): the input bytes choose the engine options (pool size,
  * budgets, async, chunking, prefix caching, device sampling) and a sequence of operations (add a
  * request with random length / sampling / stop strings / n / prompt logprobs / score only, abort,
- * step) on the mock backend. After every step the block accounting must hold and the mock must never
+ * step) on the mock backend (with or without a no_sharing cache). After every step the block accounting
+ * must hold, sequence keys must continue their positions, and the mock must never
  * read a KV slot that was not written for that position; prompt logprobs must arrive once, in sample
  * 0's first output, equal to the mock's reference rows; at the end, with everything aborted and
  * drained, no block is in use. Returns the number of violations (0 = fine). */
@@ -150,7 +151,8 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
   di_engine_options o;
   di_engine_options_default(&o);
   o.num_kv_blocks = 3 + fz_byte(&in) % 40;
-  o.max_num_seqs = 1 + fz_byte(&in) % 16;
+  int seqs_byte = fz_byte(&in);
+  o.max_num_seqs = 1 + seqs_byte % 16;
   o.max_num_batched_tokens = 4 + fz_byte(&in) % 300;
   int flags = fz_byte(&in);
   o.async_scheduling = flags & 1;
@@ -160,6 +162,9 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
   int plp_vocab = FZ_PLP_VOCAB[flags >> 4], vocab = plp_vocab ? plp_vocab : 40;
   mock_backend *mb = mock_backend_new(vocab);
   if (flags & 8) mb->base.ops = &MOCK_OPS_DEV;
+  /* the max_num_seqs byte's high bit: a model whose cache cannot be shared (DeepSeek-V4's per-sequence
+   * state): no prefix hits, samples compute their own prompts, new keys start at position 0 */
+  mb->no_sharing = (seqs_byte & 0x80) != 0;
   di_engine *e;
   if (mock_engine(mb, &o, 1, 600, &e) != DI_OK) {
     mock_destroy(&mb->base);
@@ -278,6 +283,12 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
     bad++;
   }
   if (mb->errors) { fprintf(stderr, "fuzz: the mock read %d unwritten slots\n", mb->errors); bad++; }
+  if (mb->key_errors) { fprintf(stderr, "fuzz: %d sequence-key continuity violations\n", mb->key_errors); bad++; }
+  if (mb->n_keys) { fprintf(stderr, "fuzz: %d sequence keys not released at the end\n", mb->n_keys); bad++; }
+  if (mb->no_sharing && st.prefix_cache_hit_tokens != 0) {
+    fprintf(stderr, "fuzz: %lld prefix-cache hit tokens with a no_sharing cache\n", (long long)st.prefix_cache_hit_tokens);
+    bad++;
+  }
   di_engine_free(e);
   mock_destroy(&mb->base);
   return bad;

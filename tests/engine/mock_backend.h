@@ -3,7 +3,11 @@
  * table for positions [0, pos]. So any block-table, prefix-cache, chunking or preemption mistake
  * changes the logits, and the expected output of a request can be computed alone, without the engine,
  * by mock_logits_of() over its plain token list. It can also sleep per step (a device that computes
- * while the host schedules) and fail on a chosen step. Header-only: each test includes it. */
+ * while the host schedules) and fail on a chosen step. It also checks the sequence-key contract a
+ * backend with per-sequence state relies on (DeepSeek-V4): a live key's tokens continue exactly where
+ * its last step ended, a key is released when its KV is freed, and with no_sharing set (the model
+ * then reports a no_sharing cache group) a new key starts at position 0. Header-only: each test
+ * includes it. */
 #ifndef DI_TEST_MOCK_BACKEND_H
 #define DI_TEST_MOCK_BACKEND_H
 #include <stdlib.h>
@@ -25,6 +29,13 @@ typedef struct mock_backend {
   int64_t max_tokens_per_step;
   int64_t device_samples;       /* rows sampled by mock_sample */
   const di_batch *pending;      /* submitted, run at wait() */
+  /* sequence keys: live ones and the position each must continue at */
+  int no_sharing;
+  uint64_t *keys;
+  int32_t *key_next;
+  int n_keys, cap_keys;
+  int key_errors;               /* a key that did not continue, or a new one not at 0 under no_sharing */
+  int64_t releases;
 } mock_backend;
 
 static uint64_t mock_mix(uint64_t x) {
@@ -44,10 +55,56 @@ static void mock_logits_of(const int32_t *toks, int n, int vocab, float *lg) {
 }
 
 static int mock_kv_groups(di_backend *b, di_kv_group_info *g, int cap) {
-  (void)b;
   if (cap < 1) return 0;
-  g[0] = (di_kv_group_info){.n_layers = 1, .bytes_per_token = 1024, .tokens_per_entry = 1, .window = 0};
+  g[0] = (di_kv_group_info){.n_layers = 1, .bytes_per_token = 1024, .tokens_per_entry = 1, .window = 0,
+                            .no_sharing = ((mock_backend *)b)->no_sharing};
   return 1;
+}
+
+static int mock_key_index(mock_backend *m, uint64_t key) {
+  for (int i = 0; i < m->n_keys; i++)
+    if (m->keys[i] == key) return i;
+  return -1;
+}
+
+/* the key contract over one batch (its tokens in order) */
+static void mock_check_keys(mock_backend *m, const di_batch *bt) {
+  int *slot = malloc((size_t)(bt->n_seqs > 0 ? bt->n_seqs : 1) * sizeof *slot);
+  for (int q = 0; q < bt->n_seqs; q++) slot[q] = -2; /* not seen in this batch yet */
+  for (int i = 0; i < bt->n_tokens; i++) {
+    int q = bt->seq_of[i], pos = bt->positions[i];
+    if (slot[q] == -2) {
+      uint64_t key = bt->seqs[q].key;
+      int k = mock_key_index(m, key);
+      if (k < 0) {
+        if (m->no_sharing && pos != 0) m->key_errors++;
+        if (m->n_keys == m->cap_keys) {
+          m->cap_keys = m->cap_keys ? 2 * m->cap_keys : 16;
+          m->keys = realloc(m->keys, (size_t)m->cap_keys * sizeof *m->keys);
+          m->key_next = realloc(m->key_next, (size_t)m->cap_keys * sizeof *m->key_next);
+        }
+        k = m->n_keys++;
+        m->keys[k] = key;
+      } else if (pos != m->key_next[k]) {
+        m->key_errors++;
+      }
+      slot[q] = k;
+    } else if (pos != m->key_next[slot[q]]) {
+      m->key_errors++;
+    }
+    m->key_next[slot[q]] = pos + 1;
+  }
+  free(slot);
+}
+
+static void mock_release(di_backend *b, uint64_t key) {
+  mock_backend *m = (mock_backend *)b;
+  int k = mock_key_index(m, key);
+  m->releases++;
+  if (k < 0) return;
+  m->keys[k] = m->keys[m->n_keys - 1];
+  m->key_next[k] = m->key_next[m->n_keys - 1];
+  m->n_keys--;
 }
 
 static di_status mock_kv_alloc(di_backend *b, int64_t n) {
@@ -77,6 +134,7 @@ static di_status mock_submit(di_backend *b, const di_batch *bt) {
 
 static void mock_run(mock_backend *m, const di_batch *bt) {
   if (bt->n_tokens > m->max_tokens_per_step) m->max_tokens_per_step = bt->n_tokens;
+  mock_check_keys(m, bt);
   for (int i = 0; i < bt->n_tokens; i++) {
     const di_batch_seq *s = &bt->seqs[bt->seq_of[i]];
     int pos = bt->positions[i];
@@ -126,11 +184,13 @@ static di_status mock_wait(di_backend *b, float *logits, float *hidden) {
 static void mock_destroy(di_backend *b) {
   mock_backend *m = (mock_backend *)b;
   free(m->kv_tok); free(m->kv_pos); free(m->out);
+  free(m->keys); free(m->key_next);
   free(m);
 }
 
 static const di_backend_ops MOCK_OPS = {.name = "mock", .kv_groups = mock_kv_groups, .kv_alloc = mock_kv_alloc,
-                                        .submit = mock_submit, .wait = mock_wait, .destroy = mock_destroy};
+                                        .submit = mock_submit, .wait = mock_wait, .release = mock_release,
+                                        .destroy = mock_destroy};
 
 /* "device" sampling: the host sampler run on the mock's own logits, as a backend would on its device */
 static di_status mock_sample(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens) {
@@ -153,7 +213,7 @@ static di_status mock_sample(di_backend *b, const di_sample_row *rows, int n, in
 }
 static const di_backend_ops MOCK_OPS_DEV = {.name = "mock-dev", .kv_groups = mock_kv_groups, .kv_alloc = mock_kv_alloc,
                                             .submit = mock_submit, .wait = mock_wait, .sample = mock_sample,
-                                            .destroy = mock_destroy};
+                                            .release = mock_release, .destroy = mock_destroy};
 
 static mock_backend *mock_backend_new(int vocab) {
   mock_backend *m = calloc(1, sizeof *m);

@@ -167,9 +167,45 @@ static void test_random_walk(void) {
   di_kv_manager_free(m);
 }
 
+/* no_sharing (DeepSeek-V4: the state is not in the blocks): nothing is ever matched, not even for
+ * samples of one request (force); bytes_per_seq comes off the planned budget first */
+static void test_no_sharing_and_per_seq(void) {
+  di_kv_group_info g = main_group();
+  g.no_sharing = 1;
+  int64_t nb = 16;
+  di_kv_manager *m;
+  CHECK(di_kv_manager_create(&g, 1, &nb, 1, &m) == DI_OK);
+  CHECK(di_kv_shares_prefixes(m) == 0);
+  int32_t tk[200];
+  for (int i = 0; i < 200; i++) tk[i] = i;
+  di_kv_seq s = {0}, t = {0};
+  CHECK(di_kv_allocate(m, &s, 200) == DI_OK);
+  di_kv_commit(m, &s, tk, 200);
+  CHECK(di_kv_match_prefix(m, &t, tk, 200, 0) == 0);
+  CHECK(di_kv_match_prefix(m, &t, tk, 200, 1) == 0);
+  CHECK(t.n[0] == 0);
+  di_kv_free_seq(m, &s);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  di_kv_manager_free(m);
+  /* sharing groups still share */
+  g.no_sharing = 0;
+  CHECK(di_kv_manager_create(&g, 1, &nb, 1, &m) == DI_OK);
+  CHECK(di_kv_shares_prefixes(m) == 1);
+  di_kv_manager_free(m);
+  /* plan: 1000 B/token = 64,000 B per block; 10 sequences of 100,000 B set aside first */
+  g.bytes_per_seq = 100000;
+  int64_t n_blocks;
+  CHECK(di_kv_plan(&g, 1, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks == 20);
+  g.bytes_per_seq = 0;
+  CHECK(di_kv_plan(&g, 1, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks > 20);
+  g.bytes_per_seq = 200000;
+  CHECK_ERR(di_kv_plan(&g, 1, 1000000, 10, &n_blocks), "per-sequence state of 10 sequences");
+}
+
 int main(void) {
   test_basic_and_prefix();
   test_groups();
+  test_no_sharing_and_per_seq();
   test_random_walk();
   return test_finish("test_kv_manager");
 }

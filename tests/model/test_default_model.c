@@ -37,7 +37,7 @@ static void check_prompt(di_model *m, const di_st_file *g, const di_st_file *mg,
     table[i] = nb - i; /* not the identity, so paging is exercised */
   for (int i = 0; i < T; i++)
     pos[i] = rows[i] = i;
-  di_batch_seq bs = {table, nb};
+  di_batch_seq bs = {table, nb, 0};
   di_batch b = {.n_tokens = T, .tokens = ids, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = &bs,
                 .n_outputs = T, .output_rows = rows};
   st = m->backend->ops->submit(m->backend, &b);

@@ -20,7 +20,7 @@ static di_status decode_stepwise(di_model *m, const int32_t *ids, int n, float *
   /* a scrambled block table, so that paging is really exercised */
   for (int i = 0; i < nb; i++)
     table[i] = (nb + 2) - i;
-  di_batch_seq s = {table, nb};
+  di_batch_seq s = {table, nb, 0};
   for (int i = 0; i < n; i++) {
     int32_t pos = i, seq = 0, row = 0;
     di_batch b = {.n_tokens = 1, .tokens = ids + i, .positions = &pos, .seq_of = &seq, .n_seqs = 1, .seqs = &s,
@@ -87,7 +87,7 @@ static void check_case(const char *name, const char *golden_dir) {
         table[i] = i;
       for (int i = 0; i < T + G; i++)
         pos[i] = i;
-      di_batch_seq bs = {table, nb};
+      di_batch_seq bs = {table, nb, 0};
       int32_t last = T - 1;
       di_batch pre = {.n_tokens = T, .tokens = seq, .positions = pos, .seq_of = sq, .n_seqs = 1, .seqs = &bs,
                       .n_outputs = 1, .output_rows = &last};

@@ -291,24 +291,44 @@ static int state_matches(const di_v4_seq_state *s, const di_v4_config *c) {
          memcmp(s->attn_kind, c->attn_kind, (size_t)c->n_layers) == 0;
 }
 
-static di_status run_step(di_v4_ctx *cx, float *logits) {
+/* rows NULL: every position's logits; else only rows[0..n_rows) (ascending), in that order. The head
+ * works row by row (each logit a sum over its own row), so a subset gives the same bits. */
+static di_status run_step(di_v4_ctx *cx, const int *rows, int n_rows, float *logits) {
   const di_v4_config *c = cx->c;
   const di_v4_weights *w = cx->w;
-  DI_V4_ALLOC(X, (size_t)cx->T * c->hc_mult * c->hidden_size);
+  const size_t row = (size_t)c->hc_mult * c->hidden_size;
+  DI_V4_ALLOC(X, (size_t)cx->T * row);
   di_v4_embed(cx, X);
   for (int l = 0; l < c->n_layers; l++) {
     const di_v4_layer *L = &w->layers[l];
     DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, attention_step));
     DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, di_v4_moe));
   }
-  return di_v4_head(cx, X, logits);
+  if (!rows)
+    return di_v4_head(cx, X, logits);
+  if (n_rows == 0)
+    return DI_OK;
+  for (int i = 0; i < n_rows; i++) /* in place: rows ascending, so row i's source is at or after i */
+    memmove(X + (size_t)i * row, X + (size_t)rows[i] * row, row * sizeof *X);
+  const int T = cx->T;
+  cx->T = n_rows; /* the head loops over cx->T rows of X */
+  di_status st = di_v4_head(cx, X, logits);
+  cx->T = T;
+  return st;
 }
 
-di_status di_cpu_v4_forward_step(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s, const int32_t *tokens,
-                                 int n, float *logits_out) {
-  if (!cfg || !w || !s || !tokens || !logits_out)
+static di_status forward_step(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s, const int32_t *tokens,
+                              int n, const int *rows, int n_rows, float *logits_out) {
+  if (!cfg || !w || !s || !tokens || (!logits_out && (!rows || n_rows > 0)))
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": NULL %s", !cfg ? "config" : !w ? "weights" : !s ? "state"
                                                                    : !tokens ? "tokens" : "logits buffer");
+  if (rows) {
+    if (n_rows < 0 || n_rows > n)
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": %d logits rows for %d tokens", n_rows, n);
+    for (int i = 0; i < n_rows; i++)
+      if (rows[i] < 0 || rows[i] >= n || (i > 0 && rows[i] <= rows[i - 1]))
+        return di_error_set(DI_ERR_INVALID_ARG, WHO ": logits row %d is %d (rows must ascend within [0, %d))", i, rows[i], n);
+  }
   if (s->broken)
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": the state is unusable after a failed step (reset it)");
   if (!state_matches(s, cfg))
@@ -325,11 +345,23 @@ di_status di_cpu_v4_forward_step(const di_v4_config *cfg, const di_v4_weights *w
   cx.pos0 = (int)s->n_pos;
   cx.user = s;
   s->broken = 1; /* until the step completes: a failure midway leaves some layers updated */
-  di_status st = run_step(&cx, logits_out);
+  di_status st = run_step(&cx, rows, n_rows, logits_out);
   di_v4_release(&cx, NULL);
   if (st == DI_OK) {
     s->n_pos += n;
     s->broken = 0;
   }
   return st;
+}
+
+di_status di_cpu_v4_forward_step(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s, const int32_t *tokens,
+                                 int n, float *logits_out) {
+  return forward_step(cfg, w, s, tokens, n, NULL, 0, logits_out);
+}
+
+di_status di_cpu_v4_forward_step_rows(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s,
+                                      const int32_t *tokens, int n, const int *rows, int n_rows, float *logits_out) {
+  if (!rows)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": NULL rows");
+  return forward_step(cfg, w, s, tokens, n, rows, n_rows, logits_out);
 }

@@ -37,5 +37,10 @@ size_t di_v4_seq_state_bytes(const di_v4_seq_state *s);
  * failed midway (out of memory) refuses further steps until reset. */
 di_status di_cpu_v4_forward_step(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s, const int32_t *tokens,
                                  int n, float *logits_out);
+/* The same step, writing only the logits of rows[0..n_rows) (ascending indices into tokens) to
+ * logits_out [n_rows][vocab_size] (NULL when n_rows is 0): the same bits as those rows of the full
+ * step (the head is per row); the engine's backend asks for the rows it samples. */
+di_status di_cpu_v4_forward_step_rows(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s,
+                                      const int32_t *tokens, int n, const int *rows, int n_rows, float *logits_out);
 
 #endif

@@ -909,7 +909,7 @@ static void cu_destroy(di_backend *bb) {
 }
 
 static const di_backend_ops CU_OPS = {"cuda", cu_kv_groups, cu_kv_alloc, cu_submit, cu_wait, cu_sample,
-                                      NULL /* mtp: not yet on CUDA */, cu_destroy};
+                                      NULL /* mtp: not yet on CUDA */, NULL /* release */, cu_destroy};
 
 static di_status create(const di_model_config *c, const di_ds_weights *w, cu_backend *b) {
   int ndev = 0;

@@ -1,0 +1,323 @@
+/* The DeepSeek-V4 CPU backend (see cpu_v4_backend.h): a table from the engine's sequence keys to cached
+ * forward states; submit() checks the whole batch (so a bad batch changes no state), wait() runs each
+ * sequence's tokens as one step of its state and writes the logits of the rows the engine asked for.
+ * The sequences of a step run in parallel, one thread per sequence at a time (the cached forward is
+ * single-threaded), so every result is the same for any thread count.
+ * A sequence whose tokens start at position 0 starts from a fresh state (a new sequence, or one
+ * recomputed after preemption); any other start must continue its state exactly. */
+#include "backend/cpu/cpu_v4_backend.h"
+#include "backend/cpu/cpu_deepseek_v4_cache.h"
+#include "util/threadpool.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WHO "DeepSeek-V4 CPU backend"
+
+typedef struct v4_seq {
+  uint64_t key;
+  di_v4_seq_state *st;
+} v4_seq;
+
+/* One sequence's share of a step (run_batch). */
+typedef struct v4_job {
+  uint64_t key;
+  di_v4_seq_state *st;
+  int t0, n;                 /* its tokens in the batch */
+  int j0, n_rows;            /* its output rows: logits rows j0.., local rows in rows[j0..] */
+  di_status status;
+  char err[384];             /* the worker's message (error messages are per thread) */
+} v4_job;
+
+typedef struct v4_backend {
+  di_backend base;
+  const di_v4_config *c;
+  const di_v4_weights *w;
+  v4_seq *seqs;              /* live states, unordered */
+  int n_seqs, cap_seqs;
+  int64_t bytes_per_seq;     /* a fresh state's bytes (ring + pending rows) */
+  int64_t n_blocks;
+  const di_batch *batch;     /* submitted, not yet waited for */
+  int *rows;                 /* scratch: per output row, its row within its sequence's tokens */
+  int rows_cap;
+  v4_job *jobs;
+  int jobs_cap;
+  di_threadpool *tp;
+  /* the step being run (read by the workers) */
+  const di_batch *run;
+  float *run_logits;
+} v4_backend;
+
+static v4_seq *find(v4_backend *b, uint64_t key) {
+  for (int i = 0; i < b->n_seqs; i++)
+    if (b->seqs[i].key == key)
+      return &b->seqs[i];
+  return NULL;
+}
+
+/* Per token-cache bytes each new token adds on average, over all layers (float32 as stored): CSA
+ * layers one entry of head_dim + one indexer key of index_head_dim per csa_rate tokens, HCA layers
+ * one entry per hca_rate tokens. The ring and pending rows are per sequence (bytes_per_seq). */
+static int v4_kv_groups(di_backend *base, di_kv_group_info *g, int cap) {
+  v4_backend *b = (v4_backend *)base;
+  const di_v4_config *c = b->c;
+  if (cap < 1)
+    return 1;
+  double per_token = 0;
+  for (int l = 0; l < c->n_layers; l++) {
+    if (c->attn_kind[l] == DI_V4_ATTN_CSA)
+      per_token += 4.0 * (c->head_dim + c->index_head_dim) / c->csa_rate;
+    else if (c->attn_kind[l] == DI_V4_ATTN_HCA)
+      per_token += 4.0 * c->head_dim / c->hca_rate;
+  }
+  int64_t bpt = (int64_t)per_token;
+  if ((double)bpt < per_token)
+    bpt++;
+  memset(&g[0], 0, sizeof g[0]);
+  g[0].n_layers = c->n_layers;
+  g[0].bytes_per_token = bpt > 0 ? bpt : 1; /* an all-sliding model grows nothing per token */
+  g[0].tokens_per_entry = 1;
+  g[0].window = 0;
+  g[0].no_sharing = 1; /* the blocks do not hold the state: no prefix caching, no shared prompts */
+  g[0].bytes_per_seq = b->bytes_per_seq;
+  return 1;
+}
+
+static di_status v4_kv_alloc(di_backend *base, int64_t n_blocks) {
+  v4_backend *b = (v4_backend *)base;
+  if (n_blocks < 1)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": %lld KV blocks", (long long)n_blocks);
+  b->n_blocks = n_blocks; /* the state lives in the sequences; the pool is the engine's accounting */
+  return DI_OK;
+}
+
+/* First token index and count of sequence q in the batch (its tokens must be contiguous). */
+static di_status seq_span(const di_batch *bt, int q, int from, int *t0, int *n) {
+  int t = from;
+  while (t < bt->n_tokens && bt->seq_of[t] != q)
+    t++;
+  *t0 = t;
+  int k = t;
+  while (k < bt->n_tokens && bt->seq_of[k] == q)
+    k++;
+  *n = k - t;
+  for (int j = k; j < bt->n_tokens; j++)
+    if (bt->seq_of[j] == q)
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": the tokens of batch sequence %d are not contiguous in the batch", q);
+  return DI_OK;
+}
+
+static di_status v4_submit(di_backend *base, const di_batch *bt) {
+  v4_backend *b = (v4_backend *)base;
+  if (b->batch)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": submit while a step is in flight");
+  if (!bt || bt->n_tokens < 0 || bt->n_seqs < 0 || (bt->n_tokens > 0 && (!bt->tokens || !bt->positions || !bt->seq_of)) ||
+      (bt->n_seqs > 0 && !bt->seqs) || bt->n_outputs < 0 || bt->n_outputs > bt->n_tokens ||
+      (bt->n_outputs > 0 && !bt->output_rows))
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": malformed batch");
+  const int V = b->c->vocab_size;
+  for (int t = 0; t < bt->n_tokens; t++) {
+    if (bt->seq_of[t] < 0 || bt->seq_of[t] >= bt->n_seqs)
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": token %d belongs to sequence %d of %d", t, bt->seq_of[t], bt->n_seqs);
+    if (bt->tokens[t] < 0 || bt->tokens[t] >= V)
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": token id %d at batch row %d is outside the vocabulary [0, %d)",
+                          bt->tokens[t], t, V);
+  }
+  for (int j = 0; j < bt->n_outputs; j++)
+    if (bt->output_rows[j] < 0 || bt->output_rows[j] >= bt->n_tokens || (j > 0 && bt->output_rows[j] <= bt->output_rows[j - 1]))
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": output row %d is %d (rows must ascend within the batch's %d tokens)", j,
+                          bt->output_rows[j], bt->n_tokens);
+  int from = 0;
+  for (int q = 0; q < bt->n_seqs; q++) {
+    for (int p = 0; p < q; p++)
+      if (bt->seqs[p].key == bt->seqs[q].key)
+        return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu appears twice in one batch",
+                            (unsigned long long)bt->seqs[q].key);
+    int t0, n;
+    DI_TRY(seq_span(bt, q, from, &t0, &n));
+    if (n == 0)
+      continue;
+    from = t0 + n;
+    for (int k = 1; k < n; k++)
+      if (bt->positions[t0 + k] != bt->positions[t0] + k)
+        return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu: positions %d then %d are not consecutive",
+                            (unsigned long long)bt->seqs[q].key, bt->positions[t0 + k - 1], bt->positions[t0 + k]);
+    const v4_seq *s = find(b, bt->seqs[q].key);
+    const int64_t have = s ? di_v4_seq_state_positions(s->st) : 0;
+    if (bt->positions[t0] != 0 && bt->positions[t0] != have)
+      return di_error_set(DI_ERR_INVALID_ARG,
+                          WHO ": sequence key %llu continues at position %d but its state holds %lld tokens (V4's "
+                          "per-sequence state can only be continued or restarted at position 0)",
+                          (unsigned long long)bt->seqs[q].key, bt->positions[t0], (long long)have);
+  }
+  b->batch = bt;
+  return DI_OK;
+}
+
+static di_status get_state(v4_backend *b, uint64_t key, int restart, di_v4_seq_state **out) {
+  v4_seq *s = find(b, key);
+  if (s) {
+    if (restart)
+      di_v4_seq_state_reset(s->st);
+    *out = s->st;
+    return DI_OK;
+  }
+  if (b->n_seqs == b->cap_seqs) {
+    int cap = b->cap_seqs ? b->cap_seqs * 2 : 16;
+    v4_seq *a = realloc(b->seqs, (size_t)cap * sizeof *a);
+    if (!a)
+      return di_error_set(DI_ERR_OOM, WHO ": out of memory for the sequence table");
+    b->seqs = a;
+    b->cap_seqs = cap;
+  }
+  di_v4_seq_state *st;
+  DI_TRY(di_v4_seq_state_create(b->c, &st));
+  b->seqs[b->n_seqs++] = (v4_seq){key, st};
+  *out = st;
+  return DI_OK;
+}
+
+static void run_job(v4_backend *b, v4_job *jb) {
+  static const int no_rows = 0;
+  const size_t V = (size_t)b->c->vocab_size;
+  jb->status = di_cpu_v4_forward_step_rows(b->c, b->w, jb->st, b->run->tokens + jb->t0, jb->n,
+                                           jb->n_rows ? b->rows + jb->j0 : &no_rows, jb->n_rows,
+                                           jb->n_rows ? b->run_logits + (size_t)jb->j0 * V : NULL);
+  if (jb->status != DI_OK)
+    snprintf(jb->err, sizeof jb->err, "%s", di_last_error());
+}
+
+static void run_jobs(void *ctx, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  v4_backend *b = ctx;
+  for (int64_t i = begin; i < end; i++)
+    run_job(b, &b->jobs[i]);
+}
+
+static di_status run_batch(v4_backend *b, const di_batch *bt, float *logits) {
+  if (bt->n_outputs > b->rows_cap) {
+    int *r = realloc(b->rows, (size_t)bt->n_outputs * sizeof *r);
+    if (!r)
+      return di_error_set(DI_ERR_OOM, WHO ": out of memory");
+    b->rows = r;
+    b->rows_cap = bt->n_outputs;
+  }
+  if (bt->n_seqs > b->jobs_cap) {
+    v4_job *a = realloc(b->jobs, (size_t)bt->n_seqs * sizeof *a);
+    if (!a)
+      return di_error_set(DI_ERR_OOM, WHO ": out of memory");
+    b->jobs = a;
+    b->jobs_cap = bt->n_seqs;
+  }
+  /* the states are found or made here, on one thread; the workers only step them */
+  int from = 0, j = 0, n_jobs = 0; /* j: the next output row */
+  for (int q = 0; q < bt->n_seqs; q++) {
+    int t0, n;
+    DI_TRY(seq_span(bt, q, from, &t0, &n));
+    if (n == 0)
+      continue;
+    from = t0 + n;
+    int j0 = j;
+    while (j < bt->n_outputs && bt->output_rows[j] < t0 + n)
+      j++;
+    for (int k = j0; k < j; k++)
+      b->rows[k] = bt->output_rows[k] - t0;
+    v4_job *jb = &b->jobs[n_jobs++];
+    *jb = (v4_job){.key = bt->seqs[q].key, .t0 = t0, .n = n, .j0 = j0, .n_rows = logits ? j - j0 : 0};
+    DI_TRY(get_state(b, jb->key, bt->positions[t0] == 0, &jb->st));
+  }
+  b->run = bt;
+  b->run_logits = logits;
+  if (n_jobs == 1 || !b->tp)
+    run_jobs(b, 0, n_jobs, 0);
+  else
+    di_parallel_for(b->tp, n_jobs, 1, run_jobs, b);
+  b->run = NULL;
+  for (int i = 0; i < n_jobs; i++)
+    if (b->jobs[i].status != DI_OK)
+      return di_error_set(b->jobs[i].status, WHO ": sequence key %llu: %s", (unsigned long long)b->jobs[i].key,
+                          b->jobs[i].err);
+  return DI_OK;
+}
+
+static di_status v4_wait(di_backend *base, float *logits, float *hidden) {
+  v4_backend *b = (v4_backend *)base;
+  const di_batch *bt = b->batch;
+  b->batch = NULL;
+  if (!bt)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": wait without a submitted step");
+  if (hidden)
+    return di_error_set(DI_ERR_UNSUPPORTED, WHO ": final hidden states (MTP drafting) are not available for DeepSeek-V4");
+  return run_batch(b, bt, logits);
+}
+
+static void v4_release(di_backend *base, uint64_t key) {
+  v4_backend *b = (v4_backend *)base;
+  v4_seq *s = find(b, key);
+  if (!s)
+    return;
+  di_v4_seq_state_free(s->st);
+  *s = b->seqs[--b->n_seqs];
+}
+
+static void v4_destroy(di_backend *base) {
+  v4_backend *b = (v4_backend *)base;
+  if (!b)
+    return;
+  for (int i = 0; i < b->n_seqs; i++)
+    di_v4_seq_state_free(b->seqs[i].st);
+  free(b->seqs);
+  free(b->rows);
+  free(b->jobs);
+  di_threadpool_free(b->tp);
+  free(b);
+}
+
+static const di_backend_ops V4_OPS = {
+    .name = "cpu (deepseek_v4)",
+    .kv_groups = v4_kv_groups,
+    .kv_alloc = v4_kv_alloc,
+    .submit = v4_submit,
+    .wait = v4_wait,
+    .sample = NULL,
+    .mtp = NULL, /* V4's MTP layers are not read */
+    .release = v4_release,
+    .destroy = v4_destroy,
+};
+
+di_status di_backend_cpu_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
+                                   int threads, di_backend **out) {
+  if (!cfg || !v4 || !w || !out)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": NULL argument");
+  if (w->n_layers != v4->n_layers)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": weights have %d layers, the config %d", w->n_layers, v4->n_layers);
+  v4_backend *b = calloc(1, sizeof *b);
+  if (!b)
+    return di_error_set(DI_ERR_OOM, WHO ": out of memory");
+  b->base.ops = &V4_OPS;
+  b->base.cfg = cfg;
+  b->base.vocab_size = v4->vocab_size;
+  b->base.hidden_size = v4->hidden_size;
+  b->base.n_mtp_layers = 0;
+  b->c = v4;
+  b->w = w;
+  di_v4_seq_state *probe;
+  di_status st = di_v4_seq_state_create(v4, &probe);
+  if (st == DI_OK && threads != 1) {
+    st = di_threadpool_create(threads, &b->tp);
+    if (st != DI_OK)
+      di_v4_seq_state_free(probe);
+  }
+  if (st != DI_OK) {
+    free(b);
+    return st;
+  }
+  b->bytes_per_seq = (int64_t)di_v4_seq_state_bytes(probe);
+  di_v4_seq_state_free(probe);
+  *out = &b->base;
+  return DI_OK;
+}
+
+int di_backend_cpu_v4_live_states(const di_backend *base) {
+  return base && base->ops == &V4_OPS ? ((const v4_backend *)base)->n_seqs : -1;
+}
