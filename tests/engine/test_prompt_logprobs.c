@@ -328,12 +328,15 @@ static void test_mock_from(int async) {
 
 /* a failure only sample 0 can have (its prompt logprobs do not fit a step with chunked prefill off)
  * ends sample 0 at once; sample 1 runs on its own. Found by the engine fuzzer: sample 1 was queued after
- * sample 0 had failed, so it kept a pointer to the freed leader (ASan: use after free). */
+ * sample 0 had failed, so it kept a pointer to the leader, which is freed once reported; sample 1 read
+ * it at every admission attempt while it waited (ASan: use after free). Here it waits: one sequence at
+ * a time, and another request runs first. */
 static void test_mock_leader_error(void) {
   di_engine_options o;
   di_engine_options_default(&o);
   o.enable_chunked_prefill = 0;
   o.max_num_batched_tokens = 512;
+  o.max_num_seqs = 1;
   mock_backend *mb = mock_backend_new(VOCAB);
   di_engine *e;
   if (mock_engine(mb, &o, 0, 4096, &e) != DI_OK) { CHECKF(0, "leader error: %s", di_last_error()); return; }
@@ -344,20 +347,24 @@ static void test_mock_leader_error(void) {
   di_request_params p;
   di_request_params_default(&p);
   p.prompt_ids = prompt;
+  p.n_prompt_ids = 10;
+  p.max_tokens = 6;
+  p.temperature = 0;
+  p.ignore_eos = 1;
+  uint64_t first, id;
+  CHECK(di_engine_add_request(e, &p, &first) == DI_OK); /* holds the only slot for 6 steps */
   p.n_prompt_ids = 40;
   p.prompt_logprobs = 0;
   p.n = 2;
   p.max_tokens = 3;
-  p.temperature = 0;
-  p.ignore_eos = 1;
-  uint64_t id;
   CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
-  int fin[2] = {0, 0}, ntok[2] = {0, 0};
+  int fin[2] = {0, 0}, ntok[2] = {0, 0}, first_tokens = 0;
   for (int g = 0; di_engine_has_unfinished(e) && g < 100; g++) {
     di_step_output *out;
     CHECK(di_engine_step(e, &out) == DI_OK);
     for (int i = 0; i < out->n; i++) {
       const di_seq_output *so = &out->seqs[i];
+      if (so->req_id == first) first_tokens += so->n_new_tokens;
       if (so->req_id != id || so->sample_index > 1) continue;
       ntok[so->sample_index] += so->n_new_tokens;
       if (so->finish_reason) fin[so->sample_index] = so->finish_reason;
@@ -365,6 +372,7 @@ static void test_mock_leader_error(void) {
   }
   CHECKF(fin[0] == DI_FINISH_ERROR && ntok[0] == 0, "leader error: sample 0 finished %d with %d tokens", fin[0], ntok[0]);
   CHECKF(fin[1] == DI_FINISH_LENGTH && ntok[1] == 3, "leader error: sample 1 finished %d with %d tokens", fin[1], ntok[1]);
+  CHECKF(first_tokens == 6, "leader error: the first request made %d of 6 tokens", first_tokens);
   CHECK(di_engine_check(e) == DI_OK);
   di_engine_free(e);
   mb->base.ops->destroy(&mb->base);
