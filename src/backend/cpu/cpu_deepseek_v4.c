@@ -83,13 +83,11 @@ static di_status indexer(di_v4_ctx *cx, const di_v4_layer *L, const float *a, co
 static di_status attention(di_v4_ctx *cx, int l, const float *a, float *out) {
   const di_v4_config *c = cx->c;
   const di_v4_layer *L = &cx->w->layers[l];
-  const int T = cx->T, H = c->n_heads, hd = c->head_dim, ql = c->q_lora_rank, kind = c->attn_kind[l];
-  const di_v4_rope_tab *rt = kind == DI_V4_ATTN_SLIDING ? &cx->main_rope : &cx->compress_rope;
+  const int T = cx->T, H = c->n_heads, hd = c->head_dim, kind = c->attn_kind[l];
   di_v4_blk *m = di_v4_mark(cx);
-  DI_V4_ALLOC(qr, (size_t)T * ql);
-  DI_V4_ALLOC(q, (size_t)T * H * hd);
-  DI_V4_ALLOC(kv, (size_t)T * hd);
-  DI_TRY(di_v4_attn_qkv(cx, L, rt, a, qr, q, kv));
+  const di_v4_rope_tab *rt;
+  float *qr, *q, *kv;
+  DI_TRY(di_v4_attn_inputs(cx, l, a, &rt, &qr, &q, &kv));
   /* compressed entries and which query may read which */
   int nc = 0, rate = 0;
   float *ckv = NULL;
@@ -128,14 +126,8 @@ static di_status attention(di_v4_ctx *cx, int l, const float *a, float *out) {
 
 static di_status forward(di_v4_ctx *cx, float *logits) {
   const di_v4_config *c = cx->c;
-  const di_v4_weights *w = cx->w;
   DI_V4_ALLOC(X, (size_t)cx->T * c->hc_mult * c->hidden_size); /* hc residual streams per token */
-  di_v4_embed(cx, X);
-  for (int l = 0; l < c->n_layers; l++) {
-    const di_v4_layer *L = &w->layers[l];
-    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, attention));
-    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, di_v4_moe));
-  }
+  DI_TRY(di_v4_layers(cx, X, attention));
   return di_v4_head(cx, X, logits);
 }
 

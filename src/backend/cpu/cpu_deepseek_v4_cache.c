@@ -238,13 +238,11 @@ static di_status attention_step(di_v4_ctx *cx, int l, const float *a, float *out
   di_v4_seq_state *s = cx->user;
   layer_state *ls = &s->layers[l];
   const di_v4_layer *L = &cx->w->layers[l];
-  const int T = cx->T, H = c->n_heads, hd = c->head_dim, ql = c->q_lora_rank, kind = ls->kind;
-  const di_v4_rope_tab *rt = kind == DI_V4_ATTN_SLIDING ? &cx->main_rope : &cx->compress_rope;
+  const int T = cx->T, H = c->n_heads, hd = c->head_dim, kind = ls->kind;
   di_v4_blk *m = di_v4_mark(cx);
-  DI_V4_ALLOC(qr, (size_t)T * ql);
-  DI_V4_ALLOC(q, (size_t)T * H * hd);
-  DI_V4_ALLOC(kv, (size_t)T * hd);
-  DI_TRY(di_v4_attn_qkv(cx, L, rt, a, qr, q, kv));
+  const di_v4_rope_tab *rt;
+  float *qr, *q, *kv;
+  DI_TRY(di_v4_attn_inputs(cx, l, a, &rt, &qr, &q, &kv));
 
   /* window keys: positions [base, pos0 + T) */
   const int W = s->window, R = s->ring_cap, P0 = cx->pos0;
@@ -295,15 +293,9 @@ static int state_matches(const di_v4_seq_state *s, const di_v4_config *c) {
  * works row by row (each logit a sum over its own row), so a subset gives the same bits. */
 static di_status run_step(di_v4_ctx *cx, const int *rows, int n_rows, float *logits) {
   const di_v4_config *c = cx->c;
-  const di_v4_weights *w = cx->w;
   const size_t row = (size_t)c->hc_mult * c->hidden_size;
   DI_V4_ALLOC(X, (size_t)cx->T * row);
-  di_v4_embed(cx, X);
-  for (int l = 0; l < c->n_layers; l++) {
-    const di_v4_layer *L = &w->layers[l];
-    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, attention_step));
-    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, di_v4_moe));
-  }
+  DI_TRY(di_v4_layers(cx, X, attention_step));
   if (!rows)
     return di_v4_head(cx, X, logits);
   if (n_rows == 0)

@@ -470,7 +470,18 @@ di_status di_v4_moe(di_v4_ctx *cx, int l, const float *x, float *out) {
   return st;
 }
 
-/* ---- embedding and head -------------------------------------------------------------------------- */
+/* ---- embedding, layer stack and head ------------------------------------------------------------- */
+
+di_status di_v4_layers(di_v4_ctx *cx, float *X, di_v4_sublayer_fn attention) {
+  const di_v4_config *c = cx->c;
+  di_v4_embed(cx, X);
+  for (int l = 0; l < c->n_layers; l++) {
+    const di_v4_layer *L = &cx->w->layers[l];
+    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, attention));
+    DI_TRY(di_v4_hc_site(cx, l, X, &L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, di_v4_moe));
+  }
+  return DI_OK;
+}
 
 void di_v4_embed(di_v4_ctx *cx, float *X) {
   const int D = cx->c->hidden_size, hc = cx->c->hc_mult;
@@ -519,11 +530,21 @@ di_status di_v4_head(di_v4_ctx *cx, const float *X, float *logits) {
 /* ---- attention pieces ---------------------------------------------------------------------------- */
 
 /* q: q_a -> RMSNorm(q_norm) = q residual -> q_b -> unweighted RMSNorm per head -> rope. kv: wkv ->
- * RMSNorm(kv_norm) -> rope. Positions are absolute (pos0 + t). */
-di_status di_v4_attn_qkv(di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_tab *rt, const float *a, float *qr, float *q,
-                         float *kv) {
+ * RMSNorm(kv_norm) -> rope. Positions are absolute (pos0 + t). Sliding layers use the main rope,
+ * CSA/HCA layers the compress rope. */
+di_status di_v4_attn_inputs(di_v4_ctx *cx, int l, const float *a, const di_v4_rope_tab **rt_out, float **qr_out,
+                            float **q_out, float **kv_out) {
   const di_v4_config *c = cx->c;
+  const di_v4_layer *L = &cx->w->layers[l];
   const int T = cx->T, H = c->n_heads, hd = c->head_dim, ql = c->q_lora_rank;
+  const di_v4_rope_tab *rt = c->attn_kind[l] == DI_V4_ATTN_SLIDING ? &cx->main_rope : &cx->compress_rope;
+  DI_V4_ALLOC(qr, (size_t)T * ql);
+  DI_V4_ALLOC(q, (size_t)T * H * hd);
+  DI_V4_ALLOC(kv, (size_t)T * hd);
+  *rt_out = rt;
+  *qr_out = qr;
+  *q_out = q;
+  *kv_out = kv;
   DI_TRY(di_v4_linear(cx, &L->wq_a, a, T, qr));
   for (int t = 0; t < T; t++)
     di_v4_rmsnorm(qr + (size_t)t * ql, ql, L->q_norm, c->rms_eps);

@@ -67,13 +67,17 @@ di_status di_v4_hc_site(di_v4_ctx *cx, int l, float *X, const di_weight *fn, con
                         const float *norm, di_v4_sublayer_fn sub);
 /* The MoE sublayer (routed experts by hash or learned top-k, plus the shared expert). */
 di_status di_v4_moe(di_v4_ctx *cx, int l, const float *x, float *out);
+/* The whole layer stack: embeds cx->tokens into X [T][hc][D], then each layer's attention site (with
+ * `attention`: the reference's whole-sequence sublayer or the cached forward's step) and MoE site. */
+di_status di_v4_layers(di_v4_ctx *cx, float *X, di_v4_sublayer_fn attention);
 /* Head: collapse the streams, final norm, output projection: logits [T][vocab]. */
 di_status di_v4_head(di_v4_ctx *cx, const float *X, float *logits);
 
-/* Attention inputs of T tokens at positions pos0+t: qr [T][q_lora] (the q residual, also the indexer's
- * input), q [T][H][hd] (normed, roped) and kv [T][hd] (normed, roped), with rope table rt. */
-di_status di_v4_attn_qkv(di_v4_ctx *cx, const di_v4_layer *L, const di_v4_rope_tab *rt, const float *a, float *qr, float *q,
-                         float *kv);
+/* Attention inputs of layer l for T tokens at positions pos0+t, in arrays from the context's arena
+ * (the caller's mark releases them): qr [T][q_lora] (the q residual, also the indexer's input),
+ * q [T][H][hd] and kv [T][hd] (normed, roped with *rt, the rope table of the layer's kind). */
+di_status di_v4_attn_inputs(di_v4_ctx *cx, int l, const float *a, const di_v4_rope_tab **rt, float **qr, float **q,
+                            float **kv);
 /* One compressed entry at position pos: per channel, a softmax over the slots of (gate + position
  * bias) weighs the slots' KV values; then RMSNorm and the compress rope. kv/gate rows are cp->width
  * wide with the bias already added to gate. With `overlap`, prev_* (may be NULL: no previous window)
