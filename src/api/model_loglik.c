@@ -4,6 +4,7 @@
  * share forward calls (one KV block table each), long ones run alone in chunks through the cache. */
 #include "api/model_loglik.h"
 #include "api/model_internal.h"
+#include "sampler/sampler.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,20 +22,12 @@ static int default_rows(int vocab) {
  * ignored (never the argmax, no mass), as the sampler treats them; the argmax's ties go to the
  * lowest id, as greedy sampling breaks them. */
 static double row_logprob(const float *l, int V, int32_t target, int *greedy) {
-  float mx = -INFINITY;
-  int best = -1;
-  for (int v = 0; v < V; v++)
-    if (l[v] > mx) { /* strict: the first maximum wins; false for NaN */
-      mx = l[v];
-      best = v;
-    }
+  float mx;
+  const int32_t best = di_row_argmax(l, V, &mx);
   *greedy = best == target;
   if (best < 0) /* every logit -inf or NaN: nothing has probability */
     return -INFINITY;
-  double z = 0;
-  for (int v = 0; v < V; v++)
-    if (!isnan(l[v]))
-      z += exp((double)l[v] - (double)mx);
+  const double z = di_row_expsum(l, V, mx);
   if (isnan(l[target]))
     return -INFINITY;
   return (double)l[target] - (double)mx - log(z);

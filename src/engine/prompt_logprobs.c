@@ -42,18 +42,13 @@ di_status di_plp_reserve(di_engine *e) {
 static int before(float la, int a, float lb, int b) { return la > lb || (la == lb && a < b); }
 
 static void row_logprobs(const float *l, int V, int k, int32_t target, float *lp, int32_t *rank, di_token_logprob *top) {
-  float mx = -INFINITY;
-  for (int i = 0; i < V; i++)
-    if (l[i] > mx) mx = l[i]; /* NaN compares false: skipped */
+  float mx;
+  (void)di_row_argmax(l, V, &mx); /* NaN never wins */
   int ok = target >= 0 && target < V && !isnan(l[target]);
   float lt = ok ? l[target] : INFINITY;
-  double z = 0;
   int32_t above = 0;
-  for (int i = 0; i < V; i++) {
-    if (!isnan(l[i])) z += exp((double)l[i] - (double)mx);
-    above += l[i] > lt;
-  }
-  double lse = (double)mx + log(z);
+  for (int i = 0; i < V; i++) above += l[i] > lt;
+  double lse = (double)mx + log(di_row_expsum(l, V, mx));
   *lp = ok ? (float)((double)l[target] - lse) : -INFINITY;
   *rank = ok ? above + 1 : V;
   if (k <= 0) return;

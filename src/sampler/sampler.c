@@ -62,9 +62,9 @@ di_status di_sampling_validate(const di_sampling *sp, int vocab) {
   return DI_OK;
 }
 
-/* The largest logit and its lowest id (-1 when every logit is -inf or NaN). AVX2: eight lanes of
- * maxima, then the first index holding the maximum; NaN never wins (max_ps keeps the accumulator). */
-static int32_t row_argmax(const float *l, int V, float *out_max) {
+/* AVX2: eight lanes of maxima, then the first index holding the maximum; NaN never wins (max_ps keeps
+ * the accumulator). */
+int32_t di_row_argmax(const float *l, int V, float *out_max) {
   float mx = -INFINITY;
   int i = 0;
 #ifdef __AVX2__
@@ -89,6 +89,13 @@ static int32_t row_argmax(const float *l, int V, float *out_max) {
 #endif
   for (; i < V; i++) if (l[i] == mx) return i;
   return -1;
+}
+
+double di_row_expsum(const float *l, int V, float mx) {
+  double z = 0;
+  for (int i = 0; i < V; i++)
+    if (!isnan(l[i])) z += exp((double)l[i] - (double)mx);
+  return z;
 }
 
 /* a ranks before b: larger probability, then lower id */
@@ -169,16 +176,14 @@ di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_s
   apply_penalties(s, l, sp, history, n_prompt, n_history);
 
   float mx;
-  int32_t best = row_argmax(l, V, &mx); /* NaN logits are never chosen */
+  int32_t best = di_row_argmax(l, V, &mx); /* NaN logits are never chosen */
   if (best < 0) return di_error_set(DI_ERR_INVALID_ARG, "no token is allowed at this step (all masked or banned)");
 
   double lse = 0;
   if (sp->logprobs >= 0) {
     for (int i = 0; i < V; i++)
       if (isnan(l[i])) l[i] = -INFINITY;
-    double z = 0;
-    for (int i = 0; i < V; i++) z += exp((double)l[i] - mx);
-    lse = mx + log(z);
+    lse = mx + log(di_row_expsum(l, V, mx));
   }
 
   int32_t tok = best;

@@ -37,6 +37,13 @@ typedef struct di_sample_result {
 
 typedef struct di_sampler di_sampler; /* scratch buffers for one vocabulary size; one thread */
 
+/* Row statistics shared by everything that turns logits into log-probabilities (the sampler's
+ * logprobs, the engine's prompt logprobs, di_model_loglikelihood): the largest logit and its lowest id
+ * (-1 when every logit is -inf or NaN; NaN never wins), and sum_i exp(l[i] - mx) in double with NaN
+ * logits left out (the log-softmax's normaliser is mx + log of it). */
+int32_t di_row_argmax(const float *l, int V, float *out_max);
+double di_row_expsum(const float *l, int V, float mx);
+
 di_status di_sampler_create(int vocab, di_sampler **out);
 void di_sampler_free(di_sampler *s);
 
