@@ -4,6 +4,7 @@ The model folder is `model`, else $DEEPINFER_HF_MODEL_DIR, else the shipped defa
 (models/default next to the package or in the repository).
 """
 import ctypes
+import functools
 import json
 import os
 import time
@@ -463,12 +464,18 @@ class LLM:
         prefix_tok = self._prefix_token()
         max_len = self._L.di_model_max_context(self._model)
         seqs = []
+        # the choices of an item come together and share their context: a small cache encodes it once
+        cached = functools.lru_cache(maxsize=16)(lambda text: tuple(self.encode(text)))
+
+        def encode(text):
+            return list(cached(text))
+
         for req in requests:
             context, continuation = req
             prefix = [prefix_tok] if prefix_tok is not None and (add_bos or not context) else []
             if not prefix and not context:
                 raise ValueError("loglikelihood: empty context and the tokenizer has neither BOS nor EOS")
-            ids, start = scoring.encode_pair(self.encode, context, continuation, prefix)
+            ids, start = scoring.encode_pair(encode, context, continuation, prefix)
             seqs.append(scoring.truncate_left(ids, start, max_len))
         return self._score_sequences(seqs)
 
