@@ -254,7 +254,7 @@ static void check_mtp(const char *name) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
     prev[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 4.0 - 2.0);
   }
-  di_batch_seq bs = {table, 1};
+  di_batch_seq bs = {table, 1, 1};
   const int cuts[3] = {0, 33, N};
   for (int c = 0; c < 2; c++) {
     const int t0 = cuts[c], T = cuts[c + 1] - t0;
