@@ -9,7 +9,9 @@
  * makes all its tokens; a greedy request may leave the alone path only at a near-tie (the alone
  * path's top1 - top2 logit margin < 0.05 at the first differing token, re-scored through
  * di_model_score); sampled requests are counted, not held (a draw flips when u lands within the
- * logit noise of a CDF boundary). Built only with nvcc; run by scripts/device_tests.sh. */
+ * logit noise of a CDF boundary). The shipped model (an MTP layer) also runs with speculative decoding
+ * (3 drafts), held to the same rules against plain decoding alone. Built only with nvcc; run by
+ * scripts/device_tests.sh. */
 #include "deepinfer.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "test_util.h"
@@ -45,11 +47,16 @@ static void make(req_t *r, int n, int vocab) {
   }
 }
 
-static int run(di_model *m, req_t *r, int n, const di_engine_options *o, di_engine_stats *st) {
+static int run(di_model *m, req_t *r, int n, const di_engine_options *o, di_engine_stats *st, int spec) {
   di_engine *e = NULL;
   di_status s = di_engine_create(m, o, &e);
   CHECKF(s == DI_OK, "engine: %s", di_last_error());
   if (s != DI_OK) return -1;
+  if (spec) { /* speculative decoding with the MTP layer: 3 drafts, every draft verified */
+    s = di_engine_set_speculative(e, 3, 0.0f);
+    CHECKF(s == DI_OK, "speculative: %s", di_last_error());
+    if (s != DI_OK) { di_engine_free(e); return -1; }
+  }
   uint64_t base = 0;
   for (int i = 0; i < n; i++) {
     di_request_params p;
@@ -89,7 +96,7 @@ static int run(di_model *m, req_t *r, int n, const di_engine_options *o, di_engi
   return 0;
 }
 
-static void check_model(const char *dir, int exact) {
+static void check_model(const char *dir, int exact, int has_mtp) {
   di_model_options mo;
   di_model_options_default(&mo);
   mo.quiet = 1;
@@ -103,9 +110,10 @@ static void check_model(const char *dir, int exact) {
   di_engine_options_default(&o);
   o.num_kv_blocks = 64;
   o.seed = 3;
-  for (int i = 0; i < NREQ; i++) CHECK(run(m, &alone[i], 1, &o, NULL) == 0); /* each alone */
-  const char *names[] = {"batched", "tiny KV budget (preemption)", "synchronous", "one at a time"};
-  for (int v = 0; v < 4; v++) {
+  for (int i = 0; i < NREQ; i++) CHECK(run(m, &alone[i], 1, &o, NULL, 0) == 0); /* each alone */
+  const char *names[] = {"batched", "tiny KV budget (preemption)", "synchronous", "one at a time",
+                         "speculative (MTP drafts)"};
+  for (int v = 0; v < (has_mtp ? 5 : 4); v++) {
     memcpy(got, alone, sizeof got);
     di_engine_options_default(&o);
     o.seed = 3;
@@ -116,7 +124,7 @@ static void check_model(const char *dir, int exact) {
     if (v == 3) o.max_num_seqs = 1;
     di_engine_stats st;
     memset(&st, 0, sizeof st);
-    if (run(m, got, NREQ, &o, &st) != 0) continue;
+    if (run(m, got, NREQ, &o, &st, v == 4) != 0) continue;
     int same = 0;
     for (int i = 0; i < NREQ; i++) {
       int d = 0;
@@ -166,7 +174,9 @@ int main(void) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
-  check_model("tests/data/models/dsv2-lite-tiny", exact);
-  check_model("tests/data/models/dsv3-tiny", exact);
+  check_model("tests/data/models/dsv2-lite-tiny", exact, 0);
+  check_model("tests/data/models/dsv3-tiny", exact, 0);
+  setenv("DEEPINFER_CUDA_MTP", "1", 1); /* the MTP layer on the GPU (off by default until checked there) */
+  check_model("models/default", exact, 1); /* has a trained MTP layer: speculative decoding too */
   return test_finish("test_cuda_engine");
 }

@@ -72,6 +72,14 @@ typedef struct cu_backend {
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
+  /* the first MTP layer (speculative decoding; DEEPINFER_CUDA_MTP=1 until checked on a GPU): its decoder
+   * layer is L[n_layers] with KV entries in the pool after the main layers' */
+  int n_mtp;
+  bf16 *mtp_embed, *mtp_eh, *mtp_head; /* embed / head alias the main model's when the checkpoint shares them */
+  float *mtp_enorm, *mtp_hnorm, *mtp_head_norm;
+  float *mtp_prev;             /* [cap_T][H] the previous hidden states of an MTP batch */
+  bf16 *mtp_cat;               /* [cap_T][2H] [enorm(embed) | hnorm(prev)] */
+  int mtp_cap;
   bf16 *stage;                 /* upload staging for one layer's experts */
   float eps;
   di_cuk_router router;
@@ -406,10 +414,146 @@ static void prof_mark(cu_backend *b, const char *label) {
   b->mark_label[b->n_marks++] = label;
 }
 
-static di_status forward(cu_backend *b) {
+/* One decoder layer on b->h (T rows): main layer l, or the MTP layer (l = n_layers + i). *xn_ready_io:
+ * in, the previous layer's MoE combine already wrote this layer's normed input to xn; out, the same
+ * for the layer after it. normed_gemm: decode-sized steps norm inside the q/kv GEMM (see forward). */
+static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   cudaStream_t s = b->stream;
   const int T = b->Tp, H = b->H, Hp = b->Hp, NH = b->NH;
   const uint16_t *xn = (const uint16_t *)b->xn;
+  int xn_ready = *xn_ready_io;
+  const cu_layer *L = &b->L[l];
+  if (!xn_ready && normed_gemm) { /* decode: the attention norm inside the q/kv GEMM */
+    if (!SKIP(SKIP_QKV))
+      DI_TRY(di_cu_gemm_normed(b->blas, T, b->Wa, H, b->h, H, L->attn_norm, b->eps, (const uint16_t *)L->qkv_a, H,
+                               b->qkv, b->Wa, 0, s));
+  } else {
+    if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
+    PROF("norm");
+    if (!SKIP(SKIP_QKV))
+      DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
+  }
+  xn_ready = 0;
+  const uint16_t *q, *kva;
+  int ldq;
+  if (b->qr > 0) {
+    DI_TRY(di_cuk_rmsnorm_bf16((const uint16_t *)b->qkv, b->Wa, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n,
+                               b->qr, s));
+    DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
+                      b->qr, b->q, NH * b->dqk, 0, 0.f, s));
+    q = (const uint16_t *)b->q;
+    ldq = NH * b->dqk;
+    kva = (const uint16_t *)b->qkv + b->qr;
+  } else {
+    q = (const uint16_t *)b->qkv;
+    ldq = b->Wa;
+    kva = (const uint16_t *)b->qkv + NH * b->dqk;
+  }
+  PROF("q/kv proj");
+  bf16 *cache = layer_cache(b, l);
+  const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
+  const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
+  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
+    /* decode: both in one launch */
+    DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
+                                  b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
+  } else {
+    if (!SKIP(SKIP_PREP))
+      DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
+                           b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
+    /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
+    if (!SKIP(SKIP_ABSORB))
+      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
+                              (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+  }
+  PROF("mla prep+absorb");
+  /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
+  const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
+                      b->fold_uv;
+  const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
+                               b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
+  if (!SKIP(SKIP_ATTN) && b->attn_cl)
+    DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
+                                   NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
+                                   b->attn_cl, (uint16_t *)b->olat, b->part_o, b->part_lse, fold_uv ? &fold : NULL,
+                                   s));
+  else if (!SKIP(SKIP_ATTN))
+    DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
+                         b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
+                         (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+  if (b->max_citems > 0 && !SKIP(SKIP_ATTN))
+    DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
+                              (uint16_t *)b->olat, s));
+  PROF("mla attention");
+  /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
+  if (!SKIP(SKIP_VO) && !fold_uv)
+    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
+                            DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
+                            (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
+  if (!SKIP(SKIP_VO))
+    DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
+                    NH * b->dv, b->h, H, 1, 1.f, s));
+  PROF("v + o_proj");
+  /* small steps: the MoE gate's norm, router logits and routing are one kernel (di_cuk_moe_gate) */
+  const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && di_cuk_moe_gate_supported(b->E, H);
+  if (!fused_gate)
+    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
+  if (!L->is_moe) {
+    DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
+    PROF("dense mlp");
+    *xn_ready_io = 0;
+    return DI_OK;
+  }
+  const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
+  int max_tiles = (A + bm - 1) / bm + Et;
+  if (max_tiles > A) max_tiles = A;
+  const di_cuk_perm pm = {bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles};
+  if (SKIP(SKIP_GATE)) {
+  } else if (fused_gate) {
+    DI_TRY(di_cuk_moe_gate(b->h, L->ffn_norm, b->eps, T, H, (const uint16_t *)L->router, L->router_bias, b->router,
+                           (uint16_t *)b->xn, Hp, b->router_logits, b->topk_ids, b->topk_w, &pm, s));
+  } else {
+    DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
+    DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, &pm, s));
+  }
+  if (T > 1 && !SKIP(SKIP_GATE))
+    DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+  PROF("router");
+  const int down_combine = normed_gemm && T == 1 && !(L->has_shared && b->n_sh == 0) && !SKIP(SKIP_EXPERTS);
+  if (T <= GEMV_MAX_T) { /* decode: an expert has at most T rows; weight streaming as a GEMV */
+    const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
+    if (!SKIP(SKIP_EXPERTS)) {
+      DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
+                                 b->tiles, b->n_tiles, max_tiles, bm, T, b->act, b->Ip, 0, 1, pf0, E, s));
+      PROF("experts gate/up");
+      if (down_combine)
+        DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                       b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
+      else
+        DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, s));
+    }
+  } else {
+    DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
+                               b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
+    PROF("experts gate/up");
+    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
+  }
+  PROF("experts down");
+  if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+  const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
+  if (!SKIP(SKIP_COMBINE) && !down_combine)
+    DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
+                            b->eps, (uint16_t *)b->xn, Hp, s));
+  *xn_ready_io = fuse;
+  PROF("combine");
+  return DI_OK;
+}
+
+static di_status forward(cu_backend *b) {
+  cudaStream_t s = b->stream;
+  const int T = b->Tp, H = b->H;
   b->n_marks = 0;
   PROF("start");
   DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, T, H, b->h, s));
@@ -418,133 +562,7 @@ static di_status forward(cu_backend *b) {
    * MoE down projection adds the weighted expert outputs to h itself (DEEPINFER_CUDA_DOWN_COMBINE=0:
    * the separate combine kernel, which then also writes the next layer's normed input) */
   const int normed_gemm = b->down_combine && di_cu_gemm_normed_ok(b->blas, T, H, H);
-  for (int l = 0; l < b->n_layers; l++) {
-    const cu_layer *L = &b->L[l];
-    if (!xn_ready && normed_gemm) { /* decode: the attention norm inside the q/kv GEMM */
-      if (!SKIP(SKIP_QKV))
-        DI_TRY(di_cu_gemm_normed(b->blas, T, b->Wa, H, b->h, H, L->attn_norm, b->eps, (const uint16_t *)L->qkv_a, H,
-                                 b->qkv, b->Wa, 0, s));
-    } else {
-      if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
-      PROF("norm");
-      if (!SKIP(SKIP_QKV))
-        DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
-    }
-    xn_ready = 0;
-    const uint16_t *q, *kva;
-    int ldq;
-    if (b->qr > 0) {
-      DI_TRY(di_cuk_rmsnorm_bf16((const uint16_t *)b->qkv, b->Wa, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n,
-                                 b->qr, s));
-      DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
-                        b->qr, b->q, NH * b->dqk, 0, 0.f, s));
-      q = (const uint16_t *)b->q;
-      ldq = NH * b->dqk;
-      kva = (const uint16_t *)b->qkv + b->qr;
-    } else {
-      q = (const uint16_t *)b->qkv;
-      ldq = b->Wa;
-      kva = (const uint16_t *)b->qkv + NH * b->dqk;
-    }
-    PROF("q/kv proj");
-    bf16 *cache = layer_cache(b, l);
-    const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
-    const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
-    if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
-      /* decode: both in one launch */
-      DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
-                                    b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
-    } else {
-      if (!SKIP(SKIP_PREP))
-        DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
-                             b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
-      /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
-      if (!SKIP(SKIP_ABSORB))
-        DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
-                                (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
-    }
-    PROF("mla prep+absorb");
-    /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
-    const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
-                        b->fold_uv;
-    const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
-                                 b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
-    if (!SKIP(SKIP_ATTN) && b->attn_cl)
-      DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
-                                     NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
-                                     b->attn_cl, (uint16_t *)b->olat, b->part_o, b->part_lse, fold_uv ? &fold : NULL,
-                                     s));
-    else if (!SKIP(SKIP_ATTN))
-      DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
-                           b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
-                           (uint16_t *)b->olat, b->part_o, b->part_lse, s));
-    if (b->max_citems > 0 && !SKIP(SKIP_ATTN))
-      DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
-                                (uint16_t *)b->olat, s));
-    PROF("mla attention");
-    /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
-    if (!SKIP(SKIP_VO) && !fold_uv)
-      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
-                              DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
-                              (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
-    if (!SKIP(SKIP_VO))
-      DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
-                      NH * b->dv, b->h, H, 1, 1.f, s));
-    PROF("v + o_proj");
-    /* small steps: the MoE gate's norm, router logits and routing are one kernel (di_cuk_moe_gate) */
-    const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && di_cuk_moe_gate_supported(b->E, H);
-    if (!fused_gate)
-      DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
-    if (!L->is_moe) {
-      DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
-      PROF("dense mlp");
-      continue;
-    }
-    const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
-    int max_tiles = (A + bm - 1) / bm + Et;
-    if (max_tiles > A) max_tiles = A;
-    const di_cuk_perm pm = {bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles};
-    if (SKIP(SKIP_GATE)) {
-    } else if (fused_gate) {
-      DI_TRY(di_cuk_moe_gate(b->h, L->ffn_norm, b->eps, T, H, (const uint16_t *)L->router, L->router_bias, b->router,
-                             (uint16_t *)b->xn, Hp, b->router_logits, b->topk_ids, b->topk_w, &pm, s));
-    } else {
-      DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
-      DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, &pm, s));
-    }
-    if (T > 1 && !SKIP(SKIP_GATE))
-      DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
-    PROF("router");
-    const int down_combine = normed_gemm && T == 1 && !(L->has_shared && b->n_sh == 0) && !SKIP(SKIP_EXPERTS);
-    if (T <= GEMV_MAX_T) { /* decode: an expert has at most T rows; weight streaming as a GEMV */
-      const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
-      if (!SKIP(SKIP_EXPERTS)) {
-        DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                                   b->tiles, b->n_tiles, max_tiles, bm, T, b->act, b->Ip, 0, 1, pf0, E, s));
-        PROF("experts gate/up");
-        if (down_combine)
-          DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                         b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
-        else
-          DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                     b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, s));
-      }
-    } else {
-      DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                                 b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
-      PROF("experts gate/up");
-      DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                 b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
-    }
-    PROF("experts down");
-    if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
-    const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
-    if (!SKIP(SKIP_COMBINE) && !down_combine)
-      DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
-                              b->eps, (uint16_t *)b->xn, Hp, s));
-    xn_ready = fuse;
-    PROF("combine");
-  }
+  for (int l = 0; l < b->n_layers; l++) DI_TRY(layer_step(b, l, &xn_ready, normed_gemm));
   DI_TRY(di_cuk_gather_f32(b->h, b->d_out_rows, b->n_out_p, H, b->hout, s));
   DI_TRY(di_cuk_rmsnorm(b->hout, H, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, NULL, s));
   if (!SKIP(SKIP_LMHEAD))
@@ -745,8 +763,8 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
 static int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap) {
   cu_backend *b = (cu_backend *)bb;
   if (cap < 1) return 1;
-  g[0].n_layers = b->n_layers;
-  g[0].bytes_per_token = (int64_t)b->n_layers * DI_CUK_MLA_D * 2;
+  g[0].n_layers = b->n_layers + b->n_mtp;
+  g[0].bytes_per_token = (int64_t)(b->n_layers + b->n_mtp) * DI_CUK_MLA_D * 2;
   g[0].tokens_per_entry = 1;
   g[0].window = 0;
   return 1;
@@ -759,7 +777,7 @@ static di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks) {
   drop_graphs(b);
   dev_free(b, b->kv);
   b->kv = NULL;
-  size_t bytes = (size_t)b->n_layers * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2;
+  size_t bytes = (size_t)(b->n_layers + b->n_mtp) * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2;
   DI_TRY(dev_alloc(b, (void **)&b->kv, bytes));
   DI_CU(cudaMemset(b->kv, 0, bytes));
   b->n_blocks = n_blocks;
@@ -880,6 +898,48 @@ static di_status cu_sample(di_backend *bb, const di_sample_row *rows, int n, int
   return DI_OK;
 }
 
+/* The MTP layer (DeepSeek-V3's multi-token prediction module) for speculative decoding, as the CPU
+ * backend's di_cpu_deepseek_mtp_forward: x = eh_proj([enorm(embed(token)) | hnorm(prev_hidden)]), one
+ * decoder layer (its KV entries in the pool at layer n_layers), then shared_head's norm and head for
+ * the output rows; hidden_out gets the layer's output before that norm. Eager (no graph), synchronous. */
+static di_status cu_mtp(di_backend *bb, const di_batch *batch, const float *prev_hidden, float *logits,
+                        float *hidden_out) {
+  cu_backend *b = (cu_backend *)bb;
+  if (!b->n_mtp) return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: the MTP layer is not loaded");
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: mtp while a step is in flight");
+  if (!prev_hidden) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: mtp without previous hidden states");
+  DI_TRY(prepare(b, batch));
+  cudaStream_t s = b->stream;
+  const int T = b->T, Tp = b->Tp, H = b->H;
+  if (Tp > b->mtp_cap) {
+    REALLOC(b->mtp_prev, sizeof(float) * (size_t)Tp * H);
+    REALLOC(b->mtp_cat, 2 * (size_t)Tp * 2 * H);
+    b->mtp_cap = Tp;
+  }
+  DI_CU(cudaMemcpyAsync(b->in_dev, b->in_host, b->in_used * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  DI_CU(cudaMemsetAsync(b->mtp_prev, 0, sizeof(float) * (size_t)Tp * H, s)); /* padding rows */
+  DI_CU(cudaMemcpyAsync(b->mtp_prev, prev_hidden, sizeof(float) * (size_t)T * H, cudaMemcpyHostToDevice, s));
+  DI_TRY(di_cuk_embed((const uint16_t *)b->mtp_embed, b->d_tokens, Tp, H, b->h, s));
+  DI_TRY(di_cuk_rmsnorm(b->h, H, b->mtp_enorm, Tp, H, b->eps, (uint16_t *)b->mtp_cat, 2 * H, NULL, s));
+  DI_TRY(di_cuk_rmsnorm(b->mtp_prev, H, b->mtp_hnorm, Tp, H, b->eps, (uint16_t *)b->mtp_cat + H, 2 * H, NULL, s));
+  DI_TRY(di_cu_gemm(b->blas, Tp, H, 2 * H, (const uint16_t *)b->mtp_cat, 2 * H, (const uint16_t *)b->mtp_eh, 2 * H,
+                    b->h, H, 1, 0.f, s));
+  int xn_ready = 0;
+  const int normed_gemm = b->down_combine && di_cu_gemm_normed_ok(b->blas, Tp, H, H);
+  DI_TRY(layer_step(b, b->n_layers, &xn_ready, normed_gemm));
+  DI_TRY(di_cuk_gather_f32(b->h, b->d_out_rows, b->n_out_p, H, b->hout, s));
+  DI_TRY(di_cuk_rmsnorm(b->hout, H, b->mtp_head_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, NULL, s));
+  if (logits && b->n_out > 0)
+    DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->mtp_head, H,
+                      b->logits, b->V, 1, 0.f, s));
+  DI_CU(cudaStreamSynchronize(s));
+  if (logits && b->n_out > 0)
+    DI_CU(cudaMemcpy(logits, b->logits, sizeof(float) * (size_t)b->n_out * b->V, cudaMemcpyDeviceToHost));
+  if (hidden_out && b->n_out > 0)
+    DI_CU(cudaMemcpy(hidden_out, b->hout, sizeof(float) * (size_t)b->n_out * H, cudaMemcpyDeviceToHost));
+  return DI_OK;
+}
+
 static void cu_destroy(di_backend *bb) {
   cu_backend *b = (cu_backend *)bb;
   if (!b) return;
@@ -908,8 +968,8 @@ static void cu_destroy(di_backend *bb) {
   free(b);
 }
 
-static const di_backend_ops CU_OPS = {"cuda", cu_kv_groups, cu_kv_alloc, cu_submit, cu_wait, cu_sample,
-                                      NULL /* mtp: not yet on CUDA */, NULL /* release */, cu_destroy};
+static const di_backend_ops CU_OPS = {"cuda", cu_kv_groups, cu_kv_alloc, cu_submit, cu_wait, cu_sample, cu_mtp,
+                                      NULL /* release */, cu_destroy};
 
 static di_status create(const di_model_config *c, const di_ds_weights *w, cu_backend *b) {
   int ndev = 0;
@@ -1006,9 +1066,23 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   DI_TRY(up_mat(b, &w->lm_head, b->V, b->H, &b->lm_head, "lm_head"));
   DI_TRY(up_vec(b, w->final_norm, b->H, &b->final_norm));
   b->n_layers = w->n_layers;
-  b->L = (cu_layer *)calloc((size_t)(b->n_layers > 0 ? b->n_layers : 1), sizeof(cu_layer));
+  const char *mtp_env = getenv("DEEPINFER_CUDA_MTP");
+  b->n_mtp = w->n_mtp > 0 && mtp_env && mtp_env[0] == '1' ? 1 : 0;
+  b->L = (cu_layer *)calloc((size_t)(b->n_layers + b->n_mtp > 0 ? b->n_layers + b->n_mtp : 1), sizeof(cu_layer));
   if (!b->L) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
-  for (int l = 0; l < b->n_layers; l++) DI_TRY(upload_layer(b, c, &w->layers[l], &b->L[l], l));
+  for (int l = 0; l < b->n_layers + b->n_mtp; l++) DI_TRY(upload_layer(b, c, &w->layers[l], &b->L[l], l));
+  if (b->n_mtp) {
+    const di_ds_layer *m = &w->layers[w->n_layers];
+    DI_TRY(up_vec(b, m->enorm, b->H, &b->mtp_enorm));
+    DI_TRY(up_vec(b, m->hnorm, b->H, &b->mtp_hnorm));
+    DI_TRY(up_vec(b, m->head_norm, b->H, &b->mtp_head_norm));
+    DI_TRY(up_mat(b, &m->eh_proj, b->H, 2 * (int64_t)b->H, &b->mtp_eh, "eh_proj"));
+    if (m->mtp_embed.data == w->embed.data) b->mtp_embed = b->embed;
+    else DI_TRY(up_mat(b, &m->mtp_embed, b->V, b->H, &b->mtp_embed, "mtp embed_tokens"));
+    if (m->head.data == w->lm_head.data) b->mtp_head = b->lm_head;
+    else DI_TRY(up_mat(b, &m->head, b->V, b->H, &b->mtp_head, "shared_head.head"));
+    b->base.n_mtp_layers = 1;
+  }
   dev_free(b, b->stage);
   b->stage = NULL;
   DI_TRY(ensure_acts(b, 256, 16, 512));
