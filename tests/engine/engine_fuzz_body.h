@@ -161,7 +161,9 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
   o.seed = 1;
   int plp_vocab = FZ_PLP_VOCAB[flags >> 4], vocab = plp_vocab ? plp_vocab : 40;
   mock_backend *mb = mock_backend_new(vocab);
-  if (flags & 8) mb->base.ops = &MOCK_OPS_DEV;
+  /* device sampling; with the max_num_seqs byte's 0x40 bit, with device token feedback (steps queued
+   * before the host has their input tokens) */
+  if (flags & 8) mb->base.ops = (seqs_byte & 0x40) ? &MOCK_OPS_FB : &MOCK_OPS_DEV;
   /* the max_num_seqs byte's high bit: a model whose cache cannot be shared (DeepSeek-V4's per-sequence
    * state): no prefix hits, samples compute their own prompts, new keys start at position 0 */
   mb->no_sharing = (seqs_byte & 0x80) != 0;
