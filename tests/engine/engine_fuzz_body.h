@@ -31,6 +31,7 @@ typedef struct fz_req {
 
 static long fz_compared; /* samples checked against their reference (for the replay test) */
 static long fz_plp_checked, fz_scored; /* prompt arrays checked, score-only requests added */
+static long fz_fb_tokens;               /* tokens taken from the device by a step queued with feedback */
 
 static int fz_reference_ok(const fz_req *q, int sample) {
   di_sampler *s;
@@ -291,6 +292,7 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
     fprintf(stderr, "fuzz: %lld prefix-cache hit tokens with a no_sharing cache\n", (long long)st.prefix_cache_hit_tokens);
     bad++;
   }
+  fz_fb_tokens += mb->fb_resolved;
   di_engine_free(e);
   mock_destroy(&mb->base);
   return bad;
