@@ -7,7 +7,10 @@
  * do not depend on the values, only the routing does, and that comes from the random router.
  * usage: bench_cuda_decode [config.json] [--batches 1,4,16,64,256] [--prompt 512] [--gen 128]
  *                          [--prefill 512,4096] [--skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead]
- * --skip-sweep: batch-1 decode time with each listed phase left out (its marginal cost in the graph). */
+ * --skip-sweep: batch-1 decode time with each listed phase left out (its marginal cost in the graph).
+ * --feedback: decode steps queued with device token feedback (sample_async; each step's tokens are
+ * the previous step's samples, named -1 - row; the host fetches them while the next step runs), as the
+ * engine's async mode does; without it each step waits, samples and copies its tokens first. */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -127,12 +130,14 @@ int main(int argc, char **argv) {
   const char *cfg_path = "bench/configs/v2-lite.json";
   int batches[16] = {1, 4, 16, 64, 256}, nb = 5, prefills[8] = {512, 4096}, np = 2, prompt = 512, gen = 128;
   const char *skip_sweep = NULL; /* phases to leave out one at a time at batch 1 (their marginal cost) */
+  int feedback = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
     else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) np = parse_list(argv[++i], prefills, 8);
     else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--skip-sweep") && i + 1 < argc) skip_sweep = argv[++i];
+    else if (!strcmp(argv[i], "--feedback")) feedback = 1;
     else cfg_path = argv[i];
   }
   FILE *f = fopen(cfg_path, "rb");
@@ -199,12 +204,20 @@ int main(int argc, char **argv) {
         di_backend_cuda_stats(be, &cs0);
       }
       int p = prompt + (step < 0 ? step + warm : step);
-      for (int s = 0; s < B; s++) { tok[s] = next[s]; pos[s] = p; seq[s] = s; rows[s] = s; }
+      const int fb = feedback && step > -warm; /* the previous step's sampling is queued on the device */
+      for (int s = 0; s < B; s++) { tok[s] = fb ? -1 - s : next[s]; pos[s] = p; seq[s] = s; rows[s] = s; }
       di_batch b = {.n_tokens = B, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = B, .seqs = seqs,
                     .n_outputs = B, .output_rows = rows};
+      if (feedback) {
+        if (be->ops->submit(be, &b) != DI_OK) FAIL(0);
+        if (fb && be->ops->sample_fetch(be, next) != DI_OK) FAIL(0); /* the previous step's, while this one runs */
+        if (be->ops->sample_async(be, srow, B) != DI_OK) FAIL(0);
+        continue;
+      }
       if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
       if (be->ops->sample(be, srow, B, next) != DI_OK) FAIL(0);
     }
+    if (feedback && be->ops->sample_fetch(be, next) != DI_OK) FAIL(0);
     double sec = (di_cut_time_ms() - tstart) / 1e3;
     res_dec[bi] = (double)B * gen / sec;
     printf("%-8d %12.0f %14.3f %12.2f", B, res_dec[bi], sec * 1e3 / gen, tp);

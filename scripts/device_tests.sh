@@ -59,6 +59,9 @@ stage kernels 240 "$BIN/test_cuda_kernels"
 [ "${SKIP_MODEL:-0}" = 1 ] || stage model 240 "$BIN/test_cuda_model"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage engine 240 "$BIN/test_cuda_engine"
 [ "${SKIP_BENCH:-0}" = 1 ] || stage bench 420 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json ${BENCH_ARGS:-}
+# the same decode with device token feedback (steps queued before the host has their tokens)
+[ "${SKIP_BENCH:-0}" = 1 ] || [ "${SKIP_FEEDBACK:-0}" = 1 ] || stage bench_feedback 300 "$BIN/bench_cuda_decode" \
+  bench/configs/v2-lite.json --feedback --prefill 0
 # per-phase device time of eager steps (graphs off): where a decode step spends its time
 [ "${SKIP_PROFILE:-0}" = 1 ] || stage profile 200 env DEEPINFER_CUDA_PROFILE=1 "$BIN/bench_cuda_decode" \
   bench/configs/v2-lite.json --batches 1 --gen 32 --prefill 0

@@ -88,6 +88,16 @@ typedef struct di_backend_ops {
    * (finished, aborted, preempted): drop its state. Unknown keys are ignored. Never called while a
    * step that contains the sequence is in flight. */
   void (*release)(di_backend *b, uint64_t key);
+  /* Optional pair (both or neither), for device backends: sampling whose tokens stay on the device, so
+   * the next step can be queued before the host has them ("zero-overhead" decoding). sample_async:
+   * instead of wait() + sample(), queue the sampling of the submitted step's output rows (one per row,
+   * as sample()) behind it, without blocking; the step then counts as finished for submit(), and its
+   * logits and hidden states cannot be read. A following submit() may then hold token ids < 0 in its
+   * batch: -1 - j is the token sampled for output row j of that step, resolved on the device.
+   * sample_fetch: blocks until those tokens are on the host and writes them (one per row); it may be
+   * called after the next submit(), whose work then overlaps it. */
+  di_status (*sample_async)(di_backend *b, const di_sample_row *rows, int n);
+  di_status (*sample_fetch)(di_backend *b, int32_t *tokens);
   void (*destroy)(di_backend *b);
 } di_backend_ops;
 

@@ -87,6 +87,9 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
     e->dev_tokens = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_tokens);
     const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
     e->device_sampling = be->ops->sample != NULL && !(hs && *hs && strcmp(hs, "0") != 0);
+    const char *nf = getenv("DEEPINFER_NO_FEEDBACK");
+    e->feedback = e->device_sampling && be->ops->sample_async && be->ops->sample_fetch && opt.async_scheduling &&
+                  !(nf && *nf && strcmp(nf, "0") != 0);
     e->jobs = malloc((size_t)opt.max_num_seqs * sizeof *e->jobs);
     e->cap_queue = 64;
     e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
@@ -321,15 +324,18 @@ static int plan_device_sampling(di_engine *e, di_sched *s) {
 }
 
 /* Samples the rows of a completed step and applies what the next step depends on. */
+/* on_device: 1 sample on the device now, 2 the tokens are in e->dev_tokens already (feedback_step). A
+ * request that is also in the step queued after this one (in_next) stays in flight: its blocks and its
+ * pending token belong to that step now. */
 static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
   int n_jobs = 0;
-  if (on_device) DI_TRY(e->be->ops->sample(e->be, e->dev_rows, s->batch.n_outputs, e->dev_tokens));
+  if (on_device == 1) DI_TRY(e->be->ops->sample(e->be, e->dev_rows, s->batch.n_outputs, e->dev_tokens));
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
     di_req *r = en->r;
-    r->inflight = 0;
-    r->pending = 0;
+    r->inflight = r->in_next;
+    if (!r->in_next) r->pending = 0;
     int my_row = en->sample ? en->sample_row : -1;
     if (r->state == DI_REQ_DONE) { /* ended while the step ran: its blocks can go back now */
       di_req_free_kv(e, r);
@@ -420,6 +426,90 @@ static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
   return st;
 }
 
+/* Device token feedback ("zero-overhead" decoding): the in-flight step `cur` is sampled on the device
+ * and `next` (planned while cur ran, its placeholders being cur's samples) is queued right behind that
+ * sampling, before the host has the tokens; then the host fetches them (next computes meanwhile) and
+ * does cur's bookkeeping. A request that ends with cur's token (a stop token, its length) is already
+ * in next: it stays in flight there, and that step's token for it is dropped when it completes, as
+ * for a stop string found while a step runs. Called only when every row of cur is sampled on the
+ * device (plan_device_sampling) and next has work. */
+static di_status feedback_step(di_engine *e, di_sched *cur, di_sched *next, double *t_blocked) {
+  di_backend *be = e->be;
+  di_status st = be->ops->sample_async(be, e->dev_rows, cur->batch.n_outputs);
+  e->inflight_active = 0;
+  if (st != DI_OK) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", di_last_error());
+    for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
+    di_sched_clear(next);
+    di_error_set(st, "%s", msg);
+    return fail_inflight(e, cur, st);
+  }
+  /* next without the requests that ended or were aborted before it runs */
+  int dropped = 0;
+  for (int i = 0; i < next->n; i++) {
+    di_req *r = next->e[i].r;
+    if (r->state == DI_REQ_DONE) { next->e[i].dropped = 1; dropped = 1; continue; }
+    if (r->abort_requested) { di_req_finish(e, r, DI_FINISH_ABORT, NULL); next->e[i].dropped = 1; dropped = 1; }
+  }
+  if (dropped) DI_TRY(di_sched_build_batch(e, next));
+  /* placeholders: the token cur samples for the request, by its output row */
+  for (int i = 0; i < cur->n; i++) {
+    di_sched_entry *en = &cur->e[i];
+    if (!en->dropped) en->r->fb_row = en->sample ? en->sample_row : -1;
+  }
+  int t = 0, ok = 1;
+  for (int i = 0; i < next->n; i++) {
+    di_sched_entry *en = &next->e[i];
+    if (en->dropped) continue;
+    for (int k = 0; k < en->n_new; k++, t++)
+      if (next->tokens[t] < 0) {
+        if (en->r->fb_row < 0) ok = 0; /* cannot happen: a placeholder is always cur's sample */
+        next->tokens[t] = -1 - en->r->fb_row;
+      }
+  }
+  for (int i = 0; i < cur->n; i++)
+    if (!cur->e[i].dropped) cur->e[i].r->fb_row = -1;
+  DI_ASSERT(ok);
+  if (next->batch.n_tokens > 0) {
+    st = submit(e, next);
+    if (st != DI_OK) {
+      /* cur's tokens are still on the device: fetch them so cur completes, then fail next */
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", di_last_error());
+      if (be->ops->sample_fetch(be, e->dev_tokens) == DI_OK) (void)sample_step(e, cur, 2);
+      di_error_set(st, "%s", msg);
+      return fail_inflight(e, next, st);
+    }
+    e->cur ^= 1;
+    e->feedback_steps++;
+    for (int i = 0; i < next->n; i++)
+      if (!next->e[i].dropped) next->e[i].r->in_next = 1;
+  } else {
+    di_sched_clear(next);
+  }
+  /* cur's tokens, while next computes */
+  double tf = di_now();
+  st = be->ops->sample_fetch(be, e->dev_tokens);
+  *t_blocked += di_now() - tf;
+  if (st == DI_OK) st = sample_step(e, cur, 2);
+  for (int i = 0; i < next->n; i++)
+    if (!next->e[i].dropped) next->e[i].r->in_next = 0;
+  if (st != DI_OK) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", di_last_error());
+    if (e->inflight_active) { /* drain the queued step, then fail both */
+      (void)be->ops->wait(be, NULL, NULL);
+      fail_inflight(e, next, st);
+    }
+    di_error_set(st, "%s", msg);
+    return fail_inflight(e, cur, st);
+  }
+  di_plp_finish_scored(e, cur);
+  di_sched_patch_tokens(next); /* the host copy of its tokens, now known */
+  return DI_OK;
+}
+
 di_status di_engine_step(di_engine *e, di_step_output **out) {
   double t0 = di_now(), t_blocked = 0;
   di_status st_spec = DI_OK;
@@ -447,50 +537,60 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       if (next->n > 0) DI_TRY(di_sched_build_batch(e, next));
     }
     int on_device = e->spec ? 0 : plan_device_sampling(e, cur);
-    double tw = di_now();
-    e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
-    st = e->be->ops->wait(e->be, on_device ? NULL : e->logits, e->spec ? di_spec_hidden(e) : NULL);
-    double tw1 = di_now();
-    t_blocked += tw1 - tw;
-    e->wait_s += tw1 - tw;
-    e->inflight_active = 0;
-    if (st != DI_OK) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", di_last_error());
-      for (int i = 0; i < next->n; i++) /* the plan for n+1 is void: its requests fail too */
-        di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
-      di_sched_clear(next);
-      di_error_set(st, "%s", msg);
-      fail_inflight(e, cur, st);
-      collect_outputs(e);
-      *out = &e->step_out;
-      return st;
-    }
-    if (cur->n_plp > 0) di_plp_extract(e, cur);
-    st = e->spec ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
-    if (st == DI_OK) di_plp_finish_scored(e, cur);
-    if (st != DI_OK) {
-      for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, di_last_error());
-      di_sched_clear(next);
-      return fail_inflight(e, cur, st);
-    }
-    if (next->n > 0) {
-      int dropped = 0;
-      for (int i = 0; i < next->n; i++) {
-        di_req *r = next->e[i].r;
-        if (r->state == DI_REQ_DONE) { next->e[i].dropped = 1; dropped = 1; continue; }
-        if (r->abort_requested) { di_req_finish(e, r, DI_FINISH_ABORT, NULL); next->e[i].dropped = 1; dropped = 1; }
+    if (on_device && e->feedback && next->n > 0 && cur->n_plp == 0) {
+      e->hidden_s += di_now() - (e->t_submit > t0 ? e->t_submit : t0);
+      st = feedback_step(e, cur, next, &t_blocked);
+      if (st != DI_OK) {
+        collect_outputs(e);
+        *out = &e->step_out;
+        return st;
       }
-      if (dropped) DI_TRY(di_sched_build_batch(e, next));
-      else di_sched_patch_tokens(next);
-      if (next->batch.n_tokens > 0) {
-        double ts = di_now();
-        st = submit(e, next);
-        t_blocked += di_now() - ts;
-        e->cur ^= 1;
-        if (st != DI_OK) return fail_inflight(e, next, st);
-      } else {
+    } else {
+      double tw = di_now();
+      e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
+      st = e->be->ops->wait(e->be, on_device ? NULL : e->logits, e->spec ? di_spec_hidden(e) : NULL);
+      double tw1 = di_now();
+      t_blocked += tw1 - tw;
+      e->wait_s += tw1 - tw;
+      e->inflight_active = 0;
+      if (st != DI_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", di_last_error());
+        for (int i = 0; i < next->n; i++) /* the plan for n+1 is void: its requests fail too */
+          di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
         di_sched_clear(next);
+        di_error_set(st, "%s", msg);
+        fail_inflight(e, cur, st);
+        collect_outputs(e);
+        *out = &e->step_out;
+        return st;
+      }
+      if (cur->n_plp > 0) di_plp_extract(e, cur);
+      st = e->spec ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
+      if (st == DI_OK) di_plp_finish_scored(e, cur);
+      if (st != DI_OK) {
+        for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, di_last_error());
+        di_sched_clear(next);
+        return fail_inflight(e, cur, st);
+      }
+      if (next->n > 0) {
+        int dropped = 0;
+        for (int i = 0; i < next->n; i++) {
+          di_req *r = next->e[i].r;
+          if (r->state == DI_REQ_DONE) { next->e[i].dropped = 1; dropped = 1; continue; }
+          if (r->abort_requested) { di_req_finish(e, r, DI_FINISH_ABORT, NULL); next->e[i].dropped = 1; dropped = 1; }
+        }
+        if (dropped) DI_TRY(di_sched_build_batch(e, next));
+        else di_sched_patch_tokens(next);
+        if (next->batch.n_tokens > 0) {
+          double ts = di_now();
+          st = submit(e, next);
+          t_blocked += di_now() - ts;
+          e->cur ^= 1;
+          if (st != DI_OK) return fail_inflight(e, next, st);
+        } else {
+          di_sched_clear(next);
+        }
       }
     }
     /* the rest of step n's results, while step n+1 computes */

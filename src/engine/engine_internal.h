@@ -124,6 +124,9 @@ typedef struct di_req {
   int plp_from; /* the first prompt index reported (di_request_params.prompt_logprobs_from) */
   int plp_next;
   int plp_sent;              /* delivered with the first output */
+  /* device token feedback (engine.c, feedback_step): the output row of this request's sample in the
+   * step whose sampling is queued (-1: none), and whether it is also in the step queued after it */
+  int fb_row, in_next;
   int score_only;            /* max_tokens 0 with prompt logprobs: no sample row, ends after the prompt */
   float *plp;
   di_token_logprob *plp_top;
@@ -166,6 +169,9 @@ struct di_engine {
   di_sample_row *dev_rows;   /* [max_num_seqs] rows for a backend that samples on the device */
   int32_t *dev_tokens;
   int device_sampling;       /* the backend samples and DEEPINFER_HOST_SAMPLING is unset */
+  int feedback;              /* ... and can keep the tokens on the device (sample_async / sample_fetch), with
+                                async scheduling on and DEEPINFER_NO_FEEDBACK unset */
+  int64_t feedback_steps;    /* steps queued before the host had their input tokens */
   uint64_t next_id, seed_state;
   /* requests: every live one in `all`; queues hold pointers */
   di_req **all;

@@ -31,6 +31,7 @@ typedef struct fz_req {
 
 static long fz_compared; /* samples checked against their reference (for the replay test) */
 static long fz_plp_checked, fz_scored; /* prompt arrays checked, score-only requests added */
+static long fz_fb_tokens;               /* tokens taken from the device by a step queued with feedback */
 
 static int fz_reference_ok(const fz_req *q, int sample) {
   di_sampler *s;
@@ -161,7 +162,9 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
   o.seed = 1;
   int plp_vocab = FZ_PLP_VOCAB[flags >> 4], vocab = plp_vocab ? plp_vocab : 40;
   mock_backend *mb = mock_backend_new(vocab);
-  if (flags & 8) mb->base.ops = &MOCK_OPS_DEV;
+  /* device sampling; with the max_num_seqs byte's 0x40 bit, with device token feedback (steps queued
+   * before the host has their input tokens) */
+  if (flags & 8) mb->base.ops = (seqs_byte & 0x40) ? &MOCK_OPS_FB : &MOCK_OPS_DEV;
   /* the max_num_seqs byte's high bit: a model whose cache cannot be shared (DeepSeek-V4's per-sequence
    * state): no prefix hits, samples compute their own prompts, new keys start at position 0 */
   mb->no_sharing = (seqs_byte & 0x80) != 0;
@@ -289,6 +292,7 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
     fprintf(stderr, "fuzz: %lld prefix-cache hit tokens with a no_sharing cache\n", (long long)st.prefix_cache_hit_tokens);
     bad++;
   }
+  fz_fb_tokens += mb->fb_resolved;
   di_engine_free(e);
   mock_destroy(&mb->base);
   return bad;

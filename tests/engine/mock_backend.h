@@ -36,6 +36,14 @@ typedef struct mock_backend {
   int n_keys, cap_keys;
   int key_errors;               /* a key that did not continue, or a new one not at 0 under no_sharing */
   int64_t releases;
+  /* device token feedback (MOCK_OPS_FB): the tokens of the last sample_async, and the submitted batch
+   * with its placeholders (ids < 0) resolved from them */
+  int32_t *fb_tokens;
+  int fb_n, fb_fetched;
+  int64_t fb_resolved;          /* placeholder tokens resolved */
+  int32_t *fb_batch_tokens;
+  int fb_cap;
+  di_batch fb_batch;
 } mock_backend;
 
 static uint64_t mock_mix(uint64_t x) {
@@ -183,6 +191,7 @@ static di_status mock_wait(di_backend *b, float *logits, float *hidden) {
 
 static void mock_destroy(di_backend *b) {
   mock_backend *m = (mock_backend *)b;
+  free(m->fb_tokens); free(m->fb_batch_tokens);
   free(m->kv_tok); free(m->kv_pos); free(m->out);
   free(m->keys); free(m->key_next);
   free(m);
@@ -214,6 +223,54 @@ static di_status mock_sample(di_backend *b, const di_sample_row *rows, int n, in
 static const di_backend_ops MOCK_OPS_DEV = {.name = "mock-dev", .kv_groups = mock_kv_groups, .kv_alloc = mock_kv_alloc,
                                             .submit = mock_submit, .wait = mock_wait, .sample = mock_sample,
                                             .release = mock_release, .destroy = mock_destroy};
+
+/* device token feedback: sample_async runs the submitted step and samples it (the "device" keeps the
+ * tokens); a later submit may use -1 - j for row j's token, resolved here; sample_fetch hands them out.
+ * Misuse (a placeholder without a sample to take it from, a row out of range, a fetch twice) counts as
+ * an error, which the tests check is zero. */
+static di_status mock_sample_async(di_backend *b, const di_sample_row *rows, int n) {
+  mock_backend *m = (mock_backend *)b;
+  if (m->pending) mock_run(m, m->pending);
+  m->pending = NULL;
+  m->fb_tokens = realloc(m->fb_tokens, (size_t)(n > 0 ? n : 1) * sizeof *m->fb_tokens);
+  DI_TRY(mock_sample(b, rows, n, m->fb_tokens));
+  m->fb_n = n;
+  m->fb_fetched = 0;
+  return DI_OK;
+}
+static di_status mock_sample_fetch(di_backend *b, int32_t *tokens) {
+  mock_backend *m = (mock_backend *)b;
+  if (m->fb_fetched) m->errors++;
+  m->fb_fetched = 1;
+  memcpy(tokens, m->fb_tokens, (size_t)m->fb_n * sizeof *tokens);
+  return DI_OK;
+}
+static di_status mock_submit_fb(di_backend *b, const di_batch *bt) {
+  mock_backend *m = (mock_backend *)b;
+  if (m->pending) m->errors++; /* the previous step was neither waited for nor sampled */
+  DI_TRY(mock_submit(b, bt));
+  if (bt->n_tokens > m->fb_cap) {
+    m->fb_cap = bt->n_tokens;
+    m->fb_batch_tokens = realloc(m->fb_batch_tokens, (size_t)m->fb_cap * sizeof *m->fb_batch_tokens);
+  }
+  for (int i = 0; i < bt->n_tokens; i++) {
+    int32_t t = bt->tokens[i];
+    if (t < 0) {
+      const int j = -1 - t;
+      if (j >= m->fb_n) { m->errors++; t = 0; }
+      else { t = m->fb_tokens[j]; m->fb_resolved++; }
+    }
+    m->fb_batch_tokens[i] = t;
+  }
+  m->fb_batch = *bt;
+  m->fb_batch.tokens = m->fb_batch_tokens;
+  m->pending = &m->fb_batch;
+  return DI_OK;
+}
+static const di_backend_ops MOCK_OPS_FB = {.name = "mock-fb", .kv_groups = mock_kv_groups, .kv_alloc = mock_kv_alloc,
+                                           .submit = mock_submit_fb, .wait = mock_wait, .sample = mock_sample,
+                                           .release = mock_release, .sample_async = mock_sample_async,
+                                           .sample_fetch = mock_sample_fetch, .destroy = mock_destroy};
 
 static mock_backend *mock_backend_new(int vocab) {
   mock_backend *m = calloc(1, sizeof *m);

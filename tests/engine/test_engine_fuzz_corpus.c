@@ -24,7 +24,8 @@ int main(void) {
   CHECKF(fz_compared > 300, "only %ld samples compared with their reference", fz_compared);
   CHECKF(fz_plp_checked > 30 && fz_scored > 10, "only %ld prompt-logprob outputs checked, %ld score-only requests",
          fz_plp_checked, fz_scored);
-  fprintf(stderr, "%ld samples equal to their reference, %ld prompt-logprob outputs, %ld score-only requests\n",
-          fz_compared, fz_plp_checked, fz_scored);
+  CHECKF(fz_fb_tokens > 20, "only %ld tokens went through device token feedback", fz_fb_tokens);
+  fprintf(stderr, "%ld samples equal to their reference, %ld prompt-logprob outputs, %ld score-only requests, "
+          "%ld tokens fed back on the device\n", fz_compared, fz_plp_checked, fz_scored, fz_fb_tokens);
   return test_finish("test_engine_fuzz_corpus");
 }

@@ -90,6 +90,7 @@ static int run_engine(case_t *cs, int n, di_engine_options *opt, mock_backend **
                       const char *what, int device_sampling) {
   mock_backend *mb = mock_backend_new(VOCAB);
   if (device_sampling == 1) mb->base.ops = &MOCK_OPS_DEV;
+  if (device_sampling == 3) mb->base.ops = &MOCK_OPS_FB; /* device sampling with token feedback */
   if (device_sampling == 2) setenv("DEEPINFER_SAMPLER_THREADS", "3", 1); /* host rows over 3 threads */
   di_engine *e;
   di_status st = mock_engine(mb, opt, 0, 4096, &e);
@@ -146,8 +147,9 @@ static void test_equivalence(int sampled) {
   static case_t cs[NREQ];
   make_cases(cs, NREQ, sampled);
   const char *names[] = {"default", "no prefix cache", "no chunked prefill", "sync", "tiny budget", "one by one",
-                         "device sampling", "threaded host sampling"};
-  for (int v = 0; v < 8; v++) {
+                         "device sampling", "threaded host sampling", "device token feedback",
+                         "token feedback, tiny budget"};
+  for (int v = 0; v < 10; v++) {
     di_engine_options o;
     di_engine_options_default(&o);
     o.max_num_batched_tokens = 256;
@@ -155,20 +157,21 @@ static void test_equivalence(int sampled) {
     if (v == 1) o.enable_prefix_caching = 0;
     if (v == 2) { o.enable_chunked_prefill = 0; o.max_num_batched_tokens = 1024; }
     if (v == 3) o.async_scheduling = 0;
-    if (v == 4) { o.num_kv_blocks = 18; o.max_num_batched_tokens = 100; }
+    if (v == 4 || v == 9) { o.num_kv_blocks = 18; o.max_num_batched_tokens = 100; }
     if (v == 5) o.max_num_seqs = 1;
     di_engine_stats st;
     memset(&st, 0, sizeof st);
     char what[64];
     snprintf(what, sizeof what, "%s/%s", sampled ? "sampled" : "greedy", names[v]);
     mock_backend *mb = NULL;
-    int bad = run_engine(cs, NREQ, &o, &mb, &st, what, v == 6 ? 1 : v == 7 ? 2 : 0);
+    int bad = run_engine(cs, NREQ, &o, &mb, &st, what, v == 6 ? 1 : v == 7 ? 2 : v >= 8 ? 3 : 0);
     if (v == 6) CHECKF(mb->device_samples > 0, "%s: no row was sampled on the device", what);
+    if (v >= 8) CHECKF(mb->fb_resolved > 0, "%s: no step was queued with its tokens left on the device", what);
     mock_destroy(&mb->base);
     CHECKF(bad == 0, "%s: %d of %d requests differ from the request alone", what, bad, NREQ);
     if (v == 0) CHECKF(st.prefix_cache_hit_tokens > 0, "%s: no prefix-cache hits on shared prompts", what);
     if (v == 1) CHECK(st.prefix_cache_hit_tokens == 0);
-    if (v == 4) CHECKF(st.preemptions > 0, "%s: expected preemptions with 18 blocks, got none", what);
+    if (v == 4 || v == 9) CHECKF(st.preemptions > 0, "%s: expected preemptions with 18 blocks, got none", what);
   }
 }
 

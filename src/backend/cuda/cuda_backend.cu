@@ -121,6 +121,12 @@ typedef struct cu_backend {
   cudaEvent_t marks[MAX_MARKS];
   int gpu_time, timing;        /* DEEPINFER_CUDA_GPU_TIME=1; this step's graph is between ev_g0/ev_g1 */
   cudaEvent_t ev_g0, ev_g1;
+  /* device token feedback (sample_async / sample_fetch): rows of the last queued sampling (token ids
+   * -1 - j < 0 of the next batch refer to them), the event after its copy to the host, and the event
+   * after each input upload (prepare() must not rewrite the pinned input block before that copy ran) */
+  int fb_n, fb_pending;
+  cudaEvent_t ev_sampled, ev_h2d;
+  int h2d_recorded;
   const char *mark_label[MAX_MARKS];
   const char *plabel[64];
   double ptime[64];
@@ -556,7 +562,7 @@ static di_status forward(cu_backend *b) {
   const int T = b->Tp, H = b->H;
   b->n_marks = 0;
   PROF("start");
-  DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, T, H, b->h, s));
+  DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, b->d_sample_out, T, H, b->h, s));
   int xn_ready = 0; /* the MoE combine already wrote this layer's normed input */
   /* decode-sized steps: each layer's attention norm is done by its q/kv GEMM, and a one-token step's
    * MoE down projection adds the weighted expert outputs to h itself (DEEPINFER_CUDA_DOWN_COMBINE=0:
@@ -597,6 +603,9 @@ static di_status ensure_inputs(cu_backend *b, size_t n) {
 
 static di_status prepare(cu_backend *b, const di_batch *bt) {
   const int T = bt->n_tokens, NH = b->NH;
+  /* the pinned input block is rewritten below: the previous step's upload must have run (with token
+   * feedback that step may still be queued) */
+  if (b->h2d_recorded) DI_CU(cudaEventSynchronize(b->ev_h2d));
   if (T <= 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: empty batch");
   if (bt->n_outputs < 0 || bt->n_outputs > T)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: %d outputs for %d tokens", bt->n_outputs, T);
@@ -608,8 +617,9 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   for (int t = 0; t < T; t++) {
     int sq = bt->seq_of[t], pos = bt->positions[t];
     if (sq < 0 || sq >= bt->n_seqs) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: sequence %d of %d", t, sq, bt->n_seqs);
-    if (bt->tokens[t] < 0 || bt->tokens[t] >= b->V)
-      return di_error_set(DI_ERR_INVALID_ARG, "token id %d out of range [0, %d)", bt->tokens[t], b->V);
+    if (bt->tokens[t] >= b->V || (bt->tokens[t] < 0 && -1 - bt->tokens[t] >= b->fb_n))
+      return di_error_set(DI_ERR_INVALID_ARG, bt->tokens[t] < 0 ? "token id %d: no sampled row %d to take it from" :
+                          "token id %d out of range [0, %d)", bt->tokens[t], bt->tokens[t] < 0 ? -1 - bt->tokens[t] : b->V);
     if (pos < 0 || pos / DI_KV_BLOCK_SIZE >= bt->seqs[sq].n_blocks)
       return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: position %d beyond its %d blocks", t, pos, bt->seqs[sq].n_blocks);
     if (pos / DI_KV_BLOCK_SIZE + 1 > max_blocks) max_blocks = pos / DI_KV_BLOCK_SIZE + 1;
@@ -804,6 +814,8 @@ static di_status cu_submit(di_backend *bb, const di_batch *batch) {
   if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: submit while a step is in flight");
   DI_TRY(prepare(b, batch));
   DI_CU(cudaMemcpyAsync(b->in_dev, b->in_host, b->in_used * sizeof(int32_t), cudaMemcpyHostToDevice, b->stream));
+  DI_CU(cudaEventRecord(b->ev_h2d, b->stream));
+  b->h2d_recorded = 1;
   b->stats.steps++;
   const int graph = b->use_graphs && b->T <= DI_CUDA_GRAPH_MAX_T;
   if (!graph) {
@@ -919,7 +931,7 @@ static di_status cu_mtp(di_backend *bb, const di_batch *batch, const float *prev
   DI_CU(cudaMemcpyAsync(b->in_dev, b->in_host, b->in_used * sizeof(int32_t), cudaMemcpyHostToDevice, s));
   DI_CU(cudaMemsetAsync(b->mtp_prev, 0, sizeof(float) * (size_t)Tp * H, s)); /* padding rows */
   DI_CU(cudaMemcpyAsync(b->mtp_prev, prev_hidden, sizeof(float) * (size_t)T * H, cudaMemcpyHostToDevice, s));
-  DI_TRY(di_cuk_embed((const uint16_t *)b->mtp_embed, b->d_tokens, Tp, H, b->h, s));
+  DI_TRY(di_cuk_embed((const uint16_t *)b->mtp_embed, b->d_tokens, b->d_sample_out, Tp, H, b->h, s));
   DI_TRY(di_cuk_rmsnorm(b->h, H, b->mtp_enorm, Tp, H, b->eps, (uint16_t *)b->mtp_cat, 2 * H, NULL, s));
   DI_TRY(di_cuk_rmsnorm(b->mtp_prev, H, b->mtp_hnorm, Tp, H, b->eps, (uint16_t *)b->mtp_cat + H, 2 * H, NULL, s));
   DI_TRY(di_cu_gemm(b->blas, Tp, H, 2 * H, (const uint16_t *)b->mtp_cat, 2 * H, (const uint16_t *)b->mtp_eh, 2 * H,
@@ -940,6 +952,46 @@ static di_status cu_mtp(di_backend *bb, const di_batch *batch, const float *prev
   return DI_OK;
 }
 
+/* Device token feedback: cu_sample's work queued without waiting (the step then counts as finished for
+ * submit(); its logits are not read), and the host copy of the tokens behind an event. The next
+ * submit may name these tokens as -1 - row; embed_kernel reads them from d_sample_out, which the
+ * stream orders before it. */
+static di_status cu_sample_async(di_backend *bb, const di_sample_row *rows, int n) {
+  cu_backend *b = (cu_backend *)bb;
+  if (!b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample_async without a submitted step");
+  if (n != b->n_out) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample of %d rows after a step with %d outputs", n, b->n_out);
+  for (int i = 0; i < n; i++) {
+    di_cuk_sample_row *r = &b->h_sample_rows[i];
+    r->temperature = rows[i].temperature;
+    r->top_p = rows[i].top_p;
+    r->min_p = rows[i].min_p;
+    r->top_k = rows[i].top_k;
+    r->vocab_limit = rows[i].vocab_limit;
+    r->seed = rows[i].seed;
+    r->counter = rows[i].counter;
+  }
+  DI_CU(cudaMemcpyAsync(b->d_sample_rows, b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)n,
+                        cudaMemcpyHostToDevice, b->stream));
+  DI_TRY(di_cuk_sample(b->logits, n, b->V, b->d_sample_rows, b->d_sample_out, b->stream));
+  DI_CU(cudaMemcpyAsync(b->h_sample_out, b->d_sample_out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
+                        b->stream));
+  DI_CU(cudaEventRecord(b->ev_sampled, b->stream));
+  b->pending = 0;
+  b->timing = 0;
+  b->fb_n = n;
+  b->fb_pending = 1;
+  return DI_OK;
+}
+
+static di_status cu_sample_fetch(di_backend *bb, int32_t *tokens) {
+  cu_backend *b = (cu_backend *)bb;
+  if (!b->fb_pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample_fetch without sample_async");
+  DI_CU(cudaEventSynchronize(b->ev_sampled));
+  memcpy(tokens, b->h_sample_out, sizeof(int32_t) * (size_t)b->fb_n);
+  b->fb_pending = 0;
+  return DI_OK;
+}
+
 static void cu_destroy(di_backend *bb) {
   cu_backend *b = (cu_backend *)bb;
   if (!b) return;
@@ -955,6 +1007,8 @@ static void cu_destroy(di_backend *bb) {
   if (b->prof)
     for (int i = 0; i < MAX_MARKS; i++) if (b->marks[i]) cudaEventDestroy(b->marks[i]);
   if (b->ev_g0) cudaEventDestroy(b->ev_g0);
+  if (b->ev_sampled) cudaEventDestroy(b->ev_sampled);
+  if (b->ev_h2d) cudaEventDestroy(b->ev_h2d);
   if (b->ev_g1) cudaEventDestroy(b->ev_g1);
   drop_graphs(b);
   for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
@@ -969,7 +1023,7 @@ static void cu_destroy(di_backend *bb) {
 }
 
 static const di_backend_ops CU_OPS = {"cuda", cu_kv_groups, cu_kv_alloc, cu_submit, cu_wait, cu_sample, cu_mtp,
-                                      NULL /* release */, cu_destroy};
+                                      NULL /* release */, cu_sample_async, cu_sample_fetch, cu_destroy};
 
 static di_status create(const di_model_config *c, const di_ds_weights *w, cu_backend *b) {
   int ndev = 0;
@@ -1008,6 +1062,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
+  DI_CU(cudaEventCreateWithFlags(&b->ev_sampled, cudaEventDisableTiming));
+  DI_CU(cudaEventCreateWithFlags(&b->ev_h2d, cudaEventDisableTiming));
   const char *gt = getenv("DEEPINFER_CUDA_GPU_TIME");
   if (gt && strcmp(gt, "1") == 0) {
     DI_CU(cudaEventCreate(&b->ev_g0));

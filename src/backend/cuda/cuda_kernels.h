@@ -13,9 +13,10 @@ extern "C" {
 typedef struct CUstream_st *di_cu_stream; /* == cudaStream_t */
 
 /* ---- elementwise / norms (k_norm.cu) ---- */
-/* h[t][:] = float(table[tokens[t]][:]) */
-di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, int T, int hidden, float *h,
-                       di_cu_stream s);
+/* h[t][:] = float(table[tokens[t]][:]); tokens[t] < 0 takes sampled[-1 - tokens[t]] (device token
+ * feedback: the previous step's sampled tokens; NULL when none may be negative) */
+di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, const int32_t *sampled, int T, int hidden,
+                       float *h, di_cu_stream s);
 /* out[t][:] = bf16(x[t][:] / rms(x[t]) * w) over n columns; x row stride ldx, out row stride ldo.
  * out_f32 (may be NULL): the same values in f32, row stride n (the router's fp32 input). */
 di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,

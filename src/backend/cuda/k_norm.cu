@@ -5,17 +5,22 @@
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 
-static __global__ void embed_kernel(const bf16 *table, const int32_t *tokens, int hidden, float *h) {
+/* tokens[t] < 0: the token sampled for output row -1 - tokens[t] of the previous step, in `sampled`
+ * (device token feedback; the backend checked the row is in range) */
+static __global__ void embed_kernel(const bf16 *table, const int32_t *tokens, const int32_t *sampled, int hidden,
+                                    float *h) {
   DI_PDL_ENTRY();
   int t = blockIdx.x;
-  const bf16 *row = table + (int64_t)tokens[t] * hidden;
+  int id = tokens[t];
+  if (id < 0) id = sampled[-1 - id];
+  const bf16 *row = table + (int64_t)id * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) h[(int64_t)t * hidden + i] = di_bf(row[i]);
 }
 
-extern "C" di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, int T, int hidden,
-                                  float *h, di_cu_stream s) {
+extern "C" di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, const int32_t *sampled, int T,
+                                  int hidden, float *h, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  DI_CU(di_launch(embed_kernel, T, 256, 0, s, (const bf16 *)table, tokens, hidden, h));
+  DI_CU(di_launch(embed_kernel, T, 256, 0, s, (const bf16 *)table, tokens, sampled, hidden, h));
   DI_CU_LAUNCH("embed");
   return DI_OK;
 }
