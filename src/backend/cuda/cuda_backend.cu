@@ -69,7 +69,6 @@ typedef struct cu_backend {
   cudaStream_t stream;
   di_cu_blas *blas;
   int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine, fold_uv;
-  int pf_pos, pf_what, pf_evict_last, pf_ctas; /* L2 warming of the shared experts (warm_shared_experts) */
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -424,26 +423,12 @@ static void prof_mark(cu_backend *b, const char *label) {
 /* One decoder layer on b->h (T rows): main layer l, or the MTP layer (l = n_layers + i). *xn_ready_io:
  * in, the previous layer's MoE combine already wrote this layer's normed input to xn; out, the same
  * for the layer after it. normed_gemm: decode-sized steps norm inside the q/kv GEMM (see forward). */
-/* At decode-sized steps, the shared experts' weights of layer l go into L2 while the layer's
- * latency-bound kernels run (k_prefetch.cu), from position b->pf_pos of the layer (1: before the q/kv
- * GEMM, 2: before the attention, 3: before o_proj; 0: off); pf_what: 1 gate/up, 2 down, 3 both. */
-enum { PF_AT_QKV = 1, PF_AT_ATTN = 2, PF_AT_O = 3 };
-static di_status warm_shared_experts(cu_backend *b, const cu_layer *L, int at) {
-  if (b->pf_pos != at || b->Tp > GEMV_MAX_T || !L->is_moe || !L->has_shared || b->n_sh == 0) return DI_OK;
-  const uint64_t gu = (uint64_t)2 * b->Ip * b->Hp * 2, dn = (uint64_t)b->Hp * b->Ip * 2; /* bytes per expert */
-  di_cuk_span s0 = {NULL, 0}, s1 = {NULL, 0};
-  if (b->pf_what & 1) s0 = (di_cuk_span){(const char *)L->exp_gu + gu * b->E, gu * b->n_sh};
-  if (b->pf_what & 2) s1 = (di_cuk_span){(const char *)L->exp_down + dn * b->E, dn * b->n_sh};
-  return di_cuk_l2_prefetch(s0, s1, b->pf_ctas, b->pf_evict_last, b->stream);
-}
-
 static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   cudaStream_t s = b->stream;
   const int T = b->Tp, H = b->H, Hp = b->Hp, NH = b->NH;
   const uint16_t *xn = (const uint16_t *)b->xn;
   int xn_ready = *xn_ready_io;
   const cu_layer *L = &b->L[l];
-  DI_TRY(warm_shared_experts(b, L, PF_AT_QKV));
   if (!xn_ready && normed_gemm) { /* decode: the attention norm inside the q/kv GEMM */
     if (!SKIP(SKIP_QKV))
       DI_TRY(di_cu_gemm_normed(b->blas, T, b->Wa, H, b->h, H, L->attn_norm, b->eps, (const uint16_t *)L->qkv_a, H,
@@ -491,7 +476,6 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
   /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
   const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
                       b->fold_uv;
-  DI_TRY(warm_shared_experts(b, L, PF_AT_ATTN));
   const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
   if (!SKIP(SKIP_ATTN) && b->attn_cl)
@@ -508,7 +492,6 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
                               (uint16_t *)b->olat, s));
   PROF("mla attention");
   /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
-  DI_TRY(warm_shared_experts(b, L, PF_AT_O));
   if (!SKIP(SKIP_VO) && !fold_uv)
     DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                             DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
@@ -1069,12 +1052,6 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * kernel it saves) */
   const char *fuv = getenv("DEEPINFER_CUDA_FOLD_UV");
   b->fold_uv = fuv && fuv[0] == '1';
-  const char *pfp = getenv("DEEPINFER_CUDA_PF_SHARED"), *pfw = getenv("DEEPINFER_CUDA_PF_WHAT");
-  const char *pfe = getenv("DEEPINFER_CUDA_PF_EVICT"), *pfc = getenv("DEEPINFER_CUDA_PF_CTAS");
-  b->pf_pos = pfp ? atoi(pfp) : 0;
-  b->pf_what = pfw ? atoi(pfw) : 3;
-  b->pf_evict_last = !(pfe && !strcmp(pfe, "normal"));
-  b->pf_ctas = pfc && atoi(pfc) > 0 ? atoi(pfc) : 32;
   const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");
   b->down_combine = !(dcb && dcb[0] == '0');
   /* decode attention in clusters of 16 CTAs where the GPU can place them (H200: 417 vs 404 tok/s at

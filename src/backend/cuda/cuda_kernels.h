@@ -30,15 +30,6 @@ di_status di_cuk_silu_mul(const uint16_t *gu, int T, int I, uint16_t *out, di_cu
 di_status di_cuk_gather_f32(const float *in, const int32_t *rows, int n, int cols, float *out,
                             di_cu_stream s);
 
-/* ---- L2 warming (k_prefetch.cu) ---- */
-typedef struct di_cuk_span {
-  const void *ptr;
-  uint64_t bytes;
-} di_cuk_span;
-/* A link of the PDL chain that prefetches two spans of weights into L2 (evict_last: kept through
- * later streaming) over `ctas` CTAs and otherwise only orders its successor after its predecessor. */
-di_status di_cuk_l2_prefetch(di_cuk_span s0, di_cuk_span s1, int ctas, int evict_last, di_cu_stream s);
-
 /* ---- MLA preparation (k_mla_prep.cu) ---- */
 typedef struct di_cuk_rope {
   const float *inv_freq;  /* [rope_dim/2] device */
