@@ -10,7 +10,8 @@
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
 # files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
 # Environment: BENCH_ARGS (extra bench arguments), SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
-# SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_PDL_AB=1, SKIP_NCU=1.
+# SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_PDL_AB=1, SKIP_NCU=1, SKIP_FEEDBACK=1; AB_VARIANTS (batch-1 A/B runs, see
+# below), AB_ARGS (extra arguments of those runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--build" ]; then
@@ -70,8 +71,11 @@ stage kernels 240 "$BIN/test_cuda_kernels"
   --prefill 0 --gen 64 --skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead
 # A/B of the decode-path switches at batch 1, one process each (same machine, same call)
 if [ "${SKIP_PDL_AB:-0}" != 1 ]; then
+  # a variant is VAR=value, or several joined by "+" (DEEPINFER_CUDA_PF_SHARED=2+DEEPINFER_CUDA_PF_WHAT=1)
   for v in ${AB_VARIANTS:-DEEPINFER_CUDA_PDL=0 DEEPINFER_CUDA_CARVEOUT=100 DEEPINFER_CUDA_X=default}; do
-    stage "ab_${v%%=*}" 60 env "$v" "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --prefill 0
+    name=$(echo "$v" | sed 's/DEEPINFER_CUDA_//g; s/[^A-Za-z0-9]/_/g')
+    # shellcheck disable=SC2086
+    stage "ab_$name" 60 env ${v//+/ } "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --prefill 0 ${AB_ARGS:-}
   done
 fi
 # per-kernel device time of one decode step under Nsight Compute (where the runtime allows counters)
