@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
       const int fb = feedback && step > -warm; /* the previous step's sampling is queued on the device */
       for (int s = 0; s < B; s++) { tok[s] = fb ? -1 - s : next[s]; pos[s] = p; seq[s] = s; rows[s] = s; }
       di_batch b = {.n_tokens = B, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = B, .seqs = seqs,
-                    .n_outputs = B, .output_rows = rows};
+                    .n_outputs = B, .output_rows = rows, .sample_rows = srow}; /* sampled inside the step */
       if (feedback) {
         if (be->ops->submit(be, &b) != DI_OK) FAIL(0);
         if (fb && be->ops->sample_fetch(be, next) != DI_OK) FAIL(0); /* the previous step's, while this one runs */
@@ -278,8 +278,9 @@ int main(int argc, char **argv) {
   }
   di_cuda_stats cs;
   di_backend_cuda_stats(be, &cs);
-  printf("\nsteps %lld, graphs captured %lld, replays %lld; batch-1 roofline at 4.3 TB/s: %.0f tok/s "
+  printf("\nsteps %lld, graphs captured %lld, replays %lld, resampled %lld; batch-1 roofline at 4.3 TB/s: %.0f tok/s "
          "(measured %.0f = %.0f%%)\n", (long long)cs.steps, (long long)cs.graph_captures, (long long)cs.graph_replays,
+         (long long)cs.resamples,
          4.3e12 / bytes_tok, res_dec[0], 100.0 * res_dec[0] / (4.3e12 / bytes_tok));
   be->ops->destroy(be);
   return 0;

@@ -34,10 +34,15 @@ typedef struct di_batch {
   const di_batch_seq *seqs;   /* [n_seqs] */
   int n_outputs;
   const int32_t *output_rows; /* [n_outputs] rows (token indices) whose logits are wanted, ascending */
+  /* Optional [n_outputs] (NULL: none), for backends with ops->sample: how the step's output rows will
+   * be sampled, given at submit so the device samples as part of the step (no launches between
+   * steps). The step's sample / sample_async call still passes its rows; where they differ from these
+   * the backend samples again with them, so a wrong guess costs time, never a different token. */
+  const struct di_sample_row *sample_rows;
 } di_batch;
 
 /* Per output row sampling request for backends that sample on the device (optional). */
-typedef struct di_sample_row {
+typedef struct di_sample_row { /* (di_batch.sample_rows above) */
   float temperature;          /* <= 0: greedy */
   float top_p;                /* 1: off */
   int top_k;                  /* <= 0: off */

@@ -84,6 +84,7 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   if (st == DI_OK) {
     e->logits = malloc((size_t)opt.max_num_seqs * (size_t)cfg->vocab_size * sizeof *e->logits);
     e->dev_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_rows);
+    e->step_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->step_rows);
     e->dev_tokens = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_tokens);
     const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
     e->device_sampling = be->ops->sample != NULL && !(hs && *hs && strcmp(hs, "0") != 0);
@@ -94,7 +95,7 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
     e->cap_queue = 64;
     e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
     e->waiting = malloc((size_t)e->cap_queue * sizeof *e->waiting);
-    if (!e->logits || !e->jobs || !e->running || !e->waiting || !e->dev_rows || !e->dev_tokens)
+    if (!e->logits || !e->jobs || !e->running || !e->waiting || !e->dev_rows || !e->step_rows || !e->dev_tokens)
       st = di_error_set(DI_ERR_OOM, "engine: out of memory for %d x %d logits", opt.max_num_seqs, cfg->vocab_size);
   }
   if (st != DI_OK) {
@@ -120,7 +121,7 @@ void di_engine_free(di_engine *e) {
   di_kv_manager_free(e->kv);
   di_row_sampler_free(e->rows);
   di_spec_free(e);
-  free(e->logits); free(e->jobs); free(e->dev_rows); free(e->dev_tokens);
+  free(e->logits); free(e->jobs); free(e->dev_rows); free(e->step_rows); free(e->dev_tokens);
   if (e->cfg.on_free) e->cfg.on_free(e->cfg.on_free_ctx);
   free(e);
 }
@@ -308,7 +309,11 @@ static int device_row_ok(const di_req *r) {
          r->n_tokens - r->n_prompt >= r->min_tokens;
 }
 
-static int plan_device_sampling(di_engine *e, di_sched *s) {
+/* The rows of step s for device sampling, into rows[]; 0 when some row must be sampled on the host.
+ * ahead: planned at submit, before the step's requests have the tokens still in flight (the step
+ * before it, with device token feedback): each such request will have one token more then, which
+ * the draw's counter counts. */
+static int plan_rows(di_engine *e, di_sched *s, di_sample_row *rows, int ahead) {
   if (!e->device_sampling || s->batch.n_outputs == 0 || s->n_plp > 0) return 0; /* one row per sample only */
   int k = 0;
   for (int i = 0; i < s->n; i++) {
@@ -316,12 +321,15 @@ static int plan_device_sampling(di_engine *e, di_sched *s) {
     if (en->dropped || !en->sample) continue;
     di_req *r = en->r;
     if (r->state != DI_REQ_DONE && !device_row_ok(r)) return 0;
-    e->dev_rows[k++] = (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
-                                       .min_p = r->sp.min_p, .seed = r->sp.seed, .counter = (uint64_t)r->n_tokens,
-                                       .vocab_limit = e->cfg.vocab_limit};
+    const int n_tok = r->n_tokens + (ahead ? r->pending : 0);
+    rows[k++] = (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
+                                .min_p = r->sp.min_p, .seed = r->sp.seed, .counter = (uint64_t)n_tok,
+                                .vocab_limit = e->cfg.vocab_limit};
   }
   return 1;
 }
+
+static int plan_device_sampling(di_engine *e, di_sched *s) { return plan_rows(e, s, e->dev_rows, 0); }
 
 /* Samples the rows of a completed step and applies what the next step depends on. */
 /* on_device: 1 sample on the device now, 2 the tokens are in e->dev_tokens already (feedback_step). A
@@ -401,6 +409,8 @@ static di_status collect_outputs(di_engine *e) {
 }
 
 static di_status submit(di_engine *e, di_sched *s) {
+  /* the sampling of the step goes with it to the device where it can (see di_batch.sample_rows) */
+  s->batch.sample_rows = !e->spec && plan_rows(e, s, e->step_rows, 1) ? e->step_rows : NULL;
   DI_TRY(e->be->ops->submit(e->be, &s->batch));
   e->t_submit = di_now();
   e->inflight_active = 1;

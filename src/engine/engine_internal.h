@@ -167,6 +167,7 @@ struct di_engine {
   di_row_job *jobs;          /* [max_num_seqs] */
   float *logits;             /* [max_num_seqs][vocab] */
   di_sample_row *dev_rows;   /* [max_num_seqs] rows for a backend that samples on the device */
+  di_sample_row *step_rows;  /* [max_num_seqs] the same, planned at submit (di_batch.sample_rows) */
   int32_t *dev_tokens;
   int device_sampling;       /* the backend samples and DEEPINFER_HOST_SAMPLING is unset */
   int feedback;              /* ... and can keep the tokens on the device (sample_async / sample_fetch), with

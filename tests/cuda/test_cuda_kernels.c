@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
+#include <string.h>
 
 static uint64_t rng_s = 0x1234567;
 static double urand(void) { /* [0, 1) */
@@ -166,6 +167,24 @@ static void test_norms(int T, int n) {
   di_cut_d2h(gotf, dof, (size_t)T * n * 4);
   double errf = rel_err_d(ref, gotf, (size_t)T * n);
   CHECKF(errf < 1e-5, "rmsnorm f32 output rel err %.3e", errf);
+  /* the gathered form: output row i from input row rows[i] (reversed, every other row), bit-equal to
+   * the plain kernel on the same row */
+  {
+    const int nr = (T + 1) / 2;
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)nr);
+    for (int i = 0; i < nr; i++) rows[i] = T - 1 - 2 * i;
+    void *drows = dup_dev(rows, sizeof(int32_t) * (size_t)nr), *dout2 = di_cut_malloc((size_t)nr * n * 2);
+    CHECK(di_cuk_rmsnorm_rows(dx, n, drows, dw, nr, n, 1e-6f, dout2, n, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    uint16_t *a = malloc((size_t)T * n * 2), *b2 = malloc((size_t)nr * n * 2);
+    di_cut_d2h(a, dout, (size_t)T * n * 2);
+    di_cut_d2h(b2, dout2, (size_t)nr * n * 2);
+    int same = 1;
+    for (int i = 0; i < nr; i++) same &= !memcmp(b2 + (size_t)i * n, a + (size_t)rows[i] * n, (size_t)n * 2);
+    CHECKF(same, "rmsnorm_rows differs from rmsnorm on the same rows (T=%d n=%d)", T, n);
+    free(rows); free(a); free(b2);
+    di_cut_free(drows); di_cut_free(dout2);
+  }
   free(gotf);
   di_cut_free(dof);
   printf("rmsnorm T=%d n=%d: rel err %.2e\n", T, n, err);
@@ -833,6 +852,8 @@ int main(void) {
   test_moe_chain(2, 16, 4, 1, 7168, 256, 2);    /* V3 hidden (K 7168) */
   test_moe_chain(600, 64, 6, 2, 256, 256, 0);   /* A = 4800 >= 32 * 66: the bm = 64 tiles (prefill) */
   test_sample(129280);
+  test_sample(1001); /* slices of the argmax cluster of unequal length */
+  test_sample(37);   /* fewer logits than the cluster has CTAs x 8: empty slices */
   di_cu_blas_destroy(blas);
   return test_finish("test_cuda_kernels");
 }

@@ -59,7 +59,7 @@ typedef struct cu_layer {
 } cu_layer;
 
 typedef struct graph_entry {
-  int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows;
+  int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows, step_sample;
   int seen;                    /* eager runs so far; captured on the second */
   cudaGraphExec_t exec;
 } graph_entry;
@@ -112,6 +112,13 @@ typedef struct cu_backend {
   di_cuk_sample_row *d_sample_rows;
   di_cuk_sample_row *h_sample_rows;
   int32_t *h_sample_out;
+  /* sampling inside the step (di_batch.sample_rows; DEEPINFER_CUDA_STEP_SAMPLE=0 turns it off): the
+   * rows travel in the input block (d_step_rows), the graph ends with the sample kernel, and
+   * sample / sample_async only copy the tokens back when their rows equal the submitted ones
+   * (sub_rows, the host copy) */
+  int step_sample_on, step_sample;
+  di_cuk_sample_row *d_step_rows;
+  di_sample_row *sub_rows;
   /* graphs */
   graph_entry graphs[MAX_GRAPHS];
   int n_graphs;
@@ -124,8 +131,12 @@ typedef struct cu_backend {
   /* device token feedback (sample_async / sample_fetch): rows of the last queued sampling (token ids
    * -1 - j < 0 of the next batch refer to them), the event after its copy to the host, and the event
    * after each input upload (prepare() must not rewrite the pinned input block before that copy ran) */
-  int fb_n, fb_pending;
-  cudaEvent_t ev_sampled, ev_h2d;
+  int fb_n, fb_pending, fb_par;
+  /* sampled tokens come back through two pinned halves of h_sample_out (tok_par: the latest copy's),
+   * each completing on its event: with token feedback step n+1's copy is queued before the host has
+   * read step n's. tok_queued: the submitted step's copy is queued already (it sampled in-step). */
+  int tok_par, tok_queued;
+  cudaEvent_t ev_sampled[2], ev_h2d;
   int h2d_recorded;
   const char *mark_label[MAX_MARKS];
   const char *plabel[64];
@@ -378,12 +389,15 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     REALLOC(b->logits, sizeof(float) * (size_t)c * b->V);
     REALLOC(b->d_sample_out, sizeof(int32_t) * (size_t)c);
     REALLOC(b->d_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c);
+    free(b->sub_rows);
+    b->sub_rows = (di_sample_row *)malloc(sizeof(di_sample_row) * (size_t)c);
+    if (!b->sub_rows) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
     cudaFreeHost(b->h_sample_rows);
     cudaFreeHost(b->h_sample_out);
     b->h_sample_rows = NULL;
     b->h_sample_out = NULL;
     DI_CU(cudaMallocHost((void **)&b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c));
-    DI_CU(cudaMallocHost((void **)&b->h_sample_out, sizeof(int32_t) * (size_t)c));
+    DI_CU(cudaMallocHost((void **)&b->h_sample_out, 2 * sizeof(int32_t) * (size_t)c));
   }
   if (n_parts > b->cap_parts) {
     int c = b->cap_parts ? b->cap_parts : 512;
@@ -569,12 +583,12 @@ static di_status forward(cu_backend *b) {
    * the separate combine kernel, which then also writes the next layer's normed input) */
   const int normed_gemm = b->down_combine && di_cu_gemm_normed_ok(b->blas, T, H, H);
   for (int l = 0; l < b->n_layers; l++) DI_TRY(layer_step(b, l, &xn_ready, normed_gemm));
-  DI_TRY(di_cuk_gather_f32(b->h, b->d_out_rows, b->n_out_p, H, b->hout, s));
-  DI_TRY(di_cuk_rmsnorm(b->hout, H, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, NULL, s));
+  DI_TRY(di_cuk_rmsnorm_rows(b->h, H, b->d_out_rows, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, s));
   if (!SKIP(SKIP_LMHEAD))
     DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
                     b->logits, b->V, 1, 0.f, s));
   PROF("lm_head");
+  if (b->step_sample) DI_TRY(di_cuk_sample(b->logits, b->n_out_p, b->V, b->d_step_rows, b->d_sample_out, s));
   return DI_OK;
 }
 
@@ -679,6 +693,8 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   o = (o + 3) & ~(size_t)3;
   const size_t o_items = o; o += (size_t)max_items * 6;
   const size_t o_citems = o; o += (size_t)(max_citems > 0 ? max_citems : 1) * 4;
+  o = (o + 1) & ~(size_t)1; /* 8-byte fields */
+  const size_t o_srows = o; o += (size_t)n_out_p * (sizeof(di_cuk_sample_row) / sizeof(int32_t));
   DI_TRY(ensure_inputs(b, o));
   int32_t *hi = b->in_host;
   const int32_t spare = (int32_t)b->n_blocks;
@@ -696,6 +712,16 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
     }
   }
   for (int i = 0; i < n_out_p; i++) hi[o_out + i] = i < n_out ? bt->output_rows[i] : 0;
+  b->step_sample = bt->sample_rows && b->step_sample_on && n_out > 0;
+  if (b->step_sample) {
+    di_cuk_sample_row *sr = (di_cuk_sample_row *)(hi + o_srows);
+    for (int i = 0; i < n_out_p; i++) {
+      const di_sample_row *r = &bt->sample_rows[i < n_out ? i : 0];
+      sr[i] = (di_cuk_sample_row){r->temperature, r->top_p, r->min_p, r->top_k, r->vocab_limit, r->seed, r->counter};
+      if (i >= n_out) sr[i].temperature = 0.f; /* padding rows: greedy, ignored */
+    }
+    memcpy(b->sub_rows, bt->sample_rows, sizeof(di_sample_row) * (size_t)n_out);
+  }
   for (int sidx = 0; sidx < n_seq_rows; sidx++) {
     int32_t *row = hi + o_bt + (size_t)sidx * bt_stride;
     int nb = 0;
@@ -761,6 +787,7 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   b->d_tokens = d + o_tok; b->d_pos = d + o_pos; b->d_slots = d + o_slot; b->d_out_rows = d + o_out;
   b->d_bt = d + o_bt; b->d_nitems = d + o_n; b->d_ncitems = d + o_n + 1;
   b->d_items = (di_cuk_attn_item *)(d + o_items);
+  b->d_step_rows = (di_cuk_sample_row *)(d + o_srows);
   b->d_citems = (di_cuk_combine_item *)(d + o_citems);
   b->T = T; b->Tp = Tp; b->n_out = n_out; b->n_out_p = n_out_p; b->bt_stride = bt_stride;
   b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->attn_cl = cluster ? CL : 0; b->in_used = o;
@@ -798,7 +825,8 @@ static graph_entry *find_graph(cu_backend *b) {
   for (int i = 0; i < b->n_graphs; i++) {
     graph_entry *g = &b->graphs[i];
     if (g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
-        g->max_citems == b->max_citems && g->bm == b->bm && g->attn_cl == b->attn_cl && g->n_seq_rows == b->n_seq_rows)
+        g->max_citems == b->max_citems && g->bm == b->bm && g->attn_cl == b->attn_cl && g->n_seq_rows == b->n_seq_rows &&
+        g->step_sample == b->step_sample)
       return g;
   }
   if (b->n_graphs == MAX_GRAPHS) drop_graphs(b);
@@ -806,7 +834,25 @@ static graph_entry *find_graph(cu_backend *b) {
   memset(g, 0, sizeof *g);
   g->T = b->Tp; g->n_out = b->n_out_p; g->bt_stride = b->bt_stride; g->max_items = b->max_items;
   g->max_citems = b->max_citems; g->bm = b->bm; g->attn_cl = b->attn_cl; g->n_seq_rows = b->n_seq_rows;
+  g->step_sample = b->step_sample;
   return g;
+}
+
+/* the device's sampled tokens of the last step to the host (the next half of h_sample_out) */
+static di_status queue_tokens(cu_backend *b, int n) {
+  b->tok_par ^= 1;
+  DI_CU(cudaMemcpyAsync(b->h_sample_out + (size_t)b->tok_par * b->cap_out, b->d_sample_out, sizeof(int32_t) * (size_t)n,
+                        cudaMemcpyDeviceToHost, b->stream));
+  DI_CU(cudaEventRecord(b->ev_sampled[b->tok_par], b->stream));
+  return DI_OK;
+}
+
+/* a step is on the stream: when it samples in-step, its tokens' copy to the host goes right behind it */
+static di_status step_queued(cu_backend *b) {
+  b->pending = 1;
+  b->tok_queued = b->step_sample;
+  if (b->step_sample) DI_TRY(queue_tokens(b, b->n_out));
+  return DI_OK;
 }
 
 static di_status cu_submit(di_backend *bb, const di_batch *batch) {
@@ -820,15 +866,13 @@ static di_status cu_submit(di_backend *bb, const di_batch *batch) {
   const int graph = b->use_graphs && b->T <= DI_CUDA_GRAPH_MAX_T;
   if (!graph) {
     DI_TRY(forward(b));
-    b->pending = 1;
-    return DI_OK;
+    return step_queued(b);
   }
   graph_entry *g = find_graph(b);
   if (!g->exec && g->seen < 1) { /* first sight: eager (sets kernel attributes, plans GEMMs) */
     g->seen++;
     DI_TRY(forward(b));
-    b->pending = 1;
-    return DI_OK;
+    return step_queued(b);
   }
   if (!g->exec) {
     cudaGraph_t graph_h = NULL;
@@ -847,8 +891,7 @@ static di_status cu_submit(di_backend *bb, const di_batch *batch) {
   if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g1, b->stream));
   b->timing = b->gpu_time;
   b->stats.graph_replays++;
-  b->pending = 1;
-  return DI_OK;
+  return step_queued(b);
 }
 
 static di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
@@ -888,9 +931,22 @@ static di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
   return DI_OK;
 }
 
-static di_status cu_sample(di_backend *bb, const di_sample_row *rows, int n, int32_t *tokens) {
-  cu_backend *b = (cu_backend *)bb;
-  if (n != b->n_out) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample of %d rows after a step with %d outputs", n, b->n_out);
+/* The step sampled these rows already: the rows submitted with it equal them (a greedy row's seed and
+ * counter do not matter). */
+static int sampled_in_step(const cu_backend *b, const di_sample_row *rows, int n) {
+  if (!b->step_sample || n != b->n_out) return 0;
+  for (int i = 0; i < n; i++) {
+    const di_sample_row *a = &rows[i], *c = &b->sub_rows[i];
+    const int greedy = !(a->temperature > 0.f) || a->top_k == 1;
+    if (a->temperature != c->temperature || a->top_k != c->top_k || a->vocab_limit != c->vocab_limit) return 0;
+    if (!greedy && (a->top_p != c->top_p || a->min_p != c->min_p || a->seed != c->seed || a->counter != c->counter))
+      return 0;
+  }
+  return 1;
+}
+
+/* the sample kernel's work of cu_sample / cu_sample_async where the step did not do it */
+static di_status sample_rows_now(cu_backend *b, const di_sample_row *rows, int n) {
   for (int i = 0; i < n; i++) {
     di_cuk_sample_row *r = &b->h_sample_rows[i];
     r->temperature = rows[i].temperature;
@@ -904,9 +960,25 @@ static di_status cu_sample(di_backend *bb, const di_sample_row *rows, int n, int
   DI_CU(cudaMemcpyAsync(b->d_sample_rows, b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)n,
                         cudaMemcpyHostToDevice, b->stream));
   DI_TRY(di_cuk_sample(b->logits, n, b->V, b->d_sample_rows, b->d_sample_out, b->stream));
-  DI_CU(cudaMemcpyAsync(b->h_sample_out, b->d_sample_out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, b->stream));
-  DI_CU(cudaStreamSynchronize(b->stream));
-  memcpy(tokens, b->h_sample_out, sizeof(int32_t) * (size_t)n);
+  b->stats.resamples++;
+  return DI_OK;
+}
+
+/* the tokens of the submitted step on their way to the host: sampled again where its rows differ */
+static di_status tokens_for(cu_backend *b, const di_sample_row *rows, int n) {
+  const int in_step = sampled_in_step(b, rows, n);
+  if (in_step && b->tok_queued) return DI_OK;
+  if (!in_step) DI_TRY(sample_rows_now(b, rows, n));
+  b->tok_queued = 0;
+  return queue_tokens(b, n);
+}
+
+static di_status cu_sample(di_backend *bb, const di_sample_row *rows, int n, int32_t *tokens) {
+  cu_backend *b = (cu_backend *)bb;
+  if (n != b->n_out) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample of %d rows after a step with %d outputs", n, b->n_out);
+  DI_TRY(tokens_for(b, rows, n));
+  DI_CU(cudaEventSynchronize(b->ev_sampled[b->tok_par]));
+  memcpy(tokens, b->h_sample_out + (size_t)b->tok_par * b->cap_out, sizeof(int32_t) * (size_t)n);
   return DI_OK;
 }
 
@@ -960,25 +1032,11 @@ static di_status cu_sample_async(di_backend *bb, const di_sample_row *rows, int 
   cu_backend *b = (cu_backend *)bb;
   if (!b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample_async without a submitted step");
   if (n != b->n_out) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample of %d rows after a step with %d outputs", n, b->n_out);
-  for (int i = 0; i < n; i++) {
-    di_cuk_sample_row *r = &b->h_sample_rows[i];
-    r->temperature = rows[i].temperature;
-    r->top_p = rows[i].top_p;
-    r->min_p = rows[i].min_p;
-    r->top_k = rows[i].top_k;
-    r->vocab_limit = rows[i].vocab_limit;
-    r->seed = rows[i].seed;
-    r->counter = rows[i].counter;
-  }
-  DI_CU(cudaMemcpyAsync(b->d_sample_rows, b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)n,
-                        cudaMemcpyHostToDevice, b->stream));
-  DI_TRY(di_cuk_sample(b->logits, n, b->V, b->d_sample_rows, b->d_sample_out, b->stream));
-  DI_CU(cudaMemcpyAsync(b->h_sample_out, b->d_sample_out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
-                        b->stream));
-  DI_CU(cudaEventRecord(b->ev_sampled, b->stream));
+  DI_TRY(tokens_for(b, rows, n));
   b->pending = 0;
   b->timing = 0;
   b->fb_n = n;
+  b->fb_par = b->tok_par;
   b->fb_pending = 1;
   return DI_OK;
 }
@@ -986,8 +1044,8 @@ static di_status cu_sample_async(di_backend *bb, const di_sample_row *rows, int 
 static di_status cu_sample_fetch(di_backend *bb, int32_t *tokens) {
   cu_backend *b = (cu_backend *)bb;
   if (!b->fb_pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sample_fetch without sample_async");
-  DI_CU(cudaEventSynchronize(b->ev_sampled));
-  memcpy(tokens, b->h_sample_out, sizeof(int32_t) * (size_t)b->fb_n);
+  DI_CU(cudaEventSynchronize(b->ev_sampled[b->fb_par]));
+  memcpy(tokens, b->h_sample_out + (size_t)b->fb_par * b->cap_out, sizeof(int32_t) * (size_t)b->fb_n);
   b->fb_pending = 0;
   return DI_OK;
 }
@@ -1004,10 +1062,15 @@ static void cu_destroy(di_backend *bb) {
     for (int k = 0; k < b->n_plabel; k++)
       fprintf(stderr, "  %-18s %10.3f ms  %5.1f%%\n", b->plabel[k], b->ptime[k], 100.0 * b->ptime[k] / tot);
   }
+  const char *sv = getenv("DEEPINFER_CUDA_STATS");
+  if (sv && sv[0] == '1')
+    fprintf(stderr, "cuda stats: steps %lld, graphs captured %lld, replays %lld, resamples %lld\n",
+            (long long)b->stats.steps, (long long)b->stats.graph_captures, (long long)b->stats.graph_replays,
+            (long long)b->stats.resamples);
   if (b->prof)
     for (int i = 0; i < MAX_MARKS; i++) if (b->marks[i]) cudaEventDestroy(b->marks[i]);
   if (b->ev_g0) cudaEventDestroy(b->ev_g0);
-  if (b->ev_sampled) cudaEventDestroy(b->ev_sampled);
+  for (int i = 0; i < 2; i++) if (b->ev_sampled[i]) cudaEventDestroy(b->ev_sampled[i]);
   if (b->ev_h2d) cudaEventDestroy(b->ev_h2d);
   if (b->ev_g1) cudaEventDestroy(b->ev_g1);
   drop_graphs(b);
@@ -1017,6 +1080,7 @@ static void cu_destroy(di_backend *bb) {
   cudaFreeHost(b->in_host);
   cudaFreeHost(b->h_sample_rows);
   cudaFreeHost(b->h_sample_out);
+  free(b->sub_rows);
   di_cu_blas_destroy(b->blas);
   if (b->stream) cudaStreamDestroy(b->stream);
   free(b);
@@ -1052,6 +1116,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * kernel it saves) */
   const char *fuv = getenv("DEEPINFER_CUDA_FOLD_UV");
   b->fold_uv = fuv && fuv[0] == '1';
+  const char *ss = getenv("DEEPINFER_CUDA_STEP_SAMPLE");
+  b->step_sample_on = !(ss && ss[0] == '0');
   const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");
   b->down_combine = !(dcb && dcb[0] == '0');
   /* decode attention in clusters of 16 CTAs where the GPU can place them (H200: 417 vs 404 tok/s at
@@ -1062,7 +1128,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
-  DI_CU(cudaEventCreateWithFlags(&b->ev_sampled, cudaEventDisableTiming));
+  for (int i = 0; i < 2; i++) DI_CU(cudaEventCreateWithFlags(&b->ev_sampled[i], cudaEventDisableTiming));
   DI_CU(cudaEventCreateWithFlags(&b->ev_h2d, cudaEventDisableTiming));
   const char *gt = getenv("DEEPINFER_CUDA_GPU_TIME");
   if (gt && strcmp(gt, "1") == 0) {

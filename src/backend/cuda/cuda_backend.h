@@ -18,6 +18,9 @@ typedef struct di_cuda_stats {
    * host work and transfers between steps) */
   int64_t timed_replays;
   double graph_ms;
+  /* sample / sample_async calls whose rows differed from the step's di_batch.sample_rows (sampled
+   * again after the step); 0 when the engine's guesses hold */
+  int64_t resamples;
 } di_cuda_stats;
 void di_backend_cuda_stats(di_backend *b, di_cuda_stats *out);
 /* Benchmarking only: leave the named phases (a comma list of qkv, prep, absorb, attn, vo, gate,

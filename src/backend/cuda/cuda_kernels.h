@@ -21,6 +21,10 @@ di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, const int32
  * out_f32 (may be NULL): the same values in f32, row stride n (the router's fp32 input). */
 di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,
                          uint16_t *out, int ldo, float *out_f32, di_cu_stream s);
+/* The same over rows[0..T) of x (out row i = norm of x row rows[i]): the final norm of a step's
+ * output rows without a gather kernel before it. */
+di_status di_cuk_rmsnorm_rows(const float *x, int ldx, const int32_t *rows, const float *w, int T, int n, float eps,
+                              uint16_t *out, int ldo, di_cu_stream s);
 /* The same with a bf16 input (q_lora's q_a output). */
 di_status di_cuk_rmsnorm_bf16(const uint16_t *x, int ldx, const float *w, int T, int n, float eps,
                               uint16_t *out, int ldo, di_cu_stream s);

@@ -26,12 +26,14 @@ extern "C" di_status di_cuk_embed(const uint16_t *table, const int32_t *tokens, 
 }
 
 /* One block per row; the row is read twice (sum of squares, then scale), the second time from L1/L2. */
+/* rows (may be NULL): output row i normalizes input row rows[i] (the step's output rows before the
+ * final norm, gathered on the way in) */
 template <typename TI>
 static __global__ void rmsnorm_kernel(const TI *x, int ldx, const float *w, int n, float eps, bf16 *out,
-                                      int ldo, float *of) {
+                                      int ldo, float *of, const int32_t *rows = NULL) {
   __shared__ float red[32];
   DI_PDL_ENTRY();
-  const TI *xr = x + (int64_t)blockIdx.x * ldx;
+  const TI *xr = x + (int64_t)(rows ? rows[blockIdx.x] : blockIdx.x) * ldx;
   float ss = 0.f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     float v = (float)xr[i];
@@ -50,15 +52,24 @@ static __global__ void rmsnorm_kernel(const TI *x, int ldx, const float *w, int 
 extern "C" di_status di_cuk_rmsnorm(const float *x, int ldx, const float *w, int T, int n, float eps,
                                     uint16_t *out, int ldo, float *out_f32, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  DI_CU(di_launch(rmsnorm_kernel<float>, T, 256, 0, s, x, ldx, w, n, eps, (bf16 *)out, ldo, out_f32));
+  DI_CU(di_launch(rmsnorm_kernel<float>, T, 256, 0, s, x, ldx, w, n, eps, (bf16 *)out, ldo, out_f32, (const int32_t *)NULL));
   DI_CU_LAUNCH("rmsnorm");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_rmsnorm_rows(const float *x, int ldx, const int32_t *rows, const float *w, int T, int n,
+                                         float eps, uint16_t *out, int ldo, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  DI_CU(di_launch(rmsnorm_kernel<float>, T, 256, 0, s, x, ldx, w, n, eps, (bf16 *)out, ldo, (float *)NULL, rows));
+  DI_CU_LAUNCH("rmsnorm_rows");
   return DI_OK;
 }
 
 extern "C" di_status di_cuk_rmsnorm_bf16(const uint16_t *x, int ldx, const float *w, int T, int n, float eps,
                                          uint16_t *out, int ldo, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  DI_CU(di_launch(rmsnorm_kernel<bf16>, T, 256, 0, s, (const bf16 *)x, ldx, w, n, eps, (bf16 *)out, ldo, (float *)NULL));
+  DI_CU(di_launch(rmsnorm_kernel<bf16>, T, 256, 0, s, (const bf16 *)x, ldx, w, n, eps, (bf16 *)out, ldo, (float *)NULL,
+                  (const int32_t *)NULL));
   DI_CU_LAUNCH("rmsnorm_bf16");
   return DI_OK;
 }
