@@ -44,6 +44,11 @@ typedef struct mock_backend {
   int32_t *fb_batch_tokens;
   int fb_cap;
   di_batch fb_batch;
+  /* di_batch.sample_rows of the submitted step, held against the rows its sample call passes: the
+   * engine plans them at submit (a token may still be in flight then, with feedback) */
+  di_sample_row *sub_rows;
+  int n_sub, cap_sub;
+  int64_t rows_planned, rows_mismatched;
 } mock_backend;
 
 static uint64_t mock_mix(uint64_t x) {
@@ -136,6 +141,15 @@ static di_status mock_submit(di_backend *b, const di_batch *bt) {
   m->steps++;
   if (m->fail_at_step > 0 && m->steps == m->fail_at_step) return di_error_set(DI_ERR_BACKEND, "mock device fault at step %d", m->steps);
   m->pending = bt; /* the work happens in wait(): the batch's arrays must stay valid until then */
+  m->n_sub = 0;
+  if (bt->sample_rows) {
+    if (bt->n_outputs > m->cap_sub) {
+      m->cap_sub = bt->n_outputs;
+      m->sub_rows = realloc(m->sub_rows, (size_t)m->cap_sub * sizeof *m->sub_rows);
+    }
+    memcpy(m->sub_rows, bt->sample_rows, (size_t)bt->n_outputs * sizeof *m->sub_rows);
+    m->n_sub = bt->n_outputs;
+  }
   m->t_submit = mock_now();
   return DI_OK;
 }
@@ -191,7 +205,7 @@ static di_status mock_wait(di_backend *b, float *logits, float *hidden) {
 
 static void mock_destroy(di_backend *b) {
   mock_backend *m = (mock_backend *)b;
-  free(m->fb_tokens); free(m->fb_batch_tokens);
+  free(m->fb_tokens); free(m->fb_batch_tokens); free(m->sub_rows);
   free(m->kv_tok); free(m->kv_pos); free(m->out);
   free(m->keys); free(m->key_next);
   free(m);
@@ -205,6 +219,17 @@ static const di_backend_ops MOCK_OPS = {.name = "mock", .kv_groups = mock_kv_gro
 static di_status mock_sample(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens) {
   mock_backend *m = (mock_backend *)b;
   if (n != m->n_out) return di_error_set(DI_ERR_INVALID_ARG, "mock sample: %d rows, step had %d", n, m->n_out);
+  if (m->n_sub) {
+    m->rows_planned += n;
+    for (int i = 0; i < n && i < m->n_sub; i++) {
+      const di_sample_row *a = &rows[i], *c = &m->sub_rows[i];
+      m->rows_mismatched += a->temperature != c->temperature || a->top_p != c->top_p || a->top_k != c->top_k ||
+                            a->min_p != c->min_p || a->seed != c->seed || a->counter != c->counter ||
+                            a->vocab_limit != c->vocab_limit;
+    }
+    if (m->n_sub != n) m->rows_mismatched += n;
+    m->n_sub = 0;
+  }
   di_sampler *s;
   DI_TRY(di_sampler_create(m->vocab, &s));
   for (int i = 0; i < n; i++) {

@@ -167,6 +167,11 @@ static void test_equivalence(int sampled) {
     int bad = run_engine(cs, NREQ, &o, &mb, &st, what, v == 6 ? 1 : v == 7 ? 2 : v >= 8 ? 3 : 0);
     if (v == 6) CHECKF(mb->device_samples > 0, "%s: no row was sampled on the device", what);
     if (v >= 8) CHECKF(mb->fb_resolved > 0, "%s: no step was queued with its tokens left on the device", what);
+    if (v == 6 || v >= 8) { /* the rows planned at submit (di_batch.sample_rows) are the ones sampled */
+      CHECKF(mb->rows_planned > 0, "%s: no step carried its sample rows", what);
+      CHECKF(mb->rows_mismatched == 0, "%s: %lld of %lld rows planned at submit differ from those sampled", what,
+             (long long)mb->rows_mismatched, (long long)mb->rows_planned);
+    }
     mock_destroy(&mb->base);
     CHECKF(bad == 0, "%s: %d of %d requests differ from the request alone", what, bad, NREQ);
     if (v == 0) CHECKF(st.prefix_cache_hit_tokens > 0, "%s: no prefix-cache hits on shared prompts", what);
