@@ -176,7 +176,6 @@ int main(void) {
   }
   check_model("tests/data/models/dsv2-lite-tiny", exact, 0);
   check_model("tests/data/models/dsv3-tiny", exact, 0);
-  setenv("DEEPINFER_CUDA_MTP", "1", 1); /* the MTP layer on the GPU (off by default until checked there) */
   check_model("models/default", exact, 1); /* has a trained MTP layer: speculative decoding too */
   return test_finish("test_cuda_engine");
 }

@@ -219,7 +219,7 @@ static void check_case(const char *name) {
   di_model_free(mg);
 }
 
-/* The MTP layer (ops->mtp, DEEPINFER_CUDA_MTP=1) against the CPU backend's on fresh random inputs: a
+/* The MTP layer (ops->mtp; uploaded when the checkpoint has one) against the CPU backend's on fresh random inputs: a
  * 40-token sequence in two calls (the second reads the first's MTP KV entries through a scrambled block
  * table), random previous hidden states; logits and the pre-head hidden states of the output rows,
  * rel L2 < 3e-2 each call, top-1 equal where the CPU margin > 0.1. */
@@ -282,7 +282,6 @@ static void check_mtp(const char *name) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  setenv("DEEPINFER_CUDA_MTP", "1", 1); /* the MTP layer is uploaded only when asked for, until checked */
   if (!di_cut_device_ok()) {
     printf("no CUDA device: skipped\n");
     return 77;

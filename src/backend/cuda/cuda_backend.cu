@@ -72,7 +72,7 @@ typedef struct cu_backend {
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
-  /* the first MTP layer (speculative decoding; DEEPINFER_CUDA_MTP=1 until checked on a GPU): its decoder
+  /* the first MTP layer (speculative decoding; DEEPINFER_CUDA_MTP=0 skips it): its decoder
    * layer is L[n_layers] with KV entries in the pool after the main layers' */
   int n_mtp;
   bf16 *mtp_embed, *mtp_eh, *mtp_head; /* embed / head alias the main model's when the checkpoint shares them */
@@ -1188,8 +1188,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   DI_TRY(up_mat(b, &w->lm_head, b->V, b->H, &b->lm_head, "lm_head"));
   DI_TRY(up_vec(b, w->final_norm, b->H, &b->final_norm));
   b->n_layers = w->n_layers;
+  /* the MTP layer when the checkpoint has one (checked on the H200 against the CPU's MTP forward and
+   * in speculative decoding); DEEPINFER_CUDA_MTP=0 leaves it on the host (no weights, no KV for it) */
   const char *mtp_env = getenv("DEEPINFER_CUDA_MTP");
-  b->n_mtp = w->n_mtp > 0 && mtp_env && mtp_env[0] == '1' ? 1 : 0;
+  b->n_mtp = w->n_mtp > 0 && !(mtp_env && mtp_env[0] == '0') ? 1 : 0;
   b->L = (cu_layer *)calloc((size_t)(b->n_layers + b->n_mtp > 0 ? b->n_layers + b->n_mtp : 1), sizeof(cu_layer));
   if (!b->L) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
   for (int l = 0; l < b->n_layers + b->n_mtp; l++) DI_TRY(upload_layer(b, c, &w->layers[l], &b->L[l], l));
