@@ -436,6 +436,18 @@ static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
   return st;
 }
 
+/* The planned step `next` without the requests that ended (while the step before it ran) or were
+ * aborted: their entries are marked dropped; 1 when any was, so the batch must be built again. */
+static int drop_ended(di_engine *e, di_sched *next) {
+  int dropped = 0;
+  for (int i = 0; i < next->n; i++) {
+    di_req *r = next->e[i].r;
+    if (r->state == DI_REQ_DONE) { next->e[i].dropped = 1; dropped = 1; continue; }
+    if (r->abort_requested) { di_req_finish(e, r, DI_FINISH_ABORT, NULL); next->e[i].dropped = 1; dropped = 1; }
+  }
+  return dropped;
+}
+
 /* Device token feedback ("zero-overhead" decoding): the in-flight step `cur` is sampled on the device
  * and `next` (planned while cur ran, its placeholders being cur's samples) is queued right behind that
  * sampling, before the host has the tokens; then the host fetches them (next computes meanwhile) and
@@ -455,14 +467,7 @@ static di_status feedback_step(di_engine *e, di_sched *cur, di_sched *next, doub
     di_error_set(st, "%s", msg);
     return fail_inflight(e, cur, st);
   }
-  /* next without the requests that ended or were aborted before it runs */
-  int dropped = 0;
-  for (int i = 0; i < next->n; i++) {
-    di_req *r = next->e[i].r;
-    if (r->state == DI_REQ_DONE) { next->e[i].dropped = 1; dropped = 1; continue; }
-    if (r->abort_requested) { di_req_finish(e, r, DI_FINISH_ABORT, NULL); next->e[i].dropped = 1; dropped = 1; }
-  }
-  if (dropped) DI_TRY(di_sched_build_batch(e, next));
+  if (drop_ended(e, next)) DI_TRY(di_sched_build_batch(e, next));
   /* placeholders: the token cur samples for the request, by its output row */
   for (int i = 0; i < cur->n; i++) {
     di_sched_entry *en = &cur->e[i];
@@ -584,13 +589,7 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
         return fail_inflight(e, cur, st);
       }
       if (next->n > 0) {
-        int dropped = 0;
-        for (int i = 0; i < next->n; i++) {
-          di_req *r = next->e[i].r;
-          if (r->state == DI_REQ_DONE) { next->e[i].dropped = 1; dropped = 1; continue; }
-          if (r->abort_requested) { di_req_finish(e, r, DI_FINISH_ABORT, NULL); next->e[i].dropped = 1; dropped = 1; }
-        }
-        if (dropped) DI_TRY(di_sched_build_batch(e, next));
+        if (drop_ended(e, next)) DI_TRY(di_sched_build_batch(e, next));
         else di_sched_patch_tokens(next);
         if (next->batch.n_tokens > 0) {
           double ts = di_now();
