@@ -228,6 +228,9 @@ typedef struct di_engine_stats {
   double host_time_s;            /* host-side scheduling + sampling time, total */
   double hidden_host_time_s;     /* of it, spent while the backend was computing */
   double backend_wait_s;         /* time blocked in the backend's wait */
+  /* admissions put off because another running request was computing the prompt block that would
+   * extend the request's prefix-cache hit (counted per step the request waited) */
+  int64_t prefix_waits;
 } di_engine_stats;
 
 /* Creates an engine over a loaded model (which must outlive it; one engine per model at a time:

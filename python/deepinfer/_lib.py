@@ -71,7 +71,7 @@ class EngineStats(ctypes.Structure):
                 ("generated_tokens", ctypes.c_int64), ("preemptions", ctypes.c_int64),
                 ("prompt_tokens_per_s", ctypes.c_double), ("generation_tokens_per_s", ctypes.c_double),
                 ("host_time_s", ctypes.c_double), ("hidden_host_time_s", ctypes.c_double),
-                ("backend_wait_s", ctypes.c_double)]
+                ("backend_wait_s", ctypes.c_double), ("prefix_waits", ctypes.c_int64)]
 
 
 FINISH_REASONS = {0: None, 1: "stop", 2: "length", 3: "abort", 4: "error"}

@@ -645,6 +645,7 @@ void di_engine_get_stats(const di_engine *e, di_engine_stats *s) {
   s->host_time_s = e->host_s;
   s->hidden_host_time_s = e->hidden_s < e->host_s ? e->hidden_s : e->host_s;
   s->backend_wait_s = e->wait_s;
+  s->prefix_waits = e->prefix_waits;
 }
 
 di_status di_engine_check(const di_engine *e) {

@@ -194,7 +194,7 @@ struct di_engine {
   struct di_spec *spec;      /* speculative decoding state; NULL when off (the default) */
   int plp_row_cap;           /* prompt-logprob rows per step (0 until a request asks for them) */
   /* stats */
-  int64_t steps, prompt_tokens, generated_tokens, preemptions;
+  int64_t steps, prompt_tokens, generated_tokens, preemptions, prefix_waits;
   double busy_s, host_s, hidden_s, wait_s;
 };
 

@@ -80,6 +80,26 @@ static int in_plan(const di_sched *s, const di_req *r) {
   return 0;
 }
 
+/* Whether a running request is computing the prompt block that would extend fresh request r's
+ * prefix-cache hit (r matched `hit` tokens, may match up to lim - 1): then r waits for that block to
+ * be written and registered instead of computing the same tokens beside it (requests that share a
+ * long system prompt and arrive together compute it once). The running request must have the whole
+ * block in its prompt and not yet have it valid; it keeps computing (running requests come first),
+ * so the wait ends. */
+static int prefix_in_flight(const di_engine *e, const di_req *r, int hit, int lim) {
+  if (!e->opt.enable_prefix_caching || !di_kv_shares_prefixes(e->kv)) return 0;
+  const int B = DI_KV_BLOCK_SIZE, next_end = (hit / B + 1) * B; /* the block after the hit */
+  if (next_end > lim - 1) return 0; /* the match never takes the last token it is given */
+  for (int i = 0; i < e->n_running; i++) {
+    const di_req *q = e->running[i];
+    if (q->abort_requested || q->n_valid >= next_end || q->n_prompt < next_end) continue;
+    int k = 0;
+    while (k < next_end && q->tokens[k] == r->tokens[k]) k++;
+    if (k == next_end) return 1;
+  }
+  return 0;
+}
+
 di_status di_schedule(di_engine *e, di_sched *s, int spec) {
   di_sched_clear(s);
   e->preempted_this_step = 0;
@@ -133,7 +153,8 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
   /* speculative decoding: draft tokens to verify, by confidence, before admissions */
   if (e->spec) DI_TRY(di_spec_grant(e, s, &budget));
 
-  /* admit waiting requests (FCFS) unless this step had to preempt */
+  /* admit waiting requests (FCFS) unless this step had to preempt; one whose next prompt block another
+   * running request is still computing waits for it (see prefix_in_flight) and lets later ones pass */
   for (int i = 0; i < e->n_waiting && budget > 0 && !e->preempted_this_step; i++) {
     if (e->n_running >= e->opt.max_num_seqs) break;
     di_req *r = e->waiting[i];
@@ -150,6 +171,12 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
       const int lim = di_plp_rows(r, 0, r->n_tokens, &first) > 0 ? first + 1 : r->n_tokens;
       hit = di_kv_match_prefix(e->kv, &r->kv, r->tokens, lim, r->sample_index > 0);
       r->n_computed = r->n_valid = hit;
+      if (!lead && prefix_in_flight(e, r, hit, lim)) {
+        di_req_free_kv(e, r);
+        r->n_computed = r->n_valid = 0;
+        e->prefix_waits++;
+        continue;
+      }
     }
     int need = r->n_tokens - r->n_computed;
     int n_new = need < budget ? need : budget;

@@ -180,6 +180,48 @@ static void test_equivalence(int sampled) {
   }
 }
 
+/* Requests that share a 300-token prompt prefix and arrive together: the first computes it, the others
+ * wait for its blocks (prefix_in_flight in the scheduler) and take them from the prefix cache, so the
+ * shared part is computed once; outputs stay those of each request alone. Without prefix caching
+ * nothing waits. */
+static void test_prefix_in_flight(void) {
+  static case_t cs[8];
+  int32_t sys[300];
+  for (int i = 0; i < 300; i++) sys[i] = 2 + rnd(VOCAB - 2);
+  for (int k = 0; k < 8; k++) {
+    case_t *c = &cs[k];
+    memset(c, 0, sizeof *c);
+    c->n_prompt = 320;
+    for (int i = 0; i < c->n_prompt; i++) c->prompt[i] = i < 300 ? sys[i] : 2 + rnd(VOCAB - 2);
+    c->max_tokens = 4;
+    c->sp = (di_sampling){.temperature = 0, .top_p = 1, .repetition_penalty = 1, .logprobs = -1};
+    reference(c);
+  }
+  for (int v = 0; v < 3; v++) {
+    di_engine_options o;
+    di_engine_options_default(&o);
+    o.max_num_batched_tokens = 4096; /* room for all eight prompts in one step */
+    o.seed = 5;
+    if (v == 1) o.async_scheduling = 0;
+    if (v == 2) o.enable_prefix_caching = 0;
+    di_engine_stats st;
+    memset(&st, 0, sizeof st);
+    const char *what = v == 0 ? "prefix in flight" : v == 1 ? "prefix in flight, sync" : "prefix in flight, no cache";
+    int bad = run_engine(cs, 8, &o, NULL, &st, what, 0);
+    CHECKF(bad == 0, "%s: %d of 8 requests differ from the request alone", what, bad);
+    if (v < 2) {
+      CHECKF(st.prefix_waits > 0, "%s: no request waited for the shared blocks", what);
+      CHECKF(st.prefix_cache_hit_tokens >= 7 * 256, "%s: %lld prefix-cache hit tokens, want >= %d (4 blocks x 7)",
+             what, (long long)st.prefix_cache_hit_tokens, 7 * 256);
+    } else {
+      CHECKF(st.prefix_waits == 0 && st.prefix_cache_hit_tokens == 0, "%s: %lld waits, %lld hits", what,
+             (long long)st.prefix_waits, (long long)st.prefix_cache_hit_tokens);
+    }
+    printf("%-28s waits %lld, prefix hits %lld tokens, steps %lld\n", what, (long long)st.prefix_waits,
+           (long long)st.prefix_cache_hit_tokens, (long long)st.steps);
+  }
+}
+
 typedef struct {
   char text[256];
   size_t len;
@@ -436,6 +478,7 @@ static void test_soak(void) {
 int main(void) {
   test_equivalence(0);
   test_equivalence(1);
+  test_prefix_in_flight();
   test_stop_strings_and_text();
   test_errors_aborts_samples();
   test_backend_fault();
