@@ -778,6 +778,8 @@ static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
       "# TYPE deepinfer_generation_tokens_total counter\ndeepinfer_generation_tokens_total{%s} %lld\n"
       "# TYPE deepinfer_engine_steps_total counter\ndeepinfer_engine_steps_total{%s} %lld\n"
       "# TYPE deepinfer_preemptions_total counter\ndeepinfer_preemptions_total{%s} %lld\n"
+      "# HELP deepinfer_prefix_waits_total Admissions put off until a running request wrote shared prompt blocks.\n"
+      "# TYPE deepinfer_prefix_waits_total counter\ndeepinfer_prefix_waits_total{%s} %lld\n"
       "# TYPE deepinfer_http_requests_total counter\ndeepinfer_http_requests_total %lld\n"
       "# TYPE deepinfer_generate_requests_total counter\ndeepinfer_generate_requests_total %lld\n"
       "# TYPE deepinfer_http_errors_total counter\ndeepinfer_http_errors_total %lld\n"
@@ -785,7 +787,8 @@ static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
       "# TYPE deepinfer_open_connections gauge\ndeepinfer_open_connections %d\n",
       l, running, l, waiting, l, st.n_running, l, st.n_waiting, l,
       st.kv_blocks_total ? (double)st.kv_blocks_used / (double)st.kv_blocks_total : 0.0, l, st.prefix_cache_hit_rate, l,
-      s->n_prompt_tokens, l, s->n_generation_tokens, l, (long long)st.steps, l, (long long)st.preemptions, s->n_requests,
+      s->n_prompt_tokens, l, s->n_generation_tokens, l, (long long)st.steps, l, (long long)st.preemptions, l,
+      (long long)st.prefix_waits, s->n_requests,
       s->n_generate_requests, s->n_errors, s->n_disconnects, s->n_conns);
   sb_printf(&b, "# HELP deepinfer_request_success_total Finished samples by finish reason.\n"
                 "# TYPE deepinfer_request_success_total counter\n");

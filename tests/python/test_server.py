@@ -835,3 +835,21 @@ def test_prompt_logprobs(server):
             assert merged == whole["choices"][i]["logprobs"]
             assert "".join(c["text"] for c in chunks) == whole["choices"][i]["text"]
             assert chunks[-1]["finish_reason"] == "length"
+
+
+def test_shared_prompt_blocks_computed_once(server):
+    # four prompts of one request share 200 tokens (3 full KV blocks) and reach the engine together:
+    # the first computes the shared blocks, the others wait for them (the scheduler's prefix_in_flight,
+    # counted in deepinfer_prefix_waits_total) and take them from the prefix cache
+    before = metric(server, "deepinfer_prefix_waits_total")
+    shared = [300 + (i * 7) % 200 for i in range(200)]
+    prompts = [shared + [600 + k, 601 + k, 602 + k] for k in range(4)]
+    status, body = server.post("/v1/completions", {"prompt": prompts, "max_tokens": 3, "temperature": 0})
+    assert status == 200, body
+    assert len(body["choices"]) == 4
+    assert metric(server, "deepinfer_prefix_waits_total") > before
+    # the same prompts one at a time give the same text
+    for k, p in enumerate(prompts):
+        status, one = server.post("/v1/completions", {"prompt": p, "max_tokens": 3, "temperature": 0})
+        assert status == 200, one
+        assert one["choices"][0]["text"] == body["choices"][k]["text"]
