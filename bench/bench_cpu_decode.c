@@ -107,9 +107,13 @@ int main(int argc, char **argv) {
   int32_t last = prompt - 1;
   di_batch pb = {.n_tokens = prompt, .tokens = ids, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = &s,
                  .n_outputs = 1, .output_rows = &last};
-  t0 = now();
-  di_backend_forward(m->backend, &pb, logits);
-  double t_prefill = now() - t0;
+  double t_prefill = 1e30; /* best of the repeats: the same positions are written again */
+  for (int r = 0; r < (repeat > 0 ? repeat : 1); r++) {
+    t0 = now();
+    di_backend_forward(m->backend, &pb, logits);
+    if (now() - t0 < t_prefill)
+      t_prefill = now() - t0;
+  }
   int32_t row = 0;
   double per_tok = 1e30;
   for (int r = 0; r < (repeat > 0 ? repeat : 1); r++) {

@@ -76,7 +76,7 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
   A(b->s_shared, Tn * H);
   A(b->s_mtp_cat, Tn * 2 * H);
   A(b->s_rope, Tn * dr);
-  b->attn_scratch_per_thread = 2 * R + dr + (size_t)newP + 16;
+  b->attn_scratch_per_thread = (2 * R + dr + (size_t)newP + 16) * DI_CPU_ATTN_GROUP; /* per head, x group */
   A(b->attn_scratch, b->attn_scratch_per_thread * (size_t)di_threadpool_size(b->tp));
 #undef A
   if (!ok) {

@@ -2,6 +2,8 @@
  * grow-only scratch buffers sized by the largest step seen, and a thread pool. */
 #ifndef DI_CPU_BACKEND_H
 #define DI_CPU_BACKEND_H
+
+#define DI_CPU_ATTN_GROUP 8 /* heads of a token that share one pass over its keys (prefill) */
 #include "backend/backend.h"
 #include "arch/deepseek.h"
 #include "util/threadpool.h"
@@ -25,7 +27,7 @@ typedef struct di_cpu_backend {
   float *s_rope; /* [T][rope_dim/2][cos, sin] of the step's positions */
   int32_t *s_topk_ids, *s_exp_count, *s_exp_start, *s_exp_rows, *s_exp_fill, *s_exp_where;
   struct di_gemm_job *s_jobs; /* [2 * n_experts + 2] */
-  float *attn_scratch;
+  float *attn_scratch; /* per thread: DI_CPU_ATTN_GROUP heads' attention scratch */
   size_t attn_scratch_per_thread;
   const di_batch *pending; /* submitted, not yet run */
 } di_cpu_backend;

@@ -63,57 +63,109 @@ static inline float *kv_entry(const di_cpu_backend *b, int layer, int32_t block,
 
 /* ---- attention -------------------------------------------------------------------------------- */
 
+/* A job is one token and a group of `group` heads: the group's heads go over the token's keys
+ * together, so each latent cache entry is read once per group instead of once per head (prefill
+ * reads the whole context per token). Every score, softmax and output element is computed exactly
+ * as for one head alone (the same dot products in the same order), so neither the grouping nor the
+ * step's size changes a result. */
 typedef struct {
   di_cpu_backend *b;
   const di_batch *batch;
-  int layer;
+  int layer, group;
   const float *q;  /* [T][NH*dqk] */
   float *out;      /* [T][NH*dv] */
 } attn_ctx;
 
+/* DI_CPU_ATTN_GROUP heads per job at most; the per-thread scratch holds that many heads */
 static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
   attn_ctx *a = p;
   di_cpu_backend *b = a->b;
   const di_model_config *c = b->cfg;
   const int NH = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
-  const int dqk = dn + dr, R = c->kv_lora_rank;
+  const int dqk = dn + dr, R = c->kv_lora_rank, G = a->group, n_groups = (NH + G - 1) / G;
+  const size_t stride = b->attn_scratch_per_thread / DI_CPU_ATTN_GROUP; /* one head's scratch */
   float *scratch = b->attn_scratch + (size_t)thread * b->attn_scratch_per_thread;
-  float *q_lat = scratch, *q_pe = q_lat + R, *o_lat = q_pe + dr, *scores = o_lat + R;
   const float *wk = b->w_uk[a->layer], *wv = b->w_uv[a->layer];
   for (int64_t job = begin; job < end; job++) {
-    const int t = (int)(job / NH), h = (int)(job % NH);
+    const int t = (int)(job / n_groups), h0 = (int)(job % n_groups) * G, ng = NH - h0 < G ? NH - h0 : G;
     const int pos = a->batch->positions[t];
     const di_batch_seq *seq = &a->batch->seqs[a->batch->seq_of[t]];
-    const float *q = a->q + (size_t)t * NH * dqk + (size_t)h * dqk;
-    /* q_lat[r] = sum_d W_UK[h][d][r] q_nope[d], via the transposed copy [h][r][d] */
-    for (int r = 0; r < R; r++)
-      q_lat[r] = di_cpu_dot(wk + ((size_t)h * R + r) * dn, q, dn);
-    memcpy(q_pe, q + dn, sizeof(float) * (size_t)dr);
-    rope_apply(b, q_pe, b->s_rope + (size_t)t * dr);
-    float mx = -INFINITY;
+    float *q_lat[DI_CPU_ATTN_GROUP], *q_pe[DI_CPU_ATTN_GROUP], *o_lat[DI_CPU_ATTN_GROUP], *scores[DI_CPU_ATTN_GROUP];
+    float mx[DI_CPU_ATTN_GROUP];
+    for (int g = 0; g < ng; g++) {
+      const int h = h0 + g;
+      q_lat[g] = scratch + (size_t)g * stride;
+      q_pe[g] = q_lat[g] + R;
+      o_lat[g] = q_pe[g] + dr;
+      scores[g] = o_lat[g] + R;
+      const float *q = a->q + (size_t)t * NH * dqk + (size_t)h * dqk;
+      /* q_lat[r] = sum_d W_UK[h][d][r] q_nope[d], via the transposed copy [h][r][d], four rows per
+       * di_cpu_dot4 (bit-equal to one di_cpu_dot each) */
+      int rq = 0;
+      for (; rq + 4 <= R; rq += 4) {
+        const float *rows[4];
+        for (int i = 0; i < 4; i++) rows[i] = wk + ((size_t)h * R + rq + i) * dn;
+        di_cpu_dot4(q, rows, dn, q_lat[g] + rq);
+      }
+      for (; rq < R; rq++)
+        q_lat[g][rq] = di_cpu_dot(q, wk + ((size_t)h * R + rq) * dn, dn);
+      memcpy(q_pe[g], q + dn, sizeof(float) * (size_t)dr);
+      rope_apply(b, q_pe[g], b->s_rope + (size_t)t * dr);
+      mx[g] = -INFINITY;
+    }
+    /* scores: each key once, every head of the group against it */
     for (int j = 0; j <= pos; j++) {
       const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
-      float s = (di_cpu_dot(q_lat, e, R) + di_cpu_dot(q_pe, e + R, dr)) * c->softmax_scale;
-      scores[j] = s;
-      if (s > mx)
-        mx = s;
+      int g = 0;
+      for (; g + 4 <= ng; g += 4) {
+        float sl[4], sp[4];
+        di_cpu_dot4(e, (const float *const *)&q_lat[g], R, sl);
+        di_cpu_dot4(e + R, (const float *const *)&q_pe[g], dr, sp);
+        for (int i = 0; i < 4; i++) {
+          const float sc = (sl[i] + sp[i]) * c->softmax_scale;
+          scores[g + i][j] = sc;
+          if (sc > mx[g + i])
+            mx[g + i] = sc;
+        }
+      }
+      for (; g < ng; g++) {
+        const float sc = (di_cpu_dot(q_lat[g], e, R) + di_cpu_dot(q_pe[g], e + R, dr)) * c->softmax_scale;
+        scores[g][j] = sc;
+        if (sc > mx[g])
+          mx[g] = sc;
+      }
     }
-    float sum = 0.0f;
-    for (int j = 0; j <= pos; j++) {
-      scores[j] = expf(scores[j] - mx);
-      sum += scores[j];
+    float inv[DI_CPU_ATTN_GROUP];
+    for (int g = 0; g < ng; g++) {
+      float sum = 0.0f;
+      for (int j = 0; j <= pos; j++) {
+        scores[g][j] = expf(scores[g][j] - mx[g]);
+        sum += scores[g][j];
+      }
+      inv[g] = 1.0f / sum;
+      memset(o_lat[g], 0, sizeof(float) * (size_t)R);
     }
-    const float inv = 1.0f / sum;
-    memset(o_lat, 0, sizeof(float) * (size_t)R);
     for (int j = 0; j <= pos; j++) {
       const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
-      const float pj = scores[j] * inv;
-      for (int r = 0; r < R; r++)
-        o_lat[r] += pj * e[r];
+      for (int g = 0; g < ng; g++) {
+        const float pj = scores[g][j] * inv[g];
+        float *ol = o_lat[g];
+        for (int r = 0; r < R; r++)
+          ol[r] += pj * e[r];
+      }
     }
-    float *o = a->out + (size_t)t * NH * dv + (size_t)h * dv;
-    for (int e2 = 0; e2 < dv; e2++)
-      o[e2] = di_cpu_dot(wv + ((size_t)h * dv + e2) * R, o_lat, R);
+    for (int g = 0; g < ng; g++) {
+      const int h = h0 + g;
+      float *o = a->out + (size_t)t * NH * dv + (size_t)h * dv;
+      int e2 = 0;
+      for (; e2 + 4 <= dv; e2 += 4) {
+        const float *rows[4];
+        for (int i = 0; i < 4; i++) rows[i] = wv + ((size_t)h * dv + e2 + i) * R;
+        di_cpu_dot4(o_lat[g], rows, R, o + e2);
+      }
+      for (; e2 < dv; e2++)
+        o[e2] = di_cpu_dot(o_lat[g], wv + ((size_t)h * dv + e2) * R, R);
+    }
   }
 }
 
@@ -147,8 +199,11 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     memcpy(e + R, src + R, sizeof(float) * (size_t)dr);
     rope_apply(b, e + R, b->s_rope + (size_t)t * dr);
   }
-  attn_ctx a = {b, batch, layer, q, b->s_attn};
-  di_parallel_for(b->tp, (int64_t)T * NH, 1, attn_task, &a);
+  /* heads in groups when there are tokens enough to keep the threads busy (prefill); one head per
+   * job at decode, so a single token's heads still spread over the threads */
+  const int group = T >= 4 ? (NH < DI_CPU_ATTN_GROUP ? NH : DI_CPU_ATTN_GROUP) : 1;
+  attn_ctx a = {b, batch, layer, group, q, b->s_attn};
+  di_parallel_for(b->tp, (int64_t)T * ((NH + group - 1) / group), 1, attn_task, &a);
   di_cpu_gemm(b->tp, b->s_attn, T, (int64_t)NH * c->v_head_dim, &L->o_proj, 0, H, out, H);
 }
 

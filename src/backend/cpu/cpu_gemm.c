@@ -28,6 +28,90 @@ typedef struct {
   int64_t ldy;
 } gemm_ctx;
 
+/* ---- the prefill form: weight panels converted once, 4 x 3 register tiles ----------------------
+ * With many activation rows (M >= PANEL_MIN_M: prefill, experts with several tokens) the per-tile
+ * conversion of the weights (bf16 / fp8 -> f32: 2-3 instructions per 8 weights, reused for only 2
+ * activation rows) and the activations streamed from L3 once per 4 weight rows made the loop
+ * conversion- and cache-bound. Here a panel of up to 48 weight rows is converted into a 256 KB stack
+ * buffer (it stays in L2), and 4 activation rows x 3 weight rows are multiplied from it with 12
+ * accumulators (16 YMM registers with the 3 weight and 1 activation vectors). Each output is still
+ * fma(x[k..k+8], w[k..k+8], acc) over k in order, hsum8, then the scalar tail: bit-equal to the
+ * one-row path, so batch invariance holds. */
+#define PANEL_MIN_M 8
+#define PANEL_FLOATS 65536
+#define PANEL_MAX_ROWS 48
+
+static inline void panel_store(const gemm_ctx *c, int64_t m, int64_t col, int64_t n, __m256 acc, int64_t K8) {
+  const di_weight *w = c->w;
+  float s = hsum8(acc);
+  const float *xr = c->x + m * c->ldx;
+  for (int64_t k = K8; k < w->cols; k++)
+    s += xr[k] * di_weight_get(w, n, k);
+  c->y[m * c->ldy + col] = s;
+}
+
+/* y rows [0, M) x columns nb .. nb + np of weight rows n .. n + np, converted in wp [np][K8] */
+static void panel_rows(const gemm_ctx *c, const float *wp, int np, int64_t n, int64_t nb, int64_t K8) {
+  int64_t m = 0;
+  for (; m + 4 <= c->M; m += 4) {
+    const float *x0 = c->x + m * c->ldx, *x1 = x0 + c->ldx, *x2 = x1 + c->ldx, *x3 = x2 + c->ldx;
+    int j = 0;
+    for (; j + 3 <= np; j += 3) {
+      const float *w0 = wp + j * K8, *w1 = w0 + K8, *w2 = w1 + K8;
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+      __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+      for (int64_t k = 0; k < K8; k += 8) {
+        const __m256 v0 = _mm256_load_ps(w0 + k), v1 = _mm256_load_ps(w1 + k), v2 = _mm256_load_ps(w2 + k);
+        __m256 xv = _mm256_loadu_ps(x0 + k);
+        a00 = _mm256_fmadd_ps(xv, v0, a00);
+        a01 = _mm256_fmadd_ps(xv, v1, a01);
+        a02 = _mm256_fmadd_ps(xv, v2, a02);
+        xv = _mm256_loadu_ps(x1 + k);
+        a10 = _mm256_fmadd_ps(xv, v0, a10);
+        a11 = _mm256_fmadd_ps(xv, v1, a11);
+        a12 = _mm256_fmadd_ps(xv, v2, a12);
+        xv = _mm256_loadu_ps(x2 + k);
+        a20 = _mm256_fmadd_ps(xv, v0, a20);
+        a21 = _mm256_fmadd_ps(xv, v1, a21);
+        a22 = _mm256_fmadd_ps(xv, v2, a22);
+        xv = _mm256_loadu_ps(x3 + k);
+        a30 = _mm256_fmadd_ps(xv, v0, a30);
+        a31 = _mm256_fmadd_ps(xv, v1, a31);
+        a32 = _mm256_fmadd_ps(xv, v2, a32);
+      }
+      const __m256 acc[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
+      for (int i = 0; i < 4; i++)
+        for (int jj = 0; jj < 3; jj++)
+          panel_store(c, m + i, nb + j + jj, n + j + jj, acc[i][jj], K8);
+    }
+    for (; j < np; j++) { /* the panel's last rows: 4 x 1 */
+      const float *w0 = wp + j * K8;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t k = 0; k < K8; k += 8) {
+        const __m256 v0 = _mm256_load_ps(w0 + k);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), v0, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k), v0, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x2 + k), v0, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x3 + k), v0, a3);
+      }
+      panel_store(c, m, nb + j, n + j, a0, K8);
+      panel_store(c, m + 1, nb + j, n + j, a1, K8);
+      panel_store(c, m + 2, nb + j, n + j, a2, K8);
+      panel_store(c, m + 3, nb + j, n + j, a3, K8);
+    }
+  }
+  for (; m < c->M; m++) { /* the last activation rows: 1 x 1 */
+    const float *x0 = c->x + m * c->ldx;
+    for (int j = 0; j < np; j++) {
+      const float *w0 = wp + j * K8;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K8; k += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), _mm256_load_ps(w0 + k), a0);
+      panel_store(c, m, nb + j, n + j, a0, K8);
+    }
+  }
+}
+
 /* FP8 blocks narrower than 8 columns or not 8-aligned would put two scales in one vector; such
  * weights take the scalar path for every column (the per-element order is still fixed). */
 static int vector_ok(const di_weight *w) {
@@ -40,6 +124,20 @@ static int vector_ok(const di_weight *w) {
   static void NAME(const gemm_ctx *c, int64_t b, int64_t e) {                                   \
     const di_weight *w = c->w;                                                                  \
     const int64_t K = w->cols, K8 = vector_ok(w) ? K & ~(int64_t)7 : 0;                         \
+    if (c->M >= PANEL_MIN_M && K8 > 0 && 3 * K8 <= PANEL_FLOATS) {                              \
+      float wp[PANEL_FLOATS] __attribute__((aligned(32)));                                     \
+      int64_t np_max = PANEL_FLOATS / K8;                                                       \
+      np_max = np_max > PANEL_MAX_ROWS ? PANEL_MAX_ROWS : np_max - np_max % 3;                  \
+      for (int64_t nb = b; nb < e; nb += np_max) {                                              \
+        const int np = (int)(e - nb < np_max ? e - nb : np_max);                                \
+        const int64_t n = c->n0 + nb;                                                           \
+        for (int j = 0; j < np; j++)                                                            \
+          for (int64_t k = 0; k < K8; k += 8)                                                   \
+            _mm256_store_ps(wp + j * K8 + k, LOADW(n + j, k));                                  \
+        panel_rows(c, wp, np, n, nb, K8);                                                       \
+      }                                                                                         \
+      return;                                                                                   \
+    }                                                                                           \
     for (int64_t nb = b; nb < e; nb += NR) {                                                    \
       const int nr = (int)(e - nb < NR ? e - nb : NR);                                          \
       const int64_t n = c->n0 + nb;                                                             \
@@ -146,6 +244,8 @@ void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, cons
   int64_t grain = 64 * 1024 / (w->cols > 0 ? w->cols : 1);
   if (grain < NR)
     grain = NR;
+  if (M >= PANEL_MIN_M && grain < PANEL_MAX_ROWS) /* whole weight panels per task */
+    grain = PANEL_MAX_ROWS;
   grain = (grain + NR - 1) / NR * NR;
   di_parallel_for(tp, N, grain, gemm_rows, &c);
 }
@@ -186,14 +286,18 @@ void di_cpu_gemm_multi(di_threadpool *tp, const di_gemm_job *jobs, int n_jobs) {
     return;
   }
   st[0] = 0;
-  int64_t work = 0;
+  int64_t work = 0, max_m = 0;
   for (int j = 0; j < n_jobs; j++) {
     st[j + 1] = st[j] + (jobs[j].n1 - jobs[j].n0 + NR - 1) / NR;
     work += (jobs[j].n1 - jobs[j].n0) * jobs[j].w->cols * (jobs[j].M > 0 ? jobs[j].M : 1);
+    if (jobs[j].M > max_m)
+      max_m = jobs[j].M;
   }
   multi_ctx mc = {jobs, n_jobs, st};
-  /* about 64K multiply-adds per task at least */
+  /* about 64K multiply-adds per task at least; whole weight panels when the panel form runs */
   int64_t units = st[n_jobs], grain = units > 0 ? (64 * 1024) / (work / units + 1) : 1;
+  if (max_m >= PANEL_MIN_M && grain < PANEL_MAX_ROWS / NR)
+    grain = PANEL_MAX_ROWS / NR;
   di_parallel_for(tp, units, grain < 1 ? 1 : grain, multi_rows, &mc);
   if (st != starts)
     free(st);
@@ -214,4 +318,23 @@ float di_cpu_dot(const float *a, const float *b, int64_t n) {
   for (; k < n; k++)
     s += a[k] * b[k];
   return s;
+}
+
+void di_cpu_dot4(const float *a, const float *const b[4], int64_t n, float out[4]) {
+  __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+  const int64_t n8 = n & ~(int64_t)7;
+  for (int64_t k = 0; k < n8; k += 8) {
+    const __m256 av = _mm256_loadu_ps(a + k);
+    c0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[0] + k), c0);
+    c1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[1] + k), c1);
+    c2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[2] + k), c2);
+    c3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[3] + k), c3);
+  }
+  const __m256 acc[4] = {c0, c1, c2, c3};
+  for (int i = 0; i < 4; i++) {
+    float s = hsum8(acc[i]);
+    for (int64_t k = n8; k < n; k++)
+      s += a[k] * b[i][k];
+    out[i] = s;
+  }
 }

@@ -29,4 +29,6 @@ void di_cpu_gemm_f32(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, 
                      int64_t K, float *y, int64_t ldy);
 /* Dot product in the same fixed order as the GEMM (8-lane partials, fixed horizontal sum, tail). */
 float di_cpu_dot(const float *a, const float *b, int64_t n);
+/* out[i] = di_cpu_dot(a, b[i], n) for four vectors at once (a read once; bit-equal to four calls). */
+void di_cpu_dot4(const float *a, const float *const b[4], int64_t n, float out[4]);
 #endif
