@@ -419,10 +419,9 @@ class LLM:
 
     def _score_sequences(self, seqs):
         """[(ids, start)] -> [(logprob, is_greedy)]: each sequence as a score-only engine request whose
-        prompt logprobs start at `start` (di_request_params.prompt_logprobs_from). The first sequence of
-        each distinct context runs in a first wave and the rest after it, so the later ones take the
-        context from the prefix cache (requests of one step cannot share blocks still being computed).
-        is_greedy: every continuation token has rank 1 (no id more likely; an id with an exactly equal
+        prompt logprobs start at `start` (di_request_params.prompt_logprobs_from), all queued at once:
+        sequences that share a context compute it once (the scheduler has a later one wait for the
+        context blocks another is computing, then take them from the prefix cache). is_greedy: every continuation token has rank 1 (no id more likely; an id with an exactly equal
         logit counts as a tie in its favour here, where greedy sampling takes the lowest id)."""
         if self._L.di_engine_has_unfinished(self._engine):
             raise RuntimeError("loglikelihood: the engine has unfinished requests")
@@ -430,26 +429,19 @@ class LLM:
         for ids, start in seqs:
             if not 1 <= start <= len(ids):
                 raise ValueError(f"loglikelihood: continuation start {start} outside the {len(ids)} tokens")
-        seen, first, rest = set(), [], []
-        for i, (ids, start) in enumerate(seqs):
-            key = tuple(ids[:start])
-            (rest if key in seen else first).append(i)
-            seen.add(key)
-        res = [None] * len(seqs)
-        for wave in (first, rest):
-            reqs, order = {}, []
-            for i in wave:
-                ids, start = seqs[i]
-                rid, out = self._add({"prompt_token_ids": ids}, sp, prompt_logprobs_from=start)
-                out._score_from, out._score = start, None
-                reqs[rid] = out
-                order.append((i, rid))
-            self._run(reqs)
-            for i, rid in order:
-                o = reqs[rid]
-                if o.outputs[0].finish_reason == "error" or o._score is None:
-                    raise RuntimeError(f"loglikelihood: {o.outputs[0].error or 'no prompt logprobs came back'}")
-                res[i] = o._score
+        reqs, order = {}, []
+        for ids, start in seqs:
+            rid, out = self._add({"prompt_token_ids": ids}, sp, prompt_logprobs_from=start)
+            out._score_from, out._score = start, None
+            reqs[rid] = out
+            order.append(rid)
+        self._run(reqs)
+        res = []
+        for rid in order:
+            o = reqs[rid]
+            if o.outputs[0].finish_reason == "error" or o._score is None:
+                raise RuntimeError(f"loglikelihood: {o.outputs[0].error or 'no prompt logprobs came back'}")
+            res.append(o._score)
         return res
 
     def loglikelihood(self, requests, add_bos=None):
