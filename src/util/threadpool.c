@@ -24,6 +24,9 @@ struct di_threadpool {
   atomic_ullong state; /* generation << 32 | joined workers; low word CLOSED once the job ended */
   atomic_int sleepers;
   atomic_int stop;
+  /* per thread index: a scratch buffer (di_threadpool_scratch) */
+  void **scratch;
+  size_t *scratch_bytes;
 };
 
 typedef struct {
@@ -98,7 +101,12 @@ di_status di_threadpool_create(int n_threads, di_threadpool **out) {
   pthread_cond_init(&tp->cv_work, NULL);
   pthread_cond_init(&tp->cv_done, NULL);
   tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-  if (!tp->threads) {
+  tp->scratch = calloc((size_t)n_threads, sizeof(void *));
+  tp->scratch_bytes = calloc((size_t)n_threads, sizeof(size_t));
+  if (!tp->threads || !tp->scratch || !tp->scratch_bytes) {
+    free(tp->threads);
+    free(tp->scratch);
+    free(tp->scratch_bytes);
     free(tp);
     return di_error_set(DI_ERR_OOM, "thread pool: out of memory");
   }
@@ -129,7 +137,23 @@ void di_threadpool_free(di_threadpool *tp) {
   pthread_cond_destroy(&tp->cv_work);
   pthread_cond_destroy(&tp->cv_done);
   free(tp->threads);
+  for (int i = 0; i < tp->n; i++)
+    free(tp->scratch[i]);
+  free(tp->scratch);
+  free(tp->scratch_bytes);
   free(tp);
+}
+
+void *di_threadpool_scratch(di_threadpool *tp, int thread, size_t bytes) {
+  if (!tp || thread < 0 || thread >= tp->n)
+    return NULL;
+  if (tp->scratch_bytes[thread] < bytes) {
+    free(tp->scratch[thread]);
+    const size_t rounded = (bytes + 63) & ~(size_t)63;
+    tp->scratch[thread] = aligned_alloc(64, rounded);
+    tp->scratch_bytes[thread] = tp->scratch[thread] ? rounded : 0;
+  }
+  return tp->scratch[thread];
 }
 
 int di_threadpool_size(const di_threadpool *tp) { return tp ? tp->n : 1; }

@@ -17,4 +17,8 @@ int di_threadpool_size(const di_threadpool *tp);
 /* Runs fn over [0, n) in chunks of at least `grain` items; returns when all are done. Not
  * reentrant: call it from one thread at a time. */
 void di_parallel_for(di_threadpool *tp, int64_t n, int64_t grain, di_parallel_fn fn, void *ctx);
+/* A buffer of at least `bytes` (64-byte aligned) that belongs to thread index `thread` (the index a
+ * di_parallel_for task is given): only that index's tasks use it, so it needs no lock. It lives until
+ * the pool is freed (a larger request replaces it). NULL without a pool or on allocation failure. */
+void *di_threadpool_scratch(di_threadpool *tp, int thread, size_t bytes);
 #endif

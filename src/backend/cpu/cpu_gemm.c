@@ -26,14 +26,15 @@ typedef struct {
   int64_t n0;
   float *y;
   int64_t ldy;
+  di_threadpool *tp; /* its per-thread scratch holds the weight panel */
 } gemm_ctx;
 
 /* ---- the prefill form: weight panels converted once, 4 x 3 register tiles ----------------------
  * With many activation rows (M >= PANEL_MIN_M: prefill, experts with several tokens) the per-tile
  * conversion of the weights (bf16 / fp8 -> f32: 2-3 instructions per 8 weights, reused for only 2
  * activation rows) and the activations streamed from L3 once per 4 weight rows made the loop
- * conversion- and cache-bound. Here a panel of up to 48 weight rows is converted into a 256 KB stack
- * buffer (it stays in L2), and 4 activation rows x 3 weight rows are multiplied from it with 12
+ * conversion- and cache-bound. Here a panel of up to 48 weight rows is converted into a 256 KB buffer
+ * (the thread pool's per-thread scratch; it stays in L2; 128 KB measured 266 vs 273 tok/s), and 4 activation rows x 3 weight rows are multiplied from it with 12
  * accumulators (16 YMM registers with the 3 weight and 1 activation vectors). Each output is still
  * fma(x[k..k+8], w[k..k+8], acc) over k in order, hsum8, then the scalar tail: bit-equal to the
  * one-row path, so batch invariance holds. */
@@ -121,11 +122,10 @@ static int vector_ok(const di_weight *w) {
 /* One kernel per storage type, so the inner loop has no type dispatch. LOADW(r, k) yields 8
  * float32 weights of row r from column k. */
 #define GEMM_KERNEL(NAME, LOADW)                                                                \
-  static void NAME(const gemm_ctx *c, int64_t b, int64_t e) {                                   \
+  static void NAME(const gemm_ctx *c, int64_t b, int64_t e, float *wp) {                       \
     const di_weight *w = c->w;                                                                  \
     const int64_t K = w->cols, K8 = vector_ok(w) ? K & ~(int64_t)7 : 0;                         \
-    if (c->M >= PANEL_MIN_M && K8 > 0 && 3 * K8 <= PANEL_FLOATS) {                              \
-      float wp[PANEL_FLOATS] __attribute__((aligned(32)));                                     \
+    if (wp && K8 > 0 && 3 * K8 <= PANEL_FLOATS) {                                               \
       int64_t np_max = PANEL_FLOATS / K8;                                                       \
       np_max = np_max > PANEL_MAX_ROWS ? PANEL_MAX_ROWS : np_max - np_max % 3;                  \
       for (int64_t nb = b; nb < e; nb += np_max) {                                              \
@@ -226,17 +226,19 @@ GEMM_KERNEL(gemm_fp8, LOAD_FP8)
 
 static void gemm_rows(void *p, int64_t b, int64_t e, int thread) {
   const gemm_ctx *c = p;
+  /* the panel form when there are rows enough and a buffer (none without a pool: the tile form) */
+  float *wp = c->M >= PANEL_MIN_M ? di_threadpool_scratch(c->tp, thread, sizeof(float) * PANEL_FLOATS) : NULL;
   switch (c->w->dtype) {
-  case DI_DT_BF16: gemm_bf16(c, b, e); break;
-  case DI_DT_F16: gemm_f16(c, b, e); break;
-  case DI_DT_F8E4M3: gemm_fp8(c, b, e); break;
-  default: gemm_f32(c, b, e); break;
+  case DI_DT_BF16: gemm_bf16(c, b, e, wp); break;
+  case DI_DT_F16: gemm_f16(c, b, e, wp); break;
+  case DI_DT_F8E4M3: gemm_fp8(c, b, e, wp); break;
+  default: gemm_f32(c, b, e, wp); break;
   }
 }
 
 void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const di_weight *w, int64_t n0,
                  int64_t n1, float *y, int64_t ldy) {
-  gemm_ctx c = {x, M, ldx, w, n0, y, ldy};
+  gemm_ctx c = {x, M, ldx, w, n0, y, ldy, tp};
   int64_t N = n1 - n0;
   /* tasks are whole NR-row groups so tiles never straddle threads */
   int64_t groups = (N + NR - 1) / NR;
@@ -252,6 +254,7 @@ void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, cons
 
 /* The multi-job loop runs over units of NR output rows of all jobs laid end to end. */
 typedef struct {
+  di_threadpool *tp;
   const di_gemm_job *jobs;
   int n_jobs;
   const int64_t *unit_start; /* [n_jobs + 1] first unit of each job */
@@ -270,7 +273,7 @@ static void multi_rows(void *p, int64_t b, int64_t e, int thread) {
     int64_t r0 = (u - mc->unit_start[j]) * NR, r1 = (ue - mc->unit_start[j]) * NR;
     if (r1 > jb->n1 - jb->n0)
       r1 = jb->n1 - jb->n0;
-    gemm_ctx c = {jb->x, jb->M, jb->ldx, jb->w, jb->n0, jb->y, jb->ldy};
+    gemm_ctx c = {jb->x, jb->M, jb->ldx, jb->w, jb->n0, jb->y, jb->ldy, mc->tp};
     gemm_rows(&c, r0, r1, thread);
     u = ue;
   }
@@ -293,7 +296,7 @@ void di_cpu_gemm_multi(di_threadpool *tp, const di_gemm_job *jobs, int n_jobs) {
     if (jobs[j].M > max_m)
       max_m = jobs[j].M;
   }
-  multi_ctx mc = {jobs, n_jobs, st};
+  multi_ctx mc = {tp, jobs, n_jobs, st};
   /* about 64K multiply-adds per task at least; whole weight panels when the panel form runs */
   int64_t units = st[n_jobs], grain = units > 0 ? (64 * 1024) / (work / units + 1) : 1;
   if (max_m >= PANEL_MIN_M && grain < PANEL_MAX_ROWS / NR)
