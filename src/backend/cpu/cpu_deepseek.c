@@ -13,6 +13,7 @@
  * tokens of the step (see cpu_gemm.h), which makes the backend batch-invariant. */
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_gemm.h"
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,7 +146,28 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
       inv[g] = 1.0f / sum;
       memset(o_lat[g], 0, sizeof(float) * (size_t)R);
     }
-    for (int j = 0; j <= pos; j++) {
+    /* o_lat += p_j * e_j over the keys in order, four keys per pass over o_lat (each addition as
+     * in the one-key loop: o + (p_j * e_j[r]), rounded after the product and after the sum) */
+    int jv = 0;
+    for (; jv + 4 <= pos + 1 && R % 8 == 0; jv += 4) {
+      const float *e[4];
+      for (int i = 0; i < 4; i++)
+        e[i] = kv_entry(b, a->layer, seq->block_table[(jv + i) / DI_KV_BLOCK_SIZE], (jv + i) % DI_KV_BLOCK_SIZE);
+      for (int g = 0; g < ng; g++) {
+        const __m256 p0 = _mm256_set1_ps(scores[g][jv] * inv[g]), p1 = _mm256_set1_ps(scores[g][jv + 1] * inv[g]);
+        const __m256 p2 = _mm256_set1_ps(scores[g][jv + 2] * inv[g]), p3 = _mm256_set1_ps(scores[g][jv + 3] * inv[g]);
+        float *ol = o_lat[g];
+        for (int r = 0; r < R; r += 8) {
+          __m256 o = _mm256_loadu_ps(ol + r);
+          o = _mm256_add_ps(o, _mm256_mul_ps(p0, _mm256_loadu_ps(e[0] + r)));
+          o = _mm256_add_ps(o, _mm256_mul_ps(p1, _mm256_loadu_ps(e[1] + r)));
+          o = _mm256_add_ps(o, _mm256_mul_ps(p2, _mm256_loadu_ps(e[2] + r)));
+          o = _mm256_add_ps(o, _mm256_mul_ps(p3, _mm256_loadu_ps(e[3] + r)));
+          _mm256_storeu_ps(ol + r, o);
+        }
+      }
+    }
+    for (int j = jv; j <= pos; j++) {
       const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
       for (int g = 0; g < ng; g++) {
         const float pj = scores[g][j] * inv[g];
