@@ -331,8 +331,8 @@ static int plan_rows(di_engine *e, di_sched *s, di_sample_row *rows, int ahead) 
 
 static int plan_device_sampling(di_engine *e, di_sched *s) { return plan_rows(e, s, e->dev_rows, 0); }
 
-/* Samples the rows of a completed step and applies what the next step depends on. */
-/* on_device: 1 sample on the device now, 2 the tokens are in e->dev_tokens already (feedback_step). A
+/* Samples the rows of a completed step and applies what the next step depends on.
+ * on_device: 1 sample on the device now, 2 the tokens are in e->dev_tokens already (feedback_step). A
  * request that is also in the step queued after this one (in_next) stays in flight: its blocks and its
  * pending token belong to that step now. */
 static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
