@@ -136,6 +136,7 @@ typedef struct cu_backend {
    * each completing on its event: with token feedback step n+1's copy is queued before the host has
    * read step n's. tok_queued: the submitted step's copy is queued already (it sampled in-step). */
   int tok_par, tok_queued;
+  int out_cap0; /* the first output capacity (16; DEEPINFER_CUDA_OUT_CAP for tests: growth under feedback) */
   cudaEvent_t ev_sampled[2], ev_h2d;
   int h2d_recorded;
   const char *mark_label[MAX_MARKS];
@@ -380,24 +381,39 @@ static di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     DI_CU(cudaMemset(b->Qa, 0, 2 * (size_t)c * b->NH * DI_CUK_MLA_D));
   }
   if (n_out > b->cap_out) {
-    int c = b->cap_out ? b->cap_out : 16;
+    int c = b->cap_out ? b->cap_out : b->out_cap0;
     while (c < n_out) c *= 2;
     drop_graphs(b);
-    b->cap_out = c;
+    /* with token feedback this step may read the last step's samples (d_sample_out, the embedding of
+     * its -1 - row ids) and the host may still fetch them (a half of h_sample_out): both keep their
+     * contents across the growth (rare: the capacity doubles), after the stream has drained */
+    DI_CU(cudaStreamSynchronize(b->stream));
+    const int old_cap = b->cap_out;
+    int32_t *old_d = b->d_sample_out, *old_h = b->h_sample_out;
+    b->d_sample_out = NULL;
+    b->h_sample_out = NULL;
     REALLOC(b->hout, sizeof(float) * (size_t)c * b->H);
     REALLOC(b->hn, 2 * (size_t)c * b->H);
     REALLOC(b->logits, sizeof(float) * (size_t)c * b->V);
-    REALLOC(b->d_sample_out, sizeof(int32_t) * (size_t)c);
     REALLOC(b->d_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c);
+    DI_TRY(dev_alloc(b, (void **)&b->d_sample_out, sizeof(int32_t) * (size_t)c));
+    if (old_d) {
+      DI_CU(cudaMemcpy(b->d_sample_out, old_d, sizeof(int32_t) * (size_t)old_cap, cudaMemcpyDeviceToDevice));
+      dev_free(b, old_d);
+    }
     free(b->sub_rows);
     b->sub_rows = (di_sample_row *)malloc(sizeof(di_sample_row) * (size_t)c);
     if (!b->sub_rows) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
     cudaFreeHost(b->h_sample_rows);
-    cudaFreeHost(b->h_sample_out);
     b->h_sample_rows = NULL;
-    b->h_sample_out = NULL;
     DI_CU(cudaMallocHost((void **)&b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c));
     DI_CU(cudaMallocHost((void **)&b->h_sample_out, 2 * sizeof(int32_t) * (size_t)c));
+    if (old_h) {
+      for (int half = 0; half < 2; half++)
+        memcpy(b->h_sample_out + (size_t)half * c, old_h + (size_t)half * old_cap, sizeof(int32_t) * (size_t)old_cap);
+      cudaFreeHost(old_h);
+    }
+    b->cap_out = c;
   }
   if (n_parts > b->cap_parts) {
     int c = b->cap_parts ? b->cap_parts : 512;
@@ -1116,6 +1132,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * kernel it saves) */
   const char *fuv = getenv("DEEPINFER_CUDA_FOLD_UV");
   b->fold_uv = fuv && fuv[0] == '1';
+  const char *oc = getenv("DEEPINFER_CUDA_OUT_CAP");
+  b->out_cap0 = oc && atoi(oc) >= 1 && atoi(oc) <= 4096 ? atoi(oc) : 16;
   const char *ss = getenv("DEEPINFER_CUDA_STEP_SAMPLE");
   b->step_sample_on = !(ss && ss[0] == '0');
   const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");
