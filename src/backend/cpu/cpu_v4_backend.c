@@ -7,6 +7,7 @@
  * recomputed after preemption); any other start must continue its state exactly. */
 #include "backend/cpu/cpu_v4_backend.h"
 #include "backend/cpu/cpu_deepseek_v4_cache.h"
+#include "util/grow.h"
 #include "util/threadpool.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,14 +163,8 @@ static di_status get_state(v4_backend *b, uint64_t key, int restart, di_v4_seq_s
     *out = s->st;
     return DI_OK;
   }
-  if (b->n_seqs == b->cap_seqs) {
-    int cap = b->cap_seqs ? b->cap_seqs * 2 : 16;
-    v4_seq *a = realloc(b->seqs, (size_t)cap * sizeof *a);
-    if (!a)
-      return di_error_set(DI_ERR_OOM, WHO ": out of memory for the sequence table");
-    b->seqs = a;
-    b->cap_seqs = cap;
-  }
+  if (!di_grow((void **)&b->seqs, &b->cap_seqs, b->n_seqs + 1, sizeof *b->seqs, 16))
+    return di_error_set(DI_ERR_OOM, WHO ": out of memory for the sequence table");
   di_v4_seq_state *st;
   DI_TRY(di_v4_seq_state_create(b->c, &st));
   b->seqs[b->n_seqs++] = (v4_seq){key, st};
@@ -195,20 +190,9 @@ static void run_jobs(void *ctx, int64_t begin, int64_t end, int thread) {
 }
 
 static di_status run_batch(v4_backend *b, const di_batch *bt, float *logits) {
-  if (bt->n_outputs > b->rows_cap) {
-    int *r = realloc(b->rows, (size_t)bt->n_outputs * sizeof *r);
-    if (!r)
-      return di_error_set(DI_ERR_OOM, WHO ": out of memory");
-    b->rows = r;
-    b->rows_cap = bt->n_outputs;
-  }
-  if (bt->n_seqs > b->jobs_cap) {
-    v4_job *a = realloc(b->jobs, (size_t)bt->n_seqs * sizeof *a);
-    if (!a)
-      return di_error_set(DI_ERR_OOM, WHO ": out of memory");
-    b->jobs = a;
-    b->jobs_cap = bt->n_seqs;
-  }
+  if (!di_grow((void **)&b->rows, &b->rows_cap, bt->n_outputs, sizeof *b->rows, 16) ||
+      !di_grow((void **)&b->jobs, &b->jobs_cap, bt->n_seqs, sizeof *b->jobs, 16))
+    return di_error_set(DI_ERR_OOM, WHO ": out of memory");
   /* the states are found or made here, on one thread; the workers only step them */
   int from = 0, j = 0, n_jobs = 0; /* j: the next output row */
   for (int q = 0; q < bt->n_seqs; q++) {
