@@ -51,66 +51,41 @@ static inline void panel_store(const gemm_ctx *c, int64_t m, int64_t col, int64_
   c->y[m * c->ldy + col] = s;
 }
 
-/* y rows [0, M) x columns nb .. nb + np of weight rows n .. n + np, converted in wp [np][K8] */
+/* One MI x NJ tile (MI <= 4 activation rows from m, NJ <= 3 converted weight rows from j): MI x NJ
+ * accumulators. Always inlined with constant MI, NJ, so the loops unroll and the accumulators stay in
+ * registers (4 x 3: 12 + 3 weight + 1 activation vectors = the 16 YMM registers). */
+static inline __attribute__((always_inline)) void panel_tile(const gemm_ctx *c, const float *wp, int64_t n,
+                                                             int64_t nb, int64_t K8, int64_t m, int j, int MI,
+                                                             int NJ) {
+  const float *xr[4], *wr[3];
+  for (int i = 0; i < MI; i++) xr[i] = c->x + (m + i) * c->ldx;
+  for (int jj = 0; jj < NJ; jj++) wr[jj] = wp + (j + jj) * K8;
+  __m256 acc[4][3];
+  for (int i = 0; i < MI; i++)
+    for (int jj = 0; jj < NJ; jj++) acc[i][jj] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 v[3];
+    for (int jj = 0; jj < NJ; jj++) v[jj] = _mm256_load_ps(wr[jj] + k);
+    for (int i = 0; i < MI; i++) {
+      const __m256 xv = _mm256_loadu_ps(xr[i] + k);
+      for (int jj = 0; jj < NJ; jj++) acc[i][jj] = _mm256_fmadd_ps(xv, v[jj], acc[i][jj]);
+    }
+  }
+  for (int i = 0; i < MI; i++)
+    for (int jj = 0; jj < NJ; jj++) panel_store(c, m + i, nb + j + jj, n + j + jj, acc[i][jj], K8);
+}
+
+/* y rows [0, M) x columns nb .. nb + np of weight rows n .. n + np, converted in wp [np][K8]:
+ * 4 x 3 tiles, then the panel's last rows 4 x 1, then the last activation rows 1 x 1 */
 static void panel_rows(const gemm_ctx *c, const float *wp, int np, int64_t n, int64_t nb, int64_t K8) {
   int64_t m = 0;
   for (; m + 4 <= c->M; m += 4) {
-    const float *x0 = c->x + m * c->ldx, *x1 = x0 + c->ldx, *x2 = x1 + c->ldx, *x3 = x2 + c->ldx;
     int j = 0;
-    for (; j + 3 <= np; j += 3) {
-      const float *w0 = wp + j * K8, *w1 = w0 + K8, *w2 = w1 + K8;
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
-      __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
-      for (int64_t k = 0; k < K8; k += 8) {
-        const __m256 v0 = _mm256_load_ps(w0 + k), v1 = _mm256_load_ps(w1 + k), v2 = _mm256_load_ps(w2 + k);
-        __m256 xv = _mm256_loadu_ps(x0 + k);
-        a00 = _mm256_fmadd_ps(xv, v0, a00);
-        a01 = _mm256_fmadd_ps(xv, v1, a01);
-        a02 = _mm256_fmadd_ps(xv, v2, a02);
-        xv = _mm256_loadu_ps(x1 + k);
-        a10 = _mm256_fmadd_ps(xv, v0, a10);
-        a11 = _mm256_fmadd_ps(xv, v1, a11);
-        a12 = _mm256_fmadd_ps(xv, v2, a12);
-        xv = _mm256_loadu_ps(x2 + k);
-        a20 = _mm256_fmadd_ps(xv, v0, a20);
-        a21 = _mm256_fmadd_ps(xv, v1, a21);
-        a22 = _mm256_fmadd_ps(xv, v2, a22);
-        xv = _mm256_loadu_ps(x3 + k);
-        a30 = _mm256_fmadd_ps(xv, v0, a30);
-        a31 = _mm256_fmadd_ps(xv, v1, a31);
-        a32 = _mm256_fmadd_ps(xv, v2, a32);
-      }
-      const __m256 acc[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
-      for (int i = 0; i < 4; i++)
-        for (int jj = 0; jj < 3; jj++)
-          panel_store(c, m + i, nb + j + jj, n + j + jj, acc[i][jj], K8);
-    }
-    for (; j < np; j++) { /* the panel's last rows: 4 x 1 */
-      const float *w0 = wp + j * K8;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t k = 0; k < K8; k += 8) {
-        const __m256 v0 = _mm256_load_ps(w0 + k);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), v0, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k), v0, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x2 + k), v0, a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x3 + k), v0, a3);
-      }
-      panel_store(c, m, nb + j, n + j, a0, K8);
-      panel_store(c, m + 1, nb + j, n + j, a1, K8);
-      panel_store(c, m + 2, nb + j, n + j, a2, K8);
-      panel_store(c, m + 3, nb + j, n + j, a3, K8);
-    }
+    for (; j + 3 <= np; j += 3) panel_tile(c, wp, n, nb, K8, m, j, 4, 3);
+    for (; j < np; j++) panel_tile(c, wp, n, nb, K8, m, j, 4, 1);
   }
-  for (; m < c->M; m++) { /* the last activation rows: 1 x 1 */
-    const float *x0 = c->x + m * c->ldx;
-    for (int j = 0; j < np; j++) {
-      const float *w0 = wp + j * K8;
-      __m256 a0 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K8; k += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), _mm256_load_ps(w0 + k), a0);
-      panel_store(c, m, nb + j, n + j, a0, K8);
-    }
-  }
+  for (; m < c->M; m++)
+    for (int j = 0; j < np; j++) panel_tile(c, wp, n, nb, K8, m, j, 1, 1);
 }
 
 /* FP8 blocks narrower than 8 columns or not 8-aligned would put two scales in one vector; such
