@@ -301,12 +301,13 @@ static void set_inflight(di_sched *s, int v) {
 }
 
 /* A row the backend can sample on the device: nothing but temperature / top-k / top-p / min-p and
- * the seed (the device draws with the same counter-based generator, for sample 0). */
-static int device_row_ok(const di_req *r) {
+ * the seed (the device draws with the same counter-based generator, for sample 0). n_tok: the tokens
+ * the request has when the row is drawn (min_tokens no longer bans EOS then). */
+static int device_row_ok(const di_req *r, int n_tok) {
   const di_sampling *sp = &r->sp;
   return !r->constraint && sp->logprobs < 0 && sp->n_bias == 0 && sp->repetition_penalty == 1.0f &&
          sp->presence_penalty == 0 && sp->frequency_penalty == 0 && r->sample_index == 0 &&
-         r->n_tokens - r->n_prompt >= r->min_tokens;
+         n_tok - r->n_prompt >= r->min_tokens;
 }
 
 /* The rows of step s for device sampling, into rows[]; 0 when some row must be sampled on the host.
@@ -320,8 +321,8 @@ static int plan_rows(di_engine *e, di_sched *s, di_sample_row *rows, int ahead) 
     di_sched_entry *en = &s->e[i];
     if (en->dropped || !en->sample) continue;
     di_req *r = en->r;
-    if (r->state != DI_REQ_DONE && !device_row_ok(r)) return 0;
     const int n_tok = r->n_tokens + (ahead ? r->pending : 0);
+    if (r->state != DI_REQ_DONE && !device_row_ok(r, n_tok)) return 0;
     rows[k++] = (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
                                 .min_p = r->sp.min_p, .seed = r->sp.seed, .counter = (uint64_t)n_tok,
                                 .vocab_limit = e->cfg.vocab_limit};
@@ -436,6 +437,17 @@ static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
   return st;
 }
 
+/* A failed step: the plan made for the step after it is void too; the requests of both end with the
+ * error (its message kept across the calls that end them). */
+static di_status fail_with_plan(di_engine *e, di_sched *cur, di_sched *next, di_status st) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", di_last_error());
+  for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
+  di_sched_clear(next);
+  di_error_set(st, "%s", msg);
+  return fail_inflight(e, cur, st);
+}
+
 /* The planned step `next` without the requests that ended (while the step before it ran) or were
  * aborted: their entries are marked dropped; 1 when any was, so the batch must be built again. */
 static int drop_ended(di_engine *e, di_sched *next) {
@@ -459,14 +471,7 @@ static di_status feedback_step(di_engine *e, di_sched *cur, di_sched *next, doub
   di_backend *be = e->be;
   di_status st = be->ops->sample_async(be, e->dev_rows, cur->batch.n_outputs);
   e->inflight_active = 0;
-  if (st != DI_OK) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", di_last_error());
-    for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
-    di_sched_clear(next);
-    di_error_set(st, "%s", msg);
-    return fail_inflight(e, cur, st);
-  }
+  if (st != DI_OK) return fail_with_plan(e, cur, next, st);
   if (drop_ended(e, next)) DI_TRY(di_sched_build_batch(e, next));
   /* placeholders: the token cur samples for the request, by its output row */
   for (int i = 0; i < cur->n; i++) {
@@ -569,13 +574,7 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       e->wait_s += tw1 - tw;
       e->inflight_active = 0;
       if (st != DI_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", di_last_error());
-        for (int i = 0; i < next->n; i++) /* the plan for n+1 is void: its requests fail too */
-          di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
-        di_sched_clear(next);
-        di_error_set(st, "%s", msg);
-        fail_inflight(e, cur, st);
+        fail_with_plan(e, cur, next, st);
         collect_outputs(e);
         *out = &e->step_out;
         return st;
@@ -583,11 +582,7 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       if (cur->n_plp > 0) di_plp_extract(e, cur);
       st = e->spec ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
       if (st == DI_OK) di_plp_finish_scored(e, cur);
-      if (st != DI_OK) {
-        for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, di_last_error());
-        di_sched_clear(next);
-        return fail_inflight(e, cur, st);
-      }
+      if (st != DI_OK) return fail_with_plan(e, cur, next, st);
       if (next->n > 0) {
         if (drop_ended(e, next)) DI_TRY(di_sched_build_batch(e, next));
         else di_sched_patch_tokens(next);
