@@ -631,6 +631,11 @@ static di_status ensure_inputs(cu_backend *b, size_t n) {
   return DI_OK;
 }
 
+/* the sample kernel's row of an engine sample row */
+static di_cuk_sample_row cuk_row(const di_sample_row *r) {
+  return (di_cuk_sample_row){r->temperature, r->top_p, r->min_p, r->top_k, r->vocab_limit, r->seed, r->counter};
+}
+
 static di_status prepare(cu_backend *b, const di_batch *bt) {
   const int T = bt->n_tokens, NH = b->NH;
   /* the pinned input block is rewritten below: the previous step's upload must have run (with token
@@ -733,7 +738,7 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
     di_cuk_sample_row *sr = (di_cuk_sample_row *)(hi + o_srows);
     for (int i = 0; i < n_out_p; i++) {
       const di_sample_row *r = &bt->sample_rows[i < n_out ? i : 0];
-      sr[i] = (di_cuk_sample_row){r->temperature, r->top_p, r->min_p, r->top_k, r->vocab_limit, r->seed, r->counter};
+      sr[i] = cuk_row(r);
       if (i >= n_out) sr[i].temperature = 0.f; /* padding rows: greedy, ignored */
     }
     memcpy(b->sub_rows, bt->sample_rows, sizeof(di_sample_row) * (size_t)n_out);
@@ -963,16 +968,7 @@ static int sampled_in_step(const cu_backend *b, const di_sample_row *rows, int n
 
 /* the sample kernel's work of cu_sample / cu_sample_async where the step did not do it */
 static di_status sample_rows_now(cu_backend *b, const di_sample_row *rows, int n) {
-  for (int i = 0; i < n; i++) {
-    di_cuk_sample_row *r = &b->h_sample_rows[i];
-    r->temperature = rows[i].temperature;
-    r->top_p = rows[i].top_p;
-    r->min_p = rows[i].min_p;
-    r->top_k = rows[i].top_k;
-    r->vocab_limit = rows[i].vocab_limit;
-    r->seed = rows[i].seed;
-    r->counter = rows[i].counter;
-  }
+  for (int i = 0; i < n; i++) b->h_sample_rows[i] = cuk_row(&rows[i]);
   DI_CU(cudaMemcpyAsync(b->d_sample_rows, b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)n,
                         cudaMemcpyHostToDevice, b->stream));
   DI_TRY(di_cuk_sample(b->logits, n, b->V, b->d_sample_rows, b->d_sample_out, b->stream));
