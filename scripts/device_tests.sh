@@ -88,7 +88,7 @@ if [ "${SKIP_NCU:-0}" != 1 ] && command -v ncu >/dev/null; then
 fi
 # stall reasons of the decode attention and gate kernels (Nsight Compute's full set, two launches)
 if [ "${NCU_FULL:-0}" = 1 ] && command -v ncu >/dev/null; then
-  env DEEPINFER_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --set full -k "regex:mla_attn|moe_gate|grouped_gemv|skinny_kernel" \
+  env DEEPINFER_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --set full -k "regex:${NCU_KERNELS:-mla_attn|moe_gate|grouped_gemv|skinny_kernel|down_combine}" \
     --launch-skip 300 --launch-count 5 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --gen 2 --prefill 0 \
     >"$LOG/ncu_full.txt" 2>&1
   grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Theoretical Occ|Warp Cycles Per Issued|Stall|L2 Hit|Block Limit|Shared Memory Configuration Size|One or More Eligible|Issued Warp" \

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Batch-1 A/B on the device against a baseline build, one process per run, alternating:
+#   (here) build the baseline's bench_cuda_decode from another commit, strip it, xz it into
+#   .carry/basepack/bench_base.xz; scripts/device_tests.sh --build for the current tree.
+#   (device, carry .carry/cudapack and .carry/basepack) scripts/ab_base.sh
+# VARIANTS: space-separated runs; "base" is the baseline binary, anything else VAR=value[+VAR=value]
+# for the current build. REPS (2). SKIP_TESTS=1 skips the kernel / model / engine tests first.
+set -u
+cd "$(dirname "$0")/.."
+[ "${SKIP_TESTS:-0}" = 1 ] || SKIP_BENCH=1 SKIP_PROFILE=1 SKIP_SWEEP=1 SKIP_NCU=1 SKIP_PDL_AB=1 \
+  scripts/device_tests.sh 2>&1 | grep -E "^=== |passed|PASS|FAIL"
+rm -rf /tmp/di_ab && mkdir -p /tmp/di_ab && tar xJf .carry/cudapack/bin.tar.xz -C /tmp/di_ab
+B=/tmp/di_ab/cudabin
+[ -f .carry/basepack/bench_base.xz ] && xz -dc .carry/basepack/bench_base.xz >/tmp/di_ab/bench_base && chmod +x /tmp/di_ab/bench_base
+export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64
+for rep in $(seq "${REPS:-2}"); do
+  for v in ${VARIANTS:-base DEEPINFER_CUDA_X=new}; do
+    bin=$B/bench_cuda_decode
+    [ "$v" = base ] && { bin=/tmp/di_ab/bench_base; v=DEEPINFER_CUDA_X=base; }
+    r=$(env ${v//+/ } "$bin" bench/configs/v2-lite.json --batches 1 --prefill 0 ${AB_ARGS:-} 2>&1 | grep -E "^1 ")
+    echo "$v: $r"
+  done
+done
