@@ -4,7 +4,9 @@
 #   .carry/basepack/bench_base.xz; scripts/device_tests.sh --build for the current tree.
 #   (device, carry .carry/cudapack and .carry/basepack) scripts/ab_base.sh
 # VARIANTS: space-separated runs; "base" is the baseline binary, anything else VAR=value[+VAR=value]
-# for the current build. REPS (2). SKIP_TESTS=1 skips the kernel / model / engine tests first.
+# for the current build; either may end in :ARGS (extra bench arguments, "," for spaces:
+# base:--feedback, DEEPINFER_CUDA_GPU_TIME=1:--feedback). REPS (2). SKIP_TESTS=1 skips the kernel /
+# model / engine tests first.
 set -u
 cd "$(dirname "$0")/.."
 [ "${SKIP_TESTS:-0}" = 1 ] || SKIP_BENCH=1 SKIP_PROFILE=1 SKIP_SWEEP=1 SKIP_NCU=1 SKIP_PDL_AB=1 \
@@ -15,9 +17,11 @@ B=/tmp/di_ab/cudabin
 export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64
 for rep in $(seq "${REPS:-2}"); do
   for v in ${VARIANTS:-base DEEPINFER_CUDA_X=new}; do
-    bin=$B/bench_cuda_decode
+    bin=$B/bench_cuda_decode args=""
+    case "$v" in *:*) args="${v#*:}"; args="${args//,/ }"; v="${v%%:*}" ;; esac
     [ "$v" = base ] && { bin=/tmp/di_ab/bench_base; v=DEEPINFER_CUDA_X=base; }
-    r=$(env ${v//+/ } "$bin" bench/configs/v2-lite.json --batches 1 --prefill 0 ${AB_ARGS:-} 2>&1 | grep -E "^1 ")
-    echo "$v: $r"
+    # shellcheck disable=SC2086
+    r=$(env ${v//+/ } "$bin" bench/configs/v2-lite.json --batches 1 --prefill 0 ${AB_ARGS:-} $args 2>&1 | grep -E "^1 ")
+    echo "$v $args: $r"
   done
 done
