@@ -9,7 +9,7 @@
 # The device image has the CUDA runtime and cuBLAS but no -dev packages, so the binaries are built
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
 # files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
-# Environment: BENCH_ARGS (extra bench arguments), SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
+# Environment: BENCH_ARGS (extra bench arguments), SKIP_KERNELS=1, SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
 # SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_PDL_AB=1, SKIP_NCU=1, SKIP_FEEDBACK=1; AB_VARIANTS (batch-1 A/B runs, see
 # below), AB_ARGS (extra arguments of those runs).
 set -uo pipefail
@@ -56,7 +56,7 @@ stage() { # name, timeout, command...
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$LOG/gpu.txt"
 ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
-stage kernels 240 "$BIN/test_cuda_kernels"
+[ "${SKIP_KERNELS:-0}" = 1 ] || stage kernels 240 "$BIN/test_cuda_kernels"
 [ "${SKIP_MODEL:-0}" = 1 ] || stage model 240 "$BIN/test_cuda_model"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage engine 240 "$BIN/test_cuda_engine"
 [ "${SKIP_BENCH:-0}" = 1 ] || stage bench 420 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json ${BENCH_ARGS:-}
@@ -89,7 +89,7 @@ fi
 # stall reasons of the decode attention and gate kernels (Nsight Compute's full set, two launches)
 if [ "${NCU_FULL:-0}" = 1 ] && command -v ncu >/dev/null; then
   env DEEPINFER_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --set full -k "regex:${NCU_KERNELS:-mla_attn|moe_gate|grouped_gemv|skinny_kernel|down_combine}" \
-    --launch-skip 300 --launch-count 5 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --gen 2 --prefill 0 \
+    --launch-skip 300 --launch-count ${NCU_COUNT:-5} "$BIN/bench_cuda_decode" bench/configs/v2-lite.json --batches 1 --gen 2 --prefill 0 \
     >"$LOG/ncu_full.txt" 2>&1
   grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Theoretical Occ|Warp Cycles Per Issued|Stall|L2 Hit|Block Limit|Shared Memory Configuration Size|One or More Eligible|Issued Warp" \
     "$LOG/ncu_full.txt" | head -150

@@ -653,6 +653,22 @@ static void test_moe_chain(int T, int E, int K, int n_sh, int Hd, int I, int gem
   float *got = malloc((size_t)T * Hd * 4);
   di_cut_d2h(got, dh, (size_t)T * Hd * 4);
   float *gxn = bf16_dev_to_f32(dxn, (size_t)T * Hd);
+  if (fused_down) {
+    /* the gate/up GEMV in 4-warp CTAs (the measurement switch; one-warp CTAs are the default): each
+     * warp's arithmetic is the same, so the result is bit-equal */
+    uint16_t *a1 = malloc((size_t)A * Ip * 2), *a4 = malloc((size_t)A * Ip * 2);
+    di_cut_d2h(a1, dact, (size_t)A * Ip * 2);
+    di_cuk_grouped_gemv_set_one_warp(0);
+    st = di_cuk_grouped_gemv(dx, Hd, dperm, dgu_w, 2 * Ip, Hd, doff, dtiles, dnt, max_tiles, bm, 1, dact, Ip, 0, 1,
+                             n_sh ? Kt - n_sh : -1, E, NULL);
+    di_cuk_grouped_gemv_set_one_warp(1);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    CHECK(di_cut_sync() == 0);
+    di_cut_d2h(a4, dact, (size_t)A * Ip * 2);
+    CHECKF(memcmp(a1, a4, (size_t)A * Ip * 2) == 0, "moe chain E=%d k=%d: gate/up GEMV in 4-warp CTAs differs", E, K);
+    free(a1);
+    free(a4);
+  }
   double *ref = malloc(sizeof(double) * (size_t)T * Hd), *g = malloc(sizeof(double) * Ip);
   double *rxn = malloc(sizeof(double) * (size_t)T * Hd);
   int32_t rid[16];

@@ -1132,6 +1132,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->out_cap0 = oc && atoi(oc) >= 1 && atoi(oc) <= 4096 ? atoi(oc) : 16;
   const char *ss = getenv("DEEPINFER_CUDA_STEP_SAMPLE");
   b->step_sample_on = !(ss && ss[0] == '0');
+  const char *gvw = getenv("DEEPINFER_CUDA_GV_WARPS");
+  di_cuk_grouped_gemv_set_one_warp(!(gvw && atoi(gvw) == 4));
   const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");
   b->down_combine = !(dcb && dcb[0] == '0');
   /* decode attention in clusters of 16 CTAs where the GPU can place them (H200: 417 vs 404 tok/s at

@@ -188,6 +188,8 @@ di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_rows,
                               const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
                               int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu,
                               int pf_tile0, int pf_expert0, di_cu_stream s);
+/* Measurement switch (process-wide): one-row products in one-warp CTAs (1, the default) or 4-warp CTAs. */
+void di_cuk_grouped_gemv_set_one_warp(int on);
 /* Reorders rows of [gate (I rows); up (I rows)] (each `cols` wide, n_mat matrices back to back) into
  * the glu interleaving above; src and dst distinct. I must be a multiple of 8. */
 /* A one-token step's MoE down projection fused with the weighted combine:

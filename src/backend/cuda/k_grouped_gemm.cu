@@ -198,6 +198,7 @@ extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32
  * weights are prefetched into L2 before the kernel waits for the router (pf_tile0 / pf_expert0). */
 #define GV_WARPS 4
 #define GV_ROWS 16
+static int g_gv_one_warp = 1; /* di_cuk_grouped_gemv_set_one_warp */
 
 template <int MR>
 static __device__ __forceinline__ void gv_load(uint4 *av, uint4 *wv, const bf16 *const *arow, const bf16 *We, int K,
@@ -228,16 +229,19 @@ static __device__ __forceinline__ void gv_fma(float (*acc)[GV_ROWS], const uint4
   }
 }
 
-/* One row: pinned to 3 CTAs per SM (168 registers), so that V2-Lite's 352 one-token CTAs fit in one
- * wave; a version of this kernel the compiler gave 189 registers (2 CTAs per SM) ran batch 1 at 419
- * tok/s instead of 445. */
-template <int MR, int GLU>
-static __global__ void __launch_bounds__(GV_WARPS * 32, MR == 1 ? 3 : 1)
+/* One row: pinned to 12 warps per SM (168 registers), so that V2-Lite's one-token work fits in one
+ * wave; a version of this kernel the compiler gave 189 registers (8 warps per SM) ran batch 1 at 419
+ * tok/s instead of 445. WARPS per CTA: at one row 1 (DEEPINFER_CUDA_GV_WARPS=4: 4): V2-Lite's 1,408
+ * warps of work in 4-warp CTAs land 3 CTAs on 88 SMs and 2 on 44, and the SMs with 2 idle for the
+ * last third of the kernel (Nsight Compute: SM active 83% of the time, DRAM at 68% of peak); one-warp
+ * CTAs spread 11 or 10 warps per SM. */
+template <int MR, int GLU, int WARPS>
+static __global__ void __launch_bounds__(WARPS * 32, MR == 1 ? 12 / WARPS : 1)
 grouped_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
                     const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc,
                     int c_f32, int pf_tile0, int pf_expert0) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * GV_WARPS + warp) * GV_ROWS;
+  const int n0 = (blockIdx.x * WARPS + warp) * GV_ROWS;
   if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) {
     const bf16 *wp = W + ((int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N + n0) * K;
     for (int r = 0; r < GV_ROWS; r++)
@@ -314,24 +318,32 @@ extern "C" di_status di_cuk_grouped_gemv(const uint16_t *A, int lda, const int32
   if (N % (GV_WARPS * GV_ROWS) || K % 8 || lda % 8 || max_tiles > 65535 || ((uintptr_t)A & 15) || ((uintptr_t)W & 15))
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemv N %d K %d lda %d tiles %d (N%%64, K%%8, aligned)", N,
                         K, lda, max_tiles);
-  const dim3 grid(N / (GV_WARPS * GV_ROWS), max_tiles);
+  const int one_warp = max_rows == 1 && g_gv_one_warp;
+  const dim3 grid(N / ((one_warp ? 1 : GV_WARPS) * GV_ROWS), max_tiles);
   const bf16 *a = (const bf16 *)A, *w = (const bf16 *)W;
+#define GV_LAUNCH(mr, glu, warps)                                                                            \
+  DI_CU(di_launch(grouped_gemv_kernel<mr, glu, warps>, grid, (warps) * 32, 0, s, a, lda, a_rows, w, N, K,       \
+                  expert_off, tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0))
 #define GV_CASE(mr)                                                                                          \
   case mr:                                                                                                   \
-    if (glu)                                                                                                 \
-      DI_CU(di_launch(grouped_gemv_kernel<mr, 1>, grid, GV_WARPS * 32, 0, s, a, lda, a_rows, w, N, K, expert_off, \
-                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));                             \
-    else                                                                                                     \
-      DI_CU(di_launch(grouped_gemv_kernel<mr, 0>, grid, GV_WARPS * 32, 0, s, a, lda, a_rows, w, N, K, expert_off, \
-                      tiles, n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));                             \
+    if (glu) GV_LAUNCH(mr, 1, GV_WARPS);                                                                     \
+    else GV_LAUNCH(mr, 0, GV_WARPS);                                                                         \
     break;
+  if (one_warp) {
+    if (glu) GV_LAUNCH(1, 1, 1);
+    else GV_LAUNCH(1, 0, 1);
+    return DI_OK;
+  }
   switch (max_rows) {
     GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
     default: return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemv with %d rows per expert (1..4)", max_rows);
   }
 #undef GV_CASE
+#undef GV_LAUNCH
   return DI_OK;
 }
+
+extern "C" void di_cuk_grouped_gemv_set_one_warp(int on) { g_gv_one_warp = on; }
 
 /* The MoE down projection of a one-token step fused with the weighted combine into the residual row:
  * CTA c owns output rows 16c .. 16c+15, and its warp j streams those rows of the down matrix of the
