@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Batch-1 A/B on the device against a baseline build, one process per run, alternating:
-#   (here) build the baseline's bench_cuda_decode from another commit, strip it, xz it into
-#   .carry/basepack/bench_base.xz; scripts/device_tests.sh --build for the current tree.
+#   (here) scripts/ab_base.sh --build-base REV: bench_cuda_decode of commit REV (a worktree in
+#   /tmp/di_base_wt, its own build-cuda/), stripped and xz-packed into .carry/basepack/bench_base.xz;
+#   and scripts/device_tests.sh --build for the current tree.
 #   (device, carry .carry/cudapack and .carry/basepack) scripts/ab_base.sh
 # VARIANTS: space-separated runs; "base" is the baseline binary, anything else VAR=value[+VAR=value]
 # for the current build; either may end in :ARGS (extra bench arguments, "," for spaces:
@@ -9,6 +10,21 @@
 # model / engine tests first.
 set -u
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--build-base" ]; then
+  set -e
+  rev="${2:?usage: --build-base REV}"
+  wt=/tmp/di_base_wt
+  git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
+  git worktree add -f --detach "$wt" "$rev" >/dev/null
+  export PATH="/usr/local/cuda/bin:$PATH"
+  cmake -S "$wt" -B "$wt/build-cuda" -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$wt/build-cuda" -j "${JOBS:-2}" --target bench_cuda_decode >/dev/null
+  mkdir -p .carry/basepack
+  strip -o /tmp/di_bench_base "$wt/build-cuda/bench_cuda_decode"
+  xz -c /tmp/di_bench_base >.carry/basepack/bench_base.xz
+  ls -la .carry/basepack
+  exit 0
+fi
 [ "${SKIP_TESTS:-0}" = 1 ] || SKIP_BENCH=1 SKIP_PROFILE=1 SKIP_SWEEP=1 SKIP_NCU=1 SKIP_PDL_AB=1 \
   scripts/device_tests.sh 2>&1 | grep -E "^=== |passed|PASS|FAIL"
 rm -rf /tmp/di_ab && mkdir -p /tmp/di_ab && tar xJf .carry/cudapack/bin.tar.xz -C /tmp/di_ab
