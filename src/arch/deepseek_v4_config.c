@@ -280,9 +280,8 @@ static di_status parse(const cJSON *root, di_v4_config *c) {
     if (strcmp(qm, "fp8") != 0)
       return di_error_set(DI_ERR_UNSUPPORTED, W ": quantization_config.quant_method \"%s\" is not supported (supported: fp8)", qm);
     const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
-    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(bs, 0)) ||
-        !cJSON_IsNumber(cJSON_GetArrayItem(bs, 1)) || cJSON_GetArrayItem(bs, 0)->valuedouble < 1 ||
-        cJSON_GetArrayItem(bs, 1)->valuedouble < 1)
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_is_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20) ||
+        !di_json_is_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20))
       return di_error_set(DI_ERR_FORMAT, W ": quantization_config.weight_block_size must be two positive integers");
     c->fp8 = 1;
     c->fp8_block[0] = (int)cJSON_GetArrayItem(bs, 0)->valuedouble;

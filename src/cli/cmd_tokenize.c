@@ -150,8 +150,7 @@ static int parse_ids(const cJSON *a, int32_t **ids, size_t *n, const char *ctx) 
     return 1;
   const cJSON *it;
   cJSON_ArrayForEach(it, a) {
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int64_t)it->valuedouble || it->valuedouble < -2147483648.0 ||
-        it->valuedouble > 2147483647.0) {
+    if (!di_json_is_int_in(it, -2147483648.0, 2147483647.0)) {
       fprintf(stderr, "deepinfer detokenize: %s: element %zu is not an integer token id\n", ctx, i);
       free(v);
       return 1;

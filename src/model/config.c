@@ -35,13 +35,15 @@ static di_status parse_eos(const cJSON *v, const char *what, di_model_config *c)
     return DI_OK;
   c->n_eos = 0;
   if (cJSON_IsNumber(v)) {
+    if (!di_json_is_int_in(v, INT32_MIN, INT32_MAX))
+      return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
     c->eos_token_ids[c->n_eos++] = (int32_t)v->valuedouble;
     return DI_OK;
   }
   if (!cJSON_IsArray(v))
     return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
   for (const cJSON *e = v->child; e; e = e->next) {
-    if (!cJSON_IsNumber(e))
+    if (!di_json_is_int_in(e, INT32_MIN, INT32_MAX))
       return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
     if (c->n_eos < DI_MAX_EOS)
       c->eos_token_ids[c->n_eos++] = (int32_t)e->valuedouble;
@@ -275,9 +277,8 @@ di_status di_model_config_parse(const char *json, size_t len, const char *gen_js
       goto done;
     }
     const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
-    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(bs, 0)) ||
-        !cJSON_IsNumber(cJSON_GetArrayItem(bs, 1)) || cJSON_GetArrayItem(bs, 0)->valuedouble < 1 ||
-        cJSON_GetArrayItem(bs, 1)->valuedouble < 1) {
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_is_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20) ||
+        !di_json_is_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20)) {
       st = di_error_set(DI_ERR_FORMAT, W ": quantization_config.weight_block_size must be [rows, cols] of positive integers");
       goto done;
     }

@@ -117,7 +117,7 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
     unsigned __int128 count = 1;
     int k = 0;
     for (const cJSON *d = shape->child; d; d = d->next, k++) {
-      if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 9.0e15 || d->valuedouble != (double)(int64_t)d->valuedouble) {
+      if (!di_json_is_int_in(d, 0, 9.0e15)) {
         st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", what, name, k);
         goto done;
       }

@@ -304,7 +304,7 @@ static di_status push_ids(di_ivec *v, const cJSON *ids, const char *what) {
   if (!cJSON_IsArray(ids))
     return di_error_set(DI_ERR_FORMAT, W ": post_processor %s: \"ids\" must be an array", what);
   cJSON_ArrayForEach(it, ids) {
-    if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2147483647.0)
+    if (!di_json_is_int_in(it, 0, 2147483647.0))
       return di_error_set(DI_ERR_FORMAT, W ": post_processor %s: bad token id", what);
     if (di_ivec_push(v, (int32_t)it->valuedouble))
       return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
@@ -379,7 +379,7 @@ static di_status load_post(di_tokenizer *t, const cJSON *o, int depth) {
   if (!strcmp(ty, "BertProcessing") || !strcmp(ty, "RobertaProcessing")) {
     const cJSON *cls = jget(o, "cls"), *sep = jget(o, "sep");
     const cJSON *ci = cJSON_GetArrayItem(cls, 1), *si = cJSON_GetArrayItem(sep, 1);
-    if (!cJSON_IsNumber(ci) || !cJSON_IsNumber(si))
+    if (!di_json_is_int_in(ci, 0, 2147483647.0) || !di_json_is_int_in(si, 0, 2147483647.0))
       return di_error_set(DI_ERR_FORMAT, W ": post_processor %s: \"cls\"/\"sep\" must be [token, id]", ty);
     di_ivec np = {0};
     if (di_ivec_push(&np, (int32_t)ci->valuedouble))

@@ -1,5 +1,6 @@
 /* See json.h. */
 #include "util/json.h"
+#include <math.h>
 #include <errno.h>
 #include <string.h>
 
@@ -57,6 +58,12 @@ static const cJSON *get(const cJSON *obj, const char *key) {
   return (v && !cJSON_IsNull(v)) ? v : NULL;
 }
 
+int di_json_is_int_in(const cJSON *v, double lo, double hi) {
+  if (!cJSON_IsNumber(v)) return 0;
+  const double d = v->valuedouble;
+  return d >= lo && d <= hi && d == floor(d); /* NaN fails every comparison; infinities the range */
+}
+
 di_status di_json_int(const cJSON *obj, const char *key, int64_t def, const char *what, int64_t *out) {
   const cJSON *v = get(obj, key);
   if (!v) {
@@ -67,7 +74,7 @@ di_status di_json_int(const cJSON *obj, const char *key, int64_t def, const char
     *out = cJSON_IsTrue(v);
     return DI_OK;
   }
-  if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+  if (!di_json_is_int_in(v, -9007199254740992.0, 9007199254740992.0))
     return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be an integer", what, key);
   *out = (int64_t)v->valuedouble;
   return DI_OK;

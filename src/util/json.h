@@ -20,6 +20,11 @@ di_status di_json_bool(const cJSON *obj, const char *key, int def, const char *w
 /* Returns a borrowed string or `def`; wrong type is an error. */
 di_status di_json_str(const cJSON *obj, const char *key, const char *def, const char *what, const char **out);
 
+/* Whether v is a JSON number that is an integer in [lo, hi] (finite, no fraction): converting it to
+ * an integer type covering [lo, hi] is then defined (an out-of-range double-to-integer conversion
+ * is undefined behaviour in C, and JSON numbers come from untrusted input). */
+int di_json_is_int_in(const cJSON *v, double lo, double hi);
+
 /* Reads a whole file into a malloc'd NUL-terminated buffer. */
 di_status di_read_file(const char *path, char **data, size_t *len);
 #endif

@@ -318,6 +318,13 @@ static void test_errors(void) {
             "decoder type \"CTC\"");
   CHECK_ERR(load_str("{\"post_processor\": {\"type\": \"Foo\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}}}", &t),
             "post_processor type \"Foo\"");
+  /* token ids beyond int32 or not integers (an undefined conversion before: found by fuzzing) */
+  CHECK_ERR(load_str("{\"post_processor\": {\"type\": \"BertProcessing\", \"cls\": [\"[CLS]\", 1e300], \"sep\": [\"[SEP]\", 2]},"
+                     " \"model\": {\"type\": \"BPE\", \"vocab\": {}}}", &t),
+            "\"cls\"/\"sep\" must be [token, id]");
+  CHECK_ERR(load_str("{\"post_processor\": {\"type\": \"BertProcessing\", \"cls\": [\"[CLS]\", 1.5], \"sep\": [\"[SEP]\", 2]},"
+                     " \"model\": {\"type\": \"BPE\", \"vocab\": {}}}", &t),
+            "\"cls\"/\"sep\" must be [token, id]");
   CHECK_ERR(load_str("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}, \"behavior\": \"Isolated\"},"
                      " \"model\": {\"type\": \"BPE\", \"vocab\": {}}}", &t),
             "bad regex");
