@@ -63,6 +63,6 @@ case "$MODE" in
     ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E python ;;
   fuzz)
     CC=clang DI_CUDA=OFF configure_and_build build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDI_FUZZ=ON \
-      -DCMAKE_C_COMPILER=clang -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" ;;
+      -DCMAKE_C_COMPILER=clang -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" ;;
   *) echo "usage: $0 [build|test|asan|fuzz]" >&2; exit 2 ;;
 esac
