@@ -128,13 +128,13 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
         goto done;
       }
     }
-    double b = cJSON_GetArrayItem(offs, 0)->valuedouble, en = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || en < b ||
-        b != (double)(uint64_t)b || en != (double)(uint64_t)en) {
+    /* offsets past 2^53 are not exact doubles, and no file has them; the data length check follows */
+    const cJSON *ob = cJSON_GetArrayItem(offs, 0), *oe = cJSON_GetArrayItem(offs, 1);
+    if (!di_json_is_int_in(ob, 0, 9007199254740992.0) || !di_json_is_int_in(oe, ob->valuedouble, 9007199254740992.0)) {
       st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': data_offsets must be integers with 0 <= begin <= end", what, name);
       goto done;
     }
-    uint64_t ub = (uint64_t)b, ue = (uint64_t)en;
+    uint64_t ub = (uint64_t)ob->valuedouble, ue = (uint64_t)oe->valuedouble;
     if (ue > data_len) {
       st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data (%zu bytes; truncated file?)",
                         what, name, (unsigned long long)ub, (unsigned long long)ue, data_len);

@@ -120,6 +120,11 @@ static void test_safetensors_parser(void) {
   write_st_raw(tmp_file("a.safetensors"), "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", data, 12);
   CHECK_ERR(di_st_open(tmp_file("a.safetensors"), &f), "tensor 'x': data_offsets [0, 16] run past the end");
   CHECK_ERR(di_st_open(tmp_file("a.safetensors"), &f), "a.safetensors");
+  /* numbers beyond any integer type (undefined conversions before; found by fuzzing) */
+  write_st_raw(tmp_file("a.safetensors"), "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,2e42]}}", data, 16);
+  CHECK_ERR(di_st_open(tmp_file("a.safetensors"), &f), "data_offsets must be integers");
+  write_st_raw(tmp_file("a.safetensors"), "{\"x\":{\"dtype\":\"F32\",\"shape\":[1e300,2],\"data_offsets\":[0,16]}}", data, 16);
+  CHECK_ERR(di_st_open(tmp_file("a.safetensors"), &f), "shape[0] is not a non-negative integer");
   /* overlap */
   write_st_raw(tmp_file("a.safetensors"),
                "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
