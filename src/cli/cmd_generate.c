@@ -81,8 +81,7 @@ static int parse_spec_config(const char *v, long long *n, float *conf) {
   const cJSON *c = j ? cJSON_GetObjectItemCaseSensitive(j, "min_confidence") : NULL;
   int ok = j && cJSON_IsObject(j) && (!meth || (cJSON_IsString(meth) && (strcmp(meth->valuestring, "mtp") == 0 ||
                                                                          strcmp(meth->valuestring, "deepseek_mtp") == 0))) &&
-           cJSON_IsNumber(num) && num->valuedouble >= 0 && num->valuedouble <= 5 &&
-           num->valuedouble == (double)(int)num->valuedouble && (!c || cJSON_IsNumber(c));
+           di_json_is_int_in(num, 0, 5) && (!c || cJSON_IsNumber(c));
   if (ok) {
     *n = (long long)num->valuedouble;
     if (c) *conf = (float)c->valuedouble;

@@ -349,7 +349,7 @@ static di_status get_count(const cJSON *sch, const char *k, const char *path, in
   const cJSON *v = item(sch, k);
   if (!v)
     return DI_OK;
-  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
+  if (!di_json_is_int_in(v, 0, HUGE_VAL))
     return di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be a non-negative integer at %s/%s", k, path, k);
   *out = v->valuedouble > 1e9 ? 1000000000 : (int64_t)v->valuedouble;
   return DI_OK;

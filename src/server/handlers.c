@@ -6,6 +6,7 @@
 #include "api/model_internal.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
+#include "util/json.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -879,8 +880,7 @@ static int handle_detokenize(di_server *s, di_conn *c, const char *body, size_t 
   }
   int i = 0;
   for (const cJSON *v = bad ? NULL : toks->child; v; v = v->next, i++) {
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
-        v->valuedouble >= s->oai.vocab_size) {
+    if (!di_json_is_int_in(v, 0, s->oai.vocab_size - 1)) {
       bad = 1;
       di_oai_fail(&err, 400, "invalid_request_error", "tokens", NULL, "tokens[%d] is not a token id in [0, %d)", i, s->oai.vocab_size);
       break;

@@ -66,10 +66,8 @@ static int get_num(const cJSON *o, const char *k, double lo, double hi, double *
   return 0;
 }
 
-static int is_int(const cJSON *v) {
-  return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble) &&
-         fabs(v->valuedouble) <= 9007199254740992.0;
-}
+/* an integer exactly representable as a double */
+static int is_int(const cJSON *v) { return di_json_is_int_in(v, -9007199254740992.0, 9007199254740992.0); }
 
 static int get_int(const cJSON *o, const char *k, double lo, double hi, long long *out, di_oai_error *err) {
   const cJSON *v = field(o, k);
@@ -139,7 +137,7 @@ static int ids_prompt(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *arr
   if (!ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
   int i = 0;
   for (const cJSON *v = arr->child; v; v = v->next, i++) {
-    if (!is_int(v) || v->valuedouble < 0 || v->valuedouble >= ctx->vocab_size) {
+    if (!di_json_is_int_in(v, 0, ctx->vocab_size - 1)) {
       free(ids);
       return BAD("prompt", "prompt token %d is not a token id in [0, %d)", i, ctx->vocab_size);
     }
@@ -386,7 +384,7 @@ static int read_stops(const cJSON *root, di_oai_request *r, di_oai_error *err) {
     r->stop_token_ids = malloc((size_t)(n ? n : 1) * sizeof *r->stop_token_ids);
     if (!r->stop_token_ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
     for (const cJSON *v = ids->child; v; v = v->next) {
-      if (!is_int(v) || v->valuedouble < 0 || v->valuedouble > 2147483647.0)
+      if (!di_json_is_int_in(v, 0, 2147483647.0))
         return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
       r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)v->valuedouble;
     }
