@@ -348,17 +348,17 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
       int r1 = r0 + bm < (t0 + n_tok[s]) * H ? r0 + bm : (t0 + n_tok[s]) * H;
       int maxpos = pos[(r1 - 1) / H];
       if (n_cl) {
-        ni += di_cuk_attn_cluster_items(r0, r1, s, maxpos + 1, cl, n_cl, &part, items + ni, citems, &nci);
+        ni += di_cuk_attn_cluster_items(r0, r1, s, maxpos + 1, pos[t0], cl, n_cl, &part, items + ni, citems, &nci);
         continue;
       }
       int nkt = (maxpos + 64) / 64, S = split < nkt ? split : nkt, per = (nkt + S - 1) / S;
       S = (nkt + per - 1) / per;
-      if (S == 1) { items[ni++] = (di_cuk_attn_item){r0, r1, s, 0, maxpos + 1, -1}; continue; }
+      if (S == 1) { items[ni++] = (di_cuk_attn_item){r0, r1, s, 0, maxpos + 1, -1, pos[t0]}; continue; }
       citems[nci++] = (di_cuk_combine_item){r0, r1, part, S};
       for (int sp = 0; sp < S; sp++) {
         int k0 = sp * per * 64, k1 = (sp + 1) * per * 64;
         if (k1 > maxpos + 1) k1 = maxpos + 1;
-        items[ni++] = (di_cuk_attn_item){r0, r1, s, k0, k1, part++};
+        items[ni++] = (di_cuk_attn_item){r0, r1, s, k0, k1, part++, pos[t0]};
       }
     }
   }
@@ -382,6 +382,17 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   CHECK(di_cut_sync() == 0);
   double ms = di_cut_time_ms() - t0;
   float *got = bf16_dev_to_f32(dout, (size_t)T * H * DR);
+  if (n_cl && !nci) { /* the first KV tile copied after the wait instead of partly before: bit-equal */
+    di_cuk_attn_set_preload(0);
+    st = di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, dout, dpo, dpl,
+                                 fdv ? &fold : NULL, NULL);
+    di_cuk_attn_set_preload(1);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    CHECK(di_cut_sync() == 0);
+    float *got2 = bf16_dev_to_f32(dout, (size_t)T * H * DR);
+    CHECKF(memcmp(got, got2, sizeof(float) * (size_t)T * H * DR) == 0, "%s: preloaded and plain KV tiles differ", label);
+    free(got2);
+  }
   /* reference, double */
   double *ref = malloc(sizeof(double) * (size_t)T * H * DR);
   int maxctx = 0;
@@ -593,6 +604,60 @@ static void test_moe_gate(int T, int H, di_cuk_router r, const char *label) {
     for (int j = 0; j < 5; j++) di_cut_free(pv[i][j]);
 }
 
+/* W_UV + o_proj of one token in one kernel (di_cuk_mla_vo) against double precision: v_h rounded to
+ * bf16 as the kernel (and the two-GEMM path) does, then the output projection added onto h. The W_UV
+ * blocks sit in a kv_b-shaped matrix (W_UK rows between them) as in the backend. */
+static void test_mla_vo(int NH, int H, int R, int dv, const char *label) {
+  if (!di_cuk_mla_vo_ok(1, NH, H, R, dv)) {
+    printf("mla vo %-28s: shape or cluster not supported on this GPU (skipped)\n", label);
+    CHECK(!(NH == 16 && H == 2048)); /* the V2-Lite shape must run on the H200 */
+    return;
+  }
+  const int dn = 2 * dv, ldo = NH * dv;
+  const int64_t stride = (int64_t)(dn + dv) * R;
+  uint16_t *olat = calloc((size_t)NH * DI_CUK_MLA_R, 2), *kvb = rand_bf16((size_t)NH * stride, 1.f / sqrtf((float)R));
+  uint16_t *wo = rand_bf16((size_t)H * ldo, 1.f / sqrtf((float)ldo));
+  for (int h = 0; h < NH; h++)
+    for (int j = 0; j < R; j++) olat[(size_t)h * DI_CUK_MLA_R + j] = di_f32_to_bf16(nrand());
+  float *h0 = rand_f32(H, 1.f);
+  void *dol = dup_dev(olat, (size_t)NH * DI_CUK_MLA_R * 2), *dkv = dup_dev(kvb, (size_t)NH * stride * 2),
+       *dwo = dup_dev(wo, (size_t)H * ldo * 2), *dh = dup_dev(h0, (size_t)H * 4);
+  di_status st = di_cuk_mla_vo(dol, DI_CUK_MLA_R, (const uint16_t *)dkv + (size_t)dn * R, stride, R, dv, dwo, ldo, NH,
+                               H, dh, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = malloc((size_t)H * 4);
+  di_cut_d2h(got, dh, (size_t)H * 4);
+  double *v = malloc(sizeof(double) * (size_t)NH * dv), *ref = malloc(sizeof(double) * H);
+  for (int h = 0; h < NH; h++)
+    for (int i = 0; i < dv; i++) {
+      double a = 0;
+      const uint16_t *w = kvb + (size_t)h * stride + (size_t)(dn + i) * R;
+      for (int j = 0; j < R; j++) a += (double)bf(w[j]) * bf(olat[(size_t)h * DI_CUK_MLA_R + j]);
+      v[(size_t)h * dv + i] = bf(di_f32_to_bf16((float)a));
+    }
+  float *gd = malloc((size_t)H * 4);
+  for (int n = 0; n < H; n++) {
+    double a = 0;
+    for (int k = 0; k < ldo; k++) a += (double)bf(wo[(size_t)n * ldo + k]) * v[k];
+    ref[n] = a;
+    gd[n] = got[n] - h0[n];
+  }
+  const double err = rel_err_d(ref, gd, (size_t)H);
+  CHECKF(err < 1e-3, "mla vo %s: rel err %.3e", label, err);
+  /* a second run adds the same again: deterministic (the cluster sums in head order) */
+  float *got2 = malloc((size_t)H * 4);
+  di_cut_h2d(dh, h0, (size_t)H * 4);
+  CHECK(di_cuk_mla_vo(dol, DI_CUK_MLA_R, (const uint16_t *)dkv + (size_t)dn * R, stride, R, dv, dwo, ldo, NH, H, dh,
+                      NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  di_cut_d2h(got2, dh, (size_t)H * 4);
+  CHECKF(memcmp(got, got2, (size_t)H * 4) == 0, "mla vo %s: two runs differ", label);
+  printf("mla vo %-28s heads %2d hidden %4d rank %3d dv %3d: rel err %.2e, deterministic\n", label, NH, H, R, dv, err);
+  free(olat); free(kvb); free(wo); free(h0); free(got); free(got2); free(gd); free(v); free(ref);
+  di_cut_free(dol); di_cut_free(dkv); di_cut_free(dwo); di_cut_free(dh);
+}
+
 /* route (with n_sh shared experts folded in as experts E.., weight 1) -> permute -> glu grouped GEMM
  * -> down grouped GEMM -> combine (+ the fused RMSNorm of the result), as the backend runs it */
 /* gemv_rows: 0 the mma grouped GEMM, 1..4 the GEMV form, -1 (T == 1) the GEMV gate/up and the down
@@ -767,9 +832,13 @@ int main(void) {
   test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* M <= 8: the skinny kernel */
   test_gemm(blas, 8, 3648, 2048, 0, 0.f);
   test_gemm(blas, 1, 129280, 2048, 1, 0.f);     /* lm_head shape */
+  test_gemm(blas, 1, 2048, 2048, 1, 1.f);       /* o_proj at decode */
+  test_gemm(blas, 1, 200, 96, 0, 0.f);          /* a partial last CTA */
   test_gemm_normed(blas, 1, 3648, 2048);         /* the q/kv projection with the attention norm inside */
   test_gemm_normed(blas, 4, 2112, 7168);
   test_gemm_normed(blas, 8, 100, 72);
+  test_gemm_normed(blas, 1, 2112, 7168);          /* V3's q_a + kv_a rows at decode */
+  test_gemm_normed(blas, 1, 100, 224);            /* the default model's width, a partial last CTA */
   di_cu_blas_set_skinny(blas, 0);
   test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* the same through cuBLASLt */
   test_gemm_batched(blas, 16, 3, 128, 512, 0);
@@ -782,6 +851,7 @@ int main(void) {
   test_gemm_batched(blas, 128, 8, 512, 128, 1); /* V3's 128 heads */
   test_gemm_batched(blas, 4, 3, 40, 32, 1);     /* odd fixture ranks */
   test_gemm_batched(blas, 16, 9, 128, 512, 0);  /* v = o_lat . W_UV^T */
+  test_gemm_batched(blas, 16, 1, 128, 512, 0);  /* ... at decode */
   test_norms(7, 2048);
   test_norms(3, 72);
   test_mla_prep(5, 16, 128, 64, 512, 1);
@@ -854,6 +924,10 @@ int main(void) {
     test_moe_gate(64, 7168, r3, "V3, 64 tokens");
     test_moe_gate(3, 72, r2, "group-limited, tiny");
   }
+  test_mla_vo(16, 2048, 512, 128, "V2-Lite decode (4 row tiles)");
+  test_mla_vo(8, 768, 64, 32, "8 heads, 3 row tiles of 256");
+  test_mla_vo(4, 64, 32, 16, "tiny (one tile)");
+  test_mla_vo(4, 224, 64, 32, "the default model's shape");
   test_moe_chain(1, 64, 6, 2, 2048, 1408, 0);   /* V2-Lite decode, 2 shared experts folded in (64-wide tiles) */
   test_moe_chain(1, 64, 6, 2, 2048, 1408, 1);   /* ... as the GEMV the backend uses at T <= 4 */
   test_moe_chain(1, 64, 6, 2, 2048, 1408, -1);  /* ... and T == 1's down projection fused with the combine */

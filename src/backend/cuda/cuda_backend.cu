@@ -69,6 +69,7 @@ typedef struct cu_backend {
   cudaStream_t stream;
   di_cu_blas *blas;
   int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine, fold_uv;
+  int vo_fused; /* one-token W_UV + o_proj in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -521,12 +522,18 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
     DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                               (uint16_t *)b->olat, s));
   PROF("mla attention");
-  /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]) */
-  if (!SKIP(SKIP_VO) && !fold_uv)
+  /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]), then o_proj into
+   * h: at one token both in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
+  const int vo_fused = b->vo_fused && !fold_uv && !SKIP(SKIP_VO) && di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv);
+  if (vo_fused)
+    DI_TRY(di_cuk_mla_vo((const uint16_t *)b->olat, DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R),
+                         (int64_t)(b->dn + b->dv) * b->R, b->R, b->dv, (const uint16_t *)L->o_proj, NH * b->dv, NH, H,
+                         b->h, s));
+  if (!SKIP(SKIP_VO) && !fold_uv && !vo_fused)
     DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                             DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
                             (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
-  if (!SKIP(SKIP_VO))
+  if (!SKIP(SKIP_VO) && !vo_fused)
     DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
                     NH * b->dv, b->h, H, 1, 1.f, s));
   PROF("v + o_proj");
@@ -712,7 +719,7 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   const size_t o_bt = o; o += (size_t)n_seq_rows * bt_stride;
   const size_t o_n = o; o += 4;
   o = (o + 3) & ~(size_t)3;
-  const size_t o_items = o; o += (size_t)max_items * 6;
+  const size_t o_items = o; o += (size_t)max_items * (sizeof(di_cuk_attn_item) / sizeof(int32_t));
   const size_t o_citems = o; o += (size_t)(max_citems > 0 ? max_citems : 1) * 4;
   o = (o + 1) & ~(size_t)1; /* 8-byte fields */
   const size_t o_srows = o; o += (size_t)n_out_p * (sizeof(di_cuk_sample_row) / sizeof(int32_t));
@@ -765,6 +772,9 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
     int u = t + 1;
     while (u < Tp && (t >= T ? 1 : (u < T && bt->seq_of[u] == bt->seq_of[t]))) u++;
     const int seq = t >= T ? spare_seq : bt->seq_of[t];
+    int kfresh = t < T ? bt->positions[t] : 0; /* the sequence's smallest position in this step */
+    for (int tt = t + 1; tt < u && tt < T; tt++)
+      if (bt->positions[tt] < kfresh) kfresh = bt->positions[tt];
     for (int r0 = t * NH; r0 < u * NH; r0 += bm) {
       int r1 = r0 + bm < u * NH ? r0 + bm : u * NH;
       int maxpos = 0;
@@ -776,7 +786,7 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
         const int nkt = (maxpos + DI_CUK_DECODE_KTILE) / DI_CUK_DECODE_KTILE;
         int nc = (nkt + CL * CL_TILES - 1) / (CL * CL_TILES);
         if (nc > C_max) nc = C_max;
-        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, CL, nc, &part, items + ni, citems, &nci);
+        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, kfresh, CL, nc, &part, items + ni, citems, &nci);
         continue;
       }
       const int nkt = (maxpos + KS) / KS;
@@ -789,13 +799,13 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
       const int per = (nkt + S - 1) / S;
       S = (nkt + per - 1) / per;
       if (S == 1) {
-        items[ni++] = (di_cuk_attn_item){r0, r1, seq, 0, maxpos + 1, -1};
+        items[ni++] = (di_cuk_attn_item){r0, r1, seq, 0, maxpos + 1, -1, kfresh};
       } else {
         citems[nci++] = (di_cuk_combine_item){r0, r1, part, S};
         for (int sp = 0; sp < S; sp++) {
           int k0 = sp * per * KS, k1 = (sp + 1) * per * KS;
           if (k1 > maxpos + 1) k1 = maxpos + 1;
-          items[ni++] = (di_cuk_attn_item){r0, r1, seq, k0, k1, part++};
+          items[ni++] = (di_cuk_attn_item){r0, r1, seq, k0, k1, part++, kfresh};
         }
       }
     }
@@ -1132,6 +1142,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->out_cap0 = oc && atoi(oc) >= 1 && atoi(oc) <= 4096 ? atoi(oc) : 16;
   const char *ss = getenv("DEEPINFER_CUDA_STEP_SAMPLE");
   b->step_sample_on = !(ss && ss[0] == '0');
+  const char *vof = getenv("DEEPINFER_CUDA_VO_FUSED");
+  b->vo_fused = !(vof && vof[0] == '0');
+  const char *apl = getenv("DEEPINFER_CUDA_ATTN_PRELOAD");
+  di_cuk_attn_set_preload(!(apl && apl[0] == '0'));
   const char *gvw = getenv("DEEPINFER_CUDA_GV_WARPS");
   di_cuk_grouped_gemv_set_one_warp(!(gvw && atoi(gvw) == 4));
   const char *dcb = getenv("DEEPINFER_CUDA_DOWN_COMBINE");

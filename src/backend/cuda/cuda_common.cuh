@@ -70,6 +70,9 @@ int di_cu_pdl_enabled(void); /* cuda_launch.cu: DEEPINFER_CUDA_PDL, default on *
  * the unified L1/shared memory as shared; default 100, -1: the driver's choice). One carveout for every kernel
  * keeps an SM from draining to reconfigure between kernels of different shared-memory needs. */
 void di_cu_kernel_setup(const void *kernel);
+/* cuda_launch.cu: whether clusters of `cluster` CTAs of this kernel (threads, dynamic shared memory)
+ * can be placed at all (the occupancy calculator; > 8 CTAs is non-portable); sets both attributes. */
+int di_cu_cluster_fits(const void *kernel, int cluster, int threads, size_t smem);
 
 /* kernel<<<grid, block, smem, s>>>(args...) with the programmatic-serialization attribute, and with
  * thread-block clusters of cluster_x CTAs along x when cluster_x > 1 (grid.x a multiple of it). */

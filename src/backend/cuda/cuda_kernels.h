@@ -67,6 +67,10 @@ di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const uint16_t *q
  * write it (with its log-sum-exp) to partial slot `part`, merged later by di_cuk_mla_combine. */
 typedef struct di_cuk_attn_item {
   int32_t row0, row1, seq, k0, k1, part;
+  /* the sequence's first position in this step: keys below it were written by earlier steps, so the
+   * decode attention may read them before its PDL wait (the rows from it on are written by this
+   * step's MLA prep, which a later row group of a multi-token sequence must wait for) */
+  int32_t kfresh;
 } di_cuk_attn_item;
 typedef struct di_cuk_combine_item {
   int32_t row0, row1, part0, nsplit;
@@ -110,11 +114,22 @@ di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, cons
                                   uint16_t *out, float *part_o, float *part_lse, const di_cuk_uv_fold *fold,
                                   di_cu_stream s);
 int di_cuk_attn_cluster_ok(int cluster);
-/* Items of rows [row0, row1) of sequence seq over keys [0, n_keys): n_clusters clusters of `cluster`
- * CTAs with balanced runs of key tiles (some may be empty); with more than one cluster, one combine
- * item over partial slots *part .. (advanced). Returns the items written. */
-int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int cluster, int n_clusters, int *part,
-                              di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems);
+/* Measurement switch (process-wide): the decode attention copies its first KV tile's older rows into
+ * shared memory before its PDL wait (1, the default) or after it (0); the same results. */
+void di_cuk_attn_set_preload(int on);
+/* MLA's W_UV and o_proj of a one-token step in one kernel (k_mla_vo.cu), adding into the f32 residual:
+ *   v_h = bf16(W_UV[h] . olat[h*ld_olat ..]),  h[n] += sum_h W_o[n][h*dv .. +dv] . v_h
+ * W_UV[h] = wuv + h * wuv_stride, dv rows of R; W_o: H rows of ldo (>= NH * dv). _ok: whether the
+ * shape is supported (T == 1, NH a power of two <= 16, dv <= 128, H a multiple of 256 or <= 512) and
+ * its cluster of NH CTAs fits on this GPU. */
+int di_cuk_mla_vo_ok(int T, int NH, int H, int R, int dv);
+di_status di_cuk_mla_vo(const uint16_t *olat, int ld_olat, const uint16_t *wuv, int64_t wuv_stride, int R, int dv,
+                        const uint16_t *wo, int ldo, int NH, int H, float *h, di_cu_stream s);
+/* Items of rows [row0, row1) of sequence seq over keys [0, n_keys) (kfresh: the item field above):
+ * n_clusters clusters of `cluster` CTAs with balanced runs of key tiles (some may be empty); with more
+ * than one cluster, one combine item over partial slots *part .. (advanced). Returns the items written. */
+int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int kfresh, int cluster, int n_clusters,
+                              int *part, di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems);
 di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_items,
                              int max_items, const float *part_o, const float *part_lse,
                              uint16_t *out, di_cu_stream s);

@@ -60,7 +60,7 @@ template <int CL>
 static __global__ void __launch_bounds__(DW * 32)
 mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
                   float scale_log2, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
-                  float *part_lse, uv_fold uv) {
+                  float *part_lse, uv_fold uv, int preload) {
   constexpr int RPC = DROWS / CL; /* rows merged per CTA */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const di_cuk_attn_item it = items[blockIdx.x]; /* host-written: readable before the wait */
@@ -77,25 +77,25 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
 #pragma unroll
     for (int j = 0; j < 9; j++) di_prefetch_l2(row + j * 64); /* 9 lines of 128 B */
   }
-  DI_PDL_ENTRY();
-  /* n_items is a multiple of CL: whole clusters leave together */
-  if ((int)blockIdx.x >= *n_items) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16 *sQ = (bf16 *)smem_raw;                   /* [DROWS][SROW] */
   bf16 *sK = sQ + DROWS * SROW;                  /* [2][DKT][SROW] */
   float *sS = (float *)(sK + 2 * DKT * SROW);    /* [DROWS][SSTR] */
   int *sPos = (int *)(sS + DROWS * SSTR);        /* [DROWS] */
   const int nrows = it.row1 - it.row0;
-
-  if (tid < DROWS) sPos[tid] = tid < nrows ? positions[(it.row0 + tid) / H] : -1;
-  for (int c = tid; c < DROWS * (D / 8); c += DW * 32) {
-    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    const bool ok = r < nrows;
-    di_cp_async16(sQ + r * SROW + col, Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + col, ok);
-  }
-  /* thread -> KV row tid / 4 of the tile, chunks (tid % 4) + 4j, j < 18 (72 chunks of 16 B per row) */
-  auto load_kv = [&](int buf, int kb) {
+  /* n_items (host-written, like the items) is a multiple of CL: whole clusters leave together */
+  const bool live = (int)blockIdx.x < *n_items;
+  /* preload: the first KV tile's rows older than the sequence's first token in this step (written by
+   * earlier steps, never by this one) are copied into shared memory before the wait; the rows this
+   * step's MLA prep writes (keys >= it.kfresh, which for a later row group of a multi-token sequence
+   * include positions below the group's own) only after it */
+  const int minpos = preload && live ? it.kfresh : 0;
+  /* thread -> KV row tid / 4 of the tile, chunks (tid % 4) + 4j, j < 18 (72 chunks of 16 B per row);
+   * phase 0 every row, 1 the rows before minpos (before the wait), 2 the others (after it) */
+  auto load_kv = [&](int buf, int kb, int phase) {
     const int r = tid >> 2, q = tid & 3, k = kb + r;
+    const bool old = k < minpos && k < it.k1;
+    if ((phase == 1 && !old) || (phase == 2 && old)) return;
     const bool ok = k < it.k1;
     const bf16 *src = cache + (ok ? ((int64_t)btab[k / 64] * 64 + (k % 64)) * D : 0) + q * 8;
     bf16 *dst = sK + (buf * DKT + r) * SROW + q * 8;
@@ -103,7 +103,19 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
     for (int j = 0; j < D / 32; j++) di_cp_async16(dst + j * 32, src + j * 32, ok);
   };
   const int ntiles = (it.k1 - it.k0 + DKT - 1) / DKT;
-  if (ntiles > 0) load_kv(0, it.k0);
+  if (preload && live && ntiles > 0) {
+    load_kv(0, it.k0, 1);
+    di_cp_commit();
+  }
+  DI_PDL_ENTRY();
+  if (!live) return;
+  if (tid < DROWS) sPos[tid] = tid < nrows ? positions[(it.row0 + tid) / H] : -1;
+  for (int c = tid; c < DROWS * (D / 8); c += DW * 32) {
+    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    const bool ok = r < nrows;
+    di_cp_async16(sQ + r * SROW + col, Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + col, ok);
+  }
+  if (ntiles > 0) load_kv(0, it.k0, preload ? 2 : 0);
   di_cp_commit();
 
   float o[COLS / 8][4];
@@ -116,7 +128,7 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
     const int kb = it.k0 + j * DKT;
     di_cp_wait<0>();
     __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer and scores */
-    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + DKT);
+    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + DKT, 0);
     di_cp_commit();
     const bf16 *K = sK + (j & 1) * DKT * SROW;
 
@@ -266,6 +278,9 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
   cl.sync(); /* no CTA leaves while another still reads its shared memory */
 }
 
+static int g_attn_preload = 1; /* di_cuk_attn_set_preload */
+extern "C" void di_cuk_attn_set_preload(int on) { g_attn_preload = on; }
+
 template <int CL>
 static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16 *cache, const int32_t *bt,
                         int bt_stride, const int32_t *positions, int H, float sl2, const di_cuk_attn_item *items,
@@ -278,7 +293,7 @@ static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16
     attr_set = 1;
   }
   DI_CU(di_launch_cluster(mla_decode_kernel<CL>, max_items, DW * 32, sm, s, CL, Q, cache, bt, bt_stride, positions, H,
-                          sl2, items, n_items, out, part_o, part_lse, uv));
+                          sl2, items, n_items, out, part_o, part_lse, uv, g_attn_preload));
   DI_CU_LAUNCH("mla_decode");
   return DI_OK;
 }
@@ -313,34 +328,12 @@ extern "C" int di_cuk_attn_cluster_ok(int cluster) {
   if (cluster == 8) return 1;
   if (cluster != 16) return 0;
   /* 16 CTAs of ~170 KB shared memory in one GPC: ask the occupancy calculator */
-  if (cudaFuncSetAttribute(mla_decode_kernel<16>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-      cudaFuncSetAttribute(mla_decode_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)decode_smem()) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 16;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.gridDim = dim3(16);
-  cfg.blockDim = dim3(DW * 32);
-  cfg.dynamicSmemBytes = decode_smem();
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, (void *)mla_decode_kernel<16>, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n >= 1;
+  return di_cu_cluster_fits((const void *)mla_decode_kernel<16>, 16, DW * 32, decode_smem());
 }
 
-extern "C" int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int cluster, int n_clusters,
-                                         int *part, di_cuk_attn_item *items, di_cuk_combine_item *citems,
-                                         int *n_citems) {
+extern "C" int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int kfresh, int cluster,
+                                         int n_clusters, int *part, di_cuk_attn_item *items,
+                                         di_cuk_combine_item *citems, int *n_citems) {
   const int n_cta = cluster * n_clusters, nkt = (n_keys + DKT - 1) / DKT;
   if (n_clusters > 1) citems[(*n_citems)++] = (di_cuk_combine_item){row0, row1, *part, n_clusters};
   for (int i = 0; i < n_cta; i++) { /* balanced: CTA i takes tiles [i*nkt/n_cta, (i+1)*nkt/n_cta) */
@@ -348,7 +341,7 @@ extern "C" int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys
     int k0 = t0 * DKT, k1 = t1 * DKT;
     if (k1 > n_keys) k1 = n_keys;
     if (k0 >= k1) k0 = k1 = 0; /* an empty split: log-sum-exp -inf, weight 0 in the merge */
-    items[i] = (di_cuk_attn_item){row0, row1, seq, k0, k1, n_clusters > 1 ? *part + i / cluster : -1};
+    items[i] = (di_cuk_attn_item){row0, row1, seq, k0, k1, n_clusters > 1 ? *part + i / cluster : -1, kfresh};
   }
   if (n_clusters > 1) *part += n_clusters;
   return n_cta;
