@@ -10,8 +10,9 @@
  * path's top1 - top2 logit margin < 0.05 at the first differing token, re-scored through
  * di_model_score); sampled requests are counted, not held (a draw flips when u lands within the
  * logit noise of a CDF boundary). The shipped model (an MTP layer) also runs with speculative decoding
- * (3 drafts), held to the same rules against plain decoding alone. Built only with nvcc; run by
- * scripts/device_tests.sh. */
+ * (3 drafts), held to the same rules against plain decoding alone. With DEEPINFER_BATCH_INVARIANT=1
+ * the CUDA backend is held exactly, as the CPU: every request equal to alone. Built only with nvcc;
+ * run by scripts/device_tests.sh. */
 #include "deepinfer.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "test_util.h"
@@ -183,5 +184,14 @@ int main(void) {
   setenv("DEEPINFER_CUDA_OUT_CAP", "1", 1);
   check_model("tests/data/models/dsv3-tiny", exact, 0);
   unsetenv("DEEPINFER_CUDA_OUT_CAP");
+  if (!exact) { /* batch-invariant mode: held exactly like the CPU (odd shapes: the fallback GEMM) */
+    setenv("DEEPINFER_BATCH_INVARIANT", "1", 1);
+    printf("DEEPINFER_BATCH_INVARIANT=1:\n");
+    check_model("tests/data/models/dsv2-lite-tiny", 1, 0);
+    check_model("tests/data/models/dsv3-tiny", 1, 0);
+    check_model("tests/data/models/dsv3-odd", 1, 0);
+    check_model("models/default", 1, 1);
+    unsetenv("DEEPINFER_BATCH_INVARIANT");
+  }
   return test_finish("test_cuda_engine");
 }

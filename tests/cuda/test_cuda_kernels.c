@@ -146,6 +146,74 @@ static void test_gemm_batched(di_cu_blas *blas, int NH, int T, int N, int K, int
   di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
 }
 
+/* Batch-invariant mode (di_cu_blas_set_invariant): every row of an M-row product bit-equal to the same
+ * row computed alone (M = 1, its own buffers), for plain (bf16 and f32 + residual), normed and batched
+ * products, on shapes the skinny kernels take and on an odd one they do not (the rowdot fallback);
+ * and against float64 (rel err < 1e-2: bf16 inputs, f32 sums). */
+static void test_invariant_gemm(di_cu_blas *blas, int M, int N, int K, int kind, const char *label) {
+  /* kind 0: bf16 out; 1: f32 out with beta = 1 (the residual add); 2: normed (f32 residual rows in);
+   * 3 / 4: batched over 4 heads, W [N][K] / [K][N] */
+  const int NB = kind >= 3 ? 4 : 1, ldx = NB * K + (K % 8 ? 0 : 8), ldy = NB * N + (N % 8 ? 0 : 8);
+  const int y_f32 = kind == 1 || kind == 2, esz = y_f32 ? 4 : 2;
+  uint16_t *X = rand_bf16((size_t)M * ldx, 1.f), *W = rand_bf16((size_t)NB * N * K, 0.1f);
+  float *Xf = rand_f32((size_t)M * ldx, 1.f), *nw = rand_f32(K, 1.f), *Y0 = rand_f32((size_t)M * ldy, 1.f);
+  void *dX = kind == 2 ? dup_dev(Xf, (size_t)M * ldx * 4) : dup_dev(X, (size_t)M * ldx * 2);
+  void *dW = dup_dev(W, (size_t)NB * N * K * 2), *dnw = dup_dev(nw, (size_t)K * 4);
+  void *dY = di_cut_malloc((size_t)M * ldy * esz), *dY1 = di_cut_malloc((size_t)ldy * esz);
+  di_cu_blas_set_invariant(blas, 1);
+  int bad_rows = 0;
+  unsigned char *all = malloc((size_t)M * ldy * esz), *one = malloc((size_t)ldy * esz);
+  for (int pass = 0; pass <= M; pass++) { /* pass 0: all rows; pass 1 + m: row m alone */
+    const int m0 = pass ? pass - 1 : 0, mc = pass ? 1 : M;
+    void *y = pass ? dY1 : dY;
+    const size_t off = (size_t)m0 * ldx;
+    if (y_f32) di_cut_h2d(y, Y0 + (size_t)m0 * ldy, (size_t)mc * ldy * 4);
+    di_status st;
+    if (kind <= 1)
+      st = di_cu_gemm(blas, mc, N, K, (const uint16_t *)dX + off, ldx, dW, K, y, ldy, y_f32, y_f32 ? 1.f : 0.f, NULL);
+    else if (kind == 2)
+      st = di_cu_gemm_normed(blas, mc, N, K, (const float *)dX + off, ldx, dnw, 1e-6f, dW, K, y, ldy, 1, NULL);
+    else
+      st = di_cu_gemm_batched(blas, NB, mc, N, K, (const uint16_t *)dX + off, ldx, K, dW, kind == 4 ? N : K,
+                              (int64_t)N * K, kind == 4, y, ldy, N, NULL);
+    CHECKF(st == DI_OK, "%s: %s", label, di_last_error());
+    CHECK(di_cut_sync() == 0);
+    if (!pass) { di_cut_d2h(all, dY, (size_t)M * ldy * esz); continue; }
+    di_cut_d2h(one, dY1, (size_t)ldy * esz);
+    bad_rows += memcmp(one, all + (size_t)m0 * ldy * esz, (size_t)NB * N * esz) != 0;
+  }
+  di_cu_blas_set_invariant(blas, 0);
+  /* float64 reference of the batched result */
+  double *ref = malloc(sizeof(double) * (size_t)M * NB * N);
+  float *got = malloc(sizeof(float) * (size_t)M * NB * N);
+  for (int m = 0; m < M; m++) {
+    double inv = 1.0;
+    if (kind == 2) {
+      double ss = 0;
+      for (int k = 0; k < K; k++) ss += (double)Xf[(size_t)m * ldx + k] * Xf[(size_t)m * ldx + k];
+      inv = 1.0 / sqrt(ss / K + 1e-6);
+    }
+    for (int h = 0; h < NB; h++)
+      for (int n = 0; n < N; n++) {
+        double a = 0;
+        for (int k = 0; k < K; k++) {
+          const double x = kind == 2 ? bf(di_f32_to_bf16((float)(Xf[(size_t)m * ldx + k] * inv * nw[k])))
+                                     : bf(X[(size_t)m * ldx + h * K + k]);
+          a += x * (kind == 4 ? bf(W[(size_t)h * N * K + (size_t)k * N + n]) : bf(W[(size_t)h * N * K + (size_t)n * K + k]));
+        }
+        const size_t i = ((size_t)m * NB + h) * N + n, yi = (size_t)m * ldy + h * N + n;
+        ref[i] = a + (kind == 1 ? Y0[yi] : 0.0);
+        got[i] = y_f32 ? ((float *)all)[yi] : bf(((uint16_t *)all)[yi]);
+      }
+  }
+  const double err = rel_err_d(ref, got, (size_t)M * NB * N);
+  CHECKF(bad_rows == 0 && err < 1e-2, "invariant gemm %s: %d of %d rows differ from the row alone, rel err %.3e", label,
+         bad_rows, M, err);
+  printf("invariant gemm %-34s M=%2d N=%4d K=%4d: every row == alone, rel err %.2e\n", label, M, N, K, err);
+  free(X); free(W); free(Xf); free(nw); free(Y0); free(all); free(one); free(ref); free(got);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(dnw); di_cut_free(dY); di_cut_free(dY1);
+}
+
 /* ---- RMSNorm, SiLU-mul ---------------------------------------------------------------------------- */
 static void test_norms(int T, int n) {
   float *x = rand_f32((size_t)T * n, 3.f), *w = rand_f32(n, 1.f);
@@ -851,6 +919,13 @@ int main(void) {
   test_gemm_batched(blas, 128, 8, 512, 128, 1); /* V3's 128 heads */
   test_gemm_batched(blas, 4, 3, 40, 32, 1);     /* odd fixture ranks */
   test_gemm_batched(blas, 16, 9, 128, 512, 0);  /* v = o_lat . W_UV^T */
+  test_invariant_gemm(blas, 21, 300, 2048, 0, "bf16 out, 3 chunks");
+  test_invariant_gemm(blas, 9, 2048, 1024, 1, "f32 out + residual");
+  test_invariant_gemm(blas, 13, 576, 2048, 2, "normed (q/kv)");
+  test_invariant_gemm(blas, 10, 128, 512, 3, "batched over heads (W_UV)");
+  test_invariant_gemm(blas, 10, 512, 128, 4, "batched, W [K][N] (absorb)");
+  test_invariant_gemm(blas, 7, 36, 60, 1, "odd K = 60 (rowdot)");
+  test_invariant_gemm(blas, 5, 40, 20, 4, "odd batched (rowdot)");
   test_gemm_batched(blas, 16, 1, 128, 512, 0);  /* ... at decode */
   test_norms(7, 2048);
   test_norms(3, 72);

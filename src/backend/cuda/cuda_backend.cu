@@ -70,6 +70,7 @@ typedef struct cu_backend {
   di_cu_blas *blas;
   int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine, fold_uv;
   int vo_fused; /* one-token W_UV + o_proj in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
+  int invariant; /* batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1; see create) */
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -490,7 +491,8 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
   bf16 *cache = layer_cache(b, l);
   const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
   const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
-  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
+  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && !b->invariant &&
+      di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
     /* decode: both in one launch */
     DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
                                   b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
@@ -538,7 +540,7 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
                     NH * b->dv, b->h, H, 1, 1.f, s));
   PROF("v + o_proj");
   /* small steps: the MoE gate's norm, router logits and routing are one kernel (di_cuk_moe_gate) */
-  const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && di_cuk_moe_gate_supported(b->E, H);
+  const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && !b->invariant && di_cuk_moe_gate_supported(b->E, H);
   if (!fused_gate)
     DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
   if (!L->is_moe) {
@@ -562,19 +564,24 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
   if (T > 1 && !SKIP(SKIP_GATE))
     DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
   PROF("router");
-  const int down_combine = normed_gemm && T == 1 && !(L->has_shared && b->n_sh == 0) && !SKIP(SKIP_EXPERTS);
-  if (T <= GEMV_MAX_T) { /* decode: an expert has at most T rows; weight streaming as a GEMV */
+  const int down_combine =
+      normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) && !SKIP(SKIP_EXPERTS);
+  /* decode: an expert has at most T rows, weight streaming as a GEMV; batch-invariant mode: always (a
+   * row's arithmetic there does not depend on the rows beside it, up to GEMV_MAX_T at a time) */
+  if (T <= GEMV_MAX_T || b->invariant) {
+    const int gv_rows = T < GEMV_MAX_T ? T : GEMV_MAX_T;
     const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
     if (!SKIP(SKIP_EXPERTS)) {
       DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                                 b->tiles, b->n_tiles, max_tiles, bm, T, b->act, b->Ip, 0, 1, pf0, E, s));
+                                 b->tiles, b->n_tiles, max_tiles, bm, gv_rows, b->act, b->Ip, 0, 1, pf0, E, s));
       PROF("experts gate/up");
       if (down_combine)
         DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
                                        b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
       else
         DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, T, b->y, Hp, 1, 0, pf0, E, s));
+                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, gv_rows, b->y, Hp, 1, 0, pf0, E,
+                                   s));
     }
   } else {
     DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
@@ -678,7 +685,7 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
   for (int t = 0; t < T; t++)
     if (t == 0 || bt->seq_of[t] != bt->seq_of[t - 1]) n_runs++;
   if (Tp > T) n_runs++;
-  const int bm = rows_total / n_runs >= 64 ? 64 : 16;
+  const int bm = rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;
   /* count chunks */
   int n_chunks = 0;
   for (int t = 0; t < Tp;) {
@@ -688,7 +695,10 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
     t = u;
   }
   const int target = 2 * b->sms;
-  int S_max = n_chunks >= target ? 1 : (target + n_chunks - 1) / n_chunks;
+  /* batch-invariant mode: no key splits (a split's boundaries would follow the batch's longest row of
+   * the item; one pass over keys 0.. in fixed tiles gives every row the same sums, the tiles past its
+   * own position being exact no-ops of the online softmax) */
+  int S_max = n_chunks >= target || b->invariant ? 1 : (target + n_chunks - 1) / n_chunks;
   const int KS = b->split_keys;
   int tiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + KS - 1) / KS;
   if (S_max > tiles_cap) S_max = tiles_cap;
@@ -1144,6 +1154,16 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->step_sample_on = !(ss && ss[0] == '0');
   const char *vof = getenv("DEEPINFER_CUDA_VO_FUSED");
   b->vo_fused = !(vof && vof[0] == '0');
+  /* Batch-invariant mode: a row's logits do not depend on what else is in the step (the CPU backend
+   * always is). Every product runs a form whose per-row arithmetic is fixed: GEMMs in chunks of the
+   * skinny kernels (gemm.cu), experts as the grouped GEMV, the unfused gate, attention without key
+   * splits or clusters, no one-token fusions. Slower (batch 1 and long prefills most). */
+  const char *inv = getenv("DEEPINFER_BATCH_INVARIANT");
+  b->invariant = inv && inv[0] == '1';
+  if (b->invariant) {
+    di_cu_blas_set_invariant(b->blas, 1);
+    b->vo_fused = 0;
+  }
   const char *apl = getenv("DEEPINFER_CUDA_ATTN_PRELOAD");
   di_cuk_attn_set_preload(!(apl && apl[0] == '0'));
   const char *gvw = getenv("DEEPINFER_CUDA_GV_WARPS");
@@ -1155,7 +1175,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * prefill kernel's form) */
   const char *acl = getenv("DEEPINFER_CUDA_ATTN_CLUSTER");
   const int want_cl = acl ? atoi(acl) : 16;
-  b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
+  b->attn_cluster = want_cl == 0 || b->invariant ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
   for (int i = 0; i < 2; i++) DI_CU(cudaEventCreateWithFlags(&b->ev_sampled[i], cudaEventDisableTiming));

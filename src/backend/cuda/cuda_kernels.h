@@ -232,6 +232,8 @@ di_status di_cu_gemm_normed(di_cu_blas *b, int M, int N, int K, const float *H, 
                             float eps, const uint16_t *W, int ldw, void *Y, int ldy, int y_f32, di_cu_stream s);
 /* M <= 8 (decode) goes to a skinny streaming kernel of our own unless turned off here (tests). */
 void di_cu_blas_set_skinny(di_cu_blas *b, int on);
+/* Batch-invariant mode: every GEMM row computed with the same arithmetic whatever M is (gemm.cu). */
+void di_cu_blas_set_invariant(di_cu_blas *b, int on);
 /* Batched over `batch` heads, row-major, bf16 in/out, f32 accumulate:
  *   Y_h[M][N] = X_h[M][K] . op(W_h)  with op(W_h) = W_h ([K][N]) when w_kn, else W_h^T (W_h [N][K]).
  * X_h = X + h*sx (row stride ldx), W_h = W + h*sw (row stride ldw), Y_h = Y + h*sy (row stride ldy). */

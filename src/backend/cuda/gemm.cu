@@ -27,6 +27,7 @@ struct di_cu_blas {
   plan plans[MAX_PLANS];
   int n_plans;
   int no_skinny; /* tests: force the cuBLASLt path */
+  int invariant; /* batch-invariant mode (di_cu_blas_set_invariant) */
 };
 
 #define LT(call)                                                                               \
@@ -49,6 +50,7 @@ extern "C" di_status di_cu_blas_create(di_cu_blas **out) {
 }
 
 extern "C" void di_cu_blas_set_skinny(di_cu_blas *b, int on) { b->no_skinny = !on; }
+extern "C" void di_cu_blas_set_invariant(di_cu_blas *b, int on) { b->invariant = on; }
 
 extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (!b) return;
@@ -279,7 +281,7 @@ static di_status skinny(int M, int N, int K, const void *X, int ldx, const uint1
 }
 
 extern "C" int di_cu_gemm_normed_ok(di_cu_blas *b, int M, int K, int ldx) {
-  return !b->no_skinny && M >= 1 && M <= SK_MAXM && K % 8 == 0 && ldx % 4 == 0;
+  return !b->no_skinny && M >= 1 && (M <= SK_MAXM || b->invariant) && K % 8 == 0 && ldx % 4 == 0;
 }
 
 extern "C" di_status di_cu_gemm_normed(di_cu_blas *b, int M, int N, int K, const float *H, int ldh,
@@ -290,7 +292,11 @@ extern "C" di_status di_cu_gemm_normed(di_cu_blas *b, int M, int N, int K, const
       ((uintptr_t)W & 15) || ldw % 8)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: normed skinny GEMM %dx%dx%d (M <= %d, K %% 8, aligned)", M, N, K,
                         SK_MAXM);
-  return skinny(M, N, K, H, ldh, W, ldw, Y, ldy, y_f32, 0.f, s, 1, 0, 0, 0, norm_w, eps);
+  for (int m0 = 0; m0 < M; m0 += SK_MAXM) /* more than SK_MAXM rows: batch-invariant mode, in chunks */
+    DI_TRY(skinny(M - m0 < SK_MAXM ? M - m0 : SK_MAXM, N, K, H + (int64_t)m0 * ldh, ldh, W, ldw,
+                  y_f32 ? (void *)((float *)Y + (int64_t)m0 * ldy) : (void *)((uint16_t *)Y + (int64_t)m0 * ldy), ldy,
+                  y_f32, 0.f, s, 1, 0, 0, 0, norm_w, eps));
+  return DI_OK;
 }
 
 /* The [K][N] skinny GEMM batched over heads (grid.y); the tile itself is in k_skinny_kn.cuh. */
@@ -320,11 +326,69 @@ static di_status skinny_kn(int M, int N, int K, const uint16_t *X, int ldx, int6
   return DI_OK;
 }
 
+static di_status lt_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx, const uint16_t *W, int ldw,
+                         void *Y, int ldy, int y_f32, float beta, cudaStream_t s);
+
+/* The batch-invariant fallback for shapes the skinny kernels do not take (K or a leading dimension not
+ * a multiple of 8, unaligned rows: only odd test fixtures): one warp per output element, lanes strided
+ * over K, a fixed reduction; any alignment. grid (N / 8, M, batch); w_kn: W stored [K][N]. */
+static __global__ void __launch_bounds__(256)
+rowdot_kernel(const bf16 *X, int ldx, int64_t sx, const bf16 *W, int ldw, int64_t sw, int w_kn, int N, int K, void *Y,
+              int ldy, int64_t sy, int y_f32, float beta) {
+  DI_PDL_ENTRY();
+  const int lane = threadIdx.x & 31, n = blockIdx.x * 8 + (threadIdx.x >> 5), m = blockIdx.y, z = blockIdx.z;
+  if (n >= N) return;
+  const bf16 *x = X + sx * z + (int64_t)m * ldx, *w = W + sw * z;
+  float acc = 0.f;
+  for (int k = lane; k < K; k += 32)
+    acc = fmaf(di_bf(x[k]), di_bf(w_kn ? w[(int64_t)k * ldw + n] : w[(int64_t)n * ldw + k]), acc);
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane) return;
+  if (y_f32) {
+    float *y = (float *)Y + sy * z + (int64_t)m * ldy + n;
+    *y = beta != 0.f ? acc + beta * *y : acc;
+  } else {
+    ((bf16 *)Y)[sy * z + (int64_t)m * ldy + n] = di_fb(acc);
+  }
+}
+
+static di_status rowdot(int batch, int M, int N, int K, const uint16_t *X, int ldx, int64_t sx, const uint16_t *W,
+                        int ldw, int64_t sw, int w_kn, void *Y, int ldy, int64_t sy, int y_f32, float beta,
+                        cudaStream_t s) {
+  if (batch > 65535 || M > 65535)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda: batch-invariant GEMM of %d x %d rows", batch, M);
+  DI_CU(di_launch(rowdot_kernel, dim3((N + 7) / 8, M, batch), 256, 0, s, (const bf16 *)X, ldx, sx, (const bf16 *)W,
+                  ldw, sw, w_kn, N, K, Y, ldy, sy, y_f32, beta));
+  return DI_OK;
+}
+
+/* Y row m0 + i of a product, as a pointer (bf16 or f32 Y) */
+static void *y_row(void *Y, int ldy, int y_f32, int m0) {
+  return y_f32 ? (void *)((float *)Y + (int64_t)m0 * ldy) : (void *)((uint16_t *)Y + (int64_t)m0 * ldy);
+}
+
+/* Batch-invariant mode (di_cu_blas_set_invariant): each row of a product gets the same arithmetic
+ * whatever M is and wherever the row sits. The skinny kernels' per-row chain of FMAs and warp
+ * reduction does not depend on M, so they run in chunks of at most SK_MAXM rows; shapes they do not
+ * take go to rowdot_kernel. (Not cuBLAS row by row: its choice of kernel may follow a row's address
+ * alignment, i.e. the row's place in the batch.) */
 extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx,
                                 const uint16_t *W, int ldw, void *Y, int ldy, int y_f32, float beta,
                                 di_cu_stream s) {
   if (M <= 0) return DI_OK;
+  if (b->invariant) {
+    if (!skinny_ok(1, K, X, ldx, W, ldw)) return rowdot(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, s);
+    for (int m0 = 0; m0 < M; m0 += SK_MAXM)
+      DI_TRY(skinny(M - m0 < SK_MAXM ? M - m0 : SK_MAXM, N, K, X + (int64_t)m0 * ldx, ldx, W, ldw,
+                    y_row(Y, ldy, y_f32, m0), ldy, y_f32, beta, s));
+    return DI_OK;
+  }
   if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny) return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
+  return lt_gemm(b, M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
+}
+
+static di_status lt_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx, const uint16_t *W, int ldw,
+                         void *Y, int ldy, int y_f32, float beta, cudaStream_t s) {
   int hb = beta != 0.f;
   plan *p = NULL;
   for (int i = 0; i < b->n_plans; i++) {
@@ -351,10 +415,9 @@ extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16
   return DI_OK;
 }
 
-extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, int K, const uint16_t *X,
-                                        int ldx, int64_t sx, const uint16_t *W, int ldw, int64_t sw,
-                                        int w_kn, uint16_t *Y, int ldy, int64_t sy, di_cu_stream s) {
-  if (M <= 0 || batch <= 0) return DI_OK;
+static di_status batched(di_cu_blas *b, int batch, int M, int N, int K, const uint16_t *X, int ldx, int64_t sx,
+                         const uint16_t *W, int ldw, int64_t sw, int w_kn, uint16_t *Y, int ldy, int64_t sy,
+                         cudaStream_t s) {
   if (!w_kn && !b->no_skinny && skinny_ok(M, K, X, ldx, W, ldw) && sx % 8 == 0 && sw % 8 == 0)
     return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, 0, 0.f, s, batch, sx, sw, sy);
   if (w_kn && !b->no_skinny && kn_ok(M, N, ldw, sw, W) && batch <= 65535)
@@ -366,5 +429,20 @@ extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, 
   LT(cublasGemmStridedBatchedEx(b->h, ta, CUBLAS_OP_N, N, M, K, &alpha, W, CUDA_R_16BF, ldw, sw, X,
                                 CUDA_R_16BF, ldx, sx, &beta, Y, CUDA_R_16BF, ldy, sy, batch,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return DI_OK;
+}
+
+extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, int K, const uint16_t *X,
+                                        int ldx, int64_t sx, const uint16_t *W, int ldw, int64_t sw,
+                                        int w_kn, uint16_t *Y, int ldy, int64_t sy, di_cu_stream s) {
+  if (M <= 0 || batch <= 0) return DI_OK;
+  if (!b->invariant) return batched(b, batch, M, N, K, X, ldx, sx, W, ldw, sw, w_kn, Y, ldy, sy, s);
+  /* batch-invariant mode (see di_cu_gemm): the skinny kernels in chunks of SK_MAXM rows, else rowdot */
+  const int sk = w_kn ? kn_ok(1, N, ldw, sw, W) && batch <= 65535
+                      : skinny_ok(1, K, X, ldx, W, ldw) && sx % 8 == 0 && sw % 8 == 0;
+  if (!sk) return rowdot(batch, M, N, K, X, ldx, sx, W, ldw, sw, w_kn, Y, ldy, sy, 0, 0.f, s);
+  for (int m0 = 0; m0 < M; m0 += SK_MAXM)
+    DI_TRY(batched(b, batch, M - m0 < SK_MAXM ? M - m0 : SK_MAXM, N, K, X + (int64_t)m0 * ldx, ldx, sx, W, ldw, sw,
+                   w_kn, Y + (int64_t)m0 * ldy, ldy, sy, s));
   return DI_OK;
 }
