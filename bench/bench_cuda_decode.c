@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
   if (make_weights(&cfg, &w)) { fprintf(stderr, "bench: out of memory\n"); return 1; }
   double bytes_tok = di_ds_weights_bytes_per_token(&cfg, &w);
   di_backend *be = NULL;
-  if (di_backend_cuda_create(&cfg, &w, &be) != DI_OK) FAIL(0);
+  if (di_backend_cuda_create(&cfg, &w, 0, &be) != DI_OK) FAIL(0);
   printf("config %s: %d layers, hidden %d, %d experts top-%d, vocab %d; weights uploaded in %.1f s; "
          "%.2f GB of weights read per decoded token (batch 1)\n", cfg_path, cfg.num_hidden_layers, cfg.hidden_size,
          cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.vocab_size, (di_cut_time_ms() - t0) / 1e3, bytes_tok / 1e9);

@@ -53,6 +53,9 @@ typedef struct di_model_options {
   int threads;               /* CPU threads; <= 0: all cores */
   uint64_t dummy_seed;       /* seed of the dummy weights */
   int quiet;                 /* nonzero: no progress lines on stderr while loading */
+  int batch_invariant;       /* nonzero: a request's outputs do not depend on what else is in its steps
+                                (the CPU backend always is; CUDA then runs slower kernels whose
+                                arithmetic per row is fixed). Also on with $DEEPINFER_BATCH_INVARIANT=1 */
 } di_model_options;
 
 /* Fills `opt` with defaults. */

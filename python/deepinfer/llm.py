@@ -55,14 +55,16 @@ class LLM:
     """An engine over one model. Engine options use vLLM's names: max_model_len, max_num_seqs,
     max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, async_scheduling,
     kv_cache_memory_bytes, num_kv_blocks, seed; model loading: load_format ("auto", "dummy"),
-    accelerator ("cpu", "cuda"), threads, quiet. speculative_config={"method": "mtp",
+    accelerator ("cpu", "cuda"), threads, quiet, batch_invariant (outputs independent of the other requests
+    in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
     decoding with the model's MTP layer (CPU backend; off by default)."""
 
     def __init__(self, model=None, *, max_model_len=None, max_num_seqs=256, max_num_batched_tokens=2048,
                  enable_prefix_caching=True, enable_chunked_prefill=True, async_scheduling=True,
                  kv_cache_memory_bytes=None, num_kv_blocks=None, seed=0, load_format="auto", accelerator=None,
-                 threads=None, dummy_seed=0, quiet=True, speculative_config=None, **unsupported):
+                 threads=None, dummy_seed=0, quiet=True, batch_invariant=False, speculative_config=None,
+                 **unsupported):
         if unsupported:
             raise TypeError("LLM: unsupported argument(s): " + ", ".join(sorted(unsupported)))
         self._L = _lib.lib()
@@ -78,6 +80,7 @@ class LLM:
         mo.threads = int(threads or 0)
         mo.dummy_seed = int(dummy_seed)
         mo.quiet = 1 if quiet else 0
+        mo.batch_invariant = 1 if batch_invariant else 0
         _lib.check(self._L.di_model_load(self.model_dir.encode(), ctypes.byref(mo), ctypes.byref(self._model)),
                    f"loading {self.model_dir}")
         eo = _lib.EngineOptions()

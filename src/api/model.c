@@ -20,13 +20,14 @@ void di_model_options_default(di_model_options *opt) {
 }
 
 di_status di_backend_create(const char *accelerator, const di_model_config *cfg, const di_ds_weights *w, int threads,
-                            di_backend **out) {
+                            int batch_invariant, di_backend **out) {
   if (!accelerator || !*accelerator || strcasecmp(accelerator, "cpu") == 0)
     return di_backend_cpu_create(cfg, w, threads, out);
   if (strcasecmp(accelerator, "cuda") == 0 || strcasecmp(accelerator, "nvidia") == 0) {
 #ifdef DI_HAVE_CUDA
-    return di_backend_cuda_create(cfg, w, out);
+    return di_backend_cuda_create(cfg, w, batch_invariant, out);
 #else
+    (void)batch_invariant;
     return di_error_set(DI_ERR_UNSUPPORTED, "accelerator \"%s\": this build has no CUDA backend (build with nvcc, DI_CUDA=ON)",
                         accelerator);
 #endif
@@ -116,7 +117,7 @@ di_status di_model_load(const char *dir, const di_model_options *opt_in, di_mode
     goto fail;
   }
   di_progress_end(pp);
-  st = di_backend_create(acc, &m->cfg, &m->weights, opt.threads, &m->backend);
+  st = di_backend_create(acc, &m->cfg, &m->weights, opt.threads, opt.batch_invariant, &m->backend);
   if (st != DI_OK)
     goto fail;
 loaded:

@@ -18,6 +18,8 @@ static void usage(FILE *f) {
           "\n"
           "Model:    --model DIR (else $DEEPINFER_HF_MODEL_DIR, else the shipped models/default)\n"
           "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
+          "          --batch-invariant (outputs independent of the other requests in a step: the CPU\n"
+          "          always is; CUDA then runs slower kernels; also $DEEPINFER_BATCH_INVARIANT=1)\n"
           "Prompt:   --prompt TEXT  --prompt-ids 1,2,3  --chat (the prompt is one user message,\n"
           "          rendered with the model's chat template)\n"
           "Sampling: --max-tokens N (128)  --temperature T (0 = greedy)  --top-p P  --top-k K  --min-p P\n"
@@ -28,7 +30,8 @@ static void usage(FILE *f) {
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
           "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling\n"
-          "Speculative decoding (MTP layer, CPU; lossless; off by default):\n"
+          "Speculative decoding (MTP layer; off by default; outputs identical to plain decoding on the\n"
+          "          CPU, and on CUDA with --batch-invariant):\n"
           "          --speculative-tokens N (1..5)  --speculative-min-confidence P (0.3)\n"
           "          --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":N}'\n"
           "Output:   --output-format text|json (json: one object {ids, text, finish_reason} on stdout;\n"
@@ -100,7 +103,7 @@ int di_cmd_generate(int argc, char **argv) {
   const char *accelerator = NULL, *schema_file = NULL, *regex = NULL, *grammar_file = NULL;
   const char *stops[MAX_STOPS];
   int32_t stop_ids[MAX_STOPS];
-  int n_stops = 0, n_stop_ids = 0, chat = 0, ignore_eos = 0, json_any = 0, show_stats = 0;
+  int n_stops = 0, n_stop_ids = 0, chat = 0, ignore_eos = 0, json_any = 0, show_stats = 0, batch_invariant = 0;
   long long max_tokens = 128, seed = -1, threads = 0, top_k = -2, n = 1, dummy_seed = 0;
   float temperature = NAN, top_p = NAN, min_p = 0, rep = 1, pres = 0, freq = 0;
   long long spec_tokens = 0;
@@ -120,6 +123,7 @@ int di_cmd_generate(int argc, char **argv) {
     else if (strcmp(a, "--ignore-eos") == 0) ignore_eos = 1;
     else if (strcmp(a, "--json") == 0) json_any = 1;
     else if (strcmp(a, "--stats") == 0) show_stats = 1;
+    else if (strcmp(a, "--batch-invariant") == 0) batch_invariant = 1;
     else if (FLAG("--model")) model_dir = v;
     else if (FLAG("--prompt")) prompt = v;
     else if (FLAG("--prompt-ids")) prompt_ids_s = v;
@@ -193,6 +197,7 @@ int di_cmd_generate(int argc, char **argv) {
   mo.threads = (int)threads;
   mo.dummy_seed = (uint64_t)dummy_seed;
   mo.quiet = json_out;
+  mo.batch_invariant = batch_invariant;
   if (prompt_ids_s && !parse_ids(prompt_ids_s, &pids, &n_pids)) return 2;
   if (schema_file && !(schema = read_text_file(schema_file))) goto done;
   if (grammar_file && !(grammar = read_text_file(grammar_file))) goto done;

@@ -32,6 +32,8 @@ static void usage(FILE *f) {
           "Model:    MODEL_DIR or --model DIR (else $DEEPINFER_HF_MODEL_DIR, else the shipped models/default)\n"
           "          --served-model-name NAME (default: the model argument as given, or \"default\")\n"
           "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
+          "          --batch-invariant (a request's output independent of the requests batched with it:\n"
+          "          the CPU always is; CUDA then runs slower kernels; also $DEEPINFER_BATCH_INVARIANT=1)\n"
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
           "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling  --seed N\n"
@@ -53,7 +55,7 @@ static int parse_ll(const char *flag, const char *v, long long lo, long long hi,
 int di_cmd_serve(int argc, char **argv) {
   const char *model_dir = NULL, *served = NULL, *load_format = "auto", *accelerator = NULL, *api_key = NULL;
   long long threads = 0, dummy_seed = 0, seed = 0, x;
-  int auto_tools = 0;
+  int auto_tools = 0, batch_invariant = 0;
   di_server_config sc;
   di_server_config_default(&sc);
   di_engine_options eo;
@@ -69,6 +71,7 @@ int di_cmd_serve(int argc, char **argv) {
     if (ef) continue;
     if (strcmp(a, "--disable-log-requests") == 0) sc.log_requests = 0;
     else if (strcmp(a, "--enable-auto-tool-choice") == 0) auto_tools = 1;
+    else if (strcmp(a, "--batch-invariant") == 0) batch_invariant = 1;
     else if (FLAG("--reasoning-parser")) {
       if (strcmp(v, "deepseek_r1") != 0) {
         fprintf(stderr, "deepinfer serve: --reasoning-parser: \"%s\" is not known (deepseek_r1)\n", v);
@@ -125,6 +128,7 @@ int di_cmd_serve(int argc, char **argv) {
   mo.accelerator = accelerator;
   mo.threads = (int)threads;
   mo.dummy_seed = (uint64_t)dummy_seed;
+  mo.batch_invariant = batch_invariant;
   if (di_model_load(model_dir, &mo, &m) != DI_OK || di_engine_create(m, &eo, &e) != DI_OK) {
     fprintf(stderr, "deepinfer serve: %s\n", di_last_error());
     goto done;

@@ -63,6 +63,9 @@ def test_chat_and_engine_flags():
                  "--max-num-seqs", "4", "--max-num-batched-tokens", "16", "--no-enable-prefix-caching",
                  "--num-kv-blocks", "8", "--max-model-len", "512")
     assert len(r["ids"]) == 6
+    b = gen_json("--prompt", "Hi", "--chat", "--max-tokens", "6", "--temperature", "0", "--ignore-eos",
+                 "--batch-invariant")  # the CPU backend always is: the same tokens
+    assert b["ids"] == r["ids"]
 
 
 def test_structured(tmp_path):

@@ -60,6 +60,14 @@ def test_generate_ids_matches_cli_and_alone(tiny):
     assert tiny.get_stats()["kv_blocks_used"] == 0
 
 
+def test_batch_invariant_option(tiny):
+    # di_model_options.batch_invariant: the CPU backend always is, so the same tokens as without it
+    inv = LLM(TINY, num_kv_blocks=64, threads=2, batch_invariant=True)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    p = {"prompt_token_ids": [5, 9, 11, 200, 31]}
+    assert inv.generate(p, sp)[0].outputs[0].token_ids == tiny.generate(p, sp)[0].outputs[0].token_ids
+
+
 def test_seeded_sampling_reproducible(tiny):
     p = {"prompt_token_ids": [5, 6, 7, 8, 9]}
     sp = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=12, ignore_eos=True, n=3)

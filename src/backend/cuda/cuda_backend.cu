@@ -1154,12 +1154,12 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->step_sample_on = !(ss && ss[0] == '0');
   const char *vof = getenv("DEEPINFER_CUDA_VO_FUSED");
   b->vo_fused = !(vof && vof[0] == '0');
-  /* Batch-invariant mode: a row's logits do not depend on what else is in the step (the CPU backend
-   * always is). Every product runs a form whose per-row arithmetic is fixed: GEMMs in chunks of the
+  /* Batch-invariant mode (di_model_options.batch_invariant, or DEEPINFER_BATCH_INVARIANT=1): a row's
+   * logits do not depend on what else is in the step (the CPU backend always is). Every product runs a form whose per-row arithmetic is fixed: GEMMs in chunks of the
    * skinny kernels (gemm.cu), experts as the grouped GEMV, the unfused gate, attention without key
    * splits or clusters, no one-token fusions. Slower (batch 1 and long prefills most). */
   const char *inv = getenv("DEEPINFER_BATCH_INVARIANT");
-  b->invariant = inv && inv[0] == '1';
+  b->invariant = b->invariant || (inv && inv[0] == '1');
   if (b->invariant) {
     di_cu_blas_set_invariant(b->blas, 1);
     b->vo_fused = 0;
@@ -1264,9 +1264,11 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   return DI_OK;
 }
 
-extern "C" di_status di_backend_cuda_create(const di_model_config *cfg, const di_ds_weights *w, di_backend **out) {
+extern "C" di_status di_backend_cuda_create(const di_model_config *cfg, const di_ds_weights *w, int batch_invariant,
+                                            di_backend **out) {
   cu_backend *b = (cu_backend *)calloc(1, sizeof *b);
   if (!b) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+  b->invariant = batch_invariant != 0;
   b->base.ops = &CU_OPS;
   b->base.cfg = cfg;
   b->base.vocab_size = cfg->vocab_size;

@@ -6,8 +6,10 @@
 #include "backend/backend.h"
 #include "arch/deepseek.h"
 
-/* `w` must outlive nothing: everything is copied to the device before this returns. */
-di_status di_backend_cuda_create(const di_model_config *cfg, const di_ds_weights *w, di_backend **out);
+/* `w` must outlive nothing: everything is copied to the device before this returns. batch_invariant
+ * (or $DEEPINFER_BATCH_INVARIANT=1): each row's arithmetic independent of the rest of the step. */
+di_status di_backend_cuda_create(const di_model_config *cfg, const di_ds_weights *w, int batch_invariant,
+                                 di_backend **out);
 /* Free device memory in bytes right now (for sizing the KV pool from a budget); -1 on error. */
 int64_t di_backend_cuda_free_bytes(void);
 /* Statistics of the CUDA backend since create (graphs captured / replayed), for tests and benches. */
