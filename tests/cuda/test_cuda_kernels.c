@@ -381,6 +381,7 @@ static void test_mla_prep_absorb(di_cu_blas *blas, int T, int H, int N, int P, i
  * cluster form, -split clusters of `cl` CTAs per 16-row group (mla_attn_cluster, + mla_combine when
  * more than one) */
 static int test_cl = 8, test_fold_dv = 0, test_fold_ld = 0; /* fold: W_UV (dv x ld per head) in the epilogue */
+static int test_strided = 0; /* the cluster form with key tiles dealt round-robin (batch-invariant mode) */
 static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, int bm, int split, const char *label) {
   const int cl = test_cl, fdv = split == -1 ? test_fold_dv : 0, fld = test_fold_ld;
   int T = 0, max_blocks = 0, total_blocks = 0;
@@ -416,7 +417,8 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
       int r1 = r0 + bm < (t0 + n_tok[s]) * H ? r0 + bm : (t0 + n_tok[s]) * H;
       int maxpos = pos[(r1 - 1) / H];
       if (n_cl) {
-        ni += di_cuk_attn_cluster_items(r0, r1, s, maxpos + 1, pos[t0], cl, n_cl, &part, items + ni, citems, &nci);
+        ni += di_cuk_attn_cluster_items(r0, r1, s, maxpos + 1, pos[t0], cl, n_cl, test_strided, &part, items + ni, citems,
+                                        &nci);
         continue;
       }
       int nkt = (maxpos + 64) / 64, S = split < nkt ? split : nkt, per = (nkt + S - 1) / S;
@@ -442,8 +444,8 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   uint16_t *wuv = fdv ? rand_bf16((size_t)H * fdv * fld, 0.05f) : NULL;
   void *dwuv = fdv ? dup_dev(wuv, (size_t)H * fdv * fld * 2) : NULL, *dv_out = fdv ? di_cut_malloc((size_t)T * H * fdv * 2) : NULL;
   const di_cuk_uv_fold fold = {dwuv, (int64_t)fdv * fld, fld, fdv, H * fdv, dv_out};
-  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, dout, dpo, dpl,
-                                                fdv ? &fold : NULL, NULL)
+  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, test_strided,
+                                                dout, dpo, dpl, fdv ? &fold : NULL, NULL)
                       : di_cuk_mla_attn(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (nci) CHECK(di_cuk_mla_combine(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL) == DI_OK);
@@ -452,8 +454,8 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   float *got = bf16_dev_to_f32(dout, (size_t)T * H * DR);
   if (n_cl && !nci) { /* the first KV tile copied after the wait instead of partly before: bit-equal */
     di_cuk_attn_set_preload(0);
-    st = di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, dout, dpo, dpl,
-                                 fdv ? &fold : NULL, NULL);
+    st = di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, test_strided, dout, dpo,
+                                 dpl, fdv ? &fold : NULL, NULL);
     di_cuk_attn_set_preload(1);
     CHECKF(st == DI_OK, "%s", di_last_error());
     CHECK(di_cut_sync() == 0);
@@ -952,6 +954,14 @@ int main(void) {
     test_fold_dv = 32, test_fold_ld = 32;   /* the tiny fixtures' */
     test_mla_attn(4, 2, ctx3, nt3, 16, -1, "4 heads: 4 tokens per 16 rows, fold");
     test_fold_dv = 0;
+    test_strided = 1;
+    test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, strided (invariant)");
+    test_mla_attn(4, 2, ctx3, nt3, 16, -1, "4 heads: 4 tokens per 16 rows, strided");
+    {
+      int ctxp[] = {100, 37}, ntp[] = {70, 37}; /* prefill-sized items in the strided form */
+      test_mla_attn(16, 2, ctxp, ntp, 16, -1, "prefill chunks, strided");
+    }
+    test_strided = 0;
     if (di_cuk_attn_cluster_ok(16)) { /* non-portable clusters of 16, where the GPU places them */
       test_cl = 16;
       test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, one cluster");
@@ -962,6 +972,10 @@ int main(void) {
       test_fold_dv = 32, test_fold_ld = 32;
       test_mla_attn(4, 2, ctx3, nt3, 16, -1, "4 heads: 4 tokens per 16 rows, fold");
       test_fold_dv = 0;
+      test_strided = 1; /* batch-invariant mode's form: up to 32k keys over 16 CTAs, several tokens */
+      test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, strided (invariant)");
+      test_mla_attn(16, 2, ctx3, nt3, 16, -1, "decode 3+2 tokens, strided");
+      test_strided = 0;
       test_cl = 8;
     } else {
       printf("mla_attn: clusters of 16 CTAs not available on this GPU\n");

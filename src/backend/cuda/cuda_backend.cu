@@ -491,8 +491,8 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
   bf16 *cache = layer_cache(b, l);
   const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
   const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
-  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && !b->invariant &&
-      di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
+  /* (bit-equal to the two kernels it replaces: test_mla_prep_absorb; so batch-invariant mode too) */
+  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
     /* decode: both in one launch */
     DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
                                   b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
@@ -508,14 +508,14 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
   PROF("mla prep+absorb");
   /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
   const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
-                      b->fold_uv;
+                      b->fold_uv && !b->invariant;
   const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
   if (!SKIP(SKIP_ATTN) && b->attn_cl)
     DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                    NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
-                                   b->attn_cl, (uint16_t *)b->olat, b->part_o, b->part_lse, fold_uv ? &fold : NULL,
-                                   s));
+                                   b->attn_cl, b->invariant, (uint16_t *)b->olat, b->part_o, b->part_lse,
+                                   fold_uv ? &fold : NULL, s));
   else if (!SKIP(SKIP_ATTN))
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                          b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
@@ -540,7 +540,8 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
                     NH * b->dv, b->h, H, 1, 1.f, s));
   PROF("v + o_proj");
   /* small steps: the MoE gate's norm, router logits and routing are one kernel (di_cuk_moe_gate) */
-  const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && !b->invariant && di_cuk_moe_gate_supported(b->E, H);
+  /* (xn, logits, ids and weights bit-equal to the unfused kernels: test_moe_gate; so batch-invariant mode too) */
+  const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && di_cuk_moe_gate_supported(b->E, H);
   if (!fused_gate)
     DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
   if (!L->is_moe) {
@@ -707,15 +708,17 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
    * CTA (contexts <= 2048 keys with clusters of 16, 1024 with 8), so short contexts need no combine
    * kernel in the graph; longer ones take more clusters, merged by mla_combine */
   const int CL = b->attn_cluster, CL_TILES = 2;
-  const int cluster = CL > 0 && bm == 16 && n_chunks * CL <= target;
+  /* batch-invariant mode: every step in this form, one cluster per row group, key tiles dealt to its
+   * CTAs round-robin (the strided form of di_cuk_mla_attn_cluster) */
+  const int cluster = CL > 0 && bm == 16 && (n_chunks * CL <= target || b->invariant);
   int C_max = 1;
-  if (cluster) {
+  if (cluster && !b->invariant) {
     const int ktiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + DI_CUK_DECODE_KTILE - 1) / DI_CUK_DECODE_KTILE;
     C_max = (ktiles_cap + CL * CL_TILES - 1) / (CL * CL_TILES);
     const int c_fit = target / (CL * n_chunks);
     if (C_max > c_fit) C_max = c_fit > 1 ? c_fit : 1;
-    S_max = C_max; /* partial slots: one per cluster */
   }
+  if (cluster) S_max = C_max; /* partial slots: one per cluster */
   const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
   DI_TRY(ensure_acts(b, Tp, n_out_p, max_items));
 
@@ -796,7 +799,8 @@ static di_status prepare(cu_backend *b, const di_batch *bt) {
         const int nkt = (maxpos + DI_CUK_DECODE_KTILE) / DI_CUK_DECODE_KTILE;
         int nc = (nkt + CL * CL_TILES - 1) / (CL * CL_TILES);
         if (nc > C_max) nc = C_max;
-        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, kfresh, CL, nc, &part, items + ni, citems, &nci);
+        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, kfresh, CL, nc, b->invariant, &part, items + ni, citems,
+                                        &nci);
         continue;
       }
       const int nkt = (maxpos + KS) / KS;
@@ -1155,9 +1159,11 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   const char *vof = getenv("DEEPINFER_CUDA_VO_FUSED");
   b->vo_fused = !(vof && vof[0] == '0');
   /* Batch-invariant mode (di_model_options.batch_invariant, or DEEPINFER_BATCH_INVARIANT=1): a row's
-   * logits do not depend on what else is in the step (the CPU backend always is). Every product runs a form whose per-row arithmetic is fixed: GEMMs in chunks of the
-   * skinny kernels (gemm.cu), experts as the grouped GEMV, the unfused gate, attention without key
-   * splits or clusters, no one-token fusions. Slower (batch 1 and long prefills most). */
+   * logits do not depend on what else is in the step (the CPU backend always is). Every product runs a
+   * form whose per-row arithmetic is fixed: GEMMs in chunks of the skinny kernels (gemm.cu), experts as
+   * the grouped GEMV, attention in the strided cluster form (without clusters: one pass over the keys
+   * per item), none of the one-token fusions that change the arithmetic (the fused gate and prep +
+   * absorb are bit-equal to their unfused kernels and stay). Slower. */
   const char *inv = getenv("DEEPINFER_BATCH_INVARIANT");
   b->invariant = b->invariant || (inv && inv[0] == '1');
   if (b->invariant) {
@@ -1175,7 +1181,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * prefill kernel's form) */
   const char *acl = getenv("DEEPINFER_CUDA_ATTN_CLUSTER");
   const int want_cl = acl ? atoi(acl) : 16;
-  b->attn_cluster = want_cl == 0 || b->invariant ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
+  b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   const char *sk2 = getenv("DEEPINFER_CUDA_ATTN_SPLIT_KEYS");
   b->split_keys = sk2 && atoi(sk2) >= 32 && atoi(sk2) % 32 == 0 ? atoi(sk2) : DI_CUK_ATTN_KTILE;
   for (int i = 0; i < 2; i++) DI_CU(cudaEventCreateWithFlags(&b->ev_sampled[i], cudaEventDisableTiming));

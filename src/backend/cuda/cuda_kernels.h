@@ -96,7 +96,10 @@ di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache, const int32_
  * (8, or 16 where di_cuk_attn_cluster_ok(16)), the splits of one row group merged inside a thread-block
  * cluster; part < 0 (the whole key range in one cluster) writes `out`, else every item of the cluster
  * carries the cluster's partial slot (merged by di_cuk_mla_combine). max_items and *n_items: multiples
- * of `cluster`. Splits are runs of DI_CUK_DECODE_KTILE keys. */
+ * of `cluster`. Splits are runs of DI_CUK_DECODE_KTILE keys. strided (batch-invariant mode; one cluster
+ * per row group, items of di_cuk_attn_cluster_items(..., strided = 1)): CTA i of a cluster takes the
+ * key tiles i, i + cluster, i + 2 * cluster, ... so a row's sums depend only on its own keys: a longer
+ * item only adds tiles that are masked for it, exact no-ops of the online softmax and the merge. */
 #define DI_CUK_DECODE_KTILE 64
 /* fold (optional, only with one cluster per row group, i.e. every part < 0): instead of writing o_lat to
  * `out`, write v = W_UV[h] . o_lat of each row (head h = row % H, token = row / H) as bf16 at
@@ -111,8 +114,8 @@ int di_cuk_uv_fold_ok(int dv, int rank);
 di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
                                   int bt_stride, const int32_t *positions, int H, float scale,
                                   const di_cuk_attn_item *items, const int32_t *n_items, int max_items, int cluster,
-                                  uint16_t *out, float *part_o, float *part_lse, const di_cuk_uv_fold *fold,
-                                  di_cu_stream s);
+                                  int strided, uint16_t *out, float *part_o, float *part_lse,
+                                  const di_cuk_uv_fold *fold, di_cu_stream s);
 int di_cuk_attn_cluster_ok(int cluster);
 /* Measurement switch (process-wide): the decode attention copies its first KV tile's older rows into
  * shared memory before its PDL wait (1, the default) or after it (0); the same results. */
@@ -127,9 +130,12 @@ di_status di_cuk_mla_vo(const uint16_t *olat, int ld_olat, const uint16_t *wuv, 
                         const uint16_t *wo, int ldo, int NH, int H, float *h, di_cu_stream s);
 /* Items of rows [row0, row1) of sequence seq over keys [0, n_keys) (kfresh: the item field above):
  * n_clusters clusters of `cluster` CTAs with balanced runs of key tiles (some may be empty); with more
- * than one cluster, one combine item over partial slots *part .. (advanced). Returns the items written. */
+ * than one cluster, one combine item over partial slots *part .. (advanced). strided: one cluster whose
+ * CTA i starts at tile i (di_cuk_mla_attn_cluster's strided form; n_clusters ignored). Returns the items
+ * written. */
 int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int kfresh, int cluster, int n_clusters,
-                              int *part, di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems);
+                              int strided, int *part, di_cuk_attn_item *items, di_cuk_combine_item *citems,
+                              int *n_citems);
 di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_items,
                              int max_items, const float *part_o, const float *part_lse,
                              uint16_t *out, di_cu_stream s);

@@ -60,8 +60,12 @@ template <int CL>
 static __global__ void __launch_bounds__(DW * 32)
 mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
                   float scale_log2, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
-                  float *part_lse, uv_fold uv, int preload) {
+                  float *part_lse, uv_fold uv, int preload, int tstride) {
   constexpr int RPC = DROWS / CL; /* rows merged per CTA */
+  /* tstride 1: this CTA's keys are the run [k0, k1); CL (batch-invariant form): tiles k0, k0 + CL
+   * tiles, ... below k1, so that which keys a CTA sums, and in what order, depends only on the key
+   * index, never on the item's length (see di_cuk_attn_cluster_items) */
+  const int kstep = DKT * tstride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const di_cuk_attn_item it = items[blockIdx.x]; /* host-written: readable before the wait */
   const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
@@ -72,7 +76,8 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
       for (int c = tid * 64; c < uv.dv * uv.ld; c += DW * 32 * 64) di_prefetch_l2(wh + c);
     }
   }
-  for (int k = it.k0 + tid; k < it.k1; k += DW * 32) {
+  for (int i = tid; it.k0 + (i / DKT) * kstep + i % DKT < it.k1; i += DW * 32) {
+    const int k = it.k0 + (i / DKT) * kstep + i % DKT;
     const bf16 *row = cache + ((int64_t)btab[k / 64] * 64 + (k % 64)) * D;
 #pragma unroll
     for (int j = 0; j < 9; j++) di_prefetch_l2(row + j * 64); /* 9 lines of 128 B */
@@ -102,7 +107,7 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
 #pragma unroll
     for (int j = 0; j < D / 32; j++) di_cp_async16(dst + j * 32, src + j * 32, ok);
   };
-  const int ntiles = (it.k1 - it.k0 + DKT - 1) / DKT;
+  const int ntiles = it.k1 > it.k0 ? (it.k1 - it.k0 + kstep - 1) / kstep : 0;
   if (preload && live && ntiles > 0) {
     load_kv(0, it.k0, 1);
     di_cp_commit();
@@ -125,10 +130,10 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
   const int rA = lane >> 2; /* this thread's rows rA, rA + 8 */
 
   for (int j = 0; j < ntiles; j++) {
-    const int kb = it.k0 + j * DKT;
+    const int kb = it.k0 + j * kstep;
     di_cp_wait<0>();
     __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer and scores */
-    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + DKT, 0);
+    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + kstep, 0);
     di_cp_commit();
     const bf16 *K = sK + (j & 1) * DKT * SROW;
 
@@ -284,7 +289,7 @@ extern "C" void di_cuk_attn_set_preload(int on) { g_attn_preload = on; }
 template <int CL>
 static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16 *cache, const int32_t *bt,
                         int bt_stride, const int32_t *positions, int H, float sl2, const di_cuk_attn_item *items,
-                        const int32_t *n_items, bf16 *out, float *part_o, float *part_lse, uv_fold uv) {
+                        const int32_t *n_items, bf16 *out, float *part_o, float *part_lse, uv_fold uv, int tstride) {
   static int attr_set;
   const size_t sm = decode_smem();
   if (!attr_set) {
@@ -293,7 +298,7 @@ static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16
     attr_set = 1;
   }
   DI_CU(di_launch_cluster(mla_decode_kernel<CL>, max_items, DW * 32, sm, s, CL, Q, cache, bt, bt_stride, positions, H,
-                          sl2, items, n_items, out, part_o, part_lse, uv, g_attn_preload));
+                          sl2, items, n_items, out, part_o, part_lse, uv, g_attn_preload, tstride));
   DI_CU_LAUNCH("mla_decode");
   return DI_OK;
 }
@@ -301,8 +306,8 @@ static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16
 extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
                                              int bt_stride, const int32_t *positions, int H, float scale,
                                              const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
-                                             int cluster, uint16_t *out, float *part_o, float *part_lse,
-                                             const di_cuk_uv_fold *fold, di_cu_stream s) {
+                                             int cluster, int strided, uint16_t *out, float *part_o,
+                                             float *part_lse, const di_cuk_uv_fold *fold, di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
   if ((cluster != 8 && cluster != 16) || max_items % cluster)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla decode attention: clusters of %d CTAs, %d items (8 or 16)",
@@ -317,9 +322,9 @@ extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *
   const float sl2 = scale * 1.4426950408889634f;
   const bf16 *q = (const bf16 *)Q, *c = (const bf16 *)cache;
   return cluster == 8 ? launch<8>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                  (bf16 *)out, part_o, part_lse, uv)
+                                  (bf16 *)out, part_o, part_lse, uv, strided ? 8 : 1)
                       : launch<16>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                   (bf16 *)out, part_o, part_lse, uv);
+                                   (bf16 *)out, part_o, part_lse, uv, strided ? 16 : 1);
 }
 
 extern "C" int di_cuk_uv_fold_ok(int dv, int rank) { return dv > 0 && dv % 16 == 0 && rank > 0 && rank % 8 == 0 && rank <= DR; }
@@ -332,8 +337,15 @@ extern "C" int di_cuk_attn_cluster_ok(int cluster) {
 }
 
 extern "C" int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int kfresh, int cluster,
-                                         int n_clusters, int *part, di_cuk_attn_item *items,
+                                         int n_clusters, int strided, int *part, di_cuk_attn_item *items,
                                          di_cuk_combine_item *citems, int *n_citems) {
+  if (strided) { /* one cluster; CTA i: tiles i, i + cluster, ... (the kernel steps by the cluster) */
+    for (int i = 0; i < cluster; i++) {
+      const int k0 = i * DKT < n_keys ? i * DKT : 0, k1 = i * DKT < n_keys ? n_keys : 0;
+      items[i] = (di_cuk_attn_item){row0, row1, seq, k0, k1, -1, kfresh};
+    }
+    return cluster;
+  }
   const int n_cta = cluster * n_clusters, nkt = (n_keys + DKT - 1) / DKT;
   if (n_clusters > 1) citems[(*n_citems)++] = (di_cuk_combine_item){row0, row1, *part, n_clusters};
   for (int i = 0; i < n_cta; i++) { /* balanced: CTA i takes tiles [i*nkt/n_cta, (i+1)*nkt/n_cta) */
