@@ -35,12 +35,6 @@ di_status di_backend_create(const char *accelerator, const di_model_config *cfg,
   return di_error_set(DI_ERR_INVALID_ARG, "unknown accelerator \"%s\" (cpu, cuda)", accelerator);
 }
 
-di_status di_model_refuse_v4(const di_model *m, const char *what) {
-  if (m && m->is_v4)
-    return di_error_set(DI_ERR_UNSUPPORTED, "%s is not supported for DeepSeek-V4 (model_type deepseek_v4) yet", what);
-  return DI_OK;
-}
-
 /* DeepSeek-V4: its own config parser and weight binding, and the V4 CPU backend (the engine serves it;
  * no dummy weights, no CUDA). */
 static di_status load_v4(di_model *m, const char *dir, int dummy, const char *acc, di_progress *pp) {

@@ -28,6 +28,4 @@ struct di_model {
  * (batch_invariant: di_model_options.batch_invariant; the CPU backend always is). */
 di_status di_backend_create(const char *accelerator, const di_model_config *cfg, const di_ds_weights *w,
                             int threads, int batch_invariant, di_backend **out);
-/* DI_ERR_UNSUPPORTED naming DeepSeek-V4 and `what` when m is a V4 model, else DI_OK. */
-di_status di_model_refuse_v4(const di_model *m, const char *what);
 #endif

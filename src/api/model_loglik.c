@@ -18,6 +18,14 @@ static int default_rows(int vocab) {
   return r < 64 ? 64 : (int)r;
 }
 
+/* Rows per forward call for the given request. DeepSeek-V4's logits depend on how a sequence is cut
+ * into forward calls (its compressed attention, as in transformers' cached runs), so a V4 sequence is
+ * never cut: the rows grow to its whole continuation (the logits of one call then hold them all). */
+static int rows_per_call(const di_model *m, int max_rows, int longest_continuation) {
+  const int R = max_rows > 0 ? max_rows : default_rows(m->cfg.vocab_size);
+  return m->is_v4 && longest_continuation > R ? longest_continuation : R;
+}
+
 /* One row's log-softmax at `target` (double) and whether `target` is its argmax. NaN logits are
  * ignored (never the argmax, no mass), as the sampler treats them; the argmax's ties go to the
  * lowest id, as greedy sampling breaks them. */
@@ -95,6 +103,15 @@ static di_status scratch_init(ll_scratch *w, int R, int cap, int nb, int max_seq
   return DI_OK;
 }
 
+/* Drops what a backend keeps per sequence beside the blocks (DeepSeek-V4's state) for the keys
+ * [0, n) used here: keys below 1024 are never an engine request's (request id * 1024 + sample, ids
+ * from 1), and each sequence here starts at position 0, which restarts its key's state. */
+static void release_keys(di_model *m, int n) {
+  if (m->backend->ops->release)
+    for (int k = 0; k < n; k++)
+      m->backend->ops->release(m->backend, (uint64_t)k);
+}
+
 /* One sequence alone, in chunks: the first holds the whole context plus up to R rows, later ones R
  * tokens each (they see the earlier chunks through the cache). The last token is only predicted,
  * never fed: rows [0, n-1) run, rows [start-1, n-1) are kept. Blocks [0, blocks_for(n-1)) are used. */
@@ -162,9 +179,8 @@ di_status di_model_loglikelihood_chunked(di_model *m, const int32_t *ids, int n,
                                          float *logprob, int *is_greedy) {
   if (!m || !logprob)
     return di_error_set(DI_ERR_INVALID_ARG, "di_model_loglikelihood: NULL argument");
-  DI_TRY(di_model_refuse_v4(m, "di_model_loglikelihood"));
   DI_TRY(check_seq(m, ids, n, start, -1));
-  const int R = max_rows > 0 ? max_rows : default_rows(m->cfg.vocab_size);
+  const int R = rows_per_call(m, max_rows, n - start);
   const int first = start - 1 + R < n - 1 ? start - 1 + R : n - 1;
   ll_scratch w;
   DI_TRY(m->backend->ops->kv_alloc(m->backend, blocks_for(n - 1)));
@@ -172,6 +188,7 @@ di_status di_model_loglikelihood_chunked(di_model *m, const int32_t *ids, int n,
   double sum;
   int greedy;
   di_status st = run_alone(m, ids, n, start, &w, &sum, &greedy);
+  release_keys(m, 1);
   if (st == DI_OK) {
     *logprob = (float)sum;
     if (is_greedy)
@@ -204,12 +221,14 @@ di_status di_model_loglikelihood_batch_rows(di_model *m, int n_seqs, const int32
                                             const int *start, int max_rows, float *logprob, int *is_greedy) {
   if (!m || n_seqs < 0 || (n_seqs > 0 && (!ids || !n || !start || !logprob)))
     return di_error_set(DI_ERR_INVALID_ARG, "di_model_loglikelihood_batch: NULL argument or negative count");
-  DI_TRY(di_model_refuse_v4(m, "di_model_loglikelihood_batch"));
   for (int i = 0; i < n_seqs; i++)
     DI_TRY(check_seq(m, ids[i], n[i], start[i], i));
   if (n_seqs == 0)
     return DI_OK;
-  const int V = m->cfg.vocab_size, R = max_rows > 0 ? max_rows : default_rows(V);
+  int longest = 0;
+  for (int i = 0; i < n_seqs; i++)
+    longest = n[i] - start[i] > longest ? n[i] - start[i] : longest;
+  const int V = m->cfg.vocab_size, R = rows_per_call(m, max_rows, longest);
   const int cap = DI_LL_BATCH_TOKENS > R ? DI_LL_BATCH_TOKENS : R;
   /* plan: blocks and scratch for the largest packed group and the largest lone sequence */
   int max_blocks = 0, max_tokens = cap, max_group = 1;
@@ -248,6 +267,7 @@ di_status di_model_loglikelihood_batch_rows(di_model *m, int n_seqs, const int32
     st = run_group(m, ids, n, start, i, j, &w, tokens, sum, greedy);
     i = j;
   }
+  release_keys(m, max_group);
   if (st == DI_OK) /* outputs only on success */
     for (int i = 0; i < n_seqs; i++) {
       logprob[i] = (float)sum[i];

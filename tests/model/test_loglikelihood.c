@@ -2,7 +2,7 @@
  * (fixture dsv3-tiny): the sum over the continuation (relative error < 1e-6 in one forward call,
  * < 1e-5 when forced through several chunks), the greedy flag on a greedy and a non-greedy
  * continuation, di_model_loglikelihood_batch equal to one call per sequence however it groups them,
- * and the named errors. */
+ * and the named errors; the score and batch checks again on DeepSeek-V4 (dsv4-tiny). */
 #include "api/model_loglik.h"
 #include "api/model_internal.h"
 #include "test_util.h"
@@ -183,5 +183,21 @@ int main(void) {
   check_batch(m, ids, 150);
   check_errors(m);
   di_model_free(m);
+  /* DeepSeek-V4 (dsv4-tiny, vocabulary 512): its backend keeps per-sequence state beside the blocks,
+   * keyed per packed sequence and restarted at position 0; the same checks against di_model_score */
+  st = di_model_load(test_path("tests/data/models/dsv4-tiny"), &opt, &m);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st == DI_OK) {
+    for (int i = 1; i < 150; i++)
+      ids[i] %= 512;
+    check_against_score(m, ids, 150);
+    check_against_score(m, ids, 9);
+    check_batch(m, ids, 150);
+    float lp = 0;
+    CHECK(di_model_loglikelihood(m, ids, 40, 20, &lp, NULL) == DI_OK); /* again after the batch: keys reused */
+    float lp2 = 0;
+    CHECK(di_model_loglikelihood(m, ids, 40, 20, &lp2, NULL) == DI_OK && lp2 == lp);
+    di_model_free(m);
+  }
   return test_finish("test_loglikelihood");
 }
