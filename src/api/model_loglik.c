@@ -11,6 +11,9 @@
 
 /* Tokens fed per forward call when sequences are packed together (the engine's default step). */
 #define DI_LL_BATCH_TOKENS 2048
+/* Sequences per packed call at most: their keys 0 .. 1023 stay below every engine sequence's key
+ * (request id * 1024 + sample, ids from 1), for backends with per-sequence state (DeepSeek-V4). */
+#define DI_LL_MAX_GROUP 1024
 
 /* Default rows per forward call: ~64 MiB of float logits (64 rows at least). */
 static int default_rows(int vocab) {
@@ -104,8 +107,8 @@ static di_status scratch_init(ll_scratch *w, int R, int cap, int nb, int max_seq
 }
 
 /* Drops what a backend keeps per sequence beside the blocks (DeepSeek-V4's state) for the keys
- * [0, n) used here: keys below 1024 are never an engine request's (request id * 1024 + sample, ids
- * from 1), and each sequence here starts at position 0, which restarts its key's state. */
+ * [0, n) used here (n <= DI_LL_MAX_GROUP; each sequence here starts at position 0, which restarts its
+ * key's state). */
 static void release_keys(di_model *m, int n) {
   if (m->backend->ops->release)
     for (int k = 0; k < n; k++)
@@ -209,7 +212,8 @@ static int is_long(int n, int start, int R, int cap) { return n - 1 > cap || n -
  * tokens fit `cap` and their kept rows fit R. Returns the end (exclusive), > i. */
 static int group_end(const int *n, const int *start, int n_seqs, int i, int R, int cap) {
   int j = i, toks = 0, rows = 0;
-  while (j < n_seqs && !is_long(n[j], start[j], R, cap) && toks + n[j] - 1 <= cap && rows + n[j] - start[j] <= R) {
+  while (j < n_seqs && j - i < DI_LL_MAX_GROUP && !is_long(n[j], start[j], R, cap) && toks + n[j] - 1 <= cap &&
+         rows + n[j] - start[j] <= R) {
     toks += n[j] - 1;
     rows += n[j] - start[j];
     j++;
