@@ -25,10 +25,10 @@ if [ "${1:-}" = "--build-base" ]; then
   ls -la .carry/basepack
   exit 0
 fi
-[ "${SKIP_TESTS:-0}" = 1 ] || SKIP_BENCH=1 SKIP_PROFILE=1 SKIP_SWEEP=1 SKIP_NCU=1 SKIP_PDL_AB=1 \
-  scripts/device_tests.sh 2>&1 | grep -E "^=== |passed|PASS|FAIL"
 rm -rf /tmp/di_ab && mkdir -p /tmp/di_ab && tar xJf .carry/cudapack/bin.tar.xz -C /tmp/di_ab
 B=/tmp/di_ab/cudabin
+[ "${SKIP_TESTS:-0}" = 1 ] || SKIP_BENCH=1 SKIP_PROFILE=1 SKIP_SWEEP=1 SKIP_NCU=1 SKIP_PDL_AB=1 \
+  scripts/device_tests.sh "$B" 2>&1 | grep -E "^=== |passed|PASS|FAIL"
 [ -f .carry/basepack/bench_base.xz ] && xz -dc .carry/basepack/bench_base.xz >/tmp/di_ab/bench_base && chmod +x /tmp/di_ab/bench_base
 export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64
 for rep in $(seq "${REPS:-2}"); do

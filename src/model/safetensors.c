@@ -130,7 +130,8 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
     }
     /* offsets past 2^53 are not exact doubles, and no file has them; the data length check follows */
     const cJSON *ob = cJSON_GetArrayItem(offs, 0), *oe = cJSON_GetArrayItem(offs, 1);
-    if (!di_json_is_int_in(ob, 0, 9007199254740992.0) || !di_json_is_int_in(oe, ob->valuedouble, 9007199254740992.0)) {
+    if (!di_json_is_int_in(ob, 0, DI_JSON_MAX_EXACT_INT) ||
+        !di_json_is_int_in(oe, ob->valuedouble, DI_JSON_MAX_EXACT_INT)) {
       st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': data_offsets must be integers with 0 <= begin <= end", what, name);
       goto done;
     }

@@ -67,7 +67,7 @@ static int get_num(const cJSON *o, const char *k, double lo, double hi, double *
 }
 
 /* an integer exactly representable as a double */
-static int is_int(const cJSON *v) { return di_json_is_int_in(v, -9007199254740992.0, 9007199254740992.0); }
+static int is_int(const cJSON *v) { return di_json_is_int_in(v, -DI_JSON_MAX_EXACT_INT, DI_JSON_MAX_EXACT_INT); }
 
 static int get_int(const cJSON *o, const char *k, double lo, double hi, long long *out, di_oai_error *err) {
   const cJSON *v = field(o, k);

@@ -74,7 +74,7 @@ di_status di_json_int(const cJSON *obj, const char *key, int64_t def, const char
     *out = cJSON_IsTrue(v);
     return DI_OK;
   }
-  if (!di_json_is_int_in(v, -9007199254740992.0, 9007199254740992.0))
+  if (!di_json_is_int_in(v, -DI_JSON_MAX_EXACT_INT, DI_JSON_MAX_EXACT_INT))
     return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be an integer", what, key);
   *out = (int64_t)v->valuedouble;
   return DI_OK;

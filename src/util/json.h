@@ -24,6 +24,8 @@ di_status di_json_str(const cJSON *obj, const char *key, const char *def, const 
  * an integer type covering [lo, hi] is then defined (an out-of-range double-to-integer conversion
  * is undefined behaviour in C, and JSON numbers come from untrusted input). */
 int di_json_is_int_in(const cJSON *v, double lo, double hi);
+/* 2^53: the largest magnitude up to which every integer is exact as a double (a JSON number) */
+#define DI_JSON_MAX_EXACT_INT 9007199254740992.0
 
 /* Reads a whole file into a malloc'd NUL-terminated buffer. */
 di_status di_read_file(const char *path, char **data, size_t *len);

@@ -508,7 +508,7 @@ static di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_g
   PROF("mla prep+absorb");
   /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
   const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
-                      b->fold_uv && !b->invariant;
+                      b->fold_uv;
   const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
   if (!SKIP(SKIP_ATTN) && b->attn_cl)
@@ -1168,7 +1168,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->invariant = b->invariant || (inv && inv[0] == '1');
   if (b->invariant) {
     di_cu_blas_set_invariant(b->blas, 1);
-    b->vo_fused = 0;
+    b->vo_fused = b->fold_uv = 0; /* the one-token fusions that change the arithmetic */
   }
   const char *apl = getenv("DEEPINFER_CUDA_ATTN_PRELOAD");
   di_cuk_attn_set_preload(!(apl && apl[0] == '0'));

@@ -280,6 +280,11 @@ static di_status skinny(int M, int N, int K, const void *X, int ldx, const uint1
   return DI_OK;
 }
 
+/* Row m0 of a product's Y, as a pointer (bf16 or f32 Y) */
+static void *y_row(void *Y, int ldy, int y_f32, int m0) {
+  return y_f32 ? (void *)((float *)Y + (int64_t)m0 * ldy) : (void *)((uint16_t *)Y + (int64_t)m0 * ldy);
+}
+
 extern "C" int di_cu_gemm_normed_ok(di_cu_blas *b, int M, int K, int ldx) {
   return !b->no_skinny && M >= 1 && (M <= SK_MAXM || b->invariant) && K % 8 == 0 && ldx % 4 == 0;
 }
@@ -294,8 +299,7 @@ extern "C" di_status di_cu_gemm_normed(di_cu_blas *b, int M, int N, int K, const
                         SK_MAXM);
   for (int m0 = 0; m0 < M; m0 += SK_MAXM) /* more than SK_MAXM rows: batch-invariant mode, in chunks */
     DI_TRY(skinny(M - m0 < SK_MAXM ? M - m0 : SK_MAXM, N, K, H + (int64_t)m0 * ldh, ldh, W, ldw,
-                  y_f32 ? (void *)((float *)Y + (int64_t)m0 * ldy) : (void *)((uint16_t *)Y + (int64_t)m0 * ldy), ldy,
-                  y_f32, 0.f, s, 1, 0, 0, 0, norm_w, eps));
+                  y_row(Y, ldy, y_f32, m0), ldy, y_f32, 0.f, s, 1, 0, 0, 0, norm_w, eps));
   return DI_OK;
 }
 
@@ -360,11 +364,6 @@ static di_status rowdot(int batch, int M, int N, int K, const uint16_t *X, int l
   DI_CU(di_launch(rowdot_kernel, dim3((N + 7) / 8, M, batch), 256, 0, s, (const bf16 *)X, ldx, sx, (const bf16 *)W,
                   ldw, sw, w_kn, N, K, Y, ldy, sy, y_f32, beta));
   return DI_OK;
-}
-
-/* Y row m0 + i of a product, as a pointer (bf16 or f32 Y) */
-static void *y_row(void *Y, int ldy, int y_f32, int m0) {
-  return y_f32 ? (void *)((float *)Y + (int64_t)m0 * ldy) : (void *)((uint16_t *)Y + (int64_t)m0 * ldy);
 }
 
 /* Batch-invariant mode (di_cu_blas_set_invariant): each row of a product gets the same arithmetic

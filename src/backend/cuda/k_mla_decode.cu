@@ -321,10 +321,11 @@ extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *
   }
   const float sl2 = scale * 1.4426950408889634f;
   const bf16 *q = (const bf16 *)Q, *c = (const bf16 *)cache;
+  const int tstride = strided ? cluster : 1; /* in key tiles: the CTAs of a cluster deal the tiles in turn */
   return cluster == 8 ? launch<8>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                  (bf16 *)out, part_o, part_lse, uv, strided ? 8 : 1)
+                                  (bf16 *)out, part_o, part_lse, uv, tstride)
                       : launch<16>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                   (bf16 *)out, part_o, part_lse, uv, strided ? 16 : 1);
+                                   (bf16 *)out, part_o, part_lse, uv, tstride);
 }
 
 extern "C" int di_cuk_uv_fold_ok(int dv, int rank) { return dv > 0 && dv % 16 == 0 && rank > 0 && rank % 8 == 0 && rank <= DR; }
