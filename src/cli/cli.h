@@ -39,8 +39,9 @@ int di_cli_parse_ids(const char *s, int32_t **ids, size_t *bad_offset);
 /* Reads all of `f` into a malloc'd buffer with a NUL after the data (the data may hold NULs too).
  * NULL on out-of-memory. */
 char *di_cli_read_all(FILE *f, size_t *len);
-/* 1 if the model folder has a tokenizer.json (text prompts and text output need one). */
-int di_cli_has_tokenizer(const char *model_dir);
+/* 1 if model_dir is a model folder (it has config.json) without a tokenizer.json: text prompts and
+ * text output need one. 0 otherwise (a missing folder is left for the loader to report). */
+int di_cli_lacks_tokenizer(const char *model_dir);
 /* Default model folder: --model, else $DEEPINFER_HF_MODEL_DIR, else the shipped default model. */
 const char *di_cli_default_model_dir(void);
 #endif

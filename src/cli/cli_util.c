@@ -158,10 +158,11 @@ int di_cli_flag_value(int argc, char **argv, int *i, const char *name, const cha
   return 1;
 }
 
-int di_cli_has_tokenizer(const char *model_dir) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
-  return access(path, R_OK) == 0;
+int di_cli_lacks_tokenizer(const char *model_dir) {
+  char cfg[4200], tok[4200];
+  snprintf(cfg, sizeof cfg, "%s/config.json", model_dir);
+  snprintf(tok, sizeof tok, "%s/tokenizer.json", model_dir);
+  return access(cfg, R_OK) == 0 && access(tok, R_OK) != 0;
 }
 
 const char *di_cli_default_model_dir(void) {

@@ -196,11 +196,11 @@ int di_cmd_generate(int argc, char **argv) {
     return 2;
   }
   if (!model_dir) model_dir = di_cli_default_model_dir();
-  if (prompt && !di_cli_has_tokenizer(model_dir)) {
+  if (prompt && di_cli_lacks_tokenizer(model_dir)) {
     /* said before loading (a large model takes a while): only token ids work without tokenizer.json */
     fprintf(stderr, "deepinfer generate: --prompt: a text prompt needs a tokenizer, and %s has no tokenizer.json "
                     "(give the prompt as token ids: --prompt-ids 1,2,3)\n", model_dir);
-    return 2;
+    return 1; /* the model cannot serve the request: exit 1, as a request that fails */
   }
 
   int rc = 1;
