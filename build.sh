@@ -4,6 +4,7 @@
 #   ./build.sh test       build, then run the whole test suite (ctest: C tests and pytest)
 #   ./build.sh asan       AddressSanitizer + UBSan build in build-asan/ and its test run
 #   ./build.sh fuzz       libFuzzer targets in build-fuzz/ (clang)
+#   ./build.sh fuzz-run [SECONDS]  builds them, runs each for SECONDS (default 60) and merges its finds into fuzz/corpus/
 # Environment: DI_CUDA=ON|OFF|AUTO (default AUTO: the CUDA backend is built when nvcc exists),
 #   JOBS (parallel build jobs).
 set -euo pipefail
@@ -88,5 +89,6 @@ case "$MODE" in
   fuzz)
     CC=clang DI_CUDA=OFF configure_and_build build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDI_FUZZ=ON \
       -DCMAKE_C_COMPILER=clang -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" ;;
-  *) echo "usage: $0 [build|test|asan|fuzz]" >&2; exit 2 ;;
+  fuzz-run) "$0" fuzz && scripts/fuzz_run.sh "${2:-60}" ;;
+  *) echo "usage: $0 [build|test|asan|fuzz|fuzz-run [SECONDS]]" >&2; exit 2 ;;
 esac

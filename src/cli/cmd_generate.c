@@ -91,8 +91,9 @@ static int parse_spec_config(const char *v, long long *n, float *conf) {
   int ok = j && cJSON_IsObject(j) && (!meth || (cJSON_IsString(meth) && (strcmp(meth->valuestring, "mtp") == 0 ||
                                                                          strcmp(meth->valuestring, "deepseek_mtp") == 0))) &&
            di_json_is_int_in(num, 0, 5) && (!c || cJSON_IsNumber(c));
-  if (ok) {
-    *n = (long long)num->valuedouble;
+  int64_t k = 0;
+  if (ok && di_json_int_in(num, 0, 5, &k)) {
+    *n = k;
     if (c) *conf = (float)c->valuedouble;
   } else {
     fprintf(stderr, "deepinfer generate: --speculative-config must be a JSON object {\"method\": \"mtp\", "

@@ -65,8 +65,9 @@ static int get_int(const cJSON *o, const char *k, double lo, double hi, long lon
   const cJSON *v = field(o, k);
   if (!v) return 0;
   if (!is_int(v)) return BAD(k, "'%s' must be an integer", k);
-  if (v->valuedouble < lo || v->valuedouble > hi) return BAD(k, "'%s' must be in [%.0f, %.0f], got %.0f", k, lo, hi, v->valuedouble);
-  *out = (long long)v->valuedouble;
+  int64_t x;
+  if (!di_json_int_in(v, lo, hi, &x)) return BAD(k, "'%s' must be in [%.0f, %.0f], got %.0f", k, lo, hi, v->valuedouble);
+  *out = x;
   return 0;
 }
 
@@ -86,7 +87,8 @@ static int get_sampling(const cJSON *o, const char *k, double *out, di_oai_error
 static int get_sampling_int(const cJSON *o, const char *k, long long *out, di_oai_error *err) {
   double d = 0;
   if (get_sampling(o, k, &d, err)) return -1;
-  if (field(o, k)) *out = (long long)d;
+  int64_t x;
+  if (field(o, k) && di_json_int_in(field(o, k), d, d, &x)) *out = (long long)x; /* in range: checked above */
   return 0;
 }
 
@@ -149,11 +151,12 @@ static int ids_prompt(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *arr
   if (!ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
   int i = 0;
   for (const cJSON *v = arr->child; v; v = v->next, i++) {
-    if (!di_json_is_int_in(v, 0, ctx->vocab_size - 1)) {
+    int64_t id;
+    if (!di_json_int_in(v, 0, ctx->vocab_size - 1, &id)) {
       free(ids);
       return BAD("prompt", "prompt token %d is not a token id in [0, %d)", i, ctx->vocab_size);
     }
-    ids[i] = (int32_t)v->valuedouble;
+    ids[i] = (int32_t)id;
   }
   char *text = NULL;
   if (r->echo && ctx->tok) {
@@ -396,9 +399,10 @@ static int read_stops(const cJSON *root, di_oai_request *r, di_oai_error *err) {
     r->stop_token_ids = malloc((size_t)(n ? n : 1) * sizeof *r->stop_token_ids);
     if (!r->stop_token_ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
     for (const cJSON *v = ids->child; v; v = v->next) {
-      if (!di_json_is_int_in(v, 0, 2147483647.0))
+      int64_t id;
+      if (!di_json_int_in(v, 0, 2147483647.0, &id))
         return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
-      r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)v->valuedouble;
+      r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)id;
     }
   }
   return 0;
