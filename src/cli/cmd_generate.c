@@ -197,7 +197,8 @@ int di_cmd_generate(int argc, char **argv) {
     return 2;
   }
   if (!model_dir) model_dir = di_cli_default_model_dir();
-  if (prompt && di_cli_lacks_tokenizer(model_dir)) {
+  const int no_tokenizer = di_cli_lacks_tokenizer(model_dir);
+  if (prompt && no_tokenizer) {
     /* said before loading (a large model takes a while): only token ids work without tokenizer.json */
     fprintf(stderr, "deepinfer generate: --prompt: a text prompt needs a tokenizer, and %s has no tokenizer.json "
                     "(give the prompt as token ids: --prompt-ids 1,2,3)\n", model_dir);
@@ -316,7 +317,7 @@ int di_cmd_generate(int argc, char **argv) {
         out_ids = b;
       }
       memcpy(out_ids + n_out, o->new_tokens, (size_t)o->n_new_tokens * sizeof *out_ids);
-      if (!json_out && !m->tokenizer) {
+      if (!json_out && no_tokenizer) {
         /* no tokenizer.json: the text output is the generated ids, comma-separated as --prompt-ids */
         for (int k = 0; k < o->n_new_tokens; k++) printf("%s%d", n_out + k ? "," : "", (int)o->new_tokens[k]);
         fflush(stdout);
