@@ -27,6 +27,15 @@ static void normalize_opt(di_grammar_options *o, const di_grammar_options *in) {
   if (o->max_elements <= 0)
     o->max_elements = 2000000;
   o->ignore_unsupported_keywords = o->ignore_unsupported_keywords != 0;
+  o->strict = o->strict != 0;
+  if (o->max_digits == 0)
+    o->max_digits = DI_GRAMMAR_DEFAULT_MAX_DIGITS;
+  if (o->max_digits < 0)
+    o->max_digits = -1;
+  if (o->max_string_length == 0)
+    o->max_string_length = DI_GRAMMAR_DEFAULT_MAX_STRING;
+  if (o->max_string_length < 0)
+    o->max_string_length = -1;
 }
 
 static void grammar_destroy(di_grammar *g) {

@@ -17,12 +17,25 @@ typedef enum {
   DI_GRAMMAR_JSON_ANY     /* any JSON object (OpenAI json_object mode); source ignored */
 } di_grammar_kind;
 
+/* Default generation bounds for JSON values the schema leaves unbounded (docs/structured-outputs.md,
+ * "No runaway values"): digits of an integer (or of a number's integer part, fraction and
+ * exponent) and characters of a string. */
+enum { DI_GRAMMAR_DEFAULT_MAX_DIGITS = 16, DI_GRAMMAR_DEFAULT_MAX_STRING = 1024 };
+
 typedef struct di_grammar_options {
-  int ignore_unsupported_keywords; /* JSON Schema: 1 = skip unknown keywords instead of failing */
+  int ignore_unsupported_keywords; /* JSON Schema: 1 = skip keywords it cannot enforce instead of failing
+                                      (keywords JSON Schema does not define are always ignored) */
   int max_whitespace;              /* JSON: whitespace chars allowed between tokens (0 = compact) */
   int max_branches;                /* JSON Schema: bound on anyOf/oneOf/allOf expansion (0 = 256) */
   int max_elements;                /* bound on the compiled grammar's size (0 = 2,000,000) */
   int no_cache;                    /* 1 = compile afresh, bypassing the content cache (benchmarks) */
+  int strict;                      /* JSON Schema: XGrammar's strict mode: an object schema without
+                                      additionalProperties admits no other properties (0 = JSON
+                                      Schema's default: it admits any) */
+  int max_digits;                  /* JSON: digits of a number the schema does not bound (0 = default
+                                      DI_GRAMMAR_DEFAULT_MAX_DIGITS, -1 = unbounded) */
+  int max_string_length;           /* JSON: characters of a string without maxLength/pattern/format
+                                      (0 = default DI_GRAMMAR_DEFAULT_MAX_STRING, -1 = unbounded) */
 } di_grammar_options;
 
 /* Compiles `source` (`len` bytes). Errors carry a position ("line 3, column 7" / "offset 12" /

@@ -28,6 +28,7 @@ typedef struct {
   int branches, depth;
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
   int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc;
+  char why_empty[400]; /* the last reason a schema was found to admit nothing, for the error */
 } jc;
 
 static di_status unsupported(jc *c, const char *path, const char *kw) {
@@ -111,7 +112,7 @@ static int string_rule(jc *c) {
     c->r_string = di_gb_new_rule(c->b, "string");
     di_gseq s = {0};
     lit(c, &s, "\"");
-    di_gseq_repeat(c->b, &s, rule_el(jchar_rule(c)), 0, -1);
+    di_gseq_repeat(c->b, &s, rule_el(jchar_rule(c)), 0, c->opt->max_string_length);
     lit(c, &s, "\"");
     di_gb_add_alt(c->b, c->r_string, s.v, s.n);
     di_gseq_free(&s);
@@ -119,16 +120,49 @@ static int string_rule(jc *c) {
   return c->r_string;
 }
 
+/* The generation bound on digits (docs: "No runaway values"): "*" unbounded, else "{0,D-1}"
+ * after a first digit, "{1,D}" for a fraction or an exponent (whose bound is at most 3 digits). */
+static void digit_reps(const jc *c, char rest[24], char some[24], char exp[24]) {
+  int d = c->opt->max_digits;
+  if (d < 0) {
+    strcpy(rest, "*"), strcpy(some, "+"), strcpy(exp, "+");
+    return;
+  }
+  snprintf(rest, 24, "{0,%d}", d - 1);
+  snprintf(some, 24, "{1,%d}", d);
+  snprintf(exp, 24, "{1,%d}", d < 3 ? d : 3);
+}
+
 static int number_rule(jc *c) {
-  if (c->r_number < 0)
-    c->r_number = mk_rule_regex(c, "number", "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?");
+  if (c->r_number < 0) {
+    char rest[24], some[24], exp[24], re[160];
+    digit_reps(c, rest, some, exp);
+    snprintf(re, sizeof re, "-?(0|[1-9][0-9]%s)(\\.[0-9]%s)?([eE][+-]?[0-9]%s)?", rest, some, exp);
+    c->r_number = mk_rule_regex(c, "number", re);
+  }
   return c->r_number;
 }
 
 static int int_rule(jc *c) {
-  if (c->r_int < 0)
-    c->r_int = mk_rule_regex(c, "integer", "-?(0|[1-9][0-9]*)");
+  if (c->r_int < 0) {
+    char rest[24], some[24], exp[24], re[80];
+    digit_reps(c, rest, some, exp);
+    snprintf(re, sizeof re, "-?(0|[1-9][0-9]%s)", rest);
+    c->r_int = mk_rule_regex(c, "integer", re);
+  }
   return c->r_int;
+}
+
+/* The largest magnitude an unbounded side of a range may reach under the digits bound: 10^D - 1
+ * (D at most 18 so that it fits int64); -1 when digits are unbounded. */
+static int64_t digits_cap(const jc *c) {
+  int d = c->opt->max_digits;
+  if (d < 0)
+    return -1;
+  int64_t v = 1;
+  for (int i = 0; i < (d > 18 ? 18 : d); i++)
+    v *= 10;
+  return v - 1;
 }
 
 /* value ::= object | array | string | number | true | false | null, with the whitespace policy */
@@ -204,6 +238,7 @@ static void jc_init(jc *c, di_gb *b, const di_grammar_options *opt) {
     di_gbyteset_add(&set, ' ');
     di_gbyteset_add(&set, '\t');
     di_gbyteset_add(&set, '\n');
+    di_gbyteset_add(&set, '\r');
     di_gseq s = {0};
     di_gseq_repeat(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &set)}, 0, opt->max_whitespace);
     c->ws = di_gb_wrap(b, &s, "ws");
@@ -283,6 +318,15 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
                                   "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
                                   "oneOf", "allOf", "$ref", NULL};
+
+/* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
+ * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
+ * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
+static const char *UNENFORCED[] = {"not", "if", "then", "else", "dependentSchemas", "dependentRequired",
+                                   "dependencies", "contains", "minContains", "maxContains", "uniqueItems",
+                                   "multipleOf", "patternProperties", "propertyNames", "minProperties",
+                                   "maxProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems",
+                                   "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
   for (int i = 0; list[i]; i++)
@@ -417,8 +461,8 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
       cJSON_AddItemToObject(m, k, cJSON_Duplicate(e, 1));
       continue;
     }
-    if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1))
-      continue;
+    if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1) || (!in_list(k, SUPPORTED) && !in_list(k, UNENFORCED)))
+      continue; /* the same value twice, or a keyword JSON Schema does not define (ignored) */
     if (strcmp(k, "type") == 0) {
       int ta, tb;
       DI_TRY(get_types(m, path, &ta));
@@ -545,13 +589,26 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
   return DI_OK;
 }
 
+/* An unenforced keyword whose value here constrains nothing (uniqueItems false, or over arrays of
+ * at most one item; minProperties 0). */
+static int enforced_anyway(jc *c, const cJSON *sch, const cJSON *kw) {
+  (void)c;
+  const char *k = kw->string;
+  if (strcmp(k, "uniqueItems") == 0) {
+    const cJSON *mx = item(sch, "maxItems");
+    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1);
+  }
+  if (strcmp(k, "minProperties") == 0 || strcmp(k, "minContains") == 0 || strcmp(k, "maxContains") == 0)
+    return cJSON_IsNumber(kw) && kw->valuedouble <= 0 && strcmp(k, "maxContains") != 0;
+  return 0;
+}
+
 static di_status check_keywords(jc *c, const cJSON *sch, const char *path) {
   for (const cJSON *e = sch->child; e; e = e->next) {
     const char *k = e->string;
-    if (in_list(k, ANNOTATIONS) || in_list(k, SUPPORTED) || strncmp(k, "x-", 2) == 0)
+    if (!in_list(k, UNENFORCED) || c->opt->ignore_unsupported_keywords || enforced_anyway(c, sch, e))
       continue;
-    if (!c->opt->ignore_unsupported_keywords)
-      return unsupported(c, path, k);
+    return unsupported(c, path, k);
   }
   return DI_OK;
 }
@@ -615,6 +672,8 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
     }
     di_gseq_push(b, &s, rule_el(r));
   } else if (has_len) {
+    if (maxl < 0 && c->opt->max_string_length > 0) /* the generation bound, yet never below minLength */
+      maxl = minl > c->opt->max_string_length ? minl : c->opt->max_string_length;
     if (maxl >= 0 && maxl < minl) {
       di_gseq_free(&s);
       return di_error_set(DI_ERR_FORMAT, "json schema: maxLength below minLength at %s", path);
@@ -665,6 +724,17 @@ static di_status gen_integer(jc *c, const cJSON *sch, const char *path, int rule
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: integer bound beyond 2^53 at %s", path);
   if (has_lo && has_hi && lo > hi)
     return DI_OK; /* no integer fits: this type contributes no alternative */
+  int64_t cap = digits_cap(c);
+  if (cap >= 0 && (!has_lo || !has_hi)) { /* the open side gets the digits bound */
+    if (!has_hi && lo <= (double)cap) {
+      di_json_int_range(c->b, rule, 1, (int64_t)lo, 1, cap);
+      return DI_OK;
+    }
+    if (!has_lo && hi >= -(double)cap) {
+      di_json_int_range(c->b, rule, 1, -cap, 1, (int64_t)hi);
+      return DI_OK;
+    }
+  }
   return int_range(c, rule, has_lo, (int64_t)lo, has_hi, (int64_t)hi, path);
 }
 
@@ -672,7 +742,19 @@ static di_status gen_integer(jc *c, const cJSON *sch, const char *path, int rule
 enum { FRAC_ANY, FRAC_ZERO, FRAC_NONZERO };
 static di_gel frac_el(jc *c, int kind) {
   static const char *re[] = {"(\\.[0-9]+)?", "(\\.0+)?", "\\.[0-9]*[1-9][0-9]*"};
-  int r = mk_rule_regex(c, "frac", re[kind]);
+  char bounded[96];
+  const char *src = re[kind];
+  int d = c->opt->max_digits;
+  if (d > 0) { /* the digits bound: at most d fraction digits (2d - 1 when one must be nonzero) */
+    if (kind == FRAC_ANY)
+      snprintf(bounded, sizeof bounded, "(\\.[0-9]{1,%d})?", d);
+    else if (kind == FRAC_ZERO)
+      snprintf(bounded, sizeof bounded, "(\\.0{1,%d})?", d);
+    else
+      snprintf(bounded, sizeof bounded, "\\.0{0,%d}[1-9][0-9]{0,%d}", d - 1, d - 1);
+    src = bounded;
+  }
+  int r = mk_rule_regex(c, "frac", src);
   return rule_el(r);
 }
 
@@ -694,6 +776,9 @@ static void int_part_alt(jc *c, int rule, int neg, int64_t lo, int64_t hi, int f
 /* Magnitudes y = I.F (no exponent) in the interval from a (exclusive if a_ex) to b (b < 0:
  * unbounded; exclusive if b_ex), a >= 0, written after an optional "-". */
 static void magnitude_interval(jc *c, int rule, int neg, int64_t a, int a_ex, int64_t b, int b_ex) {
+  int64_t cap = digits_cap(c);
+  if (b < 0 && cap >= 0 && a <= cap) /* unbounded side: integer part of at most max_digits digits */
+    b = cap + 1, b_ex = 1;
   if (b >= 0 && (b < a || (b == a && (a_ex || b_ex))))
     return;
   /* I strictly inside: any fraction */
@@ -870,13 +955,20 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
         found = i;
     if (found >= 0) {
       isreq[found] = 1;
+    } else if (cJSON_IsFalse(addl)) {
+      /* required, yet not a property and no other property allowed: no object satisfies this */
+      snprintf(c->why_empty, sizeof c->why_empty,
+               "required property '%.100s' at %.150s/required is not in 'properties' and additionalProperties is false",
+               r->valuestring, path);
+      goto done;
     } else {
       names[n] = r->valuestring;
       schemas[n] = addl && !cJSON_IsBool(addl) ? addl : NULL; /* NULL: any value */
       isreq[n++] = 1;
     }
   }
-  int allow_addl = addl && !cJSON_IsFalse(addl);
+  /* JSON Schema's default admits other properties; strict mode (XGrammar's) admits none */
+  int allow_addl = addl ? !cJSON_IsFalse(addl) : !c->opt->strict;
   for (int i = 0; i < n; i++) {
     char sub[1200];
     snprintf(sub, sizeof sub, "%s/properties/%s", path, names[i]);
@@ -901,7 +993,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   int r_addl = -1;
   if (allow_addl) {
     int vr;
-    if (cJSON_IsTrue(addl)) {
+    if (!addl || cJSON_IsTrue(addl)) {
       vr = any_rule(c);
     } else {
       char sub[1200];
@@ -1352,7 +1444,8 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
     if (st == DI_OK)
       st = di_gb_finish(b, top);
     if (st != DI_OK && strstr(di_last_error(), "accepts nothing"))
-      st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema");
+      st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema%s%s",
+                        c.why_empty[0] ? ": " : "", c.why_empty);
   }
   jc_free(&c);
   cJSON_Delete(root);

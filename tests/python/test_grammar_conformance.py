@@ -2,11 +2,11 @@
 
 For every test group whose schema compiles, each instance is serialised the way generation writes
 JSON (compact, properties in schema order, integral numbers as integers, UTF-8 unescaped; see
-docs/structured-outputs.md) and checked with di_grammar_accepts:
+docs/structured-outputs.md) and checked with di_grammar_accepts, with JSON Schema's defaults (not
+strict) and the generation bounds off (max_digits = max_string_length = -1, as validation means):
   valid   + accepted -> pass          invalid + rejected -> pass
   valid   + rejected -> skip if the documented generation defaults exclude it (the instance fails
-                        the "generation schema": additionalProperties false when absent, formats
-                        asserted), else FAIL
+                        the "generation schema": formats asserted, oneOf as anyOf), else FAIL
   invalid + accepted -> skip if the generation defaults admit it (oneOf generated as anyOf), else FAIL
 Groups whose schema uses an unsupported keyword (compile error DI_ERR_UNSUPPORTED) count as skipped.
 The test fails on any FAIL; the counts are printed (and recorded in docs/structured-outputs.md).
@@ -25,6 +25,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tests/data/grammar/JSON-Schema-Test-Suite/draft2020-12"
 DI_GRAMMAR_JSON_SCHEMA = 2
 DI_ERR_UNSUPPORTED = 4
+
+
+class Options(ctypes.Structure):  # di_grammar_options (src/grammar/grammar.h)
+    _fields_ = [(n, ctypes.c_int) for n in ("ignore_unsupported_keywords", "max_whitespace", "max_branches",
+                                            "max_elements", "no_cache", "strict", "max_digits",
+                                            "max_string_length")]
+
+
+UNBOUNDED = Options(max_digits=-1, max_string_length=-1)
 
 
 def load_lib():
@@ -163,8 +172,6 @@ def generation_schema(s):
             out["anyOf" if k == "oneOf" else k] = [generation_schema(x) for x in v]
         else:
             out[k] = v
-    if "additionalProperties" not in out:
-        out["additionalProperties"] = False
     return out
 
 
@@ -188,7 +195,8 @@ def run_suite(lib):
             schema = group["schema"]
             src = json.dumps(schema).encode()
             g = ctypes.c_void_p()
-            st = lib.di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, len(src), None, ctypes.byref(g))
+            st = lib.di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, len(src), ctypes.byref(UNBOUNDED),
+                                        ctypes.byref(g))
             err = lib.di_last_error().decode(errors="replace") if st else ""
             for t in group["tests"]:
                 if st == DI_ERR_UNSUPPORTED:
