@@ -1,8 +1,11 @@
-/* Regex front-end (ECMAScript-style syntax): literals, classes with ranges/negation, \d \w \s
- * (and negations), \xHH \uHHHH \u{H..} escapes, `.`, `* + ? {m} {m,} {m,n}` (lazy forms too),
- * alternation, (capturing / (?:non-capturing) / (?<named>)) groups. Matching is over code points
- * emitted as UTF-8. Whole-output match for `--regex`; JSON Schema `pattern` uses search
- * semantics (unanchored unless ^ / $) and JSON-string escaping. Errors say "offset N". */
+/* Regex front-end, ECMA-262 syntax with the u flag (what JSON Schema's `pattern` specifies, and
+ * what `--regex` / the regex option take): literals, classes with ranges/negation, \d \w \s (and
+ * negations), \xHH \uHHHH \u{H..} \cX escapes, `.`, `* + ? {m} {m,} {m,n}` (lazy forms too),
+ * alternation, (capturing / (?:non-capturing) / (?<named>)) groups. As the u flag demands, a lone
+ * `{` `}` `]`, an identity escape of anything but a syntax character (`\a`, `\e`, `\-` outside a
+ * class), a quantifier on a quantifier (`a++`) and `\0` before a digit are errors. Matching is over
+ * code points emitted as UTF-8. Whole-output match for `--regex`; JSON Schema `pattern` uses
+ * search semantics (unanchored unless ^ / $) and JSON-string escaping. Errors say "offset N". */
 #include "util/text.h"
 #include "grammar/gram_ir.h"
 #include <stdlib.h>
@@ -89,7 +92,21 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
   case 'r': return '\r';
   case 'f': return '\f';
   case 'v': return '\v';
-  case '0': return 0;
+  case '0':
+    if (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+      *st = rerr(p, at, "\\0 followed by a digit (octal escapes are not allowed with the u flag)");
+      return -1;
+    }
+    return 0;
+  case 'c': {
+    char l = p->i < p->n ? p->s[p->i] : 0;
+    if (!((l >= 'a' && l <= 'z') || (l >= 'A' && l <= 'Z'))) {
+      *st = rerr(p, at, "\\c needs an ASCII letter");
+      return -1;
+    }
+    p->i++;
+    return l % 32;
+  }
   case 'b':
     if (in_class)
       return '\b';
@@ -135,8 +152,8 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
   case 'p': case 'P':
     *st = runsup(p, at, "Unicode property escapes are not supported");
     return -1;
-  case 'c': case 'k':
-    *st = runsup(p, at, "this escape is not supported");
+  case 'k':
+    *st = runsup(p, at, "named backreferences are not supported");
     return -1;
   default:
     if (e >= '1' && e <= '9') {
@@ -147,15 +164,12 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
       *st = rerr(p, at, "unknown escape");
       return -1;
     }
-    p->i--;
-    {
-      int32_t c = di_utf8_decode(p->s, p->n, &p->i);
-      if (c < 0) {
-        *st = rerr(p, at, "invalid UTF-8");
-        return -1;
-      }
-      return c;
+    /* identity escapes: with the u flag only syntax characters and '/' (and '-' in a class) */
+    if (!strchr("^$\\.*+?()[]{}|/", e) && !(in_class && e == '-')) {
+      *st = rerr(p, at, "invalid escape (with the u flag only ^$\\.*+?()[]{}|/ may be escaped)");
+      return -1;
     }
+    return (unsigned char)e;
   }
   if (!ok) {
     *st = di_error_set(DI_ERR_OOM, "out of memory");
@@ -358,12 +372,8 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
     if (c == '*' || c == '+' || c == '?' || c == '{') {
       int min = 0, max = -1;
       if (c == '{') {
-        if (!parse_brace(p, &min, &max)) {
-          p->i++;
-          item = s->n;
-          emit_cp(p, s, '{'); /* a literal brace, as ECMAScript's web-compat grammar allows */
-          continue;
-        }
+        if (!parse_brace(p, &min, &max))
+          return rerr(p, at, "lone '{' (with the u flag a literal brace must be escaped: \\{)");
         if (max >= 0 && max < min)
           return rerr(p, at, "numbers out of order in {} quantifier");
       } else {
@@ -375,8 +385,8 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       }
       if (item < 0)
         return rerr(p, at, "nothing to repeat");
-      if (p->i < p->n && (p->s[p->i] == '?' || p->s[p->i] == '+'))
-        p->i++; /* lazy / possessive: same language */
+      if (p->i < p->n && p->s[p->i] == '?')
+        p->i++; /* lazy: same language */
       di_gseq tail = {0};
       for (int k = item; k < s->n; k++)
         di_gseq_push(b, &tail, s->v[k]);
@@ -389,6 +399,9 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       item = -1;
       continue;
     }
+    if (c == '}' || c == ']')
+      return rerr(p, at, c == '}' ? "lone '}' (with the u flag it must be escaped)"
+                                  : "lone ']' (with the u flag it must be escaped)");
     item = s->n;
     if (c == '(') {
       p->i++;

@@ -276,7 +276,7 @@ static char *choice_regex(const cJSON *arr, di_oai_error *err, const char *param
     if (v != arr->child) *w++ = '|';
     *w++ = '(';
     for (const char *s = v->valuestring; *s; s++) {
-      if (strchr("\\^$.|?*+()[]{}/-", *s)) *w++ = '\\';
+      if (strchr("\\^$.|?*+()[]{}/", *s)) *w++ = '\\';
       *w++ = *s;
     }
     *w++ = ')';
