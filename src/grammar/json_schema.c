@@ -7,6 +7,7 @@
 #include <string.h>
 #include "grammar/gram_ir.h"
 #include "grammar/grammar.h"
+#include "grammar/json_formats.h"
 #include "grammar/json_text.h"
 #include "util/json.h"
 
@@ -635,25 +636,9 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
     return di_error_set(DI_ERR_FORMAT, "json schema: 'pattern' must be a string at %s", path);
   const char *fre = NULL;
   if (fmt) {
-#define DATE_RE                                                                                              \
-  "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))" \
-  "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
-#define TIME_RE "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-#define IPV4_RE "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"
-    static const char *fmts[][2] = {
-        {"date", DATE_RE},
-        {"time", TIME_RE},
-        {"date-time", "(" DATE_RE ")[Tt]" TIME_RE},
-        {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-        {"email", "([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*|\"([^\"\\\\]|\\\\.)*\")@"
-                  "([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
-                  "|\\[" IPV4_RE "\\]|\\[IPv6:[0-9A-Fa-f:.]+\\])"},
-        {"ipv4", IPV4_RE},
-    };
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
-      if (strcmp(fmt->valuestring, fmts[i][0]) == 0)
-        fre = fmts[i][1];
-    if (!fre && !c->opt->ignore_unsupported_keywords)
+    int defined;
+    fre = di_json_format_regex(fmt->valuestring, &defined);
+    if (!fre && defined && !c->opt->ignore_unsupported_keywords)
       return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported format '%s' at %s/format", fmt->valuestring, path);
   }
   int n_constraints = (fre != NULL) + (pat != NULL) + has_len;
