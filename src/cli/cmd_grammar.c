@@ -16,6 +16,8 @@ static void usage(FILE *f) {
              "  --check                 read stdin verbatim; exit 0 if the grammar accepts it whole, 1 if not\n"
              "  --check-prefix          read stdin verbatim; exit 0 if it is a prefix of some accepted string\n"
              "                          (what a generation cut by max_tokens must be), 1 if not\n"
+             "  --grammar-syntax S      --grammar FILE's syntax: gbnf (llama.cpp) or lark (llguidance);\n"
+             "                          default lark for a .lark file, else gbnf\n"
              "  --print                 print the compiled grammar (GBNF-like) to stdout\n"
              "  --max-whitespace N      JSON: whitespace characters allowed between tokens (default 0)\n"
              "  --ignore-unsupported    JSON Schema: skip keywords it cannot enforce instead of failing\n"
@@ -49,7 +51,8 @@ static int accepts_prefix(const di_grammar *g, const char *s, size_t n) {
 }
 
 int di_cmd_grammar(int argc, char **argv) {
-  const char *regex = NULL, *schema_file = NULL, *grammar_file = NULL, *ws = NULL, *digits = NULL, *strlen_max = NULL;
+  const char *regex = NULL, *schema_file = NULL, *grammar_file = NULL, *ws = NULL, *digits = NULL, *strlen_max = NULL,
+             *syntax = NULL;
   int json_any = 0, check = 0, check_prefix = 0, print = 0, ignore = 0, err = 0, nkinds = 0, strict = 0, unbounded = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
@@ -64,6 +67,8 @@ int di_cmd_grammar(int argc, char **argv) {
       grammar_file = v, nkinds++;
     } else if (di_cli_flag_value(argc, argv, &i, "--max-whitespace", &v, &err)) {
       ws = v;
+    } else if (di_cli_flag_value(argc, argv, &i, "--grammar-syntax", &v, &err)) {
+      syntax = v;
     } else if (di_cli_flag_value(argc, argv, &i, "--max-digits", &v, &err)) {
       digits = v;
     } else if (di_cli_flag_value(argc, argv, &i, "--max-string-length", &v, &err)) {
@@ -95,6 +100,14 @@ int di_cmd_grammar(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (syntax && strcmp(syntax, "gbnf") != 0 && strcmp(syntax, "lark") != 0) {
+    fprintf(stderr, "deepinfer grammar: --grammar-syntax must be gbnf or lark, not '%s'\n", syntax);
+    return 2;
+  }
+  if (syntax && !grammar_file) {
+    fprintf(stderr, "deepinfer grammar: --grammar-syntax goes with --grammar FILE\n");
+    return 2;
+  }
   di_grammar_options opt = {0};
   opt.ignore_unsupported_keywords = ignore;
   if (ws)
@@ -124,6 +137,12 @@ int di_cmd_grammar(int argc, char **argv) {
     src = strdup("");
   } else {
     kind = schema_file ? DI_GRAMMAR_JSON_SCHEMA : DI_GRAMMAR_EBNF;
+    if (grammar_file) {
+      size_t fl = strlen(grammar_file);
+      int lark = syntax ? strcmp(syntax, "lark") == 0 : fl >= 5 && strcmp(grammar_file + fl - 5, ".lark") == 0;
+      if (lark)
+        kind = DI_GRAMMAR_LARK;
+    }
     what = schema_file ? schema_file : grammar_file;
     if (di_read_file(what, &src, &len) != DI_OK) {
       fprintf(stderr, "deepinfer grammar: %s\n", di_last_error());

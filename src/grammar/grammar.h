@@ -14,7 +14,8 @@ typedef enum {
   DI_GRAMMAR_EBNF,        /* GBNF dialect (llama.cpp): the start rule is `root` */
   DI_GRAMMAR_REGEX,       /* whole-output match */
   DI_GRAMMAR_JSON_SCHEMA, /* a JSON Schema (draft 2020-12 subset) as JSON text */
-  DI_GRAMMAR_JSON_ANY     /* any JSON object (OpenAI json_object mode); source ignored */
+  DI_GRAMMAR_JSON_ANY,    /* any JSON object (OpenAI json_object mode); source ignored */
+  DI_GRAMMAR_LARK         /* Lark (llguidance's dialect): the start rule is `start` */
 } di_grammar_kind;
 
 /* Default generation bounds for JSON values the schema leaves unbounded (docs/structured-outputs.md,
@@ -43,6 +44,11 @@ typedef struct di_grammar_options {
  * same text again returns the same grammar with its reference count raised. opt may be NULL. */
 di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t len,
                              const di_grammar_options *opt, di_grammar **out);
+/* The same by the syntax's name, for API surfaces that carry it as text (OpenAI custom tools'
+ * `format: {type: "grammar", syntax: ...}`, `grammar_syntax`): "lark", "regex", "gbnf" (or
+ * "ebnf"), "json_schema"; anything else is DI_ERR_INVALID_ARG naming it. */
+di_status di_grammar_compile_syntax(const char *syntax, const char *source, size_t len, const di_grammar_options *opt,
+                                    di_grammar **out);
 /* Drops one reference; NULL is a no-op. */
 void di_grammar_free(di_grammar *g);
 /* 1 when the grammar accepts all `len` bytes of s as a whole output, 0 otherwise (also 0 if the

@@ -16,6 +16,7 @@ typedef struct {
   const char *s;
   size_t n, i;
   int json, depth;
+  int flags; /* DI_RE_* */
 } rp;
 
 typedef struct {
@@ -164,8 +165,10 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
       *st = rerr(p, at, "unknown escape");
       return -1;
     }
-    /* identity escapes: with the u flag only syntax characters and '/' (and '-' in a class) */
-    if (!strchr("^$\\.*+?()[]{}|/", e) && !(in_class && e == '-')) {
+    /* identity escapes: with the u flag only syntax characters and '/' (and '-' in a class); the
+     * Lark dialect (Rust's regex crate) escapes any ASCII punctuation */
+    int lenient_ok = (p->flags & DI_RE_LARK) && e > ' ' && e < 0x7f;
+    if (!strchr("^$\\.*+?()[]{}|/", e) && !(in_class && e == '-') && !lenient_ok) {
       *st = rerr(p, at, "invalid escape (with the u flag only ^$\\.*+?()[]{}|/ may be escaped)");
       return -1;
     }
@@ -244,6 +247,13 @@ static void emit_set(rp *p, di_gseq *s, cset *set, int negate) {
 }
 
 static void emit_cp(rp *p, di_gseq *s, uint32_t c) {
+  if ((p->flags & DI_RE_ICASE) && ((c | 32) >= 'a' && (c | 32) <= 'z')) {
+    di_gbyteset both = {{0}};
+    di_gbyteset_add(&both, c | 32);
+    di_gbyteset_add(&both, (c | 32) - 32);
+    di_gseq_push(p->b, s, (di_gel){DI_GE_CLASS, di_gb_class(p->b, &both)});
+    return;
+  }
   if (p->json && json_special(c)) {
     json_escape_cp(p->b, s, c);
     return;
@@ -320,6 +330,15 @@ static di_status parse_class(rp *p, di_gseq *s) {
     goto fail;
   }
   p->i++;
+  if (p->flags & DI_RE_ICASE) { /* ASCII case folding: add the other case of every letter range */
+    int n0 = set.n;
+    for (int k = 0; k < n0; k++)
+      for (uint32_t ch = set.v[k].lo; ch <= set.v[k].hi && ch < 0x80; ch++)
+        if ((ch | 32) >= 'a' && (ch | 32) <= 'z' && !cs_add(&set, ch ^ 32, ch ^ 32)) {
+          st = di_error_set(DI_ERR_OOM, "out of memory");
+          goto fail;
+        }
+  }
   emit_set(p, s, &set, neg);
 fail:
   free(set.v);
@@ -372,8 +391,14 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
     if (c == '*' || c == '+' || c == '?' || c == '{') {
       int min = 0, max = -1;
       if (c == '{') {
-        if (!parse_brace(p, &min, &max))
-          return rerr(p, at, "lone '{' (with the u flag a literal brace must be escaped: \\{)");
+        if (!parse_brace(p, &min, &max)) {
+          if (!(p->flags & DI_RE_LARK))
+            return rerr(p, at, "lone '{' (with the u flag a literal brace must be escaped: \\{)");
+          p->i++;
+          item = s->n;
+          emit_cp(p, s, '{');
+          continue;
+        }
         if (max >= 0 && max < min)
           return rerr(p, at, "numbers out of order in {} quantifier");
       } else {
@@ -399,7 +424,7 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       item = -1;
       continue;
     }
-    if (c == '}' || c == ']')
+    if ((c == '}' || c == ']') && !(p->flags & DI_RE_LARK))
       return rerr(p, at, c == '}' ? "lone '}' (with the u flag it must be escaped)"
                                   : "lone ']' (with the u flag it must be escaped)");
     item = s->n;
@@ -435,7 +460,10 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       p->i++;
       cset set = {0};
       static const di_cprange nl[] = {{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}};
-      cs_add_set(&set, nl, 3, 1);
+      if (p->flags & DI_RE_DOTALL) /* the s flag: any character */
+        cs_add(&set, 0, 0x10FFFF);
+      else /* ECMAScript: all but line terminators; Rust's regex crate (Lark): all but \n */
+        cs_add_set(&set, nl, (p->flags & DI_RE_LARK) ? 1 : 3, 1);
       emit_set(p, s, &set, 0);
       free(set.v);
     } else if (c == '\\') {
@@ -501,7 +529,12 @@ static di_status parse_alt(rp *p, int rule, int top, int *anch_start, int *anch_
 }
 
 di_status di_regex_compile_into(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored) {
-  rp p = {.b = b, .s = src, .n = len, .json = json_string};
+  return di_regex_compile_into_ex(b, rule, src, len, json_string, anchored, 0);
+}
+
+di_status di_regex_compile_into_ex(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored,
+                                   int flags) {
+  rp p = {.b = b, .s = src, .n = len, .json = json_string, .flags = flags};
   int mode = anchored ? 0 : -1;
   DI_TRY(parse_alt(&p, rule, 1, &mode, NULL));
   if (p.i < p.n)

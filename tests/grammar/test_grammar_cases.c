@@ -1,7 +1,7 @@
 /* Accept/reject conformance cases for the three front-ends, read from
  * tests/data/grammar/cases_{ebnf,regex,schema}.txt:
- *   @KIND GRAMMAR      compile (KIND: ebnf, regex, schema, json); GRAMMAR is verbatim except that
- *                      in EBNF " ;; " separates rules (stands for a newline)
+ *   @KIND GRAMMAR      compile (KIND: ebnf, lark, regex, schema, json); GRAMMAR is verbatim except
+ *                      that in EBNF and Lark " ;; " separates rules (stands for a newline)
  *   + INPUT            must be accepted whole          - INPUT   must be rejected
  *   !KIND GRAMMAR      must fail to compile, and the next line `? TEXT` is part of the message
  *   % OPTION=N ...     options for the grammars that follow in the file (strict, max_digits,
@@ -45,6 +45,8 @@ static size_t unescape(const char *s, char *out) {
 static int kind_of(const char *k, di_grammar_kind *out) {
   if (strncmp(k, "ebnf", 4) == 0)
     *out = DI_GRAMMAR_EBNF;
+  else if (strncmp(k, "lark", 4) == 0)
+    *out = DI_GRAMMAR_LARK;
   else if (strncmp(k, "regex", 5) == 0)
     *out = DI_GRAMMAR_REGEX;
   else if (strncmp(k, "schema", 6) == 0)
@@ -120,7 +122,7 @@ static void run_file(const char *rel) {
       }
       size_t n = 0;
       for (const char *q = src; *q; q++) {
-        if (kind == DI_GRAMMAR_EBNF && strncmp(q, " ;; ", 4) == 0) {
+        if ((kind == DI_GRAMMAR_EBNF || kind == DI_GRAMMAR_LARK) && strncmp(q, " ;; ", 4) == 0) {
           gsrc[n++] = '\n';
           q += 3;
         } else {
@@ -188,6 +190,7 @@ static void run_file(const char *rel) {
 int main(void) {
   run_file("tests/data/grammar/cases_ebnf.txt");
   run_file("tests/data/grammar/cases_regex.txt");
+  run_file("tests/data/grammar/cases_lark.txt");
   run_file("tests/data/grammar/cases_schema.txt");
   return test_finish("test_grammar_cases");
 }
