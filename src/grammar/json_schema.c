@@ -318,15 +318,15 @@ static const char *ANNOTATIONS[] = {"$schema", "$id", "title", "description", "d
 static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "required", "additionalProperties",
                                   "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
                                   "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
-                                  "oneOf", "allOf", "$ref", NULL};
+                                  "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
+                                  "additionalItems", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
-static const char *UNENFORCED[] = {"not", "if", "then", "else", "dependentSchemas", "dependentRequired",
-                                   "dependencies", "contains", "minContains", "maxContains", "uniqueItems",
+static const char *UNENFORCED[] = {"not", "if", "then", "else", "contains", "minContains", "maxContains", "uniqueItems",
                                    "multipleOf", "patternProperties", "propertyNames", "minProperties",
-                                   "maxProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems",
+                                   "maxProperties", "unevaluatedProperties", "unevaluatedItems",
                                    "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -536,7 +536,24 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
       }
       cJSON_DeleteItemFromObjectCaseSensitive(m, k);
       cJSON_AddItemToObject(m, "enum", arr);
-    } else if (strcmp(k, "allOf") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) {
+    } else if ((strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) && cJSON_IsArray(x) && cJSON_IsArray(e)) {
+      /* (x1 | x2) & (e1 | e2) = (x1 & e1) | (x1 & e2) | ...: one list of branches (nesting the second
+       * under allOf would merge it into the first again, endlessly) */
+      if (cJSON_GetArraySize(x) * cJSON_GetArraySize(e) > c->opt->max_branches)
+        return di_error_set(DI_ERR_UNSUPPORTED,
+                            "json schema: anyOf/oneOf/allOf expansion exceeds %d branches at %s (raise max_branches)",
+                            c->opt->max_branches, path);
+      cJSON *cross = cJSON_CreateArray();
+      for (const cJSON *xi = x->child; xi; xi = xi->next)
+        for (const cJSON *ej = e->child; ej; ej = ej->next) {
+          cJSON *both = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(both, "allOf");
+          cJSON_AddItemToArray(arr, cJSON_Duplicate(xi, 1));
+          cJSON_AddItemToArray(arr, cJSON_Duplicate(ej, 1));
+          cJSON_AddItemToArray(cross, both);
+        }
+      cJSON_ReplaceItemInObjectCaseSensitive(m, k, cross);
+    } else if (strcmp(k, "allOf") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0 ||
+               strncmp(k, "dependen", 8) == 0) {
       /* both have the combinator: nest b's under a fresh allOf */
       cJSON *extra = item(m, "allOf");
       if (!extra)
@@ -1113,6 +1130,10 @@ done:
 static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems");
+  if (cJSON_IsArray(items) && !prefix) { /* draft 7's tuple form: items [...] + additionalItems */
+    prefix = items;
+    items = item(sch, "additionalItems");
+  }
   int64_t minI = 0, maxI = -1;
   DI_TRY(get_count(sch, "minItems", path, &minI));
   DI_TRY(get_count(sch, "maxItems", path, &maxI));
@@ -1284,6 +1305,56 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   return DI_OK;
 }
 
+/* dependentRequired / dependentSchemas (and draft 7's dependencies) as what they mean for each
+ * trigger name k: either k is absent (properties: {k: false}) or it is present together with its
+ * dependencies (required: [k, deps...]) or its schema (allOf: [{required: [k]}, S]). *out is `sch`
+ * without those keywords and with one anyOf per trigger added to its allOf. */
+static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+  cJSON *rw = cJSON_Duplicate(sch, 1);
+  if (!rw || !own(c, rw))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  cJSON *all = item(rw, "allOf");
+  if (!all)
+    all = cJSON_AddArrayToObject(rw, "allOf");
+  if (!cJSON_IsArray(all))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  static const char *kws[] = {"dependentRequired", "dependentSchemas", "dependencies"};
+  for (int k = 0; k < 3; k++) {
+    const cJSON *dep = item(sch, kws[k]);
+    if (!dep)
+      continue;
+    if (!cJSON_IsObject(dep))
+      return di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be an object at %s/%s", kws[k], path, kws[k]);
+    for (const cJSON *d = dep->child; d; d = d->next) {
+      int is_list = cJSON_IsArray(d);
+      if ((k == 0 && !is_list) || (k == 1 && is_list))
+        return di_error_set(DI_ERR_FORMAT, "json schema: '%s/%s' must be %s at %s", kws[k], d->string,
+                            k == 0 ? "an array of names" : "a schema", path);
+      cJSON *choice = cJSON_CreateObject(), *alts = cJSON_AddArrayToObject(choice, "anyOf");
+      cJSON *absent = cJSON_CreateObject(), *ap = cJSON_AddObjectToObject(absent, "properties");
+      cJSON_AddFalseToObject(ap, d->string);
+      cJSON_AddItemToArray(alts, absent);
+      cJSON *present = cJSON_CreateObject(), *req = cJSON_AddArrayToObject(present, "required");
+      cJSON_AddItemToArray(req, cJSON_CreateString(d->string));
+      if (is_list) {
+        for (const cJSON *n = d->child; n; n = n->next)
+          if (cJSON_IsString(n))
+            cJSON_AddItemToArray(req, cJSON_CreateString(n->valuestring));
+      } else {
+        cJSON *both = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(both, "allOf");
+        cJSON_AddItemToArray(arr, present);
+        cJSON_AddItemToArray(arr, cJSON_Duplicate(d, 1));
+        present = both;
+      }
+      cJSON_AddItemToArray(alts, present);
+      cJSON_AddItemToArray(all, choice);
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(rw, kws[k]);
+  }
+  *out = rw;
+  return DI_OK;
+}
+
 /* Compiles schema `sch` into a rule (memoised by node, so recursive $refs work). *rule_out = -1
  * when the schema admits no value (false, or empty intersections). */
 static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
@@ -1318,7 +1389,17 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
   b->rules[rule].defined = 1;
   di_status st = DI_OK;
   const cJSON *ref = item(sch, "$ref"), *all = item(sch, "allOf"), *any = item(sch, "anyOf"), *one = item(sch, "oneOf");
-  if (ref) {
+  if (item(sch, "dependentRequired") || item(sch, "dependentSchemas") || item(sch, "dependencies")) {
+    cJSON *rw = NULL;
+    int r = -1;
+    st = rewrite_dependencies(c, sch, path, &rw);
+    if (st == DI_OK)
+      st = gen(c, rw, path, &r);
+    if (st == DI_OK && r >= 0) {
+      di_gel e = rule_el(r);
+      st = di_gb_add_alt(b, rule, &e, 1);
+    }
+  } else if (ref) {
     const cJSON *t;
     st = deref(c, sch, path, &t);
     if (st == DI_OK) {

@@ -126,10 +126,25 @@ def canonical(inst, schema, root):
             for k in b.get("properties", {}) if isinstance(b.get("properties"), dict) else []:
                 if k not in order:
                     order.append(k)
+        dep_props, dep_req = [], []  # dependent*: a present trigger's names follow (generation's order)
+        for b in bs:
+            for kw in ("dependentRequired", "dependentSchemas", "dependencies"):
+                for trig, d in (b.get(kw) or {}).items() if isinstance(b.get(kw), dict) else []:
+                    if trig not in inst:
+                        continue
+                    dep_req.append(trig)
+                    if isinstance(d, list):
+                        dep_req += d
+                    else:
+                        for db in branches(d, root):
+                            dep_props += list(db.get("properties", {})) if isinstance(db.get("properties"), dict) else []
+                            dep_req += db.get("required", []) if isinstance(db.get("required"), list) else []
+        order += [k for k in dep_props if k not in order]
         for b in bs:
             for k in b.get("required", []) if isinstance(b.get("required"), list) else []:
                 if k not in order:
                     order.append(k)
+        order += [k for k in dep_req if k not in order]
         keys = [k for k in order if k in inst] + [k for k in inst if k not in order]
         out = {}
         for k in keys:
