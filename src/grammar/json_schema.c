@@ -319,14 +319,14 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
                                   "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
                                   "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
-                                  "additionalItems", NULL};
+                                  "additionalItems", "unevaluatedProperties", "unevaluatedItems", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
 static const char *UNENFORCED[] = {"not", "if", "then", "else", "contains", "minContains", "maxContains", "uniqueItems",
                                    "multipleOf", "patternProperties", "propertyNames", "minProperties",
-                                   "maxProperties", "unevaluatedProperties", "unevaluatedItems",
+                                   "maxProperties",
                                    "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -401,7 +401,7 @@ static di_status get_count(const cJSON *sch, const char *k, const char *path, in
 }
 
 /* Merges schema b into a copy of a (allOf semantics, for the subset we support). */
-static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, cJSON **out);
+static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const char *path, cJSON **out);
 
 /* Resolves a schema that is only a $ref (plus annotations) to its target. */
 static di_status deref(jc *c, const cJSON *s, const char *path, const cJSON **out) {
@@ -427,7 +427,7 @@ static di_status deref(jc *c, const cJSON *s, const char *path, const cJSON **ou
       cJSON *m;
       if (++c->depth > 64)
         return di_error_set(DI_ERR_UNSUPPORTED, "json schema: $ref merging nested too deeply at %s", path);
-      di_status st = merge(c, t, sib, path, &m);
+      di_status st = merge(c, t, sib, 1, path, &m);
       c->depth--;
       DI_TRY(st);
       *out = m;
@@ -438,9 +438,44 @@ static di_status deref(jc *c, const cJSON *s, const char *path, const cJSON **ou
   return di_error_set(DI_ERR_FORMAT, "json schema: $ref chain too long (a cycle?) at %s", path);
 }
 
-static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, cJSON **out) {
+/* The in-place subschema's unevaluatedProperties / unevaluatedItems, when it has no applicators of
+ * its own, sees only its own properties / items: exactly what additionalProperties / items mean.
+ * Renamed so on a copy, the merge below then gives the outer schema's names its constraint. An
+ * inner one beside further applicators is refused (what it sees would need their annotations). */
+static di_status localise_unevaluated(jc *c, const cJSON *inner, const char *path, const cJSON **out) {
+  static const char *un[] = {"unevaluatedProperties", "unevaluatedItems"};
+  static const char *as[] = {"additionalProperties", "items"};
+  static const char *applicators[] = {"allOf", "anyOf", "oneOf", "$ref", "not", "if", "dependentSchemas",
+                                      "dependencies", "patternProperties", "contains", NULL};
+  *out = inner;
+  if (!cJSON_IsObject(inner) || (!item(inner, un[0]) && !item(inner, un[1])))
+    return DI_OK;
+  for (int i = 0; applicators[i]; i++)
+    if (item(inner, applicators[i]) && !c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED,
+                          "json schema: unsupported keyword 'unevaluatedProperties/Items' in an allOf/$ref subschema "
+                          "beside '%s' at %s",
+                          applicators[i], path);
+  cJSON *cp = cJSON_Duplicate(inner, 1);
+  if (!cp || !own(c, cp))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int i = 0; i < 2; i++) {
+    cJSON *u = cJSON_DetachItemFromObjectCaseSensitive(cp, un[i]);
+    if (!u)
+      continue;
+    if (item(cp, as[i]) || (i == 1 && cJSON_IsArray(item(cp, "items"))))
+      cJSON_Delete(u); /* everything is evaluated already */
+    else
+      cJSON_AddItemToObject(cp, as[i], u);
+  }
+  *out = cp;
+  return DI_OK;
+}
+
+static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const char *path, cJSON **out) {
   DI_TRY(deref(c, a, path, &a));
   DI_TRY(deref(c, b, path, &b));
+  DI_TRY(localise_unevaluated(c, b_outer ? a : b, path, b_outer ? &a : &b));
   if (cJSON_IsFalse(a) || cJSON_IsFalse(b)) {
     cJSON *f = cJSON_CreateFalse();
     if (!f || !own(c, f))
@@ -915,6 +950,8 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
 static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *props = item(sch, "properties"), *req = item(sch, "required"), *addl = item(sch, "additionalProperties");
+  if (!addl) /* the schema and its merged in-place subschemas evaluate only their properties */
+    addl = item(sch, "unevaluatedProperties");
   if (props && !cJSON_IsObject(props))
     return di_error_set(DI_ERR_FORMAT, "json schema: 'properties' must be an object at %s", path);
   if (req && !cJSON_IsArray(req))
@@ -1133,6 +1170,8 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
   if (cJSON_IsArray(items) && !prefix) { /* draft 7's tuple form: items [...] + additionalItems */
     prefix = items;
     items = item(sch, "additionalItems");
+  } else if (!items) { /* the schema and its merged in-place subschemas evaluate only their items */
+    items = item(sch, "unevaluatedItems");
   }
   int64_t minI = 0, maxI = -1;
   DI_TRY(get_count(sch, "minItems", path, &minI));
@@ -1421,7 +1460,7 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
         cJSON_DeleteItemFromObjectCaseSensitive(base, "allOf");
         cJSON *acc = base;
         for (const cJSON *e = all->child; e && st == DI_OK; e = e->next)
-          st = merge(c, acc, e, path, &acc);
+          st = merge(c, acc, e, 0, path, &acc);
         int r;
         if (st == DI_OK)
           st = gen(c, acc, path, &r);
@@ -1434,7 +1473,11 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
   } else if (any || one) {
     const cJSON *arr = any ? any : one;
     const char *kw = any ? "anyOf" : "oneOf";
-    if (!cJSON_IsArray(arr)) {
+    if (any && (item(sch, "unevaluatedProperties") || item(sch, "unevaluatedItems")) &&
+        !c->opt->ignore_unsupported_keywords) {
+      /* what is evaluated depends on every anyOf branch that matches, not on one */
+      st = unsupported(c, path, item(sch, "unevaluatedProperties") ? "unevaluatedProperties" : "unevaluatedItems");
+    } else if (!cJSON_IsArray(arr)) {
       st = di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be an array at %s/%s", kw, path, kw);
     } else {
       cJSON *base = cJSON_Duplicate(sch, 1);
@@ -1459,7 +1502,7 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
           const cJSON *branch = e;
           if (siblings) {
             cJSON *mm;
-            st = merge(c, base, e, sub, &mm);
+            st = merge(c, base, e, 0, sub, &mm);
             branch = mm;
           }
           int r = -1;
