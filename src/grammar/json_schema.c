@@ -319,12 +319,13 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
                                   "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
                                   "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
-                                  "additionalItems", "unevaluatedProperties", "unevaluatedItems", NULL};
+                                  "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
+                                  "minContains", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
-static const char *UNENFORCED[] = {"not", "if", "then", "else", "contains", "minContains", "maxContains", "uniqueItems",
+static const char *UNENFORCED[] = {"not", "if", "then", "else", "maxContains", "uniqueItems",
                                    "multipleOf", "patternProperties", "propertyNames", "minProperties",
                                    "maxProperties",
                                    "$dynamicRef", "$recursiveRef", NULL};
@@ -651,8 +652,10 @@ static int enforced_anyway(jc *c, const cJSON *sch, const cJSON *kw) {
     const cJSON *mx = item(sch, "maxItems");
     return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1);
   }
-  if (strcmp(k, "minProperties") == 0 || strcmp(k, "minContains") == 0 || strcmp(k, "maxContains") == 0)
-    return cJSON_IsNumber(kw) && kw->valuedouble <= 0 && strcmp(k, "maxContains") != 0;
+  if (strcmp(k, "maxContains") == 0)
+    return !item(sch, "contains"); /* without contains it means nothing */
+  if (strcmp(k, "minProperties") == 0)
+    return cJSON_IsNumber(kw) && kw->valuedouble <= 0;
   return 0;
 }
 
@@ -1164,8 +1167,84 @@ done:
   return st;
 }
 
+/* An array with `contains` (at least minContains elements, default 1, match it): elements I
+ * (items), of which the matching ones are M = items & contains:
+ *   "[" ws (I ws "," ws)* M ws { ("," ws I ws)* "," ws M ws }^(n-1) ("," ws I ws)* "]"
+ * Supported without prefixItems, maxContains and a minItems above n, or maxItems (refused, naming
+ * the keyword). */
+static di_status gen_array_contains(jc *c, const cJSON *sch, const char *path, int rule) {
+  di_gb *b = c->b;
+  const cJSON *cont = item(sch, "contains"), *items = item(sch, "items"), *minc = item(sch, "minContains");
+  int64_t n = 1, minI = 0;
+  DI_TRY(get_count(sch, "minContains", path, &n));
+  DI_TRY(get_count(sch, "minItems", path, &minI));
+  (void)minc;
+  static const char *refused[] = {"prefixItems", "maxContains", "maxItems", "unevaluatedItems", NULL};
+  for (int i = 0; refused[i]; i++)
+    if (item(sch, refused[i]) && !c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported keyword 'contains' together with '%s' at %s",
+                          refused[i], path);
+  if (n > 16 || (minI > n && !c->opt->ignore_unsupported_keywords))
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "json schema: 'contains' with minContains above 16 or minItems above minContains is not "
+                        "supported at %s",
+                        path);
+  char sub[1200];
+  int ri = -1, rm = -1;
+  if (!items || cJSON_IsTrue(items)) {
+    ri = any_rule(c);
+  } else if (!cJSON_IsFalse(items)) {
+    snprintf(sub, sizeof sub, "%s/items", path);
+    DI_TRY(gen(c, items, sub, &ri));
+  }
+  cJSON *both = NULL;
+  snprintf(sub, sizeof sub, "%s/contains", path);
+  DI_TRY(merge(c, items ? items : cJSON_IsObject(cont) ? cont : sch, cont, 0, sub, &both));
+  DI_TRY(gen(c, both, sub, &rm));
+  if (ri < 0 || rm < 0)
+    return DI_OK; /* no element can match: no array fits */
+  di_gseq t = {0}, s = {0};
+  /* before the first match: (I ws "," ws)* */
+  di_gseq_push(b, &t, rule_el(ri));
+  ws(c, &t);
+  lit(c, &t, ",");
+  ws(c, &t);
+  di_gel lead = di_gb_wrap(b, &t, "contains_lead");
+  t.n = 0;
+  /* after a match: ("," ws I ws)* */
+  lit(c, &t, ",");
+  ws(c, &t);
+  di_gseq_push(b, &t, rule_el(ri));
+  ws(c, &t);
+  di_gel more = di_gb_wrap(b, &t, "contains_more");
+  di_gseq_free(&t);
+  lit(c, &s, "[");
+  ws(c, &s);
+  di_gseq_repeat(b, &s, lead, 0, -1);
+  di_gseq_push(b, &s, rule_el(rm));
+  ws(c, &s);
+  for (int64_t k = 1; k < n; k++) {
+    di_gseq_repeat(b, &s, more, 0, -1);
+    lit(c, &s, ",");
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(rm));
+    ws(c, &s);
+  }
+  di_gseq_repeat(b, &s, more, 0, -1);
+  lit(c, &s, "]");
+  di_status st = di_gb_add_alt(b, rule, s.v, s.n);
+  di_gseq_free(&s);
+  return st;
+}
+
 static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
+  const cJSON *cont = item(sch, "contains"), *minc = item(sch, "minContains");
+  if (cont && !(cJSON_IsNumber(minc) && minc->valuedouble == 0))
+    return gen_array_contains(c, sch, path, rule);
+  if (cont && item(sch, "unevaluatedItems") && !c->opt->ignore_unsupported_keywords) /* contains evaluates items */
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported keyword 'unevaluatedItems' beside 'contains' at %s",
+                        path);
   const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems");
   if (cJSON_IsArray(items) && !prefix) { /* draft 7's tuple form: items [...] + additionalItems */
     prefix = items;
