@@ -320,14 +320,13 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
                                   "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
                                   "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
-                                  "minContains", NULL};
+                                  "minContains", "minProperties", "maxProperties", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
 static const char *UNENFORCED[] = {"not", "if", "then", "else", "maxContains", "uniqueItems",
-                                   "multipleOf", "patternProperties", "propertyNames", "minProperties",
-                                   "maxProperties",
+                                   "multipleOf", "patternProperties", "propertyNames",
                                    "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -959,6 +958,15 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     return di_error_set(DI_ERR_FORMAT, "json schema: 'properties' must be an object at %s", path);
   if (req && !cJSON_IsArray(req))
     return di_error_set(DI_ERR_FORMAT, "json schema: 'required' must be an array at %s", path);
+  int64_t minp = 0, maxp = -1;
+  DI_TRY(get_count(sch, "minProperties", path, &minp));
+  DI_TRY(get_count(sch, "maxProperties", path, &maxp));
+  int has_maxp = maxp >= 0;
+  if ((has_maxp ? maxp : minp) > 64)
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: minProperties/maxProperties above 64 are not supported at %s",
+                        path);
+  if (has_maxp && maxp < minp)
+    return DI_OK; /* no object fits */
   /* the property list: properties in order, then required names not among them */
   int np = 0;
   for (const cJSON *p = props ? props->child : NULL; p; p = p->next)
@@ -1080,78 +1088,100 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       free(raw.keys);
     }
   }
-  /* S_i: members from property i on, none emitted yet; R_i: some emitted (needs a comma) */
-  int Snext = -1, Rnext = -1;
-  {
-    /* tail after the last named property: additional members */
+  /* S_i[k]: members from property i on, none emitted yet; R_i[k]: some emitted (needs a comma);
+   * k counts the members emitted so far for minProperties / maxProperties (saturating at minProperties
+   * when there is no maximum; a single layer without either keyword) */
+  int K = has_maxp ? (int)maxp : (int)minp;
+  int *Snext = calloc((size_t)K + 1, sizeof(int)), *Rnext = calloc((size_t)K + 1, sizeof(int));
+  int *Scur = calloc((size_t)K + 1, sizeof(int)), *Rcur = calloc((size_t)K + 1, sizeof(int));
+  if (!Snext || !Rnext || !Scur || !Rcur) {
+    free(Snext), free(Rnext), free(Scur), free(Rcur);
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+    goto done;
+  }
+  di_gel more = {-1, -1};
+  if (r_addl >= 0) {
+    di_gseq t = {0};
+    lit(c, &t, ",");
+    ws(c, &t);
+    di_gseq_push(b, &t, rule_el(r_addl));
+    ws(c, &t);
+    more = di_gb_wrap(b, &t, "addl_more");
+    di_gseq_free(&t);
+  }
+  for (int k = 0; k <= K; k++) {
+    /* tail after the last named property: additional members, as many as the bounds leave */
     int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
-    di_gseq s = {0};
-    di_gb_add_alt(b, S, NULL, 0);
-    di_gb_add_alt(b, R, NULL, 0);
-    if (r_addl >= 0) {
-      di_gseq t = {0};
-      lit(c, &t, ",");
-      ws(c, &t);
-      di_gseq_push(b, &t, rule_el(r_addl));
-      ws(c, &t);
-      di_gel more = di_gb_wrap(b, &t, "addl_more");
-      di_gseq_free(&t);
+    b->rules[S].defined = b->rules[R].defined = 1;
+    int amin = minp > k ? (int)minp - k : 0, amax = has_maxp ? (int)maxp - k : -1;
+    if (amin == 0) {
+      di_gb_add_alt(b, S, NULL, 0);
+      di_gb_add_alt(b, R, NULL, 0);
+    }
+    if (r_addl >= 0 && amax != 0) {
+      di_gseq s = {0};
       di_gseq_push(b, &s, rule_el(r_addl));
       ws(c, &s);
-      di_gseq_repeat(b, &s, more, 0, -1);
+      di_gseq_repeat(b, &s, more, amin > 1 ? amin - 1 : 0, amax < 0 ? -1 : amax - 1);
       di_gb_add_alt(b, S, s.v, s.n);
       s.n = 0;
-      di_gseq_push(b, &s, more);
-      di_gseq_repeat(b, &s, more, 0, -1);
-      di_gb_add_alt(b, R, s.v, s.n);
-    }
-    di_gseq_free(&s);
-    Snext = S;
-    Rnext = R;
-  }
-  for (int i = n - 1; i >= 0; i--) {
-    int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
-    di_gseq kv = {0};
-    di_gseq_bytes(b, &kv, ks.keys[i], strlen(ks.keys[i]));
-    ws(c, &kv);
-    lit(c, &kv, ":");
-    ws(c, &kv);
-    if (rules[i] >= 0) {
-      di_gseq_push(b, &kv, rule_el(rules[i]));
-      ws(c, &kv);
-      di_gel kvel = di_gb_wrap(b, &kv, "member");
-      di_gseq s = {0};
-      di_gseq_push(b, &s, kvel);
-      di_gseq_push(b, &s, rule_el(Rnext));
-      di_gb_add_alt(b, S, s.v, s.n);
-      s.n = 0;
-      lit(c, &s, ",");
-      ws(c, &s);
-      di_gseq_push(b, &s, kvel);
-      di_gseq_push(b, &s, rule_el(Rnext));
+      di_gseq_repeat(b, &s, more, amin > 1 ? amin : 1, amax);
       di_gb_add_alt(b, R, s.v, s.n);
       di_gseq_free(&s);
     }
-    di_gseq_free(&kv);
-    if (!isreq[i]) {
-      di_gel e = rule_el(Snext);
-      di_gb_add_alt(b, S, &e, 1);
-      e = rule_el(Rnext);
-      di_gb_add_alt(b, R, &e, 1);
-    } else if (rules[i] < 0) {
-      /* required but unsatisfiable: S/R get no alternative and are pruned as unproductive */
-    }
-    if (!b->rules[S].defined)
-      b->rules[S].defined = 1, b->rules[R].defined = 1;
-    Snext = S;
-    Rnext = R;
+    Snext[k] = S;
+    Rnext[k] = R;
   }
+  for (int i = n - 1; i >= 0; i--) {
+    di_gel kvel = {-1, -1};
+    if (rules[i] >= 0) {
+      di_gseq kv = {0};
+      di_gseq_bytes(b, &kv, ks.keys[i], strlen(ks.keys[i]));
+      ws(c, &kv);
+      lit(c, &kv, ":");
+      ws(c, &kv);
+      di_gseq_push(b, &kv, rule_el(rules[i]));
+      ws(c, &kv);
+      kvel = di_gb_wrap(b, &kv, "member");
+      di_gseq_free(&kv);
+    }
+    for (int k = 0; k <= K; k++) {
+      int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
+      b->rules[S].defined = b->rules[R].defined = 1;
+      int k1 = k < K ? k + 1 : has_maxp ? -1 : K; /* the count after this member; -1: over the maximum */
+      if (rules[i] >= 0 && k1 >= 0) {
+        di_gseq s = {0};
+        di_gseq_push(b, &s, kvel);
+        di_gseq_push(b, &s, rule_el(Rnext[k1]));
+        di_gb_add_alt(b, S, s.v, s.n);
+        s.n = 0;
+        lit(c, &s, ",");
+        ws(c, &s);
+        di_gseq_push(b, &s, kvel);
+        di_gseq_push(b, &s, rule_el(Rnext[k1]));
+        di_gb_add_alt(b, R, s.v, s.n);
+        di_gseq_free(&s);
+      }
+      if (!isreq[i]) { /* a required property that is unsatisfiable leaves S/R without alternatives */
+        di_gel e = rule_el(Snext[k]);
+        di_gb_add_alt(b, S, &e, 1);
+        e = rule_el(Rnext[k]);
+        di_gb_add_alt(b, R, &e, 1);
+      }
+      Scur[k] = S;
+      Rcur[k] = R;
+    }
+    memcpy(Snext, Scur, sizeof(int) * ((size_t)K + 1));
+    memcpy(Rnext, Rcur, sizeof(int) * ((size_t)K + 1));
+  }
+  int S0 = Snext[0];
+  free(Snext), free(Rnext), free(Scur), free(Rcur);
   (void)nprops;
   {
     di_gseq s = {0};
     lit(c, &s, "{");
     ws(c, &s);
-    di_gseq_push(b, &s, rule_el(Snext));
+    di_gseq_push(b, &s, rule_el(S0));
     lit(c, &s, "}");
     st = di_gb_add_alt(b, rule, s.v, s.n);
     di_gseq_free(&s);
