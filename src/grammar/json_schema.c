@@ -320,13 +320,14 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
                                   "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
                                   "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
-                                  "minContains", "minProperties", "maxProperties", NULL};
+                                  "minContains", "minProperties", "maxProperties",
+                                  "propertyNames", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
 static const char *UNENFORCED[] = {"not", "if", "then", "else", "maxContains", "uniqueItems",
-                                   "multipleOf", "patternProperties", "propertyNames",
+                                   "multipleOf", "patternProperties",
                                    "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -978,6 +979,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   int *isreq = calloc((size_t)np + 1, sizeof(int));
   int *rules = calloc((size_t)np + 1, sizeof(int));
   keyset ks = {calloc((size_t)np + 1, sizeof(char *)), 0};
+  di_grammar *png = NULL; /* propertyNames' own grammar, to check the named properties */
   di_status st = DI_OK;
   if (!names || !schemas || !isreq || !rules || !ks.keys) {
     st = di_error_set(DI_ERR_OOM, "out of memory");
@@ -1019,6 +1021,54 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   }
   /* JSON Schema's default admits other properties; strict mode (XGrammar's) admits none */
   int allow_addl = addl ? !cJSON_IsFalse(addl) : !c->opt->strict;
+  /* propertyNames: named properties are checked against it here (a grammar of its own); other
+   * names are generated from it, which needs there to be no named property they could repeat */
+  const cJSON *pn = item(sch, "propertyNames");
+  int r_pkey = -1, pn_none = cJSON_IsFalse(pn);
+  if (pn_none) {
+    allow_addl = 0;
+  } else if (pn && !cJSON_IsTrue(pn)) {
+    char *txt = cJSON_PrintUnformatted(pn);
+    if (!txt) {
+      st = di_error_set(DI_ERR_OOM, "out of memory");
+      goto done;
+    }
+    int has_ref = strstr(txt, "\"$ref\"") != NULL;
+    if ((has_ref || (allow_addl && n > 0)) && !c->opt->ignore_unsupported_keywords) {
+      free(txt);
+      st = unsupported(c, path, has_ref ? "propertyNames (with $ref)"
+                                        : "propertyNames (with properties and other names allowed)");
+      goto done;
+    }
+    di_grammar_options po = *c->opt;
+    po.no_cache = 1;
+    po.max_string_length = -1;
+    st = di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, txt, strlen(txt), &po, &png);
+    free(txt);
+    if (st != DI_OK && strstr(di_last_error(), "no JSON value satisfies")) {
+      st = DI_OK; /* no name fits: as propertyNames false */
+      pn_none = 1, allow_addl = 0;
+    }
+    if (st != DI_OK)
+      goto done;
+    if (allow_addl) {
+      cJSON *str = cJSON_CreateObject(), *ks_schema = NULL;
+      if (!str || !own(c, str)) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+        goto done;
+      }
+      cJSON_AddStringToObject(str, "type", "string");
+      char sub[1200];
+      snprintf(sub, sizeof sub, "%s/propertyNames", path);
+      st = merge(c, str, pn, 0, sub, &ks_schema);
+      if (st == DI_OK)
+        st = gen(c, ks_schema, sub, &r_pkey);
+      if (st != DI_OK)
+        goto done;
+      if (r_pkey < 0)
+        allow_addl = 0;
+    }
+  }
   for (int i = 0; i < n; i++) {
     char sub[1200];
     snprintf(sub, sizeof sub, "%s/properties/%s", path, names[i]);
@@ -1038,6 +1088,14 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       goto done;
     }
     ks.keys[ks.n++] = kb.p;
+    if (pn_none || (png && !di_grammar_accepts(png, kb.p, kb.n))) { /* a name propertyNames rejects */
+      rules[i] = -1;
+      if (isreq[i]) {
+        snprintf(c->why_empty, sizeof c->why_empty, "required property '%.100s' fails propertyNames at %.200s",
+                 names[i], path);
+        goto done;
+      }
+    }
   }
   /* additional members: key (not a named property) ":" value */
   int r_addl = -1;
@@ -1075,7 +1133,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       di_gseq_push(b, &s, rule_el(n ? excl_rule(c, &raw, "", 0, 0) : -1));
       if (!n) {
         s.n = 0;
-        di_gseq_push(b, &s, rule_el(string_rule(c)));
+        di_gseq_push(b, &s, rule_el(r_pkey >= 0 ? r_pkey : string_rule(c)));
       }
       ws(c, &s);
       lit(c, &s, ":");
@@ -1187,6 +1245,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     di_gseq_free(&s);
   }
 done:
+  di_grammar_free(png);
   for (int i = 0; ks.keys && i < ks.n; i++)
     free(ks.keys[i]);
   free(ks.keys);
