@@ -8,6 +8,7 @@
 #include "grammar/gram_ir.h"
 #include "grammar/grammar.h"
 #include "grammar/json_formats.h"
+#include "grammar/json_schema_not.h"
 #include "grammar/json_text.h"
 #include "util/json.h"
 
@@ -321,12 +322,12 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
                                   "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
                                   "minContains", "minProperties", "maxProperties",
-                                  "propertyNames", NULL};
+                                  "propertyNames", "not", "if", "then", "else", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
-static const char *UNENFORCED[] = {"not", "if", "then", "else", "maxContains", "uniqueItems",
+static const char *UNENFORCED[] = {"maxContains", "uniqueItems",
                                    "multipleOf", "patternProperties",
                                    "$dynamicRef", "$recursiveRef", NULL};
 
@@ -1454,6 +1455,15 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   DI_TRY(check_keywords(c, sch, path));
   int types;
   DI_TRY(get_types(sch, path, &types));
+  if (cJSON_IsTrue(item(sch, DI_NONINTEGRAL_KEY))) { /* from `not {type: integer}`: non-integral numbers */
+    if (!(types & T_NUMBER))
+      return DI_OK;
+    if (item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") || item(sch, "exclusiveMaximum"))
+      return unsupported(c, path, "not (of integer, beside numeric bounds)");
+    int r = mk_rule_regex(c, "nonintegral", "-?(0|[1-9][0-9]*)\\.[0-9]*[1-9][0-9]*|-?[1-9](\\.[0-9]*[1-9])?[eE]-[0-9]+");
+    di_gel e = rule_el(r);
+    return di_gb_add_alt(c->b, rule, &e, 1);
+  }
   const cJSON *en = item(sch, "enum"), *cn = item(sch, "const");
   if (en || cn) {
     if (en && !cJSON_IsArray(en))
@@ -1562,6 +1572,59 @@ static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path,
   return DI_OK;
 }
 
+/* `not` and `if`/`then`/`else` as what they mean, with the complement of json_schema_not.c:
+ * not X = allOf [complement(X)]; if I then T else E = anyOf [allOf [I, T], allOf [complement(I), E]]
+ * (a missing then / else is true; then / else without if mean nothing). *out is `sch` without
+ * those keywords and with the result in its allOf. */
+static di_status rewrite_not_if(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+  cJSON *rw = cJSON_Duplicate(sch, 1);
+  if (!rw || !own(c, rw))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  cJSON *all = item(rw, "allOf");
+  if (!all)
+    all = cJSON_AddArrayToObject(rw, "allOf");
+  if (!cJSON_IsArray(all))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  char why[128] = "";
+  const cJSON *nt = item(sch, "not"), *ifs = item(sch, "if");
+  if (nt) {
+    cJSON *neg = NULL;
+    if (di_json_schema_negate(nt, &neg, why, sizeof why) == 0)
+      cJSON_AddItemToArray(all, neg);
+    else if (!c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED,
+                          "json schema: unsupported keyword 'not' at %s (no complement for its '%s')", path, why);
+    cJSON_DeleteItemFromObjectCaseSensitive(rw, "not");
+  }
+  if (ifs) {
+    cJSON *neg = NULL;
+    if (di_json_schema_negate(ifs, &neg, why, sizeof why) != 0) {
+      if (!c->opt->ignore_unsupported_keywords)
+        return di_error_set(DI_ERR_UNSUPPORTED,
+                            "json schema: unsupported keyword 'if' at %s (no complement for its '%s')", path, why);
+      ifs = NULL; /* skipped */
+    }
+    if (ifs) {
+    const cJSON *th = item(sch, "then"), *el = item(sch, "else");
+    cJSON *choice = cJSON_CreateObject(), *alts = cJSON_AddArrayToObject(choice, "anyOf");
+    cJSON *yes = cJSON_CreateObject(), *ya = cJSON_AddArrayToObject(yes, "allOf");
+    cJSON_AddItemToArray(ya, cJSON_Duplicate(ifs, 1));
+    cJSON_AddItemToArray(ya, th ? cJSON_Duplicate(th, 1) : cJSON_CreateTrue());
+    cJSON *no = cJSON_CreateObject(), *na = cJSON_AddArrayToObject(no, "allOf");
+    cJSON_AddItemToArray(na, neg);
+    cJSON_AddItemToArray(na, el ? cJSON_Duplicate(el, 1) : cJSON_CreateTrue());
+    cJSON_AddItemToArray(alts, yes);
+    cJSON_AddItemToArray(alts, no);
+    cJSON_AddItemToArray(all, choice);
+    }
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(rw, "if");
+  cJSON_DeleteItemFromObjectCaseSensitive(rw, "then");
+  cJSON_DeleteItemFromObjectCaseSensitive(rw, "else");
+  *out = rw;
+  return DI_OK;
+}
+
 /* Compiles schema `sch` into a rule (memoised by node, so recursive $refs work). *rule_out = -1
  * when the schema admits no value (false, or empty intersections). */
 static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
@@ -1596,10 +1659,11 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
   b->rules[rule].defined = 1;
   di_status st = DI_OK;
   const cJSON *ref = item(sch, "$ref"), *all = item(sch, "allOf"), *any = item(sch, "anyOf"), *one = item(sch, "oneOf");
-  if (item(sch, "dependentRequired") || item(sch, "dependentSchemas") || item(sch, "dependencies")) {
+  int has_not_if = item(sch, "not") || item(sch, "if") || item(sch, "then") || item(sch, "else");
+  if (has_not_if || item(sch, "dependentRequired") || item(sch, "dependentSchemas") || item(sch, "dependencies")) {
     cJSON *rw = NULL;
     int r = -1;
-    st = rewrite_dependencies(c, sch, path, &rw);
+    st = has_not_if ? rewrite_not_if(c, sch, path, &rw) : rewrite_dependencies(c, sch, path, &rw);
     if (st == DI_OK)
       st = gen(c, rw, path, &r);
     if (st == DI_OK && r >= 0) {
