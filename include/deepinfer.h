@@ -184,8 +184,16 @@ typedef struct di_request_params {
   /* structured outputs (vLLM's structured_outputs): at most one of these */
   const char *json_schema;       /* JSON Schema text */
   const char *regex;
-  const char *grammar;           /* GBNF-style EBNF */
+  const char *grammar;           /* a grammar in `grammar_syntax` */
   int json_object;               /* any JSON object */
+  int grammar_syntax;            /* grammar: 0 = GBNF (llama.cpp's EBNF), 1 = Lark (llguidance's) */
+  int json_strict;               /* json_schema / json_object: XGrammar's strict mode (an object schema
+                                    without additionalProperties admits no other properties); the
+                                    server sets it for response_format json_schema strict: true */
+  int max_digits;                /* JSON: digits of numbers the schema leaves unbounded (0 = default
+                                    16, -1 = unbounded); docs/structured-outputs.md */
+  int max_string_length;         /* JSON: characters of strings without maxLength/pattern/format
+                                    (0 = default 1024, -1 = unbounded) */
 } di_request_params;
 
 void di_request_params_default(di_request_params *p);

@@ -253,6 +253,10 @@ class LLM:
             if so.grammar is not None:
                 p.grammar = so.grammar.encode("utf-8")
             p.json_object = int(so.json_object)
+            p.grammar_syntax = so.grammar_syntax_id()
+            p.json_strict = int(bool(so.strict))
+            p.max_digits = int(so.max_digits or 0)
+            p.max_string_length = int(so.max_string_length or 0)
         rid = ctypes.c_uint64()
         _lib.check(self._L.di_engine_add_request(self._engine, ctypes.byref(p), ctypes.byref(rid)), "adding a request")
         self._counter += 1

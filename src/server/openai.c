@@ -291,7 +291,7 @@ static char *choice_regex(const cJSON *arr, di_oai_error *err, const char *param
     if (v != arr->child) *w++ = '|';
     *w++ = '(';
     for (const char *s = v->valuestring; *s; s++) {
-      if (strchr("\\^$.|?*+()[]{}/-", *s)) *w++ = '\\';
+      if (strchr("\\^$.|?*+()[]{}/", *s)) *w++ = '\\';
       *w++ = *s;
     }
     *w++ = ')';
@@ -326,6 +326,31 @@ static int set_struct(di_oai_request *r, int *count, const char *param, const cJ
   return 0;
 }
 
+/* structured_outputs' options beside the constraint: grammar_syntax ("gbnf" | "lark"), strict,
+ * max_digits / max_string_length (positive, or -1 for unbounded; docs/structured-outputs.md). */
+static int read_structure_options(const cJSON *so, di_oai_request *r, di_oai_error *err) {
+  const cJSON *syn = field(so, "grammar_syntax");
+  if (syn) {
+    if (!cJSON_IsString(syn) || (strcmp(syn->valuestring, "gbnf") != 0 && strcmp(syn->valuestring, "lark") != 0))
+      return BAD("structured_outputs.grammar_syntax", "'grammar_syntax' must be \"gbnf\" or \"lark\"");
+    r->grammar_syntax = strcmp(syn->valuestring, "lark") == 0;
+  }
+  const cJSON *strict = field(so, "strict");
+  if (strict && !cJSON_IsBool(strict)) return BAD("structured_outputs.strict", "'strict' must be a boolean");
+  if (cJSON_IsTrue(strict)) r->json_strict = 1;
+  static const char *bounds[] = {"max_digits", "max_string_length"};
+  for (int i = 0; i < 2; i++) {
+    const cJSON *v = field(so, bounds[i]);
+    if (!v) continue;
+    int64_t x = 0;
+    if (!di_json_int_in(v, -1, 1e9, &x) || x == 0)
+      return BAD(i ? "structured_outputs.max_string_length" : "structured_outputs.max_digits",
+                 "'%s' must be a positive integer or -1 (unbounded)", bounds[i]);
+    *(i ? &r->max_string_length : &r->max_digits) = (int)x;
+  }
+  return 0;
+}
+
 static int read_structure(const cJSON *root, di_oai_request *r, int *json_object, di_oai_error *err) {
   int count = 0;
   *json_object = 0;
@@ -341,6 +366,10 @@ static int read_structure(const cJSON *root, di_oai_request *r, int *json_object
       if (!cJSON_IsObject(js)) return BAD("response_format.json_schema", "response_format of type json_schema needs a 'json_schema' object");
       if (!schema || cJSON_IsNull(schema)) return BAD("response_format.json_schema.schema", "'json_schema' needs a 'schema'");
       if (set_struct(r, &count, "response_format.json_schema.schema", schema, 0, err)) return -1;
+      const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+      if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+        return BAD("response_format.json_schema.strict", "'strict' must be a boolean");
+      r->json_strict = cJSON_IsTrue(strict);
     } else if (strcmp(type->valuestring, "text") != 0)
       return BAD("response_format.type", "response_format type must be \"text\", \"json_object\" or \"json_schema\", not \"%s\"",
                  type->valuestring);
@@ -353,6 +382,7 @@ static int read_structure(const cJSON *root, di_oai_request *r, int *json_object
         set_struct(r, &count, "structured_outputs.grammar", field(so, "grammar"), 2, err) ||
         set_struct(r, &count, "structured_outputs.choice", field(so, "choice"), 3, err))
       return -1;
+    if (read_structure_options(so, r, err)) return -1;
     const cJSON *jo = field(so, "json_object");
     if (jo && !cJSON_IsBool(jo)) return BAD("structured_outputs.json_object", "'json_object' must be a boolean");
     if (cJSON_IsTrue(jo)) {
@@ -545,6 +575,10 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
     p->regex = r->regex;
     p->grammar = r->grammar;
     p->json_object = json_object;
+    p->grammar_syntax = r->grammar_syntax;
+    p->json_strict = r->json_strict;
+    p->max_digits = r->max_digits;
+    p->max_string_length = r->max_string_length;
   }
   return 0;
 }

@@ -61,6 +61,7 @@ typedef struct di_oai_request {
   float *bias_values;
   int n_bias;
   char *json_schema, *regex, *grammar;
+  int grammar_syntax, json_strict, max_digits, max_string_length; /* structured-output options */
   char *rendered;                  /* chat: the rendered conversation */
 } di_oai_request;
 

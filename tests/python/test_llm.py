@@ -156,6 +156,33 @@ def test_structured_outputs(dummy):
     dummy.check()
 
 
+def test_structured_outputs_lark_strict_bounds(dummy):
+    """Issue 23: Lark grammars (grammar_syntax), strict JSON Schema objects, generation bounds."""
+    lark = 'start: item ("," item)*\nitem: WORD | INT\n%import common (WORD, INT)\n'
+    outs = dummy.generate(["List:"] * 4, [SamplingParams(temperature=1.0, max_tokens=24, seed=s, structured_outputs=
+                                                         StructuredOutputsParams(grammar=lark, grammar_syntax="lark"))
+                                          for s in range(4)])
+    for o in outs:
+        c = o.outputs[0]
+        if c.finish_reason == "stop":
+            assert re.fullmatch(r"([A-Za-z]+|[0-9]+)(,([A-Za-z]+|[0-9]+))*", c.text), c.text
+    # strict: no properties beyond the named ones; max_digits bounds the unbounded integer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for seed in range(3):
+        sp = SamplingParams(temperature=1.0, max_tokens=40, seed=seed, structured_outputs=StructuredOutputsParams(
+            json=schema, strict=True, max_digits=2))
+        o = dummy.generate("JSON:", sp)[0].outputs[0]
+        assert re.fullmatch(r'\{"a":-?[0-9]{1,2}\}', o.text) or o.finish_reason == "length", o.text
+    with pytest.raises(ValueError, match="grammar_syntax"):
+        StructuredOutputsParams(grammar="start: \"x\"", grammar_syntax="peg")
+    with pytest.raises(ValueError, match="max_digits"):
+        StructuredOutputsParams(json={}, max_digits=0)
+    with pytest.raises(DeepInferError, match="no 'start' rule"):
+        dummy.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(grammar="s: \"x\"",
+                                                                                     grammar_syntax="lark")))
+    dummy.check()
+
+
 DEFAULT = os.path.join(ROOT, "models", "default")
 
 

@@ -321,6 +321,29 @@ def test_structured_outputs(server):
     check_error(status, body, 400)
     status, body = server.post("/v1/completions", {"prompt": "x", "guided_regex": "a", "guided_json": {}})
     check_error(status, body, 400)
+    # issue 23: Lark grammars, response_format strict, generation bounds, and their errors
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 8, "temperature": 0,
+                                                   "structured_outputs": {"grammar": 'start: "a"+ "b"',
+                                                                          "grammar_syntax": "lark"}})
+    assert status == 200 and re.fullmatch("a+b?", body["choices"][0]["text"]), body
+    loose = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    status, body = server.post("/v1/completions", {
+        "prompt": "x", "max_tokens": 30, "temperature": 0.9, "seed": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": loose, "strict": True}}})
+    assert status == 200, body
+    text = body["choices"][0]["text"]
+    assert re.fullmatch(r'\{"n":-?[0-9]{1,16}\}', text) or body["choices"][0]["finish_reason"] == "length", text
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 30, "temperature": 0.9, "seed": 2,
+                                                   "structured_outputs": {"json": {"type": "integer"},
+                                                                          "max_digits": 2}})
+    assert status == 200 and re.fullmatch(r"-?[0-9]{1,2}", body["choices"][0]["text"]), body
+    for bad in ({"grammar": "start: x", "grammar_syntax": "peg"}, {"json": {}, "max_digits": 0},
+                {"json": {}, "strict": "yes"}, {"grammar": "s: \"x\"", "grammar_syntax": "lark"}):
+        status, body = server.post("/v1/completions", {"prompt": "x", "structured_outputs": bad})
+        check_error(status, body, 400)
+    status, body = server.post("/v1/completions", {"prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "t", "schema": {}, "strict": 1}}})
+    check_error(status, body, 400)
 
 
 def test_errors(server):
