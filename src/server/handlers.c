@@ -6,6 +6,8 @@
 #include "api/model_internal.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
+#include "server/tool_choice.h"
+#include "server/tool_stream.h"
 #include "util/json.h"
 #include <math.h>
 #include <stdarg.h>
@@ -95,6 +97,9 @@ typedef struct choice {
   int n_out;
   char *error;
   int echoed;                    /* streamed echo with logprobs: the prompt's chunk was sent */
+  di_tool_stream tools;          /* streamed tool calls: what of them was sent */
+  int32_t *ids;                  /* the generated token ids (kept when the response carries token_ids) */
+  int n_ids, cap_ids;
 } choice;
 
 typedef struct gen {
@@ -258,32 +263,67 @@ static cJSON *usage_json(const gen *g) {
   return u;
 }
 
+/* OpenAI's system_fingerprint: names the serving configuration (server version and model folder),
+ * so a client can tell when replies may change for reasons other than the request */
+static void fingerprint(const di_server *s, char *out, size_t cap) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+  const char *parts[2] = {DI_SERVER_VERSION, di_model_dir(s->cfg.model)};
+  for (int i = 0; i < 2; i++)
+    for (const char *p = parts[i] ? parts[i] : ""; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+  snprintf(out, cap, "fp_%010llx", (unsigned long long)(h & 0xffffffffffull));
+}
+
 static cJSON *envelope(const gen *g, const char *object) {
   cJSON *o = cJSON_CreateObject();
+  char fp[32];
+  fingerprint(g->s, fp, sizeof fp);
   cJSON_AddStringToObject(o, "id", g->id);
   cJSON_AddStringToObject(o, "object", object);
   cJSON_AddNumberToObject(o, "created", (double)g->created);
   cJSON_AddStringToObject(o, "model", g->s->cfg.served_name);
+  cJSON_AddStringToObject(o, "system_fingerprint", fp);
   return o;
+}
+
+/* a fresh tool-call id (tool_stream.h's callback) */
+static void tool_call_id(void *ctx, char *out, size_t cap) { make_id(((gen *)ctx)->s, "chatcmpl-tool-", out, cap); }
+
+/* keeps an event's token ids on its choice (responses that carry token_ids) */
+static int keep_ids(choice *ch, const di_srv_event *ev) {
+  if (ch->n_ids + ev->n_tokens > ch->cap_ids) {
+    int cap = (ch->n_ids + ev->n_tokens) * 2 + 16;
+    int32_t *a = realloc(ch->ids, (size_t)cap * sizeof *a);
+    if (!a) return -1;
+    ch->ids = a;
+    ch->cap_ids = cap;
+  }
+  if (ev->n_tokens) memcpy(ch->ids + ch->n_ids, ev->tokens, (size_t)ev->n_tokens * sizeof *ev->tokens);
+  ch->n_ids += ev->n_tokens;
+  return 0;
+}
+
+static cJSON *ids_json(const int32_t *ids, int n) {
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+  return a;
 }
 
 static const char *finish_str(di_finish_reason f) {
   return f == DI_FINISH_STOP ? "stop" : f == DI_FINISH_LENGTH ? "length" : f == DI_FINISH_ABORT ? "abort" : "error";
 }
 
-/* The tool calls in a chat reply as OpenAI's tool_calls array (stream: with an "index" each), or
- * NULL when it has none; *content_len: the bytes of content before them. */
-static cJSON *tool_calls_json(gen *g, const char *text, size_t len, size_t *content_len, int stream) {
+/* The tool calls in a whole chat reply as OpenAI's tool_calls array, or NULL when it has none;
+ * *content_len: the bytes of content before them. */
+static cJSON *tool_calls_json(gen *g, const char *text, size_t len, size_t *content_len) {
   di_tool_call *calls;
   *content_len = len;
-  int n = text ? di_tool_calls_parse(text, len, content_len, &calls) : 0;
-  if (n <= 0) return NULL;
+  int n = text ? di_tool_choice_calls(&g->r, text, len, 1, content_len, &calls) : 0;
+  if (n <= 0) { *content_len = len; return NULL; }
   cJSON *a = cJSON_CreateArray();
   for (int i = 0; i < n; i++) {
     cJSON *c = cJSON_CreateObject();
     char id[64];
     make_id(g->s, "chatcmpl-tool-", id, sizeof id);
-    if (stream) cJSON_AddNumberToObject(c, "index", i);
     cJSON_AddStringToObject(c, "id", id);
     cJSON_AddStringToObject(c, "type", "function");
     cJSON *f = cJSON_AddObjectToObject(c, "function");
@@ -382,7 +422,7 @@ static int respond_whole(gen *g) {
         if (!ch->logprobs) ch->logprobs = new_logprobs(g->r.chat);
         if (ch->logprobs) add_event_logprobs(g, ch, ch->logprobs, ev);
       }
-      if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
+      if ((ev->text_len && append(ch, ev->text, ev->text_len) != 0) || (g->r.return_token_ids && keep_ids(ch, ev) != 0)) {
         di_srv_event_free(ev);
         di_srv_abort(g->s->loop, g->job);
         di_oai_error err;
@@ -417,11 +457,12 @@ static int respond_whole(gen *g) {
         c_begin = sp.c_begin;
         content_len = ch->len - c_begin;
       }
-      cJSON *calls = g->r.parse_tools ? tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len, 0) : NULL;
+      cJSON *calls = g->r.parse_tools || g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED
+                         ? tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len) : NULL;
       if (calls) {
         /* the reply's text before the calls is the content (null when there is none, as OpenAI) */
         while (content_len && strchr(" \n\r\t", text[c_begin + content_len - 1])) content_len--;
-        ch->finish = DI_FINISH_NONE; /* reported as "tool_calls" below */
+        if (ch->finish != DI_FINISH_LENGTH) ch->finish = DI_FINISH_NONE; /* reported as "tool_calls" below */
       }
       char *content = strndup(text + c_begin, content_len);
       /* content is null when the reply is all tool calls, or all reasoning (as vLLM) */
@@ -431,7 +472,7 @@ static int respond_whole(gen *g) {
         cJSON_AddNullToObject(m, "content");
       free(content);
       if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
-      else cJSON_AddArrayToObject(m, "tool_calls");
+      else cJSON_AddNullToObject(m, "tool_calls"); /* as OpenAI: null, not [], when there are none */
       if (ch->logprobs) {
         cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
         cJSON_AddItemToObject(lp, "content", ch->logprobs);
@@ -464,6 +505,7 @@ static int respond_whole(gen *g) {
       }
       if (g->r.prompt_logprobs >= 0) cJSON_AddItemToObject(c, "prompt_logprobs", prompt_logprobs_json(g, pi));
     }
+    if (g->r.return_token_ids) cJSON_AddItemToObject(c, "token_ids", ids_json(ch->ids, ch->n_ids));
     cJSON_AddStringToObject(c, "finish_reason", ch->finish == DI_FINISH_NONE ? "tool_calls" : finish_str(ch->finish));
     cJSON_AddNullToObject(c, "stop_reason");
     cJSON_AddItemToArray(choices, c);
@@ -530,6 +572,55 @@ static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int ro
   return o;
 }
 
+/* A streamed chat reply split as it grows: reasoning up to </think>, then content up to where tool
+ * calls start (a tail that might begin a marker, or whitespace before one, waits), then the calls as
+ * incremental deltas (tool_stream.h). Sends what this event adds; returns 0, or -1 when sending
+ * failed. `lp` (this event's logprobs or NULL) is taken. */
+static int stream_split(gen *g, int ci, choice *ch, const di_srv_event *ev, cJSON *lp) {
+  const char *text = ch->text ? ch->text : "";
+  int final = ev->finish != DI_FINISH_NONE;
+  size_t r_from = 0, r_to = 0, c_begin = 0;
+  if (g->r.parse_reasoning) {
+    di_reasoning_split sp;
+    di_reasoning_split_text(text, ch->len, final, &sp);
+    r_from = ch->r_emitted > sp.r_begin ? ch->r_emitted : sp.r_begin;
+    r_to = sp.r_end > r_from ? sp.r_end : r_from;
+    ch->r_emitted = r_to;
+    c_begin = sp.c_begin;
+  }
+  size_t c_end = ch->len;
+  cJSON *deltas = NULL;
+  int n_calls = 0;
+  if ((g->r.parse_tools || g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED) && c_begin < ch->len) {
+    di_tool_call *calls = NULL;
+    size_t content_len = 0;
+    n_calls = di_tool_choice_calls(&g->r, text + c_begin, ch->len - c_begin, final, &content_len, &calls);
+    if (n_calls > 0 && (deltas = cJSON_CreateArray()) != NULL &&
+        di_tool_stream_step(&ch->tools, calls, n_calls, deltas, tool_call_id, g) == 0) {
+      cJSON_Delete(deltas);
+      deltas = NULL;
+    }
+    di_tool_calls_free(calls, n_calls > 0 ? n_calls : 0);
+    if (final && n_calls > 0) { /* the content before the calls, less the whitespace a reply with calls drops */
+      c_end = c_begin + content_len;
+      while (c_end > c_begin && strchr(" \n\r\t", text[c_end - 1])) c_end--;
+    } else if (final) {
+      c_end = ch->len;
+    } else if (g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED) {
+      c_end = c_begin; /* a forced reply is all calls until it proves not to be (cut off) */
+    } else {
+      c_end = c_begin + di_tool_calls_safe_prefix(text + c_begin, ch->len - c_begin);
+    }
+  }
+  size_t c_from = ch->c_emitted > c_begin ? ch->c_emitted : c_begin;
+  if (c_end < c_from) c_end = c_from;
+  ch->c_emitted = c_end;
+  const char *fin = !final ? NULL : n_calls > 0 && ev->finish != DI_FINISH_LENGTH ? "tool_calls" : finish_str(ev->finish);
+  if (c_end > c_from || r_to > r_from || lp || fin || deltas)
+    return sse_send(g, chunk_json(g, ci, text + c_from, c_end - c_from, 0, lp, fin, deltas, text + r_from, r_to - r_from));
+  return 0;
+}
+
 static int respond_stream(gen *g) {
   int ok = di_http_begin_chunked(g->c->fd, 200, "text/event-stream; charset=utf-8", g->keep_alive, g->c->extra) == 0;
   g->c->status = 200;
@@ -593,46 +684,22 @@ static int respond_stream(gen *g) {
         char *s = di_oai_error_json(&err);
         if (s) sb_printf(&g->out, "data: %s\n\n", s);
         free(s);
-      } else if (g->r.parse_tools || g->r.parse_reasoning) {
-        /* the text is split as it grows: reasoning up to </think>, content up to where tool-call
-         * markup starts; a tail that might begin a marker waits; the calls go out whole at the end */
+      } else if (g->r.parse_tools || g->r.parse_reasoning || g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED) {
         if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
           cJSON_Delete(lp);
           ok = 0;
           di_srv_event_free(ev);
           break;
         }
-        const char *text = ch->text ? ch->text : "";
-        int final = ev->finish != DI_FINISH_NONE;
-        size_t r_from = 0, r_to = 0, c_begin = 0;
-        if (g->r.parse_reasoning) {
-          di_reasoning_split sp;
-          di_reasoning_split_text(text, ch->len, final, &sp);
-          r_from = ch->r_emitted > sp.r_begin ? ch->r_emitted : sp.r_begin;
-          r_to = sp.r_end > r_from ? sp.r_end : r_from;
-          ch->r_emitted = r_to;
-          c_begin = sp.c_begin;
-        }
-        size_t c_end = ch->len;
-        cJSON *calls = NULL;
-        if (g->r.parse_tools && c_begin < ch->len) {
-          size_t content_len;
-          if (final && (calls = tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len, 1)))
-            c_end = c_begin + content_len;
-          else if (!final)
-            c_end = c_begin + di_tool_calls_safe_prefix(text + c_begin, ch->len - c_begin);
-        }
-        size_t c_from = ch->c_emitted > c_begin ? ch->c_emitted : c_begin;
-        if (c_end < c_from) c_end = c_from;
-        ch->c_emitted = c_end;
-        const char *fin = final ? (calls ? "tool_calls" : finish_str(ev->finish)) : NULL;
-        if (c_end > c_from || r_to > r_from || lp || fin)
-          ok = sse_send(g, chunk_json(g, ci, text + c_from, c_end - c_from, 0, lp, fin, calls, text + r_from,
-                                      r_to - r_from)) == 0;
-        else cJSON_Delete(calls);
-      } else if (ev->text_len || lp || ev->finish != DI_FINISH_NONE) {
-        ok = sse_send(g, chunk_json(g, ci, ev->text, ev->text_len, 0, lp,
-                                    ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL, NULL, NULL, 0)) == 0;
+        ok = stream_split(g, ci, ch, ev, lp) == 0;
+      } else if (ev->text_len || lp || ev->finish != DI_FINISH_NONE || (g->r.return_token_ids && ev->n_tokens)) {
+        cJSON *o = chunk_json(g, ci, ev->text, ev->text_len, 0, lp,
+                              ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL, NULL, NULL, 0);
+        /* without a tokenizer the text is empty: the chunk carries the new token ids (vLLM's token_ids) */
+        if (o && g->r.return_token_ids)
+          cJSON_AddItemToObject(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "token_ids",
+                                ids_json(ev->tokens, ev->n_tokens));
+        ok = sse_send(g, o) == 0;
       }
     }
     di_srv_event_free(ev);
@@ -703,6 +770,8 @@ done:
   for (int i = 0; g.ch && i < g.n_choices; i++) {
     free(g.ch[i].text);
     free(g.ch[i].error);
+    free(g.ch[i].ids);
+    di_tool_stream_free(&g.ch[i].tools);
     cJSON_Delete(g.ch[i].logprobs);
   }
   free(g.ch);

@@ -35,11 +35,20 @@ int di_oai_fail(di_oai_error *e, int status, const char *type, const char *param
 /* {"error": {...}} as a malloc'd string (NULL on out of memory). */
 char *di_oai_error_json(const di_oai_error *e);
 
+/* tool_choice: "auto" (markup in the reply parsed when the server has a tool parser), "none",
+ * "required" (the reply is constrained to a JSON array of {name, parameters}, as vLLM does), or a named
+ * function (the reply is constrained to that function's parameters schema: it is the arguments). */
+enum { DI_TOOL_CHOICE_AUTO = 0, DI_TOOL_CHOICE_NONE, DI_TOOL_CHOICE_REQUIRED, DI_TOOL_CHOICE_NAMED };
+
 /* A request read from its JSON body. */
 typedef struct di_oai_request {
   int chat;
   int parse_tools;                 /* chat with tools and a tool parser: replies may hold tool calls */
   int parse_reasoning;             /* chat with a reasoning parser: replies hold <think> reasoning */
+  int tool_choice;                 /* DI_TOOL_CHOICE_*: how replies become tool calls */
+  char *tool_name;                 /* DI_TOOL_CHOICE_NAMED: the function the reply calls */
+  int return_token_ids;            /* choices carry `token_ids` (vLLM's field; always without a tokenizer) */
+  int add_special_tokens;          /* completions (vLLM's field): text prompts get the tokenizer's BOS; default 1 */
   int stream, include_usage;
   int continuous_usage;            /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
   int echo;                        /* completions: the prompt text leads each choice's text */

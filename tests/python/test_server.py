@@ -620,13 +620,46 @@ def test_continuous_usage_and_unsupported(server):
     check_error(*server.post("/v1/completions", {"prompt": "x", "suffix": "y"}), 400, "suffix")
     check_error(*server.post("/v1/completions", {"prompt": "x", "n": 2, "best_of": 3}), 400, "best_of")
     check_error(*server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                                                      "tool_choice": "required"}), 400, "tool_choice")
+                                                      "tool_choice": "required"}), 400, "tool_choice")  # no tools
 
 
 TOOL_MARKUP = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+V31_MARKUP = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜>"
+              "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+V4_MARKUP = ("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+             "<｜DSML｜parameter name=\"city\" string=\"true\">Li\"ma</｜DSML｜parameter>\n"
+             "<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+
+
+def reassemble(events):
+    """A streamed chat reply put back together: content, reasoning, tool calls (deltas joined per
+    index) and the finish reason; checks that no chunk's content holds tool-call markup."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for e in events:
+        if not e["choices"]:
+            continue
+        ch = e["choices"][0]
+        d = ch["delta"]
+        piece = d.get("content") or ""
+        assert "｜tool" not in piece and "DSML" not in piece, piece
+        content += piece
+        reasoning += d.get("reasoning_content") or ""
+        for tc in d.get("tool_calls") or []:
+            if tc["index"] not in calls:
+                assert tc.get("id") and tc["type"] == "function" and tc["function"]["name"], tc
+                calls[tc["index"]] = {"name": tc["function"]["name"], "arguments": ""}
+            calls[tc["index"]]["arguments"] += tc["function"].get("arguments") or ""
+        finish = ch.get("finish_reason") or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+def whole_calls(message):
+    return [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in message["tool_calls"] or []]
 
 
 def test_tool_calls(server):
@@ -642,22 +675,108 @@ def test_tool_calls(server):
     (call,) = c["message"]["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
     assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert body["system_fingerprint"].startswith("fp_")
     events, done = server.stream("/v1/chat/completions", dict(req, stream=True))
-    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
-    calls = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls", [])]
-    assert done and content == "Sure." and len(calls) == 1 and calls[0]["index"] == 0
-    assert calls[0]["function"]["name"] == "get_weather" and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    content, _, calls, finish = reassemble(events)
+    assert done and content == "Sure." and calls == whole_calls(c["message"]) and finish == "tool_calls"
+    # the arguments arrive as incremental deltas, not in one piece
+    assert sum(1 for e in events for tc in e["choices"][0]["delta"].get("tool_calls") or []) > 3
     # without tools in the request the markup stays content
     no_tools = dict(req)
     del no_tools["tools"]
     status, body = server.post("/v1/chat/completions", no_tools)
     assert body["choices"][0]["message"]["content"] == "Sure." + TOOL_MARKUP
-    assert body["choices"][0]["message"]["tool_calls"] == [] and body["choices"][0]["finish_reason"] == "stop"
+    assert body["choices"][0]["message"]["tool_calls"] is None and body["choices"][0]["finish_reason"] == "stop"
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
     r = client.chat.completions.create(model=NAME, messages=req["messages"], tools=TOOLS, max_tokens=400, temperature=0,
                                        extra_body={"guided_regex": rx})
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    # every form (V3.1 with two calls, V4's DSML): streamed deltas reassemble to the whole reply
+    for text, want in [("Two." + V31_MARKUP, [("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"})]),
+                       ("Let me look." + V4_MARKUP, [("get_weather", {"city": "Li\"ma", "days": 2})])]:
+        req2 = dict(req, guided_regex=escape_rx(text))
+        status, body = server.post("/v1/chat/completions", req2)
+        m = body["choices"][0]["message"]
+        assert status == 200 and body["choices"][0]["finish_reason"] == "tool_calls", body
+        assert [(c["name"], json.loads(c["arguments"])) for c in whole_calls(m)] == want
+        events, done = server.stream("/v1/chat/completions", dict(req2, stream=True))
+        content, _, calls, finish = reassemble(events)
+        assert done and content == m["content"] and calls == whole_calls(m) and finish == "tool_calls"
+        stream = client.chat.completions.create(model=NAME, messages=req["messages"], tools=TOOLS, max_tokens=400,
+                                                temperature=0, stream=True, extra_body={"guided_regex": req2["guided_regex"]})
+        args = {}
+        for chunk in stream:
+            for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        assert [args[i] for i in sorted(args)] == [c["arguments"] for c in whole_calls(m)]
+
+
+CHOICE_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                    "required": ["city"], "additionalProperties": False}}},
+                {"type": "function", "function": {"name": "get_time", "parameters": {
+                    "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
+                    "additionalProperties": False}}}]
+
+
+def test_tool_choice_required_and_named(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "Weather?"}]
+    for seed in range(3):
+        # a named function: the reply is constrained to its parameters, returned as that call's arguments
+        named = {"type": "function", "function": {"name": "get_time"}}
+        r = client.chat.completions.create(model=NAME, messages=msgs, tools=CHOICE_TOOLS, tool_choice=named,
+                                           max_tokens=200, seed=seed)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_time" and r.choices[0].finish_reason == "tool_calls"
+        assert set(json.loads(call.function.arguments)) == {"utc"} and r.choices[0].message.content is None
+        # "required": a JSON array of calls, each one of the tools with its own parameters
+        r = client.chat.completions.create(model=NAME, messages=msgs, tools=CHOICE_TOOLS, tool_choice="required",
+                                           max_tokens=300, seed=seed)
+        calls = r.choices[0].message.tool_calls
+        assert calls and r.choices[0].finish_reason == "tool_calls", r
+        for c in calls:
+            args = json.loads(c.function.arguments)
+            assert (c.function.name, set(args)) in [("get_weather", {"city"}), ("get_time", {"utc"})]
+    # streamed = whole (greedy), the named call's arguments as incremental deltas
+    for choice in [{"type": "function", "function": {"name": "get_weather"}}, "required"]:
+        req = {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": choice, "max_tokens": 300, "temperature": 0}
+        status, body = server.post("/v1/chat/completions", req)
+        assert status == 200, body
+        events, done = server.stream("/v1/chat/completions", dict(req, stream=True))
+        content, _, calls, finish = reassemble(events)
+        assert done and calls == whole_calls(body["choices"][0]["message"]) and content == "" and finish == "tool_calls"
+    check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}}), 400, "tool_choice")
+    check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": "required",
+                                                      "response_format": {"type": "json_object"}}), 400, "tool_choice")
+
+
+def test_tool_round_trip(server):
+    """The standard exchange: an assistant message with content null and tool_calls, then a tool
+    message, rendered by the shipped template (as transformers renders it: jinja2 with its settings)."""
+    jinja2 = pytest.importorskip("jinja2")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, max_tokens=5, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.tool_calls is None
+    status, tok = server.post("/tokenize", {"messages": msgs, "tools": TOOLS})
+    status, detok = server.post("/detokenize", {"tokens": tok["tokens"]})
+    with open(os.path.join(DUMMY, "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
+    want = env.from_string(cfg["chat_template"]).render(messages=msgs, tools=TOOLS, add_generation_prompt=True,
+                                                        bos_token=cfg["bos_token"], eos_token=cfg["eos_token"])
+    assert detok["prompt"] == want
+    assert "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>sunny, 21 C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>" in want
+    assert "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather" in want
 
 
 def escape_rx(text):
@@ -683,11 +802,9 @@ def test_reasoning_parser():
                 assert m["tool_calls"][0]["function"]["name"] == tool
                 assert body["choices"][0]["finish_reason"] == "tool_calls"
             events, done = s.stream("/v1/chat/completions", dict(req, stream=True))
-            deltas = [e["choices"][0]["delta"] for e in events]
-            assert done
-            assert "".join(d.get("reasoning_content") or "" for d in deltas) == reasoning
-            assert "".join(d.get("content") or "" for d in deltas) == (content or "")
-            assert [tc["function"]["name"] for d in deltas for tc in d.get("tool_calls", [])] == ([tool] if tool else [])
+            got_content, got_reasoning, calls, _ = reassemble(events)
+            assert done and got_reasoning == reasoning and got_content == (content or "")
+            assert calls == whole_calls(m) and [c["name"] for c in calls] == ([tool] if tool else [])
         # completions are not split
         status, body = s.post("/v1/completions", {"prompt": "x", "max_tokens": 50, "temperature": 0,
                                                   "guided_regex": escape_rx("a</think>b")})
