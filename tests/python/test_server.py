@@ -32,9 +32,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason="deepinfer CLI n
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, model=DUMMY):
         self.log = tempfile.NamedTemporaryFile(prefix="di-serve-", suffix=".log", delete=False)
-        cmd = [CLI, "serve", DUMMY, "--load-format", "dummy", "--seed", "1", "--port", "0", "--threads", "2",
+        cmd = [CLI, "serve", model, "--load-format", "dummy", "--seed", "1", "--port", "0", "--threads", "2",
                "--num-kv-blocks", "512", "--served-model-name", NAME, "--max-body-bytes", "65536",
                "--shutdown-timeout", "10", "--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v3", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
@@ -970,3 +970,22 @@ def test_shared_prompt_blocks_computed_once(server):
         status, one = server.post("/v1/completions", {"prompt": p, "max_tokens": 3, "temperature": 0})
         assert status == 200, one
         assert one["choices"][0]["text"] == body["choices"][k]["text"]
+
+
+def test_no_tokenizer_streams_token_ids(tmp_path):
+    """A model folder without tokenizer.json: token-id prompts, each streamed chunk carrying its new
+    token ids (vLLM's token_ids), equal to the whole response's."""
+    import shutil
+    shutil.copy(os.path.join(DUMMY, "config.json"), tmp_path / "config.json")
+    s = Server("--disable-log-requests", model=str(tmp_path))
+    try:
+        req = {"prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0}
+        status, body = s.post("/v1/completions", req)
+        assert status == 200 and len(body["choices"][0]["token_ids"]) == 6, body
+        events, done = s.stream("/v1/completions", dict(req, stream=True))
+        streamed = [t for e in events for t in e["choices"][0].get("token_ids", [])]
+        assert done and len(events) >= 6 and streamed == body["choices"][0]["token_ids"]
+        check_error(*s.post("/v1/completions", {"prompt": "text"}), 400, "prompt")
+        assert s.stop() == 0
+    finally:
+        s.kill()
