@@ -8,6 +8,7 @@
 #include "server/tool_calls.h"
 #include "server/tool_choice.h"
 #include "server/tool_stream.h"
+#include "server/tokenizer_info.h"
 #include "util/json.h"
 #include <math.h>
 #include <stdarg.h>
@@ -895,9 +896,7 @@ static int handle_tokenize(di_server *s, di_conn *c, const char *body, size_t le
   } else if (cJSON_IsString(prompt)) {
     int32_t *ids = NULL;
     size_t n = 0;
-    di_status st = ast && cJSON_IsFalse(ast)
-                       ? di_tokenizer_encode(s->oai.tok, prompt->valuestring, strlen(prompt->valuestring), 0, &ids, &n)
-                       : di_tokenizer_encode_prompt(s->oai.tok, prompt->valuestring, strlen(prompt->valuestring), &ids, &n);
+    di_status st = di_oai_encode_text(s->oai.tok, prompt->valuestring, !(ast && cJSON_IsFalse(ast)), &ids, &n);
     if (st != DI_OK) {
       di_oai_fail(&err, 400, "invalid_request_error", "prompt", NULL, "%s", di_last_error());
     } else {
@@ -1090,6 +1089,14 @@ int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const 
     const char *name = req->target + 11;
     if (strlen(s->cfg.served_name) == n && memcmp(name, s->cfg.served_name, n) == 0) return send_json(c, 200, model_card(s), ka);
     di_oai_fail(&err, 404, "invalid_request_error", "model", "model_not_found", "The model `%.*s` does not exist.", (int)n, name);
+    return di_srv_send_error(c, &err, ka);
+  }
+  if (path_is(req, "/tokenizer_info")) {
+    if (!get) return method_not_allowed(c, "GET", ka);
+    char why[4200];
+    cJSON *info = di_tokenizer_info_json(di_model_dir(s->cfg.model), why, sizeof why);
+    if (info) return send_json(c, 200, info, ka);
+    di_oai_fail(&err, 404, "invalid_request_error", "", NULL, "%s", why);
     return di_srv_send_error(c, &err, ka);
   }
   int is_cmpl = path_is(req, "/v1/completions"), is_chat = path_is(req, "/v1/chat/completions");

@@ -122,15 +122,18 @@ static int add_prompt(di_oai_request *r, int32_t *ids, int n, char *text, di_oai
   return 0;
 }
 
+di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_special_tokens, int32_t **ids, size_t *n) {
+  const char *bos = di_tokenizer_bos_token(tok);
+  int has_bos = bos && *bos && strncmp(s, bos, strlen(bos)) == 0;
+  return add_special_tokens && !has_bos ? di_tokenizer_encode_prompt(tok, s, strlen(s), ids, n)
+                                        : di_tokenizer_encode(tok, s, strlen(s), 0, ids, n);
+}
+
 static int text_prompt(const di_oai_ctx *ctx, di_oai_request *r, const char *s, di_oai_error *err) {
   if (!ctx->tok) return BAD("prompt", "text prompts need a tokenizer (the model folder has no tokenizer.json); send token ids");
   int32_t *ids = NULL;
   size_t n = 0;
-  /* add_special_tokens false (vLLM's field): the text as is, no BOS (lm-evaluation-harness's string
-   * requests carry their own tokens' text) */
-  di_status st = r->add_special_tokens ? di_tokenizer_encode_prompt(ctx->tok, s, strlen(s), &ids, &n)
-                                       : di_tokenizer_encode(ctx->tok, s, strlen(s), 0, &ids, &n);
-  if (st != DI_OK) return BAD("prompt", "%s", di_last_error());
+  if (di_oai_encode_text(ctx->tok, s, r->add_special_tokens, &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
   char *text = xstrdup(s);
   if (!text) { free(ids); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
   return add_prompt(r, ids, (int)n, text, err);

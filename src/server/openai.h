@@ -79,6 +79,10 @@ typedef struct di_oai_request {
 int di_oai_parse_request(const di_oai_ctx *ctx, int chat, const char *body, size_t len, di_oai_request *r,
                          di_oai_error *err);
 void di_oai_request_free(di_oai_request *r);
+/* A text prompt's ids: with add_special_tokens the tokenizer's own (BOS when add_bos_token), except
+ * that a text already starting with the BOS token's text gets no second one (lm-evaluation-harness's
+ * string requests decode their BOS into the text); without, the text's tokens alone (vLLM's field). */
+di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_special_tokens, int32_t **ids, size_t *n);
 
 /* `model` of a request: 0 when absent or ours, else -1 with a 404 error. */
 int di_oai_check_model(const di_oai_ctx *ctx, const cJSON *root, di_oai_error *err);

@@ -989,3 +989,36 @@ def test_no_tokenizer_streams_token_ids(tmp_path):
         assert s.stop() == 0
     finally:
         s.kill()
+
+
+def test_lmeval_local_completions_requests(server):
+    """lm-evaluation-harness's local-completions requests (echo, logprobs 1, max_tokens 1; it sums
+    token_logprobs[ctxlen:-1]) through the openai client: token ids, and the same sequence as text
+    (its BOS decoded into the text: no second BOS), give the float64 reference's log-likelihood;
+    add_special_tokens false keeps a text's tokens as they are. /tokenizer_info as vLLM's."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
+    ctx, cont = "The quick brown fox", " jumps over"
+    ctx_ids = server.post("/tokenize", {"prompt": ctx})[1]["tokens"]  # with BOS
+    whole = server.post("/tokenize", {"prompt": ctx + cont})[1]["tokens"]
+    assert whole[:len(ctx_ids)] == ctx_ids and whole[0] == 0
+    ctxlen = len(ctx_ids)
+    ref = dummy_logprobs(whole)
+    want = sum(ref[t][0] for t in range(ctxlen, len(whole)))
+    text = server.post("/detokenize", {"tokens": whole})[1]["prompt"]
+    assert text.startswith("<｜begin▁of▁sentence｜>")
+    for prompt, extra in [(whole, {}), (text, {}), (text[len("<｜begin▁of▁sentence｜>"):], {}),
+                          (whole[1:], {}), (text[len("<｜begin▁of▁sentence｜>"):], {"add_special_tokens": False})]:
+        r = client.completions.create(model=NAME, prompt=prompt, max_tokens=1, echo=True, logprobs=1, temperature=0,
+                                      extra_body=extra)
+        lp = r.choices[0].logprobs
+        with_bos = not (prompt == whole[1:] or extra)
+        n = len(whole) if with_bos else len(whole) - 1
+        assert len(lp.token_logprobs) == n + 1 and lp.token_logprobs[0] is None, (prompt, extra)
+        got = sum(lp.token_logprobs[(ctxlen if with_bos else ctxlen - 1):-1])
+        if with_bos:
+            assert abs(got - want) < 1e-4, (prompt, got, want)
+        assert r.choices[0].text.startswith(prompt if isinstance(prompt, str) else "")
+    status, info = server.request("GET", "/tokenizer_info")[0], json.loads(server.request("GET", "/tokenizer_info")[2])
+    assert status == 200 and info["eos_token"] == "<｜end▁of▁sentence｜>" and info["bos_token"] == "<｜begin▁of▁sentence｜>"
+    assert "added_tokens_decoder" not in info and info["chat_template"].startswith("{{ bos_token }}")
