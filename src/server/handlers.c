@@ -9,6 +9,7 @@
 #include "server/tool_choice.h"
 #include "server/tool_stream.h"
 #include "server/tokenizer_info.h"
+#include "server/responses.h"
 #include "util/json.h"
 #include <math.h>
 #include <stdarg.h>
@@ -117,6 +118,7 @@ typedef struct gen {
   double last_peer_check;
   double t_submit, t_first;      /* monotonic seconds: job accepted, first token */
   sbuf out;                      /* streamed events not sent yet */
+  di_resp_req *resp;             /* a /v1/responses request served as chat: its replies are translated */
   /* prompt logprobs per prompt (taken from sample 0's first event), stride plp_k[i] per token */
   float **plp;
   di_token_logprob **plp_top;
@@ -513,12 +515,28 @@ static int respond_whole(gen *g) {
   }
   if (g->r.chat && g->r.prompt_logprobs >= 0) cJSON_AddItemToObject(o, "prompt_logprobs", prompt_logprobs_json(g, 0));
   cJSON_AddItemToObject(o, "usage", usage_json(g));
+  if (g->resp) o = di_resp_from_chat(g->resp, o);
   return send_json(g->c, 200, o, g->keep_alive);
 }
 
 /* Queues one SSE event; the queue goes out as one HTTP chunk when no more events are waiting
  * (sse_flush), so a burst of events (n > 1, or a handler that fell behind) costs one send. */
+/* a Responses API event (responses.h's emit callback): "event: TYPE" before its data */
+static void resp_emit(void *ctx, const char *type, cJSON *data) {
+  gen *g = ctx;
+  cJSON_AddStringToObject(data, "type", type);
+  char *s = cJSON_PrintUnformatted(data);
+  cJSON_Delete(data);
+  if (s) sb_printf(&g->out, "event: %s\ndata: %s\n\n", type, s);
+  free(s);
+}
+
 static int sse_send(gen *g, cJSON *obj) {
+  if (g->resp && obj) { /* the chat chunk becomes Responses events */
+    size_t before = g->out.len;
+    di_resp_stream_chunk(g->resp, obj, resp_emit, g);
+    return g->out.len >= before ? 0 : -1;
+  }
   char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
   cJSON_Delete(obj);
   if (!s) return -1;
@@ -683,7 +701,7 @@ static int respond_stream(gen *g) {
           di_oai_fail(&err, 503, "server_error", "", NULL, "the request was aborted: %s",
                       *why ? why : "the server is shutting down");
         char *s = di_oai_error_json(&err);
-        if (s) sb_printf(&g->out, "data: %s\n\n", s);
+        if (s) sb_printf(&g->out, "%sdata: %s\n\n", g->resp ? "event: error\n" : "", s);
         free(s);
       } else if (g->r.parse_tools || g->r.parse_reasoning || g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED) {
         if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
@@ -719,19 +737,26 @@ static int respond_stream(gen *g) {
     cJSON_AddItemToObject(o, "usage", usage_json(g));
     if (sse_send(g, o) != 0 || sse_flush(g) != 0) return 0;
   }
-  static const char done[] = "data: [DONE]\n\n";
-  if (di_http_write_chunk(g->c->fd, done, sizeof done - 1) != 0 || di_http_end_chunked(g->c->fd) != 0) return 0;
+  static const char done[] = "data: [DONE]\n\n"; /* not in the Responses API: response.completed ends it */
+  if ((!g->resp && di_http_write_chunk(g->c->fd, done, sizeof done - 1) != 0) || di_http_end_chunked(g->c->fd) != 0) return 0;
   return g->keep_alive;
 }
 
-static int handle_generate(di_server *s, di_conn *c, const char *body, size_t len, int chat, int keep_alive) {
+/* resp: a /v1/responses request, `body` its chat translation */
+static int handle_generate(di_server *s, di_conn *c, const char *body, size_t len, int chat, int keep_alive,
+                           di_resp_req *resp) {
   gen g;
   memset(&g, 0, sizeof g);
   g.s = s;
   g.c = c;
   g.keep_alive = keep_alive;
+  g.resp = resp;
   di_oai_error err;
   if (di_oai_parse_request(&s->oai, chat, body, len, &g.r, &err)) return di_srv_send_error(c, &err, keep_alive);
+  if (resp && di_resp_adjust(resp, &g.r, &err)) {
+    di_oai_request_free(&g.r);
+    return di_srv_send_error(c, &err, keep_alive);
+  }
   int result;
   g.n_choices = g.r.n_prompts * g.r.n;
   g.ch = calloc((size_t)g.n_choices, sizeof *g.ch);
@@ -759,7 +784,7 @@ static int handle_generate(di_server *s, di_conn *c, const char *body, size_t le
     goto done;
   }
   g.t_submit = mono_s();
-  make_id(s, chat ? "chatcmpl-" : "cmpl-", g.id, sizeof g.id);
+  make_id(s, resp ? "resp_" : chat ? "chatcmpl-" : "cmpl-", g.id, sizeof g.id);
   g.created = (long long)time(NULL);
   for (int i = 0; i < g.r.n_prompts; i++) g.prompt_tokens += g.r.n_prompt_ids[i];
   pthread_mutex_lock(&s->mu);
@@ -1091,6 +1116,16 @@ int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const 
     di_oai_fail(&err, 404, "invalid_request_error", "model", "model_not_found", "The model `%.*s` does not exist.", (int)n, name);
     return di_srv_send_error(c, &err, ka);
   }
+  if (path_is(req, "/v1/responses")) {
+    if (!post) return method_not_allowed(c, "POST", ka);
+    di_resp_req rr;
+    char *chat_body;
+    if (di_resp_translate(body, body_len, &chat_body, &rr, &err)) return di_srv_send_error(c, &err, ka);
+    int rc = handle_generate(s, c, chat_body, strlen(chat_body), 1, ka, &rr);
+    free(chat_body);
+    di_resp_req_free(&rr);
+    return rc;
+  }
   if (path_is(req, "/tokenizer_info")) {
     if (!get) return method_not_allowed(c, "GET", ka);
     char why[4200];
@@ -1103,7 +1138,7 @@ int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const 
   int is_tok = path_is(req, "/tokenize"), is_detok = path_is(req, "/detokenize");
   if (is_cmpl || is_chat || is_tok || is_detok) {
     if (!post) return method_not_allowed(c, "POST", ka);
-    if (is_cmpl || is_chat) return handle_generate(s, c, body, body_len, is_chat, ka);
+    if (is_cmpl || is_chat) return handle_generate(s, c, body, body_len, is_chat, ka, NULL);
     return is_tok ? handle_tokenize(s, c, body, body_len, ka) : handle_detokenize(s, c, body, body_len, ka);
   }
   di_oai_fail(&err, 404, "invalid_request_error", "", NULL, "no such endpoint: %s %.*s", req->method, (int)req->path_len,

@@ -245,8 +245,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
         cJSON_AddItemToObject(conv, v->string, cJSON_Duplicate(v, 1));
   }
   cJSON_AddBoolToObject(conv, "add_generation_prompt", add_gen);
-  /* a forced tool call's reply is JSON from its first token: nothing to split */
-  r->parse_reasoning = ctx->reasoning_parser && r->tool_choice < DI_TOOL_CHOICE_REQUIRED;
+  /* a reply constrained to JSON (a schema, json_object, a forced tool call) is JSON from its first
+   * token: no <think> to split (a regex or grammar may spell one out, so those replies are split) */
+  r->parse_reasoning = ctx->reasoning_parser && r->tool_choice < DI_TOOL_CHOICE_REQUIRED && !r->json_schema &&
+                       !r->json_object;
   char *text = cJSON_PrintUnformatted(conv);
   cJSON_Delete(conv);
   if (!text) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
@@ -472,6 +474,7 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   if (read_stops(root, r, err) || read_logit_bias(ctx, root, r, err)) return -1;
   int json_object = 0;
   if (read_structure(root, r, &json_object, err)) return -1;
+  r->json_object = json_object;
   if (chat && di_oai_read_tool_choice(root, r, json_object || r->json_schema || r->regex || r->grammar, err)) return -1;
   if (!chat && get_bool(root, "add_special_tokens", &r->add_special_tokens, err)) return -1;
   if (get_bool(root, "return_token_ids", &r->return_token_ids, err)) return -1;

@@ -47,6 +47,7 @@ typedef struct di_oai_request {
   int parse_reasoning;             /* chat with a reasoning parser: replies hold <think> reasoning */
   int tool_choice;                 /* DI_TOOL_CHOICE_*: how replies become tool calls */
   char *tool_name;                 /* DI_TOOL_CHOICE_NAMED: the function the reply calls */
+  int json_object;                 /* response_format json_object (the params carry it too) */
   int return_token_ids;            /* choices carry `token_ids` (vLLM's field; always without a tokenizer) */
   int add_special_tokens;          /* completions (vLLM's field): text prompts get the tokenizer's BOS; default 1 */
   int stream, include_usage;

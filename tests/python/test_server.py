@@ -1022,3 +1022,94 @@ def test_lmeval_local_completions_requests(server):
     status, info = server.request("GET", "/tokenizer_info")[0], json.loads(server.request("GET", "/tokenizer_info")[2])
     assert status == 200 and info["eos_token"] == "<｜end▁of▁sentence｜>" and info["bos_token"] == "<｜begin▁of▁sentence｜>"
     assert "added_tokens_decoder" not in info and info["chat_template"].startswith("{{ bos_token }}")
+
+
+def strip_ids(items):
+    return [{k: v for k, v in it.items() if k not in ("id", "call_id")} for it in items]
+
+
+def test_responses_api():
+    """/v1/responses through the openai client, whole and streamed: text input with instructions,
+    reasoning items, function tools (the tool round trip as input items), text.format, a custom tool
+    with a regex grammar; the stateless 400s. Streamed events reassemble to the whole response."""
+    openai = pytest.importorskip("openai")
+    s = Server("--reasoning-parser", "deepseek_r1", "--disable-log-requests")
+    try:
+        client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % s.port, api_key="unused", max_retries=0)
+
+        def both(**kw):
+            whole = client.responses.create(model=NAME, temperature=0, **kw).model_dump()
+            events = [e.model_dump() for e in client.responses.create(model=NAME, temperature=0, stream=True, **kw)]
+            assert events[0]["type"] == "response.created" and events[-1]["type"] in ("response.completed",
+                                                                                     "response.incomplete")
+            assert [e["sequence_number"] for e in events] == list(range(len(events)))
+            final = events[-1]["response"]
+            assert strip_ids(final["output"]) == strip_ids(whole["output"]) and final["status"] == whole["status"]
+            # the deltas reassemble to each item
+            for i, item in enumerate(final["output"]):
+                deltas = "".join(e["delta"] for e in events if e.get("output_index") == i and e["type"].endswith(".delta"))
+                full = {"reasoning": lambda it: it["content"][0]["text"], "message": lambda it: it["content"][0]["text"],
+                        "function_call": lambda it: it["arguments"], "custom_tool_call": lambda it: it["input"]}[item["type"]]
+                assert deltas == full(item), (item, deltas)
+            return whole
+
+        # text input and instructions: the chat reply to [system, user]
+        r = both(input="Hello there", instructions="Be brief.", max_output_tokens=6)
+        status, chat = s.post("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
+                                                                    {"role": "user", "content": "Hello there"}],
+                                                       "max_tokens": 6, "temperature": 0})
+        assert r["status"] == "incomplete" and r["incomplete_details"]["reason"] == "max_output_tokens"
+        assert r["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"] and r["usage"]["output_tokens"] == 6
+        texts = [it["content"][0]["text"] for it in r["output"] if it["type"] == "message"]
+        reasoning = [it["content"][0]["text"] for it in r["output"] if it["type"] == "reasoning"]
+        assert (reasoning or [None])[0] == chat["choices"][0]["message"]["reasoning_content"] and not texts
+        # <think> output: a reasoning item, then the message
+        r = both(input="2+2?", max_output_tokens=300, extra_body={"guided_regex": escape_rx("Two and two.</think>It is 4.")})
+        assert [it["type"] for it in r["output"]] == ["reasoning", "message"] and r["status"] == "completed"
+        assert r["output"][0]["content"][0]["text"] == "Two and two." and r["output"][1]["content"][0]["text"] == "It is 4."
+        assert client.responses.create(model=NAME, input="2+2?", max_output_tokens=300, temperature=0, extra_body={
+            "guided_regex": escape_rx("Two and two.</think>It is 4.")}).output_text == "It is 4."
+        # function tools: the reply's tool-call markup becomes function_call items (the server parses V3 markup)
+        tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+        r = both(input="Weather in Paris?", tools=tools, max_output_tokens=400,
+                 extra_body={"guided_regex": escape_rx("</think>" + TOOL_MARKUP)})
+        (call,) = [it for it in r["output"] if it["type"] == "function_call"]
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+        # the round trip as input items: function_call + function_call_output render as chat's tool messages
+        items = [{"role": "user", "content": "Weather in Paris?"},
+                 {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+                 {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+        r = client.responses.create(model=NAME, input=items, tools=tools, max_output_tokens=3, temperature=0)
+        status, tok = s.post("/tokenize", {"messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+            "tools": [{"type": "function", "function": {k: v for k, v in tools[0].items() if k != "type"}}]})
+        assert r.usage.input_tokens == tok["count"]
+        # structured output
+        fmt = {"type": "json_schema", "name": "answer", "schema": {"type": "object", "properties": {
+            "n": {"type": "integer", "enum": [3, 4]}}, "required": ["n"], "additionalProperties": False}}
+        r = both(input="2+2?", text={"format": fmt}, max_output_tokens=100,)
+        assert json.loads("".join(it["content"][0]["text"] for it in r["output"] if it["type"] == "message"))["n"] in (3, 4)
+        # a custom tool with a regex grammar, chosen by name: the reply is its input
+        custom = [{"type": "custom", "name": "set_code", "description": "a code",
+                   "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3}-[0-9]{2}"}}]
+        r = both(input="A code?", tools=custom, tool_choice={"type": "custom", "name": "set_code"}, max_output_tokens=50)
+        (call,) = r["output"]
+        assert call["type"] == "custom_tool_call" and call["name"] == "set_code"
+        assert re.fullmatch("[A-Z]{3}-[0-9]{2}", call["input"]), call
+        # the stateless API's refusals and the grammar syntax not served yet
+        lark = [dict(custom[0], format={"type": "grammar", "syntax": "lark", "definition": "start: \"a\""})]
+        for body, param in [({"input": "x", "store": True}, "store"), ({"input": "x", "previous_response_id": "resp_1"},
+                                                                       "previous_response_id"),
+                            ({"input": "x", "tools": lark, "tool_choice": {"type": "custom", "name": "set_code"}}, "tools"),
+                            ({"input": [{"type": "image", "url": "x"}]}, "input[0]"), ({}, "input")]:
+            status, err = s.post("/v1/responses", body)
+            check_error(status, err, 400, param)
+        assert "lark" in s.post("/v1/responses", {"input": "x", "tools": lark, "tool_choice": {
+            "type": "custom", "name": "set_code"}})[1]["error"]["message"]
+        assert s.stop() == 0
+    finally:
+        s.kill()
