@@ -5,7 +5,7 @@ driver (eval/multiple_choice.py's LLM.loglikelihood): every choice's log-likelih
 Not run by CI (lm-eval and its dependencies, datasets/pyarrow/scikit-learn/..., are a large install);
 run it by hand and record the result in docs/PERFORMANCE.md:
 
-    python3 -m pip install lm-eval==0.4.13
+    python3 -m pip install "lm-eval[api]==0.4.13"
     HF_DATASETS_OFFLINE=1 PYTHONPATH=python python3 eval/lmeval_server_check.py [--model models/default]
         [--tasks eval/tasks/multiple_choice.jsonl] [--tolerance 1e-4]
 
