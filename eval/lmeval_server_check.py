@@ -16,7 +16,11 @@ continuation as the in-process driver scores them: with token ids the server sco
 with strings it is sent their text (the BOS token's text first), which the server encodes without a
 second BOS. A third run takes lm-eval's default backend, which finds /tokenizer_info and tokenizes
 through the server ("remote"); lm-eval then sends no BOS, so its scores are those of the sequences
-without it and are only reported. Exit status 0 when the two checked runs agree within --tolerance.
+without it and are only reported.
+
+Generation: `local-chat-completions` (with apply_chat_template) on the chat items of
+eval/tasks/generation.jsonl (greedy, 32 tokens) must write exactly what eval/generation.py's LLM.chat
+writes in-process. Exit status 0 when the checked runs agree.
 """
 import argparse
 import json
@@ -45,6 +49,25 @@ doc_to_target: "{{{{gold}}}}"
 target_delimiter: " "
 metric_list:
   - metric: acc
+"""
+
+
+CHAT_YAML = """task: deepinfer_chat
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["<｜end▁of▁sentence｜>"]
+  max_gen_toks: 32
+  temperature: 0
+  do_sample: false
+metric_list:
+  - metric: exact_match
 """
 
 
@@ -78,6 +101,17 @@ def lmeval_loglikelihoods(port, model, task_dir, backend_args):
     return lls, out["results"]["deepinfer_mc"]["acc,none"]
 
 
+def lmeval_chat_answers(port, task_dir):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    args = f"base_url=http://127.0.0.1:{port}/v1/chat/completions,model=default,num_concurrent=1,max_retries=1"
+    out = lm_eval.simple_evaluate(model="local-chat-completions", model_args=args, tasks=["deepinfer_chat"],
+                                  task_manager=TaskManager(include_path=task_dir), log_samples=True,
+                                  apply_chat_template=True)
+    samples = sorted(out["samples"]["deepinfer_chat"], key=lambda s: s["doc_id"])
+    return [s["resps"][0][0] for s in samples]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=os.path.join(ROOT, "models", "default"))
@@ -95,6 +129,13 @@ def main():
     for it in items:
         want.append([lp for lp, _ in flat[k:k + len(it["choices"])]])
         k += len(it["choices"])
+    chats = [json.loads(line) for line in open(os.path.join(ROOT, "eval", "tasks", "generation.jsonl"), encoding="utf-8")
+             if '"messages"' in line]
+    from deepinfer import SamplingParams
+    llm = LLM(a.model)
+    chat_want = [o.outputs[0].text for o in llm.chat([c["messages"] for c in chats],
+                                                      [SamplingParams(temperature=0, max_tokens=32) for _ in chats])]
+    llm.close()
     acc_want = sum(max(range(len(w)), key=lambda i: (w[i], -i)) == it["gold"] for w, it in zip(want, items)) / len(items)
     proc, port = start_server(a.cli, a.model)
     report, ok = {"in_process_acc": acc_want, "n_items": len(items), "runs": {}}, True
@@ -111,6 +152,19 @@ def main():
                 report["runs"][name] = {"acc": acc, "max_abs_diff_vs_in_process": diff, "checked": checked}
                 if checked and (diff > a.tolerance or len(got) != len(want)):
                     ok = False
+            data = os.path.join(d, "chat.jsonl")
+            with open(data, "w", encoding="utf-8") as f:
+                for c in chats:
+                    f.write(json.dumps({"question": c["messages"][-1]["content"], "answer": c["answer"]}) + "\n")
+            with open(os.path.join(d, "deepinfer_chat.yaml"), "w", encoding="utf-8") as f:
+                f.write(CHAT_YAML.format(data=data))
+            got = lmeval_chat_answers(port, d)
+            same = sum(g == w for g, w in zip(got, chat_want))
+            report["runs"]["local-chat-completions (generation)"] = {"items": len(chats), "identical_answers": same,
+                                                                      "checked": True, "lm_eval": got,
+                                                                      "in_process": chat_want}
+            if same != len(chats) or len(got) != len(chats):
+                ok = False
     finally:
         proc.terminate()
         proc.wait(30)
