@@ -45,8 +45,8 @@ static void usage(FILE *f) {
           "          --shutdown-timeout S (10: in-flight requests get this long on SIGINT/SIGTERM)\n"
           "          --disable-log-requests (no access-log lines on stderr)\n"
           "          --allowed-origins '*'|ORIGIN,ORIGIN...|'' (CORS; default *: any browser origin may call)\n"
-          "Tools:    --enable-auto-tool-choice --tool-call-parser deepseek_v3|deepseek_v31 (DeepSeek tool-call\n"
-          "          markup in chat replies becomes OpenAI tool_calls)  --reasoning-parser deepseek_r1\n"
+          "Tools:    --enable-auto-tool-choice --tool-call-parser deepseek_v3|deepseek_v31|deepseek_v32|deepseek_v4\n"
+          "          (DeepSeek tool-call markup in chat replies becomes OpenAI tool_calls; every form is read)  --reasoning-parser deepseek_r1\n"
           "          (<think>...</think> of chat replies becomes reasoning_content)\n");
 }
 
@@ -81,8 +81,10 @@ int di_cmd_serve(int argc, char **argv) {
       }
       sc.reasoning_parser = 1;
     } else if (FLAG("--tool-call-parser")) {
-      if (strcmp(v, "deepseek_v3") != 0 && strcmp(v, "deepseek_v31") != 0) {
-        fprintf(stderr, "deepinfer serve: --tool-call-parser: \"%s\" is not known (deepseek_v3, deepseek_v31)\n", v);
+      if (strcmp(v, "deepseek_v3") != 0 && strcmp(v, "deepseek_v31") != 0 && strcmp(v, "deepseek_v32") != 0 &&
+          strcmp(v, "deepseek_v4") != 0) {
+        fprintf(stderr, "deepinfer serve: --tool-call-parser: \"%s\" is not known (deepseek_v3, deepseek_v31, "
+                "deepseek_v32, deepseek_v4)\n", v);
         return 2;
       }
       sc.tool_call_parser = 1;

@@ -3,6 +3,7 @@
  * stop_token_ids, skip_special_tokens, include_stop_str_in_output, structured_outputs and the older
  * guided_* fields) are read too. Sampling defaults come from generation_config.json, as vLLM does. */
 #include "server/openai.h"
+#include "server/tool_choice.h"
 #include "util/json.h"
 #include "sampler/sampling_ranges.h"
 #include <math.h>
@@ -135,11 +136,18 @@ static int add_prompt(di_oai_request *r, int32_t *ids, int n, char *text, di_oai
   return 0;
 }
 
+di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_special_tokens, int32_t **ids, size_t *n) {
+  const char *bos = di_tokenizer_bos_token(tok);
+  int has_bos = bos && *bos && strncmp(s, bos, strlen(bos)) == 0;
+  return add_special_tokens && !has_bos ? di_tokenizer_encode_prompt(tok, s, strlen(s), ids, n)
+                                        : di_tokenizer_encode(tok, s, strlen(s), 0, ids, n);
+}
+
 static int text_prompt(const di_oai_ctx *ctx, di_oai_request *r, const char *s, di_oai_error *err) {
   if (!ctx->tok) return BAD("prompt", "text prompts need a tokenizer (the model folder has no tokenizer.json); send token ids");
   int32_t *ids = NULL;
   size_t n = 0;
-  if (di_tokenizer_encode_prompt(ctx->tok, s, strlen(s), &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
+  if (di_oai_encode_text(ctx->tok, s, r->add_special_tokens, &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
   char *text = xstrdup(s);
   if (!text) { free(ids); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
   return add_prompt(r, ids, (int)n, text, err);
@@ -227,10 +235,6 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   int add_gen = 1, cont = 0;
   if (get_bool(root, "add_generation_prompt", &add_gen, err) || get_bool(root, "continue_final_message", &cont, err)) return -1;
   if (cont) return BAD("continue_final_message", "continue_final_message is not supported");
-  const cJSON *tool_choice = field(root, "tool_choice");
-  if (tool_choice && !(cJSON_IsString(tool_choice) && (strcmp(tool_choice->valuestring, "auto") == 0 ||
-                                                        strcmp(tool_choice->valuestring, "none") == 0)))
-    return BAD("tool_choice", "only tool_choice \"auto\" and \"none\" are supported");
   cJSON *conv = cJSON_CreateObject();
   cJSON *m = cJSON_Duplicate(msgs, 1);
   if (!conv || !m) { cJSON_Delete(conv); cJSON_Delete(m); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
@@ -243,13 +247,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
     if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) { cJSON_Delete(conv); return BAD(param, "'%s' must be an object with a string 'role'", param); }
     if (flatten_content(msg, i, err)) { cJSON_Delete(conv); return -1; }
   }
-  const cJSON *tools = field(root, "tools");
-  if (tools) {
-    if (!cJSON_IsArray(tools)) { cJSON_Delete(conv); return BAD("tools", "'tools' must be an array"); }
-    if (!(tool_choice && strcmp(tool_choice->valuestring, "none") == 0)) {
-      cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
-      r->parse_tools = ctx->tool_parser && cJSON_GetArraySize(tools) > 0;
-    }
+  const cJSON *tools = field(root, "tools"); /* checked by di_oai_read_tool_choice */
+  if (tools && r->tool_choice != DI_TOOL_CHOICE_NONE) {
+    cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+    r->parse_tools = ctx->tool_parser && r->tool_choice == DI_TOOL_CHOICE_AUTO && cJSON_GetArraySize(tools) > 0;
   }
   const cJSON *kw = field(root, "chat_template_kwargs");
   if (kw) {
@@ -259,7 +260,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
         cJSON_AddItemToObject(conv, v->string, cJSON_Duplicate(v, 1));
   }
   cJSON_AddBoolToObject(conv, "add_generation_prompt", add_gen);
-  r->parse_reasoning = ctx->reasoning_parser;
+  /* a reply constrained to JSON (a schema, json_object, a forced tool call) is JSON from its first
+   * token: no <think> to split (a regex or grammar may spell one out, so those replies are split) */
+  r->parse_reasoning = ctx->reasoning_parser && r->tool_choice < DI_TOOL_CHOICE_REQUIRED && !r->json_schema &&
+                       !r->json_object;
   char *text = cJSON_PrintUnformatted(conv);
   cJSON_Delete(conv);
   if (!text) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
@@ -518,6 +522,11 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   if (read_stops(root, r, err) || read_logit_bias(ctx, root, r, err)) return -1;
   int json_object = 0;
   if (read_structure(root, r, &json_object, err)) return -1;
+  r->json_object = json_object;
+  if (chat && di_oai_read_tool_choice(root, r, json_object || r->json_schema || r->regex || r->grammar, err)) return -1;
+  if (!chat && get_bool(root, "add_special_tokens", &r->add_special_tokens, err)) return -1;
+  if (get_bool(root, "return_token_ids", &r->return_token_ids, err)) return -1;
+  if (!ctx->tok) r->return_token_ids = 1;
   if (chat) {
     if (render_chat(ctx, r, root, err)) return -1;
   } else {
@@ -587,6 +596,7 @@ int di_oai_parse_request(const di_oai_ctx *ctx, int chat, const char *body, size
                          di_oai_error *err) {
   memset(r, 0, sizeof *r);
   r->chat = chat;
+  r->add_special_tokens = 1;
   r->logprobs = -1;
   r->prompt_logprobs = -1;
   cJSON *root;
@@ -613,6 +623,7 @@ void di_oai_request_free(di_oai_request *r) {
   free(r->json_schema);
   free(r->regex);
   free(r->grammar);
+  free(r->tool_name);
   di_string_free(r->rendered);
   free(r->params);
   memset(r, 0, sizeof *r);
