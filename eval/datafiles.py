@@ -1,7 +1,6 @@
 """Reading the benchmark files a user has: JSONL, Parquet or CSV, as rows of {column: value}.
 
-The format follows the file's extension (.jsonl / .json / .parquet / .csv; .jsonl.gz and .csv.gz are
-read through gzip). Column names are matched without regard to case (HuggingFaceH4/aime_2024 has
+The format follows the file's extension (.jsonl / .json / .parquet / .csv; .csv.gz is read through gzip). Column names are matched without regard to case (HuggingFaceH4/aime_2024 has
 `problem` / `answer`, Maxwell-Jia/AIME_2024 `Problem` / `Answer`): `columns()` maps the names a driver
 asks for onto the file's own spelling and raises DataError naming the file, the missing columns and
 the ones it has. Parquet needs pyarrow (an optional extra: eval/requirements.txt); a missing pyarrow is
@@ -13,10 +12,12 @@ import io
 import json
 import os
 
+import evalutil
+
 REQUIREMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "requirements.txt")
 
 
-class DataError(Exception):
+class DataError(evalutil.TaskError):
     """A dataset file that cannot be used; the message names the file (and line or column)."""
 
 
@@ -29,7 +30,7 @@ def _open_text(path):
 def _kind(path):
     base = path[:-3] if path.endswith(".gz") else path
     ext = os.path.splitext(base)[1].lower()
-    if ext in (".jsonl", ".json", ".ndjson"):
+    if ext in (".jsonl", ".json", ".ndjson") and not path.endswith(".gz"):
         return "jsonl"
     if ext in (".parquet", ".pq"):
         return "parquet"
@@ -39,28 +40,21 @@ def _kind(path):
 
 
 def _read_jsonl(path):
-    rows = []
-    with _open_text(path) as f:
-        text = f.read()
-    if text.lstrip().startswith("["):  # a JSON array of objects is accepted too
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise DataError(f"{path}: not JSON: {e}") from None
-        if not all(isinstance(r, dict) for r in data):
-            raise DataError(f"{path}: the JSON array must hold objects")
-        return data
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise DataError(f"{path}:{no}: not JSON: {e}") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{no}: each line must be a JSON object")
-        rows.append(obj)
-    return rows
+    if path.endswith(".json"):  # a JSON array of objects (or JSON Lines under a .json name)
+        with _open_text(path) as f:
+            text = f.read()
+        if text.lstrip().startswith("["):
+            try:
+                data = json.loads(text)
+            except ValueError as e:
+                raise DataError(f"{path}: not JSON: {e}") from None
+            if not all(isinstance(r, dict) for r in data):
+                raise DataError(f"{path}: the JSON array must hold objects")
+            return data
+    try:
+        return [obj for _, obj in evalutil.read_jsonl(path)]
+    except evalutil.TaskError as e:
+        raise DataError(str(e)) from None
 
 
 def _read_csv(path, delimiter):

@@ -33,8 +33,8 @@ from rule_judge import strip_reasoning
 ROOT = model_client.ROOT
 
 
-class UsageError(Exception):
-    pass
+class UsageError(evalutil.TaskError):
+    """A bad option or combination of options (exit status 2)."""
 
 
 def parser(bench):
@@ -236,16 +236,4 @@ def run(bench, argv):
 
 def main(bench):
     """Runs a benchmark from the command line with the exit statuses above."""
-    try:
-        run(bench, sys.argv[1:])
-    except (datafiles.DataError, UsageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (llm_judge.JudgeError, RuntimeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except Exception as e:  # the library's errors (DeepInferError) and bad model folders
-        if type(e).__name__ not in ("DeepInferError", "FileNotFoundError", "ValueError"):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    evalutil.run(lambda argv: run(bench, argv), fatal=(llm_judge.JudgeError, RuntimeError, OSError))

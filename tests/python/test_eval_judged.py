@@ -313,11 +313,17 @@ def test_llm_judge_retries_then_succeeds(judge_env):
         srv.stop()
 
 
-def test_llm_judge_unreachable(judge_env):
+def closed_port():
+    """A loopback port nothing listens on (bound once, then closed)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()  # nothing listens there now
+    s.close()
+    return port
+
+
+def test_llm_judge_unreachable(judge_env):
+    port = closed_port()
     judge_env(f"http://127.0.0.1:{port}/v1")
     j = llm_judge.LLMJudge(retries=2)
     with pytest.raises(llm_judge.JudgeError, match=rf"127.0.0.1:{port}/v1/chat/completions unreachable after 3 attempts"):
@@ -441,10 +447,7 @@ def test_driver_errors(tmp_path):
     r = run_sh("gpqa", "--data", str(data), "--judge", "llm")
     assert r.returncode == 2 and "set EVAL_JUDGE_URL, EVAL_JUDGE_MODEL, EVAL_JUDGE_API_KEY" in r.stderr
     # a judge that never answers: retried, then exit 1 naming it (nothing listens on the port)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = closed_port()
     write_csv(data, gpqa_rows(1))
     srv = StandIn(lambda body: (200, "Answer: A"))
     try:
