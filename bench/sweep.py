@@ -76,7 +76,9 @@ def parse_args(argv):
     p.add_argument("--client-procs", type=int, default=min(8, os.cpu_count() or 1),
                    help="client processes the decode clients are spread over")
     p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="CSV and JSON only (no matplotlib needed)")
+    p.add_argument("--replot", metavar="DIR", default=None,
+                   help="measure nothing: draw the plots from DIR/sweep.json into --out (default DIR)")
     return p.parse_args(argv)
 
 
@@ -194,16 +196,46 @@ def write_csv(path, rows):
         w.writerows(rows)
 
 
+def save(results, out):
+    """decode.csv, prefill.csv and sweep.json as they stand (rewritten after every point, so a run
+    cut short by a time limit keeps what it measured)."""
+    write_csv(os.path.join(out, "decode.csv"), results["decode"])
+    write_csv(os.path.join(out, "prefill.csv"), results["prefill"])
+    tmp = os.path.join(out, "sweep.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, os.path.join(out, "sweep.json"))
+
+
 def sweep_engine(name, bar, decode_fn, prefill_fn, args, results):
     for c in args.concurrency:
         row = {"engine": name, **decode_fn(c)}
         results["decode"].append(row)
+        save(results, args.out)
         bar.update(1, f"{name} c={c}: {row['output_tok_s']} tok/s")
     for L in args.prompt_lens:
         for b in args.prefill_batches:
             row = {"engine": name, **prefill_fn(L, b)}
             results["prefill"].append(row)
+            save(results, args.out)
             bar.update(1, f"{name} prefill {L}x{b}: {row['prefill_tok_s']} tok/s")
+
+
+def plots(results, out):
+    """decode.png and prefill.png in `out` from a results dict (sweep.json's contents)."""
+    def series(kind):
+        d = {}
+        for r in results[kind]:
+            d.setdefault(r["engine"], []).append(r)
+        return d
+    st = results["settings"]
+    where = ", ".join(results["machine"].get("gpus") or [results["machine"].get("cpu") or ""])
+    title = (f"{os.path.basename(os.path.normpath(st['model']))} ({st['accelerator']}, {st['load_format']} weights) on "
+             f"{where}; commit {(results['commit'] or '?')[:10]}")
+    sweep_plot.decode_plot(os.path.join(out, "decode.png"), series("decode"),
+                           f"prompt {st['prompt_len']} + output {st['output_len']} tokens; " + title)
+    sweep_plot.prefill_plot(os.path.join(out, "prefill.png"), series("prefill"), title)
 
 
 def main(argv):
@@ -213,6 +245,17 @@ def main(argv):
             sweep_plot._plt()
         except sweep_plot.PlotUnavailable as e:
             raise SystemExit(f"sweep: {e} (or --no-plots for CSV and JSON only)")
+    if args.replot:
+        try:
+            with open(os.path.join(args.replot, "sweep.json")) as f:
+                results = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"sweep: --replot: {e}")
+        out = args.out if args.out != "sweep-out" else args.replot
+        os.makedirs(out, exist_ok=True)
+        plots(results, out)
+        print(f"sweep: wrote {out}/decode.png, prefill.png")
+        return
     from deepinfer.progress import Bar
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="di-sweep-")
@@ -253,6 +296,7 @@ def main(argv):
                 t = sweep_measure.Target(srv.url)
                 sweep_measure.decode_point(t, 1, 8, 4, 1, vocab, 1)  # warm-up
                 results["engines"]["deepinfer"] = {"kind": "server", "command": srv.cmd, "startup_s": srv.startup_s}
+                save(results, args.out)
                 sweep_engine("deepinfer", bar,
                              lambda c: sweep_measure.decode_point(t, c, args.prompt_len, args.output_len, args.rounds,
                                                                   vocab, args.client_procs),
@@ -281,23 +325,9 @@ def main(argv):
         results["engines"][name] = {"kind": "llama-batched-bench", "file": os.path.abspath(path)}
         results["decode"] += [{"engine": name, **r} for r in dec]
         results["prefill"] += [{"engine": name, **r} for r in pre]
-    write_csv(os.path.join(args.out, "decode.csv"), results["decode"])
-    write_csv(os.path.join(args.out, "prefill.csv"), results["prefill"])
-    with open(os.path.join(args.out, "sweep.json"), "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
+    save(results, args.out)
     if not args.no_plots:
-        def series(kind):
-            out = {}
-            for r in results[kind]:
-                out.setdefault(r["engine"], []).append(r)
-            return out
-        where = ", ".join(results["machine"].get("gpus") or [results["machine"].get("cpu") or ""])
-        title = (f"{os.path.basename(os.path.normpath(args.model))} ({args.accelerator}, {args.load_format} weights) on "
-                 f"{where}; commit {(results['commit'] or '?')[:10]}")
-        sweep_plot.decode_plot(os.path.join(args.out, "decode.png"), series("decode"),
-                               f"prompt {args.prompt_len} + output {args.output_len} tokens; " + title)
-        sweep_plot.prefill_plot(os.path.join(args.out, "prefill.png"), series("prefill"), title)
+        plots(results, args.out)
     print(f"sweep: wrote {args.out}/decode.csv, prefill.csv, sweep.json" + ("" if args.no_plots else ", decode.png, prefill.png"))
 
 

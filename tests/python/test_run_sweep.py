@@ -5,7 +5,7 @@
   llama-batched-bench table as a third: decode.csv / prefill.csv rows per engine and point, their
   numbers consistent (ignore_eos: every request yields output_len tokens; tok/s = tokens / wall),
   sweep.json with machine, commit, settings and the server command, and two PNGs that decode as images.
-- The in-process mode gives the same CSV shape.
+- The in-process mode gives the same CSV shape; --replot draws the PNGs from its sweep.json.
 - llama-batched-bench's table parsed to known values; the frontier against a brute-force check.
 """
 import csv
@@ -154,3 +154,8 @@ def test_sweep_in_process_csv_only(tmp_path):
     check_rows(out, ["deepinfer"])
     assert json.loads((out / "sweep.json").read_text())["engines"]["deepinfer"]["kind"] == "in-process"
     assert not (out / "decode.png").exists()
+    if mpimg is not None:  # the plots drawn afterwards from sweep.json (as for a device run without matplotlib)
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sweep.py"), "--replot", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        check_pngs(out)
