@@ -50,7 +50,7 @@ def parser(bench):
     g.add_argument("--model", default=None, help="model folder (default: $DEEPINFER_HF_MODEL_DIR, else models/default)")
     g.add_argument("--base-url", default=None, help="OpenAI-compatible API base, e.g. http://127.0.0.1:8000/v1 "
                    "(key: $EVAL_API_KEY)")
-    g.add_argument("--served-model-name", default=None, help="the model name sent to --base-url (default: 'default')")
+    g.add_argument("--served-model-name", default=None, help="the model name sent to --base-url (default: the first of its GET /models)")
     g.add_argument("--accelerator", default=None, help="cpu or cuda (in-process; default: $DEEPINFER_ACCELERATOR, else cpu)")
     g.add_argument("--load-format", default="auto", help="auto or dummy (in-process)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (in-process)")

@@ -4,7 +4,8 @@
   chat template; one SamplingParams(n=samples) request per item, seeded by the item's index, so a
   resumed run draws the same samples.
 - Endpoint: any OpenAI-compatible server (`--base-url URL`, e.g. http://127.0.0.1:8000/v1), the
-  server applies its own chat template; /chat/completions with n=1 per sample (not every server
+  server applies its own chat template; the model name sent is --served-model-name, else the first
+  id of GET /models; /chat/completions with n=1 per sample (not every server
   honours n), sent from `--concurrency` threads; a server that separates reasoning
   (message.reasoning_content) has it kept with the reply, the judge sees only `content`.
 
@@ -12,7 +13,9 @@ complete(batch) takes [(index, messages)] and returns, per item, a list of sampl
 {"response", "finish_reason", "completion_tokens"}.
 """
 import concurrent.futures
+import json
 import os
+import urllib.request
 
 import http_client
 from evalutil import ROOT, import_deepinfer  # noqa: F401 (ROOT is used by judged_eval)
@@ -53,13 +56,24 @@ class InProcess:
         self.llm.close()
 
 
+def served_model(base, api_key):
+    """The first model id of GET {base}/models, else "default" (servers that do not list)."""
+    req = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return "default"
+
+
 class Endpoint:
     def __init__(self, args):
         base = args.base_url.rstrip("/")
         self.url = base if base.endswith("/chat/completions") else base + "/chat/completions"
         self.args = args
-        self.served = args.served_model_name or "default"
-        self.http = http_client.JSONPoster(self.url, os.environ.get("EVAL_API_KEY", ""), what="model server",
+        key = os.environ.get("EVAL_API_KEY", "")
+        self.served = args.served_model_name or served_model(self.url[:-len("/chat/completions")], key)
+        self.http = http_client.JSONPoster(self.url, key, what="model server",
                                            retries=args.retries, backoff=1.0, timeout=args.request_timeout)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.concurrency))
         self.name = f"{self.served} @ {base}"
