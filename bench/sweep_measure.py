@@ -16,6 +16,7 @@ deepinfer.LLM: a decode point is `rounds` waves of c requests (all the same leng
 throughout), a prefill point one wave of b requests.
 """
 import asyncio
+import json
 import multiprocessing
 import os
 import random
@@ -23,6 +24,7 @@ import statistics
 import sys
 import time
 import urllib.parse
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_serve  # noqa: E402
@@ -35,7 +37,8 @@ def prompt_ids(seed, n, vocab):
 
 
 class Target:
-    """An OpenAI-compatible server: base URL (http://host:port[/v1]) and the model name to send."""
+    """An OpenAI-compatible server: base URL (http://host:port[/v1]) and the model name to send (given,
+    else the first the server lists)."""
 
     def __init__(self, base_url, model=None, api_key=None):
         u = urllib.parse.urlsplit(base_url if "://" in base_url else "http://" + base_url)
@@ -46,9 +49,19 @@ class Target:
         if not prefix.endswith("/v1"):
             prefix += "/v1"
         self.path = prefix + "/completions"
-        self.model = model
         self.headers = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
         self.base_url = base_url
+        self.model = model or self._first_model(f"http://{self.host}:{self.port}{prefix}/models", api_key)
+
+    @staticmethod
+    def _first_model(url, api_key):
+        """The first id of GET /v1/models (servers such as vLLM want a model name), else None."""
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())["data"][0]["id"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return None
 
 
 async def _client(target, bodies, out):
