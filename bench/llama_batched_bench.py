@@ -38,6 +38,8 @@ def parse(text):
         rows.append((pp, tg, b, t_pp, s_pp, t_tg, s_tg))
     decode, prefill, seen = [], [], set()
     for pp, tg, b, t_pp, s_pp, t_tg, s_tg in rows:
+        if b <= 0:
+            continue
         if tg > 0 and t_tg > 0:
             decode.append({"concurrency": b, "prompt_len": pp, "output_len": tg, "requests": b, "output_tokens": b * tg,
                            "wall_s": t_tg, "output_tok_s": s_tg, "per_user_tok_s": round(s_tg / b, 2),

@@ -458,3 +458,22 @@ def test_driver_errors(tmp_path):
         assert r.returncode == 1 and f"127.0.0.1:{port}/chat/completions unreachable after 3 attempts" in r.stderr
     finally:
         srv.stop()
+
+
+def test_parsers_on_random_text():
+    """The reply parsers never fail on arbitrary text other than by JudgeError (a fuzz-style check:
+    random mixes of the characters and words they look for)."""
+    import random
+    rng = random.Random(26)
+    alphabet = ["\\boxed{", "}", "{", "answer", "Answer:", " is ", "(", ")", "A", "B", "D", "x", "0", "42", "-",
+                ",", "$", "\n", " ", "<think>", "</think>", "yes", "no", "correct:", '{"correct": "yes"}', '"', "é"]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        v = rule_judge.extract_integer(text)
+        assert v is None or isinstance(v, int)
+        assert rule_judge.extract_letter(text) in (None, "A", "B", "C", "D")
+        try:
+            ok, fields = llm_judge.parse_verdict(text)
+            assert isinstance(ok, bool) and isinstance(fields, dict)
+        except llm_judge.JudgeError:
+            pass

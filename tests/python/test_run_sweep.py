@@ -159,3 +159,13 @@ def test_sweep_in_process_csv_only(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         check_pngs(out)
+
+
+def test_llama_parser_on_random_lines():
+    """Arbitrary table-like lines: no exception, and every row it returns has positive numbers."""
+    rng = random.Random(7)
+    cells = ["|", " 16 ", " 0 ", " -1 ", " 0.0 ", " x ", " 1e3 ", " nan ", "|---|", "{", '"pp": 1', "}", "\n"]
+    for _ in range(2000):
+        text = "".join(rng.choice(cells) for _ in range(rng.randint(0, 40)))
+        dec, pre = llama_batched_bench.parse(text)
+        assert all(r["wall_s"] > 0 for r in dec + pre)
