@@ -37,6 +37,8 @@ static void usage(FILE *f) {
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
           "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling  --seed N\n"
+          "          --gpu-memory-utilization U (CUDA: share of the device's memory for everything, 0.9;\n"
+          "          the KV cache gets what the weights and step buffers leave; the CPU's default is 1 GiB)\n"
           "HTTP:     --host ADDR (default 127.0.0.1; 0.0.0.0 for all interfaces)  --port N (0: any free port)\n"
           "          --api-key KEY (or $DEEPINFER_API_KEY: /v1/ needs \"Authorization: Bearer KEY\")\n"
           "          --max-connections N (512)  --max-body-bytes N (32 MiB)  --keep-alive-timeout S (60)\n"
@@ -133,6 +135,7 @@ int di_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deepinfer serve: %s\n", di_last_error());
     goto done;
   }
+  fprintf(stderr, "deepinfer serve: %s\n", di_engine_kv_summary(e));
   if (di_chat_template_load(model_dir, &tmpl) != DI_OK) {
     fprintf(stderr, "deepinfer serve: no chat template (/v1/chat/completions answers 400): %s\n", di_last_error());
     tmpl = NULL;

@@ -880,12 +880,13 @@ static int handle_detokenize(di_server *s, di_conn *c, const char *body, size_t 
   }
   int i = 0;
   for (const cJSON *v = bad ? NULL : toks->child; v; v = v->next, i++) {
-    if (!di_json_is_int_in(v, 0, s->oai.vocab_size - 1)) {
+    int64_t id;
+    if (!di_json_int_in(v, 0, s->oai.vocab_size - 1, &id)) {
       bad = 1;
       di_oai_fail(&err, 400, "invalid_request_error", "tokens", NULL, "tokens[%d] is not a token id in [0, %d)", i, s->oai.vocab_size);
       break;
     }
-    ids[i] = (int32_t)v->valuedouble;
+    ids[i] = (int32_t)id;
   }
   cJSON_Delete(root);
   char *text = NULL;

@@ -4,6 +4,7 @@
  * guided_* fields) are read too. Sampling defaults come from generation_config.json, as vLLM does. */
 #include "server/openai.h"
 #include "util/json.h"
+#include "sampler/sampling_ranges.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,15 +58,6 @@ static const cJSON *field(const cJSON *o, const char *k) {
   return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
-static int get_num(const cJSON *o, const char *k, double lo, double hi, double *out, di_oai_error *err) {
-  const cJSON *v = field(o, k);
-  if (!v) return 0;
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return BAD(k, "'%s' must be a number", k);
-  if (v->valuedouble < lo || v->valuedouble > hi) return BAD(k, "'%s' must be in [%g, %g], got %g", k, lo, hi, v->valuedouble);
-  *out = v->valuedouble;
-  return 0;
-}
-
 /* an integer exactly representable as a double */
 static int is_int(const cJSON *v) { return di_json_is_int_in(v, -DI_JSON_MAX_EXACT_INT, DI_JSON_MAX_EXACT_INT); }
 
@@ -73,8 +65,30 @@ static int get_int(const cJSON *o, const char *k, double lo, double hi, long lon
   const cJSON *v = field(o, k);
   if (!v) return 0;
   if (!is_int(v)) return BAD(k, "'%s' must be an integer", k);
-  if (v->valuedouble < lo || v->valuedouble > hi) return BAD(k, "'%s' must be in [%.0f, %.0f], got %.0f", k, lo, hi, v->valuedouble);
-  *out = (long long)v->valuedouble;
+  int64_t x;
+  if (!di_json_int_in(v, lo, hi, &x)) return BAD(k, "'%s' must be in [%.0f, %.0f], got %.0f", k, lo, hi, v->valuedouble);
+  *out = x;
+  return 0;
+}
+
+/* A sampling parameter, checked against the range table every surface shares (sampler/sampling_ranges.h). */
+static int get_sampling(const cJSON *o, const char *k, double *out, di_oai_error *err) {
+  const cJSON *v = field(o, k);
+  if (!v) return 0;
+  const di_sampling_range *r = di_sampling_range_find(k);
+  if (r->integer ? !is_int(v) : !cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+    return BAD(k, "'%s' must be %s", k, r->integer ? "an integer" : "a number");
+  char msg[160];
+  if (!di_sampling_range_check(r, v->valuedouble, msg, sizeof msg)) return BAD(k, "'%s' %s", k, msg);
+  *out = v->valuedouble;
+  return 0;
+}
+
+static int get_sampling_int(const cJSON *o, const char *k, long long *out, di_oai_error *err) {
+  double d = 0;
+  if (get_sampling(o, k, &d, err)) return -1;
+  int64_t x;
+  if (field(o, k) && di_json_int_in(field(o, k), d, d, &x)) *out = (long long)x; /* in range: checked above */
   return 0;
 }
 
@@ -137,11 +151,12 @@ static int ids_prompt(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *arr
   if (!ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
   int i = 0;
   for (const cJSON *v = arr->child; v; v = v->next, i++) {
-    if (!di_json_is_int_in(v, 0, ctx->vocab_size - 1)) {
+    int64_t id;
+    if (!di_json_int_in(v, 0, ctx->vocab_size - 1, &id)) {
       free(ids);
       return BAD("prompt", "prompt token %d is not a token id in [0, %d)", i, ctx->vocab_size);
     }
-    ids[i] = (int32_t)v->valuedouble;
+    ids[i] = (int32_t)id;
   }
   char *text = NULL;
   if (r->echo && ctx->tok) {
@@ -384,9 +399,10 @@ static int read_stops(const cJSON *root, di_oai_request *r, di_oai_error *err) {
     r->stop_token_ids = malloc((size_t)(n ? n : 1) * sizeof *r->stop_token_ids);
     if (!r->stop_token_ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
     for (const cJSON *v = ids->child; v; v = v->next) {
-      if (!di_json_is_int_in(v, 0, 2147483647.0))
+      int64_t id;
+      if (!di_json_int_in(v, 0, 2147483647.0, &id))
         return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
-      r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)v->valuedouble;
+      r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)id;
     }
   }
   return 0;
@@ -419,11 +435,11 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   long long n = 1, max_tokens = -1, top_k = -2, min_tokens = 0, seed = -1, logprobs = -1;
   double temperature = NAN, top_p = NAN, min_p = 0, pres = 0, freq = 0, rep = 1;
   int ignore_eos = 0, skip_special = 1, include_stop = 0;
-  if (get_bool(root, "stream", &r->stream, err) || get_int(root, "n", 1, MAX_SAMPLES, &n, err) ||
-      get_num(root, "temperature", 0, 1e6, &temperature, err) || get_num(root, "top_p", 1e-9, 1, &top_p, err) ||
-      get_int(root, "top_k", -1, 2147483647.0, &top_k, err) || get_num(root, "min_p", 0, 1, &min_p, err) ||
-      get_num(root, "presence_penalty", -2, 2, &pres, err) || get_num(root, "frequency_penalty", -2, 2, &freq, err) ||
-      get_num(root, "repetition_penalty", 1e-6, 1e6, &rep, err) || get_int(root, "min_tokens", 0, 2147483647.0, &min_tokens, err) ||
+  if (get_bool(root, "stream", &r->stream, err) || get_sampling_int(root, "n", &n, err) ||
+      get_sampling(root, "temperature", &temperature, err) || get_sampling(root, "top_p", &top_p, err) ||
+      get_sampling_int(root, "top_k", &top_k, err) || get_sampling(root, "min_p", &min_p, err) ||
+      get_sampling(root, "presence_penalty", &pres, err) || get_sampling(root, "frequency_penalty", &freq, err) ||
+      get_sampling(root, "repetition_penalty", &rep, err) || get_sampling_int(root, "min_tokens", &min_tokens, err) ||
       get_int(root, "seed", -9223372036854775808.0, 18446744073709551615.0, &seed, err) ||
       get_bool(root, "ignore_eos", &ignore_eos, err) || get_bool(root, "skip_special_tokens", &skip_special, err) ||
       get_bool(root, "include_stop_str_in_output", &include_stop, err))
@@ -432,6 +448,8 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   const char *mt_key = chat && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   /* completions: 0 scores the prompt only (echo, prompt logprobs), as lm-evaluation-harness asks */
   if (get_int(root, mt_key, chat ? 1 : 0, 2147483647.0, &max_tokens, err)) return -1;
+  if (max_tokens > 0 && min_tokens > max_tokens)
+    return BAD("min_tokens", "'min_tokens' must be at most '%s' (%lld), got %lld", mt_key, max_tokens, min_tokens);
   long long best_of = n;
   if (get_int(root, "best_of", 1, MAX_SAMPLES, &best_of, err)) return -1;
   if (best_of != n) return BAD("best_of", "best_of other than n is not supported");

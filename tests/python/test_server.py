@@ -853,3 +853,18 @@ def test_shared_prompt_blocks_computed_once(server):
         status, one = server.post("/v1/completions", {"prompt": p, "max_tokens": 3, "temperature": 0})
         assert status == 200, one
         assert one["choices"][0]["text"] == body["choices"][k]["text"]
+
+
+def test_sampling_ranges_match_the_cli(server):
+    """The server and `deepinfer generate` check one table of ranges (src/sampler/sampling_ranges.c):
+    the same values are refused with the same words (test_engine_cli.py's test_sampling_flag_ranges)."""
+    cases = [("temperature", -1, "must be in [0, 1e+06], got -1"), ("top_p", 1.5, "must be in [1e-09, 1], got 1.5"),
+             ("min_p", 2, "must be in [0, 1], got 2"), ("presence_penalty", 3, "must be in [-2, 2], got 3"),
+             ("top_k", -2, "must be in [-1, 2147483647], got -2"), ("n", 0, "must be in [1, 1024], got 0")]
+    for key, value, words in cases:
+        status, body = server.post("/v1/completions", {"prompt": "x", key: value})
+        check_error(status, body, 400, key)
+        assert body["error"]["message"] == f"'{key}' {words}", body
+    status, body = server.post("/v1/completions", {"prompt": "x", "min_tokens": 9, "max_tokens": 4})
+    check_error(status, body, 400, "min_tokens")
+    assert "'min_tokens' must be at most 'max_tokens' (4), got 9" in body["error"]["message"]
