@@ -64,7 +64,7 @@ configure_and_build() {  # dir, extra cmake args...
 TEST_PYTHON=""
 make_test_python() {
   local req=tests/python/requirements.txt
-  if python3 -c 'import pytest, tokenizers, jsonschema, rfc3339_validator, transformers, openai, jinja2' >/dev/null 2>&1; then
+  if python3 -c 'import pytest, tokenizers, jsonschema, rfc3339_validator, transformers, openai, jinja2, pyarrow, matplotlib' >/dev/null 2>&1; then
     TEST_PYTHON="$(command -v python3)"; return 0
   fi
   local venv=build/pyvenv
