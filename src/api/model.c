@@ -6,6 +6,7 @@
 #include "util/json.h"
 #include "model/safetensors.h"
 #include "util/progress.h"
+#include "util/switches.h"
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -78,7 +79,7 @@ di_status di_model_load(const char *dir, const di_model_options *opt_in, di_mode
     return di_error_set(DI_ERR_INVALID_ARG, "unknown load format \"%s\" (auto, safetensors, dummy)", fmt);
   const char *acc = opt.accelerator;
   if (!acc || !*acc)
-    acc = getenv("DEEPINFER_ACCELERATOR");
+    acc = di_switch_get(DI_SW_ACCELERATOR);
   di_model *m = calloc(1, sizeof *m);
   if (!m)
     return di_error_set(DI_ERR_OOM, "out of memory");
