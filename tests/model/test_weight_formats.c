@@ -5,8 +5,10 @@
  * random codes; the reference is a float64 dequantization written here from the formats' definitions
  * (not the library's tables). Element access must be exact (the float64 value rounded once to float32,
  * which for power-of-two scales is no rounding at all); di_cpu_gemm (1, 3 and 11 activation rows:
- * the one-row, tile and panel paths, 2 threads) within 1e-5 relative L2 of the float64 product. */
+ * the one-row, tile and panel paths, 2 threads) within 1e-5 relative L2 of the float64 product. And an
+ * FP8 tensor with F8_E8M0 block scales in a safetensors file is bound with its scales as stored. */
 #include "backend/cpu/cpu_gemm.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 #include "util/threadpool.h"
 #include "test_util.h"
@@ -14,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint64_t g_s = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
@@ -129,12 +132,57 @@ static void check(di_threadpool *tp, fmt_weight *t, const char *label) {
   free(t->deq);
 }
 
+/* A safetensors file holding w (F8_E4M3 [R][C]) and w_scale_inv (F8_E8M0) of t, bound back through
+ * di_tensor_source_weight: the same elements, scales not copied. */
+static void check_file_binding(fmt_weight *t) {
+  char dir[] = "/tmp/di_wfmt_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  const int64_t R = t->w.rows, C = t->w.cols, SR = (R + t->w.block_rows - 1) / t->w.block_rows, SC = t->w.scale_cols;
+  char header[512], path[600];
+  snprintf(header, sizeof header,
+           "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[%lld,%lld],\"data_offsets\":[0,%lld]},"
+           "\"w_scale_inv\":{\"dtype\":\"F8_E8M0\",\"shape\":[%lld,%lld],\"data_offsets\":[%lld,%lld]}}",
+           (long long)R, (long long)C, (long long)(R * C), (long long)SR, (long long)SC, (long long)(R * C),
+           (long long)(R * C + SR * SC));
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL);
+  if (f) {
+    const uint64_t hl = strlen(header);
+    unsigned char le[8];
+    for (int i = 0; i < 8; i++) le[i] = (unsigned char)(hl >> (8 * i));
+    fwrite(le, 1, 8, f);
+    fwrite(header, 1, hl, f);
+    fwrite(t->data, 1, (size_t)(R * C), f);
+    fwrite(t->scales, 1, (size_t)(SR * SC), f);
+    fclose(f);
+  }
+  di_tensor_source *src = NULL;
+  di_status st = di_tensor_source_open(dir, &src);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  if (st == DI_OK) {
+    const int block[2] = {t->w.block_rows, t->w.block_cols};
+    di_weight w;
+    st = di_tensor_source_weight(src, "w", R, C, block, &w);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+    CHECK(st != DI_OK || (w.scale_e8m0 && !w.scale_inv && w.dtype == DI_DT_F8E4M3 && w.scale_cols == SC));
+    int64_t bad = 0;
+    for (int64_t r = 0; st == DI_OK && r < R; r++)
+      for (int64_t c = 0; c < C; c++)
+        if ((double)di_weight_get(&w, r, c) != t->deq[r * C + c]) bad++;
+    CHECKF(bad == 0, "file-bound FP8 + E8M0: %lld elements differ", (long long)bad);
+    di_tensor_source_free(src);
+  }
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
   di_threadpool *tp = NULL;
   CHECK(di_threadpool_create(2, &tp) == DI_OK);
   fmt_weight t;
   t = make(300, 260, 128, 128, 0, 0); check(tp, &t, "FP8 128x128 F32 scales, partial edges");
-  t = make(300, 260, 128, 128, 1, 0); check(tp, &t, "FP8 128x128 UE8M0 scales, partial edges");
+  t = make(300, 260, 128, 128, 1, 0); check_file_binding(&t); check(tp, &t, "FP8 128x128 UE8M0 scales, partial edges");
   t = make(45, 200, 1, 32, 1, 0);     check(tp, &t, "FP8 1x32 UE8M0");
   t = make(70, 100, 64, 16, 0, 0);    check(tp, &t, "FP8 64x16 F32");
   t = make(17, 23, 3, 5, 1, 0);       check(tp, &t, "FP8 3x5 UE8M0 (scalar path)");
