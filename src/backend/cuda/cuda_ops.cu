@@ -3,6 +3,8 @@
  * (cuda_upload.cu: every format dequantized to bf16 rows at load, for now), activations rounded to bf16
  * where the forward rounds them. Synchronous; device memory per call (a test path, not the decode one). */
 #include "cuda_backend_impl.cuh"
+#include <stdlib.h>
+#include <string.h>
 extern "C" {
 #include "backend/op_table.h"
 }
@@ -49,12 +51,21 @@ extern "C" di_status di_cuda_op_run(void *ctx, const di_op_data *d, float *out) 
   const size_t M = (size_t)c->m, N = (size_t)c->n, K = (size_t)c->k;
   switch (c->op) {
   case DI_OP_GEMM: {
-    void *dx = m.get(M * K * 2), *dw = m.get(N * K * 2), *dy = m.get(M * N * 4);
+    /* K padded with zero columns to a multiple of 8 (the 16-byte rows the GEMMs want; every checkpoint's
+     * K is one already): exact zeros added to each dot product */
+    const size_t K8 = (K + 7) / 8 * 8;
+    void *dx = m.get(M * K8 * 2), *dw = m.get(N * K8 * 2), *dy = m.get(M * N * 4);
     if (!dx || !dw || !dy) return di_error_set(DI_ERR_OOM, "cuda ops: out of device memory");
-    DI_TRY(to_bf16_dev(d->x, M * K, dx));
-    DI_TRY(up_rows(&d->w, 0, c->n, (bf16 *)dw, c->k));
-    DI_TRY(di_cu_gemm(blas, c->m, c->n, c->k, (const uint16_t *)dx, c->k, (const uint16_t *)dw, c->k, dy, c->n, 1, 0.f,
-                      NULL));
+    float *xp = (float *)calloc(M * K8, sizeof(float));
+    if (!xp) return di_error_set(DI_ERR_OOM, "cuda ops: out of host memory");
+    for (size_t i = 0; i < M; i++) memcpy(xp + i * K8, d->x + i * K, K * sizeof(float));
+    di_status st = to_bf16_dev(xp, M * K8, dx);
+    free(xp);
+    DI_TRY(st);
+    DI_CU(cudaMemset(dw, 0, N * K8 * 2));
+    DI_TRY(up_rows(&d->w, 0, c->n, (bf16 *)dw, (int64_t)K8));
+    DI_TRY(di_cu_gemm(blas, c->m, c->n, (int)K8, (const uint16_t *)dx, (int)K8, (const uint16_t *)dw, (int)K8, dy, c->n,
+                      1, 0.f, NULL));
     DI_CU(cudaDeviceSynchronize());
     DI_CU(cudaMemcpy(out, dy, M * N * 4, cudaMemcpyDeviceToHost));
     return DI_OK;
