@@ -1,6 +1,7 @@
 /* The NVIDIA backend: the whole DeepSeek-V2/V3 forward pass, the paged latent KV pool and sampling
  * on one CUDA device (sm_90), behind the backend vtable of backend/backend.h. Weights are uploaded
- * once at create (bf16 as stored; FP8 / F16 / F32 converted to bf16 on the host). */
+ * once at create (bf16 as stored; FP8 (F32 or UE8M0 scales) / MXFP4 / F16 / F32 converted to bf16 on the
+ * host, cuda_upload.cu). The parts: cuda_backend_impl.cuh. */
 #ifndef DI_CUDA_BACKEND_H
 #define DI_CUDA_BACKEND_H
 #include "backend/backend.h"
