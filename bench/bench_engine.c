@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "util/switches.h"
 
 typedef struct sleep_backend {
   di_backend base;
@@ -203,9 +204,9 @@ static int bench_model(const char *dir, const char *load_format, const char *acc
     return 1;
   }
   int V = di_model_vocab_size(m);
-  const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
+  const int host_sampling = di_switch_bool(DI_SW_HOST_SAMPLING, 0);
   printf("engine on %s (%s weights, %s, loaded in %.1f s): %d sequences, %d-token prompts, greedy, %s sampling\n", dir,
-         load_format, accel, now_s() - tl, seqs, prompt_len, hs && *hs && strcmp(hs, "0") ? "host" : "device if offered");
+         load_format, accel, now_s() - tl, seqs, prompt_len, host_sampling ? "host" : "device if offered");
   int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
   for (int async = 0; async <= 1; async++) {
     di_engine_options o;

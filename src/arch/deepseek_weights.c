@@ -186,9 +186,9 @@ fail:
 static double wbytes(const di_weight *w) {
   if (!w->data)
     return 0;
-  double b = (double)w->rows * (double)w->cols * (double)di_dtype_size(w->dtype);
-  if (w->scale_inv)
-    b += 4.0 * (double)((w->rows + w->block_rows - 1) / w->block_rows) * (double)w->scale_cols;
+  double b = (double)di_weight_bytes(w);
+  if (w->scale_inv || w->scale_e8m0)
+    b += (w->scale_inv ? 4.0 : 1.0) * (double)((w->rows + w->block_rows - 1) / w->block_rows) * (double)w->scale_cols;
   return b;
 }
 

@@ -14,6 +14,7 @@ typedef struct di_cli_command {
 
 /* The subcommands (one file each). */
 int di_cmd_score(int argc, char **argv);
+int di_cmd_switches(int argc, char **argv);
 
 /* Flag helpers shared by the commands: `--name value` and `--name=value` forms. */
 /* If argv[*i] is `--name` (or `--name=v`), stores the value, advances *i and returns 1. A missing

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "util/switches.h"
 
 int di_cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
 
@@ -166,8 +167,8 @@ int di_cli_lacks_tokenizer(const char *model_dir) {
 }
 
 const char *di_cli_default_model_dir(void) {
-  const char *env = getenv("DEEPINFER_HF_MODEL_DIR");
-  if (env && *env)
+  const char *env = di_switch_get(DI_SW_HF_MODEL_DIR);
+  if (env)
     return env;
   /* the shipped model: next to the executable's source tree, or installed share dir */
   static char path[4096];

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "util/switches.h"
 
 int di_cmd_serve(int argc, char **argv);
 
@@ -118,7 +119,7 @@ int di_cmd_serve(int argc, char **argv) {
   }
   if (!served) served = model_dir ? model_dir : "default";
   if (!model_dir) model_dir = di_cli_default_model_dir();
-  if (!api_key) api_key = getenv("DEEPINFER_API_KEY");
+  if (!api_key) api_key = di_switch_get(DI_SW_API_KEY);
   eo.seed = (uint64_t)seed;
 
   int rc = 1;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "util/switches.h"
 
 const char *di_finish_reason_str(di_finish_reason r) {
   switch (r) {
@@ -113,11 +114,9 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
     e->dev_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_rows);
     e->step_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->step_rows);
     e->dev_tokens = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_tokens);
-    const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
-    e->device_sampling = be->ops->sample != NULL && !(hs && *hs && strcmp(hs, "0") != 0);
-    const char *nf = getenv("DEEPINFER_NO_FEEDBACK");
+    e->device_sampling = be->ops->sample != NULL && !di_switch_bool(DI_SW_HOST_SAMPLING, 0);
     e->feedback = e->device_sampling && be->ops->sample_async && be->ops->sample_fetch && opt.async_scheduling &&
-                  !(nf && *nf && strcmp(nf, "0") != 0);
+                  !di_switch_bool(DI_SW_NO_FEEDBACK, 0);
     e->jobs = malloc((size_t)opt.max_num_seqs * sizeof *e->jobs);
     e->cap_queue = 64;
     e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
