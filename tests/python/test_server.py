@@ -748,6 +748,8 @@ def test_tool_choice_required_and_named(server):
         events, done = server.stream("/v1/chat/completions", dict(req, stream=True))
         content, _, calls, finish = reassemble(events)
         assert done and calls == whole_calls(body["choices"][0]["message"]) and content == "" and finish == "tool_calls"
+        n_deltas = sum(1 for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or [])
+        assert n_deltas > len(calls) + 1  # the arguments arrive in pieces, for "required" too
     check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": {
         "type": "function", "function": {"name": "nope"}}}), 400, "tool_choice")
     check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": "required",
