@@ -750,6 +750,11 @@ def test_tool_choice_required_and_named(server):
         assert done and calls == whole_calls(body["choices"][0]["message"]) and content == "" and finish == "tool_calls"
         n_deltas = sum(1 for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or [])
         assert n_deltas > len(calls) + 1  # the arguments arrive in pieces, for "required" too
+    # "none": the tools are not offered and markup in the reply stays content
+    r = client.chat.completions.create(model=NAME, messages=msgs, tools=CHOICE_TOOLS, tool_choice="none",
+                                       max_tokens=400, temperature=0, extra_body={"guided_regex": escape_rx(TOOL_MARKUP)})
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content == TOOL_MARKUP
+    assert r.choices[0].finish_reason == "stop"
     check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": {
         "type": "function", "function": {"name": "nope"}}}), 400, "tool_choice")
     check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": "required",
