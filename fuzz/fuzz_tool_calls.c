@@ -1,10 +1,11 @@
-/* libFuzzer target: tool-call markup in model replies (V3, V3.1, V4 DSML). Any bytes are parsed whole
- * and as every partial stream would see them; the partial parse's arguments must be prefixes of the
- * whole parse's (what streamed deltas rely on), and nothing may crash. */
+/* libFuzzer target: tool-call markup in model replies (V3, V3.1, V4 DSML) and tool_choice "required"
+ * arrays. Any bytes are parsed whole and as partial streams would see them; a complete call of a
+ * prefix must agree with the whole parse (what streamed deltas rely on), and nothing may crash. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "server/tool_calls.h"
+#include "server/tool_choice.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -24,5 +25,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     di_tool_calls_free(part, np > 0 ? np : 0);
   }
   di_tool_calls_free(whole, nw > 0 ? nw : 0);
+  di_oai_request rq;
+  memset(&rq, 0, sizeof rq);
+  rq.tool_choice = DI_TOOL_CHOICE_REQUIRED;
+  for (int final = 0; final < 2; final++) {
+    di_tool_call *c;
+    int n = di_tool_choice_calls(&rq, t, size, final, &cl, &c);
+    if (cl > size) abort();
+    di_tool_calls_free(c, n > 0 ? n : 0);
+  }
   return 0;
 }

@@ -206,9 +206,12 @@ static int read_tool_choice(const cJSON *root, cJSON *chat, di_resp_req *rr, di_
     cJSON_AddStringToObject(cJSON_AddObjectToObject(chat, "structured_outputs"), "regex", def->valuestring);
     return 0;
   }
-  if (strcmp(syntax->valuestring, "lark") == 0)
-    /* LARK: wire Lark grammars here once src/grammar reads them (structured_outputs' grammar_syntax) */
-    return BAD("tools", "custom tool grammars with syntax \"lark\" are not supported yet (use \"regex\")");
+  if (strcmp(syntax->valuestring, "lark") == 0) { /* llguidance's Lark, as structured_outputs takes it */
+    cJSON *so = cJSON_AddObjectToObject(chat, "structured_outputs");
+    cJSON_AddStringToObject(so, "grammar", def->valuestring);
+    cJSON_AddStringToObject(so, "grammar_syntax", "lark");
+    return 0;
+  }
   return BAD("tools", "custom tool grammar syntax must be \"regex\" or \"lark\", not \"%s\"", syntax->valuestring);
 }
 

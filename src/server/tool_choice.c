@@ -98,6 +98,110 @@ int di_oai_read_tool_choice(const cJSON *root, di_oai_request *r, int constraine
   return 0;
 }
 
+/* ---- a "required" reply, read as it grows ------------------------------------------------------
+ * The reply is a JSON array of {"name": ..., "parameters": ...} objects (the grammar guarantees
+ * valid JSON, not that it is complete). Each call's arguments are the raw text of its "parameters"
+ * value as written, so the text of an unfinished value is a prefix of the finished one: streamed
+ * deltas of it reassemble exactly. */
+static int ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+static size_t skip_ws(const char *t, size_t i, size_t n) {
+  while (i < n && ws(t[i])) i++;
+  return i;
+}
+
+/* the end of the string starting at t[i] == '"' (past its closing quote), or n when unfinished */
+static size_t scan_string(const char *t, size_t i, size_t n, int *complete) {
+  for (i++; i < n; i++) {
+    if (t[i] == '\\') { i++; continue; }
+    if (t[i] == '"') { *complete = 1; return i + 1; }
+  }
+  *complete = 0;
+  return n;
+}
+
+/* the end of the JSON value starting at t[i] (a scalar ends where a delimiter starts) */
+static size_t scan_value(const char *t, size_t i, size_t n, int *complete) {
+  *complete = 0;
+  if (i >= n) return n;
+  if (t[i] == '"') return scan_string(t, i, n, complete);
+  if (t[i] == '{' || t[i] == '[') {
+    int depth = 0;
+    while (i < n) {
+      char c = t[i];
+      if (c == '"') {
+        int sc;
+        i = scan_string(t, i, n, &sc);
+        if (!sc) return n;
+        continue;
+      }
+      if (c == '{' || c == '[') depth++;
+      else if ((c == '}' || c == ']') && --depth == 0) { *complete = 1; return i + 1; }
+      i++;
+    }
+    return n;
+  }
+  while (i < n && !ws(t[i]) && t[i] != ',' && t[i] != '}' && t[i] != ']') i++;
+  *complete = i < n;
+  return i;
+}
+
+static int key_is(const char *t, size_t from, size_t to, const char *k) {
+  size_t kl = strlen(k);
+  return to - from == kl + 2 && memcmp(t + from + 1, k, kl) == 0;
+}
+
+/* the calls of t[0..n); *closed: the array was closed */
+static int required_calls(const char *t, size_t n, di_tool_call **calls, int *closed) {
+  int count = 0, cap = 0, ok = 1;
+  *closed = 0;
+  size_t i = skip_ws(t, 0, n);
+  if (i >= n || t[i] != '[') return 0;
+  for (i++; ok;) {
+    i = skip_ws(t, i, n);
+    if (i >= n) break;
+    if (t[i] == ']') { *closed = 1; break; }
+    if (t[i] == ',') { i++; continue; }
+    if (t[i] != '{') break;
+    char *name = NULL;
+    size_t a_from = 0, a_to = 0;
+    int have_args = 0, obj_done = 0;
+    for (i++;;) {
+      i = skip_ws(t, i, n);
+      if (i >= n) break;
+      if (t[i] == '}') { obj_done = 1; i++; break; }
+      if (t[i] == ',') { i++; continue; }
+      int kc, vc;
+      size_t k_from = i, k_to = t[i] == '"' ? scan_string(t, i, n, &kc) : (kc = 0, n);
+      if (!kc) break;
+      i = skip_ws(t, k_to, n);
+      if (i >= n || t[i] != ':') break;
+      i = skip_ws(t, i + 1, n);
+      if (i >= n) break;
+      size_t v_to = scan_value(t, i, n, &vc);
+      if (key_is(t, k_from, k_to, "name") && vc && t[i] == '"' && !name) {
+        cJSON *s = cJSON_ParseWithLength(t + i, v_to - i);
+        if (cJSON_IsString(s)) name = strdup(s->valuestring);
+        cJSON_Delete(s);
+      } else if (key_is(t, k_from, k_to, "parameters")) {
+        have_args = 1;
+        a_from = i;
+        a_to = v_to;
+      }
+      i = v_to;
+      if (!vc) break;
+    }
+    if (name) {
+      if (di_tc_push(calls, &count, &cap, name, have_args ? di_tc_dup(t + a_from, a_to - a_from) : di_tc_dup("", 0),
+                     obj_done) != 0)
+        ok = 0;
+    }
+    if (!obj_done) break;
+  }
+  if (!ok) { di_tool_calls_free(*calls, count); *calls = NULL; return -1; }
+  return count;
+}
+
 int di_tool_choice_calls(const di_oai_request *r, const char *text, size_t len, int final, size_t *content_len,
                          di_tool_call **calls) {
   *calls = NULL;
@@ -109,21 +213,14 @@ int di_tool_choice_calls(const di_oai_request *r, const char *text, size_t len, 
     return n;
   }
   if (r->tool_choice == DI_TOOL_CHOICE_REQUIRED) {
-    if (!final) return 0; /* the array is read whole at the end */
-    cJSON *a = cJSON_ParseWithLength(text, len);
-    for (const cJSON *it = cJSON_IsArray(a) ? a->child : NULL; it; it = it->next) {
-      const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
-      const cJSON *params = cJSON_GetObjectItemCaseSensitive(it, "parameters");
-      if (!cJSON_IsString(name) || !params) continue;
-      if (di_tc_push(calls, &n, &cap, strdup(name->valuestring), cJSON_PrintUnformatted(params), 1) != 0) {
-        cJSON_Delete(a);
-        di_tool_calls_free(*calls, n);
-        *calls = NULL;
-        return -1;
-      }
+    int closed;
+    n = required_calls(text, len, calls, &closed);
+    if (n > 0 && final && (!closed || !(*calls)[n - 1].complete)) { /* cut off (max_tokens): the text stays content */
+      di_tool_calls_free(*calls, n);
+      *calls = NULL;
+      n = 0;
     }
-    cJSON_Delete(a);
-    if (n == 0) *content_len = len; /* cut off (max_tokens): the text stays content */
+    if (n <= 0 && final) *content_len = len;
     return n;
   }
   return final ? di_tool_calls_parse(text, len, content_len, calls) : di_tool_calls_parse_partial(text, len, content_len, calls);

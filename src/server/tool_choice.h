@@ -9,8 +9,9 @@
  * structured-output constraint (then the forced forms are a 400). Returns 0 or -1 with err set. */
 int di_oai_read_tool_choice(const cJSON *root, di_oai_request *r, int constrained, di_oai_error *err);
 /* The tool calls of a reply text[0..len) as the request's tool_choice makes them: a named function's
- * reply is its arguments, a required reply the JSON array (read when final), an auto reply its
- * DeepSeek markup (tool_calls.h; partial while not final). *content_len: the bytes of text before the
+ * reply is its arguments, a required reply's calls are the array's objects (each one's arguments the
+ * raw text of its "parameters"), an auto reply's its DeepSeek markup (tool_calls.h). While not final,
+ * the calls so far, the last possibly unfinished (arguments only grow). *content_len: the bytes of text before the
  * calls. Returns the number of calls (*calls malloc'd, di_tool_calls_free), -1 on out of memory. */
 int di_tool_choice_calls(const di_oai_request *r, const char *text, size_t len, int final, size_t *content_len,
                          di_tool_call **calls);

@@ -3,6 +3,7 @@
  * parse of every prefix of a reply: names as final, arguments and content prefixes of the final ones
  * (what makes streamed deltas reassemble to the whole reply). */
 #include "server/tool_calls.h"
+#include "server/tool_choice.h"
 #include "test_util.h"
 #include <dirent.h>
 #include <stdio.h>
@@ -145,6 +146,33 @@ int main(void) {
   check_prefixes(v31);
   check_prefixes(v4);
   check_prefixes("Hm " CALLS_BEGIN CALL_BEGIN "function" SEP "f\n```json\n {\"k\": \"v\"} \n```" CALL_END CALLS_END);
+  /* tool_choice "required": the array's calls, read as the reply grows; the arguments are the raw text
+   * of "parameters", so every prefix's are prefixes of the final ones */
+  di_oai_request rq;
+  memset(&rq, 0, sizeof rq);
+  rq.tool_choice = DI_TOOL_CHOICE_REQUIRED;
+  const char *req = "[ {\"name\": \"f\", \"parameters\": {\"a\": [1, \"x]}\\\"\"], \"b\": 2.5}},{\"name\":\"g\",\"parameters\":{}} ]";
+  di_tool_call *rc;
+  size_t rcl;
+  CHECK(di_tool_choice_calls(&rq, req, strlen(req), 1, &rcl, &rc) == 2 && rcl == 0);
+  CHECK(rc && strcmp(rc[0].name, "f") == 0 && strcmp(rc[0].arguments, "{\"a\": [1, \"x]}\\\"\"], \"b\": 2.5}") == 0 &&
+        strcmp(rc[1].name, "g") == 0 && strcmp(rc[1].arguments, "{}") == 0);
+  for (size_t k = 0; rc && k <= strlen(req); k++) {
+    di_tool_call *pc;
+    int np = di_tool_choice_calls(&rq, req, k, 0, &rcl, &pc);
+    CHECKF(np >= 0 && np <= 2, "prefix %zu", k);
+    for (int i = 0; i < np; i++)
+      CHECKF(strcmp(pc[i].name, rc[i].name) == 0 && starts_with(rc[i].arguments, pc[i].arguments), "prefix %zu call %d '%s'",
+             k, i, pc[i].arguments);
+    di_tool_calls_free(pc, np);
+    /* a reply cut off before the array closes stays content */
+    if (k < strlen(req)) {
+      np = di_tool_choice_calls(&rq, req, k, 1, &rcl, &pc);
+      CHECKF(np == 0 && rcl == k, "final prefix %zu: %d calls", k, np);
+      di_tool_calls_free(pc, np > 0 ? np : 0);
+    }
+  }
+  di_tool_calls_free(rc, 2);
   replay_corpus();
   return test_finish("test_tool_calls");
 }
