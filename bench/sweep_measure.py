@@ -132,14 +132,14 @@ def prefill_point(target, prompt_len, batch, vocab, procs, seed=0):
 def decode_row(c, prompt_len, output_len, requests, toks, wall, tpot, ttft):
     mean_tpot = statistics.mean(tpot) if tpot else float("nan")
     return {"concurrency": c, "prompt_len": prompt_len, "output_len": output_len, "requests": requests,
-            "output_tokens": toks, "wall_s": round(wall, 4), "output_tok_s": round(toks / wall, 2),
+            "output_tokens": toks, "wall_s": round(wall, 6), "output_tok_s": round(toks / wall, 2),
             "per_user_tok_s": round(1.0 / mean_tpot, 2) if tpot else None,
             "mean_tpot_ms": round(1e3 * mean_tpot, 3) if tpot else None,
             "mean_ttft_ms": round(1e3 * statistics.mean(ttft), 2), "p50_ttft_ms": round(1e3 * statistics.median(ttft), 2)}
 
 
 def prefill_row(prompt_len, batch, wall, ttft):
-    return {"prompt_len": prompt_len, "batch": batch, "prompt_tokens": prompt_len * batch, "wall_s": round(wall, 4),
+    return {"prompt_len": prompt_len, "batch": batch, "prompt_tokens": prompt_len * batch, "wall_s": round(wall, 6),
             "prefill_tok_s": round(prompt_len * batch / wall, 2), "mean_ttft_ms": round(1e3 * statistics.mean(ttft), 2),
             "p50_ttft_ms": round(1e3 * statistics.median(ttft), 2)}
 

@@ -93,12 +93,13 @@ def check_rows(out, engines):
         assert [int(r["concurrency"]) for r in d] == [1, 2]
         for r in d:
             assert int(r["output_tokens"]) == int(r["concurrency"]) * 6  # ignore_eos, one round
-            assert float(r["output_tok_s"]) == pytest.approx(int(r["output_tokens"]) / float(r["wall_s"]), rel=0.01)
+            # wall_s has 6 decimals, tok/s 2: the ratio agrees to 2e-3 even for a 1 ms point
+            assert float(r["output_tok_s"]) == pytest.approx(int(r["output_tokens"]) / float(r["wall_s"]), rel=2e-3)
             assert float(r["per_user_tok_s"]) > 0 and float(r["mean_ttft_ms"]) > 0
         p = [r for r in pre if r["engine"] == e]
         assert [(int(r["prompt_len"]), int(r["batch"])) for r in p] == [(24, 1), (24, 2), (40, 1), (40, 2)]
         for r in p:
-            assert float(r["prefill_tok_s"]) == pytest.approx(int(r["prompt_tokens"]) / float(r["wall_s"]), rel=0.01)
+            assert float(r["prefill_tok_s"]) == pytest.approx(int(r["prompt_tokens"]) / float(r["wall_s"]), rel=2e-3)
     return dec, pre
 
 
