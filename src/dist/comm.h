@@ -3,9 +3,10 @@
  * processes started by `mpirun -np N deepinfer ...`.
  *
  * Contract: every collective is entered by every rank in the same order (the model's layers give the
- * order). A collective that does not finish within the timeout (a dead or stalled peer) returns
- * DI_ERR_INTERNAL with a message naming the collective, the rank and the timeout; the caller ends the
- * job with di_comm_abort, which prints that message on this rank and stops every rank (never a hang).
+ * order). A collective that does not finish within the timeout (a dead or stalled peer) ends the
+ * job: the rank prints the collective, its rank and the timeout and exits, the launcher stops the
+ * others (MPI; NCCL aborts its communicator and returns an error). Other failures return
+ * DI_ERR_INTERNAL with a message; the caller ends the job with di_comm_abort (never a hang).
  * Byte counts are per peer; alltoallv's send and receive buffers are packed by peer in rank order. */
 #ifndef DI_DIST_COMM_H
 #define DI_DIST_COMM_H

@@ -1,8 +1,7 @@
-/* The MPI communicator for CPU ranks (see comm.h). Every collective is the nonblocking MPI call
- * polled against a deadline, so a dead or stalled peer becomes an error naming the collective after
- * the timeout instead of a hang; errors of MPI itself are returned (MPI_ERRORS_RETURN), not fatal.
- * Polling yields the CPU between tests: CI oversubscribes 4 ranks on 2 cores, where a spinning
- * waiter would take the core the peer it waits for needs. Built only when CMake finds MPI. */
+/* The MPI communicator for CPU ranks (see comm.h). Every collective is a blocking MPI call watched
+ * by a thread against the timeout: past it, this rank prints which collective timed out and exits,
+ * and mpirun ends the others (a dead or stalled peer never hangs the job). Errors MPI itself reports
+ * (a peer's connection gone) are returned (MPI_ERRORS_RETURN), not fatal. Built when CMake finds MPI. */
 #include "dist/comm.h"
 #include "util/status.h"
 #include <signal.h>
@@ -11,7 +10,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <sched.h>
 
 int di_comm_launched_by_mpi(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL;
@@ -37,6 +35,7 @@ void di_comm_abort(di_comm *c, const char *why) {
 
 #else
 #include <mpi.h>
+#include <pthread.h>
 
 typedef struct {
   di_comm base;
@@ -61,44 +60,65 @@ static di_status mpi_fail(mpi_comm *m, const char *what, int rc) {
                       m->base.rank, m->base.size, msg);
 }
 
-/* Waits for `req` until the communicator's timeout. */
-static di_status wait_req(mpi_comm *m, MPI_Request *req, const char *what) {
-  const double t0 = now_s();
-  for (long spins = 0;; spins++) {
-    int done = 0;
-    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS)
-      return mpi_fail(m, what, rc);
-    if (done)
-      return DI_OK;
-    if (now_s() - t0 > m->base.timeout_s)
-      return di_error_set(DI_ERR_INTERNAL,
-                          "%s between ranks timed out after %g s on rank %d of %d (a peer died or stalled; "
-                          "--dist-timeout sets the limit)",
-                          what, m->base.timeout_s, m->base.rank, m->base.size);
-    if (spins > 64) {
-      struct timespec ts = {0, spins > 4096 ? 200000 : 20000};
-      nanosleep(&ts, NULL);
-    } else {
-      sched_yield();
+/* The watchdog: a collective sets its name and deadline before the blocking MPI call and clears
+ * them after; the thread checks twice a second and ends the process past the deadline (mpirun then
+ * ends the other ranks). Blocking calls rather than nonblocking ones polled against the clock: Open
+ * MPI 4.1's libnbc was seen to hang an Ialltoallv between a rank with rows and one without. */
+static pthread_mutex_t g_wd_mu = PTHREAD_MUTEX_INITIALIZER;
+static const char *g_wd_what;
+static double g_wd_deadline, g_wd_timeout;
+static int g_wd_rank, g_wd_size, g_wd_stop;
+static pthread_t g_wd_thread;
+
+static void *watchdog(void *arg) {
+  (void)arg;
+  for (;;) {
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&g_wd_mu);
+    const int stop = g_wd_stop, late = g_wd_what && now_s() > g_wd_deadline;
+    const char *what = g_wd_what;
+    pthread_mutex_unlock(&g_wd_mu);
+    if (stop)
+      return NULL;
+    if (late) {
+      fprintf(stderr,
+              "deepinfer: rank %d: %s between ranks timed out after %g s on rank %d of %d (a peer died or stalled; "
+              "--dist-timeout sets the limit); ending the job\n",
+              g_wd_rank, what, g_wd_timeout, g_wd_rank, g_wd_size);
+      fflush(stderr);
+      _exit(1);
     }
   }
 }
 
+static void wd_arm(const char *what) {
+  pthread_mutex_lock(&g_wd_mu);
+  g_wd_what = what;
+  g_wd_deadline = now_s() + g_wd_timeout;
+  pthread_mutex_unlock(&g_wd_mu);
+}
+static int wd_disarm(int rc) {
+  pthread_mutex_lock(&g_wd_mu);
+  g_wd_what = NULL;
+  pthread_mutex_unlock(&g_wd_mu);
+  return rc;
+}
+
 static di_status mpi_barrier(di_comm *c) {
   mpi_comm *m = (mpi_comm *)c;
-  MPI_Request req;
-  int rc = MPI_Ibarrier(m->comm, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(m, "barrier", rc) : wait_req(m, &req, "barrier");
+  wd_arm("barrier");
+  int rc = wd_disarm(MPI_Barrier(m->comm));
+  return rc != MPI_SUCCESS ? mpi_fail(m, "barrier", rc) : DI_OK;
 }
 
 static di_status mpi_allgather(di_comm *c, const void *send, size_t bytes, void *recv) {
   mpi_comm *m = (mpi_comm *)c;
   if (bytes > (size_t)0x7fffffff)
     return di_error_set(DI_ERR_INVALID_ARG, "allgather of %zu bytes per rank: more than MPI's int count", bytes);
-  MPI_Request req;
-  int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, m->comm, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(m, "allgather", rc) : wait_req(m, &req, "allgather");
+  wd_arm("allgather");
+  int rc = wd_disarm(MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, m->comm));
+  return rc != MPI_SUCCESS ? mpi_fail(m, "allgather", rc) : DI_OK;
 }
 
 static di_status mpi_alltoallv(di_comm *c, const void *send, const size_t *send_bytes, void *recv,
@@ -115,21 +135,20 @@ static di_status mpi_alltoallv(di_comm *c, const void *send, const size_t *send_
     so += send_bytes[r];
     ro += recv_bytes[r];
   }
-  /* MPI wants valid pointers even for empty buffers */
-  static char empty[8];
-  MPI_Request req;
-  int rc = MPI_Ialltoallv(so ? send : empty, m->counts, m->displs, MPI_BYTE, ro ? recv : empty, m->rcounts, m->rdispls,
-                          MPI_BYTE, m->comm, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(m, "alltoallv", rc) : wait_req(m, &req, "alltoallv");
+  static char empty[8]; /* MPI wants valid pointers even for empty buffers */
+  wd_arm("alltoallv");
+  int rc = wd_disarm(MPI_Alltoallv(so ? send : empty, m->counts, m->displs, MPI_BYTE, ro ? recv : empty, m->rcounts,
+                                   m->rdispls, MPI_BYTE, m->comm));
+  return rc != MPI_SUCCESS ? mpi_fail(m, "alltoallv", rc) : DI_OK;
 }
 
 static di_status mpi_broadcast(di_comm *c, void *buf, size_t bytes, int root) {
   mpi_comm *m = (mpi_comm *)c;
   if (bytes > (size_t)0x7fffffff)
     return di_error_set(DI_ERR_INVALID_ARG, "broadcast of %zu bytes: more than MPI's int count", bytes);
-  MPI_Request req;
-  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, m->comm, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(m, "broadcast", rc) : wait_req(m, &req, "broadcast");
+  wd_arm("broadcast");
+  int rc = wd_disarm(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, m->comm));
+  return rc != MPI_SUCCESS ? mpi_fail(m, "broadcast", rc) : DI_OK;
 }
 
 static void mpi_destroy(di_comm *c) {
@@ -140,6 +159,10 @@ static void mpi_destroy(di_comm *c) {
   free(m->rdispls);
   if (c == g_world) {
     g_world = NULL;
+    pthread_mutex_lock(&g_wd_mu);
+    g_wd_stop = 1;
+    pthread_mutex_unlock(&g_wd_mu);
+    pthread_join(g_wd_thread, NULL);
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin)
@@ -197,6 +220,12 @@ di_status di_comm_mpi_create(double timeout_s, di_comm **out) {
   MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, m->comm);
   m->base.n_nodes = nodes;
   g_world = &m->base;
+  g_wd_rank = m->base.rank, g_wd_size = m->base.size, g_wd_timeout = m->base.timeout_s, g_wd_stop = 0;
+  if (pthread_create(&g_wd_thread, NULL, watchdog, NULL) != 0) {
+    g_world = NULL;
+    mpi_destroy(&m->base);
+    return di_error_set(DI_ERR_INTERNAL, "cannot start the collective watchdog thread");
+  }
   snprintf(g_term_msg, sizeof g_term_msg,
            "deepinfer: rank %d: terminated by the launcher (another rank failed); ending the job\n", m->base.rank);
   signal(SIGTERM, on_term);

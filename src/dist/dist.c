@@ -191,6 +191,7 @@ int di_dist_cli_finish(int rc) {
 }
 
 di_comm *di_dist_comm(void) { return g.comm; }
+di_ep *di_dist_ep_current(void) { return g.ep; }
 int di_dist_expert_parallel(void) { return g.expert_parallel && g.comm; }
 
 di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out) {

@@ -26,6 +26,8 @@ di_comm *di_dist_comm(void);
 int di_dist_expert_parallel(void);
 /* The expert-parallel state for a model of these shapes, created at the first call (collective-free). */
 di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out);
+/* The expert-parallel state once a forward created it, else NULL. */
+di_ep *di_dist_ep_current(void);
 /* Ends the job after a failed collective: prints di_last_error() on this rank and stops every rank. */
 __attribute__((noreturn)) void di_dist_fail(void);
 

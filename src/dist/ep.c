@@ -23,6 +23,10 @@ struct di_ep {
   int64_t *window;    /* [W][L][E] local loads of the last W steps */
   int64_t step;
   int last_layer, rebalances;
+  int32_t *seq;  /* the MoE layers of one forward, in call order (recorded from the first forward) */
+  int n_seq, seq_done;
+  di_ep_experts_fn listen_fn; /* the experts a listening rank runs for the others (di_ep_set_listener) */
+  void *listen_user;
   int64_t rows_computed;
   double exchange_s;
   /* grow-only buffers */
@@ -95,12 +99,13 @@ di_status di_ep_create(di_comm *comm, int n_layers, int n_experts, int hidden, i
   ep->window = calloc((size_t)c.window_size * n_layers * n_experts, sizeof(int64_t));
   ep->occ = malloc(sizeof(int32_t) * (size_t)n_experts);
   ep->ecount = malloc(sizeof(int32_t) * (size_t)(n_experts + 1));
-  ep->counts_all = malloc(sizeof(int64_t) * (size_t)N * N);
+  ep->counts_all = malloc(sizeof(int64_t) * (size_t)N * (N + 1));
+  ep->seq = malloc(sizeof(int32_t) * (size_t)n_layers);
   ep->sb = malloc(sizeof(size_t) * (size_t)N);
   ep->rb = malloc(sizeof(size_t) * (size_t)N);
   ep->srows = malloc(sizeof(int32_t) * (size_t)N);
   ep->rrows = malloc(sizeof(int32_t) * (size_t)N);
-  if (!ep->phy2log || !ep->rep_start || !ep->rep_slot || !ep->window || !ep->occ || !ep->ecount || !ep->counts_all ||
+  if (!ep->phy2log || !ep->rep_start || !ep->rep_slot || !ep->window || !ep->occ || !ep->ecount || !ep->counts_all || !ep->seq ||
       !ep->sb || !ep->rb || !ep->srows || !ep->rrows) {
     di_ep_destroy(ep);
     return di_error_set(DI_ERR_OOM, "out of memory");
@@ -136,7 +141,7 @@ void di_ep_destroy(di_ep *ep) {
     return;
   void *ps[] = {ep->phy2log, ep->rep_start, ep->rep_slot, ep->window, ep->send_x, ep->recv_x, ep->sorted,
                 ep->out_sorted, ep->back, ep->scratch, ep->send_id, ep->recv_id, ep->dest, ep->pos, ep->order,
-                ep->occ, ep->ecount, ep->counts_all, ep->sb, ep->rb, ep->srows, ep->rrows};
+                ep->occ, ep->ecount, ep->counts_all, ep->seq, ep->sb, ep->rb, ep->srows, ep->rrows};
   for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
     free(ps[i]);
   free(ep);
@@ -223,12 +228,18 @@ static di_status exchange(di_ep *ep, const void *send, const int32_t *send_rows,
   return st;
 }
 
-di_status di_ep_routed(di_ep *ep, int layer, const float *x, int T, const int32_t *ids, int K, float *y,
-                       di_ep_experts_fn fn, void *user) {
+/* real: called by a forward (1) or by a listening rank (0). *any_real: whether any rank's call was a
+ * forward's; when none was, every rank is listening and the exchange stops after the counts. */
+static di_status routed(di_ep *ep, int layer, const float *x, int T, const int32_t *ids, int K, float *y,
+                        di_ep_experts_fn fn, void *user, int real, int *any_real) {
   if (layer < 0 || layer >= ep->L)
     return di_error_set(DI_ERR_INTERNAL, "expert parallel: layer %d of %d", layer, ep->L);
-  if (layer <= ep->last_layer)
+  if (layer <= ep->last_layer) {
+    ep->seq_done = 1;
     DI_TRY(step_end(ep));
+  }
+  if (!ep->seq_done && real)
+    ep->seq[ep->n_seq++] = layer;
   ep->last_layer = layer;
   const int N = ep->N, H = ep->H, E = ep->E;
   const size_t n_slots = (size_t)T * K, LE = (size_t)ep->L * E;
@@ -253,23 +264,28 @@ di_status di_ep_routed(di_ep *ep, int layer, const float *x, int T, const int32_
     ep->srows[ep->dest[i]]++;
   }
   /* 2. counts to everyone, then the rows and their expert ids */
-  int64_t mine[256];
-  int64_t *mrow = N <= 256 ? mine : malloc(sizeof(int64_t) * (size_t)N);
+  int64_t mine[257]; /* rows to each rank, then the real flag */
+  int64_t *mrow = N <= 256 ? mine : malloc(sizeof(int64_t) * (size_t)(N + 1));
   if (!mrow)
     return di_error_set(DI_ERR_OOM, "expert parallel: out of memory");
   for (int r = 0; r < N; r++)
     mrow[r] = ep->srows[r];
+  mrow[N] = real;
   const double t0 = now_s();
-  di_status s = di_comm_allgather(ep->comm, mrow, sizeof(int64_t) * (size_t)N, ep->counts_all);
+  di_status s = di_comm_allgather(ep->comm, mrow, sizeof(int64_t) * (size_t)(N + 1), ep->counts_all);
   ep->exchange_s += now_s() - t0;
   if (mrow != mine)
     free(mrow);
   DI_TRY(s);
   size_t n_recv = 0;
+  *any_real = 0;
   for (int r = 0; r < N; r++) {
-    ep->rrows[r] = (int32_t)ep->counts_all[(size_t)r * N + ep->me];
+    ep->rrows[r] = (int32_t)ep->counts_all[(size_t)r * (N + 1) + ep->me];
     n_recv += (size_t)ep->rrows[r];
+    *any_real |= ep->counts_all[(size_t)r * (N + 1) + N] != 0;
   }
+  if (!*any_real)
+    return DI_OK;
   DI_TRY(reserve(ep, n_slots, n_recv));
   {
     int32_t off[256], *o = N <= 256 ? off : malloc(sizeof(int32_t) * (size_t)N);
@@ -309,6 +325,9 @@ di_status di_ep_routed(di_ep *ep, int layer, const float *x, int T, const int32_
   for (size_t k = 0; k < n_recv; k++)
     memcpy(ep->sorted + k * H, ep->recv_x + (size_t)ep->order[k] * H, sizeof(float) * (size_t)H);
   ep->rows_computed += (int64_t)n_recv;
+  if (n_recv && !fn)
+    return di_error_set(DI_ERR_UNSUPPORTED, "expert parallel: rows for a rank whose model set no listener "
+                                            "(data parallel is not supported for this architecture yet)");
   if (n_recv)
     DI_TRY(fn(user, layer, ep->sorted, cnt, (int)n_recv, ep->out_sorted, ep->scratch));
   for (size_t k = 0; k < n_recv; k++)
@@ -319,6 +338,29 @@ di_status di_ep_routed(di_ep *ep, int layer, const float *x, int T, const int32_
     if (ep->dest[i] >= 0)
       memcpy(y + i * H, ep->back + (size_t)ep->pos[i] * H, sizeof(float) * (size_t)H);
   return DI_OK;
+}
+
+di_status di_ep_routed(di_ep *ep, int layer, const float *x, int T, const int32_t *ids, int K, float *y,
+                       di_ep_experts_fn fn, void *user) {
+  int any_real;
+  return routed(ep, layer, x, T, ids, K, y, fn, user, 1, &any_real);
+}
+
+void di_ep_set_listener(di_ep *ep, di_ep_experts_fn fn, void *user) {
+  ep->listen_fn = fn;
+  ep->listen_user = user;
+}
+
+di_status di_ep_listen(di_ep *ep) {
+  if (!ep->n_seq)
+    return di_error_set(DI_ERR_INTERNAL, "expert parallel: a rank listens before any forward (run one first)");
+  for (;;)
+    for (int i = 0; i < ep->n_seq; i++) {
+      int any_real = 0;
+      DI_TRY(routed(ep, ep->seq[i], NULL, 0, NULL, 1, NULL, ep->listen_fn, ep->listen_user, 0, &any_real));
+      if (!any_real)
+        return DI_OK; /* only at a round's first layer: rounds are aligned with the forwards */
+    }
 }
 
 di_status di_ep_imbalance(di_ep *ep, double *imbalance, int64_t *local_rows) {

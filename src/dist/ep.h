@@ -39,6 +39,16 @@ void di_ep_destroy(di_ep *ep);
 di_status di_ep_routed(di_ep *ep, int layer, const float *x, int T, const int32_t *ids, int K, float *y,
                        di_ep_experts_fn fn, void *user);
 
+/* For a rank whose step is over (or that had no work): joins, with zero tokens, every forward the
+ * other ranks run, one round of the MoE layers per forward, until a round's first exchange finds no
+ * rank in a forward (all listening); then every rank returns together. Collective: after each
+ * engine step every rank calls it, so ranks with different numbers of forwards per step stay in
+ * step. Needs one forward first (it replays that forward's MoE layer order). */
+di_status di_ep_listen(di_ep *ep);
+/* The experts a listening rank runs for the others' rows: fn(user, layer, ...) with a user pointer
+ * that lives as long as the ep (the backend). */
+void di_ep_set_listener(di_ep *ep, di_ep_experts_fn fn, void *user);
+
 /* Expert rows computed on each rank since the last reset, all-gathered (collective): returns
  * max / mean over ranks (1 = even), and the rows of this rank in *local_rows when non-NULL. */
 di_status di_ep_imbalance(di_ep *ep, double *imbalance, int64_t *local_rows);
