@@ -12,17 +12,11 @@
 
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
-typedef struct {
-  di_cpu_backend *b;
-  const di_ds_layer *L;
-} ep_user;
-
 /* dist/ep.h's di_ep_experts_fn: every local expert's gate+up as one parallel loop, then the downs */
 static di_status run_experts(void *user, int layer, const float *x, const int32_t *count, int n, float *y,
                              float *scratch) {
-  ep_user *u = user;
-  di_cpu_backend *b = u->b;
-  const di_ds_layer *L = u->L;
+  di_cpu_backend *b = user;
+  const di_ds_layer *L = &b->w->layers[layer];
   const int H = b->cfg->hidden_size, E = b->cfg->n_routed_experts;
   const int64_t I = b->cfg->moe_intermediate_size;
   float *g = scratch, *up = scratch + (size_t)n * I;
@@ -65,9 +59,9 @@ void di_cpu_deepseek_moe_ep(di_cpu_backend *b, const di_ds_layer *L, const float
       sg[i] = silu(sg[i]) * su[i];
     di_cpu_gemm(b->tp, sg, T, SI, &L->sh_down, 0, H, b->s_shared, H);
   }
-  ep_user u = {b, L};
+  di_ep_set_listener(ep, run_experts, b); /* a data-parallel rank with no work computes for the others */
   float *y = b->s_exp_in; /* [T * K][H] per slot; unused by the single-rank gather here */
-  if (di_ep_routed(ep, layer, x, T, b->s_topk_ids, K, y, run_experts, &u) != DI_OK)
+  if (di_ep_routed(ep, layer, x, T, b->s_topk_ids, K, y, run_experts, b) != DI_OK)
     di_dist_fail();
   for (int i = 0; i < T * K; i++)
     memcpy(b->s_exp_out + (size_t)b->s_exp_where[i] * H, y + (size_t)i * H, sizeof(float) * (size_t)H);
