@@ -8,6 +8,7 @@
 #include "dist/dist.h"
 #include "dist/dp.h"
 #include "test_util.h"
+#include "mpi_relaunch.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -120,20 +121,5 @@ static int run_ranks(void) {
 int main(int argc, char **argv) {
   if (di_comm_launched_by_mpi())
     return run_ranks();
-#ifndef DI_HAVE_MPI
-  printf("test_dist_dp: skipped: built without MPI (Debian: libopenmpi-dev)\n");
-  return 0;
-#else
-  if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-    printf("test_dist_dp: skipped: mpirun not found (Debian: openmpi-bin)\n");
-    return 0;
-  }
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
-  fflush(stdout);
-  execlp("mpirun", "mpirun", "--oversubscribe", "-np", "2", argv[0], (char *)NULL);
-  perror("test_dist_dp: exec mpirun");
-  return 1;
-#endif
+  return mpi_relaunch(argv[0], "2", "test_dist_dp");
 }

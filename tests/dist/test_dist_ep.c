@@ -9,6 +9,7 @@
 #include "dist/comm.h"
 #include "dist/ep.h"
 #include "test_util.h"
+#include "mpi_relaunch.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -138,20 +139,5 @@ int main(int argc, char **argv) {
   int rc = test_finish("test_dist_ep (1 rank)");
   if (rc)
     return rc;
-#ifndef DI_HAVE_MPI
-  printf("test_dist_ep: 4-rank part skipped: built without MPI (Debian: libopenmpi-dev)\n");
-  return 0;
-#else
-  if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-    printf("test_dist_ep: 4-rank part skipped: mpirun not found (Debian: openmpi-bin)\n");
-    return 0;
-  }
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  setenv("ASAN_OPTIONS", "detect_leaks=0", 1); /* OpenMPI's own allocations outlive MPI_Finalize */
-  fflush(stdout);
-  execlp("mpirun", "mpirun", "--oversubscribe", "-np", "4", argv[0], (char *)NULL);
-  perror("test_dist_ep: exec mpirun");
-  return 1;
-#endif
+  return mpi_relaunch(argv[0], "4", "test_dist_ep");
 }
