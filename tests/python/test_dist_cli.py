@@ -121,6 +121,8 @@ def test_bad_flags_named():
     assert r.returncode == 2 and "--enable-eplb needs --enable-expert-parallel" in r.stderr
     r = run(0, "score", "--model", m, "--ids", "1", "--out", os.devnull, "--dist-timeout", "0")
     assert r.returncode == 2 and "--dist-timeout" in r.stderr
+    r = run(0, "score", "--model", m, "--ids", "1", "--out", os.devnull, "--data-parallel-size", "2")
+    assert r.returncode == 2 and "attention data parallel is not implemented yet" in r.stderr  # the CLI's part
     # 16 experts + 2 redundant on 4 ranks: not a multiple
     r = run(4, "score", "--model", m, "--ids", "1,2", "--out", os.devnull, "--threads", "1", "--enable-expert-parallel",
             "--enable-eplb", "--eplb-config", '{"num_redundant_experts": 2}')
