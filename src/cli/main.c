@@ -1,5 +1,6 @@
 /* Entry point of the `deepinfer` CLI: dispatches to the subcommands in the table below. */
 #include "cli.h"
+#include "dist/dist.h"
 #include <string.h>
 
 int di_cmd_score(int argc, char **argv);
@@ -29,6 +30,8 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
     fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
   fprintf(f, "\n`deepinfer <command> --help` describes each command.\n"
+             "Several ranks (`mpirun -np N deepinfer <command> ...`; any command): --enable-expert-parallel,\n"
+             "--enable-eplb, --eplb-config JSON, --dist-timeout SECONDS (docs/multi-gpu.md).\n"
              "Environment: DEEPINFER_HF_MODEL_DIR (default model folder), DEEPINFER_ACCELERATOR (cpu, cuda);\n"
              "`deepinfer switches` lists every switch (docs/switches.md).\n");
 }
@@ -39,8 +42,10 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-    if (strcmp(argv[1], COMMANDS[i].name) == 0)
-      return COMMANDS[i].run(argc - 1, argv + 1);
+    if (strcmp(argv[1], COMMANDS[i].name) == 0) {
+      int rc = di_dist_cli_setup(&argc, argv); /* the distributed flags (dist/dist.h); MPI under mpirun */
+      return rc ? rc : di_dist_cli_finish(COMMANDS[i].run(argc - 1, argv + 1));
+    }
   fprintf(stderr, "deepinfer: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return 2;

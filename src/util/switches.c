@@ -50,6 +50,15 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "1: per-phase device time of eager steps (graphs off), printed at destroy"},
     [DI_SW_CUDA_GPU_TIME] = {"DEEPINFER_CUDA_GPU_TIME", "0", "1: device time of each replayed graph (di_cuda_stats)"},
     [DI_SW_CUDA_STATS] = {"DEEPINFER_CUDA_STATS", "0", "1: step, graph and resample counts printed at destroy"},
+    [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
+                            "seconds a collective between ranks may wait before the job ends with a message "
+                            "(--dist-timeout wins)"},
+    [DI_SW_DIST_TEST_FAIL] = {"DEEPINFER_DIST_TEST_FAIL", "unset",
+                              "RANK:CALL:MODE (kill or stall): rank RANK kills itself or stalls at exchange CALL (failure "
+                              "tests)"},
+    [DI_SW_MPI_OMPI_SIZE] = {"OMPI_COMM_WORLD_SIZE", "unset", "set by Open MPI's mpirun: the process is one of N ranks"},
+    [DI_SW_MPI_PMIX_RANK] = {"PMIX_RANK", "unset", "set by a PMIx launcher: the process is a rank"},
+    [DI_SW_MPI_PMI_RANK] = {"PMI_RANK", "unset", "set by a PMI launcher (MPICH, Slurm): the process is a rank"},
     [DI_SW_GRAMMAR_MAX_STATES] = {"DI_GRAMMAR_MAX_STATES", "200000",
                                   "states budget of a grammar's runtime automaton (values above 16; tests)"},
     [DI_SW_GRAMMAR_CI_DEPTH] = {"DI_GRAMMAR_CI_DEPTH", "12", "depth of the context-independent token precompute"},

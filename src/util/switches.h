@@ -1,4 +1,4 @@
-/* Every environment switch the library reads (DEEPINFER_*, and the grammar engine's DI_GRAMMAR_* test
+/* Every environment switch the library reads (DEEPINFER_*, the MPI launchers' rank variables, and the grammar engine's DI_GRAMMAR_* test
  * knobs), in one table with its default and meaning, as vLLM's envs.py. Code never calls getenv for
  * these names itself: it asks this table, so the list in docs/switches.md (checked against the table by
  * tests/unit/test_switches.c, printed by `deepinfer switches`) is the whole list.
@@ -38,6 +38,12 @@ typedef enum {
   DI_SW_CUDA_PROFILE,
   DI_SW_CUDA_GPU_TIME,
   DI_SW_CUDA_STATS,
+  /* several ranks (src/dist/) */
+  DI_SW_DIST_TIMEOUT,
+  DI_SW_DIST_TEST_FAIL,
+  DI_SW_MPI_OMPI_SIZE,  /* launcher variables: set by mpirun, read to know the process is a rank */
+  DI_SW_MPI_PMIX_RANK,
+  DI_SW_MPI_PMI_RANK,
   /* grammar engine (tests of its budget paths, debugging) */
   DI_SW_GRAMMAR_MAX_STATES,
   DI_SW_GRAMMAR_CI_DEPTH,

@@ -41,4 +41,7 @@ di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, floa
  * MTP layer keeps its own KV entries in the same block tables. */
 di_status di_cpu_deepseek_mtp_forward(di_cpu_backend *b, int mtp_index, const di_batch *batch, const float *prev_hidden,
                                       float *logits, float *hidden_out);
+/* The MoE layer's experts under expert parallel (cpu_deepseek_ep.c): routing done (s_topk_ids/w,
+ * s_exp_where); fills s_exp_out's expert-sorted rows and s_shared. Ends the job on a failed exchange. */
+void di_cpu_deepseek_moe_ep(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T);
 #endif

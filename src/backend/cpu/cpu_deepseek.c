@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
+#include "dist/dist.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -340,6 +341,10 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
     where[i] = fill[ids[i]];    /* slot i = t*K + k lands in expert-sorted row where[i] */
     rows[fill[ids[i]]++] = i;   /* ascending slots within each expert */
   }
+  if (di_dist_expert_parallel()) { /* experts on their ranks; outputs land in rows where[] (cpu_deepseek_ep.c) */
+    di_cpu_deepseek_moe_ep(b, L, x, T);
+    goto combine;
+  }
   /* gather each expert's rows, then run every expert's gate+up (and the shared experts') as one
    * parallel loop, SiLU-and-multiply, and every down projection as a second loop */
   float *xin = b->s_exp_in, *g = b->s_g, *u = b->s_u;
@@ -375,6 +380,7 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
   if (L->has_shared)
     jobs[nj++] = (di_gemm_job){sg, T, SI, &L->sh_down, 0, H, b->s_shared, H};
   di_cpu_gemm_multi(b->tp, jobs, nj);
+combine:
   /* combine in the router's order, then add the shared experts */
   for (int t = 0; t < T; t++) {
     float *o = out + (size_t)t * H;

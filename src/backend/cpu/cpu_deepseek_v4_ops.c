@@ -2,6 +2,7 @@
  * memory, linear layers with double sums, RMSNorm, RoPE (YaRN), mHC, torch-like top-k, MoE, the head,
  * and the per-query pieces of attention, the compressor and the indexer. See cpu_deepseek_v4_ops.h. */
 #include "backend/cpu/cpu_deepseek_v4_ops.h"
+#include "dist/dist.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -444,6 +445,13 @@ di_status di_v4_moe(di_v4_ctx *cx, int l, const float *x, float *out) {
       wt[(size_t)t * E + idx[k]] += (float)(sc[idx[k]] / (sum + 1e-20) * c->routed_scaling);
   }
   DI_TRY(swiglu(cx, &L->sh_w1, &L->sh_w2, &L->sh_w3, x, T, out));
+  if (di_dist_expert_parallel()) { /* routed experts on their ranks (cpu_deepseek_v4_ep.c) */
+    di_status ep_st = di_v4_moe_ep(cx, l, x, wt, out, swiglu);
+    if (ep_st != DI_OK && di_dist_comm() && di_comm_size(di_dist_comm()) > 1)
+      di_dist_fail();
+    di_v4_release(cx, m);
+    return ep_st;
+  }
   /* each expert runs over the tokens routed to it, gathered into one block */
   DI_V4_ALLOC(xs, (size_t)T * D);
   DI_V4_ALLOC(ys, (size_t)T * D);

@@ -67,6 +67,11 @@ di_status di_v4_hc_site(di_v4_ctx *cx, int l, float *X, const di_weight *fn, con
                         const float *norm, di_v4_sublayer_fn sub);
 /* The MoE sublayer (routed experts by hash or learned top-k, plus the shared expert). */
 di_status di_v4_moe(di_v4_ctx *cx, int l, const float *x, float *out);
+/* Expert parallel (cpu_deepseek_v4_ep.c): the routed experts of wt [T][E] on their ranks, added to out
+ * (which holds the shared expert's output) in expert order; swiglu runs one expert over gathered rows. */
+typedef di_status (*di_v4_swiglu_fn)(di_v4_ctx *cx, const di_weight *w1, const di_weight *w2, const di_weight *w3,
+                                     const float *x, int T, float *y);
+di_status di_v4_moe_ep(di_v4_ctx *cx, int l, const float *x, const float *wt, float *out, di_v4_swiglu_fn swiglu);
 /* The whole layer stack: embeds cx->tokens into X [T][hc][D], then each layer's attention site (with
  * `attention`: the reference's whole-sequence sublayer or the cached forward's step) and MoE site. */
 di_status di_v4_layers(di_v4_ctx *cx, float *X, di_v4_sublayer_fn attention);

@@ -1,0 +1,36 @@
+/* The process's place among the ranks: the communicator (MPI under mpirun, one local rank otherwise),
+ * the distributed flags (vLLM's names) and the expert-parallel state the backends reach through
+ * di_dist_ep. One per process, as MPI itself is: set up by the CLI before a command runs.
+ *
+ * Flags (any command; removed from argv before the command parses it):
+ *   --enable-expert-parallel            routed experts sharded over the ranks
+ *   --enable-eplb                       expert load balancing (redundant replicas of hot experts)
+ *   --eplb-config JSON                  {"num_redundant_experts": R, "window_size": W, "step_interval": S}
+ *   --dist-timeout SECONDS              limit for one collective (default 60; $DEEPINFER_DIST_TIMEOUT)
+ *   --data-parallel-size N              attention data parallel (not yet: refused with a message)
+ * Rank 0 alone prints and writes outputs: on other ranks stdout goes to /dev/null and `--out FILE`
+ * becomes /dev/null; stderr stays, so every rank can report its own failure. */
+#ifndef DI_DIST_DIST_H
+#define DI_DIST_DIST_H
+#include "dist/comm.h"
+#include "dist/ep.h"
+
+/* Parses and strips the flags, starts MPI when launched by mpirun. Returns 0, or an exit code (2: a
+ * bad flag, 1: the communicator could not start) after printing why. */
+int di_dist_cli_setup(int *argc, char **argv);
+/* After the command: rc != 0 on a multi-rank job ends every rank (the others would wait for this
+ * one); otherwise tears down (MPI_Finalize). Returns rc. */
+int di_dist_cli_finish(int rc);
+
+di_comm *di_dist_comm(void);
+int di_dist_expert_parallel(void);
+/* The expert-parallel state for a model of these shapes, created at the first call (collective-free). */
+di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out);
+/* The expert-parallel state once a forward created it, else NULL. */
+di_ep *di_dist_ep_current(void);
+/* Ends the job after a failed collective: prints di_last_error() on this rank and stops every rank. */
+__attribute__((noreturn)) void di_dist_fail(void);
+
+/* Parses --eplb-config's JSON into cfg (other fields untouched); 0 or -1 with a message in err. */
+int di_dist_parse_eplb_config(const char *json, di_ep_config *cfg, char *err, size_t err_len);
+#endif
