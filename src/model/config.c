@@ -35,18 +35,20 @@ static di_status parse_eos(const cJSON *v, const char *what, di_model_config *c)
     return DI_OK;
   c->n_eos = 0;
   if (cJSON_IsNumber(v)) {
-    if (!di_json_is_int_in(v, INT32_MIN, INT32_MAX))
+    int64_t id;
+    if (!di_json_int_in(v, INT32_MIN, INT32_MAX, &id))
       return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
-    c->eos_token_ids[c->n_eos++] = (int32_t)v->valuedouble;
+    c->eos_token_ids[c->n_eos++] = (int32_t)id;
     return DI_OK;
   }
   if (!cJSON_IsArray(v))
     return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
   for (const cJSON *e = v->child; e; e = e->next) {
-    if (!di_json_is_int_in(e, INT32_MIN, INT32_MAX))
+    int64_t id;
+    if (!di_json_int_in(e, INT32_MIN, INT32_MAX, &id))
       return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
     if (c->n_eos < DI_MAX_EOS)
-      c->eos_token_ids[c->n_eos++] = (int32_t)e->valuedouble;
+      c->eos_token_ids[c->n_eos++] = (int32_t)id;
   }
   return DI_OK;
 }
@@ -275,14 +277,15 @@ di_status di_model_config_from_tree(const cJSON *root, const char *gen_json, siz
       goto done;
     }
     const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
-    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_is_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20) ||
-        !di_json_is_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20)) {
+    int64_t rows, cols;
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20, &rows) ||
+        !di_json_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20, &cols)) {
       st = di_error_set(DI_ERR_FORMAT, W ": quantization_config.weight_block_size must be [rows, cols] of positive integers");
       goto done;
     }
     c.fp8 = 1;
-    c.fp8_block[0] = (int)cJSON_GetArrayItem(bs, 0)->valuedouble;
-    c.fp8_block[1] = (int)cJSON_GetArrayItem(bs, 1)->valuedouble;
+    c.fp8_block[0] = (int)rows;
+    c.fp8_block[1] = (int)cols;
   }
 tokens:
   T(get_int(root, "bos_token_id", -1, &c.bos_token_id));

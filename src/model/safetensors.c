@@ -117,11 +117,10 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
     unsigned __int128 count = 1;
     int k = 0;
     for (const cJSON *d = shape->child; d; d = d->next, k++) {
-      if (!di_json_is_int_in(d, 0, 9.0e15)) {
+      if (!di_json_int_in(d, 0, 9.0e15, &t->shape[k])) {
         st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", what, name, k);
         goto done;
       }
-      t->shape[k] = (int64_t)d->valuedouble;
       count *= (unsigned __int128)t->shape[k];
       if (count > ((unsigned __int128)1 << 62)) {
         st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': shape too large", what, name);
@@ -130,12 +129,13 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
     }
     /* offsets past 2^53 are not exact doubles, and no file has them; the data length check follows */
     const cJSON *ob = cJSON_GetArrayItem(offs, 0), *oe = cJSON_GetArrayItem(offs, 1);
-    if (!di_json_is_int_in(ob, 0, DI_JSON_MAX_EXACT_INT) ||
-        !di_json_is_int_in(oe, ob->valuedouble, DI_JSON_MAX_EXACT_INT)) {
+    int64_t begin, end;
+    if (!di_json_int_in(ob, 0, DI_JSON_MAX_EXACT_INT, &begin) ||
+        !di_json_int_in(oe, (double)begin, DI_JSON_MAX_EXACT_INT, &end)) {
       st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': data_offsets must be integers with 0 <= begin <= end", what, name);
       goto done;
     }
-    uint64_t ub = (uint64_t)ob->valuedouble, ue = (uint64_t)oe->valuedouble;
+    uint64_t ub = (uint64_t)begin, ue = (uint64_t)end;
     if (ue > data_len) {
       st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data (%zu bytes; truncated file?)",
                         what, name, (unsigned long long)ub, (unsigned long long)ue, data_len);

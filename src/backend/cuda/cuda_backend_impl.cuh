@@ -164,6 +164,8 @@ void drop_graphs(cu_backend *b);
 di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts);
 int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap);
 di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks);
+di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, int64_t *total_bytes,
+                         int64_t *used_bytes);
 /* cuda_upload.cu: host weights (any di_weight dtype) to bf16 device rows */
 di_status up_rows(const di_weight *w, int64_t r0, int64_t r1, bf16 *dst, int64_t dst_ld);
 di_status up_cols(const di_weight *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1, bf16 *dst, int64_t dst_ld);

@@ -148,3 +148,22 @@ di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks) {
   return DI_OK;
 }
 
+
+/* gpu_memory_utilization's inputs (backend.h): the largest step's activation and output buffers are
+ * reserved first (they then count as used), then the device's total and in-use bytes are read. The
+ * attention's partial-result slots and the CUDA graphs grow later; the (1 - utilization) headroom
+ * covers them. A pool left by an earlier engine is not counted: the new engine's kv_alloc replaces it. */
+di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, int64_t *total_bytes,
+                         int64_t *used_bytes) {
+  cu_backend *b = (cu_backend *)bb;
+  DI_TRY(ensure_acts(b, max_step_tokens > 256 ? max_step_tokens : 256, max_outputs > 16 ? max_outputs : 16, 512));
+  DI_CU(cudaDeviceSynchronize());
+  size_t free_b = 0, total_b = 0;
+  DI_CU(cudaMemGetInfo(&free_b, &total_b));
+  /* a KV pool from an earlier engine over this backend is about to be replaced (kv_alloc frees it
+   * first): it does not count as used */
+  const size_t pool = b->kv ? (size_t)(b->n_layers + b->n_mtp) * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2 : 0;
+  *total_bytes = (int64_t)total_b;
+  *used_bytes = (int64_t)(total_b - free_b) - (int64_t)pool;
+  return DI_OK;
+}
