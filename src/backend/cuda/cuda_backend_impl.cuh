@@ -164,8 +164,6 @@ void drop_graphs(cu_backend *b);
 di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts);
 int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap);
 di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks);
-/* gpu_memory_utilization's inputs (backend.h memory_info): the largest step's buffers reserved, then
- * the device's total and in-use bytes (a KV pool of an earlier engine not counted). */
 di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, int64_t *total_bytes,
                          int64_t *used_bytes);
 /* cuda_upload.cu: host weights (any di_weight dtype) to bf16 device rows */

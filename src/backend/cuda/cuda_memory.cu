@@ -160,6 +160,8 @@ di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, i
   DI_CU(cudaDeviceSynchronize());
   size_t free_b = 0, total_b = 0;
   DI_CU(cudaMemGetInfo(&free_b, &total_b));
+  /* a KV pool from an earlier engine over this backend is about to be replaced (kv_alloc frees it
+   * first): it does not count as used */
   const size_t pool = b->kv ? (size_t)(b->n_layers + b->n_mtp) * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2 : 0;
   *total_bytes = (int64_t)total_b;
   *used_bytes = (int64_t)(total_b - free_b) - (int64_t)pool;
