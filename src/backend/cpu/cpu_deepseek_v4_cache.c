@@ -204,8 +204,8 @@ static di_status comp_feed(di_v4_ctx *cx, comp_state *cs, const di_v4_compressor
 }
 
 /* CSA: for each query of the chunk, flags over the ic->n_ent entries that exist after the chunk: the
- * indexer's top index_topk among those complete at the query, tie-broken as torch ranks all n_ent
- * (the reference's indexer with chunk_end = the chunk's end). */
+ * indexer's top index_topk among those complete at the query, equal scores to the earlier entry (as
+ * the reference's indexer; independent of the chunking). */
 static di_status indexer_step(di_v4_ctx *cx, const di_v4_layer *L, const comp_state *ic, const float *a, const float *qr,
                               unsigned char *sel) {
   const di_v4_config *c = cx->c;
@@ -223,7 +223,7 @@ static di_status indexer_step(di_v4_ctx *cx, const di_v4_layer *L, const comp_st
     float *qt = q + (size_t)t * nh * di;
     for (int h = 0; h < nh; h++)
       di_v4_rope_apply(&cx->compress_rope, qt + h * di, di, pos, 1);
-    di_v4_index_pick(c, qt, hw + (size_t)t * nh, ic->ent, n, valid, n, score, work, sel + (size_t)t * n);
+    di_v4_index_pick(cx, qt, hw + (size_t)t * nh, ic->ent, n, valid, n, pos, score, work, sel + (size_t)t * n);
   }
   di_v4_release(cx, m);
   return DI_OK;

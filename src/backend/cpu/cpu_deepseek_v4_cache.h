@@ -1,7 +1,8 @@
 /* DeepSeek-V4 cached (incremental) forward on the CPU: a per-sequence state that holds what later
  * tokens need (sliding-window K=V, compressed entries, indexer keys, the compressors' pending windows)
  * and a step that appends n tokens (a prompt chunk or one decode token) and returns their logits.
- * Equal to the reference forward (di_cpu_v4_forward_chunked) bit for bit; tests/model/test_v4_cached.c. */
+ * Equal to the reference forward (di_cpu_v4_forward_full) bit for bit under any chunking;
+ * tests/model/test_v4_cached.c. */
 #ifndef DI_BACKEND_CPU_DEEPSEEK_V4_CACHE_H
 #define DI_BACKEND_CPU_DEEPSEEK_V4_CACHE_H
 #include <stddef.h>
@@ -29,9 +30,8 @@ int64_t di_v4_seq_state_positions(const di_v4_seq_state *s);
 size_t di_v4_seq_state_bytes(const di_v4_seq_state *s);
 
 /* Appends tokens[0..n) (n >= 1) at positions state.positions ... and writes their logits to
- * logits_out [n][vocab_size]. Equal to di_cpu_v4_forward_chunked over the whole sequence so far with
- * each step's tokens as one chunk: like transformers' cached run, the logits depend on the chunking
- * (CSA indexer top-k ties; see cpu_deepseek_v4.h).
+ * logits_out [n][vocab_size]. Equal to di_cpu_v4_forward_full over the whole sequence so far, bit for
+ * bit, however the sequence was cut into steps (the indexer's fixed tie rule; see cpu_deepseek_v4.h).
  * Bad arguments (a NULL pointer, n < 1, a token outside the vocabulary, a state made for another
  * configuration) are errors naming the problem and leave the state as it was; a state whose step
  * failed midway (out of memory) refuses further steps until reset. */
