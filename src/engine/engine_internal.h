@@ -152,7 +152,9 @@ typedef struct di_sched {
   di_batch_seq *seqs;
   int32_t *tables;           /* copies of the block tables: the engine may grow (realloc) a request's
                                 table while this batch is in flight */
-  int tok_cap, seq_cap, table_cap;
+  const int32_t **gtab;      /* per sequence and group: its table in `tables` (di_batch.group_tables) */
+  int *gblk;                 /* and its length */
+  int tok_cap, seq_cap, table_cap, gtab_cap;
   di_batch batch;
 } di_sched;
 
@@ -163,6 +165,7 @@ struct di_engine {
   di_engine_options opt;
   di_backend *be;
   di_kv_manager *kv;
+  int n_kv_groups;      /* groups whose tables each batch carries (0: group 0's only, as block_table) */
   di_row_sampler *rows;      /* host sampling of a step's rows */
   di_row_job *jobs;          /* [max_num_seqs] */
   float *logits;             /* [max_num_seqs][vocab] */

@@ -40,7 +40,7 @@ static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int s
 static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk);
   memset(s, 0, sizeof *s);
 }
 
@@ -119,6 +119,9 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     int n_new = need < budget ? need : budget;
     n_new = plp_fit(e, s, r, r->n_computed, n_new);
     if (n_new <= 0) continue;
+    /* window groups give back what is behind the window; up to n_valid only, so a block an in-flight
+     * step still writes is registered (committed) before it goes */
+    di_kv_slide(e->kv, &r->kv, r->n_valid);
     if (!di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
       if (spec) {
         /* memory is short: give up the early plan; after step n the plan is made with
@@ -213,12 +216,12 @@ static di_status grow(void **p, int *cap, int need, size_t elem) {
 }
 
 di_status di_sched_build_batch(di_engine *e, di_sched *s) {
-  int n_tok = 0, n_seq = 0, n_tab = 0;
+  int n_tok = 0, n_seq = 0, n_tab = 0, ng = e->n_kv_groups > 0 ? e->n_kv_groups : 1;
   for (int i = 0; i < s->n; i++)
     if (!s->e[i].dropped) {
       n_tok += s->e[i].n_new;
       n_seq++;
-      n_tab += s->e[i].r->kv.n[0];
+      for (int g = 0; g < ng; g++) n_tab += s->e[i].r->kv.n[g];
     }
   int tb = s->table_cap;
   DI_TRY(grow((void **)&s->tables, &tb, n_tab, sizeof *s->tables));
@@ -234,17 +237,24 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   s->tok_cap = tc;
   DI_TRY(grow((void **)&s->seqs, &sc, n_seq, sizeof *s->seqs));
   s->seq_cap = sc;
+  int gc = s->gtab_cap;
+  DI_TRY(grow((void **)&s->gtab, &gc, n_seq * ng, sizeof *s->gtab));
+  gc = s->gtab_cap;
+  DI_TRY(grow((void **)&s->gblk, &gc, n_seq * ng, sizeof *s->gblk));
+  s->gtab_cap = gc;
   int t = 0, q = 0, o = 0, tab = 0, n_plp = 0;
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
     di_req *r = en->r;
-    int nb = r->kv.n[0];
-    if (nb) memcpy(s->tables + tab, r->kv.table[0], (size_t)nb * sizeof *s->tables);
-    s->seqs[q].block_table = s->tables + tab;
-    s->seqs[q].n_blocks = nb;
-    s->seqs[q].key = di_req_key(r);
-    tab += nb;
+    for (int g = 0; g < ng; g++) { /* copies: the tables may grow (realloc) while the step runs */
+      int nb = r->kv.n[g];
+      if (nb) memcpy(s->tables + tab, r->kv.table[g], (size_t)nb * sizeof *s->tables);
+      s->gtab[q * ng + g] = s->tables + tab;
+      s->gblk[q * ng + g] = nb;
+      tab += nb;
+    }
+    s->seqs[q] = (di_batch_seq){.block_table = s->gtab[q * ng], .n_blocks = s->gblk[q * ng], .key = di_req_key(r)};
     int t0 = t;
     for (int k = 0; k < en->n_new; k++) {
       int pos = en->start + k;
@@ -271,7 +281,8 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
     q++;
   }
   s->batch = (di_batch){.n_tokens = t, .tokens = s->tokens, .positions = s->positions, .seq_of = s->seq_of,
-                        .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows};
+                        .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows,
+                        .n_groups = e->n_kv_groups, .group_tables = s->gtab, .group_blocks = s->gblk};
   s->n_plp = n_plp;
   return DI_OK;
 }

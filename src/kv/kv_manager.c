@@ -45,7 +45,8 @@ di_status di_kv_manager_create(const di_kv_group_info *groups, int n_groups, con
     m->info[g] = groups[g];
     int tpe = groups[g].tokens_per_entry > 0 ? groups[g].tokens_per_entry : 1;
     m->info[g].tokens_per_entry = tpe;
-    m->span[g] = DI_KV_BLOCK_SIZE * tpe;
+    m->span[g] = DI_KV_BLOCK_SIZE; /* every group pages by positions alike (a compressed block holds the
+                                      entries whose window closes in it), so all groups hit at one length */
     di_status st = di_block_pool_init(&m->pool[g], n_blocks[g]);
     if (st != DI_OK) {
       di_kv_manager_free(m);
@@ -65,14 +66,37 @@ void di_kv_manager_free(di_kv_manager *m) {
 int di_kv_num_groups(const di_kv_manager *m) { return m->n_groups; }
 int64_t di_kv_group_blocks(const di_kv_manager *m, int g) { return m->pool[g].n; }
 
-static int64_t blocks_for(const di_kv_group_info *gi, int64_t tokens, int max_seqs) {
-  int64_t span = (int64_t)DI_KV_BLOCK_SIZE * (gi->tokens_per_entry > 0 ? gi->tokens_per_entry : 1);
+/* blocks a sequence of `tokens` positions holds at once in a group: a window group at most those
+ * covering its window (plus the block being filled) */
+static int64_t seq_blocks(const di_kv_group_info *gi, int64_t tokens) {
+  const int64_t span = DI_KV_BLOCK_SIZE;
   int64_t n = (tokens + span - 1) / span;
   if (gi->window > 0) {
-    int64_t cap = (int64_t)max_seqs * ((gi->window + span - 1) / span + 1);
+    int64_t cap = (gi->window + span - 1) / span + 1;
+    if (n > cap) n = cap;
+  }
+  return n;
+}
+
+static int64_t blocks_for(const di_kv_group_info *gi, int64_t tokens, int max_seqs) {
+  int64_t n = (tokens + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+  if (gi->window > 0) {
+    int64_t cap = (int64_t)max_seqs * seq_blocks(gi, (int64_t)1 << 40);
     if (n > cap) n = cap;
   }
   return n < 1 ? 1 : n;
+}
+
+int di_kv_fits(const di_kv_manager *m, int64_t n_tokens, int *group, int64_t *need) {
+  for (int g = 0; g < m->n_groups; g++) {
+    int64_t n = seq_blocks(&m->info[g], n_tokens);
+    if (n > m->pool[g].n) {
+      *group = g;
+      *need = n;
+      return 0;
+    }
+  }
+  return 1;
 }
 
 di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs,
@@ -123,9 +147,18 @@ static di_status seq_reserve(di_kv_seq *s, int g, int n) {
 
 static int groups_share_prefixes(const di_kv_manager *m) {
   for (int g = 0; g < m->n_groups; g++)
-    if (m->info[g].window > 0 || m->info[g].no_sharing) return 0; /* a window group's old blocks are gone: no hits;
-                                                                      no_sharing: the state is not in the blocks */
+    if (m->info[g].no_sharing) return 0; /* the state is not in the blocks */
   return 1;
+}
+
+/* First block of a k-block prefix that group g needs (0 for a full group; a window group only those
+ * covering the window before position k * 64, the same rule di_kv_slide frees by). */
+static int first_needed(const di_kv_manager *m, int g, int k) {
+  const int w = m->info[g].window, span = m->span[g];
+  int i = 0;
+  if (w > 0)
+    while (i < k && (int64_t)(i + 1) * span <= (int64_t)k * span - w) i++;
+  return i;
 }
 
 int di_kv_shares_prefixes(const di_kv_manager *m) { return groups_share_prefixes(m); }
@@ -135,39 +168,56 @@ int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, in
   for (int g = 0; g < m->n_groups; g++)
     if (s->n[g] != 0) return 0;
   if (!force) m->query_tokens += n_tokens;
-  /* per group: longest run of cached blocks; the common hit is the shortest of these */
-  int hit = n_tokens - 1;
-  for (int g = 0; g < m->n_groups; g++) {
-    int span = m->span[g], k = 0;
-    uint64_t h = 0;
-    while ((k + 1) * span <= hit) {
-      uint64_t nh = di_kv_block_hash(h, tokens + k * span, span);
-      if (di_block_pool_lookup(&m->pool[g], nh, block_hash2(h, tokens + k * span, span)) < 0) break;
-      h = nh;
-      k++;
-    }
-    if (k * span < hit) hit = k * span;
+  const int span = DI_KV_BLOCK_SIZE, kmax = (n_tokens - 1) / span; /* the last token is always computed */
+  if (kmax <= 0) return 0;
+  uint64_t *h = malloc(sizeof *h * 2 * (size_t)kmax);
+  if (!h) return 0; /* no hit: the prompt is computed */
+  uint64_t *h2 = h + kmax, parent = 0;
+  for (int i = 0; i < kmax; i++) {
+    h[i] = di_kv_block_hash(parent, tokens + i * span, span);
+    h2[i] = block_hash2(parent, tokens + i * span, span);
+    parent = h[i];
   }
-  if (hit <= 0) return 0;
+  /* full groups: the longest run of cached blocks from the start; window groups: a shorter prefix may
+   * be needed, one whose window blocks are all still cached (older ones may be evicted) */
+  int k = kmax;
   for (int g = 0; g < m->n_groups; g++) {
-    int span = m->span[g], k = hit / span;
-    if (seq_reserve(s, g, k) != DI_OK) {
-      di_kv_free_seq(m, s);
-      return 0;
-    }
-    uint64_t h = 0;
+    if (m->info[g].window > 0) continue;
+    int i = 0;
+    while (i < k && di_block_pool_lookup(&m->pool[g], h[i], h2[i]) >= 0) i++;
+    k = i;
+  }
+  for (; k > 0; k--) {
+    int ok = 1;
+    for (int g = 0; g < m->n_groups && ok; g++)
+      for (int i = first_needed(m, g, k); i < k && ok; i++)
+        ok = di_block_pool_lookup(&m->pool[g], h[i], h2[i]) >= 0;
+    if (ok) break;
+  }
+  for (int g = 0; g < m->n_groups && k > 0; g++)
+    if (seq_reserve(s, g, k) != DI_OK) k = 0;
+  if (k <= 0) {
+    free(h);
+    return 0;
+  }
+  for (int g = 0; g < m->n_groups; g++) {
+    const int first = first_needed(m, g, k);
     for (int i = 0; i < k; i++) {
-      uint64_t nh = di_kv_block_hash(h, tokens + i * span, span);
-      int32_t b = di_block_pool_lookup(&m->pool[g], nh, block_hash2(h, tokens + i * span, span));
-      DI_ASSERT(b >= 0);
-      di_block_pool_ref(&m->pool[g], b);
+      int32_t b = -1; /* blocks behind a window group's window are not taken */
+      if (i >= first) {
+        b = di_block_pool_lookup(&m->pool[g], h[i], h2[i]);
+        DI_ASSERT(b >= 0);
+        di_block_pool_ref(&m->pool[g], b);
+      }
       s->table[g][i] = b;
-      h = nh;
     }
     s->n[g] = k;
+    s->n_freed[g] = first;
     s->n_hashed[g] = k;
-    s->last_hash[g] = h;
+    s->last_hash[g] = h[k - 1];
   }
+  free(h);
+  const int hit = k * span;
   if (!force) m->hit_tokens += hit;
   return hit;
 }
@@ -216,13 +266,13 @@ di_status di_kv_allocate(di_kv_manager *m, di_kv_seq *s, int n_tokens) {
 
 void di_kv_commit(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_valid) {
   for (int g = 0; g < m->n_groups; g++) {
-    if (m->info[g].window > 0) continue;
     int span = m->span[g];
     while ((s->n_hashed[g] + 1) * span <= n_valid && s->n_hashed[g] < s->n[g]) {
       int i = s->n_hashed[g];
       uint64_t h = s->last_hash[g];
       uint64_t nh = di_kv_block_hash(h, tokens + i * span, span);
-      di_block_pool_register(&m->pool[g], s->table[g][i], nh, block_hash2(h, tokens + i * span, span));
+      if (s->table[g][i] >= 0) /* a window group's block already given back keeps no hash */
+        di_block_pool_register(&m->pool[g], s->table[g][i], nh, block_hash2(h, tokens + i * span, span));
       s->last_hash[g] = nh;
       s->n_hashed[g]++;
     }
