@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "arch/deepseek_v4.h"
+#include "backend/cpu/cpu_deepseek_v4_pages.h"
 
 /* One sequence's state, per layer:
  *  - every layer: K=V of the last sliding_window-1 positions (a ring; the current token is the W-th key);
@@ -21,6 +22,15 @@ typedef struct di_v4_seq_state di_v4_seq_state;
 /* A fresh state (position 0) for a model of this configuration. */
 di_status di_v4_seq_state_create(const di_v4_config *cfg, di_v4_seq_state **out);
 void di_v4_seq_state_free(di_v4_seq_state *s);
+/* A state whose window rows and compressed entries live in the engine's cache blocks
+ * (cpu_deepseek_v4_pages.h), passed to each step; the state itself holds only the compressors'
+ * open windows (fixed size). */
+di_status di_v4_seq_state_create_paged(const di_v4_config *cfg, di_v4_seq_state **out);
+int di_v4_seq_state_is_paged(const di_v4_seq_state *s);
+/* A paged state resumed at position pos (a multiple of 64, > 0) from blocks that hold a sequence's
+ * first pos positions (a prefix-cache hit): the open windows from the snapshot of block pos/64 - 1;
+ * window rows and entries are read from the blocks by the following steps. */
+di_status di_v4_seq_state_restore(di_v4_seq_state *s, const di_v4_config *cfg, const di_v4_pages *pg, int64_t pos);
 /* Back to position 0 (the memory is kept). */
 void di_v4_seq_state_reset(di_v4_seq_state *s);
 /* Tokens appended so far. */
@@ -42,5 +52,11 @@ di_status di_cpu_v4_forward_step(const di_v4_config *cfg, const di_v4_weights *w
  * step (the head is per row); the engine's backend asks for the rows it samples. */
 di_status di_cpu_v4_forward_step_rows(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s,
                                       const int32_t *tokens, int n, const int *rows, int n_rows, float *logits_out);
+
+/* The step of a paged state over its blocks pg (checked: every block the step reads or writes must be
+ * in the tables): the same logits, bit for bit, as the self-contained state's step. */
+di_status di_cpu_v4_forward_step_paged(const di_v4_config *cfg, const di_v4_weights *w, di_v4_seq_state *s,
+                                       const di_v4_pages *pg, const int32_t *tokens, int n, const int *rows, int n_rows,
+                                       float *logits_out);
 
 #endif
