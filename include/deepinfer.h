@@ -112,6 +112,11 @@ typedef struct di_engine_options {
   int64_t kv_cache_memory_bytes; /* KV pool budget; <= 0: default (1 GiB) */
   int64_t num_kv_blocks;         /* > 0: exactly this many blocks (overrides the budget) */
   uint64_t seed;                 /* seeds the seeds drawn for unseeded requests (0: from the clock) */
+  /* DeepSeek-V4: a cached prefix keeps only its compressed entries and indexer keys (no sliding-window
+   * rows, no compressor snapshots); a prefix hit recomputes the prefix's last sliding_window - 1
+   * tokens to rebuild the window. Less memory per cached prefix, approximate logits after a hit
+   * (docs/PERFORMANCE.md). No effect on models without a sliding window. Default 0: exact caching. */
+  int swa_bounded_replay;
 } di_engine_options;
 
 void di_engine_options_default(di_engine_options *opt);

@@ -55,6 +55,12 @@ typedef struct di_batch {
   int n_groups;
   const int32_t *const *group_tables;
   const int *group_blocks;
+  /* Optional [n_seqs] (NULL: none), SWA bounded replay: seq_replay[s] = R > 0 on the step that
+   * resumes sequence s from a prefix-cache hit at P = its first position + R whose blocks keep no
+   * window rows (nor state snapshots): its first R positions (of this step and, when the step is
+   * shorter, the next ones) are replayed to rebuild the sliding window; P is a multiple of
+   * DI_KV_BLOCK_SIZE. */
+  const int32_t *seq_replay;
 } di_batch;
 
 /* Per output row sampling request for backends that sample on the device (optional). */

@@ -63,7 +63,7 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   if (opt.num_kv_blocks > 0) {
     for (int g = 0; g < ng; g++) nb[g] = opt.num_kv_blocks;
   } else {
-    DI_TRY(di_kv_plan(groups, ng, opt.kv_cache_memory_bytes, opt.max_num_seqs, nb));
+    DI_TRY(di_kv_plan(groups, ng, opt.kv_cache_memory_bytes, opt.max_num_seqs, opt.max_num_batched_tokens, nb));
   }
   /* a backend with several groups takes every group's tables (DeepSeek-V4); others address group 0 */
   if (ng > 1 && !be->ops->kv_alloc_groups)
@@ -81,6 +81,10 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   di_status st = di_kv_manager_create(groups, ng, nb, opt.enable_prefix_caching, &e->kv);
   if (st == DI_OK) st = be->ops->kv_alloc_groups ? be->ops->kv_alloc_groups(be, nb, ng) : be->ops->kv_alloc(be, nb[0]);
   e->n_kv_groups = be->ops->kv_alloc_groups ? ng : 0; /* 0: batches carry group 0's tables only */
+  for (int g = 0; g < ng && st == DI_OK && opt.swa_bounded_replay; g++)
+    if (groups[g].kind == DI_KV_SLIDING && groups[g].window > 1 && groups[g].window - 1 > e->replay_len)
+      e->replay_len = groups[g].window - 1;
+  if (e->replay_len > 0) di_kv_set_bounded_replay(e->kv);
   if (st == DI_OK) st = di_row_sampler_create(cfg->vocab_size, 0, &e->rows);
   if (st == DI_OK) {
     e->logits = malloc((size_t)opt.max_num_seqs * (size_t)cfg->vocab_size * sizeof *e->logits);
@@ -211,7 +215,7 @@ static const char *admission_error(const di_engine *e, const di_req *r, char *bu
   if (longest > e->opt.max_model_len) longest = e->opt.max_model_len;
   int g;
   int64_t blocks;
-  if (!di_kv_fits(e->kv, longest, &g, &blocks)) {
+  if (!di_kv_fits(e->kv, longest, e->opt.max_num_batched_tokens, &g, &blocks)) {
     snprintf(buf, cap, "the request may need %lld KV blocks (%lld tokens) but the KV pool%s has %lld; raise the KV cache memory",
              (long long)blocks, (long long)longest, g ? " of its cache group" : "", (long long)di_kv_group_blocks(e->kv, g));
     return buf;

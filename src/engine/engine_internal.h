@@ -80,6 +80,7 @@ typedef struct di_req {
   int pending;               /* 1 while an in-flight step samples its next token */
   int inflight;              /* 1 while it is part of the in-flight step */
   int n_cached;              /* prompt tokens found in the prefix cache (first admission) */
+  int replay;                /* SWA bounded replay: positions its next step recomputes before its hit */
   int n_posted;              /* output tokens already detokenised / given to the grammar */
   int admitted;
   di_kv_seq kv;
@@ -154,7 +155,8 @@ typedef struct di_sched {
                                 table while this batch is in flight */
   const int32_t **gtab;      /* per sequence and group: its table in `tables` (di_batch.group_tables) */
   int *gblk;                 /* and its length */
-  int tok_cap, seq_cap, table_cap, gtab_cap;
+  int32_t *replay;           /* per sequence: di_batch.seq_replay */
+  int tok_cap, seq_cap, table_cap, gtab_cap, replay_cap;
   di_batch batch;
 } di_sched;
 
@@ -166,6 +168,7 @@ struct di_engine {
   di_backend *be;
   di_kv_manager *kv;
   int n_kv_groups;      /* groups whose tables each batch carries (0: group 0's only, as block_table) */
+  int replay_len;       /* SWA bounded replay: tokens a prefix hit recomputes (window - 1), 0: exact */
   di_row_sampler *rows;      /* host sampling of a step's rows */
   di_row_job *jobs;          /* [max_num_seqs] */
   float *logits;             /* [max_num_seqs][vocab] */

@@ -40,7 +40,7 @@ static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int s
 static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->replay);
   memset(s, 0, sizeof *s);
 }
 
@@ -64,6 +64,7 @@ static void preempt(di_engine *e, di_req *v) {
   di_req_free_kv(e, v); /* recomputed from position 0 later */
   v->n_computed = v->n_valid = 0;
   v->n_draft = 0;
+  v->replay = 0;
   v->state = DI_REQ_WAITING;
   memmove(e->waiting + 1, e->waiting, (size_t)e->n_waiting * sizeof *e->waiting);
   e->waiting[0] = v;
@@ -119,9 +120,8 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     int n_new = need < budget ? need : budget;
     n_new = plp_fit(e, s, r, r->n_computed, n_new);
     if (n_new <= 0) continue;
-    /* window groups give back what is behind the window; up to n_valid only, so a block an in-flight
-     * step still writes is registered (committed) before it goes */
-    di_kv_slide(e->kv, &r->kv, r->n_valid);
+    /* window groups give back what is behind the window (registered first: cached for prefix hits) */
+    di_kv_slide(e->kv, &r->kv, r->tokens, r->n_tokens, r->n_computed);
     if (!di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
       if (spec) {
         /* memory is short: give up the early plan; after step n the plan is made with
@@ -180,6 +180,11 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
         e->prefix_waits++;
         continue;
       }
+      if (hit > 0 && e->replay_len > 0) { /* bounded replay: the window before the hit is recomputed */
+        r->replay = e->replay_len;
+        hit -= r->replay;
+        r->n_computed = r->n_valid = hit;
+      }
     }
     int need = r->n_tokens - r->n_computed;
     int n_new = need < budget ? need : budget;
@@ -237,6 +242,9 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   s->tok_cap = tc;
   DI_TRY(grow((void **)&s->seqs, &sc, n_seq, sizeof *s->seqs));
   s->seq_cap = sc;
+  int rc = s->replay_cap;
+  DI_TRY(grow((void **)&s->replay, &rc, n_seq, sizeof *s->replay));
+  s->replay_cap = rc;
   int gc = s->gtab_cap;
   DI_TRY(grow((void **)&s->gtab, &gc, n_seq * ng, sizeof *s->gtab));
   gc = s->gtab_cap;
@@ -255,6 +263,8 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
       tab += nb;
     }
     s->seqs[q] = (di_batch_seq){.block_table = s->gtab[q * ng], .n_blocks = s->gblk[q * ng], .key = di_req_key(r)};
+    s->replay[q] = r->replay; /* told once, on the step that resumes it */
+    r->replay = 0;
     int t0 = t;
     for (int k = 0; k < en->n_new; k++) {
       int pos = en->start + k;
@@ -282,7 +292,8 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   }
   s->batch = (di_batch){.n_tokens = t, .tokens = s->tokens, .positions = s->positions, .seq_of = s->seq_of,
                         .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows,
-                        .n_groups = e->n_kv_groups, .group_tables = s->gtab, .group_blocks = s->gblk};
+                        .n_groups = e->n_kv_groups, .group_tables = s->gtab, .group_blocks = s->gblk,
+                        .seq_replay = e->replay_len > 0 ? s->replay : NULL};
   s->n_plp = n_plp;
   return DI_OK;
 }

@@ -49,15 +49,22 @@ int di_kv_num_groups(const di_kv_manager *m);
 int64_t di_kv_group_blocks(const di_kv_manager *m, int g);
 
 /* Sizes the pools from a byte budget: every full-context group gets enough blocks to hold the same
- * number of tokens; window groups get at most what `max_seqs` sequences can hold in their window.
+ * number of tokens; window groups get at most what `max_seqs` sequences can hold in their window,
+ * plus one step's chunk (step_tokens: the engine's max_num_batched_tokens).
  * Groups' bytes_per_seq (times max_seqs) are set aside from the budget first.
  * Fills n_blocks[g]; fails when not even one block of each group fits. */
-di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs,
+di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs, int step_tokens,
                      int64_t *n_blocks);
 
-/* 1 when a sequence of n_tokens positions can ever fit (every group's pool holds the blocks it needs
- * at once: a window group only its window's); else 0 with the first group that cannot and its need. */
-int di_kv_fits(const di_kv_manager *m, int64_t n_tokens, int *group, int64_t *need);
+/* 1 when a sequence of n_tokens positions, computed in steps of at most step_tokens, can ever fit
+ * (every group's pool holds the blocks it needs at once: a window group only those of its window and
+ * a step); else 0 with the first group that cannot and its need. */
+int di_kv_fits(const di_kv_manager *m, int64_t n_tokens, int step_tokens, int *group, int64_t *need);
+/* SWA bounded replay: the sliding-window and state groups keep nothing for cached prefixes (their
+ * blocks are never registered); a prefix hit takes only the other groups' blocks, is at least the
+ * largest window long, and gets fresh sliding-window blocks for the window before the hit, which the
+ * caller recomputes (the last window - 1 tokens of the hit). */
+void di_kv_set_bounded_replay(di_kv_manager *m);
 /* 0 when no sequence can take another's blocks (a group marked no_sharing):
  * di_kv_match_prefix then finds nothing, and samples of one request compute their prompts alone. */
 int di_kv_shares_prefixes(const di_kv_manager *m);
@@ -78,8 +85,9 @@ di_status di_kv_allocate(di_kv_manager *m, di_kv_seq *s, int n_tokens);
  * that later requests can share them. */
 void di_kv_commit(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_valid);
 /* Window groups: gives back blocks wholly before position `pos` - window (the next token to compute
- * is at `pos`). */
-void di_kv_slide(di_kv_manager *m, di_kv_seq *s, int pos);
+ * is at `pos`), registering those among tokens[0..n_known) first (di_kv_commit), so that they stay
+ * findable for prefix hits while cached. */
+void di_kv_slide(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_known, int pos);
 /* Gives back the tail blocks not needed for positions [0, n_tokens) (undoing an allocation that
  * was planned but not used; those blocks hold no registered hash). */
 void di_kv_truncate(di_kv_manager *m, di_kv_seq *s, int n_tokens);

@@ -21,6 +21,7 @@ typedef struct comp_state {
   float *ent;                 /* [cap][dim]: the entries so far, normed and roped at their first position
                                  (paged states: in the engine's blocks instead, see comp_entry) */
   int n_ent, cap;
+  int skip_below;             /* bounded replay: entries below this exist in the cache (not pooled again) */
   int kind, lidx;             /* paged: DI_V4_G_CSA / _INDEX / _HCA and the layer's index among its kind */
   size_t snap_off;            /* paged: float offset of this compressor's snapshot in a state block */
 } comp_state;
@@ -35,6 +36,9 @@ struct di_v4_seq_state {
   int n_layers, head_dim, window, ring_cap, csa_rate, hca_rate, index_head_dim;
   uint8_t attn_kind[DI_V4_MAX_LAYERS];
   int64_t n_pos;
+  /* bounded replay (paged): window rows exist from win_start on; positions below replay_until are
+   * replayed only to rebuild the window and the open compressor windows (no snapshot, no entry) */
+  int64_t win_start, replay_until;
   int broken;                 /* a step failed midway: the state is inconsistent until reset */
   int paged;                  /* window rows and entries live in the engine's blocks (pg, per step) */
   const di_v4_pages *pg;      /* paged: the sequence's blocks during a step, else NULL */
@@ -188,15 +192,20 @@ int di_v4_seq_state_is_paged(const di_v4_seq_state *s) { return s && s->paged; }
 void di_v4_seq_state_reset(di_v4_seq_state *s) {
   if (!s)
     return;
-  s->n_pos = 0;
+  s->n_pos = s->win_start = s->replay_until = 0;
   s->broken = 0;
   for (int l = 0; l < s->n_layers; l++) {
-    s->layers[l].comp.n_pend = s->layers[l].comp.n_ent = 0;
-    s->layers[l].icomp.n_pend = s->layers[l].icomp.n_ent = 0;
+    s->layers[l].comp.n_pend = s->layers[l].comp.n_ent = s->layers[l].comp.skip_below = 0;
+    s->layers[l].icomp.n_pend = s->layers[l].icomp.n_ent = s->layers[l].icomp.skip_below = 0;
   }
 }
 
 int64_t di_v4_seq_state_positions(const di_v4_seq_state *s) { return s ? s->n_pos : 0; }
+
+void di_v4_seq_state_replay_bounds(const di_v4_seq_state *s, int64_t *win_start, int64_t *replay_until) {
+  *win_start = s ? s->win_start : 0;
+  *replay_until = s ? s->replay_until : 0;
+}
 
 size_t di_v4_seq_state_bytes(const di_v4_seq_state *s) {
   if (!s)
@@ -244,8 +253,9 @@ static di_status comp_feed(di_v4_ctx *cx, comp_state *cs, const di_v4_compressor
     }
     if (++cs->n_pend == rate) {
       const int has_prev = cs->overlap && cs->n_ent > 0;
-      di_v4_pool_window(cx, cp, rate, cs->overlap, has_prev ? cs->prev_kv : NULL, has_prev ? cs->prev_gate : NULL, cs->pend_kv,
-                        cs->pend_gate, cs->n_ent * rate, comp_entry(s, cs, cs->n_ent));
+      if (cs->n_ent >= cs->skip_below) /* a replayed window's entry is in the cache already */
+        di_v4_pool_window(cx, cp, rate, cs->overlap, has_prev ? cs->prev_kv : NULL, has_prev ? cs->prev_gate : NULL,
+                          cs->pend_kv, cs->pend_gate, cs->n_ent * rate, comp_entry(s, cs, cs->n_ent));
       cs->n_ent++;
       cs->n_pend = 0;
       if (cs->overlap) { /* the window just closed is the next entry's previous one */
@@ -257,7 +267,8 @@ static di_status comp_feed(di_v4_ctx *cx, comp_state *cs, const di_v4_compressor
       }
     }
     const int64_t pos = (int64_t)cx->pos0 + t;
-    if (s->pg && s->pg->lay->group_of[DI_V4_G_STATE] >= 0 && (pos + 1) % DI_KV_BLOCK_SIZE == 0) /* a block ends */
+    if (s->pg && s->pg->lay->group_of[DI_V4_G_STATE] >= 0 && (pos + 1) % DI_KV_BLOCK_SIZE == 0 &&
+        pos + 1 > s->replay_until) /* a block of its own ends */
       comp_snapshot(cs, di_v4_state_block(s->pg, pos / DI_KV_BLOCK_SIZE) + cs->snap_off);
   }
   di_v4_release(cx, m);
@@ -315,8 +326,8 @@ static di_status attention_step(di_v4_ctx *cx, int l, const float *a, float *out
   DI_TRY(di_v4_attn_inputs(cx, l, a, &rt, &qr, &q, &kv));
 
   /* window keys: positions [base, pos0 + T) */
-  const int W = s->window, R = s->ring_cap, P0 = cx->pos0;
-  const int npast = P0 < R ? P0 : R, base = P0 - npast;
+  const int W = s->window, R = s->ring_cap, P0 = cx->pos0, ws = (int)s->win_start;
+  const int npast = P0 - ws < R ? P0 - ws : R, base = P0 - npast;
   DI_V4_ALLOC(wkeys, (size_t)(npast + T) * hd);
   const di_v4_pages *pg = s->pg;
   for (int j = 0; j < npast; j++)
@@ -357,7 +368,7 @@ static di_status attention_step(di_v4_ctx *cx, int l, const float *a, float *out
   DI_V4_ALLOC(p, (size_t)W + nc + 1);
   DI_V4_ALLOC(ex, 2 * ((size_t)W + nc + 1));
   for (int t = 0; t < T; t++) {
-    const int pos = P0 + t, j0 = pos - W + 1 > 0 ? pos - W + 1 : 0;
+    const int pos = P0 + t, j0 = pos - W + 1 > ws ? pos - W + 1 : ws;
     const int n_cmp = di_v4_visible_entries(kind, pos, ls->comp.rate, nc);
     di_v4_attend(cx, L, rt, q + (size_t)t * H * hd, pos, wkeys + (size_t)(j0 - base) * hd, pos - j0 + 1, ent, n_cmp,
                  sel ? sel + (size_t)t * nc : NULL, p, (double *)ex, o + (size_t)t * H * hd);
@@ -418,7 +429,7 @@ static di_status forward_step(const di_v4_config *cfg, const di_v4_weights *w, d
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": a %s state %s", s->paged ? "paged" : "self-contained",
                         s->paged ? "needs its cache blocks" : "takes no cache blocks");
   if (pg)
-    DI_TRY(di_v4_pages_check(pg, s->n_pos, n, 0));
+    DI_TRY(di_v4_pages_check(pg, s->n_pos, n, s->win_start, s->replay_until, 0));
   di_v4_ctx cx;
   DI_TRY(di_v4_ctx_init(&cx, cfg, w, tokens, n, WHO));
   if (s->n_pos > INT_MAX - (int64_t)n)
@@ -463,7 +474,7 @@ di_status di_v4_seq_state_restore(di_v4_seq_state *s, const di_v4_config *cfg, c
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": restore needs a paged state and its blocks");
   if (!state_matches(s, cfg))
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": restore into a state made for another configuration");
-  DI_TRY(di_v4_pages_check(pg, pos, 1, 1));
+  DI_TRY(di_v4_pages_check(pg, pos, 1, 0, 0, 1));
   di_v4_seq_state_reset(s);
   if (pg->lay->group_of[DI_V4_G_STATE] >= 0) {
     const float *snap = di_v4_state_block(pg, pos / DI_KV_BLOCK_SIZE - 1);
@@ -476,5 +487,37 @@ di_status di_v4_seq_state_restore(di_v4_seq_state *s, const di_v4_config *cfg, c
     }
   }
   s->n_pos = pos;
+  return DI_OK;
+}
+
+di_status di_v4_seq_state_restore_replay(di_v4_seq_state *s, const di_v4_config *cfg, const di_v4_pages *pg, int64_t pos,
+                                         int replay) {
+  if (!s || !pg || !s->paged)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": restore needs a paged state and its blocks");
+  if (!state_matches(s, cfg))
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": restore into a state made for another configuration");
+  if (replay < 1 || replay > pos)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": replay of %d positions before position %lld", replay, (long long)pos);
+  const int64_t from = pos - replay;
+  DI_TRY(di_v4_pages_check(pg, from, replay, from, pos, 0));
+  di_v4_seq_state_reset(s);
+  for (int l = 0; l < s->n_layers; l++) {
+    comp_state *cs[2] = {&s->layers[l].comp, &s->layers[l].icomp};
+    for (int i = 0; i < 2; i++)
+      if (cs[i]->rate) { /* as at `from`, except that the open window's rows before it are unknown (zeros) */
+        const size_t rows = sizeof(float) * (size_t)cs[i]->rate * cs[i]->width;
+        memset(cs[i]->pend_kv, 0, rows);
+        memset(cs[i]->pend_gate, 0, rows);
+        if (cs[i]->overlap) {
+          memset(cs[i]->prev_kv, 0, rows);
+          memset(cs[i]->prev_gate, 0, rows);
+        }
+        cs[i]->n_pend = (int)(from % cs[i]->rate);
+        cs[i]->n_ent = (int)(from / cs[i]->rate);
+        cs[i]->skip_below = (int)(pos / cs[i]->rate);
+      }
+  }
+  s->n_pos = s->win_start = from;
+  s->replay_until = pos;
   return DI_OK;
 }

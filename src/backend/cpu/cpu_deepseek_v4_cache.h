@@ -31,8 +31,19 @@ int di_v4_seq_state_is_paged(const di_v4_seq_state *s);
  * first pos positions (a prefix-cache hit): the open windows from the snapshot of block pos/64 - 1;
  * window rows and entries are read from the blocks by the following steps. */
 di_status di_v4_seq_state_restore(di_v4_seq_state *s, const di_v4_config *cfg, const di_v4_pages *pg, int64_t pos);
+/* SWA bounded replay: a paged state resumed at position pos from blocks that hold only the compressed
+ * entries and indexer keys of the first pos positions (no window rows, no snapshot). The following
+ * steps must feed positions pos - replay .. pos - 1 again (replay <= pos): they rebuild the window rows
+ * and the compressors' open windows (their entries are not pooled again; no snapshot is written for
+ * the prefix) while seeing only the replayed window keys before them, so the rebuilt window is an
+ * approximation of the exact one; the logits of replayed positions are approximate too. */
+di_status di_v4_seq_state_restore_replay(di_v4_seq_state *s, const di_v4_config *cfg, const di_v4_pages *pg, int64_t pos,
+                                         int replay);
 /* Back to position 0 (the memory is kept). */
 void di_v4_seq_state_reset(di_v4_seq_state *s);
+/* A bounded replay's bounds (both 0 otherwise): window rows exist from win_start; positions below
+ * replay_until are being replayed. */
+void di_v4_seq_state_replay_bounds(const di_v4_seq_state *s, int64_t *win_start, int64_t *replay_until);
 /* Tokens appended so far. */
 int64_t di_v4_seq_state_positions(const di_v4_seq_state *s);
 /* Bytes of cache data the state holds now (rings, pending rows and the entries made so far; not the

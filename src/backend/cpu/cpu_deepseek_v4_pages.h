@@ -46,9 +46,12 @@ typedef struct di_v4_pages {
 } di_v4_pages;
 
 /* Checks that a step of n tokens from position pos0 reads and writes only blocks the tables hold
- * (ids in range, none given back where needed); `restore`: the step starts from the snapshot at
- * pos0 (a prefix hit), so that block must be there too. Named errors. */
-di_status di_v4_pages_check(const di_v4_pages *pg, int64_t pos0, int n, int restore);
+ * (ids in range, none given back where needed): window rows from max(pos0 - (W-1), win_start) on
+ * (win_start: where a bounded replay's rows begin, else 0), every entry block so far, and the state
+ * blocks of the snapshots it writes (block ends past replay_until: a replay writes none of the
+ * prefix's); `restore`: the step resumes from the snapshot at pos0 (a prefix hit), which must be
+ * there too. Named errors. */
+di_status di_v4_pages_check(const di_v4_pages *pg, int64_t pos0, int n, int64_t win_start, int64_t replay_until, int restore);
 
 static inline float *di_v4_window_row(const di_v4_pages *pg, int l, int64_t pos) {
   const di_v4_layout *y = pg->lay;

@@ -8,7 +8,8 @@
  * engine's blocks (cpu_deepseek_v4_pages.h); a state holds only the open windows. A sequence whose
  * tokens start at position 0 starts fresh; one the backend holds no state for that starts at P > 0
  * resumes from its blocks (a prefix-cache hit, a shared prompt, a recompute after preemption that hit
- * its own cached blocks); any other start must continue its state exactly. Batches without group
+ * its own cached blocks; with SWA bounded replay it replays the window's positions before the hit
+ * first); any other start must continue its state exactly. Batches without group
  * tables (di_model_score, log-likelihoods: kv_alloc) use self-contained states as before. */
 #include "backend/cpu/cpu_v4_backend.h"
 #include "backend/cpu/cpu_deepseek_v4_cache.h"
@@ -196,11 +197,23 @@ static di_status v4_submit(di_backend *base, const di_batch *bt) {
                             (unsigned long long)bt->seqs[q].key);
       di_v4_pages pg;
       seq_pages(b, bt, q, &pg);
-      const int resume = bt->positions[t0] > 0 && (!s || bt->positions[t0] != have);
-      if (resume && s)
-        return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu continues at position %d but its state holds %lld tokens",
-                            (unsigned long long)bt->seqs[q].key, bt->positions[t0], (long long)have);
-      di_status st = di_v4_pages_check(&pg, bt->positions[t0], n, resume);
+      const int64_t p0 = bt->positions[t0];
+      const int replay = bt->seq_replay ? bt->seq_replay[q] : 0;
+      const int resume = p0 > 0 && (!s || p0 != have);
+      if ((resume || replay) && s)
+        return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu continues at position %lld but its state holds %lld tokens",
+                            (unsigned long long)bt->seqs[q].key, (long long)p0, (long long)have);
+      int64_t ws = 0, ru = 0;
+      if (s && p0 > 0)
+        di_v4_seq_state_replay_bounds(s->st, &ws, &ru);
+      if (replay > 0) {
+        ws = p0;
+        ru = p0 + replay;
+        if (ru % DI_KV_BLOCK_SIZE != 0)
+          return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu: a bounded replay of %d positions from %lld does not end "
+                              "at a block start", (unsigned long long)bt->seqs[q].key, replay, (long long)p0);
+      }
+      di_status st = di_v4_pages_check(&pg, p0, n, ws, ru, resume && !replay);
       if (st != DI_OK)
         return di_error_wrap(st, "sequence key %llu: ", (unsigned long long)bt->seqs[q].key);
       continue;
@@ -216,8 +229,9 @@ static di_status v4_submit(di_backend *base, const di_batch *bt) {
 }
 
 /* The state of the sequence starting at position pos: its own (reset at position 0), or a new one,
- * resumed from its blocks when pos > 0 (paged only; submit checked that). */
-static di_status get_state(v4_backend *b, uint64_t key, int64_t pos, const di_v4_pages *pg, di_v4_seq_state **out) {
+ * resumed from its blocks when pos > 0 (paged only; submit checked that): from the snapshot at pos,
+ * or (replay > 0, SWA bounded replay) from the entries at pos + replay, replaying from pos. */
+static di_status get_state(v4_backend *b, uint64_t key, int64_t pos, int replay, const di_v4_pages *pg, di_v4_seq_state **out) {
   v4_seq *s = find(b, key);
   if (s) {
     if (pos == 0)
@@ -229,8 +243,9 @@ static di_status get_state(v4_backend *b, uint64_t key, int64_t pos, const di_v4
     return di_error_set(DI_ERR_OOM, WHO ": out of memory for the sequence table");
   di_v4_seq_state *st;
   DI_TRY(pg ? di_v4_seq_state_create_paged(b->c, &st) : di_v4_seq_state_create(b->c, &st));
-  if (pg && pos > 0) {
-    di_status rs = di_v4_seq_state_restore(st, b->c, pg, pos);
+  if (pg && (pos > 0 || replay > 0)) {
+    di_status rs = replay > 0 ? di_v4_seq_state_restore_replay(st, b->c, pg, pos + replay, replay)
+                              : di_v4_seq_state_restore(st, b->c, pg, pos);
     if (rs != DI_OK) {
       di_v4_seq_state_free(st);
       return rs;
@@ -282,7 +297,8 @@ static di_status run_batch(v4_backend *b, const di_batch *bt, float *logits) {
     *jb = (v4_job){.key = bt->seqs[q].key, .t0 = t0, .n = n, .j0 = j0, .n_rows = logits ? j - j0 : 0};
     if (bt->n_groups > 0)
       seq_pages(b, bt, q, &jb->pages);
-    DI_TRY(get_state(b, jb->key, bt->positions[t0], bt->n_groups > 0 ? &jb->pages : NULL, &jb->st));
+    DI_TRY(get_state(b, jb->key, bt->positions[t0], bt->n_groups > 0 && bt->seq_replay ? bt->seq_replay[q] : 0,
+                     bt->n_groups > 0 ? &jb->pages : NULL, &jb->st));
   }
   b->run = bt;
   b->run_logits = logits;
