@@ -54,7 +54,9 @@ def _prompt_logprobs(s):
 class LLM:
     """An engine over one model. Engine options use vLLM's names: max_model_len, max_num_seqs,
     max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, async_scheduling,
-    kv_cache_memory_bytes, num_kv_blocks, seed; model loading: load_format ("auto", "dummy"),
+    kv_cache_memory_bytes, num_kv_blocks, seed, swa_bounded_replay (DeepSeek-V4: a cached prefix keeps only
+    its compressed entries and indexer keys, a hit recomputes the last sliding_window - 1 tokens; less memory,
+    approximate); model loading: load_format ("auto", "dummy"),
     accelerator ("cpu", "cuda"), threads, quiet, batch_invariant (outputs independent of the other requests
     in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
@@ -64,7 +66,7 @@ class LLM:
                  enable_prefix_caching=True, enable_chunked_prefill=True, async_scheduling=True,
                  kv_cache_memory_bytes=None, num_kv_blocks=None, seed=0, load_format="auto", accelerator=None,
                  threads=None, dummy_seed=0, quiet=True, batch_invariant=False, speculative_config=None,
-                 **unsupported):
+                 swa_bounded_replay=False, **unsupported):
         if unsupported:
             raise TypeError("LLM: unsupported argument(s): " + ", ".join(sorted(unsupported)))
         self._L = _lib.lib()
@@ -96,6 +98,7 @@ class LLM:
         if num_kv_blocks:
             eo.num_kv_blocks = int(num_kv_blocks)
         eo.seed = int(seed or 0)
+        eo.swa_bounded_replay = 1 if swa_bounded_replay else 0
         st = self._L.di_engine_create(self._model, ctypes.byref(eo), ctypes.byref(self._engine))
         if st != 0:
             msg = self._L.di_last_error().decode("utf-8", "replace")

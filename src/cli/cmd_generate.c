@@ -30,6 +30,7 @@ static void usage(FILE *f) {
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
           "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling\n"
+          "          --swa-bounded-replay (DeepSeek-V4: cached prefixes keep no window; a hit recomputes it)\n"
           "Speculative decoding (MTP layer; off by default; outputs identical to plain decoding on the\n"
           "          CPU, and on CUDA with --batch-invariant):\n"
           "          --speculative-tokens N (1..5)  --speculative-min-confidence P (0.3)\n"
