@@ -418,6 +418,16 @@ static void test_samples_and_seeds(void) {
   free(rq);
 }
 
+/* Engine options of the scenarios below: a 64 MiB pool, max_seqs sequences, steps of budget tokens. */
+static di_engine_options scenario_options(int max_seqs, int budget) {
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.max_num_seqs = max_seqs;
+  o.kv_cache_memory_bytes = 64 << 20;
+  o.max_num_batched_tokens = budget;
+  return o;
+}
+
 /* A shared system prompt (200 tokens) before different questions: computed once (later requests take
  * 192 tokens from the cache, a hit that needs only the window blocks of positions 65..191), and every
  * output equal to the request run alone without prefix caching. */
@@ -439,11 +449,7 @@ static void test_shared_prefix(void) {
       rq[k].seed = 100 + (uint64_t)k;
     }
   }
-  di_engine_options o;
-  di_engine_options_default(&o);
-  o.max_num_seqs = 4;
-  o.kv_cache_memory_bytes = 64 << 20;
-  o.max_num_batched_tokens = 96;
+  di_engine_options o = scenario_options(4, 96);
   di_engine_stats st;
   if (run(rq, N, &o, &st, "shared system prompt")) {
     verify(rq, N, "shared system prompt");
@@ -487,11 +493,7 @@ static void test_bounded_replay(void) {
       rq[k].prompt[i] = rnd_tok();
     rq[k].ignore_eos = 1;
   }
-  di_engine_options o;
-  di_engine_options_default(&o);
-  o.max_num_seqs = 1; /* one after another: request 0 has registered the prefix when the next comes */
-  o.kv_cache_memory_bytes = 64 << 20;
-  o.max_num_batched_tokens = 96;
+  di_engine_options o = scenario_options(1, 96); /* one after another: the prefix is registered when the next comes */
   di_engine_stats exact, bounded;
   int32_t exact_out[N][MAXN];
   if (!run(rq, N, &o, &exact, "shared prompt, exact caching"))
