@@ -80,7 +80,7 @@ typedef struct di_req {
   int pending;               /* 1 while an in-flight step samples its next token */
   int inflight;              /* 1 while it is part of the in-flight step */
   int n_cached;              /* prompt tokens found in the prefix cache (first admission) */
-  int replay;                /* SWA bounded replay: positions its next step recomputes before its hit */
+  int replay;                /* SWA bounded replay: positions its first step recomputes before its hit */
   int n_posted;              /* output tokens already detokenised / given to the grammar */
   int admitted;
   di_kv_seq kv;
@@ -139,6 +139,7 @@ typedef struct di_sched_entry {
   di_req *r;
   int start, n_new, sample;
   int dropped;
+  int replay;                /* SWA bounded replay: the entry resumes a hit, replaying this many positions */
   /* set by di_sched_build_batch: logits rows of this entry */
   int sample_row;            /* output row of the sampled position (-1: none) */
   int plp_pos0, plp_n, plp_row0; /* prompt-logprob rows: positions plp_pos0.. at rows plp_row0.. */

@@ -172,6 +172,7 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     if (fresh) {
       int first = 0;
       const int lim = di_plp_rows(r, 0, r->n_tokens, &first) > 0 ? first + 1 : r->n_tokens;
+      r->replay = 0; /* (a hit undone below must not leave one behind) */
       hit = di_kv_match_prefix(e->kv, &r->kv, r->tokens, lim, r->sample_index > 0);
       r->n_computed = r->n_valid = hit;
       if (!lead && prefix_in_flight(e, r, hit, lim)) {
@@ -209,6 +210,8 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     r->state = DI_REQ_RUNNING;
     e->running[e->n_running++] = r;
     DI_TRY(sched_push(s, r, r->n_computed, n_new, wants_sample(r, r->n_computed + n_new, r->n_tokens)));
+    s->e[s->n - 1].replay = r->replay; /* told once, on the step that resumes it (a rebuilt batch keeps it) */
+    r->replay = 0;
     r->n_computed += n_new;
     budget -= n_new;
   }
@@ -263,8 +266,7 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
       tab += nb;
     }
     s->seqs[q] = (di_batch_seq){.block_table = s->gtab[q * ng], .n_blocks = s->gblk[q * ng], .key = di_req_key(r)};
-    s->replay[q] = r->replay; /* told once, on the step that resumes it */
-    r->replay = 0;
+    s->replay[q] = en->replay;
     int t0 = t;
     for (int k = 0; k < en->n_new; k++) {
       int pos = en->start + k;
