@@ -77,7 +77,7 @@ static void test_basic_and_prefix(void) {
   di_kv_manager_free(m);
 }
 
-static di_status di_kv_plan_1(const di_kv_group_info *g, int64_t budget, int max_seqs, int64_t *nb) {
+static di_status plan_one_group(const di_kv_group_info *g, int64_t budget, int max_seqs, int64_t *nb) {
   return di_kv_plan(g, 1, budget, max_seqs, 1, nb);
 }
 
@@ -99,7 +99,7 @@ static void test_groups(void) {
   CHECK(di_kv_manager_create(g, 3, cnt, 1, &m) == DI_OK);
   int grp;
   int64_t need;
-  CHECK(di_kv_fits(m, 20 * 64, 1, &grp, &need) == 1);     /* the window group needs 3 blocks at once, not 20 */
+  CHECK(di_kv_fits(m, 20 * 64, 1, &grp, &need) == 1);     /* the window group needs its window and a step (4 blocks), not 20 */
   CHECK(di_kv_fits(m, 20 * 64, 640, &grp, &need) == 0 && grp == 2 && need == 13); /* with a 640-token step: 13 */
   CHECK(di_kv_fits(m, 20 * 64 + 1, 1, &grp, &need) == 0 && grp == 0 && need == 21);
   di_kv_seq s = {0};
@@ -224,11 +224,11 @@ static void test_no_sharing_and_per_seq(void) {
   /* plan: 1000 B/token = 64,000 B per block; 10 sequences of 100,000 B set aside first */
   g.bytes_per_seq = 100000;
   int64_t n_blocks;
-  CHECK(di_kv_plan_1(&g, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks == 20);
+  CHECK(plan_one_group(&g, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks == 20);
   g.bytes_per_seq = 0;
-  CHECK(di_kv_plan_1(&g, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks > 20);
+  CHECK(plan_one_group(&g, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks > 20);
   g.bytes_per_seq = 200000;
-  CHECK_ERR(di_kv_plan_1(&g, 1000000, 10, &n_blocks), "per-sequence state of 10 sequences");
+  CHECK_ERR(plan_one_group(&g, 1000000, 10, &n_blocks), "per-sequence state of 10 sequences");
 }
 
 int main(void) {
