@@ -117,6 +117,11 @@ typedef struct di_engine_options {
   /* vLLM's --gpu-memory-utilization: the share of the device's total memory the engine may use for
    * everything (weights, step buffers, KV cache); <= 0: the default 0.9. Device backends only. */
   float gpu_memory_utilization;
+  /* DeepSeek-V4: a cached prefix keeps only its compressed entries and indexer keys (no sliding-window
+   * rows, no compressor snapshots); a prefix hit recomputes the prefix's last sliding_window - 1
+   * tokens to rebuild the window. Less memory per cached prefix, approximate logits after a hit
+   * (docs/PERFORMANCE.md). No effect on models without a sliding window. Default 0: exact caching. */
+  int swa_bounded_replay;
 } di_engine_options;
 
 /* One line on how the engine sized its KV cache ("KV cache: 5,213 blocks of 64 tokens (12.1 GiB):

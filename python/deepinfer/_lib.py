@@ -23,7 +23,8 @@ class EngineOptions(ctypes.Structure):
                 ("max_model_len", ctypes.c_int), ("enable_prefix_caching", ctypes.c_int),
                 ("enable_chunked_prefill", ctypes.c_int), ("async_scheduling", ctypes.c_int),
                 ("kv_cache_memory_bytes", ctypes.c_int64), ("num_kv_blocks", ctypes.c_int64),
-                ("seed", ctypes.c_uint64), ("gpu_memory_utilization", ctypes.c_float)]
+                ("seed", ctypes.c_uint64), ("gpu_memory_utilization", ctypes.c_float),
+                ("swa_bounded_replay", ctypes.c_int)]
 
 
 class RequestParams(ctypes.Structure):

@@ -56,8 +56,9 @@ class LLM:
     """An engine over one model. Engine options use vLLM's names: max_model_len, max_num_seqs,
     max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, async_scheduling,
     kv_cache_memory_bytes, num_kv_blocks, gpu_memory_utilization (CUDA: the share of the device's memory
-    for everything, 0.9; the KV cache gets what the weights and step buffers leave), seed; model loading:
-    load_format ("auto", "dummy"),
+    for everything, 0.9; the KV cache gets what the weights and step buffers leave), seed, swa_bounded_replay
+    (DeepSeek-V4: a cached prefix keeps only its compressed entries and indexer keys, a hit recomputes the
+    last sliding_window - 1 tokens; less memory, approximate); model loading: load_format ("auto", "dummy"),
     accelerator ("cpu", "cuda"), threads, quiet, batch_invariant (outputs independent of the other requests
     in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
@@ -68,7 +69,7 @@ class LLM:
                  kv_cache_memory_bytes=None, num_kv_blocks=None, gpu_memory_utilization=0.9, seed=0,
                  load_format="auto", accelerator=None,
                  threads=None, dummy_seed=0, quiet=True, batch_invariant=False, speculative_config=None,
-                 **unsupported):
+                 swa_bounded_replay=False, **unsupported):
         if unsupported:
             raise TypeError("LLM: unsupported argument(s): " + ", ".join(sorted(unsupported)))
         self._L = _lib.lib()
@@ -103,6 +104,7 @@ class LLM:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         eo.gpu_memory_utilization = float(gpu_memory_utilization)
         eo.seed = int(seed or 0)
+        eo.swa_bounded_replay = 1 if swa_bounded_replay else 0
         st = self._L.di_engine_create(self._model, ctypes.byref(eo), ctypes.byref(self._engine))
         if st != 0:
             msg = self._L.di_last_error().decode("utf-8", "replace")

@@ -3,11 +3,15 @@
  * the weights on its device, the KV block pool and the forward pass. Nothing here knows about
  * requests, sampling policy or tokenizers.
  *
- * KV cache addressing: the pool is `n_blocks` blocks of DI_KV_BLOCK_SIZE tokens. The token at
- * position p of sequence s lives in block `seqs[s].block_table[p / DI_KV_BLOCK_SIZE]`, slot
- * p % DI_KV_BLOCK_SIZE, for every layer. A forward step first writes the cache entries of all its
- * tokens, then computes attention: token i attends to positions [0, positions[i]] of its sequence
- * (so a chunk of a prompt sees the earlier chunks through the cache). */
+ * KV cache addressing: the cache is made of groups (di_kv_group_info: kinds below), each a pool of
+ * blocks, and every block of every group covers DI_KV_BLOCK_SIZE token positions: block i of a
+ * sequence's table in group g holds what group g keeps for positions [64 i, 64 i + 64) (a token's
+ * K/V, the compressed entries whose window closes there, a state snapshot at the block's end).
+ * Group 0 (the only one of V2/V3, the MLA latents) is `seqs[s].block_table`: the token at position p
+ * lives in block `block_table[p / DI_KV_BLOCK_SIZE]`, slot p % DI_KV_BLOCK_SIZE, for every layer.
+ * A forward step first writes the cache entries of all its tokens, then computes attention: token i
+ * attends to positions [0, positions[i]] of its sequence (so a chunk of a prompt sees the earlier
+ * chunks through the cache). */
 #ifndef DI_BACKEND_H
 #define DI_BACKEND_H
 #include <stdint.h>
@@ -15,9 +19,10 @@
 #include "model/config.h"
 
 #define DI_KV_BLOCK_SIZE 64
+#define DI_KV_MAX_GROUPS 8
 
 typedef struct di_batch_seq {
-  const int32_t *block_table; /* block ids, enough to cover every position this step touches */
+  const int32_t *block_table; /* group 0's block ids, enough to cover every position this step touches */
   int n_blocks;
   /* Stable identity of the running sequence (the engine: request id and sample index), for backends
    * that keep per-sequence state beside the blocks (DeepSeek-V4's CPU backend); others ignore it.
@@ -39,6 +44,23 @@ typedef struct di_batch {
    * steps). The step's sample / sample_async call still passes its rows; where they differ from these
    * the backend samples again with them, so a wrong guess costs time, never a different token. */
   const struct di_sample_row *sample_rows;
+  /* Every cache group's tables, for backends with more than one group (n_groups 0: the batch carries
+   * group 0 only, as seqs[].block_table). Sequence s's table in group g is group_tables[s * n_groups
+   * + g] with group_blocks[s * n_groups + g] entries (group 0's equals seqs[s].block_table). An entry
+   * of -1 is a block a sliding-window or state group has given back (behind the window); the engine
+   * never asks a step to read one. A sequence whose first position in a step is P > 0 and that the
+   * backend holds no state for starts from a prefix-cache hit: P is a multiple of DI_KV_BLOCK_SIZE
+   * and the tables hold what the groups keep for [0, P) (the backend restores its per-sequence state
+   * from there). */
+  int n_groups;
+  const int32_t *const *group_tables;
+  const int *group_blocks;
+  /* Optional [n_seqs] (NULL: none), SWA bounded replay: seq_replay[s] = R > 0 on the step that
+   * resumes sequence s from a prefix-cache hit at P = its first position + R whose blocks keep no
+   * window rows (nor state snapshots): its first R positions (of this step and, when the step is
+   * shorter, the next ones) are replayed to rebuild the sliding window; P is a multiple of
+   * DI_KV_BLOCK_SIZE. */
+  const int32_t *seq_replay;
 } di_batch;
 
 /* Per output row sampling request for backends that sample on the device (optional). */
@@ -52,19 +74,36 @@ typedef struct di_sample_row { /* (di_batch.sample_rows above) */
   int vocab_limit;            /* ids >= vocab_limit never sampled (padding beyond the tokenizer) */
 } di_sample_row;
 
-/* What the engine needs to size the KV pool. One group for MLA models; DeepSeek-V4 adds groups
- * (sliding window, compressed entries, indexer keys) with their own sizes. */
+/* What a cache group keeps (the KV spec; vLLM's KV cache groups):
+ *  FULL        one entry per token, for the whole context (V2/V3's MLA latents);
+ *  SLIDING     one entry per token, only the last `window` positions are read: the blocks wholly
+ *              behind the window are given back while the sequence runs (di_kv_slide);
+ *  COMPRESSED  one entry per `tokens_per_entry` tokens (V4's C4 / C128 entries), stored in the block
+ *              where the entry's window closes;
+ *  INDEXER     like COMPRESSED: the CSA indexer's compressed keys;
+ *  STATE       per block, a snapshot of per-sequence state at the block's end (V4's open compressor
+ *              windows), so that a prefix-cache hit can resume there; only the newest block is
+ *              needed by a running sequence (window = DI_KV_BLOCK_SIZE).
+ * Per-sequence state a running sequence holds outside the blocks (the open compressor windows
+ * themselves) is `bytes_per_seq`. */
+typedef enum di_kv_kind { DI_KV_FULL = 0, DI_KV_SLIDING, DI_KV_COMPRESSED, DI_KV_INDEXER, DI_KV_STATE } di_kv_kind;
+
 typedef struct di_kv_group_info {
-  int n_layers;               /* layers that keep an entry per token in this group */
-  int64_t bytes_per_token;    /* all layers of the group together, in the backend's cache dtype */
-  int tokens_per_entry;       /* 1: every token; 4 or 128: compressed groups (V4) */
-  int window;                 /* 0: whole context; else only the last `window` tokens are kept */
+  int n_layers;               /* layers that keep entries in this group */
+  /* one block's bytes / DI_KV_BLOCK_SIZE, all layers of the group together, in the backend's cache
+   * dtype (what the KV plan sizes pools by) */
+  int64_t bytes_per_token;
+  int tokens_per_entry;       /* 1: every token; m: compressed groups (one entry per m tokens) */
+  int window;                 /* 0: whole context; else only the last `window` positions are read */
   /* 1: a sequence's cache cannot be shared with another (no prefix caching, no prompt blocks shared
-   * between samples): the backend keeps per-sequence state that the blocks do not hold (V4) */
+   * between samples): the backend keeps state that the blocks do not hold. 0: a prefix hit may
+   * share the group's blocks. */
   int no_sharing;
-  /* bytes every running sequence holds besides its per-token growth (V4's sliding-window ring and
-   * compressor scratch); the KV plan sets max_num_seqs of them aside from the budget */
+  /* bytes every running sequence holds besides its blocks (V4's open compressor windows); the KV
+   * plan sets max_num_seqs of them aside from the budget */
   int64_t bytes_per_seq;
+  di_kv_kind kind;
+  int64_t bytes_per_entry;    /* one entry (token, compressed entry or snapshot), all layers */
 } di_kv_group_info;
 
 typedef struct di_backend di_backend;
@@ -111,6 +150,10 @@ typedef struct di_backend_ops {
    * pool is allocated. */
   di_status (*memory_info)(di_backend *b, int max_step_tokens, int max_outputs, int64_t *total_bytes,
                            int64_t *used_bytes);
+  /* Optional, for backends that report more than one group (kv_groups): (re)allocates every group's
+   * pool, n_blocks[g] blocks for group g; batches then carry every group's tables. Without it the
+   * engine uses kv_alloc (group 0) and refuses a backend with more groups. */
+  di_status (*kv_alloc_groups)(di_backend *b, const int64_t *n_blocks, int n_groups);
 } di_backend_ops;
 
 struct di_backend {

@@ -30,8 +30,8 @@ int di_cli_parse_int(const char *cmd, const char *flag, const char *v, long long
 int di_cli_parse_sampling(const char *cmd, const char *flag, const char *v, double *out);
 /* The engine flags `generate` and `serve` share, with vLLM's names: --max-model-len, --max-num-seqs,
  * --max-num-batched-tokens, --kv-cache-memory, --num-kv-blocks, --gpu-memory-utilization,
- * --[no-]enable-prefix-caching,
- * --no-chunked-prefill, --no-async-scheduling. If argv[*i] is one, applies it to *eo (advancing *i past
+ * --[no-]enable-prefix-caching, --no-chunked-prefill, --no-async-scheduling, --swa-bounded-replay. If
+ * argv[*i] is one, applies it to *eo (advancing *i past
  * its value) and returns 1; returns 0 for any other argument and -1 (message printed) for a bad value. */
 int di_cli_engine_flag(const char *cmd, int argc, char **argv, int *i, di_engine_options *eo);
 /* Parses "1,2,3" (ids separated by commas and/or spaces) into a malloc'd array; returns the count, or

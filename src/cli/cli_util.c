@@ -56,6 +56,8 @@ int di_cli_engine_flag(const char *cmd, int argc, char **argv, int *i, di_engine
     eo->enable_chunked_prefill = 0;
   else if (!strcmp(a, "--no-async-scheduling"))
     eo->async_scheduling = 0;
+  else if (!strcmp(a, "--swa-bounded-replay"))
+    eo->swa_bounded_replay = 1;
 #define INT_FLAG(name, lo, hi, field, type)                                     \
   else if (di_cli_flag_value(argc, argv, i, name, &v, &err)) {                  \
     if (err || !di_cli_parse_int(cmd, name, v, lo, hi, &x))                     \

@@ -36,6 +36,7 @@ static void usage(FILE *f) {
           "          --gpu-memory-utilization U (CUDA: share of the device's memory for everything, 0.9;\n"
           "          the KV cache gets what the weights and step buffers leave; --kv-cache-memory and\n"
           "          --num-kv-blocks override it; the CPU's default KV cache is 1 GiB)\n"
+          "          --swa-bounded-replay (DeepSeek-V4: cached prefixes keep no window; a hit recomputes it)\n"
           "Speculative decoding (MTP layer; off by default; outputs identical to plain decoding on the\n"
           "          CPU, and on CUDA with --batch-invariant):\n"
           "          --speculative-tokens N (1..5)  --speculative-min-confidence P (0.3)\n"

@@ -40,6 +40,7 @@ static void usage(FILE *f) {
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling  --seed N\n"
           "          --gpu-memory-utilization U (CUDA: share of the device's memory for everything, 0.9;\n"
           "          the KV cache gets what the weights and step buffers leave; the CPU's default is 1 GiB)\n"
+          "          --swa-bounded-replay (DeepSeek-V4: cached prefixes keep no window; a hit recomputes it)\n"
           "HTTP:     --host ADDR (default 127.0.0.1; 0.0.0.0 for all interfaces)  --port N (0: any free port)\n"
           "          --api-key KEY (or $DEEPINFER_API_KEY: /v1/ needs \"Authorization: Bearer KEY\")\n"
           "          --max-connections N (512)  --max-body-bytes N (32 MiB)  --keep-alive-timeout S (60)\n"

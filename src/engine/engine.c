@@ -85,11 +85,11 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   if (opt.num_kv_blocks > 0) {
     for (int g = 0; g < ng; g++) nb[g] = opt.num_kv_blocks;
   } else {
-    DI_TRY(di_kv_plan(groups, ng, opt.kv_cache_memory_bytes, opt.max_num_seqs, nb));
+    DI_TRY(di_kv_plan(groups, ng, opt.kv_cache_memory_bytes, opt.max_num_seqs, opt.max_num_batched_tokens, nb));
   }
-  /* the backend addresses one pool (group 0's tables); more groups are planned and managed here
-   * but need a backend that takes one table per group (DeepSeek-V4) */
-  if (ng > 1) return di_error_set(DI_ERR_UNSUPPORTED, "backend %s reports %d KV cache groups; the batch interface carries one block table per sequence", be->ops->name, ng);
+  /* a backend with several groups takes every group's tables (DeepSeek-V4); others address group 0 */
+  if (ng > 1 && !be->ops->kv_alloc_groups)
+    return di_error_set(DI_ERR_UNSUPPORTED, "backend %s reports %d KV cache groups but cannot allocate more than one pool", be->ops->name, ng);
 
   di_engine *e = calloc(1, sizeof *e);
   if (!e) return di_error_set(DI_ERR_OOM, "engine: out of memory");
@@ -107,7 +107,12 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   e->seed_state = opt.seed ? opt.seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)e << 16);
   e->next_id = 1;
   di_status st = di_kv_manager_create(groups, ng, nb, opt.enable_prefix_caching, &e->kv);
-  if (st == DI_OK) st = be->ops->kv_alloc(be, nb[0]);
+  if (st == DI_OK) st = be->ops->kv_alloc_groups ? be->ops->kv_alloc_groups(be, nb, ng) : be->ops->kv_alloc(be, nb[0]);
+  e->n_kv_groups = be->ops->kv_alloc_groups ? ng : 0; /* 0: batches carry group 0's tables only */
+  for (int g = 0; g < ng && st == DI_OK && opt.swa_bounded_replay; g++)
+    if (groups[g].kind == DI_KV_SLIDING && groups[g].window > 1 && groups[g].window - 1 > e->replay_len)
+      e->replay_len = groups[g].window - 1;
+  if (e->replay_len > 0) di_kv_set_bounded_replay(e->kv);
   if (st == DI_OK) st = di_row_sampler_create(cfg->vocab_size, 0, &e->rows);
   if (st == DI_OK) {
     e->logits = malloc((size_t)opt.max_num_seqs * (size_t)cfg->vocab_size * sizeof *e->logits);
@@ -238,10 +243,11 @@ static const char *admission_error(const di_engine *e, const di_req *r, char *bu
   }
   int64_t longest = (int64_t)r->n_prompt + r->max_tokens;
   if (longest > e->opt.max_model_len) longest = e->opt.max_model_len;
-  int64_t blocks = (longest + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
-  if (blocks > di_kv_group_blocks(e->kv, 0)) {
-    snprintf(buf, cap, "the request may need %lld KV blocks (%lld tokens) but the KV pool has %lld; raise the KV cache memory",
-             (long long)blocks, (long long)longest, (long long)di_kv_group_blocks(e->kv, 0));
+  int g;
+  int64_t blocks;
+  if (!di_kv_fits(e->kv, longest, e->opt.max_num_batched_tokens, &g, &blocks)) {
+    snprintf(buf, cap, "the request may need %lld KV blocks (%lld tokens) but the KV pool%s has %lld; raise the KV cache memory",
+             (long long)blocks, (long long)longest, g ? " of its cache group" : "", (long long)di_kv_group_blocks(e->kv, g));
     return buf;
   }
   return NULL;

@@ -80,6 +80,7 @@ typedef struct di_req {
   int pending;               /* 1 while an in-flight step samples its next token */
   int inflight;              /* 1 while it is part of the in-flight step */
   int n_cached;              /* prompt tokens found in the prefix cache (first admission) */
+  int replay;                /* SWA bounded replay: positions its first step recomputes before its hit */
   int n_posted;              /* output tokens already detokenised / given to the grammar */
   int admitted;
   di_kv_seq kv;
@@ -138,6 +139,7 @@ typedef struct di_sched_entry {
   di_req *r;
   int start, n_new, sample;
   int dropped;
+  int replay;                /* SWA bounded replay: the entry resumes a hit, replaying this many positions */
   /* set by di_sched_build_batch: logits rows of this entry */
   int sample_row;            /* output row of the sampled position (-1: none) */
   int plp_pos0, plp_n, plp_row0; /* prompt-logprob rows: positions plp_pos0.. at rows plp_row0.. */
@@ -152,7 +154,10 @@ typedef struct di_sched {
   di_batch_seq *seqs;
   int32_t *tables;           /* copies of the block tables: the engine may grow (realloc) a request's
                                 table while this batch is in flight */
-  int tok_cap, seq_cap, table_cap;
+  const int32_t **gtab;      /* per sequence and group: its table in `tables` (di_batch.group_tables) */
+  int *gblk;                 /* and its length */
+  int32_t *replay;           /* per sequence: di_batch.seq_replay */
+  int tok_cap, seq_cap, table_cap, gtab_cap, replay_cap;
   di_batch batch;
 } di_sched;
 
@@ -164,6 +169,8 @@ struct di_engine {
   di_backend *be;
   di_kv_manager *kv;
   char kv_summary[384];      /* how the KV cache was sized (di_engine_kv_summary) */
+  int n_kv_groups;      /* groups whose tables each batch carries (0: group 0's only, as block_table) */
+  int replay_len;       /* SWA bounded replay: tokens a prefix hit recomputes (window - 1), 0: exact */
   di_row_sampler *rows;      /* host sampling of a step's rows */
   di_row_job *jobs;          /* [max_num_seqs] */
   float *logits;             /* [max_num_seqs][vocab] */

@@ -40,7 +40,7 @@ static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int s
 static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->replay);
   memset(s, 0, sizeof *s);
 }
 
@@ -64,6 +64,7 @@ static void preempt(di_engine *e, di_req *v) {
   di_req_free_kv(e, v); /* recomputed from position 0 later */
   v->n_computed = v->n_valid = 0;
   v->n_draft = 0;
+  v->replay = 0;
   v->state = DI_REQ_WAITING;
   memmove(e->waiting + 1, e->waiting, (size_t)e->n_waiting * sizeof *e->waiting);
   e->waiting[0] = v;
@@ -119,6 +120,8 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     int n_new = need < budget ? need : budget;
     n_new = plp_fit(e, s, r, r->n_computed, n_new);
     if (n_new <= 0) continue;
+    /* window groups give back what is behind the window (registered first: cached for prefix hits) */
+    di_kv_slide(e->kv, &r->kv, r->tokens, r->n_tokens, r->n_computed);
     if (!di_kv_can_allocate(e->kv, &r->kv, r->n_computed + n_new)) {
       if (spec) {
         /* memory is short: give up the early plan; after step n the plan is made with
@@ -169,6 +172,7 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     if (fresh) {
       int first = 0;
       const int lim = di_plp_rows(r, 0, r->n_tokens, &first) > 0 ? first + 1 : r->n_tokens;
+      r->replay = 0; /* (a hit undone below must not leave one behind) */
       hit = di_kv_match_prefix(e->kv, &r->kv, r->tokens, lim, r->sample_index > 0);
       r->n_computed = r->n_valid = hit;
       if (!lead && prefix_in_flight(e, r, hit, lim)) {
@@ -176,6 +180,11 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
         r->n_computed = r->n_valid = 0;
         e->prefix_waits++;
         continue;
+      }
+      if (hit > 0 && e->replay_len > 0) { /* bounded replay: the window before the hit is recomputed */
+        r->replay = e->replay_len;
+        hit -= r->replay;
+        r->n_computed = r->n_valid = hit;
       }
     }
     int need = r->n_tokens - r->n_computed;
@@ -201,6 +210,8 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
     r->state = DI_REQ_RUNNING;
     e->running[e->n_running++] = r;
     DI_TRY(sched_push(s, r, r->n_computed, n_new, wants_sample(r, r->n_computed + n_new, r->n_tokens)));
+    s->e[s->n - 1].replay = r->replay; /* told once, on the step that resumes it (a rebuilt batch keeps it) */
+    r->replay = 0;
     r->n_computed += n_new;
     budget -= n_new;
   }
@@ -213,12 +224,12 @@ static di_status grow(void **p, int *cap, int need, size_t elem) {
 }
 
 di_status di_sched_build_batch(di_engine *e, di_sched *s) {
-  int n_tok = 0, n_seq = 0, n_tab = 0;
+  int n_tok = 0, n_seq = 0, n_tab = 0, ng = e->n_kv_groups > 0 ? e->n_kv_groups : 1;
   for (int i = 0; i < s->n; i++)
     if (!s->e[i].dropped) {
       n_tok += s->e[i].n_new;
       n_seq++;
-      n_tab += s->e[i].r->kv.n[0];
+      for (int g = 0; g < ng; g++) n_tab += s->e[i].r->kv.n[g];
     }
   int tb = s->table_cap;
   DI_TRY(grow((void **)&s->tables, &tb, n_tab, sizeof *s->tables));
@@ -234,17 +245,28 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   s->tok_cap = tc;
   DI_TRY(grow((void **)&s->seqs, &sc, n_seq, sizeof *s->seqs));
   s->seq_cap = sc;
+  int rc = s->replay_cap;
+  DI_TRY(grow((void **)&s->replay, &rc, n_seq, sizeof *s->replay));
+  s->replay_cap = rc;
+  int gc = s->gtab_cap;
+  DI_TRY(grow((void **)&s->gtab, &gc, n_seq * ng, sizeof *s->gtab));
+  gc = s->gtab_cap;
+  DI_TRY(grow((void **)&s->gblk, &gc, n_seq * ng, sizeof *s->gblk));
+  s->gtab_cap = gc;
   int t = 0, q = 0, o = 0, tab = 0, n_plp = 0;
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
     di_req *r = en->r;
-    int nb = r->kv.n[0];
-    if (nb) memcpy(s->tables + tab, r->kv.table[0], (size_t)nb * sizeof *s->tables);
-    s->seqs[q].block_table = s->tables + tab;
-    s->seqs[q].n_blocks = nb;
-    s->seqs[q].key = di_req_key(r);
-    tab += nb;
+    for (int g = 0; g < ng; g++) { /* copies: the tables may grow (realloc) while the step runs */
+      int nb = r->kv.n[g];
+      if (nb) memcpy(s->tables + tab, r->kv.table[g], (size_t)nb * sizeof *s->tables);
+      s->gtab[q * ng + g] = s->tables + tab;
+      s->gblk[q * ng + g] = nb;
+      tab += nb;
+    }
+    s->seqs[q] = (di_batch_seq){.block_table = s->gtab[q * ng], .n_blocks = s->gblk[q * ng], .key = di_req_key(r)};
+    s->replay[q] = en->replay;
     int t0 = t;
     for (int k = 0; k < en->n_new; k++) {
       int pos = en->start + k;
@@ -271,7 +293,9 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
     q++;
   }
   s->batch = (di_batch){.n_tokens = t, .tokens = s->tokens, .positions = s->positions, .seq_of = s->seq_of,
-                        .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows};
+                        .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows,
+                        .n_groups = e->n_kv_groups, .group_tables = s->gtab, .group_blocks = s->gblk,
+                        .seq_replay = e->replay_len > 0 ? s->replay : NULL};
   s->n_plp = n_plp;
   return DI_OK;
 }

@@ -11,8 +11,14 @@ struct di_kv_manager {
   int span[DI_KV_MAX_GROUPS];          /* tokens covered by one block */
   di_block_pool pool[DI_KV_MAX_GROUPS];
   int prefix_caching;
+  uint8_t replay[DI_KV_MAX_GROUPS];    /* bounded replay: the group keeps nothing for cached prefixes */
   int64_t query_tokens, hit_tokens;
 };
+
+void di_kv_set_bounded_replay(di_kv_manager *m) {
+  for (int g = 0; g < m->n_groups; g++)
+    m->replay[g] = m->info[g].kind == DI_KV_SLIDING || m->info[g].kind == DI_KV_STATE;
+}
 
 static uint64_t mix64(uint64_t x) {
   x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
@@ -45,7 +51,8 @@ di_status di_kv_manager_create(const di_kv_group_info *groups, int n_groups, con
     m->info[g] = groups[g];
     int tpe = groups[g].tokens_per_entry > 0 ? groups[g].tokens_per_entry : 1;
     m->info[g].tokens_per_entry = tpe;
-    m->span[g] = DI_KV_BLOCK_SIZE * tpe;
+    m->span[g] = DI_KV_BLOCK_SIZE; /* every group pages by positions alike (a compressed block holds the
+                                      entries whose window closes in it), so all groups hit at one length */
     di_status st = di_block_pool_init(&m->pool[g], n_blocks[g]);
     if (st != DI_OK) {
       di_kv_manager_free(m);
@@ -65,17 +72,41 @@ void di_kv_manager_free(di_kv_manager *m) {
 int di_kv_num_groups(const di_kv_manager *m) { return m->n_groups; }
 int64_t di_kv_group_blocks(const di_kv_manager *m, int g) { return m->pool[g].n; }
 
-static int64_t blocks_for(const di_kv_group_info *gi, int64_t tokens, int max_seqs) {
-  int64_t span = (int64_t)DI_KV_BLOCK_SIZE * (gi->tokens_per_entry > 0 ? gi->tokens_per_entry : 1);
+/* blocks a sequence of `tokens` positions holds at once in a group: a window group at most those
+ * covering its window and a step of step_tokens after it (plus a block on each side) */
+static int64_t seq_blocks(const di_kv_group_info *gi, int64_t tokens, int step_tokens) {
+  const int64_t span = DI_KV_BLOCK_SIZE;
   int64_t n = (tokens + span - 1) / span;
   if (gi->window > 0) {
-    int64_t cap = (int64_t)max_seqs * ((gi->window + span - 1) / span + 1);
+    int64_t cap = ((int64_t)gi->window + (step_tokens > 0 ? step_tokens : 1) + span - 1) / span + 1;
+    if (n > cap) n = cap;
+  }
+  return n;
+}
+
+/* a window group: every sequence its window (decode), and one step's chunk on top */
+static int64_t blocks_for(const di_kv_group_info *gi, int64_t tokens, int max_seqs, int step_tokens) {
+  int64_t n = (tokens + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+  if (gi->window > 0) {
+    int64_t cap = (int64_t)max_seqs * seq_blocks(gi, (int64_t)1 << 40, 1) + (step_tokens + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
     if (n > cap) n = cap;
   }
   return n < 1 ? 1 : n;
 }
 
-di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs,
+int di_kv_fits(const di_kv_manager *m, int64_t n_tokens, int step_tokens, int *group, int64_t *need) {
+  for (int g = 0; g < m->n_groups; g++) {
+    int64_t n = seq_blocks(&m->info[g], n_tokens, step_tokens);
+    if (n > m->pool[g].n) {
+      *group = g;
+      *need = n;
+      return 0;
+    }
+  }
+  return 1;
+}
+
+di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs, int step_tokens,
                      int64_t *n_blocks) {
   if (n_groups < 1 || n_groups > DI_KV_MAX_GROUPS)
     return di_error_set(DI_ERR_INVALID_ARG, "KV plan: %d cache groups", n_groups);
@@ -99,14 +130,14 @@ di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budge
   while (lo < hi) {
     int64_t mid = lo + (hi - lo + 1) / 2, bytes = 0;
     for (int g = 0; g < n_groups && bytes <= budget_bytes; g++)
-      bytes += blocks_for(&groups[g], mid, max_seqs) * groups[g].bytes_per_token * DI_KV_BLOCK_SIZE;
+      bytes += blocks_for(&groups[g], mid, max_seqs, step_tokens) * groups[g].bytes_per_token * DI_KV_BLOCK_SIZE;
     if (bytes <= budget_bytes) lo = mid; else hi = mid - 1;
   }
   if (lo < 1)
     return di_error_set(DI_ERR_OOM, "KV cache budget of %lld bytes holds not even one block per cache group "
                         "(one block of group 0 is %lld bytes)", (long long)budget_bytes,
                         (long long)(groups[0].bytes_per_token * DI_KV_BLOCK_SIZE));
-  for (int g = 0; g < n_groups; g++) n_blocks[g] = blocks_for(&groups[g], lo, max_seqs);
+  for (int g = 0; g < n_groups; g++) n_blocks[g] = blocks_for(&groups[g], lo, max_seqs, step_tokens);
   return DI_OK;
 }
 
@@ -123,9 +154,18 @@ static di_status seq_reserve(di_kv_seq *s, int g, int n) {
 
 static int groups_share_prefixes(const di_kv_manager *m) {
   for (int g = 0; g < m->n_groups; g++)
-    if (m->info[g].window > 0 || m->info[g].no_sharing) return 0; /* a window group's old blocks are gone: no hits;
-                                                                      no_sharing: the state is not in the blocks */
+    if (m->info[g].no_sharing) return 0; /* the state is not in the blocks */
   return 1;
+}
+
+/* First block of a k-block prefix that group g needs (0 for a full group; a window group only those
+ * covering the window before position k * 64, the same rule di_kv_slide frees by). */
+static int first_needed(const di_kv_manager *m, int g, int k) {
+  const int w = m->info[g].window, span = m->span[g];
+  int i = 0;
+  if (w > 0)
+    while (i < k && (int64_t)(i + 1) * span <= (int64_t)k * span - w) i++;
+  return i;
 }
 
 int di_kv_shares_prefixes(const di_kv_manager *m) { return groups_share_prefixes(m); }
@@ -135,39 +175,68 @@ int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, in
   for (int g = 0; g < m->n_groups; g++)
     if (s->n[g] != 0) return 0;
   if (!force) m->query_tokens += n_tokens;
-  /* per group: longest run of cached blocks; the common hit is the shortest of these */
-  int hit = n_tokens - 1;
-  for (int g = 0; g < m->n_groups; g++) {
-    int span = m->span[g], k = 0;
-    uint64_t h = 0;
-    while ((k + 1) * span <= hit) {
-      uint64_t nh = di_kv_block_hash(h, tokens + k * span, span);
-      if (di_block_pool_lookup(&m->pool[g], nh, block_hash2(h, tokens + k * span, span)) < 0) break;
-      h = nh;
-      k++;
-    }
-    if (k * span < hit) hit = k * span;
+  const int span = DI_KV_BLOCK_SIZE, kmax = (n_tokens - 1) / span; /* the last token is always computed */
+  if (kmax <= 0) return 0;
+  uint64_t *h = malloc(sizeof *h * 2 * (size_t)kmax);
+  if (!h) return 0; /* no hit: the prompt is computed */
+  uint64_t *h2 = h + kmax, parent = 0;
+  for (int i = 0; i < kmax; i++) {
+    h[i] = di_kv_block_hash(parent, tokens + i * span, span);
+    h2[i] = block_hash2(parent, tokens + i * span, span);
+    parent = h[i];
   }
-  if (hit <= 0) return 0;
+  /* full groups: the longest run of cached blocks from the start; window groups: a shorter prefix may
+   * be needed, one whose window blocks are all still cached (older ones may be evicted) */
+  int k = kmax, min_k = 0;
   for (int g = 0; g < m->n_groups; g++) {
-    int span = m->span[g], k = hit / span;
-    if (seq_reserve(s, g, k) != DI_OK) {
-      di_kv_free_seq(m, s);
-      return 0;
+    if (m->replay[g]) { /* a replayed window must not reach before position 1 */
+      const int w = m->info[g].kind == DI_KV_SLIDING ? m->info[g].window : 0;
+      if ((w + span - 1) / span > min_k) min_k = (w + span - 1) / span;
+      continue;
     }
-    uint64_t h = 0;
+    if (m->info[g].window > 0) continue;
+    int i = 0;
+    while (i < k && di_block_pool_lookup(&m->pool[g], h[i], h2[i]) >= 0) i++;
+    k = i;
+  }
+  for (; k > 0; k--) {
+    int ok = k >= min_k;
+    for (int g = 0; g < m->n_groups && ok; g++) {
+      if (m->replay[g]) /* fresh blocks for the replayed window */
+        ok = m->info[g].kind != DI_KV_SLIDING || m->pool[g].n_free >= k - first_needed(m, g, k);
+      else
+        for (int i = first_needed(m, g, k); i < k && ok; i++)
+          ok = di_block_pool_lookup(&m->pool[g], h[i], h2[i]) >= 0;
+    }
+    if (ok) break;
+  }
+  for (int g = 0; g < m->n_groups && k > 0; g++)
+    if (seq_reserve(s, g, k) != DI_OK) k = 0;
+  if (k <= 0) {
+    free(h);
+    return 0;
+  }
+  for (int g = 0; g < m->n_groups; g++) {
+    const int first = m->replay[g] && m->info[g].kind == DI_KV_STATE ? k : first_needed(m, g, k);
     for (int i = 0; i < k; i++) {
-      uint64_t nh = di_kv_block_hash(h, tokens + i * span, span);
-      int32_t b = di_block_pool_lookup(&m->pool[g], nh, block_hash2(h, tokens + i * span, span));
-      DI_ASSERT(b >= 0);
-      di_block_pool_ref(&m->pool[g], b);
+      int32_t b = -1; /* blocks behind a window group's window are not taken */
+      if (i >= first && m->replay[g]) {
+        b = di_block_pool_alloc(&m->pool[g]);
+        DI_ASSERT(b >= 0);
+      } else if (i >= first) {
+        b = di_block_pool_lookup(&m->pool[g], h[i], h2[i]);
+        DI_ASSERT(b >= 0);
+        di_block_pool_ref(&m->pool[g], b);
+      }
       s->table[g][i] = b;
-      h = nh;
     }
     s->n[g] = k;
+    s->n_freed[g] = first;
     s->n_hashed[g] = k;
-    s->last_hash[g] = h;
+    s->last_hash[g] = h[k - 1];
   }
+  free(h);
+  const int hit = k * span;
   if (!force) m->hit_tokens += hit;
   return hit;
 }
@@ -214,26 +283,35 @@ di_status di_kv_allocate(di_kv_manager *m, di_kv_seq *s, int n_tokens) {
   return DI_OK;
 }
 
-void di_kv_commit(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_valid) {
-  for (int g = 0; g < m->n_groups; g++) {
-    if (m->info[g].window > 0) continue;
+/* Registers group g's full blocks among tokens[0..n_valid) (the hash chain goes on past blocks already
+ * given back, which keep no hash). */
+static void commit_group(di_kv_manager *m, di_kv_seq *s, int g, const int32_t *tokens, int n_valid) {
+  {
     int span = m->span[g];
     while ((s->n_hashed[g] + 1) * span <= n_valid && s->n_hashed[g] < s->n[g]) {
       int i = s->n_hashed[g];
       uint64_t h = s->last_hash[g];
       uint64_t nh = di_kv_block_hash(h, tokens + i * span, span);
-      di_block_pool_register(&m->pool[g], s->table[g][i], nh, block_hash2(h, tokens + i * span, span));
+      if (s->table[g][i] >= 0 && !m->replay[g]) /* a block given back keeps no hash; bounded replay keeps none */
+        di_block_pool_register(&m->pool[g], s->table[g][i], nh, block_hash2(h, tokens + i * span, span));
       s->last_hash[g] = nh;
       s->n_hashed[g]++;
     }
   }
 }
 
-void di_kv_slide(di_kv_manager *m, di_kv_seq *s, int pos) {
+void di_kv_commit(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_valid) {
+  for (int g = 0; g < m->n_groups; g++) commit_group(m, s, g, tokens, n_valid);
+}
+
+void di_kv_slide(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_known, int pos) {
   for (int g = 0; g < m->n_groups; g++) {
     int w = m->info[g].window;
     if (w <= 0) continue;
     int span = m->span[g];
+    /* the blocks about to go are registered first, so that they stay findable for prefix hits (their
+     * content may still be being written by the step in flight: any later reader runs after it) */
+    commit_group(m, s, g, tokens, n_known < pos - w ? n_known : pos - w);
     /* block i covers tokens [i*span, (i+1)*span); it is needed while (i+1)*span > pos - w */
     while (s->n_freed[g] < s->n[g] && (int64_t)(s->n_freed[g] + 1) * span <= (int64_t)pos - w) {
       int i = s->n_freed[g]++;

@@ -1,11 +1,14 @@
-/* The paged KV block manager: pools of DI_KV_BLOCK_SIZE-entry blocks (one pool per cache group),
- * per-sequence block tables, and prefix caching (full blocks named by a hash chain over their
- * tokens, shared by reference count, evicted LRU when free blocks run out).
+/* The paged KV block manager: pools of blocks (one pool per cache group), per-sequence block tables
+ * per group, and prefix caching (full blocks named by a hash chain over their tokens, shared by
+ * reference count, evicted LRU when free blocks run out).
  *
- * Groups: the model declares its cache groups (backend kv_groups). A group keeps one entry per
- * `tokens_per_entry` tokens, so one block of group g spans 64 * tokens_per_entry tokens; a group
- * with a `window` only needs the blocks that cover the last `window` tokens (older ones are given
- * back by di_kv_slide). Group 0 is the main full-attention cache whose table the backend reads.
+ * Groups: the model declares its cache groups (backend kv_groups; kinds in backend.h). Every group's
+ * block covers DI_KV_BLOCK_SIZE positions (a compressed group's block holds the entries whose window
+ * closes in it), so a prefix hit has one length for all groups: a multiple of 64 tokens. A group with
+ * a `window` only needs the blocks that cover the last `window` positions: older ones are given back
+ * by di_kv_slide; given back with their hash, they stay findable (LRU) for later prefix hits, and a
+ * hit of k blocks needs from such a group only the blocks covering the window before position 64 k
+ * (the table holds -1 before them). Group 0's table is the one V2/V3 backends read.
  *
  * Invariants (checked by di_kv_check): a block is either referenced by >= 1 sequence or sits on
  * its pool's free list (LRU order, oldest first); a block that holds a registered hash is findable
@@ -14,8 +17,6 @@
 #define DI_KV_MANAGER_H
 #include <stdint.h>
 #include "backend/backend.h"
-
-#define DI_KV_MAX_GROUPS 8
 
 typedef struct di_kv_manager di_kv_manager;
 
@@ -48,18 +49,28 @@ int di_kv_num_groups(const di_kv_manager *m);
 int64_t di_kv_group_blocks(const di_kv_manager *m, int g);
 
 /* Sizes the pools from a byte budget: every full-context group gets enough blocks to hold the same
- * number of tokens; window groups get at most what `max_seqs` sequences can hold in their window.
+ * number of tokens; window groups get at most what `max_seqs` sequences can hold in their window,
+ * plus one step's chunk (step_tokens: the engine's max_num_batched_tokens).
  * Groups' bytes_per_seq (times max_seqs) are set aside from the budget first.
  * Fills n_blocks[g]; fails when not even one block of each group fits. */
-di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs,
+di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budget_bytes, int max_seqs, int step_tokens,
                      int64_t *n_blocks);
 
-/* 0 when no sequence can take another's blocks (a window group, or a group marked no_sharing):
+/* 1 when a sequence of n_tokens positions, computed in steps of at most step_tokens, can ever fit
+ * (every group's pool holds the blocks it needs at once: a window group only those of its window and
+ * a step); else 0 with the first group that cannot and its need. */
+int di_kv_fits(const di_kv_manager *m, int64_t n_tokens, int step_tokens, int *group, int64_t *need);
+/* SWA bounded replay: the sliding-window and state groups keep nothing for cached prefixes (their
+ * blocks are never registered); a prefix hit takes only the other groups' blocks, is at least the
+ * largest window long, and gets fresh sliding-window blocks for the window before the hit, which the
+ * caller recomputes (the last window - 1 tokens of the hit). */
+void di_kv_set_bounded_replay(di_kv_manager *m);
+/* 0 when no sequence can take another's blocks (a group marked no_sharing):
  * di_kv_match_prefix then finds nothing, and samples of one request compute their prompts alone. */
 int di_kv_shares_prefixes(const di_kv_manager *m);
 /* Prefix lookup for an empty sequence: takes references on the cached blocks that hold the longest
  * prefix of tokens[0..n_tokens-1) (never the whole sequence: the last token is always computed, as
- * its logits are wanted) and appends them to the tables. `force` looks up even when prefix caching
+ * its logits are wanted) that every group can serve, and appends them to the tables. `force` looks up even when prefix caching
  * is off (samples of one request share their prompt). Returns the number of tokens found. */
 int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_tokens, int force);
 /* Blocks that allocating up to n_tokens (positions [0, n_tokens)) would take from the pools, per
@@ -74,8 +85,9 @@ di_status di_kv_allocate(di_kv_manager *m, di_kv_seq *s, int n_tokens);
  * that later requests can share them. */
 void di_kv_commit(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_valid);
 /* Window groups: gives back blocks wholly before position `pos` - window (the next token to compute
- * is at `pos`). */
-void di_kv_slide(di_kv_manager *m, di_kv_seq *s, int pos);
+ * is at `pos`), registering those among tokens[0..n_known) first (di_kv_commit), so that they stay
+ * findable for prefix hits while cached. */
+void di_kv_slide(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, int n_known, int pos);
 /* Gives back the tail blocks not needed for positions [0, n_tokens) (undoing an allocation that
  * was planned but not used; those blocks hold no registered hash). */
 void di_kv_truncate(di_kv_manager *m, di_kv_seq *s, int n_tokens);

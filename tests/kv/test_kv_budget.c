@@ -28,13 +28,13 @@ static void test_rule(void) {
 static void test_blocks_of_budget(void) {
   di_kv_group_info g = {.n_layers = 27, .bytes_per_token = 27 * 576 * 2, .tokens_per_entry = 1};
   int64_t nb = 0;
-  CHECK(di_kv_plan(&g, 1, GIB, 256, &nb) == DI_OK);
+  CHECK(di_kv_plan(&g, 1, GIB, 256, 2048, &nb) == DI_OK);
   CHECKF(nb == GIB / (27 * 576 * 2 * DI_KV_BLOCK_SIZE), "1 GiB: %lld blocks", (long long)nb);
   CHECKF(nb == 539, "1 GiB holds 539 V2-Lite blocks, got %lld", (long long)nb);
   /* an H200 (141 GiB) at 0.9 with 31.2 GiB in use: ~48,000 blocks, 3.1M tokens */
   int64_t budget = 0;
   CHECK(di_kv_budget_from_device(141 * GIB, 31 * GIB + 200 * MIB, 0.9, &budget) == DI_OK);
-  CHECK(di_kv_plan(&g, 1, budget, 256, &nb) == DI_OK);
+  CHECK(di_kv_plan(&g, 1, budget, 256, 2048, &nb) == DI_OK);
   CHECKF(nb == budget / (27 * 576 * 2 * DI_KV_BLOCK_SIZE), "%lld blocks", (long long)nb);
   CHECKF(nb > 256 * 192 / DI_KV_BLOCK_SIZE * 10, "256 x 192-token sequences fit many times over: %lld blocks", (long long)nb);
 }

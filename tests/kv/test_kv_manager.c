@@ -77,49 +77,78 @@ static void test_basic_and_prefix(void) {
   di_kv_manager_free(m);
 }
 
+static di_status plan_one_group(const di_kv_group_info *g, int64_t budget, int max_seqs, int64_t *nb) {
+  return di_kv_plan(g, 1, budget, max_seqs, 1, nb);
+}
+
 static void test_groups(void) {
-  /* V4-like: main cache, a compressed cache (1 entry per 4 tokens), a 128-token window */
+  /* V4-like: main cache, a compressed cache (1 entry per 4 tokens), a 128-token window; every group
+   * pages by 64 positions */
   di_kv_group_info g[3] = {main_group(),
-                           {.n_layers = 2, .bytes_per_token = 500, .tokens_per_entry = 4, .window = 0},
-                           {.n_layers = 4, .bytes_per_token = 2000, .tokens_per_entry = 1, .window = 128}};
+                           {.n_layers = 2, .bytes_per_token = 500, .tokens_per_entry = 4, .window = 0, .kind = DI_KV_COMPRESSED},
+                           {.n_layers = 4, .bytes_per_token = 2000, .tokens_per_entry = 1, .window = 128, .kind = DI_KV_SLIDING}};
   int64_t nb[3];
-  CHECK(di_kv_plan(g, 3, 64 * 1000 * 100, 4, nb) == DI_OK);
+  CHECK(di_kv_plan(g, 3, 64 * 1000 * 100, 4, 1, nb) == DI_OK);
   int64_t bytes = nb[0] * 64000 + nb[1] * 32000 + nb[2] * 128000;
-  CHECKF(bytes <= 64 * 1000 * 100 && nb[0] > 40, "plan %lld %lld %lld", (long long)nb[0], (long long)nb[1], (long long)nb[2]);
-  CHECK(nb[1] == (nb[0] + 3) / 4);
-  CHECK(nb[2] <= 4 * (2 + 1));
-  CHECK_ERR(di_kv_plan(g, 3, 100, 4, nb), "not even one block");
+  CHECKF(bytes <= 64 * 1000 * 100 && nb[0] > 20, "plan %lld %lld %lld", (long long)nb[0], (long long)nb[1], (long long)nb[2]);
+  CHECK(nb[1] == nb[0]);
+  CHECK(nb[2] <= 4 * 4 + 1); /* 4 sequences x (window + a 1-token step + a block) + one step */
+  CHECK_ERR(di_kv_plan(g, 3, 100, 4, 1, nb), "not even one block");
   di_kv_manager *m;
-  int64_t cnt[3] = {20, 5, 12};
+  int64_t cnt[3] = {20, 20, 12};
   CHECK(di_kv_manager_create(g, 3, cnt, 1, &m) == DI_OK);
+  int grp;
+  int64_t need;
+  CHECK(di_kv_fits(m, 20 * 64, 1, &grp, &need) == 1);     /* the window group needs its window and a step (4 blocks), not 20 */
+  CHECK(di_kv_fits(m, 20 * 64, 640, &grp, &need) == 0 && grp == 2 && need == 13); /* with a 640-token step: 13 */
+  CHECK(di_kv_fits(m, 20 * 64 + 1, 1, &grp, &need) == 0 && grp == 0 && need == 21);
   di_kv_seq s = {0};
   CHECK(di_kv_allocate(m, &s, 300) == DI_OK);
-  CHECK(s.n[0] == 5 && s.n[1] == 2 && s.n[2] == 5);
-  di_kv_slide(m, &s, 300); /* window 128: tokens before 172 are not needed: blocks 0, 1 go */
+  CHECK(s.n[0] == 5 && s.n[1] == 5 && s.n[2] == 5);
+  int32_t toks[300];
+  for (int i = 0; i < 300; i++) toks[i] = i % 7;
+  di_kv_commit(m, &s, toks, 256); /* blocks 0..3 registered in every group */
+  di_kv_slide(m, &s, toks, 256, 300); /* window 128: tokens before 172 are not needed: blocks 0, 1 go (still cached) */
   CHECK(s.n_freed[2] == 2 && s.table[2][0] == -1 && s.table[2][1] == -1 && s.table[2][2] >= 0);
   CHECK(di_kv_check(m, di_kv_seq_refs(m, &s)) == DI_OK);
-  int32_t toks[300] = {0};
-  di_kv_commit(m, &s, toks, 300);
   di_kv_seq t = {0};
-  CHECK(di_kv_match_prefix(m, &t, toks, 300, 0) == 0); /* window groups: no prefix hits */
+  /* a hit of 4 blocks needs only the window group's blocks 2, 3 (the window before position 256) */
+  CHECK(di_kv_match_prefix(m, &t, toks, 300, 0) == 256);
+  CHECK(t.n[0] == 4 && t.n[2] == 4 && t.n_freed[2] == 2 && t.table[2][1] == -1 && t.table[2][2] == s.table[2][2]);
+  CHECK(di_kv_check(m, di_kv_seq_refs(m, &s) + di_kv_seq_refs(m, &t)) == DI_OK);
+  di_kv_free_seq(m, &t);
   di_kv_free_seq(m, &s);
   di_kv_stats st;
   di_kv_get_stats(m, &st);
-  CHECK(st.used_blocks == 0 && st.total_blocks == 37);
+  CHECK(st.used_blocks == 0 && st.total_blocks == 52);
   CHECK(di_kv_check(m, 0) == DI_OK);
   di_kv_manager_free(m);
-  /* two full groups with different spans: the common hit is the shorter one */
-  di_kv_group_info g2[2] = {main_group(), {.n_layers = 1, .bytes_per_token = 10, .tokens_per_entry = 4, .window = 0}};
-  int64_t c2[2] = {16, 4};
+
+  /* a window group whose block behind the window was never registered: no hit that needs it */
+  CHECK(di_kv_manager_create(g, 3, cnt, 1, &m) == DI_OK);
+  memset(&s, 0, sizeof s);
+  CHECK(di_kv_allocate(m, &s, 300) == DI_OK);
+  di_kv_slide(m, &s, toks, 0, 300); /* blocks 0, 1 given back with no token known: no hash */
+  di_kv_commit(m, &s, toks, 300);
+  CHECK(di_kv_match_prefix(m, &t, toks, 300, 0) == 256); /* blocks 2, 3 suffice for 4 */
+  di_kv_free_seq(m, &t);
+  CHECK(di_kv_match_prefix(m, &t, toks, 200, 0) == 0);   /* 3 blocks need block 1: gone */
+  CHECK(t.n[0] == 0);
+  di_kv_free_seq(m, &s);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  di_kv_manager_free(m);
+
+  /* a no_sharing group turns prefix sharing off */
+  di_kv_group_info g2[2] = {main_group(), {.n_layers = 1, .bytes_per_token = 10, .tokens_per_entry = 4, .no_sharing = 1}};
+  int64_t c2[2] = {16, 16};
   CHECK(di_kv_manager_create(g2, 2, c2, 1, &m) == DI_OK);
+  CHECK(di_kv_shares_prefixes(m) == 0);
   int32_t tk[400];
   for (int i = 0; i < 400; i++) tk[i] = i;
   CHECK(di_kv_allocate(m, &s, 400) == DI_OK);
   di_kv_commit(m, &s, tk, 400);
-  CHECK(di_kv_match_prefix(m, &t, tk, 400, 0) == 256);
-  CHECK(t.n[0] == 4 && t.n[1] == 1);
+  CHECK(di_kv_match_prefix(m, &t, tk, 400, 1) == 0);
   di_kv_free_seq(m, &s);
-  di_kv_free_seq(m, &t);
   CHECK(di_kv_check(m, 0) == DI_OK);
   di_kv_manager_free(m);
 }
@@ -195,11 +224,11 @@ static void test_no_sharing_and_per_seq(void) {
   /* plan: 1000 B/token = 64,000 B per block; 10 sequences of 100,000 B set aside first */
   g.bytes_per_seq = 100000;
   int64_t n_blocks;
-  CHECK(di_kv_plan(&g, 1, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks == 20);
+  CHECK(plan_one_group(&g, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks == 20);
   g.bytes_per_seq = 0;
-  CHECK(di_kv_plan(&g, 1, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks > 20);
+  CHECK(plan_one_group(&g, 64000 * 20 + 1000000, 10, &n_blocks) == DI_OK && n_blocks > 20);
   g.bytes_per_seq = 200000;
-  CHECK_ERR(di_kv_plan(&g, 1, 1000000, 10, &n_blocks), "per-sequence state of 10 sequences");
+  CHECK_ERR(plan_one_group(&g, 1000000, 10, &n_blocks), "per-sequence state of 10 sequences");
 }
 
 int main(void) {

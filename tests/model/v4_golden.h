@@ -22,4 +22,30 @@ static int v4_golden_prompt(const di_st_file *g, int p, const di_st_tensor **ids
   CHECKF(ok, "golden prompt p%d: a tensor is missing", p);
   return ok;
 }
+
+/* Logits under DeepInfer's fixed indexer tie rule (got) against transformers' golden ones (want),
+ * [T][V] each. The two agree until the first query where the rule decided a tie at the top-k
+ * boundary (first_tie, -1: none; torch.topk may keep another of the tied entries there, see
+ * cpu_deepseek_v4.h): every position before it must match (rel L2 < 1e-5); from it on they may
+ * differ, and the worst difference is only reported. Returns the worst error before first_tie. */
+static inline double v4_check_golden_until_tie(const char *name, const float *got, const float *want, int T, int V, int first_tie) {
+  const int until = first_tie < 0 || first_tie > T ? T : first_tie;
+  double before = 0, after = 0;
+  for (int t = 0; t < T; t++) {
+    double e = test_rel_l2(got + (size_t)t * V, want + (size_t)t * V, (size_t)V);
+    if (t < until)
+      before = e > before ? e : before;
+    else
+      after = e > after ? e : after;
+  }
+  CHECKF(before < 1e-5, "%s: positions before the first indexer tie (%d) differ from the golden by rel L2 %.3e", name, until,
+         before);
+  printf("%s: fixed tie rule vs golden: positions 0..%d (before the first top-k boundary tie) worst rel L2 %.2e", name,
+         until - 1, before);
+  if (until < T)
+    printf("; from position %d (tie decided earlier-first, torch kept another) worst %.2e\n", until, after);
+  else
+    printf("; no tie at the top-k boundary\n");
+  return before;
+}
 #endif

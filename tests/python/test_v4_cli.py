@@ -78,3 +78,31 @@ def test_python_generate_and_engine_scoring():
         assert greedy and math.isfinite(lp) and lp < 0
     finally:
         llm.close()
+
+
+def test_python_prefix_cache_counts_v4_hits():
+    """Two prompts sharing 260 tokens: the second takes 256 from the prefix cache (num_cached_tokens),
+    with the same greedy output as without prefix caching; with swa_bounded_replay the hit recomputes
+    the last sliding_window - 1 = 127 of them (129 counted)."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from deepinfer import LLM, SamplingParams  # noqa: E402
+    shared = [(i * 37 + 11) % 512 for i in range(260)]
+    prompts = [{"prompt_token_ids": shared + [5, 6, 7]}, {"prompt_token_ids": shared + [9, 10]}]
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    got = {}
+    for name, kw in (("exact", {}), ("off", {"enable_prefix_caching": False}), ("bounded", {"swa_bounded_replay": True})):
+        llm = LLM(V4, threads=2, max_num_seqs=1, **kw)
+        try:
+            outs = llm.generate(prompts, sp)
+            got[name] = ([list(o.outputs[0].token_ids) for o in outs], [o.num_cached_tokens for o in outs])
+        finally:
+            llm.close()
+    assert got["exact"][1] == [0, 256] and got["off"][1] == [0, 0] and got["bounded"][1] == [0, 129]
+    assert got["exact"][0] == got["off"][0]  # exact caching: the same tokens as computing everything
+    assert got["bounded"][0][0] == got["exact"][0][0]  # no hit: exact
+
+
+def test_cli_swa_bounded_replay_flag():
+    r = run("generate", "--model", V4, "--prompt-ids", ",".join(str(i % 500) for i in range(200)), "--n", "2",
+            "--max-tokens", "3", "--temperature", "0", "--ignore-eos", "--swa-bounded-replay", "--output-format", "json")
+    assert r.returncode == 0, r.stderr

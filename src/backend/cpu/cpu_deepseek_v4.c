@@ -43,10 +43,10 @@ static di_status compress(di_v4_ctx *cx, const di_v4_compressor *cp, int rate, i
 /* For every query t, marks in sel[t][nc] the compressed entries it attends: the index_topk best by
  * score(t, s) = sum_h w[t][h] * relu(q[t][h] . K[s]) / sqrt(index_head_dim) among the entries whose
  * window is complete at t (s < (t+1)/rate). Fewer candidates than index_topk: all of them. Exact
- * ties (common: every head's relu at 0) are broken as torch.topk breaks them (di_v4_topk_like_torch).
- * torch ranks all the entries that exist in the call (the complete ones masked to -inf), so which of
- * several tied entries wins depends on how many exist: nc here, or chunk_end[t]/rate when the caller
- * models a chunked (cached) run. */
+ * ties (common: every head's relu at 0) go to the earlier entry, or, with cx->torch_ties, are broken
+ * as torch.topk breaks them in transformers' run (di_v4_index_pick): torch ranks all the entries that
+ * exist in the call (the incomplete ones masked to -inf), nc here or chunk_end[t]/rate when the caller
+ * models a chunked (cached) run, so its pick among tied entries depends on that count. */
 static di_status indexer(di_v4_ctx *cx, const di_v4_layer *L, const float *a, const float *qr, int nc, unsigned char *sel) {
   const di_v4_config *c = cx->c;
   const int T = cx->T, nh = c->index_n_heads, di = c->index_head_dim, rate = c->csa_rate;
@@ -61,13 +61,13 @@ static di_status indexer(di_v4_ctx *cx, const di_v4_layer *L, const float *a, co
     int valid = (t + 1) / rate;
     if (valid > nc)
       valid = nc;
-    int n_t = cx->chunk_end ? cx->chunk_end[t] / rate : nc; /* entries that exist for this query */
+    int n_t = cx->torch_ties && cx->chunk_end ? cx->chunk_end[t] / rate : nc; /* entries that exist for this query */
     if (n_t > nc)
       n_t = nc;
     float *qt = q + (size_t)t * nh * di;
     for (int h = 0; h < nh; h++)
       di_v4_rope_apply(&cx->compress_rope, qt + h * di, di, t, 1);
-    di_v4_index_pick(c, qt, hw + (size_t)t * nh, K, n_t, valid, nc, score, work, sel + (size_t)t * nc);
+    di_v4_index_pick(cx, qt, hw + (size_t)t * nh, K, n_t, valid, nc, t, score, work, sel + (size_t)t * nc);
   }
   di_v4_release(cx, m);
   return DI_OK;
@@ -128,25 +128,31 @@ static di_status forward(di_v4_ctx *cx, float *logits) {
   const di_v4_config *c = cx->c;
   DI_V4_ALLOC(X, (size_t)cx->T * c->hc_mult * c->hidden_size); /* hc residual streams per token */
   DI_TRY(di_v4_layers(cx, X, attention));
-  return di_v4_head(cx, X, logits);
+  return logits ? di_v4_head(cx, X, logits) : DI_OK; /* NULL: only the tie report is wanted */
 }
 
-di_status di_cpu_v4_forward_chunked(const di_v4_config *cfg, const di_v4_weights *w, const int32_t *tokens, int n,
-                                    const int *chunk_end, float *logits_out) {
+di_status di_cpu_v4_forward_with(const di_v4_config *cfg, const di_v4_weights *w, const int32_t *tokens, int n,
+                                 di_v4_ref_options *opt, float *logits_out) {
   di_v4_ctx cx;
   DI_TRY(di_v4_ctx_init(&cx, cfg, w, tokens, n, "deepseek_v4 reference"));
+  const int *chunk_end = opt && opt->torch_ties ? opt->chunk_end : NULL;
   if (chunk_end)
     for (int t = 0; t < n; t++)
       if (chunk_end[t] <= t || chunk_end[t] > n || (t > 0 && chunk_end[t] < chunk_end[t - 1]))
         return di_error_set(DI_ERR_INVALID_ARG, "deepseek_v4 reference: chunk_end[%d] = %d is not a chunk end after %d", t,
                             chunk_end[t], t);
+  cx.torch_ties = opt && opt->torch_ties;
   cx.chunk_end = chunk_end;
   di_status st = forward(&cx, logits_out);
+  if (opt) {
+    opt->boundary_ties = cx.boundary_ties;
+    opt->first_tie_pos = cx.first_tie_pos;
+  }
   di_v4_release(&cx, NULL);
   return st;
 }
 
 di_status di_cpu_v4_forward_full(const di_v4_config *cfg, const di_v4_weights *w, const int32_t *tokens, int n,
                                  float *logits_out) {
-  return di_cpu_v4_forward_chunked(cfg, w, tokens, n, NULL, logits_out);
+  return di_cpu_v4_forward_with(cfg, w, tokens, n, NULL, logits_out);
 }

@@ -378,6 +378,34 @@ void di_v4_topk_like_torch(const float *v, int n, int k, di_v4_scored *work, uns
     chosen[work[i].i] = 1;
 }
 
+/* ---- top-k with a fixed tie rule (the indexer) -------------------------------------------------------- */
+
+/* value descending, then index ascending: a total order, so the sort's result is unique */
+static int rank_order(const void *pa, const void *pb) {
+  const di_v4_scored *a = pa, *b = pb;
+  if (a->v != b->v) {
+    if (a->v > b->v || b->v != b->v) /* a NaN ranks last */
+      return -1;
+    if (b->v > a->v || a->v != a->v)
+      return 1;
+  }
+  return (a->i > b->i) - (a->i < b->i);
+}
+
+int di_v4_topk_earlier_first(const float *v, int n, int k, di_v4_scored *work, unsigned char *chosen) {
+  if (k <= 0 || n <= 0)
+    return 0;
+  for (int i = 0; i < n; i++) {
+    work[i].v = v[i];
+    work[i].i = i;
+  }
+  if (k < n)
+    qsort(work, (size_t)n, sizeof *work, rank_order);
+  for (int i = 0; i < (k < n ? k : n); i++)
+    chosen[work[i].i] = 1;
+  return k < n && work[k - 1].v == work[k].v;
+}
+
 /* ---- mixture of experts --------------------------------------------------------------------------- */
 
 /* SwiGLU with V4's clamp: the gate is clamped from above only, the up projection on both sides. */
@@ -626,9 +654,18 @@ di_status di_v4_indexer_inputs(di_v4_ctx *cx, const di_v4_layer *L, const float 
   return di_v4_linear(cx, &L->idx_weights, a, T, *hw);
 }
 
-void di_v4_index_pick(const di_v4_config *c, const float *qt, const float *hw, const float *K, int n, int valid, int nc,
+void di_v4_index_pick(di_v4_ctx *cx, const float *qt, const float *hw, const float *K, int n, int valid, int nc, int pos,
                       float *score, di_v4_scored *work, unsigned char *sel) {
+  const di_v4_config *c = cx->c;
   di_v4_index_scores(c, qt, hw, K, valid, score);
+  if (!cx->torch_ties) {
+    memset(sel, 0, (size_t)nc);
+    if (di_v4_topk_earlier_first(score, valid, c->index_topk < valid ? c->index_topk : valid, work, sel)) {
+      if (cx->boundary_ties++ == 0 || pos < cx->first_tie_pos) /* layers run one after another: keep the least */
+        cx->first_tie_pos = pos;
+    }
+    return;
+  }
   for (int s = valid; s < n; s++)
     score[s] = -INFINITY;
   if (n > 0)
@@ -722,6 +759,7 @@ di_status di_v4_ctx_init(di_v4_ctx *cx, const di_v4_config *cfg, const di_v4_wei
                                             "compress rate > 1024 are not supported",
                         who);
   memset(cx, 0, sizeof *cx);
+  cx->first_tie_pos = -1;
   cx->c = cfg;
   cx->w = w;
   cx->tokens = tokens;

@@ -26,7 +26,12 @@ typedef struct di_v4_ctx {
   int T, pos0;
   di_v4_blk *top;
   di_v4_rope_tab main_rope, compress_rope;
-  const int *chunk_end;  /* reference only: see di_cpu_v4_forward_chunked */
+  /* reference only (di_cpu_v4_forward_torch_ties): rank the indexer's picks as torch.topk does in
+   * transformers' run with these chunk ends; 0: the fixed rule (di_v4_topk_earlier_first) */
+  int torch_ties;
+  const int *chunk_end;
+  int boundary_ties;     /* queries whose k-th and (k+1)-th best index scores were equal (fixed rule) */
+  int first_tie_pos;     /* position of the first such query, -1 if none */
   void *user;            /* the caller's per-call state (the cached path's sequence) */
 } di_v4_ctx;
 
@@ -57,6 +62,11 @@ typedef struct {
   int i;
 } di_v4_scored;
 void di_v4_topk_like_torch(const float *v, int n, int k, di_v4_scored *work, unsigned char *chosen);
+/* The indexer's rule: sets chosen[i] for the k best of v[0..n), ranked by value, equal values by the
+ * EARLIER index first, so the picks depend on the scores alone (not on how many entries exist or how
+ * a selection algorithm moves them). work: n entries of scratch. Returns 1 when the rule decided
+ * something: k < n and the k-th and (k+1)-th best values are equal. */
+int di_v4_topk_earlier_first(const float *v, int n, int k, di_v4_scored *work, unsigned char *chosen);
 
 /* A sublayer over the cx->T tokens: in [T][D] -> out [T][D]. */
 typedef di_status (*di_v4_sublayer_fn)(di_v4_ctx *cx, int l, const float *in, float *out);
@@ -107,12 +117,16 @@ static inline int di_v4_visible_entries(int kind, int pos, int rate, int nc) {
   }
   return kind == DI_V4_ATTN_CSA ? nc : 0;
 }
-/* The indexer's picks for one query (qt roped, hw as above) among the n entries of K that exist when
- * its chunk runs, of which the first `valid` are complete at the query: torch takes the top
- * min(index_topk, n) of all n with the incomplete ones at -inf, then drops picks that are not complete,
- * so sel (nc >= n flags) marks the top-k of the complete entries, tie-broken as torch.topk does.
+/* The indexer's picks for one query (qt roped, hw as above, at position pos) among the entries of K of
+ * which the first `valid` are complete at the query: sel (nc >= n flags) marks the top index_topk of
+ * the complete entries (all of them when there are fewer).
+ * Ties: with cx->torch_ties 0 (the engine's rule) equal scores go to the earlier entry
+ * (di_v4_topk_earlier_first), so the picks do not depend on the chunking; cx->boundary_ties counts
+ * the queries where that rule decided. With torch_ties, as transformers does it: torch.topk over all
+ * n entries that exist when the query's chunk runs (the incomplete ones at -inf), whose order among
+ * equal scores depends on n and on its selection algorithm (di_v4_topk_like_torch).
  * score: n floats, work: 2n + 2 scored entries of scratch. */
-void di_v4_index_pick(const di_v4_config *c, const float *qt, const float *hw, const float *K, int n, int valid, int nc,
+void di_v4_index_pick(di_v4_ctx *cx, const float *qt, const float *hw, const float *K, int n, int valid, int nc, int pos,
                       float *score, di_v4_scored *work, unsigned char *sel);
 /* Attention of one query (all heads, q_t [H][hd]) at position pos over the window keys win
  * [n_win][hd] (in position order) then the compressed entries cmp [n_cmp][hd], of which only those
