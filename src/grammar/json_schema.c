@@ -1522,11 +1522,8 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   return DI_OK;
 }
 
-/* dependentRequired / dependentSchemas (and draft 7's dependencies) as what they mean for each
- * trigger name k: either k is absent (properties: {k: false}) or it is present together with its
- * dependencies (required: [k, deps...]) or its schema (allOf: [{required: [k]}, S]). *out is `sch`
- * without those keywords and with one anyOf per trigger added to its allOf. */
-static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+/* A copy of `sch` (owned by the compile) for a rewrite, with its allOf array (created if absent). */
+static di_status copy_with_allof(jc *c, const cJSON *sch, const char *path, cJSON **rw_out, cJSON **all_out) {
   cJSON *rw = cJSON_Duplicate(sch, 1);
   if (!rw || !own(c, rw))
     return di_error_set(DI_ERR_OOM, "out of memory");
@@ -1535,6 +1532,18 @@ static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path,
     all = cJSON_AddArrayToObject(rw, "allOf");
   if (!cJSON_IsArray(all))
     return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  *rw_out = rw;
+  *all_out = all;
+  return DI_OK;
+}
+
+/* dependentRequired / dependentSchemas (and draft 7's dependencies) as what they mean for each
+ * trigger name k: either k is absent (properties: {k: false}) or it is present together with its
+ * dependencies (required: [k, deps...]) or its schema (allOf: [{required: [k]}, S]). *out is `sch`
+ * without those keywords and with one anyOf per trigger added to its allOf. */
+static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+  cJSON *rw, *all;
+  DI_TRY(copy_with_allof(c, sch, path, &rw, &all));
   static const char *kws[] = {"dependentRequired", "dependentSchemas", "dependencies"};
   for (int k = 0; k < 3; k++) {
     const cJSON *dep = item(sch, kws[k]);
@@ -1577,14 +1586,8 @@ static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path,
  * (a missing then / else is true; then / else without if mean nothing). *out is `sch` without
  * those keywords and with the result in its allOf. */
 static di_status rewrite_not_if(jc *c, const cJSON *sch, const char *path, cJSON **out) {
-  cJSON *rw = cJSON_Duplicate(sch, 1);
-  if (!rw || !own(c, rw))
-    return di_error_set(DI_ERR_OOM, "out of memory");
-  cJSON *all = item(rw, "allOf");
-  if (!all)
-    all = cJSON_AddArrayToObject(rw, "allOf");
-  if (!cJSON_IsArray(all))
-    return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  cJSON *rw, *all;
+  DI_TRY(copy_with_allof(c, sch, path, &rw, &all));
   char why[128] = "";
   const cJSON *nt = item(sch, "not"), *ifs = item(sch, "if");
   if (nt) {
