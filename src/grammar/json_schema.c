@@ -267,14 +267,52 @@ static di_status int_range(jc *c, int rule, int has_lo, int64_t lo, int has_hi, 
 }
 
 /* ---- $ref ------------------------------------------------------------------------------------ */
+/* Walks the subschemas of `s` (only where keywords hold schemas: not inside enum, const, examples)
+ * counting those whose $anchor is `name` (*found = the last) and nested $id's. */
+static void find_anchor(const cJSON *s, const char *name, int depth, const cJSON **found, int *n_found, int *n_ids) {
+  static const char *maps[] = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", NULL};
+  static const char *ones[] = {"items", "additionalProperties", "not", "if", "then", "else", "contains",
+                               "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems", NULL};
+  static const char *lists[] = {"allOf", "anyOf", "oneOf", "prefixItems", "items", NULL};
+  if (!cJSON_IsObject(s) || depth > 64)
+    return;
+  for (int k = 0; k < 2; k++) { /* a plain $ref may name a $dynamicAnchor too */
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(s, k ? "$dynamicAnchor" : "$anchor");
+    if (cJSON_IsString(a) && strcmp(a->valuestring, name) == 0)
+      *found = s, ++*n_found;
+  }
+  if (depth > 0 && cJSON_GetObjectItemCaseSensitive(s, "$id"))
+    ++*n_ids;
+  for (int i = 0; maps[i]; i++)
+    for (const cJSON *e = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(s, maps[i])) ? cJSON_GetObjectItemCaseSensitive(s, maps[i])->child : NULL; e; e = e->next)
+      find_anchor(e, name, depth + 1, found, n_found, n_ids);
+  for (int i = 0; ones[i]; i++)
+    find_anchor(cJSON_GetObjectItemCaseSensitive(s, ones[i]), name, depth + 1, found, n_found, n_ids);
+  for (int i = 0; lists[i]; i++)
+    for (const cJSON *e = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(s, lists[i])) ? cJSON_GetObjectItemCaseSensitive(s, lists[i])->child : NULL; e; e = e->next)
+      find_anchor(e, name, depth + 1, found, n_found, n_ids);
+}
+
 static di_status resolve_ref(jc *c, const char *ref, const char *path, const cJSON **out) {
   if (ref[0] != '#')
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: only local $ref ('#...') is supported, got '%s' at %s", ref,
                         path);
   const cJSON *cur = c->root;
   const char *p = ref + 1;
-  if (*p && *p != '/')
-    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: $ref to an anchor ('%s') is not supported at %s", ref, path);
+  if (*p && *p != '/') { /* "#name": a $anchor, resolved when the document has one and no nested $id */
+    const cJSON *found = NULL;
+    int n_found = 0, n_ids = 0;
+    find_anchor(c->root, p, 0, &found, &n_found, &n_ids);
+    if (n_found == 1 && n_ids == 0) {
+      *out = found;
+      return DI_OK;
+    }
+    if (n_found == 0 && n_ids == 0)
+      return di_error_set(DI_ERR_FORMAT, "json schema: $ref '%s' at %s names no $anchor", ref, path);
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "json schema: $ref to an anchor ('%s') in a document with nested $id is not supported at %s",
+                        ref, path);
+  }
   while (*p == '/') {
     p++;
     char tok[256];
