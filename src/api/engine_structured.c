@@ -58,7 +58,7 @@ static di_status c_create(void *ctx, const di_request_params *p, void **state) {
   if (st != DI_OK) {
     di_grammar_free(s->g);
     free(s);
-    return di_error_wrap(st, "structured output: ");
+    return di_error_wrap(st, "structured output");
   }
   *state = s;
   return DI_OK;
@@ -69,7 +69,7 @@ static di_status c_fill(void *state, uint32_t *mask) {
 }
 static di_status c_accept(void *state, int32_t id) {
   di_status st = di_grammar_matcher_accept_token(((constraint_state *)state)->m, id);
-  return st == DI_OK ? st : di_error_wrap(st, "structured output: ");
+  return st == DI_OK ? st : di_error_wrap(st, "structured output");
 }
 static int c_terminated(void *state) { return di_grammar_matcher_is_terminated(((constraint_state *)state)->m); }
 static void c_free(void *state) {

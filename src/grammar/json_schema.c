@@ -436,7 +436,8 @@ static di_status get_count(const cJSON *sch, const char *k, const char *path, in
     return DI_OK;
   if (!di_json_is_int_in(v, 0, HUGE_VAL))
     return di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be a non-negative integer at %s/%s", k, path, k);
-  *out = v->valuedouble > 1e9 ? 1000000000 : (int64_t)v->valuedouble;
+  if (!di_json_int_in(v, 0, 1e9, out))
+    *out = 1000000000; /* larger counts are as good as unbounded */
   return DI_OK;
 }
 
@@ -799,22 +800,23 @@ static di_status gen_integer(jc *c, const cJSON *sch, const char *path, int rule
     di_gel e = rule_el(int_rule(c));
     return di_gb_add_alt(c->b, rule, &e, 1);
   }
-  if (fabs(lo) > 9.1e15 || fabs(hi) > 9.1e15)
+  int64_t ilo = 0, ihi = 0;
+  if ((has_lo && !di_double_to_int_in(lo, -9.1e15, 9.1e15, &ilo)) || (has_hi && !di_double_to_int_in(hi, -9.1e15, 9.1e15, &ihi)))
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: integer bound beyond 2^53 at %s", path);
   if (has_lo && has_hi && lo > hi)
     return DI_OK; /* no integer fits: this type contributes no alternative */
   int64_t cap = digits_cap(c);
   if (cap >= 0 && (!has_lo || !has_hi)) { /* the open side gets the digits bound */
-    if (!has_hi && lo <= (double)cap) {
-      di_json_int_range(c->b, rule, 1, (int64_t)lo, 1, cap);
+    if (!has_hi && ilo <= cap) {
+      di_json_int_range(c->b, rule, 1, ilo, 1, cap);
       return DI_OK;
     }
-    if (!has_lo && hi >= -(double)cap) {
-      di_json_int_range(c->b, rule, 1, -cap, 1, (int64_t)hi);
+    if (!has_lo && ihi >= -cap) {
+      di_json_int_range(c->b, rule, 1, -cap, 1, ihi);
       return DI_OK;
     }
   }
-  return int_range(c, rule, has_lo, (int64_t)lo, has_hi, (int64_t)hi, path);
+  return int_range(c, rule, has_lo, ilo, has_hi, ihi, path);
 }
 
 /* Fractions after an integer part: any (or none), only zeros (or none), or with a nonzero digit. */
@@ -899,7 +901,9 @@ static di_status gen_number_bounded(jc *c, const cJSON *sch, const char *path, i
     di_gel e = rule_el(number_rule(c));
     return di_gb_add_alt(c->b, rule, &e, 1);
   }
-  int64_t L = (int64_t)lo, H = (int64_t)hi;
+  int64_t L = 0, H = 0; /* both checked integral and within 9e15 above, so these convert */
+  (void)di_double_to_int_in(lo, -9e15, 9e15, &L);
+  (void)di_double_to_int_in(hi, -9e15, 9e15, &H);
   /* x >= 0 part */
   if (!has_hi || H > 0 || (H == 0 && !hi_ex)) {
     int64_t a = has_lo && L >= 0 ? L : 0;

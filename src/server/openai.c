@@ -3,7 +3,9 @@
  * stop_token_ids, skip_special_tokens, include_stop_str_in_output, structured_outputs and the older
  * guided_* fields) are read too. Sampling defaults come from generation_config.json, as vLLM does. */
 #include "server/openai.h"
+#include "server/tool_choice.h"
 #include "util/json.h"
+#include "sampler/sampling_ranges.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,15 +59,6 @@ static const cJSON *field(const cJSON *o, const char *k) {
   return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
-static int get_num(const cJSON *o, const char *k, double lo, double hi, double *out, di_oai_error *err) {
-  const cJSON *v = field(o, k);
-  if (!v) return 0;
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return BAD(k, "'%s' must be a number", k);
-  if (v->valuedouble < lo || v->valuedouble > hi) return BAD(k, "'%s' must be in [%g, %g], got %g", k, lo, hi, v->valuedouble);
-  *out = v->valuedouble;
-  return 0;
-}
-
 /* an integer exactly representable as a double */
 static int is_int(const cJSON *v) { return di_json_is_int_in(v, -DI_JSON_MAX_EXACT_INT, DI_JSON_MAX_EXACT_INT); }
 
@@ -73,8 +66,30 @@ static int get_int(const cJSON *o, const char *k, double lo, double hi, long lon
   const cJSON *v = field(o, k);
   if (!v) return 0;
   if (!is_int(v)) return BAD(k, "'%s' must be an integer", k);
-  if (v->valuedouble < lo || v->valuedouble > hi) return BAD(k, "'%s' must be in [%.0f, %.0f], got %.0f", k, lo, hi, v->valuedouble);
-  *out = (long long)v->valuedouble;
+  int64_t x;
+  if (!di_json_int_in(v, lo, hi, &x)) return BAD(k, "'%s' must be in [%.0f, %.0f], got %.0f", k, lo, hi, v->valuedouble);
+  *out = x;
+  return 0;
+}
+
+/* A sampling parameter, checked against the range table every surface shares (sampler/sampling_ranges.h). */
+static int get_sampling(const cJSON *o, const char *k, double *out, di_oai_error *err) {
+  const cJSON *v = field(o, k);
+  if (!v) return 0;
+  const di_sampling_range *r = di_sampling_range_find(k);
+  if (r->integer ? !is_int(v) : !cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+    return BAD(k, "'%s' must be %s", k, r->integer ? "an integer" : "a number");
+  char msg[160];
+  if (!di_sampling_range_check(r, v->valuedouble, msg, sizeof msg)) return BAD(k, "'%s' %s", k, msg);
+  *out = v->valuedouble;
+  return 0;
+}
+
+static int get_sampling_int(const cJSON *o, const char *k, long long *out, di_oai_error *err) {
+  double d = 0;
+  if (get_sampling(o, k, &d, err)) return -1;
+  int64_t x;
+  if (field(o, k) && di_json_int_in(field(o, k), d, d, &x)) *out = (long long)x; /* in range: checked above */
   return 0;
 }
 
@@ -121,11 +136,18 @@ static int add_prompt(di_oai_request *r, int32_t *ids, int n, char *text, di_oai
   return 0;
 }
 
+di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_special_tokens, int32_t **ids, size_t *n) {
+  const char *bos = di_tokenizer_bos_token(tok);
+  int has_bos = bos && *bos && strncmp(s, bos, strlen(bos)) == 0;
+  return add_special_tokens && !has_bos ? di_tokenizer_encode_prompt(tok, s, strlen(s), ids, n)
+                                        : di_tokenizer_encode(tok, s, strlen(s), 0, ids, n);
+}
+
 static int text_prompt(const di_oai_ctx *ctx, di_oai_request *r, const char *s, di_oai_error *err) {
   if (!ctx->tok) return BAD("prompt", "text prompts need a tokenizer (the model folder has no tokenizer.json); send token ids");
   int32_t *ids = NULL;
   size_t n = 0;
-  if (di_tokenizer_encode_prompt(ctx->tok, s, strlen(s), &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
+  if (di_oai_encode_text(ctx->tok, s, r->add_special_tokens, &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
   char *text = xstrdup(s);
   if (!text) { free(ids); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
   return add_prompt(r, ids, (int)n, text, err);
@@ -137,11 +159,12 @@ static int ids_prompt(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *arr
   if (!ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
   int i = 0;
   for (const cJSON *v = arr->child; v; v = v->next, i++) {
-    if (!di_json_is_int_in(v, 0, ctx->vocab_size - 1)) {
+    int64_t id;
+    if (!di_json_int_in(v, 0, ctx->vocab_size - 1, &id)) {
       free(ids);
       return BAD("prompt", "prompt token %d is not a token id in [0, %d)", i, ctx->vocab_size);
     }
-    ids[i] = (int32_t)v->valuedouble;
+    ids[i] = (int32_t)id;
   }
   char *text = NULL;
   if (r->echo && ctx->tok) {
@@ -212,10 +235,6 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   int add_gen = 1, cont = 0;
   if (get_bool(root, "add_generation_prompt", &add_gen, err) || get_bool(root, "continue_final_message", &cont, err)) return -1;
   if (cont) return BAD("continue_final_message", "continue_final_message is not supported");
-  const cJSON *tool_choice = field(root, "tool_choice");
-  if (tool_choice && !(cJSON_IsString(tool_choice) && (strcmp(tool_choice->valuestring, "auto") == 0 ||
-                                                        strcmp(tool_choice->valuestring, "none") == 0)))
-    return BAD("tool_choice", "only tool_choice \"auto\" and \"none\" are supported");
   cJSON *conv = cJSON_CreateObject();
   cJSON *m = cJSON_Duplicate(msgs, 1);
   if (!conv || !m) { cJSON_Delete(conv); cJSON_Delete(m); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
@@ -228,13 +247,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
     if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) { cJSON_Delete(conv); return BAD(param, "'%s' must be an object with a string 'role'", param); }
     if (flatten_content(msg, i, err)) { cJSON_Delete(conv); return -1; }
   }
-  const cJSON *tools = field(root, "tools");
-  if (tools) {
-    if (!cJSON_IsArray(tools)) { cJSON_Delete(conv); return BAD("tools", "'tools' must be an array"); }
-    if (!(tool_choice && strcmp(tool_choice->valuestring, "none") == 0)) {
-      cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
-      r->parse_tools = ctx->tool_parser && cJSON_GetArraySize(tools) > 0;
-    }
+  const cJSON *tools = field(root, "tools"); /* checked by di_oai_read_tool_choice */
+  if (tools && r->tool_choice != DI_TOOL_CHOICE_NONE) {
+    cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+    r->parse_tools = ctx->tool_parser && r->tool_choice == DI_TOOL_CHOICE_AUTO && cJSON_GetArraySize(tools) > 0;
   }
   const cJSON *kw = field(root, "chat_template_kwargs");
   if (kw) {
@@ -244,7 +260,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
         cJSON_AddItemToObject(conv, v->string, cJSON_Duplicate(v, 1));
   }
   cJSON_AddBoolToObject(conv, "add_generation_prompt", add_gen);
-  r->parse_reasoning = ctx->reasoning_parser;
+  /* a reply constrained to JSON (a schema, json_object, a forced tool call) is JSON from its first
+   * token: no <think> to split (a regex or grammar may spell one out, so those replies are split) */
+  r->parse_reasoning = ctx->reasoning_parser && r->tool_choice < DI_TOOL_CHOICE_REQUIRED && !r->json_schema &&
+                       !r->json_object;
   char *text = cJSON_PrintUnformatted(conv);
   cJSON_Delete(conv);
   if (!text) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
@@ -327,10 +346,11 @@ static int read_structure_options(const cJSON *so, di_oai_request *r, di_oai_err
   for (int i = 0; i < 2; i++) {
     const cJSON *v = field(so, bounds[i]);
     if (!v) continue;
-    if (!di_json_is_int_in(v, -1, 1e9) || v->valuedouble == 0)
+    int64_t x = 0;
+    if (!di_json_int_in(v, -1, 1e9, &x) || x == 0)
       return BAD(i ? "structured_outputs.max_string_length" : "structured_outputs.max_digits",
                  "'%s' must be a positive integer or -1 (unbounded)", bounds[i]);
-    *(i ? &r->max_string_length : &r->max_digits) = (int)v->valuedouble;
+    *(i ? &r->max_string_length : &r->max_digits) = (int)x;
   }
   return 0;
 }
@@ -413,9 +433,10 @@ static int read_stops(const cJSON *root, di_oai_request *r, di_oai_error *err) {
     r->stop_token_ids = malloc((size_t)(n ? n : 1) * sizeof *r->stop_token_ids);
     if (!r->stop_token_ids) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
     for (const cJSON *v = ids->child; v; v = v->next) {
-      if (!di_json_is_int_in(v, 0, 2147483647.0))
+      int64_t id;
+      if (!di_json_int_in(v, 0, 2147483647.0, &id))
         return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
-      r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)v->valuedouble;
+      r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)id;
     }
   }
   return 0;
@@ -448,11 +469,11 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   long long n = 1, max_tokens = -1, top_k = -2, min_tokens = 0, seed = -1, logprobs = -1;
   double temperature = NAN, top_p = NAN, min_p = 0, pres = 0, freq = 0, rep = 1;
   int ignore_eos = 0, skip_special = 1, include_stop = 0;
-  if (get_bool(root, "stream", &r->stream, err) || get_int(root, "n", 1, MAX_SAMPLES, &n, err) ||
-      get_num(root, "temperature", 0, 1e6, &temperature, err) || get_num(root, "top_p", 1e-9, 1, &top_p, err) ||
-      get_int(root, "top_k", -1, 2147483647.0, &top_k, err) || get_num(root, "min_p", 0, 1, &min_p, err) ||
-      get_num(root, "presence_penalty", -2, 2, &pres, err) || get_num(root, "frequency_penalty", -2, 2, &freq, err) ||
-      get_num(root, "repetition_penalty", 1e-6, 1e6, &rep, err) || get_int(root, "min_tokens", 0, 2147483647.0, &min_tokens, err) ||
+  if (get_bool(root, "stream", &r->stream, err) || get_sampling_int(root, "n", &n, err) ||
+      get_sampling(root, "temperature", &temperature, err) || get_sampling(root, "top_p", &top_p, err) ||
+      get_sampling_int(root, "top_k", &top_k, err) || get_sampling(root, "min_p", &min_p, err) ||
+      get_sampling(root, "presence_penalty", &pres, err) || get_sampling(root, "frequency_penalty", &freq, err) ||
+      get_sampling(root, "repetition_penalty", &rep, err) || get_sampling_int(root, "min_tokens", &min_tokens, err) ||
       get_int(root, "seed", -9223372036854775808.0, 18446744073709551615.0, &seed, err) ||
       get_bool(root, "ignore_eos", &ignore_eos, err) || get_bool(root, "skip_special_tokens", &skip_special, err) ||
       get_bool(root, "include_stop_str_in_output", &include_stop, err))
@@ -461,6 +482,8 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   const char *mt_key = chat && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   /* completions: 0 scores the prompt only (echo, prompt logprobs), as lm-evaluation-harness asks */
   if (get_int(root, mt_key, chat ? 1 : 0, 2147483647.0, &max_tokens, err)) return -1;
+  if (max_tokens > 0 && min_tokens > max_tokens)
+    return BAD("min_tokens", "'min_tokens' must be at most '%s' (%lld), got %lld", mt_key, max_tokens, min_tokens);
   long long best_of = n;
   if (get_int(root, "best_of", 1, MAX_SAMPLES, &best_of, err)) return -1;
   if (best_of != n) return BAD("best_of", "best_of other than n is not supported");
@@ -499,6 +522,11 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   if (read_stops(root, r, err) || read_logit_bias(ctx, root, r, err)) return -1;
   int json_object = 0;
   if (read_structure(root, r, &json_object, err)) return -1;
+  r->json_object = json_object;
+  if (chat && di_oai_read_tool_choice(root, r, json_object || r->json_schema || r->regex || r->grammar, err)) return -1;
+  if (!chat && get_bool(root, "add_special_tokens", &r->add_special_tokens, err)) return -1;
+  if (get_bool(root, "return_token_ids", &r->return_token_ids, err)) return -1;
+  if (!ctx->tok) r->return_token_ids = 1;
   if (chat) {
     if (render_chat(ctx, r, root, err)) return -1;
   } else {
@@ -568,6 +596,7 @@ int di_oai_parse_request(const di_oai_ctx *ctx, int chat, const char *body, size
                          di_oai_error *err) {
   memset(r, 0, sizeof *r);
   r->chat = chat;
+  r->add_special_tokens = 1;
   r->logprobs = -1;
   r->prompt_logprobs = -1;
   cJSON *root;
@@ -594,6 +623,7 @@ void di_oai_request_free(di_oai_request *r) {
   free(r->json_schema);
   free(r->regex);
   free(r->grammar);
+  free(r->tool_name);
   di_string_free(r->rendered);
   free(r->params);
   memset(r, 0, sizeof *r);

@@ -104,7 +104,7 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   snprintf(tpath, sizeof tpath, "%s/tokenizer.json", di_model_dir(m));
   if (!s->tok && access(tpath, R_OK) == 0) {
     if (di_tokenizer_load(di_model_dir(m), &s->own_tok) != DI_OK) {
-      di_status st = di_error_wrap(DI_ERR_FORMAT, "server: ");
+      di_status st = di_error_wrap(DI_ERR_FORMAT, "server");
       di_server_free(s);
       return st;
     }
@@ -175,7 +175,7 @@ static ssize_t read_more(di_server *s, int fd, rbuf *b, double deadline, int idl
     if (idle && stop_requested(s)) return -3;
     double left = deadline - now_s();
     if (left <= 0) return -2;
-    int ms = left * 1000 < TICK_MS ? (int)(left * 1000) + 1 : TICK_MS;
+    int ms = left * 1000 < TICK_MS ? (int)(left * 1000) + 1 : TICK_MS; /* int-cast: checked: below TICK_MS */
     struct pollfd p = {fd, POLLIN, 0};
     int r = poll(&p, 1, ms);
     if (r < 0 && errno != EINTR) return -1;
@@ -320,7 +320,7 @@ static void linger_drain(int fd) {
     double left = end - now_s();
     if (left <= 0) break;
     struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) break;
+    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) break; /* int-cast: checked: left <= 1 s */
     ssize_t k = recv(fd, scratch, sizeof scratch, 0);
     if (k <= 0) break;
     total += (size_t)k;
@@ -443,7 +443,7 @@ static int wait_until(di_server *s, int (*done)(di_server *), double seconds) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     double ms = left * 1000 < TICK_MS ? left * 1000 : TICK_MS;
-    ts.tv_nsec += (long)(ms * 1e6);
+    ts.tv_nsec += (long)(ms * 1e6); /* int-cast: checked: ms <= TICK_MS */
     ts.tv_sec += ts.tv_nsec / 1000000000L;
     ts.tv_nsec %= 1000000000L;
     pthread_cond_timedwait(&s->conns_cond, &s->mu, &ts);

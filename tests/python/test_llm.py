@@ -261,3 +261,16 @@ def test_prompt_logprobs(tiny):
         assert [plp[t][k].logprob for k in best] == sorted((plp[t][k].logprob for k in best), reverse=True)
     with pytest.raises(ValueError):
         tiny.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=0))  # 0 only with prompt_logprobs
+
+
+def test_no_tokenizer_and_bad_options_raise_clean_errors(tiny):
+    """A folder without tokenizer.json: ids work, a text prompt raises DeepInferError with the engine's
+    message (never a traceback from inside the binding); bad engine options are refused by name."""
+    assert not tiny.has_tokenizer
+    with pytest.raises(DeepInferError, match="needs a tokenizer"):
+        tiny.generate(["hello"], SamplingParams(max_tokens=2))
+    out = tiny.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 2 and out[0].outputs[0].text == ""
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        LLM(TINY, gpu_memory_utilization=1.5)
+    assert tiny.kv_summary.startswith("KV cache: 256 blocks of 64 tokens") and "num_kv_blocks given" in tiny.kv_summary
