@@ -1518,8 +1518,8 @@ static di_status gen_multiple(jc *c, const cJSON *sch, const cJSON *mult, int in
   int64_t pow10 = 1;
   while (d < 6 && fabs(scaled - floor(scaled + 0.5)) > 1e-9 * scaled)
     d++, pow10 *= 10, scaled = m * (double)pow10;
-  int64_t p = (int64_t)floor(scaled + 0.5);
-  if (fabs(scaled - (double)p) > 1e-9 * scaled || p > 1000 || p < 1)
+  int64_t p = 0;
+  if (!di_double_to_int_in(floor(scaled + 0.5), 1, 1000, &p) || fabs(scaled - (double)p) > 1e-9 * scaled)
     return unsupported(c, path, "multipleOf (only p / 10^d with p <= 1000 and d <= 6)");
   if (integer_only) { /* integral x: x * 10^d divisible by p */
     p /= gcd64(p, pow10);
