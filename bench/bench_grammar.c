@@ -2,6 +2,8 @@
  * Replays documents (target outputs valid for the grammar) token by token: for each step it times
  * di_grammar_matcher_fill_mask, then accepts the document's next token (and finally EOS).
  *   bench_grammar --tokenizer DIR (--schema FILE | --json) --docs FILE [--ids FILE] [--warm]
+ *                 [--strict] [--no-generation-bounds] [--max-digits N] [--max-string-length N]
+ *                 (grammar options, see grammar.h)
  * --docs: one JSON string per line (the output text). --ids: the same documents' token ids, one
  * line of space-separated ids each (e.g. from the Hugging Face tokenizer, so that other engines
  * replay identical sequences); without it the documents are encoded with DeepInfer's tokenizer.
@@ -34,7 +36,7 @@ static double pct(double *v, int n, double p) {
 
 int main(int argc, char **argv) {
   const char *tok_dir = NULL, *schema = NULL, *docs = NULL, *ids_file = NULL;
-  int json_any = 0, warm = 0;
+  int json_any = 0, warm = 0, strict = 0, unbounded = 0, max_digits = 0, max_string = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
       tok_dir = argv[++i];
@@ -48,6 +50,14 @@ int main(int argc, char **argv) {
       json_any = 1;
     else if (!strcmp(argv[i], "--warm"))
       warm = 1;
+    else if (!strcmp(argv[i], "--strict"))
+      strict = 1;
+    else if (!strcmp(argv[i], "--no-generation-bounds"))
+      unbounded = 1;
+    else if (!strcmp(argv[i], "--max-digits") && i + 1 < argc)
+      max_digits = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--max-string-length") && i + 1 < argc)
+      max_string = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: bench_grammar --tokenizer DIR (--schema FILE | --json) --docs FILE [--ids FILE] [--warm]\n");
       return 2;
@@ -90,6 +100,9 @@ int main(int argc, char **argv) {
   di_grammar_kind kind = json_any ? DI_GRAMMAR_JSON_ANY : DI_GRAMMAR_JSON_SCHEMA;
   di_grammar_options opt = {0};
   opt.no_cache = !warm;
+  opt.strict = strict;
+  opt.max_digits = unbounded ? -1 : max_digits;
+  opt.max_string_length = unbounded ? -1 : max_string;
   di_grammar *shared = NULL;
   char *dsave = NULL, *isave = NULL;
   char *iline = itext ? strtok_r(itext, "\n", &isave) : NULL;

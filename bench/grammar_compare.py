@@ -168,8 +168,8 @@ def run_llamacpp(harness, vocab, sdist, src, ids_path, out_dir, name):
     return res
 
 
-def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path):
-    args = [bench, "--tokenizer", tok_dir, "--docs", docs_path, "--ids", ids_path]
+def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path, extra=()):
+    args = [bench, "--tokenizer", tok_dir, "--docs", docs_path, "--ids", ids_path] + list(extra)
     args += ["--json"] if schema_path is None else ["--schema", schema_path]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     res = {}
@@ -188,7 +188,9 @@ def main():
     ap.add_argument("--tokenizer", required=True, help="folder with tokenizer.json")
     ap.add_argument("--docs", type=int, default=30)
     ap.add_argument("--out", default="/tmp/gbench")
-    ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance")
+    ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance",
+                    help="deepinfer (JSON Schema defaults, generation bounds on), deepinfer-strict (XGrammar's "
+                         "strict mode, as the xgrammar row runs), xgrammar, llguidance, llamacpp")
     ap.add_argument("--llama-harness")
     ap.add_argument("--llama-vocab")
     ap.add_argument("--llama-src")
@@ -218,8 +220,9 @@ def main():
         ntok = sum(len(x) for x in ids)
         for eng in a.engines.split(","):
             try:
-                if eng == "deepinfer":
-                    r, _ = run_deepinfer(a.bench, a.tokenizer, str(SCHEMA) if name == "schema" else None, dp, ip)
+                if eng in ("deepinfer", "deepinfer-strict"):
+                    r, _ = run_deepinfer(a.bench, a.tokenizer, str(SCHEMA) if name == "schema" else None, dp, ip,
+                                         ["--strict"] if eng == "deepinfer-strict" else [])
                     rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok))
                 elif eng == "xgrammar":
                     s, c = run_xgrammar(hf_tok, eos, src, name != "schema", ids)

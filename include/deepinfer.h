@@ -198,7 +198,7 @@ typedef struct di_request_params {
   int max_digits;                /* JSON: digits of numbers the schema leaves unbounded (0 = default
                                     16, -1 = unbounded); docs/structured-outputs.md */
   int max_string_length;         /* JSON: characters of strings without maxLength/pattern/format
-                                    (0 = default 1024, -1 = unbounded) */
+                                    (0 = default: unbounded, -1 = unbounded) */
 } di_request_params;
 
 void di_request_params_default(di_request_params *p);

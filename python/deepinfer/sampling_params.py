@@ -7,7 +7,8 @@ class StructuredOutputsParams:
     grammar_syntax: "gbnf", llama.cpp's EBNF, the default, or "lark", llguidance's Lark),
     json_object=True (any JSON object). For JSON: strict=True is XGrammar's strict mode (objects
     without additionalProperties admit no other properties); max_digits / max_string_length bound
-    numbers and strings the schema leaves unbounded (None = defaults 16 / 1024, -1 = unbounded)."""
+    numbers and strings the schema leaves unbounded (None = defaults: 16 digits, strings unbounded;
+    -1 = unbounded)."""
 
     SYNTAXES = ("gbnf", "lark")
 

@@ -25,7 +25,7 @@ static void usage(FILE *f) {
              "                          where additionalProperties is absent)\n"
              "  --max-digits N          JSON: digits of numbers the schema leaves unbounded (default 16, -1 = any)\n"
              "  --max-string-length N   JSON: characters of strings without maxLength/pattern/format\n"
-             "                          (default 1024, -1 = any)\n"
+             "                          (default: any, -1 = any)\n"
              "  --no-generation-bounds  both of the above unbounded (what validation means)\n"
              "exit status: 0 accepted (or compiled), 1 rejected, 2 malformed grammar or usage error\n");
 }

@@ -81,17 +81,10 @@ static int32_t parse_char(ep *p, di_status *st) {
     return -1;
   }
   uint32_t v = 0;
-  for (int k = 0; k < digits; k++) {
-    int h = p->i < p->n ? di_hexval(p->s[p->i]) : -1;
-    if (h < 0) {
-      *st = perr(p, at, "escape needs %s hex digits", digits == 2 ? "2" : digits == 4 ? "4" : "8");
-      return -1;
-    }
-    v = v * 16 + (uint32_t)h;
-    p->i++;
-  }
-  if (v > 0x10FFFF) {
-    *st = perr(p, at, "code point out of range%s", NULL);
+  int ok = di_parse_hex_escape(p->s, p->n, &p->i, digits, &v);
+  if (ok <= 0) {
+    *st = ok == 0 ? perr(p, at, "escape needs %s hex digits", digits == 2 ? "2" : digits == 4 ? "4" : "8")
+                  : perr(p, at, "code point out of range%s", NULL);
     return -1;
   }
   return (int32_t)v;

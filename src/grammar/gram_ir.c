@@ -352,6 +352,16 @@ di_gel di_gb_wrap(di_gb *b, const di_gseq *s, const char *hint) {
   return (di_gel){DI_GE_RULE, r};
 }
 
+void di_gseq_repeat_tail(di_gb *b, di_gseq *s, int from, int min, int max, const char *hint) {
+  di_gseq tail = {0};
+  for (int k = from; k < s->n; k++)
+    di_gseq_push(b, &tail, s->v[k]);
+  s->n = from;
+  di_gel x = di_gb_wrap(b, &tail, hint);
+  di_gseq_free(&tail);
+  di_gseq_repeat(b, s, x, min, max);
+}
+
 void di_gseq_repeat(di_gb *b, di_gseq *s, di_gel x, int min, int max) {
   for (int i = 0; i < min; i++)
     di_gseq_push(b, s, x);

@@ -75,6 +75,9 @@ void di_gseq_cpset(di_gb *b, di_gseq *s, const di_cprange *r, int n, int negate)
 di_gel di_gb_wrap(di_gb *b, const di_gseq *s, const char *hint);
 /* Appends x{min,max} (max < 0 = unbounded) where x is one element. */
 void di_gseq_repeat(di_gb *b, di_gseq *s, di_gel x, int min, int max);
+/* Replaces the elements of s from index `from` on (a postfix operator's operand) by their
+ * repetition {min,max}, wrapped as a rule named after `hint`. */
+void di_gseq_repeat_tail(di_gb *b, di_gseq *s, int from, int min, int max, const char *hint);
 /* Normalises the code-point range list: sort, merge, clip to 0..0x10FFFF minus nothing. Returns n. */
 int di_cpset_normalize(di_cprange *r, int n);
 

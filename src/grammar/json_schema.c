@@ -267,14 +267,52 @@ static di_status int_range(jc *c, int rule, int has_lo, int64_t lo, int has_hi, 
 }
 
 /* ---- $ref ------------------------------------------------------------------------------------ */
+/* Walks the subschemas of `s` (only where keywords hold schemas: not inside enum, const, examples)
+ * counting those whose $anchor is `name` (*found = the last) and nested $id's. */
+static void find_anchor(const cJSON *s, const char *name, int depth, const cJSON **found, int *n_found, int *n_ids) {
+  static const char *maps[] = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", NULL};
+  static const char *ones[] = {"items", "additionalProperties", "not", "if", "then", "else", "contains",
+                               "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems", NULL};
+  static const char *lists[] = {"allOf", "anyOf", "oneOf", "prefixItems", "items", NULL};
+  if (!cJSON_IsObject(s) || depth > 64)
+    return;
+  for (int k = 0; k < 2; k++) { /* a plain $ref may name a $dynamicAnchor too */
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(s, k ? "$dynamicAnchor" : "$anchor");
+    if (cJSON_IsString(a) && strcmp(a->valuestring, name) == 0)
+      *found = s, ++*n_found;
+  }
+  if (depth > 0 && cJSON_GetObjectItemCaseSensitive(s, "$id"))
+    ++*n_ids;
+  for (int i = 0; maps[i]; i++)
+    for (const cJSON *e = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(s, maps[i])) ? cJSON_GetObjectItemCaseSensitive(s, maps[i])->child : NULL; e; e = e->next)
+      find_anchor(e, name, depth + 1, found, n_found, n_ids);
+  for (int i = 0; ones[i]; i++)
+    find_anchor(cJSON_GetObjectItemCaseSensitive(s, ones[i]), name, depth + 1, found, n_found, n_ids);
+  for (int i = 0; lists[i]; i++)
+    for (const cJSON *e = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(s, lists[i])) ? cJSON_GetObjectItemCaseSensitive(s, lists[i])->child : NULL; e; e = e->next)
+      find_anchor(e, name, depth + 1, found, n_found, n_ids);
+}
+
 static di_status resolve_ref(jc *c, const char *ref, const char *path, const cJSON **out) {
   if (ref[0] != '#')
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: only local $ref ('#...') is supported, got '%s' at %s", ref,
                         path);
   const cJSON *cur = c->root;
   const char *p = ref + 1;
-  if (*p && *p != '/')
-    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: $ref to an anchor ('%s') is not supported at %s", ref, path);
+  if (*p && *p != '/') { /* "#name": a $anchor, resolved when the document has one and no nested $id */
+    const cJSON *found = NULL;
+    int n_found = 0, n_ids = 0;
+    find_anchor(c->root, p, 0, &found, &n_found, &n_ids);
+    if (n_found == 1 && n_ids == 0) {
+      *out = found;
+      return DI_OK;
+    }
+    if (n_found == 0 && n_ids == 0)
+      return di_error_set(DI_ERR_FORMAT, "json schema: $ref '%s' at %s names no $anchor", ref, path);
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "json schema: $ref to an anchor ('%s') in a document with nested $id is not supported at %s",
+                        ref, path);
+  }
   while (*p == '/') {
     p++;
     char tok[256];
@@ -322,13 +360,13 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
                                   "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
                                   "minContains", "minProperties", "maxProperties",
-                                  "propertyNames", "not", "if", "then", "else", NULL};
+                                  "propertyNames", "not", "if", "then", "else", "multipleOf", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
 static const char *UNENFORCED[] = {"maxContains", "uniqueItems",
-                                   "multipleOf", "patternProperties",
+                                   "patternProperties",
                                    "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -1454,6 +1492,115 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
   return DI_OK;
 }
 
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b, b = t;
+  }
+  return a;
+}
+
+/* Multiples of m = p / 10^d (p, d found from the value; p <= 1000, d <= 6), written without an
+ * exponent: the digits of the integer part and of at most d fraction digits, read as one number
+ * N = I * 10^d + F * 10^(d - |F|), must be divisible by p. A rule per (remainder of the digits so
+ * far mod p, fraction digits read): a finite automaton for divisibility. Integers need only
+ * I == 0 mod p / gcd(p, 10^d). Not combined with minimum/maximum (refused) nor with the digits
+ * bound (the divisibility automaton is not bounded in length). */
+static di_status gen_multiple(jc *c, const cJSON *sch, const cJSON *mult, int integer_only, const char *path,
+                              int rule) {
+  di_gb *b = c->b;
+  if (!cJSON_IsNumber(mult) || !(mult->valuedouble > 0))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'multipleOf' must be a number above 0 at %s/multipleOf", path);
+  if (item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") || item(sch, "exclusiveMaximum"))
+    return unsupported(c, path, "multipleOf (together with minimum/maximum)");
+  double m = mult->valuedouble, scaled = m;
+  int d = 0;
+  int64_t pow10 = 1;
+  while (d < 6 && fabs(scaled - floor(scaled + 0.5)) > 1e-9 * scaled)
+    d++, pow10 *= 10, scaled = m * (double)pow10;
+  int64_t p = 0;
+  if (!di_double_to_int_in(floor(scaled + 0.5), 1, 1000, &p) || fabs(scaled - (double)p) > 1e-9 * scaled)
+    return unsupported(c, path, "multipleOf (only p / 10^d with p <= 1000 and d <= 6)");
+  if (integer_only) { /* integral x: x * 10^d divisible by p */
+    p /= gcd64(p, pow10);
+    d = 0, pow10 = 1;
+  }
+  /* R[j][r]: j fraction digits read (j = 0: in the integer part), digits so far = r mod p */
+  int P = (int)p, D = d;
+  int *R = malloc(sizeof(int) * (size_t)(D + 1) * (size_t)P);
+  if (!R)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int k = 0; k < (D + 1) * P; k++)
+    R[k] = di_gb_new_rule(b, "mult");
+  di_gseq s = {0};
+  for (int j = 0; j <= D; j++)
+    for (int r = 0; r < P; r++) {
+      int self = R[j * P + r];
+      b->rules[self].defined = 1;
+      int64_t scale = 1; /* what the missing fraction digits multiply by */
+      for (int k = j; k < D; k++)
+        scale *= 10;
+      if ((r * scale) % P == 0)
+        di_gb_add_alt(b, self, NULL, 0); /* may end here */
+      if (j > 0 && j < D) /* one more fraction digit */
+        for (int dig = 0; dig < 10; dig++) {
+          s.n = 0;
+          di_gseq_byte(b, &s, (uint8_t)('0' + dig));
+          di_gseq_push(b, &s, rule_el(R[(j + 1) * P + (r * 10 + dig) % P]));
+          di_gb_add_alt(b, self, s.v, s.n);
+        }
+      if (j == 0 && D > 0) { /* "." then the first fraction digit (a fraction ends in a nonzero digit or not at all) */
+        for (int dig = 0; dig < 10; dig++) {
+          s.n = 0;
+          di_gseq_byte(b, &s, '.');
+          di_gseq_byte(b, &s, (uint8_t)('0' + dig));
+          di_gseq_push(b, &s, rule_el(R[(D >= 1 ? 1 : 0) * P + (r * 10 + dig) % P]));
+          di_gb_add_alt(b, self, s.v, s.n);
+        }
+      }
+    }
+  /* the integer part: "0" or [1-9][0-9]*, digits feeding the remainder; I[r] = inside it */
+  int *I = malloc(sizeof(int) * (size_t)P);
+  if (!I) {
+    free(R);
+    di_gseq_free(&s);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int r = 0; r < P; r++)
+    I[r] = di_gb_new_rule(b, "mult_int");
+  for (int r = 0; r < P; r++) {
+    di_gel e = rule_el(R[r]); /* the integer part may end: on to the fraction (or the end) */
+    di_gb_add_alt(b, I[r], &e, 1);
+    for (int dig = 0; dig < 10; dig++) {
+      s.n = 0;
+      di_gseq_byte(b, &s, (uint8_t)('0' + dig));
+      di_gseq_push(b, &s, rule_el(I[(r * 10 + dig) % P]));
+      di_gb_add_alt(b, I[r], s.v, s.n);
+    }
+  }
+  for (int neg = 0; neg < 2; neg++) {
+    s.n = 0;
+    if (neg)
+      di_gseq_byte(b, &s, '-');
+    int n0 = s.n;
+    if (!neg) { /* "0" (and 0.x); "-0" is not written */
+      di_gseq_byte(b, &s, '0');
+      di_gseq_push(b, &s, rule_el(R[0]));
+      di_gb_add_alt(b, rule, s.v, s.n);
+    }
+    for (int dig = 1; dig < 10; dig++) {
+      s.n = n0;
+      di_gseq_byte(b, &s, (uint8_t)('0' + dig));
+      di_gseq_push(b, &s, rule_el(I[dig % P]));
+      di_gb_add_alt(b, rule, s.v, s.n);
+    }
+  }
+  di_gseq_free(&s);
+  free(R);
+  free(I);
+  return DI_OK;
+}
+
 /* Alternatives of `rule` for schema `sch` that has no anyOf/oneOf/allOf/$ref left. */
 static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) {
   DI_TRY(check_keywords(c, sch, path));
@@ -1507,7 +1654,10 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   di_gseq_free(&s);
   int has_bounds = item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") ||
                    item(sch, "exclusiveMaximum");
-  if (types & T_NUMBER) {
+  const cJSON *mult = item(sch, "multipleOf");
+  if (mult && (types & (T_NUMBER | T_INTEGER))) {
+    DI_TRY(gen_multiple(c, sch, mult, !(types & T_NUMBER), path, rule));
+  } else if (types & T_NUMBER) {
     if (has_bounds) {
       DI_TRY(gen_number_bounded(c, sch, path, rule));
     } else {
@@ -1526,11 +1676,8 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   return DI_OK;
 }
 
-/* dependentRequired / dependentSchemas (and draft 7's dependencies) as what they mean for each
- * trigger name k: either k is absent (properties: {k: false}) or it is present together with its
- * dependencies (required: [k, deps...]) or its schema (allOf: [{required: [k]}, S]). *out is `sch`
- * without those keywords and with one anyOf per trigger added to its allOf. */
-static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+/* A copy of `sch` (owned by the compile) for a rewrite, with its allOf array (created if absent). */
+static di_status copy_with_allof(jc *c, const cJSON *sch, const char *path, cJSON **rw_out, cJSON **all_out) {
   cJSON *rw = cJSON_Duplicate(sch, 1);
   if (!rw || !own(c, rw))
     return di_error_set(DI_ERR_OOM, "out of memory");
@@ -1539,6 +1686,18 @@ static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path,
     all = cJSON_AddArrayToObject(rw, "allOf");
   if (!cJSON_IsArray(all))
     return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  *rw_out = rw;
+  *all_out = all;
+  return DI_OK;
+}
+
+/* dependentRequired / dependentSchemas (and draft 7's dependencies) as what they mean for each
+ * trigger name k: either k is absent (properties: {k: false}) or it is present together with its
+ * dependencies (required: [k, deps...]) or its schema (allOf: [{required: [k]}, S]). *out is `sch`
+ * without those keywords and with one anyOf per trigger added to its allOf. */
+static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+  cJSON *rw, *all;
+  DI_TRY(copy_with_allof(c, sch, path, &rw, &all));
   static const char *kws[] = {"dependentRequired", "dependentSchemas", "dependencies"};
   for (int k = 0; k < 3; k++) {
     const cJSON *dep = item(sch, kws[k]);
@@ -1581,14 +1740,8 @@ static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path,
  * (a missing then / else is true; then / else without if mean nothing). *out is `sch` without
  * those keywords and with the result in its allOf. */
 static di_status rewrite_not_if(jc *c, const cJSON *sch, const char *path, cJSON **out) {
-  cJSON *rw = cJSON_Duplicate(sch, 1);
-  if (!rw || !own(c, rw))
-    return di_error_set(DI_ERR_OOM, "out of memory");
-  cJSON *all = item(rw, "allOf");
-  if (!all)
-    all = cJSON_AddArrayToObject(rw, "allOf");
-  if (!cJSON_IsArray(all))
-    return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  cJSON *rw, *all;
+  DI_TRY(copy_with_allof(c, sch, path, &rw, &all));
   char why[128] = "";
   const cJSON *nt = item(sch, "not"), *ifs = item(sch, "if");
   if (nt) {

@@ -148,19 +148,10 @@ static int32_t lit_char(lp *p, di_status *st) {
   case '"': return '"';
   case '\'': return '\'';
   case 'x': case 'u': case 'U': {
-    int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
     uint32_t v = 0;
-    for (int k = 0; k < nd; k++) {
-      int h = p->i < p->n ? di_hexval(p->s[p->i]) : -1;
-      if (h < 0) {
-        *st = lerr(p, at, "bad hex escape in a string");
-        return -1;
-      }
-      v = v * 16 + (uint32_t)h;
-      p->i++;
-    }
-    if (v > 0x10FFFF) {
-      *st = lerr(p, at, "escape beyond U+10FFFF");
+    int ok = di_parse_hex_escape(p->s, p->n, &p->i, e == 'x' ? 2 : e == 'u' ? 4 : 8, &v);
+    if (ok <= 0) {
+      *st = lerr(p, at, ok == 0 ? "bad hex escape in a string" : "escape beyond U+10FFFF");
       return -1;
     }
     return (int32_t)v;
@@ -361,13 +352,7 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
     }
     if (min == -2)
       continue;
-    di_gseq tail = {0};
-    for (int k = item; k < s->n; k++)
-      di_gseq_push(b, &tail, s->v[k]);
-    s->n = item;
-    di_gel x = di_gb_wrap(b, &tail, "lark_rep");
-    di_gseq_free(&tail);
-    di_gseq_repeat(b, s, x, min, max);
+    di_gseq_repeat_tail(b, s, item, min, max, "lark_rep");
     if (b->total_els > b->max_els)
       return lerr(p, at, "repetition makes the grammar too large");
   }

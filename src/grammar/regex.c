@@ -412,13 +412,7 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
         return rerr(p, at, "nothing to repeat");
       if (p->i < p->n && p->s[p->i] == '?')
         p->i++; /* lazy: same language */
-      di_gseq tail = {0};
-      for (int k = item; k < s->n; k++)
-        di_gseq_push(b, &tail, s->v[k]);
-      s->n = item;
-      di_gel x = di_gb_wrap(b, &tail, "re");
-      di_gseq_free(&tail);
-      di_gseq_repeat(b, s, x, min, max);
+      di_gseq_repeat_tail(b, s, item, min, max, "re");
       if (b->total_els > b->max_els)
         return rerr(p, at, "repetition makes the grammar too large");
       item = -1;

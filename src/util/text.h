@@ -9,6 +9,21 @@ static inline int di_hexval(char c) {
   return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
+/* Reads exactly nd hex digits at s[*i] (an escape's \xHH, \uHHHH, \UHHHHHHHH), advancing *i past
+ * them. 0 when a digit is missing (*i then at it); -1 when the value is beyond U+10FFFF; else 1. */
+static inline int di_parse_hex_escape(const char *s, size_t n, size_t *i, int nd, uint32_t *out) {
+  uint32_t v = 0;
+  for (int k = 0; k < nd; k++) {
+    int h = *i < n ? di_hexval(s[*i]) : -1;
+    if (h < 0)
+      return 0;
+    v = v * 16 + (uint32_t)h;
+    (*i)++;
+  }
+  *out = v;
+  return v > 0x10FFFF ? -1 : 1;
+}
+
 /* Reads the decimal number at s[*i] (s has n bytes), advancing *i past its digits; values above 1e6
  * read as 1e6 (repetition bounds: a larger bound is refused later by name). 0 (and *i unchanged)
  * when no digit is there. */

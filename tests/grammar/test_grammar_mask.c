@@ -270,6 +270,8 @@ int main(void) {
        "start: expr\nexpr: expr \"+\" term | term\nterm: term \"*\" atom | atom\natom: INT | \"(\" expr \")\" | /[a-c]+/i\n"
        "%import common.INT\n%import common.WS_INLINE\n%ignore WS_INLINE\n",
        30, 12);
+  walk("multiple-of", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"multipleOf\":0.25}}",
+       30, 8);
   walk("json-bounded", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}}}", 30, 8);
   for (int i = 0; i < n_tok; i++)
     free(toks[i]);

@@ -29,10 +29,18 @@ def test_json_schema(tmp_path):
     assert check(["--json-schema", str(f)], '{"n":0}')[0] == 1
     assert check(["--json-schema", str(f)], '{"n": 5}')[0] == 1  # compact by default
     assert check(["--json-schema", str(f), "--max-whitespace", "2"], '{"n": 5}')[0] == 0
-    f.write_text('{"type":"object","properties":{"n":{"type":"integer","multipleOf":2}}}')
+    f.write_text('{"type":"object","properties":{"n":{"type":"object","patternProperties":{"^a":{}}}}}')
     rc, err = check(["--json-schema", str(f)], "{}")
-    assert rc == 2 and "multipleOf" in err and "#/properties/n" in err
-    assert check(["--json-schema", str(f), "--ignore-unsupported"], '{"n":3}')[0] == 0
+    assert rc == 2 and "patternProperties" in err and "#/properties/n" in err
+    assert check(["--json-schema", str(f), "--ignore-unsupported"], '{"n":{}}')[0] == 0
+    # issue 23: JSON Schema's defaults, --strict, generation bounds
+    f.write_text('{"type":"object","properties":{"n":{"type":"integer"}}}')
+    assert check(["--json-schema", str(f)], '{"n":1,"x":[]}')[0] == 0
+    assert check(["--json-schema", str(f), "--strict"], '{"n":1,"x":[]}')[0] == 1
+    assert check(["--json-schema", str(f)], '{"n":12345678901234567}')[0] == 1
+    assert check(["--json-schema", str(f), "--no-generation-bounds"], '{"n":12345678901234567}')[0] == 0
+    assert check(["--json-schema", str(f), "--max-digits", "2"], '{"n":123}')[0] == 1
+    assert check(["--json-schema", str(f), "--max-digits", "0"], '{}')[0] == 2
     f.write_text('{"type": "object",')
     rc, err = check(["--json-schema", str(f)], "{}")
     assert rc == 2 and "json schema" in err
@@ -48,6 +56,24 @@ def test_ebnf(tmp_path):
     assert rc == 2 and "line 1, column 14" in err and "'b'" in err
     rc, _ = check(["--grammar", str(tmp_path / "missing.gbnf")], "")
     assert rc == 2
+
+
+def test_lark(tmp_path):
+    lark = 'start: expr\nexpr: expr "+" NUMBER | NUMBER\n%import common.NUMBER\n%import common.WS\n%ignore WS\n'
+    f = tmp_path / "g.lark"
+    f.write_text(lark)
+    assert check(["--grammar", str(f)], "1 + 2.5")[0] == 0  # .lark: Lark by default
+    assert check(["--grammar", str(f)], "1 +")[0] == 1
+    g = tmp_path / "g.txt"
+    g.write_text(lark)
+    assert check(["--grammar", str(g)], "1")[0] == 2  # not GBNF
+    assert check(["--grammar", str(g), "--grammar-syntax", "lark"], "1+2")[0] == 0
+    assert check(["--grammar", str(f), "--grammar-syntax", "gbnf"], "1")[0] == 2
+    rc, err = check(["--grammar", str(f), "--grammar-syntax", "peg"], "1")
+    assert rc == 2 and "gbnf or lark" in err
+    f.write_text('start: a\na: b "x"\nb: a | "y"\n')
+    rc, err = check(["--grammar", str(f)], "yx")
+    assert rc == 2 and "left-recursive" in err
 
 
 def test_json_object():

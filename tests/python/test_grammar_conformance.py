@@ -295,7 +295,7 @@ def test_json_schema_test_suite():
     totals, base, per_file, failures = run_suite(lib)
     report(totals, base, per_file)
     assert sum(base.values()) == 1556
-    assert base["pass"] >= 1000
+    assert base["pass"] >= 1100  # issue 23: at least 1,100 of the 1,556
     assert not failures, "\n".join(failures[:40])
 
 
