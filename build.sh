@@ -22,6 +22,7 @@ have_cmd python3 || need_pkgs+=(python3)
 have_cmd xz || need_pkgs+=(xz-utils)
 have_pkg libcjson-dev || need_pkgs+=(libcjson-dev)
 have_pkg libpcre2-dev || need_pkgs+=(libpcre2-dev)
+have_pkg libmicrohttpd-dev || need_pkgs+=(libmicrohttpd-dev)
 if [ "$MODE" = fuzz ]; then have_cmd clang || need_pkgs+=(clang); fi
 if [ "$MODE" = test ] && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then need_pkgs+=(python3-venv); fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
