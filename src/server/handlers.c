@@ -1036,6 +1036,16 @@ static void common_headers(di_server *s, di_conn *c, const di_http_request *req)
     snprintf(c->extra + k, sizeof c->extra - k, "X-Request-Id: %.*s\r\n", (int)n, rid);
 }
 
+size_t di_srv_body_limit(const di_server *s, const di_http_request *req, int *prompt_bound) {
+  /* a prompt route's body beyond what a prompt of max_model_len tokens (each at most max_token_bytes,
+   * each byte of text at most 6 bytes of JSON escape) plus 1 MiB of parameters can be is refused as it
+   * arrives, before it is parsed */
+  int prompt_route = path_is(req, "/v1/completions") || path_is(req, "/v1/chat/completions") || path_is(req, "/tokenize");
+  size_t fit = s->oai.max_token_bytes ? (size_t)s->oai.max_model_len * s->oai.max_token_bytes * 6 + (1u << 20) : 0;
+  *prompt_bound = prompt_route && fit && fit < s->cfg.max_body_bytes;
+  return *prompt_bound ? fit : s->cfg.max_body_bytes;
+}
+
 int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const char *body, size_t body_len) {
   int ka = 1; /* keep-alive is the transport's (libmicrohttpd): handlers only ask for a close */
   int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;

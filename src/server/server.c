@@ -146,6 +146,10 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   s->oai.max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : di_model_max_context(m);
   s->cfg.max_model_len = s->oai.max_model_len;
   s->oai.vocab_size = di_model_vocab_size(m);
+  for (int32_t id = 0; s->tok && id < di_tokenizer_vocab_size(s->tok); id++) {
+    size_t n = 0;
+    if (di_tokenizer_token_bytes(s->tok, id, &n) && n > s->oai.max_token_bytes) s->oai.max_token_bytes = n;
+  }
   s->oai.default_temperature = m->cfg.gen_temperature;
   s->oai.default_top_p = m->cfg.gen_top_p;
   s->oai.default_top_k = m->cfg.gen_top_k;
@@ -471,7 +475,19 @@ static di_conn *conn_new(di_server *s, struct MHD_Connection *mc, const char *ur
   }
   snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
   di_json_scan_init(&c->scan, MAX_JSON_DEPTH, MAX_JSON_VALUES);
+  c->max_body = di_srv_body_limit(s, &c->req, &c->prompt_bound);
   return c;
+}
+
+static void body_limit_message(di_server *s, di_conn *c, unsigned long long announced, char *msg, size_t cap) {
+  int k = announced ? snprintf(msg, cap, "the request body (%llu bytes) is larger", announced)
+                    : snprintf(msg, cap, "the request body is larger");
+  if (k < 0 || (size_t)k >= cap) return;
+  if (c->prompt_bound)
+    snprintf(msg + k, cap - (size_t)k, " than %zu bytes, more than a prompt of at most %d tokens (max_model_len) of at "
+             "most %zu bytes each can need", c->max_body, s->oai.max_model_len, s->oai.max_token_bytes);
+  else
+    snprintf(msg + k, cap - (size_t)k, " than the limit of %zu bytes (--max-body-bytes)", c->max_body);
 }
 
 /* the head arrived: the checks that need no body */
@@ -485,10 +501,9 @@ static enum MHD_Result on_head(di_server *s, di_conn *c) {
   if (stopping) return reject(c, 503, "the server is shutting down");
   if (cl) {
     unsigned long long v = strtoull(cl, NULL, 10);
-    if (v > s->cfg.max_body_bytes) {
-      char msg[160];
-      snprintf(msg, sizeof msg, "the request body (%llu bytes) is larger than the limit of %zu bytes (--max-body-bytes)",
-               v, s->cfg.max_body_bytes);
+    if (v > c->max_body) {
+      char msg[256];
+      body_limit_message(s, c, v, msg, sizeof msg);
       return reject(c, 413, msg);
     }
     c->body_cap = (size_t)v + 1; /* the whole body at once: no regrowth, no slack */
@@ -524,17 +539,16 @@ static enum MHD_Result on_body(di_server *s, di_conn *c, const char *data, size_
     di_srv_log_rejection(c, 408, "timed out reading the request body");
     return MHD_NO;
   }
-  if (len > s->cfg.max_body_bytes - c->body_len) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "the request body is larger than the limit of %zu bytes (--max-body-bytes)",
-             s->cfg.max_body_bytes);
+  if (len > c->max_body - c->body_len) {
+    char msg[256];
+    body_limit_message(s, c, 0, msg, sizeof msg);
     return refuse_later(c, 413, msg);
   }
   if (di_json_scan_feed(&c->scan, data, len) != 0) return refuse_later(c, c->scan.error_status, c->scan.error);
   if (c->body_len + len + 1 > c->body_cap) {
     size_t cap = c->body_cap ? c->body_cap : 4096;
     while (cap < c->body_len + len + 1) cap *= 2;
-    if (cap > s->cfg.max_body_bytes + 1) cap = s->cfg.max_body_bytes + 1;
+    if (cap > c->max_body + 1) cap = c->max_body + 1;
     char *b = realloc(c->body, cap);
     if (!b) return refuse_later(c, 503, "out of memory for the request body");
     c->body = b;

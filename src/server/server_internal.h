@@ -36,6 +36,8 @@ typedef struct di_conn {
   int refuse_status;             /* a limit crossed mid-body: answered once the body is in (libmicrohttpd */
   char refuse_msg[256];          /* queues responses only before or after the body), the rest is dropped */
   size_t dropped;
+  size_t max_body;               /* di_srv_body_limit */
+  int prompt_bound;
   double t0;                     /* monotonic seconds: the head arrived */
   pthread_mutex_t mu;            /* guards what follows */
   pthread_cond_t cond;           /* the stream buffer drained; the request completed */
@@ -87,6 +89,9 @@ struct di_server {
 
 /* Answers one request (handlers.c). Returns 1 to keep the connection open, 0 to close it. */
 int di_srv_dispatch(struct di_server *s, di_conn *c, const di_http_request *req, const char *body, size_t body_len);
+/* The largest body the request's route takes (--max-body-bytes, or less for a prompt route of a model
+ * whose longest prompt is smaller: *prompt_bound = 1 then). */
+size_t di_srv_body_limit(const struct di_server *s, const di_http_request *req, int *prompt_bound);
 /* Sends an OpenAI error (logged, with the reason); returns keep_alive, or 0 when the send failed. */
 int di_srv_send_error(di_conn *c, const di_oai_error *e, int keep_alive);
 /* One line on stderr for a refused request: peer, method, path, status and reason. */
