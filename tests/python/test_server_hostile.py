@@ -9,7 +9,6 @@ import json
 import os
 import re
 import resource
-import signal
 import socket
 import subprocess
 import tempfile
@@ -17,6 +16,8 @@ import threading
 import time
 
 import pytest
+
+import test_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "default")
@@ -26,7 +27,9 @@ BODY_MB = 31
 pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason="deepinfer CLI not built (set DEEPINFER_CLI)")
 
 
-class Server:
+class Server(test_server.Server):
+    """test_server's process handle (text, stop, kill) over the shipped model."""
+
     def __init__(self, *extra):
         self.log = tempfile.NamedTemporaryFile(prefix="di-hostile-", suffix=".log", delete=False)
         cmd = [CLI, "serve", MODEL, "--port", "0", "--threads", "2", "--seed", "1", *extra]
@@ -44,10 +47,6 @@ class Server:
         if self.port is None:
             self.kill()
             raise RuntimeError("server did not start:\n" + self.text())
-
-    def text(self):
-        with open(self.log.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
 
     def peak_rss_mb(self):
         with open("/proc/%d/status" % self.proc.pid) as f:
@@ -74,21 +73,6 @@ class Server:
         m = re.search(r"^%s\{[^}]*%s[^}]*\} (\S+)$" % (re.escape(name), re.escape(labels)), raw, re.M)
         return float(m.group(1)) if m else None
 
-    def stop(self, timeout=20):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return None
-        return self.proc.returncode
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
 
 @pytest.fixture(scope="module")
 def server():
@@ -100,6 +84,20 @@ def server():
         s.kill()
 
 
+def read_all(sock):
+    """What the server sends until it closes (a reset after its answer ends it too)."""
+    got = b""
+    while True:
+        try:
+            b = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not b:
+            break
+        got += b
+    return got
+
+
 def json_error(raw):
     """The body must be a JSON error object (valid UTF-8 JSON)."""
     body = json.loads(raw.decode("utf-8"))
@@ -107,9 +105,9 @@ def json_error(raw):
     return body["error"]
 
 
-def stream_ttft(port, results, i):
+def stream_ttft(port, results, i, tag):
     """One streamed chat: seconds to its first content event."""
-    body = json.dumps({"messages": [{"role": "user", "content": "Hello %d" % i}], "max_tokens": 8, "stream": True,
+    body = json.dumps({"messages": [{"role": "user", "content": "Hello %s %d" % (tag, i)}], "max_tokens": 8, "stream": True,
                        "temperature": 0, "ignore_eos": True}).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     t0 = time.time()
@@ -128,9 +126,10 @@ def stream_ttft(port, results, i):
     results[i] = ttft if ttft is not None else time.time() - t0
 
 
-def streams_ttft_p99(port, n=32):
+def streams_ttft_p99(port, tag, n=32):
+    """TTFT p99 of n concurrent streams (prompts unique to `tag`: no prefix-cache hits from an earlier run)."""
     results = [None] * n
-    threads = [threading.Thread(target=stream_ttft, args=(port, results, i)) for i in range(n)]
+    threads = [threading.Thread(target=stream_ttft, args=(port, results, i, tag)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
@@ -147,8 +146,8 @@ def test_idle_connections_beside_streams(server):
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < want:
         pytest.skip("open-file limit too low for 2000 idle connections")
-    streams_ttft_p99(server.port, 8)  # warm-up
-    base = streams_ttft_p99(server.port)
+    streams_ttft_p99(server.port, "warm-up", 8)
+    base = streams_ttft_p99(server.port, "alone")
     idle = []
     try:
         for i in range(2000):
@@ -161,7 +160,7 @@ def test_idle_connections_beside_streams(server):
         status = server.request("GET", "/health", timeout=5)[0]
         health_s = time.time() - t0
         assert status == 200 and health_s < 1.0, health_s
-        loaded = streams_ttft_p99(server.port)
+        loaded = streams_ttft_p99(server.port, "beside")
         t0 = time.time()
         assert server.request("GET", "/health", timeout=5)[0] == 200 and time.time() - t0 < 1.0
         assert server.metric("deepinfer_open_connections", "") is None  # unlabelled: read below
@@ -195,17 +194,8 @@ def post_raw(port, path, head_extra, body, out, i, chunked=False):
                 sock.sendall(body)
             except (BrokenPipeError, ConnectionResetError):
                 pass
-        got = b""
-        while True:
-            try:
-                b = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            if not b:
-                break
-            got += b
+        out[i] = read_all(sock)
         sock.close()
-        out[i] = got
     except OSError as e:
         out[i] = repr(e).encode()
 
@@ -308,17 +298,9 @@ def test_malformed_inputs_answered_and_logged(server):
         (post(b"/tokenize", b'{"prompt": 12345}'), 400, "prompt"),
     ]
     for req, status, needle in cases:
-        out = b""
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             sock.sendall(req.replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", 1))
-            while True:
-                try:
-                    b = sock.recv(65536)
-                except ConnectionResetError:
-                    break
-                if not b:
-                    break
-                out += b
+            out = read_all(sock)
         assert out.startswith(b"HTTP/1.1 %d " % status), (req[:60], out[:300])
         err = json_error(out.split(b"\r\n\r\n", 1)[1])
         assert needle in err["message"] or needle == err["param"], (req[:60], err)
@@ -328,14 +310,9 @@ def test_malformed_inputs_answered_and_logged(server):
         assert re.search(r"rejected %d: " % status, log), status
     assert "nested deeper than 64 levels" in log and "not valid UTF-8" in log
     # protocol errors libmicrohttpd answers itself are logged with their status
-    out = b""
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(b"GET / HTTP/2.0\r\n\r\n")
-        while True:
-            b = sock.recv(65536)
-            if not b:
-                break
-            out += b
+        out = read_all(sock)
     assert out.startswith(b"HTTP/1.1 505 ")
     time.sleep(0.2)
     assert "HTTP response code is 505" in server.text()
