@@ -733,9 +733,9 @@ di_status di_server_run(di_server *s) {
   }
   /* graceful shutdown: stop accepting; new requests on open connections get 503; in-flight ones get
    * the grace period, then are aborted; then the daemon closes every connection */
-  int lfd = MHD_quiesce_daemon(s->mhd);
-  if (lfd >= 0) close(lfd);
-  s->listen_fd = -1;
+  /* the listening socket is closed only after the daemon stopped: its threads drop it from their
+   * epoll sets asynchronously (closing it now races with them) */
+  MHD_quiesce_daemon(s->mhd);
   if (s->cfg.log_requests) fprintf(stderr, "deepinfer serve: shutting down\n");
   pthread_mutex_lock(&s->mu);
   s->stopping = 1;
@@ -748,11 +748,14 @@ di_status di_server_run(di_server *s) {
   pthread_mutex_unlock(&s->mu);
   if (left) {
     /* a request thread still runs and would use the engine loop and the daemon: keep them (leak) */
+    s->listen_fd = -1; /* the daemon still runs over it */
     fprintf(stderr, "deepinfer serve: %d requests did not finish\n", left);
     return di_error_set(DI_ERR_INTERNAL, "%d requests did not finish at shutdown", left);
   }
   MHD_stop_daemon(s->mhd);
   s->mhd = NULL;
+  close(s->listen_fd);
+  s->listen_fd = -1;
   di_srv_engine_stop(s->loop);
   s->loop = NULL;
   return DI_OK;
