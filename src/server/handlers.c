@@ -695,6 +695,7 @@ static int handle_generate(di_server *s, di_conn *c, const char *body, size_t le
   g.keep_alive = keep_alive;
   di_oai_error err;
   if (di_oai_parse_request(&s->oai, chat, body, len, &g.r, &err)) return di_srv_send_error(c, &err, keep_alive);
+  di_conn_release_body(c); /* parsed: `body` is not read again */
   int result;
   if ((long long)g.r.n_prompts * g.r.n > s->cfg.max_n) {
     di_oai_fail(&err, 400, "invalid_request_error", "n", NULL, "prompts x n is %lld, more than this server's --max-n %d",

@@ -407,6 +407,12 @@ static void access_log(di_server *s, di_conn *c) {
           c->status, mono_now() - c->t0);
 }
 
+void di_conn_release_body(di_conn *c) {
+  free(c->body);
+  c->body = NULL;
+  c->body_len = c->body_cap = 0;
+}
+
 static void *request_main(void *arg) {
   di_conn *c = arg;
   di_server *s = c->srv;
@@ -421,8 +427,7 @@ static void *request_main(void *arg) {
   pthread_mutex_unlock(&c->mu);
   if (stream) end_stream(c, 1);
   else if (!ready) hand_over(c, NULL, 0);
-  free(c->body); /* the body is not needed any more: a long stream does not keep it */
-  c->body = NULL;
+  di_conn_release_body(c);
   conn_unref(c);
   pthread_mutex_lock(&s->mu);
   s->n_busy--;

@@ -105,6 +105,8 @@ int di_conn_respond(di_conn *c, int status, const char *content_type, const char
 int di_conn_begin_stream(di_conn *c, int status, const char *content_type, int keep_alive, const char *extra_headers);
 int di_conn_write(di_conn *c, const char *data, size_t len);
 int di_conn_end_stream(di_conn *c);
+/* Frees the request body (the request thread's, once it is parsed: a long stream does not keep it). */
+void di_conn_release_body(di_conn *c);
 /* 1 when the client closed its side (checked without blocking). */
 int di_conn_peer_gone(di_conn *c);
 #endif
