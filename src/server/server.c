@@ -571,7 +571,10 @@ static enum MHD_Result on_complete(di_server *s, di_conn *c) {
   if (c->body_len && di_json_scan_end(&c->scan) != 0) return reject(c, c->scan.error_status, c->scan.error);
   pthread_mutex_lock(&s->mu);
   int stopping = s->stopping, over = s->n_busy >= MAX_REQUEST_THREADS;
-  if (!stopping && !over) s->n_busy++;
+  if (!stopping && !over) {
+    s->n_busy++;
+    s->n_answering++;
+  }
   pthread_mutex_unlock(&s->mu);
   if (stopping) return reject(c, 503, "the server is shutting down");
   if (over) return reject(c, 503, "too many requests in flight");
@@ -590,7 +593,7 @@ static enum MHD_Result on_complete(di_server *s, di_conn *c) {
   pthread_attr_destroy(&attr);
   if (rc != 0) {
     pthread_mutex_lock(&s->mu);
-    s->n_busy--;
+    s->n_busy--; /* n_answering: the error below is answered and completes as any response */
     pthread_mutex_unlock(&s->mu);
     c->refs--; /* cannot be the last: libmicrohttpd holds one */
     di_oai_error e;
@@ -653,8 +656,15 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
   pthread_mutex_lock(&c->mu);
   c->gone = 1;
   c->fd = -1;
+  int dispatched = c->dispatched;
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->mu);
+  if (dispatched) {
+    pthread_mutex_lock(&s->mu);
+    s->n_answering--;
+    pthread_cond_broadcast(&s->conns_cond);
+    pthread_mutex_unlock(&s->mu);
+  }
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && toe != MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN) {
     const char *why = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timed out (no traffic)"
                       : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "client closed the connection"
@@ -713,6 +723,7 @@ static int wait_until(di_server *s, int (*done)(di_server *), double seconds) {
   return 1;
 }
 static int none_busy(di_server *s) { return s->n_busy == 0; }
+static int none_answering(di_server *s) { return s->n_answering == 0; }
 
 di_status di_server_run(di_server *s) {
   DI_TRY(di_srv_engine_start(s->cfg.engine, &s->loop));
@@ -750,6 +761,9 @@ di_status di_server_run(di_server *s) {
   pthread_mutex_lock(&s->mu);
   wait_until(s, none_busy, 30);
   int left = s->n_busy;
+  /* a finished request thread may have left a stream's last bytes to send: libmicrohttpd gets a few
+   * seconds to deliver them before the daemon closes every connection */
+  if (!left) wait_until(s, none_answering, 5);
   pthread_mutex_unlock(&s->mu);
   if (left) {
     /* a request thread still runs and would use the engine loop and the daemon: keep them (leak) */

@@ -79,6 +79,7 @@ struct di_server {
   pthread_mutex_t mu;            /* guards everything below */
   pthread_cond_t conns_cond;
   int n_conns, n_busy;           /* open connections; request threads running */
+  int n_answering;               /* requests dispatched whose response libmicrohttpd has not finished */
   int stopping;                  /* no new requests are served */
   uint64_t next_id;
   long long n_requests, n_generate_requests, n_errors, n_disconnects, n_rejected_protocol, n_timeouts;
