@@ -117,13 +117,14 @@ static void exercise(const di_tokenizer *t, const char *text, size_t n) {
     if (!b && bl)
       abort();
   }
-  check_stream(t, ids, k, 0);
-  check_stream(t, ids, k, 1);
+  /* the stream against the full decode, keeping or skipping specials (the text's length picks one:
+   * both per input doubled the run time, the dominant cost of this target) */
+  check_stream(t, ids, k, (int)(n >> 1 & 1));
   /* random-ish ids from the text itself: split characters, byte tokens, specials */
   int vs = di_tokenizer_vocab_size(t);
   if (vs > 0 && n) {
     int32_t raw[64];
-    size_t m = n < 64 ? n : 64;
+    size_t m = n < 32 ? n : 32;
     for (size_t i = 0; i < m; i++)
       raw[i] = (int32_t)((unsigned char)text[i] * 7u % (unsigned)vs);
     check_stream(t, raw, m, 0);

@@ -61,21 +61,25 @@ static di_status parse_rope(const cJSON *d, const char *what, double theta_def, 
     return di_error_set(DI_ERR_FORMAT, W ": %s rope_theta must be > 1 (got %g)", what, r->theta);
   if (!(partial > 0) || partial > 1)
     return di_error_set(DI_ERR_FORMAT, W ": %s partial_rotary_factor must be in (0, 1] (got %g)", what, partial);
-  r->dim = (int)(head_dim * partial);
-  if (r->dim < 2 || r->dim % 2)
-    return di_error_set(DI_ERR_FORMAT, W ": %s rotary dimension head_dim*partial_rotary_factor = %d must be even and >= 2", what,
-                        r->dim);
+  int64_t dim = 0;
+  if (!di_double_to_int_in(head_dim * partial, 0, head_dim, &dim) || dim < 2 || dim % 2)
+    return di_error_set(DI_ERR_FORMAT, W ": %s rotary dimension head_dim*partial_rotary_factor = %lld must be even and >= 2", what,
+                        (long long)dim);
+  r->dim = (int)dim;
   if (strcmp(type, "default") == 0)
     return DI_OK;
   if (strcmp(type, "yarn") != 0)
     return di_error_set(DI_ERR_UNSUPPORTED, W ": %s rope_type \"%s\" is not supported (supported: default, yarn)", what, type);
   r->yarn = 1;
   DI_TRY(opt_pos_num(d, "factor", 1.0, &r->factor));
-  double omax = -1;
-  DI_TRY(di_json_num(d, "original_max_position_embeddings", -1, what, &omax));
-  if (!(omax >= 1))
+  int64_t omax = -1;
+  DI_TRY(di_json_int(d, "original_max_position_embeddings", -1, what, &omax));
+  if (omax == -1)
     return di_error_set(DI_ERR_NOT_FOUND, W ": %s yarn needs \"original_max_position_embeddings\"", what);
-  r->original_max_pos = (int64_t)omax;
+  if (omax < 1 || omax > (1 << 30))
+    return di_error_set(DI_ERR_FORMAT, W ": %s \"original_max_position_embeddings\" must be an integer in [1, 2^30] (got %lld)",
+                        what, (long long)omax);
+  r->original_max_pos = omax;
   /* transformers: `get("beta_fast") or 32`, so 0 also means the default */
   DI_TRY(di_json_num(d, "beta_fast", 32, what, &r->beta_fast));
   DI_TRY(di_json_num(d, "beta_slow", 1, what, &r->beta_slow));
@@ -280,23 +284,30 @@ static di_status parse(const cJSON *root, di_v4_config *c) {
     if (strcmp(qm, "fp8") != 0)
       return di_error_set(DI_ERR_UNSUPPORTED, W ": quantization_config.quant_method \"%s\" is not supported (supported: fp8)", qm);
     const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
-    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_is_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20) ||
-        !di_json_is_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20))
+    int64_t rows, cols;
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20, &rows) ||
+        !di_json_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20, &cols))
       return di_error_set(DI_ERR_FORMAT, W ": quantization_config.weight_block_size must be two positive integers");
     c->fp8 = 1;
-    c->fp8_block[0] = (int)cJSON_GetArrayItem(bs, 0)->valuedouble;
-    c->fp8_block[1] = (int)cJSON_GetArrayItem(bs, 1)->valuedouble;
+    c->fp8_block[0] = (int)rows;
+    c->fp8_block[1] = (int)cols;
   }
   return DI_OK;
+}
+
+di_status di_v4_config_from_tree(const cJSON *root, di_v4_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  di_status st = parse(root, cfg);
+  if (st != DI_OK)
+    memset(cfg, 0, sizeof *cfg);
+  return st;
 }
 
 di_status di_v4_config_parse(const char *json, size_t len, di_v4_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cJSON *root = NULL;
   DI_TRY(di_json_parse(json, len, W, &root));
-  di_status st = parse(root, cfg);
+  di_status st = di_v4_config_from_tree(root, cfg);
   cJSON_Delete(root);
-  if (st != DI_OK)
-    memset(cfg, 0, sizeof *cfg);
   return st;
 }

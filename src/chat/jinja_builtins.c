@@ -2,6 +2,7 @@
  * string and dict methods the sandbox allows, and the globals transformers defines (range,
  * namespace, dict, raise_exception, strftime_now). Anything else is reported by name. */
 #include "chat/jinja.h"
+#include "util/json.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -539,7 +540,9 @@ di_status jj_call_global(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
     /* Jinja's sandbox refuses ranges over 100000 items */
     double cnt = sp > 0 ? ceil(((double)en - (double)st) / (double)sp) : ceil(((double)st - (double)en) / (double)-sp);
     if (cnt > 100000) return jj_err(c, at, DI_ERR_INVALID_ARG, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
-    jv_list *l = jj_list_new(A(c), cnt > 0 ? (size_t)cnt : 0);
+    int64_t len = 0;
+    (void)di_double_to_int_in(cnt, 0, 100000, &len); /* NaN cannot happen; a negative count is empty */
+    jv_list *l = jj_list_new(A(c), (size_t)len);
     if (!l) return oom(c, at);
     for (int64_t i = st; sp > 0 ? i < en : i > en; i += sp) DI_TRY(push(c, at, l, jv_int(i)));
     l->start = st;
@@ -590,9 +593,8 @@ di_status jj_call_global(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
     if (a->v[0].u.s.n >= sizeof f) return jj_err(c, at, DI_ERR_UNSUPPORTED, "strftime_now format longer than 255 bytes");
     memcpy(f, a->v[0].u.s.p, a->v[0].u.s.n);
     f[a->v[0].u.s.n] = 0;
-    time_t now = time(NULL);
     struct tm tmv;
-    localtime_r(&now, &tmv); /* Python's datetime.now() is local time */
+    if (!jj_ctx_now(c, &tmv)) return jj_err(c, at, DI_ERR_INTERNAL, "strftime_now: the clock cannot be read");
     size_t n = strftime(res, sizeof res, f, &tmv);
     *out = jj_str_dup(A(c), res, n);
     return out->kind == JV_STR ? DI_OK : oom(c, at);
@@ -1238,8 +1240,9 @@ static di_status call_filter(struct jj_ctx *c, const jnode *at, const char *f, j
     jv d = def ? *def : isint ? jv_int(0) : jv_float(0.0);
     if (is_int(v)) *out = isint ? jv_int(v.u.i) : jv_float((double)v.u.i);
     else if (v.kind == JV_FLOAT) {
-      if (isint && !(fabs(v.u.f) < 9.2e18)) *out = d;
-      else *out = isint ? jv_int((int64_t)v.u.f) : v;
+      int64_t i;
+      if (!isint) *out = v;
+      else *out = di_double_to_int_in(v.u.f, -9.2e18, 9.2e18, &i) ? jv_int(i) : d;
     } else if (v.kind == JV_STR) {
       char buf[64];
       jv sv;
@@ -1252,7 +1255,11 @@ static di_status call_filter(struct jj_ctx *c, const jnode *at, const char *f, j
         long long x = strtoll(buf, &e, 10);
         while (*e == ' ') e++;
         if (e != buf && !*e) *out = jv_int(x);
-        else { double fx = strtod(buf, &e); *out = (e != buf && !*e && fabs(fx) < 9.2e18) ? jv_int((int64_t)fx) : d; }
+        else {
+          double fx = strtod(buf, &e);
+          int64_t i;
+          *out = (e != buf && !*e && di_double_to_int_in(fx, -9.2e18, 9.2e18, &i)) ? jv_int(i) : d;
+        }
       } else {
         double x = strtod(buf, &e);
         *out = (e != buf && !*e) ? jv_float(x) : d;
@@ -1271,8 +1278,10 @@ static di_status call_filter(struct jj_ctx *c, const jnode *at, const char *f, j
     const char *how = method && method->kind == JV_STR ? method->u.s.p : "common";
     if (is_int(v) && strncmp(how, "floor", 5) && strncmp(how, "ceil", 4)) { /* round(int, n) is an int */
       if (p >= 0) { *out = jv_int(v.u.i); return DI_OK; }
-      double q = pow(10.0, (double)-p);
-      *out = jv_int((int64_t)(nearbyint((double)v.u.i / q) * q));
+      double q = pow(10.0, (double)-p), rounded = nearbyint((double)v.u.i / q) * q;
+      int64_t i;
+      /* near +-2^63 the rounded value leaves int64: Python's int grows, here it stays a float */
+      *out = di_double_to_int_in(rounded, -9.2e18, 9.2e18, &i) ? jv_int(i) : jv_float(rounded);
       return DI_OK;
     }
     if (!strncmp(how, "floor", 5)) r = floor(x * m) / m;

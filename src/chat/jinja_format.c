@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "chat/jinja.h"
+#include "util/json.h"
 
 static di_status fmt_err(struct jj_ctx *c, const jnode *at, const char *msg) {
   return jj_err(c, at, DI_ERR_INVALID_ARG, "string formatting: %s", msg);
@@ -143,7 +144,12 @@ di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out)
     if (prec >= 0) k += snprintf(spec + k, sizeof spec - (size_t)k, ".%d", prec);
     if (strchr("diuxXo", conv)) {
       if (val.kind == JV_FLOAT && (isnan(val.u.f) || isinf(val.u.f))) { st = fmt_err(c, at, "cannot convert float NaN or infinity to integer"); goto done; }
-      long long x = val.kind == JV_FLOAT ? (long long)val.u.f : (long long)val.u.i;
+      int64_t ix = val.kind == JV_FLOAT ? 0 : val.u.i;
+      if (val.kind == JV_FLOAT && !di_double_to_int_in(val.u.f, -9.2e18, 9.2e18, &ix)) {
+        st = fmt_err(c, at, "float too large to convert to an integer format");
+        goto done;
+      }
+      long long x = ix;
       if ((conv == 'x' || conv == 'X' || conv == 'o') && (x < 0 || alt)) {
         /* Python: sign before the 0x/0o prefix, on the magnitude */
         char digits[64];
@@ -158,10 +164,10 @@ di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out)
       strcpy(spec + k, conv == 'i' || conv == 'u' ? "lld" : conv == 'd' ? "lld" : conv == 'o' ? "llo" : conv == 'x' ? "llx" : "llX");
       snprintf(tmp, sizeof tmp, spec, x);
     } else {
-      double x = val.kind == JV_FLOAT ? val.u.f : (double)val.u.i;
+      double fx = val.kind == JV_FLOAT ? val.u.f : (double)val.u.i;
       spec[k++] = conv;
       spec[k] = 0;
-      snprintf(tmp, sizeof tmp, spec, x);
+      snprintf(tmp, sizeof tmp, spec, fx);
     }
     jj_buf_puts(&b, tmp);
   }

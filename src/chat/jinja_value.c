@@ -2,6 +2,7 @@
  * the ways Python spells values: str(), repr() (shortest round-trip floats) and json.dumps as
  * transformers' tojson calls it. */
 #include "chat/jinja.h"
+#include "util/json.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -622,7 +623,8 @@ jv jj_from_cjson(jj_arena *a, const cJSON *j) {
   if (cJSON_IsBool(j)) return jv_bool(cJSON_IsTrue(j));
   if (cJSON_IsNumber(j)) {
     double d = j->valuedouble;
-    if (d == floor(d) && fabs(d) < 9007199254740992.0) return jv_int((int64_t)d);
+    int64_t i;
+    if (di_json_int_in(j, -DI_JSON_MAX_EXACT_INT + 1, DI_JSON_MAX_EXACT_INT - 1, &i)) return jv_int(i);
     return jv_float(d);
   }
   if (cJSON_IsString(j)) return jj_str_dup(a, j->valuestring, strlen(j->valuestring));

@@ -150,12 +150,13 @@ static int parse_ids(const cJSON *a, int32_t **ids, size_t *n, const char *ctx) 
     return 1;
   const cJSON *it;
   cJSON_ArrayForEach(it, a) {
-    if (!di_json_is_int_in(it, -2147483648.0, 2147483647.0)) {
+    int64_t id;
+    if (!di_json_int_in(it, -2147483648.0, 2147483647.0, &id)) {
       fprintf(stderr, "deepinfer detokenize: %s: element %zu is not an integer token id\n", ctx, i);
       free(v);
       return 1;
     }
-    v[i++] = (int32_t)it->valuedouble;
+    v[i++] = (int32_t)id;
   }
   *ids = v;
   *n = k;

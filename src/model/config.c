@@ -35,18 +35,20 @@ static di_status parse_eos(const cJSON *v, const char *what, di_model_config *c)
     return DI_OK;
   c->n_eos = 0;
   if (cJSON_IsNumber(v)) {
-    if (!di_json_is_int_in(v, INT32_MIN, INT32_MAX))
+    int64_t id;
+    if (!di_json_int_in(v, INT32_MIN, INT32_MAX, &id))
       return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
-    c->eos_token_ids[c->n_eos++] = (int32_t)v->valuedouble;
+    c->eos_token_ids[c->n_eos++] = (int32_t)id;
     return DI_OK;
   }
   if (!cJSON_IsArray(v))
     return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
   for (const cJSON *e = v->child; e; e = e->next) {
-    if (!di_json_is_int_in(e, INT32_MIN, INT32_MAX))
+    int64_t id;
+    if (!di_json_int_in(e, INT32_MIN, INT32_MAX, &id))
       return di_error_set(DI_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
     if (c->n_eos < DI_MAX_EOS)
-      c->eos_token_ids[c->n_eos++] = (int32_t)e->valuedouble;
+      c->eos_token_ids[c->n_eos++] = (int32_t)id;
   }
   return DI_OK;
 }
@@ -100,12 +102,10 @@ static di_status parse_rope(const cJSON *root, di_model_config *c) {
   return DI_OK;
 }
 
-di_status di_model_config_parse(const char *json, size_t len, const char *gen_json, size_t gen_len,
-                                di_model_config *cfg) {
+di_status di_model_config_from_tree(const cJSON *root, const char *gen_json, size_t gen_len, di_model_config *cfg) {
   di_model_config c;
   memset(&c, 0, sizeof c);
-  cJSON *root = NULL, *gen = NULL;
-  DI_TRY(di_json_parse(json, len, W, &root));
+  cJSON *gen = NULL;
   di_status st = DI_OK;
 #define T(x)                  \
   do {                        \
@@ -277,14 +277,15 @@ di_status di_model_config_parse(const char *json, size_t len, const char *gen_js
       goto done;
     }
     const cJSON *bs = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
-    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_is_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20) ||
-        !di_json_is_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20)) {
+    int64_t rows, cols;
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !di_json_int_in(cJSON_GetArrayItem(bs, 0), 1, 1 << 20, &rows) ||
+        !di_json_int_in(cJSON_GetArrayItem(bs, 1), 1, 1 << 20, &cols)) {
       st = di_error_set(DI_ERR_FORMAT, W ": quantization_config.weight_block_size must be [rows, cols] of positive integers");
       goto done;
     }
     c.fp8 = 1;
-    c.fp8_block[0] = (int)cJSON_GetArrayItem(bs, 0)->valuedouble;
-    c.fp8_block[1] = (int)cJSON_GetArrayItem(bs, 1)->valuedouble;
+    c.fp8_block[0] = (int)rows;
+    c.fp8_block[1] = (int)cols;
   }
 tokens:
   T(get_int(root, "bos_token_id", -1, &c.bos_token_id));
@@ -314,28 +315,47 @@ tokens:
   *cfg = c;
 done:
 #undef T
-  cJSON_Delete(root);
   cJSON_Delete(gen);
   return st;
 }
 
-di_status di_model_config_load(const char *dir, di_model_config *cfg) {
+di_status di_model_config_parse(const char *json, size_t len, const char *gen_json, size_t gen_len,
+                                di_model_config *cfg) {
+  cJSON *root = NULL;
+  DI_TRY(di_json_parse(json, len, W, &root));
+  di_status st = di_model_config_from_tree(root, gen_json, gen_len, cfg);
+  cJSON_Delete(root);
+  return st;
+}
+
+di_status di_model_config_load_tree(const char *dir, di_model_config *cfg, cJSON **tree) {
   char path[4096], gpath[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
   snprintf(gpath, sizeof gpath, "%s/generation_config.json", dir);
   char *js = NULL, *gs = NULL;
   size_t jl = 0, gl = 0;
+  cJSON *root = NULL;
   di_status st = di_read_file(path, &js, &jl);
   if (st != DI_OK)
     return st;
   if (di_read_file(gpath, &gs, &gl) != DI_OK)
     gs = NULL;
-  st = di_model_config_parse(js, jl, gs, gl, cfg);
+  st = di_json_parse(js, jl, W, &root);
+  if (st == DI_OK)
+    st = di_model_config_from_tree(root, gs, gl, cfg);
   if (st != DI_OK)
     di_error_wrap(st, "%s", dir);
   free(js);
   free(gs);
+  if (st == DI_OK && tree)
+    *tree = root;
+  else
+    cJSON_Delete(root);
   return st;
+}
+
+di_status di_model_config_load(const char *dir, di_model_config *cfg) {
+  return di_model_config_load_tree(dir, cfg, NULL);
 }
 
 void di_rope_inv_freq(const di_model_config *c, double *inv_freq) {

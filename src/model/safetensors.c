@@ -16,7 +16,7 @@ static int dtype_from_name(const char *s, size_t *elem) {
       {"F32", DI_DT_F32, 4}, {"BF16", DI_DT_BF16, 2}, {"F16", DI_DT_F16, 2}, {"F8_E4M3", DI_DT_F8E4M3, 1},
       {"I32", DI_DT_I32, 4}, {"I64", DI_DT_I64, 8},   {"F64", -1, 8},        {"I8", -1, 1},
       {"U8", -1, 1},         {"I16", -1, 2},          {"U16", -1, 2},        {"U32", -1, 4},
-      {"U64", -1, 8},        {"BOOL", -1, 1},         {"F8_E5M2", -1, 1},    {"F8_E8M0", -1, 1}};
+      {"U64", -1, 8},        {"BOOL", -1, 1},         {"F8_E5M2", -1, 1},    {"F8_E8M0", DI_DT_E8M0, 1}};
   for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
     if (strcmp(s, T[i].n) == 0) {
       *elem = T[i].sz;
@@ -117,11 +117,10 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
     unsigned __int128 count = 1;
     int k = 0;
     for (const cJSON *d = shape->child; d; d = d->next, k++) {
-      if (!di_json_is_int_in(d, 0, 9.0e15)) {
+      if (!di_json_int_in(d, 0, 9.0e15, &t->shape[k])) {
         st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", what, name, k);
         goto done;
       }
-      t->shape[k] = (int64_t)d->valuedouble;
       count *= (unsigned __int128)t->shape[k];
       if (count > ((unsigned __int128)1 << 62)) {
         st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': shape too large", what, name);
@@ -130,12 +129,13 @@ di_status di_st_parse(const uint8_t *buf, size_t len, const char *what, di_st_fi
     }
     /* offsets past 2^53 are not exact doubles, and no file has them; the data length check follows */
     const cJSON *ob = cJSON_GetArrayItem(offs, 0), *oe = cJSON_GetArrayItem(offs, 1);
-    if (!di_json_is_int_in(ob, 0, DI_JSON_MAX_EXACT_INT) ||
-        !di_json_is_int_in(oe, ob->valuedouble, DI_JSON_MAX_EXACT_INT)) {
+    int64_t begin, end;
+    if (!di_json_int_in(ob, 0, DI_JSON_MAX_EXACT_INT, &begin) ||
+        !di_json_int_in(oe, (double)begin, DI_JSON_MAX_EXACT_INT, &end)) {
       st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': data_offsets must be integers with 0 <= begin <= end", what, name);
       goto done;
     }
-    uint64_t ub = (uint64_t)ob->valuedouble, ue = (uint64_t)oe->valuedouble;
+    uint64_t ub = (uint64_t)begin, ue = (uint64_t)end;
     if (ue > data_len) {
       st = di_error_set(DI_ERR_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data (%zu bytes; truncated file?)",
                         what, name, (unsigned long long)ub, (unsigned long long)ue, data_len);
@@ -405,10 +405,13 @@ di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, i
     if (!sc)
       return di_error_set(DI_ERR_NOT_FOUND, "missing tensor '%s' (block scales of the FP8 tensor '%s') in %s", sname, name, s->desc);
     int64_t sr = (out->rows + fp8_block[0] - 1) / fp8_block[0], scn = (cols + fp8_block[1] - 1) / fp8_block[1];
-    if (sc->dtype != DI_DT_F32 || sc->ndim != 2 || sc->shape[0] != sr || sc->shape[1] != scn)
-      return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F32 [%lld, %lld] for block size %dx%d", sname, sc->file,
-                          (long long)sr, (long long)scn, fp8_block[0], fp8_block[1]);
-    out->scale_inv = sc->data;
+    if ((sc->dtype != DI_DT_F32 && sc->dtype != DI_DT_E8M0) || sc->ndim != 2 || sc->shape[0] != sr || sc->shape[1] != scn)
+      return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F32 or F8_E8M0 [%lld, %lld] for block size %dx%d", sname,
+                          sc->file, (long long)sr, (long long)scn, fp8_block[0], fp8_block[1]);
+    if (sc->dtype == DI_DT_E8M0) /* UE8M0 scales (V3.2 / V4 checkpoints): bytes, read as stored */
+      out->scale_e8m0 = sc->data;
+    else
+      out->scale_inv = sc->data;
     out->block_rows = fp8_block[0];
     out->block_cols = fp8_block[1];
     out->scale_cols = scn;

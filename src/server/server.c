@@ -133,7 +133,7 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   snprintf(tpath, sizeof tpath, "%s/tokenizer.json", di_model_dir(m));
   if (!s->tok && access(tpath, R_OK) == 0) {
     if (di_tokenizer_load(di_model_dir(m), &s->own_tok) != DI_OK) {
-      di_status st = di_error_wrap(DI_ERR_FORMAT, "server: ");
+      di_status st = di_error_wrap(DI_ERR_FORMAT, "server");
       di_server_free(s);
       return st;
     }
@@ -715,7 +715,7 @@ static int wait_until(di_server *s, int (*done)(di_server *), double seconds) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     double ms = left * 1000 < TICK_MS ? left * 1000 : TICK_MS;
-    ts.tv_nsec += (long)(ms * 1e6);
+    ts.tv_nsec += (long)(ms * 1e6); /* int-cast: checked: ms <= TICK_MS */
     ts.tv_sec += ts.tv_nsec / 1000000000L;
     ts.tv_nsec %= 1000000000L;
     pthread_cond_timedwait(&s->conns_cond, &s->mu, &ts);

@@ -304,9 +304,10 @@ static di_status push_ids(di_ivec *v, const cJSON *ids, const char *what) {
   if (!cJSON_IsArray(ids))
     return di_error_set(DI_ERR_FORMAT, W ": post_processor %s: \"ids\" must be an array", what);
   cJSON_ArrayForEach(it, ids) {
-    if (!di_json_is_int_in(it, 0, 2147483647.0))
+    int64_t id;
+    if (!di_json_int_in(it, 0, 2147483647.0, &id))
       return di_error_set(DI_ERR_FORMAT, W ": post_processor %s: bad token id", what);
-    if (di_ivec_push(v, (int32_t)it->valuedouble))
+    if (di_ivec_push(v, (int32_t)id))
       return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
   }
   return DI_OK;
@@ -379,10 +380,11 @@ static di_status load_post(di_tokenizer *t, const cJSON *o, int depth) {
   if (!strcmp(ty, "BertProcessing") || !strcmp(ty, "RobertaProcessing")) {
     const cJSON *cls = jget(o, "cls"), *sep = jget(o, "sep");
     const cJSON *ci = cJSON_GetArrayItem(cls, 1), *si = cJSON_GetArrayItem(sep, 1);
-    if (!di_json_is_int_in(ci, 0, 2147483647.0) || !di_json_is_int_in(si, 0, 2147483647.0))
+    int64_t cls_id, sep_id;
+    if (!di_json_int_in(ci, 0, 2147483647.0, &cls_id) || !di_json_int_in(si, 0, 2147483647.0, &sep_id))
       return di_error_set(DI_ERR_FORMAT, W ": post_processor %s: \"cls\"/\"sep\" must be [token, id]", ty);
     di_ivec np = {0};
-    if (di_ivec_push(&np, (int32_t)ci->valuedouble))
+    if (di_ivec_push(&np, (int32_t)cls_id))
       return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
     for (size_t k = 0; k < t->post_prefix.len; k++)
       if (di_ivec_push(&np, t->post_prefix.p[k])) {
@@ -391,7 +393,7 @@ static di_status load_post(di_tokenizer *t, const cJSON *o, int depth) {
       }
     free(t->post_prefix.p);
     t->post_prefix = np;
-    if (di_ivec_push(&t->post_suffix, (int32_t)si->valuedouble))
+    if (di_ivec_push(&t->post_suffix, (int32_t)sep_id))
       return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
     return DI_OK;
   }

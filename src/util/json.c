@@ -64,6 +64,18 @@ int di_json_is_int_in(const cJSON *v, double lo, double hi) {
   return d >= lo && d <= hi && d == floor(d); /* NaN fails every comparison; infinities the range */
 }
 
+int di_double_to_int_in(double d, double lo, double hi, int64_t *out) {
+  if (lo < -9223372036854775808.0) lo = -9223372036854775808.0; /* -2^63 */
+  if (hi > 9223372036854774784.0) hi = 9223372036854774784.0;   /* the largest double below 2^63 */
+  if (!(d >= lo && d <= hi)) return 0;                          /* NaN fails too */
+  *out = (int64_t)d;
+  return 1;
+}
+
+int di_json_int_in(const cJSON *v, double lo, double hi, int64_t *out) {
+  return di_json_is_int_in(v, lo, hi) && di_double_to_int_in(v->valuedouble, lo, hi, out);
+}
+
 di_status di_json_int(const cJSON *obj, const char *key, int64_t def, const char *what, int64_t *out) {
   const cJSON *v = get(obj, key);
   if (!v) {
@@ -74,9 +86,8 @@ di_status di_json_int(const cJSON *obj, const char *key, int64_t def, const char
     *out = cJSON_IsTrue(v);
     return DI_OK;
   }
-  if (!di_json_is_int_in(v, -DI_JSON_MAX_EXACT_INT, DI_JSON_MAX_EXACT_INT))
+  if (!di_json_int_in(v, -DI_JSON_MAX_EXACT_INT, DI_JSON_MAX_EXACT_INT, out))
     return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be an integer", what, key);
-  *out = (int64_t)v->valuedouble;
   return DI_OK;
 }
 

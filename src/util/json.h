@@ -24,6 +24,14 @@ di_status di_json_str(const cJSON *obj, const char *key, const char *def, const 
  * an integer type covering [lo, hi] is then defined (an out-of-range double-to-integer conversion
  * is undefined behaviour in C, and JSON numbers come from untrusted input). */
 int di_json_is_int_in(const cJSON *v, double lo, double hi);
+/* The one range check through which an untrusted double becomes an integer (the rule that no other
+ * file casts one is tests/python/test_int_conversion_rule.py): when v is a JSON number that is an
+ * integer in [lo, hi], stores it in *out and returns 1; otherwise returns 0 and leaves *out. */
+int di_json_int_in(const cJSON *v, double lo, double hi, int64_t *out);
+/* The same for a double already read (a parsed float, a product of JSON numbers): when d is finite
+ * and in [lo, hi], stores it truncated toward zero in *out and returns 1; otherwise returns 0 and
+ * leaves *out. Bounds beyond the int64 range are narrowed to it. */
+int di_double_to_int_in(double d, double lo, double hi, int64_t *out);
 /* 2^53: the largest magnitude up to which every integer is exact as a double (a JSON number) */
 #define DI_JSON_MAX_EXACT_INT 9007199254740992.0
 

@@ -82,8 +82,11 @@ static int fz_check_plp(const fz_req *q, const di_seq_output *o) {
       if (o->prompt_top[(size_t)i * (size_t)k + j].id != -1) bad++;
   }
   float lg[40];
+  uint64_t h = MOCK_HASH0; /* the context hash of prompt[0..i), advanced one token per entry */
+  for (int i = 0; i < first - 1 && i < q->n_prompt; i++) h = mock_hash_next(h, q->prompt[i], i);
   for (int i = first; i < q->n_prompt && !bad; i++) {
-    mock_logits_of(q->prompt, i, V, lg);
+    h = mock_hash_next(h, q->prompt[i - 1], i - 1);
+    mock_logits_of_hash(h, V, lg);
     double mx = lg[0], z = 0;
     for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
     for (int v = 0; v < V; v++) z += exp((double)lg[v] - mx);

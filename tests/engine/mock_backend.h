@@ -57,14 +57,23 @@ static uint64_t mock_mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/* logits of the row whose context is toks[0..n) */
-static void mock_logits_of(const int32_t *toks, int n, int vocab, float *lg) {
-  uint64_t h = 0x1234;
-  for (int i = 0; i < n; i++) h = mock_mix(h ^ (uint64_t)(uint32_t)toks[i]) + (uint64_t)i;
+/* The logits of a row are a function of a rolling hash of its context: MOCK_HASH0, then one
+ * mock_hash_next per token (so a run over consecutive positions costs one step per position). */
+#define MOCK_HASH0 0x1234u
+static uint64_t mock_hash_next(uint64_t h, int32_t tok, int i) { return mock_mix(h ^ (uint64_t)(uint32_t)tok) + (uint64_t)i; }
+
+static void mock_logits_of_hash(uint64_t h, int vocab, float *lg) {
   for (int v = 0; v < vocab; v++) {
     uint64_t x = mock_mix(h ^ ((uint64_t)v * 0x9e3779b97f4a7c15ULL));
     lg[v] = (float)((double)(x >> 40) / (double)(1 << 24) * 6.0); /* [0, 6): a spread of probabilities */
   }
+}
+
+/* logits of the row whose context is toks[0..n) */
+static void mock_logits_of(const int32_t *toks, int n, int vocab, float *lg) {
+  uint64_t h = MOCK_HASH0;
+  for (int i = 0; i < n; i++) h = mock_hash_next(h, toks[i], i);
+  mock_logits_of_hash(h, vocab, lg);
 }
 
 static int mock_kv_groups(di_backend *b, di_kv_group_info *g, int cap) {
@@ -169,21 +178,26 @@ static void mock_run(mock_backend *m, const di_batch *bt) {
     m->max_out = bt->n_outputs;
     m->out = realloc(m->out, (size_t)m->max_out * (size_t)m->vocab * sizeof *m->out);
   }
-  int32_t *ctx = NULL;
-  int ctx_cap = 0;
+  /* Each output row reads its whole context from the KV slots. Outputs of one sequence at rising
+   * positions (prompt logprobs: every prompt row) continue one walk over the slots with the rolling
+   * hash, so a step costs one read per position instead of one per position and output row (a slot
+   * is checked once per walk: nothing writes the slots while a step runs). */
+  const di_batch_seq *walk_seq = NULL;
+  int walk_pos = 0; /* positions [0, walk_pos) of walk_seq are hashed into walk_h */
+  uint64_t walk_h = MOCK_HASH0;
   for (int o = 0; o < bt->n_outputs; o++) {
     int row = bt->output_rows[o];
     const di_batch_seq *s = &bt->seqs[bt->seq_of[row]];
     int pos = bt->positions[row];
-    if (pos + 1 > ctx_cap) { ctx_cap = pos + 1; ctx = realloc(ctx, (size_t)ctx_cap * sizeof *ctx); }
-    for (int p = 0; p <= pos; p++) {
+    if (s != walk_seq || pos + 1 < walk_pos) { walk_seq = s; walk_pos = 0; walk_h = MOCK_HASH0; }
+    for (int p = walk_pos; p <= pos; p++) {
       int64_t slot = (int64_t)s->block_table[p / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + p % DI_KV_BLOCK_SIZE;
       if (m->kv_pos[slot] != p) m->errors++;
-      ctx[p] = m->kv_tok[slot];
+      walk_h = mock_hash_next(walk_h, m->kv_tok[slot], p);
     }
-    mock_logits_of(ctx, pos + 1, m->vocab, m->out + (size_t)o * (size_t)m->vocab);
+    walk_pos = pos + 1;
+    mock_logits_of_hash(walk_h, m->vocab, m->out + (size_t)o * (size_t)m->vocab);
   }
-  free(ctx);
   m->n_out = bt->n_outputs;
 }
 
