@@ -35,6 +35,7 @@ have_cmd python3 || need_pkgs+=(python3)
 have_cmd xz || need_pkgs+=(xz-utils)
 have_pkg libcjson-dev || need_pkgs+=(libcjson-dev)
 have_pkg libpcre2-dev || need_pkgs+=(libpcre2-dev)
+have_pkg libmicrohttpd-dev || need_pkgs+=(libmicrohttpd-dev)
 # several ranks (src/dist/, `mpirun -np N deepinfer ...`): Open MPI; without it the build leaves MPI out
 have_cmd mpirun || need_pkgs+=(openmpi-bin)
 have_pkg libopenmpi-dev || need_pkgs+=(libopenmpi-dev)

@@ -1,11 +1,14 @@
-/* libFuzzer target: the HTTP/1.1 request-head parser and the chunked body decoder of
- * `deepinfer serve`. The input is raw bytes from a client; when the head parses and announces a
- * chunked body, the rest is fed to the decoder in pieces whose size comes from the first byte, so
- * that every split of the stream is tried. Small limits, so oversize paths are reached. */
+/* libFuzzer target: the parsing of client bytes that the server still does itself now that
+ * libmicrohttpd parses HTTP (request line, headers, chunked bodies): the streaming JSON pre-check of
+ * request bodies (json_scan.h) and the response header-line splitter (http.h). The input is fed to
+ * the scanner in pieces whose size comes from the first byte; the verdict (and where it came) must
+ * be the same as when it is fed whole, and a scanner that accepted must have kept within its
+ * limits. Small limits, so the depth and value paths are reached. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "server/http.h"
+#include "server/json_scan.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -13,31 +16,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t step = (size_t)(data[0] % 17) + 1;
   const char *buf = (const char *)data + 1;
   size_t len = size - 1;
-  di_http_limits lim = {2048, 4096};
-  di_http_request req;
-  int complete = 0;
-  /* every prefix must parse to "incomplete" or the same verdict: check a few */
-  for (size_t cut = len / 3; cut < len; cut += len / 3 + 1) {
-    di_http_request r2;
-    int c2;
-    (void)di_http_parse_head(buf, cut, &lim, &r2, &c2);
+  di_json_scan whole, parts;
+  di_json_scan_init(&whole, 8, 64);
+  di_json_scan_init(&parts, 8, 64);
+  int rw = di_json_scan_feed(&whole, buf, len);
+  if (rw == 0) rw = di_json_scan_end(&whole);
+  int rp = 0;
+  for (size_t pos = 0; pos < len && rp == 0; pos += step) rp = di_json_scan_feed(&parts, buf + pos, len - pos < step ? len - pos : step);
+  if (rp == 0) rp = di_json_scan_end(&parts);
+  if (rw != rp || whole.error_status != parts.error_status || strcmp(whole.error, parts.error) != 0) __builtin_trap();
+  if (rw == 0 && (whole.depth > 8 || whole.values > 64)) __builtin_trap();
+  /* header lines: every line returned is inside the input and free of CR/LF */
+  char *text = malloc(len + 1);
+  if (!text) return 0;
+  memcpy(text, buf, len);
+  text[len] = 0;
+  const char *p = text, *name, *value;
+  size_t nl, vl;
+  while (di_http_next_header_line(&p, &name, &nl, &value, &vl)) {
+    if (name < text || value + vl > text + len || nl == 0) __builtin_trap();
+    if (memchr(value, '\r', vl) || memchr(value, '\n', vl) || memchr(name, ':', nl)) __builtin_trap();
   }
-  if (di_http_parse_head(buf, len, &lim, &req, &complete) != DI_OK || !complete) return 0;
-  size_t n;
-  (void)di_http_header_get(&req, "content-type", &n);
-  if (req.head_len > len) __builtin_trap();
-  if (!req.chunked) return 0;
-  di_http_chunked d;
-  di_http_chunked_init(&d, lim.max_body_bytes);
-  size_t pos = req.head_len;
-  while (pos < len && !d.done) {
-    size_t take = len - pos < step ? len - pos : step, used;
-    if (di_http_chunked_feed(&d, buf + pos, take, &used) != DI_OK) break;
-    if (used > take) __builtin_trap();
-    pos += used;
-    if (used < take && !d.done) __builtin_trap(); /* the decoder stops early only at the end */
-  }
-  if (d.body_len > lim.max_body_bytes) __builtin_trap();
-  di_http_chunked_free(&d);
+  free(text);
   return 0;
 }

@@ -42,8 +42,12 @@ static void usage(FILE *f) {
           "          the KV cache gets what the weights and step buffers leave; the CPU's default is 1 GiB)\n"
           "          --swa-bounded-replay (DeepSeek-V4: cached prefixes keep no window; a hit recomputes it)\n"
           "HTTP:     --host ADDR (default 127.0.0.1; 0.0.0.0 for all interfaces)  --port N (0: any free port)\n"
-          "          --api-key KEY (or $DEEPINFER_API_KEY: /v1/ needs \"Authorization: Bearer KEY\")\n"
-          "          --max-connections N (512)  --max-body-bytes N (32 MiB)  --keep-alive-timeout S (60)\n"
+          "          --api-key KEY (or $DEEPINFER_API_KEY: every route but /health, /ping and /metrics needs\n"
+          "          \"Authorization: Bearer KEY\")\n"
+          "Limits:   --max-connections N (16384 open at once)  --max-body-bytes N (32 MiB)  --max-n N (1024 samples\n"
+          "          per request: n x prompts)  --max-model-len N (prompt + output tokens)\n"
+          "          --keep-alive-timeout S (60: a connection silent this long is closed)\n"
+          "          --request-timeout S (60: a request body must arrive within this of its head)\n"
           "          --shutdown-timeout S (10: in-flight requests get this long on SIGINT/SIGTERM)\n"
           "          --disable-log-requests (no access-log lines on stderr)\n"
           "          --allowed-origins '*'|ORIGIN,ORIGIN...|'' (CORS; default *: any browser origin may call)\n"
@@ -105,6 +109,8 @@ int di_cmd_serve(int argc, char **argv) {
     else if (FLAG("--max-connections")) { INT(1, 1 << 20); sc.max_connections = (int)x; }
     else if (FLAG("--max-body-bytes")) { INT(1024, (long long)1 << 40); sc.max_body_bytes = (size_t)x; }
     else if (FLAG("--keep-alive-timeout")) { INT(1, 86400); sc.keep_alive_timeout_s = (int)x; }
+    else if (FLAG("--request-timeout")) { INT(1, 86400); sc.request_timeout_s = (int)x; }
+    else if (FLAG("--max-n")) { INT(1, 1024); sc.max_n = (int)x; }
     else if (FLAG("--shutdown-timeout")) { INT(0, 86400); sc.shutdown_grace_s = (int)x; }
     else if (a[0] != '-' && !model_dir) model_dir = a;
     else {

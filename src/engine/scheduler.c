@@ -157,11 +157,25 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
   if (e->spec) DI_TRY(di_spec_grant(e, s, &budget));
 
   /* admit waiting requests (FCFS) unless this step had to preempt; one whose next prompt block another
-   * running request is still computing waits for it (see prefix_in_flight) and lets later ones pass */
+   * running request is still computing waits for it (see prefix_in_flight) and lets later ones pass.
+   * Fairness: the samples of one request (n > 1) hold at most share_cap of the max_num_seqs slots, so
+   * the rest stay open to other requests (n = 1024 beside short chats: the chats are admitted at once);
+   * its further samples wait and let later requests pass */
+  const int share_cap = e->opt.max_num_seqs - e->opt.max_num_seqs / 4 > 0 ? e->opt.max_num_seqs - e->opt.max_num_seqs / 4 : 1;
+  uint64_t capped_id = UINT64_MAX;
   for (int i = 0; i < e->n_waiting && budget > 0 && !e->preempted_this_step; i++) {
     if (e->n_running >= e->opt.max_num_seqs) break;
     di_req *r = e->waiting[i];
     if (r->abort_requested) continue;
+    if (r->n_samples > share_cap) {
+      if (r->id == capped_id) continue;
+      int same = 0;
+      for (int k = 0; k < e->n_running; k++) same += e->running[k]->id == r->id;
+      if (same >= share_cap) {
+        capped_id = r->id;
+        continue;
+      }
+    }
     /* samples 1..n-1 wait until sample 0 has written the prompt's blocks, then share them */
     di_req *lead = r->leader;
     if (lead && lead->state != DI_REQ_DONE && lead->n_valid < lead->n_prompt && di_kv_shares_prefixes(e->kv)) continue;

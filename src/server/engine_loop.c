@@ -36,6 +36,7 @@ struct di_srv_engine {
   int stop, abort_all;
   int step_failed;           /* the last engine step failed (a backend error): /health says so */
   di_engine_stats stats;
+  di_spec_stats spec;
 };
 
 void di_srv_event_free(di_srv_event *ev) {
@@ -284,6 +285,7 @@ static void *engine_main(void *arg) {
         dispatch(s, out);
       }
       di_engine_get_stats(s->e, &s->stats);
+      di_engine_get_spec_stats(s->e, &s->spec);
     } else {
       pthread_mutex_lock(&s->mu);
     }
@@ -300,6 +302,7 @@ di_status di_srv_engine_start(di_engine *e, di_srv_engine **out) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->wake, NULL);
   di_engine_get_stats(e, &s->stats);
+  di_engine_get_spec_stats(e, &s->spec);
   if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->wake);
@@ -400,6 +403,12 @@ void di_srv_stats(di_srv_engine *s, di_engine_stats *st, int *jobs_running, int 
     for (di_srv_job *j = s->queue_head; j; j = j->next) n++;
     *jobs_waiting = n;
   }
+  pthread_mutex_unlock(&s->mu);
+}
+
+void di_srv_spec_stats(di_srv_engine *s, di_spec_stats *spec) {
+  pthread_mutex_lock(&s->mu);
+  *spec = s->spec;
   pthread_mutex_unlock(&s->mu);
 }
 

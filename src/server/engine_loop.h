@@ -63,4 +63,6 @@ void di_srv_abort_all(di_srv_engine *s);
 int di_srv_healthy(di_srv_engine *s);
 /* The engine's stats as of its last step, and the jobs in flight. */
 void di_srv_stats(di_srv_engine *s, di_engine_stats *st, int *jobs_running, int *jobs_waiting);
+/* The speculative-decoding counters as of the last step. */
+void di_srv_spec_stats(di_srv_engine *s, di_spec_stats *spec);
 #endif

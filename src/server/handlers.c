@@ -1,7 +1,8 @@
 /* The endpoints of `deepinfer serve`: routing, /v1/completions and /v1/chat/completions (whole
  * responses and server-sent-event streams), /v1/models, /health, /version, /metrics, /tokenize and
  * /detokenize. Generation requests become one engine job each (engine_loop.h); while waiting for
- * its events a handler polls its socket so that a client that went away aborts its job. */
+ * its events a handler polls its socket so that a client that went away aborts its job. Responses
+ * go out through the transport's di_conn_* calls (server.c). */
 #include "server/server_internal.h"
 #include "api/model_internal.h"
 #include "server/reasoning.h"
@@ -11,6 +12,7 @@
 #include "server/tokenizer_info.h"
 #include "server/responses.h"
 #include "util/json.h"
+#include "util/text.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,7 +30,7 @@ static int respond(di_conn *c, int status, const char *type, const char *body, s
                    const char *more) {
   char h[2048];
   snprintf(h, sizeof h, "%s%s", c->extra, more ? more : "");
-  return di_http_respond(c->fd, status, type, body, len, keep_alive, h);
+  return di_conn_respond(c, status, type, body, len, keep_alive, h);
 }
 
 static int send_json(di_conn *c, int status, cJSON *obj, int keep_alive) {
@@ -42,7 +44,22 @@ static int send_json(di_conn *c, int status, cJSON *obj, int keep_alive) {
   return rc == 0 ? keep_alive : 0;
 }
 
-int di_srv_send_error(di_conn *c, const di_oai_error *e, int keep_alive) {
+/* bytes of `s` that are not UTF-8 become '?' (messages quote client input: the body must stay JSON) */
+static void utf8_replace_invalid(char *s) {
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    if (di_utf8_decode(s, n, &j) < 0) s[i++] = '?';
+    else i = j;
+  }
+}
+
+int di_srv_send_error(di_conn *c, const di_oai_error *err, int keep_alive) {
+  di_oai_error fixed = *err;
+  const di_oai_error *e = &fixed;
+  utf8_replace_invalid(fixed.message);
+  utf8_replace_invalid(fixed.param);
+  di_srv_log_rejection(c, e->status, e->message);
   char *s = di_oai_error_json(e);
   c->status = e->status;
   const char *extra = e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL;
@@ -99,6 +116,7 @@ typedef struct choice {
   int n_out;
   char *error;
   int echoed;                    /* streamed echo with logprobs: the prompt's chunk was sent */
+  double t_last;                 /* monotonic seconds: this choice's last token (inter-token latency) */
   di_tool_stream tools;          /* streamed tool calls: what of them was sent */
   int32_t *ids;                  /* the generated token ids (kept when the response carries token_ids) */
   int n_ids, cap_ids;
@@ -351,8 +369,11 @@ static void record_usage(gen *g, int ok) {
   s->n_prompt_tokens += g->prompt_tokens;
   s->n_generation_tokens += completion;
   if (!ok) s->n_disconnects++;
-  for (int i = 0; i < g->n_choices; i++)
-    if (g->ch[i].finish >= 0 && g->ch[i].finish < 5) s->finished[g->ch[i].finish]++;
+  /* a choice cut off by a client that went away was aborted (its job is): counted as such */
+  for (int i = 0; i < g->n_choices; i++) {
+    di_finish_reason f = g->ch[i].finish == DI_FINISH_NONE && !ok ? DI_FINISH_ABORT : g->ch[i].finish;
+    if (f > DI_FINISH_NONE && f < 5) s->finished[f]++;
+  }
   if (ok && g->t_submit > 0) {
     if (g->t_first > 0) observe(&s->ttft, g->t_first - g->t_submit);
     observe(&s->e2e, t - g->t_submit);
@@ -363,7 +384,17 @@ static void record_usage(gen *g, int ok) {
 
 /* usage counts from an event (every event carries the prompt and output counts) */
 static void note_event(gen *g, choice *ch, const di_srv_event *ev) {
-  if (ev->n_tokens > 0 && g->t_first == 0) g->t_first = mono_s();
+  if (ev->n_tokens > 0) {
+    double t = mono_s();
+    if (g->t_first == 0) g->t_first = t;
+    if (ch->t_last > 0) {
+      /* the event's tokens arrived together: the gap is shared out between them */
+      pthread_mutex_lock(&g->s->mu);
+      for (int k = 0; k < ev->n_tokens; k++) observe(&g->s->itl, (t - ch->t_last) / ev->n_tokens);
+      pthread_mutex_unlock(&g->s->mu);
+    }
+    ch->t_last = t;
+  }
   if (ev->n_output_tokens > ch->n_out) ch->n_out = ev->n_output_tokens;
   if (ev->sample_index == 0 && ev->finish != DI_FINISH_NONE) g->cached_tokens += ev->n_cached_tokens;
   if (ev->finish != DI_FINISH_NONE) {
@@ -383,7 +414,7 @@ static int wait_event(gen *g, di_srv_event **ev) {
     double now = (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
     if (now - g->last_peer_check >= POLL_MS * 1e-3) {
       g->last_peer_check = now;
-      if (di_srv_peer_gone(g->c->fd)) {
+      if (di_conn_peer_gone(g->c)) {
         di_srv_abort(g->s->loop, g->job);
         return -2;
       }
@@ -548,7 +579,7 @@ static int sse_send(gen *g, cJSON *obj) {
 
 static int sse_flush(gen *g) {
   if (g->out.len == 0) return 0;
-  int rc = di_http_write_chunk(g->c->fd, g->out.p, g->out.len);
+  int rc = di_conn_write(g->c, g->out.p, g->out.len);
   g->out.len = 0;
   return rc;
 }
@@ -641,7 +672,7 @@ static int stream_split(gen *g, int ci, choice *ch, const di_srv_event *ev, cJSO
 }
 
 static int respond_stream(gen *g) {
-  int ok = di_http_begin_chunked(g->c->fd, 200, "text/event-stream; charset=utf-8", g->keep_alive, g->c->extra) == 0;
+  int ok = di_conn_begin_stream(g->c, 200, "text/event-stream; charset=utf-8", g->keep_alive, g->c->extra) == 0;
   g->c->status = 200;
   for (int i = 0; ok && i < g->n_choices; i++) {
     if (g->r.chat) ok = sse_send(g, chunk_json(g, i, "", 0, 1, NULL, NULL, NULL, NULL, 0)) == 0;
@@ -738,7 +769,7 @@ static int respond_stream(gen *g) {
     if (sse_send(g, o) != 0 || sse_flush(g) != 0) return 0;
   }
   static const char done[] = "data: [DONE]\n\n"; /* not in the Responses API: response.completed ends it */
-  if ((!g->resp && di_http_write_chunk(g->c->fd, done, sizeof done - 1) != 0) || di_http_end_chunked(g->c->fd) != 0) return 0;
+  if ((!g->resp && di_conn_write(g->c, done, sizeof done - 1) != 0) || di_conn_end_stream(g->c) != 0) return 0;
   return g->keep_alive;
 }
 
@@ -757,7 +788,15 @@ static int handle_generate(di_server *s, di_conn *c, const char *body, size_t le
     di_oai_request_free(&g.r);
     return di_srv_send_error(c, &err, keep_alive);
   }
+  if (!resp) di_conn_release_body(c); /* parsed: `body` is not read again (a /v1/responses one is its translation) */
   int result;
+  if ((long long)g.r.n_prompts * g.r.n > s->cfg.max_n) {
+    di_oai_fail(&err, 400, "invalid_request_error", "n", NULL, "prompts x n is %lld, more than this server's --max-n %d",
+                (long long)g.r.n_prompts * g.r.n, s->cfg.max_n);
+    result = di_srv_send_error(c, &err, keep_alive);
+    di_oai_request_free(&g.r);
+    return result;
+  }
   g.n_choices = g.r.n_prompts * g.r.n;
   g.ch = calloc((size_t)g.n_choices, sizeof *g.ch);
   g.plp = calloc((size_t)g.r.n_prompts, sizeof *g.plp);
@@ -848,6 +887,8 @@ static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
   di_engine_stats st;
   int running, waiting;
   di_srv_stats(s->loop, &st, &running, &waiting);
+  di_spec_stats spec;
+  di_srv_spec_stats(s->loop, &spec);
   /* the model name as a Prometheus label value (backslash, quote and newline escaped) */
   char label[600] = "model_name=\"";
   size_t k = strlen(label);
@@ -886,14 +927,44 @@ static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
       s->n_prompt_tokens, l, s->n_generation_tokens, l, (long long)st.steps, l, (long long)st.preemptions, l,
       (long long)st.prefix_waits, s->n_requests,
       s->n_generate_requests, s->n_errors, s->n_disconnects, s->n_conns);
-  sb_printf(&b, "# HELP deepinfer_request_success_total Finished samples by finish reason.\n"
+  sb_printf(&b, "# HELP deepinfer_request_success_total Finished samples by finish reason (abort: the client went away).\n"
                 "# TYPE deepinfer_request_success_total counter\n");
   static const char *reasons[5] = {"none", "stop", "length", "abort", "error"};
   for (int i = 1; i < 5; i++)
     sb_printf(&b, "deepinfer_request_success_total{%s,finished_reason=\"%s\"} %lld\n", l, reasons[i], s->finished[i]);
+  /* the names vLLM's /metrics uses (after its vllm: prefix), so its dashboards read these */
+  sb_printf(&b,
+      "# HELP deepinfer_prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n"
+      "# TYPE deepinfer_prefix_cache_queries_total counter\ndeepinfer_prefix_cache_queries_total{%s} %lld\n"
+      "# HELP deepinfer_prefix_cache_hits_total Of them, found in the cache.\n"
+      "# TYPE deepinfer_prefix_cache_hits_total counter\ndeepinfer_prefix_cache_hits_total{%s} %lld\n"
+      "# TYPE deepinfer_num_preemptions_total counter\ndeepinfer_num_preemptions_total{%s} %lld\n"
+      "# HELP deepinfer_kv_cache_blocks_used KV-cache blocks in use (deepinfer_kv_cache_usage_perc is used / total).\n"
+      "# TYPE deepinfer_kv_cache_blocks_used gauge\ndeepinfer_kv_cache_blocks_used{%s} %lld\n"
+      "# TYPE deepinfer_kv_cache_blocks_total gauge\ndeepinfer_kv_cache_blocks_total{%s} %lld\n"
+      "# HELP deepinfer_kv_cache_blocks_cached Free blocks that still hold a cached prefix.\n"
+      "# TYPE deepinfer_kv_cache_blocks_cached gauge\ndeepinfer_kv_cache_blocks_cached{%s} %lld\n"
+      "# HELP deepinfer_spec_decode_num_drafts_total Sequence-steps that verified a draft.\n"
+      "# TYPE deepinfer_spec_decode_num_drafts_total counter\ndeepinfer_spec_decode_num_drafts_total{%s} %lld\n"
+      "# TYPE deepinfer_spec_decode_num_draft_tokens_total counter\ndeepinfer_spec_decode_num_draft_tokens_total{%s} %lld\n"
+      "# TYPE deepinfer_spec_decode_num_accepted_tokens_total counter\n"
+      "deepinfer_spec_decode_num_accepted_tokens_total{%s} %lld\n"
+      "# HELP deepinfer_http_rejections_total Requests refused by the HTTP layer itself (malformed, limits).\n"
+      "# TYPE deepinfer_http_rejections_total counter\ndeepinfer_http_rejections_total %lld\n"
+      "# TYPE deepinfer_http_timeouts_total counter\ndeepinfer_http_timeouts_total %lld\n",
+      l, (long long)st.prefix_cache_query_tokens, l, (long long)st.prefix_cache_hit_tokens, l, (long long)st.preemptions,
+      l, (long long)st.kv_blocks_used, l, (long long)st.kv_blocks_total, l, (long long)st.kv_blocks_cached, l,
+      (long long)spec.verify_steps, l, (long long)spec.drafted_tokens, l, (long long)spec.accepted_tokens,
+      s->n_rejected_protocol, s->n_timeouts);
+  sb_printf(&b, "# TYPE deepinfer_spec_decode_num_accepted_tokens_per_pos_total counter\n");
+  for (int i = 0; i < spec.num_tokens && i < 5; i++)
+    sb_printf(&b, "deepinfer_spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %lld\n", l, i,
+              (long long)spec.accepted_at[i]);
   sb_histogram(&b, "deepinfer_time_to_first_token_seconds", "From the job's admission to its first token.", l, &s->ttft);
+  sb_histogram(&b, "deepinfer_inter_token_latency_seconds", "Between a sample's consecutive output tokens.", l, &s->itl);
   sb_histogram(&b, "deepinfer_e2e_request_latency_seconds", "From the job's admission to its response's end.", l, &s->e2e);
   sb_histogram(&b, "deepinfer_time_per_output_token_seconds", "Mean time between output tokens of a request.", l, &s->tpot);
+  sb_histogram(&b, "deepinfer_request_time_per_output_token_seconds", "Mean time between output tokens of a request.", l, &s->tpot);
   pthread_mutex_unlock(&s->mu);
   int have = b.p != NULL;
   c->status = have ? 200 : 500;
@@ -1060,8 +1131,19 @@ static void common_headers(di_server *s, di_conn *c, const di_http_request *req)
     snprintf(c->extra + k, sizeof c->extra - k, "X-Request-Id: %.*s\r\n", (int)n, rid);
 }
 
+size_t di_srv_body_limit(const di_server *s, const di_http_request *req, int *prompt_bound) {
+  /* a prompt route's body beyond what a prompt of max_model_len tokens (each at most max_token_bytes,
+   * each byte of text at most 6 bytes of JSON escape) plus 1 MiB of parameters can be is refused as it
+   * arrives, before it is parsed */
+  int prompt_route = path_is(req, "/v1/completions") || path_is(req, "/v1/chat/completions") || path_is(req, "/tokenize") ||
+                     path_is(req, "/v1/responses");
+  size_t fit = s->oai.max_token_bytes ? (size_t)s->oai.max_model_len * s->oai.max_token_bytes * 6 + (1u << 20) : 0;
+  *prompt_bound = prompt_route && fit && fit < s->cfg.max_body_bytes;
+  return *prompt_bound ? fit : s->cfg.max_body_bytes;
+}
+
 int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const char *body, size_t body_len) {
-  int ka = req->keep_alive;
+  int ka = 1; /* keep-alive is the transport's (libmicrohttpd): handlers only ask for a close */
   int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
   common_headers(s, c, req);
   if (strcmp(req->method, "OPTIONS") == 0) {
@@ -1081,7 +1163,9 @@ int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const 
   s->n_requests++;
   pthread_mutex_unlock(&s->mu);
   di_oai_error err;
-  if (req->path_len >= 4 && memcmp(req->target, "/v1/", 4) == 0 && !authorized(s, req)) {
+  /* every route needs the key but the probes a load balancer or Prometheus polls without one */
+  int open_route = path_is(req, "/health") || path_is(req, "/ping") || path_is(req, "/metrics");
+  if (!open_route && !authorized(s, req)) {
     di_oai_fail(&err, 401, "invalid_request_error", "", "invalid_api_key", "Unauthorized: a valid API key is required "
                 "(Authorization: Bearer KEY)");
     return di_srv_send_error(c, &err, ka);

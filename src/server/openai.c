@@ -136,6 +136,16 @@ static int add_prompt(di_oai_request *r, int32_t *ids, int n, char *text, di_oai
   return 0;
 }
 
+/* a text that cannot fit max_model_len tokens whatever its tokenization (every token is at most
+ * max_token_bytes): refused without tokenizing it (the tokenizer's working memory is many times the text) */
+static int text_too_long(const di_oai_ctx *ctx, size_t len, const char *param, di_oai_error *err) {
+  if (!ctx->max_token_bytes || len / ctx->max_token_bytes <= (size_t)ctx->max_model_len) return 0;
+  return di_oai_fail(err, 400, "invalid_request_error", param, "context_length_exceeded",
+                     "This model's maximum context length is %d tokens. However, your %s is %zu bytes, more than %d "
+                     "tokens of at most %zu bytes each. Please reduce the length of the %s.",
+                     ctx->max_model_len, param, len, ctx->max_model_len, ctx->max_token_bytes, param);
+}
+
 di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_special_tokens, int32_t **ids, size_t *n) {
   const char *bos = di_tokenizer_bos_token(tok);
   int has_bos = bos && *bos && strncmp(s, bos, strlen(bos)) == 0;
@@ -145,6 +155,7 @@ di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_spe
 
 static int text_prompt(const di_oai_ctx *ctx, di_oai_request *r, const char *s, di_oai_error *err) {
   if (!ctx->tok) return BAD("prompt", "text prompts need a tokenizer (the model folder has no tokenizer.json); send token ids");
+  if (text_too_long(ctx, strlen(s), "prompt", err)) return -1;
   int32_t *ids = NULL;
   size_t n = 0;
   if (di_oai_encode_text(ctx->tok, s, r->add_special_tokens, &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
@@ -273,6 +284,7 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   int32_t *ids = NULL;
   size_t n = 0;
   /* the rendered template holds its own BOS: no special tokens added */
+  if (text_too_long(ctx, strlen(r->rendered), "messages", err)) return -1;
   if (di_tokenizer_encode(ctx->tok, r->rendered, strlen(r->rendered), 0, &ids, &n) != DI_OK)
     return BAD("messages", "%s", di_last_error());
   char *copy = xstrdup("");

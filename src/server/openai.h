@@ -13,6 +13,8 @@ typedef struct di_oai_ctx {
   const char *served_name;         /* the `model` clients name */
   const char *model_dir;           /* also accepted as the `model` */
   int max_model_len;
+  size_t max_token_bytes;          /* the longest token's bytes (0: unknown): a text longer than max_model_len
+                                      such tokens is refused before it is tokenized (bounded memory) */
   int vocab_size;
   float default_temperature, default_top_p; /* generation_config.json; NAN: unset */
   int default_top_k;                        /* <= 0: unset */

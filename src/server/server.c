@@ -1,6 +1,17 @@
-/* The socket side of `deepinfer serve` (server.h): binding, the accept loop, one thread per
- * connection reading HTTP/1.1 requests (keep-alive, pipelining, Expect: 100-continue, chunked
- * bodies, timeouts and size limits), and the graceful shutdown. Endpoints live in handlers.c. */
+/* The transport of `deepinfer serve` (server.h) on libmicrohttpd: binding, the daemon (an epoll
+ * thread pool: idle connections cost a socket and a little memory, no thread), request bodies
+ * taken incrementally with the limits checked as bytes arrive (size, JSON depth, UTF-8, values:
+ * json_scan.h), one thread per request being answered, and the graceful shutdown. Endpoints live
+ * in handlers.c.
+ *
+ * The hand-off between libmicrohttpd and a request thread (the tricky part): once the body is in,
+ * the access handler suspends the connection and starts the thread. The thread fills c->resp and
+ * resumes the connection; libmicrohttpd calls the access handler again, which queues c->resp. A
+ * stream's response reads c->sb through a callback: when it is empty the callback suspends the
+ * connection (c->suspended) and the next di_conn_write resumes it. Every suspend is matched by
+ * exactly one resume, by whoever clears c->suspended under c->mu, called after c->mu is released.
+ * While suspended, libmicrohttpd does not watch the socket: the request thread polls it
+ * (di_conn_peer_gone) to abort the work of a client that went away. */
 #include "server/server_internal.h"
 #include "api/model_internal.h"
 #include <arpa/inet.h>
@@ -11,14 +22,22 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <microhttpd.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define READ_CHUNK 65536
 #define TICK_MS 200
+#define MAX_JSON_DEPTH 64
+/* the parsed tree of a body costs ~64 bytes a value (cJSON): bounded, whatever the body's size */
+#define MAX_JSON_VALUES (1 << 20)
+#define STREAM_BUFFER_MAX (8u << 20) /* a stream's unsent bytes; beyond, its thread waits for the client */
+#define MHD_THREADS 2
+#define MAX_REQUEST_THREADS 2048 /* requests being answered at once; more get 503 */
 
 void di_server_config_default(di_server_config *c) {
   memset(c, 0, sizeof *c);
@@ -26,7 +45,8 @@ void di_server_config_default(di_server_config *c) {
   c->port = 8000;
   c->max_head_bytes = 64 << 10;
   c->max_body_bytes = 32u << 20;
-  c->max_connections = 512;
+  c->max_connections = 16384;
+  c->max_n = 1024;
   c->keep_alive_timeout_s = 60;
   c->request_timeout_s = 60;
   c->shutdown_grace_s = 10;
@@ -59,7 +79,7 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
     if (fd < 0) { last_errno = errno; continue; }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) break;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 4096) == 0) break;
     last_errno = errno;
     close(fd);
     fd = -1;
@@ -78,7 +98,8 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   if (!s->cfg.max_head_bytes) s->cfg.max_head_bytes = 64 << 10;
   if (!s->cfg.allowed_origins) s->cfg.allowed_origins = "";
   if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 32u << 20;
-  if (s->cfg.max_connections <= 0) s->cfg.max_connections = 512;
+  if (s->cfg.max_connections <= 0) s->cfg.max_connections = 16384;
+  if (s->cfg.max_n <= 0) s->cfg.max_n = 1024;
   if (s->cfg.keep_alive_timeout_s <= 0) s->cfg.keep_alive_timeout_s = 60;
   if (s->cfg.request_timeout_s <= 0) s->cfg.request_timeout_s = 60;
   if (s->cfg.shutdown_grace_s < 0) s->cfg.shutdown_grace_s = 0;
@@ -97,6 +118,14 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   s->ttft = (di_histogram){.n = 16, .le = ttft_le};
   s->e2e = (di_histogram){.n = 15, .le = e2e_le};
   s->tpot = (di_histogram){.n = 13, .le = tpot_le};
+  static const double itl_le[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+  s->itl = (di_histogram){.n = 19, .le = itl_le};
+  /* idle connections are cheap now, but each holds a descriptor: take what the hard limit allows */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
   di_model *m = cfg->model;
   /* the server's own tokenizer (prompts are encoded on the handler threads; it is thread-safe) */
   s->tok = m->tokenizer;
@@ -117,6 +146,10 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   s->oai.max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : di_model_max_context(m);
   s->cfg.max_model_len = s->oai.max_model_len;
   s->oai.vocab_size = di_model_vocab_size(m);
+  for (int32_t id = 0; s->tok && id < di_tokenizer_vocab_size(s->tok); id++) {
+    size_t n = 0;
+    if (di_tokenizer_token_bytes(s->tok, id, &n) && n > s->oai.max_token_bytes) s->oai.max_token_bytes = n;
+  }
   s->oai.default_temperature = m->cfg.gen_temperature;
   s->oai.default_top_p = m->cfg.gen_top_p;
   s->oai.default_top_k = m->cfg.gen_top_k;
@@ -141,297 +174,536 @@ void di_server_free(di_server *s) {
   free(s);
 }
 
-int di_srv_peer_gone(int fd) {
-  struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
-  if (poll(&p, 1, 0) <= 0) return 0;
-  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return 1;
-  if (p.revents & POLLIN) {
-    char b;
-    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-  }
-  return 0;
+/* ---- one request --------------------------------------------------------------------------------- */
+static void conn_unref(di_conn *c) {
+  pthread_mutex_lock(&c->mu);
+  int last = --c->refs == 0;
+  pthread_mutex_unlock(&c->mu);
+  if (!last) return;
+  if (c->resp) MHD_destroy_response(c->resp);
+  free(c->body);
+  free(c->sb);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cond);
+  free(c);
 }
 
-/* ---- one connection ---------------------------------------------------------------------------- */
-typedef struct rbuf {
-  char *data;
-  size_t len, cap;
-} rbuf;
+/* c->mu held: takes the suspension if there is one; the caller resumes after unlocking */
+static int take_suspension(di_conn *c) {
+  int s = c->suspended;
+  c->suspended = 0;
+  return s;
+}
 
-/* Reads more bytes (waiting up to the deadline, waking every tick to notice a shutdown).
- * Returns bytes read, 0 on EOF, -1 on error, -2 on timeout, -3 when the server stops and
- * `idle` (nothing of a request read yet). */
-static ssize_t read_more(di_server *s, int fd, rbuf *b, double deadline, int idle) {
-  if (b->cap - b->len < READ_CHUNK) {
-    size_t cap = b->cap ? b->cap : READ_CHUNK * 2;
-    while (cap - b->len < READ_CHUNK) cap *= 2;
-    char *d = realloc(b->data, cap);
-    if (!d) return -1;
-    b->data = d;
-    b->cap = cap;
+static void resume_if(di_conn *c, int taken) {
+  if (taken) MHD_resume_connection(c->mc);
+}
+
+int di_conn_peer_gone(di_conn *c) {
+  pthread_mutex_lock(&c->mu);
+  int gone = c->gone;
+  /* only while suspended: otherwise libmicrohttpd reads the socket and sees the close itself */
+  if (!gone && c->suspended && c->fd >= 0) {
+    struct pollfd p = {c->fd, POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, 0) > 0) {
+      if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) gone = 1;
+      else if (p.revents & POLLIN) {
+        char b;
+        ssize_t k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        gone = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      }
+    }
   }
-  for (;;) {
-    if (idle && stop_requested(s)) return -3;
-    double left = deadline - now_s();
-    if (left <= 0) return -2;
-    int ms = left * 1000 < TICK_MS ? (int)(left * 1000) + 1 : TICK_MS; /* int-cast: checked: below TICK_MS */
-    struct pollfd p = {fd, POLLIN, 0};
-    int r = poll(&p, 1, ms);
-    if (r < 0 && errno != EINTR) return -1;
-    if (r <= 0) continue;
-    ssize_t k = recv(fd, b->data + b->len, b->cap - b->len - 1, 0);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (k < 0) return -1;
-    b->len += (size_t)k;
-    return k;
+  pthread_mutex_unlock(&c->mu);
+  return gone;
+}
+
+static void add_headers(struct MHD_Response *r, const char *content_type, int keep_alive, const char *extra) {
+  MHD_add_response_header(r, "Server", "deepinfer");
+  if (content_type) MHD_add_response_header(r, "Content-Type", content_type);
+  if (!keep_alive) MHD_add_response_header(r, "Connection", "close");
+  const char *p = extra, *name, *value;
+  size_t nl, vl;
+  while (p && di_http_next_header_line(&p, &name, &nl, &value, &vl)) {
+    char n[128], v[1024];
+    if (nl >= sizeof n || vl >= sizeof v) continue;
+    memcpy(n, name, nl);
+    n[nl] = 0;
+    memcpy(v, value, vl);
+    v[vl] = 0;
+    MHD_add_response_header(r, n, v);
   }
 }
 
-static void send_simple_error(di_conn *c, int status, const char *msg) {
+/* hands a response to the access handler (request thread) */
+static int hand_over(di_conn *c, struct MHD_Response *r, int status) {
+  pthread_mutex_lock(&c->mu);
+  if (c->ready || c->gone) {
+    pthread_mutex_unlock(&c->mu);
+    if (r) MHD_destroy_response(r);
+    return -1;
+  }
+  c->resp = r;
+  c->resp_status = (unsigned)status;
+  c->ready = 1;
+  int t = take_suspension(c);
+  pthread_mutex_unlock(&c->mu);
+  resume_if(c, t);
+  return r ? 0 : -1;
+}
+
+int di_conn_respond(di_conn *c, int status, const char *content_type, const char *body, size_t len, int keep_alive,
+                    const char *extra_headers) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)(body ? body : ""), MHD_RESPMEM_MUST_COPY);
+  if (r) add_headers(r, content_type, keep_alive, extra_headers);
+  c->status = status;
+  return hand_over(c, r, status);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  di_conn *c = cls;
+  pthread_mutex_lock(&c->mu);
+  size_t avail = c->sb_len - c->sb_off;
+  ssize_t rc;
+  if (avail) {
+    size_t n = avail < max ? avail : max;
+    memcpy(buf, c->sb + c->sb_off, n);
+    c->sb_off += n;
+    if (c->sb_off == c->sb_len) c->sb_off = c->sb_len = 0;
+    pthread_cond_broadcast(&c->cond);
+    rc = (ssize_t)n;
+  } else if (c->stream_end) {
+    rc = c->stream_err ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+  } else {
+    /* nothing to send yet: sleep until di_conn_write (returning 0 without suspending would spin) */
+    MHD_suspend_connection(c->mc);
+    c->suspended = 1;
+    rc = 0;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
+
+static void stream_free(void *cls) { conn_unref(cls); }
+
+int di_conn_begin_stream(di_conn *c, int status, const char *content_type, int keep_alive, const char *extra_headers) {
+  pthread_mutex_lock(&c->mu);
+  c->refs++; /* the response's */
+  c->stream = 1;
+  pthread_mutex_unlock(&c->mu);
+  struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, c, stream_free);
+  if (!r) {
+    conn_unref(c);
+    return -1;
+  }
+  add_headers(r, content_type, keep_alive, extra_headers);
+  MHD_add_response_header(r, "Cache-Control", "no-cache");
+  c->status = status;
+  return hand_over(c, r, status);
+}
+
+int di_conn_write(di_conn *c, const char *data, size_t len) {
+  if (len == 0) return 0;
+  pthread_mutex_lock(&c->mu);
+  /* a client that reads slower than the stream is produced: wait (bounded), then give up on it */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += c->srv->cfg.keep_alive_timeout_s;
+  while (!c->gone && c->sb_len - c->sb_off > STREAM_BUFFER_MAX)
+    if (pthread_cond_timedwait(&c->cond, &c->mu, &until) == ETIMEDOUT) break;
+  int rc = -1;
+  if (!c->gone && c->sb_len - c->sb_off <= STREAM_BUFFER_MAX) {
+    if (c->sb_off && c->sb_len + len > c->sb_cap) {
+      memmove(c->sb, c->sb + c->sb_off, c->sb_len - c->sb_off);
+      c->sb_len -= c->sb_off;
+      c->sb_off = 0;
+    }
+    if (c->sb_len + len > c->sb_cap) {
+      size_t cap = c->sb_cap ? c->sb_cap : 4096;
+      while (cap < c->sb_len + len) cap *= 2;
+      char *b = realloc(c->sb, cap);
+      if (b) { c->sb = b; c->sb_cap = cap; }
+    }
+    if (c->sb_len + len <= c->sb_cap) {
+      memcpy(c->sb + c->sb_len, data, len);
+      c->sb_len += len;
+      rc = 0;
+    }
+  }
+  int t = take_suspension(c);
+  pthread_mutex_unlock(&c->mu);
+  resume_if(c, t);
+  return rc;
+}
+
+static void end_stream(di_conn *c, int error) {
+  pthread_mutex_lock(&c->mu);
+  if (!c->stream_end) {
+    c->stream_end = 1;
+    c->stream_err = error;
+  }
+  int t = take_suspension(c);
+  pthread_mutex_unlock(&c->mu);
+  resume_if(c, t);
+}
+
+int di_conn_end_stream(di_conn *c) {
+  end_stream(c, 0);
+  pthread_mutex_lock(&c->mu);
+  int gone = c->gone;
+  pthread_mutex_unlock(&c->mu);
+  return gone ? -1 : 0;
+}
+
+static double mono_now(void) { return now_s(); }
+
+/* client bytes for a log line: non-printable ones escaped as \xNN, at most cap - 1 bytes */
+static void printable(const char *in, char *out, size_t cap) {
+  size_t k = 0;
+  for (const unsigned char *p = (const unsigned char *)in; *p && k + 5 < cap; p++) {
+    if (*p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\') out[k++] = (char)*p;
+    else k += (size_t)snprintf(out + k, cap - k, "\\x%02x", *p);
+  }
+  out[k] = 0;
+}
+
+void di_srv_log_rejection(di_conn *c, int status, const char *reason) {
+  char why[800], path[300], method[70];
+  printable(reason, why, sizeof why);
+  printable(c->req.target, path, sizeof path);
+  printable(c->req.method, method, sizeof method);
+  fprintf(stderr, "deepinfer serve: %s \"%s %s\" rejected %d: %s\n", c->peer, method, path, status, why);
+}
+
+/* an error answered by the transport itself (before a request thread runs) */
+static enum MHD_Result reject(di_conn *c, int status, const char *msg) {
   di_oai_error e;
   di_oai_fail(&e, status, status >= 500 ? "server_error" : "invalid_request_error", "", NULL, "%s", msg);
-  di_srv_send_error(c, &e, 0);
+  char *json = di_oai_error_json(&e);
+  di_srv_log_rejection(c, status, e.message);
+  pthread_mutex_lock(&c->srv->mu);
+  c->srv->n_errors++;
+  pthread_mutex_unlock(&c->srv->mu);
+  struct MHD_Response *r = MHD_create_response_from_buffer(json ? strlen(json) : 2, json ? json : "{}", MHD_RESPMEM_MUST_COPY);
+  free(json);
+  if (!r) return MHD_NO;
+  add_headers(r, "application/json", 0, NULL);
+  c->status = status;
+  enum MHD_Result q = MHD_queue_response(c->mc, (unsigned)status, r);
+  MHD_destroy_response(r);
+  pthread_mutex_lock(&c->mu);
+  c->queued = 1;
+  pthread_mutex_unlock(&c->mu);
+  return q;
 }
 
-static void access_log(di_server *s, di_conn *c, const di_http_request *req, double t0) {
+static void access_log(di_server *s, di_conn *c) {
   if (!s->cfg.log_requests) return;
-  fprintf(stderr, "deepinfer serve: %s \"%s %.200s HTTP/1.%d\" %d %.3fs\n", c->peer, req->method, req->target,
-          req->version_minor, c->status, now_s() - t0);
+  char path[300], method[70];
+  printable(c->req.target, path, sizeof path);
+  printable(c->req.method, method, sizeof method);
+  fprintf(stderr, "deepinfer serve: %s \"%s %s HTTP/1.%d\" %d %.3fs\n", c->peer, method, path, c->req.version_minor,
+          c->status, mono_now() - c->t0);
 }
 
-static void serve_connection(di_server *s, di_conn *c) {
-  rbuf b = {0};
-  di_http_limits lim = {s->cfg.max_head_bytes, s->cfg.max_body_bytes};
-  for (;;) {
-    /* the request head: an idle connection waits keep_alive_timeout_s, a started one request_timeout_s */
-    di_http_request req;
-    int complete = 0;
-    c->extra[0] = 0;
-    double idle_deadline = now_s() + s->cfg.keep_alive_timeout_s, deadline = 0;
-    for (;;) {
-      if (b.len) {
-        di_status st = di_http_parse_head(b.data, b.len, &lim, &req, &complete);
-        if (st != DI_OK) {
-          c->status = req.error_status;
-          send_simple_error(c, req.error_status ? req.error_status : 400, di_last_error());
-          goto close;
-        }
-        if (complete) break;
-        if (deadline == 0) deadline = now_s() + s->cfg.request_timeout_s;
-      }
-      ssize_t k = read_more(s, c->fd, &b, b.len ? deadline : idle_deadline, b.len == 0);
-      if (k == -2 && b.len) { send_simple_error(c, 408, "timed out reading the request"); goto close; }
-      if (k <= 0) goto close;
-    }
-    double t0 = now_s();
-    pthread_mutex_lock(&s->mu);
-    int stopping = s->stopping;
-    if (!stopping) s->n_busy++;
-    pthread_mutex_unlock(&s->mu);
-    if (stopping) {
-      send_simple_error(c, 503, "the server is shutting down");
-      goto close;
-    }
-    /* the body */
-    const char *body = NULL;
-    size_t body_len = 0, consumed = req.head_len;
-    char *owned = NULL;
-    int ok = 1;
-    if (req.expect_continue && (req.chunked || (req.content_length > 0 && b.len < req.head_len + (size_t)req.content_length))) {
-      if (di_http_write_all(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25) != 0) ok = 0;
-    }
-    if (ok && req.chunked) {
-      di_http_chunked d;
-      di_http_chunked_init(&d, s->cfg.max_body_bytes);
-      size_t pos = req.head_len;
-      double dl = now_s() + s->cfg.request_timeout_s;
-      while (ok) {
-        size_t used;
-        if (di_http_chunked_feed(&d, b.data + pos, b.len - pos, &used) != DI_OK) {
-          send_simple_error(c, d.error_status ? d.error_status : 400, di_last_error());
-          ok = 0;
-          break;
-        }
-        pos += used;
-        if (d.done) break;
-        /* the raw chunks already decoded are dropped so the buffer stays small */
-        memmove(b.data + req.head_len, b.data + pos, b.len - pos);
-        b.len -= pos - req.head_len;
-        pos = req.head_len;
-        ssize_t k = read_more(s, c->fd, &b, dl, 0);
-        if (k == -2) send_simple_error(c, 408, "timed out reading the request body");
-        if (k <= 0) ok = 0;
-      }
-      if (ok) {
-        owned = d.body;
-        d.body = NULL;
-        body = owned;
-        body_len = d.body_len;
-        consumed = pos;
-      }
-      di_http_chunked_free(&d);
-    } else if (ok && req.content_length > 0) {
-      size_t need = req.head_len + (size_t)req.content_length;
-      double dl = now_s() + s->cfg.request_timeout_s;
-      while (ok && b.len < need) {
-        ssize_t k = read_more(s, c->fd, &b, dl, 0);
-        if (k == -2) send_simple_error(c, 408, "timed out reading the request body");
-        if (k <= 0) ok = 0;
-      }
-      body = b.data + req.head_len;
-      body_len = (size_t)req.content_length;
-      consumed = need;
-    } else if (ok && req.content_length < 0 && strcmp(req.method, "POST") == 0) {
-      c->status = 411;
-      send_simple_error(c, 411, "a POST body needs Content-Length (or Transfer-Encoding: chunked)");
-      ok = 0;
-    }
-    int keep = 0;
-    if (ok) {
-      c->status = 0;
-      keep = di_srv_dispatch(s, c, &req, body ? body : "", body_len);
-      access_log(s, c, &req, t0);
-    }
-    free(owned);
-    pthread_mutex_lock(&s->mu);
-    s->n_busy--;
-    if (s->stopping) keep = 0;
-    pthread_cond_broadcast(&s->conns_cond);
-    pthread_mutex_unlock(&s->mu);
-    if (!ok || !keep) goto close;
-    /* pipelined bytes of the next request stay in the buffer */
-    memmove(b.data, b.data + consumed, b.len - consumed);
-    b.len -= consumed;
-  }
-close:
-  free(b.data);
+void di_conn_release_body(di_conn *c) {
+  free(c->body);
+  c->body = NULL;
+  c->body_len = c->body_cap = 0;
 }
 
-/* Closes the way RFC 9112 9.6 asks: our side first, then whatever the client still sends is read
- * and dropped (up to 1 s / 1 MiB), so an error answered before the request was fully read (413,
- * 503, ...) is not lost to a reset caused by unread bytes. */
-static void linger_drain(int fd) {
-  shutdown(fd, SHUT_WR);
-  char scratch[4096];
-  size_t total = 0;
-  double end = now_s() + 1.0;
-  while (total < (1u << 20)) {
-    double left = end - now_s();
-    if (left <= 0) break;
-    struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) break; /* int-cast: checked: left <= 1 s */
-    ssize_t k = recv(fd, scratch, sizeof scratch, 0);
-    if (k <= 0) break;
-    total += (size_t)k;
-  }
-}
-
-static void *conn_main(void *arg) {
+static void *request_main(void *arg) {
   di_conn *c = arg;
   di_server *s = c->srv;
-  serve_connection(s, c);
-  linger_drain(c->fd);
+  c->status = 0;
+  int keep = di_srv_dispatch(s, c, &c->req, c->body ? c->body : "", c->body_len);
+  (void)keep;
+  access_log(s, c);
+  /* whatever the handler left undone: a stream not ended (client gone: an error end), or no response */
+  pthread_mutex_lock(&c->mu);
+  int stream = c->stream, ready = c->ready;
+  c->thread_done = 1;
+  pthread_mutex_unlock(&c->mu);
+  if (stream) end_stream(c, 1);
+  else if (!ready) hand_over(c, NULL, 0);
+  di_conn_release_body(c);
+  conn_unref(c);
   pthread_mutex_lock(&s->mu);
-  if (c->prev) c->prev->next = c->next; else s->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
-  s->n_conns--;
+  s->n_busy--;
   pthread_cond_broadcast(&s->conns_cond);
-  /* closed under the lock so the shutdown path never calls shutdown() on a reused descriptor */
-  close(c->fd);
   pthread_mutex_unlock(&s->mu);
-  free(c);
   return NULL;
 }
 
-static void *reject_main(void *arg) {
-  di_conn *c = arg;
-  di_server *s = c->srv;
-  send_simple_error(c, 503, "too many open connections");
-  linger_drain(c->fd);
-  close(c->fd);
-  pthread_mutex_lock(&s->mu);
-  s->n_rejecting--;
-  pthread_cond_broadcast(&s->conns_cond);
-  pthread_mutex_unlock(&s->mu);
-  free(c);
-  return NULL;
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+  (void)kind;
+  di_http_request *r = cls;
+  if (r->n_headers == DI_HTTP_MAX_HEADERS) return MHD_NO;
+  di_http_header *h = &r->headers[r->n_headers++];
+  h->name = key;
+  h->name_len = strlen(key);
+  h->value = value ? value : "";
+  h->value_len = strlen(h->value);
+  return MHD_YES;
 }
 
-static void accept_one(di_server *s) {
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof ss;
-  int fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-  if (fd < 0) {
-    /* out of descriptors: the listener stays readable, so back off instead of spinning */
-    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(100000);
-    return;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* SSE chunks go out at once */
-  struct timeval tv = {60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);    /* a client that stops reading is dropped */
+static di_conn *conn_new(di_server *s, struct MHD_Connection *mc, const char *url, const char *method,
+                         const char *version) {
   di_conn *c = calloc(1, sizeof *c);
-  if (!c) { close(fd); return; }
-  c->fd = fd;
+  if (!c) return NULL;
   c->srv = s;
+  c->mc = mc;
+  c->refs = 1;
+  c->t0 = now_s();
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cond, NULL);
+  snprintf(c->req.method, sizeof c->req.method, "%s", method);
+  snprintf(c->req.target, sizeof c->req.target, "%s", url);
+  c->req.path_len = strlen(c->req.target);
+  c->req.version_minor = version && strcmp(version, "HTTP/1.0") == 0 ? 0 : 1;
+  MHD_get_connection_values(mc, MHD_HEADER_KIND, collect_header, &c->req);
+  const union MHD_ConnectionInfo *fi = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+  c->fd = fi ? fi->connect_fd : -1;
+  const union MHD_ConnectionInfo *ai = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
   char host[64] = "?";
   int port = 0;
-  if (ss.ss_family == AF_INET) {
-    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
-    port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
-    port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  if (ai && ai->client_addr) {
+    const struct sockaddr *sa = ai->client_addr;
+    if (sa->sa_family == AF_INET) {
+      inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, host, sizeof host);
+      port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
+    } else if (sa->sa_family == AF_INET6) {
+      inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, host, sizeof host);
+      port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+    }
   }
   snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+  di_json_scan_init(&c->scan, MAX_JSON_DEPTH, MAX_JSON_VALUES);
+  c->max_body = di_srv_body_limit(s, &c->req, &c->prompt_bound);
+  return c;
+}
+
+static void body_limit_message(di_server *s, di_conn *c, unsigned long long announced, char *msg, size_t cap) {
+  int k = announced ? snprintf(msg, cap, "the request body (%llu bytes) is larger", announced)
+                    : snprintf(msg, cap, "the request body is larger");
+  if (k < 0 || (size_t)k >= cap) return;
+  if (c->prompt_bound)
+    snprintf(msg + k, cap - (size_t)k, " than %zu bytes, more than a prompt of at most %d tokens (max_model_len) of at "
+             "most %zu bytes each can need", c->max_body, s->oai.max_model_len, s->oai.max_token_bytes);
+  else
+    snprintf(msg + k, cap - (size_t)k, " than the limit of %zu bytes (--max-body-bytes)", c->max_body);
+}
+
+/* the head arrived: the checks that need no body */
+static enum MHD_Result on_head(di_server *s, di_conn *c) {
+  size_t n;
+  const char *cl = di_http_header_get(&c->req, "content-length", &n);
+  const char *te = di_http_header_get(&c->req, "transfer-encoding", &n);
   pthread_mutex_lock(&s->mu);
-  if (s->n_conns >= s->cfg.max_connections) {
-    /* answered on a short-lived thread (at most 16 at once) so the lingering close does not stall
-     * the accept loop; beyond that the connection is just closed */
-    int take = s->n_rejecting < 16;
-    if (take) s->n_rejecting++;
-    pthread_mutex_unlock(&s->mu);
-    pthread_t th;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 256 << 10);
-    int started = take && pthread_create(&th, &attr, reject_main, c) == 0;
-    pthread_attr_destroy(&attr);
-    if (!started) {
-      if (take) {
-        pthread_mutex_lock(&s->mu);
-        s->n_rejecting--;
-        pthread_mutex_unlock(&s->mu);
-      }
-      close(fd);
-      free(c);
+  int stopping = s->stopping;
+  pthread_mutex_unlock(&s->mu);
+  if (stopping) return reject(c, 503, "the server is shutting down");
+  if (cl) {
+    unsigned long long v = strtoull(cl, NULL, 10);
+    if (v > c->max_body) {
+      char msg[256];
+      body_limit_message(s, c, v, msg, sizeof msg);
+      return reject(c, 413, msg);
     }
-    return;
+    c->body_cap = (size_t)v + 1; /* the whole body at once: no regrowth, no slack */
+    c->body = malloc(c->body_cap);
+    if (!c->body) return reject(c, 503, "out of memory for the request body");
+    if (te) return reject(c, 400, "both Content-Length and Transfer-Encoding");
+  } else if (!te && strcmp(c->req.method, "POST") == 0) {
+    return reject(c, 411, "a POST body needs Content-Length (or Transfer-Encoding: chunked)");
   }
-  c->next = s->conns;
-  if (s->conns) s->conns->prev = c;
-  s->conns = c;
-  s->n_conns++;
+  return MHD_YES;
+}
+
+/* a limit crossed mid-body: the body read so far is freed, the rest is read and dropped (up to
+ * --max-body-bytes more), and the error is answered when the body ends */
+static enum MHD_Result refuse_later(di_conn *c, int status, const char *msg) {
+  c->refuse_status = status;
+  snprintf(c->refuse_msg, sizeof c->refuse_msg, "%s", msg);
+  free(c->body);
+  c->body = NULL;
+  c->body_len = c->body_cap = 0;
+  return MHD_YES;
+}
+
+/* more of the body: stored and scanned as it arrives */
+static enum MHD_Result on_body(di_server *s, di_conn *c, const char *data, size_t len) {
+  if (c->refuse_status) {
+    c->dropped += len;
+    if (c->dropped <= s->cfg.max_body_bytes) return MHD_YES;
+    di_srv_log_rejection(c, c->refuse_status, c->refuse_msg);
+    return MHD_NO; /* a client that keeps sending after the limit: closed without an answer */
+  }
+  if (now_s() - c->t0 > s->cfg.request_timeout_s) {
+    di_srv_log_rejection(c, 408, "timed out reading the request body");
+    return MHD_NO;
+  }
+  if (len > c->max_body - c->body_len) {
+    char msg[256];
+    body_limit_message(s, c, 0, msg, sizeof msg);
+    return refuse_later(c, 413, msg);
+  }
+  if (di_json_scan_feed(&c->scan, data, len) != 0) return refuse_later(c, c->scan.error_status, c->scan.error);
+  if (c->body_len + len + 1 > c->body_cap) {
+    size_t cap = c->body_cap ? c->body_cap : 4096;
+    while (cap < c->body_len + len + 1) cap *= 2;
+    if (cap > c->max_body + 1) cap = c->max_body + 1;
+    char *b = realloc(c->body, cap);
+    if (!b) return refuse_later(c, 503, "out of memory for the request body");
+    c->body = b;
+    c->body_cap = cap;
+  }
+  memcpy(c->body + c->body_len, data, len);
+  c->body_len += len;
+  c->body[c->body_len] = 0;
+  return MHD_YES;
+}
+
+/* the whole request is in: a request thread answers it while the connection is suspended */
+static enum MHD_Result on_complete(di_server *s, di_conn *c) {
+  if (c->refuse_status) return reject(c, c->refuse_status, c->refuse_msg);
+  if (c->body_len && di_json_scan_end(&c->scan) != 0) return reject(c, c->scan.error_status, c->scan.error);
+  pthread_mutex_lock(&s->mu);
+  int stopping = s->stopping, over = s->n_busy >= MAX_REQUEST_THREADS;
+  if (!stopping && !over) {
+    s->n_busy++;
+    s->n_answering++;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (stopping) return reject(c, 503, "the server is shutting down");
+  if (over) return reject(c, 503, "too many requests in flight");
+  pthread_mutex_lock(&c->mu);
+  c->refs++; /* the thread's */
+  c->dispatched = 1;
+  MHD_suspend_connection(c->mc);
+  c->suspended = 1;
+  pthread_mutex_unlock(&c->mu);
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&attr, 1 << 20);
   pthread_t th;
-  int rc = pthread_create(&th, &attr, conn_main, c);
+  int rc = pthread_create(&th, &attr, request_main, c);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
-    s->conns = c->next;
-    if (c->next) c->next->prev = NULL;
-    s->n_conns--;
+    pthread_mutex_lock(&s->mu);
+    s->n_busy--; /* n_answering: the error below is answered and completes as any response */
     pthread_mutex_unlock(&s->mu);
-    send_simple_error(c, 503, "cannot start a connection thread");
-    close(fd);
-    free(c);
-    return;
+    c->refs--; /* cannot be the last: libmicrohttpd holds one */
+    di_oai_error e;
+    di_oai_fail(&e, 503, "server_error", "", NULL, "cannot start a request thread");
+    di_srv_send_error(c, &e, 0); /* hands the response over and resumes */
   }
+  return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+  di_server *s = cls;
+  di_conn *c = *con_cls;
+  if (!c) {
+    c = conn_new(s, mc, url, method, version);
+    if (!c) return MHD_NO;
+    *con_cls = c;
+    return on_head(s, c);
+  }
+  pthread_mutex_lock(&c->mu);
+  int queued = c->queued, dispatched = c->dispatched, ready = c->ready;
+  pthread_mutex_unlock(&c->mu);
+  if (queued) {
+    *upload_size = 0; /* an early error is on its way: the rest of the body is dropped */
+    return MHD_YES;
+  }
+  if (*upload_size) {
+    size_t n = *upload_size;
+    *upload_size = 0;
+    return on_body(s, c, upload_data, n);
+  }
+  if (!dispatched) return on_complete(s, c);
+  if (!ready) {
+    /* not expected (only a resume calls back here): wait again */
+    pthread_mutex_lock(&c->mu);
+    if (!c->suspended && !c->ready) {
+      MHD_suspend_connection(mc);
+      c->suspended = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return MHD_YES;
+  }
+  pthread_mutex_lock(&c->mu);
+  struct MHD_Response *r = c->resp;
+  c->resp = NULL;
+  c->queued = 1;
+  pthread_mutex_unlock(&c->mu);
+  if (!r) return MHD_NO; /* the client is gone, or the handler failed to build a response: close */
+  enum MHD_Result q = MHD_queue_response(mc, c->resp_status, r);
+  MHD_destroy_response(r);
+  return q;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
+  (void)mc;
+  di_server *s = cls;
+  di_conn *c = *con_cls;
+  if (!c) return;
+  *con_cls = NULL;
+  pthread_mutex_lock(&c->mu);
+  c->gone = 1;
+  c->fd = -1;
+  int dispatched = c->dispatched;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->mu);
+  if (dispatched) {
+    pthread_mutex_lock(&s->mu);
+    s->n_answering--;
+    pthread_cond_broadcast(&s->conns_cond);
+    pthread_mutex_unlock(&s->mu);
+  }
+  if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && toe != MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN) {
+    const char *why = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timed out (no traffic)"
+                      : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "client closed the connection"
+                      : toe == MHD_REQUEST_TERMINATED_READ_ERROR  ? "read error"
+                                                                   : "error";
+    pthread_mutex_lock(&s->mu);
+    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) s->n_timeouts++;
+    pthread_mutex_unlock(&s->mu);
+    if (s->cfg.log_requests || toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) {
+      char path[300], method[70];
+      printable(c->req.target, path, sizeof path);
+      printable(c->req.method, method, sizeof method);
+      fprintf(stderr, "deepinfer serve: %s \"%s %s\" ended: %s\n", c->peer, method, path, why);
+    }
+  }
+  conn_unref(c);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_ctx, enum MHD_ConnectionNotificationCode t) {
+  (void)mc;
+  (void)socket_ctx;
+  di_server *s = cls;
+  pthread_mutex_lock(&s->mu);
+  s->n_conns += t == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
   pthread_mutex_unlock(&s->mu);
+}
+
+/* libmicrohttpd's own messages: the protocol errors it answers itself (malformed request line or
+ * headers, a header block over the limit, a bad chunk, HTTP/2 ...) say their status and reason here */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  di_server *s = cls;
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  size_t n = strlen(msg);
+  while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+  pthread_mutex_lock(&s->mu);
+  s->n_rejected_protocol++;
+  pthread_mutex_unlock(&s->mu);
+  fprintf(stderr, "deepinfer serve: http: %s\n", msg);
 }
 
 /* waits until `cond_fn` holds or `seconds` pass; mutex held */
@@ -451,19 +723,35 @@ static int wait_until(di_server *s, int (*done)(di_server *), double seconds) {
   return 1;
 }
 static int none_busy(di_server *s) { return s->n_busy == 0; }
-static int none_open(di_server *s) { return s->n_conns == 0 && s->n_rejecting == 0; }
+static int none_answering(di_server *s) { return s->n_answering == 0; }
 
 di_status di_server_run(di_server *s) {
   DI_TRY(di_srv_engine_start(s->cfg.engine, &s->loop));
-  while (!stop_requested(s)) {
-    struct pollfd p = {s->listen_fd, POLLIN, 0};
-    int r = poll(&p, 1, TICK_MS);
-    if (r > 0 && (p.revents & POLLIN)) accept_one(s);
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                   MHD_USE_TURBO;
+  s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+                            MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)MHD_THREADS,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.keep_alive_timeout_s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)s->cfg.max_head_bytes, /* beyond: 431 */
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            /* permissive: an HTTP/1.1 request without Host is served (curl -0, tests) */
+                            MHD_OPTION_STRICT_FOR_CLIENT, (int)-1, MHD_OPTION_END);
+  if (!s->mhd) {
+    di_srv_engine_stop(s->loop);
+    s->loop = NULL;
+    return di_error_set(DI_ERR_INTERNAL, "server: cannot start libmicrohttpd on port %d", s->port);
   }
-  /* graceful shutdown: stop accepting; idle keep-alive connections close at their next tick;
-   * in-flight requests get the grace period, then are aborted; stragglers are shut down */
-  close(s->listen_fd);
-  s->listen_fd = -1;
+  while (!stop_requested(s)) {
+    struct timespec ts = {0, TICK_MS * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  /* graceful shutdown: stop accepting; new requests on open connections get 503; in-flight ones get
+   * the grace period, then are aborted; then the daemon closes every connection */
+  /* the listening socket is closed only after the daemon stopped: its threads drop it from their
+   * epoll sets asynchronously (closing it now races with them) */
+  MHD_quiesce_daemon(s->mhd);
   if (s->cfg.log_requests) fprintf(stderr, "deepinfer serve: shutting down\n");
   pthread_mutex_lock(&s->mu);
   s->stopping = 1;
@@ -471,16 +759,22 @@ di_status di_server_run(di_server *s) {
   pthread_mutex_unlock(&s->mu);
   di_srv_abort_all(s->loop);
   pthread_mutex_lock(&s->mu);
-  wait_until(s, none_open, 5);
-  for (di_conn *c = s->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
-  wait_until(s, none_open, 30);
-  int left = s->n_conns;
+  wait_until(s, none_busy, 30);
+  int left = s->n_busy;
+  /* a finished request thread may have left a stream's last bytes to send: libmicrohttpd gets a few
+   * seconds to deliver them before the daemon closes every connection */
+  if (!left) wait_until(s, none_answering, 5);
   pthread_mutex_unlock(&s->mu);
   if (left) {
-    /* a connection thread still runs and would use the engine loop: keep it alive (leak) */
-    fprintf(stderr, "deepinfer serve: %d connections did not close\n", left);
-    return di_error_set(DI_ERR_INTERNAL, "%d connections did not close at shutdown", left);
+    /* a request thread still runs and would use the engine loop and the daemon: keep them (leak) */
+    s->listen_fd = -1; /* the daemon still runs over it */
+    fprintf(stderr, "deepinfer serve: %d requests did not finish\n", left);
+    return di_error_set(DI_ERR_INTERNAL, "%d requests did not finish at shutdown", left);
   }
+  MHD_stop_daemon(s->mhd);
+  s->mhd = NULL;
+  close(s->listen_fd);
+  s->listen_fd = -1;
   di_srv_engine_stop(s->loop);
   s->loop = NULL;
   return DI_OK;

@@ -1,6 +1,6 @@
-/* `deepinfer serve`: an OpenAI-compatible HTTP/1.1 server over one engine. A listener thread
- * accepts connections, one thread per connection reads requests and answers them, and one engine
- * thread owns the engine (engine_loop.h). Endpoints: see docs/server.md. */
+/* `deepinfer serve`: an OpenAI-compatible HTTP/1.1 server over one engine. libmicrohttpd's epoll
+ * threads hold the connections and read requests, one thread per request being answered runs its
+ * endpoint, and one engine thread owns the engine (engine_loop.h). Endpoints: see docs/server.md. */
 #ifndef DI_SERVER_SERVER_H
 #define DI_SERVER_SERVER_H
 #include <stddef.h>
@@ -10,12 +10,14 @@ typedef struct di_server_config {
   const char *host;              /* address to bind (default 127.0.0.1) */
   int port;                      /* 0: any free port (di_server_port tells which) */
   const char *served_name;       /* the model name clients use */
-  const char *api_key;           /* NULL: no authentication; else /v1/ needs "Authorization: Bearer KEY" */
+  const char *api_key;           /* NULL: no authentication; else every route but /health, /ping and /metrics
+                                    needs "Authorization: Bearer KEY" */
   size_t max_head_bytes;         /* request line + headers (default 64 KiB) */
   size_t max_body_bytes;         /* default 32 MiB */
-  int max_connections;           /* open connections at once (default 512); more get 503 */
-  int keep_alive_timeout_s;      /* idle keep-alive connections close after this (default 60) */
-  int request_timeout_s;         /* a request's head and body must arrive within this (default 60) */
+  int max_connections;           /* open connections at once (default 16384); more are closed at accept */
+  int max_n;                     /* samples per request (n x prompts; default 1024) */
+  int keep_alive_timeout_s;      /* a connection with no traffic for this long is closed (default 60) */
+  int request_timeout_s;         /* a request's body must arrive within this of its head (default 60; 408) */
   int shutdown_grace_s;          /* on stop, in-flight requests get this long before being aborted (default 10) */
   int log_requests;              /* one access-log line per request on stderr */
   di_model *model;               /* borrowed; outlives the server */
