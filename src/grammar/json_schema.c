@@ -896,6 +896,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     di_sbuf kb = {0};
     di_sbuf_json_string(&kb, names[i]);
     if (kb.oom) {
+      free(kb.p);
       st = di_error_set(DI_ERR_OOM, "out of memory");
       goto done;
     }
@@ -981,6 +982,10 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   }
   for (int i = n - 1; i >= 0; i--) {
     int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
+    if (b->oom) { /* the new rules' indices are not valid then */
+      st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+      goto done;
+    }
     di_gseq kv = {0};
     di_gseq_bytes(b, &kv, ks.keys[i], strlen(ks.keys[i]));
     ws(c, &kv);
@@ -1105,6 +1110,7 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gb_add_alt(b, r, NULL, 0);
     }
     di_gseq_free(&s);
+    if (b->oom) return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
     b->rules[r].defined = 1;
     next = r;
   }
@@ -1122,6 +1128,7 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gb_add_alt(b, r, s.v, s.n);
       di_gseq_free(&s);
     }
+    if (b->oom) return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
     b->rules[r].defined = 1;
     next = r;
   }
@@ -1233,6 +1240,8 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: nested too deeply at %s", path);
   di_gb *b = c->b;
   int rule = di_gb_new_rule(b, "schema");
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
   if (c->nmemo == c->capmemo) {
     int nc = c->capmemo ? c->capmemo * 2 : 32;
     memo_t *q = realloc(c->memo, sizeof *q * (size_t)nc);
@@ -1348,6 +1357,11 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
   di_status st = gen(&c, root, "#", &r);
   if (st == DI_OK) {
     int top = di_gb_new_rule(b, "root");
+    if (b->oom) {
+      jc_free(&c);
+      cJSON_Delete(root);
+      return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+    }
     b->rules[top].defined = 1;
     if (r >= 0) {
       di_gel e = rule_el(r);
