@@ -10,9 +10,11 @@
  *       Shared-system-prompt workload on the CPU backend: N_REQ requests (default 32) = the same
  *       SYS_LEN-token system prompt (default 1024) + 16 own tokens, 8 new tokens each; wall time
  *       with prefix caching off and on.
- *   bench_engine model MODEL_DIR [auto|dummy] [cpu|cuda] [SEQS] [PROMPT_LEN]
+ *   bench_engine model MODEL_DIR [auto|dummy] [cpu|cuda] [SEQS] [PROMPT_LEN] [default-kv]
  *       The engine over a real backend: 100 decode steps with SEQS running sequences (default 64),
- *       async scheduling off and on; ms per step, tokens/s, host time and its hidden share.
+ *       async scheduling off and on; ms per step, tokens/s, host time and its hidden share. The KV
+ *       pool holds every sequence's prompt + 300 tokens, or with default-kv the engine's own default
+ *       (gpu_memory_utilization on CUDA), whose choice and preemptions are printed.
  *       DEEPINFER_HOST_SAMPLING=1 samples on the host even when the backend offers to. */
 #include "deepinfer.h"
 #include "engine/engine_internal.h"
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "util/switches.h"
 
 typedef struct sleep_backend {
   di_backend base;
@@ -187,7 +190,8 @@ static int bench_prefix(const char *dir, int n_req, int sys_len) {
 }
 
 /* The engine over a real backend: decode steps with SEQS running sequences, async off and on. */
-static int bench_model(const char *dir, const char *load_format, const char *accel, int seqs, int prompt_len) {
+static int bench_model(const char *dir, const char *load_format, const char *accel, int seqs, int prompt_len,
+                       int default_kv) {
   di_model_options mo;
   di_model_options_default(&mo);
   mo.load_format = load_format;
@@ -200,9 +204,9 @@ static int bench_model(const char *dir, const char *load_format, const char *acc
     return 1;
   }
   int V = di_model_vocab_size(m);
-  const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
+  const int host_sampling = di_switch_bool(DI_SW_HOST_SAMPLING, 0);
   printf("engine on %s (%s weights, %s, loaded in %.1f s): %d sequences, %d-token prompts, greedy, %s sampling\n", dir,
-         load_format, accel, now_s() - tl, seqs, prompt_len, hs && *hs && strcmp(hs, "0") ? "host" : "device if offered");
+         load_format, accel, now_s() - tl, seqs, prompt_len, host_sampling ? "host" : "device if offered");
   int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
   for (int async = 0; async <= 1; async++) {
     di_engine_options o;
@@ -210,12 +214,13 @@ static int bench_model(const char *dir, const char *load_format, const char *acc
     o.max_num_seqs = seqs;
     o.max_num_batched_tokens = 8192;
     o.async_scheduling = async;
-    o.num_kv_blocks = (int64_t)seqs * ((prompt_len + 300) / 64 + 1);
+    if (!default_kv) o.num_kv_blocks = (int64_t)seqs * ((prompt_len + 300) / 64 + 1);
     di_engine *e;
     if (di_engine_create(m, &o, &e) != DI_OK) {
       fprintf(stderr, "bench: %s\n", di_last_error());
       return 1;
     }
+    printf("  %s\n", di_engine_kv_summary(e));
     for (int k = 0; k < seqs; k++) {
       for (int i = 0; i < prompt_len; i++) ids[i] = 3 + (int32_t)((k * 7919 + i * 104729) % (V - 3));
       di_request_params p;
@@ -244,8 +249,9 @@ static int bench_model(const char *dir, const char *load_format, const char *acc
     double host = (s1.host_time_s - s0.host_time_s) / steps * 1e3, hid = (s1.hidden_host_time_s - s0.hidden_host_time_s) / steps * 1e3;
     double wait = (s1.backend_wait_s - s0.backend_wait_s) / steps * 1e3;
     printf("  async %-3s: %d running, %.3f ms/step, %.0f tok/s, host %.3f ms/step (hidden %.3f ms, %.0f%%), "
-           "blocked in wait %.3f ms/step\n", async ? "on" : "off", s1.n_running, wall / steps * 1e3,
-           (double)(s1.generated_tokens - s0.generated_tokens) / wall, host, hid, host > 0 ? 100 * hid / host : 0, wait);
+           "blocked in wait %.3f ms/step, %lld preemptions\n", async ? "on" : "off", s1.n_running, wall / steps * 1e3,
+           (double)(s1.generated_tokens - s0.generated_tokens) / wall, host, hid, host > 0 ? 100 * hid / host : 0, wait,
+           (long long)s1.preemptions);
     di_engine_free(e);
   }
   free(ids);
@@ -256,7 +262,7 @@ static int bench_model(const char *dir, const char *load_format, const char *acc
 int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "model") == 0)
     return bench_model(argv[2], argc > 3 ? argv[3] : "auto", argc > 4 ? argv[4] : "cpu", argc > 5 ? atoi(argv[5]) : 64,
-                       argc > 6 ? atoi(argv[6]) : 128);
+                       argc > 6 ? atoi(argv[6]) : 128, argc > 7 && strcmp(argv[7], "default-kv") == 0);
   if (argc >= 2 && strcmp(argv[1], "host") == 0)
     return bench_host(argc > 2 ? atoi(argv[2]) : 256, argc > 3 ? atoi(argv[3]) : 129280, argc > 4 ? atof(argv[4]) : 5.0);
   if (argc >= 3 && strcmp(argv[1], "prefix") == 0)

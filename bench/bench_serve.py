@@ -13,11 +13,13 @@ import statistics
 import time
 
 
-async def one_request(reader, writer, body, stream):
+async def one_request(reader, writer, body, stream, path="/v1/completions", headers_extra=b""):
+    """(latency, time to first token, time per output token after the first, output tokens) of one
+    request on an open keep-alive connection (bench/sweep_measure.py uses it too)."""
     data = json.dumps(body).encode()
     t0 = time.perf_counter()
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    writer.write(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n" % path.encode() +
+                 headers_extra + b"Content-Length: %d\r\n\r\n" % len(data) + data)
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])

@@ -109,14 +109,17 @@ def finish(args, results, started):
     print(json.dumps(summary, indent=1, ensure_ascii=False))
 
 
-def run(main):
-    """Runs a driver's main(argv), turning task-file problems and library errors into an exit
-    status 2 / 1 with a one-line message."""
+def run(main, fatal=()):
+    """Runs a driver's main(argv), turning task-file problems (TaskError) and library errors (and the
+    exception types in `fatal`) into an exit status 2 / 1 with a one-line message."""
     try:
         main(sys.argv[1:])
     except TaskError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except fatal as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     except Exception as e:  # the library's errors (DeepInferError) and bad model folders
         if type(e).__name__ not in ("DeepInferError", "FileNotFoundError", "ValueError"):
             raise

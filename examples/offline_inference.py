@@ -12,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-from deepinfer import LLM, SamplingParams  # noqa: E402
+from deepinfer import DeepInferError, LLM, SamplingParams  # noqa: E402
 
 PROMPTS = [
     "Hello, my name is",
@@ -31,18 +31,32 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load-format", default="auto", help="auto, or dummy (random weights; for trying the API)")
     args = ap.parse_args()
+    try:
+        run(args)
+    except (DeepInferError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"offline_inference: {e}")
 
+
+def run(args):
     llm = LLM(model=args.model, load_format=args.load_format, quiet=False)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=args.seed)
-    outputs = llm.generate(PROMPTS, params)
-    for out in outputs:
-        c = out.outputs[0]
-        print(f"Prompt: {out.prompt!r}\nGenerated: {c.text!r}  [{c.finish_reason}, {len(c.token_ids)} tokens, "
-              f"ttft {1000 * (out.metrics.time_to_first_token or 0):.1f} ms]\n")
-    chat = llm.chat([{"role": "user", "content": "Write one sentence about the sea."}],
-                    SamplingParams(temperature=0, max_tokens=args.max_tokens))
-    print(f"Chat: {chat[0].outputs[0].text!r}\n")
+    if not llm.has_tokenizer:
+        # a folder without tokenizer.json (bench/configs/*, say): prompts and outputs are token ids
+        print("the model folder has no tokenizer.json: prompting with token ids\n")
+        outputs = llm.generate([{"prompt_token_ids": [1, 2, 3 + i]} for i in range(len(PROMPTS))], params)
+        for out in outputs:
+            c = out.outputs[0]
+            print(f"Prompt ids: {out.prompt_token_ids}\nGenerated ids: {list(c.token_ids)}  [{c.finish_reason}]\n")
+    else:
+        outputs = llm.generate(PROMPTS, params)
+        for out in outputs:
+            c = out.outputs[0]
+            print(f"Prompt: {out.prompt!r}\nGenerated: {c.text!r}  [{c.finish_reason}, {len(c.token_ids)} tokens, "
+                  f"ttft {1000 * (out.metrics.time_to_first_token or 0):.1f} ms]\n")
+        chat = llm.chat([{"role": "user", "content": "Write one sentence about the sea."}],
+                        SamplingParams(temperature=0, max_tokens=args.max_tokens))
+        print(f"Chat: {chat[0].outputs[0].text!r}\n")
     s = llm.get_stats()
     print(f"stats: {s['prompt_tokens']} prompt tokens, {s['generated_tokens']} generated, "
           f"{s['generation_tokens_per_s']:.1f} tok/s, prefix-cache hit rate {s['prefix_cache_hit_rate']:.2f}, "

@@ -1,5 +1,6 @@
 /* libFuzzer target for the grammar front-ends and the automaton: the first byte picks the
- * front-end (EBNF, regex, JSON Schema), the rest is the grammar source. Compiled grammars are
+ * front-end (0xC0 and above: Lark; else EBNF, regex, JSON Schema by its value mod 3, which is how
+ * the corpus was first written), the rest is the grammar source. Compiled grammars are
  * exercised through di_grammar_accepts and a short masked walk over a small vocabulary (built once:
  * it is not what is fuzzed). Also
  * replayed over fuzz/corpus/grammar by tests/grammar/test_grammar_fuzz_corpus.c. */
@@ -42,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
   static const di_grammar_kind kinds[] = {DI_GRAMMAR_EBNF, DI_GRAMMAR_REGEX, DI_GRAMMAR_JSON_SCHEMA};
-  di_grammar_kind kind = kinds[data[0] % 3];
+  di_grammar_kind kind = data[0] >= 0xC0 ? DI_GRAMMAR_LARK : kinds[data[0] % 3];
   di_grammar_options opt = {0};
   opt.max_elements = 50000; /* keep each run fast */
   opt.max_whitespace = data[0] / 3 % 3;

@@ -109,10 +109,19 @@ typedef struct di_engine_options {
   int enable_prefix_caching;     /* share cached full blocks between requests (default 1) */
   int enable_chunked_prefill;    /* split long prompts across steps (default 1) */
   int async_scheduling;          /* prepare step n+1 while step n runs (default 1) */
-  int64_t kv_cache_memory_bytes; /* KV pool budget; <= 0: default (1 GiB) */
+  /* KV pool budget; <= 0 (the default): on a device backend (CUDA), what gpu_memory_utilization
+   * leaves after the weights and the largest step's buffers; on the CPU a fixed 1 GiB */
+  int64_t kv_cache_memory_bytes;
   int64_t num_kv_blocks;         /* > 0: exactly this many blocks (overrides the budget) */
   uint64_t seed;                 /* seeds the seeds drawn for unseeded requests (0: from the clock) */
+  /* vLLM's --gpu-memory-utilization: the share of the device's total memory the engine may use for
+   * everything (weights, step buffers, KV cache); <= 0: the default 0.9. Device backends only. */
+  float gpu_memory_utilization;
 } di_engine_options;
+
+/* One line on how the engine sized its KV cache ("KV cache: 5,213 blocks of 64 tokens (12.1 GiB):
+ * gpu_memory_utilization 0.90 of 139.8 GiB, 31.2 GiB in use before it"), for startup logs. */
+const char *di_engine_kv_summary(const di_engine *e);
 
 void di_engine_options_default(di_engine_options *opt);
 
@@ -175,8 +184,16 @@ typedef struct di_request_params {
   /* structured outputs (vLLM's structured_outputs): at most one of these */
   const char *json_schema;       /* JSON Schema text */
   const char *regex;
-  const char *grammar;           /* GBNF-style EBNF */
+  const char *grammar;           /* a grammar in `grammar_syntax` */
   int json_object;               /* any JSON object */
+  int grammar_syntax;            /* grammar: 0 = GBNF (llama.cpp's EBNF), 1 = Lark (llguidance's) */
+  int json_strict;               /* json_schema / json_object: XGrammar's strict mode (an object schema
+                                    without additionalProperties admits no other properties); the
+                                    server sets it for response_format json_schema strict: true */
+  int max_digits;                /* JSON: digits of numbers the schema leaves unbounded (0 = default
+                                    16, -1 = unbounded); docs/structured-outputs.md */
+  int max_string_length;         /* JSON: characters of strings without maxLength/pattern/format
+                                    (0 = default 1024, -1 = unbounded) */
 } di_request_params;
 
 void di_request_params_default(di_request_params *p);
@@ -297,6 +314,10 @@ void di_chat_template_free(di_chat_template *t);
  * NUL-terminated; free it with di_string_free. */
 di_status di_chat_template_render_json(const di_chat_template *t, const char *conversation_json,
                                        int add_generation_prompt, char **out);
+/* Pins the clock a template reads: strftime_now() then formats this instant (Unix seconds) in UTC
+ * instead of the local time of the call, so a render that shows "today" is reproducible (tests,
+ * goldens). Without it, as in transformers, the real local clock is read at each render. */
+void di_chat_template_pin_clock(di_chat_template *t, int64_t unix_seconds);
 /* Frees a string the library returned to the caller. NULL: no-op. */
 void di_string_free(char *s);
 

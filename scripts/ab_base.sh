@@ -7,7 +7,9 @@
 # VARIANTS: space-separated runs; "base" is the baseline binary, anything else VAR=value[+VAR=value]
 # for the current build; either may end in :ARGS (extra bench arguments, "," for spaces:
 # base:--feedback, DEEPINFER_CUDA_GPU_TIME=1:--feedback). REPS (2). SKIP_TESTS=1 skips the kernel /
-# model / engine tests first.
+# model / engine tests first. AB_GREP: the bench output lines kept (default "^1 ", the batch-1 decode
+# line; with AB_ARGS="--batches 1,64 --prefill 512,4096", AB_GREP="^(1|64|512|4096) " keeps the
+# prefill lines too).
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--build-base" ]; then
@@ -37,7 +39,7 @@ for rep in $(seq "${REPS:-2}"); do
     case "$v" in *:*) args="${v#*:}"; args="${args//,/ }"; v="${v%%:*}" ;; esac
     [ "$v" = base ] && { bin=/tmp/di_ab/bench_base; v=DEEPINFER_CUDA_X=base; }
     # shellcheck disable=SC2086
-    r=$(env ${v//+/ } "$bin" bench/configs/v2-lite.json --batches 1 --prefill 0 ${AB_ARGS:-} $args 2>&1 | grep -E "^1 ")
+    r=$(env ${v//+/ } "$bin" bench/configs/v2-lite.json --batches 1 --prefill 0 ${AB_ARGS:-} $args 2>&1 | grep -E "${AB_GREP:-^1 }" | tr '\n' ';')
     echo "$v $args: $r"
   done
 done

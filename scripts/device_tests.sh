@@ -3,13 +3,13 @@
 #   scripts/device_tests.sh --build   (here, on the build machine) configure + build with nvcc for
 #                                     sm_90a into build-cuda/ and stage the binaries in .carry/cuda/
 #   scripts/device_tests.sh [BINDIR]  (on the device, repo root) run them (default: unpack
-#                                     .carry/cudapack/bin.tar.xz, carried): kernel tests, model-level
+#                                     .carry/cudapack/bin.tar.xz, carried): kernel tests, the op table, model-level
 #                                     agreement on the fixtures, the engine on CUDA (batch / preemption
 #                                     equal to alone), the V2-Lite-shape benchmark, a decode profile.
 # The device image has the CUDA runtime and cuBLAS but no -dev packages, so the binaries are built
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
 # files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
-# Environment: BENCH_ARGS (extra bench arguments), SKIP_KERNELS=1, SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
+# Environment: BENCH_ARGS (extra bench arguments), SKIP_KERNELS=1, SKIP_OPS=1, SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
 # SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_PDL_AB=1, SKIP_NCU=1, SKIP_FEEDBACK=1; AB_VARIANTS (batch-1 A/B runs, see
 # below), AB_ARGS (extra arguments of those runs).
 set -uo pipefail
@@ -18,9 +18,9 @@ if [ "${1:-}" = "--build" ]; then
   set -e
   export PATH="/usr/local/cuda/bin:$PATH"
   cmake -S . -B build-cuda -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_model test_cuda_engine bench_cuda_decode
+  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_ops test_cuda_model test_cuda_engine bench_cuda_decode bench_engine deepinfer_cli
   mkdir -p .carry/cuda
-  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_model build-cuda/test_cuda_engine build-cuda/bench_cuda_decode .carry/cuda/
+  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_engine build-cuda/bench_cuda_decode build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
   for lib in $(ldd build-cuda/test_cuda_model | awk '/cjson|pcre2/ {print $3}'); do cp -L "$lib" .carry/cuda/; done
   # the device call's whole working tree is capped at 64 MiB: carry the binaries stripped and xz-packed
   rm -rf /tmp/di_cudabin && mkdir -p /tmp/di_cudabin/cudabin .carry/cudapack
@@ -57,6 +57,8 @@ stage() { # name, timeout, command...
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$LOG/gpu.txt"
 ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
 [ "${SKIP_KERNELS:-0}" = 1 ] || stage kernels 240 "$BIN/test_cuda_kernels"
+# the op test table (src/backend/op_table.c) on this backend, against its float64 references
+[ "${SKIP_OPS:-0}" = 1 ] || stage ops 120 "$BIN/test_cuda_ops"
 [ "${SKIP_MODEL:-0}" = 1 ] || stage model 240 "$BIN/test_cuda_model"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage engine 240 "$BIN/test_cuda_engine"
 [ "${SKIP_BENCH:-0}" = 1 ] || stage bench 420 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json ${BENCH_ARGS:-}

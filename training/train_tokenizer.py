@@ -15,17 +15,10 @@ BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", 
 USER, ASSISTANT = "<｜User｜>", "<｜Assistant｜>"
 SPECIALS = [BOS, EOS, PAD, USER, ASSISTANT]
 
-# DeepSeek-V3 format: BOS, the system prompt as plain text, then <｜User｜>question<｜Assistant｜>answer<EOS>.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{{ message['content'] }}"
-    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + eos_token }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
-)
+# DeepSeek-V3 format: BOS, the system prompt as plain text, then <｜User｜>question<｜Assistant｜>answer<EOS>;
+# tools, tool calls (DeepSeek-V3 markup) and tool outputs as in training/chat_template.jinja (the served template).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_template.jinja"), encoding="utf-8") as _f:
+    CHAT_TEMPLATE = _f.read().removesuffix("\n")
 
 WORD_RE = (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|"
            r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")

@@ -23,7 +23,7 @@ class EngineOptions(ctypes.Structure):
                 ("max_model_len", ctypes.c_int), ("enable_prefix_caching", ctypes.c_int),
                 ("enable_chunked_prefill", ctypes.c_int), ("async_scheduling", ctypes.c_int),
                 ("kv_cache_memory_bytes", ctypes.c_int64), ("num_kv_blocks", ctypes.c_int64),
-                ("seed", ctypes.c_uint64)]
+                ("seed", ctypes.c_uint64), ("gpu_memory_utilization", ctypes.c_float)]
 
 
 class RequestParams(ctypes.Structure):
@@ -39,7 +39,8 @@ class RequestParams(ctypes.Structure):
                 ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", ctypes.c_int), ("ignore_eos", ctypes.c_int),
                 ("include_stop_str_in_output", ctypes.c_int), ("skip_special_tokens", ctypes.c_int),
                 ("json_schema", ctypes.c_char_p), ("regex", ctypes.c_char_p), ("grammar", ctypes.c_char_p),
-                ("json_object", ctypes.c_int)]
+                ("json_object", ctypes.c_int), ("grammar_syntax", ctypes.c_int), ("json_strict", ctypes.c_int),
+                ("max_digits", ctypes.c_int), ("max_string_length", ctypes.c_int)]
 
 
 class TokenLogprob(ctypes.Structure):
@@ -95,6 +96,8 @@ def _candidates():
     root = _repo_root()
     c = [os.path.join(here, "libdeepinfer.so"), os.path.join(root, "build", "libdeepinfer.so")]
     c += sorted(glob.glob(os.path.join(root, "build*", "libdeepinfer.so")))
+    # `pip install -e .` builds in build/<wheel tag>/ (pyproject.toml's build-dir)
+    c += sorted(glob.glob(os.path.join(root, "build", "*", "libdeepinfer.so")))
     found = ctypes.util.find_library("deepinfer")
     if found:
         c.append(found)
@@ -116,6 +119,7 @@ def _declare(lib):
         "di_request_params_default": (None, [ctypes.POINTER(RequestParams)]),
         "di_engine_create": (ctypes.c_int, [P, ctypes.POINTER(EngineOptions), ctypes.POINTER(P)]),
         "di_engine_free": (None, [P]),
+        "di_engine_kv_summary": (ctypes.c_char_p, [P]),
         "di_engine_add_request": (ctypes.c_int, [P, ctypes.POINTER(RequestParams), ctypes.POINTER(ctypes.c_uint64)]),
         "di_engine_step": (ctypes.c_int, [P, ctypes.POINTER(ctypes.POINTER(StepOutput))]),
         "di_engine_abort": (ctypes.c_int, [P, ctypes.c_uint64]),

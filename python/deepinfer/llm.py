@@ -7,6 +7,7 @@ import ctypes
 import functools
 import json
 import os
+import sys
 import time
 
 from . import _lib, scoring
@@ -54,7 +55,9 @@ def _prompt_logprobs(s):
 class LLM:
     """An engine over one model. Engine options use vLLM's names: max_model_len, max_num_seqs,
     max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, async_scheduling,
-    kv_cache_memory_bytes, num_kv_blocks, seed; model loading: load_format ("auto", "dummy"),
+    kv_cache_memory_bytes, num_kv_blocks, gpu_memory_utilization (CUDA: the share of the device's memory
+    for everything, 0.9; the KV cache gets what the weights and step buffers leave), seed; model loading:
+    load_format ("auto", "dummy"),
     accelerator ("cpu", "cuda"), threads, quiet, batch_invariant (outputs independent of the other requests
     in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
@@ -62,7 +65,8 @@ class LLM:
 
     def __init__(self, model=None, *, max_model_len=None, max_num_seqs=256, max_num_batched_tokens=2048,
                  enable_prefix_caching=True, enable_chunked_prefill=True, async_scheduling=True,
-                 kv_cache_memory_bytes=None, num_kv_blocks=None, seed=0, load_format="auto", accelerator=None,
+                 kv_cache_memory_bytes=None, num_kv_blocks=None, gpu_memory_utilization=0.9, seed=0,
+                 load_format="auto", accelerator=None,
                  threads=None, dummy_seed=0, quiet=True, batch_invariant=False, speculative_config=None,
                  **unsupported):
         if unsupported:
@@ -95,6 +99,9 @@ class LLM:
             eo.kv_cache_memory_bytes = int(kv_cache_memory_bytes)
         if num_kv_blocks:
             eo.num_kv_blocks = int(num_kv_blocks)
+        if not 0 < float(gpu_memory_utilization) <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        eo.gpu_memory_utilization = float(gpu_memory_utilization)
         eo.seed = int(seed or 0)
         st = self._L.di_engine_create(self._model, ctypes.byref(eo), ctypes.byref(self._engine))
         if st != 0:
@@ -102,6 +109,9 @@ class LLM:
             self._L.di_model_free(self._model)
             self._model = ctypes.c_void_p()
             raise _lib.DeepInferError(f"creating the engine: {msg}")
+        self.kv_summary = self._L.di_engine_kv_summary(self._engine).decode("utf-8", "replace")
+        if not quiet:
+            print(f"deepinfer: {self.kv_summary}", file=sys.stderr)
         self._counter = 0
         if speculative_config:
             try:
@@ -243,6 +253,10 @@ class LLM:
             if so.grammar is not None:
                 p.grammar = so.grammar.encode("utf-8")
             p.json_object = int(so.json_object)
+            p.grammar_syntax = so.grammar_syntax_id()
+            p.json_strict = int(bool(so.strict))
+            p.max_digits = int(so.max_digits or 0)
+            p.max_string_length = int(so.max_string_length or 0)
         rid = ctypes.c_uint64()
         _lib.check(self._L.di_engine_add_request(self._engine, ctypes.byref(p), ctypes.byref(rid)), "adding a request")
         self._counter += 1
@@ -391,6 +405,12 @@ class LLM:
         return self._generate(texts, sps, rendered=True)
 
     # ---- scoring (lm-evaluation-harness style; see scoring.py for the tokenization rules) --------
+    @property
+    def has_tokenizer(self):
+        """Whether the model folder has a tokenizer.json: without one, prompts are token ids
+        ({"prompt_token_ids": [...]}) and outputs carry token_ids with empty text."""
+        return os.path.exists(os.path.join(self.model_dir, "tokenizer.json"))
+
     def _tokenizer(self):
         if not self._model:
             raise RuntimeError("LLM: used after close()")

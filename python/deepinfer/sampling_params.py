@@ -3,17 +3,35 @@ import json as _json
 
 
 class StructuredOutputsParams:
-    """At most one of: json (a JSON Schema as dict or text), regex, grammar (GBNF-style EBNF),
-    json_object=True (any JSON object)."""
+    """At most one of: json (a JSON Schema as dict or text), regex (ECMA-262, u flag), grammar (in
+    grammar_syntax: "gbnf", llama.cpp's EBNF, the default, or "lark", llguidance's Lark),
+    json_object=True (any JSON object). For JSON: strict=True is XGrammar's strict mode (objects
+    without additionalProperties admit no other properties); max_digits / max_string_length bound
+    numbers and strings the schema leaves unbounded (None = defaults 16 / 1024, -1 = unbounded)."""
 
-    def __init__(self, json=None, regex=None, grammar=None, json_object=None):
+    SYNTAXES = ("gbnf", "lark")
+
+    def __init__(self, json=None, regex=None, grammar=None, json_object=None, grammar_syntax=None, strict=False,
+                 max_digits=None, max_string_length=None):
         given = [x for x in (json, regex, grammar) if x is not None] + ([1] if json_object else [])
         if len(given) > 1:
             raise ValueError("StructuredOutputsParams: give only one of json, regex, grammar, json_object")
+        if grammar_syntax is not None and grammar_syntax not in self.SYNTAXES:
+            raise ValueError(f"StructuredOutputsParams: grammar_syntax must be 'gbnf' or 'lark', not {grammar_syntax!r}")
+        for name, v in (("max_digits", max_digits), ("max_string_length", max_string_length)):
+            if v is not None and (not isinstance(v, int) or v == 0 or v < -1):
+                raise ValueError(f"StructuredOutputsParams: {name} must be a positive integer or -1 (unbounded)")
         self.json = json
         self.regex = regex
         self.grammar = grammar
         self.json_object = bool(json_object)
+        self.grammar_syntax = grammar_syntax
+        self.strict = bool(strict)
+        self.max_digits = max_digits
+        self.max_string_length = max_string_length
+
+    def grammar_syntax_id(self):
+        return self.SYNTAXES.index(self.grammar_syntax or "gbnf")
 
     def schema_text(self):
         if self.json is None:

@@ -42,7 +42,7 @@ di_status di_engine_create(di_model *m, const di_engine_options *opt, di_engine 
       di_status st = di_tokenizer_load(m->dir, &c->tok);
       if (st != DI_OK) {
         free(c);
-        return di_error_wrap(st, "engine: ");
+        return di_error_wrap(st, "engine");
       }
       c->owns_tok = 1;
     }

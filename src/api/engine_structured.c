@@ -43,16 +43,22 @@ static di_status c_create(void *ctx, const di_request_params *p, void **state) {
   const char *src;
   if (p->json_schema) { kind = DI_GRAMMAR_JSON_SCHEMA; src = p->json_schema; }
   else if (p->regex) { kind = DI_GRAMMAR_REGEX; src = p->regex; }
-  else if (p->grammar) { kind = DI_GRAMMAR_EBNF; src = p->grammar; }
+  else if (p->grammar) { kind = p->grammar_syntax == 1 ? DI_GRAMMAR_LARK : DI_GRAMMAR_EBNF; src = p->grammar; }
   else { kind = DI_GRAMMAR_JSON_ANY; src = ""; }
+  if (p->grammar_syntax != 0 && p->grammar_syntax != 1)
+    return di_error_set(DI_ERR_INVALID_ARG, "structured output: grammar_syntax must be 0 (GBNF) or 1 (Lark)");
+  di_grammar_options opt = {0};
+  opt.strict = p->json_strict;
+  opt.max_digits = p->max_digits;
+  opt.max_string_length = p->max_string_length;
   constraint_state *s = calloc(1, sizeof *s);
   if (!s) return di_error_set(DI_ERR_OOM, "out of memory");
-  di_status st = di_grammar_compile(kind, src, strlen(src), NULL, &s->g);
+  di_status st = di_grammar_compile(kind, src, strlen(src), &opt, &s->g);
   if (st == DI_OK) st = di_grammar_matcher_create(s->g, c->gvocab, &s->m);
   if (st != DI_OK) {
     di_grammar_free(s->g);
     free(s);
-    return di_error_wrap(st, "structured output: ");
+    return di_error_wrap(st, "structured output");
   }
   *state = s;
   return DI_OK;
@@ -63,7 +69,7 @@ static di_status c_fill(void *state, uint32_t *mask) {
 }
 static di_status c_accept(void *state, int32_t id) {
   di_status st = di_grammar_matcher_accept_token(((constraint_state *)state)->m, id);
-  return st == DI_OK ? st : di_error_wrap(st, "structured output: ");
+  return st == DI_OK ? st : di_error_wrap(st, "structured output");
 }
 static int c_terminated(void *state) { return di_grammar_matcher_is_terminated(((constraint_state *)state)->m); }
 static void c_free(void *state) {

@@ -7,6 +7,7 @@
 #include "arch/deepseek.h"
 #include "arch/deepseek_v4.h"
 #include "backend/backend.h"
+#include "api/arch_registry.h"
 
 typedef struct di_tensor_source di_tensor_source;
 
@@ -14,18 +15,23 @@ struct di_model {
   char *dir;
   di_model_config cfg;
   di_tensor_source *source;  /* the memory-mapped checkpoint (NULL for dummy weights) */
-  di_ds_weights weights;     /* DeepSeek-V2/V3 */
-  int is_v4;                 /* DeepSeek-V4: v4cfg + v4w, the V4 CPU backend; cfg holds the generic fields */
-  di_v4_config v4cfg;
-  di_v4_weights v4w;
+  const di_arch_entry *arch; /* the architecture's registry entry: loaded the state below, made the backend */
+  union {                    /* the architecture's state (one member live, as `arch` loaded it); cfg holds
+                                the generic fields of every architecture */
+    di_ds_weights weights;   /* DeepSeek-V2/V3 (their whole config is cfg) */
+    struct {                 /* DeepSeek-V4 */
+      di_v4_config v4cfg;
+      di_v4_weights v4w;
+    };
+  };
   di_backend *backend;       /* owns the KV pool; one engine at a time uses it */
   int threads;
   struct di_tokenizer *tokenizer;        /* NULL when the folder has no tokenizer.json */
   int tokenizer_vocab;                   /* ids >= this are padding (never sampled); = vocab if no tokenizer */
 };
 
-/* Creates the backend named by `accelerator` ("cpu", "cuda"/"nvidia") for a loaded model
- * (batch_invariant: di_model_options.batch_invariant; the CPU backend always is). */
+/* Creates the backend named by `accelerator` ("cpu", "cuda"/"nvidia") for a loaded DeepSeek-V2/V3 model
+ * (batch_invariant: di_model_options.batch_invariant; the CPU backend always is). (arch_deepseek.c) */
 di_status di_backend_create(const char *accelerator, const di_model_config *cfg, const di_ds_weights *w,
                             int threads, int batch_invariant, di_backend **out);
 #endif

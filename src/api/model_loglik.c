@@ -21,12 +21,13 @@ static int default_rows(int vocab) {
   return r < 64 ? 64 : (int)r;
 }
 
-/* Rows per forward call for the given request. DeepSeek-V4's logits depend on how a sequence is cut
- * into forward calls (its compressed attention, as in transformers' cached runs), so a V4 sequence is
- * never cut: the rows grow to its whole continuation (the logits of one call then hold them all). */
+/* Rows per forward call for the given request. Where an architecture's logits depend on how a sequence
+ * is cut into forward calls (its registry entry's whole_sequence: DeepSeek-V4's compressed attention, as
+ * in transformers' cached runs), a sequence is never cut: the rows grow to its whole continuation (the
+ * logits of one call then hold them all). */
 static int rows_per_call(const di_model *m, int max_rows, int longest_continuation) {
   const int R = max_rows > 0 ? max_rows : default_rows(m->cfg.vocab_size);
-  return m->is_v4 && longest_continuation > R ? longest_continuation : R;
+  return m->arch->whole_sequence && longest_continuation > R ? longest_continuation : R;
 }
 
 /* One row's log-softmax at `target` (double) and whether `target` is its argmax. NaN logits are

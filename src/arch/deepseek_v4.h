@@ -50,6 +50,9 @@ typedef struct di_v4_config {
  * nested rope_parameters {main, compress}) and the original one (compress_ratios, num_hash_layers,
  * qk_rope_head_dim, rope_scaling + compress_rope_theta). */
 di_status di_v4_config_parse(const char *json, size_t len, di_v4_config *cfg);
+/* The same from config.json's parsed tree (the model loader's one parse; model/config.h). */
+struct cJSON;
+di_status di_v4_config_from_tree(const struct cJSON *root, di_v4_config *cfg);
 
 /* A compressor: per source token a KV projection and a gate projection (2*dim wide for CSA's two
  * overlapping series, dim for HCA), an additive position bias per slot of the window, an RMSNorm. */

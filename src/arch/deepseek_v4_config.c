@@ -295,13 +295,19 @@ static di_status parse(const cJSON *root, di_v4_config *c) {
   return DI_OK;
 }
 
+di_status di_v4_config_from_tree(const cJSON *root, di_v4_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  di_status st = parse(root, cfg);
+  if (st != DI_OK)
+    memset(cfg, 0, sizeof *cfg);
+  return st;
+}
+
 di_status di_v4_config_parse(const char *json, size_t len, di_v4_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cJSON *root = NULL;
   DI_TRY(di_json_parse(json, len, W, &root));
-  di_status st = parse(root, cfg);
+  di_status st = di_v4_config_from_tree(root, cfg);
   cJSON_Delete(root);
-  if (st != DI_OK)
-    memset(cfg, 0, sizeof *cfg);
   return st;
 }

@@ -104,6 +104,13 @@ typedef struct di_backend_ops {
   di_status (*sample_async)(di_backend *b, const di_sample_row *rows, int n);
   di_status (*sample_fetch)(di_backend *b, int32_t *tokens);
   void (*destroy)(di_backend *b);
+  /* Optional (NULL: host memory, no device to report; the engine then uses a fixed KV budget): for
+   * sizing the KV cache by gpu_memory_utilization. Reserves the buffers of the largest step the
+   * engine will submit (max_step_tokens tokens, max_outputs output rows) so that they count as used,
+   * then reports the device's total memory and the bytes in use (weights, workspaces) before the KV
+   * pool is allocated. */
+  di_status (*memory_info)(di_backend *b, int max_step_tokens, int max_outputs, int64_t *total_bytes,
+                           int64_t *used_bytes);
 } di_backend_ops;
 
 struct di_backend {

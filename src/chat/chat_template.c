@@ -17,6 +17,8 @@ struct di_chat_template {
   jj_template *tpl;       /* the default template */
   jj_template *tool_use;  /* a "tool_use" named template, or NULL */
   char *tokens[NTOK];     /* special-token strings or NULL */
+  int clock_pinned;       /* di_chat_template_pin_clock: strftime_now() renders pinned_now (UTC) */
+  int64_t pinned_now;
 };
 
 void di_chat_template_free(di_chat_template *t) {
@@ -187,7 +189,8 @@ static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv t
   DI_TRY(jj_vars_set(v, "add_generation_prompt", jv_bool(agp)));
   const jj_template *tpl = tools.kind != JV_NONE && t->tool_use ? t->tool_use : t->tpl;
   size_t n = 0;
-  DI_TRY(jj_render_vars(tpl, v, NULL, out, &n));
+  jj_render_limits lim = {.clock_pinned = t->clock_pinned, .pinned_now = t->pinned_now};
+  DI_TRY(jj_render_vars(tpl, v, &lim, out, &n));
   if (len) *len = n;
   return DI_OK;
 }
@@ -251,6 +254,12 @@ di_status di_chat_template_render_json(const di_chat_template *t, const char *co
   if (st == DI_OK) st = finish(t, &v, messages, tools, documents, agp, out, NULL);
   jj_vars_free(&v);
   return st;
+}
+
+void di_chat_template_pin_clock(di_chat_template *t, int64_t unix_seconds) {
+  if (!t) return;
+  t->clock_pinned = 1;
+  t->pinned_now = unix_seconds;
 }
 
 void di_string_free(char *s) { free(s); }

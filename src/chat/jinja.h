@@ -179,6 +179,11 @@ typedef struct jj_render_limits {
   size_t max_memory;  /* arena bytes; 0: default 256 MiB */
   size_t max_output;  /* 0: default 64 MiB */
   uint64_t max_steps; /* evaluation steps; 0: default 50 million */
+  /* Not a limit but the render's clock: when clock_pinned, strftime_now() formats the instant
+   * pinned_now (Unix seconds) in UTC instead of reading the local clock, so that a render is
+   * reproducible (tests, goldens); users keep the real clock. */
+  int clock_pinned;
+  int64_t pinned_now;
 } jj_render_limits;
 
 /* The variables a render starts from, in the arena the render then uses (jinja_json.c). */
@@ -239,4 +244,7 @@ jj_arena *jj_ctx_arena(struct jj_ctx *c);
 /* fmt % args, Python's printf-style formatting (jinja_format.c). */
 di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out);
 size_t jj_ctx_out_limit(struct jj_ctx *c); /* the render's output limit, for temporary strings */
+/* The render's "now" for strftime_now(): local time, or the pinned instant in UTC. 0 on failure. */
+struct tm;
+int jj_ctx_now(struct jj_ctx *c, struct tm *tmv);
 #endif

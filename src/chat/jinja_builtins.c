@@ -593,9 +593,8 @@ di_status jj_call_global(struct jj_ctx *c, const jnode *at, const jv_func *fn, c
     if (a->v[0].u.s.n >= sizeof f) return jj_err(c, at, DI_ERR_UNSUPPORTED, "strftime_now format longer than 255 bytes");
     memcpy(f, a->v[0].u.s.p, a->v[0].u.s.n);
     f[a->v[0].u.s.n] = 0;
-    time_t now = time(NULL);
     struct tm tmv;
-    localtime_r(&now, &tmv); /* Python's datetime.now() is local time */
+    if (!jj_ctx_now(c, &tmv)) return jj_err(c, at, DI_ERR_INTERNAL, "strftime_now: the clock cannot be read");
     size_t n = strftime(res, sizeof res, f, &tmv);
     *out = jj_str_dup(A(c), res, n);
     return out->kind == JV_STR ? DI_OK : oom(c, at);

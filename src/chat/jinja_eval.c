@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct frame {
   struct frame *parent;
@@ -19,6 +20,8 @@ typedef struct jj_ctx {
   jj_buf *out;
   frame *root;
   uint64_t steps, max_steps;
+  int clock_pinned;   /* strftime_now() formats pinned_now in UTC (jj_render_limits) */
+  int64_t pinned_now;
   int flow; /* 1: break, 2: continue */
   int depth;
   jv pending_caller; /* a {% call %} block's body, handed to the next macro call */
@@ -26,6 +29,14 @@ typedef struct jj_ctx {
 
 jj_arena *jj_ctx_arena(jj_ctx *c) { return c->a; }
 size_t jj_ctx_out_limit(jj_ctx *c) { return c->out->limit; }
+int jj_ctx_now(jj_ctx *c, struct tm *tmv) {
+  if (c->clock_pinned) {
+    time_t t = (time_t)c->pinned_now;
+    return gmtime_r(&t, tmv) != NULL;
+  }
+  time_t now = time(NULL);
+  return localtime_r(&now, tmv) != NULL; /* Python's datetime.now() is local time */
+}
 
 di_status jj_err(jj_ctx *c, const jnode *at, di_status st, const char *fmt, ...) {
   char msg[512];
@@ -1026,6 +1037,8 @@ di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_li
   c.a = a;
   c.out = &o;
   c.max_steps = lim && lim->max_steps ? lim->max_steps : 50000000ull;
+  c.clock_pinned = lim && lim->clock_pinned;
+  c.pinned_now = lim ? lim->pinned_now : 0;
   di_status st = DI_OK;
   c.root = jj_alloc(a, sizeof *c.root);
   if (!c.root) st = oom(&c, NULL);

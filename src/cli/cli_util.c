@@ -1,10 +1,13 @@
 /* Flag parsing helpers shared by the subcommands (see cli.h). */
 #include "cli.h"
+#include "sampler/sampling_ranges.h"
+#include <stdio.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "util/switches.h"
 
 int di_cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
 
@@ -14,6 +17,27 @@ int di_cli_parse_int(const char *cmd, const char *flag, const char *v, long long
   long long x = strtoll(v, &end, 10);
   if (errno || end == v || *end || x < lo || x > hi) {
     fprintf(stderr, "deepinfer %s: %s: \"%s\" is not an integer in [%lld, %lld]\n", cmd, flag, v, lo, hi);
+    return 0;
+  }
+  *out = x;
+  return 1;
+}
+
+int di_cli_parse_sampling(const char *cmd, const char *flag, const char *v, double *out) {
+  char key[64]; /* --top-p -> top_p, the table's (and the server's) name */
+  snprintf(key, sizeof key, "%s", flag[0] == '-' && flag[1] == '-' ? flag + 2 : flag);
+  for (char *c = key; *c; c++)
+    if (*c == '-') *c = '_';
+  const di_sampling_range *r = di_sampling_range_find(key);
+  char *end, msg[160];
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end) {
+    fprintf(stderr, "deepinfer %s: %s: \"%s\" is not a number\n", cmd, flag, v);
+    return 0;
+  }
+  if (r && !di_sampling_range_check(r, x, msg, sizeof msg)) {
+    fprintf(stderr, "deepinfer %s: %s: %s\n", cmd, flag, msg);
     return 0;
   }
   *out = x;
@@ -44,7 +68,16 @@ int di_cli_engine_flag(const char *cmd, int argc, char **argv, int *i, di_engine
   INT_FLAG("--kv-cache-memory", 1, INT64_MAX, kv_cache_memory_bytes, int64_t)
   INT_FLAG("--num-kv-blocks", 1, INT32_MAX, num_kv_blocks, int64_t)
 #undef INT_FLAG
-  else
+  else if (di_cli_flag_value(argc, argv, i, "--gpu-memory-utilization", &v, &err)) {
+    char *end;
+    errno = 0;
+    double u = err ? 0 : strtod(v, &end);
+    if (err || errno || end == v || *end || !(u > 0 && u <= 1)) {
+      if (!err) fprintf(stderr, "deepinfer %s: --gpu-memory-utilization: must be in (0, 1], got \"%s\"\n", cmd, v);
+      return -1;
+    }
+    eo->gpu_memory_utilization = (float)u;
+  } else
     return 0;
   return 1;
 }
@@ -126,9 +159,16 @@ int di_cli_flag_value(int argc, char **argv, int *i, const char *name, const cha
   return 1;
 }
 
+int di_cli_lacks_tokenizer(const char *model_dir) {
+  char cfg[4200], tok[4200];
+  snprintf(cfg, sizeof cfg, "%s/config.json", model_dir);
+  snprintf(tok, sizeof tok, "%s/tokenizer.json", model_dir);
+  return access(cfg, R_OK) == 0 && access(tok, R_OK) != 0;
+}
+
 const char *di_cli_default_model_dir(void) {
-  const char *env = getenv("DEEPINFER_HF_MODEL_DIR");
-  if (env && *env)
+  const char *env = di_switch_get(DI_SW_HF_MODEL_DIR);
+  if (env)
     return env;
   /* the shipped model: next to the executable's source tree, or installed share dir */
   static char path[4096];

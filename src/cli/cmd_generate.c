@@ -22,14 +22,20 @@ static void usage(FILE *f) {
           "          always is; CUDA then runs slower kernels; also $DEEPINFER_BATCH_INVARIANT=1)\n"
           "Prompt:   --prompt TEXT  --prompt-ids 1,2,3  --chat (the prompt is one user message,\n"
           "          rendered with the model's chat template)\n"
-          "Sampling: --max-tokens N (128)  --temperature T (0 = greedy)  --top-p P  --top-k K  --min-p P\n"
-          "          --repetition-penalty R  --presence-penalty P  --frequency-penalty F  --seed S\n"
-          "          --n N  --ignore-eos  --stop STR (repeatable)  --stop-token-id ID (repeatable)\n"
-          "          (defaults: generation_config.json, else temperature 1, top-p 1, top-k off)\n"
+          "Sampling: --max-tokens N (128; 0: no limit, until a stop or the context (--max-model-len) is full)\n"
+          "          --min-tokens N (0; at most --max-tokens)  --temperature T (>= 0; 0 = greedy)\n"
+          "          --top-p P (0, 1]  --top-k K (-1 or 0: off)  --min-p P [0, 1]  --repetition-penalty R (> 0)\n"
+          "          --presence-penalty P [-2, 2]  --frequency-penalty F [-2, 2]  --seed S  --n N [1, 1024]\n"
+          "          --ignore-eos  --stop STR (repeatable)  --stop-token-id ID (repeatable)\n"
+          "          (the server's ranges; defaults: generation_config.json, else temperature 1, top-p 1,\n"
+          "          top-k off)\n"
           "Structure: --json-schema FILE | --regex RE | --grammar FILE (GBNF) | --json (any JSON object)\n"
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
           "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling\n"
+          "          --gpu-memory-utilization U (CUDA: share of the device's memory for everything, 0.9;\n"
+          "          the KV cache gets what the weights and step buffers leave; --kv-cache-memory and\n"
+          "          --num-kv-blocks override it; the CPU's default KV cache is 1 GiB)\n"
           "Speculative decoding (MTP layer; off by default; outputs identical to plain decoding on the\n"
           "          CPU, and on CUDA with --batch-invariant):\n"
           "          --speculative-tokens N (1..5)  --speculative-min-confidence P (0.3)\n"
@@ -105,7 +111,7 @@ int di_cmd_generate(int argc, char **argv) {
   const char *stops[MAX_STOPS];
   int32_t stop_ids[MAX_STOPS];
   int n_stops = 0, n_stop_ids = 0, chat = 0, ignore_eos = 0, json_any = 0, show_stats = 0, batch_invariant = 0;
-  long long max_tokens = 128, seed = -1, threads = 0, top_k = -2, n = 1, dummy_seed = 0;
+  long long max_tokens = 128, seed = -1, threads = 0, top_k = -2, n = 1, dummy_seed = 0, min_tokens = 0;
   float temperature = NAN, top_p = NAN, min_p = 0, rep = 1, pres = 0, freq = 0;
   long long spec_tokens = 0;
   float spec_conf = 0.3f;
@@ -143,15 +149,23 @@ int di_cmd_generate(int argc, char **argv) {
     } else if (FLAG("--max-tokens")) { if (!parse_int(a, v, 0, INT32_MAX, &max_tokens)) return 2; }
     else if (FLAG("--seed")) { if (!parse_int(a, v, 0, INT64_MAX, &seed)) return 2; }
     else if (FLAG("--threads")) { if (!parse_int(a, v, 0, 4096, &threads)) return 2; }
-    else if (FLAG("--top-k")) { if (!parse_int(a, v, -1, INT32_MAX, &top_k)) return 2; }
-    else if (FLAG("--n")) { if (!parse_int(a, v, 1, 1024, &n)) return 2; }
     else if (FLAG("--dummy-seed")) { if (!parse_int(a, v, 0, INT64_MAX, &dummy_seed)) return 2; }
-    else if (FLAG("--temperature")) { if (!parse_float(a, v, &temperature)) return 2; }
-    else if (FLAG("--top-p")) { if (!parse_float(a, v, &top_p)) return 2; }
-    else if (FLAG("--min-p")) { if (!parse_float(a, v, &min_p)) return 2; }
-    else if (FLAG("--repetition-penalty")) { if (!parse_float(a, v, &rep)) return 2; }
-    else if (FLAG("--presence-penalty")) { if (!parse_float(a, v, &pres)) return 2; }
-    else if (FLAG("--frequency-penalty")) { if (!parse_float(a, v, &freq)) return 2; }
+#define SAMPLING(flag, var)                                                     \
+  else if (FLAG(flag)) {                                                        \
+    double d;                                                                   \
+    if (!di_cli_parse_sampling("generate", flag, v, &d)) return 2;              \
+    var = d;                                                                    \
+  }
+    SAMPLING("--top-k", top_k)
+    SAMPLING("--n", n)
+    SAMPLING("--min-tokens", min_tokens)
+    SAMPLING("--temperature", temperature)
+    SAMPLING("--top-p", top_p)
+    SAMPLING("--min-p", min_p)
+    SAMPLING("--repetition-penalty", rep)
+    SAMPLING("--presence-penalty", pres)
+    SAMPLING("--frequency-penalty", freq)
+#undef SAMPLING
     else if (FLAG("--speculative-tokens")) { if (!parse_int(a, v, 0, 5, &spec_tokens)) return 2; }
     else if (FLAG("--speculative-min-confidence")) { if (!parse_float(a, v, &spec_conf)) return 2; }
     else if (FLAG("--speculative-config")) { if (!parse_spec_config(v, &spec_tokens, &spec_conf)) return 2; }
@@ -178,7 +192,18 @@ int di_cmd_generate(int argc, char **argv) {
     fprintf(stderr, "deepinfer generate: give at most one of --json-schema, --regex, --grammar, --json\n");
     return 2;
   }
+  if (max_tokens > 0 && min_tokens > max_tokens) {
+    fprintf(stderr, "deepinfer generate: --min-tokens: must be at most --max-tokens (%lld), got %lld\n", max_tokens, min_tokens);
+    return 2;
+  }
   if (!model_dir) model_dir = di_cli_default_model_dir();
+  const int no_tokenizer = di_cli_lacks_tokenizer(model_dir);
+  if (prompt && no_tokenizer) {
+    /* said before loading (a large model takes a while): only token ids work without tokenizer.json */
+    fprintf(stderr, "deepinfer generate: --prompt: a text prompt needs a tokenizer, and %s has no tokenizer.json "
+                    "(give the prompt as token ids: --prompt-ids 1,2,3)\n", model_dir);
+    return 1; /* the model cannot serve the request: exit 1, as a request that fails */
+  }
 
   int rc = 1;
   di_model *m = NULL;
@@ -210,6 +235,7 @@ int di_cmd_generate(int argc, char **argv) {
     fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
     goto done;
   }
+  if (!json_out) fprintf(stderr, "deepinfer: %s\n", di_engine_kv_summary(e));
   if (spec_tokens > 0 && di_engine_set_speculative(e, (int)spec_tokens, spec_conf) != DI_OK) {
     fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
     goto done;
@@ -250,6 +276,7 @@ int di_cmd_generate(int argc, char **argv) {
   p.presence_penalty = pres;
   p.frequency_penalty = freq;
   p.max_tokens = (int)max_tokens;
+  p.min_tokens = (int)min_tokens;
   p.n = (int)n;
   if (seed >= 0) { p.has_seed = 1; p.seed = (uint64_t)seed; }
   p.ignore_eos = ignore_eos;
@@ -263,7 +290,13 @@ int di_cmd_generate(int argc, char **argv) {
   p.json_object = json_any;
   uint64_t id;
   if (di_engine_add_request(e, &p, &id) != DI_OK) {
-    fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
+    /* name the file a structured-output error is about */
+    const char *file_flag = schema_file ? "--json-schema" : grammar_file ? "--grammar" : NULL;
+    const char *file = schema_file ? schema_file : grammar_file;
+    if (file_flag && strncmp(di_last_error(), "structured output", 17) == 0)
+      fprintf(stderr, "deepinfer generate: %s %s: %s\n", file_flag, file, di_last_error());
+    else
+      fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
     goto done;
   }
   while (di_engine_has_unfinished(e)) {
@@ -284,6 +317,11 @@ int di_cmd_generate(int argc, char **argv) {
         out_ids = b;
       }
       memcpy(out_ids + n_out, o->new_tokens, (size_t)o->n_new_tokens * sizeof *out_ids);
+      if (!json_out && no_tokenizer) {
+        /* no tokenizer.json: the text output is the generated ids, comma-separated as --prompt-ids */
+        for (int k = 0; k < o->n_new_tokens; k++) printf("%s%d", n_out + k ? "," : "", (int)o->new_tokens[k]);
+        fflush(stdout);
+      }
       n_out += o->n_new_tokens;
       if (o->new_text_len) {
         if (text_len + o->new_text_len + 1 > text_cap) {

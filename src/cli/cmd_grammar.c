@@ -16,9 +16,17 @@ static void usage(FILE *f) {
              "  --check                 read stdin verbatim; exit 0 if the grammar accepts it whole, 1 if not\n"
              "  --check-prefix          read stdin verbatim; exit 0 if it is a prefix of some accepted string\n"
              "                          (what a generation cut by max_tokens must be), 1 if not\n"
+             "  --grammar-syntax S      --grammar FILE's syntax: gbnf (llama.cpp) or lark (llguidance);\n"
+             "                          default lark for a .lark file, else gbnf\n"
              "  --print                 print the compiled grammar (GBNF-like) to stdout\n"
              "  --max-whitespace N      JSON: whitespace characters allowed between tokens (default 0)\n"
-             "  --ignore-unsupported    JSON Schema: skip unsupported keywords instead of failing\n"
+             "  --ignore-unsupported    JSON Schema: skip keywords it cannot enforce instead of failing\n"
+             "  --strict                JSON Schema: XGrammar's strict mode (no properties beyond the named ones\n"
+             "                          where additionalProperties is absent)\n"
+             "  --max-digits N          JSON: digits of numbers the schema leaves unbounded (default 16, -1 = any)\n"
+             "  --max-string-length N   JSON: characters of strings without maxLength/pattern/format\n"
+             "                          (default 1024, -1 = any)\n"
+             "  --no-generation-bounds  both of the above unbounded (what validation means)\n"
              "exit status: 0 accepted (or compiled), 1 rejected, 2 malformed grammar or usage error\n");
 }
 
@@ -43,8 +51,9 @@ static int accepts_prefix(const di_grammar *g, const char *s, size_t n) {
 }
 
 int di_cmd_grammar(int argc, char **argv) {
-  const char *regex = NULL, *schema_file = NULL, *grammar_file = NULL, *ws = NULL;
-  int json_any = 0, check = 0, check_prefix = 0, print = 0, ignore = 0, err = 0, nkinds = 0;
+  const char *regex = NULL, *schema_file = NULL, *grammar_file = NULL, *ws = NULL, *digits = NULL, *strlen_max = NULL,
+             *syntax = NULL;
+  int json_any = 0, check = 0, check_prefix = 0, print = 0, ignore = 0, err = 0, nkinds = 0, strict = 0, unbounded = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
     if (di_cli_is_help(argv[i])) {
@@ -58,6 +67,16 @@ int di_cmd_grammar(int argc, char **argv) {
       grammar_file = v, nkinds++;
     } else if (di_cli_flag_value(argc, argv, &i, "--max-whitespace", &v, &err)) {
       ws = v;
+    } else if (di_cli_flag_value(argc, argv, &i, "--grammar-syntax", &v, &err)) {
+      syntax = v;
+    } else if (di_cli_flag_value(argc, argv, &i, "--max-digits", &v, &err)) {
+      digits = v;
+    } else if (di_cli_flag_value(argc, argv, &i, "--max-string-length", &v, &err)) {
+      strlen_max = v;
+    } else if (strcmp(argv[i], "--strict") == 0) {
+      strict = 1;
+    } else if (strcmp(argv[i], "--no-generation-bounds") == 0) {
+      unbounded = 1;
     } else if (strcmp(argv[i], "--json") == 0) {
       json_any = 1, nkinds++;
     } else if (strcmp(argv[i], "--check") == 0) {
@@ -81,10 +100,29 @@ int di_cmd_grammar(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (syntax && strcmp(syntax, "gbnf") != 0 && strcmp(syntax, "lark") != 0) {
+    fprintf(stderr, "deepinfer grammar: --grammar-syntax must be gbnf or lark, not '%s'\n", syntax);
+    return 2;
+  }
+  if (syntax && !grammar_file) {
+    fprintf(stderr, "deepinfer grammar: --grammar-syntax goes with --grammar FILE\n");
+    return 2;
+  }
   di_grammar_options opt = {0};
   opt.ignore_unsupported_keywords = ignore;
   if (ws)
     opt.max_whitespace = atoi(ws);
+  opt.strict = strict;
+  opt.max_digits = opt.max_string_length = unbounded ? -1 : 0;
+  int bad_bound = 0;
+  if (digits && (opt.max_digits = atoi(digits)) == 0)
+    bad_bound = 1;
+  if (strlen_max && (opt.max_string_length = atoi(strlen_max)) == 0)
+    bad_bound = 1;
+  if (bad_bound) {
+    fprintf(stderr, "deepinfer grammar: --max-digits / --max-string-length take a positive number or -1 (unbounded)\n");
+    return 2;
+  }
   di_grammar_kind kind;
   char *src = NULL;
   size_t len = 0;
@@ -99,6 +137,12 @@ int di_cmd_grammar(int argc, char **argv) {
     src = strdup("");
   } else {
     kind = schema_file ? DI_GRAMMAR_JSON_SCHEMA : DI_GRAMMAR_EBNF;
+    if (grammar_file) {
+      size_t fl = strlen(grammar_file);
+      int lark = syntax ? strcmp(syntax, "lark") == 0 : fl >= 5 && strcmp(grammar_file + fl - 5, ".lark") == 0;
+      if (lark)
+        kind = DI_GRAMMAR_LARK;
+    }
     what = schema_file ? schema_file : grammar_file;
     if (di_read_file(what, &src, &len) != DI_OK) {
       fprintf(stderr, "deepinfer grammar: %s\n", di_last_error());

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "util/switches.h"
 
 int di_cmd_serve(int argc, char **argv);
 
@@ -37,14 +38,16 @@ static void usage(FILE *f) {
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
           "          --enable-prefix-caching | --no-enable-prefix-caching  --no-chunked-prefill\n"
           "          --kv-cache-memory BYTES  --num-kv-blocks N  --no-async-scheduling  --seed N\n"
+          "          --gpu-memory-utilization U (CUDA: share of the device's memory for everything, 0.9;\n"
+          "          the KV cache gets what the weights and step buffers leave; the CPU's default is 1 GiB)\n"
           "HTTP:     --host ADDR (default 127.0.0.1; 0.0.0.0 for all interfaces)  --port N (0: any free port)\n"
           "          --api-key KEY (or $DEEPINFER_API_KEY: /v1/ needs \"Authorization: Bearer KEY\")\n"
           "          --max-connections N (512)  --max-body-bytes N (32 MiB)  --keep-alive-timeout S (60)\n"
           "          --shutdown-timeout S (10: in-flight requests get this long on SIGINT/SIGTERM)\n"
           "          --disable-log-requests (no access-log lines on stderr)\n"
           "          --allowed-origins '*'|ORIGIN,ORIGIN...|'' (CORS; default *: any browser origin may call)\n"
-          "Tools:    --enable-auto-tool-choice --tool-call-parser deepseek_v3|deepseek_v31 (DeepSeek tool-call\n"
-          "          markup in chat replies becomes OpenAI tool_calls)  --reasoning-parser deepseek_r1\n"
+          "Tools:    --enable-auto-tool-choice --tool-call-parser deepseek_v3|deepseek_v31|deepseek_v32|deepseek_v4\n"
+          "          (DeepSeek tool-call markup in chat replies becomes OpenAI tool_calls; every form is read)  --reasoning-parser deepseek_r1\n"
           "          (<think>...</think> of chat replies becomes reasoning_content)\n");
 }
 
@@ -79,8 +82,10 @@ int di_cmd_serve(int argc, char **argv) {
       }
       sc.reasoning_parser = 1;
     } else if (FLAG("--tool-call-parser")) {
-      if (strcmp(v, "deepseek_v3") != 0 && strcmp(v, "deepseek_v31") != 0) {
-        fprintf(stderr, "deepinfer serve: --tool-call-parser: \"%s\" is not known (deepseek_v3, deepseek_v31)\n", v);
+      if (strcmp(v, "deepseek_v3") != 0 && strcmp(v, "deepseek_v31") != 0 && strcmp(v, "deepseek_v32") != 0 &&
+          strcmp(v, "deepseek_v4") != 0) {
+        fprintf(stderr, "deepinfer serve: --tool-call-parser: \"%s\" is not known (deepseek_v3, deepseek_v31, "
+                "deepseek_v32, deepseek_v4)\n", v);
         return 2;
       }
       sc.tool_call_parser = 1;
@@ -114,7 +119,7 @@ int di_cmd_serve(int argc, char **argv) {
   }
   if (!served) served = model_dir ? model_dir : "default";
   if (!model_dir) model_dir = di_cli_default_model_dir();
-  if (!api_key) api_key = getenv("DEEPINFER_API_KEY");
+  if (!api_key) api_key = di_switch_get(DI_SW_API_KEY);
   eo.seed = (uint64_t)seed;
 
   int rc = 1;
@@ -133,6 +138,7 @@ int di_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "deepinfer serve: %s\n", di_last_error());
     goto done;
   }
+  fprintf(stderr, "deepinfer serve: %s\n", di_engine_kv_summary(e));
   if (di_chat_template_load(model_dir, &tmpl) != DI_OK) {
     fprintf(stderr, "deepinfer serve: no chat template (/v1/chat/completions answers 400): %s\n", di_last_error());
     tmpl = NULL;

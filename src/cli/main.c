@@ -10,6 +10,7 @@ int di_cmd_detokenize(int argc, char **argv);
 int di_cmd_grammar(int argc, char **argv);
 int di_cmd_chat_template(int argc, char **argv);
 int di_cmd_serve(int argc, char **argv);
+int di_cmd_switches(int argc, char **argv);
 
 static const di_cli_command COMMANDS[] = {
     {"score", "write the logits of a token sequence to a safetensors file", di_cmd_score},
@@ -20,6 +21,7 @@ static const di_cli_command COMMANDS[] = {
     {"grammar", "compile a grammar (regex, JSON schema, EBNF) and check stdin against it", di_cmd_grammar},
     {"chat-template", "render a conversation with a model's chat template", di_cmd_chat_template},
     {"serve", "serve the OpenAI API over HTTP (completions, chat, streaming)", di_cmd_serve},
+    {"switches", "list the environment switches (DEEPINFER_*) with defaults and meanings", di_cmd_switches},
 };
 
 static void usage(FILE *f) {
@@ -27,7 +29,8 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
     fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
   fprintf(f, "\n`deepinfer <command> --help` describes each command.\n"
-             "Environment: DEEPINFER_HF_MODEL_DIR (default model folder), DEEPINFER_ACCELERATOR (cpu, cuda).\n");
+             "Environment: DEEPINFER_HF_MODEL_DIR (default model folder), DEEPINFER_ACCELERATOR (cpu, cuda);\n"
+             "`deepinfer switches` lists every switch (docs/switches.md).\n");
 }
 
 int main(int argc, char **argv) {

@@ -6,11 +6,14 @@
  * after step n instead (synchronously), so preemption never touches an in-flight sequence. */
 #include "engine/engine_internal.h"
 #include "engine/spec_decode.h"
+#include "kv/kv_budget.h"
 #include "sampler/rng.h"
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "util/switches.h"
 
 const char *di_finish_reason_str(di_finish_reason r) {
   switch (r) {
@@ -29,7 +32,8 @@ void di_engine_options_default(di_engine_options *o) {
   o->enable_prefix_caching = 1;
   o->enable_chunked_prefill = 1;
   o->async_scheduling = 1;
-  o->kv_cache_memory_bytes = (int64_t)1 << 30;
+  o->kv_cache_memory_bytes = 0; /* sized at create: kv_budget.h */
+  o->gpu_memory_utilization = (float)DI_GPU_MEMORY_UTILIZATION_DEFAULT;
 }
 
 void di_request_params_default(di_request_params *p) {
@@ -52,9 +56,27 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
     return di_error_set(DI_ERR_INVALID_ARG, "max_num_batched_tokens must be positive, got %d", opt.max_num_batched_tokens);
   if (opt.max_model_len <= 0 || opt.max_model_len > cfg->max_context) opt.max_model_len = cfg->max_context;
   if (opt.max_model_len <= 0) return di_error_set(DI_ERR_INVALID_ARG, "the model's context length is %d", cfg->max_context);
-  if (opt.kv_cache_memory_bytes <= 0) opt.kv_cache_memory_bytes = (int64_t)1 << 30;
+  if (!(opt.gpu_memory_utilization > 0)) opt.gpu_memory_utilization = (float)DI_GPU_MEMORY_UTILIZATION_DEFAULT;
+  if (opt.gpu_memory_utilization > 1)
+    return di_error_set(DI_ERR_INVALID_ARG, "gpu_memory_utilization must be in (0, 1], got %g", opt.gpu_memory_utilization);
 
   di_backend *be = cfg->backend;
+  char kv_how[256];
+  kv_how[0] = 0;
+  if (opt.num_kv_blocks > 0) {
+    snprintf(kv_how, sizeof kv_how, "num_kv_blocks given");
+  } else if (opt.kv_cache_memory_bytes > 0) {
+    snprintf(kv_how, sizeof kv_how, "kv_cache_memory given");
+  } else if (be->ops->memory_info) {
+    int64_t total = 0, used = 0;
+    DI_TRY(be->ops->memory_info(be, opt.max_num_batched_tokens, opt.max_num_seqs, &total, &used));
+    DI_TRY(di_kv_budget_from_device(total, used, opt.gpu_memory_utilization, &opt.kv_cache_memory_bytes));
+    snprintf(kv_how, sizeof kv_how, "gpu_memory_utilization %.2f of %.1f GiB, %.1f GiB in use before it",
+             opt.gpu_memory_utilization, (double)total / (1 << 30), (double)used / (1 << 30));
+  } else {
+    opt.kv_cache_memory_bytes = DI_KV_CPU_DEFAULT_BYTES;
+    snprintf(kv_how, sizeof kv_how, "the fixed host default");
+  }
   di_kv_group_info groups[DI_KV_MAX_GROUPS];
   memset(groups, 0, sizeof groups); /* backends set the fields they know; the rest stay 0 */
   int ng = be->ops->kv_groups(be, groups, DI_KV_MAX_GROUPS);
@@ -76,6 +98,12 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   if (cfg->constraint) e->constraint = *cfg->constraint;
   e->opt = opt;
   e->be = be;
+  {
+    int64_t bytes = 0;
+    for (int g = 0; g < ng; g++) bytes += nb[g] * groups[g].bytes_per_token * DI_KV_BLOCK_SIZE;
+    snprintf(e->kv_summary, sizeof e->kv_summary, "KV cache: %lld blocks of %d tokens (%.2f GiB): %s",
+             (long long)nb[0], DI_KV_BLOCK_SIZE, (double)bytes / (1 << 30), kv_how);
+  }
   e->seed_state = opt.seed ? opt.seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)e << 16);
   e->next_id = 1;
   di_status st = di_kv_manager_create(groups, ng, nb, opt.enable_prefix_caching, &e->kv);
@@ -86,11 +114,9 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
     e->dev_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_rows);
     e->step_rows = malloc((size_t)opt.max_num_seqs * sizeof *e->step_rows);
     e->dev_tokens = malloc((size_t)opt.max_num_seqs * sizeof *e->dev_tokens);
-    const char *hs = getenv("DEEPINFER_HOST_SAMPLING");
-    e->device_sampling = be->ops->sample != NULL && !(hs && *hs && strcmp(hs, "0") != 0);
-    const char *nf = getenv("DEEPINFER_NO_FEEDBACK");
+    e->device_sampling = be->ops->sample != NULL && !di_switch_bool(DI_SW_HOST_SAMPLING, 0);
     e->feedback = e->device_sampling && be->ops->sample_async && be->ops->sample_fetch && opt.async_scheduling &&
-                  !(nf && *nf && strcmp(nf, "0") != 0);
+                  !di_switch_bool(DI_SW_NO_FEEDBACK, 0);
     e->jobs = malloc((size_t)opt.max_num_seqs * sizeof *e->jobs);
     e->cap_queue = 64;
     e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
@@ -106,6 +132,8 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
   *out = e;
   return DI_OK;
 }
+
+const char *di_engine_kv_summary(const di_engine *e) { return e ? e->kv_summary : ""; }
 
 void di_engine_free(di_engine *e) {
   if (!e) return;
@@ -175,6 +203,8 @@ static di_status validate(const di_engine *e, const di_request_params *p) {
   if (p->prompt_logprobs_from < 0)
     return di_error_set(DI_ERR_INVALID_ARG, "prompt_logprobs_from must be >= 0, got %d", p->prompt_logprobs_from);
   if (p->min_tokens < 0) return di_error_set(DI_ERR_INVALID_ARG, "min_tokens must be >= 0, got %d", p->min_tokens);
+  if (p->max_tokens > 0 && p->min_tokens > p->max_tokens)
+    return di_error_set(DI_ERR_INVALID_ARG, "min_tokens must be at most max_tokens (%d), got %d", p->max_tokens, p->min_tokens);
   if (p->n_stop > 0 && !e->text.stream_create)
     return di_error_set(DI_ERR_UNSUPPORTED, "stop strings need a tokenizer (the model folder has no tokenizer.json)");
   if (p->prompt && !e->text.encode_prompt)

@@ -163,6 +163,7 @@ struct di_engine {
   di_engine_options opt;
   di_backend *be;
   di_kv_manager *kv;
+  char kv_summary[384];      /* how the KV cache was sized (di_engine_kv_summary) */
   di_row_sampler *rows;      /* host sampling of a step's rows */
   di_row_job *jobs;          /* [max_num_seqs] */
   float *logits;             /* [max_num_seqs][vocab] */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "util/switches.h"
 
 struct di_row_sampler {
   int vocab, mask_words, n_threads;
@@ -20,9 +21,8 @@ di_status di_row_sampler_create(int vocab, int threads, di_row_sampler **out) {
   di_row_sampler *rs = calloc(1, sizeof *rs);
   if (!rs) return di_error_set(DI_ERR_OOM, "sampler: out of memory");
   if (threads <= 0) {
-    const char *env = getenv("DEEPINFER_SAMPLER_THREADS");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = env && *env ? atoi(env) : (int)(cores / 2 < 8 ? cores / 2 : 8);
+    threads = di_switch_int(DI_SW_SAMPLER_THREADS, (int)(cores / 2 < 8 ? cores / 2 : 8));
   }
   if (threads < 1) threads = 1;
   rs->vocab = vocab;

@@ -89,11 +89,19 @@ static inline void di_gbyteset_add(di_gbyteset *s, unsigned c) { s->w[c >> 5] |=
 /* Front-ends (each fills a fresh builder and calls di_gb_finish). */
 struct di_grammar_options;
 di_status di_ebnf_compile(di_gb *b, const char *src, size_t len);
+/* Lark (lark.c): left recursion is rewritten away before di_gb_finish. */
+di_status di_lark_compile(di_gb *b, const char *src, size_t len);
 /* Regex into rule `rule`. json_string: emit code points as they appear inside a JSON string
  * (quotes, backslashes and control characters escaped). anchored: whole match (else the JSON
  * Schema "pattern" search semantics: unanchored unless ^/$). */
 di_status di_regex_compile_into(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored);
 di_status di_regex_compile(di_gb *b, const char *src, size_t len);
+/* The same with dialect flags: DI_RE_LARK = Lark terminals' regexes (llguidance: Rust's regex
+ * crate syntax, so any ASCII punctuation may be escaped and a brace that starts no quantifier is
+ * literal), DI_RE_ICASE = ASCII case-insensitive (the /.../i flag). */
+enum { DI_RE_LARK = 1, DI_RE_ICASE = 2, DI_RE_DOTALL = 4 };
+di_status di_regex_compile_into_ex(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored,
+                                   int flags);
 di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt);
 di_status di_json_any_compile(di_gb *b, const struct di_grammar_options *opt);
 #endif

@@ -5,6 +5,7 @@
 #include "grammar/gram_rt.h"
 #include <stdlib.h>
 #include <string.h>
+#include "util/switches.h"
 
 static inline uint32_t mix(uint64_t x) {
   x ^= x >> 33;
@@ -210,9 +211,9 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
   rt->max_nodes = 8 << 20;
   rt->max_states = 200000; /* ~1 KB of transitions each: bounds memory to a few hundred MB */
   rt->max_set = 100000;
-  const char *env = getenv("DI_GRAMMAR_MAX_STATES"); /* tests of the budget paths */
-  if (env && atoi(env) > 16)
-    rt->max_states = atoi(env);
+  const int max_states = di_switch_int(DI_SW_GRAMMAR_MAX_STATES, 0); /* tests of the budget paths */
+  if (max_states > 16)
+    rt->max_states = max_states;
   rt->nhcap = 1024;
   rt->shcap = 1024;
   rt->nhash = malloc(sizeof(int32_t) * (size_t)rt->nhcap);

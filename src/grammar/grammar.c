@@ -27,6 +27,15 @@ static void normalize_opt(di_grammar_options *o, const di_grammar_options *in) {
   if (o->max_elements <= 0)
     o->max_elements = 2000000;
   o->ignore_unsupported_keywords = o->ignore_unsupported_keywords != 0;
+  o->strict = o->strict != 0;
+  if (o->max_digits == 0)
+    o->max_digits = DI_GRAMMAR_DEFAULT_MAX_DIGITS;
+  if (o->max_digits < 0)
+    o->max_digits = -1;
+  if (o->max_string_length == 0)
+    o->max_string_length = DI_GRAMMAR_DEFAULT_MAX_STRING;
+  if (o->max_string_length < 0)
+    o->max_string_length = -1;
 }
 
 static void grammar_destroy(di_grammar *g) {
@@ -54,6 +63,7 @@ static di_status compile_new(di_grammar_kind kind, const char *src, size_t len, 
   case DI_GRAMMAR_REGEX: st = di_regex_compile(&g->core, src, len); break;
   case DI_GRAMMAR_JSON_SCHEMA: st = di_json_schema_compile(&g->core, src, len, o); break;
   case DI_GRAMMAR_JSON_ANY: st = di_json_any_compile(&g->core, o); break;
+  case DI_GRAMMAR_LARK: st = di_lark_compile(&g->core, src, len); break;
   default: st = di_error_set(DI_ERR_INVALID_ARG, "unknown grammar kind %d", (int)kind);
   }
   if (st != DI_OK) {
@@ -160,3 +170,17 @@ int di_grammar_accepts(const di_grammar *g, const char *s, size_t len) {
 int di_grammar_num_elements(const di_grammar *g) { return g->core.n_flat; }
 
 void di_grammar_print(const di_grammar *g, FILE *f) { di_gb_print(&g->core, f); }
+
+di_status di_grammar_compile_syntax(const char *syntax, const char *source, size_t len, const di_grammar_options *opt,
+                                    di_grammar **out) {
+  static const struct {
+    const char *name;
+    di_grammar_kind kind;
+  } names[] = {{"lark", DI_GRAMMAR_LARK}, {"regex", DI_GRAMMAR_REGEX}, {"gbnf", DI_GRAMMAR_EBNF},
+               {"ebnf", DI_GRAMMAR_EBNF}, {"json_schema", DI_GRAMMAR_JSON_SCHEMA}};
+  for (size_t i = 0; syntax && i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(syntax, names[i].name) == 0)
+      return di_grammar_compile(names[i].kind, source, len, opt, out);
+  return di_error_set(DI_ERR_INVALID_ARG, "grammar syntax '%s' is not one of lark, regex, gbnf, json_schema",
+                      syntax ? syntax : "(null)");
+}

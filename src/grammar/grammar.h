@@ -14,15 +14,29 @@ typedef enum {
   DI_GRAMMAR_EBNF,        /* GBNF dialect (llama.cpp): the start rule is `root` */
   DI_GRAMMAR_REGEX,       /* whole-output match */
   DI_GRAMMAR_JSON_SCHEMA, /* a JSON Schema (draft 2020-12 subset) as JSON text */
-  DI_GRAMMAR_JSON_ANY     /* any JSON object (OpenAI json_object mode); source ignored */
+  DI_GRAMMAR_JSON_ANY,    /* any JSON object (OpenAI json_object mode); source ignored */
+  DI_GRAMMAR_LARK         /* Lark (llguidance's dialect): the start rule is `start` */
 } di_grammar_kind;
 
+/* Default generation bounds for JSON values the schema leaves unbounded (docs/structured-outputs.md,
+ * "No runaway values"): digits of an integer (or of a number's integer part, fraction and
+ * exponent) and characters of a string. */
+enum { DI_GRAMMAR_DEFAULT_MAX_DIGITS = 16, DI_GRAMMAR_DEFAULT_MAX_STRING = 1024 };
+
 typedef struct di_grammar_options {
-  int ignore_unsupported_keywords; /* JSON Schema: 1 = skip unknown keywords instead of failing */
+  int ignore_unsupported_keywords; /* JSON Schema: 1 = skip keywords it cannot enforce instead of failing
+                                      (keywords JSON Schema does not define are always ignored) */
   int max_whitespace;              /* JSON: whitespace chars allowed between tokens (0 = compact) */
   int max_branches;                /* JSON Schema: bound on anyOf/oneOf/allOf expansion (0 = 256) */
   int max_elements;                /* bound on the compiled grammar's size (0 = 2,000,000) */
   int no_cache;                    /* 1 = compile afresh, bypassing the content cache (benchmarks) */
+  int strict;                      /* JSON Schema: XGrammar's strict mode: an object schema without
+                                      additionalProperties admits no other properties (0 = JSON
+                                      Schema's default: it admits any) */
+  int max_digits;                  /* JSON: digits of a number the schema does not bound (0 = default
+                                      DI_GRAMMAR_DEFAULT_MAX_DIGITS, -1 = unbounded) */
+  int max_string_length;           /* JSON: characters of a string without maxLength/pattern/format
+                                      (0 = default DI_GRAMMAR_DEFAULT_MAX_STRING, -1 = unbounded) */
 } di_grammar_options;
 
 /* Compiles `source` (`len` bytes). Errors carry a position ("line 3, column 7" / "offset 12" /
@@ -30,6 +44,11 @@ typedef struct di_grammar_options {
  * same text again returns the same grammar with its reference count raised. opt may be NULL. */
 di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t len,
                              const di_grammar_options *opt, di_grammar **out);
+/* The same by the syntax's name, for API surfaces that carry it as text (OpenAI custom tools'
+ * `format: {type: "grammar", syntax: ...}`, `grammar_syntax`): "lark", "regex", "gbnf" (or
+ * "ebnf"), "json_schema"; anything else is DI_ERR_INVALID_ARG naming it. */
+di_status di_grammar_compile_syntax(const char *syntax, const char *source, size_t len, const di_grammar_options *opt,
+                                    di_grammar **out);
 /* Drops one reference; NULL is a no-op. */
 void di_grammar_free(di_grammar *g);
 /* 1 when the grammar accepts all `len` bytes of s as a whole output, 0 otherwise (also 0 if the

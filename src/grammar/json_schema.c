@@ -7,6 +7,8 @@
 #include <string.h>
 #include "grammar/gram_ir.h"
 #include "grammar/grammar.h"
+#include "grammar/json_formats.h"
+#include "grammar/json_schema_not.h"
 #include "grammar/json_text.h"
 #include "util/json.h"
 
@@ -28,6 +30,7 @@ typedef struct {
   int branches, depth;
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
   int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc;
+  char why_empty[400]; /* the last reason a schema was found to admit nothing, for the error */
 } jc;
 
 static di_status unsupported(jc *c, const char *path, const char *kw) {
@@ -111,7 +114,7 @@ static int string_rule(jc *c) {
     c->r_string = di_gb_new_rule(c->b, "string");
     di_gseq s = {0};
     lit(c, &s, "\"");
-    di_gseq_repeat(c->b, &s, rule_el(jchar_rule(c)), 0, -1);
+    di_gseq_repeat(c->b, &s, rule_el(jchar_rule(c)), 0, c->opt->max_string_length);
     lit(c, &s, "\"");
     di_gb_add_alt(c->b, c->r_string, s.v, s.n);
     di_gseq_free(&s);
@@ -119,16 +122,49 @@ static int string_rule(jc *c) {
   return c->r_string;
 }
 
+/* The generation bound on digits (docs: "No runaway values"): "*" unbounded, else "{0,D-1}"
+ * after a first digit, "{1,D}" for a fraction or an exponent (whose bound is at most 3 digits). */
+static void digit_reps(const jc *c, char rest[24], char some[24], char exp[24]) {
+  int d = c->opt->max_digits;
+  if (d < 0) {
+    strcpy(rest, "*"), strcpy(some, "+"), strcpy(exp, "+");
+    return;
+  }
+  snprintf(rest, 24, "{0,%d}", d - 1);
+  snprintf(some, 24, "{1,%d}", d);
+  snprintf(exp, 24, "{1,%d}", d < 3 ? d : 3);
+}
+
 static int number_rule(jc *c) {
-  if (c->r_number < 0)
-    c->r_number = mk_rule_regex(c, "number", "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?");
+  if (c->r_number < 0) {
+    char rest[24], some[24], exp[24], re[160];
+    digit_reps(c, rest, some, exp);
+    snprintf(re, sizeof re, "-?(0|[1-9][0-9]%s)(\\.[0-9]%s)?([eE][+-]?[0-9]%s)?", rest, some, exp);
+    c->r_number = mk_rule_regex(c, "number", re);
+  }
   return c->r_number;
 }
 
 static int int_rule(jc *c) {
-  if (c->r_int < 0)
-    c->r_int = mk_rule_regex(c, "integer", "-?(0|[1-9][0-9]*)");
+  if (c->r_int < 0) {
+    char rest[24], some[24], exp[24], re[80];
+    digit_reps(c, rest, some, exp);
+    snprintf(re, sizeof re, "-?(0|[1-9][0-9]%s)", rest);
+    c->r_int = mk_rule_regex(c, "integer", re);
+  }
   return c->r_int;
+}
+
+/* The largest magnitude an unbounded side of a range may reach under the digits bound: 10^D - 1
+ * (D at most 18 so that it fits int64); -1 when digits are unbounded. */
+static int64_t digits_cap(const jc *c) {
+  int d = c->opt->max_digits;
+  if (d < 0)
+    return -1;
+  int64_t v = 1;
+  for (int i = 0; i < (d > 18 ? 18 : d); i++)
+    v *= 10;
+  return v - 1;
 }
 
 /* value ::= object | array | string | number | true | false | null, with the whitespace policy */
@@ -204,6 +240,7 @@ static void jc_init(jc *c, di_gb *b, const di_grammar_options *opt) {
     di_gbyteset_add(&set, ' ');
     di_gbyteset_add(&set, '\t');
     di_gbyteset_add(&set, '\n');
+    di_gbyteset_add(&set, '\r');
     di_gseq s = {0};
     di_gseq_repeat(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &set)}, 0, opt->max_whitespace);
     c->ws = di_gb_wrap(b, &s, "ws");
@@ -282,7 +319,17 @@ static const char *ANNOTATIONS[] = {"$schema", "$id", "title", "description", "d
 static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "required", "additionalProperties",
                                   "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
                                   "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
-                                  "oneOf", "allOf", "$ref", NULL};
+                                  "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
+                                  "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
+                                  "minContains", "minProperties", "maxProperties",
+                                  "propertyNames", "not", "if", "then", "else", NULL};
+
+/* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
+ * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
+ * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
+static const char *UNENFORCED[] = {"maxContains", "uniqueItems",
+                                   "multipleOf", "patternProperties",
+                                   "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
   for (int i = 0; list[i]; i++)
@@ -357,7 +404,7 @@ static di_status get_count(const cJSON *sch, const char *k, const char *path, in
 }
 
 /* Merges schema b into a copy of a (allOf semantics, for the subset we support). */
-static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, cJSON **out);
+static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const char *path, cJSON **out);
 
 /* Resolves a schema that is only a $ref (plus annotations) to its target. */
 static di_status deref(jc *c, const cJSON *s, const char *path, const cJSON **out) {
@@ -383,7 +430,7 @@ static di_status deref(jc *c, const cJSON *s, const char *path, const cJSON **ou
       cJSON *m;
       if (++c->depth > 64)
         return di_error_set(DI_ERR_UNSUPPORTED, "json schema: $ref merging nested too deeply at %s", path);
-      di_status st = merge(c, t, sib, path, &m);
+      di_status st = merge(c, t, sib, 1, path, &m);
       c->depth--;
       DI_TRY(st);
       *out = m;
@@ -394,9 +441,44 @@ static di_status deref(jc *c, const cJSON *s, const char *path, const cJSON **ou
   return di_error_set(DI_ERR_FORMAT, "json schema: $ref chain too long (a cycle?) at %s", path);
 }
 
-static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, cJSON **out) {
+/* The in-place subschema's unevaluatedProperties / unevaluatedItems, when it has no applicators of
+ * its own, sees only its own properties / items: exactly what additionalProperties / items mean.
+ * Renamed so on a copy, the merge below then gives the outer schema's names its constraint. An
+ * inner one beside further applicators is refused (what it sees would need their annotations). */
+static di_status localise_unevaluated(jc *c, const cJSON *inner, const char *path, const cJSON **out) {
+  static const char *un[] = {"unevaluatedProperties", "unevaluatedItems"};
+  static const char *as[] = {"additionalProperties", "items"};
+  static const char *applicators[] = {"allOf", "anyOf", "oneOf", "$ref", "not", "if", "dependentSchemas",
+                                      "dependencies", "patternProperties", "contains", NULL};
+  *out = inner;
+  if (!cJSON_IsObject(inner) || (!item(inner, un[0]) && !item(inner, un[1])))
+    return DI_OK;
+  for (int i = 0; applicators[i]; i++)
+    if (item(inner, applicators[i]) && !c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED,
+                          "json schema: unsupported keyword 'unevaluatedProperties/Items' in an allOf/$ref subschema "
+                          "beside '%s' at %s",
+                          applicators[i], path);
+  cJSON *cp = cJSON_Duplicate(inner, 1);
+  if (!cp || !own(c, cp))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int i = 0; i < 2; i++) {
+    cJSON *u = cJSON_DetachItemFromObjectCaseSensitive(cp, un[i]);
+    if (!u)
+      continue;
+    if (item(cp, as[i]) || (i == 1 && cJSON_IsArray(item(cp, "items"))))
+      cJSON_Delete(u); /* everything is evaluated already */
+    else
+      cJSON_AddItemToObject(cp, as[i], u);
+  }
+  *out = cp;
+  return DI_OK;
+}
+
+static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const char *path, cJSON **out) {
   DI_TRY(deref(c, a, path, &a));
   DI_TRY(deref(c, b, path, &b));
+  DI_TRY(localise_unevaluated(c, b_outer ? a : b, path, b_outer ? &a : &b));
   if (cJSON_IsFalse(a) || cJSON_IsFalse(b)) {
     cJSON *f = cJSON_CreateFalse();
     if (!f || !own(c, f))
@@ -418,8 +500,8 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
       cJSON_AddItemToObject(m, k, cJSON_Duplicate(e, 1));
       continue;
     }
-    if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1))
-      continue;
+    if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1) || (!in_list(k, SUPPORTED) && !in_list(k, UNENFORCED)))
+      continue; /* the same value twice, or a keyword JSON Schema does not define (ignored) */
     if (strcmp(k, "type") == 0) {
       int ta, tb;
       DI_TRY(get_types(m, path, &ta));
@@ -492,7 +574,24 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
       }
       cJSON_DeleteItemFromObjectCaseSensitive(m, k);
       cJSON_AddItemToObject(m, "enum", arr);
-    } else if (strcmp(k, "allOf") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) {
+    } else if ((strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) && cJSON_IsArray(x) && cJSON_IsArray(e)) {
+      /* (x1 | x2) & (e1 | e2) = (x1 & e1) | (x1 & e2) | ...: one list of branches (nesting the second
+       * under allOf would merge it into the first again, endlessly) */
+      if (cJSON_GetArraySize(x) * cJSON_GetArraySize(e) > c->opt->max_branches)
+        return di_error_set(DI_ERR_UNSUPPORTED,
+                            "json schema: anyOf/oneOf/allOf expansion exceeds %d branches at %s (raise max_branches)",
+                            c->opt->max_branches, path);
+      cJSON *cross = cJSON_CreateArray();
+      for (const cJSON *xi = x->child; xi; xi = xi->next)
+        for (const cJSON *ej = e->child; ej; ej = ej->next) {
+          cJSON *both = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(both, "allOf");
+          cJSON_AddItemToArray(arr, cJSON_Duplicate(xi, 1));
+          cJSON_AddItemToArray(arr, cJSON_Duplicate(ej, 1));
+          cJSON_AddItemToArray(cross, both);
+        }
+      cJSON_ReplaceItemInObjectCaseSensitive(m, k, cross);
+    } else if (strcmp(k, "allOf") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0 ||
+               strncmp(k, "dependen", 8) == 0) {
       /* both have the combinator: nest b's under a fresh allOf */
       cJSON *extra = item(m, "allOf");
       if (!extra)
@@ -546,13 +645,28 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, const char *path, 
   return DI_OK;
 }
 
+/* An unenforced keyword whose value here constrains nothing (uniqueItems false, or over arrays of
+ * at most one item; minProperties 0). */
+static int enforced_anyway(jc *c, const cJSON *sch, const cJSON *kw) {
+  (void)c;
+  const char *k = kw->string;
+  if (strcmp(k, "uniqueItems") == 0) {
+    const cJSON *mx = item(sch, "maxItems");
+    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1);
+  }
+  if (strcmp(k, "maxContains") == 0)
+    return !item(sch, "contains"); /* without contains it means nothing */
+  if (strcmp(k, "minProperties") == 0)
+    return cJSON_IsNumber(kw) && kw->valuedouble <= 0;
+  return 0;
+}
+
 static di_status check_keywords(jc *c, const cJSON *sch, const char *path) {
   for (const cJSON *e = sch->child; e; e = e->next) {
     const char *k = e->string;
-    if (in_list(k, ANNOTATIONS) || in_list(k, SUPPORTED) || strncmp(k, "x-", 2) == 0)
+    if (!in_list(k, UNENFORCED) || c->opt->ignore_unsupported_keywords || enforced_anyway(c, sch, e))
       continue;
-    if (!c->opt->ignore_unsupported_keywords)
-      return unsupported(c, path, k);
+    return unsupported(c, path, k);
   }
   return DI_OK;
 }
@@ -579,25 +693,9 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
     return di_error_set(DI_ERR_FORMAT, "json schema: 'pattern' must be a string at %s", path);
   const char *fre = NULL;
   if (fmt) {
-#define DATE_RE                                                                                              \
-  "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))" \
-  "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
-#define TIME_RE "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-#define IPV4_RE "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}"
-    static const char *fmts[][2] = {
-        {"date", DATE_RE},
-        {"time", TIME_RE},
-        {"date-time", "(" DATE_RE ")[Tt]" TIME_RE},
-        {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-        {"email", "([A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*|\"([^\"\\\\]|\\\\.)*\")@"
-                  "([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+"
-                  "|\\[" IPV4_RE "\\]|\\[IPv6:[0-9A-Fa-f:.]+\\])"},
-        {"ipv4", IPV4_RE},
-    };
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
-      if (strcmp(fmt->valuestring, fmts[i][0]) == 0)
-        fre = fmts[i][1];
-    if (!fre && !c->opt->ignore_unsupported_keywords)
+    int defined;
+    fre = di_json_format_regex(fmt->valuestring, &defined);
+    if (!fre && defined && !c->opt->ignore_unsupported_keywords)
       return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported format '%s' at %s/format", fmt->valuestring, path);
   }
   int n_constraints = (fre != NULL) + (pat != NULL) + has_len;
@@ -616,6 +714,8 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
     }
     di_gseq_push(b, &s, rule_el(r));
   } else if (has_len) {
+    if (maxl < 0 && c->opt->max_string_length > 0) /* the generation bound, yet never below minLength */
+      maxl = minl > c->opt->max_string_length ? minl : c->opt->max_string_length;
     if (maxl >= 0 && maxl < minl) {
       di_gseq_free(&s);
       return di_error_set(DI_ERR_FORMAT, "json schema: maxLength below minLength at %s", path);
@@ -667,6 +767,17 @@ static di_status gen_integer(jc *c, const cJSON *sch, const char *path, int rule
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: integer bound beyond 2^53 at %s", path);
   if (has_lo && has_hi && lo > hi)
     return DI_OK; /* no integer fits: this type contributes no alternative */
+  int64_t cap = digits_cap(c);
+  if (cap >= 0 && (!has_lo || !has_hi)) { /* the open side gets the digits bound */
+    if (!has_hi && ilo <= cap) {
+      di_json_int_range(c->b, rule, 1, ilo, 1, cap);
+      return DI_OK;
+    }
+    if (!has_lo && ihi >= -cap) {
+      di_json_int_range(c->b, rule, 1, -cap, 1, ihi);
+      return DI_OK;
+    }
+  }
   return int_range(c, rule, has_lo, ilo, has_hi, ihi, path);
 }
 
@@ -674,7 +785,19 @@ static di_status gen_integer(jc *c, const cJSON *sch, const char *path, int rule
 enum { FRAC_ANY, FRAC_ZERO, FRAC_NONZERO };
 static di_gel frac_el(jc *c, int kind) {
   static const char *re[] = {"(\\.[0-9]+)?", "(\\.0+)?", "\\.[0-9]*[1-9][0-9]*"};
-  int r = mk_rule_regex(c, "frac", re[kind]);
+  char bounded[96];
+  const char *src = re[kind];
+  int d = c->opt->max_digits;
+  if (d > 0) { /* the digits bound: at most d fraction digits (2d - 1 when one must be nonzero) */
+    if (kind == FRAC_ANY)
+      snprintf(bounded, sizeof bounded, "(\\.[0-9]{1,%d})?", d);
+    else if (kind == FRAC_ZERO)
+      snprintf(bounded, sizeof bounded, "(\\.0{1,%d})?", d);
+    else
+      snprintf(bounded, sizeof bounded, "\\.0{0,%d}[1-9][0-9]{0,%d}", d - 1, d - 1);
+    src = bounded;
+  }
+  int r = mk_rule_regex(c, "frac", src);
   return rule_el(r);
 }
 
@@ -696,6 +819,9 @@ static void int_part_alt(jc *c, int rule, int neg, int64_t lo, int64_t hi, int f
 /* Magnitudes y = I.F (no exponent) in the interval from a (exclusive if a_ex) to b (b < 0:
  * unbounded; exclusive if b_ex), a >= 0, written after an optional "-". */
 static void magnitude_interval(jc *c, int rule, int neg, int64_t a, int a_ex, int64_t b, int b_ex) {
+  int64_t cap = digits_cap(c);
+  if (b < 0 && cap >= 0 && a <= cap) /* unbounded side: integer part of at most max_digits digits */
+    b = cap + 1, b_ex = 1;
   if (b >= 0 && (b < a || (b == a && (a_ex || b_ex))))
     return;
   /* I strictly inside: any fraction */
@@ -832,10 +958,21 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
 static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *props = item(sch, "properties"), *req = item(sch, "required"), *addl = item(sch, "additionalProperties");
+  if (!addl) /* the schema and its merged in-place subschemas evaluate only their properties */
+    addl = item(sch, "unevaluatedProperties");
   if (props && !cJSON_IsObject(props))
     return di_error_set(DI_ERR_FORMAT, "json schema: 'properties' must be an object at %s", path);
   if (req && !cJSON_IsArray(req))
     return di_error_set(DI_ERR_FORMAT, "json schema: 'required' must be an array at %s", path);
+  int64_t minp = 0, maxp = -1;
+  DI_TRY(get_count(sch, "minProperties", path, &minp));
+  DI_TRY(get_count(sch, "maxProperties", path, &maxp));
+  int has_maxp = maxp >= 0;
+  if ((has_maxp ? maxp : minp) > 64)
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: minProperties/maxProperties above 64 are not supported at %s",
+                        path);
+  if (has_maxp && maxp < minp)
+    return DI_OK; /* no object fits */
   /* the property list: properties in order, then required names not among them */
   int np = 0;
   for (const cJSON *p = props ? props->child : NULL; p; p = p->next)
@@ -847,6 +984,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   int *isreq = calloc((size_t)np + 1, sizeof(int));
   int *rules = calloc((size_t)np + 1, sizeof(int));
   keyset ks = {calloc((size_t)np + 1, sizeof(char *)), 0};
+  di_grammar *png = NULL; /* propertyNames' own grammar, to check the named properties */
   di_status st = DI_OK;
   if (!names || !schemas || !isreq || !rules || !ks.keys) {
     st = di_error_set(DI_ERR_OOM, "out of memory");
@@ -874,13 +1012,68 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
         found = i;
     if (found >= 0) {
       isreq[found] = 1;
+    } else if (cJSON_IsFalse(addl)) {
+      /* required, yet not a property and no other property allowed: no object satisfies this */
+      snprintf(c->why_empty, sizeof c->why_empty,
+               "required property '%.100s' at %.150s/required is not in 'properties' and additionalProperties is false",
+               r->valuestring, path);
+      goto done;
     } else {
       names[n] = r->valuestring;
       schemas[n] = addl && !cJSON_IsBool(addl) ? addl : NULL; /* NULL: any value */
       isreq[n++] = 1;
     }
   }
-  int allow_addl = addl && !cJSON_IsFalse(addl);
+  /* JSON Schema's default admits other properties; strict mode (XGrammar's) admits none */
+  int allow_addl = addl ? !cJSON_IsFalse(addl) : !c->opt->strict;
+  /* propertyNames: named properties are checked against it here (a grammar of its own); other
+   * names are generated from it, which needs there to be no named property they could repeat */
+  const cJSON *pn = item(sch, "propertyNames");
+  int r_pkey = -1, pn_none = cJSON_IsFalse(pn);
+  if (pn_none) {
+    allow_addl = 0;
+  } else if (pn && !cJSON_IsTrue(pn)) {
+    char *txt = cJSON_PrintUnformatted(pn);
+    if (!txt) {
+      st = di_error_set(DI_ERR_OOM, "out of memory");
+      goto done;
+    }
+    int has_ref = strstr(txt, "\"$ref\"") != NULL;
+    if ((has_ref || (allow_addl && n > 0)) && !c->opt->ignore_unsupported_keywords) {
+      free(txt);
+      st = unsupported(c, path, has_ref ? "propertyNames (with $ref)"
+                                        : "propertyNames (with properties and other names allowed)");
+      goto done;
+    }
+    di_grammar_options po = *c->opt;
+    po.no_cache = 1;
+    po.max_string_length = -1;
+    st = di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, txt, strlen(txt), &po, &png);
+    free(txt);
+    if (st != DI_OK && strstr(di_last_error(), "no JSON value satisfies")) {
+      st = DI_OK; /* no name fits: as propertyNames false */
+      pn_none = 1, allow_addl = 0;
+    }
+    if (st != DI_OK)
+      goto done;
+    if (allow_addl) {
+      cJSON *str = cJSON_CreateObject(), *ks_schema = NULL;
+      if (!str || !own(c, str)) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+        goto done;
+      }
+      cJSON_AddStringToObject(str, "type", "string");
+      char sub[1200];
+      snprintf(sub, sizeof sub, "%s/propertyNames", path);
+      st = merge(c, str, pn, 0, sub, &ks_schema);
+      if (st == DI_OK)
+        st = gen(c, ks_schema, sub, &r_pkey);
+      if (st != DI_OK)
+        goto done;
+      if (r_pkey < 0)
+        allow_addl = 0;
+    }
+  }
   for (int i = 0; i < n; i++) {
     char sub[1200];
     snprintf(sub, sizeof sub, "%s/properties/%s", path, names[i]);
@@ -901,12 +1094,20 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       goto done;
     }
     ks.keys[ks.n++] = kb.p;
+    if (pn_none || (png && !di_grammar_accepts(png, kb.p, kb.n))) { /* a name propertyNames rejects */
+      rules[i] = -1;
+      if (isreq[i]) {
+        snprintf(c->why_empty, sizeof c->why_empty, "required property '%.100s' fails propertyNames at %.200s",
+                 names[i], path);
+        goto done;
+      }
+    }
   }
   /* additional members: key (not a named property) ":" value */
   int r_addl = -1;
   if (allow_addl) {
     int vr;
-    if (cJSON_IsTrue(addl)) {
+    if (!addl || cJSON_IsTrue(addl)) {
       vr = any_rule(c);
     } else {
       char sub[1200];
@@ -938,7 +1139,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       di_gseq_push(b, &s, rule_el(n ? excl_rule(c, &raw, "", 0, 0) : -1));
       if (!n) {
         s.n = 0;
-        di_gseq_push(b, &s, rule_el(string_rule(c)));
+        di_gseq_push(b, &s, rule_el(r_pkey >= 0 ? r_pkey : string_rule(c)));
       }
       ws(c, &s);
       lit(c, &s, ":");
@@ -951,87 +1152,114 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       free(raw.keys);
     }
   }
-  /* S_i: members from property i on, none emitted yet; R_i: some emitted (needs a comma) */
-  int Snext = -1, Rnext = -1;
-  {
-    /* tail after the last named property: additional members */
-    int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
-    di_gseq s = {0};
-    di_gb_add_alt(b, S, NULL, 0);
-    di_gb_add_alt(b, R, NULL, 0);
-    if (r_addl >= 0) {
-      di_gseq t = {0};
-      lit(c, &t, ",");
-      ws(c, &t);
-      di_gseq_push(b, &t, rule_el(r_addl));
-      ws(c, &t);
-      di_gel more = di_gb_wrap(b, &t, "addl_more");
-      di_gseq_free(&t);
-      di_gseq_push(b, &s, rule_el(r_addl));
-      ws(c, &s);
-      di_gseq_repeat(b, &s, more, 0, -1);
-      di_gb_add_alt(b, S, s.v, s.n);
-      s.n = 0;
-      di_gseq_push(b, &s, more);
-      di_gseq_repeat(b, &s, more, 0, -1);
-      di_gb_add_alt(b, R, s.v, s.n);
-    }
-    di_gseq_free(&s);
-    Snext = S;
-    Rnext = R;
+  /* S_i[k]: members from property i on, none emitted yet; R_i[k]: some emitted (needs a comma);
+   * k counts the members emitted so far for minProperties / maxProperties (saturating at minProperties
+   * when there is no maximum; a single layer without either keyword) */
+  int K = has_maxp ? (int)maxp : (int)minp;
+  int *Snext = calloc((size_t)K + 1, sizeof(int)), *Rnext = calloc((size_t)K + 1, sizeof(int));
+  int *Scur = calloc((size_t)K + 1, sizeof(int)), *Rcur = calloc((size_t)K + 1, sizeof(int));
+  if (!Snext || !Rnext || !Scur || !Rcur) {
+    free(Snext), free(Rnext), free(Scur), free(Rcur);
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+    goto done;
   }
-  for (int i = n - 1; i >= 0; i--) {
+  di_gel more = {-1, -1};
+  if (r_addl >= 0) {
+    di_gseq t = {0};
+    lit(c, &t, ",");
+    ws(c, &t);
+    di_gseq_push(b, &t, rule_el(r_addl));
+    ws(c, &t);
+    more = di_gb_wrap(b, &t, "addl_more");
+    di_gseq_free(&t);
+  }
+  for (int k = 0; k <= K; k++) {
+    /* tail after the last named property: additional members, as many as the bounds leave */
     int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
     if (b->oom) { /* the new rules' indices are not valid then */
       st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
       goto done;
     }
-    di_gseq kv = {0};
-    di_gseq_bytes(b, &kv, ks.keys[i], strlen(ks.keys[i]));
-    ws(c, &kv);
-    lit(c, &kv, ":");
-    ws(c, &kv);
-    if (rules[i] >= 0) {
-      di_gseq_push(b, &kv, rule_el(rules[i]));
-      ws(c, &kv);
-      di_gel kvel = di_gb_wrap(b, &kv, "member");
+    b->rules[S].defined = b->rules[R].defined = 1;
+    int amin = minp > k ? (int)minp - k : 0, amax = has_maxp ? (int)maxp - k : -1;
+    if (amin == 0) {
+      di_gb_add_alt(b, S, NULL, 0);
+      di_gb_add_alt(b, R, NULL, 0);
+    }
+    if (r_addl >= 0 && amax != 0) {
       di_gseq s = {0};
-      di_gseq_push(b, &s, kvel);
-      di_gseq_push(b, &s, rule_el(Rnext));
+      di_gseq_push(b, &s, rule_el(r_addl));
+      ws(c, &s);
+      di_gseq_repeat(b, &s, more, amin > 1 ? amin - 1 : 0, amax < 0 ? -1 : amax - 1);
       di_gb_add_alt(b, S, s.v, s.n);
       s.n = 0;
-      lit(c, &s, ",");
-      ws(c, &s);
-      di_gseq_push(b, &s, kvel);
-      di_gseq_push(b, &s, rule_el(Rnext));
+      di_gseq_repeat(b, &s, more, amin > 1 ? amin : 1, amax);
       di_gb_add_alt(b, R, s.v, s.n);
       di_gseq_free(&s);
     }
-    di_gseq_free(&kv);
-    if (!isreq[i]) {
-      di_gel e = rule_el(Snext);
-      di_gb_add_alt(b, S, &e, 1);
-      e = rule_el(Rnext);
-      di_gb_add_alt(b, R, &e, 1);
-    } else if (rules[i] < 0) {
-      /* required but unsatisfiable: S/R get no alternative and are pruned as unproductive */
-    }
-    if (!b->rules[S].defined)
-      b->rules[S].defined = 1, b->rules[R].defined = 1;
-    Snext = S;
-    Rnext = R;
+    Snext[k] = S;
+    Rnext[k] = R;
   }
+  for (int i = n - 1; i >= 0; i--) {
+    di_gel kvel = {-1, -1};
+    if (rules[i] >= 0) {
+      di_gseq kv = {0};
+      di_gseq_bytes(b, &kv, ks.keys[i], strlen(ks.keys[i]));
+      ws(c, &kv);
+      lit(c, &kv, ":");
+      ws(c, &kv);
+      di_gseq_push(b, &kv, rule_el(rules[i]));
+      ws(c, &kv);
+      kvel = di_gb_wrap(b, &kv, "member");
+      di_gseq_free(&kv);
+    }
+    for (int k = 0; k <= K; k++) {
+      int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
+      if (b->oom) {
+        st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+        goto done;
+      }
+      b->rules[S].defined = b->rules[R].defined = 1;
+      int k1 = k < K ? k + 1 : has_maxp ? -1 : K; /* the count after this member; -1: over the maximum */
+      if (rules[i] >= 0 && k1 >= 0) {
+        di_gseq s = {0};
+        di_gseq_push(b, &s, kvel);
+        di_gseq_push(b, &s, rule_el(Rnext[k1]));
+        di_gb_add_alt(b, S, s.v, s.n);
+        s.n = 0;
+        lit(c, &s, ",");
+        ws(c, &s);
+        di_gseq_push(b, &s, kvel);
+        di_gseq_push(b, &s, rule_el(Rnext[k1]));
+        di_gb_add_alt(b, R, s.v, s.n);
+        di_gseq_free(&s);
+      }
+      if (!isreq[i]) { /* a required property that is unsatisfiable leaves S/R without alternatives */
+        di_gel e = rule_el(Snext[k]);
+        di_gb_add_alt(b, S, &e, 1);
+        e = rule_el(Rnext[k]);
+        di_gb_add_alt(b, R, &e, 1);
+      }
+      Scur[k] = S;
+      Rcur[k] = R;
+    }
+    memcpy(Snext, Scur, sizeof(int) * ((size_t)K + 1));
+    memcpy(Rnext, Rcur, sizeof(int) * ((size_t)K + 1));
+  }
+  int S0 = Snext[0];
+  free(Snext), free(Rnext), free(Scur), free(Rcur);
   (void)nprops;
   {
     di_gseq s = {0};
     lit(c, &s, "{");
     ws(c, &s);
-    di_gseq_push(b, &s, rule_el(Snext));
+    di_gseq_push(b, &s, rule_el(S0));
     lit(c, &s, "}");
     st = di_gb_add_alt(b, rule, s.v, s.n);
     di_gseq_free(&s);
   }
 done:
+  di_grammar_free(png);
   for (int i = 0; ks.keys && i < ks.n; i++)
     free(ks.keys[i]);
   free(ks.keys);
@@ -1042,9 +1270,91 @@ done:
   return st;
 }
 
+/* An array with `contains` (at least minContains elements, default 1, match it): elements I
+ * (items), of which the matching ones are M = items & contains:
+ *   "[" ws (I ws "," ws)* M ws { ("," ws I ws)* "," ws M ws }^(n-1) ("," ws I ws)* "]"
+ * Supported without prefixItems, maxContains and a minItems above n, or maxItems (refused, naming
+ * the keyword). */
+static di_status gen_array_contains(jc *c, const cJSON *sch, const char *path, int rule) {
+  di_gb *b = c->b;
+  const cJSON *cont = item(sch, "contains"), *items = item(sch, "items"), *minc = item(sch, "minContains");
+  int64_t n = 1, minI = 0;
+  DI_TRY(get_count(sch, "minContains", path, &n));
+  DI_TRY(get_count(sch, "minItems", path, &minI));
+  (void)minc;
+  static const char *refused[] = {"prefixItems", "maxContains", "maxItems", "unevaluatedItems", NULL};
+  for (int i = 0; refused[i]; i++)
+    if (item(sch, refused[i]) && !c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported keyword 'contains' together with '%s' at %s",
+                          refused[i], path);
+  if (n > 16 || (minI > n && !c->opt->ignore_unsupported_keywords))
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "json schema: 'contains' with minContains above 16 or minItems above minContains is not "
+                        "supported at %s",
+                        path);
+  char sub[1200];
+  int ri = -1, rm = -1;
+  if (!items || cJSON_IsTrue(items)) {
+    ri = any_rule(c);
+  } else if (!cJSON_IsFalse(items)) {
+    snprintf(sub, sizeof sub, "%s/items", path);
+    DI_TRY(gen(c, items, sub, &ri));
+  }
+  cJSON *both = NULL;
+  snprintf(sub, sizeof sub, "%s/contains", path);
+  DI_TRY(merge(c, items ? items : cJSON_IsObject(cont) ? cont : sch, cont, 0, sub, &both));
+  DI_TRY(gen(c, both, sub, &rm));
+  if (ri < 0 || rm < 0)
+    return DI_OK; /* no element can match: no array fits */
+  di_gseq t = {0}, s = {0};
+  /* before the first match: (I ws "," ws)* */
+  di_gseq_push(b, &t, rule_el(ri));
+  ws(c, &t);
+  lit(c, &t, ",");
+  ws(c, &t);
+  di_gel lead = di_gb_wrap(b, &t, "contains_lead");
+  t.n = 0;
+  /* after a match: ("," ws I ws)* */
+  lit(c, &t, ",");
+  ws(c, &t);
+  di_gseq_push(b, &t, rule_el(ri));
+  ws(c, &t);
+  di_gel more = di_gb_wrap(b, &t, "contains_more");
+  di_gseq_free(&t);
+  lit(c, &s, "[");
+  ws(c, &s);
+  di_gseq_repeat(b, &s, lead, 0, -1);
+  di_gseq_push(b, &s, rule_el(rm));
+  ws(c, &s);
+  for (int64_t k = 1; k < n; k++) {
+    di_gseq_repeat(b, &s, more, 0, -1);
+    lit(c, &s, ",");
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(rm));
+    ws(c, &s);
+  }
+  di_gseq_repeat(b, &s, more, 0, -1);
+  lit(c, &s, "]");
+  di_status st = di_gb_add_alt(b, rule, s.v, s.n);
+  di_gseq_free(&s);
+  return st;
+}
+
 static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
+  const cJSON *cont = item(sch, "contains"), *minc = item(sch, "minContains");
+  if (cont && !(cJSON_IsNumber(minc) && minc->valuedouble == 0))
+    return gen_array_contains(c, sch, path, rule);
+  if (cont && item(sch, "unevaluatedItems") && !c->opt->ignore_unsupported_keywords) /* contains evaluates items */
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported keyword 'unevaluatedItems' beside 'contains' at %s",
+                        path);
   const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems");
+  if (cJSON_IsArray(items) && !prefix) { /* draft 7's tuple form: items [...] + additionalItems */
+    prefix = items;
+    items = item(sch, "additionalItems");
+  } else if (!items) { /* the schema and its merged in-place subschemas evaluate only their items */
+    items = item(sch, "unevaluatedItems");
+  }
   int64_t minI = 0, maxI = -1;
   DI_TRY(get_count(sch, "minItems", path, &minI));
   DI_TRY(get_count(sch, "maxItems", path, &maxI));
@@ -1160,6 +1470,15 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   DI_TRY(check_keywords(c, sch, path));
   int types;
   DI_TRY(get_types(sch, path, &types));
+  if (cJSON_IsTrue(item(sch, DI_NONINTEGRAL_KEY))) { /* from `not {type: integer}`: non-integral numbers */
+    if (!(types & T_NUMBER))
+      return DI_OK;
+    if (item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") || item(sch, "exclusiveMaximum"))
+      return unsupported(c, path, "not (of integer, beside numeric bounds)");
+    int r = mk_rule_regex(c, "nonintegral", "-?(0|[1-9][0-9]*)\\.[0-9]*[1-9][0-9]*|-?[1-9](\\.[0-9]*[1-9])?[eE]-[0-9]+");
+    di_gel e = rule_el(r);
+    return di_gb_add_alt(c->b, rule, &e, 1);
+  }
   const cJSON *en = item(sch, "enum"), *cn = item(sch, "const");
   if (en || cn) {
     if (en && !cJSON_IsArray(en))
@@ -1218,6 +1537,109 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   return DI_OK;
 }
 
+/* dependentRequired / dependentSchemas (and draft 7's dependencies) as what they mean for each
+ * trigger name k: either k is absent (properties: {k: false}) or it is present together with its
+ * dependencies (required: [k, deps...]) or its schema (allOf: [{required: [k]}, S]). *out is `sch`
+ * without those keywords and with one anyOf per trigger added to its allOf. */
+static di_status rewrite_dependencies(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+  cJSON *rw = cJSON_Duplicate(sch, 1);
+  if (!rw || !own(c, rw))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  cJSON *all = item(rw, "allOf");
+  if (!all)
+    all = cJSON_AddArrayToObject(rw, "allOf");
+  if (!cJSON_IsArray(all))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  static const char *kws[] = {"dependentRequired", "dependentSchemas", "dependencies"};
+  for (int k = 0; k < 3; k++) {
+    const cJSON *dep = item(sch, kws[k]);
+    if (!dep)
+      continue;
+    if (!cJSON_IsObject(dep))
+      return di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be an object at %s/%s", kws[k], path, kws[k]);
+    for (const cJSON *d = dep->child; d; d = d->next) {
+      int is_list = cJSON_IsArray(d);
+      if ((k == 0 && !is_list) || (k == 1 && is_list))
+        return di_error_set(DI_ERR_FORMAT, "json schema: '%s/%s' must be %s at %s", kws[k], d->string,
+                            k == 0 ? "an array of names" : "a schema", path);
+      cJSON *choice = cJSON_CreateObject(), *alts = cJSON_AddArrayToObject(choice, "anyOf");
+      cJSON *absent = cJSON_CreateObject(), *ap = cJSON_AddObjectToObject(absent, "properties");
+      cJSON_AddFalseToObject(ap, d->string);
+      cJSON_AddItemToArray(alts, absent);
+      cJSON *present = cJSON_CreateObject(), *req = cJSON_AddArrayToObject(present, "required");
+      cJSON_AddItemToArray(req, cJSON_CreateString(d->string));
+      if (is_list) {
+        for (const cJSON *n = d->child; n; n = n->next)
+          if (cJSON_IsString(n))
+            cJSON_AddItemToArray(req, cJSON_CreateString(n->valuestring));
+      } else {
+        cJSON *both = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(both, "allOf");
+        cJSON_AddItemToArray(arr, present);
+        cJSON_AddItemToArray(arr, cJSON_Duplicate(d, 1));
+        present = both;
+      }
+      cJSON_AddItemToArray(alts, present);
+      cJSON_AddItemToArray(all, choice);
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(rw, kws[k]);
+  }
+  *out = rw;
+  return DI_OK;
+}
+
+/* `not` and `if`/`then`/`else` as what they mean, with the complement of json_schema_not.c:
+ * not X = allOf [complement(X)]; if I then T else E = anyOf [allOf [I, T], allOf [complement(I), E]]
+ * (a missing then / else is true; then / else without if mean nothing). *out is `sch` without
+ * those keywords and with the result in its allOf. */
+static di_status rewrite_not_if(jc *c, const cJSON *sch, const char *path, cJSON **out) {
+  cJSON *rw = cJSON_Duplicate(sch, 1);
+  if (!rw || !own(c, rw))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  cJSON *all = item(rw, "allOf");
+  if (!all)
+    all = cJSON_AddArrayToObject(rw, "allOf");
+  if (!cJSON_IsArray(all))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'allOf' must be an array at %s/allOf", path);
+  char why[128] = "";
+  const cJSON *nt = item(sch, "not"), *ifs = item(sch, "if");
+  if (nt) {
+    cJSON *neg = NULL;
+    if (di_json_schema_negate(nt, &neg, why, sizeof why) == 0)
+      cJSON_AddItemToArray(all, neg);
+    else if (!c->opt->ignore_unsupported_keywords)
+      return di_error_set(DI_ERR_UNSUPPORTED,
+                          "json schema: unsupported keyword 'not' at %s (no complement for its '%s')", path, why);
+    cJSON_DeleteItemFromObjectCaseSensitive(rw, "not");
+  }
+  if (ifs) {
+    cJSON *neg = NULL;
+    if (di_json_schema_negate(ifs, &neg, why, sizeof why) != 0) {
+      if (!c->opt->ignore_unsupported_keywords)
+        return di_error_set(DI_ERR_UNSUPPORTED,
+                            "json schema: unsupported keyword 'if' at %s (no complement for its '%s')", path, why);
+      ifs = NULL; /* skipped */
+    }
+    if (ifs) {
+    const cJSON *th = item(sch, "then"), *el = item(sch, "else");
+    cJSON *choice = cJSON_CreateObject(), *alts = cJSON_AddArrayToObject(choice, "anyOf");
+    cJSON *yes = cJSON_CreateObject(), *ya = cJSON_AddArrayToObject(yes, "allOf");
+    cJSON_AddItemToArray(ya, cJSON_Duplicate(ifs, 1));
+    cJSON_AddItemToArray(ya, th ? cJSON_Duplicate(th, 1) : cJSON_CreateTrue());
+    cJSON *no = cJSON_CreateObject(), *na = cJSON_AddArrayToObject(no, "allOf");
+    cJSON_AddItemToArray(na, neg);
+    cJSON_AddItemToArray(na, el ? cJSON_Duplicate(el, 1) : cJSON_CreateTrue());
+    cJSON_AddItemToArray(alts, yes);
+    cJSON_AddItemToArray(alts, no);
+    cJSON_AddItemToArray(all, choice);
+    }
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(rw, "if");
+  cJSON_DeleteItemFromObjectCaseSensitive(rw, "then");
+  cJSON_DeleteItemFromObjectCaseSensitive(rw, "else");
+  *out = rw;
+  return DI_OK;
+}
+
 /* Compiles schema `sch` into a rule (memoised by node, so recursive $refs work). *rule_out = -1
  * when the schema admits no value (false, or empty intersections). */
 static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
@@ -1254,7 +1676,18 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
   b->rules[rule].defined = 1;
   di_status st = DI_OK;
   const cJSON *ref = item(sch, "$ref"), *all = item(sch, "allOf"), *any = item(sch, "anyOf"), *one = item(sch, "oneOf");
-  if (ref) {
+  int has_not_if = item(sch, "not") || item(sch, "if") || item(sch, "then") || item(sch, "else");
+  if (has_not_if || item(sch, "dependentRequired") || item(sch, "dependentSchemas") || item(sch, "dependencies")) {
+    cJSON *rw = NULL;
+    int r = -1;
+    st = has_not_if ? rewrite_not_if(c, sch, path, &rw) : rewrite_dependencies(c, sch, path, &rw);
+    if (st == DI_OK)
+      st = gen(c, rw, path, &r);
+    if (st == DI_OK && r >= 0) {
+      di_gel e = rule_el(r);
+      st = di_gb_add_alt(b, rule, &e, 1);
+    }
+  } else if (ref) {
     const cJSON *t;
     st = deref(c, sch, path, &t);
     if (st == DI_OK) {
@@ -1276,7 +1709,7 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
         cJSON_DeleteItemFromObjectCaseSensitive(base, "allOf");
         cJSON *acc = base;
         for (const cJSON *e = all->child; e && st == DI_OK; e = e->next)
-          st = merge(c, acc, e, path, &acc);
+          st = merge(c, acc, e, 0, path, &acc);
         int r;
         if (st == DI_OK)
           st = gen(c, acc, path, &r);
@@ -1289,7 +1722,11 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
   } else if (any || one) {
     const cJSON *arr = any ? any : one;
     const char *kw = any ? "anyOf" : "oneOf";
-    if (!cJSON_IsArray(arr)) {
+    if (any && (item(sch, "unevaluatedProperties") || item(sch, "unevaluatedItems")) &&
+        !c->opt->ignore_unsupported_keywords) {
+      /* what is evaluated depends on every anyOf branch that matches, not on one */
+      st = unsupported(c, path, item(sch, "unevaluatedProperties") ? "unevaluatedProperties" : "unevaluatedItems");
+    } else if (!cJSON_IsArray(arr)) {
       st = di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be an array at %s/%s", kw, path, kw);
     } else {
       cJSON *base = cJSON_Duplicate(sch, 1);
@@ -1314,7 +1751,7 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
           const cJSON *branch = e;
           if (siblings) {
             cJSON *mm;
-            st = merge(c, base, e, sub, &mm);
+            st = merge(c, base, e, 0, sub, &mm);
             branch = mm;
           }
           int r = -1;
@@ -1370,7 +1807,8 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
     if (st == DI_OK)
       st = di_gb_finish(b, top);
     if (st != DI_OK && strstr(di_last_error(), "accepts nothing"))
-      st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema");
+      st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema%s%s",
+                        c.why_empty[0] ? ": " : "", c.why_empty);
   }
   jc_free(&c);
   cJSON_Delete(root);

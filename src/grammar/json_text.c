@@ -112,8 +112,30 @@ static void digit_class(di_gb *b, di_gseq *s, int lo, int hi) {
   di_gseq_push(b, s, (di_gel){DI_GE_CLASS, di_gb_class(b, &set)});
 }
 
+static int all_digit(const char *s, int len, char d) {
+  for (int i = 0; i < len; i++)
+    if (s[i] != d)
+      return 0;
+  return 1;
+}
+
+/* pre, then a digit in [d0, d1], then `rest` free digits, as one alternative of `rule`. */
+static void span_alt(di_gb *b, int rule, const di_gseq *s, int d0, int d1, int rest) {
+  di_gseq t = {0};
+  for (int i = 0; i < s->n; i++)
+    di_gseq_push(b, &t, s->v[i]);
+  digit_class(b, &t, d0, d1);
+  for (int i = 0; i < rest; i++)
+    digit_class(b, &t, 0, 9);
+  di_gb_add_alt(b, rule, t.v, t.n);
+  di_gseq_free(&t);
+}
+
 /* Adds to `rule` alternatives for the fixed-length digit strings x..y (both `len` digits, leading
- * zeros allowed), prefixed by `pre`. */
+ * zeros allowed), prefixed by `pre`. The alternatives are disjoint in their first differing digit
+ * and a free tail is written as digit classes, so there are O(len) of them (splitting every digit
+ * into "x0 ...", "middle", "y0 ..." without merging full tails made 2^len alternatives, all alive
+ * in parallel at the first digit: "too ambiguous" for 15-digit bounds). */
 static void fixed_range(di_gb *b, int rule, const di_gseq *pre, const char *x, const char *y, int len) {
   if (len == 0) {
     di_gb_add_alt(b, rule, pre->v, pre->n);
@@ -129,23 +151,24 @@ static void fixed_range(di_gb *b, int rule, const di_gseq *pre, const char *x, c
     di_gseq_free(&s);
     return;
   }
+  int x_low = all_digit(x + 1, len - 1, '0'), y_high = all_digit(y + 1, len - 1, '9');
   char nines[24], zeros[24];
   memset(nines, '9', (size_t)len);
   memset(zeros, '0', (size_t)len);
   nines[len] = zeros[len] = 0;
   int n0 = s.n;
-  digit_class(b, &s, x0, x0);
-  fixed_range(b, rule, &s, x + 1, nines, len - 1);
-  s.n = n0;
-  if (y0 - x0 >= 2) {
-    digit_class(b, &s, x0 + 1, y0 - 1);
-    for (int i = 1; i < len; i++)
-      digit_class(b, &s, 0, 9);
-    di_gb_add_alt(b, rule, s.v, s.n);
+  if (!x_low) {
+    digit_class(b, &s, x0, x0);
+    fixed_range(b, rule, &s, x + 1, nines, len - 1);
     s.n = n0;
   }
-  digit_class(b, &s, y0, y0);
-  fixed_range(b, rule, &s, zeros, y + 1, len - 1);
+  int m0 = x_low ? x0 : x0 + 1, m1 = y_high ? y0 : y0 - 1;
+  if (m0 <= m1)
+    span_alt(b, rule, &s, m0, m1, len - 1);
+  if (!y_high) {
+    digit_class(b, &s, y0, y0);
+    fixed_range(b, rule, &s, zeros, y + 1, len - 1);
+  }
   di_gseq_free(&s);
 }
 

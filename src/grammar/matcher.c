@@ -11,6 +11,7 @@
 #include <time.h>
 #include "grammar/grammar_impl.h"
 #include "grammar/vocab.h"
+#include "util/switches.h"
 
 typedef struct ci_entry {
   int nacc;
@@ -102,12 +103,12 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   c->ci_depth = 12;
   c->ci_max_uncertain = 256;
   c->ci_max_bytes = (size_t)128 << 20;
-  const char *env = getenv("DI_GRAMMAR_CI_DEPTH");
-  if (env && atoi(env) > 0)
-    c->ci_depth = atoi(env);
-  env = getenv("DI_GRAMMAR_CI_UNCERTAIN");
-  if (env && atoi(env) >= 0)
-    c->ci_max_uncertain = atoi(env);
+  const int depth = di_switch_int(DI_SW_GRAMMAR_CI_DEPTH, 0);
+  if (depth > 0)
+    c->ci_depth = depth;
+  const int uncertain = di_switch_int(DI_SW_GRAMMAR_CI_UNCERTAIN, -1);
+  if (uncertain >= 0)
+    c->ci_max_uncertain = uncertain;
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
@@ -228,7 +229,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   }
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
   clock_gettime(CLOCK_MONOTONIC, &ts1);
-  if (getenv("DI_GRAMMAR_DEBUG"))
+  if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
     fprintf(stderr, "ci key %d (pos %d): accepted %d uncertain %d states %d visited %ld of %d us %.0f\n", key,
             rt->npos[key], nacc, e->nunc, rt->ns, visited, v->nnodes,
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);

@@ -1,8 +1,11 @@
-/* Regex front-end (ECMAScript-style syntax): literals, classes with ranges/negation, \d \w \s
- * (and negations), \xHH \uHHHH \u{H..} escapes, `.`, `* + ? {m} {m,} {m,n}` (lazy forms too),
- * alternation, (capturing / (?:non-capturing) / (?<named>)) groups. Matching is over code points
- * emitted as UTF-8. Whole-output match for `--regex`; JSON Schema `pattern` uses search
- * semantics (unanchored unless ^ / $) and JSON-string escaping. Errors say "offset N". */
+/* Regex front-end, ECMA-262 syntax with the u flag (what JSON Schema's `pattern` specifies, and
+ * what `--regex` / the regex option take): literals, classes with ranges/negation, \d \w \s (and
+ * negations), \xHH \uHHHH \u{H..} \cX escapes, `.`, `* + ? {m} {m,} {m,n}` (lazy forms too),
+ * alternation, (capturing / (?:non-capturing) / (?<named>)) groups. As the u flag demands, a lone
+ * `{` `}` `]`, an identity escape of anything but a syntax character (`\a`, `\e`, `\-` outside a
+ * class), a quantifier on a quantifier (`a++`) and `\0` before a digit are errors. Matching is over
+ * code points emitted as UTF-8. Whole-output match for `--regex`; JSON Schema `pattern` uses
+ * search semantics (unanchored unless ^ / $) and JSON-string escaping. Errors say "offset N". */
 #include "util/text.h"
 #include "grammar/gram_ir.h"
 #include <stdlib.h>
@@ -13,6 +16,7 @@ typedef struct {
   const char *s;
   size_t n, i;
   int json, depth;
+  int flags; /* DI_RE_* */
 } rp;
 
 typedef struct {
@@ -89,7 +93,21 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
   case 'r': return '\r';
   case 'f': return '\f';
   case 'v': return '\v';
-  case '0': return 0;
+  case '0':
+    if (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') {
+      *st = rerr(p, at, "\\0 followed by a digit (octal escapes are not allowed with the u flag)");
+      return -1;
+    }
+    return 0;
+  case 'c': {
+    char l = p->i < p->n ? p->s[p->i] : 0;
+    if (!((l >= 'a' && l <= 'z') || (l >= 'A' && l <= 'Z'))) {
+      *st = rerr(p, at, "\\c needs an ASCII letter");
+      return -1;
+    }
+    p->i++;
+    return l % 32;
+  }
   case 'b':
     if (in_class)
       return '\b';
@@ -135,8 +153,8 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
   case 'p': case 'P':
     *st = runsup(p, at, "Unicode property escapes are not supported");
     return -1;
-  case 'c': case 'k':
-    *st = runsup(p, at, "this escape is not supported");
+  case 'k':
+    *st = runsup(p, at, "named backreferences are not supported");
     return -1;
   default:
     if (e >= '1' && e <= '9') {
@@ -147,15 +165,14 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
       *st = rerr(p, at, "unknown escape");
       return -1;
     }
-    p->i--;
-    {
-      int32_t c = di_utf8_decode(p->s, p->n, &p->i);
-      if (c < 0) {
-        *st = rerr(p, at, "invalid UTF-8");
-        return -1;
-      }
-      return c;
+    /* identity escapes: with the u flag only syntax characters and '/' (and '-' in a class); the
+     * Lark dialect (Rust's regex crate) escapes any ASCII punctuation */
+    int lenient_ok = (p->flags & DI_RE_LARK) && e > ' ' && e < 0x7f;
+    if (!strchr("^$\\.*+?()[]{}|/", e) && !(in_class && e == '-') && !lenient_ok) {
+      *st = rerr(p, at, "invalid escape (with the u flag only ^$\\.*+?()[]{}|/ may be escaped)");
+      return -1;
     }
+    return (unsigned char)e;
   }
   if (!ok) {
     *st = di_error_set(DI_ERR_OOM, "out of memory");
@@ -230,6 +247,13 @@ static void emit_set(rp *p, di_gseq *s, cset *set, int negate) {
 }
 
 static void emit_cp(rp *p, di_gseq *s, uint32_t c) {
+  if ((p->flags & DI_RE_ICASE) && ((c | 32) >= 'a' && (c | 32) <= 'z')) {
+    di_gbyteset both = {{0}};
+    di_gbyteset_add(&both, c | 32);
+    di_gbyteset_add(&both, (c | 32) - 32);
+    di_gseq_push(p->b, s, (di_gel){DI_GE_CLASS, di_gb_class(p->b, &both)});
+    return;
+  }
   if (p->json && json_special(c)) {
     json_escape_cp(p->b, s, c);
     return;
@@ -306,6 +330,15 @@ static di_status parse_class(rp *p, di_gseq *s) {
     goto fail;
   }
   p->i++;
+  if (p->flags & DI_RE_ICASE) { /* ASCII case folding: add the other case of every letter range */
+    int n0 = set.n;
+    for (int k = 0; k < n0; k++)
+      for (uint32_t ch = set.v[k].lo; ch <= set.v[k].hi && ch < 0x80; ch++)
+        if ((ch | 32) >= 'a' && (ch | 32) <= 'z' && !cs_add(&set, ch ^ 32, ch ^ 32)) {
+          st = di_error_set(DI_ERR_OOM, "out of memory");
+          goto fail;
+        }
+  }
   emit_set(p, s, &set, neg);
 fail:
   free(set.v);
@@ -359,9 +392,11 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       int min = 0, max = -1;
       if (c == '{') {
         if (!parse_brace(p, &min, &max)) {
+          if (!(p->flags & DI_RE_LARK))
+            return rerr(p, at, "lone '{' (with the u flag a literal brace must be escaped: \\{)");
           p->i++;
           item = s->n;
-          emit_cp(p, s, '{'); /* a literal brace, as ECMAScript's web-compat grammar allows */
+          emit_cp(p, s, '{');
           continue;
         }
         if (max >= 0 && max < min)
@@ -375,8 +410,8 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       }
       if (item < 0)
         return rerr(p, at, "nothing to repeat");
-      if (p->i < p->n && (p->s[p->i] == '?' || p->s[p->i] == '+'))
-        p->i++; /* lazy / possessive: same language */
+      if (p->i < p->n && p->s[p->i] == '?')
+        p->i++; /* lazy: same language */
       di_gseq tail = {0};
       for (int k = item; k < s->n; k++)
         di_gseq_push(b, &tail, s->v[k]);
@@ -389,6 +424,9 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       item = -1;
       continue;
     }
+    if ((c == '}' || c == ']') && !(p->flags & DI_RE_LARK))
+      return rerr(p, at, c == '}' ? "lone '}' (with the u flag it must be escaped)"
+                                  : "lone ']' (with the u flag it must be escaped)");
     item = s->n;
     if (c == '(') {
       p->i++;
@@ -422,7 +460,10 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       p->i++;
       cset set = {0};
       static const di_cprange nl[] = {{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}};
-      cs_add_set(&set, nl, 3, 1);
+      if (p->flags & DI_RE_DOTALL) /* the s flag: any character */
+        cs_add(&set, 0, 0x10FFFF);
+      else /* ECMAScript: all but line terminators; Rust's regex crate (Lark): all but \n */
+        cs_add_set(&set, nl, (p->flags & DI_RE_LARK) ? 1 : 3, 1);
       emit_set(p, s, &set, 0);
       free(set.v);
     } else if (c == '\\') {
@@ -488,7 +529,12 @@ static di_status parse_alt(rp *p, int rule, int top, int *anch_start, int *anch_
 }
 
 di_status di_regex_compile_into(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored) {
-  rp p = {.b = b, .s = src, .n = len, .json = json_string};
+  return di_regex_compile_into_ex(b, rule, src, len, json_string, anchored, 0);
+}
+
+di_status di_regex_compile_into_ex(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored,
+                                   int flags) {
+  rp p = {.b = b, .s = src, .n = len, .json = json_string, .flags = flags};
   int mode = anchored ? 0 : -1;
   DI_TRY(parse_alt(&p, rule, 1, &mode, NULL));
   if (p.i < p.n)

@@ -102,12 +102,10 @@ static di_status parse_rope(const cJSON *root, di_model_config *c) {
   return DI_OK;
 }
 
-di_status di_model_config_parse(const char *json, size_t len, const char *gen_json, size_t gen_len,
-                                di_model_config *cfg) {
+di_status di_model_config_from_tree(const cJSON *root, const char *gen_json, size_t gen_len, di_model_config *cfg) {
   di_model_config c;
   memset(&c, 0, sizeof c);
-  cJSON *root = NULL, *gen = NULL;
-  DI_TRY(di_json_parse(json, len, W, &root));
+  cJSON *gen = NULL;
   di_status st = DI_OK;
 #define T(x)                  \
   do {                        \
@@ -317,28 +315,47 @@ tokens:
   *cfg = c;
 done:
 #undef T
-  cJSON_Delete(root);
   cJSON_Delete(gen);
   return st;
 }
 
-di_status di_model_config_load(const char *dir, di_model_config *cfg) {
+di_status di_model_config_parse(const char *json, size_t len, const char *gen_json, size_t gen_len,
+                                di_model_config *cfg) {
+  cJSON *root = NULL;
+  DI_TRY(di_json_parse(json, len, W, &root));
+  di_status st = di_model_config_from_tree(root, gen_json, gen_len, cfg);
+  cJSON_Delete(root);
+  return st;
+}
+
+di_status di_model_config_load_tree(const char *dir, di_model_config *cfg, cJSON **tree) {
   char path[4096], gpath[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
   snprintf(gpath, sizeof gpath, "%s/generation_config.json", dir);
   char *js = NULL, *gs = NULL;
   size_t jl = 0, gl = 0;
+  cJSON *root = NULL;
   di_status st = di_read_file(path, &js, &jl);
   if (st != DI_OK)
     return st;
   if (di_read_file(gpath, &gs, &gl) != DI_OK)
     gs = NULL;
-  st = di_model_config_parse(js, jl, gs, gl, cfg);
+  st = di_json_parse(js, jl, W, &root);
+  if (st == DI_OK)
+    st = di_model_config_from_tree(root, gs, gl, cfg);
   if (st != DI_OK)
     di_error_wrap(st, "%s", dir);
   free(js);
   free(gs);
+  if (st == DI_OK && tree)
+    *tree = root;
+  else
+    cJSON_Delete(root);
   return st;
+}
+
+di_status di_model_config_load(const char *dir, di_model_config *cfg) {
+  return di_model_config_load_tree(dir, cfg, NULL);
 }
 
 void di_rope_inv_freq(const di_model_config *c, double *inv_freq) {

@@ -72,6 +72,14 @@ di_status di_model_config_load(const char *dir, di_model_config *cfg);
 /* Same from a JSON text (for tests and fuzzing); `gen_json` may be NULL. */
 di_status di_model_config_parse(const char *json, size_t len, const char *gen_json, size_t gen_len,
                                 di_model_config *cfg);
+/* di_model_config_load that also hands back config.json's parsed tree (when tree is non-NULL; the
+ * caller frees it with cJSON_Delete), so an architecture's own reader works on the same parse: each
+ * config.json is parsed once. */
+struct cJSON;
+di_status di_model_config_load_tree(const char *dir, di_model_config *cfg, struct cJSON **tree);
+/* The fields of a parsed config.json tree (and generation_config.json's text, may be NULL). */
+di_status di_model_config_from_tree(const struct cJSON *root, const char *gen_json, size_t gen_len,
+                                    di_model_config *cfg);
 /* Derived sizes. */
 static inline int di_cfg_qk_head_dim(const di_model_config *c) { return c->qk_nope_head_dim + c->qk_rope_head_dim; }
 static inline int di_cfg_is_moe_layer(const di_model_config *c, int layer) {

@@ -16,7 +16,7 @@ static int dtype_from_name(const char *s, size_t *elem) {
       {"F32", DI_DT_F32, 4}, {"BF16", DI_DT_BF16, 2}, {"F16", DI_DT_F16, 2}, {"F8_E4M3", DI_DT_F8E4M3, 1},
       {"I32", DI_DT_I32, 4}, {"I64", DI_DT_I64, 8},   {"F64", -1, 8},        {"I8", -1, 1},
       {"U8", -1, 1},         {"I16", -1, 2},          {"U16", -1, 2},        {"U32", -1, 4},
-      {"U64", -1, 8},        {"BOOL", -1, 1},         {"F8_E5M2", -1, 1},    {"F8_E8M0", -1, 1}};
+      {"U64", -1, 8},        {"BOOL", -1, 1},         {"F8_E5M2", -1, 1},    {"F8_E8M0", DI_DT_E8M0, 1}};
   for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
     if (strcmp(s, T[i].n) == 0) {
       *elem = T[i].sz;
@@ -405,10 +405,13 @@ di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, i
     if (!sc)
       return di_error_set(DI_ERR_NOT_FOUND, "missing tensor '%s' (block scales of the FP8 tensor '%s') in %s", sname, name, s->desc);
     int64_t sr = (out->rows + fp8_block[0] - 1) / fp8_block[0], scn = (cols + fp8_block[1] - 1) / fp8_block[1];
-    if (sc->dtype != DI_DT_F32 || sc->ndim != 2 || sc->shape[0] != sr || sc->shape[1] != scn)
-      return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F32 [%lld, %lld] for block size %dx%d", sname, sc->file,
-                          (long long)sr, (long long)scn, fp8_block[0], fp8_block[1]);
-    out->scale_inv = sc->data;
+    if ((sc->dtype != DI_DT_F32 && sc->dtype != DI_DT_E8M0) || sc->ndim != 2 || sc->shape[0] != sr || sc->shape[1] != scn)
+      return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F32 or F8_E8M0 [%lld, %lld] for block size %dx%d", sname,
+                          sc->file, (long long)sr, (long long)scn, fp8_block[0], fp8_block[1]);
+    if (sc->dtype == DI_DT_E8M0) /* UE8M0 scales (V3.2 / V4 checkpoints): bytes, read as stored */
+      out->scale_e8m0 = sc->data;
+    else
+      out->scale_inv = sc->data;
     out->block_rows = fp8_block[0];
     out->block_cols = fp8_block[1];
     out->scale_cols = scn;

@@ -50,8 +50,8 @@ const di_st_tensor *di_tensor_source_find(const di_tensor_source *s, const char 
 int di_tensor_source_count(const di_tensor_source *s);
 const char *di_tensor_source_describe(const di_tensor_source *s); /* "dir (N files)" */
 /* Looks up `name` and checks it is 2-D [rows][cols] (or 1-D [cols] when rows == 0) with a dtype the
- * kernels handle; binds its FP8 scales (`name` + "_scale_inv") when it is F8_E4M3 with the given
- * block size. Errors name the tensor and its file. */
+ * kernels handle; binds its FP8 scales (`name` + "_scale_inv", F32 or F8_E8M0) when it is F8_E4M3
+ * with the given block size. Errors name the tensor and its file. */
 di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, int64_t rows, int64_t cols,
                                   const int fp8_block[2], di_weight *out);
 #endif

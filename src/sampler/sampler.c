@@ -3,6 +3,7 @@
  * until they hold enough mass (the nucleus is always among the most probable tokens), and sorts
  * only those. Ties are broken by the lower id everywhere, so results are reproducible. */
 #include "sampler/sampler.h"
+#include "sampler/sampling_ranges.h"
 #include "sampler/rng.h"
 #include <math.h>
 #include <stdlib.h>
@@ -45,13 +46,17 @@ void di_sampler_free(di_sampler *s) {
 }
 
 di_status di_sampling_validate(const di_sampling *sp, int vocab) {
-  if (!(sp->temperature >= 0) && !(sp->temperature < 0)) return di_error_set(DI_ERR_INVALID_ARG, "temperature is NaN");
-  if (!(sp->top_p > 0 && sp->top_p <= 1)) return di_error_set(DI_ERR_INVALID_ARG, "top_p must be in (0, 1], got %g", sp->top_p);
-  if (!(sp->min_p >= 0 && sp->min_p <= 1)) return di_error_set(DI_ERR_INVALID_ARG, "min_p must be in [0, 1], got %g", sp->min_p);
-  if (!(sp->repetition_penalty > 0 && isfinite(sp->repetition_penalty)))
-    return di_error_set(DI_ERR_INVALID_ARG, "repetition_penalty must be > 0, got %g", sp->repetition_penalty);
-  if (!isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty))
-    return di_error_set(DI_ERR_INVALID_ARG, "presence_penalty and frequency_penalty must be finite");
+  /* the ranges every surface checks (sampler/sampling_ranges.h): the server and the CLI refuse the
+   * same values with the same words before a request gets here */
+  const struct { const char *name; double v; } vals[] = {
+      {"temperature", sp->temperature}, {"top_p", sp->top_p}, {"top_k", sp->top_k}, {"min_p", sp->min_p},
+      {"repetition_penalty", sp->repetition_penalty}, {"presence_penalty", sp->presence_penalty},
+      {"frequency_penalty", sp->frequency_penalty}};
+  for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+    char msg[160];
+    if (!di_sampling_range_check(di_sampling_range_find(vals[i].name), vals[i].v, msg, sizeof msg))
+      return di_error_set(DI_ERR_INVALID_ARG, "%s %s", vals[i].name, msg);
+  }
   if (sp->logprobs > DI_MAX_LOGPROBS)
     return di_error_set(DI_ERR_INVALID_ARG, "logprobs must be at most %d, got %d", DI_MAX_LOGPROBS, sp->logprobs);
   for (int i = 0; i < sp->n_bias; i++) {

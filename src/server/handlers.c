@@ -6,6 +6,10 @@
 #include "api/model_internal.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
+#include "server/tool_choice.h"
+#include "server/tool_stream.h"
+#include "server/tokenizer_info.h"
+#include "server/responses.h"
 #include "util/json.h"
 #include <math.h>
 #include <stdarg.h>
@@ -95,6 +99,9 @@ typedef struct choice {
   int n_out;
   char *error;
   int echoed;                    /* streamed echo with logprobs: the prompt's chunk was sent */
+  di_tool_stream tools;          /* streamed tool calls: what of them was sent */
+  int32_t *ids;                  /* the generated token ids (kept when the response carries token_ids) */
+  int n_ids, cap_ids;
 } choice;
 
 typedef struct gen {
@@ -111,6 +118,7 @@ typedef struct gen {
   double last_peer_check;
   double t_submit, t_first;      /* monotonic seconds: job accepted, first token */
   sbuf out;                      /* streamed events not sent yet */
+  di_resp_req *resp;             /* a /v1/responses request served as chat: its replies are translated */
   /* prompt logprobs per prompt (taken from sample 0's first event), stride plp_k[i] per token */
   float **plp;
   di_token_logprob **plp_top;
@@ -258,32 +266,67 @@ static cJSON *usage_json(const gen *g) {
   return u;
 }
 
+/* OpenAI's system_fingerprint: names the serving configuration (server version and model folder),
+ * so a client can tell when replies may change for reasons other than the request */
+static void fingerprint(const di_server *s, char *out, size_t cap) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+  const char *parts[2] = {DI_SERVER_VERSION, di_model_dir(s->cfg.model)};
+  for (int i = 0; i < 2; i++)
+    for (const char *p = parts[i] ? parts[i] : ""; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+  snprintf(out, cap, "fp_%010llx", (unsigned long long)(h & 0xffffffffffull));
+}
+
 static cJSON *envelope(const gen *g, const char *object) {
   cJSON *o = cJSON_CreateObject();
+  char fp[32];
+  fingerprint(g->s, fp, sizeof fp);
   cJSON_AddStringToObject(o, "id", g->id);
   cJSON_AddStringToObject(o, "object", object);
   cJSON_AddNumberToObject(o, "created", (double)g->created);
   cJSON_AddStringToObject(o, "model", g->s->cfg.served_name);
+  cJSON_AddStringToObject(o, "system_fingerprint", fp);
   return o;
+}
+
+/* a fresh tool-call id (tool_stream.h's callback) */
+static void tool_call_id(void *ctx, char *out, size_t cap) { make_id(((gen *)ctx)->s, "chatcmpl-tool-", out, cap); }
+
+/* keeps an event's token ids on its choice (responses that carry token_ids) */
+static int keep_ids(choice *ch, const di_srv_event *ev) {
+  if (ch->n_ids + ev->n_tokens > ch->cap_ids) {
+    int cap = (ch->n_ids + ev->n_tokens) * 2 + 16;
+    int32_t *a = realloc(ch->ids, (size_t)cap * sizeof *a);
+    if (!a) return -1;
+    ch->ids = a;
+    ch->cap_ids = cap;
+  }
+  if (ev->n_tokens) memcpy(ch->ids + ch->n_ids, ev->tokens, (size_t)ev->n_tokens * sizeof *ev->tokens);
+  ch->n_ids += ev->n_tokens;
+  return 0;
+}
+
+static cJSON *ids_json(const int32_t *ids, int n) {
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+  return a;
 }
 
 static const char *finish_str(di_finish_reason f) {
   return f == DI_FINISH_STOP ? "stop" : f == DI_FINISH_LENGTH ? "length" : f == DI_FINISH_ABORT ? "abort" : "error";
 }
 
-/* The tool calls in a chat reply as OpenAI's tool_calls array (stream: with an "index" each), or
- * NULL when it has none; *content_len: the bytes of content before them. */
-static cJSON *tool_calls_json(gen *g, const char *text, size_t len, size_t *content_len, int stream) {
+/* The tool calls in a whole chat reply as OpenAI's tool_calls array, or NULL when it has none;
+ * *content_len: the bytes of content before them. */
+static cJSON *tool_calls_json(gen *g, const char *text, size_t len, size_t *content_len) {
   di_tool_call *calls;
   *content_len = len;
-  int n = text ? di_tool_calls_parse(text, len, content_len, &calls) : 0;
-  if (n <= 0) return NULL;
+  int n = text ? di_tool_choice_calls(&g->r, text, len, 1, content_len, &calls) : 0;
+  if (n <= 0) { *content_len = len; return NULL; }
   cJSON *a = cJSON_CreateArray();
   for (int i = 0; i < n; i++) {
     cJSON *c = cJSON_CreateObject();
     char id[64];
     make_id(g->s, "chatcmpl-tool-", id, sizeof id);
-    if (stream) cJSON_AddNumberToObject(c, "index", i);
     cJSON_AddStringToObject(c, "id", id);
     cJSON_AddStringToObject(c, "type", "function");
     cJSON *f = cJSON_AddObjectToObject(c, "function");
@@ -382,7 +425,7 @@ static int respond_whole(gen *g) {
         if (!ch->logprobs) ch->logprobs = new_logprobs(g->r.chat);
         if (ch->logprobs) add_event_logprobs(g, ch, ch->logprobs, ev);
       }
-      if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
+      if ((ev->text_len && append(ch, ev->text, ev->text_len) != 0) || (g->r.return_token_ids && keep_ids(ch, ev) != 0)) {
         di_srv_event_free(ev);
         di_srv_abort(g->s->loop, g->job);
         di_oai_error err;
@@ -417,11 +460,12 @@ static int respond_whole(gen *g) {
         c_begin = sp.c_begin;
         content_len = ch->len - c_begin;
       }
-      cJSON *calls = g->r.parse_tools ? tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len, 0) : NULL;
+      cJSON *calls = g->r.parse_tools || g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED
+                         ? tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len) : NULL;
       if (calls) {
         /* the reply's text before the calls is the content (null when there is none, as OpenAI) */
         while (content_len && strchr(" \n\r\t", text[c_begin + content_len - 1])) content_len--;
-        ch->finish = DI_FINISH_NONE; /* reported as "tool_calls" below */
+        if (ch->finish != DI_FINISH_LENGTH) ch->finish = DI_FINISH_NONE; /* reported as "tool_calls" below */
       }
       char *content = strndup(text + c_begin, content_len);
       /* content is null when the reply is all tool calls, or all reasoning (as vLLM) */
@@ -431,7 +475,7 @@ static int respond_whole(gen *g) {
         cJSON_AddNullToObject(m, "content");
       free(content);
       if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
-      else cJSON_AddArrayToObject(m, "tool_calls");
+      else cJSON_AddNullToObject(m, "tool_calls"); /* as OpenAI: null, not [], when there are none */
       if (ch->logprobs) {
         cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
         cJSON_AddItemToObject(lp, "content", ch->logprobs);
@@ -464,18 +508,35 @@ static int respond_whole(gen *g) {
       }
       if (g->r.prompt_logprobs >= 0) cJSON_AddItemToObject(c, "prompt_logprobs", prompt_logprobs_json(g, pi));
     }
+    if (g->r.return_token_ids) cJSON_AddItemToObject(c, "token_ids", ids_json(ch->ids, ch->n_ids));
     cJSON_AddStringToObject(c, "finish_reason", ch->finish == DI_FINISH_NONE ? "tool_calls" : finish_str(ch->finish));
     cJSON_AddNullToObject(c, "stop_reason");
     cJSON_AddItemToArray(choices, c);
   }
   if (g->r.chat && g->r.prompt_logprobs >= 0) cJSON_AddItemToObject(o, "prompt_logprobs", prompt_logprobs_json(g, 0));
   cJSON_AddItemToObject(o, "usage", usage_json(g));
+  if (g->resp) o = di_resp_from_chat(g->resp, o);
   return send_json(g->c, 200, o, g->keep_alive);
 }
 
 /* Queues one SSE event; the queue goes out as one HTTP chunk when no more events are waiting
  * (sse_flush), so a burst of events (n > 1, or a handler that fell behind) costs one send. */
+/* a Responses API event (responses.h's emit callback): "event: TYPE" before its data */
+static void resp_emit(void *ctx, const char *type, cJSON *data) {
+  gen *g = ctx;
+  cJSON_AddStringToObject(data, "type", type);
+  char *s = cJSON_PrintUnformatted(data);
+  cJSON_Delete(data);
+  if (s) sb_printf(&g->out, "event: %s\ndata: %s\n\n", type, s);
+  free(s);
+}
+
 static int sse_send(gen *g, cJSON *obj) {
+  if (g->resp && obj) { /* the chat chunk becomes Responses events */
+    size_t before = g->out.len;
+    di_resp_stream_chunk(g->resp, obj, resp_emit, g);
+    return g->out.len >= before ? 0 : -1;
+  }
   char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
   cJSON_Delete(obj);
   if (!s) return -1;
@@ -528,6 +589,55 @@ static cJSON *chunk_json(gen *g, int index, const char *text, size_t len, int ro
   if (g->r.include_usage && g->r.continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(g));
   else if (g->r.include_usage) cJSON_AddNullToObject(o, "usage");
   return o;
+}
+
+/* A streamed chat reply split as it grows: reasoning up to </think>, then content up to where tool
+ * calls start (a tail that might begin a marker, or whitespace before one, waits), then the calls as
+ * incremental deltas (tool_stream.h). Sends what this event adds; returns 0, or -1 when sending
+ * failed. `lp` (this event's logprobs or NULL) is taken. */
+static int stream_split(gen *g, int ci, choice *ch, const di_srv_event *ev, cJSON *lp) {
+  const char *text = ch->text ? ch->text : "";
+  int final = ev->finish != DI_FINISH_NONE;
+  size_t r_from = 0, r_to = 0, c_begin = 0;
+  if (g->r.parse_reasoning) {
+    di_reasoning_split sp;
+    di_reasoning_split_text(text, ch->len, final, &sp);
+    r_from = ch->r_emitted > sp.r_begin ? ch->r_emitted : sp.r_begin;
+    r_to = sp.r_end > r_from ? sp.r_end : r_from;
+    ch->r_emitted = r_to;
+    c_begin = sp.c_begin;
+  }
+  size_t c_end = ch->len;
+  cJSON *deltas = NULL;
+  int n_calls = 0;
+  if ((g->r.parse_tools || g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED) && c_begin < ch->len) {
+    di_tool_call *calls = NULL;
+    size_t content_len = 0;
+    n_calls = di_tool_choice_calls(&g->r, text + c_begin, ch->len - c_begin, final, &content_len, &calls);
+    if (n_calls > 0 && (deltas = cJSON_CreateArray()) != NULL &&
+        di_tool_stream_step(&ch->tools, calls, n_calls, deltas, tool_call_id, g) == 0) {
+      cJSON_Delete(deltas);
+      deltas = NULL;
+    }
+    di_tool_calls_free(calls, n_calls > 0 ? n_calls : 0);
+    if (final && n_calls > 0) { /* the content before the calls, less the whitespace a reply with calls drops */
+      c_end = c_begin + content_len;
+      while (c_end > c_begin && strchr(" \n\r\t", text[c_end - 1])) c_end--;
+    } else if (final) {
+      c_end = ch->len;
+    } else if (g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED) {
+      c_end = c_begin; /* a forced reply is all calls until it proves not to be (cut off) */
+    } else {
+      c_end = c_begin + di_tool_calls_safe_prefix(text + c_begin, ch->len - c_begin);
+    }
+  }
+  size_t c_from = ch->c_emitted > c_begin ? ch->c_emitted : c_begin;
+  if (c_end < c_from) c_end = c_from;
+  ch->c_emitted = c_end;
+  const char *fin = !final ? NULL : n_calls > 0 && ev->finish != DI_FINISH_LENGTH ? "tool_calls" : finish_str(ev->finish);
+  if (c_end > c_from || r_to > r_from || lp || fin || deltas)
+    return sse_send(g, chunk_json(g, ci, text + c_from, c_end - c_from, 0, lp, fin, deltas, text + r_from, r_to - r_from));
+  return 0;
 }
 
 static int respond_stream(gen *g) {
@@ -591,48 +701,24 @@ static int respond_stream(gen *g) {
           di_oai_fail(&err, 503, "server_error", "", NULL, "the request was aborted: %s",
                       *why ? why : "the server is shutting down");
         char *s = di_oai_error_json(&err);
-        if (s) sb_printf(&g->out, "data: %s\n\n", s);
+        if (s) sb_printf(&g->out, "%sdata: %s\n\n", g->resp ? "event: error\n" : "", s);
         free(s);
-      } else if (g->r.parse_tools || g->r.parse_reasoning) {
-        /* the text is split as it grows: reasoning up to </think>, content up to where tool-call
-         * markup starts; a tail that might begin a marker waits; the calls go out whole at the end */
+      } else if (g->r.parse_tools || g->r.parse_reasoning || g->r.tool_choice >= DI_TOOL_CHOICE_REQUIRED) {
         if (ev->text_len && append(ch, ev->text, ev->text_len) != 0) {
           cJSON_Delete(lp);
           ok = 0;
           di_srv_event_free(ev);
           break;
         }
-        const char *text = ch->text ? ch->text : "";
-        int final = ev->finish != DI_FINISH_NONE;
-        size_t r_from = 0, r_to = 0, c_begin = 0;
-        if (g->r.parse_reasoning) {
-          di_reasoning_split sp;
-          di_reasoning_split_text(text, ch->len, final, &sp);
-          r_from = ch->r_emitted > sp.r_begin ? ch->r_emitted : sp.r_begin;
-          r_to = sp.r_end > r_from ? sp.r_end : r_from;
-          ch->r_emitted = r_to;
-          c_begin = sp.c_begin;
-        }
-        size_t c_end = ch->len;
-        cJSON *calls = NULL;
-        if (g->r.parse_tools && c_begin < ch->len) {
-          size_t content_len;
-          if (final && (calls = tool_calls_json(g, text + c_begin, ch->len - c_begin, &content_len, 1)))
-            c_end = c_begin + content_len;
-          else if (!final)
-            c_end = c_begin + di_tool_calls_safe_prefix(text + c_begin, ch->len - c_begin);
-        }
-        size_t c_from = ch->c_emitted > c_begin ? ch->c_emitted : c_begin;
-        if (c_end < c_from) c_end = c_from;
-        ch->c_emitted = c_end;
-        const char *fin = final ? (calls ? "tool_calls" : finish_str(ev->finish)) : NULL;
-        if (c_end > c_from || r_to > r_from || lp || fin)
-          ok = sse_send(g, chunk_json(g, ci, text + c_from, c_end - c_from, 0, lp, fin, calls, text + r_from,
-                                      r_to - r_from)) == 0;
-        else cJSON_Delete(calls);
-      } else if (ev->text_len || lp || ev->finish != DI_FINISH_NONE) {
-        ok = sse_send(g, chunk_json(g, ci, ev->text, ev->text_len, 0, lp,
-                                    ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL, NULL, NULL, 0)) == 0;
+        ok = stream_split(g, ci, ch, ev, lp) == 0;
+      } else if (ev->text_len || lp || ev->finish != DI_FINISH_NONE || (g->r.return_token_ids && ev->n_tokens)) {
+        cJSON *o = chunk_json(g, ci, ev->text, ev->text_len, 0, lp,
+                              ev->finish != DI_FINISH_NONE ? finish_str(ev->finish) : NULL, NULL, NULL, 0);
+        /* without a tokenizer the text is empty: the chunk carries the new token ids (vLLM's token_ids) */
+        if (o && g->r.return_token_ids)
+          cJSON_AddItemToObject(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "token_ids",
+                                ids_json(ev->tokens, ev->n_tokens));
+        ok = sse_send(g, o) == 0;
       }
     }
     di_srv_event_free(ev);
@@ -651,19 +737,26 @@ static int respond_stream(gen *g) {
     cJSON_AddItemToObject(o, "usage", usage_json(g));
     if (sse_send(g, o) != 0 || sse_flush(g) != 0) return 0;
   }
-  static const char done[] = "data: [DONE]\n\n";
-  if (di_http_write_chunk(g->c->fd, done, sizeof done - 1) != 0 || di_http_end_chunked(g->c->fd) != 0) return 0;
+  static const char done[] = "data: [DONE]\n\n"; /* not in the Responses API: response.completed ends it */
+  if ((!g->resp && di_http_write_chunk(g->c->fd, done, sizeof done - 1) != 0) || di_http_end_chunked(g->c->fd) != 0) return 0;
   return g->keep_alive;
 }
 
-static int handle_generate(di_server *s, di_conn *c, const char *body, size_t len, int chat, int keep_alive) {
+/* resp: a /v1/responses request, `body` its chat translation */
+static int handle_generate(di_server *s, di_conn *c, const char *body, size_t len, int chat, int keep_alive,
+                           di_resp_req *resp) {
   gen g;
   memset(&g, 0, sizeof g);
   g.s = s;
   g.c = c;
   g.keep_alive = keep_alive;
+  g.resp = resp;
   di_oai_error err;
   if (di_oai_parse_request(&s->oai, chat, body, len, &g.r, &err)) return di_srv_send_error(c, &err, keep_alive);
+  if (resp && di_resp_adjust(resp, &g.r, &err)) {
+    di_oai_request_free(&g.r);
+    return di_srv_send_error(c, &err, keep_alive);
+  }
   int result;
   g.n_choices = g.r.n_prompts * g.r.n;
   g.ch = calloc((size_t)g.n_choices, sizeof *g.ch);
@@ -691,7 +784,7 @@ static int handle_generate(di_server *s, di_conn *c, const char *body, size_t le
     goto done;
   }
   g.t_submit = mono_s();
-  make_id(s, chat ? "chatcmpl-" : "cmpl-", g.id, sizeof g.id);
+  make_id(s, resp ? "resp_" : chat ? "chatcmpl-" : "cmpl-", g.id, sizeof g.id);
   g.created = (long long)time(NULL);
   for (int i = 0; i < g.r.n_prompts; i++) g.prompt_tokens += g.r.n_prompt_ids[i];
   pthread_mutex_lock(&s->mu);
@@ -703,6 +796,8 @@ done:
   for (int i = 0; g.ch && i < g.n_choices; i++) {
     free(g.ch[i].text);
     free(g.ch[i].error);
+    free(g.ch[i].ids);
+    di_tool_stream_free(&g.ch[i].tools);
     cJSON_Delete(g.ch[i].logprobs);
   }
   free(g.ch);
@@ -826,9 +921,7 @@ static int handle_tokenize(di_server *s, di_conn *c, const char *body, size_t le
   } else if (cJSON_IsString(prompt)) {
     int32_t *ids = NULL;
     size_t n = 0;
-    di_status st = ast && cJSON_IsFalse(ast)
-                       ? di_tokenizer_encode(s->oai.tok, prompt->valuestring, strlen(prompt->valuestring), 0, &ids, &n)
-                       : di_tokenizer_encode_prompt(s->oai.tok, prompt->valuestring, strlen(prompt->valuestring), &ids, &n);
+    di_status st = di_oai_encode_text(s->oai.tok, prompt->valuestring, !(ast && cJSON_IsFalse(ast)), &ids, &n);
     if (st != DI_OK) {
       di_oai_fail(&err, 400, "invalid_request_error", "prompt", NULL, "%s", di_last_error());
     } else {
@@ -1024,11 +1117,29 @@ int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const 
     di_oai_fail(&err, 404, "invalid_request_error", "model", "model_not_found", "The model `%.*s` does not exist.", (int)n, name);
     return di_srv_send_error(c, &err, ka);
   }
+  if (path_is(req, "/v1/responses")) {
+    if (!post) return method_not_allowed(c, "POST", ka);
+    di_resp_req rr;
+    char *chat_body;
+    if (di_resp_translate(body, body_len, &chat_body, &rr, &err)) return di_srv_send_error(c, &err, ka);
+    int rc = handle_generate(s, c, chat_body, strlen(chat_body), 1, ka, &rr);
+    free(chat_body);
+    di_resp_req_free(&rr);
+    return rc;
+  }
+  if (path_is(req, "/tokenizer_info")) {
+    if (!get) return method_not_allowed(c, "GET", ka);
+    char why[4200];
+    cJSON *info = di_tokenizer_info_json(di_model_dir(s->cfg.model), why, sizeof why);
+    if (info) return send_json(c, 200, info, ka);
+    di_oai_fail(&err, 404, "invalid_request_error", "", NULL, "%s", why);
+    return di_srv_send_error(c, &err, ka);
+  }
   int is_cmpl = path_is(req, "/v1/completions"), is_chat = path_is(req, "/v1/chat/completions");
   int is_tok = path_is(req, "/tokenize"), is_detok = path_is(req, "/detokenize");
   if (is_cmpl || is_chat || is_tok || is_detok) {
     if (!post) return method_not_allowed(c, "POST", ka);
-    if (is_cmpl || is_chat) return handle_generate(s, c, body, body_len, is_chat, ka);
+    if (is_cmpl || is_chat) return handle_generate(s, c, body, body_len, is_chat, ka, NULL);
     return is_tok ? handle_tokenize(s, c, body, body_len, ka) : handle_detokenize(s, c, body, body_len, ka);
   }
   di_oai_fail(&err, 404, "invalid_request_error", "", NULL, "no such endpoint: %s %.*s", req->method, (int)req->path_len,

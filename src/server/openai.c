@@ -3,7 +3,9 @@
  * stop_token_ids, skip_special_tokens, include_stop_str_in_output, structured_outputs and the older
  * guided_* fields) are read too. Sampling defaults come from generation_config.json, as vLLM does. */
 #include "server/openai.h"
+#include "server/tool_choice.h"
 #include "util/json.h"
+#include "sampler/sampling_ranges.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,15 +59,6 @@ static const cJSON *field(const cJSON *o, const char *k) {
   return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
-static int get_num(const cJSON *o, const char *k, double lo, double hi, double *out, di_oai_error *err) {
-  const cJSON *v = field(o, k);
-  if (!v) return 0;
-  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return BAD(k, "'%s' must be a number", k);
-  if (v->valuedouble < lo || v->valuedouble > hi) return BAD(k, "'%s' must be in [%g, %g], got %g", k, lo, hi, v->valuedouble);
-  *out = v->valuedouble;
-  return 0;
-}
-
 /* an integer exactly representable as a double */
 static int is_int(const cJSON *v) { return di_json_is_int_in(v, -DI_JSON_MAX_EXACT_INT, DI_JSON_MAX_EXACT_INT); }
 
@@ -76,6 +69,27 @@ static int get_int(const cJSON *o, const char *k, double lo, double hi, long lon
   int64_t x;
   if (!di_json_int_in(v, lo, hi, &x)) return BAD(k, "'%s' must be in [%.0f, %.0f], got %.0f", k, lo, hi, v->valuedouble);
   *out = x;
+  return 0;
+}
+
+/* A sampling parameter, checked against the range table every surface shares (sampler/sampling_ranges.h). */
+static int get_sampling(const cJSON *o, const char *k, double *out, di_oai_error *err) {
+  const cJSON *v = field(o, k);
+  if (!v) return 0;
+  const di_sampling_range *r = di_sampling_range_find(k);
+  if (r->integer ? !is_int(v) : !cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+    return BAD(k, "'%s' must be %s", k, r->integer ? "an integer" : "a number");
+  char msg[160];
+  if (!di_sampling_range_check(r, v->valuedouble, msg, sizeof msg)) return BAD(k, "'%s' %s", k, msg);
+  *out = v->valuedouble;
+  return 0;
+}
+
+static int get_sampling_int(const cJSON *o, const char *k, long long *out, di_oai_error *err) {
+  double d = 0;
+  if (get_sampling(o, k, &d, err)) return -1;
+  int64_t x;
+  if (field(o, k) && di_json_int_in(field(o, k), d, d, &x)) *out = (long long)x; /* in range: checked above */
   return 0;
 }
 
@@ -122,11 +136,18 @@ static int add_prompt(di_oai_request *r, int32_t *ids, int n, char *text, di_oai
   return 0;
 }
 
+di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_special_tokens, int32_t **ids, size_t *n) {
+  const char *bos = di_tokenizer_bos_token(tok);
+  int has_bos = bos && *bos && strncmp(s, bos, strlen(bos)) == 0;
+  return add_special_tokens && !has_bos ? di_tokenizer_encode_prompt(tok, s, strlen(s), ids, n)
+                                        : di_tokenizer_encode(tok, s, strlen(s), 0, ids, n);
+}
+
 static int text_prompt(const di_oai_ctx *ctx, di_oai_request *r, const char *s, di_oai_error *err) {
   if (!ctx->tok) return BAD("prompt", "text prompts need a tokenizer (the model folder has no tokenizer.json); send token ids");
   int32_t *ids = NULL;
   size_t n = 0;
-  if (di_tokenizer_encode_prompt(ctx->tok, s, strlen(s), &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
+  if (di_oai_encode_text(ctx->tok, s, r->add_special_tokens, &ids, &n) != DI_OK) return BAD("prompt", "%s", di_last_error());
   char *text = xstrdup(s);
   if (!text) { free(ids); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
   return add_prompt(r, ids, (int)n, text, err);
@@ -214,10 +235,6 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   int add_gen = 1, cont = 0;
   if (get_bool(root, "add_generation_prompt", &add_gen, err) || get_bool(root, "continue_final_message", &cont, err)) return -1;
   if (cont) return BAD("continue_final_message", "continue_final_message is not supported");
-  const cJSON *tool_choice = field(root, "tool_choice");
-  if (tool_choice && !(cJSON_IsString(tool_choice) && (strcmp(tool_choice->valuestring, "auto") == 0 ||
-                                                        strcmp(tool_choice->valuestring, "none") == 0)))
-    return BAD("tool_choice", "only tool_choice \"auto\" and \"none\" are supported");
   cJSON *conv = cJSON_CreateObject();
   cJSON *m = cJSON_Duplicate(msgs, 1);
   if (!conv || !m) { cJSON_Delete(conv); cJSON_Delete(m); return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); }
@@ -230,13 +247,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
     if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) { cJSON_Delete(conv); return BAD(param, "'%s' must be an object with a string 'role'", param); }
     if (flatten_content(msg, i, err)) { cJSON_Delete(conv); return -1; }
   }
-  const cJSON *tools = field(root, "tools");
-  if (tools) {
-    if (!cJSON_IsArray(tools)) { cJSON_Delete(conv); return BAD("tools", "'tools' must be an array"); }
-    if (!(tool_choice && strcmp(tool_choice->valuestring, "none") == 0)) {
-      cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
-      r->parse_tools = ctx->tool_parser && cJSON_GetArraySize(tools) > 0;
-    }
+  const cJSON *tools = field(root, "tools"); /* checked by di_oai_read_tool_choice */
+  if (tools && r->tool_choice != DI_TOOL_CHOICE_NONE) {
+    cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+    r->parse_tools = ctx->tool_parser && r->tool_choice == DI_TOOL_CHOICE_AUTO && cJSON_GetArraySize(tools) > 0;
   }
   const cJSON *kw = field(root, "chat_template_kwargs");
   if (kw) {
@@ -246,7 +260,10 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
         cJSON_AddItemToObject(conv, v->string, cJSON_Duplicate(v, 1));
   }
   cJSON_AddBoolToObject(conv, "add_generation_prompt", add_gen);
-  r->parse_reasoning = ctx->reasoning_parser;
+  /* a reply constrained to JSON (a schema, json_object, a forced tool call) is JSON from its first
+   * token: no <think> to split (a regex or grammar may spell one out, so those replies are split) */
+  r->parse_reasoning = ctx->reasoning_parser && r->tool_choice < DI_TOOL_CHOICE_REQUIRED && !r->json_schema &&
+                       !r->json_object;
   char *text = cJSON_PrintUnformatted(conv);
   cJSON_Delete(conv);
   if (!text) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
@@ -278,7 +295,7 @@ static char *choice_regex(const cJSON *arr, di_oai_error *err, const char *param
     if (v != arr->child) *w++ = '|';
     *w++ = '(';
     for (const char *s = v->valuestring; *s; s++) {
-      if (strchr("\\^$.|?*+()[]{}/-", *s)) *w++ = '\\';
+      if (strchr("\\^$.|?*+()[]{}/", *s)) *w++ = '\\';
       *w++ = *s;
     }
     *w++ = ')';
@@ -313,6 +330,31 @@ static int set_struct(di_oai_request *r, int *count, const char *param, const cJ
   return 0;
 }
 
+/* structured_outputs' options beside the constraint: grammar_syntax ("gbnf" | "lark"), strict,
+ * max_digits / max_string_length (positive, or -1 for unbounded; docs/structured-outputs.md). */
+static int read_structure_options(const cJSON *so, di_oai_request *r, di_oai_error *err) {
+  const cJSON *syn = field(so, "grammar_syntax");
+  if (syn) {
+    if (!cJSON_IsString(syn) || (strcmp(syn->valuestring, "gbnf") != 0 && strcmp(syn->valuestring, "lark") != 0))
+      return BAD("structured_outputs.grammar_syntax", "'grammar_syntax' must be \"gbnf\" or \"lark\"");
+    r->grammar_syntax = strcmp(syn->valuestring, "lark") == 0;
+  }
+  const cJSON *strict = field(so, "strict");
+  if (strict && !cJSON_IsBool(strict)) return BAD("structured_outputs.strict", "'strict' must be a boolean");
+  if (cJSON_IsTrue(strict)) r->json_strict = 1;
+  static const char *bounds[] = {"max_digits", "max_string_length"};
+  for (int i = 0; i < 2; i++) {
+    const cJSON *v = field(so, bounds[i]);
+    if (!v) continue;
+    int64_t x = 0;
+    if (!di_json_int_in(v, -1, 1e9, &x) || x == 0)
+      return BAD(i ? "structured_outputs.max_string_length" : "structured_outputs.max_digits",
+                 "'%s' must be a positive integer or -1 (unbounded)", bounds[i]);
+    *(i ? &r->max_string_length : &r->max_digits) = (int)x;
+  }
+  return 0;
+}
+
 static int read_structure(const cJSON *root, di_oai_request *r, int *json_object, di_oai_error *err) {
   int count = 0;
   *json_object = 0;
@@ -328,6 +370,10 @@ static int read_structure(const cJSON *root, di_oai_request *r, int *json_object
       if (!cJSON_IsObject(js)) return BAD("response_format.json_schema", "response_format of type json_schema needs a 'json_schema' object");
       if (!schema || cJSON_IsNull(schema)) return BAD("response_format.json_schema.schema", "'json_schema' needs a 'schema'");
       if (set_struct(r, &count, "response_format.json_schema.schema", schema, 0, err)) return -1;
+      const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+      if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+        return BAD("response_format.json_schema.strict", "'strict' must be a boolean");
+      r->json_strict = cJSON_IsTrue(strict);
     } else if (strcmp(type->valuestring, "text") != 0)
       return BAD("response_format.type", "response_format type must be \"text\", \"json_object\" or \"json_schema\", not \"%s\"",
                  type->valuestring);
@@ -340,6 +386,7 @@ static int read_structure(const cJSON *root, di_oai_request *r, int *json_object
         set_struct(r, &count, "structured_outputs.grammar", field(so, "grammar"), 2, err) ||
         set_struct(r, &count, "structured_outputs.choice", field(so, "choice"), 3, err))
       return -1;
+    if (read_structure_options(so, r, err)) return -1;
     const cJSON *jo = field(so, "json_object");
     if (jo && !cJSON_IsBool(jo)) return BAD("structured_outputs.json_object", "'json_object' must be a boolean");
     if (cJSON_IsTrue(jo)) {
@@ -422,11 +469,11 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   long long n = 1, max_tokens = -1, top_k = -2, min_tokens = 0, seed = -1, logprobs = -1;
   double temperature = NAN, top_p = NAN, min_p = 0, pres = 0, freq = 0, rep = 1;
   int ignore_eos = 0, skip_special = 1, include_stop = 0;
-  if (get_bool(root, "stream", &r->stream, err) || get_int(root, "n", 1, MAX_SAMPLES, &n, err) ||
-      get_num(root, "temperature", 0, 1e6, &temperature, err) || get_num(root, "top_p", 1e-9, 1, &top_p, err) ||
-      get_int(root, "top_k", -1, 2147483647.0, &top_k, err) || get_num(root, "min_p", 0, 1, &min_p, err) ||
-      get_num(root, "presence_penalty", -2, 2, &pres, err) || get_num(root, "frequency_penalty", -2, 2, &freq, err) ||
-      get_num(root, "repetition_penalty", 1e-6, 1e6, &rep, err) || get_int(root, "min_tokens", 0, 2147483647.0, &min_tokens, err) ||
+  if (get_bool(root, "stream", &r->stream, err) || get_sampling_int(root, "n", &n, err) ||
+      get_sampling(root, "temperature", &temperature, err) || get_sampling(root, "top_p", &top_p, err) ||
+      get_sampling_int(root, "top_k", &top_k, err) || get_sampling(root, "min_p", &min_p, err) ||
+      get_sampling(root, "presence_penalty", &pres, err) || get_sampling(root, "frequency_penalty", &freq, err) ||
+      get_sampling(root, "repetition_penalty", &rep, err) || get_sampling_int(root, "min_tokens", &min_tokens, err) ||
       get_int(root, "seed", -9223372036854775808.0, 18446744073709551615.0, &seed, err) ||
       get_bool(root, "ignore_eos", &ignore_eos, err) || get_bool(root, "skip_special_tokens", &skip_special, err) ||
       get_bool(root, "include_stop_str_in_output", &include_stop, err))
@@ -435,6 +482,8 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   const char *mt_key = chat && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   /* completions: 0 scores the prompt only (echo, prompt logprobs), as lm-evaluation-harness asks */
   if (get_int(root, mt_key, chat ? 1 : 0, 2147483647.0, &max_tokens, err)) return -1;
+  if (max_tokens > 0 && min_tokens > max_tokens)
+    return BAD("min_tokens", "'min_tokens' must be at most '%s' (%lld), got %lld", mt_key, max_tokens, min_tokens);
   long long best_of = n;
   if (get_int(root, "best_of", 1, MAX_SAMPLES, &best_of, err)) return -1;
   if (best_of != n) return BAD("best_of", "best_of other than n is not supported");
@@ -473,6 +522,11 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
   if (read_stops(root, r, err) || read_logit_bias(ctx, root, r, err)) return -1;
   int json_object = 0;
   if (read_structure(root, r, &json_object, err)) return -1;
+  r->json_object = json_object;
+  if (chat && di_oai_read_tool_choice(root, r, json_object || r->json_schema || r->regex || r->grammar, err)) return -1;
+  if (!chat && get_bool(root, "add_special_tokens", &r->add_special_tokens, err)) return -1;
+  if (get_bool(root, "return_token_ids", &r->return_token_ids, err)) return -1;
+  if (!ctx->tok) r->return_token_ids = 1;
   if (chat) {
     if (render_chat(ctx, r, root, err)) return -1;
   } else {
@@ -530,6 +584,10 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
     p->regex = r->regex;
     p->grammar = r->grammar;
     p->json_object = json_object;
+    p->grammar_syntax = r->grammar_syntax;
+    p->json_strict = r->json_strict;
+    p->max_digits = r->max_digits;
+    p->max_string_length = r->max_string_length;
   }
   return 0;
 }
@@ -538,6 +596,7 @@ int di_oai_parse_request(const di_oai_ctx *ctx, int chat, const char *body, size
                          di_oai_error *err) {
   memset(r, 0, sizeof *r);
   r->chat = chat;
+  r->add_special_tokens = 1;
   r->logprobs = -1;
   r->prompt_logprobs = -1;
   cJSON *root;
@@ -564,6 +623,7 @@ void di_oai_request_free(di_oai_request *r) {
   free(r->json_schema);
   free(r->regex);
   free(r->grammar);
+  free(r->tool_name);
   di_string_free(r->rendered);
   free(r->params);
   memset(r, 0, sizeof *r);

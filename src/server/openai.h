@@ -35,11 +35,21 @@ int di_oai_fail(di_oai_error *e, int status, const char *type, const char *param
 /* {"error": {...}} as a malloc'd string (NULL on out of memory). */
 char *di_oai_error_json(const di_oai_error *e);
 
+/* tool_choice: "auto" (markup in the reply parsed when the server has a tool parser), "none",
+ * "required" (the reply is constrained to a JSON array of {name, parameters}, as vLLM does), or a named
+ * function (the reply is constrained to that function's parameters schema: it is the arguments). */
+enum { DI_TOOL_CHOICE_AUTO = 0, DI_TOOL_CHOICE_NONE, DI_TOOL_CHOICE_REQUIRED, DI_TOOL_CHOICE_NAMED };
+
 /* A request read from its JSON body. */
 typedef struct di_oai_request {
   int chat;
   int parse_tools;                 /* chat with tools and a tool parser: replies may hold tool calls */
   int parse_reasoning;             /* chat with a reasoning parser: replies hold <think> reasoning */
+  int tool_choice;                 /* DI_TOOL_CHOICE_*: how replies become tool calls */
+  char *tool_name;                 /* DI_TOOL_CHOICE_NAMED: the function the reply calls */
+  int json_object;                 /* response_format json_object (the params carry it too) */
+  int return_token_ids;            /* choices carry `token_ids` (vLLM's field; always without a tokenizer) */
+  int add_special_tokens;          /* completions (vLLM's field): text prompts get the tokenizer's BOS; default 1 */
   int stream, include_usage;
   int continuous_usage;            /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
   int echo;                        /* completions: the prompt text leads each choice's text */
@@ -61,6 +71,7 @@ typedef struct di_oai_request {
   float *bias_values;
   int n_bias;
   char *json_schema, *regex, *grammar;
+  int grammar_syntax, json_strict, max_digits, max_string_length; /* structured-output options */
   char *rendered;                  /* chat: the rendered conversation */
 } di_oai_request;
 
@@ -70,6 +81,10 @@ typedef struct di_oai_request {
 int di_oai_parse_request(const di_oai_ctx *ctx, int chat, const char *body, size_t len, di_oai_request *r,
                          di_oai_error *err);
 void di_oai_request_free(di_oai_request *r);
+/* A text prompt's ids: with add_special_tokens the tokenizer's own (BOS when add_bos_token), except
+ * that a text already starting with the BOS token's text gets no second one (lm-evaluation-harness's
+ * string requests decode their BOS into the text); without, the text's tokens alone (vLLM's field). */
+di_status di_oai_encode_text(const di_tokenizer *tok, const char *s, int add_special_tokens, int32_t **ids, size_t *n);
 
 /* `model` of a request: 0 when absent or ours, else -1 with a 404 error. */
 int di_oai_check_model(const di_oai_ctx *ctx, const cJSON *root, di_oai_error *err);

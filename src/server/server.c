@@ -104,7 +104,7 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   snprintf(tpath, sizeof tpath, "%s/tokenizer.json", di_model_dir(m));
   if (!s->tok && access(tpath, R_OK) == 0) {
     if (di_tokenizer_load(di_model_dir(m), &s->own_tok) != DI_OK) {
-      di_status st = di_error_wrap(DI_ERR_FORMAT, "server: ");
+      di_status st = di_error_wrap(DI_ERR_FORMAT, "server");
       di_server_free(s);
       return st;
     }

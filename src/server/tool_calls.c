@@ -1,5 +1,8 @@
-/* DeepSeek tool-call markup out of a reply's text (see tool_calls.h). A call that is cut off (the
- * reply hit max_tokens inside it) is not returned; a reply with no complete call stays content. */
+/* DeepSeek tool-call markup out of a reply's text (see tool_calls.h): the V3 / V3.1 forms here, the
+ * DSML form of V4 in tool_calls_dsml.c. A call that is cut off (the reply hit max_tokens inside it)
+ * is not returned by the whole parse; a reply with no complete call stays content. The partial parse
+ * serves streaming: what it returns of an unfinished call is a prefix of what the whole parse will
+ * return once the call is closed, so deltas of it reassemble to the whole reply. */
 #include "server/tool_calls.h"
 #include <stdlib.h>
 #include <string.h>
@@ -8,8 +11,13 @@
 #define CALL_BEGIN "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>"
 #define CALL_END "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>"
 #define SEP "<\xEF\xBD\x9Ctool\xE2\x96\x81" "sep\xEF\xBD\x9C>"
+#define DSML_BLOCK "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>"
+#define DSML_BLOCK_V32 "<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "function_calls>"
 
-static const char *find(const char *h, size_t hl, const char *n) {
+static const char *const BEGIN_MARKERS[] = {CALLS_BEGIN, DSML_BLOCK, DSML_BLOCK_V32};
+#define N_BEGIN 3
+
+const char *di_tc_find(const char *h, size_t hl, const char *n) {
   size_t nl = strlen(n);
   if (nl > hl) return NULL;
   for (size_t i = 0; i + nl <= hl; i++)
@@ -17,14 +25,40 @@ static const char *find(const char *h, size_t hl, const char *n) {
   return NULL;
 }
 
-static char *dup_trim(const char *s, size_t n) {
-  while (n && (*s == ' ' || *s == '\n' || *s == '\r' || *s == '\t')) { s++; n--; }
-  while (n && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == '\t')) n--;
+size_t di_tc_partial_tail(const char *t, size_t len, const char *m) {
+  size_t ml = strlen(m);
+  for (size_t k = ml - 1; k > 0; k--)
+    if (k <= len && memcmp(t + len - k, m, k) == 0) return k;
+  return 0;
+}
+
+char *di_tc_dup(const char *s, size_t n) {
   char *d = malloc(n + 1);
   if (!d) return NULL;
   memcpy(d, s, n);
   d[n] = 0;
   return d;
+}
+
+static int is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+static char *dup_trim(const char *s, size_t n) {
+  while (n && is_space(*s)) { s++; n--; }
+  while (n && is_space(s[n - 1])) n--;
+  return di_tc_dup(s, n);
+}
+
+int di_tc_push(di_tool_call **a, int *n, int *cap, char *name, char *arguments, int complete) {
+  if (!name || !arguments) { free(name); free(arguments); return -1; }
+  if (*n == *cap) {
+    int c = *cap ? 2 * *cap : 4;
+    di_tool_call *b = realloc(*a, (size_t)c * sizeof *b);
+    if (!b) { free(name); free(arguments); return -1; }
+    *a = b;
+    *cap = c;
+  }
+  (*a)[(*n)++] = (di_tool_call){name, arguments, complete};
+  return 0;
 }
 
 void di_tool_calls_free(di_tool_call *calls, int n) {
@@ -35,74 +69,110 @@ void di_tool_calls_free(di_tool_call *calls, int n) {
   free(calls);
 }
 
-/* one call's body (between CALL_BEGIN and CALL_END) */
-static int parse_call(const char *b, size_t n, di_tool_call *out) {
-  const char *sep = find(b, n, SEP);
+/* One V3 / V3.1 call's body b[0..n) (after CALL_BEGIN; up to CALL_END when complete). An incomplete
+ * body yields a call once its name is known, its arguments up to what cannot change: a tail that may
+ * start the closing fence or CALL_END, and trailing whitespace, wait. Returns 1 with a call, 0 none. */
+static int parse_call(const char *b, size_t n, int complete, char **name, char **args) {
+  if (!complete) n -= di_tc_partial_tail(b, n, CALL_END);
+  const char *sep = di_tc_find(b, n, SEP);
   if (!sep) return 0;
   size_t left = (size_t)(sep - b), sl = strlen(SEP);
   const char *r = sep + sl;
   size_t rn = n - left - sl;
-  const char *fence = find(r, rn, "```json");
-  if (left == 8 && memcmp(b, "function", 8) == 0 && fence) {
-    /* V3: NAME\n```json\nARGS\n``` */
-    const char *args = fence + 7;
-    size_t an = rn - (size_t)(args - r);
+  const char *fence = di_tc_find(r, rn, "```json");
+  if (left == 8 && memcmp(b, "function", 8) == 0 && (fence || !complete)) {
+    /* V3: NAME\n```json\nARGS\n``` (the name is known once the fence opens) */
+    if (!fence) return 0;
+    const char *a = fence + 7;
+    size_t an = rn - (size_t)(a - r);
     const char *close = NULL;
-    for (const char *p = args; (p = find(p, an - (size_t)(p - args), "```")); p += 3) close = p; /* the last fence */
-    if (!close) return 0;
-    out->name = dup_trim(r, (size_t)(fence - r));
-    out->arguments = dup_trim(args, (size_t)(close - args));
+    for (const char *p = a; (p = di_tc_find(p, an - (size_t)(p - a), "```")); p += 3) close = p; /* the last fence */
+    size_t end = close ? (size_t)(close - a) : complete ? (size_t)-1 : an - di_tc_partial_tail(a, an, "```");
+    if (end == (size_t)-1) return 0;
+    *name = dup_trim(r, (size_t)(fence - r));
+    *args = dup_trim(a, end);
   } else {
-    out->name = dup_trim(b, left);
-    out->arguments = dup_trim(r, rn);
+    *name = dup_trim(b, left);
+    *args = dup_trim(r, rn);
   }
-  if (!out->name || !out->arguments || !out->name[0]) {
-    free(out->name);
-    free(out->arguments);
-    out->name = out->arguments = NULL;
-    return 0;
-  }
+  if (*name && !**name) { free(*name); free(*args); *name = *args = NULL; return 0; }
   return 1;
 }
 
-int di_tool_calls_parse(const char *text, size_t len, size_t *content_len, di_tool_call **calls) {
-  *calls = NULL;
-  *content_len = len;
-  const char *start = find(text, len, CALLS_BEGIN);
-  if (!start) return 0;
+/* the V3 / V3.1 calls after CALLS_BEGIN at text[at] */
+static int parse_v3(const char *text, size_t len, size_t at, int partial, di_tool_call **calls) {
   int n = 0, cap = 0;
-  di_tool_call *a = NULL;
-  const char *p = start + strlen(CALLS_BEGIN), *end = text + len;
+  const char *p = text + at + strlen(CALLS_BEGIN), *end = text + len;
   for (;;) {
-    const char *cb = find(p, (size_t)(end - p), CALL_BEGIN);
+    const char *cb = di_tc_find(p, (size_t)(end - p), CALL_BEGIN);
     if (!cb) break;
     const char *body = cb + strlen(CALL_BEGIN);
-    const char *ce = find(body, (size_t)(end - body), CALL_END);
-    if (!ce) break;
-    di_tool_call c = {0};
-    if (parse_call(body, (size_t)(ce - body), &c)) {
-      if (n == cap) {
-        cap = cap ? 2 * cap : 4;
-        di_tool_call *b = realloc(a, (size_t)cap * sizeof *b);
-        if (!b) { free(c.name); free(c.arguments); di_tool_calls_free(a, n); return -1; }
-        a = b;
-      }
-      a[n++] = c;
+    const char *ce = di_tc_find(body, (size_t)(end - body), CALL_END);
+    if (!ce && !partial) break;
+    char *name = NULL, *args = NULL;
+    if (parse_call(body, ce ? (size_t)(ce - body) : (size_t)(end - body), ce != NULL, &name, &args) &&
+        di_tc_push(calls, &n, &cap, name, args, ce != NULL) != 0) {
+      di_tool_calls_free(*calls, n);
+      *calls = NULL;
+      return -1;
     }
+    if (!ce) break;
     p = ce + strlen(CALL_END);
   }
-  if (n == 0) return 0;
-  *content_len = (size_t)(start - text);
-  *calls = a;
   return n;
 }
 
+/* the first block marker of any form: its offset (len: none) and which */
+static size_t markup_start(const char *text, size_t len, int *form) {
+  size_t best = len;
+  for (int i = 0; i < N_BEGIN; i++) {
+    const char *s = di_tc_find(text, len, BEGIN_MARKERS[i]);
+    if (s && (size_t)(s - text) < best) { best = (size_t)(s - text); *form = i; }
+  }
+  return best;
+}
+
+static int parse_any(const char *text, size_t len, int partial, size_t *content_len, di_tool_call **calls) {
+  *calls = NULL;
+  *content_len = len;
+  int form = -1;
+  size_t at = markup_start(text, len, &form);
+  if (form < 0) return 0;
+  int n = form == 0 ? parse_v3(text, len, at, partial, calls) : di_tool_calls_parse_dsml(text, len, at, partial, calls);
+  if (n < 0) return -1;
+  if (partial) *content_len = at;
+  if (n == 0) { free(*calls); *calls = NULL; return 0; }
+  /* the whole parse keeps only complete calls (a cut-off one is the last) */
+  if (!partial && !(*calls)[n - 1].complete) {
+    n--;
+    free((*calls)[n].name);
+    free((*calls)[n].arguments);
+    if (n == 0) { free(*calls); *calls = NULL; return 0; }
+  }
+  *content_len = at;
+  return n;
+}
+
+int di_tool_calls_parse(const char *text, size_t len, size_t *content_len, di_tool_call **calls) {
+  return parse_any(text, len, 0, content_len, calls);
+}
+
+int di_tool_calls_parse_partial(const char *text, size_t len, size_t *content_len, di_tool_call **calls) {
+  return parse_any(text, len, 1, content_len, calls);
+}
+
 size_t di_tool_calls_safe_prefix(const char *text, size_t len) {
-  const char *start = find(text, len, CALLS_BEGIN);
-  if (start) return (size_t)(start - text);
-  size_t ml = strlen(CALLS_BEGIN);
-  /* the longest tail that is a proper prefix of the marker is held back */
-  for (size_t k = ml - 1; k > 0; k--)
-    if (k <= len && memcmp(text + len - k, CALLS_BEGIN, k) == 0) return len - k;
-  return len;
+  int form = -1;
+  size_t end = markup_start(text, len, &form);
+  if (form < 0) {
+    /* the longest tail that is a proper prefix of a marker is held back */
+    size_t hold = 0;
+    for (int i = 0; i < N_BEGIN; i++) {
+      size_t k = di_tc_partial_tail(text, len, BEGIN_MARKERS[i]);
+      if (k > hold) hold = k;
+    }
+    end = len - hold;
+  }
+  while (end && is_space(text[end - 1])) end--;
+  return end;
 }

@@ -44,6 +44,9 @@ uint16_t di_f32_to_f16(float f) {
   return sign | (uint16_t)(exp << 10) | (uint16_t)mant;
 }
 
+const float di_e2m1_table[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                   -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
 static float g_fp8[256];
 const float *di_fp8e4m3_table = g_fp8;
 

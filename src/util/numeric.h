@@ -27,6 +27,17 @@ uint16_t di_f32_to_f16(float f);
 /* FP8 E4M3 (fn) lookup table, 256 entries. */
 extern const float *di_fp8e4m3_table;
 static inline float di_fp8e4m3_to_f32(uint8_t v) { return di_fp8e4m3_table[v]; }
+/* E8M0 scale byte: 2^(e - 127); 255 is NaN. */
+static inline float di_e8m0_to_f32(uint8_t e) {
+  if (e == 255) return __builtin_nanf("");
+  if (e == 0) return 0x1p-127f; /* the one subnormal */
+  uint32_t u = (uint32_t)e << 23;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+/* FP4 E2M1 values of the 16 codes (sign in bit 3): 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
+extern const float di_e2m1_table[16];
 /* Nearest E4M3 value to f (saturating at +-448), for making dummy FP8 weights and tests. */
 uint8_t di_f32_to_fp8e4m3(float f);
 #endif

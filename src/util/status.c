@@ -21,6 +21,7 @@ di_status di_error_wrap(di_status st, const char *fmt, ...) {
   va_end(ap);
   memcpy(old, g_msg, sizeof old);
   size_t pl = strlen(prefix);
+  while (pl > 0 && (prefix[pl - 1] == ' ' || prefix[pl - 1] == ':')) pl--; /* the ": " is added here */
   if (pl > sizeof g_msg - 3)
     pl = sizeof g_msg - 3;
   memcpy(g_msg, prefix, pl);

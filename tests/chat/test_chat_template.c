@@ -105,6 +105,10 @@ static void test_goldens(void) { /* through di_chat_template_render_json and the
   printf("golden cases replayed: %d\n", total);
 }
 
+/* The instant the goldens' clock-reading templates were rendered at (2026-11-30 12:00 UTC; SmolLM3
+ * prints "Today Date: 30 November 2026"): make_goldens.py pins transformers' clock to it too. */
+#define GOLDEN_NOW INT64_C(1796040000)
+
 /* 53 real templates (Zephyr, Mistral, Mixtral, Command-R, Hermes, Llama 3.1/3.2, Qwen 2.5/3/3.5,
  * DeepSeek, MiniCPM3 with call blocks, Jamba with *args, GLM, Kimi, ...) with the inputs of
  * huggingface.js's Jinja end-to-end tests, rendered by transformers 5.17. */
@@ -125,6 +129,7 @@ static void test_public_templates(void) {
       di_chat_template *t = NULL;
       char *out = NULL;
       st = di_chat_template_from_string(cJSON_GetObjectItem(rec, "template")->valuestring, NULL, NULL, &t);
+      if (st == DI_OK) di_chat_template_pin_clock(t, GOLDEN_NOW);
       if (st == DI_OK) st = di_chat_template_render_json(t, cJSON_GetObjectItem(rec, "conversation")->valuestring, -1, &out);
       if (text) {
         CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
@@ -143,6 +148,24 @@ static void test_public_templates(void) {
   }
   free(data);
   CHECKF(cases >= 50, "only %d public templates", cases);
+}
+
+/* A pinned clock renders its instant in UTC whatever the time zone; the real clock is local time. */
+static void test_pinned_clock(void) {
+  di_chat_template *t = NULL;
+  CHECK(di_chat_template_from_string("{{ strftime_now('%Y-%m-%d %H:%M %B') }}", NULL, NULL, &t) == DI_OK);
+  if (!t) return;
+  char *out = NULL;
+  di_chat_template_pin_clock(t, GOLDEN_NOW);
+  CHECK(di_chat_template_render_json(t, "[{\"role\": \"user\", \"content\": \"hi\"}]", 0, &out) == DI_OK);
+  CHECKF(out && strcmp(out, "2026-11-30 12:00 November") == 0, "pinned clock rendered %s", out ? out : "(null)");
+  di_string_free(out);
+  di_chat_template_pin_clock(t, 0);
+  out = NULL;
+  CHECK(di_chat_template_render_json(t, "[{\"role\": \"user\", \"content\": \"hi\"}]", 0, &out) == DI_OK);
+  CHECKF(out && strcmp(out, "1970-01-01 00:00 January") == 0, "epoch rendered %s", out ? out : "(null)");
+  di_string_free(out);
+  di_chat_template_free(t);
 }
 
 /* The project's DeepSeek-V3 chat fixture (copied from fixtures/chat_dsv3_public.jsonl). */
@@ -298,7 +321,7 @@ static void test_limits(void) {
   jj_template *t;
   char *out = NULL;
   size_t n;
-  jj_render_limits lim = {64 << 20, 1 << 16, 100000};
+  jj_render_limits lim = {.max_memory = 64 << 20, .max_output = 1 << 16, .max_steps = 100000};
   const char *loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
   CHECK(jj_parse(loops, strlen(loops), &t) == DI_OK);
   CHECK_ERR(jj_render(t, NULL, &lim, &out, &n), "steps");
@@ -402,7 +425,7 @@ static void test_fuzz_corpus(void) {
     size_t tlen = nul ? (size_t)(nul - data) : n;
     jj_template *t;
     if (jj_parse(data, tlen, &t) == DI_OK) {
-      jj_render_limits lim = {16 << 20, 1 << 20, 200000};
+      jj_render_limits lim = {.max_memory = 16 << 20, .max_output = 1 << 20, .max_steps = 200000};
       char *out = NULL;
       size_t len;
       if (!nul) {
@@ -430,6 +453,7 @@ static void test_fuzz_corpus(void) {
 int main(void) {
   test_goldens();
   test_public_templates();
+  test_pinned_clock();
   test_dsv3_fixture();
   test_errors();
   test_semantics();

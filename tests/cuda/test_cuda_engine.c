@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include <stdlib.h>
 #include <string.h>
+#include "util/switches.h"
 
 #define NREQ 16
 #define MAXT 24
@@ -168,7 +169,7 @@ static void check_model(const char *dir, int exact, int has_mtp) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  const char *acc = getenv("DEEPINFER_ACCELERATOR");
+  const char *acc = di_switch_get(DI_SW_ACCELERATOR);
   if (!acc || !*acc) setenv("DEEPINFER_ACCELERATOR", "cuda", 1), acc = "cuda";
   const int exact = strcmp(acc, "cpu") == 0;
   if (!exact && !di_cut_device_ok()) {

@@ -1,9 +1,11 @@
 /* Accept/reject conformance cases for the three front-ends, read from
  * tests/data/grammar/cases_{ebnf,regex,schema}.txt:
- *   @KIND GRAMMAR      compile (KIND: ebnf, regex, schema, json); GRAMMAR is verbatim except that
- *                      in EBNF " ;; " separates rules (stands for a newline)
+ *   @KIND GRAMMAR      compile (KIND: ebnf, lark, regex, schema, json); GRAMMAR is verbatim except
+ *                      that in EBNF and Lark " ;; " separates rules (stands for a newline)
  *   + INPUT            must be accepted whole          - INPUT   must be rejected
  *   !KIND GRAMMAR      must fail to compile, and the next line `? TEXT` is part of the message
+ *   % OPTION=N ...     options for the grammars that follow in the file (strict, max_digits,
+ *                      max_string_length, max_whitespace); `%` alone restores the defaults
  * INPUT takes escapes \n \t \r \\ \xHH; `+` / `-` alone stand for the empty input. The regex cases are also run through PCRE2 (full
  * match) as an independent oracle. */
 #include <stdlib.h>
@@ -43,6 +45,8 @@ static size_t unescape(const char *s, char *out) {
 static int kind_of(const char *k, di_grammar_kind *out) {
   if (strncmp(k, "ebnf", 4) == 0)
     *out = DI_GRAMMAR_EBNF;
+  else if (strncmp(k, "lark", 4) == 0)
+    *out = DI_GRAMMAR_LARK;
   else if (strncmp(k, "regex", 5) == 0)
     *out = DI_GRAMMAR_REGEX;
   else if (strncmp(k, "schema", 6) == 0)
@@ -54,7 +58,36 @@ static int kind_of(const char *k, di_grammar_kind *out) {
   return 1;
 }
 
+/* Reads a `% name=value ...` line into the options (starting from the defaults). */
+static void parse_options(const char *line, di_grammar_options *o, const char *rel, int lineno) {
+  memset(o, 0, sizeof *o);
+  for (const char *p = line + 1; *p;) {
+    while (*p == ' ')
+      p++;
+    if (!*p)
+      break;
+    char name[32];
+    int v, used = 0;
+    if (sscanf(p, "%31[a-z_]=%d%n", name, &v, &used) != 2) {
+      CHECKF(0, "%s:%d: bad option line", rel, lineno);
+      return;
+    }
+    if (strcmp(name, "strict") == 0)
+      o->strict = v;
+    else if (strcmp(name, "max_digits") == 0)
+      o->max_digits = v;
+    else if (strcmp(name, "max_string_length") == 0)
+      o->max_string_length = v;
+    else if (strcmp(name, "max_whitespace") == 0)
+      o->max_whitespace = v;
+    else
+      CHECKF(0, "%s:%d: unknown option %s", rel, lineno, name);
+    p += used;
+  }
+}
+
 static void run_file(const char *rel) {
+  di_grammar_options opt = {0};
   char *data = NULL;
   size_t len = 0;
   if (di_read_file(test_path(rel), &data, &len) != DI_OK) {
@@ -71,6 +104,10 @@ static void run_file(const char *rel) {
     lineno++;
     if (line[0] == '#' || line[0] == 0)
       continue;
+    if (line[0] == '%') {
+      parse_options(line, &opt, rel, lineno);
+      continue;
+    }
     if (line[0] == '@' || line[0] == '!') {
       di_grammar_free(g);
       g = NULL;
@@ -85,7 +122,7 @@ static void run_file(const char *rel) {
       }
       size_t n = 0;
       for (const char *q = src; *q; q++) {
-        if (kind == DI_GRAMMAR_EBNF && strncmp(q, " ;; ", 4) == 0) {
+        if ((kind == DI_GRAMMAR_EBNF || kind == DI_GRAMMAR_LARK) && strncmp(q, " ;; ", 4) == 0) {
           gsrc[n++] = '\n';
           q += 3;
         } else {
@@ -93,7 +130,7 @@ static void run_file(const char *rel) {
         }
       }
       gsrc[n] = 0;
-      di_status st = di_grammar_compile(kind, gsrc, n, NULL, &g);
+      di_status st = di_grammar_compile(kind, gsrc, n, &opt, &g);
       if (line[0] == '!') {
         CHECKF(st != DI_OK, "%s:%d: expected a compile error", rel, lineno);
         if (st == DI_OK) {
@@ -153,6 +190,7 @@ static void run_file(const char *rel) {
 int main(void) {
   run_file("tests/data/grammar/cases_ebnf.txt");
   run_file("tests/data/grammar/cases_regex.txt");
+  run_file("tests/data/grammar/cases_lark.txt");
   run_file("tests/data/grammar/cases_schema.txt");
   return test_finish("test_grammar_cases");
 }

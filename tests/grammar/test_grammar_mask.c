@@ -265,6 +265,12 @@ int main(void) {
        "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= [0-9]+ | \"(\" ws expr ws \")\"\nws ::= \" \"?\n", 30,
        12);
   walk("ws-json", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"maxItems\":4}", 30, 8);
+  /* Lark: left recursion rewritten, %ignore slots before terminals; bounded generation defaults */
+  walk("lark", DI_GRAMMAR_LARK,
+       "start: expr\nexpr: expr \"+\" term | term\nterm: term \"*\" atom | atom\natom: INT | \"(\" expr \")\" | /[a-c]+/i\n"
+       "%import common.INT\n%import common.WS_INLINE\n%ignore WS_INLINE\n",
+       30, 12);
+  walk("json-bounded", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}}}", 30, 8);
   for (int i = 0; i < n_tok; i++)
     free(toks[i]);
   return test_finish("test_grammar_mask");

@@ -14,7 +14,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DATA = os.path.join(ROOT, "tests", "data", "chat")
 CLI = os.environ.get("DEEPINFER_CLI")
 LIB = os.environ.get("DEEPINFER_LIB")
-TEMPLATES = ["deepseek-v3", "deepseek-v2", "deepseek-r1", "deepseek-v3.1", "llama3", "llama3.2", "qwen3", "named", "features"]
+TEMPLATES = ["deepseek-v3", "deepseek-v2", "deepseek-r1", "deepseek-v3.1", "llama3", "llama3.2", "qwen3", "named", "features",
+             "default"]
+
+
+def template_dir(name):
+    """tests/data/chat/NAME, or for "default" the shipped model's folder (its template is the served one)."""
+    return os.path.join(ROOT, "models", "default") if name == "default" else os.path.join(DATA, name)
 
 
 def goldens(name):
@@ -95,7 +101,8 @@ def rand_conversation(rng, name):
     msgs = []
     if rng.random() < 0.5:
         msgs.append({"role": "system", "content": rand_text(rng)})
-    string_args = name.startswith("deepseek") or rng.random() < 0.3
+    deepseek_like = name.startswith("deepseek") or name == "default"
+    string_args = deepseek_like or rng.random() < 0.3
     for _ in range(rng.randint(1, 6)):
         kind = rng.random()
         if kind < 0.45:
@@ -111,7 +118,7 @@ def rand_conversation(rng, name):
             calls = [{"type": "function", "function": {"name": rng.choice(["get_weather", "search"]),
                                                        "arguments": rand_args(rng, string_args)}}
                      for _ in range(1 if name == "llama3.2" else rng.randint(1, 2))]
-            content = None if (name.startswith("deepseek") and rng.random() < 0.7) else rand_text(rng)
+            content = None if (deepseek_like and rng.random() < 0.7) else rand_text(rng)
             msgs.append({"role": "assistant", "content": content, "tool_calls": calls})
             for _ in range(rng.randint(1, len(calls))):
                 msgs.append({"role": "tool", "content": rand_text(rng)})
@@ -162,17 +169,17 @@ def test_random_oracle(name):
     sys.path.insert(0, DATA)
     import make_goldens
 
-    tokens, template = make_goldens.load_dir(os.path.join(DATA, name))
+    tokens, template = make_goldens.load_dir(template_dir(name))
     tok = make_goldens.make_tokenizer(tokens, template)
     lib = Lib(LIB)
-    h = lib.load(os.path.join(DATA, name))
+    h = lib.load(template_dir(name))
     rng = random.Random(1234 + TEMPLATES.index(name))
     n_ok = n_err = 0
     try:
         for i in range(int(os.environ.get("DI_CHAT_ORACLE_N", "150"))):
             msgs = rand_conversation(rng, name)
             conv = {"messages": msgs, "add_generation_prompt": rng.random() < 0.6}
-            if name in ("qwen3", "llama3.2", "features", "named") and rng.random() < 0.5:
+            if name in ("qwen3", "llama3.2", "features", "named", "default") and rng.random() < 0.5:
                 conv["tools"] = TOOLS
             if name == "qwen3" and rng.random() < 0.3:
                 conv["enable_thinking"] = rng.random() < 0.5

@@ -104,3 +104,82 @@ def test_errors():
     assert r.returncode == 1 and json.loads(r.stdout)["finish_reason"] == "error"
     r = subprocess.run([CLI, "generate", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--json-schema" in r.stdout
+
+
+# ---- issue 15: the sampling flags take the server's ranges and words; no-tokenizer folders --------
+@pytest.mark.parametrize("flag,value,words", [
+    ("--temperature", "-1", "must be in [0, 1e+06], got -1"),
+    ("--top-p", "0", "must be in [1e-09, 1], got 0"),
+    ("--top-p", "1.5", "must be in [1e-09, 1], got 1.5"),
+    ("--top-k", "-2", "must be in [-1, 2147483647], got -2"),
+    ("--top-k", "2.5", "must be an integer"),
+    ("--min-p", "2", "must be in [0, 1], got 2"),
+    ("--presence-penalty", "3", "must be in [-2, 2], got 3"),
+    ("--frequency-penalty", "-2.5", "must be in [-2, 2], got -2.5"),
+    ("--repetition-penalty", "0", "must be in [1e-06, 1e+06], got 0"),
+    ("--n", "0", "must be in [1, 1024], got 0"),
+    ("--min-tokens", "-1", "must be in [0, 2147483647], got -1"),
+    ("--temperature", "warm", "is not a number"),
+])
+def test_sampling_flag_ranges(flag, value, words):
+    r = gen("--prompt", "x", flag, value, check=False)
+    assert r.returncode == 2, r.stderr
+    assert f"deepinfer generate: {flag}: " in r.stderr and words in r.stderr, r.stderr
+    assert "loading" not in r.stderr  # refused before the model loads
+
+
+def test_min_tokens_against_max_tokens():
+    r = gen("--prompt", "x", "--min-tokens", "9", "--max-tokens", "4", check=False)
+    assert r.returncode == 2 and "--min-tokens: must be at most --max-tokens (4), got 9" in r.stderr
+    ok = gen_json("--prompt", "x", "--min-tokens", "4", "--max-tokens", "4", "--temperature", "0")
+    assert len(ok["ids"]) == 4 and ok["finish_reason"] == "length"  # EOS banned until min_tokens
+
+
+def test_help_documents_limits():
+    r = subprocess.run([CLI, "generate", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    assert "--max-tokens N (128; 0: no limit, until a stop or the context" in r.stdout
+    assert "--gpu-memory-utilization" in r.stdout and "--min-tokens" in r.stdout
+
+
+def test_no_tokenizer_folder_prints_ids():
+    # text output of a folder without tokenizer.json: the generated ids, comma-separated
+    r = gen("--prompt-ids", "1,2,3", "--max-tokens", "4", "--ignore-eos", "--temperature", "0", model=TINY, dummy=False)
+    ids = gen_json("--prompt-ids", "1,2,3", "--max-tokens", "4", "--ignore-eos", "--temperature", "0", model=TINY,
+                   dummy=False)["ids"]
+    assert r.stdout.strip() == ",".join(map(str, ids)) and len(ids) == 4
+    r = gen("--prompt", "hello", model=TINY, dummy=False, check=False)
+    assert r.returncode == 1 and "needs a tokenizer" in r.stderr and TINY in r.stderr
+    assert "loading" not in r.stderr  # said before the weights load
+    assert r.stderr.count("\n") == 1  # one clear error
+
+
+def test_errors_name_their_file(tmp_path):
+    bad = tmp_path / "person.json"
+    bad.write_text('{"type": "object", "properties": {')
+    r = gen("--prompt", "x", "--json-schema", str(bad), check=False)
+    assert r.returncode == 1 and f"--json-schema {bad}: structured output: " in r.stderr, r.stderr
+    assert ": :" not in r.stderr and ":  " not in r.stderr
+    r = gen("--prompt", "x", "--grammar", str(tmp_path / "missing.gbnf"), check=False)
+    assert r.returncode == 1 and "missing.gbnf" in r.stderr
+
+
+def test_kv_summary_logged():
+    r = gen("--prompt", "x", "--max-tokens", "2")
+    assert re.search(r"KV cache: \d+ blocks of 64 tokens \([\d.]+ GiB\): the fixed host default", r.stderr), r.stderr
+    r = gen("--prompt", "x", "--max-tokens", "2", "--num-kv-blocks", "40")
+    assert "KV cache: 40 blocks" in r.stderr and "num_kv_blocks given" in r.stderr
+    r = gen("--prompt", "x", "--gpu-memory-utilization", "1.5", check=False)
+    assert r.returncode == 2 and "--gpu-memory-utilization: must be in (0, 1]" in r.stderr
+
+
+def test_offline_example_without_tokenizer():
+    import sys
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "offline_inference.py"), "--model", TINY,
+                        "--max-tokens", "3"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "no tokenizer.json" in r.stdout and "Generated ids:" in r.stdout
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "offline_inference.py"), "--model",
+                        "/nonexistent/model"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "offline_inference: " in r.stderr

@@ -2,11 +2,11 @@
 
 For every test group whose schema compiles, each instance is serialised the way generation writes
 JSON (compact, properties in schema order, integral numbers as integers, UTF-8 unescaped; see
-docs/structured-outputs.md) and checked with di_grammar_accepts:
+docs/structured-outputs.md) and checked with di_grammar_accepts, with JSON Schema's defaults (not
+strict) and the generation bounds off (max_digits = max_string_length = -1, as validation means):
   valid   + accepted -> pass          invalid + rejected -> pass
   valid   + rejected -> skip if the documented generation defaults exclude it (the instance fails
-                        the "generation schema": additionalProperties false when absent, formats
-                        asserted), else FAIL
+                        the "generation schema": formats asserted, oneOf as anyOf), else FAIL
   invalid + accepted -> skip if the generation defaults admit it (oneOf generated as anyOf), else FAIL
 Groups whose schema uses an unsupported keyword (compile error DI_ERR_UNSUPPORTED) count as skipped.
 The test fails on any FAIL; the counts are printed (and recorded in docs/structured-outputs.md).
@@ -25,6 +25,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tests/data/grammar/JSON-Schema-Test-Suite/draft2020-12"
 DI_GRAMMAR_JSON_SCHEMA = 2
 DI_ERR_UNSUPPORTED = 4
+
+
+class Options(ctypes.Structure):  # di_grammar_options (src/grammar/grammar.h)
+    _fields_ = [(n, ctypes.c_int) for n in ("ignore_unsupported_keywords", "max_whitespace", "max_branches",
+                                            "max_elements", "no_cache", "strict", "max_digits",
+                                            "max_string_length")]
+
+
+UNBOUNDED = Options(max_digits=-1, max_string_length=-1)
 
 
 def load_lib():
@@ -117,10 +126,25 @@ def canonical(inst, schema, root):
             for k in b.get("properties", {}) if isinstance(b.get("properties"), dict) else []:
                 if k not in order:
                     order.append(k)
+        dep_props, dep_req = [], []  # dependent*: a present trigger's names follow (generation's order)
+        for b in bs:
+            for kw in ("dependentRequired", "dependentSchemas", "dependencies"):
+                for trig, d in (b.get(kw) or {}).items() if isinstance(b.get(kw), dict) else []:
+                    if trig not in inst:
+                        continue
+                    dep_req.append(trig)
+                    if isinstance(d, list):
+                        dep_req += d
+                    else:
+                        for db in branches(d, root):
+                            dep_props += list(db.get("properties", {})) if isinstance(db.get("properties"), dict) else []
+                            dep_req += db.get("required", []) if isinstance(db.get("required"), list) else []
+        order += [k for k in dep_props if k not in order]
         for b in bs:
             for k in b.get("required", []) if isinstance(b.get("required"), list) else []:
                 if k not in order:
                     order.append(k)
+        order += [k for k in dep_req if k not in order]
         keys = [k for k in order if k in inst] + [k for k in inst if k not in order]
         out = {}
         for k in keys:
@@ -163,8 +187,6 @@ def generation_schema(s):
             out["anyOf" if k == "oneOf" else k] = [generation_schema(x) for x in v]
         else:
             out[k] = v
-    if "additionalProperties" not in out:
-        out["additionalProperties"] = False
     return out
 
 
@@ -177,18 +199,42 @@ def gen_valid(schema, inst):
         return None
 
 
+# The suite's count in issue 23 (1,556 cases): every top-level file plus these six format files.
+BASE_FORMATS = ("date-time", "date", "email", "ipv4", "time", "uuid")
+# Formats generation asserts (docs/structured-outputs.md): a valid-by-annotation instance of
+# format.json that the format rejects is a documented generation default, not a failure.
+ASSERTED_FORMATS = BASE_FORMATS + ("ipv6", "hostname", "uri", "uri-reference", "uri-template", "duration",
+                                   "json-pointer", "relative-json-pointer")
+# What a regex cannot check (docs/structured-outputs.md, "Formats"): each listed case is a known
+# wrong answer, counted apart; any other disagreement in these files fails.
+KNOWN_FORMAT_DEVIATIONS = {
+    ("hostname.json", "exceeds maximum overall length (256)"),  # 253-character total not checked
+    ("hostname.json", 'contains "--" in the 3rd and 4th position'),
+}
+PUNYCODE_PREFIX = "xn--"  # hostname.json: validity of Punycode (A-label) contents is not checked
+
+
+def is_known_deviation(fname, desc, data):
+    if (fname, desc) in KNOWN_FORMAT_DEVIATIONS:
+        return True
+    return fname == "hostname.json" and isinstance(data, str) and PUNYCODE_PREFIX in data.lower()
+
+
 def run_suite(lib):
     files = sorted(SUITE.glob("*.json")) + sorted((SUITE / "optional/format").glob("*.json"))
-    totals = {"pass": 0, "skip": 0, "fail": 0}
+    totals = {"pass": 0, "skip": 0, "fail": 0, "deviation": 0}
+    base = {"pass": 0, "skip": 0, "fail": 0, "deviation": 0}
     per_file = {}
     failures = []
     for f in files:
-        counts = {"pass": 0, "skip": 0, "fail": 0}
+        counts = {"pass": 0, "skip": 0, "fail": 0, "deviation": 0}
+        is_format_file = f.parent.name == "format"
         for group in json.loads(f.read_text()):
             schema = group["schema"]
             src = json.dumps(schema).encode()
             g = ctypes.c_void_p()
-            st = lib.di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, len(src), None, ctypes.byref(g))
+            st = lib.di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, len(src), ctypes.byref(UNBOUNDED),
+                                        ctypes.byref(g))
             err = lib.di_last_error().decode(errors="replace") if st else ""
             for t in group["tests"]:
                 if st == DI_ERR_UNSUPPORTED:
@@ -203,37 +249,58 @@ def run_suite(lib):
                 if accepted == t["valid"]:
                     counts["pass"] += 1
                     continue
-                gv = gen_valid(schema, t["data"])
-                if t["valid"] and gv is False:
-                    counts["skip"] += 1  # excluded by the generation defaults
-                elif not t["valid"] and gv is True:
-                    counts["skip"] += 1  # admitted by the generation defaults (oneOf as anyOf)
+                if is_format_file:  # judged by the suite alone (jsonschema lacks most format checkers)
+                    if t["valid"] and "leap second" in t["description"]:
+                        counts["skip"] += 1  # documented generation default: no leap seconds
+                        continue
+                    if is_known_deviation(f.name, t["description"], t["data"]):
+                        counts["deviation"] += 1
+                        continue
+                elif (f.name == "format.json" and t["valid"] and isinstance(schema, dict)
+                      and schema.get("format") in ASSERTED_FORMATS):
+                    counts["skip"] += 1  # formats are asserted in generation
+                    continue
                 else:
-                    counts["fail"] += 1
-                    failures.append(f"{f.name}: {group['description']} / {t['description']}: {text} "
-                                    f"(valid={t['valid']}, accepted={accepted}{', compile: ' + err if st else ''})")
+                    gv = gen_valid(schema, t["data"])
+                    if t["valid"] and gv is False:
+                        counts["skip"] += 1  # excluded by the generation defaults
+                        continue
+                    if not t["valid"] and gv is True:
+                        counts["skip"] += 1  # admitted by the generation defaults (oneOf as anyOf)
+                        continue
+                counts["fail"] += 1
+                failures.append(f"{f.name}: {group['description']} / {t['description']}: {text} "
+                                f"(valid={t['valid']}, accepted={accepted}{', compile: ' + err if st else ''})")
             if st == 0:
                 lib.di_grammar_free(g)
         per_file[f.name] = counts
+        in_base = not is_format_file or f.stem in BASE_FORMATS
         for k in totals:
             totals[k] += counts[k]
-    return totals, per_file, failures
+            if in_base:
+                base[k] += counts[k]
+    return totals, base, per_file, failures
+
+
+def report(totals, base, per_file):
+    for name, c in per_file.items():
+        print(f"{name:32s} pass {c['pass']:4d}  skip {c['skip']:4d}  fail {c['fail']:4d}  deviation {c['deviation']:3d}")
+    print(f"SUITE (the 1,556 cases: top level + 6 formats) pass {base['pass']} skip {base['skip']} fail {base['fail']}")
+    print(f"ALL (with 8 more format files) pass {totals['pass']} skip {totals['skip']} fail {totals['fail']} "
+          f"known deviations {totals['deviation']}")
 
 
 def test_json_schema_test_suite():
     lib = load_lib()
-    totals, per_file, failures = run_suite(lib)
-    for name, c in per_file.items():
-        print(f"{name:32s} pass {c['pass']:4d}  skip {c['skip']:4d}  fail {c['fail']:4d}")
-    print(f"TOTAL pass {totals['pass']} skip {totals['skip']} fail {totals['fail']}")
-    assert totals["pass"] > 700
+    totals, base, per_file, failures = run_suite(lib)
+    report(totals, base, per_file)
+    assert sum(base.values()) == 1556
+    assert base["pass"] >= 1000
     assert not failures, "\n".join(failures[:40])
 
 
 if __name__ == "__main__":
     lib = load_lib()
-    totals, per_file, failures = run_suite(lib)
-    for name, c in per_file.items():
-        print(f"{name:32s} pass {c['pass']:4d}  skip {c['skip']:4d}  fail {c['fail']:4d}")
-    print(f"TOTAL pass {totals['pass']} skip {totals['skip']} fail {totals['fail']}")
+    totals, base, per_file, failures = run_suite(lib)
+    report(totals, base, per_file)
     print("\n".join(failures))

@@ -156,6 +156,33 @@ def test_structured_outputs(dummy):
     dummy.check()
 
 
+def test_structured_outputs_lark_strict_bounds(dummy):
+    """Issue 23: Lark grammars (grammar_syntax), strict JSON Schema objects, generation bounds."""
+    lark = 'start: item ("," item)*\nitem: WORD | INT\n%import common (WORD, INT)\n'
+    outs = dummy.generate(["List:"] * 4, [SamplingParams(temperature=1.0, max_tokens=24, seed=s, structured_outputs=
+                                                         StructuredOutputsParams(grammar=lark, grammar_syntax="lark"))
+                                          for s in range(4)])
+    for o in outs:
+        c = o.outputs[0]
+        if c.finish_reason == "stop":
+            assert re.fullmatch(r"([A-Za-z]+|[0-9]+)(,([A-Za-z]+|[0-9]+))*", c.text), c.text
+    # strict: no properties beyond the named ones; max_digits bounds the unbounded integer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for seed in range(3):
+        sp = SamplingParams(temperature=1.0, max_tokens=40, seed=seed, structured_outputs=StructuredOutputsParams(
+            json=schema, strict=True, max_digits=2))
+        o = dummy.generate("JSON:", sp)[0].outputs[0]
+        assert re.fullmatch(r'\{"a":-?[0-9]{1,2}\}', o.text) or o.finish_reason == "length", o.text
+    with pytest.raises(ValueError, match="grammar_syntax"):
+        StructuredOutputsParams(grammar="start: \"x\"", grammar_syntax="peg")
+    with pytest.raises(ValueError, match="max_digits"):
+        StructuredOutputsParams(json={}, max_digits=0)
+    with pytest.raises(DeepInferError, match="no 'start' rule"):
+        dummy.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(grammar="s: \"x\"",
+                                                                                     grammar_syntax="lark")))
+    dummy.check()
+
+
 DEFAULT = os.path.join(ROOT, "models", "default")
 
 
@@ -234,3 +261,16 @@ def test_prompt_logprobs(tiny):
         assert [plp[t][k].logprob for k in best] == sorted((plp[t][k].logprob for k in best), reverse=True)
     with pytest.raises(ValueError):
         tiny.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=0))  # 0 only with prompt_logprobs
+
+
+def test_no_tokenizer_and_bad_options_raise_clean_errors(tiny):
+    """A folder without tokenizer.json: ids work, a text prompt raises DeepInferError with the engine's
+    message (never a traceback from inside the binding); bad engine options are refused by name."""
+    assert not tiny.has_tokenizer
+    with pytest.raises(DeepInferError, match="needs a tokenizer"):
+        tiny.generate(["hello"], SamplingParams(max_tokens=2))
+    out = tiny.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 2 and out[0].outputs[0].text == ""
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        LLM(TINY, gpu_memory_utilization=1.5)
+    assert tiny.kv_summary.startswith("KV cache: 256 blocks of 64 tokens") and "num_kv_blocks given" in tiny.kv_summary

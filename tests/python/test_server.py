@@ -32,9 +32,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason="deepinfer CLI n
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, model=DUMMY):
         self.log = tempfile.NamedTemporaryFile(prefix="di-serve-", suffix=".log", delete=False)
-        cmd = [CLI, "serve", DUMMY, "--load-format", "dummy", "--seed", "1", "--port", "0", "--threads", "2",
+        cmd = [CLI, "serve", model, "--load-format", "dummy", "--seed", "1", "--port", "0", "--threads", "2",
                "--num-kv-blocks", "512", "--served-model-name", NAME, "--max-body-bytes", "65536",
                "--shutdown-timeout", "10", "--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v3", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
@@ -320,6 +320,29 @@ def test_structured_outputs(server):
     status, body = server.post("/v1/completions", {"prompt": "x", "guided_regex": "(unclosed"})
     check_error(status, body, 400)
     status, body = server.post("/v1/completions", {"prompt": "x", "guided_regex": "a", "guided_json": {}})
+    check_error(status, body, 400)
+    # issue 23: Lark grammars, response_format strict, generation bounds, and their errors
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 8, "temperature": 0,
+                                                   "structured_outputs": {"grammar": 'start: "a"+ "b"',
+                                                                          "grammar_syntax": "lark"}})
+    assert status == 200 and re.fullmatch("a+b?", body["choices"][0]["text"]), body
+    loose = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    status, body = server.post("/v1/completions", {
+        "prompt": "x", "max_tokens": 30, "temperature": 0.9, "seed": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": loose, "strict": True}}})
+    assert status == 200, body
+    text = body["choices"][0]["text"]
+    assert re.fullmatch(r'\{"n":-?[0-9]{1,16}\}', text) or body["choices"][0]["finish_reason"] == "length", text
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 30, "temperature": 0.9, "seed": 2,
+                                                   "structured_outputs": {"json": {"type": "integer"},
+                                                                          "max_digits": 2}})
+    assert status == 200 and re.fullmatch(r"-?[0-9]{1,2}", body["choices"][0]["text"]), body
+    for bad in ({"grammar": "start: x", "grammar_syntax": "peg"}, {"json": {}, "max_digits": 0},
+                {"json": {}, "strict": "yes"}, {"grammar": "s: \"x\"", "grammar_syntax": "lark"}):
+        status, body = server.post("/v1/completions", {"prompt": "x", "structured_outputs": bad})
+        check_error(status, body, 400)
+    status, body = server.post("/v1/completions", {"prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "t", "schema": {}, "strict": 1}}})
     check_error(status, body, 400)
 
 
@@ -620,13 +643,46 @@ def test_continuous_usage_and_unsupported(server):
     check_error(*server.post("/v1/completions", {"prompt": "x", "suffix": "y"}), 400, "suffix")
     check_error(*server.post("/v1/completions", {"prompt": "x", "n": 2, "best_of": 3}), 400, "best_of")
     check_error(*server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                                                      "tool_choice": "required"}), 400, "tool_choice")
+                                                      "tool_choice": "required"}), 400, "tool_choice")  # no tools
 
 
 TOOL_MARKUP = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+V31_MARKUP = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜>"
+              "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+V4_MARKUP = ("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+             "<｜DSML｜parameter name=\"city\" string=\"true\">Li\"ma</｜DSML｜parameter>\n"
+             "<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+
+
+def reassemble(events):
+    """A streamed chat reply put back together: content, reasoning, tool calls (deltas joined per
+    index) and the finish reason; checks that no chunk's content holds tool-call markup."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for e in events:
+        if not e["choices"]:
+            continue
+        ch = e["choices"][0]
+        d = ch["delta"]
+        piece = d.get("content") or ""
+        assert "｜tool" not in piece and "DSML" not in piece, piece
+        content += piece
+        reasoning += d.get("reasoning_content") or ""
+        for tc in d.get("tool_calls") or []:
+            if tc["index"] not in calls:
+                assert tc.get("id") and tc["type"] == "function" and tc["function"]["name"], tc
+                calls[tc["index"]] = {"name": tc["function"]["name"], "arguments": ""}
+            calls[tc["index"]]["arguments"] += tc["function"].get("arguments") or ""
+        finish = ch.get("finish_reason") or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+def whole_calls(message):
+    return [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in message["tool_calls"] or []]
 
 
 def test_tool_calls(server):
@@ -642,22 +698,115 @@ def test_tool_calls(server):
     (call,) = c["message"]["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
     assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert body["system_fingerprint"].startswith("fp_")
     events, done = server.stream("/v1/chat/completions", dict(req, stream=True))
-    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
-    calls = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls", [])]
-    assert done and content == "Sure." and len(calls) == 1 and calls[0]["index"] == 0
-    assert calls[0]["function"]["name"] == "get_weather" and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    content, _, calls, finish = reassemble(events)
+    assert done and content == "Sure." and calls == whole_calls(c["message"]) and finish == "tool_calls"
+    # the arguments arrive as incremental deltas, not in one piece
+    assert sum(1 for e in events for tc in e["choices"][0]["delta"].get("tool_calls") or []) > 3
     # without tools in the request the markup stays content
     no_tools = dict(req)
     del no_tools["tools"]
     status, body = server.post("/v1/chat/completions", no_tools)
     assert body["choices"][0]["message"]["content"] == "Sure." + TOOL_MARKUP
-    assert body["choices"][0]["message"]["tool_calls"] == [] and body["choices"][0]["finish_reason"] == "stop"
+    assert body["choices"][0]["message"]["tool_calls"] is None and body["choices"][0]["finish_reason"] == "stop"
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
     r = client.chat.completions.create(model=NAME, messages=req["messages"], tools=TOOLS, max_tokens=400, temperature=0,
                                        extra_body={"guided_regex": rx})
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    # every form (V3.1 with two calls, V4's DSML): streamed deltas reassemble to the whole reply
+    for text, want in [("Two." + V31_MARKUP, [("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"})]),
+                       ("Let me look." + V4_MARKUP, [("get_weather", {"city": "Li\"ma", "days": 2})])]:
+        req2 = dict(req, guided_regex=escape_rx(text))
+        status, body = server.post("/v1/chat/completions", req2)
+        m = body["choices"][0]["message"]
+        assert status == 200 and body["choices"][0]["finish_reason"] == "tool_calls", body
+        assert [(c["name"], json.loads(c["arguments"])) for c in whole_calls(m)] == want
+        events, done = server.stream("/v1/chat/completions", dict(req2, stream=True))
+        content, _, calls, finish = reassemble(events)
+        assert done and content == m["content"] and calls == whole_calls(m) and finish == "tool_calls"
+        stream = client.chat.completions.create(model=NAME, messages=req["messages"], tools=TOOLS, max_tokens=400,
+                                                temperature=0, stream=True, extra_body={"guided_regex": req2["guided_regex"]})
+        args = {}
+        for chunk in stream:
+            for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        assert [args[i] for i in sorted(args)] == [c["arguments"] for c in whole_calls(m)]
+
+
+CHOICE_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                    "required": ["city"], "additionalProperties": False}}},
+                {"type": "function", "function": {"name": "get_time", "parameters": {
+                    "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
+                    "additionalProperties": False}}}]
+
+
+def test_tool_choice_required_and_named(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "Weather?"}]
+    for seed in range(3):
+        # a named function: the reply is constrained to its parameters, returned as that call's arguments
+        named = {"type": "function", "function": {"name": "get_time"}}
+        r = client.chat.completions.create(model=NAME, messages=msgs, tools=CHOICE_TOOLS, tool_choice=named,
+                                           max_tokens=200, seed=seed)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_time" and r.choices[0].finish_reason == "tool_calls"
+        assert set(json.loads(call.function.arguments)) == {"utc"} and r.choices[0].message.content is None
+        # "required": a JSON array of calls, each one of the tools with its own parameters
+        r = client.chat.completions.create(model=NAME, messages=msgs, tools=CHOICE_TOOLS, tool_choice="required",
+                                           max_tokens=300, seed=seed)
+        calls = r.choices[0].message.tool_calls
+        assert calls and r.choices[0].finish_reason == "tool_calls", r
+        for c in calls:
+            args = json.loads(c.function.arguments)
+            assert (c.function.name, set(args)) in [("get_weather", {"city"}), ("get_time", {"utc"})]
+    # streamed = whole (greedy), the named call's arguments as incremental deltas
+    for choice in [{"type": "function", "function": {"name": "get_weather"}}, "required"]:
+        req = {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": choice, "max_tokens": 300, "temperature": 0}
+        status, body = server.post("/v1/chat/completions", req)
+        assert status == 200, body
+        events, done = server.stream("/v1/chat/completions", dict(req, stream=True))
+        content, _, calls, finish = reassemble(events)
+        assert done and calls == whole_calls(body["choices"][0]["message"]) and content == "" and finish == "tool_calls"
+        n_deltas = sum(1 for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or [])
+        assert n_deltas > len(calls) + 1  # the arguments arrive in pieces, for "required" too
+    # "none": the tools are not offered and markup in the reply stays content
+    r = client.chat.completions.create(model=NAME, messages=msgs, tools=CHOICE_TOOLS, tool_choice="none",
+                                       max_tokens=400, temperature=0, extra_body={"guided_regex": escape_rx(TOOL_MARKUP)})
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content == TOOL_MARKUP
+    assert r.choices[0].finish_reason == "stop"
+    check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}}), 400, "tool_choice")
+    check_error(*server.post("/v1/chat/completions", {"messages": msgs, "tools": CHOICE_TOOLS, "tool_choice": "required",
+                                                      "response_format": {"type": "json_object"}}), 400, "tool_choice")
+
+
+def test_tool_round_trip(server):
+    """The standard exchange: an assistant message with content null and tool_calls, then a tool
+    message, rendered by the shipped template (as transformers renders it: jinja2 with its settings)."""
+    jinja2 = pytest.importorskip("jinja2")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS, max_tokens=5, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.tool_calls is None
+    status, tok = server.post("/tokenize", {"messages": msgs, "tools": TOOLS})
+    status, detok = server.post("/detokenize", {"tokens": tok["tokens"]})
+    with open(os.path.join(DUMMY, "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
+    want = env.from_string(cfg["chat_template"]).render(messages=msgs, tools=TOOLS, add_generation_prompt=True,
+                                                        bos_token=cfg["bos_token"], eos_token=cfg["eos_token"])
+    assert detok["prompt"] == want
+    assert "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>sunny, 21 C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>" in want
+    assert "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather" in want
 
 
 def escape_rx(text):
@@ -683,11 +832,9 @@ def test_reasoning_parser():
                 assert m["tool_calls"][0]["function"]["name"] == tool
                 assert body["choices"][0]["finish_reason"] == "tool_calls"
             events, done = s.stream("/v1/chat/completions", dict(req, stream=True))
-            deltas = [e["choices"][0]["delta"] for e in events]
-            assert done
-            assert "".join(d.get("reasoning_content") or "" for d in deltas) == reasoning
-            assert "".join(d.get("content") or "" for d in deltas) == (content or "")
-            assert [tc["function"]["name"] for d in deltas for tc in d.get("tool_calls", [])] == ([tool] if tool else [])
+            got_content, got_reasoning, calls, _ = reassemble(events)
+            assert done and got_reasoning == reasoning and got_content == (content or "")
+            assert calls == whole_calls(m) and [c["name"] for c in calls] == ([tool] if tool else [])
         # completions are not split
         status, body = s.post("/v1/completions", {"prompt": "x", "max_tokens": 50, "temperature": 0,
                                                   "guided_regex": escape_rx("a</think>b")})
@@ -853,3 +1000,165 @@ def test_shared_prompt_blocks_computed_once(server):
         status, one = server.post("/v1/completions", {"prompt": p, "max_tokens": 3, "temperature": 0})
         assert status == 200, one
         assert one["choices"][0]["text"] == body["choices"][k]["text"]
+
+
+def test_sampling_ranges_match_the_cli(server):
+    """The server and `deepinfer generate` check one table of ranges (src/sampler/sampling_ranges.c):
+    the same values are refused with the same words (test_engine_cli.py's test_sampling_flag_ranges)."""
+    cases = [("temperature", -1, "must be in [0, 1e+06], got -1"), ("top_p", 1.5, "must be in [1e-09, 1], got 1.5"),
+             ("min_p", 2, "must be in [0, 1], got 2"), ("presence_penalty", 3, "must be in [-2, 2], got 3"),
+             ("top_k", -2, "must be in [-1, 2147483647], got -2"), ("n", 0, "must be in [1, 1024], got 0")]
+    for key, value, words in cases:
+        status, body = server.post("/v1/completions", {"prompt": "x", key: value})
+        check_error(status, body, 400, key)
+        assert body["error"]["message"] == f"'{key}' {words}", body
+    status, body = server.post("/v1/completions", {"prompt": "x", "min_tokens": 9, "max_tokens": 4})
+    check_error(status, body, 400, "min_tokens")
+    assert "'min_tokens' must be at most 'max_tokens' (4), got 9" in body["error"]["message"]
+
+
+def test_no_tokenizer_streams_token_ids(tmp_path):
+    """A model folder without tokenizer.json: token-id prompts, each streamed chunk carrying its new
+    token ids (vLLM's token_ids), equal to the whole response's."""
+    import shutil
+    shutil.copy(os.path.join(DUMMY, "config.json"), tmp_path / "config.json")
+    s = Server("--disable-log-requests", model=str(tmp_path))
+    try:
+        req = {"prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0}
+        status, body = s.post("/v1/completions", req)
+        assert status == 200 and len(body["choices"][0]["token_ids"]) == 6, body
+        events, done = s.stream("/v1/completions", dict(req, stream=True))
+        streamed = [t for e in events for t in e["choices"][0].get("token_ids", [])]
+        assert done and len(events) >= 6 and streamed == body["choices"][0]["token_ids"]
+        check_error(*s.post("/v1/completions", {"prompt": "text"}), 400, "prompt")
+        assert s.stop() == 0
+    finally:
+        s.kill()
+
+
+def test_lmeval_local_completions_requests(server):
+    """lm-evaluation-harness's local-completions requests (echo, logprobs 1, max_tokens 1; it sums
+    token_logprobs[ctxlen:-1]) through the openai client: token ids, and the same sequence as text
+    (its BOS decoded into the text: no second BOS), give the float64 reference's log-likelihood;
+    add_special_tokens false keeps a text's tokens as they are. /tokenizer_info as vLLM's."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % server.port, api_key="unused", max_retries=0)
+    ctx, cont = "The quick brown fox", " jumps over"
+    ctx_ids = server.post("/tokenize", {"prompt": ctx})[1]["tokens"]  # with BOS
+    whole = server.post("/tokenize", {"prompt": ctx + cont})[1]["tokens"]
+    assert whole[:len(ctx_ids)] == ctx_ids and whole[0] == 0
+    ctxlen = len(ctx_ids)
+    ref = dummy_logprobs(whole)
+    want = sum(ref[t][0] for t in range(ctxlen, len(whole)))
+    text = server.post("/detokenize", {"tokens": whole})[1]["prompt"]
+    assert text.startswith("<｜begin▁of▁sentence｜>")
+    for prompt, extra in [(whole, {}), (text, {}), (text[len("<｜begin▁of▁sentence｜>"):], {}),
+                          (whole[1:], {}), (text[len("<｜begin▁of▁sentence｜>"):], {"add_special_tokens": False})]:
+        r = client.completions.create(model=NAME, prompt=prompt, max_tokens=1, echo=True, logprobs=1, temperature=0,
+                                      extra_body=extra)
+        lp = r.choices[0].logprobs
+        with_bos = not (prompt == whole[1:] or extra)
+        n = len(whole) if with_bos else len(whole) - 1
+        assert len(lp.token_logprobs) == n + 1 and lp.token_logprobs[0] is None, (prompt, extra)
+        got = sum(lp.token_logprobs[(ctxlen if with_bos else ctxlen - 1):-1])
+        if with_bos:
+            assert abs(got - want) < 1e-4, (prompt, got, want)
+        assert r.choices[0].text.startswith(prompt if isinstance(prompt, str) else "")
+    status, info = server.request("GET", "/tokenizer_info")[0], json.loads(server.request("GET", "/tokenizer_info")[2])
+    assert status == 200 and info["eos_token"] == "<｜end▁of▁sentence｜>" and info["bos_token"] == "<｜begin▁of▁sentence｜>"
+    assert "added_tokens_decoder" not in info and info["chat_template"].startswith("{{ bos_token }}")
+
+
+def strip_ids(items):
+    return [{k: v for k, v in it.items() if k not in ("id", "call_id")} for it in items]
+
+
+def test_responses_api():
+    """/v1/responses through the openai client, whole and streamed: text input with instructions,
+    reasoning items, function tools (the tool round trip as input items), text.format, a custom tool
+    with a regex grammar; the stateless 400s. Streamed events reassemble to the whole response."""
+    openai = pytest.importorskip("openai")
+    s = Server("--reasoning-parser", "deepseek_r1", "--disable-log-requests")
+    try:
+        client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % s.port, api_key="unused", max_retries=0)
+
+        def both(**kw):
+            whole = client.responses.create(model=NAME, temperature=0, **kw).model_dump()
+            events = [e.model_dump() for e in client.responses.create(model=NAME, temperature=0, stream=True, **kw)]
+            assert events[0]["type"] == "response.created" and events[-1]["type"] in ("response.completed",
+                                                                                     "response.incomplete")
+            assert [e["sequence_number"] for e in events] == list(range(len(events)))
+            final = events[-1]["response"]
+            assert strip_ids(final["output"]) == strip_ids(whole["output"]) and final["status"] == whole["status"]
+            # the deltas reassemble to each item
+            for i, item in enumerate(final["output"]):
+                deltas = "".join(e["delta"] for e in events if e.get("output_index") == i and e["type"].endswith(".delta"))
+                full = {"reasoning": lambda it: it["content"][0]["text"], "message": lambda it: it["content"][0]["text"],
+                        "function_call": lambda it: it["arguments"], "custom_tool_call": lambda it: it["input"]}[item["type"]]
+                assert deltas == full(item), (item, deltas)
+            return whole
+
+        # text input and instructions: the chat reply to [system, user]
+        r = both(input="Hello there", instructions="Be brief.", max_output_tokens=6)
+        status, chat = s.post("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
+                                                                    {"role": "user", "content": "Hello there"}],
+                                                       "max_tokens": 6, "temperature": 0})
+        assert r["status"] == "incomplete" and r["incomplete_details"]["reason"] == "max_output_tokens"
+        assert r["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"] and r["usage"]["output_tokens"] == 6
+        texts = [it["content"][0]["text"] for it in r["output"] if it["type"] == "message"]
+        reasoning = [it["content"][0]["text"] for it in r["output"] if it["type"] == "reasoning"]
+        assert (reasoning or [None])[0] == chat["choices"][0]["message"]["reasoning_content"] and not texts
+        # <think> output: a reasoning item, then the message
+        r = both(input="2+2?", max_output_tokens=300, extra_body={"guided_regex": escape_rx("Two and two.</think>It is 4.")})
+        assert [it["type"] for it in r["output"]] == ["reasoning", "message"] and r["status"] == "completed"
+        assert r["output"][0]["content"][0]["text"] == "Two and two." and r["output"][1]["content"][0]["text"] == "It is 4."
+        assert client.responses.create(model=NAME, input="2+2?", max_output_tokens=300, temperature=0, extra_body={
+            "guided_regex": escape_rx("Two and two.</think>It is 4.")}).output_text == "It is 4."
+        # function tools: the reply's tool-call markup becomes function_call items (the server parses V3 markup)
+        tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+        r = both(input="Weather in Paris?", tools=tools, max_output_tokens=400,
+                 extra_body={"guided_regex": escape_rx("</think>" + TOOL_MARKUP)})
+        (call,) = [it for it in r["output"] if it["type"] == "function_call"]
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+        # the round trip as input items: function_call + function_call_output render as chat's tool messages
+        items = [{"role": "user", "content": "Weather in Paris?"},
+                 {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+                 {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+        r = client.responses.create(model=NAME, input=items, tools=tools, max_output_tokens=3, temperature=0)
+        status, tok = s.post("/tokenize", {"messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+            "tools": [{"type": "function", "function": {k: v for k, v in tools[0].items() if k != "type"}}]})
+        assert r.usage.input_tokens == tok["count"]
+        # structured output
+        fmt = {"type": "json_schema", "name": "answer", "schema": {"type": "object", "properties": {
+            "n": {"type": "integer", "enum": [3, 4]}}, "required": ["n"], "additionalProperties": False}}
+        r = both(input="2+2?", text={"format": fmt}, max_output_tokens=100,)
+        assert json.loads("".join(it["content"][0]["text"] for it in r["output"] if it["type"] == "message"))["n"] in (3, 4)
+        # a custom tool with a regex grammar, chosen by name: the reply is its input
+        custom = [{"type": "custom", "name": "set_code", "description": "a code",
+                   "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3}-[0-9]{2}"}}]
+        r = both(input="A code?", tools=custom, tool_choice={"type": "custom", "name": "set_code"}, max_output_tokens=50)
+        (call,) = r["output"]
+        assert call["type"] == "custom_tool_call" and call["name"] == "set_code"
+        assert re.fullmatch("[A-Z]{3}-[0-9]{2}", call["input"]), call
+        # a custom tool with a Lark grammar (llguidance's syntax), chosen by name
+        lark = [dict(custom[0], format={"type": "grammar", "syntax": "lark",
+                                        "definition": 'start: CODE\nCODE: /[A-Z]{3}/ "-" /[0-9]{2}/'})]
+        r = both(input="A code?", tools=lark, tool_choice={"type": "custom", "name": "set_code"}, max_output_tokens=50)
+        (call,) = r["output"]
+        assert call["type"] == "custom_tool_call" and re.fullmatch("[A-Z]{3}-[0-9]{2}", call["input"]), call
+        bad = [dict(custom[0], format={"type": "grammar", "syntax": "yacc", "definition": "x"})]
+        # the stateless API's refusals
+        for body, param in [({"input": "x", "store": True}, "store"), ({"input": "x", "previous_response_id": "resp_1"},
+                                                                       "previous_response_id"),
+                            ({"input": "x", "tools": bad, "tool_choice": {"type": "custom", "name": "set_code"}}, "tools"),
+                            ({"input": [{"type": "image", "url": "x"}]}, "input[0]"), ({}, "input")]:
+            status, err = s.post("/v1/responses", body)
+            check_error(status, err, 400, param)
+        assert s.stop() == 0
+    finally:
+        s.kill()

@@ -114,6 +114,36 @@ static void test_chat(void) {
   bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 400, "messages[0].content");
   bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}", 400, "top_logprobs");
   bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": {\"type\": \"function\"}}", 400, "tool_choice");
+  /* tool_choice "required" / named: constrained by a JSON schema of the call (as vLLM), no markup parsing */
+#define TOOLS2 "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\"," \
+               "\"properties\": {\"a\": {\"type\": \"integer\"}}}}}, {\"type\": \"function\", \"function\": {\"name\": \"g\"}}]"
+  CHECK(rd(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " TOOLS2 ", \"tool_choice\": \"required\"}", &r, &e) == 0);
+  CHECK(r.tool_choice == DI_TOOL_CHOICE_REQUIRED && r.parse_tools == 0 && r.params[0].json_schema &&
+        strstr(r.params[0].json_schema, "\"anyOf\"") && strstr(r.params[0].json_schema, "{\"const\":\"g\"}") &&
+        strstr(r.params[0].json_schema, "\"minItems\":1"));
+  di_oai_request_free(&r);
+  CHECK(rd(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " TOOLS2 ", \"tool_choice\": {\"type\": \"function\", "
+              "\"function\": {\"name\": \"f\"}}}", &r, &e) == 0);
+  CHECK(r.tool_choice == DI_TOOL_CHOICE_NAMED && r.tool_name && strcmp(r.tool_name, "f") == 0 && r.params[0].json_schema &&
+        strcmp(r.params[0].json_schema, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}") == 0);
+  di_oai_request_free(&r);
+  bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " TOOLS2 ", \"tool_choice\": {\"type\": \"function\", "
+         "\"function\": {\"name\": \"h\"}}}", 400, "tool_choice");
+  bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}", 400, "tool_choice");
+  bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " TOOLS2 ", \"tool_choice\": \"required\", "
+         "\"guided_regex\": \"a\"}", 400, "tool_choice");
+  bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], " TOOLS2 ", \"tool_choice\": \"sometimes\"}", 400, "tool_choice");
+  bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}], "
+         "\"tool_choice\": \"required\"}", 400, "tools");
+  /* add_special_tokens false on completions: the text's tokens without BOS (vLLM's field) */
+  CHECK(rd(0, "{\"prompt\": \"hello\", \"add_special_tokens\": false}", &r, &e) == 0);
+  int32_t first_plain = r.params[0].prompt_ids[0];
+  int n_plain = r.params[0].n_prompt_ids;
+  di_oai_request_free(&r);
+  CHECK(rd(0, "{\"prompt\": \"hello\"}", &r, &e) == 0);
+  CHECK(first_plain != 0 && r.params[0].prompt_ids[0] == 0 && r.params[0].n_prompt_ids == n_plain + 1);
+  di_oai_request_free(&r);
+  bad(0, "{\"prompt\": \"hello\", \"add_special_tokens\": 0}", 400, "add_special_tokens");
   bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"continue_final_message\": true}", 400, "continue_final_message");
   bad(1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template_kwargs\": 3}", 400, "chat_template_kwargs");
 }

@@ -190,6 +190,7 @@ int main(void) {
   sc.tmpl = tmpl;
   sc.log_requests = 0;
   sc.max_body_bytes = 1 << 16;
+  sc.tool_call_parser = 1;
   CHECK(e && di_server_create(&sc, &srv) == DI_OK);
   if (!srv) return test_finish("test_server_e2e");
   g_port = di_server_port(srv);
@@ -229,6 +230,41 @@ int main(void) {
   o = body_json(r);
   CHECK(o && strcmp(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion") == 0 && choice_text(o));
   cJSON_Delete(o);
+  free(r);
+
+  /* the Responses API whole and streamed (events, no [DONE]); its stateless refusal */
+  r = post("/v1/responses", "{\"input\": \"Hi\", \"instructions\": \"Be brief.\", \"max_output_tokens\": 4, \"temperature\": 0}");
+  CHECKF(status_of(r) == 200 && strstr(r, "\"object\":\"response\"") && strstr(r, "\"output_text\""), "%s", r ? r : "");
+  free(r);
+  r = post("/v1/responses", "{\"input\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"type\": \"function_call\", \"call_id\": \"c1\", "
+           "\"name\": \"f\", \"arguments\": \"{}\"}, {\"type\": \"function_call_output\", \"call_id\": \"c1\", \"output\": \"ok\"}], "
+           "\"max_output_tokens\": 4, \"temperature\": 0, \"stream\": true}");
+  CHECKF(status_of(r) == 200 && strstr(r, "event: response.created") && strstr(r, "event: response.output_text.delta") &&
+         strstr(r, "event: response.incomplete") && !strstr(r, "[DONE]"), "%s", r ? r : "");
+  free(r);
+  r = post("/v1/responses", "{\"input\": \"Hi\", \"store\": true}");
+  CHECK(status_of(r) == 400 && strstr(r, "\"param\":\"store\""));
+  free(r);
+  /* a named tool_choice (schema-constrained) and V4 markup (forced by a regex), streamed: argument
+   * deltas, no markup in the stream */
+  const char *tool = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+                     "\"properties\": {\"a\": {\"type\": \"integer\", \"enum\": [7]}}, \"required\": [\"a\"], \"additionalProperties\": false}}}]";
+  char tbuf[2048];
+  snprintf(tbuf, sizeof tbuf, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], %s, \"tool_choice\": {\"type\": \"function\", "
+           "\"function\": {\"name\": \"f\"}}, \"max_tokens\": 40, \"temperature\": 0, \"stream\": true}", tool);
+  r = post("/v1/chat/completions", tbuf);
+  CHECKF(status_of(r) == 200 && strstr(r, "\"name\":\"f\"") && strstr(r, "\"finish_reason\":\"tool_calls\""), "%s", r ? r : "");
+  free(r);
+  snprintf(tbuf, sizeof tbuf, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], %s, \"max_tokens\": 200, \"temperature\": 0, "
+           "\"stream\": true, \"guided_regex\": \"Ok\\n\\n<\xEF\xBD\x9C" "DSML\xEF\xBD\x9Ctool_calls>\\n<\xEF\xBD\x9C" "DSML\xEF\xBD\x9Cinvoke "
+           "name=\\\"f\\\">\\n<\xEF\xBD\x9C" "DSML\xEF\xBD\x9Cparameter name=\\\"a\\\" string=\\\"false\\\">7</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
+           "parameter>\\n</\xEF\xBD\x9C" "DSML\xEF\xBD\x9Cinvoke>\\n</\xEF\xBD\x9C" "DSML\xEF\xBD\x9Ctool_calls>\"}", tool);
+  r = post("/v1/chat/completions", tbuf);
+  CHECKF(status_of(r) == 200 && strstr(r, "\"name\":\"f\"") && !strstr(r, "DSML") && !strstr(r, "\\n") /* the blank line before the markup is dropped */ &&
+         strstr(r, "\"finish_reason\":\"tool_calls\""), "%s", r ? r : "");
+  free(r);
+  r = exchange("GET /tokenizer_info HTTP/1.1\r\nConnection: close\r\n\r\n", 52);
+  CHECKF(status_of(r) == 200 && strstr(r, "\"eos_token\"") && strstr(r, "\"chat_template\""), "%s", r ? r : "");
   free(r);
 
   /* errors */

@@ -13,6 +13,7 @@
  * tokens of the step (see cpu_gemm.h), which makes the backend batch-invariant. */
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_gemm.h"
+#include "backend/cpu/cpu_ops.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -20,15 +21,7 @@
 
 /* ---- small row ops ------------------------------------------------------------------------------ */
 
-static void rmsnorm_row(float *out, const float *x, const float *w, int n, float eps) {
-  /* HF: x * rsqrt(mean(x^2) + eps) * w, in float32 */
-  float ss = di_cpu_dot(x, x, n) / (float)n;
-  float r = 1.0f / sqrtf(ss + eps);
-  for (int i = 0; i < n; i++)
-    out[i] = w[i] * (x[i] * r);
-}
-
-static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+/* (the row ops rmsnorm and silu * up: cpu_ops.c, where the op test table runs them) */
 
 /* cos/sin of every rotary pair for each token of the step, computed once per step (not per layer
  * and head): rope[t][i] = {cos, sin}(positions[t] * inv_freq[i]) * attention factor. */
@@ -204,7 +197,7 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     first[1] = (di_gemm_job){h, T, H, &L->q_a, 0, c->q_lora_rank, qa, c->q_lora_rank};
     di_cpu_gemm_multi(b->tp, first, 2);
     for (int t = 0; t < T; t++)
-      rmsnorm_row(qa + (size_t)t * c->q_lora_rank, qa + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank,
+      di_cpu_rmsnorm_row(qa + (size_t)t * c->q_lora_rank, qa + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank,
                   c->rms_norm_eps);
     di_cpu_gemm(b->tp, qa, T, c->q_lora_rank, &L->q_b, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk);
   } else {
@@ -217,7 +210,7 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     const di_batch_seq *seq = &batch->seqs[batch->seq_of[t]];
     float *e = kv_entry(b, layer, seq->block_table[pos / DI_KV_BLOCK_SIZE], pos % DI_KV_BLOCK_SIZE);
     const float *src = kv + (size_t)t * (R + dr);
-    rmsnorm_row(e, src, L->kv_a_norm, R, c->rms_norm_eps);
+    di_cpu_rmsnorm_row(e, src, L->kv_a_norm, R, c->rms_norm_eps);
     memcpy(e + R, src + R, sizeof(float) * (size_t)dr);
     rope_apply(b, e + R, b->s_rope + (size_t)t * dr);
   }
@@ -239,8 +232,7 @@ static void mlp(di_cpu_backend *b, const float *x, int M, const di_weight *gate,
   float *g = b->s_g, *u = b->s_u;
   const di_gemm_job gu[2] = {{x, M, H, gate, 0, I, g, I}, {x, M, H, up, 0, I, u, I}};
   di_cpu_gemm_multi(b->tp, gu, 2);
-  for (int64_t i = 0; i < (int64_t)M * I; i++)
-    g[i] = silu(g[i]) * u[i];
+  di_cpu_silu_mul(g, u, (int64_t)M * I);
   di_cpu_gemm(b->tp, g, M, I, down, 0, H, out, H);
 }
 
@@ -371,10 +363,8 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
     jobs[nj++] = (di_gemm_job){x, T, H, &L->sh_up, 0, SI, su, SI};
   }
   di_cpu_gemm_multi(b->tp, jobs, nj);
-  for (int64_t i = 0; i < (int64_t)T * K * I; i++)
-    g[i] = silu(g[i]) * u[i];
-  for (int64_t i = 0; i < (int64_t)T * SI; i++)
-    sg[i] = silu(sg[i]) * su[i];
+  di_cpu_silu_mul(g, u, (int64_t)T * K * I);
+  di_cpu_silu_mul(sg, su, (int64_t)T * SI);
   nj = 0;
   for (int e = 0; e < E; e++) {
     const int n = count[e];
@@ -406,12 +396,12 @@ static void decoder_layer(di_cpu_backend *b, const di_batch *batch, int layer, c
   const int T = batch->n_tokens, H = b->cfg->hidden_size;
   float *h = b->s_h, *o = b->s_o;
   for (int t = 0; t < T; t++)
-    rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->attn_norm, H, b->cfg->rms_norm_eps);
+    di_cpu_rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->attn_norm, H, b->cfg->rms_norm_eps);
   attention(b, batch, layer, L, h, o);
   for (int64_t i = 0; i < (int64_t)T * H; i++)
     x[i] += o[i];
   for (int t = 0; t < T; t++)
-    rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->ffn_norm, H, b->cfg->rms_norm_eps);
+    di_cpu_rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->ffn_norm, H, b->cfg->rms_norm_eps);
   if (L->is_moe)
     moe(b, L, h, T, o);
   else
@@ -438,7 +428,7 @@ di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, floa
   /* final norm and lm_head for the output rows only */
   float *hn = b->s_h;
   for (int i = 0; i < batch->n_outputs; i++)
-    rmsnorm_row(hn + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, w->final_norm, H, c->rms_norm_eps);
+    di_cpu_rmsnorm_row(hn + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, w->final_norm, H, c->rms_norm_eps);
   if (hidden)
     memcpy(hidden, hn, sizeof(float) * (size_t)batch->n_outputs * H);
   if (logits)
@@ -464,14 +454,14 @@ di_status di_cpu_deepseek_mtp_forward(di_cpu_backend *b, int mtp_index, const di
       return di_error_set(DI_ERR_INVALID_ARG, "token id %d out of range [0, %d)", id, c->vocab_size);
     float *row = cat + (size_t)t * 2 * H;
     di_weight_rows_f32(&L->mtp_embed, id, id + 1, row);
-    rmsnorm_row(row, row, L->enorm, H, c->rms_norm_eps);
-    rmsnorm_row(row + H, prev_hidden + (size_t)t * H, L->hnorm, H, c->rms_norm_eps);
+    di_cpu_rmsnorm_row(row, row, L->enorm, H, c->rms_norm_eps);
+    di_cpu_rmsnorm_row(row + H, prev_hidden + (size_t)t * H, L->hnorm, H, c->rms_norm_eps);
   }
   di_cpu_gemm(b->tp, cat, T, 2 * H, &L->eh_proj, 0, H, x, H);
   decoder_layer(b, batch, w->n_layers + mtp_index, L, x);
   float *hn = b->s_h;
   for (int i = 0; i < batch->n_outputs; i++)
-    rmsnorm_row(hn + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, L->head_norm, H, c->rms_norm_eps);
+    di_cpu_rmsnorm_row(hn + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, L->head_norm, H, c->rms_norm_eps);
   if (hidden_out)
     for (int i = 0; i < batch->n_outputs; i++)
       memcpy(hidden_out + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, sizeof(float) * (size_t)H);

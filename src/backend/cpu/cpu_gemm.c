@@ -1,9 +1,10 @@
-/* See cpu_gemm.h. Tiles of 4 weight rows x 2 activation rows keep 8 accumulators, 4 converted
+/* See cpu_gemm.h. Every di_weight format is read in place (FP8 with F32 or E8M0 block scales, MXFP4). Tiles of 4 weight rows x 2 activation rows keep 8 accumulators, 4 converted
  * weight vectors and 2 activation vectors in the 16 YMM registers; the weight row is converted to
  * float32 once per tile and reused for both activation rows. */
 #include "backend/cpu/cpu_gemm.h"
 #include "util/numeric.h"
 #include <immintrin.h>
+#include <string.h>
 
 #define NR 4
 #define MR 2
@@ -89,9 +90,20 @@ static void panel_rows(const gemm_ctx *c, const float *wp, int np, int64_t n, in
 }
 
 /* FP8 blocks narrower than 8 columns or not 8-aligned would put two scales in one vector; such
- * weights take the scalar path for every column (the per-element order is still fixed). */
+ * weights take the scalar path for every column (the per-element order is still fixed). MXFP4's
+ * blocks are 32 wide. */
 static int vector_ok(const di_weight *w) {
   return w->dtype != DI_DT_F8E4M3 || (w->block_cols % 8) == 0;
+}
+
+/* 8 MXFP4 values (4 bytes, low nibble first) times their block's scale: exact (an E2M1 value times a
+ * power of two) */
+static inline __m256 load_mxfp4(const uint8_t *p, float scale) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                       _mm256_set1_epi32(15));
+  return _mm256_mul_ps(_mm256_i32gather_ps(di_e2m1_table, idx, 4), _mm256_set1_ps(scale));
 }
 
 /* One kernel per storage type, so the inner loop has no type dispatch. LOADW(r, k) yields 8
@@ -188,6 +200,15 @@ static int vector_ok(const di_weight *w) {
                                     4),                                                         \
                 _mm256_set1_ps(w->scale_inv[((r) / w->block_rows) * w->scale_cols + (k) / w->block_cols]))
 
+#define FP8_SCALE_IDX(r, k) (((r) / w->block_rows) * w->scale_cols + (k) / w->block_cols)
+#define LOAD_FP8_E8M0(r, k)                                                                     \
+  _mm256_mul_ps(_mm256_i32gather_ps(di_fp8e4m3_table,                                           \
+                                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(                       \
+                                        (const __m128i *)(wd8 + (r) * K + (k)))),               \
+                                    4),                                                         \
+                _mm256_set1_ps(di_e8m0_to_f32(w->scale_e8m0[FP8_SCALE_IDX(r, k)])))
+#define LOAD_MXFP4(r, k) load_mxfp4(wd8 + (r) * (K / 2) + (k) / 2, di_e8m0_to_f32(w->scale_e8m0[FP8_SCALE_IDX(r, k)]))
+
 #define wd16 ((const uint16_t *)w->data)
 #define wd32 ((const float *)w->data)
 #define wd8 ((const uint8_t *)w->data)
@@ -195,6 +216,8 @@ GEMM_KERNEL(gemm_bf16, LOAD_BF16)
 GEMM_KERNEL(gemm_f16, LOAD_F16)
 GEMM_KERNEL(gemm_f32, LOAD_F32)
 GEMM_KERNEL(gemm_fp8, LOAD_FP8)
+GEMM_KERNEL(gemm_fp8_e8m0, LOAD_FP8_E8M0)
+GEMM_KERNEL(gemm_mxfp4, LOAD_MXFP4)
 #undef wd16
 #undef wd32
 #undef wd8
@@ -206,7 +229,11 @@ static void gemm_rows(void *p, int64_t b, int64_t e, int thread) {
   switch (c->w->dtype) {
   case DI_DT_BF16: gemm_bf16(c, b, e, wp); break;
   case DI_DT_F16: gemm_f16(c, b, e, wp); break;
-  case DI_DT_F8E4M3: gemm_fp8(c, b, e, wp); break;
+  case DI_DT_F8E4M3:
+    if (c->w->scale_e8m0) gemm_fp8_e8m0(c, b, e, wp);
+    else gemm_fp8(c, b, e, wp);
+    break;
+  case DI_DT_F4E2M1: gemm_mxfp4(c, b, e, wp); break;
   default: gemm_f32(c, b, e, wp); break;
   }
 }

@@ -1,6 +1,6 @@
 /* CPU matrix products against checkpoint weights: y[m][n - n0] = sum_k x[m][k] * W[n][k] for
- * n in [n0, n1), W stored as BF16 / F16 / F32 / FP8-E4M3 (block-scaled) and dequantized in
- * registers (AVX2 + FMA), accumulated in float32.
+ * n in [n0, n1), W stored as BF16 / F16 / F32 / FP8-E4M3 (block-scaled, F32 or E8M0 scales) / MXFP4
+ * (E2M1 with E8M0 scales per 32) and dequantized in registers (AVX2 + FMA), accumulated in float32.
  *
  * Batch invariance: every output element is reduced in the same fixed order (8-lane partial sums
  * over k, then a fixed horizontal sum, then the scalar tail), whatever M, the tile it falls in, or

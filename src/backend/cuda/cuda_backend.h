@@ -1,6 +1,7 @@
 /* The NVIDIA backend: the whole DeepSeek-V2/V3 forward pass, the paged latent KV pool and sampling
  * on one CUDA device (sm_90), behind the backend vtable of backend/backend.h. Weights are uploaded
- * once at create (bf16 as stored; FP8 / F16 / F32 converted to bf16 on the host). */
+ * once at create (bf16 as stored; FP8 (F32 or UE8M0 scales) / MXFP4 / F16 / F32 converted to bf16 on the
+ * host, cuda_upload.cu). The parts: cuda_backend_impl.cuh. */
 #ifndef DI_CUDA_BACKEND_H
 #define DI_CUDA_BACKEND_H
 #include "backend/backend.h"
@@ -29,5 +30,9 @@ void di_backend_cuda_stats(di_backend *b, di_cuda_stats *out);
  * experts, combine, lmhead) out of every later step; "" restores the full pass. Outputs are garbage
  * while phases are skipped. Also read from DEEPINFER_CUDA_SKIP at create. */
 void di_backend_cuda_set_skip(di_backend *b, const char *phases);
+/* The CUDA backend's runner of the op test table (backend/op_table.h; a di_op_runner): ctx is a
+ * di_cu_blas (backend/cuda/cuda_kernels.h). */
+struct di_op_data;
+di_status di_cuda_op_run(void *ctx, const struct di_op_data *d, float *out);
 /* DEEPINFER_CUDA_GRAPHS=0 in the environment turns graph capture off (checked at create). */
 #endif

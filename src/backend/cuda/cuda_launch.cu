@@ -2,14 +2,14 @@
  * dependent launch is on (DEEPINFER_CUDA_PDL=0 turns it off, for A/B measurements and as a fallback),
  * and the one shared-memory carveout every kernel is given, set once per kernel. */
 #include "cuda_common.cuh"
+#include "util/switches.h"
 #include <pthread.h>
 #include <stdlib.h>
 
 int di_cu_pdl_enabled(void) {
   static int on = -1; /* read once; a benign race writes the same value */
   if (on < 0) {
-    const char *e = getenv("DEEPINFER_CUDA_PDL");
-    on = !(e && e[0] == '0');
+    on = di_switch_bool(DI_SW_CUDA_PDL, 1);
   }
   return on;
 }
@@ -29,7 +29,7 @@ void di_cu_kernel_setup(const void *kernel) {
   if (g_carveout == -2) {
     /* default 100 (all shared): measured 343 vs 336 tok/s at batch 1 on the V2-Lite shape; the
      * kernels that stream weights bypass L1 anyway. "-1": leave it to the driver. */
-    const char *e = getenv("DEEPINFER_CUDA_CARVEOUT");
+    const char *e = di_switch_get(DI_SW_CUDA_CARVEOUT);
     g_carveout = !e ? 100 : atoi(e) >= 0 && atoi(e) <= 100 ? atoi(e) : -1;
   }
   int seen = g_carveout < 0;

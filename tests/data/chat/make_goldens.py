@@ -187,12 +187,31 @@ def cases(name):
     return out
 
 
+# The clock the goldens are rendered at: transformers' strftime_now() reads datetime.now(), so it is
+# pinned to the instant test_chat_template.c pins DeepInfer's renderer to (GOLDEN_NOW, in UTC).
+GOLDEN_NOW = 1796040000  # 2026-11-30 12:00:00 UTC
+
+
+def pin_transformers_clock():
+    import datetime as dt
+    from transformers.utils import chat_template_utils
+
+    class PinnedDatetime(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            t = dt.datetime.fromtimestamp(GOLDEN_NOW, dt.timezone.utc)
+            return t.replace(tzinfo=None) if tz is None else t.astimezone(tz)
+
+    chat_template_utils.datetime = PinnedDatetime
+
+
 def public_goldens():
     """public_templates.jsonl: real templates with the inputs huggingface.js's Jinja end-to-end tests
     use (packages/jinja/test/e2e.test.js), "documents" included. Each line {"name", "template", "conversation"}; this
     fills in "text" (or "error") from transformers, in place."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
+    pin_transformers_clock()
     path = os.path.join(HERE, "public_templates.jsonl")
     recs = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
     for r in recs:

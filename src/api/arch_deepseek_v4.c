@@ -1,0 +1,31 @@
+/* The registry entry of DeepSeek-V4 (arch_registry.h): its own configuration (di_v4_config, read from
+ * the loader's parse of config.json), weights bound by arch/deepseek_v4_weights.c, forward on the V4
+ * CPU backend (backend/cpu/cpu_v4_backend.c). No dummy weights, no CUDA yet. */
+#include "api/arch_registry.h"
+#include "api/model_internal.h"
+#include "backend/cpu/cpu_v4_backend.h"
+#include "model/safetensors.h"
+#include <stdio.h>
+#include <strings.h>
+
+static di_status load(di_model *m, const di_arch_load *in) {
+  di_status st = di_v4_config_from_tree(in->config, &m->v4cfg);
+  if (st != DI_OK)
+    return di_error_wrap(st, "%s/config.json (model_type deepseek_v4)", in->dir);
+  if (in->dummy)
+    return di_error_set(DI_ERR_UNSUPPORTED, "DeepSeek-V4 (model_type deepseek_v4): load format \"dummy\" is not supported; "
+                        "load the safetensors weights");
+  const char *acc = in->accelerator;
+  if (acc && *acc && strcasecmp(acc, "cpu") != 0)
+    return di_error_set(DI_ERR_UNSUPPORTED, "DeepSeek-V4 (model_type deepseek_v4) runs on the cpu accelerator only, not \"%s\"",
+                        acc);
+  di_progress_begin(in->progress, "loading weights", 1);
+  DI_TRY(di_tensor_source_open(in->dir, &m->source));
+  DI_TRY(di_v4_weights_bind(&m->v4cfg, m->source, &m->v4w));
+  di_progress_end(in->progress);
+  return di_backend_cpu_v4_create(&m->cfg, &m->v4cfg, &m->v4w, m->threads, &m->backend);
+}
+
+static void free_state(di_model *m) { di_v4_weights_free(&m->v4w); }
+
+const di_arch_entry di_arch_deepseek_v4 = {"deepseek_v4", DI_ARCH_DEEPSEEK_V4, 1, 1, load, free_state};

@@ -1,0 +1,49 @@
+/* The architecture registry: one entry per architecture the model loader serves, so the API and the
+ * engine have no per-architecture branches. An entry names its config.json model_type, what callers
+ * must know of its numerics (flags), and how a model of it is loaded: its own config fields read from
+ * config.json's tree (parsed once, by the loader), its weights bound by name and shape from the
+ * checkpoint (arch/deepseek_weights.c, arch/deepseek_v4_weights.c) or made as dummies, and the backend
+ * whose forward runs it on the asked accelerator. KV groups are the backend's (di_backend_ops.kv_groups:
+ * the latent cache of V2/V3, V4's per-layer caches). Entries: arch_deepseek.c (V2, V3),
+ * arch_deepseek_v4.c (V4); the table: arch_registry.c. */
+#ifndef DI_API_ARCH_REGISTRY_H
+#define DI_API_ARCH_REGISTRY_H
+#include <stdint.h>
+#include "model/config.h"
+#include "util/progress.h"
+#include "util/status.h"
+
+typedef struct di_model di_model;
+struct cJSON;
+
+/* What di_model_load hands an entry's load. */
+typedef struct di_arch_load {
+  const char *dir;
+  const struct cJSON *config; /* config.json's tree; m->cfg already holds its generic fields */
+  int dummy;                  /* load format "dummy": random weights in the checkpoint's shapes */
+  uint64_t dummy_seed;
+  const char *accelerator;    /* "cpu", "cuda", ... (NULL or "": cpu) */
+  int threads, batch_invariant;
+  di_progress *progress;      /* may be NULL */
+} di_arch_load;
+
+typedef struct di_arch_entry {
+  const char *model_type;
+  di_arch arch;
+  /* its logits depend on how a sequence is cut into forward calls (V4's compressed attention):
+   * log-likelihoods keep each sequence in one call */
+  int whole_sequence;
+  /* di_model_score range-checks token ids itself (the backend names bad ids by position only) */
+  int check_token_ids;
+  /* Fills m's architecture state and m->backend (m->source: the opened checkpoint, owned by m). On
+   * failure m is left for di_model_free. */
+  di_status (*load)(di_model *m, const di_arch_load *in);
+  /* Frees the architecture state (not the backend, not the source). */
+  void (*free)(di_model *m);
+} di_arch_entry;
+
+/* The entry of an architecture (NULL when none serves it). */
+const di_arch_entry *di_arch_entry_find(di_arch arch);
+
+extern const di_arch_entry di_arch_deepseek_v2, di_arch_deepseek_v3, di_arch_deepseek_v4;
+#endif

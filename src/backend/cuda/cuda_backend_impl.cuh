@@ -1,0 +1,193 @@
+/* Internals of the CUDA backend shared by its files (cuda_backend.cu: create / destroy and the switches;
+ * cuda_memory.cu: device memory, activations and the KV pool; cuda_upload.cu: host weights to the
+ * device; cuda_step.cu: step inputs and CUDA graphs; cuda_sampling.cu: sampling and token feedback;
+ * cuda_mtp.cu: the MTP drafting step; cuda_deepseek2.cu: the DeepSeek-V2/V3 weights and forward).
+ *
+ * A step: submit() lays the batch's host arrays (tokens, positions, cache slots, block tables, the
+ * attention work list) out in one pinned buffer, copies it to the device in one transfer and
+ * enqueues the forward pass; wait() synchronizes and copies the wanted logits. Steps of at most
+ * DI_CUDA_GRAPH_MAX_T tokens are padded to a power-of-two bucket (padding tokens live in a spare
+ * KV block) and, from the second time a bucket is seen, replayed from a captured CUDA graph, so a
+ * decode step costs one graph launch. Everything whose size depends on the data (expert counts,
+ * split attention items) is read by the kernels from device memory, which is what lets one graph
+ * serve every step of its bucket.
+ *
+ * Numerics: fp32 residual stream; bf16 GEMM operands with f32 accumulation; norms, softmax, router
+ * and rotary in fp32; the absorbed query and the KV cache in bf16. */
+#ifndef DI_CUDA_BACKEND_IMPL_CUH
+#define DI_CUDA_BACKEND_IMPL_CUH
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+#include "util/numeric.h"
+#include "util/switches.h"
+}
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define DI_CUDA_GRAPH_MAX_T 256
+#define GATE_FUSE_MAX_T 64 /* steps up to this many tokens use the fused MoE gate */
+#define GEMV_MAX_T 4       /* ... and up to this many the GEMV form of the expert products */
+
+
+/* DEEPINFER_CUDA_SKIP=a,b,...: leave these phases out of every step (benchmarking only: the outputs
+ * are garbage). The marginal cost of a phase inside a replayed graph, with the launch overlap, is the
+ * step time with it minus without it, which a kernel profiler (serialized, cold caches) cannot show. */
+enum {
+  SKIP_QKV = 1, SKIP_PREP = 2, SKIP_ABSORB = 4, SKIP_ATTN = 8, SKIP_VO = 16, SKIP_GATE = 32,
+  SKIP_EXPERTS = 64, SKIP_COMBINE = 128, SKIP_LMHEAD = 256
+};
+#define SKIP(bit) (b->skip & (bit))
+#define MAX_GRAPHS 64
+#define MAX_MARKS 2048
+
+typedef struct cu_layer {
+  float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm, *router_bias;
+  bf16 *qkv_a;                 /* [q_a (qr) or q_proj (NH*dqk) | kv_a (R+dr)][H]: one GEMM */
+  bf16 *q_b, *kv_b, *o_proj;
+  int is_moe, has_shared;
+  bf16 *gate_up, *down;        /* dense MLP: [2I][H], [H][I] */
+  bf16 *router;                /* [E][H] */
+  bf16 *exp_gu, *exp_down;     /* [Et][2Ip][Hp] gate/up interleaved by 8 rows (glu), [Et][Hp][Ip]; zero
+                                  padded; Et = E + n_sh (shared experts folded in as experts) */
+  bf16 *sh_gu, *sh_down;       /* [2Is][H], [H][Is] */
+} cu_layer;
+
+typedef struct graph_entry {
+  int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows, step_sample;
+  int seen;                    /* eager runs so far; captured on the second */
+  cudaGraphExec_t exec;
+} graph_entry;
+
+typedef struct cu_backend {
+  di_backend base;
+  cudaStream_t stream;
+  di_cu_blas *blas;
+  int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine, fold_uv;
+  int vo_fused; /* one-token W_UV + o_proj in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
+  int invariant; /* batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1; see create) */
+  /* shapes */
+  int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
+  int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
+  /* the first MTP layer (speculative decoding; DEEPINFER_CUDA_MTP=0 skips it): its decoder
+   * layer is L[n_layers] with KV entries in the pool after the main layers' */
+  int n_mtp;
+  bf16 *mtp_embed, *mtp_eh, *mtp_head; /* embed / head alias the main model's when the checkpoint shares them */
+  float *mtp_enorm, *mtp_hnorm, *mtp_head_norm;
+  float *mtp_prev;             /* [cap_T][H] the previous hidden states of an MTP batch */
+  bf16 *mtp_cat;               /* [cap_T][2H] [enorm(embed) | hnorm(prev)] */
+  int mtp_cap;
+  bf16 *stage;                 /* upload staging for one layer's experts */
+  float eps;
+  di_cuk_router router;
+  di_cuk_rope rope;
+  /* weights */
+  bf16 *embed, *lm_head;
+  float *final_norm, *inv_freq;
+  cu_layer *L;
+  int n_layers;
+  void **allocs;
+  int n_allocs, cap_allocs;
+  /* KV pool: [layer][(n_blocks + 1) * 64][576]; block n_blocks is the padding tokens' scratch */
+  bf16 *kv;
+  int64_t n_blocks;
+  /* activations, for cap_T tokens */
+  int cap_T, cap_out, cap_parts;
+  float *h, *xf, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
+  bf16 *xn, *qkv, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
+  int32_t *topk_ids, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
+  /* step inputs: pinned host mirror and device copy */
+  int32_t *in_host, *in_dev;
+  size_t in_cap; /* int32 elements */
+  /* the step in flight */
+  int pending, T, Tp, n_out, n_out_p, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows;
+  size_t in_used;
+  int32_t *d_tokens, *d_pos, *d_slots, *d_out_rows, *d_bt, *d_nitems, *d_ncitems;
+  di_cuk_attn_item *d_items;
+  di_cuk_combine_item *d_citems;
+  int32_t *d_sample_out;
+  di_cuk_sample_row *d_sample_rows;
+  di_cuk_sample_row *h_sample_rows;
+  int32_t *h_sample_out;
+  /* sampling inside the step (di_batch.sample_rows; DEEPINFER_CUDA_STEP_SAMPLE=0 turns it off): the
+   * rows travel in the input block (d_step_rows), the graph ends with the sample kernel, and
+   * sample / sample_async only copy the tokens back when their rows equal the submitted ones
+   * (sub_rows, the host copy) */
+  int step_sample_on, step_sample;
+  di_cuk_sample_row *d_step_rows;
+  di_sample_row *sub_rows;
+  /* graphs */
+  graph_entry graphs[MAX_GRAPHS];
+  int n_graphs;
+  di_cuda_stats stats;
+  /* DEEPINFER_CUDA_PROFILE=1: per-phase device time of eager steps (graphs off), printed at destroy */
+  int prof, n_marks;
+  cudaEvent_t marks[MAX_MARKS];
+  int gpu_time, timing;        /* DEEPINFER_CUDA_GPU_TIME=1; this step's graph is between ev_g0/ev_g1 */
+  cudaEvent_t ev_g0, ev_g1;
+  /* device token feedback (sample_async / sample_fetch): rows of the last queued sampling (token ids
+   * -1 - j < 0 of the next batch refer to them), the event after its copy to the host, and the event
+   * after each input upload (prepare() must not rewrite the pinned input block before that copy ran) */
+  int fb_n, fb_pending, fb_par;
+  /* sampled tokens come back through two pinned halves of h_sample_out (tok_par: the latest copy's),
+   * each completing on its event: with token feedback step n+1's copy is queued before the host has
+   * read step n's. tok_queued: the submitted step's copy is queued already (it sampled in-step). */
+  int tok_par, tok_queued;
+  int out_cap0; /* the first output capacity (16; DEEPINFER_CUDA_OUT_CAP for tests: growth under feedback) */
+  cudaEvent_t ev_sampled[2], ev_h2d;
+  int h2d_recorded;
+  const char *mark_label[MAX_MARKS];
+  const char *plabel[64];
+  double ptime[64];
+  int n_plabel;
+  int64_t prof_steps;
+} cu_backend;
+
+#define REALLOC(ptr, bytes)                                                      \
+  do {                                                                           \
+    dev_free(b, (void *)(ptr));                                                  \
+    (ptr) = NULL;                                                                \
+    DI_TRY(dev_alloc(b, (void **)&(ptr), (size_t)(bytes)));                      \
+  } while (0)
+
+/* the sample kernel's row of an engine sample row */
+static inline di_cuk_sample_row cuk_row(const di_sample_row *r) {
+  return (di_cuk_sample_row){r->temperature, r->top_p, r->min_p, r->top_k, r->vocab_limit, r->seed, r->counter};
+}
+
+/* cuda_memory.cu: device allocations (every one freed at destroy), activations for T tokens, the KV pool */
+di_status dev_alloc(cu_backend *b, void **p, size_t bytes);
+void dev_free(cu_backend *b, void *p);
+void drop_graphs(cu_backend *b);
+di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts);
+int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap);
+di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks);
+/* gpu_memory_utilization's inputs (backend.h memory_info): the largest step's buffers reserved, then
+ * the device's total and in-use bytes (a KV pool of an earlier engine not counted). */
+di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, int64_t *total_bytes,
+                         int64_t *used_bytes);
+/* cuda_upload.cu: host weights (any di_weight dtype) to bf16 device rows */
+di_status up_rows(const di_weight *w, int64_t r0, int64_t r1, bf16 *dst, int64_t dst_ld);
+di_status up_cols(const di_weight *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1, bf16 *dst, int64_t dst_ld);
+di_status check_shape(const di_weight *w, int64_t rows, int64_t cols, const char *what);
+di_status up_mat(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what);
+di_status up_vec(cu_backend *b, const float *v, int64_t n, float **out);
+/* cuda_step.cu: a step's inputs laid out and uploaded, its forward eager or from a graph */
+di_status prepare(cu_backend *b, const di_batch *bt);
+di_status cu_submit(di_backend *bb, const di_batch *batch);
+di_status cu_wait(di_backend *bb, float *logits, float *hidden);
+/* cuda_sampling.cu */
+di_status queue_tokens(cu_backend *b, int n);
+di_status cu_sample(di_backend *bb, const di_sample_row *rows, int n, int32_t *tokens);
+di_status cu_sample_async(di_backend *bb, const di_sample_row *rows, int n);
+di_status cu_sample_fetch(di_backend *bb, int32_t *tokens);
+/* cuda_mtp.cu */
+di_status cu_mtp(di_backend *bb, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out);
+/* cuda_deepseek2.cu: the DeepSeek-V2/V3 architecture: shapes and weights to the device, one decoder
+ * layer, the whole forward of a prepared step */
+di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights *w);
+di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm);
+di_status forward(cu_backend *b);
+#endif

@@ -1,0 +1,354 @@
+/* DeepSeek-V2 / V3 on the CUDA backend, in the manner of llama.cpp's src/models/deepseek2.cpp: the
+ * architecture's shapes and weights to the device (q/kv_a as one matrix, experts padded and gate/up
+ * interleaved, shared experts folded in as experts where their width allows), one decoder layer (MLA
+ * with the absorbed query over the latent KV cache, then the dense MLP or the MoE), and the forward of
+ * a prepared step (embed, layers, final norm, lm_head, in-step sampling). */
+#include "cuda_backend_impl.cuh"
+#include <string.h>
+
+di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_layer *s, cu_layer *d, int l) {
+  const int H = b->H;
+  DI_TRY(up_vec(b, s->attn_norm, H, &d->attn_norm));
+  DI_TRY(up_vec(b, s->ffn_norm, H, &d->ffn_norm));
+  /* the attention's input projections as one matrix: [q_a or q_proj ; kv_a] */
+  const int qrows = b->qr > 0 ? b->qr : b->NH * b->dqk;
+  DI_TRY(dev_alloc(b, (void **)&d->qkv_a, (size_t)b->Wa * H * 2));
+  if (b->qr > 0) {
+    DI_TRY(check_shape(&s->q_a, b->qr, H, "q_a_proj"));
+    DI_TRY(up_rows(&s->q_a, 0, b->qr, d->qkv_a, H));
+    DI_TRY(up_vec(b, s->q_a_norm, b->qr, &d->q_a_norm));
+    DI_TRY(up_mat(b, &s->q_b, (int64_t)b->NH * b->dqk, b->qr, &d->q_b, "q_b_proj"));
+  } else {
+    DI_TRY(check_shape(&s->q_proj, qrows, H, "q_proj"));
+    DI_TRY(up_rows(&s->q_proj, 0, qrows, d->qkv_a, H));
+  }
+  DI_TRY(check_shape(&s->kv_a, b->R + b->dr, H, "kv_a_proj_with_mqa"));
+  DI_TRY(up_rows(&s->kv_a, 0, b->R + b->dr, d->qkv_a + (size_t)qrows * H, H));
+  DI_TRY(up_vec(b, s->kv_a_norm, b->R, &d->kv_a_norm));
+  DI_TRY(up_mat(b, &s->kv_b, (int64_t)b->NH * (b->dn + b->dv), b->R, &d->kv_b, "kv_b_proj"));
+  DI_TRY(up_mat(b, &s->o_proj, H, (int64_t)b->NH * b->dv, &d->o_proj, "o_proj"));
+  d->is_moe = s->is_moe;
+  if (!s->is_moe) {
+    const int I = b->Idense;
+    DI_TRY(check_shape(&s->gate, I, H, "mlp.gate_proj"));
+    DI_TRY(check_shape(&s->up, I, H, "mlp.up_proj"));
+    DI_TRY(dev_alloc(b, (void **)&d->gate_up, (size_t)2 * I * H * 2));
+    DI_TRY(up_rows(&s->gate, 0, I, d->gate_up, H));
+    DI_TRY(up_rows(&s->up, 0, I, d->gate_up + (int64_t)I * H, H));
+    DI_TRY(up_mat(b, &s->down, H, I, &d->down, "mlp.down_proj"));
+    return DI_OK;
+  }
+  const int E = b->E, I = c->moe_intermediate_size, Ip = b->Ip;
+  DI_TRY(up_mat(b, &s->router, E, H, &d->router, "mlp.gate"));
+  if (s->router_bias) DI_TRY(up_vec(b, s->router_bias, E, &d->router_bias));
+  const int Hp = b->Hp, Et = b->Et;
+  const size_t gu_e = (size_t)2 * Ip * Hp, dn_e = (size_t)Hp * Ip;
+  DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * Et * 2));
+  DI_TRY(dev_alloc(b, (void **)&d->exp_down, dn_e * Et * 2));
+  if (!b->stage) DI_TRY(dev_alloc(b, (void **)&b->stage, gu_e * Et * 2));
+  if (Ip != I || Hp != H) {
+    DI_CU(cudaMemset(b->stage, 0, gu_e * Et * 2));
+    DI_CU(cudaMemset(d->exp_down, 0, dn_e * Et * 2));
+  }
+  /* staging layout per expert: gate rows [0, Ip), up rows [Ip, 2Ip); then interleaved for the glu GEMM */
+  for (int e = 0; e < E; e++) {
+    DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
+    DI_TRY(check_shape(&s->exp_up[e], I, H, "experts.up_proj"));
+    DI_TRY(check_shape(&s->exp_down[e], H, I, "experts.down_proj"));
+    DI_TRY(up_rows(&s->exp_gate[e], 0, I, b->stage + gu_e * e, Hp));
+    DI_TRY(up_rows(&s->exp_up[e], 0, I, b->stage + gu_e * e + (size_t)Ip * Hp, Hp));
+    DI_TRY(up_rows(&s->exp_down[e], 0, H, d->exp_down + dn_e * e, Ip));
+  }
+  d->has_shared = s->has_shared;
+  if (s->has_shared && b->n_sh > 0) {
+    /* shared MLP of width n_sh*I == n_sh experts of width I (a slice of its rows / columns each) */
+    DI_TRY(check_shape(&s->sh_gate, (int64_t)b->n_sh * I, H, "shared_experts.gate_proj"));
+    DI_TRY(check_shape(&s->sh_up, (int64_t)b->n_sh * I, H, "shared_experts.up_proj"));
+    DI_TRY(check_shape(&s->sh_down, H, (int64_t)b->n_sh * I, "shared_experts.down_proj"));
+    for (int j = 0; j < b->n_sh; j++) {
+      const int e = E + j;
+      DI_TRY(up_rows(&s->sh_gate, (int64_t)j * I, (int64_t)(j + 1) * I, b->stage + gu_e * e, Hp));
+      DI_TRY(up_rows(&s->sh_up, (int64_t)j * I, (int64_t)(j + 1) * I, b->stage + gu_e * e + (size_t)Ip * Hp, Hp));
+      DI_TRY(up_cols(&s->sh_down, 0, H, (int64_t)j * I, (int64_t)(j + 1) * I, d->exp_down + dn_e * e, Ip));
+    }
+  } else if (s->has_shared) {
+    const int Is = (int)s->sh_gate.rows;
+    if (b->Ish && Is != b->Ish)
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: layer %d shared experts %d wide, others %d", l, Is, b->Ish);
+    b->Ish = Is;
+    DI_TRY(check_shape(&s->sh_up, Is, H, "shared_experts.up_proj"));
+    DI_TRY(check_shape(&s->sh_gate, Is, H, "shared_experts.gate_proj"));
+    DI_TRY(dev_alloc(b, (void **)&d->sh_gu, (size_t)2 * Is * H * 2));
+    DI_TRY(up_rows(&s->sh_gate, 0, Is, d->sh_gu, H));
+    DI_TRY(up_rows(&s->sh_up, 0, Is, d->sh_gu + (int64_t)Is * H, H));
+    DI_TRY(up_mat(b, &s->sh_down, H, Is, &d->sh_down, "shared_experts.down_proj"));
+  }
+  DI_TRY(di_cuk_glu_interleave((const uint16_t *)b->stage, (uint16_t *)d->exp_gu, Et, Ip, Hp, NULL));
+  DI_CU(cudaDeviceSynchronize()); /* the staging buffer is reused by the next layer */
+  return DI_OK;
+}
+
+
+/* ---- the forward pass ---------------------------------------------------------------------------- */
+
+static bf16 *layer_cache(cu_backend *b, int l) {
+  return b->kv + (size_t)l * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D;
+}
+
+di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16 *down, int I) {
+  cudaStream_t s = b->stream;
+  DI_TRY(di_cu_gemm(b->blas, T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, (const uint16_t *)gate_up, b->H,
+                    b->gu, 2 * I, 0, 0.f, s));
+  DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, T, I, (uint16_t *)b->act, s));
+  DI_TRY(di_cu_gemm(b->blas, T, b->H, I, (const uint16_t *)b->act, I, (const uint16_t *)down, I, b->h, b->H, 1,
+                    1.f, s));
+  return DI_OK;
+}
+
+#define PROF(label) prof_mark(b, label)
+
+static void prof_mark(cu_backend *b, const char *label) {
+  if (!b->prof || b->n_marks >= MAX_MARKS) return;
+  cudaEventRecord(b->marks[b->n_marks], b->stream);
+  b->mark_label[b->n_marks++] = label;
+}
+
+/* One decoder layer on b->h (T rows): main layer l, or the MTP layer (l = n_layers + i). *xn_ready_io:
+ * in, the previous layer's MoE combine already wrote this layer's normed input to xn; out, the same
+ * for the layer after it. normed_gemm: decode-sized steps norm inside the q/kv GEMM (see forward). */
+di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
+  cudaStream_t s = b->stream;
+  const int T = b->Tp, H = b->H, Hp = b->Hp, NH = b->NH;
+  const uint16_t *xn = (const uint16_t *)b->xn;
+  int xn_ready = *xn_ready_io;
+  const cu_layer *L = &b->L[l];
+  if (!xn_ready && normed_gemm) { /* decode: the attention norm inside the q/kv GEMM */
+    if (!SKIP(SKIP_QKV))
+      DI_TRY(di_cu_gemm_normed(b->blas, T, b->Wa, H, b->h, H, L->attn_norm, b->eps, (const uint16_t *)L->qkv_a, H,
+                               b->qkv, b->Wa, 0, s));
+  } else {
+    if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
+    PROF("norm");
+    if (!SKIP(SKIP_QKV))
+      DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
+  }
+  xn_ready = 0;
+  const uint16_t *q, *kva;
+  int ldq;
+  if (b->qr > 0) {
+    DI_TRY(di_cuk_rmsnorm_bf16((const uint16_t *)b->qkv, b->Wa, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n,
+                               b->qr, s));
+    DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
+                      b->qr, b->q, NH * b->dqk, 0, 0.f, s));
+    q = (const uint16_t *)b->q;
+    ldq = NH * b->dqk;
+    kva = (const uint16_t *)b->qkv + b->qr;
+  } else {
+    q = (const uint16_t *)b->qkv;
+    ldq = b->Wa;
+    kva = (const uint16_t *)b->qkv + NH * b->dqk;
+  }
+  PROF("q/kv proj");
+  bf16 *cache = layer_cache(b, l);
+  const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
+  const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
+  /* (bit-equal to the two kernels it replaces: test_mla_prep_absorb; so batch-invariant mode too) */
+  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
+    /* decode: both in one launch */
+    DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
+                                  b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
+  } else {
+    if (!SKIP(SKIP_PREP))
+      DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
+                           b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
+    /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
+    if (!SKIP(SKIP_ABSORB))
+      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
+                              (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+  }
+  PROF("mla prep+absorb");
+  /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
+  const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
+                      b->fold_uv;
+  const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
+                               b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
+  if (!SKIP(SKIP_ATTN) && b->attn_cl)
+    DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
+                                   NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
+                                   b->attn_cl, b->invariant, (uint16_t *)b->olat, b->part_o, b->part_lse,
+                                   fold_uv ? &fold : NULL, s));
+  else if (!SKIP(SKIP_ATTN))
+    DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
+                         b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
+                         (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+  if (b->max_citems > 0 && !SKIP(SKIP_ATTN))
+    DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
+                              (uint16_t *)b->olat, s));
+  PROF("mla attention");
+  /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]), then o_proj into
+   * h: at one token both in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
+  const int vo_fused = b->vo_fused && !fold_uv && !SKIP(SKIP_VO) && di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv);
+  if (vo_fused)
+    DI_TRY(di_cuk_mla_vo((const uint16_t *)b->olat, DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R),
+                         (int64_t)(b->dn + b->dv) * b->R, b->R, b->dv, (const uint16_t *)L->o_proj, NH * b->dv, NH, H,
+                         b->h, s));
+  if (!SKIP(SKIP_VO) && !fold_uv && !vo_fused)
+    DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
+                            DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
+                            (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
+  if (!SKIP(SKIP_VO) && !vo_fused)
+    DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
+                    NH * b->dv, b->h, H, 1, 1.f, s));
+  PROF("v + o_proj");
+  /* small steps: the MoE gate's norm, router logits and routing are one kernel (di_cuk_moe_gate) */
+  /* (xn, logits, ids and weights bit-equal to the unfused kernels: test_moe_gate; so batch-invariant mode too) */
+  const int fused_gate = L->is_moe && T <= GATE_FUSE_MAX_T && di_cuk_moe_gate_supported(b->E, H);
+  if (!fused_gate)
+    DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
+  if (!L->is_moe) {
+    DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
+    PROF("dense mlp");
+    *xn_ready_io = 0;
+    return DI_OK;
+  }
+  const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
+  int max_tiles = (A + bm - 1) / bm + Et;
+  if (max_tiles > A) max_tiles = A;
+  const di_cuk_perm pm = {bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles};
+  if (SKIP(SKIP_GATE)) {
+  } else if (fused_gate) {
+    DI_TRY(di_cuk_moe_gate(b->h, L->ffn_norm, b->eps, T, H, (const uint16_t *)L->router, L->router_bias, b->router,
+                           (uint16_t *)b->xn, Hp, b->router_logits, b->topk_ids, b->topk_w, &pm, s));
+  } else {
+    DI_TRY(di_cuk_router_logits(b->xf, (const uint16_t *)L->router, T, E, H, b->router_logits, s));
+    DI_TRY(di_cuk_moe_route(b->router_logits, L->router_bias, T, b->router, b->topk_ids, b->topk_w, &pm, s));
+  }
+  if (T > 1 && !SKIP(SKIP_GATE))
+    DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
+  PROF("router");
+  const int down_combine =
+      normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) && !SKIP(SKIP_EXPERTS);
+  /* decode: an expert has at most T rows, weight streaming as a GEMV; batch-invariant mode: always (a
+   * row's arithmetic there does not depend on the rows beside it, up to GEMV_MAX_T at a time) */
+  if (T <= GEMV_MAX_T || b->invariant) {
+    const int gv_rows = T < GEMV_MAX_T ? T : GEMV_MAX_T;
+    const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
+    if (!SKIP(SKIP_EXPERTS)) {
+      DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
+                                 b->tiles, b->n_tiles, max_tiles, bm, gv_rows, b->act, b->Ip, 0, 1, pf0, E, s));
+      PROF("experts gate/up");
+      if (down_combine)
+        DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                       b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
+      else
+        DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, gv_rows, b->y, Hp, 1, 0, pf0, E,
+                                   s));
+    }
+  } else {
+    DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
+                               b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
+    PROF("experts gate/up");
+    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
+  }
+  PROF("experts down");
+  if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+  const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
+  if (!SKIP(SKIP_COMBINE) && !down_combine)
+    DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
+                            b->eps, (uint16_t *)b->xn, Hp, s));
+  *xn_ready_io = fuse;
+  PROF("combine");
+  return DI_OK;
+}
+
+di_status forward(cu_backend *b) {
+  cudaStream_t s = b->stream;
+  const int T = b->Tp, H = b->H;
+  b->n_marks = 0;
+  PROF("start");
+  DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, b->d_sample_out, T, H, b->h, s));
+  int xn_ready = 0; /* the MoE combine already wrote this layer's normed input */
+  /* decode-sized steps: each layer's attention norm is done by its q/kv GEMM, and a one-token step's
+   * MoE down projection adds the weighted expert outputs to h itself (DEEPINFER_CUDA_DOWN_COMBINE=0:
+   * the separate combine kernel, which then also writes the next layer's normed input) */
+  const int normed_gemm = b->down_combine && di_cu_gemm_normed_ok(b->blas, T, H, H);
+  for (int l = 0; l < b->n_layers; l++) DI_TRY(layer_step(b, l, &xn_ready, normed_gemm));
+  DI_TRY(di_cuk_rmsnorm_rows(b->h, H, b->d_out_rows, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, s));
+  if (!SKIP(SKIP_LMHEAD))
+    DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
+                    b->logits, b->V, 1, 0.f, s));
+  PROF("lm_head");
+  if (b->step_sample) DI_TRY(di_cuk_sample(b->logits, b->n_out_p, b->V, b->d_step_rows, b->d_sample_out, s));
+  return DI_OK;
+}
+
+/* The architecture's shapes (router, rotary, padded widths) and weights to the device: the main layers,
+ * then the MTP layer when loaded (b->n_mtp, set by create). */
+di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights *w) {
+  b->H = c->hidden_size; b->NH = c->num_attention_heads; b->dn = c->qk_nope_head_dim; b->dr = c->qk_rope_head_dim;
+  b->dv = c->v_head_dim; b->R = c->kv_lora_rank; b->dqk = b->dn + b->dr; b->V = c->vocab_size;
+  b->qr = c->q_lora_rank; b->eps = c->rms_norm_eps; b->Idense = c->intermediate_size;
+  b->E = c->n_routed_experts; b->K = c->n_routed_experts > 0 ? c->num_experts_per_tok : 0;
+  b->Ip = (c->moe_intermediate_size + 63) / 64 * 64;
+  b->Hp = b->E > 0 ? (b->H + 127) / 128 * 128 : b->H;
+  b->Wa = (b->qr > 0 ? b->qr : b->NH * b->dqk) + b->R + b->dr;
+  /* shared experts fold into the grouped GEMM when they are n_shared experts' worth of width */
+  b->n_sh = 0;
+  if (b->E > 0 && c->n_shared_experts > 0) {
+    int fold = 1;
+    for (int l = 0; l < w->n_layers; l++)
+      if (w->layers[l].is_moe && w->layers[l].has_shared &&
+          w->layers[l].sh_gate.rows != (int64_t)c->n_shared_experts * c->moe_intermediate_size)
+        fold = 0;
+    if (fold) b->n_sh = c->n_shared_experts;
+  }
+  b->Et = b->E + b->n_sh;
+  b->Kt = b->K + b->n_sh;
+  if (b->R > DI_CUK_MLA_R || b->dr > DI_CUK_MLA_P || b->dr % 2)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: kv_lora_rank %d / rope dim %d unsupported (<= %d / even <= %d)",
+                        b->R, b->dr, DI_CUK_MLA_R, DI_CUK_MLA_P);
+  if (b->E > 0 && b->K > 8)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: MoE top-k <= 8 supported (got %d)", b->K);
+  b->router.E = b->E; b->router.k = b->K; b->router.n_group = c->n_group; b->router.topk_group = c->topk_group;
+  b->router.sigmoid = c->scoring_func == DI_SCORE_SIGMOID;
+  b->router.method = c->topk_method == DI_TOPK_GREEDY ? 0 : c->topk_method == DI_TOPK_GROUP_LIMITED_GREEDY ? 1 : 2;
+  b->router.norm_topk = c->norm_topk_prob;
+  b->router.scale_after_norm = c->arch == DI_ARCH_DEEPSEEK_V3;
+  b->router.routed_scale = c->routed_scaling_factor;
+  b->router.n_shared = b->n_sh;
+  b->router.block_route = di_switch_bool(DI_SW_CUDA_BLOCK_ROUTE, 0); /* A/B: the block-wide routing everywhere */
+  double invf[DI_CUK_MLA_P / 2];
+  float invf32[DI_CUK_MLA_P / 2];
+  di_rope_inv_freq(c, invf);
+  for (int i = 0; i < b->dr / 2; i++) invf32[i] = (float)invf[i];
+  DI_TRY(up_vec(b, invf32, b->dr / 2, &b->inv_freq));
+  b->rope.inv_freq = b->inv_freq;
+  b->rope.attn_factor = c->rope_attention_factor;
+  b->rope.interleave = c->rope_interleave;
+  /* weights */
+  DI_TRY(up_mat(b, &w->embed, b->V, b->H, &b->embed, "embed_tokens"));
+  DI_TRY(up_mat(b, &w->lm_head, b->V, b->H, &b->lm_head, "lm_head"));
+  DI_TRY(up_vec(b, w->final_norm, b->H, &b->final_norm));
+  b->n_layers = w->n_layers;
+  /* the MTP layer when the checkpoint has one (checked on the H200 against the CPU's MTP forward and
+   * in speculative decoding); DEEPINFER_CUDA_MTP=0 leaves it on the host (no weights, no KV for it) */
+  b->n_mtp = w->n_mtp > 0 && di_switch_bool(DI_SW_CUDA_MTP, 1) ? 1 : 0;
+  b->L = (cu_layer *)calloc((size_t)(b->n_layers + b->n_mtp > 0 ? b->n_layers + b->n_mtp : 1), sizeof(cu_layer));
+  if (!b->L) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+  for (int l = 0; l < b->n_layers + b->n_mtp; l++) DI_TRY(upload_layer(b, c, &w->layers[l], &b->L[l], l));
+  if (b->n_mtp) {
+    const di_ds_layer *m = &w->layers[w->n_layers];
+    DI_TRY(up_vec(b, m->enorm, b->H, &b->mtp_enorm));
+    DI_TRY(up_vec(b, m->hnorm, b->H, &b->mtp_hnorm));
+    DI_TRY(up_vec(b, m->head_norm, b->H, &b->mtp_head_norm));
+    DI_TRY(up_mat(b, &m->eh_proj, b->H, 2 * (int64_t)b->H, &b->mtp_eh, "eh_proj"));
+    if (m->mtp_embed.data == w->embed.data) b->mtp_embed = b->embed;
+    else DI_TRY(up_mat(b, &m->mtp_embed, b->V, b->H, &b->mtp_embed, "mtp embed_tokens"));
+    if (m->head.data == w->lm_head.data) b->mtp_head = b->lm_head;
+    else DI_TRY(up_mat(b, &m->head, b->V, b->H, &b->mtp_head, "shared_head.head"));
+    b->base.n_mtp_layers = 1;
+  }
+  return DI_OK;
+}

@@ -1,0 +1,167 @@
+/* The CUDA backend's device memory: every allocation recorded (freed together at destroy), the
+ * activation buffers sized for a step's token / output / split counts (growth drops the captured
+ * graphs, which hold the old pointers), and the paged latent KV pool. */
+#include "cuda_backend_impl.cuh"
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- allocation --------------------------------------------------------------------------------- */
+
+di_status dev_alloc(cu_backend *b, void **p, size_t bytes) {
+  if (b->n_allocs == b->cap_allocs) {
+    int nc = b->cap_allocs ? 2 * b->cap_allocs : 256;
+    void **na = (void **)realloc(b->allocs, sizeof(void *) * (size_t)nc);
+    if (!na) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+    b->allocs = na;
+    b->cap_allocs = nc;
+  }
+  cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+  if (e != cudaSuccess)
+    return di_error_set(DI_ERR_OOM, "cuda: cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+  b->allocs[b->n_allocs++] = *p;
+  return DI_OK;
+}
+
+void dev_free(cu_backend *b, void *p) {
+  if (!p) return;
+  for (int i = 0; i < b->n_allocs; i++)
+    if (b->allocs[i] == p) {
+      cudaFree(p);
+      b->allocs[i] = b->allocs[--b->n_allocs];
+      return;
+    }
+}
+
+/* ---- activations -------------------------------------------------------------------------------- */
+
+void drop_graphs(cu_backend *b) {
+  for (int i = 0; i < b->n_graphs; i++)
+    if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
+  b->n_graphs = 0;
+}
+
+
+di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
+  if (T > b->cap_T) {
+    int c = b->cap_T ? b->cap_T : 256;
+    while (c < T) c *= 2;
+    drop_graphs(b);
+    b->cap_T = c;
+    const int64_t A = (int64_t)c * b->Kt; /* expert assignments */
+    int64_t act_w = (int64_t)b->Ip * A;
+    if ((int64_t)b->Idense * c > act_w) act_w = (int64_t)b->Idense * c;
+    if ((int64_t)b->Ish * c > act_w) act_w = (int64_t)b->Ish * c;
+    int64_t gu_w = 2 * (int64_t)b->Idense * c;
+    if (2 * (int64_t)b->Ish * c > gu_w) gu_w = 2 * (int64_t)b->Ish * c;
+    REALLOC(b->h, sizeof(float) * (size_t)c * b->H);
+    REALLOC(b->xf, sizeof(float) * (size_t)c * b->H);
+    REALLOC(b->xn, 2 * (size_t)c * b->Hp);
+    DI_CU(cudaMemset(b->xn, 0, 2 * (size_t)c * b->Hp)); /* padding columns stay zero */
+    REALLOC(b->qkv, 2 * (size_t)c * b->Wa);
+    REALLOC(b->q, 2 * (size_t)c * b->NH * b->dqk);
+    REALLOC(b->qa_n, 2 * (size_t)c * (b->qr > 0 ? b->qr : 1));
+    REALLOC(b->Qa, 2 * (size_t)c * b->NH * DI_CUK_MLA_D);
+    REALLOC(b->olat, 2 * (size_t)c * b->NH * DI_CUK_MLA_R);
+    REALLOC(b->attn, 2 * (size_t)c * b->NH * b->dv);
+    REALLOC(b->router_logits, sizeof(float) * (size_t)c * (b->E > 0 ? b->E : 1));
+    REALLOC(b->topk_ids, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->topk_w, sizeof(float) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->perm_tok, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->inv, sizeof(int32_t) * (size_t)(A > 0 ? A : 1));
+    REALLOC(b->tiles, sizeof(int32_t) * (size_t)(A / 16 + b->Et + 1));
+    REALLOC(b->expert_off, sizeof(int32_t) * (size_t)(b->Et + 1));
+    REALLOC(b->n_tiles, sizeof(int32_t) * 4);
+    REALLOC(b->gu, 2 * (size_t)(gu_w > 0 ? gu_w : 1));
+    REALLOC(b->act, 2 * (size_t)(act_w > 0 ? act_w : 1));
+    REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->Hp);
+    /* the padded garbage rows of Qa's latent columns are rewritten every step; start finite */
+    DI_CU(cudaMemset(b->Qa, 0, 2 * (size_t)c * b->NH * DI_CUK_MLA_D));
+  }
+  if (n_out > b->cap_out) {
+    int c = b->cap_out ? b->cap_out : b->out_cap0;
+    while (c < n_out) c *= 2;
+    drop_graphs(b);
+    /* with token feedback this step may read the last step's samples (d_sample_out, the embedding of
+     * its -1 - row ids) and the host may still fetch them (a half of h_sample_out): both keep their
+     * contents across the growth (rare: the capacity doubles), after the stream has drained */
+    DI_CU(cudaStreamSynchronize(b->stream));
+    const int old_cap = b->cap_out;
+    int32_t *old_d = b->d_sample_out, *old_h = b->h_sample_out;
+    b->d_sample_out = NULL;
+    b->h_sample_out = NULL;
+    REALLOC(b->hout, sizeof(float) * (size_t)c * b->H);
+    REALLOC(b->hn, 2 * (size_t)c * b->H);
+    REALLOC(b->logits, sizeof(float) * (size_t)c * b->V);
+    REALLOC(b->d_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c);
+    DI_TRY(dev_alloc(b, (void **)&b->d_sample_out, sizeof(int32_t) * (size_t)c));
+    if (old_d) {
+      DI_CU(cudaMemcpy(b->d_sample_out, old_d, sizeof(int32_t) * (size_t)old_cap, cudaMemcpyDeviceToDevice));
+      dev_free(b, old_d);
+    }
+    free(b->sub_rows);
+    b->sub_rows = (di_sample_row *)malloc(sizeof(di_sample_row) * (size_t)c);
+    if (!b->sub_rows) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+    cudaFreeHost(b->h_sample_rows);
+    b->h_sample_rows = NULL;
+    DI_CU(cudaMallocHost((void **)&b->h_sample_rows, sizeof(di_cuk_sample_row) * (size_t)c));
+    DI_CU(cudaMallocHost((void **)&b->h_sample_out, 2 * sizeof(int32_t) * (size_t)c));
+    if (old_h) {
+      for (int half = 0; half < 2; half++)
+        memcpy(b->h_sample_out + (size_t)half * c, old_h + (size_t)half * old_cap, sizeof(int32_t) * (size_t)old_cap);
+      cudaFreeHost(old_h);
+    }
+    b->cap_out = c;
+  }
+  if (n_parts > b->cap_parts) {
+    int c = b->cap_parts ? b->cap_parts : 512;
+    while (c < n_parts) c *= 2;
+    drop_graphs(b);
+    b->cap_parts = c;
+    REALLOC(b->part_o, sizeof(float) * (size_t)c * DI_CUK_ATTN_ROWS * DI_CUK_MLA_R);
+    REALLOC(b->part_lse, sizeof(float) * (size_t)c * DI_CUK_ATTN_ROWS);
+  }
+  return DI_OK;
+}
+
+
+int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap) {
+  cu_backend *b = (cu_backend *)bb;
+  if (cap < 1) return 1;
+  g[0].n_layers = b->n_layers + b->n_mtp;
+  g[0].bytes_per_token = (int64_t)(b->n_layers + b->n_mtp) * DI_CUK_MLA_D * 2;
+  g[0].tokens_per_entry = 1;
+  g[0].window = 0;
+  return 1;
+}
+
+di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks) {
+  cu_backend *b = (cu_backend *)bb;
+  if (n_blocks <= 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: kv_alloc of %lld blocks", (long long)n_blocks);
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: kv_alloc while a step is in flight");
+  drop_graphs(b);
+  dev_free(b, b->kv);
+  b->kv = NULL;
+  size_t bytes = (size_t)(b->n_layers + b->n_mtp) * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2;
+  DI_TRY(dev_alloc(b, (void **)&b->kv, bytes));
+  DI_CU(cudaMemset(b->kv, 0, bytes));
+  b->n_blocks = n_blocks;
+  return DI_OK;
+}
+
+
+/* gpu_memory_utilization's inputs (backend.h): the largest step's activation and output buffers are
+ * reserved first (they then count as used), then the device's total and in-use bytes are read. The
+ * attention's partial-result slots and the CUDA graphs grow later; the (1 - utilization) headroom
+ * covers them. A pool left by an earlier engine is not counted: the new engine's kv_alloc replaces it. */
+di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, int64_t *total_bytes,
+                         int64_t *used_bytes) {
+  cu_backend *b = (cu_backend *)bb;
+  DI_TRY(ensure_acts(b, max_step_tokens > 256 ? max_step_tokens : 256, max_outputs > 16 ? max_outputs : 16, 512));
+  DI_CU(cudaDeviceSynchronize());
+  size_t free_b = 0, total_b = 0;
+  DI_CU(cudaMemGetInfo(&free_b, &total_b));
+  const size_t pool = b->kv ? (size_t)(b->n_layers + b->n_mtp) * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2 : 0;
+  *total_bytes = (int64_t)total_b;
+  *used_bytes = (int64_t)(total_b - free_b) - (int64_t)pool;
+  return DI_OK;
+}

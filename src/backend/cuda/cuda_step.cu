@@ -1,0 +1,324 @@
+/* A step of the CUDA backend: prepare() lays the batch's inputs (tokens, positions, cache slots,
+ * block tables, the attention work list and its splits, sampling rows) out in one pinned block and
+ * sizes the buffers; submit() uploads it in one copy and runs the forward eagerly, or captures it into
+ * a CUDA graph per bucket the second time the bucket is seen and replays it after that; wait() takes
+ * the logits (and the profile marks). */
+#include "cuda_backend_impl.cuh"
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- step preparation ---------------------------------------------------------------------------- */
+
+static int pow2_at_least(int n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+static di_status ensure_inputs(cu_backend *b, size_t n) {
+  if (n <= b->in_cap) return DI_OK;
+  size_t c = b->in_cap ? b->in_cap : ((size_t)1 << 20);
+  while (c < n) c *= 2;
+  drop_graphs(b);
+  cudaFreeHost(b->in_host);
+  b->in_host = NULL;
+  dev_free(b, b->in_dev);
+  b->in_dev = NULL;
+  DI_CU(cudaMallocHost((void **)&b->in_host, c * sizeof(int32_t)));
+  DI_TRY(dev_alloc(b, (void **)&b->in_dev, c * sizeof(int32_t)));
+  b->in_cap = c;
+  return DI_OK;
+}
+
+di_status prepare(cu_backend *b, const di_batch *bt) {
+  const int T = bt->n_tokens, NH = b->NH;
+  /* the pinned input block is rewritten below: the previous step's upload must have run (with token
+   * feedback that step may still be queued) */
+  if (b->h2d_recorded) DI_CU(cudaEventSynchronize(b->ev_h2d));
+  if (T <= 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: empty batch");
+  if (bt->n_outputs < 0 || bt->n_outputs > T)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: %d outputs for %d tokens", bt->n_outputs, T);
+  if (!b->kv) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: submit before kv_alloc");
+  const int graph = b->use_graphs && T <= DI_CUDA_GRAPH_MAX_T;
+  const int Tp = graph ? pow2_at_least(T) : T;
+  const int n_out = bt->n_outputs, n_out_p = graph ? pow2_at_least(n_out > 0 ? n_out : 1) : (n_out > 0 ? n_out : 1);
+  int max_blocks = 1;
+  for (int t = 0; t < T; t++) {
+    int sq = bt->seq_of[t], pos = bt->positions[t];
+    if (sq < 0 || sq >= bt->n_seqs) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: sequence %d of %d", t, sq, bt->n_seqs);
+    if (bt->tokens[t] >= b->V || (bt->tokens[t] < 0 && -1 - bt->tokens[t] >= b->fb_n))
+      return di_error_set(DI_ERR_INVALID_ARG, bt->tokens[t] < 0 ? "token id %d: no sampled row %d to take it from" :
+                          "token id %d out of range [0, %d)", bt->tokens[t], bt->tokens[t] < 0 ? -1 - bt->tokens[t] : b->V);
+    if (pos < 0 || pos / DI_KV_BLOCK_SIZE >= bt->seqs[sq].n_blocks)
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: position %d beyond its %d blocks", t, pos, bt->seqs[sq].n_blocks);
+    if (pos / DI_KV_BLOCK_SIZE + 1 > max_blocks) max_blocks = pos / DI_KV_BLOCK_SIZE + 1;
+  }
+  for (int i = 0; i < n_out; i++)
+    if (bt->output_rows[i] < 0 || bt->output_rows[i] >= T)
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: output row %d out of range", bt->output_rows[i]);
+  const int bt_stride = pow2_at_least(max_blocks);
+
+  /* attention chunks: runs of consecutive tokens of one sequence, cut into rows of bm; padding
+   * tokens form their own run (the spare sequence T_p, position 0) */
+  const int rows_total = Tp * NH;
+  int n_runs = 0;
+  for (int t = 0; t < T; t++)
+    if (t == 0 || bt->seq_of[t] != bt->seq_of[t - 1]) n_runs++;
+  if (Tp > T) n_runs++;
+  const int bm = rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;
+  /* count chunks */
+  int n_chunks = 0;
+  for (int t = 0; t < Tp;) {
+    int u = t + 1;
+    while (u < Tp && (t >= T ? 1 : (u < T && bt->seq_of[u] == bt->seq_of[t]))) u++;
+    n_chunks += (((u - t) * NH) + bm - 1) / bm;
+    t = u;
+  }
+  const int target = 2 * b->sms;
+  /* batch-invariant mode: no key splits (a split's boundaries would follow the batch's longest row of
+   * the item; one pass over keys 0.. in fixed tiles gives every row the same sums, the tiles past its
+   * own position being exact no-ops of the online softmax) */
+  int S_max = n_chunks >= target || b->invariant ? 1 : (target + n_chunks - 1) / n_chunks;
+  const int KS = b->split_keys;
+  int tiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + KS - 1) / KS;
+  if (S_max > tiles_cap) S_max = tiles_cap;
+  /* decode of few sequences (<= 2 x SMs / cluster size of them): the cluster form (splits merged inside
+   * a cluster of CTAs, k_mla_decode.cu), one cluster per row group up to CL_TILES key tiles of 64 per
+   * CTA (contexts <= 2048 keys with clusters of 16, 1024 with 8), so short contexts need no combine
+   * kernel in the graph; longer ones take more clusters, merged by mla_combine */
+  const int CL = b->attn_cluster, CL_TILES = 2;
+  /* batch-invariant mode: every step in this form, one cluster per row group, key tiles dealt to its
+   * CTAs round-robin (the strided form of di_cuk_mla_attn_cluster) */
+  const int cluster = CL > 0 && bm == 16 && (n_chunks * CL <= target || b->invariant);
+  int C_max = 1;
+  if (cluster && !b->invariant) {
+    const int ktiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + DI_CUK_DECODE_KTILE - 1) / DI_CUK_DECODE_KTILE;
+    C_max = (ktiles_cap + CL * CL_TILES - 1) / (CL * CL_TILES);
+    const int c_fit = target / (CL * n_chunks);
+    if (C_max > c_fit) C_max = c_fit > 1 ? c_fit : 1;
+  }
+  if (cluster) S_max = C_max; /* partial slots: one per cluster */
+  const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
+  DI_TRY(ensure_acts(b, Tp, n_out_p, max_items));
+
+  /* layout of the input block (int32 units); the last block-table row is the padding tokens' */
+  const int n_seq_rows = (bt->n_seqs > Tp ? bt->n_seqs : Tp) + 1, spare_seq = n_seq_rows - 1;
+  size_t o = 0;
+  const size_t o_tok = o; o += Tp;
+  const size_t o_pos = o; o += Tp;
+  const size_t o_slot = o; o += Tp;
+  const size_t o_out = o; o += n_out_p;
+  const size_t o_bt = o; o += (size_t)n_seq_rows * bt_stride;
+  const size_t o_n = o; o += 4;
+  o = (o + 3) & ~(size_t)3;
+  const size_t o_items = o; o += (size_t)max_items * (sizeof(di_cuk_attn_item) / sizeof(int32_t));
+  const size_t o_citems = o; o += (size_t)(max_citems > 0 ? max_citems : 1) * 4;
+  o = (o + 1) & ~(size_t)1; /* 8-byte fields */
+  const size_t o_srows = o; o += (size_t)n_out_p * (sizeof(di_cuk_sample_row) / sizeof(int32_t));
+  DI_TRY(ensure_inputs(b, o));
+  int32_t *hi = b->in_host;
+  const int32_t spare = (int32_t)b->n_blocks;
+  for (int t = 0; t < Tp; t++) {
+    if (t < T) {
+      const di_batch_seq *sq = &bt->seqs[bt->seq_of[t]];
+      int pos = bt->positions[t];
+      hi[o_tok + t] = bt->tokens[t];
+      hi[o_pos + t] = pos;
+      hi[o_slot + t] = sq->block_table[pos / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + pos % DI_KV_BLOCK_SIZE;
+    } else {
+      hi[o_tok + t] = 0;
+      hi[o_pos + t] = 0;
+      hi[o_slot + t] = spare * DI_KV_BLOCK_SIZE;
+    }
+  }
+  for (int i = 0; i < n_out_p; i++) hi[o_out + i] = i < n_out ? bt->output_rows[i] : 0;
+  b->step_sample = bt->sample_rows && b->step_sample_on && n_out > 0;
+  if (b->step_sample) {
+    di_cuk_sample_row *sr = (di_cuk_sample_row *)(hi + o_srows);
+    for (int i = 0; i < n_out_p; i++) {
+      const di_sample_row *r = &bt->sample_rows[i < n_out ? i : 0];
+      sr[i] = cuk_row(r);
+      if (i >= n_out) sr[i].temperature = 0.f; /* padding rows: greedy, ignored */
+    }
+    memcpy(b->sub_rows, bt->sample_rows, sizeof(di_sample_row) * (size_t)n_out);
+  }
+  for (int sidx = 0; sidx < n_seq_rows; sidx++) {
+    int32_t *row = hi + o_bt + (size_t)sidx * bt_stride;
+    int nb = 0;
+    if (sidx < bt->n_seqs) {
+      nb = bt->seqs[sidx].n_blocks < bt_stride ? bt->seqs[sidx].n_blocks : bt_stride;
+      for (int j = 0; j < nb; j++) {
+        int32_t id = bt->seqs[sidx].block_table[j];
+        if (id < 0 || id >= b->n_blocks)
+          return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: block id %d out of range [0, %lld)", id, (long long)b->n_blocks);
+        row[j] = id;
+      }
+    }
+    for (int j = nb; j < bt_stride; j++) row[j] = spare;
+  }
+  /* items */
+  di_cuk_attn_item *items = (di_cuk_attn_item *)(hi + o_items);
+  di_cuk_combine_item *citems = (di_cuk_combine_item *)(hi + o_citems);
+  int ni = 0, nci = 0, part = 0;
+  for (int t = 0; t < Tp;) {
+    int u = t + 1;
+    while (u < Tp && (t >= T ? 1 : (u < T && bt->seq_of[u] == bt->seq_of[t]))) u++;
+    const int seq = t >= T ? spare_seq : bt->seq_of[t];
+    int kfresh = t < T ? bt->positions[t] : 0; /* the sequence's smallest position in this step */
+    for (int tt = t + 1; tt < u && tt < T; tt++)
+      if (bt->positions[tt] < kfresh) kfresh = bt->positions[tt];
+    for (int r0 = t * NH; r0 < u * NH; r0 += bm) {
+      int r1 = r0 + bm < u * NH ? r0 + bm : u * NH;
+      int maxpos = 0;
+      for (int tt = r0 / NH; tt <= (r1 - 1) / NH; tt++) {
+        int p = tt < T ? bt->positions[tt] : 0;
+        if (p > maxpos) maxpos = p;
+      }
+      if (cluster) {
+        const int nkt = (maxpos + DI_CUK_DECODE_KTILE) / DI_CUK_DECODE_KTILE;
+        int nc = (nkt + CL * CL_TILES - 1) / (CL * CL_TILES);
+        if (nc > C_max) nc = C_max;
+        ni += di_cuk_attn_cluster_items(r0, r1, seq, maxpos + 1, kfresh, CL, nc, b->invariant, &part, items + ni, citems,
+                                        &nci);
+        continue;
+      }
+      const int nkt = (maxpos + KS) / KS;
+      /* at least attn_min_split x split_keys keys per split (DEEPINFER_CUDA_ATTN_MIN_SPLIT, default
+       * 1; DEEPINFER_CUDA_ATTN_SPLIT_KEYS, default DI_CUK_ATTN_KTILE = 32): a split's work is a
+       * latency-bound chain of key tiles, so at decode more, shorter splits finish sooner (measured:
+       * 2 x 64 keys per split was 5% slower per token than 1 x 64 at a 600-token context) */
+      const int s_len = (nkt + b->attn_min_split - 1) / b->attn_min_split;
+      int S = S_max < s_len ? S_max : s_len;
+      const int per = (nkt + S - 1) / S;
+      S = (nkt + per - 1) / per;
+      if (S == 1) {
+        items[ni++] = (di_cuk_attn_item){r0, r1, seq, 0, maxpos + 1, -1, kfresh};
+      } else {
+        citems[nci++] = (di_cuk_combine_item){r0, r1, part, S};
+        for (int sp = 0; sp < S; sp++) {
+          int k0 = sp * per * KS, k1 = (sp + 1) * per * KS;
+          if (k1 > maxpos + 1) k1 = maxpos + 1;
+          items[ni++] = (di_cuk_attn_item){r0, r1, seq, k0, k1, part++, kfresh};
+        }
+      }
+    }
+    t = u;
+  }
+  DI_ASSERT(ni <= max_items && nci <= (max_citems > 0 ? max_citems : 0) + 0);
+  hi[o_n] = ni;
+  hi[o_n + 1] = nci;
+  int32_t *d = b->in_dev;
+  b->d_tokens = d + o_tok; b->d_pos = d + o_pos; b->d_slots = d + o_slot; b->d_out_rows = d + o_out;
+  b->d_bt = d + o_bt; b->d_nitems = d + o_n; b->d_ncitems = d + o_n + 1;
+  b->d_items = (di_cuk_attn_item *)(d + o_items);
+  b->d_step_rows = (di_cuk_sample_row *)(d + o_srows);
+  b->d_citems = (di_cuk_combine_item *)(d + o_citems);
+  b->T = T; b->Tp = Tp; b->n_out = n_out; b->n_out_p = n_out_p; b->bt_stride = bt_stride;
+  b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->attn_cl = cluster ? CL : 0; b->in_used = o;
+  b->n_seq_rows = n_seq_rows;
+  return DI_OK;
+}
+
+
+static graph_entry *find_graph(cu_backend *b) {
+  for (int i = 0; i < b->n_graphs; i++) {
+    graph_entry *g = &b->graphs[i];
+    if (g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
+        g->max_citems == b->max_citems && g->bm == b->bm && g->attn_cl == b->attn_cl && g->n_seq_rows == b->n_seq_rows &&
+        g->step_sample == b->step_sample)
+      return g;
+  }
+  if (b->n_graphs == MAX_GRAPHS) drop_graphs(b);
+  graph_entry *g = &b->graphs[b->n_graphs++];
+  memset(g, 0, sizeof *g);
+  g->T = b->Tp; g->n_out = b->n_out_p; g->bt_stride = b->bt_stride; g->max_items = b->max_items;
+  g->max_citems = b->max_citems; g->bm = b->bm; g->attn_cl = b->attn_cl; g->n_seq_rows = b->n_seq_rows;
+  g->step_sample = b->step_sample;
+  return g;
+}
+
+
+/* a step is on the stream: when it samples in-step, its tokens' copy to the host goes right behind it */
+static di_status step_queued(cu_backend *b) {
+  b->pending = 1;
+  b->tok_queued = b->step_sample;
+  if (b->step_sample) DI_TRY(queue_tokens(b, b->n_out));
+  return DI_OK;
+}
+
+di_status cu_submit(di_backend *bb, const di_batch *batch) {
+  cu_backend *b = (cu_backend *)bb;
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: submit while a step is in flight");
+  DI_TRY(prepare(b, batch));
+  DI_CU(cudaMemcpyAsync(b->in_dev, b->in_host, b->in_used * sizeof(int32_t), cudaMemcpyHostToDevice, b->stream));
+  DI_CU(cudaEventRecord(b->ev_h2d, b->stream));
+  b->h2d_recorded = 1;
+  b->stats.steps++;
+  const int graph = b->use_graphs && b->T <= DI_CUDA_GRAPH_MAX_T;
+  if (!graph) {
+    DI_TRY(forward(b));
+    return step_queued(b);
+  }
+  graph_entry *g = find_graph(b);
+  if (!g->exec && g->seen < 1) { /* first sight: eager (sets kernel attributes, plans GEMMs) */
+    g->seen++;
+    DI_TRY(forward(b));
+    return step_queued(b);
+  }
+  if (!g->exec) {
+    cudaGraph_t graph_h = NULL;
+    DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+    di_status st = forward(b);
+    cudaError_t e = cudaStreamEndCapture(b->stream, &graph_h);
+    if (st != DI_OK) { if (graph_h) cudaGraphDestroy(graph_h); return st; }
+    if (e != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: graph capture failed: %s", cudaGetErrorString(e));
+    e = cudaGraphInstantiate(&g->exec, graph_h, 0);
+    cudaGraphDestroy(graph_h);
+    if (e != cudaSuccess) { g->exec = NULL; return di_error_set(DI_ERR_BACKEND, "cuda: graph instantiate failed: %s", cudaGetErrorString(e)); }
+    b->stats.graph_captures++;
+  }
+  if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g0, b->stream));
+  DI_CU(cudaGraphLaunch(g->exec, b->stream));
+  if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g1, b->stream));
+  b->timing = b->gpu_time;
+  b->stats.graph_replays++;
+  return step_queued(b);
+}
+
+di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
+  cu_backend *b = (cu_backend *)bb;
+  if (!b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: wait without submit");
+  b->pending = 0;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  if (b->timing) {
+    float ms = 0;
+    DI_CU(cudaEventElapsedTime(&ms, b->ev_g0, b->ev_g1));
+    b->stats.graph_ms += ms;
+    b->stats.timed_replays++;
+    b->timing = 0;
+  }
+  if (b->prof && b->n_marks > 1 && b->T <= DI_CUDA_GRAPH_MAX_T) { /* decode-sized steps only */
+    b->prof_steps++;
+    for (int i = 1; i < b->n_marks; i++) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, b->marks[i - 1], b->marks[i]);
+      int k = 0;
+      while (k < b->n_plabel && strcmp(b->plabel[k], b->mark_label[i])) k++;
+      if (k == b->n_plabel && k < 64) b->plabel[b->n_plabel++] = b->mark_label[i];
+      if (k < 64) b->ptime[k] += ms;
+    }
+  }
+  if (logits && b->n_out > 0)
+    DI_CU(cudaMemcpy(logits, b->logits, sizeof(float) * (size_t)b->n_out * b->V, cudaMemcpyDeviceToHost));
+  if (hidden && b->n_out > 0) {
+    size_t n = (size_t)b->n_out * b->H;
+    uint16_t *tmp = (uint16_t *)malloc(n * 2);
+    if (!tmp) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+    cudaError_t e = cudaMemcpy(tmp, b->hn, n * 2, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) { free(tmp); return di_error_set(DI_ERR_BACKEND, "cuda: hidden copy: %s", cudaGetErrorString(e)); }
+    for (size_t i = 0; i < n; i++) hidden[i] = di_bf16_to_f32(tmp[i]);
+    free(tmp);
+  }
+  return DI_OK;
+}
+

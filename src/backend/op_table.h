@@ -1,0 +1,68 @@
+/* One table of op test cases run against every backend, in the manner of ggml's test-backend-ops: a
+ * row is an op, its shapes, the weight format for products, and a normalized error bound (relative L2
+ * against a float64 reference) for backends that compute in f32 and for those that round operands to
+ * bf16. The float64 references live here beside the table (op_table.c), not inside a test; each backend
+ * offers a runner (di_op_runner) that computes a case with its own kernels: the CPU one in
+ * backend/cpu/cpu_ops.c, the CUDA one in backend/cuda/cuda_ops.cu. tests/unit/test_backend_ops.c runs
+ * the table on the CPU in CI, tests/cuda/test_cuda_ops.c on the GPU. A new kernel gets its test by
+ * adding rows here and a case to each runner (a runner answers DI_ERR_UNSUPPORTED for an op it lacks,
+ * reported as such, never as passed). */
+#ifndef DI_OP_TABLE_H
+#define DI_OP_TABLE_H
+#include <stdint.h>
+#include <stdio.h>
+#include "model/weights.h"
+#include "util/status.h"
+
+typedef enum {
+  DI_OP_GEMM,     /* y[m][n] = sum_k x[m][k] * W[n][k]; W in the row's weight format */
+  DI_OP_RMSNORM,  /* y[m][:] = x[m][:] / sqrt(mean(x[m]^2) + eps) * w, n columns */
+  DI_OP_SILU_MUL, /* y[m][i] = silu(x[m][i]) * x[m][n + i], x [m][2n] (gate | up) */
+  DI_OP_COUNT
+} di_op_kind;
+
+typedef struct di_op_case {
+  di_op_kind op;
+  const char *label;
+  int m, n, k;              /* GEMM: x [m][k], W [n][k]; the others: m rows of n */
+  di_dtype wtype;           /* GEMM's weight format: BF16, F32, F8E4M3 or F4E2M1 */
+  int block_rows, block_cols, e8m0; /* FP8 block shape and scale type (MXFP4: 1 x 32, E8M0) */
+  double tol_f32, tol_bf16; /* relative L2 bounds: f32 arithmetic / bf16 operands */
+} di_op_case;
+
+extern const di_op_case di_op_cases[];
+extern const int di_n_op_cases;
+
+/* A case's inputs (random, from a seed) and its float64 reference. */
+typedef struct di_op_data {
+  const di_op_case *c;
+  float *x;      /* GEMM [m][k]; RMSNORM [m][n]; SILU_MUL [m][2n] */
+  float *nw;     /* RMSNORM's weight [n] */
+  float eps;
+  di_weight w;   /* GEMM's weight, as a checkpoint would store it */
+  void *wdata, *wscales;
+  double *ref;   /* [n_out] */
+  int64_t n_out; /* m * n */
+} di_op_data;
+
+di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d);
+void di_op_data_free(di_op_data *d);
+
+/* The float64 references (inputs as stored: weights dequantized exactly, f32 activations). */
+void di_op_ref_gemm(const float *x, int m, int k, const di_weight *w, double *y);
+void di_op_ref_rmsnorm(const float *x, int m, int n, const float *w, double eps, double *y);
+void di_op_ref_silu_mul(const float *x, int m, int n, double *y);
+
+/* A backend's runner: computes d's case into out (d->n_out floats); DI_ERR_UNSUPPORTED for an op or
+ * format the backend lacks. */
+typedef di_status (*di_op_runner)(void *ctx, const di_op_data *d, float *out);
+
+typedef struct di_op_report {
+  int run, passed, failed, unsupported;
+} di_op_report;
+
+/* Runs every row of the table through `run` (bf16_operands: the bound is the row's tol_bf16, else
+ * tol_f32), printing a line per row to log (may be NULL). */
+di_op_report di_op_check(const char *backend, di_op_runner run, void *ctx, int bf16_operands, uint64_t seed,
+                         FILE *log);
+#endif

@@ -1,0 +1,602 @@
+/* Lark front-end (the dialect llguidance takes, and OpenAI's grammar-constrained custom tools):
+ * `rule: expansions` (lower case) and `TERMINAL: expansions` (upper case), `|` alternatives that
+ * may continue on lines starting with `|`, strings "..." (flag i), ranges "a".."z", /regex/
+ * terminals (flags i, s; Rust regex syntax as llguidance has it, see regex.c's DI_RE_LARK), groups
+ * ( ), optionals [ ], `? * +`, `~ N` and `~ N..M`, `-> alias` (ignored), `?rule` / `!rule` / `_rule`
+ * (tree shaping, ignored), priorities `name.N` (parsed: the language is the union, so priorities
+ * only matter to a lexer), `%import common.NAME [-> ALIAS]` / `%import common (A, B)`, `%ignore`.
+ * The start rule is `start`. `//` comments.
+ *
+ * Lowering: the output is characters, not tokens, so %ignore becomes an optional repetition of the
+ * ignored terminals before every terminal used in a rule (lower-case definition) and at the end of
+ * the output; terminal definitions themselves are contiguous text. Direct left recursion
+ * (`expr: expr "+" term | term`, which Lark allows) is rewritten into right recursion
+ * (`expr: term expr_tail`, `expr_tail: "+" term expr_tail | ""`); indirect left recursion is an
+ * error naming the rule. Errors say "line L, column C". */
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/gram_ir.h"
+#include "util/text.h"
+
+typedef struct {
+  di_gb *b;
+  const char *s;
+  size_t n, i;
+  int depth;
+  int has_ignore;    /* the grammar has %ignore: insert the ignore rule before terminals */
+  int ign;           /* the ignore rule: (ignored alternatives)* */
+  int ign_set;       /* the ignored alternatives */
+  const char *prefix; /* names are prefixed while parsing the built-in common library */
+} lp;
+
+/* Lark's common.lark, the terminals `%import common.X` brings in (written in the dialect above). */
+static const char COMMON[] =
+    "DIGIT: \"0\"..\"9\"\n"
+    "HEXDIGIT: \"a\"..\"f\" | \"A\"..\"F\" | DIGIT\n"
+    "INT: DIGIT+\n"
+    "SIGNED_INT: [\"+\"|\"-\"] INT\n"
+    "DECIMAL: INT \".\" INT? | \".\" INT\n"
+    "_EXP: (\"e\"|\"E\") SIGNED_INT\n"
+    "FLOAT: INT _EXP | DECIMAL _EXP?\n"
+    "SIGNED_FLOAT: [\"+\"|\"-\"] FLOAT\n"
+    "NUMBER: FLOAT | INT\n"
+    "SIGNED_NUMBER: [\"+\"|\"-\"] NUMBER\n"
+    "_STRING_INNER: /.*/\n"
+    "_STRING_ESC_INNER: /([^\"\\\\\\n]|\\\\[^\\n])*/\n"
+    "ESCAPED_STRING: \"\\\"\" _STRING_ESC_INNER \"\\\"\"\n"
+    "LCASE_LETTER: \"a\"..\"z\"\n"
+    "UCASE_LETTER: \"A\"..\"Z\"\n"
+    "LETTER: UCASE_LETTER | LCASE_LETTER\n"
+    "WORD: LETTER+\n"
+    "CNAME: (\"_\"|LETTER) (\"_\"|LETTER|DIGIT)*\n"
+    "WS_INLINE: (\" \"|/\\t/)+\n"
+    "WS: /[ \\t\\f\\r\\n]/+\n"
+    "CR: /\\r/\n"
+    "LF: /\\n/\n"
+    "NEWLINE: (CR? LF)+\n"
+    "SH_COMMENT: /#[^\\n]*/\n"
+    "CPP_COMMENT: /\\/\\/[^\\n]*/\n"
+    "C_COMMENT: /\\/\\*([^*]|\\*+[^*\\/])*\\*+\\//\n"
+    "SQL_COMMENT: /--[^\\n]*/\n";
+#define COMMON_PREFIX "common."
+
+static di_status lerr(const lp *p, size_t at, const char *what) {
+  int line = 1, col = 1;
+  for (size_t k = 0; k < at && k < p->n; k++) {
+    if (p->s[k] == '\n')
+      line++, col = 1;
+    else
+      col++;
+  }
+  return di_error_set(DI_ERR_FORMAT, "lark grammar: %s at line %d, column %d%s", what, line, col,
+                      p->prefix ? " (built-in common library)" : "");
+}
+
+/* Skips blanks and // comments; newlines too when `nl` (inside brackets, or before a `|`). */
+static void skip(lp *p, int nl) {
+  while (p->i < p->n) {
+    char c = p->s[p->i];
+    if (c == ' ' || c == '\t' || c == '\r' || (nl && c == '\n'))
+      p->i++;
+    else if (c == '/' && p->i + 1 < p->n && p->s[p->i + 1] == '/')
+      while (p->i < p->n && p->s[p->i] != '\n')
+        p->i++;
+    else
+      break;
+  }
+}
+
+/* At a newline: does the definition continue on a following line that starts with `|`? */
+static int continues(lp *p) {
+  size_t save = p->i;
+  skip(p, 1);
+  if (p->i < p->n && p->s[p->i] == '|')
+    return 1;
+  p->i = save;
+  return 0;
+}
+
+static int name_char(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
+
+static size_t read_name(lp *p, char *out, size_t cap) {
+  size_t k = 0;
+  while (p->i < p->n && name_char(p->s[p->i])) {
+    if (k + 1 < cap)
+      out[k++] = p->s[p->i];
+    p->i++;
+  }
+  out[k] = 0;
+  return k;
+}
+
+/* Terminals are upper case (after leading underscores). */
+static int is_terminal_name(const char *nm) {
+  while (*nm == '_')
+    nm++;
+  return *nm >= 'A' && *nm <= 'Z';
+}
+
+static int rule_of(lp *p, const char *nm) {
+  char full[300];
+  snprintf(full, sizeof full, "%s%s", p->prefix ? p->prefix : "", nm);
+  return di_gb_rule(p->b, full);
+}
+
+/* One character of a "..." literal (Python string escapes). */
+static int32_t lit_char(lp *p, di_status *st) {
+  size_t at = p->i;
+  if (p->s[p->i] != '\\') {
+    int32_t c = di_utf8_decode(p->s, p->n, &p->i);
+    if (c < 0)
+      *st = lerr(p, at, "invalid UTF-8");
+    return c;
+  }
+  p->i++;
+  if (p->i >= p->n) {
+    *st = lerr(p, at, "unterminated string");
+    return -1;
+  }
+  char e = p->s[p->i++];
+  switch (e) {
+  case 'n': return '\n';
+  case 't': return '\t';
+  case 'r': return '\r';
+  case 'f': return '\f';
+  case 'v': return '\v';
+  case '0': return 0;
+  case '\\': return '\\';
+  case '"': return '"';
+  case '\'': return '\'';
+  case 'x': case 'u': case 'U': {
+    int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+    uint32_t v = 0;
+    for (int k = 0; k < nd; k++) {
+      int h = p->i < p->n ? di_hexval(p->s[p->i]) : -1;
+      if (h < 0) {
+        *st = lerr(p, at, "bad hex escape in a string");
+        return -1;
+      }
+      v = v * 16 + (uint32_t)h;
+      p->i++;
+    }
+    if (v > 0x10FFFF) {
+      *st = lerr(p, at, "escape beyond U+10FFFF");
+      return -1;
+    }
+    return (int32_t)v;
+  }
+  default: /* Python keeps an unknown escape as the backslash and the character */
+    p->i -= 1;
+    return '\\';
+  }
+}
+
+static void push_cp(lp *p, di_gseq *s, uint32_t c, int icase) {
+  if (icase && (c | 32) >= 'a' && (c | 32) <= 'z') {
+    di_gbyteset both = {{0}};
+    di_gbyteset_add(&both, c | 32);
+    di_gbyteset_add(&both, (c | 32) - 32);
+    di_gseq_push(p->b, s, (di_gel){DI_GE_CLASS, di_gb_class(p->b, &both)});
+  } else if (c < 0x80) {
+    di_gseq_byte(p->b, s, (uint8_t)c);
+  } else {
+    di_cprange r = {c, c};
+    di_gseq_cpset(p->b, s, &r, 1, 0);
+  }
+}
+
+/* A "..." literal (flag i: ASCII case-insensitive), or a "a".."z" range; appends what it matches. */
+static di_status parse_string(lp *p, di_gseq *s) {
+  size_t at = p->i++;
+  int32_t cps[256];
+  int count = 0;
+  di_status st = DI_OK;
+  size_t body = p->i;
+  while (p->i < p->n && p->s[p->i] != '"') { /* first pass: check and count */
+    if (p->s[p->i] == '\n')
+      return lerr(p, at, "unterminated string");
+    int32_t c = lit_char(p, &st);
+    if (c < 0)
+      return st;
+    if (count < 256)
+      cps[count] = c;
+    count++;
+  }
+  if (p->i >= p->n)
+    return lerr(p, at, "unterminated string");
+  p->i++;
+  int icase = p->i < p->n && p->s[p->i] == 'i';
+  if (icase)
+    p->i++;
+  if (p->i + 2 < p->n && p->s[p->i] == '.' && p->s[p->i + 1] == '.' && p->s[p->i + 2] == '"') { /* range */
+    p->i += 3;
+    int32_t hi = p->i < p->n && p->s[p->i] != '"' ? lit_char(p, &st) : -1;
+    if (hi < 0 || count != 1 || p->i >= p->n || p->s[p->i] != '"')
+      return st != DI_OK ? st : lerr(p, at, "a range is two one-character strings: \"a\"..\"z\"");
+    p->i++;
+    if (hi < cps[0])
+      return lerr(p, at, "range out of order");
+    di_cprange r = {(uint32_t)cps[0], (uint32_t)hi};
+    di_gseq_cpset(p->b, s, &r, 1, 0);
+    return DI_OK;
+  }
+  size_t end = p->i;
+  p->i = body; /* second pass: emit (strings of any length) */
+  while (p->s[p->i] != '"')
+    push_cp(p, s, (uint32_t)lit_char(p, &st), icase);
+  p->i = end;
+  return DI_OK;
+}
+
+static di_status parse_regex(lp *p, di_gseq *s) {
+  size_t at = p->i++;
+  size_t start = p->i;
+  while (p->i < p->n && p->s[p->i] != '/') {
+    if (p->s[p->i] == '\n')
+      return lerr(p, at, "unterminated /regex/");
+    if (p->s[p->i] == '\\' && p->i + 1 < p->n)
+      p->i++;
+    p->i++;
+  }
+  if (p->i >= p->n)
+    return lerr(p, at, "unterminated /regex/");
+  size_t end = p->i++;
+  int flags = DI_RE_LARK;
+  while (p->i < p->n && (p->s[p->i] == 'i' || p->s[p->i] == 's' || p->s[p->i] == 'm' || p->s[p->i] == 'x' ||
+                         p->s[p->i] == 'u' || p->s[p->i] == 'l')) {
+    char f = p->s[p->i];
+    if (f == 'i')
+      flags |= DI_RE_ICASE;
+    else if (f == 's')
+      flags |= DI_RE_DOTALL;
+    else
+      return lerr(p, p->i, "unsupported regex flag (only i and s)");
+    p->i++;
+  }
+  /* "\/" inside the delimiters stands for "/" */
+  char *src = malloc(end - start + 1);
+  if (!src)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  size_t k = 0;
+  for (size_t j = start; j < end; j++) {
+    if (p->s[j] == '\\' && j + 1 < end && p->s[j + 1] == '/')
+      j++;
+    src[k++] = p->s[j];
+  }
+  int r = di_gb_new_rule(p->b, "lark_re");
+  di_status st = di_regex_compile_into_ex(p->b, r, src, k, 0, 1, flags);
+  free(src);
+  if (st != DI_OK)
+    return di_error_wrap(st, "lark grammar: the /regex/ at offset %zu", at);
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, r});
+  return DI_OK;
+}
+
+static di_status parse_alts(lp *p, int rule, int terminal, int nested);
+
+static int read_int(lp *p, int *v) { return di_parse_decimal_capped(p->s, p->n, &p->i, v); }
+
+/* A sequence of items up to `|`, `)`, `]`, `->` or the end of the definition. */
+static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
+  di_gb *b = p->b;
+  for (;;) {
+    skip(p, nested);
+    if (p->i >= p->n)
+      return DI_OK;
+    char c = p->s[p->i];
+    size_t at = p->i;
+    if (c == '|' || c == ')' || c == ']' || c == '\n' || (c == '-' && p->i + 1 < p->n && p->s[p->i + 1] == '>'))
+      return DI_OK;
+    int item = s->n;
+    int is_term_item = 0;
+    if (!terminal && p->has_ignore)
+      di_gseq_push(b, s, (di_gel){DI_GE_RULE, p->ign}); /* removed again below if not a terminal */
+    int after_ign = s->n;
+    if (c == '(' || c == '[') {
+      p->i++;
+      if (++p->depth > 200)
+        return lerr(p, at, "nested too deeply");
+      int r = di_gb_new_rule(b, "lark_group");
+      DI_TRY(parse_alts(p, r, terminal, 1));
+      p->depth--;
+      skip(p, 1);
+      char close = c == '(' ? ')' : ']';
+      if (p->i >= p->n || p->s[p->i] != close)
+        return lerr(p, at, c == '(' ? "unclosed '('" : "unclosed '['");
+      p->i++;
+      if (c == '[')
+        di_gseq_repeat(b, s, (di_gel){DI_GE_RULE, r}, 0, 1);
+      else
+        di_gseq_push(b, s, (di_gel){DI_GE_RULE, r});
+    } else if (c == '"') {
+      DI_TRY(parse_string(p, s));
+      is_term_item = 1;
+    } else if (c == '/') {
+      DI_TRY(parse_regex(p, s));
+      is_term_item = 1;
+    } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: token references <[...]> are not supported (line of offset %zu)",
+                          at);
+    } else if (name_char(c) && !(c >= '0' && c <= '9')) {
+      char nm[256];
+      read_name(p, nm, sizeof nm);
+      if (p->i < p->n && p->s[p->i] == '{')
+        return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
+      if (terminal && !is_terminal_name(nm))
+        return lerr(p, at, "a terminal cannot refer to a rule (lower-case name)");
+      is_term_item = is_terminal_name(nm);
+      di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule_of(p, nm)});
+    } else {
+      return lerr(p, at, "unexpected character");
+    }
+    if (!terminal && p->has_ignore && !is_term_item) { /* no ignore slot before a group or a rule */
+      memmove(s->v + item, s->v + after_ign, sizeof(di_gel) * (size_t)(s->n - after_ign));
+      s->n -= after_ign - item;
+    }
+    if (b->oom)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    /* postfix operator */
+    skip(p, 0);
+    if (p->i >= p->n)
+      return DI_OK;
+    c = p->s[p->i];
+    int min = -2, max = -1;
+    if (c == '?')
+      min = 0, max = 1, p->i++;
+    else if (c == '*')
+      min = 0, max = -1, p->i++;
+    else if (c == '+')
+      min = 1, max = -1, p->i++;
+    else if (c == '~') {
+      p->i++;
+      skip(p, 0);
+      if (!read_int(p, &min))
+        return lerr(p, p->i, "'~' needs a count");
+      max = min;
+      if (p->i + 1 < p->n && p->s[p->i] == '.' && p->s[p->i + 1] == '.') {
+        p->i += 2;
+        if (!read_int(p, &max) || max < min)
+          return lerr(p, p->i, "'~ N..M' needs M >= N");
+      }
+    }
+    if (min == -2)
+      continue;
+    di_gseq tail = {0};
+    for (int k = item; k < s->n; k++)
+      di_gseq_push(b, &tail, s->v[k]);
+    s->n = item;
+    di_gel x = di_gb_wrap(b, &tail, "lark_rep");
+    di_gseq_free(&tail);
+    di_gseq_repeat(b, s, x, min, max);
+    if (b->total_els > b->max_els)
+      return lerr(p, at, "repetition makes the grammar too large");
+  }
+}
+
+/* alternatives into `rule`, up to the end of the definition (or the closing bracket if nested) */
+static di_status parse_alts(lp *p, int rule, int terminal, int nested) {
+  for (;;) {
+    di_gseq s = {0};
+    di_status st = parse_seq(p, &s, terminal, nested);
+    if (st == DI_OK)
+      st = di_gb_add_alt(p->b, rule, s.v, s.n);
+    di_gseq_free(&s);
+    DI_TRY(st);
+    skip(p, nested);
+    if (p->i + 1 < p->n && p->s[p->i] == '-' && p->s[p->i + 1] == '>') { /* alias: tree shaping only */
+      p->i += 2;
+      skip(p, 0);
+      char nm[256];
+      if (!read_name(p, nm, sizeof nm))
+        return lerr(p, p->i, "'->' needs a name");
+      skip(p, nested);
+    }
+    if (p->i < p->n && p->s[p->i] == '\n' && !nested)
+      (void)continues(p); /* moves to a continuation line starting with '|', if there is one */
+    if (p->i < p->n && p->s[p->i] == '|') {
+      p->i++;
+      continue;
+    }
+    return DI_OK;
+  }
+}
+
+static di_status parse_common(lp *p, const char *name, const char *alias);
+
+/* %import common.NAME [-> ALIAS] | %import common (A, B, ...) | %ignore EXPANSIONS */
+static di_status parse_statement(lp *p) {
+  size_t at = p->i;
+  char kw[32];
+  p->i++;
+  read_name(p, kw, sizeof kw);
+  skip(p, 0);
+  if (strcmp(kw, "ignore") == 0) {
+    di_status st = parse_alts(p, p->ign_set, 1, 0);
+    return st;
+  }
+  if (strcmp(kw, "import") != 0)
+    return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: %%%s is not supported (only %%import common and %%ignore)",
+                        kw);
+  char mod[64];
+  read_name(p, mod, sizeof mod);
+  if (strcmp(mod, "common") != 0)
+    return lerr(p, at, "only '%import common...' is supported (the grammar cannot read other files)");
+  if (p->i < p->n && p->s[p->i] == '.') {
+    p->i++;
+    char nm[256], alias[256] = {0};
+    read_name(p, nm, sizeof nm);
+    skip(p, 0);
+    if (p->i + 1 < p->n && p->s[p->i] == '-' && p->s[p->i + 1] == '>') {
+      p->i += 2;
+      skip(p, 0);
+      read_name(p, alias, sizeof alias);
+    }
+    return parse_common(p, nm, alias[0] ? alias : nm);
+  }
+  skip(p, 0);
+  if (p->i >= p->n || p->s[p->i] != '(')
+    return lerr(p, at, "expected '%import common.NAME' or '%import common (A, B)'");
+  p->i++;
+  for (;;) {
+    skip(p, 1);
+    char nm[256];
+    if (!read_name(p, nm, sizeof nm))
+      return lerr(p, p->i, "expected a name in '%import common (...)'");
+    DI_TRY(parse_common(p, nm, nm));
+    skip(p, 1);
+    if (p->i < p->n && p->s[p->i] == ',') {
+      p->i++;
+      continue;
+    }
+    if (p->i < p->n && p->s[p->i] == ')') {
+      p->i++;
+      return DI_OK;
+    }
+    return lerr(p, p->i, "expected ',' or ')'");
+  }
+}
+
+static di_status parse_definitions(lp *p);
+
+/* Makes `alias` (in the user's names) stand for common's NAME, parsing the library once. */
+static di_status parse_common(lp *p, const char *name, const char *alias) {
+  char full[300];
+  snprintf(full, sizeof full, COMMON_PREFIX "%s", name);
+  int loaded = 0; /* the library is parsed once, on the first import */
+  for (int i = 0; i < p->b->n_rules && !loaded; i++)
+    loaded = strcmp(p->b->rules[i].name, COMMON_PREFIX "DIGIT") == 0 && p->b->rules[i].defined;
+  if (!loaded) {
+    lp q = *p;
+    q.s = COMMON;
+    q.n = sizeof COMMON - 1;
+    q.i = 0;
+    q.prefix = COMMON_PREFIX;
+    DI_TRY(parse_definitions(&q));
+  }
+  int lib_rule = di_gb_rule(p->b, full);
+  if (!p->b->rules[lib_rule].defined)
+    return di_error_set(DI_ERR_FORMAT, "lark grammar: common has no terminal '%s'", name);
+  int r = rule_of(p, alias);
+  if (p->b->rules[r].defined)
+    return di_error_set(DI_ERR_FORMAT, "lark grammar: '%s' is defined twice (by %%import)", alias);
+  di_gel e = {DI_GE_RULE, lib_rule};
+  return di_gb_add_alt(p->b, r, &e, 1);
+}
+
+static di_status parse_definitions(lp *p) {
+  while (p->i < p->n) {
+    skip(p, 1);
+    if (p->i >= p->n)
+      break;
+    size_t at = p->i;
+    char c = p->s[p->i];
+    if (c == '%') {
+      DI_TRY(parse_statement(p));
+    } else {
+      while (p->i < p->n && (p->s[p->i] == '?' || p->s[p->i] == '!'))
+        p->i++;
+      char nm[256];
+      if (!read_name(p, nm, sizeof nm))
+        return lerr(p, at, "expected a rule or terminal definition (name: ...)");
+      if (p->i < p->n && p->s[p->i] == '{')
+        return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
+      if (p->i < p->n && p->s[p->i] == '.') { /* priority */
+        p->i++;
+        if (p->i < p->n && p->s[p->i] == '-')
+          p->i++;
+        int prio;
+        if (!read_int(p, &prio))
+          return lerr(p, p->i, "a priority is an integer (name.2: ...)");
+      }
+      skip(p, 0);
+      if (p->i >= p->n || p->s[p->i] != ':')
+        return lerr(p, p->i, "expected ':' after the name");
+      p->i++;
+      int r = rule_of(p, nm);
+      if (p->b->rules[r].defined)
+        return lerr(p, at, "rule defined twice");
+      DI_TRY(parse_alts(p, r, is_terminal_name(nm), 0));
+    }
+    skip(p, 0);
+    if (p->i < p->n && p->s[p->i] != '\n')
+      return lerr(p, p->i, "unexpected text after the definition");
+  }
+  return DI_OK;
+}
+
+/* A ::= A a1 | ... | b1 | ...  becomes  A ::= b1 T | ... ; T ::= a1 T | ... | "" */
+static di_status remove_direct_left_recursion(di_gb *b) {
+  int n0 = b->n_rules;
+  for (int r = 0; r < n0; r++) {
+    di_grule *R = &b->rules[r];
+    int lr = 0;
+    for (int a = 0; a < R->n_alts; a++)
+      lr |= R->alt_off[a + 1] > R->alt_off[a] && R->els[R->alt_off[a]].kind == DI_GE_RULE &&
+            R->els[R->alt_off[a]].arg == r;
+    if (!lr)
+      continue;
+    int n_alts = R->n_alts;
+    int32_t *off = R->alt_off;
+    di_gel *els = R->els;
+    R->alt_off = NULL, R->els = NULL, R->n_alts = R->cap_alts = R->n_els = R->cap_els = 0;
+    char hint[300];
+    snprintf(hint, sizeof hint, "%s_tail", R->name);
+    int t = di_gb_new_rule(b, hint); /* may move b->rules: R is stale from here */
+    di_status st = di_gb_add_alt(b, t, NULL, 0);
+    di_gseq s = {0};
+    for (int a = 0; a < n_alts && st == DI_OK; a++) {
+      int lo = off[a], hi = off[a + 1];
+      int is_lr = hi > lo && els[lo].kind == DI_GE_RULE && els[lo].arg == r;
+      if (is_lr && hi - lo == 1)
+        continue; /* A ::= A adds nothing */
+      s.n = 0;
+      for (int k = is_lr ? lo + 1 : lo; k < hi; k++)
+        di_gseq_push(b, &s, els[k]);
+      di_gseq_push(b, &s, (di_gel){DI_GE_RULE, t});
+      st = di_gb_add_alt(b, is_lr ? t : r, s.v, s.n);
+    }
+    di_gseq_free(&s);
+    free(off);
+    free(els);
+    b->rules[r].defined = 1;
+    DI_TRY(st);
+  }
+  return DI_OK;
+}
+
+static int has_ignore_statement(const char *s, size_t n) {
+  for (size_t i = 0; i + 7 <= n; i++)
+    if (memcmp(s + i, "%ignore", 7) == 0 && (i == 0 || s[i - 1] == '\n' || s[i - 1] == ' ' || s[i - 1] == '\t'))
+      return 1;
+  return 0;
+}
+
+di_status di_lark_compile(di_gb *b, const char *src, size_t len) {
+  lp p = {.b = b, .s = src, .n = len};
+  p.has_ignore = has_ignore_statement(src, len);
+  p.ign_set = di_gb_new_rule(b, "lark_ignored");
+  p.ign = -1;
+  if (p.has_ignore) { /* ign ::= ignored* */
+    di_gseq s = {0};
+    di_gseq_repeat(b, &s, (di_gel){DI_GE_RULE, p.ign_set}, 0, -1);
+    p.ign = di_gb_new_rule(b, "lark_ignore");
+    di_gb_add_alt(b, p.ign, s.v, s.n);
+    di_gseq_free(&s);
+  } else {
+    b->rules[p.ign_set].defined = 1;
+  }
+  DI_TRY(parse_definitions(&p));
+  int start = -1;
+  for (int i = 0; i < b->n_rules; i++)
+    if (strcmp(b->rules[i].name, "start") == 0 && b->rules[i].defined)
+      start = i;
+  if (start < 0)
+    return di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule");
+  DI_TRY(remove_direct_left_recursion(b));
+  int root = di_gb_new_rule(b, "lark_root");
+  di_gel els[2] = {{DI_GE_RULE, start}, {DI_GE_RULE, p.ign}};
+  DI_TRY(di_gb_add_alt(b, root, els, p.has_ignore ? 2 : 1));
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  return di_gb_finish(b, root);
+}

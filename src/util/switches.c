@@ -1,0 +1,90 @@
+/* The table of environment switches (see switches.h) and the one place that reads them. */
+#include "util/switches.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+static const di_switch_info TABLE[DI_SW_COUNT] = {
+    [DI_SW_ACCELERATOR] = {"DEEPINFER_ACCELERATOR", "cpu",
+                           "backend when di_model_options.accelerator is unset: cpu or cuda"},
+    [DI_SW_HF_MODEL_DIR] = {"DEEPINFER_HF_MODEL_DIR", "models/default",
+                            "model folder of the CLI when --model is not given"},
+    [DI_SW_API_KEY] = {"DEEPINFER_API_KEY", "none", "bearer key `deepinfer serve` requires when --api-key is not given"},
+    [DI_SW_BATCH_INVARIANT] = {"DEEPINFER_BATCH_INVARIANT", "0",
+                               "1: CUDA batch-invariant mode (a row's logits independent of the batch), as "
+                               "di_model_options.batch_invariant"},
+    [DI_SW_HOST_SAMPLING] = {"DEEPINFER_HOST_SAMPLING", "0",
+                             "1: the engine samples on the host even when the backend offers device sampling"},
+    [DI_SW_NO_FEEDBACK] = {"DEEPINFER_NO_FEEDBACK", "0",
+                           "1: no device token feedback (each step waits for the host to have its tokens)"},
+    [DI_SW_SAMPLER_THREADS] = {"DEEPINFER_SAMPLER_THREADS", "cores/2, at most 8",
+                               "threads of the host row sampler"},
+    [DI_SW_CUDA_GRAPHS] = {"DEEPINFER_CUDA_GRAPHS", "1", "0: no CUDA graphs (every step launched eagerly)"},
+    [DI_SW_CUDA_STEP_SAMPLE] = {"DEEPINFER_CUDA_STEP_SAMPLE", "1",
+                                "0: no sampling inside the step's graph (a separate sample launch after it)"},
+    [DI_SW_CUDA_MTP] = {"DEEPINFER_CUDA_MTP", "1",
+                        "0: the MTP layer is not loaded on the GPU (no speculative drafts on CUDA)"},
+    [DI_SW_CUDA_PDL] = {"DEEPINFER_CUDA_PDL", "1", "0: no programmatic dependent launch between kernels"},
+    [DI_SW_CUDA_CARVEOUT] = {"DEEPINFER_CUDA_CARVEOUT", "100",
+                             "shared-memory carveout (percent) set on every kernel; outside 0..100: the driver's"},
+    [DI_SW_CUDA_ATTN_CLUSTER] = {"DEEPINFER_CUDA_ATTN_CLUSTER", "16 (8 where 16 cannot be placed)",
+                                 "CTAs per cluster of the decode attention: 16, 8, or 0 (splits + combine kernel)"},
+    [DI_SW_CUDA_ATTN_MIN_SPLIT] = {"DEEPINFER_CUDA_ATTN_MIN_SPLIT", "1",
+                                   "at least this many key tiles per attention split"},
+    [DI_SW_CUDA_ATTN_SPLIT_KEYS] = {"DEEPINFER_CUDA_ATTN_SPLIT_KEYS", "32",
+                                    "keys per attention key tile of a split (a multiple of 32)"},
+    [DI_SW_CUDA_ATTN_PRELOAD] = {"DEEPINFER_CUDA_ATTN_PRELOAD", "1", "0: the attention kernels do not preload keys"},
+    [DI_SW_CUDA_FOLD_UV] = {"DEEPINFER_CUDA_FOLD_UV", "0", "1: W_UV applied in the decode attention's epilogue"},
+    [DI_SW_CUDA_VO_FUSED] = {"DEEPINFER_CUDA_VO_FUSED", "1",
+                             "0: one-token W_UV and o_proj as two GEMMs (not the fused kernel)"},
+    [DI_SW_CUDA_DOWN_COMBINE] = {"DEEPINFER_CUDA_DOWN_COMBINE", "1",
+                                 "0: decode's MoE down projection and combine as separate kernels, no normed q/kv "
+                                 "GEMM"},
+    [DI_SW_CUDA_GV_WARPS] = {"DEEPINFER_CUDA_GV_WARPS", "1", "4: the grouped GEMV with four warps per row block"},
+    [DI_SW_CUDA_BLOCK_ROUTE] = {"DEEPINFER_CUDA_BLOCK_ROUTE", "0", "1: the block-wide MoE routing at every size (A/B)"},
+    [DI_SW_CUDA_OUT_CAP] = {"DEEPINFER_CUDA_OUT_CAP", "16",
+                            "first output-row capacity (1..4096; tests of its growth under feedback)"},
+    [DI_SW_CUDA_SKIP] = {"DEEPINFER_CUDA_SKIP", "none",
+                         "phases left out of every step (qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead; "
+                         "benchmarks only: outputs are garbage)"},
+    [DI_SW_CUDA_PROFILE] = {"DEEPINFER_CUDA_PROFILE", "0",
+                            "1: per-phase device time of eager steps (graphs off), printed at destroy"},
+    [DI_SW_CUDA_GPU_TIME] = {"DEEPINFER_CUDA_GPU_TIME", "0", "1: device time of each replayed graph (di_cuda_stats)"},
+    [DI_SW_CUDA_STATS] = {"DEEPINFER_CUDA_STATS", "0", "1: step, graph and resample counts printed at destroy"},
+    [DI_SW_GRAMMAR_MAX_STATES] = {"DI_GRAMMAR_MAX_STATES", "200000",
+                                  "states budget of a grammar's runtime automaton (values above 16; tests)"},
+    [DI_SW_GRAMMAR_CI_DEPTH] = {"DI_GRAMMAR_CI_DEPTH", "12", "depth of the context-independent token precompute"},
+    [DI_SW_GRAMMAR_CI_UNCERTAIN] = {"DI_GRAMMAR_CI_UNCERTAIN", "256",
+                                    "uncertain tokens kept per context-independent key"},
+    [DI_SW_GRAMMAR_DEBUG] = {"DI_GRAMMAR_DEBUG", "unset", "set: the grammar matcher prints per-key statistics"},
+};
+
+const di_switch_info *di_switch_info_of(di_switch sw) {
+  return sw >= 0 && sw < DI_SW_COUNT ? &TABLE[sw] : NULL;
+}
+
+const char *di_switch_get(di_switch sw) {
+  if (sw < 0 || sw >= DI_SW_COUNT) return NULL;
+  const char *v = getenv(TABLE[sw].name);
+  return v && *v ? v : NULL;
+}
+
+int di_switch_bool(di_switch sw, int dflt) {
+  const char *v = di_switch_get(sw);
+  if (!v) return dflt;
+  return v[0] == '0' ? 0 : v[0] == '1' ? 1 : dflt;
+}
+
+int di_switch_int(di_switch sw, int dflt) {
+  const char *v = di_switch_get(sw);
+  return v ? atoi(v) : dflt;
+}
+
+void di_switch_markdown_row(di_switch sw, char *buf, int cap) {
+  const di_switch_info *i = di_switch_info_of(sw);
+  if (cap <= 0) return;
+  if (!i) {
+    buf[0] = 0;
+    return;
+  }
+  snprintf(buf, (size_t)cap, "| `%s` | %s | %s |", i->name, i->dflt, i->meaning);
+}
