@@ -1178,6 +1178,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
     if (b->oom) { /* the new rules' indices are not valid then */
       st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+      free(Snext), free(Rnext), free(Scur), free(Rcur);
       goto done;
     }
     b->rules[S].defined = b->rules[R].defined = 1;
@@ -1217,6 +1218,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
       if (b->oom) {
         st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+        free(Snext), free(Rnext), free(Scur), free(Rcur);
         goto done;
       }
       b->rules[S].defined = b->rules[R].defined = 1;
