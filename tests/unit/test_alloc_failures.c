@@ -24,6 +24,23 @@
 #include "tokenizer/tokenizer.h"
 #include "util/json.h"
 
+/* Under AddressSanitizer every run is several times slower: the long operations then take every
+ * n up to a point and then a stride (said in the output), to keep the test within CI's budget. */
+#if defined(__SANITIZE_ADDRESS__)
+#define AF_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AF_SANITIZED 1
+#endif
+#endif
+#ifdef AF_SANITIZED
+#define AF_DENSE_LONG 200 /* every n up to here, then every AF_STRIDE_LONG-th */
+#define AF_STRIDE_LONG 7
+#else
+#define AF_DENSE_LONG 100000
+#define AF_STRIDE_LONG 1
+#endif
+
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t k, size_t n);
 void *__real_realloc(void *p, size_t n);
@@ -396,8 +413,9 @@ int main(void) {
   CHECK(pcre2_compile((PCRE2_SPTR) "a+", 2, 0, &ec, &eo, NULL) == NULL && af_failed);
   af_arm(0);
 
-  af_run("di_model_load(dsv3-tiny)", op_model_load, (void *)"tests/data/models/dsv3-tiny", 100000, 1);
-  af_run("di_model_load(dsv2-lite-tiny)", op_model_load, (void *)"tests/data/models/dsv2-lite-tiny", 100000, 1);
+  af_run("di_model_load(dsv3-tiny)", op_model_load, (void *)"tests/data/models/dsv3-tiny", AF_DENSE_LONG, AF_STRIDE_LONG);
+  af_run("di_model_load(dsv2-lite-tiny)", op_model_load, (void *)"tests/data/models/dsv2-lite-tiny", AF_DENSE_LONG,
+         AF_STRIDE_LONG);
   af_run("tokenizer load (small BPE) + encode/decode", op_tokenizer_small, NULL, 100000, 1);
   af_run("tokenizer load (engine-dummy, 8k tokens) + encode/decode", op_tokenizer_dir,
          (void *)"tests/data/models/engine-dummy", 300, 997);
@@ -421,7 +439,7 @@ int main(void) {
   CHECKF(di_model_load(test_path("tests/data/models/engine-dummy"), &mo, &ec_.m) == DI_OK, "%s", di_last_error());
   if (ec_.m) {
     reference_tokens(&ec_);
-    af_run("engine steps (engine-dummy)", op_engine, &ec_, 100000, 1);
+    af_run("engine steps (engine-dummy)", op_engine, &ec_, AF_DENSE_LONG / 2, AF_STRIDE_LONG);
     fprintf(stderr, "engine: %d failed steps, %d requests ended with the error, %d served after\n", ec_.failed_steps,
             ec_.errored, ec_.served_after);
     CHECK(ec_.failed_steps + ec_.errored > 0 && ec_.served_after > 0);
