@@ -35,10 +35,14 @@
 #endif
 #ifdef AF_SANITIZED
 #define AF_DENSE_LONG 200 /* every n up to here, then every AF_STRIDE_LONG-th */
-#define AF_STRIDE_LONG 7
+#define AF_STRIDE_LONG 13
+#define AF_DENSE_TOK 100 /* the 8k-token tokenizer */
+#define AF_STRIDE_TOK 2999
 #else
 #define AF_DENSE_LONG 100000
 #define AF_STRIDE_LONG 1
+#define AF_DENSE_TOK 300
+#define AF_STRIDE_TOK 997
 #endif
 
 void *__real_malloc(size_t n);
@@ -418,7 +422,7 @@ int main(void) {
          AF_STRIDE_LONG);
   af_run("tokenizer load (small BPE) + encode/decode", op_tokenizer_small, NULL, 100000, 1);
   af_run("tokenizer load (engine-dummy, 8k tokens) + encode/decode", op_tokenizer_dir,
-         (void *)"tests/data/models/engine-dummy", 300, 997);
+         (void *)"tests/data/models/engine-dummy", AF_DENSE_TOK, AF_STRIDE_TOK);
   static const grammar_case grammars[] = {
       {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 1},"
                                " \"b\": {\"enum\": [\"x\", true]}}, \"required\": [\"a\"]}"},
