@@ -432,7 +432,7 @@ int main(void) {
   for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
     char what[64];
     snprintf(what, sizeof what, "grammar compile %zu + matcher", i);
-    af_run(what, op_grammar, (void *)&grammars[i], 100000, 1);
+    af_run(what, op_grammar, (void *)&grammars[i], AF_DENSE_LONG, AF_STRIDE_LONG); /* the schema: ~3,600 */
   }
   engine_case ec_ = {0};
   di_model_options mo;
