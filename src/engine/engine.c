@@ -420,24 +420,29 @@ static void post_step(di_engine *e, di_sched *s) {
 /* Moves every request with something to report into the step output. */
 static di_status collect_outputs(di_engine *e) {
   e->n_outs = 0;
+  /* room for every output first: filling one marks it reported, so none may be filled and lost */
+  int need = 0;
+  for (int i = 0; i < e->n_all; i++) need += e->all[i]->in_output != 0;
+  if (need > e->cap_outs) {
+    int c = e->cap_outs ? e->cap_outs : 64;
+    while (c < need) c *= 2;
+    di_seq_output *o = realloc(e->outs, (size_t)c * sizeof *o);
+    if (!o) return di_error_set(DI_ERR_OOM, "engine: out of memory for outputs");
+    e->outs = o;
+    e->cap_outs = c;
+  }
   for (int i = 0; i < e->n_all; i++) {
     di_req *r = e->all[i];
     if (!r->in_output) continue;
-    if (e->n_outs == e->cap_outs) {
-      int c = e->cap_outs ? e->cap_outs * 2 : 64;
-      di_seq_output *o = realloc(e->outs, (size_t)c * sizeof *o);
-      if (!o) return di_error_set(DI_ERR_OOM, "engine: out of memory for outputs");
-      e->outs = o;
-      e->cap_outs = c;
-    }
     di_req_fill_output(e, r, &e->outs[e->n_outs++]);
   }
-  /* reported finished requests leave the table; they are freed at the next step */
+  /* reported finished requests leave the table; they are freed at the next step (one the graveyard
+   * has no room for stays in the table until a later step: the outputs filled above must go out) */
   int k = 0;
   for (int i = 0; i < e->n_all; i++) {
     di_req *r = e->all[i];
-    if (r->reported && !r->inflight) DI_TRY(push_ptr(&e->graveyard, &e->n_grave, &e->cap_grave, r));
-    else e->all[k++] = r;
+    if (r->reported && !r->inflight && push_ptr(&e->graveyard, &e->n_grave, &e->cap_grave, r) == DI_OK) continue;
+    e->all[k++] = r;
   }
   e->n_all = k;
   e->step_out.n = e->n_outs;
@@ -473,14 +478,20 @@ static di_status fail_inflight(di_engine *e, di_sched *s, di_status st) {
   return st;
 }
 
-/* A failed step: the plan made for the step after it is void too; the requests of both end with the
- * error (its message kept across the calls that end them). */
-static di_status fail_with_plan(di_engine *e, di_sched *cur, di_sched *next, di_status st) {
+/* A plan that could not be made (out of memory building it): its requests end with the error
+ * (di_last_error's message), the plan is cleared. */
+static void fail_plan(di_engine *e, di_sched *next) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", di_last_error());
   for (int i = 0; i < next->n; i++) di_req_finish(e, next->e[i].r, DI_FINISH_ERROR, msg);
   di_sched_clear(next);
-  di_error_set(st, "%s", msg);
+  di_error_set(DI_ERR_OOM, "%s", msg);
+}
+
+/* A failed step: the plan made for the step after it is void too; the requests of both end with the
+ * error (its message kept across the calls that end them). */
+static di_status fail_with_plan(di_engine *e, di_sched *cur, di_sched *next, di_status st) {
+  fail_plan(e, next);
   return fail_inflight(e, cur, st);
 }
 
@@ -576,9 +587,10 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
 
   if (!e->inflight_active) {
     di_sched *s = &e->sched[e->cur];
-    DI_TRY(di_schedule(e, s, 0));
+    st = di_schedule(e, s, 0);
+    if (st == DI_OK && s->n > 0) st = di_sched_build_batch(e, s);
+    if (st != DI_OK) return fail_inflight(e, s, st); /* (not submitted) its requests end with the error */
     if (s->n > 0) {
-      DI_TRY(di_sched_build_batch(e, s));
       double ts = di_now();
       st = submit(e, s);
       t_blocked += di_now() - ts;
@@ -589,8 +601,10 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
     di_sched *cur = &e->sched[e->cur], *next = &e->sched[e->cur ^ 1];
     di_sched_clear(next);
     if (e->opt.async_scheduling) {
-      DI_TRY(di_schedule(e, next, 1));
-      if (next->n > 0) DI_TRY(di_sched_build_batch(e, next));
+      st = di_schedule(e, next, 1);
+      if (st == DI_OK && next->n > 0) st = di_sched_build_batch(e, next);
+      if (st != DI_OK) fail_plan(e, next); /* its requests end with the error; the step in flight goes on */
+      st = DI_OK;
     }
     int on_device = e->spec ? 0 : plan_device_sampling(e, cur);
     if (on_device && e->feedback && next->n > 0 && cur->n_plp == 0) {
@@ -620,8 +634,11 @@ di_status di_engine_step(di_engine *e, di_step_output **out) {
       if (st == DI_OK) di_plp_finish_scored(e, cur);
       if (st != DI_OK) return fail_with_plan(e, cur, next, st);
       if (next->n > 0) {
-        if (drop_ended(e, next)) DI_TRY(di_sched_build_batch(e, next));
-        else di_sched_patch_tokens(next);
+        if (drop_ended(e, next)) {
+          if (di_sched_build_batch(e, next) != DI_OK) fail_plan(e, next);
+        } else {
+          di_sched_patch_tokens(next);
+        }
         if (next->batch.n_tokens > 0) {
           double ts = di_now();
           st = submit(e, next);

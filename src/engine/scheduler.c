@@ -213,7 +213,14 @@ di_status di_schedule(di_engine *e, di_sched *s, int spec) {
       }
       break;
     }
-    DI_TRY(di_kv_allocate(e->kv, &r->kv, r->n_computed + n_new));
+    di_status st = di_kv_allocate(e->kv, &r->kv, r->n_computed + n_new);
+    if (st != DI_OK) { /* out of memory for the block table: the request waits as it was */
+      if (fresh) {
+        di_req_free_kv(e, r);
+        r->n_computed = r->n_valid = 0;
+      }
+      return st;
+    }
     if (!r->admitted) {
       r->admitted = 1;
       r->n_cached = hit;

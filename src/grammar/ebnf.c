@@ -333,6 +333,10 @@ di_status di_ebnf_compile(di_gb *b, const char *src, size_t len) {
     }
     p.i += 3;
     int r = di_gb_rule(b, name);
+    if (b->oom) {
+      st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+      break;
+    }
     if (b->rules[r].defined) {
       st = perr(&p, at, "rule '%s' defined twice", name);
       break;
@@ -347,6 +351,8 @@ di_status di_ebnf_compile(di_gb *b, const char *src, size_t len) {
       break;
     }
   }
+  if (st == DI_OK && b->oom) /* rules may be half made (a NULL name) */
+    st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
   if (st == DI_OK) {
     for (int r = 0; r < b->n_rules; r++) {
       if (!b->rules[r].defined) {

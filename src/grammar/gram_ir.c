@@ -39,7 +39,7 @@ static inline int grow(void **p, int *cap, int need, size_t elsize) { return di_
 
 int di_gb_rule(di_gb *b, const char *name) {
   for (int i = 0; i < b->n_rules; i++)
-    if (strcmp(b->rules[i].name, name) == 0)
+    if (b->rules[i].name && strcmp(b->rules[i].name, name) == 0) /* NULL: its strdup failed */
       return i;
   if (!grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof(di_grule))) {
     b->oom = 1;
@@ -489,7 +489,8 @@ di_status di_gb_finish(di_gb *b, int root) {
       }
     }
   }
-  eoff[nr] = ne;
+  if (eoff)
+    eoff[nr] = ne;
   int *idx = malloc(sizeof(int) * (size_t)nr), *low = malloc(sizeof(int) * (size_t)nr);
   int *comp = malloc(sizeof(int) * (size_t)nr), *tstack = malloc(sizeof(int) * (size_t)nr);
   int *cs_node = malloc(sizeof(int) * (size_t)nr), *cs_edge = malloc(sizeof(int) * (size_t)nr);

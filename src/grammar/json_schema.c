@@ -1127,6 +1127,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     di_sbuf kb = {0};
     di_sbuf_json_string(&kb, names[i]);
     if (kb.oom) {
+      free(kb.p);
       st = di_error_set(DI_ERR_OOM, "out of memory");
       goto done;
     }
@@ -1213,6 +1214,11 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   for (int k = 0; k <= K; k++) {
     /* tail after the last named property: additional members, as many as the bounds leave */
     int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
+    if (b->oom) { /* the new rules' indices are not valid then */
+      st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+      free(Snext), free(Rnext), free(Scur), free(Rcur);
+      goto done;
+    }
     b->rules[S].defined = b->rules[R].defined = 1;
     int amin = minp > k ? (int)minp - k : 0, amax = has_maxp ? (int)maxp - k : -1;
     if (amin == 0) {
@@ -1248,6 +1254,11 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     }
     for (int k = 0; k <= K; k++) {
       int S = di_gb_new_rule(b, "obj_s"), R = di_gb_new_rule(b, "obj_r");
+      if (b->oom) {
+        st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+        free(Snext), free(Rnext), free(Scur), free(Rcur);
+        goto done;
+      }
       b->rules[S].defined = b->rules[R].defined = 1;
       int k1 = k < K ? k + 1 : has_maxp ? -1 : K; /* the count after this member; -1: over the maximum */
       if (rules[i] >= 0 && k1 >= 0) {
@@ -1449,6 +1460,7 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gb_add_alt(b, r, NULL, 0);
     }
     di_gseq_free(&s);
+    if (b->oom) return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
     b->rules[r].defined = 1;
     next = r;
   }
@@ -1466,6 +1478,7 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gb_add_alt(b, r, s.v, s.n);
       di_gseq_free(&s);
     }
+    if (b->oom) return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
     b->rules[r].defined = 1;
     next = r;
   }
@@ -1804,6 +1817,8 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: nested too deeply at %s", path);
   di_gb *b = c->b;
   int rule = di_gb_new_rule(b, "schema");
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
   if (c->nmemo == c->capmemo) {
     int nc = c->capmemo ? c->capmemo * 2 : 32;
     memo_t *q = realloc(c->memo, sizeof *q * (size_t)nc);
@@ -1934,6 +1949,11 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
   di_status st = gen(&c, root, "#", &r);
   if (st == DI_OK) {
     int top = di_gb_new_rule(b, "root");
+    if (b->oom) {
+      jc_free(&c);
+      cJSON_Delete(root);
+      return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+    }
     b->rules[top].defined = 1;
     if (r >= 0) {
       di_gel e = rule_el(r);

@@ -62,9 +62,9 @@ static void ci_free(ci_entry *e) {
 void di_gvcache_free_all(struct di_gvcache *c) {
   while (c) {
     struct di_gvcache *n = c->next;
-    for (int i = 0; i < c->nci; i++)
+    for (int i = 0; c->ci && i < c->nci; i++) /* c->ci is NULL when its calloc failed */
       ci_free(c->ci[i]);
-    for (int i = 0; i < c->cap_mask; i++)
+    for (int i = 0; c->mask && i < c->cap_mask; i++)
       free(c->mask[i]);
     free(c->ci);
     free(c->chosen);

@@ -540,6 +540,8 @@ di_status di_regex_compile_into_ex(di_gb *b, int rule, const char *src, size_t l
 
 di_status di_regex_compile(di_gb *b, const char *src, size_t len) {
   int root = di_gb_rule(b, "root");
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
   DI_TRY(di_regex_compile_into(b, root, src, len, 0, 1));
   return di_gb_finish(b, root);
 }

@@ -722,7 +722,10 @@ static di_status scan_small(di_jscan *js, cJSON *obj, const char *key) {
   if (!item)
     return di_error_set(DI_ERR_FORMAT, W ": invalid JSON in \"%.64s\" at byte %zu", key, (size_t)(v - js->begin));
   cJSON_DeleteItemFromObjectCaseSensitive(obj, key); /* a repeated key: the last one wins */
-  cJSON_AddItemToObject(obj, key, item);
+  if (!cJSON_AddItemToObject(obj, key, item)) { /* it copies the key: out of memory */
+    cJSON_Delete(item);
+    return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+  }
   return DI_OK;
 }
 
@@ -750,7 +753,10 @@ static di_status scan_root(const char *json, size_t len, cJSON *root, raw_model 
         st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
       else {
         cJSON_DeleteItemFromObjectCaseSensitive(root, "model");
-        cJSON_AddItemToObject(root, "model", model);
+        if (!cJSON_AddItemToObject(root, "model", model)) {
+          cJSON_Delete(model);
+          st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+        }
       }
       if (st == DI_OK)
         st = di_jscan_expect(&js, '{');

@@ -117,8 +117,10 @@ di_status di_pattern_compile(di_pattern *pat, const char *src, size_t n, int lit
   PCRE2_SIZE off;
   di_buf rx = {0};
   if (!literal) {
-    if (rewrite_regex(src, n, &rx))
+    if (rewrite_regex(src, n, &rx)) {
+      di_buf_free(&rx);
       return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
+    }
   }
   uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* LITERAL refuses UCP */
   pat->re = pcre2_compile((PCRE2_SPTR)(literal ? src : rx.p), literal ? n : rx.len, opts, &err, &off, NULL);

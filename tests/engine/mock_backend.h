@@ -70,7 +70,7 @@ static void mock_logits_of_hash(uint64_t h, int vocab, float *lg) {
 }
 
 /* logits of the row whose context is toks[0..n) */
-static void mock_logits_of(const int32_t *toks, int n, int vocab, float *lg) {
+static inline void mock_logits_of(const int32_t *toks, int n, int vocab, float *lg) { /* (inline: some tests never call it) */
   uint64_t h = MOCK_HASH0;
   for (int i = 0; i < n; i++) h = mock_hash_next(h, toks[i], i);
   mock_logits_of_hash(h, vocab, lg);

@@ -152,11 +152,10 @@ static void cpu_destroy(di_backend *base) {
   if (!b)
     return;
   free_scratch(b);
-  if (b->w_uk)
-    for (int l = 0; l < b->n_cache_layers; l++) {
-      free(b->w_uk[l]);
-      free(b->w_uv[l]);
-    }
+  for (int l = 0; l < b->n_cache_layers; l++) { /* either array may be missing (its calloc failed) */
+    if (b->w_uk) free(b->w_uk[l]);
+    if (b->w_uv) free(b->w_uv[l]);
+  }
   free(b->w_uk);
   free(b->w_uv);
   free(b->kv_pool);

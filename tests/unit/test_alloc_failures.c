@@ -1,0 +1,453 @@
+/* Allocation-failure injection (issue 27), in the manner of SQLite's test/malloc_common.tcl: the
+ * n-th allocation fails, for every n (or every n-th with a stride, said below) over the whole of an
+ * operation, and the operation must return an error with a message: no crash, no leak, no
+ * half-built object left behind. The operations: di_model_load (config, safetensors, weights),
+ * tokenizer load (a small byte-level BPE with a Split regex, the real 8k-token tokenizer of
+ * engine-dummy sampled with a stride), grammar compile (JSON Schema, EBNF, regex) with a matcher,
+ * and an engine step, after which the engine must go on serving: the requests of the failed step
+ * end with an error (or are untouched), and a later request gives the tokens it gives alone.
+ *
+ * How: this executable is linked with --wrap=malloc,calloc,realloc,free,strdup,strndup and
+ * --wrap=pcre2_compile_8,pcre2_match_data_create_8 (CMakeLists.txt), so every allocation of the
+ * library's code passes af_alloc below; cJSON's go through it too (cJSON_InitHooks), and PCRE2's
+ * two constructors fail as a whole when their turn comes. Allocations inside libc and PCRE2 are
+ * not counted. Leaks are checked two ways: a live-allocation count that must come back to where it
+ * was (any build), and LeakSanitizer in the ASan build. Budget: ~30-60 s on one core (stride below). */
+#include <execinfo.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pcre2.h>
+#include "deepinfer.h"
+#include "grammar/grammar.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+#include "util/json.h"
+
+/* Under AddressSanitizer every run is several times slower: the long operations then take every
+ * n up to a point and then a stride (said in the output), to keep the test within CI's budget. */
+#if defined(__SANITIZE_ADDRESS__)
+#define AF_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AF_SANITIZED 1
+#endif
+#endif
+#ifdef AF_SANITIZED
+#define AF_DENSE_LONG 200 /* every n up to here, then every AF_STRIDE_LONG-th */
+#define AF_STRIDE_LONG 13
+#define AF_DENSE_TOK 100 /* the 8k-token tokenizer */
+#define AF_STRIDE_TOK 2999
+#else
+#define AF_DENSE_LONG 100000
+#define AF_STRIDE_LONG 1
+#define AF_DENSE_TOK 300
+#define AF_STRIDE_TOK 997
+#endif
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t k, size_t n);
+void *__real_realloc(void *p, size_t n);
+void __real_free(void *p);
+pcre2_code *__real_pcre2_compile_8(PCRE2_SPTR pattern, PCRE2_SIZE length, uint32_t options, int *errorcode,
+                                   PCRE2_SIZE *erroroffset, pcre2_compile_context *ccontext);
+pcre2_match_data *__real_pcre2_match_data_create_8(uint32_t ovecsize, pcre2_general_context *gcontext);
+
+static atomic_long af_count;  /* allocations since af_arm */
+static atomic_long af_live;   /* allocations not yet freed (of those this file saw) */
+static long af_fail_at;       /* 0: no failure; else the allocation number that fails */
+static atomic_int af_failed;  /* whether the armed failure happened */
+static long af_trace = -1;    /* AF_TRACE (debugging, with AF_ONLY): see af_note */
+
+static void af_arm(long n) {
+  af_count = 0;
+  af_failed = 0;
+  af_fail_at = n;
+}
+
+static int af_fail_now(void) {
+  long c = atomic_fetch_add(&af_count, 1) + 1;
+  if (af_fail_at > 0 && c == af_fail_at) {
+    af_failed = 1;
+    if (af_trace == 0) { /* AF_TRACE=0: the stack of the failing allocation */
+      void *frames[16];
+      backtrace_symbols_fd(frames, backtrace(frames, 16), 2);
+    }
+    return 1;
+  }
+  return 0;
+}
+
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t k, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+void __wrap_free(void *p);
+char *__wrap_strdup(const char *s);
+char *__wrap_strndup(const char *s, size_t n);
+pcre2_code *__wrap_pcre2_compile_8(PCRE2_SPTR pattern, PCRE2_SIZE length, uint32_t options, int *errorcode,
+                                   PCRE2_SIZE *erroroffset, pcre2_compile_context *ccontext);
+pcre2_match_data *__wrap_pcre2_match_data_create_8(uint32_t ovecsize, pcre2_general_context *gcontext);
+
+/* AF_TRACE=k (with AF_ONLY): prints the call stack of allocation k of the run (addr2line reads it) */
+static void af_note(void *p) {
+  if (!p) return;
+  af_live++;
+  if (af_fail_at > 0 && af_count == af_trace) {
+    void *frames[16];
+    backtrace_symbols_fd(frames, backtrace(frames, 16), 2);
+  }
+}
+
+void *__wrap_malloc(size_t n) {
+  if (af_fail_now()) return NULL;
+  void *p = __real_malloc(n);
+  af_note(p);
+  return p;
+}
+void *__wrap_calloc(size_t k, size_t n) {
+  if (af_fail_now()) return NULL;
+  void *p = __real_calloc(k, n);
+  af_note(p);
+  return p;
+}
+void *__wrap_realloc(void *p, size_t n) {
+  if (af_fail_now()) return NULL;
+  void *q = __real_realloc(p, n);
+  if (!p) af_note(q);
+  if (p && !q && n == 0) af_live--; /* glibc: realloc(p, 0) frees p */
+  return q;
+}
+void __wrap_free(void *p) {
+  if (p) af_live--;
+  __real_free(p);
+}
+char *__wrap_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = __wrap_malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+char *__wrap_strndup(const char *s, size_t n) {
+  size_t l = strnlen(s, n);
+  char *d = __wrap_malloc(l + 1);
+  if (d) {
+    memcpy(d, s, l);
+    d[l] = 0;
+  }
+  return d;
+}
+pcre2_code *__wrap_pcre2_compile_8(PCRE2_SPTR pattern, PCRE2_SIZE length, uint32_t options, int *errorcode,
+                                   PCRE2_SIZE *erroroffset, pcre2_compile_context *ccontext) {
+  if (af_fail_now()) {
+    *errorcode = PCRE2_ERROR_HEAPLIMIT; /* what pcre2 reports when its own allocation fails */
+    *erroroffset = 0;
+    return NULL;
+  }
+  return __real_pcre2_compile_8(pattern, length, options, errorcode, erroroffset, ccontext);
+}
+pcre2_match_data *__wrap_pcre2_match_data_create_8(uint32_t ovecsize, pcre2_general_context *gcontext) {
+  if (af_fail_now()) return NULL;
+  return __real_pcre2_match_data_create_8(ovecsize, gcontext);
+}
+
+/* One operation under injection: runs `op` with allocation n failing, for n = 1.. until a run in
+ * which no allocation failed (the operation then must have succeeded); n steps by 1 up to `dense`,
+ * then by `stride`. A failed run must return an error with a message and free what it took. */
+static int af_run(const char *what, di_status (*op)(void *ctx), void *ctx, long dense, long stride) {
+  /* once without failures: warms lazily built tables, and counts the allocations */
+  long live0 = af_live;
+  af_arm(0);
+  di_status st = op(ctx);
+  long total = af_count;
+  CHECKF(st == DI_OK, "%s without injected failures: %s", what, di_last_error());
+  if (st != DI_OK) return 0;
+  live0 = af_live;
+  int runs = 0, bad = 0;
+  /* AF_ONLY="name:n" runs only allocation n of the operations whose name holds `name` (to read the
+   * leak report of one failure under ASan) */
+  const char *only = getenv("AF_ONLY"), *colon = only ? strrchr(only, ':') : NULL;
+  long only_n = 0;
+  if (colon) {
+    if (strncmp(what, only, (size_t)(colon - only)) != 0) return 0;
+    only_n = atol(colon + 1);
+  }
+  for (long n = only_n ? only_n : 1;; n += n < dense ? 1 : stride) {
+    af_arm(n);
+    st = op(ctx);
+    af_fail_at = 0; /* disarmed; af_failed tells whether the failure happened */
+    runs++;
+    if (!af_failed) { /* past the last allocation */
+      CHECKF(st == DI_OK, "%s: failed (%s) with no allocation failing (n %ld)", what, di_last_error(), n);
+      break;
+    }
+    if (st == DI_OK && af_live == live0) continue; /* the failure was absorbed (a fallback path) */
+    if (st == DI_OK) {
+      CHECKF(0, "%s: allocation %ld failed, the op succeeded, %ld allocations left over", what, n, af_live - live0);
+      bad++;
+    } else if (!di_last_error()[0]) {
+      CHECKF(0, "%s: allocation %ld failed: status %d without a message", what, n, (int)st);
+      bad++;
+    }
+    if (af_live != live0) {
+      CHECKF(0, "%s: allocation %ld failed: %ld allocations leaked (%s)", what, n, af_live - live0, di_last_error());
+      bad++;
+      live0 = af_live;
+    }
+    if (bad > 5 || only_n) break;
+  }
+  fprintf(stderr, "%s: %ld allocations; %d runs (every n to %ld, then every %ld-th)\n", what, total, runs, dense, stride);
+  CHECK(runs > 1);
+  return runs;
+}
+
+/* ---- the operations ---- */
+
+static di_status op_model_load(void *ctx) {
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.quiet = 1;
+  mo.threads = 1;
+  di_model *m = NULL;
+  di_status st = di_model_load(test_path((const char *)ctx), &mo, &m);
+  if (st == DI_OK) di_model_free(m);
+  return st;
+}
+
+static const char SMALL_TOKENIZER[] =
+    "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}, {\"id\": 1, \"content\": \"<L>\", \"lstrip\": true,"
+    " \"special\": true}], \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFKC\"}, {\"type\": \"Replace\","
+    " \"pattern\": {\"Regex\": \"\\\\d{4,}\"}, \"content\": \"#\"}]}, \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\":"
+    " [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+|\\\\s+\"}, \"behavior\":"
+    " \"Isolated\"}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}, \"post_processor\":"
+    " {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, {\"Sequence\": {\"id\": \"A\"}}],"
+    " \"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [0]}}}, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\":"
+    " {\"type\": \"BPE\", \"vocab\": {\"<s>\": 0, \"<L>\": 1, \"a\": 2, \"b\": 3, \"c\": 4, \"ab\": 5, \"abc\": 6, \"\\u0120\": 7,"
+    " \"\\u0120a\": 8, \"1\": 9, \"#\": 10}, \"merges\": [\"a b\", \"ab c\", \"\\u0120 a\"]}}";
+
+static di_status use_tokenizer(di_tokenizer *t) {
+  int32_t *ids = NULL;
+  size_t n = 0;
+  static const char text[] = "abc ab <L> 12345 abca";
+  di_status st = di_tokenizer_encode(t, text, sizeof text - 1, 1, &ids, &n);
+  char *back = NULL;
+  size_t bl;
+  if (st == DI_OK) st = di_tokenizer_decode(t, ids, n, 0, &back, &bl);
+  free(ids);
+  free(back);
+  return st;
+}
+
+static di_status op_tokenizer_small(void *ctx) {
+  (void)ctx;
+  di_tokenizer *t = NULL;
+  DI_TRY(di_tokenizer_load_mem(SMALL_TOKENIZER, sizeof SMALL_TOKENIZER - 1, NULL, 0, "tokenizer.json", &t));
+  di_status st = use_tokenizer(t);
+  di_tokenizer_free(t);
+  return st;
+}
+
+static di_status op_tokenizer_dir(void *ctx) {
+  di_tokenizer *t = NULL;
+  DI_TRY(di_tokenizer_load(test_path((const char *)ctx), &t));
+  di_status st = use_tokenizer(t);
+  di_tokenizer_free(t);
+  return st;
+}
+
+typedef struct grammar_case {
+  di_grammar_kind kind;
+  const char *src;
+} grammar_case;
+
+static di_grammar_vocab *grammar_vocab(void) {
+  static const char *tok[] = {"{", "}", "\"", "a", "b", ":", ",", "1", "2", " ", "\"a\"", "true", "[", "]", "</s>"};
+  enum { N = sizeof tok / sizeof tok[0] };
+  size_t len[N];
+  for (int i = 0; i < N; i++) len[i] = strlen(tok[i]);
+  int32_t stop = N - 1;
+  di_grammar_vocab *v = NULL;
+  return di_grammar_vocab_create(N, tok, len, &stop, 1, &v) == DI_OK ? v : NULL;
+}
+
+static di_status op_grammar(void *ctx) {
+  const grammar_case *c = ctx;
+  di_grammar_options opt = {0};
+  opt.no_cache = 1; /* compiled afresh each time: the compile is under injection, and a cached grammar
+                       would keep what a failed matcher left in its caches */
+  di_grammar *g = NULL;
+  DI_TRY(di_grammar_compile(c->kind, c->src, strlen(c->src), &opt, &g));
+  di_grammar_vocab *v = grammar_vocab();
+  di_grammar_matcher *m = NULL;
+  di_status st = v ? di_grammar_matcher_create(g, v, &m) : di_error_set(DI_ERR_OOM, "grammar vocab: out of memory");
+  uint32_t mask[1];
+  for (int step = 0; st == DI_OK && step < 4; step++) {
+    st = di_grammar_matcher_fill_mask(m, mask);
+    int pick = -1;
+    for (int id = 0; id < 15 && pick < 0; id++)
+      if (mask[0] >> id & 1u) pick = id;
+    if (st == DI_OK && pick >= 0) st = di_grammar_matcher_accept_token(m, pick);
+  }
+  di_grammar_matcher_free(m);
+  di_grammar_vocab_free(v);
+  di_grammar_free(g);
+  return st;
+}
+
+/* ---- the engine step ---- */
+
+typedef struct engine_case {
+  di_model *m;
+  int32_t ref[3][8];  /* each request's greedy tokens alone */
+  int failed_steps, errored, served_after;
+} engine_case;
+
+static void params(di_request_params *p, const int32_t *prompt, int n) {
+  di_request_params_default(p);
+  p->prompt_ids = prompt;
+  p->n_prompt_ids = n;
+  p->max_tokens = 8;
+  p->temperature = 0;
+  p->ignore_eos = 1;
+}
+
+static const int32_t PROMPTS[3][6] = {{5, 9, 13, 2, 7, 7}, {3, 3, 8, 20, 11, 4}, {17, 6, 6, 1, 9, 30}};
+
+/* Runs requests 0 and 1, with allocation n of their steps failing (af_fail_at, set by the caller, is
+ * armed at the first step), then request 2 alone; checks each against its reference. */
+static di_status op_engine(void *ctx) {
+  engine_case *c = ctx;
+  long fail_at = af_fail_at;
+  af_arm(0);
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.num_kv_blocks = 8;
+  o.seed = 3;
+  di_engine *e = NULL;
+  DI_TRY(di_engine_create(c->m, &o, &e));
+  di_request_params p;
+  uint64_t id[3];
+  int32_t got[3][8];
+  int n_got[3] = {0}, finish[3] = {0};
+  di_status st = DI_OK, step_st = DI_OK;
+  for (int r = 0; r < 2 && st == DI_OK; r++) {
+    params(&p, PROMPTS[r], 6);
+    st = di_engine_add_request(e, &p, &id[r]);
+  }
+  for (int steps = 0; st == DI_OK && di_engine_has_unfinished(e) && steps < 100; steps++) {
+    if (steps == 0) af_arm(fail_at); /* the injection covers the prefill and the decode steps */
+    di_step_output *out = NULL;
+    di_status s = di_engine_step(e, &out);
+    if (s != DI_OK) {
+      step_st = s;
+      c->failed_steps++;
+      CHECKF(di_last_error()[0] != 0, "engine step failed without a message");
+      /* the engine goes on; the outputs a failed step still reports (the requests it ended) count */
+    }
+    for (int i = 0; out && i < out->n; i++) {
+      const di_seq_output *so = &out->seqs[i];
+      int r = so->req_id == id[0] ? 0 : 1;
+      for (int t = 0; t < so->n_new_tokens && n_got[r] < 8; t++) got[r][n_got[r]++] = so->new_tokens[t];
+      if (so->finish_reason) finish[r] = so->finish_reason;
+      if (so->finish_reason == DI_FINISH_ERROR) CHECKF(so->error && so->error[0], "an error finish without a message");
+    }
+  }
+  af_fail_at = 0; /* disarmed: af_run reads af_failed, whether the failure happened */
+  int errored_here = 0;
+  for (int r = 0; r < 2; r++) {
+    if (finish[r] == DI_FINISH_ERROR) { c->errored++; errored_here++; continue; }
+    CHECKF(finish[r] == DI_FINISH_LENGTH && n_got[r] == 8 && memcmp(got[r], c->ref[r], sizeof got[r]) == 0,
+           "request %d after allocation %ld failed: finish %d, %d tokens (not its tokens alone)", r, fail_at, finish[r],
+           n_got[r]);
+  }
+  /* a new request after the failure: served as if alone */
+  params(&p, PROMPTS[2], 6);
+  if (st == DI_OK) st = di_engine_add_request(e, &p, &id[2]);
+  for (int steps = 0; st == DI_OK && di_engine_has_unfinished(e) && steps < 100; steps++) {
+    di_step_output *out;
+    st = di_engine_step(e, &out);
+    for (int i = 0; st == DI_OK && i < out->n; i++)
+      for (int t = 0; t < out->seqs[i].n_new_tokens && n_got[2] < 8; t++) got[2][n_got[2]++] = out->seqs[i].new_tokens[t];
+  }
+  CHECKF(st == DI_OK && n_got[2] == 8 && memcmp(got[2], c->ref[2], sizeof got[2]) == 0,
+         "the request after allocation %ld failed: %s, %d tokens", fail_at, st == DI_OK ? "ok" : di_last_error(), n_got[2]);
+  c->served_after += st == DI_OK && n_got[2] == 8;
+  CHECKF(di_engine_check(e) == DI_OK, "%s", di_last_error());
+  di_engine_stats es;
+  di_engine_get_stats(e, &es);
+  CHECKF(es.kv_blocks_used == 0, "%lld KV blocks in use at the end", (long long)es.kv_blocks_used);
+  di_engine_free(e);
+  if (st != DI_OK) return st;
+  return step_st != DI_OK || errored_here ? di_error_set(DI_ERR_OOM, "a step failed (as injected)") : DI_OK;
+}
+
+static void reference_tokens(engine_case *c) {
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.num_kv_blocks = 8;
+  o.seed = 3;
+  for (int r = 0; r < 3; r++) {
+    di_engine *e = NULL;
+    CHECK(di_engine_create(c->m, &o, &e) == DI_OK);
+    di_request_params p;
+    params(&p, PROMPTS[r], 6);
+    uint64_t id;
+    CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
+    int n = 0;
+    for (int steps = 0; di_engine_has_unfinished(e) && steps < 100; steps++) {
+      di_step_output *out;
+      CHECK(di_engine_step(e, &out) == DI_OK);
+      for (int i = 0; i < out->n; i++)
+        for (int t = 0; t < out->seqs[i].n_new_tokens && n < 8; t++) c->ref[r][n++] = out->seqs[i].new_tokens[t];
+    }
+    CHECK(n == 8);
+    di_engine_free(e);
+  }
+}
+
+int main(void) {
+  if (getenv("AF_TRACE")) af_trace = atol(getenv("AF_TRACE"));
+  cJSON_Hooks hooks = {__wrap_malloc, __wrap_free};
+  cJSON_InitHooks(&hooks);
+  /* the injection reaches cJSON and PCRE2: a parse and a compile each fail at their first allocation */
+  af_arm(1);
+  CHECK(cJSON_Parse("[1]") == NULL && af_failed);
+  af_arm(1);
+  int ec;
+  PCRE2_SIZE eo;
+  CHECK(pcre2_compile((PCRE2_SPTR) "a+", 2, 0, &ec, &eo, NULL) == NULL && af_failed);
+  af_arm(0);
+
+  af_run("di_model_load(dsv3-tiny)", op_model_load, (void *)"tests/data/models/dsv3-tiny", AF_DENSE_LONG, AF_STRIDE_LONG);
+  af_run("di_model_load(dsv2-lite-tiny)", op_model_load, (void *)"tests/data/models/dsv2-lite-tiny", AF_DENSE_LONG,
+         AF_STRIDE_LONG);
+  af_run("tokenizer load (small BPE) + encode/decode", op_tokenizer_small, NULL, 100000, 1);
+  af_run("tokenizer load (engine-dummy, 8k tokens) + encode/decode", op_tokenizer_dir,
+         (void *)"tests/data/models/engine-dummy", AF_DENSE_TOK, AF_STRIDE_TOK);
+  static const grammar_case grammars[] = {
+      {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 1},"
+                               " \"b\": {\"enum\": [\"x\", true]}}, \"required\": [\"a\"]}"},
+      {DI_GRAMMAR_EBNF, "root ::= \"{\" pair (\",\" pair)* \"}\"\npair ::= \"\\\"a\\\"\" \":\" [0-9]+"},
+      {DI_GRAMMAR_REGEX, "(ab|[0-9]{1,3})+\\s?"},
+  };
+  for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "grammar compile %zu + matcher", i);
+    af_run(what, op_grammar, (void *)&grammars[i], AF_DENSE_LONG, AF_STRIDE_LONG); /* the schema: ~3,600 */
+  }
+  engine_case ec_ = {0};
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.quiet = 1;
+  mo.threads = 1;
+  mo.load_format = "dummy"; /* engine-dummy: random weights, a real tokenizer (text paths too) */
+  CHECKF(di_model_load(test_path("tests/data/models/engine-dummy"), &mo, &ec_.m) == DI_OK, "%s", di_last_error());
+  if (ec_.m) {
+    reference_tokens(&ec_);
+    af_run("engine steps (engine-dummy)", op_engine, &ec_, AF_DENSE_LONG / 2, AF_STRIDE_LONG);
+    fprintf(stderr, "engine: %d failed steps, %d requests ended with the error, %d served after\n", ec_.failed_steps,
+            ec_.errored, ec_.served_after);
+    CHECK(ec_.failed_steps + ec_.errored > 0 && ec_.served_after > 0);
+    di_model_free(ec_.m);
+  }
+  return test_finish("test_alloc_failures");
+}
