@@ -17,11 +17,17 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--build" ]; then
   set -e
   export PATH="/usr/local/cuda/bin:$PATH"
-  cmake -S . -B build-cuda -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+  # no MPI in the device binaries (its runtime is not on the device; the GPU tests need none)
+  cmake -S . -B build-cuda -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
   cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_ops test_cuda_model test_cuda_engine bench_cuda_decode bench_engine deepinfer_cli
   mkdir -p .carry/cuda
   cp build-cuda/test_cuda_kernels build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_engine build-cuda/bench_cuda_decode build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
-  for lib in $(ldd build-cuda/test_cuda_model | awk '/cjson|pcre2/ {print $3}'); do cp -L "$lib" .carry/cuda/; done
+  # the Debian libraries the binaries link (cJSON, PCRE2, libmicrohttpd and its GnuTLS chain): the
+  # device image has the CUDA runtime and glibc, not these
+  for lib in $(ldd build-cuda/test_cuda_model build-cuda/deepinfer | awk '/=> \// {print $3}' | sort -u |
+               grep -v -E '/cuda|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/ld-linux|/libgcc_s|/libstdc'); do
+    cp -L "$lib" .carry/cuda/
+  done
   # the device call's whole working tree is capped at 64 MiB: carry the binaries stripped and xz-packed
   rm -rf /tmp/di_cudabin && mkdir -p /tmp/di_cudabin/cudabin .carry/cudapack
   for f in .carry/cuda/*; do
