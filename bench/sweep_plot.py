@@ -8,6 +8,7 @@ both axes: faster for users and more tokens/s; sooner first token and more token
 line through them, the dominated points stay as open markers.
 """
 import os
+import textwrap
 
 REQUIREMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "requirements.txt")
 
@@ -70,7 +71,8 @@ def _plot(path, series, xkey, ykey, x_better, label_of, xlabel, ylabel, title):
     _axis_scale(ax, xs_all, ys_all)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    # long subtitles (model, machine, commit) wrapped to the figure's width instead of cut off
+    ax.set_title("\n".join(textwrap.fill(line, 110) for line in title.split("\n")), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
