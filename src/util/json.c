@@ -3,12 +3,18 @@
 #include <math.h>
 #include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 di_status di_read_file(const char *path, char **data, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f)
     return di_error_set(errno == ENOENT ? DI_ERR_NOT_FOUND : DI_ERR_IO, "cannot open %s: %s", path,
                         strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) { /* a directory "opens" and seeks to LONG_MAX */
+    fclose(f);
+    return di_error_set(DI_ERR_IO, "cannot read %s: not a regular file", path);
+  }
   if (fseek(f, 0, SEEK_END) != 0) {
     fclose(f);
     return di_error_set(DI_ERR_IO, "cannot seek %s", path);

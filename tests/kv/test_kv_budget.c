@@ -68,8 +68,8 @@ static int64_t engine_blocks(const di_backend_ops *ops, const di_engine_options 
     di_engine_free(e);
   } else {
     snprintf(summary, n, "%s", di_last_error());
-    mock_destroy(&mb->base);
   }
+  mock_destroy(&mb->base); /* the engine does not own its backend */
   return blocks;
 }
 
