@@ -90,14 +90,6 @@ static int32_t parse_char(ep *p, di_status *st) {
   return (int32_t)v;
 }
 
-static void emit_cp(di_gb *b, di_gseq *s, uint32_t c) {
-  di_cprange r = {c, c};
-  if (c < 0x80)
-    di_gseq_byte(b, s, (uint8_t)c);
-  else
-    di_gseq_cpset(b, s, &r, 1, 0);
-}
-
 static di_status parse_alternates(ep *p, int rule, int nested);
 
 static int note_ref(ep *p, int rule, size_t at) {
@@ -137,7 +129,7 @@ static di_status parse_sequence(ep *p, di_gseq *seq, int nested) {
         int32_t cp = parse_char(p, &st);
         if (cp < 0)
           return st;
-        emit_cp(b, seq, (uint32_t)cp);
+        di_gseq_cp(b, seq, (uint32_t)cp);
       }
       if (p->i >= p->n)
         return perr(p, at, "unterminated string literal%s", NULL);

@@ -242,6 +242,15 @@ static int range_class(di_gb *b, uint8_t lo, uint8_t hi) {
   return di_gb_class(b, &set);
 }
 
+void di_gseq_cp(di_gb *b, di_gseq *s, uint32_t c) {
+  if (c < 0x80) {
+    di_gseq_byte(b, s, (uint8_t)c);
+    return;
+  }
+  di_cprange r = {c, c};
+  di_gseq_cpset(b, s, &r, 1, 0);
+}
+
 void di_gseq_cpset(di_gb *b, di_gseq *s, const di_cprange *in, int n, int negate) {
   di_cprange *r = malloc(sizeof(di_cprange) * (size_t)(n + 2) * 2);
   if (!r) {

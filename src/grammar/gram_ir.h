@@ -71,6 +71,8 @@ void di_gseq_byte(di_gb *b, di_gseq *s, uint8_t c);
 void di_gseq_bytes(di_gb *b, di_gseq *s, const char *p, size_t n);
 /* Appends matching one code point of the set (ranges need not be sorted or disjoint). */
 void di_gseq_cpset(di_gb *b, di_gseq *s, const di_cprange *r, int n, int negate);
+/* One code point: its byte when ASCII, else its UTF-8 encoding (a one-range code point set). */
+void di_gseq_cp(di_gb *b, di_gseq *s, uint32_t c);
 /* Wraps a sequence into a rule of one alternative, returns the RULE element. */
 di_gel di_gb_wrap(di_gb *b, const di_gseq *s, const char *hint);
 /* Appends x{min,max} (max < 0 = unbounded) where x is one element. */

@@ -168,11 +168,8 @@ static void push_cp(lp *p, di_gseq *s, uint32_t c, int icase) {
     di_gbyteset_add(&both, c | 32);
     di_gbyteset_add(&both, (c | 32) - 32);
     di_gseq_push(p->b, s, (di_gel){DI_GE_CLASS, di_gb_class(p->b, &both)});
-  } else if (c < 0x80) {
-    di_gseq_byte(p->b, s, (uint8_t)c);
   } else {
-    di_cprange r = {c, c};
-    di_gseq_cpset(p->b, s, &r, 1, 0);
+    di_gseq_cp(p->b, s, c);
   }
 }
 

@@ -258,12 +258,7 @@ static void emit_cp(rp *p, di_gseq *s, uint32_t c) {
     json_escape_cp(p->b, s, c);
     return;
   }
-  if (c < 0x80) {
-    di_gseq_byte(p->b, s, (uint8_t)c);
-  } else {
-    di_cprange r = {c, c};
-    di_gseq_cpset(p->b, s, &r, 1, 0);
-  }
+  di_gseq_cp(p->b, s, c);
 }
 
 static di_status parse_alt(rp *p, int rule, int top, int *anch_start, int *anch_end);
