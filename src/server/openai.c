@@ -72,8 +72,9 @@ static int get_int(const cJSON *o, const char *k, double lo, double hi, long lon
   return 0;
 }
 
-/* A sampling parameter, checked against the range table every surface shares (sampler/sampling_ranges.h). */
-static int get_sampling(const cJSON *o, const char *k, double *out, di_oai_error *err) {
+/* A sampling parameter, checked against the range table every surface shares (sampler/sampling_ranges.h);
+ * an integer one is also stored in *out_int (when non-NULL). */
+static int get_sampling_value(const cJSON *o, const char *k, double *out, long long *out_int, di_oai_error *err) {
   const cJSON *v = field(o, k);
   if (!v) return 0;
   const di_sampling_range *r = di_sampling_range_find(k);
@@ -81,16 +82,16 @@ static int get_sampling(const cJSON *o, const char *k, double *out, di_oai_error
     return BAD(k, "'%s' must be %s", k, r->integer ? "an integer" : "a number");
   char msg[160];
   if (!di_sampling_range_check(r, v->valuedouble, msg, sizeof msg)) return BAD(k, "'%s' %s", k, msg);
-  *out = v->valuedouble;
+  int64_t x;
+  if (out) *out = v->valuedouble;
+  if (out_int && di_json_int_in(v, r->lo, r->hi, &x)) *out_int = (long long)x;
   return 0;
 }
-
+static int get_sampling(const cJSON *o, const char *k, double *out, di_oai_error *err) {
+  return get_sampling_value(o, k, out, NULL, err);
+}
 static int get_sampling_int(const cJSON *o, const char *k, long long *out, di_oai_error *err) {
-  double d = 0;
-  if (get_sampling(o, k, &d, err)) return -1;
-  int64_t x;
-  if (field(o, k) && di_json_int_in(field(o, k), d, d, &x)) *out = (long long)x; /* in range: checked above */
-  return 0;
+  return get_sampling_value(o, k, NULL, out, err);
 }
 
 static int get_bool(const cJSON *o, const char *k, int *out, di_oai_error *err) {

@@ -134,6 +134,11 @@ int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap) {
   return 1;
 }
 
+/* the latent pool of n_blocks blocks (+1: the padding tokens' block), every layer and the MTP layer */
+static size_t kv_pool_bytes(const cu_backend *b, int64_t n_blocks) {
+  return (size_t)(b->n_layers + b->n_mtp) * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2;
+}
+
 di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks) {
   cu_backend *b = (cu_backend *)bb;
   if (n_blocks <= 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: kv_alloc of %lld blocks", (long long)n_blocks);
@@ -141,7 +146,7 @@ di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks) {
   drop_graphs(b);
   dev_free(b, b->kv);
   b->kv = NULL;
-  size_t bytes = (size_t)(b->n_layers + b->n_mtp) * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2;
+  const size_t bytes = kv_pool_bytes(b, n_blocks);
   DI_TRY(dev_alloc(b, (void **)&b->kv, bytes));
   DI_CU(cudaMemset(b->kv, 0, bytes));
   b->n_blocks = n_blocks;
@@ -162,7 +167,7 @@ di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, i
   DI_CU(cudaMemGetInfo(&free_b, &total_b));
   /* a KV pool from an earlier engine over this backend is about to be replaced (kv_alloc frees it
    * first): it does not count as used */
-  const size_t pool = b->kv ? (size_t)(b->n_layers + b->n_mtp) * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2 : 0;
+  const size_t pool = b->kv ? kv_pool_bytes(b, b->n_blocks) : 0;
   *total_bytes = (int64_t)total_b;
   *used_bytes = (int64_t)(total_b - free_b) - (int64_t)pool;
   return DI_OK;
