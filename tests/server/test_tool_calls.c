@@ -53,30 +53,20 @@ static void check_prefixes(const char *t) {
 }
 
 /* fuzz/corpus/tool_calls (fuzz/fuzz_tool_calls.c's seeds): replies with calls pass check_prefixes */
+static void replay_file(const char *name, const char *rel, const char *buf, size_t n, void *ctx) {
+  (void)name;
+  (void)rel;
+  int *with_calls = ctx;
+  size_t cl;
+  di_tool_call *c;
+  int nc = di_tool_calls_parse(buf, n, &cl, &c);
+  di_tool_calls_free(c, nc > 0 ? nc : 0);
+  if (nc > 0 && strlen(buf) == n) { (*with_calls)++; check_prefixes(buf); } /* (di_read_file NUL-terminates) */
+}
+
 static void replay_corpus(void) {
-  const char *dir = test_path("fuzz/corpus/tool_calls");
-  DIR *d = opendir(dir);
-  CHECKF(d != NULL, "no corpus at %s", dir);
-  if (!d) return;
-  int files = 0, with_calls = 0;
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    if (de->d_name[0] == '.') continue;
-    char path[4096], buf[65536];
-    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    FILE *f = fopen(path, "rb");
-    if (!f) continue;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    files++;
-    size_t cl;
-    di_tool_call *c;
-    int nc = di_tool_calls_parse(buf, n, &cl, &c);
-    di_tool_calls_free(c, nc > 0 ? nc : 0);
-    if (nc > 0 && strlen(buf) == n) { with_calls++; check_prefixes(buf); }
-  }
-  closedir(d);
+  int with_calls = 0;
+  int files = test_for_each_file("fuzz/corpus/tool_calls", replay_file, &with_calls);
   CHECKF(files >= 5 && with_calls >= 3, "%d files, %d with calls", files, with_calls);
 }
 
