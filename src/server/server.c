@@ -14,6 +14,7 @@
  * (di_conn_peer_gone) to abort the work of a client that went away. */
 #include "server/server_internal.h"
 #include "api/model_internal.h"
+#include "server/conn_watch.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -448,6 +449,34 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
   return MHD_YES;
 }
 
+/* "host:port" of the client */
+static void format_peer(struct MHD_Connection *mc, char *out, size_t cap) {
+  const union MHD_ConnectionInfo *ai = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  char host[64] = "?";
+  int port = 0;
+  if (ai && ai->client_addr) {
+    const struct sockaddr *sa = ai->client_addr;
+    if (sa->sa_family == AF_INET) {
+      inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, host, sizeof host);
+      port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
+    } else if (sa->sa_family == AF_INET6) {
+      inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, host, sizeof host);
+      port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+    }
+  }
+  snprintf(out, cap, "%s:%d", host, port);
+}
+
+static di_conn_watch *socket_watch(struct MHD_Connection *mc) {
+  const union MHD_ConnectionInfo *si = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return si ? si->socket_context : NULL;
+}
+
+static int socket_fd(struct MHD_Connection *mc) {
+  const union MHD_ConnectionInfo *fi = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+  return fi ? fi->connect_fd : -1;
+}
+
 static di_conn *conn_new(di_server *s, struct MHD_Connection *mc, const char *url, const char *method,
                          const char *version) {
   di_conn *c = calloc(1, sizeof *c);
@@ -463,22 +492,9 @@ static di_conn *conn_new(di_server *s, struct MHD_Connection *mc, const char *ur
   c->req.path_len = strlen(c->req.target);
   c->req.version_minor = version && strcmp(version, "HTTP/1.0") == 0 ? 0 : 1;
   MHD_get_connection_values(mc, MHD_HEADER_KIND, collect_header, &c->req);
-  const union MHD_ConnectionInfo *fi = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-  c->fd = fi ? fi->connect_fd : -1;
-  const union MHD_ConnectionInfo *ai = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-  char host[64] = "?";
-  int port = 0;
-  if (ai && ai->client_addr) {
-    const struct sockaddr *sa = ai->client_addr;
-    if (sa->sa_family == AF_INET) {
-      inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, host, sizeof host);
-      port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
-    } else if (sa->sa_family == AF_INET6) {
-      inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, host, sizeof host);
-      port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
-    }
-  }
-  snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+  c->fd = socket_fd(mc);
+  format_peer(mc, c->peer, sizeof c->peer);
+  di_conn_watch_request_begin(socket_watch(mc));
   di_json_scan_init(&c->scan, MAX_JSON_DEPTH, MAX_JSON_VALUES);
   c->max_body = di_srv_body_limit(s, &c->req, &c->prompt_bound);
   return c;
@@ -648,9 +664,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
-  (void)mc;
   di_server *s = cls;
   di_conn *c = *con_cls;
+  di_conn_watch_request_end(socket_watch(mc), socket_fd(mc));
   if (!c) return;
   *con_cls = NULL;
   pthread_mutex_lock(&c->mu);
@@ -683,13 +699,30 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
   conn_unref(c);
 }
 
+/* open / closed connections; a close of bytes nobody answered is a rejection (conn_watch.c) */
 static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_ctx, enum MHD_ConnectionNotificationCode t) {
-  (void)mc;
-  (void)socket_ctx;
   di_server *s = cls;
+  char why[300];
+  int rejected = 0;
+  if (t == MHD_CONNECTION_NOTIFY_STARTED) {
+    *socket_ctx = di_conn_watch_new();
+  } else {
+    pthread_mutex_lock(&s->mu);
+    int stopping = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    rejected = di_conn_watch_closed(*socket_ctx, socket_fd(mc), s->cfg.keep_alive_timeout_s, stopping, why, sizeof why);
+    *socket_ctx = NULL;
+  }
   pthread_mutex_lock(&s->mu);
   s->n_conns += t == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
+  if (rejected) s->n_rejected_protocol++;
+  if (rejected && strncmp(why, "408", 3) == 0) s->n_timeouts++;
   pthread_mutex_unlock(&s->mu);
+  if (rejected) {
+    char peer[80];
+    format_peer(mc, peer, sizeof peer);
+    fprintf(stderr, "deepinfer serve: %s connection closed unanswered: %s\n", peer, why);
+  }
 }
 
 /* libmicrohttpd's own messages: the protocol errors it answers itself (malformed request line or
@@ -700,10 +733,21 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   size_t n = strlen(msg);
   while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+  unsigned status = 0;
+  const char *code = strstr(msg, "HTTP response code is ");
+  if (code) status = (unsigned)strtoul(code + 22, NULL, 10);
   pthread_mutex_lock(&s->mu);
   s->n_rejected_protocol++;
   pthread_mutex_unlock(&s->mu);
-  fprintf(stderr, "deepinfer serve: http: %s\n", msg);
+  /* its answers are fixed HTML pages compiled into the library (0.9.75 has no hook to replace
+   * them): the log line names the status and the page's title as the reason */
+  const char *t0 = strstr(msg, "<title>"), *t1 = t0 ? strstr(t0, "</title>") : NULL;
+  const char *b0 = t1 ? strstr(t1, "<body>") : NULL, *b1 = b0 ? strstr(b0, "</body>") : NULL;
+  if (status && t0 && t1)
+    fprintf(stderr, "deepinfer serve: http: rejected %u by libmicrohttpd (its HTML body, not JSON): %.*s: %.*s\n",
+            status, (int)(t1 - t0 - 7), t0 + 7, b1 ? (int)(b1 - b0 - 6) : 0, b1 ? b0 + 6 : "");
+  else
+    fprintf(stderr, "deepinfer serve: http: %s\n", msg);
 }
 
 /* waits until `cond_fn` holds or `seconds` pass; mutex held */
