@@ -431,7 +431,7 @@ di_status di_bpe_encode_word(const di_tokenizer *t, const char *w, size_t n, di_
       break;
     }
   if (st == DI_OK)
-    cache_put(t->cache, w, n, h, out->p + start, out->len - start);
+    cache_put(t->cache, w, n, h, out->len > start ? out->p + start : NULL, out->len - start); /* none: p may be NULL */
   if (sy != stack_syms)
     free(sy);
   if (q != stack_q)

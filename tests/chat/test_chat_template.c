@@ -425,7 +425,7 @@ static void test_fuzz_corpus(void) {
     size_t tlen = nul ? (size_t)(nul - data) : n;
     jj_template *t;
     if (jj_parse(data, tlen, &t) == DI_OK) {
-      jj_render_limits lim = {.max_memory = 16 << 20, .max_output = 1 << 20, .max_steps = 200000};
+      jj_render_limits lim = {.max_memory = 4 << 20, .max_output = 256 << 10, .max_steps = 20000}; /* the target's */
       char *out = NULL;
       size_t len;
       if (!nul) {
