@@ -72,7 +72,12 @@ static void build_args(const char *b, size_t n, int complete, buf *out) {
     int is_string = di_tc_find(kq, (size_t)(tag_end - kq), "string=\"true\"") != NULL;
     const char *v = tag_end + 1;
     const char *pc = di_tc_find(v, (size_t)(end - v), PARAM_CLOSE);
-    size_t vn = pc ? (size_t)(pc - v) : (size_t)(end - v) - di_tc_partial_tail(v, (size_t)(end - v), PARAM_CLOSE);
+    /* an unclosed value ends before what may be the start of its close tag, or, while the invoke is
+     * open, of the invoke's close tag (the whole parse ends the body there: without holding that
+     * back, a prefix's value could hold bytes the final one does not) */
+    size_t avail = (size_t)(end - v), tail = di_tc_partial_tail(v, avail, PARAM_CLOSE);
+    if (!complete && di_tc_partial_tail(v, avail, INVOKE_CLOSE) > tail) tail = di_tc_partial_tail(v, avail, INVOKE_CLOSE);
+    size_t vn = pc ? (size_t)(pc - v) : avail - tail;
     if (!first) put(out, ", ", 2);
     first = 0;
     put(out, "\"", 1);
