@@ -54,11 +54,12 @@ int di_conn_watch_closed(di_conn_watch *w, int fd, int timeout_s, int stopping, 
   int report = 0;
   unsigned long long rx, tx;
   unsigned idle_ms;
-  if (!w->in_request && w->rx_done != ~0ull && tcp_counters(fd, &rx, &tx, &idle_ms) == 0 && rx > w->rx_done &&
-      tx == w->tx_done) {
-    unsigned long long pending = rx - w->rx_done;
-    struct pollfd p = {fd, POLLRDHUP, 0};
-    int peer_closed = poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP));
+  struct pollfd p = {fd, POLLRDHUP, 0};
+  int peer_closed = fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP));
+  /* the kernel counts the client's FIN as one byte received */
+  if (!w->in_request && w->rx_done != ~0ull && tcp_counters(fd, &rx, &tx, &idle_ms) == 0 &&
+      rx - (peer_closed && rx > 0) > w->rx_done && tx == w->tx_done) {
+    unsigned long long pending = rx - (unsigned long long)peer_closed - w->rx_done;
     report = 1;
     if (stopping)
       snprintf(why, cap, "%llu bytes of an unfinished request head when the server stopped", pending);
