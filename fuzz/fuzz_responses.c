@@ -4,12 +4,13 @@
  * back, whole and streamed, so the request's echoed fields (tools, custom tools, text.format, ...)
  * reach the Response builders. Any bytes must either be read or fail with an OpenAI error (a 4xx/5xx
  * status and a message), never crash; a translated body must be JSON the chat reader takes or refuses
- * with an error. The tokenizer and template are engine-dummy's, loaded once (LLVMFuzzerInitialize) from
- * $DI_SOURCE_DIR or the working directory. Replayed by tests/server/test_responses_fuzz_corpus.c. */
+ * with an error. The tokenizer and template are engine-dummy's, loaded once (oai_fuzz_ctx.h).
+ * Replayed by tests/server/test_responses_fuzz_corpus.c. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "oai_fuzz_ctx.h"
 #include "server/responses.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -21,19 +22,7 @@ static di_chat_template *tmpl;
 static int ready;
 
 static void setup(void) {
-  const char *root = getenv("DI_SOURCE_DIR");
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s/tests/data/models/engine-dummy", root ? root : ".");
-  if (di_tokenizer_load(dir, &tok) != DI_OK) tok = NULL;
-  if (di_chat_template_load(dir, &tmpl) != DI_OK) tmpl = NULL;
-  ctx.tok = tok;
-  ctx.tmpl = tmpl;
-  ctx.served_name = "m";
-  ctx.max_model_len = 256;
-  ctx.vocab_size = 8200;
-  ctx.default_temperature = 0.7f;
-  ctx.default_top_p = 0.95f;
-  ctx.tool_parser = 1;
+  oai_fuzz_ctx_init(&ctx, &tok, &tmpl);
   ready = 1;
 }
 
