@@ -34,7 +34,7 @@ static long fz_plp_checked, fz_scored; /* prompt arrays checked, score-only requ
 static long fz_fb_tokens;               /* tokens taken from the device by a step queued with feedback */
 
 /* The checks against the references are the oracle, not what is fuzzed: kept out of the coverage
- * instrumentation (its comparison tracing was about half of the target's time in these loops). */
+ * instrumentation, so that inputs are not rewarded for new paths through the checker. */
 #if defined(__clang__)
 #define FZ_ORACLE __attribute__((no_sanitize("coverage")))
 #else
@@ -158,18 +158,19 @@ FZ_ORACLE static int fz_collect(fz_req *reqs, int n, const di_step_output *out) 
   return bad;
 }
 
-/* The flags byte's high nibble turns prompt logprobs on (the value is the mock's vocabulary; 12 is
- * smaller than the top 20). Only nibbles no seed of the older corpus used, so those keep their paths. */
 /* Bounds on one input's work, which decide the target's speed (about 150 runs a second of CPU
  * before, most inputs a few dozen requests of hundreds of tokens): the prompt tokens of all its
  * requests (an add beyond it is skipped, its bytes still read, so inputs keep their meaning), and
  * the prompt of a request with prompt logprobs, whose cost (engine and check) is per prompt token x
- * vocabulary x k (such a prompt also counts FZ_PLP_WEIGHT times against the budget). Both stay above what the paths need: a prompt longer than the smallest pool (3 x 64
- * tokens), many requests competing for a small pool, chunks split by budgets of 4 tokens up. */
+ * vocabulary x k (such a prompt also counts FZ_PLP_WEIGHT times against the budget). Both stay
+ * above what the paths need: a prompt longer than the smallest pool (3 x 64 tokens), many requests
+ * competing for a small pool, chunks split by budgets of 4 tokens up. */
 #define FZ_PROMPT_BUDGET 1024
-#define FZ_MAX_STEPS 512 /* steps an input may ask for (was 4,000: long mutated inputs were most of the time) */
+#define FZ_MAX_STEPS 512 /* steps an input may ask for (was 4,000) */
 #define FZ_PLP_MAX_PROMPT 48
 #define FZ_PLP_WEIGHT 8
+/* The flags byte's high nibble turns prompt logprobs on (the value is the mock's vocabulary; 12 is
+ * smaller than the top 20). Only nibbles no seed of the older corpus used, so those keep their paths. */
 static const int FZ_PLP_VOCAB[16] = {0, 0, 40, 0, 0, 0, 40, 12, 0, 40, 0, 0, 0, 0, 0, 0};
 
 static int engine_fuzz_one(const uint8_t *data, size_t size) {
