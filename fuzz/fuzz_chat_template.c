@@ -23,7 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t tlen = nul ? (size_t)(nul - data) : size;
   jj_template *t;
   if (jj_parse((const char *)data, tlen, &t) != DI_OK) return 0;
-  jj_render_limits lim = {16 << 20, 1 << 20, 200000};
+  jj_render_options lim = {16 << 20, 1 << 20, 200000};
   char *out = NULL;
   size_t len;
   if (!nul) {

@@ -25,30 +25,17 @@
 /* (the row ops rmsnorm and silu * up: cpu_ops.c, where the op test table runs them) */
 
 /* cos/sin of every rotary pair for each token of the step, computed once per step (not per layer
- * and head): rope[t][i] = {cos, sin}(positions[t] * inv_freq[i]) * attention factor. */
+ * and head): rope[t] = di_cpu_rope_cos_sin of positions[t]. */
 static void rope_table(di_cpu_backend *b, const di_batch *batch) {
   const int half = b->cfg->qk_rope_head_dim / 2;
-  const float af = b->cfg->rope_attention_factor;
-  for (int t = 0; t < batch->n_tokens; t++) {
-    float *cs = b->s_rope + (size_t)t * 2 * half;
-    for (int i = 0; i < half; i++) {
-      float ang = (float)batch->positions[t] * b->inv_freq[i];
-      cs[2 * i] = cosf(ang) * af;
-      cs[2 * i + 1] = sinf(ang) * af;
-    }
-  }
+  for (int t = 0; t < batch->n_tokens; t++)
+    di_cpu_rope_cos_sin(batch->positions[t], b->inv_freq, half, b->cfg->rope_attention_factor,
+                        b->s_rope + (size_t)t * 2 * half);
 }
 
 /* Rotates `x` (rope_dim values) in place with the cos/sin row `cs` of its token. */
 static void rope_apply(const di_cpu_backend *b, float *x, const float *cs) {
-  const int half = b->cfg->qk_rope_head_dim / 2;
-  for (int i = 0; i < half; i++) {
-    const float c = cs[2 * i], s = cs[2 * i + 1];
-    int i0 = b->cfg->rope_interleave ? 2 * i : i, i1 = b->cfg->rope_interleave ? 2 * i + 1 : i + half;
-    float x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * c - x1 * s;
-    x[i1] = x1 * c + x0 * s;
-  }
+  di_cpu_rope_apply(x, cs, b->cfg->qk_rope_head_dim / 2, b->cfg->rope_interleave);
 }
 
 static inline float *kv_entry(const di_cpu_backend *b, int layer, int32_t block, int slot) {
@@ -237,86 +224,6 @@ static void mlp(di_cpu_backend *b, const float *x, int M, const di_weight *gate,
   di_cpu_gemm(b->tp, g, M, I, down, 0, H, out, H);
 }
 
-/* Router: picks num_experts_per_tok experts and their weights for one token. */
-static void route(const di_cpu_backend *b, const di_ds_layer *L, const float *logits, int32_t *ids, float *wts) {
-  const di_model_config *c = b->cfg;
-  const int E = c->n_routed_experts, K = c->num_experts_per_tok;
-  float scores[DI_MAX_EXPERTS], choice[DI_MAX_EXPERTS];
-  if (c->scoring_func == DI_SCORE_SOFTMAX) {
-    float mx = -INFINITY, sum = 0.0f;
-    for (int e = 0; e < E; e++)
-      mx = logits[e] > mx ? logits[e] : mx;
-    for (int e = 0; e < E; e++)
-      sum += (scores[e] = expf(logits[e] - mx));
-    for (int e = 0; e < E; e++)
-      scores[e] /= sum;
-  } else {
-    for (int e = 0; e < E; e++)
-      scores[e] = 1.0f / (1.0f + expf(-logits[e]));
-  }
-  for (int e = 0; e < E; e++)
-    choice[e] = scores[e] + (L->router_bias && c->topk_method == DI_TOPK_NOAUX_TC ? L->router_bias[e] : 0.0f);
-  if (c->topk_method != DI_TOPK_GREEDY && c->n_group > 1) {
-    const int G = c->n_group, per = E / G;
-    float gscore[DI_MAX_EXPERT_GROUPS];
-    for (int g = 0; g < G; g++) {
-      const float *v = choice + g * per;
-      if (c->topk_method == DI_TOPK_NOAUX_TC) { /* sum of the group's top-2 */
-        float a = -INFINITY, a2 = -INFINITY;
-        for (int i = 0; i < per; i++) {
-          if (v[i] > a) {
-            a2 = a;
-            a = v[i];
-          } else if (v[i] > a2) {
-            a2 = v[i];
-          }
-        }
-        gscore[g] = a + a2;
-      } else { /* group_limited_greedy: the group's max */
-        float a = -INFINITY;
-        for (int i = 0; i < per; i++)
-          a = v[i] > a ? v[i] : a;
-        gscore[g] = a;
-      }
-    }
-    /* keep the topk_group best groups (ties: lower index), mask the rest out */
-    int keep[DI_MAX_EXPERT_GROUPS] = {0};
-    for (int k = 0; k < c->topk_group; k++) {
-      int best = -1;
-      for (int g = 0; g < G; g++)
-        if (!keep[g] && (best < 0 || gscore[g] > gscore[best]))
-          best = g;
-      keep[best] = 1;
-    }
-    for (int g = 0; g < G; g++)
-      if (!keep[g])
-        for (int i = 0; i < per; i++)
-          choice[g * per + i] = -INFINITY;
-  }
-  /* top-K by choice score, descending; ties go to the lower expert index */
-  unsigned char taken[DI_MAX_EXPERTS] = {0};
-  float sum = 0.0f;
-  for (int k = 0; k < K; k++) {
-    int best = -1;
-    for (int e = 0; e < E; e++)
-      if (!taken[e] && (best < 0 || choice[e] > choice[best]))
-        best = e;
-    taken[best] = 1;
-    ids[k] = best;
-    wts[k] = scores[best];
-    sum += wts[k];
-  }
-  /* DeepSeek's own code: V3 renormalizes (norm_topk_prob) then scales; V2 either renormalizes or
-   * scales. transformers' V2 ignores norm_topk_prob; we follow DeepSeek (see docs/NOTES.md). */
-  const int renorm = K > 1 && c->norm_topk_prob;
-  for (int k = 0; k < K; k++) {
-    if (renorm)
-      wts[k] /= (sum + 1e-20f);
-    if (c->arch == DI_ARCH_DEEPSEEK_V3 || !renorm)
-      wts[k] *= c->routed_scaling_factor;
-  }
-}
-
 static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, float *out) {
   const di_model_config *c = b->cfg;
   const int H = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
@@ -325,7 +232,7 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
   int32_t *ids = b->s_topk_ids;
   float *wts = b->s_topk_w;
   for (int t = 0; t < T; t++)
-    route(b, L, logits + (size_t)t * E, ids + (size_t)t * K, wts + (size_t)t * K);
+    di_cpu_route(c, L->router_bias, logits + (size_t)t * E, ids + (size_t)t * K, wts + (size_t)t * K);
   /* group (token, k) pairs by expert; each expert's rows go through one GEMM */
   int32_t *count = b->s_exp_count, *start = b->s_exp_start, *rows = b->s_exp_rows;
   memset(count, 0, sizeof(int32_t) * (size_t)E);
