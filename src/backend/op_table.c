@@ -39,6 +39,10 @@ const di_op_case di_op_cases[] = {
     /* p: rows with a planted tie */
     {DI_OP_ARGMAX, "argmax 129280 vocabulary, ties", 3, 129280, 0, DI_DT_F32, 0, 0, 0, 0, 0, {2, 0, 0, 0}},
     {DI_OP_ARGMAX, "argmax odd vocabulary", 4, 37, 0, DI_DT_F32, 0, 0, 0, 0, 0, {1, 0, 0, 0}},
+    /* p: kv_lora_rank, rope dim, nope = v dim, sequences (1: prefill chunk; m: decode) */
+    {DI_OP_MLA_ATTN, "mla prefill 24 queries over 150 rows, 16 heads", 24, 16, 150, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {512, 64, 128, 1}},
+    {DI_OP_MLA_ATTN, "mla decode 3 sequences to 200 rows, 16 heads", 3, 16, 200, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {512, 64, 128, 3}},
+    {DI_OP_MLA_ATTN, "mla prefill odd shapes (rank 40, 3 heads)", 5, 3, 70, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {40, 16, 24, 1}},
 };
 const int di_n_op_cases = (int)(sizeof di_op_cases / sizeof di_op_cases[0]);
 
@@ -159,12 +163,51 @@ static di_status make_router(const di_op_case *c, uint64_t *s, di_op_data *d) {
   return DI_OK;
 }
 
+void di_op_mla_query(const di_op_case *c, int i, int *seq, int *pos) {
+  *seq = c->p[3] == 1 ? 0 : i;
+  *pos = c->p[3] == 1 ? c->k - c->m + i : c->k - 37 * i - 1;
+}
+
+static di_status make_mla(const di_op_case *c, uint64_t *s, di_op_data *d) {
+  const int R = c->p[0], dr = c->p[1], dn = c->p[2], NH = c->n;
+  if (dr > DI_OP_MAX_ROPE || dr % 2 || (c->p[3] != 1 && c->p[3] != c->m) || c->k - 37 * (c->p[3] - 1) < 1)
+    return di_error_set(DI_ERR_INVALID_ARG, "op table: %s: bad MLA shape", c->label);
+  d->n_seqs = c->p[3];
+  d->cfg.num_attention_heads = NH;
+  d->cfg.kv_lora_rank = R;
+  d->cfg.qk_rope_head_dim = dr;
+  d->cfg.qk_nope_head_dim = d->cfg.v_head_dim = dn;
+  d->cfg.softmax_scale = (float)(1.0 / sqrt((double)(dn + dr)));
+  d->cfg.rope_theta = 10000.0;
+  d->cfg.rope_interleave = 1;
+  d->cfg.rope_attention_factor = 1.0f;
+  const size_t nkv = (size_t)d->n_seqs * c->k * (R + dr), nuk = (size_t)NH * R * dn;
+  d->kv = malloc(sizeof(float) * nkv);
+  d->w_uk = malloc(sizeof(float) * nuk);
+  d->w_uv = malloc(sizeof(float) * nuk);
+  d->inv_freq = malloc(sizeof(float) * (size_t)(dr / 2));
+  if (!d->kv || !d->w_uk || !d->w_uv || !d->inv_freq) return di_error_set(DI_ERR_OOM, "op table: out of memory");
+  for (size_t i = 0; i < nkv; i++) d->kv[i] = uni(s);
+  for (size_t i = 0; i < nuk; i++) d->w_uk[i] = uni(s) * 0.1f;
+  for (size_t i = 0; i < nuk; i++) d->w_uv[i] = uni(s) * 0.1f;
+  double inv[DI_OP_MAX_ROPE / 2];
+  di_rope_inv_freq(&d->cfg, inv);
+  for (int i = 0; i < dr / 2; i++) d->inv_freq[i] = (float)inv[i];
+  for (int i = 0; i < c->m; i++) {
+    int sq;
+    di_op_mla_query(c, i, &sq, &d->ids[i]);
+  }
+  di_op_ref_mla_attn(d, d->ref);
+  return DI_OK;
+}
+
 static int64_t x_count(const di_op_case *c) {
   switch (c->op) {
   case DI_OP_GEMM:
   case DI_OP_GROUPED_GEMM: return (int64_t)c->m * c->k;
   case DI_OP_SILU_MUL: return 2 * (int64_t)c->m * c->n;
   case DI_OP_EMBED: return 1;
+  case DI_OP_MLA_ATTN: return (int64_t)c->m * c->n * (c->p[2] + c->p[1]);
   default: return (int64_t)c->m * c->n;
   }
 }
@@ -174,7 +217,8 @@ di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d) {
   d->c = c;
   uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)(c - di_op_cases) + 1;
   const int64_t xn = x_count(c);
-  d->n_out = c->op == DI_OP_ARGMAX ? c->m : c->op == DI_OP_ROUTER ? 2 * (int64_t)c->m * c->p[0] : (int64_t)c->m * c->n;
+  d->n_out = c->op == DI_OP_ARGMAX ? c->m : c->op == DI_OP_ROUTER ? 2 * (int64_t)c->m * c->p[0]
+            : c->op == DI_OP_MLA_ATTN ? (int64_t)c->m * c->n * c->p[2] : (int64_t)c->m * c->n;
   d->x = malloc(sizeof(float) * (size_t)xn);
   d->ref = malloc(sizeof(double) * (size_t)d->n_out);
   d->ids = malloc(sizeof(int32_t) * (size_t)c->m);
@@ -217,6 +261,7 @@ di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d) {
       for (int j = 0; j < c->n; j++) d->ref[(int64_t)i * c->n + j] = di_weight_get(&d->w, d->ids[i], j);
     d->n_exact = d->n_out;
     break;
+  case DI_OP_MLA_ATTN: DI_TRY(make_mla(c, &s, d)); break;
   case DI_OP_ARGMAX:
     for (int i = 0; i < c->m && i < c->p[0]; i++) { /* a tie at the maximum: the lower index wins */
       float *row = d->x + (int64_t)i * c->n;
@@ -239,6 +284,9 @@ di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d) {
 }
 
 void di_op_data_free(di_op_data *d) {
+  free(d->kv);
+  free(d->w_uk);
+  free(d->w_uv);
   free(d->ids);
   free(d->bias);
   free(d->inv_freq);
@@ -412,6 +460,52 @@ void di_op_ref_argmax(const float *x, int m, int n, double *y) {
       if ((double)x[(int64_t)i * n + j] > (double)x[(int64_t)i * n + best]) best = j;
     y[i] = best;
   }
+}
+
+void di_op_ref_mla_attn(const di_op_data *d, double *y) {
+  const di_op_case *c = d->c;
+  const int R = c->p[0], dr = c->p[1], dn = c->p[2], NH = c->n, dq = dn + dr;
+  double *qlat = malloc(sizeof(double) * (size_t)(R + dr + c->k + R)), *qpe = qlat + R, *p = qpe + dr, *olat = p + c->k;
+  if (!qlat) return;
+  const double scale = 1.0 / sqrt((double)dq);
+  for (int i = 0; i < c->m; i++) {
+    int sq, pos;
+    di_op_mla_query(c, i, &sq, &pos);
+    const float *kv = d->kv + (size_t)sq * c->k * (R + dr);
+    for (int h = 0; h < NH; h++) {
+      const float *q = d->x + ((size_t)i * NH + h) * dq;
+      for (int r = 0; r < R; r++) {
+        double a = 0;
+        for (int e = 0; e < dn; e++) a += (double)d->w_uk[((size_t)h * R + r) * dn + e] * q[e];
+        qlat[r] = a;
+      }
+      for (int j = 0; j < dr / 2; j++) { /* interleaved pairs, the angle in float64 */
+        const double ang = (double)pos * d->inv_freq[j], cs = cos(ang), sn = sin(ang);
+        const double x0 = q[dn + 2 * j], x1 = q[dn + 2 * j + 1];
+        qpe[2 * j] = x0 * cs - x1 * sn;
+        qpe[2 * j + 1] = x1 * cs + x0 * sn;
+      }
+      double mx = -INFINITY, sum = 0;
+      for (int j = 0; j <= pos; j++) {
+        const float *e = kv + (size_t)j * (R + dr);
+        double a = 0;
+        for (int r = 0; r < R; r++) a += qlat[r] * e[r];
+        for (int r = 0; r < dr; r++) a += qpe[r] * e[R + r];
+        p[j] = a * scale;
+        mx = p[j] > mx ? p[j] : mx;
+      }
+      for (int j = 0; j <= pos; j++) sum += (p[j] = exp(p[j] - mx));
+      for (int r = 0; r < R; r++) olat[r] = 0;
+      for (int j = 0; j <= pos; j++)
+        for (int r = 0; r < R; r++) olat[r] += p[j] / sum * kv[(size_t)j * (R + dr) + r];
+      for (int e = 0; e < dn; e++) {
+        double a = 0;
+        for (int r = 0; r < R; r++) a += (double)d->w_uv[((size_t)h * dn + e) * R + r] * olat[r];
+        y[((size_t)i * NH + h) * dn + e] = a;
+      }
+    }
+  }
+  free(qlat);
 }
 
 /* ---- the check --------------------------------------------------------------------------------- */

@@ -41,6 +41,15 @@ typedef enum {
   /* Greedy sampling: y[i] = the index of row i's largest logit (x [m][n]), the lowest one on ties
    * (p[0]: rows with a planted tie at the maximum); exact. */
   DI_OP_ARGMAX,
+  /* MLA attention, absorbed form, over a paged latent cache (64-row blocks, tables in reverse order):
+   * m query tokens, n heads, nope = v head dim p[2], rope dim p[1], kv_lora_rank p[0]. p[3] = 1:
+   * prefill, one sequence of k cached rows whose last m are the queries (causal: query i sees rows
+   * [0, k - m + i]); p[3] = m: decode, m sequences of k - 37 i rows, one query at each's last row.
+   * x = q [m][n][nope | rope] (q_pe unroped: rotated at its position, plain RoPE theta 10000,
+   * interleaved), kv [sequences][k][rank | rope] (the cache rows: normalized latent, roped key), W_UK
+   * [n][rank][nope], W_UV [n][v][rank]; y [m][n][v] = W_UV . softmax((W_UK^T q_nope) . c + q_pe .
+   * k_pe) / sqrt(nope + rope)) . c. */
+  DI_OP_MLA_ATTN,
   DI_OP_COUNT
 } di_op_kind;
 
@@ -72,7 +81,9 @@ typedef struct di_op_data {
   int32_t *ids;  /* ROPE: positions [m]; EMBED: tokens [m]; GROUPED_GEMM: each row's expert [m] */
   float *bias;   /* ROUTER: the noaux_tc correction bias [n] */
   float *inv_freq; /* ROPE: the model's float32 inverse frequencies (di_rope_inv_freq) [n/2] */
-  di_model_config cfg; /* ROPE, ROUTER: the configuration fields the op reads */
+  di_model_config cfg; /* ROPE, ROUTER, MLA_ATTN: the configuration fields the op reads */
+  float *kv, *w_uk, *w_uv; /* MLA_ATTN: cache rows [seqs][k][rank + rope], W_UK, W_UV (see the op) */
+  int n_seqs;            /* MLA_ATTN */
 } di_op_data;
 
 di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d);
@@ -87,6 +98,9 @@ void di_op_ref_rope(const float *x, int m, int n, const int32_t *pos, const di_m
 double di_op_ref_route(const float *logits, const float *bias, const di_model_config *c, int32_t *ids, double *w);
 void di_op_ref_grouped_gemm(const float *x, int m, int k, const int32_t *expert, const di_weight *w, int n, double *y);
 void di_op_ref_argmax(const float *x, int m, int n, double *y);
+void di_op_ref_mla_attn(const di_op_data *d, double *y);
+/* MLA_ATTN: query i's sequence and position */
+void di_op_mla_query(const di_op_case *c, int i, int *seq, int *pos);
 
 /* A backend's runner: computes d's case into out (d->n_out floats); DI_ERR_UNSUPPORTED for an op or
  * format the backend lacks. */

@@ -43,6 +43,62 @@ static inline float *kv_entry(const di_cpu_backend *b, int layer, int32_t block,
                           (size_t)b->kv_dim;
 }
 
+/* ---- per-token loops of a step in parallel ------------------------------------------------------ */
+
+/* Steps of at least this many tokens run their per-token loops (norms, cache writes, residual adds,
+ * SiLU, the MoE combine) on the thread pool; smaller ones (decode) stay on the caller, where a pool
+ * round trip would cost more than the loop. Each token's arithmetic is the same either way. */
+#define PAR_ROWS_MIN 16
+
+typedef struct {
+  float *out;
+  const float *x, *w;
+  int n;
+  float eps;
+} norm_rows_ctx;
+
+static void norm_rows_task(void *p, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  norm_rows_ctx *c = p;
+  for (int64_t t = begin; t < end; t++) di_cpu_rmsnorm_row(c->out + t * c->n, c->x + t * c->n, c->w, c->n, c->eps);
+}
+
+/* out[t] = rmsnorm(x[t]) * w for T rows of n (out may be x) */
+static void norm_rows(di_cpu_backend *b, float *out, const float *x, const float *w, int T, int n) {
+  norm_rows_ctx c = {out, x, w, n, b->cfg->rms_norm_eps};
+  if (T >= PAR_ROWS_MIN) di_parallel_for(b->tp, T, 4, norm_rows_task, &c);
+  else norm_rows_task(&c, 0, T, 0);
+}
+
+typedef struct {
+  float *a;
+  const float *b;
+  int mode; /* 0: a += b; 1: a = silu(a) * b */
+} elem_ctx;
+
+static void elem_task(void *p, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  elem_ctx *c = p;
+  const int64_t i0 = begin * 1024, n = end * 1024 - i0;
+  if (c->mode) {
+    di_cpu_silu_mul(c->a + i0, c->b + i0, n);
+  } else {
+    for (int64_t i = i0; i < i0 + n; i++) c->a[i] += c->b[i];
+  }
+}
+
+/* elementwise over n floats (n a multiple of 1024 or not: the tail is the caller's) */
+static void elementwise(di_cpu_backend *b, float *x, const float *y, int64_t n, int mode, int T) {
+  elem_ctx c = {x, y, mode};
+  const int64_t blocks = T >= PAR_ROWS_MIN ? n / 1024 : 0;
+  if (blocks > 1) di_parallel_for(b->tp, blocks, 8, elem_task, &c);
+  else blocks ? elem_task(&c, 0, blocks, 0) : (void)0;
+  for (int64_t i = blocks * 1024; i < n; i++) {
+    if (mode) di_cpu_silu_mul(x + i, y + i, 1);
+    else x[i] += y[i];
+  }
+}
+
 /* ---- attention -------------------------------------------------------------------------------- */
 
 /* A job is one token and a group of `group` heads: the group's heads go over the token's keys
@@ -69,7 +125,10 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
   float *scratch = b->attn_scratch + (size_t)thread * b->attn_scratch_per_thread;
   const float *wk = b->w_uk[a->layer], *wv = b->w_uv[a->layer];
   for (int64_t job = begin; job < end; job++) {
-    const int t = (int)(job / n_groups), h0 = (int)(job % n_groups) * G, ng = NH - h0 < G ? NH - h0 : G;
+    /* the step's last tokens first: a prefill's later tokens have the most keys, and the pool hands
+     * out chunks in order, so the long ones start first and the short ones fill the gaps */
+    const int t = a->batch->n_tokens - 1 - (int)(job / n_groups), h0 = (int)(job % n_groups) * G;
+    const int ng = NH - h0 < G ? NH - h0 : G;
     const int pos = a->batch->positions[t];
     const di_batch_seq *seq = &a->batch->seqs[a->batch->seq_of[t]];
     float *q_lat[DI_CPU_ATTN_GROUP], *q_pe[DI_CPU_ATTN_GROUP], *o_lat[DI_CPU_ATTN_GROUP], *scores[DI_CPU_ATTN_GROUP];
@@ -184,9 +243,7 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     float *qa = b->s_qa;
     first[1] = (di_gemm_job){h, T, H, &L->q_a, 0, c->q_lora_rank, qa, c->q_lora_rank};
     di_cpu_gemm_multi(b->tp, first, 2);
-    for (int t = 0; t < T; t++)
-      di_cpu_rmsnorm_row(qa + (size_t)t * c->q_lora_rank, qa + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank,
-                  c->rms_norm_eps);
+    norm_rows(b, qa, qa, L->q_a_norm, T, c->q_lora_rank);
     di_cpu_gemm(b->tp, qa, T, c->q_lora_rank, &L->q_b, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk);
   } else {
     first[1] = (di_gemm_job){h, T, H, &L->q_proj, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk};
@@ -202,12 +259,17 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     memcpy(e + R, src + R, sizeof(float) * (size_t)dr);
     rope_apply(b, e + R, b->s_rope + (size_t)t * dr);
   }
+  di_cpu_mla_attend(b, batch, layer, q, b->s_attn);
+  di_cpu_gemm(b->tp, b->s_attn, T, (int64_t)NH * c->v_head_dim, &L->o_proj, 0, H, out, H);
+}
+
+void di_cpu_mla_attend(di_cpu_backend *b, const di_batch *batch, int layer, const float *q, float *out) {
+  const int T = batch->n_tokens, NH = b->cfg->num_attention_heads;
   /* heads in groups when there are tokens enough to keep the threads busy (prefill); one head per
    * job at decode, so a single token's heads still spread over the threads */
   const int group = T >= 4 ? (NH < DI_CPU_ATTN_GROUP ? NH : DI_CPU_ATTN_GROUP) : 1;
-  attn_ctx a = {b, batch, layer, group, q, b->s_attn};
+  attn_ctx a = {b, batch, layer, group, q, out};
   di_parallel_for(b->tp, (int64_t)T * ((NH + group - 1) / group), 1, attn_task, &a);
-  di_cpu_gemm(b->tp, b->s_attn, T, (int64_t)NH * c->v_head_dim, &L->o_proj, 0, H, out, H);
 }
 
 /* ---- feed-forward --------------------------------------------------------------------------------- */
@@ -220,8 +282,34 @@ static void mlp(di_cpu_backend *b, const float *x, int M, const di_weight *gate,
   float *g = b->s_g, *u = b->s_u;
   const di_gemm_job gu[2] = {{x, M, H, gate, 0, I, g, I}, {x, M, H, up, 0, I, u, I}};
   di_cpu_gemm_multi(b->tp, gu, 2);
-  di_cpu_silu_mul(g, u, (int64_t)M * I);
+  elementwise(b, g, u, (int64_t)M * I, 1, M);
   di_cpu_gemm(b->tp, g, M, I, down, 0, H, out, H);
+}
+
+typedef struct {
+  di_cpu_backend *b;
+  float *out;
+  int has_shared;
+} combine_ctx;
+
+/* out[t] = sum_k w[t][k] * expert_out[where[t][k]] in the router's order, + the shared experts' */
+static void combine_task(void *p, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  combine_ctx *c = p;
+  di_cpu_backend *b = c->b;
+  const int H = b->cfg->hidden_size, K = b->cfg->num_experts_per_tok;
+  for (int64_t t = begin; t < end; t++) {
+    float *o = c->out + (size_t)t * H;
+    memset(o, 0, sizeof(float) * (size_t)H);
+    for (int k = 0; k < K; k++) {
+      const float w = b->s_topk_w[t * K + k], *y = b->s_exp_out + (size_t)b->s_exp_where[t * K + k] * H;
+      for (int i = 0; i < H; i++)
+        o[i] += w * y[i];
+    }
+    if (c->has_shared)
+      for (int i = 0; i < H; i++)
+        o[i] += b->s_shared[(size_t)t * H + i];
+  }
 }
 
 static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, float *out) {
@@ -275,8 +363,8 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
     jobs[nj++] = (di_gemm_job){x, T, H, &L->sh_up, 0, SI, su, SI};
   }
   di_cpu_gemm_multi(b->tp, jobs, nj);
-  di_cpu_silu_mul(g, u, (int64_t)T * K * I);
-  di_cpu_silu_mul(sg, su, (int64_t)T * SI);
+  elementwise(b, g, u, (int64_t)T * K * I, 1, T);
+  elementwise(b, sg, su, (int64_t)T * SI, 1, T);
   nj = 0;
   for (int e = 0; e < E; e++) {
     const int n = count[e];
@@ -287,20 +375,11 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
   if (L->has_shared)
     jobs[nj++] = (di_gemm_job){sg, T, SI, &L->sh_down, 0, H, b->s_shared, H};
   di_cpu_gemm_multi(b->tp, jobs, nj);
-combine:
+combine:;
   /* combine in the router's order, then add the shared experts */
-  for (int t = 0; t < T; t++) {
-    float *o = out + (size_t)t * H;
-    memset(o, 0, sizeof(float) * (size_t)H);
-    for (int k = 0; k < K; k++) {
-      const float w = wts[t * K + k], *y = b->s_exp_out + (size_t)where[t * K + k] * H;
-      for (int i = 0; i < H; i++)
-        o[i] += w * y[i];
-    }
-  }
-  if (L->has_shared)
-    for (int64_t i = 0; i < (int64_t)T * H; i++)
-      out[i] += b->s_shared[i];
+  combine_ctx cc = {b, out, L->has_shared};
+  if (T >= PAR_ROWS_MIN) di_parallel_for(b->tp, T, 4, combine_task, &cc);
+  else combine_task(&cc, 0, T, 0);
 }
 
 /* ---- the whole pass --------------------------------------------------------------------------------- */
@@ -308,19 +387,15 @@ combine:
 static void decoder_layer(di_cpu_backend *b, const di_batch *batch, int layer, const di_ds_layer *L, float *x) {
   const int T = batch->n_tokens, H = b->cfg->hidden_size;
   float *h = b->s_h, *o = b->s_o;
-  for (int t = 0; t < T; t++)
-    di_cpu_rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->attn_norm, H, b->cfg->rms_norm_eps);
+  norm_rows(b, h, x, L->attn_norm, T, H);
   attention(b, batch, layer, L, h, o);
-  for (int64_t i = 0; i < (int64_t)T * H; i++)
-    x[i] += o[i];
-  for (int t = 0; t < T; t++)
-    di_cpu_rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->ffn_norm, H, b->cfg->rms_norm_eps);
+  elementwise(b, x, o, (int64_t)T * H, 0, T);
+  norm_rows(b, h, x, L->ffn_norm, T, H);
   if (L->is_moe)
     moe(b, L, h, T, o);
   else
     mlp(b, h, T, &L->gate, &L->up, &L->down, o);
-  for (int64_t i = 0; i < (int64_t)T * H; i++)
-    x[i] += o[i];
+  elementwise(b, x, o, (int64_t)T * H, 0, T);
 }
 
 di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden) {
