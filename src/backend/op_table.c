@@ -43,6 +43,14 @@ const di_op_case di_op_cases[] = {
     {DI_OP_MLA_ATTN, "mla prefill 24 queries over 150 rows, 16 heads", 24, 16, 150, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {512, 64, 128, 1}},
     {DI_OP_MLA_ATTN, "mla decode 3 sequences to 200 rows, 16 heads", 3, 16, 200, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {512, 64, 128, 3}},
     {DI_OP_MLA_ATTN, "mla prefill odd shapes (rank 40, 3 heads)", 5, 3, 70, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {40, 16, 24, 1}},
+    /* p: hc streams, Sinkhorn iterations */
+    {DI_OP_V4_HC, "v4 mHC weights, 4 streams, Sinkhorn 20", 5, 64, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-2, {4, 20, 0, 0}},
+    /* p: top-k, hash routing */
+    {DI_OP_V4_ROUTE, "v4 router sqrtsoftplus 64 experts top 6", 6, 64, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-3, {6, 0, 0, 0}},
+    {DI_OP_V4_ROUTE, "v4 router hash routing (a repeated expert)", 4, 64, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-3, {6, 1, 0, 0}},
+    /* p: k */
+    {DI_OP_V4_TOPK, "v4 indexer top-8 of 300, ties", 4, 300, 0, DI_DT_F32, 0, 0, 0, 0, 0, {8, 0, 0, 0}},
+    {DI_OP_V4_TOPK, "v4 indexer top-64 of 70, ties", 3, 70, 0, DI_DT_F32, 0, 0, 0, 0, 0, {64, 0, 0, 0}},
 };
 const int di_n_op_cases = (int)(sizeof di_op_cases / sizeof di_op_cases[0]);
 
@@ -208,6 +216,7 @@ static int64_t x_count(const di_op_case *c) {
   case DI_OP_SILU_MUL: return 2 * (int64_t)c->m * c->n;
   case DI_OP_EMBED: return 1;
   case DI_OP_MLA_ATTN: return (int64_t)c->m * c->n * (c->p[2] + c->p[1]);
+  case DI_OP_V4_HC: return (int64_t)c->m * c->p[0] * c->n;
   default: return (int64_t)c->m * c->n;
   }
 }
@@ -218,7 +227,9 @@ di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d) {
   uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)(c - di_op_cases) + 1;
   const int64_t xn = x_count(c);
   d->n_out = c->op == DI_OP_ARGMAX ? c->m : c->op == DI_OP_ROUTER ? 2 * (int64_t)c->m * c->p[0]
-            : c->op == DI_OP_MLA_ATTN ? (int64_t)c->m * c->n * c->p[2] : (int64_t)c->m * c->n;
+            : c->op == DI_OP_MLA_ATTN ? (int64_t)c->m * c->n * c->p[2]
+            : c->op == DI_OP_V4_HC    ? (int64_t)c->m * (2 + c->p[0]) * c->p[0]
+                                      : (int64_t)c->m * c->n;
   d->x = malloc(sizeof(float) * (size_t)xn);
   d->ref = malloc(sizeof(double) * (size_t)d->n_out);
   d->ids = malloc(sizeof(int32_t) * (size_t)c->m);
@@ -262,6 +273,50 @@ di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d) {
     d->n_exact = d->n_out;
     break;
   case DI_OP_MLA_ATTN: DI_TRY(make_mla(c, &s, d)); break;
+  case DI_OP_V4_HC: {
+    const int hc = c->p[0], mix = (2 + hc) * hc;
+    const int64_t nf = (int64_t)mix * hc * c->n;
+    d->v4.hc_mult = hc;
+    d->v4.hidden_size = c->n;
+    d->v4.hc_sinkhorn_iters = c->p[1];
+    d->v4.rms_eps = 1e-6;
+    d->v4.hc_eps = 1e-6;
+    d->aux = malloc(sizeof(float) * (size_t)(nf + mix + 3));
+    if (!d->aux) return di_error_set(DI_ERR_OOM, "op table: out of memory");
+    for (int64_t i = 0; i < nf; i++) d->aux[i] = uni(&s) * 0.1f;
+    for (int i = 0; i < mix; i++) d->aux[nf + i] = uni(&s);
+    for (int i = 0; i < 3; i++) d->aux[nf + mix + i] = 0.5f + 0.5f * uni(&s);
+    di_op_ref_v4_hc(d, d->ref);
+    break;
+  }
+  case DI_OP_V4_ROUTE: {
+    const int E = c->n, K = c->p[0];
+    d->v4.n_routed_experts = E;
+    d->v4.top_k = K;
+    d->v4.scoring = DI_V4_SCORE_SQRTSOFTPLUS;
+    d->v4.routed_scaling = 1.5;
+    d->bias = malloc(sizeof(float) * (size_t)E);
+    d->hash_ids = malloc(sizeof(int32_t) * (size_t)c->m * K);
+    if (!d->bias || !d->hash_ids) return di_error_set(DI_ERR_OOM, "op table: out of memory");
+    for (int e = 0; e < E; e++) d->bias[e] = uni(&s) * 0.1f;
+    for (int i = 0; i < c->m * K; i++) d->hash_ids[i] = (int32_t)(next(&s) % (uint64_t)E);
+    for (int t = 0; t < c->m; t++) {
+      d->hash_ids[t * K + K - 1] = d->hash_ids[t * K]; /* index_add counts a repeated expert twice */
+      float *lg = d->x + (int64_t)t * E;
+      for (int tries = 0;; tries++) {
+        for (int e = 0; e < E; e++) lg[e] = uni(&s) * 4.0f;
+        if (di_op_ref_v4_route(&d->v4, lg, d->bias, c->p[1] ? d->hash_ids + t * K : NULL, d->ref + (int64_t)t * E) >= 1e-4)
+          break;
+        if (tries == 200) return di_error_set(DI_ERR_INTERNAL, "op table: %s: no inputs without near ties", c->label);
+      }
+    }
+    break;
+  }
+  case DI_OP_V4_TOPK:
+    for (int64_t i = 0; i < (int64_t)c->m * c->n; i++) d->x[i] = (float)(int)(next(&s) % 16) * 0.25f - 2.0f;
+    di_op_ref_v4_topk(d->x, c->m, c->n, c->p[0], d->ref);
+    d->n_exact = d->n_out;
+    break;
   case DI_OP_ARGMAX:
     for (int i = 0; i < c->m && i < c->p[0]; i++) { /* a tie at the maximum: the lower index wins */
       float *row = d->x + (int64_t)i * c->n;
@@ -284,6 +339,8 @@ di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d) {
 }
 
 void di_op_data_free(di_op_data *d) {
+  free(d->aux);
+  free(d->hash_ids);
   free(d->kv);
   free(d->w_uk);
   free(d->w_uv);
@@ -506,6 +563,94 @@ void di_op_ref_mla_attn(const di_op_data *d, double *y) {
     }
   }
   free(qlat);
+}
+
+static double sigmoid64(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+void di_op_ref_v4_hc(const di_op_data *d, double *y) {
+  const di_op_case *c = d->c;
+  const int hc = c->p[0], n = hc * c->n, mix = (2 + hc) * hc;
+  const float *fnw = d->aux, *base = d->aux + (int64_t)mix * n, *scale = base + mix;
+  const double eps = d->v4.hc_eps;
+  double mixes[64 * 66], cm[64 * 64];
+  for (int t = 0; t < c->m; t++) {
+    const float *X = d->x + (int64_t)t * n;
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)X[i] * X[i];
+    const double r = 1.0 / sqrt(ss / n + d->v4.rms_eps); /* the streams' RMS norm, applied after the product */
+    for (int k = 0; k < mix; k++) {
+      double a = 0;
+      for (int i = 0; i < n; i++) a += (double)fnw[(int64_t)k * n + i] * X[i];
+      mixes[k] = a * r;
+    }
+    double *o = y + (int64_t)t * mix;
+    for (int j = 0; j < hc; j++) {
+      o[j] = sigmoid64(mixes[j] * scale[0] + base[j]) + eps;
+      o[hc + j] = 2.0 * sigmoid64(mixes[hc + j] * scale[1] + base[hc + j]);
+    }
+    for (int j = 0; j < hc; j++) { /* softmax of each row, + eps */
+      double mx = -INFINITY, sum = 0;
+      for (int k = 0; k < hc; k++) {
+        cm[j * hc + k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+        mx = fmax(mx, cm[j * hc + k]);
+      }
+      for (int k = 0; k < hc; k++) sum += exp(cm[j * hc + k] - mx);
+      for (int k = 0; k < hc; k++) cm[j * hc + k] = exp(cm[j * hc + k] - mx) / sum + eps;
+    }
+    for (int it = 0; it < d->v4.hc_sinkhorn_iters; it++) { /* columns first; then rows, columns */
+      for (int pass = it == 0 ? 1 : 0; pass < 2; pass++)
+        for (int a = 0; a < hc; a++) {
+          double sum = 0;
+          for (int b = 0; b < hc; b++) sum += pass ? cm[b * hc + a] : cm[a * hc + b];
+          for (int b = 0; b < hc; b++) *(pass ? &cm[b * hc + a] : &cm[a * hc + b]) /= sum + eps;
+        }
+    }
+    for (int k = 0; k < hc * hc; k++) o[2 * hc + k] = cm[k];
+  }
+}
+
+double di_op_ref_v4_route(const di_v4_config *c, const float *logits, const float *bias, const int32_t *hash_ids, double *y) {
+  const int E = c->n_routed_experts, K = c->top_k;
+  double sc[1024], ch[1024], margin = INFINITY, sum = 0;
+  int idx[64];
+  unsigned char taken[1024] = {0};
+  for (int e = 0; e < E; e++) {
+    const double x = logits[e], sp = x > 20 ? x : log1p(exp(x));
+    sc[e] = sqrt(sp);
+    ch[e] = sc[e] + bias[e];
+    y[e] = 0;
+  }
+  for (int k = 0; k < K; k++) {
+    if (hash_ids) {
+      idx[k] = hash_ids[k];
+      continue;
+    }
+    int best = -1;
+    for (int e = 0; e < E; e++)
+      if (!taken[e] && (best < 0 || ch[e] > ch[best])) best = e;
+    taken[best] = 1;
+    idx[k] = best;
+  }
+  if (!hash_ids) { /* the last pick against the best one left out */
+    int out = -1;
+    for (int e = 0; e < E; e++)
+      if (!taken[e] && (out < 0 || ch[e] > ch[out])) out = e;
+    if (out >= 0) margin = ch[idx[K - 1]] - ch[out];
+  }
+  for (int k = 0; k < K; k++) sum += sc[idx[k]];
+  for (int k = 0; k < K; k++) y[idx[k]] += sc[idx[k]] / sum * c->routed_scaling;
+  return margin;
+}
+
+void di_op_ref_v4_topk(const float *x, int m, int n, int k, double *y) {
+  for (int i = 0; i < m; i++) {
+    const float *v = x + (int64_t)i * n;
+    for (int j = 0; j < n; j++) { /* j is chosen when fewer than k entries rank before it */
+      int before = 0;
+      for (int q = 0; q < n; q++) before += v[q] > v[j] || (v[q] == v[j] && q < j);
+      y[(int64_t)i * n + j] = before < k;
+    }
+  }
 }
 
 /* ---- the check --------------------------------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #define DI_OP_TABLE_H
 #include <stdint.h>
 #include <stdio.h>
+#include "arch/deepseek_v4.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "util/status.h"
@@ -50,6 +51,18 @@ typedef enum {
    * [n][rank][nope], W_UV [n][v][rank]; y [m][n][v] = W_UV . softmax((W_UK^T q_nope) . c + q_pe .
    * k_pe) / sqrt(nope + rope)) . c. */
   DI_OP_MLA_ATTN,
+  /* DeepSeek-V4's ops (the CPU's; no CUDA kernels yet: the CUDA runner answers unsupported) */
+  /* mHC mixing weights of m tokens: n = hidden size, p[0] = hc streams, p[1] = Sinkhorn iterations;
+   * x = X [m][hc][n], fnw [(2 + hc) hc][hc n], base [(2 + hc) hc], scale [3]; y [m][pre hc | post hc |
+   * comb hc x hc] (softmax rows + eps, then column / row normalizations in transformers' order). */
+  DI_OP_V4_HC,
+  /* V4's router: n experts, top p[0] of sqrt(softplus(logit)) + bias (p[1] = 1: hash routing, the
+   * experts given per token, one repeated), weights normalized to 1 and scaled by 1.5; y [m][n], zero
+   * where not chosen. Inputs redrawn until the reference's top-k has a 1e-4 margin. */
+  DI_OP_V4_ROUTE,
+  /* The indexer's top-k: the p[0] best of n scores per row, equal scores by the earlier index
+   * (scores on a grid of 1/4: many ties); y [m][n] flags, exact. */
+  DI_OP_V4_TOPK,
   DI_OP_COUNT
 } di_op_kind;
 
@@ -84,6 +97,9 @@ typedef struct di_op_data {
   di_model_config cfg; /* ROPE, ROUTER, MLA_ATTN: the configuration fields the op reads */
   float *kv, *w_uk, *w_uv; /* MLA_ATTN: cache rows [seqs][k][rank + rope], W_UK, W_UV (see the op) */
   int n_seqs;            /* MLA_ATTN */
+  di_v4_config v4;       /* V4_*: the configuration fields the op reads */
+  float *aux;            /* V4_HC: fnw, then base and scale */
+  int32_t *hash_ids;     /* V4_ROUTE with hash routing: [m][top-k] */
 } di_op_data;
 
 di_status di_op_data_make(const di_op_case *c, uint64_t seed, di_op_data *d);
@@ -99,6 +115,10 @@ double di_op_ref_route(const float *logits, const float *bias, const di_model_co
 void di_op_ref_grouped_gemm(const float *x, int m, int k, const int32_t *expert, const di_weight *w, int n, double *y);
 void di_op_ref_argmax(const float *x, int m, int n, double *y);
 void di_op_ref_mla_attn(const di_op_data *d, double *y);
+void di_op_ref_v4_hc(const di_op_data *d, double *y);
+/* returns the top-k's margin (hash routing: infinity) */
+double di_op_ref_v4_route(const di_v4_config *c, const float *logits, const float *bias, const int32_t *hash_ids, double *y);
+void di_op_ref_v4_topk(const float *x, int m, int n, int k, double *y);
 /* MLA_ATTN: query i's sequence and position */
 void di_op_mla_query(const di_op_case *c, int i, int *seq, int *pos);
 

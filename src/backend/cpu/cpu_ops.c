@@ -1,6 +1,7 @@
 /* See cpu_ops.h. */
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_deepseek_v4_ops.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "sampler/sampler.h"
 #include <math.h>
@@ -158,6 +159,44 @@ di_status di_cpu_op_run(void *ctx, const di_op_data *d, float *out) {
   }
   case DI_OP_GROUPED_GEMM: return grouped_gemm((di_threadpool *)ctx, d, out);
   case DI_OP_MLA_ATTN: return mla_attn((di_threadpool *)ctx, d, out);
+  case DI_OP_V4_HC: {
+    const int hc = c->p[0], mix = (2 + hc) * hc;
+    const float *base = d->aux + (int64_t)mix * hc * c->n;
+    double pre[64], post[64], comb[64 * 64];
+    for (int t = 0; t < c->m; t++) {
+      di_v4_hc_weights(&d->v4, d->aux, base, base + mix, d->x + (int64_t)t * hc * c->n, pre, post, comb);
+      float *o = out + (int64_t)t * mix;
+      for (int j = 0; j < hc; j++) {
+        o[j] = (float)pre[j];
+        o[hc + j] = (float)post[j];
+      }
+      for (int j = 0; j < hc * hc; j++) o[2 * hc + j] = (float)comb[j];
+    }
+    return DI_OK;
+  }
+  case DI_OP_V4_ROUTE:
+    memset(out, 0, sizeof(float) * (size_t)d->n_out);
+    for (int t = 0; t < c->m; t++)
+      di_v4_route(&d->v4, d->x + (int64_t)t * c->n, d->bias, c->p[1] ? d->hash_ids + t * c->p[0] : NULL,
+                  out + (int64_t)t * c->n);
+    return DI_OK;
+  case DI_OP_V4_TOPK: {
+    di_v4_scored *work = malloc(sizeof *work * (size_t)c->n);
+    unsigned char *chosen = malloc((size_t)c->n);
+    if (!work || !chosen) {
+      free(work);
+      free(chosen);
+      return di_error_set(DI_ERR_OOM, "cpu ops: out of memory");
+    }
+    for (int t = 0; t < c->m; t++) {
+      memset(chosen, 0, (size_t)c->n);
+      di_v4_topk_earlier_first(d->x + (int64_t)t * c->n, c->n, c->p[0], work, chosen);
+      for (int j = 0; j < c->n; j++) out[(int64_t)t * c->n + j] = chosen[j];
+    }
+    free(work);
+    free(chosen);
+    return DI_OK;
+  }
   case DI_OP_EMBED:
     /* the table's rows as the forward reads them (di_weight_get_row: every format to f32) */
     for (int i = 0; i < c->m; i++)
