@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* limits small enough that a loop that runs to one costs about a millisecond (at 200,000 steps and
    * 16 MiB a few such inputs held the target near 100 runs a second); reaching one is still an error
    * path the fuzzer covers */
-  jj_render_limits lim = {.max_memory = 4 << 20, .max_output = 256 << 10, .max_steps = 20000};
+  jj_render_options lim = {.max_memory = 4 << 20, .max_output = 256 << 10, .max_steps = 20000};
   char *out = NULL;
   size_t len;
   if (!nul) {

@@ -1,9 +1,10 @@
 """The `deepinfer` console script of the pip package: runs the packaged C executable
 (deepinfer/bin/deepinfer) with the same arguments, so `deepinfer generate ...` after `pip install .`
 is the same program as ./build/deepinfer. The executable finds the packaged model next to itself."""
-import glob
 import os
 import sys
+
+from ._lib import checkout_builds
 
 
 def executable():
@@ -14,8 +15,7 @@ def executable():
     env = os.environ.get("DEEPINFER_CLI")
     if env and os.access(env, os.X_OK):
         return env
-    root = os.path.dirname(os.path.dirname(here))  # a source checkout (pip install -e .)
-    for exe in [os.path.join(root, "build", "deepinfer")] + sorted(glob.glob(os.path.join(root, "build", "*", "deepinfer"))):
+    for exe in checkout_builds("deepinfer", sibling_builds=False):  # a source checkout (pip install -e .)
         if os.path.isfile(exe) and os.access(exe, os.X_OK):
             return exe
     sys.exit("deepinfer: the deepinfer executable is not in this package (deepinfer/bin/deepinfer): "

@@ -89,16 +89,23 @@ def _repo_root():
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def checkout_builds(name, sibling_builds=True):
+    """Where a source checkout's builds hold the file `name`, in the order to try: build/, then
+    build*/ (build-cuda/, build-asan/, ... when sibling_builds), then build/<wheel tag>/ (what
+    `pip install -e .` builds: pyproject.toml's build-dir)."""
+    root = _repo_root()
+    paths = [os.path.join(root, "build", name)]
+    if sibling_builds:
+        paths += sorted(glob.glob(os.path.join(root, "build*", name)))
+    return paths + sorted(glob.glob(os.path.join(root, "build", "*", name)))
+
+
 def _candidates():
     env = os.environ.get("DEEPINFER_LIB")
     if env:
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
-    root = _repo_root()
-    c = [os.path.join(here, "libdeepinfer.so"), os.path.join(root, "build", "libdeepinfer.so")]
-    c += sorted(glob.glob(os.path.join(root, "build*", "libdeepinfer.so")))
-    # `pip install -e .` builds in build/<wheel tag>/ (pyproject.toml's build-dir)
-    c += sorted(glob.glob(os.path.join(root, "build", "*", "libdeepinfer.so")))
+    c = [os.path.join(here, "libdeepinfer.so")] + checkout_builds("libdeepinfer.so")
     found = ctypes.util.find_library("deepinfer")
     if found:
         c.append(found)

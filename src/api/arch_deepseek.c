@@ -47,7 +47,11 @@ static di_status load(di_model *m, const di_arch_load *in) {
   return di_backend_create(in->accelerator, &m->cfg, &m->weights, in->threads, in->batch_invariant, &m->backend);
 }
 
+static int kv_groups(const di_model *m, int elem_bytes, di_kv_group_info *g, int cap) {
+  return di_ds_kv_groups(&m->cfg, m->weights.n_mtp, elem_bytes, 0, g, cap);
+}
+
 static void free_state(di_model *m) { di_ds_weights_free(&m->weights); }
 
-const di_arch_entry di_arch_deepseek_v2 = {"deepseek_v2", DI_ARCH_DEEPSEEK_V2, 0, 0, load, free_state};
-const di_arch_entry di_arch_deepseek_v3 = {"deepseek_v3", DI_ARCH_DEEPSEEK_V3, 0, 0, load, free_state};
+const di_arch_entry di_arch_deepseek_v2 = {"deepseek_v2", DI_ARCH_DEEPSEEK_V2, 0, 0, load, kv_groups, free_state};
+const di_arch_entry di_arch_deepseek_v3 = {"deepseek_v3", DI_ARCH_DEEPSEEK_V3, 0, 0, load, kv_groups, free_state};

@@ -3,6 +3,7 @@
  * CPU backend (backend/cpu/cpu_v4_backend.c). No dummy weights, no CUDA yet. */
 #include "api/arch_registry.h"
 #include "api/model_internal.h"
+#include "backend/cpu/cpu_deepseek_v4_pages.h"
 #include "backend/cpu/cpu_v4_backend.h"
 #include "model/safetensors.h"
 #include <stdio.h>
@@ -26,6 +27,13 @@ static di_status load(di_model *m, const di_arch_load *in) {
   return di_backend_cpu_v4_create(&m->cfg, &m->v4cfg, &m->v4w, m->threads, &m->backend);
 }
 
+/* the groups of cpu_deepseek_v4_pages.h's layout (which kinds the layer mix has, their slots) */
+static int kv_groups(const di_model *m, int elem_bytes, di_kv_group_info *g, int cap) {
+  di_v4_layout lay;
+  di_v4_layout_init(&m->v4cfg, &lay);
+  return di_v4_layout_groups(&lay, &m->v4cfg, elem_bytes, g, cap);
+}
+
 static void free_state(di_model *m) { di_v4_weights_free(&m->v4w); }
 
-const di_arch_entry di_arch_deepseek_v4 = {"deepseek_v4", DI_ARCH_DEEPSEEK_V4, 1, 1, load, free_state};
+const di_arch_entry di_arch_deepseek_v4 = {"deepseek_v4", DI_ARCH_DEEPSEEK_V4, 1, 1, load, kv_groups, free_state};

@@ -3,12 +3,16 @@
  * must know of its numerics (flags), and how a model of it is loaded: its own config fields read from
  * config.json's tree (parsed once, by the loader), its weights bound by name and shape from the
  * checkpoint (arch/deepseek_weights.c, arch/deepseek_v4_weights.c) or made as dummies, and the backend
- * whose forward runs it on the asked accelerator. KV groups are the backend's (di_backend_ops.kv_groups:
- * the latent cache of V2/V3, V4's per-layer caches). Entries: arch_deepseek.c (V2, V3),
- * arch_deepseek_v4.c (V4); the table: arch_registry.c. */
+ * whose forward runs it on the asked accelerator. It declares the model's KV cache groups (kinds,
+ * layers, entries, windows: the latent cache of V2/V3, V4's compressed, indexer, window and state
+ * caches) through the same function the backends' kv_groups answer with, the backend choosing only
+ * the element size (and CUDA's row padding, and which MTP layers it caches); the engine takes the
+ * groups from the backend's kv_groups. Entries: arch_deepseek.c (V2, V3), arch_deepseek_v4.c (V4);
+ * the table: arch_registry.c. */
 #ifndef DI_API_ARCH_REGISTRY_H
 #define DI_API_ARCH_REGISTRY_H
 #include <stdint.h>
+#include "backend/backend.h"
 #include "model/config.h"
 #include "util/progress.h"
 #include "util/status.h"
@@ -38,6 +42,10 @@ typedef struct di_arch_entry {
   /* Fills m's architecture state and m->backend (m->source: the opened checkpoint, owned by m). On
    * failure m is left for di_model_free. */
   di_status (*load)(di_model *m, const di_arch_load *in);
+  /* The KV cache groups of the loaded model m for a cache of elem_bytes per value, unpadded rows and
+   * every MTP layer cached (what the CPU backend's kv_groups reports with 4); returns their count
+   * (<= cap). Per-sequence bytes (di_kv_group_info.bytes_per_seq) are the backend's to add. */
+  int (*kv_groups)(const di_model *m, int elem_bytes, di_kv_group_info *g, int cap);
   /* Frees the architecture state (not the backend, not the source). */
   void (*free)(di_model *m);
 } di_arch_entry;

@@ -1,5 +1,5 @@
 /* di_engine_create: the engine over a loaded model. Wires the model's backend, vocabulary, EOS ids
- * and context into the engine core, the tokenizer (the model's, or loaded here from the folder's
+ * and context into the engine core, the tokenizer (loaded here from the folder's
  * tokenizer.json) as its text adapter, and the grammar engine for structured outputs. */
 #include "api/engine_api.h"
 #include "api/model_internal.h"
@@ -34,18 +34,15 @@ di_status di_engine_create(di_model *m, const di_engine_options *opt, di_engine 
   di_engine_text_ctx *c = calloc(1, sizeof *c);
   if (!c) return di_error_set(DI_ERR_OOM, "out of memory");
   c->model_vocab = m->cfg.vocab_size;
-  c->tok = m->tokenizer;
-  if (!c->tok) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
-    if (access(path, R_OK) == 0) {
-      di_status st = di_tokenizer_load(m->dir, &c->tok);
-      if (st != DI_OK) {
-        free(c);
-        return di_error_wrap(st, "engine");
-      }
-      c->owns_tok = 1;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
+  if (access(path, R_OK) == 0) {
+    di_status st = di_tokenizer_load(m->dir, &c->tok);
+    if (st != DI_OK) {
+      free(c);
+      return di_error_wrap(st, "engine");
     }
+    c->owns_tok = 1;
   }
   for (int i = 0; i < m->cfg.n_eos && c->n_eos < 16; i++) c->eos[c->n_eos++] = m->cfg.eos_token_ids[i];
   if (c->n_eos == 0 && c->tok && di_tokenizer_eos_id(c->tok) >= 0) c->eos[c->n_eos++] = di_tokenizer_eos_id(c->tok);

@@ -1,5 +1,5 @@
 /* The di_model handle behind the public API: configuration, bound weights, the backend that runs
- * them, and (when the folder has them) the tokenizer and chat template. */
+ * them. (The engine and the server load the folder's tokenizer.json themselves.) */
 #ifndef DI_API_MODEL_INTERNAL_H
 #define DI_API_MODEL_INTERNAL_H
 #include "deepinfer.h"
@@ -26,7 +26,6 @@ struct di_model {
   };
   di_backend *backend;       /* owns the KV pool; one engine at a time uses it */
   int threads;
-  struct di_tokenizer *tokenizer;        /* NULL when the folder has no tokenizer.json */
   int tokenizer_vocab;                   /* ids >= this are padding (never sampled); = vocab if no tokenizer */
 };
 

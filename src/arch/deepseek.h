@@ -5,6 +5,7 @@
 #define DI_ARCH_DEEPSEEK_H
 #include "model/config.h"
 #include "model/weights.h"
+#include "backend/backend.h"
 
 typedef struct di_tensor_source di_tensor_source; /* see model/tensor_source.h */
 
@@ -62,4 +63,10 @@ void di_ds_weights_free(di_ds_weights *w);
 /* Bytes of weights a decode step reads for one token (for roofline reports): attention, dense,
  * shared experts, top-k routed experts, lm_head; embedding row ignored. */
 double di_ds_weights_bytes_per_token(const di_model_config *cfg, const di_ds_weights *w);
+/* The KV cache groups of a V2/V3 model (deepseek_kv_groups.c): one group, the MLA latents of the
+ * num_hidden_layers layers and the n_mtp_cached MTP layers the backend keeps, rows of row_stride
+ * values (0: kv_lora_rank + qk_rope_head_dim, unpadded) of elem_bytes each. Every backend's kv_groups
+ * and the registry entry answer through it. Returns 1 (<= cap). */
+int di_ds_kv_groups(const di_model_config *cfg, int n_mtp_cached, int elem_bytes, int row_stride, di_kv_group_info *g,
+                    int cap);
 #endif

@@ -189,8 +189,8 @@ static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv t
   DI_TRY(jj_vars_set(v, "add_generation_prompt", jv_bool(agp)));
   const jj_template *tpl = tools.kind != JV_NONE && t->tool_use ? t->tool_use : t->tpl;
   size_t n = 0;
-  jj_render_limits lim = {.clock_pinned = t->clock_pinned, .pinned_now = t->pinned_now};
-  DI_TRY(jj_render_vars(tpl, v, &lim, out, &n));
+  jj_render_options opt = {.clock_pinned = t->clock_pinned, .pinned_now = t->pinned_now};
+  DI_TRY(jj_render_vars(tpl, v, &opt, out, &n));
   if (len) *len = n;
   return DI_OK;
 }

@@ -175,16 +175,17 @@ di_status jj_parse(const char *src, size_t len, jj_template **out);
 void jj_template_free(jj_template *t);
 
 /* ---- evaluation ------------------------------------------------------------------------------- */
-typedef struct jj_render_limits {
+/* How a render runs: its limits (zero: the default) and its clock. */
+typedef struct jj_render_options {
   size_t max_memory;  /* arena bytes; 0: default 256 MiB */
   size_t max_output;  /* 0: default 64 MiB */
   uint64_t max_steps; /* evaluation steps; 0: default 50 million */
-  /* Not a limit but the render's clock: when clock_pinned, strftime_now() formats the instant
-   * pinned_now (Unix seconds) in UTC instead of reading the local clock, so that a render is
-   * reproducible (tests, goldens); users keep the real clock. */
+  /* The render's clock: when clock_pinned, strftime_now() formats the instant pinned_now (Unix
+   * seconds) in UTC instead of reading the local clock, so that a render is reproducible (tests,
+   * goldens); users keep the real clock. */
   int clock_pinned;
   int64_t pinned_now;
-} jj_render_limits;
+} jj_render_options;
 
 /* The variables a render starts from, in the arena the render then uses (jinja_json.c). */
 typedef struct jj_vars {
@@ -200,10 +201,10 @@ di_status jj_json_parse(jj_arena *a, const char *text, size_t n, const char *wha
 
 /* Renders with `vars` (consumed: their arena holds the render's values; free them after). *out is
  * malloc'd and NUL-terminated. */
-di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_limits *lim, char **out,
+di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_options *opt, char **out,
                          size_t *len);
 /* The same with the members of a cJSON object as the variables (NULL: none). */
-di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_limits *lim, char **out,
+di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_options *opt, char **out,
                     size_t *len);
 
 /* Builtins (jinja_builtins.c), called by the evaluator. */

@@ -20,7 +20,7 @@ typedef struct jj_ctx {
   jj_buf *out;
   frame *root;
   uint64_t steps, max_steps;
-  int clock_pinned;   /* strftime_now() formats pinned_now in UTC (jj_render_limits) */
+  int clock_pinned;   /* strftime_now() formats pinned_now in UTC (jj_render_options) */
   int64_t pinned_now;
   int flow; /* 1: break, 2: continue */
   int depth;
@@ -1027,18 +1027,18 @@ static di_status exec_body(jj_ctx *c, frame *f, const jn_list *body) {
   return DI_OK;
 }
 
-di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_limits *lim, char **out, size_t *len) {
+di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_options *opt, char **out, size_t *len) {
   jj_arena *a = &vars->arena;
-  a->limit = lim && lim->max_memory ? lim->max_memory : (size_t)256 << 20;
+  a->limit = opt && opt->max_memory ? opt->max_memory : (size_t)256 << 20;
   if (a->used_total > a->limit) a->limit = a->used_total + (a->limit >> 1); /* the inputs themselves */
   jj_buf o = {0};
-  o.limit = lim && lim->max_output ? lim->max_output : (size_t)64 << 20;
+  o.limit = opt && opt->max_output ? opt->max_output : (size_t)64 << 20;
   jj_ctx c = {0};
   c.a = a;
   c.out = &o;
-  c.max_steps = lim && lim->max_steps ? lim->max_steps : 50000000ull;
-  c.clock_pinned = lim && lim->clock_pinned;
-  c.pinned_now = lim ? lim->pinned_now : 0;
+  c.max_steps = opt && opt->max_steps ? opt->max_steps : 50000000ull;
+  c.clock_pinned = opt && opt->clock_pinned;
+  c.pinned_now = opt ? opt->pinned_now : 0;
   di_status st = DI_OK;
   c.root = jj_alloc(a, sizeof *c.root);
   if (!c.root) st = oom(&c, NULL);
@@ -1061,12 +1061,12 @@ di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_li
   return DI_OK;
 }
 
-di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_limits *lim, char **out, size_t *len) {
+di_status jj_render(const jj_template *t, const cJSON *vars, const jj_render_options *opt, char **out, size_t *len) {
   jj_vars v;
   di_status st = jj_vars_init(&v);
   for (const cJSON *e = vars ? vars->child : NULL; st == DI_OK && e; e = e->next)
     st = jj_vars_set_cjson(&v, e->string ? e->string : "", e);
-  if (st == DI_OK) st = jj_render_vars(t, &v, lim, out, len);
+  if (st == DI_OK) st = jj_render_vars(t, &v, opt, out, len);
   jj_vars_free(&v);
   return st;
 }

@@ -183,6 +183,7 @@ di_status di_model_config_from_tree(const cJSON *root, const char *gen_json, siz
   T(di_json_num(root, "routed_scaling_factor", 1.0, W, &d));
   c.routed_scaling_factor = (float)d;
   T(di_json_bool(root, "norm_topk_prob", 0, W, &c.norm_topk_prob));
+  c.scale_after_renorm = c.arch == DI_ARCH_DEEPSEEK_V3;
   T(di_json_bool(root, "tie_word_embeddings", 0, W, &c.tie_word_embeddings));
   int attn_bias = 0;
   T(di_json_bool(root, "attention_bias", 0, W, &attn_bias));

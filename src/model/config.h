@@ -43,6 +43,9 @@ typedef struct di_model_config {
   di_score_func scoring_func;
   int norm_topk_prob;
   float routed_scaling_factor;
+  /* routed_scaling_factor also scales renormalized weights (V3's code; V2's scales only weights it
+   * did not renormalize): the parser sets it from model_type, so forwards need no architecture test */
+  int scale_after_renorm;
   /* norms, rope */
   float rms_norm_eps;
   int max_position_embeddings;

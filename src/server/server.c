@@ -129,10 +129,9 @@ di_status di_server_create(const di_server_config *cfg, di_server **out) {
   }
   di_model *m = cfg->model;
   /* the server's own tokenizer (prompts are encoded on the handler threads; it is thread-safe) */
-  s->tok = m->tokenizer;
   char tpath[4200];
   snprintf(tpath, sizeof tpath, "%s/tokenizer.json", di_model_dir(m));
-  if (!s->tok && access(tpath, R_OK) == 0) {
+  if (access(tpath, R_OK) == 0) {
     if (di_tokenizer_load(di_model_dir(m), &s->own_tok) != DI_OK) {
       di_status st = di_error_wrap(DI_ERR_FORMAT, "server");
       di_server_free(s);

@@ -321,7 +321,7 @@ static void test_limits(void) {
   jj_template *t;
   char *out = NULL;
   size_t n;
-  jj_render_limits lim = {.max_memory = 64 << 20, .max_output = 1 << 16, .max_steps = 100000};
+  jj_render_options lim = {.max_memory = 64 << 20, .max_output = 1 << 16, .max_steps = 100000};
   const char *loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
   CHECK(jj_parse(loops, strlen(loops), &t) == DI_OK);
   CHECK_ERR(jj_render(t, NULL, &lim, &out, &n), "steps");
@@ -425,7 +425,7 @@ static void test_fuzz_corpus(void) {
     size_t tlen = nul ? (size_t)(nul - data) : n;
     jj_template *t;
     if (jj_parse(data, tlen, &t) == DI_OK) {
-      jj_render_limits lim = {.max_memory = 4 << 20, .max_output = 256 << 10, .max_steps = 20000}; /* the target's */
+      jj_render_options lim = {.max_memory = 4 << 20, .max_output = 256 << 10, .max_steps = 20000}; /* the target's */
       char *out = NULL;
       size_t len;
       if (!nul) {

@@ -1,12 +1,21 @@
 /* The op test table (backend/op_table.h) on the CUDA backend: every row within its bf16-operand bound
  * of the float64 reference, two seeds, both GEMM paths (the skinny kernels and cuBLASLt); the CPU
- * backend's runner on the same rows beside it. Built only with nvcc; run on the device by
- * scripts/device_tests.sh (stage "ops"). */
+ * backend's runner on the same rows beside it. The V4 rows have no CUDA kernel yet and must answer
+ * unsupported (rows_without_kernel: drop an op from it when its runner case lands). Built only with
+ * nvcc; run on the device by scripts/device_tests.sh (stage "ops"). */
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/op_table.h"
 #include "test_util.h"
+
+/* rows of ops with no CUDA kernel yet (DeepSeek-V4's: issue 20 adds them, then their runner) */
+static int rows_without_kernel(void) {
+  int n = 0;
+  for (int i = 0; i < di_n_op_cases; i++)
+    n += di_op_cases[i].op == DI_OP_V4_HC || di_op_cases[i].op == DI_OP_V4_ROUTE || di_op_cases[i].op == DI_OP_V4_TOPK;
+  return n;
+}
 
 int main(void) {
   if (!di_cut_device_ok()) {
@@ -19,7 +28,7 @@ int main(void) {
     di_cu_blas_set_skinny(blas, skinny);
     for (uint64_t seed = 1; seed <= 2; seed++) {
       di_op_report r = di_op_check(skinny ? "cuda" : "cublas", di_cuda_op_run, blas, 1, seed, seed == 1 ? stdout : NULL);
-      CHECKF(r.passed == di_n_op_cases && r.failed == 0 && r.unsupported == 0,
+      CHECKF(r.passed == di_n_op_cases - rows_without_kernel() && r.failed == 0 && r.unsupported == rows_without_kernel(),
              "skinny %d seed %llu: %d passed, %d failed, %d unsupported of %d", skinny, (unsigned long long)seed,
              r.passed, r.failed, r.unsupported, r.run);
     }

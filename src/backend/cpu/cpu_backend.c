@@ -90,14 +90,8 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
 }
 
 static int cpu_kv_groups(di_backend *base, di_kv_group_info *g, int cap) {
-  di_cpu_backend *b = (di_cpu_backend *)base;
-  if (cap < 1)
-    return 1;
-  g[0].n_layers = b->n_cache_layers;
-  g[0].bytes_per_token = (int64_t)b->n_cache_layers * b->kv_dim * (int64_t)sizeof(float);
-  g[0].tokens_per_entry = 1;
-  g[0].window = 0;
-  return 1;
+  di_cpu_backend *b = (di_cpu_backend *)base; /* f32 rows of kv_dim, every MTP layer cached */
+  return di_ds_kv_groups(b->cfg, b->n_cache_layers - b->cfg->num_hidden_layers, (int)sizeof(float), b->kv_dim, g, cap);
 }
 
 static di_status cpu_kv_alloc(di_backend *base, int64_t n_blocks) {

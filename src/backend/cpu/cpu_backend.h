@@ -36,6 +36,11 @@ di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights 
 /* Grows the scratch buffers for a step of T tokens (and its longest attention span). */
 di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch);
 di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden);
+/* MLA attention of a step's tokens at one layer in the absorbed form (cpu_deepseek.c), over cache
+ * entries already written (the step's own included): q [T][heads][nope | rope] with q_pe not yet
+ * roped (s_rope holds the step's cos/sin rows), out [T][heads][v_head_dim]. The forward's, and the
+ * op table's MLA rows'. */
+void di_cpu_mla_attend(di_cpu_backend *b, const di_batch *batch, int layer, const float *q, float *out);
 /* MTP module `mtp_index`: tokens[t] is the token after the one whose final hidden state is
  * prev_hidden[t]; writes the MTP logits (predicting the token after tokens[t]) of the output rows. The
  * MTP layer keeps its own KV entries in the same block tables. */

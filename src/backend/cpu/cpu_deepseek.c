@@ -25,35 +25,78 @@
 /* (the row ops rmsnorm and silu * up: cpu_ops.c, where the op test table runs them) */
 
 /* cos/sin of every rotary pair for each token of the step, computed once per step (not per layer
- * and head): rope[t][i] = {cos, sin}(positions[t] * inv_freq[i]) * attention factor. */
+ * and head): rope[t] = di_cpu_rope_cos_sin of positions[t]. */
 static void rope_table(di_cpu_backend *b, const di_batch *batch) {
   const int half = b->cfg->qk_rope_head_dim / 2;
-  const float af = b->cfg->rope_attention_factor;
-  for (int t = 0; t < batch->n_tokens; t++) {
-    float *cs = b->s_rope + (size_t)t * 2 * half;
-    for (int i = 0; i < half; i++) {
-      float ang = (float)batch->positions[t] * b->inv_freq[i];
-      cs[2 * i] = cosf(ang) * af;
-      cs[2 * i + 1] = sinf(ang) * af;
-    }
-  }
+  for (int t = 0; t < batch->n_tokens; t++)
+    di_cpu_rope_cos_sin(batch->positions[t], b->inv_freq, half, b->cfg->rope_attention_factor,
+                        b->s_rope + (size_t)t * 2 * half);
 }
 
 /* Rotates `x` (rope_dim values) in place with the cos/sin row `cs` of its token. */
 static void rope_apply(const di_cpu_backend *b, float *x, const float *cs) {
-  const int half = b->cfg->qk_rope_head_dim / 2;
-  for (int i = 0; i < half; i++) {
-    const float c = cs[2 * i], s = cs[2 * i + 1];
-    int i0 = b->cfg->rope_interleave ? 2 * i : i, i1 = b->cfg->rope_interleave ? 2 * i + 1 : i + half;
-    float x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * c - x1 * s;
-    x[i1] = x1 * c + x0 * s;
-  }
+  di_cpu_rope_apply(x, cs, b->cfg->qk_rope_head_dim / 2, b->cfg->rope_interleave);
 }
 
 static inline float *kv_entry(const di_cpu_backend *b, int layer, int32_t block, int slot) {
   return b->kv_pool + (((size_t)block * (size_t)b->n_cache_layers + (size_t)layer) * DI_KV_BLOCK_SIZE + (size_t)slot) *
                           (size_t)b->kv_dim;
+}
+
+/* ---- per-token loops of a step in parallel ------------------------------------------------------ */
+
+/* Steps of at least this many tokens run their per-token loops (norms, cache writes, residual adds,
+ * SiLU, the MoE combine) on the thread pool; smaller ones (decode) stay on the caller, where a pool
+ * round trip would cost more than the loop. Each token's arithmetic is the same either way. */
+#define PAR_ROWS_MIN 16
+
+typedef struct {
+  float *out;
+  const float *x, *w;
+  int n;
+  float eps;
+} norm_rows_ctx;
+
+static void norm_rows_task(void *p, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  norm_rows_ctx *c = p;
+  for (int64_t t = begin; t < end; t++) di_cpu_rmsnorm_row(c->out + t * c->n, c->x + t * c->n, c->w, c->n, c->eps);
+}
+
+/* out[t] = rmsnorm(x[t]) * w for T rows of n (out may be x) */
+static void norm_rows(di_cpu_backend *b, float *out, const float *x, const float *w, int T, int n) {
+  norm_rows_ctx c = {out, x, w, n, b->cfg->rms_norm_eps};
+  if (T >= PAR_ROWS_MIN) di_parallel_for(b->tp, T, 4, norm_rows_task, &c);
+  else norm_rows_task(&c, 0, T, 0);
+}
+
+typedef struct {
+  float *a;
+  const float *b;
+  int mode; /* 0: a += b; 1: a = silu(a) * b */
+} elem_ctx;
+
+static void elem_task(void *p, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  elem_ctx *c = p;
+  const int64_t i0 = begin * 1024, n = end * 1024 - i0;
+  if (c->mode) {
+    di_cpu_silu_mul(c->a + i0, c->b + i0, n);
+  } else {
+    for (int64_t i = i0; i < i0 + n; i++) c->a[i] += c->b[i];
+  }
+}
+
+/* elementwise over n floats (n a multiple of 1024 or not: the tail is the caller's) */
+static void elementwise(di_cpu_backend *b, float *x, const float *y, int64_t n, int mode, int T) {
+  elem_ctx c = {x, y, mode};
+  const int64_t blocks = T >= PAR_ROWS_MIN ? n / 1024 : 0;
+  if (blocks > 1) di_parallel_for(b->tp, blocks, 8, elem_task, &c);
+  else blocks ? elem_task(&c, 0, blocks, 0) : (void)0;
+  for (int64_t i = blocks * 1024; i < n; i++) {
+    if (mode) di_cpu_silu_mul(x + i, y + i, 1);
+    else x[i] += y[i];
+  }
 }
 
 /* ---- attention -------------------------------------------------------------------------------- */
@@ -82,7 +125,10 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
   float *scratch = b->attn_scratch + (size_t)thread * b->attn_scratch_per_thread;
   const float *wk = b->w_uk[a->layer], *wv = b->w_uv[a->layer];
   for (int64_t job = begin; job < end; job++) {
-    const int t = (int)(job / n_groups), h0 = (int)(job % n_groups) * G, ng = NH - h0 < G ? NH - h0 : G;
+    /* the step's last tokens first: a prefill's later tokens have the most keys, and the pool hands
+     * out chunks in order, so the long ones start first and the short ones fill the gaps */
+    const int t = a->batch->n_tokens - 1 - (int)(job / n_groups), h0 = (int)(job % n_groups) * G;
+    const int ng = NH - h0 < G ? NH - h0 : G;
     const int pos = a->batch->positions[t];
     const di_batch_seq *seq = &a->batch->seqs[a->batch->seq_of[t]];
     float *q_lat[DI_CPU_ATTN_GROUP], *q_pe[DI_CPU_ATTN_GROUP], *o_lat[DI_CPU_ATTN_GROUP], *scores[DI_CPU_ATTN_GROUP];
@@ -197,9 +243,7 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     float *qa = b->s_qa;
     first[1] = (di_gemm_job){h, T, H, &L->q_a, 0, c->q_lora_rank, qa, c->q_lora_rank};
     di_cpu_gemm_multi(b->tp, first, 2);
-    for (int t = 0; t < T; t++)
-      di_cpu_rmsnorm_row(qa + (size_t)t * c->q_lora_rank, qa + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank,
-                  c->rms_norm_eps);
+    norm_rows(b, qa, qa, L->q_a_norm, T, c->q_lora_rank);
     di_cpu_gemm(b->tp, qa, T, c->q_lora_rank, &L->q_b, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk);
   } else {
     first[1] = (di_gemm_job){h, T, H, &L->q_proj, 0, (int64_t)NH * dqk, q, (int64_t)NH * dqk};
@@ -215,12 +259,17 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     memcpy(e + R, src + R, sizeof(float) * (size_t)dr);
     rope_apply(b, e + R, b->s_rope + (size_t)t * dr);
   }
+  di_cpu_mla_attend(b, batch, layer, q, b->s_attn);
+  di_cpu_gemm(b->tp, b->s_attn, T, (int64_t)NH * c->v_head_dim, &L->o_proj, 0, H, out, H);
+}
+
+void di_cpu_mla_attend(di_cpu_backend *b, const di_batch *batch, int layer, const float *q, float *out) {
+  const int T = batch->n_tokens, NH = b->cfg->num_attention_heads;
   /* heads in groups when there are tokens enough to keep the threads busy (prefill); one head per
    * job at decode, so a single token's heads still spread over the threads */
   const int group = T >= 4 ? (NH < DI_CPU_ATTN_GROUP ? NH : DI_CPU_ATTN_GROUP) : 1;
-  attn_ctx a = {b, batch, layer, group, q, b->s_attn};
+  attn_ctx a = {b, batch, layer, group, q, out};
   di_parallel_for(b->tp, (int64_t)T * ((NH + group - 1) / group), 1, attn_task, &a);
-  di_cpu_gemm(b->tp, b->s_attn, T, (int64_t)NH * c->v_head_dim, &L->o_proj, 0, H, out, H);
 }
 
 /* ---- feed-forward --------------------------------------------------------------------------------- */
@@ -233,87 +282,33 @@ static void mlp(di_cpu_backend *b, const float *x, int M, const di_weight *gate,
   float *g = b->s_g, *u = b->s_u;
   const di_gemm_job gu[2] = {{x, M, H, gate, 0, I, g, I}, {x, M, H, up, 0, I, u, I}};
   di_cpu_gemm_multi(b->tp, gu, 2);
-  di_cpu_silu_mul(g, u, (int64_t)M * I);
+  elementwise(b, g, u, (int64_t)M * I, 1, M);
   di_cpu_gemm(b->tp, g, M, I, down, 0, H, out, H);
 }
 
-/* Router: picks num_experts_per_tok experts and their weights for one token. */
-static void route(const di_cpu_backend *b, const di_ds_layer *L, const float *logits, int32_t *ids, float *wts) {
-  const di_model_config *c = b->cfg;
-  const int E = c->n_routed_experts, K = c->num_experts_per_tok;
-  float scores[DI_MAX_EXPERTS], choice[DI_MAX_EXPERTS];
-  if (c->scoring_func == DI_SCORE_SOFTMAX) {
-    float mx = -INFINITY, sum = 0.0f;
-    for (int e = 0; e < E; e++)
-      mx = logits[e] > mx ? logits[e] : mx;
-    for (int e = 0; e < E; e++)
-      sum += (scores[e] = expf(logits[e] - mx));
-    for (int e = 0; e < E; e++)
-      scores[e] /= sum;
-  } else {
-    for (int e = 0; e < E; e++)
-      scores[e] = 1.0f / (1.0f + expf(-logits[e]));
-  }
-  for (int e = 0; e < E; e++)
-    choice[e] = scores[e] + (L->router_bias && c->topk_method == DI_TOPK_NOAUX_TC ? L->router_bias[e] : 0.0f);
-  if (c->topk_method != DI_TOPK_GREEDY && c->n_group > 1) {
-    const int G = c->n_group, per = E / G;
-    float gscore[DI_MAX_EXPERT_GROUPS];
-    for (int g = 0; g < G; g++) {
-      const float *v = choice + g * per;
-      if (c->topk_method == DI_TOPK_NOAUX_TC) { /* sum of the group's top-2 */
-        float a = -INFINITY, a2 = -INFINITY;
-        for (int i = 0; i < per; i++) {
-          if (v[i] > a) {
-            a2 = a;
-            a = v[i];
-          } else if (v[i] > a2) {
-            a2 = v[i];
-          }
-        }
-        gscore[g] = a + a2;
-      } else { /* group_limited_greedy: the group's max */
-        float a = -INFINITY;
-        for (int i = 0; i < per; i++)
-          a = v[i] > a ? v[i] : a;
-        gscore[g] = a;
-      }
+typedef struct {
+  di_cpu_backend *b;
+  float *out;
+  int has_shared;
+} combine_ctx;
+
+/* out[t] = sum_k w[t][k] * expert_out[where[t][k]] in the router's order, + the shared experts' */
+static void combine_task(void *p, int64_t begin, int64_t end, int thread) {
+  (void)thread;
+  combine_ctx *c = p;
+  di_cpu_backend *b = c->b;
+  const int H = b->cfg->hidden_size, K = b->cfg->num_experts_per_tok;
+  for (int64_t t = begin; t < end; t++) {
+    float *o = c->out + (size_t)t * H;
+    memset(o, 0, sizeof(float) * (size_t)H);
+    for (int k = 0; k < K; k++) {
+      const float w = b->s_topk_w[t * K + k], *y = b->s_exp_out + (size_t)b->s_exp_where[t * K + k] * H;
+      for (int i = 0; i < H; i++)
+        o[i] += w * y[i];
     }
-    /* keep the topk_group best groups (ties: lower index), mask the rest out */
-    int keep[DI_MAX_EXPERT_GROUPS] = {0};
-    for (int k = 0; k < c->topk_group; k++) {
-      int best = -1;
-      for (int g = 0; g < G; g++)
-        if (!keep[g] && (best < 0 || gscore[g] > gscore[best]))
-          best = g;
-      keep[best] = 1;
-    }
-    for (int g = 0; g < G; g++)
-      if (!keep[g])
-        for (int i = 0; i < per; i++)
-          choice[g * per + i] = -INFINITY;
-  }
-  /* top-K by choice score, descending; ties go to the lower expert index */
-  unsigned char taken[DI_MAX_EXPERTS] = {0};
-  float sum = 0.0f;
-  for (int k = 0; k < K; k++) {
-    int best = -1;
-    for (int e = 0; e < E; e++)
-      if (!taken[e] && (best < 0 || choice[e] > choice[best]))
-        best = e;
-    taken[best] = 1;
-    ids[k] = best;
-    wts[k] = scores[best];
-    sum += wts[k];
-  }
-  /* DeepSeek's own code: V3 renormalizes (norm_topk_prob) then scales; V2 either renormalizes or
-   * scales. transformers' V2 ignores norm_topk_prob; we follow DeepSeek (see docs/NOTES.md). */
-  const int renorm = K > 1 && c->norm_topk_prob;
-  for (int k = 0; k < K; k++) {
-    if (renorm)
-      wts[k] /= (sum + 1e-20f);
-    if (c->arch == DI_ARCH_DEEPSEEK_V3 || !renorm)
-      wts[k] *= c->routed_scaling_factor;
+    if (c->has_shared)
+      for (int i = 0; i < H; i++)
+        o[i] += b->s_shared[(size_t)t * H + i];
   }
 }
 
@@ -325,7 +320,7 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
   int32_t *ids = b->s_topk_ids;
   float *wts = b->s_topk_w;
   for (int t = 0; t < T; t++)
-    route(b, L, logits + (size_t)t * E, ids + (size_t)t * K, wts + (size_t)t * K);
+    di_cpu_route(c, L->router_bias, logits + (size_t)t * E, ids + (size_t)t * K, wts + (size_t)t * K);
   /* group (token, k) pairs by expert; each expert's rows go through one GEMM */
   int32_t *count = b->s_exp_count, *start = b->s_exp_start, *rows = b->s_exp_rows;
   memset(count, 0, sizeof(int32_t) * (size_t)E);
@@ -368,8 +363,8 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
     jobs[nj++] = (di_gemm_job){x, T, H, &L->sh_up, 0, SI, su, SI};
   }
   di_cpu_gemm_multi(b->tp, jobs, nj);
-  di_cpu_silu_mul(g, u, (int64_t)T * K * I);
-  di_cpu_silu_mul(sg, su, (int64_t)T * SI);
+  elementwise(b, g, u, (int64_t)T * K * I, 1, T);
+  elementwise(b, sg, su, (int64_t)T * SI, 1, T);
   nj = 0;
   for (int e = 0; e < E; e++) {
     const int n = count[e];
@@ -380,20 +375,11 @@ static void moe(di_cpu_backend *b, const di_ds_layer *L, const float *x, int T, 
   if (L->has_shared)
     jobs[nj++] = (di_gemm_job){sg, T, SI, &L->sh_down, 0, H, b->s_shared, H};
   di_cpu_gemm_multi(b->tp, jobs, nj);
-combine:
+combine:;
   /* combine in the router's order, then add the shared experts */
-  for (int t = 0; t < T; t++) {
-    float *o = out + (size_t)t * H;
-    memset(o, 0, sizeof(float) * (size_t)H);
-    for (int k = 0; k < K; k++) {
-      const float w = wts[t * K + k], *y = b->s_exp_out + (size_t)where[t * K + k] * H;
-      for (int i = 0; i < H; i++)
-        o[i] += w * y[i];
-    }
-  }
-  if (L->has_shared)
-    for (int64_t i = 0; i < (int64_t)T * H; i++)
-      out[i] += b->s_shared[i];
+  combine_ctx cc = {b, out, L->has_shared};
+  if (T >= PAR_ROWS_MIN) di_parallel_for(b->tp, T, 4, combine_task, &cc);
+  else combine_task(&cc, 0, T, 0);
 }
 
 /* ---- the whole pass --------------------------------------------------------------------------------- */
@@ -401,19 +387,15 @@ combine:
 static void decoder_layer(di_cpu_backend *b, const di_batch *batch, int layer, const di_ds_layer *L, float *x) {
   const int T = batch->n_tokens, H = b->cfg->hidden_size;
   float *h = b->s_h, *o = b->s_o;
-  for (int t = 0; t < T; t++)
-    di_cpu_rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->attn_norm, H, b->cfg->rms_norm_eps);
+  norm_rows(b, h, x, L->attn_norm, T, H);
   attention(b, batch, layer, L, h, o);
-  for (int64_t i = 0; i < (int64_t)T * H; i++)
-    x[i] += o[i];
-  for (int t = 0; t < T; t++)
-    di_cpu_rmsnorm_row(h + (size_t)t * H, x + (size_t)t * H, L->ffn_norm, H, b->cfg->rms_norm_eps);
+  elementwise(b, x, o, (int64_t)T * H, 0, T);
+  norm_rows(b, h, x, L->ffn_norm, T, H);
   if (L->is_moe)
     moe(b, L, h, T, o);
   else
     mlp(b, h, T, &L->gate, &L->up, &L->down, o);
-  for (int64_t i = 0; i < (int64_t)T * H; i++)
-    x[i] += o[i];
+  elementwise(b, x, o, (int64_t)T * H, 0, T);
 }
 
 di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden) {

@@ -145,13 +145,13 @@ void di_v4_rope_apply(const di_v4_rope_tab *rt, float *x, int n, int pos, int si
 /* Mixing weights of one token from its hc streams X[hc][D]: pre[hc] (collapse), post[hc] (where the
  * sublayer output goes) and comb[hc][hc] (stream mixer, Sinkhorn-projected towards doubly
  * stochastic). fn/base/scale are the layer's hc_attn_* or hc_ffn_* tensors; fnw is fn in f32. */
-static void hc_weights(const di_v4_ctx *cx, const float *fnw, const float *base, const float *scale, const float *X, double *pre,
-                       double *post, double *comb) {
-  const int hc = cx->c->hc_mult, D = cx->c->hidden_size, n = hc * D, mix = (2 + hc) * hc;
+void di_v4_hc_weights(const di_v4_config *c, const float *fnw, const float *base, const float *scale, const float *X,
+                      double *pre, double *post, double *comb) {
+  const int hc = c->hc_mult, D = c->hidden_size, n = hc * D, mix = (2 + hc) * hc;
   double ss = 0;
   for (int i = 0; i < n; i++)
     ss += (double)X[i] * X[i];
-  const double r = 1.0 / sqrt(ss / n + cx->c->rms_eps);
+  const double r = 1.0 / sqrt(ss / n + c->rms_eps);
   double mixes[64 * 66];
   for (int m = 0; m < mix; m++) {
     double s = 0;
@@ -160,7 +160,7 @@ static void hc_weights(const di_v4_ctx *cx, const float *fnw, const float *base,
       s += (double)f[i] * X[i];
     mixes[m] = s * r;
   }
-  const double eps = cx->c->hc_eps;
+  const double eps = c->hc_eps;
   for (int j = 0; j < hc; j++) {
     pre[j] = sigmoid(mixes[j] * scale[0] + base[j]) + eps;
     post[j] = 2 * sigmoid(mixes[hc + j] * scale[1] + base[hc + j]);
@@ -179,7 +179,7 @@ static void hc_weights(const di_v4_ctx *cx, const float *fnw, const float *base,
     for (int k = 0; k < hc; k++)
       row[k] = row[k] / sum + eps;
   }
-  for (int it = 0; it < cx->c->hc_sinkhorn_iters; it++) {
+  for (int it = 0; it < c->hc_sinkhorn_iters; it++) {
     if (it > 0)
       for (int j = 0; j < hc; j++) {
         double s = 0;
@@ -216,7 +216,7 @@ di_status di_v4_hc_site(di_v4_ctx *cx, int l, float *X, const di_weight *fn, con
   for (int t = 0; t < T; t++) {
     double pre[64];
     const float *Xt = X + (size_t)t * hc * D;
-    hc_weights(cx, fnw, base, scale, Xt, pre, post + (size_t)t * hc, comb + (size_t)t * hc * hc);
+    di_v4_hc_weights(cx->c, fnw, base, scale, Xt, pre, post + (size_t)t * hc, comb + (size_t)t * hc * hc);
     float *it = in + (size_t)t * D;
     for (int d = 0; d < D; d++) {
       double s = 0;
@@ -436,6 +436,33 @@ static double route_score(const di_v4_config *c, double x) {
   return sqrt(sp);
 }
 
+void di_v4_route(const di_v4_config *c, const float *logits, const float *bias, const int32_t *hash_ids, float *wt) {
+  const int E = c->n_routed_experts, K = c->top_k;
+  double sc[1024];
+  int idx[1024];
+  for (int e = 0; e < E; e++)
+    sc[e] = (float)route_score(c, logits[e]);
+  if (hash_ids) {
+    for (int k = 0; k < K; k++)
+      idx[k] = (int)hash_ids[k];
+  } else {
+    float biased[1024] = {0}; /* (all E written below; the initializer quiets -Wmaybe-uninitialized) */
+    di_v4_scored work[1024];
+    unsigned char taken[1024];
+    for (int e = 0; e < E; e++)
+      biased[e] = (float)sc[e] + bias[e];
+    di_v4_topk_like_torch(biased, E, K, work, taken);
+    for (int e = 0, k = 0; e < E; e++)
+      if (taken[e])
+        idx[k++] = e;
+  }
+  double sum = 0;
+  for (int k = 0; k < K; k++)
+    sum += sc[idx[k]];
+  for (int k = 0; k < K; k++) /* a repeated id in tid2eid counts twice, as index_add does */
+    wt[idx[k]] += (float)(sc[idx[k]] / (sum + 1e-20) * c->routed_scaling);
+}
+
 /* Routed experts plus the shared one. Hash layers take the experts from tid2eid[token] (the router
  * still weighs them); others take the top-k of score + correction bias. The chosen scores are
  * normalised to sum 1 (always: transformers ignores norm_topk_prob) and scaled by routed_scaling. */
@@ -447,31 +474,9 @@ di_status di_v4_moe(di_v4_ctx *cx, int l, const float *x, float *out) {
   DI_V4_ALLOC(logits, (size_t)T * E);
   DI_TRY(di_v4_linear(cx, &L->router, x, T, logits));
   DI_V4_ALLOC(wt, (size_t)T * E); /* per token: the weight of each expert (0 when not chosen) */
-  for (int t = 0; t < T; t++) {
-    double sc[1024];
-    int idx[1024];
-    for (int e = 0; e < E; e++)
-      sc[e] = (float)route_score(c, logits[(size_t)t * E + e]);
-    if (L->tid2eid) {
-      for (int k = 0; k < K; k++)
-        idx[k] = L->tid2eid[(size_t)cx->tokens[t] * K + k];
-    } else {
-      float biased[1024];
-      di_v4_scored work[1024];
-      unsigned char taken[1024];
-      for (int e = 0; e < E; e++)
-        biased[e] = (float)sc[e] + L->router_bias[e];
-      di_v4_topk_like_torch(biased, E, K, work, taken);
-      for (int e = 0, k = 0; e < E; e++)
-        if (taken[e])
-          idx[k++] = e;
-    }
-    double sum = 0;
-    for (int k = 0; k < K; k++)
-      sum += sc[idx[k]];
-    for (int k = 0; k < K; k++) /* a repeated id in tid2eid counts twice, as index_add does */
-      wt[(size_t)t * E + idx[k]] += (float)(sc[idx[k]] / (sum + 1e-20) * c->routed_scaling);
-  }
+  for (int t = 0; t < T; t++)
+    di_v4_route(c, logits + (size_t)t * E, L->router_bias, L->tid2eid ? L->tid2eid + (size_t)cx->tokens[t] * K : NULL,
+                wt + (size_t)t * E);
   DI_TRY(swiglu(cx, &L->sh_w1, &L->sh_w2, &L->sh_w3, x, T, out));
   if (di_dist_expert_parallel()) { /* routed experts on their ranks (cpu_deepseek_v4_ep.c) */
     di_status ep_st = di_v4_moe_ep(cx, l, x, wt, out, swiglu);

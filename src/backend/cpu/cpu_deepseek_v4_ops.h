@@ -68,6 +68,15 @@ void di_v4_topk_like_torch(const float *v, int n, int k, di_v4_scored *work, uns
  * something: k < n and the k-th and (k+1)-th best values are equal. */
 int di_v4_topk_earlier_first(const float *v, int n, int k, di_v4_scored *work, unsigned char *chosen);
 
+/* mHC mixing weights of one token from its hc streams X[hc][D] (hidden_size D): pre[hc] (collapse),
+ * post[hc] (where the sublayer output goes), comb[hc][hc] (softmax rows, then Sinkhorn towards doubly
+ * stochastic, transformers' order); fnw [(2 + hc) hc][hc D] in f32, base [(2 + hc) hc], scale [3]. */
+void di_v4_hc_weights(const di_v4_config *c, const float *fnw, const float *base, const float *scale, const float *X,
+                      double *pre, double *post, double *comb);
+/* The router of one token: adds to wt[E] (zeroed by the caller) the weight of each chosen expert:
+ * scores sqrt(softplus(logit)) (or sigmoid), the top_k of score + bias (torch's topk) or hash_ids'
+ * top_k experts (tid2eid's row), the chosen scores normalized to sum 1 and scaled by routed_scaling. */
+void di_v4_route(const di_v4_config *c, const float *logits, const float *bias, const int32_t *hash_ids, float *wt);
 /* A sublayer over the cx->T tokens: in [T][D] -> out [T][D]. */
 typedef di_status (*di_v4_sublayer_fn)(di_v4_ctx *cx, int l, const float *in, float *out);
 /* Embeds cx->tokens into X [T][hc][D] (every stream starts as the embedding). */

@@ -43,13 +43,13 @@ void di_v4_layout_init(const di_v4_config *c, di_v4_layout *y) {
     y->group_of[k] = y->block_floats[k] > 0 ? y->n_groups++ : -1;
 }
 
-int di_v4_layout_groups(const di_v4_layout *y, const di_v4_config *c, di_kv_group_info *g, int cap) {
+int di_v4_layout_groups(const di_v4_layout *y, const di_v4_config *c, int elem_bytes, di_kv_group_info *g, int cap) {
   static const di_kv_kind kind[DI_V4_N_KINDS] = {DI_KV_COMPRESSED, DI_KV_INDEXER, DI_KV_COMPRESSED, DI_KV_SLIDING, DI_KV_STATE};
   for (int k = 0; k < DI_V4_N_KINDS; k++) {
     const int gi = y->group_of[k];
     if (gi < 0 || gi >= cap)
       continue;
-    const int64_t block_bytes = (int64_t)(y->block_floats[k] * sizeof(float));
+    const int64_t block_bytes = (int64_t)y->block_floats[k] * elem_bytes;
     di_kv_group_info *o = &g[gi];
     memset(o, 0, sizeof *o);
     o->kind = kind[k];

@@ -33,8 +33,10 @@ typedef struct di_v4_layout {
 } di_v4_layout;
 
 void di_v4_layout_init(const di_v4_config *c, di_v4_layout *lay);
-/* The engine's group descriptions (kinds, bytes, windows) of this layout; returns n_groups (<= cap). */
-int di_v4_layout_groups(const di_v4_layout *lay, const di_v4_config *c, di_kv_group_info *g, int cap);
+/* The engine's group descriptions (kinds, bytes, windows) of this layout with elem_bytes per cached
+ * value (the CPU's f32: 4); returns n_groups (<= cap). The V4 registry entry declares its groups
+ * through it (api/arch_deepseek_v4.c). */
+int di_v4_layout_groups(const di_v4_layout *lay, const di_v4_config *c, int elem_bytes, di_kv_group_info *g, int cap);
 
 /* One sequence's view of the pools for one step: each kind's pool base and its block table. */
 typedef struct di_v4_pages {

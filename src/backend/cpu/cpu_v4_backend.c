@@ -70,7 +70,7 @@ static v4_seq *find(v4_backend *b, uint64_t key) {
 /* The cache groups of cpu_deepseek_v4_pages.h; the compressors' open windows are per sequence. */
 static int v4_kv_groups(di_backend *base, di_kv_group_info *g, int cap) {
   v4_backend *b = (v4_backend *)base;
-  const int n = di_v4_layout_groups(&b->lay, b->c, g, cap);
+  const int n = di_v4_layout_groups(&b->lay, b->c, (int)sizeof(float), g, cap);
   if (n > 0 && cap > 0)
     g[0].bytes_per_seq = b->bytes_per_seq;
   return n;

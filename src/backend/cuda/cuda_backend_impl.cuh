@@ -68,6 +68,7 @@ typedef struct cu_backend {
   int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine, fold_uv;
   int vo_fused; /* one-token W_UV + o_proj in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
   int invariant; /* batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1; see create) */
+  const di_model_config *cfg; /* the model's (outlives the backend) */
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */

@@ -287,6 +287,7 @@ di_status forward(cu_backend *b) {
 /* The architecture's shapes (router, rotary, padded widths) and weights to the device: the main layers,
  * then the MTP layer when loaded (b->n_mtp, set by create). */
 di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights *w) {
+  b->cfg = c;
   b->H = c->hidden_size; b->NH = c->num_attention_heads; b->dn = c->qk_nope_head_dim; b->dr = c->qk_rope_head_dim;
   b->dv = c->v_head_dim; b->R = c->kv_lora_rank; b->dqk = b->dn + b->dr; b->V = c->vocab_size;
   b->qr = c->q_lora_rank; b->eps = c->rms_norm_eps; b->Idense = c->intermediate_size;
@@ -315,7 +316,7 @@ di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights 
   b->router.sigmoid = c->scoring_func == DI_SCORE_SIGMOID;
   b->router.method = c->topk_method == DI_TOPK_GREEDY ? 0 : c->topk_method == DI_TOPK_GROUP_LIMITED_GREEDY ? 1 : 2;
   b->router.norm_topk = c->norm_topk_prob;
-  b->router.scale_after_norm = c->arch == DI_ARCH_DEEPSEEK_V3;
+  b->router.scale_after_norm = c->scale_after_renorm;
   b->router.routed_scale = c->routed_scaling_factor;
   b->router.n_shared = b->n_sh;
   b->router.block_route = di_switch_bool(DI_SW_CUDA_BLOCK_ROUTE, 0); /* A/B: the block-wide routing everywhere */

@@ -125,13 +125,8 @@ di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
 
 
 int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap) {
-  cu_backend *b = (cu_backend *)bb;
-  if (cap < 1) return 1;
-  g[0].n_layers = b->n_layers + b->n_mtp;
-  g[0].bytes_per_token = (int64_t)(b->n_layers + b->n_mtp) * DI_CUK_MLA_D * 2;
-  g[0].tokens_per_entry = 1;
-  g[0].window = 0;
-  return 1;
+  cu_backend *b = (cu_backend *)bb; /* bf16 rows padded to DI_CUK_MLA_D; the MTP layer when it runs here */
+  return di_ds_kv_groups(b->cfg, b->n_mtp, 2, DI_CUK_MLA_D, g, cap);
 }
 
 /* the latent pool of n_blocks blocks (+1: the padding tokens' block), every layer and the MTP layer */
