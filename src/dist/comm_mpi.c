@@ -262,12 +262,17 @@ di_status di_comm_wait_work(di_comm *c, void *buf, size_t bytes) {
   if (strcmp(c->kind, "mpi") != 0 || bytes > 4096)
     return di_error_set(DI_ERR_INVALID_ARG, "work hand-off: an MPI communicator and at most 4096 bytes");
   MPI_Request req;
+  const pid_t launcher = getppid();
   int rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, 0, WORK_TAG, m->comm, &req);
   for (long polls = 0; rc == MPI_SUCCESS; polls++) {
     int done = 0;
     rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS || done)
       break;
+    if (polls % 1024 == 1023 && getppid() != launcher) { /* mpirun itself was killed: nobody will end us */
+      fprintf(stderr, "deepinfer: rank %d: the launcher (mpirun) is gone; ending\n", c->rank);
+      _exit(1);
+    }
     /* spin briefly (a busy server's next step comes within microseconds), then sleep 1 ms a poll */
     struct timespec ts = {0, polls < 200 ? 20000 : 1000000};
     nanosleep(&ts, NULL);

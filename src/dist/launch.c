@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,6 +93,7 @@ int di_dist_relaunch(int n, int argc, char **argv) {
   }
   if (pid == 0) {
     setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM); /* this launcher killed (SIGKILL): mpirun still ends the job */
     signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
     execv(mpirun, av);
     fprintf(stderr, "deepinfer: exec %s: %s\n", mpirun, strerror(errno));
