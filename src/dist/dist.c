@@ -224,6 +224,7 @@ di_comm *di_dist_comm(void) { return g.comm; }
 int di_dist_dp_size(void) { return g.dp_size > 1 ? g.dp_size : 1; }
 di_ep *di_dist_ep_current(void) { return g.ep; }
 int di_dist_expert_parallel(void) { return g.expert_parallel && g.comm; }
+int di_dist_eplb_enabled(void) { return g.eplb.enable_eplb; }
 
 di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out) {
   if (!di_dist_expert_parallel())

@@ -31,6 +31,7 @@ int di_dist_dp_size(void);
  * run-as-root switches when root, forwards SIGINT / SIGTERM / SIGHUP to the job. */
 int di_dist_relaunch(int n, int argc, char **argv);
 int di_dist_expert_parallel(void);
+int di_dist_eplb_enabled(void);
 /* The expert-parallel state for a model of these shapes, created at the first call (collective-free). */
 di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out);
 /* The expert-parallel state once a forward created it, else NULL. */

@@ -29,28 +29,8 @@ static void forward(int sig) {
     kill((pid_t)g_child, first ? SIGUSR1 : SIGTERM);
 }
 
-/* the first executable `name` on PATH, into buf; 0 when there is none */
-static int find_on_path(const char *name, char *buf, size_t cap) {
-  const char *path = getenv("PATH");
-  if (!path || !*path)
-    path = "/usr/local/bin:/usr/bin:/bin";
-  for (const char *p = path; *p;) {
-    const char *end = strchr(p, ':');
-    const size_t len = end ? (size_t)(end - p) : strlen(p);
-    if (len > 0 && (size_t)snprintf(buf, cap, "%.*s/%s", (int)len, p, name) < cap && access(buf, X_OK) == 0)
-      return 1;
-    p += len + (end ? 1 : 0);
-  }
-  return 0;
-}
-
 int di_dist_relaunch(int n, int argc, char **argv) {
-  char mpirun[PATH_MAX], self[PATH_MAX];
-  if (!find_on_path("mpirun", mpirun, sizeof mpirun)) {
-    fprintf(stderr, "deepinfer: --data-parallel-size %d starts its ranks with mpirun, which is not on PATH (Debian: "
-                    "apt-get install openmpi-bin)\n", n);
-    return 1;
-  }
+  char mpirun[] = "mpirun", self[PATH_MAX];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) {
     fprintf(stderr, "deepinfer: --data-parallel-size: cannot find this program (/proc/self/exe): %s\n", strerror(errno));
@@ -95,9 +75,13 @@ int di_dist_relaunch(int n, int argc, char **argv) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGTERM); /* this launcher killed (SIGKILL): mpirun still ends the job */
     signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
-    execv(mpirun, av);
-    fprintf(stderr, "deepinfer: exec %s: %s\n", mpirun, strerror(errno));
-    _exit(127);
+    execvp(mpirun, av);
+    if (errno == ENOENT)
+      fprintf(stderr, "deepinfer: --data-parallel-size %d starts its ranks with mpirun, which is not on PATH (Debian: "
+                      "apt-get install openmpi-bin)\n", n);
+    else
+      fprintf(stderr, "deepinfer: exec mpirun: %s\n", strerror(errno));
+    _exit(1);
   }
   g_child = pid;
   free(av);
