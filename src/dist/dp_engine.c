@@ -40,7 +40,8 @@ static void put(wbuf *b, const void *src, size_t n) {
     }
     b->p = q, b->cap = c;
   }
-  memset(b->p + b->n, 0, pad);
+  if (pad)
+    memset(b->p + b->n, 0, pad);
   b->n += pad;
   if (src && n) /* NULL: room only (the receive buffers) */
     memcpy(b->p + b->n, src, n);

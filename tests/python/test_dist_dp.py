@@ -47,9 +47,10 @@ def prompts():
 
 
 def sampling(i):
-    """greedy, seeded, engine-seeded (drawn from the engine's seed) in turn; logprobs on one"""
+    """greedy, seeded, engine-seeded (drawn from the engine's seed) in turn; logprobs on every other,
+    prompt logprobs on two (so both ranks return them)"""
     return dict(max_tokens=4 + i % 5, temperature=0.0 if i % 3 == 0 else 0.8, seed=100 + i if i % 3 == 1 else None,
-                ignore_eos=True, logprobs=1 if i == 2 else None)
+                ignore_eos=True, logprobs=1 if i % 2 == 0 else None, prompt_logprobs=2 if i in (1, 4) else None)
 
 
 LLM_SCRIPT = """
@@ -60,7 +61,7 @@ llm = LLM(sys.argv[1], threads=1, seed=7, data_parallel_size=n, enable_expert_pa
 ps = json.loads(sys.argv[3])
 outs = llm.generate([{"prompt_token_ids": p} for p in ps], [SamplingParams(**s) for s in json.loads(sys.argv[4])])
 print(json.dumps({"ids": [o.outputs[0].token_ids for o in outs], "lp": [o.outputs[0].cumulative_logprob for o in outs],
-                  "here": llm.get_stats()["generated_tokens"]}))
+                  "plp": [repr(o.prompt_logprobs) for o in outs], "here": llm.get_stats()["generated_tokens"]}))
 """
 
 
@@ -75,7 +76,8 @@ def test_llm_data_parallel_equals_one_rank():
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     a, b = json.loads(one.stdout), json.loads(two.stdout)
-    assert a["ids"] == b["ids"] and a["lp"] == b["lp"]
+    assert a["ids"] == b["ids"] and a["lp"] == b["lp"] and a["plp"] == b["plp"]
+    assert a["plp"][1] != "None" and a["lp"][0] is not None
     total = sum(len(x) for x in a["ids"])
     assert a["here"] == total and 0 < b["here"] < total  # rank 0 ran only its share
     assert two.stdout.count("\n") == 1  # rank 1's stdout is silenced
