@@ -7,7 +7,9 @@
  * In the library when CUDA, NCCL and MPI are found (DI_HAVE_NCCL); the CUDA backend's expert
  * parallel (src/backend/cuda/cuda_ep.cu) exchanges through it. */
 #include "dist/comm.h"
+extern "C" {
 #include "util/status.h"
+}
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdlib.h>

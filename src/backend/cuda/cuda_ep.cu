@@ -15,7 +15,9 @@
  * (a rank with no work joining others' forwards) are not on CUDA yet and are refused. The single-GPU
  * path does not run any of this (b->ep is NULL). */
 #include "cuda_backend_impl.cuh"
+extern "C" {
 #include "dist/dist.h"
+}
 #include <stdlib.h>
 #include <string.h>
 
