@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import weakref
 
 _RANK_STDOUT = 'if [ "${OMPI_COMM_WORLD_RANK:-0}" != 0 ]; then exec "$@" > /dev/null; fi; exec "$@"'
 _state = {"set_up": False, "keep": None}
@@ -102,6 +103,5 @@ def setup(lib, data_parallel_size, enable_expert_parallel, enable_eplb, eplb_con
 
 def close_at_exit(llm):
     """Rank 0: close the LLM at exit (its close stops the other ranks) if the program did not."""
-    import weakref
     ref = weakref.ref(llm)
     atexit.register(lambda: ref() is not None and ref().close())
