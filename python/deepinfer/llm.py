@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from . import _lib, scoring
+from . import _dist, _lib, scoring
 from .outputs import Logprob, RequestOutput
 from .sampling_params import SamplingParams
 
@@ -62,17 +62,24 @@ class LLM:
     accelerator ("cpu", "cuda"), threads, quiet, batch_invariant (outputs independent of the other requests
     in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
-    decoding with the model's MTP layer (CPU backend; off by default)."""
+    decoding with the model's MTP layer (CPU backend; off by default). Several ranks (docs/multi-gpu.md):
+    data_parallel_size=N (N ranks under mpirun, requests placed on them by load; outside mpirun the
+    program is re-run under it), enable_expert_parallel, enable_eplb, eplb_config={"num_redundant_experts":
+    R, "window_size": W, "step_interval": S}, dist_timeout (seconds per collective, 60)."""
 
     def __init__(self, model=None, *, max_model_len=None, max_num_seqs=256, max_num_batched_tokens=2048,
                  enable_prefix_caching=True, enable_chunked_prefill=True, async_scheduling=True,
                  kv_cache_memory_bytes=None, num_kv_blocks=None, gpu_memory_utilization=0.9, seed=0,
                  load_format="auto", accelerator=None,
                  threads=None, dummy_seed=0, quiet=True, batch_invariant=False, speculative_config=None,
-                 swa_bounded_replay=False, **unsupported):
+                 swa_bounded_replay=False, data_parallel_size=1, enable_expert_parallel=False, enable_eplb=False,
+                 eplb_config=None, dist_timeout=None, **unsupported):
         if unsupported:
             raise TypeError("LLM: unsupported argument(s): " + ", ".join(sorted(unsupported)))
         self._L = _lib.lib()
+        distributed = data_parallel_size != 1 or enable_expert_parallel or enable_eplb or eplb_config is not None
+        if distributed:  # several ranks (deepinfer/_dist.py); outside mpirun this re-runs the program under it
+            _dist.setup(self._L, data_parallel_size, enable_expert_parallel, enable_eplb, eplb_config, dist_timeout)
         self._model = ctypes.c_void_p()
         self._engine = ctypes.c_void_p()
         self._template = None
@@ -111,6 +118,8 @@ class LLM:
             self._L.di_model_free(self._model)
             self._model = ctypes.c_void_p()
             raise _lib.DeepInferError(f"creating the engine: {msg}")
+        if distributed:
+            _dist.close_at_exit(self)
         self.kv_summary = self._L.di_engine_kv_summary(self._engine).decode("utf-8", "replace")
         if not quiet:
             print(f"deepinfer: {self.kv_summary}", file=sys.stderr)

@@ -3,6 +3,8 @@
  * tokenizer.json) as its text adapter, and the grammar engine for structured outputs. */
 #include "api/engine_api.h"
 #include "api/model_internal.h"
+#include "dist/dist.h"
+#include "dist/dp_engine.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 #include <stdlib.h>
@@ -65,8 +67,16 @@ di_status di_engine_create(di_model *m, const di_engine_options *opt, di_engine 
   cfg.constraint_missing = "structured outputs need a tokenizer (the model folder has no tokenizer.json)";
   cfg.on_free = ctx_free;
   cfg.on_free_ctx = c;
-  di_status st = di_engine_core_create(&cfg, opt, out);
+  di_status st = di_dist_dp_size() > 1 ? di_dp_prepare(m) : DI_OK;
+  if (st == DI_OK) st = di_engine_core_create(&cfg, opt, out);
   if (st != DI_OK) ctx_free(c);
+  if (st == DI_OK && di_dist_dp_size() > 1) { /* rank 0: a front end; other ranks work here until the end */
+    st = di_dp_attach(*out);
+    if (st != DI_OK) {
+      di_engine_free(*out);
+      *out = NULL;
+    }
+  }
   return st;
 }
 

@@ -31,7 +31,8 @@ static void usage(FILE *f) {
     fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
   fprintf(f, "\n`deepinfer <command> --help` describes each command.\n"
              "Several ranks (`mpirun -np N deepinfer <command> ...`; any command): --enable-expert-parallel,\n"
-             "--enable-eplb, --eplb-config JSON, --dist-timeout SECONDS (docs/multi-gpu.md).\n"
+             "--enable-eplb, --eplb-config JSON, --dist-timeout SECONDS (docs/multi-gpu.md); serve and generate\n"
+             "also start N ranks themselves: --data-parallel-size N.\n"
              "Environment: DEEPINFER_HF_MODEL_DIR (default model folder), DEEPINFER_ACCELERATOR (cpu, cuda);\n"
              "`deepinfer switches` lists every switch (docs/switches.md).\n");
 }

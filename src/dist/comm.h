@@ -49,6 +49,13 @@ static inline di_status di_comm_alltoallv(di_comm *c, const void *send, const si
 static inline di_status di_comm_broadcast(di_comm *c, void *buf, size_t bytes, int root) {
   return c->ops->broadcast(c, buf, bytes, root);
 }
+/* The work hand-off of a data-parallel front end (dist/dp_engine.c), outside the collectives' deadline:
+ * rank 0 posts `bytes` to every other rank (MPI point to point, returns at once); a worker waits for
+ * them as long as it takes (a server may sit idle for hours), polling with short sleeps rather than
+ * spinning a core. A dead rank 0 is seen by mpirun, which ends the workers; a worker whose mpirun is
+ * gone (killed) ends itself. MPI communicator only. */
+di_status di_comm_post_work(di_comm *c, const void *buf, size_t bytes);
+di_status di_comm_wait_work(di_comm *c, void *buf, size_t bytes);
 /* Destroys the communicator; NULL does nothing. For MPI it finalizes MPI. */
 void di_comm_destroy(di_comm *c);
 

@@ -30,6 +30,11 @@ di_status di_comm_mpi_create(double timeout_s, di_comm **out) {
   return di_error_set(DI_ERR_UNSUPPORTED, "this deepinfer was built without MPI (install libopenmpi-dev and rebuild)");
 }
 di_comm *di_comm_mpi_world(void) { return NULL; }
+di_status di_comm_post_work(di_comm *c, const void *buf, size_t bytes) {
+  (void)c, (void)buf, (void)bytes;
+  return di_error_set(DI_ERR_UNSUPPORTED, "this deepinfer was built without MPI");
+}
+di_status di_comm_wait_work(di_comm *c, void *buf, size_t bytes) { return di_comm_post_work(c, buf, bytes); }
 void di_comm_abort(di_comm *c, const char *why) {
   fprintf(stderr, "deepinfer: rank %d: %s; ending the job\n", di_comm_rank(c), why);
   exit(1);
@@ -236,6 +241,44 @@ di_status di_comm_mpi_create(double timeout_s, di_comm **out) {
 }
 
 di_comm *di_comm_mpi_world(void) { return g_world; }
+
+enum { WORK_TAG = 7321 };
+
+di_status di_comm_post_work(di_comm *c, const void *buf, size_t bytes) {
+  mpi_comm *m = (mpi_comm *)c;
+  if (strcmp(c->kind, "mpi") != 0 || bytes > 4096)
+    return di_error_set(DI_ERR_INVALID_ARG, "work hand-off: an MPI communicator and at most 4096 bytes");
+  for (int r = 1; r < c->size; r++) {
+    wd_arm("work hand-off");
+    int rc = wd_disarm(MPI_Send(buf, (int)bytes, MPI_BYTE, r, WORK_TAG, m->comm));
+    if (rc != MPI_SUCCESS)
+      return mpi_fail(m, "work hand-off", rc);
+  }
+  return DI_OK;
+}
+
+di_status di_comm_wait_work(di_comm *c, void *buf, size_t bytes) {
+  mpi_comm *m = (mpi_comm *)c;
+  if (strcmp(c->kind, "mpi") != 0 || bytes > 4096)
+    return di_error_set(DI_ERR_INVALID_ARG, "work hand-off: an MPI communicator and at most 4096 bytes");
+  MPI_Request req;
+  const pid_t launcher = getppid();
+  int rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, 0, WORK_TAG, m->comm, &req);
+  for (long polls = 0; rc == MPI_SUCCESS; polls++) {
+    int done = 0;
+    rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || done)
+      break;
+    if (polls % 1024 == 1023 && getppid() != launcher) { /* mpirun itself was killed: nobody will end us */
+      fprintf(stderr, "deepinfer: rank %d: the launcher (mpirun) is gone; ending\n", c->rank);
+      _exit(1);
+    }
+    /* spin briefly (a busy server's next step comes within microseconds), then sleep 1 ms a poll */
+    struct timespec ts = {0, polls < 200 ? 20000 : 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return rc != MPI_SUCCESS ? mpi_fail(m, "work hand-off", rc) : DI_OK;
+}
 
 void di_comm_abort(di_comm *c, const char *why) {
   fprintf(stderr, "deepinfer: rank %d: %s; ending the job\n", di_comm_rank(c), why);

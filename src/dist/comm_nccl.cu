@@ -4,10 +4,12 @@
  * Every collective is enqueued, then its stream polled against the timeout; a timeout or an
  * asynchronous NCCL error aborts the NCCL communicator (ncclCommAbort unblocks the kernels) and
  * returns an error naming the collective, so the caller ends the job instead of hanging.
- * Compiled when CUDA, NCCL and MPI are found (CMake target deepinfer_nccl); not yet used by the
- * CUDA backend (the two-GPU issue). */
+ * In the library when CUDA, NCCL and MPI are found (DI_HAVE_NCCL); the CUDA backend's expert
+ * parallel (src/backend/cuda/cuda_ep.cu) exchanges through it. */
 #include "dist/comm.h"
+extern "C" {
 #include "util/status.h"
+}
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdlib.h>

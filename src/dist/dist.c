@@ -54,6 +54,13 @@ int di_dist_parse_eplb_config(const char *json, di_ep_config *cfg, char *err, si
   return 0;
 }
 
+static int setup(int *argc, char **argv, int orig_argc, char **orig);
+
+static void stop_as_interrupt(int sig) {
+  (void)sig;
+  raise(SIGINT);
+}
+
 /* Takes argv[i] (and its value) out when it is one of ours; returns 1 if taken, -1 on a bad value. */
 static int take_flag(int *argc, char **argv, int i) {
   const char *a = argv[i], *v = NULL;
@@ -113,6 +120,17 @@ static int take_flag(int *argc, char **argv, int i) {
 }
 
 int di_dist_cli_setup(int *argc, char **argv) {
+  char **orig = malloc(sizeof(char *) * (size_t)(*argc + 1)); /* for a relaunch under mpirun */
+  if (!orig)
+    return 1;
+  memcpy(orig, argv, sizeof(char *) * (size_t)(*argc + 1));
+  const int orig_argc = *argc;
+  int rc = setup(argc, argv, orig_argc, orig);
+  free(orig);
+  return rc;
+}
+
+static int setup(int *argc, char **argv, int orig_argc, char **orig) {
   for (int i = 2; i < *argc;) {
     int r = take_flag(argc, argv, i);
     if (r < 0)
@@ -120,9 +138,9 @@ int di_dist_cli_setup(int *argc, char **argv) {
     if (r == 0)
       i++;
   }
-  if (g.dp_size > 1) {
-    fprintf(stderr, "deepinfer: --data-parallel-size %d: attention data parallel is not implemented yet (run one "
-                    "data-parallel rank; expert parallel is --enable-expert-parallel under mpirun)\n", g.dp_size);
+  if (g.dp_size > 1 && strcmp(argv[1], "serve") && strcmp(argv[1], "generate") && strcmp(argv[1], "LLM")) {
+    fprintf(stderr, "deepinfer: --data-parallel-size: for serve and generate (%s runs no engine; under mpirun every "
+                    "rank runs it)\n", argv[1]);
     return 2;
   }
   if (g.eplb.enable_eplb && !g.expert_parallel) {
@@ -143,6 +161,8 @@ int di_dist_cli_setup(int *argc, char **argv) {
     }
     g.fail_stall = strcmp(mode, "stall") == 0;
   }
+  if (!di_comm_launched_by_mpi() && g.dp_size > 1) /* this process becomes the launcher of the ranks */
+    exit(di_dist_relaunch(g.dp_size, orig_argc, orig));
   if (!di_comm_launched_by_mpi()) {
     if (g.expert_parallel && di_comm_self_create(&g.comm) != DI_OK) {
       fprintf(stderr, "deepinfer: %s\n", di_last_error());
@@ -153,6 +173,15 @@ int di_dist_cli_setup(int *argc, char **argv) {
   if (di_comm_mpi_create(g.timeout_s, &g.comm) != DI_OK) {
     fprintf(stderr, "deepinfer: %s\n", di_last_error());
     return 1;
+  }
+  if (g.dp_size > 1 && g.comm->size != g.dp_size) {
+    fprintf(stderr, "deepinfer: --data-parallel-size %d but mpirun started %d ranks\n", g.dp_size, g.comm->size);
+    return 2;
+  }
+  if (g.dp_size > 1) { /* the launcher's stop request (launch.c): rank 0 handles it as Ctrl-C, workers wait for rank 0 */
+    signal(SIGUSR1, g.comm->rank == 0 ? stop_as_interrupt : SIG_IGN);
+    if (g.comm->rank != 0)
+      signal(SIGINT, SIG_IGN);
   }
   if (g.comm->rank != 0) {
     if (!freopen("/dev/null", "w", stdout))
@@ -192,8 +221,10 @@ int di_dist_cli_finish(int rc) {
 }
 
 di_comm *di_dist_comm(void) { return g.comm; }
+int di_dist_dp_size(void) { return g.dp_size > 1 ? g.dp_size : 1; }
 di_ep *di_dist_ep_current(void) { return g.ep; }
 int di_dist_expert_parallel(void) { return g.expert_parallel && g.comm; }
+int di_dist_eplb_enabled(void) { return g.eplb.enable_eplb; }
 
 di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out) {
   if (!di_dist_expert_parallel())

@@ -7,7 +7,8 @@
  *   --enable-eplb                       expert load balancing (redundant replicas of hot experts)
  *   --eplb-config JSON                  {"num_redundant_experts": R, "window_size": W, "step_interval": S}
  *   --dist-timeout SECONDS              limit for one collective (default 60; $DEEPINFER_DIST_TIMEOUT)
- *   --data-parallel-size N              attention data parallel (not yet: refused with a message)
+ *   --data-parallel-size N              attention data parallel over N ranks (serve, generate; dp_engine.h):
+ *                                       outside mpirun the process relaunches itself under it (launch.c)
  * Rank 0 alone prints and writes outputs: on other ranks stdout goes to /dev/null and `--out FILE`
  * becomes /dev/null; stderr stays, so every rank can report its own failure. */
 #ifndef DI_DIST_DIST_H
@@ -23,7 +24,14 @@ int di_dist_cli_setup(int *argc, char **argv);
 int di_dist_cli_finish(int rc);
 
 di_comm *di_dist_comm(void);
+/* --data-parallel-size (1 without it). */
+int di_dist_dp_size(void);
+/* Runs argv (this program's own arguments, argv[0] included) as `mpirun -np n` ranks and returns
+ * their exit code (launch.c): finds mpirun on PATH (a clear error and 1 without it), sets OpenMPI's
+ * run-as-root switches when root, forwards SIGINT / SIGTERM / SIGHUP to the job. */
+int di_dist_relaunch(int n, int argc, char **argv);
 int di_dist_expert_parallel(void);
+int di_dist_eplb_enabled(void);
 /* The expert-parallel state for a model of these shapes, created at the first call (collective-free). */
 di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out);
 /* The expert-parallel state once a forward created it, else NULL. */

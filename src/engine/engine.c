@@ -6,6 +6,7 @@
  * after step n instead (synchronously), so preemption never touches an in-flight sequence. */
 #include "engine/engine_internal.h"
 #include "engine/spec_decode.h"
+#include "dist/dp_engine.h"
 #include "kv/kv_budget.h"
 #include "sampler/rng.h"
 #include <math.h>
@@ -142,6 +143,7 @@ const char *di_engine_kv_summary(const di_engine *e) { return e ? e->kv_summary 
 
 void di_engine_free(di_engine *e) {
   if (!e) return;
+  di_dp_front_free(e->dp); /* stops the other data-parallel ranks */
   if (e->inflight_active) {
     e->be->ops->wait(e->be, NULL, NULL); /* the step's arrays must outlive it */
     e->inflight_active = 0;
@@ -269,6 +271,14 @@ di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64
     return di_error_set(DI_ERR_INVALID_ARG, "prompt_logprobs_from is %d but the prompt has %d tokens",
                         p->prompt_logprobs_from, n_prompt);
   }
+  int where = e->dp ? di_dp_front_place(e->dp, n_prompt) : 0;
+  if (where > 0) { /* another data-parallel rank's: numbered and seeded here, in arrival order */
+    uint64_t id = e->next_id++, seed = p->has_seed ? p->seed : di_rng_draw_seed(&e->seed_state);
+    di_status st = di_dp_front_add(e->dp, where, p, prompt, n_prompt, id, seed);
+    free(ids);
+    if (st == DI_OK) *req_id = id;
+    return st;
+  }
   int n = p->n > 0 ? p->n : 1;
   di_status st = p->prompt_logprobs >= 0 ? di_plp_reserve(e) : DI_OK;
   if (st == DI_OK) st = queue_reserve(e, n);
@@ -309,6 +319,7 @@ di_status di_engine_add_request(di_engine *e, const di_request_params *p, uint64
 }
 
 di_status di_engine_abort(di_engine *e, uint64_t req_id) {
+  if (e->dp && di_dp_front_abort(e->dp, req_id)) return DI_OK;
   int found = 0;
   for (int i = 0; i < e->n_all; i++) {
     di_req *r = e->all[i];
@@ -322,6 +333,10 @@ di_status di_engine_abort(di_engine *e, uint64_t req_id) {
 }
 
 int di_engine_has_unfinished(const di_engine *e) {
+  return (e->dp && di_dp_front_busy(e->dp)) || di_engine_has_unfinished_local(e);
+}
+
+int di_engine_has_unfinished_local(const di_engine *e) {
   if (e->inflight_active) return 1; /* its requests may all have ended; stepping it drains the pipeline */
   for (int i = 0; i < e->n_all; i++)
     if (!e->all[i]->reported) return 1;
@@ -578,6 +593,10 @@ static di_status feedback_step(di_engine *e, di_sched *cur, di_sched *next, doub
 }
 
 di_status di_engine_step(di_engine *e, di_step_output **out) {
+  return e->dp ? di_dp_front_step(e->dp, e, out) : di_engine_step_local(e, out);
+}
+
+di_status di_engine_step_local(di_engine *e, di_step_output **out) {
   double t0 = di_now(), t_blocked = 0;
   di_status st_spec = DI_OK;
   for (int i = 0; i < e->n_grave; i++) di_req_free(e, e->graveyard[i]);

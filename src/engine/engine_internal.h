@@ -200,11 +200,16 @@ struct di_engine {
   int n_outs, cap_outs;
   di_step_output step_out;
   struct di_spec *spec;      /* speculative decoding state; NULL when off (the default) */
+  struct di_dp_front *dp;    /* data parallel, rank 0: the other ranks' requests (dist/dp_engine.h) */
   int plp_row_cap;           /* prompt-logprob rows per step (0 until a request asks for them) */
   /* stats */
   int64_t steps, prompt_tokens, generated_tokens, preemptions, prefix_waits;
   double busy_s, host_s, hidden_s, wait_s;
 };
+
+/* This rank's own engine, under the data-parallel front end (the public ones go through it). */
+di_status di_engine_step_local(di_engine *e, di_step_output **out);
+int di_engine_has_unfinished_local(const di_engine *e);
 
 /* request.c */
 di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t *prompt, int n_prompt,

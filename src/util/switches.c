@@ -59,6 +59,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_MPI_OMPI_SIZE] = {"OMPI_COMM_WORLD_SIZE", "unset", "set by Open MPI's mpirun: the process is one of N ranks"},
     [DI_SW_MPI_PMIX_RANK] = {"PMIX_RANK", "unset", "set by a PMIx launcher: the process is a rank"},
     [DI_SW_MPI_PMI_RANK] = {"PMI_RANK", "unset", "set by a PMI launcher (MPICH, Slurm): the process is a rank"},
+    [DI_SW_MPI_OMPI_LOCAL_RANK] = {"OMPI_COMM_WORLD_LOCAL_RANK", "unset",
+                                   "set by Open MPI's mpirun: the rank on its machine (a GPU rank's device)"},
     [DI_SW_GRAMMAR_MAX_STATES] = {"DI_GRAMMAR_MAX_STATES", "200000",
                                   "states budget of a grammar's runtime automaton (values above 16; tests)"},
     [DI_SW_GRAMMAR_CI_DEPTH] = {"DI_GRAMMAR_CI_DEPTH", "12", "depth of the context-independent token precompute"},

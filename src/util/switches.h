@@ -44,6 +44,7 @@ typedef enum {
   DI_SW_MPI_OMPI_SIZE,  /* launcher variables: set by mpirun, read to know the process is a rank */
   DI_SW_MPI_PMIX_RANK,
   DI_SW_MPI_PMI_RANK,
+  DI_SW_MPI_OMPI_LOCAL_RANK,
   /* grammar engine (tests of its budget paths, debugging) */
   DI_SW_GRAMMAR_MAX_STATES,
   DI_SW_GRAMMAR_CI_DEPTH,

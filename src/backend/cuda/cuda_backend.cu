@@ -38,6 +38,7 @@ static void cu_destroy(di_backend *bb) {
   if (b->ev_h2d) cudaEventDestroy(b->ev_h2d);
   if (b->ev_g1) cudaEventDestroy(b->ev_g1);
   drop_graphs(b);
+  cu_ep_destroy(b);
   for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
   free(b->allocs);
   free(b->L);
@@ -59,6 +60,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0)
     return di_error_set(DI_ERR_BACKEND, "cuda: no CUDA device available (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  cu_ep_pick_device(ndev); /* expert parallel under mpirun: GPU = local rank */
   int dev = 0;
   DI_CU(cudaGetDevice(&dev));
   DI_CU(cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, dev));

@@ -81,6 +81,10 @@ typedef struct cu_backend {
   bf16 *mtp_cat;               /* [cap_T][2H] [enorm(embed) | hnorm(prev)] */
   int mtp_cap;
   bf16 *stage;                 /* upload staging for one layer's experts */
+  /* expert parallel (cuda_ep.cu; NULL unless --enable-expert-parallel): routed experts
+   * [ep_e0, ep_e0 + ep_El) live here, at local indices 0..ep_El-1 */
+  struct cu_ep *ep;
+  int ep_e0, ep_El;
   float eps;
   di_cuk_router router;
   di_cuk_rope rope;
@@ -189,4 +193,9 @@ di_status cu_mtp(di_backend *bb, const di_batch *batch, const float *prev_hidden
 di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights *w);
 di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm);
 di_status forward(cu_backend *b);
+/* cuda_ep.cu: expert parallel (see there) */
+void cu_ep_pick_device(int ndev);
+di_status cu_ep_setup(cu_backend *b, const di_model_config *c);
+di_status cu_ep_moe(cu_backend *b, int l, int T, const int32_t **inv_out);
+void cu_ep_destroy(cu_backend *b);
 #endif

@@ -41,7 +41,7 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
   const int E = b->E, I = c->moe_intermediate_size, Ip = b->Ip;
   DI_TRY(up_mat(b, &s->router, E, H, &d->router, "mlp.gate"));
   if (s->router_bias) DI_TRY(up_vec(b, s->router_bias, E, &d->router_bias));
-  const int Hp = b->Hp, Et = b->Et;
+  const int Hp = b->Hp, Et = b->ep ? b->ep_El : b->Et; /* expert parallel: this rank's experts only */
   const size_t gu_e = (size_t)2 * Ip * Hp, dn_e = (size_t)Hp * Ip;
   DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * Et * 2));
   DI_TRY(dev_alloc(b, (void **)&d->exp_down, dn_e * Et * 2));
@@ -51,13 +51,15 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
     DI_CU(cudaMemset(d->exp_down, 0, dn_e * Et * 2));
   }
   /* staging layout per expert: gate rows [0, Ip), up rows [Ip, 2Ip); then interleaved for the glu GEMM */
-  for (int e = 0; e < E; e++) {
+  const int e0 = b->ep ? b->ep_e0 : 0, e1 = b->ep ? b->ep_e0 + b->ep_El : E;
+  for (int e = e0; e < e1; e++) {
+    const size_t j = (size_t)(e - e0); /* local index */
     DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
     DI_TRY(check_shape(&s->exp_up[e], I, H, "experts.up_proj"));
     DI_TRY(check_shape(&s->exp_down[e], H, I, "experts.down_proj"));
-    DI_TRY(up_rows(&s->exp_gate[e], 0, I, b->stage + gu_e * e, Hp));
-    DI_TRY(up_rows(&s->exp_up[e], 0, I, b->stage + gu_e * e + (size_t)Ip * Hp, Hp));
-    DI_TRY(up_rows(&s->exp_down[e], 0, H, d->exp_down + dn_e * e, Ip));
+    DI_TRY(up_rows(&s->exp_gate[e], 0, I, b->stage + gu_e * j, Hp));
+    DI_TRY(up_rows(&s->exp_up[e], 0, I, b->stage + gu_e * j + (size_t)Ip * Hp, Hp));
+    DI_TRY(up_rows(&s->exp_down[e], 0, H, d->exp_down + dn_e * j, Ip));
   }
   d->has_shared = s->has_shared;
   if (s->has_shared && b->n_sh > 0) {
@@ -226,11 +228,14 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   if (T > 1 && !SKIP(SKIP_GATE))
     DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
   PROF("router");
-  const int down_combine =
-      normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) && !SKIP(SKIP_EXPERTS);
+  const int down_combine = normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) &&
+                           !SKIP(SKIP_EXPERTS) && !b->ep;
+  const int32_t *inv = b->inv; /* where the combine finds (token, slot)'s output in y */
   /* decode: an expert has at most T rows, weight streaming as a GEMV; batch-invariant mode: always (a
    * row's arithmetic there does not depend on the rows beside it, up to GEMV_MAX_T at a time) */
-  if (T <= GEMV_MAX_T || b->invariant) {
+  if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
+    DI_TRY(cu_ep_moe(b, l, T, &inv));
+  } else if (T <= GEMV_MAX_T || b->invariant) {
     const int gv_rows = T < GEMV_MAX_T ? T : GEMV_MAX_T;
     const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
     if (!SKIP(SKIP_EXPERTS)) {
@@ -256,7 +261,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
   const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
   if (!SKIP(SKIP_COMBINE) && !down_combine)
-    DI_TRY(di_cuk_moe_combine(b->y, Hp, b->inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
+    DI_TRY(di_cuk_moe_combine(b->y, Hp, inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
                             b->eps, (uint16_t *)b->xn, Hp, s));
   *xn_ready_io = fuse;
   PROF("combine");
@@ -305,6 +310,7 @@ di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights 
         fold = 0;
     if (fold) b->n_sh = c->n_shared_experts;
   }
+  DI_TRY(cu_ep_setup(b, c)); /* expert parallel: which experts live here (unfolds the shared ones) */
   b->Et = b->E + b->n_sh;
   b->Kt = b->K + b->n_sh;
   if (b->R > DI_CUK_MLA_R || b->dr > DI_CUK_MLA_P || b->dr % 2)

@@ -1,0 +1,264 @@
+/* Expert parallel on the CUDA backend (DeepSeek-V2/V3; off unless --enable-expert-parallel): rank r
+ * of N holds the routed experts [r*E/N, (r+1)*E/N) only (upload_layer uploads those), attention,
+ * shared experts, embeddings and head are replicated. One MoE layer (cu_ep_moe, after the router):
+ *   1. the step's top-k ids come to the host; each (token, slot) goes to the rank holding its expert;
+ *      the per-rank row counts are all-gathered over MPI (small, host);
+ *   2. the rows of xn are gathered per destination on the device and sent with their local expert
+ *      ids (alltoallv through the communicator: NCCL on device buffers, its unique id broadcast over
+ *      MPI, when the build has NCCL; else MPI through host copies; one rank: a self copy);
+ *   3. the receiver permutes its rows by expert and runs the same grouped GEMMs as one GPU (gate/up
+ *      with the GLU, then down into f32), gathers the outputs back into arrival order and returns them;
+ *   4. the sender scatters each output to its (token, slot) row, and the usual combine adds them in
+ *      top-k slot order with the shared experts (computed here, unfolded: mlp_dense) as on one GPU.
+ * Decided for this first form: shared experts are not folded into the grouped GEMM and CUDA graphs are
+ * off under expert parallel (the row counts change the launches); EPLB and data-parallel listening
+ * (a rank with no work joining others' forwards) are not on CUDA yet and are refused. The single-GPU
+ * path does not run any of this (b->ep is NULL). */
+#include "cuda_backend_impl.cuh"
+extern "C" {
+#include "dist/dist.h"
+}
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DI_HAVE_NCCL
+extern "C" di_status di_comm_nccl_create(di_comm *mpi_world, int device, void *stream, di_comm **out);
+#endif
+
+struct cu_ep {
+  di_comm *comm;       /* the exchange's: NCCL (device buffers) or MPI / self (host buffers) */
+  di_comm *ctl;        /* counts: MPI world, or the self communicator */
+  int own_comm;        /* comm is ours to destroy (NCCL) */
+  int on_device;       /* comm takes device pointers */
+  int rank, size, per_rank;
+  /* host */
+  int32_t *ids, *send_slot, *send_e, *counts_all;
+  size_t *sb, *rb;
+  int cap_slots;
+  void *h_send, *h_recv;  /* host staging without NCCL */
+  size_t h_cap;
+  /* device, grown on demand (graphs are off) */
+  int32_t *d_send_slot, *d_send_e, *d_recv_e, *d_ident, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
+  bf16 *d_send_x, *d_recv_x, *act;
+  float *y_recv, *d_back, *d_ret;
+  int cap_send, cap_recv, cap_ident;
+};
+
+/* dst[j] = src[src_idx ? src_idx[j] / div : j] and stored at row dst_idx ? dst_idx[j] : j; W elements */
+template <typename T>
+static __global__ void move_rows(T *dst, const T *src, const int32_t *src_idx, int div, const int32_t *dst_idx,
+                                 int n, int W) {
+  const int j = blockIdx.x;
+  if (j >= n) return;
+  const int64_t from = src_idx ? src_idx[j] / div : j, to = dst_idx ? dst_idx[j] : j;
+  for (int c = threadIdx.x; c < W; c += blockDim.x) dst[to * W + c] = src[from * W + c];
+}
+
+static __global__ void iota(int32_t *p, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = i;
+}
+
+template <typename T>
+static di_status move(cu_backend *b, T *dst, const T *src, const int32_t *src_idx, int div, const int32_t *dst_idx,
+                      int n, int W) {
+  if (n <= 0) return DI_OK;
+  move_rows<T><<<n, 256, 0, b->stream>>>(dst, src, src_idx, div, dst_idx, n, W);
+  DI_CU(cudaGetLastError());
+  return DI_OK;
+}
+
+void cu_ep_pick_device(int ndev) {
+  const char *lr = di_switch_get(DI_SW_MPI_OMPI_LOCAL_RANK);
+  if ((di_dist_expert_parallel() || di_dist_dp_size() > 1) && lr && ndev > 0) cudaSetDevice(atoi(lr) % ndev);
+}
+
+di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
+  if (!di_dist_expert_parallel() || c->n_routed_experts <= 0) return DI_OK;
+  di_comm *ctl = di_dist_comm();
+  if (di_dist_dp_size() > 1)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: --data-parallel-size with --enable-expert-parallel is on "
+                                            "CPU ranks only for now (a GPU rank cannot listen for the others' rows yet)");
+  if (di_dist_eplb_enabled())
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: --enable-eplb is on CPU ranks only for now (the GPU "
+                                            "experts are placed in contiguous blocks)");
+  cu_ep *ep = (cu_ep *)calloc(1, sizeof *ep);
+  if (!ep) return di_error_set(DI_ERR_OOM, "out of memory");
+  b->ep = ep;
+  ep->ctl = ctl;
+  ep->rank = di_comm_rank(ctl);
+  ep->size = di_comm_size(ctl);
+  if (c->n_routed_experts % ep->size)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: %d routed experts do not split over %d ranks",
+                        c->n_routed_experts, ep->size);
+  ep->per_rank = c->n_routed_experts / ep->size;
+  b->ep_e0 = ep->rank * ep->per_rank;
+  b->ep_El = ep->per_rank;
+  ep->comm = ctl;
+#ifdef DI_HAVE_NCCL
+  if (di_comm_mpi_world()) {
+    int dev = 0;
+    DI_CU(cudaGetDevice(&dev));
+    DI_TRY(di_comm_nccl_create(di_comm_mpi_world(), dev, b->stream, &ep->comm));
+    ep->own_comm = 1;
+    ep->on_device = 1;
+  }
+#endif
+  b->n_sh = 0;        /* shared experts through mlp_dense (see the top) */
+  b->use_graphs = 0;  /* the exchange's sizes are the host's */
+  if (ep->rank == 0)
+    fprintf(stderr, "deepinfer: cuda expert parallel over %d rank%s (%s): experts %d..%d here\n", ep->size,
+            ep->size > 1 ? "s" : "", ep->comm->kind, b->ep_e0, b->ep_e0 + b->ep_El - 1);
+  return DI_OK;
+}
+
+void cu_ep_destroy(cu_backend *b) {
+  cu_ep *ep = b->ep;
+  if (!ep) return;
+  if (ep->own_comm) di_comm_destroy(ep->comm);
+  free(ep->ids), free(ep->send_slot), free(ep->send_e), free(ep->counts_all), free(ep->sb), free(ep->rb);
+  free(ep->h_send), free(ep->h_recv);
+  free(ep); /* device buffers: freed with the backend's allocations */
+  b->ep = NULL;
+}
+
+static di_status grow_host(cu_ep *ep, int slots) {
+  if (slots <= ep->cap_slots) return DI_OK;
+  const int n = slots * 2;
+  int32_t *a = (int32_t *)realloc(ep->ids, sizeof(int32_t) * n), *s = NULL, *e = NULL;
+  if (a) ep->ids = a;
+  if (a) s = (int32_t *)realloc(ep->send_slot, sizeof(int32_t) * n);
+  if (s) ep->send_slot = s;
+  if (s) e = (int32_t *)realloc(ep->send_e, sizeof(int32_t) * n);
+  if (e) ep->send_e = e;
+  if (!a || !s || !e) return di_error_set(DI_ERR_OOM, "cuda expert parallel: out of host memory");
+  ep->cap_slots = n;
+  return DI_OK;
+}
+
+static di_status grow_host_stage(cu_ep *ep, size_t bytes) {
+  if (bytes <= ep->h_cap) return DI_OK;
+  free(ep->h_send), free(ep->h_recv);
+  ep->h_send = malloc(bytes), ep->h_recv = malloc(bytes);
+  if (!ep->h_send || !ep->h_recv) return di_error_set(DI_ERR_OOM, "cuda expert parallel: out of host memory");
+  ep->h_cap = bytes;
+  return DI_OK;
+}
+
+/* alltoallv of device buffers through the communicator (host copies when it takes host pointers) */
+static di_status exchange(cu_backend *b, const void *send, const size_t *sb, void *recv, const size_t *rb) {
+  cu_ep *ep = b->ep;
+  if (ep->on_device) return di_comm_alltoallv(ep->comm, send, sb, recv, rb);
+  size_t ns = 0, nr = 0;
+  for (int r = 0; r < ep->size; r++) ns += sb[r], nr += rb[r];
+  DI_TRY(grow_host_stage(ep, (ns > nr ? ns : nr) + 8));
+  if (ns) DI_CU(cudaMemcpyAsync(ep->h_send, send, ns, cudaMemcpyDeviceToHost, b->stream));
+  DI_CU(cudaStreamSynchronize(b->stream));
+  DI_TRY(di_comm_alltoallv(ep->comm, ep->h_send, sb, ep->h_recv, rb));
+  if (nr) DI_CU(cudaMemcpyAsync(recv, ep->h_recv, nr, cudaMemcpyHostToDevice, b->stream));
+  DI_CU(cudaStreamSynchronize(b->stream)); /* the staging buffer is reused by the next exchange */
+  return DI_OK;
+}
+
+/* The routed experts of layer l for the step's T tokens (see the top): writes b->y in slot order
+ * (row t*K + k) and returns in *inv_out the identity permutation the combine then reads it through. */
+di_status cu_ep_moe(cu_backend *b, int l, int T, const int32_t **inv_out) {
+  cu_ep *ep = b->ep;
+  const cu_layer *L = &b->L[l];
+  const int K = b->K, A = T * K, N = ep->size, Hp = b->Hp, El = b->ep_El;
+  DI_TRY(grow_host(ep, A + 1));
+  if (!ep->counts_all) {
+    ep->counts_all = (int32_t *)calloc((size_t)N * N, sizeof(int32_t));
+    ep->sb = (size_t *)calloc((size_t)N, sizeof(size_t));
+    ep->rb = (size_t *)calloc((size_t)N, sizeof(size_t));
+    if (!ep->counts_all || !ep->sb || !ep->rb) return di_error_set(DI_ERR_OOM, "cuda expert parallel: out of memory");
+  }
+  /* 1: destinations and counts */
+  DI_CU(cudaMemcpyAsync(ep->ids, b->topk_ids, sizeof(int32_t) * A, cudaMemcpyDeviceToHost, b->stream));
+  DI_CU(cudaStreamSynchronize(b->stream));
+  int32_t mine[1024];
+  if (N > 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda expert parallel: at most 1024 ranks");
+  memset(mine, 0, sizeof(int32_t) * N);
+  for (int i = 0; i < A; i++) {
+    if (ep->ids[i] < 0 || ep->ids[i] >= b->E)
+      return di_error_set(DI_ERR_INTERNAL, "cuda expert parallel: expert id %d out of range", ep->ids[i]);
+    mine[ep->ids[i] / ep->per_rank]++;
+  }
+  int n_send = 0;
+  for (int r = 0; r < N; r++) /* slots grouped by destination, in slot order inside each */
+    for (int i = 0; i < A; i++)
+      if (ep->ids[i] / ep->per_rank == r) {
+        ep->send_slot[n_send] = i;
+        ep->send_e[n_send++] = ep->ids[i] - r * ep->per_rank;
+      }
+  DI_TRY(di_comm_allgather(ep->ctl, mine, sizeof(int32_t) * N, ep->counts_all));
+  int n_recv = 0;
+  for (int r = 0; r < N; r++) n_recv += ep->counts_all[(size_t)r * N + ep->rank];
+  /* device buffers for this step's rows */
+  if (n_send > ep->cap_send || !ep->d_send_x) {
+    const int cap = (n_send > 16 ? n_send : 16) * 2;
+    REALLOC(ep->d_send_slot, sizeof(int32_t) * cap);
+    REALLOC(ep->d_send_e, sizeof(int32_t) * cap);
+    REALLOC(ep->d_send_x, 2 * (size_t)cap * Hp);
+    REALLOC(ep->d_ret, sizeof(float) * (size_t)cap * Hp);
+    ep->cap_send = cap;
+  }
+  if (n_recv > ep->cap_recv || !ep->d_recv_x) {
+    const int cap = (n_recv > 16 ? n_recv : 16) * 2;
+    REALLOC(ep->d_recv_e, sizeof(int32_t) * cap);
+    REALLOC(ep->d_recv_x, 2 * (size_t)cap * Hp);
+    REALLOC(ep->perm_tok, sizeof(int32_t) * cap);
+    REALLOC(ep->inv, sizeof(int32_t) * cap);
+    REALLOC(ep->tiles, sizeof(int32_t) * (size_t)(cap / 16 + El + 1));
+    REALLOC(ep->expert_off, sizeof(int32_t) * (size_t)(El + 1));
+    REALLOC(ep->n_tiles, sizeof(int32_t) * 4);
+    REALLOC(ep->act, 2 * (size_t)cap * b->Ip);
+    REALLOC(ep->y_recv, sizeof(float) * (size_t)cap * Hp);
+    REALLOC(ep->d_back, sizeof(float) * (size_t)cap * Hp);
+    ep->cap_recv = cap;
+  }
+  if (A > ep->cap_ident) {
+    const int cap = A * 2;
+    REALLOC(ep->d_ident, sizeof(int32_t) * cap);
+    iota<<<(cap + 255) / 256, 256, 0, b->stream>>>(ep->d_ident, cap);
+    DI_CU(cudaGetLastError());
+    ep->cap_ident = cap;
+  }
+  /* 2: dispatch */
+  if (n_send) {
+    DI_CU(cudaMemcpyAsync(ep->d_send_slot, ep->send_slot, sizeof(int32_t) * n_send, cudaMemcpyHostToDevice, b->stream));
+    DI_CU(cudaMemcpyAsync(ep->d_send_e, ep->send_e, sizeof(int32_t) * n_send, cudaMemcpyHostToDevice, b->stream));
+  }
+  DI_TRY(move(b, ep->d_send_x, b->xn, ep->d_send_slot, K, (const int32_t *)NULL, n_send, Hp));
+  for (int r = 0; r < N; r++) {
+    ep->sb[r] = (size_t)mine[r] * Hp * 2;
+    ep->rb[r] = (size_t)ep->counts_all[(size_t)r * N + ep->rank] * Hp * 2;
+  }
+  DI_TRY(exchange(b, ep->d_send_x, ep->sb, ep->d_recv_x, ep->rb));
+  for (int r = 0; r < N; r++) ep->sb[r] = ep->sb[r] / ((size_t)Hp * 2) * 4, ep->rb[r] = ep->rb[r] / ((size_t)Hp * 2) * 4;
+  DI_TRY(exchange(b, ep->d_send_e, ep->sb, ep->d_recv_e, ep->rb));
+  /* 3: the local experts over the received rows, as one GPU runs them */
+  if (n_recv) {
+    const int bm = n_recv >= 32 * El ? 64 : 16;
+    int max_tiles = (n_recv + bm - 1) / bm + El;
+    if (max_tiles > n_recv) max_tiles = n_recv;
+    DI_TRY(di_cuk_moe_permute(ep->d_recv_e, n_recv, 1, El, bm, ep->perm_tok, ep->inv, ep->expert_off, ep->tiles,
+                              ep->n_tiles, b->stream));
+    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)ep->d_recv_x, Hp, ep->perm_tok, (const uint16_t *)L->exp_gu,
+                               2 * b->Ip, Hp, ep->expert_off, ep->tiles, ep->n_tiles, max_tiles, bm, ep->act, b->Ip, 0,
+                               1, b->stream));
+    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)ep->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                               ep->expert_off, ep->tiles, ep->n_tiles, max_tiles, bm, ep->y_recv, Hp, 1, 0, b->stream));
+    DI_TRY(move(b, ep->d_back, (const float *)ep->y_recv, ep->inv, 1, (const int32_t *)NULL, n_recv, Hp));
+  }
+  /* 4: combine: outputs back to their senders, each to its (token, slot) row of y */
+  for (int r = 0; r < N; r++) {
+    const size_t sent = ep->sb[r] / 4, got = ep->rb[r] / 4;
+    ep->sb[r] = got * Hp * sizeof(float);
+    ep->rb[r] = sent * Hp * sizeof(float);
+  }
+  DI_TRY(exchange(b, ep->d_back, ep->sb, ep->d_ret, ep->rb));
+  DI_TRY(move(b, b->y, (const float *)ep->d_ret, (const int32_t *)NULL, 1, ep->d_send_slot, n_send, Hp));
+  *inv_out = ep->d_ident;
+  return DI_OK;
+}
