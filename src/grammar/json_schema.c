@@ -96,6 +96,12 @@ static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
 }
 
 /* ---- shared rules ---------------------------------------------------------------------------- */
+/* A JSON escape (regex text, after its backslash): \uXXXX only for a scalar value, so a high
+ * surrogate must be followed by an escaped low one (the pair is one character, as maxLength counts
+ * code points) and a lone surrogate is refused (it is no character: RFC 8259 section 8.2). */
+#define JSON_ESCAPE_RE                                                                                   \
+  "([\"\\\\/bfnrt]|u([0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|"                       \
+  "[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}))"
 static int mk_rule_regex(jc *c, const char *hint, const char *re) {
   int r = di_gb_new_rule(c->b, hint);
   if (di_regex_compile_into(c->b, r, re, strlen(re), 0, 1) != DI_OK)
@@ -105,7 +111,7 @@ static int mk_rule_regex(jc *c, const char *hint, const char *re) {
 
 static int jchar_rule(jc *c) {
   if (c->r_jchar < 0)
-    c->r_jchar = mk_rule_regex(c, "jchar", "[^\"\\\\\\x00-\\x1f]|\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})");
+    c->r_jchar = mk_rule_regex(c, "jchar", "[^\"\\\\\\x00-\\x1f]|\\\\" JSON_ESCAPE_RE);
   return c->r_jchar;
 }
 
@@ -971,7 +977,7 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
     c->r_ktail = di_gb_new_rule(b, "ktail");
     di_gb_add_alt(b, c->r_ktail, t.v, t.n);
     di_gseq_free(&t);
-    static const char *re = "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})|[\\u0080-\\u{10FFFF}]";
+    static const char *re = "\\\\" JSON_ESCAPE_RE "|[\\u0080-\\u{10FFFF}]";
     c->r_kesc = di_gb_new_rule(b, "kesc");
     if (di_regex_compile_into(b, c->r_kesc, re, strlen(re), 0, 1) != DI_OK)
       b->oom = 1;
@@ -1935,6 +1941,28 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
 }
 
 di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di_grammar_options *opt) {
+  int r = -1;
+  char why_empty[400] = "";
+  DI_TRY(di_json_schema_compile_into(b, src, len, opt, &r, why_empty, sizeof why_empty));
+  int top = di_gb_new_rule(b, "root");
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+  b->rules[top].defined = 1;
+  di_status st = DI_OK;
+  if (r >= 0) {
+    di_gel e = rule_el(r);
+    st = di_gb_add_alt(b, top, &e, 1);
+  }
+  if (st == DI_OK)
+    st = di_gb_finish(b, top);
+  if (st != DI_OK && strstr(di_last_error(), "accepts nothing"))
+    st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema%s%s",
+                      why_empty[0] ? ": " : "", why_empty);
+  return st;
+}
+
+di_status di_json_schema_compile_into(di_gb *b, const char *src, size_t len, const di_grammar_options *opt, int *rule,
+                                      char *why_empty, size_t why_cap) {
   /* cJSON strings are NUL-terminated: a schema string holding U+0000 would be silently cut */
   for (size_t i = 0; i + 6 <= len; i++)
     if (src[i] == '\\' && (src[i + 1] == 'u' || src[i + 1] == 'U') && memcmp(src + i + 2, "0000", 4) == 0 &&
@@ -1945,26 +1973,10 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
   jc c;
   jc_init(&c, b, opt);
   c.root = root;
-  int r = -1;
-  di_status st = gen(&c, root, "#", &r);
-  if (st == DI_OK) {
-    int top = di_gb_new_rule(b, "root");
-    if (b->oom) {
-      jc_free(&c);
-      cJSON_Delete(root);
-      return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
-    }
-    b->rules[top].defined = 1;
-    if (r >= 0) {
-      di_gel e = rule_el(r);
-      st = di_gb_add_alt(b, top, &e, 1);
-    }
-    if (st == DI_OK)
-      st = di_gb_finish(b, top);
-    if (st != DI_OK && strstr(di_last_error(), "accepts nothing"))
-      st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema%s%s",
-                        c.why_empty[0] ? ": " : "", c.why_empty);
-  }
+  *rule = -1;
+  di_status st = gen(&c, root, "#", rule);
+  if (why_cap)
+    snprintf(why_empty, why_cap, "%s", c.why_empty);
   jc_free(&c);
   cJSON_Delete(root);
   return st;
