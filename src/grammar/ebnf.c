@@ -4,6 +4,7 @@
 #include "util/text.h"
 #include "grammar/gram_ir.h"
 #include "grammar/literal_char.h"
+#include "grammar/token_ref.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,8 +236,15 @@ static di_status parse_sequence(ep *p, di_gseq *seq, int nested) {
       if (b->total_els > b->max_els)
         return perr(p, at, "repetition makes the grammar too large%s", NULL);
       item = -1; /* "a**" is an error as in llama.cpp */
-    } else if (c == '<') {
-      return perr(p, at, "token references (<...>) are not supported%s", NULL);
+    } else if (c == '<' || (c == '!' && p->i + 1 < p->n && p->s[p->i + 1] == '<')) {
+      size_t j = p->i + (c == '!');
+      int32_t id = 0;
+      if (!di_token_ref_parse(p->s, p->n, &j, &id))
+        return perr(p, at, "expected a token reference <[id]> or !<[id]>%s", NULL);
+      p->i = j;
+      item = seq->n;
+      di_token_ref_push(b, seq, id, c == '!');
+      b->has_token_refs = 1;
     } else {
       break; /* | ) newline or something the caller reports */
     }

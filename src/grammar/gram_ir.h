@@ -44,6 +44,7 @@ typedef struct di_gb {
   int n_classes, cap_classes;
   int total_els, max_els;
   int oom;
+  int has_token_refs;     /* the grammar has token references (token_ref.h): the matcher tries ids */
   struct di_cpcache *cpc; /* recently lowered code-point sets -> element, to reuse rules */
   int n_cpc, cap_cpc;
   /* flattened form (after di_gb_finish) */

@@ -17,6 +17,7 @@
 #include <string.h>
 #include "grammar/grammar.h"
 #include "grammar/literal_char.h"
+#include "grammar/token_ref.h"
 #include "grammar/gram_ir.h"
 #include "util/text.h"
 
@@ -331,8 +332,12 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
       DI_TRY(parse_json_item(p, s));
       is_term_item = 1;
     } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
-      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: token references <[...]> are not supported (line of offset %zu)",
-                          at);
+      int32_t id = 0;
+      if (!di_token_ref_parse(p->s, p->n, &p->i, &id))
+        return lerr(p, at, "expected a token reference <[id]>");
+      di_token_ref_push(b, s, id, 0);
+      b->has_token_refs = 1;
+      is_term_item = 1;
     } else if (name_char(c) && !(c >= '0' && c <= '9')) {
       char nm[256];
       read_name(p, nm, sizeof nm);

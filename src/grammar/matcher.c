@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 #include "grammar/grammar_impl.h"
+#include "grammar/token_ref.h"
 #include "grammar/vocab.h"
 #include "util/switches.h"
 
@@ -309,6 +310,45 @@ static int cmp_i32(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* A grammar with token references (token_ref.h): text tokens holding the 0xFF mark are never
+ * allowed by their text, and every non-stop id whose spelling 0xFF + 4 id bytes the grammar
+ * takes from S is allowed. The ids' spellings form an implicit trie walked byte by byte, so a
+ * state that takes no token reference costs one step. Under g->mu. */
+static di_status add_token_refs(di_grt *rt, const di_grammar_vocab *v, int S, uint32_t *out) {
+  for (int i = 0; i < v->nmark; i++)
+    out[v->mark_ids[i] >> 5] &= ~(1u << (v->mark_ids[i] & 31));
+  int s0 = di_grt_step(rt, S, DI_TOKEN_REF_MARK);
+  if (s0 == DI_GRT_ERROR)
+    return DI_ERR_OOM;
+  const uint32_t n = (uint32_t)v->n;
+  for (uint32_t b1 = 0; s0 >= 0 && b1 <= ((n - 1) >> 24); b1++) {
+    int s1 = di_grt_step(rt, s0, b1);
+    for (uint32_t b2 = 0; s1 >= 0 && b2 < 256 && ((b1 << 24) | (b2 << 16)) < n; b2++) {
+      int s2 = di_grt_step(rt, s1, b2);
+      for (uint32_t b3 = 0; s2 >= 0 && b3 < 256 && ((b1 << 24) | (b2 << 16) | (b3 << 8)) < n; b3++) {
+        int s3 = di_grt_step(rt, s2, b3);
+        for (uint32_t b4 = 0; s3 >= 0 && b4 < 256; b4++) {
+          uint32_t id = (b1 << 24) | (b2 << 16) | (b3 << 8) | b4;
+          if (id >= n)
+            break;
+          int s4 = di_grt_step(rt, s3, b4);
+          if (s4 == DI_GRT_ERROR)
+            return DI_ERR_OOM;
+          if (s4 >= 0 && !v->is_stop[id])
+            out[id >> 5] |= 1u << (id & 31);
+        }
+        if (s3 == DI_GRT_ERROR)
+          return DI_ERR_OOM;
+      }
+      if (s2 == DI_GRT_ERROR)
+        return DI_ERR_OOM;
+    }
+    if (s1 == DI_GRT_ERROR)
+      return DI_ERR_OOM;
+  }
+  return DI_OK;
+}
+
 /* Full mask for state S into out (vocab words). Under g->mu. */
 static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32_t *out) {
   const di_grammar_vocab *v = c->v;
@@ -372,6 +412,8 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
+  if (g->core.has_token_refs)
+    DI_TRY(add_token_refs(rt, v, S, out));
   if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)
     for (int i = 0; i < v->nstop; i++)
       out[v->stop[i] >> 5] |= 1u << (v->stop[i] & 31);
@@ -541,9 +583,18 @@ di_status di_grammar_matcher_accept_token(di_grammar_matcher *m, int32_t id) {
     return push_state(m, m->hist[m->nh - 1], 1);
   }
   uint32_t len = v->off[id + 1] - v->off[id];
+  int s = DI_GRT_DEAD;
+  if (m->g->core.has_token_refs) { /* by its id where the grammar takes it, else by its text */
+    uint8_t spell[DI_TOKEN_REF_LEN];
+    di_token_ref_spell(id, spell);
+    DI_TRY(advance(m, spell, DI_TOKEN_REF_LEN, &s));
+    if (s >= 0)
+      return push_state(m, s, 0);
+    if (memchr(v->bytes + v->off[id], DI_TOKEN_REF_MARK, len))
+      return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d is not allowed here", (int)id);
+  }
   if (len == 0)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d has no bytes and is never allowed", (int)id);
-  int s;
   DI_TRY(advance(m, v->bytes + v->off[id], len, &s));
   if (s < 0)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d is not allowed here", (int)id);

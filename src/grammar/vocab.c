@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/token_ref.h"
 #include "grammar/vocab.h"
 
 static atomic_ullong vocab_serial = 1;
@@ -71,6 +72,14 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   }
   v->nsorted = ns;
   v->maxlen = maxlen;
+  v->mark_ids = malloc(sizeof(int32_t) * ((size_t)vocab_size + 1));
+  if (!v->mark_ids) {
+    di_grammar_vocab_free(v);
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar vocabulary");
+  }
+  for (int i = 0; i < vocab_size; i++)
+    if (memchr(v->bytes + v->off[i], DI_TOKEN_REF_MARK, v->off[i + 1] - v->off[i]))
+      v->mark_ids[v->nmark++] = i;
   /* qsort has no context argument in C11: a global guarded by a lock (vocab creation is rare) */
   static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_mutex_lock(&sort_mu);
@@ -153,6 +162,7 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->tdepth);
   free(v->tnext);
   free(v->tok_lo);
+  free(v->mark_ids);
   free(v);
 }
 

@@ -19,5 +19,7 @@ struct di_grammar_vocab {
   uint8_t *tbyte;
   int32_t *tdepth, *tnext, *tok_lo;
   int nnodes;
+  int32_t *mark_ids;      /* ids whose bytes contain 0xFF, which spells token references (token_ref.h) */
+  int nmark;
 };
 #endif
