@@ -25,6 +25,8 @@ import sys
 import types
 from unittest import mock
 
+import pytest
+
 CASES = []        # one per grammar built
 PER_TEST_S = 5    # tests whose mocked parts loop (tokenizer-heavy ones) are cut off
 # the test files about grammars (the others test tokenizers, structural tags, kernels, serialisation)
@@ -179,11 +181,15 @@ class Plugin:
     def pytest_runtest_setup(self, item):
         CURRENT["test"] = "%s::%s" % (item.fspath.basename, item.name)
         CURRENT["grammars"] = []
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):  # the time limit covers the test body only
         signal.signal(signal.SIGALRM, on_alarm)
         signal.alarm(PER_TEST_S)
-
-    def pytest_runtest_teardown(self, item):
-        signal.alarm(0)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
 
     def pytest_runtest_makereport(self, item, call):
         if call.when == "call" and call.excinfo is not None and "DID NOT RAISE" in str(call.excinfo.value):
@@ -196,7 +202,6 @@ class Plugin:
 def main():
     test_dir, out = sys.argv[1], sys.argv[2]
     install()
-    import pytest
     sys.path.insert(0, test_dir)
     files = [os.path.join(test_dir, f) for f in FILES if os.path.exists(os.path.join(test_dir, f))]
     pytest.main(files + ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "--continue-on-collection-errors",
