@@ -12,7 +12,7 @@
 #define DI_GRAMMAR_PLAIN_TEXT_H
 #include <stdint.h>
 
-enum { DI_PLAIN_STATES = 6, DI_PLAIN_INVALID = -1, DI_PLAIN_NOT = 255, DI_PLAIN_CAP = 254 };
+enum { DI_PLAIN_STATES = 5, DI_PLAIN_INVALID = -1, DI_PLAIN_NOT = 255, DI_PLAIN_CAP = 254 };
 
 /* Decoder step: from state u (0 = at a character boundary) on byte b, the next state (or
  * DI_PLAIN_INVALID); *starts = 1 when b starts a character. */
@@ -25,16 +25,16 @@ static inline int di_plain_step(int u, unsigned b, int *starts) {
     if (b >= 0xC2 && b <= 0xDF)
       return 1;
     if (b == 0xE0)
-      return 4;
+      return 3;
     if (b == 0xED)
-      return 5;
+      return 4;
     if (b >= 0xE1 && b <= 0xEF)
       return 2;
     return DI_PLAIN_INVALID; /* 4-byte characters (emoji, rare scripts): walked, not skipped */
   case 1: return b >= 0x80 && b <= 0xBF ? 0 : DI_PLAIN_INVALID;
   case 2: return b >= 0x80 && b <= 0xBF ? 1 : DI_PLAIN_INVALID;
-  case 4: return b >= 0xA0 && b <= 0xBF ? 1 : DI_PLAIN_INVALID;
-  case 5: return b >= 0x80 && b <= 0x9F ? 1 : DI_PLAIN_INVALID;
+  case 3: return b >= 0xA0 && b <= 0xBF ? 1 : DI_PLAIN_INVALID; /* after E0: no overlongs */
+  case 4: return b >= 0x80 && b <= 0x9F ? 1 : DI_PLAIN_INVALID; /* after ED: no surrogates */
   }
   return DI_PLAIN_INVALID;
 }
