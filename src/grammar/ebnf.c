@@ -3,6 +3,8 @@
  * comments; the start rule is `root`. Errors say "line L, column C". */
 #include "util/text.h"
 #include "grammar/gram_ir.h"
+#include "grammar/literal_char.h"
+#include "grammar/token_ref.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,46 +50,23 @@ static int is_word(char c) {
 
 
 
-/* One character of a literal or class, with escapes. Returns a code point or sets *st. */
+/* One character of a literal or class, with escapes (also of the class punctuation and `/ .`).
+ * Returns a code point or sets *st. */
 static int32_t parse_char(ep *p, di_status *st) {
   size_t at = p->i;
-  if (p->s[p->i] != '\\') {
-    int32_t c = di_utf8_decode(p->s, p->n, &p->i);
-    if (c < 0)
-      *st = perr(p, at, "invalid UTF-8%s", NULL);
-    return c;
-  }
-  p->i++;
-  if (p->i >= p->n) {
-    *st = perr(p, at, "unfinished escape%s", NULL);
-    return -1;
-  }
-  char e = p->s[p->i++];
+  int32_t c = -1;
   int digits = 0;
-  switch (e) {
-  case 'n': return '\n';
-  case 't': return '\t';
-  case 'r': return '\r';
-  case 'f': return '\f';
-  case 'v': return '\v';
-  case '0': return 0;
-  case '\\': case '"': case '[': case ']': case '-': case '^': case '\'': case '/': case '.':
-    return e;
-  case 'x': digits = 2; break;
-  case 'u': digits = 4; break;
-  case 'U': digits = 8; break;
-  default:
-    *st = perr(p, at, "unknown escape%s", NULL);
+  switch (di_read_literal_char(p->s, p->n, &p->i, "[]-^/.", &c, &digits)) {
+  case DI_LIT_OK: return c;
+  case DI_LIT_BAD_UTF8: *st = perr(p, at, "invalid UTF-8%s", NULL); return -1;
+  case DI_LIT_UNFINISHED: *st = perr(p, at, "unfinished escape%s", NULL); return -1;
+  case DI_LIT_UNKNOWN: *st = perr(p, at, "unknown escape%s", NULL); return -1;
+  case DI_LIT_BAD_HEX:
+    *st = perr(p, at, "escape needs %s hex digits", digits == 2 ? "2" : digits == 4 ? "4" : "8");
     return -1;
+  case DI_LIT_RANGE: *st = perr(p, at, "code point out of range%s", NULL); return -1;
   }
-  uint32_t v = 0;
-  int ok = di_parse_hex_escape(p->s, p->n, &p->i, digits, &v);
-  if (ok <= 0) {
-    *st = ok == 0 ? perr(p, at, "escape needs %s hex digits", digits == 2 ? "2" : digits == 4 ? "4" : "8")
-                  : perr(p, at, "code point out of range%s", NULL);
-    return -1;
-  }
-  return (int32_t)v;
+  return -1;
 }
 
 static di_status parse_alternates(ep *p, int rule, int nested);
@@ -257,8 +236,15 @@ static di_status parse_sequence(ep *p, di_gseq *seq, int nested) {
       if (b->total_els > b->max_els)
         return perr(p, at, "repetition makes the grammar too large%s", NULL);
       item = -1; /* "a**" is an error as in llama.cpp */
-    } else if (c == '<') {
-      return perr(p, at, "token references (<...>) are not supported%s", NULL);
+    } else if (c == '<' || (c == '!' && p->i + 1 < p->n && p->s[p->i + 1] == '<')) {
+      size_t j = p->i + (c == '!');
+      int32_t id = 0;
+      if (!di_token_ref_parse(p->s, p->n, &j, &id))
+        return perr(p, at, "expected a token reference <[id]> or !<[id]>%s", NULL);
+      p->i = j;
+      item = seq->n;
+      di_token_ref_push(b, seq, id, c == '!');
+      b->has_token_refs = 1;
     } else {
       break; /* | ) newline or something the caller reports */
     }

@@ -44,6 +44,7 @@ typedef struct di_gb {
   int n_classes, cap_classes;
   int total_els, max_els;
   int oom;
+  int has_token_refs;     /* the grammar has token references (token_ref.h): the matcher tries ids */
   struct di_cpcache *cpc; /* recently lowered code-point sets -> element, to reuse rules */
   int n_cpc, cap_cpc;
   /* flattened form (after di_gb_finish) */
@@ -95,7 +96,7 @@ static inline void di_gbyteset_add(di_gbyteset *s, unsigned c) { s->w[c >> 5] |=
 struct di_grammar_options;
 di_status di_ebnf_compile(di_gb *b, const char *src, size_t len);
 /* Lark (lark.c): left recursion is rewritten away before di_gb_finish. */
-di_status di_lark_compile(di_gb *b, const char *src, size_t len);
+di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt);
 /* Regex into rule `rule`. json_string: emit code points as they appear inside a JSON string
  * (quotes, backslashes and control characters escaped). anchored: whole match (else the JSON
  * Schema "pattern" search semantics: unanchored unless ^/$). */
@@ -108,5 +109,9 @@ enum { DI_RE_LARK = 1, DI_RE_ICASE = 2, DI_RE_DOTALL = 4 };
 di_status di_regex_compile_into_ex(di_gb *b, int rule, const char *src, size_t len, int json_string, int anchored,
                                    int flags);
 di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt);
+/* The schema's value as rule *rule of b (not finished: for embedding, e.g. Lark's %json); the
+ * reason a schema admits nothing goes to why_empty (when why_cap > 0). */
+di_status di_json_schema_compile_into(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt,
+                                      int *rule, char *why_empty, size_t why_cap);
 di_status di_json_any_compile(di_gb *b, const struct di_grammar_options *opt);
 #endif

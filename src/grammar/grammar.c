@@ -61,7 +61,7 @@ static di_status compile_new(di_grammar_kind kind, const char *src, size_t len, 
   case DI_GRAMMAR_REGEX: st = di_regex_compile(&g->core, src, len); break;
   case DI_GRAMMAR_JSON_SCHEMA: st = di_json_schema_compile(&g->core, src, len, o); break;
   case DI_GRAMMAR_JSON_ANY: st = di_json_any_compile(&g->core, o); break;
-  case DI_GRAMMAR_LARK: st = di_lark_compile(&g->core, src, len); break;
+  case DI_GRAMMAR_LARK: st = di_lark_compile(&g->core, src, len, o); break;
   default: st = di_error_set(DI_ERR_INVALID_ARG, "unknown grammar kind %d", (int)kind);
   }
   if (st != DI_OK) {

@@ -7,6 +7,7 @@
 #include <string.h>
 #include "grammar/gram_ir.h"
 #include "grammar/grammar.h"
+#include "grammar/json_decimal.h"
 #include "grammar/json_formats.h"
 #include "grammar/json_schema_not.h"
 #include "grammar/json_text.h"
@@ -96,6 +97,12 @@ static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
 }
 
 /* ---- shared rules ---------------------------------------------------------------------------- */
+/* A JSON escape (regex text, after its backslash): \uXXXX only for a scalar value, so a high
+ * surrogate must be followed by an escaped low one (the pair is one character, as maxLength counts
+ * code points) and a lone surrogate is refused (it is no character: RFC 8259 section 8.2). */
+#define JSON_ESCAPE_RE                                                                                   \
+  "([\"\\\\/bfnrt]|u([0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|"                       \
+  "[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}))"
 static int mk_rule_regex(jc *c, const char *hint, const char *re) {
   int r = di_gb_new_rule(c->b, hint);
   if (di_regex_compile_into(c->b, r, re, strlen(re), 0, 1) != DI_OK)
@@ -105,7 +112,7 @@ static int mk_rule_regex(jc *c, const char *hint, const char *re) {
 
 static int jchar_rule(jc *c) {
   if (c->r_jchar < 0)
-    c->r_jchar = mk_rule_regex(c, "jchar", "[^\"\\\\\\x00-\\x1f]|\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})");
+    c->r_jchar = mk_rule_regex(c, "jchar", "[^\"\\\\\\x00-\\x1f]|\\\\" JSON_ESCAPE_RE);
   return c->r_jchar;
 }
 
@@ -873,7 +880,65 @@ static void magnitude_interval(jc *c, int rule, int neg, int64_t a, int a_ex, in
     int_part_alt(c, rule, neg, b, b, FRAC_ZERO);
 }
 
-/* Numbers (no exponent) within integral minimum/maximum bounds (inclusive or exclusive). */
+/* Adds `sign` I F for I in [lo, hi] (hi < 0: unbounded), F the fraction regex frac_re ("" = none). */
+static void int_part_alt_re(jc *c, int rule, int neg, int64_t lo, int64_t hi, const char *frac_re) {
+  if (hi >= 0 && hi < lo)
+    return;
+  int r = di_gb_new_rule(c->b, "ipart");
+  di_json_int_range(c->b, r, 1, lo, hi >= 0, hi);
+  di_gseq s = {0};
+  if (neg)
+    lit(c, &s, "-");
+  di_gseq_push(c->b, &s, rule_el(r));
+  if (*frac_re)
+    di_gseq_push(c->b, &s, rule_el(mk_rule_regex(c, "frac", frac_re)));
+  di_gb_add_alt(c->b, rule, s.v, s.n);
+  di_gseq_free(&s);
+}
+
+/* One integer part's alternative with the fraction between lo and hi (json_decimal.h). */
+static di_status decimal_alt(jc *c, int rule, int neg, int64_t ipart, const char *lo, int lo_ex, const char *hi,
+                             int hi_ex, const char *path) {
+  char re[9000];
+  int k = di_decimal_fraction_regex(lo, lo_ex, hi, hi_ex, c->opt->max_digits, re, sizeof re);
+  if (k < 0)
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: number bound with too many fraction digits at %s", path);
+  if (k > 0)
+    int_part_alt_re(c, rule, neg, ipart, ipart, re);
+  return DI_OK;
+}
+
+/* Magnitudes y = I.F in the interval from a (exclusive if a_ex) to b (NULL: unbounded; exclusive
+ * if b_ex), written after an optional "-": integral bounds as magnitude_interval, else the integer
+ * parts of the bounds carry the fraction languages of json_decimal.c. */
+static di_status magnitude_interval_dec(jc *c, int rule, int neg, const di_decimal *a, int a_ex, const di_decimal *b,
+                                        int b_ex, const char *path) {
+  if (!a->f[0] && (!b || !b->f[0])) {
+    magnitude_interval(c, rule, neg, a->i, a_ex, b ? b->i : -1, b_ex);
+    return DI_OK;
+  }
+  int64_t cap = digits_cap(c);
+  di_decimal capd = {0, ""};
+  if (!b && cap >= 0 && a->i <= cap) { /* unbounded side: integer part of at most max_digits digits */
+    capd.i = cap + 1;
+    b = &capd, b_ex = 1;
+  }
+  if (b) {
+    int cmp = a->i != b->i ? (a->i < b->i ? -1 : 1) : strcmp(a->f, b->f); /* digit strings: numeric order */
+    if (cmp > 0 || (cmp == 0 && (a_ex || b_ex)))
+      return DI_OK;
+    if (a->i == b->i)
+      return decimal_alt(c, rule, neg, a->i, a->f, a_ex, b->f, b_ex, path);
+  }
+  DI_TRY(decimal_alt(c, rule, neg, a->i, a->f, a_ex, NULL, 0, path));
+  if (!b || b->i - 1 >= a->i + 1)
+    int_part_alt(c, rule, neg, a->i + 1, b ? b->i - 1 : -1, FRAC_ANY);
+  if (b)
+    DI_TRY(decimal_alt(c, rule, neg, b->i, NULL, 0, b->f, b_ex, path));
+  return DI_OK;
+}
+
+/* Numbers (no exponent) within minimum/maximum bounds (inclusive or exclusive, integral or not). */
 static di_status gen_number_bounded(jc *c, const cJSON *sch, const char *path, int rule) {
   int has_lo = 0, has_hi = 0, lo_ex = 0, hi_ex = 0;
   double lo = 0, hi = 0;
@@ -885,12 +950,11 @@ static di_status gen_number_bounded(jc *c, const cJSON *sch, const char *path, i
     if (!cJSON_IsNumber(v))
       return di_error_set(DI_ERR_FORMAT, "json schema: '%s' must be a number at %s/%s", kw[k], path, kw[k]);
     double x = v->valuedouble;
-    if (x != floor(x) || fabs(x) > 9e15) {
+    if (fabs(x) > 9e15) {
       if (c->opt->ignore_unsupported_keywords)
         continue;
-      return di_error_set(DI_ERR_UNSUPPORTED,
-                          "json schema: '%s' on a number must be an integer value (got %g) at %s/%s", kw[k], x, path,
-                          kw[k]);
+      return di_error_set(DI_ERR_UNSUPPORTED, "json schema: '%s' on a number beyond 9e15 (got %g) at %s/%s", kw[k],
+                          x, path, kw[k]);
     }
     if (k < 2 && (!has_lo || x > lo || (x == lo && k == 1)))
       has_lo = 1, lo = x, lo_ex = k == 1;
@@ -901,20 +965,22 @@ static di_status gen_number_bounded(jc *c, const cJSON *sch, const char *path, i
     di_gel e = rule_el(number_rule(c));
     return di_gb_add_alt(c->b, rule, &e, 1);
   }
-  int64_t L = 0, H = 0; /* both checked integral and within 9e15 above, so these convert */
-  (void)di_double_to_int_in(lo, -9e15, 9e15, &L);
-  (void)di_double_to_int_in(hi, -9e15, 9e15, &H);
+  di_decimal L = {0, ""}, H = {0, ""}, zero = {0, ""}; /* magnitudes of the bounds */
+  if (has_lo)
+    (void)di_decimal_from_double(lo, &L);
+  if (has_hi)
+    (void)di_decimal_from_double(hi, &H);
   /* x >= 0 part */
-  if (!has_hi || H > 0 || (H == 0 && !hi_ex)) {
-    int64_t a = has_lo && L >= 0 ? L : 0;
-    int a_ex = has_lo && L >= 0 ? lo_ex : 0;
-    magnitude_interval(c, rule, 0, a, a_ex, has_hi ? H : -1, has_hi ? hi_ex : 0);
+  if (!has_hi || hi > 0 || (hi == 0 && !hi_ex)) {
+    int from_lo = has_lo && lo >= 0;
+    DI_TRY(magnitude_interval_dec(c, rule, 0, from_lo ? &L : &zero, from_lo ? lo_ex : 0, has_hi ? &H : NULL,
+                                  has_hi ? hi_ex : 0, path));
   }
-  /* x < 0 part: magnitude y = -x > 0 */
-  if (!has_lo || L < 0) {
-    int64_t a = has_hi && H < 0 ? -H : 0;
-    int a_ex = has_hi && H < 0 ? hi_ex : 1; /* y > 0: -0 is the non-negative part's business */
-    magnitude_interval(c, rule, 1, a, a_ex, has_lo ? -L : -1, has_lo ? lo_ex : 0);
+  /* x < 0 part: magnitude y = -x > 0 (-0 is the non-negative part's business) */
+  if (!has_lo || lo < 0) {
+    int from_hi = has_hi && hi < 0;
+    DI_TRY(magnitude_interval_dec(c, rule, 1, from_hi ? &H : &zero, from_hi ? hi_ex : 1, has_lo ? &L : NULL,
+                                  has_lo ? lo_ex : 0, path));
   }
   return DI_OK;
 }
@@ -971,7 +1037,7 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
     c->r_ktail = di_gb_new_rule(b, "ktail");
     di_gb_add_alt(b, c->r_ktail, t.v, t.n);
     di_gseq_free(&t);
-    static const char *re = "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})|[\\u0080-\\u{10FFFF}]";
+    static const char *re = "\\\\" JSON_ESCAPE_RE "|[\\u0080-\\u{10FFFF}]";
     c->r_kesc = di_gb_new_rule(b, "kesc");
     if (di_regex_compile_into(b, c->r_kesc, re, strlen(re), 0, 1) != DI_OK)
       b->oom = 1;
@@ -1935,6 +2001,28 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
 }
 
 di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di_grammar_options *opt) {
+  int r = -1;
+  char why_empty[400] = "";
+  DI_TRY(di_json_schema_compile_into(b, src, len, opt, &r, why_empty, sizeof why_empty));
+  int top = di_gb_new_rule(b, "root");
+  if (b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+  b->rules[top].defined = 1;
+  di_status st = DI_OK;
+  if (r >= 0) {
+    di_gel e = rule_el(r);
+    st = di_gb_add_alt(b, top, &e, 1);
+  }
+  if (st == DI_OK)
+    st = di_gb_finish(b, top);
+  if (st != DI_OK && strstr(di_last_error(), "accepts nothing"))
+    st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema%s%s",
+                      why_empty[0] ? ": " : "", why_empty);
+  return st;
+}
+
+di_status di_json_schema_compile_into(di_gb *b, const char *src, size_t len, const di_grammar_options *opt, int *rule,
+                                      char *why_empty, size_t why_cap) {
   /* cJSON strings are NUL-terminated: a schema string holding U+0000 would be silently cut */
   for (size_t i = 0; i + 6 <= len; i++)
     if (src[i] == '\\' && (src[i + 1] == 'u' || src[i + 1] == 'U') && memcmp(src + i + 2, "0000", 4) == 0 &&
@@ -1945,26 +2033,10 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
   jc c;
   jc_init(&c, b, opt);
   c.root = root;
-  int r = -1;
-  di_status st = gen(&c, root, "#", &r);
-  if (st == DI_OK) {
-    int top = di_gb_new_rule(b, "root");
-    if (b->oom) {
-      jc_free(&c);
-      cJSON_Delete(root);
-      return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
-    }
-    b->rules[top].defined = 1;
-    if (r >= 0) {
-      di_gel e = rule_el(r);
-      st = di_gb_add_alt(b, top, &e, 1);
-    }
-    if (st == DI_OK)
-      st = di_gb_finish(b, top);
-    if (st != DI_OK && strstr(di_last_error(), "accepts nothing"))
-      st = di_error_set(DI_ERR_FORMAT, "json schema: no JSON value satisfies the schema%s%s",
-                        c.why_empty[0] ? ": " : "", c.why_empty);
-  }
+  *rule = -1;
+  di_status st = gen(&c, root, "#", rule);
+  if (why_cap)
+    snprintf(why_empty, why_cap, "%s", c.why_empty);
   jc_free(&c);
   cJSON_Delete(root);
   return st;

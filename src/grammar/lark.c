@@ -15,6 +15,9 @@
  * error naming the rule. Errors say "line L, column C". */
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/grammar.h"
+#include "grammar/literal_char.h"
+#include "grammar/token_ref.h"
 #include "grammar/gram_ir.h"
 #include "util/text.h"
 
@@ -27,6 +30,7 @@ typedef struct {
   int ign;           /* the ignore rule: (ignored alternatives)* */
   int ign_set;       /* the ignored alternatives */
   const char *prefix; /* names are prefixed while parsing the built-in common library */
+  const struct di_grammar_options *opt; /* for %json's schemas */
 } lp;
 
 /* Lark's common.lark, the terminals `%import common.X` brings in (written in the dialect above). */
@@ -122,44 +126,20 @@ static int rule_of(lp *p, const char *nm) {
   return di_gb_rule(p->b, full);
 }
 
-/* One character of a "..." literal (Python string escapes). */
+/* One character of a "..." literal (Python string escapes: an unknown one keeps its backslash). */
 static int32_t lit_char(lp *p, di_status *st) {
   size_t at = p->i;
-  if (p->s[p->i] != '\\') {
-    int32_t c = di_utf8_decode(p->s, p->n, &p->i);
-    if (c < 0)
-      *st = lerr(p, at, "invalid UTF-8");
-    return c;
+  int32_t c = -1;
+  int digits = 0;
+  switch (di_read_literal_char(p->s, p->n, &p->i, NULL, &c, &digits)) {
+  case DI_LIT_OK: return c;
+  case DI_LIT_BAD_UTF8: *st = lerr(p, at, "invalid UTF-8"); return -1;
+  case DI_LIT_UNFINISHED: *st = lerr(p, at, "unterminated string"); return -1;
+  case DI_LIT_UNKNOWN: p->i = at + 1; return '\\';
+  case DI_LIT_BAD_HEX: *st = lerr(p, at, "bad hex escape in a string"); return -1;
+  case DI_LIT_RANGE: *st = lerr(p, at, "escape beyond U+10FFFF"); return -1;
   }
-  p->i++;
-  if (p->i >= p->n) {
-    *st = lerr(p, at, "unterminated string");
-    return -1;
-  }
-  char e = p->s[p->i++];
-  switch (e) {
-  case 'n': return '\n';
-  case 't': return '\t';
-  case 'r': return '\r';
-  case 'f': return '\f';
-  case 'v': return '\v';
-  case '0': return 0;
-  case '\\': return '\\';
-  case '"': return '"';
-  case '\'': return '\'';
-  case 'x': case 'u': case 'U': {
-    uint32_t v = 0;
-    int ok = di_parse_hex_escape(p->s, p->n, &p->i, e == 'x' ? 2 : e == 'u' ? 4 : 8, &v);
-    if (ok <= 0) {
-      *st = lerr(p, at, ok == 0 ? "bad hex escape in a string" : "escape beyond U+10FFFF");
-      return -1;
-    }
-    return (int32_t)v;
-  }
-  default: /* Python keeps an unknown escape as the backslash and the character */
-    p->i -= 1;
-    return '\\';
-  }
+  return -1;
 }
 
 static void push_cp(lp *p, di_gseq *s, uint32_t c, int icase) {
@@ -262,6 +242,50 @@ static di_status parse_regex(lp *p, di_gseq *s) {
 
 static di_status parse_alts(lp *p, int rule, int terminal, int nested);
 
+/* `%json { SCHEMA }` (llguidance): a JSON value satisfying the schema, compiled by the JSON Schema
+ * front end into this grammar. The schema's extent is found by matching braces outside strings. */
+static di_status parse_json_item(lp *p, di_gseq *s) {
+  size_t at = p->i;
+  p->i += 5;
+  skip(p, 1);
+  if (p->i >= p->n || p->s[p->i] != '{')
+    return lerr(p, at, "expected '{' after %json");
+  size_t start = p->i;
+  int depth = 0, in_str = 0;
+  for (; p->i < p->n; p->i++) {
+    char c = p->s[p->i];
+    if (in_str) {
+      if (c == '\\')
+        p->i++;
+      else if (c == '"')
+        in_str = 0;
+    } else if (c == '"') {
+      in_str = 1;
+    } else if (c == '{') {
+      depth++;
+    } else if (c == '}' && --depth == 0) {
+      break;
+    }
+  }
+  if (p->i >= p->n)
+    return lerr(p, at, "unclosed %json schema");
+  p->i++;
+  di_grammar_options o = {0};
+  if (p->opt)
+    o = *p->opt;
+  int r = -1;
+  di_status st = di_json_schema_compile_into(p->b, p->s + start, p->i - start, &o, &r, NULL, 0);
+  if (st != DI_OK)
+    return di_error_wrap(st, "lark grammar: the %%json schema at offset %zu", at);
+  if (r < 0) { /* the schema admits nothing */
+    di_gbyteset none = {{0}};
+    di_gseq_push(p->b, s, (di_gel){DI_GE_CLASS, di_gb_class(p->b, &none)});
+  } else {
+    di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, r});
+  }
+  return DI_OK;
+}
+
 static int read_int(lp *p, int *v) { return di_parse_decimal_capped(p->s, p->n, &p->i, v); }
 
 /* A sequence of items up to `|`, `)`, `]`, `->` or the end of the definition. */
@@ -302,9 +326,18 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
     } else if (c == '/') {
       DI_TRY(parse_regex(p, s));
       is_term_item = 1;
+    } else if (c == '%' && p->i + 5 <= p->n && memcmp(p->s + p->i, "%json", 5) == 0) {
+      if (terminal)
+        return lerr(p, at, "%json cannot be used in terminals (upper-case names)");
+      DI_TRY(parse_json_item(p, s));
+      is_term_item = 1;
     } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
-      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: token references <[...]> are not supported (line of offset %zu)",
-                          at);
+      int32_t id = 0;
+      if (!di_token_ref_parse(p->s, p->n, &p->i, &id))
+        return lerr(p, at, "expected a token reference <[id]>");
+      di_token_ref_push(b, s, id, 0);
+      b->has_token_refs = 1;
+      is_term_item = 1;
     } else if (name_char(c) && !(c >= '0' && c <= '9')) {
       char nm[256];
       read_name(p, nm, sizeof nm);
@@ -553,8 +586,8 @@ static int has_ignore_statement(const char *s, size_t n) {
   return 0;
 }
 
-di_status di_lark_compile(di_gb *b, const char *src, size_t len) {
-  lp p = {.b = b, .s = src, .n = len};
+di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt) {
+  lp p = {.b = b, .s = src, .n = len, .opt = opt};
   p.has_ignore = has_ignore_statement(src, len);
   p.ign_set = di_gb_new_rule(b, "lark_ignored");
   p.ign = -1;

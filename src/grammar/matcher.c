@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 #include "grammar/grammar_impl.h"
+#include "grammar/plain_text.h"
+#include "grammar/token_ref.h"
 #include "grammar/vocab.h"
 #include "util/switches.h"
 
@@ -38,6 +40,16 @@ struct di_gvcache {
   uint32_t *bits;  /* scratch bitmap */
   int32_t *buf;
   int cap_buf;
+  /* plain-text budgets (plain_text.h): per state, the plain characters it takes for certain (-1 =
+   * not computed); per decoder state, one byte per (byte class, decoder behaviour) group */
+  int16_t *budget;
+  int cap_budget;
+  int plain_ready;
+  uint8_t plain_rep[DI_PLAIN_STATES][256];
+  int8_t plain_next[DI_PLAIN_STATES][256];
+  int plain_nrep[DI_PLAIN_STATES];
+  int32_t *seen_key; /* budget search: seen states (a hash set, valid where seen_at == seen_stamp) */
+  uint32_t *seen_at, seen_stamp;
   struct di_gvcache *next;
 };
 
@@ -74,6 +86,9 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->pseen);
     free(c->bits);
     free(c->buf);
+    free(c->budget);
+    free(c->seen_key);
+    free(c->seen_at);
     free(c);
     c = n;
   }
@@ -139,6 +154,164 @@ static int buf_append(int32_t **p, int *n, int *cap, int32_t x) {
   return 1;
 }
 
+/* Byte groups for the budget search: bytes alike for the automaton (one byte class) and for the
+ * plain-text decoder from every state are represented by one of them. */
+static void plain_groups(di_grt *rt, struct di_gvcache *c) {
+  int8_t beh[256][DI_PLAIN_STATES];
+  for (int b = 0; b < 256; b++)
+    for (int u = 0; u < DI_PLAIN_STATES; u++) {
+      int starts;
+      beh[b][u] = (int8_t)di_plain_step(u, (unsigned)b, &starts);
+    }
+  uint8_t reps[256];
+  int nreps = 0;
+  for (int b = 0; b < 256; b++) {
+    int k = 0;
+    while (k < nreps && !(rt->cls[reps[k]] == rt->cls[b] && memcmp(beh[reps[k]], beh[b], sizeof beh[b]) == 0))
+      k++;
+    if (k == nreps)
+      reps[nreps++] = (uint8_t)b;
+  }
+  for (int u = 0; u < DI_PLAIN_STATES; u++) {
+    c->plain_nrep[u] = 0;
+    for (int k = 0; k < nreps; k++)
+      if (beh[reps[k]][u] >= 0) {
+        c->plain_rep[u][c->plain_nrep[u]] = reps[k];
+        c->plain_next[u][c->plain_nrep[u]++] = beh[reps[k]][u];
+      }
+  }
+  c->plain_ready = 1;
+}
+
+/* Finishes the character begun at decoder state u (> 0) from state s; 0 when some plain
+ * continuation kills the automaton, else 1 with the states at the next boundary appended. */
+static int plain_finish_char(di_grt *rt, struct di_gvcache *c, int s, int u, int32_t **next, int *nn, int *cap) {
+  for (int k = 0; k < c->plain_nrep[u]; k++) {
+    int s2 = di_grt_step(rt, s, c->plain_rep[u][k]);
+    if (s2 < 0)
+      return 0;
+    int u2 = c->plain_next[u][k];
+    if (u2 == 0 ? !buf_append(next, nn, cap, s2) : !plain_finish_char(rt, c, s2, u2, next, nn, cap))
+      return 0;
+  }
+  return 1;
+}
+
+/* Adds state s to the budget search's seen set (open addressing, cleared by a new stamp); 0 when
+ * it was there already. */
+static int seen_insert(struct di_gvcache *c, int s) {
+  enum { SLOTS = 8192 }; /* twice the search's MAX_SEEN */
+  if (!c->seen_key) {
+    c->seen_key = malloc(sizeof(int32_t) * SLOTS);
+    c->seen_at = calloc(SLOTS, sizeof(uint32_t));
+    if (!c->seen_key || !c->seen_at)
+      return 0; /* treated as seen: the search ends early, which is safe */
+  }
+  for (uint32_t h = ((uint32_t)s * 2654435761u) & (SLOTS - 1);; h = (h + 1) & (SLOTS - 1)) {
+    if (c->seen_at[h] != c->seen_stamp) {
+      c->seen_at[h] = c->seen_stamp;
+      c->seen_key[h] = s;
+      return 1;
+    }
+    if (c->seen_key[h] == s)
+      return 0;
+  }
+}
+
+/* How many plain characters state s0 takes for certain (plain_text.h): breadth first over the
+ * states at character boundaries, level L holding those after L characters; the first level where
+ * some character kills the automaton is the answer. Stops (safely low) past a few thousand
+ * states. Under g->mu. */
+static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
+  di_grt *rt = &g->rt;
+  if (s0 < c->cap_budget && c->budget[s0] >= 0)
+    return c->budget[s0];
+  if (!c->plain_ready)
+    plain_groups(rt, c);
+  int32_t *cur = NULL, *next = NULL;
+  int ncur = 0, capcur = 0, nnext = 0, capnext = 0, level = 0, seen_n = 0, ok = 1;
+  enum { MAX_SEEN = 4096 };
+  int32_t *seen = malloc(sizeof(int32_t) * MAX_SEEN);
+  int16_t *seen_level = malloc(sizeof(int16_t) * MAX_SEEN);
+  if (!seen || !seen_level || !buf_append(&cur, &ncur, &capcur, s0))
+    ok = 0;
+  c->seen_stamp++;
+  if (ok && seen_insert(c, s0)) {
+    seen_level[seen_n] = 0;
+    seen[seen_n++] = s0;
+  }
+  while (ok && ncur > 0 && level < DI_PLAIN_CAP) {
+    nnext = 0;
+    for (int i = 0; i < ncur && ok; i++) {
+      int s = cur[i];
+      for (int k = 0; k < c->plain_nrep[0] && ok; k++) {
+        int s2 = di_grt_step(rt, s, c->plain_rep[0][k]);
+        int u2 = c->plain_next[0][k];
+        if (s2 < 0)
+          ok = 0;
+        else if (u2 == 0)
+          ok = buf_append(&next, &nnext, &capnext, s2);
+        else
+          ok = plain_finish_char(rt, c, s2, u2, &next, &nnext, &capnext);
+      }
+    }
+    if (!ok)
+      break;
+    level++;
+    ncur = 0; /* the next level: states not seen before */
+    for (int i = 0; i < nnext; i++) {
+      if (!seen_insert(c, next[i]))
+        continue;
+      if (seen_n == MAX_SEEN) { /* too many states to follow: the levels so far are certain */
+        ncur = 0;
+        break;
+      }
+      seen_level[seen_n] = (int16_t)level;
+      seen[seen_n++] = next[i];
+      if (!buf_append(&cur, &ncur, &capcur, next[i])) {
+        ok = 0;
+        break;
+      }
+    }
+    if (seen_n == MAX_SEEN)
+      break;
+  }
+  if (ok && ncur == 0 && seen_n < MAX_SEEN)
+    level = DI_PLAIN_CAP; /* no character ever kills it */
+  free(cur);
+  free(next);
+  /* a state first reached after j characters takes at least level - j more (else s0 would die
+   * sooner): a safe value for it too, which spares a search per state of a counted string */
+  int max_state = s0;
+  for (int i = 0; i < seen_n; i++)
+    if (seen[i] > max_state)
+      max_state = seen[i];
+  if (max_state >= c->cap_budget) {
+    int nc = c->cap_budget ? c->cap_budget : 1024;
+    while (nc <= max_state)
+      nc *= 2;
+    int16_t *q = realloc(c->budget, sizeof *q * (size_t)nc);
+    if (!q) {
+      free(seen);
+      free(seen_level);
+      return level; /* not cached; still correct */
+    }
+    for (int i = c->cap_budget; i < nc; i++)
+      q[i] = -1;
+    c->budget = q;
+    c->cap_budget = nc;
+  }
+  for (int i = 0; i < seen_n; i++) {
+    int b = level == DI_PLAIN_CAP ? DI_PLAIN_CAP : level - seen_level[i];
+    if (b > c->budget[seen[i]])
+      c->budget[seen[i]] = (int16_t)b;
+  }
+  c->budget[s0] = (int16_t)level;
+  free(seen);
+  free(seen_level);
+  return level;
+}
+
 /* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
  * accepted / rejected whatever lies below, or uncertain. Under g->mu. */
 static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, ci_entry **out) {
@@ -167,8 +340,9 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   struct timespec ts0, ts1;
   clock_gettime(CLOCK_MONOTONIC, &ts0);
   const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
-  const uint8_t *tbyte = v->tbyte, *cls = rt->cls;
-  for (int i = 0, n = v->nnodes; i < n;) {
+  const uint8_t *tbyte = v->tbyte, *cls = rt->cls, *plain = v->plain_below;
+  long skipped = 0;
+  for (int i = 0, n = v->nnodes, next_i; i < n;) {
     visited++;
     int d = tdepth[i];
     const int32_t *row = rows[d - 1];
@@ -201,12 +375,20 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     sts[d] = s;
     rows[d] = rt->trans[s];
     pse[d] = pse[d - 1] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
-    for (int k = tok_lo[i], ke = tok_lo[i + 1]; k < ke; k++) {
+    int below = plain[i], ke = tok_lo[i + 1];
+    if (below != DI_PLAIN_NOT && tnext[i] > i + 1 && below <= plain_budget(g, c, s)) {
+      ke = tok_lo[tnext[i]]; /* every token below is plain text the state takes: all accepted */
+      skipped += tnext[i] - i - 1;
+      next_i = tnext[i];
+    } else {
+      next_i = i + 1;
+    }
+    for (int k = tok_lo[i]; k < ke; k++) {
       int id = sorted[k];
       bits[id >> 5] |= 1u << (id & 31);
       nacc++;
     }
-    i++;
+    i = next_i;
   }
   /* store accepted tokens densely or as a list, whichever is smaller; clear the scratch */
   if (st == DI_OK && !e->overflow) {
@@ -230,8 +412,8 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
   clock_gettime(CLOCK_MONOTONIC, &ts1);
   if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
-    fprintf(stderr, "ci key %d (pos %d): accepted %d uncertain %d states %d visited %ld of %d us %.0f\n", key,
-            rt->npos[key], nacc, e->nunc, rt->ns, visited, v->nnodes,
+    fprintf(stderr, "ci key %d (pos %d): accepted %d uncertain %d states %d skipped %ld visited %ld of %d us %.0f\n",
+            key, rt->npos[key], nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
   if (st != DI_OK) {
     ci_free(e);
@@ -309,6 +491,45 @@ static int cmp_i32(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* A grammar with token references (token_ref.h): text tokens holding the 0xFF mark are never
+ * allowed by their text, and every non-stop id whose spelling 0xFF + 4 id bytes the grammar
+ * takes from S is allowed. The ids' spellings form an implicit trie walked byte by byte, so a
+ * state that takes no token reference costs one step. Under g->mu. */
+static di_status add_token_refs(di_grt *rt, const di_grammar_vocab *v, int S, uint32_t *out) {
+  for (int i = 0; i < v->nmark; i++)
+    out[v->mark_ids[i] >> 5] &= ~(1u << (v->mark_ids[i] & 31));
+  int s0 = di_grt_step(rt, S, DI_TOKEN_REF_MARK);
+  if (s0 == DI_GRT_ERROR)
+    return DI_ERR_OOM;
+  const uint32_t n = (uint32_t)v->n;
+  for (uint32_t b1 = 0; s0 >= 0 && b1 <= ((n - 1) >> 24); b1++) {
+    int s1 = di_grt_step(rt, s0, b1);
+    for (uint32_t b2 = 0; s1 >= 0 && b2 < 256 && ((b1 << 24) | (b2 << 16)) < n; b2++) {
+      int s2 = di_grt_step(rt, s1, b2);
+      for (uint32_t b3 = 0; s2 >= 0 && b3 < 256 && ((b1 << 24) | (b2 << 16) | (b3 << 8)) < n; b3++) {
+        int s3 = di_grt_step(rt, s2, b3);
+        for (uint32_t b4 = 0; s3 >= 0 && b4 < 256; b4++) {
+          uint32_t id = (b1 << 24) | (b2 << 16) | (b3 << 8) | b4;
+          if (id >= n)
+            break;
+          int s4 = di_grt_step(rt, s3, b4);
+          if (s4 == DI_GRT_ERROR)
+            return DI_ERR_OOM;
+          if (s4 >= 0 && !v->is_stop[id])
+            out[id >> 5] |= 1u << (id & 31);
+        }
+        if (s3 == DI_GRT_ERROR)
+          return DI_ERR_OOM;
+      }
+      if (s2 == DI_GRT_ERROR)
+        return DI_ERR_OOM;
+    }
+    if (s1 == DI_GRT_ERROR)
+      return DI_ERR_OOM;
+  }
+  return DI_OK;
+}
+
 /* Full mask for state S into out (vocab words). Under g->mu. */
 static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32_t *out) {
   const di_grammar_vocab *v = c->v;
@@ -372,6 +593,8 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
+  if (g->core.has_token_refs)
+    DI_TRY(add_token_refs(rt, v, S, out));
   if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)
     for (int i = 0; i < v->nstop; i++)
       out[v->stop[i] >> 5] |= 1u << (v->stop[i] & 31);
@@ -541,9 +764,18 @@ di_status di_grammar_matcher_accept_token(di_grammar_matcher *m, int32_t id) {
     return push_state(m, m->hist[m->nh - 1], 1);
   }
   uint32_t len = v->off[id + 1] - v->off[id];
+  int s = DI_GRT_DEAD;
+  if (m->g->core.has_token_refs) { /* by its id where the grammar takes it, else by its text */
+    uint8_t spell[DI_TOKEN_REF_LEN];
+    di_token_ref_spell(id, spell);
+    DI_TRY(advance(m, spell, DI_TOKEN_REF_LEN, &s));
+    if (s >= 0)
+      return push_state(m, s, 0);
+    if (memchr(v->bytes + v->off[id], DI_TOKEN_REF_MARK, len))
+      return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d is not allowed here", (int)id);
+  }
   if (len == 0)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d has no bytes and is never allowed", (int)id);
-  int s;
   DI_TRY(advance(m, v->bytes + v->off[id], len, &s));
   if (s < 0)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d is not allowed here", (int)id);

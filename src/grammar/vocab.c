@@ -4,6 +4,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/plain_text.h"
+#include "grammar/token_ref.h"
 #include "grammar/vocab.h"
 
 static atomic_ullong vocab_serial = 1;
@@ -19,6 +21,41 @@ static int cmp_tok(const void *a, const void *b) {
   if (lx != ly)
     return lx < ly ? -1 : 1;
   return x < y ? -1 : x > y;
+}
+
+/* plain_below[i] (plain_text.h): bottom-up over the trie (children have larger preorder indices),
+ * for each node and decoder state u entering it: whether its byte and everything below decode as
+ * plain text from u, and the most characters started on the way. */
+static di_status plain_below(di_grammar_vocab *v) {
+  int n = v->nnodes;
+  v->plain_below = malloc((size_t)n + 1);
+  uint8_t *ok = malloc((size_t)n + 1), *most = malloc(((size_t)n + 1) * DI_PLAIN_STATES);
+  if (!v->plain_below || !ok || !most) {
+    free(ok);
+    free(most);
+    return DI_ERR_OOM;
+  }
+  for (int j = n - 1; j >= 0; j--) {
+    ok[j] = 0;
+    uint8_t below_ok = 0xFF, below_most[DI_PLAIN_STATES] = {0}; /* over the children, per state */
+    for (int k = j + 1; k < v->tnext[j]; k = v->tnext[k]) {
+      below_ok &= ok[k];
+      for (int u = 0; u < DI_PLAIN_STATES; u++)
+        if (most[(size_t)k * DI_PLAIN_STATES + u] > below_most[u])
+          below_most[u] = most[(size_t)k * DI_PLAIN_STATES + u];
+    }
+    v->plain_below[j] = (below_ok & 1) ? below_most[0] : DI_PLAIN_NOT;
+    for (int u = 0; u < DI_PLAIN_STATES; u++) {
+      int starts = 0, u2 = di_plain_step(u, v->tbyte[j], &starts);
+      int m = u2 < 0 ? 0 : starts + below_most[u2];
+      most[(size_t)j * DI_PLAIN_STATES + u] = (uint8_t)(m > DI_PLAIN_CAP ? DI_PLAIN_CAP : m);
+      if (u2 >= 0 && ((below_ok >> u2) & 1))
+        ok[j] |= (uint8_t)(1u << u);
+    }
+  }
+  free(ok);
+  free(most);
+  return DI_OK;
 }
 
 di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes, const size_t *token_lens,
@@ -71,6 +108,14 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   }
   v->nsorted = ns;
   v->maxlen = maxlen;
+  v->mark_ids = malloc(sizeof(int32_t) * ((size_t)vocab_size + 1));
+  if (!v->mark_ids) {
+    di_grammar_vocab_free(v);
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar vocabulary");
+  }
+  for (int i = 0; i < vocab_size; i++)
+    if (memchr(v->bytes + v->off[i], DI_TOKEN_REF_MARK, v->off[i + 1] - v->off[i]))
+      v->mark_ids[v->nmark++] = i;
   /* qsort has no context argument in C11: a global guarded by a lock (vocab creation is rare) */
   static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_mutex_lock(&sort_mu);
@@ -135,6 +180,10 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   v->tok_lo[nn] = ns;
   v->nnodes = nn;
   free(open);
+  if (plain_below(v) != DI_OK) {
+    di_grammar_vocab_free(v);
+    return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
+  }
   /* Tokens ending at node i are exactly the sorted indices [tok_lo[i], tok_lo[i+1]): a token that
    * creates no node equals its predecessor. The subtree of i holds [tok_lo[i], tok_lo[tnext[i]]). */
   *out = v;
@@ -153,6 +202,8 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->tdepth);
   free(v->tnext);
   free(v->tok_lo);
+  free(v->mark_ids);
+  free(v->plain_below);
   free(v);
 }
 

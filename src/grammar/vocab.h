@@ -19,5 +19,9 @@ struct di_grammar_vocab {
   uint8_t *tbyte;
   int32_t *tdepth, *tnext, *tok_lo;
   int nnodes;
+  uint8_t *plain_below;   /* per trie node: the most characters in any token suffix below it when all
+                           * of them are well-formed plain UTF-8 (plain_text.h), else 255 */
+  int32_t *mark_ids;      /* ids whose bytes contain 0xFF, which spells token references (token_ref.h) */
+  int nmark;
 };
 #endif

@@ -273,6 +273,10 @@ int main(void) {
   walk("multiple-of", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"multipleOf\":0.25}}",
        30, 8);
   walk("json-bounded", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}}}", 30, 8);
+  walk("decimal-bounds", DI_GRAMMAR_JSON_SCHEMA,
+       "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"exclusiveMinimum\":-1.5,\"maximum\":2.25}}", 30, 8);
+  /* token references: ids 5 and 9 by id (5 may have no bytes), any token but 9 between them, text after */
+  walk("token-refs", DI_GRAMMAR_EBNF, "root ::= <[5]> (!<[9]>){0,6} <[9]> [a-z]*\n", 30, 12);
   for (int i = 0; i < n_tok; i++)
     free(toks[i]);
   return test_finish("test_grammar_mask");
