@@ -10,70 +10,12 @@
  * for CSA, the one before it; every row a pooling or a new state needs is in one of those or in the
  * step (row_at). The state is only read during a step; the new one is written elsewhere (the backend
  * swaps them after the step), so the kernels of one step may run in any order over the sequences. */
-#include "cuda_common.cuh"
+#include "k_v4_common.cuh"
 #include "cuda_v4_kernels.h"
 #include <math.h>
 #include <string.h>
 
-#define V4_LAUNCH(what)                                                                              \
-  do {                                                                                               \
-    cudaError_t e_ = cudaGetLastError();                                                             \
-    if (e_ != cudaSuccess)                                                                           \
-      return di_error_set(DI_ERR_BACKEND, "cuda v4: launching %s failed: %s", what, cudaGetErrorString(e_)); \
-  } while (0)
-
 #define BS 64 /* DI_KV_BLOCK_SIZE */
-
-static __device__ __forceinline__ double warp_sum_d(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-static __device__ double block_sum_d(double v) {
-  __shared__ double part[32];
-  __shared__ double total;
-  v = warp_sum_d(v);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    double x = lane < (int)(blockDim.x >> 5) ? part[lane] : 0;
-    x = warp_sum_d(x);
-    if (lane == 0) total = x;
-  }
-  __syncthreads();
-  return total;
-}
-static __device__ double block_max_d(double v) {
-  __shared__ double part[32];
-  __shared__ double total;
-  for (int o = 16; o > 0; o >>= 1) {
-    const double u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = u > v ? u : v;
-  }
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    double x = lane < (int)(blockDim.x >> 5) ? part[lane] : -INFINITY;
-    for (int o = 16; o > 0; o >>= 1) {
-      const double u = __shfl_xor_sync(0xffffffffu, x, o);
-      x = u > x ? u : x;
-    }
-    if (lane == 0) total = x;
-  }
-  __syncthreads();
-  return total;
-}
-
-static __device__ __forceinline__ void rope_pair(float *r, int i, float inv_freq, int pos, float af, int sign) {
-  const float f = (float)pos * inv_freq;
-  const float c = (float)cos((double)f) * af, sn = sign * ((float)sin((double)f) * af);
-  const float a = r[2 * i], b = r[2 * i + 1];
-  r[2 * i] = a * c - b * sn;
-  r[2 * i + 1] = b * c + a * sn;
-}
 
 /* Entry e of compressor c in the blocks of table tab. */
 static __device__ __forceinline__ float *entry_ptr(const di_v4k_comp &c, const int32_t *tab, int e) {

@@ -5,45 +5,12 @@
  * double are done in double here (mHC, norms, softmax-like steps), dot products of linear layers in
  * float (the only arithmetic difference from the CPU besides the bf16 weights). Correctness first: a
  * warp per output row, up to 8 tokens per CTA (no tensor cores yet). */
-#include "cuda_common.cuh"
+#include "k_v4_common.cuh"
 #include "cuda_v4_kernels.h"
 #include <math.h>
 
-#define V4_LAUNCH(what)                                                                              \
-  do {                                                                                               \
-    cudaError_t e_ = cudaGetLastError();                                                             \
-    if (e_ != cudaSuccess)                                                                           \
-      return di_error_set(DI_ERR_BACKEND, "cuda v4: launching %s failed: %s", what, cudaGetErrorString(e_)); \
-  } while (0)
-
 static __device__ __forceinline__ float wload(const float *w, size_t i) { return w[i]; }
 static __device__ __forceinline__ float wload(const bf16 *w, size_t i) { return __bfloat162float(w[i]); }
-
-static __device__ __forceinline__ float warp_sum_f(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-static __device__ __forceinline__ double warp_sum_d(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-/* Sum over a CTA of blockDim.x (a multiple of 32, <= 1024) threads; every thread gets the total. */
-static __device__ double block_sum_d(double v) {
-  __shared__ double part[32];
-  __shared__ double total;
-  v = warp_sum_d(v);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) part[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    double x = lane < (int)(blockDim.x >> 5) ? part[lane] : 0;
-    x = warp_sum_d(x);
-    if (lane == 0) total = x;
-  }
-  __syncthreads();
-  return total;
-}
 
 /* ---- linear ---------------------------------------------------------------------------------------- */
 
@@ -99,14 +66,6 @@ di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weigh
   rmsnorm_k<<<n_rows, 256, 0, s>>>(x, ld, n, weight, eps);
   V4_LAUNCH("rmsnorm");
   return DI_OK;
-}
-
-static __device__ __forceinline__ void rope_pair(float *r, int i, float inv_freq, int pos, float af, int sign) {
-  const float f = (float)pos * inv_freq;
-  const float c = (float)cos((double)f) * af, sn = sign * ((float)sin((double)f) * af);
-  const float a = r[2 * i], b = r[2 * i + 1];
-  r[2 * i] = a * c - b * sn;
-  r[2 * i + 1] = b * c + a * sn;
 }
 
 __global__ void rope_k(float *x, int ld, int n_rows, int n, int rpt, const int32_t *pos, const float *inv_freq, int d,
