@@ -461,6 +461,8 @@ int main(void) {
   check_linear(0, 5, 1024, 4096);
   check_linear(1, 3, 512, 4096);
   check_linear(0, 9, 64, 1000);
+  check_linear(0, 4, 40, 999); /* the one-column path (rows not a multiple of 8) */
+  check_linear(1, 2, 24, 1001);
   check_hc();
   check_pool(1);
   check_pool(0);

@@ -4,7 +4,7 @@
  * combine). Each mirrors one CPU op of backend/cpu/cpu_deepseek_v4_ops.c: reductions the CPU does in
  * double are done in double here (mHC, norms, softmax-like steps), dot products of linear layers in
  * float (the only arithmetic difference from the CPU besides the bf16 weights). Correctness first: a
- * warp per output row, up to 8 tokens per CTA (no tensor cores yet). */
+ * warp per output row, up to 8 tokens per CTA, 16-byte loads where rows allow (no tensor cores yet). */
 #include "k_v4_common.cuh"
 #include "cuda_v4_kernels.h"
 #include <math.h>
@@ -16,7 +16,48 @@ static __device__ __forceinline__ float wload(const bf16 *w, size_t i) { return 
 
 #define LIN_ROWS 8 /* output rows per CTA (a warp each) */
 #define LIN_TOK 8  /* tokens per CTA */
-template <typename WT>
+
+/* 8 consecutive weights from 16-byte aligned storage (one bf16 uint4, or two float4). */
+static __device__ __forceinline__ void wload8(const bf16 *w, size_t i, float *o) {
+  const uint4 u = *(const uint4 *)(w + i);
+  const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    o[2 * k] = __uint_as_float(v[k] << 16);
+    o[2 * k + 1] = __uint_as_float(v[k] & 0xffff0000u);
+  }
+}
+static __device__ __forceinline__ void wload8(const float *w, size_t i, float *o) {
+  const float4 a = *(const float4 *)(w + i), b = *(const float4 *)(w + i + 4);
+  o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+
+/* acc[i] += W row . x row i over C columns, per lane (the warp sums the lanes afterwards). VEC: 8 columns per
+ * lane and iteration with 16-byte loads (C % 8 == 0 and aligned rows), else one. */
+template <typename WT, int VEC>
+static __device__ __forceinline__ void row_dot(const WT *wr, const float *x, int ldx, int nt, int C, int lane, float *acc) {
+  if (VEC == 8) {
+    for (int c = lane * 8; c < C; c += 32 * 8) {
+      float w[8];
+      wload8(wr, c, w);
+#pragma unroll
+      for (int i = 0; i < LIN_TOK; i++)
+        if (i < nt) {
+          const float4 a = *(const float4 *)(x + (size_t)i * ldx + c), b = *(const float4 *)(x + (size_t)i * ldx + c + 4);
+          acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+        }
+    }
+  } else {
+    for (int c = lane; c < C; c += 32) {
+      const float w = wload(wr, c);
+#pragma unroll
+      for (int i = 0; i < LIN_TOK; i++)
+        if (i < nt) acc[i] += w * x[(size_t)i * ldx + c];
+    }
+  }
+}
+
+template <typename WT, int VEC>
 __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int C, float *y, int ldy) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
@@ -25,13 +66,7 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   float acc[LIN_TOK];
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
-  const WT *wr = W + (size_t)r * C;
-  for (int c = lane; c < C; c += 32) {
-    const float w = wload(wr, c);
-#pragma unroll
-    for (int i = 0; i < LIN_TOK; i++)
-      if (i < nt) acc[i] += w * x[(size_t)(t0 + i) * ldx + c];
-  }
+  row_dot<WT, VEC>(W + (size_t)r * C, x + (size_t)t0 * ldx, ldx, nt, C, lane, acc);
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) {
     const float v = warp_sum_f(acc[i]);
@@ -39,13 +74,21 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   }
 }
 
+/* whether rows of C columns at x (stride ldx) and w take the 16-byte path */
+static int vec8_ok(const void *x, int ldx, const void *w, int C) {
+  return C % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
+}
+
 di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
                         di_cu_stream s) {
   if (T <= 0 || R <= 0) return DI_OK;
   dim3 grid((R + LIN_ROWS - 1) / LIN_ROWS, (T + LIN_TOK - 1) / LIN_TOK);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: linear over %d tokens at once", T);
-  if (wf32) linear_k<float><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy);
-  else linear_k<bf16><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy);
+  const int v8 = vec8_ok(x, ldx, W, C);
+  if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy);
+  else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy);
+  else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy);
+  else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy);
   V4_LAUNCH("linear");
   return DI_OK;
 }
@@ -334,7 +377,7 @@ di_status di_v4k_route(const float *logits, const float *bias, const int32_t *ti
   return DI_OK;
 }
 
-template <typename WT>
+template <typename WT, int VEC>
 __global__ void expert_up_k(const float *x, const int32_t *ids, const WT *w1, const WT *w3, int ns, int D, int I,
                             float lim, float *act) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -342,12 +385,9 @@ __global__ void expert_up_k(const float *x, const int32_t *ids, const WT *w1, co
   const int e = ids[ts];
   if (i >= I || e < 0) return;
   const float *xt = x + (size_t)(ts / ns) * D;
-  const WT *g = w1 + ((size_t)e * I + i) * D, *u = w3 + ((size_t)e * I + i) * D;
   float ag = 0, au = 0;
-  for (int c = lane; c < D; c += 32) {
-    ag += wload(g, c) * xt[c];
-    au += wload(u, c) * xt[c];
-  }
+  row_dot<WT, VEC>(w1 + ((size_t)e * I + i) * D, xt, D, 1, D, lane, &ag);
+  row_dot<WT, VEC>(w3 + ((size_t)e * I + i) * D, xt, D, 1, D, lane, &au);
   ag = warp_sum_f(ag);
   au = warp_sum_f(au);
   if (lane == 0) {
@@ -362,22 +402,23 @@ di_status di_v4k_expert_up(const float *x, const int32_t *ids, const void *w1, c
   if (T <= 0) return DI_OK;
   dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
-  if (wf32) expert_up_k<float><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
-  else expert_up_k<bf16><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  const int v8 = vec8_ok(x, D, w1, D) && vec8_ok(x, D, w3, D);
+  if (wf32 && v8) expert_up_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (wf32) expert_up_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (v8) expert_up_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  else expert_up_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   V4_LAUNCH("expert_up");
   return DI_OK;
 }
 
-template <typename WT>
+template <typename WT, int VEC>
 __global__ void expert_down_k(const float *act, const int32_t *ids, const WT *w2, int D, int I, float *y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int d = blockIdx.x * LIN_ROWS + warp, ts = blockIdx.y;
   const int e = ids[ts];
   if (d >= D || e < 0) return;
-  const float *a = act + (size_t)ts * I;
-  const WT *w = w2 + ((size_t)e * D + d) * I;
   float acc = 0;
-  for (int c = lane; c < I; c += 32) acc += wload(w, c) * a[c];
+  row_dot<WT, VEC>(w2 + ((size_t)e * D + d) * I, act + (size_t)ts * I, I, 1, I, lane, &acc);
   acc = warp_sum_f(acc);
   if (lane == 0) y[(size_t)ts * D + d] = acc;
 }
@@ -387,8 +428,11 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const void *w
   if (T <= 0) return DI_OK;
   dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
-  if (wf32) expert_down_k<float><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const float *)w2, D, I, y);
-  else expert_down_k<bf16><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const bf16 *)w2, D, I, y);
+  const int v8 = vec8_ok(act, I, w2, I);
+  if (wf32 && v8) expert_down_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const float *)w2, D, I, y);
+  else if (wf32) expert_down_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const float *)w2, D, I, y);
+  else if (v8) expert_down_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const bf16 *)w2, D, I, y);
+  else expert_down_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const bf16 *)w2, D, I, y);
   V4_LAUNCH("expert_down");
   return DI_OK;
 }
