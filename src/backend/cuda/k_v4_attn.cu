@@ -1,7 +1,7 @@
 /* DeepSeek-V4 attention-side kernels on CUDA over the engine's paged cache groups (cuda_v4_kernels.h;
  * layout of backend/cpu/cpu_deepseek_v4_pages.h, float32 like the CPU's): window rows in, the
  * compressors' pooling of closed windows into entries, their open windows (state / snapshots), the
- * lightning indexer with the fixed tie rule, and the sparse attention with sinks.
+ * lightning indexer with the fixed tie rule (radix select), and the sparse attention with sinks.
  *
  * The tricky part is the compressor's rows: a window closing in this step pools rows that come partly
  * from this step's projections and partly from before it. Rows before the step's first position pos0
@@ -172,32 +172,86 @@ __global__ void index_score_k(const float *q, const float *hw, const int32_t *po
   score[(size_t)t * max_n + sidx] = (float)sc;
 }
 
-/* a ranks before b: higher value, NaN last, equal values by lower index (di_v4_topk_earlier_first) */
-static __device__ __forceinline__ int ranks_before(float va, int a, float vb, int b) {
-  const int na = va != va, nb = vb != vb;
-  if (na != nb) return nb;
-  if (!na && va != vb) return va > vb;
-  return a < b;
+/* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
+ * lowest (di_v4_topk_earlier_first ranks NaN last). No real value maps to 0. */
+static __device__ __forceinline__ uint32_t score_key(float v) {
+  if (v != v) return 0;
+  if (v == 0) v = 0.0f;
+  const uint32_t b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+/* Top-k of one query's valid scores by an MSB-first radix select of the k-th largest key (4 passes of 8
+ * bits over 256-bin histograms), then: keys above it are picked, and of the keys equal to it the earliest
+ * entries (a block-wide scan in index order) until k are picked: di_v4_topk_earlier_first's result in
+ * O(n) per query. */
+#define TOPK_THREADS 256
 __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
                              int max_n, const float *score, unsigned char *sel) {
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const di_v4k_seq sq = seqs[seq_of[t]];
   const int nc = (sq.pos0 + sq.n) / rate;
   int valid = (pos[t] + 1) / rate;
   valid = valid < nc ? valid : nc;
   const int k = topk < valid ? topk : valid;
   const float *sc = score + (size_t)t * max_n;
-  for (int s = threadIdx.x; s < max_n; s += blockDim.x) {
-    int chosen = 0;
-    if (s < valid) {
-      int rank = 0;
-      const float v = sc[s];
-      for (int j = 0; j < valid && rank < k; j++) rank += j != s && ranks_before(sc[j], j, v, s);
-      chosen = rank < k;
+  unsigned char *out = sel + (size_t)t * max_n;
+  if (k >= valid) {
+    for (int s = tid; s < max_n; s += blockDim.x) out[s] = (unsigned char)(s < valid);
+    return;
+  }
+  __shared__ unsigned hist[256];
+  __shared__ uint32_t prefix, mask;
+  __shared__ int remaining, base;
+  __shared__ int warp_tot[TOPK_THREADS / 32];
+  if (tid == 0) {
+    prefix = mask = 0;
+    remaining = k;
+    base = 0;
+  }
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const uint32_t pf = prefix, mk = mask;
+    for (int s = tid; s < valid; s += blockDim.x) {
+      const uint32_t u = score_key(sc[s]);
+      if ((u & mk) == pf) atomicAdd(&hist[(u >> shift) & 255u], 1u);
     }
-    sel[(size_t)t * max_n + s] = (unsigned char)chosen;
+    __syncthreads();
+    if (tid == 0) {
+      int rem = remaining;
+      for (int bin = 255; bin >= 0; bin--) {
+        if ((int)hist[bin] >= rem) {
+          prefix |= (uint32_t)bin << shift;
+          mask |= 255u << shift;
+          break;
+        }
+        rem -= (int)hist[bin];
+      }
+      remaining = rem;
+    }
+    __syncthreads();
+  }
+  const uint32_t tau = prefix;
+  const int ties = remaining; /* entries with key tau to take, earliest first */
+  for (int c0 = 0; c0 < max_n; c0 += blockDim.x) {
+    const int s = c0 + tid;
+    const uint32_t u = s < valid ? score_key(sc[s]) : 0;
+    const int is_tie = s < valid && u == tau;
+    const unsigned m = __ballot_sync(0xffffffffu, is_tie);
+    if (lane == 0) warp_tot[warp] = __popc(m);
+    __syncthreads();
+    int before = base;
+    for (int w2 = 0; w2 < warp; w2++) before += warp_tot[w2];
+    const int rank = before + __popc(m & ((1u << lane) - 1u));
+    if (s < max_n) out[s] = (unsigned char)(s < valid && (u > tau || (is_tie && rank < ties)));
+    __syncthreads();
+    if (tid == 0) {
+      int tot = 0;
+      for (int w2 = 0; w2 < (int)(blockDim.x >> 5); w2++) tot += warp_tot[w2];
+      base += tot;
+    }
+    __syncthreads();
   }
 }
 
@@ -207,7 +261,7 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
   if (T <= 0 || max_n <= 0) return DI_OK;
   index_score_k<<<dim3((max_n + 127) / 128, T), 128, 0, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di, max_n, score);
   V4_LAUNCH("index_score");
-  index_topk_k<<<T, 256, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
+  index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
   V4_LAUNCH("index_topk");
   return DI_OK;
 }
