@@ -7,7 +7,7 @@
  * per layer), at larger batches fewer distinct experts exist to be read.
  * Sequences start at position CTX (argument 1, default 4096) as prefix hits on zeroed cache blocks
  * (the timing of attention over CTX positions does not depend on the values), then decode.
- *   bench_cuda_v4 [CTX] [EXPERTS] [STEPS]     prints one line per batch size (1, 16, 64) */
+ *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS]   one line per context and batch size (1, 16, 64) */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -150,7 +150,8 @@ static int32_t *tabs[MAXSEQ][DI_KV_MAX_GROUPS];
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  const int ctx = argc > 1 ? atoi(argv[1]) : 4096, E = argc > 2 ? atoi(argv[2]) : 32, steps = argc > 3 ? atoi(argv[3]) : 8;
+  const char *ctxs = argc > 1 ? argv[1] : "4096";
+  const int E = argc > 2 ? atoi(argv[2]) : 32, steps = argc > 3 ? atoi(argv[3]) : 8;
   if (!di_cut_device_ok()) {
     printf("no CUDA device\n");
     return 0;
@@ -165,76 +166,87 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("V4-Flash-shaped 8 layers, %d experts: weights built and uploaded in %.1f s\n", E, (di_cut_time_ms() - t0) / 1e3);
-  di_kv_group_info g[DI_KV_MAX_GROUPS];
-  ng = be->ops->kv_groups(be, g, DI_KV_MAX_GROUPS);
-  const int nb = (ctx + steps + 64) / 64 + 1; /* table entries per sequence */
-  /* distinct blocks per sequence: all of the entry groups' (they are read), the last 4 of window and state */
-  for (int i = 0; i < ng; i++) {
-    const int sparse = g[i].kind == DI_KV_SLIDING || g[i].kind == DI_KV_STATE;
-    nblocks[i] = (int64_t)MAXSEQ * (sparse ? 4 : nb) + 1;
-    for (int s = 0; s < MAXSEQ; s++) {
-      tabs[s][i] = malloc(sizeof(int32_t) * nb);
-      for (int k = 0; k < nb; k++)
-        tabs[s][i][k] = sparse ? (k >= nb - 4 ? 1 + s * 4 + (k - (nb - 4)) : 0) : 1 + s * nb + k;
-    }
-  }
-  if (be->ops->kv_alloc_groups(be, nblocks, ng) != DI_OK) {
-    printf("kv_alloc_groups: %s\n", di_last_error());
-    return 1;
-  }
-  const int batches[3] = {1, 16, 64};
   float *logits = malloc(sizeof(float) * (size_t)MAXSEQ * c.vocab_size);
-  for (int bi = 0; bi < 3; bi++) {
-    const int B = batches[bi];
-    int32_t tok[MAXSEQ], pos[MAXSEQ], so[MAXSEQ], rows[MAXSEQ], gb[MAXSEQ * DI_KV_MAX_GROUPS];
-    const int32_t *gt[MAXSEQ * DI_KV_MAX_GROUPS];
-    di_batch_seq bs[MAXSEQ];
-    double best = 1e30, sum = 0;
-    int ok = 1;
-    for (int st = 0; st <= steps && ok; st++) {
-      for (int s = 0; s < B; s++) {
-        tok[s] = (s * 7919 + st * 131) % c.vocab_size;
-        pos[s] = ctx + st;
-        so[s] = s;
-        rows[s] = s;
-        bs[s].block_table = tabs[s][0];
-        bs[s].n_blocks = nb;
-        bs[s].key = (uint64_t)(1000 * bi + s + 1);
-        for (int i = 0; i < ng; i++) {
-          gt[s * ng + i] = tabs[s][i];
-          gb[s * ng + i] = nb;
+  int round = 0;
+  for (const char *cp = ctxs; *cp; round++) {
+    const int ctx = atoi(cp);
+    while (*cp && *cp != ',') cp++;
+    if (*cp == ',') cp++;
+    if (ctx < 64 || ctx % 64) {
+      printf("context %d: must be a positive multiple of 64\n", ctx);
+      continue;
+    }
+    di_kv_group_info g[DI_KV_MAX_GROUPS];
+    ng = be->ops->kv_groups(be, g, DI_KV_MAX_GROUPS);
+    const int nb = (ctx + steps + 64) / 64 + 1; /* table entries per sequence */
+    /* distinct blocks per sequence: all of the entry groups' (they are read), the last 4 of window and state */
+    for (int i = 0; i < ng; i++) {
+      const int sparse = g[i].kind == DI_KV_SLIDING || g[i].kind == DI_KV_STATE;
+      nblocks[i] = (int64_t)MAXSEQ * (sparse ? 4 : nb) + 1;
+      for (int s = 0; s < MAXSEQ; s++) {
+        free(tabs[s][i]);
+        tabs[s][i] = malloc(sizeof(int32_t) * nb);
+        for (int k = 0; k < nb; k++)
+          tabs[s][i][k] = sparse ? (k >= nb - 4 ? 1 + s * 4 + (k - (nb - 4)) : 0) : 1 + s * nb + k;
+      }
+    }
+    if (be->ops->kv_alloc_groups(be, nblocks, ng) != DI_OK) {
+      printf("kv_alloc_groups at context %d: %s\n", ctx, di_last_error());
+      break;
+    }
+    const int batches[3] = {1, 16, 64};
+    for (int bi = 0; bi < 3; bi++) {
+      const int B = batches[bi];
+      int32_t tok[MAXSEQ], pos[MAXSEQ], so[MAXSEQ], rows[MAXSEQ], gb[MAXSEQ * DI_KV_MAX_GROUPS];
+      const int32_t *gt[MAXSEQ * DI_KV_MAX_GROUPS];
+      di_batch_seq bs[MAXSEQ];
+      double best = 1e30, sum = 0;
+      int ok = 1;
+      for (int st = 0; st <= steps && ok; st++) {
+        for (int s = 0; s < B; s++) {
+          tok[s] = (s * 7919 + st * 131) % c.vocab_size;
+          pos[s] = ctx + st;
+          so[s] = s;
+          rows[s] = s;
+          bs[s].block_table = tabs[s][0];
+          bs[s].n_blocks = nb;
+          bs[s].key = (uint64_t)(100000 * round + 1000 * bi + s + 1);
+          for (int i = 0; i < ng; i++) {
+            gt[s * ng + i] = tabs[s][i];
+            gb[s * ng + i] = nb;
+          }
+        }
+        di_batch b;
+        memset(&b, 0, sizeof b);
+        b.n_tokens = B;
+        b.tokens = tok;
+        b.positions = pos;
+        b.seq_of = so;
+        b.n_seqs = B;
+        b.seqs = bs;
+        b.n_outputs = B;
+        b.output_rows = rows;
+        b.n_groups = ng;
+        b.group_tables = gt;
+        b.group_blocks = gb;
+        const double a = di_cut_time_ms();
+        di_status r = be->ops->submit(be, &b);
+        if (r == DI_OK) r = be->ops->wait(be, logits, NULL);
+        const double ms = di_cut_time_ms() - a;
+        if (r != DI_OK) {
+          printf("batch %d step %d: %s\n", B, st, di_last_error());
+          ok = 0;
+        }
+        if (st > 0) { /* the first step resumes the sequences (state restore, scratch growth) */
+          sum += ms;
+          best = ms < best ? ms : best;
         }
       }
-      di_batch b;
-      memset(&b, 0, sizeof b);
-      b.n_tokens = B;
-      b.tokens = tok;
-      b.positions = pos;
-      b.seq_of = so;
-      b.n_seqs = B;
-      b.seqs = bs;
-      b.n_outputs = B;
-      b.output_rows = rows;
-      b.n_groups = ng;
-      b.group_tables = gt;
-      b.group_blocks = gb;
-      const double a = di_cut_time_ms();
-      di_status r = be->ops->submit(be, &b);
-      if (r == DI_OK) r = be->ops->wait(be, logits, NULL);
-      const double ms = di_cut_time_ms() - a;
-      if (r != DI_OK) {
-        printf("batch %d step %d: %s\n", B, st, di_last_error());
-        ok = 0;
-      }
-      if (st > 0) { /* the first step resumes the sequences (state restore, scratch growth) */
-        sum += ms;
-        best = ms < best ? ms : best;
-      }
+      for (int s = 0; s < B; s++) be->ops->release(be, (uint64_t)(100000 * round + 1000 * bi + s + 1));
+      if (ok)
+        printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer\n", B,
+               ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL);
     }
-    for (int s = 0; s < B; s++) be->ops->release(be, (uint64_t)(1000 * bi + s + 1));
-    if (ok)
-      printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer\n", B,
-             ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL);
   }
   be->ops->destroy(be);
   return 0;
