@@ -419,11 +419,25 @@ static void check_experts(int wf32) {
   float *dx = dup_dev(x, 4 * (size_t)T * D), *dact = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D),
         *dout = zeros_dev(4 * (size_t)T * D), *dwt = dup_dev(wts, sizeof wts);
   int32_t *dids = dup_dev(ids, sizeof ids);
-  CHECK(di_v4k_expert_up(dx, dids, d1, d3, wf32, T, ns, D, I, lim, dact, NULL) == DI_OK);
-  CHECK(di_v4k_expert_down(dact, dids, d2, wf32, T, ns, D, I, dy, NULL) == DI_OK);
+  CHECK(di_v4k_expert_up(dx, dids, NULL, E + 1, d1, d3, wf32, T, ns, D, I, lim, dact, NULL) == DI_OK);
+  CHECK(di_v4k_expert_down(dact, dids, NULL, E + 1, d2, wf32, T, ns, D, I, dy, NULL) == DI_OK);
   CHECK(di_v4k_moe_combine(dy, dids, dwt, T, ns, D, dout, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   float *out = from_dev(dout, (size_t)T * D), *ref = calloc((size_t)T * D, 4), *a = malloc(4 * (size_t)I);
+  /* the tiled form (slots grouped by expert: E shared by both tokens) must give the same bits */
+  int32_t *work = zeros_dev(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns));
+  float *dout2 = zeros_dev(4 * (size_t)T * D);
+  CHECK(di_v4k_expert_tiles(dids, T, ns, E + 1, work, NULL) == DI_OK);
+  CHECK(di_v4k_expert_up(dx, dids, work, E + 1, d1, d3, wf32, T, ns, D, I, lim, dact, NULL) == DI_OK);
+  CHECK(di_v4k_expert_down(dact, dids, work, E + 1, d2, wf32, T, ns, D, I, dy, NULL) == DI_OK);
+  CHECK(di_v4k_moe_combine(dy, dids, dwt, T, ns, D, dout2, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *out2 = from_dev(dout2, (size_t)T * D);
+  CHECKF(memcmp(out, out2, 4 * (size_t)T * D) == 0, "experts %s: tiled form differs (rel L2 %.3e)", wf32 ? "f32" : "bf16",
+         test_rel_l2(out2, out, (size_t)T * D));
+  free(out2);
+  di_cut_free(work);
+  di_cut_free(dout2);
   for (int t = 0; t < T; t++)
     for (int k = 0; k < ns; k++) {
       const int e = ids[t * ns + k];

@@ -90,7 +90,7 @@ typedef struct v4cu {
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
-       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_N };
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -514,8 +514,15 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   DI_TRY(di_v4k_linear(x, D, L->router, 1, T, E, D, lg, E, s));
   DI_TRY(di_v4k_route(lg, L->router_bias, L->tid2eid, m->tok, T, E, K, c->scoring == DI_V4_SCORE_SIGMOID,
                       (float)c->routed_scaling, ids, wts, s));
-  DI_TRY(di_v4k_expert_up(x, ids, L->w1, L->w3, b->wf32, T, ns, D, I, (float)c->swiglu_limit, act, s));
-  DI_TRY(di_v4k_expert_down(act, ids, L->w2, b->wf32, T, ns, D, I, y, s));
+  /* one token: every slot its own expert (tiles would only add a launch); more: grouped by expert */
+  int32_t *tiles = NULL;
+  if (T > 1) {
+    SCR(work, S_TILES, int32_t, 1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns);
+    DI_TRY(di_v4k_expert_tiles(ids, T, ns, E + 1, work, s));
+    tiles = work;
+  }
+  DI_TRY(di_v4k_expert_up(x, ids, tiles, E + 1, L->w1, L->w3, b->wf32, T, ns, D, I, (float)c->swiglu_limit, act, s));
+  DI_TRY(di_v4k_expert_down(act, ids, tiles, E + 1, L->w2, b->wf32, T, ns, D, I, y, s));
   return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
 }
 

@@ -98,13 +98,19 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
  * slots id -1. */
 di_status di_v4k_route(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T,
                        int E, int K, int sigmoid_scores, float scaling, int32_t *ids, float *wts, di_cu_stream s);
+/* The step's (token, slot) pairs grouped by expert (E1 = experts + 1, the shared one included) into tiles
+ * of up to 8 in `work` (int32, 1 + 3 * di_v4k_expert_max_tiles + T * n_slots entries), for the tiled form
+ * of the two expert kernels below: each tile's expert rows are read once for its slots. */
+int di_v4k_expert_max_tiles(int T, int n_slots, int E1);
+di_status di_v4k_expert_tiles(const int32_t *ids, int T, int n_slots, int E1, int32_t *work, di_cu_stream s);
 /* act[ts][i] = swiglu-with-clamp of expert ids[ts]'s gate / up rows (w1, w3: [E+1][I][D]) on x[ts / n_slots]
- * for each of T * n_slots slots (id < 0: skipped). */
-di_status di_v4k_expert_up(const float *x, const int32_t *ids, const void *w1, const void *w3, int wf32, int T,
-                           int n_slots, int D, int I, float limit, float *act, di_cu_stream s);
-/* y[ts][d] = w2[ids[ts]][d] . act[ts] (w2: [E+1][D][I]). */
-di_status di_v4k_expert_down(const float *act, const int32_t *ids, const void *w2, int wf32, int T, int n_slots, int D,
-                             int I, float *y, di_cu_stream s);
+ * for each of T * n_slots slots (id < 0: skipped); tiles NULL: a CTA row per slot, else the tiles of
+ * di_v4k_expert_tiles (same results: each slot's sums run in the same order). */
+di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *tiles, int E1, const void *w1, const void *w3,
+                           int wf32, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s);
+/* y[ts][d] = w2[ids[ts]][d] . act[ts] (w2: [E+1][D][I]); tiles as above. */
+di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t *tiles, int E1, const void *w2, int wf32, int T,
+                             int n_slots, int D, int I, float *y, di_cu_stream s);
 /* out[t] = y[t][0] + sum over slots 1.. (id >= 0, in order) of wts * y[t][slot]. */
 di_status di_v4k_moe_combine(const float *y, const int32_t *ids, const float *wts, int T, int n_slots, int D, float *out,
                              di_cu_stream s);

@@ -32,10 +32,11 @@ static __device__ __forceinline__ void wload8(const float *w, size_t i, float *o
   o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
 }
 
-/* acc[i] += W row . x row i over C columns, per lane (the warp sums the lanes afterwards). VEC: 8 columns per
- * lane and iteration with 16-byte loads (C % 8 == 0 and aligned rows), else one. */
+/* acc[i] += W row . xr[i] over C columns for i < nt, per lane (the warp sums the lanes afterwards). VEC: 8
+ * columns per lane and iteration with 16-byte loads (C % 8 == 0 and aligned rows), else one. Each row's
+ * sum runs in the same order whatever the other rows are, so results do not depend on the grouping. */
 template <typename WT, int VEC>
-static __device__ __forceinline__ void row_dot(const WT *wr, const float *x, int ldx, int nt, int C, int lane, float *acc) {
+static __device__ __forceinline__ void row_dot(const WT *wr, const float *const *xr, int nt, int C, int lane, float *acc) {
   if (VEC == 8) {
     for (int c = lane * 8; c < C; c += 32 * 8) {
       float w[8];
@@ -43,7 +44,7 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *x, int
 #pragma unroll
       for (int i = 0; i < LIN_TOK; i++)
         if (i < nt) {
-          const float4 a = *(const float4 *)(x + (size_t)i * ldx + c), b = *(const float4 *)(x + (size_t)i * ldx + c + 4);
+          const float4 a = *(const float4 *)(xr[i] + c), b = *(const float4 *)(xr[i] + c + 4);
           acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
         }
     }
@@ -52,7 +53,7 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *x, int
       const float w = wload(wr, c);
 #pragma unroll
       for (int i = 0; i < LIN_TOK; i++)
-        if (i < nt) acc[i] += w * x[(size_t)i * ldx + c];
+        if (i < nt) acc[i] += w * xr[i][c];
     }
   }
 }
@@ -66,7 +67,10 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   float acc[LIN_TOK];
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
-  row_dot<WT, VEC>(W + (size_t)r * C, x + (size_t)t0 * ldx, ldx, nt, C, lane, acc);
+  const float *xr[LIN_TOK];
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
+  row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) {
     const float v = warp_sum_f(acc[i]);
@@ -377,62 +381,139 @@ di_status di_v4k_route(const float *logits, const float *bias, const int32_t *ti
   return DI_OK;
 }
 
+/* The (token, slot) pairs of a step grouped by expert in tiles of up to LIN_TOK, so that one CTA reads an
+ * expert's rows once for all its tokens of the tile. work: [0] the tile count, then max_tiles triples
+ * (expert, first, count) into perm, then perm [T * n_slots] (slot indices ts, grouped by expert; the
+ * order inside an expert is whatever the atomics give, which changes no result: row_dot). */
+#define GROUP_MAX_E 1025
+__global__ void expert_tiles_k(const int32_t *ids, int n, int E1, int max_tiles, int32_t *work) {
+  __shared__ int cnt[GROUP_MAX_E], cur[GROUP_MAX_E];
+  for (int e = threadIdx.x; e < E1; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int ts = threadIdx.x; ts < n; ts += blockDim.x)
+    if (ids[ts] >= 0) atomicAdd(&cnt[ids[ts]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int off = 0, nt = 0;
+    for (int e = 0; e < E1; e++) {
+      cur[e] = off;
+      for (int j = 0; j < cnt[e] && nt < max_tiles; j += LIN_TOK, nt++) {
+        work[1 + 3 * nt] = e;
+        work[2 + 3 * nt] = off + j;
+        work[3 + 3 * nt] = cnt[e] - j < LIN_TOK ? cnt[e] - j : LIN_TOK;
+      }
+      off += cnt[e];
+    }
+    work[0] = nt;
+  }
+  __syncthreads();
+  int32_t *perm = work + 1 + 3 * max_tiles;
+  for (int ts = threadIdx.x; ts < n; ts += blockDim.x)
+    if (ids[ts] >= 0) perm[atomicAdd(&cur[ids[ts]], 1)] = ts;
+}
+
+int di_v4k_expert_max_tiles(int T, int n_slots, int E1) {
+  const int n = T * n_slots;
+  return n / LIN_TOK + (E1 < n ? E1 : n) + 1;
+}
+
+di_status di_v4k_expert_tiles(const int32_t *ids, int T, int n_slots, int E1, int32_t *work, di_cu_stream s) {
+  if (E1 > GROUP_MAX_E) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d experts (at most %d)", E1 - 1, GROUP_MAX_E - 1);
+  if (T <= 0) return DI_OK;
+  expert_tiles_k<<<1, 1024, 0, s>>>(ids, T * n_slots, E1, di_v4k_expert_max_tiles(T, n_slots, E1), work);
+  V4_LAUNCH("expert_tiles");
+  return DI_OK;
+}
+
+/* The slots of a CTA: one slot (grid.y = slot, tiles NULL) or a tile of one expert's slots. */
+static __device__ __forceinline__ int cta_slots(const int32_t *ids, const int32_t *tiles, int max_tiles, int *e, int *ts) {
+  if (!tiles) {
+    ts[0] = blockIdx.y;
+    *e = ids[blockIdx.y];
+    return *e >= 0;
+  }
+  if ((int)blockIdx.y >= tiles[0]) return 0;
+  const int32_t *tl = tiles + 1 + 3 * blockIdx.y, *perm = tiles + 1 + 3 * max_tiles;
+  *e = tl[0];
+  for (int j = 0; j < tl[2]; j++) ts[j] = perm[tl[1] + j];
+  return tl[2];
+}
+
 template <typename WT, int VEC>
-__global__ void expert_up_k(const float *x, const int32_t *ids, const WT *w1, const WT *w3, int ns, int D, int I,
-                            float lim, float *act) {
+__global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *tiles, int max_tiles, const WT *w1,
+                            const WT *w3, int ns, int D, int I, float lim, float *act) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int i = blockIdx.x * LIN_ROWS + warp, ts = blockIdx.y;
-  const int e = ids[ts];
-  if (i >= I || e < 0) return;
-  const float *xt = x + (size_t)(ts / ns) * D;
-  float ag = 0, au = 0;
-  row_dot<WT, VEC>(w1 + ((size_t)e * I + i) * D, xt, D, 1, D, lane, &ag);
-  row_dot<WT, VEC>(w3 + ((size_t)e * I + i) * D, xt, D, 1, D, lane, &au);
-  ag = warp_sum_f(ag);
-  au = warp_sum_f(au);
-  if (lane == 0) {
-    const float gv = ag > lim ? lim : ag;
-    const float uv = au > lim ? lim : au < -lim ? -lim : au;
-    act[(size_t)ts * I + i] = (float)(gv / (1.0 + exp(-(double)gv))) * uv;
+  const int i = blockIdx.x * LIN_ROWS + warp;
+  int e, ts[LIN_TOK];
+  const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
+  if (i >= I || nt <= 0) return;
+  const float *xr[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) xr[j] = x + (size_t)(ts[j < nt ? j : 0] / ns) * D;
+  float ag[LIN_TOK], au[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) ag[j] = au[j] = 0;
+  row_dot<WT, VEC>(w1 + ((size_t)e * I + i) * D, xr, nt, D, lane, ag);
+  row_dot<WT, VEC>(w3 + ((size_t)e * I + i) * D, xr, nt, D, lane, au);
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) {
+    const float g = warp_sum_f(ag[j]), u = warp_sum_f(au[j]);
+    if (lane == 0 && j < nt) {
+      const float gv = g > lim ? lim : g;
+      const float uv = u > lim ? lim : u < -lim ? -lim : u;
+      act[(size_t)ts[j] * I + i] = (float)(gv / (1.0 + exp(-(double)gv))) * uv;
+    }
   }
 }
 
-di_status di_v4k_expert_up(const float *x, const int32_t *ids, const void *w1, const void *w3, int wf32, int T,
-                           int n_slots, int D, int I, float limit, float *act, di_cu_stream s) {
+di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *tiles, int E1, const void *w1, const void *w3,
+                           int wf32, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, T * n_slots);
+  const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
+  dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
   const int v8 = vec8_ok(x, D, w1, D) && vec8_ok(x, D, w3, D);
-  if (wf32 && v8) expert_up_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
-  else if (wf32) expert_up_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
-  else if (v8) expert_up_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
-  else expert_up_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  if (wf32 && v8) expert_up_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (wf32) expert_up_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (v8) expert_up_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  else expert_up_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   V4_LAUNCH("expert_up");
   return DI_OK;
 }
 
 template <typename WT, int VEC>
-__global__ void expert_down_k(const float *act, const int32_t *ids, const WT *w2, int D, int I, float *y) {
+__global__ void expert_down_k(const float *act, const int32_t *ids, const int32_t *tiles, int max_tiles, const WT *w2, int D,
+                              int I, float *y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int d = blockIdx.x * LIN_ROWS + warp, ts = blockIdx.y;
-  const int e = ids[ts];
-  if (d >= D || e < 0) return;
-  float acc = 0;
-  row_dot<WT, VEC>(w2 + ((size_t)e * D + d) * I, act + (size_t)ts * I, I, 1, I, lane, &acc);
-  acc = warp_sum_f(acc);
-  if (lane == 0) y[(size_t)ts * D + d] = acc;
+  const int d = blockIdx.x * LIN_ROWS + warp;
+  int e, ts[LIN_TOK];
+  const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
+  if (d >= D || nt <= 0) return;
+  const float *xr[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) xr[j] = act + (size_t)ts[j < nt ? j : 0] * I;
+  float acc[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) acc[j] = 0;
+  row_dot<WT, VEC>(w2 + ((size_t)e * D + d) * I, xr, nt, I, lane, acc);
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) {
+    const float v = warp_sum_f(acc[j]);
+    if (lane == 0 && j < nt) y[(size_t)ts[j] * D + d] = v;
+  }
 }
 
-di_status di_v4k_expert_down(const float *act, const int32_t *ids, const void *w2, int wf32, int T, int n_slots, int D,
-                             int I, float *y, di_cu_stream s) {
+di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t *tiles, int E1, const void *w2, int wf32, int T,
+                             int n_slots, int D, int I, float *y, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, T * n_slots);
+  const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
+  dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
   const int v8 = vec8_ok(act, I, w2, I);
-  if (wf32 && v8) expert_down_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const float *)w2, D, I, y);
-  else if (wf32) expert_down_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const float *)w2, D, I, y);
-  else if (v8) expert_down_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const bf16 *)w2, D, I, y);
-  else expert_down_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, (const bf16 *)w2, D, I, y);
+  if (wf32 && v8) expert_down_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
+  else if (wf32) expert_down_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
+  else if (v8) expert_down_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
+  else expert_down_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
   V4_LAUNCH("expert_down");
   return DI_OK;
 }
