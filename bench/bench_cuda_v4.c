@@ -7,7 +7,8 @@
  * per layer), at larger batches fewer distinct experts exist to be read.
  * Sequences start at position CTX (argument 1, default 4096) as prefix hits on zeroed cache blocks
  * (the timing of attention over CTX positions does not depend on the values), then decode.
- *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS]   one line per context and batch size (1, 16, 64) */
+ *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES]   one line per context and batch size
+ *   (BATCHES: a comma list of 1..64, default 1,16,64) */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -152,6 +153,13 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   const char *ctxs = argc > 1 ? argv[1] : "4096";
   const int E = argc > 2 ? atoi(argv[2]) : 32, steps = argc > 3 ? atoi(argv[3]) : 8;
+  int batches[8], n_batches = 0;
+  for (const char *bp = argc > 4 ? argv[4] : "1,16,64"; *bp && n_batches < 8;) {
+    const int v = atoi(bp);
+    if (v >= 1 && v <= MAXSEQ) batches[n_batches++] = v;
+    while (*bp && *bp != ',') bp++;
+    if (*bp == ',') bp++;
+  }
   if (!di_cut_device_ok()) {
     printf("no CUDA device\n");
     return 0;
@@ -194,8 +202,7 @@ int main(int argc, char **argv) {
       printf("kv_alloc_groups at context %d: %s\n", ctx, di_last_error());
       break;
     }
-    const int batches[3] = {1, 16, 64};
-    for (int bi = 0; bi < 3; bi++) {
+    for (int bi = 0; bi < n_batches; bi++) {
       const int B = batches[bi];
       int32_t tok[MAXSEQ], pos[MAXSEQ], so[MAXSEQ], rows[MAXSEQ], gb[MAXSEQ * DI_KV_MAX_GROUPS];
       const int32_t *gt[MAXSEQ * DI_KV_MAX_GROUPS];

@@ -92,6 +92,31 @@ static void check_linear(int wf32, int T, int R, int C) {
   di_cut_free(dx); di_cut_free(dy); di_cut_free(dw);
 }
 
+/* the grouped output projection wo_a: G groups of R rows over slices of gin columns, one launch */
+static void check_linear_groups(int T, int G, int R, int gin) {
+  const int C = G * gin;
+  float *x = rnd((size_t)T * C, 1), *W = rnd((size_t)G * R * gin, 0.05f);
+  uint16_t *wb = malloc(2 * (size_t)G * R * gin);
+  for (size_t i = 0; i < (size_t)G * R * gin; i++) W[i] = di_bf16_to_f32(wb[i] = di_f32_to_bf16(W[i]));
+  float *dx = dup_dev(x, 4 * (size_t)T * C), *dy = zeros_dev(4 * (size_t)T * G * R);
+  void *dw = dup_dev(wb, 2 * (size_t)G * R * gin);
+  CHECK(di_v4k_linear_groups(dx, C, dw, 0, T, R, gin, dy, G * R, G, gin, (int64_t)R * gin, R, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *y = from_dev(dy, (size_t)T * G * R), *ref = malloc(4 * (size_t)T * G * R);
+  for (int t = 0; t < T; t++)
+    for (int g = 0; g < G; g++)
+      for (int r = 0; r < R; r++) {
+        double acc = 0;
+        for (int k = 0; k < gin; k++) acc += (double)W[((size_t)g * R + r) * gin + k] * x[(size_t)t * C + (size_t)g * gin + k];
+        ref[((size_t)t * G + g) * R + r] = (float)acc;
+      }
+  const double e = test_rel_l2(y, ref, (size_t)T * G * R);
+  printf("grouped linear (wo_a) T=%d, %d groups of %d x %d: rel L2 %.2e\n", T, G, R, gin, e);
+  CHECKF(e < 1e-5, "grouped linear: %.3e", e);
+  free(x); free(W); free(wb); free(y); free(ref);
+  di_cut_free(dx); di_cut_free(dy); di_cut_free(dw);
+}
+
 /* mHC: GPU hc_pre + hc_post vs di_v4_hc_site with a sublayer that records its input and returns `out` */
 static float *hc_in_seen, *hc_out_given;
 static di_status hc_sub(di_v4_ctx *c, int l, const float *in, float *out) {
@@ -477,6 +502,7 @@ int main(void) {
   check_linear(0, 9, 64, 1000);
   check_linear(0, 4, 40, 999); /* the one-column path (rows not a multiple of 8) */
   check_linear(1, 2, 24, 1001);
+  check_linear_groups(3, 8, 1024, 4096);
   check_hc();
   check_pool(1);
   check_pool(0);

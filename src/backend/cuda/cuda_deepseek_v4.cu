@@ -495,9 +495,7 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   /* grouped output: wo_a's rows [g*R, (g+1)*R) over slice g of the heads' outputs, then wo_b */
   const int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
   SCR(mid, S_MID, float, (size_t)T * G * R);
-  for (int g = 0; g < G; g++)
-    DI_TRY(di_v4k_linear(o + (size_t)g * gin, H * hd, (const char *)L->wo_a + (size_t)g * R * gin * b->wsize, b->wf32, T, R,
-                         gin, mid + (size_t)g * R, G * R, s));
+  DI_TRY(di_v4k_linear_groups(o, H * hd, L->wo_a, b->wf32, T, R, gin, mid, G * R, G, gin, (int64_t)R * gin, R, s));
   return di_v4k_linear(mid, G * R, L->wo_b, b->wf32, T, D, G * R, out, D, s);
 }
 

@@ -17,6 +17,10 @@ typedef struct CUstream_st *di_cu_stream;
  * W: [R][C] row-major, bf16 or (wf32) float32. f32 accumulation. */
 di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
                         di_cu_stream s);
+/* G products in one launch (the grouped wo_a): group g multiplies x + g*gx by W + g*gw (elements) into
+ * y + g*gy, each as di_v4k_linear. */
+di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                               int G, int64_t gx, int64_t gw, int64_t gy, di_cu_stream s);
 /* In-place RMSNorm of n_rows rows of n floats (row stride ld); weight NULL: unweighted (di_v4_rmsnorm). */
 di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weight, float eps, di_cu_stream s);
 /* Rotary embedding on the trailing rope_dim channels of each row (interleaved pairs; di_v4_rope_apply):

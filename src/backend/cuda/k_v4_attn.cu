@@ -151,25 +151,38 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
 
 /* ---- indexer ------------------------------------------------------------------------------------- */
 
+/* Scores of IDX_ENTRIES entries per CTA, a warp per entry at a time: the query's heads in shared memory
+ * (rows padded by one float: lane h reads row h without bank conflicts), lane j computes the dot products of
+ * heads j, j + 32, ... in the CPU's order (double), relu, scale and head weight, then the warp sums its
+ * heads. The entry's key is read by all lanes at once (a broadcast). */
+#define IDX_WARPS 8
+#define IDX_ENTRIES 32
 __global__ void index_score_k(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                               const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score) {
-  const int t = blockIdx.y, sidx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (sidx >= max_n) return;
+  extern __shared__ float qs[]; /* [nh][di + 1] */
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const di_v4k_seq sq = seqs[seq_of[t]];
   const int nc = (sq.pos0 + sq.n) / ic.rate;
   int valid = (pos[t] + 1) / ic.rate;
   valid = valid < nc ? valid : nc;
-  if (sidx >= valid) return;
-  const float *K = entry_ptr(ic, sq.tab[1], sidx);
+  const int s0 = blockIdx.x * IDX_ENTRIES;
+  if (s0 >= valid) return;
   const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
+  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
+  __syncthreads();
   const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
-  double sc = 0;
-  for (int h = 0; h < nh; h++) {
-    double d = 0;
-    for (int k = 0; k < di; k++) d += (double)qt[h * di + k] * K[k];
-    sc += (d > 0 ? d * qk_scale : 0) * (ht[h] * w_scale);
+  for (int sidx = s0 + warp; sidx < s0 + IDX_ENTRIES && sidx < valid; sidx += IDX_WARPS) {
+    const float *K = entry_ptr(ic, sq.tab[1], sidx);
+    double sc = 0;
+    for (int h = lane; h < nh; h += 32) {
+      const float *qh = qs + (size_t)h * (di + 1);
+      double d = 0;
+      for (int k = 0; k < di; k++) d += (double)qh[k] * K[k];
+      sc += (d > 0 ? d * qk_scale : 0) * (ht[h] * w_scale);
+    }
+    sc = warp_sum_d(sc);
+    if (lane == 0) score[(size_t)t * max_n + sidx] = (float)sc;
   }
-  score[(size_t)t * max_n + sidx] = (float)sc;
 }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
@@ -259,7 +272,11 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s) {
   if (T <= 0 || max_n <= 0) return DI_OK;
-  index_score_k<<<dim3((max_n + 127) / 128, T), 128, 0, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di, max_n, score);
+  const size_t smem = sizeof(float) * (size_t)nh * (di + 1);
+  if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
+  if (smem > 48 * 1024) DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  index_score_k<<<dim3((max_n + IDX_ENTRIES - 1) / IDX_ENTRIES, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                             max_n, score);
   V4_LAUNCH("index_score");
   index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
   V4_LAUNCH("index_topk");

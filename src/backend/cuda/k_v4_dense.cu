@@ -58,11 +58,16 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *const 
   }
 }
 
+/* grid.z: G independent products (the grouped wo_a); group g's x, W and y start gx, gw, gy elements on. */
 template <typename WT, int VEC>
-__global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int C, float *y, int ldy) {
+__global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int C, float *y, int ldy, int64_t gx, int64_t gw,
+                         int64_t gy) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
   if (r >= R) return;
+  x += gx * blockIdx.z;
+  W += gw * blockIdx.z;
+  y += gy * blockIdx.z;
   const int nt = T - t0 < LIN_TOK ? T - t0 : LIN_TOK;
   float acc[LIN_TOK];
 #pragma unroll
@@ -83,18 +88,24 @@ static int vec8_ok(const void *x, int ldx, const void *w, int C) {
   return C % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
 }
 
-di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
-                        di_cu_stream s) {
-  if (T <= 0 || R <= 0) return DI_OK;
-  dim3 grid((R + LIN_ROWS - 1) / LIN_ROWS, (T + LIN_TOK - 1) / LIN_TOK);
-  if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: linear over %d tokens at once", T);
-  const int v8 = vec8_ok(x, ldx, W, C);
-  if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy);
-  else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy);
-  else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy);
-  else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy);
+di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                               int G, int64_t gx, int64_t gw, int64_t gy, di_cu_stream s) {
+  if (T <= 0 || R <= 0 || G <= 0) return DI_OK;
+  dim3 grid((R + LIN_ROWS - 1) / LIN_ROWS, (T + LIN_TOK - 1) / LIN_TOK, G);
+  if (grid.y > 65535 || G > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: linear over %d tokens x %d groups at once", T, G);
+  /* every group's rows keep the alignment of the first when the offsets are multiples of 8 elements */
+  const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
+  if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
+  else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   V4_LAUNCH("linear");
   return DI_OK;
+}
+
+di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                        di_cu_stream s) {
+  return di_v4k_linear_groups(x, ldx, W, wf32, T, R, C, y, ldy, 1, 0, 0, 0, s);
 }
 
 /* ---- norms, rope, embedding ------------------------------------------------------------------------ */
@@ -165,12 +176,14 @@ __global__ void hc_pre_k(const float *X, const float *fn, const float *base, con
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)Xt[i] * Xt[i];
   ss = block_sum_d(ss);
   const double r = 1.0 / sqrt(ss / n + (double)eps);
-  for (int m = 0; m < mix; m++) {
+  /* a warp per mix row (the CTA has up to 32 warps) */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  for (int m = warp; m < mix; m += nwarps) {
     const float *f = fn + (size_t)m * n;
     double s = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)f[i] * Xt[i];
-    s = block_sum_d(s);
-    if (threadIdx.x == 0) mixes[m] = s * r;
+    for (int i = lane; i < n; i += 32) s += (double)f[i] * Xt[i];
+    s = warp_sum_d(s);
+    if (lane == 0) mixes[m] = s * r;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -222,7 +235,8 @@ di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, cons
                         di_cu_stream s) {
   if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
   if (T <= 0) return DI_OK;
-  hc_pre_k<<<T, 256, 0, s>>>(X, fn, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
+  const int mix = (2 + hc) * hc, threads = 32 * (mix < 32 ? (mix > 8 ? mix : 8) : 32);
+  hc_pre_k<<<T, threads, 0, s>>>(X, fn, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
   V4_LAUNCH("hc_pre");
   return DI_OK;
 }
