@@ -66,7 +66,7 @@ void di_model_options_default(di_model_options *opt);
  * model_type deepseek_v2 / deepseek_v3: every path below. deepseek_v4: the CPU accelerator and
  * safetensors weights only (no dummy weights); the engine, di_model_score and di_model_loglikelihood(_batch)
  * serve it; speculative decoding is refused (no MTP layer run for V4). With DEEPINFER_CUDA_V4=1 V4 also
- * loads on cuda (experimental; the engine only: score and log-likelihood calls are refused there). */
+ * loads on cuda (experimental). */
 di_status di_model_load(const char *dir, const di_model_options *opt, di_model **out);
 void di_model_free(di_model *m);
 

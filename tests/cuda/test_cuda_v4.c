@@ -18,7 +18,7 @@
  * vs alone (bit-identical: no kernel's per-row arithmetic depends on the batch), a sequence resumed
  * under a new key at position 256 from another's blocks (prefix hit: the snapshot restore) vs the
  * uninterrupted run (bit-identical), live states released, device sampling (greedy = argmax), named
- * errors, and the registry gate (accelerator cuda is
+ * errors, di_model_score on CUDA vs the CPU, and the registry gate (accelerator cuda is
  * refused unless DEEPINFER_CUDA_V4=1, then runs the engine: greedy generation equal to the golden
  * continuations in the f32 mode). Built only with nvcc; run on the device. */
 #include "api/model_internal.h"
@@ -397,6 +397,24 @@ static void check_registry(void) {
         printf("engine on CUDA (f32): p%d greedy equals the golden continuation for %d of %d tokens\n", p, same, G);
         CHECKF(same == G, "engine on CUDA: p%d leaves the golden continuation at step %d", p, same);
       }
+    }
+    /* di_model_score (a batch without group tables: the backend's own pools) vs the CPU's */
+    {
+      const int T = np[2];
+      float *a = malloc(sizeof(float) * (size_t)T * V), *c = malloc(sizeof(float) * (size_t)T * V);
+      st = di_model_score(m2, pr[2], T, a);
+      CHECKF(st == DI_OK, "di_model_score on CUDA: %s", di_last_error());
+      if (st == DI_OK && di_model_score(M, pr[2], T, c) == DI_OK) {
+        double worst = 0;
+        for (int t = 0; t < T; t++) {
+          const double e = test_rel_l2(a + (size_t)t * V, c + (size_t)t * V, (size_t)V);
+          worst = e > worst ? e : worst;
+        }
+        printf("di_model_score on CUDA (f32) vs the CPU, 300 tokens: worst per-position rel L2 %.2e\n", worst);
+        CHECKF(worst < 1e-4, "di_model_score on CUDA: worst %.3e", worst);
+      }
+      free(a);
+      free(c);
     }
     /* each prompt alone in its own engine: the same tokens as all three together */
     for (int p = 0; p < 3; p++) {

@@ -20,7 +20,8 @@
  *
  * Sampling: ops->sample after wait (k_sample.cu's kernel). Not yet: CUDA graphs, sampling inside the
  * step, device token feedback, tensor-core GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a
- * message), batches without group tables (di_model_score: refused). */
+ * message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_v4_kernels.h"
 extern "C" {
@@ -56,6 +57,11 @@ typedef struct v4_dseq {
   int64_t n_pos;
 } v4_dseq;
 
+typedef struct v4_pools {
+  float *pool[DI_V4_N_KINDS];
+  int64_t blocks[DI_V4_N_KINDS];
+} v4_pools;
+
 typedef struct v4cu {
   di_backend base;
   const di_v4_config *c;
@@ -72,9 +78,13 @@ typedef struct v4cu {
   float *inv_main, *inv_comp; /* rope inverse frequencies */
   float af_main, af_comp;
   v4_dlayer *L;
-  /* pools */
-  float *pool[DI_V4_N_KINDS];
-  int64_t pool_blocks[DI_V4_N_KINDS];
+  /* pools: the engine's groups (kv_alloc_groups), and this backend's own for batches without group
+   * tables (kv_alloc: di_model_score, log-likelihoods), whose sequences use their group-0 table in every
+   * group; `cur` is the step's */
+  v4_pools eng, own, *cur;
+  const int32_t **syn_tables; /* the group tables such a batch is given (its seqs' block tables) */
+  int *syn_blocks, syn_cap;
+  di_batch syn;
   /* sequences */
   v4_dseq *seqs;
   int n_seqs, cap_seqs;
@@ -245,46 +255,52 @@ static int v4cu_kv_groups(di_backend *base, di_kv_group_info *g, int cap) {
   return n;
 }
 
-static di_status v4cu_kv_alloc(di_backend *base, int64_t n_blocks) {
-  (void)base;
-  (void)n_blocks;
-  return di_error_set(DI_ERR_UNSUPPORTED, WHO ": needs the engine's cache groups (kv_alloc_groups); calls without them "
-                      "(di_model_score, log-likelihoods) are not supported on CUDA yet");
-}
-
-static void free_pools(v4cu *b) {
+static void free_pools(v4_pools *p) {
   for (int k = 0; k < DI_V4_N_KINDS; k++) {
-    if (b->pool[k]) cudaFree(b->pool[k]);
-    b->pool[k] = NULL;
-    b->pool_blocks[k] = 0;
+    if (p->pool[k]) cudaFree(p->pool[k]);
+    p->pool[k] = NULL;
+    p->blocks[k] = 0;
   }
 }
 
-static di_status v4cu_kv_alloc_groups(di_backend *base, const int64_t *n_blocks, int n_groups) {
-  v4cu *b = (v4cu *)base;
+static di_status alloc_pools(v4cu *b, v4_pools *p, const int64_t *n_blocks, int n_groups) {
   if (b->batch) return di_error_set(DI_ERR_INVALID_ARG, WHO ": kv_alloc while a step is in flight");
   if (n_groups != b->lay.n_groups)
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": %d cache groups allocated, the model has %d", n_groups, b->lay.n_groups);
-  free_pools(b);
+  free_pools(p);
   for (int k = 0; k < DI_V4_N_KINDS; k++) {
     const int gi = b->lay.group_of[k];
     if (gi < 0) continue;
     const size_t bytes = (size_t)n_blocks[gi] * b->lay.block_floats[k] * sizeof(float);
     if (n_blocks[gi] < 1) {
-      free_pools(b);
+      free_pools(p);
       return di_error_set(DI_ERR_INVALID_ARG, WHO ": %lld blocks for cache group %d", (long long)n_blocks[gi], gi);
     }
-    cudaError_t e = cudaMalloc((void **)&b->pool[k], bytes);
-    if (e == cudaSuccess) e = cudaMemset(b->pool[k], 0, bytes);
+    cudaError_t e = cudaMalloc((void **)&p->pool[k], bytes);
+    if (e == cudaSuccess) e = cudaMemset(p->pool[k], 0, bytes);
     if (e != cudaSuccess) {
-      b->pool[k] = NULL;
-      free_pools(b);
+      p->pool[k] = NULL;
+      free_pools(p);
       return di_error_set(DI_ERR_OOM, WHO ": %zu bytes for %lld blocks of cache group %d: %s", bytes, (long long)n_blocks[gi], gi,
                           cudaGetErrorString(e));
     }
-    b->pool_blocks[k] = n_blocks[gi];
+    p->blocks[k] = n_blocks[gi];
   }
   return DI_OK;
+}
+
+static di_status v4cu_kv_alloc_groups(di_backend *base, const int64_t *n_blocks, int n_groups) {
+  v4cu *b = (v4cu *)base;
+  return alloc_pools(b, &b->eng, n_blocks, n_groups);
+}
+
+/* Batches without group tables: every group gets n_blocks blocks of this backend's own pools. */
+static di_status v4cu_kv_alloc(di_backend *base, int64_t n_blocks) {
+  v4cu *b = (v4cu *)base;
+  if (n_blocks < 1) return di_error_set(DI_ERR_INVALID_ARG, WHO ": %lld KV blocks", (long long)n_blocks);
+  int64_t nb[DI_KV_MAX_GROUPS];
+  for (int g = 0; g < b->lay.n_groups; g++) nb[g] = n_blocks;
+  return alloc_pools(b, &b->own, nb, b->lay.n_groups);
 }
 
 static di_status v4cu_memory_info(di_backend *base, int max_step_tokens, int max_outputs, int64_t *total, int64_t *used) {
@@ -316,7 +332,7 @@ static void v4cu_release(di_backend *base, uint64_t key) {
 }
 
 static void seq_pages(const v4cu *b, const di_batch *bt, int q, di_v4_pages *pg) {
-  di_v4_batch_pages(&b->lay, b->pool, b->pool_blocks, bt, q, pg);
+  di_v4_batch_pages(&b->lay, b->cur->pool, b->cur->blocks, bt, q, pg);
 }
 
 static di_status seq_span(const di_batch *bt, int q, int from, int *t0, int *n) {
@@ -327,11 +343,9 @@ static di_status seq_span(const di_batch *bt, int q, int from, int *t0, int *n) 
  * replay, each sequence continuing its state or resuming from its blocks. A bad batch changes nothing. */
 static di_status check_batch(v4cu *b, const di_batch *bt) {
   DI_TRY(di_v4_batch_check(bt, b->c->vocab_size, b->lay.n_groups, WHO));
-  if (bt->n_tokens > 0 && bt->n_groups == 0)
-    return di_error_set(DI_ERR_UNSUPPORTED, WHO ": a batch without cache-group tables (di_model_score, log-likelihoods) is "
-                        "not supported on CUDA yet");
-  if (bt->n_groups > 0 && !b->pool[DI_V4_G_WINDOW])
-    return di_error_set(DI_ERR_INVALID_ARG, WHO ": the batch carries cache groups' tables but kv_alloc_groups was not called");
+  if (bt->n_groups > 0 && !b->cur->pool[DI_V4_G_WINDOW])
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": the batch carries cache groups' tables but %s was not called",
+                        b->cur == &b->own ? "kv_alloc" : "kv_alloc_groups");
   if (bt->seq_replay)
     for (int q = 0; q < bt->n_seqs; q++)
       if (bt->seq_replay[q] > 0)
@@ -411,7 +425,7 @@ static di_v4k_comp comp_desc(v4cu *b, int l, int index, const float *kv, const f
   d.n_in = csa ? b->lay.n_csa : b->lay.n_hca;
   d.slots = b->lay.slots[d.kind];
   d.snap_off = (int64_t)(b->lay.snap_off[l] + (index ? b->lay.snap_floats[l] : 0));
-  d.pool = b->pool[d.kind];
+  d.pool = b->cur->pool[d.kind];
   d.kv = kv;
   d.gate = gate;
   d.norm = index ? b->L[l].icomp.norm : b->L[l].comp.norm;
@@ -456,7 +470,7 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
   DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
   DI_TRY(di_v4k_rope(kv, hd, T, hd, 1, m->pos, inv, rd, af, 1, s));
-  DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, s));
+  DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, s));
   di_v4k_comp comp;
   const di_v4k_comp *cp = NULL;
   unsigned char *sel = NULL;
@@ -490,7 +504,7 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   SCR(p, S_P, float, (size_t)T * H * keys);
   SCR(ex, S_EX, double, (size_t)T * H * keys);
   SCR(o, S_O, float, (size_t)T * H * hd);
-  DI_TRY(di_v4k_attend(q, m->pos, m->seq_of, m->seqs, b->pool[DI_V4_G_WINDOW], c->n_layers, l, c->sliding_window, cp,
+  DI_TRY(di_v4k_attend(q, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, c->sliding_window, cp,
                        kind == DI_V4_ATTN_HCA, sel, max_n, L->sink, T, H, hd, inv, rd, af, p, ex, o, s));
   /* grouped output: wo_a's rows [g*R, (g+1)*R) over slice g of the heads' outputs, then wo_b */
   const int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
@@ -679,6 +693,24 @@ static di_status run_step(v4cu *b, const di_batch *bt) {
 static di_status v4cu_submit(di_backend *base, const di_batch *bt) {
   v4cu *b = (v4cu *)base;
   if (b->batch) return di_error_set(DI_ERR_INVALID_ARG, WHO ": submit while a step is in flight");
+  b->cur = &b->eng;
+  if (bt && bt->n_groups == 0 && bt->n_tokens > 0 && bt->seqs) { /* kv_alloc's pools, group 0's table everywhere */
+    const int ng = b->lay.n_groups, need = bt->n_seqs * ng;
+    if (!di_grow((void **)&b->syn_tables, &b->syn_cap, need, sizeof *b->syn_tables, 16) ||
+        !(b->syn_blocks = (int *)realloc(b->syn_blocks, sizeof(int) * (size_t)b->syn_cap)))
+      return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+    for (int q = 0; q < bt->n_seqs; q++)
+      for (int g = 0; g < ng; g++) {
+        b->syn_tables[q * ng + g] = bt->seqs[q].block_table;
+        b->syn_blocks[q * ng + g] = bt->seqs[q].n_blocks;
+      }
+    b->syn = *bt;
+    b->syn.n_groups = ng;
+    b->syn.group_tables = b->syn_tables;
+    b->syn.group_blocks = b->syn_blocks;
+    bt = &b->syn;
+    b->cur = &b->own;
+  }
   DI_TRY(check_batch(b, bt));
   di_status st = run_step(b, bt);
   if (st != DI_OK) {
@@ -734,7 +766,10 @@ static void v4cu_destroy(di_backend *base) {
     cudaFree(b->seqs[i].next);
   }
   free(b->seqs);
-  free_pools(b);
+  free_pools(&b->eng);
+  free_pools(&b->own);
+  free(b->syn_tables);
+  free(b->syn_blocks);
   for (int i = 0; i < S_N; i++)
     if (b->scr[i]) cudaFree(b->scr[i]);
   for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
@@ -787,6 +822,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];
+  b->cur = &b->eng;
   di_status st = DI_OK;
   if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess)
     st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create a CUDA stream");
