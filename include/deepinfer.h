@@ -64,8 +64,9 @@ void di_model_options_default(di_model_options *opt);
 /* Loads a Hugging Face model folder (config.json, *.safetensors, optional generation_config.json,
  * tokenizer files). `opt` may be NULL for defaults. On success *out owns the model.
  * model_type deepseek_v2 / deepseek_v3: every path below. deepseek_v4: the CPU accelerator and
- * safetensors weights only (no dummy weights, no CUDA); the engine, di_model_score and
- * di_model_loglikelihood(_batch) serve it; speculative decoding is refused (no MTP layer run for V4). */
+ * safetensors weights only (no dummy weights); the engine, di_model_score and di_model_loglikelihood(_batch)
+ * serve it; speculative decoding is refused (no MTP layer run for V4). With DEEPINFER_CUDA_V4=1 V4 also
+ * loads on cuda (experimental). */
 di_status di_model_load(const char *dir, const di_model_options *opt, di_model **out);
 void di_model_free(di_model *m);
 

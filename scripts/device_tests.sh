@@ -10,7 +10,7 @@
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
 # files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
 # Environment: BENCH_ARGS (extra bench arguments), SKIP_KERNELS=1, SKIP_OPS=1, SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
-# SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_PDL_AB=1, SKIP_NCU=1, SKIP_FEEDBACK=1; AB_VARIANTS (batch-1 A/B runs, see
+# SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_V4=1, SKIP_PDL_AB=1, SKIP_NCU=1, SKIP_FEEDBACK=1; AB_VARIANTS (batch-1 A/B runs, see
 # below), AB_ARGS (extra arguments of those runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +19,9 @@ if [ "${1:-}" = "--build" ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
   # no MPI in the device binaries (its runtime is not on the device; the GPU tests need none)
   cmake -S . -B build-cuda -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
-  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_ops test_cuda_model test_cuda_engine bench_cuda_decode bench_engine deepinfer_cli
+  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_ops test_cuda_model test_cuda_engine test_cuda_v4 test_cuda_v4_kernels bench_cuda_decode bench_cuda_v4 bench_engine deepinfer_cli
   mkdir -p .carry/cuda
-  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_engine build-cuda/bench_cuda_decode build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
+  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_engine build-cuda/test_cuda_v4 build-cuda/test_cuda_v4_kernels build-cuda/bench_cuda_v4 build-cuda/bench_cuda_decode build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
   # the Debian libraries the binaries link (cJSON, PCRE2, libmicrohttpd and its GnuTLS chain): the
   # device image has the CUDA runtime and glibc, not these
   for lib in $(ldd build-cuda/test_cuda_model build-cuda/deepinfer | awk '/=> \// {print $3}' | sort -u |
@@ -67,6 +67,10 @@ ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
 [ "${SKIP_OPS:-0}" = 1 ] || stage ops 120 "$BIN/test_cuda_ops"
 [ "${SKIP_MODEL:-0}" = 1 ] || stage model 240 "$BIN/test_cuda_model"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage engine 240 "$BIN/test_cuda_engine"
+# DeepSeek-V4 (issue 20): its kernels at V4-Flash shapes, dsv4-tiny vs the CPU backend / goldens / the engine
+[ "${SKIP_V4:-0}" = 1 ] || stage v4_kernels 120 "$BIN/test_cuda_v4_kernels"
+[ "${SKIP_V4:-0}" = 1 ] || stage v4_model 240 "$BIN/test_cuda_v4"
+[ "${SKIP_V4:-0}" = 1 ] || [ "${SKIP_BENCH:-0}" = 1 ] || stage v4_bench 240 "$BIN/bench_cuda_v4" 4096 32 8
 [ "${SKIP_BENCH:-0}" = 1 ] || stage bench 420 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json ${BENCH_ARGS:-}
 # the same decode with device token feedback (steps queued before the host has their tokens)
 [ "${SKIP_BENCH:-0}" = 1 ] || [ "${SKIP_FEEDBACK:-0}" = 1 ] || stage bench_feedback 300 "$BIN/bench_cuda_decode" \

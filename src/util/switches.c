@@ -50,6 +50,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "1: per-phase device time of eager steps (graphs off), printed at destroy"},
     [DI_SW_CUDA_GPU_TIME] = {"DEEPINFER_CUDA_GPU_TIME", "0", "1: device time of each replayed graph (di_cuda_stats)"},
     [DI_SW_CUDA_STATS] = {"DEEPINFER_CUDA_STATS", "0", "1: step, graph and resample counts printed at destroy"},
+    [DI_SW_CUDA_V4] = {"DEEPINFER_CUDA_V4", "0",
+                       "1: DeepSeek-V4 models may run on the CUDA backend (experimental; off: accelerator cuda is refused)"},
+    [DI_SW_CUDA_V4_F32] = {"DEEPINFER_CUDA_V4_F32", "0",
+                           "1: the DeepSeek-V4 CUDA backend keeps its weights in float32 (tests: CPU-exact arithmetic)"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -38,6 +38,8 @@ typedef enum {
   DI_SW_CUDA_PROFILE,
   DI_SW_CUDA_GPU_TIME,
   DI_SW_CUDA_STATS,
+  DI_SW_CUDA_V4,
+  DI_SW_CUDA_V4_F32,
   /* several ranks (src/dist/) */
   DI_SW_DIST_TIMEOUT,
   DI_SW_DIST_TEST_FAIL,

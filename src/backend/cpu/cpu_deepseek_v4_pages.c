@@ -107,3 +107,71 @@ di_status di_v4_pages_check(const di_v4_pages *pg, int64_t pos0, int n, int64_t 
   }
   return DI_OK;
 }
+
+void di_v4_batch_pages(const di_v4_layout *lay, float *const *pool, const int64_t *pool_blocks, const di_batch *bt, int q,
+                       di_v4_pages *pg) {
+  memset(pg, 0, sizeof *pg);
+  pg->lay = lay;
+  for (int k = 0; k < DI_V4_N_KINDS; k++) {
+    const int gi = lay->group_of[k];
+    if (gi < 0)
+      continue;
+    pg->pool[k] = pool[k];
+    pg->pool_blocks[k] = pool_blocks[k];
+    pg->table[k] = bt->group_tables[(size_t)q * bt->n_groups + gi];
+    pg->n[k] = bt->group_blocks[(size_t)q * bt->n_groups + gi];
+  }
+}
+
+di_status di_v4_batch_span(const di_batch *bt, int q, int from, int *t0, int *n, const char *who) {
+  int t = from;
+  while (t < bt->n_tokens && bt->seq_of[t] != q)
+    t++;
+  *t0 = t;
+  int k = t;
+  while (k < bt->n_tokens && bt->seq_of[k] == q)
+    k++;
+  *n = k - t;
+  for (int j = k; j < bt->n_tokens; j++)
+    if (bt->seq_of[j] == q)
+      return di_error_set(DI_ERR_INVALID_ARG, "%s: the tokens of batch sequence %d are not contiguous in the batch", who, q);
+  return DI_OK;
+}
+
+di_status di_v4_batch_check(const di_batch *bt, int vocab, int n_groups, const char *who) {
+  if (!bt || bt->n_tokens < 0 || bt->n_seqs < 0 || (bt->n_tokens > 0 && (!bt->tokens || !bt->positions || !bt->seq_of)) ||
+      (bt->n_seqs > 0 && !bt->seqs) || bt->n_outputs < 0 || bt->n_outputs > bt->n_tokens ||
+      (bt->n_outputs > 0 && !bt->output_rows) || (bt->n_groups > 0 && (!bt->group_tables || !bt->group_blocks)))
+    return di_error_set(DI_ERR_INVALID_ARG, "%s: malformed batch", who);
+  if (bt->n_groups > 0 && bt->n_groups != n_groups)
+    return di_error_set(DI_ERR_INVALID_ARG, "%s: the batch carries %d cache groups' tables, the model has %d", who, bt->n_groups,
+                        n_groups);
+  for (int t = 0; t < bt->n_tokens; t++) {
+    if (bt->seq_of[t] < 0 || bt->seq_of[t] >= bt->n_seqs)
+      return di_error_set(DI_ERR_INVALID_ARG, "%s: token %d belongs to sequence %d of %d", who, t, bt->seq_of[t], bt->n_seqs);
+    if (bt->tokens[t] < 0 || bt->tokens[t] >= vocab)
+      return di_error_set(DI_ERR_INVALID_ARG, "%s: token id %d at batch row %d is outside the vocabulary [0, %d)", who,
+                          bt->tokens[t], t, vocab);
+  }
+  for (int j = 0; j < bt->n_outputs; j++)
+    if (bt->output_rows[j] < 0 || bt->output_rows[j] >= bt->n_tokens || (j > 0 && bt->output_rows[j] <= bt->output_rows[j - 1]))
+      return di_error_set(DI_ERR_INVALID_ARG, "%s: output row %d is %d (rows must ascend within the batch's %d tokens)", who, j,
+                          bt->output_rows[j], bt->n_tokens);
+  int from = 0;
+  for (int q = 0; q < bt->n_seqs; q++) {
+    for (int p = 0; p < q; p++)
+      if (bt->seqs[p].key == bt->seqs[q].key)
+        return di_error_set(DI_ERR_INVALID_ARG, "%s: sequence key %llu appears twice in one batch", who,
+                            (unsigned long long)bt->seqs[q].key);
+    int t0, n;
+    DI_TRY(di_v4_batch_span(bt, q, from, &t0, &n, who));
+    if (n == 0)
+      continue;
+    from = t0 + n;
+    for (int k = 1; k < n; k++)
+      if (bt->positions[t0 + k] != bt->positions[t0] + k)
+        return di_error_set(DI_ERR_INVALID_ARG, "%s: sequence key %llu: positions %d then %d are not consecutive", who,
+                            (unsigned long long)bt->seqs[q].key, bt->positions[t0 + k - 1], bt->positions[t0 + k]);
+  }
+  return DI_OK;
+}

@@ -55,6 +55,17 @@ typedef struct di_v4_pages {
  * there too. Named errors. */
 di_status di_v4_pages_check(const di_v4_pages *pg, int64_t pos0, int n, int64_t win_start, int64_t replay_until, int restore);
 
+/* Sequence q's view of the pools (pool[k] / pool_blocks[k] per kind) through the batch's group tables. */
+void di_v4_batch_pages(const di_v4_layout *lay, float *const *pool, const int64_t *pool_blocks, const di_batch *bt, int q,
+                       di_v4_pages *pg);
+/* First token index (from `from` on) and count of sequence q in the batch; an error (prefixed by who)
+ * when its tokens are not contiguous. */
+di_status di_v4_batch_span(const di_batch *bt, int q, int from, int *t0, int *n, const char *who);
+/* The checks every V4 backend makes of a batch before it changes any state: shape, sequence and vocabulary
+ * ranges, ascending output rows, no key twice, contiguous tokens with consecutive positions per sequence;
+ * with group tables, that their count is n_groups. Named errors prefixed by who. */
+di_status di_v4_batch_check(const di_batch *bt, int vocab, int n_groups, const char *who);
+
 static inline float *di_v4_window_row(const di_v4_pages *pg, int l, int64_t pos) {
   const di_v4_layout *y = pg->lay;
   const int32_t b = pg->table[DI_V4_G_WINDOW][pos / DI_KV_BLOCK_SIZE];

@@ -122,73 +122,24 @@ static di_status v4_kv_alloc_groups(di_backend *base, const int64_t *n_blocks, i
 
 /* Sequence q's blocks in a batch with group tables. */
 static void seq_pages(const v4_backend *b, const di_batch *bt, int q, di_v4_pages *pg) {
-  memset(pg, 0, sizeof *pg);
-  pg->lay = &b->lay;
-  for (int k = 0; k < DI_V4_N_KINDS; k++) {
-    const int gi = b->lay.group_of[k];
-    if (gi < 0)
-      continue;
-    pg->pool[k] = b->pool[k];
-    pg->pool_blocks[k] = b->pool_blocks[k];
-    pg->table[k] = bt->group_tables[(size_t)q * bt->n_groups + gi];
-    pg->n[k] = bt->group_blocks[(size_t)q * bt->n_groups + gi];
-  }
-}
-
-/* First token index and count of sequence q in the batch (its tokens must be contiguous). */
-static di_status seq_span(const di_batch *bt, int q, int from, int *t0, int *n) {
-  int t = from;
-  while (t < bt->n_tokens && bt->seq_of[t] != q)
-    t++;
-  *t0 = t;
-  int k = t;
-  while (k < bt->n_tokens && bt->seq_of[k] == q)
-    k++;
-  *n = k - t;
-  for (int j = k; j < bt->n_tokens; j++)
-    if (bt->seq_of[j] == q)
-      return di_error_set(DI_ERR_INVALID_ARG, WHO ": the tokens of batch sequence %d are not contiguous in the batch", q);
-  return DI_OK;
+  di_v4_batch_pages(&b->lay, b->pool, b->pool_blocks, bt, q, pg);
 }
 
 static di_status v4_submit(di_backend *base, const di_batch *bt) {
   v4_backend *b = (v4_backend *)base;
   if (b->batch)
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": submit while a step is in flight");
-  if (!bt || bt->n_tokens < 0 || bt->n_seqs < 0 || (bt->n_tokens > 0 && (!bt->tokens || !bt->positions || !bt->seq_of)) ||
-      (bt->n_seqs > 0 && !bt->seqs) || bt->n_outputs < 0 || bt->n_outputs > bt->n_tokens ||
-      (bt->n_outputs > 0 && !bt->output_rows) || (bt->n_groups > 0 && (!bt->group_tables || !bt->group_blocks)))
-    return di_error_set(DI_ERR_INVALID_ARG, WHO ": malformed batch");
-  if (bt->n_groups > 0 && (bt->n_groups != b->lay.n_groups || !b->pool[b->lay.group_of[DI_V4_G_WINDOW] >= 0 ? DI_V4_G_WINDOW : 0]))
-    return di_error_set(DI_ERR_INVALID_ARG, WHO ": the batch carries %d cache groups' tables, the model has %d%s", bt->n_groups,
-                        b->lay.n_groups, bt->n_groups == b->lay.n_groups ? " (but kv_alloc_groups was not called)" : "");
-  const int V = b->c->vocab_size;
-  for (int t = 0; t < bt->n_tokens; t++) {
-    if (bt->seq_of[t] < 0 || bt->seq_of[t] >= bt->n_seqs)
-      return di_error_set(DI_ERR_INVALID_ARG, WHO ": token %d belongs to sequence %d of %d", t, bt->seq_of[t], bt->n_seqs);
-    if (bt->tokens[t] < 0 || bt->tokens[t] >= V)
-      return di_error_set(DI_ERR_INVALID_ARG, WHO ": token id %d at batch row %d is outside the vocabulary [0, %d)",
-                          bt->tokens[t], t, V);
-  }
-  for (int j = 0; j < bt->n_outputs; j++)
-    if (bt->output_rows[j] < 0 || bt->output_rows[j] >= bt->n_tokens || (j > 0 && bt->output_rows[j] <= bt->output_rows[j - 1]))
-      return di_error_set(DI_ERR_INVALID_ARG, WHO ": output row %d is %d (rows must ascend within the batch's %d tokens)", j,
-                          bt->output_rows[j], bt->n_tokens);
+  DI_TRY(di_v4_batch_check(bt, b->c->vocab_size, b->lay.n_groups, WHO));
+  if (bt->n_groups > 0 && !b->pool[b->lay.group_of[DI_V4_G_WINDOW] >= 0 ? DI_V4_G_WINDOW : 0])
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": the batch carries %d cache groups' tables, the model has %d (but "
+                        "kv_alloc_groups was not called)", bt->n_groups, b->lay.n_groups);
   int from = 0;
   for (int q = 0; q < bt->n_seqs; q++) {
-    for (int p = 0; p < q; p++)
-      if (bt->seqs[p].key == bt->seqs[q].key)
-        return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu appears twice in one batch",
-                            (unsigned long long)bt->seqs[q].key);
     int t0, n;
-    DI_TRY(seq_span(bt, q, from, &t0, &n));
+    DI_TRY(di_v4_batch_span(bt, q, from, &t0, &n, WHO));
     if (n == 0)
       continue;
     from = t0 + n;
-    for (int k = 1; k < n; k++)
-      if (bt->positions[t0 + k] != bt->positions[t0] + k)
-        return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu: positions %d then %d are not consecutive",
-                            (unsigned long long)bt->seqs[q].key, bt->positions[t0 + k - 1], bt->positions[t0 + k]);
     const v4_seq *s = find(b, bt->seqs[q].key);
     const int64_t have = s ? di_v4_seq_state_positions(s->st) : 0;
     if (bt->n_groups > 0) { /* paged: continue, start, or resume from the blocks; every block it needs there */
@@ -284,7 +235,7 @@ static di_status run_batch(v4_backend *b, const di_batch *bt, float *logits) {
   int from = 0, j = 0, n_jobs = 0; /* j: the next output row */
   for (int q = 0; q < bt->n_seqs; q++) {
     int t0, n;
-    DI_TRY(seq_span(bt, q, from, &t0, &n));
+    DI_TRY(di_v4_batch_span(bt, q, from, &t0, &n, WHO));
     if (n == 0)
       continue;
     from = t0 + n;

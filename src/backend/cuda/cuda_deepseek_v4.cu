@@ -1,0 +1,850 @@
+/* The DeepSeek-V4 forward on CUDA: a backend of its own (vtable of backend/backend.h) with the same
+ * contract as the CPU's V4 backend (backend/cpu/cpu_v4_backend.c): the engine's paged cache groups in
+ * the same layout (backend/cpu/cpu_deepseek_v4_pages.h, float32), here in device memory; a table from
+ * sequence keys to each sequence's open compressor windows (device buffers in the snapshot layout);
+ * submit() checks the batch on the host, then queues the whole step: every layer over all the step's
+ * tokens at once (kernels of k_v4_dense.cu / k_v4_attn.cu), the head for the output rows; wait() copies
+ * the logits.
+ *
+ * Per layer: mHC collapse + norm -> q (wq_a, q_norm, wq_b, per-head norm, rope), kv (wkv, norm, rope)
+ * -> kv rows into the window blocks -> CSA / HCA: compressor projections + ape, pooling of the windows
+ * closing in the step into their blocks, the open windows after the step and at every block end
+ * (snapshots) -> CSA: the indexer (own compressor, roped queries, ReLU scores, top-k) -> attention with
+ * sinks -> grouped output (wo_a per group, wo_b) -> mHC update; then the same mHC around the MoE (router,
+ * hash or biased top-k, experts + shared expert as GEMVs per token and slot, combine).
+ *
+ * Weights: bf16 on the device, dequantized on the host at load (cuda_upload.cu's up_rows: FP8 / MXFP4 /
+ * F16 / F32 all pass through di_weight_rows_f32), or float32 with DEEPINFER_CUDA_V4_F32=1 (the tests'
+ * exact mode). v4_upload_matrix is the seam where native FP8 / MXFP4 device formats go (issue 18). ape,
+ * hyper-connection, norm, sink and router parameters stay float32.
+ *
+ * Sampling: ops->sample after wait (k_sample.cu's kernel). Not yet: CUDA graphs, sampling inside the
+ * step, device token feedback, tensor-core GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a
+ * message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
+#include "cuda_backend_impl.cuh"
+#include "cuda_v4_kernels.h"
+extern "C" {
+#include "backend/cpu/cpu_deepseek_v4_ops.h"
+#include "backend/cpu/cpu_deepseek_v4_pages.h"
+#include "backend/cuda/cuda_v4_backend.h"
+#include "util/grow.h"
+}
+#include <stdio.h>
+
+#define WHO "DeepSeek-V4 CUDA backend"
+
+typedef struct v4_dcomp {
+  void *wkv, *wgate;
+  float *ape, *norm;
+} v4_dcomp;
+
+typedef struct v4_dlayer {
+  float *attn_norm, *ffn_norm;
+  float *hc_attn_fn, *hc_ffn_fn, *hc_attn_base, *hc_ffn_base, *hc_attn_scale, *hc_ffn_scale;
+  void *wq_a, *wq_b, *wkv, *wo_a, *wo_b;
+  float *q_norm, *kv_norm, *sink;
+  v4_dcomp comp, icomp;
+  void *idx_wq_b, *idx_weights;
+  float *router, *router_bias;
+  int32_t *tid2eid;
+  void *w1, *w3, *w2; /* [E+1][I][D], [E+1][I][D], [E+1][D][I]; expert E is the shared one */
+} v4_dlayer;
+
+typedef struct v4_dseq {
+  uint64_t key;
+  float *state, *next; /* open windows at the state's position; the next state (swapped after a step) */
+  int64_t n_pos;
+} v4_dseq;
+
+typedef struct v4_pools {
+  float *pool[DI_V4_N_KINDS];
+  int64_t blocks[DI_V4_N_KINDS];
+} v4_pools;
+
+typedef struct v4cu {
+  di_backend base;
+  const di_v4_config *c;
+  cudaStream_t stream;
+  int wf32;
+  size_t wsize;
+  di_v4_layout lay;
+  size_t state_floats;
+  void **allocs;
+  int n_allocs, cap_allocs;
+  /* weights */
+  void *embed, *head;
+  float *final_norm, *hc_head_fn, *hc_head_base, *hc_head_scale;
+  float *inv_main, *inv_comp; /* rope inverse frequencies */
+  float af_main, af_comp;
+  v4_dlayer *L;
+  /* pools: the engine's groups (kv_alloc_groups), and this backend's own for batches without group
+   * tables (kv_alloc: di_model_score, log-likelihoods), whose sequences use their group-0 table in every
+   * group; `cur` is the step's */
+  v4_pools eng, own, *cur;
+  const int32_t **syn_tables; /* the group tables such a batch is given (its seqs' block tables) */
+  int *syn_blocks, syn_cap;
+  di_batch syn;
+  /* sequences */
+  v4_dseq *seqs;
+  int n_seqs, cap_seqs;
+  /* scratch (grown as needed) */
+  void *scr[32];
+  size_t scr_cap[32];
+  int32_t *h_i32;
+  int h_i32_cap;
+  /* the step */
+  const di_batch *batch;
+  int n_out;
+  float *d_logits;
+} v4cu;
+
+enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_N };
+
+static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
+  *p = NULL;
+  if (!bytes) bytes = 16;
+  if (!di_grow((void **)&b->allocs, &b->cap_allocs, b->n_allocs + 1, sizeof(void *), 64))
+    return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+  cudaError_t e = cudaMalloc(p, bytes);
+  if (e != cudaSuccess)
+    return di_error_set(DI_ERR_OOM, WHO ": cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+  b->allocs[b->n_allocs++] = *p;
+  return DI_OK;
+}
+
+static di_status scratch(v4cu *b, int slot, size_t bytes, void **out) {
+  if (bytes < 16) bytes = 16;
+  if (b->scr_cap[slot] < bytes) {
+    if (b->scr[slot]) cudaFree(b->scr[slot]);
+    b->scr[slot] = NULL;
+    b->scr_cap[slot] = 0;
+    size_t cap = bytes + bytes / 4;
+    cudaError_t e = cudaMalloc(&b->scr[slot], cap);
+    if (e != cudaSuccess)
+      return di_error_set(DI_ERR_OOM, WHO ": cudaMalloc of %zu bytes of scratch failed: %s", cap, cudaGetErrorString(e));
+    b->scr_cap[slot] = cap;
+  }
+  *out = b->scr[slot];
+  return DI_OK;
+}
+#define SCR(var, slot, type, n) \
+  type *var;                    \
+  DI_TRY(scratch(b, slot, sizeof(type) * (size_t)(n), (void **)&var))
+
+/* ---- weights to the device ---------------------------------------------------------------------------- */
+
+/* The seam for native formats: today every matrix becomes bf16 rows (or f32 rows in the exact mode). */
+static di_status v4_upload_rows(v4cu *b, const di_weight *w, void *dst) {
+  if (!b->wf32) return up_rows(w, 0, w->rows, (bf16 *)dst, w->cols);
+  const int64_t chunk = 256;
+  float *f = (float *)malloc(sizeof(float) * (size_t)(chunk * w->cols));
+  if (!f) return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+  di_status st = DI_OK;
+  for (int64_t r = 0; r < w->rows && st == DI_OK; r += chunk) {
+    const int64_t m = w->rows - r < chunk ? w->rows - r : chunk;
+    di_weight_rows_f32(w, r, r + m, f);
+    cudaError_t e = cudaMemcpy((float *)dst + r * w->cols, f, sizeof(float) * (size_t)(m * w->cols), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) st = di_error_set(DI_ERR_BACKEND, WHO ": uploading %s: %s", w->name ? w->name : "?", cudaGetErrorString(e));
+  }
+  free(f);
+  return st;
+}
+
+static di_status v4_upload_matrix(v4cu *b, const di_weight *w, void **out) {
+  DI_TRY(alloc_dev(b, out, (size_t)(w->rows * w->cols) * b->wsize));
+  return v4_upload_rows(b, w, *out);
+}
+
+/* Expert matrices stacked [E+1][rows][cols] (the shared expert last). */
+static di_status v4_upload_experts(v4cu *b, const di_weight *ew, const di_weight *shared, int E, void **out) {
+  const size_t one = (size_t)(shared->rows * shared->cols) * b->wsize;
+  DI_TRY(alloc_dev(b, out, one * (size_t)(E + 1)));
+  for (int e = 0; e <= E; e++) {
+    const di_weight *w = e < E ? &ew[e] : shared;
+    if (w->rows != shared->rows || w->cols != shared->cols)
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": expert %d weight %s is [%lld x %lld], the shared expert's [%lld x %lld]", e,
+                          w->name ? w->name : "?", (long long)w->rows, (long long)w->cols, (long long)shared->rows,
+                          (long long)shared->cols);
+    DI_TRY(v4_upload_rows(b, w, (char *)*out + one * (size_t)e));
+  }
+  return DI_OK;
+}
+
+static di_status up_f32(v4cu *b, const float *v, size_t n, float **out) {
+  DI_TRY(alloc_dev(b, (void **)out, sizeof(float) * n));
+  if (v) DI_CU(cudaMemcpy(*out, v, sizeof(float) * n, cudaMemcpyHostToDevice));
+  else DI_CU(cudaMemset(*out, 0, sizeof(float) * n));
+  return DI_OK;
+}
+
+static di_status up_weight_f32(v4cu *b, const di_weight *w, float **out) {
+  float *h = (float *)malloc(sizeof(float) * (size_t)(w->rows * w->cols));
+  if (!h) return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+  di_weight_rows_f32(w, 0, w->rows, h);
+  di_status st = up_f32(b, h, (size_t)(w->rows * w->cols), out);
+  free(h);
+  return st;
+}
+
+static di_status upload_comp(v4cu *b, const di_v4_compressor *cp, int rate, v4_dcomp *d) {
+  DI_TRY(v4_upload_matrix(b, &cp->wkv, &d->wkv));
+  DI_TRY(v4_upload_matrix(b, &cp->wgate, &d->wgate));
+  DI_TRY(up_f32(b, cp->ape, (size_t)rate * cp->width, &d->ape));
+  return up_f32(b, cp->norm, (size_t)cp->dim, &d->norm);
+}
+
+static di_status upload(v4cu *b, const di_v4_weights *w) {
+  const di_v4_config *c = b->c;
+  const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
+  DI_TRY(v4_upload_matrix(b, &w->embed, &b->embed));
+  DI_TRY(v4_upload_matrix(b, &w->head, &b->head));
+  DI_TRY(up_f32(b, w->final_norm, (size_t)D, &b->final_norm));
+  DI_TRY(up_weight_f32(b, &w->hc_head_fn, &b->hc_head_fn));
+  DI_TRY(up_f32(b, w->hc_head_base, (size_t)hc, &b->hc_head_base));
+  DI_TRY(up_f32(b, w->hc_head_scale, 1, &b->hc_head_scale));
+  b->L = (v4_dlayer *)calloc((size_t)c->n_layers, sizeof *b->L);
+  if (!b->L) return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+  for (int l = 0; l < c->n_layers; l++) {
+    const di_v4_layer *s = &w->layers[l];
+    v4_dlayer *d = &b->L[l];
+    DI_TRY(up_f32(b, s->attn_norm, (size_t)D, &d->attn_norm));
+    DI_TRY(up_f32(b, s->ffn_norm, (size_t)D, &d->ffn_norm));
+    DI_TRY(up_weight_f32(b, &s->hc_attn_fn, &d->hc_attn_fn));
+    DI_TRY(up_weight_f32(b, &s->hc_ffn_fn, &d->hc_ffn_fn));
+    DI_TRY(up_f32(b, s->hc_attn_base, (size_t)mix, &d->hc_attn_base));
+    DI_TRY(up_f32(b, s->hc_ffn_base, (size_t)mix, &d->hc_ffn_base));
+    DI_TRY(up_f32(b, s->hc_attn_scale, 3, &d->hc_attn_scale));
+    DI_TRY(up_f32(b, s->hc_ffn_scale, 3, &d->hc_ffn_scale));
+    DI_TRY(v4_upload_matrix(b, &s->wq_a, &d->wq_a));
+    DI_TRY(v4_upload_matrix(b, &s->wq_b, &d->wq_b));
+    DI_TRY(v4_upload_matrix(b, &s->wkv, &d->wkv));
+    DI_TRY(v4_upload_matrix(b, &s->wo_a, &d->wo_a));
+    DI_TRY(v4_upload_matrix(b, &s->wo_b, &d->wo_b));
+    DI_TRY(up_f32(b, s->q_norm, (size_t)c->q_lora_rank, &d->q_norm));
+    DI_TRY(up_f32(b, s->kv_norm, (size_t)c->head_dim, &d->kv_norm));
+    DI_TRY(up_f32(b, s->sink, (size_t)c->n_heads, &d->sink));
+    if (c->attn_kind[l] == DI_V4_ATTN_CSA) {
+      DI_TRY(upload_comp(b, &s->comp, c->csa_rate, &d->comp));
+      DI_TRY(upload_comp(b, &s->icomp, c->csa_rate, &d->icomp));
+      DI_TRY(v4_upload_matrix(b, &s->idx_wq_b, &d->idx_wq_b));
+      DI_TRY(v4_upload_matrix(b, &s->idx_weights, &d->idx_weights));
+    } else if (c->attn_kind[l] == DI_V4_ATTN_HCA)
+      DI_TRY(upload_comp(b, &s->comp, c->hca_rate, &d->comp));
+    DI_TRY(up_weight_f32(b, &s->router, &d->router));
+    if (s->router_bias) DI_TRY(up_f32(b, s->router_bias, (size_t)c->n_routed_experts, &d->router_bias));
+    else DI_TRY(up_f32(b, NULL, (size_t)c->n_routed_experts, &d->router_bias));
+    if (s->tid2eid) {
+      DI_TRY(alloc_dev(b, (void **)&d->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * c->top_k));
+      DI_CU(cudaMemcpy(d->tid2eid, s->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * c->top_k, cudaMemcpyHostToDevice));
+    }
+    DI_TRY(v4_upload_experts(b, s->exp_w1, &s->sh_w1, c->n_routed_experts, &d->w1));
+    DI_TRY(v4_upload_experts(b, s->exp_w3, &s->sh_w3, c->n_routed_experts, &d->w3));
+    DI_TRY(v4_upload_experts(b, s->exp_w2, &s->sh_w2, c->n_routed_experts, &d->w2));
+  }
+  return DI_OK;
+}
+
+/* ---- cache groups --------------------------------------------------------------------------------- */
+
+static int v4cu_kv_groups(di_backend *base, di_kv_group_info *g, int cap) {
+  v4cu *b = (v4cu *)base;
+  const int n = di_v4_layout_groups(&b->lay, b->c, g, cap);
+  if (n > 0 && cap > 0) g[0].bytes_per_seq = (int64_t)(2 * b->state_floats * sizeof(float));
+  return n;
+}
+
+static void free_pools(v4_pools *p) {
+  for (int k = 0; k < DI_V4_N_KINDS; k++) {
+    if (p->pool[k]) cudaFree(p->pool[k]);
+    p->pool[k] = NULL;
+    p->blocks[k] = 0;
+  }
+}
+
+static di_status alloc_pools(v4cu *b, v4_pools *p, const int64_t *n_blocks, int n_groups) {
+  if (b->batch) return di_error_set(DI_ERR_INVALID_ARG, WHO ": kv_alloc while a step is in flight");
+  if (n_groups != b->lay.n_groups)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": %d cache groups allocated, the model has %d", n_groups, b->lay.n_groups);
+  free_pools(p);
+  for (int k = 0; k < DI_V4_N_KINDS; k++) {
+    const int gi = b->lay.group_of[k];
+    if (gi < 0) continue;
+    const size_t bytes = (size_t)n_blocks[gi] * b->lay.block_floats[k] * sizeof(float);
+    if (n_blocks[gi] < 1) {
+      free_pools(p);
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": %lld blocks for cache group %d", (long long)n_blocks[gi], gi);
+    }
+    cudaError_t e = cudaMalloc((void **)&p->pool[k], bytes);
+    if (e == cudaSuccess) e = cudaMemset(p->pool[k], 0, bytes);
+    if (e != cudaSuccess) {
+      p->pool[k] = NULL;
+      free_pools(p);
+      return di_error_set(DI_ERR_OOM, WHO ": %zu bytes for %lld blocks of cache group %d: %s", bytes, (long long)n_blocks[gi], gi,
+                          cudaGetErrorString(e));
+    }
+    p->blocks[k] = n_blocks[gi];
+  }
+  return DI_OK;
+}
+
+static di_status v4cu_kv_alloc_groups(di_backend *base, const int64_t *n_blocks, int n_groups) {
+  v4cu *b = (v4cu *)base;
+  return alloc_pools(b, &b->eng, n_blocks, n_groups);
+}
+
+/* Batches without group tables: every group gets n_blocks blocks of this backend's own pools. */
+static di_status v4cu_kv_alloc(di_backend *base, int64_t n_blocks) {
+  v4cu *b = (v4cu *)base;
+  if (n_blocks < 1) return di_error_set(DI_ERR_INVALID_ARG, WHO ": %lld KV blocks", (long long)n_blocks);
+  int64_t nb[DI_KV_MAX_GROUPS];
+  for (int g = 0; g < b->lay.n_groups; g++) nb[g] = n_blocks;
+  return alloc_pools(b, &b->own, nb, b->lay.n_groups);
+}
+
+static di_status v4cu_memory_info(di_backend *base, int max_step_tokens, int max_outputs, int64_t *total, int64_t *used) {
+  (void)base;
+  (void)max_step_tokens;
+  (void)max_outputs;
+  size_t fr = 0, tot = 0;
+  DI_CU(cudaMemGetInfo(&fr, &tot));
+  *total = (int64_t)tot;
+  *used = (int64_t)(tot - fr);
+  return DI_OK;
+}
+
+/* ---- sequences ------------------------------------------------------------------------------------- */
+
+static v4_dseq *find(v4cu *b, uint64_t key) {
+  for (int i = 0; i < b->n_seqs; i++)
+    if (b->seqs[i].key == key) return &b->seqs[i];
+  return NULL;
+}
+
+static void v4cu_release(di_backend *base, uint64_t key) {
+  v4cu *b = (v4cu *)base;
+  v4_dseq *s = find(b, key);
+  if (!s) return;
+  cudaFree(s->state);
+  cudaFree(s->next);
+  *s = b->seqs[--b->n_seqs];
+}
+
+static void seq_pages(const v4cu *b, const di_batch *bt, int q, di_v4_pages *pg) {
+  di_v4_batch_pages(&b->lay, b->cur->pool, b->cur->blocks, bt, q, pg);
+}
+
+static di_status seq_span(const di_batch *bt, int q, int from, int *t0, int *n) {
+  return di_v4_batch_span(bt, q, from, t0, n, WHO);
+}
+
+/* The batch's checks (di_v4_batch_check, as the CPU backend's) and this backend's own: group tables, no
+ * replay, each sequence continuing its state or resuming from its blocks. A bad batch changes nothing. */
+static di_status check_batch(v4cu *b, const di_batch *bt) {
+  DI_TRY(di_v4_batch_check(bt, b->c->vocab_size, b->lay.n_groups, WHO));
+  if (bt->n_groups > 0 && !b->cur->pool[DI_V4_G_WINDOW])
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": the batch carries cache groups' tables but %s was not called",
+                        b->cur == &b->own ? "kv_alloc" : "kv_alloc_groups");
+  if (bt->seq_replay)
+    for (int q = 0; q < bt->n_seqs; q++)
+      if (bt->seq_replay[q] > 0)
+        return di_error_set(DI_ERR_UNSUPPORTED, WHO ": SWA bounded replay (--swa-bounded-replay) is not supported on CUDA yet");
+  int from = 0;
+  for (int q = 0; q < bt->n_seqs; q++) {
+    int t0, n;
+    DI_TRY(seq_span(bt, q, from, &t0, &n));
+    if (n == 0) continue;
+    from = t0 + n;
+    const v4_dseq *s = find(b, bt->seqs[q].key);
+    const int64_t have = s ? s->n_pos : 0, p0 = bt->positions[t0];
+    const int resume = p0 > 0 && (!s || p0 != have);
+    if (resume && s)
+      return di_error_set(DI_ERR_INVALID_ARG, WHO ": sequence key %llu continues at position %lld but its state holds %lld tokens",
+                          (unsigned long long)bt->seqs[q].key, (long long)p0, (long long)have);
+    di_v4_pages pg;
+    seq_pages(b, bt, q, &pg);
+    di_status st = di_v4_pages_check(&pg, p0, n, 0, 0, resume);
+    if (st != DI_OK) return di_error_wrap(st, "sequence key %llu: ", (unsigned long long)bt->seqs[q].key);
+  }
+  return DI_OK;
+}
+
+/* The device state of sequence q starting at p0: its own, or a new one (restored from the snapshot
+ * of block p0/64 - 1 when p0 > 0: a prefix hit or a resumed sequence). */
+static di_status get_state(v4cu *b, uint64_t key, int64_t p0, const di_v4_pages *pg, v4_dseq **out) {
+  v4_dseq *s = find(b, key);
+  if (!s) {
+    if (!di_grow((void **)&b->seqs, &b->cap_seqs, b->n_seqs + 1, sizeof *b->seqs, 16))
+      return di_error_set(DI_ERR_OOM, WHO ": out of memory for the sequence table");
+    v4_dseq ns = {key, NULL, NULL, 0};
+    const size_t bytes = (b->state_floats ? b->state_floats : 4) * sizeof(float);
+    cudaError_t e = cudaMalloc((void **)&ns.state, bytes);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&ns.next, bytes);
+    if (e == cudaSuccess) e = cudaMemset(ns.state, 0, bytes);
+    if (e != cudaSuccess) {
+      cudaFree(ns.state);
+      return di_error_set(DI_ERR_OOM, WHO ": %zu bytes of sequence state: %s", 2 * bytes, cudaGetErrorString(e));
+    }
+    if (p0 > 0 && b->state_floats) {
+      const float *snap = di_v4_state_block(pg, p0 / DI_KV_BLOCK_SIZE - 1);
+      DI_CU(cudaMemcpyAsync(ns.state, snap, bytes, cudaMemcpyDeviceToDevice, b->stream));
+    }
+    ns.n_pos = p0;
+    b->seqs[b->n_seqs] = ns;
+    s = &b->seqs[b->n_seqs++];
+  }
+  if (p0 == 0) s->n_pos = 0;
+  *out = s;
+  return DI_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------------------- */
+
+typedef struct step_meta {
+  int T, n_seqs, n_out, max_csa, max_hca;
+  int32_t *tok, *pos, *seq_of, *rows;       /* device */
+  di_v4k_seq *seqs;                          /* device */
+  di_v4k_entry *ent_csa, *ent_hca;           /* device */
+  int n_ent_csa, n_ent_hca;
+  di_v4k_swrite *sw_csa, *sw_hca;            /* device */
+  int n_sw_csa, n_sw_hca;
+} step_meta;
+
+static di_v4k_comp comp_desc(v4cu *b, int l, int index, const float *kv, const float *gate) {
+  const di_v4_config *c = b->c;
+  di_v4k_comp d;
+  memset(&d, 0, sizeof d);
+  const int csa = c->attn_kind[l] == DI_V4_ATTN_CSA;
+  d.kind = csa ? (index ? DI_V4_G_INDEX : DI_V4_G_CSA) : DI_V4_G_HCA;
+  d.rate = csa ? c->csa_rate : c->hca_rate;
+  d.overlap = csa;
+  d.dim = index ? c->index_head_dim : c->head_dim;
+  d.width = csa ? 2 * d.dim : d.dim;
+  d.lidx = b->lay.lidx[l];
+  d.n_in = csa ? b->lay.n_csa : b->lay.n_hca;
+  d.slots = b->lay.slots[d.kind];
+  d.snap_off = (int64_t)(b->lay.snap_off[l] + (index ? b->lay.snap_floats[l] : 0));
+  d.pool = b->cur->pool[d.kind];
+  d.kv = kv;
+  d.gate = gate;
+  d.norm = index ? b->L[l].icomp.norm : b->L[l].comp.norm;
+  return d;
+}
+
+/* Projections, ape, pooling and open windows of one compressor over the step. */
+static di_status run_comp(v4cu *b, const step_meta *m, int l, int index, const float *a, float *kv, float *gate,
+                          di_v4k_comp *out) {
+  const di_v4_config *c = b->c;
+  const v4_dcomp *dc = index ? &b->L[l].icomp : &b->L[l].comp;
+  di_v4k_comp d = comp_desc(b, l, index, kv, gate);
+  cudaStream_t s = b->stream;
+  DI_TRY(di_v4k_linear(a, c->hidden_size, dc->wkv, b->wf32, m->T, d.width, c->hidden_size, kv, d.width, s));
+  DI_TRY(di_v4k_linear(a, c->hidden_size, dc->wgate, b->wf32, m->T, d.width, c->hidden_size, gate, d.width, s));
+  DI_TRY(di_v4k_add_ape(gate, dc->ape, m->pos, m->T, d.rate, d.width, s));
+  const int csa = d.overlap;
+  DI_TRY(di_v4k_pool(&d, m->seqs, csa ? m->ent_csa : m->ent_hca, csa ? m->n_ent_csa : m->n_ent_hca, b->inv_comp,
+                     c->rope_compress.dim, b->af_comp, (float)c->rms_eps, s));
+  DI_TRY(di_v4k_state_write(&d, m->seqs, csa ? m->sw_csa : m->sw_hca, csa ? m->n_sw_csa : m->n_sw_hca, s));
+  *out = d;
+  return DI_OK;
+}
+
+static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, float *out) {
+  const di_v4_config *c = b->c;
+  const v4_dlayer *L = &b->L[l];
+  const int T = m->T, D = c->hidden_size, H = c->n_heads, hd = c->head_dim, ql = c->q_lora_rank, kind = c->attn_kind[l];
+  const float eps = (float)c->rms_eps;
+  cudaStream_t s = b->stream;
+  const float *inv = kind == DI_V4_ATTN_SLIDING ? b->inv_main : b->inv_comp;
+  const float af = kind == DI_V4_ATTN_SLIDING ? b->af_main : b->af_comp;
+  const int rd = kind == DI_V4_ATTN_SLIDING ? c->rope_main.dim : c->rope_compress.dim;
+  SCR(qr, S_QR, float, (size_t)T * ql);
+  SCR(q, S_Q, float, (size_t)T * H * hd);
+  SCR(kv, S_KV, float, (size_t)T * hd);
+  DI_TRY(di_v4k_linear(a, D, L->wq_a, b->wf32, T, ql, D, qr, ql, s));
+  DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
+  DI_TRY(di_v4k_linear(qr, ql, L->wq_b, b->wf32, T, H * hd, ql, q, H * hd, s));
+  DI_TRY(di_v4k_linear(a, D, L->wkv, b->wf32, T, hd, D, kv, hd, s));
+  DI_TRY(di_v4k_rmsnorm(q, hd, T * H, hd, NULL, eps, s));
+  DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
+  DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
+  DI_TRY(di_v4k_rope(kv, hd, T, hd, 1, m->pos, inv, rd, af, 1, s));
+  DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, s));
+  di_v4k_comp comp;
+  const di_v4k_comp *cp = NULL;
+  unsigned char *sel = NULL;
+  int max_n = 0;
+  if (kind != DI_V4_ATTN_SLIDING) {
+    const int csa = kind == DI_V4_ATTN_CSA;
+    const int w = 2 * hd * (csa ? 1 : 0) + hd * (csa ? 0 : 1);
+    SCR(ckv, S_CKV, float, (size_t)T * w);
+    SCR(cg, S_CGATE, float, (size_t)T * w);
+    DI_TRY(run_comp(b, m, l, 0, a, ckv, cg, &comp));
+    cp = &comp;
+    max_n = csa ? m->max_csa : m->max_hca;
+    if (csa) {
+      const int nh = c->index_n_heads, di = c->index_head_dim;
+      SCR(ikv, S_IKV, float, (size_t)T * 2 * di);
+      SCR(ig, S_IGATE, float, (size_t)T * 2 * di);
+      di_v4k_comp icomp;
+      DI_TRY(run_comp(b, m, l, 1, a, ikv, ig, &icomp));
+      SCR(iq, S_IQ, float, (size_t)T * nh * di);
+      SCR(iw, S_IW, float, (size_t)T * nh);
+      SCR(score, S_SCORE, float, (size_t)T * (max_n > 0 ? max_n : 1));
+      SCR(selb, S_SEL, unsigned char, (size_t)T * (max_n > 0 ? max_n : 1));
+      DI_TRY(di_v4k_linear(qr, ql, L->idx_wq_b, b->wf32, T, nh * di, ql, iq, nh * di, s));
+      DI_TRY(di_v4k_linear(a, D, L->idx_weights, b->wf32, T, nh, D, iw, nh, s));
+      DI_TRY(di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, s));
+      DI_TRY(di_v4k_indexer(iq, iw, m->pos, m->seq_of, m->seqs, &icomp, T, nh, di, c->index_topk, max_n, score, selb, s));
+      sel = selb;
+    }
+  }
+  const size_t keys = (size_t)c->sliding_window + max_n;
+  SCR(p, S_P, float, (size_t)T * H * keys);
+  SCR(ex, S_EX, double, (size_t)T * H * keys);
+  SCR(o, S_O, float, (size_t)T * H * hd);
+  DI_TRY(di_v4k_attend(q, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, c->sliding_window, cp,
+                       kind == DI_V4_ATTN_HCA, sel, max_n, L->sink, T, H, hd, inv, rd, af, p, ex, o, s));
+  /* grouped output: wo_a's rows [g*R, (g+1)*R) over slice g of the heads' outputs, then wo_b */
+  const int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
+  SCR(mid, S_MID, float, (size_t)T * G * R);
+  DI_TRY(di_v4k_linear_groups(o, H * hd, L->wo_a, b->wf32, T, R, gin, mid, G * R, G, gin, (int64_t)R * gin, R, s));
+  return di_v4k_linear(mid, G * R, L->wo_b, b->wf32, T, D, G * R, out, D, s);
+}
+
+static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *out) {
+  const di_v4_config *c = b->c;
+  const v4_dlayer *L = &b->L[l];
+  const int T = m->T, D = c->hidden_size, E = c->n_routed_experts, K = c->top_k, I = c->moe_inter, ns = K + 1;
+  cudaStream_t s = b->stream;
+  SCR(lg, S_RLOG, float, (size_t)T * E);
+  SCR(ids, S_IDS, int32_t, (size_t)T * ns);
+  SCR(wts, S_WTS, float, (size_t)T * ns);
+  SCR(act, S_ACT, float, (size_t)T * ns * I);
+  SCR(y, S_Y, float, (size_t)T * ns * D);
+  DI_TRY(di_v4k_linear(x, D, L->router, 1, T, E, D, lg, E, s));
+  DI_TRY(di_v4k_route(lg, L->router_bias, L->tid2eid, m->tok, T, E, K, c->scoring == DI_V4_SCORE_SIGMOID,
+                      (float)c->routed_scaling, ids, wts, s));
+  /* one token: every slot its own expert (tiles would only add a launch); more: grouped by expert */
+  int32_t *tiles = NULL;
+  if (T > 1) {
+    SCR(work, S_TILES, int32_t, 1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns);
+    DI_TRY(di_v4k_expert_tiles(ids, T, ns, E + 1, work, s));
+    tiles = work;
+  }
+  DI_TRY(di_v4k_expert_up(x, ids, tiles, E + 1, L->w1, L->w3, b->wf32, T, ns, D, I, (float)c->swiglu_limit, act, s));
+  DI_TRY(di_v4k_expert_down(act, ids, tiles, E + 1, L->w2, b->wf32, T, ns, D, I, y, s));
+  return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
+}
+
+/* Host metadata of the step into one device block. */
+static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
+  const di_v4_config *c = b->c;
+  const int T = bt->n_tokens, S = bt->n_seqs, B = DI_KV_BLOCK_SIZE;
+  memset(m, 0, sizeof *m);
+  m->T = T;
+  m->n_seqs = S;
+  m->n_out = bt->n_outputs;
+  /* counts first */
+  int n_ec = 0, n_eh = 0, n_wc = 0, n_wh = 0, tab_total = 0;
+  for (int q = 0; q < S; q++) {
+    int t0, n;
+    DI_TRY(seq_span(bt, q, 0, &t0, &n));
+    if (!n) continue;
+    const int64_t p0 = bt->positions[t0], end = p0 + n;
+    n_ec += (int)(end / c->csa_rate - p0 / c->csa_rate);
+    n_eh += (int)(end / c->hca_rate - p0 / c->hca_rate);
+    const int snaps = (int)(end / B - p0 / B) + 1;
+    n_wc += snaps;
+    n_wh += snaps;
+    for (int g = 0; g < bt->n_groups; g++) tab_total += bt->group_blocks[(size_t)q * bt->n_groups + g];
+  }
+  /* layout of the block (bytes, 16-aligned parts) */
+  size_t off = 0;
+#define PART(name, bytes) const size_t name = off; off += ((size_t)(bytes) + 15) & ~(size_t)15
+  PART(o_tok, 4 * (size_t)T);
+  PART(o_pos, 4 * (size_t)T);
+  PART(o_seq, 4 * (size_t)T);
+  PART(o_rows, 4 * (size_t)(bt->n_outputs + 1));
+  PART(o_seqs, sizeof(di_v4k_seq) * (size_t)(S + 1));
+  PART(o_ec, sizeof(di_v4k_entry) * (size_t)(n_ec + 1));
+  PART(o_eh, sizeof(di_v4k_entry) * (size_t)(n_eh + 1));
+  PART(o_wc, sizeof(di_v4k_swrite) * (size_t)(n_wc + 1));
+  PART(o_wh, sizeof(di_v4k_swrite) * (size_t)(n_wh + 1));
+  PART(o_tab, 4 * (size_t)(tab_total + 1));
+#undef PART
+  char *dev;
+  DI_TRY(scratch(b, S_META, off, (void **)&dev));
+  if (!di_grow((void **)&b->h_i32, &b->h_i32_cap, (int)(off / 4 + 1), 4, 1024))
+    return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+  char *h = (char *)b->h_i32;
+  memcpy(h + o_tok, bt->tokens, 4 * (size_t)T);
+  memcpy(h + o_pos, bt->positions, 4 * (size_t)T);
+  memcpy(h + o_seq, bt->seq_of, 4 * (size_t)T);
+  if (bt->n_outputs) memcpy(h + o_rows, bt->output_rows, 4 * (size_t)bt->n_outputs);
+  di_v4k_seq *hs = (di_v4k_seq *)(h + o_seqs);
+  di_v4k_entry *ec = (di_v4k_entry *)(h + o_ec), *eh = (di_v4k_entry *)(h + o_eh);
+  di_v4k_swrite *wc = (di_v4k_swrite *)(h + o_wc), *wh = (di_v4k_swrite *)(h + o_wh);
+  int32_t *tabs = (int32_t *)(h + o_tab);
+  int tab_at = 0;
+  n_ec = n_eh = n_wc = n_wh = 0;
+  for (int q = 0; q < S; q++) {
+    int t0, n;
+    DI_TRY(seq_span(bt, q, 0, &t0, &n));
+    di_v4k_seq *d = &hs[q];
+    memset(d, 0, sizeof *d);
+    if (!n) continue;
+    const int64_t p0 = bt->positions[t0], end = p0 + n;
+    di_v4_pages pg;
+    seq_pages(b, bt, q, &pg);
+    v4_dseq *st;
+    DI_TRY(get_state(b, bt->seqs[q].key, p0, &pg, &st));
+    d->t0 = t0;
+    d->n = n;
+    d->pos0 = (int32_t)p0;
+    d->state = st->state;
+    for (int k = 0; k < DI_V4_N_KINDS; k++) {
+      if (b->lay.group_of[k] < 0) continue;
+      memcpy(tabs + tab_at, pg.table[k], 4 * (size_t)pg.n[k]);
+      d->tab[k] = (const int32_t *)(dev + o_tab) + tab_at;
+      tab_at += pg.n[k];
+    }
+    for (int64_t e = p0 / c->csa_rate; e < end / c->csa_rate; e++) ec[n_ec++] = (di_v4k_entry){q, (int32_t)e};
+    for (int64_t e = p0 / c->hca_rate; e < end / c->hca_rate; e++) eh[n_eh++] = (di_v4k_entry){q, (int32_t)e};
+    const int mc = (int)(end / c->csa_rate), mh = (int)(end / c->hca_rate);
+    m->max_csa = mc > m->max_csa ? mc : m->max_csa;
+    m->max_hca = mh > m->max_hca ? mh : m->max_hca;
+    /* the new state, then the snapshots of the blocks this step completes */
+    wc[n_wc++] = (di_v4k_swrite){q, (int32_t)end, st->next};
+    wh[n_wh++] = (di_v4k_swrite){q, (int32_t)end, st->next};
+    if (b->lay.group_of[DI_V4_G_STATE] >= 0)
+      for (int64_t blk = p0 / B; (blk + 1) * B <= end; blk++) {
+        float *snap = di_v4_state_block(&pg, blk);
+        wc[n_wc++] = (di_v4k_swrite){q, (int32_t)((blk + 1) * B), snap};
+        wh[n_wh++] = (di_v4k_swrite){q, (int32_t)((blk + 1) * B), snap};
+      }
+  }
+  DI_CU(cudaMemcpyAsync(dev, h, off, cudaMemcpyHostToDevice, b->stream));
+  m->tok = (int32_t *)(dev + o_tok);
+  m->pos = (int32_t *)(dev + o_pos);
+  m->seq_of = (int32_t *)(dev + o_seq);
+  m->rows = (int32_t *)(dev + o_rows);
+  m->seqs = (di_v4k_seq *)(dev + o_seqs);
+  m->ent_csa = (di_v4k_entry *)(dev + o_ec);
+  m->ent_hca = (di_v4k_entry *)(dev + o_eh);
+  m->sw_csa = (di_v4k_swrite *)(dev + o_wc);
+  m->sw_hca = (di_v4k_swrite *)(dev + o_wh);
+  m->n_ent_csa = n_ec;
+  m->n_ent_hca = n_eh;
+  m->n_sw_csa = n_wc;
+  m->n_sw_hca = n_wh;
+  /* the host block is reused by the next step only after this one's wait (synchronous copy order) */
+  return DI_OK;
+}
+
+static di_status run_step(v4cu *b, const di_batch *bt) {
+  const di_v4_config *c = b->c;
+  step_meta m;
+  DI_TRY(build_meta(b, bt, &m));
+  const int T = m.T, D = c->hidden_size, hc = c->hc_mult;
+  cudaStream_t s = b->stream;
+  SCR(X, S_X, float, (size_t)T * hc * D);
+  SCR(in, S_IN, float, (size_t)T * D);
+  SCR(out, S_OUT, float, (size_t)T * D);
+  SCR(post, S_POST, double, (size_t)T * hc);
+  SCR(comb, S_COMB, double, (size_t)T * hc * hc);
+  const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
+  DI_TRY(di_v4k_embed(b->embed, b->wf32, m.tok, T, D, hc, X, s));
+  for (int l = 0; l < c->n_layers; l++) {
+    const v4_dlayer *L = &b->L[l];
+    DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
+                         eps, hc_eps, in, post, comb, s));
+    DI_TRY(attention(b, &m, l, in, out));
+    DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
+    DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
+                         hc_eps, in, post, comb, s));
+    DI_TRY(moe(b, &m, l, in, out));
+    DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
+  }
+  b->n_out = m.n_out;
+  if (m.n_out > 0) {
+    SCR(hy, S_HY, float, (size_t)m.n_out * D);
+    SCR(lgt, S_LOGITS, float, (size_t)m.n_out * c->vocab_size);
+    DI_TRY(di_v4k_head_pre(X, m.rows, m.n_out, b->hc_head_fn, b->hc_head_base, b->hc_head_scale, b->final_norm, D, hc, eps,
+                           hc_eps, hy, s));
+    DI_TRY(di_v4k_linear(hy, D, b->head, b->wf32, m.n_out, c->vocab_size, D, lgt, c->vocab_size, s));
+    b->d_logits = lgt;
+  }
+  /* the new states become the states */
+  for (int q = 0; q < bt->n_seqs; q++) {
+    int t0, n;
+    DI_TRY(seq_span(bt, q, 0, &t0, &n));
+    if (!n) continue;
+    v4_dseq *st = find(b, bt->seqs[q].key);
+    float *tmp = st->state;
+    st->state = st->next;
+    st->next = tmp;
+    st->n_pos = bt->positions[t0] + n;
+  }
+  return DI_OK;
+}
+
+static di_status v4cu_submit(di_backend *base, const di_batch *bt) {
+  v4cu *b = (v4cu *)base;
+  if (b->batch) return di_error_set(DI_ERR_INVALID_ARG, WHO ": submit while a step is in flight");
+  b->cur = &b->eng;
+  if (bt && bt->n_groups == 0 && bt->n_tokens > 0 && bt->seqs) { /* kv_alloc's pools, group 0's table everywhere */
+    const int ng = b->lay.n_groups, need = bt->n_seqs * ng;
+    if (!di_grow((void **)&b->syn_tables, &b->syn_cap, need, sizeof *b->syn_tables, 16) ||
+        !(b->syn_blocks = (int *)realloc(b->syn_blocks, sizeof(int) * (size_t)b->syn_cap)))
+      return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+    for (int q = 0; q < bt->n_seqs; q++)
+      for (int g = 0; g < ng; g++) {
+        b->syn_tables[q * ng + g] = bt->seqs[q].block_table;
+        b->syn_blocks[q * ng + g] = bt->seqs[q].n_blocks;
+      }
+    b->syn = *bt;
+    b->syn.n_groups = ng;
+    b->syn.group_tables = b->syn_tables;
+    b->syn.group_blocks = b->syn_blocks;
+    bt = &b->syn;
+    b->cur = &b->own;
+  }
+  DI_TRY(check_batch(b, bt));
+  di_status st = run_step(b, bt);
+  if (st != DI_OK) {
+    cudaStreamSynchronize(b->stream);
+    return st;
+  }
+  b->batch = bt;
+  return DI_OK;
+}
+
+static di_status v4cu_wait(di_backend *base, float *logits, float *hidden) {
+  v4cu *b = (v4cu *)base;
+  const di_batch *bt = b->batch;
+  b->batch = NULL;
+  if (!bt) return di_error_set(DI_ERR_INVALID_ARG, WHO ": wait without a submitted step");
+  if (hidden) return di_error_set(DI_ERR_UNSUPPORTED, WHO ": final hidden states (MTP drafting) are not available for DeepSeek-V4");
+  if (logits && b->n_out > 0)
+    DI_CU(cudaMemcpyAsync(logits, b->d_logits, sizeof(float) * (size_t)b->n_out * b->c->vocab_size, cudaMemcpyDeviceToHost,
+                          b->stream));
+  DI_CU(cudaStreamSynchronize(b->stream));
+  return DI_OK;
+}
+
+/* One token per output row of the finished step, sampled on the device from its logits (k_sample.cu,
+ * the V2/V3 backend's kernel: the host sampler's semantics). */
+static di_status v4cu_sample(di_backend *base, const di_sample_row *rows, int n, int32_t *tokens) {
+  v4cu *b = (v4cu *)base;
+  if (n != b->n_out || n <= 0)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": sample of %d rows after a step with %d outputs", n, b->n_out);
+  di_cuk_sample_row *h = (di_cuk_sample_row *)malloc(sizeof(di_cuk_sample_row) * (size_t)n);
+  if (!h) return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+  for (int i = 0; i < n; i++) h[i] = cuk_row(&rows[i]);
+  void *d_rows, *d_out;
+  di_status st = scratch(b, S_SROWS, sizeof(di_cuk_sample_row) * (size_t)n, &d_rows);
+  if (st == DI_OK) st = scratch(b, S_SOUT, sizeof(int32_t) * (size_t)n, &d_out);
+  if (st == DI_OK && cudaMemcpyAsync(d_rows, h, sizeof(di_cuk_sample_row) * (size_t)n, cudaMemcpyHostToDevice, b->stream) != cudaSuccess)
+    st = di_error_set(DI_ERR_BACKEND, WHO ": copying the sample rows failed");
+  if (st == DI_OK)
+    st = di_cuk_sample(b->d_logits, n, b->c->vocab_size, (const di_cuk_sample_row *)d_rows, (int32_t *)d_out, b->stream);
+  if (st == DI_OK && (cudaMemcpyAsync(tokens, d_out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, b->stream) != cudaSuccess ||
+                      cudaStreamSynchronize(b->stream) != cudaSuccess))
+    st = di_error_set(DI_ERR_BACKEND, WHO ": sampling failed: %s", cudaGetErrorString(cudaGetLastError()));
+  free(h);
+  return st;
+}
+
+static void v4cu_destroy(di_backend *base) {
+  v4cu *b = (v4cu *)base;
+  if (!b) return;
+  if (b->stream) cudaStreamSynchronize(b->stream);
+  for (int i = 0; i < b->n_seqs; i++) {
+    cudaFree(b->seqs[i].state);
+    cudaFree(b->seqs[i].next);
+  }
+  free(b->seqs);
+  free_pools(&b->eng);
+  free_pools(&b->own);
+  free(b->syn_tables);
+  free(b->syn_blocks);
+  for (int i = 0; i < S_N; i++)
+    if (b->scr[i]) cudaFree(b->scr[i]);
+  for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
+  free(b->allocs);
+  free(b->L);
+  free(b->h_i32);
+  if (b->stream) cudaStreamDestroy(b->stream);
+  free(b);
+}
+
+static const di_backend_ops V4CU_OPS = {
+    .name = "cuda (deepseek_v4)",
+    .kv_groups = v4cu_kv_groups,
+    .kv_alloc = v4cu_kv_alloc,
+    .submit = v4cu_submit,
+    .wait = v4cu_wait,
+    .sample = v4cu_sample,
+    .mtp = NULL,
+    .release = v4cu_release,
+    .sample_async = NULL,
+    .sample_fetch = NULL,
+    .destroy = v4cu_destroy,
+    .memory_info = v4cu_memory_info,
+    .kv_alloc_groups = v4cu_kv_alloc_groups,
+};
+
+static float *upload_inv_freq(v4cu *b, const di_v4_rope_tab *rt, di_status *st) {
+  float *d = NULL;
+  *st = up_f32(b, rt->inv_freq, (size_t)(rt->p->dim / 2 > 0 ? rt->p->dim / 2 : 1), &d);
+  return d;
+}
+
+extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
+                                               di_backend **out) {
+  if (!cfg || !v4 || !w || !out) return di_error_set(DI_ERR_INVALID_ARG, WHO ": NULL argument");
+  *out = NULL;
+  if (w->n_layers != v4->n_layers)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": weights have %d layers, the config %d", w->n_layers, v4->n_layers);
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)
+    return di_error_set(DI_ERR_BACKEND, WHO ": no CUDA device");
+  v4cu *b = (v4cu *)calloc(1, sizeof *b);
+  if (!b) return di_error_set(DI_ERR_OOM, WHO ": out of memory");
+  b->base.ops = &V4CU_OPS;
+  b->base.cfg = cfg;
+  b->base.vocab_size = v4->vocab_size;
+  b->base.hidden_size = v4->hidden_size;
+  b->c = v4;
+  b->wf32 = di_switch_bool(DI_SW_CUDA_V4_F32, 0);
+  b->wsize = b->wf32 ? 4 : 2;
+  di_v4_layout_init(v4, &b->lay);
+  b->state_floats = b->lay.block_floats[DI_V4_G_STATE];
+  b->cur = &b->eng;
+  di_status st = DI_OK;
+  if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess)
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create a CUDA stream");
+  /* the ropes' inverse frequencies as the CPU computes them (di_v4_ctx_init) */
+  di_v4_ctx cx;
+  const int32_t tok0 = 0;
+  if (st == DI_OK) st = di_v4_ctx_init(&cx, v4, w, &tok0, 1, WHO);
+  if (st == DI_OK) b->inv_main = upload_inv_freq(b, &cx.main_rope, &st);
+  if (st == DI_OK) b->inv_comp = upload_inv_freq(b, &cx.compress_rope, &st);
+  b->af_main = (float)v4->rope_main.attention_factor;
+  b->af_comp = (float)v4->rope_compress.attention_factor;
+  if (st == DI_OK) st = upload(b, w);
+  if (st == DI_OK && cudaDeviceSynchronize() != cudaSuccess)
+    st = di_error_set(DI_ERR_BACKEND, WHO ": uploading the weights failed: %s", cudaGetErrorString(cudaGetLastError()));
+  if (st != DI_OK) {
+    v4cu_destroy(&b->base);
+    return st;
+  }
+  *out = &b->base;
+  return DI_OK;
+}
+
+extern "C" int di_backend_cuda_v4_live_states(const di_backend *base) {
+  return base && base->ops == &V4CU_OPS ? ((const v4cu *)base)->n_seqs : -1;
+}

@@ -1,0 +1,20 @@
+/* The DeepSeek-V4 CUDA backend (cuda_deepseek_v4.cu): the V4 forward on one CUDA device over the
+ * engine's paged cache groups, same contract as backend/cpu/cpu_v4_backend.h. Reached from the V4
+ * registry entry only when DEEPINFER_CUDA_V4=1 (not yet the default: see docs/NOTES.md, issue 20). */
+#ifndef DI_CUDA_V4_BACKEND_H
+#define DI_CUDA_V4_BACKEND_H
+#include "arch/deepseek_v4.h"
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Copies the weights to the device (bf16, or float32 with DEEPINFER_CUDA_V4_F32=1); `w` is not kept. */
+di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
+                                    di_backend **out);
+/* Sequences with device state (tests: none left after an engine), or -1 for another backend. */
+int di_backend_cuda_v4_live_states(const di_backend *b);
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,124 @@
+/* C entry points of the DeepSeek-V4 kernels (k_v4_*.cu), used by cuda_deepseek_v4.cu and checked by
+ * tests/cuda/test_cuda_v4.c. Device pointers in, launched on `s`, no sync. Activations are float32;
+ * weights are bf16 or float32 (`wf32`: the test mode that makes the arithmetic the CPU's up to the
+ * order of float sums). Shapes and semantics are those of the CPU ops (backend/cpu/cpu_deepseek_v4_ops.c),
+ * named beside each entry. Correctness first: simple one-block-per-row kernels, no tensor cores yet. */
+#ifndef DI_CUDA_V4_KERNELS_H
+#define DI_CUDA_V4_KERNELS_H
+#include <stdint.h>
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef struct CUstream_st *di_cu_stream;
+
+/* y[t][r] = sum_c W[r][c] x[t][c] (di_v4_linear), r < R, c < C; x row stride ldx, y row stride ldy.
+ * W: [R][C] row-major, bf16 or (wf32) float32. f32 accumulation. */
+di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                        di_cu_stream s);
+/* G products in one launch (the grouped wo_a): group g multiplies x + g*gx by W + g*gw (elements) into
+ * y + g*gy, each as di_v4k_linear. */
+di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                               int G, int64_t gx, int64_t gw, int64_t gy, di_cu_stream s);
+/* In-place RMSNorm of n_rows rows of n floats (row stride ld); weight NULL: unweighted (di_v4_rmsnorm). */
+di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weight, float eps, di_cu_stream s);
+/* Rotary embedding on the trailing rope_dim channels of each row (interleaved pairs; di_v4_rope_apply):
+ * row i of n_rows (row length n, stride ld) belongs to token i / rows_per_token at position pos[token];
+ * inv_freq: [rope_dim/2] device; sign -1: inverse rotation. */
+di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, const int32_t *pos, const float *inv_freq,
+                      int rope_dim, float attn_factor, int sign, di_cu_stream s);
+/* X[t][j][:] = embed[tokens[t]][:] for every stream j < hc (di_v4_embed); embed bf16 or f32 [V][D]. */
+di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s);
+/* The mHC site's front half (hc_weights + collapse + norm of di_v4_hc_site): per token, the mixes of
+ * the hc streams X[t] ([hc][D]) with fn ([(2+hc)*hc][hc*D] f32), pre / post / comb (Sinkhorn, iters),
+ * in[t] = RMSNorm(sum_j pre[j] X[t][j]) * norm. post: [T][hc], comb: [T][hc][hc] (double). */
+di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
+                        int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                        di_cu_stream s);
+/* The back half: X[t][k] = post[k] * out[t] + sum_j comb[j][k] X[t][j]. */
+di_status di_v4k_hc_post(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc,
+                         di_cu_stream s);
+/* The head's collapse (di_v4_head before the projection): for output row i (token rows[i]),
+ * y[i] = RMSNorm(sum_j (sigmoid(fn_j . X / rms * scale + base_j) + hc_eps) X[j]) * final_norm. */
+di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const float *fn, const float *base,
+                          const float *scale, const float *final_norm, int D, int hc, float eps, float hc_eps, float *y,
+                          di_cu_stream s);
+/* gate[t][:] += ape[pos[t] % rate][:] (the compressor's position bias; width columns). */
+di_status di_v4k_add_ape(float *gate, const float *ape, const int32_t *pos, int T, int rate, int width, di_cu_stream s);
+
+/* ---- paged caches (the layout of backend/cpu/cpu_deepseek_v4_pages.h) ---- */
+/* One sequence of a step on the device. */
+typedef struct di_v4k_seq {
+  int32_t t0, n, pos0, pad;
+  const int32_t *tab[5];   /* block tables per kind (csa, index, hca, window, state), device */
+  float *state;            /* the open compressor windows at pos0 (the snapshot layout), device */
+} di_v4k_seq;
+/* Where one compressor of one layer lives in the pools. */
+typedef struct di_v4k_comp {
+  int kind;                /* 0 csa, 1 index, 2 hca (pool kinds) */
+  int rate, overlap, dim, width;
+  int lidx, n_in, slots;   /* the layer's index among its kind, layers of the kind, entry slots per block */
+  int64_t snap_off;        /* float offset of this compressor's open windows in a state / snapshot */
+  float *pool;             /* the kind's pool */
+  const float *kv, *gate;  /* the step's projected rows [T][width] (gate with ape added) */
+  const float *norm;       /* [dim] */
+} di_v4k_comp;
+typedef struct di_v4k_entry { int32_t seq, e; } di_v4k_entry;
+typedef struct di_v4k_swrite { int32_t seq, P; float *dst; } di_v4k_swrite;
+/* K=V rows of the step into the window pool: row t at block tab[3][pos/64] of its sequence
+ * ([block][n_layers][64][hd]), layer l. */
+di_status di_v4k_window_write(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
+                              float *pool, int n_layers, int l, int hd, int T, di_cu_stream s);
+/* Pools each listed window (di_v4_pool_window) from the step's rows and the sequences' open windows,
+ * norms it, ropes it at e*rate and stores it in its block slot. */
+di_status di_v4k_pool(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_entry *ents, int n_ents,
+                      const float *inv_freq, int rope_dim, float attn_factor, float eps, di_cu_stream s);
+/* Writes the compressor's open windows at position P of sequence seq (P in [pos0, pos0 + n]) to
+ * dst + snap_off, for each listed write: the new state after the step and the snapshots at block ends. */
+di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int n_w,
+                             di_cu_stream s);
+/* Indexer scores (di_v4_index_scores) of token t over the entries complete at it (valid = (pos+1)/rate)
+ * of its sequence's indexer keys (kind 1 pool), then the top min(topk, valid) with equal scores going to
+ * the earlier entry (di_v4_topk_earlier_first): sel[t][s] = 1 for picks, 0 else, for s < max_n. q: the
+ * roped index queries [T][nh][di]; hw: [T][nh]; score scratch [T][max_n]. */
+di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
+                         const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
+                         float *score, unsigned char *sel, di_cu_stream s);
+/* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
+ * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];
+ * entries counted to the sequence's end of step), with the per-head sink; the output's rope channels
+ * rotated back at pos. q: [T][H][hd] roped; o: [T][H][hd]. Scratch: p (float) and ex (double), each
+ * [T*H][W + max_n]. */
+di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
+                        const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,
+                        const unsigned char *sel, int max_n, const float *sink, int T, int H, int hd,
+                        const float *inv_freq, int rope_dim, float attn_factor, float *p, double *ex, float *o,
+                        di_cu_stream s);
+/* MoE routing of each token (di_v4_moe): sqrtsoftplus (or sigmoid) scores of the router logits, the
+ * experts from tid2eid (hash layers, may be NULL) or the top-k of score + bias (ties: lower id), weights
+ * normalised times `scaling`. Writes per token n_slots = K + 1 slots: slot 0 the shared expert (id E,
+ * weight 1), then the picked experts by ascending id (a repeated id once, weights summed), unused
+ * slots id -1. */
+di_status di_v4k_route(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T,
+                       int E, int K, int sigmoid_scores, float scaling, int32_t *ids, float *wts, di_cu_stream s);
+/* The step's (token, slot) pairs grouped by expert (E1 = experts + 1, the shared one included) into tiles
+ * of up to 8 in `work` (int32, 1 + 3 * di_v4k_expert_max_tiles + T * n_slots entries), for the tiled form
+ * of the two expert kernels below: each tile's expert rows are read once for its slots. */
+int di_v4k_expert_max_tiles(int T, int n_slots, int E1);
+di_status di_v4k_expert_tiles(const int32_t *ids, int T, int n_slots, int E1, int32_t *work, di_cu_stream s);
+/* act[ts][i] = swiglu-with-clamp of expert ids[ts]'s gate / up rows (w1, w3: [E+1][I][D]) on x[ts / n_slots]
+ * for each of T * n_slots slots (id < 0: skipped); tiles NULL: a CTA row per slot, else the tiles of
+ * di_v4k_expert_tiles (same results: each slot's sums run in the same order). */
+di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *tiles, int E1, const void *w1, const void *w3,
+                           int wf32, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s);
+/* y[ts][d] = w2[ids[ts]][d] . act[ts] (w2: [E+1][D][I]); tiles as above. */
+di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t *tiles, int E1, const void *w2, int wf32, int T,
+                             int n_slots, int D, int I, float *y, di_cu_stream s);
+/* out[t] = y[t][0] + sum over slots 1.. (id >= 0, in order) of wts * y[t][slot]. */
+di_status di_v4k_moe_combine(const float *y, const int32_t *ids, const float *wts, int T, int n_slots, int D, float *out,
+                             di_cu_stream s);
+#ifdef __cplusplus
+}
+#endif
+#endif

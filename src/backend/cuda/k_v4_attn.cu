@@ -1,0 +1,385 @@
+/* DeepSeek-V4 attention-side kernels on CUDA over the engine's paged cache groups (cuda_v4_kernels.h;
+ * layout of backend/cpu/cpu_deepseek_v4_pages.h, float32 like the CPU's): window rows in, the
+ * compressors' pooling of closed windows into entries, their open windows (state / snapshots), the
+ * lightning indexer with the fixed tie rule (radix select), and the sparse attention with sinks.
+ *
+ * The tricky part is the compressor's rows: a window closing in this step pools rows that come partly
+ * from this step's projections and partly from before it. Rows before the step's first position pos0
+ * are in the sequence's state (the snapshot layout: CSA [prev kv][prev gate][open kv][open gate], HCA
+ * [open kv][open gate], rate x width each), which holds the open window at pos0 (window pos0 / rate) and,
+ * for CSA, the one before it; every row a pooling or a new state needs is in one of those or in the
+ * step (row_at). The state is only read during a step; the new one is written elsewhere (the backend
+ * swaps them after the step), so the kernels of one step may run in any order over the sequences. */
+#include "k_v4_common.cuh"
+#include "cuda_v4_kernels.h"
+#include <math.h>
+#include <string.h>
+
+#define BS 64 /* DI_KV_BLOCK_SIZE */
+
+/* Entry e of compressor c in the blocks of table tab. */
+static __device__ __forceinline__ float *entry_ptr(const di_v4k_comp &c, const int32_t *tab, int e) {
+  const int64_t blk = ((int64_t)(e + 1) * c.rate - 1) / BS;
+  const int slot = e - (int)(blk * BS / c.rate);
+  return c.pool + (((size_t)tab[blk] * c.n_in + c.lidx) * c.slots + slot) * c.dim;
+}
+
+static __device__ __forceinline__ const float *window_row(const float *pool, const int32_t *tab, int n_layers, int l, int hd,
+                                                          int64_t p) {
+  return pool + (((size_t)tab[p / BS] * n_layers + l) * BS + (size_t)(p % BS)) * hd;
+}
+
+/* The kv (gate = 0) or gate (gate = 1) value of column col of the compressor row at position p of
+ * sequence q (see the file comment). */
+static __device__ __forceinline__ float row_at(const di_v4k_comp &c, const di_v4k_seq &q, int64_t p, int col, int gate) {
+  if (p >= q.pos0) return (gate ? c.gate : c.kv)[(size_t)(q.t0 + p - q.pos0) * c.width + col];
+  const size_t rows = (size_t)c.rate * c.width;
+  const float *st = q.state + c.snap_off;
+  const int64_t w = p / c.rate, wc = q.pos0 / c.rate;
+  const int s = (int)(p % c.rate);
+  const float *base = c.overlap ? (w == wc ? st + 2 * rows : st) : st;
+  return base[(gate ? rows : 0) + (size_t)s * c.width + col];
+}
+
+__global__ void window_write_k(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
+                               float *pool, int nl, int l, int hd, int T) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= T * hd) return;
+  const int t = idx / hd, e = idx % hd;
+  const int64_t p = pos[t];
+  float *dst = (float *)window_row(pool, seqs[seq_of[t]].tab[3], nl, l, hd, p);
+  dst[e] = kv[idx];
+}
+
+di_status di_v4k_window_write(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
+                              float *pool, int n_layers, int l, int hd, int T, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  window_write_k<<<(T * hd + 255) / 256, 256, 0, s>>>(kv, pos, seq_of, seqs, pool, n_layers, l, hd, T);
+  V4_LAUNCH("window_write");
+  return DI_OK;
+}
+
+/* ---- compressor ---------------------------------------------------------------------------------- */
+
+#define POOL_MAX_DIM 1024
+__global__ void pool_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4k_entry *ents, const float *inv_freq, int rd,
+                       float af, float eps) {
+  const di_v4k_entry en = ents[blockIdx.x];
+  const di_v4k_seq q = seqs[en.seq];
+  const int e = en.e, dim = c.dim, rate = c.rate;
+  const int has_prev = c.overlap && e > 0;
+  __shared__ float out[POOL_MAX_DIM];
+  double ss = 0;
+  for (int ch = threadIdx.x; ch < dim; ch += blockDim.x) {
+    const int col = c.overlap ? dim + ch : ch;
+    double mx = -INFINITY;
+    if (has_prev)
+      for (int s = 0; s < rate; s++) {
+        const double g = row_at(c, q, (int64_t)(e - 1) * rate + s, ch, 1);
+        mx = g > mx ? g : mx;
+      }
+    for (int s = 0; s < rate; s++) {
+      const double g = row_at(c, q, (int64_t)e * rate + s, col, 1);
+      mx = g > mx ? g : mx;
+    }
+    double sum = 0;
+    if (has_prev)
+      for (int s = 0; s < rate; s++) sum += exp((double)row_at(c, q, (int64_t)(e - 1) * rate + s, ch, 1) - mx);
+    for (int s = 0; s < rate; s++) sum += exp((double)row_at(c, q, (int64_t)e * rate + s, col, 1) - mx);
+    double acc = 0;
+    if (has_prev)
+      for (int s = 0; s < rate; s++) {
+        const int64_t p = (int64_t)(e - 1) * rate + s;
+        acc += exp((double)row_at(c, q, p, ch, 1) - mx) / sum * row_at(c, q, p, ch, 0);
+      }
+    for (int s = 0; s < rate; s++) {
+      const int64_t p = (int64_t)e * rate + s;
+      acc += exp((double)row_at(c, q, p, col, 1) - mx) / sum * row_at(c, q, p, col, 0);
+    }
+    out[ch] = (float)acc;
+    ss += (double)out[ch] * out[ch];
+  }
+  ss = block_sum_d(ss);
+  const float k = (float)(1.0 / sqrt(ss / dim + (double)eps));
+  for (int ch = threadIdx.x; ch < dim; ch += blockDim.x) out[ch] = c.norm[ch] * (out[ch] * k);
+  __syncthreads();
+  for (int i = threadIdx.x; i < rd / 2; i += blockDim.x) rope_pair(out + (dim - rd), i, inv_freq[i], e * rate, af, 1);
+  __syncthreads();
+  float *dst = entry_ptr(c, q.tab[c.kind], e);
+  for (int ch = threadIdx.x; ch < dim; ch += blockDim.x) dst[ch] = out[ch];
+}
+
+di_status di_v4k_pool(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_entry *ents, int n_ents,
+                      const float *inv_freq, int rope_dim, float attn_factor, float eps, di_cu_stream s) {
+  if (c->dim > POOL_MAX_DIM) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: compressor dim %d > %d", c->dim, POOL_MAX_DIM);
+  if (n_ents <= 0) return DI_OK;
+  pool_k<<<n_ents, 256, 0, s>>>(*c, seqs, ents, inv_freq, rope_dim, attn_factor, eps);
+  V4_LAUNCH("pool");
+  return DI_OK;
+}
+
+__global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4k_swrite *ws) {
+  const di_v4k_swrite w = ws[blockIdx.x];
+  const di_v4k_seq q = seqs[w.seq];
+  const int s = blockIdx.y, rate = c.rate, wd = c.width;
+  const size_t rows = (size_t)rate * wd;
+  float *dst = w.dst + c.snap_off;
+  float *pend = c.overlap ? dst + 2 * rows : dst;
+  const int64_t wp = w.P / rate;
+  const int64_t pp = wp * rate + s;
+  const int pend_ok = pp < w.P, prev_ok = c.overlap && wp >= 1;
+  for (int col = threadIdx.x; col < wd; col += blockDim.x) {
+    if (pend_ok) {
+      pend[(size_t)s * wd + col] = row_at(c, q, pp, col, 0);
+      pend[rows + (size_t)s * wd + col] = row_at(c, q, pp, col, 1);
+    }
+    if (prev_ok) {
+      const int64_t p = (wp - 1) * rate + s;
+      dst[(size_t)s * wd + col] = row_at(c, q, p, col, 0);
+      dst[rows + (size_t)s * wd + col] = row_at(c, q, p, col, 1);
+    }
+  }
+}
+
+di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int n_w,
+                             di_cu_stream s) {
+  if (n_w <= 0) return DI_OK;
+  state_write_k<<<dim3(n_w, c->rate), 128, 0, s>>>(*c, seqs, w);
+  V4_LAUNCH("state_write");
+  return DI_OK;
+}
+
+/* ---- indexer ------------------------------------------------------------------------------------- */
+
+/* Scores of IDX_ENTRIES entries per CTA, a warp per entry at a time: the query's heads in shared memory
+ * (rows padded by one float: lane h reads row h without bank conflicts), lane j computes the dot products of
+ * heads j, j + 32, ... in the CPU's order (double), relu, scale and head weight, then the warp sums its
+ * heads. The entry's key is read by all lanes at once (a broadcast). */
+#define IDX_WARPS 8
+#define IDX_ENTRIES 32
+__global__ void index_score_k(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
+                              const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score) {
+  extern __shared__ float qs[]; /* [nh][di + 1] */
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const di_v4k_seq sq = seqs[seq_of[t]];
+  const int nc = (sq.pos0 + sq.n) / ic.rate;
+  int valid = (pos[t] + 1) / ic.rate;
+  valid = valid < nc ? valid : nc;
+  const int s0 = blockIdx.x * IDX_ENTRIES;
+  if (s0 >= valid) return;
+  const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
+  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
+  __syncthreads();
+  const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
+  for (int sidx = s0 + warp; sidx < s0 + IDX_ENTRIES && sidx < valid; sidx += IDX_WARPS) {
+    const float *K = entry_ptr(ic, sq.tab[1], sidx);
+    double sc = 0;
+    for (int h = lane; h < nh; h += 32) {
+      const float *qh = qs + (size_t)h * (di + 1);
+      double d = 0;
+      for (int k = 0; k < di; k++) d += (double)qh[k] * K[k];
+      sc += (d > 0 ? d * qk_scale : 0) * (ht[h] * w_scale);
+    }
+    sc = warp_sum_d(sc);
+    if (lane == 0) score[(size_t)t * max_n + sidx] = (float)sc;
+  }
+}
+
+/* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
+ * lowest (di_v4_topk_earlier_first ranks NaN last). No real value maps to 0. */
+static __device__ __forceinline__ uint32_t score_key(float v) {
+  if (v != v) return 0;
+  if (v == 0) v = 0.0f;
+  const uint32_t b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/* Top-k of one query's valid scores by an MSB-first radix select of the k-th largest key (4 passes of 8
+ * bits over 256-bin histograms), then: keys above it are picked, and of the keys equal to it the earliest
+ * entries (a block-wide scan in index order) until k are picked: di_v4_topk_earlier_first's result in
+ * O(n) per query. */
+#define TOPK_THREADS 256
+__global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
+                             int max_n, const float *score, unsigned char *sel) {
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const di_v4k_seq sq = seqs[seq_of[t]];
+  const int nc = (sq.pos0 + sq.n) / rate;
+  int valid = (pos[t] + 1) / rate;
+  valid = valid < nc ? valid : nc;
+  const int k = topk < valid ? topk : valid;
+  const float *sc = score + (size_t)t * max_n;
+  unsigned char *out = sel + (size_t)t * max_n;
+  if (k >= valid) {
+    for (int s = tid; s < max_n; s += blockDim.x) out[s] = (unsigned char)(s < valid);
+    return;
+  }
+  __shared__ unsigned hist[256];
+  __shared__ uint32_t prefix, mask;
+  __shared__ int remaining, base;
+  __shared__ int warp_tot[TOPK_THREADS / 32];
+  if (tid == 0) {
+    prefix = mask = 0;
+    remaining = k;
+    base = 0;
+  }
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const uint32_t pf = prefix, mk = mask;
+    for (int s = tid; s < valid; s += blockDim.x) {
+      const uint32_t u = score_key(sc[s]);
+      if ((u & mk) == pf) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      int rem = remaining;
+      for (int bin = 255; bin >= 0; bin--) {
+        if ((int)hist[bin] >= rem) {
+          prefix |= (uint32_t)bin << shift;
+          mask |= 255u << shift;
+          break;
+        }
+        rem -= (int)hist[bin];
+      }
+      remaining = rem;
+    }
+    __syncthreads();
+  }
+  const uint32_t tau = prefix;
+  const int ties = remaining; /* entries with key tau to take, earliest first */
+  for (int c0 = 0; c0 < max_n; c0 += blockDim.x) {
+    const int s = c0 + tid;
+    const uint32_t u = s < valid ? score_key(sc[s]) : 0;
+    const int is_tie = s < valid && u == tau;
+    const unsigned m = __ballot_sync(0xffffffffu, is_tie);
+    if (lane == 0) warp_tot[warp] = __popc(m);
+    __syncthreads();
+    int before = base;
+    for (int w2 = 0; w2 < warp; w2++) before += warp_tot[w2];
+    const int rank = before + __popc(m & ((1u << lane) - 1u));
+    if (s < max_n) out[s] = (unsigned char)(s < valid && (u > tau || (is_tie && rank < ties)));
+    __syncthreads();
+    if (tid == 0) {
+      int tot = 0;
+      for (int w2 = 0; w2 < (int)(blockDim.x >> 5); w2++) tot += warp_tot[w2];
+      base += tot;
+    }
+    __syncthreads();
+  }
+}
+
+di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
+                         const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
+                         float *score, unsigned char *sel, di_cu_stream s) {
+  if (T <= 0 || max_n <= 0) return DI_OK;
+  const size_t smem = sizeof(float) * (size_t)nh * (di + 1);
+  if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
+  if (smem > 48 * 1024) DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  index_score_k<<<dim3((max_n + IDX_ENTRIES - 1) / IDX_ENTRIES, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                             max_n, score);
+  V4_LAUNCH("index_score");
+  index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
+  V4_LAUNCH("index_topk");
+  return DI_OK;
+}
+
+/* ---- attention ----------------------------------------------------------------------------------- */
+
+#define ATT_MAX_HD 1024
+typedef struct att_args {
+  const float *q;
+  const int32_t *pos, *seq_of;
+  const di_v4k_seq *seqs;
+  const float *wpool;
+  int nl, l, W, hca, max_n, H, hd, rd;
+  const unsigned char *sel;
+  const float *sink, *inv_freq;
+  float af;
+  float *p, *o;
+  double *ex;
+} att_args;
+
+__global__ void attend_k(att_args a, di_v4k_comp c, int has_comp) {
+  const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+  const di_v4k_seq sq = a.seqs[a.seq_of[t]];
+  const int pos = a.pos[t];
+  const int j0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0, nw = pos - j0 + 1;
+  int ncmp = 0;
+  if (has_comp) {
+    const int nc = (sq.pos0 + sq.n) / c.rate;
+    if (a.hca) {
+      const int v = (pos + 1) / c.rate;
+      ncmp = v < nc ? v : nc;
+    } else ncmp = nc;
+  }
+  const int nk = nw + ncmp;
+  const size_t stride = (size_t)a.W + a.max_n;
+  float *p = a.p + (size_t)blockIdx.x * stride;
+  double *ex = a.ex + (size_t)blockIdx.x * stride;
+  const unsigned char *sel = a.sel && has_comp && !a.hca ? a.sel + (size_t)t * a.max_n : NULL;
+  __shared__ float qs[ATT_MAX_HD];
+  const float *qh = a.q + ((size_t)t * a.H + h) * hd;
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) qs[e] = qh[e];
+  __syncthreads();
+  const double scale = 1.0 / sqrt((double)hd);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarp = blockDim.x >> 5;
+  for (int i = warp; i < nk; i += nwarp) {
+    const float *k;
+    if (i < nw) k = window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i);
+    else {
+      if (sel && !sel[i - nw]) {
+        if (lane == 0) p[i] = -INFINITY;
+        continue;
+      }
+      k = entry_ptr(c, sq.tab[c.kind], i - nw);
+    }
+    double d = 0;
+    for (int e = lane; e < hd; e += 32) d += (double)qs[e] * k[e];
+    d = warp_sum_d(d);
+    if (lane == 0) p[i] = (float)(d * scale);
+  }
+  __syncthreads();
+  double mx = -INFINITY;
+  for (int i = threadIdx.x; i < nk; i += blockDim.x) mx = p[i] > mx ? p[i] : mx;
+  mx = block_max_d(mx);
+  const double sink = a.sink[h];
+  mx = sink > mx ? sink : mx;
+  double sum = 0;
+  for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+    const double x = p[i] == -INFINITY ? 0 : exp((double)p[i] - mx);
+    ex[i] = x;
+    sum += x;
+  }
+  sum = block_sum_d(sum) + exp(sink - mx);
+  __shared__ float os[ATT_MAX_HD];
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+    double acc = 0;
+    for (int i = 0; i < nk; i++) {
+      if (p[i] == -INFINITY) continue;
+      const float *v = i < nw ? window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i) : entry_ptr(c, sq.tab[c.kind], i - nw);
+      acc += ex[i] * v[e];
+    }
+    os[e] = (float)(acc / sum);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.rd / 2; i += blockDim.x) rope_pair(os + (hd - a.rd), i, a.inv_freq[i], pos, a.af, -1);
+  __syncthreads();
+  float *oh = a.o + ((size_t)t * a.H + h) * hd;
+  for (int e = threadIdx.x; e < hd; e += blockDim.x) oh[e] = os[e];
+}
+
+di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
+                        const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,
+                        const unsigned char *sel, int max_n, const float *sink, int T, int H, int hd,
+                        const float *inv_freq, int rope_dim, float attn_factor, float *p, double *ex, float *o,
+                        di_cu_stream s) {
+  if (hd > ATT_MAX_HD) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: head_dim %d > %d", hd, ATT_MAX_HD);
+  if (T <= 0) return DI_OK;
+  att_args a = {q, pos, seq_of, seqs, window_pool, n_layers, l, W, hca, max_n, H, hd, rope_dim, sel, sink, inv_freq,
+                attn_factor, p, o, ex};
+  di_v4k_comp none;
+  memset(&none, 0, sizeof none);
+  attend_k<<<T * H, 256, 0, s>>>(a, comp ? *comp : none, comp != NULL);
+  V4_LAUNCH("attend");
+  return DI_OK;
+}

@@ -1,0 +1,551 @@
+/* DeepSeek-V4 row-wise kernels on CUDA (cuda_v4_kernels.h): linear layers over bf16 or f32 weights,
+ * RMSNorm, RoPE, the embedding, the manifold hyper-connections (mHC: mixes, Sinkhorn, collapse, stream
+ * update), the head's collapse, the compressor's position bias, and the MoE (routing, expert GEMVs,
+ * combine). Each mirrors one CPU op of backend/cpu/cpu_deepseek_v4_ops.c: reductions the CPU does in
+ * double are done in double here (mHC, norms, softmax-like steps), dot products of linear layers in
+ * float (the only arithmetic difference from the CPU besides the bf16 weights). Correctness first: a
+ * warp per output row, up to 8 tokens per CTA, 16-byte loads where rows allow (no tensor cores yet). */
+#include "k_v4_common.cuh"
+#include "cuda_v4_kernels.h"
+#include <math.h>
+
+static __device__ __forceinline__ float wload(const float *w, size_t i) { return w[i]; }
+static __device__ __forceinline__ float wload(const bf16 *w, size_t i) { return __bfloat162float(w[i]); }
+
+/* ---- linear ---------------------------------------------------------------------------------------- */
+
+#define LIN_ROWS 8 /* output rows per CTA (a warp each) */
+#define LIN_TOK 8  /* tokens per CTA */
+
+/* 8 consecutive weights from 16-byte aligned storage (one bf16 uint4, or two float4). */
+static __device__ __forceinline__ void wload8(const bf16 *w, size_t i, float *o) {
+  const uint4 u = *(const uint4 *)(w + i);
+  const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    o[2 * k] = __uint_as_float(v[k] << 16);
+    o[2 * k + 1] = __uint_as_float(v[k] & 0xffff0000u);
+  }
+}
+static __device__ __forceinline__ void wload8(const float *w, size_t i, float *o) {
+  const float4 a = *(const float4 *)(w + i), b = *(const float4 *)(w + i + 4);
+  o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+
+/* acc[i] += W row . xr[i] over C columns for i < nt, per lane (the warp sums the lanes afterwards). VEC: 8
+ * columns per lane and iteration with 16-byte loads (C % 8 == 0 and aligned rows), else one. Each row's
+ * sum runs in the same order whatever the other rows are, so results do not depend on the grouping. */
+template <typename WT, int VEC>
+static __device__ __forceinline__ void row_dot(const WT *wr, const float *const *xr, int nt, int C, int lane, float *acc) {
+  if (VEC == 8) {
+    for (int c = lane * 8; c < C; c += 32 * 8) {
+      float w[8];
+      wload8(wr, c, w);
+#pragma unroll
+      for (int i = 0; i < LIN_TOK; i++)
+        if (i < nt) {
+          const float4 a = *(const float4 *)(xr[i] + c), b = *(const float4 *)(xr[i] + c + 4);
+          acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+        }
+    }
+  } else {
+    for (int c = lane; c < C; c += 32) {
+      const float w = wload(wr, c);
+#pragma unroll
+      for (int i = 0; i < LIN_TOK; i++)
+        if (i < nt) acc[i] += w * xr[i][c];
+    }
+  }
+}
+
+/* grid.z: G independent products (the grouped wo_a); group g's x, W and y start gx, gw, gy elements on. */
+template <typename WT, int VEC>
+__global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int C, float *y, int ldy, int64_t gx, int64_t gw,
+                         int64_t gy) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = blockIdx.x * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
+  if (r >= R) return;
+  x += gx * blockIdx.z;
+  W += gw * blockIdx.z;
+  y += gy * blockIdx.z;
+  const int nt = T - t0 < LIN_TOK ? T - t0 : LIN_TOK;
+  float acc[LIN_TOK];
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
+  const float *xr[LIN_TOK];
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
+  row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++) {
+    const float v = warp_sum_f(acc[i]);
+    if (lane == 0 && i < nt) y[(size_t)(t0 + i) * ldy + r] = v;
+  }
+}
+
+/* whether rows of C columns at x (stride ldx) and w take the 16-byte path */
+static int vec8_ok(const void *x, int ldx, const void *w, int C) {
+  return C % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
+}
+
+di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                               int G, int64_t gx, int64_t gw, int64_t gy, di_cu_stream s) {
+  if (T <= 0 || R <= 0 || G <= 0) return DI_OK;
+  dim3 grid((R + LIN_ROWS - 1) / LIN_ROWS, (T + LIN_TOK - 1) / LIN_TOK, G);
+  if (grid.y > 65535 || G > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: linear over %d tokens x %d groups at once", T, G);
+  /* every group's rows keep the alignment of the first when the offsets are multiples of 8 elements */
+  const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
+  if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
+  else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
+  V4_LAUNCH("linear");
+  return DI_OK;
+}
+
+di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                        di_cu_stream s) {
+  return di_v4k_linear_groups(x, ldx, W, wf32, T, R, C, y, ldy, 1, 0, 0, 0, s);
+}
+
+/* ---- norms, rope, embedding ------------------------------------------------------------------------ */
+
+__global__ void rmsnorm_k(float *x, int ld, int n, const float *w, float eps) {
+  float *r = x + (size_t)blockIdx.x * ld;
+  double ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)r[i] * r[i];
+  ss = block_sum_d(ss);
+  const float k = (float)(1.0 / sqrt(ss / n + (double)eps));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) r[i] = w ? w[i] * (r[i] * k) : r[i] * k;
+}
+
+di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weight, float eps, di_cu_stream s) {
+  if (n_rows <= 0) return DI_OK;
+  rmsnorm_k<<<n_rows, 256, 0, s>>>(x, ld, n, weight, eps);
+  V4_LAUNCH("rmsnorm");
+  return DI_OK;
+}
+
+__global__ void rope_k(float *x, int ld, int n_rows, int n, int rpt, const int32_t *pos, const float *inv_freq, int d,
+                       float af, int sign) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x, half = d / 2;
+  if (idx >= n_rows * half) return;
+  const int row = idx / half, i = idx % half;
+  rope_pair(x + (size_t)row * ld + (n - d), i, inv_freq[i], pos[row / rpt], af, sign);
+}
+
+di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, const int32_t *pos, const float *inv_freq,
+                      int rope_dim, float attn_factor, int sign, di_cu_stream s) {
+  const int total = n_rows * (rope_dim / 2);
+  if (total <= 0) return DI_OK;
+  rope_k<<<(total + 255) / 256, 256, 0, s>>>(x, ld, n_rows, n, rows_per_token, pos, inv_freq, rope_dim, attn_factor, sign);
+  V4_LAUNCH("rope");
+  return DI_OK;
+}
+
+template <typename WT>
+__global__ void embed_k(const WT *E, const int32_t *tok, int T, int D, int hc, float *X) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= T * D) return;
+  const int t = idx / D, d = idx % D;
+  const float v = wload(E, (size_t)tok[t] * D + d);
+  for (int j = 0; j < hc; j++) X[((size_t)t * hc + j) * D + d] = v;
+}
+
+di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  const int g = (T * D + 255) / 256;
+  if (wf32) embed_k<float><<<g, 256, 0, s>>>((const float *)embed, tokens, T, D, hc, X);
+  else embed_k<bf16><<<g, 256, 0, s>>>((const bf16 *)embed, tokens, T, D, hc, X);
+  V4_LAUNCH("embed");
+  return DI_OK;
+}
+
+/* ---- hyper-connections ------------------------------------------------------------------------------ */
+
+#define HC_MAX 16
+static __device__ double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+__global__ void hc_pre_k(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int D,
+                         int hc, int iters, float eps, float hc_eps, float *in, double *post_out, double *comb_out) {
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
+  const float *Xt = X + (size_t)t * n;
+  __shared__ double mixes[(2 + HC_MAX) * HC_MAX];
+  __shared__ double pre[HC_MAX];
+  double ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)Xt[i] * Xt[i];
+  ss = block_sum_d(ss);
+  const double r = 1.0 / sqrt(ss / n + (double)eps);
+  /* a warp per mix row (the CTA has up to 32 warps) */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  for (int m = warp; m < mix; m += nwarps) {
+    const float *f = fn + (size_t)m * n;
+    double s = 0;
+    for (int i = lane; i < n; i += 32) s += (double)f[i] * Xt[i];
+    s = warp_sum_d(s);
+    if (lane == 0) mixes[m] = s * r;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double *post = post_out + (size_t)t * hc, *comb = comb_out + (size_t)t * hc * hc;
+    for (int j = 0; j < hc; j++) {
+      pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
+      post[j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
+    }
+    for (int j = 0; j < hc; j++) {
+      double *row = comb + j * hc, mx = -INFINITY, sum = 0;
+      for (int k = 0; k < hc; k++) {
+        row[k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+        mx = row[k] > mx ? row[k] : mx;
+      }
+      for (int k = 0; k < hc; k++) sum += (row[k] = exp(row[k] - mx));
+      for (int k = 0; k < hc; k++) row[k] = row[k] / sum + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+      if (it > 0)
+        for (int j = 0; j < hc; j++) {
+          double s = 0;
+          for (int k = 0; k < hc; k++) s += comb[j * hc + k];
+          for (int k = 0; k < hc; k++) comb[j * hc + k] /= s + hc_eps;
+        }
+      for (int k = 0; k < hc; k++) {
+        double s = 0;
+        for (int j = 0; j < hc; j++) s += comb[j * hc + k];
+        for (int j = 0; j < hc; j++) comb[j * hc + k] /= s + hc_eps;
+      }
+    }
+  }
+  __syncthreads();
+  float *it = in + (size_t)t * D;
+  double s2 = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    double s = 0;
+    for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
+    const float v = (float)s;
+    it[d] = v;
+    s2 += (double)v * v;
+  }
+  s2 = block_sum_d(s2);
+  const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
+  for (int d = threadIdx.x; d < D; d += blockDim.x) it[d] = norm ? norm[d] * (it[d] * k) : it[d] * k;
+}
+
+di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
+                        int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                        di_cu_stream s) {
+  if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
+  if (T <= 0) return DI_OK;
+  const int mix = (2 + hc) * hc, threads = 32 * (mix < 32 ? (mix > 8 ? mix : 8) : 32);
+  hc_pre_k<<<T, threads, 0, s>>>(X, fn, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
+  V4_LAUNCH("hc_pre");
+  return DI_OK;
+}
+
+__global__ void hc_post_k(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= T * D) return;
+  const int t = idx / D, d = idx % D;
+  float *Xt = X + (size_t)t * hc * D;
+  const double *pt = post + (size_t)t * hc, *ct = comb + (size_t)t * hc * hc;
+  float old[HC_MAX];
+  for (int j = 0; j < hc; j++) old[j] = Xt[j * D + d];
+  const float o = out[(size_t)t * D + d];
+  for (int k = 0; k < hc; k++) {
+    double s = pt[k] * o;
+    for (int j = 0; j < hc; j++) s += ct[j * hc + k] * old[j];
+    Xt[k * D + d] = (float)s;
+  }
+}
+
+di_status di_v4k_hc_post(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc,
+                         di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  hc_post_k<<<(T * D + 255) / 256, 256, 0, s>>>(X, out, post, comb, T, D, hc);
+  V4_LAUNCH("hc_post");
+  return DI_OK;
+}
+
+__global__ void head_pre_k(const float *X, const int32_t *rows, const float *fn, const float *base, const float *scale,
+                           const float *fnorm, int D, int hc, float eps, float hc_eps, float *y) {
+  const int i = blockIdx.x, n = hc * D;
+  const float *Xt = X + (size_t)rows[i] * n;
+  __shared__ double pre[HC_MAX];
+  double ss = 0;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) ss += (double)Xt[k] * Xt[k];
+  ss = block_sum_d(ss);
+  const double r = 1.0 / sqrt(ss / n + (double)eps);
+  for (int j = 0; j < hc; j++) {
+    double s = 0;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) s += (double)fn[(size_t)j * n + k] * Xt[k];
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) pre[j] = sigmoid_d(s * r * scale[0] + base[j]) + hc_eps;
+  }
+  __syncthreads();
+  float *yt = y + (size_t)i * D;
+  double s2 = 0;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    double s = 0;
+    for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
+    const float v = (float)s;
+    yt[d] = v;
+    s2 += (double)v * v;
+  }
+  s2 = block_sum_d(s2);
+  const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
+  for (int d = threadIdx.x; d < D; d += blockDim.x) yt[d] = fnorm[d] * (yt[d] * k);
+}
+
+di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const float *fn, const float *base,
+                          const float *scale, const float *final_norm, int D, int hc, float eps, float hc_eps, float *y,
+                          di_cu_stream s) {
+  if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
+  if (n <= 0) return DI_OK;
+  head_pre_k<<<n, 256, 0, s>>>(X, rows, fn, base, scale, final_norm, D, hc, eps, hc_eps, y);
+  V4_LAUNCH("head_pre");
+  return DI_OK;
+}
+
+__global__ void add_ape_k(float *gate, const float *ape, const int32_t *pos, int T, int rate, int width) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= T * width) return;
+  const int t = idx / width, c = idx % width;
+  gate[idx] += ape[(size_t)(pos[t] % rate) * width + c];
+}
+
+di_status di_v4k_add_ape(float *gate, const float *ape, const int32_t *pos, int T, int rate, int width, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  add_ape_k<<<(T * width + 255) / 256, 256, 0, s>>>(gate, ape, pos, T, rate, width);
+  V4_LAUNCH("add_ape");
+  return DI_OK;
+}
+
+/* ---- MoE ------------------------------------------------------------------------------------------- */
+
+#define ROUTE_MAX_E 1024
+#define ROUTE_MAX_K 16
+/* One thread per token (E <= 1024 in local memory): the CPU's di_v4_moe routing, except that equal
+ * biased scores go to the lower expert id (the CPU follows torch.topk's order; exact ties of float
+ * router scores do not occur on real inputs). */
+__global__ void route_k(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T, int E,
+                        int K, int sigm, float scaling, int32_t *ids, float *wts) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  float sc[ROUTE_MAX_E];
+  unsigned char taken[ROUTE_MAX_E];
+  int idx[ROUTE_MAX_K];
+  const float *lg = logits + (size_t)t * E;
+  for (int e = 0; e < E; e++) {
+    const double x = lg[e];
+    double v;
+    if (sigm) v = 1.0 / (1.0 + exp(-x));
+    else v = sqrt(x > 20 ? x : log1p(exp(x)));
+    sc[e] = (float)v;
+    taken[e] = 0;
+  }
+  if (tid2eid) {
+    for (int k = 0; k < K; k++) idx[k] = tid2eid[(size_t)tokens[t] * K + k];
+  } else {
+    for (int k = 0; k < K; k++) {
+      int best = -1;
+      float bv = 0;
+      for (int e = 0; e < E; e++) {
+        if (taken[e]) continue;
+        const float v = sc[e] + bias[e];
+        if (best < 0 || v > bv) { best = e; bv = v; }
+      }
+      taken[best] = 1;
+      idx[k] = best;
+    }
+  }
+  double sum = 0;
+  for (int k = 0; k < K; k++) sum += sc[idx[k]];
+  /* merged weights by expert, in the CPU's accumulation order (k ascending) */
+  int uid[ROUTE_MAX_K];
+  float uw[ROUTE_MAX_K];
+  int nu = 0;
+  for (int k = 0; k < K; k++) {
+    const float w = (float)(sc[idx[k]] / (sum + 1e-20) * scaling);
+    int u = 0;
+    while (u < nu && uid[u] != idx[k]) u++;
+    if (u == nu) { uid[nu] = idx[k]; uw[nu++] = 0; }
+    uw[u] += w;
+  }
+  for (int a = 1; a < nu; a++) /* ascending ids (insertion sort) */
+    for (int b2 = a; b2 > 0 && uid[b2 - 1] > uid[b2]; b2--) {
+      int ti = uid[b2]; uid[b2] = uid[b2 - 1]; uid[b2 - 1] = ti;
+      float tw = uw[b2]; uw[b2] = uw[b2 - 1]; uw[b2 - 1] = tw;
+    }
+  const int ns = K + 1;
+  ids[(size_t)t * ns] = E;
+  wts[(size_t)t * ns] = 1;
+  for (int k = 0; k < K; k++) {
+    ids[(size_t)t * ns + 1 + k] = k < nu ? uid[k] : -1;
+    wts[(size_t)t * ns + 1 + k] = k < nu ? uw[k] : 0;
+  }
+}
+
+di_status di_v4k_route(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T,
+                       int E, int K, int sigmoid_scores, float scaling, int32_t *ids, float *wts, di_cu_stream s) {
+  if (E > ROUTE_MAX_E || K > ROUTE_MAX_K || K > E)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: routing of %d of %d experts (at most %d of %d)", K, E, ROUTE_MAX_K,
+                        ROUTE_MAX_E);
+  if (T <= 0) return DI_OK;
+  route_k<<<(T + 63) / 64, 64, 0, s>>>(logits, bias, tid2eid, tokens, T, E, K, sigmoid_scores, scaling, ids, wts);
+  V4_LAUNCH("route");
+  return DI_OK;
+}
+
+/* The (token, slot) pairs of a step grouped by expert in tiles of up to LIN_TOK, so that one CTA reads an
+ * expert's rows once for all its tokens of the tile. work: [0] the tile count, then max_tiles triples
+ * (expert, first, count) into perm, then perm [T * n_slots] (slot indices ts, grouped by expert; the
+ * order inside an expert is whatever the atomics give, which changes no result: row_dot). */
+#define GROUP_MAX_E 1025
+__global__ void expert_tiles_k(const int32_t *ids, int n, int E1, int max_tiles, int32_t *work) {
+  __shared__ int cnt[GROUP_MAX_E], cur[GROUP_MAX_E];
+  for (int e = threadIdx.x; e < E1; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int ts = threadIdx.x; ts < n; ts += blockDim.x)
+    if (ids[ts] >= 0) atomicAdd(&cnt[ids[ts]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int off = 0, nt = 0;
+    for (int e = 0; e < E1; e++) {
+      cur[e] = off;
+      for (int j = 0; j < cnt[e] && nt < max_tiles; j += LIN_TOK, nt++) {
+        work[1 + 3 * nt] = e;
+        work[2 + 3 * nt] = off + j;
+        work[3 + 3 * nt] = cnt[e] - j < LIN_TOK ? cnt[e] - j : LIN_TOK;
+      }
+      off += cnt[e];
+    }
+    work[0] = nt;
+  }
+  __syncthreads();
+  int32_t *perm = work + 1 + 3 * max_tiles;
+  for (int ts = threadIdx.x; ts < n; ts += blockDim.x)
+    if (ids[ts] >= 0) perm[atomicAdd(&cur[ids[ts]], 1)] = ts;
+}
+
+int di_v4k_expert_max_tiles(int T, int n_slots, int E1) {
+  const int n = T * n_slots;
+  return n / LIN_TOK + (E1 < n ? E1 : n) + 1;
+}
+
+di_status di_v4k_expert_tiles(const int32_t *ids, int T, int n_slots, int E1, int32_t *work, di_cu_stream s) {
+  if (E1 > GROUP_MAX_E) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d experts (at most %d)", E1 - 1, GROUP_MAX_E - 1);
+  if (T <= 0) return DI_OK;
+  expert_tiles_k<<<1, 1024, 0, s>>>(ids, T * n_slots, E1, di_v4k_expert_max_tiles(T, n_slots, E1), work);
+  V4_LAUNCH("expert_tiles");
+  return DI_OK;
+}
+
+/* The slots of a CTA: one slot (grid.y = slot, tiles NULL) or a tile of one expert's slots. */
+static __device__ __forceinline__ int cta_slots(const int32_t *ids, const int32_t *tiles, int max_tiles, int *e, int *ts) {
+  if (!tiles) {
+    ts[0] = blockIdx.y;
+    *e = ids[blockIdx.y];
+    return *e >= 0;
+  }
+  if ((int)blockIdx.y >= tiles[0]) return 0;
+  const int32_t *tl = tiles + 1 + 3 * blockIdx.y, *perm = tiles + 1 + 3 * max_tiles;
+  *e = tl[0];
+  for (int j = 0; j < tl[2]; j++) ts[j] = perm[tl[1] + j];
+  return tl[2];
+}
+
+template <typename WT, int VEC>
+__global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *tiles, int max_tiles, const WT *w1,
+                            const WT *w3, int ns, int D, int I, float lim, float *act) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int i = blockIdx.x * LIN_ROWS + warp;
+  int e, ts[LIN_TOK];
+  const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
+  if (i >= I || nt <= 0) return;
+  const float *xr[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) xr[j] = x + (size_t)(ts[j < nt ? j : 0] / ns) * D;
+  float ag[LIN_TOK], au[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) ag[j] = au[j] = 0;
+  row_dot<WT, VEC>(w1 + ((size_t)e * I + i) * D, xr, nt, D, lane, ag);
+  row_dot<WT, VEC>(w3 + ((size_t)e * I + i) * D, xr, nt, D, lane, au);
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) {
+    const float g = warp_sum_f(ag[j]), u = warp_sum_f(au[j]);
+    if (lane == 0 && j < nt) {
+      const float gv = g > lim ? lim : g;
+      const float uv = u > lim ? lim : u < -lim ? -lim : u;
+      act[(size_t)ts[j] * I + i] = (float)(gv / (1.0 + exp(-(double)gv))) * uv;
+    }
+  }
+}
+
+di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *tiles, int E1, const void *w1, const void *w3,
+                           int wf32, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
+  dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
+  if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
+  const int v8 = vec8_ok(x, D, w1, D) && vec8_ok(x, D, w3, D);
+  if (wf32 && v8) expert_up_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (wf32) expert_up_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (v8) expert_up_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  else expert_up_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  V4_LAUNCH("expert_up");
+  return DI_OK;
+}
+
+template <typename WT, int VEC>
+__global__ void expert_down_k(const float *act, const int32_t *ids, const int32_t *tiles, int max_tiles, const WT *w2, int D,
+                              int I, float *y) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int d = blockIdx.x * LIN_ROWS + warp;
+  int e, ts[LIN_TOK];
+  const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
+  if (d >= D || nt <= 0) return;
+  const float *xr[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) xr[j] = act + (size_t)ts[j < nt ? j : 0] * I;
+  float acc[LIN_TOK];
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) acc[j] = 0;
+  row_dot<WT, VEC>(w2 + ((size_t)e * D + d) * I, xr, nt, I, lane, acc);
+#pragma unroll
+  for (int j = 0; j < LIN_TOK; j++) {
+    const float v = warp_sum_f(acc[j]);
+    if (lane == 0 && j < nt) y[(size_t)ts[j] * D + d] = v;
+  }
+}
+
+di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t *tiles, int E1, const void *w2, int wf32, int T,
+                             int n_slots, int D, int I, float *y, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
+  dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
+  if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
+  const int v8 = vec8_ok(act, I, w2, I);
+  if (wf32 && v8) expert_down_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
+  else if (wf32) expert_down_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
+  else if (v8) expert_down_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
+  else expert_down_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
+  V4_LAUNCH("expert_down");
+  return DI_OK;
+}
+
+__global__ void moe_combine_k(const float *y, const int32_t *ids, const float *wts, int T, int ns, int D, float *out) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= T * D) return;
+  const int t = idx / D, d = idx % D;
+  float o = y[(size_t)t * ns * D + d];
+  for (int k = 1; k < ns; k++)
+    if (ids[(size_t)t * ns + k] >= 0) o += wts[(size_t)t * ns + k] * y[((size_t)t * ns + k) * D + d];
+  out[idx] = o;
+}
+
+di_status di_v4k_moe_combine(const float *y, const int32_t *ids, const float *wts, int T, int n_slots, int D, float *out,
+                             di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  moe_combine_k<<<(T * D + 255) / 256, 256, 0, s>>>(y, ids, wts, T, n_slots, D, out);
+  V4_LAUNCH("moe_combine");
+  return DI_OK;
+}

@@ -1,0 +1,517 @@
+/* The DeepSeek-V4 CUDA kernels (backend/cuda/cuda_v4_kernels.h) one by one against the CPU ops
+ * (backend/cpu/cpu_deepseek_v4_ops.c, double sums) or a double-precision reference, on fresh random
+ * inputs at V4-Flash shapes: hidden 4096, 64 heads x 512 (rope 64), window 128, compress rates 4 and
+ * 128, indexer 64 x 128 with top-512, hc 4, 256 experts top-6. Bounds (float sums of up to 4096 terms
+ * against double): rel L2 1e-5 for linear / mHC / pooling / attention outputs; the indexer's scores
+ * rel 1e-6 each and its picks exactly equal to the CPU's fixed tie rule applied to the same scores
+ * (with 2000 tied entries straddling the top-512 boundary); the compressor's open windows and routing
+ * ids exact. Built only with nvcc; run on the device. */
+#include "backend/cpu/cpu_deepseek_v4_ops.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_v4_kernels.h"
+#include "util/numeric.h"
+#include "test_util.h"
+#include <math.h>
+#include <stdlib.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float urand(void) { /* [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((double)(rng >> 11) / 9007199254740992.0 * 2 - 1);
+}
+static float *rnd(size_t n, float scale) {
+  float *p = malloc(sizeof(float) * n);
+  for (size_t i = 0; i < n; i++) p[i] = urand() * scale;
+  return p;
+}
+static void *dup_dev(const void *h, size_t bytes) {
+  void *d = di_cut_malloc(bytes ? bytes : 16);
+  if (h) di_cut_h2d(d, h, bytes);
+  return d;
+}
+static void *zeros_dev(size_t bytes) {
+  void *h = calloc(1, bytes ? bytes : 16);
+  void *d = dup_dev(h, bytes);
+  free(h);
+  return d;
+}
+static float *from_dev(const void *d, size_t n) {
+  float *h = malloc(sizeof(float) * n);
+  di_cut_d2h(h, d, sizeof(float) * n);
+  return h;
+}
+
+static di_v4_config cfg;
+static di_v4_ctx cx;
+static void setup(void) {
+  memset(&cfg, 0, sizeof cfg);
+  cfg.vocab_size = 16;
+  cfg.hidden_size = 4096;
+  cfg.n_layers = 1;
+  cfg.n_heads = 64;
+  cfg.head_dim = 512;
+  cfg.rms_eps = 1e-6;
+  cfg.hc_eps = 1e-6;
+  cfg.hc_mult = 4;
+  cfg.hc_sinkhorn_iters = 20;
+  cfg.csa_rate = 4;
+  cfg.hca_rate = 128;
+  cfg.sliding_window = 128;
+  cfg.index_n_heads = 64;
+  cfg.index_head_dim = 128;
+  cfg.index_topk = 512;
+  cfg.rope_main = (di_v4_rope){64, 10000, 0, 1, 32, 1, 65536, 1};
+  cfg.rope_compress = (di_v4_rope){64, 160000, 1, 16, 32, 1, 65536, 1};
+  static const int32_t tok = 0;
+  static di_v4_weights w;
+  CHECK(di_v4_ctx_init(&cx, &cfg, &w, &tok, 1, "test") == DI_OK);
+}
+
+static void check_linear(int wf32, int T, int R, int C) {
+  float *x = rnd((size_t)T * C, 1), *W = rnd((size_t)R * C, 0.05f);
+  uint16_t *wb = malloc(2 * (size_t)R * C);
+  for (size_t i = 0; i < (size_t)R * C; i++) {
+    wb[i] = di_f32_to_bf16(W[i]);
+    if (!wf32) W[i] = di_bf16_to_f32(wb[i]);
+  }
+  float *dx = dup_dev(x, 4 * (size_t)T * C), *dy = zeros_dev(4 * (size_t)T * R);
+  void *dw = wf32 ? dup_dev(W, 4 * (size_t)R * C) : dup_dev(wb, 2 * (size_t)R * C);
+  CHECK(di_v4k_linear(dx, C, dw, wf32, T, R, C, dy, R, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *y = from_dev(dy, (size_t)T * R), *ref = malloc(4 * (size_t)T * R);
+  for (int t = 0; t < T; t++)
+    for (int r = 0; r < R; r++) {
+      double s = 0;
+      for (int c = 0; c < C; c++) s += (double)W[(size_t)r * C + c] * x[(size_t)t * C + c];
+      ref[(size_t)t * R + r] = (float)s;
+    }
+  double e = test_rel_l2(y, ref, (size_t)T * R);
+  printf("linear %s T=%d %dx%d: rel L2 %.2e\n", wf32 ? "f32" : "bf16", T, R, C, e);
+  CHECKF(e < 1e-5, "linear %s T=%d %dx%d: rel L2 %.3e", wf32 ? "f32" : "bf16", T, R, C, e);
+  free(x); free(W); free(wb); free(y); free(ref);
+  di_cut_free(dx); di_cut_free(dy); di_cut_free(dw);
+}
+
+/* the grouped output projection wo_a: G groups of R rows over slices of gin columns, one launch */
+static void check_linear_groups(int T, int G, int R, int gin) {
+  const int C = G * gin;
+  float *x = rnd((size_t)T * C, 1), *W = rnd((size_t)G * R * gin, 0.05f);
+  uint16_t *wb = malloc(2 * (size_t)G * R * gin);
+  for (size_t i = 0; i < (size_t)G * R * gin; i++) W[i] = di_bf16_to_f32(wb[i] = di_f32_to_bf16(W[i]));
+  float *dx = dup_dev(x, 4 * (size_t)T * C), *dy = zeros_dev(4 * (size_t)T * G * R);
+  void *dw = dup_dev(wb, 2 * (size_t)G * R * gin);
+  CHECK(di_v4k_linear_groups(dx, C, dw, 0, T, R, gin, dy, G * R, G, gin, (int64_t)R * gin, R, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *y = from_dev(dy, (size_t)T * G * R), *ref = malloc(4 * (size_t)T * G * R);
+  for (int t = 0; t < T; t++)
+    for (int g = 0; g < G; g++)
+      for (int r = 0; r < R; r++) {
+        double acc = 0;
+        for (int k = 0; k < gin; k++) acc += (double)W[((size_t)g * R + r) * gin + k] * x[(size_t)t * C + (size_t)g * gin + k];
+        ref[((size_t)t * G + g) * R + r] = (float)acc;
+      }
+  const double e = test_rel_l2(y, ref, (size_t)T * G * R);
+  printf("grouped linear (wo_a) T=%d, %d groups of %d x %d: rel L2 %.2e\n", T, G, R, gin, e);
+  CHECKF(e < 1e-5, "grouped linear: %.3e", e);
+  free(x); free(W); free(wb); free(y); free(ref);
+  di_cut_free(dx); di_cut_free(dy); di_cut_free(dw);
+}
+
+/* mHC: GPU hc_pre + hc_post vs di_v4_hc_site with a sublayer that records its input and returns `out` */
+static float *hc_in_seen, *hc_out_given;
+static di_status hc_sub(di_v4_ctx *c, int l, const float *in, float *out) {
+  (void)l;
+  memcpy(hc_in_seen, in, sizeof(float) * (size_t)c->T * c->c->hidden_size);
+  memcpy(out, hc_out_given, sizeof(float) * (size_t)c->T * c->c->hidden_size);
+  return DI_OK;
+}
+static void check_hc(void) {
+  const int T = 3, D = cfg.hidden_size, hc = cfg.hc_mult, mix = (2 + hc) * hc;
+  float *X = rnd((size_t)T * hc * D, 1), *fn = rnd((size_t)mix * hc * D, 0.02f), *base = rnd(mix, 0.5f),
+        *scale = rnd(3, 1), *norm = rnd(D, 1);
+  hc_out_given = rnd((size_t)T * D, 1);
+  hc_in_seen = malloc(sizeof(float) * (size_t)T * D);
+  float *dX = dup_dev(X, 4 * (size_t)T * hc * D), *dfn = dup_dev(fn, 4 * (size_t)mix * hc * D), *db = dup_dev(base, 4 * mix),
+        *ds = dup_dev(scale, 12), *dn = dup_dev(norm, 4 * (size_t)D), *din = zeros_dev(4 * (size_t)T * D),
+        *dout = dup_dev(hc_out_given, 4 * (size_t)T * D);
+  double *dpost = zeros_dev(8 * (size_t)T * hc), *dcomb = zeros_dev(8 * (size_t)T * hc * hc);
+  CHECK(di_v4k_hc_pre(dX, dfn, db, ds, dn, T, D, hc, cfg.hc_sinkhorn_iters, (float)cfg.rms_eps, (float)cfg.hc_eps, din, dpost,
+                      dcomb, NULL) == DI_OK);
+  CHECK(di_v4k_hc_post(dX, dout, dpost, dcomb, T, D, hc, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  di_weight fw = {"hc_fn", DI_DT_F32, mix, (int64_t)hc * D, fn, NULL, NULL, 0, 0, 0};
+  cx.T = T;
+  CHECK(di_v4_hc_site(&cx, 0, X, &fw, base, scale, norm, hc_sub) == DI_OK);
+  cx.T = 1;
+  float *gin = from_dev(din, (size_t)T * D), *gX = from_dev(dX, (size_t)T * hc * D);
+  const double e1 = test_rel_l2(gin, hc_in_seen, (size_t)T * D), e2 = test_rel_l2(gX, X, (size_t)T * hc * D);
+  printf("mHC (hidden %d, hc %d, Sinkhorn %d): collapsed input rel L2 %.2e, new streams %.2e\n", D, hc, cfg.hc_sinkhorn_iters,
+         e1, e2);
+  CHECKF(e1 < 1e-5 && e2 < 1e-5, "mHC: input %.3e, streams %.3e", e1, e2);
+  free(X); free(fn); free(base); free(scale); free(norm); free(hc_out_given); free(hc_in_seen); free(gin); free(gX);
+  di_cut_free(dX); di_cut_free(dfn); di_cut_free(db); di_cut_free(ds); di_cut_free(dn); di_cut_free(din); di_cut_free(dout);
+  di_cut_free(dpost); di_cut_free(dcomb);
+}
+
+/* identity block table of n blocks on the device */
+static int32_t *ident_table(int n) {
+  int32_t *h = malloc(4 * (size_t)n);
+  for (int i = 0; i < n; i++) h[i] = i;
+  int32_t *d = dup_dev(h, 4 * (size_t)n);
+  free(h);
+  return d;
+}
+
+/* compressor: pooling of windows that mix the state's rows and the step's, and the open windows after */
+static void check_pool(int csa) {
+  const int dim = 512, rate = csa ? 4 : 128, width = csa ? 2 * dim : dim, pos0 = csa ? 42 : 100, n = csa ? 7 : 40;
+  const int slots = (64 + rate - 1) / rate, nblk = 4;
+  const size_t rows = (size_t)rate * width, sfl = rows * (csa ? 4 : 2);
+  float *state = rnd(sfl, 1), *kv = rnd((size_t)n * width, 1), *gate = rnd((size_t)n * width, 2), *norm = rnd(dim, 1);
+  float *dstate = dup_dev(state, 4 * sfl), *dkv = dup_dev(kv, 4 * (size_t)n * width), *dg = dup_dev(gate, 4 * (size_t)n * width),
+        *dnorm = dup_dev(norm, 4 * (size_t)dim), *dpool = zeros_dev(4 * (size_t)nblk * slots * dim), *dnew = zeros_dev(4 * sfl);
+  int32_t *tab = ident_table(nblk);
+  di_v4k_seq sq;
+  memset(&sq, 0, sizeof sq);
+  sq.t0 = 0;
+  sq.n = n;
+  sq.pos0 = pos0;
+  sq.tab[csa ? 0 : 2] = tab;
+  sq.state = dstate;
+  di_v4k_seq *dsq = dup_dev(&sq, sizeof sq);
+  di_v4k_comp c = {csa ? 0 : 2, rate, csa, dim, width, 0, 1, slots, 0, dpool, dkv, dg, dnorm};
+  di_v4k_entry ents[2];
+  int ne = 0;
+  for (int e = pos0 / rate; e < (pos0 + n) / rate; e++) ents[ne++] = (di_v4k_entry){0, e};
+  di_v4k_entry *dents = dup_dev(ents, sizeof ents);
+  di_v4k_swrite sw = {0, pos0 + n, dnew};
+  di_v4k_swrite *dsw = dup_dev(&sw, sizeof sw);
+  float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
+  CHECK(di_v4k_pool(&c, dsq, dents, ne, inv, 64, 1.0f, (float)cfg.rms_eps, NULL) == DI_OK);
+  CHECK(di_v4k_state_write(&c, dsq, dsw, 1, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  /* the reference's rows by position: state (open window at pos0 and, CSA, the one before) or step */
+  float *row_kv = malloc(sizeof(float) * (size_t)(pos0 + n) * width), *row_g = malloc(sizeof(float) * (size_t)(pos0 + n) * width);
+  const int wc = pos0 / rate;
+  for (int p = (wc - (csa ? 1 : 0)) * rate; p < pos0 + n; p++) {
+    const float *sk, *sg;
+    if (p >= pos0) {
+      sk = kv + (size_t)(p - pos0) * width;
+      sg = gate + (size_t)(p - pos0) * width;
+    } else {
+      const float *base = csa ? (p / rate == wc ? state + 2 * rows : state) : state;
+      sk = base + (size_t)(p % rate) * width;
+      sg = base + rows + (size_t)(p % rate) * width;
+    }
+    memcpy(row_kv + (size_t)p * width, sk, 4 * (size_t)width);
+    memcpy(row_g + (size_t)p * width, sg, 4 * (size_t)width);
+  }
+  float *pool = from_dev(dpool, (size_t)nblk * slots * dim);
+  di_v4_compressor cp = {dim, width, {0}, {0}, NULL, norm};
+  double worst = 0;
+  for (int i = 0; i < ne; i++) {
+    const int e = ents[i].e;
+    float ref[512];
+    const int hp = csa && e > 0;
+    di_v4_pool_window(&cx, &cp, rate, csa, hp ? row_kv + (size_t)(e - 1) * rate * width : NULL,
+                      hp ? row_g + (size_t)(e - 1) * rate * width : NULL, row_kv + (size_t)e * rate * width,
+                      row_g + (size_t)e * rate * width, e * rate, ref);
+    const int blk = ((e + 1) * rate - 1) / 64, slot = e - blk * 64 / rate;
+    const double err = test_rel_l2(pool + ((size_t)blk * slots + slot) * dim, ref, (size_t)dim);
+    worst = err > worst ? err : worst;
+  }
+  /* the open windows at pos0 + n */
+  float *ns = from_dev(dnew, sfl);
+  const int P = pos0 + n, wp = P / rate;
+  int bad = 0;
+  float *pend = csa ? ns + 2 * rows : ns;
+  for (int s = 0; s < rate; s++) {
+    if (wp * rate + s < P)
+      bad += memcmp(pend + (size_t)s * width, row_kv + (size_t)(wp * rate + s) * width, 4 * (size_t)width) != 0 ||
+             memcmp(pend + rows + (size_t)s * width, row_g + (size_t)(wp * rate + s) * width, 4 * (size_t)width) != 0;
+    if (csa)
+      bad += memcmp(ns + (size_t)s * width, row_kv + (size_t)((wp - 1) * rate + s) * width, 4 * (size_t)width) != 0 ||
+             memcmp(ns + rows + (size_t)s * width, row_g + (size_t)((wp - 1) * rate + s) * width, 4 * (size_t)width) != 0;
+  }
+  printf("compressor %s (rate %d, dim %d): %d entries pooled across state and step rows, worst rel L2 %.2e; open windows "
+         "after the step %s\n", csa ? "CSA" : "HCA", rate, dim, ne, worst, bad ? "DIFFER" : "exact");
+  CHECKF(ne > 0 && worst < 1e-5, "compressor %s: %d entries, worst %.3e", csa ? "CSA" : "HCA", ne, worst);
+  CHECKF(bad == 0, "compressor %s: %d open-window rows differ", csa ? "CSA" : "HCA", bad);
+  free(state); free(kv); free(gate); free(norm); free(row_kv); free(row_g); free(pool); free(ns);
+  di_cut_free(dstate); di_cut_free(dkv); di_cut_free(dg); di_cut_free(dnorm); di_cut_free(dpool); di_cut_free(dnew);
+  di_cut_free(tab); di_cut_free(dsq); di_cut_free(dents); di_cut_free(dsw); di_cut_free(inv);
+}
+
+/* indexer: 64 x 128 heads over 3000 entries, top-512, with a block of 2000 equal keys across the boundary */
+static void check_indexer(void) {
+  const int nh = 64, di = 128, N = 3000, rate = 4, T = 3, topk = 512;
+  const int pos[3] = {4 * N - 1, 2200, 1500};
+  const int nblk = (N * rate + 63) / 64 + 1, slots = 16;
+  float *K = rnd((size_t)N * di, 1), *q = rnd((size_t)T * nh * di, 1), *hw = rnd((size_t)T * nh, 1);
+  /* entries 800..2799 copy the key ranked 100th of the first 800 for query 0: a tie across its top-512 boundary */
+  cfg.index_n_heads = nh;
+  cfg.index_head_dim = di;
+  {
+    float *s0 = malloc(4 * 800);
+    di_v4_index_scores(&cfg, q, hw, K, 800, s0);
+    int pick = 0;
+    for (int e = 0; e < 800; e++) {
+      int above = 0;
+      for (int j = 0; j < 800; j++) above += s0[j] > s0[e];
+      if (above == 100) pick = e;
+    }
+    for (int e = 800; e < 2800; e++) memcpy(K + (size_t)e * di, K + (size_t)pick * di, 4 * (size_t)di);
+    free(s0);
+  }
+  float *pool = calloc((size_t)nblk * slots * di, 4);
+  for (int e = 0; e < N; e++) {
+    const int blk = ((e + 1) * rate - 1) / 64, slot = e - blk * 64 / rate;
+    memcpy(pool + ((size_t)blk * slots + slot) * di, K + (size_t)e * di, 4 * (size_t)di);
+  }
+  float *dpool = dup_dev(pool, 4 * (size_t)nblk * slots * di), *dq = dup_dev(q, 4 * (size_t)T * nh * di),
+        *dhw = dup_dev(hw, 4 * (size_t)T * nh), *dscore = zeros_dev(4 * (size_t)T * N);
+  unsigned char *dsel = zeros_dev((size_t)T * N);
+  int32_t *tab = ident_table(nblk), *dpos = dup_dev(pos, sizeof pos), so[3] = {0, 0, 0}, *dso = dup_dev(so, sizeof so);
+  di_v4k_seq sq;
+  memset(&sq, 0, sizeof sq);
+  sq.n = T;
+  sq.pos0 = N * rate - T;
+  sq.tab[1] = tab;
+  di_v4k_seq *dsq = dup_dev(&sq, sizeof sq);
+  di_v4k_comp ic = {1, rate, 1, di, 2 * di, 0, 1, slots, 0, dpool, NULL, NULL, NULL};
+  CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore, dsel, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *gs = from_dev(dscore, (size_t)T * N);
+  unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
+  di_cut_d2h(gsel, dsel, (size_t)T * N);
+  di_v4_scored *work = malloc(sizeof(di_v4_scored) * N);
+  float *cs = malloc(4 * (size_t)N);
+  for (int t = 0; t < T; t++) {
+    const int valid = (pos[t] + 1) / rate < N ? (pos[t] + 1) / rate : N, k = topk < valid ? topk : valid;
+    di_v4_index_scores(&cfg, q + (size_t)t * nh * di, hw + (size_t)t * nh, K, valid, cs);
+    double worst = 0;
+    for (int s = 0; s < valid; s++) {
+      const double e = fabs((double)gs[(size_t)t * N + s] - cs[s]) / (fabs(cs[s]) + 1e-3);
+      worst = e > worst ? e : worst;
+    }
+    memset(ref, 0, N);
+    const int tie = di_v4_topk_earlier_first(gs + (size_t)t * N, valid, k, work, ref);
+    int diff = 0, picked = 0;
+    for (int s = 0; s < N; s++) {
+      diff += ref[s] != gsel[(size_t)t * N + s];
+      picked += gsel[(size_t)t * N + s];
+    }
+    printf("indexer t=%d (position %d, %d complete entries): scores worst rel %.2e, %d picks, %d differ from the CPU's rule "
+           "(boundary tie: %s)\n", t, pos[t], valid, worst, picked, diff, tie ? "yes" : "no");
+    CHECKF(worst < 1e-6, "indexer scores t=%d: worst %.3e", t, worst);
+    CHECKF(diff == 0 && picked == k, "indexer picks t=%d: %d differ, %d picked of %d", t, diff, picked, k);
+  }
+  free(K); free(q); free(hw); free(pool); free(gs); free(gsel); free(ref); free(work); free(cs);
+  di_cut_free(dpool); di_cut_free(dq); di_cut_free(dhw); di_cut_free(dscore); di_cut_free(dsel); di_cut_free(tab);
+  di_cut_free(dpos); di_cut_free(dso); di_cut_free(dsq);
+}
+
+/* attention: 64 heads x 512 over the window (128) and sliding / CSA (2050 entries, 512 picked) / HCA entries */
+static void check_attend(int kind) {
+  const int H = cfg.n_heads, hd = cfg.head_dim, W = cfg.sliding_window, T = 2, pos0 = 8198;
+  const int rate = kind == DI_V4_ATTN_HCA ? 128 : 4, nc = kind == DI_V4_ATTN_SLIDING ? 0 : (pos0 + T) / rate;
+  const int nblk = (pos0 + T + 63) / 64 + 1, slots = (64 + rate - 1) / rate;
+  float *wpool = rnd((size_t)nblk * 64 * hd, 1), *epool = rnd((size_t)nblk * slots * hd, 1), *q = rnd((size_t)T * H * hd, 1),
+        *sink = rnd(H, 1);
+  unsigned char *sel = calloc((size_t)T * (nc + 1), 1);
+  int pos[2];
+  for (int t = 0; t < T; t++) {
+    pos[t] = pos0 + t;
+    const int valid = (pos[t] + 1) / rate;
+    for (int picked = 0; kind == DI_V4_ATTN_CSA && picked < 512;) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      const int s = (int)((rng >> 33) % (uint64_t)valid);
+      if (!sel[(size_t)t * nc + s]) sel[(size_t)t * nc + s] = 1, picked++;
+    }
+  }
+  float *dw = dup_dev(wpool, 4 * (size_t)nblk * 64 * hd), *de = dup_dev(epool, 4 * (size_t)nblk * slots * hd),
+        *dq = dup_dev(q, 4 * (size_t)T * H * hd), *dsink = dup_dev(sink, 4 * (size_t)H), *dout = zeros_dev(4 * (size_t)T * H * hd);
+  unsigned char *dsel = dup_dev(sel, (size_t)T * (nc + 1));
+  int32_t *tab = ident_table(nblk), *dpos = dup_dev(pos, sizeof pos), so[2] = {0, 0}, *dso = dup_dev(so, sizeof so);
+  di_v4k_seq sq;
+  memset(&sq, 0, sizeof sq);
+  sq.n = T;
+  sq.pos0 = pos0;
+  sq.tab[0] = sq.tab[2] = sq.tab[3] = tab;
+  di_v4k_seq *dsq = dup_dev(&sq, sizeof sq);
+  di_v4k_comp c = {kind == DI_V4_ATTN_HCA ? 2 : 0, rate, kind == DI_V4_ATTN_CSA, hd, hd, 0, 1, slots, 0, de, NULL, NULL, NULL};
+  const size_t keys = (size_t)W + (nc > 0 ? nc : 1);
+  float *dp = zeros_dev(4 * (size_t)T * H * keys);
+  double *dex = zeros_dev(8 * (size_t)T * H * keys);
+  float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
+  CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
+                      kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
+                      NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *o = from_dev(dout, (size_t)T * H * hd), *ref = malloc(4 * (size_t)H * hd);
+  float *win = malloc(4 * (size_t)W * hd), *ent = malloc(4 * (size_t)(nc + 1) * hd), *p = malloc(4 * keys);
+  double *ex = malloc(8 * keys);
+  for (int e = 0; e < nc; e++) {
+    const int blk = ((e + 1) * rate - 1) / 64, slot = e - blk * 64 / rate;
+    memcpy(ent + (size_t)e * hd, epool + ((size_t)blk * slots + slot) * hd, 4 * (size_t)hd);
+  }
+  di_v4_layer L;
+  memset(&L, 0, sizeof L);
+  L.sink = sink;
+  double worst = 0;
+  for (int t = 0; t < T; t++) {
+    const int j0 = pos[t] - W + 1;
+    for (int j = j0; j <= pos[t]; j++) memcpy(win + (size_t)(j - j0) * hd, wpool + (size_t)j * hd, 4 * (size_t)hd);
+    const int ncmp = kind == DI_V4_ATTN_HCA ? ((pos[t] + 1) / rate < nc ? (pos[t] + 1) / rate : nc) : nc;
+    di_v4_attend(&cx, &L, &cx.compress_rope, q + (size_t)t * H * hd, pos[t], win, W, ent, ncmp,
+                 kind == DI_V4_ATTN_CSA ? sel + (size_t)t * nc : NULL, p, ex, ref);
+    const double e = test_rel_l2(o + (size_t)t * H * hd, ref, (size_t)H * hd);
+    worst = e > worst ? e : worst;
+  }
+  static const char *const name[3] = {"sliding", "CSA", "HCA"};
+  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e\n", name[kind], H, hd, W, nc, worst);
+  CHECKF(worst < 1e-5, "attention %s: %.3e", name[kind], worst);
+  free(wpool); free(epool); free(q); free(sink); free(sel); free(o); free(ref); free(win); free(ent); free(p); free(ex);
+  di_cut_free(dw); di_cut_free(de); di_cut_free(dq); di_cut_free(dsink); di_cut_free(dout); di_cut_free(dsel);
+  di_cut_free(tab); di_cut_free(dpos); di_cut_free(dso); di_cut_free(dsq); di_cut_free(dp); di_cut_free(dex); di_cut_free(inv);
+}
+
+/* routing: 256 experts top-6, sqrtsoftplus + bias, normalised x 2.5; slots: shared, then ascending ids */
+static void check_route(void) {
+  const int T = 16, E = 256, K = 6, ns = K + 1;
+  float *lg = rnd((size_t)T * E, 4), *bias = rnd(E, 0.1f);
+  float *dl = dup_dev(lg, 4 * (size_t)T * E), *db = dup_dev(bias, 4 * (size_t)E), *dw = zeros_dev(4 * (size_t)T * ns);
+  int32_t *di = zeros_dev(4 * (size_t)T * ns);
+  CHECK(di_v4k_route(dl, db, NULL, NULL, T, E, K, 0, 2.5f, di, dw, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  int32_t *ids = malloc(4 * (size_t)T * ns);
+  di_cut_d2h(ids, di, 4 * (size_t)T * ns);
+  float *w = from_dev(dw, (size_t)T * ns);
+  int bad = 0;
+  double worst = 0;
+  for (int t = 0; t < T; t++) {
+    double sc[256];
+    unsigned char taken[256] = {0};
+    for (int e = 0; e < E; e++) {
+      const double x = lg[(size_t)t * E + e];
+      sc[e] = (float)sqrt(x > 20 ? x : log1p(exp(x)));
+    }
+    double sum = 0;
+    for (int k = 0; k < K; k++) {
+      int b = -1;
+      for (int e = 0; e < E; e++)
+        if (!taken[e] && (b < 0 || (float)sc[e] + bias[e] > (float)sc[b] + bias[b])) b = e;
+      taken[b] = 1;
+      sum += sc[b];
+    }
+    bad += ids[(size_t)t * ns] != E;
+    for (int e = 0, k = 1; e < E; e++)
+      if (taken[e]) {
+        bad += ids[(size_t)t * ns + k] != e;
+        const double ref = sc[e] / (sum + 1e-20) * 2.5, err = fabs(w[(size_t)t * ns + k] - ref) / ref;
+        worst = err > worst ? err : worst;
+        k++;
+      }
+  }
+  printf("routing (%d experts, top-%d): %d id mismatches, weights worst rel %.2e\n", E, K, bad, worst);
+  CHECKF(bad == 0 && worst < 1e-6, "routing: %d ids differ, weights %.3e", bad, worst);
+  free(lg); free(bias); free(ids); free(w);
+  di_cut_free(dl); di_cut_free(db); di_cut_free(dw); di_cut_free(di);
+}
+
+/* experts: gate/up with the clamp, down, combine, at hidden 4096 x width 2048 (4 experts + shared) */
+static void check_experts(int wf32) {
+  const int T = 2, D = 4096, I = 2048, E = 4, ns = 3;
+  const float lim = 10;
+  float *x = rnd((size_t)T * D, 1), *w1 = rnd((size_t)(E + 1) * I * D, 0.05f), *w3 = rnd((size_t)(E + 1) * I * D, 0.05f),
+        *w2 = rnd((size_t)(E + 1) * D * I, 0.05f);
+  const size_t n13 = (size_t)(E + 1) * I * D;
+  uint16_t *b1 = malloc(2 * n13), *b3 = malloc(2 * n13), *b2 = malloc(2 * n13);
+  for (size_t i = 0; i < n13; i++) {
+    b1[i] = di_f32_to_bf16(w1[i]);
+    b3[i] = di_f32_to_bf16(w3[i]);
+    b2[i] = di_f32_to_bf16(w2[i]);
+    if (!wf32) {
+      w1[i] = di_bf16_to_f32(b1[i]);
+      w3[i] = di_bf16_to_f32(b3[i]);
+      w2[i] = di_bf16_to_f32(b2[i]);
+    }
+  }
+  const int32_t ids[6] = {E, 1, 3, E, 0, -1};
+  const float wts[6] = {1, 0.7f, 0.4f, 1, 1.3f, 0};
+  void *d1 = wf32 ? dup_dev(w1, 4 * n13) : dup_dev(b1, 2 * n13), *d3 = wf32 ? dup_dev(w3, 4 * n13) : dup_dev(b3, 2 * n13),
+       *d2 = wf32 ? dup_dev(w2, 4 * n13) : dup_dev(b2, 2 * n13);
+  float *dx = dup_dev(x, 4 * (size_t)T * D), *dact = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D),
+        *dout = zeros_dev(4 * (size_t)T * D), *dwt = dup_dev(wts, sizeof wts);
+  int32_t *dids = dup_dev(ids, sizeof ids);
+  CHECK(di_v4k_expert_up(dx, dids, NULL, E + 1, d1, d3, wf32, T, ns, D, I, lim, dact, NULL) == DI_OK);
+  CHECK(di_v4k_expert_down(dact, dids, NULL, E + 1, d2, wf32, T, ns, D, I, dy, NULL) == DI_OK);
+  CHECK(di_v4k_moe_combine(dy, dids, dwt, T, ns, D, dout, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *out = from_dev(dout, (size_t)T * D), *ref = calloc((size_t)T * D, 4), *a = malloc(4 * (size_t)I);
+  /* the tiled form (slots grouped by expert: E shared by both tokens) must give the same bits */
+  int32_t *work = zeros_dev(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns));
+  float *dout2 = zeros_dev(4 * (size_t)T * D);
+  CHECK(di_v4k_expert_tiles(dids, T, ns, E + 1, work, NULL) == DI_OK);
+  CHECK(di_v4k_expert_up(dx, dids, work, E + 1, d1, d3, wf32, T, ns, D, I, lim, dact, NULL) == DI_OK);
+  CHECK(di_v4k_expert_down(dact, dids, work, E + 1, d2, wf32, T, ns, D, I, dy, NULL) == DI_OK);
+  CHECK(di_v4k_moe_combine(dy, dids, dwt, T, ns, D, dout2, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *out2 = from_dev(dout2, (size_t)T * D);
+  CHECKF(memcmp(out, out2, 4 * (size_t)T * D) == 0, "experts %s: tiled form differs (rel L2 %.3e)", wf32 ? "f32" : "bf16",
+         test_rel_l2(out2, out, (size_t)T * D));
+  free(out2);
+  di_cut_free(work);
+  di_cut_free(dout2);
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < ns; k++) {
+      const int e = ids[t * ns + k];
+      if (e < 0) continue;
+      for (int i = 0; i < I; i++) {
+        double g = 0, u = 0;
+        for (int c = 0; c < D; c++) {
+          g += (double)w1[((size_t)e * I + i) * D + c] * x[(size_t)t * D + c];
+          u += (double)w3[((size_t)e * I + i) * D + c] * x[(size_t)t * D + c];
+        }
+        const double gv = g > lim ? lim : g, uv = u > lim ? lim : u < -lim ? -lim : u;
+        a[i] = (float)(gv / (1 + exp(-gv)) * uv);
+      }
+      for (int d = 0; d < D; d++) {
+        double s = 0;
+        for (int i = 0; i < I; i++) s += (double)w2[((size_t)e * D + d) * I + i] * a[i];
+        ref[(size_t)t * D + d] += (float)(wts[t * ns + k] * s);
+      }
+    }
+  const double e = test_rel_l2(out, ref, (size_t)T * D);
+  printf("experts %s (hidden %d, width %d, shared + routed slots, one unused): rel L2 %.2e\n", wf32 ? "f32" : "bf16", D, I, e);
+  CHECKF(e < 1e-5, "experts %s: %.3e", wf32 ? "f32" : "bf16", e);
+  free(x); free(w1); free(w3); free(w2); free(b1); free(b2); free(b3); free(out); free(ref); free(a);
+  di_cut_free(d1); di_cut_free(d2); di_cut_free(d3); di_cut_free(dx); di_cut_free(dact); di_cut_free(dy); di_cut_free(dout);
+  di_cut_free(dwt); di_cut_free(dids);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (!di_cut_device_ok()) {
+    printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  setup();
+  check_linear(0, 5, 1024, 4096);
+  check_linear(1, 3, 512, 4096);
+  check_linear(0, 9, 64, 1000);
+  check_linear(0, 4, 40, 999); /* the one-column path (rows not a multiple of 8) */
+  check_linear(1, 2, 24, 1001);
+  check_linear_groups(3, 8, 1024, 4096);
+  check_hc();
+  check_pool(1);
+  check_pool(0);
+  check_indexer();
+  check_attend(DI_V4_ATTN_SLIDING);
+  check_attend(DI_V4_ATTN_CSA);
+  check_attend(DI_V4_ATTN_HCA);
+  check_route();
+  check_experts(0);
+  check_experts(1);
+  return test_finish("test_cuda_v4_kernels");
+}
