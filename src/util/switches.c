@@ -50,6 +50,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "1: per-phase device time of eager steps (graphs off), printed at destroy"},
     [DI_SW_CUDA_GPU_TIME] = {"DEEPINFER_CUDA_GPU_TIME", "0", "1: device time of each replayed graph (di_cuda_stats)"},
     [DI_SW_CUDA_STATS] = {"DEEPINFER_CUDA_STATS", "0", "1: step, graph and resample counts printed at destroy"},
+    [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "0",
+                                 "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
+                                 "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -28,7 +28,10 @@ struct di_cu_blas {
   int n_plans;
   int no_skinny; /* tests: force the cuBLASLt path */
   int invariant; /* batch-invariant mode (di_cu_blas_set_invariant) */
+  int tc;        /* invariant GEMMs on the tensor-core kernel (di_cu_blas_set_tc) */
+  float *tc_ws;  /* its split partials at decode-sized M (TC_WS_BYTES) */
 };
+#define TC_WS_BYTES (16u << 20)
 
 #define LT(call)                                                                               \
   do {                                                                                         \
@@ -46,11 +49,14 @@ extern "C" di_status di_cu_blas_create(di_cu_blas **out) {
   DI_CU(cudaMalloc(&b->ws, WS_BYTES));
   LT(cublasSetWorkspace(b->h, b->ws, WS_BYTES));
   LT(cublasSetMathMode(b->h, CUBLAS_DEFAULT_MATH));
+  DI_CU(cudaMalloc(&b->tc_ws, TC_WS_BYTES));
   return DI_OK;
 }
 
 extern "C" void di_cu_blas_set_skinny(di_cu_blas *b, int on) { b->no_skinny = !on; }
 extern "C" void di_cu_blas_set_invariant(di_cu_blas *b, int on) { b->invariant = on; }
+extern "C" void di_cu_blas_set_tc(di_cu_blas *b, int on) { b->tc = on; }
+extern "C" int di_cu_blas_tc_invariant(const di_cu_blas *b) { return b->invariant && b->tc; }
 
 extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (!b) return;
@@ -63,6 +69,7 @@ extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (b->h) cublasDestroy(b->h);
   if (b->lt) cublasLtDestroy(b->lt);
   if (b->ws) cudaFree(b->ws);
+  if (b->tc_ws) cudaFree(b->tc_ws);
   free(b);
 }
 
@@ -286,6 +293,7 @@ static void *y_row(void *Y, int ldy, int y_f32, int m0) {
 }
 
 extern "C" int di_cu_gemm_normed_ok(di_cu_blas *b, int M, int K, int ldx) {
+  if (di_cu_blas_tc_invariant(b)) return 0; /* the tensor-core kernel at every M (its own arithmetic) */
   return !b->no_skinny && M >= 1 && (M <= SK_MAXM || b->invariant) && K % 8 == 0 && ldx % 4 == 0;
 }
 
@@ -369,12 +377,15 @@ static di_status rowdot(int batch, int M, int N, int K, const uint16_t *X, int l
 /* Batch-invariant mode (di_cu_blas_set_invariant): each row of a product gets the same arithmetic
  * whatever M is and wherever the row sits. The skinny kernels' per-row chain of FMAs and warp
  * reduction does not depend on M, so they run in chunks of at most SK_MAXM rows; shapes they do not
- * take go to rowdot_kernel. (Not cuBLAS row by row: its choice of kernel may follow a row's address
+ * take go to rowdot_kernel; with di_cu_blas_set_tc, every shape k_tc_gemm.cu takes goes there instead
+ * (tensor cores, the same bits at every M). (Not cuBLAS row by row: its choice of kernel may follow a row's address
  * alignment, i.e. the row's place in the batch.) */
 extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx,
                                 const uint16_t *W, int ldw, void *Y, int ldy, int y_f32, float beta,
                                 di_cu_stream s) {
   if (M <= 0) return DI_OK;
+  if (b->invariant && b->tc && di_cuk_tc_gemm_ok(N, K, ldx, ldw, 0, X, W))
+    return di_cuk_tc_gemm(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, b->tc_ws, TC_WS_BYTES, s);
   if (b->invariant) {
     if (!skinny_ok(1, K, X, ldx, W, ldw)) return rowdot(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, s);
     for (int m0 = 0; m0 < M; m0 += SK_MAXM)
@@ -436,6 +447,8 @@ extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, 
                                         int w_kn, uint16_t *Y, int ldy, int64_t sy, di_cu_stream s) {
   if (M <= 0 || batch <= 0) return DI_OK;
   if (!b->invariant) return batched(b, batch, M, N, K, X, ldx, sx, W, ldw, sw, w_kn, Y, ldy, sy, s);
+  if (b->tc && di_cuk_tc_gemm_ok(N, K, ldx, ldw, w_kn, X, W) && sx % 8 == 0 && sw % 8 == 0)
+    return di_cuk_tc_gemm(batch, M, N, K, X, ldx, sx, W, ldw, sw, w_kn, Y, ldy, sy, 0, 0.f, b->tc_ws, TC_WS_BYTES, s);
   /* batch-invariant mode (see di_cu_gemm): the skinny kernels in chunks of SK_MAXM rows, else rowdot */
   const int sk = w_kn ? kn_ok(1, N, ldw, sw, W) && batch <= 65535
                       : skinny_ok(1, K, X, ldx, W, ldw) && sx % 8 == 0 && sw % 8 == 0;
