@@ -53,6 +53,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "0",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
+    [DI_SW_CUDA_TC_CORE] = {"DEEPINFER_CUDA_TC_CORE", "mma",
+                            "wgmma: the invariant tensor-core GEMM on wgmma (k_tc_wgmma.cuh) instead of mma.sync"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

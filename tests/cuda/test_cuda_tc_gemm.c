@@ -10,6 +10,7 @@
  *   (M = 1, whose splits run in CTAs of their own, where big M adds them inside one CTA); the grouped
  *   expert GEMM: every row of a skewed distribution (experts with 0, 1, 3, 17, 64, 65, 700 rows), in
  *   16- and 64-row tiles, equals the row as its expert's only row.
+ * Both cores (mma.sync, wgmma: di_cuk_tc_gemm_set_core) are held to the same rules.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
  * shapes instead. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
@@ -280,10 +281,23 @@ int main(int argc, char **argv) {
   }
   g_ws = di_cut_malloc(WS_BYTES);
   CHECK(g_ws != NULL);
-  if (argc > 1 && !strcmp(argv[1], "--bench")) {
+  /* [--bench] [--core mma|wgmma] (default both) */
+  int core0 = 0, core1 = 1, bench_mode = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--bench")) bench_mode = 1;
+    else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
+      i++;
+      core0 = core1 = !strcmp(argv[i], "wgmma");
+    }
+  }
+  if (bench_mode) {
     di_cu_blas *blas = NULL;
     CHECK(di_cu_blas_create(&blas) == DI_OK);
-    bench(blas);
+    for (int core = core0; core <= core1; core++) {
+      di_cuk_tc_gemm_set_core(core);
+      printf("core %s:\n", core ? "wgmma" : "mma.sync");
+      bench(blas);
+    }
     di_cu_blas_destroy(blas);
     di_cut_free(g_ws);
     return test_finish("bench_tc_gemm");
@@ -301,13 +315,18 @@ int main(int argc, char **argv) {
       {"absorb q.W_UK [K][N] x16", 16, 512, 128, 1, 0, 0.f, (int64_t)256 * 512, 512},
       {"W_UV x16", 16, 128, 512, 0, 0, 0.f, (int64_t)256 * 512, 512},
   };
-  printf("tensor-core GEMM (k_tc_gemm.cu):\n");
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    test_shape(&shapes[i], shapes[i].batch > 1 ? 1024 : 4096, Ms, nM, shapes[i].K > 4096 ? 3 : 6);
   const shape gu = {"dense gate/up", 1, 21888, 2048, 0, 0, 0.f, 0, 2048};
-  test_shape(&gu, 1000, Ms, nM, 2);
   const shape lm = {"lm_head", 1, 102400, 2048, 0, 1, 0.f, 0, 2048};
-  test_shape(&lm, 300, Ms, nM, 2);
+  for (int core = core0; core <= core1; core++) { /* mma.sync, then wgmma (W [N][K] shapes; W [K][N] stays mma.sync) */
+    di_cuk_tc_gemm_set_core(core);
+    printf("tensor-core GEMM (k_tc_gemm.cu), %s core:\n", core ? "wgmma" : "mma.sync");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      if (!core || !shapes[i].w_kn)
+        test_shape(&shapes[i], shapes[i].batch > 1 ? 1024 : 4096, Ms, nM, shapes[i].K > 4096 ? 3 : 6);
+    test_shape(&gu, 1000, Ms, nM, 2);
+    test_shape(&lm, 300, Ms, nM, 2);
+  }
+  di_cuk_tc_gemm_set_core(0);
   printf("grouped expert GEMM (k_grouped_gemm.cu):\n");
   test_grouped(2 * 1408, 2048, 1, 0); /* V2-Lite experts' gate/up (glu) */
   test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */

@@ -94,6 +94,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
     di_cu_blas_set_invariant(b->blas, 1);
     /* tensor cores (k_tc_gemm.cu; experts on the grouped GEMM at every step): see di_cu_blas_set_tc */
     di_cu_blas_set_tc(b->blas, di_switch_bool(DI_SW_CUDA_TC_INVARIANT, 0));
+    const char *core = di_switch_get(DI_SW_CUDA_TC_CORE);
+    di_cuk_tc_gemm_set_core(core && !strcmp(core, "wgmma"));
     b->vo_fused = b->fold_uv = 0; /* the one-token fusions that change the arithmetic */
   }
   di_cuk_attn_set_preload(di_switch_bool(DI_SW_CUDA_ATTN_PRELOAD, 1));

@@ -233,6 +233,9 @@ di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, i
  * and W, N % 8 for w_kn; callers also keep sx, sw % 8. */
 int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const void *X, const void *W);
 int di_cuk_tc_gemm_splits(int N, int K);
+/* Process-wide: 1 runs the W [N][K] products on the wgmma core (k_tc_wgmma.cuh), 0 (default) on mma.sync;
+ * each core is invariant, the two are not bit-equal to each other (DEEPINFER_CUDA_TC_CORE). */
+void di_cuk_tc_gemm_set_core(int wgmma);
 size_t di_cuk_tc_gemm_ws_bytes(int batch, int M, int N, int K);
 di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16_t *X, int ldx, int64_t sx, const uint16_t *W,
                          int ldw, int64_t sw, int w_kn, void *Y, int ldy, int64_t sy, int y_f32, float beta, float *ws,

@@ -17,8 +17,8 @@
  *
  * Pipeline: 4 stages of cp.async 16-byte copies (zero-filled past M, N and K), ldmatrix fragments
  * (.trans for W [K][N]); padded shared-memory rows make ldmatrix conflict-free. This is the mma.sync
- * first step of issue 19; a wgmma/TMA core would keep the same chain only if its k16 order per
- * element is the same, so it would be a different (still invariant) arithmetic, not bit-equal. */
+ * first step of issue 19. k_tc_wgmma.cuh is the same product on wgmma (di_cuk_tc_gemm_set_core): the
+ * same splits and epilogue, its own (still invariant) arithmetic, so one process uses one core. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 
@@ -212,6 +212,9 @@ static __global__ void __launch_bounds__(256) tc_reduce_kernel(const tc_args a, 
   }
 }
 
+#include "k_tc_wgmma.cuh"
+static int g_core_wgmma; /* di_cuk_tc_gemm_set_core */
+
 template <int BM, int BN, int WM, int WKN, int TOT>
 static di_status tc_launch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
   constexpr int BTILE = WKN ? TC_BK * (BN + 8) : BN * TC_KROW;
@@ -231,6 +234,7 @@ static di_status tc_launch(const tc_args &a, int batch, int zdim, cudaStream_t s
 /* The M bucket: how rows are grouped into tiles (never the arithmetic). */
 template <int WKN, int TOT>
 static di_status tc_dispatch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
+  if (!WKN && g_core_wgmma) return wg_dispatch<TOT>(a, zdim, s);
   if (a.M <= 16) return tc_launch<16, 64, 1, WKN, TOT>(a, batch, zdim, s);
   if (a.M <= 128) return tc_launch<64, 128, 1, WKN, TOT>(a, batch, zdim, s);
   return tc_launch<128, 128, 2, WKN, TOT>(a, batch, zdim, s);
@@ -245,6 +249,7 @@ extern "C" int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const
 }
 
 extern "C" int di_cuk_tc_gemm_splits(int N, int K) { return tc_splits(N, K); }
+extern "C" void di_cuk_tc_gemm_set_core(int wgmma) { g_core_wgmma = wgmma != 0; }
 
 extern "C" size_t di_cuk_tc_gemm_ws_bytes(int batch, int M, int N, int K) {
   const int S = tc_splits(N, K);
