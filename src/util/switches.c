@@ -55,6 +55,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
     [DI_SW_CUDA_TC_CORE] = {"DEEPINFER_CUDA_TC_CORE", "mma",
                             "wgmma: the invariant tensor-core GEMM on wgmma (k_tc_wgmma.cuh) instead of mma.sync"},
+    [DI_SW_CUDA_TC_DEFAULT_MAXM] = {"DEEPINFER_CUDA_TC_DEFAULT_MAXM", "0",
+                                    "default mode: dense GEMMs of 9..N rows on the tensor-core kernel, not cuBLASLt "
+                                    "(A/B; 0: never)"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -40,6 +40,7 @@ typedef enum {
   DI_SW_CUDA_STATS,
   DI_SW_CUDA_TC_INVARIANT,
   DI_SW_CUDA_TC_CORE,
+  DI_SW_CUDA_TC_DEFAULT_MAXM,
   /* several ranks (src/dist/) */
   DI_SW_DIST_TIMEOUT,
   DI_SW_DIST_TEST_FAIL,

@@ -90,6 +90,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * per item), none of the one-token fusions that change the arithmetic (the fused gate and prep +
    * absorb are bit-equal to their unfused kernels and stay). Slower. */
   b->invariant = b->invariant || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
+  di_cu_blas_set_tc_default(b->blas, di_switch_int(DI_SW_CUDA_TC_DEFAULT_MAXM, 0));
   if (b->invariant) {
     di_cu_blas_set_invariant(b->blas, 1);
     /* tensor cores (k_tc_gemm.cu; experts on the grouped GEMM at every step): see di_cu_blas_set_tc */

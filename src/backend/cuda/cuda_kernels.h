@@ -263,6 +263,9 @@ void di_cu_blas_set_invariant(di_cu_blas *b, int on);
  * is 0 and the forward must not use the one-token fusions of other arithmetic either). */
 void di_cu_blas_set_tc(di_cu_blas *b, int on);
 int di_cu_blas_tc_invariant(const di_cu_blas *b);
+/* Default mode: dense GEMMs with 8 < M <= max_m on the tensor-core kernel instead of cuBLASLt (0: never;
+ * DEEPINFER_CUDA_TC_DEFAULT_MAXM, for A/B runs). */
+void di_cu_blas_set_tc_default(di_cu_blas *b, int max_m);
 /* Batched over `batch` heads, row-major, bf16 in/out, f32 accumulate:
  *   Y_h[M][N] = X_h[M][K] . op(W_h)  with op(W_h) = W_h ([K][N]) when w_kn, else W_h^T (W_h [N][K]).
  * X_h = X + h*sx (row stride ldx), W_h = W + h*sw (row stride ldw), Y_h = Y + h*sy (row stride ldy). */

@@ -30,6 +30,7 @@ struct di_cu_blas {
   int invariant; /* batch-invariant mode (di_cu_blas_set_invariant) */
   int tc;        /* invariant GEMMs on the tensor-core kernel (di_cu_blas_set_tc) */
   float *tc_ws;  /* its split partials at decode-sized M (TC_WS_BYTES) */
+  int tc_default_maxm; /* default mode: GEMMs of SK_MAXM < M <= this on the tensor-core kernel (di_cu_blas_set_tc_default) */
 };
 #define TC_WS_BYTES (16u << 20)
 
@@ -57,6 +58,7 @@ extern "C" void di_cu_blas_set_skinny(di_cu_blas *b, int on) { b->no_skinny = !o
 extern "C" void di_cu_blas_set_invariant(di_cu_blas *b, int on) { b->invariant = on; }
 extern "C" void di_cu_blas_set_tc(di_cu_blas *b, int on) { b->tc = on; }
 extern "C" int di_cu_blas_tc_invariant(const di_cu_blas *b) { return b->invariant && b->tc; }
+extern "C" void di_cu_blas_set_tc_default(di_cu_blas *b, int max_m) { b->tc_default_maxm = max_m; }
 
 extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (!b) return;
@@ -394,6 +396,8 @@ extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16
     return DI_OK;
   }
   if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny) return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
+  if (M <= b->tc_default_maxm && di_cuk_tc_gemm_ok(N, K, ldx, ldw, 0, X, W))
+    return di_cuk_tc_gemm(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, b->tc_ws, TC_WS_BYTES, s);
   return lt_gemm(b, M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
 }
 
