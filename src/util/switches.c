@@ -50,14 +50,17 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "1: per-phase device time of eager steps (graphs off), printed at destroy"},
     [DI_SW_CUDA_GPU_TIME] = {"DEEPINFER_CUDA_GPU_TIME", "0", "1: device time of each replayed graph (di_cuda_stats)"},
     [DI_SW_CUDA_STATS] = {"DEEPINFER_CUDA_STATS", "0", "1: step, graph and resample counts printed at destroy"},
-    [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "0",
+    [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
     [DI_SW_CUDA_TC_CORE] = {"DEEPINFER_CUDA_TC_CORE", "mma",
                             "wgmma: the invariant tensor-core GEMM on wgmma (k_tc_wgmma.cuh) instead of mma.sync"},
-    [DI_SW_CUDA_TC_DEFAULT_MAXM] = {"DEEPINFER_CUDA_TC_DEFAULT_MAXM", "0",
-                                    "default mode: dense GEMMs of 9..N rows on the tensor-core kernel, not cuBLASLt "
-                                    "(A/B; 0: never)"},
+    [DI_SW_CUDA_TC_DEFAULT_MINM] = {"DEEPINFER_CUDA_TC_DEFAULT_MINM", "0",
+                                    "default mode: dense GEMMs of N..8 rows on the tensor-core kernel, not the skinny "
+                                    "one (0: never)"},
+    [DI_SW_CUDA_TC_FUSED_REDUCE] = {"DEEPINFER_CUDA_TC_FUSED_REDUCE", "0",
+                                    "1: the tensor-core GEMM adds decode-sized split partials in its last CTA per "
+                                    "tile (no reduce kernel; the same bits)"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -7,7 +7,8 @@
  *   of K/16 mma slices, twice over), bf16 output that plus 2^-8 |ref| (its rounding).
  * - invariance, bit for bit: every row of an M-row product (M = 1 .. 4096, the rows starting at
  *   varying offsets so that they sit at every position of a tile) equals the row computed alone
- *   (M = 1, whose splits run in CTAs of their own, where big M adds them inside one CTA); the grouped
+ *   (M = 1, whose splits run in CTAs of their own, where big M adds them inside one CTA; every other M
+ *   with the split partials added in the GEMM's last CTA, di_cuk_tc_gemm_set_fused_reduce); the grouped
  *   expert GEMM: every row of a skewed distribution (experts with 0, 1, 3, 17, 64, 65, 700 rows), in
  *   16- and 64-row tiles, equals the row as its expert's only row.
  * Both cores (mma.sync, wgmma: di_cuk_tc_gemm_set_core) are held to the same rules.
@@ -125,7 +126,9 @@ static void test_shape(const shape *s, int Mmax, const int *Ms, int nM, int chec
     if (M > Mmax) continue;
     const int m0 = (int)(((int64_t)M * 7919) % (Mmax - M + 1));
     if (s->y_f32) di_cut_h2d(dY, y0, ny * 4);
+    di_cuk_tc_gemm_set_fused_reduce(i & 1); /* every other M with the reduce fused: the same bits */
     st = run_tc(s, M, dX, ldx, sx, dW, dY, ldy, sy, m0);
+    di_cuk_tc_gemm_set_fused_reduce(0);
     CHECKF(st == DI_OK && di_cut_sync() == 0, "%s M %d: %s", s->name, M, di_last_error());
     di_cut_d2h(got, dY, ny * es);
     const size_t off = (size_t)m0 * ldy * es, len = (size_t)M * ldy * es;
@@ -255,7 +258,7 @@ static void bench(di_cu_blas *blas) {
       {"q/kv (3648x2048)", 3648, 2048, 0},   {"o_proj (2048x2048)", 2048, 2048, 1},
       {"mlp gate/up (21888x2048)", 21888, 2048, 0}, {"mlp down (2048x10944)", 2048, 10944, 1},
       {"lm_head (102400x2048)", 102400, 2048, 1}};
-  const int Ms[] = {1, 8, 16, 64, 256, 512, 4096};
+  const int Ms[] = {1, 2, 4, 8, 16, 64, 256, 512, 4096};
   printf("%-26s %6s %12s %12s %9s %9s %6s\n", "shape", "M", "tc us", "default us", "tc TF/s", "dflt TF/s", "tc/dflt");
   for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
     const int N = sh[i].N, K = sh[i].K;
@@ -281,6 +284,11 @@ int main(int argc, char **argv) {
   }
   g_ws = di_cut_malloc(WS_BYTES);
   CHECK(g_ws != NULL);
+  { /* the tile counters at its start begin at zero */
+    void *zero = calloc(1, 16384);
+    di_cut_h2d(g_ws, zero, 16384);
+    free(zero);
+  }
   /* [--bench] [--core mma|wgmma] (default both) */
   int core0 = 0, core1 = 1, bench_mode = 0;
   for (int i = 1; i < argc; i++) {

@@ -30,7 +30,7 @@ struct di_cu_blas {
   int invariant; /* batch-invariant mode (di_cu_blas_set_invariant) */
   int tc;        /* invariant GEMMs on the tensor-core kernel (di_cu_blas_set_tc) */
   float *tc_ws;  /* its split partials at decode-sized M (TC_WS_BYTES) */
-  int tc_default_maxm; /* default mode: GEMMs of SK_MAXM < M <= this on the tensor-core kernel (di_cu_blas_set_tc_default) */
+  int tc_default_minm; /* default mode: GEMMs of this <= M <= SK_MAXM on the tensor-core kernel (di_cu_blas_set_tc_default) */
 };
 #define TC_WS_BYTES (16u << 20)
 
@@ -51,6 +51,7 @@ extern "C" di_status di_cu_blas_create(di_cu_blas **out) {
   LT(cublasSetWorkspace(b->h, b->ws, WS_BYTES));
   LT(cublasSetMathMode(b->h, CUBLAS_DEFAULT_MATH));
   DI_CU(cudaMalloc(&b->tc_ws, TC_WS_BYTES));
+  DI_CU(cudaMemset(b->tc_ws, 0, TC_WS_BYTES)); /* di_cuk_tc_gemm's tile counters start at zero */
   return DI_OK;
 }
 
@@ -58,7 +59,7 @@ extern "C" void di_cu_blas_set_skinny(di_cu_blas *b, int on) { b->no_skinny = !o
 extern "C" void di_cu_blas_set_invariant(di_cu_blas *b, int on) { b->invariant = on; }
 extern "C" void di_cu_blas_set_tc(di_cu_blas *b, int on) { b->tc = on; }
 extern "C" int di_cu_blas_tc_invariant(const di_cu_blas *b) { return b->invariant && b->tc; }
-extern "C" void di_cu_blas_set_tc_default(di_cu_blas *b, int max_m) { b->tc_default_maxm = max_m; }
+extern "C" void di_cu_blas_set_tc_default(di_cu_blas *b, int min_m) { b->tc_default_minm = min_m; }
 
 extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (!b) return;
@@ -109,6 +110,12 @@ static di_status make_plan(di_cu_blas *b, plan *p) {
  * before the kernel waits for its predecessor (PDL), so the streaming overlaps the previous kernel. */
 #define SK_MAXM 8
 #define SK_WARPS 4
+
+/* Default mode: whether M rows go to the tensor-core kernel instead of the skinny one (at 8 rows it
+ * measured 1.16-1.84x the skinny kernel at V2-Lite's shapes; at one row mostly slower). */
+static int tc_default(const di_cu_blas *b, int M) {
+  return !b->invariant && b->tc_default_minm > 0 && M >= b->tc_default_minm && M <= SK_MAXM;
+}
 
 template <int NR, int U>
 static __device__ __forceinline__ void sk_load(uint4 (*w)[U], const bf16 *const *wr, int K, int k0, int lane) {
@@ -295,7 +302,7 @@ static void *y_row(void *Y, int ldy, int y_f32, int m0) {
 }
 
 extern "C" int di_cu_gemm_normed_ok(di_cu_blas *b, int M, int K, int ldx) {
-  if (di_cu_blas_tc_invariant(b)) return 0; /* the tensor-core kernel at every M (its own arithmetic) */
+  if (di_cu_blas_tc_invariant(b) || tc_default(b, M)) return 0; /* the tensor-core kernel (its own arithmetic) */
   return !b->no_skinny && M >= 1 && (M <= SK_MAXM || b->invariant) && K % 8 == 0 && ldx % 4 == 0;
 }
 
@@ -395,9 +402,9 @@ extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16
                     y_row(Y, ldy, y_f32, m0), ldy, y_f32, beta, s));
     return DI_OK;
   }
-  if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny) return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
-  if (M <= b->tc_default_maxm && di_cuk_tc_gemm_ok(N, K, ldx, ldw, 0, X, W))
+  if (tc_default(b, M) && di_cuk_tc_gemm_ok(N, K, ldx, ldw, 0, X, W))
     return di_cuk_tc_gemm(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, b->tc_ws, TC_WS_BYTES, s);
+  if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny) return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
   return lt_gemm(b, M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
 }
 

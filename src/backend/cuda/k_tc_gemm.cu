@@ -34,6 +34,7 @@ typedef struct tc_args {
   const bf16 *W;
   void *Y;
   float *part; /* cross-CTA split partials [batch][S][M][N], or NULL: splits added inside the CTA */
+  int *counters; /* fused reduce: per-tile count of finished splits (left at zero), or NULL: tc_reduce_kernel */
   int64_t sx, sw, sy;
   int ldx, ldw, ldy;
   int M, N, K, S, y_f32;
@@ -52,6 +53,17 @@ static int tc_splits(int N, int K) {
 
 /* k-tile where split s begins (s = S: the end) */
 static __host__ __device__ __forceinline__ int tc_split_begin(int s, int S, int nk) { return (int)((int64_t)s * nk / S); }
+
+/* The tile (m-tile, n-tile) of this CTA: grouped raster order, TC_GROUP_M m-tiles side by side, so a
+ * wave of CTAs shares its W tiles across several row tiles in L2 instead of streaming all of W once
+ * per row tile (which CTA computes a tile never changes its arithmetic). */
+#define TC_GROUP_M 8
+static __device__ __forceinline__ void tc_tile_of_cta(int *tm, int *tn) {
+  const int nn = gridDim.x, nm = gridDim.y, lin = blockIdx.y * nn + blockIdx.x;
+  const int first = lin / (TC_GROUP_M * nn) * TC_GROUP_M, gs = min(nm - first, TC_GROUP_M), r = lin % (TC_GROUP_M * nn);
+  *tm = first + r % gs;
+  *tn = r / gs;
+}
 
 /* The one epilogue of both forms: total v of element (m, n) of head z into Y. */
 static __device__ __forceinline__ void tc_store(const tc_args &a, int z, int m, int n, float v) {
@@ -76,7 +88,9 @@ static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_ar
   bf16 *sA = (bf16 *)smem_raw;                 /* [STAGES][BM][KROW] */
   bf16 *sB = sA + TC_STAGES * BM * TC_KROW;    /* [STAGES][BTILE] */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / 4, wn = warp % 4;
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  int tm, tn;
+  tc_tile_of_cta(&tm, &tn);
+  const int n0 = tn * BN, m0 = tm * BM;
   const int cross = a.part != nullptr;
   const int z = cross ? blockIdx.z / a.S : blockIdx.z, split = cross ? blockIdx.z % a.S : 0;
   const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
@@ -196,6 +210,34 @@ static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_ar
         if (cross) a.part[(((int64_t)z * a.S + split) * M + m) * N + n] = v;
         else tc_store(a, z, m, n, v);
       }
+  if (cross && a.counters) tc_cross_finish<BM, BN, NTH>(a, z, m0, n0);
+}
+
+/* The cross-CTA form's reduction fused into the GEMM: the CTA that finishes a tile's last split
+ * (a per-tile counter, reset by that CTA) adds the tile's S partials itself, in split order: the
+ * same additions as tc_reduce_kernel, one launch fewer per product. */
+template <int BM, int BN, int NTH>
+static __device__ __forceinline__ void tc_cross_finish(const tc_args &a, int z, int m0, int n0) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int *cnt = a.counters + ((int64_t)z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    last = atomicAdd(cnt, 1) == a.S - 1;
+    if (last) *cnt = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t MN = (int64_t)a.M * a.N;
+  for (int e = threadIdx.x; e < BM * BN; e += NTH) {
+    const int m = m0 + e / BN, n = n0 + e % BN;
+    if (m >= a.M || n >= a.N) continue;
+    const float *p = a.part + (int64_t)z * a.S * MN + (int64_t)m * a.N + n;
+    float v = 0.f;
+    for (int sp = 0; sp < a.S; sp++) v = __fadd_rn(v, __ldcg(p + sp * MN));
+    tc_store(a, z, m, n, v);
+  }
 }
 
 /* The cross-CTA form's reduction: total = ((0 + p0) + p1) + ..., as the in-CTA form adds them. */
@@ -213,7 +255,9 @@ static __global__ void __launch_bounds__(256) tc_reduce_kernel(const tc_args a, 
 }
 
 #include "k_tc_wgmma.cuh"
-static int g_core_wgmma; /* di_cuk_tc_gemm_set_core */
+static int g_core_wgmma;    /* di_cuk_tc_gemm_set_core */
+static int g_fused_reduce; /* di_cuk_tc_gemm_set_fused_reduce */
+#define TC_COUNTER_BYTES 16384 /* ws: tile counters first (4,096 > the cross form's tiles), then partials */
 
 template <int BM, int BN, int WM, int WKN, int TOT>
 static di_status tc_launch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
@@ -237,6 +281,9 @@ static di_status tc_dispatch(const tc_args &a, int batch, int zdim, cudaStream_t
   if (!WKN && g_core_wgmma) return wg_dispatch<TOT>(a, zdim, s);
   if (a.M <= 16) return tc_launch<16, 64, 1, WKN, TOT>(a, batch, zdim, s);
   if (a.M <= 128) return tc_launch<64, 128, 1, WKN, TOT>(a, batch, zdim, s);
+  /* unsplit products: 128 x 256 (64 x 64 per warp: more reuse of each shared-memory byte; the split
+   * form's second set of accumulators would not fit beside it) */
+  if (!TOT && a.S == 1) return tc_launch<128, 256, 2, WKN, 0>(a, batch, zdim, s);
   return tc_launch<128, 128, 2, WKN, TOT>(a, batch, zdim, s);
 }
 
@@ -250,13 +297,14 @@ extern "C" int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const
 
 extern "C" int di_cuk_tc_gemm_splits(int N, int K) { return tc_splits(N, K); }
 extern "C" void di_cuk_tc_gemm_set_core(int wgmma) { g_core_wgmma = wgmma != 0; }
+extern "C" void di_cuk_tc_gemm_set_fused_reduce(int on) { g_fused_reduce = on != 0; }
 
 extern "C" size_t di_cuk_tc_gemm_ws_bytes(int batch, int M, int N, int K) {
   const int S = tc_splits(N, K);
   if (S <= 1) return 0;
   const int64_t ctas = (int64_t)((N + tc_bn(M) - 1) / tc_bn(M)) * ((M + tc_bm(M) - 1) / tc_bm(M)) * batch;
   if (ctas >= TC_CTA_TARGET) return 0; /* enough CTAs: the splits stay inside each CTA */
-  return (size_t)batch * S * M * N * sizeof(float);
+  return TC_COUNTER_BYTES + (size_t)batch * S * M * N * sizeof(float);
 }
 
 extern "C" di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16_t *X, int ldx, int64_t sx,
@@ -269,16 +317,17 @@ extern "C" di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16
                         "cuda: tensor-core GEMM %d x %dx%dx%d (K %% 8, leading dims %% 8, 16-byte aligned)", batch, M, N,
                         K);
   tc_args a;
-  a.X = (const bf16 *)X; a.W = (const bf16 *)W; a.Y = Y; a.part = NULL;
+  a.X = (const bf16 *)X; a.W = (const bf16 *)W; a.Y = Y; a.part = NULL; a.counters = NULL;
   a.sx = sx; a.sw = sw; a.sy = sy; a.ldx = ldx; a.ldw = ldw; a.ldy = ldy;
   a.M = M; a.N = N; a.K = K; a.S = tc_splits(N, K); a.y_f32 = y_f32; a.beta = y_f32 ? beta : 0.f;
   const size_t need = di_cuk_tc_gemm_ws_bytes(batch, M, N, K);
   if (need > 0 && ws && need <= ws_bytes) { /* few CTAs: the splits in CTAs of their own, then the reduce */
-    a.part = ws;
+    a.part = ws + TC_COUNTER_BYTES / sizeof(float);
+    if (g_fused_reduce) a.counters = (int *)ws;
     DI_TRY((w_kn ? tc_dispatch<1, 0>(a, batch, batch * a.S, s) : tc_dispatch<0, 0>(a, batch, batch * a.S, s)));
     const int64_t n = (int64_t)batch * M * N;
     const int blocks = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
-    DI_CU(di_launch(tc_reduce_kernel, dim3(blocks), 256, 0, s, a, batch));
+    if (!g_fused_reduce) DI_CU(di_launch(tc_reduce_kernel, dim3(blocks), 256, 0, s, a, batch));
   } else if (a.S > 1) {
     DI_TRY((w_kn ? tc_dispatch<1, 1>(a, batch, batch, s) : tc_dispatch<0, 1>(a, batch, batch, s)));
   } else {

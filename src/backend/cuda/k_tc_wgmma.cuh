@@ -40,7 +40,9 @@ static __global__ void __launch_bounds__(BM * 2, 1) tc_wgmma_kernel(const tc_arg
   bf16 *sA = (bf16 *)smem_raw;                /* [STAGES][BM * 64] */
   bf16 *sB = sA + TC_STAGES * BM * TC_BK;     /* [STAGES][BN * 64] */
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  int tm, tn;
+  tc_tile_of_cta(&tm, &tn);
+  const int n0 = tn * BN, m0 = tm * BM;
   const int cross = a.part != nullptr;
   const int z = cross ? blockIdx.z / a.S : blockIdx.z, split = cross ? blockIdx.z % a.S : 0;
   const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
@@ -128,6 +130,7 @@ static __global__ void __launch_bounds__(BM * 2, 1) tc_wgmma_kernel(const tc_arg
       if (cross) a.part[(((int64_t)z * a.S + split) * M + m) * N + n] = v;
       else tc_store(a, z, m, n, v);
     }
+  if (cross && a.counters) tc_cross_finish<BM, BN, NTH>(a, z, m0, n0);
 }
 
 template <int BM, int BN, int TOT>
