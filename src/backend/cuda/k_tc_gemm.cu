@@ -75,6 +75,33 @@ static __device__ __forceinline__ void tc_store(const tc_args &a, int z, int m, 
   }
 }
 
+/* The cross-CTA form's reduction fused into the GEMM: the CTA that finishes a tile's last split
+ * (a per-tile counter, reset by that CTA) adds the tile's S partials itself, in split order: the
+ * same additions as tc_reduce_kernel, one launch fewer per product. */
+template <int BM, int BN, int NTH>
+static __device__ __forceinline__ void tc_cross_finish(const tc_args &a, int z, int m0, int n0) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int *cnt = a.counters + ((int64_t)z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    last = atomicAdd(cnt, 1) == a.S - 1;
+    if (last) *cnt = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t MN = (int64_t)a.M * a.N;
+  for (int e = threadIdx.x; e < BM * BN; e += NTH) {
+    const int m = m0 + e / BN, n = n0 + e % BN;
+    if (m >= a.M || n >= a.N) continue;
+    const float *p = a.part + (int64_t)z * a.S * MN + (int64_t)m * a.N + n;
+    float v = 0.f;
+    for (int sp = 0; sp < a.S; sp++) v = __fadd_rn(v, __ldcg(p + sp * MN));
+    tc_store(a, z, m, n, v);
+  }
+}
+
 /* BM x BN tile, WM x 4 warps (each (BM/WM) x (BN/4)); WKN: W stored [K][N]; TOT: S > 1 with all
  * splits in this CTA (a second set of accumulators holds the running total). */
 template <int BM, int BN, int WM, int WKN, int TOT>
@@ -211,33 +238,6 @@ static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_ar
         else tc_store(a, z, m, n, v);
       }
   if (cross && a.counters) tc_cross_finish<BM, BN, NTH>(a, z, m0, n0);
-}
-
-/* The cross-CTA form's reduction fused into the GEMM: the CTA that finishes a tile's last split
- * (a per-tile counter, reset by that CTA) adds the tile's S partials itself, in split order: the
- * same additions as tc_reduce_kernel, one launch fewer per product. */
-template <int BM, int BN, int NTH>
-static __device__ __forceinline__ void tc_cross_finish(const tc_args &a, int z, int m0, int n0) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int *cnt = a.counters + ((int64_t)z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    last = atomicAdd(cnt, 1) == a.S - 1;
-    if (last) *cnt = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int64_t MN = (int64_t)a.M * a.N;
-  for (int e = threadIdx.x; e < BM * BN; e += NTH) {
-    const int m = m0 + e / BN, n = n0 + e % BN;
-    if (m >= a.M || n >= a.N) continue;
-    const float *p = a.part + (int64_t)z * a.S * MN + (int64_t)m * a.N + n;
-    float v = 0.f;
-    for (int sp = 0; sp < a.S; sp++) v = __fadd_rn(v, __ldcg(p + sp * MN));
-    tc_store(a, z, m, n, v);
-  }
 }
 
 /* The cross-CTA form's reduction: total = ((0 + p0) + p1) + ..., as the in-CTA form adds them. */
