@@ -8,7 +8,8 @@
  * picked from M) only decide which CTA and warp run an element's chain, never its steps. K is cut
  * into S splits, S fixed per weight shape by tc_splits(N, K) and never by M: each split's chain
  * starts from zero, and the splits are added in split order onto a zero total. With few CTAs (decode)
- * the splits run in separate CTAs that write f32 partials and a reduce kernel adds them; with enough
+ * the splits run in separate CTAs that write f32 partials and a reduce kernel adds them (or, with
+ * di_cuk_tc_gemm_set_fused_reduce, the CTA that finishes a tile's last split); with enough
  * CTAs one CTA runs all splits of its tile and adds them in registers: the same additions in the
  * same order, so both forms give the same bits (the test checks every row of M = 1..4096 against the
  * row computed alone). The epilogue (f32 total -> optional beta * Y -> bf16 or f32) is one function
