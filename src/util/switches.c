@@ -55,7 +55,7 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
     [DI_SW_CUDA_TC_CORE] = {"DEEPINFER_CUDA_TC_CORE", "mma",
                             "wgmma: the invariant tensor-core GEMM on wgmma (k_tc_wgmma.cuh) instead of mma.sync"},
-    [DI_SW_CUDA_TC_DEFAULT_MINM] = {"DEEPINFER_CUDA_TC_DEFAULT_MINM", "0",
+    [DI_SW_CUDA_TC_DEFAULT_MINM] = {"DEEPINFER_CUDA_TC_DEFAULT_MINM", "4",
                                     "default mode: dense GEMMs of N..8 rows on the tensor-core kernel, not the skinny "
                                     "one (0: never)"},
     [DI_SW_CUDA_TC_FUSED_REDUCE] = {"DEEPINFER_CUDA_TC_FUSED_REDUCE", "0",
