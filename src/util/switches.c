@@ -54,6 +54,17 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                        "1: DeepSeek-V4 models may run on the CUDA backend (experimental; off: accelerator cuda is refused)"},
     [DI_SW_CUDA_V4_F32] = {"DEEPINFER_CUDA_V4_F32", "0",
                            "1: the DeepSeek-V4 CUDA backend keeps its weights in float32 (tests: CPU-exact arithmetic)"},
+    [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
+                                 "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
+                                 "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
+    [DI_SW_CUDA_TC_CORE] = {"DEEPINFER_CUDA_TC_CORE", "mma",
+                            "wgmma: the invariant tensor-core GEMM on wgmma (k_tc_wgmma.cuh) instead of mma.sync"},
+    [DI_SW_CUDA_TC_DEFAULT_MINM] = {"DEEPINFER_CUDA_TC_DEFAULT_MINM", "4",
+                                    "default mode: dense GEMMs of N..8 rows on the tensor-core kernel, not the skinny "
+                                    "one (0: never)"},
+    [DI_SW_CUDA_TC_FUSED_REDUCE] = {"DEEPINFER_CUDA_TC_FUSED_REDUCE", "0",
+                                    "1: the tensor-core GEMM adds decode-sized split partials in its last CTA per "
+                                    "tile (no reduce kernel; the same bits)"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -92,8 +92,14 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * per item), none of the one-token fusions that change the arithmetic (the fused gate and prep +
    * absorb are bit-equal to their unfused kernels and stay). Slower. */
   b->invariant = b->invariant || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
+  di_cu_blas_set_tc_default(b->blas, di_switch_int(DI_SW_CUDA_TC_DEFAULT_MINM, 4));
+  const char *tc_core = di_switch_get(DI_SW_CUDA_TC_CORE);
+  di_cuk_tc_gemm_set_core(tc_core && !strcmp(tc_core, "wgmma"));
+  di_cuk_tc_gemm_set_fused_reduce(di_switch_bool(DI_SW_CUDA_TC_FUSED_REDUCE, 0));
   if (b->invariant) {
     di_cu_blas_set_invariant(b->blas, 1);
+    /* tensor cores (k_tc_gemm.cu; experts on the grouped GEMM at every step): see di_cu_blas_set_tc */
+    di_cu_blas_set_tc(b->blas, di_switch_bool(DI_SW_CUDA_TC_INVARIANT, 1));
     b->vo_fused = b->fold_uv = 0; /* the one-token fusions that change the arithmetic */
   }
   di_cuk_attn_set_preload(di_switch_bool(DI_SW_CUDA_ATTN_PRELOAD, 1));

@@ -155,7 +155,9 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
   const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
   /* (bit-equal to the two kernels it replaces: test_mla_prep_absorb; so batch-invariant mode too) */
-  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
+  /* (not with the invariant tensor-core GEMMs: the absorption must then be theirs at every step) */
+  if (!SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) && !di_cu_blas_tc_invariant(b->blas) &&
+      di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
     /* decode: both in one launch */
     DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
                                   b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
@@ -233,9 +235,12 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const int32_t *inv = b->inv; /* where the combine finds (token, slot)'s output in y */
   /* decode: an expert has at most T rows, weight streaming as a GEMV; batch-invariant mode: always (a
    * row's arithmetic there does not depend on the rows beside it, up to GEMV_MAX_T at a time) */
+  /* invariant on tensor cores: the grouped GEMM at every step (a row's chain of mma steps does not
+   * depend on the tile size or on how many rows its expert has: test_cuda_tc_gemm) */
+  const int tc_inv = di_cu_blas_tc_invariant(b->blas);
   if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
     DI_TRY(cu_ep_moe(b, l, T, &inv));
-  } else if (T <= GEMV_MAX_T || b->invariant) {
+  } else if ((T <= GEMV_MAX_T || b->invariant) && !tc_inv) {
     const int gv_rows = T < GEMV_MAX_T ? T : GEMV_MAX_T;
     const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
     if (!SKIP(SKIP_EXPERTS)) {

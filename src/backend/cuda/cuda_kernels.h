@@ -223,6 +223,28 @@ di_status di_cuk_moe_down_combine(const uint16_t *act, int ld_act, const uint16_
 di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, int I, int cols,
                                 di_cu_stream s);
 
+/* ---- tensor-core GEMM whose per-row arithmetic does not depend on M (k_tc_gemm.cu) ---- */
+/* Y_z[M][N] = X_z[M][K] . op(W_z) (+ beta * Y_z when y_f32), z < batch: X_z = X + z*sx (rows ldx),
+ * W_z = W + z*sw, op(W) = W^T for W [N][K] (rows ldw), W for W [K][N] (w_kn), Y_z = Y + z*sy (rows ldy).
+ * Every row's bits are the same whatever M is and wherever the row sits: K is cut into
+ * di_cuk_tc_gemm_splits(N, K) splits fixed by the weight shape. ws (f32, ws_bytes, zeroed once before
+ * its first use: its first 16 KB are tile counters every call leaves at zero): where
+ * di_cuk_tc_gemm_ws_bytes says a product has few CTAs, the splits run in CTAs of their own through
+ * it (the same bits; without room, inside each CTA). _ok: K % 8, ldx % 8, ldw % 8, 16-byte aligned X
+ * and W, N % 8 for w_kn; callers also keep sx, sw % 8. */
+int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const void *X, const void *W);
+int di_cuk_tc_gemm_splits(int N, int K);
+/* Process-wide: 1 runs the W [N][K] products on the wgmma core (k_tc_wgmma.cuh), 0 (default) on mma.sync;
+ * each core is invariant, the two are not bit-equal to each other (DEEPINFER_CUDA_TC_CORE). */
+void di_cuk_tc_gemm_set_core(int wgmma);
+/* Process-wide: 1 adds a few-CTA product's split partials in its last CTA per tile (no reduce launch),
+ * 0 (default) in a reduce kernel; the same bits (DEEPINFER_CUDA_TC_FUSED_REDUCE). */
+void di_cuk_tc_gemm_set_fused_reduce(int on);
+size_t di_cuk_tc_gemm_ws_bytes(int batch, int M, int N, int K);
+di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16_t *X, int ldx, int64_t sx, const uint16_t *W,
+                         int ldw, int64_t sw, int w_kn, void *Y, int ldy, int64_t sy, int y_f32, float beta, float *ws,
+                         size_t ws_bytes, di_cu_stream s);
+
 /* ---- dense GEMMs through cuBLASLt / cuBLAS (gemm.cu) ---- */
 typedef struct di_cu_blas di_cu_blas;
 di_status di_cu_blas_create(di_cu_blas **out);
@@ -240,6 +262,14 @@ di_status di_cu_gemm_normed(di_cu_blas *b, int M, int N, int K, const float *H, 
 void di_cu_blas_set_skinny(di_cu_blas *b, int on);
 /* Batch-invariant mode: every GEMM row computed with the same arithmetic whatever M is (gemm.cu). */
 void di_cu_blas_set_invariant(di_cu_blas *b, int on);
+/* In batch-invariant mode, every GEMM on the tensor-core kernel (k_tc_gemm.cu) rather than skinny
+ * chunks (DEEPINFER_CUDA_TC_INVARIANT); _tc_invariant: whether both are on (then di_cu_gemm_normed_ok
+ * is 0 and the forward must not use the one-token fusions of other arithmetic either). */
+void di_cu_blas_set_tc(di_cu_blas *b, int on);
+int di_cu_blas_tc_invariant(const di_cu_blas *b);
+/* Default mode: dense GEMMs with min_m <= M <= 8 on the tensor-core kernel instead of the skinny one
+ * (0: never; DEEPINFER_CUDA_TC_DEFAULT_MINM). */
+void di_cu_blas_set_tc_default(di_cu_blas *b, int min_m);
 /* Batched over `batch` heads, row-major, bf16 in/out, f32 accumulate:
  *   Y_h[M][N] = X_h[M][K] . op(W_h)  with op(W_h) = W_h ([K][N]) when w_kn, else W_h^T (W_h [N][K]).
  * X_h = X + h*sx (row stride ldx), W_h = W + h*sw (row stride ldw), Y_h = Y + h*sy (row stride ldy). */

@@ -28,7 +28,11 @@ struct di_cu_blas {
   int n_plans;
   int no_skinny; /* tests: force the cuBLASLt path */
   int invariant; /* batch-invariant mode (di_cu_blas_set_invariant) */
+  int tc;        /* invariant GEMMs on the tensor-core kernel (di_cu_blas_set_tc) */
+  float *tc_ws;  /* its split partials at decode-sized M (TC_WS_BYTES) */
+  int tc_default_minm; /* default mode: GEMMs of this <= M <= SK_MAXM on the tensor-core kernel (di_cu_blas_set_tc_default) */
 };
+#define TC_WS_BYTES (16u << 20)
 
 #define LT(call)                                                                               \
   do {                                                                                         \
@@ -46,11 +50,16 @@ extern "C" di_status di_cu_blas_create(di_cu_blas **out) {
   DI_CU(cudaMalloc(&b->ws, WS_BYTES));
   LT(cublasSetWorkspace(b->h, b->ws, WS_BYTES));
   LT(cublasSetMathMode(b->h, CUBLAS_DEFAULT_MATH));
+  DI_CU(cudaMalloc(&b->tc_ws, TC_WS_BYTES));
+  DI_CU(cudaMemset(b->tc_ws, 0, TC_WS_BYTES)); /* di_cuk_tc_gemm's tile counters start at zero */
   return DI_OK;
 }
 
 extern "C" void di_cu_blas_set_skinny(di_cu_blas *b, int on) { b->no_skinny = !on; }
 extern "C" void di_cu_blas_set_invariant(di_cu_blas *b, int on) { b->invariant = on; }
+extern "C" void di_cu_blas_set_tc(di_cu_blas *b, int on) { b->tc = on; }
+extern "C" int di_cu_blas_tc_invariant(const di_cu_blas *b) { return b->invariant && b->tc; }
+extern "C" void di_cu_blas_set_tc_default(di_cu_blas *b, int min_m) { b->tc_default_minm = min_m; }
 
 extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (!b) return;
@@ -63,6 +72,7 @@ extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (b->h) cublasDestroy(b->h);
   if (b->lt) cublasLtDestroy(b->lt);
   if (b->ws) cudaFree(b->ws);
+  if (b->tc_ws) cudaFree(b->tc_ws);
   free(b);
 }
 
@@ -100,6 +110,12 @@ static di_status make_plan(di_cu_blas *b, plan *p) {
  * before the kernel waits for its predecessor (PDL), so the streaming overlaps the previous kernel. */
 #define SK_MAXM 8
 #define SK_WARPS 4
+
+/* Default mode: whether M rows go to the tensor-core kernel instead of the skinny one (at 8 rows it
+ * measured 1.16-1.84x the skinny kernel at V2-Lite's shapes; at one row mostly slower). */
+static int tc_default(const di_cu_blas *b, int M) {
+  return !b->invariant && b->tc_default_minm > 0 && M >= b->tc_default_minm && M <= SK_MAXM;
+}
 
 template <int NR, int U>
 static __device__ __forceinline__ void sk_load(uint4 (*w)[U], const bf16 *const *wr, int K, int k0, int lane) {
@@ -286,6 +302,7 @@ static void *y_row(void *Y, int ldy, int y_f32, int m0) {
 }
 
 extern "C" int di_cu_gemm_normed_ok(di_cu_blas *b, int M, int K, int ldx) {
+  if (di_cu_blas_tc_invariant(b) || tc_default(b, M)) return 0; /* the tensor-core kernel (its own arithmetic) */
   return !b->no_skinny && M >= 1 && (M <= SK_MAXM || b->invariant) && K % 8 == 0 && ldx % 4 == 0;
 }
 
@@ -369,12 +386,15 @@ static di_status rowdot(int batch, int M, int N, int K, const uint16_t *X, int l
 /* Batch-invariant mode (di_cu_blas_set_invariant): each row of a product gets the same arithmetic
  * whatever M is and wherever the row sits. The skinny kernels' per-row chain of FMAs and warp
  * reduction does not depend on M, so they run in chunks of at most SK_MAXM rows; shapes they do not
- * take go to rowdot_kernel. (Not cuBLAS row by row: its choice of kernel may follow a row's address
+ * take go to rowdot_kernel; with di_cu_blas_set_tc, every shape k_tc_gemm.cu takes goes there instead
+ * (tensor cores, the same bits at every M). (Not cuBLAS row by row: its choice of kernel may follow a row's address
  * alignment, i.e. the row's place in the batch.) */
 extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16_t *X, int ldx,
                                 const uint16_t *W, int ldw, void *Y, int ldy, int y_f32, float beta,
                                 di_cu_stream s) {
   if (M <= 0) return DI_OK;
+  if (b->invariant && b->tc && di_cuk_tc_gemm_ok(N, K, ldx, ldw, 0, X, W))
+    return di_cuk_tc_gemm(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, b->tc_ws, TC_WS_BYTES, s);
   if (b->invariant) {
     if (!skinny_ok(1, K, X, ldx, W, ldw)) return rowdot(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, s);
     for (int m0 = 0; m0 < M; m0 += SK_MAXM)
@@ -382,6 +402,8 @@ extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16
                     y_row(Y, ldy, y_f32, m0), ldy, y_f32, beta, s));
     return DI_OK;
   }
+  if (tc_default(b, M) && di_cuk_tc_gemm_ok(N, K, ldx, ldw, 0, X, W))
+    return di_cuk_tc_gemm(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, b->tc_ws, TC_WS_BYTES, s);
   if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny) return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
   return lt_gemm(b, M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
 }
@@ -436,6 +458,8 @@ extern "C" di_status di_cu_gemm_batched(di_cu_blas *b, int batch, int M, int N, 
                                         int w_kn, uint16_t *Y, int ldy, int64_t sy, di_cu_stream s) {
   if (M <= 0 || batch <= 0) return DI_OK;
   if (!b->invariant) return batched(b, batch, M, N, K, X, ldx, sx, W, ldw, sw, w_kn, Y, ldy, sy, s);
+  if (b->tc && di_cuk_tc_gemm_ok(N, K, ldx, ldw, w_kn, X, W) && sx % 8 == 0 && sw % 8 == 0)
+    return di_cuk_tc_gemm(batch, M, N, K, X, ldx, sx, W, ldw, sw, w_kn, Y, ldy, sy, 0, 0.f, b->tc_ws, TC_WS_BYTES, s);
   /* batch-invariant mode (see di_cu_gemm): the skinny kernels in chunks of SK_MAXM rows, else rowdot */
   const int sk = w_kn ? kn_ok(1, N, ldw, sw, W) && batch <= 65535
                       : skinny_ok(1, K, X, ldx, W, ldw) && sx % 8 == 0 && sw % 8 == 0;

@@ -1,0 +1,343 @@
+/* The batch-invariant tensor-core GEMMs (k_tc_gemm.cu, and the grouped expert GEMM of
+ * k_grouped_gemm.cu) on the device:
+ * - accuracy against a float64 reference from the same bf16 inputs at V2-Lite's shapes (q/kv 3648 x
+ *   2048, o_proj 2048 x 2048 + residual, dense MLP 21888 x 2048 and 2048 x 10944, lm_head 102400 x 2048,
+ *   the absorption / W_UV products batched over 16 heads) and the shipped model's odd ones (224, 576,
+ *   64). Tolerance of each element: f32 output (K/16 + 16) * 2^-22 * sum_k |x_k w_k| (a serial f32 sum
+ *   of K/16 mma slices, twice over), bf16 output that plus 2^-8 |ref| (its rounding).
+ * - invariance, bit for bit: every row of an M-row product (M = 1 .. 4096, the rows starting at
+ *   varying offsets so that they sit at every position of a tile) equals the row computed alone
+ *   (M = 1, whose splits run in CTAs of their own, where big M adds them inside one CTA; every other M
+ *   with the split partials added in the GEMM's last CTA, di_cuk_tc_gemm_set_fused_reduce); the grouped
+ *   expert GEMM: every row of a skewed distribution (experts with 0, 1, 3, 17, 64, 65, 700 rows), in
+ *   16- and 64-row tiles, equals the row as its expert's only row.
+ * Both cores (mma.sync, wgmma: di_cuk_tc_gemm_set_core) are held to the same rules.
+ * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
+ * shapes instead. Built only with nvcc; run on the device by scripts/device_tests.sh. */
+#include "backend/cuda/cuda_kernels.h"
+#include "util/numeric.h"
+#include "test_util.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
+static double urand(void) {
+  rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
+  return (double)(rng_s >> 11) / 9007199254740992.0;
+}
+static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
+static uint16_t *rand_bf16(size_t n, float scale) {
+  uint16_t *v = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) v[i] = di_f32_to_bf16(nrand() * scale);
+  return v;
+}
+static void *dev_copy(const void *h, size_t bytes) {
+  void *d = di_cut_malloc(bytes);
+  if (d && h) di_cut_h2d(d, h, bytes);
+  return d;
+}
+#define WS_BYTES ((size_t)16 << 20)
+static float *g_ws;
+
+typedef struct shape {
+  const char *name;
+  int batch, N, K, w_kn, y_f32;
+  float beta;
+  int64_t sw; /* head stride of W (0: batch 1) */
+  int ldw;
+} shape;
+
+/* element (m, n) of head z of the reference */
+static void ref_row(const shape *s, const uint16_t *X, int ldx, int64_t sx, const uint16_t *W, int z, int m,
+                    const float *y0, int ldy, int64_t sy, double *out, double *l1) {
+  for (int n = 0; n < s->N; n++) {
+    double acc = 0, a = 0;
+    for (int k = 0; k < s->K; k++) {
+      double x = di_bf16_to_f32(X[sx * z + (int64_t)m * ldx + k]);
+      double w = di_bf16_to_f32(s->w_kn ? W[s->sw * z + (int64_t)k * s->ldw + n] : W[s->sw * z + (int64_t)n * s->ldw + k]);
+      acc += x * w;
+      a += fabs(x * w);
+    }
+    if (s->y_f32 && s->beta != 0.f) acc += s->beta * y0[sy * z + (int64_t)m * ldy + n];
+    out[n] = acc;
+    l1[n] = a;
+  }
+}
+
+static size_t w_elems(const shape *s) {
+  return s->batch > 1 ? (size_t)s->sw * s->batch : (size_t)(s->w_kn ? s->K : s->N) * s->ldw;
+}
+
+/* The product of rows [m0, m0 + M) of X into the same rows of Y (batch heads: X, Y strided by rows*ld) */
+static di_status run_tc(const shape *s, int M, const void *dX, int ldx, int64_t sx, const void *dW, void *dY, int ldy,
+                        int64_t sy, int m0) {
+  const size_t es = s->y_f32 ? 4 : 2;
+  return di_cuk_tc_gemm(s->batch, M, s->N, s->K, (const uint16_t *)dX + (int64_t)m0 * ldx, ldx, sx,
+                        (const uint16_t *)dW, s->ldw, s->sw, s->w_kn, (char *)dY + (size_t)m0 * ldy * es, ldy, sy,
+                        s->y_f32, s->beta, g_ws, WS_BYTES, NULL);
+}
+
+/* Accuracy at M rows (a sample of rows checked against float64) and invariance of rows 0..Mmax-1. */
+static void test_shape(const shape *s, int Mmax, const int *Ms, int nM, int check_rows) {
+  const int ldx = s->batch > 1 ? s->K * s->batch : s->K, ldy = s->batch > 1 ? s->N * s->batch : s->N;
+  const int64_t sx = s->batch > 1 ? s->K : 0, sy = s->batch > 1 ? s->N : 0;
+  const size_t nx = (size_t)Mmax * ldx, ny = (size_t)Mmax * ldy, es = s->y_f32 ? 4 : 2;
+  uint16_t *X = rand_bf16(nx, 1.f), *W = rand_bf16(w_elems(s), 1.f / sqrtf((float)s->K));
+  float *y0 = malloc(ny * 4);
+  for (size_t i = 0; i < ny; i++) y0[i] = nrand();
+  void *dX = dev_copy(X, nx * 2), *dW = dev_copy(W, w_elems(s) * 2);
+  void *dAlone = dev_copy(NULL, ny * es), *dY = dev_copy(NULL, ny * es);
+  CHECK(dX && dW && dAlone && dY);
+  const int S = di_cuk_tc_gemm_splits(s->N, s->K);
+  /* every row alone */
+  if (s->y_f32) di_cut_h2d(dAlone, y0, ny * 4);
+  di_status st = DI_OK;
+  for (int r = 0; r < Mmax && st == DI_OK; r++) st = run_tc(s, 1, dX, ldx, sx, dW, dAlone, ldy, sy, r);
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "%s: alone rows: %s", s->name, di_last_error());
+  void *alone = malloc(ny * es), *got = malloc(ny * es);
+  di_cut_d2h(alone, dAlone, ny * es);
+  /* accuracy of the rows alone (a sample) */
+  double *ref = malloc(s->N * sizeof(double)), *l1 = malloc(s->N * sizeof(double)), worst = 0;
+  int bad = 0;
+  for (int c = 0; c < check_rows; c++) {
+    const int m = c == 0 ? 0 : c == 1 ? Mmax - 1 : (int)(urand() * Mmax);
+    for (int z = 0; z < s->batch; z++) {
+      ref_row(s, X, ldx, sx, W, z, m, y0, ldy, sy, ref, l1);
+      for (int n = 0; n < s->N; n++) {
+        const size_t i = (size_t)m * ldy + sy * z + n;
+        const double g = s->y_f32 ? ((float *)alone)[i] : di_bf16_to_f32(((uint16_t *)alone)[i]);
+        double tol = (s->K / 16 + 16) * ldexp(1.0, -22) * l1[n] + 1e-30;
+        if (!s->y_f32) tol += ldexp(fabs(ref[n]), -8);
+        const double e = fabs(g - ref[n]) / tol;
+        if (!(e <= 1.0)) bad++;
+        if (e > worst || e != e) worst = e;
+      }
+    }
+  }
+  CHECKF(bad == 0, "%s: %d elements past tolerance (worst %.3g x tol)", s->name, bad, worst);
+  printf("  %-28s batch %3d N %6d K %5d splits %d: accuracy worst %.3f of tolerance", s->name, s->batch, s->N, s->K,
+         S, worst);
+  /* invariance */
+  int mism = 0, first_M = 0;
+  for (int i = 0; i < nM; i++) {
+    const int M = Ms[i];
+    if (M > Mmax) continue;
+    const int m0 = (int)(((int64_t)M * 7919) % (Mmax - M + 1));
+    if (s->y_f32) di_cut_h2d(dY, y0, ny * 4);
+    di_cuk_tc_gemm_set_fused_reduce(i & 1); /* every other M with the reduce fused: the same bits */
+    st = run_tc(s, M, dX, ldx, sx, dW, dY, ldy, sy, m0);
+    di_cuk_tc_gemm_set_fused_reduce(0);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "%s M %d: %s", s->name, M, di_last_error());
+    di_cut_d2h(got, dY, ny * es);
+    const size_t off = (size_t)m0 * ldy * es, len = (size_t)M * ldy * es;
+    if (memcmp((char *)got + off, (char *)alone + off, len) != 0) {
+      if (!mism) first_M = M;
+      mism++;
+    }
+  }
+  CHECKF(mism == 0, "%s: %d of the M values give rows unequal to the rows alone (first M = %d)", s->name, mism,
+         first_M);
+  printf(", rows of M = 1..%d equal alone: %s\n", Mmax, mism ? "NO" : "yes");
+  free(X); free(W); free(y0); free(alone); free(got); free(ref); free(l1);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(dAlone); di_cut_free(dY);
+}
+
+/* ---- grouped expert GEMM: rows independent of how many rows an expert has ----------------------- */
+static void grouped_tiles(const int *cnt, int E, int bm, int32_t *off, int32_t *tiles, int *nt) {
+  off[0] = 0;
+  *nt = 0;
+  for (int e = 0; e < E; e++) {
+    off[e + 1] = off[e] + cnt[e];
+    for (int t = 0; t * bm < cnt[e]; t++) tiles[(*nt)++] = e << 16 | t;
+  }
+}
+
+static void test_grouped(int N, int K, int glu, int c_f32) {
+  enum { E = 8 };
+  const int cnt[E] = {1, 0, 3, 700, 17, 64, 65, 150};
+  int A = 0;
+  for (int e = 0; e < E; e++) A += cnt[e];
+  const int T = A + 5, ldc = glu ? N / 2 : N, es = c_f32 ? 4 : 2;
+  uint16_t *X = rand_bf16((size_t)T * K, 1.f), *W = rand_bf16((size_t)E * N * K, 1.f / sqrtf((float)K));
+  int32_t *rows = malloc(A * 4), off[E + 1], *tiles = malloc((A + E) * 4);
+  for (int i = 0; i < A; i++) rows[i] = (int32_t)(urand() * T);
+  void *dX = dev_copy(X, (size_t)T * K * 2), *dW = dev_copy(W, (size_t)E * N * K * 2), *drows = dev_copy(rows, A * 4);
+  void *doff = dev_copy(NULL, (E + 1) * 4), *dtiles = dev_copy(NULL, (A + E) * 4), *dnt = dev_copy(NULL, 4);
+  void *dC = dev_copy(NULL, (size_t)A * ldc * es), *dC1 = dev_copy(NULL, (size_t)A * ldc * es);
+  void *full[2] = {malloc((size_t)A * ldc * es), malloc((size_t)A * ldc * es)}, *one = malloc((size_t)A * ldc * es);
+  const int bms[2] = {16, 64};
+  for (int b = 0; b < 2; b++) {
+    int nt;
+    grouped_tiles(cnt, E, bms[b], off, tiles, &nt);
+    di_cut_h2d(doff, off, sizeof off);
+    di_cut_h2d(dtiles, tiles, nt * 4);
+    di_cut_h2d(dnt, &nt, 4);
+    di_status st = di_cuk_grouped_gemm(dX, K, drows, dW, N, K, doff, dtiles, dnt, nt, bms[b], dC, ldc, c_f32, glu, NULL);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "grouped bm %d: %s", bms[b], di_last_error());
+    di_cut_d2h(full[b], dC, (size_t)A * ldc * es);
+  }
+  /* each row as the only row of its expert (bm 16, one tile) */
+  di_status st = DI_OK;
+  for (int e = 0, i = 0; e < E; e++)
+    for (int j = 0; j < cnt[e] && st == DI_OK; j++, i++) {
+      int32_t o[E + 1], t = e << 16, n1 = 1;
+      for (int q = 0; q <= E; q++) o[q] = q <= e ? 0 : 1;
+      di_cut_h2d(doff, o, sizeof o);
+      di_cut_h2d(dtiles, &t, 4);
+      di_cut_h2d(dnt, &n1, 4);
+      st = di_cuk_grouped_gemm(dX, K, (const int32_t *)drows + i, dW, N, K, doff, dtiles, dnt, 1, 16,
+                               (char *)dC1 + (size_t)i * ldc * es, ldc, c_f32, glu, NULL);
+      if (st == DI_OK && di_cut_sync() != 0) st = DI_ERR_BACKEND;
+    }
+  CHECKF(st == DI_OK, "grouped rows alone: %s", di_last_error());
+  di_cut_d2h(one, dC1, (size_t)A * ldc * es);
+  int bad16 = 0, bad64 = 0;
+  for (int i = 0; i < A; i++) {
+    bad16 += memcmp((char *)full[0] + (size_t)i * ldc * es, (char *)one + (size_t)i * ldc * es, (size_t)ldc * es) != 0;
+    bad64 += memcmp((char *)full[1] + (size_t)i * ldc * es, (char *)one + (size_t)i * ldc * es, (size_t)ldc * es) != 0;
+  }
+  CHECKF(bad16 == 0 && bad64 == 0, "grouped N %d K %d glu %d: rows unequal to alone: %d (bm 16), %d (bm 64) of %d",
+         N, K, glu, bad16, bad64, A);
+  /* accuracy of a few rows of expert 3 (the 700-row one) */
+  double worst = 0;
+  for (int c = 0; c < 3; c++) {
+    const int i = off[3] + (int)(urand() * cnt[3]), e = 3;
+    for (int n = 0; n < ldc; n++) {
+      double g = c_f32 ? ((float *)one)[(size_t)i * ldc + n] : di_bf16_to_f32(((uint16_t *)one)[(size_t)i * ldc + n]);
+      double r, l1 = 0;
+      const int rg = glu ? (n / 8) * 16 + n % 8 : n;
+      double acc[2] = {0, 0};
+      for (int h = 0; h < (glu ? 2 : 1); h++)
+        for (int k = 0; k < K; k++) {
+          double x = di_bf16_to_f32(X[(size_t)rows[i] * K + k]), w = di_bf16_to_f32(W[((size_t)e * N + rg + 8 * h) * K + k]);
+          acc[h] += x * w;
+          l1 += fabs(x * w);
+        }
+      r = glu ? acc[0] / (1 + exp(-acc[0])) * acc[1] : acc[0];
+      double tol = glu ? 1e-2 * (fabs(r) + 1e-2) : (K / 16 + 16) * ldexp(1.0, -22) * l1 + (c_f32 ? 0 : ldexp(fabs(r), -8));
+      double e_ = fabs(g - r) / tol;
+      if (e_ > worst || e_ != e_) worst = e_;
+    }
+  }
+  CHECKF(worst <= 1.0, "grouped N %d K %d glu %d: accuracy %.3g of tolerance", N, K, glu, worst);
+  printf("  grouped N %5d K %5d glu %d: rows of 0..700-row experts equal alone (bm 16 and 64): %s, accuracy %.3f\n", N,
+         K, glu, bad16 + bad64 ? "NO" : "yes", worst);
+  free(X); free(W); free(rows); free(tiles); free(full[0]); free(full[1]); free(one);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(drows); di_cut_free(doff); di_cut_free(dtiles); di_cut_free(dnt);
+  di_cut_free(dC); di_cut_free(dC1);
+}
+
+/* ---- --bench: TFLOP/s at the main shapes -------------------------------------------------------- */
+static double time_us(di_cu_blas *blas, int tc, int M, int N, int K, int y_f32, const void *dX, const void *dW,
+                      void *dY) {
+  const int reps = M * (double)N * K > 1e10 ? 20 : 100;
+  for (int w = 0; w < 2; w++) {
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+      di_cut_sync();
+      double t0 = di_cut_time_ms();
+      for (int i = 0; i < reps; i++) {
+        if (tc)
+          di_cuk_tc_gemm(1, M, N, K, dX, K, 0, dW, K, 0, 0, dY, N, 0, y_f32, y_f32 ? 1.f : 0.f, g_ws, WS_BYTES, NULL);
+        else
+          di_cu_gemm(blas, M, N, K, dX, K, dW, K, dY, N, y_f32, y_f32 ? 1.f : 0.f, NULL);
+      }
+      di_cut_sync();
+      double t = (di_cut_time_ms() - t0) * 1e3 / reps;
+      if (t < best) best = t;
+    }
+    if (w == 1) return best;
+  }
+  return 0;
+}
+
+static void bench(di_cu_blas *blas) {
+  static const struct { const char *name; int N, K, y_f32; } sh[] = {
+      {"q/kv (3648x2048)", 3648, 2048, 0},   {"o_proj (2048x2048)", 2048, 2048, 1},
+      {"mlp gate/up (21888x2048)", 21888, 2048, 0}, {"mlp down (2048x10944)", 2048, 10944, 1},
+      {"lm_head (102400x2048)", 102400, 2048, 1}};
+  const int Ms[] = {1, 2, 4, 8, 16, 64, 256, 512, 4096};
+  printf("%-26s %6s %12s %12s %9s %9s %6s\n", "shape", "M", "tc us", "default us", "tc TF/s", "dflt TF/s", "tc/dflt");
+  for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+    const int N = sh[i].N, K = sh[i].K;
+    uint16_t *X = rand_bf16((size_t)4096 * K, 1.f), *W = rand_bf16((size_t)N * K, 0.02f);
+    void *dX = dev_copy(X, (size_t)4096 * K * 2), *dW = dev_copy(W, (size_t)N * K * 2);
+    void *dY = dev_copy(NULL, (size_t)4096 * N * 4);
+    for (size_t j = 0; j < sizeof Ms / sizeof Ms[0]; j++) {
+      const int M = Ms[j];
+      double a = time_us(blas, 1, M, N, K, sh[i].y_f32, dX, dW, dY), b = time_us(blas, 0, M, N, K, sh[i].y_f32, dX, dW, dY);
+      const double fl = 2.0 * M * N * K;
+      printf("%-26s %6d %12.1f %12.1f %9.1f %9.1f %6.2f\n", sh[i].name, M, a, b, fl / a * 1e-6, fl / b * 1e-6, b / a);
+    }
+    free(X); free(W);
+    di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
+  }
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (!di_cut_device_ok()) {
+    printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  g_ws = di_cut_malloc(WS_BYTES);
+  CHECK(g_ws != NULL);
+  { /* the tile counters at its start begin at zero */
+    void *zero = calloc(1, 16384);
+    di_cut_h2d(g_ws, zero, 16384);
+    free(zero);
+  }
+  /* [--bench] [--core mma|wgmma] (default both) */
+  int core0 = 0, core1 = 1, bench_mode = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--bench")) bench_mode = 1;
+    else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
+      i++;
+      core0 = core1 = !strcmp(argv[i], "wgmma");
+    }
+  }
+  if (bench_mode) {
+    di_cu_blas *blas = NULL;
+    CHECK(di_cu_blas_create(&blas) == DI_OK);
+    for (int core = core0; core <= core1; core++) {
+      di_cuk_tc_gemm_set_core(core);
+      printf("core %s:\n", core ? "wgmma" : "mma.sync");
+      bench(blas);
+    }
+    di_cu_blas_destroy(blas);
+    di_cut_free(g_ws);
+    return test_finish("bench_tc_gemm");
+  }
+  const int Ms[] = {1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 1000, 4096};
+  const int nM = (int)(sizeof Ms / sizeof Ms[0]);
+  const shape shapes[] = {
+      {"o_proj + residual", 1, 2048, 2048, 0, 1, 1.f, 0, 2048},
+      {"q/kv (V2-Lite)", 1, 3648, 2048, 0, 0, 0.f, 0, 2048},
+      {"dense down + residual", 1, 2048, 10944, 0, 1, 1.f, 0, 10944},
+      {"odd 576 x 224", 1, 576, 224, 0, 0, 0.f, 0, 224},
+      {"odd 64 x 224 (f32)", 1, 64, 224, 0, 1, 0.f, 0, 224},
+      {"odd 224 x 576", 1, 224, 576, 0, 0, 0.f, 0, 576},
+      {"odd 224 x 64 (+res)", 1, 224, 64, 0, 1, 1.f, 0, 64},
+      {"absorb q.W_UK [K][N] x16", 16, 512, 128, 1, 0, 0.f, (int64_t)256 * 512, 512},
+      {"W_UV x16", 16, 128, 512, 0, 0, 0.f, (int64_t)256 * 512, 512},
+  };
+  const shape gu = {"dense gate/up", 1, 21888, 2048, 0, 0, 0.f, 0, 2048};
+  const shape lm = {"lm_head", 1, 102400, 2048, 0, 1, 0.f, 0, 2048};
+  for (int core = core0; core <= core1; core++) { /* mma.sync, then wgmma (W [N][K] shapes; W [K][N] stays mma.sync) */
+    di_cuk_tc_gemm_set_core(core);
+    printf("tensor-core GEMM (k_tc_gemm.cu), %s core:\n", core ? "wgmma" : "mma.sync");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      if (!core || !shapes[i].w_kn)
+        test_shape(&shapes[i], shapes[i].batch > 1 ? 1024 : 4096, Ms, nM, shapes[i].K > 4096 ? 3 : 6);
+    test_shape(&gu, 1000, Ms, nM, 2);
+    test_shape(&lm, 300, Ms, nM, 2);
+  }
+  di_cuk_tc_gemm_set_core(0);
+  printf("grouped expert GEMM (k_grouped_gemm.cu):\n");
+  test_grouped(2 * 1408, 2048, 1, 0); /* V2-Lite experts' gate/up (glu) */
+  test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */
+  di_cut_free(g_ws);
+  return test_finish("test_cuda_tc_gemm");
+}
