@@ -50,6 +50,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "1: per-phase device time of eager steps (graphs off), printed at destroy"},
     [DI_SW_CUDA_GPU_TIME] = {"DEEPINFER_CUDA_GPU_TIME", "0", "1: device time of each replayed graph (di_cuda_stats)"},
     [DI_SW_CUDA_STATS] = {"DEEPINFER_CUDA_STATS", "0", "1: step, graph and resample counts printed at destroy"},
+    [DI_SW_CUDA_FP8] = {"DEEPINFER_CUDA_FP8", "0",
+                        "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels) instead of bf16 at load"},
+    [DI_SW_CUDA_FP8_GEMV_ROWS] = {"DEEPINFER_CUDA_FP8_GEMV_ROWS", "16",
+                                  "most rows of an FP8 product taken by the decode GEMV; more go to the FP8 tensor-core GEMM"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -38,6 +38,8 @@ typedef enum {
   DI_SW_CUDA_PROFILE,
   DI_SW_CUDA_GPU_TIME,
   DI_SW_CUDA_STATS,
+  DI_SW_CUDA_FP8,
+  DI_SW_CUDA_FP8_GEMV_ROWS,
   /* several ranks (src/dist/) */
   DI_SW_DIST_TIMEOUT,
   DI_SW_DIST_TEST_FAIL,
