@@ -56,6 +56,9 @@ typedef struct di_model_options {
   int batch_invariant;       /* nonzero: a request's outputs do not depend on what else is in its steps
                                 (the CPU backend always is; CUDA then runs slower kernels whose
                                 arithmetic per row is fixed). Also on with $DEEPINFER_BATCH_INVARIANT=1 */
+  const char *quantization;  /* NULL, "" or "none": weights as stored; "fp8" (vLLM's --quantization fp8,
+                                but per 128 x 128 block, DeepSeek's format): a bf16 checkpoint's linear
+                                layers quantized to FP8 at load (docs/quantization.md says which) */
 } di_model_options;
 
 /* Fills `opt` with defaults. */

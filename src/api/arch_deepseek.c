@@ -43,6 +43,8 @@ static di_status load(di_model *m, const di_arch_load *in) {
       fputc('\n', stderr);
     return st;
   }
+  if (in->quantize_fp8 && (st = di_ds_weights_quantize_fp8(&m->cfg, &m->weights)) != DI_OK)
+    return st;
   di_progress_end(pp);
   return di_backend_create(in->accelerator, &m->cfg, &m->weights, in->threads, in->batch_invariant, &m->backend);
 }
