@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/safetensors.h"
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 #ifdef DI_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -46,7 +47,14 @@ static di_status load(di_model *m, const di_arch_load *in) {
   if (in->quantize_fp8 && (st = di_ds_weights_quantize_fp8(&m->cfg, &m->weights)) != DI_OK)
     return st;
   di_progress_end(pp);
-  return di_backend_create(in->accelerator, &m->cfg, &m->weights, in->threads, in->batch_invariant, &m->backend);
+  DI_TRY(di_backend_create(in->accelerator, &m->cfg, &m->weights, in->threads, in->batch_invariant, &m->backend));
+  if (in->kv_fp8) {
+    if (strcmp(m->backend->ops->name, "cpu") != 0)
+      return di_error_set(DI_ERR_UNSUPPORTED, "--kv-cache-dtype fp8: the %s backend keeps its latent cache in bf16 (fp8: CPU only)",
+                          m->backend->ops->name);
+    DI_TRY(di_backend_cpu_set_kv_fp8(m->backend));
+  }
+  return DI_OK;
 }
 
 static void free_state(di_model *m) { di_ds_weights_free(&m->weights); }
