@@ -2,7 +2,8 @@
  * fresh random inputs at real shapes: V3 (7168 x 18432 dense, 2048-wide experts), V2-Lite (2048 x
  * 10944 dense with its partial K block, 1408-wide experts), V4-Flash (4096 x 2048 experts), the
  * shipped model's 224 / 576 / 64 edges, and other block shapes (64 x 64, 32 x 16, 128 x 7 and odd K
- * through the any-shape kernel). Random E4M3 bytes (every finite value of moderate exponent) with
+ * through the any-shape kernel; 1 x 128, the per-row scales the CUDA backend keeps on the device, for
+ * every kernel, the grouped ones only so). Random E4M3 bytes (every finite value of moderate exponent) with
  * random f32 block scales; the reference is computed on a sample of output columns (all rows up to 64).
  * Tolerances (relative L2 error against float64):
  *   GEMV (bf16 activations x dequantized weights): 1e-2 with bf16 output, 1e-4 with f32 output;
@@ -13,9 +14,12 @@
  *     unquantized activations < 0.08 (E4M3's 3 mantissa bits: ~0.03 expected, printed);
  *   quantizer: scales bit-equal, bytes equal;
  *   batch invariance (GEMV at M = 1 vs inside M = 16 / 24): bit-equal.
+ *   MXFP4 GEMV (E2M1 x E8M0, bf16 activations): 1e-5 with f32 output (fp32 sums of exact products);
+ *     a row alone bit-equal to the same row in a batch.
  * Timings at the end (GB/s of weights read for the GEMV, TFLOP/s for the GEMM, bf16 cuBLASLt beside).
  * Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_fp8.h"
+#include "backend/cuda/cuda_mxfp4.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "util/numeric.h"
 #include "test_util.h"
@@ -183,8 +187,8 @@ static void test_quant(int M, int K) {
 }
 
 /* ---- GEMM (W8A8, per-128 promotion), dense through di_cuk_fp8_matmul -------------------------------- */
-static void test_gemm(int M, int N, int K, int y_f32, const char *what) {
-  host_w w = make_w(1, N, K, 128, 128);
+static void test_gemm(int M, int N, int K, int br, int y_f32, const char *what) {
+  host_w w = make_w(1, N, K, br, 128);
   uint16_t *X = rand_bf16((size_t)M * K, 1.f);
   int lds = (K + 127) / 128;
   uint8_t *q = malloc((size_t)M * K);
@@ -227,7 +231,7 @@ static void test_gemm(int M, int N, int K, int y_f32, const char *what) {
 
 /* ---- grouped (experts): tile lists as k_moe.cu builds them ------------------------------------------- */
 static void test_grouped(int E, int N, int K, int max_rows_per_expert, int use_mma, const char *what) {
-  host_w w = make_w(E, N, K, 128, 128);
+  host_w w = make_w(E, N, K, 1, 128); /* per-row scales: the CUDA backend's device form */
   int *cnt = malloc(E * 4), *off = malloc((E + 1) * 4);
   off[0] = 0;
   for (int e = 0; e < E; e++) {
@@ -280,10 +284,67 @@ static void test_grouped(int E, int N, int K, int max_rows_per_expert, int use_m
   di_cut_free(dt); di_cut_free(dnt); di_cut_free(dar); di_cut_free(dC);
 }
 
+/* ---- MXFP4 (W4A16): random codes, E8M0 scales 2^-6 .. 2^3; dense or grouped (tile lists of 16) ---- */
+static void test_mxfp4(int E, int N, int K, int max_rows_per_expert, const char *what) {
+  const int ldq = K / 2, lds = K / 32;
+  uint8_t *q = malloc((size_t)E * N * ldq), *sc = malloc((size_t)E * N * lds);
+  for (size_t i = 0; i < (size_t)E * N * ldq; i++) q[i] = (uint8_t)(urand() * 256);
+  for (size_t i = 0; i < (size_t)E * N * lds; i++) sc[i] = (uint8_t)(121 + (int)(urand() * 10));
+  int *off = malloc((E + 1) * 4), ntile = 0;
+  off[0] = 0;
+  for (int e = 0; e < E; e++) off[e + 1] = off[e] + (E == 1 ? max_rows_per_expert : (int)(urand() * (max_rows_per_expert + 1)));
+  const int R = off[E], T = R > 0 ? R : 1, bm = 16;
+  int *tiles = malloc(sizeof(int) * (size_t)(R / bm + E + 1)), *arows = malloc((size_t)T * 4);
+  for (int e = 0; e < E; e++)
+    for (int i = 0; i * bm < off[e + 1] - off[e]; i++) tiles[ntile++] = e << 16 | i;
+  for (int r = 0; r < R; r++) arows[r] = E == 1 ? r : (int)(urand() * T);
+  uint16_t *A = rand_bf16((size_t)T * K, 1.f);
+  void *dq = dup_dev(q, (size_t)E * N * ldq), *ds = dup_dev(sc, (size_t)E * N * lds), *dA = dup_dev(A, (size_t)T * K * 2);
+  void *doff = dup_dev(off, (E + 1) * 4), *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4);
+  void *dar = dup_dev(arows, (size_t)T * 4), *dC = di_cut_malloc((size_t)T * N * 4);
+  di_cuk_mxfp4w w = {(const uint8_t *)dq, (const uint8_t *)ds, ldq, lds};
+  di_status st = E == 1 ? di_cuk_mxfp4_gemv(R, N, K, dA, K, w, dC, N, 1, NULL)
+                        : di_cuk_mxfp4_grouped_gemv(dA, K, dar, w, N, K, doff, dt, dnt, ntile + 2, bm,
+                                                    max_rows_per_expert < 8 ? max_rows_per_expert : 8, dC, N, 1, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dC, (size_t)T * N, 1);
+  int cols[128], nc = pick_cols(N, cols, 128);
+  errsum err = {0, 0};
+  for (int e = 0; e < E; e++)
+    for (int m = off[e]; m < off[e + 1]; m++) {
+      const int ar = arows[m];
+      for (int i = 0; i < nc; i++) {
+        const size_t row = (size_t)e * N + cols[i];
+        double a = 0;
+        for (int k = 0; k < K; k++) {
+          const uint8_t byte = q[row * ldq + k / 2];
+          a += (double)di_bf16_to_f32(A[(size_t)ar * K + k]) * di_e2m1_table[k % 2 ? byte >> 4 : byte & 15] *
+               di_e8m0_to_f32(sc[row * lds + k / 32]);
+        }
+        acc_err(&err, a, got[(size_t)m * N + cols[i]]);
+      }
+    }
+  CHECKF(rel(&err) < 1e-5, "mxfp4 %s E %d N %d K %d rows %d: rel err %.3e", what, E, N, K, R, rel(&err));
+  printf("mxfp4 gemv %-16s E %3d N %5d K %5d rows %3d: rel err %.2e\n", what, E, N, K, R, rel(&err));
+  if (E == 1 && R > 1) { /* a row alone gives the same bits */
+    void *d1 = di_cut_malloc((size_t)N * 4);
+    CHECK(di_cuk_mxfp4_gemv(1, N, K, (const uint16_t *)dA + (size_t)(R - 1) * K, K, w, d1, N, 1, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    float *one = fetch_y(d1, (size_t)N, 1);
+    CHECKF(memcmp(one, got + (size_t)(R - 1) * N, (size_t)N * 4) == 0, "mxfp4 %s: the last row alone differs", what);
+    free(one);
+    di_cut_free(d1);
+  }
+  free(got); free(q); free(sc); free(off); free(tiles); free(arows); free(A);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(doff); di_cut_free(dt); di_cut_free(dnt);
+  di_cut_free(dar); di_cut_free(dC);
+}
+
 /* ---- argument checks ---------------------------------------------------------------------------------- */
 static void test_errors(void) {
   di_cuk_fp8w w = {NULL, NULL, 64, 64, 64, 1};
-  CHECK_ERR(di_cuk_fp8_gemm(64, 128, 64, NULL, 64, NULL, 1, w, NULL, 128, 0, 0.f, NULL), "128 x 128 blocks");
+  CHECK_ERR(di_cuk_fp8_gemm(64, 128, 64, NULL, 64, NULL, 1, w, NULL, 128, 0, 0.f, NULL), "128-wide blocks");
   CHECK_ERR(di_cuk_fp8_quant_act(NULL, 72, 4, 72, NULL, 72, NULL, 1, NULL), "K % 16");
   di_cuk_fp8w w2 = {NULL, NULL, 256, 128, 128, 1};
   CHECK_ERR(di_cuk_fp8_gemv(1, 128, 256, NULL, 256, w2, NULL, 128, 0, 0.f, NULL), "scale columns");
@@ -368,6 +429,33 @@ static void time_gemm(di_cu_blas *blas, int M, int N, int K) {
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY); di_cut_free(dws);
 }
 
+static void time_mxfp4(int M, int N, int K) {
+  const size_t nq = (size_t)N * K / 2, ns = (size_t)N * K / 32;
+  uint8_t *q = malloc(nq), *sc = malloc(ns);
+  for (size_t i = 0; i < nq; i++) q[i] = (uint8_t)(urand() * 256);
+  memset(sc, 127, ns);
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f);
+  void *ds = dup_dev(sc, ns), *dX = dup_dev(X, (size_t)M * K * 2), *dY = di_cut_malloc((size_t)M * N * 4), *cq[8];
+  const int copies = (int)(200e6 / nq) + 1 > 8 ? 8 : (int)(200e6 / nq) + 1;
+  for (int c = 0; c < copies; c++) cq[c] = dup_dev(q, nq);
+  di_cuk_mxfp4w w = {(const uint8_t *)cq[0], (const uint8_t *)ds, K / 2, K / 32};
+  for (int i = 0; i < 5; i++) di_cuk_mxfp4_gemv(M, N, K, dX, K, w, dY, N, 0, NULL);
+  di_cut_sync();
+  const int iters = 50;
+  double t0 = di_cut_time_ms();
+  for (int i = 0; i < iters; i++) {
+    w.q = (const uint8_t *)cq[i % copies];
+    di_cuk_mxfp4_gemv(M, N, K, dX, K, w, dY, N, 0, NULL);
+  }
+  CHECK(di_cut_sync() == 0);
+  const double ms = (di_cut_time_ms() - t0) / iters;
+  printf("time mxfp4 gemv M %2d N %5d K %5d: %8.1f us, %6.0f GB/s of packed weights + scales\n", M, N, K, ms * 1e3,
+         (double)(nq + ns) / (ms * 1e6));
+  for (int c = 0; c < copies; c++) di_cut_free(cq[c]);
+  free(q); free(sc); free(X);
+  di_cut_free(ds); di_cut_free(dX); di_cut_free(dY);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -391,18 +479,21 @@ int main(int argc, char **argv) {
   test_gemv(3, 333, 512, 32, 16, 1, "block 32x16");
   test_gemv(4, 300, 896, 128, 7, 0, "block 128x7 (any)");
   test_gemv(2, 100, 200, 128, 128, 1, "K 200 (any)");
+  test_gemv(4, 3648, 2048, 1, 128, 1, "per-row scales");
   /* activation quantization */
   test_quant(37, 2048);
   test_quant(5, 10944);
   test_quant(3, 224);
   /* GEMM (above the GEMV bound of 16 rows) */
-  test_gemm(17, 3072, 2048, 0, "V2-Lite q");
-  test_gemm(64, 576, 2048, 1, "kv_a (part N)");
-  test_gemm(200, 2048, 10944, 1, "V2-Lite down (part K)");
-  test_gemm(128, 18432, 7168, 0, "V3 gate/up");
-  test_gemm(1000, 7168, 18432, 0, "V3 down");
-  test_gemm(300, 224, 576, 0, "shipped 224 x 576");
-  test_gemm(33, 64, 224, 1, "shipped 64 x 224");
+  test_gemm(17, 3072, 2048, 128, 0, "V2-Lite q");
+  test_gemm(64, 576, 2048, 128, 1, "kv_a (part N)");
+  test_gemm(200, 2048, 10944, 128, 1, "V2-Lite down (part K)");
+  test_gemm(128, 18432, 7168, 128, 0, "V3 gate/up");
+  test_gemm(1000, 7168, 18432, 128, 0, "V3 down");
+  test_gemm(300, 224, 576, 128, 0, "shipped 224 x 576");
+  test_gemm(33, 64, 224, 128, 1, "shipped 64 x 224");
+  test_gemm(100, 3072, 2048, 1, 1, "per-row scales");
+  test_gemm(70, 1000, 1024, 64, 0, "block 64 x 128");
   /* grouped experts: V3 (2048 wide: gate/up 4096 x 7168, down 7168 x 2048), V2-Lite (1408), V4-Flash */
   test_grouped(8, 4096, 7168, 3, 0, "V3 gate/up");
   test_grouped(8, 7168, 2048, 2, 0, "V3 down");
@@ -412,6 +503,11 @@ int main(int argc, char **argv) {
   test_grouped(64, 2048, 1408, 40, 1, "V2-Lite down");
   test_grouped(16, 4096, 2048, 200, 1, "V4-Flash w13");
   test_grouped(8, 2048, 4096, 100, 1, "V4-Flash w2");
+  /* MXFP4: V4-Flash experts (hidden 4096, 2048 wide: w13 4096 x 4096, w2 4096 x 2048), dense rows */
+  test_mxfp4(1, 4096, 4096, 1, "dense M 1");
+  test_mxfp4(1, 1000, 2048, 7, "dense M 7");
+  test_mxfp4(16, 4096, 4096, 4, "V4-Flash w13");
+  test_mxfp4(16, 4096, 2048, 12, "V4-Flash w2");
   if (timings) {
     di_cu_blas *blas = NULL;
     CHECK(di_cu_blas_create(&blas) == DI_OK);
@@ -423,6 +519,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 5; i++) time_gemm(blas, mg[i], 18432, 7168);
     for (int i = 0; i < 5; i++) time_gemm(blas, mg[i], 21888, 2048);
     time_gemm(blas, 4096, 2048, 10944);
+    time_mxfp4(1, 4096, 4096);
+    time_mxfp4(4, 4096, 4096);
+    time_mxfp4(1, 8192, 7168);
     di_cu_blas_destroy(blas);
     free_w(&g_tw);
   }

@@ -11,7 +11,7 @@
  *   - the tensor-core GEMM (W8A8, DeepGEMM's scheme): activations quantized on the fly to E4M3 with
  *     one f32 scale per row per 128 columns (di_cuk_fp8_quant_act), mma.sync m16n8k32 e4m3 with
  *     fp32 accumulation, the partial sums of each 128-wide K block promoted into the fp32
- *     accumulator with (activation scale x weight scale). Needs 128 x 128 weight blocks.
+ *     accumulator with (activation scale x weight scale). Needs 128-wide weight blocks (any height).
  * The grouped (MoE expert) forms take the same tile lists as di_cuk_grouped_gemm (cuda_kernels.h):
  * W is [E][N][K] with scales [E][ceil(N / block_rows)][scale_cols] back to back. */
 #ifndef DI_CUDA_FP8_H
@@ -48,7 +48,7 @@ di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_r
  * saturated), sx[m * lds + g] = s. Xq row stride ldq bytes (>= K), lds >= ceil(K / 128). K % 16 == 0. */
 di_status di_cuk_fp8_quant_act(const uint16_t *X, int ldx, int M, int K, uint8_t *Xq, int ldq, float *sx, int lds,
                                di_cu_stream s);
-/* Y[M][N] = Xq . W^T with the promotion above (+ beta * Y for f32 Y). W: 128 x 128 blocks, K % 16 == 0,
+/* Y[M][N] = Xq . W^T with the promotion above (+ beta * Y for f32 Y). W: 128-wide blocks, K % 16 == 0,
  * ldq and w.ldq multiples of 16. */
 di_status di_cuk_fp8_gemm(int M, int N, int K, const uint8_t *Xq, int ldq, const float *sx, int lds, di_cuk_fp8w w,
                           void *Y, int ldy, int y_f32, float beta, di_cu_stream s);
@@ -58,17 +58,22 @@ di_status di_cuk_fp8_grouped_gemm(const uint8_t *Aq, int ldq, const float *sa, i
                                   di_cuk_fp8w w, int N, int K, const int32_t *expert_off, const int32_t *tiles,
                                   const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc, int c_f32,
                                   di_cu_stream s);
-/* Whether di_cuk_fp8_gemm takes this weight (128 x 128 blocks, aligned rows). */
+/* Whether di_cuk_fp8_gemm takes this weight (128-wide blocks, aligned rows). */
 int di_cuk_fp8_gemm_ok(int K, di_cuk_fp8w w);
 
 /* The dense dispatch the model calls: the GEMV for M <= di_cuk_fp8_gemv_max_rows() (and at every M
  * in the batch-invariant mode, in passes of 16 rows), else quantize the activations into `ws` and run
- * the tensor-core GEMM (GEMV when the weight's blocks are not 128 x 128). ws: di_cuk_fp8_ws_bytes(M, K)
+ * the tensor-core GEMM (GEMV when the weight's blocks are not 128 wide). ws: di_cuk_fp8_ws_bytes(M, K)
  * bytes of device memory (may be NULL when M <= the GEMV bound). */
 size_t di_cuk_fp8_ws_bytes(int M, int K);
+/* The activation quantization into ws as di_cuk_fp8_matmul lays it out: *xq rows *ldq bytes apart,
+ * scales *sx with *lds per row (for the grouped GEMM). */
+di_status di_cuk_fp8_quant_ws(const uint16_t *X, int ldx, int M, int K, void *ws, size_t ws_bytes, uint8_t **xq,
+                              int *ldq, float **sx, int *lds, di_cu_stream s);
 int di_cuk_fp8_gemv_max_rows(void);
 di_status di_cuk_fp8_matmul(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,
                             int y_f32, float beta, int invariant, void *ws, size_t ws_bytes, di_cu_stream s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,8 +2,9 @@
  * the dense dispatch between it and the decode GEMV (k_fp8_gemv.cu).
  *
  * Scheme: the activations are quantized per row per 128 columns to E4M3 (scale amax / 448); each CTA
- * computes a BM x 128 tile of C over K in blocks of 128 (= one weight scale block, so one weight scale
- * per CTA per K block, and one activation scale per row per K block). The 4 mma.sync m16n8k32 e4m3
+ * computes a BM x 128 tile of C over K in blocks of 128 (= one weight scale block column, and one
+ * activation scale per row per K block; the weight scale is looked up per output column, so any block
+ * height works: DeepSeek's 128, or the CUDA backend's per-row scales). The 4 mma.sync m16n8k32 e4m3
  * steps of a K block accumulate into a fresh fp32 fragment, which is then added to the running fp32
  * accumulator times (activation scale x weight scale): the "promotion" that keeps the tensor cores'
  * limited-precision accumulation to 128 products. mma.sync rather than wgmma: it is what could be
@@ -57,7 +58,17 @@ fp8_mma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32
   __syncthreads();
   const int sblocks = (N + w.block_rows - 1) / w.block_rows;
   const uint8_t *We = w.q + (int64_t)t.e * N * w.ldq;
-  const float *Se = w.scale + ((int64_t)t.e * sblocks + n0 / FM_BN) * w.scale_cols;
+  const float *Se = w.scale + (int64_t)t.e * sblocks * w.scale_cols;
+  /* the weight scale rows of this thread's accumulator columns (any block height: 128-row blocks give
+   * one row per CTA, the backend's per-row scales one per column) */
+  int srw[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int v = 0; v < 2; v++) {
+      const int n = min(n0 + wn * 32 + j * 8 + 2 * tq + v, N - 1);
+      srw[j][v] = (n / w.block_rows) * w.scale_cols;
+    }
 
   auto load = [&](int stage, int kb) {
     const int k0 = kb * FM_BK;
@@ -131,17 +142,21 @@ fp8_mma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32
         for (int j = 0; j < NT; j++) mma_e4m3(tmp[i][j], af[i], bfr[j]);
     }
     /* promotion: this K block's partial sums, scaled, into the fp32 accumulator */
-    const float swv = __ldg(Se + kb);
+    float swc[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int v = 0; v < 2; v++) swc[j][v] = __ldg(Se + srw[j][v] + kb);
 #pragma unroll
     for (int i = 0; i < MT; i++) {
-      const float s0 = arow[i][0] >= 0 ? __ldg(sa + (int64_t)arow[i][0] * lds + kb) * swv : 0.f;
-      const float s1 = arow[i][1] >= 0 ? __ldg(sa + (int64_t)arow[i][1] * lds + kb) * swv : 0.f;
+      const float s0 = arow[i][0] >= 0 ? __ldg(sa + (int64_t)arow[i][0] * lds + kb) : 0.f;
+      const float s1 = arow[i][1] >= 0 ? __ldg(sa + (int64_t)arow[i][1] * lds + kb) : 0.f;
 #pragma unroll
       for (int j = 0; j < NT; j++) {
-        acc[i][j][0] = fmaf(tmp[i][j][0], s0, acc[i][j][0]);
-        acc[i][j][1] = fmaf(tmp[i][j][1], s0, acc[i][j][1]);
-        acc[i][j][2] = fmaf(tmp[i][j][2], s1, acc[i][j][2]);
-        acc[i][j][3] = fmaf(tmp[i][j][3], s1, acc[i][j][3]);
+        acc[i][j][0] = fmaf(tmp[i][j][0], s0 * swc[j][0], acc[i][j][0]);
+        acc[i][j][1] = fmaf(tmp[i][j][1], s0 * swc[j][1], acc[i][j][1]);
+        acc[i][j][2] = fmaf(tmp[i][j][2], s1 * swc[j][0], acc[i][j][2]);
+        acc[i][j][3] = fmaf(tmp[i][j][3], s1 * swc[j][1], acc[i][j][3]);
       }
     }
   }
@@ -210,7 +225,7 @@ extern "C" di_status di_cuk_fp8_quant_act(const uint16_t *X, int ldx, int M, int
 }
 
 extern "C" int di_cuk_fp8_gemm_ok(int K, di_cuk_fp8w w) {
-  return w.block_rows == FM_BN && w.block_cols == FM_BK && K % 16 == 0 && w.ldq % 16 == 0 &&
+  return w.block_rows > 0 && w.block_cols == FM_BK && K % 16 == 0 && w.ldq % 16 == 0 &&
          ((uintptr_t)w.q & 15) == 0 && w.scale_cols >= (K + FM_BK - 1) / FM_BK;
 }
 
@@ -238,7 +253,7 @@ extern "C" di_status di_cuk_fp8_gemm(int M, int N, int K, const uint8_t *Xq, int
                                      di_cuk_fp8w w, void *Y, int ldy, int y_f32, float beta, di_cu_stream s) {
   if (M <= 0 || N <= 0) return DI_OK;
   if (!fm_args_ok(K, ldq, Xq, w))
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 gemm K %d ldq %d block %d x %d (128 x 128 blocks, K %% 16, aligned)",
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 gemm K %d ldq %d block %d x %d (128-wide blocks, K %% 16, aligned)",
                         K, ldq, w.block_rows, w.block_cols);
   /* 64-row tiles unless the grid of 128-row tiles already fills the GPU about twice */
   const int nb = (N + FM_BN - 1) / FM_BN;
@@ -278,18 +293,27 @@ extern "C" size_t di_cuk_fp8_ws_bytes(int M, int K) {
   return (size_t)M * ldq + 256 + (size_t)M * lds * sizeof(float);
 }
 
+extern "C" di_status di_cuk_fp8_quant_ws(const uint16_t *X, int ldx, int M, int K, void *ws, size_t ws_bytes,
+                                        uint8_t **xq, int *ldq, float **sx, int *lds, di_cu_stream s) {
+  if (!ws || ws_bytes < di_cuk_fp8_ws_bytes(M, K))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 activations of %d x %d need %zu workspace bytes, have %zu", M, K,
+                        di_cuk_fp8_ws_bytes(M, K), ws_bytes);
+  *ldq = (K + 15) / 16 * 16;
+  *lds = (K + 127) / 128;
+  *xq = (uint8_t *)ws;
+  *sx = (float *)((uint8_t *)ws + ((size_t)M * *ldq + 255) / 256 * 256);
+  return di_cuk_fp8_quant_act(X, ldx, M, K, *xq, *ldq, *sx, *lds, s);
+}
+
 extern "C" di_status di_cuk_fp8_matmul(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y,
                                        int ldy, int y_f32, float beta, int invariant, void *ws, size_t ws_bytes,
                                        di_cu_stream s) {
   if (M <= 0) return DI_OK;
   if (invariant || M <= di_cuk_fp8_gemv_max_rows() || !di_cuk_fp8_gemm_ok(K, w))
     return di_cuk_fp8_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, s);
-  if (!ws || ws_bytes < di_cuk_fp8_ws_bytes(M, K))
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 matmul of %d x %d needs %zu workspace bytes, has %zu", M, K,
-                        di_cuk_fp8_ws_bytes(M, K), ws_bytes);
-  const int ldq = (K + 15) / 16 * 16, lds = (K + 127) / 128;
-  uint8_t *xq = (uint8_t *)ws;
-  float *sx = (float *)((uint8_t *)ws + ((size_t)M * ldq + 255) / 256 * 256);
-  DI_TRY(di_cuk_fp8_quant_act(X, ldx, M, K, xq, ldq, sx, lds, s));
+  uint8_t *xq;
+  float *sx;
+  int ldq, lds;
+  DI_TRY(di_cuk_fp8_quant_ws(X, ldx, M, K, ws, ws_bytes, &xq, &ldq, &sx, &lds, s));
   return di_cuk_fp8_gemm(M, N, K, xq, ldq, sx, lds, w, Y, ldy, y_f32, beta, s);
 }
