@@ -14,6 +14,13 @@
 #include "util/json.h"
 #include "test_util.h"
 #include <math.h>
+/* positions of the shipped-model comparison: 1,024 (the measurement); under the sanitizers (CI's ASan
+ * run, ~15x slower here) 256, which still exercises every path */
+#if defined(__SANITIZE_ADDRESS__)
+#define MODEL_POSITIONS 256
+#else
+#define MODEL_POSITIONS 1024
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,7 +114,7 @@ int main(void) {
   if (tok && text) CHECK(di_tokenizer_encode(tok, text, len, 1, &ids, &n) == DI_OK);
   CHECKF(n >= 1024, "README.md: %zu tokens", n);
   if (n >= 1024) {
-    compare("models/default (README.md)", dir, ids, 1024, 0.9, 0.05);
+    compare("models/default (README.md)", dir, ids, MODEL_POSITIONS, 0.9, 0.05);
     test_chunking(dir, ids, 150);
   }
   int32_t rid[1024];
@@ -116,8 +123,8 @@ int main(void) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
     rid[i] = (int32_t)((r >> 33) % 256);
   }
-  compare("dsv3-tiny fixture (random ids)", fx, rid, 1024, 0.8, 0.15);
-  test_chunking(fx, rid, 100);
+  compare("dsv3-tiny fixture (random ids)", fx, rid, 256, 0.8, 0.15); /* 256: CI time (1,024 measured 0.950 / 0.073) */
+  test_chunking(fx, rid, 64);
   free(ids);
   free(text);
   di_tokenizer_free(tok);

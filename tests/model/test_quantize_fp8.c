@@ -16,6 +16,13 @@
 #include "util/owned.h"
 #include "test_util.h"
 #include <math.h>
+/* positions of the shipped-model comparison: 1,024 (the measurement); under the sanitizers (CI's ASan
+ * run, ~15x slower here) 256, which still exercises every path */
+#if defined(__SANITIZE_ADDRESS__)
+#define MODEL_POSITIONS 256
+#else
+#define MODEL_POSITIONS 1024
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,13 +143,13 @@ static void test_models(void) {
   size_t n = 0;
   if (tok && text) CHECK(di_tokenizer_encode(tok, text, len, 1, &ids, &n) == DI_OK);
   CHECKF(n >= 1024, "README.md: %zu tokens", n);
-  if (n >= 1024) compare("models/default (README.md)", dir, ids, 1024, 0.85, 0.06);
+  if (n >= 1024) compare("models/default (README.md)", dir, ids, MODEL_POSITIONS, 0.85, 0.06);
   /* a random fixture (bf16 dsv3-tiny): 1,024 positions of random ids */
   int32_t rid[1024];
   for (int i = 0; i < 1024; i++) rid[i] = (int32_t)(urand() * 256);
   char fx[600];
   snprintf(fx, sizeof fx, "%s", test_path("tests/data/models/dsv3-tiny"));
-  compare("dsv3-tiny fixture (random ids)", fx, rid, 1024, 0.70, 0.25);
+  compare("dsv3-tiny fixture (random ids)", fx, rid, 256, 0.70, 0.25); /* 256: CI time (1,024 measured) */
   free(ids);
   free(text);
   di_tokenizer_free(tok);
