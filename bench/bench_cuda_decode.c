@@ -6,11 +6,15 @@
  * one 256 MB random pool at a random offset, which is uploaded like a real checkpoint; the numbers
  * do not depend on the values, only the routing does, and that comes from the random router.
  * usage: bench_cuda_decode [config.json] [--batches 1,4,16,64,256] [--prompt 512] [--gen 128]
- *                          [--prefill 512,4096] [--skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead]
+ *                          [--prefill 512,4096] [--quantization fp8] [--skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead]
  * --skip-sweep: batch-1 decode time with each listed phase left out (its marginal cost in the graph).
  * --feedback: decode steps queued with device token feedback (sample_async; each step's tokens are
  * the previous step's samples, named -1 - row; the host fetches them while the next step runs), as the
- * engine's async mode does; without it each step waits, samples and copies its tokens first. */
+ * engine's async mode does; without it each step waits, samples and copies its tokens first.
+ * --quantization fp8: the linear layers --quantization fp8 quantizes (arch/deepseek_quantize.c) are
+ * FP8 E4M3 with 128 x 128 F32 block scales instead, views into a random byte pool (quantizing the
+ * bf16 pool at load would take a minute on the host); with DEEPINFER_CUDA_FP8=1 they stay FP8 on the
+ * device, else the backend dequantizes them to bf16 at upload. */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -53,6 +57,31 @@ static di_weight view(int64_t rows, int64_t cols) {
 }
 static float *fvec(int64_t n) { return g_fpool + (size_t)(rnd() % 4096); }
 
+/* --quantization fp8: E4M3 bytes of |v| <= 2 (exponent field <= 7) times block scales ~0.015 */
+static int g_fp8;
+static uint8_t *g_pool8;
+static di_weight qview(int64_t rows, int64_t cols) {
+  if (!g_fp8) return view(rows, cols);
+  di_weight w;
+  memset(&w, 0, sizeof w);
+  w.name = "dummy-fp8";
+  w.dtype = DI_DT_F8E4M3;
+  w.rows = rows;
+  w.cols = cols;
+  size_t n = (size_t)(rows * cols), pool = POOL_ELEMS * 2;
+  if (n > pool) { /* never for V2-Lite */
+    uint8_t *d = malloc(n);
+    for (size_t i = 0; i < n; i++) d[i] = g_pool8[i % pool];
+    w.data = d;
+  } else {
+    w.data = g_pool8 + (size_t)(rnd() % (pool - n + 1)) / 16 * 16;
+  }
+  w.block_rows = w.block_cols = 128;
+  w.scale_cols = (cols + 127) / 128;
+  w.scale_inv = g_fpool + (1u << 19) + (size_t)(rnd() % 4096); /* 2^19 floats of scales, more than any matrix needs */
+  return w;
+}
+
 static int make_weights(const di_model_config *c, di_ds_weights *w) {
   memset(w, 0, sizeof *w);
   g_pool = malloc(POOL_ELEMS * 2);
@@ -63,6 +92,15 @@ static int make_weights(const di_model_config *c, di_ds_weights *w) {
     g_pool[i] = di_f32_to_bf16(u * 0.03f); /* ~ 1/sqrt(hidden) scale */
   }
   for (size_t i = 0; i < (1u << 20); i++) g_fpool[i] = 1.f + 0.1f * ((float)((rnd() >> 40) & 0xffff) / 65536.f - 0.5f);
+  if (g_fp8) {
+    g_pool8 = malloc(POOL_ELEMS * 2);
+    if (!g_pool8) return -1;
+    for (size_t i = 0; i < POOL_ELEMS * 2; i++) {
+      const uint64_t r = rnd() >> 40;
+      g_pool8[i] = (uint8_t)((r & 0x80) | ((r >> 8) % 8) << 3 | ((r >> 16) & 7));
+    }
+    for (size_t i = 1u << 19; i < (1u << 20); i++) g_fpool[i] = 0.015f * (0.75f + 0.5f * (float)((rnd() >> 40) & 0xffff) / 65536.f);
+  }
   const int H = c->hidden_size, NH = c->num_attention_heads, dqk = c->qk_nope_head_dim + c->qk_rope_head_dim;
   w->embed = view(c->vocab_size, H);
   w->lm_head = view(c->vocab_size, H);
@@ -74,21 +112,21 @@ static int make_weights(const di_model_config *c, di_ds_weights *w) {
     L->attn_norm = fvec(H);
     L->ffn_norm = fvec(H);
     if (c->q_lora_rank > 0) {
-      L->q_a = view(c->q_lora_rank, H);
+      L->q_a = qview(c->q_lora_rank, H);
       L->q_a_norm = fvec(c->q_lora_rank);
-      L->q_b = view((int64_t)NH * dqk, c->q_lora_rank);
+      L->q_b = qview((int64_t)NH * dqk, c->q_lora_rank);
     } else {
-      L->q_proj = view((int64_t)NH * dqk, H);
+      L->q_proj = qview((int64_t)NH * dqk, H);
     }
-    L->kv_a = view(c->kv_lora_rank + c->qk_rope_head_dim, H);
+    L->kv_a = qview(c->kv_lora_rank + c->qk_rope_head_dim, H);
     L->kv_a_norm = fvec(c->kv_lora_rank);
     L->kv_b = view((int64_t)NH * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank);
-    L->o_proj = view(H, (int64_t)NH * c->v_head_dim);
+    L->o_proj = qview(H, (int64_t)NH * c->v_head_dim);
     L->is_moe = di_cfg_is_moe_layer(c, l);
     if (!L->is_moe) {
-      L->gate = view(c->intermediate_size, H);
-      L->up = view(c->intermediate_size, H);
-      L->down = view(H, c->intermediate_size);
+      L->gate = qview(c->intermediate_size, H);
+      L->up = qview(c->intermediate_size, H);
+      L->down = qview(H, c->intermediate_size);
       continue;
     }
     const int E = c->n_routed_experts, I = c->moe_intermediate_size;
@@ -98,16 +136,16 @@ static int make_weights(const di_model_config *c, di_ds_weights *w) {
     L->exp_up = calloc((size_t)E, sizeof(di_weight));
     L->exp_down = calloc((size_t)E, sizeof(di_weight));
     for (int e = 0; e < E; e++) {
-      L->exp_gate[e] = view(I, H);
-      L->exp_up[e] = view(I, H);
-      L->exp_down[e] = view(H, I);
+      L->exp_gate[e] = qview(I, H);
+      L->exp_up[e] = qview(I, H);
+      L->exp_down[e] = qview(H, I);
     }
     L->has_shared = c->n_shared_experts > 0;
     if (L->has_shared) {
       const int Is = I * c->n_shared_experts;
-      L->sh_gate = view(Is, H);
-      L->sh_up = view(Is, H);
-      L->sh_down = view(H, Is);
+      L->sh_gate = qview(Is, H);
+      L->sh_up = qview(Is, H);
+      L->sh_down = qview(H, Is);
     }
   }
   return 0;
@@ -138,6 +176,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--skip-sweep") && i + 1 < argc) skip_sweep = argv[++i];
     else if (!strcmp(argv[i], "--feedback")) feedback = 1;
+    else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
+      if (strcmp(argv[++i], "fp8")) { fprintf(stderr, "bench: --quantization %s (fp8)\n", argv[i]); return 2; }
+      g_fp8 = 1;
+    }
     else cfg_path = argv[i];
   }
   FILE *f = fopen(cfg_path, "rb");

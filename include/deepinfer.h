@@ -56,6 +56,12 @@ typedef struct di_model_options {
   int batch_invariant;       /* nonzero: a request's outputs do not depend on what else is in its steps
                                 (the CPU backend always is; CUDA then runs slower kernels whose
                                 arithmetic per row is fixed). Also on with $DEEPINFER_BATCH_INVARIANT=1 */
+  const char *quantization;  /* NULL, "" or "none": weights as stored; "fp8" (vLLM's --quantization fp8,
+                                but per 128 x 128 block, DeepSeek's format): a bf16 checkpoint's linear
+                                layers quantized to FP8 at load (docs/quantization.md says which) */
+  const char *kv_cache_dtype; /* NULL, "" or "auto": the backend's own (CPU f32, CUDA bf16); "fp8" or
+                                "fp8_e4m3" (vLLM's --kv-cache-dtype): the MLA latent cache in E4M3, one
+                                scale per token per 128 latent channels, the rope part bf16 (CPU only) */
 } di_model_options;
 
 /* Fills `opt` with defaults. */

@@ -15,7 +15,8 @@ c_float_p = ctypes.POINTER(ctypes.c_float)
 
 class ModelOptions(ctypes.Structure):
     _fields_ = [("load_format", ctypes.c_char_p), ("accelerator", ctypes.c_char_p), ("threads", ctypes.c_int),
-                ("dummy_seed", ctypes.c_uint64), ("quiet", ctypes.c_int), ("batch_invariant", ctypes.c_int)]
+                ("dummy_seed", ctypes.c_uint64), ("quiet", ctypes.c_int), ("batch_invariant", ctypes.c_int),
+                ("quantization", ctypes.c_char_p), ("kv_cache_dtype", ctypes.c_char_p)]
 
 
 class EngineOptions(ctypes.Structure):

@@ -59,7 +59,9 @@ class LLM:
     for everything, 0.9; the KV cache gets what the weights and step buffers leave), seed, swa_bounded_replay
     (DeepSeek-V4: a cached prefix keeps only its compressed entries and indexer keys, a hit recomputes the
     last sliding_window - 1 tokens; less memory, approximate); model loading: load_format ("auto", "dummy"),
-    accelerator ("cpu", "cuda"), threads, quiet, batch_invariant (outputs independent of the other requests
+    accelerator ("cpu", "cuda"), quantization (None or "fp8": a bf16 checkpoint's linear layers to 128 x 128
+    block FP8 at load, DeepSeek's format; vLLM's name, per block rather than per tensor), kv_cache_dtype
+    (None / "auto" or "fp8": the latent KV cache in E4M3, CPU backend), threads, quiet, batch_invariant (outputs independent of the other requests
     in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
     decoding with the model's MTP layer (CPU backend; off by default). Several ranks (docs/multi-gpu.md):
@@ -70,7 +72,7 @@ class LLM:
     def __init__(self, model=None, *, max_model_len=None, max_num_seqs=256, max_num_batched_tokens=2048,
                  enable_prefix_caching=True, enable_chunked_prefill=True, async_scheduling=True,
                  kv_cache_memory_bytes=None, num_kv_blocks=None, gpu_memory_utilization=0.9, seed=0,
-                 load_format="auto", accelerator=None,
+                 load_format="auto", accelerator=None, quantization=None, kv_cache_dtype=None,
                  threads=None, dummy_seed=0, quiet=True, batch_invariant=False, speculative_config=None,
                  swa_bounded_replay=False, data_parallel_size=1, enable_expert_parallel=False, enable_eplb=False,
                  eplb_config=None, dist_timeout=None, **unsupported):
@@ -93,6 +95,8 @@ class LLM:
         mo.dummy_seed = int(dummy_seed)
         mo.quiet = 1 if quiet else 0
         mo.batch_invariant = 1 if batch_invariant else 0
+        mo.quantization = quantization.encode() if quantization else None
+        mo.kv_cache_dtype = kv_cache_dtype.encode() if kv_cache_dtype else None
         _lib.check(self._L.di_model_load(self.model_dir.encode(), ctypes.byref(mo), ctypes.byref(self._model)),
                    f"loading {self.model_dir}")
         eo = _lib.EngineOptions()

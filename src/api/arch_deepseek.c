@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/safetensors.h"
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 #ifdef DI_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -43,8 +44,17 @@ static di_status load(di_model *m, const di_arch_load *in) {
       fputc('\n', stderr);
     return st;
   }
+  if (in->quantize_fp8 && (st = di_ds_weights_quantize_fp8(&m->cfg, &m->weights)) != DI_OK)
+    return st;
   di_progress_end(pp);
-  return di_backend_create(in->accelerator, &m->cfg, &m->weights, in->threads, in->batch_invariant, &m->backend);
+  DI_TRY(di_backend_create(in->accelerator, &m->cfg, &m->weights, in->threads, in->batch_invariant, &m->backend));
+  if (in->kv_fp8) {
+    if (strcmp(m->backend->ops->name, "cpu") != 0)
+      return di_error_set(DI_ERR_UNSUPPORTED, "--kv-cache-dtype fp8: the %s backend keeps its latent cache in bf16 (fp8: CPU only)",
+                          m->backend->ops->name);
+    DI_TRY(di_backend_cpu_set_kv_fp8(m->backend));
+  }
+  return DI_OK;
 }
 
 static int kv_groups(const di_model *m, int elem_bytes, di_kv_group_info *g, int cap) {

@@ -28,6 +28,8 @@ typedef struct di_arch_load {
   uint64_t dummy_seed;
   const char *accelerator;    /* "cpu", "cuda", ... (NULL or "": cpu) */
   int threads, batch_invariant;
+  int quantize_fp8;           /* --quantization fp8: quantize the bf16 linear layers at load */
+  int kv_fp8;                 /* --kv-cache-dtype fp8: the latent cache in E4M3 */
   di_progress *progress;      /* may be NULL */
 } di_arch_load;
 

@@ -27,6 +27,19 @@ di_status di_model_load(const char *dir, const di_model_options *opt_in, di_mode
   int dummy = strcmp(fmt, "dummy") == 0;
   if (!dummy && strcmp(fmt, "auto") != 0 && strcmp(fmt, "safetensors") != 0)
     return di_error_set(DI_ERR_INVALID_ARG, "unknown load format \"%s\" (auto, safetensors, dummy)", fmt);
+  int quantize_fp8 = 0;
+  if (opt.quantization && *opt.quantization && strcmp(opt.quantization, "none") != 0) {
+    if (strcmp(opt.quantization, "fp8") != 0)
+      return di_error_set(DI_ERR_INVALID_ARG, "--quantization \"%s\" is not supported (fp8, none)", opt.quantization);
+    quantize_fp8 = 1;
+  }
+  int kv_fp8 = 0;
+  if (opt.kv_cache_dtype && *opt.kv_cache_dtype && strcmp(opt.kv_cache_dtype, "auto") != 0) {
+    if (strcmp(opt.kv_cache_dtype, "fp8") != 0 && strcmp(opt.kv_cache_dtype, "fp8_e4m3") != 0)
+      return di_error_set(DI_ERR_INVALID_ARG, "--kv-cache-dtype \"%s\" is not supported (auto, fp8, fp8_e4m3)",
+                          opt.kv_cache_dtype);
+    kv_fp8 = 1;
+  }
   const char *acc = opt.accelerator;
   if (!acc || !*acc)
     acc = di_switch_get(DI_SW_ACCELERATOR);
@@ -49,7 +62,13 @@ di_status di_model_load(const char *dir, const di_model_options *opt_in, di_mode
     fprintf(stderr, "deepinfer: loading %s (%s, %d layers, %s weights)\n", dir, m->cfg.model_type, m->cfg.num_hidden_layers,
             dummy ? "dummy" : "safetensors");
   di_progress prog, *pp = opt.quiet ? NULL : &prog;
-  const di_arch_load in = {dir, config, dummy, opt.dummy_seed, acc, opt.threads, opt.batch_invariant, pp};
+  if ((quantize_fp8 || kv_fp8) && m->cfg.arch != DI_ARCH_DEEPSEEK_V2 && m->cfg.arch != DI_ARCH_DEEPSEEK_V3) {
+    cJSON_Delete(config);
+    st = di_error_set(DI_ERR_UNSUPPORTED, "%s: not supported for model_type %s (deepseek_v2, deepseek_v3)",
+                      quantize_fp8 ? "--quantization fp8" : "--kv-cache-dtype fp8", m->cfg.model_type);
+    goto fail;
+  }
+  const di_arch_load in = {dir, config, dummy, opt.dummy_seed, acc, opt.threads, opt.batch_invariant, quantize_fp8, kv_fp8, pp};
   st = m->arch->load(m, &in);
   cJSON_Delete(config);
   if (st != DI_OK)

@@ -60,6 +60,9 @@ di_status di_ds_weights_bind(const di_model_config *cfg, di_tensor_source *src, 
 di_status di_ds_weights_dummy(const di_model_config *cfg, uint64_t seed, di_ds_weights *w,
                               struct di_progress *progress);
 void di_ds_weights_free(di_ds_weights *w);
+/* --quantization fp8: the linear layers DeepSeek ships in FP8 quantized to 128 x 128 block FP8
+ * (deepseek_quantize.c says which stay bf16). */
+di_status di_ds_weights_quantize_fp8(const di_model_config *cfg, di_ds_weights *w);
 /* Bytes of weights a decode step reads for one token (for roofline reports): attention, dense,
  * shared experts, top-k routed experts, lm_head; embedding row ignored. */
 double di_ds_weights_bytes_per_token(const di_model_config *cfg, const di_ds_weights *w);

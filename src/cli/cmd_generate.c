@@ -18,6 +18,8 @@ static void usage(FILE *f) {
           "\n"
           "Model:    --model DIR (else $DEEPINFER_HF_MODEL_DIR, else the shipped models/default)\n"
           "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
+          "          --quantization fp8 (a bf16 checkpoint's linear layers to 128x128 block FP8 at load)\n"
+          "          --kv-cache-dtype auto|fp8 (fp8: the latent KV cache in E4M3; CPU backend)\n"
           "          --batch-invariant (outputs independent of the other requests in a step: the CPU\n"
           "          always is; CUDA then runs slower kernels; also $DEEPINFER_BATCH_INVARIANT=1)\n"
           "Prompt:   --prompt TEXT  --prompt-ids 1,2,3  --chat (the prompt is one user message,\n"
@@ -108,6 +110,7 @@ static int parse_spec_config(const char *v, long long *n, float *conf) {
 
 int di_cmd_generate(int argc, char **argv) {
   const char *model_dir = NULL, *prompt = NULL, *prompt_ids_s = NULL, *fmt = "text", *load_format = "auto";
+  const char *quantization = NULL, *kv_cache_dtype = NULL;
   const char *accelerator = NULL, *schema_file = NULL, *regex = NULL, *grammar_file = NULL;
   const char *stops[MAX_STOPS];
   int32_t stop_ids[MAX_STOPS];
@@ -137,6 +140,8 @@ int di_cmd_generate(int argc, char **argv) {
     else if (FLAG("--prompt-ids")) prompt_ids_s = v;
     else if (FLAG("--output-format")) fmt = v;
     else if (FLAG("--load-format")) load_format = v;
+    else if (FLAG("--quantization")) quantization = v;
+    else if (FLAG("--kv-cache-dtype")) kv_cache_dtype = v;
     else if (FLAG("--accelerator")) accelerator = v;
     else if (FLAG("--json-schema")) schema_file = v;
     else if (FLAG("--regex")) regex = v;
@@ -220,6 +225,8 @@ int di_cmd_generate(int argc, char **argv) {
   di_model_options mo;
   di_model_options_default(&mo);
   mo.load_format = load_format;
+  mo.quantization = quantization;
+  mo.kv_cache_dtype = kv_cache_dtype;
   mo.accelerator = accelerator;
   mo.threads = (int)threads;
   mo.dummy_seed = (uint64_t)dummy_seed;

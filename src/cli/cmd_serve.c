@@ -33,6 +33,8 @@ static void usage(FILE *f) {
           "Model:    MODEL_DIR or --model DIR (else $DEEPINFER_HF_MODEL_DIR, else the shipped models/default)\n"
           "          --served-model-name NAME (default: the model argument as given, or \"default\")\n"
           "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
+          "          --quantization fp8 (a bf16 checkpoint's linear layers to 128x128 block FP8 at load)\n"
+          "          --kv-cache-dtype auto|fp8 (fp8: the latent KV cache in E4M3; CPU backend)\n"
           "          --batch-invariant (a request's output independent of the requests batched with it:\n"
           "          the CPU always is; CUDA then runs slower kernels; also $DEEPINFER_BATCH_INVARIANT=1)\n"
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"
@@ -62,6 +64,7 @@ static int parse_ll(const char *flag, const char *v, long long lo, long long hi,
 
 int di_cmd_serve(int argc, char **argv) {
   const char *model_dir = NULL, *served = NULL, *load_format = "auto", *accelerator = NULL, *api_key = NULL;
+  const char *quantization = NULL, *kv_cache_dtype = NULL;
   long long threads = 0, dummy_seed = 0, seed = 0, x;
   int auto_tools = 0, batch_invariant = 0;
   di_server_config sc;
@@ -102,6 +105,8 @@ int di_cmd_serve(int argc, char **argv) {
     else if (FLAG("--api-key")) api_key = v;
     else if (FLAG("--allowed-origins")) sc.allowed_origins = v;
     else if (FLAG("--load-format")) load_format = v;
+    else if (FLAG("--quantization")) quantization = v;
+    else if (FLAG("--kv-cache-dtype")) kv_cache_dtype = v;
     else if (FLAG("--accelerator")) accelerator = v;
     else if (FLAG("--threads")) { INT(0, 4096); threads = x; }
     else if (FLAG("--dummy-seed")) { INT(0, INT64_MAX); dummy_seed = x; }
@@ -137,6 +142,8 @@ int di_cmd_serve(int argc, char **argv) {
   di_model_options mo;
   di_model_options_default(&mo);
   mo.load_format = load_format;
+  mo.quantization = quantization;
+  mo.kv_cache_dtype = kv_cache_dtype;
   mo.accelerator = accelerator;
   mo.threads = (int)threads;
   mo.dummy_seed = (uint64_t)dummy_seed;

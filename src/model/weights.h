@@ -56,4 +56,8 @@ void di_weight_rows_f32(const di_weight *w, int64_t r0, int64_t r1, float *out);
  * (safetensors does not align tensors), points w at an aligned copy kept in the block chain *owned
  * (util/owned.h), released with it. Returns 0, or -1 when out of memory. */
 int di_weight_align_scales(di_weight *w, void **owned);
+/* --quantization fp8: a BF16 / F16 / F32 matrix becomes FP8 E4M3 with F32 block scales
+ * (scale_inv = amax / 448 per block_rows x block_cols block: DeepSeek-V3's format), its data and scales
+ * in the chain *owned; other dtypes are left as they are. Returns 0, or -1 when out of memory. */
+int di_weight_quantize_fp8(di_weight *w, int block_rows, int block_cols, void **owned);
 #endif

@@ -65,17 +65,24 @@ __attribute__((constructor)) static void build_fp8_table(void) {
 }
 
 uint8_t di_f32_to_fp8e4m3(float f) {
-  int best = 0;
-  float bd = INFINITY;
-  for (int v = 0; v < 256; v++) {
-    float t = g_fp8[v];
-    if (isnan(t))
-      continue;
-    float d = fabsf(t - f);
-    if (d < bd) {
-      bd = d;
-      best = v;
-    }
+  /* round to nearest even on the bits (what cvt.rn.satfinite.e4m3 does on the GPU) */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u)
+    return 0x7f; /* NaN */
+  if (u >= 0x43e00000u)
+    return sign | 0x7e; /* >= 448: saturate */
+  if (u < 0x3c800000u) /* below 2^-6: subnormals, steps of 2^-9 (8 steps: 0x08 is 2^-6 itself) */
+    return sign | (uint8_t)nearbyintf(fabsf(f) * 512.0f);
+  int e = (int)(u >> 23) - 127;
+  uint32_t keep = (u >> 20) & 7, rem = u & 0xfffffu;
+  if (rem > 0x80000u || (rem == 0x80000u && (keep & 1)))
+    keep++;
+  if (keep == 8) {
+    keep = 0;
+    e++;
   }
-  return (uint8_t)best;
+  return sign | (uint8_t)((e + 7) << 3 | keep);
 }

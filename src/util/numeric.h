@@ -38,6 +38,7 @@ static inline float di_e8m0_to_f32(uint8_t e) {
 }
 /* FP4 E2M1 values of the 16 codes (sign in bit 3): 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
 extern const float di_e2m1_table[16];
-/* Nearest E4M3 value to f (saturating at +-448), for making dummy FP8 weights and tests. */
+/* Nearest E4M3 value to f, ties to even, saturating at +-448 (NaN: 0x7f): the GPU's
+ * cvt.rn.satfinite; --quantization fp8, dummy FP8 weights, tests. */
 uint8_t di_f32_to_fp8e4m3(float f);
 #endif

@@ -65,6 +65,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_TC_FUSED_REDUCE] = {"DEEPINFER_CUDA_TC_FUSED_REDUCE", "0",
                                     "1: the tensor-core GEMM adds decode-sized split partials in its last CTA per "
                                     "tile (no reduce kernel; the same bits)"},
+    [DI_SW_CUDA_FP8] = {"DEEPINFER_CUDA_FP8", "0",
+                        "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels) instead of bf16 at load"},
+    [DI_SW_CUDA_FP8_GEMV_ROWS] = {"DEEPINFER_CUDA_FP8_GEMV_ROWS", "16",
+                                  "most rows of an FP8 product taken by the decode GEMV; more go to the FP8 tensor-core GEMM"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

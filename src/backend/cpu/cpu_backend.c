@@ -8,7 +8,7 @@
 static void free_scratch(di_cpu_backend *b) {
   float **fs[] = {&b->s_x, &b->s_h, &b->s_o, &b->s_q, &b->s_qa, &b->s_kv, &b->s_attn, &b->s_g, &b->s_u,
                   &b->s_router, &b->s_topk_w, &b->s_exp_in, &b->s_exp_out, &b->s_shared,
-                  &b->s_mtp_cat, &b->s_rope, &b->attn_scratch};
+                  &b->s_mtp_cat, &b->s_rope, &b->attn_scratch, &b->s_kv_tmp};
   for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
     free(*fs[i]);
     *fs[i] = NULL;
@@ -78,6 +78,7 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
   A(b->s_rope, Tn * dr);
   b->attn_scratch_per_thread = (2 * R + dr + (size_t)newP + 16) * DI_CPU_ATTN_GROUP; /* per head, x group */
   A(b->attn_scratch, b->attn_scratch_per_thread * (size_t)di_threadpool_size(b->tp));
+  A(b->s_kv_tmp, (size_t)4 * b->kv_dim * (size_t)di_threadpool_size(b->tp)); /* fp8 cache: 4 decoded keys per thread */
 #undef A
   if (!ok) {
     free_scratch(b);
@@ -90,13 +91,13 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
 }
 
 static int cpu_kv_groups(di_backend *base, di_kv_group_info *g, int cap) {
-  di_cpu_backend *b = (di_cpu_backend *)base; /* f32 rows of kv_dim, every MTP layer cached */
-  return di_ds_kv_groups(b->cfg, b->n_cache_layers - b->cfg->num_hidden_layers, (int)sizeof(float), b->kv_dim, g, cap);
+  di_cpu_backend *b = (di_cpu_backend *)base; /* rows of kv_stride 4-byte words (f32, or the fp8 layout), every MTP layer cached */
+  return di_ds_kv_groups(b->cfg, b->n_cache_layers - b->cfg->num_hidden_layers, (int)sizeof(float), b->kv_stride, g, cap);
 }
 
 static di_status cpu_kv_alloc(di_backend *base, int64_t n_blocks) {
   di_cpu_backend *b = (di_cpu_backend *)base;
-  size_t bytes = (size_t)n_blocks * (size_t)b->n_cache_layers * DI_KV_BLOCK_SIZE * (size_t)b->kv_dim * sizeof(float);
+  size_t bytes = (size_t)n_blocks * (size_t)b->n_cache_layers * DI_KV_BLOCK_SIZE * (size_t)b->kv_stride * sizeof(float);
   float *p = n_blocks > 0 ? malloc(bytes) : NULL;
   if (n_blocks > 0 && !p)
     return di_error_set(DI_ERR_OOM, "CPU backend: cannot allocate a KV pool of %lld blocks (%zu bytes)", (long long)n_blocks, bytes);
@@ -173,6 +174,18 @@ static const di_backend_ops CPU_OPS = {
     .destroy = cpu_destroy,
 };
 
+di_status di_backend_cpu_set_kv_fp8(di_backend *be) {
+  di_cpu_backend *b = (di_cpu_backend *)be;
+  const int R = b->cfg->kv_lora_rank, dr = b->cfg->qk_rope_head_dim;
+  if (b->kv_pool)
+    return di_error_set(DI_ERR_INTERNAL, "--kv-cache-dtype fp8: set after the KV pool was allocated");
+  if (R % 4)
+    return di_error_set(DI_ERR_UNSUPPORTED, "--kv-cache-dtype fp8: kv_lora_rank %d is not a multiple of 4", R);
+  b->kv_fp8 = 1;
+  b->kv_stride = (R + 127) / 128 + R / 4 + (dr + 1) / 2; /* scales, E4M3 bytes, bf16 pairs: in 4-byte words */
+  return DI_OK;
+}
+
 di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights *w, int threads, di_backend **out) {
   di_cpu_backend *b = calloc(1, sizeof *b);
   if (!b)
@@ -186,6 +199,7 @@ di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights 
   b->w = w;
   b->n_cache_layers = w->n_layers + w->n_mtp;
   b->kv_dim = cfg->kv_lora_rank + cfg->qk_rope_head_dim;
+  b->kv_stride = b->kv_dim;
   di_status st = di_threadpool_create(threads, &b->tp);
   if (st != DI_OK) {
     free(b);

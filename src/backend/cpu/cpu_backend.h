@@ -16,10 +16,12 @@ typedef struct di_cpu_backend {
   float inv_freq[256];
   /* absorbed MLA matrices, float32: W_UK^T [layer][head][kv_lora][nope], W_UV [layer][head][v][kv_lora] */
   float **w_uk, **w_uv;
-  /* KV pool: [block][cache layer][slot][kv_dim], kv_dim = kv_lora_rank + qk_rope_head_dim */
+  /* KV pool: [block][cache layer][slot][kv_stride floats]; an entry is [c_kv | k_pe] in f32 (kv_stride =
+   * kv_dim = kv_lora_rank + qk_rope_head_dim), or with --kv-cache-dtype fp8 (kv_fp8) [one f32 scale per
+   * 128 latent channels | c_kv in E4M3 | k_pe in bf16] in kv_stride 4-byte words (cpu_deepseek.c) */
   float *kv_pool;
   int64_t n_blocks;
-  int n_cache_layers, kv_dim;
+  int n_cache_layers, kv_dim, kv_stride, kv_fp8;
   /* scratch (capacity in tokens / attention positions) */
   int cap_tokens, cap_positions;
   float *s_x, *s_h, *s_o, *s_q, *s_qa, *s_kv, *s_attn, *s_g, *s_u, *s_router, *s_topk_w;
@@ -28,11 +30,15 @@ typedef struct di_cpu_backend {
   int32_t *s_topk_ids, *s_exp_count, *s_exp_start, *s_exp_rows, *s_exp_fill, *s_exp_where;
   struct di_gemm_job *s_jobs; /* [2 * n_experts + 2] */
   float *attn_scratch; /* per thread: DI_CPU_ATTN_GROUP heads' attention scratch */
+  float *s_kv_tmp;     /* per thread: 4 keys decoded from the fp8 cache (4 * kv_dim) */
   size_t attn_scratch_per_thread;
   const di_batch *pending; /* submitted, not yet run */
 } di_cpu_backend;
 
 di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights *w, int threads, di_backend **out);
+/* --kv-cache-dtype fp8: the latent cache in E4M3 with one scale per token per 128 latent channels, the
+ * rope part in bf16 (before the first kv_alloc). */
+di_status di_backend_cpu_set_kv_fp8(di_backend *be);
 /* Grows the scratch buffers for a step of T tokens (and its longest attention span). */
 di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch);
 di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden);

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_ops.h"
 #include "dist/dist.h"
+#include "util/numeric.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -40,7 +41,43 @@ static void rope_apply(const di_cpu_backend *b, float *x, const float *cs) {
 
 static inline float *kv_entry(const di_cpu_backend *b, int layer, int32_t block, int slot) {
   return b->kv_pool + (((size_t)block * (size_t)b->n_cache_layers + (size_t)layer) * DI_KV_BLOCK_SIZE + (size_t)slot) *
-                          (size_t)b->kv_dim;
+                          (size_t)b->kv_stride;
+}
+
+/* --kv-cache-dtype fp8: an entry is [nsc f32 scales | R E4M3 bytes | dr bf16], the latent quantized per
+ * 128 channels (scale amax / 448, 1 for an all-zero group; rounded to nearest even), the rope part
+ * rounded to bf16. Every read of the cache goes through kv_key, so attention always sees the stored
+ * values, the current step's entries included (they are written before any token reads): a token's
+ * result still does not depend on the other tokens of its step, nor on how its prompt was chunked. */
+static void kv_store(const di_cpu_backend *b, float *e, const float *x) {
+  const int R = b->cfg->kv_lora_rank, dr = b->cfg->qk_rope_head_dim, nsc = (R + 127) / 128;
+  if (!b->kv_fp8) {
+    memcpy(e, x, sizeof(float) * (size_t)(R + dr));
+    return;
+  }
+  uint8_t *q = (uint8_t *)(e + nsc);
+  uint16_t *pe = (uint16_t *)(q + R);
+  for (int g = 0; g < nsc; g++) {
+    const int c1 = g * 128 + 128 < R ? g * 128 + 128 : R;
+    float amax = 0.f;
+    for (int c = g * 128; c < c1; c++) amax = fmaxf(amax, fabsf(x[c]));
+    const float s = amax > 0.f ? amax / 448.f : 1.f;
+    e[g] = s;
+    for (int c = g * 128; c < c1; c++) q[c] = di_f32_to_fp8e4m3(x[c] / s);
+  }
+  for (int i = 0; i < dr; i++) pe[i] = di_f32_to_bf16(x[R + i]);
+}
+
+/* the stored entry e as [c_kv | k_pe] floats: e itself (f32 cache), or decoded into tmp (kv_dim floats) */
+static inline const float *kv_key(const di_cpu_backend *b, const float *e, float *tmp) {
+  if (!b->kv_fp8)
+    return e;
+  const int R = b->cfg->kv_lora_rank, dr = b->cfg->qk_rope_head_dim, nsc = (R + 127) / 128;
+  const uint8_t *q = (const uint8_t *)(e + nsc);
+  const uint16_t *pe = (const uint16_t *)(q + R);
+  for (int c = 0; c < R; c++) tmp[c] = di_fp8e4m3_to_f32(q[c]) * e[c / 128];
+  for (int i = 0; i < dr; i++) tmp[R + i] = di_bf16_to_f32(pe[i]);
+  return tmp;
 }
 
 /* ---- per-token loops of a step in parallel ------------------------------------------------------ */
@@ -124,6 +161,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
   const size_t stride = b->attn_scratch_per_thread / DI_CPU_ATTN_GROUP; /* one head's scratch */
   float *scratch = b->attn_scratch + (size_t)thread * b->attn_scratch_per_thread;
   const float *wk = b->w_uk[a->layer], *wv = b->w_uv[a->layer];
+  float *ktmp = b->s_kv_tmp + (size_t)thread * 4 * b->kv_dim; /* fp8 cache: 4 decoded keys (kv_key) */
   for (int64_t job = begin; job < end; job++) {
     /* the step's last tokens first: a prefill's later tokens have the most keys, and the pool hands
      * out chunks in order, so the long ones start first and the short ones fill the gaps */
@@ -156,7 +194,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
     }
     /* scores: each key once, every head of the group against it */
     for (int j = 0; j <= pos; j++) {
-      const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
+      const float *e = kv_key(b, kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE), ktmp);
       int g = 0;
       for (; g + 4 <= ng; g += 4) {
         float sl[4], sp[4];
@@ -192,7 +230,8 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
     for (; jv + 4 <= pos + 1 && R % 8 == 0; jv += 4) {
       const float *e[4];
       for (int i = 0; i < 4; i++)
-        e[i] = kv_entry(b, a->layer, seq->block_table[(jv + i) / DI_KV_BLOCK_SIZE], (jv + i) % DI_KV_BLOCK_SIZE);
+        e[i] = kv_key(b, kv_entry(b, a->layer, seq->block_table[(jv + i) / DI_KV_BLOCK_SIZE], (jv + i) % DI_KV_BLOCK_SIZE),
+                      ktmp + (size_t)i * b->kv_dim);
       for (int g = 0; g < ng; g++) {
         const __m256 p0 = _mm256_set1_ps(scores[g][jv] * inv[g]), p1 = _mm256_set1_ps(scores[g][jv + 1] * inv[g]);
         const __m256 p2 = _mm256_set1_ps(scores[g][jv + 2] * inv[g]), p3 = _mm256_set1_ps(scores[g][jv + 3] * inv[g]);
@@ -208,7 +247,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
       }
     }
     for (int j = jv; j <= pos; j++) {
-      const float *e = kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE);
+      const float *e = kv_key(b, kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE), ktmp);
       for (int g = 0; g < ng; g++) {
         const float pj = scores[g][j] * inv[g];
         float *ol = o_lat[g];
@@ -254,10 +293,10 @@ static void attention(di_cpu_backend *b, const di_batch *batch, int layer, const
     const int pos = batch->positions[t];
     const di_batch_seq *seq = &batch->seqs[batch->seq_of[t]];
     float *e = kv_entry(b, layer, seq->block_table[pos / DI_KV_BLOCK_SIZE], pos % DI_KV_BLOCK_SIZE);
-    const float *src = kv + (size_t)t * (R + dr);
-    di_cpu_rmsnorm_row(e, src, L->kv_a_norm, R, c->rms_norm_eps);
-    memcpy(e + R, src + R, sizeof(float) * (size_t)dr);
-    rope_apply(b, e + R, b->s_rope + (size_t)t * dr);
+    float *src = kv + (size_t)t * (R + dr); /* normed and roped in place (s_kv is not read again) */
+    di_cpu_rmsnorm_row(src, src, L->kv_a_norm, R, c->rms_norm_eps);
+    rope_apply(b, src + R, b->s_rope + (size_t)t * dr);
+    kv_store(b, e, src);
   }
   di_cpu_mla_attend(b, batch, layer, q, b->s_attn);
   di_cpu_gemm(b->tp, b->s_attn, T, (int64_t)NH * c->v_head_dim, &L->o_proj, 0, H, out, H);

@@ -18,6 +18,7 @@
 #define DI_CUDA_BACKEND_IMPL_CUH
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "cuda_fp8.h"
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "util/numeric.h"
@@ -53,6 +54,10 @@ typedef struct cu_layer {
   bf16 *exp_gu, *exp_down;     /* [Et][2Ip][Hp] gate/up interleaved by 8 rows (glu), [Et][Hp][Ip]; zero
                                   padded; Et = E + n_sh (shared experts folded in as experts) */
   bf16 *sh_gu, *sh_down;       /* [2Is][H], [H][Is] */
+  /* DEEPINFER_CUDA_FP8=1 with FP8 weights (cuda_upload_fp8.cu): these groups in FP8 on the device, the
+   * bf16 pointers of the same group NULL. Same row layouts as the bf16 ones except the experts' gate/up,
+   * which are [Et][gate Ip rows | up Ip rows][Hp] (not interleaved: silu_mul runs after the product). */
+  di_cuk_fp8w f_qkv_a, f_q_b, f_o, f_gate_up, f_down, f_exp_gu, f_exp_down, f_sh_gu, f_sh_down;
 } cu_layer;
 
 typedef struct graph_entry {
@@ -69,6 +74,10 @@ typedef struct cu_backend {
   int vo_fused; /* one-token W_UV + o_proj in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
   int invariant; /* batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1; see create) */
   const di_model_config *cfg; /* the model's (outlives the backend) */
+  int fp8;       /* DEEPINFER_CUDA_FP8=1: FP8 weights stay FP8 on the device */
+  void *fp8_ws;  /* activation quantization of the FP8 GEMMs (ensure_acts) */
+  size_t fp8_ws_bytes;
+  bf16 *egu;     /* FP8 experts: the gate/up product [A][2Ip] before silu_mul */
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */
   int n_sh, Et, Kt, Wa;        /* folded shared experts; experts and picks per token with them; qkv_a rows */
@@ -177,6 +186,14 @@ di_status up_cols(const di_weight *w, int64_t r0, int64_t r1, int64_t c0, int64_
 di_status check_shape(const di_weight *w, int64_t rows, int64_t cols, const char *what);
 di_status up_mat(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what);
 di_status up_vec(cu_backend *b, const float *v, int64_t n, float **out);
+/* cuda_upload_fp8.cu: FP8 weights kept FP8 on the device (DEEPINFER_CUDA_FP8=1), with one scale row per
+ * weight row; fp8_alloc zero-fills (padding rows / columns), fp8_up_rows copies rows [r0, r1), columns
+ * [c0, c1) of w (c0 a multiple of its block_cols) to rows dst_row.. , columns 0.. of d. */
+di_status fp8_alloc(cu_backend *b, int64_t rows, int K, int block_cols, di_cuk_fp8w *d);
+di_status fp8_up_rows(const di_weight *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const di_cuk_fp8w *d,
+                      int64_t dst_row);
+/* whether every weight given (NULL-terminated) is FP8 with block_cols bc, columns c0 multiples of it */
+int fp8_uploadable(int bc, const di_weight *const *ws);
 /* cuda_step.cu: a step's inputs laid out and uploaded, its forward eager or from a graph */
 di_status prepare(cu_backend *b, const di_batch *bt);
 di_status cu_submit(di_backend *bb, const di_batch *batch);

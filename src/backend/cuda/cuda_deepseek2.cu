@@ -6,32 +6,133 @@
 #include "cuda_backend_impl.cuh"
 #include <string.h>
 
+/* DEEPINFER_CUDA_FP8=1: the layer's FP8 weight groups to the device as FP8 (per-row scales, see
+ * cuda_upload_fp8.cu), in the bf16 groups' row layouts; a group any of whose matrices is not FP8 with
+ * the group's block width (or whose slices would split a scale block) stays bf16. Shapes were checked
+ * by check_shape before. */
+static di_status upload_layer_fp8(cu_backend *b, const di_model_config *c, const di_ds_layer *s, cu_layer *d) {
+  const int H = b->H, qrows = b->qr > 0 ? b->qr : b->NH * b->dqk;
+  const di_weight *qa = b->qr > 0 ? &s->q_a : &s->q_proj;
+  const int bc = qa->block_cols;
+  const di_weight *g_qkv[] = {qa, &s->kv_a, NULL};
+  if (fp8_uploadable(bc, g_qkv)) {
+    DI_TRY(fp8_alloc(b, b->Wa, H, bc, &d->f_qkv_a));
+    DI_TRY(fp8_up_rows(qa, 0, qrows, 0, H, &d->f_qkv_a, 0));
+    DI_TRY(fp8_up_rows(&s->kv_a, 0, b->R + b->dr, 0, H, &d->f_qkv_a, qrows));
+  }
+  const di_weight *g_qb[] = {&s->q_b, NULL};
+  if (b->qr > 0 && fp8_uploadable(s->q_b.block_cols, g_qb)) {
+    DI_TRY(fp8_alloc(b, (int64_t)b->NH * b->dqk, b->qr, s->q_b.block_cols, &d->f_q_b));
+    DI_TRY(fp8_up_rows(&s->q_b, 0, (int64_t)b->NH * b->dqk, 0, b->qr, &d->f_q_b, 0));
+  }
+  const di_weight *g_o[] = {&s->o_proj, NULL};
+  if (fp8_uploadable(s->o_proj.block_cols, g_o)) {
+    DI_TRY(fp8_alloc(b, H, b->NH * b->dv, s->o_proj.block_cols, &d->f_o));
+    DI_TRY(fp8_up_rows(&s->o_proj, 0, H, 0, (int64_t)b->NH * b->dv, &d->f_o, 0));
+  }
+  if (!s->is_moe) {
+    const int I = b->Idense, bg = s->gate.block_cols;
+    const di_weight *g_gu[] = {&s->gate, &s->up, NULL}, *g_dn[] = {&s->down, NULL};
+    if (fp8_uploadable(bg, g_gu) && fp8_uploadable(s->down.block_cols, g_dn)) {
+      DI_TRY(fp8_alloc(b, 2 * (int64_t)I, H, bg, &d->f_gate_up));
+      DI_TRY(fp8_up_rows(&s->gate, 0, I, 0, H, &d->f_gate_up, 0));
+      DI_TRY(fp8_up_rows(&s->up, 0, I, 0, H, &d->f_gate_up, I));
+      DI_TRY(fp8_alloc(b, H, I, s->down.block_cols, &d->f_down));
+      DI_TRY(fp8_up_rows(&s->down, 0, H, 0, I, &d->f_down, 0));
+    }
+    return DI_OK;
+  }
+  /* experts: every routed expert (and the shared ones, folded or not) FP8 with one block width, the
+   * vector GEMV's alignment (block_cols % 16), and the folded shared down's column slices on blocks */
+  const int E = b->E, I = c->moe_intermediate_size, Ip = b->Ip, Hp = b->Hp, eb = s->exp_gate[0].block_cols;
+  int ok = eb % 16 == 0;
+  for (int e = 0; e < E && ok; e++) {
+    const di_weight *g[] = {&s->exp_gate[e], &s->exp_up[e], &s->exp_down[e], NULL};
+    ok = fp8_uploadable(eb, g);
+  }
+  if (ok && s->has_shared) {
+    const di_weight *g[] = {&s->sh_gate, &s->sh_up, &s->sh_down, NULL};
+    ok = fp8_uploadable(eb, g) && (b->n_sh == 0 || I % eb == 0);
+  }
+  if (!ok) return DI_OK;
+  const int Et = b->Et;
+  DI_TRY(fp8_alloc(b, (int64_t)Et * 2 * Ip, Hp, eb, &d->f_exp_gu));
+  DI_TRY(fp8_alloc(b, (int64_t)Et * Hp, Ip, eb, &d->f_exp_down));
+  for (int e = 0; e < E; e++) {
+    DI_TRY(fp8_up_rows(&s->exp_gate[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip));
+    DI_TRY(fp8_up_rows(&s->exp_up[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip + Ip));
+    DI_TRY(fp8_up_rows(&s->exp_down[e], 0, H, 0, I, &d->f_exp_down, (int64_t)e * Hp));
+  }
+  if (s->has_shared && b->n_sh > 0) {
+    for (int j = 0; j < b->n_sh; j++) {
+      const int e = E + j;
+      DI_TRY(fp8_up_rows(&s->sh_gate, (int64_t)j * I, (int64_t)(j + 1) * I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip));
+      DI_TRY(fp8_up_rows(&s->sh_up, (int64_t)j * I, (int64_t)(j + 1) * I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip + Ip));
+      DI_TRY(fp8_up_rows(&s->sh_down, 0, H, (int64_t)j * I, (int64_t)(j + 1) * I, &d->f_exp_down, (int64_t)e * Hp));
+    }
+  } else if (s->has_shared) {
+    const int Is = (int)s->sh_gate.rows;
+    DI_TRY(fp8_alloc(b, 2 * (int64_t)Is, H, eb, &d->f_sh_gu));
+    DI_TRY(fp8_up_rows(&s->sh_gate, 0, Is, 0, H, &d->f_sh_gu, 0));
+    DI_TRY(fp8_up_rows(&s->sh_up, 0, Is, 0, H, &d->f_sh_gu, Is));
+    DI_TRY(fp8_alloc(b, H, Is, eb, &d->f_sh_down));
+    DI_TRY(fp8_up_rows(&s->sh_down, 0, H, 0, Is, &d->f_sh_down, 0));
+  }
+  return DI_OK;
+}
+
 di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_layer *s, cu_layer *d, int l) {
   const int H = b->H;
   DI_TRY(up_vec(b, s->attn_norm, H, &d->attn_norm));
   DI_TRY(up_vec(b, s->ffn_norm, H, &d->ffn_norm));
   /* the attention's input projections as one matrix: [q_a or q_proj ; kv_a] */
   const int qrows = b->qr > 0 ? b->qr : b->NH * b->dqk;
-  DI_TRY(dev_alloc(b, (void **)&d->qkv_a, (size_t)b->Wa * H * 2));
-  if (b->qr > 0) {
-    DI_TRY(check_shape(&s->q_a, b->qr, H, "q_a_proj"));
-    DI_TRY(up_rows(&s->q_a, 0, b->qr, d->qkv_a, H));
-    DI_TRY(up_vec(b, s->q_a_norm, b->qr, &d->q_a_norm));
-    DI_TRY(up_mat(b, &s->q_b, (int64_t)b->NH * b->dqk, b->qr, &d->q_b, "q_b_proj"));
-  } else {
-    DI_TRY(check_shape(&s->q_proj, qrows, H, "q_proj"));
-    DI_TRY(up_rows(&s->q_proj, 0, qrows, d->qkv_a, H));
-  }
+  if (b->qr > 0) DI_TRY(check_shape(&s->q_a, b->qr, H, "q_a_proj"));
+  else DI_TRY(check_shape(&s->q_proj, qrows, H, "q_proj"));
   DI_TRY(check_shape(&s->kv_a, b->R + b->dr, H, "kv_a_proj_with_mqa"));
-  DI_TRY(up_rows(&s->kv_a, 0, b->R + b->dr, d->qkv_a + (size_t)qrows * H, H));
+  if (b->qr > 0) DI_TRY(check_shape(&s->q_b, (int64_t)b->NH * b->dqk, b->qr, "q_b_proj"));
+  DI_TRY(check_shape(&s->o_proj, H, (int64_t)b->NH * b->dv, "o_proj"));
+  if (!s->is_moe) {
+    DI_TRY(check_shape(&s->gate, b->Idense, H, "mlp.gate_proj"));
+    DI_TRY(check_shape(&s->up, b->Idense, H, "mlp.up_proj"));
+    DI_TRY(check_shape(&s->down, H, b->Idense, "mlp.down_proj"));
+  } else {
+    const int I = c->moe_intermediate_size;
+    for (int e = 0; e < b->E; e++) {
+      DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
+      DI_TRY(check_shape(&s->exp_up[e], I, H, "experts.up_proj"));
+      DI_TRY(check_shape(&s->exp_down[e], H, I, "experts.down_proj"));
+    }
+    if (s->has_shared && b->n_sh > 0) {
+      DI_TRY(check_shape(&s->sh_gate, (int64_t)b->n_sh * I, H, "shared_experts.gate_proj"));
+      DI_TRY(check_shape(&s->sh_up, (int64_t)b->n_sh * I, H, "shared_experts.up_proj"));
+      DI_TRY(check_shape(&s->sh_down, H, (int64_t)b->n_sh * I, "shared_experts.down_proj"));
+    } else if (s->has_shared) {
+      const int Is = (int)s->sh_gate.rows;
+      if (b->Ish && Is != b->Ish)
+        return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: layer %d shared experts %d wide, others %d", l, Is, b->Ish);
+      DI_TRY(check_shape(&s->sh_up, Is, H, "shared_experts.up_proj"));
+      DI_TRY(check_shape(&s->sh_gate, Is, H, "shared_experts.gate_proj"));
+      DI_TRY(check_shape(&s->sh_down, H, Is, "shared_experts.down_proj"));
+    }
+  }
+  if (b->fp8) DI_TRY(upload_layer_fp8(b, c, s, d));
+  if (!d->f_qkv_a.q) {
+    DI_TRY(dev_alloc(b, (void **)&d->qkv_a, (size_t)b->Wa * H * 2));
+    DI_TRY(up_rows(b->qr > 0 ? &s->q_a : &s->q_proj, 0, qrows, d->qkv_a, H));
+    DI_TRY(up_rows(&s->kv_a, 0, b->R + b->dr, d->qkv_a + (size_t)qrows * H, H));
+  }
+  if (b->qr > 0) {
+    DI_TRY(up_vec(b, s->q_a_norm, b->qr, &d->q_a_norm));
+    if (!d->f_q_b.q) DI_TRY(up_mat(b, &s->q_b, (int64_t)b->NH * b->dqk, b->qr, &d->q_b, "q_b_proj"));
+  }
   DI_TRY(up_vec(b, s->kv_a_norm, b->R, &d->kv_a_norm));
   DI_TRY(up_mat(b, &s->kv_b, (int64_t)b->NH * (b->dn + b->dv), b->R, &d->kv_b, "kv_b_proj"));
-  DI_TRY(up_mat(b, &s->o_proj, H, (int64_t)b->NH * b->dv, &d->o_proj, "o_proj"));
+  if (!d->f_o.q) DI_TRY(up_mat(b, &s->o_proj, H, (int64_t)b->NH * b->dv, &d->o_proj, "o_proj"));
   d->is_moe = s->is_moe;
   if (!s->is_moe) {
     const int I = b->Idense;
-    DI_TRY(check_shape(&s->gate, I, H, "mlp.gate_proj"));
-    DI_TRY(check_shape(&s->up, I, H, "mlp.up_proj"));
+    if (d->f_gate_up.q) return DI_OK;
     DI_TRY(dev_alloc(b, (void **)&d->gate_up, (size_t)2 * I * H * 2));
     DI_TRY(up_rows(&s->gate, 0, I, d->gate_up, H));
     DI_TRY(up_rows(&s->up, 0, I, d->gate_up + (int64_t)I * H, H));
@@ -41,6 +142,9 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
   const int E = b->E, I = c->moe_intermediate_size, Ip = b->Ip;
   DI_TRY(up_mat(b, &s->router, E, H, &d->router, "mlp.gate"));
   if (s->router_bias) DI_TRY(up_vec(b, s->router_bias, E, &d->router_bias));
+  d->has_shared = s->has_shared;
+  if (s->has_shared && b->n_sh == 0) b->Ish = (int)s->sh_gate.rows;
+  if (d->f_exp_gu.q) return DI_OK;
   const int Hp = b->Hp, Et = b->ep ? b->ep_El : b->Et; /* expert parallel: this rank's experts only */
   const size_t gu_e = (size_t)2 * Ip * Hp, dn_e = (size_t)Hp * Ip;
   DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * Et * 2));
@@ -107,6 +211,51 @@ di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16 *down,
   return DI_OK;
 }
 
+/* An FP8 weight's product (cuda_fp8.h: the decode GEMV up to DEEPINFER_CUDA_FP8_GEMV_ROWS rows and in
+ * the batch-invariant mode, else the tensor-core GEMM on activations quantized into fp8_ws). */
+static di_status fp8_mm(cu_backend *b, int M, int N, int K, const bf16 *X, int ldx, const di_cuk_fp8w *w, void *Y,
+                        int ldy, int y_f32, float beta) {
+  return di_cuk_fp8_matmul(M, N, K, (const uint16_t *)X, ldx, *w, Y, ldy, y_f32, beta, b->invariant, b->fp8_ws,
+                           b->fp8_ws_bytes, b->stream);
+}
+
+/* mlp_dense with FP8 gate/up and down */
+static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up, const di_cuk_fp8w *down, int I) {
+  DI_TRY(fp8_mm(b, T, 2 * I, b->H, b->xn, b->Hp, gate_up, b->gu, 2 * I, 0, 0.f));
+  DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, T, I, (uint16_t *)b->act, b->stream));
+  return fp8_mm(b, T, b->H, I, b->act, I, down, b->h, b->H, 1, 1.f);
+}
+
+/* The routed (and folded shared) experts in FP8: gate/up into egu, silu_mul into act, down into y
+ * (f32, the combine's input). Decode-sized steps and the batch-invariant mode: grouped GEMVs; larger
+ * ones: the grouped tensor-core GEMM on activations quantized per 128 (the token rows of xn gathered
+ * through perm_tok, then the A rows of act) where the tiles are 64 rows and the blocks 128 wide, else
+ * grouped GEMVs of up to 16 rows a pass. */
+static di_status experts_fp8(cu_backend *b, const cu_layer *L, int T, int A, int bm, int max_tiles) {
+  cudaStream_t s = b->stream;
+  const int Hp = b->Hp, Ip = b->Ip;
+  const int mma = !b->invariant && T > GEMV_MAX_T && bm == 64 && di_cuk_fp8_gemm_ok(Hp, L->f_exp_gu) &&
+                  di_cuk_fp8_gemm_ok(Ip, L->f_exp_down);
+  if (!mma) {
+    const int rows = b->invariant ? 1 : T <= GEMV_MAX_T ? T : 16;
+    DI_TRY(di_cuk_fp8_grouped_gemv((const uint16_t *)b->xn, Hp, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp, b->expert_off,
+                                   b->tiles, b->n_tiles, max_tiles, bm, rows, b->egu, 2 * Ip, 0, s));
+    DI_TRY(di_cuk_silu_mul((const uint16_t *)b->egu, A, Ip, (uint16_t *)b->act, s));
+    return di_cuk_fp8_grouped_gemv((const uint16_t *)b->act, Ip, NULL, L->f_exp_down, Hp, Ip, b->expert_off, b->tiles,
+                                   b->n_tiles, max_tiles, bm, rows, b->y, Hp, 1, s);
+  }
+  uint8_t *xq;
+  float *sx;
+  int ldq, lds;
+  DI_TRY(di_cuk_fp8_quant_ws((const uint16_t *)b->xn, Hp, T, Hp, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
+  DI_TRY(di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp, b->expert_off, b->tiles,
+                                 b->n_tiles, max_tiles, bm, b->egu, 2 * Ip, 0, s));
+  DI_TRY(di_cuk_silu_mul((const uint16_t *)b->egu, A, Ip, (uint16_t *)b->act, s));
+  DI_TRY(di_cuk_fp8_quant_ws((const uint16_t *)b->act, Ip, A, Ip, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
+  return di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, NULL, L->f_exp_down, Hp, Ip, b->expert_off, b->tiles, b->n_tiles,
+                                 max_tiles, bm, b->y, Hp, 1, s);
+}
+
 #define PROF(label) prof_mark(b, label)
 
 static void prof_mark(cu_backend *b, const char *label) {
@@ -124,14 +273,15 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const uint16_t *xn = (const uint16_t *)b->xn;
   int xn_ready = *xn_ready_io;
   const cu_layer *L = &b->L[l];
-  if (!xn_ready && normed_gemm) { /* decode: the attention norm inside the q/kv GEMM */
+  if (!xn_ready && normed_gemm && L->qkv_a) { /* decode: the attention norm inside the q/kv GEMM */
     if (!SKIP(SKIP_QKV))
       DI_TRY(di_cu_gemm_normed(b->blas, T, b->Wa, H, b->h, H, L->attn_norm, b->eps, (const uint16_t *)L->qkv_a, H,
                                b->qkv, b->Wa, 0, s));
   } else {
     if (!xn_ready) DI_TRY(di_cuk_rmsnorm(b->h, H, L->attn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, NULL, s));
     PROF("norm");
-    if (!SKIP(SKIP_QKV))
+    if (!SKIP(SKIP_QKV) && L->f_qkv_a.q) DI_TRY(fp8_mm(b, T, b->Wa, H, b->xn, Hp, &L->f_qkv_a, b->qkv, b->Wa, 0, 0.f));
+    else if (!SKIP(SKIP_QKV))
       DI_TRY(di_cu_gemm(b->blas, T, b->Wa, H, xn, Hp, (const uint16_t *)L->qkv_a, H, b->qkv, b->Wa, 0, 0.f, s));
   }
   xn_ready = 0;
@@ -140,8 +290,10 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   if (b->qr > 0) {
     DI_TRY(di_cuk_rmsnorm_bf16((const uint16_t *)b->qkv, b->Wa, L->q_a_norm, T, b->qr, b->eps, (uint16_t *)b->qa_n,
                                b->qr, s));
-    DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
-                      b->qr, b->q, NH * b->dqk, 0, 0.f, s));
+    if (L->f_q_b.q) DI_TRY(fp8_mm(b, T, NH * b->dqk, b->qr, b->qa_n, b->qr, &L->f_q_b, b->q, NH * b->dqk, 0, 0.f));
+    else
+      DI_TRY(di_cu_gemm(b->blas, T, NH * b->dqk, b->qr, (const uint16_t *)b->qa_n, b->qr, (const uint16_t *)L->q_b,
+                        b->qr, b->q, NH * b->dqk, 0, 0.f, s));
     q = (const uint16_t *)b->q;
     ldq = NH * b->dqk;
     kva = (const uint16_t *)b->qkv + b->qr;
@@ -191,7 +343,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   PROF("mla attention");
   /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]), then o_proj into
    * h: at one token both in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
-  const int vo_fused = b->vo_fused && !fold_uv && !SKIP(SKIP_VO) && di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv);
+  const int vo_fused = b->vo_fused && !fold_uv && !SKIP(SKIP_VO) && L->o_proj && di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv);
   if (vo_fused)
     DI_TRY(di_cuk_mla_vo((const uint16_t *)b->olat, DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R),
                          (int64_t)(b->dn + b->dv) * b->R, b->R, b->dv, (const uint16_t *)L->o_proj, NH * b->dv, NH, H,
@@ -200,7 +352,9 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                             DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
                             (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
-  if (!SKIP(SKIP_VO) && !vo_fused)
+  if (!SKIP(SKIP_VO) && L->f_o.q)
+    DI_TRY(fp8_mm(b, T, H, NH * b->dv, b->attn, NH * b->dv, &L->f_o, b->h, H, 1, 1.f));
+  else if (!SKIP(SKIP_VO) && !vo_fused)
     DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
                     NH * b->dv, b->h, H, 1, 1.f, s));
   PROF("v + o_proj");
@@ -210,7 +364,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   if (!fused_gate)
     DI_TRY(di_cuk_rmsnorm(b->h, H, L->ffn_norm, T, H, b->eps, (uint16_t *)b->xn, Hp, L->is_moe ? b->xf : NULL, s));
   if (!L->is_moe) {
-    DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
+    if (L->f_gate_up.q) DI_TRY(mlp_dense_fp8(b, T, &L->f_gate_up, &L->f_down, b->Idense));
+    else DI_TRY(mlp_dense(b, T, L->gate_up, L->down, b->Idense));
     PROF("dense mlp");
     *xn_ready_io = 0;
     return DI_OK;
@@ -231,7 +386,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
   PROF("router");
   const int down_combine = normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) &&
-                           !SKIP(SKIP_EXPERTS) && !b->ep;
+                           !SKIP(SKIP_EXPERTS) && !b->ep && !L->f_exp_gu.q;
   const int32_t *inv = b->inv; /* where the combine finds (token, slot)'s output in y */
   /* decode: an expert has at most T rows, weight streaming as a GEMV; batch-invariant mode: always (a
    * row's arithmetic there does not depend on the rows beside it, up to GEMV_MAX_T at a time) */
@@ -240,6 +395,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const int tc_inv = di_cu_blas_tc_invariant(b->blas);
   if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
     DI_TRY(cu_ep_moe(b, l, T, &inv));
+  } else if (L->f_exp_gu.q) { /* FP8 experts (DEEPINFER_CUDA_FP8=1): batch-invariant kernels of their own */
+    if (!SKIP(SKIP_EXPERTS)) DI_TRY(experts_fp8(b, L, T, A, bm, max_tiles));
   } else if ((T <= GEMV_MAX_T || b->invariant) && !tc_inv) {
     const int gv_rows = T < GEMV_MAX_T ? T : GEMV_MAX_T;
     const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
@@ -263,7 +420,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                                b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
   }
   PROF("experts down");
-  if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+  if (L->has_shared && b->n_sh == 0 && L->f_sh_gu.q) DI_TRY(mlp_dense_fp8(b, T, &L->f_sh_gu, &L->f_sh_down, b->Ish));
+  else if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
   const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
   if (!SKIP(SKIP_COMBINE) && !down_combine)
     DI_TRY(di_cuk_moe_combine(b->y, Hp, inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,

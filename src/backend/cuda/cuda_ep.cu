@@ -82,6 +82,9 @@ di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
   if (di_dist_eplb_enabled())
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: --enable-eplb is on CPU ranks only for now (the GPU "
                                             "experts are placed in contiguous blocks)");
+  if (b->fp8)
+    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: DEEPINFER_CUDA_FP8=1 with --enable-expert-parallel is not "
+                                            "supported yet (the FP8 experts are uploaded whole)");
   cu_ep *ep = (cu_ep *)calloc(1, sizeof *ep);
   if (!ep) return di_error_set(DI_ERR_OOM, "out of memory");
   b->ep = ep;

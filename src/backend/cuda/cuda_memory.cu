@@ -74,6 +74,16 @@ di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     REALLOC(b->gu, 2 * (size_t)(gu_w > 0 ? gu_w : 1));
     REALLOC(b->act, 2 * (size_t)(act_w > 0 ? act_w : 1));
     REALLOC(b->y, sizeof(float) * (size_t)(A > 0 ? A : 1) * b->Hp);
+    if (b->fp8) { /* FP8 weights: quantized activations of any product of the step, the experts' gate/up */
+      int kmax = b->Hp;
+      const int ks[] = {b->qr, b->NH * b->dv, b->Idense, b->Ish, b->Ip};
+      for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
+      size_t ws = di_cuk_fp8_ws_bytes(c, kmax);
+      if (A > 0 && di_cuk_fp8_ws_bytes((int)A, b->Ip) > ws) ws = di_cuk_fp8_ws_bytes((int)A, b->Ip);
+      REALLOC(b->fp8_ws, ws);
+      b->fp8_ws_bytes = ws;
+      REALLOC(b->egu, 2 * (size_t)(A > 0 ? A : 1) * 2 * b->Ip);
+    }
     /* the padded garbage rows of Qa's latent columns are rewritten every step; start finite */
     DI_CU(cudaMemset(b->Qa, 0, 2 * (size_t)c * b->NH * DI_CUK_MLA_D));
   }

@@ -1,0 +1,80 @@
+/* C entry points of the CUDA backend's block-FP8 kernels (k_fp8_gemv.cu, k_fp8_gemm.cu): weights kept
+ * on the device as stored in DeepSeek's checkpoints, FP8 E4M3 [N][K] with F32 block scales
+ * [ceil(N / block_rows)][scale_cols] (UE8M0 scales are widened to F32 at upload: exact). Device
+ * pointers in, launched on `stream`, no sync; bf16 data as uint16_t (raw bits).
+ *
+ * Two kinds of product, which round differently:
+ *   - the decode GEMV (W8A16): bf16 activations times the weights dequantized in registers,
+ *     fp32 accumulation; any block shape, partial blocks at every edge; bandwidth-bound (each FP8
+ *     weight byte read once per call). Rows do not interact: a row's result is the same whatever M
+ *     is (batch-invariant).
+ *   - the tensor-core GEMM (W8A8, DeepGEMM's scheme): activations quantized on the fly to E4M3 with
+ *     one f32 scale per row per 128 columns (di_cuk_fp8_quant_act), mma.sync m16n8k32 e4m3 with
+ *     fp32 accumulation, the partial sums of each 128-wide K block promoted into the fp32
+ *     accumulator with (activation scale x weight scale). Needs 128-wide weight blocks (any height).
+ * The grouped (MoE expert) forms take the same tile lists as di_cuk_grouped_gemm (cuda_kernels.h):
+ * W is [E][N][K] with scales [E][ceil(N / block_rows)][scale_cols] back to back. */
+#ifndef DI_CUDA_FP8_H
+#define DI_CUDA_FP8_H
+#include <stdint.h>
+#include "util/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef struct CUstream_st *di_cu_stream;
+
+typedef struct di_cuk_fp8w {
+  const uint8_t *q;      /* E4M3 [N][K] (or [E][N][K]), rows ldq bytes apart */
+  const float *scale;    /* [ceil(N / block_rows)][scale_cols] (per expert, back to back) */
+  int ldq;               /* bytes between rows (K for a packed matrix) */
+  int block_rows, block_cols, scale_cols;
+} di_cuk_fp8w;
+
+/* Y[M][N] = X[M][K] . dequant(W)^T + beta * Y  (X bf16, row stride ldx; Y bf16, or f32 with y_f32 and
+ * the beta = 1 residual form). Any M (in passes of at most 16 rows), any block shape. */
+di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,
+                          int y_f32, float beta, di_cu_stream s);
+/* Grouped GEMV (decode-sized MoE): for each tile (expert e, m-tile i) of the tile list, rows m in
+ * [off[e] + i*bm, min(off[e+1], ..+bm)): C[m][n] = A[arow(m)] . dequant(W_e)[n], arow(m) = a_rows ?
+ * a_rows[m] : m. C bf16 or f32 (c_f32), row stride ldc. max_rows (the most rows an expert may have,
+ * 1..16 sets the rows per pass; more are correct, only slower). */
+di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
+                                  const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
+                                  int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, di_cu_stream s);
+
+/* Activations to E4M3 per 1 x 128 group: for row m and group g (columns [128g, 128g+128) of K),
+ * s = amax / 448 (1 where the group is all zero), Xq[m][k] = e4m3(x / s) (round to nearest even,
+ * saturated), sx[m * lds + g] = s. Xq row stride ldq bytes (>= K), lds >= ceil(K / 128). K % 16 == 0. */
+di_status di_cuk_fp8_quant_act(const uint16_t *X, int ldx, int M, int K, uint8_t *Xq, int ldq, float *sx, int lds,
+                               di_cu_stream s);
+/* Y[M][N] = Xq . W^T with the promotion above (+ beta * Y for f32 Y). W: 128-wide blocks, K % 16 == 0,
+ * ldq and w.ldq multiples of 16. */
+di_status di_cuk_fp8_gemm(int M, int N, int K, const uint8_t *Xq, int ldq, const float *sx, int lds, di_cuk_fp8w w,
+                          void *Y, int ldy, int y_f32, float beta, di_cu_stream s);
+/* The grouped form of di_cuk_fp8_gemm (rows as in di_cuk_fp8_grouped_gemv; the activation rows and
+ * their scales are gathered through a_rows). bm is 64 or 128. */
+di_status di_cuk_fp8_grouped_gemm(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32_t *a_rows,
+                                  di_cuk_fp8w w, int N, int K, const int32_t *expert_off, const int32_t *tiles,
+                                  const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc, int c_f32,
+                                  di_cu_stream s);
+/* Whether di_cuk_fp8_gemm takes this weight (128-wide blocks, aligned rows). */
+int di_cuk_fp8_gemm_ok(int K, di_cuk_fp8w w);
+
+/* The dense dispatch the model calls: the GEMV for M <= di_cuk_fp8_gemv_max_rows() (and at every M
+ * in the batch-invariant mode, in passes of 16 rows), else quantize the activations into `ws` and run
+ * the tensor-core GEMM (GEMV when the weight's blocks are not 128 wide). ws: di_cuk_fp8_ws_bytes(M, K)
+ * bytes of device memory (may be NULL when M <= the GEMV bound). */
+size_t di_cuk_fp8_ws_bytes(int M, int K);
+/* The activation quantization into ws as di_cuk_fp8_matmul lays it out: *xq rows *ldq bytes apart,
+ * scales *sx with *lds per row (for the grouped GEMM). */
+di_status di_cuk_fp8_quant_ws(const uint16_t *X, int ldx, int M, int K, void *ws, size_t ws_bytes, uint8_t **xq,
+                              int *ldq, float **sx, int *lds, di_cu_stream s);
+int di_cuk_fp8_gemv_max_rows(void);
+di_status di_cuk_fp8_matmul(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,
+                            int y_f32, float beta, int invariant, void *ws, size_t ws_bytes, di_cu_stream s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

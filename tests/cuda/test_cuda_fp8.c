@@ -1,0 +1,530 @@
+/* The block-FP8 kernels (src/backend/cuda/k_fp8_gemv.cu, k_fp8_gemm.cu) against float64 references on
+ * fresh random inputs at real shapes: V3 (7168 x 18432 dense, 2048-wide experts), V2-Lite (2048 x
+ * 10944 dense with its partial K block, 1408-wide experts), V4-Flash (4096 x 2048 experts), the
+ * shipped model's 224 / 576 / 64 edges, and other block shapes (64 x 64, 32 x 16, 128 x 7 and odd K
+ * through the any-shape kernel; 1 x 128, the per-row scales the CUDA backend keeps on the device, for
+ * every kernel, the grouped ones only so). Random E4M3 bytes (every finite value of moderate exponent) with
+ * random f32 block scales; the reference is computed on a sample of output columns (all rows up to 64).
+ * Tolerances (relative L2 error against float64):
+ *   GEMV (bf16 activations x dequantized weights): 1e-2 with bf16 output, 1e-4 with f32 output;
+ *   GEMM (activations quantized per 128): against the float64 product of the same quantized
+ *     activations (host quantizer, bit-equal to the device's) 1e-2 bf16 / 1e-3 f32 (the FP8 tensor
+ *     cores accumulate a K block with fewer bits than fp32: the reason for the per-block promotion),
+ *     grouped 1e-3 (f32 out); grouped GEMV 1e-4 (f32 out); and against the
+ *     unquantized activations < 0.08 (E4M3's 3 mantissa bits: ~0.03 expected, printed);
+ *   quantizer: scales bit-equal, bytes equal;
+ *   batch invariance (GEMV at M = 1 vs inside M = 16 / 24): bit-equal.
+ *   MXFP4 GEMV (E2M1 x E8M0, bf16 activations): 1e-5 with f32 output (fp32 sums of exact products);
+ *     a row alone bit-equal to the same row in a batch.
+ * Timings at the end (GB/s of weights read for the GEMV, TFLOP/s for the GEMM, bf16 cuBLASLt beside).
+ * Built only with nvcc; run on the device by scripts/device_tests.sh. */
+#include "backend/cuda/cuda_fp8.h"
+#include "backend/cuda/cuda_mxfp4.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "util/numeric.h"
+#include "test_util.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
+static double urand(void) {
+  rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
+  return (double)(rng_s >> 11) / 9007199254740992.0;
+}
+static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
+static void *dup_dev(const void *h, size_t bytes) {
+  void *d = di_cut_malloc(bytes);
+  if (d && h) di_cut_h2d(d, h, bytes);
+  return d;
+}
+
+/* E4M3 bytes of exponent field 4..10 (|v| in [2^-3, 2^4)), random sign and mantissa */
+static uint8_t *rand_fp8(size_t n) {
+  uint8_t *q = malloc(n);
+  for (size_t i = 0; i < n; i += 4) {
+    uint64_t bits = (uint64_t)(urand() * 9007199254740992.0);
+    for (size_t j = i; j < n && j < i + 4; j++, bits >>= 13) {
+      unsigned e = 4 + (unsigned)((bits & 0xff) % 7), m = (unsigned)(bits >> 8) & 7, s = (unsigned)(bits >> 11) & 1;
+      q[j] = (uint8_t)(s << 7 | e << 3 | m);
+    }
+  }
+  return q;
+}
+static uint16_t *rand_bf16(size_t n, float scale) {
+  uint16_t *v = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) v[i] = di_f32_to_bf16(nrand() * scale);
+  return v;
+}
+
+typedef struct host_w {
+  int N, K, br, bc, sc, E;
+  uint8_t *q;
+  float *s;
+} host_w;
+static host_w make_w(int E, int N, int K, int br, int bc) {
+  host_w w = {N, K, br, bc, (K + bc - 1) / bc, E, NULL, NULL};
+  w.q = rand_fp8((size_t)E * N * K);
+  size_t ns = (size_t)E * ((N + br - 1) / br) * w.sc;
+  w.s = malloc(ns * 4);
+  for (size_t i = 0; i < ns; i++) w.s[i] = (float)ldexp(1.0 + urand(), -10 + (int)(urand() * 4));
+  return w;
+}
+static double w_at(const host_w *w, int e, int n, int k) {
+  size_t sb = (size_t)((w->N + w->br - 1) / w->br) * w->sc;
+  return (double)di_fp8e4m3_to_f32(w->q[((size_t)e * w->N + n) * w->K + k]) *
+         w->s[e * sb + (size_t)(n / w->br) * w->sc + k / w->bc];
+}
+static di_cuk_fp8w dev_w(const host_w *w, void **dq, void **ds) {
+  size_t sb = (size_t)w->E * ((w->N + w->br - 1) / w->br) * w->sc;
+  *dq = dup_dev(w->q, (size_t)w->E * w->N * w->K);
+  *ds = dup_dev(w->s, sb * 4);
+  di_cuk_fp8w d = {(const uint8_t *)*dq, (const float *)*ds, w->K, w->br, w->bc, w->sc};
+  return d;
+}
+static void free_w(host_w *w) { free(w->q); free(w->s); }
+
+/* sampled output columns: the first, the last, and random ones */
+static int pick_cols(int N, int *cols, int cap) {
+  if (N <= cap) { for (int i = 0; i < N; i++) cols[i] = i; return N; }
+  cols[0] = 0; cols[1] = N - 1;
+  for (int i = 2; i < cap; i++) cols[i] = (int)(urand() * N);
+  return cap;
+}
+static float *fetch_y(const void *dY, size_t n, int y_f32) {
+  float *f = malloc(n * 4);
+  if (y_f32) { di_cut_d2h(f, dY, n * 4); return f; }
+  uint16_t *t = malloc(n * 2);
+  di_cut_d2h(t, dY, n * 2);
+  for (size_t i = 0; i < n; i++) f[i] = di_bf16_to_f32(t[i]);
+  free(t);
+  return f;
+}
+typedef struct errsum { double num, den; } errsum;
+static void acc_err(errsum *e, double ref, double got) {
+  if (got != got) { e->num = INFINITY; return; }
+  e->num += (ref - got) * (ref - got);
+  e->den += ref * ref;
+}
+static double rel(const errsum *e) { return sqrt(e->num / (e->den > 0 ? e->den : 1)); }
+
+/* ---- GEMV (W8A16) -------------------------------------------------------------------------------- */
+static void test_gemv(int M, int N, int K, int br, int bc, int y_f32, const char *what) {
+  host_w w = make_w(1, N, K, br, bc);
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f);
+  float *Y0 = malloc((size_t)M * N * 4);
+  for (size_t i = 0; i < (size_t)M * N; i++) Y0[i] = nrand();
+  void *dq, *ds, *dX = dup_dev(X, (size_t)M * K * 2), *dY = dup_dev(y_f32 ? Y0 : NULL, (size_t)M * N * 4);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  di_status st = di_cuk_fp8_gemv(M, N, K, dX, K, dw, dY, N, y_f32, y_f32 ? 1.f : 0.f, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dY, (size_t)M * N, y_f32);
+  int cols[512], nc = pick_cols(N, cols, 512);
+  errsum e = {0, 0};
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < nc; i++) {
+      int n = cols[i];
+      double a = y_f32 ? Y0[(size_t)m * N + n] : 0;
+      for (int k = 0; k < K; k++) a += (double)di_bf16_to_f32(X[(size_t)m * K + k]) * w_at(&w, 0, n, k);
+      acc_err(&e, a, got[(size_t)m * N + n]);
+    }
+  double tol = y_f32 ? 1e-4 : 1e-2;
+  CHECKF(rel(&e) < tol, "fp8 gemv %s M %d N %d K %d block %dx%d f32 %d: rel err %.3e", what, M, N, K, br, bc, y_f32, rel(&e));
+  printf("fp8 gemv %-22s M %2d N %5d K %5d block %3dx%-3d f32 %d: rel err %.2e\n", what, M, N, K, br, bc, y_f32, rel(&e));
+  /* batch invariance: each row alone gives the same bits */
+  if (!y_f32) {
+    int bad = 0;
+    void *d1 = di_cut_malloc((size_t)N * 2);
+    float *one = NULL;
+    for (int m = 0; m < M && m < 24; m += (M > 4 ? 3 : 1)) {
+      CHECK(di_cuk_fp8_gemv(1, N, K, (const uint16_t *)dX + (size_t)m * K, K, dw, d1, N, 0, 0.f, NULL) == DI_OK);
+      CHECK(di_cut_sync() == 0);
+      free(one);
+      one = fetch_y(d1, (size_t)N, 0);
+      for (int n = 0; n < N; n++) bad += memcmp(&one[n], &got[(size_t)m * N + n], 4) != 0;
+    }
+    CHECKF(bad == 0, "fp8 gemv %s M %d: %d values differ from the row alone", what, M, bad);
+    free(one);
+    di_cut_free(d1);
+  }
+  free(got); free(X); free(Y0); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY);
+}
+
+/* ---- activation quantization (host mirror) ----------------------------------------------------------- */
+static void host_quant(const uint16_t *X, int M, int K, uint8_t *q, float *s, int lds) {
+  for (int m = 0; m < M; m++)
+    for (int g = 0; g * 128 < K; g++) {
+      float amax = 0.f;
+      for (int k = g * 128; k < K && k < g * 128 + 128; k++) amax = fmaxf(amax, fabsf(di_bf16_to_f32(X[(size_t)m * K + k])));
+      float sc = amax > 0.f ? amax / 448.f : 1.f;
+      s[(size_t)m * lds + g] = sc;
+      for (int k = g * 128; k < K && k < g * 128 + 128; k++) q[(size_t)m * K + k] = di_f32_to_fp8e4m3(di_bf16_to_f32(X[(size_t)m * K + k]) / sc);
+    }
+}
+
+static void test_quant(int M, int K) {
+  uint16_t *X = rand_bf16((size_t)M * K, 3.f);
+  for (int k = 0; k < 128 && k < K; k++) X[k] = 0; /* an all-zero group */
+  int lds = (K + 127) / 128;
+  uint8_t *q = malloc((size_t)M * K), *gq = malloc((size_t)M * K);
+  float *s = malloc((size_t)M * lds * 4), *gs = malloc((size_t)M * lds * 4);
+  host_quant(X, M, K, q, s, lds);
+  void *dX = dup_dev(X, (size_t)M * K * 2), *dq = di_cut_malloc((size_t)M * K), *dsx = di_cut_malloc((size_t)M * lds * 4);
+  CHECK(di_cuk_fp8_quant_act(dX, K, M, K, dq, K, dsx, lds, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  di_cut_d2h(gq, dq, (size_t)M * K);
+  di_cut_d2h(gs, dsx, (size_t)M * lds * 4);
+  size_t bq = 0, bs = 0;
+  for (size_t i = 0; i < (size_t)M * K; i++) bq += q[i] != gq[i];
+  for (size_t i = 0; i < (size_t)M * lds; i++) bs += memcmp(&s[i], &gs[i], 4) != 0;
+  CHECKF(bq == 0 && bs == 0, "fp8 quant M %d K %d: %zu bytes, %zu scales differ from the host", M, K, bq, bs);
+  printf("fp8 quant M %d K %d: %zu bytes, %zu scales differ\n", M, K, bq, bs);
+  free(X); free(q); free(gq); free(s); free(gs);
+  di_cut_free(dX); di_cut_free(dq); di_cut_free(dsx);
+}
+
+/* ---- GEMM (W8A8, per-128 promotion), dense through di_cuk_fp8_matmul -------------------------------- */
+static void test_gemm(int M, int N, int K, int br, int y_f32, const char *what) {
+  host_w w = make_w(1, N, K, br, 128);
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f);
+  int lds = (K + 127) / 128;
+  uint8_t *q = malloc((size_t)M * K);
+  float *s = malloc((size_t)M * lds * 4);
+  host_quant(X, M, K, q, s, lds);
+  float *Y0 = malloc((size_t)M * N * 4);
+  for (size_t i = 0; i < (size_t)M * N; i++) Y0[i] = nrand();
+  size_t wsb = di_cuk_fp8_ws_bytes(M, K);
+  void *dq, *ds, *dX = dup_dev(X, (size_t)M * K * 2), *dY = dup_dev(y_f32 ? Y0 : NULL, (size_t)M * N * 4);
+  void *dws = di_cut_malloc(wsb);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  di_status st = di_cuk_fp8_matmul(M, N, K, dX, K, dw, dY, N, y_f32, y_f32 ? 1.f : 0.f, 0, dws, wsb, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dY, (size_t)M * N, y_f32);
+  int cols[256], nc = pick_cols(N, cols, 256);
+  errsum e = {0, 0}, eu = {0, 0};
+  for (int mi = 0; mi < (M < 64 ? M : 64); mi++) {
+    int m = M < 64 ? mi : (mi == 63 ? M - 1 : (int)(urand() * M));
+    for (int i = 0; i < nc; i++) {
+      int n = cols[i];
+      double a = y_f32 ? Y0[(size_t)m * N + n] : 0, u = a;
+      for (int k = 0; k < K; k++) {
+        double wv = w_at(&w, 0, n, k);
+        a += (double)di_fp8e4m3_to_f32(q[(size_t)m * K + k]) * s[(size_t)m * lds + k / 128] * wv;
+        u += (double)di_bf16_to_f32(X[(size_t)m * K + k]) * wv;
+      }
+      acc_err(&e, a, got[(size_t)m * N + n]);
+      acc_err(&eu, u, got[(size_t)m * N + n]);
+    }
+  }
+  double tol = y_f32 ? 1e-3 : 1e-2;
+  CHECKF(rel(&e) < tol, "fp8 gemm %s M %d N %d K %d: rel err %.3e vs the quantized product", what, M, N, K, rel(&e));
+  CHECKF(rel(&eu) < 0.08, "fp8 gemm %s M %d N %d K %d: rel err %.3e vs unquantized activations", what, M, N, K, rel(&eu));
+  printf("fp8 gemm %-22s M %4d N %5d K %5d f32 %d: rel err %.2e (quantized ref), %.2e (unquantized)\n", what, M, N, K,
+         y_f32, rel(&e), rel(&eu));
+  free(got); free(X); free(q); free(s); free(Y0); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY); di_cut_free(dws);
+}
+
+/* ---- grouped (experts): tile lists as k_moe.cu builds them ------------------------------------------- */
+static void test_grouped(int E, int N, int K, int max_rows_per_expert, int use_mma, const char *what) {
+  host_w w = make_w(E, N, K, 1, 128); /* per-row scales: the CUDA backend's device form */
+  int *cnt = malloc(E * 4), *off = malloc((E + 1) * 4);
+  off[0] = 0;
+  for (int e = 0; e < E; e++) {
+    cnt[e] = (int)(urand() * (max_rows_per_expert + 1));
+    off[e + 1] = off[e] + cnt[e];
+  }
+  const int R = off[E], T = R > 0 ? R : 1, bm = use_mma ? 64 : 16;
+  int ntile = 0, *tiles = malloc(sizeof(int) * (size_t)(R / bm + E + 1));
+  for (int e = 0; e < E; e++)
+    for (int i = 0; i * bm < cnt[e]; i++) tiles[ntile++] = e << 16 | i;
+  int *arows = malloc((size_t)T * 4);
+  for (int r = 0; r < R; r++) arows[r] = (int)(urand() * T);
+  uint16_t *A = rand_bf16((size_t)T * K, 1.f);
+  int lds = (K + 127) / 128;
+  uint8_t *q = malloc((size_t)T * K);
+  float *s = malloc((size_t)T * lds * 4);
+  host_quant(A, T, K, q, s, lds);
+  void *dq, *ds;
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  void *dA = dup_dev(A, (size_t)T * K * 2), *dAq = dup_dev(q, (size_t)T * K), *dsa = dup_dev(s, (size_t)T * lds * 4);
+  void *doff = dup_dev(off, (E + 1) * 4), *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4);
+  void *dar = dup_dev(arows, (size_t)T * 4), *dC = di_cut_malloc((size_t)T * N * 4);
+  int max_tiles = ntile + 3; /* launched at an upper bound, as the backend does */
+  di_status st = use_mma ? di_cuk_fp8_grouped_gemm(dAq, K, dsa, lds, dar, dw, N, K, doff, dt, dnt, max_tiles, bm, dC, N, 1, NULL)
+                         : di_cuk_fp8_grouped_gemv(dA, K, dar, dw, N, K, doff, dt, dnt, max_tiles, bm,
+                                                   max_rows_per_expert < 16 ? max_rows_per_expert : 16, dC, N, 1, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dC, (size_t)T * N, 1);
+  int cols[128], nc = pick_cols(N, cols, 128);
+  errsum err = {0, 0};
+  for (int e = 0; e < E; e++)
+    for (int m = off[e]; m < off[e + 1]; m += (cnt[e] > 8 ? 7 : 1)) {
+      int ar = arows[m];
+      for (int i = 0; i < nc; i++) {
+        double a = 0;
+        for (int k = 0; k < K; k++) {
+          double x = use_mma ? (double)di_fp8e4m3_to_f32(q[(size_t)ar * K + k]) * s[(size_t)ar * lds + k / 128]
+                             : (double)di_bf16_to_f32(A[(size_t)ar * K + k]);
+          a += x * w_at(&w, e, cols[i], k);
+        }
+        acc_err(&err, a, got[(size_t)m * N + cols[i]]);
+      }
+    }
+  CHECKF(rel(&err) < (use_mma ? 1e-3 : 1e-4), "fp8 grouped %s E %d N %d K %d rows %d: rel err %.3e", what, E, N, K, R, rel(&err));
+  printf("fp8 grouped %-5s %-14s E %3d N %5d K %5d rows %4d: rel err %.2e\n", use_mma ? "gemm" : "gemv", what, E, N, K,
+         R, rel(&err));
+  free(got); free(cnt); free(off); free(tiles); free(arows); free(A); free(q); free(s); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(dAq); di_cut_free(dsa); di_cut_free(doff);
+  di_cut_free(dt); di_cut_free(dnt); di_cut_free(dar); di_cut_free(dC);
+}
+
+/* ---- MXFP4 (W4A16): random codes, E8M0 scales 2^-6 .. 2^3; dense or grouped (tile lists of 16) ---- */
+static void test_mxfp4(int E, int N, int K, int max_rows_per_expert, const char *what) {
+  const int ldq = K / 2, lds = K / 32;
+  uint8_t *q = malloc((size_t)E * N * ldq), *sc = malloc((size_t)E * N * lds);
+  for (size_t i = 0; i < (size_t)E * N * ldq; i++) q[i] = (uint8_t)(urand() * 256);
+  for (size_t i = 0; i < (size_t)E * N * lds; i++) sc[i] = (uint8_t)(121 + (int)(urand() * 10));
+  int *off = malloc((E + 1) * 4), ntile = 0;
+  off[0] = 0;
+  for (int e = 0; e < E; e++) off[e + 1] = off[e] + (E == 1 ? max_rows_per_expert : (int)(urand() * (max_rows_per_expert + 1)));
+  const int R = off[E], T = R > 0 ? R : 1, bm = 16;
+  int *tiles = malloc(sizeof(int) * (size_t)(R / bm + E + 1)), *arows = malloc((size_t)T * 4);
+  for (int e = 0; e < E; e++)
+    for (int i = 0; i * bm < off[e + 1] - off[e]; i++) tiles[ntile++] = e << 16 | i;
+  for (int r = 0; r < R; r++) arows[r] = E == 1 ? r : (int)(urand() * T);
+  uint16_t *A = rand_bf16((size_t)T * K, 1.f);
+  void *dq = dup_dev(q, (size_t)E * N * ldq), *ds = dup_dev(sc, (size_t)E * N * lds), *dA = dup_dev(A, (size_t)T * K * 2);
+  void *doff = dup_dev(off, (E + 1) * 4), *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4);
+  void *dar = dup_dev(arows, (size_t)T * 4), *dC = di_cut_malloc((size_t)T * N * 4);
+  di_cuk_mxfp4w w = {(const uint8_t *)dq, (const uint8_t *)ds, ldq, lds};
+  di_status st = E == 1 ? di_cuk_mxfp4_gemv(R, N, K, dA, K, w, dC, N, 1, NULL)
+                        : di_cuk_mxfp4_grouped_gemv(dA, K, dar, w, N, K, doff, dt, dnt, ntile + 2, bm,
+                                                    max_rows_per_expert < 8 ? max_rows_per_expert : 8, dC, N, 1, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dC, (size_t)T * N, 1);
+  int cols[128], nc = pick_cols(N, cols, 128);
+  errsum err = {0, 0};
+  for (int e = 0; e < E; e++)
+    for (int m = off[e]; m < off[e + 1]; m++) {
+      const int ar = arows[m];
+      for (int i = 0; i < nc; i++) {
+        const size_t row = (size_t)e * N + cols[i];
+        double a = 0;
+        for (int k = 0; k < K; k++) {
+          const uint8_t byte = q[row * ldq + k / 2];
+          a += (double)di_bf16_to_f32(A[(size_t)ar * K + k]) * di_e2m1_table[k % 2 ? byte >> 4 : byte & 15] *
+               di_e8m0_to_f32(sc[row * lds + k / 32]);
+        }
+        acc_err(&err, a, got[(size_t)m * N + cols[i]]);
+      }
+    }
+  CHECKF(rel(&err) < 1e-5, "mxfp4 %s E %d N %d K %d rows %d: rel err %.3e", what, E, N, K, R, rel(&err));
+  printf("mxfp4 gemv %-16s E %3d N %5d K %5d rows %3d: rel err %.2e\n", what, E, N, K, R, rel(&err));
+  if (E == 1 && R > 1) { /* a row alone gives the same bits */
+    void *d1 = di_cut_malloc((size_t)N * 4);
+    CHECK(di_cuk_mxfp4_gemv(1, N, K, (const uint16_t *)dA + (size_t)(R - 1) * K, K, w, d1, N, 1, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    float *one = fetch_y(d1, (size_t)N, 1);
+    CHECKF(memcmp(one, got + (size_t)(R - 1) * N, (size_t)N * 4) == 0, "mxfp4 %s: the last row alone differs", what);
+    free(one);
+    di_cut_free(d1);
+  }
+  free(got); free(q); free(sc); free(off); free(tiles); free(arows); free(A);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(doff); di_cut_free(dt); di_cut_free(dnt);
+  di_cut_free(dar); di_cut_free(dC);
+}
+
+/* ---- argument checks ---------------------------------------------------------------------------------- */
+static void test_errors(void) {
+  di_cuk_fp8w w = {NULL, NULL, 64, 64, 64, 1};
+  CHECK_ERR(di_cuk_fp8_gemm(64, 128, 64, NULL, 64, NULL, 1, w, NULL, 128, 0, 0.f, NULL), "128-wide blocks");
+  CHECK_ERR(di_cuk_fp8_quant_act(NULL, 72, 4, 72, NULL, 72, NULL, 1, NULL), "K % 16");
+  di_cuk_fp8w w2 = {NULL, NULL, 256, 128, 128, 1};
+  CHECK_ERR(di_cuk_fp8_gemv(1, 128, 256, NULL, 256, w2, NULL, 128, 0, 0.f, NULL), "scale columns");
+}
+
+/* ---- timings ------------------------------------------------------------------------------------------- */
+/* the timings reuse one random weight per shape (making a V3-sized one takes a second on the host) */
+static host_w g_tw;
+static const host_w *timing_w(int N, int K) {
+  if (g_tw.q && g_tw.N == N && g_tw.K == K) return &g_tw;
+  free_w(&g_tw);
+  g_tw = make_w(1, N, K, 128, 128);
+  return &g_tw;
+}
+
+static void time_gemv(di_cu_blas *blas, int M, int N, int K) {
+  const host_w w = *timing_w(N, K);
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f);
+  void *dq, *ds, *dX = dup_dev(X, (size_t)M * K * 2), *dY = di_cut_malloc((size_t)M * N * 4);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  /* several weight copies rotated so that L2 (50 MB) holds none of them between calls */
+  const int copies = (int)(200e6 / ((double)N * K)) + 1 > 8 ? 8 : (int)(200e6 / ((double)N * K)) + 1;
+  void *cq[8];
+  cq[0] = dq;
+  for (int c = 1; c < copies; c++) cq[c] = dup_dev(w.q, (size_t)N * K);
+  const int iters = 50;
+  for (int i = 0; i < 5; i++) di_cuk_fp8_gemv(M, N, K, dX, K, dw, dY, N, 0, 0.f, NULL);
+  di_cut_sync();
+  double t0 = di_cut_time_ms();
+  for (int i = 0; i < iters; i++) {
+    dw.q = (const uint8_t *)cq[i % copies];
+    di_cuk_fp8_gemv(M, N, K, dX, K, dw, dY, N, 0, 0.f, NULL);
+  }
+  di_cut_sync();
+  double ms = (di_cut_time_ms() - t0) / iters;
+  /* bf16 beside it: the same product with bf16 weights (cuBLASLt / the skinny kernel) */
+  void *wb = di_cut_malloc((size_t)N * K * 2);
+  double msb = -1;
+  if (wb) {
+    for (int i = 0; i < 5; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
+    di_cut_sync();
+    t0 = di_cut_time_ms();
+    for (int i = 0; i < iters; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
+    di_cut_sync();
+    msb = (di_cut_time_ms() - t0) / iters;
+  }
+  printf("time fp8 gemv M %2d N %5d K %5d: %8.1f us, %6.0f GB/s of fp8 weights | bf16 (L2-warm for small shapes) %8.1f us, %6.0f GB/s\n",
+         M, N, K, ms * 1e3, (double)N * K / (ms * 1e6), msb * 1e3, 2.0 * N * K / (msb * 1e6));
+  for (int c = 1; c < copies; c++) di_cut_free(cq[c]);
+  di_cut_free(wb);
+  free(X);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY);
+}
+
+static void time_gemm(di_cu_blas *blas, int M, int N, int K) {
+  const host_w w = *timing_w(N, K);
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f);
+  size_t wsb = di_cuk_fp8_ws_bytes(M, K);
+  void *dq, *ds, *dX = dup_dev(X, (size_t)M * K * 2), *dY = di_cut_malloc((size_t)M * N * 4), *dws = di_cut_malloc(wsb);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  const int iters = 20;
+  for (int i = 0; i < 3; i++) di_cuk_fp8_matmul(M, N, K, dX, K, dw, dY, N, 0, 0.f, 0, dws, wsb, NULL);
+  di_cut_sync();
+  double t0 = di_cut_time_ms();
+  for (int i = 0; i < iters; i++) di_cuk_fp8_matmul(M, N, K, dX, K, dw, dY, N, 0, 0.f, 0, dws, wsb, NULL);
+  CHECK(di_cut_sync() == 0);
+  double ms = (di_cut_time_ms() - t0) / iters;
+  void *wb = di_cut_malloc((size_t)N * K * 2);
+  double msb = -1;
+  if (wb) {
+    for (int i = 0; i < 3; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
+    di_cut_sync();
+    t0 = di_cut_time_ms();
+    for (int i = 0; i < iters; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
+    di_cut_sync();
+    msb = (di_cut_time_ms() - t0) / iters;
+  }
+  printf("time fp8 gemm M %4d N %5d K %5d: %8.1f us, %6.1f TFLOP/s (quantize + mma) | bf16 cuBLASLt %8.1f us, %6.1f TFLOP/s\n",
+         M, N, K, ms * 1e3, 2.0 * M * N * K / (ms * 1e9), msb * 1e3, 2.0 * M * N * K / (msb * 1e9));
+  di_cut_free(wb);
+  free(X);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY); di_cut_free(dws);
+}
+
+static void time_mxfp4(int M, int N, int K) {
+  const size_t nq = (size_t)N * K / 2, ns = (size_t)N * K / 32;
+  uint8_t *q = malloc(nq), *sc = malloc(ns);
+  for (size_t i = 0; i < nq; i++) q[i] = (uint8_t)(urand() * 256);
+  memset(sc, 127, ns);
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f);
+  void *ds = dup_dev(sc, ns), *dX = dup_dev(X, (size_t)M * K * 2), *dY = di_cut_malloc((size_t)M * N * 4), *cq[8];
+  const int copies = (int)(200e6 / nq) + 1 > 8 ? 8 : (int)(200e6 / nq) + 1;
+  for (int c = 0; c < copies; c++) cq[c] = dup_dev(q, nq);
+  di_cuk_mxfp4w w = {(const uint8_t *)cq[0], (const uint8_t *)ds, K / 2, K / 32};
+  for (int i = 0; i < 5; i++) di_cuk_mxfp4_gemv(M, N, K, dX, K, w, dY, N, 0, NULL);
+  di_cut_sync();
+  const int iters = 50;
+  double t0 = di_cut_time_ms();
+  for (int i = 0; i < iters; i++) {
+    w.q = (const uint8_t *)cq[i % copies];
+    di_cuk_mxfp4_gemv(M, N, K, dX, K, w, dY, N, 0, NULL);
+  }
+  CHECK(di_cut_sync() == 0);
+  const double ms = (di_cut_time_ms() - t0) / iters;
+  printf("time mxfp4 gemv M %2d N %5d K %5d: %8.1f us, %6.0f GB/s of packed weights + scales\n", M, N, K, ms * 1e3,
+         (double)(nq + ns) / (ms * 1e6));
+  for (int c = 0; c < copies; c++) di_cut_free(cq[c]);
+  free(q); free(sc); free(X);
+  di_cut_free(ds); di_cut_free(dX); di_cut_free(dY);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (!di_cut_device_ok()) {
+    printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  const int timings = !(argc > 1 && strcmp(argv[1], "--no-timings") == 0);
+  test_errors();
+  /* GEMV: V3 dense (7168 x 18432 both ways), V2-Lite, the shipped model's edges, other block shapes */
+  test_gemv(1, 18432, 7168, 128, 128, 0, "V3 gate/up");
+  test_gemv(4, 7168, 18432, 128, 128, 1, "V3 down (+residual)");
+  test_gemv(16, 18432, 7168, 128, 128, 0, "V3 gate/up");
+  test_gemv(3, 2048, 10944, 128, 128, 0, "V2-Lite down (part K)");
+  test_gemv(8, 21888, 2048, 128, 128, 0, "V2-Lite gate/up");
+  test_gemv(5, 576, 2048, 128, 128, 1, "kv_a (part N)");
+  test_gemv(2, 224, 576, 128, 128, 0, "shipped 224 x 576");
+  test_gemv(7, 576, 224, 128, 128, 0, "shipped 576 x 224");
+  test_gemv(1, 64, 224, 128, 128, 0, "shipped 64 x 224");
+  test_gemv(24, 1000, 2048, 128, 128, 0, "M 24 (two passes)");
+  test_gemv(5, 700, 1024, 64, 64, 0, "block 64x64");
+  test_gemv(3, 333, 512, 32, 16, 1, "block 32x16");
+  test_gemv(4, 300, 896, 128, 7, 0, "block 128x7 (any)");
+  test_gemv(2, 100, 200, 128, 128, 1, "K 200 (any)");
+  test_gemv(4, 3648, 2048, 1, 128, 1, "per-row scales");
+  /* activation quantization */
+  test_quant(37, 2048);
+  test_quant(5, 10944);
+  test_quant(3, 224);
+  /* GEMM (above the GEMV bound of 16 rows) */
+  test_gemm(17, 3072, 2048, 128, 0, "V2-Lite q");
+  test_gemm(64, 576, 2048, 128, 1, "kv_a (part N)");
+  test_gemm(200, 2048, 10944, 128, 1, "V2-Lite down (part K)");
+  test_gemm(128, 18432, 7168, 128, 0, "V3 gate/up");
+  test_gemm(1000, 7168, 18432, 128, 0, "V3 down");
+  test_gemm(300, 224, 576, 128, 0, "shipped 224 x 576");
+  test_gemm(33, 64, 224, 128, 1, "shipped 64 x 224");
+  test_gemm(100, 3072, 2048, 1, 1, "per-row scales");
+  test_gemm(70, 1000, 1024, 64, 0, "block 64 x 128");
+  /* grouped experts: V3 (2048 wide: gate/up 4096 x 7168, down 7168 x 2048), V2-Lite (1408), V4-Flash */
+  test_grouped(8, 4096, 7168, 3, 0, "V3 gate/up");
+  test_grouped(8, 7168, 2048, 2, 0, "V3 down");
+  test_grouped(64, 2816, 2048, 4, 0, "V2-Lite gate/up");
+  test_grouped(16, 4096, 2048, 20, 0, "V4-Flash w13");
+  test_grouped(16, 4096, 7168, 150, 1, "V3 gate/up");
+  test_grouped(64, 2048, 1408, 40, 1, "V2-Lite down");
+  test_grouped(16, 4096, 2048, 200, 1, "V4-Flash w13");
+  test_grouped(8, 2048, 4096, 100, 1, "V4-Flash w2");
+  /* MXFP4: V4-Flash experts (hidden 4096, 2048 wide: w13 4096 x 4096, w2 4096 x 2048), dense rows */
+  test_mxfp4(1, 4096, 4096, 1, "dense M 1");
+  test_mxfp4(1, 1000, 2048, 7, "dense M 7");
+  test_mxfp4(16, 4096, 4096, 4, "V4-Flash w13");
+  test_mxfp4(16, 4096, 2048, 12, "V4-Flash w2");
+  if (timings) {
+    di_cu_blas *blas = NULL;
+    CHECK(di_cu_blas_create(&blas) == DI_OK);
+    const int ms[] = {1, 2, 4, 8, 16};
+    for (int i = 0; i < 5; i++) time_gemv(blas, ms[i], 18432, 7168);
+    for (int i = 0; i < 5; i++) time_gemv(blas, ms[i], 2048, 10944);
+    time_gemv(blas, 1, 21888, 2048);
+    const int mg[] = {32, 64, 256, 1024, 4096};
+    for (int i = 0; i < 5; i++) time_gemm(blas, mg[i], 18432, 7168);
+    for (int i = 0; i < 5; i++) time_gemm(blas, mg[i], 21888, 2048);
+    time_gemm(blas, 4096, 2048, 10944);
+    time_mxfp4(1, 4096, 4096);
+    time_mxfp4(4, 4096, 4096);
+    time_mxfp4(1, 8192, 7168);
+    di_cu_blas_destroy(blas);
+    free_w(&g_tw);
+  }
+  printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
+  return di_test_failed ? 1 : 0;
+}
