@@ -15,7 +15,8 @@
  * Scheduling (di_spec_grant_scheduled): candidates (request, position) in decreasing survival are
  * admitted while (tokens expected from the step) / (the step's predicted time) grows. The time of a
  * step of n tokens comes from a profile of measured steps (EMA per token count, linear between
- * counts seen, taken from the engine's own steps: the first steps verify every draft). The survivals
+ * counts seen, taken from the engine's own steps: a step is first run without drafts to measure it,
+ * then with all of them to measure a larger one). The survivals
  * are the ones computed on the host after the previous step: no extra synchronisation. */
 #include "engine/spec_internal.h"
 #include "sampler/rng.h"
@@ -110,19 +111,33 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
     /* expected tokens: one per sampled entry, plus each admitted draft's survival */
     double expect = 0;
     for (int i = 0; i < s->n; i++) expect += s->e[i].sample ? 1.0 : 0.0;
-    int base = s->n_tokens, best = 0;
+    int base = s->n_tokens, best = 0, above = 0;
     double t0 = step_ms(sp, base);
-    if (t0 > 0) {
-      double rate = expect / t0, e_run = expect;
+    for (int m = base + 1; m <= DI_SPEC_PROFILE_MAX && !above; m++) above = sp->prof_ms[m] > 0;
+    if (t0 <= 0) {
+      take = 0; /* probe: this step measures a step without drafts */
+    } else if (above) {
+      /* the drafts' own cost: the proposals of the drafting sequences (paid for the next step) */
+      int drafting = 0;
+      for (int i = 0; i < s->n; i++) drafting += s->e[i].r->n_draft > 0;
+      double rate = expect / t0, e_run = expect, t_draft = sp->draft_ms * drafting;
       for (int c = 0; c < take; c++) {
         e_run += sp->cands[c].conf;
         double t = step_ms(sp, base + c + 1);
-        if (t <= 0 || e_run / t <= rate) break;
-        rate = e_run / t;
+        if (t <= 0 || e_run / (t + t_draft) <= rate) break;
+        rate = e_run / (t + t_draft);
         best = c + 1;
       }
       take = best;
-    } /* no profile yet: verify everything (this measures the larger steps) */
+      /* nothing pays: stop proposing for a while (the context is still fed), then look again; the
+       * pause doubles (16 .. 512 steps) while it keeps not paying */
+      if (best == 0) {
+        sp->pause_len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
+        sp->pause = sp->pause_len;
+      } else {
+        sp->pause_len = 0;
+      }
+    } /* else explore: verify everything, which measures a larger step */
   }
   for (int c = 0; c < take; c++) {
     di_req *r = s->e[sp->cands[c].entry].r;
@@ -199,6 +214,11 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     sp->areq[n++] = r;
   }
   if (n == 0) return DI_OK;
+  if (sp->pause > 0 && !sp->fixed) {
+    sp->pause--;
+    return DI_OK;
+  }
+  double t_start = di_now();
   st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dhid, sp->dlog);
   if (st != DI_OK) return fail(e, s, st);
   /* 3. left to right: Markov term, confidence, the draft token */
@@ -241,5 +261,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     }
     r->draft_sampled = sampled && r->n_draft > 0;
   }
+  double ms = (di_now() - t_start) * 1e3 / n;
+  sp->draft_ms = sp->draft_ms > 0 ? 0.8 * sp->draft_ms + 0.2 * ms : ms;
   return DI_OK;
 }

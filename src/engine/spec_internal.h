@@ -40,6 +40,8 @@ struct di_spec {
   di_sampler *sampler;           /* draft distributions (engine thread) */
   double prof_ms[DI_SPEC_PROFILE_MAX + 1]; /* step time (EMA) by tokens in the step; 0: not seen */
   int64_t steps_seen;
+  double draft_ms;               /* EMA of one proposal's host time per drafting sequence */
+  int pause, pause_len;          /* steps left without proposals (the last schedule admitted none), its length */
   /* stats */
   int64_t verify_steps, drafted, accepted, drafted_at[DI_SPEC_MAX_DRAFT], accepted_at[DI_SPEC_MAX_DRAFT];
   int64_t cal_n[DI_SPEC_CALIB_BINS], cal_acc[DI_SPEC_CALIB_BINS];

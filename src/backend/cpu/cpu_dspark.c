@@ -16,6 +16,7 @@ struct di_cpu_dspark {
   int64_t n_blocks;
   int kvd; /* n_kv_heads * head_dim */
   double inv_freq[512];
+  float *markov_w2; /* [vocab][rank] in float32: the Markov term is one small product per draft */
   /* scratch, grown by need */
   float *buf;
   size_t cap;
@@ -30,6 +31,14 @@ di_status di_cpu_dspark_create(const di_dspark *d, di_threadpool *tp, di_cpu_dsp
   s->kvd = d->n_kv_heads * d->head_dim;
   for (int i = 0; i < d->head_dim / 2; i++)
     s->inv_freq[i] = 1.0 / pow((double)d->rope_theta, (double)(2 * i) / (double)d->head_dim);
+  if (d->markov_rank > 0) {
+    s->markov_w2 = malloc(sizeof(float) * (size_t)d->vocab * (size_t)d->markov_rank);
+    if (!s->markov_w2) {
+      free(s);
+      return di_error_set(DI_ERR_OOM, "out of memory for the Markov head");
+    }
+    di_weight_rows_f32(&d->markov_w2, 0, d->vocab, s->markov_w2);
+  }
   *out = s;
   return DI_OK;
 }
@@ -38,6 +47,7 @@ void di_cpu_dspark_free(di_cpu_dspark *s) {
   if (!s) return;
   free(s->kv);
   free(s->buf);
+  free(s->markov_w2);
   free(s);
 }
 
@@ -188,17 +198,9 @@ void di_cpu_dspark_markov(di_cpu_dspark *s, int32_t prev, float *logits) {
   const di_dspark *d = s->d;
   const int Rk = d->markov_rank;
   if (Rk <= 0 || prev < 0 || prev >= d->vocab) return;
-  float e[1024], *tmp = NULL;
-  float *emb = Rk <= 1024 ? e : (tmp = malloc(sizeof(float) * (size_t)Rk));
-  if (!emb) return;
-  di_weight_rows_f32(&d->markov_w1, prev, prev + 1, emb);
-  float *bias = malloc(sizeof(float) * (size_t)d->vocab);
-  if (bias) {
-    di_cpu_gemm(s->tp, emb, 1, Rk, &d->markov_w2, 0, d->vocab, bias, d->vocab);
-    for (int v = 0; v < d->vocab; v++) logits[v] += bias[v];
-  }
-  free(bias);
-  free(tmp);
+  float e[1024];
+  di_weight_rows_f32(&d->markov_w1, prev, prev + 1, e);
+  for (int v = 0; v < d->vocab; v++) logits[v] += di_cpu_dot(s->markov_w2 + (size_t)v * Rk, e, Rk);
 }
 
 float di_cpu_dspark_confidence(di_cpu_dspark *s, const float *h, int32_t prev) {
