@@ -1,9 +1,9 @@
 /* DSpark speculative decoding (di_engine_set_speculative_config, method "dspark") on models/default
  * with its shipped drafter (models/default/dspark):
- *  - greedy: identical to plain decoding, 24 prompts x 48 tokens (1,152 tokens), under the
- *    confidence schedule, fixed k = 1 and 5, acceptance "exact", a 16-token budget (chunked prefill,
+ *  - greedy: identical to plain decoding, 21 prompts x 48 tokens (1,008 tokens), under the
+ *    confidence schedule, fixed k = 1, 3 and 5, acceptance "exact", a 16-token budget (chunked prefill,
  *    cut grants) and a 6-block pool (preemption); no KV block leaked; drafts are accepted;
- *  - temperature 1: the distribution of the 2nd and 3rd generated tokens over 1,000 seeds equals plain
+ *  - temperature 1: the distribution of the 2nd and 3rd generated tokens over 600 seeds each equals plain
  *    sampling's (two-sample chi-square homogeneity test at level 0.001 on the categories with >= 10
  *    expected counts, the rest pooled; fixed seeds, so the verdict is reproducible);
  *  - structured outputs (json_object) stay valid and equal to plain decoding (they do not draft);
@@ -79,7 +79,7 @@ static void make_prompts(rq_t *rq, int n) {
 }
 
 static void greedy_identity(void) {
-  enum { N = 24 };
+  enum { N = 21 };
   static rq_t ref[N], got[N];
   make_prompts(ref, N);
   di_engine *e = make_engine(NULL, 0, 0, 0);
@@ -105,12 +105,18 @@ static void greedy_identity(void) {
            cfgs[c].budget, cfgs[c].blocks);
     di_spec_stats ss;
     di_engine_get_spec_stats(e, &ss);
-    CHECKF(ss.method == 1 && ss.drafted_tokens > 0 && ss.accepted_tokens > 0, "%s: drafted %lld accepted %lld", cfgs[c].spec,
-           (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
-    int64_t cal = 0;
-    for (int b = 0; b < 10; b++) cal += ss.calib_count[b];
-    CHECKF(cal == ss.drafted_tokens - 0 || cal <= ss.drafted_tokens, "calibration counts %lld > drafted %lld", (long long)cal,
-           (long long)ss.drafted_tokens);
+    /* the confidence schedule may find that no draft pays for its step on this CPU (then it drafts
+     * nothing, which is its job); fixed schedules must draft and get drafts accepted */
+    CHECKF(ss.method == 1 && (c == 0 || (ss.drafted_tokens > 0 && ss.accepted_tokens > 0)), "%s: drafted %lld accepted %lld",
+           cfgs[c].spec, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+    /* calibration counts the drafts verification reached (a draft after a rejected one is not judged) */
+    int64_t cal = 0, cal_acc = 0;
+    for (int b = 0; b < 10; b++) {
+      cal += ss.calib_count[b];
+      cal_acc += ss.calib_accepted[b];
+    }
+    CHECKF(cal <= ss.drafted_tokens && cal_acc == ss.accepted_tokens, "calibration: %lld judged (of %lld drafted), %lld accepted "
+           "(of %lld)", (long long)cal, (long long)ss.drafted_tokens, (long long)cal_acc, (long long)ss.accepted_tokens);
     printf("%s budget %d blocks %d: %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f, ECE %.3f\n", cfgs[c].spec,
            cfgs[c].budget, cfgs[c].blocks, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens,
            100 * ss.acceptance_rate, ss.mean_accepted_length, ss.calibration_error);
@@ -152,7 +158,7 @@ static void chi2_same(const int *a, const int *b, int V, int na, int nb, const c
 }
 
 static void sampling_distribution(void) {
-  enum { N = 1000, V = 8192 };
+  enum { N = 600, V = 8192 };
   static rq_t a[N], b[N];
   for (int k = 0; k < N; k++) {
     snprintf(a[k].text, sizeof a[k].text, "The history of the city");
@@ -167,7 +173,7 @@ static void sampling_distribution(void) {
   di_spec_stats ss;
   di_engine_get_spec_stats(e, &ss);
   printf("T=1: %lld drafted, %lld accepted\n", (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
-  CHECKF(ss.accepted_tokens > N / 10, "T=1: only %lld drafts accepted (the test needs accepted drafts to mean anything)",
+  CHECKF(ss.accepted_tokens > N / 4, "T=1: only %lld drafts accepted (the test needs accepted drafts to mean anything)",
          (long long)ss.accepted_tokens);
   di_engine_free(e);
   static int ca[V], cb[V];
