@@ -43,15 +43,17 @@ def find_target_code(target_dir):
     raise SystemExit("training/model.py not found")
 
 
-def load_data(path, max_len):
-    d = np.load(path)
-    ids, starts, plens = d["ids"].astype(np.int64), d["starts"], d["prompt_lens"]
-    ends = list(starts[1:]) + [len(ids)]
+def load_data(paths, max_len):
+    """paths: comma-separated .npz files of dspark_data.py"""
     seqs = []
-    for s, e, p in zip(starts, ends, plens):
-        seq = ids[s:e][:max_len]
-        if len(seq) > p + 2:
-            seqs.append((seq, int(p)))
+    for path in paths.split(","):
+        d = np.load(path)
+        ids, starts, plens = d["ids"].astype(np.int64), d["starts"], d["prompt_lens"]
+        ends = list(starts[1:]) + [len(ids)]
+        for s, e, p in zip(starts, ends, plens):
+            seq = ids[s:e][:max_len]
+            if len(seq) > p + 2:
+                seqs.append((seq, int(p)))
     return seqs
 
 
@@ -186,6 +188,7 @@ def main():
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--warmup", type=float, default=0.04)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--layers", default=None, help="target_layer_ids, e.g. 0,1,2,3 (default: dspark_model's)")
     a = ap.parse_args()
     t0 = time.time()
     find_target_code(a.target)
@@ -196,6 +199,8 @@ def main():
     for p in tm.parameters():
         p.requires_grad_(False)
     c = default_drafter_config(tm.cfg)
+    if a.layers:
+        c["target_layer_ids"] = [int(x) for x in a.layers.split(",")]
     drafter = Drafter(c, tm.embed_tokens.weight, tm.lm_head.weight, tm.cfg["hidden_size"]).to(dev)
     drafter.init_weights()
     seqs = load_data(a.data, a.max_len)
