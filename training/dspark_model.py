@@ -20,11 +20,11 @@ lm_head(norm(h_j)) plus the low-rank Markov term markov_w2 @ markov_w1[prev_j] (
 prev_j = draft j-1), so the block is made consistent left to right in a cheap sequential pass; the
 confidence head is sigmoid(proj([h_j ; markov_w1[prev_j]])), the predicted acceptance of draft j.
 """
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from model import MLP, RMSNorm  # training/model.py (the target's code): the same norm and SwiGLU MLP
 
 
 def default_drafter_config(target_cfg):
@@ -54,19 +54,6 @@ def default_drafter_config(target_cfg):
         "confidence_head_with_markov": True,
         "torch_dtype": "bfloat16",
     }
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        dt = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dt)
 
 
 def rope_cos_sin(positions, head_dim, theta):
@@ -110,17 +97,6 @@ class Attention(nn.Module):
         q, k = q.to(v.dtype), k.to(v.dtype)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd ** -0.5)
         return self.o_proj(o.transpose(1, 2).reshape(N, Q, self.nh * self.hd))
-
-
-class MLP(nn.Module):
-    def __init__(self, H, inter):
-        super().__init__()
-        self.gate_proj = nn.Linear(H, inter, bias=False)
-        self.up_proj = nn.Linear(H, inter, bias=False)
-        self.down_proj = nn.Linear(inter, H, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Layer(nn.Module):
@@ -205,7 +181,7 @@ class Drafter(nn.Module):
 def target_features(tm, ids, layer_ids):
     """Runs the target (training/model.py's DeepSeekV3): the concatenated features of layer_ids (the
     last layer's after model.norm) [N, T, n*H] and the target's logits [N, T, V]."""
-    from model import rope_cos_sin as target_rope
+    from model import rope_cos_sin as target_rope  # the target's (interleaved-pair) RoPE
     T = ids.shape[1]
     cos, sin = target_rope(tm.cfg, torch.arange(T, device=ids.device), ids.device)
     x = tm.embed_tokens(ids)

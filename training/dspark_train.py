@@ -32,7 +32,6 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dspark_model import Drafter, default_drafter_config, target_features  # noqa: E402
 
 
 def find_target_code(target_dir):
@@ -192,6 +191,8 @@ def main():
     a = ap.parse_args()
     t0 = time.time()
     find_target_code(a.target)
+    global Drafter, default_drafter_config, target_features
+    from dspark_model import Drafter, default_drafter_config, target_features  # needs training/model.py
     from model import load_hf
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)

@@ -301,9 +301,9 @@ int di_spec_draft_cap(const struct di_spec *sp, const di_req *r) {
   return cap;
 }
 
-static di_status mtp_fail(di_engine *e, di_sched *s, di_status st) {
+di_status di_spec_fail(di_engine *e, di_sched *s, di_status st) {
   char msg[512];
-  snprintf(msg, sizeof msg, "MTP drafting failed: %s", di_last_error());
+  snprintf(msg, sizeof msg, "%s drafting failed: %s", e->spec->method == DI_SPEC_DSPARK ? "DSpark" : "MTP", di_last_error());
   for (int i = 0; i < s->n; i++)
     if (!s->e[i].dropped && s->e[i].r->state == DI_REQ_RUNNING) di_req_finish(e, s->e[i].r, DI_FINISH_ERROR, msg);
   di_error_set(st, "%s", msg);
@@ -344,7 +344,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
   di_batch b = {.n_tokens = m, .tokens = sp->tok, .positions = sp->pos, .seq_of = sp->seq_of, .n_seqs = q,
                 .seqs = sp->seqs, .n_outputs = o, .output_rows = sp->out_rows};
   di_status st = e->be->ops->mtp(e->be, &b, sp->prev, o ? sp->logits : NULL, o ? sp->hid_out : NULL);
-  if (st != DI_OK) return mtp_fail(e, s, st);
+  if (st != DI_OK) return di_spec_fail(e, s, st);
   /* drafts: one more MTP row per still-confident request and draft position */
   for (int j = 0; o > 0; j++) {
     int n = 0;
@@ -361,7 +361,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
       int pos = r->n_tokens - 1 + j; /* the MTP row fed draft j */
       if (!di_kv_can_allocate(e->kv, &r->kv, pos + 1)) continue;
       st = di_kv_allocate(e->kv, &r->kv, pos + 1);
-      if (st != DI_OK) return mtp_fail(e, s, st);
+      if (st != DI_OK) return di_spec_fail(e, s, st);
       sp->tok[n] = d;
       sp->pos[n] = pos;
       sp->seq_of[n] = n;
@@ -377,7 +377,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
     di_batch bj = {.n_tokens = n, .tokens = sp->tok, .positions = sp->pos, .seq_of = sp->seq_of, .n_seqs = n,
                    .seqs = sp->seqs, .n_outputs = n, .output_rows = sp->out_rows};
     st = e->be->ops->mtp(e->be, &bj, sp->prev, sp->logits, sp->hid_out);
-    if (st != DI_OK) return mtp_fail(e, s, st);
+    if (st != DI_OK) return di_spec_fail(e, s, st);
   }
   return DI_OK;
 }

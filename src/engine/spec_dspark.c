@@ -146,15 +146,6 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
   return DI_OK;
 }
 
-static di_status fail(di_engine *e, di_sched *s, di_status st) {
-  char msg[512];
-  snprintf(msg, sizeof msg, "DSpark drafting failed: %s", di_last_error());
-  for (int i = 0; i < s->n; i++)
-    if (!s->e[i].dropped && s->e[i].r->state == DI_REQ_RUNNING) di_req_finish(e, s->e[i].r, DI_FINISH_ERROR, msg);
-  di_error_set(st, "%s", msg);
-  return st;
-}
-
 /* q_j for a request that samples its drafts: the draft logits processed as the sampler processes a
  * target row at that position (history = tokens + drafts before j) */
 static di_status draft_dist(di_engine *e, di_req *r, int j, float *lg, float *q) {
@@ -200,7 +191,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     sp->seqs[q++] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
   }
   di_status st = d->context(d->ctx, m, sp->feat_rows, sp->pos, sp->seq_of, sp->seqs);
-  if (st != DI_OK) return fail(e, s, st);
+  if (st != DI_OK) return di_spec_fail(e, s, st);
   /* 2. one block per decoding sequence */
   int n = 0;
   for (int i = 0; i < s->n; i++) {
@@ -220,7 +211,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   }
   double t_start = di_now();
   st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dhid, sp->dlog);
-  if (st != DI_OK) return fail(e, s, st);
+  if (st != DI_OK) return di_spec_fail(e, s, st);
   /* 3. left to right: Markov term, confidence, the draft token */
   for (int i = 0; i < n; i++) {
     di_req *r = sp->areq[i];
@@ -229,7 +220,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     int sampled = samples_drafts(sp, r);
     if (sampled && !r->draft_q) {
       r->draft_q = malloc(sizeof(float) * DI_SPEC_MAX_DRAFT * V);
-      if (!r->draft_q) return fail(e, s, di_error_set(DI_ERR_OOM, "DSpark: out of memory"));
+      if (!r->draft_q) return di_spec_fail(e, s, di_error_set(DI_ERR_OOM, "DSpark: out of memory"));
     }
     int32_t prev = sp->atok[i];
     float survive = 1.0f;

@@ -52,6 +52,9 @@ struct di_spec {
 di_status di_spec_alloc(di_engine *e, int num_tokens, int hidden_width);
 /* How many tokens a request may still draft (drafts past its length limits are useless). */
 int di_spec_draft_cap(const struct di_spec *sp, const di_req *r);
+/* A drafting failure: the step's running requests end with it (message "<method> drafting failed:
+ * ..."), which is returned. */
+di_status di_spec_fail(di_engine *e, di_sched *s, di_status st);
 /* DSpark drafting after a step (di_spec_draft's DSpark branch). */
 di_status di_spec_draft_dspark(di_engine *e, di_sched *s);
 /* Confidence calibration: a verified draft predicted `conf`, accepted or not. */
