@@ -54,3 +54,54 @@ def test_cli():
     assert "speculative (DSpark, k=5)" in r.stderr
     r = subprocess.run(base + ["--speculative-config", '{"method": "dspark", "k": 1}'], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown key" in r.stderr
+
+
+def test_serve_metrics():
+    """deepinfer serve --speculative-config: completions work and /metrics carries the spec_decode
+    counters and the confidence calibration bins (server on 127.0.0.1, a kernel-chosen port)."""
+    import http.client
+    import re
+    import signal
+    import tempfile
+    import time
+    cli = os.environ.get("DEEPINFER_CLI")
+    if not cli:
+        pytest.skip("DEEPINFER_CLI not set")
+    log = tempfile.NamedTemporaryFile(prefix="di-dspark-serve-", suffix=".log", delete=False)
+    proc = subprocess.Popen([cli, "serve", MODEL, "--port", "0", "--threads", "2", "--num-kv-blocks", "128",
+                             "--speculative-config", '{"method": "dspark", "schedule": "fixed"}'],
+                            stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        port, deadline = None, time.time() + 60
+        while port is None and time.time() < deadline and proc.poll() is None:
+            m = re.search(r"listening on http://[^ ]+:(\d+)", open(log.name, errors="replace").read())
+            port = int(m.group(1)) if m else None
+            time.sleep(0.05)
+        assert port, open(log.name, errors="replace").read()
+
+        def get(method, path, body=None):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            c.request(method, path, body=json.dumps(body) if body else None, headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            data = r.read()
+            c.close()
+            return r.status, data.decode()
+
+        status, body = get("POST", "/v1/completions", {"prompt": "The history of the city", "max_tokens": 32,
+                                                       "temperature": 0, "ignore_eos": True})
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 32
+        status, text = get("GET", "/metrics")
+        assert status == 200
+        drafted = float(re.search(r"^deepinfer_spec_decode_num_draft_tokens_total\{[^}]*\} (\S+)$", text, re.M).group(1))
+        bins = re.findall(r'^deepinfer_spec_decode_confidence_drafts_total\{[^}]*bin="[0-9.]+"\} (\S+)$', text, re.M)
+        assert drafted > 0 and len(bins) == 10 and 0 < sum(float(b) for b in bins) <= drafted
+        assert re.search(r"^deepinfer_spec_decode_confidence_ece\{[^}]*\} [0-9.e+-]+$", text, re.M)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        os.unlink(log.name)
