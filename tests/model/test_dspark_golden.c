@@ -71,12 +71,11 @@ static void one(di_model *m, di_dspark *d, di_cpu_dspark *cd, const di_st_file *
     float gp = 1.0f / (1.0f + expf(-gc[j]));
     CHECKF(fabsf(p - gp) <= 1e-4f, "%s draft %d: confidence %.6f vs %.6f", key, j, p, gp);
     int best = test_argmax(row, V);
-    memcpy(top, row, sizeof(float) * 8); /* top 8 by a partial selection */
-    float *all = malloc(sizeof(float) * (size_t)V);
-    memcpy(all, row, sizeof(float) * (size_t)V);
-    qsort(all, (size_t)V, sizeof(float), cmp_desc);
-    memcpy(top, all, sizeof(float) * 8);
-    free(all);
+    float *sorted = malloc(sizeof(float) * (size_t)V);
+    memcpy(sorted, row, sizeof(float) * (size_t)V);
+    qsort(sorted, (size_t)V, sizeof(float), cmp_desc);
+    memcpy(top, sorted, sizeof(float) * 8); /* the 8 largest logits, as torch's topk(8).values */
+    free(sorted);
     double et = test_rel_l2(top, gt + (size_t)j * 8, 8);
     CHECKF(et <= 1e-4, "%s draft %d: top-8 logits rel L2 %.3g", key, j, et);
     if (gt[(size_t)j * 8] - gt[(size_t)j * 8 + 1] > 1e-3f) CHECKF(best == gd[j], "%s draft %d: token %d vs %d", key, j, best, gd[j]);
