@@ -267,7 +267,8 @@ di_status di_sampler_probs(di_sampler *s, float *l, int vocab_limit, const di_sa
     probs[best] = 1.0f;
     return DI_OK;
   }
-  double z = tempered(l, V, mx, sp->temperature, s->cp);
+  double z;
+  z = tempered(l, V, mx, sp->temperature, s->cp);
   if (!truncates(sp, V)) {
     for (int i = 0; i < V; i++) probs[i] = (float)(s->cp[i] / z);
     return DI_OK;
