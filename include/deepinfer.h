@@ -304,8 +304,30 @@ typedef struct di_spec_stats {
   int64_t accepted_at[5];        /* ... and accepted */
   double acceptance_rate;        /* accepted / drafted */
   double mean_accepted_length;   /* tokens per verify step: 1 + accepted / verify_steps */
+  int method;                    /* 0: mtp, 1: dspark */
+  /* DSpark's confidence head, calibration over verified drafts in DI_SPEC_CALIB_BINS equal bins of
+   * predicted (per-position) acceptance: drafts, summed predictions, accepted; and the expected
+   * calibration error sum_b |accepted_b - predicted_b| / drafts */
+  int64_t calib_count[10];
+  double calib_predicted[10];
+  int64_t calib_accepted[10];
+  double calibration_error;
 } di_spec_stats;
+#define DI_SPEC_CALIB_BINS 10
 void di_engine_get_spec_stats(const di_engine *e, di_spec_stats *s);
+/* Speculative decoding from vLLM's --speculative-config JSON, for the engine over model m:
+ *   {"method": "mtp" | "dspark", "num_speculative_tokens": 0..5 (default 5 for dspark),
+ *    "min_confidence": 0..1 (mtp: the draft cut, default 0.3), "acceptance": "rejection" | "exact",
+ *    "schedule": "confidence" | "fixed", "model": "<drafter folder>"}.
+ * dspark: a DSpark block drafter (DeepSpec's checkpoint layout; default folder <model>/dspark),
+ * CPU backend; acceptance "rejection" (default) verifies drafts by speculative sampling (accept with
+ * min(1, p/q), else sample the normalised residual), lossless in distribution at any temperature and
+ * identical to plain decoding for greedy requests; "exact" accepts a draft only when it equals the
+ * plain sample (then seeded output equals plain decoding's whatever the schedule). schedule
+ * "confidence" (default) verifies the drafts whose predicted survival pays for their step time.
+ * mtp: as di_engine_set_speculative (acceptance "exact" only). Call before the first request.
+ * With e and m both NULL it only checks the JSON (a front end's flag parsing). */
+di_status di_engine_set_speculative_config(di_engine *e, di_model *m, const char *json);
 /* sizeof of a public struct by name ("di_request_params", ...), 0 if unknown: lets bindings
  * (the ctypes package) verify their mirror of the layout. */
 size_t di_abi_sizeof(const char *struct_name);

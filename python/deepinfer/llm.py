@@ -32,7 +32,9 @@ class _SpecStats(ctypes.Structure):
     _fields_ = [("num_tokens", ctypes.c_int), ("verify_steps", ctypes.c_int64), ("drafted_tokens", ctypes.c_int64),
                 ("accepted_tokens", ctypes.c_int64), ("drafted_at", ctypes.c_int64 * 5),
                 ("accepted_at", ctypes.c_int64 * 5), ("acceptance_rate", ctypes.c_double),
-                ("mean_accepted_length", ctypes.c_double)]
+                ("mean_accepted_length", ctypes.c_double), ("method", ctypes.c_int),
+                ("calib_count", ctypes.c_int64 * 10), ("calib_predicted", ctypes.c_double * 10),
+                ("calib_accepted", ctypes.c_int64 * 10), ("calibration_error", ctypes.c_double)]
 
 
 def _prompt_logprobs(s):
@@ -136,20 +138,19 @@ class LLM:
                 raise
 
     def _set_speculative(self, cfg):
+        """vLLM's speculative_config: {"method": "mtp" | "dspark", "num_speculative_tokens": N, ...};
+        the C library parses it (di_engine_set_speculative_config, docs/speculative.md)."""
         cfg = dict(cfg)
-        method = cfg.pop("method", "mtp")
-        if method not in ("mtp", "deepseek_mtp"):
-            raise ValueError(f"speculative_config: method must be \"mtp\", got {method!r}")
-        n = cfg.pop("num_speculative_tokens", None)
-        if not isinstance(n, int) or isinstance(n, bool):
+        method = cfg.get("method", "mtp")
+        if method not in ("mtp", "deepseek_mtp", "dspark"):
+            raise ValueError(f"speculative_config: method must be \"mtp\" or \"dspark\", got {method!r}")
+        n = cfg.get("num_speculative_tokens")
+        if method != "dspark" and (not isinstance(n, int) or isinstance(n, bool)):
             raise ValueError("speculative_config: num_speculative_tokens (an int, 0..5) is required")
-        conf = float(cfg.pop("min_confidence", 0.3))
-        if cfg:
-            raise ValueError("speculative_config: unsupported key(s): " + ", ".join(sorted(cfg)))
-        f = self._L.di_engine_set_speculative
+        f = self._L.di_engine_set_speculative_config
         f.restype = ctypes.c_int
-        f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_float]
-        _lib.check(f(self._engine, n, conf), "speculative_config")
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
+        _lib.check(f(self._engine, self._model, json.dumps(cfg).encode()), "speculative_config")
 
     def get_speculative_stats(self):
         """Speculative decoding counters: drafted / accepted tokens, per draft position, rates."""
@@ -162,7 +163,10 @@ class LLM:
                 "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
                 "drafted_per_position": list(s.drafted_at)[:s.num_tokens],
                 "accepted_per_position": list(s.accepted_at)[:s.num_tokens],
-                "acceptance_rate": s.acceptance_rate, "mean_accepted_length": s.mean_accepted_length}
+                "acceptance_rate": s.acceptance_rate, "mean_accepted_length": s.mean_accepted_length,
+                "method": "dspark" if s.method == 1 else "mtp",
+                "calibration": {"count": list(s.calib_count), "predicted": list(s.calib_predicted),
+                                "accepted": list(s.calib_accepted), "ece": s.calibration_error}}
 
     # ---- lifetime ------------------------------------------------------------------------------
     def close(self):

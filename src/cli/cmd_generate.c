@@ -42,7 +42,7 @@ static void usage(FILE *f) {
           "Speculative decoding (MTP layer; off by default; outputs identical to plain decoding on the\n"
           "          CPU, and on CUDA with --batch-invariant):\n"
           "          --speculative-tokens N (1..5)  --speculative-min-confidence P (0.3)\n"
-          "          --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":N}'\n"
+          "          --speculative-config '{\"method\":\"mtp\"|\"dspark\",\"num_speculative_tokens\":N}' (docs/speculative.md)\n"
           "Output:   --output-format text|json (json: one object {ids, text, finish_reason} on stdout;\n"
           "          ids are the generated tokens, the stop token included)  --stats (engine stats on stderr)\n");
 }
@@ -84,28 +84,6 @@ static char *read_text_file(const char *path) {
   return data;
 }
 
-/* vLLM's --speculative-config JSON: {"method": "mtp", "num_speculative_tokens": N} (and our
- * optional "min_confidence") */
-static int parse_spec_config(const char *v, long long *n, float *conf) {
-  cJSON *j = cJSON_Parse(v);
-  const cJSON *meth = j ? cJSON_GetObjectItemCaseSensitive(j, "method") : NULL;
-  const cJSON *num = j ? cJSON_GetObjectItemCaseSensitive(j, "num_speculative_tokens") : NULL;
-  const cJSON *c = j ? cJSON_GetObjectItemCaseSensitive(j, "min_confidence") : NULL;
-  int ok = j && cJSON_IsObject(j) && (!meth || (cJSON_IsString(meth) && (strcmp(meth->valuestring, "mtp") == 0 ||
-                                                                         strcmp(meth->valuestring, "deepseek_mtp") == 0))) &&
-           di_json_is_int_in(num, 0, 5) && (!c || cJSON_IsNumber(c));
-  int64_t k = 0;
-  if (ok && di_json_int_in(num, 0, 5, &k)) {
-    *n = k;
-    if (c) *conf = (float)c->valuedouble;
-  } else {
-    fprintf(stderr, "deepinfer generate: --speculative-config must be a JSON object {\"method\": \"mtp\", "
-                    "\"num_speculative_tokens\": 0..5} (optional \"min_confidence\"), got '%s'\n", v);
-  }
-  cJSON_Delete(j);
-  return ok;
-}
-
 #define MAX_STOPS 64
 
 int di_cmd_generate(int argc, char **argv) {
@@ -119,6 +97,7 @@ int di_cmd_generate(int argc, char **argv) {
   float temperature = NAN, top_p = NAN, min_p = 0, rep = 1, pres = 0, freq = 0;
   long long spec_tokens = 0;
   float spec_conf = 0.3f;
+  const char *spec_json = NULL;
   di_engine_options eo;
   di_engine_options_default(&eo);
   for (int i = 1; i < argc; i++) {
@@ -174,7 +153,13 @@ int di_cmd_generate(int argc, char **argv) {
 #undef SAMPLING
     else if (FLAG("--speculative-tokens")) { if (!parse_int(a, v, 0, 5, &spec_tokens)) return 2; }
     else if (FLAG("--speculative-min-confidence")) { if (!parse_float(a, v, &spec_conf)) return 2; }
-    else if (FLAG("--speculative-config")) { if (!parse_spec_config(v, &spec_tokens, &spec_conf)) return 2; }
+    else if (FLAG("--speculative-config")) {
+      if (di_engine_set_speculative_config(NULL, NULL, v) != DI_OK) {
+        fprintf(stderr, "deepinfer generate: --speculative-config: %s\n", di_last_error());
+        return 2;
+      }
+      spec_json = v;
+    }
     else {
       if (!err) fprintf(stderr, "deepinfer generate: unknown option '%s' (see --help)\n", a);
       return 2;
@@ -246,6 +231,10 @@ int di_cmd_generate(int argc, char **argv) {
   if (!json_out) fprintf(stderr, "deepinfer: %s\n", di_engine_kv_summary(e));
   if (spec_tokens > 0 && di_engine_set_speculative(e, (int)spec_tokens, spec_conf) != DI_OK) {
     fprintf(stderr, "deepinfer generate: %s\n", di_last_error());
+    goto done;
+  }
+  if (spec_json && di_engine_set_speculative_config(e, m, spec_json) != DI_OK) {
+    fprintf(stderr, "deepinfer generate: --speculative-config: %s\n", di_last_error());
     goto done;
   }
   di_request_params p;
@@ -377,8 +366,8 @@ int di_cmd_generate(int argc, char **argv) {
     di_spec_stats ss;
     di_engine_get_spec_stats(e, &ss);
     if (ss.num_tokens > 0)
-      fprintf(stderr, "deepinfer: speculative (MTP, k=%d): %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f\n",
-              ss.num_tokens, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens, 100 * ss.acceptance_rate,
+      fprintf(stderr, "deepinfer: speculative (%s, k=%d): %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f\n",
+              ss.method ? "DSpark" : "MTP", ss.num_tokens, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens, 100 * ss.acceptance_rate,
               ss.mean_accepted_length);
   }
   rc = fin == DI_FINISH_ERROR ? 1 : 0;

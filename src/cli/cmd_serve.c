@@ -43,6 +43,7 @@ static void usage(FILE *f) {
           "          --gpu-memory-utilization U (CUDA: share of the device's memory for everything, 0.9;\n"
           "          the KV cache gets what the weights and step buffers leave; the CPU's default is 1 GiB)\n"
           "          --swa-bounded-replay (DeepSeek-V4: cached prefixes keep no window; a hit recomputes it)\n"
+          "          --speculative-config JSON ({\"method\": \"mtp\"|\"dspark\", \"num_speculative_tokens\": N}; docs/speculative.md)\n"
           "HTTP:     --host ADDR (default 127.0.0.1; 0.0.0.0 for all interfaces)  --port N (0: any free port)\n"
           "          --api-key KEY (or $DEEPINFER_API_KEY: every route but /health, /ping and /metrics needs\n"
           "          \"Authorization: Bearer KEY\")\n"
@@ -65,6 +66,7 @@ static int parse_ll(const char *flag, const char *v, long long lo, long long hi,
 int di_cmd_serve(int argc, char **argv) {
   const char *model_dir = NULL, *served = NULL, *load_format = "auto", *accelerator = NULL, *api_key = NULL;
   const char *quantization = NULL, *kv_cache_dtype = NULL;
+  const char *spec_json = NULL;
   long long threads = 0, dummy_seed = 0, seed = 0, x;
   int auto_tools = 0, batch_invariant = 0;
   di_server_config sc;
@@ -117,6 +119,13 @@ int di_cmd_serve(int argc, char **argv) {
     else if (FLAG("--request-timeout")) { INT(1, 86400); sc.request_timeout_s = (int)x; }
     else if (FLAG("--max-n")) { INT(1, 1024); sc.max_n = (int)x; }
     else if (FLAG("--shutdown-timeout")) { INT(0, 86400); sc.shutdown_grace_s = (int)x; }
+    else if (FLAG("--speculative-config")) {
+      if (di_engine_set_speculative_config(NULL, NULL, v) != DI_OK) {
+        fprintf(stderr, "deepinfer serve: --speculative-config: %s\n", di_last_error());
+        return 2;
+      }
+      spec_json = v;
+    }
     else if (a[0] != '-' && !model_dir) model_dir = a;
     else {
       if (!err) fprintf(stderr, "deepinfer serve: unknown option '%s' (see --help)\n", a);
@@ -153,6 +162,10 @@ int di_cmd_serve(int argc, char **argv) {
     goto done;
   }
   fprintf(stderr, "deepinfer serve: %s\n", di_engine_kv_summary(e));
+  if (spec_json && di_engine_set_speculative_config(e, m, spec_json) != DI_OK) {
+    fprintf(stderr, "deepinfer serve: --speculative-config: %s\n", di_last_error());
+    goto done;
+  }
   if (di_chat_template_load(model_dir, &tmpl) != DI_OK) {
     fprintf(stderr, "deepinfer serve: no chat template (/v1/chat/completions answers 400): %s\n", di_last_error());
     tmpl = NULL;

@@ -123,7 +123,7 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
     e->device_sampling = be->ops->sample != NULL && !di_switch_bool(DI_SW_HOST_SAMPLING, 0);
     e->feedback = e->device_sampling && be->ops->sample_async && be->ops->sample_fetch && opt.async_scheduling &&
                   !di_switch_bool(DI_SW_NO_FEEDBACK, 0);
-    e->jobs = malloc((size_t)opt.max_num_seqs * sizeof *e->jobs);
+    e->jobs = calloc((size_t)opt.max_num_seqs, sizeof *e->jobs); /* .spec 0: plain sampling */
     e->cap_queue = 64;
     e->running = malloc((size_t)e->cap_queue * sizeof *e->running);
     e->waiting = malloc((size_t)e->cap_queue * sizeof *e->waiting);
@@ -413,6 +413,7 @@ static di_status sample_step(di_engine *e, di_sched *s, int on_device) {
       di_req_push_token(e, r, &res);
     } else {
       e->jobs[n_jobs].r = r;
+      e->jobs[n_jobs].spec = 0;
       e->jobs[n_jobs++].row = my_row;
     }
   }
@@ -642,6 +643,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
       t_blocked += tw1 - tw;
       e->wait_s += tw1 - tw;
       e->inflight_active = 0;
+      if (st == DI_OK && e->spec) di_spec_record_step(e, cur->n_tokens, tw1 - e->t_submit);
       if (st != DI_OK) {
         fail_with_plan(e, cur, next, st);
         collect_outputs(e);

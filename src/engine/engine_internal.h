@@ -52,6 +52,13 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
 typedef struct di_row_job {
   struct di_req *r;
   int row;                   /* logits row */
+  /* speculative sampling (spec != 0): accept `draft` (drawn from q) with min(1, p/q), else draw from
+   * the normalised residual max(0, p - q); draft < 0 (the row after the last draft): draw from p.
+   * `accepted` says which happened. */
+  int spec;
+  int32_t draft;
+  const float *q;
+  int accepted;
   di_sample_result res;
   di_status st;
   char err[256];
@@ -65,6 +72,11 @@ void di_row_sampler_run(di_row_sampler *rs, di_engine *e, di_row_job *jobs, int 
 void di_row_sampler_set_min_work(di_row_sampler *rs, int64_t rows_x_vocab);
 
 #define DI_SPEC_MAX_DRAFT 5
+/* RNG streams (added to the sample index) of speculative sampling's draws: the draft token, the
+ * acceptance test, the residual; plain sampling uses the sample index itself */
+#define DI_SPEC_STREAM_DRAFT ((uint64_t)1 << 40)
+#define DI_SPEC_STREAM_ACCEPT ((uint64_t)2 << 40)
+#define DI_SPEC_STREAM_RESIDUAL ((uint64_t)3 << 40)
 
 typedef enum { DI_REQ_WAITING, DI_REQ_RUNNING, DI_REQ_DONE } di_req_state;
 
@@ -119,6 +131,9 @@ typedef struct di_req {
   int32_t draft[DI_SPEC_MAX_DRAFT];
   float draft_conf[DI_SPEC_MAX_DRAFT];
   int n_draft, n_spec;
+  float draft_pconf[DI_SPEC_MAX_DRAFT]; /* DSpark: the confidence head's per-position probability */
+  float *draft_q;            /* DSpark with rejection sampling: [DI_SPEC_MAX_DRAFT][vocab] draft distributions */
+  int draft_sampled;         /* the drafts were drawn from draft_q (verify by min(1, p/q)) */
   /* prompt logprobs (prompt_logprobs.c): k < 0 off; rows of positions [0, n_prompt - 1) are
    * extracted up to plp_next (each predicts the token after it) into plp / plp_top [n_prompt] */
   int plp_k;

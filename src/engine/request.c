@@ -128,6 +128,7 @@ void di_req_free(di_engine *e, di_req *r) {
   free(r->text); free(r->error);
   free(r->out_tokens); free(r->out_lp); free(r->out_top); free(r->out_text);
   free(r->plp); free(r->plp_top); free(r->plp_rank);
+  free(r->draft_q);
   free(r);
 }
 

@@ -15,32 +15,10 @@
  * output hidden state (as vLLM runs one MTP layer for k > 1). Those speculative entries lie at
  * positions >= n_tokens - 1 and are overwritten by the next step's real rows. A stale entry (e.g. the
  * last slot of a prefix-cache block reached through another continuation) only lowers acceptance. */
-#include "engine/spec_decode.h"
+#include "engine/spec_internal.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct spec_cand {
-  float conf;
-  int entry, j;
-} spec_cand;
-
-struct di_spec {
-  int k;
-  float min_conf;
-  int H, V, max_tok, max_seqs;
-  float *hidden;                 /* [max_tok][H]: main model's final hidden states, every row */
-  /* MTP batch scratch: up to max_tok rows, max_seqs outputs */
-  int32_t *tok, *pos, *seq_of, *out_rows, *out_req;
-  di_batch_seq *seqs;
-  di_req **reqs;
-  float *prev, *hid_out, *logits;
-  /* verification scratch [max_seqs] */
-  int *act, *row0, *vstart, *vbase;
-  spec_cand *cands;              /* [max_seqs * k] */
-  /* stats */
-  int64_t verify_steps, drafted, accepted, drafted_at[DI_SPEC_MAX_DRAFT], accepted_at[DI_SPEC_MAX_DRAFT];
-};
 
 void di_spec_free(di_engine *e) {
   struct di_spec *sp = e->spec;
@@ -48,6 +26,9 @@ void di_spec_free(di_engine *e) {
   free(sp->hidden); free(sp->tok); free(sp->pos); free(sp->seq_of); free(sp->out_rows); free(sp->out_req);
   free(sp->seqs); free(sp->reqs); free(sp->prev); free(sp->hid_out); free(sp->logits);
   free(sp->act); free(sp->row0); free(sp->vstart); free(sp->vbase); free(sp->cands);
+  free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->hist);
+  di_sampler_free(sp->sampler);
+  if (sp->drafter.destroy) sp->drafter.destroy(sp->drafter.ctx);
   free(sp);
   e->spec = NULL;
 }
@@ -69,18 +50,24 @@ di_status di_engine_set_speculative(di_engine *e, int num_tokens, float min_conf
                         "speculative decoding needs the model's MTP layer (num_nextn_predict_layers >= 1) on a backend "
                         "that runs it (the %s backend %s)", e->be->ops->name,
                         e->be->ops->mtp ? "has none for this model" : "does not run MTP layers yet");
+  DI_TRY(di_spec_alloc(e, num_tokens, e->be->hidden_size));
+  e->spec->min_conf = min_confidence;
+  e->spec->exact = 1;
+  return DI_OK;
+}
+
+di_status di_spec_alloc(di_engine *e, int num_tokens, int hidden_width) {
   di_spec_free(e);
   struct di_spec *sp = calloc(1, sizeof *sp);
   if (!sp) return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory");
   sp->k = num_tokens;
-  sp->min_conf = min_confidence;
-  sp->H = e->be->hidden_size;
+  sp->H = hidden_width;
   sp->V = e->cfg.vocab_size;
   sp->max_tok = e->opt.max_num_batched_tokens;
   sp->max_seqs = e->opt.max_num_seqs;
   size_t T = (size_t)sp->max_tok, S = (size_t)sp->max_seqs, H = (size_t)sp->H, V = (size_t)sp->V;
   e->spec = sp;
-  /* every row of a step is an output row (its hidden state feeds the MTP layer), so the logits
+  /* every row of a step is an output row (its hidden state feeds the drafter), so the logits
    * buffer holds a whole step */
   size_t rows = T > S ? T : S; /* plain decoding (if turned off again) needs max_num_seqs rows */
   float *lg = realloc(e->logits, rows * V * sizeof *lg);
@@ -105,7 +92,7 @@ di_status di_engine_set_speculative(di_engine *e, int num_tokens, float min_conf
       !sp->reqs || !sp->prev || !sp->hid_out || !sp->logits || !sp->act || !sp->row0 || !sp->vstart || !sp->vbase ||
       !sp->cands) {
     di_spec_free(e);
-    return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory for %d-token steps", sp->max_tok);
+    return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory for %d-token steps", (int)T);
   }
   /* drafts depend on the step just sampled: plan after it (synchronous steps) */
   e->opt.async_scheduling = 0;
@@ -125,6 +112,16 @@ void di_engine_get_spec_stats(const di_engine *e, di_spec_stats *s) {
     s->accepted_at[j] = sp->accepted_at[j];
   }
   s->acceptance_rate = sp->drafted > 0 ? (double)sp->accepted / (double)sp->drafted : 0;
+  s->method = sp->method;
+  double n_all = 0, gap = 0;
+  for (int b = 0; b < DI_SPEC_CALIB_BINS; b++) {
+    s->calib_count[b] = sp->cal_n[b];
+    s->calib_predicted[b] = sp->cal_pred[b];
+    s->calib_accepted[b] = sp->cal_acc[b];
+    n_all += (double)sp->cal_n[b];
+    if (sp->cal_n[b] > 0) gap += fabs((double)sp->cal_acc[b] - sp->cal_pred[b]);
+  }
+  s->calibration_error = n_all > 0 ? gap / n_all : 0;
   s->mean_accepted_length = sp->verify_steps > 0 ? 1.0 + (double)sp->accepted / (double)sp->verify_steps : 0;
 }
 
@@ -154,11 +151,15 @@ di_status di_spec_grant(di_engine *e, di_sched *s, int *budget) {
     for (int j = 0; j < r->n_draft && n < sp->max_seqs * sp->k; j++) sp->cands[n++] = (spec_cand){r->draft_conf[j], i, j};
   }
   if (n == 0 || *budget <= 0) return DI_OK;
-  qsort(sp->cands, (size_t)n, sizeof *sp->cands, cand_cmp);
-  int take = n < *budget ? n : *budget;
-  for (int c = 0; c < take; c++) {
-    di_req *r = s->e[sp->cands[c].entry].r;
-    if (sp->cands[c].j + 1 > r->n_spec) r->n_spec = sp->cands[c].j + 1;
+  if (sp->method == DI_SPEC_DSPARK) {
+    DI_TRY(di_spec_grant_scheduled(e, s, budget, n));
+  } else {
+    qsort(sp->cands, (size_t)n, sizeof *sp->cands, cand_cmp);
+    int take = n < *budget ? n : *budget;
+    for (int c = 0; c < take; c++) {
+      di_req *r = s->e[sp->cands[c].entry].r;
+      if (sp->cands[c].j + 1 > r->n_spec) r->n_spec = sp->cands[c].j + 1;
+    }
   }
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
@@ -217,8 +218,12 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
   }
   for (int j = 0; n_act > 0; j++) {
     for (int a = 0; a < n_act; a++) {
-      e->jobs[a].r = s->e[sp->act[a]].r;
-      e->jobs[a].row = sp->row0[a] + j;
+      di_row_job *jb = &e->jobs[a];
+      jb->r = s->e[sp->act[a]].r;
+      jb->row = sp->row0[a] + j;
+      jb->spec = jb->r->draft_sampled; /* drafts drawn from q: min(1, p/q); else exact match */
+      jb->draft = j < jb->r->n_spec ? jb->r->draft[j] : -1;
+      jb->q = jb->spec && jb->draft >= 0 ? jb->r->draft_q + (size_t)j * sp->V : NULL;
     }
     di_row_sampler_run(e->rows, e, e->jobs, n_act);
     int m = 0;
@@ -230,11 +235,12 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
         di_req_finish(e, r, DI_FINISH_ERROR, jb->err);
       } else {
         di_req_push_token(e, r, &jb->res);
-        int match = j < r->n_spec && jb->res.token == r->draft[j];
+        int match = j < r->n_spec && (jb->spec ? jb->accepted : jb->res.token == r->draft[j]);
         if (match) {
           sp->accepted++;
           sp->accepted_at[j]++;
         }
+        if (j < r->n_spec && sp->method == DI_SPEC_DSPARK) di_spec_calibrate(sp, r->draft_pconf[j], match);
         more = match && r->state != DI_REQ_DONE;
       }
       if (more) {
@@ -252,6 +258,7 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
         di_kv_commit(e->kv, &r->kv, r->tokens, r->n_valid < r->n_tokens ? r->n_valid : r->n_tokens);
       }
       r->n_spec = 0;
+      r->draft_sampled = 0;
     }
     n_act = m;
   }
@@ -285,7 +292,7 @@ static int32_t top1(const float *lg, int limit, float *prob) {
 }
 
 /* how many tokens a request may still draft (drafts past its length limits are useless) */
-static int draft_cap(const struct di_spec *sp, const di_req *r) {
+int di_spec_draft_cap(const struct di_spec *sp, const di_req *r) {
   int cap = sp->k;
   int left_out = r->max_tokens - (r->n_tokens - r->n_prompt) - 1;
   int left_len = r->max_len - r->n_tokens - 1;
@@ -294,9 +301,9 @@ static int draft_cap(const struct di_spec *sp, const di_req *r) {
   return cap;
 }
 
-static di_status mtp_fail(di_engine *e, di_sched *s, di_status st) {
+di_status di_spec_fail(di_engine *e, di_sched *s, di_status st) {
   char msg[512];
-  snprintf(msg, sizeof msg, "MTP drafting failed: %s", di_last_error());
+  snprintf(msg, sizeof msg, "%s drafting failed: %s", e->spec->method == DI_SPEC_DSPARK ? "DSpark" : "MTP", di_last_error());
   for (int i = 0; i < s->n; i++)
     if (!s->e[i].dropped && s->e[i].r->state == DI_REQ_RUNNING) di_req_finish(e, s->e[i].r, DI_FINISH_ERROR, msg);
   di_error_set(st, "%s", msg);
@@ -305,6 +312,7 @@ static di_status mtp_fail(di_engine *e, di_sched *s, di_status st) {
 
 di_status di_spec_draft(di_engine *e, di_sched *s) {
   struct di_spec *sp = e->spec;
+  if (sp->method == DI_SPEC_DSPARK) return di_spec_draft_dspark(e, s);
   const size_t H = (size_t)sp->H, V = (size_t)sp->V;
   int row = 0, m = 0, q = 0, o = 0;
   for (int i = 0; i < s->n; i++) {
@@ -326,7 +334,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
     }
     sp->seqs[q] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
     sp->reqs[q] = r;
-    if (hi == r->n_tokens - 1 && draft_cap(sp, r) > 0) {
+    if (hi == r->n_tokens - 1 && di_spec_draft_cap(sp, r) > 0) {
       sp->out_rows[o] = m - 1;
       sp->out_req[o++] = q;
     }
@@ -336,7 +344,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
   di_batch b = {.n_tokens = m, .tokens = sp->tok, .positions = sp->pos, .seq_of = sp->seq_of, .n_seqs = q,
                 .seqs = sp->seqs, .n_outputs = o, .output_rows = sp->out_rows};
   di_status st = e->be->ops->mtp(e->be, &b, sp->prev, o ? sp->logits : NULL, o ? sp->hid_out : NULL);
-  if (st != DI_OK) return mtp_fail(e, s, st);
+  if (st != DI_OK) return di_spec_fail(e, s, st);
   /* drafts: one more MTP row per still-confident request and draft position */
   for (int j = 0; o > 0; j++) {
     int n = 0;
@@ -349,11 +357,11 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
       r->draft[j] = d;
       r->draft_conf[j] = conf;
       r->n_draft = j + 1;
-      if (j + 1 >= draft_cap(sp, r)) continue;
+      if (j + 1 >= di_spec_draft_cap(sp, r)) continue;
       int pos = r->n_tokens - 1 + j; /* the MTP row fed draft j */
       if (!di_kv_can_allocate(e->kv, &r->kv, pos + 1)) continue;
       st = di_kv_allocate(e->kv, &r->kv, pos + 1);
-      if (st != DI_OK) return mtp_fail(e, s, st);
+      if (st != DI_OK) return di_spec_fail(e, s, st);
       sp->tok[n] = d;
       sp->pos[n] = pos;
       sp->seq_of[n] = n;
@@ -369,7 +377,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
     di_batch bj = {.n_tokens = n, .tokens = sp->tok, .positions = sp->pos, .seq_of = sp->seq_of, .n_seqs = n,
                    .seqs = sp->seqs, .n_outputs = n, .output_rows = sp->out_rows};
     st = e->be->ops->mtp(e->be, &bj, sp->prev, sp->logits, sp->hid_out);
-    if (st != DI_OK) return mtp_fail(e, s, st);
+    if (st != DI_OK) return di_spec_fail(e, s, st);
   }
   return DI_OK;
 }

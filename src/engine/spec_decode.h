@@ -16,4 +16,10 @@ void di_spec_after_post(di_engine *e, di_sched *s);
  * step's running requests end with the error, which is returned. */
 di_status di_spec_draft(di_engine *e, di_sched *s);
 void di_spec_free(di_engine *e);
+/* A completed step of n_tokens tokens took `seconds` (DSpark's step-time profile). */
+void di_spec_record_step(di_engine *e, int n_tokens, double seconds);
+struct di_drafter_ops;
+/* DSpark: speculative decoding with a block drafter (engine/drafter.h), which the engine then owns
+ * (destroyed with the engine; not on failure). exact: acceptance "exact"; fixed: schedule "fixed". */
+di_status di_engine_set_dspark(di_engine *e, const struct di_drafter_ops *d, int num_tokens, int exact, int fixed);
 #endif

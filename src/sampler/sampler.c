@@ -167,10 +167,61 @@ static int top_k_select(int32_t *ids, int n, int k, const float *p) {
   return k;
 }
 
-di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_sampling *sp,
-                            const int32_t *history, int n_prompt, int n_history, const uint32_t *allow,
-                            uint64_t counter, di_sample_result *res) {
-  int V = vocab_limit > 0 && vocab_limit < s->vocab ? vocab_limit : s->vocab;
+/* The kept set of top-k / top-p / min-p over p (unnormalised, the best token = 1, total z): ids in
+ * rank order in s->cid, their count returned, their mass in *tot. */
+static int truncate_set(di_sampler *s, const float *p, int V, const di_sampling *sp, double z, double *tot) {
+  int32_t *c = s->cid;
+  int n = 0, sorted = 0;
+  if (sp->top_k > 0 && sp->top_k < V) {
+    for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
+    n = top_k_select(c, n, sp->top_k, p);
+    sort_ids(c, n, (float *)p);
+    sorted = 1;
+    z = 0;
+    for (int i = 0; i < n; i++) z += p[c[i]];
+  } else if (sp->top_p < 1) {
+    /* the nucleus lies within the tokens above some threshold: find one that holds top_p */
+    for (double thr = 0.1;; thr *= 0.1) {
+      double m = 0;
+      n = 0;
+      if (thr < 1e-30) {
+        for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
+        break;
+      }
+      for (int i = 0; i < V; i++) if (p[i] >= thr) { c[n++] = i; m += p[i]; }
+      if (m >= sp->top_p * z) break;
+    }
+    sort_ids(c, n, (float *)p);
+    sorted = 1;
+  } else {
+    for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
+  }
+  if (sp->top_p < 1 && sorted) {
+    double acc = 0, need = sp->top_p * z;
+    int keep = n;
+    for (int i = 0; i < n; i++) {
+      acc += p[c[i]];
+      if (acc >= need) { keep = i + 1; break; }
+    }
+    n = keep;
+  }
+  if (sp->min_p > 0) {
+    /* relative to the most probable survivor, which is c[0] when sorted and has p = 1 */
+    float pm = 0;
+    for (int i = 0; i < n; i++) if (p[c[i]] > pm) pm = p[c[i]];
+    int m = 0;
+    for (int i = 0; i < n; i++) if (p[c[i]] >= sp->min_p * pm) c[m++] = c[i];
+    n = m;
+  }
+  *tot = 0;
+  for (int i = 0; i < n; i++) *tot += p[c[i]];
+  return n;
+}
+
+/* bias, masks, bans and penalties on l in place; the best id (-1: none allowed), its logit, and the
+ * log-softmax normaliser when logprobs are asked for */
+static int32_t prepare(di_sampler *s, float *l, int V, const di_sampling *sp, const int32_t *history, int n_prompt,
+                       int n_history, const uint32_t *allow, float *mx, double *lse) {
   for (int i = 0; i < sp->n_bias; i++)
     if (sp->bias_ids[i] >= 0 && sp->bias_ids[i] < V) l[sp->bias_ids[i]] += sp->bias_values[i];
   if (allow)
@@ -179,31 +230,84 @@ di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_s
   for (int i = 0; i < sp->n_ban; i++)
     if (sp->ban_ids[i] >= 0 && sp->ban_ids[i] < V) l[sp->ban_ids[i]] = -INFINITY;
   apply_penalties(s, l, sp, history, n_prompt, n_history);
-
-  float mx;
-  int32_t best = di_row_argmax(l, V, &mx); /* NaN logits are never chosen */
-  if (best < 0) return di_error_set(DI_ERR_INVALID_ARG, "no token is allowed at this step (all masked or banned)");
-
-  double lse = 0;
-  if (sp->logprobs >= 0) {
+  int32_t best = di_row_argmax(l, V, mx); /* NaN logits are never chosen */
+  *lse = 0;
+  if (best >= 0 && sp->logprobs >= 0) {
     for (int i = 0; i < V; i++)
       if (isnan(l[i])) l[i] = -INFINITY;
-    lse = mx + log(di_row_expsum(l, V, mx));
+    *lse = *mx + log(di_row_expsum(l, V, *mx));
   }
+  return best;
+}
 
+/* temperature-scaled weights exp((l - mx) / T) into p; returns their sum */
+static double tempered(const float *l, int V, float mx, float temperature, float *p) {
+  float inv_t = 1.0f / temperature;
+  double z = 0;
+  for (int i = 0; i < V; i++) {
+    float d = (l[i] - mx) * inv_t; /* the best token has p = 1; -inf, NaN and underflow give 0 */
+    p[i] = d > -87.0f ? expf(d) : 0.0f;
+    z += p[i];
+  }
+  return z;
+}
+
+static int truncates(const di_sampling *sp, int V) {
+  return (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1 || sp->min_p > 0;
+}
+
+di_status di_sampler_probs(di_sampler *s, float *l, int vocab_limit, const di_sampling *sp, const int32_t *history,
+                           int n_prompt, int n_history, const uint32_t *allow, float *probs, double *lse) {
+  int V = vocab_limit > 0 && vocab_limit < s->vocab ? vocab_limit : s->vocab;
+  float mx;
+  int32_t best = prepare(s, l, V, sp, history, n_prompt, n_history, allow, &mx, lse);
+  if (best < 0) return di_error_set(DI_ERR_INVALID_ARG, "no token is allowed at this step (all masked or banned)");
+  if (!(sp->temperature > 0 && sp->top_k != 1)) {
+    memset(probs, 0, sizeof(float) * (size_t)V);
+    probs[best] = 1.0f;
+    return DI_OK;
+  }
+  double z;
+  z = tempered(l, V, mx, sp->temperature, s->cp);
+  if (!truncates(sp, V)) {
+    for (int i = 0; i < V; i++) probs[i] = (float)(s->cp[i] / z);
+    return DI_OK;
+  }
+  double tot;
+  int n = truncate_set(s, s->cp, V, sp, z, &tot);
+  memset(probs, 0, sizeof(float) * (size_t)V);
+  for (int i = 0; i < n; i++) probs[s->cid[i]] = (float)(s->cp[s->cid[i]] / tot);
+  return DI_OK;
+}
+
+int32_t di_sample_from_probs(const float *probs, int V, double u) {
+  double tot = 0;
+  for (int i = 0; i < V; i++) tot += probs[i];
+  double target = u * tot, acc = 0;
+  int32_t tok = -1;
+  for (int i = 0; i < V; i++) {
+    if (probs[i] <= 0) continue;
+    acc += probs[i];
+    tok = i;
+    if (acc > target) break;
+  }
+  return tok;
+}
+
+di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_sampling *sp,
+                            const int32_t *history, int n_prompt, int n_history, const uint32_t *allow,
+                            uint64_t counter, di_sample_result *res) {
+  int V = vocab_limit > 0 && vocab_limit < s->vocab ? vocab_limit : s->vocab;
+  float mx;
+  double lse;
+  int32_t best = prepare(s, l, V, sp, history, n_prompt, n_history, allow, &mx, &lse);
+  if (best < 0) return di_error_set(DI_ERR_INVALID_ARG, "no token is allowed at this step (all masked or banned)");
   int32_t tok = best;
   if (sp->temperature > 0 && sp->top_k != 1) {
     float *p = s->cp;
-    float inv_t = 1.0f / sp->temperature;
-    double z = 0;
-    for (int i = 0; i < V; i++) {
-      float d = (l[i] - mx) * inv_t; /* the best token has p = 1; -inf, NaN and underflow give 0 */
-      p[i] = d > -87.0f ? expf(d) : 0.0f;
-      z += p[i];
-    }
-    int trunc = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1 || sp->min_p > 0;
+    double z = tempered(l, V, mx, sp->temperature, p);
     double u = di_rng_uniform(sp->seed, sp->stream, counter);
-    if (!trunc) {
+    if (!truncates(sp, V)) {
       double target = u * z, acc = 0;
       tok = -1;
       for (int i = 0; i < V; i++) {
@@ -213,51 +317,9 @@ di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_s
         if (acc > target) break;
       }
     } else {
+      double tot;
+      int n = truncate_set(s, p, V, sp, z, &tot);
       int32_t *c = s->cid;
-      int n = 0, sorted = 0;
-      if (sp->top_k > 0 && sp->top_k < V) {
-        for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
-        n = top_k_select(c, n, sp->top_k, p);
-        sort_ids(c, n, p);
-        sorted = 1;
-        z = 0;
-        for (int i = 0; i < n; i++) z += p[c[i]];
-      } else if (sp->top_p < 1) {
-        /* the nucleus lies within the tokens above some threshold: find one that holds top_p */
-        for (double thr = 0.1;; thr *= 0.1) {
-          double m = 0;
-          n = 0;
-          if (thr < 1e-30) {
-            for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
-            break;
-          }
-          for (int i = 0; i < V; i++) if (p[i] >= thr) { c[n++] = i; m += p[i]; }
-          if (m >= sp->top_p * z) break;
-        }
-        sort_ids(c, n, p);
-        sorted = 1;
-      } else {
-        for (int i = 0; i < V; i++) if (p[i] > 0) c[n++] = i;
-      }
-      if (sp->top_p < 1 && sorted) {
-        double acc = 0, need = sp->top_p * z;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-          acc += p[c[i]];
-          if (acc >= need) { keep = i + 1; break; }
-        }
-        n = keep;
-      }
-      if (sp->min_p > 0) {
-        /* relative to the most probable survivor, which is c[0] when sorted and has p = 1 */
-        float pm = 0;
-        for (int i = 0; i < n; i++) if (p[c[i]] > pm) pm = p[c[i]];
-        int m = 0;
-        for (int i = 0; i < n; i++) if (p[c[i]] >= sp->min_p * pm) c[m++] = c[i];
-        n = m;
-      }
-      double tot = 0;
-      for (int i = 0; i < n; i++) tot += p[c[i]];
       double target = u * tot, acc = 0;
       tok = c[n - 1];
       for (int i = 0; i < n; i++) {
@@ -267,11 +329,16 @@ di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_s
     }
     if (tok < 0) tok = best;
   }
+  di_sampler_logprobs(l, V, sp->logprobs, lse, tok, res);
+  return DI_OK;
+}
+
+void di_sampler_logprobs(const float *l, int V, int logprobs, double lse, int32_t tok, di_sample_result *res) {
   res->token = tok;
   res->n_top = 0;
-  res->logprob = sp->logprobs >= 0 ? (float)(l[tok] - lse) : 0.0f;
-  if (sp->logprobs > 0) {
-    int k = sp->logprobs;
+  res->logprob = logprobs >= 0 ? (float)(l[tok] - lse) : 0.0f;
+  if (logprobs > 0) {
+    int k = logprobs;
     int n = 0;
     for (int i = 0; i < V; i++) {
       if (l[i] == -INFINITY) continue;
@@ -286,5 +353,4 @@ di_status di_sampler_sample(di_sampler *s, float *l, int vocab_limit, const di_s
     for (int j = 0; j < n; j++) res->top_logprobs[j] = (float)(l[res->top_ids[j]] - lse);
     res->n_top = n;
   }
-  return DI_OK;
 }

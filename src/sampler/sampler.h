@@ -54,6 +54,19 @@ void di_sampler_free(di_sampler *s);
 di_status di_sampler_sample(di_sampler *s, float *logits, int vocab_limit, const di_sampling *sp,
                             const int32_t *history, int n_prompt, int n_history, const uint32_t *allow,
                             uint64_t counter, di_sample_result *res);
+/* The distribution di_sampler_sample draws from, for speculative sampling (min(1, p/q) acceptance):
+ * the same processing of `logits` (in place: bias, masks, bans, penalties), then temperature and
+ * top-k / top-p / min-p; probs[i] for i < the vocabulary limit, summing to 1 (greedy: one-hot at the
+ * argmax). *lse is the log-softmax normaliser of the processed logits when sp->logprobs >= 0. */
+di_status di_sampler_probs(di_sampler *s, float *logits, int vocab_limit, const di_sampling *sp,
+                           const int32_t *history, int n_prompt, int n_history, const uint32_t *allow,
+                           float *probs, double *lse);
+/* Inverse-CDF draw in id order from non-negative weights (normalised here) with uniform u in [0, 1);
+ * -1 when every weight is 0. */
+int32_t di_sample_from_probs(const float *probs, int V, double u);
+/* res for token `tok` of processed logits l (as di_sampler_probs left them): its log-probability and
+ * the top `logprobs` (as di_sampler_sample reports them). */
+void di_sampler_logprobs(const float *l, int V, int logprobs, double lse, int32_t tok, di_sample_result *res);
 /* Checks parameter ranges; names the bad one. */
 di_status di_sampling_validate(const di_sampling *sp, int vocab);
 #endif

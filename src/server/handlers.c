@@ -960,6 +960,21 @@ static int handle_metrics(di_server *s, di_conn *c, int keep_alive) {
   for (int i = 0; i < spec.num_tokens && i < 5; i++)
     sb_printf(&b, "deepinfer_spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %lld\n", l, i,
               (long long)spec.accepted_at[i]);
+  /* DSpark's confidence head: per bin of predicted acceptance, drafts verified, summed predictions
+   * and accepted drafts; the expected calibration error over all of them */
+  sb_printf(&b, "# HELP deepinfer_spec_decode_confidence_drafts_total Verified drafts by predicted-acceptance bin.\n"
+                "# TYPE deepinfer_spec_decode_confidence_drafts_total counter\n"
+                "# TYPE deepinfer_spec_decode_confidence_predicted_total counter\n"
+                "# TYPE deepinfer_spec_decode_confidence_accepted_total counter\n");
+  for (int i = 0; i < DI_SPEC_CALIB_BINS && spec.method == 1; i++)
+    sb_printf(&b, "deepinfer_spec_decode_confidence_drafts_total{%s,bin=\"%.1f\"} %lld\n"
+                  "deepinfer_spec_decode_confidence_predicted_total{%s,bin=\"%.1f\"} %.6g\n"
+                  "deepinfer_spec_decode_confidence_accepted_total{%s,bin=\"%.1f\"} %lld\n",
+              l, i / 10.0, (long long)spec.calib_count[i], l, i / 10.0, spec.calib_predicted[i], l, i / 10.0,
+              (long long)spec.calib_accepted[i]);
+  sb_printf(&b, "# HELP deepinfer_spec_decode_confidence_ece Expected calibration error of the confidence head.\n"
+                "# TYPE deepinfer_spec_decode_confidence_ece gauge\ndeepinfer_spec_decode_confidence_ece{%s} %.6g\n",
+            l, spec.calibration_error);
   sb_histogram(&b, "deepinfer_time_to_first_token_seconds", "From the job's admission to its first token.", l, &s->ttft);
   sb_histogram(&b, "deepinfer_inter_token_latency_seconds", "Between a sample's consecutive output tokens.", l, &s->itl);
   sb_histogram(&b, "deepinfer_e2e_request_latency_seconds", "From the job's admission to its response's end.", l, &s->e2e);

@@ -158,6 +158,22 @@ static void cpu_destroy(di_backend *base) {
   free(b);
 }
 
+di_status di_cpu_backend_set_capture(di_backend *base, const int *layer_ids, int n) {
+  di_cpu_backend *b = (di_cpu_backend *)base;
+  if (!b || strcmp(base->ops->name, "cpu") != 0)
+    return di_error_set(DI_ERR_UNSUPPORTED, "hidden-state capture for a drafter needs the CPU backend");
+  if (n < 0 || n > 16)
+    return di_error_set(DI_ERR_INVALID_ARG, "capture of %d layers (at most 16)", n);
+  for (int i = 0; i < n; i++)
+    if (layer_ids[i] < -1 || layer_ids[i] >= b->w->n_layers || (i > 0 && layer_ids[i] <= layer_ids[i - 1]))
+      return di_error_set(DI_ERR_INVALID_ARG, "capture layer id %d is not an increasing id in [-1, %d)", layer_ids[i],
+                          b->w->n_layers);
+  for (int i = 0; i < n; i++)
+    b->capture[i] = layer_ids[i];
+  b->n_capture = n;
+  return DI_OK;
+}
+
 /* the first MTP module (DeepSeek-V3 ships one) */
 static di_status cpu_mtp(di_backend *b, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out) {
   return di_cpu_deepseek_mtp_forward((di_cpu_backend *)b, 0, batch, prev_hidden, logits, hidden_out);

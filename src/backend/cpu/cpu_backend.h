@@ -33,6 +33,11 @@ typedef struct di_cpu_backend {
   float *s_kv_tmp;     /* per thread: 4 keys decoded from the fp8 cache (4 * kv_dim) */
   size_t attn_scratch_per_thread;
   const di_batch *pending; /* submitted, not yet run */
+  /* feature capture for a DSpark drafter (di_cpu_backend_set_capture): when n_capture > 0, wait()'s
+   * hidden rows are [n_outputs][n_capture * hidden]: per id the output of that layer (-1: the
+   * embedding; the last layer's after the final norm, as HF's output_hidden_states) */
+  int n_capture;
+  int capture[16];
 } di_cpu_backend;
 
 di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights *w, int threads, di_backend **out);
@@ -41,6 +46,8 @@ di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights 
 di_status di_backend_cpu_set_kv_fp8(di_backend *be);
 /* Grows the scratch buffers for a step of T tokens (and its longest attention span). */
 di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch);
+/* Sets (n > 0) or clears (n == 0) the feature capture above; ids increasing in [-1, n_layers). */
+di_status di_cpu_backend_set_capture(di_backend *b, const int *layer_ids, int n);
 di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden);
 /* MLA attention of a step's tokens at one layer in the absorbed form (cpu_deepseek.c), over cache
  * entries already written (the step's own included): q [T][heads][nope | rope] with q_pe not yet

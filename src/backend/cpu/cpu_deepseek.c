@@ -450,14 +450,25 @@ di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, floa
       return di_error_set(DI_ERR_INVALID_ARG, "token id %d out of range [0, %d)", id, c->vocab_size);
     di_weight_rows_f32(&w->embed, id, id + 1, x + (size_t)t * H);
   }
-  for (int l = 0; l < w->n_layers; l++)
-    decoder_layer(b, batch, l, &w->layers[l], x);
+  const int nc = hidden ? b->n_capture : 0, last = w->n_layers - 1;
+  for (int l = -1; l < w->n_layers; l++) {
+    if (l >= 0)
+      decoder_layer(b, batch, l, &w->layers[l], x);
+    for (int k = 0; k < nc; k++) /* a drafter's features: this layer's output (the last: below) */
+      if (b->capture[k] == l && l != last)
+        for (int i = 0; i < batch->n_outputs; i++)
+          memcpy(hidden + ((size_t)i * nc + k) * H, x + (size_t)batch->output_rows[i] * H, sizeof(float) * (size_t)H);
+  }
   /* final norm and lm_head for the output rows only */
   float *hn = b->s_h;
   for (int i = 0; i < batch->n_outputs; i++)
     di_cpu_rmsnorm_row(hn + (size_t)i * H, x + (size_t)batch->output_rows[i] * H, w->final_norm, H, c->rms_norm_eps);
-  if (hidden)
+  if (hidden && nc == 0)
     memcpy(hidden, hn, sizeof(float) * (size_t)batch->n_outputs * H);
+  for (int k = 0; k < nc; k++)
+    if (b->capture[k] == last)
+      for (int i = 0; i < batch->n_outputs; i++)
+        memcpy(hidden + ((size_t)i * nc + k) * H, hn + (size_t)i * H, sizeof(float) * (size_t)H);
   if (logits)
     di_cpu_gemm(b->tp, hn, batch->n_outputs, H, &w->lm_head, 0, c->vocab_size, logits, c->vocab_size);
   return DI_OK;

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Speculative decoding on the CPU: plain vs MTP vs DSpark (fixed k = 1..5 and the confidence
+schedule), at batch 1 and 16, greedy (every config) and temperature 1 (plain, mtp, dspark k=3 and scheduled), with the shipped model and drafter. Prints a
+markdown table (generated tokens/s over the whole run, acceptance, mean accepted length, ECE) and
+checks that greedy outputs equal plain decoding's.
+
+Usage: DEEPINFER_LIB=build/libdeepinfer.so PYTHONPATH=python python3 bench/bench_dspark.py \
+    [--model models/default] [--tokens 128] [--threads 2]
+"""
+import argparse
+import time
+
+from deepinfer import LLM, SamplingParams
+
+PROMPTS = ["The history of the city", "The sea is", "Once upon a time", "This program is free software",
+           "In the beginning", "The function returns", "A long time ago in a", "Copyright (C) 2004",
+           "The quick brown fox", "What does it mean", "The package provides", "It was the best of",
+           "The manual page", "Debian is", "The river", "The library"]
+
+
+def run(model, spec, batch, temperature, tokens, threads):
+    llm = LLM(model, threads=threads, speculative_config=spec, quiet=True)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+    sp = [SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(batch)]
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, sp)
+    dt = time.perf_counter() - t0
+    st = llm.get_speculative_stats()
+    llm.close()
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    return sum(len(i) for i in ids) / dt, st, ids
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="models/default")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    configs = [("plain", None), ("mtp k=3", {"method": "mtp", "num_speculative_tokens": 3})]
+    configs += [(f"dspark fixed k={k}", {"method": "dspark", "num_speculative_tokens": k, "schedule": "fixed"})
+                for k in range(1, 6)]
+    configs += [("dspark scheduled k=5", {"method": "dspark", "num_speculative_tokens": 5})]
+    print("| batch | T | config | tok/s | vs plain | accepted / drafted | mean accepted length | ECE | greedy == plain |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for batch in (1, 16):
+        for temperature in (0.0, 1.0):
+            base, ref = None, None
+            for name, spec in configs:
+                if temperature > 0 and name not in ("plain", "mtp k=3", "dspark fixed k=3", "dspark scheduled k=5"):
+                    continue
+                tps, st, ids = run(a.model, spec, batch, temperature, a.tokens, a.threads)
+                if spec is None:
+                    base, ref = tps, ids
+                same = "yes" if ids == ref else ("n/a" if temperature > 0 else "NO")
+                acc = f"{st['accepted_tokens']} / {st['drafted_tokens']}" if spec else "-"
+                mal = f"{st['mean_accepted_length']:.2f}" if spec else "-"
+                ece = f"{st['calibration']['ece']:.3f}" if spec and spec.get("method") == "dspark" else "-"
+                print(f"| {batch} | {temperature:g} | {name} | {tps:.0f} | {tps / base:.2f}x | {acc} | {mal} | {ece} | "
+                      f"{same if spec else '-'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

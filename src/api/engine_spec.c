@@ -1,0 +1,140 @@
+/* di_engine_set_speculative_config: vLLM's --speculative-config JSON turned into the engine's
+ * speculative decoding. "mtp" is di_engine_set_speculative; "dspark" loads a DSpark drafter folder
+ * (arch/dspark.h), runs it on the model's CPU backend (backend/cpu/cpu_dspark.h) with the target's
+ * hidden states of the drafter's layers captured by wait(), and hands it to the engine
+ * (engine/drafter.h). The one parser of the config, for generate, serve and Python. */
+#include "api/model_internal.h"
+#include "arch/dspark.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dspark.h"
+#include "engine/drafter.h"
+#include "engine/spec_decode.h"
+#include "util/json.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct dspark_binding {
+  di_dspark *w;
+  di_cpu_dspark *cpu;
+  di_backend *be;
+} dspark_binding;
+
+static di_status b_kv_alloc(void *c, int64_t n) { return di_cpu_dspark_kv_alloc(((dspark_binding *)c)->cpu, n); }
+static di_status b_context(void *c, int n, const float *f, const int32_t *pos, const int32_t *seq_of, const di_batch_seq *seqs) {
+  return di_cpu_dspark_context(((dspark_binding *)c)->cpu, n, f, pos, seq_of, seqs);
+}
+static di_status b_propose(void *c, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs, float *h, float *lg) {
+  return di_cpu_dspark_propose(((dspark_binding *)c)->cpu, n, tok, pos, seqs, h, lg);
+}
+static void b_markov(void *c, int32_t prev, float *lg) { di_cpu_dspark_markov(((dspark_binding *)c)->cpu, prev, lg); }
+static float b_conf(void *c, const float *h, int32_t prev) { return di_cpu_dspark_confidence(((dspark_binding *)c)->cpu, h, prev); }
+static void b_destroy(void *c) {
+  dspark_binding *b = c;
+  if (!b) return;
+  di_cpu_backend_set_capture(b->be, NULL, 0);
+  di_cpu_dspark_free(b->cpu);
+  di_dspark_free(b->w);
+  free(b);
+}
+
+static di_status set_dspark(di_engine *e, di_model *m, const char *dir, int k, int exact, int fixed) {
+  if (!m->backend || strcmp(m->backend->ops->name, "cpu") != 0)
+    return di_error_set(DI_ERR_UNSUPPORTED, "speculative_config method \"dspark\" runs on the CPU backend of a DeepSeek-V2/V3 "
+                        "model for now (this model's backend is %s)", m->backend ? m->backend->ops->name : "none");
+  char def[4200];
+  if (!dir) {
+    snprintf(def, sizeof def, "%s/dspark", m->dir);
+    dir = def;
+  }
+  char cfg_path[4300];
+  snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+  if (access(cfg_path, R_OK) != 0)
+    return di_error_set(DI_ERR_IO, "speculative_config: no DSpark drafter at %s (set \"model\" to a folder with config.json "
+                        "and model.safetensors)", dir);
+  dspark_binding *b = calloc(1, sizeof *b);
+  if (!b) return di_error_set(DI_ERR_OOM, "out of memory");
+  b->be = m->backend;
+  di_status st = di_dspark_load(dir, &m->cfg, &m->weights.embed, &m->weights.lm_head, &b->w);
+  if (st == DI_OK) st = di_cpu_dspark_create(b->w, ((di_cpu_backend *)m->backend)->tp, &b->cpu);
+  if (st == DI_OK) st = di_cpu_backend_set_capture(m->backend, b->w->feat_layers, b->w->n_feats);
+  if (st == DI_OK) {
+    di_drafter_ops ops = {.ctx = b, .block_size = b->w->block_size, .hidden = b->w->hidden,
+                          .feat_dim = b->w->n_feats * b->w->target_hidden, .kv_alloc = b_kv_alloc,
+                          .context = b_context, .propose = b_propose, .markov = b_markov, .confidence = b_conf,
+                          .destroy = b_destroy};
+    st = di_engine_set_dspark(e, &ops, k, exact, fixed);
+  }
+  if (st != DI_OK) b_destroy(b);
+  return st;
+}
+
+di_status di_engine_set_speculative_config(di_engine *e, di_model *m, const char *json) {
+  if (!json || (!e) != (!m)) return di_error_set(DI_ERR_INVALID_ARG, "di_engine_set_speculative_config: NULL argument");
+  cJSON *j = NULL;
+  DI_TRY(di_json_parse(json, strlen(json), "speculative_config", &j));
+  di_status st = DI_OK;
+  const char *method = NULL, *acceptance = NULL, *schedule = NULL, *model = NULL;
+  int64_t k = -1;
+  double conf = 0.3;
+  if (!cJSON_IsObject(j)) {
+    st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config must be a JSON object");
+    goto done;
+  }
+  for (const cJSON *it = j->child; it; it = it->next)
+    if (strcmp(it->string, "method") && strcmp(it->string, "num_speculative_tokens") && strcmp(it->string, "min_confidence") &&
+        strcmp(it->string, "acceptance") && strcmp(it->string, "schedule") && strcmp(it->string, "model")) {
+      st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: unknown key \"%s\" (method, num_speculative_tokens, "
+                        "min_confidence, acceptance, schedule, model)", it->string);
+      goto done;
+    }
+  if ((st = di_json_str(j, "method", NULL, "speculative_config", &method)) != DI_OK) goto done;
+  if ((st = di_json_str(j, "acceptance", NULL, "speculative_config", &acceptance)) != DI_OK) goto done;
+  if ((st = di_json_str(j, "schedule", "confidence", "speculative_config", &schedule)) != DI_OK) goto done;
+  if ((st = di_json_str(j, "model", NULL, "speculative_config", &model)) != DI_OK) goto done;
+  if ((st = di_json_num(j, "min_confidence", 0.3, "speculative_config", &conf)) != DI_OK) goto done;
+  const cJSON *nk = cJSON_GetObjectItemCaseSensitive(j, "num_speculative_tokens");
+  if (nk && !di_json_int_in(nk, 0, 5, &k)) {
+    st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: num_speculative_tokens must be an integer in [0, 5]");
+    goto done;
+  }
+  if (!method || !strcmp(method, "deepseek_mtp")) method = "mtp"; /* as before: mtp when not named */
+  if (strcmp(method, "mtp") && strcmp(method, "dspark")) {
+    st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: method must be \"mtp\" or \"dspark\", got \"%s\"", method);
+    goto done;
+  }
+  if (acceptance && strcmp(acceptance, "exact") && strcmp(acceptance, "rejection")) {
+    st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: acceptance must be \"rejection\" or \"exact\", got \"%s\"", acceptance);
+    goto done;
+  }
+  if (strcmp(schedule, "confidence") && strcmp(schedule, "fixed")) {
+    st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: schedule must be \"confidence\" or \"fixed\", got \"%s\"", schedule);
+    goto done;
+  }
+  if (!strcmp(method, "mtp") || !e) {
+    if (strcmp(method, "mtp")) goto done; /* validation only (e and m NULL): dspark's checks need the model */
+    if (acceptance && strcmp(acceptance, "exact")) {
+      st = di_error_set(DI_ERR_UNSUPPORTED, "speculative_config: method \"mtp\" verifies by exact match only (acceptance \"exact\")");
+      goto done;
+    }
+    if (model) {
+      st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: \"model\" is for method \"dspark\" (mtp uses the model's own layer)");
+      goto done;
+    }
+    if (k < 0) {
+      st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: num_speculative_tokens (0..5) is required for method \"mtp\"");
+      goto done;
+    }
+    if (e) st = di_engine_set_speculative(e, (int)k, (float)conf);
+    goto done;
+  }
+  if (k == 0) {
+    st = di_engine_set_speculative(e, 0, 0.3f);
+    goto done;
+  }
+  st = set_dspark(e, m, model, k < 0 ? 5 : (int)k, acceptance && !strcmp(acceptance, "exact"), !strcmp(schedule, "fixed"));
+done:
+  cJSON_Delete(j);
+  return st;
+}

@@ -1,0 +1,24 @@
+/* A block drafter as the engine sees it (DSpark; the CPU implementation is
+ * src/backend/cpu/cpu_dspark.c, bound by src/api/engine_spec.c). The engine feeds it the target's
+ * features of every computed position (context), asks it for one block per decoding sequence
+ * (propose), then applies the Markov head and the confidence head left to right itself. */
+#ifndef DI_ENGINE_DRAFTER_H
+#define DI_ENGINE_DRAFTER_H
+#include "backend/backend.h"
+
+typedef struct di_drafter_ops {
+  void *ctx;
+  int block_size;  /* rows of a proposal: block_size drafts */
+  int hidden;      /* the drafter's hidden size (propose's hidden rows) */
+  int feat_dim;    /* one feature row: what the target backend's wait() writes per output row */
+  /* (re)allocates the drafter's cache for the target pool's block count */
+  di_status (*kv_alloc)(void *ctx, int64_t n_blocks);
+  di_status (*context)(void *ctx, int n, const float *feats, const int32_t *pos, const int32_t *seq_of,
+                       const di_batch_seq *seqs);
+  di_status (*propose)(void *ctx, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
+                       float *hidden, float *logits);
+  void (*markov)(void *ctx, int32_t prev, float *logits);
+  float (*confidence)(void *ctx, const float *hidden, int32_t prev);
+  void (*destroy)(void *ctx);
+} di_drafter_ops;
+#endif

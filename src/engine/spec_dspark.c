@@ -1,0 +1,258 @@
+/* DSpark speculative decoding in the engine: the block drafter's context feed and proposals after
+ * each step, the Markov and confidence heads applied left to right, draft distributions for
+ * speculative sampling, confidence-scheduled verification grants and the calibration counts.
+ *
+ * After a step: every position the target computed with a valid token ([start, n_valid) of each
+ * scheduled sequence, prompt chunks included) becomes a context row of the drafter (its features are
+ * the hidden rows wait() wrote). Then each decoding sequence (n_valid == n_tokens - 1: its last token
+ * is sampled, not computed) gets one block anchored at that token. Draft j's logits are the block's
+ * row j plus the Markov term of draft j - 1 (the anchor for j = 0); its confidence is the head's
+ * probability, the survival of draft j the product up to j. Greedy requests (and acceptance "exact")
+ * take the argmax; the others draw draft j from q_j, the draft logits processed exactly as the
+ * sampler processes the target's (bias, bans, penalties counting the drafts before j, temperature,
+ * top-k/p, min-p), kept for the min(1, p/q) test (sample_rows.c).
+ *
+ * Scheduling (di_spec_grant_scheduled): candidates (request, position) in decreasing survival are
+ * admitted while (tokens expected from the step) / (the step's predicted time) grows. The time of a
+ * step of n tokens comes from a profile of measured steps (EMA per token count, linear between
+ * counts seen, taken from the engine's own steps: a step is first run without drafts to measure it,
+ * then with all of them to measure a larger one). The survivals
+ * are the ones computed on the host after the previous step: no extra synchronisation. */
+#include "engine/spec_internal.h"
+#include "sampler/rng.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int samples_drafts(const struct di_spec *sp, const di_req *r) {
+  return !sp->exact && r->sp.temperature > 0 && r->sp.top_k != 1;
+}
+
+di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_tokens, int exact, int fixed) {
+  if (!e || !d) return di_error_set(DI_ERR_INVALID_ARG, "di_engine_set_dspark: NULL argument");
+  if (num_tokens < 1 || num_tokens > DI_SPEC_MAX_DRAFT)
+    return di_error_set(DI_ERR_INVALID_ARG, "num_speculative_tokens must be in [1, %d], got %d", DI_SPEC_MAX_DRAFT, num_tokens);
+  if (e->n_all > 0 || e->n_grave > 0 || e->steps > 0 || e->inflight_active)
+    return di_error_set(DI_ERR_INVALID_ARG, "speculative decoding must be set before the first request");
+  if (num_tokens > d->block_size) num_tokens = d->block_size;
+  DI_TRY(di_spec_alloc(e, num_tokens, d->feat_dim));
+  struct di_spec *sp = e->spec;
+  sp->method = DI_SPEC_DSPARK;
+  sp->exact = exact;
+  sp->fixed = fixed;
+  sp->drafter = *d;
+  const size_t T = (size_t)sp->max_tok, S = (size_t)sp->max_seqs, B = (size_t)d->block_size;
+  sp->feat_rows = malloc(T * (size_t)d->feat_dim * sizeof(float));
+  sp->atok = malloc(S * sizeof *sp->atok);
+  sp->apos = malloc(S * sizeof *sp->apos);
+  sp->areq = malloc(S * sizeof *sp->areq);
+  sp->dhid = malloc(S * B * (size_t)d->hidden * sizeof(float));
+  sp->dlog = malloc(S * B * (size_t)sp->V * sizeof(float));
+  di_status st = sp->feat_rows && sp->atok && sp->apos && sp->areq && sp->dhid && sp->dlog
+                     ? di_sampler_create(sp->V, &sp->sampler)
+                     : di_error_set(DI_ERR_OOM, "DSpark: out of memory");
+  if (st == DI_OK) st = d->kv_alloc(d->ctx, di_kv_group_blocks(e->kv, 0));
+  if (st != DI_OK) {
+    sp->drafter.destroy = NULL; /* the caller still owns the drafter on failure */
+    di_spec_free(e);
+  }
+  return st;
+}
+
+void di_spec_calibrate(struct di_spec *sp, float conf, int accepted) {
+  int b = (int)(conf * DI_SPEC_CALIB_BINS);
+  if (b < 0) b = 0;
+  if (b >= DI_SPEC_CALIB_BINS) b = DI_SPEC_CALIB_BINS - 1;
+  sp->cal_n[b]++;
+  sp->cal_pred[b] += conf;
+  sp->cal_acc[b] += accepted != 0;
+}
+
+void di_spec_record_step(di_engine *e, int n_tokens, double seconds) {
+  struct di_spec *sp = e->spec;
+  if (!sp || n_tokens <= 0 || n_tokens > DI_SPEC_PROFILE_MAX) return;
+  double ms = seconds * 1e3, *p = &sp->prof_ms[n_tokens];
+  *p = *p > 0 ? 0.8 * *p + 0.2 * ms : ms;
+  sp->steps_seen++;
+}
+
+/* predicted milliseconds of a step of n tokens: the profile, linear between measured counts, the
+ * per-token slope of the two nearest measured counts beyond them */
+static double step_ms(const struct di_spec *sp, int n) {
+  if (n > DI_SPEC_PROFILE_MAX) n = DI_SPEC_PROFILE_MAX;
+  if (sp->prof_ms[n] > 0) return sp->prof_ms[n];
+  int lo = n - 1, hi = n + 1;
+  while (lo > 0 && !(sp->prof_ms[lo] > 0)) lo--;
+  while (hi <= DI_SPEC_PROFILE_MAX && !(sp->prof_ms[hi] > 0)) hi++;
+  if (lo > 0 && hi <= DI_SPEC_PROFILE_MAX)
+    return sp->prof_ms[lo] + (sp->prof_ms[hi] - sp->prof_ms[lo]) * (double)(n - lo) / (double)(hi - lo);
+  if (lo > 0) { /* beyond the largest count seen: extend by its slope from the one below */
+    int lo2 = lo - 1;
+    while (lo2 > 0 && !(sp->prof_ms[lo2] > 0)) lo2--;
+    double slope = lo2 > 0 ? (sp->prof_ms[lo] - sp->prof_ms[lo2]) / (double)(lo - lo2) : sp->prof_ms[lo] / (double)lo;
+    if (slope < 0) slope = 0;
+    return sp->prof_ms[lo] + slope * (double)(n - lo);
+  }
+  return -1; /* nothing measured */
+}
+
+static int cand_cmp(const void *a, const void *b) {
+  const spec_cand *x = a, *y = b;
+  if (x->conf != y->conf) return x->conf > y->conf ? -1 : 1;
+  if (x->entry != y->entry) return x->entry < y->entry ? -1 : 1;
+  return (x->j > y->j) - (x->j < y->j);
+}
+
+di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n) {
+  struct di_spec *sp = e->spec;
+  qsort(sp->cands, (size_t)n, sizeof *sp->cands, cand_cmp);
+  int take = n < *budget ? n : *budget;
+  if (!sp->fixed && take > 0) {
+    /* expected tokens: one per sampled entry, plus each admitted draft's survival */
+    double expect = 0;
+    for (int i = 0; i < s->n; i++) expect += s->e[i].sample ? 1.0 : 0.0;
+    int base = s->n_tokens, best = 0, above = 0;
+    double t0 = step_ms(sp, base);
+    for (int m = base + 1; m <= DI_SPEC_PROFILE_MAX && !above; m++) above = sp->prof_ms[m] > 0;
+    if (t0 <= 0) {
+      take = 0; /* probe: this step measures a step without drafts */
+    } else if (above) {
+      /* the drafts' own cost: the proposals of the drafting sequences (paid for the next step) */
+      int drafting = 0;
+      for (int i = 0; i < s->n; i++) drafting += s->e[i].r->n_draft > 0;
+      double rate = expect / t0, e_run = expect, t_draft = sp->draft_ms * drafting;
+      for (int c = 0; c < take; c++) {
+        e_run += sp->cands[c].conf;
+        double t = step_ms(sp, base + c + 1);
+        if (t <= 0 || e_run / (t + t_draft) <= rate) break;
+        rate = e_run / (t + t_draft);
+        best = c + 1;
+      }
+      take = best;
+      /* nothing pays: stop proposing for a while (the context is still fed), then look again; the
+       * pause doubles (16 .. 512 steps) while it keeps not paying */
+      if (best == 0) {
+        sp->pause_len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
+        sp->pause = sp->pause_len;
+      } else {
+        sp->pause_len = 0;
+      }
+    } /* else explore: verify everything, which measures a larger step */
+  }
+  for (int c = 0; c < take; c++) {
+    di_req *r = s->e[sp->cands[c].entry].r;
+    if (sp->cands[c].j + 1 > r->n_spec) r->n_spec = sp->cands[c].j + 1;
+  }
+  return DI_OK;
+}
+
+/* q_j for a request that samples its drafts: the draft logits processed as the sampler processes a
+ * target row at that position (history = tokens + drafts before j) */
+static di_status draft_dist(di_engine *e, di_req *r, int j, float *lg, float *q) {
+  struct di_spec *sp = e->spec;
+  int n = r->n_tokens + j;
+  if (n > sp->hist_cap) {
+    int32_t *h = realloc(sp->hist, (size_t)n * 2 * sizeof *h);
+    if (!h) return di_error_set(DI_ERR_OOM, "DSpark: out of memory");
+    sp->hist = h;
+    sp->hist_cap = n * 2;
+  }
+  memcpy(sp->hist, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
+  memcpy(sp->hist + r->n_tokens, r->draft, sizeof(int32_t) * (size_t)j);
+  di_sampling spp = r->sp;
+  if (n - r->n_prompt >= r->min_tokens) spp.n_ban = 0;
+  double lse;
+  return di_sampler_probs(sp->sampler, lg, e->cfg.vocab_limit, &spp, sp->hist, r->n_prompt, n, NULL, q, &lse);
+}
+
+di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
+  struct di_spec *sp = e->spec;
+  const di_drafter_ops *d = &sp->drafter;
+  const size_t F = (size_t)d->feat_dim, V = (size_t)sp->V, B = (size_t)d->block_size, DH = (size_t)d->hidden;
+  int row = 0, m = 0, q = 0;
+  /* 1. context rows of every position this step computed with a valid token */
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    di_req *r = en->r;
+    int t0 = row;
+    row += en->n_new;
+    r->n_draft = 0;
+    r->draft_sampled = 0;
+    if (r->state == DI_REQ_DONE) continue; /* its blocks are gone */
+    int hi = r->n_valid < en->start + en->n_new ? r->n_valid : en->start + en->n_new;
+    if (hi <= en->start) continue;
+    for (int p = en->start; p < hi; p++) {
+      memcpy(sp->feat_rows + (size_t)m * F, sp->hidden + (size_t)(t0 + p - en->start) * F, F * sizeof(float));
+      sp->pos[m] = p;
+      sp->seq_of[m] = q;
+      m++;
+    }
+    sp->seqs[q++] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
+  }
+  di_status st = d->context(d->ctx, m, sp->feat_rows, sp->pos, sp->seq_of, sp->seqs);
+  if (st != DI_OK) return di_spec_fail(e, s, st);
+  /* 2. one block per decoding sequence */
+  int n = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    di_req *r = en->r;
+    if (en->dropped || r->state != DI_REQ_RUNNING || r->constraint) continue;
+    if (r->n_valid != r->n_tokens - 1 || di_spec_draft_cap(sp, r) <= 0) continue;
+    sp->atok[n] = r->tokens[r->n_tokens - 1];
+    sp->apos[n] = r->n_tokens - 1;
+    sp->seqs[n] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
+    sp->areq[n++] = r;
+  }
+  if (n == 0) return DI_OK;
+  if (sp->pause > 0 && !sp->fixed) {
+    sp->pause--;
+    return DI_OK;
+  }
+  double t_start = di_now();
+  st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dhid, sp->dlog);
+  if (st != DI_OK) return di_spec_fail(e, s, st);
+  /* 3. left to right: Markov term, confidence, the draft token */
+  for (int i = 0; i < n; i++) {
+    di_req *r = sp->areq[i];
+    int cap = di_spec_draft_cap(sp, r);
+    if (cap > (int)B) cap = (int)B;
+    int sampled = samples_drafts(sp, r);
+    if (sampled && !r->draft_q) {
+      r->draft_q = malloc(sizeof(float) * DI_SPEC_MAX_DRAFT * V);
+      if (!r->draft_q) return di_spec_fail(e, s, di_error_set(DI_ERR_OOM, "DSpark: out of memory"));
+    }
+    int32_t prev = sp->atok[i];
+    float survive = 1.0f;
+    for (int j = 0; j < cap; j++) {
+      float *lg = sp->dlog + ((size_t)i * B + j) * V;
+      const float *h = sp->dhid + ((size_t)i * B + j) * DH;
+      d->markov(d->ctx, prev, lg);
+      float c = d->confidence(d->ctx, h, prev);
+      int32_t tok;
+      if (sampled) {
+        float *qj = r->draft_q + (size_t)j * V;
+        st = draft_dist(e, r, j, lg, qj);
+        if (st != DI_OK) break; /* nothing allowed: draft no further */
+        tok = di_sample_from_probs(qj, e->cfg.vocab_limit < (int)V ? e->cfg.vocab_limit : (int)V,
+                                   di_rng_uniform(r->sp.seed, r->sp.stream + DI_SPEC_STREAM_DRAFT,
+                                                  (uint64_t)(r->n_tokens + j)));
+        if (tok < 0) break;
+      } else {
+        float mx;
+        tok = di_row_argmax(lg, e->cfg.vocab_limit < (int)V ? e->cfg.vocab_limit : (int)V, &mx);
+        if (tok < 0) break;
+      }
+      survive *= c;
+      r->draft[j] = tok;
+      r->draft_pconf[j] = c;
+      r->draft_conf[j] = survive;
+      r->n_draft = j + 1;
+      prev = tok;
+    }
+    r->draft_sampled = sampled && r->n_draft > 0;
+  }
+  double ms = (di_now() - t_start) * 1e3 / n;
+  sp->draft_ms = sp->draft_ms > 0 ? 0.8 * sp->draft_ms + 0.2 * ms : ms;
+  return DI_OK;
+}

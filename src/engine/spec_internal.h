@@ -1,0 +1,64 @@
+/* The speculative-decoding state shared by spec_decode.c (MTP drafting, verification, grants) and
+ * spec_dspark.c (the DSpark block drafter, its confidence-scheduled grants and calibration). */
+#ifndef DI_SPEC_INTERNAL_H
+#define DI_SPEC_INTERNAL_H
+#include "engine/drafter.h"
+#include "engine/spec_decode.h"
+#include "sampler/sampler.h"
+
+enum { DI_SPEC_MTP = 0, DI_SPEC_DSPARK = 1 };
+#define DI_SPEC_PROFILE_MAX 4096 /* step-time profile: tokens per step tracked exactly up to this */
+
+typedef struct spec_cand {
+  float conf;
+  int entry, j;
+} spec_cand;
+
+struct di_spec {
+  int k, method;
+  int exact;                     /* acceptance "exact": a draft is accepted iff it equals the sample */
+  int fixed;                     /* schedule "fixed": every draft up to k (no step-time model) */
+  float min_conf;
+  int H, V, max_tok, max_seqs;
+  float *hidden;                 /* [max_tok][H]: the target's hidden states (DSpark: features), every row */
+  /* MTP batch scratch: up to max_tok rows, max_seqs outputs */
+  int32_t *tok, *pos, *seq_of, *out_rows, *out_req;
+  di_batch_seq *seqs;
+  di_req **reqs;
+  float *prev, *hid_out, *logits;
+  /* verification scratch [max_seqs] */
+  int *act, *row0, *vstart, *vbase;
+  spec_cand *cands;              /* [max_seqs * k] */
+  /* DSpark */
+  di_drafter_ops drafter;
+  float *feat_rows;              /* [max_tok][feat_dim] the context rows of one step, packed */
+  int32_t *atok, *apos;          /* [max_seqs] anchors */
+  di_req **areq;
+  float *dhid, *dlog;            /* [max_seqs * B][hidden], [max_seqs * B][vocab] */
+  int32_t *hist;                 /* history scratch for draft distributions */
+  int hist_cap;
+  di_sampler *sampler;           /* draft distributions (engine thread) */
+  double prof_ms[DI_SPEC_PROFILE_MAX + 1]; /* step time (EMA) by tokens in the step; 0: not seen */
+  int64_t steps_seen;
+  double draft_ms;               /* EMA of one proposal's host time per drafting sequence */
+  int pause, pause_len;          /* steps left without proposals (the last schedule admitted none), its length */
+  /* stats */
+  int64_t verify_steps, drafted, accepted, drafted_at[DI_SPEC_MAX_DRAFT], accepted_at[DI_SPEC_MAX_DRAFT];
+  int64_t cal_n[DI_SPEC_CALIB_BINS], cal_acc[DI_SPEC_CALIB_BINS];
+  double cal_pred[DI_SPEC_CALIB_BINS];
+};
+
+/* Allocates the common state (k drafts, hidden rows of hidden_width floats); async scheduling off. */
+di_status di_spec_alloc(di_engine *e, int num_tokens, int hidden_width);
+/* How many tokens a request may still draft (drafts past its length limits are useless). */
+int di_spec_draft_cap(const struct di_spec *sp, const di_req *r);
+/* A drafting failure: the step's running requests end with it (message "<method> drafting failed:
+ * ..."), which is returned. */
+di_status di_spec_fail(di_engine *e, di_sched *s, di_status st);
+/* DSpark drafting after a step (di_spec_draft's DSpark branch). */
+di_status di_spec_draft_dspark(di_engine *e, di_sched *s);
+/* Confidence calibration: a verified draft predicted `conf`, accepted or not. */
+void di_spec_calibrate(struct di_spec *sp, float conf, int accepted);
+/* DSpark grants: drafts admitted by predicted survival while expected tokens per second improves. */
+di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n_cands);
+#endif

@@ -1,0 +1,273 @@
+/* DSpark speculative decoding (di_engine_set_speculative_config, method "dspark") on models/default
+ * with its shipped drafter (models/default/dspark):
+ *  - greedy: identical to plain decoding, 21 prompts x 48 tokens (1,008 tokens), under the
+ *    confidence schedule, fixed k = 1, 3 and 5, acceptance "exact", a 16-token budget (chunked prefill,
+ *    cut grants) and a 6-block pool (preemption); no KV block leaked; drafts are accepted;
+ *  - temperature 1: the distribution of the 2nd and 3rd generated tokens over 600 seeds each equals plain
+ *    sampling's (two-sample chi-square homogeneity test at level 0.001 on the categories with >= 10
+ *    expected counts, the rest pooled; fixed seeds, so the verdict is reproducible);
+ *  - structured outputs (json_object) stay valid and equal to plain decoding (they do not draft);
+ *  - aborts mid-draft leak no KV; bad configs are refused with the field named.
+ * Under AddressSanitizer (CI's ./build.sh asan, ~10x slower) the same paths run at a smaller size
+ * (6 prompts x 24 tokens, 2 configs; the chi-square needs its sample size and is left to the other
+ * three CI runs of this test). */
+#include "test_util.h"
+#include "deepinfer.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+#define MAXT 48
+
+typedef struct {
+  char text[96];
+  int32_t got[MAXT + 8];
+  int n_got, finish;
+  uint64_t id;
+} rq_t;
+
+static di_model *g_model;
+
+static di_engine *make_engine(const char *spec, int budget, int blocks, int max_seqs) {
+  di_engine_options o;
+  di_engine_options_default(&o);
+  if (budget) o.max_num_batched_tokens = budget;
+  if (blocks) o.num_kv_blocks = blocks;
+  if (max_seqs) o.max_num_seqs = max_seqs;
+  o.seed = 7;
+  di_engine *e = NULL;
+  CHECKF(di_engine_create(g_model, &o, &e) == DI_OK, "%s", di_last_error());
+  if (e && spec) CHECKF(di_engine_set_speculative_config(e, g_model, spec) == DI_OK, "%s: %s", spec, di_last_error());
+  return e;
+}
+
+/* runs every request to its end; temperature < 0: greedy */
+static void run(di_engine *e, rq_t *rq, int n, float temperature, int max_tokens, uint64_t seed0, const char *what) {
+  for (int k = 0; k < n; k++) {
+    di_request_params p;
+    di_request_params_default(&p);
+    p.prompt = rq[k].text;
+    p.max_tokens = max_tokens;
+    p.temperature = temperature < 0 ? 0 : temperature;
+    p.ignore_eos = 1;
+    p.has_seed = 1;
+    p.seed = seed0 + (uint64_t)k;
+    rq[k].n_got = 0;
+    rq[k].finish = 0;
+    CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "%s: add: %s", what, di_last_error());
+  }
+  int guard = 0;
+  while (di_engine_has_unfinished(e) && guard++ < 100000) {
+    di_step_output *out;
+    if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "%s: step: %s", what, di_last_error()); break; }
+    for (int i = 0; i < out->n; i++) {
+      const di_seq_output *so = &out->seqs[i];
+      rq_t *r = &rq[so->req_id - rq[0].id];
+      for (int t = 0; t < so->n_new_tokens && r->n_got < MAXT + 8; t++) r->got[r->n_got++] = so->new_tokens[t];
+      if (so->finish_reason) r->finish = so->finish_reason;
+    }
+  }
+  di_engine_stats st;
+  di_engine_get_stats(e, &st);
+  CHECKF(st.kv_blocks_used == 0, "%s: %lld KV blocks leaked", what, (long long)st.kv_blocks_used);
+  CHECKF(di_engine_check(e) == DI_OK, "%s: %s", what, di_last_error());
+}
+
+static void make_prompts(rq_t *rq, int n) {
+  static const char *texts[] = {"The sea is", "Once upon a time", "The history of the city", "In the beginning",
+                                "This program is free software", "The quick brown fox", "What does \"sea\" mean?",
+                                "Copyright (C) 2004", "The function returns", "A long time ago in a"};
+  for (int k = 0; k < n; k++) snprintf(rq[k].text, sizeof rq[k].text, "%s%s", texts[k % 10], k >= 10 ? (k >= 20 ? " and" : " the") : "");
+}
+
+static void greedy_identity(void) {
+  enum { NMAX = 21 };
+  static rq_t ref[NMAX], got[NMAX];
+  const int N = UNDER_ASAN ? 6 : NMAX, T = UNDER_ASAN ? 24 : MAXT;
+  make_prompts(ref, N);
+  di_engine *e = make_engine(NULL, 0, 0, 0);
+  run(e, ref, N, -1, T, 1, "plain");
+  di_engine_free(e);
+  const struct { const char *spec; int budget, blocks; } cfgs[] = {
+      {"{\"method\": \"dspark\", \"num_speculative_tokens\": 5}", 0, 0},
+      {"{\"method\": \"dspark\", \"num_speculative_tokens\": 1, \"schedule\": \"fixed\"}", 0, 0},
+      {"{\"method\": \"dspark\", \"num_speculative_tokens\": 5, \"schedule\": \"fixed\", \"acceptance\": \"exact\"}", 16, 0},
+      {"{\"method\": \"dspark\", \"num_speculative_tokens\": 3, \"schedule\": \"fixed\"}", 0, 6},
+  };
+  const size_t n_cfgs = UNDER_ASAN ? 2 : sizeof cfgs / sizeof cfgs[0];
+  for (size_t c = UNDER_ASAN ? 2 : 0; c < n_cfgs + (UNDER_ASAN ? 2 : 0); c++) {
+    memcpy(got, ref, sizeof got);
+    e = make_engine(cfgs[c].spec, cfgs[c].budget, cfgs[c].blocks, 0);
+    if (!e) continue;
+    run(e, got, N, -1, T, 1, cfgs[c].spec);
+    int same = 1, tokens = 0;
+    for (int k = 0; k < N; k++) {
+      same &= got[k].n_got == ref[k].n_got && memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0;
+      tokens += got[k].n_got;
+    }
+    CHECKF(same && tokens == N * T, "%s (budget %d, blocks %d): greedy output differs from plain decoding", cfgs[c].spec,
+           cfgs[c].budget, cfgs[c].blocks);
+    di_spec_stats ss;
+    di_engine_get_spec_stats(e, &ss);
+    /* the confidence schedule may find that no draft pays for its step on this CPU (then it drafts
+     * nothing, which is its job); fixed schedules must draft and get drafts accepted */
+    CHECKF(ss.method == 1 && (c == 0 || (ss.drafted_tokens > 0 && ss.accepted_tokens > 0)), "%s: drafted %lld accepted %lld",
+           cfgs[c].spec, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+    /* calibration counts the drafts verification reached (a draft after a rejected one is not judged) */
+    int64_t cal = 0, cal_acc = 0;
+    for (int b = 0; b < 10; b++) {
+      cal += ss.calib_count[b];
+      cal_acc += ss.calib_accepted[b];
+    }
+    CHECKF(cal <= ss.drafted_tokens && cal_acc == ss.accepted_tokens, "calibration: %lld judged (of %lld drafted), %lld accepted "
+           "(of %lld)", (long long)cal, (long long)ss.drafted_tokens, (long long)cal_acc, (long long)ss.accepted_tokens);
+    printf("%s budget %d blocks %d: %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f, ECE %.3f\n", cfgs[c].spec,
+           cfgs[c].budget, cfgs[c].blocks, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens,
+           100 * ss.acceptance_rate, ss.mean_accepted_length, ss.calibration_error);
+    di_engine_free(e);
+  }
+}
+
+/* upper quantile of chi-square(dof) at level alpha (Wilson-Hilferty), z for alpha = 0.001 */
+static double chi2_crit(int dof) {
+  const double z = 3.0902, k = dof;
+  double t = 1 - 2 / (9 * k) + z * sqrt(2 / (9 * k));
+  return k * t * t * t;
+}
+
+/* two-sample homogeneity: counts a[], b[] over V ids; categories with expected count >= 10 in both
+ * samples, the rest pooled into one */
+static void chi2_same(const int *a, const int *b, int V, int na, int nb, const char *what) {
+  double stat = 0;
+  int cats = 0;
+  double pa = 0, pb = 0;
+  for (int v = 0; v <= V; v++) {
+    double ca, cb;
+    if (v < V) {
+      double tot = a[v] + b[v];
+      if (tot * na / (na + nb) < 10 || tot * nb / (na + nb) < 10) { pa += a[v]; pb += b[v]; continue; }
+      ca = a[v]; cb = b[v];
+    } else {
+      ca = pa; cb = pb;
+      if (ca + cb == 0) break;
+    }
+    double tot = ca + cb, ea = tot * na / (na + nb), eb = tot * nb / (na + nb);
+    stat += (ca - ea) * (ca - ea) / ea + (cb - eb) * (cb - eb) / eb;
+    cats++;
+  }
+  double crit = cats > 1 ? chi2_crit(cats - 1) : 0;
+  printf("%s: chi-square %.2f over %d categories (critical %.2f at level 0.001)\n", what, stat, cats, crit);
+  CHECKF(cats >= 3, "%s: only %d categories", what, cats);
+  CHECKF(stat < crit, "%s: chi-square %.2f >= %.2f: the distributions differ", what, stat, crit);
+}
+
+static void sampling_distribution(void) {
+  enum { N = 600, V = 8192 };
+  static rq_t a[N], b[N];
+  for (int k = 0; k < N; k++) {
+    snprintf(a[k].text, sizeof a[k].text, "The history of the city");
+    snprintf(b[k].text, sizeof b[k].text, "The history of the city");
+  }
+  di_engine *e = make_engine(NULL, 0, 0, 0);
+  run(e, a, N, 1.0f, 3, 1000, "plain T=1");
+  di_engine_free(e);
+  e = make_engine("{\"method\": \"dspark\", \"num_speculative_tokens\": 5, \"schedule\": \"fixed\"}", 0, 0, 0);
+  if (!e) return;
+  run(e, b, N, 1.0f, 3, 5000, "dspark T=1");
+  di_spec_stats ss;
+  di_engine_get_spec_stats(e, &ss);
+  printf("T=1: %lld drafted, %lld accepted\n", (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+  CHECKF(ss.accepted_tokens > N / 4, "T=1: only %lld drafts accepted (the test needs accepted drafts to mean anything)",
+         (long long)ss.accepted_tokens);
+  di_engine_free(e);
+  static int ca[V], cb[V];
+  for (int pos = 1; pos <= 2; pos++) {
+    memset(ca, 0, sizeof ca);
+    memset(cb, 0, sizeof cb);
+    for (int k = 0; k < N; k++) {
+      if (a[k].n_got > pos) ca[a[k].got[pos]]++;
+      if (b[k].n_got > pos) cb[b[k].got[pos]]++;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "T=1 token %d", pos + 1);
+    chi2_same(ca, cb, V, N, N, what);
+  }
+}
+
+static void structured_and_aborts(void) {
+  enum { N = 16 };
+  static rq_t rq[N];
+  make_prompts(rq, N);
+  for (int with = 0; with < 2; with++) {
+    di_engine *e = make_engine(with ? "{\"method\": \"dspark\"}" : NULL, 0, 0, 0);
+    if (!e) return;
+    uint64_t ids[N];
+    for (int k = 0; k < N; k++) {
+      di_request_params p;
+      di_request_params_default(&p);
+      p.prompt = rq[k].text;
+      p.max_tokens = 40;
+      p.temperature = k % 2 ? 0.8f : 0;
+      p.has_seed = 1;
+      p.seed = (uint64_t)k;
+      p.ignore_eos = 1;
+      p.json_object = k == 3;
+      CHECK(di_engine_add_request(e, &p, &ids[k]) == DI_OK);
+    }
+    int steps = 0;
+    while (di_engine_has_unfinished(e) && steps < 10000) {
+      di_step_output *out;
+      if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "step: %s", di_last_error()); break; }
+      if (++steps == 4)
+        for (int k = 0; k < N; k += 3) CHECK(di_engine_abort(e, ids[k]) == DI_OK || 1);
+    }
+    di_engine_stats st;
+    di_engine_get_stats(e, &st);
+    CHECKF(st.kv_blocks_used == 0, "aborts (%s): %lld KV blocks leaked", with ? "dspark" : "plain", (long long)st.kv_blocks_used);
+    CHECKF(di_engine_check(e) == DI_OK, "%s", di_last_error());
+    di_engine_free(e);
+  }
+}
+
+static void bad_configs(void) {
+  di_engine *e = make_engine(NULL, 0, 0, 0);
+  if (!e) return;
+  CHECK_ERR(di_engine_set_speculative_config(e, g_model, "{\"method\": \"eagle\"}"), "method");
+  CHECK_ERR(di_engine_set_speculative_config(e, g_model, "{\"method\": \"dspark\", \"num_speculative_tokens\": 9}"), "[0, 5]");
+  CHECK_ERR(di_engine_set_speculative_config(e, g_model, "{\"method\": \"dspark\", \"acceptance\": \"maybe\"}"), "acceptance");
+  CHECK_ERR(di_engine_set_speculative_config(e, g_model, "{\"method\": \"dspark\", \"model\": \"/nonexistent\"}"), "/nonexistent");
+  CHECK_ERR(di_engine_set_speculative_config(e, g_model, "{\"method\": \"dspark\", \"k\": 2}"), "unknown key");
+  CHECK_ERR(di_engine_set_speculative_config(e, g_model, "{\"method\": \"mtp\", \"num_speculative_tokens\": 2, "
+                                                         "\"acceptance\": \"rejection\"}"), "exact");
+  CHECK_ERR(di_engine_set_speculative_config(e, g_model, "[1]"), "object");
+  di_engine_free(e);
+}
+
+int main(void) {
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.threads = 2;
+  mo.quiet = 1;
+  if (di_model_load(test_path("models/default"), &mo, &g_model) != DI_OK) {
+    CHECKF(0, "%s", di_last_error());
+    return test_finish("test_dspark");
+  }
+  greedy_identity();
+  if (!UNDER_ASAN) sampling_distribution();
+  structured_and_aborts();
+  bad_configs();
+  di_model_free(g_model);
+  return test_finish("test_dspark");
+}
