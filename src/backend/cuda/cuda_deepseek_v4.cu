@@ -250,7 +250,7 @@ static di_status upload(v4cu *b, const di_v4_weights *w) {
 
 static int v4cu_kv_groups(di_backend *base, di_kv_group_info *g, int cap) {
   v4cu *b = (v4cu *)base;
-  const int n = di_v4_layout_groups(&b->lay, b->c, g, cap);
+  const int n = di_v4_layout_groups(&b->lay, b->c, (int)sizeof(float), g, cap) /* f32 rows, the CPU layout */;
   if (n > 0 && cap > 0) g[0].bytes_per_seq = (int64_t)(2 * b->state_floats * sizeof(float));
   return n;
 }
