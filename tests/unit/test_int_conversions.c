@@ -190,7 +190,7 @@ static void test_json_schema(void) {
   static const char big_max[] = "{\"type\": \"integer\", \"exclusiveMaximum\": -1e300}";
   CHECK_ERR(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, big_max, strlen(big_max), &opt, &g), "integer bound beyond 2^53");
   static const char num_max[] = "{\"type\": \"number\", \"maximum\": 1e300}";
-  CHECK_ERR(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, num_max, strlen(num_max), &opt, &g), "must be an integer value");
+  CHECK_ERR(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, num_max, strlen(num_max), &opt, &g), "on a number beyond 9e15");
   static const char ok[] = "{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 12}";
   di_status st = di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, ok, strlen(ok), &opt, &g);
   CHECKF(st == DI_OK, "%s", di_last_error());

@@ -76,6 +76,7 @@ static di_status mla_attn(di_threadpool *tp, const di_op_data *d, float *out) {
   b.w_uv = &uv;
   b.n_cache_layers = 1;
   b.kv_dim = R + dr;
+  b.kv_stride = b.kv_dim; /* the f32 cache (the fp8 one has its own stride) */
   b.n_blocks = total;
   b.attn_scratch_per_thread = (2 * (size_t)R + dr + (size_t)c->k + 16) * DI_CPU_ATTN_GROUP;
   b.kv_pool = malloc(sizeof(float) * (size_t)total * DI_KV_BLOCK_SIZE * b.kv_dim);
