@@ -22,11 +22,8 @@ static void free_scratch(di_cpu_backend *b) {
   }
 }
 
-di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch) {
-  int max_pos = 0;
-  for (int t = 0; t < T; t++)
-    if (batch->positions[t] + 1 > max_pos)
-      max_pos = batch->positions[t] + 1;
+/* Scratch for steps of up to T tokens at positions below max_pos (grows, never shrinks). */
+static di_status reserve_scratch(di_cpu_backend *b, int T, int max_pos) {
   if (T <= b->cap_tokens && max_pos <= b->cap_positions)
     return DI_OK;
   const di_model_config *c = b->cfg;
@@ -87,6 +84,30 @@ di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch
   }
   b->cap_tokens = newT;
   b->cap_positions = newP;
+  return DI_OK;
+}
+
+di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch) {
+  int max_pos = 0;
+  for (int t = 0; t < T; t++)
+    if (batch->positions[t] + 1 > max_pos)
+      max_pos = batch->positions[t] + 1;
+  return reserve_scratch(b, T, max_pos);
+}
+
+/* The cache layout and rope frequencies of cfg: one place for the full backend and the attention-only
+ * one below. */
+static di_status init_attention_fields(di_cpu_backend *b, const di_model_config *cfg, int n_cache_layers) {
+  b->cfg = cfg;
+  b->n_cache_layers = n_cache_layers;
+  b->kv_dim = cfg->kv_lora_rank + cfg->qk_rope_head_dim;
+  b->kv_stride = b->kv_dim; /* f32 rows; di_backend_cpu_set_kv_fp8 changes it before the pool exists */
+  if (cfg->qk_rope_head_dim / 2 > 256)
+    return di_error_set(DI_ERR_UNSUPPORTED, "qk_rope_head_dim %d > 512 is not supported", cfg->qk_rope_head_dim);
+  double inv[256];
+  di_rope_inv_freq(cfg, inv);
+  for (int i = 0; i < cfg->qk_rope_head_dim / 2; i++)
+    b->inv_freq[i] = (float)inv[i];
   return DI_OK;
 }
 
@@ -211,24 +232,17 @@ di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights 
   b->base.vocab_size = cfg->vocab_size;
   b->base.hidden_size = cfg->hidden_size;
   b->base.n_mtp_layers = w->n_mtp;
-  b->cfg = cfg;
   b->w = w;
-  b->n_cache_layers = w->n_layers + w->n_mtp;
-  b->kv_dim = cfg->kv_lora_rank + cfg->qk_rope_head_dim;
-  b->kv_stride = b->kv_dim;
   di_status st = di_threadpool_create(threads, &b->tp);
   if (st != DI_OK) {
     free(b);
     return st;
   }
-  if (cfg->qk_rope_head_dim / 2 > 256) {
+  if ((st = init_attention_fields(b, cfg, w->n_layers + w->n_mtp)) != DI_OK) {
+    b->n_cache_layers = 0; /* no absorbed matrices yet */
     cpu_destroy(&b->base);
-    return di_error_set(DI_ERR_UNSUPPORTED, "qk_rope_head_dim %d > 512 is not supported", cfg->qk_rope_head_dim);
+    return st;
   }
-  double inv[256];
-  di_rope_inv_freq(cfg, inv);
-  for (int i = 0; i < cfg->qk_rope_head_dim / 2; i++)
-    b->inv_freq[i] = (float)inv[i];
   /* absorbed attention matrices from kv_b_proj, float32 */
   const int NH = cfg->num_attention_heads, dn = cfg->qk_nope_head_dim, dv = cfg->v_head_dim, R = cfg->kv_lora_rank;
   b->w_uk = calloc((size_t)b->n_cache_layers, sizeof(float *));
@@ -261,4 +275,27 @@ di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights 
   free(row);
   *out = &b->base;
   return DI_OK;
+}
+
+di_status di_cpu_attention_backend_init(di_cpu_backend *b, const di_model_config *cfg, di_threadpool *tp, float **w_uk,
+                                        float **w_uv, int64_t n_blocks, int n_tokens, int n_positions) {
+  memset(b, 0, sizeof *b);
+  b->base.ops = &CPU_OPS;
+  b->tp = tp;
+  b->w_uk = w_uk;
+  b->w_uv = w_uv;
+  di_status st = init_attention_fields(b, cfg, 1);
+  if (st == DI_OK)
+    st = cpu_kv_alloc(&b->base, n_blocks);
+  if (st == DI_OK)
+    st = reserve_scratch(b, n_tokens, n_positions);
+  if (st != DI_OK)
+    di_cpu_attention_backend_free(b);
+  return st;
+}
+
+void di_cpu_attention_backend_free(di_cpu_backend *b) {
+  free_scratch(b);
+  free(b->kv_pool);
+  b->kv_pool = NULL;
 }

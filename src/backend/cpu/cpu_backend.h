@@ -46,6 +46,14 @@ di_status di_backend_cpu_create(const di_model_config *cfg, const di_ds_weights 
 di_status di_backend_cpu_set_kv_fp8(di_backend *be);
 /* Grows the scratch buffers for a step of T tokens (and its longest attention span). */
 di_status di_cpu_backend_reserve(di_cpu_backend *b, int T, const di_batch *batch);
+/* An attention-only backend: what di_cpu_mla_attend reads for one cache layer (cfg's attention fields,
+ * the caller's thread pool and absorbed matrices, a KV pool of n_blocks blocks, scratch for n_tokens
+ * tokens at positions below n_positions), set up by the same code as the full backend's, so the op
+ * table's MLA runner (cpu_ops.c) cannot drift from the forward's layout. Free with the function below
+ * (it leaves the pool and matrices to their owner). */
+di_status di_cpu_attention_backend_init(di_cpu_backend *b, const di_model_config *cfg, di_threadpool *tp, float **w_uk,
+                                        float **w_uv, int64_t n_blocks, int n_tokens, int n_positions);
+void di_cpu_attention_backend_free(di_cpu_backend *b);
 /* Sets (n > 0) or clears (n == 0) the feature capture above; ids increasing in [-1, n_layers). */
 di_status di_cpu_backend_set_capture(di_backend *b, const int *layer_ids, int n);
 di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, float *logits, float *hidden);

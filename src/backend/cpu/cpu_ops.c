@@ -61,31 +61,19 @@ static di_status grouped_gemm(di_threadpool *tp, const di_op_data *d, float *out
   return DI_OK;
 }
 
-/* The forward's attention (di_cpu_mla_attend) on a backend holding only what it reads: one cache
+/* The forward's attention (di_cpu_mla_attend) on an attention-only backend (cpu_backend.h): one cache
  * layer of the case's rows in blocks numbered in reverse, the absorbed matrices, the rope rows. */
 static di_status mla_attn(di_threadpool *tp, const di_op_data *d, float *out) {
   const di_op_case *c = d->c;
-  const int R = c->p[0], dr = c->p[1], nb = (c->k + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE, total = nb * d->n_seqs;
-  di_cpu_backend b;
-  memset(&b, 0, sizeof b);
-  b.cfg = &d->cfg;
-  b.tp = tp;
-  memcpy(b.inv_freq, d->inv_freq, sizeof(float) * (size_t)(dr / 2));
+  const int dr = c->p[1], nb = (c->k + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE, total = nb * d->n_seqs;
   float *uk = d->w_uk, *uv = d->w_uv;
-  b.w_uk = &uk;
-  b.w_uv = &uv;
-  b.n_cache_layers = 1;
-  b.kv_dim = R + dr;
-  b.kv_stride = b.kv_dim; /* the f32 cache (the fp8 one has its own stride) */
-  b.n_blocks = total;
-  b.attn_scratch_per_thread = (2 * (size_t)R + dr + (size_t)c->k + 16) * DI_CPU_ATTN_GROUP;
-  b.kv_pool = malloc(sizeof(float) * (size_t)total * DI_KV_BLOCK_SIZE * b.kv_dim);
-  b.s_rope = malloc(sizeof(float) * (size_t)c->m * dr);
-  b.attn_scratch = malloc(sizeof(float) * b.attn_scratch_per_thread * (size_t)di_threadpool_size(tp));
+  di_cpu_backend b;
+  di_status st = di_cpu_attention_backend_init(&b, &d->cfg, tp, &uk, &uv, total, c->m, c->k);
+  if (st != DI_OK)
+    return st;
   int32_t *tables = malloc(sizeof(int32_t) * (size_t)total), *seq_of = malloc(sizeof(int32_t) * (size_t)c->m);
   di_batch_seq *seqs = calloc((size_t)d->n_seqs, sizeof *seqs);
-  di_status st = DI_OK;
-  if (!b.kv_pool || !b.s_rope || !b.attn_scratch || !tables || !seq_of || !seqs) {
+  if (!tables || !seq_of || !seqs) {
     st = di_error_set(DI_ERR_OOM, "cpu ops: out of memory");
   } else {
     for (int sq = 0; sq < d->n_seqs; sq++) {
@@ -93,7 +81,7 @@ static di_status mla_attn(di_threadpool *tp, const di_op_data *d, float *out) {
       seqs[sq].n_blocks = nb;
       for (int j = 0; j < nb; j++) tables[sq * nb + j] = total - 1 - (sq * nb + j);
       for (int j = 0; j < c->k; j++)
-        memcpy(b.kv_pool + ((size_t)tables[sq * nb + j / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + j % DI_KV_BLOCK_SIZE) * b.kv_dim,
+        memcpy(b.kv_pool + ((size_t)tables[sq * nb + j / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + j % DI_KV_BLOCK_SIZE) * b.kv_stride,
                d->kv + ((size_t)sq * c->k + j) * b.kv_dim, sizeof(float) * (size_t)b.kv_dim);
     }
     for (int i = 0; i < c->m; i++) {
@@ -104,9 +92,7 @@ static di_status mla_attn(di_threadpool *tp, const di_op_data *d, float *out) {
     di_batch batch = {.n_tokens = c->m, .positions = d->ids, .seq_of = seq_of, .n_seqs = d->n_seqs, .seqs = seqs};
     di_cpu_mla_attend(&b, &batch, 0, d->x, out);
   }
-  free(b.kv_pool);
-  free(b.s_rope);
-  free(b.attn_scratch);
+  di_cpu_attention_backend_free(&b);
   free(tables);
   free(seq_of);
   free(seqs);
