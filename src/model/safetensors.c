@@ -369,11 +369,53 @@ fail:
   return st;
 }
 
+/* The scale tensor of a quantized weight `name`, under either naming in use: transformers'
+ * `<name>_scale_inv` (DeepSeek-V3 on the hub) or DeepSeek's own `<stem>.scale` for `<stem>.weight`
+ * (V4 checkpoints). Writes the name looked for last into sname (for the error). */
+static const di_st_tensor *find_scale(const di_tensor_source *s, const char *name, char *sname, size_t cap) {
+  snprintf(sname, cap, "%s_scale_inv", name);
+  const di_st_tensor *sc = di_tensor_source_find(s, sname);
+  const size_t n = strlen(name);
+  if (!sc && n > 7 && strcmp(name + n - 7, ".weight") == 0) {
+    snprintf(sname, cap, "%.*s.scale", (int)(n - 7), name);
+    sc = di_tensor_source_find(s, sname);
+  }
+  return sc;
+}
+
+/* MXFP4 as checkpoints store it: e2m1 pairs in I8 / U8 bytes [rows][cols / 2] (the first value of a
+ * pair in the low nibble) with one E8M0 scale per 32 values [rows][cols / 32]. */
+static di_status bind_mxfp4(const di_tensor_source *s, const di_st_tensor *t, const char *name, int64_t rows, int64_t cols,
+                            di_weight *out) {
+  char sname[1024];
+  const di_st_tensor *sc = find_scale(s, name, sname, sizeof sname);
+  if (!sc)
+    return di_error_set(DI_ERR_NOT_FOUND, "missing tensor '%s' (E8M0 scales of the MXFP4 tensor '%s') in %s", sname, name, s->desc);
+  const int64_t scn = (cols + 31) / 32;
+  if (sc->dtype != DI_DT_E8M0 || sc->ndim != 2 || sc->shape[0] != rows || sc->shape[1] != scn)
+    return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F8_E8M0 [%lld, %lld] (one scale per 32 values of '%s')", sname,
+                        sc->file, (long long)rows, (long long)scn, name);
+  memset(out, 0, sizeof *out);
+  out->name = t->name;
+  out->dtype = DI_DT_F4E2M1;
+  out->rows = rows;
+  out->cols = cols;
+  out->data = t->data;
+  out->scale_e8m0 = sc->data;
+  out->block_rows = 1;
+  out->block_cols = 32;
+  out->scale_cols = scn;
+  return DI_OK;
+}
+
 di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, int64_t rows, int64_t cols,
                                   const int fp8_block[2], di_weight *out) {
   const di_st_tensor *t = di_tensor_source_find(s, name);
   if (!t)
     return di_error_set(DI_ERR_NOT_FOUND, "missing tensor '%s' in %s", name, s->desc);
+  const int packed_bytes = t->dtype < 0 && (strcmp(t->dtype_name, "I8") == 0 || strcmp(t->dtype_name, "U8") == 0);
+  if (packed_bytes && rows > 0 && cols % 2 == 0 && t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols / 2)
+    return bind_mxfp4(s, t, name, rows, cols, out);
   int ok_shape = rows == 0 ? (t->ndim == 1 && t->shape[0] == cols)
                            : (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
   if (!ok_shape) {
@@ -383,12 +425,14 @@ di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, i
     if (rows == 0)
       return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s has shape [%s], the config implies [%lld]", name, t->file, got,
                           (long long)cols);
-    return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s has shape [%s], the config implies [%lld, %lld]", name, t->file, got,
-                        (long long)rows, (long long)cols);
+    return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s has shape [%s], the config implies [%lld, %lld]%s", name, t->file, got,
+                        (long long)rows, (long long)cols,
+                        packed_bytes ? " (or, as packed MXFP4 bytes, half as many columns)" : "");
   }
   if (t->dtype != DI_DT_F32 && t->dtype != DI_DT_BF16 && t->dtype != DI_DT_F16 && t->dtype != DI_DT_F8E4M3)
-    return di_error_set(DI_ERR_UNSUPPORTED, "tensor '%s' in %s has dtype %s (supported: BF16, F16, F32, F8_E4M3)", name, t->file,
-                        t->dtype_name);
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "tensor '%s' in %s has dtype %s (supported: BF16, F16, F32, F8_E4M3, and MXFP4 as I8 / U8 pairs)", name,
+                        t->file, t->dtype_name);
   memset(out, 0, sizeof *out);
   out->name = t->name;
   out->dtype = (di_dtype)t->dtype;
@@ -400,10 +444,12 @@ di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, i
       return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s is F8_E4M3 but config.json has no quantization_config.weight_block_size",
                           name, t->file);
     char sname[1024];
-    snprintf(sname, sizeof sname, "%s_scale_inv", name);
-    const di_st_tensor *sc = di_tensor_source_find(s, sname);
-    if (!sc)
+    const di_st_tensor *sc = find_scale(s, name, sname, sizeof sname);
+    if (!sc && strstr(sname, "_scale_inv"))
       return di_error_set(DI_ERR_NOT_FOUND, "missing tensor '%s' (block scales of the FP8 tensor '%s') in %s", sname, name, s->desc);
+    if (!sc)
+      return di_error_set(DI_ERR_NOT_FOUND, "missing tensor '%s_scale_inv' or '%s' (block scales of the FP8 tensor '%s') in %s", name,
+                          sname, name, s->desc);
     int64_t sr = (out->rows + fp8_block[0] - 1) / fp8_block[0], scn = (cols + fp8_block[1] - 1) / fp8_block[1];
     if ((sc->dtype != DI_DT_F32 && sc->dtype != DI_DT_E8M0) || sc->ndim != 2 || sc->shape[0] != sr || sc->shape[1] != scn)
       return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F32 or F8_E8M0 [%lld, %lld] for block size %dx%d", sname,

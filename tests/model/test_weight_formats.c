@@ -6,7 +6,9 @@
  * (not the library's tables). Element access must be exact (the float64 value rounded once to float32,
  * which for power-of-two scales is no rounding at all); di_cpu_gemm (1, 3 and 11 activation rows:
  * the one-row, tile and panel paths, 2 threads) within 1e-5 relative L2 of the float64 product. And an
- * FP8 tensor with F8_E8M0 block scales in a safetensors file is bound with its scales as stored. */
+ * FP8 tensor with F8_E8M0 block scales in a safetensors file is bound with its scales as stored, under
+ * transformers' scale name (`w_scale_inv`) and DeepSeek's (`<stem>.scale`), and an MXFP4 one as V4
+ * checkpoints store it (I8 / U8 pairs, `<stem>.scale` E8M0), each wrong form refused with a message. */
 #include "backend/cpu/cpu_gemm.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -134,16 +136,21 @@ static void check(di_threadpool *tp, fmt_weight *t, const char *label) {
 
 /* A safetensors file holding w (F8_E4M3 [R][C]) and w_scale_inv (F8_E8M0) of t, bound back through
  * di_tensor_source_weight: the same elements, scales not copied. */
-static void check_file_binding(fmt_weight *t) {
-  char dir[] = "/tmp/di_wfmt_XXXXXX";
-  CHECK(mkdtemp(dir) != NULL);
-  const int64_t R = t->w.rows, C = t->w.cols, SR = (R + t->w.block_rows - 1) / t->w.block_rows, SC = t->w.scale_cols;
-  char header[512], path[600];
-  snprintf(header, sizeof header,
-           "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[%lld,%lld],\"data_offsets\":[0,%lld]},"
-           "\"w_scale_inv\":{\"dtype\":\"F8_E8M0\",\"shape\":[%lld,%lld],\"data_offsets\":[%lld,%lld]}}",
-           (long long)R, (long long)C, (long long)(R * C), (long long)SR, (long long)SC, (long long)(R * C),
-           (long long)(R * C + SR * SC));
+/* A one-file checkpoint in a fresh folder: the tensors `names` with safetensors dtypes `dtypes`, 2-D
+ * shapes `shapes` and bytes `data`. Returns the folder (free it with drop_dir). */
+static char *write_checkpoint(int n, const char *const *names, const char *const *dtypes, const int64_t (*shapes)[2],
+                              const void *const *data, const size_t *bytes) {
+  char *dir = strdup("/tmp/di_wfmt_XXXXXX");
+  CHECK(dir && mkdtemp(dir) != NULL);
+  char header[2048], path[600];
+  int len = snprintf(header, sizeof header, "{");
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    len += snprintf(header + len, sizeof header - (size_t)len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
+                    i ? "," : "", names[i], dtypes[i], (long long)shapes[i][0], (long long)shapes[i][1], off, off + bytes[i]);
+    off += bytes[i];
+  }
+  snprintf(header + len, sizeof header - (size_t)len, "}");
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   FILE *f = fopen(path, "wb");
   CHECK(f != NULL);
@@ -153,28 +160,94 @@ static void check_file_binding(fmt_weight *t) {
     for (int i = 0; i < 8; i++) le[i] = (unsigned char)(hl >> (8 * i));
     fwrite(le, 1, 8, f);
     fwrite(header, 1, hl, f);
-    fwrite(t->data, 1, (size_t)(R * C), f);
-    fwrite(t->scales, 1, (size_t)(SR * SC), f);
+    for (int i = 0; i < n; i++) fwrite(data[i], 1, bytes[i], f);
     fclose(f);
   }
+  return dir;
+}
+
+static void drop_dir(char *dir) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  unlink(path);
+  rmdir(dir);
+  free(dir);
+}
+
+/* Binds `name` from a checkpoint of the given tensors and compares every element with t's float64
+ * dequantization; with `expect_err`, expects that error instead. */
+static void bind_and_compare(fmt_weight *t, const char *label, int n, const char *const *names, const char *const *dtypes,
+                             const int64_t (*shapes)[2], const void *const *data, const size_t *bytes, const char *expect_err) {
+  char *dir = write_checkpoint(n, names, dtypes, shapes, data, bytes);
   di_tensor_source *src = NULL;
   di_status st = di_tensor_source_open(dir, &src);
-  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECKF(st == DI_OK, "%s: %s", label, di_last_error());
   if (st == DI_OK) {
     const int block[2] = {t->w.block_rows, t->w.block_cols};
     di_weight w;
-    st = di_tensor_source_weight(src, "w", R, C, block, &w);
-    CHECKF(st == DI_OK, "%s", di_last_error());
-    CHECK(st != DI_OK || (w.scale_e8m0 && !w.scale_inv && w.dtype == DI_DT_F8E4M3 && w.scale_cols == SC));
-    int64_t bad = 0;
-    for (int64_t r = 0; st == DI_OK && r < R; r++)
-      for (int64_t c = 0; c < C; c++)
-        if ((double)di_weight_get(&w, r, c) != t->deq[r * C + c]) bad++;
-    CHECKF(bad == 0, "file-bound FP8 + E8M0: %lld elements differ", (long long)bad);
+    st = di_tensor_source_weight(src, names[0], t->w.rows, t->w.cols, block, &w);
+    if (expect_err) {
+      CHECKF(st != DI_OK && strstr(di_last_error(), expect_err), "%s: expected an error with \"%s\", got \"%s\"", label,
+             expect_err, st == DI_OK ? "(none)" : di_last_error());
+    } else {
+      CHECKF(st == DI_OK, "%s: %s", label, di_last_error());
+      CHECK(st != DI_OK || (w.scale_e8m0 && !w.scale_inv && w.dtype == t->w.dtype && w.scale_cols == t->w.scale_cols));
+      int64_t bad = 0;
+      for (int64_t r = 0; st == DI_OK && r < t->w.rows; r++)
+        for (int64_t c = 0; c < t->w.cols; c++)
+          if ((double)di_weight_get(&w, r, c) != t->deq[r * t->w.cols + c]) bad++;
+      CHECKF(bad == 0, "%s: %lld elements differ", label, (long long)bad);
+    }
     di_tensor_source_free(src);
   }
-  unlink(path);
-  rmdir(dir);
+  drop_dir(dir);
+}
+
+/* FP8 + E8M0 scales under both scale namings: transformers' `w_scale_inv` and DeepSeek's `<stem>.scale`. */
+static void check_file_binding(fmt_weight *t) {
+  const int64_t R = t->w.rows, C = t->w.cols, SR = (R + t->w.block_rows - 1) / t->w.block_rows, SC = t->w.scale_cols;
+  const int64_t shapes[2][2] = {{R, C}, {SR, SC}};
+  const void *data[2] = {t->data, t->scales};
+  const size_t bytes[2] = {(size_t)(R * C), (size_t)(SR * SC)};
+  const char *dtypes[2] = {"F8_E4M3", "F8_E8M0"};
+  const char *hf[2] = {"w", "w_scale_inv"}, *ds[2] = {"attn.wq_a.weight", "attn.wq_a.scale"};
+  bind_and_compare(t, "file-bound FP8 + E8M0 (w_scale_inv)", 2, hf, dtypes, shapes, data, bytes, NULL);
+  bind_and_compare(t, "file-bound FP8 + E8M0 (.scale)", 2, ds, dtypes, shapes, data, bytes, NULL);
+  bind_and_compare(t, "FP8 without scales", 1, ds, dtypes, shapes, data, bytes,
+                   "missing tensor 'attn.wq_a.weight_scale_inv' or 'attn.wq_a.scale' (block scales of the FP8 tensor");
+}
+
+/* MXFP4 as V4 checkpoints store it: I8 (or U8) pairs [R][C/2] and `<stem>.scale` F8_E8M0 [R][C/32]. */
+static void check_mxfp4_file_binding(fmt_weight *t) {
+  const int64_t R = t->w.rows, C = t->w.cols, SC = t->w.scale_cols;
+  const int64_t shapes[2][2] = {{R, C / 2}, {R, SC}}, bad_scale[2][2] = {{R, C / 2}, {R, SC + 1}};
+  const int64_t bad_pack[2][2] = {{R, C / 2 + 1}, {R, SC}};
+  const void *data[2] = {t->data, t->scales};
+  const size_t bytes[2] = {(size_t)(R * C / 2), (size_t)(R * SC)}, bytes_plus[2] = {(size_t)(R * C / 2), (size_t)(R * (SC + 1))};
+  const char *names[2] = {"ffn.experts.3.w1.weight", "ffn.experts.3.w1.scale"};
+  const char *i8[2] = {"I8", "F8_E8M0"}, *u8[2] = {"U8", "F8_E8M0"}, *f32s[2] = {"I8", "F32"};
+  bind_and_compare(t, "file-bound MXFP4 (I8)", 2, names, i8, shapes, data, bytes, NULL);
+  bind_and_compare(t, "file-bound MXFP4 (U8)", 2, names, u8, shapes, data, bytes, NULL);
+  bind_and_compare(t, "MXFP4 without scales", 1, names, i8, shapes, data, bytes,
+                   "missing tensor 'ffn.experts.3.w1.scale' (E8M0 scales of the MXFP4 tensor 'ffn.experts.3.w1.weight')");
+  void *big = calloc(1, bytes_plus[1]);
+  const void *data_plus[2] = {t->data, big};
+  bind_and_compare(t, "MXFP4 scales of the wrong shape", 2, names, i8, bad_scale, data_plus, bytes_plus,
+                   "tensor 'ffn.experts.3.w1.scale' in");
+  bind_and_compare(t, "MXFP4 scales of the wrong shape (message)", 2, names, i8, bad_scale, data_plus, bytes_plus,
+                   "must be F8_E8M0");
+  const size_t f32_bytes[2] = {(size_t)(R * C / 2), (size_t)(R * SC * 4)};
+  void *f32 = calloc(1, f32_bytes[1]);
+  const void *data_f32[2] = {t->data, f32};
+  bind_and_compare(t, "MXFP4 with F32 scales", 2, names, f32s, shapes, data_f32, f32_bytes, "must be F8_E8M0");
+  void *wide = calloc(1, (size_t)(R * (C / 2 + 1)));
+  const void *data_wide[2] = {wide, t->scales};
+  const size_t bytes_wide[2] = {(size_t)(R * (C / 2 + 1)), (size_t)(R * SC)};
+  bind_and_compare(t, "packed bytes of neither shape", 2, names, i8, bad_pack, data_wide, bytes_wide,
+                   "(or, as packed MXFP4 bytes, half as many columns)");
+  free(big);
+  free(f32);
+  free(wide);
 }
 
 int main(void) {
@@ -187,7 +260,7 @@ int main(void) {
   t = make(70, 100, 64, 16, 0, 0);    check(tp, &t, "FP8 64x16 F32");
   t = make(17, 23, 3, 5, 1, 0);       check(tp, &t, "FP8 3x5 UE8M0 (scalar path)");
   t = make(37, 72, 1, 32, 1, 1);      check(tp, &t, "MXFP4, partial last block");
-  t = make(64, 2048, 1, 32, 1, 1);    check(tp, &t, "MXFP4 expert shape");
+  t = make(64, 2048, 1, 32, 1, 1);    check_mxfp4_file_binding(&t); check(tp, &t, "MXFP4 expert shape");
   /* a format check that must fail: MXFP4 with F32 scales, odd columns */
   fmt_weight bad = make(4, 64, 1, 32, 1, 1);
   bad.w.cols = 63;
