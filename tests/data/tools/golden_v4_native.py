@@ -1,10 +1,11 @@
 """Golden outputs of transformers for the native-format V4 checkpoint of make_v4_native.py.
 
 usage: python3 golden_v4_native.py SRC_DIR OUT_DIR   (where torch and transformers with deepseek_v4 live)
-Loads SRC_DIR (tests/data/models/dsv4-tiny) into transformers' DeepseekV4ForCausalLM, replaces every weight
-by its dequantized value from OUT_DIR/dequant.safetensors, and writes OUT_DIR/golden.safetensors in the
-layout of the other fixtures (pN.ids / logits / greedy / margin) for SRC_DIR's golden prompts, float32 on
-the CPU. Then removes dequant.safetensors (the project ships the quantized checkpoint and the golden only).
+Loads the dequantized weights (OUT_DIR/dequant.safetensors, in the naming of SRC_DIR's checkpoint, with SRC_DIR's
+config: tests/data/models/dsv4-tiny) through transformers' own from_pretrained (which maps the checkpoint's names
+onto its modules), checks that they differ from SRC_DIR's, and writes OUT_DIR/golden.safetensors in the layout of
+the other fixtures (pN.ids / logits / greedy / margin) for SRC_DIR's golden prompts, float32 on the CPU. Then
+removes dequant.safetensors (the project ships the quantized checkpoint and the golden only).
 """
 import os, sys, time
 import torch
@@ -16,19 +17,17 @@ torch.set_grad_enabled(False)
 src, out = sys.argv[1], sys.argv[2]
 t0 = time.time()
 print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
-model = DeepseekV4ForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-deq = load_file(os.path.join(out, "dequant.safetensors"))
-sd = model.state_dict()
-missing = [k for k in sd if k not in deq]
-extra = [k for k in deq if k not in sd]
-print("state dict", len(sd), "dequant", len(deq), "missing", missing[:5], "extra", extra[:5], flush=True)
-changed = 0
-for k, v in deq.items():
-    if k in sd:
-        if not torch.equal(sd[k].to(v.dtype), v):
-            changed += 1
-        sd[k].copy_(v.to(sd[k].dtype))
-print("tensors changed by quantization:", changed, flush=True)
+import shutil, tempfile
+tmp = tempfile.mkdtemp()
+shutil.copy(os.path.join(src, "config.json"), tmp)
+shutil.copy(os.path.join(out, "dequant.safetensors"), os.path.join(tmp, "model.safetensors"))
+model = DeepseekV4ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+plain = DeepseekV4ForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+a, b = model.state_dict(), plain.state_dict()
+changed = sum(1 for k in a if not torch.equal(a[k], b[k]))
+print("module tensors", len(a), "changed by quantization:", changed, flush=True)
+assert changed >= 4 * 5, "the dequantized weights did not reach the model"  # experts are fused modules: a layer's count once
+shutil.rmtree(tmp)
 ref = load_file(os.path.join(src, "golden.safetensors"))
 golden = {}
 for p in range(3):
