@@ -705,14 +705,75 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
   return DI_OK;
 }
 
+/* uniqueItems is enforced exactly when the items form a small finite set of values: the values
+ * (enum / const filtered by type, or the booleans and null a type list names), at most this many. */
+enum { MAX_UNIQUE_VALUES = 10 };
+static int unique_item_values(jc *c, const cJSON *sch, const cJSON **vals) {
+  const cJSON *items = item(sch, "items");
+  if (!items || item(sch, "prefixItems") || item(sch, "contains") || cJSON_IsArray(items) || cJSON_IsBool(items))
+    return -1;
+  if (deref(c, items, "#", &items) != DI_OK || !cJSON_IsObject(items))
+    return -1;
+  int types;
+  if (get_types(items, "#", &types) != DI_OK)
+    return -1;
+  for (const cJSON *e = items->child; e; e = e->next) /* keywords beside enum/const would filter them further */
+    if (!in_list(e->string, ANNOTATIONS) && strcmp(e->string, "enum") && strcmp(e->string, "const") &&
+        strcmp(e->string, "type"))
+      return -1;
+  const cJSON *en = item(items, "enum"), *cn = item(items, "const");
+  int n = 0;
+  if (en || cn) {
+    if (en && !cJSON_IsArray(en))
+      return -1;
+    for (const cJSON *v = cn ? cn : en->child; v; v = cn ? NULL : v->next) {
+      if (!(value_types(v) & types))
+        continue;
+      int dup = 0;
+      for (int i = 0; i < n; i++)
+        dup |= cJSON_Compare(vals[i], v, 1);
+      if (dup)
+        continue;
+      if (n == MAX_UNIQUE_VALUES)
+        return -1;
+      vals[n++] = v;
+    }
+    if (cn && en) { /* both: the const must be in the enum */
+      int in = 0;
+      for (const cJSON *q = en->child; q; q = q->next)
+        in |= cJSON_Compare(q, cn, 1);
+      if (!in)
+        n = 0;
+    }
+    return n;
+  }
+  if (types & ~(T_BOOL | T_NULL))
+    return -1;
+  cJSON *lits = cJSON_CreateArray(); /* true, false, null as values of our own */
+  if (!lits || !own(c, lits)) {
+    cJSON_Delete(lits);
+    return -1;
+  }
+  if (types & T_BOOL) {
+    cJSON_AddItemToArray(lits, cJSON_CreateTrue());
+    cJSON_AddItemToArray(lits, cJSON_CreateFalse());
+  }
+  if (types & T_NULL)
+    cJSON_AddItemToArray(lits, cJSON_CreateNull());
+  for (const cJSON *v = lits->child; v; v = v->next)
+    vals[n++] = v;
+  return n;
+}
+
 /* An unenforced keyword whose value here constrains nothing (uniqueItems false, or over arrays of
- * at most one item; minProperties 0). */
+ * at most one item; minProperties 0), or that is enforced in this case (uniqueItems over a small
+ * finite set of item values). */
 static int enforced_anyway(jc *c, const cJSON *sch, const cJSON *kw) {
-  (void)c;
   const char *k = kw->string;
   if (strcmp(k, "uniqueItems") == 0) {
     const cJSON *mx = item(sch, "maxItems");
-    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1);
+    const cJSON *vals[MAX_UNIQUE_VALUES];
+    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1) || unique_item_values(c, sch, vals) >= 0;
   }
   if (strcmp(k, "maxContains") == 0)
     return !item(sch, "contains"); /* without contains it means nothing */
@@ -1678,6 +1739,67 @@ static di_status gen_array_contains(jc *c, const cJSON *sch, const char *path, i
   return st;
 }
 
+/* uniqueItems over k distinct item values: a rule per set of values used so far (2^k), each
+ * continuing with a value not in it, ending once minItems are there, stopping at maxItems. */
+static di_status gen_array_unique(jc *c, const cJSON *sch, const cJSON **vals, int k, const char *path, int rule) {
+  di_gb *b = c->b;
+  int64_t minI = 0, maxI = -1;
+  DI_TRY(get_count(sch, "minItems", path, &minI));
+  DI_TRY(get_count(sch, "maxItems", path, &maxI));
+  int nsets = 1 << k, *U = malloc(sizeof(int) * (size_t)nsets);
+  di_gel *val = malloc(sizeof(di_gel) * ((size_t)k + 1));
+  if (!U || !val) {
+    free(U), free(val);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  di_gseq s = {0};
+  for (int i = 0; i < k; i++) {
+    s.n = 0;
+    emit_value_literal(c, &s, vals[i]);
+    val[i] = di_gb_wrap(b, &s, "uniq_value");
+  }
+  for (int m = 0; m < nsets; m++)
+    U[m] = di_gb_new_rule(b, "uniq");
+  di_status st = b->oom ? di_error_set(DI_ERR_OOM, "out of memory building the grammar") : DI_OK;
+  for (int m = 0; st == DI_OK && m < nsets; m++) {
+    int used = __builtin_popcount((unsigned)m);
+    b->rules[U[m]].defined = 1;
+    if (used >= minI)
+      st = di_gb_add_alt(b, U[m], NULL, 0);
+    for (int i = 0; st == DI_OK && i < k && (maxI < 0 || used < maxI); i++) {
+      if ((m >> i) & 1)
+        continue;
+      s.n = 0;
+      lit(c, &s, ",");
+      ws(c, &s);
+      di_gseq_push(b, &s, val[i]);
+      ws(c, &s);
+      di_gseq_push(b, &s, rule_el(U[m | 1 << i]));
+      st = di_gb_add_alt(b, U[m], s.v, s.n);
+    }
+  }
+  if (st == DI_OK && minI == 0) {
+    s.n = 0;
+    lit(c, &s, "[");
+    ws(c, &s);
+    lit(c, &s, "]");
+    st = di_gb_add_alt(b, rule, s.v, s.n);
+  }
+  for (int i = 0; st == DI_OK && i < k && maxI != 0; i++) {
+    s.n = 0;
+    lit(c, &s, "[");
+    ws(c, &s);
+    di_gseq_push(b, &s, val[i]);
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(U[1 << i]));
+    lit(c, &s, "]");
+    st = di_gb_add_alt(b, rule, s.v, s.n);
+  }
+  di_gseq_free(&s);
+  free(U), free(val);
+  return st;
+}
+
 static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *cont = item(sch, "contains"), *minc = item(sch, "minContains");
@@ -1686,6 +1808,12 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
   if (cont && item(sch, "unevaluatedItems") && !c->opt->ignore_unsupported_keywords) /* contains evaluates items */
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported keyword 'unevaluatedItems' beside 'contains' at %s",
                         path);
+  if (cJSON_IsTrue(item(sch, "uniqueItems"))) {
+    const cJSON *vals[MAX_UNIQUE_VALUES];
+    int k = unique_item_values(c, sch, vals);
+    if (k >= 0)
+      return gen_array_unique(c, sch, vals, k, path, rule);
+  }
   const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems");
   if (cJSON_IsArray(items) && !prefix) { /* draft 7's tuple form: items [...] + additionalItems */
     prefix = items;
