@@ -267,8 +267,13 @@ static di_status explore(prod_t *P) {
       st = di_error_set(DI_ERR_OOM, "out of memory");
       break;
     }
+    int ends = p->shortest && tuple_accepts(P, P->st + (size_t)s * P->w);
     for (int j = 0; j < P->nj; j++) {
       int err = 0;
+      if (ends) { /* a lazy match stops at its first end */
+        P->succ[(size_t)s * P->nj + j] = -1;
+        continue;
+      }
       memcpy(t, P->st + (size_t)s * P->w, sizeof *t * (size_t)P->w); /* P->st may move in intern */
       int id = -1;
       if (tuple_step(P, t, P->jrep[j], u, &err)) {
@@ -457,4 +462,77 @@ di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule) {
   free(P.hash);
   free(P.succ);
   return st;
+}
+
+/* ---- lazy rules ------------------------------------------------------------------------------ */
+/* Copies the rules reachable from r in b into g (a fresh builder); *root = r's copy. */
+static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
+  int *map = malloc(sizeof(int) * (size_t)b->n_rules), *stack = malloc(sizeof(int) * (size_t)b->n_rules);
+  if (!map || !stack) {
+    free(map), free(stack);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int i = 0; i < b->n_rules; i++)
+    map[i] = -1;
+  int ns = 0;
+  map[r] = di_gb_new_rule(g, b->rules[r].name);
+  stack[ns++] = r;
+  di_status st = DI_OK;
+  di_gseq q = {0};
+  while (ns > 0 && st == DI_OK) {
+    int x = stack[--ns];
+    const di_grule *R = &b->rules[x];
+    g->rules[map[x]].defined = 1;
+    for (int a = 0; a < R->n_alts && st == DI_OK; a++) {
+      q.n = 0;
+      for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++) {
+        di_gel e = R->els[k];
+        if (e.kind == DI_GE_CLASS) {
+          e.arg = di_gb_class(g, &b->classes[e.arg]);
+        } else {
+          if (map[e.arg] < 0) {
+            map[e.arg] = di_gb_new_rule(g, b->rules[e.arg].name);
+            stack[ns++] = e.arg;
+          }
+          e.arg = map[e.arg];
+        }
+        di_gseq_push(g, &q, e);
+      }
+      st = di_gb_add_alt(g, map[x], q.v, q.n);
+    }
+  }
+  di_gseq_free(&q);
+  *root = map[r];
+  free(map), free(stack);
+  return st == DI_OK && g->oom ? di_error_set(DI_ERR_OOM, "out of memory") : st;
+}
+
+di_status di_rlang_make_lazy(di_gb *b, int r, const char *what) {
+  di_gb g;
+  di_gb_init(&g, b->max_els);
+  int root = -1, lazy = -1;
+  di_status st = copy_reachable(b, r, &g, &root);
+  di_rlang *l = NULL;
+  if (st == DI_OK)
+    st = di_rlang_from_builder(&g, root, &l);
+  else
+    di_gb_free(&g);
+  if (st == DI_OK) {
+    di_rlang_product p = {&l, 1, 1, 0, 0, 0, -1, 50000, 1};
+    st = di_rlang_emit(b, &p, &lazy);
+  }
+  di_rlang_free(l);
+  if (st == DI_ERR_UNSUPPORTED)
+    return di_error_wrap(st, "%s: a lazy rule must be regular (no recursion but repetition)", what);
+  if (st != DI_OK)
+    return st;
+  di_grule *R = &b->rules[r]; /* its alternatives become the lazy language */
+  b->total_els -= R->n_els + R->n_alts;
+  R->n_alts = R->n_els = 0;
+  if (lazy < 0) {
+    R->defined = 1;
+    return DI_OK;
+  }
+  di_gel e = {DI_GE_RULE, lazy};
+  return di_gb_add_alt(b, r, &e, 1);
 }

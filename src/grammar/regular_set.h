@@ -32,6 +32,12 @@ typedef struct di_rlang_product {
   unsigned in, out;
   int count_chars, min_chars, max_chars;
   int max_states;
+  int shortest; /* keep only strings no proper prefix of which qualifies (a lazy match) */
 } di_rlang_product;
 di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule);
+
+/* Replaces the alternatives of rule r of b (not finished) by its shortest matches: the strings of
+ * r's language no proper prefix of which is in it (Lark's lazy rules). r's language must be
+ * regular; DI_ERR_UNSUPPORTED naming `what` when it is not (or too large). */
+di_status di_rlang_make_lazy(di_gb *b, int r, const char *what);
 #endif
