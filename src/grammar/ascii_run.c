@@ -5,6 +5,7 @@
 #include "grammar/ascii_run.h"
 #include <stdlib.h>
 #include <string.h>
+#include "util/grow.h"
 
 enum { SLOTS = 4096, MAX_SEEN = 2048 };
 
@@ -29,14 +30,8 @@ static int seen_insert(di_ascii_scratch *w, int s) {
 }
 
 static int push(int32_t **p, int *n, int *cap, int32_t x) {
-  if (*n == *cap) {
-    int nc = *cap ? *cap * 2 : 64;
-    int32_t *q = realloc(*p, sizeof *q * (size_t)nc);
-    if (!q)
-      return 0;
-    *p = q;
-    *cap = nc;
-  }
+  if (!di_grow((void **)p, cap, *n + 1, sizeof(int32_t), 64))
+    return 0;
   (*p)[(*n)++] = x;
   return 1;
 }

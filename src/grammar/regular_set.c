@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/gram_rt.h"
+#include "util/grow.h"
 
 struct di_rlang {
   di_gb g;
@@ -133,20 +134,6 @@ static uint32_t tuple_hash(const int32_t *t, int w) {
   return h;
 }
 
-static int grow_to(void **p, int *cap, int need, size_t el) {
-  if (need <= *cap)
-    return 1;
-  int nc = *cap ? *cap : 64;
-  while (nc < need)
-    nc *= 2;
-  void *q = realloc(*p, (size_t)nc * el);
-  if (!q)
-    return 0;
-  *p = q;
-  *cap = nc;
-  return 1;
-}
-
 /* Index of tuple t, added when new; -1 out of memory, -2 past the budget. */
 static int intern(prod_t *P, const int32_t *t) {
   if (P->n * 2 >= P->hcap) {
@@ -173,7 +160,7 @@ static int intern(prod_t *P, const int32_t *t) {
   }
   if (P->n >= P->p->max_states)
     return -2;
-  if (!grow_to((void **)&P->st, &P->cap, (P->n + 1) * P->w, sizeof(int32_t)))
+  if (!di_grow((void **)&P->st, &P->cap, (P->n + 1) * P->w, sizeof(int32_t), 64))
     return -1;
   memcpy(P->st + (size_t)P->n * P->w, t, sizeof *t * (size_t)P->w);
   P->hash[x] = P->n;
@@ -263,7 +250,7 @@ static di_status explore(prod_t *P) {
   if (intern(P, t) < 0)
     st = di_error_set(DI_ERR_OOM, "out of memory");
   for (int s = 0; st == DI_OK && s < P->n; s++) {
-    if (!grow_to((void **)&P->succ, &scap, (s + 1) * P->nj, sizeof(int32_t))) {
+    if (!di_grow((void **)&P->succ, &scap, (s + 1) * P->nj, sizeof(int32_t), 64)) {
       st = di_error_set(DI_ERR_OOM, "out of memory");
       break;
     }
