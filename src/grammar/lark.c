@@ -20,6 +20,7 @@
 #include "grammar/token_ref.h"
 #include "grammar/gram_ir.h"
 #include "grammar/regular_set.h"
+#include "grammar/substring.h"
 #include "util/text.h"
 
 typedef struct {
@@ -247,12 +248,15 @@ static di_status parse_alts(lp *p, int rule, int terminal, int nested);
 
 /* `%json { SCHEMA }` (llguidance): a JSON value satisfying the schema, compiled by the JSON Schema
  * front end into this grammar. The schema's extent is found by matching braces outside strings. */
-static di_status parse_json_item(lp *p, di_gseq *s) {
+/* The JSON object after %json / %regex (keyword of `kw` bytes at p->i): *start = its '{', p->i
+ * past its '}'. */
+static di_status scan_json_object(lp *p, size_t kw, const char *what_open, const char *what_unclosed,
+                                  size_t *start_out) {
   size_t at = p->i;
-  p->i += 5;
+  p->i += kw;
   skip(p, 1);
   if (p->i >= p->n || p->s[p->i] != '{')
-    return lerr(p, at, "expected '{' after %json");
+    return lerr(p, at, what_open);
   size_t start = p->i;
   int depth = 0, in_str = 0;
   for (; p->i < p->n; p->i++) {
@@ -271,8 +275,27 @@ static di_status parse_json_item(lp *p, di_gseq *s) {
     }
   }
   if (p->i >= p->n)
-    return lerr(p, at, "unclosed %json schema");
+    return lerr(p, at, what_unclosed);
   p->i++;
+  *start_out = start;
+  return DI_OK;
+}
+
+/* %regex {...} (llguidance): a substring lexeme (substring.h). */
+static di_status parse_regex_item(lp *p, di_gseq *s) {
+  size_t at = p->i, start;
+  DI_TRY(scan_json_object(p, 6, "expected '{' after %regex", "unclosed %regex object", &start));
+  int r = -1;
+  di_status st = di_substring_compile(p->b, p->s + start, p->i - start, &r);
+  if (st != DI_OK)
+    return di_error_wrap(st, "lark grammar: the %%regex at offset %zu", at);
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, r});
+  return DI_OK;
+}
+
+static di_status parse_json_item(lp *p, di_gseq *s) {
+  size_t at = p->i, start;
+  DI_TRY(scan_json_object(p, 5, "expected '{' after %json", "unclosed %json schema", &start));
   di_grammar_options o = {0};
   if (p->opt)
     o = *p->opt;
@@ -333,6 +356,9 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
       if (terminal)
         return lerr(p, at, "%json cannot be used in terminals (upper-case names)");
       DI_TRY(parse_json_item(p, s));
+      is_term_item = 1;
+    } else if (c == '%' && p->i + 6 <= p->n && memcmp(p->s + p->i, "%regex", 6) == 0) {
+      DI_TRY(parse_regex_item(p, s));
       is_term_item = 1;
     } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
       int32_t id = 0;
