@@ -705,47 +705,62 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
   return DI_OK;
 }
 
-/* uniqueItems is enforced exactly when the items form a small finite set of values: the values
- * (enum / const filtered by type, or the booleans and null a type list names), at most this many. */
-enum { MAX_UNIQUE_VALUES = 10 };
-static int unique_item_values(jc *c, const cJSON *sch, const cJSON **vals) {
-  const cJSON *items = item(sch, "items");
-  if (!items || item(sch, "prefixItems") || item(sch, "contains") || cJSON_IsArray(items) || cJSON_IsBool(items))
+/* uniqueItems is enforced exactly when every position takes a small finite set of values: each
+ * position's set (enum / const filtered by type, or the booleans and null a type list names) as a
+ * bit mask over one list of at most MAX_UNIQUE_VALUES distinct values. */
+enum { MAX_UNIQUE_VALUES = 10, MAX_UNIQUE_PREFIX = 8 };
+typedef struct {
+  const cJSON *vals[MAX_UNIQUE_VALUES];
+  int n;
+  unsigned allowed[MAX_UNIQUE_PREFIX + 1]; /* per position (prefixItems), then the rest (items) */
+  int P;
+} unique_layout;
+
+/* Adds v to the list (deduplicated: 1 and 1.0 are one value); its index, or -1 past the bound. */
+static int unique_value_index(unique_layout *u, const cJSON *v) {
+  for (int i = 0; i < u->n; i++)
+    if (cJSON_Compare(u->vals[i], v, 1))
+      return i;
+  if (u->n == MAX_UNIQUE_VALUES)
     return -1;
-  if (deref(c, items, "#", &items) != DI_OK || !cJSON_IsObject(items))
+  u->vals[u->n] = v;
+  return u->n++;
+}
+
+/* The values schema s admits as a mask over u's list; -1 when not a small finite set. */
+static long finite_values(jc *c, const cJSON *s, unique_layout *u) {
+  if (cJSON_IsFalse(s))
+    return 0;
+  if (!s || cJSON_IsTrue(s) || deref(c, s, "#", &s) != DI_OK || !cJSON_IsObject(s))
     return -1;
   int types;
-  if (get_types(items, "#", &types) != DI_OK)
+  if (get_types(s, "#", &types) != DI_OK)
     return -1;
-  for (const cJSON *e = items->child; e; e = e->next) /* keywords beside enum/const would filter them further */
+  for (const cJSON *e = s->child; e; e = e->next) /* keywords beside enum/const would filter them further */
     if (!in_list(e->string, ANNOTATIONS) && strcmp(e->string, "enum") && strcmp(e->string, "const") &&
         strcmp(e->string, "type"))
       return -1;
-  const cJSON *en = item(items, "enum"), *cn = item(items, "const");
-  int n = 0;
+  const cJSON *en = item(s, "enum"), *cn = item(s, "const");
+  long mask = 0;
   if (en || cn) {
     if (en && !cJSON_IsArray(en))
       return -1;
-    for (const cJSON *v = cn ? cn : en->child; v; v = cn ? NULL : v->next) {
-      if (!(value_types(v) & types))
-        continue;
-      int dup = 0;
-      for (int i = 0; i < n; i++)
-        dup |= cJSON_Compare(vals[i], v, 1);
-      if (dup)
-        continue;
-      if (n == MAX_UNIQUE_VALUES)
-        return -1;
-      vals[n++] = v;
-    }
     if (cn && en) { /* both: the const must be in the enum */
       int in = 0;
       for (const cJSON *q = en->child; q; q = q->next)
         in |= cJSON_Compare(q, cn, 1);
       if (!in)
-        n = 0;
+        return 0;
     }
-    return n;
+    for (const cJSON *v = cn ? cn : en->child; v; v = cn ? NULL : v->next) {
+      if (!(value_types(v) & types))
+        continue;
+      int i = unique_value_index(u, v);
+      if (i < 0)
+        return -1;
+      mask |= 1L << i;
+    }
+    return mask;
   }
   if (types & ~(T_BOOL | T_NULL))
     return -1;
@@ -760,9 +775,36 @@ static int unique_item_values(jc *c, const cJSON *sch, const cJSON **vals) {
   }
   if (types & T_NULL)
     cJSON_AddItemToArray(lits, cJSON_CreateNull());
-  for (const cJSON *v = lits->child; v; v = v->next)
-    vals[n++] = v;
-  return n;
+  for (const cJSON *v = lits->child; v; v = v->next) {
+    int i = unique_value_index(u, v);
+    if (i < 0)
+      return -1;
+    mask |= 1L << i;
+  }
+  return mask;
+}
+
+/* 1 when sch's positions all take small finite sets (u filled), else 0. */
+static int unique_item_layout(jc *c, const cJSON *sch, unique_layout *u) {
+  memset(u, 0, sizeof *u);
+  const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems"), *mx = item(sch, "maxItems");
+  if (item(sch, "contains"))
+    return 0;
+  if (cJSON_IsArray(items) && !prefix) /* draft 7's tuple form */
+    prefix = items, items = item(sch, "additionalItems");
+  if (prefix && !cJSON_IsArray(prefix))
+    return 0;
+  for (const cJSON *e = prefix ? prefix->child : NULL; e; e = e->next) {
+    long m = u->P < MAX_UNIQUE_PREFIX ? finite_values(c, e, u) : -1;
+    if (m < 0)
+      return 0;
+    u->allowed[u->P++] = (unsigned)m;
+  }
+  long tail = finite_values(c, items, u);
+  if (tail < 0 && !(cJSON_IsNumber(mx) && mx->valuedouble <= u->P))
+    return 0; /* unbounded items past the prefix */
+  u->allowed[u->P] = tail < 0 ? 0 : (unsigned)tail;
+  return 1;
 }
 
 /* An unenforced keyword whose value here constrains nothing (uniqueItems false, or over arrays of
@@ -772,8 +814,8 @@ static int enforced_anyway(jc *c, const cJSON *sch, const cJSON *kw) {
   const char *k = kw->string;
   if (strcmp(k, "uniqueItems") == 0) {
     const cJSON *mx = item(sch, "maxItems");
-    const cJSON *vals[MAX_UNIQUE_VALUES];
-    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1) || unique_item_values(c, sch, vals) >= 0;
+    unique_layout u;
+    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1) || unique_item_layout(c, sch, &u);
   }
   if (strcmp(k, "maxContains") == 0)
     return !item(sch, "contains"); /* without contains it means nothing */
@@ -1739,9 +1781,13 @@ static di_status gen_array_contains(jc *c, const cJSON *sch, const char *path, i
   return st;
 }
 
-/* uniqueItems over k distinct item values: a rule per set of values used so far (2^k), each
- * continuing with a value not in it, ending once minItems are there, stopping at maxItems. */
-static di_status gen_array_unique(jc *c, const cJSON *sch, const cJSON **vals, int k, const char *path, int rule) {
+/* uniqueItems over k distinct values: a rule per set of values used so far (2^k), each continuing
+ * with a value not in it that the next position allows (the number of items so far is the set's
+ * size, so it also picks the prefixItems position), ending once minItems are there, stopping at
+ * maxItems. */
+static di_status gen_array_unique(jc *c, const cJSON *sch, const unique_layout *u, const char *path, int rule) {
+  const cJSON *const *vals = u->vals;
+  int k = u->n;
   di_gb *b = c->b;
   int64_t minI = 0, maxI = -1;
   DI_TRY(get_count(sch, "minItems", path, &minI));
@@ -1766,8 +1812,9 @@ static di_status gen_array_unique(jc *c, const cJSON *sch, const cJSON **vals, i
     b->rules[U[m]].defined = 1;
     if (used >= minI)
       st = di_gb_add_alt(b, U[m], NULL, 0);
+    unsigned next = u->allowed[used < u->P ? used : u->P];
     for (int i = 0; st == DI_OK && i < k && (maxI < 0 || used < maxI); i++) {
-      if ((m >> i) & 1)
+      if (((m >> i) & 1) || !((next >> i) & 1))
         continue;
       s.n = 0;
       lit(c, &s, ",");
@@ -1786,6 +1833,8 @@ static di_status gen_array_unique(jc *c, const cJSON *sch, const cJSON **vals, i
     st = di_gb_add_alt(b, rule, s.v, s.n);
   }
   for (int i = 0; st == DI_OK && i < k && maxI != 0; i++) {
+    if (!((u->allowed[0] >> i) & 1))
+      continue;
     s.n = 0;
     lit(c, &s, "[");
     ws(c, &s);
@@ -1808,12 +1857,9 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
   if (cont && item(sch, "unevaluatedItems") && !c->opt->ignore_unsupported_keywords) /* contains evaluates items */
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported keyword 'unevaluatedItems' beside 'contains' at %s",
                         path);
-  if (cJSON_IsTrue(item(sch, "uniqueItems"))) {
-    const cJSON *vals[MAX_UNIQUE_VALUES];
-    int k = unique_item_values(c, sch, vals);
-    if (k >= 0)
-      return gen_array_unique(c, sch, vals, k, path, rule);
-  }
+  unique_layout ul;
+  if (cJSON_IsTrue(item(sch, "uniqueItems")) && unique_item_layout(c, sch, &ul))
+    return gen_array_unique(c, sch, &ul, path, rule);
   const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems");
   if (cJSON_IsArray(items) && !prefix) { /* draft 7's tuple form: items [...] + additionalItems */
     prefix = items;
