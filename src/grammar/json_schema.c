@@ -14,6 +14,9 @@
 #include "grammar/regular_set.h"
 #include "util/json.h"
 
+/* The further `pattern`s of merged allOf branches (an internal keyword, not JSON Schema's). */
+#define PATTERNS_KEY "x-deepinfer-patterns"
+
 enum { T_NULL = 1, T_BOOL = 2, T_OBJECT = 4, T_ARRAY = 8, T_NUMBER = 16, T_INTEGER = 32, T_STRING = 64, T_ALL = 127 };
 
 typedef struct {
@@ -560,6 +563,18 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
       cJSON_AddItemToObject(m, k, cJSON_Duplicate(e, 1));
       continue;
     }
+    if (strcmp(k, PATTERNS_KEY) == 0 && cJSON_IsArray(x) && cJSON_IsArray(e)) {
+      for (const cJSON *q = e->child; q; q = q->next)
+        cJSON_AddItemToArray(x, cJSON_Duplicate(q, 1));
+      continue;
+    }
+    if (strcmp(k, "pattern") == 0 && cJSON_IsString(x) && cJSON_IsString(e) && !cJSON_Compare(x, e, 1)) {
+      cJSON *more = item(m, PATTERNS_KEY); /* both patterns apply: gen_string takes their product */
+      if (!more)
+        more = cJSON_AddArrayToObject(m, PATTERNS_KEY);
+      cJSON_AddItemToArray(more, cJSON_Duplicate(e, 1));
+      continue;
+    }
     if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1) || (!in_list(k, SUPPORTED) && !in_list(k, UNENFORCED)))
       continue; /* the same value twice, or a keyword JSON Schema does not define (ignored) */
     if (strcmp(k, "type") == 0) {
@@ -844,17 +859,18 @@ static int memo_find(jc *c, const cJSON *n) {
 /* A string under several of format, pattern and minLength / maxLength: each regex determinised
  * (regular_set.h) and their product, with a character counter when a length is given, emitted as
  * rules (NULL *rule: no string qualifies). */
-static di_status constrained_string(jc *c, const char *fre, const char *pat, int has_len, int64_t minl, int64_t maxl,
-                                    const char *path, int *rule) {
+enum { MAX_STRING_PATTERNS = 8 };
+static di_status constrained_string(jc *c, const char *fre, const char *const *pats, int npat, int has_len,
+                                    int64_t minl, int64_t maxl, const char *path, int *rule) {
   if (minl > 100000 || maxl > 100000)
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: string length bound above 100000 at %s", path);
-  di_rlang *langs[2] = {NULL, NULL};
+  di_rlang *langs[MAX_STRING_PATTERNS + 1] = {NULL};
   int k = 0;
   di_status st = DI_OK;
   if (fre)
     st = di_rlang_regex(fre, strlen(fre), 1, 1, &langs[k++]);
-  if (st == DI_OK && pat) {
-    st = di_rlang_regex(pat, strlen(pat), 1, 0, &langs[k++]);
+  for (int i = 0; st == DI_OK && i < npat; i++) {
+    st = di_rlang_regex(pats[i], strlen(pats[i]), 1, 0, &langs[k++]);
     if (st != DI_OK)
       st = di_error_wrap(st, "json schema: 'pattern' at %s", path);
   }
@@ -889,11 +905,21 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
     if (!fre && defined && !c->opt->ignore_unsupported_keywords)
       return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported format '%s' at %s/format", fmt->valuestring, path);
   }
+  /* the patterns: `pattern`, and those allOf branches added (merge keeps them under PATTERNS_KEY) */
+  const char *pats[MAX_STRING_PATTERNS];
+  int npat = 0;
+  if (pat)
+    pats[npat++] = pat->valuestring;
+  for (const cJSON *e = cJSON_IsArray(item(sch, PATTERNS_KEY)) ? item(sch, PATTERNS_KEY)->child : NULL; e; e = e->next)
+    if (cJSON_IsString(e) && npat < MAX_STRING_PATTERNS)
+      pats[npat++] = e->valuestring;
+    else
+      return unsupported(c, path, "pattern (more than 8 from allOf)");
   lit(c, &s, "\"");
-  if ((fre && pat) || ((fre || pat) && has_len)) {
+  if (npat + (fre != NULL) > 1 || ((fre || pat) && has_len)) {
     /* several constraints on one string: the product of their automata with a character counter */
     int r = -1;
-    st = constrained_string(c, fre, pat ? pat->valuestring : NULL, has_len, minl, maxl, path, &r);
+    st = constrained_string(c, fre, pats, npat, has_len, minl, maxl, path, &r);
     if (st != DI_OK || r < 0) {
       di_gseq_free(&s);
       if (st == DI_OK)
