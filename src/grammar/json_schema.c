@@ -11,7 +11,11 @@
 #include "grammar/json_formats.h"
 #include "grammar/json_schema_not.h"
 #include "grammar/json_text.h"
+#include "grammar/regular_set.h"
 #include "util/json.h"
+
+/* The further `pattern`s of merged allOf branches (an internal keyword, not JSON Schema's). */
+#define PATTERNS_KEY "x-deepinfer-patterns"
 
 enum { T_NULL = 1, T_BOOL = 2, T_OBJECT = 4, T_ARRAY = 8, T_NUMBER = 16, T_INTEGER = 32, T_STRING = 64, T_ALL = 127 };
 
@@ -367,13 +371,12 @@ static const char *SUPPORTED[] = {"type", "enum", "const", "properties", "requir
                                   "oneOf", "allOf", "$ref", "dependentRequired", "dependentSchemas", "dependencies",
                                   "additionalItems", "unevaluatedProperties", "unevaluatedItems", "contains",
                                   "minContains", "minProperties", "maxProperties",
-                                  "propertyNames", "not", "if", "then", "else", "multipleOf", NULL};
+                                  "propertyNames", "not", "if", "then", "else", "multipleOf", "patternProperties", NULL};
 
 /* Keywords of JSON Schema (2020-12 and the older drafts' spellings) that constrain values and that
  * this front-end does not enforce (an error naming them unless ignore_unsupported_keywords). Any
  * keyword outside every list is not JSON Schema's and is ignored, as the specification says. */
 static const char *UNENFORCED[] = {"maxContains", "uniqueItems",
-                                   "patternProperties",
                                    "$dynamicRef", "$recursiveRef", NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -538,11 +541,38 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
     *out = m;
     return DI_OK;
   }
+  for (int side = 0; side < 2; side++) { /* another branch's additionalProperties does not see our patterns */
+    const cJSON *x = side ? b : a, *y = side ? a : b;
+    const cJSON *xa = cJSON_IsObject(x) ? item(x, "additionalProperties") : NULL;
+    const cJSON *xp = cJSON_IsObject(x) ? item(x, "patternProperties") : NULL;
+    const cJSON *yp = cJSON_IsObject(y) ? item(y, "patternProperties") : NULL;
+    for (const cJSON *q = yp ? yp->child : NULL; xa && !cJSON_IsTrue(xa) && q; q = q->next)
+      if (!xp || !item(xp, q->string))
+        return unsupported(c, path, "patternProperties (beside another allOf branch's additionalProperties)");
+  }
+  if (!item(m, "if")) { /* then / else without a sibling if mean nothing (and must not meet the other side's if) */
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "then");
+    cJSON_DeleteItemFromObjectCaseSensitive(m, "else");
+  }
   for (const cJSON *e = b->child; e; e = e->next) {
     const char *k = e->string;
+    if ((strcmp(k, "then") == 0 || strcmp(k, "else") == 0) && !item(b, "if"))
+      continue;
     cJSON *x = item(m, k);
     if (!x) {
       cJSON_AddItemToObject(m, k, cJSON_Duplicate(e, 1));
+      continue;
+    }
+    if (strcmp(k, PATTERNS_KEY) == 0 && cJSON_IsArray(x) && cJSON_IsArray(e)) {
+      for (const cJSON *q = e->child; q; q = q->next)
+        cJSON_AddItemToArray(x, cJSON_Duplicate(q, 1));
+      continue;
+    }
+    if (strcmp(k, "pattern") == 0 && cJSON_IsString(x) && cJSON_IsString(e) && !cJSON_Compare(x, e, 1)) {
+      cJSON *more = item(m, PATTERNS_KEY); /* both patterns apply: gen_string takes their product */
+      if (!more)
+        more = cJSON_AddArrayToObject(m, PATTERNS_KEY);
+      cJSON_AddItemToArray(more, cJSON_Duplicate(e, 1));
       continue;
     }
     if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1) || (!in_list(k, SUPPORTED) && !in_list(k, UNENFORCED)))
@@ -565,7 +595,7 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
             cJSON_AddItemToArray(arr, cJSON_CreateString(names[i]));
       }
       cJSON_ReplaceItemInObjectCaseSensitive(m, k, arr);
-    } else if (strcmp(k, "properties") == 0) {
+    } else if (strcmp(k, "properties") == 0 || strcmp(k, "patternProperties") == 0) {
       for (const cJSON *p = e->child; p; p = p->next) {
         cJSON *q = item(x, p->string);
         if (!q) {
@@ -690,14 +720,117 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
   return DI_OK;
 }
 
+/* uniqueItems is enforced exactly when every position takes a small finite set of values: each
+ * position's set (enum / const filtered by type, or the booleans and null a type list names) as a
+ * bit mask over one list of at most MAX_UNIQUE_VALUES distinct values. */
+enum { MAX_UNIQUE_VALUES = 10, MAX_UNIQUE_PREFIX = 8 };
+typedef struct {
+  const cJSON *vals[MAX_UNIQUE_VALUES];
+  int n;
+  unsigned allowed[MAX_UNIQUE_PREFIX + 1]; /* per position (prefixItems), then the rest (items) */
+  int P;
+} unique_layout;
+
+/* Adds v to the list (deduplicated: 1 and 1.0 are one value); its index, or -1 past the bound. */
+static int unique_value_index(unique_layout *u, const cJSON *v) {
+  for (int i = 0; i < u->n; i++)
+    if (cJSON_Compare(u->vals[i], v, 1))
+      return i;
+  if (u->n == MAX_UNIQUE_VALUES)
+    return -1;
+  u->vals[u->n] = v;
+  return u->n++;
+}
+
+/* The values schema s admits as a mask over u's list; -1 when not a small finite set. */
+static long finite_values(jc *c, const cJSON *s, unique_layout *u) {
+  if (cJSON_IsFalse(s))
+    return 0;
+  if (!s || cJSON_IsTrue(s) || deref(c, s, "#", &s) != DI_OK || !cJSON_IsObject(s))
+    return -1;
+  int types;
+  if (get_types(s, "#", &types) != DI_OK)
+    return -1;
+  for (const cJSON *e = s->child; e; e = e->next) /* keywords beside enum/const would filter them further */
+    if (!in_list(e->string, ANNOTATIONS) && strcmp(e->string, "enum") && strcmp(e->string, "const") &&
+        strcmp(e->string, "type"))
+      return -1;
+  const cJSON *en = item(s, "enum"), *cn = item(s, "const");
+  long mask = 0;
+  if (en || cn) {
+    if (en && !cJSON_IsArray(en))
+      return -1;
+    if (cn && en) { /* both: the const must be in the enum */
+      int in = 0;
+      for (const cJSON *q = en->child; q; q = q->next)
+        in |= cJSON_Compare(q, cn, 1);
+      if (!in)
+        return 0;
+    }
+    for (const cJSON *v = cn ? cn : en->child; v; v = cn ? NULL : v->next) {
+      if (!(value_types(v) & types))
+        continue;
+      int i = unique_value_index(u, v);
+      if (i < 0)
+        return -1;
+      mask |= 1L << i;
+    }
+    return mask;
+  }
+  if (types & ~(T_BOOL | T_NULL))
+    return -1;
+  cJSON *lits = cJSON_CreateArray(); /* true, false, null as values of our own */
+  if (!lits || !own(c, lits)) {
+    cJSON_Delete(lits);
+    return -1;
+  }
+  if (types & T_BOOL) {
+    cJSON_AddItemToArray(lits, cJSON_CreateTrue());
+    cJSON_AddItemToArray(lits, cJSON_CreateFalse());
+  }
+  if (types & T_NULL)
+    cJSON_AddItemToArray(lits, cJSON_CreateNull());
+  for (const cJSON *v = lits->child; v; v = v->next) {
+    int i = unique_value_index(u, v);
+    if (i < 0)
+      return -1;
+    mask |= 1L << i;
+  }
+  return mask;
+}
+
+/* 1 when sch's positions all take small finite sets (u filled), else 0. */
+static int unique_item_layout(jc *c, const cJSON *sch, unique_layout *u) {
+  memset(u, 0, sizeof *u);
+  const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems"), *mx = item(sch, "maxItems");
+  if (item(sch, "contains"))
+    return 0;
+  if (cJSON_IsArray(items) && !prefix) /* draft 7's tuple form */
+    prefix = items, items = item(sch, "additionalItems");
+  if (prefix && !cJSON_IsArray(prefix))
+    return 0;
+  for (const cJSON *e = prefix ? prefix->child : NULL; e; e = e->next) {
+    long m = u->P < MAX_UNIQUE_PREFIX ? finite_values(c, e, u) : -1;
+    if (m < 0)
+      return 0;
+    u->allowed[u->P++] = (unsigned)m;
+  }
+  long tail = finite_values(c, items, u);
+  if (tail < 0 && !(cJSON_IsNumber(mx) && mx->valuedouble <= u->P))
+    return 0; /* unbounded items past the prefix */
+  u->allowed[u->P] = tail < 0 ? 0 : (unsigned)tail;
+  return 1;
+}
+
 /* An unenforced keyword whose value here constrains nothing (uniqueItems false, or over arrays of
- * at most one item; minProperties 0). */
+ * at most one item; minProperties 0), or that is enforced in this case (uniqueItems over a small
+ * finite set of item values). */
 static int enforced_anyway(jc *c, const cJSON *sch, const cJSON *kw) {
-  (void)c;
   const char *k = kw->string;
   if (strcmp(k, "uniqueItems") == 0) {
     const cJSON *mx = item(sch, "maxItems");
-    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1);
+    unique_layout u;
+    return cJSON_IsFalse(kw) || (cJSON_IsNumber(mx) && mx->valuedouble <= 1) || unique_item_layout(c, sch, &u);
   }
   if (strcmp(k, "maxContains") == 0)
     return !item(sch, "contains"); /* without contains it means nothing */
@@ -723,6 +856,35 @@ static int memo_find(jc *c, const cJSON *n) {
   return -1;
 }
 
+/* A string under several of format, pattern and minLength / maxLength: each regex determinised
+ * (regular_set.h) and their product, with a character counter when a length is given, emitted as
+ * rules (NULL *rule: no string qualifies). */
+enum { MAX_STRING_PATTERNS = 8 };
+static di_status constrained_string(jc *c, const char *fre, const char *const *pats, int npat, int has_len,
+                                    int64_t minl, int64_t maxl, const char *path, int *rule) {
+  if (minl > 100000 || maxl > 100000)
+    return di_error_set(DI_ERR_UNSUPPORTED, "json schema: string length bound above 100000 at %s", path);
+  di_rlang *langs[MAX_STRING_PATTERNS + 1] = {NULL};
+  int k = 0;
+  di_status st = DI_OK;
+  if (fre)
+    st = di_rlang_regex(fre, strlen(fre), 1, 1, &langs[k++]);
+  for (int i = 0; st == DI_OK && i < npat; i++) {
+    st = di_rlang_regex(pats[i], strlen(pats[i]), 1, 0, &langs[k++]);
+    if (st != DI_OK)
+      st = di_error_wrap(st, "json schema: 'pattern' at %s", path);
+  }
+  if (st == DI_OK) {
+    di_rlang_product p = {langs, k, (1u << k) - 1, 0, has_len, (int)minl, (int)maxl, 50000, 0};
+    st = di_rlang_emit(c->b, &p, rule);
+    if (st == DI_ERR_UNSUPPORTED)
+      st = di_error_wrap(st, "json schema: format / pattern / length combined at %s", path);
+  }
+  for (int i = 0; i < k; i++)
+    di_rlang_free(langs[i]);
+  return st;
+}
+
 static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *fmt = item(sch, "format"), *pat = item(sch, "pattern");
@@ -743,13 +905,30 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
     if (!fre && defined && !c->opt->ignore_unsupported_keywords)
       return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported format '%s' at %s/format", fmt->valuestring, path);
   }
-  int n_constraints = (fre != NULL) + (pat != NULL) + has_len;
-  if (n_constraints > 1 && !c->opt->ignore_unsupported_keywords)
-    return di_error_set(DI_ERR_UNSUPPORTED,
-                        "json schema: combining format, pattern and minLength/maxLength on one string is not supported at %s",
-                        path);
+  /* the patterns: `pattern`, and those allOf branches added (merge keeps them under PATTERNS_KEY) */
+  const char *pats[MAX_STRING_PATTERNS];
+  int npat = 0;
+  if (pat)
+    pats[npat++] = pat->valuestring;
+  for (const cJSON *e = cJSON_IsArray(item(sch, PATTERNS_KEY)) ? item(sch, PATTERNS_KEY)->child : NULL; e; e = e->next)
+    if (cJSON_IsString(e) && npat < MAX_STRING_PATTERNS)
+      pats[npat++] = e->valuestring;
+    else
+      return unsupported(c, path, "pattern (more than 8 from allOf)");
   lit(c, &s, "\"");
-  if (fre || pat) {
+  if (npat + (fre != NULL) > 1 || ((fre || pat) && has_len)) {
+    /* several constraints on one string: the product of their automata with a character counter */
+    int r = -1;
+    st = constrained_string(c, fre, pats, npat, has_len, minl, maxl, path, &r);
+    if (st != DI_OK || r < 0) {
+      di_gseq_free(&s);
+      if (st == DI_OK)
+        snprintf(c->why_empty, sizeof c->why_empty, "no string satisfies the pattern, format and length at %.200s",
+                 path);
+      return st;
+    }
+    di_gseq_push(b, &s, rule_el(r));
+  } else if (fre || pat) {
     int r = di_gb_new_rule(b, fre ? "format" : "pattern");
     const char *re = fre ? fre : pat->valuestring;
     st = di_regex_compile_into(b, r, re, strlen(re), 1, fre ? 1 : 0);
@@ -1059,6 +1238,142 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
   return r;
 }
 
+/* ---- patternProperties -------------------------------------------------------------------- */
+/* The patterns of a patternProperties keyword, each determinised (regular_set.h) so that names can
+ * be matched against them and the names matching none of them can be generated. */
+enum { MAX_PATTERN_PROPERTIES = 4 };
+typedef struct {
+  di_rlang *re[MAX_PATTERN_PROPERTIES];
+  const cJSON *schema[MAX_PATTERN_PROPERTIES];
+  int k;
+} pattern_set;
+
+static void pattern_set_free(pattern_set *ps) {
+  for (int i = 0; i < ps->k; i++)
+    di_rlang_free(ps->re[i]);
+  ps->k = 0;
+}
+
+static di_status pattern_set_compile(jc *c, const cJSON *pp, const char *path, pattern_set *ps) {
+  if (!cJSON_IsObject(pp))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'patternProperties' must be an object at %s", path);
+  for (const cJSON *e = pp->child; e; e = e->next) {
+    if (ps->k == MAX_PATTERN_PROPERTIES)
+      return unsupported(c, path, "patternProperties (more than 4 patterns)");
+    di_status st = di_rlang_regex(e->string, strlen(e->string), 1, 0, &ps->re[ps->k]);
+    if (st != DI_OK)
+      return di_error_wrap(st, "json schema: pattern '%.100s' at %s/patternProperties", e->string, path);
+    ps->schema[ps->k++] = e;
+  }
+  return DI_OK;
+}
+
+/* A property name's body as generation writes it (JSON-escaped, without the quotes); NULL: no memory. */
+static char *key_body(const char *name) {
+  di_sbuf kb = {0};
+  di_sbuf_json_string(&kb, name);
+  if (kb.oom || !kb.p || kb.n < 2) {
+    free(kb.p);
+    return NULL;
+  }
+  memmove(kb.p, kb.p + 1, kb.n - 2);
+  kb.p[kb.n - 2] = 0;
+  return kb.p;
+}
+
+/* allOf(base, the schemas of the patterns in mask); base may be NULL. */
+static cJSON *all_of_patterns(jc *c, const cJSON *base, const pattern_set *ps, unsigned mask) {
+  cJSON *o = cJSON_CreateObject(), *arr = o ? cJSON_AddArrayToObject(o, "allOf") : NULL;
+  if (!arr || !own(c, o)) {
+    cJSON_Delete(o);
+    return NULL;
+  }
+  if (base)
+    cJSON_AddItemToArray(arr, cJSON_Duplicate(base, 1));
+  for (int i = 0; i < ps->k; i++)
+    if ((mask >> i) & 1)
+      cJSON_AddItemToArray(arr, cJSON_Duplicate(ps->schema[i], 1));
+  return o;
+}
+
+/* The patterns a named property matches (bit mask); -1 out of memory or past a budget. */
+static int matching_patterns(const pattern_set *ps, const char *name) {
+  char *body = key_body(name);
+  if (!body)
+    return -1;
+  int m = 0;
+  for (int i = 0; i < ps->k && m >= 0; i++) {
+    int r = di_rlang_contains(ps->re[i], body, strlen(body));
+    m = r < 0 ? -1 : m | (r << i);
+  }
+  free(body);
+  return m;
+}
+
+/* The members whose names are not named properties: for each set T of patterns, the names matching
+ * exactly those (and no named property) with a value satisfying all their schemas; with T empty,
+ * the names matching no pattern, valued by vr (when vr >= 0: other properties are allowed). */
+static di_status pattern_members(jc *c, const pattern_set *ps, const keyset *ks, int vr, const char *path,
+                                 int *r_members) {
+  di_gb *b = c->b;
+  *r_members = -1;
+  di_rlang *langs[2 + MAX_PATTERN_PROPERTIES] = {NULL};
+  char **raw = calloc((size_t)ks->n + 1, sizeof *raw);
+  static const char *universe = "[\\s\\S]*";
+  di_status st = raw ? di_rlang_regex(universe, strlen(universe), 1, 1, &langs[0])
+                     : di_error_set(DI_ERR_OOM, "out of memory");
+  for (int i = 0; st == DI_OK && i < ks->n; i++) {
+    size_t L = strlen(ks->keys[i]);
+    if (!(raw[i] = malloc(L)))
+      st = di_error_set(DI_ERR_OOM, "out of memory");
+    else
+      memcpy(raw[i], ks->keys[i] + 1, L - 2), raw[i][L - 2] = 0;
+  }
+  if (st == DI_OK)
+    st = di_rlang_literals((const char *const *)raw, ks->n, &langs[1]);
+  for (int i = 0; i < ps->k; i++)
+    langs[2 + i] = ps->re[i];
+  unsigned all = (1u << ps->k) - 1;
+  for (unsigned T = vr >= 0 ? 0 : 1; st == DI_OK && T <= all; T++) {
+    di_rlang_product p = {langs, 2 + ps->k, 1u | (T << 2), 2u | ((all & ~T) << 2), 0, 0, -1, 20000, 0};
+    int key = -1, val = vr;
+    st = di_rlang_emit(b, &p, &key);
+    if (st == DI_ERR_UNSUPPORTED)
+      st = di_error_wrap(st, "json schema: patternProperties at %s", path);
+    if (st != DI_OK || key < 0)
+      continue;
+    if (T) {
+      char sub[1200];
+      snprintf(sub, sizeof sub, "%s/patternProperties", path);
+      const cJSON *vs = T & (T - 1) ? all_of_patterns(c, NULL, ps, T) : NULL;
+      for (int i = 0; !vs && i < ps->k; i++)
+        if (T == 1u << i)
+          vs = ps->schema[i];
+      st = vs ? gen(c, vs, sub, &val) : di_error_set(DI_ERR_OOM, "out of memory");
+      if (st != DI_OK || val < 0)
+        continue;
+    }
+    if (*r_members < 0)
+      *r_members = di_gb_new_rule(b, "pmember");
+    di_gseq s = {0};
+    lit(c, &s, "\"");
+    di_gseq_push(b, &s, rule_el(key));
+    lit(c, &s, "\"");
+    ws(c, &s);
+    lit(c, &s, ":");
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(val));
+    st = di_gb_add_alt(b, *r_members, s.v, s.n);
+    di_gseq_free(&s);
+  }
+  for (int i = 0; raw && i < ks->n; i++)
+    free(raw[i]);
+  free(raw);
+  di_rlang_free(langs[0]);
+  di_rlang_free(langs[1]);
+  return st;
+}
+
 static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *props = item(sch, "properties"), *req = item(sch, "required"), *addl = item(sch, "additionalProperties");
@@ -1089,10 +1404,22 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   int *rules = calloc((size_t)np + 1, sizeof(int));
   keyset ks = {calloc((size_t)np + 1, sizeof(char *)), 0};
   di_grammar *png = NULL; /* propertyNames' own grammar, to check the named properties */
+  pattern_set ps = {.k = 0};
   di_status st = DI_OK;
   if (!names || !schemas || !isreq || !rules || !ks.keys) {
     st = di_error_set(DI_ERR_OOM, "out of memory");
     goto done;
+  }
+  const cJSON *pprops = item(sch, "patternProperties");
+  if (pprops) {
+    const cJSON *pn0 = item(sch, "propertyNames");
+    if (pn0 && !cJSON_IsTrue(pn0) && !c->opt->ignore_unsupported_keywords) {
+      st = unsupported(c, path, "patternProperties (with propertyNames)");
+      goto done;
+    }
+    st = pattern_set_compile(c, pprops, path, &ps);
+    if (st != DI_OK)
+      goto done;
   }
   int n = 0;
   for (const cJSON *p = props ? props->child : NULL; p; p = p->next) {
@@ -1114,8 +1441,21 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     for (int i = 0; i < n; i++)
       if (strcmp(names[i], r->valuestring) == 0)
         found = i;
+    int pm = found < 0 && ps.k ? matching_patterns(&ps, r->valuestring) : 0;
+    if (pm < 0) {
+      st = di_error_set(DI_ERR_OOM, "out of memory matching patternProperties at %s", path);
+      goto done;
+    }
     if (found >= 0) {
       isreq[found] = 1;
+    } else if (pm > 0) { /* required, named by no property, matching patterns: their schemas */
+      names[n] = r->valuestring;
+      schemas[n] = all_of_patterns(c, NULL, &ps, (unsigned)pm);
+      if (!schemas[n]) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+        goto done;
+      }
+      isreq[n++] = 1;
     } else if (cJSON_IsFalse(addl)) {
       /* required, yet not a property and no other property allowed: no object satisfies this */
       snprintf(c->why_empty, sizeof c->why_empty,
@@ -1126,6 +1466,13 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       names[n] = r->valuestring;
       schemas[n] = addl && !cJSON_IsBool(addl) ? addl : NULL; /* NULL: any value */
       isreq[n++] = 1;
+    }
+  }
+  for (int i = 0; i < nprops && ps.k; i++) { /* a named property matching patterns: all their schemas apply */
+    int pm = matching_patterns(&ps, names[i]);
+    if (pm < 0 || (pm > 0 && !(schemas[i] = all_of_patterns(c, schemas[i], &ps, (unsigned)pm)))) {
+      st = di_error_set(DI_ERR_OOM, "out of memory matching patternProperties at %s", path);
+      goto done;
     }
   }
   /* JSON Schema's default admits other properties; strict mode (XGrammar's) admits none */
@@ -1209,7 +1556,20 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   }
   /* additional members: key (not a named property) ":" value */
   int r_addl = -1;
-  if (allow_addl) {
+  if (ps.k) {
+    int vr = -1;
+    if (allow_addl && (!addl || cJSON_IsTrue(addl))) {
+      vr = any_rule(c);
+    } else if (allow_addl) {
+      char sub[1200];
+      snprintf(sub, sizeof sub, "%s/additionalProperties", path);
+      st = gen(c, addl, sub, &vr);
+    }
+    if (st == DI_OK)
+      st = pattern_members(c, &ps, &ks, vr, path, &r_addl);
+    if (st != DI_OK)
+      goto done;
+  } else if (allow_addl) {
     int vr;
     if (!addl || cJSON_IsTrue(addl)) {
       vr = any_rule(c);
@@ -1365,6 +1725,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     di_gseq_free(&s);
   }
 done:
+  pattern_set_free(&ps);
   di_grammar_free(png);
   for (int i = 0; ks.keys && i < ks.n; i++)
     free(ks.keys[i]);
@@ -1446,6 +1807,74 @@ static di_status gen_array_contains(jc *c, const cJSON *sch, const char *path, i
   return st;
 }
 
+/* uniqueItems over k distinct values: a rule per set of values used so far (2^k), each continuing
+ * with a value not in it that the next position allows (the number of items so far is the set's
+ * size, so it also picks the prefixItems position), ending once minItems are there, stopping at
+ * maxItems. */
+static di_status gen_array_unique(jc *c, const cJSON *sch, const unique_layout *u, const char *path, int rule) {
+  const cJSON *const *vals = u->vals;
+  int k = u->n;
+  di_gb *b = c->b;
+  int64_t minI = 0, maxI = -1;
+  DI_TRY(get_count(sch, "minItems", path, &minI));
+  DI_TRY(get_count(sch, "maxItems", path, &maxI));
+  int nsets = 1 << k, *U = malloc(sizeof(int) * (size_t)nsets);
+  di_gel *val = malloc(sizeof(di_gel) * ((size_t)k + 1));
+  if (!U || !val) {
+    free(U), free(val);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  di_gseq s = {0};
+  for (int i = 0; i < k; i++) {
+    s.n = 0;
+    emit_value_literal(c, &s, vals[i]);
+    val[i] = di_gb_wrap(b, &s, "uniq_value");
+  }
+  for (int m = 0; m < nsets; m++)
+    U[m] = di_gb_new_rule(b, "uniq");
+  di_status st = b->oom ? di_error_set(DI_ERR_OOM, "out of memory building the grammar") : DI_OK;
+  for (int m = 0; st == DI_OK && m < nsets; m++) {
+    int used = __builtin_popcount((unsigned)m);
+    b->rules[U[m]].defined = 1;
+    if (used >= minI)
+      st = di_gb_add_alt(b, U[m], NULL, 0);
+    unsigned next = u->allowed[used < u->P ? used : u->P];
+    for (int i = 0; st == DI_OK && i < k && (maxI < 0 || used < maxI); i++) {
+      if (((m >> i) & 1) || !((next >> i) & 1))
+        continue;
+      s.n = 0;
+      lit(c, &s, ",");
+      ws(c, &s);
+      di_gseq_push(b, &s, val[i]);
+      ws(c, &s);
+      di_gseq_push(b, &s, rule_el(U[m | 1 << i]));
+      st = di_gb_add_alt(b, U[m], s.v, s.n);
+    }
+  }
+  if (st == DI_OK && minI == 0) {
+    s.n = 0;
+    lit(c, &s, "[");
+    ws(c, &s);
+    lit(c, &s, "]");
+    st = di_gb_add_alt(b, rule, s.v, s.n);
+  }
+  for (int i = 0; st == DI_OK && i < k && maxI != 0; i++) {
+    if (!((u->allowed[0] >> i) & 1))
+      continue;
+    s.n = 0;
+    lit(c, &s, "[");
+    ws(c, &s);
+    di_gseq_push(b, &s, val[i]);
+    ws(c, &s);
+    di_gseq_push(b, &s, rule_el(U[1 << i]));
+    lit(c, &s, "]");
+    st = di_gb_add_alt(b, rule, s.v, s.n);
+  }
+  di_gseq_free(&s);
+  free(U), free(val);
+  return st;
+}
+
 static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *cont = item(sch, "contains"), *minc = item(sch, "minContains");
@@ -1454,6 +1883,9 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
   if (cont && item(sch, "unevaluatedItems") && !c->opt->ignore_unsupported_keywords) /* contains evaluates items */
     return di_error_set(DI_ERR_UNSUPPORTED, "json schema: unsupported keyword 'unevaluatedItems' beside 'contains' at %s",
                         path);
+  unique_layout ul;
+  if (cJSON_IsTrue(item(sch, "uniqueItems")) && unique_item_layout(c, sch, &ul))
+    return gen_array_unique(c, sch, &ul, path, rule);
   const cJSON *items = item(sch, "items"), *prefix = item(sch, "prefixItems");
   if (cJSON_IsArray(items) && !prefix) { /* draft 7's tuple form: items [...] + additionalItems */
     prefix = items;
@@ -1583,15 +2015,12 @@ static int64_t gcd64(int64_t a, int64_t b) {
  * exponent: the digits of the integer part and of at most d fraction digits, read as one number
  * N = I * 10^d + F * 10^(d - |F|), must be divisible by p. A rule per (remainder of the digits so
  * far mod p, fraction digits read): a finite automaton for divisibility. Integers need only
- * I == 0 mod p / gcd(p, 10^d). Not combined with minimum/maximum (refused) nor with the digits
- * bound (the divisibility automaton is not bounded in length). */
-static di_status gen_multiple(jc *c, const cJSON *sch, const cJSON *mult, int integer_only, const char *path,
-                              int rule) {
+ * I == 0 mod p / gcd(p, 10^d). The language of the multiples alone: bounds and the digits bound
+ * are applied by gen_number_multiple's product. */
+static di_status gen_multiple(jc *c, const cJSON *mult, int integer_only, const char *path, int rule) {
   di_gb *b = c->b;
   if (!cJSON_IsNumber(mult) || !(mult->valuedouble > 0))
     return di_error_set(DI_ERR_FORMAT, "json schema: 'multipleOf' must be a number above 0 at %s/multipleOf", path);
-  if (item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") || item(sch, "exclusiveMaximum"))
-    return unsupported(c, path, "multipleOf (together with minimum/maximum)");
   double m = mult->valuedouble, scaled = m;
   int d = 0;
   int64_t pow10 = 1;
@@ -1680,6 +2109,73 @@ static di_status gen_multiple(jc *c, const cJSON *sch, const cJSON *mult, int in
   return DI_OK;
 }
 
+/* The numbers of `types` that sch's bounds (or the digits bound) admit, without multipleOf, into a
+ * fresh builder: the same generators run on a context of their own. */
+static di_status numbers_without_multiple(jc *c, const cJSON *sch, int types, const char *path, di_gb *g, int *root) {
+  jc sub;
+  di_gb_init(g, c->b->max_els);
+  jc_init(&sub, g, c->opt);
+  *root = di_gb_new_rule(g, "num");
+  g->rules[*root].defined = 1;
+  int has_bounds = item(sch, "minimum") || item(sch, "maximum") || item(sch, "exclusiveMinimum") ||
+                   item(sch, "exclusiveMaximum");
+  di_status st = DI_OK;
+  if (types & T_NUMBER) {
+    if (has_bounds) {
+      st = gen_number_bounded(&sub, sch, path, *root);
+    } else {
+      di_gel e = rule_el(number_rule(&sub));
+      st = di_gb_add_alt(g, *root, &e, 1);
+    }
+  } else {
+    st = gen_integer(&sub, sch, path, *root);
+  }
+  jc_free(&sub);
+  return st;
+}
+
+/* multipleOf under bounds or the digits bound: the product of the multiples' automaton and the
+ * bounded numbers' one (both regular), determinised (regular_set.h) and emitted as rules. */
+static di_status gen_number_multiple(jc *c, const cJSON *sch, const cJSON *mult, int types, const char *path,
+                                     int rule) {
+  di_gb gm, gn;
+  int rm, rn, r = -1;
+  di_rlang *langs[2] = {NULL, NULL};
+  jc sub;
+  di_gb_init(&gm, c->b->max_els);
+  jc_init(&sub, &gm, c->opt);
+  rm = di_gb_new_rule(&gm, "mult");
+  gm.rules[rm].defined = 1;
+  di_status st = gen_multiple(&sub, mult, !(types & T_NUMBER), path, rm);
+  jc_free(&sub);
+  if (st == DI_OK)
+    st = di_rlang_from_builder(&gm, rm, &langs[0]);
+  else
+    di_gb_free(&gm);
+  if (st == DI_OK) {
+    st = numbers_without_multiple(c, sch, types, path, &gn, &rn);
+    if (st == DI_OK)
+      st = di_rlang_from_builder(&gn, rn, &langs[1]);
+    else
+      di_gb_free(&gn);
+    if (st == DI_ERR_FORMAT && strstr(di_last_error(), "accepts nothing"))
+      st = DI_OK; /* the bounds admit no number: langs[1] stays NULL */
+  }
+  if (st == DI_OK && langs[1]) {
+    di_rlang_product p = {langs, 2, 3, 0, 0, 0, -1, 100000, 0};
+    st = di_rlang_emit(c->b, &p, &r);
+    if (st == DI_ERR_UNSUPPORTED)
+      st = di_error_wrap(st, "json schema: multipleOf with bounds at %s", path);
+  }
+  if (st == DI_OK && r >= 0) {
+    di_gel e = rule_el(r);
+    st = di_gb_add_alt(c->b, rule, &e, 1);
+  }
+  di_rlang_free(langs[0]);
+  di_rlang_free(langs[1]);
+  return st;
+}
+
 /* Alternatives of `rule` for schema `sch` that has no anyOf/oneOf/allOf/$ref left. */
 static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) {
   DI_TRY(check_keywords(c, sch, path));
@@ -1735,7 +2231,10 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
                    item(sch, "exclusiveMaximum");
   const cJSON *mult = item(sch, "multipleOf");
   if (mult && (types & (T_NUMBER | T_INTEGER))) {
-    DI_TRY(gen_multiple(c, sch, mult, !(types & T_NUMBER), path, rule));
+    if (has_bounds || c->opt->max_digits > 0)
+      DI_TRY(gen_number_multiple(c, sch, mult, types, path, rule));
+    else
+      DI_TRY(gen_multiple(c, mult, !(types & T_NUMBER), path, rule));
   } else if (types & T_NUMBER) {
     if (has_bounds) {
       DI_TRY(gen_number_bounded(c, sch, path, rule));

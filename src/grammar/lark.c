@@ -19,6 +19,8 @@
 #include "grammar/literal_char.h"
 #include "grammar/token_ref.h"
 #include "grammar/gram_ir.h"
+#include "grammar/regular_set.h"
+#include "grammar/substring.h"
 #include "util/text.h"
 
 typedef struct {
@@ -31,6 +33,8 @@ typedef struct {
   int ign_set;       /* the ignored alternatives */
   const char *prefix; /* names are prefixed while parsing the built-in common library */
   const struct di_grammar_options *opt; /* for %json's schemas */
+  int *lazy;         /* rules marked [lazy], made shortest-match after parsing */
+  int nlazy, cap_lazy;
 } lp;
 
 /* Lark's common.lark, the terminals `%import common.X` brings in (written in the dialect above). */
@@ -244,12 +248,15 @@ static di_status parse_alts(lp *p, int rule, int terminal, int nested);
 
 /* `%json { SCHEMA }` (llguidance): a JSON value satisfying the schema, compiled by the JSON Schema
  * front end into this grammar. The schema's extent is found by matching braces outside strings. */
-static di_status parse_json_item(lp *p, di_gseq *s) {
+/* The JSON object after %json / %regex (keyword of `kw` bytes at p->i): *start = its '{', p->i
+ * past its '}'. */
+static di_status scan_json_object(lp *p, size_t kw, const char *what_open, const char *what_unclosed,
+                                  size_t *start_out) {
   size_t at = p->i;
-  p->i += 5;
+  p->i += kw;
   skip(p, 1);
   if (p->i >= p->n || p->s[p->i] != '{')
-    return lerr(p, at, "expected '{' after %json");
+    return lerr(p, at, what_open);
   size_t start = p->i;
   int depth = 0, in_str = 0;
   for (; p->i < p->n; p->i++) {
@@ -268,8 +275,27 @@ static di_status parse_json_item(lp *p, di_gseq *s) {
     }
   }
   if (p->i >= p->n)
-    return lerr(p, at, "unclosed %json schema");
+    return lerr(p, at, what_unclosed);
   p->i++;
+  *start_out = start;
+  return DI_OK;
+}
+
+/* %regex {...} (llguidance): a substring lexeme (substring.h). */
+static di_status parse_regex_item(lp *p, di_gseq *s) {
+  size_t at = p->i, start;
+  DI_TRY(scan_json_object(p, 6, "expected '{' after %regex", "unclosed %regex object", &start));
+  int r = -1;
+  di_status st = di_substring_compile(p->b, p->s + start, p->i - start, &r);
+  if (st != DI_OK)
+    return di_error_wrap(st, "lark grammar: the %%regex at offset %zu", at);
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, r});
+  return DI_OK;
+}
+
+static di_status parse_json_item(lp *p, di_gseq *s) {
+  size_t at = p->i, start;
+  DI_TRY(scan_json_object(p, 5, "expected '{' after %json", "unclosed %json schema", &start));
   di_grammar_options o = {0};
   if (p->opt)
     o = *p->opt;
@@ -330,6 +356,9 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
       if (terminal)
         return lerr(p, at, "%json cannot be used in terminals (upper-case names)");
       DI_TRY(parse_json_item(p, s));
+      is_term_item = 1;
+    } else if (c == '%' && p->i + 6 <= p->n && memcmp(p->s + p->i, "%regex", 6) == 0) {
+      DI_TRY(parse_regex_item(p, s));
       is_term_item = 1;
     } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
       int32_t id = 0;
@@ -498,6 +527,68 @@ static di_status parse_common(lp *p, const char *name, const char *alias) {
   return di_gb_add_alt(p->b, r, &e, 1);
 }
 
+/* Rule attributes (llguidance / XGrammar): `name[lazy, capture, capture="x", temperature=0.5]:`.
+ * lazy: the rule matches its shortest strings (made so after parsing); capture and temperature do
+ * not change the language. Others (stop, suffix, max_tokens, max_chars, ...) are refused, naming
+ * them: they bound or cut text by tokens or by what follows, which this engine does not model. */
+static di_status parse_attributes(lp *p, int *lazy) {
+  p->i++; /* [ */
+  int seen_lazy = 0, seen_capture = 0, seen_temp = 0;
+  for (;;) {
+    skip(p, 1);
+    size_t at = p->i;
+    char an[64];
+    if (!read_name(p, an, sizeof an))
+      return lerr(p, at, "expected an attribute name in [...]");
+    skip(p, 1);
+    int has_value = p->i < p->n && p->s[p->i] == '=';
+    if (has_value) { /* a string, a number or a name */
+      p->i++;
+      skip(p, 1);
+      if (p->i < p->n && p->s[p->i] == '"') {
+        size_t v0 = ++p->i;
+        while (p->i < p->n && p->s[p->i] != '"' && p->s[p->i] != '\n')
+          p->i += p->s[p->i] == '\\' && p->i + 1 < p->n ? 2 : 1;
+        if (p->i >= p->n || p->s[p->i] != '"')
+          return lerr(p, at, "unterminated string in an attribute");
+        int ident = p->i > v0 && !(p->s[v0] >= '0' && p->s[v0] <= '9');
+        for (size_t k = v0; k < p->i; k++)
+          ident &= name_char(p->s[k]);
+        if (strcmp(an, "capture") == 0 && !ident)
+          return lerr(p, v0, "a capture name is a non-empty identifier");
+        p->i++;
+      } else {
+        size_t v0 = p->i;
+        while (p->i < p->n && (name_char(p->s[p->i]) || p->s[p->i] == '.' || p->s[p->i] == '-'))
+          p->i++;
+        if (p->i == v0)
+          return lerr(p, p->i, "expected an attribute value");
+      }
+    }
+    int *seen = strcmp(an, "lazy") == 0 ? &seen_lazy : strcmp(an, "capture") == 0 ? &seen_capture
+              : strcmp(an, "temperature") == 0 ? &seen_temp : NULL;
+    if (seen && (*seen)++)
+      return lerr(p, at, "an attribute given twice");
+    if (strcmp(an, "lazy") == 0 && has_value)
+      return lerr(p, at, "lazy takes no value");
+    if (strcmp(an, "lazy") == 0)
+      *lazy = 1;
+    else if (!seen)
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: rule attribute '%s' is not supported (only lazy, capture, "
+                          "temperature) at offset %zu", an, at);
+    skip(p, 1);
+    if (p->i < p->n && p->s[p->i] == ',') {
+      p->i++;
+      continue;
+    }
+    if (p->i < p->n && p->s[p->i] == ']') {
+      p->i++;
+      return DI_OK;
+    }
+    return lerr(p, p->i, "expected ',' or ']' in rule attributes");
+  }
+}
+
 static di_status parse_definitions(lp *p) {
   while (p->i < p->n) {
     skip(p, 1);
@@ -523,6 +614,12 @@ static di_status parse_definitions(lp *p) {
         if (!read_int(p, &prio))
           return lerr(p, p->i, "a priority is an integer (name.2: ...)");
       }
+      int lazy = 0;
+      if (p->i < p->n && p->s[p->i] == '[') {
+        if (is_terminal_name(nm))
+          return lerr(p, p->i, "attributes are for rules (lower-case names), not terminals");
+        DI_TRY(parse_attributes(p, &lazy));
+      }
       skip(p, 0);
       if (p->i >= p->n || p->s[p->i] != ':')
         return lerr(p, p->i, "expected ':' after the name");
@@ -530,7 +627,17 @@ static di_status parse_definitions(lp *p) {
       int r = rule_of(p, nm);
       if (p->b->rules[r].defined)
         return lerr(p, at, "rule defined twice");
-      DI_TRY(parse_alts(p, r, is_terminal_name(nm), 0));
+      if (lazy) {
+        if (p->nlazy == p->cap_lazy) {
+          int nc = p->cap_lazy ? p->cap_lazy * 2 : 8;
+          int *q = realloc(p->lazy, sizeof *q * (size_t)nc);
+          if (!q)
+            return di_error_set(DI_ERR_OOM, "out of memory");
+          p->lazy = q, p->cap_lazy = nc;
+        }
+        p->lazy[p->nlazy++] = r;
+      }
+      DI_TRY(parse_alts(p, r, is_terminal_name(nm) || lazy, 0)); /* a lazy rule is terminal-like: no %ignore inside */
     }
     skip(p, 0);
     if (p->i < p->n && p->s[p->i] != '\n')
@@ -600,14 +707,30 @@ di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di
   } else {
     b->rules[p.ign_set].defined = 1;
   }
-  DI_TRY(parse_definitions(&p));
+  di_status pst = parse_definitions(&p);
+  if (pst != DI_OK) {
+    free(p.lazy);
+    return pst;
+  }
   int start = -1;
   for (int i = 0; i < b->n_rules; i++)
     if (strcmp(b->rules[i].name, "start") == 0 && b->rules[i].defined)
       start = i;
-  if (start < 0)
-    return di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule");
-  DI_TRY(remove_direct_left_recursion(b));
+  pst = start < 0 ? di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule") : remove_direct_left_recursion(b);
+  if (pst != DI_OK) {
+    free(p.lazy);
+    return pst;
+  }
+  for (int i = 0; i < p.nlazy; i++) {
+    char what[300];
+    snprintf(what, sizeof what, "lark grammar: rule '%.200s'", b->rules[p.lazy[i]].name);
+    di_status st = di_rlang_make_lazy(b, p.lazy[i], what);
+    if (st != DI_OK) {
+      free(p.lazy);
+      return st;
+    }
+  }
+  free(p.lazy);
   int root = di_gb_new_rule(b, "lark_root");
   di_gel els[2] = {{DI_GE_RULE, start}, {DI_GE_RULE, p.ign}};
   DI_TRY(di_gb_add_alt(b, root, els, p.has_ignore ? 2 : 1));

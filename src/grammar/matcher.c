@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "grammar/ascii_run.h"
 #include "grammar/grammar_impl.h"
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
@@ -48,6 +49,9 @@ struct di_gvcache {
   uint8_t plain_rep[DI_PLAIN_STATES][256];
   int8_t plain_next[DI_PLAIN_STATES][256];
   int plain_nrep[DI_PLAIN_STATES];
+  di_ascii_run *arun; /* per state: its ASCII run (ascii_run.h), n = -1 until computed */
+  int cap_arun;
+  di_ascii_scratch ascratch;
   int32_t *seen_key; /* budget search: seen states (a hash set, valid where seen_at == seen_stamp) */
   uint32_t *seen_at, seen_stamp;
   struct di_gvcache *next;
@@ -87,6 +91,8 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->bits);
     free(c->buf);
     free(c->budget);
+    free(c->arun);
+    di_ascii_scratch_free(&c->ascratch);
     free(c->seen_key);
     free(c->seen_at);
     free(c);
@@ -312,6 +318,42 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   return level;
 }
 
+/* Whether every token below trie node i is accepted from state s by its ASCII run (ascii_run.h). */
+static int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
+  const di_grammar_vocab *v = c->v;
+  const uint64_t *below = v->ascii_below + 2 * (size_t)i;
+  if ((below[0] & 1) || v->len_below[i] > DI_ASCII_RUN_MAX || v->tok_lo[v->tnext[i]] - v->tok_lo[i] < 8)
+    return 0; /* not ASCII, too long, or too few tokens below to be worth a search */
+  if (s >= c->cap_arun) {
+    int nc = c->cap_arun ? c->cap_arun : 1024;
+    while (nc <= s)
+      nc *= 2;
+    di_ascii_run *q = realloc(c->arun, sizeof *q * (size_t)nc);
+    if (!q)
+      return 0;
+    for (int k = c->cap_arun; k < nc; k++)
+      q[k].n = -1;
+    c->arun = q;
+    c->cap_arun = nc;
+  }
+  if (c->arun[s].n < 0 && di_ascii_run_compute(&g->rt, s, &c->ascratch, &c->arun[s]) != 0)
+    c->arun[s].n = 0; /* past the automaton's budget: walk (the walk reports the error) */
+  return di_ascii_run_covers(&c->arun[s], below, v->len_below[i]);
+}
+
+/* The name of the rule whose alternative holds flat position pos (for DI_GRAMMAR_DEBUG lines). */
+static const char *position_rule_name(const di_gb *g, int pos) {
+  for (int r = 0; r < g->n_rules; r++)
+    for (int a = g->rule_first[r]; a < g->rule_first[r + 1]; a++) {
+      int p = g->rule_alts[a];
+      while (g->flat[p].kind != DI_GE_END)
+        p++;
+      if (pos >= g->rule_alts[a] && pos <= p)
+        return g->rules[r].name;
+    }
+  return "?";
+}
+
 /* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
  * accepted / rejected whatever lies below, or uncertain. Under g->mu. */
 static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, ci_entry **out) {
@@ -338,7 +380,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   di_status st = DI_OK;
   long visited = 0;
   struct timespec ts0, ts1;
-  clock_gettime(CLOCK_MONOTONIC, &ts0);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
   const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
   const uint8_t *tbyte = v->tbyte, *cls = rt->cls, *plain = v->plain_below;
   long skipped = 0;
@@ -376,7 +418,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     rows[d] = rt->trans[s];
     pse[d] = pse[d - 1] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
     int below = plain[i], ke = tok_lo[i + 1];
-    if (below != DI_PLAIN_NOT && tnext[i] > i + 1 && below <= plain_budget(g, c, s)) {
+    if (tnext[i] > i + 1 && ((below != DI_PLAIN_NOT && below <= plain_budget(g, c, s)) || ascii_run_covers(g, c, s, i))) {
       ke = tok_lo[tnext[i]]; /* every token below is plain text the state takes: all accepted */
       skipped += tnext[i] - i - 1;
       next_i = tnext[i];
@@ -410,10 +452,10 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     }
   }
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
-  clock_gettime(CLOCK_MONOTONIC, &ts1);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
   if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
-    fprintf(stderr, "ci key %d (pos %d): accepted %d uncertain %d states %d skipped %ld visited %ld of %d us %.0f\n",
-            key, rt->npos[key], nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
+    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d states %d skipped %ld visited %ld of %d us %.0f\n",
+            key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
   if (st != DI_OK) {
     ci_free(e);

@@ -58,6 +58,32 @@ static di_status plain_below(di_grammar_vocab *v) {
   return DI_OK;
 }
 
+/* ascii_below / len_below (ascii_run.h): bottom-up over the trie, as plain_below. */
+static di_status ascii_below(di_grammar_vocab *v) {
+  int n = v->nnodes;
+  v->ascii_below = calloc(2 * ((size_t)n + 1), sizeof(uint64_t));
+  v->len_below = calloc((size_t)n + 1, 1);
+  if (!v->ascii_below || !v->len_below)
+    return DI_ERR_OOM;
+  for (int j = n - 1; j >= 0; j--) {
+    uint64_t *b = v->ascii_below + 2 * (size_t)j;
+    int most = 0;
+    for (int k = j + 1; k < v->tnext[j]; k = v->tnext[k]) {
+      unsigned c = v->tbyte[k];
+      if (c == 0 || c >= 128)
+        b[0] |= 1;
+      else
+        b[c >> 6] |= 1ull << (c & 63);
+      b[0] |= v->ascii_below[2 * (size_t)k];
+      b[1] |= v->ascii_below[2 * (size_t)k + 1];
+      if (1 + v->len_below[k] > most)
+        most = 1 + v->len_below[k];
+    }
+    v->len_below[j] = (uint8_t)(most > 255 ? 255 : most);
+  }
+  return DI_OK;
+}
+
 di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes, const size_t *token_lens,
                                   const int32_t *stop_ids, int n_stop, di_grammar_vocab **out) {
   if (vocab_size <= 0 || !token_bytes || !token_lens || (n_stop && !stop_ids) || !out)
@@ -180,7 +206,7 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   v->tok_lo[nn] = ns;
   v->nnodes = nn;
   free(open);
-  if (plain_below(v) != DI_OK) {
+  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK) {
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
   }
@@ -204,6 +230,8 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->tok_lo);
   free(v->mark_ids);
   free(v->plain_below);
+  free(v->ascii_below);
+  free(v->len_below);
   free(v);
 }
 

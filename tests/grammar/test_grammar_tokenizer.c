@@ -76,6 +76,16 @@ int main(void) {
          "\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"日本\"]}}},\"required\":[\"name\",\"age\"]}",
          "{\"name\":\"Zoë O'Brien\",\"age\":42,\"email\":\"zoe@example.org\",\"tags\":[\"green\",\"日本\"]}", 6);
   replay(tok, v, vsize, DI_GRAMMAR_REGEX, "(\\d{3}-){2}\\d{4}( ext\\. \\d+)?", "555-123-4567 ext. 89", 3);
+  /* ASCII runs (ascii_run.h): a counted class and a class loop, brute force at every step */
+  replay(tok, v, vsize, DI_GRAMMAR_REGEX, "[a-z0-9-]{1,30}(\\.[a-z0-9-]{1,30})+@?[A-Z0-9]*",
+         "mail-server01.example-domain.org@ABC123", 1);
+  /* rules emitted from automaton products (regular_set.h): patternProperties, multipleOf with bounds,
+   * a pattern with a length */
+  replay(tok, v, vsize, DI_GRAMMAR_JSON_SCHEMA,
+         "{\"type\":\"object\",\"patternProperties\":{\"^x-[a-z]+$\":{\"type\":\"integer\",\"multipleOf\":5,"
+         "\"minimum\":0,\"maximum\":1000}},\"additionalProperties\":{\"type\":\"string\",\"pattern\":\"^[a-z ]+$\","
+         "\"maxLength\":12}}",
+         "{\"x-abc\":125,\"other\":\"some words\",\"x-q\":1000}", 2);
   replay(tok, v, vsize, DI_GRAMMAR_JSON_ANY, "",
          "{\"a\":[1,-2.5e3,true,null,{\"b\":\"c\\\"d\\n\"}],\"emoji\":\"😀 café\",\"n\":{}}", 8);
   di_grammar_vocab_free(v);

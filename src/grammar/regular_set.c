@@ -1,0 +1,525 @@
+/* Regular languages as sets: each language is a grammar of its own (a regex, or a list of
+ * literals) run by the lazy DFA of gram_rt.c; di_rlang_emit() explores the product of several such
+ * DFAs (plus an optional JSON-string character counter) breadth first, keeps the states from
+ * which an accepting state is reachable, minimises them (Moore) and writes one IR rule per state
+ * left: `q ::= [bytes] q' | ...` (and the empty alternative when q accepts). Complement ("in none of these") is the product with
+ * those languages' acceptance flipped, which is why the DFA has to be explicit here: a pushdown
+ * grammar has no complement, a regular one does.
+ *
+ * The character counter follows a JSON string body byte by byte: a UTF-8 continuation byte adds
+ * nothing, `\` starts an escape counted as one character (`\uXXXX` runs four hex digits more).
+ * Canonically escaped text (what json_string regexes emit) has no surrogate pairs, so this is
+ * exact for it. */
+#include "grammar/regular_set.h"
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/gram_rt.h"
+#include "util/grow.h"
+
+struct di_rlang {
+  di_gb g;
+  di_grt rt;
+};
+
+static di_status finish_lang(di_rlang *l, int root) {
+  di_status st = di_gb_finish(&l->g, root);
+  if (st == DI_OK)
+    st = di_grt_init(&l->rt, &l->g);
+  return st;
+}
+
+di_status di_rlang_regex(const char *re, size_t len, int json_string, int anchored, di_rlang **out) {
+  *out = NULL;
+  di_rlang *l = calloc(1, sizeof *l);
+  if (!l)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  di_gb_init(&l->g, 1 << 22);
+  int root = di_gb_new_rule(&l->g, "re");
+  di_status st = di_regex_compile_into(&l->g, root, re, len, json_string, anchored);
+  if (st == DI_OK)
+    st = finish_lang(l, root);
+  if (st != DI_OK) {
+    di_rlang_free(l);
+    return st;
+  }
+  *out = l;
+  return DI_OK;
+}
+
+di_status di_rlang_from_builder(di_gb *g, int root, di_rlang **out) {
+  *out = NULL;
+  di_rlang *l = calloc(1, sizeof *l);
+  if (!l) {
+    di_gb_free(g);
+    memset(g, 0, sizeof *g);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  l->g = *g;
+  memset(g, 0, sizeof *g);
+  di_status st = finish_lang(l, root);
+  if (st != DI_OK) {
+    di_rlang_free(l);
+    return st;
+  }
+  *out = l;
+  return DI_OK;
+}
+
+di_status di_rlang_literals(const char *const *s, int n, di_rlang **out) {
+  *out = NULL;
+  di_rlang *l = calloc(1, sizeof *l);
+  if (!l)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  if (n == 0) { /* the empty language: a DFA without states */
+    l->rt.start = DI_GRT_DEAD;
+    *out = l;
+    return DI_OK;
+  }
+  di_gb_init(&l->g, 1 << 22);
+  int root = di_gb_new_rule(&l->g, "lit");
+  di_gseq q = {0};
+  for (int i = 0; i < n; i++) {
+    q.n = 0;
+    di_gseq_bytes(&l->g, &q, s[i], strlen(s[i]));
+    di_gb_add_alt(&l->g, root, q.v, q.n);
+  }
+  di_gseq_free(&q);
+  di_status st = finish_lang(l, root);
+  if (st != DI_OK) {
+    di_rlang_free(l);
+    return st;
+  }
+  *out = l;
+  return DI_OK;
+}
+
+void di_rlang_free(di_rlang *l) {
+  if (!l)
+    return;
+  if (l->rt.g)
+    di_grt_free(&l->rt);
+  di_gb_free(&l->g);
+  free(l);
+}
+
+static int lang_step(di_rlang *l, int s, unsigned c) { return s < 0 ? s : di_grt_step(&l->rt, s, c); }
+static int lang_accepts(const di_rlang *l, int s) { return s >= 0 && (di_grt_flags(&l->rt, s) & DI_GRT_ACCEPT); }
+
+int di_rlang_contains(di_rlang *l, const char *s, size_t n) {
+  int q = l->rt.start;
+  for (size_t i = 0; i < n && q >= 0; i++)
+    q = lang_step(l, q, (unsigned char)s[i]);
+  return q == DI_GRT_ERROR ? -1 : lang_accepts(l, q);
+}
+
+/* ---- the product ------------------------------------------------------------------------------ */
+/* A product state: k component states, then the escape phase and the character count. */
+typedef struct {
+  const di_rlang_product *p;
+  int w;           /* ints per state */
+  int32_t *st;     /* n * w */
+  int n, cap;
+  int32_t *hash;   /* open addressing, -1 empty */
+  int hcap;
+  int32_t *succ;   /* n * nj, -1 = none */
+  int nj;          /* joint byte classes */
+  uint8_t jcls[256];
+  uint8_t jrep[256]; /* a representative byte per joint class */
+} prod_t;
+
+static uint32_t tuple_hash(const int32_t *t, int w) {
+  uint32_t h = 2166136261u;
+  for (int i = 0; i < w; i++)
+    h = (h ^ (uint32_t)t[i]) * 16777619u;
+  return h;
+}
+
+/* Index of tuple t, added when new; -1 out of memory, -2 past the budget. */
+static int intern(prod_t *P, const int32_t *t) {
+  if (P->n * 2 >= P->hcap) {
+    int nh = P->hcap ? P->hcap * 2 : 1024;
+    int32_t *h = malloc(sizeof *h * (size_t)nh);
+    if (!h)
+      return -1;
+    memset(h, 0xff, sizeof *h * (size_t)nh);
+    for (int i = 0; i < P->n; i++) {
+      uint32_t x = tuple_hash(P->st + (size_t)i * P->w, P->w) & (uint32_t)(nh - 1);
+      while (h[x] >= 0)
+        x = (x + 1) & (uint32_t)(nh - 1);
+      h[x] = i;
+    }
+    free(P->hash);
+    P->hash = h;
+    P->hcap = nh;
+  }
+  uint32_t x = tuple_hash(t, P->w) & (uint32_t)(P->hcap - 1);
+  while (P->hash[x] >= 0) {
+    if (memcmp(P->st + (size_t)P->hash[x] * P->w, t, sizeof *t * (size_t)P->w) == 0)
+      return P->hash[x];
+    x = (x + 1) & (uint32_t)(P->hcap - 1);
+  }
+  if (P->n >= P->p->max_states)
+    return -2;
+  if (!di_grow((void **)&P->st, &P->cap, (P->n + 1) * P->w, sizeof(int32_t), 64))
+    return -1;
+  memcpy(P->st + (size_t)P->n * P->w, t, sizeof *t * (size_t)P->w);
+  P->hash[x] = P->n;
+  return P->n++;
+}
+
+/* The counter's view of a byte: 0 plain, 1 UTF-8 continuation, 2 backslash, 3 'u'. */
+static int counter_class(unsigned c) { return c >= 0x80 && c <= 0xBF ? 1 : c == '\\' ? 2 : c == 'u' ? 3 : 0; }
+
+/* Successor of tuple t on byte c into u; 0 when it can never lead to an emitted string. */
+static int tuple_step(const prod_t *P, const int32_t *t, unsigned c, int32_t *u, int *err) {
+  const di_rlang_product *p = P->p;
+  for (int i = 0; i < p->k; i++) {
+    u[i] = lang_step(p->langs[i], t[i], c);
+    if (u[i] == DI_GRT_ERROR) {
+      *err = 1;
+      return 0;
+    }
+    if (u[i] < 0 && ((p->in >> i) & 1))
+      return 0;
+  }
+  int esc = t[p->k], cnt = t[p->k + 1];
+  if (p->count_chars) {
+    if (esc == 0) {
+      if (counter_class(c) != 1)
+        cnt++;
+      if (c == '\\')
+        esc = 1;
+    } else if (esc == 1) {
+      esc = c == 'u' ? 2 : 0;
+    } else {
+      esc = esc == 5 ? 0 : esc + 1;
+    }
+    if (p->max_chars >= 0 && cnt > p->max_chars)
+      return 0;
+    if (p->max_chars < 0 && cnt > p->min_chars)
+      cnt = p->min_chars;
+  }
+  u[p->k] = esc;
+  u[p->k + 1] = cnt;
+  return 1;
+}
+
+static int tuple_accepts(const prod_t *P, const int32_t *t) {
+  const di_rlang_product *p = P->p;
+  for (int i = 0; i < p->k; i++) {
+    int a = lang_accepts(p->langs[i], t[i]);
+    if (((p->in >> i) & 1) && !a)
+      return 0;
+    if (((p->out >> i) & 1) && a)
+      return 0;
+  }
+  return !p->count_chars || (t[p->k] == 0 && t[p->k + 1] >= p->min_chars);
+}
+
+/* Bytes that no component (nor the counter) tells apart share a joint class. */
+static void joint_classes(prod_t *P) {
+  const di_rlang_product *p = P->p;
+  P->nj = 0;
+  for (unsigned c = 0; c < 256; c++) {
+    int j;
+    for (j = 0; j < P->nj; j++) {
+      unsigned r = P->jrep[j];
+      int same = !p->count_chars || counter_class(r) == counter_class(c);
+      for (int i = 0; same && i < p->k; i++)
+        if (p->langs[i]->rt.g && p->langs[i]->rt.cls[r] != p->langs[i]->rt.cls[c])
+          same = 0;
+      if (same)
+        break;
+    }
+    if (j == P->nj)
+      P->jrep[P->nj++] = (uint8_t)c;
+    P->jcls[c] = (uint8_t)j;
+  }
+}
+
+static di_status explore(prod_t *P) {
+  const di_rlang_product *p = P->p;
+  int32_t *t = calloc((size_t)P->w * 2, sizeof *t);
+  if (!t)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  int32_t *u = t + P->w;
+  for (int i = 0; i < p->k; i++)
+    t[i] = p->langs[i]->rt.start;
+  di_status st = DI_OK;
+  int scap = 0;
+  if (intern(P, t) < 0)
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+  for (int s = 0; st == DI_OK && s < P->n; s++) {
+    if (!di_grow((void **)&P->succ, &scap, (s + 1) * P->nj, sizeof(int32_t), 64)) {
+      st = di_error_set(DI_ERR_OOM, "out of memory");
+      break;
+    }
+    int ends = p->shortest && tuple_accepts(P, P->st + (size_t)s * P->w);
+    for (int j = 0; j < P->nj; j++) {
+      int err = 0;
+      if (ends) { /* a lazy match stops at its first end */
+        P->succ[(size_t)s * P->nj + j] = -1;
+        continue;
+      }
+      memcpy(t, P->st + (size_t)s * P->w, sizeof *t * (size_t)P->w); /* P->st may move in intern */
+      int id = -1;
+      if (tuple_step(P, t, P->jrep[j], u, &err)) {
+        id = intern(P, u);
+        if (id == -1)
+          st = di_error_set(DI_ERR_OOM, "out of memory");
+        else if (id == -2)
+          st = di_error_set(DI_ERR_UNSUPPORTED, "the combined string language needs more than %d automaton states",
+                            p->max_states);
+      } else if (err) {
+        st = di_error_set(DI_ERR_UNSUPPORTED, "the string language's automaton exceeded its budget");
+      }
+      if (st != DI_OK)
+        break;
+      P->succ[(size_t)s * P->nj + j] = id;
+    }
+  }
+  free(t);
+  return st;
+}
+
+/* live[s]: an emitted string can end from s (reverse reachability from the accepting states). */
+static di_status live_states(const prod_t *P, char *live) {
+  int n = P->n, nj = P->nj;
+  int32_t *deg = calloc((size_t)n + 1, sizeof *deg), *queue = malloc(sizeof(int32_t) * (size_t)(n + 1));
+  int32_t *rev = malloc(sizeof(int32_t) * ((size_t)n * nj + 1));
+  if (!deg || !queue || !rev) {
+    free(deg), free(queue), free(rev);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (size_t e = 0; e < (size_t)n * nj; e++)
+    if (P->succ[e] >= 0)
+      deg[P->succ[e] + 1]++;
+  for (int i = 0; i < n; i++)
+    deg[i + 1] += deg[i];
+  int32_t *fill = calloc((size_t)n, sizeof *fill);
+  if (!fill) {
+    free(deg), free(queue), free(rev);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (size_t e = 0; e < (size_t)n * nj; e++)
+    if (P->succ[e] >= 0) {
+      int to = P->succ[e];
+      rev[deg[to] + fill[to]++] = (int32_t)(e / (size_t)nj);
+    }
+  int qh = 0, qt = 0;
+  for (int s = 0; s < n; s++)
+    if ((live[s] = (char)tuple_accepts(P, P->st + (size_t)s * P->w)))
+      queue[qt++] = s;
+  while (qh < qt) {
+    int s = queue[qh++];
+    for (int i = deg[s]; i < deg[s + 1]; i++)
+      if (!live[rev[i]]) {
+        live[rev[i]] = 1;
+        queue[qt++] = rev[i];
+      }
+  }
+  free(deg), free(queue), free(rev), free(fill);
+  return DI_OK;
+}
+
+/* Moore's partition refinement over the live states: states with the same acceptance whose
+ * successors fall in the same blocks, byte class by byte class, merge (a divisibility automaton
+ * by 1000, say, has 1000 remainders but needs 4 states). block[s] = -1 for states not live.
+ * Returns the number of blocks, -1 out of memory. */
+static int minimise(const prod_t *P, const char *live, int32_t *block) {
+  int n = P->n, nj = P->nj, w = nj + 1, nb = 0;
+  int hcap = 1;
+  while (hcap < 2 * n + 2)
+    hcap *= 2;
+  int32_t *sig = malloc(sizeof *sig * (size_t)n * (size_t)w), *nbk = malloc(sizeof *nbk * (size_t)n);
+  int32_t *h = malloc(sizeof *h * (size_t)hcap);
+  if (!sig || !nbk || !h) {
+    free(sig), free(nbk), free(h);
+    return -1;
+  }
+  int has[2] = {0, 0};
+  for (int s = 0; s < n; s++) {
+    block[s] = live[s] ? tuple_accepts(P, P->st + (size_t)s * P->w) : -1;
+    if (block[s] >= 0)
+      has[block[s]] = 1;
+  }
+  nb = has[0] + has[1];
+  for (;;) {
+    for (int s = 0; s < n; s++) {
+      if (block[s] < 0)
+        continue;
+      int32_t *g = sig + (size_t)s * w;
+      g[0] = block[s];
+      for (int j = 0; j < nj; j++) {
+        int t = P->succ[(size_t)s * nj + j];
+        g[j + 1] = t >= 0 ? block[t] : -1;
+      }
+    }
+    memset(h, 0xff, sizeof *h * (size_t)hcap);
+    int nn = 0;
+    for (int s = 0; s < n; s++) {
+      if (block[s] < 0) {
+        nbk[s] = -1;
+        continue;
+      }
+      const int32_t *g = sig + (size_t)s * w;
+      uint32_t x = tuple_hash(g, w) & (uint32_t)(hcap - 1);
+      while (h[x] >= 0 && memcmp(sig + (size_t)h[x] * w, g, sizeof *g * (size_t)w) != 0)
+        x = (x + 1) & (uint32_t)(hcap - 1);
+      if (h[x] < 0) {
+        h[x] = s;
+        nbk[s] = nn++;
+      } else {
+        nbk[s] = nbk[h[x]];
+      }
+    }
+    memcpy(block, nbk, sizeof *block * (size_t)n);
+    if (nn == nb)
+      break;
+    nb = nn;
+  }
+  free(sig), free(nbk), free(h);
+  return nb;
+}
+
+static di_status emit_rules(di_gb *b, const prod_t *P, const char *live, int *rule) {
+  int32_t *block = malloc(sizeof *block * (size_t)P->n);
+  int nb = block ? minimise(P, live, block) : -1;
+  int *rid = nb >= 0 ? malloc(sizeof(int) * ((size_t)nb + 1)) : NULL;
+  char *emitted = rid ? calloc((size_t)nb + 1, 1) : NULL;
+  char *done = emitted ? malloc((size_t)P->nj) : NULL;
+  if (!done) {
+    free(block), free(rid), free(emitted);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int k = 0; k < nb; k++)
+    rid[k] = di_gb_new_rule(b, "rset");
+  di_status st = DI_OK;
+  for (int s = 0; st == DI_OK && s < P->n && !b->oom; s++) {
+    int k = block[s];
+    if (k < 0 || emitted[k])
+      continue; /* not live, or its block is written from another member */
+    emitted[k] = 1;
+    b->rules[rid[k]].defined = 1;
+    if (tuple_accepts(P, P->st + (size_t)s * P->w))
+      st = di_gb_add_alt(b, rid[k], NULL, 0);
+    const int32_t *sc = P->succ + (size_t)s * P->nj;
+    memset(done, 0, (size_t)P->nj);
+    for (int j = 0; st == DI_OK && j < P->nj; j++) {
+      if (done[j] || sc[j] < 0 || block[sc[j]] < 0)
+        continue;
+      int to = block[sc[j]];
+      di_gbyteset set = {{0}};
+      for (int j2 = j; j2 < P->nj; j2++)
+        if (sc[j2] >= 0 && block[sc[j2]] == to)
+          done[j2] = 1;
+      for (unsigned c = 0; c < 256; c++) {
+        int t = sc[P->jcls[c]];
+        if (t >= 0 && block[t] == to)
+          di_gbyteset_add(&set, c);
+      }
+      di_gel e[2] = {{DI_GE_CLASS, di_gb_class(b, &set)}, {DI_GE_RULE, rid[to]}};
+      st = di_gb_add_alt(b, rid[k], e, 2);
+    }
+  }
+  if (st == DI_OK && b->oom)
+    st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+  *rule = st == DI_OK && block[0] >= 0 ? rid[block[0]] : -1;
+  free(block), free(rid), free(emitted), free(done);
+  return st;
+}
+
+di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule) {
+  *rule = -1;
+  for (int i = 0; i < p->k; i++)
+    if (p->langs[i]->rt.start < 0 && ((p->in >> i) & 1))
+      return DI_OK; /* a required language is empty */
+  prod_t P = {.p = p, .w = p->k + 2};
+  joint_classes(&P);
+  di_status st = explore(&P);
+  char *live = st == DI_OK ? calloc((size_t)P.n + 1, 1) : NULL;
+  if (st == DI_OK && !live)
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+  if (st == DI_OK)
+    st = live_states(&P, live);
+  if (st == DI_OK && P.n > 0 && live[0])
+    st = emit_rules(b, &P, live, rule);
+  free(live);
+  free(P.st);
+  free(P.hash);
+  free(P.succ);
+  return st;
+}
+
+/* ---- lazy rules ------------------------------------------------------------------------------ */
+/* Copies the rules reachable from r in b into g (a fresh builder); *root = r's copy. */
+static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
+  int *map = malloc(sizeof(int) * (size_t)b->n_rules), *stack = malloc(sizeof(int) * (size_t)b->n_rules);
+  if (!map || !stack) {
+    free(map), free(stack);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int i = 0; i < b->n_rules; i++)
+    map[i] = -1;
+  int ns = 0;
+  map[r] = di_gb_new_rule(g, b->rules[r].name);
+  stack[ns++] = r;
+  di_status st = DI_OK;
+  di_gseq q = {0};
+  while (ns > 0 && st == DI_OK) {
+    int x = stack[--ns];
+    const di_grule *R = &b->rules[x];
+    g->rules[map[x]].defined = 1;
+    for (int a = 0; a < R->n_alts && st == DI_OK; a++) {
+      q.n = 0;
+      for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++) {
+        di_gel e = R->els[k];
+        if (e.kind == DI_GE_CLASS) {
+          e.arg = di_gb_class(g, &b->classes[e.arg]);
+        } else {
+          if (map[e.arg] < 0) {
+            map[e.arg] = di_gb_new_rule(g, b->rules[e.arg].name);
+            stack[ns++] = e.arg;
+          }
+          e.arg = map[e.arg];
+        }
+        di_gseq_push(g, &q, e);
+      }
+      st = di_gb_add_alt(g, map[x], q.v, q.n);
+    }
+  }
+  di_gseq_free(&q);
+  *root = map[r];
+  free(map), free(stack);
+  return st == DI_OK && g->oom ? di_error_set(DI_ERR_OOM, "out of memory") : st;
+}
+
+di_status di_rlang_make_lazy(di_gb *b, int r, const char *what) {
+  di_gb g;
+  di_gb_init(&g, b->max_els);
+  int root = -1, lazy = -1;
+  di_status st = copy_reachable(b, r, &g, &root);
+  di_rlang *l = NULL;
+  if (st == DI_OK)
+    st = di_rlang_from_builder(&g, root, &l);
+  else
+    di_gb_free(&g);
+  if (st == DI_OK) {
+    di_rlang_product p = {&l, 1, 1, 0, 0, 0, -1, 50000, 1};
+    st = di_rlang_emit(b, &p, &lazy);
+  }
+  di_rlang_free(l);
+  if (st == DI_ERR_UNSUPPORTED)
+    return di_error_wrap(st, "%s: a lazy rule must be regular (no recursion but repetition)", what);
+  if (st != DI_OK)
+    return st;
+  di_grule *R = &b->rules[r]; /* its alternatives become the lazy language */
+  b->total_els -= R->n_els + R->n_alts;
+  R->n_alts = R->n_els = 0;
+  if (lazy < 0) {
+    R->defined = 1;
+    return DI_OK;
+  }
+  di_gel e = {DI_GE_RULE, lazy};
+  return di_gb_add_alt(b, r, &e, 1);
+}
