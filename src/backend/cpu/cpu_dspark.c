@@ -132,6 +132,11 @@ di_status di_cpu_dspark_context(di_cpu_dspark *s, int n, const float *feats, con
 
 di_status di_cpu_dspark_propose(di_cpu_dspark *s, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
                                 float *hidden, float *logits) {
+  return di_cpu_dspark_propose_rows(s, n, tok, pos, seqs, NULL, hidden, logits);
+}
+
+di_status di_cpu_dspark_propose_rows(di_cpu_dspark *s, int n, const int32_t *tok, const int32_t *pos,
+                                     const di_batch_seq *seqs, const uint8_t *want, float *hidden, float *logits) {
   const di_dspark *d = s->d;
   const int B = d->block_size, H = d->hidden, kvd = s->kvd, hd = d->head_dim, NH = d->n_heads, QD = NH * hd;
   const int I = d->inter, R = n * B;
@@ -190,7 +195,7 @@ di_status di_cpu_dspark_propose(di_cpu_dspark *s, int n, const int32_t *tok, con
   }
   for (int r = 0; r < R; r++) di_cpu_rmsnorm_row(xn + (size_t)r * H, x + (size_t)r * H, d->norm, H, d->eps);
   if (hidden) memcpy(hidden, xn, sizeof(float) * (size_t)R * H);
-  if (logits) di_cpu_gemm(s->tp, xn, R, H, &d->lm_head, 0, d->vocab, logits, d->vocab);
+  if (logits) di_cpu_gemm_selected(s->tp, xn, R, H, want, &d->lm_head, d->vocab, logits, d->vocab); /* xn: scratch now */
   return DI_OK;
 }
 
