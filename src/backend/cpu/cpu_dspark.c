@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_gqa.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/drafter_cache.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,12 +80,8 @@ static float *cache_row(const di_cpu_dspark *s, const di_batch_seq *q, int layer
 }
 
 static di_status check_pos(const di_cpu_dspark *s, const di_batch_seq *q, int pos) {
-  if (pos < 0 || pos / DI_KV_BLOCK_SIZE >= q->n_blocks)
-    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: position %d beyond the %d blocks of its table", pos, q->n_blocks);
-  int32_t blk = q->block_table[pos / DI_KV_BLOCK_SIZE];
-  if (blk < 0 || blk >= s->n_blocks)
-    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: block id %d outside its cache of %lld", blk, (long long)s->n_blocks);
-  return DI_OK;
+  int64_t slot;
+  return di_drafter_cache_slot(q, pos, s->n_blocks, &slot);
 }
 
 /* per-head RMSNorm then RoPE at `pos`, for n_heads heads of one row */

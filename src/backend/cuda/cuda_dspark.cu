@@ -16,6 +16,7 @@
 #include "k_dspark.h"
 extern "C" {
 #include "backend/cuda/cuda_dspark.h"
+#include "backend/drafter_cache.h"
 }
 
 extern "C" di_status di_backend_cuda_set_capture(di_backend *bb, const int *layer_ids, int n) {
@@ -194,12 +195,10 @@ static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
 }
 
 static di_status slot_of(const di_cuda_dspark *s, const di_batch_seq *q, int pos, int32_t *gslot) {
-  if (pos < 0 || pos / DI_KV_BLOCK_SIZE >= q->n_blocks)
-    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: position %d beyond the %d blocks of its table", pos, q->n_blocks);
-  int32_t blk = q->block_table[pos / DI_KV_BLOCK_SIZE];
-  if (blk < 0 || blk >= s->n_blocks)
-    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: block id %d outside its cache of %lld", blk, (long long)s->n_blocks);
-  *gslot = blk * DI_KV_BLOCK_SIZE + pos % DI_KV_BLOCK_SIZE;
+  int64_t slot;
+  DI_TRY(di_drafter_cache_slot(q, pos, s->n_blocks, &slot));
+  if (slot > INT32_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "DSpark drafter on CUDA: cache slot %lld", (long long)slot);
+  *gslot = (int32_t)slot;
   return DI_OK;
 }
 
