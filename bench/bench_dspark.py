@@ -3,7 +3,8 @@
 batch 1 and 16 (--batches), greedy (every config) and temperature 1 (plain, mtp, dspark k=3 and
 scheduled), with the shipped model and drafter, on the CPU or CUDA (--accelerator). Prints a markdown
 table (generated tokens/s over the whole run, acceptance, mean accepted length, acceptance per draft
-position, ECE) and checks that greedy outputs equal plain decoding's. --quick: plain, mtp k=3, dspark
+position (accepted at j / drafted at j), ECE, engine steps with ms per step split into the time blocked
+in the backend's wait and the host's time (drafting included), warm-up included) and checks that greedy outputs equal plain decoding's. --quick: plain, mtp k=3, dspark
 fixed k=5 and scheduled only.
 
 Usage: DEEPINFER_LIB=build/libdeepinfer.so PYTHONPATH=python python3 bench/bench_dspark.py \
@@ -26,11 +27,15 @@ def run(model, spec, batch, temperature, tokens, threads, accelerator=None, num_
               num_kv_blocks=num_kv_blocks)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
     sp = [SamplingParams(temperature=temperature, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(batch)]
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    # warm-up with the whole batch: the CUDA graphs of its step sizes are captured here, not timed
+    llm.generate(prompts, [SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=i)
+                           for i in range(batch)])
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp)
     dt = time.perf_counter() - t0
     st = llm.get_speculative_stats()
+    es = llm.get_stats()  # cumulative (the warm-up included): steps, time blocked in the backend, host time
+    st["engine"] = {k: es[k] for k in ("steps", "backend_wait_s", "host_time_s")}
     llm.close()
     ids = [list(o.outputs[0].token_ids) for o in outs]
     return sum(len(i) for i in ids) / dt, st, ids
@@ -54,8 +59,8 @@ def main():
     if a.quick:
         configs = [c for c in configs if c[0] in ("plain", "mtp k=3", "dspark fixed k=5", "dspark scheduled k=5")]
     print("| batch | T | config | tok/s | vs plain | accepted / drafted | mean accepted length | acceptance per position "
-          "| ECE | greedy == plain |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| ECE | steps | ms/step (wait + host) | greedy == plain |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for batch in (int(b) for b in a.batches.split(",")):
         for temperature in (float(t) for t in a.temperatures.split(",")):
             base, ref = None, None
@@ -77,7 +82,11 @@ def main():
                 ece = f"{st['calibration']['ece']:.3f}" if spec and spec.get("method") == "dspark" else "-"
                 pos = " ".join(f"{x / d:.2f}" if d else "-" for x, d in zip(st["accepted_per_position"],
                                                                             st["drafted_per_position"])) if spec else "-"
-                print(f"| {batch} | {temperature:g} | {name} | {tps:.0f} | {tps / base:.2f}x | {acc} | {mal} | {pos} | {ece} | "
+                en = st["engine"]
+                n = max(en["steps"], 1)
+                stp = (f"{en['steps']} | {1e3 * (en['backend_wait_s'] + en['host_time_s']) / n:.3f} "
+                       f"({1e3 * en['backend_wait_s'] / n:.3f} + {1e3 * en['host_time_s'] / n:.3f})")
+                print(f"| {batch} | {temperature:g} | {name} | {tps:.0f} | {tps / base:.2f}x | {acc} | {mal} | {pos} | {ece} | {stp} | "
                       f"{same if spec else '-'} |", flush=True)
 
 

@@ -50,6 +50,12 @@ static di_status b_propose(void *c, int n, const int32_t *tok, const int32_t *po
 #endif
   return di_cpu_dspark_propose_rows(b->cpu, n, tok, pos, seqs, want, h, lg);
 }
+#ifdef DI_HAVE_CUDA
+static di_status b_draft_greedy(void *c, int n, const int32_t *anchor, const int32_t *cap, int limit, int32_t *tok,
+                                float *conf) {
+  return di_cuda_dspark_draft_greedy(((dspark_binding *)c)->cuda, n, anchor, cap, limit, tok, conf);
+}
+#endif
 static int is_backend(const di_model *m, const char *name) { return m->backend && strcmp(m->backend->ops->name, name) == 0; }
 static di_status set_capture(dspark_binding *b, const int *ids, int n) {
 #ifdef DI_HAVE_CUDA
@@ -106,6 +112,9 @@ static di_status set_dspark(di_engine *e, di_model *m, const char *dir, int k, i
                           .cache_bytes_per_token = (int64_t)b->w->n_layers * 2 * b->w->n_kv_heads * b->w->head_dim * 4,
                           .context = b_context, .propose = b_propose, .markov = b_markov, .confidence = b_conf,
                           .destroy = b_destroy};
+#ifdef DI_HAVE_CUDA
+    if (b->cuda) ops.draft_greedy = b_draft_greedy;
+#endif
     st = di_engine_set_dspark(e, &ops, k, exact, fixed);
   }
   if (st != DI_OK) b_destroy(b);

@@ -26,7 +26,7 @@ void di_spec_free(di_engine *e) {
   free(sp->hidden); free(sp->tok); free(sp->pos); free(sp->seq_of); free(sp->out_rows); free(sp->out_req);
   free(sp->seqs); free(sp->reqs); free(sp->prev); free(sp->hid_out); free(sp->logits);
   free(sp->act); free(sp->row0); free(sp->vstart); free(sp->vbase); free(sp->cands);
-  free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->dwant); free(sp->gmask); free(sp->hist);
+  free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->dwant); free(sp->dcap); free(sp->dtok); free(sp->dconf); free(sp->gmask); free(sp->hist);
   di_sampler_free(sp->sampler);
   if (sp->drafter.destroy) sp->drafter.destroy(sp->drafter.ctx);
   free(sp);

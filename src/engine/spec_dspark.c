@@ -73,7 +73,11 @@ di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_to
   sp->dhid = malloc(S * B * (size_t)d->hidden * sizeof(float));
   sp->dlog = malloc(S * B * (size_t)sp->V * sizeof(float));
   sp->dwant = malloc(S * B);
-  di_status st = sp->feat_rows && sp->atok && sp->apos && sp->areq && sp->dhid && sp->dlog && sp->dwant
+  sp->dcap = malloc(S * sizeof *sp->dcap);
+  sp->dtok = malloc(S * B * sizeof *sp->dtok);
+  sp->dconf = malloc(S * B * sizeof *sp->dconf);
+  di_status st = sp->feat_rows && sp->atok && sp->apos && sp->areq && sp->dhid && sp->dlog && sp->dwant && sp->dcap &&
+                 sp->dtok && sp->dconf
                      ? di_sampler_create(sp->V, &sp->sampler)
                      : di_error_set(DI_ERR_OOM, "DSpark: out of memory");
   if (st == DI_OK) st = di_engine_kv_share_budget(e, d->cache_bytes_per_token);
@@ -236,11 +240,21 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     return DI_OK;
   }
   double t_start = di_now();
-  for (int i = 0; i < n; i++) { /* logits only for the rows that can become drafts */
-    int cap = di_spec_draft_cap(sp, sp->areq[i]);
-    for (int j = 0; j < (int)B; j++) sp->dwant[(size_t)i * B + j] = (uint8_t)(j < cap);
+  /* blocks the drafter drafts itself (greedy, no grammar: draft_greedy) and those drafted here; logits
+   * come to the host only for the latter, and only for the rows that can become drafts */
+  const int limit = e->cfg.vocab_limit < (int)V ? e->cfg.vocab_limit : (int)V;
+  int n_dev = 0;
+  for (int i = 0; i < n; i++) {
+    di_req *r = sp->areq[i];
+    int cap = di_spec_draft_cap(sp, r);
+    if (cap > (int)B) cap = (int)B;
+    const int on_dev = d->draft_greedy && !samples_drafts(sp, r) && !r->constraint;
+    sp->dcap[i] = on_dev ? cap : 0;
+    n_dev += on_dev;
+    for (int j = 0; j < (int)B; j++) sp->dwant[(size_t)i * B + j] = (uint8_t)(!on_dev && j < cap);
   }
   st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dwant, sp->dhid, sp->dlog);
+  if (st == DI_OK && n_dev > 0) st = d->draft_greedy(d->ctx, n, sp->atok, sp->dcap, limit, sp->dtok, sp->dconf);
   if (st != DI_OK) return di_spec_fail(e, s, st);
   /* 3. left to right: Markov term, confidence, the draft token */
   for (int i = 0; i < n; i++) {
@@ -255,7 +269,16 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     int32_t prev = sp->atok[i];
     float survive = 1.0f;
     int walked = 0; /* drafts accepted into the request's grammar matcher (rolled back below) */
-    const int limit = e->cfg.vocab_limit < (int)V ? e->cfg.vocab_limit : (int)V;
+    if (sp->dcap[i] > 0) { /* drafted by the drafter itself */
+      for (int j = 0; j < sp->dcap[i] && sp->dtok[(size_t)i * B + j] >= 0; j++) {
+        survive *= sp->dconf[(size_t)i * B + j];
+        r->draft[j] = sp->dtok[(size_t)i * B + j];
+        r->draft_pconf[j] = sp->dconf[(size_t)i * B + j];
+        r->draft_conf[j] = survive;
+        r->n_draft = j + 1;
+      }
+      continue;
+    }
     for (int j = 0; j < cap; j++) {
       float *lg = sp->dlog + ((size_t)i * B + j) * V;
       const float *h = sp->dhid + ((size_t)i * B + j) * DH;

@@ -9,9 +9,12 @@
  * and the attention in f32. The cache is [layer][block][slot][K | V], paged by the target's block
  * ids (the drafter pool has as many blocks as the target's). context() writes the keys/values of the
  * computed positions; propose() runs the blocks [anchor, mask, ...] through every layer in one pass
- * and returns norm(h) and the base logits of each row wanted (the Markov and confidence heads are applied
- * left to right by the engine on the host, spec_dspark.c). Both run eagerly on the target's stream
- * after the step's wait(); their inputs (features, positions, block tables) travel from the host. */
+ * and returns norm(h) and the base logits of each row wanted. Greedy drafts are then made on the device
+ * (draft_greedy: per round the Markov term, the argmax and the confidence head, one kernel a round;
+ * only the tokens and confidences come back); the rows of requests that sample their drafts or follow
+ * a grammar go to the host, where the engine applies the Markov and confidence heads (spec_dspark.c).
+ * All of it runs eagerly on the target's stream after the step's wait(); the inputs (features,
+ * positions, block tables) travel from the host. */
 #include "cuda_backend_impl.cuh"
 #include "k_dspark.h"
 extern "C" {
@@ -58,6 +61,7 @@ struct di_cuda_dspark {
   int kvd, qd, F;
   bf16 *fc, *embed, *lm_head;
   float *hidden_norm, *norm, *inv_freq;
+  float *mw1, *mw2, *conf_w; /* the Markov head [vocab][rank] x 2 and the confidence head, f32 */
   cd_layer *L;
   float *cache;
   int64_t n_blocks;
@@ -66,6 +70,10 @@ struct di_cuda_dspark {
   float *x, *qf, *kf, *vf, *hf, *featf;
   bf16 *xn, *att, *gu, *act, *featb;
   int32_t *ints;
+  int cap_greedy;
+  int last_n;      /* blocks of the last proposal (whose logits and hidden rows draft_greedy reads) */
+  int32_t *g_ints; /* greedy drafting: prev [n], cap [n], tokens [n * B] */
+  float *g_conf;   /* [n * B] */
 };
 
 static di_status up_w(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what) {
@@ -86,6 +94,20 @@ static di_status create_in(di_cuda_dspark *s) {
   float inv[1024];
   for (int i = 0; i < d->head_dim / 2; i++) inv[i] = (float)(1.0 / pow((double)d->rope_theta, (double)(2 * i) / (double)d->head_dim));
   DI_TRY(up_vec(b, inv, d->head_dim / 2, &s->inv_freq));
+  if (d->markov_rank > 0) { /* as the CPU holds them: float32 rows */
+    const size_t n = (size_t)d->vocab * d->markov_rank;
+    float *tmp = (float *)malloc(sizeof(float) * n);
+    if (!tmp) return di_error_set(DI_ERR_OOM, "out of memory");
+    di_weight_rows_f32(&d->markov_w1, 0, d->vocab, tmp);
+    di_status st = up_vec(b, tmp, (int64_t)n, &s->mw1);
+    if (st == DI_OK) {
+      di_weight_rows_f32(&d->markov_w2, 0, d->vocab, tmp);
+      st = up_vec(b, tmp, (int64_t)n, &s->mw2);
+    }
+    free(tmp);
+    DI_TRY(st);
+  }
+  if (d->has_conf) DI_TRY(up_vec(b, d->conf_w, d->conf_dim, &s->conf_w));
   s->L = (cd_layer *)calloc((size_t)d->n_layers, sizeof *s->L);
   if (!s->L) return di_error_set(DI_ERR_OOM, "out of memory");
   for (int l = 0; l < d->n_layers; l++) {
@@ -137,7 +159,8 @@ extern "C" void di_cuda_dspark_free(di_cuda_dspark *s) {
   cu_backend *b = s->b;
   cudaStreamSynchronize(b->stream);
   void *ptrs[] = {s->fc, s->embed, s->lm_head, s->hidden_norm, s->norm, s->inv_freq, s->cache, s->x, s->qf, s->kf,
-                  s->vf, s->hf, s->featf, s->xn, s->att, s->gu, s->act, s->featb, s->ints};
+                  s->vf, s->hf, s->featf, s->xn, s->att, s->gu, s->act, s->featb, s->ints, s->mw1, s->mw2,
+                  s->conf_w, s->g_ints, s->g_conf};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) dev_free(b, ptrs[i]);
   if (s->L)
     for (int l = 0; l < s->d->n_layers; l++) {
@@ -296,8 +319,9 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
     DI_TRY(di_cu_gemm(b->blas, R, H, I, (const uint16_t *)s->act, I, (const uint16_t *)L->down, I, s->x, H, 1, 1.f, st));
   }
   DI_TRY(di_cuk_rmsnorm(s->x, H, s->norm, R, H, d->eps, (uint16_t *)s->xn, H, s->hf, st));
-  if (logits)
-    DI_TRY(di_cu_gemm(b->blas, R, V, H, (const uint16_t *)s->xn, H, (const uint16_t *)s->lm_head, H, s->featf, V, 1, 0.f, st));
+  /* the base logits stay on the device for draft_greedy; the wanted rows are copied below */
+  DI_TRY(di_cu_gemm(b->blas, R, V, H, (const uint16_t *)s->xn, H, (const uint16_t *)s->lm_head, H, s->featf, V, 1, 0.f, st));
+  s->last_n = n;
   DI_CU(cudaStreamSynchronize(st));
   if (hidden) DI_CU(cudaMemcpy(hidden, s->hf, sizeof(float) * (size_t)R * H, cudaMemcpyDeviceToHost));
   /* the logits rows read (want), in runs of consecutive rows */
@@ -308,6 +332,45 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
     while (j < R && (!want || want[j])) j++;
     DI_CU(cudaMemcpy((char *)logits + i * row, (const char *)s->featf + i * row, (size_t)(j - i) * row, cudaMemcpyDeviceToHost));
     i = j;
+  }
+  return DI_OK;
+}
+
+extern "C" di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const int32_t *anchor, const int32_t *cap,
+                                                int limit, int32_t *tok, float *conf) {
+  if (n <= 0) return DI_OK;
+  if (n != s->last_n)
+    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: greedy drafts of %d blocks after a proposal of %d", n, s->last_n);
+  const di_dspark *d = s->d;
+  cu_backend *b = s->b;
+  cudaStream_t st = b->stream;
+  const int B = d->block_size;
+  if (n > s->cap_greedy) {
+    int c = s->cap_greedy ? s->cap_greedy : 64;
+    while (c < n) c *= 2;
+    DI_CU(cudaStreamSynchronize(st));
+    REALLOC(s->g_ints, sizeof(int32_t) * (size_t)c * (2 + B));
+    REALLOC(s->g_conf, sizeof(float) * (size_t)c * B);
+    s->cap_greedy = c;
+  }
+  int rounds = 0;
+  for (int i = 0; i < n; i++) rounds = cap[i] > rounds ? cap[i] : rounds;
+  if (rounds > B) rounds = B;
+  DI_CU(cudaMemcpyAsync(s->g_ints, anchor, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, st));
+  DI_CU(cudaMemcpyAsync(s->g_ints + n, cap, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, st));
+  int32_t *d_tok = s->g_ints + 2 * n;
+  for (int j = 0; j < rounds; j++)
+    DI_TRY(di_cuk_dspark_greedy_round(s->featf, s->hf, s->g_ints, s->g_ints + n, j, n, B, d->vocab, limit, d->hidden,
+                                      d->markov_rank, s->mw1, s->mw2, s->conf_w, d->conf_b, d->has_conf,
+                                      d->conf_with_markov, d_tok, s->g_conf, st));
+  DI_CU(cudaStreamSynchronize(st)); /* the anchors and caps above were copied from pageable memory */
+  for (int i = 0; i < n; i++)
+    for (int j = rounds; j < B; j++) tok[i * B + j] = -1;
+  if (rounds > 0) {
+    DI_CU(cudaMemcpy2D(tok, sizeof(int32_t) * B, d_tok, sizeof(int32_t) * B, sizeof(int32_t) * rounds, (size_t)n,
+                       cudaMemcpyDeviceToHost));
+    DI_CU(cudaMemcpy2D(conf, sizeof(float) * B, s->g_conf, sizeof(float) * B, sizeof(float) * rounds, (size_t)n,
+                       cudaMemcpyDeviceToHost));
   }
   return DI_OK;
 }

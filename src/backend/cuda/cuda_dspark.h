@@ -21,4 +21,10 @@ di_status di_cuda_dspark_context(di_cuda_dspark *s, int n, const float *feats, c
                                  const di_batch_seq *seqs);
 di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
                                  const uint8_t *want, float *hidden, float *logits);
+/* Greedy drafts of the blocks of the last proposal (n its block count), on the device: per block i
+ * and round j < cap[i] the Markov term of the previous draft (anchor[i] for j = 0) added to row j's
+ * base logits, the argmax over [0, limit) and the confidence head; tok / conf [n][block_size] (-1 past
+ * the cap). The host path of the engine (spec_dspark.c) does the same for the CPU drafter. */
+di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const int32_t *anchor, const int32_t *cap, int limit,
+                                      int32_t *tok, float *conf);
 #endif

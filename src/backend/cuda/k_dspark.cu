@@ -176,3 +176,81 @@ extern "C" di_status di_cuk_dspark_attend(const float *q, const float *kb, const
   DI_CU_LAUNCH("dspark_attend");
   return DI_OK;
 }
+
+/* One round j of greedy drafting, one block (256 threads) per proposal block i: the Markov term
+ * markov_w2 . markov_w1[prev[i]] added to row j's base logits (in place), the argmax over [0, limit)
+ * (the first index of the maximum, NaN never chosen), the confidence head's sigmoid on [h_j ;
+ * markov_w1[prev]], then prev[i] = the draft. Rounds past cap[i], or after a block found no token,
+ * write -1. */
+static __global__ void dspark_greedy_round_kernel(float *logits, const float *hid, int32_t *prev, const int32_t *cap, int j,
+                                                  int B, int V, int limit, int H, int rank, const float *w1,
+                                                  const float *w2, const float *conf_w, float conf_b, int has_conf,
+                                                  int conf_markov, int32_t *out_tok, float *out_conf) {
+  __shared__ float e[1024];
+  __shared__ float red[32];
+  __shared__ float best_v[256];
+  __shared__ int best_i[256];
+  DI_PDL_ENTRY();
+  const int i = blockIdx.x, p = prev[i];
+  if (j >= cap[i] || p < 0) {
+    if (threadIdx.x == 0) {
+      out_tok[i * B + j] = -1;
+      out_conf[i * B + j] = 0.f;
+      prev[i] = -1;
+    }
+    return;
+  }
+  const int rk = rank > 0 && p < V ? rank : 0;
+  for (int k = threadIdx.x; k < rk; k += blockDim.x) e[k] = w1[(int64_t)p * rank + k];
+  __syncthreads();
+  float *row = logits + ((int64_t)i * B + j) * V;
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float x = row[v];
+    const float *w = w2 + (int64_t)v * rank;
+    for (int k = 0; k < rk; k++) x += w[k] * e[k];
+    row[v] = x;
+    if (v < limit && x > bv) { bv = x; bi = v; } /* NaN compares false: never chosen */
+  }
+  best_v[threadIdx.x] = bv;
+  best_i[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      float ov = best_v[threadIdx.x + s];
+      int oi = best_i[threadIdx.x + s];
+      if (oi >= 0 && (best_i[threadIdx.x] < 0 || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x]))) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  float z = 0.f;
+  if (has_conf) {
+    const float *h = hid + ((int64_t)i * B + j) * H;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) z += conf_w[k] * h[k];
+    if (conf_markov)
+      for (int k = threadIdx.x; k < rk; k += blockDim.x) z += conf_w[H + k] * e[k];
+    z = di_block_sum(z, red);
+  }
+  if (threadIdx.x == 0) {
+    const int t = best_i[0];
+    out_tok[i * B + j] = t;
+    out_conf[i * B + j] = has_conf ? 1.f / (1.f + expf(-(z + conf_b))) : 1.f;
+    prev[i] = t;
+  }
+}
+
+extern "C" di_status di_cuk_dspark_greedy_round(float *logits, const float *hid, int32_t *prev, const int32_t *cap, int j,
+                                                int n, int B, int V, int limit, int H, int rank, const float *w1,
+                                                const float *w2, const float *conf_w, float conf_b, int has_conf,
+                                                int conf_markov, int32_t *out_tok, float *out_conf, di_cu_stream s) {
+  if (n <= 0) return DI_OK;
+  if (rank > 1024) return di_error_set(DI_ERR_UNSUPPORTED, "DSpark drafter on CUDA: Markov rank %d > 1024", rank);
+  DI_CU(di_launch(dspark_greedy_round_kernel, n, 256, 0, s, logits, hid, prev, cap, j, B, V, limit, H, rank, w1, w2, conf_w,
+                  conf_b, has_conf, conf_markov, out_tok, out_conf));
+  DI_CU_LAUNCH("dspark_greedy_round");
+  return DI_OK;
+}
