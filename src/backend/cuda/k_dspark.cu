@@ -104,8 +104,9 @@ extern "C" di_status di_cuk_dspark_cache_write(const float *k, const float *v, i
 }
 
 /* one block (128 threads) per (block row, head): scores of the a cached keys (through the sequence's
- * block table) and the B block keys in shared memory, a max-shifted softmax, then out[d] summed over
- * the keys in order by thread d. Written in bf16 (the o_proj GEMM's operand). */
+ * block table) and the B block keys in shared memory (a warp a key, its lanes over the head dimension:
+ * coalesced key reads), a max-shifted softmax, then out[d] summed over the keys in order by thread d.
+ * Written in bf16 (the o_proj GEMM's operand). */
 static __global__ void dspark_attend_kernel(const float *q, const float *kb, const float *vb, const float *cache,
                                             const int32_t *bt, int bt_stride, const int32_t *anchor, int B, int NH,
                                             int NKV, int hd, float scale, bf16 *out) {
@@ -118,17 +119,19 @@ static __global__ void dspark_attend_kernel(const float *q, const float *kb, con
   for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = q[(int64_t)r * NH * hd + (int64_t)h * hd + d];
   __syncthreads();
   const int32_t *tab = bt + (int64_t)i * bt_stride;
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  for (int j = warp; j < nk; j += n_warps) {
     const float *kr = j < a ? cache + ((int64_t)tab[j / DI_KV_BLOCK_SIZE_CU] * DI_KV_BLOCK_SIZE_CU + j % DI_KV_BLOCK_SIZE_CU) * 2 * kvd
                             : kb + (int64_t)(i * B + j - a) * kvd;
     kr += (int64_t)g * hd;
     float acc = 0.f;
-    for (int d = 0; d < hd; d++) acc += qs[d] * kr[d];
-    acc *= scale;
-    sc[j] = acc;
-    mx = fmaxf(mx, acc);
+    for (int d = lane; d < hd; d += 32) acc += qs[d] * kr[d];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) sc[j] = acc * scale;
   }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, sc[j]);
   /* block max through the sum helper's layout: negate-free max reduction */
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   __syncthreads();
