@@ -14,7 +14,9 @@
  *     1e-3, confidences within 1e-4);
  *  3. timing (printed, not held): context of 512 positions and proposals of 1 / 8 / 64 blocks for a
  *     random drafter of V2-Lite's width (hidden 2048, 5 layers, 16 heads over 4 KV heads of 128, MLP
- *     6144, block 7, vocab 102400, 3 target layers), with and without the logits copied to the host.
+ *     6144, block 7, vocab 102400, 3 target layers), with and without the logits copied to the host,
+ *     and its parts at 64 blocks (448 rows): the attention kernel over 512 cached positions, the output
+ *     head's GEMM and one layer's GEMMs, each alone on the default stream. 
  * Built only with nvcc; run on the device (tests/cuda: not in CI). */
 #include "deepinfer.h"
 #include "api/model_internal.h"
@@ -23,6 +25,7 @@
 #include "backend/cpu/cpu_dspark.h"
 #include "backend/cuda/cuda_dspark.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/k_dspark.h"
 #include "util/numeric.h"
 #include "test_util.h"
 #include <math.h>
@@ -257,6 +260,58 @@ static void v2lite_cost(di_model *cu) {
       printf("V2-Lite-width drafter: proposal of %2d block(s) of %d at context %d: %.3f ms (%s)\n", ns[k], B, CTX, best * 1e3,
              with_logits ? "hidden + logits to the host" : "hidden to the host only");
     }
+  { /* the parts of a 64-block proposal, each alone (zero inputs: only the time is of interest) */
+    const int R = MAXN * B, QD = NH * HD, KV = NKV * HD;
+    const int64_t nb = (int64_t)MAXN * blocks_per;
+    const size_t cache_bytes = sizeof(float) * (size_t)nb * 64 * 2 * KV;
+    float *q = di_cut_malloc(sizeof(float) * (size_t)R * QD), *kb = di_cut_malloc(sizeof(float) * (size_t)R * KV);
+    float *vb = di_cut_malloc(sizeof(float) * (size_t)R * KV), *cache = di_cut_malloc(cache_bytes);
+    int32_t *dbt = di_cut_malloc(sizeof(int32_t) * (size_t)MAXN * blocks_per), *danc = di_cut_malloc(sizeof(int32_t) * MAXN);
+    uint16_t *att = di_cut_malloc(2 * (size_t)R * QD), *xw = di_cut_malloc(2 * (size_t)R * I);
+    uint16_t *head = di_cut_malloc(2 * (size_t)V * H), *wgu = di_cut_malloc(2 * (size_t)2 * I * H);
+    float *y = di_cut_malloc(sizeof(float) * (size_t)R * V);
+    di_cu_blas *blas = NULL;
+    if (q && kb && vb && cache && dbt && danc && att && xw && head && wgu && y && di_cu_blas_create(&blas) == DI_OK) {
+      void *zero = calloc(1, cache_bytes);
+      di_cut_h2d(cache, zero, cache_bytes);
+      di_cut_h2d(q, zero, sizeof(float) * (size_t)R * QD);
+      di_cut_h2d(kb, zero, sizeof(float) * (size_t)R * KV);
+      di_cut_h2d(vb, zero, sizeof(float) * (size_t)R * KV);
+      di_cut_h2d(xw, zero, 2 * (size_t)R * I);
+      di_cut_h2d(head, buf, 2 * (size_t)V * H);
+      di_cut_h2d(wgu, buf, 2 * (size_t)2 * I * H);
+      di_cut_h2d(dbt, tables, sizeof(int32_t) * (size_t)MAXN * blocks_per);
+      di_cut_h2d(danc, ap, sizeof(int32_t) * MAXN);
+      free(zero);
+      double ta = 1e9, th = 1e9, tl = 1e9;
+      for (int rep = 0; rep < 5; rep++) {
+        di_cut_sync();
+        double t = now_s();
+        CHECK(di_cuk_dspark_attend(q, kb, vb, cache, dbt, blocks_per, danc, MAXN, B, NH, NKV, HD, 0.088f, CTX + B, att, NULL) == DI_OK);
+        di_cut_sync();
+        t = now_s() - t;
+        ta = t < ta ? t : ta;
+        t = now_s();
+        CHECK(di_cu_gemm(blas, R, V, H, xw, H, head, H, y, V, 1, 0.f, NULL) == DI_OK);
+        di_cut_sync();
+        t = now_s() - t;
+        th = t < th ? t : th;
+        t = now_s();
+        CHECK(di_cu_gemm(blas, R, 2 * I, H, xw, H, wgu, H, y, 2 * I, 0, 0.f, NULL) == DI_OK); /* gate|up, bf16 out */
+        CHECK(di_cu_gemm(blas, R, H, I, xw, I, wgu, I, y, H, 1, 1.f, NULL) == DI_OK);         /* down, residual */
+        CHECK(di_cu_gemm(blas, R, QD, H, xw, H, wgu, H, y, QD, 1, 0.f, NULL) == DI_OK);       /* q */
+        CHECK(di_cu_gemm(blas, R, H, QD, xw, QD, wgu, QD, y, H, 1, 1.f, NULL) == DI_OK);      /* o */
+        di_cut_sync();
+        t = now_s() - t;
+        tl = t < tl ? t : tl;
+      }
+      printf("V2-Lite-width drafter, 64 blocks (%d rows) alone: attention over %d positions %.3f ms, output head GEMM "
+             "%.3f ms, one layer's GEMMs (gate|up, down, q, o) %.3f ms\n", R, CTX, ta * 1e3, th * 1e3, tl * 1e3);
+      di_cu_blas_destroy(blas);
+    }
+    void *ptrs[] = {q, kb, vb, cache, dbt, danc, att, xw, head, wgu, y};
+    for (size_t k = 0; k < sizeof ptrs / sizeof *ptrs; k++) di_cut_free(ptrs[k]);
+  }
   free(tables); free(feats); free(hid); free(lg);
   di_cuda_dspark_free(g);
   free(buf); free(ones); free(conf);
