@@ -1,12 +1,16 @@
 /* di_engine_set_speculative_config: vLLM's --speculative-config JSON turned into the engine's
  * speculative decoding. "mtp" is di_engine_set_speculative; "dspark" loads a DSpark drafter folder
- * (arch/dspark.h), runs it on the model's CPU backend (backend/cpu/cpu_dspark.h) with the target's
- * hidden states of the drafter's layers captured by wait(), and hands it to the engine
- * (engine/drafter.h). The one parser of the config, for generate, serve and Python. */
+ * (arch/dspark.h), runs it on the model's backend (CPU: backend/cpu/cpu_dspark.h; CUDA:
+ * backend/cuda/cuda_dspark.h, its Markov and confidence heads still through the CPU code on the host)
+ * with the target's hidden states of the drafter's layers captured by wait(), and hands it to the
+ * engine (engine/drafter.h). The one parser of the config, for generate, serve and Python. */
 #include "api/model_internal.h"
 #include "arch/dspark.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dspark.h"
+#ifdef DI_HAVE_CUDA
+#include "backend/cuda/cuda_dspark.h"
+#endif
 #include "engine/drafter.h"
 #include "engine/spec_decode.h"
 #include "util/json.h"
@@ -17,32 +21,71 @@
 
 typedef struct dspark_binding {
   di_dspark *w;
-  di_cpu_dspark *cpu;
+  di_cpu_dspark *cpu; /* the CPU forward, or on CUDA only its Markov / confidence heads */
   di_backend *be;
+#ifdef DI_HAVE_CUDA
+  di_cuda_dspark *cuda; /* the forward on CUDA (NULL on the CPU) */
+#endif
 } dspark_binding;
 
-static di_status b_kv_alloc(void *c, int64_t n) { return di_cpu_dspark_kv_alloc(((dspark_binding *)c)->cpu, n); }
-static di_status b_context(void *c, int n, const float *f, const int32_t *pos, const int32_t *seq_of, const di_batch_seq *seqs) {
-  return di_cpu_dspark_context(((dspark_binding *)c)->cpu, n, f, pos, seq_of, seqs);
+static di_status b_kv_alloc(void *c, int64_t n) {
+  dspark_binding *b = c;
+#ifdef DI_HAVE_CUDA
+  if (b->cuda) return di_cuda_dspark_kv_alloc(b->cuda, n);
+#endif
+  return di_cpu_dspark_kv_alloc(b->cpu, n);
 }
-static di_status b_propose(void *c, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs, float *h, float *lg) {
-  return di_cpu_dspark_propose(((dspark_binding *)c)->cpu, n, tok, pos, seqs, h, lg);
+static di_status b_context(void *c, int n, const float *f, const int32_t *pos, const int32_t *seq_of, const di_batch_seq *seqs) {
+  dspark_binding *b = c;
+#ifdef DI_HAVE_CUDA
+  if (b->cuda) return di_cuda_dspark_context(b->cuda, n, f, pos, seq_of, seqs);
+#endif
+  return di_cpu_dspark_context(b->cpu, n, f, pos, seq_of, seqs);
+}
+static di_status b_propose(void *c, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
+                           const uint8_t *want, float *h, float *lg) {
+  dspark_binding *b = c;
+#ifdef DI_HAVE_CUDA
+  if (b->cuda) return di_cuda_dspark_propose(b->cuda, n, tok, pos, seqs, want, h, lg);
+#endif
+  return di_cpu_dspark_propose_rows(b->cpu, n, tok, pos, seqs, want, h, lg);
+}
+#ifdef DI_HAVE_CUDA
+static di_status b_draft_greedy(void *c, int n, const int32_t *anchor, const int32_t *cap, int limit, int32_t *tok,
+                                float *conf) {
+  return di_cuda_dspark_draft_greedy(((dspark_binding *)c)->cuda, n, anchor, cap, limit, tok, conf);
+}
+#endif
+static int is_backend(const di_model *m, const char *name) { return m->backend && strcmp(m->backend->ops->name, name) == 0; }
+static di_status set_capture(dspark_binding *b, const int *ids, int n) {
+#ifdef DI_HAVE_CUDA
+  if (strcmp(b->be->ops->name, "cuda") == 0) return di_backend_cuda_set_capture(b->be, ids, n);
+#endif
+  return di_cpu_backend_set_capture(b->be, ids, n);
 }
 static void b_markov(void *c, int32_t prev, float *lg) { di_cpu_dspark_markov(((dspark_binding *)c)->cpu, prev, lg); }
 static float b_conf(void *c, const float *h, int32_t prev) { return di_cpu_dspark_confidence(((dspark_binding *)c)->cpu, h, prev); }
 static void b_destroy(void *c) {
   dspark_binding *b = c;
   if (!b) return;
-  di_cpu_backend_set_capture(b->be, NULL, 0);
+  if (b->be) set_capture(b, NULL, 0);
+#ifdef DI_HAVE_CUDA
+  di_cuda_dspark_free(b->cuda);
+#endif
   di_cpu_dspark_free(b->cpu);
   di_dspark_free(b->w);
   free(b);
 }
 
 static di_status set_dspark(di_engine *e, di_model *m, const char *dir, int k, int exact, int fixed) {
-  if (!m->backend || strcmp(m->backend->ops->name, "cpu") != 0)
-    return di_error_set(DI_ERR_UNSUPPORTED, "speculative_config method \"dspark\" runs on the CPU backend of a DeepSeek-V2/V3 "
-                        "model for now (this model's backend is %s)", m->backend ? m->backend->ops->name : "none");
+#ifdef DI_HAVE_CUDA
+  const int on_cuda = is_backend(m, "cuda");
+#else
+  const int on_cuda = 0;
+#endif
+  if (!is_backend(m, "cpu") && !on_cuda)
+    return di_error_set(DI_ERR_UNSUPPORTED, "speculative_config method \"dspark\" runs on the CPU and CUDA backends of a "
+                        "DeepSeek-V2/V3 model (this model's backend is %s)", m->backend ? m->backend->ops->name : "none");
   char def[4200];
   if (!dir) {
     snprintf(def, sizeof def, "%s/dspark", m->dir);
@@ -57,13 +100,21 @@ static di_status set_dspark(di_engine *e, di_model *m, const char *dir, int k, i
   if (!b) return di_error_set(DI_ERR_OOM, "out of memory");
   b->be = m->backend;
   di_status st = di_dspark_load(dir, &m->cfg, &m->weights.embed, &m->weights.lm_head, &b->w);
-  if (st == DI_OK) st = di_cpu_dspark_create(b->w, ((di_cpu_backend *)m->backend)->tp, &b->cpu);
-  if (st == DI_OK) st = di_cpu_backend_set_capture(m->backend, b->w->feat_layers, b->w->n_feats);
+  if (st == DI_OK) st = di_cpu_dspark_create(b->w, on_cuda ? NULL : ((di_cpu_backend *)m->backend)->tp, &b->cpu);
+#ifdef DI_HAVE_CUDA
+  if (st == DI_OK && on_cuda) st = di_cuda_dspark_create(m->backend, b->w, &b->cuda);
+#endif
+  if (st == DI_OK) st = set_capture(b, b->w->feat_layers, b->w->n_feats);
   if (st == DI_OK) {
     di_drafter_ops ops = {.ctx = b, .block_size = b->w->block_size, .hidden = b->w->hidden,
                           .feat_dim = b->w->n_feats * b->w->target_hidden, .kv_alloc = b_kv_alloc,
+                          /* both forwards keep float32 keys and values per layer */
+                          .cache_bytes_per_token = (int64_t)b->w->n_layers * 2 * b->w->n_kv_heads * b->w->head_dim * 4,
                           .context = b_context, .propose = b_propose, .markov = b_markov, .confidence = b_conf,
                           .destroy = b_destroy};
+#ifdef DI_HAVE_CUDA
+    if (b->cuda) ops.draft_greedy = b_draft_greedy;
+#endif
     st = di_engine_set_dspark(e, &ops, k, exact, fixed);
   }
   if (st != DI_OK) b_destroy(b);

@@ -71,6 +71,9 @@ static di_status c_accept(void *state, int32_t id) {
   di_status st = di_grammar_matcher_accept_token(((constraint_state *)state)->m, id);
   return st == DI_OK ? st : di_error_wrap(st, "structured output");
 }
+static di_status c_rollback(void *state, int n) {
+  return di_grammar_matcher_rollback(((constraint_state *)state)->m, n);
+}
 static int c_terminated(void *state) { return di_grammar_matcher_is_terminated(((constraint_state *)state)->m); }
 static void c_free(void *state) {
   constraint_state *s = state;
@@ -80,5 +83,5 @@ static void c_free(void *state) {
 }
 
 void di_engine_constraint_ops(di_engine_text_ctx *c, di_constraint_ops *ops) {
-  *ops = (di_constraint_ops){c, c_create, c_fill, c_accept, c_terminated, c_free};
+  *ops = (di_constraint_ops){c, c_create, c_fill, c_accept, c_terminated, c_free, c_rollback};
 }

@@ -61,6 +61,11 @@ typedef struct di_batch {
    * shorter, the next ones) are replayed to rebuild the sliding window; P is a multiple of
    * DI_KV_BLOCK_SIZE. */
   const int32_t *seq_replay;
+  /* Optional [n_outputs] (NULL: every output row's logits are wanted): 0 where an output row's logits
+   * are not wanted (speculative decoding makes every row an output row for its hidden state, but only
+   * the sampled and prompt-logprob rows need logits). A backend may leave those rows of the logits
+   * unwritten or compute them anyway. */
+  const uint8_t *output_logits;
 } di_batch;
 
 /* Per output row sampling request for backends that sample on the device (optional). */

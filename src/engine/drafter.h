@@ -11,12 +11,20 @@ typedef struct di_drafter_ops {
   int block_size;  /* rows of a proposal: block_size drafts */
   int hidden;      /* the drafter's hidden size (propose's hidden rows) */
   int feat_dim;    /* one feature row: what the target backend's wait() writes per output row */
+  int64_t cache_bytes_per_token; /* the drafter's cache beside each target block (counted in the KV budget) */
   /* (re)allocates the drafter's cache for the target pool's block count */
   di_status (*kv_alloc)(void *ctx, int64_t n_blocks);
   di_status (*context)(void *ctx, int n, const float *feats, const int32_t *pos, const int32_t *seq_of,
                        const di_batch_seq *seqs);
+  /* want [n * block_size] (NULL: all): rows whose logits are read (the others may stay unwritten) */
   di_status (*propose)(void *ctx, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
-                       float *hidden, float *logits);
+                       const uint8_t *want, float *hidden, float *logits);
+  /* Optional (NULL: the engine drafts on the host with markov / confidence): greedy drafts of the
+   * last proposal's n blocks made where its logits are (the CUDA drafter: on the device), block i's
+   * rounds j < cap[i] (cap 0: a block the engine drafts itself) from anchor[i]; tok / conf [n][block_size],
+   * -1 where it stopped. The same arithmetic as markov + argmax over [0, limit) + confidence. */
+  di_status (*draft_greedy)(void *ctx, int n, const int32_t *anchor, const int32_t *cap, int limit, int32_t *tok,
+                            float *conf);
   void (*markov)(void *ctx, int32_t prev, float *logits);
   float (*confidence)(void *ctx, const float *hidden, int32_t prev);
   void (*destroy)(void *ctx);

@@ -141,6 +141,36 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
 
 const char *di_engine_kv_summary(const di_engine *e) { return e ? e->kv_summary : ""; }
 
+/* A drafter's cache paged by the target's blocks (DSpark) takes extra_bytes_per_token beside every
+ * block: when the pool was sized from a byte budget (not num_kv_blocks), the pool is made smaller so
+ * that both fit that budget. Before the first request only (the KV manager is made again). */
+di_status di_engine_kv_share_budget(di_engine *e, int64_t extra_bytes_per_token) {
+  if (e->n_all > 0 || e->n_grave > 0 || e->steps > 0 || e->inflight_active)
+    return di_error_set(DI_ERR_INVALID_ARG, "the KV budget can only be shared before the first request");
+  if (e->opt.num_kv_blocks > 0 || extra_bytes_per_token <= 0 || e->n_kv_groups > 1) return DI_OK;
+  di_kv_group_info groups[DI_KV_MAX_GROUPS];
+  memset(groups, 0, sizeof groups);
+  int ng = e->be->ops->kv_groups(e->be, groups, DI_KV_MAX_GROUPS);
+  if (ng != 1 || groups[0].bytes_per_token <= 0) return DI_OK; /* several groups: not shared (V4 has no drafter) */
+  const int64_t old = di_kv_group_blocks(e->kv, 0);
+  const double share = (double)groups[0].bytes_per_token / (double)(groups[0].bytes_per_token + extra_bytes_per_token);
+  int64_t nb = (int64_t)((double)old * share);
+  if (nb < 1) nb = 1;
+  di_kv_manager *kv = NULL;
+  DI_TRY(di_kv_manager_create(groups, 1, &nb, e->opt.enable_prefix_caching, &kv));
+  di_status st = e->be->ops->kv_alloc(e->be, nb);
+  if (st != DI_OK) {
+    di_kv_manager_free(kv);
+    return st;
+  }
+  di_kv_manager_free(e->kv);
+  e->kv = kv;
+  size_t n = strlen(e->kv_summary);
+  snprintf(e->kv_summary + n, sizeof e->kv_summary - n, "; %lld blocks with the drafter's cache (%lld B/token) beside",
+           (long long)nb, (long long)extra_bytes_per_token);
+  return DI_OK;
+}
+
 void di_engine_free(di_engine *e) {
   if (!e) return;
   di_dp_front_free(e->dp); /* stops the other data-parallel ranks */

@@ -30,6 +30,9 @@ typedef struct di_constraint_ops {
   di_status (*accept)(void *state, int32_t id);
   int (*is_terminated)(void *state);
   void (*free)(void *state);
+  /* Undoes the last n accepted tokens (speculative drafting walks the grammar over a draft, then
+   * goes back); NULL: constrained requests do not draft. */
+  di_status (*rollback)(void *state, int n);
 } di_constraint_ops;
 
 typedef struct di_engine_core_config {
@@ -134,6 +137,8 @@ typedef struct di_req {
   float draft_pconf[DI_SPEC_MAX_DRAFT]; /* DSpark: the confidence head's per-position probability */
   float *draft_q;            /* DSpark with rejection sampling: [DI_SPEC_MAX_DRAFT][vocab] draft distributions */
   int draft_sampled;         /* the drafts were drawn from draft_q (verify by min(1, p/q)) */
+  int spec_walked;           /* verification: tokens of this step accepted into the grammar ahead of
+                                di_req_post_tokens (rolled back before it), so round j's mask sees them */
   /* prompt logprobs (prompt_logprobs.c): k < 0 off; rows of positions [0, n_prompt - 1) are
    * extracted up to plp_next (each predicts the token after it) into plp / plp_top [n_prompt] */
   int plp_k;
@@ -166,6 +171,7 @@ typedef struct di_sched {
   int n_plp;                 /* prompt-logprob rows (planned, then as built) */
   /* the batch built from it */
   int32_t *tokens, *positions, *seq_of, *out_rows;
+  uint8_t *want_logits;      /* speculative decoding: per output row, whether its logits are read */
   di_batch_seq *seqs;
   int32_t *tables;           /* copies of the block tables: the engine may grow (realloc) a request's
                                 table while this batch is in flight */

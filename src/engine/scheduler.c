@@ -40,7 +40,7 @@ static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int s
 static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->replay);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->want_logits); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->replay);
   memset(s, 0, sizeof *s);
 }
 
@@ -263,6 +263,8 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   DI_TRY(grow((void **)&s->seq_of, &tc, n_tok, sizeof *s->seq_of));
   tc = s->tok_cap;
   DI_TRY(grow((void **)&s->out_rows, &tc, n_tok, sizeof *s->out_rows));
+  tc = s->tok_cap;
+  DI_TRY(grow((void **)&s->want_logits, &tc, n_tok, sizeof *s->want_logits));
   s->tok_cap = tc;
   DI_TRY(grow((void **)&s->seqs, &sc, n_seq, sizeof *s->seqs));
   s->seq_cap = sc;
@@ -304,6 +306,10 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
     if (e->spec) { /* every row is an output row: row index = token index */
       en->plp_row0 = t0 + (first - en->start);
       en->sample_row = en->sample ? t - 1 : -1;
+      /* logits only for the rows verification samples (the last 1 + n_spec) and prompt logprobs */
+      for (int k = 0; k < en->n_new; k++)
+        s->want_logits[t0 + k] = (uint8_t)((en->sample && k >= en->n_new - 1 - r->n_spec) ||
+                                           (k >= first - en->start && k < first - en->start + en->plp_n));
     } else {
       en->plp_row0 = o;
       for (int k = 0; k < en->plp_n; k++) s->out_rows[o++] = t0 + (first - en->start) + k;
@@ -316,7 +322,8 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   s->batch = (di_batch){.n_tokens = t, .tokens = s->tokens, .positions = s->positions, .seq_of = s->seq_of,
                         .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows,
                         .n_groups = e->n_kv_groups, .group_tables = s->gtab, .group_blocks = s->gblk,
-                        .seq_replay = e->replay_len > 0 ? s->replay : NULL};
+                        .seq_replay = e->replay_len > 0 ? s->replay : NULL,
+                        .output_logits = e->spec ? s->want_logits : NULL};
   s->n_plp = n_plp;
   return DI_OK;
 }

@@ -26,7 +26,7 @@ void di_spec_free(di_engine *e) {
   free(sp->hidden); free(sp->tok); free(sp->pos); free(sp->seq_of); free(sp->out_rows); free(sp->out_req);
   free(sp->seqs); free(sp->reqs); free(sp->prev); free(sp->hid_out); free(sp->logits);
   free(sp->act); free(sp->row0); free(sp->vstart); free(sp->vbase); free(sp->cands);
-  free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->hist);
+  free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->dwant); free(sp->dcap); free(sp->dtok); free(sp->dconf); free(sp->gmask); free(sp->hist);
   di_sampler_free(sp->sampler);
   if (sp->drafter.destroy) sp->drafter.destroy(sp->drafter.ctx);
   free(sp);
@@ -242,6 +242,12 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
         }
         if (j < r->n_spec && sp->method == DI_SPEC_DSPARK) di_spec_calibrate(sp, r->draft_pconf[j], match);
         more = match && r->state != DI_REQ_DONE;
+        /* a grammar's mask for the next round must see this token: accepted now, undone below (the
+         * tokens are accepted for good by di_req_post_tokens after the step) */
+        if (more && r->constraint) {
+          if (e->constraint.rollback && e->constraint.accept(r->constraint, jb->res.token) == DI_OK) r->spec_walked++;
+          else more = 0;
+        }
       }
       if (more) {
         sp->act[m] = sp->act[a];
@@ -256,6 +262,11 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
         r->n_valid = r->n_computed = sp->vstart[a] + sp->vbase[a] + j;
         di_kv_truncate(e->kv, &r->kv, r->n_computed);
         di_kv_commit(e->kv, &r->kv, r->tokens, r->n_valid < r->n_tokens ? r->n_valid : r->n_tokens);
+      }
+      if (r->spec_walked > 0) {
+        di_status st = e->constraint.rollback(r->constraint, r->spec_walked);
+        r->spec_walked = 0;
+        if (st != DI_OK) di_req_finish(e, r, DI_FINISH_ERROR, di_last_error());
       }
       r->n_spec = 0;
       r->draft_sampled = 0;

@@ -21,5 +21,8 @@ void di_spec_record_step(di_engine *e, int n_tokens, double seconds);
 struct di_drafter_ops;
 /* DSpark: speculative decoding with a block drafter (engine/drafter.h), which the engine then owns
  * (destroyed with the engine; not on failure). exact: acceptance "exact"; fixed: schedule "fixed". */
+/* engine.c: shrinks a budget-sized KV pool so that a drafter cache of extra_bytes_per_token beside
+ * each of its blocks fits the same budget (before the first request). */
+di_status di_engine_kv_share_budget(di_engine *e, int64_t extra_bytes_per_token);
 di_status di_engine_set_dspark(di_engine *e, const struct di_drafter_ops *d, int num_tokens, int exact, int fixed);
 #endif

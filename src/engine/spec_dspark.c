@@ -12,6 +12,12 @@
  * sampler processes the target's (bias, bans, penalties counting the drafts before j, temperature,
  * top-k/p, min-p), kept for the min(1, p/q) test (sample_rows.c).
  *
+ * Structured outputs: a request with a grammar drafts the argmax under the grammar's mask, the
+ * grammar walked over the draft (each draft accepted into the request's matcher, then all of them
+ * rolled back after the proposal), cut at the first position where nothing is allowed or after a stop
+ * token; it is verified by exact match against the plain (masked) sample, so its output equals plain
+ * constrained decoding's, greedy or seeded.
+ *
  * Scheduling (di_spec_grant_scheduled): candidates (request, position) in decreasing survival are
  * admitted while (tokens expected from the step) / (the step's predicted time) grows. The time of a
  * step of n tokens comes from a profile of measured steps (EMA per token count, linear between
@@ -25,7 +31,25 @@
 #include <string.h>
 
 static int samples_drafts(const struct di_spec *sp, const di_req *r) {
-  return !sp->exact && r->sp.temperature > 0 && r->sp.top_k != 1;
+  return !sp->exact && r->sp.temperature > 0 && r->sp.top_k != 1 && !r->constraint;
+}
+
+/* draft logits row lg: the tokens the grammar state forbids set to -inf; 0 when nothing is allowed */
+static int grammar_mask(di_engine *e, di_req *r, float *lg, int limit) {
+  struct di_spec *sp = e->spec;
+  const int words = (sp->V + 31) / 32;
+  if (!sp->gmask) {
+    sp->gmask = calloc((size_t)words, sizeof *sp->gmask);
+    if (!sp->gmask) return 0;
+  }
+  memset(sp->gmask, 0, sizeof *sp->gmask * (size_t)words);
+  if (e->constraint.fill_mask(r->constraint, sp->gmask) != DI_OK) return 0;
+  int any = 0;
+  for (int v = 0; v < limit; v++) {
+    if (sp->gmask[v >> 5] >> (v & 31) & 1u) any = 1;
+    else lg[v] = -INFINITY;
+  }
+  return any;
 }
 
 di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_tokens, int exact, int fixed) {
@@ -48,9 +72,15 @@ di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_to
   sp->areq = malloc(S * sizeof *sp->areq);
   sp->dhid = malloc(S * B * (size_t)d->hidden * sizeof(float));
   sp->dlog = malloc(S * B * (size_t)sp->V * sizeof(float));
-  di_status st = sp->feat_rows && sp->atok && sp->apos && sp->areq && sp->dhid && sp->dlog
+  sp->dwant = malloc(S * B);
+  sp->dcap = malloc(S * sizeof *sp->dcap);
+  sp->dtok = malloc(S * B * sizeof *sp->dtok);
+  sp->dconf = malloc(S * B * sizeof *sp->dconf);
+  di_status st = sp->feat_rows && sp->atok && sp->apos && sp->areq && sp->dhid && sp->dlog && sp->dwant && sp->dcap &&
+                 sp->dtok && sp->dconf
                      ? di_sampler_create(sp->V, &sp->sampler)
                      : di_error_set(DI_ERR_OOM, "DSpark: out of memory");
+  if (st == DI_OK) st = di_engine_kv_share_budget(e, d->cache_bytes_per_token);
   if (st == DI_OK) st = d->kv_alloc(d->ctx, di_kv_group_blocks(e->kv, 0));
   if (st != DI_OK) {
     sp->drafter.destroy = NULL; /* the caller still owns the drafter on failure */
@@ -197,7 +227,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     di_req *r = en->r;
-    if (en->dropped || r->state != DI_REQ_RUNNING || r->constraint) continue;
+    if (en->dropped || r->state != DI_REQ_RUNNING || (r->constraint && !e->constraint.rollback)) continue;
     if (r->n_valid != r->n_tokens - 1 || di_spec_draft_cap(sp, r) <= 0) continue;
     sp->atok[n] = r->tokens[r->n_tokens - 1];
     sp->apos[n] = r->n_tokens - 1;
@@ -210,7 +240,21 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     return DI_OK;
   }
   double t_start = di_now();
-  st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dhid, sp->dlog);
+  /* blocks the drafter drafts itself (greedy, no grammar: draft_greedy) and those drafted here; logits
+   * come to the host only for the latter, and only for the rows that can become drafts */
+  const int limit = e->cfg.vocab_limit < (int)V ? e->cfg.vocab_limit : (int)V;
+  int n_dev = 0;
+  for (int i = 0; i < n; i++) {
+    di_req *r = sp->areq[i];
+    int cap = di_spec_draft_cap(sp, r);
+    if (cap > (int)B) cap = (int)B;
+    const int on_dev = d->draft_greedy && !samples_drafts(sp, r) && !r->constraint;
+    sp->dcap[i] = on_dev ? cap : 0;
+    n_dev += on_dev;
+    for (int j = 0; j < (int)B; j++) sp->dwant[(size_t)i * B + j] = (uint8_t)(!on_dev && j < cap);
+  }
+  st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dwant, sp->dhid, sp->dlog);
+  if (st == DI_OK && n_dev > 0) st = d->draft_greedy(d->ctx, n, sp->atok, sp->dcap, limit, sp->dtok, sp->dconf);
   if (st != DI_OK) return di_spec_fail(e, s, st);
   /* 3. left to right: Markov term, confidence, the draft token */
   for (int i = 0; i < n; i++) {
@@ -224,11 +268,23 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     }
     int32_t prev = sp->atok[i];
     float survive = 1.0f;
+    int walked = 0; /* drafts accepted into the request's grammar matcher (rolled back below) */
+    if (sp->dcap[i] > 0) { /* drafted by the drafter itself */
+      for (int j = 0; j < sp->dcap[i] && sp->dtok[(size_t)i * B + j] >= 0; j++) {
+        survive *= sp->dconf[(size_t)i * B + j];
+        r->draft[j] = sp->dtok[(size_t)i * B + j];
+        r->draft_pconf[j] = sp->dconf[(size_t)i * B + j];
+        r->draft_conf[j] = survive;
+        r->n_draft = j + 1;
+      }
+      continue;
+    }
     for (int j = 0; j < cap; j++) {
       float *lg = sp->dlog + ((size_t)i * B + j) * V;
       const float *h = sp->dhid + ((size_t)i * B + j) * DH;
       d->markov(d->ctx, prev, lg);
       float c = d->confidence(d->ctx, h, prev);
+      if (r->constraint && (e->constraint.is_terminated(r->constraint) || !grammar_mask(e, r, lg, limit))) break;
       int32_t tok;
       if (sampled) {
         float *qj = r->draft_q + (size_t)j * V;
@@ -243,12 +299,20 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
         tok = di_row_argmax(lg, e->cfg.vocab_limit < (int)V ? e->cfg.vocab_limit : (int)V, &mx);
         if (tok < 0) break;
       }
+      if (r->constraint) {
+        if (e->constraint.accept(r->constraint, tok) != DI_OK) break;
+        walked++;
+      }
       survive *= c;
       r->draft[j] = tok;
       r->draft_pconf[j] = c;
       r->draft_conf[j] = survive;
       r->n_draft = j + 1;
       prev = tok;
+    }
+    if (walked > 0) {
+      st = e->constraint.rollback(r->constraint, walked);
+      if (st != DI_OK) return di_spec_fail(e, s, st);
     }
     r->draft_sampled = sampled && r->n_draft > 0;
   }

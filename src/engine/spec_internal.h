@@ -35,6 +35,10 @@ struct di_spec {
   int32_t *atok, *apos;          /* [max_seqs] anchors */
   di_req **areq;
   float *dhid, *dlog;            /* [max_seqs * B][hidden], [max_seqs * B][vocab] */
+  uint32_t *gmask;               /* a grammar mask (ceil(vocab / 32) words) while drafting under a grammar */
+  uint8_t *dwant;
+  int32_t *dcap, *dtok;          /* drafter-made greedy drafts: caps [max_seqs], tokens [max_seqs * B] */
+  float *dconf;                  /* and their confidences [max_seqs * B] */                /* [max_seqs * B] rows of a proposal whose logits are read (within the draft cap) */
   int32_t *hist;                 /* history scratch for draft distributions */
   int hist_cap;
   di_sampler *sampler;           /* draft distributions (engine thread) */

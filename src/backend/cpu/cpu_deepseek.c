@@ -469,8 +469,9 @@ di_status di_cpu_deepseek_forward(di_cpu_backend *b, const di_batch *batch, floa
     if (b->capture[k] == last)
       for (int i = 0; i < batch->n_outputs; i++)
         memcpy(hidden + ((size_t)i * nc + k) * H, hn + (size_t)i * H, sizeof(float) * (size_t)H);
-  if (logits)
-    di_cpu_gemm(b->tp, hn, batch->n_outputs, H, &w->lm_head, 0, c->vocab_size, logits, c->vocab_size);
+  if (logits) /* the wanted rows only (hn is scratch from here) */
+    di_cpu_gemm_selected(b->tp, hn, batch->n_outputs, H, batch->output_logits, &w->lm_head, c->vocab_size, logits,
+                         c->vocab_size);
   return DI_OK;
 }
 

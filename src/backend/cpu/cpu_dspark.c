@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_gqa.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/drafter_cache.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,12 +80,8 @@ static float *cache_row(const di_cpu_dspark *s, const di_batch_seq *q, int layer
 }
 
 static di_status check_pos(const di_cpu_dspark *s, const di_batch_seq *q, int pos) {
-  if (pos < 0 || pos / DI_KV_BLOCK_SIZE >= q->n_blocks)
-    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: position %d beyond the %d blocks of its table", pos, q->n_blocks);
-  int32_t blk = q->block_table[pos / DI_KV_BLOCK_SIZE];
-  if (blk < 0 || blk >= s->n_blocks)
-    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: block id %d outside its cache of %lld", blk, (long long)s->n_blocks);
-  return DI_OK;
+  int64_t slot;
+  return di_drafter_cache_slot(q, pos, s->n_blocks, &slot);
 }
 
 /* per-head RMSNorm then RoPE at `pos`, for n_heads heads of one row */
@@ -132,6 +129,11 @@ di_status di_cpu_dspark_context(di_cpu_dspark *s, int n, const float *feats, con
 
 di_status di_cpu_dspark_propose(di_cpu_dspark *s, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
                                 float *hidden, float *logits) {
+  return di_cpu_dspark_propose_rows(s, n, tok, pos, seqs, NULL, hidden, logits);
+}
+
+di_status di_cpu_dspark_propose_rows(di_cpu_dspark *s, int n, const int32_t *tok, const int32_t *pos,
+                                     const di_batch_seq *seqs, const uint8_t *want, float *hidden, float *logits) {
   const di_dspark *d = s->d;
   const int B = d->block_size, H = d->hidden, kvd = s->kvd, hd = d->head_dim, NH = d->n_heads, QD = NH * hd;
   const int I = d->inter, R = n * B;
@@ -190,7 +192,7 @@ di_status di_cpu_dspark_propose(di_cpu_dspark *s, int n, const int32_t *tok, con
   }
   for (int r = 0; r < R; r++) di_cpu_rmsnorm_row(xn + (size_t)r * H, x + (size_t)r * H, d->norm, H, d->eps);
   if (hidden) memcpy(hidden, xn, sizeof(float) * (size_t)R * H);
-  if (logits) di_cpu_gemm(s->tp, xn, R, H, &d->lm_head, 0, d->vocab, logits, d->vocab);
+  if (logits) di_cpu_gemm_selected(s->tp, xn, R, H, want, &d->lm_head, d->vocab, logits, d->vocab); /* xn: scratch now */
   return DI_OK;
 }
 

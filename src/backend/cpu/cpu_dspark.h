@@ -31,6 +31,9 @@ di_status di_cpu_dspark_context(di_cpu_dspark *s, int n, const float *feats, con
  * written). hidden [n * B][hidden] = norm(h), logits [n * B][vocab] = base logits (either may be NULL). */
 di_status di_cpu_dspark_propose(di_cpu_dspark *s, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
                                 float *hidden, float *logits);
+/* The same with want [n * B] (NULL: all): only those rows' logits are computed (the others untouched). */
+di_status di_cpu_dspark_propose_rows(di_cpu_dspark *s, int n, const int32_t *tok, const int32_t *pos,
+                                     const di_batch_seq *seqs, const uint8_t *want, float *hidden, float *logits);
 /* logits[vocab] += markov_w2 . markov_w1[prev] (nothing when markov_rank is 0). */
 void di_cpu_dspark_markov(di_cpu_dspark *s, int32_t prev, float *logits);
 /* The confidence head's probability for a row with hidden state h after token prev (1 without a head). */

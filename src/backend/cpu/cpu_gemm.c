@@ -343,3 +343,22 @@ void di_cpu_dot4(const float *a, const float *const b[4], int64_t n, float out[4
     out[i] = s;
   }
 }
+
+void di_cpu_gemm_selected(di_threadpool *tp, float *x, int64_t M, int64_t ldx, const uint8_t *want, const di_weight *w,
+                          int64_t N, float *y, int64_t ldy) {
+  if (!want) {
+    di_cpu_gemm(tp, x, M, ldx, w, 0, N, y, ldy);
+    return;
+  }
+  int64_t m = 0;
+  for (int64_t i = 0; i < M; i++)
+    if (want[i]) {
+      if (m != i) memcpy(x + m * ldx, x + i * ldx, sizeof(float) * (size_t)ldx);
+      m++;
+    }
+  if (m == 0) return;
+  di_cpu_gemm(tp, x, m, ldx, w, 0, N, y, ldy);
+  /* back to the rows' places, from the last (a row's place is never before its compact index) */
+  for (int64_t i = M - 1; i >= 0 && m > 0; i--)
+    if (want[i] && --m != i) memcpy(y + i * ldy, y + m * ldy, sizeof(float) * (size_t)N);
+}

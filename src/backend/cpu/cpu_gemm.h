@@ -13,6 +13,11 @@
 
 void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const di_weight *w, int64_t n0,
                  int64_t n1, float *y, int64_t ldy);
+/* y[i] = x[i] . W^T over columns [0, N) for the rows i < M with want[i] != 0 (every row when want is
+ * NULL); the other rows of y are left alone. x is scratch: the wanted rows are moved to its front.
+ * The same values as di_cpu_gemm (the product of a row does not depend on the other rows). */
+void di_cpu_gemm_selected(di_threadpool *tp, float *x, int64_t M, int64_t ldx, const uint8_t *want, const di_weight *w,
+                          int64_t N, float *y, int64_t ldy);
 /* Several independent products in one parallel loop (one synchronization instead of one per
  * product): job j computes y_j[m][n - n0_j] for n in [n0_j, n1_j). Same arithmetic as di_cpu_gemm. */
 typedef struct di_gemm_job {

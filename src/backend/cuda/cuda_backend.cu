@@ -19,6 +19,7 @@ static void cu_destroy(di_backend *bb) {
   cu_backend *b = (cu_backend *)bb;
   if (!b) return;
   if (b->stream) cudaStreamSynchronize(b->stream);
+  free(b->want_host);
   if (b->prof && b->prof_steps) {
     double tot = 0;
     for (int k = 0; k < b->n_plabel; k++) tot += b->ptime[k];

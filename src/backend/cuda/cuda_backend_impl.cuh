@@ -157,6 +157,17 @@ typedef struct cu_backend {
   double ptime[64];
   int n_plabel;
   int64_t prof_steps;
+  /* feature capture for a DSpark drafter (di_backend_cuda_set_capture; cuda_dspark.cu): when n_capture
+   * > 0 the forward copies each output row's output of the layers capture[] (-1: the embedding; the last
+   * layer's after the final norm) into cap_buf [cap_rows][n_capture * H] f32, and wait() returns those
+   * rows as its hidden states instead of the final normed ones */
+  int n_capture;
+  int capture[16];
+  float *cap_buf;
+  int cap_rows;
+  /* di_batch.output_logits of the step in flight (want_on): wait() copies only those logits rows */
+  uint8_t *want_host;
+  int want_cap, want_on;
 } cu_backend;
 
 #define REALLOC(ptr, bytes)                                                      \
@@ -203,6 +214,8 @@ di_status queue_tokens(cu_backend *b, int n);
 di_status cu_sample(di_backend *bb, const di_sample_row *rows, int n, int32_t *tokens);
 di_status cu_sample_async(di_backend *bb, const di_sample_row *rows, int n);
 di_status cu_sample_fetch(di_backend *bb, int32_t *tokens);
+/* cuda_dspark.cu: the capture above, inside forward() after layer l (-1: the embedding) */
+di_status capture_layer(cu_backend *b, int l);
 /* cuda_mtp.cu */
 di_status cu_mtp(di_backend *bb, const di_batch *batch, const float *prev_hidden, float *logits, float *hidden_out);
 /* cuda_deepseek2.cu: the DeepSeek-V2/V3 architecture: shapes and weights to the device, one decoder

@@ -437,12 +437,16 @@ di_status forward(cu_backend *b) {
   b->n_marks = 0;
   PROF("start");
   DI_TRY(di_cuk_embed((const uint16_t *)b->embed, b->d_tokens, b->d_sample_out, T, H, b->h, s));
+  if (b->n_capture) DI_TRY(capture_layer(b, -1));
   int xn_ready = 0; /* the MoE combine already wrote this layer's normed input */
   /* decode-sized steps: each layer's attention norm is done by its q/kv GEMM, and a one-token step's
    * MoE down projection adds the weighted expert outputs to h itself (DEEPINFER_CUDA_DOWN_COMBINE=0:
    * the separate combine kernel, which then also writes the next layer's normed input) */
   const int normed_gemm = b->down_combine && di_cu_gemm_normed_ok(b->blas, T, H, H);
-  for (int l = 0; l < b->n_layers; l++) DI_TRY(layer_step(b, l, &xn_ready, normed_gemm));
+  for (int l = 0; l < b->n_layers; l++) {
+    DI_TRY(layer_step(b, l, &xn_ready, normed_gemm));
+    if (b->n_capture) DI_TRY(capture_layer(b, l));
+  }
   DI_TRY(di_cuk_rmsnorm_rows(b->h, H, b->d_out_rows, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, s));
   if (!SKIP(SKIP_LMHEAD))
     DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,

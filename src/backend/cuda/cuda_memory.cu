@@ -122,6 +122,12 @@ di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     }
     b->cap_out = c;
   }
+  if (b->n_capture > 0 && b->cap_rows < b->cap_out) { /* the drafter's feature rows (cuda_dspark.cu) */
+    drop_graphs(b);
+    DI_CU(cudaStreamSynchronize(b->stream));
+    REALLOC(b->cap_buf, sizeof(float) * (size_t)b->cap_out * b->n_capture * b->H);
+    b->cap_rows = b->cap_out;
+  }
   if (n_parts > b->cap_parts) {
     int c = b->cap_parts ? b->cap_parts : 512;
     while (c < n_parts) c *= 2;

@@ -39,6 +39,16 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   if (bt->n_outputs < 0 || bt->n_outputs > T)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: %d outputs for %d tokens", bt->n_outputs, T);
   if (!b->kv) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: submit before kv_alloc");
+  b->want_on = bt->output_logits != NULL && bt->n_outputs > 0;
+  if (b->want_on) {
+    if (bt->n_outputs > b->want_cap) {
+      uint8_t *w = (uint8_t *)realloc(b->want_host, (size_t)bt->n_outputs);
+      if (!w) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
+      b->want_host = w;
+      b->want_cap = bt->n_outputs;
+    }
+    memcpy(b->want_host, bt->output_logits, (size_t)bt->n_outputs);
+  }
   const int graph = b->use_graphs && T <= DI_CUDA_GRAPH_MAX_T;
   const int Tp = graph ? pow2_at_least(T) : T;
   const int n_out = bt->n_outputs, n_out_p = graph ? pow2_at_least(n_out > 0 ? n_out : 1) : (n_out > 0 ? n_out : 1);
@@ -308,9 +318,22 @@ di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
       if (k < 64) b->ptime[k] += ms;
     }
   }
-  if (logits && b->n_out > 0)
+  if (logits && b->n_out > 0 && b->want_on) { /* only the wanted rows, in runs of consecutive ones */
+    const size_t row = sizeof(float) * (size_t)b->V;
+    for (int i = 0; i < b->n_out;) {
+      if (!b->want_host[i]) { i++; continue; }
+      int j = i;
+      while (j < b->n_out && b->want_host[j]) j++;
+      DI_CU(cudaMemcpy((char *)logits + i * row, (const char *)b->logits + i * row, (size_t)(j - i) * row,
+                       cudaMemcpyDeviceToHost));
+      i = j;
+    }
+  } else if (logits && b->n_out > 0) {
     DI_CU(cudaMemcpy(logits, b->logits, sizeof(float) * (size_t)b->n_out * b->V, cudaMemcpyDeviceToHost));
-  if (hidden && b->n_out > 0) {
+  }
+  if (hidden && b->n_out > 0 && b->n_capture > 0) {
+    DI_CU(cudaMemcpy(hidden, b->cap_buf, sizeof(float) * (size_t)b->n_out * b->n_capture * b->H, cudaMemcpyDeviceToHost));
+  } else if (hidden && b->n_out > 0) {
     size_t n = (size_t)b->n_out * b->H;
     uint16_t *tmp = (uint16_t *)malloc(n * 2);
     if (!tmp) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");

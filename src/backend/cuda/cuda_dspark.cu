@@ -1,0 +1,376 @@
+/* The DSpark block drafter on the CUDA backend (the CPU's is backend/cpu/cpu_dspark.c; the design is
+ * there and in docs/speculative.md) and the target's feature capture it reads.
+ *
+ * Capture: di_backend_cuda_set_capture names the target layers; the forward then copies each output
+ * row's output of those layers into cap_buf (capture_layer, from forward()), inside the step's CUDA
+ * graph, and wait() returns them as the step's hidden rows.
+ *
+ * Drafter: weights in bf16 on the device (GEMM operands, f32 accumulation), activations, the cache
+ * and the attention in f32. The cache is [layer][block][slot][K | V], paged by the target's block
+ * ids (the drafter pool has as many blocks as the target's). context() writes the keys/values of the
+ * computed positions; propose() runs the blocks [anchor, mask, ...] through every layer in one pass
+ * and returns norm(h) and the base logits of each row wanted. Greedy drafts are then made on the device
+ * (draft_greedy: per round the Markov term, the argmax and the confidence head, one kernel a round;
+ * only the tokens and confidences come back); the rows of requests that sample their drafts or follow
+ * a grammar go to the host, where the engine applies the Markov and confidence heads (spec_dspark.c).
+ * All of it runs eagerly on the target's stream after the step's wait(); the inputs (features,
+ * positions, block tables) travel from the host. */
+#include "cuda_backend_impl.cuh"
+#include "k_dspark.h"
+extern "C" {
+#include "backend/cuda/cuda_dspark.h"
+#include "backend/drafter_cache.h"
+}
+
+extern "C" di_status di_backend_cuda_set_capture(di_backend *bb, const int *layer_ids, int n) {
+  if (!bb || strcmp(bb->ops->name, "cuda") != 0)
+    return di_error_set(DI_ERR_UNSUPPORTED, "hidden-state capture on CUDA needs the CUDA V2/V3 backend");
+  cu_backend *b = (cu_backend *)bb;
+  if (n < 0 || n > 16) return di_error_set(DI_ERR_INVALID_ARG, "capture of %d layers (at most 16)", n);
+  for (int i = 0; i < n; i++)
+    if (layer_ids[i] < -1 || layer_ids[i] >= b->n_layers || (i > 0 && layer_ids[i] <= layer_ids[i - 1]))
+      return di_error_set(DI_ERR_INVALID_ARG, "capture layer id %d is not an increasing id in [-1, %d)", layer_ids[i],
+                          b->n_layers);
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: capture changed while a step is in flight");
+  drop_graphs(b);
+  for (int i = 0; i < n; i++) b->capture[i] = layer_ids[i];
+  b->n_capture = n;
+  dev_free(b, b->cap_buf);
+  b->cap_buf = NULL;
+  b->cap_rows = 0; /* the next ensure_acts allocates it */
+  return DI_OK;
+}
+
+di_status capture_layer(cu_backend *b, int l) {
+  const int last = b->n_layers - 1, F = b->n_capture * b->H;
+  for (int k = 0; k < b->n_capture; k++)
+    if (b->capture[k] == l)
+      DI_TRY(di_cuk_capture_rows(b->h, b->H, b->d_out_rows, b->n_out_p, l == last ? b->final_norm : NULL, b->eps,
+                                 b->cap_buf + (size_t)k * b->H, F, b->stream));
+  return DI_OK;
+}
+
+typedef struct cd_layer {
+  float *in_norm, *post_norm, *q_norm, *k_norm;
+  bf16 *q, *k, *v, *o, *gate_up, *down; /* gate_up: [gate rows | up rows][hidden] (silu_mul's layout) */
+} cd_layer;
+
+struct di_cuda_dspark {
+  cu_backend *b;
+  const di_dspark *d;
+  int kvd, qd, F;
+  bf16 *fc, *embed, *lm_head;
+  float *hidden_norm, *norm, *inv_freq;
+  float *mw1, *mw2, *conf_w; /* the Markov head [vocab][rank] x 2 and the confidence head, f32 */
+  cd_layer *L;
+  float *cache;
+  int64_t n_blocks;
+  /* scratch, grown by need (rows / ints) */
+  int cap_rows, cap_ints;
+  float *x, *qf, *kf, *vf, *hf, *featf;
+  bf16 *xn, *att, *gu, *act, *featb;
+  int32_t *ints;
+  int cap_greedy;
+  int last_n;      /* blocks of the last proposal (whose logits and hidden rows draft_greedy reads) */
+  int32_t *g_ints; /* greedy drafting: prev [n], cap [n], tokens [n * B] */
+  float *g_conf;   /* [n * B] */
+};
+
+static di_status up_w(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what) {
+  DI_TRY(check_shape(w, rows, cols, what));
+  DI_TRY(dev_alloc(b, (void **)out, (size_t)(rows * cols) * 2));
+  return up_rows(w, 0, rows, *out, cols);
+}
+
+static di_status create_in(di_cuda_dspark *s) {
+  cu_backend *b = s->b;
+  const di_dspark *d = s->d;
+  const int H = d->hidden, I = d->inter;
+  DI_TRY(up_w(b, &d->fc, H, s->F, &s->fc, "dspark fc"));
+  DI_TRY(up_w(b, &d->embed, d->vocab, H, &s->embed, "dspark embed_tokens"));
+  DI_TRY(up_w(b, &d->lm_head, d->vocab, H, &s->lm_head, "dspark lm_head"));
+  DI_TRY(up_vec(b, d->hidden_norm, H, &s->hidden_norm));
+  DI_TRY(up_vec(b, d->norm, H, &s->norm));
+  float inv[1024];
+  for (int i = 0; i < d->head_dim / 2; i++) inv[i] = (float)(1.0 / pow((double)d->rope_theta, (double)(2 * i) / (double)d->head_dim));
+  DI_TRY(up_vec(b, inv, d->head_dim / 2, &s->inv_freq));
+  if (d->markov_rank > 0) { /* as the CPU holds them: float32 rows */
+    const size_t n = (size_t)d->vocab * d->markov_rank;
+    float *tmp = (float *)malloc(sizeof(float) * n);
+    if (!tmp) return di_error_set(DI_ERR_OOM, "out of memory");
+    di_weight_rows_f32(&d->markov_w1, 0, d->vocab, tmp);
+    di_status st = up_vec(b, tmp, (int64_t)n, &s->mw1);
+    if (st == DI_OK) {
+      di_weight_rows_f32(&d->markov_w2, 0, d->vocab, tmp);
+      st = up_vec(b, tmp, (int64_t)n, &s->mw2);
+    }
+    free(tmp);
+    DI_TRY(st);
+  }
+  if (d->has_conf) DI_TRY(up_vec(b, d->conf_w, d->conf_dim, &s->conf_w));
+  s->L = (cd_layer *)calloc((size_t)d->n_layers, sizeof *s->L);
+  if (!s->L) return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int l = 0; l < d->n_layers; l++) {
+    const di_dspark_layer *w = &d->layers[l];
+    cd_layer *c = &s->L[l];
+    DI_TRY(up_vec(b, w->in_norm, H, &c->in_norm));
+    DI_TRY(up_vec(b, w->post_norm, H, &c->post_norm));
+    DI_TRY(up_vec(b, w->q_norm, d->head_dim, &c->q_norm));
+    DI_TRY(up_vec(b, w->k_norm, d->head_dim, &c->k_norm));
+    DI_TRY(up_w(b, &w->q, s->qd, H, &c->q, "dspark q_proj"));
+    DI_TRY(up_w(b, &w->k, s->kvd, H, &c->k, "dspark k_proj"));
+    DI_TRY(up_w(b, &w->v, s->kvd, H, &c->v, "dspark v_proj"));
+    DI_TRY(up_w(b, &w->o, H, s->qd, &c->o, "dspark o_proj"));
+    DI_TRY(check_shape(&w->gate, I, H, "dspark gate_proj"));
+    DI_TRY(check_shape(&w->up, I, H, "dspark up_proj"));
+    DI_TRY(dev_alloc(b, (void **)&c->gate_up, (size_t)2 * I * H * 2));
+    DI_TRY(up_rows(&w->gate, 0, I, c->gate_up, H));
+    DI_TRY(up_rows(&w->up, 0, I, c->gate_up + (size_t)I * H, H));
+    DI_TRY(up_w(b, &w->down, H, I, &c->down, "dspark down_proj"));
+  }
+  return DI_OK;
+}
+
+extern "C" di_status di_cuda_dspark_create(di_backend *target, const di_dspark *d, di_cuda_dspark **out) {
+  *out = NULL;
+  if (!target || strcmp(target->ops->name, "cuda") != 0)
+    return di_error_set(DI_ERR_UNSUPPORTED, "the DSpark drafter on CUDA needs the CUDA V2/V3 backend");
+  if (d->head_dim % 2 || d->head_dim > 1024 || d->n_kv_heads <= 0 || d->n_heads % d->n_kv_heads)
+    return di_error_set(DI_ERR_UNSUPPORTED, "DSpark drafter on CUDA: head_dim %d with %d heads over %d KV heads", d->head_dim,
+                        d->n_heads, d->n_kv_heads);
+  di_cuda_dspark *s = (di_cuda_dspark *)calloc(1, sizeof *s);
+  if (!s) return di_error_set(DI_ERR_OOM, "out of memory");
+  s->b = (cu_backend *)target;
+  s->d = d;
+  s->kvd = d->n_kv_heads * d->head_dim;
+  s->qd = d->n_heads * d->head_dim;
+  s->F = d->n_feats * d->target_hidden;
+  di_status st = create_in(s);
+  if (st != DI_OK) {
+    di_cuda_dspark_free(s);
+    return st;
+  }
+  *out = s;
+  return DI_OK;
+}
+
+extern "C" void di_cuda_dspark_free(di_cuda_dspark *s) {
+  if (!s) return;
+  cu_backend *b = s->b;
+  cudaStreamSynchronize(b->stream);
+  void *ptrs[] = {s->fc, s->embed, s->lm_head, s->hidden_norm, s->norm, s->inv_freq, s->cache, s->x, s->qf, s->kf,
+                  s->vf, s->hf, s->featf, s->xn, s->att, s->gu, s->act, s->featb, s->ints, s->mw1, s->mw2,
+                  s->conf_w, s->g_ints, s->g_conf};
+  for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) dev_free(b, ptrs[i]);
+  if (s->L)
+    for (int l = 0; l < s->d->n_layers; l++) {
+      cd_layer *c = &s->L[l];
+      void *lp[] = {c->in_norm, c->post_norm, c->q_norm, c->k_norm, c->q, c->k, c->v, c->o, c->gate_up, c->down};
+      for (size_t i = 0; i < sizeof lp / sizeof *lp; i++) dev_free(b, lp[i]);
+    }
+  free(s->L);
+  free(s);
+}
+
+extern "C" di_status di_cuda_dspark_kv_alloc(di_cuda_dspark *s, int64_t n_blocks) {
+  cu_backend *b = s->b;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  dev_free(b, s->cache);
+  s->cache = NULL;
+  s->n_blocks = 0;
+  size_t n = (size_t)n_blocks * (size_t)s->d->n_layers * DI_KV_BLOCK_SIZE * 2 * (size_t)s->kvd;
+  DI_TRY(dev_alloc(b, (void **)&s->cache, sizeof(float) * n));
+  DI_CU(cudaMemset(s->cache, 0, sizeof(float) * n));
+  s->n_blocks = n_blocks;
+  return DI_OK;
+}
+
+static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
+  cu_backend *b = s->b;
+  const di_dspark *d = s->d;
+  if (rows > s->cap_rows) {
+    int c = s->cap_rows ? s->cap_rows : 64;
+    while (c < rows) c *= 2;
+    DI_CU(cudaStreamSynchronize(b->stream));
+    const size_t R = (size_t)c, H = (size_t)d->hidden, I = (size_t)d->inter, V = (size_t)d->vocab;
+    const size_t wide = (size_t)s->F > V ? (size_t)s->F : V; /* featf: the context's features or the logits */
+    REALLOC(s->x, sizeof(float) * R * H);
+    REALLOC(s->qf, sizeof(float) * R * s->qd);
+    REALLOC(s->kf, sizeof(float) * R * s->kvd);
+    REALLOC(s->vf, sizeof(float) * R * s->kvd);
+    REALLOC(s->hf, sizeof(float) * R * H);
+    REALLOC(s->featf, sizeof(float) * R * wide);
+    REALLOC(s->xn, 2 * R * H);
+    REALLOC(s->att, 2 * R * s->qd);
+    REALLOC(s->gu, 2 * R * 2 * I);
+    REALLOC(s->act, 2 * R * I);
+    REALLOC(s->featb, 2 * R * s->F);
+    s->cap_rows = c;
+  }
+  if (ints > s->cap_ints) {
+    int c = s->cap_ints ? s->cap_ints : 1024;
+    while (c < ints) c *= 2;
+    DI_CU(cudaStreamSynchronize(b->stream));
+    REALLOC(s->ints, sizeof(int32_t) * (size_t)c);
+    s->cap_ints = c;
+  }
+  return DI_OK;
+}
+
+static di_status slot_of(const di_cuda_dspark *s, const di_batch_seq *q, int pos, int32_t *gslot) {
+  int64_t slot;
+  DI_TRY(di_drafter_cache_slot(q, pos, s->n_blocks, &slot));
+  if (slot > INT32_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "DSpark drafter on CUDA: cache slot %lld", (long long)slot);
+  *gslot = (int32_t)slot;
+  return DI_OK;
+}
+
+static float *cache_layer(const di_cuda_dspark *s, int l) {
+  return s->cache + (size_t)l * (size_t)s->n_blocks * DI_KV_BLOCK_SIZE * 2 * (size_t)s->kvd;
+}
+
+extern "C" di_status di_cuda_dspark_context(di_cuda_dspark *s, int n, const float *feats, const int32_t *pos,
+                                           const int32_t *seq_of, const di_batch_seq *seqs) {
+  if (n <= 0) return DI_OK;
+  const di_dspark *d = s->d;
+  cu_backend *b = s->b;
+  cudaStream_t st = b->stream;
+  const int H = d->hidden, kvd = s->kvd;
+  DI_TRY(reserve(s, n, 2 * n));
+  int32_t *h_ints = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n);
+  if (!h_ints) return di_error_set(DI_ERR_OOM, "out of memory");
+  di_status e = DI_OK;
+  for (int t = 0; t < n && e == DI_OK; t++) {
+    e = slot_of(s, &seqs[seq_of[t]], pos[t], &h_ints[t]);
+    h_ints[n + t] = pos[t];
+  }
+  if (e == DI_OK && cudaMemcpyAsync(s->ints, h_ints, sizeof(int32_t) * 2 * (size_t)n, cudaMemcpyHostToDevice, st) != cudaSuccess)
+    e = di_error_set(DI_ERR_BACKEND, "cuda: DSpark context upload failed");
+  if (e == DI_OK && cudaMemcpyAsync(s->featf, feats, sizeof(float) * (size_t)n * s->F, cudaMemcpyHostToDevice, st) != cudaSuccess)
+    e = di_error_set(DI_ERR_BACKEND, "cuda: DSpark feature upload failed");
+  if (e == DI_OK) e = cudaStreamSynchronize(st) == cudaSuccess ? DI_OK : di_error_set(DI_ERR_BACKEND, "cuda: DSpark upload");
+  free(h_ints);
+  DI_TRY(e);
+  const int32_t *d_slot = s->ints, *d_pos = s->ints + n;
+  DI_TRY(di_cuk_f32_to_bf16(s->featf, (int64_t)n * s->F, (uint16_t *)s->featb, st));
+  DI_TRY(di_cu_gemm(b->blas, n, H, s->F, (const uint16_t *)s->featb, s->F, (const uint16_t *)s->fc, s->F, s->x, H, 1, 0.f, st));
+  DI_TRY(di_cuk_rmsnorm(s->x, H, s->hidden_norm, n, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
+  for (int l = 0; l < d->n_layers; l++) {
+    const cd_layer *L = &s->L[l];
+    DI_TRY(di_cu_gemm(b->blas, n, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->k, H, s->kf, kvd, 1, 0.f, st));
+    DI_TRY(di_cu_gemm(b->blas, n, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->v, H, s->vf, kvd, 1, 0.f, st));
+    DI_TRY(di_cuk_head_norm_rope(s->kf, kvd, n, d->n_kv_heads, d->head_dim, L->k_norm, d->eps, d_pos, 1, s->inv_freq, st));
+    DI_TRY(di_cuk_dspark_cache_write(s->kf, s->vf, kvd, n, d_slot, cache_layer(s, l), st));
+  }
+  return DI_OK;
+}
+
+extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int32_t *tok, const int32_t *pos,
+                                           const di_batch_seq *seqs, const uint8_t *want, float *hidden, float *logits) {
+  if (n <= 0) return DI_OK;
+  const di_dspark *d = s->d;
+  cu_backend *b = s->b;
+  cudaStream_t st = b->stream;
+  const int B = d->block_size, H = d->hidden, kvd = s->kvd, hd = d->head_dim, NH = d->n_heads, QD = s->qd;
+  const int I = d->inter, R = n * B, V = d->vocab;
+  int max_ctx = 0, bt_stride = 1;
+  for (int i = 0; i < n; i++) {
+    if (tok[i] < 0 || tok[i] >= V) return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: token id %d", tok[i]);
+    if (pos[i] > 0) {
+      int32_t g;
+      DI_TRY(slot_of(s, &seqs[i], pos[i] - 1, &g));
+    }
+    if (pos[i] > max_ctx) max_ctx = pos[i];
+    int nb = (pos[i] + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+    if (nb > bt_stride) bt_stride = nb;
+  }
+  /* ints: block tokens [R], anchors [n], block tables [n][bt_stride] */
+  const int n_ints = R + n + n * bt_stride;
+  DI_TRY(reserve(s, R, n_ints));
+  int32_t *h = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_ints);
+  if (!h) return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int i = 0; i < n; i++) {
+    for (int j = 0; j < B; j++) h[i * B + j] = j == 0 ? tok[i] : d->mask_token;
+    h[R + i] = pos[i];
+    int nb = (pos[i] + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+    for (int k = 0; k < bt_stride; k++) h[R + n + i * bt_stride + k] = k < nb ? seqs[i].block_table[k] : 0;
+  }
+  cudaError_t ce = cudaMemcpyAsync(s->ints, h, sizeof(int32_t) * (size_t)n_ints, cudaMemcpyHostToDevice, st);
+  if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+  free(h);
+  if (ce != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: DSpark proposal upload: %s", cudaGetErrorString(ce));
+  const int32_t *d_tok = s->ints, *d_anchor = s->ints + R, *d_bt = s->ints + R + n;
+  const float scale = 1.0f / sqrtf((float)hd);
+  DI_TRY(di_cuk_embed((const uint16_t *)s->embed, d_tok, NULL, R, H, s->x, st));
+  for (int l = 0; l < d->n_layers; l++) {
+    const cd_layer *L = &s->L[l];
+    DI_TRY(di_cuk_rmsnorm(s->x, H, L->in_norm, R, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
+    DI_TRY(di_cu_gemm(b->blas, R, QD, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->q, H, s->qf, QD, 1, 0.f, st));
+    DI_TRY(di_cu_gemm(b->blas, R, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->k, H, s->kf, kvd, 1, 0.f, st));
+    DI_TRY(di_cu_gemm(b->blas, R, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->v, H, s->vf, kvd, 1, 0.f, st));
+    DI_TRY(di_cuk_head_norm_rope(s->qf, QD, R, NH, hd, L->q_norm, d->eps, d_anchor, B, s->inv_freq, st));
+    DI_TRY(di_cuk_head_norm_rope(s->kf, kvd, R, d->n_kv_heads, hd, L->k_norm, d->eps, d_anchor, B, s->inv_freq, st));
+    DI_TRY(di_cuk_dspark_attend(s->qf, s->kf, s->vf, cache_layer(s, l), d_bt, bt_stride, d_anchor, n, B, NH, d->n_kv_heads,
+                                hd, scale, max_ctx + B, (uint16_t *)s->att, st));
+    DI_TRY(di_cu_gemm(b->blas, R, H, QD, (const uint16_t *)s->att, QD, (const uint16_t *)L->o, QD, s->x, H, 1, 1.f, st));
+    DI_TRY(di_cuk_rmsnorm(s->x, H, L->post_norm, R, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
+    DI_TRY(di_cu_gemm(b->blas, R, 2 * I, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->gate_up, H, s->gu, 2 * I, 0, 0.f, st));
+    DI_TRY(di_cuk_silu_mul((const uint16_t *)s->gu, R, I, (uint16_t *)s->act, st));
+    DI_TRY(di_cu_gemm(b->blas, R, H, I, (const uint16_t *)s->act, I, (const uint16_t *)L->down, I, s->x, H, 1, 1.f, st));
+  }
+  DI_TRY(di_cuk_rmsnorm(s->x, H, s->norm, R, H, d->eps, (uint16_t *)s->xn, H, s->hf, st));
+  /* the base logits stay on the device for draft_greedy; the wanted rows are copied below */
+  DI_TRY(di_cu_gemm(b->blas, R, V, H, (const uint16_t *)s->xn, H, (const uint16_t *)s->lm_head, H, s->featf, V, 1, 0.f, st));
+  s->last_n = n;
+  DI_CU(cudaStreamSynchronize(st));
+  if (hidden) DI_CU(cudaMemcpy(hidden, s->hf, sizeof(float) * (size_t)R * H, cudaMemcpyDeviceToHost));
+  /* the logits rows read (want), in runs of consecutive rows */
+  const size_t row = sizeof(float) * (size_t)V;
+  for (int i = 0; logits && i < R;) {
+    if (want && !want[i]) { i++; continue; }
+    int j = i;
+    while (j < R && (!want || want[j])) j++;
+    DI_CU(cudaMemcpy((char *)logits + i * row, (const char *)s->featf + i * row, (size_t)(j - i) * row, cudaMemcpyDeviceToHost));
+    i = j;
+  }
+  return DI_OK;
+}
+
+extern "C" di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const int32_t *anchor, const int32_t *cap,
+                                                int limit, int32_t *tok, float *conf) {
+  if (n <= 0) return DI_OK;
+  if (n != s->last_n)
+    return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: greedy drafts of %d blocks after a proposal of %d", n, s->last_n);
+  const di_dspark *d = s->d;
+  cu_backend *b = s->b;
+  cudaStream_t st = b->stream;
+  const int B = d->block_size;
+  if (n > s->cap_greedy) {
+    int c = s->cap_greedy ? s->cap_greedy : 64;
+    while (c < n) c *= 2;
+    DI_CU(cudaStreamSynchronize(st));
+    REALLOC(s->g_ints, sizeof(int32_t) * (size_t)c * (2 + B));
+    REALLOC(s->g_conf, sizeof(float) * (size_t)c * B);
+    s->cap_greedy = c;
+  }
+  int rounds = 0;
+  for (int i = 0; i < n; i++) rounds = cap[i] > rounds ? cap[i] : rounds;
+  if (rounds > B) rounds = B;
+  DI_CU(cudaMemcpyAsync(s->g_ints, anchor, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, st));
+  DI_CU(cudaMemcpyAsync(s->g_ints + n, cap, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, st));
+  int32_t *d_tok = s->g_ints + 2 * n;
+  for (int j = 0; j < rounds; j++)
+    DI_TRY(di_cuk_dspark_greedy_round(s->featf, s->hf, s->g_ints, s->g_ints + n, j, n, B, d->vocab, limit, d->hidden,
+                                      d->markov_rank, s->mw1, s->mw2, s->conf_w, d->conf_b, d->has_conf,
+                                      d->conf_with_markov, d_tok, s->g_conf, st));
+  DI_CU(cudaStreamSynchronize(st)); /* the anchors and caps above were copied from pageable memory */
+  for (int i = 0; i < n; i++)
+    for (int j = rounds; j < B; j++) tok[i * B + j] = -1;
+  if (rounds > 0) {
+    DI_CU(cudaMemcpy2D(tok, sizeof(int32_t) * B, d_tok, sizeof(int32_t) * B, sizeof(int32_t) * rounds, (size_t)n,
+                       cudaMemcpyDeviceToHost));
+    DI_CU(cudaMemcpy2D(conf, sizeof(float) * B, s->g_conf, sizeof(float) * B, sizeof(float) * rounds, (size_t)n,
+                       cudaMemcpyDeviceToHost));
+  }
+  return DI_OK;
+}
