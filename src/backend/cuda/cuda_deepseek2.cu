@@ -4,6 +4,7 @@
  * with the absorbed query over the latent KV cache, then the dense MLP or the MoE), and the forward of
  * a prepared step (embed, layers, final norm, lm_head, in-step sampling). */
 #include "cuda_backend_impl.cuh"
+#include "cuda_ep.cuh"
 #include <string.h>
 
 /* DEEPINFER_CUDA_FP8=1: the layer's FP8 weight groups to the device as FP8 (per-row scales, see
@@ -55,13 +56,15 @@ static di_status upload_layer_fp8(cu_backend *b, const di_model_config *c, const
     ok = fp8_uploadable(eb, g) && (b->n_sh == 0 || I % eb == 0);
   }
   if (!ok) return DI_OK;
-  const int Et = b->Et;
+  /* expert parallel: this rank's block of experts only, at local indices (shared ones unfolded) */
+  const int Et = b->ep ? b->ep_El : b->Et, e0 = b->ep ? b->ep_e0 : 0, e1 = b->ep ? b->ep_e0 + b->ep_El : E;
   DI_TRY(fp8_alloc(b, (int64_t)Et * 2 * Ip, Hp, eb, &d->f_exp_gu));
   DI_TRY(fp8_alloc(b, (int64_t)Et * Hp, Ip, eb, &d->f_exp_down));
-  for (int e = 0; e < E; e++) {
-    DI_TRY(fp8_up_rows(&s->exp_gate[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip));
-    DI_TRY(fp8_up_rows(&s->exp_up[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip + Ip));
-    DI_TRY(fp8_up_rows(&s->exp_down[e], 0, H, 0, I, &d->f_exp_down, (int64_t)e * Hp));
+  for (int e = e0; e < e1; e++) {
+    const int64_t j = e - e0;
+    DI_TRY(fp8_up_rows(&s->exp_gate[e], 0, I, 0, H, &d->f_exp_gu, j * 2 * Ip));
+    DI_TRY(fp8_up_rows(&s->exp_up[e], 0, I, 0, H, &d->f_exp_gu, j * 2 * Ip + Ip));
+    DI_TRY(fp8_up_rows(&s->exp_down[e], 0, H, 0, I, &d->f_exp_down, j * Hp));
   }
   if (s->has_shared && b->n_sh > 0) {
     for (int j = 0; j < b->n_sh; j++) {
@@ -256,6 +259,13 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, int T, int A, int
                                  max_tiles, bm, b->y, Hp, 1, s);
 }
 
+/* The shared experts when they are not folded into the grouped GEMM: added into h (on b->stream) */
+static di_status shared_experts(cu_backend *b, const cu_layer *L, int T) {
+  if (!L->has_shared || b->n_sh > 0) return DI_OK;
+  if (L->f_sh_gu.q) return mlp_dense_fp8(b, T, &L->f_sh_gu, &L->f_sh_down, b->Ish);
+  return mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish);
+}
+
 #define PROF(label) prof_mark(b, label)
 
 static void prof_mark(cu_backend *b, const char *label) {
@@ -393,7 +403,21 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   /* invariant on tensor cores: the grouped GEMM at every step (a row's chain of mma steps does not
    * depend on the tile size or on how many rows its expert has: test_cuda_tc_gemm) */
   const int tc_inv = di_cu_blas_tc_invariant(b->blas);
-  if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
+  int shared_done = 0;
+  if (b->ep && L->has_shared && b->n_sh == 0 && cu_ep_side_stream(b)) {
+    /* expert parallel, DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts on the side stream while the
+     * routed rows are exchanged and computed on the main one; the combine waits for both. The same
+     * arithmetic as in order (shared adds into h, the combine adds the routed after), so the same bits */
+    const cudaStream_t main_stream = b->stream;
+    DI_TRY(cu_ep_side_begin(b));
+    b->stream = (cudaStream_t)cu_ep_side_stream(b);
+    const di_status st = shared_experts(b, L, T);
+    b->stream = main_stream;
+    DI_TRY(st);
+    DI_TRY(cu_ep_moe(b, l, T, &inv));
+    DI_TRY(cu_ep_side_end(b));
+    shared_done = 1;
+  } else if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
     DI_TRY(cu_ep_moe(b, l, T, &inv));
   } else if (L->f_exp_gu.q) { /* FP8 experts (DEEPINFER_CUDA_FP8=1): batch-invariant kernels of their own */
     if (!SKIP(SKIP_EXPERTS)) DI_TRY(experts_fp8(b, L, T, A, bm, max_tiles));
@@ -420,8 +444,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                                b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
   }
   PROF("experts down");
-  if (L->has_shared && b->n_sh == 0 && L->f_sh_gu.q) DI_TRY(mlp_dense_fp8(b, T, &L->f_sh_gu, &L->f_sh_down, b->Ish));
-  else if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+  if (!shared_done) DI_TRY(shared_experts(b, L, T));
   const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
   if (!SKIP(SKIP_COMBINE) && !down_combine)
     DI_TRY(di_cuk_moe_combine(b->y, Hp, inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,

@@ -13,8 +13,13 @@
  * Decided for this first form: shared experts are not folded into the grouped GEMM and CUDA graphs are
  * off under expert parallel (the row counts change the launches); EPLB and data-parallel listening
  * (a rank with no work joining others' forwards) are not on CUDA yet and are refused. The single-GPU
- * path does not run any of this (b->ep is NULL). */
+ * path does not run any of this (b->ep is NULL).
+ * FP8 experts (DEEPINFER_CUDA_FP8=1): this rank's block is uploaded in FP8 like the whole set on one
+ * GPU, and the received rows go through the FP8 grouped GEMVs (16 rows a pass; 1 in the invariant mode).
+ * DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts run on a second stream during the exchange
+ * (cuda_ep.cuh; off by default until measured on two GPUs). */
 #include "cuda_backend_impl.cuh"
+#include "cuda_ep.cuh"
 extern "C" {
 #include "dist/dist.h"
 }
@@ -41,7 +46,11 @@ struct cu_ep {
   int32_t *d_send_slot, *d_send_e, *d_recv_e, *d_ident, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
   bf16 *d_send_x, *d_recv_x, *act;
   float *y_recv, *d_back, *d_ret;
+  bf16 *egu;           /* FP8 experts: gate/up rows before the GLU */
   int cap_send, cap_recv, cap_ident;
+  cudaStream_t side;   /* DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts' stream */
+  cudaEvent_t ev_main, ev_side;
+  int logged_format;   /* rank 0 said once which expert format the exchange feeds */
 };
 
 /* dst[j] = src[src_idx ? src_idx[j] / div : j] and stored at row dst_idx ? dst_idx[j] : j; W elements */
@@ -82,9 +91,6 @@ di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
   if (di_dist_eplb_enabled())
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: --enable-eplb is on CPU ranks only for now (the GPU "
                                             "experts are placed in contiguous blocks)");
-  if (b->fp8)
-    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: DEEPINFER_CUDA_FP8=1 with --enable-expert-parallel is not "
-                                            "supported yet (the FP8 experts are uploaded whole)");
   cu_ep *ep = (cu_ep *)calloc(1, sizeof *ep);
   if (!ep) return di_error_set(DI_ERR_OOM, "out of memory");
   b->ep = ep;
@@ -99,7 +105,9 @@ di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
   b->ep_El = ep->per_rank;
   ep->comm = ctl;
 #ifdef DI_HAVE_NCCL
-  if (di_comm_mpi_world()) {
+  /* NCCL whenever the build has it: over the MPI world, or over this one rank without mpirun (the
+   * one-GPU check of the exchange, tests/cuda/ep_nccl_check.sh) */
+  if (di_comm_mpi_world() || ep->size == 1) {
     int dev = 0;
     DI_CU(cudaGetDevice(&dev));
     DI_TRY(di_comm_nccl_create(di_comm_mpi_world(), dev, b->stream, &ep->comm));
@@ -107,11 +115,32 @@ di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
     ep->on_device = 1;
   }
 #endif
+  const char *ov = di_switch_get(DI_SW_CUDA_EP_OVERLAP);
+  if (ov && atoi(ov) == 1) {
+    DI_CU(cudaStreamCreateWithFlags(&ep->side, cudaStreamNonBlocking));
+    DI_CU(cudaEventCreateWithFlags(&ep->ev_main, cudaEventDisableTiming));
+    DI_CU(cudaEventCreateWithFlags(&ep->ev_side, cudaEventDisableTiming));
+  }
   b->n_sh = 0;        /* shared experts through mlp_dense (see the top) */
   b->use_graphs = 0;  /* the exchange's sizes are the host's */
   if (ep->rank == 0)
-    fprintf(stderr, "deepinfer: cuda expert parallel over %d rank%s (%s): experts %d..%d here\n", ep->size,
-            ep->size > 1 ? "s" : "", ep->comm->kind, b->ep_e0, b->ep_e0 + b->ep_El - 1);
+    fprintf(stderr, "deepinfer: cuda expert parallel over %d rank%s (%s): experts %d..%d here%s\n", ep->size,
+            ep->size > 1 ? "s" : "", ep->comm->kind, b->ep_e0, b->ep_e0 + b->ep_El - 1,
+            ep->side ? ", shared experts on a second stream" : "");
+  return DI_OK;
+}
+
+void *cu_ep_side_stream(cu_backend *b) { return b->ep ? (void *)b->ep->side : NULL; }
+
+di_status cu_ep_side_begin(cu_backend *b) {
+  DI_CU(cudaEventRecord(b->ep->ev_main, b->stream));
+  DI_CU(cudaStreamWaitEvent(b->ep->side, b->ep->ev_main, 0));
+  return DI_OK;
+}
+
+di_status cu_ep_side_end(cu_backend *b) {
+  DI_CU(cudaEventRecord(b->ep->ev_side, b->ep->side));
+  DI_CU(cudaStreamWaitEvent(b->stream, b->ep->ev_side, 0));
   return DI_OK;
 }
 
@@ -119,6 +148,7 @@ void cu_ep_destroy(cu_backend *b) {
   cu_ep *ep = b->ep;
   if (!ep) return;
   if (ep->own_comm) di_comm_destroy(ep->comm);
+  if (ep->side) cudaStreamDestroy(ep->side), cudaEventDestroy(ep->ev_main), cudaEventDestroy(ep->ev_side);
   free(ep->ids), free(ep->send_slot), free(ep->send_e), free(ep->counts_all), free(ep->sb), free(ep->rb);
   free(ep->h_send), free(ep->h_recv);
   free(ep); /* device buffers: freed with the backend's allocations */
@@ -176,6 +206,9 @@ di_status cu_ep_moe(cu_backend *b, int l, int T, const int32_t **inv_out) {
     ep->rb = (size_t *)calloc((size_t)N, sizeof(size_t));
     if (!ep->counts_all || !ep->sb || !ep->rb) return di_error_set(DI_ERR_OOM, "cuda expert parallel: out of memory");
   }
+  if (!ep->logged_format && ep->rank == 0)
+    fprintf(stderr, "deepinfer: cuda expert parallel: layer %d's experts in %s\n", l, L->f_exp_gu.q ? "fp8" : "bf16");
+  ep->logged_format = 1;
   /* 1: destinations and counts */
   DI_CU(cudaMemcpyAsync(ep->ids, b->topk_ids, sizeof(int32_t) * A, cudaMemcpyDeviceToHost, b->stream));
   DI_CU(cudaStreamSynchronize(b->stream));
@@ -216,6 +249,7 @@ di_status cu_ep_moe(cu_backend *b, int l, int T, const int32_t **inv_out) {
     REALLOC(ep->expert_off, sizeof(int32_t) * (size_t)(El + 1));
     REALLOC(ep->n_tiles, sizeof(int32_t) * 4);
     REALLOC(ep->act, 2 * (size_t)cap * b->Ip);
+    if (b->fp8) REALLOC(ep->egu, 2 * (size_t)cap * 2 * b->Ip);
     REALLOC(ep->y_recv, sizeof(float) * (size_t)cap * Hp);
     REALLOC(ep->d_back, sizeof(float) * (size_t)cap * Hp);
     ep->cap_recv = cap;
@@ -247,11 +281,22 @@ di_status cu_ep_moe(cu_backend *b, int l, int T, const int32_t **inv_out) {
     if (max_tiles > n_recv) max_tiles = n_recv;
     DI_TRY(di_cuk_moe_permute(ep->d_recv_e, n_recv, 1, El, bm, ep->perm_tok, ep->inv, ep->expert_off, ep->tiles,
                               ep->n_tiles, b->stream));
-    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)ep->d_recv_x, Hp, ep->perm_tok, (const uint16_t *)L->exp_gu,
-                               2 * b->Ip, Hp, ep->expert_off, ep->tiles, ep->n_tiles, max_tiles, bm, ep->act, b->Ip, 0,
-                               1, b->stream));
-    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)ep->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                               ep->expert_off, ep->tiles, ep->n_tiles, max_tiles, bm, ep->y_recv, Hp, 1, 0, b->stream));
+    if (L->f_exp_gu.q) { /* FP8 experts: the grouped GEMVs over the received rows (see the top) */
+      const int rows = b->invariant ? 1 : 16, Ip = b->Ip;
+      DI_TRY(di_cuk_fp8_grouped_gemv((const uint16_t *)ep->d_recv_x, Hp, ep->perm_tok, L->f_exp_gu, 2 * Ip, Hp,
+                                     ep->expert_off, ep->tiles, ep->n_tiles, max_tiles, bm, rows, ep->egu, 2 * Ip, 0,
+                                     b->stream));
+      DI_TRY(di_cuk_silu_mul((const uint16_t *)ep->egu, n_recv, Ip, (uint16_t *)ep->act, b->stream));
+      DI_TRY(di_cuk_fp8_grouped_gemv((const uint16_t *)ep->act, Ip, NULL, L->f_exp_down, Hp, Ip, ep->expert_off,
+                                     ep->tiles, ep->n_tiles, max_tiles, bm, rows, ep->y_recv, Hp, 1, b->stream));
+    } else {
+      DI_TRY(di_cuk_grouped_gemm((const uint16_t *)ep->d_recv_x, Hp, ep->perm_tok, (const uint16_t *)L->exp_gu,
+                                 2 * b->Ip, Hp, ep->expert_off, ep->tiles, ep->n_tiles, max_tiles, bm, ep->act, b->Ip,
+                                 0, 1, b->stream));
+      DI_TRY(di_cuk_grouped_gemm((const uint16_t *)ep->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                 ep->expert_off, ep->tiles, ep->n_tiles, max_tiles, bm, ep->y_recv, Hp, 1, 0,
+                                 b->stream));
+    }
     DI_TRY(move(b, ep->d_back, (const float *)ep->y_recv, ep->inv, 1, (const int32_t *)NULL, n_recv, Hp));
   }
   /* 4: combine: outputs back to their senders, each to its (token, slot) row of y */
