@@ -56,5 +56,36 @@ print(msg)
 sys.exit(0 if ok else 1)
 PY
 done
+# EPLB on one GPU: 16 experts + 4 redundant slots (replicas of the hottest), rebalanced every 3 steps
+# from the last 4: score's logits within tolerance of plain, and greedy generate equal to expert
+# parallel without EPLB (the replicas hold the same weights), with rebalances that moved experts
+eplb='{"num_redundant_experts": 4, "window_size": 4, "step_interval": 3}'
+for m in dsv3-tiny dsv2-tiny; do
+  args="score --model tests/data/models/$m --ids 1,8,15,22,29,36,43,50,57,64,71,78"
+  gen="generate --model tests/data/models/$m --prompt-ids 3,9,27,81 --max-tokens 16 --temperature 0 --output-format json"
+  if ! "$CLI" $args --out "$T/plain.safetensors" 2>"$T/plain.err" ||
+     ! $EP_LAUNCH "$CLI" $args --out "$T/ep.safetensors" --enable-expert-parallel --enable-eplb --eplb-config "$eplb" \
+         2>"$T/ep.err" || ! grep -q "expert slots here (EPLB)" "$T/ep.err" ||
+     ! $EP_LAUNCH "$CLI" $gen --enable-expert-parallel >"$T/g0.json" 2>"$T/g0.err" ||
+     ! $EP_LAUNCH "$CLI" $gen --enable-expert-parallel --enable-eplb --eplb-config "$eplb" >"$T/g1.json" 2>"$T/g1.err"; then
+    echo "eplb:$m: FAILED to run"; cat "$T/plain.err" "$T/ep.err" "$T/g0.err" "$T/g1.err" 2>/dev/null; fail=1; continue
+  fi
+  python3 - "$T/plain.safetensors" "$T/ep.safetensors" "eplb:$m" "" <<'PY' || fail=1
+import sys
+import numpy as np
+from safetensors.numpy import load_file
+a, b = (next(iter(load_file(p).values())).astype(np.float64) for p in sys.argv[1:3])
+rel = np.linalg.norm(a - b) / np.linalg.norm(a)
+same = bool((a.argmax(-1) == b.argmax(-1)).all())
+print(f"{sys.argv[3]}: score logits rel L2 {rel:.2e}, argmax equal: {same}")
+sys.exit(0 if rel < 2e-2 and same else 1)
+PY
+  moved=$(grep -c "EPLB rebalance" "$T/g1.err")
+  if cmp -s "$T/g0.json" "$T/g1.json" && [ "$moved" -gt 0 ]; then
+    echo "eplb:$m: greedy generate equal with and without EPLB ($moved rebalances: $(grep "EPLB rebalance" "$T/g1.err" | tail -1))"
+  else
+    echo "eplb:$m: generate differs or no rebalance ($moved)"; head -c 600 "$T/g0.json" "$T/g1.json"; tail -5 "$T/g1.err"; fail=1
+  fi
+done
 rm -rf "$T"
 exit $fail

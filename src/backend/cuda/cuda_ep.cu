@@ -17,11 +17,18 @@
  * FP8 experts (DEEPINFER_CUDA_FP8=1): this rank's block is uploaded in FP8 like the whole set on one
  * GPU, and the received rows go through the FP8 grouped GEMVs (16 rows a pass; 1 in the invariant mode).
  * DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts run on a second stream during the exchange
- * (cuda_ep.cuh; off by default until measured on two GPUs). */
+ * (cuda_ep.cuh; off by default until measured on two GPUs).
+ * EPLB (--enable-eplb): the placement is the CPU ranks' (dist/ep.c: E + R physical slots, slot p on
+ * rank p / (slots / ranks), replicas by DeepSeek's algorithm, loads counted per step and rebalanced
+ * every step_interval steps, the same on every rank); each (token, slot) gets its physical slot from
+ * di_ep_pick_slots, and after a rebalance every local slot whose expert changed is uploaded again from
+ * the host weights before the layer's exchange (the stream is idle then: step 1 synchronizes). CUDA
+ * graphs are off under expert parallel, so nothing captured holds an old expert pointer. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_ep.cuh"
 extern "C" {
 #include "dist/dist.h"
+#include "dist/ep.h"
 }
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +58,12 @@ struct cu_ep {
   cudaStream_t side;   /* DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts' stream */
   cudaEvent_t ev_main, ev_side;
   int logged_format;   /* rank 0 said once which expert format the exchange feeds */
+  /* EPLB */
+  di_ep *place;        /* the placement and loads (dist/ep.c); NULL without --enable-eplb */
+  int n_place_layers, uploaded;  /* layers it covers; rebalances already on the device */
+  int32_t *held;       /* [layers][per_rank]: the logical expert each local slot holds on the device */
+  int32_t *pslot;      /* host: the physical slot of each (token, slot) */
+  const di_ds_weights *w;
 };
 
 /* dst[j] = src[src_idx ? src_idx[j] / div : j] and stored at row dst_idx ? dst_idx[j] : j; W elements */
@@ -88,20 +101,29 @@ di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
   if (di_dist_dp_size() > 1)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: --data-parallel-size with --enable-expert-parallel is on "
                                             "CPU ranks only for now (a GPU rank cannot listen for the others' rows yet)");
-  if (di_dist_eplb_enabled())
-    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: --enable-eplb is on CPU ranks only for now (the GPU "
-                                            "experts are placed in contiguous blocks)");
   cu_ep *ep = (cu_ep *)calloc(1, sizeof *ep);
   if (!ep) return di_error_set(DI_ERR_OOM, "out of memory");
   b->ep = ep;
   ep->ctl = ctl;
   ep->rank = di_comm_rank(ctl);
   ep->size = di_comm_size(ctl);
-  if (c->n_routed_experts % ep->size)
-    return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: %d routed experts do not split over %d ranks",
-                        c->n_routed_experts, ep->size);
-  ep->per_rank = c->n_routed_experts / ep->size;
-  b->ep_e0 = ep->rank * ep->per_rank;
+  if (di_dist_eplb_enabled()) { /* slots of the placement (it checks slots % ranks) */
+    ep->n_place_layers = c->num_hidden_layers + (c->num_nextn_predict_layers > 0 ? c->num_nextn_predict_layers : 0);
+    DI_TRY(di_dist_ep_get(ep->n_place_layers, c->n_routed_experts, c->hidden_size, c->n_group > 0 ? c->n_group : 1, 0,
+                          &ep->place));
+    ep->per_rank = di_ep_slots(ep->place) / ep->size;
+    ep->held = (int32_t *)malloc(sizeof(int32_t) * (size_t)ep->n_place_layers * ep->per_rank);
+    if (!ep->held) return di_error_set(DI_ERR_OOM, "out of memory");
+    for (int l = 0; l < ep->n_place_layers; l++)
+      for (int j = 0; j < ep->per_rank; j++)
+        ep->held[(size_t)l * ep->per_rank + j] = di_ep_slot_expert(ep->place, l, ep->rank * ep->per_rank + j);
+  } else {
+    if (c->n_routed_experts % ep->size)
+      return di_error_set(DI_ERR_UNSUPPORTED, "cuda backend: %d routed experts do not split over %d ranks",
+                          c->n_routed_experts, ep->size);
+    ep->per_rank = c->n_routed_experts / ep->size;
+  }
+  b->ep_e0 = ep->place ? 0 : ep->rank * ep->per_rank;
   b->ep_El = ep->per_rank;
   ep->comm = ctl;
 #ifdef DI_HAVE_NCCL
@@ -123,10 +145,48 @@ di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
   }
   b->n_sh = 0;        /* shared experts through mlp_dense (see the top) */
   b->use_graphs = 0;  /* the exchange's sizes are the host's */
-  if (ep->rank == 0)
+  if (ep->rank == 0 && ep->place)
+    fprintf(stderr, "deepinfer: cuda expert parallel over %d rank%s (%s): %d expert slots here (EPLB)%s\n", ep->size,
+            ep->size > 1 ? "s" : "", ep->comm->kind, ep->per_rank, ep->side ? ", shared experts on a second stream" : "");
+  else if (ep->rank == 0)
     fprintf(stderr, "deepinfer: cuda expert parallel over %d rank%s (%s): experts %d..%d here%s\n", ep->size,
             ep->size > 1 ? "s" : "", ep->comm->kind, b->ep_e0, b->ep_e0 + b->ep_El - 1,
             ep->side ? ", shared experts on a second stream" : "");
+  return DI_OK;
+}
+
+int cu_ep_local_expert(cu_backend *b, int l, int j) {
+  const cu_ep *ep = b->ep;
+  if (!ep->place || l >= ep->n_place_layers) return b->ep_e0 + j;
+  return ep->held[(size_t)l * ep->per_rank + j];
+}
+
+void cu_ep_set_weights(cu_backend *b, const di_ds_weights *w) {
+  if (b->ep) b->ep->w = w;
+}
+
+/* EPLB: after a rebalance, every local slot of every MoE layer whose expert moved, from the host */
+static di_status upload_moved(cu_backend *b) {
+  cu_ep *ep = b->ep;
+  const int rebal = di_ep_rebalances(ep->place);
+  if (rebal == ep->uploaded) return DI_OK;
+  if (!ep->w) return di_error_set(DI_ERR_INTERNAL, "cuda expert parallel: EPLB without the host weights");
+  int moved = 0;
+  for (int l = 0; l < b->n_layers + b->n_mtp && l < ep->n_place_layers; l++) {
+    if (!b->L[l].is_moe) continue;
+    for (int j = 0; j < ep->per_rank; j++) {
+      const int e = di_ep_slot_expert(ep->place, l, ep->rank * ep->per_rank + j);
+      int32_t *h = &ep->held[(size_t)l * ep->per_rank + j];
+      if (*h == e) continue;
+      DI_TRY(cu_upload_expert(b, &ep->w->layers[l], l, e, j));
+      *h = e;
+      moved++;
+    }
+  }
+  ep->uploaded = rebal;
+  if (ep->rank == 0)
+    fprintf(stderr, "deepinfer: cuda expert parallel: EPLB rebalance %d moved %d expert slot%s on rank 0\n", rebal,
+            moved, moved == 1 ? "" : "s");
   return DI_OK;
 }
 
@@ -150,21 +210,23 @@ void cu_ep_destroy(cu_backend *b) {
   if (ep->own_comm) di_comm_destroy(ep->comm);
   if (ep->side) cudaStreamDestroy(ep->side), cudaEventDestroy(ep->ev_main), cudaEventDestroy(ep->ev_side);
   free(ep->ids), free(ep->send_slot), free(ep->send_e), free(ep->counts_all), free(ep->sb), free(ep->rb);
-  free(ep->h_send), free(ep->h_recv);
-  free(ep); /* device buffers: freed with the backend's allocations */
+  free(ep->h_send), free(ep->h_recv), free(ep->held), free(ep->pslot);
+  free(ep); /* device buffers and the placement (dist.c's): freed with their owners */
   b->ep = NULL;
 }
 
 static di_status grow_host(cu_ep *ep, int slots) {
   if (slots <= ep->cap_slots) return DI_OK;
   const int n = slots * 2;
-  int32_t *a = (int32_t *)realloc(ep->ids, sizeof(int32_t) * n), *s = NULL, *e = NULL;
+  int32_t *a = (int32_t *)realloc(ep->ids, sizeof(int32_t) * n), *s = NULL, *e = NULL, *p = NULL;
   if (a) ep->ids = a;
   if (a) s = (int32_t *)realloc(ep->send_slot, sizeof(int32_t) * n);
   if (s) ep->send_slot = s;
   if (s) e = (int32_t *)realloc(ep->send_e, sizeof(int32_t) * n);
   if (e) ep->send_e = e;
-  if (!a || !s || !e) return di_error_set(DI_ERR_OOM, "cuda expert parallel: out of host memory");
+  if (e) p = (int32_t *)realloc(ep->pslot, sizeof(int32_t) * n);
+  if (p) ep->pslot = p;
+  if (!a || !s || !e || !p) return di_error_set(DI_ERR_OOM, "cuda expert parallel: out of host memory");
   ep->cap_slots = n;
   return DI_OK;
 }
@@ -215,21 +277,27 @@ di_status cu_ep_moe(cu_backend *b, int l, int T, const int32_t **inv_out) {
   int32_t mine[1024];
   if (N > 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda expert parallel: at most 1024 ranks");
   memset(mine, 0, sizeof(int32_t) * N);
-  for (int i = 0; i < A; i++) {
+  for (int i = 0; i < A; i++)
     if (ep->ids[i] < 0 || ep->ids[i] >= b->E)
       return di_error_set(DI_ERR_INTERNAL, "cuda expert parallel: expert id %d out of range", ep->ids[i]);
-    mine[ep->ids[i] / ep->per_rank]++;
+  if (ep->place) { /* EPLB: each (token, slot)'s physical slot; a rebalance lands here first */
+    DI_TRY(di_ep_pick_slots(ep->place, l, ep->ids, A, ep->pslot));
+    DI_TRY(upload_moved(b));
+  } else {
+    memcpy(ep->pslot, ep->ids, sizeof(int32_t) * (size_t)A); /* slot e is expert e */
   }
+  for (int i = 0; i < A; i++) mine[ep->pslot[i] / ep->per_rank]++;
   int n_send = 0;
   for (int r = 0; r < N; r++) /* slots grouped by destination, in slot order inside each */
     for (int i = 0; i < A; i++)
-      if (ep->ids[i] / ep->per_rank == r) {
+      if (ep->pslot[i] / ep->per_rank == r) {
         ep->send_slot[n_send] = i;
-        ep->send_e[n_send++] = ep->ids[i] - r * ep->per_rank;
+        ep->send_e[n_send++] = ep->pslot[i] - r * ep->per_rank; /* the local slot */
       }
   DI_TRY(di_comm_allgather(ep->ctl, mine, sizeof(int32_t) * N, ep->counts_all));
   int n_recv = 0;
   for (int r = 0; r < N; r++) n_recv += ep->counts_all[(size_t)r * N + ep->rank];
+  if (ep->place) di_ep_count_rows(ep->place, n_recv);
   /* device buffers for this step's rows */
   if (n_send > ep->cap_send || !ep->d_send_x) {
     const int cap = (n_send > 16 ? n_send : 16) * 2;
