@@ -11,9 +11,9 @@
  *   4. the sender scatters each output to its (token, slot) row, and the usual combine adds them in
  *      top-k slot order with the shared experts (computed here, unfolded: mlp_dense) as on one GPU.
  * Decided for this first form: shared experts are not folded into the grouped GEMM and CUDA graphs are
- * off under expert parallel (the row counts change the launches); EPLB and data-parallel listening
- * (a rank with no work joining others' forwards) are not on CUDA yet and are refused. The single-GPU
- * path does not run any of this (b->ep is NULL).
+ * off under expert parallel (the row counts change the launches); data-parallel listening (a rank
+ * with no work joining others' forwards) is not on CUDA yet and is refused. The single-GPU path does
+ * not run any of this (b->ep is NULL).
  * FP8 experts (DEEPINFER_CUDA_FP8=1): this rank's block is uploaded in FP8 like the whole set on one
  * GPU, and the received rows go through the FP8 grouped GEMVs (16 rows a pass; 1 in the invariant mode).
  * DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts run on a second stream during the exchange
