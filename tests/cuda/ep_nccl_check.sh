@@ -8,7 +8,8 @@
 #   tests/cuda/ep_nccl_check.sh [BUILD_DIR]    (default build; one line per fixture; exit 1 on a failure)
 # Without mpirun (the device image has none) the EP run is started directly: a build configured with
 # -DDI_NCCL_ONE_RANK=ON (NCCL without MPI) then makes a one-rank NCCL communicator with its own unique
-# id, so the same exchange runs. EP_LAUNCH overrides the launcher ("" = direct).
+# id, so the same exchange runs. EP_LAUNCH overrides the launcher ("" = direct); EP_CASES and
+# EPLB_CASES pick the cases (below).
 set -u
 BUILD=${1:-build}
 CLI="$BUILD/deepinfer"
@@ -49,7 +50,7 @@ run() {
 # expert parallel; ovl: DEEPINFER_CUDA_EP_OVERLAP=1 (shared experts on a second stream), which must
 # also equal the in-order expert-parallel run of the same model bit for bit. The plain run of a model
 # is made once. Most telling first (the device run has a short limit).
-for c in dsv3-tiny fp8:dsv3-tiny-fp8 ovl:dsv3-tiny dsv2-tiny dsv3-odd dsv3-tiny-fp8 ovl:dsv2-tiny; do
+for c in ${EP_CASES:-dsv3-tiny fp8:dsv3-tiny-fp8 ovl:dsv3-tiny dsv2-tiny dsv3-odd dsv3-tiny-fp8 ovl:dsv2-tiny}; do
   m=${c#*:} f8=0 ov=0 want="cuda expert parallel over 1 rank (nccl)"
   case "$c" in fp8:*) f8=1 want="experts in fp8" ;; ovl:*) ov=1 want="shared experts on a second stream" ;; esac
   P="$T/plain-$m-$f8.safetensors"
@@ -69,24 +70,28 @@ done
 # EPLB on one GPU: 16 experts + 4 redundant slots (replicas of the hottest), rebalanced every 3 steps
 # from the last 4: score's logits within tolerance of plain, and greedy generate equal to expert
 # parallel without EPLB (the replicas hold the same weights), with rebalances that moved experts
+# (EPLB_CASES: fp8:MODEL runs it with FP8 experts, whose moved slots are uploaded in FP8)
 eplb='{"num_redundant_experts": 4, "window_size": 4, "step_interval": 3}'
-for m in dsv3-tiny; do
-  P="$T/plain-$m-0.safetensors"
-  [ -f "$P" ] || run "plain-$m-0" "$P" "$CLI" score --model tests/data/models/$m || continue
-  run "eplb:$m" "$T/ep.safetensors" $EP_LAUNCH "$CLI" score --model tests/data/models/$m --enable-expert-parallel \
-    --enable-eplb --eplb-config "$eplb" || continue
-  grep -q "expert slots here (EPLB)" "$T/eplb:$m.err" || { echo "eplb:$m: not EPLB"; fail=1; }
-  compare "$P" "$T/ep.safetensors" "eplb:$m score" || fail=1
+for c in ${EPLB_CASES:-dsv3-tiny}; do
+  m=${c#fp8:} f8=0
+  [ "$c" != "$m" ] && f8=1
+  P="$T/plain-$m-$f8.safetensors"
+  [ -f "$P" ] || run "plain-$m-$f8" "$P" env DEEPINFER_CUDA_FP8=$f8 "$CLI" score --model tests/data/models/$m || continue
+  run "eplb:$c" "$T/ep.safetensors" env DEEPINFER_CUDA_FP8=$f8 $EP_LAUNCH "$CLI" score --model tests/data/models/$m \
+    --enable-expert-parallel --enable-eplb --eplb-config "$eplb" || continue
+  grep -q "expert slots here (EPLB)" "$T/eplb:$c.err" || { echo "eplb:$c: not EPLB"; fail=1; }
+  compare "$P" "$T/ep.safetensors" "eplb:$c score" || fail=1
   gen="generate --model tests/data/models/$m --prompt-ids 3,9,27,81 --max-tokens 16 --temperature 0 --output-format json"
-  if ! $EP_LAUNCH "$CLI" $gen --enable-expert-parallel >"$T/g0.json" 2>"$T/g0.err" ||
-     ! $EP_LAUNCH "$CLI" $gen --enable-expert-parallel --enable-eplb --eplb-config "$eplb" >"$T/g1.json" 2>"$T/g1.err"; then
-    echo "eplb:$m generate: FAILED to run"; tail -20 "$T/g0.err" "$T/g1.err"; fail=1; continue
+  if ! env DEEPINFER_CUDA_FP8=$f8 $EP_LAUNCH "$CLI" $gen --enable-expert-parallel >"$T/g0.json" 2>"$T/g0.err" ||
+     ! env DEEPINFER_CUDA_FP8=$f8 $EP_LAUNCH "$CLI" $gen --enable-expert-parallel --enable-eplb --eplb-config "$eplb" \
+         >"$T/g1.json" 2>"$T/g1.err"; then
+    echo "eplb:$c generate: FAILED to run"; tail -20 "$T/g0.err" "$T/g1.err"; fail=1; continue
   fi
   moved=$(grep -c "EPLB rebalance" "$T/g1.err")
   if cmp -s "$T/g0.json" "$T/g1.json" && [ "$moved" -gt 0 ]; then
-    echo "eplb:$m: greedy generate equal with and without EPLB ($moved rebalances; $(grep "EPLB rebalance" "$T/g1.err" | tail -1))"
+    echo "eplb:$c: greedy generate equal with and without EPLB ($moved rebalances; $(grep "EPLB rebalance" "$T/g1.err" | tail -1))"
   else
-    echo "eplb:$m: generate differs or no rebalance ($moved)"; head -c 400 "$T/g0.json" "$T/g1.json"; tail -5 "$T/g1.err"; fail=1
+    echo "eplb:$c: generate differs or no rebalance ($moved)"; head -c 400 "$T/g0.json" "$T/g1.json"; tail -5 "$T/g1.err"; fail=1
   fi
 done
 rm -rf "$T"
