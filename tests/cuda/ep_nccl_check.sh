@@ -4,7 +4,8 @@
 # communicator (unique id over MPI) and sends every routed-expert row through the NCCL exchange to
 # itself. Its logits must match the plain single-GPU path within bf16 tolerance (rel L2 < 2e-2: the
 # expert-parallel form runs the shared experts unfolded and the experts as grouped GEMMs, so not
-# bit for bit), with the same argmax at every position, on the V2/V3 fixtures. Usage:
+# bit for bit), with the same argmax at every position whose margin exceeds 0.1, on the V2/V3
+# fixtures. Usage:
 #   tests/cuda/ep_nccl_check.sh [BUILD_DIR]    (default build; one line per fixture; exit 1 on a failure)
 # Without mpirun (the device image has none) the EP run is started directly: a build configured with
 # -DDI_NCCL_ONE_RANK=ON (NCCL without MPI) then makes a one-rank NCCL communicator with its own unique
@@ -20,7 +21,9 @@ if [ -z "${EP_LAUNCH+x}" ]; then
 fi
 fail=0
 ids="--ids 1,8,15,22,29,36,43,50,57,64,71,78"
-# compare A B NAME [EXACT]: logits rel L2 < 2e-2 and argmax equal (and B == EXACT bit for bit)
+# compare A B NAME [EXACT]: logits rel L2 < 2e-2 and argmax equal at every position whose top1-top2
+# margin in A exceeds 0.1 (the CUDA backend's convention, tests/cuda/test_cuda_model.c: tiny random
+# models have near-ties a bf16 rounding flips), and B == EXACT bit for bit when given
 compare() {
   python3 - "$@" <<'PY'
 import sys
@@ -29,9 +32,14 @@ from safetensors.numpy import load_file
 a, b = (next(iter(load_file(p).values())) for p in sys.argv[1:3])
 a64, b64 = a.astype(np.float64), b.astype(np.float64)
 rel = np.linalg.norm(a64 - b64) / np.linalg.norm(a64)
-same = bool((a64.argmax(-1) == b64.argmax(-1)).all())
+top2 = np.sort(a64, -1)[..., -2:]
+margin = top2[..., 1] - top2[..., 0]
+flip = a64.argmax(-1) != b64.argmax(-1)
+same = bool((~flip | (margin <= 0.1)).all())
 ok = rel < 2e-2 and same
-msg = f"{sys.argv[3]}: logits rel L2 {rel:.2e}, argmax equal: {same}"
+msg = f"{sys.argv[3]}: logits rel L2 {rel:.2e}, argmax equal where the margin > 0.1: {same}"
+if flip.any():
+    msg += f" ({int(flip.sum())} top-1 flip(s), plain margins {', '.join(f'{m:.3g}' for m in margin[flip])})"
 if len(sys.argv) > 4:
     e = next(iter(load_file(sys.argv[4]).values()))
     bits = e.tobytes() == b.tobytes()
