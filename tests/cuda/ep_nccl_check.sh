@@ -89,7 +89,7 @@ for c in ${EPLB_CASES:-dsv3-tiny}; do
     --enable-expert-parallel --enable-eplb --eplb-config "$eplb" || continue
   grep -q "expert slots here (EPLB)" "$T/eplb:$c.err" || { echo "eplb:$c: not EPLB"; fail=1; }
   compare "$P" "$T/ep.safetensors" "eplb:$c score" || fail=1
-  gen="generate --model tests/data/models/$m --prompt-ids 3,9,27,81 --max-tokens 16 --temperature 0 --output-format json"
+  gen="generate --model tests/data/models/$m --prompt-ids 3,9,27,81 --max-tokens 16 --temperature 0 --output-format json --gpu-memory-utilization 0.2"
   if ! env DEEPINFER_CUDA_FP8=$f8 $EP_LAUNCH "$CLI" $gen --enable-expert-parallel >"$T/g0.json" 2>"$T/g0.err" ||
      ! env DEEPINFER_CUDA_FP8=$f8 $EP_LAUNCH "$CLI" $gen --enable-expert-parallel --enable-eplb --eplb-config "$eplb" \
          >"$T/g1.json" 2>"$T/g1.err"; then
