@@ -4,6 +4,7 @@ mpirun (2 CPU ranks, with --enable-expert-parallel), place requests on both rank
 of one rank bit for bit (the CPU is batch-invariant): greedy, seeded and engine-seeded sampling, with
 logprobs. SIGTERM stops every rank with exit code 0; a rank that dies ends the job with a message and
 no hang; without mpirun on PATH the flag says so. Skipped without mpirun or an MPI build."""
+import functools
 import http.client
 import json
 import os
@@ -73,8 +74,14 @@ def run_llm(n, env=None):
                           capture_output=True, text=True, timeout=120, env=env or ENV)
 
 
+@functools.lru_cache(maxsize=None)
+def run_llm_one_rank():
+    """the one-rank reference, run once for the tests that compare with it"""
+    return run_llm(1)
+
+
 def test_llm_data_parallel_equals_one_rank():
-    one, two = run_llm(1), run_llm(2)
+    one, two = run_llm_one_rank(), run_llm(2)
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     a, b = json.loads(one.stdout), json.loads(two.stdout)
@@ -89,7 +96,7 @@ def test_llm_data_parallel_equals_one_rank():
 def test_worker_out_of_memory_fails_its_request_only():
     # rank 1's first request fails as out of memory: that request ends with an error, the others (on
     # both ranks) are as on one rank, and the job goes on to the end
-    one, two = run_llm(1), run_llm(2, env=dict(ENV, DEEPINFER_DIST_TEST_FAIL="1:1:oom"))
+    one, two = run_llm_one_rank(), run_llm(2, env=dict(ENV, DEEPINFER_DIST_TEST_FAIL="1:1:oom"))
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     a, b = json.loads(one.stdout), json.loads(two.stdout)
@@ -154,7 +161,7 @@ class Server:
 
 
 def one_rank_reference():
-    r = run_llm(1)
+    r = run_llm_one_rank()
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["ids"]
 
