@@ -69,9 +69,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                         "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels) instead of bf16 at load"},
     [DI_SW_CUDA_FP8_GEMV_ROWS] = {"DEEPINFER_CUDA_FP8_GEMV_ROWS", "16",
                                   "most rows of an FP8 product taken by the decode GEMV; more go to the FP8 tensor-core GEMM"},
-    [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "0",
-                               "1: under --enable-expert-parallel on CUDA, the shared experts run on a second "
-                               "stream while the routed rows are exchanged"},
+    [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "1",
+                               "0: under --enable-expert-parallel on CUDA, the shared experts run after the exchange "
+                               "on one stream (1: on a second stream while the routed rows are exchanged)"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -424,7 +424,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const int tc_inv = di_cu_blas_tc_invariant(b->blas);
   int shared_done = 0;
   if (b->ep && L->has_shared && b->n_sh == 0 && cu_ep_side_stream(b)) {
-    /* expert parallel, DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts on the side stream while the
+    /* expert parallel (DEEPINFER_CUDA_EP_OVERLAP, on by default): the shared experts on the side stream while the
      * routed rows are exchanged and computed on the main one; the combine waits for both. The same
      * arithmetic as in order (shared adds into h, the combine adds the routed after), so the same bits */
     const cudaStream_t main_stream = b->stream;

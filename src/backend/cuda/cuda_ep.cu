@@ -16,8 +16,8 @@
  * not run any of this (b->ep is NULL).
  * FP8 experts (DEEPINFER_CUDA_FP8=1): this rank's block is uploaded in FP8 like the whole set on one
  * GPU, and the received rows go through the FP8 grouped GEMVs (16 rows a pass; 1 in the invariant mode).
- * DEEPINFER_CUDA_EP_OVERLAP=1: the shared experts run on a second stream during the exchange
- * (cuda_ep.cuh; off by default until measured on two GPUs).
+ * The shared experts run on a second stream during the exchange (cuda_ep.cuh; DEEPINFER_CUDA_EP_OVERLAP=0:
+ * in order on one stream; the same bits either way, checked on the H200 at EP 1).
  * EPLB (--enable-eplb): the placement is the CPU ranks' (dist/ep.c: E + R physical slots, slot p on
  * rank p / (slots / ranks), replicas by DeepSeek's algorithm, loads counted per step and rebalanced
  * every step_interval steps, the same on every rank); each (token, slot) gets its physical slot from
@@ -137,8 +137,7 @@ di_status cu_ep_setup(cu_backend *b, const di_model_config *c) {
     ep->on_device = 1;
   }
 #endif
-  const char *ov = di_switch_get(DI_SW_CUDA_EP_OVERLAP);
-  if (ov && atoi(ov) == 1) {
+  if (di_switch_bool(DI_SW_CUDA_EP_OVERLAP, 1)) {
     DI_CU(cudaStreamCreateWithFlags(&ep->side, cudaStreamNonBlocking));
     DI_CU(cudaEventCreateWithFlags(&ep->ev_main, cudaEventDisableTiming));
     DI_CU(cudaEventCreateWithFlags(&ep->ev_side, cudaEventDisableTiming));

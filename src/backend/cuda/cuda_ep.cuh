@@ -1,4 +1,4 @@
-/* The side stream of the CUDA backend's expert parallel (cuda_ep.cu): with DEEPINFER_CUDA_EP_OVERLAP=1
+/* The side stream of the CUDA backend's expert parallel (cuda_ep.cu): unless DEEPINFER_CUDA_EP_OVERLAP=0
  * the MoE layer runs the shared experts on it while the main stream exchanges and computes the routed
  * rows. cu_ep_side_begin makes the side stream wait for the main one (the layer's normed input is
  * ready); cu_ep_side_end makes the main one wait for the side (the combine adds after the shared). */
