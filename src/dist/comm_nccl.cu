@@ -110,33 +110,34 @@ static void nccl_destroy(di_comm *c) {
 
 static const di_comm_ops NCCL_OPS = {nccl_barrier, nccl_allgather, nccl_alltoallv, nccl_broadcast, nccl_destroy};
 
-/* mpi_world: the MPI communicator (di_comm_mpi_create); device: this rank's GPU; stream: the
- * cudaStream_t the collectives run on (NULL: the default stream). */
+/* mpi_world: the MPI communicator (di_comm_mpi_create) the unique id is shared through, or NULL for
+ * one rank (its own id; no MPI needed: every exchange is a send to itself through NCCL); device: this
+ * rank's GPU; stream: the cudaStream_t the collectives run on (NULL: the default stream). */
 di_status di_comm_nccl_create(di_comm *mpi_world, int device, void *stream, di_comm **out) {
   *out = NULL;
-  if (!mpi_world)
-    return di_error_set(DI_ERR_INVALID_ARG, "the NCCL communicator needs the MPI one (to share its unique id)");
+  const int rank = mpi_world ? mpi_world->rank : 0, size = mpi_world ? mpi_world->size : 1;
   if (cudaSetDevice(device) != cudaSuccess)
-    return di_error_set(DI_ERR_INTERNAL, "cudaSetDevice(%d) failed on rank %d", device, mpi_world->rank);
+    return di_error_set(DI_ERR_INTERNAL, "cudaSetDevice(%d) failed on rank %d", device, rank);
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
-  if (mpi_world->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess)
+  if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess)
     return di_error_set(DI_ERR_INTERNAL, "ncclGetUniqueId failed");
-  DI_TRY(di_comm_broadcast(mpi_world, &id, sizeof id, 0));
+  if (mpi_world)
+    DI_TRY(di_comm_broadcast(mpi_world, &id, sizeof id, 0));
   nccl_comm *n = (nccl_comm *)calloc(1, sizeof *n);
   if (!n)
     return di_error_set(DI_ERR_OOM, "out of memory");
   n->stream = (cudaStream_t)stream;
-  ncclResult_t r = ncclCommInitRank(&n->nccl, mpi_world->size, id, mpi_world->rank);
+  ncclResult_t r = ncclCommInitRank(&n->nccl, size, id, rank);
   if (r != ncclSuccess) {
     free(n);
-    return di_error_set(DI_ERR_INTERNAL, "ncclCommInitRank on rank %d: %s", mpi_world->rank, ncclGetErrorString(r));
+    return di_error_set(DI_ERR_INTERNAL, "ncclCommInitRank on rank %d: %s", rank, ncclGetErrorString(r));
   }
   n->base.ops = &NCCL_OPS;
-  n->base.rank = mpi_world->rank;
-  n->base.size = mpi_world->size;
-  n->base.n_nodes = mpi_world->n_nodes;
-  n->base.timeout_s = mpi_world->timeout_s;
+  n->base.rank = rank;
+  n->base.size = size;
+  n->base.n_nodes = mpi_world ? mpi_world->n_nodes : 1;
+  n->base.timeout_s = mpi_world ? mpi_world->timeout_s : 60.0;
   n->base.kind = "nccl";
   *out = &n->base;
   return DI_OK;

@@ -1,7 +1,8 @@
 /* Process-wide distributed state and the CLI's distributed flags (see dist.h). The flags are taken
  * out of argv in main() so that no command's parser needs to know them. Fault injection for the
  * failure tests: DEEPINFER_DIST_TEST_FAIL="RANK:CALL:kill|stall" makes rank RANK SIGKILL itself (or
- * sleep forever) at its CALL-th expert exchange. */
+ * sleep forever) at its CALL-th expert exchange; "RANK:CALL:oom" makes the CALL-th request a
+ * data-parallel worker rank RANK takes fail as out of memory (di_dist_test_fail_add). */
 #include "util/switches.h"
 #include "dist/dist.h"
 #include "util/status.h"
@@ -19,8 +20,8 @@ static struct {
   di_ep_config eplb;
   double timeout_s;
   int ep_L, ep_E, ep_H;
-  int fail_rank, fail_call, fail_stall;
-  long calls;
+  int fail_rank, fail_call, fail_stall, fail_oom;
+  long calls, adds;
 } g = {.fail_rank = -1};
 
 int di_dist_parse_eplb_config(const char *json, di_ep_config *cfg, char *err, size_t err_len) {
@@ -155,11 +156,12 @@ static int setup(int *argc, char **argv, int orig_argc, char **orig) {
   if (f) {
     char mode[16] = "";
     if (sscanf(f, "%d:%d:%15s", &g.fail_rank, &g.fail_call, mode) != 3 ||
-        (strcmp(mode, "kill") && strcmp(mode, "stall"))) {
-      fprintf(stderr, "deepinfer: DEEPINFER_DIST_TEST_FAIL: RANK:CALL:kill|stall expected, got '%s'\n", f);
+        (strcmp(mode, "kill") && strcmp(mode, "stall") && strcmp(mode, "oom"))) {
+      fprintf(stderr, "deepinfer: DEEPINFER_DIST_TEST_FAIL: RANK:CALL:kill|stall|oom expected, got '%s'\n", f);
       return 2;
     }
     g.fail_stall = strcmp(mode, "stall") == 0;
+    g.fail_oom = strcmp(mode, "oom") == 0;
   }
   if (!di_comm_launched_by_mpi() && g.dp_size > 1) /* this process becomes the launcher of the ranks */
     exit(di_dist_relaunch(g.dp_size, orig_argc, orig));
@@ -245,7 +247,7 @@ di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, 
                         n_experts, g.ep_E, n_layers, g.ep_L);
   }
   g.calls++;
-  if (g.fail_rank == di_comm_rank(g.comm) && g.calls == g.fail_call) {
+  if (!g.fail_oom && g.fail_rank == di_comm_rank(g.comm) && g.calls == g.fail_call) {
     fprintf(stderr, "deepinfer: rank %d: DEEPINFER_DIST_TEST_FAIL: %s at exchange %ld\n", g.fail_rank,
             g.fail_stall ? "stalling" : "killing itself", g.calls);
     fflush(stderr);
@@ -259,3 +261,5 @@ di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, 
 }
 
 void di_dist_fail(void) { di_comm_abort(g.comm, di_last_error()); }
+
+int di_dist_test_fail_add(void) { return g.fail_oom && g.fail_rank == di_comm_rank(g.comm) && ++g.adds == g.fail_call; }

@@ -38,6 +38,9 @@ di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, 
 di_ep *di_dist_ep_current(void);
 /* Ends the job after a failed collective: prints di_last_error() on this rank and stops every rank. */
 __attribute__((noreturn)) void di_dist_fail(void);
+/* 1 when DEEPINFER_DIST_TEST_FAIL="RANK:CALL:oom" names this rank and this is its CALL-th request
+ * taken as a data-parallel worker (the test of a worker's own out of memory); counts every call. */
+int di_dist_test_fail_add(void);
 
 /* Parses --eplb-config's JSON into cfg (other fields untouched); 0 or -1 with a message in err. */
 int di_dist_parse_eplb_config(const char *json, di_ep_config *cfg, char *err, size_t err_len);

@@ -17,6 +17,7 @@
 #include "dist/dist.h"
 #include "engine/engine_internal.h"
 #include "util/status.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -234,12 +235,17 @@ typedef struct {
 
 typedef struct {
   int64_t out_bytes, load;
+  di_engine_stats stats; /* the rank's engine's own (plain numbers: every rank runs the same binary) */
 } rank_report;
 
 /* steps 3 of a tick: reports all-gathered, outputs to rank 0 (recv: rank 0's buffer of all of them) */
-static di_status gather_outputs(di_comm *c, const wbuf *out, int64_t load, rank_report *reports, size_t *sb,
+static di_status gather_outputs(di_comm *c, const wbuf *out, const di_engine *e, rank_report *reports, size_t *sb,
                                 size_t *rb, wbuf *recv) {
-  const rank_report mine = {(int64_t)out->n, load};
+  rank_report mine;
+  memset(&mine, 0, sizeof mine);
+  mine.out_bytes = (int64_t)out->n;
+  mine.load = engine_load(e);
+  di_engine_get_stats_local(e, &mine.stats);
   DI_TRY(di_comm_allgather(c, &mine, sizeof mine, reports));
   size_t total = 0;
   for (int r = 0; r < c->size; r++) { /* workers send theirs to rank 0, which keeps its own */
@@ -255,6 +261,23 @@ static di_status gather_outputs(di_comm *c, const wbuf *out, int64_t load, rank_
 }
 
 /* ---- the worker --------------------------------------------------------------------------------- */
+/* A request this rank could not take (its own failure, out of memory: rank 0 validated it): every
+ * sample of it finishes at once with DI_FINISH_ERROR and the reason, the job goes on. */
+static void put_failed_request(wbuf *out, uint64_t id, int n_samples, int rank) {
+  char why[400];
+  snprintf(why, sizeof why, "data parallel: rank %d could not take the request: %s", rank, di_last_error());
+  for (int k = 0; k < n_samples; k++) {
+    di_seq_output o;
+    memset(&o, 0, sizeof o);
+    o.sample_index = k;
+    o.finish_reason = DI_FINISH_ERROR;
+    o.stop_token = -1;
+    o.error = why;
+    put_i64(out, 1);
+    put_output(out, &o, id);
+  }
+}
+
 static di_status worker_tick(di_comm *c, di_engine *e, di_ep *ep, dp_table *t, const work_header *h, wbuf *payload,
                              wbuf *out, wbuf *recv, rank_report *reports, size_t *sb, size_t *rb) {
   payload->n = 0;
@@ -263,6 +286,7 @@ static di_status worker_tick(di_comm *c, di_engine *e, di_ep *ep, dp_table *t, c
     return di_error_set(DI_ERR_OOM, "data parallel: out of memory");
   DI_TRY(di_comm_broadcast(c, payload->p, (size_t)h->payload_bytes, 0));
   rbuf in = {payload->p, payload->n, 0, 0};
+  out->n = 0;
   const int64_t n_new = get_i64(&in);
   for (int64_t i = 0; i < n_new && !in.bad; i++) {
     const int rank = (int)get_i64(&in);
@@ -277,9 +301,12 @@ static di_status worker_tick(di_comm *c, di_engine *e, di_ep *ep, dp_table *t, c
       }
       q->id = id;
       q->n_samples = p.n > 0 ? p.n : 1;
-      di_status st = di_engine_add_request(e, &p, &q->local_id);
-      if (st != DI_OK) /* rank 0 validated it: a failure here is this rank's own (memory) */
-        return di_error_wrap(st, "data parallel: adding request %llu on rank %d", (unsigned long long)id, c->rank);
+      di_status st = di_dist_test_fail_add() ? di_error_set(DI_ERR_OOM, "DEEPINFER_DIST_TEST_FAIL: out of memory")
+                                             : di_engine_add_request(e, &p, &q->local_id);
+      if (st != DI_OK) { /* rank 0 validated it: a failure here is this rank's own (memory) */
+        put_failed_request(out, id, q->n_samples, c->rank);
+        t->n--;
+      }
     }
     free(stops);
   }
@@ -292,7 +319,6 @@ static di_status worker_tick(di_comm *c, di_engine *e, di_ep *ep, dp_table *t, c
   }
   if (in.bad)
     return di_error_set(DI_ERR_INTERNAL, "data parallel: a malformed work message on rank %d", c->rank);
-  out->n = 0;
   if (di_engine_has_unfinished(e)) {
     di_step_output *so = NULL;
     DI_TRY(di_engine_step(e, &so));
@@ -314,7 +340,7 @@ static di_status worker_tick(di_comm *c, di_engine *e, di_ep *ep, dp_table *t, c
     return di_error_set(DI_ERR_OOM, "data parallel: out of memory for the outputs");
   if (ep)
     DI_TRY(di_ep_listen(ep));
-  return gather_outputs(c, out, engine_load(e), reports, sb, rb, recv);
+  return gather_outputs(c, out, e, reports, sb, rb, recv);
 }
 
 __attribute__((noreturn)) static void worker_run(di_comm *c, di_engine *e, di_ep *ep) {
@@ -449,7 +475,7 @@ di_status di_dp_front_step(di_dp_front *f, di_engine *e, di_step_output **out) {
     DI_TRY(di_ep_listen(f->ep));
   /* 3: the others' outputs */
   f->out.n = 0;
-  DI_TRY(gather_outputs(c, &f->out, engine_load(e), f->reports, f->sb, f->rb, &f->recv));
+  DI_TRY(gather_outputs(c, &f->out, e, f->reports, f->sb, f->rb, &f->recv));
   int n = 0;
   for (int s = 0; local && s < local->n; s++)
     DI_TRY(merge_seq(f, &n, &local->seqs[s]));
@@ -486,6 +512,24 @@ di_status di_dp_front_step(di_dp_front *f, di_engine *e, di_step_output **out) {
   f->step.seqs = f->merged;
   *out = &f->step;
   return DI_OK;
+}
+
+void di_dp_front_add_stats(const di_dp_front *f, di_engine_stats *s) {
+  for (int r = 1; r < f->c->size; r++) {
+    const di_engine_stats *o = &f->reports[r].stats;
+    s->kv_blocks_total += o->kv_blocks_total, s->kv_blocks_used += o->kv_blocks_used;
+    s->kv_blocks_free += o->kv_blocks_free, s->kv_blocks_cached += o->kv_blocks_cached;
+    s->prefix_cache_hit_tokens += o->prefix_cache_hit_tokens, s->prefix_cache_query_tokens += o->prefix_cache_query_tokens;
+    s->n_running += o->n_running, s->n_waiting += o->n_waiting;
+    s->steps += o->steps, s->prompt_tokens += o->prompt_tokens, s->generated_tokens += o->generated_tokens;
+    s->preemptions += o->preemptions, s->prefix_waits += o->prefix_waits;
+    s->prompt_tokens_per_s += o->prompt_tokens_per_s, s->generation_tokens_per_s += o->generation_tokens_per_s;
+    s->host_time_s += o->host_time_s, s->hidden_host_time_s += o->hidden_host_time_s;
+    s->backend_wait_s += o->backend_wait_s;
+  }
+  s->prefix_cache_hit_rate = s->prefix_cache_query_tokens > 0
+                                 ? (double)s->prefix_cache_hit_tokens / (double)s->prefix_cache_query_tokens
+                                 : 0;
 }
 
 void di_dp_front_free(di_dp_front *f) {

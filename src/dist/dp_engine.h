@@ -34,6 +34,9 @@ di_status di_dp_front_add(di_dp_front *f, int rank, const di_request_params *p, 
 int di_dp_front_abort(di_dp_front *f, uint64_t id);
 int di_dp_front_busy(const di_dp_front *f);
 di_status di_dp_front_step(di_dp_front *f, struct di_engine *e, di_step_output **out);
+/* Adds the other ranks' engine statistics (as of the last step) to s, rank 0's own: counts and rates
+ * summed (the ranks run at once), the prefix-cache hit rate recomputed from the summed tokens. */
+void di_dp_front_add_stats(const di_dp_front *f, di_engine_stats *s);
 /* Stops the workers (their processes end) and frees the front end; then tears the ranks down. */
 void di_dp_front_free(di_dp_front *f);
 #endif

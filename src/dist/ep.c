@@ -228,10 +228,9 @@ static di_status exchange(di_ep *ep, const void *send, const int32_t *send_rows,
   return st;
 }
 
-/* real: called by a forward (1) or by a listening rank (0). *any_real: whether any rank's call was a
- * forward's; when none was, every rank is listening and the exchange stops after the counts. */
-static di_status routed(di_ep *ep, int layer, const float *x, int T, const int32_t *ids, int K, float *y,
-                        di_ep_experts_fn fn, void *user, int real, int *any_real) {
+/* The start of a layer's call: ends the step when the layer is not above the previous call's (EPLB
+ * may rebalance then), counts the loads and picks each used slot's physical slot (-1: unused). */
+static di_status pick_slots(di_ep *ep, int layer, const int32_t *ids, size_t n, int real, int32_t *slot) {
   if (layer < 0 || layer >= ep->L)
     return di_error_set(DI_ERR_INTERNAL, "expert parallel: layer %d of %d", layer, ep->L);
   if (layer <= ep->last_layer) {
@@ -241,28 +240,47 @@ static di_status routed(di_ep *ep, int layer, const float *x, int T, const int32
   if (!ep->seq_done && real)
     ep->seq[ep->n_seq++] = layer;
   ep->last_layer = layer;
-  const int N = ep->N, H = ep->H, E = ep->E;
-  const size_t n_slots = (size_t)T * K, LE = (size_t)ep->L * E;
-  DI_TRY(reserve(ep, n_slots, 0));
+  const int E = ep->E;
+  const size_t LE = (size_t)ep->L * E;
   int64_t *load = ep->window + (size_t)(ep->step % ep->cfg.window_size) * LE + (size_t)layer * E;
   const int32_t *st = ep->rep_start + (size_t)layer * (E + 1), *sl = ep->rep_slot + (size_t)layer * ep->P;
-  /* 1. destination of each used slot */
   memset(ep->occ, 0, sizeof(int32_t) * (size_t)E);
-  memset(ep->srows, 0, sizeof(int32_t) * (size_t)N);
-  for (size_t i = 0; i < n_slots; i++) {
+  for (size_t i = 0; i < n; i++) {
     const int e = ids[i];
     if (e < 0) {
-      ep->dest[i] = -1;
+      slot[i] = -1;
       continue;
     }
     if (e >= E)
       return di_error_set(DI_ERR_INTERNAL, "expert parallel: expert %d of %d", e, E);
     load[e]++;
     const int nrep = st[e + 1] - st[e];
-    const int slot = sl[st[e] + (ep->occ[e]++ + ep->me) % nrep];
-    ep->dest[i] = rank_of_slot(ep, slot);
-    ep->srows[ep->dest[i]]++;
+    slot[i] = sl[st[e] + (ep->occ[e]++ + ep->me) % nrep];
   }
+  return DI_OK;
+}
+
+di_status di_ep_pick_slots(di_ep *ep, int layer, const int32_t *ids, int n, int32_t *slot) {
+  return pick_slots(ep, layer, ids, (size_t)(n > 0 ? n : 0), 1, slot);
+}
+
+void di_ep_count_rows(di_ep *ep, int64_t rows) { ep->rows_computed += rows; }
+
+/* real: called by a forward (1) or by a listening rank (0). *any_real: whether any rank's call was a
+ * forward's; when none was, every rank is listening and the exchange stops after the counts. */
+static di_status routed(di_ep *ep, int layer, const float *x, int T, const int32_t *ids, int K, float *y,
+                        di_ep_experts_fn fn, void *user, int real, int *any_real) {
+  const int N = ep->N, H = ep->H, E = ep->E;
+  const size_t n_slots = (size_t)T * K;
+  DI_TRY(reserve(ep, n_slots, 0));
+  /* 1. destination of each used slot */
+  DI_TRY(pick_slots(ep, layer, ids, n_slots, real, ep->dest));
+  memset(ep->srows, 0, sizeof(int32_t) * (size_t)N);
+  for (size_t i = 0; i < n_slots; i++)
+    if (ep->dest[i] >= 0) {
+      ep->dest[i] = rank_of_slot(ep, ep->dest[i]);
+      ep->srows[ep->dest[i]]++;
+    }
   /* 2. counts to everyone, then the rows and their expert ids */
   int64_t mine[257]; /* rows to each rank, then the real flag */
   int64_t *mrow = N <= 256 ? mine : malloc(sizeof(int64_t) * (size_t)(N + 1));

@@ -49,6 +49,15 @@ di_status di_ep_listen(di_ep *ep);
  * that lives as long as the ep (the backend). */
 void di_ep_set_listener(di_ep *ep, di_ep_experts_fn fn, void *user);
 
+/* For a backend with an exchange of its own (the CUDA one, src/backend/cuda/cuda_ep.cu): the physical
+ * slot of each of the n (token, slot) pairs of one MoE layer (ids: logical experts, -1 = unused ->
+ * -1), by di_ep_routed's replica rule, counting the loads as it does. The step ends (and EPLB may
+ * rebalance: a collective over the ep's communicator) when the layer is not above the previous
+ * call's, so every rank calls it for every MoE layer of every forward. Slot p lives on rank
+ * p / (di_ep_slots / ranks). di_ep_count_rows adds the rows this rank computed (di_ep_imbalance). */
+di_status di_ep_pick_slots(di_ep *ep, int layer, const int32_t *ids, int n, int32_t *slot);
+void di_ep_count_rows(di_ep *ep, int64_t rows);
+
 /* Expert rows computed on each rank since the last reset, all-gathered (collective): returns
  * max / mean over ranks (1 = even), and the rows of this rank in *local_rows when non-NULL. */
 di_status di_ep_imbalance(di_ep *ep, double *imbalance, int64_t *local_rows);

@@ -723,6 +723,11 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
 }
 
 void di_engine_get_stats(const di_engine *e, di_engine_stats *s) {
+  di_engine_get_stats_local(e, s);
+  if (e->dp) di_dp_front_add_stats(e->dp, s); /* data parallel: every rank's engine, as of the last step */
+}
+
+void di_engine_get_stats_local(const di_engine *e, di_engine_stats *s) {
   memset(s, 0, sizeof *s);
   di_kv_stats k;
   di_kv_get_stats(e->kv, &k);

@@ -231,6 +231,11 @@ struct di_engine {
 /* This rank's own engine, under the data-parallel front end (the public ones go through it). */
 di_status di_engine_step_local(di_engine *e, di_step_output **out);
 int di_engine_has_unfinished_local(const di_engine *e);
+/* This rank's engine statistics alone (di_engine_get_stats adds the other data-parallel ranks'). */
+void di_engine_get_stats_local(const di_engine *e, di_engine_stats *s);
+/* DI_ERR_UNSUPPORTED with the reason when an engine with data-parallel ranks is asked to speculate
+ * (num_tokens > 0); DI_OK otherwise. */
+di_status di_spec_refuse_data_parallel(const di_engine *e, int num_tokens);
 
 /* request.c */
 di_status di_req_create(di_engine *e, const di_request_params *p, const int32_t *prompt, int n_prompt,

@@ -33,8 +33,17 @@ void di_spec_free(di_engine *e) {
   e->spec = NULL;
 }
 
+di_status di_spec_refuse_data_parallel(const di_engine *e, int num_tokens) {
+  if (!e->dp || num_tokens == 0) return DI_OK;
+  return di_error_set(DI_ERR_UNSUPPORTED,
+                      "speculative decoding (--speculative-config) does not work with --data-parallel-size > 1 yet: "
+                      "the drafts would run on rank 0's requests only and the MTP / drafter forward would break the "
+                      "other ranks' expert exchange; run without one of them");
+}
+
 di_status di_engine_set_speculative(di_engine *e, int num_tokens, float min_confidence) {
   if (!e) return di_error_set(DI_ERR_INVALID_ARG, "di_engine_set_speculative: NULL engine");
+  DI_TRY(di_spec_refuse_data_parallel(e, num_tokens));
   if (num_tokens < 0 || num_tokens > DI_SPEC_MAX_DRAFT)
     return di_error_set(DI_ERR_INVALID_ARG, "num_speculative_tokens must be in [0, %d], got %d", DI_SPEC_MAX_DRAFT, num_tokens);
   if (!(min_confidence >= 0.0f && min_confidence <= 1.0f))

@@ -54,6 +54,7 @@ static int grammar_mask(di_engine *e, di_req *r, float *lg, int limit) {
 
 di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_tokens, int exact, int fixed) {
   if (!e || !d) return di_error_set(DI_ERR_INVALID_ARG, "di_engine_set_dspark: NULL argument");
+  DI_TRY(di_spec_refuse_data_parallel(e, num_tokens));
   if (num_tokens < 1 || num_tokens > DI_SPEC_MAX_DRAFT)
     return di_error_set(DI_ERR_INVALID_ARG, "num_speculative_tokens must be in [1, %d], got %d", DI_SPEC_MAX_DRAFT, num_tokens);
   if (e->n_all > 0 || e->n_grave > 0 || e->steps > 0 || e->inflight_active)

@@ -69,12 +69,15 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                         "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels) instead of bf16 at load"},
     [DI_SW_CUDA_FP8_GEMV_ROWS] = {"DEEPINFER_CUDA_FP8_GEMV_ROWS", "16",
                                   "most rows of an FP8 product taken by the decode GEMV; more go to the FP8 tensor-core GEMM"},
+    [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "1",
+                               "0: under --enable-expert-parallel on CUDA, the shared experts run after the exchange "
+                               "on one stream (1: on a second stream while the routed rows are exchanged)"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},
     [DI_SW_DIST_TEST_FAIL] = {"DEEPINFER_DIST_TEST_FAIL", "unset",
-                              "RANK:CALL:MODE (kill or stall): rank RANK kills itself or stalls at exchange CALL (failure "
-                              "tests)"},
+                              "RANK:CALL:MODE (kill or stall): rank RANK kills itself or stalls at exchange CALL; oom: its "
+                              "CALL-th data-parallel request fails as out of memory (failure tests)"},
     [DI_SW_MPI_OMPI_SIZE] = {"OMPI_COMM_WORLD_SIZE", "unset", "set by Open MPI's mpirun: the process is one of N ranks"},
     [DI_SW_MPI_PMIX_RANK] = {"PMIX_RANK", "unset", "set by a PMIx launcher: the process is a rank"},
     [DI_SW_MPI_PMI_RANK] = {"PMI_RANK", "unset", "set by a PMI launcher (MPICH, Slurm): the process is a rank"},

@@ -1,26 +1,31 @@
-/* Attention data parallel with expert parallel (src/dist/dp.c) at 2 ranks on dsv3-tiny: a mix of
- * greedy and seeded-sampling requests of different lengths, arriving one per iteration and placed by
- * load, gives every request exactly the ids it gets alone (run by all ranks together, each rank's
- * forward exchanging experts); both ranks get requests; the rank without work at the start joins the
- * exchanges with zero tokens (di_ep_listen); every KV block comes back. Re-executes itself under
- * `mpirun --oversubscribe -np 2` (skipped, saying so, without mpirun or MPI). */
+/* Attention data parallel with expert parallel (src/dist/dp.c) at 2 ranks on dsv3-tiny and on
+ * dsv4-tiny (DeepSeek-V4: a listening rank runs its experts through the listener context of
+ * cpu_deepseek_v4_ep.c): a mix of greedy and seeded-sampling requests of different lengths, arriving
+ * one per iteration and placed by load, gives every request exactly the ids it gets alone (run by all
+ * ranks together, each rank's forward exchanging experts); both ranks get requests; the rank without
+ * work at the start joins the exchanges with zero tokens (di_ep_listen); every KV block comes back.
+ * On V4 the step's token budget is 8, so prompts are prefilled in chunks that fall differently alone
+ * and mixed: V4's chunk-independent results hold under data parallel. Re-executes itself under
+ * `mpirun --oversubscribe -np 2`, once per model (skipped, saying so, without mpirun or MPI). */
 #include "deepinfer.h"
 #include "dist/dist.h"
 #include "dist/dp.h"
 #include "test_util.h"
 #include "mpi_relaunch.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 enum { NREQ = 8 };
 
-static void make_requests(di_request_params *p, int32_t prompts[NREQ][40]) {
+static void make_requests(di_request_params *p, int32_t prompts[NREQ][40], int vocab) {
+  const int span = vocab - 2 < 900 ? vocab - 2 : 900;
   for (int i = 0; i < NREQ; i++) {
     di_request_params_default(&p[i]);
     const int len = 3 + (i * 11) % 29;
     for (int j = 0; j < len; j++)
-      prompts[i][j] = 1 + (int32_t)((i * 131 + j * 37) % 900);
+      prompts[i][j] = 1 + (int32_t)((i * 131 + j * 37) % span);
     p[i].prompt_ids = prompts[i];
     p[i].n_prompt_ids = len;
     p[i].max_tokens = 4 + (i * 5) % 9;
@@ -33,7 +38,9 @@ static void make_requests(di_request_params *p, int32_t prompts[NREQ][40]) {
   }
 }
 
-static int run_ranks(void) {
+static int run_ranks(const char *model) {
+  char name[96];
+  snprintf(name, sizeof name, "test_dist_dp %s", model);
   char a0[] = "test_dist_dp", a1[] = "generate", a2[] = "--enable-expert-parallel", a3[] = "--dist-timeout", a4[] = "30";
   char *argv[] = {a0, a1, a2, a3, a4, NULL};
   int argc = 5;
@@ -44,9 +51,11 @@ static int run_ranks(void) {
   di_model_options_default(&mo);
   mo.threads = 1;
   di_model *m = NULL;
-  CHECK(di_model_load(test_path("tests/data/models/dsv3-tiny"), &mo, &m) == DI_OK);
+  char dir[128];
+  snprintf(dir, sizeof dir, "tests/data/models/%s", model);
+  CHECK(di_model_load(test_path(dir), &mo, &m) == DI_OK);
   if (!m)
-    return di_dist_cli_finish(test_finish("test_dist_dp"));
+    return di_dist_cli_finish(test_finish(name));
   /* one forward on every rank first: it creates the expert-parallel state and records the MoE layers */
   const int32_t warm[1] = {1};
   float *lg = malloc(sizeof(float) * (size_t)di_model_vocab_size(m));
@@ -55,10 +64,15 @@ static int run_ranks(void) {
   di_ep *ep = di_dist_ep_current();
   CHECK(ep != NULL);
   di_engine *e = NULL;
-  CHECK(di_engine_create(m, NULL, &e) == DI_OK);
+  di_engine_options eo;
+  di_engine_options_default(&eo);
+  const int v4 = strstr(model, "dsv4") != NULL;
+  if (v4)
+    eo.max_num_batched_tokens = 8; /* prompts in chunks (see the top) */
+  CHECK(di_engine_create(m, &eo, &e) == DI_OK);
   di_request_params p[NREQ];
   int32_t prompts[NREQ][40];
-  make_requests(p, prompts);
+  make_requests(p, prompts, di_model_vocab_size(m));
   /* alone: every rank runs request i by itself, together */
   di_dp_result alone[NREQ], mixed[NREQ];
   memset(alone, 0, sizeof alone);
@@ -100,7 +114,7 @@ static int run_ranks(void) {
   di_engine_get_stats(e, &s);
   CHECK(s.kv_blocks_used == 0);
   if (c->rank == 0)
-    printf("data parallel 2: requests on ranks %d / %d, all equal to alone\n", on_rank[0], on_rank[1]);
+    printf("%s, data parallel 2: requests on ranks %d / %d, all equal to alone\n", model, on_rank[0], on_rank[1]);
   di_dp_results_free(alone, NREQ);
   di_dp_results_free(mixed, NREQ);
   di_engine_free(e);
@@ -112,7 +126,7 @@ static int run_ranks(void) {
   int failed = 0;
   for (int r = 0; r < c->size; r++)
     failed += all[r];
-  int rc = rank == 0 ? test_finish("test_dist_dp (2 ranks)") : (failed ? 1 : 0);
+  int rc = rank == 0 ? test_finish(name) : (failed ? 1 : 0);
   if (rank == 0 && failed && !rc)
     rc = 1;
   return di_dist_cli_finish(rc);
@@ -120,6 +134,7 @@ static int run_ranks(void) {
 
 int main(int argc, char **argv) {
   if (di_comm_launched_by_mpi())
-    return run_ranks();
-  return mpi_relaunch(argv[0], "2", "test_dist_dp");
+    return run_ranks(argc > 1 ? argv[1] : "dsv3-tiny");
+  int rc = mpi_run(argv[0], "2", "test_dist_dp", "dsv3-tiny");
+  return mpi_run(argv[0], "2", "test_dist_dp", "dsv4-tiny") || rc;
 }

@@ -4,6 +4,7 @@ mpirun (2 CPU ranks, with --enable-expert-parallel), place requests on both rank
 of one rank bit for bit (the CPU is batch-invariant): greedy, seeded and engine-seeded sampling, with
 logprobs. SIGTERM stops every rank with exit code 0; a rank that dies ends the job with a message and
 no hang; without mpirun on PATH the flag says so. Skipped without mpirun or an MPI build."""
+import functools
 import http.client
 import json
 import os
@@ -61,7 +62,9 @@ llm = LLM(sys.argv[1], threads=1, seed=7, data_parallel_size=n, enable_expert_pa
 ps = json.loads(sys.argv[3])
 outs = llm.generate([{"prompt_token_ids": p} for p in ps], [SamplingParams(**s) for s in json.loads(sys.argv[4])])
 print(json.dumps({"ids": [o.outputs[0].token_ids for o in outs], "lp": [o.outputs[0].cumulative_logprob for o in outs],
-                  "plp": [repr(o.prompt_logprobs) for o in outs], "here": llm.get_stats()["generated_tokens"]}))
+                  "plp": [repr(o.prompt_logprobs) for o in outs], "here": llm.get_stats()["generated_tokens"],
+                  "finish": [o.outputs[0].finish_reason for o in outs],
+                  "error": [getattr(o.outputs[0], "error", None) for o in outs]}))
 """
 
 
@@ -71,17 +74,45 @@ def run_llm(n, env=None):
                           capture_output=True, text=True, timeout=120, env=env or ENV)
 
 
+@functools.lru_cache(maxsize=None)
+def run_llm_one_rank():
+    """the one-rank reference, run once for the tests that compare with it"""
+    return run_llm(1)
+
+
 def test_llm_data_parallel_equals_one_rank():
-    one, two = run_llm(1), run_llm(2)
+    one, two = run_llm_one_rank(), run_llm(2)
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     a, b = json.loads(one.stdout), json.loads(two.stdout)
     assert a["ids"] == b["ids"] and a["lp"] == b["lp"] and a["plp"] == b["plp"]
     assert a["plp"][1] != "None" and a["lp"][0] is not None
     total = sum(len(x) for x in a["ids"])
-    assert a["here"] == total and 0 < b["here"] < total  # rank 0 ran only its share
+    assert a["here"] == total and b["here"] == total  # the stats add every rank's engine (placement: both ranks)
     assert two.stdout.count("\n") == 1  # rank 1's stdout is silenced
     assert "expert parallel over 2 ranks" in two.stderr
+
+
+def test_worker_out_of_memory_fails_its_request_only():
+    # rank 1's first request fails as out of memory: that request ends with an error, the others (on
+    # both ranks) are as on one rank, and the job goes on to the end
+    one, two = run_llm_one_rank(), run_llm(2, env=dict(ENV, DEEPINFER_DIST_TEST_FAIL="1:1:oom"))
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    failed = [i for i, f in enumerate(b["finish"]) if f == "error"]
+    assert len(failed) == 1, b
+    assert "rank 1 could not take the request" in b["error"][failed[0]] and "out of memory" in b["error"][failed[0]]
+    for i in range(6):
+        if i not in failed:
+            assert a["ids"][i] == b["ids"][i], i
+
+
+def test_speculative_decoding_refused_under_data_parallel():
+    r = generate("--data-parallel-size", "2", "--enable-expert-parallel", "--speculative-config",
+                 '{"method": "mtp", "num_speculative_tokens": 2}')
+    assert r.returncode != 0 and "does not work with --data-parallel-size > 1" in r.stderr, r.stderr
+    assert "ending the job" not in r.stderr or "speculative" in r.stderr
 
 
 def generate(*extra, env=None):
@@ -130,7 +161,7 @@ class Server:
 
 
 def one_rank_reference():
-    r = run_llm(1)
+    r = run_llm_one_rank()
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["ids"]
 

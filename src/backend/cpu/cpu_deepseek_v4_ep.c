@@ -9,19 +9,44 @@
 
 typedef struct {
   di_v4_ctx *cx;
-  const di_v4_layer *L;
   di_v4_swiglu_fn swiglu;
 } v4_ep_user;
 
+/* The experts of layer `layer` over rows sorted by expert (di_ep_experts_fn); a forward's own
+ * context, or the listener's (below), whose allocations are released after each call. */
 static di_status run_experts(void *user, int layer, const float *x, const int32_t *count, int n, float *y,
                              float *scratch) {
+  (void)n, (void)scratch;
   v4_ep_user *u = user;
+  const di_v4_layer *L = &u->cx->w->layers[layer];
   const int D = u->cx->c->hidden_size, E = u->cx->c->n_routed_experts;
-  for (int e = 0, r0 = 0; e < E; r0 += count[e], e++)
+  di_v4_blk *m = di_v4_mark(u->cx);
+  di_status st = DI_OK;
+  for (int e = 0, r0 = 0; e < E && st == DI_OK; r0 += count[e], e++)
     if (count[e])
-      DI_TRY(u->swiglu(u->cx, &u->L->exp_w1[e], &u->L->exp_w2[e], &u->L->exp_w3[e], x + (size_t)r0 * D, count[e],
-                       y + (size_t)r0 * D));
-  return DI_OK;
+      st = u->swiglu(u->cx, &L->exp_w1[e], &L->exp_w2[e], &L->exp_w3[e], x + (size_t)r0 * D, count[e],
+                     y + (size_t)r0 * D);
+  di_v4_release(u->cx, m);
+  return st;
+}
+
+/* A data-parallel rank that listens (no forward of its own this round) runs its experts for the other
+ * ranks' rows with this context: the expert products read only the config, the weights and the
+ * allocator, so a context made at the first forward serves every later listen. One per process, as
+ * the expert-parallel state is (dist.c: one model per process). */
+static di_v4_ctx listen_cx;
+static v4_ep_user listen_user;
+
+static void set_listener(di_ep *ep, const di_v4_ctx *cx, di_v4_swiglu_fn swiglu) {
+  if (listen_cx.w == cx->w && listen_user.swiglu == swiglu)
+    return;
+  memset(&listen_cx, 0, sizeof listen_cx);
+  listen_cx.c = cx->c;
+  listen_cx.w = cx->w;
+  listen_cx.first_tie_pos = -1;
+  listen_user.cx = &listen_cx;
+  listen_user.swiglu = swiglu;
+  di_ep_set_listener(ep, run_experts, &listen_user);
 }
 
 di_status di_v4_moe_ep(di_v4_ctx *cx, int l, const float *x, const float *wt, float *out, di_v4_swiglu_fn swiglu) {
@@ -42,7 +67,8 @@ di_status di_v4_moe_ep(di_v4_ctx *cx, int l, const float *x, const float *wt, fl
     for (; k < K; k++)
       ids[t * K + k] = -1;
   }
-  v4_ep_user u = {cx, &cx->w->layers[l], swiglu};
+  set_listener(ep, cx, swiglu);
+  v4_ep_user u = {cx, swiglu};
   DI_TRY(di_ep_routed(ep, l, x, T, ids, K, y, run_experts, &u));
   for (int t = 0; t < T; t++)
     for (int k = 0; k < K && ids[t * K + k] >= 0; k++) {

@@ -4,13 +4,14 @@
  * with the absorbed query over the latent KV cache, then the dense MLP or the MoE), and the forward of
  * a prepared step (embed, layers, final norm, lm_head, in-step sampling). */
 #include "cuda_backend_impl.cuh"
+#include "cuda_ep.cuh"
 #include <string.h>
 
 /* DEEPINFER_CUDA_FP8=1: the layer's FP8 weight groups to the device as FP8 (per-row scales, see
  * cuda_upload_fp8.cu), in the bf16 groups' row layouts; a group any of whose matrices is not FP8 with
  * the group's block width (or whose slices would split a scale block) stays bf16. Shapes were checked
  * by check_shape before. */
-static di_status upload_layer_fp8(cu_backend *b, const di_model_config *c, const di_ds_layer *s, cu_layer *d) {
+static di_status upload_layer_fp8(cu_backend *b, const di_model_config *c, const di_ds_layer *s, cu_layer *d, int l) {
   const int H = b->H, qrows = b->qr > 0 ? b->qr : b->NH * b->dqk;
   const di_weight *qa = b->qr > 0 ? &s->q_a : &s->q_proj;
   const int bc = qa->block_cols;
@@ -55,13 +56,15 @@ static di_status upload_layer_fp8(cu_backend *b, const di_model_config *c, const
     ok = fp8_uploadable(eb, g) && (b->n_sh == 0 || I % eb == 0);
   }
   if (!ok) return DI_OK;
-  const int Et = b->Et;
+  /* expert parallel: this rank's experts only, at local slots (shared ones unfolded) */
+  const int Et = b->ep ? b->ep_El : b->Et, n_routed = b->ep ? b->ep_El : E;
   DI_TRY(fp8_alloc(b, (int64_t)Et * 2 * Ip, Hp, eb, &d->f_exp_gu));
   DI_TRY(fp8_alloc(b, (int64_t)Et * Hp, Ip, eb, &d->f_exp_down));
-  for (int e = 0; e < E; e++) {
-    DI_TRY(fp8_up_rows(&s->exp_gate[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip));
-    DI_TRY(fp8_up_rows(&s->exp_up[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip + Ip));
-    DI_TRY(fp8_up_rows(&s->exp_down[e], 0, H, 0, I, &d->f_exp_down, (int64_t)e * Hp));
+  for (int j = 0; j < n_routed; j++) {
+    const int e = b->ep ? cu_ep_local_expert(b, l, j) : j;
+    DI_TRY(fp8_up_rows(&s->exp_gate[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)j * 2 * Ip));
+    DI_TRY(fp8_up_rows(&s->exp_up[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)j * 2 * Ip + Ip));
+    DI_TRY(fp8_up_rows(&s->exp_down[e], 0, H, 0, I, &d->f_exp_down, (int64_t)j * Hp));
   }
   if (s->has_shared && b->n_sh > 0) {
     for (int j = 0; j < b->n_sh; j++) {
@@ -116,7 +119,7 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
       DI_TRY(check_shape(&s->sh_down, H, Is, "shared_experts.down_proj"));
     }
   }
-  if (b->fp8) DI_TRY(upload_layer_fp8(b, c, s, d));
+  if (b->fp8) DI_TRY(upload_layer_fp8(b, c, s, d, l));
   if (!d->f_qkv_a.q) {
     DI_TRY(dev_alloc(b, (void **)&d->qkv_a, (size_t)b->Wa * H * 2));
     DI_TRY(up_rows(b->qr > 0 ? &s->q_a : &s->q_proj, 0, qrows, d->qkv_a, H));
@@ -155,9 +158,9 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
     DI_CU(cudaMemset(d->exp_down, 0, dn_e * Et * 2));
   }
   /* staging layout per expert: gate rows [0, Ip), up rows [Ip, 2Ip); then interleaved for the glu GEMM */
-  const int e0 = b->ep ? b->ep_e0 : 0, e1 = b->ep ? b->ep_e0 + b->ep_El : E;
-  for (int e = e0; e < e1; e++) {
-    const size_t j = (size_t)(e - e0); /* local index */
+  for (int jj = 0; jj < (b->ep ? b->ep_El : E); jj++) {
+    const size_t j = (size_t)jj; /* the local slot, holding expert e */
+    const int e = b->ep ? cu_ep_local_expert(b, l, jj) : jj;
     DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
     DI_TRY(check_shape(&s->exp_up[e], I, H, "experts.up_proj"));
     DI_TRY(check_shape(&s->exp_down[e], H, I, "experts.down_proj"));
@@ -194,6 +197,25 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
   return DI_OK;
 }
 
+
+di_status cu_upload_expert(cu_backend *b, const di_ds_layer *s, int l, int e, int j) {
+  cu_layer *d = &b->L[l];
+  const int H = b->H, Hp = b->Hp, Ip = b->Ip, I = b->cfg->moe_intermediate_size;
+  if (d->f_exp_gu.q) { /* FP8: rows into the slot's place, as upload_layer_fp8 */
+    DI_TRY(fp8_up_rows(&s->exp_gate[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)j * 2 * Ip));
+    DI_TRY(fp8_up_rows(&s->exp_up[e], 0, I, 0, H, &d->f_exp_gu, (int64_t)j * 2 * Ip + Ip));
+    return fp8_up_rows(&s->exp_down[e], 0, H, 0, I, &d->f_exp_down, (int64_t)j * Hp);
+  }
+  const size_t gu_e = (size_t)2 * Ip * Hp, dn_e = (size_t)Hp * Ip;
+  if (!b->stage) DI_TRY(dev_alloc(b, (void **)&b->stage, gu_e * 2)); /* one expert's staging */
+  DI_CU(cudaMemset(b->stage, 0, gu_e * 2));
+  DI_TRY(up_rows(&s->exp_gate[e], 0, I, b->stage, Hp));
+  DI_TRY(up_rows(&s->exp_up[e], 0, I, b->stage + (size_t)Ip * Hp, Hp));
+  DI_TRY(up_rows(&s->exp_down[e], 0, H, d->exp_down + dn_e * j, Ip)); /* padding stays zero */
+  DI_TRY(di_cuk_glu_interleave((const uint16_t *)b->stage, (uint16_t *)(d->exp_gu + gu_e * j), 1, Ip, Hp, NULL));
+  DI_CU(cudaDeviceSynchronize());
+  return DI_OK;
+}
 
 /* ---- the forward pass ---------------------------------------------------------------------------- */
 
@@ -254,6 +276,13 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, int T, int A, int
   DI_TRY(di_cuk_fp8_quant_ws((const uint16_t *)b->act, Ip, A, Ip, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
   return di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, NULL, L->f_exp_down, Hp, Ip, b->expert_off, b->tiles, b->n_tiles,
                                  max_tiles, bm, b->y, Hp, 1, s);
+}
+
+/* The shared experts when they are not folded into the grouped GEMM: added into h (on b->stream) */
+static di_status shared_experts(cu_backend *b, const cu_layer *L, int T) {
+  if (!L->has_shared || b->n_sh > 0) return DI_OK;
+  if (L->f_sh_gu.q) return mlp_dense_fp8(b, T, &L->f_sh_gu, &L->f_sh_down, b->Ish);
+  return mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish);
 }
 
 #define PROF(label) prof_mark(b, label)
@@ -393,7 +422,21 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   /* invariant on tensor cores: the grouped GEMM at every step (a row's chain of mma steps does not
    * depend on the tile size or on how many rows its expert has: test_cuda_tc_gemm) */
   const int tc_inv = di_cu_blas_tc_invariant(b->blas);
-  if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
+  int shared_done = 0;
+  if (b->ep && L->has_shared && b->n_sh == 0 && cu_ep_side_stream(b)) {
+    /* expert parallel (DEEPINFER_CUDA_EP_OVERLAP, on by default): the shared experts on the side stream while the
+     * routed rows are exchanged and computed on the main one; the combine waits for both. The same
+     * arithmetic as in order (shared adds into h, the combine adds the routed after), so the same bits */
+    const cudaStream_t main_stream = b->stream;
+    DI_TRY(cu_ep_side_begin(b));
+    b->stream = (cudaStream_t)cu_ep_side_stream(b);
+    const di_status st = shared_experts(b, L, T);
+    b->stream = main_stream;
+    DI_TRY(st);
+    DI_TRY(cu_ep_moe(b, l, T, &inv));
+    DI_TRY(cu_ep_side_end(b));
+    shared_done = 1;
+  } else if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
     DI_TRY(cu_ep_moe(b, l, T, &inv));
   } else if (L->f_exp_gu.q) { /* FP8 experts (DEEPINFER_CUDA_FP8=1): batch-invariant kernels of their own */
     if (!SKIP(SKIP_EXPERTS)) DI_TRY(experts_fp8(b, L, T, A, bm, max_tiles));
@@ -420,8 +463,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                                b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
   }
   PROF("experts down");
-  if (L->has_shared && b->n_sh == 0 && L->f_sh_gu.q) DI_TRY(mlp_dense_fp8(b, T, &L->f_sh_gu, &L->f_sh_down, b->Ish));
-  else if (L->has_shared && b->n_sh == 0) DI_TRY(mlp_dense(b, T, L->sh_gu, L->sh_down, b->Ish));
+  if (!shared_done) DI_TRY(shared_experts(b, L, T));
   const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
   if (!SKIP(SKIP_COMBINE) && !down_combine)
     DI_TRY(di_cuk_moe_combine(b->y, Hp, inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
@@ -478,6 +520,7 @@ di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights 
     if (fold) b->n_sh = c->n_shared_experts;
   }
   DI_TRY(cu_ep_setup(b, c)); /* expert parallel: which experts live here (unfolds the shared ones) */
+  cu_ep_set_weights(b, w);   /* EPLB uploads moved experts from them */
   b->Et = b->E + b->n_sh;
   b->Kt = b->K + b->n_sh;
   if (b->R > DI_CUK_MLA_R || b->dr > DI_CUK_MLA_P || b->dr % 2)
