@@ -105,7 +105,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const int fixed_sep = fixed && n_chunks * 4 <= target;
   if (fixed) S_max = fixed_sep ? (bt_stride * DI_KV_BLOCK_SIZE - 1) / DI_CUK_ATTN_FIXED_SPLIT + 1 : 1;
   const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
-  DI_TRY(ensure_acts(b, Tp, n_out_p, max_items));
+  DI_TRY(ensure_acts(b, Tp, n_out_p, fixed && !fixed_sep ? 1 : max_items)); /* (partial slots) */
 
   /* layout of the input block (int32 units); the last block-table row is the padding tokens' */
   const int n_seq_rows = (bt->n_seqs > Tp ? bt->n_seqs : Tp) + 1, spare_seq = n_seq_rows - 1;
