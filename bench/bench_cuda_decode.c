@@ -208,9 +208,10 @@ int main(int argc, char **argv) {
   if (be->ops->kv_alloc(be, n_blocks) != DI_OK) FAIL(0);
   int32_t *tables = malloc(sizeof(int32_t) * (size_t)n_blocks);
   for (int64_t i = 0; i < n_blocks; i++) tables[i] = (int32_t)i;
-  const int maxT = 4096;
-  int32_t *tok = malloc(4 * (size_t)(maxT > maxb ? maxT : maxb) * 2), *pos = malloc(4 * (size_t)maxT * 2),
-          *seq = malloc(4 * (size_t)maxT * 2), *rows = malloc(4 * (size_t)maxT * 2);
+  const int maxT = 4096; /* prompt tokens per step; the arrays also hold the longest --prefill */
+  size_t cap = 2 * (size_t)(maxT > maxb ? maxT : maxb);
+  if (cap < (size_t)maxpf) cap = (size_t)maxpf;
+  int32_t *tok = malloc(4 * cap), *pos = malloc(4 * cap), *seq = malloc(4 * cap), *rows = malloc(4 * cap);
   di_batch_seq *seqs = malloc(sizeof(di_batch_seq) * (size_t)maxb);
   di_sample_row *srow = calloc((size_t)maxb, sizeof(di_sample_row));
   int32_t *next = malloc(4 * (size_t)maxb);

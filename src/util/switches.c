@@ -34,7 +34,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                     "keys per attention key tile of a split (a multiple of 32)"},
     [DI_SW_CUDA_ATTN_PRELOAD] = {"DEEPINFER_CUDA_ATTN_PRELOAD", "1", "0: the attention kernels do not preload keys"},
     [DI_SW_CUDA_ATTN_FIXED] = {"DEEPINFER_CUDA_ATTN_FIXED", "0",
-                               "1: MLA attention in the fixed-split form at every step (k_mla_fixed.cu; batch-invariant)"},
+                               "1 (or a split size in keys, a multiple of 32): MLA attention in the fixed-split form at every step "
+                               "(k_mla_fixed.cu; batch-invariant)"},
     [DI_SW_CUDA_FOLD_UV] = {"DEEPINFER_CUDA_FOLD_UV", "0", "1: W_UV applied in the decode attention's epilogue"},
     [DI_SW_CUDA_VO_FUSED] = {"DEEPINFER_CUDA_VO_FUSED", "1",
                              "0: one-token W_UV and o_proj as two GEMMs (not the fused kernel)"},

@@ -4,7 +4,7 @@
  * cut: the chunk's rows in items of 32 rows with every split in one CTA (prefill), in items of 16 rows
  * with one CTA per split and the combine kernel (decode / verify), and each token alone as its own
  * item reaching only its own position (a decode row) in both forms. Positions cross several splits of
- * DI_CUK_ATTN_FIXED_SPLIT keys; the block table is scrambled. `--bench` times the fixed-split kernel
+ * DI_CUK_ATTN_FIXED_SPLIT keys (and of 64, another split size); the block table is scrambled. `--bench` times the fixed-split kernel
  * against today's prefill attention (di_cuk_mla_attn, 64-row items, no splits) and the batch-invariant
  * cluster form on whole prompts of 512 / 4,096 / 16,384 tokens. Built only with nvcc. */
 #include "backend/cuda/cuda_kernels.h"
@@ -42,6 +42,7 @@ typedef struct problem {
 
 /* items for the chunk's rows: mode 0: rows of `bm` over every split in one CTA; mode 1: rows of bm with
  * one CTA per split + combine items; alone: each token its own item(s), keys up to its own position */
+static int g_split = DI_CUK_ATTN_FIXED_SPLIT;
 static int make_items(const problem *p, int bm, int separate, int alone, di_cuk_attn_item *items,
                       di_cuk_combine_item *citems, int *nci, int *parts) {
   int ni = 0, part = 0;
@@ -51,7 +52,8 @@ static int make_items(const problem *p, int bm, int separate, int alone, di_cuk_
     for (int r0 = g0; r0 < g0 + step; r0 += bm) {
       int r1 = r0 + bm < g0 + step ? r0 + bm : g0 + step;
       int maxpos = p->pos[(r1 - 1) / p->H];
-      ni += di_cuk_attn_fixed_items(r0, r1, 0, maxpos, p->pos[r0 / p->H], separate, &part, items + ni, citems, nci);
+      ni += di_cuk_attn_fixed_items(r0, r1, 0, maxpos, p->pos[r0 / p->H], g_split, separate, &part, items + ni, citems,
+                                    nci);
     }
   *parts = part;
   return ni;
@@ -59,7 +61,7 @@ static int make_items(const problem *p, int bm, int separate, int alone, di_cuk_
 
 /* runs one item form; returns the bf16 output [T*H][DR] (host) or NULL */
 static uint16_t *run_form(const problem *p, int bm, int separate, int alone, double *ms) {
-  const int cap = p->T * p->H / 16 * (p->ctx / DI_CUK_ATTN_FIXED_SPLIT + 2) + 16;
+  const int cap = p->T * p->H / 16 * (p->ctx / g_split + 2) + 16;
   di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
   di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
   int nci, parts;
@@ -73,8 +75,8 @@ static uint16_t *run_form(const problem *p, int bm, int separate, int alone, dou
   const float scale = 0.0721f;
   di_cut_sync();
   double t0 = di_cut_time_ms();
-  di_status st = di_cuk_mla_attn_fixed(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, dit, dn, ni, bm, dout, dpo,
-                                       dpl, NULL);
+  di_status st = di_cuk_mla_attn_fixed(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn, ni, bm,
+                                       dout, dpo, dpl, NULL);
   if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
   CHECKF(st == DI_OK && di_cut_sync() == 0, "mla_attn_fixed: %s", di_last_error());
   if (ms) *ms = di_cut_time_ms() - t0;
@@ -163,7 +165,7 @@ static void check_shape(int H, int ctx, int T, const char *label) {
   }
   double err = ref_err(&p, base);
   CHECKF(err < 1e-2, "%s: rel err vs float64 %.3e", label, err);
-  printf("attn_fixed %-26s H=%3d ctx=%5d T=%3d: rel err vs float64 %.2e\n", label, H, ctx, T, err);
+  printf("attn_fixed %-26s H=%3d ctx=%5d T=%3d split %d: rel err vs float64 %.2e\n", label, H, ctx, T, g_split, err);
   free(base);
   problem_free(&p);
 }
@@ -186,7 +188,7 @@ static void bench_prompt(int H, int T) {
     int ni = 0, part = 0, nci = 0;
     for (size_t r0 = 0; r0 < nrows; r0 += bm) {
       int r1 = (int)(r0 + bm < nrows ? r0 + bm : nrows), maxpos = p.pos[(r1 - 1) / H];
-      if (form == 0) ni += di_cuk_attn_fixed_items((int)r0, r1, 0, maxpos, 0, 0, &part, items + ni, citems, &nci);
+      if (form == 0) ni += di_cuk_attn_fixed_items((int)r0, r1, 0, maxpos, 0, g_split, 0, &part, items + ni, citems, &nci);
       else if (form == 1) items[ni++] = (di_cuk_attn_item){(int)r0, r1, 0, 0, maxpos + 1, -1, 0};
       else ni += di_cuk_attn_cluster_items((int)r0, r1, 0, maxpos + 1, 0, cl, 1, 1, &part, items + ni, citems, &nci);
     }
@@ -196,7 +198,7 @@ static void bench_prompt(int H, int T) {
     for (int rep = 0; rep < 6; rep++) {
       di_cut_sync();
       double t0 = di_cut_time_ms();
-      di_status st = form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+      di_status st = form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
                    : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
                                : di_cuk_mla_attn_cluster(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
                                                          dout, dpo, dpl, NULL, NULL);
@@ -227,11 +229,17 @@ int main(int argc, char **argv) {
     const int T[] = {512, 4096, 16384};
     for (int i = 0; i < 3; i++) bench_prompt(16, T[i]);
     bench_prompt(128, 4096);
+    g_split = 64;
+    printf("split 64:\n");
+    bench_prompt(16, 4096);
     return test_finish("test_cuda_attn_fixed --bench");
   }
   check_shape(16, 1000, 40, "V2-Lite, chunk of 40");
   check_shape(16, 300, 300, "V2-Lite, whole prompt 300");
   check_shape(128, 2100, 6, "V3, chunk of 6");
   check_shape(16, 5000, 3, "V2-Lite, 5000 keys");
+  g_split = 64; /* another split size (DEEPINFER_CUDA_ATTN_FIXED=64) */
+  check_shape(16, 1000, 40, "V2-Lite, chunk of 40");
+  check_shape(128, 700, 5, "V3, chunk of 5");
   return test_finish("test_cuda_attn_fixed");
 }

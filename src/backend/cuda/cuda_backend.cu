@@ -114,9 +114,14 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   const int want_cl = di_switch_int(DI_SW_CUDA_ATTN_CLUSTER, 16);
   b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   /* attention with a fixed key split at every step (k_mla_fixed.cu: a row's bits independent of the
-   * batch, the chunk and decode / verify / prefill); DEEPINFER_CUDA_ATTN_FIXED=1 (off by default until
-   * measured on the H200: docs/NOTES.md, issue 19) */
-  b->attn_fixed = di_switch_bool(DI_SW_CUDA_ATTN_FIXED, 0);
+   * batch, the chunk and decode / verify / prefill); DEEPINFER_CUDA_ATTN_FIXED=1 (splits of
+   * DI_CUK_ATTN_FIXED_SPLIT keys) or =N (splits of N keys, a multiple of 32); off by default until
+   * measured on the H200 (docs/NOTES.md, issue 19) */
+  const int fixed = di_switch_int(DI_SW_CUDA_ATTN_FIXED, 0);
+  b->attn_fixed = fixed == 1 ? DI_CUK_ATTN_FIXED_SPLIT : fixed >= 32 && fixed % 32 == 0 ? fixed : 0;
+  if (fixed != 0 && !b->attn_fixed)
+    return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED=%d: 0, 1 or a split size in keys (a multiple "
+                        "of 32)", fixed);
   const int split_keys = di_switch_int(DI_SW_CUDA_ATTN_SPLIT_KEYS, 0);
   b->split_keys = split_keys >= 32 && split_keys % 32 == 0 ? split_keys : DI_CUK_ATTN_KTILE;
   for (int i = 0; i < 2; i++) DI_CU(cudaEventCreateWithFlags(&b->ev_sampled[i], cudaEventDisableTiming));

@@ -330,8 +330,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
   if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
     DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
-                                 b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
-                                 (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+                                 b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,
+                                 b->bm, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
   else if (!SKIP(SKIP_ATTN) && b->attn_cl)
     DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                    NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,

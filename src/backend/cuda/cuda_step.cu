@@ -65,7 +65,8 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   for (int t = 0; t < T; t++)
     if (t == 0 || bt->seq_of[t] != bt->seq_of[t - 1]) n_runs++;
   if (Tp > T) n_runs++;
-  /* the fixed-split attention (k_mla_fixed.cu): items of 32 rows where runs are long, else 16 */
+  /* the fixed-split attention (k_mla_fixed.cu; fixed = its split in keys): items of 32 rows where runs
+   * are long, else 16 */
   const int fixed = b->attn_fixed;
   const int bm = fixed ? (rows_total / n_runs >= 32 ? 32 : 16) : rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;
   /* count chunks */
@@ -103,7 +104,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   /* fixed splits: a row group's splits in CTAs of their own when the step has few row groups (decode,
    * verify), else all in one CTA; either gives a row the same bits */
   const int fixed_sep = fixed && n_chunks * 4 <= target;
-  if (fixed) S_max = fixed_sep ? (bt_stride * DI_KV_BLOCK_SIZE - 1) / DI_CUK_ATTN_FIXED_SPLIT + 1 : 1;
+  if (fixed) S_max = fixed_sep ? (bt_stride * DI_KV_BLOCK_SIZE - 1) / fixed + 1 : 1;
   const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
   DI_TRY(ensure_acts(b, Tp, n_out_p, fixed && !fixed_sep ? 1 : max_items)); /* (partial slots) */
 
@@ -181,7 +182,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
         if (p > maxpos) maxpos = p;
       }
       if (fixed) {
-        ni += di_cuk_attn_fixed_items(r0, r1, seq, maxpos, kfresh, fixed_sep, &part, items + ni, citems, &nci);
+        ni += di_cuk_attn_fixed_items(r0, r1, seq, maxpos, kfresh, fixed, fixed_sep, &part, items + ni, citems, &nci);
         continue;
       }
       if (cluster) {

@@ -1,6 +1,7 @@
 /* MLA attention with a fixed key split (issue 19): the batch-invariant attention. A row's keys 0..pos
- * are cut at multiples of DI_CUK_ATTN_FIXED_SPLIT (a constant: never the batch, the chunk or the
- * number of CTAs); each split is one online-softmax pass over 32-key tiles from its start, giving a
+ * are cut at multiples of a split size fixed for the process (DI_CUK_ATTN_FIXED_SPLIT = 256 keys unless
+ * DEEPINFER_CUDA_ATTN_FIXED names another multiple of 32: never the batch, the chunk or the number of
+ * CTAs); each split is one online-softmax pass over 32-key tiles from its start, giving a
  * normalized partial (o_s, lse_s); the partials are merged in split order by one running merge
  * (fixed_merge below). Whether the splits of a row group run in one CTA (merged in registers: prefill
  * chunks, many row groups) or in CTAs of their own (partials through memory, merged by
@@ -23,12 +24,10 @@
 #define D DI_CUK_MLA_D
 #define DR DI_CUK_MLA_R
 #define KT DI_CUK_ATTN_KTILE /* keys per shared-memory tile */
-#define SPLIT DI_CUK_ATTN_FIXED_SPLIT
-#define TPS (SPLIT / KT)     /* tiles per split */
 #define SROW (D + 8)         /* padded row (1168 B: ldmatrix rows land in distinct banks) */
 #define SSTR (KT + 4)        /* score tile row stride (floats) */
 
-static_assert(SPLIT % KT == 0, "a split is whole key tiles");
+static_assert(DI_CUK_ATTN_FIXED_SPLIT % KT == 0, "a split is whole key tiles");
 
 /* One split's partial (o normalized by its own sum, lse in log2 units) into the running state (M, W)
  * of a row: the factors a (old state) and c (the partial); the caller then does A = A * a + c * o per
@@ -51,7 +50,7 @@ static __device__ __forceinline__ float fixed_lse(float m, float l) {
 template <int RG>
 static __global__ void __launch_bounds__(RG * 128)
 mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
-                 float scale_log2, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
+                 float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
                  float *part_lse) {
   DI_PDL_ENTRY();
   if ((int)blockIdx.x >= *n_items) return;
@@ -146,7 +145,7 @@ mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_str
       }
     }
 
-    if ((j + 1) % TPS == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
+    if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
       const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
       const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
       if (it.part >= 0) { /* an item of one split: the partial goes to the combine kernel */
@@ -206,32 +205,35 @@ static size_t fixed_smem(int rg) {
 
 template <int RG>
 static di_status launch_fixed(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *pos,
-                              int H, float sl2, const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
-                              bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
+                              int H, float sl2, int tps, const di_cuk_attn_item *items, const int32_t *n_items,
+                              int max_items, bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
   const size_t sm = fixed_smem(RG);
   static int attr_set;
   if (!attr_set) {
     DI_CU(cudaFuncSetAttribute(mla_fixed_kernel<RG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attr_set = 1;
   }
-  DI_CU(di_launch(mla_fixed_kernel<RG>, max_items, RG * 128, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, items,
+  DI_CU(di_launch(mla_fixed_kernel<RG>, max_items, RG * 128, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, tps, items,
                   n_items, out, part_o, part_lse));
   DI_CU_LAUNCH("mla_attn_fixed");
   return DI_OK;
 }
 
 extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
-                                           int bt_stride, const int32_t *positions, int H, float scale,
+                                           int bt_stride, const int32_t *positions, int H, float scale, int split,
                                            const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                                            int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
                                            di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
+  if (split < KT || split % KT)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed split %d (a multiple of %d)", split, KT);
+  const int tps = split / KT;
   const float sl2 = scale * 1.4426950408889634f;
   if (rows_per_cta == 32)
-    return launch_fixed<2>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, items,
+    return launch_fixed<2>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, tps, items,
                            n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
   if (rows_per_cta == 16)
-    return launch_fixed<1>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, items,
+    return launch_fixed<1>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, tps, items,
                            n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed rows_per_cta %d (16 or 32)", rows_per_cta);
 }
@@ -283,17 +285,18 @@ extern "C" di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, 
   return DI_OK;
 }
 
-extern "C" int di_cuk_attn_fixed_items(int r0, int r1, int seq, int maxpos, int kfresh, int separate, int *part,
-                                       di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems) {
-  const int nsplit = maxpos / SPLIT + 1;
+extern "C" int di_cuk_attn_fixed_items(int r0, int r1, int seq, int maxpos, int kfresh, int split, int separate,
+                                       int *part, di_cuk_attn_item *items, di_cuk_combine_item *citems,
+                                       int *n_citems) {
+  const int nsplit = maxpos / split + 1;
   if (!separate || nsplit == 1) {
     items[0] = (di_cuk_attn_item){r0, r1, seq, 0, maxpos + 1, -1, kfresh};
     return 1;
   }
   citems[(*n_citems)++] = (di_cuk_combine_item){r0, r1, *part, nsplit};
   for (int sp = 0; sp < nsplit; sp++) {
-    const int k1 = (sp + 1) * SPLIT < maxpos + 1 ? (sp + 1) * SPLIT : maxpos + 1;
-    items[sp] = (di_cuk_attn_item){r0, r1, seq, sp * SPLIT, k1, (*part)++, kfresh};
+    const int k1 = (sp + 1) * split < maxpos + 1 ? (sp + 1) * split : maxpos + 1;
+    items[sp] = (di_cuk_attn_item){r0, r1, seq, sp * split, k1, (*part)++, kfresh};
   }
   return nsplit;
 }
