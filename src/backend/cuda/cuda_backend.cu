@@ -88,9 +88,9 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   /* Batch-invariant mode (di_model_options.batch_invariant, or DEEPINFER_BATCH_INVARIANT=1): a row's
    * logits do not depend on what else is in the step (the CPU backend always is). Every product runs a
    * form whose per-row arithmetic is fixed: GEMMs in chunks of the skinny kernels (gemm.cu), experts as
-   * the grouped GEMV, attention in the strided cluster form (without clusters: one pass over the keys
-   * per item), none of the one-token fusions that change the arithmetic (the fused gate and prep +
-   * absorb are bit-equal to their unfused kernels and stay). Slower. */
+   * the grouped GEMV, attention with fixed key splits (k_mla_fixed.cu; DEEPINFER_CUDA_ATTN_FIXED=0: the
+   * strided cluster form), none of the one-token fusions that change the arithmetic (the fused gate and
+   * prep + absorb are bit-equal to their unfused kernels and stay). Slower. */
   b->invariant = b->invariant || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
   di_cu_blas_set_tc_default(b->blas, di_switch_int(DI_SW_CUDA_TC_DEFAULT_MINM, 4));
   const char *tc_core = di_switch_get(DI_SW_CUDA_TC_CORE);
@@ -115,9 +115,11 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
   /* attention with a fixed key split at every step (k_mla_fixed.cu: a row's bits independent of the
    * batch, the chunk and decode / verify / prefill); DEEPINFER_CUDA_ATTN_FIXED=1 (splits of
-   * DI_CUK_ATTN_FIXED_SPLIT keys) or =N (splits of N keys, a multiple of 32); off by default until
-   * measured on the H200 (docs/NOTES.md, issue 19) */
-  const int fixed = di_switch_int(DI_SW_CUDA_ATTN_FIXED, 0);
+   * DI_CUK_ATTN_FIXED_SPLIT keys) or =N (splits of N keys, a multiple of 32), 0: off. On by default in
+   * the batch-invariant mode (H200, V2-Lite shape: prefill 1.6-1.7x, batch 256 1.3x the strided cluster
+   * form; batch 1 8% slower: PERFORMANCE.md, session 9, issue 19); off in the default mode, whose own
+   * kernels are as fast or faster (within 3% at batch 16..256, 12% faster at batch 1 and on prefill). */
+  const int fixed = di_switch_int(DI_SW_CUDA_ATTN_FIXED, b->invariant ? 1 : 0);
   b->attn_fixed = fixed == 1 ? DI_CUK_ATTN_FIXED_SPLIT : fixed >= 32 && fixed % 32 == 0 ? fixed : 0;
   if (fixed != 0 && !b->attn_fixed)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED=%d: 0, 1 or a split size in keys (a multiple "
@@ -173,6 +175,16 @@ extern "C" void di_backend_cuda_set_skip(di_backend *bb, const char *phases) {
   cudaStreamSynchronize(b->stream);
   drop_graphs(b); /* captured graphs hold the old phase list */
   b->skip = parse_skip(phases);
+}
+
+extern "C" di_status di_backend_cuda_set_attn_fixed(di_backend *bb, int split) {
+  cu_backend *b = (cu_backend *)bb;
+  if (split != 0 && (split < 32 || split % 32))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fixed attention split %d (0, or a multiple of 32)", split);
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old attention kernels */
+  b->attn_fixed = split;
+  return DI_OK;
 }
 
 extern "C" void di_backend_cuda_stats(di_backend *bb, di_cuda_stats *out) {
