@@ -9,8 +9,9 @@
  * - the prompt placed in 100 random batch compositions (other sequences decoding, verifying or
  *   prefilling chunks of their own, the prompt whole or as a decode row, a verify block or a chunk of
  *   it, at a random place in the step) gives logits bit-identical to the whole-prompt pass.
- * The attention form is the backend's (DEEPINFER_CUDA_ATTN_FIXED picks the fixed-split kernels of
- * k_mla_fixed.cu); scripts/device_tests.sh runs it with both. Built only with nvcc. */
+ * The attention form is the backend's: the fixed-split kernels of k_mla_fixed.cu in this mode, the
+ * strided cluster form with DEEPINFER_CUDA_ATTN_FIXED=0; scripts/device_tests.sh runs it with both.
+ * Built only with nvcc. */
 #include "api/model_internal.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "test_util.h"
