@@ -117,8 +117,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * batch, the chunk and decode / verify / prefill); DEEPINFER_CUDA_ATTN_FIXED=1 (splits of
    * DI_CUK_ATTN_FIXED_SPLIT keys) or =N (splits of N keys, a multiple of 32), 0: off. On by default in
    * the batch-invariant mode (H200, V2-Lite shape: prefill 1.6-1.7x, batch 256 1.3x the strided cluster
-   * form; batch 1 8% slower: PERFORMANCE.md, session 9, issue 19); off in the default mode, whose own
-   * kernels are as fast or faster (within 3% at batch 16..256, 12% faster at batch 1 and on prefill). */
+   * form; batch 1 8% slower: PERFORMANCE.md, session 9, issue 19); off in the default mode (there it
+   * won 1.7-2.4% at batch 16..256 and a 512-token prefill and lost 11-12% at batch 1 and 4,096 tokens). */
   const int fixed = di_switch_int(DI_SW_CUDA_ATTN_FIXED, b->invariant ? 1 : 0);
   b->attn_fixed = fixed == 1 ? DI_CUK_ATTN_FIXED_SPLIT : fixed >= 32 && fixed % 32 == 0 ? fixed : 0;
   if (fixed != 0 && !b->attn_fixed)
