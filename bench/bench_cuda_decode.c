@@ -14,7 +14,11 @@
  * --quantization fp8: the linear layers --quantization fp8 quantizes (arch/deepseek_quantize.c) are
  * FP8 E4M3 with 128 x 128 F32 block scales instead, views into a random byte pool (quantizing the
  * bf16 pool at load would take a minute on the host); with DEEPINFER_CUDA_FP8=1 they stay FP8 on the
- * device, else the backend dequantizes them to bf16 at upload. */
+ * device, else the backend dequantizes them to bf16 at upload.
+ * --attn-fixed 0,256,64 [--reps 3]: the decode and prefill runs repeated for each listed fixed-split
+ * attention setting (0: the backend's usual attention; N: k_mla_fixed.cu with N-key splits), in turn,
+ * --reps times (alternating runs in one process: the weights are uploaded once), then the median of the
+ * reps per setting. */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -168,7 +172,7 @@ int main(int argc, char **argv) {
   const char *cfg_path = "bench/configs/v2-lite.json";
   int batches[16] = {1, 4, 16, 64, 256}, nb = 5, prefills[8] = {512, 4096}, np = 2, prompt = 512, gen = 128;
   const char *skip_sweep = NULL; /* phases to leave out one at a time at batch 1 (their marginal cost) */
-  int feedback = 0;
+  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
     else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) np = parse_list(argv[++i], prefills, 8);
@@ -176,6 +180,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--gen") && i + 1 < argc) gen = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--skip-sweep") && i + 1 < argc) skip_sweep = argv[++i];
     else if (!strcmp(argv[i], "--feedback")) feedback = 1;
+    else if (!strcmp(argv[i], "--attn-fixed") && i + 1 < argc) n_af = parse_list(argv[++i], attn_fixed, 8);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
       if (strcmp(argv[++i], "fp8")) { fprintf(stderr, "bench: --quantization %s (fp8)\n", argv[i]); return 2; }
       g_fp8 = 1;
@@ -208,14 +214,22 @@ int main(int argc, char **argv) {
   if (be->ops->kv_alloc(be, n_blocks) != DI_OK) FAIL(0);
   int32_t *tables = malloc(sizeof(int32_t) * (size_t)n_blocks);
   for (int64_t i = 0; i < n_blocks; i++) tables[i] = (int32_t)i;
-  const int maxT = 4096;
-  int32_t *tok = malloc(4 * (size_t)(maxT > maxb ? maxT : maxb) * 2), *pos = malloc(4 * (size_t)maxT * 2),
-          *seq = malloc(4 * (size_t)maxT * 2), *rows = malloc(4 * (size_t)maxT * 2);
+  const int maxT = 4096; /* prompt tokens per step; the arrays also hold the longest --prefill */
+  size_t cap = 2 * (size_t)(maxT > maxb ? maxT : maxb);
+  if (cap < (size_t)maxpf) cap = (size_t)maxpf;
+  int32_t *tok = malloc(4 * cap), *pos = malloc(4 * cap), *seq = malloc(4 * cap), *rows = malloc(4 * cap);
   di_batch_seq *seqs = malloc(sizeof(di_batch_seq) * (size_t)maxb);
   di_sample_row *srow = calloc((size_t)maxb, sizeof(di_sample_row));
   int32_t *next = malloc(4 * (size_t)maxb);
+  double res_dec[16], all_dec[8][16][16], all_pf[8][16][8]; /* [setting][rep][batch / prefill] */
+  if (reps < 1 || reps > 16) reps = 1;
+  for (int rep = 0; rep < reps; rep++)
+  for (int ai = 0; ai < n_af; ai++) {
+  if (attn_fixed[ai] >= 0) {
+    if (di_backend_cuda_set_attn_fixed(be, attn_fixed[ai]) != DI_OK) FAIL(0);
+    printf("\n--- attention fixed split %d, rep %d\n", attn_fixed[ai], rep + 1);
+  }
   printf("\n%-8s %12s %14s %12s\n", "batch", "decode tok/s", "ms per step", "prompt fill s");
-  double res_dec[16];
   for (int bi = 0; bi < nb; bi++) {
     const int B = batches[bi];
     for (int s = 0; s < B; s++) { seqs[s].block_table = tables + (size_t)s * per_seq_blocks; seqs[s].n_blocks = per_seq_blocks; }
@@ -262,6 +276,7 @@ int main(int argc, char **argv) {
     if (feedback && be->ops->sample_fetch(be, next) != DI_OK) FAIL(0);
     double sec = (di_cut_time_ms() - tstart) / 1e3;
     res_dec[bi] = (double)B * gen / sec;
+    all_dec[ai][rep][bi] = res_dec[bi];
     printf("%-8d %12.0f %14.3f %12.2f", B, res_dec[bi], sec * 1e3 / gen, tp);
     di_cuda_stats cs1;
     di_backend_cuda_stats(be, &cs1);
@@ -290,6 +305,25 @@ int main(int argc, char **argv) {
       if (rep > 0 && ms < best) best = ms; /* rep 0 warms up (allocations, GEMM plans) */
     }
     printf("%-8d %14.0f %10.2f\n", T, T / (best / 1e3), best);
+    all_pf[ai][rep][pi] = T / (best / 1e3);
+  }
+  }
+  if (reps > 1 || n_af > 1) { /* the median over the reps of each setting */
+    printf("\nmedian of %d alternating runs (decode tok/s at batch", reps);
+    for (int bi = 0; bi < nb; bi++) printf(" %d", batches[bi]);
+    printf("; prefill tok/s at");
+    for (int pi = 0; pi < np; pi++) printf(" %d", prefills[pi]);
+    printf(")\n");
+    for (int ai = 0; ai < n_af; ai++) {
+      printf("attn fixed %4d:", attn_fixed[ai]);
+      for (int k = 0; k < nb + np; k++) {
+        double v[16];
+        for (int r = 0; r < reps; r++) v[r] = k < nb ? all_dec[ai][r][k] : all_pf[ai][r][k - nb];
+        for (int i = 1; i < reps; i++) for (int j = i; j > 0 && v[j - 1] > v[j]; j--) { double t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; }
+        printf(" %8.0f", v[reps / 2]);
+      }
+      printf("\n");
+    }
   }
   if (skip_sweep) {
     /* batch 1, the first sequence's blocks: ms per decode step with each phase left out */

@@ -33,6 +33,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_ATTN_SPLIT_KEYS] = {"DEEPINFER_CUDA_ATTN_SPLIT_KEYS", "32",
                                     "keys per attention key tile of a split (a multiple of 32)"},
     [DI_SW_CUDA_ATTN_PRELOAD] = {"DEEPINFER_CUDA_ATTN_PRELOAD", "1", "0: the attention kernels do not preload keys"},
+    [DI_SW_CUDA_ATTN_FIXED] = {"DEEPINFER_CUDA_ATTN_FIXED", "0 (1 in the batch-invariant mode)",
+                               "1 (or a split size in keys, a multiple of 32): MLA attention in the fixed-split form at every step "
+                               "(k_mla_fixed.cu; batch-invariant); 0: the mode's other kernels"},
     [DI_SW_CUDA_FOLD_UV] = {"DEEPINFER_CUDA_FOLD_UV", "0", "1: W_UV applied in the decode attention's epilogue"},
     [DI_SW_CUDA_VO_FUSED] = {"DEEPINFER_CUDA_VO_FUSED", "1",
                              "0: one-token W_UV and o_proj as two GEMMs (not the fused kernel)"},

@@ -89,9 +89,9 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   /* Batch-invariant mode (di_model_options.batch_invariant, or DEEPINFER_BATCH_INVARIANT=1): a row's
    * logits do not depend on what else is in the step (the CPU backend always is). Every product runs a
    * form whose per-row arithmetic is fixed: GEMMs in chunks of the skinny kernels (gemm.cu), experts as
-   * the grouped GEMV, attention in the strided cluster form (without clusters: one pass over the keys
-   * per item), none of the one-token fusions that change the arithmetic (the fused gate and prep +
-   * absorb are bit-equal to their unfused kernels and stay). Slower. */
+   * the grouped GEMV, attention with fixed key splits (k_mla_fixed.cu; DEEPINFER_CUDA_ATTN_FIXED=0: the
+   * strided cluster form), none of the one-token fusions that change the arithmetic (the fused gate and
+   * prep + absorb are bit-equal to their unfused kernels and stay). Slower. */
   b->invariant = b->invariant || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
   di_cu_blas_set_tc_default(b->blas, di_switch_int(DI_SW_CUDA_TC_DEFAULT_MINM, 4));
   const char *tc_core = di_switch_get(DI_SW_CUDA_TC_CORE);
@@ -114,6 +114,17 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * prefill kernel's form) */
   const int want_cl = di_switch_int(DI_SW_CUDA_ATTN_CLUSTER, 16);
   b->attn_cluster = want_cl == 0 ? 0 : want_cl == 16 && di_cuk_attn_cluster_ok(16) ? 16 : 8;
+  /* attention with a fixed key split at every step (k_mla_fixed.cu: a row's bits independent of the
+   * batch, the chunk and decode / verify / prefill); DEEPINFER_CUDA_ATTN_FIXED=1 (splits of
+   * DI_CUK_ATTN_FIXED_SPLIT keys) or =N (splits of N keys, a multiple of 32), 0: off. On by default in
+   * the batch-invariant mode (H200, V2-Lite shape: prefill 1.6-1.7x, batch 256 1.3x the strided cluster
+   * form; batch 1 8% slower: PERFORMANCE.md, session 9, issue 19); off in the default mode (there it
+   * won 1.7-2.4% at batch 16..256 and a 512-token prefill and lost 11-12% at batch 1 and 4,096 tokens). */
+  const int fixed = di_switch_int(DI_SW_CUDA_ATTN_FIXED, b->invariant ? 1 : 0);
+  b->attn_fixed = fixed == 1 ? DI_CUK_ATTN_FIXED_SPLIT : fixed >= 32 && fixed % 32 == 0 ? fixed : 0;
+  if (fixed != 0 && !b->attn_fixed)
+    return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED=%d: 0, 1 or a split size in keys (a multiple "
+                        "of 32)", fixed);
   const int split_keys = di_switch_int(DI_SW_CUDA_ATTN_SPLIT_KEYS, 0);
   b->split_keys = split_keys >= 32 && split_keys % 32 == 0 ? split_keys : DI_CUK_ATTN_KTILE;
   for (int i = 0; i < 2; i++) DI_CU(cudaEventCreateWithFlags(&b->ev_sampled[i], cudaEventDisableTiming));
@@ -165,6 +176,16 @@ extern "C" void di_backend_cuda_set_skip(di_backend *bb, const char *phases) {
   cudaStreamSynchronize(b->stream);
   drop_graphs(b); /* captured graphs hold the old phase list */
   b->skip = parse_skip(phases);
+}
+
+extern "C" di_status di_backend_cuda_set_attn_fixed(di_backend *bb, int split) {
+  cu_backend *b = (cu_backend *)bb;
+  if (split != 0 && (split < 32 || split % 32))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fixed attention split %d (0, or a multiple of 32)", split);
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old attention kernels */
+  b->attn_fixed = split;
+  return DI_OK;
 }
 
 extern "C" void di_backend_cuda_stats(di_backend *bb, di_cuda_stats *out) {

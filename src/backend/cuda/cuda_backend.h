@@ -30,6 +30,10 @@ void di_backend_cuda_stats(di_backend *b, di_cuda_stats *out);
  * experts, combine, lmhead) out of every later step; "" restores the full pass. Outputs are garbage
  * while phases are skipped. Also read from DEEPINFER_CUDA_SKIP at create. */
 void di_backend_cuda_set_skip(di_backend *b, const char *phases);
+/* Benchmarking only (alternating runs in one process): the fixed-split attention on with splits of
+ * `split` keys (a multiple of 32), or off (0), for every later step; DEEPINFER_CUDA_ATTN_FIXED at
+ * create. Changing it mid-sequence changes later rows' bits (not for the invariant mode's users). */
+di_status di_backend_cuda_set_attn_fixed(di_backend *b, int split);
 /* The CUDA backend's runner of the op test table (backend/op_table.h; a di_op_runner): ctx is a
  * di_cu_blas (backend/cuda/cuda_kernels.h). */
 struct di_op_data;

@@ -73,6 +73,8 @@ typedef struct cu_backend {
   int sms, use_graphs, skip, attn_min_split, split_keys, attn_cluster, down_combine, fold_uv;
   int vo_fused; /* one-token W_UV + o_proj in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
   int invariant; /* batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1; see create) */
+  int attn_fixed; /* > 0: attention in the fixed-split form at every step, splits of this many keys
+                   * (k_mla_fixed.cu; see create) */
   const di_model_config *cfg; /* the model's (outlives the backend) */
   int fp8;       /* DEEPINFER_CUDA_FP8=1: FP8 weights stay FP8 on the device */
   void *fp8_ws;  /* activation quantization of the FP8 GEMMs (ensure_acts) */

@@ -357,7 +357,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                       b->fold_uv;
   const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
-  if (!SKIP(SKIP_ATTN) && b->attn_cl)
+  if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
+    DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
+                                 b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,
+                                 b->bm, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+  else if (!SKIP(SKIP_ATTN) && b->attn_cl)
     DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                    NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
                                    b->attn_cl, b->invariant, (uint16_t *)b->olat, b->part_o, b->part_lse,
@@ -366,7 +370,10 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                          b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                          (uint16_t *)b->olat, b->part_o, b->part_lse, s));
-  if (b->max_citems > 0 && !SKIP(SKIP_ATTN))
+  if (b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
+    DI_TRY(di_cuk_mla_combine_fixed(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
+                                    (uint16_t *)b->olat, s));
+  else if (b->max_citems > 0 && !SKIP(SKIP_ATTN))
     DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                               (uint16_t *)b->olat, s));
   PROF("mla attention");

@@ -140,6 +140,26 @@ di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_
                              int max_items, const float *part_o, const float *part_lse,
                              uint16_t *out, di_cu_stream s);
 
+/* ---- MLA attention with a fixed key split: the batch-invariant form (k_mla_fixed.cu, issue 19) ---- */
+/* A row's keys are cut at multiples of `split` keys (a multiple of 32, the same for every step of a
+ * process; DI_CUK_ATTN_FIXED_SPLIT unless chosen), each split one online-softmax pass,
+ * the splits merged in order; its bits do not depend on the batch, the chunk, or how its splits are
+ * spread over CTAs. Arguments as di_cuk_mla_attn; rows_per_cta 16 or 32; an item with part < 0 covers
+ * keys [0, k1) of all its splits (merged in registers, written to out), one with part >= 0 exactly one
+ * split (k0 a multiple of the split), merged by di_cuk_mla_combine_fixed. */
+#define DI_CUK_ATTN_FIXED_SPLIT 256
+di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+                                int bt_stride, const int32_t *positions, int H, float scale, int split,
+                                const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                                int rows_per_cta, uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);
+di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, const int32_t *n_items, int max_items,
+                                   const float *part_o, const float *part_lse, uint16_t *out, di_cu_stream s);
+/* The items of rows [r0, r1) of sequence seq whose largest position is maxpos: one item over every
+ * split, or (separate, more than one split) one per split and a combine item over partial slots *part ..
+ * (advanced). Returns the items written (maxpos / split + 1 at most). */
+int di_cuk_attn_fixed_items(int r0, int r1, int seq, int maxpos, int kfresh, int split, int separate, int *part,
+                            di_cuk_attn_item *items, di_cuk_combine_item *citems, int *n_citems);
+
 /* ---- MoE (k_moe.cu) ---- */
 typedef struct di_cuk_router {
   int E, k, n_group, topk_group;

@@ -75,7 +75,10 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   for (int t = 0; t < T; t++)
     if (t == 0 || bt->seq_of[t] != bt->seq_of[t - 1]) n_runs++;
   if (Tp > T) n_runs++;
-  const int bm = rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;
+  /* the fixed-split attention (k_mla_fixed.cu; fixed = its split in keys): items of 32 rows where runs
+   * are long, else 16 */
+  const int fixed = b->attn_fixed;
+  const int bm = fixed ? (rows_total / n_runs >= 32 ? 32 : 16) : rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;
   /* count chunks */
   int n_chunks = 0;
   for (int t = 0; t < Tp;) {
@@ -99,7 +102,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const int CL = b->attn_cluster, CL_TILES = 2;
   /* batch-invariant mode: every step in this form, one cluster per row group, key tiles dealt to its
    * CTAs round-robin (the strided form of di_cuk_mla_attn_cluster) */
-  const int cluster = CL > 0 && bm == 16 && (n_chunks * CL <= target || b->invariant);
+  const int cluster = !fixed && CL > 0 && bm == 16 && (n_chunks * CL <= target || b->invariant);
   int C_max = 1;
   if (cluster && !b->invariant) {
     const int ktiles_cap = (bt_stride * DI_KV_BLOCK_SIZE + DI_CUK_DECODE_KTILE - 1) / DI_CUK_DECODE_KTILE;
@@ -108,8 +111,12 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
     if (C_max > c_fit) C_max = c_fit > 1 ? c_fit : 1;
   }
   if (cluster) S_max = C_max; /* partial slots: one per cluster */
+  /* fixed splits: a row group's splits in CTAs of their own when the step has few row groups (decode,
+   * verify), else all in one CTA; either gives a row the same bits */
+  const int fixed_sep = fixed && n_chunks * 4 <= target;
+  if (fixed) S_max = fixed_sep ? (bt_stride * DI_KV_BLOCK_SIZE - 1) / fixed + 1 : 1;
   const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
-  DI_TRY(ensure_acts(b, Tp, n_out_p, max_items));
+  DI_TRY(ensure_acts(b, Tp, n_out_p, fixed && !fixed_sep ? 1 : max_items)); /* (partial slots) */
 
   /* layout of the input block (int32 units); the last block-table row is the padding tokens' */
   const int n_seq_rows = (bt->n_seqs > Tp ? bt->n_seqs : Tp) + 1, spare_seq = n_seq_rows - 1;
@@ -183,6 +190,10 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
       for (int tt = r0 / NH; tt <= (r1 - 1) / NH; tt++) {
         int p = tt < T ? bt->positions[tt] : 0;
         if (p > maxpos) maxpos = p;
+      }
+      if (fixed) {
+        ni += di_cuk_attn_fixed_items(r0, r1, seq, maxpos, kfresh, fixed, fixed_sep, &part, items + ni, citems, &nci);
+        continue;
       }
       if (cluster) {
         const int nkt = (maxpos + DI_CUK_DECODE_KTILE) / DI_CUK_DECODE_KTILE;

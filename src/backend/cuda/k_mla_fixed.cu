@@ -1,0 +1,302 @@
+/* MLA attention with a fixed key split (issue 19): the batch-invariant attention. A row's keys 0..pos
+ * are cut at multiples of a split size fixed for the process (DI_CUK_ATTN_FIXED_SPLIT = 256 keys unless
+ * DEEPINFER_CUDA_ATTN_FIXED names another multiple of 32: never the batch, the chunk or the number of
+ * CTAs); each split is one online-softmax pass over 32-key tiles from its start, giving a
+ * normalized partial (o_s, lse_s); the partials are merged in split order by one running merge
+ * (fixed_merge below). Whether the splits of a row group run in one CTA (merged in registers: prefill
+ * chunks, many row groups) or in CTAs of their own (partials through memory, merged by
+ * di_cuk_mla_combine_fixed: decode, verify blocks, few row groups), a row gets the same operations on
+ * the same values in the same order, so the same bits; which rows share a CTA (16 or 32 rows, tokens of
+ * one sequence) never changes a row's arithmetic either (a row's mma results depend on its own row
+ * only). Tiles past a row's own position are exact no-ops of the online softmax (scores -inf, weights
+ * 0), a split entirely past it has lse = -inf and is skipped by the merge, so a decode row, the same
+ * row in a verify block and in a prefill chunk (whose item reaches the chunk's last position) agree.
+ * The merge is written with __fmul_rn / __fadd_rn so that the compiler cannot contract it into FMAs
+ * differently in the two kernels.
+ * The tile loop is k_mla_attn.cu's (FlashMLA-style, mma.sync m16n8k16, a 16-row group per 4 warps,
+ * each warp 8 keys of the score tile and 128 of the 512 output columns); a row group of 32 rows keeps a
+ * second accumulator (the merged state) in registers, which is why items here hold at most 32 rows.
+ * Not the FlashAttention-3 form (wgmma, warp-specialized): see docs/NOTES.md, issue 19. */
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+#include "k_mla_tile.cuh"
+
+#define D DI_CUK_MLA_D
+#define DR DI_CUK_MLA_R
+#define KT DI_CUK_ATTN_KTILE /* keys per shared-memory tile */
+#define SROW (D + 8)         /* padded row (1168 B: ldmatrix rows land in distinct banks) */
+#define SSTR (KT + 4)        /* score tile row stride (floats) */
+
+static_assert(DI_CUK_ATTN_FIXED_SPLIT % KT == 0, "a split is whole key tiles");
+
+/* One split's partial (o normalized by its own sum, lse in log2 units) into the running state (M, W)
+ * of a row: the factors a (old state) and c (the partial); the caller then does A = A * a + c * o per
+ * column with fixed_acc. Only called for lse > -inf. */
+static __device__ __forceinline__ void fixed_merge(float &M, float &W, float lse, float &a, float &c) {
+  const float Mn = fmaxf(M, lse);
+  a = exp2f(M - Mn); /* M = -inf (nothing merged yet) -> 0 */
+  c = exp2f(lse - Mn);
+  W = __fadd_rn(__fmul_rn(W, a), c);
+  M = Mn;
+}
+static __device__ __forceinline__ float fixed_acc(float A, float a, float c, float o) {
+  return __fadd_rn(__fmul_rn(A, a), __fmul_rn(c, o));
+}
+static __device__ __forceinline__ float fixed_inv(float x) { return x > 0.f ? __fdiv_rn(1.f, x) : 0.f; }
+static __device__ __forceinline__ float fixed_lse(float m, float l) {
+  return l > 0.f ? __fadd_rn(m, log2f(l)) : -INFINITY;
+}
+
+template <int RG>
+static __global__ void __launch_bounds__(RG * 128)
+mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
+                 float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
+                 float *part_lse) {
+  DI_PDL_ENTRY();
+  if ((int)blockIdx.x >= *n_items) return;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int BM = RG * 16;
+  bf16 *sQ = (bf16 *)smem_raw;               /* [BM][SROW] */
+  bf16 *sK = sQ + BM * SROW;                 /* [2][KT][SROW] */
+  float *sS = (float *)(sK + 2 * KT * SROW); /* [BM][SSTR] */
+  int *sPos = (int *)(sS + BM * SSTR);       /* [BM] */
+
+  const di_cuk_attn_item it = items[blockIdx.x];
+  const int nrows = it.row1 - it.row0;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = warp >> 2, wq = warp & 3; /* row group, quarter */
+  const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
+
+  for (int r = tid; r < BM; r += blockDim.x) sPos[r] = r < nrows ? positions[(it.row0 + r) / H] : -1;
+  for (int c = tid; c < BM * (D / 8); c += blockDim.x) {
+    int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    bool ok = r < nrows;
+    di_cp_async16(sQ + r * SROW + col, Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + col, ok);
+  }
+  auto load_kv = [&](int buf, int kb) {
+    bf16 *dst = sK + buf * KT * SROW;
+    for (int c = tid; c < KT * (D / 8); c += blockDim.x) {
+      int r = c / (D / 8), col = (c % (D / 8)) * 8;
+      int k = kb + r;
+      bool ok = k < it.k1;
+      int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
+      di_cp_async16(dst + r * SROW + col, cache + crow * D + col, ok);
+    }
+  };
+  load_kv(0, it.k0);
+  di_cp_commit();
+
+  float o[16][4], A[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[i][e] = A[i][e] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float M0 = -INFINITY, M1 = -INFINITY, W0 = 0.f, W1 = 0.f;
+  const int rA = g * 16 + (lane >> 2); /* this thread's rows rA, rA + 8 in the tile */
+
+  const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
+  for (int j = 0; j < ntiles; j++) {
+    const int kb = it.k0 + j * KT;
+    di_cp_wait<0>();
+    __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer */
+    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + KT);
+    di_cp_commit();
+    const bf16 *K = sK + (j & 1) * KT * SROW;
+
+    float sacc[4];
+    di_qk_slice(sQ + (g * 16 + (lane & 15)) * SROW + (lane >> 4) * 8,
+                K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8, sacc);
+    {
+      int kc = wq * 8 + (lane & 3) * 2;
+      int p0 = sPos[rA], p1 = sPos[rA + 8];
+      int ka = kb + kc, kb1 = kb + kc + 1;
+      sS[rA * SSTR + kc] = (ka <= p0 && ka < it.k1) ? sacc[0] * scale_log2 : -INFINITY;
+      sS[rA * SSTR + kc + 1] = (kb1 <= p0 && kb1 < it.k1) ? sacc[1] * scale_log2 : -INFINITY;
+      sS[(rA + 8) * SSTR + kc] = (ka <= p1 && ka < it.k1) ? sacc[2] * scale_log2 : -INFINITY;
+      sS[(rA + 8) * SSTR + kc + 1] = (kb1 <= p1 && kb1 < it.k1) ? sacc[3] * scale_log2 : -INFINITY;
+    }
+    __syncthreads();
+
+    float s0[8], s1[8];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      int kc = q * 8 + (lane & 3) * 2;
+      s0[2 * q] = sS[rA * SSTR + kc]; s0[2 * q + 1] = sS[rA * SSTR + kc + 1];
+      s1[2 * q] = sS[(rA + 8) * SSTR + kc]; s1[2 * q + 1] = sS[(rA + 8) * SSTR + kc + 1];
+    }
+    float al0, al1;
+    di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
+#pragma unroll
+    for (int i = 0; i < 16; i++) { o[i][0] *= al0; o[i][1] *= al0; o[i][2] *= al1; o[i][3] *= al1; }
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++) {
+      const int mi = lane >> 3;
+      const bf16 *vrow = K + (ks * 16 + (mi & 1) * 8 + (lane & 7)) * SROW + wq * 128 + (mi >> 1) * 8;
+#pragma unroll
+      for (int nt = 0; nt < 16; nt += 2) {
+        uint32_t b[4];
+        di_ldsm_x4_t(b, vrow + nt * 8);
+        di_mma16816(o[nt], pa[ks], b);
+        di_mma16816(o[nt + 1], pa[ks], b + 2);
+      }
+    }
+
+    if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
+      const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
+      const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
+      if (it.part >= 0) { /* an item of one split: the partial goes to the combine kernel */
+        float *po = part_o + (int64_t)it.part * DI_CUK_ATTN_ROWS * DR;
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+          int col = wq * 128 + nt * 8 + (lane & 3) * 2;
+          *(float2 *)(po + rA * DR + col) = make_float2(__fmul_rn(o[nt][0], inv0), __fmul_rn(o[nt][1], inv0));
+          *(float2 *)(po + (rA + 8) * DR + col) = make_float2(__fmul_rn(o[nt][2], inv1), __fmul_rn(o[nt][3], inv1));
+        }
+        if (wq == 0 && (lane & 3) == 0) {
+          float *pl = part_lse + (int64_t)it.part * DI_CUK_ATTN_ROWS;
+          pl[rA] = lse0;
+          pl[rA + 8] = lse1;
+        }
+      } else {
+        float a0 = 0.f, c0 = 0.f, a1 = 0.f, c1 = 0.f;
+        const bool u0 = lse0 != -INFINITY, u1 = lse1 != -INFINITY;
+        if (u0) fixed_merge(M0, W0, lse0, a0, c0);
+        if (u1) fixed_merge(M1, W1, lse1, a1, c1);
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+          if (u0) {
+            A[nt][0] = fixed_acc(A[nt][0], a0, c0, __fmul_rn(o[nt][0], inv0));
+            A[nt][1] = fixed_acc(A[nt][1], a0, c0, __fmul_rn(o[nt][1], inv0));
+          }
+          if (u1) {
+            A[nt][2] = fixed_acc(A[nt][2], a1, c1, __fmul_rn(o[nt][2], inv1));
+            A[nt][3] = fixed_acc(A[nt][3], a1, c1, __fmul_rn(o[nt][3], inv1));
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+      m0 = m1 = -INFINITY;
+      l0 = l1 = 0.f;
+    }
+  }
+  di_cp_wait<0>();
+  if (it.part >= 0) return;
+  const float iw0 = fixed_inv(W0), iw1 = fixed_inv(W1);
+#pragma unroll
+  for (int nt = 0; nt < 16; nt++) {
+    int col = wq * 128 + nt * 8 + (lane & 3) * 2;
+    if (rA < nrows)
+      *(__nv_bfloat162 *)(out + (int64_t)(it.row0 + rA) * DR + col) =
+          __floats2bfloat162_rn(__fmul_rn(A[nt][0], iw0), __fmul_rn(A[nt][1], iw0));
+    if (rA + 8 < nrows)
+      *(__nv_bfloat162 *)(out + (int64_t)(it.row0 + rA + 8) * DR + col) =
+          __floats2bfloat162_rn(__fmul_rn(A[nt][2], iw1), __fmul_rn(A[nt][3], iw1));
+  }
+}
+
+static size_t fixed_smem(int rg) {
+  return (size_t)rg * 16 * SROW * 2 + 2 * KT * SROW * 2 + (size_t)rg * 16 * SSTR * 4 + rg * 16 * 4;
+}
+
+template <int RG>
+static di_status launch_fixed(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *pos,
+                              int H, float sl2, int tps, const di_cuk_attn_item *items, const int32_t *n_items,
+                              int max_items, bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
+  const size_t sm = fixed_smem(RG);
+  static int attr_set;
+  if (!attr_set) {
+    DI_CU(cudaFuncSetAttribute(mla_fixed_kernel<RG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr_set = 1;
+  }
+  DI_CU(di_launch(mla_fixed_kernel<RG>, max_items, RG * 128, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, tps, items,
+                  n_items, out, part_o, part_lse));
+  DI_CU_LAUNCH("mla_attn_fixed");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+                                           int bt_stride, const int32_t *positions, int H, float scale, int split,
+                                           const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                                           int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
+                                           di_cu_stream s) {
+  if (max_items <= 0) return DI_OK;
+  if (split < KT || split % KT)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed split %d (a multiple of %d)", split, KT);
+  const int tps = split / KT;
+  const float sl2 = scale * 1.4426950408889634f;
+  if (rows_per_cta == 32)
+    return launch_fixed<2>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, tps, items,
+                           n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
+  if (rows_per_cta == 16)
+    return launch_fixed<1>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, tps, items,
+                           n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
+  return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed rows_per_cta %d (16 or 32)", rows_per_cta);
+}
+
+/* The partials of a row group's splits merged in split order with fixed_merge: one warp per row, each
+ * lane 16 of the 512 columns (the same columns' values the attention kernel would merge in registers). */
+#define CMB_ROWS 4
+static __global__ void __launch_bounds__(CMB_ROWS * 32)
+mla_combine_fixed_kernel(const di_cuk_combine_item *items, const int32_t *n_items, const float *part_o,
+                         const float *part_lse, bf16 *out) {
+  DI_PDL_ENTRY();
+  if ((int)blockIdx.x >= *n_items) return;
+  const di_cuk_combine_item it = items[blockIdx.x];
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.y * CMB_ROWS + (threadIdx.x >> 5);
+  if (r >= it.row1 - it.row0) return;
+  float acc[DR / 64][2];
+#pragma unroll
+  for (int i = 0; i < DR / 64; i++) acc[i][0] = acc[i][1] = 0.f;
+  float M = -INFINITY, W = 0.f;
+  for (int sp = 0; sp < it.nsplit; sp++) {
+    const float lse = part_lse[(int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r];
+    if (lse == -INFINITY) continue;
+    float a, c;
+    fixed_merge(M, W, lse, a, c);
+    const float *po = part_o + ((int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r) * DR;
+#pragma unroll
+    for (int i = 0; i < DR / 64; i++) {
+      const float2 v = *(const float2 *)(po + i * 64 + lane * 2);
+      acc[i][0] = fixed_acc(acc[i][0], a, c, v.x);
+      acc[i][1] = fixed_acc(acc[i][1], a, c, v.y);
+    }
+  }
+  const float inv = fixed_inv(W);
+  bf16 *o = out + (int64_t)(it.row0 + r) * DR;
+#pragma unroll
+  for (int i = 0; i < DR / 64; i++)
+    *(__nv_bfloat162 *)(o + i * 64 + lane * 2) =
+        __floats2bfloat162_rn(__fmul_rn(acc[i][0], inv), __fmul_rn(acc[i][1], inv));
+}
+
+extern "C" di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, const int32_t *n_items, int max_items,
+                                              const float *part_o, const float *part_lse, uint16_t *out,
+                                              di_cu_stream s) {
+  if (max_items <= 0) return DI_OK;
+  DI_CU(di_launch(mla_combine_fixed_kernel, dim3(max_items, DI_CUK_ATTN_ROWS / CMB_ROWS), CMB_ROWS * 32, 0,
+                  (cudaStream_t)s, items, n_items, part_o, part_lse, (bf16 *)out));
+  DI_CU_LAUNCH("mla_combine_fixed");
+  return DI_OK;
+}
+
+extern "C" int di_cuk_attn_fixed_items(int r0, int r1, int seq, int maxpos, int kfresh, int split, int separate,
+                                       int *part, di_cuk_attn_item *items, di_cuk_combine_item *citems,
+                                       int *n_citems) {
+  const int nsplit = maxpos / split + 1;
+  if (!separate || nsplit == 1) {
+    items[0] = (di_cuk_attn_item){r0, r1, seq, 0, maxpos + 1, -1, kfresh};
+    return 1;
+  }
+  citems[(*n_citems)++] = (di_cuk_combine_item){r0, r1, *part, nsplit};
+  for (int sp = 0; sp < nsplit; sp++) {
+    const int k1 = (sp + 1) * split < maxpos + 1 ? (sp + 1) * split : maxpos + 1;
+    items[sp] = (di_cuk_attn_item){r0, r1, seq, sp * split, k1, (*part)++, kfresh};
+  }
+  return nsplit;
+}

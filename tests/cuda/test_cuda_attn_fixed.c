@@ -1,0 +1,245 @@
+/* The fixed-split MLA attention (k_mla_fixed.cu, issue 19) at V2-Lite (16 heads) and V3 (128 heads)
+ * shapes: against a float64 reference (relative L2 error of the bf16 output < 1e-2, the bound
+ * test_cuda_kernels holds the other attention kernels to), and bit-identical rows however the work is
+ * cut: the chunk's rows in items of 32 rows with every split in one CTA (prefill), in items of 16 rows
+ * with one CTA per split and the combine kernel (decode / verify), and each token alone as its own
+ * item reaching only its own position (a decode row) in both forms. Positions cross several splits of
+ * DI_CUK_ATTN_FIXED_SPLIT keys (and of 64, another split size); the block table is scrambled. `--bench` times the fixed-split kernel
+ * against today's prefill attention (di_cuk_mla_attn, 64-row items, no splits) and the batch-invariant
+ * cluster form on whole prompts of 512 / 4,096 / 16,384 tokens. Built only with nvcc. */
+#include "backend/cuda/cuda_kernels.h"
+#include "test_util.h"
+#include "util/numeric.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define D DI_CUK_MLA_D
+#define DR DI_CUK_MLA_R
+
+static uint64_t rng_s = 88172645463325252ull;
+static double urand(void) {
+  rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
+  return (double)(rng_s >> 11) / 9007199254740992.0;
+}
+static uint16_t *rand_bf16(size_t n, float scale) {
+  uint16_t *v = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) v[i] = di_f32_to_bf16((float)((urand() + urand() + urand() - 1.5) * 2.0) * scale);
+  return v;
+}
+static void *dup_dev(const void *h, size_t bytes) {
+  void *d = di_cut_malloc(bytes);
+  if (d && h) di_cut_h2d(d, h, bytes);
+  return d;
+}
+
+typedef struct problem {
+  int H, ctx, T, nblk; /* one sequence of ctx keys; its last T tokens are the chunk */
+  int32_t *bt, *pos;
+  uint16_t *Q, *cache;
+  void *dQ, *dc, *dbt, *dpos;
+} problem;
+
+/* items for the chunk's rows: mode 0: rows of `bm` over every split in one CTA; mode 1: rows of bm with
+ * one CTA per split + combine items; alone: each token its own item(s), keys up to its own position */
+static int g_split = DI_CUK_ATTN_FIXED_SPLIT;
+static int make_items(const problem *p, int bm, int separate, int alone, di_cuk_attn_item *items,
+                      di_cuk_combine_item *citems, int *nci, int *parts) {
+  int ni = 0, part = 0;
+  *nci = 0;
+  const int step = alone ? p->H : p->T * p->H;
+  for (int g0 = 0; g0 < p->T * p->H; g0 += step)
+    for (int r0 = g0; r0 < g0 + step; r0 += bm) {
+      int r1 = r0 + bm < g0 + step ? r0 + bm : g0 + step;
+      int maxpos = p->pos[(r1 - 1) / p->H];
+      ni += di_cuk_attn_fixed_items(r0, r1, 0, maxpos, p->pos[r0 / p->H], g_split, separate, &part, items + ni, citems,
+                                    nci);
+    }
+  *parts = part;
+  return ni;
+}
+
+/* runs one item form; returns the bf16 output [T*H][DR] (host) or NULL */
+static uint16_t *run_form(const problem *p, int bm, int separate, int alone, double *ms) {
+  const int cap = p->T * p->H / 16 * (p->ctx / g_split + 2) + 16;
+  di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
+  di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
+  int nci, parts;
+  int ni = make_items(p, bm, separate, alone, items, citems, &nci, &parts);
+  int32_t counts[2] = {ni, nci};
+  void *dit = dup_dev(items, sizeof *items * (size_t)ni), *dcit = dup_dev(citems, sizeof *citems * (size_t)(nci ? nci : 1));
+  void *dn = dup_dev(counts, 8);
+  const size_t nout = (size_t)p->T * p->H * DR;
+  void *dout = di_cut_malloc(nout * 2);
+  void *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
+  const float scale = 0.0721f;
+  di_cut_sync();
+  double t0 = di_cut_time_ms();
+  di_status st = di_cuk_mla_attn_fixed(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn, ni, bm,
+                                       dout, dpo, dpl, NULL);
+  if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "mla_attn_fixed: %s", di_last_error());
+  if (ms) *ms = di_cut_time_ms() - t0;
+  uint16_t *out = malloc(nout * 2);
+  di_cut_d2h(out, dout, nout * 2);
+  void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+  free(items); free(citems);
+  return out;
+}
+
+static void problem_init(problem *p, int H, int ctx, int T) {
+  p->H = H; p->ctx = ctx; p->T = T;
+  p->nblk = (ctx + 63) / 64;
+  p->bt = malloc(4 * (size_t)p->nblk);
+  for (int i = 0; i < p->nblk; i++) p->bt[i] = i;
+  for (int i = p->nblk - 1; i > 0; i--) { int j = (int)(urand() * (i + 1)); int32_t t = p->bt[i]; p->bt[i] = p->bt[j]; p->bt[j] = t; }
+  p->pos = malloc(4 * (size_t)T);
+  for (int i = 0; i < T; i++) p->pos[i] = ctx - T + i;
+  p->cache = rand_bf16((size_t)p->nblk * 64 * D, 1.f);
+  p->Q = rand_bf16((size_t)T * H * D, 0.25f);
+  p->dQ = dup_dev(p->Q, (size_t)T * H * D * 2);
+  p->dc = dup_dev(p->cache, (size_t)p->nblk * 64 * D * 2);
+  p->dbt = dup_dev(p->bt, 4 * (size_t)p->nblk);
+  p->dpos = dup_dev(p->pos, 4 * (size_t)T);
+}
+static void problem_free(problem *p) {
+  di_cut_free(p->dQ); di_cut_free(p->dc); di_cut_free(p->dbt); di_cut_free(p->dpos);
+  free(p->bt); free(p->pos); free(p->cache); free(p->Q);
+}
+
+/* relative L2 error of the output against float64 over every row (scores in double, softmax in double) */
+static double ref_err(const problem *p, const uint16_t *out) {
+  double num = 0, den = 0;
+  double *sc = malloc(sizeof(double) * (size_t)p->ctx), *acc = malloc(sizeof(double) * DR);
+  for (int t = 0; t < p->T; t++)
+    for (int h = 0; h < p->H; h++) {
+      const uint16_t *q = p->Q + ((size_t)t * p->H + h) * D;
+      const int nk = p->pos[t] + 1;
+      double mx = -INFINITY;
+      for (int k = 0; k < nk; k++) {
+        const uint16_t *kr = p->cache + ((size_t)p->bt[k / 64] * 64 + k % 64) * D;
+        double s = 0;
+        for (int d = 0; d < D; d++) s += (double)di_bf16_to_f32(q[d]) * di_bf16_to_f32(kr[d]);
+        sc[k] = s * 0.0721f;
+        if (sc[k] > mx) mx = sc[k];
+      }
+      double l = 0;
+      memset(acc, 0, sizeof(double) * DR);
+      for (int k = 0; k < nk; k++) {
+        double w = exp(sc[k] - mx);
+        l += w;
+        const uint16_t *kr = p->cache + ((size_t)p->bt[k / 64] * 64 + k % 64) * D;
+        for (int d = 0; d < DR; d++) acc[d] += w * di_bf16_to_f32(kr[d]);
+      }
+      const uint16_t *o = out + ((size_t)t * p->H + h) * DR;
+      for (int d = 0; d < DR; d++) {
+        double r = acc[d] / l, g = di_bf16_to_f32(o[d]);
+        num += (r - g) * (r - g);
+        den += r * r;
+      }
+    }
+  free(sc); free(acc);
+  return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void check_shape(int H, int ctx, int T, const char *label) {
+  problem p;
+  problem_init(&p, H, ctx, T);
+  const size_t n = (size_t)T * H * DR * 2;
+  uint16_t *base = run_form(&p, 32, 0, 0, NULL);
+  const struct { int bm, sep, alone; const char *name; } forms[] = {
+      {16, 0, 0, "16-row items, splits in one CTA"},
+      {16, 1, 0, "16-row items, a CTA per split + combine"},
+      {32, 1, 0, "32-row items, a CTA per split + combine"},
+      {16, 1, 1, "each token alone, a CTA per split"},
+      {16, 0, 1, "each token alone, splits in one CTA"},
+  };
+  for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+    uint16_t *o = run_form(&p, forms[f].bm, forms[f].sep, forms[f].alone, NULL);
+    size_t diff = 0;
+    for (size_t i = 0; i < n / 2; i++) diff += o[i] != base[i];
+    CHECKF(diff == 0, "%s: %s: %zu of %zu values differ from 32-row items in one CTA", label, forms[f].name, diff, n / 2);
+    printf("attn_fixed %-26s %-42s %s\n", label, forms[f].name, diff ? "DIFFERENT" : "bit-identical");
+    free(o);
+  }
+  double err = ref_err(&p, base);
+  CHECKF(err < 1e-2, "%s: rel err vs float64 %.3e", label, err);
+  printf("attn_fixed %-26s H=%3d ctx=%5d T=%3d split %d: rel err vs float64 %.2e\n", label, H, ctx, T, g_split, err);
+  free(base);
+  problem_free(&p);
+}
+
+/* whole prompts: the fixed form (32-row items) against di_cuk_mla_attn with 64-row items (today's
+ * prefill form) and the strided cluster form (today's batch-invariant form); ms per call, median of 5 */
+static int cmp_dbl(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+static void bench_prompt(int H, int T) {
+  problem p;
+  problem_init(&p, H, T, T);
+  const size_t nrows = (size_t)T * H;
+  const int cap = (int)(nrows / 16) * 16 + 64;
+  di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
+  di_cuk_combine_item *citems = malloc(sizeof *citems * 4);
+  void *dout = di_cut_malloc(nrows * DR * 2), *dpo = di_cut_malloc(64 * DR * 4 * 16), *dpl = di_cut_malloc(64 * 4 * 16);
+  double med[3];
+  const int cl = di_cuk_attn_cluster_ok(16) ? 16 : 8;
+  for (int form = 0; form < 3; form++) {
+    const int bm = form == 0 ? 32 : form == 1 ? 64 : 16;
+    int ni = 0, part = 0, nci = 0;
+    for (size_t r0 = 0; r0 < nrows; r0 += bm) {
+      int r1 = (int)(r0 + bm < nrows ? r0 + bm : nrows), maxpos = p.pos[(r1 - 1) / H];
+      if (form == 0) ni += di_cuk_attn_fixed_items((int)r0, r1, 0, maxpos, 0, g_split, 0, &part, items + ni, citems, &nci);
+      else if (form == 1) items[ni++] = (di_cuk_attn_item){(int)r0, r1, 0, 0, maxpos + 1, -1, 0};
+      else ni += di_cuk_attn_cluster_items((int)r0, r1, 0, maxpos + 1, 0, cl, 1, 1, &part, items + ni, citems, &nci);
+    }
+    int32_t counts[2] = {ni, 0};
+    void *dit = dup_dev(items, sizeof *items * (size_t)ni), *dn = dup_dev(counts, 8);
+    double t[5];
+    for (int rep = 0; rep < 6; rep++) {
+      di_cut_sync();
+      double t0 = di_cut_time_ms();
+      di_status st = form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+                   : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+                               : di_cuk_mla_attn_cluster(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
+                                                         dout, dpo, dpl, NULL, NULL);
+      CHECKF(st == DI_OK && di_cut_sync() == 0, "bench form %d: %s", form, di_last_error());
+      if (rep) t[rep - 1] = di_cut_time_ms() - t0;
+    }
+    qsort(t, 5, sizeof t[0], cmp_dbl);
+    med[form] = t[2];
+    di_cut_free(dit); di_cut_free(dn);
+  }
+  /* causal attention FLOPs: 2 * rows * (keys/2) * (576 + 512) */
+  const double flop = 2.0 * (double)nrows * (T / 2.0) * (D + DR);
+  printf("bench attention H=%d prompt %5d: fixed-split %.3f ms (%.0f TFLOP/s), mla_attn 64-row %.3f ms (%.0f), "
+         "invariant cluster %.3f ms (%.0f)\n", H, T, med[0], flop / med[0] / 1e9, med[1], flop / med[1] / 1e9, med[2],
+         flop / med[2] / 1e9);
+  di_cut_free(dout); di_cut_free(dpo); di_cut_free(dpl);
+  free(items); free(citems);
+  problem_free(&p);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (!di_cut_device_ok()) {
+    printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  if (argc > 1 && !strcmp(argv[1], "--bench")) {
+    const int T[] = {512, 4096, 16384};
+    for (int i = 0; i < 3; i++) bench_prompt(16, T[i]);
+    bench_prompt(128, 4096);
+    g_split = 64;
+    printf("split 64:\n");
+    bench_prompt(16, 4096);
+    return test_finish("test_cuda_attn_fixed --bench");
+  }
+  check_shape(16, 1000, 40, "V2-Lite, chunk of 40");
+  check_shape(16, 300, 300, "V2-Lite, whole prompt 300");
+  check_shape(128, 2100, 6, "V3, chunk of 6");
+  check_shape(16, 5000, 3, "V2-Lite, 5000 keys");
+  g_split = 64; /* another split size (DEEPINFER_CUDA_ATTN_FIXED=64) */
+  check_shape(16, 1000, 40, "V2-Lite, chunk of 40");
+  check_shape(128, 700, 5, "V3, chunk of 5");
+  return test_finish("test_cuda_attn_fixed");
+}
