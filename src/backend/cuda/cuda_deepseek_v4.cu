@@ -100,7 +100,7 @@ typedef struct v4cu {
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
-       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_N };
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -654,16 +654,17 @@ static di_status run_step(v4cu *b, const di_batch *bt) {
   SCR(out, S_OUT, float, (size_t)T * D);
   SCR(post, S_POST, double, (size_t)T * hc);
   SCR(comb, S_COMB, double, (size_t)T * hc * hc);
+  SCR(hcp, S_HCP, double, di_v4k_hc_scratch(T > m.n_out ? T : m.n_out, D, hc));
   const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
   DI_TRY(di_v4k_embed(b->embed, b->wf32, m.tok, T, D, hc, X, s));
   for (int l = 0; l < c->n_layers; l++) {
     const v4_dlayer *L = &b->L[l];
     DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
-                         eps, hc_eps, in, post, comb, s));
+                         eps, hc_eps, in, post, comb, hcp, s));
     DI_TRY(attention(b, &m, l, in, out));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
     DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
-                         hc_eps, in, post, comb, s));
+                         hc_eps, in, post, comb, hcp, s));
     DI_TRY(moe(b, &m, l, in, out));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
   }
@@ -672,7 +673,7 @@ static di_status run_step(v4cu *b, const di_batch *bt) {
     SCR(hy, S_HY, float, (size_t)m.n_out * D);
     SCR(lgt, S_LOGITS, float, (size_t)m.n_out * c->vocab_size);
     DI_TRY(di_v4k_head_pre(X, m.rows, m.n_out, b->hc_head_fn, b->hc_head_base, b->hc_head_scale, b->final_norm, D, hc, eps,
-                           hc_eps, hy, s));
+                           hc_eps, hy, hcp, s));
     DI_TRY(di_v4k_linear(hy, D, b->head, b->wf32, m.n_out, c->vocab_size, D, lgt, c->vocab_size, s));
     b->d_logits = lgt;
   }
