@@ -10,6 +10,8 @@
  *        generator rounded them), so on this fixture the bf16 mode computes what the f32 mode does (the
  *        device run measured identical errors); the bf16 kernels' own rounding is checked at V4-Flash
  *        shapes by test_cuda_v4_kernels.
+ *   bf16 + tensor cores (DEEPINFER_CUDA_V4_TC=1): the dense linears on k_tc_gemm.cu over bf16-rounded
+ *        activations: the bf16 bars vs the CPU; batched == alone and odd chunks == one chunk still exact.
  * Checked: the three golden prompts in one chunk then greedy decode of their golden continuations
  * (CUDA vs CPU; CUDA vs golden at the positions where the CPU matches the golden within 1e-5, i.e.
  * before the indexer's first top-k boundary tie, with the mode's bound), a 700-token random sequence
@@ -161,8 +163,12 @@ static void pool_judge(pool *p, int f32, const char *what) {
 
 static const di_st_tensor *gid[3], *glg[3], *ggr[3], *gmg[3];
 
-static void check_mode(int f32) {
+/* f32: the exact mode; else bf16 weights, with tc: the dense linears on the tensor-core GEMM
+ * (DEEPINFER_CUDA_V4_TC=1: bf16 activations, the bf16 bars; batch and chunk invariance still exact) */
+static void check_mode(int f32, int tc) {
   setenv("DEEPINFER_CUDA_V4_F32", f32 ? "1" : "0", 1);
+  setenv("DEEPINFER_CUDA_V4_TC", tc ? "1" : "0", 1);
+  printf("---- mode: %s\n", f32 ? "f32 weights" : tc ? "bf16 weights, tensor-core linears" : "bf16 weights");
   di_backend *cu = NULL, *cpu = NULL;
   di_status st = di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &cu);
   CHECKF(st == DI_OK, "cuda v4 create: %s", di_last_error());
@@ -461,8 +467,10 @@ int main(void) {
   int have = st == DI_OK;
   for (int p = 0; p < 3 && have; p++) have = v4_golden_prompt(&gold, p, &gid[p], &glg[p], &ggr[p], &gmg[p]);
   if (have) {
-    check_mode(1);
-    check_mode(0);
+    check_mode(1, 0);
+    check_mode(0, 0);
+    check_mode(0, 1);
+    unsetenv("DEEPINFER_CUDA_V4_TC");
   }
   check_registry();
   if (st == DI_OK) di_st_file_close(&gold);

@@ -22,6 +22,8 @@ di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T,
  * y + g*gy, each as di_v4k_linear. */
 di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
                                int G, int64_t gx, int64_t gw, int64_t gy, di_cu_stream s);
+/* y[t][c] = x[t][c] rounded to bf16 (y: [T][C] dense, raw bits), the tensor-core mode's activations. */
+di_status di_v4k_to_bf16(const float *x, int ldx, int T, int C, uint16_t *y, di_cu_stream s);
 /* In-place RMSNorm of n_rows rows of n floats (row stride ld); weight NULL: unweighted (di_v4_rmsnorm). */
 di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weight, float eps, di_cu_stream s);
 /* Rotary embedding on the trailing rope_dim channels of each row (interleaved pairs; di_v4_rope_apply):

@@ -196,6 +196,22 @@ di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T
   return DI_OK;
 }
 
+/* y[t][c] = bf16(x[t][c]) (round to nearest even), the tensor-core mode's activations */
+__global__ void to_bf16_k(const float *x, int ldx, int T, int C, bf16 *y) {
+  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (int64_t)T * C) return;
+  const int t = (int)(idx / C), c = (int)(idx % C);
+  y[idx] = __float2bfloat16_rn(x[(size_t)t * ldx + c]);
+}
+
+di_status di_v4k_to_bf16(const float *x, int ldx, int T, int C, uint16_t *y, di_cu_stream s) {
+  if (T <= 0 || C <= 0) return DI_OK;
+  const int64_t n = (int64_t)T * C;
+  to_bf16_k<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(x, ldx, T, C, (bf16 *)y);
+  V4_LAUNCH("to_bf16");
+  return DI_OK;
+}
+
 /* ---- hyper-connections ------------------------------------------------------------------------------ */
 
 #define HC_MAX 16
