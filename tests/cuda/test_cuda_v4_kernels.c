@@ -71,9 +71,20 @@ static void check_linear(int wf32, int T, int R, int C) {
       ref[(size_t)t * R + r] = (float)s;
     }
   double e = test_rel_l2(y, ref, (size_t)T * R);
-  printf("linear %s T=%d %dx%d: rel L2 %.2e\n", wf32 ? "f32" : "bf16", T, R, C, e);
+  /* each token's row alone (T = 1) gives the same bits as in the step of T tokens */
+  int differ = 0;
+  float *y1 = malloc(4 * (size_t)R);
+  for (int t = 0; t < T; t += T > 2 ? T - 1 : 1) {
+    CHECK(di_v4k_linear(dx + (size_t)t * C, C, dw, wf32, 1, R, C, dy, R, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    di_cut_d2h(y1, dy, 4 * (size_t)R);
+    differ += memcmp(y1, y + (size_t)t * R, 4 * (size_t)R) != 0;
+  }
+  printf("linear %s T=%d %dx%d: rel L2 %.2e, rows alone %s\n", wf32 ? "f32" : "bf16", T, R, C, e,
+         differ ? "DIFFER" : "bit-identical");
   CHECKF(e < 1e-5, "linear %s T=%d %dx%d: rel L2 %.3e", wf32 ? "f32" : "bf16", T, R, C, e);
-  free(x); free(W); free(wb); free(y); free(ref);
+  CHECKF(!differ, "linear %s T=%d %dx%d: %d rows differ when alone", wf32 ? "f32" : "bf16", T, R, C, differ);
+  free(x); free(W); free(wb); free(y); free(ref); free(y1);
   di_cut_free(dx); di_cut_free(dy); di_cut_free(dw);
 }
 
@@ -495,6 +506,7 @@ int main(void) {
   check_linear(0, 5, 1024, 4096);
   check_linear(1, 3, 512, 4096);
   check_linear(0, 9, 64, 1000);
+  check_linear(0, 11, 37, 2056); /* rows past the end in a CTA, a partial staged chunk, two token tiles */
   check_linear(0, 4, 40, 999); /* the one-column path (rows not a multiple of 8) */
   check_linear(1, 2, 24, 1001);
   check_linear_groups(3, 8, 1024, 4096);

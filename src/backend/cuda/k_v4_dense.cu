@@ -42,42 +42,9 @@ static __device__ __forceinline__ void dot8(const float *w, const float *const *
       acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
     }
 }
-#define LIN_U 4 /* 16-byte bf16 weight loads per lane in flight (a chunk issued before the previous is used) */
-
-/* acc[i] += W row . xr[i] over C columns for i < nt, per lane (the warp sums the lanes afterwards). VEC: 8
- * columns per lane and iteration with 16-byte loads (C % 8 == 0 and aligned rows), else one. Each row's
- * sum runs in the same order whatever the other rows are, so results do not depend on the grouping.
- * bf16 rows stream in software-pipelined chunks of LIN_U loads per lane (a plain loop keeps ~2 loads in
- * flight: about 1.5 TB/s); the arithmetic and its order are the plain loop's. */
 template <typename WT, int VEC>
 static __device__ __forceinline__ void row_dot(const WT *wr, const float *const *xr, int nt, int C, int lane, float *acc) {
-  if (VEC == 8 && sizeof(WT) == 2) {
-    const int step = 32 * 8;
-    uint4 cur[LIN_U], nxt[LIN_U];
-#pragma unroll
-    for (int u = 0; u < LIN_U; u++) {
-      const int k = lane * 8 + u * step;
-      cur[u] = k < C ? di_ld_stream16(wr + k) : make_uint4(0, 0, 0, 0);
-    }
-    for (int c = lane * 8; c < C; c += LIN_U * step) {
-#pragma unroll
-      for (int u = 0; u < LIN_U; u++) {
-        const int k = c + (LIN_U + u) * step;
-        nxt[u] = k < C ? di_ld_stream16(wr + k) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < LIN_U; u++) {
-        const int k = c + u * step;
-        if (k < C) {
-          float w[8];
-          unpack8(cur[u], w);
-          dot8(w, xr, nt, k, acc);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < LIN_U; u++) cur[u] = nxt[u];
-    }
-  } else if (VEC == 8) {
+  if (VEC == 8) {
     for (int c = lane * 8; c < C; c += 32 * 8) {
       float w[8];
       wload8(wr, c, w);
@@ -93,13 +60,79 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *const 
   }
 }
 
+#define XCH 1024 /* columns of the CTA's token rows staged in shared memory at a time (XCH / 256 steps per lane) */
+#define XU (XCH / 256)
+
+/* XU 16-byte weight loads of one lane for the chunk at column c0 (zeros past C or when not active). */
+static __device__ __forceinline__ void wchunk(uint4 *d, const bf16 *w, int c0, int C, int lane, int active) {
+#pragma unroll
+  for (int u = 0; u < XU; u++) {
+    const int k = c0 + lane * 8 + u * 256;
+    d[u] = active && w && k < C ? di_ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+  }
+}
+/* acc[i] += the 8 weights w . xs[i][k..k+8) for i < nt: dot8 on the staged rows. */
+static __device__ __forceinline__ void dot8s(const float *w, const float (*xs)[XCH], int nt, int k, float *acc) {
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++)
+    if (i < nt) {
+      const float4 a = *(const float4 *)(&xs[i][k]), b = *(const float4 *)(&xs[i][k + 4]);
+      acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+    }
+}
+
+/* row_dot's bf16 16-byte form for a whole CTA: the nt token rows xr are staged in shared memory XCH columns
+ * at a time, so each is read from memory once per CTA instead of once per warp (at many tokens the
+ * re-reads of the activations, not the weights, bound the plain form), and each warp dots its weight
+ * row wa (and wb, when not NULL: expert_up's gate and up) with them. The next chunk's weights are in
+ * flight while a chunk is used. A warp whose row is past the end (active 0) still takes part in the
+ * staging: every thread of the CTA must call this. Per lane the same columns in the same order as
+ * row_dot, so the sums are bit-identical to it. Needs C % 8 == 0 and 16-byte aligned rows. */
+static __device__ void rows_dot_staged(const bf16 *wa, const bf16 *wb, const float *const *xr, int nt, int C, int active,
+                                       float *acc_a, float *acc_b) {
+  __shared__ __align__(16) float xs[LIN_TOK][XCH];
+  const int lane = threadIdx.x & 31;
+  uint4 ca[XU], cb[XU], na[XU], nb[XU];
+  wchunk(ca, wa, 0, C, lane, active);
+  wchunk(cb, wb, 0, C, lane, active);
+  for (int c0 = 0; c0 < C; c0 += XCH) {
+    const int q = (C - c0 < XCH ? C - c0 : XCH) / 4; /* float4s per row in this chunk */
+    __syncthreads();                                /* the previous chunk's reads of xs are done */
+    for (int idx = threadIdx.x; idx < nt * q; idx += blockDim.x) {
+      const int i = idx / q, j = (idx % q) * 4;
+      *(float4 *)(&xs[i][j]) = *(const float4 *)(xr[i] + c0 + j);
+    }
+    __syncthreads();
+    wchunk(na, wa, c0 + XCH, C, lane, active);
+    wchunk(nb, wb, c0 + XCH, C, lane, active);
+    if (active) {
+#pragma unroll
+      for (int u = 0; u < XU; u++) {
+        const int k = lane * 8 + u * 256;
+        if (c0 + k < C) {
+          float w[8];
+          unpack8(ca[u], w);
+          dot8s(w, xs, nt, k, acc_a);
+          if (wb) {
+            unpack8(cb[u], w);
+            dot8s(w, xs, nt, k, acc_b);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < XU; u++) ca[u] = na[u], cb[u] = nb[u];
+  }
+}
+
 /* grid.z: G independent products (the grouped wo_a); group g's x, W and y start gx, gw, gy elements on. */
 template <typename WT, int VEC>
 __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int C, float *y, int ldy, int64_t gx, int64_t gw,
                          int64_t gy) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
-  if (r >= R) return;
+  const int staged = VEC == 8 && sizeof(WT) == 2;
+  if (r >= R && !staged) return;
   x += gx * blockIdx.z;
   W += gw * blockIdx.z;
   y += gy * blockIdx.z;
@@ -110,7 +143,11 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
-  row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
+  if constexpr (VEC == 8 && sizeof(WT) == 2)
+    rows_dot_staged(W + (size_t)(r < R ? r : 0) * C, NULL, xr, nt, C, r < R, acc, NULL);
+  else
+    row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
+  if (r >= R) return;
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) {
     const float v = warp_sum_f(acc[i]);
@@ -540,15 +577,22 @@ __global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *t
   const int i = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  if (i >= I || nt <= 0) return;
+  constexpr int staged = VEC == 8 && sizeof(WT) == 2;
+  if (nt <= 0 || (i >= I && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) xr[j] = x + (size_t)(ts[j < nt ? j : 0] / ns) * D;
   float ag[LIN_TOK], au[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) ag[j] = au[j] = 0;
-  row_dot<WT, VEC>(w1 + ((size_t)e * I + i) * D, xr, nt, D, lane, ag);
-  row_dot<WT, VEC>(w3 + ((size_t)e * I + i) * D, xr, nt, D, lane, au);
+  const size_t row = (size_t)e * I + (i < I ? i : 0);
+  if constexpr (staged) {
+    rows_dot_staged(w1 + row * D, w3 + row * D, xr, nt, D, i < I, ag, au);
+    if (i >= I) return;
+  } else {
+    row_dot<WT, VEC>(w1 + row * D, xr, nt, D, lane, ag);
+    row_dot<WT, VEC>(w3 + row * D, xr, nt, D, lane, au);
+  }
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) {
     const float g = warp_sum_f(ag[j]), u = warp_sum_f(au[j]);
@@ -582,14 +626,21 @@ __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_
   const int d = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  if (d >= D || nt <= 0) return;
+  constexpr int staged = VEC == 8 && sizeof(WT) == 2;
+  if (nt <= 0 || (d >= D && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) xr[j] = act + (size_t)ts[j < nt ? j : 0] * I;
   float acc[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) acc[j] = 0;
-  row_dot<WT, VEC>(w2 + ((size_t)e * D + d) * I, xr, nt, I, lane, acc);
+  const size_t row = (size_t)e * D + (d < D ? d : 0);
+  if constexpr (staged) {
+    rows_dot_staged(w2 + row * I, NULL, xr, nt, I, d < D, acc, NULL);
+    if (d >= D) return;
+  } else {
+    row_dot<WT, VEC>(w2 + row * I, xr, nt, I, lane, acc);
+  }
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) {
     const float v = warp_sum_f(acc[j]);
