@@ -156,7 +156,7 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
  * heads j, j + 32, ... in the CPU's order (double), relu, scale and head weight, then the warp sums its
  * heads. The entry's key is read by all lanes at once (a broadcast). */
 #define IDX_WARPS 8
-#define IDX_ENTRIES 32
+#define IDX_ENTRIES 16 /* entries per CTA (two per warp): more CTAs at short contexts than 32 (32 CTAs at 4K), fewer stagings of the queries than 8 */
 __global__ void index_score_k(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                               const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score) {
   extern __shared__ float qs[]; /* [nh][di + 1] */

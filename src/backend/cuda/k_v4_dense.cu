@@ -42,9 +42,45 @@ static __device__ __forceinline__ void dot8(const float *w, const float *const *
       acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
     }
 }
+#define XCH 1024 /* columns of the CTA's token rows staged in shared memory at a time (XCH / 256 steps per lane) */
+#define XU (XCH / 256)
+#define VEC_STAGED 9 /* the kernels' VEC for bf16 rows through rows_dot_staged (launched at one token) */
+
+/* XU 16-byte weight loads of one lane for the chunk at column c0 (zeros past C or when not active). */
+static __device__ __forceinline__ void wchunk(uint4 *d, const bf16 *w, int c0, int C, int lane, int active) {
+#pragma unroll
+  for (int u = 0; u < XU; u++) {
+    const int k = c0 + lane * 8 + u * 256;
+    d[u] = active && w && k < C ? di_ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+  }
+}
+/* acc[i] += W row . xr[i] over C columns for i < nt, per lane (the warp sums the lanes afterwards). VEC: 8
+ * columns per lane and iteration with 16-byte loads (C % 8 == 0 and aligned rows), else one. Each row's
+ * sum runs in the same order whatever the other rows are, so results do not depend on the grouping.
+ * bf16 rows stream in software-pipelined chunks of XU 16-byte loads per lane (a plain loop keeps ~2 loads
+ * in flight); the arithmetic and its order are the plain loop's. rows_dot_staged below computes the same
+ * sums with the token rows in shared memory (VEC_STAGED: faster at one token, slower at many). */
 template <typename WT, int VEC>
 static __device__ __forceinline__ void row_dot(const WT *wr, const float *const *xr, int nt, int C, int lane, float *acc) {
-  if (VEC == 8) {
+  if constexpr (VEC >= 8 && sizeof(WT) == 2) { /* chunks of XU loads per lane, the next in flight */
+    const bf16 *w = (const bf16 *)(const void *)wr;
+    uint4 cur[XU], nxt[XU];
+    wchunk(cur, w, 0, C, lane, 1);
+    for (int c0 = 0; c0 < C; c0 += XCH) {
+      wchunk(nxt, w, c0 + XCH, C, lane, 1);
+#pragma unroll
+      for (int u = 0; u < XU; u++) {
+        const int k = c0 + lane * 8 + u * 256;
+        if (k < C) {
+          float f[8];
+          unpack8(cur[u], f);
+          dot8(f, xr, nt, k, acc);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < XU; u++) cur[u] = nxt[u];
+    }
+  } else if (VEC >= 8) {
     for (int c = lane * 8; c < C; c += 32 * 8) {
       float w[8];
       wload8(wr, c, w);
@@ -60,17 +96,6 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *const 
   }
 }
 
-#define XCH 1024 /* columns of the CTA's token rows staged in shared memory at a time (XCH / 256 steps per lane) */
-#define XU (XCH / 256)
-
-/* XU 16-byte weight loads of one lane for the chunk at column c0 (zeros past C or when not active). */
-static __device__ __forceinline__ void wchunk(uint4 *d, const bf16 *w, int c0, int C, int lane, int active) {
-#pragma unroll
-  for (int u = 0; u < XU; u++) {
-    const int k = c0 + lane * 8 + u * 256;
-    d[u] = active && w && k < C ? di_ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
-  }
-}
 /* acc[i] += the 8 weights w . xs[i][k..k+8) for i < nt: dot8 on the staged rows. */
 static __device__ __forceinline__ void dot8s(const float *w, const float (*xs)[XCH], int nt, int k, float *acc) {
 #pragma unroll
@@ -131,7 +156,7 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
                          int64_t gy) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
-  const int staged = VEC == 8 && sizeof(WT) == 2;
+  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
   if (r >= R && !staged) return;
   x += gx * blockIdx.z;
   W += gw * blockIdx.z;
@@ -143,7 +168,7 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
-  if constexpr (VEC == 8 && sizeof(WT) == 2)
+  if constexpr (staged)
     rows_dot_staged(W + (size_t)(r < R ? r : 0) * C, NULL, xr, nt, C, r < R, acc, NULL);
   else
     row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
@@ -169,6 +194,7 @@ di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32,
   const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
   if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (v8 && T == 1) linear_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   V4_LAUNCH("linear");
@@ -329,34 +355,38 @@ __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const f
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
   hc_gather(part + (size_t)t * nsplit * (mix + 1), nsplit, mix, n, eps, mixes);
-  if (threadIdx.x == 0) {
-    double *post = post_out + (size_t)t * hc, *comb = comb_out + (size_t)t * hc * hc;
-    for (int j = 0; j < hc; j++) {
-      pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
-      post[j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
+  /* in shared memory, lane j of warp 0 taking row j (or column j) of each step: the CPU's per-row and
+   * per-column sums, each in its own order (on global memory, one thread: ~100 us of dependent accesses) */
+  __shared__ double cm[HC_MAX * HC_MAX];
+  const int j = threadIdx.x;
+  if (j < hc) {
+    pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
+    post_out[(size_t)t * hc + j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
+    double *row = cm + j * hc, mx = -INFINITY, sum = 0;
+    for (int k = 0; k < hc; k++) {
+      row[k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+      mx = row[k] > mx ? row[k] : mx;
     }
-    for (int j = 0; j < hc; j++) {
-      double *row = comb + j * hc, mx = -INFINITY, sum = 0;
-      for (int k = 0; k < hc; k++) {
-        row[k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-        mx = row[k] > mx ? row[k] : mx;
-      }
-      for (int k = 0; k < hc; k++) sum += (row[k] = exp(row[k] - mx));
-      for (int k = 0; k < hc; k++) row[k] = row[k] / sum + hc_eps;
-    }
+    for (int k = 0; k < hc; k++) sum += (row[k] = exp(row[k] - mx));
+    for (int k = 0; k < hc; k++) row[k] = row[k] / sum + hc_eps;
+  }
+  if (threadIdx.x < 32) {
     for (int it = 0; it < iters; it++) {
-      if (it > 0)
-        for (int j = 0; j < hc; j++) {
-          double s = 0;
-          for (int k = 0; k < hc; k++) s += comb[j * hc + k];
-          for (int k = 0; k < hc; k++) comb[j * hc + k] /= s + hc_eps;
-        }
-      for (int k = 0; k < hc; k++) {
+      __syncwarp();
+      if (it > 0 && j < hc) { /* rows */
         double s = 0;
-        for (int j = 0; j < hc; j++) s += comb[j * hc + k];
-        for (int j = 0; j < hc; j++) comb[j * hc + k] /= s + hc_eps;
+        for (int k = 0; k < hc; k++) s += cm[j * hc + k];
+        for (int k = 0; k < hc; k++) cm[j * hc + k] /= s + hc_eps;
+      }
+      __syncwarp();
+      if (j < hc) { /* columns */
+        double s = 0;
+        for (int r = 0; r < hc; r++) s += cm[r * hc + j];
+        for (int r = 0; r < hc; r++) cm[r * hc + j] /= s + hc_eps;
       }
     }
+    __syncwarp();
+    for (int i = j; i < hc * hc; i += 32) comb_out[(size_t)t * hc * hc + i] = cm[i];
   }
   __syncthreads();
   hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D);
@@ -577,7 +607,7 @@ __global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *t
   const int i = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  constexpr int staged = VEC == 8 && sizeof(WT) == 2;
+  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
   if (nt <= 0 || (i >= I && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
@@ -613,6 +643,7 @@ di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *ti
   const int v8 = vec8_ok(x, D, w1, D) && vec8_ok(x, D, w3, D);
   if (wf32 && v8) expert_up_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
   else if (wf32) expert_up_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (v8 && T == 1) expert_up_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   else if (v8) expert_up_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   else expert_up_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   V4_LAUNCH("expert_up");
@@ -626,7 +657,7 @@ __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_
   const int d = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  constexpr int staged = VEC == 8 && sizeof(WT) == 2;
+  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
   if (nt <= 0 || (d >= D && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
@@ -657,6 +688,7 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
   const int v8 = vec8_ok(act, I, w2, I);
   if (wf32 && v8) expert_down_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
   else if (wf32) expert_down_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
+  else if (v8 && T == 1) expert_down_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
   else if (v8) expert_down_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
   else expert_down_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
   V4_LAUNCH("expert_down");
