@@ -18,9 +18,13 @@
  * exact mode). v4_upload_matrix is the seam where native FP8 / MXFP4 device formats go (issue 18). ape,
  * hyper-connection, norm, sink and router parameters stay float32.
  *
+ * Linear layers: the GEMV kernels over float32 activations (CPU-exact up to float sums), or with
+ * DEEPINFER_CUDA_V4_TC=1 the dense bf16 ones on k_tc_gemm.cu's batch-invariant tensor-core GEMM over
+ * bf16 activations (lin / lin_groups; experts stay on the GEMVs).
+ *
  * Sampling: ops->sample after wait (k_sample.cu's kernel). Not yet: CUDA graphs, sampling inside the
- * step, device token feedback, tensor-core GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a
- * message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * step, device token feedback, grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay
+ * (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_v4_kernels.h"

@@ -2,7 +2,7 @@
  * tests/cuda/test_cuda_v4.c. Device pointers in, launched on `s`, no sync. Activations are float32;
  * weights are bf16 or float32 (`wf32`: the test mode that makes the arithmetic the CPU's up to the
  * order of float sums). Shapes and semantics are those of the CPU ops (backend/cpu/cpu_deepseek_v4_ops.c),
- * named beside each entry. Correctness first: simple one-block-per-row kernels, no tensor cores yet. */
+ * named beside each entry. Every per-row (per-token) result is independent of the batch and the chunking. */
 #ifndef DI_CUDA_V4_KERNELS_H
 #define DI_CUDA_V4_KERNELS_H
 #include <stddef.h>

@@ -3,8 +3,9 @@
  * update), the head's collapse, the compressor's position bias, and the MoE (routing, expert GEMVs,
  * combine). Each mirrors one CPU op of backend/cpu/cpu_deepseek_v4_ops.c: reductions the CPU does in
  * double are done in double here (mHC, norms, softmax-like steps), dot products of linear layers in
- * float (the only arithmetic difference from the CPU besides the bf16 weights). Correctness first: a
- * warp per output row, up to 8 tokens per CTA, 16-byte loads where rows allow (no tensor cores yet). */
+ * float (the only arithmetic difference from the CPU besides the bf16 weights). A warp per output row,
+ * up to 8 tokens per CTA, 16-byte pipelined loads where rows allow (tensor cores: the backend's
+ * DEEPINFER_CUDA_V4_TC mode, through k_tc_gemm.cu). */
 #include "k_v4_common.cuh"
 #include "cuda_v4_kernels.h"
 #include "backend/v4_torch_select.h"
