@@ -1,14 +1,13 @@
 /* Decode (and one prefill) timing of the DeepSeek-V4 CUDA backend on a V4-Flash-shaped model of a
- * fixed 8 layers with random bf16 weights: hidden 4096, 64 heads x 512, q_lora 1024, 8 output groups x
- * o_lora 1024, E routed experts (default 32, argument 2) top-6 of width 2048 + 1 shared, indexer 64 x 128
- * top-512, window 128, compress ratios 4 and 128, vocab 129280, hc 4. Layer order (assumed, V4-Flash's
- * config is not at hand): sliding, sliding, then CSA / HCA alternating; hash routing in the first 3.
+ * fixed 8 layers with random bf16 weights (the shape and layer order of arch/deepseek_v4_shapes.h, which
+ * the kernel tests use too) with E routed experts (default 32, argument 2).
  * With fewer experts than V4-Flash's 256 the bytes read per token at batch 1 are the same (6 + 1 experts
  * per layer), at larger batches fewer distinct experts exist to be read.
  * Sequences start at position CTX (argument 1, default 4096) as prefix hits on zeroed cache blocks
  * (the timing of attention over CTX positions does not depend on the values), then decode.
  *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES]   one line per context and batch size
- *   (BATCHES: a comma list of 1..64, default 1,16,64) */
+ *   (BATCHES: a comma list of 1..256, default 1,16,64). PREFILL (argument 5, default 0: none): then one
+ *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed. */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -16,7 +15,7 @@ int main(void) {
   return 0;
 }
 #else
-#include "arch/deepseek_v4.h"
+#include "arch/deepseek_v4_shapes.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_backend.h"
 #include "util/numeric.h"
@@ -43,37 +42,7 @@ static di_weight mat(int64_t rows, int64_t cols) {
 }
 
 static void build(int E) {
-  memset(&c, 0, sizeof c);
-  c.vocab_size = 129280;
-  c.hidden_size = 4096;
-  c.n_layers = NL;
-  c.n_heads = 64;
-  c.head_dim = 512;
-  c.q_lora_rank = 1024;
-  c.o_groups = 8;
-  c.o_lora_rank = 1024;
-  c.n_routed_experts = E;
-  c.n_shared_experts = 1;
-  c.top_k = 6;
-  c.moe_inter = 2048;
-  c.routed_scaling = 1.5;
-  c.rms_eps = 1e-6;
-  c.hc_eps = 1e-6;
-  c.hc_mult = 4;
-  c.hc_sinkhorn_iters = 20;
-  c.swiglu_limit = 10;
-  c.sliding_window = 128;
-  c.csa_rate = 4;
-  c.hca_rate = 128;
-  c.index_n_heads = 64;
-  c.index_head_dim = 128;
-  c.index_topk = 512;
-  c.rope_main = (di_v4_rope){64, 10000, 0, 1, 32, 1, 65536, 1};
-  c.rope_compress = (di_v4_rope){64, 160000, 1, 16, 32, 1, 65536, 1};
-  for (int l = 0; l < NL; l++) {
-    c.attn_kind[l] = l < 2 ? DI_V4_ATTN_SLIDING : (l % 2 == 0 ? DI_V4_ATTN_CSA : DI_V4_ATTN_HCA);
-    c.ffn_kind[l] = l < 3 ? DI_V4_FFN_HASH_MOE : DI_V4_FFN_MOE;
-  }
+  di_v4_flash_shape(&c, NL, E);
   const size_t big = (size_t)c.vocab_size * c.hidden_size;
   rbuf = malloc(2 * big);
   uint64_t s = 1;
@@ -144,7 +113,7 @@ static void build(int E) {
   }
 }
 
-#define MAXSEQ 64
+#define MAXSEQ 256
 static int ng;
 static int64_t nblocks[DI_KV_MAX_GROUPS];
 static int32_t *tabs[MAXSEQ][DI_KV_MAX_GROUPS];
@@ -153,6 +122,7 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   const char *ctxs = argc > 1 ? argv[1] : "4096";
   const int E = argc > 2 ? atoi(argv[2]) : 32, steps = argc > 3 ? atoi(argv[3]) : 8;
+  const int prefill = argc > 5 ? atoi(argv[5]) : 0;
   int batches[8], n_batches = 0;
   for (const char *bp = argc > 4 ? argv[4] : "1,16,64"; *bp && n_batches < 8;) {
     const int v = atoi(bp);
@@ -160,6 +130,8 @@ int main(int argc, char **argv) {
     while (*bp && *bp != ',') bp++;
     if (*bp == ',') bp++;
   }
+  int maxB = 1; /* cache blocks for this many sequences only */
+  for (int i = 0; i < n_batches; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
   if (!di_cut_device_ok()) {
     printf("no CUDA device\n");
     return 0;
@@ -190,8 +162,8 @@ int main(int argc, char **argv) {
     /* distinct blocks per sequence: all of the entry groups' (they are read), the last 4 of window and state */
     for (int i = 0; i < ng; i++) {
       const int sparse = g[i].kind == DI_KV_SLIDING || g[i].kind == DI_KV_STATE;
-      nblocks[i] = (int64_t)MAXSEQ * (sparse ? 4 : nb) + 1;
-      for (int s = 0; s < MAXSEQ; s++) {
+      nblocks[i] = (int64_t)maxB * (sparse ? 4 : nb) + 1;
+      for (int s = 0; s < maxB; s++) {
         free(tabs[s][i]);
         tabs[s][i] = malloc(sizeof(int32_t) * nb);
         for (int k = 0; k < nb; k++)
@@ -254,6 +226,67 @@ int main(int argc, char **argv) {
         printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer\n", B,
                ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL);
     }
+  }
+  if (prefill > 0) { /* one sequence from position 0: the whole prompt in one step, then in chunks of 512 */
+    const int nb = (prefill + 64) / 64 + 1;
+    di_kv_group_info g[DI_KV_MAX_GROUPS];
+    ng = be->ops->kv_groups(be, g, DI_KV_MAX_GROUPS);
+    for (int i = 0; i < ng; i++) {
+      nblocks[i] = nb + 1;
+      free(tabs[0][i]);
+      tabs[0][i] = malloc(sizeof(int32_t) * nb);
+      for (int k = 0; k < nb; k++) tabs[0][i][k] = 1 + k;
+    }
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)prefill), *pos = malloc(sizeof(int32_t) * (size_t)prefill),
+            *so = calloc((size_t)prefill, sizeof(int32_t));
+    for (int i = 0; i < prefill; i++) tok[i] = (i * 7919) % c.vocab_size, pos[i] = i;
+    for (int chunk = prefill; chunk >= 512; chunk = chunk == 512 ? 0 : 512) {
+      if (be->ops->kv_alloc_groups(be, nblocks, ng) != DI_OK) {
+        printf("kv_alloc_groups for prefill: %s\n", di_last_error());
+        break;
+      }
+      for (int rep = 1; rep < 2; rep++) { /* one timed run (scratch growth, ms, included) */
+        const uint64_t key = 900000 + (uint64_t)(2 * chunk + rep);
+        const double a = di_cut_time_ms();
+        di_status r = DI_OK;
+        for (int t0 = 0; t0 < prefill && r == DI_OK; t0 += chunk) {
+          const int n = prefill - t0 < chunk ? prefill - t0 : chunk;
+          int32_t row = n - 1;
+          di_batch_seq bs;
+          memset(&bs, 0, sizeof bs);
+          bs.block_table = tabs[0][0];
+          bs.n_blocks = nb;
+          bs.key = key;
+          const int32_t *gt[DI_KV_MAX_GROUPS];
+          int32_t gb[DI_KV_MAX_GROUPS];
+          for (int i = 0; i < ng; i++) gt[i] = tabs[0][i], gb[i] = nb;
+          di_batch b;
+          memset(&b, 0, sizeof b);
+          b.n_tokens = n;
+          b.tokens = tok + t0;
+          b.positions = pos + t0;
+          b.seq_of = so;
+          b.n_seqs = 1;
+          b.seqs = &bs;
+          b.n_outputs = 1;
+          b.output_rows = &row;
+          b.n_groups = ng;
+          b.group_tables = gt;
+          b.group_blocks = gb;
+          r = be->ops->submit(be, &b);
+          if (r == DI_OK) r = be->ops->wait(be, logits, NULL);
+        }
+        const double ms = di_cut_time_ms() - a;
+        be->ops->release(be, key);
+        if (r != DI_OK) {
+          printf("prefill: %s\n", di_last_error());
+          break;
+        }
+        if (rep == 1)
+          printf("prefill of %d tokens in steps of %d: %.1f ms, %.0f tok/s\n", prefill, chunk, ms, prefill * 1e3 / ms);
+      }
+    }
+    free(tok); free(pos); free(so);
   }
   be->ops->destroy(be);
   return 0;

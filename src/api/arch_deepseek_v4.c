@@ -1,7 +1,7 @@
 /* The registry entry of DeepSeek-V4 (arch_registry.h): its own configuration (di_v4_config, read from
  * the loader's parse of config.json), weights bound by arch/deepseek_v4_weights.c, forward on the V4
- * CPU backend (backend/cpu/cpu_v4_backend.c), or on the CUDA one (backend/cuda/cuda_deepseek_v4.cu) when
- * DEEPINFER_CUDA_V4=1 (experimental until a device run has shown it correct). No dummy weights. */
+ * CPU backend (backend/cpu/cpu_v4_backend.c), or on the CUDA one (backend/cuda/cuda_deepseek_v4.cu) with
+ * accelerator cuda (DEEPINFER_CUDA_V4=0 refuses it: the switch back to the CPU-only behaviour). No dummy weights. */
 #include "api/arch_registry.h"
 #include "api/model_internal.h"
 #include "backend/cpu/cpu_deepseek_v4_pages.h"
@@ -23,9 +23,9 @@ static di_status load(di_model *m, const di_arch_load *in) {
                         "load the safetensors weights");
   const char *acc = in->accelerator;
   const int cuda = acc && (strcasecmp(acc, "cuda") == 0 || strcasecmp(acc, "nvidia") == 0);
-  if (acc && *acc && strcasecmp(acc, "cpu") != 0 && !(cuda && di_switch_bool(DI_SW_CUDA_V4, 0)))
-    return di_error_set(DI_ERR_UNSUPPORTED, "DeepSeek-V4 (model_type deepseek_v4) runs on the cpu accelerator only, not \"%s\"%s",
-                        acc, cuda ? " (the experimental CUDA path: DEEPINFER_CUDA_V4=1)" : "");
+  if (acc && *acc && strcasecmp(acc, "cpu") != 0 && !(cuda && di_switch_bool(DI_SW_CUDA_V4, 1)))
+    return di_error_set(DI_ERR_UNSUPPORTED, "DeepSeek-V4 (model_type deepseek_v4) runs on the cpu or cuda accelerator, not \"%s\"%s",
+                        acc, cuda ? " (DEEPINFER_CUDA_V4=0 turns the CUDA path off)" : "");
   di_progress_begin(in->progress, "loading weights", 1);
   DI_TRY(di_tensor_source_open(in->dir, &m->source));
   DI_TRY(di_v4_weights_bind(&m->v4cfg, m->source, &m->v4w));

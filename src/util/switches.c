@@ -53,10 +53,13 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "1: per-phase device time of eager steps (graphs off), printed at destroy"},
     [DI_SW_CUDA_GPU_TIME] = {"DEEPINFER_CUDA_GPU_TIME", "0", "1: device time of each replayed graph (di_cuda_stats)"},
     [DI_SW_CUDA_STATS] = {"DEEPINFER_CUDA_STATS", "0", "1: step, graph and resample counts printed at destroy"},
-    [DI_SW_CUDA_V4] = {"DEEPINFER_CUDA_V4", "0",
-                       "1: DeepSeek-V4 models may run on the CUDA backend (experimental; off: accelerator cuda is refused)"},
+    [DI_SW_CUDA_V4] = {"DEEPINFER_CUDA_V4", "1",
+                       "1: DeepSeek-V4 models run on the CUDA backend with accelerator cuda; 0: accelerator cuda is refused"},
     [DI_SW_CUDA_V4_F32] = {"DEEPINFER_CUDA_V4_F32", "0",
                            "1: the DeepSeek-V4 CUDA backend keeps its weights in float32 (tests: CPU-exact arithmetic)"},
+    [DI_SW_CUDA_V4_TC] = {"DEEPINFER_CUDA_V4_TC", "0",
+                          "1: the DeepSeek-V4 CUDA backend's dense bf16 linear layers on the batch-invariant tensor-core "
+                          "GEMM (bf16 activations) at every step; 0: the float32-activation GEMV kernels"},
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},

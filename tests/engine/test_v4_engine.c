@@ -785,9 +785,20 @@ static void test_errors(void) {
   di_model *m2 = NULL;
   CHECK_ERR(di_model_load(test_path(FIXTURE), &mo, &m2), "DeepSeek-V4");
   mo.load_format = "auto";
-  mo.accelerator = "cuda";
-  CHECK_ERR(di_model_load(test_path(FIXTURE), &mo, &m2), "cpu accelerator only");
+  mo.accelerator = "rocm";
+  CHECK_ERR(di_model_load(test_path(FIXTURE), &mo, &m2), "cpu or cuda accelerator");
   CHECK(m2 == NULL);
+  /* cuda: on by default (here, without a device or a CUDA build, the load fails past the gate); the
+   * switch at 0 refuses it by name */
+  mo.accelerator = "cuda";
+  setenv("DEEPINFER_CUDA_V4", "0", 1);
+  CHECK_ERR(di_model_load(test_path(FIXTURE), &mo, &m2), "DEEPINFER_CUDA_V4=0");
+  CHECK(m2 == NULL);
+  unsetenv("DEEPINFER_CUDA_V4");
+  if (di_model_load(test_path(FIXTURE), &mo, &m2) == DI_OK)
+    di_model_free(m2);
+  else
+    CHECKF(!strstr(di_last_error(), "cpu or cuda accelerator"), "accelerator cuda refused by default: %s", di_last_error());
 }
 
 int main(void) {

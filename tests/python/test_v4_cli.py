@@ -23,8 +23,9 @@ P1 = [467, 80, 398, 489, 279, 134, 431, 484, 277, 429, 323, 288, 125, 28, 315, 3
 P1_GREEDY = [63, 356, 325, 260, 284, 24, 425, 504]  # golden.safetensors p1.greedy (transformers 5.17)
 
 
-def run(*args):
-    return subprocess.run([CLI] + list(args), capture_output=True, text=True, timeout=120)
+def run(*args, env=None):
+    return subprocess.run([CLI] + list(args), capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, **env) if env else None)
 
 
 def test_generate_greedy_matches_golden():
@@ -57,13 +58,20 @@ def test_score_writes_logits(tmp_path):
 @pytest.mark.parametrize("extra,needle", [
     (["--prompt", "hello"], "needs a tokenizer"),
     (["--prompt-ids", "1,2", "--load-format", "dummy"], "DeepSeek-V4"),
-    (["--prompt-ids", "1,2", "--accelerator", "cuda"], "DeepSeek-V4"),
+    (["--prompt-ids", "1,2", "--accelerator", "rocm"], "DeepSeek-V4"),
     (["--prompt-ids", "1,2", "--speculative-tokens", "2"], "deepseek_v4"),
 ])
 def test_refusals_are_named(extra, needle):
     r = run("generate", "--model", V4, *extra)
     assert r.returncode != 0
     assert needle in r.stderr
+
+
+def test_cuda_switched_off_is_named():
+    # V4 runs on CUDA by default; DEEPINFER_CUDA_V4=0 refuses accelerator cuda by name
+    r = run("generate", "--model", V4, "--prompt-ids", "1,2", "--accelerator", "cuda", env={"DEEPINFER_CUDA_V4": "0"})
+    assert r.returncode != 0
+    assert "DEEPINFER_CUDA_V4=0" in r.stderr
 
 
 def test_python_generate_and_engine_scoring():

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "arch/deepseek_v4.h"
+#include "backend/v4_torch_select.h" /* di_v4_scored and torch.topk's procedure, shared with the CUDA router */
 
 /* Scratch memory: a stack of blocks released back to a mark. */
 typedef struct di_v4_blk {
@@ -57,10 +58,6 @@ void di_v4_rope_apply(const di_v4_rope_tab *rt, float *x, int n, int pos, int si
 
 /* Marks in `chosen` (n flags, cleared first) the k entries of v[0..n) torch.topk(v, k) returns on the
  * CPU, ties included. work: n entries of scratch (2 floats each). */
-typedef struct {
-  float v;
-  int i;
-} di_v4_scored;
 void di_v4_topk_like_torch(const float *v, int n, int k, di_v4_scored *work, unsigned char *chosen);
 /* The indexer's rule: sets chosen[i] for the k best of v[0..n), ranked by value, equal values by the
  * EARLIER index first, so the picks depend on the scores alone (not on how many entries exist or how

@@ -18,9 +18,13 @@
  * exact mode). v4_upload_matrix is the seam where native FP8 / MXFP4 device formats go (issue 18). ape,
  * hyper-connection, norm, sink and router parameters stay float32.
  *
+ * Linear layers: the GEMV kernels over float32 activations (CPU-exact up to float sums), or with
+ * DEEPINFER_CUDA_V4_TC=1 the dense bf16 ones on k_tc_gemm.cu's batch-invariant tensor-core GEMM over
+ * bf16 activations (lin / lin_groups; experts stay on the GEMVs).
+ *
  * Sampling: ops->sample after wait (k_sample.cu's kernel). Not yet: CUDA graphs, sampling inside the
- * step, device token feedback, tensor-core GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a
- * message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * step, device token feedback, grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay
+ * (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_v4_kernels.h"
@@ -67,6 +71,7 @@ typedef struct v4cu {
   const di_v4_config *c;
   cudaStream_t stream;
   int wf32;
+  int tc; /* DEEPINFER_CUDA_V4_TC: dense bf16 linears on the batch-invariant tensor-core GEMM */
   size_t wsize;
   di_v4_layout lay;
   size_t state_floats;
@@ -89,8 +94,8 @@ typedef struct v4cu {
   v4_dseq *seqs;
   int n_seqs, cap_seqs;
   /* scratch (grown as needed) */
-  void *scr[32];
-  size_t scr_cap[32];
+  void *scr[40];
+  size_t scr_cap[40];
   int32_t *h_i32;
   int h_i32_cap;
   /* the step */
@@ -100,7 +105,7 @@ typedef struct v4cu {
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
-       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_N };
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -132,6 +137,37 @@ static di_status scratch(v4cu *b, int slot, size_t bytes, void **out) {
 #define SCR(var, slot, type, n) \
   type *var;                    \
   DI_TRY(scratch(b, slot, sizeof(type) * (size_t)(n), (void **)&var))
+
+/* ---- linear layers: the GEMV kernels, or (tc) the batch-invariant tensor-core GEMM ---------------------- */
+
+/* y[t][r] = W[r] . x[t] as di_v4k_linear; in the tc mode (bf16 weights, shapes k_tc_gemm takes) on
+ * di_cuk_tc_gemm over bf16-rounded activations, every product at every T: its per-row bits do not
+ * depend on M, so batched == alone and chunk independence hold in that mode too (but its activations
+ * are bf16: results within bf16 bars of the CPU, not 1e-6). G > 1: the grouped form
+ * (di_v4k_linear_groups' gx, gw, gy). */
+static di_status lin_groups(v4cu *b, const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
+                            int G, int64_t gx, int64_t gw, int64_t gy) {
+  cudaStream_t s = b->stream;
+  const int width = G > 1 ? (int)(gx * (G - 1)) + C : C; /* the columns of x the products read */
+  if (b->tc && !wf32 && T > 0 && width <= ldx && di_cuk_tc_gemm_ok(R, C, width, C, 0, W, W) /* (X: scratch, aligned) */ &&
+      gx % 8 == 0 && gw % 8 == 0) {
+    SCR(xb, S_TCX, uint16_t, (size_t)T * width);
+    DI_TRY(di_v4k_to_bf16(x, ldx, T, width, xb, s));
+    const size_t need = di_cuk_tc_gemm_ws_bytes(G, T, R, C);
+    if (b->scr_cap[S_TCWS] < need || !b->scr[S_TCWS]) { /* its tile counters start at zero (then every call leaves them so) */
+      void *ws;
+      DI_TRY(scratch(b, S_TCWS, need > (16u << 10) ? need : (16u << 10), &ws));
+      DI_CU(cudaMemsetAsync(ws, 0, b->scr_cap[S_TCWS], s));
+    }
+    return di_cuk_tc_gemm(G, T, R, C, xb, width, gx, (const uint16_t *)W, C, gw, 0, y, ldy, gy, 1, 0.0f,
+                          (float *)b->scr[S_TCWS], b->scr_cap[S_TCWS], s);
+  }
+  if (G > 1) return di_v4k_linear_groups(x, ldx, W, wf32, T, R, C, y, ldy, G, gx, gw, gy, s);
+  return di_v4k_linear(x, ldx, W, wf32, T, R, C, y, ldy, s);
+}
+static di_status lin(v4cu *b, const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy) {
+  return lin_groups(b, x, ldx, W, wf32, T, R, C, y, ldy, 1, 0, 0, 0);
+}
 
 /* ---- weights to the device ---------------------------------------------------------------------------- */
 
@@ -439,8 +475,8 @@ static di_status run_comp(v4cu *b, const step_meta *m, int l, int index, const f
   const v4_dcomp *dc = index ? &b->L[l].icomp : &b->L[l].comp;
   di_v4k_comp d = comp_desc(b, l, index, kv, gate);
   cudaStream_t s = b->stream;
-  DI_TRY(di_v4k_linear(a, c->hidden_size, dc->wkv, b->wf32, m->T, d.width, c->hidden_size, kv, d.width, s));
-  DI_TRY(di_v4k_linear(a, c->hidden_size, dc->wgate, b->wf32, m->T, d.width, c->hidden_size, gate, d.width, s));
+  DI_TRY(lin(b, a, c->hidden_size, dc->wkv, b->wf32, m->T, d.width, c->hidden_size, kv, d.width));
+  DI_TRY(lin(b, a, c->hidden_size, dc->wgate, b->wf32, m->T, d.width, c->hidden_size, gate, d.width));
   DI_TRY(di_v4k_add_ape(gate, dc->ape, m->pos, m->T, d.rate, d.width, s));
   const int csa = d.overlap;
   DI_TRY(di_v4k_pool(&d, m->seqs, csa ? m->ent_csa : m->ent_hca, csa ? m->n_ent_csa : m->n_ent_hca, b->inv_comp,
@@ -462,10 +498,10 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   SCR(qr, S_QR, float, (size_t)T * ql);
   SCR(q, S_Q, float, (size_t)T * H * hd);
   SCR(kv, S_KV, float, (size_t)T * hd);
-  DI_TRY(di_v4k_linear(a, D, L->wq_a, b->wf32, T, ql, D, qr, ql, s));
+  DI_TRY(lin(b, a, D, L->wq_a, b->wf32, T, ql, D, qr, ql));
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
-  DI_TRY(di_v4k_linear(qr, ql, L->wq_b, b->wf32, T, H * hd, ql, q, H * hd, s));
-  DI_TRY(di_v4k_linear(a, D, L->wkv, b->wf32, T, hd, D, kv, hd, s));
+  DI_TRY(lin(b, qr, ql, L->wq_b, b->wf32, T, H * hd, ql, q, H * hd));
+  DI_TRY(lin(b, a, D, L->wkv, b->wf32, T, hd, D, kv, hd));
   DI_TRY(di_v4k_rmsnorm(q, hd, T * H, hd, NULL, eps, s));
   DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
   DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
@@ -493,8 +529,8 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
       SCR(iw, S_IW, float, (size_t)T * nh);
       SCR(score, S_SCORE, float, (size_t)T * (max_n > 0 ? max_n : 1));
       SCR(selb, S_SEL, unsigned char, (size_t)T * (max_n > 0 ? max_n : 1));
-      DI_TRY(di_v4k_linear(qr, ql, L->idx_wq_b, b->wf32, T, nh * di, ql, iq, nh * di, s));
-      DI_TRY(di_v4k_linear(a, D, L->idx_weights, b->wf32, T, nh, D, iw, nh, s));
+      DI_TRY(lin(b, qr, ql, L->idx_wq_b, b->wf32, T, nh * di, ql, iq, nh * di));
+      DI_TRY(lin(b, a, D, L->idx_weights, b->wf32, T, nh, D, iw, nh));
       DI_TRY(di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, s));
       DI_TRY(di_v4k_indexer(iq, iw, m->pos, m->seq_of, m->seqs, &icomp, T, nh, di, c->index_topk, max_n, score, selb, s));
       sel = selb;
@@ -509,8 +545,8 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   /* grouped output: wo_a's rows [g*R, (g+1)*R) over slice g of the heads' outputs, then wo_b */
   const int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
   SCR(mid, S_MID, float, (size_t)T * G * R);
-  DI_TRY(di_v4k_linear_groups(o, H * hd, L->wo_a, b->wf32, T, R, gin, mid, G * R, G, gin, (int64_t)R * gin, R, s));
-  return di_v4k_linear(mid, G * R, L->wo_b, b->wf32, T, D, G * R, out, D, s);
+  DI_TRY(lin_groups(b, o, H * hd, L->wo_a, b->wf32, T, R, gin, mid, G * R, G, gin, (int64_t)R * gin, R));
+  return lin(b, mid, G * R, L->wo_b, b->wf32, T, D, G * R, out, D);
 }
 
 static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *out) {
@@ -654,16 +690,17 @@ static di_status run_step(v4cu *b, const di_batch *bt) {
   SCR(out, S_OUT, float, (size_t)T * D);
   SCR(post, S_POST, double, (size_t)T * hc);
   SCR(comb, S_COMB, double, (size_t)T * hc * hc);
+  SCR(hcp, S_HCP, double, di_v4k_hc_scratch(T > m.n_out ? T : m.n_out, D, hc));
   const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
   DI_TRY(di_v4k_embed(b->embed, b->wf32, m.tok, T, D, hc, X, s));
   for (int l = 0; l < c->n_layers; l++) {
     const v4_dlayer *L = &b->L[l];
     DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
-                         eps, hc_eps, in, post, comb, s));
+                         eps, hc_eps, in, post, comb, hcp, s));
     DI_TRY(attention(b, &m, l, in, out));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
     DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
-                         hc_eps, in, post, comb, s));
+                         hc_eps, in, post, comb, hcp, s));
     DI_TRY(moe(b, &m, l, in, out));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
   }
@@ -672,8 +709,8 @@ static di_status run_step(v4cu *b, const di_batch *bt) {
     SCR(hy, S_HY, float, (size_t)m.n_out * D);
     SCR(lgt, S_LOGITS, float, (size_t)m.n_out * c->vocab_size);
     DI_TRY(di_v4k_head_pre(X, m.rows, m.n_out, b->hc_head_fn, b->hc_head_base, b->hc_head_scale, b->final_norm, D, hc, eps,
-                           hc_eps, hy, s));
-    DI_TRY(di_v4k_linear(hy, D, b->head, b->wf32, m.n_out, c->vocab_size, D, lgt, c->vocab_size, s));
+                           hc_eps, hy, hcp, s));
+    DI_TRY(lin(b, hy, D, b->head, b->wf32, m.n_out, c->vocab_size, D, lgt, c->vocab_size));
     b->d_logits = lgt;
   }
   /* the new states become the states */
@@ -819,6 +856,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->base.hidden_size = v4->hidden_size;
   b->c = v4;
   b->wf32 = di_switch_bool(DI_SW_CUDA_V4_F32, 0);
+  b->tc = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_TC, 0);
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];

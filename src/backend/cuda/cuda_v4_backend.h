@@ -1,6 +1,6 @@
 /* The DeepSeek-V4 CUDA backend (cuda_deepseek_v4.cu): the V4 forward on one CUDA device over the
  * engine's paged cache groups, same contract as backend/cpu/cpu_v4_backend.h. Reached from the V4
- * registry entry only when DEEPINFER_CUDA_V4=1 (not yet the default: see docs/NOTES.md, issue 20). */
+ * registry entry for accelerator cuda unless DEEPINFER_CUDA_V4=0 (see docs/NOTES.md, issue 20). */
 #ifndef DI_CUDA_V4_BACKEND_H
 #define DI_CUDA_V4_BACKEND_H
 #include "arch/deepseek_v4.h"

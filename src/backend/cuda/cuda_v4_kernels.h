@@ -2,9 +2,10 @@
  * tests/cuda/test_cuda_v4.c. Device pointers in, launched on `s`, no sync. Activations are float32;
  * weights are bf16 or float32 (`wf32`: the test mode that makes the arithmetic the CPU's up to the
  * order of float sums). Shapes and semantics are those of the CPU ops (backend/cpu/cpu_deepseek_v4_ops.c),
- * named beside each entry. Correctness first: simple one-block-per-row kernels, no tensor cores yet. */
+ * named beside each entry. Every per-row (per-token) result is independent of the batch and the chunking. */
 #ifndef DI_CUDA_V4_KERNELS_H
 #define DI_CUDA_V4_KERNELS_H
+#include <stddef.h>
 #include <stdint.h>
 #include "util/status.h"
 
@@ -21,6 +22,8 @@ di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T,
  * y + g*gy, each as di_v4k_linear. */
 di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
                                int G, int64_t gx, int64_t gw, int64_t gy, di_cu_stream s);
+/* y[t][c] = x[t][c] rounded to bf16 (y: [T][C] dense, raw bits), the tensor-core mode's activations. */
+di_status di_v4k_to_bf16(const float *x, int ldx, int T, int C, uint16_t *y, di_cu_stream s);
 /* In-place RMSNorm of n_rows rows of n floats (row stride ld); weight NULL: unweighted (di_v4_rmsnorm). */
 di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weight, float eps, di_cu_stream s);
 /* Rotary embedding on the trailing rope_dim channels of each row (interleaved pairs; di_v4_rope_apply):
@@ -32,18 +35,21 @@ di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, c
 di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s);
 /* The mHC site's front half (hc_weights + collapse + norm of di_v4_hc_site): per token, the mixes of
  * the hc streams X[t] ([hc][D]) with fn ([(2+hc)*hc][hc*D] f32), pre / post / comb (Sinkhorn, iters),
- * in[t] = RMSNorm(sum_j pre[j] X[t][j]) * norm. post: [T][hc], comb: [T][hc][hc] (double). */
+ * in[t] = RMSNorm(sum_j pre[j] X[t][j]) * norm. post: [T][hc], comb: [T][hc][hc] (double). part: scratch of
+ * di_v4k_hc_scratch(T, D, hc) doubles (the mixes' column-split partial sums; also enough for the head). */
+size_t di_v4k_hc_scratch(int T, int D, int hc);
 di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
                         int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
-                        di_cu_stream s);
+                        double *part, di_cu_stream s);
 /* The back half: X[t][k] = post[k] * out[t] + sum_j comb[j][k] X[t][j]. */
 di_status di_v4k_hc_post(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc,
                          di_cu_stream s);
 /* The head's collapse (di_v4_head before the projection): for output row i (token rows[i]),
- * y[i] = RMSNorm(sum_j (sigmoid(fn_j . X / rms * scale + base_j) + hc_eps) X[j]) * final_norm. */
+ * y[i] = RMSNorm(sum_j (sigmoid(fn_j . X / rms * scale + base_j) + hc_eps) X[j]) * final_norm. part: scratch
+ * of di_v4k_hc_scratch(n, D, hc) doubles. */
 di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const float *fn, const float *base,
                           const float *scale, const float *final_norm, int D, int hc, float eps, float hc_eps, float *y,
-                          di_cu_stream s);
+                          double *part, di_cu_stream s);
 /* gate[t][:] += ape[pos[t] % rate][:] (the compressor's position bias; width columns). */
 di_status di_v4k_add_ape(float *gate, const float *ape, const int32_t *pos, int T, int rate, int width, di_cu_stream s);
 
@@ -88,7 +94,8 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];
  * entries counted to the sequence's end of step), with the per-head sink; the output's rope channels
- * rotated back at pos. q: [T][H][hd] roped; o: [T][H][hd]. Scratch: p (float) and ex (double), each
+ * rotated back at pos. q: [T][H][hd] roped; o: [T][H][hd]. Scratch: p (float) and ex (double: its slots hold
+ * the list of key rows), each
  * [T*H][W + max_n]. */
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                         const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,
@@ -96,7 +103,8 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
                         const float *inv_freq, int rope_dim, float attn_factor, float *p, double *ex, float *o,
                         di_cu_stream s);
 /* MoE routing of each token (di_v4_moe): sqrtsoftplus (or sigmoid) scores of the router logits, the
- * experts from tid2eid (hash layers, may be NULL) or the top-k of score + bias (ties: lower id), weights
+ * experts from tid2eid (hash layers, may be NULL) or the top-k of score + bias (exact ties as torch.topk / the
+ * CPU: backend/v4_torch_select.h), weights
  * normalised times `scaling`. Writes per token n_slots = K + 1 slots: slot 0 the shared expert (id E,
  * weight 1), then the picked experts by ascending id (a repeated id once, weights summed), unused
  * slots id -1. */

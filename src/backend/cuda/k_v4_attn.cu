@@ -156,7 +156,7 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
  * heads j, j + 32, ... in the CPU's order (double), relu, scale and head weight, then the warp sums its
  * heads. The entry's key is read by all lanes at once (a broadcast). */
 #define IDX_WARPS 8
-#define IDX_ENTRIES 32
+#define IDX_ENTRIES 16 /* entries per CTA (two per warp): more CTAs at short contexts than 32 (32 CTAs at 4K), fewer stagings of the queries than 8 */
 __global__ void index_score_k(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                               const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score) {
   extern __shared__ float qs[]; /* [nh][di + 1] */
@@ -299,7 +299,16 @@ typedef struct att_args {
   double *ex;
 } att_args;
 
-__global__ void attend_k(att_args a, di_v4k_comp c, int has_comp) {
+/* One CTA of ATT_WARPS warps per (token, head). First the keys it attends to are listed, in order, as row
+ * pointers (window rows, then the visible entries: for CSA the indexer's picks, compacted by a block scan
+ * over sel), in the `ex` scratch; so the loops below run over W + top-k keys, not over every entry of
+ * a long context. Scores: a warp per key, lane j summing channels j, j + 32, ... in double. Values: warp w
+ * accumulates keys w, w + ATT_WARPS, ... over all channels (NJ per lane, registers), then the warps'
+ * sums are added in warp order in shared memory. Every sum's order depends only on the token's own keys,
+ * so results do not depend on the batch. */
+#define ATT_WARPS 16
+template <int NJ>
+__global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_comp c, int has_comp) {
   const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
   const di_v4k_seq sq = a.seqs[a.seq_of[t]];
   const int pos = a.pos[t];
@@ -312,60 +321,91 @@ __global__ void attend_k(att_args a, di_v4k_comp c, int has_comp) {
       ncmp = v < nc ? v : nc;
     } else ncmp = nc;
   }
-  const int nk = nw + ncmp;
   const size_t stride = (size_t)a.W + a.max_n;
   float *p = a.p + (size_t)blockIdx.x * stride;
-  double *ex = a.ex + (size_t)blockIdx.x * stride;
+  const float **kp = (const float **)(a.ex + (size_t)blockIdx.x * stride);
   const unsigned char *sel = a.sel && has_comp && !a.hca ? a.sel + (size_t)t * a.max_n : NULL;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   __shared__ float qs[ATT_MAX_HD];
+  __shared__ int wtot[ATT_WARPS];
   const float *qh = a.q + ((size_t)t * a.H + h) * hd;
-  for (int e = threadIdx.x; e < hd; e += blockDim.x) qs[e] = qh[e];
+  for (int e = tid; e < hd; e += blockDim.x) qs[e] = qh[e];
+  /* the key list */
+  for (int i = tid; i < nw; i += blockDim.x) kp[i] = window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i);
+  int nk = nw;
+  if (ncmp > 0 && !sel) {
+    for (int e = tid; e < ncmp; e += blockDim.x) kp[nw + e] = entry_ptr(c, sq.tab[c.kind], e);
+    nk += ncmp;
+  } else if (ncmp > 0) {
+    int base = 0;
+    for (int c0 = 0; c0 < ncmp; c0 += blockDim.x) {
+      const int e = c0 + tid, take = e < ncmp && sel[e];
+      const unsigned m = __ballot_sync(0xffffffffu, take);
+      if (lane == 0) wtot[warp] = __popc(m);
+      __syncthreads();
+      int before = base, tot = 0;
+      for (int w2 = 0; w2 < ATT_WARPS; w2++) {
+        before += w2 < warp ? wtot[w2] : 0;
+        tot += wtot[w2];
+      }
+      if (take) kp[nw + before + __popc(m & ((1u << lane) - 1u))] = entry_ptr(c, sq.tab[c.kind], e);
+      __syncthreads();
+      base += tot;
+    }
+    nk += base;
+  }
   __syncthreads();
   const double scale = 1.0 / sqrt((double)hd);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarp = blockDim.x >> 5;
-  for (int i = warp; i < nk; i += nwarp) {
-    const float *k;
-    if (i < nw) k = window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i);
-    else {
-      if (sel && !sel[i - nw]) {
-        if (lane == 0) p[i] = -INFINITY;
-        continue;
-      }
-      k = entry_ptr(c, sq.tab[c.kind], i - nw);
-    }
+  for (int i = warp; i < nk; i += ATT_WARPS) {
+    const float *k = kp[i];
     double d = 0;
-    for (int e = lane; e < hd; e += 32) d += (double)qs[e] * k[e];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const int e = lane + 32 * j;
+      if (e < hd) d += (double)qs[e] * k[e];
+    }
     d = warp_sum_d(d);
     if (lane == 0) p[i] = (float)(d * scale);
   }
   __syncthreads();
   double mx = -INFINITY;
-  for (int i = threadIdx.x; i < nk; i += blockDim.x) mx = p[i] > mx ? p[i] : mx;
+  for (int i = tid; i < nk; i += blockDim.x) mx = p[i] > mx ? p[i] : mx;
   mx = block_max_d(mx);
   const double sink = a.sink[h];
   mx = sink > mx ? sink : mx;
   double sum = 0;
-  for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-    const double x = p[i] == -INFINITY ? 0 : exp((double)p[i] - mx);
-    ex[i] = x;
-    sum += x;
-  }
+  for (int i = tid; i < nk; i += blockDim.x) sum += exp((double)p[i] - mx);
   sum = block_sum_d(sum) + exp(sink - mx);
-  __shared__ float os[ATT_MAX_HD];
-  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-    double acc = 0;
-    for (int i = 0; i < nk; i++) {
-      if (p[i] == -INFINITY) continue;
-      const float *v = i < nw ? window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i) : entry_ptr(c, sq.tab[c.kind], i - nw);
-      acc += ex[i] * v[e];
+  double acc[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; j++) acc[j] = 0;
+  for (int i = warp; i < nk; i += ATT_WARPS) {
+    const float *v = kp[i];
+    const double w = exp((double)p[i] - mx);
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const int e = lane + 32 * j;
+      if (e < hd) acc[j] += w * v[e];
     }
-    os[e] = (float)(acc / sum);
+  }
+  extern __shared__ double red[]; /* [ATT_WARPS][hd] */
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    const int e = lane + 32 * j;
+    if (e < hd) red[(size_t)warp * hd + e] = acc[j];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < a.rd / 2; i += blockDim.x) rope_pair(os + (hd - a.rd), i, a.inv_freq[i], pos, a.af, -1);
+  __shared__ float os[ATT_MAX_HD];
+  for (int e = tid; e < hd; e += blockDim.x) {
+    double v = 0;
+    for (int w2 = 0; w2 < ATT_WARPS; w2++) v += red[(size_t)w2 * hd + e];
+    os[e] = (float)(v / sum);
+  }
+  __syncthreads();
+  for (int i = tid; i < a.rd / 2; i += blockDim.x) rope_pair(os + (hd - a.rd), i, a.inv_freq[i], pos, a.af, -1);
   __syncthreads();
   float *oh = a.o + ((size_t)t * a.H + h) * hd;
-  for (int e = threadIdx.x; e < hd; e += blockDim.x) oh[e] = os[e];
+  for (int e = tid; e < hd; e += blockDim.x) oh[e] = os[e];
 }
 
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
@@ -379,7 +419,16 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
                 attn_factor, p, o, ex};
   di_v4k_comp none;
   memset(&none, 0, sizeof none);
-  attend_k<<<T * H, 256, 0, s>>>(a, comp ? *comp : none, comp != NULL);
+  const size_t smem = sizeof(double) * ATT_WARPS * (size_t)hd;
+  if (hd <= 128) {
+    attend_k<4><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+  } else if (hd <= 512) {
+    if (smem > 48 * 1024) DI_CU(cudaFuncSetAttribute(attend_k<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attend_k<16><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+  } else {
+    DI_CU(cudaFuncSetAttribute(attend_k<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attend_k<32><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+  }
   V4_LAUNCH("attend");
   return DI_OK;
 }

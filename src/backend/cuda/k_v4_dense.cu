@@ -3,10 +3,12 @@
  * update), the head's collapse, the compressor's position bias, and the MoE (routing, expert GEMVs,
  * combine). Each mirrors one CPU op of backend/cpu/cpu_deepseek_v4_ops.c: reductions the CPU does in
  * double are done in double here (mHC, norms, softmax-like steps), dot products of linear layers in
- * float (the only arithmetic difference from the CPU besides the bf16 weights). Correctness first: a
- * warp per output row, up to 8 tokens per CTA, 16-byte loads where rows allow (no tensor cores yet). */
+ * float (the only arithmetic difference from the CPU besides the bf16 weights). A warp per output row,
+ * up to 8 tokens per CTA, 16-byte pipelined loads where rows allow (tensor cores: the backend's
+ * DEEPINFER_CUDA_V4_TC mode, through k_tc_gemm.cu). */
 #include "k_v4_common.cuh"
 #include "cuda_v4_kernels.h"
+#include "backend/v4_torch_select.h"
 #include <math.h>
 
 static __device__ __forceinline__ float wload(const float *w, size_t i) { return w[i]; }
@@ -18,8 +20,7 @@ static __device__ __forceinline__ float wload(const bf16 *w, size_t i) { return 
 #define LIN_TOK 8  /* tokens per CTA */
 
 /* 8 consecutive weights from 16-byte aligned storage (one bf16 uint4, or two float4). */
-static __device__ __forceinline__ void wload8(const bf16 *w, size_t i, float *o) {
-  const uint4 u = *(const uint4 *)(w + i);
+static __device__ __forceinline__ void unpack8(uint4 u, float *o) {
   const uint32_t v[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int k = 0; k < 4; k++) {
@@ -27,26 +28,64 @@ static __device__ __forceinline__ void wload8(const bf16 *w, size_t i, float *o)
     o[2 * k + 1] = __uint_as_float(v[k] & 0xffff0000u);
   }
 }
+static __device__ __forceinline__ void wload8(const bf16 *w, size_t i, float *o) { unpack8(*(const uint4 *)(w + i), o); }
 static __device__ __forceinline__ void wload8(const float *w, size_t i, float *o) {
   const float4 a = *(const float4 *)(w + i), b = *(const float4 *)(w + i + 4);
   o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
 }
 
+/* acc[i] += the 8 weights w . xr[i][c..c+8) for i < nt (one lane's step). */
+static __device__ __forceinline__ void dot8(const float *w, const float *const *xr, int nt, int c, float *acc) {
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++)
+    if (i < nt) {
+      const float4 a = *(const float4 *)(xr[i] + c), b = *(const float4 *)(xr[i] + c + 4);
+      acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+    }
+}
+#define XCH 1024 /* columns of the CTA's token rows staged in shared memory at a time (XCH / 256 steps per lane) */
+#define XU (XCH / 256)
+#define VEC_STAGED 9 /* the kernels' VEC for bf16 rows through rows_dot_staged (launched at one token) */
+
+/* XU 16-byte weight loads of one lane for the chunk at column c0 (zeros past C or when not active). */
+static __device__ __forceinline__ void wchunk(uint4 *d, const bf16 *w, int c0, int C, int lane, int active) {
+#pragma unroll
+  for (int u = 0; u < XU; u++) {
+    const int k = c0 + lane * 8 + u * 256;
+    d[u] = active && w && k < C ? di_ld_stream16(w + k) : make_uint4(0, 0, 0, 0);
+  }
+}
 /* acc[i] += W row . xr[i] over C columns for i < nt, per lane (the warp sums the lanes afterwards). VEC: 8
  * columns per lane and iteration with 16-byte loads (C % 8 == 0 and aligned rows), else one. Each row's
- * sum runs in the same order whatever the other rows are, so results do not depend on the grouping. */
+ * sum runs in the same order whatever the other rows are, so results do not depend on the grouping.
+ * bf16 rows stream in software-pipelined chunks of XU 16-byte loads per lane (a plain loop keeps ~2 loads
+ * in flight); the arithmetic and its order are the plain loop's. rows_dot_staged below computes the same
+ * sums with the token rows in shared memory (VEC_STAGED: faster at one token, slower at many). */
 template <typename WT, int VEC>
 static __device__ __forceinline__ void row_dot(const WT *wr, const float *const *xr, int nt, int C, int lane, float *acc) {
-  if (VEC == 8) {
+  if constexpr (VEC >= 8 && sizeof(WT) == 2) { /* chunks of XU loads per lane, the next in flight */
+    const bf16 *w = (const bf16 *)(const void *)wr;
+    uint4 cur[XU], nxt[XU];
+    wchunk(cur, w, 0, C, lane, 1);
+    for (int c0 = 0; c0 < C; c0 += XCH) {
+      wchunk(nxt, w, c0 + XCH, C, lane, 1);
+#pragma unroll
+      for (int u = 0; u < XU; u++) {
+        const int k = c0 + lane * 8 + u * 256;
+        if (k < C) {
+          float f[8];
+          unpack8(cur[u], f);
+          dot8(f, xr, nt, k, acc);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < XU; u++) cur[u] = nxt[u];
+    }
+  } else if (VEC >= 8) {
     for (int c = lane * 8; c < C; c += 32 * 8) {
       float w[8];
       wload8(wr, c, w);
-#pragma unroll
-      for (int i = 0; i < LIN_TOK; i++)
-        if (i < nt) {
-          const float4 a = *(const float4 *)(xr[i] + c), b = *(const float4 *)(xr[i] + c + 4);
-          acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
-        }
+      dot8(w, xr, nt, c, acc);
     }
   } else {
     for (int c = lane; c < C; c += 32) {
@@ -58,13 +97,68 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *const 
   }
 }
 
+/* acc[i] += the 8 weights w . xs[i][k..k+8) for i < nt: dot8 on the staged rows. */
+static __device__ __forceinline__ void dot8s(const float *w, const float (*xs)[XCH], int nt, int k, float *acc) {
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++)
+    if (i < nt) {
+      const float4 a = *(const float4 *)(&xs[i][k]), b = *(const float4 *)(&xs[i][k + 4]);
+      acc[i] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+    }
+}
+
+/* row_dot's bf16 16-byte form for a whole CTA: the nt token rows xr are staged in shared memory XCH columns
+ * at a time, so each is read from memory once per CTA instead of once per warp (at many tokens the
+ * re-reads of the activations, not the weights, bound the plain form), and each warp dots its weight
+ * row wa (and wb, when not NULL: expert_up's gate and up) with them. The next chunk's weights are in
+ * flight while a chunk is used. A warp whose row is past the end (active 0) still takes part in the
+ * staging: every thread of the CTA must call this. Per lane the same columns in the same order as
+ * row_dot, so the sums are bit-identical to it. Needs C % 8 == 0 and 16-byte aligned rows. */
+static __device__ void rows_dot_staged(const bf16 *wa, const bf16 *wb, const float *const *xr, int nt, int C, int active,
+                                       float *acc_a, float *acc_b) {
+  __shared__ __align__(16) float xs[LIN_TOK][XCH];
+  const int lane = threadIdx.x & 31;
+  uint4 ca[XU], cb[XU], na[XU], nb[XU];
+  wchunk(ca, wa, 0, C, lane, active);
+  wchunk(cb, wb, 0, C, lane, active);
+  for (int c0 = 0; c0 < C; c0 += XCH) {
+    const int q = (C - c0 < XCH ? C - c0 : XCH) / 4; /* float4s per row in this chunk */
+    __syncthreads();                                /* the previous chunk's reads of xs are done */
+    for (int idx = threadIdx.x; idx < nt * q; idx += blockDim.x) {
+      const int i = idx / q, j = (idx % q) * 4;
+      *(float4 *)(&xs[i][j]) = *(const float4 *)(xr[i] + c0 + j);
+    }
+    __syncthreads();
+    wchunk(na, wa, c0 + XCH, C, lane, active);
+    wchunk(nb, wb, c0 + XCH, C, lane, active);
+    if (active) {
+#pragma unroll
+      for (int u = 0; u < XU; u++) {
+        const int k = lane * 8 + u * 256;
+        if (c0 + k < C) {
+          float w[8];
+          unpack8(ca[u], w);
+          dot8s(w, xs, nt, k, acc_a);
+          if (wb) {
+            unpack8(cb[u], w);
+            dot8s(w, xs, nt, k, acc_b);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < XU; u++) ca[u] = na[u], cb[u] = nb[u];
+  }
+}
+
 /* grid.z: G independent products (the grouped wo_a); group g's x, W and y start gx, gw, gy elements on. */
 template <typename WT, int VEC>
 __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int C, float *y, int ldy, int64_t gx, int64_t gw,
                          int64_t gy) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r = blockIdx.x * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
-  if (r >= R) return;
+  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
+  if (r >= R && !staged) return;
   x += gx * blockIdx.z;
   W += gw * blockIdx.z;
   y += gy * blockIdx.z;
@@ -75,7 +169,11 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
-  row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
+  if constexpr (staged)
+    rows_dot_staged(W + (size_t)(r < R ? r : 0) * C, NULL, xr, nt, C, r < R, acc, NULL);
+  else
+    row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
+  if (r >= R) return;
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) {
     const float v = warp_sum_f(acc[i]);
@@ -97,6 +195,7 @@ di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32,
   const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
   if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (v8 && T == 1) linear_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   V4_LAUNCH("linear");
@@ -161,82 +260,149 @@ di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T
   return DI_OK;
 }
 
+/* y[t][c] = bf16(x[t][c]) (round to nearest even), the tensor-core mode's activations */
+__global__ void to_bf16_k(const float *x, int ldx, int T, int C, bf16 *y) {
+  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (int64_t)T * C) return;
+  const int t = (int)(idx / C), c = (int)(idx % C);
+  y[idx] = __float2bfloat16_rn(x[(size_t)t * ldx + c]);
+}
+
+di_status di_v4k_to_bf16(const float *x, int ldx, int T, int C, uint16_t *y, di_cu_stream s) {
+  if (T <= 0 || C <= 0) return DI_OK;
+  const int64_t n = (int64_t)T * C;
+  to_bf16_k<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(x, ldx, T, C, (bf16 *)y);
+  V4_LAUNCH("to_bf16");
+  return DI_OK;
+}
+
 /* ---- hyper-connections ------------------------------------------------------------------------------ */
 
 #define HC_MAX 16
+#define HC_MIX_MAX ((2 + HC_MAX) * HC_MAX)
+#define HC_COLS 256 /* columns of a token's streams per CTA of hc_mix_k (its threads); fixed, so every sum runs
+                       in the same order at any batch */
 static __device__ double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
 
-__global__ void hc_pre_k(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int D,
-                         int hc, int iters, float eps, float hc_eps, float *in, double *post_out, double *comb_out) {
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
-  const float *Xt = X + (size_t)t * n;
-  __shared__ double mixes[(2 + HC_MAX) * HC_MAX];
-  __shared__ double pre[HC_MAX];
-  double ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)Xt[i] * Xt[i];
-  ss = block_sum_d(ss);
-  const double r = 1.0 / sqrt(ss / n + (double)eps);
-  /* a warp per mix row (the CTA has up to 32 warps) */
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  for (int m = warp; m < mix; m += nwarps) {
-    const float *f = fn + (size_t)m * n;
-    double s = 0;
-    for (int i = lane; i < n; i += 32) s += (double)f[i] * Xt[i];
-    s = warp_sum_d(s);
-    if (lane == 0) mixes[m] = s * r;
+static int hc_splits(int D, int hc) { return (hc * D + HC_COLS - 1) / HC_COLS; }
+size_t di_v4k_hc_scratch(int T, int D, int hc) {
+  return (size_t)(T > 0 ? T : 1) * hc_splits(D, hc) * ((2 + hc) * hc + 1);
+}
+
+/* The mixes' dot products split over the columns (the mHC matrix is 24 rows of hc * D: one CTA per
+ * token would stream it from one SM): CTA (s, i) takes columns [s * HC_COLS, +HC_COLS) of token
+ * rows ? rows[i] : i and writes part[(i * nsplit + s) * (nmix + 1) + m]: its share of fn_m . X (m < nmix)
+ * and of X . X (m = nmix), in double. */
+__global__ void __launch_bounds__(HC_COLS) hc_mix_k(const float *X, const int32_t *rows, const float *fn, int n, int nmix,
+                                                    double *part) {
+  const int s = blockIdx.x, i = blockIdx.y, t = rows ? rows[i] : i;
+  const int c = s * HC_COLS + threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __shared__ double red[HC_COLS / 32][HC_MIX_MAX + 1];
+  const float x = c < n ? X[(size_t)t * n + c] : 0.0f;
+#pragma unroll 4
+  for (int m = 0; m < nmix; m++) {
+    double v = c < n ? (double)fn[(size_t)m * n + c] * x : 0.0;
+    v = warp_sum_d(v);
+    if (lane == 0) red[warp][m] = v;
   }
+  const double sq = warp_sum_d((double)x * x);
+  if (lane == 0) red[warp][nmix] = sq;
   __syncthreads();
+  for (int m = threadIdx.x; m <= nmix; m += blockDim.x) {
+    double v = 0;
+    for (int w = 0; w < HC_COLS / 32; w++) v += red[w][m];
+    part[((size_t)i * gridDim.x + s) * (nmix + 1) + m] = v;
+  }
+}
+
+/* mixes[m] = (fn_m . X) / rms(X) of one token from its partials (the splits summed in order); shared
+ * memory out, the CTA synchronised after. */
+static __device__ void hc_gather(const double *part, int nsplit, int nmix, int n, float eps, double *mixes) {
+  __shared__ double r;
   if (threadIdx.x == 0) {
-    double *post = post_out + (size_t)t * hc, *comb = comb_out + (size_t)t * hc * hc;
-    for (int j = 0; j < hc; j++) {
-      pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
-      post[j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
-    }
-    for (int j = 0; j < hc; j++) {
-      double *row = comb + j * hc, mx = -INFINITY, sum = 0;
-      for (int k = 0; k < hc; k++) {
-        row[k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-        mx = row[k] > mx ? row[k] : mx;
-      }
-      for (int k = 0; k < hc; k++) sum += (row[k] = exp(row[k] - mx));
-      for (int k = 0; k < hc; k++) row[k] = row[k] / sum + hc_eps;
-    }
-    for (int it = 0; it < iters; it++) {
-      if (it > 0)
-        for (int j = 0; j < hc; j++) {
-          double s = 0;
-          for (int k = 0; k < hc; k++) s += comb[j * hc + k];
-          for (int k = 0; k < hc; k++) comb[j * hc + k] /= s + hc_eps;
-        }
-      for (int k = 0; k < hc; k++) {
-        double s = 0;
-        for (int j = 0; j < hc; j++) s += comb[j * hc + k];
-        for (int j = 0; j < hc; j++) comb[j * hc + k] /= s + hc_eps;
-      }
-    }
+    double ss = 0;
+    for (int s = 0; s < nsplit; s++) ss += part[(size_t)s * (nmix + 1) + nmix];
+    r = 1.0 / sqrt(ss / n + (double)eps);
   }
   __syncthreads();
-  float *it = in + (size_t)t * D;
+  for (int m = threadIdx.x; m < nmix; m += blockDim.x) {
+    double v = 0;
+    for (int s = 0; s < nsplit; s++) v += part[(size_t)s * (nmix + 1) + m];
+    mixes[m] = v * r;
+  }
+  __syncthreads();
+}
+
+/* out[d] = RMSNorm(sum_j pre[j] Xt[j][d]) * norm[d] (norm NULL: unweighted): the collapse of the mHC site
+ * and of the head alike. */
+static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out) {
   double s2 = 0;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     double s = 0;
     for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
     const float v = (float)s;
-    it[d] = v;
+    out[d] = v;
     s2 += (double)v * v;
   }
   s2 = block_sum_d(s2);
   const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
-  for (int d = threadIdx.x; d < D; d += blockDim.x) it[d] = norm ? norm[d] * (it[d] * k) : it[d] * k;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = norm ? norm[d] * (out[d] * k) : out[d] * k;
+}
+
+__global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
+                         const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
+                         double *comb_out) {
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
+  __shared__ double mixes[HC_MIX_MAX];
+  __shared__ double pre[HC_MAX];
+  hc_gather(part + (size_t)t * nsplit * (mix + 1), nsplit, mix, n, eps, mixes);
+  /* in shared memory, lane j of warp 0 taking row j (or column j) of each step: the CPU's per-row and
+   * per-column sums, each in its own order (on global memory, one thread: ~100 us of dependent accesses) */
+  __shared__ double cm[HC_MAX * HC_MAX];
+  const int j = threadIdx.x;
+  if (j < hc) {
+    pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
+    post_out[(size_t)t * hc + j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
+    double *row = cm + j * hc, mx = -INFINITY, sum = 0;
+    for (int k = 0; k < hc; k++) {
+      row[k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+      mx = row[k] > mx ? row[k] : mx;
+    }
+    for (int k = 0; k < hc; k++) sum += (row[k] = exp(row[k] - mx));
+    for (int k = 0; k < hc; k++) row[k] = row[k] / sum + hc_eps;
+  }
+  if (threadIdx.x < 32) {
+    for (int it = 0; it < iters; it++) {
+      __syncwarp();
+      if (it > 0 && j < hc) { /* rows */
+        double s = 0;
+        for (int k = 0; k < hc; k++) s += cm[j * hc + k];
+        for (int k = 0; k < hc; k++) cm[j * hc + k] /= s + hc_eps;
+      }
+      __syncwarp();
+      if (j < hc) { /* columns */
+        double s = 0;
+        for (int r = 0; r < hc; r++) s += cm[r * hc + j];
+        for (int r = 0; r < hc; r++) cm[r * hc + j] /= s + hc_eps;
+      }
+    }
+    __syncwarp();
+    for (int i = j; i < hc * hc; i += 32) comb_out[(size_t)t * hc * hc + i] = cm[i];
+  }
+  __syncthreads();
+  hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D);
 }
 
 di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
                         int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
-                        di_cu_stream s) {
+                        double *part, di_cu_stream s) {
   if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
   if (T <= 0) return DI_OK;
-  const int mix = (2 + hc) * hc, threads = 32 * (mix < 32 ? (mix > 8 ? mix : 8) : 32);
-  hc_pre_k<<<T, threads, 0, s>>>(X, fn, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
+  if (T > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: mHC over %d tokens at once", T);
+  const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
+  hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+  V4_LAUNCH("hc_mix");
+  hc_pre_k<<<T, 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
   V4_LAUNCH("hc_pre");
   return DI_OK;
 }
@@ -265,42 +431,27 @@ di_status di_v4k_hc_post(float *X, const float *out, const double *post, const d
   return DI_OK;
 }
 
-__global__ void head_pre_k(const float *X, const int32_t *rows, const float *fn, const float *base, const float *scale,
-                           const float *fnorm, int D, int hc, float eps, float hc_eps, float *y) {
+/* The head's collapse: the mHC site's with hc sigmoid mixes only (no post / comb, no Sinkhorn). */
+__global__ void head_pre_k(const float *X, const int32_t *rows, const double *part, int nsplit, const float *base,
+                           const float *scale, const float *fnorm, int D, int hc, float eps, float hc_eps, float *y) {
   const int i = blockIdx.x, n = hc * D;
-  const float *Xt = X + (size_t)rows[i] * n;
-  __shared__ double pre[HC_MAX];
-  double ss = 0;
-  for (int k = threadIdx.x; k < n; k += blockDim.x) ss += (double)Xt[k] * Xt[k];
-  ss = block_sum_d(ss);
-  const double r = 1.0 / sqrt(ss / n + (double)eps);
-  for (int j = 0; j < hc; j++) {
-    double s = 0;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) s += (double)fn[(size_t)j * n + k] * Xt[k];
-    s = block_sum_d(s);
-    if (threadIdx.x == 0) pre[j] = sigmoid_d(s * r * scale[0] + base[j]) + hc_eps;
-  }
+  __shared__ double mixes[HC_MAX], pre[HC_MAX];
+  hc_gather(part + (size_t)i * nsplit * (hc + 1), nsplit, hc, n, eps, mixes);
+  if (threadIdx.x < hc) pre[threadIdx.x] = sigmoid_d(mixes[threadIdx.x] * scale[0] + base[threadIdx.x]) + hc_eps;
   __syncthreads();
-  float *yt = y + (size_t)i * D;
-  double s2 = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    double s = 0;
-    for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
-    const float v = (float)s;
-    yt[d] = v;
-    s2 += (double)v * v;
-  }
-  s2 = block_sum_d(s2);
-  const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
-  for (int d = threadIdx.x; d < D; d += blockDim.x) yt[d] = fnorm[d] * (yt[d] * k);
+  hc_collapse(X + (size_t)rows[i] * n, pre, D, hc, eps, fnorm, y + (size_t)i * D);
 }
 
 di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const float *fn, const float *base,
                           const float *scale, const float *final_norm, int D, int hc, float eps, float hc_eps, float *y,
-                          di_cu_stream s) {
+                          double *part, di_cu_stream s) {
   if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
   if (n <= 0) return DI_OK;
-  head_pre_k<<<n, 256, 0, s>>>(X, rows, fn, base, scale, final_norm, D, hc, eps, hc_eps, y);
+  if (n > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: head over %d rows at once", n);
+  const int nsplit = hc_splits(D, hc);
+  hc_mix_k<<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
+  V4_LAUNCH("head_mix");
+  head_pre_k<<<n, 256, 0, s>>>(X, rows, part, nsplit, base, scale, final_norm, D, hc, eps, hc_eps, y);
   V4_LAUNCH("head_pre");
   return DI_OK;
 }
@@ -323,48 +474,45 @@ di_status di_v4k_add_ape(float *gate, const float *ape, const int32_t *pos, int 
 
 #define ROUTE_MAX_E 1024
 #define ROUTE_MAX_K 16
-/* One thread per token (E <= 1024 in local memory): the CPU's di_v4_moe routing, except that equal
- * biased scores go to the lower expert id (the CPU follows torch.topk's order; exact ties of float
- * router scores do not occur on real inputs). */
+/* sqrt(softplus(x)) (x itself above 20) or sigmoid, rounded to float as the CPU stores it */
+static __device__ float route_score(float x, int sigm) {
+  const double d = x;
+  return (float)(sigm ? 1.0 / (1.0 + exp(-d)) : sqrt(d > 20 ? d : log1p(exp(d))));
+}
+
+/* One thread per token (E <= 1024 in local memory): the CPU's di_v4_moe routing, the top-k by torch.topk's
+ * own procedure (backend/v4_torch_select.h, as the CPU), so exactly equal biased scores pick the same
+ * experts as the CPU; the picks are then taken in ascending id order, as the CPU sums them. */
 __global__ void route_k(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T, int E,
                         int K, int sigm, float scaling, int32_t *ids, float *wts) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= T) return;
-  float sc[ROUTE_MAX_E];
-  unsigned char taken[ROUTE_MAX_E];
   int idx[ROUTE_MAX_K];
+  float sc[ROUTE_MAX_K];
   const float *lg = logits + (size_t)t * E;
-  for (int e = 0; e < E; e++) {
-    const double x = lg[e];
-    double v;
-    if (sigm) v = 1.0 / (1.0 + exp(-x));
-    else v = sqrt(x > 20 ? x : log1p(exp(x)));
-    sc[e] = (float)v;
-    taken[e] = 0;
-  }
   if (tid2eid) {
     for (int k = 0; k < K; k++) idx[k] = tid2eid[(size_t)tokens[t] * K + k];
   } else {
-    for (int k = 0; k < K; k++) {
-      int best = -1;
-      float bv = 0;
-      for (int e = 0; e < E; e++) {
-        if (taken[e]) continue;
-        const float v = sc[e] + bias[e];
-        if (best < 0 || v > bv) { best = e; bv = v; }
+    di_v4_scored work[ROUTE_MAX_E];
+    for (int e = 0; e < E; e++) work[e] = di_v4_scored{route_score(lg[e], sigm) + bias[e], e};
+    di_v4s_select_pairs(work, E, K);
+    for (int k = 0; k < K; k++) idx[k] = work[k].i;
+    for (int a = 1; a < K; a++) /* ascending ids (insertion sort) */
+      for (int b2 = a; b2 > 0 && idx[b2 - 1] > idx[b2]; b2--) {
+        const int ti = idx[b2];
+        idx[b2] = idx[b2 - 1];
+        idx[b2 - 1] = ti;
       }
-      taken[best] = 1;
-      idx[k] = best;
-    }
   }
+  for (int k = 0; k < K; k++) sc[k] = route_score(lg[idx[k]], sigm);
   double sum = 0;
-  for (int k = 0; k < K; k++) sum += sc[idx[k]];
+  for (int k = 0; k < K; k++) sum += sc[k];
   /* merged weights by expert, in the CPU's accumulation order (k ascending) */
   int uid[ROUTE_MAX_K];
   float uw[ROUTE_MAX_K];
   int nu = 0;
   for (int k = 0; k < K; k++) {
-    const float w = (float)(sc[idx[k]] / (sum + 1e-20) * scaling);
+    const float w = (float)(sc[k] / (sum + 1e-20) * scaling);
     int u = 0;
     while (u < nu && uid[u] != idx[k]) u++;
     if (u == nu) { uid[nu] = idx[k]; uw[nu++] = 0; }
@@ -460,15 +608,22 @@ __global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *t
   const int i = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  if (i >= I || nt <= 0) return;
+  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
+  if (nt <= 0 || (i >= I && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) xr[j] = x + (size_t)(ts[j < nt ? j : 0] / ns) * D;
   float ag[LIN_TOK], au[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) ag[j] = au[j] = 0;
-  row_dot<WT, VEC>(w1 + ((size_t)e * I + i) * D, xr, nt, D, lane, ag);
-  row_dot<WT, VEC>(w3 + ((size_t)e * I + i) * D, xr, nt, D, lane, au);
+  const size_t row = (size_t)e * I + (i < I ? i : 0);
+  if constexpr (staged) {
+    rows_dot_staged(w1 + row * D, w3 + row * D, xr, nt, D, i < I, ag, au);
+    if (i >= I) return;
+  } else {
+    row_dot<WT, VEC>(w1 + row * D, xr, nt, D, lane, ag);
+    row_dot<WT, VEC>(w3 + row * D, xr, nt, D, lane, au);
+  }
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) {
     const float g = warp_sum_f(ag[j]), u = warp_sum_f(au[j]);
@@ -489,6 +644,7 @@ di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *ti
   const int v8 = vec8_ok(x, D, w1, D) && vec8_ok(x, D, w3, D);
   if (wf32 && v8) expert_up_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
   else if (wf32) expert_up_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (v8 && T == 1) expert_up_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   else if (v8) expert_up_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   else expert_up_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   V4_LAUNCH("expert_up");
@@ -502,14 +658,21 @@ __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_
   const int d = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  if (d >= D || nt <= 0) return;
+  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
+  if (nt <= 0 || (d >= D && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) xr[j] = act + (size_t)ts[j < nt ? j : 0] * I;
   float acc[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) acc[j] = 0;
-  row_dot<WT, VEC>(w2 + ((size_t)e * D + d) * I, xr, nt, I, lane, acc);
+  const size_t row = (size_t)e * D + (d < D ? d : 0);
+  if constexpr (staged) {
+    rows_dot_staged(w2 + row * I, NULL, xr, nt, I, d < D, acc, NULL);
+    if (d >= D) return;
+  } else {
+    row_dot<WT, VEC>(w2 + row * I, xr, nt, I, lane, acc);
+  }
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) {
     const float v = warp_sum_f(acc[j]);
@@ -526,6 +689,7 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
   const int v8 = vec8_ok(act, I, w2, I);
   if (wf32 && v8) expert_down_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
   else if (wf32) expert_down_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
+  else if (v8 && T == 1) expert_down_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
   else if (v8) expert_down_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
   else expert_down_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
   V4_LAUNCH("expert_down");
