@@ -69,6 +69,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                         "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels) instead of bf16 at load"},
     [DI_SW_CUDA_FP8_GEMV_ROWS] = {"DEEPINFER_CUDA_FP8_GEMV_ROWS", "16",
                                   "most rows of an FP8 product taken by the decode GEMV; more go to the FP8 tensor-core GEMM"},
+    [DI_SW_CUDA_FP8_TC] = {"DEEPINFER_CUDA_FP8_TC", "0",
+                           "1: the FP8 decode GEMVs on the tensor cores (FP8 widened to bf16 in registers, mma.sync) where the blocks are 128 wide"},
+    [DI_SW_CUDA_FP8_LT] = {"DEEPINFER_CUDA_FP8_LT", "0",
+                           "1: dense FP8 products above the GEMV bound on cuBLASLt's block-scaled FP8 matmul (activations quantized per 1 x 128)"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -8,6 +8,7 @@
  * row (batch-invariant at any M). Weights whose block_cols is not a multiple of 16, or unaligned
  * rows, take fp8_gemv_any_kernel (one warp per output element, scale per element). */
 #include "k_fp8_common.cuh"
+#include "util/switches.h"
 
 #define FG_WARPS 4
 #define FG_NR 2
@@ -41,14 +42,8 @@ static __device__ __forceinline__ void fg_fma(float (*acc)[MR], const uint4 (*w)
     }
 #pragma unroll
     for (int m = 0; m < MR; m++) {
-      const uint4 x0 = __ldg((const uint4 *)(xr[m] + k)), x1 = __ldg((const uint4 *)(xr[m] + k) + 1);
       float xf[16];
-      const __nv_bfloat162 *p0 = (const __nv_bfloat162 *)&x0, *p1 = (const __nv_bfloat162 *)&x1;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        float2 a = __bfloat1622float2(p0[j]), b = __bfloat1622float2(p1[j]);
-        xf[2 * j] = a.x; xf[2 * j + 1] = a.y; xf[8 + 2 * j] = b.x; xf[8 + 2 * j + 1] = b.y;
-      }
+      bf16x16_to_f32(xr[m] + k, xf);
 #pragma unroll
       for (int r = 0; r < NR; r++) {
         float p = 0.f;
@@ -91,11 +86,7 @@ fp8_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
   for (int mb = t.m0; mb < t.mend; mb += MR) {
     const int nm = min(MR, t.mend - mb);
     const bf16 *xr[MR];
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-      const int mm = mb + (m < nm ? m : 0);
-      xr[m] = A + (int64_t)(a_rows ? a_rows[mm] : mm) * lda;
-    }
+    gv_act_rows<MR>(xr, A, lda, a_rows, mb, nm);
     float acc[NR][MR];
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -114,31 +105,7 @@ fp8_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
           for (int u = 0; u < U; u++) cur[r][u] = nxt[r][u];
       }
     }
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-      for (int m = 0; m < MR; m++) {
-        float v = acc[r][m];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        acc[r][m] = v;
-      }
-    if (lane < NR * MR) { /* lane -> (r, m), selected with constant indices (no local memory) */
-      const int r = lane / MR, m = lane % MR, n = n0 + r;
-      float v = 0.f;
-#pragma unroll
-      for (int rr = 0; rr < NR; rr++)
-#pragma unroll
-        for (int mm = 0; mm < MR; mm++)
-          if (rr == r && mm == m) v = acc[rr][mm];
-      if (n < N && m < nm) {
-        if (c_f32) {
-          float *y = (float *)C + (int64_t)(mb + m) * ldc + n;
-          *y = beta != 0.f ? v + beta * *y : v;
-        } else {
-          ((bf16 *)C)[(int64_t)(mb + m) * ldc + n] = di_fb(v);
-        }
-      }
-    }
+    gv_reduce_store<NR, MR>(acc, lane, n0, N, mb, nm, C, ldc, c_f32, beta);
   }
 }
 
@@ -163,6 +130,8 @@ fp8_gemv_any_kernel(const bf16 *X, int ldx, di_cuk_fp8w w, int N, int K, void *Y
     ((bf16 *)Y)[(int64_t)m * ldy + n] = di_fb(acc);
   }
 }
+
+extern "C" int di_cuk_fp8_tc_enabled(void) { return di_switch_bool(DI_SW_CUDA_FP8_TC, 0); }
 
 static bool fg_vector_ok(int K, const void *X, int ldx, di_cuk_fp8w w) {
   return K % 16 == 0 && ldx % 8 == 0 && w.ldq % 16 == 0 && w.block_cols % 16 == 0 && ((uintptr_t)X & 15) == 0 &&
@@ -191,6 +160,8 @@ extern "C" di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int
   if (w.block_rows <= 0 || w.block_cols <= 0 || w.scale_cols < (K + w.block_cols - 1) / w.block_cols)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 gemv: block %d x %d with %d scale columns for K %d",
                         w.block_rows, w.block_cols, w.scale_cols, K);
+  if (di_cuk_fp8_tc_enabled() && di_cuk_fp8_tc_ok(K, X, ldx, w))
+    return di_cuk_fp8_tc_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, s);
   if (!fg_vector_ok(K, X, ldx, w)) {
     if (M > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: fp8 gemv of %d rows", M);
     DI_CU(di_launch(fp8_gemv_any_kernel, dim3((N + 7) / 8, M), 256, 0, s, (const bf16 *)X, ldx, w, N, K, Y, ldy,
@@ -210,6 +181,9 @@ extern "C" di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const i
                                              const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
                                              int ldc, int c_f32, di_cu_stream s) {
   if (max_tiles <= 0) return DI_OK;
+  if (di_cuk_fp8_tc_enabled() && di_cuk_fp8_tc_ok(K, A, lda, w))
+    return di_cuk_fp8_tc_grouped_gemv(A, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, max_tiles, bm, max_rows, C,
+                                      ldc, c_f32, 0, s);
   if (!fg_vector_ok(K, A, lda, w) || max_tiles > 65535 || w.block_rows <= 0)
     return di_error_set(DI_ERR_INVALID_ARG,
                         "cuda: fp8 grouped gemv K %d lda %d block %d x %d tiles %d (K %% 16, block_cols %% 16, aligned)",
