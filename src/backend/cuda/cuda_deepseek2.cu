@@ -226,7 +226,7 @@ static di_status fp8_mm(cu_backend *b, int M, int N, int K, const bf16 *X, int l
 
 /* mlp_dense with FP8 gate/up and down */
 static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up, const di_cuk_fp8w *down, int I) {
-  if (di_cuk_fp8_tc_enabled() && (b->invariant || T <= di_cuk_fp8_gemv_max_rows()) &&
+  if (di_cuk_fp8_tc_use(T, b->invariant) && (b->invariant || T <= di_cuk_fp8_gemv_max_rows()) &&
       di_cuk_fp8_tc_ok(b->H, b->xn, b->Hp, *gate_up)) /* gate/up and SiLU in one tensor-core GEMV */
     DI_TRY(di_cuk_fp8_tc_gemv_glu(T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, *gate_up, (uint16_t *)b->act, I,
                                   b->stream));
@@ -245,9 +245,9 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
 static di_status experts_fp8(cu_backend *b, const cu_layer *L, int T, int A, int bm, int max_tiles) {
   cudaStream_t s = b->stream;
   const int Hp = b->Hp, Ip = b->Ip;
-  /* the tensor-core GEMV (DEEPINFER_CUDA_FP8_TC=1) up to the dense GEMV bound of token rows, the
-   * CUDA-core one up to GEMV_MAX_T */
-  const int tc = di_cuk_fp8_tc_enabled() && di_cuk_fp8_tc_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
+  /* the tensor-core GEMV (di_cuk_fp8_tc_use: invariant mode, or above 2 token rows) up to the dense
+   * GEMV bound of token rows, the CUDA-core one up to GEMV_MAX_T */
+  const int tc = di_cuk_fp8_tc_use(T, b->invariant) && di_cuk_fp8_tc_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
                  di_cuk_fp8_tc_ok(Ip, b->act, Ip, L->f_exp_down);
   const int mma = !b->invariant && T > (tc ? di_cuk_fp8_gemv_max_rows() : GEMV_MAX_T) && bm == 64 &&
                   di_cuk_fp8_gemm_ok(Hp, L->f_exp_gu) && di_cuk_fp8_gemm_ok(Ip, L->f_exp_down);

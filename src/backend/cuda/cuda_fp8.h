@@ -45,10 +45,15 @@ di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_r
 
 /* The same products on the tensor cores (k_fp8_tc_gemv.cu: FP8 widened to bf16 in registers,
  * mma.sync bf16, fp32 promotion per 128-wide K block; batch-invariant; up to 64 rows a pass). Needs
- * block_cols % 128 == 0, K % 16 == 0 and 16-byte aligned rows (di_cuk_fp8_tc_ok). di_cuk_fp8_gemv and
- * di_cuk_fp8_grouped_gemv take this path where it applies unless DEEPINFER_CUDA_FP8_TC=0. */
+ * block_cols % 128 == 0, K % 16 == 0 and 16-byte aligned rows (di_cuk_fp8_tc_ok). The model's dispatch
+ * (di_cuk_fp8_matmul, the expert and dense-MLP paths) takes it where di_cuk_fp8_tc_use says so: in the
+ * batch-invariant mode at every M (one kernel at every M keeps a row's bits independent of M), else above
+ * DI_CUK_FP8_CC_ROWS rows (at 1-2 rows the CUDA-core GEMV streams faster: docs/PERFORMANCE.md); never
+ * with DEEPINFER_CUDA_FP8_TC=0. */
+#define DI_CUK_FP8_CC_ROWS 2
 int di_cuk_fp8_tc_ok(int K, const void *X, int ldx, di_cuk_fp8w w);
 int di_cuk_fp8_tc_enabled(void);
+int di_cuk_fp8_tc_use(int M, int invariant);
 di_status di_cuk_fp8_tc_gemv(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,
                              int y_f32, float beta, di_cu_stream s);
 /* glu: W is [gate; up] (N = 2 I rows) and act[m][j] = silu(gate_j) * up_j (bf16, I columns, row stride
@@ -82,7 +87,7 @@ di_status di_cuk_fp8_grouped_gemm(const uint8_t *Aq, int ldq, const float *sa, i
 int di_cuk_fp8_gemm_ok(int K, di_cuk_fp8w w);
 
 /* The dense dispatch the model calls: the GEMV for M <= di_cuk_fp8_gemv_max_rows() (and at every M
- * in the batch-invariant mode, in passes of 16 rows), else quantize the activations into `ws` and run
+ * in the batch-invariant mode; the tensor-core one where di_cuk_fp8_tc_use), else quantize the activations into `ws` and run
  * the tensor-core GEMM (GEMV when the weight's blocks are not 128 wide). ws: di_cuk_fp8_ws_bytes(M, K)
  * bytes of device memory (may be NULL when M <= the GEMV bound). */
 size_t di_cuk_fp8_ws_bytes(int M, int K);
@@ -104,9 +109,6 @@ di_status di_cuk_fp8_matmul(int M, int N, int K, const uint16_t *X, int ldx, di_
 typedef struct di_cu_fp8lt di_cu_fp8lt;
 di_status di_cu_fp8lt_create(di_cu_fp8lt **out);
 void di_cu_fp8lt_destroy(di_cu_fp8lt *h);
-/* tests: probe cuBLASLt's scale layout (bit 0: weight scales row-major [n][kb], bit 1: activation scales
- * [m][kb]; 0, the documented outer-dimension-major layout, is what the backend uses) */
-void di_cu_fp8lt_set_layout(di_cu_fp8lt *h, int layout);
 size_t di_cu_fp8lt_ws_bytes(int M, int N, int K);
 int di_cu_fp8lt_ok(int K, di_cuk_fp8w w);
 di_status di_cu_fp8lt_matmul(di_cu_fp8lt *h, int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y,

@@ -296,6 +296,12 @@ extern "C" di_status di_cuk_fp8_grouped_gemm(const uint8_t *Aq, int ldq, const f
 
 /* ---- the dense dispatch ---------------------------------------------------------------------------- */
 
+extern "C" int di_cuk_fp8_tc_enabled(void) { return di_switch_bool(DI_SW_CUDA_FP8_TC, 1); }
+
+extern "C" int di_cuk_fp8_tc_use(int M, int invariant) {
+  return di_cuk_fp8_tc_enabled() && (invariant || M > DI_CUK_FP8_CC_ROWS);
+}
+
 extern "C" int di_cuk_fp8_gemv_max_rows(void) {
   const int v = di_switch_int(DI_SW_CUDA_FP8_GEMV_ROWS, 16);
   return v < 0 ? 16 : v;
@@ -322,8 +328,11 @@ extern "C" di_status di_cuk_fp8_matmul(int M, int N, int K, const uint16_t *X, i
                                        int ldy, int y_f32, float beta, int invariant, void *ws, size_t ws_bytes,
                                        di_cu_stream s) {
   if (M <= 0) return DI_OK;
-  if (invariant || M <= di_cuk_fp8_gemv_max_rows() || !di_cuk_fp8_gemm_ok(K, w))
+  if (invariant || M <= di_cuk_fp8_gemv_max_rows() || !di_cuk_fp8_gemm_ok(K, w)) {
+    if (di_cuk_fp8_tc_use(M, invariant) && di_cuk_fp8_tc_ok(K, X, ldx, w))
+      return di_cuk_fp8_tc_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, s);
     return di_cuk_fp8_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, s);
+  }
   uint8_t *xq;
   float *sx;
   int ldq, lds;

@@ -8,7 +8,6 @@
  * row (batch-invariant at any M). Weights whose block_cols is not a multiple of 16, or unaligned
  * rows, take fp8_gemv_any_kernel (one warp per output element, scale per element). */
 #include "k_fp8_common.cuh"
-#include "util/switches.h"
 
 #define FG_WARPS 4
 #define FG_NR 2
@@ -131,8 +130,6 @@ fp8_gemv_any_kernel(const bf16 *X, int ldx, di_cuk_fp8w w, int N, int K, void *Y
   }
 }
 
-extern "C" int di_cuk_fp8_tc_enabled(void) { return di_switch_bool(DI_SW_CUDA_FP8_TC, 0); }
-
 static bool fg_vector_ok(int K, const void *X, int ldx, di_cuk_fp8w w) {
   return K % 16 == 0 && ldx % 8 == 0 && w.ldq % 16 == 0 && w.block_cols % 16 == 0 && ((uintptr_t)X & 15) == 0 &&
          ((uintptr_t)w.q & 15) == 0;
@@ -160,8 +157,6 @@ extern "C" di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int
   if (w.block_rows <= 0 || w.block_cols <= 0 || w.scale_cols < (K + w.block_cols - 1) / w.block_cols)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 gemv: block %d x %d with %d scale columns for K %d",
                         w.block_rows, w.block_cols, w.scale_cols, K);
-  if (di_cuk_fp8_tc_enabled() && di_cuk_fp8_tc_ok(K, X, ldx, w))
-    return di_cuk_fp8_tc_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, s);
   if (!fg_vector_ok(K, X, ldx, w)) {
     if (M > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: fp8 gemv of %d rows", M);
     DI_CU(di_launch(fp8_gemv_any_kernel, dim3((N + 7) / 8, M), 256, 0, s, (const bf16 *)X, ldx, w, N, K, Y, ldy,
@@ -181,9 +176,6 @@ extern "C" di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const i
                                              const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
                                              int ldc, int c_f32, di_cu_stream s) {
   if (max_tiles <= 0) return DI_OK;
-  if (di_cuk_fp8_tc_enabled() && di_cuk_fp8_tc_ok(K, A, lda, w))
-    return di_cuk_fp8_tc_grouped_gemv(A, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, max_tiles, bm, max_rows, C,
-                                      ldc, c_f32, 0, s);
   if (!fg_vector_ok(K, A, lda, w) || max_tiles > 65535 || w.block_rows <= 0)
     return di_error_set(DI_ERR_INVALID_ARG,
                         "cuda: fp8 grouped gemv K %d lda %d block %d x %d tiles %d (K %% 16, block_cols %% 16, aligned)",

@@ -24,6 +24,7 @@
  * halves and writes C[m][j] = silu(gate) * up (bf16, I columns): the silu_mul kernel and the [T][2I]
  * round trip of the unfused form are gone (the product is rounded once, not gate and up first). */
 #include "k_fp8_common.cuh"
+#include "util/switches.h"
 
 #define FT_WARPS 8   /* warps per CTA, all on the CTA's 16 weight rows, splitting K by pieces */
 #define FT_ROWS 16   /* weight rows (output columns) per CTA: the mma's M */
@@ -51,9 +52,53 @@ static __device__ __forceinline__ void ft_load(uint4 *r, const uint8_t *wa, cons
   }
 }
 
+/* Piece p (K [128 p, 128 p + 128)) of this lane's rows: its two 64-wide chunks on the tensor cores into a
+ * fresh partial, promoted into acc with the rows' block scales. */
+template <int MT>
+static __device__ __forceinline__ void ft_piece(float (*acc)[4], const uint4 *cur, const bf16 *const *xr,
+                                                const float *sa, const float *sb, int ppb, int K, int p, int t) {
+  float part[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) part[j][q] = 0.f;
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    const int k = p * FT_PIECE + c * 64 + t * 16;
+    const bool in = k < K;
+    uint32_t af[4][4];
+    const uint32_t *ra = (const uint32_t *)&cur[c], *rb = (const uint32_t *)&cur[2 + c];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      fp8x4_to_bf16x4(ra[i], af[i][0], af[i][2]);
+      fp8x4_to_bf16x4(rb[i], af[i][1], af[i][3]);
+    }
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+      uint4 x[2];
+      x[0] = in ? __ldg((const uint4 *)(xr[j] + k)) : make_uint4(0, 0, 0, 0);
+      x[1] = in ? __ldg((const uint4 *)(xr[j] + k) + 1) : make_uint4(0, 0, 0, 0);
+      const uint32_t *xb = (const uint32_t *)x;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const uint32_t b[2] = {xb[2 * i], xb[2 * i + 1]};
+        di_mma16816(part[j], af[i], b);
+      }
+    }
+  }
+  const float s_a = __ldg(sa + p / ppb), s_b = __ldg(sb + p / ppb);
+#pragma unroll
+  for (int j = 0; j < MT; j++) {
+    acc[j][0] = fmaf(part[j][0], s_a, acc[j][0]);
+    acc[j][1] = fmaf(part[j][1], s_a, acc[j][1]);
+    acc[j][2] = fmaf(part[j][2], s_b, acc[j][2]);
+    acc[j][3] = fmaf(part[j][3], s_b, acc[j][3]);
+  }
+}
+
 /* grid (ceil(N / 16), tiles); 8 warps. Dense: tiles == NULL, tile y is rows [y * bm, +bm) of M. Rows of
  * a tile in passes of MT * 8. */
-template <int MT>
+template <int MT, int RING>
 static __global__ void __launch_bounds__(FT_WARPS * 32)
 fp8_tc_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
                    const int32_t *tiles, const int32_t *n_tiles, int bm, int M, void *C, int ldc, int c_f32,
@@ -95,52 +140,32 @@ fp8_tc_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w,
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int q = 0; q < 4; q++) acc[j][q] = 0.f;
-    uint4 cur[4], nxt[4];
-    if (warp < npieces) ft_load(cur, wa, wb, K, warp, t);
-    for (int p = warp; p < npieces; p += FT_WARPS) {
-      const bool more = p + FT_WARPS < npieces;
-      if (more) ft_load(nxt, wa, wb, K, p + FT_WARPS, t);
-      float part[MT][4];
-#pragma unroll
-      for (int j = 0; j < MT; j++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) part[j][q] = 0.f;
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int k = p * FT_PIECE + c * 64 + t * 16;
-        const bool in = k < K;
-        uint32_t af[4][4];
-        const uint32_t *ra = (const uint32_t *)&cur[c], *rb = (const uint32_t *)&cur[2 + c];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          fp8x4_to_bf16x4(ra[i], af[i][0], af[i][2]);
-          fp8x4_to_bf16x4(rb[i], af[i][1], af[i][3]);
-        }
-#pragma unroll
-        for (int j = 0; j < MT; j++) {
-          uint4 x[2];
-          x[0] = in ? __ldg((const uint4 *)(xr[j] + k)) : make_uint4(0, 0, 0, 0);
-          x[1] = in ? __ldg((const uint4 *)(xr[j] + k) + 1) : make_uint4(0, 0, 0, 0);
-          const uint32_t *xb = (const uint32_t *)x;
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            const uint32_t b[2] = {xb[2 * i], xb[2 * i + 1]};
-            di_mma16816(part[j], af[i], b);
-          }
-        }
+    /* RING pieces' loads in flight per warp (named buffers: no dynamic register indexing); pieces are
+     * summed in the order p, p + 8, p + 16, ... whatever the ring (the same bits for RING 2 and 3) */
+    uint4 b0[4], b1[4], b2[4];
+    constexpr int S = FT_WARPS;
+    if constexpr (RING == 2) {
+      if (warp < npieces) ft_load(b0, wa, wb, K, warp, t);
+      for (int p = warp; p < npieces; p += 2 * S) {
+        if (p + S < npieces) ft_load(b1, wa, wb, K, p + S, t);
+        ft_piece<MT>(acc, b0, xr, sa, sb, ppb, K, p, t);
+        if (p + S >= npieces) break;
+        if (p + 2 * S < npieces) ft_load(b0, wa, wb, K, p + 2 * S, t);
+        ft_piece<MT>(acc, b1, xr, sa, sb, ppb, K, p + S, t);
       }
-      const float s_a = __ldg(sa + p / ppb), s_b = __ldg(sb + p / ppb);
-#pragma unroll
-      for (int j = 0; j < MT; j++) {
-        acc[j][0] = fmaf(part[j][0], s_a, acc[j][0]);
-        acc[j][1] = fmaf(part[j][1], s_a, acc[j][1]);
-        acc[j][2] = fmaf(part[j][2], s_b, acc[j][2]);
-        acc[j][3] = fmaf(part[j][3], s_b, acc[j][3]);
-      }
-      if (more) {
-#pragma unroll
-        for (int q = 0; q < 4; q++) cur[q] = nxt[q];
-      }
+    } else {
+    if (warp < npieces) ft_load(b0, wa, wb, K, warp, t);
+    if (warp + S < npieces) ft_load(b1, wa, wb, K, warp + S, t);
+    for (int p = warp; p < npieces; p += 3 * S) {
+      if (p + 2 * S < npieces) ft_load(b2, wa, wb, K, p + 2 * S, t);
+      ft_piece<MT>(acc, b0, xr, sa, sb, ppb, K, p, t);
+      if (p + S >= npieces) break;
+      if (p + 3 * S < npieces) ft_load(b0, wa, wb, K, p + 3 * S, t);
+      ft_piece<MT>(acc, b1, xr, sa, sb, ppb, K, p + S, t);
+      if (p + 2 * S >= npieces) break;
+      if (p + 4 * S < npieces) ft_load(b1, wa, wb, K, p + 4 * S, t);
+      ft_piece<MT>(acc, b2, xr, sa, sb, ppb, K, p + 2 * S, t);
+    }
     }
 #pragma unroll
     for (int j = 0; j < MT; j++) {
@@ -189,13 +214,15 @@ static di_status ft_launch(int mt, dim3 grid, cudaStream_t s, const bf16 *A, int
                            int glu) {
   if (glu && (N % 2 || c_f32)) return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 tc gemv glu: N %d (even), bf16 out", N);
   grid.x = glu ? (N / 2 + FT_ROWS / 2 - 1) / (FT_ROWS / 2) : (N + FT_ROWS - 1) / FT_ROWS;
-  switch (mt) {
-#define FT_CASE(m)                                                                                                    \
-  case m:                                                                                                             \
-    DI_CU(di_launch(fp8_tc_gemv_kernel<m>, grid, FT_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles, n_tiles, \
+  /* three pieces in flight per warp (DEEPINFER_CUDA_FP8_TC_RING=2: two); 64-row passes keep two (registers) */
+  const int ring3 = mt < 8 && di_switch_int(DI_SW_CUDA_FP8_TC_RING, 3) != 2;
+  switch (mt * 2 + ring3) {
+#define FT_CASE(m, r)                                                                                                 \
+  case m * 2 + (r == 3):                                                                                              \
+    DI_CU(di_launch(fp8_tc_gemv_kernel<m, r>, grid, FT_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles, n_tiles, \
                     bm, M, C, ldc, c_f32, beta, glu));                                                                \
     break;
-    FT_CASE(1) FT_CASE(2) FT_CASE(4) FT_CASE(8)
+    FT_CASE(1, 2) FT_CASE(2, 2) FT_CASE(4, 2) FT_CASE(8, 2) FT_CASE(1, 3) FT_CASE(2, 3) FT_CASE(4, 3)
 #undef FT_CASE
     default: return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 tc gemv with %d n-tiles per pass", mt);
   }
