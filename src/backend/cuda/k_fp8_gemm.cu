@@ -303,8 +303,10 @@ extern "C" int di_cuk_fp8_tc_use(int M, int invariant) {
 }
 
 extern "C" int di_cuk_fp8_gemv_max_rows(void) {
-  const int v = di_switch_int(DI_SW_CUDA_FP8_GEMV_ROWS, 16);
-  return v < 0 ? 16 : v;
+  /* with cuBLASLt's FP8 matmul from 4 rows (faster than the tensor-core GEMV from there: PERFORMANCE.md
+   * "Session 9, issue 18"), else the GEMVs up to 16 rows */
+  const int dflt = di_switch_bool(DI_SW_CUDA_FP8_LT, 1) ? 3 : 16, v = di_switch_int(DI_SW_CUDA_FP8_GEMV_ROWS, dflt);
+  return v < 0 ? dflt : v;
 }
 
 extern "C" size_t di_cuk_fp8_ws_bytes(int M, int K) {

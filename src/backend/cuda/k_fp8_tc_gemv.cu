@@ -214,8 +214,9 @@ static di_status ft_launch(int mt, dim3 grid, cudaStream_t s, const bf16 *A, int
                            int glu) {
   if (glu && (N % 2 || c_f32)) return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 tc gemv glu: N %d (even), bf16 out", N);
   grid.x = glu ? (N / 2 + FT_ROWS / 2 - 1) / (FT_ROWS / 2) : (N + FT_ROWS - 1) / FT_ROWS;
-  /* three pieces in flight per warp (DEEPINFER_CUDA_FP8_TC_RING=2: two); 64-row passes keep two (registers) */
-  const int ring3 = mt < 8 && di_switch_int(DI_SW_CUDA_FP8_TC_RING, 3) != 2;
+  /* two pieces in flight per warp (DEEPINFER_CUDA_FP8_TC_RING=3: three, 3-6% slower on the H200);
+   * 64-row passes keep two (registers) */
+  const int ring3 = mt < 8 && di_switch_int(DI_SW_CUDA_FP8_TC_RING, 2) == 3;
   switch (mt * 2 + ring3) {
 #define FT_CASE(m, r)                                                                                                 \
   case m * 2 + (r == 3):                                                                                              \
