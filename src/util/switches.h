@@ -48,6 +48,9 @@ typedef enum {
   DI_SW_CUDA_TC_DEFAULT_MINM,
   DI_SW_CUDA_FP8,
   DI_SW_CUDA_FP8_GEMV_ROWS,
+  DI_SW_CUDA_FP8_TC,
+  DI_SW_CUDA_FP8_LT,
+  DI_SW_CUDA_FP8_TC_RING,
   /* several ranks (src/dist/) */
   DI_SW_DIST_TIMEOUT,
   DI_SW_DIST_TEST_FAIL,

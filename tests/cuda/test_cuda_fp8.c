@@ -110,6 +110,13 @@ static void acc_err(errsum *e, double ref, double got) {
 static double rel(const errsum *e) { return sqrt(e->num / (e->den > 0 ? e->den : 1)); }
 
 /* ---- GEMV (W8A16) -------------------------------------------------------------------------------- */
+/* 1: test_gemv / test_grouped / time_gemv call the tensor-core forms (k_fp8_tc_gemv.cu) directly */
+static int g_tc = 0;
+static di_status gemv(int M, int N, int K, const void *X, int ldx, di_cuk_fp8w w, void *Y, int ldy, int y_f32,
+                      float beta) {
+  return g_tc ? di_cuk_fp8_tc_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, NULL)
+              : di_cuk_fp8_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, NULL);
+}
 static void test_gemv(int M, int N, int K, int br, int bc, int y_f32, const char *what) {
   host_w w = make_w(1, N, K, br, bc);
   uint16_t *X = rand_bf16((size_t)M * K, 1.f);
@@ -117,7 +124,7 @@ static void test_gemv(int M, int N, int K, int br, int bc, int y_f32, const char
   for (size_t i = 0; i < (size_t)M * N; i++) Y0[i] = nrand();
   void *dq, *ds, *dX = dup_dev(X, (size_t)M * K * 2), *dY = dup_dev(y_f32 ? Y0 : NULL, (size_t)M * N * 4);
   di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
-  di_status st = di_cuk_fp8_gemv(M, N, K, dX, K, dw, dY, N, y_f32, y_f32 ? 1.f : 0.f, NULL);
+  di_status st = gemv(M, N, K, dX, K, dw, dY, N, y_f32, y_f32 ? 1.f : 0.f);
   CHECKF(st == DI_OK, "%s", di_last_error());
   CHECK(di_cut_sync() == 0);
   float *got = fetch_y(dY, (size_t)M * N, y_f32);
@@ -132,14 +139,15 @@ static void test_gemv(int M, int N, int K, int br, int bc, int y_f32, const char
     }
   double tol = y_f32 ? 1e-4 : 1e-2;
   CHECKF(rel(&e) < tol, "fp8 gemv %s M %d N %d K %d block %dx%d f32 %d: rel err %.3e", what, M, N, K, br, bc, y_f32, rel(&e));
-  printf("fp8 gemv %-22s M %2d N %5d K %5d block %3dx%-3d f32 %d: rel err %.2e\n", what, M, N, K, br, bc, y_f32, rel(&e));
+  printf("fp8 %s %-22s M %2d N %5d K %5d block %3dx%-3d f32 %d: rel err %.2e\n", g_tc ? "tc-gemv" : "gemv", what, M, N, K, br, bc, y_f32,
+         rel(&e));
   /* batch invariance: each row alone gives the same bits */
   if (!y_f32) {
     int bad = 0;
     void *d1 = di_cut_malloc((size_t)N * 2);
     float *one = NULL;
-    for (int m = 0; m < M && m < 24; m += (M > 4 ? 3 : 1)) {
-      CHECK(di_cuk_fp8_gemv(1, N, K, (const uint16_t *)dX + (size_t)m * K, K, dw, d1, N, 0, 0.f, NULL) == DI_OK);
+    for (int m = 0; m < M && (m < 24 || g_tc); m += (M > 4 ? 3 : 1)) {
+      CHECK(gemv(1, N, K, (const uint16_t *)dX + (size_t)m * K, K, dw, d1, N, 0, 0.f) == DI_OK);
       CHECK(di_cut_sync() == 0);
       free(one);
       one = fetch_y(d1, (size_t)N, 0);
@@ -187,6 +195,15 @@ static void test_quant(int M, int K) {
 }
 
 /* ---- GEMM (W8A8, per-128 promotion), dense through di_cuk_fp8_matmul -------------------------------- */
+/* non-NULL: test_gemm / time_gemm run cuBLASLt's block-scaled FP8 matmul (gemm_fp8_lt.cu) */
+static di_cu_fp8lt *g_lt = NULL, *g_lt_keep = NULL; /* keep: the handle, for the timings */
+static di_status lt_or_mma(int M, int N, int K, const void *X, di_cuk_fp8w w, void *Y, int y_f32, float beta, void *ws,
+                           size_t wsb) {
+  return g_lt ? di_cu_fp8lt_matmul(g_lt, M, N, K, X, K, w, Y, N, y_f32, beta, ws, wsb, NULL)
+              : di_cuk_fp8_matmul(M, N, K, X, K, w, Y, N, y_f32, beta, 0, ws, wsb, NULL);
+}
+static size_t gemm_ws(int M, int N, int K) { return g_lt ? di_cu_fp8lt_ws_bytes(M, N, K) : di_cuk_fp8_ws_bytes(M, K); }
+
 static void test_gemm(int M, int N, int K, int br, int y_f32, const char *what) {
   host_w w = make_w(1, N, K, br, 128);
   uint16_t *X = rand_bf16((size_t)M * K, 1.f);
@@ -196,11 +213,11 @@ static void test_gemm(int M, int N, int K, int br, int y_f32, const char *what) 
   host_quant(X, M, K, q, s, lds);
   float *Y0 = malloc((size_t)M * N * 4);
   for (size_t i = 0; i < (size_t)M * N; i++) Y0[i] = nrand();
-  size_t wsb = di_cuk_fp8_ws_bytes(M, K);
+  size_t wsb = gemm_ws(M, N, K);
   void *dq, *ds, *dX = dup_dev(X, (size_t)M * K * 2), *dY = dup_dev(y_f32 ? Y0 : NULL, (size_t)M * N * 4);
   void *dws = di_cut_malloc(wsb);
   di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
-  di_status st = di_cuk_fp8_matmul(M, N, K, dX, K, dw, dY, N, y_f32, y_f32 ? 1.f : 0.f, 0, dws, wsb, NULL);
+  di_status st = lt_or_mma(M, N, K, dX, dw, dY, y_f32, y_f32 ? 1.f : 0.f, dws, wsb);
   CHECKF(st == DI_OK, "%s", di_last_error());
   CHECK(di_cut_sync() == 0);
   float *got = fetch_y(dY, (size_t)M * N, y_f32);
@@ -216,15 +233,15 @@ static void test_gemm(int M, int N, int K, int br, int y_f32, const char *what) 
         a += (double)di_fp8e4m3_to_f32(q[(size_t)m * K + k]) * s[(size_t)m * lds + k / 128] * wv;
         u += (double)di_bf16_to_f32(X[(size_t)m * K + k]) * wv;
       }
-      acc_err(&e, a, got[(size_t)m * N + n]);
+      if (!(g_lt && m >= M / 4 * 4)) acc_err(&e, a, got[(size_t)m * N + n]); /* cuBLASLt's tail rows: W8A16 */
       acc_err(&eu, u, got[(size_t)m * N + n]);
     }
   }
   double tol = y_f32 ? 1e-3 : 1e-2;
   CHECKF(rel(&e) < tol, "fp8 gemm %s M %d N %d K %d: rel err %.3e vs the quantized product", what, M, N, K, rel(&e));
   CHECKF(rel(&eu) < 0.08, "fp8 gemm %s M %d N %d K %d: rel err %.3e vs unquantized activations", what, M, N, K, rel(&eu));
-  printf("fp8 gemm %-22s M %4d N %5d K %5d f32 %d: rel err %.2e (quantized ref), %.2e (unquantized)\n", what, M, N, K,
-         y_f32, rel(&e), rel(&eu));
+  printf("fp8 %s %-22s M %4d N %5d K %5d f32 %d: rel err %.2e (quantized ref), %.2e (unquantized)\n",
+         g_lt ? "lt-gemm" : "gemm", what, M, N, K, y_f32, rel(&e), rel(&eu));
   free(got); free(X); free(q); free(s); free(Y0); free_w(&w);
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY); di_cut_free(dws);
 }
@@ -238,7 +255,7 @@ static void test_grouped(int E, int N, int K, int max_rows_per_expert, int use_m
     cnt[e] = (int)(urand() * (max_rows_per_expert + 1));
     off[e + 1] = off[e] + cnt[e];
   }
-  const int R = off[E], T = R > 0 ? R : 1, bm = use_mma ? 64 : 16;
+  const int R = off[E], T = R > 0 ? R : 1, bm = use_mma || g_tc ? 64 : 16;
   int ntile = 0, *tiles = malloc(sizeof(int) * (size_t)(R / bm + E + 1));
   for (int e = 0; e < E; e++)
     for (int i = 0; i * bm < cnt[e]; i++) tiles[ntile++] = e << 16 | i;
@@ -256,8 +273,10 @@ static void test_grouped(int E, int N, int K, int max_rows_per_expert, int use_m
   void *dar = dup_dev(arows, (size_t)T * 4), *dC = di_cut_malloc((size_t)T * N * 4);
   int max_tiles = ntile + 3; /* launched at an upper bound, as the backend does */
   di_status st = use_mma ? di_cuk_fp8_grouped_gemm(dAq, K, dsa, lds, dar, dw, N, K, doff, dt, dnt, max_tiles, bm, dC, N, 1, NULL)
-                         : di_cuk_fp8_grouped_gemv(dA, K, dar, dw, N, K, doff, dt, dnt, max_tiles, bm,
-                                                   max_rows_per_expert < 16 ? max_rows_per_expert : 16, dC, N, 1, NULL);
+         : g_tc ? di_cuk_fp8_tc_grouped_gemv(dA, K, dar, dw, N, K, doff, dt, dnt, max_tiles, bm,
+                                             max_rows_per_expert < 64 ? max_rows_per_expert : 64, dC, N, 1, 0, NULL)
+                : di_cuk_fp8_grouped_gemv(dA, K, dar, dw, N, K, doff, dt, dnt, max_tiles, bm,
+                                          max_rows_per_expert < 16 ? max_rows_per_expert : 16, dC, N, 1, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   CHECK(di_cut_sync() == 0);
   float *got = fetch_y(dC, (size_t)T * N, 1);
@@ -277,8 +296,24 @@ static void test_grouped(int E, int N, int K, int max_rows_per_expert, int use_m
       }
     }
   CHECKF(rel(&err) < (use_mma ? 1e-3 : 1e-4), "fp8 grouped %s E %d N %d K %d rows %d: rel err %.3e", what, E, N, K, R, rel(&err));
-  printf("fp8 grouped %-5s %-14s E %3d N %5d K %5d rows %4d: rel err %.2e\n", use_mma ? "gemm" : "gemv", what, E, N, K,
+  printf("fp8 grouped %-7s %-14s E %3d N %5d K %5d rows %4d: rel err %.2e\n", use_mma ? "gemm" : g_tc ? "tc-gemv" : "gemv", what, E, N, K,
          R, rel(&err));
+  if (g_tc && !use_mma && R > 0) { /* the last row alone (as a one-row expert 0 tile) gives the same bits */
+    int tile1 = 0, one_t = 1, e_last = 0;
+    for (int e = 0; e < E; e++)
+      if (off[e] < R && R - 1 < off[e + 1]) e_last = e;
+    tile1 = e_last << 16; /* expert e_last holds the one row */
+    int *offE = calloc((size_t)E + 1, 4);
+    for (int e = 0; e <= E; e++) offE[e] = e <= e_last ? 0 : 1;
+    void *do1 = dup_dev(offE, (size_t)(E + 1) * 4), *dt1 = dup_dev(&tile1, 4), *dn1 = dup_dev(&one_t, 4);
+    void *dr1 = dup_dev(&arows[R - 1], 4), *dC1 = di_cut_malloc((size_t)N * 4);
+    CHECK(di_cuk_fp8_tc_grouped_gemv(dA, K, dr1, dw, N, K, do1, dt1, dn1, 1, bm, 1, dC1, N, 1, 0, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    float *one = fetch_y(dC1, (size_t)N, 1);
+    CHECKF(memcmp(one, got + (size_t)(R - 1) * N, (size_t)N * 4) == 0, "fp8 tc grouped %s: the last row alone differs", what);
+    free(one); free(offE);
+    di_cut_free(do1); di_cut_free(dt1); di_cut_free(dn1); di_cut_free(dr1); di_cut_free(dC1);
+  }
   free(got); free(cnt); free(off); free(tiles); free(arows); free(A); free(q); free(s); free_w(&w);
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(dAq); di_cut_free(dsa); di_cut_free(doff);
   di_cut_free(dt); di_cut_free(dnt); di_cut_free(dar); di_cut_free(dC);
@@ -371,15 +406,26 @@ static void time_gemv(di_cu_blas *blas, int M, int N, int K) {
   cq[0] = dq;
   for (int c = 1; c < copies; c++) cq[c] = dup_dev(w.q, (size_t)N * K);
   const int iters = 50;
-  for (int i = 0; i < 5; i++) di_cuk_fp8_gemv(M, N, K, dX, K, dw, dY, N, 0, 0.f, NULL);
-  di_cut_sync();
-  double t0 = di_cut_time_ms();
-  for (int i = 0; i < iters; i++) {
-    dw.q = (const uint8_t *)cq[i % copies];
-    di_cuk_fp8_gemv(M, N, K, dX, K, dw, dY, N, 0, 0.f, NULL);
+  double mst[3];
+  for (int v = 0; v < 3; v++) { /* the CUDA-core GEMV, the tensor-core one with 3 and with 2 pieces in flight */
+    const int tc = v > 0;
+    g_tc = tc;
+    setenv("DEEPINFER_CUDA_FP8_TC_RING", v == 2 ? "2" : "3", 1);
+    dw.q = (const uint8_t *)cq[0];
+    for (int i = 0; i < 5; i++) gemv(M, N, K, dX, K, dw, dY, N, 0, 0.f);
+    CHECK(di_cut_sync() == 0);
+    double t0 = di_cut_time_ms();
+    for (int i = 0; i < iters; i++) {
+      dw.q = (const uint8_t *)cq[i % copies];
+      gemv(M, N, K, dX, K, dw, dY, N, 0, 0.f);
+    }
+    CHECK(di_cut_sync() == 0);
+    mst[v] = (di_cut_time_ms() - t0) / iters;
   }
-  di_cut_sync();
-  double ms = (di_cut_time_ms() - t0) / iters;
+  unsetenv("DEEPINFER_CUDA_FP8_TC_RING");
+  g_tc = 0;
+  const double ms = mst[0];
+  double t0;
   /* bf16 beside it: the same product with bf16 weights (cuBLASLt / the skinny kernel) */
   void *wb = di_cut_malloc((size_t)N * K * 2);
   double msb = -1;
@@ -391,8 +437,10 @@ static void time_gemv(di_cu_blas *blas, int M, int N, int K) {
     di_cut_sync();
     msb = (di_cut_time_ms() - t0) / iters;
   }
-  printf("time fp8 gemv M %2d N %5d K %5d: %8.1f us, %6.0f GB/s of fp8 weights | bf16 (L2-warm for small shapes) %8.1f us, %6.0f GB/s\n",
-         M, N, K, ms * 1e3, (double)N * K / (ms * 1e6), msb * 1e3, 2.0 * N * K / (msb * 1e6));
+  printf("time fp8 gemv M %2d N %5d K %5d: cuda-core %7.1f us %5.0f GB/s | tc ring 3 %7.1f us %5.0f GB/s | tc ring 2 "
+         "%7.1f us %5.0f GB/s (fp8 bytes) | bf16 %7.1f us %5.0f GB/s\n", M, N, K, ms * 1e3, (double)N * K / (ms * 1e6),
+         mst[1] * 1e3, (double)N * K / (mst[1] * 1e6), mst[2] * 1e3, (double)N * K / (mst[2] * 1e6), msb * 1e3,
+         2.0 * N * K / (msb * 1e6));
   for (int c = 1; c < copies; c++) di_cut_free(cq[c]);
   di_cut_free(wb);
   free(X);
@@ -402,16 +450,26 @@ static void time_gemv(di_cu_blas *blas, int M, int N, int K) {
 static void time_gemm(di_cu_blas *blas, int M, int N, int K) {
   const host_w w = *timing_w(N, K);
   uint16_t *X = rand_bf16((size_t)M * K, 1.f);
-  size_t wsb = di_cuk_fp8_ws_bytes(M, K);
+  size_t wsb = di_cu_fp8lt_ws_bytes(M, N, K) > di_cuk_fp8_ws_bytes(M, K) ? di_cu_fp8lt_ws_bytes(M, N, K)
+                                                                        : di_cuk_fp8_ws_bytes(M, K);
   void *dq, *ds, *dX = dup_dev(X, (size_t)M * K * 2), *dY = di_cut_malloc((size_t)M * N * 4), *dws = di_cut_malloc(wsb);
   di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
   const int iters = 20;
-  for (int i = 0; i < 3; i++) di_cuk_fp8_matmul(M, N, K, dX, K, dw, dY, N, 0, 0.f, 0, dws, wsb, NULL);
-  di_cut_sync();
-  double t0 = di_cut_time_ms();
-  for (int i = 0; i < iters; i++) di_cuk_fp8_matmul(M, N, K, dX, K, dw, dY, N, 0, 0.f, 0, dws, wsb, NULL);
-  CHECK(di_cut_sync() == 0);
-  double ms = (di_cut_time_ms() - t0) / iters;
+  double mst[2] = {-1, -1};
+  di_cu_fp8lt *keep = g_lt_keep;
+  for (int v = 0; v < 2; v++) {
+    g_lt = v ? keep : NULL;
+    if (v && !keep) break;
+    for (int i = 0; i < 3; i++) lt_or_mma(M, N, K, dX, dw, dY, 0, 0.f, dws, wsb);
+    CHECK(di_cut_sync() == 0);
+    double t0 = di_cut_time_ms();
+    for (int i = 0; i < iters; i++) lt_or_mma(M, N, K, dX, dw, dY, 0, 0.f, dws, wsb);
+    CHECK(di_cut_sync() == 0);
+    mst[v] = (di_cut_time_ms() - t0) / iters;
+  }
+  g_lt = NULL;
+  const double ms = mst[0];
+  double t0;
   void *wb = di_cut_malloc((size_t)N * K * 2);
   double msb = -1;
   if (wb) {
@@ -422,8 +480,10 @@ static void time_gemm(di_cu_blas *blas, int M, int N, int K) {
     di_cut_sync();
     msb = (di_cut_time_ms() - t0) / iters;
   }
-  printf("time fp8 gemm M %4d N %5d K %5d: %8.1f us, %6.1f TFLOP/s (quantize + mma) | bf16 cuBLASLt %8.1f us, %6.1f TFLOP/s\n",
-         M, N, K, ms * 1e3, 2.0 * M * N * K / (ms * 1e9), msb * 1e3, 2.0 * M * N * K / (msb * 1e9));
+  printf("time fp8 gemm M %4d N %5d K %5d: mma.sync %8.1f us, %6.1f TFLOP/s | cuBLASLt fp8 %8.1f us, %6.1f TFLOP/s "
+         "(quantize + scales + matmul) | bf16 cuBLASLt %8.1f us, %6.1f TFLOP/s\n", M, N, K, ms * 1e3,
+         2.0 * M * N * K / (ms * 1e9), mst[1] * 1e3, 2.0 * M * N * K / (mst[1] * 1e9), msb * 1e3,
+         2.0 * M * N * K / (msb * 1e9));
   di_cut_free(wb);
   free(X);
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY); di_cut_free(dws);
@@ -456,13 +516,134 @@ static void time_mxfp4(int M, int N, int K) {
   di_cut_free(ds); di_cut_free(dX); di_cut_free(dY);
 }
 
+/* The fused gate/up + SiLU form (glu): W = [gate; up] of E experts (E = 0: dense, no tile list), act[m][j] =
+ * silu(x . gate_j) * (x . up_j) in bf16, against float64 (1e-2, bf16 output); rows of up to max_rows per
+ * expert, a_rows gathered. */
+static void test_glu(int E, int I, int K, int max_rows, const char *what) {
+  const int En = E > 0 ? E : 1, N = 2 * I;
+  host_w w = make_w(En, N, K, 1, 128);
+  int *off = malloc((En + 1) * 4), *tiles = malloc(sizeof(int) * (size_t)(En * (max_rows / 64 + 2)));
+  off[0] = 0;
+  int ntile = 0;
+  for (int e = 0; e < En; e++) {
+    const int c = E > 0 ? (int)(urand() * (max_rows + 1)) : max_rows;
+    off[e + 1] = off[e] + c;
+    for (int i = 0; i * 64 < c; i++) tiles[ntile++] = e << 16 | i;
+  }
+  const int R = off[En], T = R > 0 ? R : 1;
+  int *arows = malloc((size_t)T * 4);
+  for (int r = 0; r < T; r++) arows[r] = E > 0 ? (int)(urand() * T) : r;
+  uint16_t *A = rand_bf16((size_t)T * K, 1.f);
+  void *dq, *ds;
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  void *dA = dup_dev(A, (size_t)T * K * 2), *doff = dup_dev(off, (En + 1) * 4);
+  void *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4), *dar = dup_dev(arows, (size_t)T * 4);
+  void *dC = di_cut_malloc((size_t)T * I * 2);
+  di_status st = E > 0 ? di_cuk_fp8_tc_grouped_gemv(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, 64,
+                                                    max_rows < 64 ? max_rows : 64, dC, I, 0, 1, NULL)
+                       : di_cuk_fp8_tc_gemv_glu(R, N, K, dA, K, dw, dC, I, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dC, (size_t)T * I, 0);
+  int cols[128], nc = pick_cols(I, cols, 128);
+  errsum err = {0, 0};
+  for (int e = 0; e < En; e++)
+    for (int m = off[e]; m < off[e + 1]; m += (off[e + 1] - off[e] > 8 ? 5 : 1))
+      for (int i = 0; i < nc; i++) {
+        double ga = 0, up = 0;
+        for (int k = 0; k < K; k++) {
+          const double x = di_bf16_to_f32(A[(size_t)arows[m] * K + k]);
+          ga += x * w_at(&w, e, cols[i], k);
+          up += x * w_at(&w, e, I + cols[i], k);
+        }
+        acc_err(&err, ga / (1 + exp(-ga)) * up, got[(size_t)m * I + cols[i]]);
+      }
+  CHECKF(rel(&err) < 1e-2, "fp8 tc glu %s E %d I %d K %d rows %d: rel err %.3e", what, E, I, K, R, rel(&err));
+  printf("fp8 tc glu %-22s E %3d I %5d K %5d rows %4d: rel err %.2e\n", what, E, I, K, R, rel(&err));
+  free(got); free(off); free(tiles); free(arows); free(A); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(doff); di_cut_free(dt); di_cut_free(dnt);
+  di_cut_free(dar); di_cut_free(dC);
+}
+
+/* The tensor-core GEMV forms (k_fp8_tc_gemv.cu): the same references and tolerances as the GEMV, the
+ * rows up to 64 a pass and beyond, and the batch invariance at every M (each row alone bit-equal). */
+static void test_tc(void) {
+  g_tc = 1;
+  test_gemv(1, 18432, 7168, 128, 128, 0, "V3 gate/up");
+  test_gemv(64, 18432, 7168, 128, 128, 0, "V3 gate/up");
+  test_gemv(4, 7168, 18432, 128, 128, 1, "V3 down (+residual)");
+  test_gemv(37, 2048, 10944, 128, 128, 0, "V2-Lite down (part K)");
+  test_gemv(64, 21888, 2048, 128, 128, 0, "V2-Lite gate/up");
+  test_gemv(5, 576, 2048, 128, 128, 1, "kv_a (part N)");
+  test_gemv(2, 224, 576, 128, 128, 0, "shipped 224 x 576");
+  test_gemv(7, 576, 224, 128, 128, 0, "shipped 576 x 224");
+  test_gemv(1, 64, 224, 128, 128, 0, "shipped 64 x 224");
+  test_gemv(100, 1000, 2048, 128, 128, 0, "M 100 (two passes)");
+  test_gemv(33, 3648, 2048, 1, 128, 1, "per-row scales");
+  test_gemv(16, 700, 1024, 128, 256, 0, "block 128x256");
+  test_grouped(8, 4096, 7168, 3, 0, "V3 gate/up");
+  test_grouped(64, 2816, 2048, 4, 0, "V2-Lite gate/up");
+  test_grouped(64, 2048, 1408, 40, 0, "V2-Lite down");
+  test_grouped(16, 4096, 2048, 20, 0, "V4-Flash w13");
+  test_grouped(8, 2048, 4096, 100, 0, "V4-Flash w2");
+  test_glu(0, 10944, 2048, 1, "V2-Lite dense M 1");
+  test_glu(0, 10944, 2048, 37, "V2-Lite dense M 37");
+  test_glu(0, 100, 224, 5, "shipped-like, part I");
+  test_glu(64, 1408, 2048, 6, "V2-Lite experts");
+  test_glu(16, 2048, 7168, 70, "V3 experts (2 tiles)");
+  g_tc = 0;
+}
+
+/* cuBLASLt's block-scaled FP8 matmul: the GEMM cases of test_gemm through it (the tolerances of the
+ * mma.sync GEMM: the same quantized activations; rows past the last multiple of 4 take the W8A16
+ * tensor-core GEMV and are checked against the unquantized product only). */
+static void test_lt(void) {
+  CHECK(di_cu_fp8lt_create(&g_lt) == DI_OK);
+  test_gemm(256, 512, 1024, 128, 1, "256 x 512 x 1024");
+  test_gemm(4096, 2048, 10944, 1, 0, "V2-Lite down (part K)");
+  test_gemm(512, 21888, 2048, 1, 0, "V2-Lite gate/up");
+  test_gemm(64, 576, 2048, 128, 1, "kv_a (part N)");
+  test_gemm(200, 2048, 10944, 128, 1, "V2-Lite down f32+res");
+  test_gemm(1000, 7168, 18432, 128, 0, "V3 down");
+  test_gemm(300, 224, 576, 128, 0, "shipped 224 x 576");
+  test_gemm(33, 64, 224, 128, 1, "shipped 64 x 224 (tail)");
+  test_gemm(102, 3072, 2048, 1, 1, "per-row scales (tail)");
+  g_lt_keep = g_lt;
+  g_lt = NULL;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
-  const int timings = !(argc > 1 && strcmp(argv[1], "--no-timings") == 0);
+  int timings = 1, tc_only = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--no-timings") == 0) timings = 0;
+    if (strcmp(argv[i], "--tc-only") == 0) tc_only = 1;
+  }
+  test_tc();
+  test_lt();
+  if (tc_only) {
+    if (timings) {
+      di_cu_blas *blas = NULL;
+      CHECK(di_cu_blas_create(&blas) == DI_OK);
+      const int ms[] = {1, 2, 4, 8, 16};
+      for (int i = 0; i < 5; i++) time_gemv(blas, ms[i], 18432, 7168);
+      for (int i = 0; i < 5; i++) time_gemv(blas, ms[i], 2048, 10944);
+      for (int i = 0; i < 5; i++) time_gemv(blas, ms[i], 21888, 2048);
+      const int mg[] = {16, 32, 64, 256, 4096};
+      for (int i = 0; i < 5; i++) time_gemm(blas, mg[i], 18432, 7168);
+      for (int i = 0; i < 5; i++) time_gemm(blas, mg[i], 21888, 2048);
+      time_gemm(blas, 4096, 2048, 10944);
+      di_cu_blas_destroy(blas);
+      free_w(&g_tw);
+    }
+    di_cu_fp8lt_destroy(g_lt_keep);
+    printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
+    return di_test_failed ? 1 : 0;
+  }
   test_errors();
   /* GEMV: V3 dense (7168 x 18432 both ways), V2-Lite, the shipped model's edges, other block shapes */
   test_gemv(1, 18432, 7168, 128, 128, 0, "V3 gate/up");
@@ -525,6 +706,7 @@ int main(int argc, char **argv) {
     di_cu_blas_destroy(blas);
     free_w(&g_tw);
   }
+  di_cu_fp8lt_destroy(g_lt_keep);
   printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
   return di_test_failed ? 1 : 0;
 }

@@ -79,6 +79,7 @@ typedef struct cu_backend {
   int fp8;       /* DEEPINFER_CUDA_FP8=1: FP8 weights stay FP8 on the device */
   void *fp8_ws;  /* activation quantization of the FP8 GEMMs (ensure_acts) */
   size_t fp8_ws_bytes;
+  di_cu_fp8lt *fp8lt; /* DEEPINFER_CUDA_FP8_LT=1: prefill-sized dense FP8 products on cuBLASLt (gemm_fp8_lt.cu) */
   bf16 *egu;     /* FP8 experts: the gate/up product [A][2Ip] before silu_mul */
   /* shapes */
   int H, Hp, NH, dn, dr, dv, R, dqk, V, E, K, Ip, Idense, Ish, qr; /* Hp: H rounded up to 128 (MoE tiles) */

@@ -237,14 +237,25 @@ di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16 *down,
  * the batch-invariant mode, else the tensor-core GEMM on activations quantized into fp8_ws). */
 static di_status fp8_mm(cu_backend *b, int M, int N, int K, const bf16 *X, int ldx, const di_cuk_fp8w *w, void *Y,
                         int ldy, int y_f32, float beta) {
+  if (b->fp8lt && !b->invariant && M > di_cuk_fp8_gemv_max_rows()) { /* cuBLASLt where it has an algorithm */
+    const di_status st = di_cu_fp8lt_matmul(b->fp8lt, M, N, K, (const uint16_t *)X, ldx, *w, Y, ldy, y_f32, beta,
+                                            b->fp8_ws, b->fp8_ws_bytes, b->stream);
+    if (st != DI_ERR_UNSUPPORTED) return st;
+  }
   return di_cuk_fp8_matmul(M, N, K, (const uint16_t *)X, ldx, *w, Y, ldy, y_f32, beta, b->invariant, b->fp8_ws,
                            b->fp8_ws_bytes, b->stream);
 }
 
 /* mlp_dense with FP8 gate/up and down */
 static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up, const di_cuk_fp8w *down, int I) {
-  DI_TRY(fp8_mm(b, T, 2 * I, b->H, b->xn, b->Hp, gate_up, b->gu, 2 * I, 0, 0.f));
-  DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, T, I, (uint16_t *)b->act, b->stream));
+  if (di_cuk_fp8_tc_use(T, b->invariant) && (b->invariant || T <= di_cuk_fp8_gemv_max_rows()) &&
+      di_cuk_fp8_tc_ok(b->H, b->xn, b->Hp, *gate_up)) /* gate/up and SiLU in one tensor-core GEMV */
+    DI_TRY(di_cuk_fp8_tc_gemv_glu(T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, *gate_up, (uint16_t *)b->act, I,
+                                  b->stream));
+  else {
+    DI_TRY(fp8_mm(b, T, 2 * I, b->H, b->xn, b->Hp, gate_up, b->gu, 2 * I, 0, 0.f));
+    DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, T, I, (uint16_t *)b->act, b->stream));
+  }
   return fp8_mm(b, T, b->H, I, b->act, I, down, b->h, b->H, 1, 1.f);
 }
 
@@ -256,8 +267,18 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
 static di_status experts_fp8(cu_backend *b, const cu_layer *L, int T, int A, int bm, int max_tiles) {
   cudaStream_t s = b->stream;
   const int Hp = b->Hp, Ip = b->Ip;
-  const int mma = !b->invariant && T > GEMV_MAX_T && bm == 64 && di_cuk_fp8_gemm_ok(Hp, L->f_exp_gu) &&
-                  di_cuk_fp8_gemm_ok(Ip, L->f_exp_down);
+  /* the tensor-core GEMV (di_cuk_fp8_tc_use: invariant mode, or above 2 token rows) up to the dense
+   * GEMV bound of token rows, the CUDA-core one up to GEMV_MAX_T */
+  const int tc = di_cuk_fp8_tc_use(T, b->invariant) && di_cuk_fp8_tc_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
+                 di_cuk_fp8_tc_ok(Ip, b->act, Ip, L->f_exp_down);
+  const int mma = !b->invariant && T > (tc ? di_cuk_fp8_gemv_max_rows() : GEMV_MAX_T) && bm == 64 &&
+                  di_cuk_fp8_gemm_ok(Hp, L->f_exp_gu) && di_cuk_fp8_gemm_ok(Ip, L->f_exp_down);
+  if (!mma && tc) { /* gate/up + SiLU in one kernel, then down */
+    DI_TRY(di_cuk_fp8_tc_grouped_gemv((const uint16_t *)b->xn, Hp, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp, b->expert_off,
+                                      b->tiles, b->n_tiles, max_tiles, bm, bm, b->act, Ip, 0, 1, s));
+    return di_cuk_fp8_tc_grouped_gemv((const uint16_t *)b->act, Ip, NULL, L->f_exp_down, Hp, Ip, b->expert_off,
+                                      b->tiles, b->n_tiles, max_tiles, bm, bm, b->y, Hp, 1, 0, s);
+  }
   if (!mma) {
     const int rows = b->invariant ? 1 : T <= GEMV_MAX_T ? T : 16;
     DI_TRY(di_cuk_fp8_grouped_gemv((const uint16_t *)b->xn, Hp, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp, b->expert_off,

@@ -43,11 +43,36 @@ di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_r
                                   const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
                                   int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, di_cu_stream s);
 
+/* The same products on the tensor cores (k_fp8_tc_gemv.cu: FP8 widened to bf16 in registers,
+ * mma.sync bf16, fp32 promotion per 128-wide K block; batch-invariant; up to 64 rows a pass). Needs
+ * block_cols % 128 == 0, K % 16 == 0 and 16-byte aligned rows (di_cuk_fp8_tc_ok). The model's dispatch
+ * (di_cuk_fp8_matmul, the expert and dense-MLP paths) takes it where di_cuk_fp8_tc_use says so: in the
+ * batch-invariant mode at every M (one kernel at every M keeps a row's bits independent of M), else above
+ * DI_CUK_FP8_CC_ROWS rows (at 1-2 rows the CUDA-core GEMV streams faster: docs/PERFORMANCE.md); never
+ * with DEEPINFER_CUDA_FP8_TC=0. */
+#define DI_CUK_FP8_CC_ROWS 2
+int di_cuk_fp8_tc_ok(int K, const void *X, int ldx, di_cuk_fp8w w);
+int di_cuk_fp8_tc_enabled(void);
+int di_cuk_fp8_tc_use(int M, int invariant);
+di_status di_cuk_fp8_tc_gemv(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,
+                             int y_f32, float beta, di_cu_stream s);
+/* glu: W is [gate; up] (N = 2 I rows) and act[m][j] = silu(gate_j) * up_j (bf16, I columns, row stride
+ * ld_act / ldc): the product and silu_mul in one kernel. */
+di_status di_cuk_fp8_tc_gemv_glu(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, uint16_t *act,
+                                 int ld_act, di_cu_stream s);
+di_status di_cuk_fp8_tc_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
+                                     const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
+                                     int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu,
+                                     di_cu_stream s);
+
 /* Activations to E4M3 per 1 x 128 group: for row m and group g (columns [128g, 128g+128) of K),
  * s = amax / 448 (1 where the group is all zero), Xq[m][k] = e4m3(x / s) (round to nearest even,
  * saturated), sx[m * lds + g] = s. Xq row stride ldq bytes (>= K), lds >= ceil(K / 128). K % 16 == 0. */
 di_status di_cuk_fp8_quant_act(const uint16_t *X, int ldx, int M, int K, uint8_t *Xq, int ldq, float *sx, int lds,
                                di_cu_stream s);
+/* The same with the scales transposed, as cuBLASLt's VEC128 mode reads them: sxt[g * ldm + m]. */
+di_status di_cuk_fp8_quant_act_t(const uint16_t *X, int ldx, int M, int K, uint8_t *Xq, int ldq, float *sxt, int ldm,
+                                 di_cu_stream s);
 /* Y[M][N] = Xq . W^T with the promotion above (+ beta * Y for f32 Y). W: 128-wide blocks, K % 16 == 0,
  * ldq and w.ldq multiples of 16. */
 di_status di_cuk_fp8_gemm(int M, int N, int K, const uint8_t *Xq, int ldq, const float *sx, int lds, di_cuk_fp8w w,
@@ -62,7 +87,7 @@ di_status di_cuk_fp8_grouped_gemm(const uint8_t *Aq, int ldq, const float *sa, i
 int di_cuk_fp8_gemm_ok(int K, di_cuk_fp8w w);
 
 /* The dense dispatch the model calls: the GEMV for M <= di_cuk_fp8_gemv_max_rows() (and at every M
- * in the batch-invariant mode, in passes of 16 rows), else quantize the activations into `ws` and run
+ * in the batch-invariant mode; the tensor-core one where di_cuk_fp8_tc_use), else quantize the activations into `ws` and run
  * the tensor-core GEMM (GEMV when the weight's blocks are not 128 wide). ws: di_cuk_fp8_ws_bytes(M, K)
  * bytes of device memory (may be NULL when M <= the GEMV bound). */
 size_t di_cuk_fp8_ws_bytes(int M, int K);
@@ -73,6 +98,21 @@ di_status di_cuk_fp8_quant_ws(const uint16_t *X, int ldx, int M, int K, void *ws
 int di_cuk_fp8_gemv_max_rows(void);
 di_status di_cuk_fp8_matmul(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,
                             int y_f32, float beta, int invariant, void *ws, size_t ws_bytes, di_cu_stream s);
+
+/* Dense block-FP8 GEMM through cuBLASLt (gemm_fp8_lt.cu): cuBLASLt's block-scaled FP8 matmul (CUDA
+ * 12.9+, sm_90: E4M3 x E4M3, one f32 scale per 128 K values of every row of both operands (VEC128),
+ * fp32 accumulation promoted per block: DeepGEMM's scheme in the library). The activations are
+ * quantized per 1 x 128 (di_cuk_fp8_quant_act_t) and the weight's per-row scales transposed into ws on
+ * every call. Y as di_cuk_fp8_gemm (bf16, or f32 with beta = 1). Needs 128-wide blocks, K % 16 == 0;
+ * rows past the last multiple of 4 go through di_cuk_fp8_tc_gemv. A shape cuBLASLt has no algorithm
+ * for returns DI_ERR_UNSUPPORTED (remembered per shape) and the caller takes another kernel. */
+typedef struct di_cu_fp8lt di_cu_fp8lt;
+di_status di_cu_fp8lt_create(di_cu_fp8lt **out);
+void di_cu_fp8lt_destroy(di_cu_fp8lt *h);
+size_t di_cu_fp8lt_ws_bytes(int M, int N, int K);
+int di_cu_fp8lt_ok(int K, di_cuk_fp8w w);
+di_status di_cu_fp8lt_matmul(di_cu_fp8lt *h, int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y,
+                             int ldy, int y_f32, float beta, void *ws, size_t ws_bytes, di_cu_stream s);
 
 #ifdef __cplusplus
 }

@@ -80,6 +80,12 @@ di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
       for (int i = 0; i < 5; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
       size_t ws = di_cuk_fp8_ws_bytes(c, kmax);
       if (A > 0 && di_cuk_fp8_ws_bytes((int)A, b->Ip) > ws) ws = di_cuk_fp8_ws_bytes((int)A, b->Ip);
+      if (b->fp8lt) { /* cuBLASLt's dense products: the widest N of a dense FP8 weight */
+        int nmax = b->H;
+        const int ns[] = {b->Wa, b->NH * b->dqk, 2 * b->Idense, 2 * b->Ish};
+        for (int i = 0; i < 4; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+        if (di_cu_fp8lt_ws_bytes(c, nmax, kmax) > ws) ws = di_cu_fp8lt_ws_bytes(c, nmax, kmax);
+      }
       REALLOC(b->fp8_ws, ws);
       b->fp8_ws_bytes = ws;
       REALLOC(b->egu, 2 * (size_t)(A > 0 ? A : 1) * 2 * b->Ip);

@@ -245,31 +245,7 @@ skinny_kernel(const void *X, int ldx, const bf16 *W, int ldw, int N, int K, void
         for (int u = 0; u < U; u++) cur[r][u] = nxt[r][u];
     }
   }
-#pragma unroll
-  for (int r = 0; r < NR; r++)
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      float v = acc[r][m];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      acc[r][m] = v;
-    }
-  if (lane < NR * M) { /* lane -> (r, m): spread the stores over lanes */
-    const int r = lane / M, m = lane % M, n = n0 + r;
-    float v = 0.f;
-#pragma unroll
-    for (int rr = 0; rr < NR; rr++)
-#pragma unroll
-      for (int mm = 0; mm < M; mm++)
-        if (rr == r && mm == m) v = acc[rr][mm];
-    if (n < N) {
-      if (y_f32) {
-        float *y = (float *)Y + (int64_t)m * ldy + n;
-        *y = beta != 0.f ? v + beta * *y : v;
-      } else {
-        ((bf16 *)Y)[(int64_t)m * ldy + n] = di_fb(v);
-      }
-    }
-  }
+  gv_reduce_store<NR, M>(acc, lane, n0, N, 0, M, Y, ldy, y_f32, beta);
 }
 
 static bool skinny_ok(int M, int K, const void *X, int ldx, const void *W, int ldw) {

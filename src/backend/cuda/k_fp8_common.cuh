@@ -1,10 +1,12 @@
-/* Device helpers shared by the block-FP8 kernels (k_fp8_gemv.cu, k_fp8_gemm.cu): E4M3 -> float in
- * registers (through half2, exact: every E4M3 value is a half) and the tile-list decoding of the
- * grouped forms (the same lists as k_grouped_gemm.cu). */
+/* Device helpers shared by the low-precision weight kernels (k_fp8_gemv.cu, k_fp8_tc_gemv.cu,
+ * k_fp8_gemm.cu, k_mxfp4_gemv.cu): E4M3 -> float in registers (through half2, exact: every E4M3 value
+ * is a half) and the tile-list decoding of the grouped forms (the same lists as k_grouped_gemm.cu). The
+ * pieces every warp-per-row GEMV shares (bf16, FP8, MXFP4) are in k_skinny_kn.cuh. */
 #ifndef DI_K_FP8_COMMON_CUH
 #define DI_K_FP8_COMMON_CUH
 #include "cuda_common.cuh"
 #include "cuda_fp8.h"
+#include "k_skinny_kn.cuh"
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -37,4 +39,5 @@ static __device__ __forceinline__ fp8_rows fp8_tile_rows(const int32_t *off, con
   }
   return t;
 }
+
 #endif

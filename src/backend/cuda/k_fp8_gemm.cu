@@ -186,7 +186,7 @@ fp8_mma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32
 
 /* One warp per (row, 128-column group), 8 groups per 256-thread CTA; each lane 4 values. */
 static __global__ void __launch_bounds__(256)
-fp8_quant_act_kernel(const bf16 *X, int ldx, int M, int K, uint8_t *Xq, int ldq, float *sx, int lds) {
+fp8_quant_act_kernel(const bf16 *X, int ldx, int M, int K, uint8_t *Xq, int ldq, float *sx, int s_m, int s_g) {
   DI_PDL_ENTRY();
   const int lane = threadIdx.x & 31, grp = blockIdx.x * 8 + (threadIdx.x >> 5), m = blockIdx.y;
   const int k = grp * 128 + lane * 4;
@@ -200,7 +200,7 @@ fp8_quant_act_kernel(const bf16 *X, int ldx, int M, int K, uint8_t *Xq, int ldq,
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float s = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
-  if (lane == 0) sx[(int64_t)m * lds + grp] = s;
+  if (lane == 0) sx[(int64_t)m * s_m + (int64_t)grp * s_g] = s;
   if (k >= K) return;
   uint32_t packed = 0;
 #pragma unroll
@@ -219,8 +219,21 @@ extern "C" di_status di_cuk_fp8_quant_act(const uint16_t *X, int ldx, int M, int
                         ldx, ldq);
   const int groups = (K + 127) / 128;
   DI_CU(di_launch(fp8_quant_act_kernel, dim3((groups + 7) / 8, M), 256, 0, s, (const bf16 *)X, ldx, M, K, Xq, ldq, sx,
-                  lds));
+                  lds, 1));
   DI_CU_LAUNCH("fp8_quant_act");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_fp8_quant_act_t(const uint16_t *X, int ldx, int M, int K, uint8_t *Xq, int ldq, float *sxt,
+                                           int ldm, di_cu_stream s) {
+  if (M <= 0) return DI_OK;
+  if (K % 16 || ldx % 4 || ldq < K || ldq % 4 || ldm < M || M > 65535 || ((uintptr_t)X & 7))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 activation quantization M %d K %d ldx %d ldq %d ldm %d (K %% 16)",
+                        M, K, ldx, ldq, ldm);
+  const int groups = (K + 127) / 128;
+  DI_CU(di_launch(fp8_quant_act_kernel, dim3((groups + 7) / 8, M), 256, 0, s, (const bf16 *)X, ldx, M, K, Xq, ldq, sxt,
+                  1, ldm));
+  DI_CU_LAUNCH("fp8_quant_act_t");
   return DI_OK;
 }
 
@@ -283,9 +296,17 @@ extern "C" di_status di_cuk_fp8_grouped_gemm(const uint8_t *Aq, int ldq, const f
 
 /* ---- the dense dispatch ---------------------------------------------------------------------------- */
 
+extern "C" int di_cuk_fp8_tc_enabled(void) { return di_switch_bool(DI_SW_CUDA_FP8_TC, 1); }
+
+extern "C" int di_cuk_fp8_tc_use(int M, int invariant) {
+  return di_cuk_fp8_tc_enabled() && (invariant || M > DI_CUK_FP8_CC_ROWS);
+}
+
 extern "C" int di_cuk_fp8_gemv_max_rows(void) {
-  const int v = di_switch_int(DI_SW_CUDA_FP8_GEMV_ROWS, 16);
-  return v < 0 ? 16 : v;
+  /* with cuBLASLt's FP8 matmul from 4 rows (faster than the tensor-core GEMV from there: PERFORMANCE.md
+   * "Session 9, issue 18"), else the GEMVs up to 16 rows */
+  const int dflt = di_switch_bool(DI_SW_CUDA_FP8_LT, 1) ? 3 : 16, v = di_switch_int(DI_SW_CUDA_FP8_GEMV_ROWS, dflt);
+  return v < 0 ? dflt : v;
 }
 
 extern "C" size_t di_cuk_fp8_ws_bytes(int M, int K) {
@@ -309,8 +330,11 @@ extern "C" di_status di_cuk_fp8_matmul(int M, int N, int K, const uint16_t *X, i
                                        int ldy, int y_f32, float beta, int invariant, void *ws, size_t ws_bytes,
                                        di_cu_stream s) {
   if (M <= 0) return DI_OK;
-  if (invariant || M <= di_cuk_fp8_gemv_max_rows() || !di_cuk_fp8_gemm_ok(K, w))
+  if (invariant || M <= di_cuk_fp8_gemv_max_rows() || !di_cuk_fp8_gemm_ok(K, w)) {
+    if (di_cuk_fp8_tc_use(M, invariant) && di_cuk_fp8_tc_ok(K, X, ldx, w))
+      return di_cuk_fp8_tc_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, s);
     return di_cuk_fp8_gemv(M, N, K, X, ldx, w, Y, ldy, y_f32, beta, s);
+  }
   uint8_t *xq;
   float *sx;
   int ldq, lds;

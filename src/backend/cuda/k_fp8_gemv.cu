@@ -41,14 +41,8 @@ static __device__ __forceinline__ void fg_fma(float (*acc)[MR], const uint4 (*w)
     }
 #pragma unroll
     for (int m = 0; m < MR; m++) {
-      const uint4 x0 = __ldg((const uint4 *)(xr[m] + k)), x1 = __ldg((const uint4 *)(xr[m] + k) + 1);
       float xf[16];
-      const __nv_bfloat162 *p0 = (const __nv_bfloat162 *)&x0, *p1 = (const __nv_bfloat162 *)&x1;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        float2 a = __bfloat1622float2(p0[j]), b = __bfloat1622float2(p1[j]);
-        xf[2 * j] = a.x; xf[2 * j + 1] = a.y; xf[8 + 2 * j] = b.x; xf[8 + 2 * j + 1] = b.y;
-      }
+      bf16x16_to_f32(xr[m] + k, xf);
 #pragma unroll
       for (int r = 0; r < NR; r++) {
         float p = 0.f;
@@ -91,11 +85,7 @@ fp8_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
   for (int mb = t.m0; mb < t.mend; mb += MR) {
     const int nm = min(MR, t.mend - mb);
     const bf16 *xr[MR];
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-      const int mm = mb + (m < nm ? m : 0);
-      xr[m] = A + (int64_t)(a_rows ? a_rows[mm] : mm) * lda;
-    }
+    gv_act_rows<MR>(xr, A, lda, a_rows, mb, nm);
     float acc[NR][MR];
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -114,31 +104,7 @@ fp8_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
           for (int u = 0; u < U; u++) cur[r][u] = nxt[r][u];
       }
     }
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-      for (int m = 0; m < MR; m++) {
-        float v = acc[r][m];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        acc[r][m] = v;
-      }
-    if (lane < NR * MR) { /* lane -> (r, m), selected with constant indices (no local memory) */
-      const int r = lane / MR, m = lane % MR, n = n0 + r;
-      float v = 0.f;
-#pragma unroll
-      for (int rr = 0; rr < NR; rr++)
-#pragma unroll
-        for (int mm = 0; mm < MR; mm++)
-          if (rr == r && mm == m) v = acc[rr][mm];
-      if (n < N && m < nm) {
-        if (c_f32) {
-          float *y = (float *)C + (int64_t)(mb + m) * ldc + n;
-          *y = beta != 0.f ? v + beta * *y : v;
-        } else {
-          ((bf16 *)C)[(int64_t)(mb + m) * ldc + n] = di_fb(v);
-        }
-      }
-    }
+    gv_reduce_store<NR, MR>(acc, lane, n0, N, mb, nm, C, ldc, c_f32, beta);
   }
 }
 

@@ -54,11 +54,7 @@ mxfp4_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_mxfp4w w
   for (int mb = t.m0; mb < t.mend; mb += MR) {
     const int nm = min(MR, t.mend - mb);
     const bf16 *xr[MR];
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-      const int mm = mb + (m < nm ? m : 0);
-      xr[m] = A + (int64_t)(a_rows ? a_rows[mm] : mm) * lda;
-    }
+    gv_act_rows<MR>(xr, A, lda, a_rows, mb, nm);
     float acc[MX_NR][MR];
 #pragma unroll
     for (int r = 0; r < MX_NR; r++)
@@ -91,14 +87,8 @@ mxfp4_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_mxfp4w w
           }
 #pragma unroll
           for (int m = 0; m < MR; m++) {
-            const uint4 x0 = __ldg((const uint4 *)(xr[m] + k + 16 * h)), x1 = __ldg((const uint4 *)(xr[m] + k + 16 * h) + 1);
-            const __nv_bfloat162 *p0 = (const __nv_bfloat162 *)&x0, *p1 = (const __nv_bfloat162 *)&x1;
             float xf[16];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-              const float2 a = __bfloat1622float2(p0[j]), b = __bfloat1622float2(p1[j]);
-              xf[2 * j] = a.x; xf[2 * j + 1] = a.y; xf[8 + 2 * j] = b.x; xf[8 + 2 * j + 1] = b.y;
-            }
+            bf16x16_to_f32(xr[m] + k + 16 * h, xf);
 #pragma unroll
             for (int r = 0; r < MX_NR; r++) {
               float p = 0.f;
@@ -110,27 +100,7 @@ mxfp4_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_mxfp4w w
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < MX_NR; r++)
-#pragma unroll
-      for (int m = 0; m < MR; m++) {
-        float v = acc[r][m];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        acc[r][m] = v;
-      }
-    if (lane < MX_NR * MR) {
-      const int r = lane / MR, m = lane % MR, n = n0 + r;
-      float v = 0.f;
-#pragma unroll
-      for (int rr = 0; rr < MX_NR; rr++)
-#pragma unroll
-        for (int mm = 0; mm < MR; mm++)
-          if (rr == r && mm == m) v = acc[rr][mm];
-      if (n < N && m < nm) {
-        if (c_f32) ((float *)C)[(int64_t)(mb + m) * ldc + n] = v;
-        else ((bf16 *)C)[(int64_t)(mb + m) * ldc + n] = di_fb(v);
-      }
-    }
+    gv_reduce_store<MX_NR, MR>(acc, lane, n0, N, mb, nm, C, ldc, c_f32, 0.f);
   }
 }
 

@@ -4,7 +4,10 @@
  * PDL chain. Each thread owns 8 consecutive columns (one 16-byte load per W row) and every KN_KG-th
  * row, and the KN_KG partial sums of a column are added in shared memory in a fixed order. The tile is
  * a device function so that gemm.cu's batched kernel and k_mla_prep.cu's fused prep + absorption
- * kernel run the same code (their results are equal). */
+ * kernel run the same code (their results are equal).
+ * Below it, the pieces the warp-per-row GEMVs share (gemm.cu's bf16 skinny kernel, k_fp8_gemv.cu,
+ * k_mxfp4_gemv.cu): a pass's activation row pointers, 16 bf16 widened to floats, and the warp
+ * reduction + store of the NR x MR accumulators. */
 #ifndef DI_K_SKINNY_KN_CUH
 #define DI_K_SKINNY_KN_CUH
 #include "cuda_common.cuh"
@@ -81,5 +84,60 @@ static __device__ __forceinline__ void kn_tile(const bf16 *X, int ldx, const bf1
 /* The conditions both callers check: decode-sized M and 16-byte aligned weight rows. */
 static inline bool kn_ok(int M, int N, int ldw, int64_t sw, const void *W) {
   return M >= 1 && M <= 8 && N % 8 == 0 && ldw % 8 == 0 && sw % 8 == 0 && ((uintptr_t)W & 15) == 0;
+}
+
+/* The activation rows of a pass of MR rows from mb (nm of them live; the rest point at row mb, computed
+ * and not stored), through the gather list a_rows when there is one. */
+template <int MR>
+static __device__ __forceinline__ void gv_act_rows(const bf16 **xr, const bf16 *A, int lda, const int32_t *a_rows,
+                                                   int mb, int nm) {
+#pragma unroll
+  for (int m = 0; m < MR; m++) {
+    const int mm = mb + (m < nm ? m : 0);
+    xr[m] = A + (int64_t)(a_rows ? a_rows[mm] : mm) * lda;
+  }
+}
+
+/* 16 bf16 at p (32-byte aligned) to floats. */
+static __device__ __forceinline__ void bf16x16_to_f32(const bf16 *p, float *xf) {
+  const uint4 x0 = __ldg((const uint4 *)p), x1 = __ldg((const uint4 *)p + 1);
+  const __nv_bfloat162 *p0 = (const __nv_bfloat162 *)&x0, *p1 = (const __nv_bfloat162 *)&x1;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const float2 a = __bfloat1622float2(p0[j]), b = __bfloat1622float2(p1[j]);
+    xf[2 * j] = a.x; xf[2 * j + 1] = a.y; xf[8 + 2 * j] = b.x; xf[8 + 2 * j + 1] = b.y;
+  }
+}
+
+/* The tail of a warp-per-NR-rows GEMV pass: each lane's acc[r][m] summed across the warp (a fixed
+ * butterfly: the same order whatever the other rows), then lane r * MR + m stores output column n0 + r of
+ * row mb + m (bf16, or f32 with y += the sum when beta != 0) where it exists. The lane's value is picked
+ * with constant indices so that acc stays in registers. */
+template <int NR, int MR>
+static __device__ __forceinline__ void gv_reduce_store(float (*acc)[MR], int lane, int n0, int N, int mb, int nm,
+                                                       void *C, int ldc, int c_f32, float beta) {
+#pragma unroll
+  for (int r = 0; r < NR; r++)
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+      float v = acc[r][m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      acc[r][m] = v;
+    }
+  if (lane >= NR * MR) return;
+  const int r = lane / MR, m = lane % MR, n = n0 + r;
+  float v = 0.f;
+#pragma unroll
+  for (int rr = 0; rr < NR; rr++)
+#pragma unroll
+    for (int mm = 0; mm < MR; mm++)
+      if (rr == r && mm == m) v = acc[rr][mm];
+  if (n >= N || m >= nm) return;
+  if (c_f32) {
+    float *y = (float *)C + (int64_t)(mb + m) * ldc + n;
+    *y = beta != 0.f ? v + beta * *y : v;
+  } else {
+    ((bf16 *)C)[(int64_t)(mb + m) * ldc + n] = di_fb(v);
+  }
 }
 #endif
