@@ -44,10 +44,10 @@ static __global__ void __launch_bounds__(BM * 2, 1) tc_wgmma_kernel(const tc_arg
   tc_tile_of_cta(&tm, &tn);
   const int n0 = tn * BN, m0 = tm * BM;
   const int cross = a.part != nullptr;
-  const int z = cross ? blockIdx.z / a.S : blockIdx.z, split = cross ? blockIdx.z % a.S : 0;
-  const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
   const int M = a.M, N = a.N, K = a.K, nk = (K + TC_BK - 1) / TC_BK;
-  const int kt0 = cross ? tc_split_begin(split, a.S, nk) : 0, kt1 = cross ? tc_split_begin(split + 1, a.S, nk) : nk;
+  const tc_work w = tc_work_of(a, blockIdx.z, nk);
+  const int z = w.z, split = w.split, kt0 = w.kt0, kt1 = w.kt1;
+  const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
   DI_PDL_ENTRY();
 
   auto load = [&](int stage, int kt) {
@@ -123,12 +123,8 @@ static __global__ void __launch_bounds__(BM * 2, 1) tc_wgmma_kernel(const tc_arg
     for (int q = 0; q < 32; q++) {
       const int m = m0 + wg * 64 + wq * 16 + (lane >> 2) + ((q >> 1) & 1) * 8;
       const int n = n0 + j * 64 + (q >> 2) * 8 + (lane & 3) * 2 + (q & 1);
-      if (m >= M || n >= N) continue;
-      float v;
-      if constexpr (TOT) v = tot[j][q];
-      else v = acc[j][q];
-      if (cross) a.part[(((int64_t)z * a.S + split) * M + m) * N + n] = v;
-      else tc_store(a, z, m, n, v);
+      if constexpr (TOT) tc_emit(a, z, split, m, n, tot[j][q]);
+      else tc_emit(a, z, split, m, n, acc[j][q]);
     }
   if (cross && a.counters) tc_cross_finish<BM, BN, NTH>(a, z, m0, n0);
 }

@@ -1,0 +1,268 @@
+/* The TMA + warp-specialized wgmma core of the invariant tensor-core GEMM (included by k_tc_gemm.cu,
+ * which owns tc_args, the splits, the epilogue and the reduce kernel; DEEPINFER_CUDA_TC_CORE=tma
+ * selects it; W [N][K] only, W [K][N] stays on mma.sync in every core).
+ *
+ * Arithmetic (what makes a row's bits independent of M): every output element is one f32 chain of
+ * wgmma m64n128k16 steps (bf16 in) over k = 0, 16, 32, ... per split, in that order; the same
+ * instruction whatever the tile, so the M bucket (64- or 128-row tiles, 128- or 256-wide) only decides
+ * which warpgroup runs the chain and how many n128 blocks it issues per k step. Splits are
+ * tc_splits(N, K), fixed per weight shape, added in split order onto a zero total (in registers, or
+ * through f32 partials and tc_reduce_kernel when the product has few tiles): the rules of
+ * k_tc_gemm.cu. Its own arithmetic (not bit-equal to the mma.sync or the cp.async wgmma core): one
+ * process uses one core.
+ *
+ * Structure (after the sm90 warp-specialized persistent GEMMs of CUTLASS and DeepGEMM):
+ * - warpgroup 0 is the producer: one thread issues TMA tile loads (cp.async.bulk.tensor, 128-byte
+ *   swizzle, 64-wide k tiles = one swizzle row of 128 bytes) into a ring of STAGES shared-memory
+ *   stages; each stage has a "full" mbarrier (the TMA's transaction bytes) and an "empty" one (one
+ *   arrival per consumer warp once its wgmmas of that stage are done). Rows past M, columns past N
+ *   and k past K are zero-filled by the TMA itself (the box bytes still count as transactions).
+ * - warpgroups 1..NC are consumers, 64 rows each; per k tile they issue 4 k16 steps x BN/128 wgmmas
+ *   straight from shared memory (128B-swizzle K-major descriptors: stride offset 1024 B = 8 rows of
+ *   128 B; the k16 step advances the start address by 32 B inside the swizzle atom), keep one
+ *   wgmma group in flight (wait_group 1) and release the previous stage.
+ * - persistent: grid = min(units, SMs x CTAs per SM); CTA b runs units b, b + grid, ... where a unit
+ *   is (head, split of the cross form, tile) in a fixed order (grouped raster, tc_tile_of): the
+ *   producer runs ahead into the next unit while the consumers store the last one.
+ * - tensor maps are encoded per call on the host (cuTensorMapEncodeTiled through
+ *   cudaGetDriverEntryPointByVersion: nothing new to link) as 3-D maps (k, row, head) or (k, head,
+ *   row), whichever keeps the strides increasing (the per-head layouts of the MLA products), and passed
+ *   by value as __grid_constant__ parameters. */
+#ifndef DI_K_TC_TMA_CUH
+#define DI_K_TC_TMA_CUH
+#include <cuda.h> /* CUtensorMap and its enums only: the encoder comes through the runtime's entry point */
+
+static __device__ __forceinline__ uint32_t tt_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* K-major operand of 64-wide k rows (128 B) in the 128-byte swizzle: 8-row atoms of 1024 B */
+static __device__ __forceinline__ uint64_t tt_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+static __device__ __forceinline__ void tt_bar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void tt_bar_expect(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void tt_bar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void tt_bar_wait(uint32_t bar, int parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+/* one box of the 3-D map into shared memory, completing on bar */
+static __device__ __forceinline__ void tt_tma3(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                               uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+          dst),
+      "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+static __device__ __forceinline__ void tt_wait1(void) { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+static __device__ __forceinline__ void tt_mma64x128(float *d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/* NC consumer warpgroups (BM = 64 NC rows), BN = 128 or 256 columns, STAGES-deep ring; TOT as
+ * tc_gemm_kernel (S > 1, all splits of a tile in this CTA). x_zrow / w_zrow: the map's coordinates are
+ * (k, head, row) instead of (k, row, head). */
+template <int NC, int BN, int STAGES, int TOT>
+static __global__ void __launch_bounds__((NC + 1) * 128, 1)
+    tc_tma_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw, const tc_args a,
+                  int nm, int nn, int units, int x_zrow, int w_zrow) {
+  constexpr int BM = NC * 64, NB = BN / 128;
+  constexpr int A_BYTES = BM * TC_BK * 2, ST_BYTES = A_BYTES + BN * TC_BK * 2;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (tt_smem(smem_raw) + 1023) & ~1023u; /* the swizzle atoms need 1024-byte alignment */
+  const uint32_t bars = base + STAGES * ST_BYTES;            /* full[STAGES], then empty[STAGES] */
+  const int wg = threadIdx.x >> 7, nk = (a.K + TC_BK - 1) / TC_BK, per_z = nm * nn;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; s++) {
+      tt_bar_init(bars + 8 * s, 1);
+      tt_bar_init(bars + 8 * (STAGES + s), NC * 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  DI_PDL_ENTRY();
+  if (wg == 0) { /* producer */
+    if constexpr (NC == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int stage = 0, phase = 0;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        int tm, tn;
+        tc_tile_of(u % per_z, nm, nn, &tm, &tn);
+        const tc_work w = tc_work_of(a, u / per_z, nk);
+        for (int kt = w.kt0; kt < w.kt1; kt++) {
+          const uint32_t full = bars + 8 * stage, sa = base + stage * ST_BYTES;
+          tt_bar_wait(bars + 8 * (STAGES + stage), phase ^ 1);
+          tt_bar_expect(full, ST_BYTES);
+          const int k0 = kt * TC_BK;
+          if (x_zrow) tt_tma3(sa, &mx, k0, w.z, tm * BM, full);
+          else tt_tma3(sa, &mx, k0, tm * BM, w.z, full);
+          if (w_zrow) tt_tma3(sa + A_BYTES, &mw, k0, w.z, tn * BN, full);
+          else tt_tma3(sa + A_BYTES, &mw, k0, tn * BN, w.z, full);
+          if (++stage == STAGES) stage = 0, phase ^= 1;
+        }
+      }
+    }
+  } else { /* consumers: warpgroup c owns rows 64 c .. 64 c + 63 of the tile */
+    if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+    int stage = 0, phase = 0;
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      int tm, tn;
+      tc_tile_of(u % per_z, nm, nn, &tm, &tn);
+      const tc_work w = tc_work_of(a, u / per_z, nk);
+      float acc[NB][64], tot[TOT ? NB : 1][TOT ? 64 : 1];
+#pragma unroll
+      for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int q = 0; q < 64; q++) {
+          acc[j][q] = 0.f;
+          if constexpr (TOT) tot[j][q] = 0.f;
+        }
+      int next_split = 1, split_end = TOT ? tc_split_begin(1, a.S, nk) : w.kt1, prev = -1;
+      for (int kt = w.kt0; kt < w.kt1; kt++) {
+        tt_bar_wait(bars + 8 * stage, phase);
+        const uint32_t sa = base + stage * ST_BYTES + c * 64 * 128, sb = base + stage * ST_BYTES + A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < TC_BK / 16; kk++)
+#pragma unroll
+          for (int j = 0; j < NB; j++) tt_mma64x128(acc[j], tt_desc(sa + kk * 32), tt_desc(sb + j * 128 * 128 + kk * 32));
+        wg_commit();
+        bool split_done = false;
+        if constexpr (TOT) split_done = kt + 1 == split_end;
+        if (split_done) { /* a split's chain is done: onto the total, and the next chain from zero */
+          wg_wait0();
+#pragma unroll
+          for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int q = 0; q < 64; q++) {
+              if constexpr (TOT) tot[j][q] = __fadd_rn(tot[j][q], acc[j][q]);
+              acc[j][q] = 0.f;
+            }
+          next_split++;
+          split_end = tc_split_begin(next_split, a.S, nk);
+        } else {
+          tt_wait1(); /* every group but this k tile's is done: the previous stage is free */
+        }
+        if (prev >= 0 && lane == 0) tt_bar_arrive(bars + 8 * (STAGES + prev));
+        prev = stage;
+        if (++stage == STAGES) stage = 0, phase ^= 1;
+      }
+      wg_wait0();
+      if (prev >= 0 && lane == 0) tt_bar_arrive(bars + 8 * (STAGES + prev));
+      /* accumulator register q of m64nNk16: row 16 * warp + lane / 4 + 8 * ((q / 2) % 2), column
+       * 8 * (q / 4) + 2 * (lane % 4) + q % 2 */
+      const int mrow = tm * BM + c * 64 + wq * 16 + (lane >> 2);
+#pragma unroll
+      for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int q = 0; q < 64; q += 2) {
+          const int m = mrow + ((q >> 1) & 1) * 8, n = tn * BN + j * 128 + (q >> 2) * 8 + (lane & 3) * 2;
+          if constexpr (TOT) tc_emit2(a, w.z, w.split, m, n, tot[j][q], tot[j][q + 1]);
+          else tc_emit2(a, w.z, w.split, m, n, acc[j][q], acc[j][q + 1]);
+        }
+    }
+  }
+}
+
+typedef CUresult (*tt_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+static tt_encode_fn tt_encoder(void) {
+  static tt_encode_fn fn;
+  static int tried;
+  if (!tried) {
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = (tt_encode_fn)p;
+    tried = 1;
+  }
+  return fn;
+}
+
+/* The 3-D map of a [batch][rows][K] operand (row stride ld, head stride sb elements) in boxes of 64 k x
+ * box_rows rows, 128-byte swizzle, zero fill outside; *zrow: coordinates (k, head, row) (sb < ld). */
+static di_status tt_map(CUtensorMap *map, const bf16 *base, int K, int rows, int batch, int ld, int64_t sb,
+                        int box_rows, int *zrow) {
+  const tt_encode_fn enc = tt_encoder();
+  if (!enc) return di_error_set(DI_ERR_BACKEND, "cuda: cuTensorMapEncodeTiled not available from the driver");
+  *zrow = batch > 1 && sb < ld;
+  const cuuint64_t rs = (cuuint64_t)ld * 2, zs = batch > 1 ? (cuuint64_t)sb * 2 : rs * rows;
+  const cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)(*zrow ? batch : rows), (cuuint64_t)(*zrow ? rows : batch)};
+  const cuuint64_t strides[2] = {*zrow ? zs : rs, *zrow ? rs : zs};
+  const cuuint32_t box[3] = {TC_BK, (cuuint32_t)(*zrow ? 1 : box_rows), (cuuint32_t)(*zrow ? box_rows : 1)};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, estr,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return di_error_set(DI_ERR_BACKEND, "cuda: cuTensorMapEncodeTiled (%d x %d x %d, ld %d, head stride %lld) failed: %d",
+                        batch, rows, K, ld, (long long)sb, (int)r);
+  return DI_OK;
+}
+
+static int tt_sm_count(void) {
+  static int n;
+  if (!n) {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    n = v > 0 ? v : 1;
+  }
+  return n;
+}
+
+template <int NC, int BN, int STAGES, int TOT>
+static di_status tt_launch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
+  constexpr int BM = NC * 64, NTH = (NC + 1) * 128;
+  const size_t sm = (size_t)STAGES * (BM + BN) * TC_BK * 2 + 16 * STAGES + 1024;
+  static int per_sm; /* CTAs per SM, once per instantiation (a benign race sets the same value) */
+  if (!per_sm) {
+    DI_CU(cudaFuncSetAttribute(tc_tma_kernel<NC, BN, STAGES, TOT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    int occ = 0;
+    DI_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tc_tma_kernel<NC, BN, STAGES, TOT>, NTH, sm));
+    per_sm = occ > 0 ? occ : 1;
+  }
+  CUtensorMap mx, mw;
+  int xz, wz;
+  DI_TRY(tt_map(&mx, a.X, a.K, a.M, batch, a.ldx, a.sx, BM, &xz));
+  DI_TRY(tt_map(&mw, a.W, a.K, a.N, batch, a.ldw, a.sw, BN, &wz));
+  const int nm = (a.M + BM - 1) / BM, nn = (a.N + BN - 1) / BN;
+  const int64_t units = (int64_t)zdim * nm * nn, cap = (int64_t)tt_sm_count() * per_sm;
+  if (units > INT32_MAX) return di_error_set(DI_ERR_INVALID_ARG, "cuda: tensor-core GEMM of %lld tiles", (long long)units);
+  DI_CU(di_launch(tc_tma_kernel<NC, BN, STAGES, TOT>, dim3((unsigned)(units < cap ? units : cap)), NTH, sm, s, mx, mw, a,
+                  nm, nn, (int)units, xz, wz));
+  return DI_OK;
+}
+
+/* The M bucket of the TMA core (rows grouping only): 64-row tiles up to 64 rows (two CTAs per SM),
+ * then 128 rows; 256 wide when K is not split (the split form's running total needs the registers). */
+template <int TOT>
+static di_status tt_dispatch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
+  if (a.M <= 64) return tt_launch<1, 128, 4, TOT>(a, batch, zdim, s);
+  if (TOT || a.S > 1) return tt_launch<2, 128, 6, TOT>(a, batch, zdim, s);
+  return tt_launch<2, 256, 4, 0>(a, batch, zdim, s);
+}
+#endif
