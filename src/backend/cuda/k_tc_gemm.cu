@@ -24,6 +24,7 @@
  * arithmetic, so one process uses one core. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_tc_core.h"
 
 #define TC_BK 64
 #define TC_STAGES 4
@@ -346,6 +347,7 @@ extern "C" int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const
 
 extern "C" int di_cuk_tc_gemm_splits(int N, int K) { return tc_splits(N, K); }
 extern "C" void di_cuk_tc_gemm_set_core(int core) { g_core = core >= 0 && core <= 2 ? core : 0; }
+extern "C" int di_cuk_tc_gemm_core(void) { return g_core; }
 extern "C" void di_cuk_tc_gemm_set_fused_reduce(int on) { g_fused_reduce = on != 0; }
 
 extern "C" size_t di_cuk_tc_gemm_ws_bytes(int batch, int M, int N, int K) {

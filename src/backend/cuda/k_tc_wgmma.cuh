@@ -12,15 +12,12 @@
  * by fence.proxy.async before the barrier. Not yet TMA or producer/consumer warp specialization. */
 #ifndef DI_K_TC_WGMMA_CUH
 #define DI_K_TC_WGMMA_CUH
+#include "k_tc_sm90.cuh"
 
 static __device__ __forceinline__ uint64_t wg_desc(const void *smem) {
   const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
   return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32;
 }
-static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_mma64x64(float *d, uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
