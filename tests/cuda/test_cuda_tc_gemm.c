@@ -12,7 +12,8 @@
  *   expert GEMM: every row of a skewed distribution (experts with 0, 1, 3, 17, 64, 65, 700 rows), in
  *   16- and 64-row tiles, equals the row as its expert's only row.
  * Every core (mma.sync, wgmma with cp.async, wgmma with TMA: di_cuk_tc_gemm_set_core) is held to the
- * same rules; `--core mma|wgmma|tma` runs one.
+ * same rules, and the hybrid (mma.sync at <= 16 rows, TMA above: invariant only if the two agree bit
+ * for bit); `--core mma|wgmma|tma|hybrid` runs one.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
  * shapes instead. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
@@ -303,6 +304,42 @@ static void bench(di_cu_blas *blas) {
   }
 }
 
+/* --bench, experts: 16 experts of `rows` rows each (a 4,096-token prefill with top-6 gives ~384), the
+ * grouped GEMM on the mma.sync kernel and on the TMA core, best of 3 x 10 calls */
+static void bench_grouped(int N, int K, int glu, int rows) {
+  enum { E = 16 };
+  const int A = E * rows, ldc = glu ? N / 2 : N;
+  uint16_t *X = rand_bf16((size_t)A * K, 1.f), *W = rand_bf16((size_t)E * N * K, 0.02f);
+  int32_t off[E + 1], *tiles = malloc((A / 64 + E) * 4);
+  int cnt[E], nt;
+  for (int e = 0; e < E; e++) cnt[e] = rows;
+  grouped_tiles(cnt, E, 64, off, tiles, &nt);
+  void *dX = dev_copy(X, (size_t)A * K * 2), *dW = dev_copy(W, (size_t)E * N * K * 2), *doff = dev_copy(off, sizeof off);
+  void *dtiles = dev_copy(tiles, nt * 4), *dnt = dev_copy(&nt, 4), *dC = dev_copy(NULL, (size_t)A * ldc * 4);
+  CHECK(dX && dW && doff && dtiles && dnt && dC);
+  const int cores[2] = {0, 2};
+  double us[2];
+  for (int c = 0; c < 2; c++) {
+    di_cuk_tc_gemm_set_core(cores[c]);
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) {
+      di_cut_sync();
+      const double t0 = di_cut_time_ms();
+      for (int i = 0; i < 10; i++)
+        di_cuk_grouped_gemm(dX, K, NULL, dW, N, K, doff, dtiles, dnt, nt, 64, dC, ldc, !glu, glu, NULL);
+      CHECK(di_cut_sync() == 0);
+      const double t = (di_cut_time_ms() - t0) * 100.0;
+      if (rep && t < best) best = t;
+    }
+    us[c] = best;
+  }
+  const double fl = 2.0 * A * N * K;
+  printf("grouped %s N %d K %d, 16 experts x %d rows: mma.sync %.1f us (%.0f TF/s), tma %.1f us (%.0f TF/s)\n",
+         glu ? "gate/up" : "down", N, K, rows, us[0], fl / us[0] * 1e-6, us[1], fl / us[1] * 1e-6);
+  free(X); free(W); free(tiles);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(doff); di_cut_free(dtiles); di_cut_free(dnt); di_cut_free(dC);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -316,14 +353,18 @@ int main(int argc, char **argv) {
     di_cut_h2d(g_ws, zero, 16384);
     free(zero);
   }
-  /* [--bench] [--core mma|wgmma|tma] (default all) */
-  static const char *const core_names[] = {"mma.sync", "wgmma", "tma"};
-  int core0 = 0, core1 = 2, bench_mode = 0;
+  /* [--bench] [--core mma|wgmma|tma|hybrid | --cores FIRST LAST] (default all) */
+  static const char *const core_names[] = {"mma.sync", "wgmma", "tma", "hybrid"};
+  int core0 = 0, core1 = 3, bench_mode = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) bench_mode = 1;
     else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
       i++;
-      core0 = core1 = !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
+      core0 = core1 = !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
+    } else if (!strcmp(argv[i], "--cores") && i + 2 < argc) { /* --cores FIRST LAST (0 mma .. 3 hybrid) */
+      core0 = atoi(argv[i + 1]);
+      core1 = atoi(argv[i + 2]);
+      i += 2;
     }
   }
   if (bench_mode) {
@@ -334,6 +375,10 @@ int main(int argc, char **argv) {
       printf("core %s:\n", core_names[core]);
       bench(blas);
     }
+    bench_grouped(2 * 1408, 2048, 1, 384);
+    bench_grouped(2048, 1408, 0, 384);
+    bench_grouped(2 * 1408, 2048, 1, 48);
+    di_cuk_tc_gemm_set_core(0);
     di_cu_blas_destroy(blas);
     di_cut_free(g_ws);
     return test_finish("bench_tc_gemm");
@@ -367,7 +412,7 @@ int main(int argc, char **argv) {
     test_shape(&gu, 1000, Ms, nM, 2);
     test_shape(&lm, 300, Ms, nM, 2);
   }
-  if (core0 != core1 || core1 == 2) {
+  if (core0 != core1 || core1 >= 2) {
     printf("cores against each other (informational):\n");
     cross_core(&shapes[1], 64, 0, 2);
     cross_core(&shapes[0], 300, 0, 2);
@@ -376,7 +421,7 @@ int main(int argc, char **argv) {
   for (int core = core0; core <= core1; core++) { /* the wgmma cp.async core has no grouped form of its own */
     if (core == 1) continue;
     di_cuk_tc_gemm_set_core(core);
-    printf("grouped expert GEMM (%s), %s core:\n", core == 2 ? "k_tc_grouped.cu" : "k_grouped_gemm.cu", core_names[core]);
+    printf("grouped expert GEMM (%s), %s core:\n", core == 2 ? "k_tc_grouped.cu" : core == 3 ? "bm 16 k_grouped_gemm.cu, bm 64 k_tc_grouped.cu" : "k_grouped_gemm.cu", core_names[core]);
     test_grouped(2 * 1408, 2048, 1, 0); /* V2-Lite experts' gate/up (glu) */
     test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */
   }

@@ -6,10 +6,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* di_cuk_tc_gemm_set_core's value: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA) */
+/* di_cuk_tc_gemm_set_core's value: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA), 3 hybrid (mma.sync tiles
+ * at <= 16 rows, TMA above: only if the two are bit-equal, which test_cuda_tc_gemm checks) */
 int di_cuk_tc_gemm_core(void);
 /* The same grouped product on the TMA wgmma core (k_tc_grouped.cu): what di_cuk_grouped_gemm runs for every
- * bm when di_cuk_tc_gemm_core() == 2 and di_cuk_tc_grouped_ok (N % 256, K % 64); its own invariant arithmetic. */
+ * bm when di_cuk_tc_gemm_core() == 2 (3: bm > 16) and di_cuk_tc_grouped_ok (N % 256, K % 64); its own invariant arithmetic. */
 int di_cuk_tc_grouped_ok(int N, int K, int lda, const void *A);
 di_status di_cuk_tc_grouped_gemm(const uint16_t *A, int lda, const int32_t *a_rows, const uint16_t *W, int N, int K,
                                  const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,

@@ -304,7 +304,7 @@ static __global__ void __launch_bounds__(256) tc_reduce_kernel(const tc_args a, 
 
 #include "k_tc_wgmma.cuh"
 #include "k_tc_tma.cuh"
-static int g_core;          /* di_cuk_tc_gemm_set_core: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA) */
+static int g_core; /* di_cuk_tc_gemm_set_core: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA), 3 hybrid */
 static int g_fused_reduce; /* di_cuk_tc_gemm_set_fused_reduce */
 #define TC_COUNTER_BYTES 16384 /* ws: tile counters first (4,096 > the cross form's tiles), then partials */
 
@@ -327,7 +327,9 @@ static di_status tc_launch(const tc_args &a, int batch, int zdim, cudaStream_t s
 /* The M bucket: how rows are grouped into tiles (never the arithmetic). */
 template <int WKN, int TOT>
 static di_status tc_dispatch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
-  if (!WKN && g_core == 2) return tt_dispatch<TOT>(a, batch, zdim, s);
+  /* hybrid (3): up to 16 rows on the mma.sync 16-row tiles, more on the TMA core; invariant only because
+   * the two give the same bits for the same split chains (test_cuda_tc_gemm holds every M to it) */
+  if (!WKN && (g_core == 2 || (g_core == 3 && a.M > 16))) return tt_dispatch<TOT>(a, batch, zdim, s);
   if (!WKN && g_core == 1) return wg_dispatch<TOT>(a, zdim, s);
   if (a.M <= 16) return tc_launch<16, 64, 1, WKN, TOT>(a, batch, zdim, s);
   if (a.M <= 128) return tc_launch<64, 128, 1, WKN, TOT>(a, batch, zdim, s);
@@ -346,7 +348,7 @@ extern "C" int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const
 }
 
 extern "C" int di_cuk_tc_gemm_splits(int N, int K) { return tc_splits(N, K); }
-extern "C" void di_cuk_tc_gemm_set_core(int core) { g_core = core >= 0 && core <= 2 ? core : 0; }
+extern "C" void di_cuk_tc_gemm_set_core(int core) { g_core = core >= 0 && core <= 3 ? core : 0; }
 extern "C" int di_cuk_tc_gemm_core(void) { return g_core; }
 extern "C" void di_cuk_tc_gemm_set_fused_reduce(int on) { g_fused_reduce = on != 0; }
 
@@ -375,7 +377,7 @@ extern "C" di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16
   const size_t need = di_cuk_tc_gemm_ws_bytes(batch, M, N, K);
   if (need > 0 && ws && need <= ws_bytes) { /* few CTAs: the splits in CTAs of their own, then the reduce */
     a.part = ws + TC_COUNTER_BYTES / sizeof(float);
-    const int fused = g_fused_reduce && (w_kn || g_core != 2); /* the TMA core: always the reduce kernel */
+    const int fused = g_fused_reduce && (w_kn || g_core == 0 || g_core == 1 || (g_core == 3 && M <= 16)); /* TMA: the reduce kernel */
     if (fused) a.counters = (int *)ws;
     DI_TRY((w_kn ? tc_dispatch<1, 0>(a, batch, batch * a.S, s) : tc_dispatch<0, 0>(a, batch, batch * a.S, s)));
     const int64_t n = (int64_t)batch * M * N;
