@@ -353,14 +353,14 @@ int main(int argc, char **argv) {
     di_cut_h2d(g_ws, zero, 16384);
     free(zero);
   }
-  /* [--bench] [--core mma|wgmma|tma|hybrid | --cores FIRST LAST] (default all) */
-  static const char *const core_names[] = {"mma.sync", "wgmma", "tma", "hybrid"};
-  int core0 = 0, core1 = 3, bench_mode = 0;
+  /* [--bench] [--core mma|wgmma|tma|hybrid|gemv | --cores FIRST LAST] (default all) */
+  static const char *const core_names[] = {"mma.sync", "wgmma", "tma", "hybrid", "gemv"};
+  int core0 = 0, core1 = 4, bench_mode = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) bench_mode = 1;
     else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
       i++;
-      core0 = core1 = !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
+      core0 = core1 = !strcmp(argv[i], "gemv") ? 4 : !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
     } else if (!strcmp(argv[i], "--cores") && i + 2 < argc) { /* --cores FIRST LAST (0 mma .. 3 hybrid) */
       core0 = atoi(argv[i + 1]);
       core1 = atoi(argv[i + 2]);
@@ -421,7 +421,7 @@ int main(int argc, char **argv) {
   for (int core = core0; core <= core1; core++) { /* the wgmma cp.async core has no grouped form of its own */
     if (core == 1) continue;
     di_cuk_tc_gemm_set_core(core);
-    printf("grouped expert GEMM (%s), %s core:\n", core == 2 ? "k_tc_grouped.cu" : core == 3 ? "bm 16 k_grouped_gemm.cu, bm 64 k_tc_grouped.cu" : "k_grouped_gemm.cu", core_names[core]);
+    printf("grouped expert GEMM (%s), %s core:\n", core == 2 ? "k_tc_grouped.cu" : core >= 3 ? "bm 16 k_grouped_gemm.cu, bm 64 k_tc_grouped.cu" : "k_grouped_gemm.cu", core_names[core]);
     test_grouped(2 * 1408, 2048, 1, 0); /* V2-Lite experts' gate/up (glu) */
     test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */
   }

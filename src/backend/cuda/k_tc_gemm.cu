@@ -32,6 +32,7 @@
 #define TC_MAX_SPLIT 8
 #define TC_CTA_TARGET 264 /* 2 x 132 SMs: the CTAs a decode-sized product should spread over (fixed, not the device's) */
 #define TC_DEC_BN 64      /* the decode tile's width, which sizes the split (tc_splits) */
+#define TC_HYBRID_MMA_M 8 /* hybrid core: products of up to this many rows on mma.sync (faster there on the H200) */
 
 typedef struct tc_args {
   const bf16 *X;
@@ -304,7 +305,8 @@ static __global__ void __launch_bounds__(256) tc_reduce_kernel(const tc_args a, 
 
 #include "k_tc_wgmma.cuh"
 #include "k_tc_tma.cuh"
-static int g_core; /* di_cuk_tc_gemm_set_core: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA), 3 hybrid */
+#include "k_tc_gemv.cuh"
+static int g_core; /* di_cuk_tc_gemm_set_core: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA), 3 hybrid, 4 gemv */
 static int g_fused_reduce; /* di_cuk_tc_gemm_set_fused_reduce */
 #define TC_COUNTER_BYTES 16384 /* ws: tile counters first (4,096 > the cross form's tiles), then partials */
 
@@ -327,9 +329,10 @@ static di_status tc_launch(const tc_args &a, int batch, int zdim, cudaStream_t s
 /* The M bucket: how rows are grouped into tiles (never the arithmetic). */
 template <int WKN, int TOT>
 static di_status tc_dispatch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
-  /* hybrid (3): up to 16 rows on the mma.sync 16-row tiles, more on the TMA core; invariant only because
-   * the two give the same bits for the same split chains (test_cuda_tc_gemm holds every M to it) */
-  if (!WKN && (g_core == 2 || (g_core == 3 && a.M > 16))) return tt_dispatch<TOT>(a, batch, zdim, s);
+  /* hybrid (3): up to TC_HYBRID_MMA_M rows on the mma.sync 16-row tiles, more on the TMA core; invariant
+   * only because the two give the same bits for the same split chains (measured on the H200: 100% of
+   * elements equal; test_cuda_tc_gemm --core hybrid holds every M to it) */
+  if (!WKN && (g_core == 2 || (g_core >= 3 && a.M > TC_HYBRID_MMA_M))) return tt_dispatch<TOT>(a, batch, zdim, s);
   if (!WKN && g_core == 1) return wg_dispatch<TOT>(a, zdim, s);
   if (a.M <= 16) return tc_launch<16, 64, 1, WKN, TOT>(a, batch, zdim, s);
   if (a.M <= 128) return tc_launch<64, 128, 1, WKN, TOT>(a, batch, zdim, s);
@@ -348,7 +351,7 @@ extern "C" int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const
 }
 
 extern "C" int di_cuk_tc_gemm_splits(int N, int K) { return tc_splits(N, K); }
-extern "C" void di_cuk_tc_gemm_set_core(int core) { g_core = core >= 0 && core <= 3 ? core : 0; }
+extern "C" void di_cuk_tc_gemm_set_core(int core) { g_core = core >= 0 && core <= 4 ? core : 0; }
 extern "C" int di_cuk_tc_gemm_core(void) { return g_core; }
 extern "C" void di_cuk_tc_gemm_set_fused_reduce(int on) { g_fused_reduce = on != 0; }
 
@@ -374,10 +377,16 @@ extern "C" di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16
   a.sx = sx; a.sw = sw; a.sy = sy; a.ldx = ldx; a.ldw = ldw; a.ldy = ldy;
   a.M = M; a.N = N; a.K = K; a.S = tc_splits(N, K); a.y_f32 = y_f32; a.beta = y_f32 ? beta : 0.f;
   a.pair = N % 2 == 0 && ldy % 2 == 0 && sy % 2 == 0 && ((uintptr_t)Y & 7) == 0;
+  if (g_core == 4 && !w_kn && M <= TC_HYBRID_MMA_M) { /* gemv core: the split chains without tiles */
+    DI_TRY(tcv_launch(a, batch, s));
+    DI_CU_LAUNCH("tc_gemv");
+    return DI_OK;
+  }
   const size_t need = di_cuk_tc_gemm_ws_bytes(batch, M, N, K);
   if (need > 0 && ws && need <= ws_bytes) { /* few CTAs: the splits in CTAs of their own, then the reduce */
     a.part = ws + TC_COUNTER_BYTES / sizeof(float);
-    const int fused = g_fused_reduce && (w_kn || g_core == 0 || g_core == 1 || (g_core == 3 && M <= 16)); /* TMA: the reduce kernel */
+    /* the fused reduce is the mma.sync and cp.async wgmma kernels' (tc_cross_finish); TMA: the reduce kernel */
+    const int fused = g_fused_reduce && (w_kn || g_core == 0 || g_core == 1 || (g_core == 3 && M <= TC_HYBRID_MMA_M));
     if (fused) a.counters = (int *)ws;
     DI_TRY((w_kn ? tc_dispatch<1, 0>(a, batch, batch * a.S, s) : tc_dispatch<0, 0>(a, batch, batch * a.S, s)));
     const int64_t n = (int64_t)batch * M * N;
