@@ -12,8 +12,9 @@
  *   expert GEMM: every row of a skewed distribution (experts with 0, 1, 3, 17, 64, 65, 700 rows), in
  *   16- and 64-row tiles, equals the row as its expert's only row.
  * Every core (mma.sync, wgmma with cp.async, wgmma with TMA: di_cuk_tc_gemm_set_core) is held to the
- * same rules, and the hybrid (mma.sync at <= 16 rows, TMA above: invariant only if the two agree bit
- * for bit); `--core mma|wgmma|tma|hybrid` runs one.
+ * same rules, and so are the mixed ones, hybrid (mma.sync at <= 8 rows, TMA above) and gemv
+ * (k_tc_gemv.cuh at <= 8 rows, TMA above), invariant only if the kernels they mix agree bit for bit;
+ * `--core mma|wgmma|tma|hybrid|gemv` runs one.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
  * shapes instead. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"

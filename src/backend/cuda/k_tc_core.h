@@ -7,7 +7,8 @@
 extern "C" {
 #endif
 /* di_cuk_tc_gemm_set_core's value: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA), 3 hybrid (mma.sync tiles
- * at <= 16 rows, TMA above: only if the two are bit-equal, which test_cuda_tc_gemm checks) */
+ * at <= 8 rows, TMA above), 4 gemv (k_tc_gemv.cuh at <= 8 rows, TMA above): 3 and 4 are invariant only
+ * because the kernels they mix are bit-equal, which test_cuda_tc_gemm checks */
 int di_cuk_tc_gemm_core(void);
 /* The same grouped product on the TMA wgmma core (k_tc_grouped.cu): what di_cuk_grouped_gemm runs for every
  * bm when di_cuk_tc_gemm_core() == 2 (3: bm > 16) and di_cuk_tc_grouped_ok (N % 256, K % 64); its own invariant arithmetic. */

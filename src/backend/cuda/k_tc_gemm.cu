@@ -20,8 +20,10 @@
  * (.trans for W [K][N]); padded shared-memory rows make ldmatrix conflict-free. This is the mma.sync
  * first step of issue 19. k_tc_wgmma.cuh (wgmma, cp.async) and k_tc_tma.cuh (wgmma, TMA, warp-specialized,
  * persistent) are the same product on other cores (di_cuk_tc_gemm_set_core): the same splits, tile
- * order and epilogue (tc_tile_of, tc_work_of, tc_emit below), each its own (still invariant)
- * arithmetic, so one process uses one core. */
+ * order and epilogue (tc_tile_of, tc_work_of, tc_emit below). On the H200 all of them give the same
+ * bits for the same chains (test_cuda_tc_gemm's cores-against-each-other check), which is what the
+ * hybrid and gemv cores (small M here or in k_tc_gemv.cuh, TMA above) rest on; their invariance tests
+ * would catch a device where it fails. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_tc_core.h"

@@ -8,8 +8,8 @@
  * which warpgroup runs the chain and how many n128 blocks it issues per k step. Splits are
  * tc_splits(N, K), fixed per weight shape, added in split order onto a zero total (in registers, or
  * through f32 partials and tc_reduce_kernel when the product has few tiles): the rules of
- * k_tc_gemm.cu. Its own arithmetic (not bit-equal to the mma.sync or the cp.async wgmma core): one
- * process uses one core.
+ * k_tc_gemm.cu. Measured on the H200: bit-equal to the mma.sync and the cp.async wgmma cores for the
+ * same chains (the tensor cores' k16 step is the same whichever instruction issues it).
  *
  * Structure (after the sm90 warp-specialized persistent GEMMs of CUTLASS and DeepGEMM):
  * - warpgroup 0 is the producer: one thread issues TMA tile loads (cp.async.bulk.tensor, 128-byte

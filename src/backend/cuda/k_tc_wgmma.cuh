@@ -3,8 +3,8 @@
  * Each warpgroup (4 warps) owns 64 rows of the tile and issues wgmma.mma_async m64n64k16 (bf16 in,
  * f32 accumulate) for each 64-column block, operands straight from shared memory through matrix
  * descriptors. An element's arithmetic is again one chain of k16 steps in k order per split, so the
- * tile size (picked from M) never changes a row; it is its own arithmetic, not bit-equal to the
- * mma.sync core, so one process uses one core. Shared memory holds the tiles in the no-swizzle
+ * tile size (picked from M) never changes a row (and on the H200 the bits equal the mma.sync core's).
+ * Shared memory holds the tiles in the no-swizzle
  * K-major layout of core matrices (8 rows x 16 bytes, 128 contiguous bytes): byte offset of (row r,
  * 16-byte chunk c of the 64-wide k tile) = ((r / 8) * 8 + c) * 128 + (r % 8) * 16, so the
  * descriptor's leading offset (next chunk in K) is 128 B and its stride offset (next 8 rows) 1024 B.
