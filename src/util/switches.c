@@ -63,8 +63,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
-    [DI_SW_CUDA_TC_CORE] = {"DEEPINFER_CUDA_TC_CORE", "mma",
-                            "wgmma: the invariant tensor-core GEMM on wgmma (k_tc_wgmma.cuh) instead of mma.sync"},
+    [DI_SW_CUDA_TC_CORE] = {"DEEPINFER_CUDA_TC_CORE", "hybrid",
+                            "the tensor-core GEMM core (all give the same bits): hybrid = mma.sync up to 8 rows, tma above (experts: tma for 64-row tiles); mma: mma.sync (k_tc_gemm.cu); wgmma: wgmma with cp.async loads (k_tc_wgmma.cuh); tma: wgmma with TMA loads, warp-specialized, persistent (k_tc_tma.cuh, experts k_tc_grouped.cu); gemv: hybrid with <= 8 rows on the tile-free split chains (k_tc_gemv.cuh)"},
     [DI_SW_CUDA_TC_DEFAULT_MINM] = {"DEEPINFER_CUDA_TC_DEFAULT_MINM", "4",
                                     "default mode: dense GEMMs of N..8 rows on the tensor-core kernel, not the skinny "
                                     "one (0: never)"},

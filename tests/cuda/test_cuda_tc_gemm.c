@@ -11,7 +11,10 @@
  *   with the split partials added in the GEMM's last CTA, di_cuk_tc_gemm_set_fused_reduce); the grouped
  *   expert GEMM: every row of a skewed distribution (experts with 0, 1, 3, 17, 64, 65, 700 rows), in
  *   16- and 64-row tiles, equals the row as its expert's only row.
- * Both cores (mma.sync, wgmma: di_cuk_tc_gemm_set_core) are held to the same rules.
+ * Every core (mma.sync, wgmma with cp.async, wgmma with TMA: di_cuk_tc_gemm_set_core) is held to the
+ * same rules, and so are the mixed ones, hybrid (mma.sync at <= 8 rows, TMA above) and gemv
+ * (k_tc_gemv.cuh at <= 8 rows, TMA above), invariant only if the kernels they mix agree bit for bit;
+ * `--core mma|wgmma|tma|hybrid|gemv` runs one.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
  * shapes instead. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
@@ -130,8 +133,8 @@ static void test_shape(const shape *s, int Mmax, const int *Ms, int nM, int chec
     st = run_tc(s, M, dX, ldx, sx, dW, dY, ldy, sy, m0);
     di_cuk_tc_gemm_set_fused_reduce(0);
     CHECKF(st == DI_OK && di_cut_sync() == 0, "%s M %d: %s", s->name, M, di_last_error());
-    di_cut_d2h(got, dY, ny * es);
     const size_t off = (size_t)m0 * ldy * es, len = (size_t)M * ldy * es;
+    di_cut_d2h((char *)got + off, (char *)dY + off, len);
     if (memcmp((char *)got + off, (char *)alone + off, len) != 0) {
       if (!mism) first_M = M;
       mism++;
@@ -142,6 +145,32 @@ static void test_shape(const shape *s, int Mmax, const int *Ms, int nM, int chec
   printf(", rows of M = 1..%d equal alone: %s\n", Mmax, mism ? "NO" : "yes");
   free(X); free(W); free(y0); free(alone); free(got); free(ref); free(l1);
   di_cut_free(dX); di_cut_free(dW); di_cut_free(dAlone); di_cut_free(dY);
+}
+
+/* Informational: whether two cores give the same bits for the same rows (they are not required to:
+ * a process uses one core; equal bits would let a small-M kernel of one core serve the other's
+ * large-M products). Prints the share of equal elements; fails only on errors. */
+static void cross_core(const shape *s, int M, int core_a, int core_b) {
+  const int ldx = s->K, ldy = s->N, es = s->y_f32 ? 4 : 2;
+  const size_t ny = (size_t)M * ldy;
+  uint16_t *X = rand_bf16((size_t)M * ldx, 1.f), *W = rand_bf16(w_elems(s), 1.f / sqrtf((float)s->K));
+  void *dX = dev_copy(X, (size_t)M * ldx * 2), *dW = dev_copy(W, w_elems(s) * 2), *dY = dev_copy(NULL, ny * es);
+  char *ya = calloc(ny, es), *yb = calloc(ny, es);
+  CHECK(dX && dW && dY && ya && yb);
+  const int cores[2] = {core_a, core_b};
+  char *out[2] = {ya, yb};
+  for (int c = 0; c < 2; c++) {
+    di_cuk_tc_gemm_set_core(cores[c]);
+    di_cut_h2d(dY, out[c], ny * es); /* zeros: beta * 0 */
+    di_status st = run_tc(s, M, dX, ldx, 0, dW, dY, ldy, 0, 0);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "cross-core %s: %s", s->name, di_last_error());
+    di_cut_d2h(out[c], dY, ny * es);
+  }
+  size_t eq = 0;
+  for (size_t i = 0; i < ny; i++) eq += memcmp(ya + i * es, yb + i * es, es) == 0;
+  printf("  cores %d vs %d, %s, M %d: %.2f%% of elements bit-equal\n", core_a, core_b, s->name, M, 100.0 * eq / ny);
+  free(X); free(W); free(ya); free(yb);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
 }
 
 /* ---- grouped expert GEMM: rows independent of how many rows an expert has ----------------------- */
@@ -276,6 +305,42 @@ static void bench(di_cu_blas *blas) {
   }
 }
 
+/* --bench, experts: 16 experts of `rows` rows each (a 4,096-token prefill with top-6 gives ~384), the
+ * grouped GEMM on the mma.sync kernel and on the TMA core, best of 3 x 10 calls */
+static void bench_grouped(int N, int K, int glu, int rows) {
+  enum { E = 16 };
+  const int A = E * rows, ldc = glu ? N / 2 : N;
+  uint16_t *X = rand_bf16((size_t)A * K, 1.f), *W = rand_bf16((size_t)E * N * K, 0.02f);
+  int32_t off[E + 1], *tiles = malloc((A / 64 + E) * 4);
+  int cnt[E], nt;
+  for (int e = 0; e < E; e++) cnt[e] = rows;
+  grouped_tiles(cnt, E, 64, off, tiles, &nt);
+  void *dX = dev_copy(X, (size_t)A * K * 2), *dW = dev_copy(W, (size_t)E * N * K * 2), *doff = dev_copy(off, sizeof off);
+  void *dtiles = dev_copy(tiles, nt * 4), *dnt = dev_copy(&nt, 4), *dC = dev_copy(NULL, (size_t)A * ldc * 4);
+  CHECK(dX && dW && doff && dtiles && dnt && dC);
+  const int cores[2] = {0, 2};
+  double us[2];
+  for (int c = 0; c < 2; c++) {
+    di_cuk_tc_gemm_set_core(cores[c]);
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) {
+      di_cut_sync();
+      const double t0 = di_cut_time_ms();
+      for (int i = 0; i < 10; i++)
+        di_cuk_grouped_gemm(dX, K, NULL, dW, N, K, doff, dtiles, dnt, nt, 64, dC, ldc, !glu, glu, NULL);
+      CHECK(di_cut_sync() == 0);
+      const double t = (di_cut_time_ms() - t0) * 100.0;
+      if (rep && t < best) best = t;
+    }
+    us[c] = best;
+  }
+  const double fl = 2.0 * A * N * K;
+  printf("grouped %s N %d K %d, 16 experts x %d rows: mma.sync %.1f us (%.0f TF/s), tma %.1f us (%.0f TF/s)\n",
+         glu ? "gate/up" : "down", N, K, rows, us[0], fl / us[0] * 1e-6, us[1], fl / us[1] * 1e-6);
+  free(X); free(W); free(tiles);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(doff); di_cut_free(dtiles); di_cut_free(dnt); di_cut_free(dC);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -289,13 +354,18 @@ int main(int argc, char **argv) {
     di_cut_h2d(g_ws, zero, 16384);
     free(zero);
   }
-  /* [--bench] [--core mma|wgmma] (default both) */
-  int core0 = 0, core1 = 1, bench_mode = 0;
+  /* [--bench] [--core mma|wgmma|tma|hybrid|gemv | --cores FIRST LAST] (default all) */
+  static const char *const core_names[] = {"mma.sync", "wgmma", "tma", "hybrid", "gemv"};
+  int core0 = 0, core1 = 4, bench_mode = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) bench_mode = 1;
     else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
       i++;
-      core0 = core1 = !strcmp(argv[i], "wgmma");
+      core0 = core1 = !strcmp(argv[i], "gemv") ? 4 : !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
+    } else if (!strcmp(argv[i], "--cores") && i + 2 < argc) { /* --cores FIRST LAST (0 mma .. 3 hybrid) */
+      core0 = atoi(argv[i + 1]);
+      core1 = atoi(argv[i + 2]);
+      i += 2;
     }
   }
   if (bench_mode) {
@@ -303,9 +373,13 @@ int main(int argc, char **argv) {
     CHECK(di_cu_blas_create(&blas) == DI_OK);
     for (int core = core0; core <= core1; core++) {
       di_cuk_tc_gemm_set_core(core);
-      printf("core %s:\n", core ? "wgmma" : "mma.sync");
+      printf("core %s:\n", core_names[core]);
       bench(blas);
     }
+    bench_grouped(2 * 1408, 2048, 1, 384);
+    bench_grouped(2048, 1408, 0, 384);
+    bench_grouped(2 * 1408, 2048, 1, 48);
+    di_cuk_tc_gemm_set_core(0);
     di_cu_blas_destroy(blas);
     di_cut_free(g_ws);
     return test_finish("bench_tc_gemm");
@@ -325,19 +399,34 @@ int main(int argc, char **argv) {
   };
   const shape gu = {"dense gate/up", 1, 21888, 2048, 0, 0, 0.f, 0, 2048};
   const shape lm = {"lm_head", 1, 102400, 2048, 0, 1, 0.f, 0, 2048};
-  for (int core = core0; core <= core1; core++) { /* mma.sync, then wgmma (W [N][K] shapes; W [K][N] stays mma.sync) */
+  for (int core = core0; core <= core1; core++) { /* mma.sync, then the wgmma cores (W [N][K] shapes; W [K][N] stays mma.sync) */
     di_cuk_tc_gemm_set_core(core);
-    printf("tensor-core GEMM (k_tc_gemm.cu), %s core:\n", core ? "wgmma" : "mma.sync");
+    printf("tensor-core GEMM (k_tc_gemm.cu), %s core:\n", core_names[core]);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
       if (!core || !shapes[i].w_kn)
         test_shape(&shapes[i], shapes[i].batch > 1 ? 1024 : 4096, Ms, nM, shapes[i].K > 4096 ? 3 : 6);
+    { /* every M of 1..4096 (odd ones included) at a cheap shape */
+      static int all_M[4096];
+      for (int m = 0; m < 4096; m++) all_M[m] = m + 1;
+      test_shape(&shapes[3], 4096, all_M, 4096, 2);
+    }
     test_shape(&gu, 1000, Ms, nM, 2);
     test_shape(&lm, 300, Ms, nM, 2);
   }
+  if (core0 != core1 || core1 >= 2) {
+    printf("cores against each other (informational):\n");
+    cross_core(&shapes[1], 64, 0, 2);
+    cross_core(&shapes[0], 300, 0, 2);
+    cross_core(&shapes[1], 64, 1, 2);
+  }
+  for (int core = core0; core <= core1; core++) { /* the wgmma cp.async core has no grouped form of its own */
+    if (core == 1) continue;
+    di_cuk_tc_gemm_set_core(core);
+    printf("grouped expert GEMM (%s), %s core:\n", core == 2 ? "k_tc_grouped.cu" : core >= 3 ? "bm 16 k_grouped_gemm.cu, bm 64 k_tc_grouped.cu" : "k_grouped_gemm.cu", core_names[core]);
+    test_grouped(2 * 1408, 2048, 1, 0); /* V2-Lite experts' gate/up (glu) */
+    test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */
+  }
   di_cuk_tc_gemm_set_core(0);
-  printf("grouped expert GEMM (k_grouped_gemm.cu):\n");
-  test_grouped(2 * 1408, 2048, 1, 0); /* V2-Lite experts' gate/up (glu) */
-  test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */
   di_cut_free(g_ws);
   return test_finish("test_cuda_tc_gemm");
 }

@@ -96,7 +96,12 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->invariant = b->invariant || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
   di_cu_blas_set_tc_default(b->blas, di_switch_int(DI_SW_CUDA_TC_DEFAULT_MINM, 4));
   const char *tc_core = di_switch_get(DI_SW_CUDA_TC_CORE);
-  di_cuk_tc_gemm_set_core(tc_core && !strcmp(tc_core, "wgmma"));
+  /* hybrid by default: all four cores give the same bits (test_cuda_tc_gemm), hybrid is the fastest */
+  di_cuk_tc_gemm_set_core(!tc_core || !strcmp(tc_core, "hybrid") ? 3
+                          : !strcmp(tc_core, "wgmma")            ? 1
+                          : !strcmp(tc_core, "tma")              ? 2
+                          : !strcmp(tc_core, "gemv")             ? 4
+                                                                 : 0);
   di_cuk_tc_gemm_set_fused_reduce(di_switch_bool(DI_SW_CUDA_TC_FUSED_REDUCE, 0));
   if (b->invariant) {
     di_cu_blas_set_invariant(b->blas, 1);

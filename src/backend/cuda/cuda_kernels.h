@@ -254,9 +254,11 @@ di_status di_cuk_glu_interleave(const uint16_t *src, uint16_t *dst, int n_mat, i
  * and W, N % 8 for w_kn; callers also keep sx, sw % 8. */
 int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const void *X, const void *W);
 int di_cuk_tc_gemm_splits(int N, int K);
-/* Process-wide: 1 runs the W [N][K] products on the wgmma core (k_tc_wgmma.cuh), 0 (default) on mma.sync;
- * each core is invariant, the two are not bit-equal to each other (DEEPINFER_CUDA_TC_CORE). */
-void di_cuk_tc_gemm_set_core(int wgmma);
+/* Process-wide: which core runs the W [N][K] products: 0 mma.sync, 1 wgmma with cp.async loads
+ * (k_tc_wgmma.cuh), 2 wgmma with TMA loads, warp-specialized and persistent (k_tc_tma.cuh), 3 hybrid
+ * (mma.sync up to 8 rows, TMA above; the backend's default), 4 gemv (as 3 with k_tc_gemv.cuh up to 8
+ * rows); each is invariant, and on the H200 all give the same bits (DEEPINFER_CUDA_TC_CORE). */
+void di_cuk_tc_gemm_set_core(int core);
 /* Process-wide: 1 adds a few-CTA product's split partials in its last CTA per tile (no reduce launch),
  * 0 (default) in a reduce kernel; the same bits (DEEPINFER_CUDA_TC_FUSED_REDUCE). */
 void di_cuk_tc_gemm_set_fused_reduce(int on);

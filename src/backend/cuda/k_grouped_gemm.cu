@@ -9,6 +9,7 @@
  * and shared memory, two CTAs per SM). */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_tc_core.h"
 
 #define BK 64
 #define STAGES 4
@@ -171,6 +172,10 @@ extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32
   if (N % 128 || K % BK || max_tiles > 65535)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm N %d K %d tiles %d (N%%128, K%%64)", N,
                         K, max_tiles);
+  const int core = di_cuk_tc_gemm_core(); /* hybrid: 16-row tiles here, 64-row ones on the TMA core (same bits) */
+  if ((core == 2 || (core >= 3 && bm > 16)) && di_cuk_tc_grouped_ok(N, K, lda, A)) /* by shape and core, never M */
+    return di_cuk_tc_grouped_gemm(A, lda, a_rows, W, N, K, expert_off, tiles, n_tiles, max_tiles, bm, C, ldc, c_f32,
+                                  glu, s);
   const int narrow = max_tiles * (N / 128) < 2 * sm_count(); /* too few 128-wide CTAs to fill the GPU */
 #define GG_LAUNCH(bm_, bn_)                                                                              \
   return launch<bm_, bn_>((const bf16 *)A, lda, a_rows, (const bf16 *)W, N, K, expert_off, tiles, n_tiles, \

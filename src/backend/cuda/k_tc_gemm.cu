@@ -18,10 +18,15 @@
  *
  * Pipeline: 4 stages of cp.async 16-byte copies (zero-filled past M, N and K), ldmatrix fragments
  * (.trans for W [K][N]); padded shared-memory rows make ldmatrix conflict-free. This is the mma.sync
- * first step of issue 19. k_tc_wgmma.cuh is the same product on wgmma (di_cuk_tc_gemm_set_core): the
- * same splits and epilogue, its own (still invariant) arithmetic, so one process uses one core. */
+ * first step of issue 19. k_tc_wgmma.cuh (wgmma, cp.async) and k_tc_tma.cuh (wgmma, TMA, warp-specialized,
+ * persistent) are the same product on other cores (di_cuk_tc_gemm_set_core): the same splits, tile
+ * order and epilogue (tc_tile_of, tc_work_of, tc_emit below). On the H200 all of them give the same
+ * bits for the same chains (test_cuda_tc_gemm's cores-against-each-other check), which is what the
+ * hybrid and gemv cores (small M here or in k_tc_gemv.cuh, TMA above) rest on; their invariance tests
+ * would catch a device where it fails. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_tc_core.h"
 
 #define TC_BK 64
 #define TC_STAGES 4
@@ -29,6 +34,7 @@
 #define TC_MAX_SPLIT 8
 #define TC_CTA_TARGET 264 /* 2 x 132 SMs: the CTAs a decode-sized product should spread over (fixed, not the device's) */
 #define TC_DEC_BN 64      /* the decode tile's width, which sizes the split (tc_splits) */
+#define TC_HYBRID_MMA_M 8 /* hybrid core: products of up to this many rows on mma.sync (faster there on the H200) */
 
 typedef struct tc_args {
   const bf16 *X;
@@ -39,6 +45,7 @@ typedef struct tc_args {
   int64_t sx, sw, sy;
   int ldx, ldw, ldy;
   int M, N, K, S, y_f32;
+  int pair; /* tc_emit2 may store (n, n + 1) as one vector: N, ldy, sy even, Y 8-byte aligned */
   float beta;
 } tc_args;
 
@@ -55,15 +62,34 @@ static int tc_splits(int N, int K) {
 /* k-tile where split s begins (s = S: the end) */
 static __host__ __device__ __forceinline__ int tc_split_begin(int s, int S, int nk) { return (int)((int64_t)s * nk / S); }
 
-/* The tile (m-tile, n-tile) of this CTA: grouped raster order, TC_GROUP_M m-tiles side by side, so a
- * wave of CTAs shares its W tiles across several row tiles in L2 instead of streaming all of W once
- * per row tile (which CTA computes a tile never changes its arithmetic). */
+/* The setup every core shares (k_tc_gemm.cu's mma.sync kernel, k_tc_wgmma.cuh, k_tc_tma.cuh).
+ * Tile lin of an nm x nn grid in grouped raster order: TC_GROUP_M m-tiles side by side, so a wave of
+ * CTAs shares its W tiles across several row tiles in L2 instead of streaming all of W once per row
+ * tile (which CTA computes a tile never changes its arithmetic). */
 #define TC_GROUP_M 8
-static __device__ __forceinline__ void tc_tile_of_cta(int *tm, int *tn) {
-  const int nn = gridDim.x, nm = gridDim.y, lin = blockIdx.y * nn + blockIdx.x;
+static __device__ __forceinline__ void tc_tile_of(int lin, int nm, int nn, int *tm, int *tn) {
   const int first = lin / (TC_GROUP_M * nn) * TC_GROUP_M, gs = min(nm - first, TC_GROUP_M), r = lin % (TC_GROUP_M * nn);
   *tm = first + r % gs;
   *tn = r / gs;
+}
+static __device__ __forceinline__ void tc_tile_of_cta(int *tm, int *tn) {
+  tc_tile_of(blockIdx.y * gridDim.x + blockIdx.x, gridDim.y, gridDim.x, tm, tn);
+}
+
+/* What slab zs of the grid (blockIdx.z of the tile kernels) computes: head z, and in the cross-CTA
+ * form (a.part set) split `split` of it, k tiles [kt0, kt1); else all of K (the splits, if any, in
+ * the kernel's registers). */
+typedef struct tc_work {
+  int z, split, kt0, kt1;
+} tc_work;
+static __device__ __forceinline__ tc_work tc_work_of(const tc_args &a, int zs, int nk) {
+  tc_work w;
+  const int cross = a.part != nullptr;
+  w.z = cross ? zs / a.S : zs;
+  w.split = cross ? zs % a.S : 0;
+  w.kt0 = cross ? tc_split_begin(w.split, a.S, nk) : 0;
+  w.kt1 = cross ? tc_split_begin(w.split + 1, a.S, nk) : nk;
+  return w;
 }
 
 /* The one epilogue of both forms: total v of element (m, n) of head z into Y. */
@@ -73,6 +99,34 @@ static __device__ __forceinline__ void tc_store(const tc_args &a, int z, int m, 
     *y = a.beta != 0.f ? __fmaf_rn(a.beta, *y, v) : v;
   } else {
     ((bf16 *)a.Y)[a.sy * z + (int64_t)m * a.ldy + n] = __float2bfloat16_rn(v);
+  }
+}
+
+/* A finished chain's value v of element (m, n) of head z: its split's partial in the cross-CTA form,
+ * else through the epilogue. tc_emit2: the pair (n, n + 1) (n even), one vector store where a.pair. */
+static __device__ __forceinline__ void tc_emit(const tc_args &a, int z, int split, int m, int n, float v) {
+  if (m >= a.M || n >= a.N) return;
+  if (a.part) a.part[(((int64_t)z * a.S + split) * a.M + m) * a.N + n] = v;
+  else tc_store(a, z, m, n, v);
+}
+static __device__ __forceinline__ void tc_emit2(const tc_args &a, int z, int split, int m, int n, float v0, float v1) {
+  if (m >= a.M || n >= a.N) return;
+  if (!a.pair || n + 1 >= a.N) {
+    tc_emit(a, z, split, m, n, v0);
+    tc_emit(a, z, split, m, n + 1, v1);
+  } else if (a.part) {
+    *(float2 *)(a.part + (((int64_t)z * a.S + split) * a.M + m) * a.N + n) = make_float2(v0, v1);
+  } else if (a.y_f32) {
+    float2 *y = (float2 *)((float *)a.Y + a.sy * z + (int64_t)m * a.ldy + n);
+    if (a.beta != 0.f) {
+      const float2 o = *y;
+      v0 = __fmaf_rn(a.beta, o.x, v0);
+      v1 = __fmaf_rn(a.beta, o.y, v1);
+    }
+    *y = make_float2(v0, v1);
+  } else {
+    *(__nv_bfloat162 *)((bf16 *)a.Y + a.sy * z + (int64_t)m * a.ldy + n) =
+        __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
   }
 }
 
@@ -120,10 +174,10 @@ static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_ar
   tc_tile_of_cta(&tm, &tn);
   const int n0 = tn * BN, m0 = tm * BM;
   const int cross = a.part != nullptr;
-  const int z = cross ? blockIdx.z / a.S : blockIdx.z, split = cross ? blockIdx.z % a.S : 0;
-  const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
   const int M = a.M, N = a.N, K = a.K, nk = (K + TC_BK - 1) / TC_BK;
-  const int kt0 = cross ? tc_split_begin(split, a.S, nk) : 0, kt1 = cross ? tc_split_begin(split + 1, a.S, nk) : nk;
+  const tc_work w = tc_work_of(a, blockIdx.z, nk);
+  const int z = w.z, split = w.split, kt0 = w.kt0, kt1 = w.kt1;
+  const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
   DI_PDL_ENTRY();
 
   auto load = [&](int stage, int kt) {
@@ -231,12 +285,8 @@ static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_ar
       for (int q = 0; q < 4; q++) {
         const int m = m0 + wm * TM + mi * 16 + (lane >> 2) + (q >> 1) * 8;
         const int n = n0 + wn * TN + nj * 8 + (lane & 3) * 2 + (q & 1);
-        if (m >= M || n >= N) continue;
-        float v;
-        if constexpr (TOT) v = tot[mi][nj][q];
-        else v = acc[mi][nj][q];
-        if (cross) a.part[(((int64_t)z * a.S + split) * M + m) * N + n] = v;
-        else tc_store(a, z, m, n, v);
+        if constexpr (TOT) tc_emit(a, z, split, m, n, tot[mi][nj][q]);
+        else tc_emit(a, z, split, m, n, acc[mi][nj][q]);
       }
   if (cross && a.counters) tc_cross_finish<BM, BN, NTH>(a, z, m0, n0);
 }
@@ -256,7 +306,9 @@ static __global__ void __launch_bounds__(256) tc_reduce_kernel(const tc_args a, 
 }
 
 #include "k_tc_wgmma.cuh"
-static int g_core_wgmma;    /* di_cuk_tc_gemm_set_core */
+#include "k_tc_tma.cuh"
+#include "k_tc_gemv.cuh"
+static int g_core; /* di_cuk_tc_gemm_set_core: 0 mma.sync, 1 wgmma (cp.async), 2 wgmma (TMA), 3 hybrid, 4 gemv */
 static int g_fused_reduce; /* di_cuk_tc_gemm_set_fused_reduce */
 #define TC_COUNTER_BYTES 16384 /* ws: tile counters first (4,096 > the cross form's tiles), then partials */
 
@@ -279,7 +331,11 @@ static di_status tc_launch(const tc_args &a, int batch, int zdim, cudaStream_t s
 /* The M bucket: how rows are grouped into tiles (never the arithmetic). */
 template <int WKN, int TOT>
 static di_status tc_dispatch(const tc_args &a, int batch, int zdim, cudaStream_t s) {
-  if (!WKN && g_core_wgmma) return wg_dispatch<TOT>(a, zdim, s);
+  /* hybrid (3): up to TC_HYBRID_MMA_M rows on the mma.sync 16-row tiles, more on the TMA core; invariant
+   * only because the two give the same bits for the same split chains (measured on the H200: 100% of
+   * elements equal; test_cuda_tc_gemm --core hybrid holds every M to it) */
+  if (!WKN && (g_core == 2 || (g_core >= 3 && a.M > TC_HYBRID_MMA_M))) return tt_dispatch<TOT>(a, batch, zdim, s);
+  if (!WKN && g_core == 1) return wg_dispatch<TOT>(a, zdim, s);
   if (a.M <= 16) return tc_launch<16, 64, 1, WKN, TOT>(a, batch, zdim, s);
   if (a.M <= 128) return tc_launch<64, 128, 1, WKN, TOT>(a, batch, zdim, s);
   /* unsplit products: 128 x 256 (64 x 64 per warp: more reuse of each shared-memory byte; the split
@@ -297,7 +353,8 @@ extern "C" int di_cuk_tc_gemm_ok(int N, int K, int ldx, int ldw, int w_kn, const
 }
 
 extern "C" int di_cuk_tc_gemm_splits(int N, int K) { return tc_splits(N, K); }
-extern "C" void di_cuk_tc_gemm_set_core(int wgmma) { g_core_wgmma = wgmma != 0; }
+extern "C" void di_cuk_tc_gemm_set_core(int core) { g_core = core >= 0 && core <= 4 ? core : 0; }
+extern "C" int di_cuk_tc_gemm_core(void) { return g_core; }
 extern "C" void di_cuk_tc_gemm_set_fused_reduce(int on) { g_fused_reduce = on != 0; }
 
 extern "C" size_t di_cuk_tc_gemm_ws_bytes(int batch, int M, int N, int K) {
@@ -321,14 +378,22 @@ extern "C" di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16
   a.X = (const bf16 *)X; a.W = (const bf16 *)W; a.Y = Y; a.part = NULL; a.counters = NULL;
   a.sx = sx; a.sw = sw; a.sy = sy; a.ldx = ldx; a.ldw = ldw; a.ldy = ldy;
   a.M = M; a.N = N; a.K = K; a.S = tc_splits(N, K); a.y_f32 = y_f32; a.beta = y_f32 ? beta : 0.f;
+  a.pair = N % 2 == 0 && ldy % 2 == 0 && sy % 2 == 0 && ((uintptr_t)Y & 7) == 0;
+  if (g_core == 4 && !w_kn && M <= TC_HYBRID_MMA_M) { /* gemv core: the split chains without tiles */
+    DI_TRY(tcv_launch(a, batch, s));
+    DI_CU_LAUNCH("tc_gemv");
+    return DI_OK;
+  }
   const size_t need = di_cuk_tc_gemm_ws_bytes(batch, M, N, K);
   if (need > 0 && ws && need <= ws_bytes) { /* few CTAs: the splits in CTAs of their own, then the reduce */
     a.part = ws + TC_COUNTER_BYTES / sizeof(float);
-    if (g_fused_reduce) a.counters = (int *)ws;
+    /* the fused reduce is the mma.sync and cp.async wgmma kernels' (tc_cross_finish); TMA: the reduce kernel */
+    const int fused = g_fused_reduce && (w_kn || g_core == 0 || g_core == 1 || (g_core == 3 && M <= TC_HYBRID_MMA_M));
+    if (fused) a.counters = (int *)ws;
     DI_TRY((w_kn ? tc_dispatch<1, 0>(a, batch, batch * a.S, s) : tc_dispatch<0, 0>(a, batch, batch * a.S, s)));
     const int64_t n = (int64_t)batch * M * N;
     const int blocks = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
-    if (!g_fused_reduce) DI_CU(di_launch(tc_reduce_kernel, dim3(blocks), 256, 0, s, a, batch));
+    if (!fused) DI_CU(di_launch(tc_reduce_kernel, dim3(blocks), 256, 0, s, a, batch));
   } else if (a.S > 1) {
     DI_TRY((w_kn ? tc_dispatch<1, 1>(a, batch, batch, s) : tc_dispatch<0, 1>(a, batch, batch, s)));
   } else {

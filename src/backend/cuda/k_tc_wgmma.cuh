@@ -3,8 +3,8 @@
  * Each warpgroup (4 warps) owns 64 rows of the tile and issues wgmma.mma_async m64n64k16 (bf16 in,
  * f32 accumulate) for each 64-column block, operands straight from shared memory through matrix
  * descriptors. An element's arithmetic is again one chain of k16 steps in k order per split, so the
- * tile size (picked from M) never changes a row; it is its own arithmetic, not bit-equal to the
- * mma.sync core, so one process uses one core. Shared memory holds the tiles in the no-swizzle
+ * tile size (picked from M) never changes a row (and on the H200 the bits equal the mma.sync core's).
+ * Shared memory holds the tiles in the no-swizzle
  * K-major layout of core matrices (8 rows x 16 bytes, 128 contiguous bytes): byte offset of (row r,
  * 16-byte chunk c of the 64-wide k tile) = ((r / 8) * 8 + c) * 128 + (r % 8) * 16, so the
  * descriptor's leading offset (next chunk in K) is 128 B and its stride offset (next 8 rows) 1024 B.
@@ -12,15 +12,12 @@
  * by fence.proxy.async before the barrier. Not yet TMA or producer/consumer warp specialization. */
 #ifndef DI_K_TC_WGMMA_CUH
 #define DI_K_TC_WGMMA_CUH
+#include "k_tc_sm90.cuh"
 
 static __device__ __forceinline__ uint64_t wg_desc(const void *smem) {
   const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
   return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32;
 }
-static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_proxy_fence(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_mma64x64(float *d, uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -44,10 +41,10 @@ static __global__ void __launch_bounds__(BM * 2, 1) tc_wgmma_kernel(const tc_arg
   tc_tile_of_cta(&tm, &tn);
   const int n0 = tn * BN, m0 = tm * BM;
   const int cross = a.part != nullptr;
-  const int z = cross ? blockIdx.z / a.S : blockIdx.z, split = cross ? blockIdx.z % a.S : 0;
-  const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
   const int M = a.M, N = a.N, K = a.K, nk = (K + TC_BK - 1) / TC_BK;
-  const int kt0 = cross ? tc_split_begin(split, a.S, nk) : 0, kt1 = cross ? tc_split_begin(split + 1, a.S, nk) : nk;
+  const tc_work w = tc_work_of(a, blockIdx.z, nk);
+  const int z = w.z, split = w.split, kt0 = w.kt0, kt1 = w.kt1;
+  const bf16 *X = a.X + a.sx * z, *W = a.W + a.sw * z;
   DI_PDL_ENTRY();
 
   auto load = [&](int stage, int kt) {
@@ -123,12 +120,8 @@ static __global__ void __launch_bounds__(BM * 2, 1) tc_wgmma_kernel(const tc_arg
     for (int q = 0; q < 32; q++) {
       const int m = m0 + wg * 64 + wq * 16 + (lane >> 2) + ((q >> 1) & 1) * 8;
       const int n = n0 + j * 64 + (q >> 2) * 8 + (lane & 3) * 2 + (q & 1);
-      if (m >= M || n >= N) continue;
-      float v;
-      if constexpr (TOT) v = tot[j][q];
-      else v = acc[j][q];
-      if (cross) a.part[(((int64_t)z * a.S + split) * M + m) * N + n] = v;
-      else tc_store(a, z, m, n, v);
+      if constexpr (TOT) tc_emit(a, z, split, m, n, tot[j][q]);
+      else tc_emit(a, z, split, m, n, acc[j][q]);
     }
   if (cross && a.counters) tc_cross_finish<BM, BN, NTH>(a, z, m0, n0);
 }
