@@ -78,7 +78,7 @@ static int add_call(cJSON *msgs, const cJSON *item, int custom, int index, di_oa
   cJSON *f = cJSON_AddObjectToObject(c, "function");
   cJSON_AddStringToObject(f, "name", name->valuestring);
   cJSON_AddStringToObject(f, "arguments", args->valuestring);
-  cJSON_AddItemToArray(calls, c);
+  di_json_append(calls, c); /* freed if calls could not be made */
   return 0;
 }
 
@@ -116,7 +116,7 @@ static int read_input(const cJSON *input, cJSON *msgs, di_oai_error *err) {
       if (!c) return -1;
       cJSON *m = message("tool", c);
       if (cJSON_IsString(call_id)) cJSON_AddStringToObject(m, "tool_call_id", call_id->valuestring);
-      cJSON_AddItemToArray(msgs, m);
+      di_json_append(msgs, m);
     } else if (strcmp(t, "reasoning") == 0) {
       continue; /* earlier reasoning is not replayed (templates drop it too) */
     } else {
@@ -158,7 +158,7 @@ static int read_tools(const cJSON *tools, cJSON *chat, di_resp_req *rr, di_oai_e
       const cJSON *params = get(t, "parameters");
       if (params) di_json_add_item(f, "parameters", cJSON_Duplicate(params, 1));
     }
-    cJSON_AddItemToArray(out, c);
+    di_json_append(out, c); /* freed if out could not be made */
   }
   return 0;
 }
@@ -243,6 +243,7 @@ int di_resp_translate(const char *body, size_t len, char **chat_body, di_resp_re
   if (di_oai_parse_json(body, len, &root, err)) return -1;
   cJSON *chat = cJSON_CreateObject(), *msgs = cJSON_CreateArray();
   int rc = -1;
+  if (!chat || !msgs) { di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); goto out; }
   const cJSON *store = get(root, "store"), *prev = get(root, "previous_response_id"), *v;
   if (!cJSON_IsObject(root)) { BAD("", "the request body must be a JSON object"); goto out; }
   if (prev) {
@@ -260,7 +261,7 @@ int di_resp_translate(const char *body, size_t len, char **chat_body, di_resp_re
   if (instr) di_json_append(msgs, message("system", cJSON_CreateString(instr->valuestring)));
   if (!get(root, "input")) { BAD("input", "'input' is required"); goto out; }
   if (read_input(get(root, "input"), msgs, err)) goto out;
-  cJSON_AddItemToObject(chat, "messages", msgs);
+  di_json_add_item(chat, "messages", msgs); /* freed if it cannot be added */
   msgs = NULL;
   /* the sampling fields both APIs share, and vLLM's extras (structured outputs, penalties ...) */
   static const char *const same[] = {"model", "temperature", "top_p", "stream", "seed", "top_k", "min_p",
@@ -337,7 +338,7 @@ static cJSON *reasoning_item(const char *id, const char *text) {
     cJSON *p = cJSON_CreateObject();
     cJSON_AddStringToObject(p, "type", "reasoning_text");
     cJSON_AddStringToObject(p, "text", text);
-    cJSON_AddItemToArray(content, p);
+    di_json_append(content, p);
   }
   cJSON_AddStringToObject(it, "status", text ? "completed" : "in_progress");
   return it;
@@ -359,7 +360,7 @@ static cJSON *message_item(const char *id, const char *text) {
   cJSON_AddStringToObject(it, "status", text ? "completed" : "in_progress");
   cJSON_AddStringToObject(it, "role", "assistant");
   cJSON *content = cJSON_AddArrayToObject(it, "content");
-  if (text) cJSON_AddItemToArray(content, text_part(text));
+  if (text) di_json_append(content, text_part(text));
   return it;
 }
 
@@ -389,7 +390,7 @@ static cJSON *response_object(const di_resp_req *rr, const char *status, cJSON *
     cJSON_AddNullToObject(o, "incomplete_details");
   cJSON_AddNullToObject(o, "error");
   cJSON_AddStringToObject(o, "model", rr->model);
-  cJSON_AddItemToObject(o, "output", output ? output : cJSON_CreateArray());
+  di_json_add_item(o, "output", output ? output : cJSON_CreateArray());
   cJSON_AddFalseToObject(o, "store");
   cJSON_AddNullToObject(o, "previous_response_id");
   static const char *const keys[] = {"instructions", "tools", "tool_choice", "temperature", "top_p", "max_output_tokens",
@@ -437,16 +438,16 @@ cJSON *di_resp_from_chat(di_resp_req *rr, cJSON *chat) {
   const cJSON *reasoning = get(m, "reasoning_content"), *content = get(m, "content"), *calls = get(m, "tool_calls");
   if (cJSON_IsString(reasoning) && reasoning->valuestring[0]) { /* as streamed: no item for no reasoning */
     item_id(rr, "rs_", cJSON_GetArraySize(output), id, sizeof id);
-    cJSON_AddItemToArray(output, reasoning_item(id, reasoning->valuestring));
+    di_json_append(output, reasoning_item(id, reasoning->valuestring));
   }
   if (cJSON_IsString(content) && (content->valuestring[0] || !calls)) {
     item_id(rr, "msg_", cJSON_GetArraySize(output), id, sizeof id);
-    cJSON_AddItemToArray(output, message_item(id, content->valuestring));
+    di_json_append(output, message_item(id, content->valuestring));
   }
   for (const cJSON *c = calls ? calls->child : NULL; c; c = c->next) {
     const cJSON *f = get(c, "function"), *cid = get(c, "id");
     item_id(rr, "fc_", cJSON_GetArraySize(output), id, sizeof id);
-    cJSON_AddItemToArray(output, call_item(rr, id, cJSON_IsString(cid) ? cid->valuestring : "", get(f, "name")->valuestring,
+    di_json_append(output, call_item(rr, id, cJSON_IsString(cid) ? cid->valuestring : "", get(f, "name")->valuestring,
                                            get(f, "arguments")->valuestring, 1));
   }
   rr->incomplete = cJSON_IsString(finish) && strcmp(finish->valuestring, "length") == 0;
@@ -465,7 +466,7 @@ static cJSON *event(di_resp_req *rr) {
 static void emit_item(di_resp_req *rr, const char *type, int index, cJSON *item, di_resp_emit_fn emit, void *ctx) {
   cJSON *e = event(rr);
   cJSON_AddNumberToObject(e, "output_index", index);
-  cJSON_AddItemToObject(e, "item", item);
+  di_json_add_item(e, "item", item);
   emit(ctx, type, e);
 }
 
@@ -505,7 +506,7 @@ static void close_text_items(di_resp_req *rr, di_resp_emit_fn emit, void *ctx) {
     cJSON_AddStringToObject(e, "item_id", rr->item_id);
     cJSON_AddNumberToObject(e, "output_index", rr->item_index);
     cJSON_AddNumberToObject(e, "content_index", 0);
-    cJSON_AddItemToObject(e, "part", text_part(t));
+    di_json_add_item(e, "part", text_part(t));
     emit(ctx, "response.content_part.done", e);
     cJSON *item = message_item(rr->item_id, t);
     di_json_append(rr->done_items, cJSON_Duplicate(item, 1));
@@ -527,7 +528,7 @@ static void text_delta(di_resp_req *rr, int reasoning, const char *delta, di_res
       cJSON_AddStringToObject(e, "item_id", rr->item_id);
       cJSON_AddNumberToObject(e, "output_index", rr->item_index);
       cJSON_AddNumberToObject(e, "content_index", 0);
-      cJSON_AddItemToObject(e, "part", text_part(""));
+      di_json_add_item(e, "part", text_part(""));
       emit(ctx, "response.content_part.added", e);
     }
     if (reasoning) { rr->reasoning_open = 1; free(rr->reasoning); rr->reasoning = NULL; rr->reasoning_len = 0; }
@@ -597,10 +598,10 @@ void di_resp_stream_chunk(di_resp_req *rr, cJSON *chunk, di_resp_emit_fn emit, v
     rr->done_items = cJSON_CreateArray();
     take_envelope(rr, chunk);
     cJSON *e = event(rr);
-    cJSON_AddItemToObject(e, "response", response_object(rr, "in_progress", NULL, NULL));
+    di_json_add_item(e, "response", response_object(rr, "in_progress", NULL, NULL));
     emit(ctx, "response.created", e);
     e = event(rr);
-    cJSON_AddItemToObject(e, "response", response_object(rr, "in_progress", NULL, NULL));
+    di_json_add_item(e, "response", response_object(rr, "in_progress", NULL, NULL));
     emit(ctx, "response.in_progress", e);
   }
   const cJSON *choices = get(chunk, "choices");
@@ -621,7 +622,7 @@ void di_resp_stream_chunk(di_resp_req *rr, cJSON *chunk, di_resp_emit_fn emit, v
     cJSON *items = rr->done_items;
     rr->done_items = NULL;
     /* items closed in output_index order: reasoning/message items first as they came, then calls */
-    cJSON_AddItemToObject(e, "response", response_object(rr, rr->incomplete ? "incomplete" : "completed", items,
+    di_json_add_item(e, "response", response_object(rr, rr->incomplete ? "incomplete" : "completed", items,
                                                          get(chunk, "usage")));
     emit(ctx, rr->incomplete ? "response.incomplete" : "response.completed", e);
   }
