@@ -1,34 +1,52 @@
 #!/usr/bin/env bash
-# deepinfer serve vs the engine alone on the device machine (not run yet: see docs/NOTES.md).
-#   here:   cmake -S . -B build-server-cuda -DDI_CUDA=ON && cmake --build build-server-cuda --target deepinfer_cli bench_engine
-#           mkdir -p .carry/server && cp build-server-cuda/{deepinfer,bench_engine} .carry/server/ && strip .carry/server/*
-#           (plus libcjson.so.1 and libpcre2-8.so.0 when the device lacks them)
-#   device: bench/bench_serve_device.sh [.carry/server]   (run with carry [".carry/server"]; logs in $OUT)
-# The v3-1b shape (12 layers, hidden 1536, 32 experts) with dummy weights on the CUDA backend:
-# bench_engine's pure-decode tok/s at 256 sequences, then the server under whole and streamed
-# load (4 client processes x 64 streams, so the Python client is not the bottleneck).
-B="${1:-.carry/server}"
-OUT="${OUT:-./device-logs}"
+# `deepinfer serve` against the engine alone on the device machine (issue 24's benchmark): the
+# DeepSeek-V2-Lite shape (bench/configs/v2-lite.json, dummy weights) with a tokenizer (DeepSeek-V3's:
+# its 129,280 ids are the config's vocabulary), on the CUDA backend.
+#
+#   bench/bench_serve_device.sh BIN_DIR LABEL [serve] [engine]     (repo root; default: both)
+#
+# BIN_DIR holds `deepinfer` (and `bench_engine` for "engine"); results go to $OUT/LABEL (default
+# ./device-logs/LABEL).
+#   serve:  bench/sweep.py's decode sweep through the server as users start it: prompt 128 + output
+#           128 tokens, streamed, CONCURRENCY (default 1,4,16,64,256) clients x ROUNDS (2) requests
+#           each, 8 client processes (one Python client is the bottleneck at 256 streams); per point
+#           aggregate and per-user tok/s, TTFT and TPOT p50 / p99 (decode.csv, sweep.json).
+#   engine: bench_engine model ... SEQS 128 for SEQS in ENGINE_SEQS (default 256): pure decode once
+#           every prompt is in (no HTTP, no tokenizer, no prefill), async scheduling off and on.
+# Each step runs under `timeout` (SWEEP_TIMEOUT, default 40 s; ENGINE_TIMEOUT, 25 s) so one hang does
+# not take a whole device call; the sweep saves after every point, so a cut run keeps its points.
+# The tokenizer is read from TOKENIZER_XZ (default tests/data/tokenizers/deepseek-v3/tokenizer.json.xz);
+# CONFIG (default bench/configs/v2-lite.json) and ACCEL (cuda) let the script be tried on a small model
+# on the CPU (MODEL_DIR: where the model folder is made, default /tmp/di-v2lite-tok).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN="$1"
+LABEL="$2"
+shift 2
+WHAT="${*:-serve engine}"
+OUT="${OUT:-./device-logs}/$LABEL"
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$B:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 120 "$B/bench_engine" model bench/configs/v3-1b dummy cuda 256 128 2>&1 | tail -2
-"$B/deepinfer" serve bench/configs/v3-1b --load-format dummy --accelerator cuda --port 0 --max-num-seqs 256 \
-  --num-kv-blocks 4096 --disable-log-requests 2> "$OUT/serve_gpu.err" &
-PID=$!
-for i in $(seq 600); do grep -q listening "$OUT/serve_gpu.err" && break; sleep 0.1; done
-PORT=$(grep -o 'listening on http://[^ ]*' "$OUT/serve_gpu.err" | sed 's/.*://')
-R="python3 bench/bench_serve.py --port $PORT --prompt-len 128 --max-tokens 128 --vocab 32000"
-timeout 60 $R --concurrency 64 --requests 2 --no-stream
-timeout 60 $R --concurrency 256 --requests 2 --no-stream
-timeout 60 $R --concurrency 64 --requests 2
-echo "4 client processes x 64 streams:"
-P=""
-for k in 1 2 3 4; do timeout 90 $R --concurrency 64 --requests 2 > "$OUT/c$k.json" & P="$P $!"; done
-wait $P
-cat "$OUT"/c*.json
-python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" |
-  grep -E "^deepinfer_(generation_tokens_total|engine_steps_total|time_per_output_token_seconds_(sum|count))"
-kill -TERM $PID
-wait $PID
-echo "serve exit $?"
+export LD_LIBRARY_PATH="$BIN:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+MODEL="${MODEL_DIR:-/tmp/di-v2lite-tok}"
+if [ ! -f "$MODEL/tokenizer.json" ]; then
+  mkdir -p "$MODEL"
+  cp "${CONFIG:-bench/configs/v2-lite.json}" "$MODEL/config.json" || exit 2
+  xz -dc "${TOKENIZER_XZ:-tests/data/tokenizers/deepseek-v3/tokenizer.json.xz}" > "$MODEL/tokenizer.json" || exit 2
+fi
+echo "# $LABEL $(date -u +%T): $WHAT, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)"
+case " $WHAT " in *" serve "*)
+  timeout -k 10 "${SWEEP_TIMEOUT:-40}" python3 bench/sweep.py --deepinfer "$BIN/deepinfer" --model "$MODEL" \
+    --load-format dummy --accelerator "${ACCEL:-cuda}" --prompt-len 128 --output-len 128 \
+    --concurrency "${CONCURRENCY:-1,4,16,64,256}" --rounds "${ROUNDS:-2}" --prompt-lens "" --client-procs 8 \
+    --no-plots --out "$OUT" > "$OUT/sweep.log" 2>&1
+  echo "# $LABEL serve: exit $? at $(date -u +%T)"
+  cat "$OUT/decode.csv" 2>/dev/null
+  grep -o '"startup_s": [0-9.]*' "$OUT/sweep.json" 2>/dev/null
+  tail -n 5 "$OUT/sweep.log" ;;
+esac
+case " $WHAT " in *" engine "*)
+  for seqs in ${ENGINE_SEQS:-256}; do
+    timeout -k 5 "${ENGINE_TIMEOUT:-25}" "$BIN/bench_engine" model "$MODEL" dummy "${ACCEL:-cuda}" "$seqs" 128 2>&1 | tee "$OUT/engine_$seqs.log"
+    echo "# $LABEL engine $seqs: exit ${PIPESTATUS[0]} at $(date -u +%T)"
+  done ;;
+esac

@@ -17,6 +17,7 @@ throughout), a prefill point one wave of b requests.
 """
 import asyncio
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -135,7 +136,17 @@ def decode_row(c, prompt_len, output_len, requests, toks, wall, tpot, ttft):
             "output_tokens": toks, "wall_s": round(wall, 6), "output_tok_s": round(toks / wall, 2),
             "per_user_tok_s": round(1.0 / mean_tpot, 2) if tpot else None,
             "mean_tpot_ms": round(1e3 * mean_tpot, 3) if tpot else None,
-            "mean_ttft_ms": round(1e3 * statistics.mean(ttft), 2), "p50_ttft_ms": round(1e3 * statistics.median(ttft), 2)}
+            "mean_ttft_ms": round(1e3 * statistics.mean(ttft), 2), "p50_ttft_ms": round(1e3 * statistics.median(ttft), 2),
+            "p99_ttft_ms": round(1e3 * percentile(ttft, 0.99), 2),
+            "p50_tpot_ms": round(1e3 * percentile(tpot, 0.50), 3) if tpot else None,
+            "p99_tpot_ms": round(1e3 * percentile(tpot, 0.99), 3) if tpot else None}
+
+
+def percentile(xs, q):
+    """The nearest-rank q-quantile (0 < q <= 1) of a non-empty list: the smallest value with at least
+    q of the values at or below it (p99 of 256 requests is the 254th smallest)."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
 def prefill_row(prompt_len, batch, wall, ttft):

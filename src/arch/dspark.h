@@ -10,6 +10,7 @@
  * layout; the forward is src/backend/cpu/cpu_dspark.c. */
 #ifndef DI_ARCH_DSPARK_H
 #define DI_ARCH_DSPARK_H
+#include <cjson/cJSON.h>
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -45,4 +46,8 @@ typedef struct di_dspark {
 di_status di_dspark_load(const char *dir, const di_model_config *target, const di_weight *t_embed,
                          const di_weight *t_head, di_dspark **out);
 void di_dspark_free(di_dspark *d);
+/* The config half of di_dspark_load: d's shape and DSpark fields from the parsed config.json `j`
+ * (`path` names it in errors), each checked against its range and the target. Exposed for the fuzz
+ * target (fuzz/fuzz_dspark_config.c). */
+di_status di_dspark_read_config(di_dspark *d, const cJSON *j, const char *path, const di_model_config *t);
 #endif

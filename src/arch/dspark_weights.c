@@ -31,9 +31,7 @@ static di_status cfg_int(const cJSON *j, const char *key, int64_t def, int64_t l
   return DI_OK;
 }
 
-static di_status read_config(di_dspark *d, const char *path, const di_model_config *t) {
-  cJSON *j = NULL;
-  DI_TRY(di_json_read_file(path, &j));
+di_status di_dspark_read_config(di_dspark *d, const cJSON *j, const char *path, const di_model_config *t) {
   di_status st = DI_OK;
   double eps = 1e-6, theta = 10000;
   const char *mtype = "vanilla";
@@ -99,6 +97,13 @@ static di_status read_config(di_dspark *d, const char *path, const di_model_conf
   d->n_feats = n;
   d->target_hidden = t->hidden_size;
 done:
+  return st;
+}
+
+static di_status read_config(di_dspark *d, const char *path, const di_model_config *t) {
+  cJSON *j = NULL;
+  DI_TRY(di_json_read_file(path, &j));
+  di_status st = di_dspark_read_config(d, j, path, t);
   cJSON_Delete(j);
   return st;
 }

@@ -5,52 +5,68 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* op, label, m, n, k, weight type, block rows / cols, e8m0, tol f32, tol bf16 */
+/* The rows, one builder per op: each names what varies in that op's rows and fills the rest (fields
+ * an op does not read are 0; tolerances are relative L2 bounds, f32 arithmetic / bf16 operands). */
+/* x [m][k] times W [n][k] of type wt; FP8 / MXFP4: scale blocks br x bc, e8m0 = UE8M0 scales */
+#define GEMM(label, m, n, k, wt, br, bc, e8m0) {DI_OP_GEMM, label, m, n, k, wt, br, bc, e8m0, 1e-5, 1e-2, {0}}
+#define GEMM_BF16(label, m, n, k) GEMM(label, m, n, k, DI_DT_BF16, 0, 0, 0)
+#define GROUPED_GEMM(label, m, n, k, experts) {DI_OP_GROUPED_GEMM, label, m, n, k, DI_DT_BF16, 0, 0, 0, 1e-5, 1e-2, {experts}}
+/* m ids gathered from a bf16 table of vocab x n, compared exactly */
+#define EMBED(label, m, n, vocab) {DI_OP_EMBED, label, m, n, 0, DI_DT_BF16, 0, 0, 0, 0, 0, {vocab}}
+/* an op on m rows of n floats, its parameters p[] as the op reads them (see op_table.h) */
+#define ROWS(op, label, m, n, k, tol_f32, tol_bf16, ...) {op, label, m, n, k, DI_DT_F32, 0, 0, 0, tol_f32, tol_bf16, {__VA_ARGS__}}
+#define RMSNORM(label, m, n) ROWS(DI_OP_RMSNORM, label, m, n, 0, 1e-6, 1e-5, 0)
+#define SILU_MUL(label, m, n) ROWS(DI_OP_SILU_MUL, label, m, n, 0, 1e-6, 1e-2, 0)
+#define ROPE(label, m, dim, tol_f32, interleaved, yarn, max_pos) \
+  ROWS(DI_OP_ROPE, label, m, dim, 0, tol_f32, 1e-2, interleaved, yarn, max_pos, 0)
+/* scoring: 0 sigmoid noaux_tc, 1 softmax greedy, 2 softmax group-limited */
+#define ROUTER(label, m, experts, topk, groups, kept, scoring) \
+  ROWS(DI_OP_ROUTER, label, m, experts, 0, 1e-5, 1e-4, topk, groups, kept, scoring)
+#define MLA(label, queries, heads, kv_rows, rank, rope, nope, seqs) \
+  ROWS(DI_OP_MLA_ATTN, label, queries, heads, kv_rows, 1e-5, 2e-2, rank, rope, nope, seqs)
+#define EXACT(op, label, m, n, ...) ROWS(op, label, m, n, 0, 0, 0, __VA_ARGS__) /* compared exactly */
+
 const di_op_case di_op_cases[] = {
-    {DI_OP_GEMM, "gemm bf16 decode row", 1, 200, 96, DI_DT_BF16, 0, 0, 0, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm bf16 odd", 5, 77, 131, DI_DT_BF16, 0, 0, 0, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm bf16 panel rows", 33, 64, 256, DI_DT_BF16, 0, 0, 0, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm f32", 3, 50, 72, DI_DT_F32, 0, 0, 0, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm fp8 128x128 f32 scales, partial blocks", 4, 300, 260, DI_DT_F8E4M3, 128, 128, 0, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm fp8 128x128 ue8m0 scales", 9, 160, 384, DI_DT_F8E4M3, 128, 128, 1, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm fp8 3x5 blocks (scalar path)", 2, 17, 23, DI_DT_F8E4M3, 3, 5, 1, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm mxfp4", 3, 64, 512, DI_DT_F4E2M1, 1, 32, 1, 1e-5, 1e-2, {0}},
-    {DI_OP_GEMM, "gemm mxfp4 partial block", 1, 37, 72, DI_DT_F4E2M1, 1, 32, 1, 1e-5, 1e-2, {0}},
-    {DI_OP_RMSNORM, "rmsnorm hidden 2048", 3, 2048, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-5, {0}},
-    {DI_OP_RMSNORM, "rmsnorm odd width", 5, 72, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-5, {0}},
-    {DI_OP_SILU_MUL, "silu_mul 1408", 2, 1408, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-2, {0}},
-    {DI_OP_SILU_MUL, "silu_mul odd", 3, 37, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-2, {0}},
-    /* p: interleaved, YaRN, positions below */
-    {DI_OP_ROPE, "rope 64 interleaved", 7, 64, 0, DI_DT_F32, 0, 0, 0, 2e-4, 1e-2, {1, 0, 4096, 0}},
-    {DI_OP_ROPE, "rope 64 half-split", 5, 64, 0, DI_DT_F32, 0, 0, 0, 2e-4, 1e-2, {0, 0, 4096, 0}},
-    {DI_OP_ROPE, "rope 64 yarn interleaved (V2/V3)", 9, 64, 0, DI_DT_F32, 0, 0, 0, 2e-4, 1e-2, {1, 1, 4096, 0}},
-    {DI_OP_ROPE, "rope 64 yarn, positions to 160k", 6, 64, 0, DI_DT_F32, 0, 0, 0, 3e-3, 1e-2, {1, 1, 163840, 0}},
-    {DI_OP_ROPE, "rope 32 yarn half-split", 4, 32, 0, DI_DT_F32, 0, 0, 0, 2e-4, 1e-2, {0, 1, 4096, 0}},
-    /* p: top-k, groups, groups kept, scoring (0 sigmoid noaux_tc, 1 softmax greedy, 2 softmax group-limited) */
-    {DI_OP_ROUTER, "router sigmoid noaux_tc 256 top 8 of 4/8 groups (V3)", 5, 256, 0, DI_DT_F32, 0, 0, 0, 1e-5, 1e-4, {8, 8, 4, 0}},
-    {DI_OP_ROUTER, "router sigmoid noaux_tc 64 top 6 of 3/8 groups", 6, 64, 0, DI_DT_F32, 0, 0, 0, 1e-5, 1e-4, {6, 8, 3, 0}},
-    {DI_OP_ROUTER, "router softmax greedy 64 top 6 (V2-Lite)", 6, 64, 0, DI_DT_F32, 0, 0, 0, 1e-5, 1e-4, {6, 1, 1, 1}},
-    {DI_OP_ROUTER, "router softmax group-limited 160 top 6 of 3/8 (V2)", 3, 160, 0, DI_DT_F32, 0, 0, 0, 1e-5, 1e-4, {6, 8, 3, 2}},
-    /* p: experts */
-    {DI_OP_GROUPED_GEMM, "grouped gemm bf16 8 experts, skewed rows", 40, 256, 128, DI_DT_BF16, 0, 0, 0, 1e-5, 1e-2, {8, 0, 0, 0}},
-    {DI_OP_GROUPED_GEMM, "grouped gemm bf16 64 experts, decode-sized", 6, 128, 192, DI_DT_BF16, 0, 0, 0, 1e-5, 1e-2, {64, 0, 0, 0}},
-    /* p: vocabulary */
-    {DI_OP_EMBED, "embedding gather", 9, 96, 0, DI_DT_BF16, 0, 0, 0, 0, 0, {1000, 0, 0, 0}},
-    /* p: rows with a planted tie */
-    {DI_OP_ARGMAX, "argmax 129280 vocabulary, ties", 3, 129280, 0, DI_DT_F32, 0, 0, 0, 0, 0, {2, 0, 0, 0}},
-    {DI_OP_ARGMAX, "argmax odd vocabulary", 4, 37, 0, DI_DT_F32, 0, 0, 0, 0, 0, {1, 0, 0, 0}},
-    /* p: kv_lora_rank, rope dim, nope = v dim, sequences (1: prefill chunk; m: decode) */
-    {DI_OP_MLA_ATTN, "mla prefill 24 queries over 150 rows, 16 heads", 24, 16, 150, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {512, 64, 128, 1}},
-    {DI_OP_MLA_ATTN, "mla decode 3 sequences to 200 rows, 16 heads", 3, 16, 200, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {512, 64, 128, 3}},
-    {DI_OP_MLA_ATTN, "mla prefill odd shapes (rank 40, 3 heads)", 5, 3, 70, DI_DT_F32, 0, 0, 0, 1e-5, 2e-2, {40, 16, 24, 1}},
+    GEMM_BF16("gemm bf16 decode row", 1, 200, 96),
+    GEMM_BF16("gemm bf16 odd", 5, 77, 131),
+    GEMM_BF16("gemm bf16 panel rows", 33, 64, 256),
+    GEMM("gemm f32", 3, 50, 72, DI_DT_F32, 0, 0, 0),
+    GEMM("gemm fp8 128x128 f32 scales, partial blocks", 4, 300, 260, DI_DT_F8E4M3, 128, 128, 0),
+    GEMM("gemm fp8 128x128 ue8m0 scales", 9, 160, 384, DI_DT_F8E4M3, 128, 128, 1),
+    GEMM("gemm fp8 3x5 blocks (scalar path)", 2, 17, 23, DI_DT_F8E4M3, 3, 5, 1),
+    GEMM("gemm mxfp4", 3, 64, 512, DI_DT_F4E2M1, 1, 32, 1),
+    GEMM("gemm mxfp4 partial block", 1, 37, 72, DI_DT_F4E2M1, 1, 32, 1),
+    RMSNORM("rmsnorm hidden 2048", 3, 2048),
+    RMSNORM("rmsnorm odd width", 5, 72),
+    SILU_MUL("silu_mul 1408", 2, 1408),
+    SILU_MUL("silu_mul odd", 3, 37),
+    ROPE("rope 64 interleaved", 7, 64, 2e-4, 1, 0, 4096),
+    ROPE("rope 64 half-split", 5, 64, 2e-4, 0, 0, 4096),
+    ROPE("rope 64 yarn interleaved (V2/V3)", 9, 64, 2e-4, 1, 1, 4096),
+    ROPE("rope 64 yarn, positions to 160k", 6, 64, 3e-3, 1, 1, 163840),
+    ROPE("rope 32 yarn half-split", 4, 32, 2e-4, 0, 1, 4096),
+    ROUTER("router sigmoid noaux_tc 256 top 8 of 4/8 groups (V3)", 5, 256, 8, 8, 4, 0),
+    ROUTER("router sigmoid noaux_tc 64 top 6 of 3/8 groups", 6, 64, 6, 8, 3, 0),
+    ROUTER("router softmax greedy 64 top 6 (V2-Lite)", 6, 64, 6, 1, 1, 1),
+    ROUTER("router softmax group-limited 160 top 6 of 3/8 (V2)", 3, 160, 6, 8, 3, 2),
+    GROUPED_GEMM("grouped gemm bf16 8 experts, skewed rows", 40, 256, 128, 8),
+    GROUPED_GEMM("grouped gemm bf16 64 experts, decode-sized", 6, 128, 192, 64),
+    EMBED("embedding gather", 9, 96, 1000),
+    /* argmax: p = rows with a planted tie */
+    EXACT(DI_OP_ARGMAX, "argmax 129280 vocabulary, ties", 3, 129280, 2),
+    EXACT(DI_OP_ARGMAX, "argmax odd vocabulary", 4, 37, 1),
+    /* sequences: 1 = one prefill chunk, m = m decoding sequences */
+    MLA("mla prefill 24 queries over 150 rows, 16 heads", 24, 16, 150, 512, 64, 128, 1),
+    MLA("mla decode 3 sequences to 200 rows, 16 heads", 3, 16, 200, 512, 64, 128, 3),
+    MLA("mla prefill odd shapes (rank 40, 3 heads)", 5, 3, 70, 40, 16, 24, 1),
     /* p: hc streams, Sinkhorn iterations */
-    {DI_OP_V4_HC, "v4 mHC weights, 4 streams, Sinkhorn 20", 5, 64, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-2, {4, 20, 0, 0}},
+    ROWS(DI_OP_V4_HC, "v4 mHC weights, 4 streams, Sinkhorn 20", 5, 64, 0, 1e-6, 1e-2, 4, 20),
     /* p: top-k, hash routing */
-    {DI_OP_V4_ROUTE, "v4 router sqrtsoftplus 64 experts top 6", 6, 64, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-3, {6, 0, 0, 0}},
-    {DI_OP_V4_ROUTE, "v4 router hash routing (a repeated expert)", 4, 64, 0, DI_DT_F32, 0, 0, 0, 1e-6, 1e-3, {6, 1, 0, 0}},
+    ROWS(DI_OP_V4_ROUTE, "v4 router sqrtsoftplus 64 experts top 6", 6, 64, 0, 1e-6, 1e-3, 6, 0),
+    ROWS(DI_OP_V4_ROUTE, "v4 router hash routing (a repeated expert)", 4, 64, 0, 1e-6, 1e-3, 6, 1),
     /* p: k */
-    {DI_OP_V4_TOPK, "v4 indexer top-8 of 300, ties", 4, 300, 0, DI_DT_F32, 0, 0, 0, 0, 0, {8, 0, 0, 0}},
-    {DI_OP_V4_TOPK, "v4 indexer top-64 of 70, ties", 3, 70, 0, DI_DT_F32, 0, 0, 0, 0, 0, {64, 0, 0, 0}},
+    EXACT(DI_OP_V4_TOPK, "v4 indexer top-8 of 300, ties", 4, 300, 8),
+    EXACT(DI_OP_V4_TOPK, "v4 indexer top-64 of 70, ties", 3, 70, 64),
 };
 const int di_n_op_cases = (int)(sizeof di_op_cases / sizeof di_op_cases[0]);
 

@@ -170,7 +170,7 @@ static di_status set_tokens(const di_chat_template *t, jj_vars *v) {
 
 /* Adds the named arguments after the tokens and extras (so they win), checks them, renders. */
 static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv tools, jv documents, int agp,
-                        char **out, size_t *len) {
+                        size_t max_output, char **out, size_t *len) {
   if (messages.kind != JV_LIST || messages.tuple)
     return di_error_set(DI_ERR_INVALID_ARG, "chat template: messages must be a JSON array");
   if (messages.u.l->n == 0)
@@ -189,7 +189,7 @@ static di_status finish(const di_chat_template *t, jj_vars *v, jv messages, jv t
   DI_TRY(jj_vars_set(v, "add_generation_prompt", jv_bool(agp)));
   const jj_template *tpl = tools.kind != JV_NONE && t->tool_use ? t->tool_use : t->tpl;
   size_t n = 0;
-  jj_render_options opt = {.clock_pinned = t->clock_pinned, .pinned_now = t->pinned_now};
+  jj_render_options opt = {.clock_pinned = t->clock_pinned, .pinned_now = t->pinned_now, .max_output = max_output};
   DI_TRY(jj_render_vars(tpl, v, &opt, out, &n));
   if (len) *len = n;
   return DI_OK;
@@ -212,7 +212,7 @@ di_status di_chat_template_render(const di_chat_template *t, const cJSON *messag
     jv m = jj_from_cjson(&v.arena, messages);
     jv tl = tools && !cJSON_IsNull(tools) ? jj_from_cjson(&v.arena, tools) : jv_none();
     st = v.arena.failed ? di_error_set(DI_ERR_OOM, "chat template: out of memory")
-                        : finish(t, &v, m, tl, jv_none(), add_generation_prompt != 0, out, len);
+                        : finish(t, &v, m, tl, jv_none(), add_generation_prompt != 0, 0, out, len);
   }
   jj_vars_free(&v);
   return st;
@@ -221,8 +221,8 @@ di_status di_chat_template_render(const di_chat_template *t, const cJSON *messag
 /* ---- public JSON-string API (include/deepinfer.h) ---------------------------------------------- */
 /* The conversation text is read with Python's json.loads semantics (jj_json_parse), so numbers
  * written as 3.0 stay floats and print back as transformers prints them. */
-di_status di_chat_template_render_json(const di_chat_template *t, const char *conversation_json,
-                                       int add_generation_prompt, char **out) {
+di_status di_chat_template_render_json_bounded(const di_chat_template *t, const char *conversation_json,
+                                               int add_generation_prompt, size_t max_output, char **out) {
   if (!t || !conversation_json || !out) return di_error_set(DI_ERR_INVALID_ARG, "chat template: NULL argument");
   jj_vars v;
   DI_TRY(jj_vars_init(&v));
@@ -251,9 +251,14 @@ di_status di_chat_template_render_json(const di_chat_template *t, const char *co
   } else if (st == DI_OK && root.kind != JV_LIST) {
     st = di_error_set(DI_ERR_INVALID_ARG, "the conversation must be a JSON array of messages or an object with \"messages\"");
   }
-  if (st == DI_OK) st = finish(t, &v, messages, tools, documents, agp, out, NULL);
+  if (st == DI_OK) st = finish(t, &v, messages, tools, documents, agp, max_output, out, NULL);
   jj_vars_free(&v);
   return st;
+}
+
+di_status di_chat_template_render_json(const di_chat_template *t, const char *conversation_json,
+                                       int add_generation_prompt, char **out) {
+  return di_chat_template_render_json_bounded(t, conversation_json, add_generation_prompt, 0, out);
 }
 
 void di_chat_template_pin_clock(di_chat_template *t, int64_t unix_seconds) {

@@ -25,6 +25,12 @@ void di_chat_template_free(di_chat_template *t);
  * length (may be NULL). */
 di_status di_chat_template_render(const di_chat_template *t, const cJSON *messages, const cJSON *tools,
                                   int add_generation_prompt, const cJSON *extra, char **out, size_t *len);
+/* di_chat_template_render_json (deepinfer.h) with the rendered text bounded at max_output bytes (0:
+ * the render's default, 64 MiB): a render that would pass it stops there with
+ * DI_ERR_CONTEXT_OVERFLOW, so a server that takes no prompt longer than a bound spends no more than
+ * that bound on rendering a conversation. */
+di_status di_chat_template_render_json_bounded(const di_chat_template *t, const char *conversation_json,
+                                               int add_generation_prompt, size_t max_output, char **out);
 /* The special-token string `name` ("bos_token", "eos_token", ...) or NULL. Owned by t. */
 const char *di_chat_template_token(const di_chat_template *t, const char *name);
 #endif

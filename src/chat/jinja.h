@@ -73,7 +73,9 @@ static inline jv jv_float(double f) { jv r = {0}; r.kind = JV_FLOAT; r.u.f = f; 
 static inline jv jv_strn(const char *p, size_t n) { jv r = {0}; r.kind = JV_STR; r.u.s.p = p; r.u.s.n = n; return r; }
 
 /* A growable byte buffer (malloc'd, for the output and for string building in the arena). */
-typedef struct jj_buf { char *p; size_t n, cap; int failed; size_t limit; } jj_buf;
+/* failed: a put did not fit (the limit, or realloc); over_limit: it was the limit (a render's output
+ * over its max_output is then DI_ERR_CONTEXT_OVERFLOW, not out of memory) */
+typedef struct jj_buf { char *p; size_t n, cap; int failed; size_t limit; int over_limit; } jj_buf;
 void jj_buf_put(jj_buf *b, const char *s, size_t n);
 void jj_buf_puts(jj_buf *b, const char *s);
 void jj_buf_putc(jj_buf *b, char c);

@@ -48,6 +48,14 @@ di_status jj_err(jj_ctx *c, const jnode *at, di_status st, const char *fmt, ...)
   return di_error_set(st, "chat template: %s", msg);
 }
 
+/* the render's output stopped: over its max_output (the caller's bound on the rendered text, e.g. what
+ * a context of max_model_len tokens can hold), or out of memory */
+static di_status output_failed(jj_ctx *c, const jnode *at) {
+  if (c->out->over_limit)
+    return jj_err(c, at, DI_ERR_CONTEXT_OVERFLOW, "the output is too large (over %zu bytes)", c->out->limit);
+  return jj_err(c, at, DI_ERR_OOM, "the output is too large (out of memory)");
+}
+
 static di_status oom(jj_ctx *c, const jnode *at) {
   if (c->a->limit && c->a->used_total + 65536 >= c->a->limit)
     return jj_err(c, at, DI_ERR_OOM, "the template used more than %zu MiB of memory", c->a->limit >> 20);
@@ -1015,7 +1023,7 @@ static di_status exec_stmt(jj_ctx *c, frame *f, const jnode *s) {
   }
   default: return jj_err(c, s, DI_ERR_INTERNAL, "unknown statement node %d", s->kind);
   }
-  if (c->out->failed) return jj_err(c, s, DI_ERR_OOM, "the output is too large");
+  if (c->out->failed) return output_failed(c, s);
   return DI_OK;
 }
 
@@ -1047,7 +1055,7 @@ di_status jj_render_vars(const jj_template *t, jj_vars *vars, const jj_render_op
   frame *top = st == DI_OK ? frame_new(&c, c.root) : NULL;
   if (st == DI_OK && !top) st = oom(&c, NULL);
   if (st == DI_OK) st = exec_body(&c, top, &t->body);
-  if (st == DI_OK && o.failed) st = jj_err(&c, NULL, DI_ERR_OOM, "the output is too large");
+  if (st == DI_OK && o.failed) st = output_failed(&c, NULL);
   if (st != DI_OK) {
     jj_buf_free(&o);
     return st;

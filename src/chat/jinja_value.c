@@ -60,7 +60,7 @@ void jj_buf_put(jj_buf *b, const char *s, size_t n) {
   if (b->failed || n == 0) return;
   /* buffers without a limit of their own (temporaries) stop at 64 MiB */
   if (b->n + n > (b->limit ? b->limit : (size_t)64 << 20)) {
-    b->failed = 1;
+    b->failed = b->over_limit = 1;
     return;
   }
   if (b->n + n + 1 > b->cap) {

@@ -2,6 +2,7 @@
  * Flags carry vLLM's names; SIGINT/SIGTERM shut the server down gracefully. */
 #include "cli.h"
 #include "server/server.h"
+#include "util/json.h"
 #include "util/status.h"
 #include <errno.h>
 #include <signal.h>
@@ -64,6 +65,8 @@ static int parse_ll(const char *flag, const char *v, long long lo, long long hi,
 }
 
 int di_cmd_serve(int argc, char **argv) {
+  /* before any thread: cJSON's allocation hooks are process-wide (util/json.h) */
+  di_json_track_alloc_failures();
   const char *model_dir = NULL, *served = NULL, *load_format = "auto", *accelerator = NULL, *api_key = NULL;
   const char *quantization = NULL, *kv_cache_dtype = NULL;
   const char *spec_json = NULL;

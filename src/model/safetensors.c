@@ -408,6 +408,26 @@ static di_status bind_mxfp4(const di_tensor_source *s, const di_st_tensor *t, co
   return DI_OK;
 }
 
+di_status di_tensor_source_from_memory(const uint8_t *buf, size_t len, const char *what, di_tensor_source **out) {
+  di_tensor_source *s = calloc(1, sizeof *s);
+  if (!s)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  s->files = calloc(1, sizeof *s->files);
+  s->dir = strdup(what);
+  di_status st = !s->files || !s->dir ? di_error_set(DI_ERR_OOM, "out of memory") : di_st_parse(buf, len, what, s->files);
+  if (st == DI_OK) {
+    s->n_files = 1;
+    st = build_index(s);
+  }
+  if (st != DI_OK) {
+    di_tensor_source_free(s);
+    return st;
+  }
+  snprintf(s->desc, sizeof s->desc, "%s (in memory, %d tensors)", what, s->count);
+  *out = s;
+  return DI_OK;
+}
+
 di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, int64_t rows, int64_t cols,
                                   const int fp8_block[2], di_weight *out) {
   const di_st_tensor *t = di_tensor_source_find(s, name);

@@ -45,6 +45,9 @@ const di_st_tensor *di_st_file_find(const di_st_file *f, const char *name);
 typedef struct di_tensor_source di_tensor_source;
 di_status di_tensor_source_open(const char *dir, di_tensor_source **out);
 void di_tensor_source_free(di_tensor_source *s);
+/* A source over one safetensors image in memory (the caller's buffer, not copied; it must outlive the
+ * source): what the loaders see, for the fuzz target of weight binding. `what` names it in errors. */
+di_status di_tensor_source_from_memory(const uint8_t *buf, size_t len, const char *what, di_tensor_source **out);
 /* NULL when absent. */
 const di_st_tensor *di_tensor_source_find(const di_tensor_source *s, const char *name);
 int di_tensor_source_count(const di_tensor_source *s);

@@ -34,7 +34,7 @@ static int respond(di_conn *c, int status, const char *type, const char *body, s
 }
 
 static int send_json(di_conn *c, int status, cJSON *obj, int keep_alive) {
-  char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+  char *s = di_json_print_checked(obj, c->json_mark);
   cJSON_Delete(obj);
   c->status = s ? status : 500;
   static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
@@ -245,7 +245,7 @@ static cJSON *prompt_logprobs_json(gen *g, int prompt) {
   int k = g->plp_k[prompt], want = g->r.prompt_logprobs < k ? g->r.prompt_logprobs : k;
   const int32_t *ids = g->r.prompt_ids[prompt];
   for (int i = 0; a && i < g->r.n_prompt_ids[prompt]; i++) {
-    if (i == 0 || !lp) { cJSON_AddItemToArray(a, cJSON_CreateNull()); continue; }
+    if (i == 0 || !lp) { di_json_append(a, cJSON_CreateNull()); continue; }
     cJSON *d = cJSON_CreateObject();
     const di_token_logprob *top = k ? g->plp_top[prompt] + (size_t)i * (size_t)k : NULL;
     for (int j = -1; j < want; j++) {
@@ -325,7 +325,7 @@ static int keep_ids(choice *ch, const di_srv_event *ev) {
 
 static cJSON *ids_json(const int32_t *ids, int n) {
   cJSON *a = cJSON_CreateArray();
-  for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+  for (int i = 0; a && i < n; i++) di_json_append(a, cJSON_CreateNumber(ids[i]));
   return a;
 }
 
@@ -556,7 +556,7 @@ static int respond_whole(gen *g) {
 static void resp_emit(void *ctx, const char *type, cJSON *data) {
   gen *g = ctx;
   cJSON_AddStringToObject(data, "type", type);
-  char *s = cJSON_PrintUnformatted(data);
+  char *s = di_json_print_checked(data, g->c->json_mark);
   cJSON_Delete(data);
   if (s) sb_printf(&g->out, "event: %s\ndata: %s\n\n", type, s);
   free(s);
@@ -568,7 +568,7 @@ static int sse_send(gen *g, cJSON *obj) {
     di_resp_stream_chunk(g->resp, obj, resp_emit, g);
     return g->out.len >= before ? 0 : -1;
   }
-  char *s = obj ? cJSON_PrintUnformatted(obj) : NULL;
+  char *s = di_json_print_checked(obj, g->c->json_mark);
   cJSON_Delete(obj);
   if (!s) return -1;
   size_t before = g->out.len;
@@ -1012,7 +1012,7 @@ static int handle_tokenize(di_server *s, di_conn *c, const char *body, size_t le
       di_oai_fail(&err, 400, "invalid_request_error", "prompt", NULL, "%s", di_last_error());
     } else {
       cJSON *o = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(o, "tokens");
-      for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
+      for (size_t i = 0; i < n; i++) di_json_append(t, cJSON_CreateNumber(ids[i]));
       cJSON_AddNumberToObject(o, "count", (double)n);
       cJSON_AddNumberToObject(o, "max_model_len", s->cfg.max_model_len);
       free(ids);
@@ -1025,7 +1025,7 @@ static int handle_tokenize(di_server *s, di_conn *c, const char *body, size_t le
     char *text = cJSON_PrintUnformatted(root);
     if (text && di_oai_parse_request(&s->oai, 1, text, strlen(text), &r, &err) == 0) {
       cJSON *o = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(o, "tokens");
-      for (int i = 0; i < r.n_prompt_ids[0]; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(r.prompt_ids[0][i]));
+      for (int i = 0; i < r.n_prompt_ids[0]; i++) di_json_append(t, cJSON_CreateNumber(r.prompt_ids[0][i]));
       cJSON_AddNumberToObject(o, "count", r.n_prompt_ids[0]);
       cJSON_AddNumberToObject(o, "max_model_len", s->cfg.max_model_len);
       di_oai_request_free(&r);
@@ -1159,6 +1159,7 @@ size_t di_srv_body_limit(const di_server *s, const di_http_request *req, int *pr
 
 int di_srv_dispatch(di_server *s, di_conn *c, const di_http_request *req, const char *body, size_t body_len) {
   int ka = 1; /* keep-alive is the transport's (libmicrohttpd): handlers only ask for a close */
+  c->json_mark = di_json_alloc_failures(); /* this thread builds the request's replies */
   int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
   common_headers(s, c, req);
   if (strcmp(req->method, "OPTIONS") == 0) {

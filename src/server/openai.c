@@ -4,6 +4,7 @@
  * guided_* fields) are read too. Sampling defaults come from generation_config.json, as vLLM does. */
 #include "server/openai.h"
 #include "server/tool_choice.h"
+#include "chat/chat_template.h"
 #include "util/json.h"
 #include "sampler/sampling_ranges.h"
 #include <math.h>
@@ -33,6 +34,7 @@ int di_oai_fail(di_oai_error *e, int status, const char *type, const char *param
 #define BAD(param, ...) di_oai_fail(err, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
 char *di_oai_error_json(const di_oai_error *e) {
+  const unsigned long alloc_mark = di_json_alloc_failures();
   cJSON *root = cJSON_CreateObject(), *o = cJSON_CreateObject();
   if (!root || !o) { cJSON_Delete(root); cJSON_Delete(o); return NULL; }
   cJSON_AddItemToObject(root, "error", o);
@@ -40,7 +42,7 @@ char *di_oai_error_json(const di_oai_error *e) {
   cJSON_AddStringToObject(o, "type", e->type ? e->type : "invalid_request_error");
   if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param); else cJSON_AddNullToObject(o, "param");
   if (e->code) cJSON_AddStringToObject(o, "code", e->code); else cJSON_AddNullToObject(o, "code");
-  char *s = cJSON_PrintUnformatted(root);
+  char *s = di_json_print_checked(root, alloc_mark);
   cJSON_Delete(root);
   return s;
 }
@@ -245,6 +247,7 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   if (!msgs || cJSON_IsNull(msgs)) return BAD("messages", "'messages' is required");
   if (!cJSON_IsArray(msgs) || !msgs->child) return BAD("messages", "'messages' must be a non-empty array");
   int add_gen = 1, cont = 0;
+  const unsigned long alloc_mark = di_json_alloc_failures(); /* the conversation must be whole (util/json.h) */
   if (get_bool(root, "add_generation_prompt", &add_gen, err) || get_bool(root, "continue_final_message", &cont, err)) return -1;
   if (cont) return BAD("continue_final_message", "continue_final_message is not supported");
   cJSON *conv = cJSON_CreateObject();
@@ -261,7 +264,7 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
   }
   const cJSON *tools = field(root, "tools"); /* checked by di_oai_read_tool_choice */
   if (tools && r->tool_choice != DI_TOOL_CHOICE_NONE) {
-    cJSON_AddItemToObject(conv, "tools", cJSON_Duplicate(tools, 1));
+    di_json_add_item(conv, "tools", cJSON_Duplicate(tools, 1));
     r->parse_tools = ctx->tool_parser && r->tool_choice == DI_TOOL_CHOICE_AUTO && cJSON_GetArraySize(tools) > 0;
   }
   const cJSON *kw = field(root, "chat_template_kwargs");
@@ -269,18 +272,26 @@ static int render_chat(const di_oai_ctx *ctx, di_oai_request *r, const cJSON *ro
     if (!cJSON_IsObject(kw)) { cJSON_Delete(conv); return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object"); }
     for (const cJSON *v = kw->child; v; v = v->next)
       if (strcmp(v->string, "messages") != 0 && strcmp(v->string, "tools") != 0 && strcmp(v->string, "add_generation_prompt") != 0)
-        cJSON_AddItemToObject(conv, v->string, cJSON_Duplicate(v, 1));
+        di_json_add_item(conv, v->string, cJSON_Duplicate(v, 1));
   }
   cJSON_AddBoolToObject(conv, "add_generation_prompt", add_gen);
   /* a reply constrained to JSON (a schema, json_object, a forced tool call) is JSON from its first
    * token: no <think> to split (a regex or grammar may spell one out, so those replies are split) */
   r->parse_reasoning = ctx->reasoning_parser && r->tool_choice < DI_TOOL_CHOICE_REQUIRED && !r->json_schema &&
                        !r->json_object;
-  char *text = cJSON_PrintUnformatted(conv);
+  char *text = di_json_print_checked(conv, alloc_mark);
   cJSON_Delete(conv);
   if (!text) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
-  di_status st = di_chat_template_render_json(ctx->tmpl, text, -1, &r->rendered);
+  /* the render stops one byte past what any prompt of max_model_len tokens can be: a conversation too
+   * long for the context costs no more than that, whatever its size */
+  size_t fit = ctx->max_token_bytes ? (size_t)ctx->max_model_len * ctx->max_token_bytes : 0;
+  di_status st = di_chat_template_render_json_bounded(ctx->tmpl, text, -1, fit ? fit + 1 : 0, &r->rendered);
   free(text);
+  if (st == DI_ERR_CONTEXT_OVERFLOW && fit)
+    return di_oai_fail(err, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                       "This model's maximum context length is %d tokens. However, your messages render to more than "
+                       "%zu bytes, more than %d tokens of at most %zu bytes each. Please reduce the length of the messages.",
+                       ctx->max_model_len, fit, ctx->max_model_len, ctx->max_token_bytes);
   if (st != DI_OK) return BAD("messages", "chat template: %s", di_last_error());
   int32_t *ids = NULL;
   size_t n = 0;
@@ -685,17 +696,17 @@ static double finite_lp(float lp) { return isfinite(lp) ? lp : -9999.0; }
 
 static cJSON *bytes_array(const char *raw, size_t n) {
   cJSON *a = cJSON_CreateArray();
-  for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)raw[i]));
+  for (size_t i = 0; a && i < n; i++) di_json_append(a, cJSON_CreateNumber((unsigned char)raw[i]));
   return a;
 }
 
 cJSON *di_oai_completion_logprobs_new(void) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
-  cJSON_AddItemToObject(o, "text_offset", cJSON_CreateArray());
-  cJSON_AddItemToObject(o, "token_logprobs", cJSON_CreateArray());
-  cJSON_AddItemToObject(o, "tokens", cJSON_CreateArray());
-  cJSON_AddItemToObject(o, "top_logprobs", cJSON_CreateArray());
+  di_json_add_item(o, "text_offset", cJSON_CreateArray());
+  di_json_add_item(o, "token_logprobs", cJSON_CreateArray());
+  di_json_add_item(o, "tokens", cJSON_CreateArray());
+  di_json_add_item(o, "top_logprobs", cJSON_CreateArray());
   return o;
 }
 

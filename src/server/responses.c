@@ -49,7 +49,7 @@ static cJSON *content_text(const cJSON *c, const char *param, di_oai_error *err)
 static cJSON *message(const char *role, cJSON *content) {
   cJSON *m = cJSON_CreateObject();
   cJSON_AddStringToObject(m, "role", role);
-  if (content) cJSON_AddItemToObject(m, "content", content);
+  if (content) di_json_add_item(m, "content", content); /* freed if m could not be made */
   else cJSON_AddNullToObject(m, "content");
   return m;
 }
@@ -78,13 +78,13 @@ static int add_call(cJSON *msgs, const cJSON *item, int custom, int index, di_oa
   cJSON *f = cJSON_AddObjectToObject(c, "function");
   cJSON_AddStringToObject(f, "name", name->valuestring);
   cJSON_AddStringToObject(f, "arguments", args->valuestring);
-  cJSON_AddItemToArray(calls, c);
+  di_json_append(calls, c); /* freed if calls could not be made */
   return 0;
 }
 
 static int read_input(const cJSON *input, cJSON *msgs, di_oai_error *err) {
   if (cJSON_IsString(input)) {
-    cJSON_AddItemToArray(msgs, message("user", cJSON_CreateString(input->valuestring)));
+    di_json_append(msgs, message("user", cJSON_CreateString(input->valuestring)));
     return 0;
   }
   if (!cJSON_IsArray(input)) return BAD("input", "'input' must be a string or an array of input items");
@@ -105,7 +105,7 @@ static int read_input(const cJSON *input, cJSON *msgs, di_oai_error *err) {
       snprintf(cp, sizeof cp, "%s.content", param);
       cJSON *c = content_text(get(it, "content"), cp, err);
       if (!c) return -1;
-      cJSON_AddItemToArray(msgs, message(r, c));
+      di_json_append(msgs, message(r, c));
     } else if (strcmp(t, "function_call") == 0 || strcmp(t, "custom_tool_call") == 0) {
       if (add_call(msgs, it, t[0] == 'c', i, err)) return -1;
     } else if (strcmp(t, "function_call_output") == 0 || strcmp(t, "custom_tool_call_output") == 0) {
@@ -116,7 +116,7 @@ static int read_input(const cJSON *input, cJSON *msgs, di_oai_error *err) {
       if (!c) return -1;
       cJSON *m = message("tool", c);
       if (cJSON_IsString(call_id)) cJSON_AddStringToObject(m, "tool_call_id", call_id->valuestring);
-      cJSON_AddItemToArray(msgs, m);
+      di_json_append(msgs, m);
     } else if (strcmp(t, "reasoning") == 0) {
       continue; /* earlier reasoning is not replayed (templates drop it too) */
     } else {
@@ -156,9 +156,9 @@ static int read_tools(const cJSON *tools, cJSON *chat, di_resp_req *rr, di_oai_e
       names[rr->n_custom++] = strdup(name->valuestring);
     } else {
       const cJSON *params = get(t, "parameters");
-      if (params) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(params, 1));
+      if (params) di_json_add_item(f, "parameters", cJSON_Duplicate(params, 1));
     }
-    cJSON_AddItemToArray(out, c);
+    di_json_append(out, c); /* freed if out could not be made */
   }
   return 0;
 }
@@ -228,7 +228,7 @@ static int read_text_format(const cJSON *root, cJSON *chat, di_oai_error *err) {
     if (!schema) return BAD("text.format.schema", "text.format of type json_schema needs a 'schema'");
     cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
     cJSON_AddStringToObject(js, "name", cJSON_IsString(name) ? name->valuestring : "response");
-    cJSON_AddItemToObject(js, "schema", cJSON_Duplicate(schema, 1));
+    di_json_add_item(js, "schema", cJSON_Duplicate(schema, 1));
   } else if (strcmp(type->valuestring, "text") != 0 && strcmp(type->valuestring, "json_object") != 0) {
     return BAD("text.format.type", "text.format type must be text, json_object or json_schema, not \"%s\"", type->valuestring);
   }
@@ -238,10 +238,12 @@ static int read_text_format(const cJSON *root, cJSON *chat, di_oai_error *err) {
 int di_resp_translate(const char *body, size_t len, char **chat_body, di_resp_req *rr, di_oai_error *err) {
   memset(rr, 0, sizeof *rr);
   *chat_body = NULL;
+  const unsigned long alloc_mark = di_json_alloc_failures(); /* the chat body must be whole (util/json.h) */
   cJSON *root;
   if (di_oai_parse_json(body, len, &root, err)) return -1;
   cJSON *chat = cJSON_CreateObject(), *msgs = cJSON_CreateArray();
   int rc = -1;
+  if (!chat || !msgs) { di_oai_fail(err, 500, "server_error", "", NULL, "out of memory"); goto out; }
   const cJSON *store = get(root, "store"), *prev = get(root, "previous_response_id"), *v;
   if (!cJSON_IsObject(root)) { BAD("", "the request body must be a JSON object"); goto out; }
   if (prev) {
@@ -256,10 +258,10 @@ int di_resp_translate(const char *body, size_t len, char **chat_body, di_resp_re
   if (get(root, "background") && !cJSON_IsFalse(get(root, "background"))) { BAD("background", "background responses are not supported"); goto out; }
   const cJSON *instr = get(root, "instructions");
   if (instr && !cJSON_IsString(instr)) { BAD("instructions", "'instructions' must be a string"); goto out; }
-  if (instr) cJSON_AddItemToArray(msgs, message("system", cJSON_CreateString(instr->valuestring)));
+  if (instr) di_json_append(msgs, message("system", cJSON_CreateString(instr->valuestring)));
   if (!get(root, "input")) { BAD("input", "'input' is required"); goto out; }
   if (read_input(get(root, "input"), msgs, err)) goto out;
-  cJSON_AddItemToObject(chat, "messages", msgs);
+  di_json_add_item(chat, "messages", msgs); /* freed if it cannot be added */
   msgs = NULL;
   /* the sampling fields both APIs share, and vLLM's extras (structured outputs, penalties ...) */
   static const char *const same[] = {"model", "temperature", "top_p", "stream", "seed", "top_k", "min_p",
@@ -268,8 +270,8 @@ int di_resp_translate(const char *body, size_t len, char **chat_body, di_resp_re
                                      "skip_special_tokens", "chat_template_kwargs", "structured_outputs",
                                      "guided_json", "guided_regex", "guided_grammar", "guided_choice"};
   for (size_t i = 0; i < sizeof same / sizeof *same; i++)
-    if ((v = get(root, same[i]))) cJSON_AddItemToObject(chat, same[i], cJSON_Duplicate(v, 1));
-  if ((v = get(root, "max_output_tokens"))) cJSON_AddItemToObject(chat, "max_tokens", cJSON_Duplicate(v, 1));
+    if ((v = get(root, same[i]))) di_json_add_item(chat, same[i], cJSON_Duplicate(v, 1));
+  if ((v = get(root, "max_output_tokens"))) di_json_add_item(chat, "max_tokens", cJSON_Duplicate(v, 1));
   if (cJSON_IsTrue(get(root, "stream"))) cJSON_AddTrueToObject(cJSON_AddObjectToObject(chat, "stream_options"), "include_usage");
   if (read_tools(get(root, "tools"), chat, rr, err) || read_tool_choice(root, chat, rr, err) ||
       read_text_format(root, chat, err))
@@ -279,8 +281,8 @@ int di_resp_translate(const char *body, size_t len, char **chat_body, di_resp_re
   static const char *const echoed[] = {"instructions", "tools", "tool_choice", "temperature", "top_p", "max_output_tokens",
                                        "text", "metadata", "parallel_tool_calls", "reasoning", "user"};
   for (size_t i = 0; i < sizeof echoed / sizeof *echoed; i++)
-    if ((v = get(root, echoed[i]))) cJSON_AddItemToObject(rr->echo, echoed[i], cJSON_Duplicate(v, 1));
-  *chat_body = cJSON_PrintUnformatted(chat);
+    if ((v = get(root, echoed[i]))) di_json_add_item(rr->echo, echoed[i], cJSON_Duplicate(v, 1));
+  *chat_body = di_json_print_checked(chat, alloc_mark);
   rc = *chat_body ? 0 : di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
 out:
   cJSON_Delete(msgs);
@@ -336,7 +338,7 @@ static cJSON *reasoning_item(const char *id, const char *text) {
     cJSON *p = cJSON_CreateObject();
     cJSON_AddStringToObject(p, "type", "reasoning_text");
     cJSON_AddStringToObject(p, "text", text);
-    cJSON_AddItemToArray(content, p);
+    di_json_append(content, p);
   }
   cJSON_AddStringToObject(it, "status", text ? "completed" : "in_progress");
   return it;
@@ -358,7 +360,7 @@ static cJSON *message_item(const char *id, const char *text) {
   cJSON_AddStringToObject(it, "status", text ? "completed" : "in_progress");
   cJSON_AddStringToObject(it, "role", "assistant");
   cJSON *content = cJSON_AddArrayToObject(it, "content");
-  if (text) cJSON_AddItemToArray(content, text_part(text));
+  if (text) di_json_append(content, text_part(text));
   return it;
 }
 
@@ -388,14 +390,14 @@ static cJSON *response_object(const di_resp_req *rr, const char *status, cJSON *
     cJSON_AddNullToObject(o, "incomplete_details");
   cJSON_AddNullToObject(o, "error");
   cJSON_AddStringToObject(o, "model", rr->model);
-  cJSON_AddItemToObject(o, "output", output ? output : cJSON_CreateArray());
+  di_json_add_item(o, "output", output ? output : cJSON_CreateArray());
   cJSON_AddFalseToObject(o, "store");
   cJSON_AddNullToObject(o, "previous_response_id");
   static const char *const keys[] = {"instructions", "tools", "tool_choice", "temperature", "top_p", "max_output_tokens",
                                      "text", "metadata", "reasoning", "user"};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
     const cJSON *v = get(rr->echo, keys[i]);
-    if (v) cJSON_AddItemToObject(o, keys[i], cJSON_Duplicate(v, 1));
+    if (v) di_json_add_item(o, keys[i], cJSON_Duplicate(v, 1));
     else if (!strcmp(keys[i], "tools")) cJSON_AddArrayToObject(o, "tools");
     else if (!strcmp(keys[i], "tool_choice")) cJSON_AddStringToObject(o, "tool_choice", "auto");
     else if (!strcmp(keys[i], "text")) cJSON_AddStringToObject(cJSON_AddObjectToObject(cJSON_AddObjectToObject(o, "text"), "format"), "type", "text");
@@ -436,16 +438,16 @@ cJSON *di_resp_from_chat(di_resp_req *rr, cJSON *chat) {
   const cJSON *reasoning = get(m, "reasoning_content"), *content = get(m, "content"), *calls = get(m, "tool_calls");
   if (cJSON_IsString(reasoning) && reasoning->valuestring[0]) { /* as streamed: no item for no reasoning */
     item_id(rr, "rs_", cJSON_GetArraySize(output), id, sizeof id);
-    cJSON_AddItemToArray(output, reasoning_item(id, reasoning->valuestring));
+    di_json_append(output, reasoning_item(id, reasoning->valuestring));
   }
   if (cJSON_IsString(content) && (content->valuestring[0] || !calls)) {
     item_id(rr, "msg_", cJSON_GetArraySize(output), id, sizeof id);
-    cJSON_AddItemToArray(output, message_item(id, content->valuestring));
+    di_json_append(output, message_item(id, content->valuestring));
   }
   for (const cJSON *c = calls ? calls->child : NULL; c; c = c->next) {
     const cJSON *f = get(c, "function"), *cid = get(c, "id");
     item_id(rr, "fc_", cJSON_GetArraySize(output), id, sizeof id);
-    cJSON_AddItemToArray(output, call_item(rr, id, cJSON_IsString(cid) ? cid->valuestring : "", get(f, "name")->valuestring,
+    di_json_append(output, call_item(rr, id, cJSON_IsString(cid) ? cid->valuestring : "", get(f, "name")->valuestring,
                                            get(f, "arguments")->valuestring, 1));
   }
   rr->incomplete = cJSON_IsString(finish) && strcmp(finish->valuestring, "length") == 0;
@@ -464,7 +466,7 @@ static cJSON *event(di_resp_req *rr) {
 static void emit_item(di_resp_req *rr, const char *type, int index, cJSON *item, di_resp_emit_fn emit, void *ctx) {
   cJSON *e = event(rr);
   cJSON_AddNumberToObject(e, "output_index", index);
-  cJSON_AddItemToObject(e, "item", item);
+  di_json_add_item(e, "item", item);
   emit(ctx, type, e);
 }
 
@@ -487,7 +489,7 @@ static void close_text_items(di_resp_req *rr, di_resp_emit_fn emit, void *ctx) {
     cJSON_AddStringToObject(e, "text", rr->reasoning ? rr->reasoning : "");
     emit(ctx, "response.reasoning_text.done", e);
     cJSON *item = reasoning_item(rr->item_id, rr->reasoning ? rr->reasoning : "");
-    cJSON_AddItemToArray(rr->done_items, cJSON_Duplicate(item, 1));
+    di_json_append(rr->done_items, cJSON_Duplicate(item, 1));
     emit_item(rr, "response.output_item.done", rr->item_index, item, emit, ctx);
     rr->reasoning_open = 0;
   }
@@ -504,10 +506,10 @@ static void close_text_items(di_resp_req *rr, di_resp_emit_fn emit, void *ctx) {
     cJSON_AddStringToObject(e, "item_id", rr->item_id);
     cJSON_AddNumberToObject(e, "output_index", rr->item_index);
     cJSON_AddNumberToObject(e, "content_index", 0);
-    cJSON_AddItemToObject(e, "part", text_part(t));
+    di_json_add_item(e, "part", text_part(t));
     emit(ctx, "response.content_part.done", e);
     cJSON *item = message_item(rr->item_id, t);
-    cJSON_AddItemToArray(rr->done_items, cJSON_Duplicate(item, 1));
+    di_json_append(rr->done_items, cJSON_Duplicate(item, 1));
     emit_item(rr, "response.output_item.done", rr->item_index, item, emit, ctx);
     rr->text_open = 0;
   }
@@ -526,7 +528,7 @@ static void text_delta(di_resp_req *rr, int reasoning, const char *delta, di_res
       cJSON_AddStringToObject(e, "item_id", rr->item_id);
       cJSON_AddNumberToObject(e, "output_index", rr->item_index);
       cJSON_AddNumberToObject(e, "content_index", 0);
-      cJSON_AddItemToObject(e, "part", text_part(""));
+      di_json_add_item(e, "part", text_part(""));
       emit(ctx, "response.content_part.added", e);
     }
     if (reasoning) { rr->reasoning_open = 1; free(rr->reasoning); rr->reasoning = NULL; rr->reasoning_len = 0; }
@@ -585,7 +587,7 @@ static void close_calls(di_resp_req *rr, di_resp_emit_fn emit, void *ctx) {
     if (!custom) cJSON_AddStringToObject(e, "name", c->name);
     emit(ctx, custom ? "response.custom_tool_call_input.done" : "response.function_call_arguments.done", e);
     cJSON *item = call_item(rr, c->id, c->call_id, c->name, c->args ? c->args : "", 1);
-    cJSON_AddItemToArray(rr->done_items, cJSON_Duplicate(item, 1));
+    di_json_append(rr->done_items, cJSON_Duplicate(item, 1));
     emit_item(rr, "response.output_item.done", c->output_index, item, emit, ctx);
   }
 }
@@ -596,10 +598,10 @@ void di_resp_stream_chunk(di_resp_req *rr, cJSON *chunk, di_resp_emit_fn emit, v
     rr->done_items = cJSON_CreateArray();
     take_envelope(rr, chunk);
     cJSON *e = event(rr);
-    cJSON_AddItemToObject(e, "response", response_object(rr, "in_progress", NULL, NULL));
+    di_json_add_item(e, "response", response_object(rr, "in_progress", NULL, NULL));
     emit(ctx, "response.created", e);
     e = event(rr);
-    cJSON_AddItemToObject(e, "response", response_object(rr, "in_progress", NULL, NULL));
+    di_json_add_item(e, "response", response_object(rr, "in_progress", NULL, NULL));
     emit(ctx, "response.in_progress", e);
   }
   const cJSON *choices = get(chunk, "choices");
@@ -620,7 +622,7 @@ void di_resp_stream_chunk(di_resp_req *rr, cJSON *chunk, di_resp_emit_fn emit, v
     cJSON *items = rr->done_items;
     rr->done_items = NULL;
     /* items closed in output_index order: reasoning/message items first as they came, then calls */
-    cJSON_AddItemToObject(e, "response", response_object(rr, rr->incomplete ? "incomplete" : "completed", items,
+    di_json_add_item(e, "response", response_object(rr, rr->incomplete ? "incomplete" : "completed", items,
                                                          get(chunk, "usage")));
     emit(ctx, rr->incomplete ? "response.incomplete" : "response.completed", e);
   }

@@ -15,6 +15,7 @@
 #include "server/server_internal.h"
 #include "api/model_internal.h"
 #include "server/conn_watch.h"
+#include "util/json.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -64,6 +65,7 @@ static double now_s(void) {
 di_status di_server_create(const di_server_config *cfg, di_server **out) {
   if (!cfg || !cfg->model || !cfg->engine || !cfg->served_name)
     return di_error_set(DI_ERR_INVALID_ARG, "server: model, engine and served_name are required");
+  di_json_track_alloc_failures(); /* replies are sent whole or not at all (util/json.h); `serve` did it first */
   struct addrinfo hints, *ai = NULL;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;

@@ -28,6 +28,8 @@ typedef struct di_conn {
   int fd;                        /* the socket, polled (never read) while suspended to notice a client gone */
   char peer[80];
   int status;                    /* status of the response (access and rejection log) */
+  unsigned long json_mark;       /* di_json_alloc_failures() when the request was dispatched: a JSON
+                                  * reply built after a failed cJSON allocation is not sent (util/json.h) */
   char extra[768];               /* headers every response to this request carries (CORS, X-Request-Id) */
   di_http_request req;
   char *body;

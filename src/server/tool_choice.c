@@ -3,6 +3,7 @@
  * is its parameters' JSON (the arguments), a required reply is a JSON array of {"name", "parameters"}
  * objects, one branch per tool; the handler turns either into tool_calls. */
 #include "server/tool_choice.h"
+#include "util/json.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,8 +39,8 @@ static cJSON *required_schema(const cJSON *tools) {
                             cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring);
     cJSON_AddItemToObject(props, "parameters", parameters_schema(f));
     cJSON *req = cJSON_AddArrayToObject(b, "required");
-    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-    cJSON_AddItemToArray(req, cJSON_CreateString("parameters"));
+    di_json_append(req, cJSON_CreateString("name"));
+    di_json_append(req, cJSON_CreateString("parameters"));
     cJSON_AddFalseToObject(b, "additionalProperties");
     cJSON_AddItemToArray(any, b);
   }
@@ -82,6 +83,7 @@ int di_oai_read_tool_choice(const cJSON *root, di_oai_request *r, int constraine
     return BAD("tool_choice", "tool_choice \"%s\" is a structured-output constraint itself: give no response_format, "
                "structured_outputs or guided_* with it", name ? name : "required");
   cJSON *schema = NULL;
+  const unsigned long alloc_mark = di_json_alloc_failures(); /* the schema must be whole (util/json.h) */
   if (name) {
     for (const cJSON *t = tools->child; t && !schema; t = t->next) {
       const cJSON *f = tool_function(t);
@@ -92,7 +94,7 @@ int di_oai_read_tool_choice(const cJSON *root, di_oai_request *r, int constraine
   } else {
     schema = required_schema(tools);
   }
-  r->json_schema = schema ? cJSON_PrintUnformatted(schema) : NULL;
+  r->json_schema = di_json_print_checked(schema, alloc_mark);
   cJSON_Delete(schema);
   if (!r->json_schema || (name && !r->tool_name)) return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
   return 0;

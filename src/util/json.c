@@ -1,5 +1,7 @@
 /* See json.h. */
 #include "util/json.h"
+#include <pthread.h>
+#include <stdlib.h>
 #include <math.h>
 #include <errno.h>
 #include <string.h>
@@ -131,4 +133,50 @@ di_status di_json_str(const cJSON *obj, const char *key, const char *def, const 
     return di_error_set(DI_ERR_FORMAT, "%s: \"%s\" must be a string", what, key);
   *out = v->valuestring;
   return DI_OK;
+}
+
+/* ---- cJSON allocation failures, counted per thread (see json.h) ---- */
+static _Thread_local unsigned long json_alloc_failures;
+
+static void *counted_malloc(size_t n) {
+  void *p = malloc(n);
+  if (!p) json_alloc_failures++;
+  return p;
+}
+
+static void install_counted_hooks(void) {
+  cJSON_Hooks h = {counted_malloc, free};
+  cJSON_InitHooks(&h);
+}
+
+void di_json_track_alloc_failures(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, install_counted_hooks);
+}
+
+unsigned long di_json_alloc_failures(void) { return json_alloc_failures; }
+
+int di_json_add_item(cJSON *obj, const char *key, cJSON *item) {
+  if (!item) return 0; /* its creation failed: counted by the hooks */
+  if (obj && cJSON_AddItemToObject(obj, key, item)) return 1;
+  cJSON_Delete(item);
+  json_alloc_failures++;
+  return 0;
+}
+
+int di_json_append(cJSON *arr, cJSON *item) {
+  if (!item) return 0;
+  if (arr && cJSON_AddItemToArray(arr, item)) return 1;
+  cJSON_Delete(item);
+  json_alloc_failures++;
+  return 0;
+}
+
+char *di_json_print_checked(const cJSON *o, unsigned long mark) {
+  char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+  if (s && json_alloc_failures != mark) {
+    cJSON_free(s);
+    s = NULL;
+  }
+  return s;
 }

@@ -35,6 +35,26 @@ int di_double_to_int_in(double d, double lo, double hi, int64_t *out);
 /* 2^53: the largest magnitude up to which every integer is exact as a double (a JSON number) */
 #define DI_JSON_MAX_EXACT_INT 9007199254740992.0
 
+/* cJSON's Add* calls drop a value without a word when its allocation fails, so a document built by
+ * many of them (a response, a translated request) may be silently incomplete. After
+ * di_json_track_alloc_failures() (once per process, from any thread; the server calls it when it
+ * starts) cJSON allocates through a counter of the failures on each thread: a builder takes
+ * di_json_alloc_failures() before and compares after, and a change means the document lacks
+ * something and must not be sent or acted on (di_json_print_checked does both). Without the
+ * tracking the count stays 0. The tracking replaces cJSON's hooks (a caller's own, a test's
+ * injection, keep working: the counter allocates with malloc). */
+void di_json_track_alloc_failures(void);
+unsigned long di_json_alloc_failures(void);
+/* cJSON_AddItemToObject / cJSON_AddItemToArray that always take `item`: when it cannot be added (the
+ * parent is NULL because its own allocation failed, or the key's copy failed) cJSON leaves it to the
+ * caller, and a builder that does not check leaks it; these free it and count the failure. They
+ * return 1 when added, else 0. */
+int di_json_add_item(cJSON *obj, const char *key, cJSON *item);
+int di_json_append(cJSON *arr, cJSON *item);
+/* cJSON_PrintUnformatted(o), or NULL when it fails or when a cJSON allocation on this thread failed
+ * since `mark` (a di_json_alloc_failures() value taken before o was built) */
+char *di_json_print_checked(const cJSON *o, unsigned long mark);
+
 /* Reads a whole file into a malloc'd NUL-terminated buffer. */
 di_status di_read_file(const char *path, char **data, size_t *len);
 #endif

@@ -12,7 +12,7 @@
  *   - bad values refused naming the flag. */
 #include "api/model_internal.h"
 #include "util/json.h"
-#include "test_util.h"
+#include "test_models.h"
 #include <math.h>
 /* positions of the shipped-model comparison: 1,024 (the measurement); under the sanitizers (CI's ASan
  * run, ~15x slower here) 256, which still exercises every path */
@@ -26,14 +26,11 @@
 
 static di_model *load(const char *dir, const char *kv) {
   di_model_options o;
-  di_model_options_default(&o);
-  o.quiet = 1;
-  o.threads = 2;
+  test_model_options(&o);
   o.kv_cache_dtype = kv;
-  di_model *m = NULL;
-  di_status st = di_model_load(dir, &o, &m);
-  CHECKF(st == DI_OK, "%s (kv %s): %s", dir, kv ? kv : "auto", di_last_error());
-  return st == DI_OK ? m : NULL;
+  char what[64];
+  snprintf(what, sizeof what, "kv %s", kv ? kv : "auto");
+  return test_load_model(dir, &o, what);
 }
 
 static void test_bytes(const char *dir) {
@@ -76,22 +73,8 @@ static void test_chunking(const char *dir, const int32_t *ids, int n) {
 }
 
 static void compare(const char *name, const char *dir, const int32_t *ids, int n, double min_agree, double max_err) {
-  di_model *a = load(dir, NULL), *q = load(dir, "fp8_e4m3");
-  if (!a || !q) { di_model_free(a); di_model_free(q); return; }
-  const int V = a->cfg.vocab_size;
-  float *la = malloc(sizeof(float) * (size_t)n * V), *lq = malloc(sizeof(float) * (size_t)n * V);
-  CHECKF(di_model_score(a, ids, n, la) == DI_OK, "%s", di_last_error());
-  CHECKF(di_model_score(q, ids, n, lq) == DI_OK, "%s", di_last_error());
-  int agree = 0;
-  for (int t = 0; t < n; t++) agree += test_argmax(la + (size_t)t * V, V) == test_argmax(lq + (size_t)t * V, V);
-  const double ag = (double)agree / n, err = test_rel_l2(lq, la, (size_t)n * V);
-  printf("--kv-cache-dtype fp8 vs f32 cache, %s: top-1 agreement %.4f over %d positions, logits rel L2 error %.4f\n",
-         name, ag, n, err);
-  CHECKF(ag >= min_agree && err < max_err, "%s: agreement %.4f, error %.4f", name, ag, err);
-  free(la);
-  free(lq);
-  di_model_free(a);
-  di_model_free(q);
+  test_compare_models("--kv-cache-dtype fp8 vs f32 cache", name, load(dir, NULL), load(dir, "fp8_e4m3"), ids, n, min_agree,
+                      max_err);
 }
 
 int main(void) {
@@ -105,15 +88,9 @@ int main(void) {
   di_model *bad = NULL;
   CHECK_ERR(di_model_load(dir, &o, &bad), "--kv-cache-dtype \"fp8_e5m2\"");
   test_bytes(dir);
-  di_tokenizer *tok = NULL;
-  CHECKF(di_tokenizer_load(dir, &tok) == DI_OK, "%s", di_last_error());
-  char *text = NULL;
-  size_t len = 0, n = 0;
-  int32_t *ids = NULL;
-  CHECK(di_read_file(test_path("README.md"), &text, &len) == DI_OK);
-  if (tok && text) CHECK(di_tokenizer_encode(tok, text, len, 1, &ids, &n) == DI_OK);
-  CHECKF(n >= 1024, "README.md: %zu tokens", n);
-  if (n >= 1024) {
+  size_t n = 0;
+  int32_t *ids = test_readme_ids(dir, 1024, &n);
+  if (ids) {
     compare("models/default (README.md)", dir, ids, MODEL_POSITIONS, 0.9, 0.05);
     test_chunking(dir, ids, 150);
   }
@@ -126,8 +103,6 @@ int main(void) {
   compare("dsv3-tiny fixture (random ids)", fx, rid, 256, 0.8, 0.15); /* 256: CI time (1,024 measured 0.950 / 0.073) */
   test_chunking(fx, rid, 64);
   free(ids);
-  free(text);
-  di_tokenizer_free(tok);
   printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
   return di_test_failed ? 1 : 0;
 }

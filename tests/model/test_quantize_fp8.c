@@ -14,7 +14,7 @@
 #include "util/json.h"
 #include "util/numeric.h"
 #include "util/owned.h"
-#include "test_util.h"
+#include "test_models.h"
 #include <math.h>
 /* positions of the shipped-model comparison: 1,024 (the measurement); under the sanitizers (CI's ASan
  * run, ~15x slower here) 256, which still exercises every path */
@@ -89,34 +89,14 @@ static void test_matrix(void) {
 
 static di_model *load(const char *dir, const char *quant) {
   di_model_options o;
-  di_model_options_default(&o);
-  o.quiet = 1;
-  o.threads = 2;
+  test_model_options(&o);
   o.quantization = quant;
-  di_model *m = NULL;
-  di_status st = di_model_load(dir, &o, &m);
-  CHECKF(st == DI_OK, "%s (%s): %s", dir, quant ? quant : "bf16", di_last_error());
-  return st == DI_OK ? m : NULL;
+  return test_load_model(dir, &o, quant ? quant : "bf16");
 }
 
 /* top-1 agreement and relative L2 error of the fp8 model's logits against the bf16 model's */
 static void compare(const char *name, const char *dir, const int32_t *ids, int n, double min_agree, double max_err) {
-  di_model *a = load(dir, NULL), *q = load(dir, "fp8");
-  if (!a || !q) { di_model_free(a); di_model_free(q); return; }
-  const int V = a->cfg.vocab_size;
-  float *la = malloc(sizeof(float) * (size_t)n * V), *lq = malloc(sizeof(float) * (size_t)n * V);
-  CHECKF(di_model_score(a, ids, n, la) == DI_OK, "%s", di_last_error());
-  CHECKF(di_model_score(q, ids, n, lq) == DI_OK, "%s", di_last_error());
-  int agree = 0;
-  for (int t = 0; t < n; t++) agree += test_argmax(la + (size_t)t * V, V) == test_argmax(lq + (size_t)t * V, V);
-  const double ag = (double)agree / n, err = test_rel_l2(lq, la, (size_t)n * V);
-  printf("--quantization fp8 vs bf16, %s: top-1 agreement %.4f over %d positions, logits rel L2 error %.4f\n", name, ag,
-         n, err);
-  CHECKF(ag >= min_agree && err < max_err, "%s: agreement %.4f, error %.4f", name, ag, err);
-  free(la);
-  free(lq);
-  di_model_free(a);
-  di_model_free(q);
+  test_compare_models("--quantization fp8 vs bf16", name, load(dir, NULL), load(dir, "fp8"), ids, n, min_agree, max_err);
 }
 
 static void test_models(void) {
@@ -134,16 +114,9 @@ static void test_models(void) {
     di_model_free(q);
   }
   /* the shipped (trained) model on text: this repository's README, 1,024 tokens */
-  di_tokenizer *tok = NULL;
-  CHECKF(di_tokenizer_load(dir, &tok) == DI_OK, "%s", di_last_error());
-  char *text = NULL;
-  size_t len = 0;
-  CHECK(di_read_file(test_path("README.md"), &text, &len) == DI_OK);
-  int32_t *ids = NULL;
   size_t n = 0;
-  if (tok && text) CHECK(di_tokenizer_encode(tok, text, len, 1, &ids, &n) == DI_OK);
-  CHECKF(n >= 1024, "README.md: %zu tokens", n);
-  if (n >= 1024) compare("models/default (README.md)", dir, ids, MODEL_POSITIONS, 0.85, 0.06);
+  int32_t *ids = test_readme_ids(dir, 1024, &n);
+  if (ids) compare("models/default (README.md)", dir, ids, MODEL_POSITIONS, 0.85, 0.06);
   /* a random fixture (bf16 dsv3-tiny): 1,024 positions of random ids */
   int32_t rid[1024];
   for (int i = 0; i < 1024; i++) rid[i] = (int32_t)(urand() * 256);
@@ -151,8 +124,6 @@ static void test_models(void) {
   snprintf(fx, sizeof fx, "%s", test_path("tests/data/models/dsv3-tiny"));
   compare("dsv3-tiny fixture (random ids)", fx, rid, 256, 0.70, 0.25); /* 256: CI time (1,024 measured) */
   free(ids);
-  free(text);
-  di_tokenizer_free(tok);
 }
 
 static void test_bad_value(void) {

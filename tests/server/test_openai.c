@@ -2,6 +2,7 @@
  * (generation_config, OpenAI's max_tokens), every mapped field, structured outputs, chat rendering,
  * the error each bad field gets (status, param, code), logprobs shapes, and the fuzz corpus. */
 #include "server/openai.h"
+#include "chat/chat_template.h"
 #include "test_util.h"
 #include <dirent.h>
 #include <math.h>
@@ -205,6 +206,40 @@ static void test_errors(void) {
   free(j);
 }
 
+/* a conversation too long for the context is refused after rendering at most what a prompt of
+ * max_model_len tokens can be (max_model_len x max_token_bytes + 1 bytes), not after rendering all
+ * of it; the bound itself is exact */
+static void test_chat_render_bound(void) {
+  const char *conv = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hello there, how are you?\"}]}";
+  char *whole = NULL, *at = NULL, *below = NULL;
+  CHECK(di_chat_template_render_json_bounded(ctx.tmpl, conv, -1, 0, &whole) == DI_OK && whole);
+  size_t L = whole ? strlen(whole) : 0;
+  CHECK(L > 10 && di_chat_template_render_json_bounded(ctx.tmpl, conv, -1, L, &at) == DI_OK && at && strcmp(at, whole) == 0);
+  CHECK(di_chat_template_render_json_bounded(ctx.tmpl, conv, -1, L - 1, &below) == DI_ERR_CONTEXT_OVERFLOW && !below);
+  CHECKF(strstr(di_last_error(), "too large"), "%s", di_last_error());
+  free(whole);
+  free(at);
+  /* through the request reader: 256 tokens of at most 4 bytes = 1,024 bytes; 200 messages of 50 bytes */
+  ctx.max_token_bytes = 4;
+  size_t cap = 200 * 96 + 64;
+  char *body = malloc(cap);
+  strcpy(body, "{\"messages\": [");
+  for (int i = 0; i < 200; i++)
+    strcat(body, i ? ", {\"role\": \"user\", \"content\": \"0123456789012345678901234567890123456789012345678\"}"
+                   : "{\"role\": \"user\", \"content\": \"0123456789012345678901234567890123456789012345678\"}");
+  strcat(body, "]}");
+  di_oai_request r;
+  di_oai_error e;
+  CHECK(rd(1, body, &r, &e) == -1 && e.status == 400 && strcmp(e.code, "context_length_exceeded") == 0 &&
+        strcmp(e.param, "messages") == 0);
+  CHECKF(strstr(e.message, "render to more than 1024 bytes"), "%s", e.message);
+  /* a short conversation still renders and is read */
+  CHECK(rd(1, conv, &r, &e) == 0 && r.rendered && strstr(r.rendered, "Hello there"));
+  di_oai_request_free(&r);
+  ctx.max_token_bytes = 0;
+  free(body);
+}
+
 static void test_logprobs_shapes(void) {
   di_token_logprob top[2] = {{72, -0.1f}, {73, -INFINITY}};
   cJSON *o = di_oai_completion_logprobs_new();
@@ -285,6 +320,7 @@ int main(void) {
     test_structured();
     test_chat();
     test_errors();
+    test_chat_render_bound();
     test_logprobs_shapes();
     test_fuzz_corpus();
   }

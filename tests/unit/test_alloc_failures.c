@@ -21,6 +21,7 @@
 #include "deepinfer.h"
 #include "grammar/grammar.h"
 #include "test_util.h"
+#include "server/responses.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json.h"
 
@@ -404,6 +405,34 @@ static void reference_tokens(engine_case *c) {
   }
 }
 
+/* A Responses API body translated into a chat body (server/responses.c, ~130 cJSON_Add* calls that do
+ * not check their allocations): with the failures tracked (util/json.h), a failed allocation gives a
+ * 500 error, never a chat body with a field silently missing (a dropped structured_outputs would
+ * make an unconstrained request). The reference body is the translation without failures. */
+static const char RESPONSES_BODY[] =
+    "{\"model\": \"m\", \"instructions\": \"Be brief.\", \"input\": [{\"role\": \"user\", \"content\": "
+    "[{\"type\": \"input_text\", \"text\": \"Hi\"}]}, {\"type\": \"function_call\", \"call_id\": \"c1\", \"name\": "
+    "\"f\", \"arguments\": \"{}\"}, {\"type\": \"function_call_output\", \"call_id\": \"c1\", \"output\": \"ok\"}], "
+    "\"tools\": [{\"type\": \"function\", \"name\": \"f\", \"description\": \"d\", \"parameters\": {\"type\": "
+    "\"object\"}}], \"tool_choice\": \"auto\", \"temperature\": 0.5, \"max_output_tokens\": 9, \"stream\": true, "
+    "\"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"s\", \"schema\": {\"type\": \"object\"}}}}";
+static char *responses_reference;
+
+static di_status op_responses(void *ctx) {
+  (void)ctx;
+  char *chat = NULL;
+  di_resp_req rr;
+  di_oai_error err;
+  if (di_resp_translate(RESPONSES_BODY, sizeof RESPONSES_BODY - 1, &chat, &rr, &err) != 0)
+    return di_error_set(err.status == 500 ? DI_ERR_OOM : DI_ERR_FORMAT, "%d %s", err.status, err.message);
+  CHECKF(!responses_reference || strcmp(chat, responses_reference) == 0, "responses: an incomplete chat body was made: %s",
+         chat);
+  if (!responses_reference && (responses_reference = __real_malloc(strlen(chat) + 1))) strcpy(responses_reference, chat);
+  free(chat);
+  di_resp_req_free(&rr);
+  return DI_OK;
+}
+
 int main(void) {
   if (getenv("AF_TRACE")) af_trace = atol(getenv("AF_TRACE"));
   cJSON_Hooks hooks = {__wrap_malloc, __wrap_free};
@@ -434,6 +463,11 @@ int main(void) {
     snprintf(what, sizeof what, "grammar compile %zu + matcher", i);
     af_run(what, op_grammar, (void *)&grammars[i], AF_DENSE_LONG, AF_STRIDE_LONG); /* the schema: ~3,600 */
   }
+  /* the counting hooks wrap this file's: cJSON allocations still pass af_alloc */
+  di_json_track_alloc_failures();
+  af_arm(0);
+  CHECK(op_responses(NULL) == DI_OK && responses_reference);
+  af_run("responses body -> chat body (cJSON builders)", op_responses, NULL, AF_DENSE_LONG, AF_STRIDE_LONG);
   engine_case ec_ = {0};
   di_model_options mo;
   di_model_options_default(&mo);
@@ -449,5 +483,6 @@ int main(void) {
     CHECK(ec_.failed_steps + ec_.errored > 0 && ec_.served_after > 0);
     di_model_free(ec_.m);
   }
+  __real_free(responses_reference);
   return test_finish("test_alloc_failures");
 }
