@@ -153,8 +153,9 @@ di_status di_engine_kv_share_budget(di_engine *e, int64_t extra_bytes_per_token)
   int ng = e->be->ops->kv_groups(e->be, groups, DI_KV_MAX_GROUPS);
   if (ng != 1 || groups[0].bytes_per_token <= 0) return DI_OK; /* several groups: not shared (V4 has no drafter) */
   const int64_t old = di_kv_group_blocks(e->kv, 0);
-  const double share = (double)groups[0].bytes_per_token / (double)(groups[0].bytes_per_token + extra_bytes_per_token);
-  int64_t nb = (int64_t)((double)old * share);
+  /* old x bytes per token stays far inside int64 (blocks and bytes per token are both < 2^31) */
+  const int64_t bpt = (int64_t)groups[0].bytes_per_token;
+  int64_t nb = old * bpt / (bpt + extra_bytes_per_token);
   if (nb < 1) nb = 1;
   di_kv_manager *kv = NULL;
   DI_TRY(di_kv_manager_create(groups, 1, &nb, e->opt.enable_prefix_caching, &kv));
