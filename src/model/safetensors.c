@@ -383,6 +383,27 @@ static const di_st_tensor *find_scale(const di_tensor_source *s, const char *nam
   return sc;
 }
 
+/* The view of tensor t as stored (dtype dt, rows x cols), without scales. */
+static void plain_view(const di_st_tensor *t, di_dtype dt, int64_t rows, int64_t cols, di_weight *out) {
+  memset(out, 0, sizeof *out);
+  out->name = t->name;
+  out->dtype = dt;
+  out->rows = rows;
+  out->cols = cols;
+  out->data = t->data;
+}
+
+/* Block scales sc (F32 or E8M0 bytes, read as stored) of br x bc blocks, scn per row of blocks. */
+static void set_scales(di_weight *out, const di_st_tensor *sc, int br, int bc, int64_t scn) {
+  if (sc->dtype == DI_DT_E8M0) /* UE8M0 scales (V3.2 / V4 checkpoints, MXFP4) */
+    out->scale_e8m0 = sc->data;
+  else
+    out->scale_inv = sc->data;
+  out->block_rows = br;
+  out->block_cols = bc;
+  out->scale_cols = scn;
+}
+
 /* MXFP4 as checkpoints store it: e2m1 pairs in I8 / U8 bytes [rows][cols / 2] (the first value of a
  * pair in the low nibble) with one E8M0 scale per 32 values [rows][cols / 32]. */
 static di_status bind_mxfp4(const di_tensor_source *s, const di_st_tensor *t, const char *name, int64_t rows, int64_t cols,
@@ -395,16 +416,8 @@ static di_status bind_mxfp4(const di_tensor_source *s, const di_st_tensor *t, co
   if (sc->dtype != DI_DT_E8M0 || sc->ndim != 2 || sc->shape[0] != rows || sc->shape[1] != scn)
     return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F8_E8M0 [%lld, %lld] (one scale per 32 values of '%s')", sname,
                         sc->file, (long long)rows, (long long)scn, name);
-  memset(out, 0, sizeof *out);
-  out->name = t->name;
-  out->dtype = DI_DT_F4E2M1;
-  out->rows = rows;
-  out->cols = cols;
-  out->data = t->data;
-  out->scale_e8m0 = sc->data;
-  out->block_rows = 1;
-  out->block_cols = 32;
-  out->scale_cols = scn;
+  plain_view(t, DI_DT_F4E2M1, rows, cols, out);
+  set_scales(out, sc, 1, 32, scn);
   return DI_OK;
 }
 
@@ -453,12 +466,7 @@ di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, i
     return di_error_set(DI_ERR_UNSUPPORTED,
                         "tensor '%s' in %s has dtype %s (supported: BF16, F16, F32, F8_E4M3, and MXFP4 as I8 / U8 pairs)", name,
                         t->file, t->dtype_name);
-  memset(out, 0, sizeof *out);
-  out->name = t->name;
-  out->dtype = (di_dtype)t->dtype;
-  out->rows = rows == 0 ? 1 : rows;
-  out->cols = cols;
-  out->data = t->data;
+  plain_view(t, (di_dtype)t->dtype, rows == 0 ? 1 : rows, cols, out);
   if (t->dtype == DI_DT_F8E4M3) {
     if (!fp8_block || fp8_block[0] <= 0 || fp8_block[1] <= 0)
       return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s is F8_E4M3 but config.json has no quantization_config.weight_block_size",
@@ -474,13 +482,7 @@ di_status di_tensor_source_weight(const di_tensor_source *s, const char *name, i
     if ((sc->dtype != DI_DT_F32 && sc->dtype != DI_DT_E8M0) || sc->ndim != 2 || sc->shape[0] != sr || sc->shape[1] != scn)
       return di_error_set(DI_ERR_FORMAT, "tensor '%s' in %s must be F32 or F8_E8M0 [%lld, %lld] for block size %dx%d", sname,
                           sc->file, (long long)sr, (long long)scn, fp8_block[0], fp8_block[1]);
-    if (sc->dtype == DI_DT_E8M0) /* UE8M0 scales (V3.2 / V4 checkpoints): bytes, read as stored */
-      out->scale_e8m0 = sc->data;
-    else
-      out->scale_inv = sc->data;
-    out->block_rows = fp8_block[0];
-    out->block_cols = fp8_block[1];
-    out->scale_cols = scn;
+    set_scales(out, sc, fp8_block[0], fp8_block[1], scn);
   }
   return DI_OK;
 }

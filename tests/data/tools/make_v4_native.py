@@ -141,33 +141,25 @@ def main():
     src, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
     w = read_st(os.path.join(src, "model.safetensors"))
-    stored, deq = {}, {}
-    n_fp4 = n_fp8 = 0
+    def plain(v):  # a tensor kept as it is: the I64 hash-routing table, or f32
+        return ("I64", v, v.shape) if v.dtype == np.int64 else ("F32", v.astype(np.float32), v.shape)
+
+    stored, deq, counts = {}, {}, {"MXFP4": 0, "FP8": 0}
     for k, v in w.items():
         on = original_name(k)
-        if ".ffn.experts." in k:
-            p, s, d = quant_mxfp4(v)
-            stem = on[:-len(".weight")]
-            stored[on] = ("I8", p, p.shape)
-            stored[stem + ".scale"] = ("F8_E8M0", s, s.shape)
+        kind = "MXFP4" if ".ffn.experts." in k else "FP8" if k.endswith(FP8_SUFFIXES) else None
+        if kind:
+            q, s, d = quant_mxfp4(v) if kind == "MXFP4" else quant_fp8(v)
+            stored[on] = ("I8" if kind == "MXFP4" else "F8_E4M3", q, q.shape)
+            stored[on[:-len(".weight")] + ".scale"] = ("F8_E8M0", s, s.shape)
             deq[k] = d
-            n_fp4 += 1
-        elif k.endswith(FP8_SUFFIXES):
-            c, s, d = quant_fp8(v)
-            stem = on[:-len(".weight")]
-            stored[on] = ("F8_E4M3", c, c.shape)
-            stored[stem + ".scale"] = ("F8_E8M0", s, s.shape)
-            deq[k] = d
-            n_fp8 += 1
-        elif v.dtype == np.int64:
-            stored[on] = ("I64", v, v.shape)
-            deq[k] = v
+            counts[kind] += 1
         else:
-            stored[on] = ("F32", v.astype(np.float32), v.shape)
+            stored[on] = plain(v)
             deq[k] = v
+    n_fp4, n_fp8 = counts["MXFP4"], counts["FP8"]
     write_st(os.path.join(out, "model.safetensors"), stored)
-    write_st(os.path.join(out, "dequant.safetensors"),
-             {k: ("I64", v, v.shape) if v.dtype == np.int64 else ("F32", v.astype(np.float32), v.shape) for k, v in deq.items()})
+    write_st(os.path.join(out, "dequant.safetensors"), {k: plain(v) for k, v in deq.items()})
     cfg = json.load(open(os.path.join(src, "config.json")))
     cfg["expert_dtype"] = "fp4"
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
