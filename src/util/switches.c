@@ -84,6 +84,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "1",
                                "0: under --enable-expert-parallel on CUDA, the shared experts run after the exchange "
                                "on one stream (1: on a second stream while the routed rows are exchanged)"},
+    [DI_SW_COMM] = {"DEEPINFER_COMM", "auto",
+                    "mpi: GPU ranks exchange over the MPI communicator with host copies even in an NCCL build "
+                    "(several ranks on one GPU, which NCCL refuses); auto: NCCL when the build has it"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},

@@ -64,6 +64,7 @@ typedef enum {
   DI_SW_GRAMMAR_CI_UNCERTAIN,
   DI_SW_GRAMMAR_DEBUG,
   DI_SW_CUDA_EP_OVERLAP,
+  DI_SW_COMM,
   DI_SW_COUNT
 } di_switch;
 
