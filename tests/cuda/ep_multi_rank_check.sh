@@ -16,8 +16,11 @@
 #   fp8:MODEL / fp8inv:MODEL   the same two with the experts in FP8 (DEEPINFER_CUDA_FP8=1)
 #   eplb:MODEL  EPLB on (4 redundant slots, rebalanced every 3 steps) vs off at NP ranks: invariant
 #               mode score bit for bit, and greedy generate with rebalances == without
-#   dp:MODEL    --data-parallel-size NP --enable-expert-parallel: a sampled request mix (--n 3, seeded)
-#               == the same on one GPU, in the batch-invariant mode (bit for bit: the JSON output)
+#   dp:MODEL    --data-parallel-size NP --enable-expert-parallel: a sampled request mix (--n 3, seeded;
+#               8-token step budget, so prompts are prefilled in chunks that fall differently) == the
+#               same on one GPU, in the batch-invariant mode (bit for bit: the JSON output)
+#   fail:MODEL  rank 1 kills itself, then stalls, at its 3rd exchange (DEEPINFER_DIST_TEST_FAIL): the job
+#               ends with an error within 30 s (--dist-timeout 5; the stall named by rank 0)
 # Environment: NP (2), EP_COMM (mpi or auto; default: mpi when fewer GPUs than ranks), CASES.
 set -u
 BUILD=${1:-build}
@@ -63,7 +66,7 @@ score() {
     say "FAIL $name: did not run"; tail -15 "$T/$name.err"; fail=1; return 1
   fi
 }
-for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-odd ep:dsv4-tiny inv:dsv3-tiny inv:dsv2-tiny inv:dsv4-tiny fp8:dsv3-tiny-fp8 fp8inv:dsv3-tiny-fp8 eplb:dsv3-tiny dp:dsv3-tiny dp:dsv4-tiny}; do
+for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-odd ep:dsv4-tiny inv:dsv3-tiny inv:dsv2-tiny inv:dsv4-tiny fp8:dsv3-tiny-fp8 fp8inv:dsv3-tiny-fp8 eplb:dsv3-tiny dp:dsv3-tiny dp:dsv4-tiny fail:dsv3-tiny}; do
   kind=${c%%:*} m=${c#*:}
   M="--model tests/data/models/$m"
   say "case $c"
@@ -116,7 +119,7 @@ for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-
       ;;
     dp)
       E="env DEEPINFER_ACCELERATOR=cuda DEEPINFER_BATCH_INVARIANT=1"
-      gen="generate $M --prompt-ids 5,6,7,8,9,10,11 --max-tokens 8 --n 3 --temperature 0.8 --seed 3 --output-format json --gpu-memory-utilization 0.1"
+      gen="generate $M --prompt-ids 5,6,7,8,9,10,11 --max-tokens 8 --n 3 --temperature 0.8 --seed 3 --output-format json --gpu-memory-utilization 0.1 --max-num-batched-tokens 8"
       if ! $E "$CLI" $gen >"$T/d1.json" 2>"$T/d1.err"; then say "FAIL $c: one GPU did not run"; tail -15 "$T/d1.err"; fail=1; continue; fi
       # outside mpirun, --data-parallel-size relaunches itself under mpirun (src/dist/launch.c)
       if ! $E "$CLI" $gen --data-parallel-size "$NP" --enable-expert-parallel >"$T/d2.json" 2>"$T/d2.err"; then
@@ -128,6 +131,21 @@ for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-
       else
         say "FAIL $c: DP $NP + EP output differs from one GPU"; head -c 400 "$T/d1.json"; echo; head -c 400 "$T/d2.json"; echo; fail=1
       fi
+      ;;
+    fail)
+      for mode in kill stall; do
+        s0=$SECONDS
+        env DEEPINFER_ACCELERATOR=cuda DEEPINFER_DIST_TEST_FAIL=1:3:$mode timeout 60 $MPI "$NP" "$CLI" score $M $ids \
+          --out /dev/null --enable-expert-parallel --dist-timeout 5 >/dev/null 2>"$T/f.err"
+        rc=$? took=$((SECONDS - s0))
+        want="ending the job"
+        [ $mode = stall ] && want="timed out after 5 s on rank 0 of $NP"
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 30 ] && grep -q "$want" "$T/f.err"; then
+          say "PASS $c ($mode): exit $rc after $took s, '$want' on stderr"
+        else
+          say "FAIL $c ($mode): exit $rc after $took s"; tail -8 "$T/f.err"; fail=1
+        fi
+      done
       ;;
     *) say "FAIL unknown case $c"; fail=1 ;;
   esac

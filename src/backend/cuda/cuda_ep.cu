@@ -267,6 +267,7 @@ di_status cu_epc_run(cu_ep_core *ep, int l, int real, const cu_ep_rows *r, int *
   cudaStream_t s = ep->sp.stream;
   const int K = r->K, A = r->T * r->K, N = ep->size, E = ep->sp.n_experts, X = ep->sp.n_extra;
   const size_t xb = ep->sp.x_bytes, yb = ep->sp.y_bytes;
+  di_dist_count_exchange(); /* the failure tests' injection point (DEEPINFER_DIST_TEST_FAIL) */
   DI_TRY(grow_host(ep, A + 1));
   if (!ep->counts_all) {
     ep->counts_all = (int32_t *)calloc((size_t)N * (N + 1), sizeof(int32_t));
