@@ -22,6 +22,8 @@
 #   fail:MODEL  rank 1 kills itself, then stalls, at its 3rd exchange (DEEPINFER_DIST_TEST_FAIL): the job
 #               ends with an error within 30 s (--dist-timeout 5; the stall named by rank 0)
 # Environment: NP (2), EP_COMM (mpi or auto; default: mpi when fewer GPUs than ranks), CASES.
+# Engines get a fixed KV cache (--kv-cache-memory): --gpu-memory-utilization reads the device's memory
+# in use, which on a shared GPU includes the other ranks' pools (a race between the ranks).
 set -u
 BUILD=${1:-build}
 CLI="$BUILD/deepinfer"
@@ -113,7 +115,7 @@ for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-
       score "$c-on" "$T/b.st" $E $MPI "$NP" "$CLI" score $M --enable-expert-parallel --enable-eplb --eplb-config "$eplb" || continue
       grep -q "expert slots here (EPLB)" "$T/$c-on.err" || { say "FAIL $c: not EPLB"; fail=1; }
       compare "$T/a.st" "$T/b.st" "$c: EPLB on vs off at $NP ranks (invariant mode)" exact || fail=1
-      gen="generate $M --prompt-ids 3,9,27,81 --max-tokens 16 --temperature 0 --output-format json --gpu-memory-utilization 0.1"
+      gen="generate $M --prompt-ids 3,9,27,81 --max-tokens 16 --temperature 0 --output-format json --kv-cache-memory 268435456"
       if $E $MPI "$NP" "$CLI" $gen --enable-expert-parallel >"$T/g0.json" 2>"$T/g0.err" &&
          $E $MPI "$NP" "$CLI" $gen --enable-expert-parallel --enable-eplb --eplb-config "$eplb" >"$T/g1.json" 2>"$T/g1.err"; then
         moved=$(grep -c "EPLB rebalance" "$T/g1.err")
@@ -128,7 +130,7 @@ for c in ${CASES:-cpu:dsv3-tiny cpu:dsv4-tiny ep:dsv3-tiny ep:dsv2-tiny ep:dsv3-
       ;;
     dp)
       E="env DEEPINFER_ACCELERATOR=cuda DEEPINFER_BATCH_INVARIANT=1"
-      gen="generate $M --prompt-ids 5,6,7,8,9,10,11 --max-tokens 8 --n 3 --temperature 0.8 --seed 3 --output-format json --gpu-memory-utilization 0.1 --max-num-batched-tokens 8"
+      gen="generate $M --prompt-ids 5,6,7,8,9,10,11 --max-tokens 8 --n 3 --temperature 0.8 --seed 3 --output-format json --kv-cache-memory 268435456 --max-num-batched-tokens 8"
       if ! $E "$CLI" $gen >"$T/d1.json" 2>"$T/d1.err"; then say "FAIL $c: one GPU did not run"; tail -n 15 "$T/d1.err"; fail=1; continue; fi
       # outside mpirun, --data-parallel-size relaunches itself under mpirun (src/dist/launch.c)
       if ! $E "$CLI" $gen --data-parallel-size "$NP" --enable-expert-parallel >"$T/d2.json" 2>"$T/d2.err"; then
