@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/ci_shared.h"
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
@@ -212,6 +213,7 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   }
   /* Tokens ending at node i are exactly the sorted indices [tok_lo[i], tok_lo[i+1]): a token that
    * creates no node equals its predecessor. The subtree of i holds [tok_lo[i], tok_lo[tnext[i]]). */
+  v->shared_ci = di_ci_shared_create((size_t)64 << 20); /* NULL: every grammar classifies alone */
   *out = v;
   return DI_OK;
 }
@@ -232,6 +234,7 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->plain_below);
   free(v->ascii_below);
   free(v->len_below);
+  di_ci_shared_free(v->shared_ci);
   free(v);
 }
 

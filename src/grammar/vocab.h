@@ -26,5 +26,6 @@ struct di_grammar_vocab {
   uint8_t *len_below;     /* per trie node: the longest token suffix below it (bytes, at most 255) */
   int32_t *mark_ids;      /* ids whose bytes contain 0xFF, which spells token references (token_ref.h) */
   int nmark;
+  struct di_ci_shared *shared_ci; /* classifications shared by every grammar's matchers (ci_shared.h); NULL = none */
 };
 #endif
