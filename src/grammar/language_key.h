@@ -6,21 +6,29 @@
 #include <stdint.h>
 #include "grammar/gram_rt.h"
 
+typedef struct di_lkey_item {
+  int dist, seq, rule;
+} di_lkey_item;
+
 typedef struct di_language_key {
   uint32_t *w; /* the description, n words */
   int n, cap;
   uint64_t hash;
-  int32_t *local;  /* scratch: rule id -> local number + 1 (0 = not met), one per rule */
-  int32_t *queue;  /* scratch: rules met, in order */
-  int n_rules;
+  /* per grammar (for_g): each rule's shortest string in bytes, and scratch: rule id -> local number
+   * (0 = not met), rules met in order, best distance found, the distance queue */
+  const di_gb *for_g;
+  int32_t *minlen, *local, *queue, *best;
+  int nlocal, seq;
+  di_lkey_item *heap;
+  int heap_cap;
 } di_language_key;
 
-/* Describes the language of stack `node` (its frames up to its bottom sentinel, ROOT or PSEUDO):
- * each frame's rest of alternative, then every rule reachable from them, rules renumbered in the
- * order they are met and byte classes written out as their 256-bit sets; so two stacks get the same
- * description exactly when they run the same rule text, and hence take the same language. Returns
- * 1 with k->w / k->n / k->hash set, 0 when the description would pass max_words (or memory ran out):
- * the caller then does not share. */
-int di_language_key_make(di_language_key *k, const di_grt *rt, int node, int max_words);
+/* Describes the language of stack `node` (its frames up to its bottom sentinel, ROOT or PSEUDO) as
+ * far as strings of at most max_bytes bytes can tell: each frame's rest of alternative, then every
+ * rule reachable from them within max_bytes, rules renumbered in the order they are met and byte
+ * classes written out as their 256-bit sets; so two stacks with one description agree on every
+ * string of at most max_bytes bytes. Returns 1 with k->w / k->n / k->hash set, 0 when the
+ * description would pass max_words (or memory ran out): the caller then does not share. */
+int di_language_key_make(di_language_key *k, const di_grt *rt, int node, int max_bytes, int max_words);
 void di_language_key_free(di_language_key *k);
 #endif

@@ -481,7 +481,7 @@ static int ensure_ci_slots(struct di_gvcache *c, int id) {
  * its bound of uncertain tokens does not serve a caller that needs it in full. Under g->mu. */
 static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last) {
   enum { MAX_KEY_WORDS = 1 << 16 }; /* larger descriptions (most of a big grammar) are not shared */
-  int described = c->share && di_language_key_make(&c->lkey, &g->rt, key, MAX_KEY_WORDS);
+  int described = c->share && di_language_key_make(&c->lkey, &g->rt, key, c->v->maxlen, MAX_KEY_WORDS);
   if (described) {
     di_ci_entry *e = di_ci_shared_find(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash);
     if (e && !(e->overflow && last)) {

@@ -167,9 +167,11 @@ static void shared_classifications(void) {
       "\"^[a-d]+$\"}]},\"maxItems\":3}",
       "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":6},{\"type\":\"string\",\"pattern\":"
       "\"^[a-c]+$\"}]},\"maxItems\":3}",
+      /* longer than the longest token (8 bytes): positions with more left share one description */
+      "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":40},\"maxItems\":2}",
   };
-  const char *names[] = {"shared-object", "shared-array", "shared-array-7", "shared-array-6"};
-  for (int i = 0; i < 4; i++)
+  const char *names[] = {"shared-object", "shared-array", "shared-array-7", "shared-array-6", "shared-long-string"};
+  for (int i = 0; i < 5; i++)
     walk_on(names[i], DI_GRAMMAR_JSON_SCHEMA, schemas[i], 30, 6, v, &opt);
   long hits = 0, lookups = 0;
   di_ci_shared_stats(v->shared_ci, &hits, &lookups);
