@@ -234,7 +234,10 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
     seen_level[seen_n] = 0;
     seen[seen_n++] = s0;
   }
-  while (ok && ncur > 0 && level < DI_PLAIN_CAP) {
+  /* no subtree holds more plain characters than the vocabulary's most, so the search stops there
+   * (a budget of that many is as good as any larger one) */
+  const int cap = c->v->max_plain < DI_PLAIN_CAP ? c->v->max_plain : DI_PLAIN_CAP;
+  while (ok && ncur > 0 && level < cap) {
     nnext = 0;
     for (int i = 0; i < ncur && ok; i++) {
       int s = cur[i];
@@ -271,7 +274,7 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
       break;
   }
   if (ok && ncur == 0 && seen_n < MAX_SEEN)
-    level = DI_PLAIN_CAP; /* no character ever kills it */
+    level = DI_PLAIN_CAP; /* no character ever kills it (a search stopped at cap proves only cap) */
   free(cur);
   free(next);
   /* a state first reached after j characters takes at least level - j more (else s0 would die

@@ -46,6 +46,8 @@ static di_status plain_below(di_grammar_vocab *v) {
           below_most[u] = most[(size_t)k * DI_PLAIN_STATES + u];
     }
     v->plain_below[j] = (below_ok & 1) ? below_most[0] : DI_PLAIN_NOT;
+    if (v->plain_below[j] != DI_PLAIN_NOT && v->plain_below[j] > v->max_plain)
+      v->max_plain = v->plain_below[j];
     for (int u = 0; u < DI_PLAIN_STATES; u++) {
       int starts = 0, u2 = di_plain_step(u, v->tbyte[j], &starts);
       int m = u2 < 0 ? 0 : starts + below_most[u2];

@@ -21,6 +21,7 @@ struct di_grammar_vocab {
   int nnodes;
   uint8_t *plain_below;   /* per trie node: the most characters in any token suffix below it when all
                            * of them are well-formed plain UTF-8 (plain_text.h), else 255 */
+  int max_plain;          /* the largest of those below 255: no budget search needs to look further */
   uint64_t *ascii_below;  /* per trie node, 2 words: the ASCII bytes of the token suffixes below it, bit 0 = some
                            * byte below is NUL or not ASCII (ascii_run.h) */
   uint8_t *len_below;     /* per trie node: the longest token suffix below it (bytes, at most 255) */
