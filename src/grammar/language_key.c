@@ -16,6 +16,7 @@
  * the longest token has bytes. Distances are exact lower bounds, so two stacks with the same
  * description agree on every string of at most max_bytes bytes, hence on every token. */
 #include "grammar/language_key.h"
+#include "util/grow.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,16 +25,8 @@ enum { TAG_FRAME = 0xF0000001u, TAG_BOTTOM = 0xF0000002u, TAG_RULE = 0xF0000003u
 enum { FAR_AWAY = 1 << 28 };
 
 static int put(di_language_key *k, uint32_t x, int max_words) {
-  if (k->n >= max_words)
+  if (k->n >= max_words || !di_grow((void **)&k->w, &k->cap, k->n + 1, sizeof *k->w, 256))
     return 0;
-  if (k->n == k->cap) {
-    int nc = k->cap ? k->cap * 2 : 256;
-    uint32_t *q = realloc(k->w, sizeof *q * (size_t)nc);
-    if (!q)
-      return 0;
-    k->w = q;
-    k->cap = nc;
-  }
   k->w[k->n++] = x;
   return 1;
 }
@@ -72,14 +65,8 @@ static void compute_minlen(di_language_key *k, const di_gb *g) {
 
 /* The distance queue: (distance, order met) -> rule, a binary min-heap. */
 static int heap_push(di_language_key *k, int *nh, int dist, int rule) {
-  if (*nh == k->heap_cap) {
-    int nc = 2 * k->heap_cap;
-    di_lkey_item *q = realloc(k->heap, sizeof *q * (size_t)nc);
-    if (!q)
-      return 0;
-    k->heap = q;
-    k->heap_cap = nc;
-  }
+  if (!di_grow((void **)&k->heap, &k->heap_cap, *nh + 1, sizeof *k->heap, 64))
+    return 0;
   int i = (*nh)++;
   k->heap[i].dist = dist;
   k->heap[i].seq = k->seq++;
