@@ -414,6 +414,14 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       ke = tok_lo[tnext[i]]; /* every token below is plain text the state takes: all accepted */
       skipped += tnext[i] - i - 1;
       next_i = tnext[i];
+      if (v->subtree_of[i] >= 0) { /* a large subtree: its ids' bitmap, word by word */
+        const uint32_t *sb = v->subtree_bits + (size_t)v->subtree_of[i] * (size_t)v->words;
+        for (int w = 0; w < v->words; w++)
+          bits[w] |= sb[w];
+        nacc += ke - tok_lo[i];
+        i = next_i;
+        continue;
+      }
     } else {
       next_i = i + 1;
     }

@@ -61,6 +61,29 @@ static di_status plain_below(di_grammar_vocab *v) {
   return DI_OK;
 }
 
+/* subtree_of / subtree_bits: the ids below each trie node holding at least DI_SUBTREE_MIN tokens as
+ * a bitmap, so that a classification walk accepting the whole subtree ORs words instead of setting
+ * thousands of scattered bits (ids are not in trie order). */
+static di_status subtree_bits(di_grammar_vocab *v) {
+  v->subtree_of = malloc(sizeof(int32_t) * ((size_t)v->nnodes + 1));
+  if (!v->subtree_of)
+    return DI_ERR_OOM;
+  int nbig = 0;
+  for (int i = 0; i < v->nnodes; i++)
+    v->subtree_of[i] = v->tok_lo[v->tnext[i]] - v->tok_lo[i] >= DI_SUBTREE_MIN ? nbig++ : -1;
+  v->subtree_bits = calloc((size_t)nbig * (size_t)v->words + 1, sizeof(uint32_t));
+  if (!v->subtree_bits)
+    return DI_ERR_OOM;
+  for (int i = 0; i < v->nnodes; i++) {
+    if (v->subtree_of[i] < 0)
+      continue;
+    uint32_t *b = v->subtree_bits + (size_t)v->subtree_of[i] * (size_t)v->words;
+    for (int k = v->tok_lo[i]; k < v->tok_lo[v->tnext[i]]; k++)
+      b[v->sorted[k] >> 5] |= 1u << (v->sorted[k] & 31);
+  }
+  return DI_OK;
+}
+
 /* ascii_below / len_below (ascii_run.h): bottom-up over the trie, as plain_below. */
 static di_status ascii_below(di_grammar_vocab *v) {
   int n = v->nnodes;
@@ -209,7 +232,7 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   v->tok_lo[nn] = ns;
   v->nnodes = nn;
   free(open);
-  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK) {
+  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK || subtree_bits(v) != DI_OK) {
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
   }
@@ -237,6 +260,8 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->ascii_below);
   free(v->len_below);
   di_ci_shared_free(v->shared_ci);
+  free(v->subtree_of);
+  free(v->subtree_bits);
   free(v);
 }
 
