@@ -104,6 +104,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_GRAMMAR_CI_UNCERTAIN] = {"DI_GRAMMAR_CI_UNCERTAIN", "256",
                                     "uncertain tokens kept per context-independent key"},
     [DI_SW_GRAMMAR_DEBUG] = {"DI_GRAMMAR_DEBUG", "unset", "set: the grammar matcher prints per-key statistics"},
+    [DI_SW_GRAMMAR_SHARED_CI] = {"DI_GRAMMAR_SHARED_CI", "1",
+                                 "0: each grammar classifies the vocabulary alone (no store shared between grammars; A/B runs)"},
 };
 
 const di_switch_info *di_switch_info_of(di_switch sw) {
