@@ -250,6 +250,7 @@ int main(int argc, char **argv) {
   for (int rep = 0; rep < reps; rep++)
   for (int si = 0; si < n_set; si++) {
   const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
+  if (modes[mi] == 1 && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
   if (pmha[pi_] >= 0) {
     di_backend_cuda_set_prefill_mha(be, pmha[pi_]);
     printf("\n--- prefill MHA form %d, rep %d\n", pmha[pi_], rep + 1);
@@ -350,6 +351,7 @@ int main(int argc, char **argv) {
     printf(")\n");
     for (int si = 0; si < n_set; si++) {
       const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
+      if (modes[mi] == 1 && pi_ > 0) continue;
       printf("%-9s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : modes[mi] ? "invariant" : "default", attn_fixed[ai],
              pmha[pi_]);
       for (int k = 0; k < nb + np; k++) {
@@ -362,9 +364,9 @@ int main(int argc, char **argv) {
       printf("\n");
     }
     if (n_mode == 2 && modes[0] != modes[1])
-      for (int ai = 0; ai < n_af * n_pm; ai++) { /* the cost of invariance per column */
-        const int sd = (modes[0] ? 1 : 0) * n_af * n_pm + ai, sv = (modes[0] ? 0 : 1) * n_af * n_pm + ai;
-        printf("invariant / default (setting %d):", ai);
+      for (int ai = 0; ai < n_af * n_pm; ai++) { /* the cost of invariance per column (against each default setting) */
+        const int sd = (modes[0] ? 1 : 0) * n_af * n_pm + ai, sv = (modes[0] ? 0 : 1) * n_af * n_pm + ai - ai % n_pm;
+        printf("invariant / default (attn fixed %d, mha %d):", attn_fixed[ai / n_pm], pmha[ai % n_pm]);
         for (int k = 0; k < nb + np; k++) printf(" %7.1f%%", 100.0 * med[sv][k] / med[sd][k]);
         printf("\n");
       }
@@ -372,6 +374,7 @@ int main(int argc, char **argv) {
   if (profile) /* per mode (and MHA setting): the per-phase device time of batch-1 decode steps and of one prefill */
     for (int pk = 0; pk < n_mode * n_pm; pk++) {
       const int mi = pk / n_pm;
+      if (modes[mi] == 1 && pk % n_pm > 0) continue;
       if (modes[mi] >= 0 && di_backend_cuda_set_invariant(be, modes[mi]) != DI_OK) FAIL(0);
       if (pmha[pk % n_pm] >= 0) di_backend_cuda_set_prefill_mha(be, pmha[pk % n_pm]);
       if (di_backend_cuda_set_profile(be, 1) != DI_OK) FAIL(0);
