@@ -893,15 +893,16 @@ static void test_sample(int V) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  /* --attn-only: the MLA attention cases alone (the whole test takes ~4 minutes on an H200) */
-  const int attn_only = argc > 1 && !strcmp(argv[1], "--attn-only");
+  /* --attn-only: the MLA attention cases alone; --moe-only: the router and MoE gate cases alone (the
+   * whole test takes ~4 minutes on an H200) */
+  const int attn_only = argc > 1 && !strcmp(argv[1], "--attn-only"), moe_only = argc > 1 && !strcmp(argv[1], "--moe-only");
   if (!di_cut_device_ok()) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
   di_cu_blas *blas = NULL;
   CHECK(di_cu_blas_create(&blas) == DI_OK);
-  if (!attn_only) {
+  if (!attn_only && !moe_only) {
     test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* M <= 8: the skinny kernel */
     test_gemm(blas, 8, 3648, 2048, 0, 0.f);
     test_gemm(blas, 1, 129280, 2048, 1, 0.f);     /* lm_head shape */
@@ -942,7 +943,7 @@ int main(int argc, char **argv) {
     test_mla_prep_absorb(blas, 8, 4, 32, 16, 32);    /* more tokens than heads (tiny fixtures) */
     test_mla_prep_absorb(blas, 2, 128, 128, 64, 512); /* V3's 128 heads */
   }
-  {
+  if (!moe_only) {
     int ctx[] = {1, 100, 4097, 32768}, nt[] = {1, 1, 1, 1};
     test_mla_attn(16, 4, ctx, nt, 16, 1, "V2-Lite decode, no split");
     test_mla_attn(16, 4, ctx, nt, 16, 16, "V2-Lite decode, 16-way split");
@@ -1017,7 +1018,9 @@ int main(int argc, char **argv) {
       test_moe_gate(1, 7168, r3s, "V3 decode");
       test_moe_gate(64, 7168, r3, "V3, 64 tokens");
       test_moe_gate(3, 72, r2, "group-limited, tiny");
+      test_moe_gate(300, 2048, r1, "V2-Lite, 300 tokens (tiled router logits)");
     }
+    if (!moe_only) {
     test_mla_vo(16, 2048, 512, 128, "V2-Lite decode (4 row tiles)");
     test_mla_vo(8, 768, 64, 32, "8 heads, 3 row tiles of 256");
     test_mla_vo(4, 64, 32, 16, "tiny (one tile)");
@@ -1038,6 +1041,7 @@ int main(int argc, char **argv) {
     test_sample(129280);
     test_sample(1001); /* slices of the argmax cluster of unequal length */
     test_sample(37);   /* fewer logits than the cluster has CTAs x 8: empty slices */
+    }
   }
   di_cu_blas_destroy(blas);
   return test_finish("test_cuda_kernels");

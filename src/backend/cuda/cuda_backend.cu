@@ -142,9 +142,9 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   if (fixed != 0 && !b->attn_fixed)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED=%d: 0, 1 or a split size in keys (a multiple "
                         "of 32)", fixed);
-  /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens; off until the
-   * model-level runs on the H200 are recorded (docs/NOTES.md, issue 19, session 10) */
-  const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 0);
+  /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
+   * V2-Lite shape: prefill 1.15x at 512 tokens, 1.65x at 4,096: PERFORMANCE.md, session 10, issue 19) */
+  const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 512);
   b->prefill_mha = mha == 1 ? 512 : mha > 0 ? mha : 0;
   const int split_keys = di_switch_int(DI_SW_CUDA_ATTN_SPLIT_KEYS, 0);
   b->split_keys = split_keys >= 32 && split_keys % 32 == 0 ? split_keys : DI_CUK_ATTN_KTILE;

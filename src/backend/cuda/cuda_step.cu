@@ -130,6 +130,9 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
     int u = t + 1, maxpos = bt->positions[t];
     for (; u < T && bt->seq_of[u] == bt->seq_of[t]; u++)
       if (bt->positions[u] > maxpos) maxpos = bt->positions[u];
+    /* every run a prefill chunk (>= 64 tokens, or at most 16 keys a token): a decode row's run would
+     * up-project its whole context for one query, so such steps keep the absorbed form */
+    if (u - t < DI_CUK_MHA_ROWS && (int64_t)(maxpos + 1) > 16 * (int64_t)(u - t)) use_mha = 0;
     n_mi += (u - t + DI_CUK_MHA_ROWS - 1) / DI_CUK_MHA_ROWS;
     n_mk += maxpos + 1;
     t = u;
