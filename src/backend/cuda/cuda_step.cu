@@ -139,11 +139,23 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   }
   const int64_t mha_row_bytes = 2 * ((int64_t)DI_CUK_MLA_D + (int64_t)NH * (b->dn + b->dv));
   if (use_mha && n_mk * mha_row_bytes > ((int64_t)2 << 30)) use_mha = 0; /* more than 2 GiB of keys: absorbed */
-  if (use_mha && n_mk > b->mha_cap) {
+  if (use_mha && n_mk > b->mha_cap) { /* grown lazily (after the KV pool took its share): if the memory is
+                                         not there, this step keeps the absorbed form */
+    dev_free(b, b->mha_g);
+    dev_free(b, b->mha_kv);
+    b->mha_g = b->mha_kv = NULL;
+    b->mha_cap = 0;
     const int64_t c = n_mk + n_mk / 2;
-    REALLOC(b->mha_g, 2 * (size_t)c * DI_CUK_MLA_D);
-    REALLOC(b->mha_kv, 2 * (size_t)c * NH * (b->dn + b->dv));
-    b->mha_cap = c;
+    if (dev_alloc(b, &b->mha_g, 2 * (size_t)c * DI_CUK_MLA_D) != DI_OK ||
+        dev_alloc(b, &b->mha_kv, 2 * (size_t)c * NH * (b->dn + b->dv)) != DI_OK) {
+      dev_free(b, b->mha_g);
+      b->mha_g = NULL;
+      (void)cudaGetLastError(); /* the failed cudaMalloc must not surface at the next launch check */
+      di_error_clear();
+      use_mha = 0;
+    } else {
+      b->mha_cap = c;
+    }
   }
 
   /* layout of the input block (int32 units); the last block-table row is the padding tokens' */
