@@ -1018,7 +1018,7 @@ int main(int argc, char **argv) {
       test_moe_gate(1, 7168, r3s, "V3 decode");
       test_moe_gate(64, 7168, r3, "V3, 64 tokens");
       test_moe_gate(3, 72, r2, "group-limited, tiny");
-      test_moe_gate(300, 2048, r1, "V2-Lite, 300 tokens (tiled router logits)");
+      test_moe_gate(300, 2048, r1, "V2-Lite, 300 tokens");
     }
     if (!moe_only) {
     test_mla_vo(16, 2048, 512, 128, "V2-Lite decode (4 row tiles)");

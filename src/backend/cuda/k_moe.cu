@@ -277,51 +277,9 @@ static __global__ void router_kernel(const float *x, const bf16 *W, int T, int E
   if (lane == 0) out[(int64_t)t * E + e] = acc;
 }
 
-/* The same logits (router_dot on the same values, so the same bits) with the rows shared through shared
- * memory: a CTA of RT warps takes RT tokens (their f32 rows staged once) and walks the experts in chunks
- * of ROUTER_EC router rows staged once for all RT tokens, so a prefill step reads W from L2 T / RT times
- * instead of T x E / 8 times (the per-(token, expert) form above spent ~0.6 ms a layer at 4,096 tokens). */
-#define ROUTER_EC 16
-static __global__ void router_tiled_kernel(const float *x, const bf16 *W, int T, int E, int n, float *out) {
-  extern __shared__ __align__(16) unsigned char router_smem[];
-  const int RT = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float *sx = (float *)router_smem;     /* [RT][n] */
-  bf16 *sw = (bf16 *)(sx + (size_t)RT * n); /* [ROUTER_EC][n] */
-  const int t0 = blockIdx.x * RT, nt = min(RT, T - t0);
-  DI_PDL_ENTRY();
-  for (int i = threadIdx.x; i < nt * (n / 4); i += blockDim.x)
-    ((float4 *)sx)[i] = ((const float4 *)(x + (int64_t)t0 * n))[i];
-  for (int e0 = 0; e0 < E; e0 += ROUTER_EC) {
-    const int ne = min(ROUTER_EC, E - e0);
-    __syncthreads(); /* the previous chunk's rows are used up (and, the first time, sx is written) */
-    for (int i = threadIdx.x; i < ne * (n / 8); i += blockDim.x)
-      ((uint4 *)sw)[i] = ((const uint4 *)(W + (int64_t)e0 * n))[i];
-    __syncthreads();
-    if (warp < nt)
-      for (int e = 0; e < ne; e++) {
-        const float acc = router_dot(sx + (size_t)warp * n, sw + (size_t)e * n, n, lane);
-        if (lane == 0) out[(int64_t)(t0 + warp) * E + e0 + e] = acc;
-      }
-  }
-}
-
 extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
                                           di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  /* the tiled form where router_dot takes its 16-byte path on both the global and the staged rows (so
-   * the fused gate's logits stay equal to these: test_moe_gate) */
-  const int RT = (size_t)8 * n * 4 + (size_t)ROUTER_EC * n * 2 <= 160 * 1024 ? 8 : 4;
-  const size_t sm = (size_t)RT * n * 4 + (size_t)ROUTER_EC * n * 2;
-  if (n % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0 && sm <= 200 * 1024) {
-    static size_t attr_sm;
-    if (sm > attr_sm) {
-      DI_CU(cudaFuncSetAttribute(router_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-      attr_sm = sm;
-    }
-    DI_CU(di_launch(router_tiled_kernel, (T + RT - 1) / RT, RT * 32, sm, s, x, (const bf16 *)W, T, E, n, out));
-    DI_CU_LAUNCH("router_tiled");
-    return DI_OK;
-  }
   int warps = T * E;
   DI_CU(di_launch(router_kernel, (warps + 7) / 8, 256, 0, s, x, (const bf16 *)W, T, E, n, out));
   return DI_OK;
