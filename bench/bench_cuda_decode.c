@@ -18,7 +18,15 @@
  * --attn-fixed 0,256,64 [--reps 3]: the decode and prefill runs repeated for each listed fixed-split
  * attention setting (0: the backend's usual attention; N: k_mla_fixed.cu with N-key splits), in turn,
  * --reps times (alternating runs in one process: the weights are uploaded once), then the median of the
- * reps per setting. */
+ * reps per setting.
+ * --modes default,invariant: the same runs for each listed mode in turn (di_backend_cuda_set_invariant: the
+ * batch-invariant mode switched on and off in one process), inside each rep, with --attn-fixed settings
+ * within each mode; the medians then give invariant / default per column.
+ * --profile: after the runs, per mode, the per-phase device time (DEEPINFER_CUDA_PROFILE's marks, eager
+ * steps) of 8 batch-1 decode steps and of one prefill of the last --prefill length, to stderr.
+ * --skip-sweep with --modes: the sweep once per mode.
+ * --prefill-mha 0,1: the runs repeated for each DEEPINFER_CUDA_PREFILL_MHA setting (0 off; 1: steps of >= 512
+ * tokens; N: >= N) inside each mode (default mode only: the invariant mode ignores it). */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -172,7 +180,8 @@ int main(int argc, char **argv) {
   const char *cfg_path = "bench/configs/v2-lite.json";
   int batches[16] = {1, 4, 16, 64, 256}, nb = 5, prefills[8] = {512, 4096}, np = 2, prompt = 512, gen = 128;
   const char *skip_sweep = NULL; /* phases to leave out one at a time at batch 1 (their marginal cost) */
-  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1;
+  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[2] = {-1}, n_mode = 1, profile = 0;
+  int pmha[4] = {-1}, n_pm = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
     else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) np = parse_list(argv[++i], prefills, 8);
@@ -182,6 +191,19 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--feedback")) feedback = 1;
     else if (!strcmp(argv[i], "--attn-fixed") && i + 1 < argc) n_af = parse_list(argv[++i], attn_fixed, 8);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--profile")) profile = 1;
+    else if (!strcmp(argv[i], "--prefill-mha") && i + 1 < argc) n_pm = parse_list(argv[++i], pmha, 4);
+    else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
+      n_mode = 0;
+      for (char *m = strtok(argv[++i], ","); m && n_mode < 2; m = strtok(NULL, ",")) {
+        if (strcmp(m, "default") && strcmp(m, "invariant")) {
+          fprintf(stderr, "bench: --modes %s (default, invariant)\n", m);
+          return 2;
+        }
+        modes[n_mode++] = !strcmp(m, "invariant");
+      }
+      if (!n_mode) { fprintf(stderr, "bench: --modes needs default and/or invariant\n"); return 2; }
+    }
     else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
       if (strcmp(argv[++i], "fp8")) { fprintf(stderr, "bench: --quantization %s (fp8)\n", argv[i]); return 2; }
       g_fp8 = 1;
@@ -223,8 +245,20 @@ int main(int argc, char **argv) {
   int32_t *next = malloc(4 * (size_t)maxb);
   double res_dec[16], all_dec[8][16][16], all_pf[8][16][8]; /* [setting][rep][batch / prefill] */
   if (reps < 1 || reps > 16) reps = 1;
+  const int n_set = n_mode * n_af * n_pm;
+  if (n_set > 8) { fprintf(stderr, "bench: more than 8 mode x --attn-fixed x --prefill-mha settings\n"); return 2; }
   for (int rep = 0; rep < reps; rep++)
-  for (int ai = 0; ai < n_af; ai++) {
+  for (int si = 0; si < n_set; si++) {
+  const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
+  if (modes[mi] == 1 && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
+  if (pmha[pi_] >= 0) {
+    di_backend_cuda_set_prefill_mha(be, pmha[pi_]);
+    printf("\n--- prefill MHA form %d, rep %d\n", pmha[pi_], rep + 1);
+  }
+  if (modes[mi] >= 0 && ai == 0 && pi_ == 0) {
+    if (di_backend_cuda_set_invariant(be, modes[mi]) != DI_OK) FAIL(0);
+    printf("\n--- %s mode, rep %d\n", modes[mi] ? "batch-invariant" : "default", rep + 1);
+  }
   if (attn_fixed[ai] >= 0) {
     if (di_backend_cuda_set_attn_fixed(be, attn_fixed[ai]) != DI_OK) FAIL(0);
     printf("\n--- attention fixed split %d, rep %d\n", attn_fixed[ai], rep + 1);
@@ -276,7 +310,7 @@ int main(int argc, char **argv) {
     if (feedback && be->ops->sample_fetch(be, next) != DI_OK) FAIL(0);
     double sec = (di_cut_time_ms() - tstart) / 1e3;
     res_dec[bi] = (double)B * gen / sec;
-    all_dec[ai][rep][bi] = res_dec[bi];
+    all_dec[si][rep][bi] = res_dec[bi];
     printf("%-8d %12.0f %14.3f %12.2f", B, res_dec[bi], sec * 1e3 / gen, tp);
     di_cuda_stats cs1;
     di_backend_cuda_stats(be, &cs1);
@@ -305,31 +339,75 @@ int main(int argc, char **argv) {
       if (rep > 0 && ms < best) best = ms; /* rep 0 warms up (allocations, GEMM plans) */
     }
     printf("%-8d %14.0f %10.2f\n", T, T / (best / 1e3), best);
-    all_pf[ai][rep][pi] = T / (best / 1e3);
+    all_pf[si][rep][pi] = T / (best / 1e3);
   }
   }
-  if (reps > 1 || n_af > 1) { /* the median over the reps of each setting */
+  double med[8][24];
+  if (reps > 1 || n_set > 1) { /* the median over the reps of each setting */
     printf("\nmedian of %d alternating runs (decode tok/s at batch", reps);
     for (int bi = 0; bi < nb; bi++) printf(" %d", batches[bi]);
     printf("; prefill tok/s at");
     for (int pi = 0; pi < np; pi++) printf(" %d", prefills[pi]);
     printf(")\n");
-    for (int ai = 0; ai < n_af; ai++) {
-      printf("attn fixed %4d:", attn_fixed[ai]);
+    for (int si = 0; si < n_set; si++) {
+      const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
+      if (modes[mi] == 1 && pi_ > 0) continue;
+      printf("%-9s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : modes[mi] ? "invariant" : "default", attn_fixed[ai],
+             pmha[pi_]);
       for (int k = 0; k < nb + np; k++) {
         double v[16];
-        for (int r = 0; r < reps; r++) v[r] = k < nb ? all_dec[ai][r][k] : all_pf[ai][r][k - nb];
+        for (int r = 0; r < reps; r++) v[r] = k < nb ? all_dec[si][r][k] : all_pf[si][r][k - nb];
         for (int i = 1; i < reps; i++) for (int j = i; j > 0 && v[j - 1] > v[j]; j--) { double t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; }
+        med[si][k] = v[reps / 2];
         printf(" %8.0f", v[reps / 2]);
       }
       printf("\n");
     }
+    if (n_mode == 2 && modes[0] != modes[1])
+      for (int ai = 0; ai < n_af * n_pm; ai++) { /* the cost of invariance per column (against each default setting) */
+        const int sd = (modes[0] ? 1 : 0) * n_af * n_pm + ai, sv = (modes[0] ? 0 : 1) * n_af * n_pm + ai - ai % n_pm;
+        printf("invariant / default (attn fixed %d, mha %d):", attn_fixed[ai / n_pm], pmha[ai % n_pm]);
+        for (int k = 0; k < nb + np; k++) printf(" %7.1f%%", 100.0 * med[sv][k] / med[sd][k]);
+        printf("\n");
+      }
   }
-  if (skip_sweep) {
+  if (profile) /* per mode (and MHA setting): the per-phase device time of batch-1 decode steps and of one prefill */
+    for (int pk = 0; pk < n_mode * n_pm; pk++) {
+      const int mi = pk / n_pm;
+      if (modes[mi] == 1 && pk % n_pm > 0) continue;
+      if (modes[mi] >= 0 && di_backend_cuda_set_invariant(be, modes[mi]) != DI_OK) FAIL(0);
+      if (pmha[pk % n_pm] >= 0) di_backend_cuda_set_prefill_mha(be, pmha[pk % n_pm]);
+      if (di_backend_cuda_set_profile(be, 1) != DI_OK) FAIL(0);
+      seqs[0].block_table = tables;
+      seqs[0].n_blocks = per_seq_blocks;
+      for (int step = 0; step < 8; step++) {
+        tok[0] = 1; pos[0] = prompt + step; seq[0] = 0; rows[0] = 0;
+        di_batch b = {.n_tokens = 1, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = seqs,
+                      .n_outputs = 1, .output_rows = rows};
+        if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
+      }
+      const int T = np > 0 ? prefills[np - 1] : 0;
+      if (T > 0) {
+        seqs[0].n_blocks = (T + 63) / 64;
+        for (int t = 0; t < T; t++) { tok[t] = (int32_t)((rnd() >> 33) % (uint64_t)cfg.vocab_size); pos[t] = t; seq[t] = 0; }
+        rows[0] = T - 1;
+        di_batch b = {.n_tokens = T, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = seqs,
+                      .n_outputs = 1, .output_rows = rows};
+        if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
+      }
+      if (di_backend_cuda_set_profile(be, 0) != DI_OK) FAIL(0);
+      fflush(stdout);
+      char title[64];
+      snprintf(title, sizeof title, "(%s mode, prefill MHA %d)", modes[mi] < 0 ? "the backend's" : modes[mi] ? "invariant" : "default", pmha[pk % n_pm]);
+      di_backend_cuda_profile_dump(be, title);
+    }
+  for (int mi = 0; skip_sweep && mi < n_mode; mi++) {
     /* batch 1, the first sequence's blocks: ms per decode step with each phase left out */
+    if (modes[mi] >= 0 && di_backend_cuda_set_invariant(be, modes[mi]) != DI_OK) FAIL(0);
     char list[256];
     snprintf(list, sizeof list, "none,%s", skip_sweep);
-    printf("\nbatch-1 decode step without one phase (garbage outputs; marginal device time in the graph)\n");
+    printf("\nbatch-1 decode step without one phase (garbage outputs; marginal device time in the graph)%s\n",
+           modes[mi] < 0 ? "" : modes[mi] ? ", invariant mode" : ", default mode");
     double base = 0;
     for (char *ph = strtok(list, ","); ph; ph = strtok(NULL, ",")) {
       di_backend_cuda_set_skip(be, strcmp(ph, "none") ? ph : "");

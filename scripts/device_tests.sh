@@ -19,9 +19,9 @@ if [ "${1:-}" = "--build" ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
   # no MPI in the device binaries (its runtime is not on the device; the GPU tests need none)
   cmake -S . -B build-cuda -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
-  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_tc_gemm test_cuda_attn_fixed test_cuda_invariance test_cuda_fp8 test_cuda_ops test_cuda_model test_cuda_engine test_cuda_v4 test_cuda_v4_kernels bench_cuda_decode bench_cuda_v4 bench_engine deepinfer_cli
+  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_tc_gemm test_cuda_attn_fixed test_cuda_mha_prefill test_cuda_invariance test_cuda_fp8 test_cuda_ops test_cuda_model test_cuda_engine test_cuda_v4 test_cuda_v4_kernels bench_cuda_decode bench_cuda_v4 bench_engine deepinfer_cli
   mkdir -p .carry/cuda
-  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_tc_gemm build-cuda/test_cuda_attn_fixed build-cuda/test_cuda_invariance build-cuda/test_cuda_fp8 build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_engine build-cuda/test_cuda_v4 build-cuda/test_cuda_v4_kernels build-cuda/bench_cuda_decode build-cuda/bench_cuda_v4 build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
+  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_tc_gemm build-cuda/test_cuda_attn_fixed build-cuda/test_cuda_mha_prefill build-cuda/test_cuda_invariance build-cuda/test_cuda_fp8 build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_engine build-cuda/test_cuda_v4 build-cuda/test_cuda_v4_kernels build-cuda/bench_cuda_decode build-cuda/bench_cuda_v4 build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
   # the Debian libraries the binaries link (cJSON, PCRE2, libmicrohttpd and its GnuTLS chain): the
   # device image has the CUDA runtime and glibc, not these
   for lib in $(ldd build-cuda/test_cuda_model build-cuda/deepinfer | awk '/=> \// {print $3}' | sort -u |
@@ -67,6 +67,8 @@ ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
 [ "${SKIP_KERNELS:-0}" = 1 ] || stage tc_gemm 120 "$BIN/test_cuda_tc_gemm"
 # the fixed-split (batch-invariant) MLA attention: float64 accuracy, bit-identical rows however the work is cut
 [ "${SKIP_KERNELS:-0}" = 1 ] || stage attn_fixed 120 "$BIN/test_cuda_attn_fixed"
+# the MHA-form prefill attention (DEEPINFER_CUDA_PREFILL_MHA): float64 accuracy, chunk == whole prompt bit for bit
+[ "${SKIP_KERNELS:-0}" = 1 ] || stage mha_prefill 60 "$BIN/test_cuda_mha_prefill"
 # the block-FP8 kernels against float64, and their timings
 [ "${SKIP_KERNELS:-0}" = 1 ] || stage fp8 240 "$BIN/test_cuda_fp8"
 # the op test table (src/backend/op_table.c) on this backend, against its float64 references

@@ -36,6 +36,11 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_ATTN_FIXED] = {"DEEPINFER_CUDA_ATTN_FIXED", "0 (1 in the batch-invariant mode)",
                                "1 (or a split size in keys, a multiple of 32): MLA attention in the fixed-split form at every step "
                                "(k_mla_fixed.cu; batch-invariant); 0: the mode's other kernels"},
+    [DI_SW_CUDA_PREFILL_MHA] = {"DEEPINFER_CUDA_PREFILL_MHA", "512",
+                                "N > 0: steps of at least N tokens (1: 512), each run of them a prefill chunk, run MLA "
+                                "attention in the non-absorbed (MHA) form: keys up-projected by kv_b, FlashAttention-2 "
+                                "over 192 / 128 head dims (k_mha_prefill.cu); the default mode only (the "
+                                "batch-invariant mode keeps one form for every step); 0: off"},
     [DI_SW_CUDA_FOLD_UV] = {"DEEPINFER_CUDA_FOLD_UV", "0", "1: W_UV applied in the decode attention's epilogue"},
     [DI_SW_CUDA_VO_FUSED] = {"DEEPINFER_CUDA_VO_FUSED", "1",
                              "0: one-token W_UV and o_proj as two GEMMs (not the fused kernel)"},

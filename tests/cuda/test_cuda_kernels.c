@@ -891,54 +891,59 @@ static void test_sample(int V) {
   di_cut_free(dl); di_cut_free(dr); di_cut_free(dout);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
+  /* --attn-only: the MLA attention cases alone; --moe-only: the router and MoE gate cases alone (the
+   * whole test takes ~4 minutes on an H200) */
+  const int attn_only = argc > 1 && !strcmp(argv[1], "--attn-only"), moe_only = argc > 1 && !strcmp(argv[1], "--moe-only");
   if (!di_cut_device_ok()) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
   di_cu_blas *blas = NULL;
   CHECK(di_cu_blas_create(&blas) == DI_OK);
-  test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* M <= 8: the skinny kernel */
-  test_gemm(blas, 8, 3648, 2048, 0, 0.f);
-  test_gemm(blas, 1, 129280, 2048, 1, 0.f);     /* lm_head shape */
-  test_gemm(blas, 1, 2048, 2048, 1, 1.f);       /* o_proj at decode */
-  test_gemm(blas, 1, 200, 96, 0, 0.f);          /* a partial last CTA */
-  test_gemm_normed(blas, 1, 3648, 2048);         /* the q/kv projection with the attention norm inside */
-  test_gemm_normed(blas, 4, 2112, 7168);
-  test_gemm_normed(blas, 8, 100, 72);
-  test_gemm_normed(blas, 1, 2112, 7168);          /* V3's q_a + kv_a rows at decode */
-  test_gemm_normed(blas, 1, 100, 224);            /* the default model's width, a partial last CTA */
-  di_cu_blas_set_skinny(blas, 0);
-  test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* the same through cuBLASLt */
-  test_gemm_batched(blas, 16, 3, 128, 512, 0);
-  di_cu_blas_set_skinny(blas, 1);
-  test_gemm_batched(blas, 16, 3, 128, 512, 0);  /* batched skinny (v = o_lat . W_UV^T) */
-  test_gemm(blas, 64, 3072, 2048, 0, 0.f);
-  test_gemm(blas, 3, 777, 72, 1, 0.f);
-  test_gemm_batched(blas, 16, 9, 512, 128, 1);  /* q_lat = q_nope . W_UK (cuBLAS) */
-  test_gemm_batched(blas, 16, 1, 512, 128, 1);  /* ... decode-sized: our skinny [K][N] kernel */
-  test_gemm_batched(blas, 128, 8, 512, 128, 1); /* V3's 128 heads */
-  test_gemm_batched(blas, 4, 3, 40, 32, 1);     /* odd fixture ranks */
-  test_gemm_batched(blas, 16, 9, 128, 512, 0);  /* v = o_lat . W_UV^T */
-  test_invariant_gemm(blas, 21, 300, 2048, 0, "bf16 out, 3 chunks");
-  test_invariant_gemm(blas, 9, 2048, 1024, 1, "f32 out + residual");
-  test_invariant_gemm(blas, 13, 576, 2048, 2, "normed (q/kv)");
-  test_invariant_gemm(blas, 10, 128, 512, 3, "batched over heads (W_UV)");
-  test_invariant_gemm(blas, 10, 512, 128, 4, "batched, W [K][N] (absorb)");
-  test_invariant_gemm(blas, 7, 36, 60, 1, "odd K = 60 (rowdot)");
-  test_invariant_gemm(blas, 5, 40, 20, 4, "odd batched (rowdot)");
-  test_gemm_batched(blas, 16, 1, 128, 512, 0);  /* ... at decode */
-  test_norms(7, 2048);
-  test_norms(3, 72);
-  test_mla_prep(5, 16, 128, 64, 512, 1);
-  test_mla_prep(4, 4, 32, 16, 32, 0);
-  test_mla_prep(3, 128, 128, 64, 512, 1);
-  test_mla_prep_absorb(blas, 1, 16, 128, 64, 512); /* V2-Lite decode */
-  test_mla_prep_absorb(blas, 5, 16, 128, 64, 512);
-  test_mla_prep_absorb(blas, 8, 4, 32, 16, 32);    /* more tokens than heads (tiny fixtures) */
-  test_mla_prep_absorb(blas, 2, 128, 128, 64, 512); /* V3's 128 heads */
-  {
+  if (!attn_only && !moe_only) {
+    test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* M <= 8: the skinny kernel */
+    test_gemm(blas, 8, 3648, 2048, 0, 0.f);
+    test_gemm(blas, 1, 129280, 2048, 1, 0.f);     /* lm_head shape */
+    test_gemm(blas, 1, 2048, 2048, 1, 1.f);       /* o_proj at decode */
+    test_gemm(blas, 1, 200, 96, 0, 0.f);          /* a partial last CTA */
+    test_gemm_normed(blas, 1, 3648, 2048);         /* the q/kv projection with the attention norm inside */
+    test_gemm_normed(blas, 4, 2112, 7168);
+    test_gemm_normed(blas, 8, 100, 72);
+    test_gemm_normed(blas, 1, 2112, 7168);          /* V3's q_a + kv_a rows at decode */
+    test_gemm_normed(blas, 1, 100, 224);            /* the default model's width, a partial last CTA */
+    di_cu_blas_set_skinny(blas, 0);
+    test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* the same through cuBLASLt */
+    test_gemm_batched(blas, 16, 3, 128, 512, 0);
+    di_cu_blas_set_skinny(blas, 1);
+    test_gemm_batched(blas, 16, 3, 128, 512, 0);  /* batched skinny (v = o_lat . W_UV^T) */
+    test_gemm(blas, 64, 3072, 2048, 0, 0.f);
+    test_gemm(blas, 3, 777, 72, 1, 0.f);
+    test_gemm_batched(blas, 16, 9, 512, 128, 1);  /* q_lat = q_nope . W_UK (cuBLAS) */
+    test_gemm_batched(blas, 16, 1, 512, 128, 1);  /* ... decode-sized: our skinny [K][N] kernel */
+    test_gemm_batched(blas, 128, 8, 512, 128, 1); /* V3's 128 heads */
+    test_gemm_batched(blas, 4, 3, 40, 32, 1);     /* odd fixture ranks */
+    test_gemm_batched(blas, 16, 9, 128, 512, 0);  /* v = o_lat . W_UV^T */
+    test_invariant_gemm(blas, 21, 300, 2048, 0, "bf16 out, 3 chunks");
+    test_invariant_gemm(blas, 9, 2048, 1024, 1, "f32 out + residual");
+    test_invariant_gemm(blas, 13, 576, 2048, 2, "normed (q/kv)");
+    test_invariant_gemm(blas, 10, 128, 512, 3, "batched over heads (W_UV)");
+    test_invariant_gemm(blas, 10, 512, 128, 4, "batched, W [K][N] (absorb)");
+    test_invariant_gemm(blas, 7, 36, 60, 1, "odd K = 60 (rowdot)");
+    test_invariant_gemm(blas, 5, 40, 20, 4, "odd batched (rowdot)");
+    test_gemm_batched(blas, 16, 1, 128, 512, 0);  /* ... at decode */
+    test_norms(7, 2048);
+    test_norms(3, 72);
+    test_mla_prep(5, 16, 128, 64, 512, 1);
+    test_mla_prep(4, 4, 32, 16, 32, 0);
+    test_mla_prep(3, 128, 128, 64, 512, 1);
+    test_mla_prep_absorb(blas, 1, 16, 128, 64, 512); /* V2-Lite decode */
+    test_mla_prep_absorb(blas, 5, 16, 128, 64, 512);
+    test_mla_prep_absorb(blas, 8, 4, 32, 16, 32);    /* more tokens than heads (tiny fixtures) */
+    test_mla_prep_absorb(blas, 2, 128, 128, 64, 512); /* V3's 128 heads */
+  }
+  if (!moe_only) {
     int ctx[] = {1, 100, 4097, 32768}, nt[] = {1, 1, 1, 1};
     test_mla_attn(16, 4, ctx, nt, 16, 1, "V2-Lite decode, no split");
     test_mla_attn(16, 4, ctx, nt, 16, 16, "V2-Lite decode, 16-way split");
@@ -991,48 +996,53 @@ int main(void) {
     test_mla_attn(16, 2, ctx, nt, 64, 2, "prefill chunks, split 2");
     test_mla_attn(4, 2, ctx, nt, 16, 1, "tiny heads (4), bm 16");
   }
-  {
-    di_cuk_router r1 = {64, 6, 1, 1, 0, 0, 0, 0, 1.f, 0, 0};      /* V2-Lite: softmax greedy */
-    di_cuk_router r2 = {64, 6, 8, 3, 0, 1, 0, 0, 16.f, 0, 0};     /* V2: group-limited greedy */
-    di_cuk_router r3 = {256, 8, 8, 4, 1, 2, 1, 1, 2.5f, 0, 0};    /* V3: sigmoid noaux_tc, renorm, scale */
-    di_cuk_router r4 = {64, 6, 1, 1, 0, 0, 1, 0, 3.f, 0, 0};      /* V2 renormalized: no scaling */
-    test_route(300, r1, "softmax greedy");
-    test_route(300, r2, "group-limited greedy");
-    test_route(300, r3, "sigmoid noaux_tc");
-    test_route(300, r4, "softmax greedy norm (V2)");
-    di_cuk_router r1b = r1, r4b = r4; /* the same routers through the block-wide path */
-    r1b.block_route = r4b.block_route = 1;
-    test_route(300, r1b, "softmax greedy, block");
-    test_route(300, r4b, "softmax greedy norm, block");
-    di_cuk_router r1s = r1, r3s = r3;
-    r1s.n_shared = 2; /* V2-Lite with its shared experts folded in */
-    r3s.n_shared = 1;
-    test_moe_gate(1, 2048, r1s, "V2-Lite decode");
-    test_moe_gate(5, 2048, r1, "V2-Lite, 5 tokens");
-    test_moe_gate(1, 7168, r3s, "V3 decode");
-    test_moe_gate(64, 7168, r3, "V3, 64 tokens");
-    test_moe_gate(3, 72, r2, "group-limited, tiny");
+  if (!attn_only) {
+    {
+      di_cuk_router r1 = {64, 6, 1, 1, 0, 0, 0, 0, 1.f, 0, 0};      /* V2-Lite: softmax greedy */
+      di_cuk_router r2 = {64, 6, 8, 3, 0, 1, 0, 0, 16.f, 0, 0};     /* V2: group-limited greedy */
+      di_cuk_router r3 = {256, 8, 8, 4, 1, 2, 1, 1, 2.5f, 0, 0};    /* V3: sigmoid noaux_tc, renorm, scale */
+      di_cuk_router r4 = {64, 6, 1, 1, 0, 0, 1, 0, 3.f, 0, 0};      /* V2 renormalized: no scaling */
+      test_route(300, r1, "softmax greedy");
+      test_route(300, r2, "group-limited greedy");
+      test_route(300, r3, "sigmoid noaux_tc");
+      test_route(300, r4, "softmax greedy norm (V2)");
+      di_cuk_router r1b = r1, r4b = r4; /* the same routers through the block-wide path */
+      r1b.block_route = r4b.block_route = 1;
+      test_route(300, r1b, "softmax greedy, block");
+      test_route(300, r4b, "softmax greedy norm, block");
+      di_cuk_router r1s = r1, r3s = r3;
+      r1s.n_shared = 2; /* V2-Lite with its shared experts folded in */
+      r3s.n_shared = 1;
+      test_moe_gate(1, 2048, r1s, "V2-Lite decode");
+      test_moe_gate(5, 2048, r1, "V2-Lite, 5 tokens");
+      test_moe_gate(1, 7168, r3s, "V3 decode");
+      test_moe_gate(64, 7168, r3, "V3, 64 tokens");
+      test_moe_gate(3, 72, r2, "group-limited, tiny");
+      test_moe_gate(300, 2048, r1, "V2-Lite, 300 tokens");
+    }
+    if (!moe_only) {
+    test_mla_vo(16, 2048, 512, 128, "V2-Lite decode (4 row tiles)");
+    test_mla_vo(8, 768, 64, 32, "8 heads, 3 row tiles of 256");
+    test_mla_vo(4, 64, 32, 16, "tiny (one tile)");
+    test_mla_vo(4, 224, 64, 32, "the default model's shape");
+    test_moe_chain(1, 64, 6, 2, 2048, 1408, 0);   /* V2-Lite decode, 2 shared experts folded in (64-wide tiles) */
+    test_moe_chain(1, 64, 6, 2, 2048, 1408, 1);   /* ... as the GEMV the backend uses at T <= 4 */
+    test_moe_chain(1, 64, 6, 2, 2048, 1408, -1);  /* ... and T == 1's down projection fused with the combine */
+    test_moe_chain(1, 256, 8, 1, 512, 256, -1);   /* V3 routing width: 9 slots over 8 warps */
+    test_moe_chain(1, 16, 3, 0, 64, 40, -1);      /* tiny, no shared expert */
+    test_moe_chain(4, 64, 6, 2, 2048, 1408, 4);
+    test_moe_chain(16, 64, 6, 2, 2048, 1408, 0);
+    test_moe_chain(16, 64, 6, 2, 2048, 1408, 4);  /* more rows per expert than one GEMV pass */
+    test_moe_chain(300, 256, 8, 1, 256, 200, 0);  /* V3 routing width, bm 64 */
+    test_moe_chain(3, 12, 3, 0, 128, 40, 0);      /* odd sizes (padded intermediate) */
+    test_moe_chain(3, 12, 3, 0, 128, 40, 3);
+    test_moe_chain(2, 16, 4, 1, 7168, 256, 2);    /* V3 hidden (K 7168) */
+    test_moe_chain(600, 64, 6, 2, 256, 256, 0);   /* A = 4800 >= 32 * 66: the bm = 64 tiles (prefill) */
+    test_sample(129280);
+    test_sample(1001); /* slices of the argmax cluster of unequal length */
+    test_sample(37);   /* fewer logits than the cluster has CTAs x 8: empty slices */
+    }
   }
-  test_mla_vo(16, 2048, 512, 128, "V2-Lite decode (4 row tiles)");
-  test_mla_vo(8, 768, 64, 32, "8 heads, 3 row tiles of 256");
-  test_mla_vo(4, 64, 32, 16, "tiny (one tile)");
-  test_mla_vo(4, 224, 64, 32, "the default model's shape");
-  test_moe_chain(1, 64, 6, 2, 2048, 1408, 0);   /* V2-Lite decode, 2 shared experts folded in (64-wide tiles) */
-  test_moe_chain(1, 64, 6, 2, 2048, 1408, 1);   /* ... as the GEMV the backend uses at T <= 4 */
-  test_moe_chain(1, 64, 6, 2, 2048, 1408, -1);  /* ... and T == 1's down projection fused with the combine */
-  test_moe_chain(1, 256, 8, 1, 512, 256, -1);   /* V3 routing width: 9 slots over 8 warps */
-  test_moe_chain(1, 16, 3, 0, 64, 40, -1);      /* tiny, no shared expert */
-  test_moe_chain(4, 64, 6, 2, 2048, 1408, 4);
-  test_moe_chain(16, 64, 6, 2, 2048, 1408, 0);
-  test_moe_chain(16, 64, 6, 2, 2048, 1408, 4);  /* more rows per expert than one GEMV pass */
-  test_moe_chain(300, 256, 8, 1, 256, 200, 0);  /* V3 routing width, bm 64 */
-  test_moe_chain(3, 12, 3, 0, 128, 40, 0);      /* odd sizes (padded intermediate) */
-  test_moe_chain(3, 12, 3, 0, 128, 40, 3);
-  test_moe_chain(2, 16, 4, 1, 7168, 256, 2);    /* V3 hidden (K 7168) */
-  test_moe_chain(600, 64, 6, 2, 256, 256, 0);   /* A = 4800 >= 32 * 66: the bm = 64 tiles (prefill) */
-  test_sample(129280);
-  test_sample(1001); /* slices of the argmax cluster of unequal length */
-  test_sample(37);   /* fewer logits than the cluster has CTAs x 8: empty slices */
   di_cu_blas_destroy(blas);
   return test_finish("test_cuda_kernels");
 }

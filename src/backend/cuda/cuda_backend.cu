@@ -15,19 +15,29 @@ static int parse_skip(const char *phases) {
   return m;
 }
 
+/* The profile's per-phase device time (DEEPINFER_CUDA_PROFILE=1 or di_backend_cuda_set_profile), decode-sized
+ * and larger steps apart, to stderr; then cleared. */
+static void prof_print(cu_backend *b, const char *title) {
+  static const char *kind[2] = {"decode-sized", "prefill-sized"};
+  for (int a = 0; a < 2; a++) {
+    cu_backend::cu_prof_acc *pa = &b->prof_acc[a];
+    if (!pa->steps) continue;
+    double tot = 0;
+    for (int k = 0; k < pa->n; k++) tot += pa->ms[k];
+    fprintf(stderr, "cuda profile%s%s over %lld eager %s steps (device time per phase, all layers; %.3f ms a step):\n",
+            *title ? " " : "", title, (long long)pa->steps, kind[a], tot / (double)pa->steps);
+    for (int k = 0; k < pa->n; k++)
+      fprintf(stderr, "  %-18s %10.3f ms  %5.1f%%\n", pa->label[k], pa->ms[k], 100.0 * pa->ms[k] / tot);
+    memset(pa, 0, sizeof *pa);
+  }
+}
+
 static void cu_destroy(di_backend *bb) {
   cu_backend *b = (cu_backend *)bb;
   if (!b) return;
   if (b->stream) cudaStreamSynchronize(b->stream);
   free(b->want_host);
-  if (b->prof && b->prof_steps) {
-    double tot = 0;
-    for (int k = 0; k < b->n_plabel; k++) tot += b->ptime[k];
-    fprintf(stderr, "cuda profile over %lld eager decode-sized steps (device time per phase, all layers):\n",
-            (long long)b->prof_steps);
-    for (int k = 0; k < b->n_plabel; k++)
-      fprintf(stderr, "  %-18s %10.3f ms  %5.1f%%\n", b->plabel[k], b->ptime[k], 100.0 * b->ptime[k] / tot);
-  }
+  if (b->prof) prof_print(b, "");
   if (di_switch_bool(DI_SW_CUDA_STATS, 0))
     fprintf(stderr, "cuda stats: steps %lld, graphs captured %lld, replays %lld, resamples %lld\n",
             (long long)b->stats.steps, (long long)b->stats.graph_captures, (long long)b->stats.graph_replays,
@@ -132,6 +142,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   if (fixed != 0 && !b->attn_fixed)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED=%d: 0, 1 or a split size in keys (a multiple "
                         "of 32)", fixed);
+  /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
+   * V2-Lite shape: prefill 1.15x at 512 tokens, 1.65x at 4,096: PERFORMANCE.md, session 10, issue 19) */
+  const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 512);
+  b->prefill_mha = mha == 1 ? 512 : mha > 0 ? mha : 0;
   const int split_keys = di_switch_int(DI_SW_CUDA_ATTN_SPLIT_KEYS, 0);
   b->split_keys = split_keys >= 32 && split_keys % 32 == 0 ? split_keys : DI_CUK_ATTN_KTILE;
   for (int i = 0; i < 2; i++) DI_CU(cudaEventCreateWithFlags(&b->ev_sampled[i], cudaEventDisableTiming));
@@ -192,6 +206,58 @@ extern "C" di_status di_backend_cuda_set_attn_fixed(di_backend *bb, int split) {
   cudaStreamSynchronize(b->stream);
   drop_graphs(b); /* captured graphs hold the old attention kernels */
   b->attn_fixed = split;
+  return DI_OK;
+}
+
+extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {
+  ((cu_backend *)bb)->prefill_mha = min_tokens == 1 ? 512 : min_tokens > 0 ? min_tokens : 0;
+}
+
+extern "C" di_status di_backend_cuda_set_profile(di_backend *bb, int on) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b);
+  if (on && !b->prof) {
+    for (int i = 0; i < MAX_MARKS; i++)
+      if (!b->marks[i]) DI_CU(cudaEventCreate(&b->marks[i]));
+    b->prof_graphs_saved = b->use_graphs;
+    b->use_graphs = 0; /* the marks are recorded on eager steps */
+    b->prof = 1;
+  } else if (!on && b->prof) {
+    b->prof = 0;
+    b->use_graphs = b->prof_graphs_saved;
+  }
+  return DI_OK;
+}
+
+extern "C" void di_backend_cuda_profile_dump(di_backend *bb, const char *title) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  prof_print(b, title ? title : "");
+}
+
+extern "C" di_status di_backend_cuda_set_invariant(di_backend *bb, int on) {
+  cu_backend *b = (cu_backend *)bb;
+  on = on != 0;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the other mode's kernels */
+  if (on == b->invariant) return DI_OK;
+  if (on) { /* as create does for the invariant mode */
+    b->saved_vo_fused = b->vo_fused;
+    b->saved_fold_uv = b->fold_uv;
+    b->saved_attn_fixed = b->attn_fixed;
+    di_cu_blas_set_invariant(b->blas, 1);
+    di_cu_blas_set_tc(b->blas, di_switch_bool(DI_SW_CUDA_TC_INVARIANT, 1));
+    b->vo_fused = b->fold_uv = 0;
+    const int fixed = di_switch_int(DI_SW_CUDA_ATTN_FIXED, 1);
+    b->attn_fixed = fixed == 1 ? DI_CUK_ATTN_FIXED_SPLIT : fixed >= 32 && fixed % 32 == 0 ? fixed : 0;
+  } else {
+    di_cu_blas_set_invariant(b->blas, 0);
+    b->vo_fused = b->saved_vo_fused;
+    b->fold_uv = b->saved_fold_uv;
+    b->attn_fixed = b->saved_attn_fixed;
+  }
+  b->invariant = on;
   return DI_OK;
 }
 

@@ -34,6 +34,18 @@ void di_backend_cuda_set_skip(di_backend *b, const char *phases);
  * `split` keys (a multiple of 32), or off (0), for every later step; DEEPINFER_CUDA_ATTN_FIXED at
  * create. Changing it mid-sequence changes later rows' bits (not for the invariant mode's users). */
 di_status di_backend_cuda_set_attn_fixed(di_backend *b, int split);
+/* Benchmarking only (both modes alternating in one process, weights uploaded once): the batch-invariant
+ * mode on or off for every later step, with the settings create gives that mode (tensor-core GEMMs,
+ * fixed-split attention, no arithmetic-changing fusions). Not for serving: a sequence's rows before
+ * and after the change come from different arithmetic. */
+di_status di_backend_cuda_set_invariant(di_backend *b, int on);
+/* Benchmarking only: DEEPINFER_CUDA_PREFILL_MHA for later steps (0 off, 1 = 512, N: steps of >= N tokens) */
+void di_backend_cuda_set_prefill_mha(di_backend *b, int min_tokens);
+/* Benchmarking only: DEEPINFER_CUDA_PROFILE's per-phase device time on (graphs off) or off for later steps;
+ * di_backend_cuda_profile_dump prints what was gathered (decode-sized and larger steps apart, to stderr)
+ * under `title` and clears it. */
+di_status di_backend_cuda_set_profile(di_backend *b, int on);
+void di_backend_cuda_profile_dump(di_backend *b, const char *title);
 /* The CUDA backend's runner of the op test table (backend/op_table.h; a di_op_runner): ctx is a
  * di_cu_blas (backend/cuda/cuda_kernels.h). */
 struct di_op_data;

@@ -156,10 +156,26 @@ typedef struct cu_backend {
   cudaEvent_t ev_sampled[2], ev_h2d;
   int h2d_recorded;
   const char *mark_label[MAX_MARKS];
-  const char *plabel[64];
-  double ptime[64];
-  int n_plabel;
-  int64_t prof_steps;
+  /* per-phase device time summed over profiled steps: [0] decode-sized steps (T <= the graph limit),
+   * [1] larger ones (prefill); printed at destroy or by di_backend_cuda_profile_dump */
+  struct cu_prof_acc {
+    const char *label[64];
+    double ms[64];
+    int n;
+    int64_t steps;
+  } prof_acc[2];
+  int prof_graphs_saved; /* use_graphs before di_backend_cuda_set_profile turned profiling on */
+  /* di_backend_cuda_set_invariant: the default mode's settings while the invariant mode is on */
+  int saved_vo_fused, saved_fold_uv, saved_attn_fixed;
+  /* DEEPINFER_CUDA_PREFILL_MHA: steps of at least prefill_mha tokens (0: never) run attention in the MHA
+   * form (k_mha_prefill.cu). This step's: mha_step, its items and the keys' cache slots (in the input
+   * block), the gathered latents mha_g [keys][576] and up-projected keys / values mha_kv
+   * [keys][NH * (dn + dv)] (grown to mha_cap keys) */
+  int prefill_mha, mha_step, n_mha_items, n_mha_keys;
+  int64_t mha_cap;
+  const struct di_cuk_mha_item *d_mha_items;
+  const int32_t *d_mha_slots;
+  void *mha_g, *mha_kv;
   /* feature capture for a DSpark drafter (di_backend_cuda_set_capture; cuda_dspark.cu): when n_capture
    * > 0 the forward copies each output row's output of the layers capture[] (-1: the embedding; the last
    * layer's after the final norm) into cap_buf [cap_rows][n_capture * H] f32, and wait() returns those

@@ -5,6 +5,7 @@
  * a prepared step (embed, layers, final norm, lm_head, in-step sampling). */
 #include "cuda_backend_impl.cuh"
 #include "cuda_ep.cuh"
+#include "k_mha_prefill.h"
 #include <string.h>
 
 /* DEEPINFER_CUDA_FP8=1: the layer's FP8 weight groups to the device as FP8 (per-row scales, see
@@ -396,18 +397,27 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     if (!SKIP(SKIP_PREP))
       DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
                            b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
-    /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]) */
-    if (!SKIP(SKIP_ABSORB))
+    /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]); not needed by
+     * the MHA form */
+    if (!SKIP(SKIP_ABSORB) && !b->mha_step)
       DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
                               (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
   }
   PROF("mla prep+absorb");
   /* decode with one cluster per row group: W_UV applied in the attention kernel's epilogue */
-  const int fold_uv = b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
+  const int fold_uv = !b->mha_step && b->attn_cl && b->max_citems == 0 && di_cuk_uv_fold_ok(b->dv, b->R) && !SKIP(SKIP_VO) &&
                       b->fold_uv;
   const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
-  if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
+  if (!SKIP(SKIP_ATTN) && b->mha_step) { /* prefill in the MHA form (k_mha_prefill.cu): out is per-head v */
+    const int wkv = NH * (b->dn + b->dv);
+    DI_TRY(di_cuk_mha_gather((const uint16_t *)cache, b->d_mha_slots, b->n_mha_keys, (uint16_t *)b->mha_g, s));
+    DI_TRY(di_cu_gemm(b->blas, b->n_mha_keys, wkv, b->R, (const uint16_t *)b->mha_g, DI_CUK_MLA_D,
+                      (const uint16_t *)L->kv_b, b->R, b->mha_kv, wkv, 0, 0.f, s));
+    DI_TRY(di_cuk_mha_prefill(q, ldq, b->dqk, (const uint16_t *)b->Qa, (const uint16_t *)b->mha_kv, wkv,
+                              (const uint16_t *)b->mha_g, b->d_pos, b->d_mha_items, b->n_mha_items, NH, b->dn, b->dr,
+                              b->dv, b->base.cfg->softmax_scale, (uint16_t *)b->attn, NH * b->dv, s));
+  } else if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
     DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                                  b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,
                                  b->bm, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
@@ -420,21 +430,21 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
                          b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                          (uint16_t *)b->olat, b->part_o, b->part_lse, s));
-  if (b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
+  if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
     DI_TRY(di_cuk_mla_combine_fixed(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                                     (uint16_t *)b->olat, s));
-  else if (b->max_citems > 0 && !SKIP(SKIP_ATTN))
+  else if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN))
     DI_TRY(di_cuk_mla_combine(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                               (uint16_t *)b->olat, s));
   PROF("mla attention");
   /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]), then o_proj into
    * h: at one token both in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
-  const int vo_fused = b->vo_fused && !fold_uv && !SKIP(SKIP_VO) && L->o_proj && di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv);
+  const int vo_fused = b->vo_fused && !b->mha_step && !fold_uv && !SKIP(SKIP_VO) && L->o_proj && di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv);
   if (vo_fused)
     DI_TRY(di_cuk_mla_vo((const uint16_t *)b->olat, DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R),
                          (int64_t)(b->dn + b->dv) * b->R, b->R, b->dv, (const uint16_t *)L->o_proj, NH * b->dv, NH, H,
                          b->h, s));
-  if (!SKIP(SKIP_VO) && !fold_uv && !vo_fused)
+  if (!SKIP(SKIP_VO) && !fold_uv && !vo_fused && !b->mha_step) /* (the MHA form's output is v already) */
     DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                             DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
                             (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));

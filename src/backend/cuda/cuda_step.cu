@@ -4,6 +4,7 @@
  * a CUDA graph per bucket the second time the bucket is seen and replays it after that; wait() takes
  * the logits (and the profile marks). */
 #include "cuda_backend_impl.cuh"
+#include "k_mha_prefill.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,45 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
   DI_TRY(ensure_acts(b, Tp, n_out_p, fixed && !fixed_sep ? 1 : max_items)); /* (partial slots) */
 
+  /* the MHA form of prefill attention (DEEPINFER_CUDA_PREFILL_MHA; the default mode, eager steps of at
+   * least prefill_mha tokens): each run's tokens in items of 64, its keys 0 .. the run's largest
+   * position gathered once from the cache and up-projected (cuda_deepseek2.cu) */
+  int n_mi = 0;
+  int64_t n_mk = 0;
+  int use_mha = b->prefill_mha > 0 && !b->invariant && !graph && T >= b->prefill_mha &&
+                di_cuk_mha_prefill_ok(b->dn, b->dr, b->dv);
+  for (int t = 0; use_mha && t < T;) {
+    int u = t + 1, maxpos = bt->positions[t];
+    for (; u < T && bt->seq_of[u] == bt->seq_of[t]; u++)
+      if (bt->positions[u] > maxpos) maxpos = bt->positions[u];
+    /* every run a prefill chunk (>= 64 tokens, or at most 16 keys a token): a decode row's run would
+     * up-project its whole context for one query, so such steps keep the absorbed form */
+    if (u - t < DI_CUK_MHA_ROWS && (int64_t)(maxpos + 1) > 16 * (int64_t)(u - t)) use_mha = 0;
+    n_mi += (u - t + DI_CUK_MHA_ROWS - 1) / DI_CUK_MHA_ROWS;
+    n_mk += maxpos + 1;
+    t = u;
+  }
+  const int64_t mha_row_bytes = 2 * ((int64_t)DI_CUK_MLA_D + (int64_t)NH * (b->dn + b->dv));
+  if (use_mha && n_mk * mha_row_bytes > ((int64_t)2 << 30)) use_mha = 0; /* more than 2 GiB of keys: absorbed */
+  if (use_mha && n_mk > b->mha_cap) { /* grown lazily (after the KV pool took its share): if the memory is
+                                         not there, this step keeps the absorbed form */
+    dev_free(b, b->mha_g);
+    dev_free(b, b->mha_kv);
+    b->mha_g = b->mha_kv = NULL;
+    b->mha_cap = 0;
+    const int64_t c = n_mk + n_mk / 2;
+    if (dev_alloc(b, &b->mha_g, 2 * (size_t)c * DI_CUK_MLA_D) != DI_OK ||
+        dev_alloc(b, &b->mha_kv, 2 * (size_t)c * NH * (b->dn + b->dv)) != DI_OK) {
+      dev_free(b, b->mha_g);
+      b->mha_g = NULL;
+      (void)cudaGetLastError(); /* the failed cudaMalloc must not surface at the next launch check */
+      di_error_clear();
+      use_mha = 0;
+    } else {
+      b->mha_cap = c;
+    }
+  }
+
   /* layout of the input block (int32 units); the last block-table row is the padding tokens' */
   const int n_seq_rows = (bt->n_seqs > Tp ? bt->n_seqs : Tp) + 1, spare_seq = n_seq_rows - 1;
   size_t o = 0;
@@ -130,6 +170,8 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   o = (o + 3) & ~(size_t)3;
   const size_t o_items = o; o += (size_t)max_items * (sizeof(di_cuk_attn_item) / sizeof(int32_t));
   const size_t o_citems = o; o += (size_t)(max_citems > 0 ? max_citems : 1) * 4;
+  const size_t o_mitems = o; o += use_mha ? (size_t)n_mi * (sizeof(di_cuk_mha_item) / sizeof(int32_t)) : 0;
+  const size_t o_mslots = o; o += use_mha ? (size_t)n_mk : 0;
   o = (o + 1) & ~(size_t)1; /* 8-byte fields */
   const size_t o_srows = o; o += (size_t)n_out_p * (sizeof(di_cuk_sample_row) / sizeof(int32_t));
   DI_TRY(ensure_inputs(b, o));
@@ -226,6 +268,25 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
     t = u;
   }
   DI_ASSERT(ni <= max_items && nci <= (max_citems > 0 ? max_citems : 0) + 0);
+  if (use_mha) { /* MHA items and the keys' cache slots, run by run */
+    di_cuk_mha_item *mi = (di_cuk_mha_item *)(hi + o_mitems);
+    int32_t *ms = hi + o_mslots;
+    int nmi = 0;
+    int64_t kbase = 0;
+    for (int t = 0; t < T;) {
+      int u = t + 1, maxpos = bt->positions[t];
+      for (; u < T && bt->seq_of[u] == bt->seq_of[t]; u++)
+        if (bt->positions[u] > maxpos) maxpos = bt->positions[u];
+      const int32_t *tab = bt->seqs[bt->seq_of[t]].block_table;
+      for (int k = 0; k <= maxpos; k++)
+        ms[kbase + k] = tab[k / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + k % DI_KV_BLOCK_SIZE;
+      for (int t0 = t; t0 < u; t0 += DI_CUK_MHA_ROWS)
+        mi[nmi++] = (di_cuk_mha_item){t0, t0 + DI_CUK_MHA_ROWS < u ? t0 + DI_CUK_MHA_ROWS : u, (int32_t)kbase, maxpos + 1};
+      kbase += maxpos + 1;
+      t = u;
+    }
+    DI_ASSERT(nmi == n_mi && kbase == n_mk);
+  }
   hi[o_n] = ni;
   hi[o_n + 1] = nci;
   int32_t *d = b->in_dev;
@@ -234,6 +295,11 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   b->d_items = (di_cuk_attn_item *)(d + o_items);
   b->d_step_rows = (di_cuk_sample_row *)(d + o_srows);
   b->d_citems = (di_cuk_combine_item *)(d + o_citems);
+  b->mha_step = use_mha;
+  b->n_mha_items = use_mha ? n_mi : 0;
+  b->n_mha_keys = use_mha ? (int)n_mk : 0;
+  b->d_mha_items = (const di_cuk_mha_item *)(d + o_mitems);
+  b->d_mha_slots = d + o_mslots;
   b->T = T; b->Tp = Tp; b->n_out = n_out; b->n_out_p = n_out_p; b->bt_stride = bt_stride;
   b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->attn_cl = cluster ? CL : 0; b->in_used = o;
   b->n_seq_rows = n_seq_rows;
@@ -318,15 +384,16 @@ di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
     b->stats.timed_replays++;
     b->timing = 0;
   }
-  if (b->prof && b->n_marks > 1 && b->T <= DI_CUDA_GRAPH_MAX_T) { /* decode-sized steps only */
-    b->prof_steps++;
+  if (b->prof && b->n_marks > 1) { /* decode-sized steps and larger ones apart */
+    cu_backend::cu_prof_acc *pa = &b->prof_acc[b->T <= DI_CUDA_GRAPH_MAX_T ? 0 : 1];
+    pa->steps++;
     for (int i = 1; i < b->n_marks; i++) {
       float ms = 0;
       cudaEventElapsedTime(&ms, b->marks[i - 1], b->marks[i]);
       int k = 0;
-      while (k < b->n_plabel && strcmp(b->plabel[k], b->mark_label[i])) k++;
-      if (k == b->n_plabel && k < 64) b->plabel[b->n_plabel++] = b->mark_label[i];
-      if (k < 64) b->ptime[k] += ms;
+      while (k < pa->n && strcmp(pa->label[k], b->mark_label[i])) k++;
+      if (k == pa->n && k < 64) pa->label[pa->n++] = b->mark_label[i];
+      if (k < 64) pa->ms[k] += ms;
     }
   }
   if (logits && b->n_out > 0 && b->want_on) { /* only the wanted rows, in runs of consecutive ones */

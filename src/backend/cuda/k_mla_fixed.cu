@@ -13,19 +13,16 @@
  * row in a verify block and in a prefill chunk (whose item reaches the chunk's last position) agree.
  * The merge is written with __fmul_rn / __fadd_rn so that the compiler cannot contract it into FMAs
  * differently in the two kernels.
- * The tile loop is k_mla_attn.cu's (FlashMLA-style, mma.sync m16n8k16, a 16-row group per 4 warps,
- * each warp 8 keys of the score tile and 128 of the 512 output columns); a row group of 32 rows keeps a
- * second accumulator (the merged state) in registers, which is why items here hold at most 32 rows.
+ * The tile loop is k_mla_attn.cu's, one function for both (di_mla32_tile in k_mla_tile32.cuh: mma.sync
+ * m16n8k16, a 16-row group per 4 warps, each warp 8 keys of the score tile and 128 of the 512 output
+ * columns); a row group of 32 rows keeps a second accumulator (the merged state) in registers, which is why items here hold at most 32 rows.
  * Not the FlashAttention-3 form (wgmma, warp-specialized): see docs/NOTES.md, issue 19. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
-#include "k_mla_tile.cuh"
+#include "k_mla_tile32.cuh"
 
-#define D DI_CUK_MLA_D
 #define DR DI_CUK_MLA_R
-#define KT DI_CUK_ATTN_KTILE /* keys per shared-memory tile */
-#define SROW (D + 8)         /* padded row (1168 B: ldmatrix rows land in distinct banks) */
-#define SSTR (KT + 4)        /* score tile row stride (floats) */
+#define KT DI_MLA32_KT
 
 static_assert(DI_CUK_ATTN_FIXED_SPLIT % KT == 0, "a split is whole key tiles");
 
@@ -56,35 +53,13 @@ mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_str
   if ((int)blockIdx.x >= *n_items) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int BM = RG * 16;
-  bf16 *sQ = (bf16 *)smem_raw;               /* [BM][SROW] */
-  bf16 *sK = sQ + BM * SROW;                 /* [2][KT][SROW] */
-  float *sS = (float *)(sK + 2 * KT * SROW); /* [BM][SSTR] */
-  int *sPos = (int *)(sS + BM * SSTR);       /* [BM] */
-
+  const di_mla32_bufs sb = di_mla32_carve(smem_raw, BM);
   const di_cuk_attn_item it = items[blockIdx.x];
   const int nrows = it.row1 - it.row0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp >> 2, wq = warp & 3; /* row group, quarter */
   const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
-
-  for (int r = tid; r < BM; r += blockDim.x) sPos[r] = r < nrows ? positions[(it.row0 + r) / H] : -1;
-  for (int c = tid; c < BM * (D / 8); c += blockDim.x) {
-    int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    bool ok = r < nrows;
-    di_cp_async16(sQ + r * SROW + col, Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + col, ok);
-  }
-  auto load_kv = [&](int buf, int kb) {
-    bf16 *dst = sK + buf * KT * SROW;
-    for (int c = tid; c < KT * (D / 8); c += blockDim.x) {
-      int r = c / (D / 8), col = (c % (D / 8)) * 8;
-      int k = kb + r;
-      bool ok = k < it.k1;
-      int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
-      di_cp_async16(dst + r * SROW + col, cache + crow * D + col, ok);
-    }
-  };
-  load_kv(0, it.k0);
-  di_cp_commit();
+  di_mla32_begin(sb, BM, Q, positions, H, it.row0, nrows, cache, btab, it.k0, it.k1, tid, blockDim.x);
 
   float o[16][4], A[16][4];
 #pragma unroll
@@ -97,54 +72,7 @@ mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_str
 
   const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
   for (int j = 0; j < ntiles; j++) {
-    const int kb = it.k0 + j * KT;
-    di_cp_wait<0>();
-    __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer */
-    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + KT);
-    di_cp_commit();
-    const bf16 *K = sK + (j & 1) * KT * SROW;
-
-    float sacc[4];
-    di_qk_slice(sQ + (g * 16 + (lane & 15)) * SROW + (lane >> 4) * 8,
-                K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8, sacc);
-    {
-      int kc = wq * 8 + (lane & 3) * 2;
-      int p0 = sPos[rA], p1 = sPos[rA + 8];
-      int ka = kb + kc, kb1 = kb + kc + 1;
-      sS[rA * SSTR + kc] = (ka <= p0 && ka < it.k1) ? sacc[0] * scale_log2 : -INFINITY;
-      sS[rA * SSTR + kc + 1] = (kb1 <= p0 && kb1 < it.k1) ? sacc[1] * scale_log2 : -INFINITY;
-      sS[(rA + 8) * SSTR + kc] = (ka <= p1 && ka < it.k1) ? sacc[2] * scale_log2 : -INFINITY;
-      sS[(rA + 8) * SSTR + kc + 1] = (kb1 <= p1 && kb1 < it.k1) ? sacc[3] * scale_log2 : -INFINITY;
-    }
-    __syncthreads();
-
-    float s0[8], s1[8];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int kc = q * 8 + (lane & 3) * 2;
-      s0[2 * q] = sS[rA * SSTR + kc]; s0[2 * q + 1] = sS[rA * SSTR + kc + 1];
-      s1[2 * q] = sS[(rA + 8) * SSTR + kc]; s1[2 * q + 1] = sS[(rA + 8) * SSTR + kc + 1];
-    }
-    float al0, al1;
-    di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
-#pragma unroll
-    for (int i = 0; i < 16; i++) { o[i][0] *= al0; o[i][1] *= al0; o[i][2] *= al1; o[i][3] *= al1; }
-    uint32_t pa[2][4];
-#pragma unroll
-    for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
-#pragma unroll
-    for (int ks = 0; ks < 2; ks++) {
-      const int mi = lane >> 3;
-      const bf16 *vrow = K + (ks * 16 + (mi & 1) * 8 + (lane & 7)) * SROW + wq * 128 + (mi >> 1) * 8;
-#pragma unroll
-      for (int nt = 0; nt < 16; nt += 2) {
-        uint32_t b[4];
-        di_ldsm_x4_t(b, vrow + nt * 8);
-        di_mma16816(o[nt], pa[ks], b);
-        di_mma16816(o[nt + 1], pa[ks], b + 2);
-      }
-    }
-
+    di_mla32_tile(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
     if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
       const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
       const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
@@ -199,15 +127,11 @@ mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_str
   }
 }
 
-static size_t fixed_smem(int rg) {
-  return (size_t)rg * 16 * SROW * 2 + 2 * KT * SROW * 2 + (size_t)rg * 16 * SSTR * 4 + rg * 16 * 4;
-}
-
 template <int RG>
 static di_status launch_fixed(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *pos,
                               int H, float sl2, int tps, const di_cuk_attn_item *items, const int32_t *n_items,
                               int max_items, bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
-  const size_t sm = fixed_smem(RG);
+  const size_t sm = di_mla32_smem(RG);
   static int attr_set;
   if (!attr_set) {
     DI_CU(cudaFuncSetAttribute(mla_fixed_kernel<RG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
