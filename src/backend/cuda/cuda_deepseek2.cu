@@ -252,7 +252,8 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
       di_cuk_fp8_tc_ok(b->H, b->xn, b->Hp, *gate_up)) /* gate/up and SiLU in one tensor-core GEMV */
     DI_TRY(di_cuk_fp8_tc_gemv_glu(T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, *gate_up, (uint16_t *)b->act, I,
                                   b->stream));
-  else if (b->fp8_fuse && !b->invariant && T <= di_cuk_fp8_gemv_max_rows() && !di_cuk_fp8_tc_use(T, 0))
+  else if (b->fp8_fuse && !b->invariant && T <= di_cuk_fp8_gemv_max_rows() && !di_cuk_fp8_tc_use(T, 0) &&
+           di_cuk_fp8_gemv_vec_ok(b->H, b->xn, b->Hp, *gate_up))
     DI_TRY(di_cuk_fp8_gemv_glu(T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, *gate_up, (uint16_t *)b->act, I,
                                b->stream)); /* the CUDA-core GEMV's gate/up + SiLU */
   else {
@@ -282,7 +283,8 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, int T, int A, int
     return di_cuk_fp8_tc_grouped_gemv((const uint16_t *)b->act, Ip, NULL, L->f_exp_down, Hp, Ip, b->expert_off,
                                       b->tiles, b->n_tiles, max_tiles, bm, bm, b->y, Hp, 1, 0, s);
   }
-  if (!mma && b->fp8_fuse && !b->invariant) { /* gate/up + SiLU in one kernel; one token: down + combine */
+  if (!mma && b->fp8_fuse && !b->invariant && di_cuk_fp8_gemv_vec_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
+      di_cuk_fp8_gemv_vec_ok(Ip, b->act, Ip, L->f_exp_down)) { /* gate/up + SiLU in one kernel; one token: down + combine */
     const int rows = T <= GEMV_MAX_T ? T : 16;
     DI_TRY(di_cuk_fp8_grouped_gemv_form((const uint16_t *)b->xn, Hp, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp,
                                         b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, rows, b->act, Ip, 0, 1, s));
@@ -477,7 +479,9 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const int next_normed = l + 1 < b->n_layers && qkv_normed(b, &b->L[l + 1], T, normed_gemm);
   const int down_combine = normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) &&
                            !SKIP(SKIP_EXPERTS) && !b->ep &&
-                           (!L->f_exp_gu.q || (b->fp8_fuse && next_normed && !di_cuk_fp8_tc_use(T, 0)));
+                           (!L->f_exp_gu.q || (b->fp8_fuse && next_normed && !di_cuk_fp8_tc_use(T, 0) &&
+                                               di_cuk_fp8_gemv_vec_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
+                                               di_cuk_fp8_gemv_vec_ok(b->Ip, b->act, b->Ip, L->f_exp_down)));
   const int32_t *inv = b->inv; /* where the combine finds (token, slot)'s output in y */
   /* decode: an expert has at most T rows, weight streaming as a GEMV; batch-invariant mode: always (a
    * row's arithmetic there does not depend on the rows beside it, up to GEMV_MAX_T at a time) */

@@ -51,6 +51,9 @@ di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_r
  *   grouped _form with glu = 1: the same for the experts (C is act, I columns);
  *   down_combine: one token's MoE down projection and weighted combine, h[n] += sum_j wts[j] *
  *     act[inv[j]] . dequant(W_{ids[j]})[n] for the kt slots (W [E][N][K]), rows n < n. */
+/* whether the vector GEMV (and so _glu, the grouped glu form and down_combine) takes X / W: K % 16,
+ * block_cols % 16, 16-byte aligned rows */
+int di_cuk_fp8_gemv_vec_ok(int K, const void *X, int ldx, di_cuk_fp8w w);
 int di_cuk_fp8_gemv_normed_ok(int K, const void *H, int ldh, const float *nw, di_cuk_fp8w w);
 di_status di_cuk_fp8_gemv_normed(int M, int N, int K, const float *H, int ldh, const float *nw, float eps,
                                  di_cuk_fp8w w, uint16_t *Y, int ldy, di_cu_stream s);

@@ -222,6 +222,10 @@ static bool fg_vector_ok(int K, const void *X, int ldx, di_cuk_fp8w w) {
          ((uintptr_t)w.q & 15) == 0;
 }
 
+extern "C" int di_cuk_fp8_gemv_vec_ok(int K, const void *X, int ldx, di_cuk_fp8w w) {
+  return fg_vector_ok(K, X, ldx, w) && w.block_rows > 0;
+}
+
 enum { FG_PLAIN, FG_NORM, FG_GLU };
 
 static di_status fg_launch(int mode, int mr, dim3 grid, cudaStream_t s, const void *A, int lda, const int32_t *a_rows,
