@@ -84,6 +84,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                            "0: FP8 products of 3 to DEEPINFER_CUDA_FP8_GEMV_ROWS rows (every M in the invariant mode) on the CUDA-core GEMV instead of the tensor-core one"},
     [DI_SW_CUDA_FP8_TC_RING] = {"DEEPINFER_CUDA_FP8_TC_RING", "2",
                                 "weight pieces in flight per warp in the FP8 tensor-core GEMV: 2, or 3"},
+    [DI_SW_CUDA_FP8_FUSE] = {"DEEPINFER_CUDA_FP8_FUSE", "1",
+                             "0: the FP8 path's one- and two-token fusions off (attention norm inside the q/kv GEMV, experts' gate/up + SiLU, one token's down + combine)"},
     [DI_SW_CUDA_FP8_LT] = {"DEEPINFER_CUDA_FP8_LT", "1",
                            "1: dense FP8 products above the GEMV bound on cuBLASLt's block-scaled FP8 matmul (activations quantized per 1 x 128)"},
     [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "1",

@@ -395,6 +395,21 @@ static const host_w *timing_w(int N, int K) {
   return &g_tw;
 }
 
+/* The timings' bf16 column: ms per call of the same product with bf16 weights (cuBLASLt / the skinny
+ * kernel; the weights' values do not matter), after `warm` calls; -1 when the weights do not fit. */
+static double time_bf16(di_cu_blas *blas, int M, int N, int K, const void *dX, void *dY, int warm, int iters) {
+  void *wb = di_cut_malloc((size_t)N * K * 2);
+  if (!wb) return -1;
+  for (int i = 0; i < warm; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
+  di_cut_sync();
+  const double t0 = di_cut_time_ms();
+  for (int i = 0; i < iters; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
+  di_cut_sync();
+  const double ms = (di_cut_time_ms() - t0) / iters;
+  di_cut_free(wb);
+  return ms;
+}
+
 static void time_gemv(di_cu_blas *blas, int M, int N, int K) {
   const host_w w = *timing_w(N, K);
   uint16_t *X = rand_bf16((size_t)M * K, 1.f);
@@ -424,25 +439,12 @@ static void time_gemv(di_cu_blas *blas, int M, int N, int K) {
   }
   unsetenv("DEEPINFER_CUDA_FP8_TC_RING");
   g_tc = 0;
-  const double ms = mst[0];
-  double t0;
-  /* bf16 beside it: the same product with bf16 weights (cuBLASLt / the skinny kernel) */
-  void *wb = di_cut_malloc((size_t)N * K * 2);
-  double msb = -1;
-  if (wb) {
-    for (int i = 0; i < 5; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
-    di_cut_sync();
-    t0 = di_cut_time_ms();
-    for (int i = 0; i < iters; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
-    di_cut_sync();
-    msb = (di_cut_time_ms() - t0) / iters;
-  }
+  const double ms = mst[0], msb = time_bf16(blas, M, N, K, dX, dY, 5, iters);
   printf("time fp8 gemv M %2d N %5d K %5d: cuda-core %7.1f us %5.0f GB/s | tc ring 3 %7.1f us %5.0f GB/s | tc ring 2 "
          "%7.1f us %5.0f GB/s (fp8 bytes) | bf16 %7.1f us %5.0f GB/s\n", M, N, K, ms * 1e3, (double)N * K / (ms * 1e6),
          mst[1] * 1e3, (double)N * K / (mst[1] * 1e6), mst[2] * 1e3, (double)N * K / (mst[2] * 1e6), msb * 1e3,
          2.0 * N * K / (msb * 1e6));
   for (int c = 1; c < copies; c++) di_cut_free(cq[c]);
-  di_cut_free(wb);
   free(X);
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY);
 }
@@ -468,23 +470,11 @@ static void time_gemm(di_cu_blas *blas, int M, int N, int K) {
     mst[v] = (di_cut_time_ms() - t0) / iters;
   }
   g_lt = NULL;
-  const double ms = mst[0];
-  double t0;
-  void *wb = di_cut_malloc((size_t)N * K * 2);
-  double msb = -1;
-  if (wb) {
-    for (int i = 0; i < 3; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
-    di_cut_sync();
-    t0 = di_cut_time_ms();
-    for (int i = 0; i < iters; i++) di_cu_gemm(blas, M, N, K, dX, K, wb, K, dY, N, 0, 0.f, NULL);
-    di_cut_sync();
-    msb = (di_cut_time_ms() - t0) / iters;
-  }
+  const double ms = mst[0], msb = time_bf16(blas, M, N, K, dX, dY, 3, iters);
   printf("time fp8 gemm M %4d N %5d K %5d: mma.sync %8.1f us, %6.1f TFLOP/s | cuBLASLt fp8 %8.1f us, %6.1f TFLOP/s "
          "(quantize + scales + matmul) | bf16 cuBLASLt %8.1f us, %6.1f TFLOP/s\n", M, N, K, ms * 1e3,
          2.0 * M * N * K / (ms * 1e9), mst[1] * 1e3, 2.0 * M * N * K / (mst[1] * 1e9), msb * 1e3,
          2.0 * M * N * K / (msb * 1e9));
-  di_cut_free(wb);
   free(X);
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dX); di_cut_free(dY); di_cut_free(dws);
 }
@@ -539,9 +529,13 @@ static void test_glu(int E, int I, int K, int max_rows, const char *what) {
   void *dA = dup_dev(A, (size_t)T * K * 2), *doff = dup_dev(off, (En + 1) * 4);
   void *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4), *dar = dup_dev(arows, (size_t)T * 4);
   void *dC = di_cut_malloc((size_t)T * I * 2);
-  di_status st = E > 0 ? di_cuk_fp8_tc_grouped_gemv(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, 64,
-                                                    max_rows < 64 ? max_rows : 64, dC, I, 0, 1, NULL)
-                       : di_cuk_fp8_tc_gemv_glu(R, N, K, dA, K, dw, dC, I, NULL);
+  const int mr = max_rows < 64 ? max_rows : 64;
+  di_status st = E > 0 ? (g_tc ? di_cuk_fp8_tc_grouped_gemv(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, 64, mr, dC,
+                                                            I, 0, 1, NULL)
+                               : di_cuk_fp8_grouped_gemv_form(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, 64, mr,
+                                                              dC, I, 0, 1, NULL))
+                       : (g_tc ? di_cuk_fp8_tc_gemv_glu(R, N, K, dA, K, dw, dC, I, NULL)
+                               : di_cuk_fp8_gemv_glu(R, N, K, dA, K, dw, dC, I, NULL));
   CHECKF(st == DI_OK, "%s", di_last_error());
   CHECK(di_cut_sync() == 0);
   float *got = fetch_y(dC, (size_t)T * I, 0);
@@ -558,11 +552,152 @@ static void test_glu(int E, int I, int K, int max_rows, const char *what) {
         }
         acc_err(&err, ga / (1 + exp(-ga)) * up, got[(size_t)m * I + cols[i]]);
       }
-  CHECKF(rel(&err) < 1e-2, "fp8 tc glu %s E %d I %d K %d rows %d: rel err %.3e", what, E, I, K, R, rel(&err));
-  printf("fp8 tc glu %-22s E %3d I %5d K %5d rows %4d: rel err %.2e\n", what, E, I, K, R, rel(&err));
+  const char *form = g_tc ? "tc glu" : "glu";
+  CHECKF(rel(&err) < 1e-2, "fp8 %s %s E %d I %d K %d rows %d: rel err %.3e", form, what, E, I, K, R, rel(&err));
+  printf("fp8 %-6s %-22s E %3d I %5d K %5d rows %4d: rel err %.2e\n", form, what, E, I, K, R, rel(&err));
   free(got); free(off); free(tiles); free(arows); free(A); free_w(&w);
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(doff); di_cut_free(dt); di_cut_free(dnt);
   di_cut_free(dar); di_cut_free(dC);
+}
+
+/* The normed CUDA-core GEMV (the attention norm inside the q/kv product): Y = bf16(rmsnorm(H) w) .
+ * dequant(W)^T against float64 on the same bf16-rounded normed rows (1e-2, bf16 output); the device's
+ * rounding of x may differ from the reference's by one bf16 ulp where the 1 / rms differs in its last
+ * bits (different summation order), which the tolerance covers. Each row alone bit-equal. */
+static void test_normed(int M, int N, int K, const char *what) {
+  host_w w = make_w(1, N, K, 1, 128);
+  float *H = malloc((size_t)M * K * 4), *nw = malloc((size_t)K * 4);
+  for (size_t i = 0; i < (size_t)M * K; i++) H[i] = nrand() * 3.f;
+  for (int k = 0; k < K; k++) nw[k] = 0.5f + (float)urand();
+  void *dq, *ds, *dH = dup_dev(H, (size_t)M * K * 4), *dnw = dup_dev(nw, (size_t)K * 4);
+  void *dY = di_cut_malloc((size_t)M * N * 2), *d1 = di_cut_malloc((size_t)N * 2);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  const float eps = 1e-6f;
+  di_status st = di_cuk_fp8_gemv_normed(M, N, K, dH, K, dnw, eps, dw, dY, N, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dY, (size_t)M * N, 0);
+  int cols[256], nc = pick_cols(N, cols, 256);
+  errsum e = {0, 0};
+  double *x = malloc((size_t)K * 8);
+  for (int m = 0; m < M; m++) {
+    double ss = 0;
+    for (int k = 0; k < K; k++) ss += (double)H[(size_t)m * K + k] * H[(size_t)m * K + k];
+    const float inv = (float)(1.0 / sqrt(ss / K + eps));
+    for (int k = 0; k < K; k++) x[k] = di_bf16_to_f32(di_f32_to_bf16(H[(size_t)m * K + k] * inv * nw[k]));
+    for (int i = 0; i < nc; i++) {
+      double a = 0;
+      for (int k = 0; k < K; k++) a += x[k] * w_at(&w, 0, cols[i], k);
+      acc_err(&e, a, got[(size_t)m * N + cols[i]]);
+    }
+  }
+  CHECKF(rel(&e) < 1e-2, "fp8 normed gemv %s M %d N %d K %d: rel err %.3e", what, M, N, K, rel(&e));
+  printf("fp8 normed gemv %-22s M %2d N %5d K %5d: rel err %.2e\n", what, M, N, K, rel(&e));
+  int bad = 0;
+  for (int m = 0; m < M; m++) {
+    CHECK(di_cuk_fp8_gemv_normed(1, N, K, (const float *)dH + (size_t)m * K, K, dnw, eps, dw, d1, N, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    float *one = fetch_y(d1, (size_t)N, 0);
+    for (int n = 0; n < N; n++) bad += memcmp(&one[n], &got[(size_t)m * N + n], 4) != 0;
+    free(one);
+  }
+  CHECKF(bad == 0, "fp8 normed gemv %s M %d: %d values differ from the row alone", what, M, bad);
+  free(x); free(got); free(H); free(nw); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dH); di_cut_free(dnw); di_cut_free(dY); di_cut_free(d1);
+}
+
+/* One token's FP8 MoE down projection + weighted combine: h[n] += sum_j wts[j] act[inv[j]] .
+ * dequant(W_ids[j])[n] against float64 (f32 h, 1e-4 relative to the added part). */
+static void test_down_combine(int E, int N, int K, int kt, const char *what) {
+  host_w w = make_w(E, N, K, 1, 128);
+  int ids[16], inv[16];
+  float wts[16];
+  for (int j = 0; j < kt; j++) {
+    ids[j] = (j * 7 + (int)(urand() * E)) % E;
+    wts[j] = 0.1f + (float)urand();
+    inv[j] = kt - 1 - j;
+  }
+  uint16_t *act = rand_bf16((size_t)kt * K, 1.f);
+  float *h = malloc((size_t)N * 4);
+  for (int n = 0; n < N; n++) h[n] = nrand();
+  void *dq, *ds, *dact = dup_dev(act, (size_t)kt * K * 2), *dh = dup_dev(h, (size_t)N * 4);
+  void *dids = dup_dev(ids, (size_t)kt * 4), *dwts = dup_dev(wts, (size_t)kt * 4), *dinv = dup_dev(inv, (size_t)kt * 4);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  di_status st = di_cuk_fp8_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh, N, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dh, (size_t)N, 1);
+  errsum e = {0, 0};
+  for (int n = 0; n < N; n++) {
+    double a = 0;
+    for (int j = 0; j < kt; j++) {
+      double d = 0;
+      for (int k = 0; k < K; k++) d += (double)di_bf16_to_f32(act[(size_t)inv[j] * K + k]) * w_at(&w, ids[j], n, k);
+      a += wts[j] * d;
+    }
+    acc_err(&e, a, (double)got[n] - h[n]);
+  }
+  CHECKF(rel(&e) < 1e-4, "fp8 down+combine %s E %d N %d K %d k %d: rel err %.3e", what, E, N, K, kt, rel(&e));
+  printf("fp8 down+combine %-22s E %3d N %5d K %5d k %d: rel err %.2e\n", what, E, N, K, kt, rel(&e));
+  free(got); free(act); free(h); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dact); di_cut_free(dh); di_cut_free(dids); di_cut_free(dwts);
+  di_cut_free(dinv);
+}
+
+/* W_UV + FP8 o_proj of one token (k_mla_vo.cu's FP8 form): h[n] += sum_h W_o[n][h] . bf16(W_UV[h] . olat[h])
+ * against float64 on the same bf16-rounded v (1e-4 relative to the added part; v's rounding may differ by
+ * one bf16 ulp where the fp32 sum lands near a rounding boundary, covered). */
+static void test_vo(int NH, int H, int R, int dv, const char *what) {
+  if (!di_cuk_mla_vo_ok(1, NH, H, R, dv)) { printf("fp8 vo %s: shape not supported here, skipped\n", what); return; }
+  host_w w = make_w(1, H, NH * dv, 1, 128);
+  uint16_t *wuv = rand_bf16((size_t)NH * dv * R, 0.05f), *olat = rand_bf16((size_t)NH * R, 1.f);
+  float *h = malloc((size_t)H * 4);
+  for (int n = 0; n < H; n++) h[n] = nrand();
+  void *dq, *ds, *dwuv = dup_dev(wuv, (size_t)NH * dv * R * 2), *dol = dup_dev(olat, (size_t)NH * R * 2);
+  void *dh = dup_dev(h, (size_t)H * 4);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  CHECKF(di_cuk_mla_vo_fp8_ok(1, NH, H, R, dv, &dw), "fp8 vo %s: not taken", what);
+  di_status st = di_cuk_mla_vo_fp8(dol, R, dwuv, (int64_t)dv * R, R, dv, &dw, NH, H, dh, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dh, (size_t)H, 1);
+  double *v = malloc((size_t)NH * dv * 8);
+  for (int hh = 0; hh < NH; hh++)
+    for (int i = 0; i < dv; i++) {
+      double a = 0;
+      for (int k = 0; k < R; k++)
+        a += (double)di_bf16_to_f32(wuv[((size_t)hh * dv + i) * R + k]) * di_bf16_to_f32(olat[(size_t)hh * R + k]);
+      v[hh * dv + i] = di_bf16_to_f32(di_f32_to_bf16((float)a));
+    }
+  errsum e = {0, 0};
+  for (int n = 0; n < H; n++) {
+    double a = 0;
+    for (int k = 0; k < NH * dv; k++) a += w_at(&w, 0, n, k) * v[k];
+    acc_err(&e, a, (double)got[n] - h[n]);
+  }
+  CHECKF(rel(&e) < 1e-4, "fp8 vo %s NH %d H %d R %d dv %d: rel err %.3e", what, NH, H, R, dv, rel(&e));
+  printf("fp8 vo %-22s NH %2d H %5d R %3d dv %3d: rel err %.2e\n", what, NH, H, R, dv, rel(&e));
+  free(v); free(got); free(wuv); free(olat); free(h); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dwuv); di_cut_free(dol); di_cut_free(dh);
+}
+
+/* The CUDA-core GEMV's one-token fusions at V2-Lite's and V3's shapes and the shipped model's edges. */
+static void test_fusions(void) {
+  test_normed(1, 3648, 2048, "V2-Lite q + kv_a");
+  test_normed(2, 3648, 2048, "V2-Lite q + kv_a");
+  test_normed(3, 2112, 7168, "V3 q_a + kv_a");
+  test_normed(1, 800, 224, "shipped-like");
+  test_glu(0, 10944, 2048, 1, "V2-Lite dense M 1");
+  test_glu(0, 10944, 2048, 2, "V2-Lite dense M 2");
+  test_glu(0, 100, 224, 5, "shipped-like, part I");
+  test_glu(10, 1408, 2048, 1, "V2-Lite experts");
+  test_glu(10, 1408, 2048, 2, "V2-Lite experts");
+  test_glu(9, 2048, 7168, 2, "V3 experts");
+  test_down_combine(10, 2048, 1408, 8, "V2-Lite");
+  test_down_combine(12, 7168, 2048, 9, "V3");
+  test_down_combine(4, 224, 64, 3, "shipped-like");
+  test_vo(16, 2048, 512, 128, "V2-Lite");
+  test_vo(16, 7168, 512, 128, "H 7168 (14 tiles)");
 }
 
 /* The tensor-core GEMV forms (k_fp8_tc_gemv.cu): the same references and tolerances as the GEMV, the
@@ -618,10 +753,16 @@ int main(int argc, char **argv) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
-  int timings = 1, tc_only = 0;
+  int timings = 1, tc_only = 0, fusions_only = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--no-timings") == 0) timings = 0;
     if (strcmp(argv[i], "--tc-only") == 0) tc_only = 1;
+    if (strcmp(argv[i], "--fusions-only") == 0) fusions_only = 1;
+  }
+  test_fusions();
+  if (fusions_only) {
+    printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
+    return di_test_failed ? 1 : 0;
   }
   test_tc();
   test_lt();

@@ -254,6 +254,10 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
       di_cuk_fp8_tc_ok(b->H, b->xn, b->Hp, *gate_up)) /* gate/up and SiLU in one tensor-core GEMV */
     DI_TRY(di_cuk_fp8_tc_gemv_glu(T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, *gate_up, (uint16_t *)b->act, I,
                                   b->stream));
+  else if (b->fp8_fuse && !b->invariant && T <= di_cuk_fp8_gemv_max_rows() && !di_cuk_fp8_tc_use(T, 0) &&
+           di_cuk_fp8_gemv_vec_ok(b->H, b->xn, b->Hp, *gate_up))
+    DI_TRY(di_cuk_fp8_gemv_glu(T, 2 * I, b->H, (const uint16_t *)b->xn, b->Hp, *gate_up, (uint16_t *)b->act, I,
+                               b->stream)); /* the CUDA-core GEMV's gate/up + SiLU */
   else {
     DI_TRY(fp8_mm(b, T, 2 * I, b->H, b->xn, b->Hp, gate_up, b->gu, 2 * I, 0, 0.f));
     DI_TRY(di_cuk_silu_mul((const uint16_t *)b->gu, T, I, (uint16_t *)b->act, b->stream));
@@ -266,7 +270,7 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
  * ones: the grouped tensor-core GEMM on activations quantized per 128 (the token rows of xn gathered
  * through perm_tok, then the A rows of act) where the tiles are 64 rows and the blocks 128 wide, else
  * grouped GEMVs of up to 16 rows a pass. */
-static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_rows *io) {
+static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_rows *io, int down_combine) {
   cudaStream_t s = b->stream;
   const int Hp = b->Hp, Ip = b->Ip, T = io->T, A = io->A, bm = io->bm, max_tiles = io->max_tiles;
   const uint16_t *x = (const uint16_t *)io->x;
@@ -281,6 +285,17 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_r
                                       io->n_tiles, max_tiles, bm, bm, io->act, Ip, 0, 1, s));
     return di_cuk_fp8_tc_grouped_gemv((const uint16_t *)io->act, Ip, NULL, L->f_exp_down, Hp, Ip, io->expert_off,
                                       io->tiles, io->n_tiles, max_tiles, bm, bm, io->y, Hp, 1, 0, s);
+  }
+  if (!mma && b->fp8_fuse && !b->invariant && di_cuk_fp8_gemv_vec_ok(Hp, io->x, Hp, L->f_exp_gu) &&
+      di_cuk_fp8_gemv_vec_ok(Ip, io->act, Ip, L->f_exp_down)) { /* gate/up + SiLU in one kernel; one token: down + combine */
+    const int rows = T <= GEMV_MAX_T ? T : 16;
+    DI_TRY(di_cuk_fp8_grouped_gemv_form(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                                        io->n_tiles, max_tiles, bm, rows, io->act, Ip, 0, 1, s));
+    if (down_combine) /* (one GPU only: the step's own routing in topk_ids / topk_w / inv) */
+      return di_cuk_fp8_down_combine((const uint16_t *)io->act, Ip, L->f_exp_down, Hp, Ip, b->topk_ids, b->topk_w,
+                                     b->inv, b->Kt, b->h, b->H, s);
+    return di_cuk_fp8_grouped_gemv((const uint16_t *)io->act, Ip, NULL, L->f_exp_down, Hp, Ip, io->expert_off,
+                                   io->tiles, io->n_tiles, max_tiles, bm, rows, io->y, Hp, 1, s);
   }
   if (!mma) {
     const int rows = b->invariant ? 1 : T <= GEMV_MAX_T ? T : 16;
@@ -324,7 +339,7 @@ static void prof_mark(cu_backend *b, const char *label) {
  * cores, the grouped GEMM (a row's chain of mma steps does not depend on the tile size or on how many
  * rows its expert has: test_cuda_tc_gemm). */
 di_status cu_routed_experts(cu_backend *b, const cu_layer *L, const cu_expert_rows *io) {
-  if (L->f_exp_gu.q) return experts_fp8(b, L, io);
+  if (L->f_exp_gu.q) return experts_fp8(b, L, io, 0);
   cudaStream_t s = b->stream;
   const uint16_t *x = (const uint16_t *)io->x;
   const int Hp = b->Hp, Ip = b->Ip;
@@ -344,6 +359,16 @@ di_status cu_routed_experts(cu_backend *b, const cu_layer *L, const cu_expert_ro
                              io->expert_off, io->tiles, io->n_tiles, io->max_tiles, io->bm, io->y, Hp, 1, 0, s);
 }
 
+/* Whether layer L's attention norm is done inside its q/kv product (decode-sized steps, normed_gemm):
+ * bf16 weights through di_cu_gemm_normed; FP8 ones (DEEPINFER_CUDA_FP8_FUSE, on) through the CUDA-core
+ * FP8 GEMV's normed form where that GEMV takes the step (1-2 rows, not the batch-invariant mode). */
+static int qkv_normed(const cu_backend *b, const cu_layer *L, int T, int normed_gemm) {
+  if (!normed_gemm) return 0;
+  if (L->qkv_a) return 1;
+  return L->f_qkv_a.q && b->fp8_fuse && !b->invariant && !di_cuk_fp8_tc_use(T, 0) &&
+         T <= di_cuk_fp8_gemv_max_rows() && di_cuk_fp8_gemv_normed_ok(b->H, b->h, b->H, L->attn_norm, L->f_qkv_a);
+}
+
 /* One decoder layer on b->h (T rows): main layer l, or the MTP layer (l = n_layers + i). *xn_ready_io:
  * in, the previous layer's MoE combine already wrote this layer's normed input to xn; out, the same
  * for the layer after it. normed_gemm: decode-sized steps norm inside the q/kv GEMM (see forward). */
@@ -353,8 +378,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const uint16_t *xn = (const uint16_t *)b->xn;
   int xn_ready = *xn_ready_io;
   const cu_layer *L = &b->L[l];
-  if (!xn_ready && normed_gemm && L->qkv_a) { /* decode: the attention norm inside the q/kv GEMM */
-    if (!SKIP(SKIP_QKV))
+  if (!xn_ready && qkv_normed(b, L, T, normed_gemm)) { /* decode: the attention norm inside the q/kv GEMM */
+    if (!SKIP(SKIP_QKV) && L->f_qkv_a.q)
+      DI_TRY(di_cuk_fp8_gemv_normed(T, b->Wa, H, b->h, H, L->attn_norm, b->eps, L->f_qkv_a, (uint16_t *)b->qkv, b->Wa,
+                                    s));
+    else if (!SKIP(SKIP_QKV))
       DI_TRY(di_cu_gemm_normed(b->blas, T, b->Wa, H, b->h, H, L->attn_norm, b->eps, (const uint16_t *)L->qkv_a, H,
                                b->qkv, b->Wa, 0, s));
   } else {
@@ -439,16 +467,22 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   PROF("mla attention");
   /* v[t][h] = W_UV[h] . o_lat[t][h]  (W_UV[h] = kv_b rows h*(dn+dv)+dn .. +dv, [dv][R]), then o_proj into
    * h: at one token both in one kernel (DEEPINFER_CUDA_VO_FUSED=0: the two GEMMs) */
-  const int vo_fused = b->vo_fused && !b->mha_step && !fold_uv && !SKIP(SKIP_VO) && L->o_proj && di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv);
-  if (vo_fused)
+  /* (an FP8 o_proj: the kernel's FP8 form, DEEPINFER_CUDA_FP8_FUSE) */
+  const int vo_fused = b->vo_fused && !b->mha_step && !fold_uv && !SKIP(SKIP_VO) &&
+                       (L->o_proj ? di_cuk_mla_vo_ok(T, NH, H, b->R, b->dv)
+                                  : b->fp8_fuse && di_cuk_mla_vo_fp8_ok(T, NH, H, b->R, b->dv, &L->f_o));
+  if (vo_fused && L->o_proj)
     DI_TRY(di_cuk_mla_vo((const uint16_t *)b->olat, DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R),
                          (int64_t)(b->dn + b->dv) * b->R, b->R, b->dv, (const uint16_t *)L->o_proj, NH * b->dv, NH, H,
                          b->h, s));
+  else if (vo_fused)
+    DI_TRY(di_cuk_mla_vo_fp8((const uint16_t *)b->olat, DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R),
+                             (int64_t)(b->dn + b->dv) * b->R, b->R, b->dv, &L->f_o, NH, H, b->h, s));
   if (!SKIP(SKIP_VO) && !fold_uv && !vo_fused && !b->mha_step) /* (the MHA form's output is v already) */
     DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->dv, b->R, (const uint16_t *)b->olat, NH * DI_CUK_MLA_R,
                             DI_CUK_MLA_R, (const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), b->R,
                             (int64_t)(b->dn + b->dv) * b->R, 0, (uint16_t *)b->attn, NH * b->dv, b->dv, s));
-  if (!SKIP(SKIP_VO) && L->f_o.q)
+  if (!SKIP(SKIP_VO) && L->f_o.q && !vo_fused)
     DI_TRY(fp8_mm(b, T, H, NH * b->dv, b->attn, NH * b->dv, &L->f_o, b->h, H, 1, 1.f));
   else if (!SKIP(SKIP_VO) && !vo_fused)
     DI_TRY(di_cu_gemm(b->blas, T, H, NH * b->dv, (const uint16_t *)b->attn, NH * b->dv, (const uint16_t *)L->o_proj,
@@ -481,8 +515,12 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   if (T > 1 && !SKIP(SKIP_GATE))
     DI_TRY(di_cuk_moe_permute(b->topk_ids, A, Kt, Et, bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles, s));
   PROF("router");
+  const int next_normed = l + 1 < b->n_layers && qkv_normed(b, &b->L[l + 1], T, normed_gemm);
   const int down_combine = normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) &&
-                           !SKIP(SKIP_EXPERTS) && !b->ep && !L->f_exp_gu.q;
+                           !SKIP(SKIP_EXPERTS) && !b->ep &&
+                           (!L->f_exp_gu.q || (b->fp8_fuse && next_normed && !di_cuk_fp8_tc_use(T, 0) &&
+                                               di_cuk_fp8_gemv_vec_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
+                                               di_cuk_fp8_gemv_vec_ok(b->Ip, b->act, b->Ip, L->f_exp_down)));
   const int32_t *inv = b->inv; /* where the combine finds (token, slot)'s output in y */
   int shared_done = 0;
   if (b->ep && L->has_shared && b->n_sh == 0 && cu_ep_side_stream(b)) {
@@ -502,7 +540,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(cu_ep_moe(b, l, T, &inv));
   } else if (!SKIP(SKIP_EXPERTS)) {
     const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
-    if (down_combine) { /* one token: the down projection adds the weighted outputs to h itself */
+    if (down_combine && L->f_exp_gu.q) { /* FP8 experts, one token: down + combine in one kernel too */
+      const cu_expert_rows io = {b->xn, T, b->perm_tok, b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, A, T,
+                                 pf0, E, b->act, b->egu, b->y};
+      DI_TRY(experts_fp8(b, L, &io, 1));
+    } else if (down_combine) { /* one token: the down projection adds the weighted outputs to h itself */
       DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
                                  b->tiles, b->n_tiles, max_tiles, bm, 1, b->act, b->Ip, 0, 1, pf0, E, s));
       PROF("experts gate/up");
@@ -516,7 +558,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   }
   PROF("experts down");
   if (!shared_done) DI_TRY(shared_experts(b, L, T));
-  const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !normed_gemm;
+  /* the combine writes the next layer's normed input unless that layer norms inside its q/kv product */
+  const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !down_combine && !next_normed;
   if (!SKIP(SKIP_COMBINE) && !down_combine)
     DI_TRY(di_cuk_moe_combine(b->y, Hp, inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
                             b->eps, (uint16_t *)b->xn, Hp, s));

@@ -43,6 +43,35 @@ di_status di_cuk_fp8_grouped_gemv(const uint16_t *A, int lda, const int32_t *a_r
                                   const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
                                   int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, di_cu_stream s);
 
+/* The CUDA-core GEMV's one-token fusions (the bf16 path's, for FP8 weights):
+ *   _normed: Y (bf16) = rmsnorm(H) . dequant(W)^T, H the f32 residual rows (row stride ldh), nw the norm
+ *     weights: the attention norm inside the q/kv product (x rounded to bf16 as di_cuk_rmsnorm does;
+ *     the row's sum of squares reduced in another order, so not bit-equal to norm-then-GEMV);
+ *   _glu: W is [gate; up] (N = 2 I rows) and act[m][j] = silu(gate_j) * up_j (bf16, I columns);
+ *   grouped _form with glu = 1: the same for the experts (C is act, I columns);
+ *   down_combine: one token's MoE down projection and weighted combine, h[n] += sum_j wts[j] *
+ *     act[inv[j]] . dequant(W_{ids[j]})[n] for the kt slots (W [E][N][K]), rows n < n. */
+/* whether the vector GEMV (and so _glu, the grouped glu form and down_combine) takes X / W: K % 16,
+ * block_cols % 16, 16-byte aligned rows */
+int di_cuk_fp8_gemv_vec_ok(int K, const void *X, int ldx, di_cuk_fp8w w);
+int di_cuk_fp8_gemv_normed_ok(int K, const void *H, int ldh, const float *nw, di_cuk_fp8w w);
+di_status di_cuk_fp8_gemv_normed(int M, int N, int K, const float *H, int ldh, const float *nw, float eps,
+                                 di_cuk_fp8w w, uint16_t *Y, int ldy, di_cu_stream s);
+di_status di_cuk_fp8_gemv_glu(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, uint16_t *act,
+                              int ld_act, di_cu_stream s);
+di_status di_cuk_fp8_grouped_gemv_form(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
+                                       const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
+                                       int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu,
+                                       di_cu_stream s);
+di_status di_cuk_fp8_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K, const int32_t *ids,
+                                  const float *wts, const int32_t *inv, int kt, float *h, int n, di_cu_stream s);
+
+/* MLA's W_UV and an FP8 o_proj of a one-token step in one kernel (k_mla_vo.cu; di_cuk_mla_vo's form with
+ * W_o block-FP8, H rows of NH * dv; needs block_cols % dv == 0): h[n] += sum_h W_o[n][h] . bf16(W_UV[h] . olat[h]). */
+int di_cuk_mla_vo_fp8_ok(int T, int NH, int H, int R, int dv, const di_cuk_fp8w *wo);
+di_status di_cuk_mla_vo_fp8(const uint16_t *olat, int ld_olat, const uint16_t *wuv, int64_t wuv_stride, int R, int dv,
+                            const di_cuk_fp8w *wo, int NH, int H, float *h, di_cu_stream s);
+
 /* The same products on the tensor cores (k_fp8_tc_gemv.cu: FP8 widened to bf16 in registers,
  * mma.sync bf16, fp32 promotion per 128-wide K block; batch-invariant; up to 64 rows a pass). Needs
  * block_cols % 128 == 0, K % 16 == 0 and 16-byte aligned rows (di_cuk_fp8_tc_ok). The model's dispatch

@@ -6,8 +6,11 @@
  * the attention (weights only: the PDL rule) each CTA copies its W_o block (RT rows x dv) into shared
  * memory and its warps load W_UV[h] into registers; after the wait it computes v_h (one read of o_lat),
  * its partial rows W_o[tile, h] . v_h, and the cluster adds the heads' partials through distributed
- * shared memory, each CTA finishing RT / heads rows in head order (the same sum on every run). */
-#include "cuda_common.cuh"
+ * shared memory, each CTA finishing RT / heads rows in head order (the same sum on every run).
+ * FP8 form (di_cuk_mla_vo_fp8): W_o block-FP8 (the FP8 path's o_proj); the CTA's block goes to shared
+ * memory as E4M3 bytes and a partial row is scale(row, head) * sum_k e4m3(w_k) v_k (a head's dv columns
+ * inside one scale block). */
+#include "k_fp8_common.cuh"
 #include "cuda_kernels.h"
 #include <cooperative_groups.h>
 
@@ -22,17 +25,21 @@ namespace cg = cooperative_groups;
  * quarter-warp's rows over all 32 banks (row r starts at bank 4r mod 32 for dv = 128) */
 static __host__ __device__ inline int vo_ld(int dv) { return dv + 8; }
 
-static size_t vo_smem(int rt, int dv) {
-  return (size_t)rt * vo_ld(dv) * 2 + sizeof(float) * ((size_t)VO_DV_MAX + VO_RT_MAX);
+/* bytes of a W_o block row in shared memory: bf16, or E4M3 (dv + 16: 16-byte rows, banks spread) */
+static __host__ __device__ inline int vo_row_bytes(int dv, bool fp8) { return fp8 ? dv + 16 : vo_ld(dv) * 2; }
+
+static size_t vo_smem(int rt, int dv, bool fp8 = false) {
+  return (size_t)rt * vo_row_bytes(dv, fp8) + sizeof(float) * ((size_t)VO_DV_MAX + VO_RT_MAX);
 }
 
+template <bool FP8>
 static __global__ void __launch_bounds__(VO_THREADS, 1)
 mla_vo_kernel(const bf16 *olat, int ld_olat, const bf16 *wuv, int64_t wuv_stride, int R, int dv, const bf16 *wo,
-              int ldo, int rt, float *h) {
+              int ldo, int rt, float *h, di_cuk_fp8w wq) {
   extern __shared__ __align__(16) unsigned char vo_sm[];
-  const int ldw = vo_ld(dv);
-  bf16 *wsm = (bf16 *)vo_sm;                           /* [rt][ldw] this CTA's W_o block */
-  float *vsm = (float *)(wsm + (size_t)rt * ldw);      /* [dv] v_h (bf16-rounded values) */
+  const int ldw = vo_ld(dv), rowb = vo_row_bytes(dv, FP8);
+  bf16 *wsm = (bf16 *)vo_sm;                           /* [rt][ldw] this CTA's W_o block (FP8: [rt][rowb] bytes) */
+  float *vsm = (float *)(vo_sm + (size_t)rt * rowb);   /* [dv] v_h (bf16-rounded values) */
   float *part = vsm + VO_DV_MAX;                       /* [rt] this head's partial rows */
   const int head = blockIdx.x, nh = gridDim.x, tile = blockIdx.y, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
@@ -41,10 +48,18 @@ mla_vo_kernel(const bf16 *olat, int ld_olat, const bf16 *wuv, int64_t wuv_stride
   /* before the wait, weights only: the W_o block into shared memory, and this warp's 16 rows of
    * W_UV[head] into registers (16 B of each row per lane and 256-column step, R <= 512: two steps),
    * so that after the wait v_h costs one read of o_lat and the FMAs */
-  const int chunks = dv / 8; /* 16-byte chunks per W_o block row */
-  for (int c = tid; c < rt * chunks; c += VO_THREADS) {
-    const int r = c / chunks, k = (c % chunks) * 8;
-    di_cp_async16(wsm + (size_t)r * ldw + k, wo + (int64_t)(row0 + r) * ldo + (int64_t)head * dv + k, true);
+  if constexpr (FP8) {
+    const int chunks = dv / 16; /* 16-byte chunks per W_o block row */
+    for (int c = tid; c < rt * chunks; c += VO_THREADS) {
+      const int r = c / chunks, k = (c % chunks) * 16;
+      di_cp_async16(vo_sm + (size_t)r * rowb + k, wq.q + (int64_t)(row0 + r) * wq.ldq + (int64_t)head * dv + k, true);
+    }
+  } else {
+    const int chunks = dv / 8; /* 16-byte chunks per W_o block row */
+    for (int c = tid; c < rt * chunks; c += VO_THREADS) {
+      const int r = c / chunks, k = (c % chunks) * 8;
+      di_cp_async16(wsm + (size_t)r * ldw + k, wo + (int64_t)(row0 + r) * ldo + (int64_t)head * dv + k, true);
+    }
   }
   di_cp_commit();
   uint4 wreg[VO_ROWS_PER_WARP][2];
@@ -87,7 +102,19 @@ mla_vo_kernel(const bf16 *olat, int ld_olat, const bf16 *wuv, int64_t wuv_stride
   di_cp_wait<0>();
   __syncthreads(); /* v_h and the W_o block are in shared memory */
   /* partial rows: thread r takes row r of the block */
-  for (int row = tid; row < rt; row += VO_THREADS) {
+  for (int row = tid; row < rt && FP8; row += VO_THREADS) {
+    const uint8_t *w = vo_sm + (size_t)row * rowb;
+    float a = 0.f;
+    for (int k = 0; k < dv; k += 16) {
+      const uint4 w4 = *(const uint4 *)(w + k);
+      float wf[16];
+      fp8x4_to_f32(w4.x, wf); fp8x4_to_f32(w4.y, wf + 4); fp8x4_to_f32(w4.z, wf + 8); fp8x4_to_f32(w4.w, wf + 12);
+#pragma unroll
+      for (int j = 0; j < 16; j++) a = fmaf(wf[j], vsm[k + j], a);
+    }
+    part[row] = a * __ldg(wq.scale + (int64_t)((row0 + row) / wq.block_rows) * wq.scale_cols + head * dv / wq.block_cols);
+  }
+  for (int row = tid; row < rt && !FP8; row += VO_THREADS) {
     const bf16 *w = wsm + (size_t)row * ldw;
     float a = 0.f;
     for (int k = 0; k < dv; k += 8) {
@@ -131,7 +158,7 @@ extern "C" int di_cuk_mla_vo_ok(int T, int NH, int H, int R, int dv) {
   const size_t smem = vo_smem(rt, dv);
   for (int i = 0; i < n_seen; i++)
     if (seen[i].nh == NH && seen[i].smem == smem) return seen[i].fits;
-  const int fits = di_cu_cluster_fits((const void *)mla_vo_kernel, NH, VO_THREADS, smem);
+  const int fits = di_cu_cluster_fits((const void *)mla_vo_kernel<false>, NH, VO_THREADS, smem);
   if (n_seen < 16) seen[n_seen++] = {NH, smem, fits};
   return fits;
 }
@@ -146,10 +173,44 @@ extern "C" di_status di_cuk_mla_vo(const uint16_t *olat, int ld_olat, const uint
   const size_t smem = vo_smem(rt, dv);
   static size_t smem_set; /* the limit this function set (di_cu_cluster_fits only ever raises it) */
   if (smem > smem_set) {
-    DI_CU(cudaFuncSetAttribute(mla_vo_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DI_CU(cudaFuncSetAttribute(mla_vo_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     smem_set = smem;
   }
-  DI_CU(di_launch_cluster(mla_vo_kernel, dim3(NH, H / rt), VO_THREADS, smem, s, NH, (const bf16 *)olat, ld_olat,
-                          (const bf16 *)wuv, wuv_stride, R, dv, (const bf16 *)wo, ldo, rt, h));
+  const di_cuk_fp8w none = {NULL, NULL, 0, 1, 1, 1};
+  DI_CU(di_launch_cluster(mla_vo_kernel<false>, dim3(NH, H / rt), VO_THREADS, smem, s, NH, (const bf16 *)olat, ld_olat,
+                          (const bf16 *)wuv, wuv_stride, R, dv, (const bf16 *)wo, ldo, rt, h, none));
+  return DI_OK;
+}
+
+/* The FP8 form's shape conditions on top of di_cuk_mla_vo_ok's (which sized the bf16 block, larger). */
+extern "C" int di_cuk_mla_vo_fp8_ok(int T, int NH, int H, int R, int dv, const di_cuk_fp8w *wo) {
+  if (!(di_cuk_mla_vo_ok(T, NH, H, R, dv) && wo && wo->q && dv % 16 == 0 && wo->ldq % 16 == 0 &&
+        wo->block_rows > 0 && wo->block_cols > 0 && wo->block_cols % dv == 0 && ((uintptr_t)wo->q & 15) == 0))
+    return 0;
+  static struct { int nh; size_t smem; int fits; } seen[16]; /* as di_cuk_mla_vo_ok, for this kernel */
+  static int n_seen;
+  const size_t smem = vo_smem(vo_rows_per_tile(H), dv, true);
+  for (int i = 0; i < n_seen; i++)
+    if (seen[i].nh == NH && seen[i].smem == smem) return seen[i].fits;
+  const int fits = di_cu_cluster_fits((const void *)mla_vo_kernel<true>, NH, VO_THREADS, smem);
+  if (n_seen < 16) seen[n_seen++] = {NH, smem, fits};
+  return fits;
+}
+
+extern "C" di_status di_cuk_mla_vo_fp8(const uint16_t *olat, int ld_olat, const uint16_t *wuv, int64_t wuv_stride,
+                                       int R, int dv, const di_cuk_fp8w *wo, int NH, int H, float *h, di_cu_stream s) {
+  if (!di_cuk_mla_vo_fp8_ok(1, NH, H, R, dv, wo) || ld_olat % 8 || wuv_stride % 8 || ((uintptr_t)olat & 15) ||
+      ((uintptr_t)wuv & 15))
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fused W_UV + FP8 o_proj with %d heads, hidden %d, rank %d, dv %d",
+                        NH, H, R, dv);
+  const int rt = vo_rows_per_tile(H);
+  const size_t smem = vo_smem(rt, dv, true);
+  static size_t smem_set;
+  if (smem > smem_set) {
+    DI_CU(cudaFuncSetAttribute(mla_vo_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_set = smem;
+  }
+  DI_CU(di_launch_cluster(mla_vo_kernel<true>, dim3(NH, H / rt), VO_THREADS, smem, s, NH, (const bf16 *)olat, ld_olat,
+                          (const bf16 *)wuv, wuv_stride, R, dv, (const bf16 *)NULL, 0, rt, h, *wo));
   return DI_OK;
 }
