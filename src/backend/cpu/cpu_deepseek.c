@@ -260,7 +260,30 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
       for (int i = 0; i < 4; i++)
         e[i] = kv_key(b, kv_entry(b, a->layer, seq->block_table[(jv + i) / DI_KV_BLOCK_SIZE], (jv + i) % DI_KV_BLOCK_SIZE),
                       ktmp + (size_t)i * b->kv_dim);
-      for (int g = 0; g < ng; g++) {
+      int g = 0;
+      /* two heads per pass: the four key vectors are loaded once for both */
+      for (; g + 2 <= ng; g += 2) {
+        __m256 pw[2][4];
+        for (int hh = 0; hh < 2; hh++)
+          for (int i = 0; i < 4; i++) pw[hh][i] = _mm256_set1_ps(scores[g + hh][jv + i] * inv[g + hh]);
+        float *ol0 = o_lat[g], *ol1 = o_lat[g + 1];
+        for (int r = 0; r < R; r += 8) {
+          const __m256 k0 = _mm256_loadu_ps(e[0] + r), k1 = _mm256_loadu_ps(e[1] + r);
+          const __m256 k2 = _mm256_loadu_ps(e[2] + r), k3 = _mm256_loadu_ps(e[3] + r);
+          __m256 o = _mm256_loadu_ps(ol0 + r), u = _mm256_loadu_ps(ol1 + r);
+          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][0], k0));
+          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][0], k0));
+          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][1], k1));
+          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][1], k1));
+          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][2], k2));
+          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][2], k2));
+          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][3], k3));
+          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][3], k3));
+          _mm256_storeu_ps(ol0 + r, o);
+          _mm256_storeu_ps(ol1 + r, u);
+        }
+      }
+      for (; g < ng; g++) {
         const __m256 p0 = _mm256_set1_ps(scores[g][jv] * inv[g]), p1 = _mm256_set1_ps(scores[g][jv + 1] * inv[g]);
         const __m256 p2 = _mm256_set1_ps(scores[g][jv + 2] * inv[g]), p3 = _mm256_set1_ps(scores[g][jv + 3] * inv[g]);
         float *ol = o_lat[g];
