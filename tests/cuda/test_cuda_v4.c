@@ -24,7 +24,7 @@
  * vs alone (bit-identical: no kernel's per-row arithmetic depends on the batch), a sequence resumed
  * under a new key at position 256 from another's blocks (prefix hit: the snapshot restore) vs the
  * uninterrupted run (bit-identical), live states released, device sampling (greedy = argmax), named
- * errors, device token feedback (DEEPINFER_CUDA_V4_FEEDBACK=1: in-step sampling, sample_async, placeholders
+ * errors, device token feedback (DEEPINFER_CUDA_V4_FEEDBACK, on by default: in-step sampling, sample_async, placeholders
  * resolved on the device: the same tokens as wait + sample and the goldens; the engine's feedback steps
  * give the same tokens batched and alone), di_model_score on CUDA vs the CPU, and the registry gate (accelerator cuda is
  * refused with DEEPINFER_CUDA_V4=0; by default it runs the engine: greedy generation equal to the golden
@@ -388,7 +388,7 @@ static int greedy_decode(runner *r, uint64_t key, const int32_t *ids, int np, in
   return ok;
 }
 
-/* DEEPINFER_CUDA_V4_FEEDBACK=1: the three golden prompts decoded through feedback give the tokens of the
+/* Device token feedback (DEEPINFER_CUDA_V4_FEEDBACK, default 1): the three golden prompts decoded through feedback give the tokens of the
  * plain path (wait + sample) and, in the f32 mode, the golden continuations; placeholders without a
  * sample_async before are refused by name. */
 static void check_feedback(void) {
@@ -489,7 +489,10 @@ static void check_registry(void) {
   CHECK_ERR(di_model_load(test_path(FIXTURE), &mo, &m2), "DEEPINFER_CUDA_V4=0");
   unsetenv("DEEPINFER_CUDA_V4"); /* the default: on */
   setenv("DEEPINFER_CUDA_V4_F32", "1", 1);
+  setenv("DEEPINFER_CUDA_V4_FEEDBACK", "0", 1); /* first without device token feedback (the default has it) */
   di_status st = di_model_load(test_path(FIXTURE), &mo, &m2);
+  unsetenv("DEEPINFER_CUDA_V4_FEEDBACK");
+  if (st == DI_OK) CHECK(!m2->backend->ops->sample_async);
   CHECKF(st == DI_OK, "load on cuda (DEEPINFER_CUDA_V4 unset: the default): %s", di_last_error());
   if (st == DI_OK) {
     CHECK(strcmp(m2->backend->ops->name, "cuda (deepseek_v4)") == 0);
@@ -548,10 +551,8 @@ static void check_registry(void) {
       }
     }
     di_model_free(m2);
-    /* with device token feedback: the same tokens, batched and alone */
-    setenv("DEEPINFER_CUDA_V4_FEEDBACK", "1", 1);
+    /* with device token feedback (the default): the same tokens, batched and alone */
     st = di_model_load(test_path(FIXTURE), &mo, &m2);
-    unsetenv("DEEPINFER_CUDA_V4_FEEDBACK");
     CHECKF(st == DI_OK, "load on cuda with feedback: %s", di_last_error());
     if (st == DI_OK) {
       static int32_t fb[3][64];

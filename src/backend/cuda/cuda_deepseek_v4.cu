@@ -28,8 +28,8 @@
  * bf16 activations (lin / lin_groups; experts stay on the GEMVs).
  *
  * Sampling (k_sample.cu's kernel): inside the step when the batch carries sample_rows (the tokens then wait
- * on the device; sample() with the same rows only copies them, other rows sample again), and with
- * DEEPINFER_CUDA_V4_FEEDBACK=1 device token feedback (sample_async / sample_fetch: the next step's token ids
+ * on the device; sample() with the same rows only copies them, other rows sample again), and (unless
+ * DEEPINFER_CUDA_V4_FEEDBACK=0) device token feedback (sample_async / sample_fetch: the next step's token ids
  * -1 - j are resolved on the device from the last sampled row j; the step's host metadata goes through two
  * pinned buffers, each reused only after its copy has run, so the host prepares step N+1 while N runs).
  * Not yet: CUDA graphs (every launch's grid follows the step's counts: windows closing, entries, picks),
@@ -179,27 +179,32 @@ static di_status scratch(v4cu *b, int slot, size_t bytes, void **out) {
  * depend on M, so batched == alone and chunk independence hold in that mode too (but its activations
  * are bf16: results within bf16 bars of the CPU, not 1e-6). G > 1: the grouped form
  * (di_v4k_linear_groups' gx, gw, gy). */
+/* The FP8 products of lin_groups over activations already in bf16 (xb, row stride width): W8A16 GEMVs;
+ * group g's rows start gw / C rows on. */
+static di_status fp8_products(v4cu *b, const uint16_t *xb, int width, const v4_mat *Wm, int T, int R, int C, float *y, int ldy,
+                              int G, int64_t gx, int64_t gw, int64_t gy) {
+  for (int g = 0; g < G; g++) {
+    di_cuk_fp8w w = Wm->q;
+    const int64_t r0 = gw / C * g;
+    w.q += r0 * w.ldq;
+    w.scale += r0 * w.scale_cols;
+    const uint16_t *xg = xb + gx * g;
+    float *yg = y + gy * g;
+    if (b->tc && di_cuk_fp8_tc_ok(C, xg, width, w)) DI_TRY(di_cuk_fp8_tc_gemv(T, R, C, xg, width, w, yg, ldy, 1, 0.0f, b->stream));
+    else DI_TRY(di_cuk_fp8_gemv(T, R, C, xg, width, w, yg, ldy, 1, 0.0f, b->stream));
+  }
+  return DI_OK;
+}
+
 static di_status lin_groups(v4cu *b, const float *x, int ldx, const v4_mat *Wm, int T, int R, int C, float *y, int ldy, int G,
                             int64_t gx, int64_t gw, int64_t gy) {
   cudaStream_t s = b->stream;
   const int width = G > 1 ? (int)(gx * (G - 1)) + C : C; /* the columns of x the products read */
-  if (Wm->fp8) { /* W8A16 over bf16-rounded activations; group g's rows start gw / C rows on */
+  if (Wm->fp8) { /* W8A16 over bf16-rounded activations */
     if (T <= 0) return DI_OK;
     SCR(xb, S_TCX, uint16_t, (size_t)T * width);
     DI_TRY(di_v4k_to_bf16(x, ldx, T, width, xb, s));
-    for (int g = 0; g < G; g++) {
-      di_cuk_fp8w w = Wm->q;
-      const int64_t r0 = gw / C * g;
-      w.q += r0 * w.ldq;
-      w.scale += r0 * w.scale_cols;
-      const uint16_t *xg = xb + gx * g;
-      float *yg = y + gy * g;
-      if (b->tc && di_cuk_fp8_tc_ok(C, xg, width, w))
-        DI_TRY(di_cuk_fp8_tc_gemv(T, R, C, xg, width, w, yg, ldy, 1, 0.0f, s));
-      else
-        DI_TRY(di_cuk_fp8_gemv(T, R, C, xg, width, w, yg, ldy, 1, 0.0f, s));
-    }
-    return DI_OK;
+    return fp8_products(b, xb, width, Wm, T, R, C, y, ldy, G, gx, gw, gy);
   }
   const void *W = Wm->p;
   const int wf32 = Wm->f32;
@@ -221,6 +226,19 @@ static di_status lin_groups(v4cu *b, const float *x, int ldx, const v4_mat *Wm, 
 }
 static di_status lin(v4cu *b, const float *x, int ldx, const v4_mat *W, int T, int R, int C, float *y, int ldy) {
   return lin_groups(b, x, ldx, W, T, R, C, y, ldy, 1, 0, 0, 0);
+}
+/* Two products of the same activations (wq_a and wkv, the shared expert's gate and up): when both are
+ * FP8 the activations are rounded to bf16 once (the same bits as two lin calls). */
+static di_status lin2(v4cu *b, const float *x, int ldx, int T, int C, const v4_mat *W1, int R1, float *y1, int ldy1,
+                      const v4_mat *W2, int R2, float *y2, int ldy2) {
+  if (!W1->fp8 || !W2->fp8 || T <= 0) {
+    DI_TRY(lin(b, x, ldx, W1, T, R1, C, y1, ldy1));
+    return lin(b, x, ldx, W2, T, R2, C, y2, ldy2);
+  }
+  SCR(xb, S_TCX, uint16_t, (size_t)T * C);
+  DI_TRY(di_v4k_to_bf16(x, ldx, T, C, xb, b->stream));
+  DI_TRY(fp8_products(b, xb, C, W1, T, R1, C, y1, ldy1, 1, 0, 0, 0));
+  return fp8_products(b, xb, C, W2, T, R2, C, y2, ldy2, 1, 0, 0, 0);
 }
 
 /* ---- weights to the device ---------------------------------------------------------------------------- */
@@ -597,8 +615,7 @@ static di_status run_comp(v4cu *b, const step_meta *m, int l, int index, const f
   const v4_dcomp *dc = index ? &b->L[l].icomp : &b->L[l].comp;
   di_v4k_comp d = comp_desc(b, l, index, kv, gate);
   cudaStream_t s = b->stream;
-  DI_TRY(lin(b, a, c->hidden_size, &dc->wkv, m->T, d.width, c->hidden_size, kv, d.width));
-  DI_TRY(lin(b, a, c->hidden_size, &dc->wgate, m->T, d.width, c->hidden_size, gate, d.width));
+  DI_TRY(lin2(b, a, c->hidden_size, m->T, c->hidden_size, &dc->wkv, d.width, kv, d.width, &dc->wgate, d.width, gate, d.width));
   DI_TRY(di_v4k_add_ape(gate, dc->ape, m->pos, m->T, d.rate, d.width, s));
   const int csa = d.overlap;
   DI_TRY(di_v4k_pool(&d, m->seqs, csa ? m->ent_csa : m->ent_hca, csa ? m->n_ent_csa : m->n_ent_hca, b->inv_comp,
@@ -620,10 +637,9 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   SCR(qr, S_QR, float, (size_t)T * ql);
   SCR(q, S_Q, float, (size_t)T * H * hd);
   SCR(kv, S_KV, float, (size_t)T * hd);
-  DI_TRY(lin(b, a, D, &L->wq_a, T, ql, D, qr, ql));
+  DI_TRY(lin2(b, a, D, T, D, &L->wq_a, ql, qr, ql, &L->wkv, hd, kv, hd));
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
   DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
-  DI_TRY(lin(b, a, D, &L->wkv, T, hd, D, kv, hd));
   DI_TRY(di_v4k_rmsnorm(q, hd, T * H, hd, NULL, eps, s));
   DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
   DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
@@ -695,8 +711,7 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   if (L->mx) { /* routed experts MXFP4; the shared one (slot 0 of every token) on its own weights */
     SCR(gu, S_SHGU, float, (size_t)T * 2 * I);
     DI_TRY(di_v4k_expert_up_mx(x, ids, tiles, E + 1, L->m1, L->m3, T, ns, D, I, lim, act, s));
-    DI_TRY(lin(b, x, D, &L->sh1, T, I, D, gu, 2 * I));
-    DI_TRY(lin(b, x, D, &L->sh3, T, I, D, gu + I, 2 * I));
+    DI_TRY(lin2(b, x, D, T, D, &L->sh1, I, gu, 2 * I, &L->sh3, I, gu + I, 2 * I));
     DI_TRY(di_v4k_swiglu(gu, gu + I, 2 * I, T, I, lim, act, ns * I, s));
     DI_TRY(di_v4k_expert_down_mx(act, ids, tiles, E + 1, L->m2, T, ns, D, I, y, s));
     DI_TRY(lin(b, act, ns * I, &L->sh2, T, D, I, y, ns * D));
@@ -1083,7 +1098,7 @@ static const di_backend_ops V4CU_OPS = {
     .memory_info = v4cu_memory_info,
     .kv_alloc_groups = v4cu_kv_alloc_groups,
 };
-/* the same with device token feedback (DEEPINFER_CUDA_V4_FEEDBACK=1) */
+/* the same with device token feedback (the default; DEEPINFER_CUDA_V4_FEEDBACK=0: without) */
 static const di_backend_ops V4CU_OPS_FB = [] {
   di_backend_ops o = V4CU_OPS;
   o.sample_async = v4cu_sample_async;
@@ -1122,7 +1137,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];
   b->cur = &b->eng;
   di_status st = DI_OK;
-  if (di_switch_bool(DI_SW_CUDA_V4_FEEDBACK, 0)) b->base.ops = &V4CU_OPS_FB;
+  if (di_switch_bool(DI_SW_CUDA_V4_FEEDBACK, 1)) b->base.ops = &V4CU_OPS_FB;
   if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[0], cudaEventDisableTiming) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[1], cudaEventDisableTiming) != cudaSuccess ||

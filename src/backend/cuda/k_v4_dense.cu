@@ -126,10 +126,15 @@ static __device__ __forceinline__ float e8m0_scale(uint32_t e) {
  * aligned, else a column a lane at a time. */
 template <int VEC>
 static __device__ __forceinline__ void mx_row_dot(mx4row wr, const float *const *xr, int nt, int C, int lane, float *acc) {
-  if (VEC >= 8) {
-    for (int c = lane * 32; c < C; c += 32 * 32) {
-      const uint4 v = di_ld_stream16(wr.q + c / 2);
-      const float sc = e8m0_scale(__ldg(wr.s + c / 32));
+  if (VEC >= 8) { /* the next step's 16 bytes and scale in flight while a step is summed */
+    int c = lane * 32;
+    uint4 v = c < C ? di_ld_stream16(wr.q + c / 2) : make_uint4(0, 0, 0, 0);
+    uint32_t ev = c < C ? __ldg(wr.s + c / 32) : 127u;
+    for (; c < C; c += 32 * 32) {
+      const int cn = c + 32 * 32;
+      const uint4 vn = cn < C ? di_ld_stream16(wr.q + cn / 2) : make_uint4(0, 0, 0, 0);
+      const uint32_t en = cn < C ? __ldg(wr.s + cn / 32) : 127u;
+      const float sc = e8m0_scale(ev);
       const uint32_t u[4] = {v.x, v.y, v.z, v.w};
       float w[32];
 #pragma unroll
@@ -145,6 +150,8 @@ static __device__ __forceinline__ void mx_row_dot(mx4row wr, const float *const 
           }
           acc[i] += part * sc;
         }
+      v = vn;
+      ev = en;
     }
   } else {
     for (int c = lane; c < C; c += 32) {
