@@ -6,7 +6,8 @@ Generates N documents valid for bench/grammar/schema_order.json (compact, keys i
 the way DeepInfer generation writes JSON) and N "any JSON object" documents, tokenizes them once
 with the Hugging Face tokenizer, then for each engine and each document: compiles the grammar
 afresh (compile time), and replays the tokens, timing each mask computation (then accepting the
-token; EOS at the end). Reports median / p99 / max of the per-token mask time and the compile
+token; EOS at the end). Reports median / p99 / max of the per-token mask time (wall clock, and
+the thread's CPU time, since on a loaded machine the wall clock counts preemption) and the compile
 median. Python engines are timed around their mask call (includes ~1 us of Python overhead).
 
   python3 bench/grammar_compare.py --bench build/bench_grammar \
@@ -98,7 +99,7 @@ def run_xgrammar(hf_tok, eos, grammar_src, is_any, docs_ids):
     info = xgr.TokenizerInfo.from_huggingface(hf_tok, vocab_size=len(hf_tok), stop_token_ids=[eos])
     comp = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
-    masks, compiles = [], []
+    masks, cpus, compiles = [], [], []
     for ids in docs_ids:
         t0 = time.perf_counter()
         cg = comp.compile_json_schema(grammar_src, any_whitespace=False, separators=(",", ":"),
@@ -106,12 +107,13 @@ def run_xgrammar(hf_tok, eos, grammar_src, is_any, docs_ids):
         compiles.append((time.perf_counter() - t0) * 1e3)
         m = xgr.GrammarMatcher(cg)
         for tid in list(ids) + [eos]:
-            t0 = time.perf_counter_ns()
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
             m.fill_next_token_bitmask(bitmask)
             masks.append((time.perf_counter_ns() - t0) / 1e3)
+            cpus.append((time.thread_time_ns() - c0) / 1e3)
             if not m.accept_token(tid):
                 raise RuntimeError("xgrammar rejected token %d" % tid)
-    return stats(masks), statistics.median(compiles)
+    return dict(stats(masks), cpu=stats(cpus)), statistics.median(compiles)
 
 
 def run_llguidance(hf_tok, eos, grammar_src, is_any, docs_ids):
@@ -121,7 +123,7 @@ def run_llguidance(hf_tok, eos, grammar_src, is_any, docs_ids):
     lltok = llguidance.hf.from_tokenizer(hf_tok, n_vocab=len(hf_tok), eos_token=eos)
     bitmask = llguidance.numpy.allocate_token_bitmask(1, lltok.vocab_size)
     schema = json.loads(grammar_src)
-    masks, compiles = [], []
+    masks, cpus, compiles = [], [], []
     for ids in docs_ids:
         t0 = time.perf_counter()
         grm = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
@@ -130,12 +132,13 @@ def run_llguidance(hf_tok, eos, grammar_src, is_any, docs_ids):
         if m.is_error():
             raise RuntimeError(m.get_error())
         for tid in list(ids) + [eos]:
-            t0 = time.perf_counter_ns()
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
             llguidance.numpy.fill_next_token_bitmask(m, bitmask, 0)
             masks.append((time.perf_counter_ns() - t0) / 1e3)
+            cpus.append((time.thread_time_ns() - c0) / 1e3)
             if not m.consume_token(tid):
                 raise RuntimeError("llguidance rejected token %d: %s" % (tid, m.get_error()))
-    return stats(masks), statistics.median(compiles)
+    return dict(stats(masks), cpu=stats(cpus)), statistics.median(compiles)
 
 
 def run_llamacpp(harness, vocab, sdist, src, ids_path, out_dir, name):
@@ -177,6 +180,9 @@ def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path, extra=()):
         if line.startswith("mask us:"):
             f = line.split()
             res["median"], res["p99"], res["max"] = float(f[3]), float(f[7]), float(f[9])
+        if line.startswith("mask cpu us:"):
+            f = line.split()
+            res["cpu"] = {"median": float(f[4]), "p99": float(f[8])}
         if line.startswith("compile ms:"):
             res["compile"] = float(line.split()[3])
     return res, out
@@ -223,22 +229,26 @@ def main():
                 if eng in ("deepinfer", "deepinfer-strict"):
                     r, _ = run_deepinfer(a.bench, a.tokenizer, str(SCHEMA) if name == "schema" else None, dp, ip,
                                          ["--strict"] if eng == "deepinfer-strict" else [])
-                    rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok))
+                    rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok, r.get("cpu")))
                 elif eng == "xgrammar":
                     s, c = run_xgrammar(hf_tok, eos, src, name != "schema", ids)
-                    rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok))
+                    rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok, s["cpu"]))
                 elif eng == "llamacpp":
                     r = run_llamacpp(a.llama_harness, a.llama_vocab, a.llama_src, src, ip, a.out, name)
-                    rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok))
+                    rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok, None))
                 elif eng == "llguidance":
                     s, c = run_llguidance(hf_tok, eos, src, name != "schema", ids)
-                    rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok))
+                    rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok, s["cpu"]))
             except Exception as e:  # an engine missing or failing is reported, not fatal
                 print(f"{eng} on {name}: {e}", file=sys.stderr)
-    print(f"| grammar | engine | mask median us | mask p99 us | mask max us | compile median ms | tokens |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| grammar | engine | mask median us | mask p99 us | mask max us | CPU median us | CPU p99 us | "
+          "compile median ms | tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.3f} | {r[6]} |")
+        cpu = r[7] or {}
+        fmt = lambda x: "%.1f" % x if x is not None else "-"
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.0f} | {fmt(cpu.get('median'))} | "
+              f"{fmt(cpu.get('p99'))} | {r[5]:.3f} | {r[6]} |")
 
 
 if __name__ == "__main__":

@@ -246,6 +246,12 @@ di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, 
     return di_error_set(DI_ERR_UNSUPPORTED, "expert parallel: one model per process (experts %d/%d, layers %d/%d)",
                         n_experts, g.ep_E, n_layers, g.ep_L);
   }
+  di_dist_count_exchange();
+  *out = g.ep;
+  return DI_OK;
+}
+
+void di_dist_count_exchange(void) {
   g.calls++;
   if (!g.fail_oom && g.fail_rank == di_comm_rank(g.comm) && g.calls == g.fail_call) {
     fprintf(stderr, "deepinfer: rank %d: DEEPINFER_DIST_TEST_FAIL: %s at exchange %ld\n", g.fail_rank,
@@ -256,8 +262,6 @@ di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, 
         pause();
     raise(SIGKILL);
   }
-  *out = g.ep;
-  return DI_OK;
 }
 
 void di_dist_fail(void) { di_comm_abort(g.comm, di_last_error()); }

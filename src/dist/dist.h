@@ -34,6 +34,9 @@ int di_dist_expert_parallel(void);
 int di_dist_eplb_enabled(void);
 /* The expert-parallel state for a model of these shapes, created at the first call (collective-free). */
 di_status di_dist_ep_get(int n_layers, int n_experts, int hidden, int n_groups, int scratch_per_row, di_ep **out);
+/* One more MoE-layer exchange (di_dist_ep_get counts its callers' own; a backend that keeps the ep
+ * calls this per exchange): where DEEPINFER_DIST_TEST_FAIL's rank kills itself or stalls. */
+void di_dist_count_exchange(void);
 /* The expert-parallel state once a forward created it, else NULL. */
 di_ep *di_dist_ep_current(void);
 /* Ends the job after a failed collective: prints di_last_error() on this rank and stops every rank. */

@@ -556,7 +556,7 @@ di_status di_dp_prepare(di_model *m) {
                         "--data-parallel-size %d: this process is not one of %d MPI ranks (started by `deepinfer ... "
                         "--data-parallel-size N` or `mpirun -np N`)",
                         want, want);
-  if (!di_dist_expert_parallel() || di_dist_ep_current())
+  if (!di_dist_expert_parallel() || di_ep_has_forward(di_dist_ep_current()))
     return DI_OK;
   /* one forward on every rank (before the engine: a score sets up its own KV pool), so the exchange
    * knows the MoE layers a listening rank replays */

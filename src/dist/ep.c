@@ -27,6 +27,8 @@ struct di_ep {
   int n_seq, seq_done;
   di_ep_experts_fn listen_fn; /* the experts a listening rank runs for the others (di_ep_set_listener) */
   void *listen_user;
+  di_ep_listen_layer_fn listen_layer; /* a backend's own exchange, joined with zero tokens (CUDA) */
+  void *listen_layer_user;
   int64_t rows_computed;
   double exchange_s;
   /* grow-only buffers */
@@ -264,6 +266,15 @@ di_status di_ep_pick_slots(di_ep *ep, int layer, const int32_t *ids, int n, int3
   return pick_slots(ep, layer, ids, (size_t)(n > 0 ? n : 0), 1, slot);
 }
 
+di_status di_ep_pick_slots_listening(di_ep *ep, int layer) { return pick_slots(ep, layer, NULL, 0, 0, NULL); }
+
+void di_ep_set_listen_layer(di_ep *ep, di_ep_listen_layer_fn fn, void *user) {
+  ep->listen_layer = fn;
+  ep->listen_layer_user = user;
+}
+
+int di_ep_has_forward(const di_ep *ep) { return ep && ep->n_seq > 0; }
+
 void di_ep_count_rows(di_ep *ep, int64_t rows) { ep->rows_computed += rows; }
 
 /* real: called by a forward (1) or by a listening rank (0). *any_real: whether any rank's call was a
@@ -375,7 +386,10 @@ di_status di_ep_listen(di_ep *ep) {
   for (;;)
     for (int i = 0; i < ep->n_seq; i++) {
       int any_real = 0;
-      DI_TRY(routed(ep, ep->seq[i], NULL, 0, NULL, 1, NULL, ep->listen_fn, ep->listen_user, 0, &any_real));
+      if (ep->listen_layer)
+        DI_TRY(ep->listen_layer(ep->listen_layer_user, ep->seq[i], &any_real));
+      else
+        DI_TRY(routed(ep, ep->seq[i], NULL, 0, NULL, 1, NULL, ep->listen_fn, ep->listen_user, 0, &any_real));
       if (!any_real)
         return DI_OK; /* only at a round's first layer: rounds are aligned with the forwards */
     }

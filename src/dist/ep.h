@@ -56,6 +56,16 @@ void di_ep_set_listener(di_ep *ep, di_ep_experts_fn fn, void *user);
  * call's, so every rank calls it for every MoE layer of every forward. Slot p lives on rank
  * p / (di_ep_slots / ranks). di_ep_count_rows adds the rows this rank computed (di_ep_imbalance). */
 di_status di_ep_pick_slots(di_ep *ep, int layer, const int32_t *ids, int n, int32_t *slot);
+/* The same for a listening rank's call (no forward of its own: n = 0), which does not extend the
+ * recorded layer order a listener replays. */
+di_status di_ep_pick_slots_listening(di_ep *ep, int layer);
+/* For a backend with its own exchange: di_ep_listen runs fn(user, layer, &any_real) for each MoE layer
+ * of the recorded order instead of di_ep_routed's exchange; fn joins that layer's exchange with zero
+ * tokens and sets any_real to whether any rank's call came from a forward (NULL fn: di_ep_routed's). */
+typedef di_status (*di_ep_listen_layer_fn)(void *user, int layer, int *any_real);
+void di_ep_set_listen_layer(di_ep *ep, di_ep_listen_layer_fn fn, void *user);
+/* 1 once a forward has recorded the MoE layers a listening rank replays (di_ep_listen needs one). */
+int di_ep_has_forward(const di_ep *ep);
 void di_ep_count_rows(di_ep *ep, int64_t rows);
 
 /* Expert rows computed on each rank since the last reset, all-gathered (collective): returns

@@ -12,6 +12,16 @@ struct di_cpcache {
   di_gel el;
 };
 
+/* The rules built for repetitions of one element x: star = x*, opt[j-1] = O_j (at most j more
+ * copies). They are context free, so every x{m,n} and x* of the grammar reuses them: a schema with
+ * a hundred bounded strings holds one chain, not a hundred (and its positions share masks). */
+struct di_repcache {
+  di_gel x;
+  int star; /* -1 until built */
+  int32_t *opt;
+  int n_opt, cap_opt;
+};
+
 void di_gb_init(di_gb *b, int max_elements) {
   memset(b, 0, sizeof *b);
   b->max_els = max_elements > 0 ? max_elements : 2000000;
@@ -27,6 +37,9 @@ void di_gb_free(di_gb *b) {
   for (int i = 0; i < b->n_cpc; i++)
     free(b->cpc[i].r);
   free(b->cpc);
+  for (int i = 0; i < b->n_rpc; i++)
+    free(b->rpc[i].opt);
+  free(b->rpc);
   free(b->rules);
   free(b->classes);
   free(b->flat);
@@ -371,32 +384,55 @@ void di_gseq_repeat_tail(di_gb *b, di_gseq *s, int from, int min, int max, const
   di_gseq_repeat(b, s, x, min, max);
 }
 
+static struct di_repcache *repcache_of(di_gb *b, di_gel x) {
+  for (int i = 0; i < b->n_rpc; i++)
+    if (b->rpc[i].x.kind == x.kind && b->rpc[i].x.arg == x.arg)
+      return &b->rpc[i];
+  if (!grow((void **)&b->rpc, &b->cap_rpc, b->n_rpc + 1, sizeof(struct di_repcache))) {
+    b->oom = 1;
+    return NULL;
+  }
+  b->rpc[b->n_rpc] = (struct di_repcache){x, -1, NULL, 0, 0};
+  return &b->rpc[b->n_rpc++];
+}
+
 void di_gseq_repeat(di_gb *b, di_gseq *s, di_gel x, int min, int max) {
   for (int i = 0; i < min; i++)
     di_gseq_push(b, s, x);
+  if (max >= 0 && max - min <= 0)
+    return;
+  struct di_repcache *rc = repcache_of(b, x);
+  if (!rc)
+    return;
   if (max < 0) { /* R ::= x R | "" -- right recursion, a tail call in the automaton */
-    int r = di_gb_new_rule(b, "star");
-    di_gel e[2] = {x, {DI_GE_RULE, r}};
-    di_gb_add_alt(b, r, e, 2);
-    di_gb_add_alt(b, r, NULL, 0);
-    di_gseq_push(b, s, (di_gel){DI_GE_RULE, r});
+    if (rc->star < 0) {
+      int r = di_gb_new_rule(b, "star");
+      di_gel e[2] = {x, {DI_GE_RULE, r}};
+      di_gb_add_alt(b, r, e, 2);
+      di_gb_add_alt(b, r, NULL, 0);
+      rc->star = r;
+    }
+    di_gseq_push(b, s, (di_gel){DI_GE_RULE, rc->star});
     return;
   }
   int k = max - min;
-  if (k <= 0)
-    return;
-  /* O_1 ::= x | "" ; O_j ::= x O_{j-1} | "" */
-  int prev = -1;
-  for (int j = 1; j <= k; j++) {
+  /* O_1 ::= x | "" ; O_j ::= x O_{j-1} | "" (extending the chain built so far) */
+  while (rc->n_opt < k) {
+    if (!grow((void **)&rc->opt, &rc->cap_opt, rc->n_opt + 1, sizeof(int32_t))) {
+      b->oom = 1;
+      return;
+    }
+    int prev = rc->n_opt ? rc->opt[rc->n_opt - 1] : -1;
     int r = di_gb_new_rule(b, "opt");
+    rc = repcache_of(b, x); /* di_gb_new_rule does not move rpc, but stay safe */
     di_gel e[2] = {x, {DI_GE_RULE, prev}};
     di_gb_add_alt(b, r, e, prev < 0 ? 1 : 2);
     di_gb_add_alt(b, r, NULL, 0);
-    prev = r;
+    rc->opt[rc->n_opt++] = r;
     if (b->oom || b->total_els > b->max_els)
-      break;
+      return;
   }
-  di_gseq_push(b, s, (di_gel){DI_GE_RULE, prev});
+  di_gseq_push(b, s, (di_gel){DI_GE_RULE, rc->opt[k - 1]});
 }
 
 static int class_empty(const di_gbyteset *c) {

@@ -47,6 +47,8 @@ typedef struct di_gb {
   int has_token_refs;     /* the grammar has token references (token_ref.h): the matcher tries ids */
   struct di_cpcache *cpc; /* recently lowered code-point sets -> element, to reuse rules */
   int n_cpc, cap_cpc;
+  struct di_repcache *rpc; /* repetitions built so far, per repeated element (di_gseq_repeat) */
+  int n_rpc, cap_rpc;
   /* flattened form (after di_gb_finish) */
   di_gel *flat;         /* every alternative's elements followed by a DI_GE_END */
   int n_flat;

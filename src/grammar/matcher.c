@@ -10,25 +10,18 @@
 #include <string.h>
 #include <time.h>
 #include "grammar/ascii_run.h"
+#include "grammar/ci_shared.h"
 #include "grammar/grammar_impl.h"
+#include "grammar/language_key.h"
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
 #include "util/switches.h"
 
-typedef struct ci_entry {
-  int nacc;
-  uint32_t *acc_bits; /* dense form (vocab words), or NULL */
-  int32_t *acc_list;  /* sparse form: token ids */
-  int32_t *unc;       /* uncertain tokens: sorted indices (trie order) */
-  int nunc;
-  int overflow;       /* walk abandoned past its bound of uncertain tokens (no lists kept) */
-} ci_entry;
-
 struct di_gvcache {
   uint64_t serial;
   const di_grammar_vocab *v;
-  ci_entry **ci;   /* by truncated stack (node id, see di_grt_truncated_stack) */
+  di_ci_entry **ci;   /* by truncated stack (node id, see di_grt_truncated_stack) */
   int32_t *chosen; /* by real stack node: the truncated stack whose entry it uses (0 = not yet) */
   int nci;
   int ci_depth, ci_max_uncertain; /* see get_ci */
@@ -52,6 +45,8 @@ struct di_gvcache {
   di_ascii_run *arun; /* per state: its ASCII run (ascii_run.h), n = -1 until computed */
   int cap_arun;
   di_ascii_scratch ascratch;
+  int share;               /* look classifications up in the vocabulary's shared store (ci_shared.h) */
+  di_language_key lkey;    /* scratch: the description of the key being looked up */
   int32_t *seen_key; /* budget search: seen states (a hash set, valid where seen_at == seen_stamp) */
   uint32_t *seen_at, seen_stamp;
   struct di_gvcache *next;
@@ -66,20 +61,11 @@ struct di_grammar_matcher {
   int nh, caph;
 };
 
-static void ci_free(ci_entry *e) {
-  if (!e)
-    return;
-  free(e->acc_bits);
-  free(e->acc_list);
-  free(e->unc);
-  free(e);
-}
-
 void di_gvcache_free_all(struct di_gvcache *c) {
   while (c) {
     struct di_gvcache *n = c->next;
     for (int i = 0; c->ci && i < c->nci; i++) /* c->ci is NULL when its calloc failed */
-      ci_free(c->ci[i]);
+      di_ci_entry_release(c->ci[i]);
     for (int i = 0; c->mask && i < c->cap_mask; i++)
       free(c->mask[i]);
     free(c->ci);
@@ -95,6 +81,7 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     di_ascii_scratch_free(&c->ascratch);
     free(c->seen_key);
     free(c->seen_at);
+    di_language_key_free(&c->lkey);
     free(c);
     c = n;
   }
@@ -130,6 +117,7 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   const int uncertain = di_switch_int(DI_SW_GRAMMAR_CI_UNCERTAIN, -1);
   if (uncertain >= 0)
     c->ci_max_uncertain = uncertain;
+  c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
@@ -246,7 +234,10 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
     seen_level[seen_n] = 0;
     seen[seen_n++] = s0;
   }
-  while (ok && ncur > 0 && level < DI_PLAIN_CAP) {
+  /* no subtree holds more plain characters than the vocabulary's most, so the search stops there
+   * (a budget of that many is as good as any larger one) */
+  const int cap = c->v->max_plain < DI_PLAIN_CAP ? c->v->max_plain : DI_PLAIN_CAP;
+  while (ok && ncur > 0 && level < cap) {
     nnext = 0;
     for (int i = 0; i < ncur && ok; i++) {
       int s = cur[i];
@@ -283,7 +274,7 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
       break;
   }
   if (ok && ncur == 0 && seen_n < MAX_SEEN)
-    level = DI_PLAIN_CAP; /* no character ever kills it */
+    level = DI_PLAIN_CAP; /* no character ever kills it (a search stopped at cap proves only cap) */
   free(cur);
   free(next);
   /* a state first reached after j characters takes at least level - j more (else s0 would die
@@ -356,12 +347,13 @@ static const char *position_rule_name(const di_gb *g, int pos) {
 
 /* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
  * accepted / rejected whatever lies below, or uncertain. Under g->mu. */
-static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, ci_entry **out) {
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, di_ci_entry **out) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
-  ci_entry *e = calloc(1, sizeof *e);
+  di_ci_entry *e = calloc(1, sizeof *e);
   if (!e)
     return di_error_set(DI_ERR_OOM, "out of memory");
+  atomic_init(&e->refs, 1);
   int s0 = di_grt_node_state(rt, key);
   if (s0 < 0) {
     free(e);
@@ -422,6 +414,14 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       ke = tok_lo[tnext[i]]; /* every token below is plain text the state takes: all accepted */
       skipped += tnext[i] - i - 1;
       next_i = tnext[i];
+      if (v->subtree_of[i] >= 0) { /* a large subtree: its ids' bitmap, word by word */
+        const uint32_t *sb = v->subtree_bits + (size_t)v->subtree_of[i] * (size_t)v->words;
+        for (int w = 0; w < v->words; w++)
+          bits[w] |= sb[w];
+        nacc += ke - tok_lo[i];
+        i = next_i;
+        continue;
+      }
     } else {
       next_i = i + 1;
     }
@@ -458,11 +458,11 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
             key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
   if (st != DI_OK) {
-    ci_free(e);
+    di_ci_entry_release(e);
     return st;
   }
-  c->ci_bytes += sizeof *e + sizeof(int32_t) * (size_t)e->nunc +
-                 (e->acc_bits ? sizeof(uint32_t) * (size_t)v->words : sizeof(int32_t) * (size_t)e->nacc);
+  e->bytes = sizeof *e + sizeof(int32_t) * (size_t)e->nunc +
+             (e->acc_bits ? sizeof(uint32_t) * (size_t)v->words : sizeof(int32_t) * (size_t)e->nacc);
   *out = e;
   return DI_OK;
 }
@@ -473,7 +473,7 @@ static int ensure_ci_slots(struct di_gvcache *c, int id) {
   int nc = c->nci * 2;
   while (nc <= id)
     nc *= 2;
-  ci_entry **q = realloc(c->ci, sizeof *q * (size_t)nc);
+  di_ci_entry **q = realloc(c->ci, sizeof *q * (size_t)nc);
   if (q)
     c->ci = q;
   int32_t *r = realloc(c->chosen, sizeof *r * (size_t)nc);
@@ -487,15 +487,37 @@ static int ensure_ci_slots(struct di_gvcache *c, int id) {
   return 1;
 }
 
+/* Fills c->ci[key]: from the vocabulary's shared store when another grammar (or an earlier compile)
+ * classified the same language, else by a walk, then offered to the store. An entry abandoned at
+ * its bound of uncertain tokens does not serve a caller that needs it in full. Under g->mu. */
+static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last) {
+  enum { MAX_KEY_WORDS = 1 << 16 }; /* larger descriptions (most of a big grammar) are not shared */
+  int described = c->share && di_language_key_make(&c->lkey, &g->rt, key, c->v->maxlen, MAX_KEY_WORDS);
+  if (described) {
+    di_ci_entry *e = di_ci_shared_find(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash);
+    if (e && !(e->overflow && last)) {
+      c->ci[key] = e;
+      c->ci_bytes += e->bytes;
+      return DI_OK;
+    }
+    di_ci_entry_release(e);
+  }
+  DI_TRY(compute_ci(g, c, key, last ? -1 : c->ci_max_uncertain, &c->ci[key]));
+  c->ci_bytes += c->ci[key]->bytes;
+  if (described)
+    di_ci_shared_put(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash, c->ci[key]);
+  return DI_OK;
+}
+
 /* The classification used for real stack `id`. Keeping fewer stack frames lets more stacks share
  * one entry (and its trie walk), but leaves more tokens uncertain, to be walked at every mask: so
  * the shallowest truncation with at most ci_max_uncertain uncertain tokens is chosen, trying 1, 2,
  * ... frames (at most ci_depth; a stack that is not deeper is exact and has none uncertain). */
-static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, ci_entry **out) {
+static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, di_ci_entry **out) {
   di_grt *rt = &g->rt;
   if (c->ci_bytes > c->ci_max_bytes) { /* bound the memory: start over (entries are only caches) */
     for (int i = 0; i < c->nci; i++) {
-      ci_free(c->ci[i]);
+      di_ci_entry_release(c->ci[i]);
       c->ci[i] = NULL;
     }
     memset(c->chosen, 0, sizeof *c->chosen * (size_t)c->nci);
@@ -515,11 +537,11 @@ static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, ci_entry **
       return di_error_set(DI_ERR_OOM, "out of memory");
     int last = key == id || depth >= c->ci_depth;
     if (c->ci[key] && c->ci[key]->overflow && last) { /* abandoned earlier, needed in full now */
-      ci_free(c->ci[key]);
+      di_ci_entry_release(c->ci[key]);
       c->ci[key] = NULL;
     }
     if (!c->ci[key])
-      DI_TRY(compute_ci(g, c, key, last ? -1 : c->ci_max_uncertain, &c->ci[key]));
+      DI_TRY(classify(g, c, key, last));
     if (last || c->ci[key]->nunc <= c->ci_max_uncertain) {
       c->chosen[id] = key;
       *out = c->ci[key];
@@ -580,7 +602,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
   memset(out, 0, sizeof(uint32_t) * (size_t)W);
   int nbuf = 0, lists = 0;
   for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
-    ci_entry *e = NULL;
+    di_ci_entry *e = NULL;
     DI_TRY(get_ci(g, c, rt->sn[k], &e));
     if (e->acc_bits) {
       for (int w = 0; w < W; w++)

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/ci_shared.h"
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
@@ -45,6 +46,8 @@ static di_status plain_below(di_grammar_vocab *v) {
           below_most[u] = most[(size_t)k * DI_PLAIN_STATES + u];
     }
     v->plain_below[j] = (below_ok & 1) ? below_most[0] : DI_PLAIN_NOT;
+    if (v->plain_below[j] != DI_PLAIN_NOT && v->plain_below[j] > v->max_plain)
+      v->max_plain = v->plain_below[j];
     for (int u = 0; u < DI_PLAIN_STATES; u++) {
       int starts = 0, u2 = di_plain_step(u, v->tbyte[j], &starts);
       int m = u2 < 0 ? 0 : starts + below_most[u2];
@@ -55,6 +58,29 @@ static di_status plain_below(di_grammar_vocab *v) {
   }
   free(ok);
   free(most);
+  return DI_OK;
+}
+
+/* subtree_of / subtree_bits: the ids below each trie node holding at least DI_SUBTREE_MIN tokens as
+ * a bitmap, so that a classification walk accepting the whole subtree ORs words instead of setting
+ * thousands of scattered bits (ids are not in trie order). */
+static di_status subtree_bits(di_grammar_vocab *v) {
+  v->subtree_of = malloc(sizeof(int32_t) * ((size_t)v->nnodes + 1));
+  if (!v->subtree_of)
+    return DI_ERR_OOM;
+  int nbig = 0;
+  for (int i = 0; i < v->nnodes; i++)
+    v->subtree_of[i] = v->tok_lo[v->tnext[i]] - v->tok_lo[i] >= DI_SUBTREE_MIN ? nbig++ : -1;
+  v->subtree_bits = calloc((size_t)nbig * (size_t)v->words + 1, sizeof(uint32_t));
+  if (!v->subtree_bits)
+    return DI_ERR_OOM;
+  for (int i = 0; i < v->nnodes; i++) {
+    if (v->subtree_of[i] < 0)
+      continue;
+    uint32_t *b = v->subtree_bits + (size_t)v->subtree_of[i] * (size_t)v->words;
+    for (int k = v->tok_lo[i]; k < v->tok_lo[v->tnext[i]]; k++)
+      b[v->sorted[k] >> 5] |= 1u << (v->sorted[k] & 31);
+  }
   return DI_OK;
 }
 
@@ -206,12 +232,13 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   v->tok_lo[nn] = ns;
   v->nnodes = nn;
   free(open);
-  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK) {
+  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK || subtree_bits(v) != DI_OK) {
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
   }
   /* Tokens ending at node i are exactly the sorted indices [tok_lo[i], tok_lo[i+1]): a token that
    * creates no node equals its predecessor. The subtree of i holds [tok_lo[i], tok_lo[tnext[i]]). */
+  v->shared_ci = di_ci_shared_create((size_t)64 << 20); /* NULL: every grammar classifies alone */
   *out = v;
   return DI_OK;
 }
@@ -232,6 +259,9 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->plain_below);
   free(v->ascii_below);
   free(v->len_below);
+  di_ci_shared_free(v->shared_ci);
+  free(v->subtree_of);
+  free(v->subtree_bits);
   free(v);
 }
 

@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include "grammar/grammar.h"
 
+enum { DI_SUBTREE_MIN = 2048 }; /* a subtree this large gets its ids as a bitmap (vocab.c) */
+
 struct di_grammar_vocab {
   int n, words;           /* vocabulary size, bitmask words */
   uint64_t serial;        /* unique per vocabulary object: keys the per-grammar mask caches */
@@ -21,10 +23,14 @@ struct di_grammar_vocab {
   int nnodes;
   uint8_t *plain_below;   /* per trie node: the most characters in any token suffix below it when all
                            * of them are well-formed plain UTF-8 (plain_text.h), else 255 */
+  int max_plain;          /* the largest of those below 255: no budget search needs to look further */
   uint64_t *ascii_below;  /* per trie node, 2 words: the ASCII bytes of the token suffixes below it, bit 0 = some
                            * byte below is NUL or not ASCII (ascii_run.h) */
   uint8_t *len_below;     /* per trie node: the longest token suffix below it (bytes, at most 255) */
+  int32_t *subtree_of;    /* per trie node: its row of subtree_bits, or -1 (fewer than DI_SUBTREE_MIN tokens below) */
+  uint32_t *subtree_bits; /* rows of `words` words: the ids at or below such a node */
   int32_t *mark_ids;      /* ids whose bytes contain 0xFF, which spells token references (token_ref.h) */
   int nmark;
+  struct di_ci_shared *shared_ci; /* classifications shared by every grammar's matchers (ci_shared.h); NULL = none */
 };
 #endif

@@ -90,6 +90,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "1",
                                "0: under --enable-expert-parallel on CUDA, the shared experts run after the exchange "
                                "on one stream (1: on a second stream while the routed rows are exchanged)"},
+    [DI_SW_COMM] = {"DEEPINFER_COMM", "auto",
+                    "mpi: GPU ranks exchange over the MPI communicator with host copies even in an NCCL build "
+                    "(several ranks on one GPU, which NCCL refuses); auto: NCCL when the build has it"},
     [DI_SW_DIST_TIMEOUT] = {"DEEPINFER_DIST_TIMEOUT", "60",
                             "seconds a collective between ranks may wait before the job ends with a message "
                             "(--dist-timeout wins)"},
@@ -107,6 +110,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_GRAMMAR_CI_UNCERTAIN] = {"DI_GRAMMAR_CI_UNCERTAIN", "256",
                                     "uncertain tokens kept per context-independent key"},
     [DI_SW_GRAMMAR_DEBUG] = {"DI_GRAMMAR_DEBUG", "unset", "set: the grammar matcher prints per-key statistics"},
+    [DI_SW_GRAMMAR_SHARED_CI] = {"DI_GRAMMAR_SHARED_CI", "1",
+                                 "0: each grammar classifies the vocabulary alone (no store shared between grammars; A/B runs)"},
 };
 
 const di_switch_info *di_switch_info_of(di_switch sw) {

@@ -5,7 +5,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/ci_shared.h"
 #include "grammar/grammar.h"
+#include "grammar/vocab.h"
 #include "test_util.h"
 
 static uint64_t rng = 88172645463325252ULL;
@@ -55,13 +57,9 @@ static void build_vocab(void) {
 
 static int allowed(const uint32_t *mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1u; }
 
-static void walk(const char *name, di_grammar_kind kind, const char *src, int steps, int walks) {
-  di_grammar *g = NULL;
-  di_status st = di_grammar_compile(kind, src, strlen(src), NULL, &g);
-  CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
-  if (st != DI_OK)
-    return;
-  const int STOP = NV - 1;
+enum { STOP = NV - 1 };
+
+static di_grammar_vocab *make_vocab(void) {
   int32_t stops[1] = {STOP};
   /* the stop id has no bytes of its own here; give it some to check they are ignored */
   di_grammar_vocab *v = NULL;
@@ -73,6 +71,17 @@ static void walk(const char *name, di_grammar_kind kind, const char *src, int st
   tb[STOP] = "</s>";
   tl[STOP] = 4;
   CHECK(di_grammar_vocab_create(NV, tb, tl, stops, 1, &v) == DI_OK);
+  return v;
+}
+
+/* Random walks through one grammar on vocabulary v, every mask against brute force. */
+static void walk_on(const char *name, di_grammar_kind kind, const char *src, int steps, int walks,
+                    const di_grammar_vocab *v, const di_grammar_options *opt) {
+  di_grammar *g = NULL;
+  di_status st = di_grammar_compile(kind, src, strlen(src), opt, &g);
+  CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
+  if (st != DI_OK)
+    return;
   uint32_t mask[(NV + 31) / 32];
   int bad = 0, ended = 0;
   for (int w = 0; w < walks; w++) {
@@ -127,8 +136,53 @@ static void walk(const char *name, di_grammar_kind kind, const char *src, int st
   }
   CHECKF(bad == 0, "%s: %d mask mismatches", name, bad);
   fprintf(stderr, "%s: %d walks, %d ended by stop\n", name, walks, ended);
-  di_grammar_vocab_free(v);
   di_grammar_free(g);
+}
+
+static void walk(const char *name, di_grammar_kind kind, const char *src, int steps, int walks) {
+  di_grammar_vocab *v = make_vocab();
+  if (v)
+    walk_on(name, kind, src, steps, walks, v, NULL);
+  di_grammar_vocab_free(v);
+}
+
+/* Classifications shared between grammars (ci_shared.h): on one vocabulary, grammars compiled
+ * afresh (no compile cache) that hold the same sub-languages -- counted strings, a date-time, an
+ * integer range -- in different surroundings reuse each other's entries, and every mask still
+ * equals brute force; two languages differing in one byte class (maxLength 6 vs 7, [a-c] vs [a-d])
+ * must not share. */
+static void shared_classifications(void) {
+  di_grammar_vocab *v = make_vocab();
+  if (!v)
+    return;
+  di_grammar_options opt = {0};
+  opt.no_cache = 1;
+  static const char *const schemas[] = {
+      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"when\":{\"type\":"
+      "\"string\",\"format\":\"date-time\"},\"age\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120}},"
+      "\"required\":[\"name\",\"when\"]}",
+      "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":6},{\"type\":\"string\",\"format\":"
+      "\"date-time\"},{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120}]},\"maxItems\":3}",
+      "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":7},{\"type\":\"string\",\"pattern\":"
+      "\"^[a-d]+$\"}]},\"maxItems\":3}",
+      "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":6},{\"type\":\"string\",\"pattern\":"
+      "\"^[a-c]+$\"}]},\"maxItems\":3}",
+      /* longer than the longest token (8 bytes): positions with more left share one description */
+      "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":40},\"maxItems\":2}",
+  };
+  const char *names[] = {"shared-object", "shared-array", "shared-array-7", "shared-array-6", "shared-long-string"};
+  for (int i = 0; i < 5; i++)
+    walk_on(names[i], DI_GRAMMAR_JSON_SCHEMA, schemas[i], 30, 6, v, &opt);
+  long hits = 0, lookups = 0;
+  di_ci_shared_stats(v->shared_ci, &hits, &lookups);
+  CHECKF(hits > 0 && hits < lookups, "shared classifications: %ld hits of %ld lookups", hits, lookups);
+  walk_on("shared-object-again", DI_GRAMMAR_JSON_SCHEMA, schemas[0], 30, 6, v, &opt);
+  long hits2 = 0, lookups2 = 0;
+  di_ci_shared_stats(v->shared_ci, &hits2, &lookups2);
+  CHECKF(hits2 - hits > (lookups2 - lookups) / 2, "the same schema compiled again: %ld hits of %ld lookups",
+         hits2 - hits, lookups2 - lookups);
+  fprintf(stderr, "shared classifications: %ld hits of %ld lookups\n", hits2, lookups2);
+  di_grammar_vocab_free(v);
 }
 
 /* A tiny state budget: the automaton of a grammar used by successive requests is reset between
@@ -254,6 +308,7 @@ int main(void) {
   budget();
   threads();
   walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);
+  shared_classifications();
   walk("schema", DI_GRAMMAR_JSON_SCHEMA,
        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"age\":{\"type\":\"integer\","
        "\"minimum\":-5,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",\"foo\"]}},\"when\":{"

@@ -56,8 +56,8 @@ static di_status upload_layer_fp8(cu_backend *b, const di_model_config *c, const
     ok = fp8_uploadable(eb, g) && (b->n_sh == 0 || I % eb == 0);
   }
   if (!ok) return DI_OK;
-  /* expert parallel: this rank's experts only, at local slots (shared ones unfolded) */
-  const int Et = b->ep ? b->ep_El : b->Et, n_routed = b->ep ? b->ep_El : E;
+  /* expert parallel: this rank's experts only, at local slots (then the shared ones when folded) */
+  const int n_routed = b->ep ? b->ep_El : E, Et = n_routed + b->n_sh;
   DI_TRY(fp8_alloc(b, (int64_t)Et * 2 * Ip, Hp, eb, &d->f_exp_gu));
   DI_TRY(fp8_alloc(b, (int64_t)Et * Hp, Ip, eb, &d->f_exp_down));
   for (int j = 0; j < n_routed; j++) {
@@ -68,7 +68,7 @@ static di_status upload_layer_fp8(cu_backend *b, const di_model_config *c, const
   }
   if (s->has_shared && b->n_sh > 0) {
     for (int j = 0; j < b->n_sh; j++) {
-      const int e = E + j;
+      const int e = n_routed + j;
       DI_TRY(fp8_up_rows(&s->sh_gate, (int64_t)j * I, (int64_t)(j + 1) * I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip));
       DI_TRY(fp8_up_rows(&s->sh_up, (int64_t)j * I, (int64_t)(j + 1) * I, 0, H, &d->f_exp_gu, (int64_t)e * 2 * Ip + Ip));
       DI_TRY(fp8_up_rows(&s->sh_down, 0, H, (int64_t)j * I, (int64_t)(j + 1) * I, &d->f_exp_down, (int64_t)e * Hp));
@@ -148,7 +148,8 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
   d->has_shared = s->has_shared;
   if (s->has_shared && b->n_sh == 0) b->Ish = (int)s->sh_gate.rows;
   if (d->f_exp_gu.q) return DI_OK;
-  const int Hp = b->Hp, Et = b->ep ? b->ep_El : b->Et; /* expert parallel: this rank's experts only */
+  /* expert parallel: this rank's experts only (then the shared ones when folded) */
+  const int Hp = b->Hp, n_routed = b->ep ? b->ep_El : E, Et = n_routed + b->n_sh;
   const size_t gu_e = (size_t)2 * Ip * Hp, dn_e = (size_t)Hp * Ip;
   DI_TRY(dev_alloc(b, (void **)&d->exp_gu, gu_e * Et * 2));
   DI_TRY(dev_alloc(b, (void **)&d->exp_down, dn_e * Et * 2));
@@ -158,7 +159,7 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
     DI_CU(cudaMemset(d->exp_down, 0, dn_e * Et * 2));
   }
   /* staging layout per expert: gate rows [0, Ip), up rows [Ip, 2Ip); then interleaved for the glu GEMM */
-  for (int jj = 0; jj < (b->ep ? b->ep_El : E); jj++) {
+  for (int jj = 0; jj < n_routed; jj++) {
     const size_t j = (size_t)jj; /* the local slot, holding expert e */
     const int e = b->ep ? cu_ep_local_expert(b, l, jj) : jj;
     DI_TRY(check_shape(&s->exp_gate[e], I, H, "experts.gate_proj"));
@@ -175,7 +176,7 @@ di_status upload_layer(cu_backend *b, const di_model_config *c, const di_ds_laye
     DI_TRY(check_shape(&s->sh_up, (int64_t)b->n_sh * I, H, "shared_experts.up_proj"));
     DI_TRY(check_shape(&s->sh_down, H, (int64_t)b->n_sh * I, "shared_experts.down_proj"));
     for (int j = 0; j < b->n_sh; j++) {
-      const int e = E + j;
+      const int e = n_routed + j;
       DI_TRY(up_rows(&s->sh_gate, (int64_t)j * I, (int64_t)(j + 1) * I, b->stage + gu_e * e, Hp));
       DI_TRY(up_rows(&s->sh_up, (int64_t)j * I, (int64_t)(j + 1) * I, b->stage + gu_e * e + (size_t)Ip * Hp, Hp));
       DI_TRY(up_cols(&s->sh_down, 0, H, (int64_t)j * I, (int64_t)(j + 1) * I, d->exp_down + dn_e * e, Ip));
@@ -264,39 +265,40 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
  * ones: the grouped tensor-core GEMM on activations quantized per 128 (the token rows of xn gathered
  * through perm_tok, then the A rows of act) where the tiles are 64 rows and the blocks 128 wide, else
  * grouped GEMVs of up to 16 rows a pass. */
-static di_status experts_fp8(cu_backend *b, const cu_layer *L, int T, int A, int bm, int max_tiles) {
+static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_rows *io) {
   cudaStream_t s = b->stream;
-  const int Hp = b->Hp, Ip = b->Ip;
+  const int Hp = b->Hp, Ip = b->Ip, T = io->T, A = io->A, bm = io->bm, max_tiles = io->max_tiles;
+  const uint16_t *x = (const uint16_t *)io->x;
   /* the tensor-core GEMV (di_cuk_fp8_tc_use: invariant mode, or above 2 token rows) up to the dense
    * GEMV bound of token rows, the CUDA-core one up to GEMV_MAX_T */
-  const int tc = di_cuk_fp8_tc_use(T, b->invariant) && di_cuk_fp8_tc_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
-                 di_cuk_fp8_tc_ok(Ip, b->act, Ip, L->f_exp_down);
+  const int tc = di_cuk_fp8_tc_use(T, b->invariant) && di_cuk_fp8_tc_ok(Hp, io->x, Hp, L->f_exp_gu) &&
+                 di_cuk_fp8_tc_ok(Ip, io->act, Ip, L->f_exp_down);
   const int mma = !b->invariant && T > (tc ? di_cuk_fp8_gemv_max_rows() : GEMV_MAX_T) && bm == 64 &&
                   di_cuk_fp8_gemm_ok(Hp, L->f_exp_gu) && di_cuk_fp8_gemm_ok(Ip, L->f_exp_down);
   if (!mma && tc) { /* gate/up + SiLU in one kernel, then down */
-    DI_TRY(di_cuk_fp8_tc_grouped_gemv((const uint16_t *)b->xn, Hp, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp, b->expert_off,
-                                      b->tiles, b->n_tiles, max_tiles, bm, bm, b->act, Ip, 0, 1, s));
-    return di_cuk_fp8_tc_grouped_gemv((const uint16_t *)b->act, Ip, NULL, L->f_exp_down, Hp, Ip, b->expert_off,
-                                      b->tiles, b->n_tiles, max_tiles, bm, bm, b->y, Hp, 1, 0, s);
+    DI_TRY(di_cuk_fp8_tc_grouped_gemv(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                                      io->n_tiles, max_tiles, bm, bm, io->act, Ip, 0, 1, s));
+    return di_cuk_fp8_tc_grouped_gemv((const uint16_t *)io->act, Ip, NULL, L->f_exp_down, Hp, Ip, io->expert_off,
+                                      io->tiles, io->n_tiles, max_tiles, bm, bm, io->y, Hp, 1, 0, s);
   }
   if (!mma) {
     const int rows = b->invariant ? 1 : T <= GEMV_MAX_T ? T : 16;
-    DI_TRY(di_cuk_fp8_grouped_gemv((const uint16_t *)b->xn, Hp, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp, b->expert_off,
-                                   b->tiles, b->n_tiles, max_tiles, bm, rows, b->egu, 2 * Ip, 0, s));
-    DI_TRY(di_cuk_silu_mul((const uint16_t *)b->egu, A, Ip, (uint16_t *)b->act, s));
-    return di_cuk_fp8_grouped_gemv((const uint16_t *)b->act, Ip, NULL, L->f_exp_down, Hp, Ip, b->expert_off, b->tiles,
-                                   b->n_tiles, max_tiles, bm, rows, b->y, Hp, 1, s);
+    DI_TRY(di_cuk_fp8_grouped_gemv(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                                   io->n_tiles, max_tiles, bm, rows, io->egu, 2 * Ip, 0, s));
+    DI_TRY(di_cuk_silu_mul((const uint16_t *)io->egu, A, Ip, (uint16_t *)io->act, s));
+    return di_cuk_fp8_grouped_gemv((const uint16_t *)io->act, Ip, NULL, L->f_exp_down, Hp, Ip, io->expert_off,
+                                   io->tiles, io->n_tiles, max_tiles, bm, rows, io->y, Hp, 1, s);
   }
   uint8_t *xq;
   float *sx;
   int ldq, lds;
-  DI_TRY(di_cuk_fp8_quant_ws((const uint16_t *)b->xn, Hp, T, Hp, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
-  DI_TRY(di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, b->perm_tok, L->f_exp_gu, 2 * Ip, Hp, b->expert_off, b->tiles,
-                                 b->n_tiles, max_tiles, bm, b->egu, 2 * Ip, 0, s));
-  DI_TRY(di_cuk_silu_mul((const uint16_t *)b->egu, A, Ip, (uint16_t *)b->act, s));
-  DI_TRY(di_cuk_fp8_quant_ws((const uint16_t *)b->act, Ip, A, Ip, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
-  return di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, NULL, L->f_exp_down, Hp, Ip, b->expert_off, b->tiles, b->n_tiles,
-                                 max_tiles, bm, b->y, Hp, 1, s);
+  DI_TRY(di_cuk_fp8_quant_ws(x, Hp, io->x_rows, Hp, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
+  DI_TRY(di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                                 io->n_tiles, max_tiles, bm, io->egu, 2 * Ip, 0, s));
+  DI_TRY(di_cuk_silu_mul((const uint16_t *)io->egu, A, Ip, (uint16_t *)io->act, s));
+  DI_TRY(di_cuk_fp8_quant_ws((const uint16_t *)io->act, Ip, A, Ip, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
+  return di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, NULL, L->f_exp_down, Hp, Ip, io->expert_off, io->tiles,
+                                 io->n_tiles, max_tiles, bm, io->y, Hp, 1, s);
 }
 
 /* The shared experts when they are not folded into the grouped GEMM: added into h (on b->stream) */
@@ -312,6 +314,33 @@ static void prof_mark(cu_backend *b, const char *label) {
   if (!b->prof || b->n_marks >= MAX_MARKS) return;
   cudaEventRecord(b->marks[b->n_marks], b->stream);
   b->mark_label[b->n_marks++] = label;
+}
+
+/* The expert products (cuda_ep.cuh), on one GPU over the step's rows and under expert parallel over
+ * the received ones: FP8 experts on their batch-invariant kernels; decode-sized steps (T <= GEMV_MAX_T)
+ * and the invariant mode off the tensor cores as grouped GEMVs (a row's arithmetic there does not
+ * depend on the rows beside it, up to GEMV_MAX_T at a time); else, and in the invariant mode on tensor
+ * cores, the grouped GEMM (a row's chain of mma steps does not depend on the tile size or on how many
+ * rows its expert has: test_cuda_tc_gemm). */
+di_status cu_routed_experts(cu_backend *b, const cu_layer *L, const cu_expert_rows *io) {
+  if (L->f_exp_gu.q) return experts_fp8(b, L, io);
+  cudaStream_t s = b->stream;
+  const uint16_t *x = (const uint16_t *)io->x;
+  const int Hp = b->Hp, Ip = b->Ip;
+  if ((io->T <= GEMV_MAX_T || b->invariant) && !di_cu_blas_tc_invariant(b->blas)) {
+    const int gv_rows = io->T < GEMV_MAX_T ? io->T : GEMV_MAX_T;
+    DI_TRY(di_cuk_grouped_gemv(x, Hp, io->perm_tok, (const uint16_t *)L->exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                               io->n_tiles, io->max_tiles, io->bm, gv_rows, io->act, Ip, 0, 1, io->pf0, io->pf_e0, s));
+    PROF("experts gate/up");
+    return di_cuk_grouped_gemv((const uint16_t *)io->act, Ip, NULL, (const uint16_t *)L->exp_down, Hp, Ip,
+                               io->expert_off, io->tiles, io->n_tiles, io->max_tiles, io->bm, gv_rows, io->y, Hp, 1, 0,
+                               io->pf0, io->pf_e0, s);
+  }
+  DI_TRY(di_cuk_grouped_gemm(x, Hp, io->perm_tok, (const uint16_t *)L->exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                             io->n_tiles, io->max_tiles, io->bm, io->act, Ip, 0, 1, s));
+  PROF("experts gate/up");
+  return di_cuk_grouped_gemm((const uint16_t *)io->act, Ip, NULL, (const uint16_t *)L->exp_down, Hp, Ip,
+                             io->expert_off, io->tiles, io->n_tiles, io->max_tiles, io->bm, io->y, Hp, 1, 0, s);
 }
 
 /* One decoder layer on b->h (T rows): main layer l, or the MTP layer (l = n_layers + i). *xn_ready_io:
@@ -445,11 +474,6 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   const int down_combine = normed_gemm && T == 1 && !b->invariant && !(L->has_shared && b->n_sh == 0) &&
                            !SKIP(SKIP_EXPERTS) && !b->ep && !L->f_exp_gu.q;
   const int32_t *inv = b->inv; /* where the combine finds (token, slot)'s output in y */
-  /* decode: an expert has at most T rows, weight streaming as a GEMV; batch-invariant mode: always (a
-   * row's arithmetic there does not depend on the rows beside it, up to GEMV_MAX_T at a time) */
-  /* invariant on tensor cores: the grouped GEMM at every step (a row's chain of mma steps does not
-   * depend on the tile size or on how many rows its expert has: test_cuda_tc_gemm) */
-  const int tc_inv = di_cu_blas_tc_invariant(b->blas);
   int shared_done = 0;
   if (b->ep && L->has_shared && b->n_sh == 0 && cu_ep_side_stream(b)) {
     /* expert parallel (DEEPINFER_CUDA_EP_OVERLAP, on by default): the shared experts on the side stream while the
@@ -466,29 +490,19 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     shared_done = 1;
   } else if (b->ep) { /* expert parallel: the experts on their ranks (cuda_ep.cu); y in slot order */
     DI_TRY(cu_ep_moe(b, l, T, &inv));
-  } else if (L->f_exp_gu.q) { /* FP8 experts (DEEPINFER_CUDA_FP8=1): batch-invariant kernels of their own */
-    if (!SKIP(SKIP_EXPERTS)) DI_TRY(experts_fp8(b, L, T, A, bm, max_tiles));
-  } else if ((T <= GEMV_MAX_T || b->invariant) && !tc_inv) {
-    const int gv_rows = T < GEMV_MAX_T ? T : GEMV_MAX_T;
+  } else if (!SKIP(SKIP_EXPERTS)) {
     const int pf0 = T == 1 && L->has_shared && b->n_sh > 0 ? Kt - b->n_sh : -1; /* shared experts: last tiles */
-    if (!SKIP(SKIP_EXPERTS)) {
+    if (down_combine) { /* one token: the down projection adds the weighted outputs to h itself */
       DI_TRY(di_cuk_grouped_gemv(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                                 b->tiles, b->n_tiles, max_tiles, bm, gv_rows, b->act, b->Ip, 0, 1, pf0, E, s));
+                                 b->tiles, b->n_tiles, max_tiles, bm, 1, b->act, b->Ip, 0, 1, pf0, E, s));
       PROF("experts gate/up");
-      if (down_combine)
-        DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                       b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
-      else
-        DI_TRY(di_cuk_grouped_gemv((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                                   b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, gv_rows, b->y, Hp, 1, 0, pf0, E,
-                                   s));
+      DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                     b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
+    } else {
+      const cu_expert_rows io = {b->xn, T, b->perm_tok, b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, A, T,
+                                 pf0, E, b->act, b->egu, b->y};
+      DI_TRY(cu_routed_experts(b, L, &io));
     }
-  } else {
-    DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
-                               b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
-    PROF("experts gate/up");
-    DI_TRY(di_cuk_grouped_gemm((const uint16_t *)b->act, b->Ip, NULL, (const uint16_t *)L->exp_down, Hp, b->Ip,
-                               b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, 1, 0, s));
   }
   PROF("experts down");
   if (!shared_done) DI_TRY(shared_experts(b, L, T));

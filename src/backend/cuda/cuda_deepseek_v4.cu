@@ -36,8 +36,10 @@
  * grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
+#include "cuda_ep.cuh"
 #include "cuda_v4_kernels.h"
 extern "C" {
+#include "dist/dist.h"
 #include "backend/cpu/cpu_deepseek_v4_ops.h"
 #include "backend/cpu/cpu_deepseek_v4_pages.h"
 #include "backend/cuda/cuda_v4_backend.h"
@@ -135,10 +137,15 @@ typedef struct v4cu {
   const di_batch *batch;
   int n_out;
   float *d_logits;
+  /* expert parallel (--enable-expert-parallel; cuda_ep.cu): this rank's block of routed experts, then
+   * the shared one, in w1 / w3 / w2; NULL on one GPU */
+  cu_ep_core *ep;
+  const di_v4_weights *w;
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
-       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU, S_N };
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
+       S_EPACT, S_EPTILES, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -322,17 +329,20 @@ static di_status v4_upload_mx(v4cu *b, const di_weight *ew, int E, di_cuk_mxfp4w
   return DI_OK;
 }
 
-/* Expert matrices stacked [E+1][rows][cols] (the shared expert last). */
-static di_status v4_upload_experts(v4cu *b, const di_weight *ew, const di_weight *shared, int E, void **out) {
+/* Expert matrices stacked [E+1][rows][cols] (the shared expert last); under expert parallel this rank's
+ * slots of layer l only, then the shared one. */
+static di_status v4_upload_experts(v4cu *b, int l, const di_weight *ew, const di_weight *shared, int E, void **out) {
   const size_t one = (size_t)(shared->rows * shared->cols) * b->wsize;
-  DI_TRY(alloc_dev(b, out, one * (size_t)(E + 1)));
-  for (int e = 0; e <= E; e++) {
-    const di_weight *w = e < E ? &ew[e] : shared;
+  const int n = b->ep ? cu_epc_per_rank(b->ep) : E;
+  DI_TRY(alloc_dev(b, out, one * (size_t)(n + 1)));
+  for (int j = 0; j <= n; j++) {
+    const int e = j < n && b->ep ? cu_epc_expert_of_slot(b->ep, l, j) : j;
+    const di_weight *w = j < n ? &ew[e] : shared;
     if (w->rows != shared->rows || w->cols != shared->cols)
       return di_error_set(DI_ERR_INVALID_ARG, WHO ": expert %d weight %s is [%lld x %lld], the shared expert's [%lld x %lld]", e,
                           w->name ? w->name : "?", (long long)w->rows, (long long)w->cols, (long long)shared->rows,
                           (long long)shared->cols);
-    DI_TRY(v4_upload_rows(b, w, (char *)*out + one * (size_t)e));
+    DI_TRY(v4_upload_rows(b, w, (char *)*out + one * (size_t)j));
   }
   return DI_OK;
 }
@@ -405,7 +415,8 @@ static di_status upload(v4cu *b, const di_v4_weights *w) {
       DI_CU(cudaMemcpy(d->tid2eid, s->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * c->top_k, cudaMemcpyHostToDevice));
     }
     const int E = c->n_routed_experts;
-    if (b->native && v4_mx_ok(s->exp_w1, E) && v4_mx_ok(s->exp_w3, E) && v4_mx_ok(s->exp_w2, E)) {
+    /* native MXFP4 experts on one GPU (under expert parallel the ranks' expert blocks stay bf16 stacks) */
+    if (b->native && !b->ep && v4_mx_ok(s->exp_w1, E) && v4_mx_ok(s->exp_w3, E) && v4_mx_ok(s->exp_w2, E)) {
       d->mx = 1;
       DI_TRY(v4_upload_mx(b, s->exp_w1, E, &d->m1));
       DI_TRY(v4_upload_mx(b, s->exp_w3, E, &d->m3));
@@ -415,9 +426,9 @@ static di_status upload(v4cu *b, const di_v4_weights *w) {
       DI_TRY(v4_upload_matrix(b, &s->sh_w2, &d->sh2));
       continue;
     }
-    DI_TRY(v4_upload_experts(b, s->exp_w1, &s->sh_w1, E, &d->w1));
-    DI_TRY(v4_upload_experts(b, s->exp_w3, &s->sh_w3, E, &d->w3));
-    DI_TRY(v4_upload_experts(b, s->exp_w2, &s->sh_w2, E, &d->w2));
+    DI_TRY(v4_upload_experts(b, l, s->exp_w1, &s->sh_w1, E, &d->w1));
+    DI_TRY(v4_upload_experts(b, l, s->exp_w3, &s->sh_w3, E, &d->w3));
+    DI_TRY(v4_upload_experts(b, l, s->exp_w2, &s->sh_w2, E, &d->w2));
   }
   return DI_OK;
 }
@@ -687,6 +698,41 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   return lin(b, mid, G * R, &L->wo_b, T, D, G * R, out, D);
 }
 
+/* Expert parallel (cuda_ep.cu): the received rows x [n] (D floats) through this rank's experts (local
+ * slots e: the routed block, then the shared one) into y [n], with the kernels and per-slot order of
+ * one GPU (a slot's sums do not depend on the tiling), so EP N == one GPU bit for bit. */
+static di_status v4_ep_compute(void *user, int l, const void *x, const int32_t *e, int n, void *y) {
+  v4cu *b = (v4cu *)user;
+  const di_v4_config *c = b->c;
+  const v4_dlayer *L = &b->L[l];
+  const int D = c->hidden_size, I = c->moe_inter, E1 = cu_epc_per_rank(b->ep) + 1;
+  cudaStream_t s = b->stream;
+  SCR(act, S_EPACT, float, (size_t)n * I);
+  int32_t *tiles = NULL;
+  if (n > 1) {
+    SCR(work, S_EPTILES, int32_t, 1 + 3 * (size_t)di_v4k_expert_max_tiles(n, 1, E1) + (size_t)n);
+    DI_TRY(di_v4k_expert_tiles(e, n, 1, E1, work, s));
+    tiles = work;
+  }
+  DI_TRY(di_v4k_expert_up((const float *)x, e, tiles, E1, L->w1, L->w3, b->wf32, n, 1, D, I, (float)c->swiglu_limit,
+                          act, s));
+  return di_v4k_expert_down(act, e, tiles, E1, L->w2, b->wf32, n, 1, D, I, (float *)y, s);
+}
+
+/* EPLB: logical expert e of layer l into local slot j (w1, w3, w2 rows), from the host weights */
+static di_status v4_ep_upload(void *user, int l, int e, int j, int *done) {
+  v4cu *b = (v4cu *)user;
+  const di_v4_layer *s = &b->w->layers[l];
+  v4_dlayer *d = &b->L[l];
+  const di_weight *src[3] = {&s->exp_w1[e], &s->exp_w3[e], &s->exp_w2[e]};
+  void *dst[3] = {d->w1, d->w3, d->w2};
+  for (int k = 0; k < 3; k++)
+    DI_TRY(v4_upload_rows(b, src[k], (char *)dst[k] + (size_t)(src[k]->rows * src[k]->cols) * b->wsize * (size_t)j));
+  DI_CU(cudaDeviceSynchronize());
+  *done = 1;
+  return DI_OK;
+}
+
 static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *out) {
   const di_v4_config *c = b->c;
   const v4_dlayer *L = &b->L[l];
@@ -700,6 +746,11 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   DI_TRY(di_v4k_linear(x, D, L->router, 1, T, E, D, lg, E, s));
   DI_TRY(di_v4k_route(lg, L->router_bias, L->tid2eid, m->tok, T, E, K, c->scoring == DI_V4_SCORE_SIGMOID,
                       (float)c->routed_scaling, ids, wts, s));
+  if (b->ep) { /* the slots' rows on the ranks holding their experts (the shared one here), back per slot */
+    const cu_ep_rows r = {ids, T, ns, x, sizeof(float) * (size_t)D, y, sizeof(float) * (size_t)D};
+    DI_TRY(cu_epc_run(b->ep, l, 1, &r, NULL));
+    return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
+  }
   /* one token: every slot its own expert (tiles would only add a launch); more: grouped by expert */
   int32_t *tiles = NULL;
   if (T > 1) {
@@ -1066,6 +1117,7 @@ static void v4cu_destroy(di_backend *base) {
   free(b->syn_blocks);
   for (int i = 0; i < S_N; i++)
     if (b->scr[i]) cudaFree(b->scr[i]);
+  cu_epc_destroy(b->ep);
   for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
   free(b->allocs);
   free(b->L);
@@ -1122,6 +1174,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)
     return di_error_set(DI_ERR_BACKEND, WHO ": no CUDA device");
+  cu_ep_pick_device(ndev); /* expert parallel under mpirun: GPU = local rank */
   v4cu *b = (v4cu *)calloc(1, sizeof *b);
   if (!b) return di_error_set(DI_ERR_OOM, WHO ": out of memory");
   b->base.ops = &V4CU_OPS;
@@ -1143,6 +1196,16 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
       cudaEventCreateWithFlags(&b->ev_meta[1], cudaEventDisableTiming) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_tok, cudaEventDisableTiming) != cudaSuccess)
     st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create a CUDA stream or its events");
+  b->w = w;
+  if (st == DI_OK && di_dist_expert_parallel() && v4->n_routed_experts > 0) { /* before the experts' upload */
+    const cu_ep_spec sp = {v4->n_layers, v4->n_routed_experts, v4->hidden_size, 1, 1, sizeof(float) * (size_t)v4->hidden_size,
+                           sizeof(float) * (size_t)v4->hidden_size, b->stream, v4_ep_compute, v4_ep_upload, b};
+    st = cu_epc_create(&sp, &b->ep);
+    if (st == DI_OK && cu_epc_rank(b->ep) == 0)
+      fprintf(stderr, "deepinfer: cuda expert parallel over %d rank%s (%s): DeepSeek-V4, %d routed expert slots here%s\n",
+              cu_epc_size(b->ep), cu_epc_size(b->ep) > 1 ? "s" : "", cu_epc_comm_kind(b->ep), cu_epc_per_rank(b->ep),
+              cu_epc_eplb(b->ep) ? " (EPLB)" : "");
+  }
   /* the ropes' inverse frequencies as the CPU computes them (di_v4_ctx_init) */
   di_v4_ctx cx;
   const int32_t tok0 = 0;

@@ -1,0 +1,204 @@
+/* The canonical language description of a truncated stack (language_key.h).
+ *
+ * Words: per frame a FRAME tag and its elements to the alternative's END, the bottom sentinel,
+ * then per reachable rule a RULE tag, its local number, its alternative count and each
+ * alternative's elements. An element is CLASS + 8 words of its byte set, REF + the rule's local
+ * number, or END. Rule names, rule ids and class ids never appear, which is what makes
+ * descriptions comparable across grammars.
+ *
+ * Only what a token can reach is described. A classification reads at most max_bytes bytes (the
+ * longest token) from the stack, so a rule that cannot be entered before more bytes than that
+ * are consumed never affects it: rules are visited in order of their distance (the fewest bytes
+ * consumed before the rule is entered: a lower bound from each rule's shortest string, computed
+ * once per grammar), and those farther than max_bytes are written as one FAR tag, as are frames
+ * farther than that. This is what lets the positions of a long counted string (x{0,1024}: every
+ * remaining length its own rule chain) share one description once more characters remain than
+ * the longest token has bytes. Distances are exact lower bounds, so two stacks with the same
+ * description agree on every string of at most max_bytes bytes, hence on every token. */
+#include "grammar/language_key.h"
+#include "util/grow.h"
+#include <stdlib.h>
+#include <string.h>
+
+enum { TAG_FRAME = 0xF0000001u, TAG_BOTTOM = 0xF0000002u, TAG_RULE = 0xF0000003u, TAG_CLASS = 0xF0000004u,
+       TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u };
+enum { FAR_AWAY = 1 << 28 };
+
+static int put(di_language_key *k, uint32_t x, int max_words) {
+  if (k->n >= max_words || !di_grow((void **)&k->w, &k->cap, k->n + 1, sizeof *k->w, 256))
+    return 0;
+  k->w[k->n++] = x;
+  return 1;
+}
+
+static int el_minlen(const di_language_key *k, di_gel e) { return e.kind == DI_GE_CLASS ? 1 : k->minlen[e.arg]; }
+
+/* Each rule's shortest string in bytes: relaxation from "infinite" until nothing changes (rules
+ * usually refer to older rules, so a pass in index order nearly always settles it). Values are only
+ * upper bounds until it has, so a grammar that does not settle within the pass budget gets 0 for
+ * every rule: safe (distances are lower bounds), merely less shared. */
+static void compute_minlen(di_language_key *k, const di_gb *g) {
+  for (int r = 0; r < g->n_rules; r++)
+    k->minlen[r] = FAR_AWAY;
+  for (int pass = 0;; pass++) {
+    int changed = 0;
+    for (int r = 0; r < g->n_rules; r++)
+      for (int a = g->rule_first[r]; a < g->rule_first[r + 1]; a++) {
+        int len = 0;
+        for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END && len < FAR_AWAY; p++)
+          len += el_minlen(k, g->flat[p]);
+        if (len > FAR_AWAY)
+          len = FAR_AWAY;
+        if (len < k->minlen[r]) {
+          k->minlen[r] = len;
+          changed = 1;
+        }
+      }
+    if (!changed)
+      return;
+    if (pass == 64) {
+      memset(k->minlen, 0, sizeof *k->minlen * (size_t)g->n_rules);
+      return;
+    }
+  }
+}
+
+/* The distance queue: (distance, order met) -> rule, a binary min-heap. */
+static int heap_push(di_language_key *k, int *nh, int dist, int rule) {
+  if (!di_grow((void **)&k->heap, &k->heap_cap, *nh + 1, sizeof *k->heap, 64))
+    return 0;
+  int i = (*nh)++;
+  k->heap[i].dist = dist;
+  k->heap[i].seq = k->seq++;
+  k->heap[i].rule = rule;
+  while (i > 0) {
+    int p = (i - 1) / 2;
+    if (k->heap[p].dist < k->heap[i].dist || (k->heap[p].dist == k->heap[i].dist && k->heap[p].seq < k->heap[i].seq))
+      break;
+    di_lkey_item t = k->heap[p];
+    k->heap[p] = k->heap[i];
+    k->heap[i] = t;
+    i = p;
+  }
+  return 1;
+}
+
+static di_lkey_item heap_pop(di_language_key *k, int *nh) {
+  di_lkey_item top = k->heap[0];
+  k->heap[0] = k->heap[--*nh];
+  for (int i = 0;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < *nh && (k->heap[l].dist < k->heap[m].dist || (k->heap[l].dist == k->heap[m].dist && k->heap[l].seq < k->heap[m].seq)))
+      m = l;
+    if (r < *nh && (k->heap[r].dist < k->heap[m].dist || (k->heap[r].dist == k->heap[m].dist && k->heap[r].seq < k->heap[m].seq)))
+      m = r;
+    if (m == i)
+      break;
+    di_lkey_item t = k->heap[m];
+    k->heap[m] = k->heap[i];
+    k->heap[i] = t;
+    i = m;
+  }
+  return top;
+}
+
+/* Elements from flat position pos (at distance dist) through its END; rules met get local numbers
+ * and are queued at the distance they are entered. Returns the distance after the alternative
+ * (its shortest string added), or -1 when the description is too long. */
+static int put_alternative(di_language_key *k, const di_gb *g, int pos, int dist, int *nh, int max_words) {
+  for (;; pos++) {
+    di_gel e = g->flat[pos];
+    if (e.kind == DI_GE_END)
+      return put(k, TAG_END, max_words) ? dist : -1;
+    if (e.kind == DI_GE_CLASS) {
+      if (!put(k, TAG_CLASS, max_words))
+        return -1;
+      for (int i = 0; i < 8; i++)
+        if (!put(k, g->classes[e.arg].w[i], max_words))
+          return -1;
+    } else {
+      if (!k->local[e.arg]) {
+        k->local[e.arg] = ++k->nlocal;
+        k->queue[k->nlocal - 1] = e.arg;
+        k->best[e.arg] = FAR_AWAY + 1;
+      }
+      if (dist < k->best[e.arg]) {
+        k->best[e.arg] = dist;
+        if (!heap_push(k, nh, dist, e.arg))
+          return -1;
+      }
+      if (!put(k, TAG_REF, max_words) || !put(k, (uint32_t)k->local[e.arg], max_words))
+        return -1;
+    }
+    dist += el_minlen(k, e);
+    if (dist > FAR_AWAY)
+      dist = FAR_AWAY;
+  }
+}
+
+int di_language_key_make(di_language_key *k, const di_grt *rt, int node, int max_bytes, int max_words) {
+  const di_gb *g = rt->g;
+  if (k->for_g != g) {
+    free(k->local);
+    free(k->queue);
+    free(k->minlen);
+    free(k->best);
+    free(k->heap);
+    k->local = calloc((size_t)g->n_rules + 1, sizeof *k->local);
+    k->queue = malloc(sizeof *k->queue * ((size_t)g->n_rules + 1));
+    k->minlen = malloc(sizeof *k->minlen * ((size_t)g->n_rules + 1));
+    k->best = malloc(sizeof *k->best * ((size_t)g->n_rules + 1));
+    k->heap_cap = g->n_rules + 16;
+    k->heap = malloc(sizeof *k->heap * (size_t)k->heap_cap);
+    k->for_g = k->local && k->queue && k->minlen && k->best && k->heap ? g : NULL;
+    if (!k->for_g)
+      return 0;
+    compute_minlen(k, g);
+  }
+  k->n = 0;
+  k->nlocal = 0;
+  k->seq = 0;
+  int nh = 0, ok = 1, dist = 0;
+  for (; ok && node > DI_GRT_PSEUDO && dist <= max_bytes; node = rt->npar[node]) {
+    ok = put(k, TAG_FRAME, max_words);
+    if (ok && (dist = put_alternative(k, g, rt->npos[node], dist, &nh, max_words)) < 0)
+      ok = 0;
+  }
+  if (ok)
+    ok = dist <= max_bytes ? put(k, TAG_BOTTOM, max_words) && put(k, (uint32_t)node, max_words)
+                           : put(k, TAG_FAR, max_words);
+  while (ok && nh > 0) {
+    di_lkey_item it = heap_pop(k, &nh);
+    if (it.dist != k->best[it.rule])
+      continue; /* stale: reached by a shorter path, or described already */
+    if (it.dist > max_bytes) { /* this and every rule left: beyond any token */
+      ok = put(k, TAG_FAR, max_words);
+      break;
+    }
+    k->best[it.rule] = -1; /* described */
+    int r = it.rule;
+    ok = put(k, TAG_RULE, max_words) && put(k, (uint32_t)k->local[r], max_words) &&
+         put(k, (uint32_t)(g->rule_first[r + 1] - g->rule_first[r]), max_words);
+    for (int a = g->rule_first[r]; ok && a < g->rule_first[r + 1]; a++)
+      ok = put_alternative(k, g, g->rule_alts[a], it.dist, &nh, max_words) >= 0;
+  }
+  for (int i = 0; i < k->nlocal; i++) /* leave the scratch clear for the next description */
+    k->local[k->queue[i]] = 0;
+  if (!ok)
+    return 0;
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (int i = 0; i < k->n; i++)
+    h = (h ^ k->w[i]) * 0x100000001b3ULL;
+  k->hash = h ^ (h >> 29);
+  return 1;
+}
+
+void di_language_key_free(di_language_key *k) {
+  free(k->w);
+  free(k->local);
+  free(k->queue);
+  free(k->minlen);
+  free(k->best);
+  free(k->heap);
+  memset(k, 0, sizeof *k);
+}
