@@ -1190,7 +1190,8 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];
   b->cur = &b->eng;
   di_status st = DI_OK;
-  if (di_switch_bool(DI_SW_CUDA_V4_FEEDBACK, 1)) b->base.ops = &V4CU_OPS_FB;
+  /* device token feedback (one GPU: under expert parallel it has not run on the device yet) */
+  if (di_switch_bool(DI_SW_CUDA_V4_FEEDBACK, 1) && !di_dist_expert_parallel()) b->base.ops = &V4CU_OPS_FB;
   if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[0], cudaEventDisableTiming) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[1], cudaEventDisableTiming) != cudaSuccess ||
