@@ -1,12 +1,15 @@
 /* Decode (and one prefill) timing of the DeepSeek-V4 CUDA backend on a V4-Flash-shaped model of a
- * fixed 8 layers with random bf16 weights (the shape and layer order of arch/deepseek_v4_shapes.h, which
- * the kernel tests use too) with E routed experts (default 32, argument 2).
+ * fixed 8 layers with random weights (the shape and layer order of arch/deepseek_v4_shapes.h, the
+ * builder of arch/deepseek_v4_random.h, both shared with the kernel tests) with E routed experts
+ * (default 32, argument 2): bf16, or with DEEPINFER_CUDA_V4_NATIVE=1 V4's own formats (FP8 attention
+ * and shared expert, MXFP4 routed experts), kept so on the device. Prints the device bytes of the
+ * weights and, per batch-1 line, the weight-read roofline (bytes read per step / 4.8 TB/s).
  * With fewer experts than V4-Flash's 256 the bytes read per token at batch 1 are the same (6 + 1 experts
  * per layer), at larger batches fewer distinct experts exist to be read.
  * Sequences start at position CTX (argument 1, default 4096) as prefix hits on zeroed cache blocks
  * (the timing of attention over CTX positions does not depend on the values), then decode.
  *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES]   one line per context and batch size
- *   (BATCHES: a comma list of 1..256, default 1,16,64). PREFILL (argument 5, default 0: none): then one
+ *   (BATCHES: a comma list of 1..256, default 1,16,64; a batch whose B x CTX passes 64 x 128K is skipped). PREFILL (argument 5, default 0: none): then one
  *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed. */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
@@ -15,103 +18,18 @@ int main(void) {
   return 0;
 }
 #else
+#include "arch/deepseek_v4_random.h"
 #include "arch/deepseek_v4_shapes.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_backend.h"
-#include "util/numeric.h"
 #include <stdlib.h>
 #include <string.h>
 
 #define NL 8
+#define KV_MAX_TOKENS (64 * 131072) /* ~17 GB of float32 V4-Flash cache rows: batch 64 at 128K */
+#define HBM_TBS 4.8 /* H200 HBM3e bandwidth, TB/s: the weight-read roofline's denominator */
 static di_v4_config c;
-static di_v4_weights w;
-static di_v4_layer L[NL];
-
-static uint16_t *rbuf;   /* one random bf16 buffer every matrix views */
-static float *ones, *zeros, *hcfn;
-
-static di_weight mat(int64_t rows, int64_t cols) {
-  di_weight x;
-  memset(&x, 0, sizeof x);
-  x.name = "random";
-  x.dtype = DI_DT_BF16;
-  x.rows = rows;
-  x.cols = cols;
-  x.data = rbuf;
-  return x;
-}
-
-static void build(int E) {
-  di_v4_flash_shape(&c, NL, E);
-  const size_t big = (size_t)c.vocab_size * c.hidden_size;
-  rbuf = malloc(2 * big);
-  uint64_t s = 1;
-  for (size_t i = 0; i < big; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    rbuf[i] = di_f32_to_bf16((float)((double)(s >> 40) / 16777216.0 - 0.5) * 0.04f);
-  }
-  const int D = c.hidden_size, hc = c.hc_mult, mix = (2 + hc) * hc;
-  ones = malloc(sizeof(float) * 65536);
-  zeros = calloc(1 << 20, sizeof(float));
-  for (int i = 0; i < 65536; i++) ones[i] = 1;
-  hcfn = malloc(sizeof(float) * (size_t)mix * hc * D);
-  for (size_t i = 0; i < (size_t)mix * hc * D; i++) hcfn[i] = ((float)(i % 7) - 3) * 1e-3f;
-  di_weight hfn = mat(mix, (int64_t)hc * D);
-  hfn.dtype = DI_DT_F32;
-  hfn.data = hcfn;
-  w.embed = mat(c.vocab_size, D);
-  w.head = mat(c.vocab_size, D);
-  w.final_norm = ones;
-  w.hc_head_fn = mat(hc, (int64_t)hc * D);
-  w.hc_head_fn.dtype = DI_DT_F32;
-  w.hc_head_fn.data = hcfn;
-  w.hc_head_base = zeros;
-  w.hc_head_scale = ones;
-  w.n_layers = NL;
-  w.layers = L;
-  int32_t *tid = malloc(sizeof(int32_t) * (size_t)c.vocab_size * c.top_k);
-  for (size_t i = 0; i < (size_t)c.vocab_size * c.top_k; i++) tid[i] = (int32_t)((i * 2654435761u) % (unsigned)E);
-  static di_weight e1[1024], e2[1024], e3[1024];
-  for (int e = 0; e < E; e++) {
-    e1[e] = e3[e] = mat(c.moe_inter, D);
-    e2[e] = mat(D, c.moe_inter);
-  }
-  for (int l = 0; l < NL; l++) {
-    di_v4_layer *y = &L[l];
-    memset(y, 0, sizeof *y);
-    y->attn_norm = y->ffn_norm = ones;
-    y->hc_attn_fn = y->hc_ffn_fn = hfn;
-    y->hc_attn_base = y->hc_ffn_base = zeros;
-    y->hc_attn_scale = y->hc_ffn_scale = ones;
-    y->wq_a = mat(c.q_lora_rank, D);
-    y->q_norm = ones;
-    y->wq_b = mat((int64_t)c.n_heads * c.head_dim, c.q_lora_rank);
-    y->wkv = mat(c.head_dim, D);
-    y->kv_norm = ones;
-    y->wo_a = mat((int64_t)c.o_groups * c.o_lora_rank, (int64_t)c.n_heads * c.head_dim / c.o_groups);
-    y->wo_b = mat(D, (int64_t)c.o_groups * c.o_lora_rank);
-    y->sink = zeros;
-    if (c.attn_kind[l] != DI_V4_ATTN_SLIDING) {
-      const int csa = c.attn_kind[l] == DI_V4_ATTN_CSA;
-      y->comp = (di_v4_compressor){c.head_dim, csa ? 2 * c.head_dim : c.head_dim, mat(csa ? 2 * c.head_dim : c.head_dim, D),
-                                   mat(csa ? 2 * c.head_dim : c.head_dim, D), zeros, ones};
-      if (csa) {
-        y->icomp = (di_v4_compressor){c.index_head_dim, 2 * c.index_head_dim, mat(2 * c.index_head_dim, D),
-                                      mat(2 * c.index_head_dim, D), zeros, ones};
-        y->idx_wq_b = mat((int64_t)c.index_n_heads * c.index_head_dim, c.q_lora_rank);
-        y->idx_weights = mat(c.index_n_heads, D);
-      }
-    }
-    y->router = mat(E, D);
-    y->router_bias = zeros;
-    y->tid2eid = c.ffn_kind[l] == DI_V4_FFN_HASH_MOE ? tid : NULL;
-    y->exp_w1 = e1;
-    y->exp_w2 = e2;
-    y->exp_w3 = e3;
-    y->sh_w1 = y->sh_w3 = mat(c.moe_inter, D);
-    y->sh_w2 = mat(D, c.moe_inter);
-  }
-}
+static di_v4_random_model rm;
 
 #define MAXSEQ 256
 static int ng;
@@ -130,22 +48,34 @@ int main(int argc, char **argv) {
     while (*bp && *bp != ',') bp++;
     if (*bp == ',') bp++;
   }
-  int maxB = 1; /* cache blocks for this many sequences only */
-  for (int i = 0; i < n_batches; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
+  int maxB = 1; /* cache blocks for this many sequences only (per context, below) */
   if (!di_cut_device_ok()) {
     printf("no CUDA device\n");
     return 0;
   }
-  double t0 = di_cut_time_ms();
-  build(E);
+  const double t_build = di_cut_time_ms();
+  const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
+  const int native = nat && strcmp(nat, "1") == 0;
+  di_v4_flash_shape(&c, NL, E);
+  if (di_v4_random_model_init(&rm, &c, native, 1) != DI_OK) {
+    printf("build: %s\n", di_last_error());
+    return 1;
+  }
   di_model_config mc;
   memset(&mc, 0, sizeof mc);
   di_backend *be = NULL;
-  if (di_backend_cuda_v4_create(&mc, &c, &w, &be) != DI_OK) {
+  size_t fr0 = 0, fr1 = 0, tot = 0;
+  di_cut_mem_info(&fr0, &tot);
+  if (di_backend_cuda_v4_create(&mc, &c, &rm.w, &be) != DI_OK) {
     printf("create: %s\n", di_last_error());
     return 1;
   }
-  printf("V4-Flash-shaped 8 layers, %d experts: weights built and uploaded in %.1f s\n", E, (di_cut_time_ms() - t0) / 1e3);
+  di_cut_mem_info(&fr1, &tot);
+  const double step_bytes = di_v4_random_model_step_bytes(&rm, native), roof_ms = step_bytes / (HBM_TBS * 1e9);
+  printf("V4-Flash-shaped 8 layers, %d experts, %s weights: built and uploaded in %.1f s; device weights %.2f GB (device memory "
+         "+%.2f GB); batch-1 step reads %.3f GB of weights: roofline %.3f ms at %.1f TB/s\n", E,
+         native ? "native (FP8 attention + shared, MXFP4 routed)" : "bf16", (di_cut_time_ms() - t_build) / 1e3,
+         di_backend_cuda_v4_weight_bytes(be) / 1e9, ((double)fr0 - (double)fr1) / 1e9, step_bytes / 1e9, roof_ms, HBM_TBS);
   float *logits = malloc(sizeof(float) * (size_t)MAXSEQ * c.vocab_size);
   int round = 0;
   for (const char *cp = ctxs; *cp; round++) {
@@ -159,6 +89,10 @@ int main(int argc, char **argv) {
     di_kv_group_info g[DI_KV_MAX_GROUPS];
     ng = be->ops->kv_groups(be, g, DI_KV_MAX_GROUPS);
     const int nb = (ctx + steps + 64) / 64 + 1; /* table entries per sequence */
+    /* the cache blocks for the largest batch whose B * ctx fits the device budget (KV_MAX_TOKENS) */
+    maxB = 1;
+    for (int i = 0; i < n_batches; i++)
+      if ((int64_t)batches[i] * ctx <= KV_MAX_TOKENS && batches[i] > maxB) maxB = batches[i];
     /* distinct blocks per sequence: all of the entry groups' (they are read), the last 4 of window and state */
     for (int i = 0; i < ng; i++) {
       const int sparse = g[i].kind == DI_KV_SLIDING || g[i].kind == DI_KV_STATE;
@@ -176,6 +110,11 @@ int main(int argc, char **argv) {
     }
     for (int bi = 0; bi < n_batches; bi++) {
       const int B = batches[bi];
+      if (B > maxB) {
+        printf("decode batch %2d at context %d: skipped (%lld cached tokens, over the bench's %d)\n", B, ctx, (long long)B * ctx,
+               KV_MAX_TOKENS);
+        continue;
+      }
       int32_t tok[MAXSEQ], pos[MAXSEQ], so[MAXSEQ], rows[MAXSEQ], gb[MAXSEQ * DI_KV_MAX_GROUPS];
       const int32_t *gt[MAXSEQ * DI_KV_MAX_GROUPS];
       di_batch_seq bs[MAXSEQ];
@@ -225,6 +164,8 @@ int main(int argc, char **argv) {
       if (ok)
         printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer\n", B,
                ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL);
+      if (ok && B == 1)
+        printf("  batch 1 at context %d: %.1f%% of the weight-read roofline (%.3f ms)\n", ctx, 100 * roof_ms / (sum / steps), roof_ms);
     }
   }
   if (prefill > 0) { /* one sequence from position 0: the whole prompt in one step, then in chunks of 512 */
@@ -289,6 +230,7 @@ int main(int argc, char **argv) {
     free(tok); free(pos); free(so);
   }
   be->ops->destroy(be);
+  di_v4_random_model_free(&rm);
   return 0;
 }
 #endif

@@ -12,6 +12,10 @@
  *        shapes by test_cuda_v4_kernels.
  *   bf16 + tensor cores (DEEPINFER_CUDA_V4_TC=1): the dense linears on k_tc_gemm.cu over bf16-rounded
  *        activations: the bf16 bars vs the CPU; batched == alone and odd chunks == one chunk still exact.
+ *   native (DEEPINFER_CUDA_V4_NATIVE=1, on dsv4-tiny-native: MXFP4 routed experts, FP8 attention and
+ *        shared expert): the formats kept on the device, FP8 products over bf16 activations (issue 18's
+ *        GEMVs, also their tensor-core form with DEEPINFER_CUDA_V4_TC=1): the bf16 bars vs the CPU and
+ *        the golden, every exactness check above (batch, chunks, resume) bit for bit; fewer weight bytes.
  * Checked: the three golden prompts in one chunk then greedy decode of their golden continuations
  * (CUDA vs CPU; CUDA vs golden at the positions where the CPU matches the golden within 1e-5, i.e.
  * before the indexer's first top-k boundary tie, with the mode's bound), a 700-token random sequence
@@ -20,10 +24,13 @@
  * vs alone (bit-identical: no kernel's per-row arithmetic depends on the batch), a sequence resumed
  * under a new key at position 256 from another's blocks (prefix hit: the snapshot restore) vs the
  * uninterrupted run (bit-identical), live states released, device sampling (greedy = argmax), named
- * errors, di_model_score on CUDA vs the CPU, and the registry gate (accelerator cuda is
+ * errors, device token feedback (DEEPINFER_CUDA_V4_FEEDBACK, on by default: in-step sampling, sample_async, placeholders
+ * resolved on the device: the same tokens as wait + sample and the goldens; the engine's feedback steps
+ * give the same tokens batched and alone), di_model_score on CUDA vs the CPU, and the registry gate (accelerator cuda is
  * refused with DEEPINFER_CUDA_V4=0; by default it runs the engine: greedy generation equal to the golden
  * continuations in the f32 mode). Built only with nvcc; run on the device. */
 #include "api/model_internal.h"
+#include "engine/engine_internal.h"
 #include "backend/cpu/cpu_v4_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_backend.h"
@@ -34,6 +41,7 @@
 #include <stdlib.h>
 
 #define FIXTURE "tests/data/models/dsv4-tiny"
+#define FIXTURE_NATIVE "tests/data/models/dsv4-tiny-native"
 #define MAXB 24   /* blocks per sequence per group (1536 positions) */
 #define MAXS 4    /* sequences per test batch */
 
@@ -165,10 +173,12 @@ static const di_st_tensor *gid[3], *glg[3], *ggr[3], *gmg[3];
 
 /* f32: the exact mode; else bf16 weights, with tc: the dense linears on the tensor-core GEMM
  * (DEEPINFER_CUDA_V4_TC=1: bf16 activations, the bf16 bars; batch and chunk invariance still exact) */
-static void check_mode(int f32, int tc) {
+static void check_mode(int f32, int tc, int native) {
   setenv("DEEPINFER_CUDA_V4_F32", f32 ? "1" : "0", 1);
   setenv("DEEPINFER_CUDA_V4_TC", tc ? "1" : "0", 1);
-  printf("---- mode: %s\n", f32 ? "f32 weights" : tc ? "bf16 weights, tensor-core linears" : "bf16 weights");
+  setenv("DEEPINFER_CUDA_V4_NATIVE", native ? "1" : "0", 1);
+  printf("---- mode: %s%s\n", f32 ? "f32 weights" : tc ? "bf16 weights, tensor-core linears" : "bf16 weights",
+         native ? " (native: FP8 / MXFP4 as stored)" : "");
   di_backend *cu = NULL, *cpu = NULL;
   di_status st = di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &cu);
   CHECKF(st == DI_OK, "cuda v4 create: %s", di_last_error());
@@ -326,6 +336,97 @@ static void check_mode(int f32, int tc) {
   cpu->ops->destroy(cpu);
 }
 
+/* Greedy decode of G tokens after prompt ids[0..np) on one sequence, one output row per step, through
+ * (fb 1) device token feedback: in-step sampling, sample_async, the next step's token -1 (row 0, resolved on
+ * the device), sample_fetch after that submit; or (fb 0) wait + sample with the token on the host. */
+static int greedy_decode(runner *r, uint64_t key, const int32_t *ids, int np, int G, int fb, int32_t *out) {
+  di_backend *be = r->be;
+  di_sample_row sr;
+  memset(&sr, 0, sizeof sr);
+  sr.top_p = 1;
+  sr.vocab_limit = V;
+  int32_t *tok = malloc(sizeof(int32_t) * (size_t)np * 3), *pos = tok + np, *so = pos + np;
+  const int32_t *gt[DI_KV_MAX_GROUPS];
+  int gb[DI_KV_MAX_GROUPS];
+  for (int g = 0; g < r->ng; g++) gt[g] = r->tab[0][g], gb[g] = MAXB;
+  di_batch_seq bs = {r->tab[0][0], MAXB, key};
+  int ok = 1, pending = 0;
+  for (int k = 0; k <= G && ok; k++) {
+    const int n = k == 0 ? np : 1, p0 = k == 0 ? 0 : np + k - 1;
+    for (int t = 0; t < n; t++) {
+      tok[t] = k == 0 ? ids[t] : fb ? -1 : out[k - 1];
+      pos[t] = p0 + t;
+      so[t] = 0;
+    }
+    int32_t row = n - 1;
+    di_batch b;
+    memset(&b, 0, sizeof b);
+    b.n_tokens = n;
+    b.tokens = tok;
+    b.positions = pos;
+    b.seq_of = so;
+    b.n_seqs = 1;
+    b.seqs = &bs;
+    b.n_outputs = 1;
+    b.output_rows = &row;
+    b.sample_rows = fb ? &sr : NULL;
+    b.n_groups = r->ng;
+    b.group_tables = gt;
+    b.group_blocks = gb;
+    di_status st = be->ops->submit(be, &b);
+    if (st == DI_OK && pending) st = be->ops->sample_fetch(be, &out[k - 1]), pending = 0; /* overlaps step k */
+    if (st == DI_OK && k < G) {
+      if (fb) st = be->ops->sample_async(be, &sr, 1), pending = st == DI_OK;
+      else if ((st = be->ops->wait(be, NULL, NULL)) == DI_OK) st = be->ops->sample(be, &sr, 1, &out[k]);
+    } else if (st == DI_OK)
+      st = be->ops->wait(be, NULL, NULL);
+    ok = st == DI_OK;
+    CHECKF(ok, "greedy decode (feedback %d) step %d: %s", fb, k, di_last_error());
+  }
+  be->ops->release(be, key);
+  free(tok);
+  return ok;
+}
+
+/* Device token feedback (DEEPINFER_CUDA_V4_FEEDBACK, default 1): the three golden prompts decoded through feedback give the tokens of the
+ * plain path (wait + sample) and, in the f32 mode, the golden continuations; placeholders without a
+ * sample_async before are refused by name. */
+static void check_feedback(void) {
+  setenv("DEEPINFER_CUDA_V4_F32", "1", 1);
+  setenv("DEEPINFER_CUDA_V4_FEEDBACK", "1", 1);
+  di_backend *cu = NULL;
+  di_status st = di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &cu);
+  unsetenv("DEEPINFER_CUDA_V4_FEEDBACK");
+  CHECKF(st == DI_OK, "cuda v4 create (feedback): %s", di_last_error());
+  if (st != DI_OK) return;
+  CHECK(cu->ops->sample_async && cu->ops->sample_fetch);
+  runner rc;
+  if (runner_init(&rc, cu)) {
+    for (int p = 0; p < 3; p++) {
+      const int np = (int)gid[p]->shape[0], G = (int)ggr[p]->shape[0];
+      int32_t a[64], c[64];
+      if (G > 64 || !greedy_decode(&rc, 50 + p, (const int32_t *)gid[p]->data, np, G, 1, a) ||
+          !greedy_decode(&rc, 60 + p, (const int32_t *)gid[p]->data, np, G, 0, c))
+        continue;
+      const int same = memcmp(a, c, sizeof(int32_t) * G) == 0, gold = memcmp(a, ggr[p]->data, sizeof(int32_t) * G) == 0;
+      printf("p%d: device token feedback decodes %d tokens: %s the plain path, %s the golden continuation\n", p, G,
+             same ? "equal to" : "DIFFERENT from", gold ? "equal to" : "DIFFERENT from");
+      CHECKF(same && gold, "p%d: feedback decode (same as plain %d, as golden %d)", p, same, gold);
+    }
+    /* a placeholder with no sample_async before: refused by name */
+    int slot = 0, k = 1, p0 = 0;
+    uint64_t key = 70;
+    int32_t ph = -1;
+    const int32_t *id = &ph;
+    float *o = malloc(sizeof(float) * V);
+    CHECK_ERR(step(&rc, 1, &slot, &key, &id, &k, &p0, &o), "no sample_async preceded");
+    free(o);
+  }
+  CHECKF(di_backend_cuda_v4_live_states(cu) == 0, "feedback: %d sequence states left", di_backend_cuda_v4_live_states(cu));
+  cu->ops->destroy(cu);
+  unsetenv("DEEPINFER_CUDA_V4_F32");
+}
+
 /* Greedy generation through the engine of n requests (added together), max_tokens each; tokens into out[i]. */
 static int engine_greedy(di_model *m, int n, const int32_t *const *prompt, const int *np, int max_tokens, int32_t (*out)[64],
                          int *n_cached) {
@@ -368,6 +469,10 @@ static int engine_greedy(di_model *m, int n, const int32_t *const *prompt, const
     }
   }
   CHECKF(done == n, "%d of %d requests finished", done, n);
+  if (m->backend->ops->sample_async) {
+    printf("engine: %lld steps queued through device token feedback\n", (long long)e->feedback_steps);
+    CHECKF(e->feedback_steps > 0, "the engine took no feedback steps with a backend that offers them");
+  }
   di_engine_free(e);
   CHECKF(di_backend_cuda_v4_live_states(m->backend) == 0, "engine left %d sequence states", di_backend_cuda_v4_live_states(m->backend));
   return done == n;
@@ -384,7 +489,10 @@ static void check_registry(void) {
   CHECK_ERR(di_model_load(test_path(FIXTURE), &mo, &m2), "DEEPINFER_CUDA_V4=0");
   unsetenv("DEEPINFER_CUDA_V4"); /* the default: on */
   setenv("DEEPINFER_CUDA_V4_F32", "1", 1);
+  setenv("DEEPINFER_CUDA_V4_FEEDBACK", "0", 1); /* first without device token feedback (the default has it) */
   di_status st = di_model_load(test_path(FIXTURE), &mo, &m2);
+  unsetenv("DEEPINFER_CUDA_V4_FEEDBACK");
+  if (st == DI_OK) CHECK(!m2->backend->ops->sample_async);
   CHECKF(st == DI_OK, "load on cuda (DEEPINFER_CUDA_V4 unset: the default): %s", di_last_error());
   if (st == DI_OK) {
     CHECK(strcmp(m2->backend->ops->name, "cuda (deepseek_v4)") == 0);
@@ -443,8 +551,76 @@ static void check_registry(void) {
       }
     }
     di_model_free(m2);
+    /* with device token feedback (the default): the same tokens, batched and alone */
+    st = di_model_load(test_path(FIXTURE), &mo, &m2);
+    CHECKF(st == DI_OK, "load on cuda with feedback: %s", di_last_error());
+    if (st == DI_OK) {
+      static int32_t fb[3][64];
+      if (engine_greedy(m2, 3, pr, np, G, fb, NULL))
+        for (int p = 0; p < 3; p++)
+          CHECKF(memcmp(fb[p], out[p], sizeof(int32_t) * G) == 0, "engine with feedback: p%d differs from without", p);
+      int32_t alone[1][64];
+      if (engine_greedy(m2, 1, pr + 1, np + 1, G, alone, NULL))
+        CHECKF(memcmp(alone[0], out[1], sizeof(int32_t) * G) == 0, "engine with feedback: p1 alone differs");
+      di_model_free(m2);
+    }
   }
   unsetenv("DEEPINFER_CUDA_V4");
+}
+
+/* Device bytes of the weights of a backend made in the given native mode (bf16 otherwise); the device's used
+ * memory before and after its creation into *used. */
+static int64_t weight_bytes(int native, int64_t *used) {
+  setenv("DEEPINFER_CUDA_V4_F32", "0", 1);
+  setenv("DEEPINFER_CUDA_V4_TC", "0", 1);
+  setenv("DEEPINFER_CUDA_V4_NATIVE", native ? "1" : "0", 1);
+  di_backend *cu = NULL;
+  size_t fr0 = 0, fr1 = 0, tot = 0;
+  di_cut_mem_info(&fr0, &tot);
+  di_status st = di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &cu);
+  CHECKF(st == DI_OK, "cuda v4 create (native %d): %s", native, di_last_error());
+  if (st != DI_OK) return -1;
+  di_cut_mem_info(&fr1, &tot);
+  *used = (int64_t)fr0 - (int64_t)fr1;
+  const int64_t n = di_backend_cuda_v4_weight_bytes(cu);
+  cu->ops->destroy(cu);
+  return n;
+}
+
+/* dsv4-tiny-native (MXFP4 routed experts, FP8 UE8M0 attention and shared expert; goldens from
+ * transformers on its dequantized weights): with DEEPINFER_CUDA_V4_NATIVE=1 the weights stay in those
+ * formats on the device (FP8 through issue 18's W8A16 GEMVs over bf16 activations: the bf16 bars; the
+ * MXFP4 experts over float32 activations), with and without the tensor-core linears; its device weight
+ * bytes below the bf16 upload's. */
+static void check_native(void) {
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.quiet = 1;
+  mo.accelerator = "cpu";
+  di_status st = di_model_load(test_path(FIXTURE_NATIVE), &mo, &M);
+  CHECKF(st == DI_OK, "load %s: %s", FIXTURE_NATIVE, di_last_error());
+  if (st != DI_OK) return;
+  V = M->v4cfg.vocab_size;
+  di_st_file gold;
+  st = di_st_open(test_path(FIXTURE_NATIVE "/golden.safetensors"), &gold);
+  CHECKF(st == DI_OK, "native golden: %s", di_last_error());
+  int have = st == DI_OK;
+  for (int p = 0; p < 3 && have; p++) have = v4_golden_prompt(&gold, p, &gid[p], &glg[p], &ggr[p], &gmg[p]);
+  if (have) {
+    int64_t u_bf16 = 0, u_native = 0;
+    const int64_t b_bf16 = weight_bytes(0, &u_bf16), b_native = weight_bytes(1, &u_native);
+    printf("dsv4-tiny-native weights on the device: bf16 %lld bytes (device memory +%lld), native %lld bytes (+%lld): %.1f%%\n",
+           (long long)b_bf16, (long long)u_bf16, (long long)b_native, (long long)u_native, 100.0 * b_native / b_bf16);
+    CHECKF(b_native > 0 && b_native < b_bf16, "native weights take %lld bytes, bf16 %lld", (long long)b_native, (long long)b_bf16);
+    check_mode(0, 0, 1);
+    check_mode(0, 1, 1);
+  }
+  unsetenv("DEEPINFER_CUDA_V4_NATIVE");
+  unsetenv("DEEPINFER_CUDA_V4_TC");
+  unsetenv("DEEPINFER_CUDA_V4_F32");
+  if (st == DI_OK) di_st_file_close(&gold);
+  di_model_free(M);
+  M = NULL;
 }
 
 int main(void) {
@@ -467,13 +643,15 @@ int main(void) {
   int have = st == DI_OK;
   for (int p = 0; p < 3 && have; p++) have = v4_golden_prompt(&gold, p, &gid[p], &glg[p], &ggr[p], &gmg[p]);
   if (have) {
-    check_mode(1, 0);
-    check_mode(0, 0);
-    check_mode(0, 1);
+    check_mode(1, 0, 0);
+    check_mode(0, 0, 0);
+    check_mode(0, 1, 0);
     unsetenv("DEEPINFER_CUDA_V4_TC");
+    check_feedback();
   }
   check_registry();
   if (st == DI_OK) di_st_file_close(&gold);
   di_model_free(M);
+  check_native();
   return test_finish("test_cuda_v4");
 }

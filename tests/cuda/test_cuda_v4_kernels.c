@@ -5,11 +5,15 @@
  * against double): rel L2 1e-5 for linear / mHC / pooling / attention outputs; the indexer's scores
  * rel 1e-6 each and its picks exactly equal to the CPU's fixed tie rule applied to the same scores
  * (with 2000 tied entries straddling the top-512 boundary); the compressor's open windows and routing
- * ids exact. Built only with nvcc; run on the device. */
+ * ids exact; MXFP4 experts against the f32 kernels on the weights as the CPU dequantizes them (1e-6).
+ * Built only with nvcc; run on the device. */
+#include "arch/deepseek_v4_random.h"
 #include "arch/deepseek_v4_shapes.h"
+#include "backend/cuda/cuda_v4_backend.h"
 #include "backend/cpu/cpu_deepseek_v4_ops.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_kernels.h"
+#include "model/weights.h"
 #include "util/numeric.h"
 #include "test_util.h"
 #include <math.h>
@@ -496,6 +500,192 @@ static void check_experts(int wf32) {
   di_cut_free(dwt); di_cut_free(dids);
 }
 
+/* MXFP4 routed experts (the native mode's di_v4k_expert_up_mx / _down_mx) at hidden 4096 x width 2048 (and
+ * an odd 96 x 40 shape for the column-a-lane path): random E2M1 codes and E8M0 scales, against the f32
+ * kernels on the same weights as the CPU reads them (di_weight_rows_f32): rel L2 < 1e-6 (the same
+ * products, sums in another order); the shared expert's slots (id E) are left untouched; the tiled form
+ * gives the same bits as one CTA row per slot. */
+static void mx_random(int E, int R, int C, uint8_t **q, uint8_t **sc, float **deq) {
+  const int cb = C / 2, ns = (C + 31) / 32;
+  *q = malloc((size_t)E * R * cb);
+  *sc = malloc((size_t)E * R * ns);
+  *deq = calloc((size_t)(E + 1) * R * C, sizeof(float)); /* + the shared expert's rows, zero (skipped) */
+  for (size_t i = 0; i < (size_t)E * R * cb; i++) (*q)[i] = (uint8_t)(rng = rng * 6364136223846793005ull + 1442695040888963407ull, rng >> 56);
+  for (size_t i = 0; i < (size_t)E * R * ns; i++) (*sc)[i] = (uint8_t)(118 + (int)((urand() + 1) * 2.5f)); /* 2^-9 .. 2^-5 */
+  for (int e = 0; e < E; e++) {
+    di_weight w;
+    memset(&w, 0, sizeof w);
+    w.dtype = DI_DT_F4E2M1;
+    w.rows = R;
+    w.cols = C;
+    w.data = *q + (size_t)e * R * cb;
+    w.scale_e8m0 = *sc + (size_t)e * R * ns;
+    w.block_rows = 1;
+    w.block_cols = 32;
+    w.scale_cols = ns;
+    di_weight_rows_f32(&w, 0, R, *deq + (size_t)e * R * C);
+  }
+}
+/* device MXFP4 stack as cuda_deepseek_v4.cu uploads it: code rows padded to 16 bytes */
+static di_cuk_mxfp4w mx_dev(const uint8_t *q, const uint8_t *sc, int E, int R, int C) {
+  const int cb = C / 2, ldq = (cb + 15) / 16 * 16, ns = (C + 31) / 32;
+  uint8_t *h = calloc((size_t)E * R, ldq);
+  for (size_t r = 0; r < (size_t)E * R; r++) memcpy(h + r * ldq, q + r * cb, cb);
+  di_cuk_mxfp4w w = {dup_dev(h, (size_t)E * R * ldq), dup_dev(sc, (size_t)E * R * ns), ldq, ns};
+  free(h);
+  return w;
+}
+static void check_experts_mx(int D, int I) {
+  const int T = 2, E = 3, ns = 3;
+  const float lim = 10;
+  float *x = rnd((size_t)T * D, 1), *w1, *w3, *w2;
+  uint8_t *q1, *q3, *q2, *s1, *s3, *s2;
+  mx_random(E, I, D, &q1, &s1, &w1);
+  mx_random(E, I, D, &q3, &s3, &w3);
+  mx_random(E, D, I, &q2, &s2, &w2);
+  const di_cuk_mxfp4w m1 = mx_dev(q1, s1, E, I, D), m3 = mx_dev(q3, s3, E, I, D), m2 = mx_dev(q2, s2, E, D, I);
+  const size_t n13 = (size_t)(E + 1) * I * D;
+  void *d1 = dup_dev(w1, 4 * n13), *d3 = dup_dev(w3, 4 * n13), *d2 = dup_dev(w2, 4 * n13);
+  const int32_t ids[6] = {E, 2, 0, E, 1, -1};
+  int32_t *dids = dup_dev(ids, sizeof ids);
+  float *dx = dup_dev(x, 4 * (size_t)T * D);
+  float *act[3], *y[3];
+  int32_t *work = zeros_dev(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns));
+  CHECK(di_v4k_expert_tiles(dids, T, ns, E + 1, work, NULL) == DI_OK);
+  for (int v = 0; v < 3; v++) { /* 0: f32 reference kernels, 1: mx per slot, 2: mx tiled */
+    float *da = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D);
+    if (v == 0) {
+      CHECK(di_v4k_expert_up(dx, dids, NULL, E + 1, d1, d3, 1, T, ns, D, I, lim, da, NULL) == DI_OK);
+      CHECK(di_v4k_expert_down(da, dids, NULL, E + 1, d2, 1, T, ns, D, I, dy, NULL) == DI_OK);
+    } else {
+      const int32_t *tl = v == 2 ? work : NULL;
+      CHECK(di_v4k_expert_up_mx(dx, dids, tl, E + 1, m1, m3, T, ns, D, I, lim, da, NULL) == DI_OK);
+      CHECK(di_v4k_expert_down_mx(da, dids, tl, E + 1, m2, T, ns, D, I, dy, NULL) == DI_OK);
+    }
+    CHECK(di_cut_sync() == 0);
+    act[v] = from_dev(da, (size_t)T * ns * I);
+    y[v] = from_dev(dy, (size_t)T * ns * D);
+    di_cut_free(da);
+    di_cut_free(dy);
+  }
+  double worst = 0;
+  int shared_touched = 0;
+  for (int ts = 0; ts < T * ns; ts++) {
+    if (ids[ts] < 0) continue;
+    if (ids[ts] == E) {
+      for (int d = 0; d < D; d++) shared_touched += y[1][(size_t)ts * D + d] != 0 || y[2][(size_t)ts * D + d] != 0;
+      continue;
+    }
+    const double ea = test_rel_l2(act[1] + (size_t)ts * I, act[0] + (size_t)ts * I, (size_t)I);
+    const double ey = test_rel_l2(y[1] + (size_t)ts * D, y[0] + (size_t)ts * D, (size_t)D);
+    worst = ea > worst ? ea : worst;
+    worst = ey > worst ? ey : worst;
+  }
+  const int same = memcmp(y[1], y[2], 4 * (size_t)T * ns * D) == 0 && memcmp(act[1], act[2], 4 * (size_t)T * ns * I) == 0;
+  printf("experts MXFP4 (hidden %d, width %d): vs the f32 kernels on the dequantized weights worst rel L2 %.2e, shared slots "
+         "untouched %s, tiled %s\n", D, I, worst, shared_touched ? "NO" : "yes", same ? "bit-identical" : "DIFFERS");
+  CHECKF(worst < 1e-6, "experts MXFP4 %d x %d: rel L2 %.3e", D, I, worst);
+  CHECKF(!shared_touched && same, "experts MXFP4: shared slots touched %d, tiled same %d", shared_touched, same);
+  for (int v = 0; v < 3; v++) free(act[v]), free(y[v]);
+  free(x); free(w1); free(w3); free(w2); free(q1); free(q3); free(q2); free(s1); free(s3); free(s2);
+  di_cut_free((void *)m1.q); di_cut_free((void *)m1.scale); di_cut_free((void *)m3.q); di_cut_free((void *)m3.scale);
+  di_cut_free((void *)m2.q); di_cut_free((void *)m2.scale);
+  di_cut_free(d1); di_cut_free(d3); di_cut_free(d2); di_cut_free(dids); di_cut_free(dx); di_cut_free(work);
+}
+
+/* the shared expert's epilogue (di_v4k_swiglu) against expert_up's clamp and silu in double */
+static void check_swiglu(void) {
+  const int T = 3, I = 300;
+  const float lim = 7;
+  float *gu = rnd((size_t)T * 2 * I, 12), *out = malloc(4 * (size_t)T * I);
+  float *dgu = dup_dev(gu, 4 * (size_t)T * 2 * I), *dact = zeros_dev(4 * (size_t)T * 5 * I);
+  CHECK(di_v4k_swiglu(dgu, dgu + I, 2 * I, T, I, lim, dact, 5 * I, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  float *a = from_dev(dact, (size_t)T * 5 * I);
+  double worst = 0;
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < I; i++) {
+      const double g = gu[(size_t)t * 2 * I + i], u = gu[(size_t)t * 2 * I + I + i];
+      const double gv = g > lim ? lim : g, uv = u > lim ? lim : u < -lim ? -lim : u, r = gv / (1 + exp(-gv)) * uv;
+      const double e = fabs(a[(size_t)t * 5 * I + i] - r) / (fabs(r) + 1e-3);
+      worst = e > worst ? e : worst;
+    }
+  printf("swiglu with clamp %g: worst rel %.2e\n", lim, worst);
+  CHECKF(worst < 1e-6, "swiglu: %.3e", worst);
+  free(gu); free(out); free(a);
+  di_cut_free(dgu); di_cut_free(dact);
+}
+
+/* The whole backend at V4-Flash shapes (4 layers: sliding, sliding, CSA, HCA; 4 experts top-2; vocabulary 4096) on
+ * the random model of arch/deepseek_v4_random.h in V4's native formats: uploaded as stored
+ * (DEEPINFER_CUDA_V4_NATIVE=1) against the bf16 upload of the same values (exact in bf16), one prompt of 70
+ * tokens in one step: logits within rel L2 2e-2 (the FP8 GEMVs round the activations to bf16), and the native
+ * weights under 60% of the bf16 bytes. */
+static int run_prompt(di_backend *be, int T, float *logits) {
+  int32_t tok[128], pos[128], so[128], rows[128], table[4] = {0, 1, 2, 3};
+  for (int t = 0; t < T; t++) tok[t] = (t * 7919) % 4096, pos[t] = t, so[t] = 0, rows[t] = t;
+  di_batch_seq bs;
+  memset(&bs, 0, sizeof bs);
+  bs.block_table = table;
+  bs.n_blocks = 4;
+  bs.key = 1;
+  di_batch b;
+  memset(&b, 0, sizeof b);
+  b.n_tokens = T;
+  b.tokens = tok;
+  b.positions = pos;
+  b.seq_of = so;
+  b.n_seqs = 1;
+  b.seqs = &bs;
+  b.n_outputs = T;
+  b.output_rows = rows;
+  di_status st = be->ops->kv_alloc(be, 8);
+  if (st == DI_OK) st = be->ops->submit(be, &b);
+  if (st == DI_OK) st = be->ops->wait(be, logits, NULL);
+  CHECKF(st == DI_OK, "random V4-Flash model step: %s", di_last_error());
+  be->ops->release(be, 1);
+  return st == DI_OK;
+}
+static void check_native_model(void) {
+  di_v4_config mc;
+  di_v4_flash_shape(&mc, 4, 4);
+  mc.vocab_size = 4096;
+  mc.top_k = 2; /* (4 experts: a quick upload) */
+  di_v4_random_model rm;
+  CHECK(di_v4_random_model_init(&rm, &mc, 1, 7) == DI_OK);
+  di_model_config cfg0;
+  memset(&cfg0, 0, sizeof cfg0);
+  const int T = 70, V = mc.vocab_size;
+  float *lg[2];
+  int64_t bytes[2] = {0, 0};
+  int ok = 1;
+  for (int native = 0; native < 2; native++) {
+    setenv("DEEPINFER_CUDA_V4_NATIVE", native ? "1" : "0", 1);
+    di_backend *be = NULL;
+    lg[native] = calloc((size_t)T * V, sizeof(float));
+    di_status st = di_backend_cuda_v4_create(&cfg0, &rm.c, &rm.w, &be);
+    CHECKF(st == DI_OK, "random V4-Flash model (native %d): %s", native, di_last_error());
+    ok = ok && st == DI_OK && run_prompt(be, T, lg[native]);
+    if (be) {
+      bytes[native] = di_backend_cuda_v4_weight_bytes(be);
+      be->ops->destroy(be);
+    }
+  }
+  unsetenv("DEEPINFER_CUDA_V4_NATIVE");
+  if (ok) {
+    const double e = test_rel_l2(lg[1], lg[0], (size_t)T * V);
+    int finite = 1;
+    for (size_t i = 0; i < (size_t)T * V; i++) finite &= isfinite(lg[1][i]) != 0;
+    printf("V4-Flash shapes, 4 layers, native (FP8 + MXFP4) vs bf16 upload of the same weights, 70 tokens: rel L2 %.2e; device "
+           "weights %.3f GB vs %.3f GB (%.1f%%)\n", e, bytes[1] / 1e9, bytes[0] / 1e9, 100.0 * bytes[1] / bytes[0]);
+    CHECKF(finite && e < 2e-2, "native vs bf16 at V4-Flash shapes: rel L2 %.3e (finite %d)", e, finite);
+    CHECKF(bytes[1] > 0 && bytes[1] < 0.6 * bytes[0], "native weights %lld bytes vs bf16 %lld", (long long)bytes[1], (long long)bytes[0]);
+  }
+  free(lg[0]);
+  free(lg[1]);
+  di_v4_random_model_free(&rm);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -521,5 +711,9 @@ int main(void) {
   check_route(1);
   check_experts(0);
   check_experts(1);
+  check_experts_mx(4096, 2048);
+  check_experts_mx(96, 40);
+  check_swiglu();
+  check_native_model();
   return test_finish("test_cuda_v4_kernels");
 }

@@ -15,16 +15,25 @@
  *
  * Weights: bf16 on the device, dequantized on the host at load (cuda_upload.cu's up_rows: FP8 / MXFP4 /
  * F16 / F32 all pass through di_weight_rows_f32), or float32 with DEEPINFER_CUDA_V4_F32=1 (the tests'
- * exact mode). v4_upload_matrix is the seam where native FP8 / MXFP4 device formats go (issue 18). ape,
- * hyper-connection, norm, sink and router parameters stay float32.
+ * exact mode). With DEEPINFER_CUDA_V4_NATIVE=1 the checkpoint's formats stay on the device: FP8 matrices
+ * as E4M3 with one f32 scale row per weight row (cuda_upload_fp8.cu's fp8_up_rows), multiplied by issue
+ * 18's W8A16 GEMVs (cuda_fp8.h: bf16-rounded activations, batch-invariant; on its tensor-core form with
+ * DEEPINFER_CUDA_V4_TC=1), and MXFP4 routed experts as E2M1 + E8M0 bytes, multiplied by the V4 expert
+ * kernels' MXFP4 form (k_v4_dense.cu: float32 activations, decoded in registers; the shared expert, FP8,
+ * then goes through the FP8 GEMVs on its own). ape, hyper-connection, norm, sink and router parameters
+ * stay float32.
  *
  * Linear layers: the GEMV kernels over float32 activations (CPU-exact up to float sums), or with
  * DEEPINFER_CUDA_V4_TC=1 the dense bf16 ones on k_tc_gemm.cu's batch-invariant tensor-core GEMM over
  * bf16 activations (lin / lin_groups; experts stay on the GEMVs).
  *
- * Sampling: ops->sample after wait (k_sample.cu's kernel). Not yet: CUDA graphs, sampling inside the
- * step, device token feedback, grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay
- * (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * Sampling (k_sample.cu's kernel): inside the step when the batch carries sample_rows (the tokens then wait
+ * on the device; sample() with the same rows only copies them, other rows sample again), and (unless
+ * DEEPINFER_CUDA_V4_FEEDBACK=0) device token feedback (sample_async / sample_fetch: the next step's token ids
+ * -1 - j are resolved on the device from the last sampled row j; the step's host metadata goes through two
+ * pinned buffers, each reused only after its copy has run, so the host prepares step N+1 while N runs).
+ * Not yet: CUDA graphs (every launch's grid follows the step's counts: windows closing, entries, picks),
+ * grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_ep.cuh"
@@ -40,21 +49,31 @@ extern "C" {
 
 #define WHO "DeepSeek-V4 CUDA backend"
 
+/* A device matrix: bf16 or f32 rows (p), or FP8 (fp8: q, per-row scales). */
+typedef struct v4_mat {
+  void *p;
+  int f32, fp8;
+  di_cuk_fp8w q;
+} v4_mat;
+
 typedef struct v4_dcomp {
-  void *wkv, *wgate;
+  v4_mat wkv, wgate;
   float *ape, *norm;
 } v4_dcomp;
 
 typedef struct v4_dlayer {
   float *attn_norm, *ffn_norm;
   float *hc_attn_fn, *hc_ffn_fn, *hc_attn_base, *hc_ffn_base, *hc_attn_scale, *hc_ffn_scale;
-  void *wq_a, *wq_b, *wkv, *wo_a, *wo_b;
+  v4_mat wq_a, wq_b, wkv, wo_a, wo_b;
   float *q_norm, *kv_norm, *sink;
   v4_dcomp comp, icomp;
-  void *idx_wq_b, *idx_weights;
+  v4_mat idx_wq_b, idx_weights;
   float *router, *router_bias;
   int32_t *tid2eid;
   void *w1, *w3, *w2; /* [E+1][I][D], [E+1][I][D], [E+1][D][I]; expert E is the shared one */
+  int mx;             /* native: the routed experts MXFP4 in m1, m3, m2 ([E][..]), the shared one in sh1, sh3, sh2 */
+  di_cuk_mxfp4w m1, m3, m2;
+  v4_mat sh1, sh3, sh2;
 } v4_dlayer;
 
 typedef struct v4_dseq {
@@ -74,13 +93,15 @@ typedef struct v4cu {
   cudaStream_t stream;
   int wf32;
   int tc; /* DEEPINFER_CUDA_V4_TC: dense bf16 linears on the batch-invariant tensor-core GEMM */
+  int native; /* DEEPINFER_CUDA_V4_NATIVE: FP8 / MXFP4 weights kept as stored */
+  size_t weight_bytes; /* device bytes of the weights (alloc_dev) */
   size_t wsize;
   di_v4_layout lay;
   size_t state_floats;
   void **allocs;
   int n_allocs, cap_allocs;
   /* weights */
-  void *embed, *head;
+  v4_mat embed, head;
   float *final_norm, *hc_head_fn, *hc_head_base, *hc_head_scale;
   float *inv_main, *inv_comp; /* rope inverse frequencies */
   float af_main, af_comp;
@@ -98,8 +119,20 @@ typedef struct v4cu {
   /* scratch (grown as needed) */
   void *scr[40];
   size_t scr_cap[40];
-  int32_t *h_i32;
-  int h_i32_cap;
+  int32_t *h_meta[2]; /* pinned, alternating per step; ev_meta[k] marks the end of buffer k's copy */
+  size_t h_meta_cap[2];
+  cudaEvent_t ev_meta[2];
+  int meta_par;
+  /* sampling: the step's (in-step) or the last sample call's tokens in d_tok; feedback */
+  int32_t *d_tok, *h_tok; /* device tokens [cap_tok], pinned host copy */
+  di_cuk_sample_row *h_srows, *d_srows;
+  int cap_tok;
+  int step_sampled;       /* d_tok holds the step's tokens for the rows in h_srows */
+  int fb_n, fb_pending;   /* rows the next submit may refer to (-1 - j); a sample_fetch is due */
+  int fb_rows;            /* the rows of that sample_async (sample_fetch writes as many) */
+  cudaEvent_t ev_tok;
+  int32_t *h_chk;         /* the batch's tokens with feedback placeholders as 0, for the checks */
+  int h_chk_cap;
   /* the step */
   const di_batch *batch;
   int n_out;
@@ -111,7 +144,8 @@ typedef struct v4cu {
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
-       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_EPACT, S_EPTILES, S_N };
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
+       S_EPACT, S_EPTILES, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -122,6 +156,7 @@ static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   if (e != cudaSuccess)
     return di_error_set(DI_ERR_OOM, WHO ": cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
   b->allocs[b->n_allocs++] = *p;
+  b->weight_bytes += bytes;
   return DI_OK;
 }
 
@@ -151,10 +186,35 @@ static di_status scratch(v4cu *b, int slot, size_t bytes, void **out) {
  * depend on M, so batched == alone and chunk independence hold in that mode too (but its activations
  * are bf16: results within bf16 bars of the CPU, not 1e-6). G > 1: the grouped form
  * (di_v4k_linear_groups' gx, gw, gy). */
-static di_status lin_groups(v4cu *b, const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy,
-                            int G, int64_t gx, int64_t gw, int64_t gy) {
+/* The FP8 products of lin_groups over activations already in bf16 (xb, row stride width): W8A16 GEMVs;
+ * group g's rows start gw / C rows on. */
+static di_status fp8_products(v4cu *b, const uint16_t *xb, int width, const v4_mat *Wm, int T, int R, int C, float *y, int ldy,
+                              int G, int64_t gx, int64_t gw, int64_t gy) {
+  for (int g = 0; g < G; g++) {
+    di_cuk_fp8w w = Wm->q;
+    const int64_t r0 = gw / C * g;
+    w.q += r0 * w.ldq;
+    w.scale += r0 * w.scale_cols;
+    const uint16_t *xg = xb + gx * g;
+    float *yg = y + gy * g;
+    if (b->tc && di_cuk_fp8_tc_ok(C, xg, width, w)) DI_TRY(di_cuk_fp8_tc_gemv(T, R, C, xg, width, w, yg, ldy, 1, 0.0f, b->stream));
+    else DI_TRY(di_cuk_fp8_gemv(T, R, C, xg, width, w, yg, ldy, 1, 0.0f, b->stream));
+  }
+  return DI_OK;
+}
+
+static di_status lin_groups(v4cu *b, const float *x, int ldx, const v4_mat *Wm, int T, int R, int C, float *y, int ldy, int G,
+                            int64_t gx, int64_t gw, int64_t gy) {
   cudaStream_t s = b->stream;
   const int width = G > 1 ? (int)(gx * (G - 1)) + C : C; /* the columns of x the products read */
+  if (Wm->fp8) { /* W8A16 over bf16-rounded activations */
+    if (T <= 0) return DI_OK;
+    SCR(xb, S_TCX, uint16_t, (size_t)T * width);
+    DI_TRY(di_v4k_to_bf16(x, ldx, T, width, xb, s));
+    return fp8_products(b, xb, width, Wm, T, R, C, y, ldy, G, gx, gw, gy);
+  }
+  const void *W = Wm->p;
+  const int wf32 = Wm->f32;
   if (b->tc && !wf32 && T > 0 && width <= ldx && di_cuk_tc_gemm_ok(R, C, width, C, 0, W, W) /* (X: scratch, aligned) */ &&
       gx % 8 == 0 && gw % 8 == 0) {
     SCR(xb, S_TCX, uint16_t, (size_t)T * width);
@@ -171,13 +231,26 @@ static di_status lin_groups(v4cu *b, const float *x, int ldx, const void *W, int
   if (G > 1) return di_v4k_linear_groups(x, ldx, W, wf32, T, R, C, y, ldy, G, gx, gw, gy, s);
   return di_v4k_linear(x, ldx, W, wf32, T, R, C, y, ldy, s);
 }
-static di_status lin(v4cu *b, const float *x, int ldx, const void *W, int wf32, int T, int R, int C, float *y, int ldy) {
-  return lin_groups(b, x, ldx, W, wf32, T, R, C, y, ldy, 1, 0, 0, 0);
+static di_status lin(v4cu *b, const float *x, int ldx, const v4_mat *W, int T, int R, int C, float *y, int ldy) {
+  return lin_groups(b, x, ldx, W, T, R, C, y, ldy, 1, 0, 0, 0);
+}
+/* Two products of the same activations (wq_a and wkv, the shared expert's gate and up): when both are
+ * FP8 the activations are rounded to bf16 once (the same bits as two lin calls). */
+static di_status lin2(v4cu *b, const float *x, int ldx, int T, int C, const v4_mat *W1, int R1, float *y1, int ldy1,
+                      const v4_mat *W2, int R2, float *y2, int ldy2) {
+  if (!W1->fp8 || !W2->fp8 || T <= 0) {
+    DI_TRY(lin(b, x, ldx, W1, T, R1, C, y1, ldy1));
+    return lin(b, x, ldx, W2, T, R2, C, y2, ldy2);
+  }
+  SCR(xb, S_TCX, uint16_t, (size_t)T * C);
+  DI_TRY(di_v4k_to_bf16(x, ldx, T, C, xb, b->stream));
+  DI_TRY(fp8_products(b, xb, C, W1, T, R1, C, y1, ldy1, 1, 0, 0, 0));
+  return fp8_products(b, xb, C, W2, T, R2, C, y2, ldy2, 1, 0, 0, 0);
 }
 
 /* ---- weights to the device ---------------------------------------------------------------------------- */
 
-/* The seam for native formats: today every matrix becomes bf16 rows (or f32 rows in the exact mode). */
+/* bf16 rows (or f32 rows in the exact mode), whatever the stored format. */
 static di_status v4_upload_rows(v4cu *b, const di_weight *w, void *dst) {
   if (!b->wf32) return up_rows(w, 0, w->rows, (bf16 *)dst, w->cols);
   const int64_t chunk = 256;
@@ -194,9 +267,66 @@ static di_status v4_upload_rows(v4cu *b, const di_weight *w, void *dst) {
   return st;
 }
 
-static di_status v4_upload_matrix(v4cu *b, const di_weight *w, void **out) {
-  DI_TRY(alloc_dev(b, out, (size_t)(w->rows * w->cols) * b->wsize));
-  return v4_upload_rows(b, w, *out);
+/* An FP8 weight as stored (native mode): E4M3 rows padded to 16 bytes, one f32 scale row per weight row. */
+static di_status v4_upload_fp8(v4cu *b, const di_weight *w, v4_mat *out) {
+  di_cuk_fp8w *d = &out->q;
+  const int bc = w->block_cols;
+  d->ldq = (int)((w->cols + 15) / 16 * 16);
+  d->block_rows = 1;
+  d->block_cols = bc;
+  d->scale_cols = (int)((w->cols + bc - 1) / bc);
+  void *q, *sc;
+  DI_TRY(alloc_dev(b, &q, (size_t)(w->rows * d->ldq)));
+  DI_TRY(alloc_dev(b, &sc, sizeof(float) * (size_t)(w->rows * d->scale_cols)));
+  DI_CU(cudaMemset(q, 0, (size_t)(w->rows * d->ldq)));
+  d->q = (const uint8_t *)q;
+  d->scale = (const float *)sc;
+  out->fp8 = 1;
+  return fp8_up_rows(w, 0, w->rows, 0, w->cols, d, 0);
+}
+
+/* bf16 / f32 rows whatever the format (the embedding, which is gathered, not multiplied). */
+static di_status v4_upload_dense(v4cu *b, const di_weight *w, v4_mat *out) {
+  memset(out, 0, sizeof *out);
+  out->f32 = b->wf32;
+  DI_TRY(alloc_dev(b, &out->p, (size_t)(w->rows * w->cols) * b->wsize));
+  return v4_upload_rows(b, w, out->p);
+}
+
+static di_status v4_upload_matrix(v4cu *b, const di_weight *w, v4_mat *out) {
+  memset(out, 0, sizeof *out);
+  if (b->native && w->dtype == DI_DT_F8E4M3 && w->data && w->block_cols > 0) return v4_upload_fp8(b, w, out);
+  out->f32 = b->wf32;
+  DI_TRY(alloc_dev(b, &out->p, (size_t)(w->rows * w->cols) * b->wsize));
+  return v4_upload_rows(b, w, out->p);
+}
+
+/* Whether every routed expert matrix is MXFP4 as the MXFP4 expert kernels read it (1 x 32 E8M0 blocks). */
+static int v4_mx_ok(const di_weight *ew, int E) {
+  for (int e = 0; e < E; e++)
+    if (ew[e].dtype != DI_DT_F4E2M1 || !ew[e].data || !ew[e].scale_e8m0 || ew[e].block_rows != 1 || ew[e].block_cols != 32 ||
+        ew[e].cols % 2 || ew[e].rows != ew[0].rows || ew[e].cols != ew[0].cols)
+      return 0;
+  return E > 0;
+}
+
+/* Routed experts as stored (native mode): [E][rows][ldq] code bytes, [E][rows][lds] scale bytes. */
+static di_status v4_upload_mx(v4cu *b, const di_weight *ew, int E, di_cuk_mxfp4w *d) {
+  const int64_t R = ew[0].rows, cb = ew[0].cols / 2, sc = ew[0].scale_cols;
+  d->ldq = (int)((cb + 15) / 16 * 16);
+  d->lds = (int)sc;
+  void *q, *s;
+  DI_TRY(alloc_dev(b, &q, (size_t)(E * R * d->ldq)));
+  DI_TRY(alloc_dev(b, &s, (size_t)(E * R * sc)));
+  DI_CU(cudaMemset(q, 0, (size_t)(E * R * d->ldq)));
+  for (int e = 0; e < E; e++) {
+    DI_CU(cudaMemcpy2D((uint8_t *)q + (size_t)(e * R * d->ldq), (size_t)d->ldq, ew[e].data, (size_t)cb, (size_t)cb, (size_t)R,
+                       cudaMemcpyHostToDevice));
+    DI_CU(cudaMemcpy((uint8_t *)s + (size_t)(e * R * sc), ew[e].scale_e8m0, (size_t)(R * sc), cudaMemcpyHostToDevice));
+  }
+  d->q = (const uint8_t *)q;
+  d->scale = (const uint8_t *)s;
+  return DI_OK;
 }
 
 /* Expert matrices stacked [E+1][rows][cols] (the shared expert last); under expert parallel this rank's
@@ -243,7 +373,7 @@ static di_status upload_comp(v4cu *b, const di_v4_compressor *cp, int rate, v4_d
 static di_status upload(v4cu *b, const di_v4_weights *w) {
   const di_v4_config *c = b->c;
   const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
-  DI_TRY(v4_upload_matrix(b, &w->embed, &b->embed));
+  DI_TRY(v4_upload_dense(b, &w->embed, &b->embed));
   DI_TRY(v4_upload_matrix(b, &w->head, &b->head));
   DI_TRY(up_f32(b, w->final_norm, (size_t)D, &b->final_norm));
   DI_TRY(up_weight_f32(b, &w->hc_head_fn, &b->hc_head_fn));
@@ -284,9 +414,21 @@ static di_status upload(v4cu *b, const di_v4_weights *w) {
       DI_TRY(alloc_dev(b, (void **)&d->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * c->top_k));
       DI_CU(cudaMemcpy(d->tid2eid, s->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * c->top_k, cudaMemcpyHostToDevice));
     }
-    DI_TRY(v4_upload_experts(b, l, s->exp_w1, &s->sh_w1, c->n_routed_experts, &d->w1));
-    DI_TRY(v4_upload_experts(b, l, s->exp_w3, &s->sh_w3, c->n_routed_experts, &d->w3));
-    DI_TRY(v4_upload_experts(b, l, s->exp_w2, &s->sh_w2, c->n_routed_experts, &d->w2));
+    const int E = c->n_routed_experts;
+    /* native MXFP4 experts on one GPU (under expert parallel the ranks' expert blocks stay bf16 stacks) */
+    if (b->native && !b->ep && v4_mx_ok(s->exp_w1, E) && v4_mx_ok(s->exp_w3, E) && v4_mx_ok(s->exp_w2, E)) {
+      d->mx = 1;
+      DI_TRY(v4_upload_mx(b, s->exp_w1, E, &d->m1));
+      DI_TRY(v4_upload_mx(b, s->exp_w3, E, &d->m3));
+      DI_TRY(v4_upload_mx(b, s->exp_w2, E, &d->m2));
+      DI_TRY(v4_upload_matrix(b, &s->sh_w1, &d->sh1));
+      DI_TRY(v4_upload_matrix(b, &s->sh_w3, &d->sh3));
+      DI_TRY(v4_upload_matrix(b, &s->sh_w2, &d->sh2));
+      continue;
+    }
+    DI_TRY(v4_upload_experts(b, l, s->exp_w1, &s->sh_w1, E, &d->w1));
+    DI_TRY(v4_upload_experts(b, l, s->exp_w3, &s->sh_w3, E, &d->w3));
+    DI_TRY(v4_upload_experts(b, l, s->exp_w2, &s->sh_w2, E, &d->w2));
   }
   return DI_OK;
 }
@@ -484,8 +626,7 @@ static di_status run_comp(v4cu *b, const step_meta *m, int l, int index, const f
   const v4_dcomp *dc = index ? &b->L[l].icomp : &b->L[l].comp;
   di_v4k_comp d = comp_desc(b, l, index, kv, gate);
   cudaStream_t s = b->stream;
-  DI_TRY(lin(b, a, c->hidden_size, dc->wkv, b->wf32, m->T, d.width, c->hidden_size, kv, d.width));
-  DI_TRY(lin(b, a, c->hidden_size, dc->wgate, b->wf32, m->T, d.width, c->hidden_size, gate, d.width));
+  DI_TRY(lin2(b, a, c->hidden_size, m->T, c->hidden_size, &dc->wkv, d.width, kv, d.width, &dc->wgate, d.width, gate, d.width));
   DI_TRY(di_v4k_add_ape(gate, dc->ape, m->pos, m->T, d.rate, d.width, s));
   const int csa = d.overlap;
   DI_TRY(di_v4k_pool(&d, m->seqs, csa ? m->ent_csa : m->ent_hca, csa ? m->n_ent_csa : m->n_ent_hca, b->inv_comp,
@@ -507,10 +648,9 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   SCR(qr, S_QR, float, (size_t)T * ql);
   SCR(q, S_Q, float, (size_t)T * H * hd);
   SCR(kv, S_KV, float, (size_t)T * hd);
-  DI_TRY(lin(b, a, D, L->wq_a, b->wf32, T, ql, D, qr, ql));
+  DI_TRY(lin2(b, a, D, T, D, &L->wq_a, ql, qr, ql, &L->wkv, hd, kv, hd));
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
-  DI_TRY(lin(b, qr, ql, L->wq_b, b->wf32, T, H * hd, ql, q, H * hd));
-  DI_TRY(lin(b, a, D, L->wkv, b->wf32, T, hd, D, kv, hd));
+  DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
   DI_TRY(di_v4k_rmsnorm(q, hd, T * H, hd, NULL, eps, s));
   DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
   DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
@@ -538,8 +678,8 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
       SCR(iw, S_IW, float, (size_t)T * nh);
       SCR(score, S_SCORE, float, (size_t)T * (max_n > 0 ? max_n : 1));
       SCR(selb, S_SEL, unsigned char, (size_t)T * (max_n > 0 ? max_n : 1));
-      DI_TRY(lin(b, qr, ql, L->idx_wq_b, b->wf32, T, nh * di, ql, iq, nh * di));
-      DI_TRY(lin(b, a, D, L->idx_weights, b->wf32, T, nh, D, iw, nh));
+      DI_TRY(lin(b, qr, ql, &L->idx_wq_b, T, nh * di, ql, iq, nh * di));
+      DI_TRY(lin(b, a, D, &L->idx_weights, T, nh, D, iw, nh));
       DI_TRY(di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, s));
       DI_TRY(di_v4k_indexer(iq, iw, m->pos, m->seq_of, m->seqs, &icomp, T, nh, di, c->index_topk, max_n, score, selb, s));
       sel = selb;
@@ -554,8 +694,8 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   /* grouped output: wo_a's rows [g*R, (g+1)*R) over slice g of the heads' outputs, then wo_b */
   const int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
   SCR(mid, S_MID, float, (size_t)T * G * R);
-  DI_TRY(lin_groups(b, o, H * hd, L->wo_a, b->wf32, T, R, gin, mid, G * R, G, gin, (int64_t)R * gin, R));
-  return lin(b, mid, G * R, L->wo_b, b->wf32, T, D, G * R, out, D);
+  DI_TRY(lin_groups(b, o, H * hd, &L->wo_a, T, R, gin, mid, G * R, G, gin, (int64_t)R * gin, R));
+  return lin(b, mid, G * R, &L->wo_b, T, D, G * R, out, D);
 }
 
 /* Expert parallel (cuda_ep.cu): the received rows x [n] (D floats) through this rank's experts (local
@@ -618,7 +758,17 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
     DI_TRY(di_v4k_expert_tiles(ids, T, ns, E + 1, work, s));
     tiles = work;
   }
-  DI_TRY(di_v4k_expert_up(x, ids, tiles, E + 1, L->w1, L->w3, b->wf32, T, ns, D, I, (float)c->swiglu_limit, act, s));
+  const float lim = (float)c->swiglu_limit;
+  if (L->mx) { /* routed experts MXFP4; the shared one (slot 0 of every token) on its own weights */
+    SCR(gu, S_SHGU, float, (size_t)T * 2 * I);
+    DI_TRY(di_v4k_expert_up_mx(x, ids, tiles, E + 1, L->m1, L->m3, T, ns, D, I, lim, act, s));
+    DI_TRY(lin2(b, x, D, T, D, &L->sh1, I, gu, 2 * I, &L->sh3, I, gu + I, 2 * I));
+    DI_TRY(di_v4k_swiglu(gu, gu + I, 2 * I, T, I, lim, act, ns * I, s));
+    DI_TRY(di_v4k_expert_down_mx(act, ids, tiles, E + 1, L->m2, T, ns, D, I, y, s));
+    DI_TRY(lin(b, act, ns * I, &L->sh2, T, D, I, y, ns * D));
+    return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
+  }
+  DI_TRY(di_v4k_expert_up(x, ids, tiles, E + 1, L->w1, L->w3, b->wf32, T, ns, D, I, lim, act, s));
   DI_TRY(di_v4k_expert_down(act, ids, tiles, E + 1, L->w2, b->wf32, T, ns, D, I, y, s));
   return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
 }
@@ -661,9 +811,19 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
 #undef PART
   char *dev;
   DI_TRY(scratch(b, S_META, off, (void **)&dev));
-  if (!di_grow((void **)&b->h_i32, &b->h_i32_cap, (int)(off / 4 + 1), 4, 1024))
-    return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
-  char *h = (char *)b->h_i32;
+  const int k = b->meta_par;
+  b->meta_par ^= 1;
+  DI_CU(cudaEventSynchronize(b->ev_meta[k])); /* this buffer's last copy has run */
+  if (b->h_meta_cap[k] < off) {
+    if (b->h_meta[k]) cudaFreeHost(b->h_meta[k]);
+    b->h_meta[k] = NULL;
+    b->h_meta_cap[k] = 0;
+    const size_t cap = off + off / 2 + 4096;
+    if (cudaHostAlloc((void **)&b->h_meta[k], cap, cudaHostAllocDefault) != cudaSuccess)
+      return di_error_set(DI_ERR_OOM, WHO ": %zu bytes of pinned host memory for the step's metadata", cap);
+    b->h_meta_cap[k] = cap;
+  }
+  char *h = (char *)b->h_meta[k];
   memcpy(h + o_tok, bt->tokens, 4 * (size_t)T);
   memcpy(h + o_pos, bt->positions, 4 * (size_t)T);
   memcpy(h + o_seq, bt->seq_of, 4 * (size_t)T);
@@ -711,6 +871,7 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
       }
   }
   DI_CU(cudaMemcpyAsync(dev, h, off, cudaMemcpyHostToDevice, b->stream));
+  DI_CU(cudaEventRecord(b->ev_meta[k], b->stream));
   m->tok = (int32_t *)(dev + o_tok);
   m->pos = (int32_t *)(dev + o_pos);
   m->seq_of = (int32_t *)(dev + o_seq);
@@ -724,8 +885,59 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
   m->n_ent_hca = n_eh;
   m->n_sw_csa = n_wc;
   m->n_sw_hca = n_wh;
-  /* the host block is reused by the next step only after this one's wait (synchronous copy order) */
+  if (b->fb_n > 0) DI_TRY(di_v4k_resolve_tokens(m->tok, T, b->d_tok, b->stream)); /* feedback placeholders */
   return DI_OK;
+}
+
+/* d_tok large enough for n rows (its tokens kept: a pending feedback step still reads them). */
+static di_status tok_room(v4cu *b, int n) {
+  if (n <= b->cap_tok) return DI_OK;
+  const int cap = n > 256 ? n : 256;
+  int32_t *d = NULL, *h = NULL;
+  di_cuk_sample_row *hr = NULL, *dr = NULL;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  if (cudaMalloc((void **)&d, sizeof(int32_t) * cap) != cudaSuccess || cudaHostAlloc((void **)&h, sizeof(int32_t) * cap, 0) != cudaSuccess ||
+      cudaMalloc((void **)&dr, sizeof *dr * cap) != cudaSuccess || !(hr = (di_cuk_sample_row *)malloc(sizeof *hr * cap))) {
+    cudaFree(d);
+    cudaFreeHost(h);
+    cudaFree(dr);
+    return di_error_set(DI_ERR_OOM, WHO ": buffers for sampling %d rows", n);
+  }
+  if (b->cap_tok) {
+    cudaMemcpy(d, b->d_tok, sizeof(int32_t) * b->cap_tok, cudaMemcpyDeviceToDevice);
+    memcpy(hr, b->h_srows, sizeof *hr * b->cap_tok);
+  }
+  cudaFree(b->d_tok);
+  cudaFreeHost(b->h_tok);
+  cudaFree(b->d_srows);
+  free(b->h_srows);
+  b->d_tok = d;
+  b->h_tok = h;
+  b->d_srows = dr;
+  b->h_srows = hr;
+  b->cap_tok = cap;
+  return DI_OK;
+}
+
+/* Samples the finished step's n output rows into d_tok (queued on the stream). */
+static di_status sample_now(v4cu *b, const di_sample_row *rows, int n) {
+  DI_TRY(tok_room(b, n));
+  for (int i = 0; i < n; i++) b->h_srows[i] = cuk_row(&rows[i]);
+  DI_CU(cudaMemcpyAsync(b->d_srows, b->h_srows, sizeof(di_cuk_sample_row) * (size_t)n, cudaMemcpyHostToDevice, b->stream));
+  DI_TRY(di_cuk_sample(b->d_logits, n, b->c->vocab_size, b->d_srows, b->d_tok, b->stream));
+  /* the pinned row copy is rewritten by the next call only after this copy ran: sample calls sync, or
+   * (feedback) the next sample_async comes after the next step's submit, which ordered it */
+  return DI_OK;
+}
+
+/* Whether the step's in-step tokens are those of these rows. */
+static int same_rows(const v4cu *b, const di_sample_row *rows, int n) {
+  if (!b->step_sampled || n != b->n_out) return 0;
+  for (int i = 0; i < n; i++) {
+    const di_cuk_sample_row r = cuk_row(&rows[i]);
+    if (memcmp(&r, &b->h_srows[i], sizeof r) != 0) return 0;
+  }
+  return 1;
 }
 
 static di_status run_step(v4cu *b, const di_batch *bt) {
@@ -741,7 +953,7 @@ static di_status run_step(v4cu *b, const di_batch *bt) {
   SCR(comb, S_COMB, double, (size_t)T * hc * hc);
   SCR(hcp, S_HCP, double, di_v4k_hc_scratch(T > m.n_out ? T : m.n_out, D, hc));
   const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
-  DI_TRY(di_v4k_embed(b->embed, b->wf32, m.tok, T, D, hc, X, s));
+  DI_TRY(di_v4k_embed(b->embed.p, b->wf32, m.tok, T, D, hc, X, s));
   for (int l = 0; l < c->n_layers; l++) {
     const v4_dlayer *L = &b->L[l];
     DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
@@ -759,8 +971,12 @@ static di_status run_step(v4cu *b, const di_batch *bt) {
     SCR(lgt, S_LOGITS, float, (size_t)m.n_out * c->vocab_size);
     DI_TRY(di_v4k_head_pre(X, m.rows, m.n_out, b->hc_head_fn, b->hc_head_base, b->hc_head_scale, b->final_norm, D, hc, eps,
                            hc_eps, hy, hcp, s));
-    DI_TRY(lin(b, hy, D, b->head, b->wf32, m.n_out, c->vocab_size, D, lgt, c->vocab_size));
+    DI_TRY(lin(b, hy, D, &b->head, m.n_out, c->vocab_size, D, lgt, c->vocab_size));
     b->d_logits = lgt;
+    if (bt->sample_rows) { /* sampling inside the step */
+      DI_TRY(sample_now(b, bt->sample_rows, m.n_out));
+      b->step_sampled = 1;
+    }
   }
   /* the new states become the states */
   for (int q = 0; q < bt->n_seqs; q++) {
@@ -797,8 +1013,30 @@ static di_status v4cu_submit(di_backend *base, const di_batch *bt) {
     bt = &b->syn;
     b->cur = &b->own;
   }
-  DI_TRY(check_batch(b, bt));
+  const di_batch *chk = bt;
+  di_batch fbb;
+  if (bt && bt->n_tokens > 0 && bt->tokens) { /* feedback placeholders -1 - j: rows of the last sample_async */
+    int neg = 0;
+    for (int t = 0; t < bt->n_tokens; t++) neg |= bt->tokens[t] < 0;
+    if (neg) {
+      if (!di_grow((void **)&b->h_chk, &b->h_chk_cap, bt->n_tokens, sizeof(int32_t), 256))
+        return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
+      for (int t = 0; t < bt->n_tokens; t++) {
+        const int32_t v = bt->tokens[t];
+        if (v < 0 && -1 - v >= b->fb_n)
+          return di_error_set(DI_ERR_INVALID_ARG, WHO ": token %d at batch row %d refers to sampled row %d, but %s", v, t, -1 - v,
+                              b->fb_n ? "the last sample_async had fewer rows" : "no sample_async preceded this step");
+        b->h_chk[t] = v < 0 ? 0 : v;
+      }
+      fbb = *bt;
+      fbb.tokens = b->h_chk;
+      chk = &fbb;
+    }
+  }
+  DI_TRY(check_batch(b, chk));
+  b->step_sampled = 0;
   di_status st = run_step(b, bt);
+  b->fb_n = 0; /* placeholders refer to the step right after a sample_async only */
   if (st != DI_OK) {
     cudaStreamSynchronize(b->stream);
     return st;
@@ -821,26 +1059,47 @@ static di_status v4cu_wait(di_backend *base, float *logits, float *hidden) {
 }
 
 /* One token per output row of the finished step, sampled on the device from its logits (k_sample.cu,
- * the V2/V3 backend's kernel: the host sampler's semantics). */
+ * the V2/V3 backend's kernel: the host sampler's semantics); the in-step tokens when the rows are those
+ * the batch carried. */
 static di_status v4cu_sample(di_backend *base, const di_sample_row *rows, int n, int32_t *tokens) {
   v4cu *b = (v4cu *)base;
   if (n != b->n_out || n <= 0)
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": sample of %d rows after a step with %d outputs", n, b->n_out);
-  di_cuk_sample_row *h = (di_cuk_sample_row *)malloc(sizeof(di_cuk_sample_row) * (size_t)n);
-  if (!h) return di_error_set(DI_ERR_OOM, WHO ": out of host memory");
-  for (int i = 0; i < n; i++) h[i] = cuk_row(&rows[i]);
-  void *d_rows, *d_out;
-  di_status st = scratch(b, S_SROWS, sizeof(di_cuk_sample_row) * (size_t)n, &d_rows);
-  if (st == DI_OK) st = scratch(b, S_SOUT, sizeof(int32_t) * (size_t)n, &d_out);
-  if (st == DI_OK && cudaMemcpyAsync(d_rows, h, sizeof(di_cuk_sample_row) * (size_t)n, cudaMemcpyHostToDevice, b->stream) != cudaSuccess)
-    st = di_error_set(DI_ERR_BACKEND, WHO ": copying the sample rows failed");
-  if (st == DI_OK)
-    st = di_cuk_sample(b->d_logits, n, b->c->vocab_size, (const di_cuk_sample_row *)d_rows, (int32_t *)d_out, b->stream);
-  if (st == DI_OK && (cudaMemcpyAsync(tokens, d_out, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, b->stream) != cudaSuccess ||
-                      cudaStreamSynchronize(b->stream) != cudaSuccess))
-    st = di_error_set(DI_ERR_BACKEND, WHO ": sampling failed: %s", cudaGetErrorString(cudaGetLastError()));
-  free(h);
-  return st;
+  if (!same_rows(b, rows, n)) DI_TRY(sample_now(b, rows, n));
+  if (cudaMemcpyAsync(b->h_tok, b->d_tok, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, b->stream) != cudaSuccess ||
+      cudaStreamSynchronize(b->stream) != cudaSuccess)
+    return di_error_set(DI_ERR_BACKEND, WHO ": sampling failed: %s", cudaGetErrorString(cudaGetLastError()));
+  memcpy(tokens, b->h_tok, sizeof(int32_t) * (size_t)n);
+  return DI_OK;
+}
+
+/* Device token feedback: the submitted step's rows sampled (or its in-step tokens kept) behind it, their
+ * copy to the host queued; the step is then finished (its logits cannot be read) and the next submit may
+ * name its tokens -1 - j. */
+static di_status v4cu_sample_async(di_backend *base, const di_sample_row *rows, int n) {
+  v4cu *b = (v4cu *)base;
+  if (!b->batch) return di_error_set(DI_ERR_INVALID_ARG, WHO ": sample_async without a submitted step");
+  if (b->fb_pending) return di_error_set(DI_ERR_INVALID_ARG, WHO ": sample_async before the last one's sample_fetch");
+  if (n != b->n_out || n <= 0)
+    return di_error_set(DI_ERR_INVALID_ARG, WHO ": sample_async of %d rows after a step with %d outputs", n, b->n_out);
+  b->batch = NULL;
+  if (!same_rows(b, rows, n)) DI_TRY(sample_now(b, rows, n));
+  DI_CU(cudaMemcpyAsync(b->h_tok, b->d_tok, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, b->stream));
+  DI_CU(cudaEventRecord(b->ev_tok, b->stream));
+  b->fb_n = b->fb_rows = n;
+  b->fb_pending = 1;
+  return DI_OK;
+}
+
+static di_status v4cu_sample_fetch(di_backend *base, int32_t *tokens) {
+  v4cu *b = (v4cu *)base;
+  if (!b->fb_pending) return di_error_set(DI_ERR_INVALID_ARG, WHO ": sample_fetch without sample_async");
+  b->fb_pending = 0;
+  if (cudaEventSynchronize(b->ev_tok) != cudaSuccess)
+    return di_error_set(DI_ERR_BACKEND, WHO ": sampling failed: %s", cudaGetErrorString(cudaGetLastError()));
+  /* (the host copy is rewritten only by the next sample_async, after this) */
+  memcpy(tokens, b->h_tok, sizeof(int32_t) * (size_t)b->fb_rows);
+  return DI_OK;
 }
 
 static void v4cu_destroy(di_backend *base) {
@@ -862,7 +1121,16 @@ static void v4cu_destroy(di_backend *base) {
   for (int i = 0; i < b->n_allocs; i++) cudaFree(b->allocs[i]);
   free(b->allocs);
   free(b->L);
-  free(b->h_i32);
+  for (int k = 0; k < 2; k++) {
+    if (b->h_meta[k]) cudaFreeHost(b->h_meta[k]);
+    if (b->ev_meta[k]) cudaEventDestroy(b->ev_meta[k]);
+  }
+  cudaFree(b->d_tok);
+  cudaFreeHost(b->h_tok);
+  cudaFree(b->d_srows);
+  free(b->h_srows);
+  free(b->h_chk);
+  if (b->ev_tok) cudaEventDestroy(b->ev_tok);
   if (b->stream) cudaStreamDestroy(b->stream);
   free(b);
 }
@@ -882,6 +1150,14 @@ static const di_backend_ops V4CU_OPS = {
     .memory_info = v4cu_memory_info,
     .kv_alloc_groups = v4cu_kv_alloc_groups,
 };
+/* the same with device token feedback (the default; DEEPINFER_CUDA_V4_FEEDBACK=0: without) */
+static const di_backend_ops V4CU_OPS_FB = [] {
+  di_backend_ops o = V4CU_OPS;
+  o.sample_async = v4cu_sample_async;
+  o.sample_fetch = v4cu_sample_fetch;
+  return o;
+}();
+static int is_v4cu(const di_backend *base) { return base && (base->ops == &V4CU_OPS || base->ops == &V4CU_OPS_FB); }
 
 static float *upload_inv_freq(v4cu *b, const di_v4_rope_tab *rt, di_status *st) {
   float *d = NULL;
@@ -908,13 +1184,19 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->c = v4;
   b->wf32 = di_switch_bool(DI_SW_CUDA_V4_F32, 0);
   b->tc = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_TC, 0);
+  b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 0);
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];
   b->cur = &b->eng;
   di_status st = DI_OK;
-  if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess)
-    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create a CUDA stream");
+  /* device token feedback (one GPU: under expert parallel it has not run on the device yet) */
+  if (di_switch_bool(DI_SW_CUDA_V4_FEEDBACK, 1) && !di_dist_expert_parallel()) b->base.ops = &V4CU_OPS_FB;
+  if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreateWithFlags(&b->ev_meta[0], cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventCreateWithFlags(&b->ev_meta[1], cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventCreateWithFlags(&b->ev_tok, cudaEventDisableTiming) != cudaSuccess)
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create a CUDA stream or its events");
   b->w = w;
   if (st == DI_OK && di_dist_expert_parallel() && v4->n_routed_experts > 0) { /* before the experts' upload */
     const cu_ep_spec sp = {v4->n_layers, v4->n_routed_experts, v4->hidden_size, 1, 1, sizeof(float) * (size_t)v4->hidden_size,
@@ -944,6 +1226,10 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   return DI_OK;
 }
 
+extern "C" int64_t di_backend_cuda_v4_weight_bytes(const di_backend *base) {
+  return is_v4cu(base) ? (int64_t)((const v4cu *)base)->weight_bytes : -1;
+}
+
 extern "C" int di_backend_cuda_v4_live_states(const di_backend *base) {
-  return base && base->ops == &V4CU_OPS ? ((const v4cu *)base)->n_seqs : -1;
+  return is_v4cu(base) ? ((const v4cu *)base)->n_seqs : -1;
 }

@@ -318,6 +318,7 @@ int di_cut_h2d(void *dst, const void *src, size_t bytes);
 int di_cut_d2h(void *dst, const void *src, size_t bytes);
 int di_cut_sync(void);                      /* 0 when the device is fine */
 int di_cut_device_ok(void);                 /* a CUDA device is present */
+int di_cut_mem_info(size_t *free_bytes, size_t *total_bytes); /* cudaMemGetInfo after a sync; 0 on success */
 double di_cut_time_ms(void);                /* host wall clock, ms */
 #ifdef __cplusplus
 }

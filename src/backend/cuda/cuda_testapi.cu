@@ -26,6 +26,10 @@ extern "C" int di_cut_device_ok(void) {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
+extern "C" int di_cut_mem_info(size_t *free_bytes, size_t *total_bytes) {
+  cudaDeviceSynchronize();
+  return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? 0 : -1;
+}
 extern "C" double di_cut_time_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

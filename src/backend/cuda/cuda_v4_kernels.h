@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "util/status.h"
+#include "cuda_mxfp4.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,6 +124,18 @@ di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *ti
 /* y[ts][d] = w2[ids[ts]][d] . act[ts] (w2: [E+1][D][I]); tiles as above. */
 di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t *tiles, int E1, const void *w2, int wf32, int T,
                              int n_slots, int D, int I, float *y, di_cu_stream s);
+/* The same two products over MXFP4 routed experts (the native mode: w1, w3 [E][I][D], w2 [E][D][I] as
+ * cuda_mxfp4.h lays them out; E = E1 - 1), decoded in registers with float32 activations; slots of id E
+ * (the shared expert) are skipped: the caller computes them (di_v4k_swiglu over its FP8 products). */
+di_status di_v4k_expert_up_mx(const float *x, const int32_t *ids, const int32_t *tiles, int E1, di_cuk_mxfp4w w1,
+                              di_cuk_mxfp4w w3, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s);
+di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int32_t *tiles, int E1, di_cuk_mxfp4w w2, int T,
+                                int n_slots, int D, int I, float *y, di_cu_stream s);
+/* act[t][i] (row stride ldo) = swiglu with the clamp of gate g[t][i] and up u[t][i] (row stride ldg), as
+ * di_v4k_expert_up's epilogue. */
+di_status di_v4k_swiglu(const float *g, const float *u, int ldg, int T, int I, float limit, float *act, int ldo, di_cu_stream s);
+/* Device token feedback: tok[t] < 0 (-1 - j) becomes fb[j] (the previous step's sampled row j). */
+di_status di_v4k_resolve_tokens(int32_t *tok, int T, const int32_t *fb, di_cu_stream s);
 /* out[t] = y[t][0] + sum over slots 1.. (id >= 0, in order) of wts * y[t][slot]. */
 di_status di_v4k_moe_combine(const float *y, const int32_t *ids, const float *wts, int T, int n_slots, int D, float *out,
                              di_cu_stream s);

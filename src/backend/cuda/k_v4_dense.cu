@@ -5,11 +5,14 @@
  * double are done in double here (mHC, norms, softmax-like steps), dot products of linear layers in
  * float (the only arithmetic difference from the CPU besides the bf16 weights). A warp per output row,
  * up to 8 tokens per CTA, 16-byte pipelined loads where rows allow (tensor cores: the backend's
- * DEEPINFER_CUDA_V4_TC mode, through k_tc_gemm.cu). */
+ * DEEPINFER_CUDA_V4_TC mode, through k_tc_gemm.cu). The expert kernels also read MXFP4 rows (the native
+ * weights mode: E2M1 codes decoded to floats in registers, each 32-value block's products summed, then
+ * scaled by its E8M0 power of two, which is exact: the CPU's dequantize-then-dot up to the sum order). */
 #include "k_v4_common.cuh"
 #include "cuda_v4_kernels.h"
 #include "backend/v4_torch_select.h"
 #include <math.h>
+#include <type_traits>
 
 static __device__ __forceinline__ float wload(const float *w, size_t i) { return w[i]; }
 static __device__ __forceinline__ float wload(const bf16 *w, size_t i) { return __bfloat162float(w[i]); }
@@ -95,6 +98,78 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *const 
         if (i < nt) acc[i] += w * xr[i][c];
     }
   }
+}
+
+/* ---- MXFP4 rows (native experts) ---- */
+/* One row of an MXFP4 matrix: C/2 code bytes (16-byte aligned) and C/32 E8M0 scale bytes. */
+typedef struct mx4row { const uint8_t *q, *s; } mx4row;
+/* An [E][N][ldq] MXFP4 stack as the expert kernels index it (wrow below). */
+typedef struct mx4mat { di_cuk_mxfp4w w; } mx4mat;
+static __device__ __forceinline__ mx4row wrow(mx4mat m, size_t row, int C) {
+  (void)C;
+  return mx4row{m.w.q + row * m.w.ldq, m.w.scale + row * m.w.lds};
+}
+template <typename WT>
+static __device__ __forceinline__ const WT *wrow(const WT *w, size_t row, int C) { return w + row * C; }
+/* E2M1 code (low 4 bits) as a float, built from its bits: s.ee.m is 0 / 0.5 (ee = 0) or (1 + m/2) 2^(ee-1). */
+static __device__ __forceinline__ float e2m1_f32(uint32_t c) {
+  const uint32_t e = (c >> 1) & 3, m = c & 1;
+  const uint32_t mag = e ? (e + 126) << 23 | m << 22 : (m ? 0x3f000000u : 0u);
+  return __uint_as_float((c & 8) << 28 | mag);
+}
+/* 2^(e-127); 255 is NaN and 0 the smallest normal's half, as di_weight_get reads E8M0 */
+static __device__ __forceinline__ float e8m0_scale(uint32_t e) {
+  return e == 255 ? __uint_as_float(0x7fc00000u) : e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(e << 23);
+}
+/* acc[i] += row . xr[i] over C columns for i < nt, per lane (summed over the warp afterwards): a lane takes
+ * 32 columns (16 code bytes, one scale) per step of 1,024; VEC >= 8 needs C % 32 == 0 and x rows 16-byte
+ * aligned, else a column a lane at a time. */
+template <int VEC>
+static __device__ __forceinline__ void mx_row_dot(mx4row wr, const float *const *xr, int nt, int C, int lane, float *acc) {
+  if (VEC >= 8) { /* the next step's 16 bytes and scale in flight while a step is summed */
+    int c = lane * 32;
+    uint4 v = c < C ? di_ld_stream16(wr.q + c / 2) : make_uint4(0, 0, 0, 0);
+    uint32_t ev = c < C ? __ldg(wr.s + c / 32) : 127u;
+    for (; c < C; c += 32 * 32) {
+      const int cn = c + 32 * 32;
+      const uint4 vn = cn < C ? di_ld_stream16(wr.q + cn / 2) : make_uint4(0, 0, 0, 0);
+      const uint32_t en = cn < C ? __ldg(wr.s + cn / 32) : 127u;
+      const float sc = e8m0_scale(ev);
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+      float w[32];
+#pragma unroll
+      for (int j = 0; j < 32; j++) w[j] = e2m1_f32(u[j / 8] >> (4 * (j % 8)));
+#pragma unroll
+      for (int i = 0; i < LIN_TOK; i++)
+        if (i < nt) {
+          float part = 0;
+#pragma unroll
+          for (int j = 0; j < 32; j += 4) {
+            const float4 a = *(const float4 *)(xr[i] + c + j);
+            part += w[j] * a.x + w[j + 1] * a.y + w[j + 2] * a.z + w[j + 3] * a.w;
+          }
+          acc[i] += part * sc;
+        }
+      v = vn;
+      ev = en;
+    }
+  } else {
+    for (int c = lane; c < C; c += 32) {
+      const float w = e2m1_f32(wr.q[c / 2] >> (4 * (c & 1))) * e8m0_scale(wr.s[c / 32]);
+#pragma unroll
+      for (int i = 0; i < LIN_TOK; i++)
+        if (i < nt) acc[i] += w * xr[i][c];
+    }
+  }
+}
+/* the expert kernels' row product: row_dot for bf16 / f32 rows, mx_row_dot for MXFP4 ones */
+template <int VEC, typename WT>
+static __device__ __forceinline__ void dot_row(const WT *wr, const float *const *xr, int nt, int C, int lane, float *acc) {
+  row_dot<WT, VEC>(wr, xr, nt, C, lane, acc);
+}
+template <int VEC>
+static __device__ __forceinline__ void dot_row(mx4row wr, const float *const *xr, int nt, int C, int lane, float *acc) {
+  mx_row_dot<VEC>(wr, xr, nt, C, lane, acc);
 }
 
 /* acc[i] += the 8 weights w . xs[i][k..k+8) for i < nt: dot8 on the staged rows. */
@@ -587,28 +662,31 @@ di_status di_v4k_expert_tiles(const int32_t *ids, int T, int n_slots, int E1, in
   return DI_OK;
 }
 
-/* The slots of a CTA: one slot (grid.y = slot, tiles NULL) or a tile of one expert's slots. */
-static __device__ __forceinline__ int cta_slots(const int32_t *ids, const int32_t *tiles, int max_tiles, int *e, int *ts) {
+/* The slots of a CTA: one slot (grid.y = slot, tiles NULL) or a tile of one expert's slots; none for expert
+ * e_skip (the native mode's shared expert, computed on its own). */
+static __device__ __forceinline__ int cta_slots(const int32_t *ids, const int32_t *tiles, int max_tiles, int e_skip, int *e,
+                                                int *ts) {
   if (!tiles) {
     ts[0] = blockIdx.y;
     *e = ids[blockIdx.y];
-    return *e >= 0;
+    return *e >= 0 && *e != e_skip;
   }
   if ((int)blockIdx.y >= tiles[0]) return 0;
   const int32_t *tl = tiles + 1 + 3 * blockIdx.y, *perm = tiles + 1 + 3 * max_tiles;
   *e = tl[0];
+  if (*e == e_skip) return 0;
   for (int j = 0; j < tl[2]; j++) ts[j] = perm[tl[1] + j];
   return tl[2];
 }
 
-template <typename WT, int VEC>
-__global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *tiles, int max_tiles, const WT *w1,
-                            const WT *w3, int ns, int D, int I, float lim, float *act) {
+template <typename WM, int VEC>
+__global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *tiles, int max_tiles, int e_skip, WM w1, WM w3,
+                            int ns, int D, int I, float lim, float *act) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int i = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
-  const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
+  const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
+  constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
   if (nt <= 0 || (i >= I && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
@@ -621,8 +699,8 @@ __global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *t
     rows_dot_staged(w1 + row * D, w3 + row * D, xr, nt, D, i < I, ag, au);
     if (i >= I) return;
   } else {
-    row_dot<WT, VEC>(w1 + row * D, xr, nt, D, lane, ag);
-    row_dot<WT, VEC>(w3 + row * D, xr, nt, D, lane, au);
+    dot_row<VEC>(wrow(w1, row, D), xr, nt, D, lane, ag);
+    dot_row<VEC>(wrow(w3, row, D), xr, nt, D, lane, au);
   }
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) {
@@ -642,23 +720,23 @@ di_status di_v4k_expert_up(const float *x, const int32_t *ids, const int32_t *ti
   dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
   const int v8 = vec8_ok(x, D, w1, D) && vec8_ok(x, D, w3, D);
-  if (wf32 && v8) expert_up_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
-  else if (wf32) expert_up_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
-  else if (v8 && T == 1) expert_up_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
-  else if (v8) expert_up_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
-  else expert_up_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  if (wf32 && v8) expert_up_k<const float *, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, -1, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (wf32) expert_up_k<const float *, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, -1, (const float *)w1, (const float *)w3, n_slots, D, I, limit, act);
+  else if (v8 && T == 1) expert_up_k<const bf16 *, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, -1, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  else if (v8) expert_up_k<const bf16 *, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, -1, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
+  else expert_up_k<const bf16 *, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, -1, (const bf16 *)w1, (const bf16 *)w3, n_slots, D, I, limit, act);
   V4_LAUNCH("expert_up");
   return DI_OK;
 }
 
-template <typename WT, int VEC>
-__global__ void expert_down_k(const float *act, const int32_t *ids, const int32_t *tiles, int max_tiles, const WT *w2, int D,
-                              int I, float *y) {
+template <typename WM, int VEC>
+__global__ void expert_down_k(const float *act, const int32_t *ids, const int32_t *tiles, int max_tiles, int e_skip, WM w2,
+                              int D, int I, float *y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int d = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
-  const int nt = cta_slots(ids, tiles, max_tiles, &e, ts);
-  constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
+  const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
+  constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
   if (nt <= 0 || (d >= D && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
@@ -671,7 +749,7 @@ __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_
     rows_dot_staged(w2 + row * I, NULL, xr, nt, I, d < D, acc, NULL);
     if (d >= D) return;
   } else {
-    row_dot<WT, VEC>(w2 + row * I, xr, nt, I, lane, acc);
+    dot_row<VEC>(wrow(w2, row, I), xr, nt, I, lane, acc);
   }
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) {
@@ -687,12 +765,74 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
   dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
   const int v8 = vec8_ok(act, I, w2, I);
-  if (wf32 && v8) expert_down_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
-  else if (wf32) expert_down_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const float *)w2, D, I, y);
-  else if (v8 && T == 1) expert_down_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
-  else if (v8) expert_down_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
-  else expert_down_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, (const bf16 *)w2, D, I, y);
+  if (wf32 && v8) expert_down_k<const float *, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const float *)w2, D, I, y);
+  else if (wf32) expert_down_k<const float *, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const float *)w2, D, I, y);
+  else if (v8 && T == 1) expert_down_k<const bf16 *, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const bf16 *)w2, D, I, y);
+  else if (v8) expert_down_k<const bf16 *, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const bf16 *)w2, D, I, y);
+  else expert_down_k<const bf16 *, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const bf16 *)w2, D, I, y);
   V4_LAUNCH("expert_down");
+  return DI_OK;
+}
+
+/* The native experts: MXFP4 stacks [E][..] (ids E, the shared expert, skipped: moe() computes it from its FP8
+ * weights), the same kernels and tiles as above. */
+static int mx_vec_ok(const void *x, int ldx, di_cuk_mxfp4w w, int C) {
+  return C % 32 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 && w.ldq % 16 == 0 && (uintptr_t)w.q % 16 == 0;
+}
+di_status di_v4k_expert_up_mx(const float *x, const int32_t *ids, const int32_t *tiles, int E1, di_cuk_mxfp4w w1,
+                              di_cuk_mxfp4w w3, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
+  dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
+  if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
+  if (mx_vec_ok(x, D, w1, D) && mx_vec_ok(x, D, w3, D))
+    expert_up_k<mx4mat, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, E1 - 1, mx4mat{w1}, mx4mat{w3}, n_slots, D, I, limit, act);
+  else
+    expert_up_k<mx4mat, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, E1 - 1, mx4mat{w1}, mx4mat{w3}, n_slots, D, I, limit, act);
+  V4_LAUNCH("expert_up_mx");
+  return DI_OK;
+}
+di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int32_t *tiles, int E1, di_cuk_mxfp4w w2, int T,
+                                int n_slots, int D, int I, float *y, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
+  dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
+  if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
+  if (mx_vec_ok(act, I, w2, I))
+    expert_down_k<mx4mat, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, E1 - 1, mx4mat{w2}, D, I, y);
+  else
+    expert_down_k<mx4mat, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, E1 - 1, mx4mat{w2}, D, I, y);
+  V4_LAUNCH("expert_down_mx");
+  return DI_OK;
+}
+
+/* act[t][i] = silu(min(g, lim)) * clamp(u, lim) of the gate / up products g[t], u[t] (row strides ldg, ldo
+ * for act): expert_up_k's epilogue for the shared expert's FP8 products. */
+__global__ void swiglu_k(const float *g, const float *u, int ldg, int T, int I, float lim, float *act, int ldo) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= T * I) return;
+  const int t = idx / I, i = idx % I;
+  const float gr = g[(size_t)t * ldg + i], uv = u[(size_t)t * ldg + i];
+  const float gv = gr > lim ? lim : gr;
+  const float uc = uv > lim ? lim : uv < -lim ? -lim : uv;
+  act[(size_t)t * ldo + i] = (float)(gv / (1.0 + exp(-(double)gv))) * uc;
+}
+di_status di_v4k_swiglu(const float *g, const float *u, int ldg, int T, int I, float limit, float *act, int ldo, di_cu_stream s) {
+  if (T <= 0 || I <= 0) return DI_OK;
+  swiglu_k<<<(T * I + 255) / 256, 256, 0, s>>>(g, u, ldg, T, I, limit, act, ldo);
+  V4_LAUNCH("swiglu");
+  return DI_OK;
+}
+
+/* tok[t] < 0 (a feedback placeholder -1 - j) becomes fb[j], the token sampled for row j of the step before. */
+__global__ void resolve_tokens_k(int32_t *tok, int T, const int32_t *fb) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < T && tok[t] < 0) tok[t] = fb[-1 - tok[t]];
+}
+di_status di_v4k_resolve_tokens(int32_t *tok, int T, const int32_t *fb, di_cu_stream s) {
+  if (T <= 0) return DI_OK;
+  resolve_tokens_k<<<(T + 255) / 256, 256, 0, s>>>(tok, T, fb);
+  V4_LAUNCH("resolve_tokens");
   return DI_OK;
 }
 
