@@ -11,6 +11,7 @@
 # Back here: `tar xJf OUTDIR/corpus-new.tar.xz && cat OUTDIR/runs.tsv >> fuzz/runs.tsv`, then the
 # replay tests, then commit. Exit status 1 when a target had a finding.
 # One line on the device: scripts/fuzz_parallel.sh fuzzpack.tar.xz 16 1500 "$OUT"
+# (FUZZ_TARGETS="engine tokenizer" runs only those; FUZZ_MACHINE names the machine in the ledger.)
 set -uo pipefail
 pack=$1 jobs=$2 secs=$3 out=$4
 mkdir -p "$out/logs"
@@ -24,7 +25,7 @@ cp -r "$root/fuzz/corpus" "$dir/corpus-before"
 commit=$(cat "$root/COMMIT")
 machine="${FUZZ_MACHINE:-$(nproc)-core $(uname -n)}"
 echo "fuzz_parallel: $(ls "$root/bin" | wc -l) targets, $jobs at a time, $secs s each, commit $commit ($(date -u +%H:%M:%S))" >&2
-ls "$root/bin" | xargs -P "$jobs" -I{} sh -c \
+ls "$root/bin" | { if [ -n "${FUZZ_TARGETS:-}" ]; then grep -xE "fuzz_($(tr ' ' '|' <<<"$FUZZ_TARGETS"))"; else cat; fi; } | xargs -P "$jobs" -I{} sh -c \
   'cd "$1" && scripts/fuzz_target.sh "bin/$2" "fuzz/corpus/${2#fuzz_}" "work/${2#fuzz_}" "$3" >"$4/line.${2#fuzz_}"; \
    cp "work/${2#fuzz_}/log" "$4/logs/${2#fuzz_}.log" 2>/dev/null; echo "fuzz_parallel: $2 done ($(date -u +%H:%M:%S))" >&2' \
   _ "$root" {} "$secs" "$out"
