@@ -3,7 +3,10 @@
  *         added tokens with lstrip/rstrip/single_word and clean-up; or SentencePiece-style BPE with
  *         Metaspace and byte fallback): encode, decode, token bytes, and the streaming detokenizer,
  *         whose output must equal the full decode (else the target traps);
- *   odd:  a tokenizer.json to load (then used on a fixed text if it loads).
+ *   odd:  a tokenizer.json to load (then used on a fixed text if it loads);
+ *   3:    a tokenizer_config.json (bos/eos tokens and their add_* switches, clean-up, added tokens'
+ *         decoder table), loaded with the first built-in tokenizer.json (the other odd values keep
+ *         their meaning, so the older corpus does not change).
  * Also compiled into tests/tokenizer/test_tokenizer_fuzz_corpus.c, which replays the corpus. */
 #include <stdint.h>
 #include <stdio.h>
@@ -65,6 +68,7 @@ static char *build_json(int sentencepiece) {
 }
 
 static di_tokenizer *fixed[2];
+static char *json0; /* built-in tokenizer 0's tokenizer.json, for mode 3 (built once: not what it fuzzes) */
 
 #define STREAM_IDS 32
 #define MAX_TEXT 512 /* text bytes used; longer inputs add cost, not paths (the text is split in pieces) */
@@ -75,6 +79,8 @@ void fuzz_tokenizer_cleanup(void) {
     di_tokenizer_free(fixed[i]);
     fixed[i] = NULL;
   }
+  free(json0);
+  json0 = NULL;
 }
 
 static void check_stream(const di_tokenizer *t, const int32_t *ids, size_t n, int skip) {
@@ -145,6 +151,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int mode = data[0];
   data++;
   size--;
+  if (mode == 3) {
+    if (!json0 && !(json0 = build_json(0)))
+      return 0;
+    di_tokenizer *t;
+    if (di_tokenizer_load_mem(json0, strlen(json0), (const char *)data, size, "fuzz", &t) == DI_OK) {
+      static const char text[] = "<s> Hello word , it 's 12345 <L> end";
+      exercise(t, text, sizeof text - 1);
+      di_tokenizer_free(t);
+    }
+    return 0;
+  }
   if (mode & 1) {
     di_tokenizer *t;
     if (di_tokenizer_load_mem((const char *)data, size, NULL, 0, "tokenizer.json", &t) == DI_OK) {

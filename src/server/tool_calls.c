@@ -19,10 +19,10 @@ static const char *const BEGIN_MARKERS[] = {CALLS_BEGIN, DSML_BLOCK, DSML_BLOCK_
 
 const char *di_tc_find(const char *h, size_t hl, const char *n) {
   size_t nl = strlen(n);
-  if (nl > hl) return NULL;
-  for (size_t i = 0; i + nl <= hl; i++)
-    if (h[i] == n[0] && memcmp(h + i, n, nl) == 0) return h + i;
-  return NULL;
+  if (nl == 0 || nl > hl) return NULL;
+  /* libc's search, not a memcmp per position: streamed replies ask di_tool_calls_safe_prefix of
+   * every longer text, and the per-position loop was most of the tool-call fuzz target's time */
+  return memmem(h, hl, n, nl);
 }
 
 size_t di_tc_partial_tail(const char *t, size_t len, const char *m) {

@@ -58,6 +58,10 @@ static void put_escaped(buf *b, const char *s, size_t n) {
 /* One invoke's body after its name tag, b[0..n) (up to INVOKE_CLOSE when complete): its
  * parameters as JSON object text (closed with "}" only when complete). */
 static void build_args(const char *b, size_t n, int complete, buf *out) {
+  /* an open invoke's body ends before what may be the start of its close tag: the whole parse ends
+   * the body at that tag, so without holding it back a key or tag being written could take bytes
+   * the final body does not have (two inputs of session 10's fuzz run, fuzz/corpus/tool_calls) */
+  if (!complete) n -= di_tc_partial_tail(b, n, INVOKE_CLOSE);
   put(out, "{", 1);
   int first = 1;
   const char *p = b, *end = b + n;

@@ -23,6 +23,20 @@ static int sl_add(strlist *l, const char *s, size_t n) {
   l->idx.p[l->idx.len++] = n;
   return 0;
 }
+/* room for `bytes` bytes in `strings` entries at once: a decode knows both from its ids, and growing
+ * the lists by doubling from 64 was most of its allocations (the streaming detokenizer decodes a
+ * window twice per token) */
+static int sl_reserve(strlist *l, size_t bytes, size_t strings) {
+  if (di_buf_reserve(&l->data, bytes))
+    return -1;
+  if (l->idx.cap < 2 * strings) {
+    size_t *p = realloc(l->idx.p, 2 * strings * sizeof *p);
+    if (!p)
+      return -1;
+    l->idx.p = p, l->idx.cap = 2 * strings;
+  }
+  return 0;
+}
 static void sl_free(strlist *l) {
   di_buf_free(&l->data);
   free(l->idx.p);
@@ -170,6 +184,12 @@ static di_status apply_dec(const di_dec *d, pcre2_match_data *md, strlist *in, s
 di_status di_decode_tokens(const di_tokenizer *t, const int32_t *ids, size_t n, int skip_special, di_buf *out) {
   strlist a = {0}, b = {0};
   di_status st = DI_OK;
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += ids[i] >= 0 && ids[i] < t->vocab_size ? t->tok_len[ids[i]] : 0;
+  /* the decoders' output list: about the input's size (ByteFallback / Replace may grow it a little) */
+  if (n && (sl_reserve(&a, bytes, n) || (t->has_decoder && sl_reserve(&b, bytes + 16, n))))
+    st = di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
   for (size_t i = 0; i < n && st == DI_OK; i++) {
     int32_t id = ids[i];
     if (id < 0 || id >= t->vocab_size) {
@@ -217,8 +237,12 @@ void di_cleanup_spaces(di_buf *b) {
                                         {" 've", "'ve"}, {" 're", "'re"}};
   for (size_t p = 0; p < sizeof pats / sizeof pats[0]; p++) {
     size_t pl = strlen(pats[p][0]), rl = strlen(pats[p][1]), r = 0, w = 0;
+    const char *first = b->len ? memmem(b->p, b->len, pats[p][0], pl) : NULL;
+    if (!first)
+      continue; /* most passes find nothing: skip their copy loop (the streaming detokenizer runs this per token) */
+    r = w = (size_t)(first - b->p);
     while (r < b->len) {
-      if (r + pl <= b->len && memcmp(b->p + r, pats[p][0], pl) == 0) {
+      if (b->p[r] == ' ' && r + pl <= b->len && memcmp(b->p + r, pats[p][0], pl) == 0) { /* every pattern starts with ' ' */
         memcpy(b->p + w, pats[p][1], rl); /* replacements are shorter: w + rl <= r + pl */
         w += rl;
         r += pl;

@@ -1,7 +1,8 @@
-/* Replays the fuzz corpora of the model-file parsers (fuzz/corpus/safetensors, fuzz/corpus/config)
+/* Replays the fuzz corpora of the model-file parsers (fuzz/corpus/safetensors, fuzz/corpus/config,
+ * the latter through fuzz_config.c's split into config.json and generation_config.json)
  * through the same entry points the fuzz targets use, and checks the expected verdicts of the seed
  * files whose names say what they are (good_* parse, the rest fail with a message). */
-#include "model/config.h"
+#include "../../fuzz/fuzz_config.c"
 #include "model/safetensors.h"
 #include "util/json.h"
 #include "test_util.h"
@@ -9,11 +10,15 @@
 
 static void replay_config(const char *name, const char *rel, const char *buf, size_t len, void *ctx) {
   di_model_config c;
-  di_status st = di_model_config_parse(buf, len, NULL, 0, &c);
+  di_status st = fuzz_config_parse(buf, len, &c); /* config.json [+ generation_config.json] */
   if (strncmp(name, "dsv", 3) == 0)
     CHECKF(st == DI_OK, "%s: %s", rel, di_last_error());
   else if (st != DI_OK)
     CHECK(di_last_error()[0] != 0);
+  if (strcmp(name, "dsv3_with_generation_config") == 0) /* the second file was read */
+    CHECKF(c.gen_top_k == 20 && c.n_eos == 2, "%s: top_k %d, %d eos ids", rel, c.gen_top_k, c.n_eos);
+  if (strncmp(name, "bad_generation_config", 21) == 0)
+    CHECKF(st != DI_OK && strstr(di_last_error(), "generation_config.json"), "%s: %s", rel, di_last_error());
 }
 
 static void replay_safetensors(const char *name, const char *rel, const char *buf, size_t len, void *ctx) {
