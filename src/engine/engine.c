@@ -498,8 +498,12 @@ static di_status collect_outputs(di_engine *e) {
 }
 
 static di_status submit(di_engine *e, di_sched *s) {
-  /* the sampling of the step goes with it to the device where it can (see di_batch.sample_rows) */
-  s->batch.sample_rows = !e->spec && plan_rows(e, s, e->step_rows, 1) ? e->step_rows : NULL;
+  /* the sampling of the step goes with it to the device where it can (see di_batch.sample_rows); with
+   * speculative decoding only a step that verifies no draft (DSpark's device steps) */
+  const int rows = (!e->spec || di_spec_plain_ok(e, s)) && plan_rows(e, s, e->step_rows, 1);
+  s->batch.sample_rows = rows ? e->step_rows : NULL;
+  s->spec_plain = e->spec && rows;
+  if (s->spec_plain) di_spec_plain_submitted(e, s);
   DI_TRY(e->be->ops->submit(e->be, &s->batch));
   e->t_submit = di_now();
   e->inflight_active = 1;
@@ -651,13 +655,13 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
   if (e->inflight_active) {
     di_sched *cur = &e->sched[e->cur], *next = &e->sched[e->cur ^ 1];
     di_sched_clear(next);
-    if (e->opt.async_scheduling) {
+    if (e->opt.async_scheduling || cur->spec_ahead) {
       st = di_schedule(e, next, 1);
       if (st == DI_OK && next->n > 0) st = di_sched_build_batch(e, next);
       if (st != DI_OK) fail_plan(e, next); /* its requests end with the error; the step in flight goes on */
       st = DI_OK;
     }
-    int on_device = e->spec ? 0 : plan_device_sampling(e, cur);
+    int on_device = (!e->spec || cur->spec_plain) && plan_device_sampling(e, cur);
     if (on_device && e->feedback && next->n > 0 && cur->n_plp == 0) {
       e->hidden_s += di_now() - (e->t_submit > t0 ? e->t_submit : t0);
       st = feedback_step(e, cur, next, &t_blocked);
@@ -682,7 +686,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
         return st;
       }
       if (cur->n_plp > 0) di_plp_extract(e, cur);
-      st = e->spec ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
+      st = e->spec && !cur->spec_plain ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
       if (st == DI_OK) di_plp_finish_scored(e, cur);
       if (st != DI_OK) return fail_with_plan(e, cur, next, st);
       if (next->n > 0) {
@@ -705,8 +709,8 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
     /* the rest of step n's results, while step n+1 computes */
     double tp = di_now();
     post_step(e, cur);
-    if (e->spec) { /* synchronous: nothing is in flight here */
-      di_spec_after_post(e, cur);
+    if (e->spec) { /* synchronous unless cur was a plain step with no proposal after it (spec_ahead) */
+      if (!cur->spec_plain) di_spec_after_post(e, cur);
       st_spec = di_spec_draft(e, cur);
     }
     di_sched_clear(cur);

@@ -29,6 +29,7 @@ void di_spec_free(di_engine *e) {
   free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->dwant); free(sp->dcap); free(sp->dtok); free(sp->dconf); free(sp->gmask); free(sp->hist);
   di_sampler_free(sp->sampler);
   if (sp->drafter.destroy) sp->drafter.destroy(sp->drafter.ctx);
+  e->opt.async_scheduling = sp->async_ok;
   free(sp);
   e->spec = NULL;
 }
@@ -69,6 +70,7 @@ di_status di_spec_alloc(di_engine *e, int num_tokens, int hidden_width) {
   di_spec_free(e);
   struct di_spec *sp = calloc(1, sizeof *sp);
   if (!sp) return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory");
+  sp->async_ok = e->opt.async_scheduling; /* di_spec_free gives it back */
   sp->k = num_tokens;
   sp->H = hidden_width;
   sp->V = e->cfg.vocab_size;
@@ -103,7 +105,8 @@ di_status di_spec_alloc(di_engine *e, int num_tokens, int hidden_width) {
     di_spec_free(e);
     return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory for %d-token steps", (int)T);
   }
-  /* drafts depend on the step just sampled: plan after it (synchronous steps) */
+  /* drafts depend on the step just sampled: plan after it (synchronous steps; DSpark's device steps
+   * plan ahead where no proposal follows a step, if async_ok) */
   e->opt.async_scheduling = 0;
   return DI_OK;
 }
@@ -134,7 +137,7 @@ void di_engine_get_spec_stats(const di_engine *e, di_spec_stats *s) {
   s->mean_accepted_length = sp->verify_steps > 0 ? 1.0 + (double)sp->accepted / (double)sp->verify_steps : 0;
 }
 
-float *di_spec_hidden(di_engine *e) { return e->spec->hidden; }
+float *di_spec_hidden(di_engine *e) { return e->spec->device_steps ? NULL : e->spec->hidden; }
 
 static int cand_cmp(const void *a, const void *b) {
   const spec_cand *x = a, *y = b;

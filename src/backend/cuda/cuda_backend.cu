@@ -20,6 +20,7 @@ static void cu_destroy(di_backend *bb) {
   if (!b) return;
   if (b->stream) cudaStreamSynchronize(b->stream);
   free(b->want_host);
+  free(b->lg_out);
   if (b->prof && b->prof_steps) {
     double tot = 0;
     for (int k = 0; k < b->n_plabel; k++) tot += b->ptime[k];
