@@ -184,6 +184,7 @@ typedef struct di_sched {
    * decoding (spec_plain); and no proposal follows it, so the step after it may be planned while it runs
    * (spec_ahead). Set at submit. */
   int spec_plain, spec_ahead;
+  int spec_devverify; /* a verify step whose every row is sampled on the device (di_spec_verify_rows) */
 } di_sched;
 
 struct di_engine {

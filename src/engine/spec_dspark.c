@@ -205,6 +205,20 @@ static di_status draft_dist(di_engine *e, di_req *r, int j, float *lg, float *q)
   return di_sampler_probs(sp->sampler, lg, e->cfg.vocab_limit, &spp, sp->hist, r->n_prompt, n, NULL, q, &lse);
 }
 
+di_sample_row *di_spec_verify_rows(di_engine *e) {
+  struct di_spec *sp = e->spec;
+  if (!sp || !sp->device_steps) return NULL;
+  if (!sp->vrows) {
+    sp->vrows = malloc(sizeof *sp->vrows * (size_t)sp->max_tok);
+    sp->vtok = malloc(sizeof *sp->vtok * (size_t)sp->max_tok);
+    if (!sp->vrows || !sp->vtok) {
+      free(sp->vrows); free(sp->vtok);
+      sp->vrows = NULL; sp->vtok = NULL;
+    }
+  }
+  return sp->vrows;
+}
+
 int di_spec_plain_ok(const di_engine *e, const di_sched *s) {
   const struct di_spec *sp = e->spec;
   if (!sp || !sp->device_steps || sp->fixed || s->n_plp > 0 || s->batch.n_outputs != s->batch.n_tokens) return 0;

@@ -80,7 +80,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
    * each sequence (with its feature log on: the drafter's features come from the capture, and hn is not
    * returned); never with the step's own sampling, which samples every output row */
   int n_lg = n_out;
-  if (b->want_on && b->flog && !(bt->sample_rows && b->step_sample_on)) {
+  if (b->want_on && b->flog && !bt->sample_rows) {
     n_lg = 0;
     for (int i = 0; i < n_out; i++)
       if (b->want_host[i]) b->lg_out[n_lg++] = i;
