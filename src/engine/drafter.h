@@ -16,7 +16,8 @@ typedef struct di_drafter_ops {
   di_status (*kv_alloc)(void *ctx, int64_t n_blocks);
   di_status (*context)(void *ctx, int n, const float *feats, const int32_t *pos, const int32_t *seq_of,
                        const di_batch_seq *seqs);
-  /* want [n * block_size] (NULL: all): rows whose logits are read (the others may stay unwritten) */
+  /* want [n * block_size] (NULL: all): rows whose logits are read (the others may stay unwritten);
+   * hidden / logits NULL: not returned (draft_greedy drafts every block where they are) */
   di_status (*propose)(void *ctx, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
                        const uint8_t *want, float *hidden, float *logits);
   /* Optional (NULL: the engine drafts on the host with markov / confidence): greedy drafts of the

@@ -300,7 +300,10 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     n_dev += on_dev;
     for (int j = 0; j < (int)B; j++) sp->dwant[(size_t)i * B + j] = (uint8_t)(!on_dev && j < cap);
   }
-  st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dwant, sp->dhid, sp->dlog);
+  /* device steps: nothing comes back when the drafter drafts every block itself */
+  const int host_rows = n_dev < n || !sp->device_steps;
+  st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dwant, host_rows ? sp->dhid : NULL,
+                  host_rows ? sp->dlog : NULL);
   if (st == DI_OK && n_dev > 0) st = d->draft_greedy(d->ctx, n, sp->atok, sp->dcap, limit, sp->dtok, sp->dconf);
   if (st != DI_OK) return di_spec_fail(e, s, st);
   /* 3. left to right: Markov term, confidence, the draft token */

@@ -426,6 +426,7 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
   /* the base logits stay on the device for draft_greedy; the wanted rows are copied below */
   DI_TRY(di_cu_gemm(b->blas, R, V, H, (const uint16_t *)s->xn, H, (const uint16_t *)s->lm_head, H, s->featf, V, 1, 0.f, st));
   s->last_n = n;
+  if (!hidden && !logits) return DI_OK; /* (draft_greedy reads them on the device) */
   DI_CU(cudaStreamSynchronize(st));
   if (hidden) DI_CU(cudaMemcpy(hidden, s->hf, sizeof(float) * (size_t)R * H, cudaMemcpyDeviceToHost));
   /* the logits rows read (want), in runs of consecutive rows */
