@@ -416,9 +416,11 @@ static int plan_device_sampling(di_engine *e, di_sched *s) { return plan_rows(e,
 
 /* A speculative verify step (DSpark device steps) whose sampled rows the device can draw: every row
  * of a decoding entry from its first verified one is drawn as plain decoding would draw it at that
- * position (round j: the request then has n_tokens + j tokens), the other rows are greedy fillers
- * nobody reads. Only requests whose drafts are verified by exact match (greedy ones, or acceptance
- * "exact"): rejection sampling needs the target's distribution on the host. 0: the host samples. */
+ * position (round j: the request then has n_tokens + pending + j tokens; pending: a step planned
+ * while the one before it ran, queued with token feedback, whose requests do not have that step's
+ * token yet), the other rows are greedy fillers nobody reads. Only requests whose drafts are verified
+ * by exact match (greedy ones, or acceptance "exact"): rejection sampling needs the target's
+ * distribution on the host. 0: the host samples. */
 static int plan_verify_rows(di_engine *e, di_sched *s, di_sample_row *rows) {
   if (!rows || !e->device_sampling || s->n_plp > 0 || s->batch.n_outputs != s->batch.n_tokens) return 0;
   int t = 0;
@@ -426,13 +428,13 @@ static int plan_verify_rows(di_engine *e, di_sched *s, di_sample_row *rows) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
     di_req *r = en->r;
-    const int live = en->sample && r->state != DI_REQ_DONE;
-    if (live && (r->draft_sampled || !device_row_ok(r, r->n_tokens))) return 0;
+    const int live = en->sample && r->state != DI_REQ_DONE, n_tok = r->n_tokens + r->pending;
+    if (live && (r->draft_sampled || !device_row_ok(r, n_tok))) return 0;
     const int first = live ? en->n_new - 1 - r->n_spec : en->n_new;
     for (int k = 0; k < en->n_new; k++, t++)
       rows[t] = k >= first ? (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
                                              .min_p = r->sp.min_p, .seed = r->sp.seed,
-                                             .counter = (uint64_t)(r->n_tokens + k - first), .vocab_limit = e->cfg.vocab_limit}
+                                             .counter = (uint64_t)(n_tok + k - first), .vocab_limit = e->cfg.vocab_limit}
                            : (di_sample_row){.temperature = 0.f, .top_p = 1.f, .vocab_limit = e->cfg.vocab_limit};
   }
   return t == s->batch.n_outputs;

@@ -26,6 +26,7 @@
  * are the ones computed on the host after the previous step: no extra synchronisation. */
 #include "engine/spec_internal.h"
 #include "sampler/rng.h"
+#include "util/json.h"
 #include "util/switches.h"
 #include <math.h>
 #include <stdlib.h>
@@ -84,7 +85,7 @@ di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_to
                      : di_error_set(DI_ERR_OOM, "DSpark: out of memory");
   if (st == DI_OK) st = di_engine_kv_share_budget(e, d->cache_bytes_per_token);
   if (st == DI_OK) st = d->kv_alloc(d->ctx, di_kv_group_blocks(e->kv, 0));
-  if (st == DI_OK && d->context_on_device && di_switch_bool(DI_SW_DSPARK_DEVICE_STEPS, 0)) {
+  if (st == DI_OK && d->context_on_device && di_switch_bool(DI_SW_DSPARK_DEVICE_STEPS, 1)) {
     st = d->context_on_device(d->ctx, sp->max_tok);
     sp->device_steps = st == DI_OK;
   }
@@ -170,8 +171,9 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
        * again (a proposal, t_draft) costs at most 2% of the paused steps' time (at most 4096 steps) */
       if (best == 0) {
         int len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
-        const double floor_len = 50.0 * t_draft / t0;
-        if (len < floor_len) len = floor_len < 4096 ? (int)floor_len : 4096;
+        int64_t floor_len = 4096; /* 50 x t_draft / t0, at most 4096 (also when it is not finite) */
+        if (!di_double_to_int_in(50.0 * t_draft / t0, 0, 4096, &floor_len)) floor_len = 4096;
+        if (len < floor_len) len = (int)floor_len;
         sp->pause_len = len;
         sp->pause = sp->pause_len;
       } else {
