@@ -5,13 +5,15 @@ scheduled), with the shipped model and drafter, on the CPU or CUDA (--accelerato
 table (generated tokens/s over the whole run, acceptance, mean accepted length, acceptance per draft
 position (accepted at j / drafted at j), ECE, engine steps with ms per step split into the time blocked
 in the backend's wait and the host's time (drafting included), warm-up included) and checks that greedy outputs equal plain decoding's. --quick: plain, mtp k=3, dspark
-fixed k=5 and scheduled only.
+fixed k=5 and scheduled only. --configs NAME,NAME: only those rows; --device-steps 0,1: every DSpark row
+with DEEPINFER_DSPARK_DEVICE_STEPS at each value (the rows with 1 are labeled "+dev").
 
 Usage: DEEPINFER_LIB=build/libdeepinfer.so PYTHONPATH=python python3 bench/bench_dspark.py \
     [--model models/default] [--tokens 128] [--threads 2] [--batches 1,16] [--accelerator cuda] \
     [--temperatures 0,1] [--num-kv-blocks N] [--quick]
 """
 import argparse
+import os
 import time
 
 from deepinfer import LLM, SamplingParams
@@ -22,7 +24,9 @@ PROMPTS = ["The history of the city", "The sea is", "Once upon a time", "This pr
            "The manual page", "Debian is", "The river", "The library"]
 
 
-def run(model, spec, batch, temperature, tokens, threads, accelerator=None, num_kv_blocks=None):
+def run(model, spec, batch, temperature, tokens, threads, accelerator=None, num_kv_blocks=None, device_steps=None):
+    if device_steps is not None:
+        os.environ["DEEPINFER_DSPARK_DEVICE_STEPS"] = device_steps
     llm = LLM(model, threads=threads, speculative_config=spec, quiet=True, accelerator=accelerator,
               num_kv_blocks=num_kv_blocks)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
@@ -51,6 +55,8 @@ def main():
     ap.add_argument("--accelerator", default=None)
     ap.add_argument("--num-kv-blocks", type=int, default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--configs", default=None)
+    ap.add_argument("--device-steps", default=None)
     a = ap.parse_args()
     configs = [("plain", None), ("mtp k=3", {"method": "mtp", "num_speculative_tokens": 3})]
     configs += [(f"dspark fixed k={k}", {"method": "dspark", "num_speculative_tokens": k, "schedule": "fixed"})
@@ -58,19 +64,25 @@ def main():
     configs += [("dspark scheduled k=5", {"method": "dspark", "num_speculative_tokens": 5})]
     if a.quick:
         configs = [c for c in configs if c[0] in ("plain", "mtp k=3", "dspark fixed k=5", "dspark scheduled k=5")]
+    if a.configs:
+        configs = [c for c in configs if c[0] in a.configs.split(",")]
+    configs = [(n, s, None) for n, s in configs]
+    if a.device_steps:
+        configs = [(n + (" +dev" if d == "1" else ""), s, d) for n, s, _ in configs
+                   for d in (a.device_steps.split(",") if s and s.get("method") == "dspark" else [None])]
     print("| batch | T | config | tok/s | vs plain | accepted / drafted | mean accepted length | acceptance per position "
           "| ECE | steps | ms/step (wait + host) | greedy == plain |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for batch in (int(b) for b in a.batches.split(",")):
         for temperature in (float(t) for t in a.temperatures.split(",")):
             base, ref = None, None
-            for name, spec in configs:
-                if temperature > 0 and name not in ("plain", "mtp k=3", "dspark fixed k=3", "dspark fixed k=5",
-                                                     "dspark scheduled k=5"):
+            for name, spec, dev in configs:
+                if temperature > 0 and name.replace(" +dev", "") not in ("plain", "mtp k=3", "dspark fixed k=3",
+                                                                         "dspark fixed k=5", "dspark scheduled k=5"):
                     continue
                 try:
                     tps, st, ids = run(a.model, spec, batch, temperature, a.tokens, a.threads, a.accelerator,
-                                       a.num_kv_blocks)
+                                       a.num_kv_blocks, dev)
                 except Exception as ex:  # one config's failure (e.g. mtp on a backend without it) is a row
                     print(f"| {batch} | {temperature:g} | {name} | failed: {ex} |", flush=True)
                     continue

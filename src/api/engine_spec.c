@@ -55,6 +55,9 @@ static di_status b_draft_greedy(void *c, int n, const int32_t *anchor, const int
                                 float *conf) {
   return di_cuda_dspark_draft_greedy(((dspark_binding *)c)->cuda, n, anchor, cap, limit, tok, conf);
 }
+static di_status b_context_on_device(void *c, int max_step_rows) {
+  return di_cuda_dspark_log_on(((dspark_binding *)c)->cuda, max_step_rows);
+}
 #endif
 static int is_backend(const di_model *m, const char *name) { return m->backend && strcmp(m->backend->ops->name, name) == 0; }
 static di_status set_capture(dspark_binding *b, const int *ids, int n) {
@@ -113,7 +116,10 @@ static di_status set_dspark(di_engine *e, di_model *m, const char *dir, int k, i
                           .context = b_context, .propose = b_propose, .markov = b_markov, .confidence = b_conf,
                           .destroy = b_destroy};
 #ifdef DI_HAVE_CUDA
-    if (b->cuda) ops.draft_greedy = b_draft_greedy;
+    if (b->cuda) {
+      ops.draft_greedy = b_draft_greedy;
+      ops.context_on_device = b_context_on_device;
+    }
 #endif
     st = di_engine_set_dspark(e, &ops, k, exact, fixed);
   }

@@ -16,7 +16,8 @@ typedef struct di_drafter_ops {
   di_status (*kv_alloc)(void *ctx, int64_t n_blocks);
   di_status (*context)(void *ctx, int n, const float *feats, const int32_t *pos, const int32_t *seq_of,
                        const di_batch_seq *seqs);
-  /* want [n * block_size] (NULL: all): rows whose logits are read (the others may stay unwritten) */
+  /* want [n * block_size] (NULL: all): rows whose logits are read (the others may stay unwritten);
+   * hidden / logits NULL: not returned (draft_greedy drafts every block where they are) */
   di_status (*propose)(void *ctx, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
                        const uint8_t *want, float *hidden, float *logits);
   /* Optional (NULL: the engine drafts on the host with markov / confidence): greedy drafts of the
@@ -25,6 +26,10 @@ typedef struct di_drafter_ops {
    * -1 where it stopped. The same arithmetic as markov + argmax over [0, limit) + confidence. */
   di_status (*draft_greedy)(void *ctx, int n, const int32_t *anchor, const int32_t *cap, int limit, int32_t *tok,
                             float *conf);
+  /* Optional (NULL: context() is fed from the host): from now on the drafter takes the target's
+   * features of every step on the device itself (the CUDA drafter's feature log), so the engine
+   * neither copies them to the host nor calls context(); max_step_rows: the most rows of a step. */
+  di_status (*context_on_device)(void *ctx, int max_step_rows);
   void (*markov)(void *ctx, int32_t prev, float *logits);
   float (*confidence)(void *ctx, const float *hidden, int32_t prev);
   void (*destroy)(void *ctx);

@@ -414,6 +414,32 @@ static int plan_rows(di_engine *e, di_sched *s, di_sample_row *rows, int ahead) 
 
 static int plan_device_sampling(di_engine *e, di_sched *s) { return plan_rows(e, s, e->dev_rows, 0); }
 
+/* A speculative verify step (DSpark device steps) whose sampled rows the device can draw: every row
+ * of a decoding entry from its first verified one is drawn as plain decoding would draw it at that
+ * position (round j: the request then has n_tokens + pending + j tokens; pending: a step planned
+ * while the one before it ran, queued with token feedback, whose requests do not have that step's
+ * token yet), the other rows are greedy fillers nobody reads. Only requests whose drafts are verified
+ * by exact match (greedy ones, or acceptance "exact"): rejection sampling needs the target's
+ * distribution on the host. 0: the host samples. */
+static int plan_verify_rows(di_engine *e, di_sched *s, di_sample_row *rows) {
+  if (!rows || !e->device_sampling || s->n_plp > 0 || s->batch.n_outputs != s->batch.n_tokens) return 0;
+  int t = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    di_req *r = en->r;
+    const int live = en->sample && r->state != DI_REQ_DONE, n_tok = r->n_tokens + r->pending;
+    if (live && (r->draft_sampled || !device_row_ok(r, n_tok))) return 0;
+    const int first = live ? en->n_new - 1 - r->n_spec : en->n_new;
+    for (int k = 0; k < en->n_new; k++, t++)
+      rows[t] = k >= first ? (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
+                                             .min_p = r->sp.min_p, .seed = r->sp.seed,
+                                             .counter = (uint64_t)(n_tok + k - first), .vocab_limit = e->cfg.vocab_limit}
+                           : (di_sample_row){.temperature = 0.f, .top_p = 1.f, .vocab_limit = e->cfg.vocab_limit};
+  }
+  return t == s->batch.n_outputs;
+}
+
 /* Samples the rows of a completed step and applies what the next step depends on.
  * on_device: 1 sample on the device now, 2 the tokens are in e->dev_tokens already (feedback_step). A
  * request that is also in the step queued after this one (in_next) stays in flight: its blocks and its
@@ -498,8 +524,14 @@ static di_status collect_outputs(di_engine *e) {
 }
 
 static di_status submit(di_engine *e, di_sched *s) {
-  /* the sampling of the step goes with it to the device where it can (see di_batch.sample_rows) */
-  s->batch.sample_rows = !e->spec && plan_rows(e, s, e->step_rows, 1) ? e->step_rows : NULL;
+  /* the sampling of the step goes with it to the device where it can (see di_batch.sample_rows); with
+   * speculative decoding only a step that verifies no draft (DSpark's device steps) */
+  const int rows = (!e->spec || di_spec_plain_ok(e, s)) && plan_rows(e, s, e->step_rows, 1);
+  s->batch.sample_rows = rows ? e->step_rows : NULL;
+  s->spec_plain = e->spec && rows;
+  if (s->spec_plain) di_spec_plain_submitted(e, s);
+  s->spec_devverify = e->spec && !rows && plan_verify_rows(e, s, di_spec_verify_rows(e));
+  if (s->spec_devverify) s->batch.sample_rows = di_spec_verify_rows(e);
   DI_TRY(e->be->ops->submit(e->be, &s->batch));
   e->t_submit = di_now();
   e->inflight_active = 1;
@@ -651,13 +683,13 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
   if (e->inflight_active) {
     di_sched *cur = &e->sched[e->cur], *next = &e->sched[e->cur ^ 1];
     di_sched_clear(next);
-    if (e->opt.async_scheduling) {
+    if (e->opt.async_scheduling || cur->spec_ahead) {
       st = di_schedule(e, next, 1);
       if (st == DI_OK && next->n > 0) st = di_sched_build_batch(e, next);
       if (st != DI_OK) fail_plan(e, next); /* its requests end with the error; the step in flight goes on */
       st = DI_OK;
     }
-    int on_device = e->spec ? 0 : plan_device_sampling(e, cur);
+    int on_device = (!e->spec || cur->spec_plain) && plan_device_sampling(e, cur);
     if (on_device && e->feedback && next->n > 0 && cur->n_plp == 0) {
       e->hidden_s += di_now() - (e->t_submit > t0 ? e->t_submit : t0);
       st = feedback_step(e, cur, next, &t_blocked);
@@ -669,7 +701,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
     } else {
       double tw = di_now();
       e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
-      st = e->be->ops->wait(e->be, on_device ? NULL : e->logits, e->spec ? di_spec_hidden(e) : NULL);
+      st = e->be->ops->wait(e->be, on_device || cur->spec_devverify ? NULL : e->logits, e->spec ? di_spec_hidden(e) : NULL);
       double tw1 = di_now();
       t_blocked += tw1 - tw;
       e->wait_s += tw1 - tw;
@@ -682,7 +714,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
         return st;
       }
       if (cur->n_plp > 0) di_plp_extract(e, cur);
-      st = e->spec ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
+      st = e->spec && !cur->spec_plain ? di_spec_sample_step(e, cur) : sample_step(e, cur, on_device);
       if (st == DI_OK) di_plp_finish_scored(e, cur);
       if (st != DI_OK) return fail_with_plan(e, cur, next, st);
       if (next->n > 0) {
@@ -705,8 +737,8 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
     /* the rest of step n's results, while step n+1 computes */
     double tp = di_now();
     post_step(e, cur);
-    if (e->spec) { /* synchronous: nothing is in flight here */
-      di_spec_after_post(e, cur);
+    if (e->spec) { /* synchronous unless cur was a plain step with no proposal after it (spec_ahead) */
+      if (!cur->spec_plain) di_spec_after_post(e, cur);
       st_spec = di_spec_draft(e, cur);
     }
     di_sched_clear(cur);

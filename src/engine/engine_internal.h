@@ -180,6 +180,11 @@ typedef struct di_sched {
   int32_t *replay;           /* per sequence: di_batch.seq_replay */
   int tok_cap, seq_cap, table_cap, gtab_cap, replay_cap;
   di_batch batch;
+  /* speculative decoding (DSpark, device steps): the step verifies no draft and is sampled like plain
+   * decoding (spec_plain); and no proposal follows it, so the step after it may be planned while it runs
+   * (spec_ahead). Set at submit. */
+  int spec_plain, spec_ahead;
+  int spec_devverify; /* a verify step whose every row is sampled on the device (di_spec_verify_rows) */
 } di_sched;
 
 struct di_engine {

@@ -26,9 +26,11 @@ void di_spec_free(di_engine *e) {
   free(sp->hidden); free(sp->tok); free(sp->pos); free(sp->seq_of); free(sp->out_rows); free(sp->out_req);
   free(sp->seqs); free(sp->reqs); free(sp->prev); free(sp->hid_out); free(sp->logits);
   free(sp->act); free(sp->row0); free(sp->vstart); free(sp->vbase); free(sp->cands);
+  free(sp->vrows); free(sp->vtok);
   free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->dwant); free(sp->dcap); free(sp->dtok); free(sp->dconf); free(sp->gmask); free(sp->hist);
   di_sampler_free(sp->sampler);
   if (sp->drafter.destroy) sp->drafter.destroy(sp->drafter.ctx);
+  e->opt.async_scheduling = sp->async_ok;
   free(sp);
   e->spec = NULL;
 }
@@ -69,6 +71,7 @@ di_status di_spec_alloc(di_engine *e, int num_tokens, int hidden_width) {
   di_spec_free(e);
   struct di_spec *sp = calloc(1, sizeof *sp);
   if (!sp) return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory");
+  sp->async_ok = e->opt.async_scheduling; /* di_spec_free gives it back */
   sp->k = num_tokens;
   sp->H = hidden_width;
   sp->V = e->cfg.vocab_size;
@@ -103,7 +106,8 @@ di_status di_spec_alloc(di_engine *e, int num_tokens, int hidden_width) {
     di_spec_free(e);
     return di_error_set(DI_ERR_OOM, "speculative decoding: out of memory for %d-token steps", (int)T);
   }
-  /* drafts depend on the step just sampled: plan after it (synchronous steps) */
+  /* drafts depend on the step just sampled: plan after it (synchronous steps; DSpark's device steps
+   * plan ahead where no proposal follows a step, if async_ok) */
   e->opt.async_scheduling = 0;
   return DI_OK;
 }
@@ -134,7 +138,7 @@ void di_engine_get_spec_stats(const di_engine *e, di_spec_stats *s) {
   s->mean_accepted_length = sp->verify_steps > 0 ? 1.0 + (double)sp->accepted / (double)sp->verify_steps : 0;
 }
 
-float *di_spec_hidden(di_engine *e) { return e->spec->hidden; }
+float *di_spec_hidden(di_engine *e) { return e->spec->device_steps ? NULL : e->spec->hidden; }
 
 static int cand_cmp(const void *a, const void *b) {
   const spec_cand *x = a, *y = b;
@@ -192,6 +196,7 @@ di_status di_spec_grant(di_engine *e, di_sched *s, int *budget) {
 di_status di_spec_sample_step(di_engine *e, di_sched *s) {
   struct di_spec *sp = e->spec;
   int row = 0, n_act = 0;
+  if (s->spec_devverify) DI_TRY(e->be->ops->sample(e->be, sp->vrows, s->batch.n_outputs, sp->vtok));
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
     if (en->dropped) continue;
@@ -234,7 +239,16 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
       jb->draft = j < jb->r->n_spec ? jb->r->draft[j] : -1;
       jb->q = jb->spec && jb->draft >= 0 ? jb->r->draft_q + (size_t)j * sp->V : NULL;
     }
-    di_row_sampler_run(e->rows, e, e->jobs, n_act);
+    if (s->spec_devverify) { /* drawn on the device already (greedy or "exact" rows, nothing else) */
+      for (int a = 0; a < n_act; a++) {
+        di_row_job *jb = &e->jobs[a];
+        jb->st = DI_OK;
+        jb->spec = 0;
+        jb->res = (di_sample_result){.token = sp->vtok[jb->row]};
+      }
+    } else {
+      di_row_sampler_run(e->rows, e, e->jobs, n_act);
+    }
     int m = 0;
     for (int a = 0; a < n_act; a++) {
       di_row_job *jb = &e->jobs[a];

@@ -8,7 +8,17 @@
 di_status di_spec_grant(di_engine *e, di_sched *s, int *budget);
 /* Hidden-state rows [max_num_batched_tokens][hidden] the backend's wait() fills (every row). */
 float *di_spec_hidden(di_engine *e);
-/* Samples and verifies the rows of a completed step (replaces the plain sample_step). */
+/* DSpark device steps: 1 when step `s` (planned, built) verifies no draft and every entry is one
+ * decoding row, so it can be sampled as plain decoding samples (on the device, with feedback). */
+int di_spec_plain_ok(const di_engine *e, const di_sched *s);
+/* `s` is submitted as a plain step: its entries' old drafts are void; sets s->spec_ahead when no
+ * proposal is due after it (the confidence schedule's pause, counted here in such steps). */
+void di_spec_plain_submitted(di_engine *e, di_sched *s);
+/* DSpark device steps: the row buffer [max_num_batched_tokens] for a verify step sampled on the device
+ * (every output row drawn there, its tokens compared with the drafts on the host); NULL when off. */
+di_sample_row *di_spec_verify_rows(di_engine *e);
+/* Samples and verifies the rows of a completed step (replaces the plain sample_step); a step
+ * submitted with spec_devverify takes its tokens from the device instead of the host sampler. */
 di_status di_spec_sample_step(di_engine *e, di_sched *s);
 /* After detokenisation: drops tokens accepted after a stop string ended the request. */
 void di_spec_after_post(di_engine *e, di_sched *s);

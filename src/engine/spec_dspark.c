@@ -26,6 +26,8 @@
  * are the ones computed on the host after the previous step: no extra synchronisation. */
 #include "engine/spec_internal.h"
 #include "sampler/rng.h"
+#include "util/json.h"
+#include "util/switches.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +85,10 @@ di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_to
                      : di_error_set(DI_ERR_OOM, "DSpark: out of memory");
   if (st == DI_OK) st = di_engine_kv_share_budget(e, d->cache_bytes_per_token);
   if (st == DI_OK) st = d->kv_alloc(d->ctx, di_kv_group_blocks(e->kv, 0));
+  if (st == DI_OK && d->context_on_device && di_switch_bool(DI_SW_DSPARK_DEVICE_STEPS, 1)) {
+    st = d->context_on_device(d->ctx, sp->max_tok);
+    sp->device_steps = st == DI_OK;
+  }
   if (st != DI_OK) {
     sp->drafter.destroy = NULL; /* the caller still owns the drafter on failure */
     di_spec_free(e);
@@ -161,9 +167,14 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
       }
       take = best;
       /* nothing pays: stop proposing for a while (the context is still fed), then look again; the
-       * pause doubles (16 .. 512 steps) while it keeps not paying */
+       * pause doubles (16 .. 512 steps) while it keeps not paying, and is at least so long that looking
+       * again (a proposal, t_draft) costs at most 2% of the paused steps' time (at most 4096 steps) */
       if (best == 0) {
-        sp->pause_len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
+        int len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
+        int64_t floor_len = 4096; /* 50 x t_draft / t0, at most 4096 (also when it is not finite) */
+        if (!di_double_to_int_in(50.0 * t_draft / t0, 0, 4096, &floor_len)) floor_len = 4096;
+        if (len < floor_len) len = (int)floor_len;
+        sp->pause_len = len;
         sp->pause = sp->pause_len;
       } else {
         sp->pause_len = 0;
@@ -196,6 +207,42 @@ static di_status draft_dist(di_engine *e, di_req *r, int j, float *lg, float *q)
   return di_sampler_probs(sp->sampler, lg, e->cfg.vocab_limit, &spp, sp->hist, r->n_prompt, n, NULL, q, &lse);
 }
 
+di_sample_row *di_spec_verify_rows(di_engine *e) {
+  struct di_spec *sp = e->spec;
+  if (!sp || !sp->device_steps) return NULL;
+  if (!sp->vrows) {
+    sp->vrows = malloc(sizeof *sp->vrows * (size_t)sp->max_tok);
+    sp->vtok = malloc(sizeof *sp->vtok * (size_t)sp->max_tok);
+    if (!sp->vrows || !sp->vtok) {
+      free(sp->vrows); free(sp->vtok);
+      sp->vrows = NULL; sp->vtok = NULL;
+    }
+  }
+  return sp->vrows;
+}
+
+int di_spec_plain_ok(const di_engine *e, const di_sched *s) {
+  const struct di_spec *sp = e->spec;
+  if (!sp || !sp->device_steps || sp->fixed || s->n_plp > 0 || s->batch.n_outputs != s->batch.n_tokens) return 0;
+  for (int i = 0; i < s->n; i++) {
+    const di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    if (!en->sample || en->n_new != 1 || en->r->n_spec > 0) return 0;
+  }
+  return 1;
+}
+
+void di_spec_plain_submitted(di_engine *e, di_sched *s) {
+  struct di_spec *sp = e->spec;
+  for (int i = 0; i < s->n; i++) {
+    di_req *r = s->e[i].r;
+    r->n_draft = 0; /* drafts from before this step: it computes past their anchor without them */
+    r->draft_sampled = 0;
+  }
+  s->spec_ahead = sp->pause > 0 && sp->async_ok;
+  if (s->spec_ahead) sp->pause--;
+}
+
 di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   struct di_spec *sp = e->spec;
   const di_drafter_ops *d = &sp->drafter;
@@ -210,7 +257,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     row += en->n_new;
     r->n_draft = 0;
     r->draft_sampled = 0;
-    if (r->state == DI_REQ_DONE) continue; /* its blocks are gone */
+    if (r->state == DI_REQ_DONE || sp->device_steps) continue; /* its blocks are gone; fed on the device */
     int hi = r->n_valid < en->start + en->n_new ? r->n_valid : en->start + en->n_new;
     if (hi <= en->start) continue;
     for (int p = en->start; p < hi; p++) {
@@ -221,8 +268,9 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     }
     sp->seqs[q++] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
   }
-  di_status st = d->context(d->ctx, m, sp->feat_rows, sp->pos, sp->seq_of, sp->seqs);
+  di_status st = m > 0 ? d->context(d->ctx, m, sp->feat_rows, sp->pos, sp->seq_of, sp->seqs) : DI_OK;
   if (st != DI_OK) return di_spec_fail(e, s, st);
+  if (s->spec_ahead) return DI_OK; /* no proposal: the step after this one may be in flight already */
   /* 2. one block per decoding sequence */
   int n = 0;
   for (int i = 0; i < s->n; i++) {
@@ -254,7 +302,10 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     n_dev += on_dev;
     for (int j = 0; j < (int)B; j++) sp->dwant[(size_t)i * B + j] = (uint8_t)(!on_dev && j < cap);
   }
-  st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dwant, sp->dhid, sp->dlog);
+  /* device steps: nothing comes back when the drafter drafts every block itself */
+  const int host_rows = n_dev < n || !sp->device_steps;
+  st = d->propose(d->ctx, n, sp->atok, sp->apos, sp->seqs, sp->dwant, host_rows ? sp->dhid : NULL,
+                  host_rows ? sp->dlog : NULL);
   if (st == DI_OK && n_dev > 0) st = d->draft_greedy(d->ctx, n, sp->atok, sp->dcap, limit, sp->dtok, sp->dconf);
   if (st != DI_OK) return di_spec_fail(e, s, st);
   /* 3. left to right: Markov term, confidence, the draft token */

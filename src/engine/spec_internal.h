@@ -18,6 +18,11 @@ struct di_spec {
   int k, method;
   int exact;                     /* acceptance "exact": a draft is accepted iff it equals the sample */
   int fixed;                     /* schedule "fixed": every draft up to k (no step-time model) */
+  int device_steps;              /* DSpark: the drafter feeds its context on the device, and steps that
+                                    verify no draft take the plain path (di_spec_plain_ok) */
+  int async_ok;                  /* the engine's async_scheduling before speculative decoding turned it off */
+  di_sample_row *vrows;          /* device steps: a verify step's rows sampled on the device [max_tok] */
+  int32_t *vtok;                 /* and their tokens [max_tok] */
   float min_conf;
   int H, V, max_tok, max_seqs;
   float *hidden;                 /* [max_tok][H]: the target's hidden states (DSpark: features), every row */

@@ -18,6 +18,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                            "1: no device token feedback (each step waits for the host to have its tokens)"},
     [DI_SW_SAMPLER_THREADS] = {"DEEPINFER_SAMPLER_THREADS", "cores/2, at most 8",
                                "threads of the host row sampler"},
+    [DI_SW_DSPARK_DEVICE_STEPS] = {"DEEPINFER_DSPARK_DEVICE_STEPS", "1",
+                                   "0: DSpark on CUDA feeds its context from the host and samples every step on the "
+                                   "host (no plain path for steps that verify no draft, no device verification)"},
     [DI_SW_CUDA_GRAPHS] = {"DEEPINFER_CUDA_GRAPHS", "1", "0: no CUDA graphs (every step launched eagerly)"},
     [DI_SW_CUDA_STEP_SAMPLE] = {"DEEPINFER_CUDA_STEP_SAMPLE", "1",
                                 "0: no sampling inside the step's graph (a separate sample launch after it)"},

@@ -37,6 +37,7 @@ static void cu_destroy(di_backend *bb) {
   if (!b) return;
   if (b->stream) cudaStreamSynchronize(b->stream);
   free(b->want_host);
+  free(b->lg_out);
   if (b->prof) prof_print(b, "");
   if (di_switch_bool(DI_SW_CUDA_STATS, 0))
     fprintf(stderr, "cuda stats: steps %lld, graphs captured %lld, replays %lld, resamples %lld\n",

@@ -61,7 +61,7 @@ typedef struct cu_layer {
 } cu_layer;
 
 typedef struct graph_entry {
-  int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows, step_sample;
+  int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows, step_sample, n_lg;
   int seen;                    /* eager runs so far; captured on the second */
   cudaGraphExec_t exec;
 } graph_entry;
@@ -185,9 +185,27 @@ typedef struct cu_backend {
   int capture[16];
   float *cap_buf;
   int cap_rows;
-  /* di_batch.output_logits of the step in flight (want_on): wait() copies only those logits rows */
+  /* the drafter's feature log (DSpark with its context fed on the device: di_cuda_dspark_log_on): when
+   * flog != NULL the capture writes a step's rows at row flog_n of flog [flog_cap][n_capture * H] instead
+   * of cap_buf (that offset travels in the step's input block, d_flog_row0, so one CUDA graph serves
+   * every offset); prepare() keeps each row's position and cache slot (-1: a padding row) on the host
+   * and first calls flog_flush(flog_ctx), which turns the logged rows into drafter cache entries and
+   * empties the log, when the step's rows would not fit */
+  float *flog;
+  int flog_cap, flog_n;
+  int32_t *flog_pos, *flog_slot; /* host [flog_cap] */
+  const int32_t *d_flog_row0;
+  di_status (*flog_flush)(void *ctx);
+  void *flog_ctx;
+  /* di_batch.output_logits of the step in flight (want_on): wait() copies only those logits rows. With
+   * a drafter's feature log on (DSpark: its rows' features come from the capture, not from hn) and some rows
+   * unwanted, the output head runs on the wanted rows only (lg_gather): logits row k is output row
+   * lg_out[k] (k < n_lg; n_lg_p rows, padded, go through the GEMM, d_lg_rows their token rows) */
   uint8_t *want_host;
   int want_cap, want_on;
+  int lg_gather, n_lg, n_lg_p;
+  int32_t *lg_out;               /* host [want_cap] */
+  const int32_t *d_lg_rows;
 } cu_backend;
 
 #define REALLOC(ptr, bytes)                                                      \

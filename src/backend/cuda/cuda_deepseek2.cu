@@ -584,9 +584,12 @@ di_status forward(cu_backend *b) {
     DI_TRY(layer_step(b, l, &xn_ready, normed_gemm));
     if (b->n_capture) DI_TRY(capture_layer(b, l));
   }
-  DI_TRY(di_cuk_rmsnorm_rows(b->h, H, b->d_out_rows, b->final_norm, b->n_out_p, H, b->eps, (uint16_t *)b->hn, H, s));
+  /* the output head's rows: every output row, or only the wanted ones (lg_gather, cuda_step.cu) */
+  const int n_lg = b->lg_gather ? b->n_lg_p : b->n_out_p;
+  DI_TRY(di_cuk_rmsnorm_rows(b->h, H, b->lg_gather ? b->d_lg_rows : b->d_out_rows, b->final_norm, n_lg, H, b->eps,
+                             (uint16_t *)b->hn, H, s));
   if (!SKIP(SKIP_LMHEAD))
-    DI_TRY(di_cu_gemm(b->blas, b->n_out_p, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
+    DI_TRY(di_cu_gemm(b->blas, n_lg, b->V, H, (const uint16_t *)b->hn, H, (const uint16_t *)b->lm_head, H,
                     b->logits, b->V, 1, 0.f, s));
   PROF("lm_head");
   if (b->step_sample) DI_TRY(di_cuk_sample(b->logits, b->n_out_p, b->V, b->d_step_rows, b->d_sample_out, s));

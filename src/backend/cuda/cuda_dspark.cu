@@ -13,8 +13,17 @@
  * (draft_greedy: per round the Markov term, the argmax and the confidence head, one kernel a round;
  * only the tokens and confidences come back); the rows of requests that sample their drafts or follow
  * a grammar go to the host, where the engine applies the Markov and confidence heads (spec_dspark.c).
- * All of it runs eagerly on the target's stream after the step's wait(); the inputs (features,
- * positions, block tables) travel from the host. */
+ * All of it runs eagerly on the target's stream after the step's wait(); the proposal's inputs
+ * (positions, block tables) travel from the host.
+ *
+ * The context fed on the device (di_cuda_dspark_log_on, the engine's DEEPINFER_DSPARK_DEVICE_STEPS): the
+ * capture then appends every step's feature rows to a device log (cu_backend.flog, inside the step's
+ * graph) and the host keeps their positions and slots; the log becomes cache entries in one pass
+ * (log_flush) before each proposal or when it is full. So the features never leave the device and a
+ * step that proposes nothing (the plain path of the engine) pays only the capture's copies. Rows the
+ * host path would not feed (rejected drafts, padding) are harmless: padding has no slot; a rejected
+ * draft's position is written again by the row of the token that replaces it (the later row of a
+ * flush wins) before any proposal can read it (a block reads the context below its anchor only). */
 #include "cuda_backend_impl.cuh"
 #include "k_dspark.h"
 extern "C" {
@@ -43,10 +52,11 @@ extern "C" di_status di_backend_cuda_set_capture(di_backend *bb, const int *laye
 
 di_status capture_layer(cu_backend *b, int l) {
   const int last = b->n_layers - 1, F = b->n_capture * b->H;
+  float *dst = b->flog ? b->flog : b->cap_buf;
   for (int k = 0; k < b->n_capture; k++)
     if (b->capture[k] == l)
       DI_TRY(di_cuk_capture_rows(b->h, b->H, b->d_out_rows, b->n_out_p, l == last ? b->final_norm : NULL, b->eps,
-                                 b->cap_buf + (size_t)k * b->H, F, b->stream));
+                                 dst + (size_t)k * b->H, F, b->flog ? b->d_flog_row0 : NULL, b->stream));
   return DI_OK;
 }
 
@@ -74,6 +84,8 @@ struct di_cuda_dspark {
   int last_n;      /* blocks of the last proposal (whose logits and hidden rows draft_greedy reads) */
   int32_t *g_ints; /* greedy drafting: prev [n], cap [n], tokens [n * B] */
   float *g_conf;   /* [n * B] */
+  int log_owner;   /* the target's feature log is this drafter's (di_cuda_dspark_log_on) */
+  uint32_t *stamp, stamp_gen; /* per cache slot: the flush that last wrote it (a flush's later rows win) */
 };
 
 static di_status up_w(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what) {
@@ -154,9 +166,27 @@ extern "C" di_status di_cuda_dspark_create(di_backend *target, const di_dspark *
   return DI_OK;
 }
 
+static void log_off(di_cuda_dspark *s) {
+  cu_backend *b = s->b;
+  if (!s->log_owner) return;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* their capture kernels write into the log */
+  dev_free(b, b->flog);
+  free(b->flog_pos);
+  free(b->flog_slot);
+  b->flog = NULL;
+  b->flog_pos = b->flog_slot = NULL;
+  b->flog_cap = b->flog_n = 0;
+  b->flog_flush = NULL;
+  b->flog_ctx = NULL;
+  s->log_owner = 0;
+}
+
 extern "C" void di_cuda_dspark_free(di_cuda_dspark *s) {
   if (!s) return;
   cu_backend *b = s->b;
+  log_off(s);
+  free(s->stamp);
   cudaStreamSynchronize(b->stream);
   void *ptrs[] = {s->fc, s->embed, s->lm_head, s->hidden_norm, s->norm, s->inv_freq, s->cache, s->x, s->qf, s->kf,
                   s->vf, s->hf, s->featf, s->xn, s->att, s->gu, s->act, s->featb, s->ints, s->mw1, s->mw2,
@@ -182,6 +212,11 @@ extern "C" di_status di_cuda_dspark_kv_alloc(di_cuda_dspark *s, int64_t n_blocks
   DI_TRY(dev_alloc(b, (void **)&s->cache, sizeof(float) * n));
   DI_CU(cudaMemset(s->cache, 0, sizeof(float) * n));
   s->n_blocks = n_blocks;
+  free(s->stamp);
+  s->stamp = (uint32_t *)calloc((size_t)n_blocks * DI_KV_BLOCK_SIZE, sizeof *s->stamp);
+  if (!s->stamp) return di_error_set(DI_ERR_OOM, "DSpark drafter: out of host memory for %lld cache slots", (long long)n_blocks);
+  s->stamp_gen = 0;
+  if (s->log_owner) b->flog_n = 0; /* its rows name slots of the old cache */
   return DI_OK;
 }
 
@@ -229,13 +264,12 @@ static float *cache_layer(const di_cuda_dspark *s, int l) {
   return s->cache + (size_t)l * (size_t)s->n_blocks * DI_KV_BLOCK_SIZE * 2 * (size_t)s->kvd;
 }
 
+static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, const int32_t *d_slot, const int32_t *d_pos);
+
 extern "C" di_status di_cuda_dspark_context(di_cuda_dspark *s, int n, const float *feats, const int32_t *pos,
                                            const int32_t *seq_of, const di_batch_seq *seqs) {
   if (n <= 0) return DI_OK;
-  const di_dspark *d = s->d;
-  cu_backend *b = s->b;
-  cudaStream_t st = b->stream;
-  const int H = d->hidden, kvd = s->kvd;
+  cudaStream_t st = s->b->stream;
   DI_TRY(reserve(s, n, 2 * n));
   int32_t *h_ints = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n);
   if (!h_ints) return di_error_set(DI_ERR_OOM, "out of memory");
@@ -251,8 +285,16 @@ extern "C" di_status di_cuda_dspark_context(di_cuda_dspark *s, int n, const floa
   if (e == DI_OK) e = cudaStreamSynchronize(st) == cudaSuccess ? DI_OK : di_error_set(DI_ERR_BACKEND, "cuda: DSpark upload");
   free(h_ints);
   DI_TRY(e);
-  const int32_t *d_slot = s->ints, *d_pos = s->ints + n;
-  DI_TRY(di_cuk_f32_to_bf16(s->featf, (int64_t)n * s->F, (uint16_t *)s->featb, st));
+  return context_rows(s, n, s->featf, s->ints, s->ints + n);
+}
+
+/* the context's math for n rows whose features (f32 [n][F]) are on the device already */
+static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, const int32_t *d_slot, const int32_t *d_pos) {
+  const di_dspark *d = s->d;
+  cu_backend *b = s->b;
+  cudaStream_t st = b->stream;
+  const int H = d->hidden, kvd = s->kvd;
+  DI_TRY(di_cuk_f32_to_bf16(feats, (int64_t)n * s->F, (uint16_t *)s->featb, st));
   DI_TRY(di_cu_gemm(b->blas, n, H, s->F, (const uint16_t *)s->featb, s->F, (const uint16_t *)s->fc, s->F, s->x, H, 1, 0.f, st));
   DI_TRY(di_cuk_rmsnorm(s->x, H, s->hidden_norm, n, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
   for (int l = 0; l < d->n_layers; l++) {
@@ -265,6 +307,67 @@ extern "C" di_status di_cuda_dspark_context(di_cuda_dspark *s, int n, const floa
   return DI_OK;
 }
 
+/* The feature log's rows into the drafter cache (cu_backend.flog): a slot written by several logged
+ * rows (a rejected draft's row, then the real token's at that position; a block that changed hands)
+ * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows). */
+enum { LOG_CHUNK = 1024 }; /* rows per context pass (the scratch is sized by rows) */
+static di_status log_flush(void *c) {
+  di_cuda_dspark *s = (di_cuda_dspark *)c;
+  cu_backend *b = s->b;
+  const int n = b->flog_n;
+  if (n == 0) return DI_OK;
+  const int64_t n_slots = s->n_blocks * DI_KV_BLOCK_SIZE;
+  if (++s->stamp_gen == 0) { /* wrapped: start the stamps again */
+    memset(s->stamp, 0, sizeof *s->stamp * (size_t)n_slots);
+    s->stamp_gen = 1;
+  }
+  for (int t = n - 1; t >= 0; t--) {
+    const int32_t g = b->flog_slot[t];
+    if (g < 0) continue;
+    if (g >= n_slots || s->stamp[g] == s->stamp_gen) b->flog_slot[t] = -1;
+    else s->stamp[g] = s->stamp_gen;
+  }
+  b->flog_n = 0;
+  for (int c0 = 0; c0 < n; c0 += LOG_CHUNK) {
+    const int m = n - c0 < LOG_CHUNK ? n - c0 : LOG_CHUNK;
+    DI_TRY(reserve(s, m, 2 * m));
+    DI_CU(cudaMemcpyAsync(s->ints, b->flog_slot + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
+    DI_CU(cudaMemcpyAsync(s->ints + m, b->flog_pos + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
+    DI_CU(cudaStreamSynchronize(b->stream)); /* pageable sources; the next chunk rewrites s->ints */
+    DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints, s->ints + m));
+  }
+  return DI_OK;
+}
+
+extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows) {
+  cu_backend *b = s->b;
+  if (s->log_owner) return DI_OK;
+  if (b->flog) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: its DSpark feature log belongs to another drafter");
+  if (b->n_capture <= 0 || b->n_capture * b->H != s->F)
+    return di_error_set(DI_ERR_INVALID_ARG, "DSpark feature log: the target captures %d x %d features, the drafter reads %d",
+                        b->n_capture, b->H, s->F);
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "DSpark feature log: turned on while a step is in flight");
+  int rows = 1;
+  while (rows < max_step_rows) rows *= 2; /* a graph step's rows are a power of two */
+  const int cap = rows * 2 > 8192 ? rows * 2 : 8192;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  drop_graphs(b); /* their capture kernels write into cap_buf */
+  DI_TRY(dev_alloc(b, (void **)&b->flog, sizeof(float) * (size_t)cap * s->F));
+  b->flog_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
+  b->flog_slot = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
+  if (!b->flog_pos || !b->flog_slot) {
+    s->log_owner = 1;
+    log_off(s);
+    return di_error_set(DI_ERR_OOM, "DSpark feature log: out of host memory");
+  }
+  b->flog_cap = cap;
+  b->flog_n = 0;
+  b->flog_flush = log_flush;
+  b->flog_ctx = s;
+  s->log_owner = 1;
+  return DI_OK;
+}
+
 extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int32_t *tok, const int32_t *pos,
                                            const di_batch_seq *seqs, const uint8_t *want, float *hidden, float *logits) {
   if (n <= 0) return DI_OK;
@@ -273,6 +376,7 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
   cudaStream_t st = b->stream;
   const int B = d->block_size, H = d->hidden, kvd = s->kvd, hd = d->head_dim, NH = d->n_heads, QD = s->qd;
   const int I = d->inter, R = n * B, V = d->vocab;
+  if (s->log_owner) DI_TRY(log_flush(s)); /* the context up to every anchor */
   int max_ctx = 0, bt_stride = 1;
   for (int i = 0; i < n; i++) {
     if (tok[i] < 0 || tok[i] >= V) return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafter: token id %d", tok[i]);
@@ -322,6 +426,7 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
   /* the base logits stay on the device for draft_greedy; the wanted rows are copied below */
   DI_TRY(di_cu_gemm(b->blas, R, V, H, (const uint16_t *)s->xn, H, (const uint16_t *)s->lm_head, H, s->featf, V, 1, 0.f, st));
   s->last_n = n;
+  if (!hidden && !logits) return DI_OK; /* (draft_greedy reads them on the device) */
   DI_CU(cudaStreamSynchronize(st));
   if (hidden) DI_CU(cudaMemcpy(hidden, s->hf, sizeof(float) * (size_t)R * H, cudaMemcpyDeviceToHost));
   /* the logits rows read (want), in runs of consecutive rows */

@@ -21,6 +21,10 @@ di_status di_cuda_dspark_context(di_cuda_dspark *s, int n, const float *feats, c
                                  const di_batch_seq *seqs);
 di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int32_t *tok, const int32_t *pos, const di_batch_seq *seqs,
                                  const uint8_t *want, float *hidden, float *logits);
+/* The context fed on the device from now on (cuda_dspark.cu's comment): the target's captured features
+ * of each step go to a device log that becomes cache entries before each proposal; context() is then
+ * not needed (nor the host's copy of the features). max_step_rows: the most rows of a step. */
+di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows);
 /* Greedy drafts of the blocks of the last proposal (n its block count), on the device: per block i
  * and round j < cap[i] the Markov term of the previous draft (anchor[i] for j = 0) added to row j's
  * base logits, the argmax over [0, limit) and the confidence head; tok / conf [n][block_size] (-1 past

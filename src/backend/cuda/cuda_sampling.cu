@@ -39,6 +39,8 @@ static di_status sample_rows_now(cu_backend *b, const di_sample_row *rows, int n
 
 /* the tokens of the submitted step on their way to the host: sampled again where its rows differ */
 static di_status tokens_for(cu_backend *b, const di_sample_row *rows, int n) {
+  if (b->lg_gather) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: device sampling after a step whose output head ran on "
+                                        "its wanted rows only");
   const int in_step = sampled_in_step(b, rows, n);
   if (in_step && b->tok_queued) return DI_OK;
   if (!in_step) DI_TRY(sample_rows_now(b, rows, n));

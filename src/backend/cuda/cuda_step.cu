@@ -44,8 +44,10 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   if (b->want_on) {
     if (bt->n_outputs > b->want_cap) {
       uint8_t *w = (uint8_t *)realloc(b->want_host, (size_t)bt->n_outputs);
-      if (!w) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
-      b->want_host = w;
+      if (w) b->want_host = w;
+      int32_t *lo = (int32_t *)realloc(b->lg_out, sizeof(int32_t) * (size_t)bt->n_outputs);
+      if (lo) b->lg_out = lo;
+      if (!w || !lo) return di_error_set(DI_ERR_OOM, "cuda backend: out of host memory");
       b->want_cap = bt->n_outputs;
     }
     memcpy(b->want_host, bt->output_logits, (size_t)bt->n_outputs);
@@ -53,6 +55,13 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const int graph = b->use_graphs && T <= DI_CUDA_GRAPH_MAX_T;
   const int Tp = graph ? pow2_at_least(T) : T;
   const int n_out = bt->n_outputs, n_out_p = graph ? pow2_at_least(n_out > 0 ? n_out : 1) : (n_out > 0 ? n_out : 1);
+  if (b->flog) { /* the drafter's feature log (cuda_dspark.cu): every row an output row, in order */
+    if (n_out != T) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: the DSpark feature log needs every row of a step "
+                                        "as an output row (%d outputs for %d tokens)", n_out, T);
+    if (Tp > b->flog_cap) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: a step of %d rows exceeds the DSpark feature log "
+                                              "(%d rows)", Tp, b->flog_cap);
+    if (b->flog_n + Tp > b->flog_cap) DI_TRY(b->flog_flush(b->flog_ctx));
+  }
   int max_blocks = 1;
   for (int t = 0; t < T; t++) {
     int sq = bt->seq_of[t], pos = bt->positions[t];
@@ -68,6 +77,16 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
     if (bt->output_rows[i] < 0 || bt->output_rows[i] >= T)
       return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: output row %d out of range", bt->output_rows[i]);
   const int bt_stride = pow2_at_least(max_blocks);
+  /* the output head on the wanted rows only (lg_gather): DSpark's verify steps read 1 + drafts rows of
+   * each sequence (with its feature log on: the drafter's features come from the capture, and hn is not
+   * returned); never with the step's own sampling, which samples every output row */
+  int n_lg = n_out;
+  if (b->want_on && b->flog && !bt->sample_rows) {
+    n_lg = 0;
+    for (int i = 0; i < n_out; i++)
+      if (b->want_host[i]) b->lg_out[n_lg++] = i;
+  }
+  const int lg_gather = n_lg < n_out, n_lg_p = !lg_gather ? n_out_p : graph ? pow2_at_least(n_lg > 0 ? n_lg : 1) : (n_lg > 0 ? n_lg : 1);
 
   /* attention chunks: runs of consecutive tokens of one sequence, cut into rows of bm; padding
    * tokens form their own run (the spare sequence T_p, position 0) */
@@ -165,6 +184,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const size_t o_pos = o; o += Tp;
   const size_t o_slot = o; o += Tp;
   const size_t o_out = o; o += n_out_p;
+  const size_t o_lg = o; o += n_out_p; /* lg_gather: the wanted rows' token rows (n_lg_p <= n_out_p) */
   const size_t o_bt = o; o += (size_t)n_seq_rows * bt_stride;
   const size_t o_n = o; o += 4;
   o = (o + 3) & ~(size_t)3;
@@ -191,6 +211,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
     }
   }
   for (int i = 0; i < n_out_p; i++) hi[o_out + i] = i < n_out ? bt->output_rows[i] : 0;
+  for (int k = 0; lg_gather && k < n_lg_p; k++) hi[o_lg + k] = k < n_lg ? bt->output_rows[b->lg_out[k]] : 0;
   b->step_sample = bt->sample_rows && b->step_sample_on && n_out > 0;
   if (b->step_sample) {
     di_cuk_sample_row *sr = (di_cuk_sample_row *)(hi + o_srows);
@@ -290,8 +311,18 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   hi[o_n] = ni;
   hi[o_n + 1] = nci;
   int32_t *d = b->in_dev;
+  if (b->flog) { /* the rows' place in the feature log, their positions and drafter cache slots */
+    for (int t = 0; t < Tp; t++) {
+      b->flog_pos[b->flog_n + t] = t < T ? bt->positions[t] : 0;
+      b->flog_slot[b->flog_n + t] = t < T ? hi[o_slot + t] : -1;
+    }
+    hi[o_n + 2] = b->flog_n;
+    b->d_flog_row0 = d + o_n + 2;
+    b->flog_n += Tp;
+  }
   b->d_tokens = d + o_tok; b->d_pos = d + o_pos; b->d_slots = d + o_slot; b->d_out_rows = d + o_out;
   b->d_bt = d + o_bt; b->d_nitems = d + o_n; b->d_ncitems = d + o_n + 1;
+  b->lg_gather = lg_gather; b->n_lg = n_lg; b->n_lg_p = n_lg_p; b->d_lg_rows = d + o_lg;
   b->d_items = (di_cuk_attn_item *)(d + o_items);
   b->d_step_rows = (di_cuk_sample_row *)(d + o_srows);
   b->d_citems = (di_cuk_combine_item *)(d + o_citems);
@@ -312,7 +343,7 @@ static graph_entry *find_graph(cu_backend *b) {
     graph_entry *g = &b->graphs[i];
     if (g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
         g->max_citems == b->max_citems && g->bm == b->bm && g->attn_cl == b->attn_cl && g->n_seq_rows == b->n_seq_rows &&
-        g->step_sample == b->step_sample)
+        g->step_sample == b->step_sample && g->n_lg == b->n_lg_p)
       return g;
   }
   if (b->n_graphs == MAX_GRAPHS) drop_graphs(b);
@@ -321,6 +352,7 @@ static graph_entry *find_graph(cu_backend *b) {
   g->T = b->Tp; g->n_out = b->n_out_p; g->bt_stride = b->bt_stride; g->max_items = b->max_items;
   g->max_citems = b->max_citems; g->bm = b->bm; g->attn_cl = b->attn_cl; g->n_seq_rows = b->n_seq_rows;
   g->step_sample = b->step_sample;
+  g->n_lg = b->n_lg_p;
   return g;
 }
 
@@ -396,7 +428,16 @@ di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
       if (k < 64) pa->ms[k] += ms;
     }
   }
-  if (logits && b->n_out > 0 && b->want_on) { /* only the wanted rows, in runs of consecutive ones */
+  if (logits && b->n_out > 0 && b->lg_gather) { /* logits row k is output row lg_out[k]: runs of both consecutive */
+    const size_t row = sizeof(float) * (size_t)b->V;
+    for (int k = 0; k < b->n_lg;) {
+      int j = k + 1;
+      while (j < b->n_lg && b->lg_out[j] == b->lg_out[j - 1] + 1) j++;
+      DI_CU(cudaMemcpy((char *)logits + (size_t)b->lg_out[k] * row, (const char *)b->logits + (size_t)k * row,
+                       (size_t)(j - k) * row, cudaMemcpyDeviceToHost));
+      k = j;
+    }
+  } else if (logits && b->n_out > 0 && b->want_on) { /* only the wanted rows, in runs of consecutive ones */
     const size_t row = sizeof(float) * (size_t)b->V;
     for (int i = 0; i < b->n_out;) {
       if (!b->want_host[i]) { i++; continue; }

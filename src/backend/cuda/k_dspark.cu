@@ -11,13 +11,15 @@ extern "C" {
 }
 #define DI_KV_BLOCK_SIZE_CU DI_KV_BLOCK_SIZE
 
-/* dst row i (row stride ld_dst) = h[rows[i]] over H columns, RMS-normed by w when w != NULL */
+/* dst row (*row0 + i) (row stride ld_dst; row0 NULL: 0) = h[rows[i]] over H columns, RMS-normed by w
+ * when w != NULL. row0 is read on the device: a step's rows appended to a feature log at an offset
+ * that changes from step to step while the CUDA graph that holds this kernel stays the same */
 static __global__ void capture_rows_kernel(const float *h, int H, const int32_t *rows, const float *w, float eps,
-                                           float *dst, int ld_dst) {
+                                           float *dst, int ld_dst, const int32_t *row0) {
   __shared__ float red[32];
   DI_PDL_ENTRY();
   const float *x = h + (int64_t)rows[blockIdx.x] * H;
-  float *o = dst + (int64_t)blockIdx.x * ld_dst;
+  float *o = dst + ((int64_t)(row0 ? *row0 : 0) + blockIdx.x) * ld_dst;
   float inv = 1.f;
   if (w) {
     float ss = 0.f;
@@ -29,9 +31,9 @@ static __global__ void capture_rows_kernel(const float *h, int H, const int32_t 
 }
 
 extern "C" di_status di_cuk_capture_rows(const float *h, int H, const int32_t *rows, int n, const float *norm_w,
-                                         float eps, float *dst, int ld_dst, di_cu_stream s) {
+                                         float eps, float *dst, int ld_dst, const int32_t *row0, di_cu_stream s) {
   if (n <= 0) return DI_OK;
-  DI_CU(di_launch(capture_rows_kernel, n, 256, 0, s, h, H, rows, norm_w, eps, dst, ld_dst));
+  DI_CU(di_launch(capture_rows_kernel, n, 256, 0, s, h, H, rows, norm_w, eps, dst, ld_dst, row0));
   DI_CU_LAUNCH("capture_rows");
   return DI_OK;
 }
@@ -84,10 +86,12 @@ extern "C" di_status di_cuk_head_norm_rope(float *x, int ld, int n_rows, int n_h
   return DI_OK;
 }
 
-/* cache slot row gslot[t] of the layer: [K | V], kvd floats each */
+/* cache slot row gslot[t] of the layer: [K | V], kvd floats each; gslot[t] < 0: row t is not written
+ * (a padding row of a logged step, or a row a later one of the same flush overwrites) */
 static __global__ void cache_write_kernel(const float *k, const float *v, int kvd, const int32_t *gslot, float *cache) {
   DI_PDL_ENTRY();
   const int t = blockIdx.x;
+  if (gslot[t] < 0) return;
   float *row = cache + (int64_t)gslot[t] * 2 * kvd;
   for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
     row[i] = k[(int64_t)t * kvd + i];

@@ -7,16 +7,17 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* dst row i (row stride ld_dst) = h[rows[i]][0..H), RMS-normed by norm_w (eps) when norm_w != NULL. */
+/* dst row (*row0 + i) (row0 a device int, NULL: 0) = h[rows[i]][0..H), RMS-normed by norm_w (eps) when
+ * norm_w != NULL. */
 di_status di_cuk_capture_rows(const float *h, int H, const int32_t *rows, int n, const float *norm_w, float eps,
-                              float *dst, int ld_dst, di_cu_stream s);
+                              float *dst, int ld_dst, const int32_t *row0, di_cu_stream s);
 /* out[i] = bf16(x[i]) for n floats. */
 di_status di_cuk_f32_to_bf16(const float *x, int64_t n, uint16_t *out, di_cu_stream s);
 /* In place, each of n_heads heads of n_rows rows (row stride ld): RMSNorm over hd with w, then RoPE of
  * half-split pairs at position pos[r / rows_per_pos] + r % rows_per_pos (angle pos * inv_freq[i] in f32). */
 di_status di_cuk_head_norm_rope(float *x, int ld, int n_rows, int n_heads, int hd, const float *w, float eps,
                                 const int32_t *pos, int rows_per_pos, const float *inv_freq, di_cu_stream s);
-/* cache_layer[gslot[t]] = [k[t] | v[t]] (kvd floats each) for t < n. */
+/* cache_layer[gslot[t]] = [k[t] | v[t]] (kvd floats each) for t < n (rows with gslot[t] < 0 skipped). */
 di_status di_cuk_dspark_cache_write(const float *k, const float *v, int kvd, int n, const int32_t *gslot,
                                     float *cache_layer, di_cu_stream s);
 /* Grouped-query attention of n proposal blocks of B rows: block i's rows attend (not causally) to the
