@@ -5,7 +5,7 @@
  * input is "METHOD PATH\n", then "Name: value\r\n" header lines (di_http_next_header_line, as the
  * response side splits them), an empty line, then the body. Routes that start an engine job
  * (/v1/completions, /v1/chat/completions, /v1/responses: fuzz_openai and fuzz_responses read their
- * bodies), /health and /metrics (which ask the engine thread) and /tokenizer_info (files of the model
+ * bodies), /health, /ping and /metrics (which ask the engine thread) and /tokenizer_info (files of the model
  * folder, no client input) are skipped here, so every other route, /tokenize and /detokenize
  * above all, runs with the engine-dummy tokenizer and chat template (oai_fuzz_ctx.h). Checked: one
  * response exactly (not a stream), a status in 200..599, no header of it with CR or LF (the echoed
@@ -53,8 +53,8 @@ void fuzz_server_dispatch_cleanup(void) {
 }
 
 static int skipped(const di_http_request *req) {
-  static const char *const routes[] = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/health", "/metrics",
-                                       "/tokenizer_info"};
+  static const char *const routes[] = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/health", "/ping",
+                                       "/metrics", "/tokenizer_info"}; /* (/ping, like /health, asks the engine thread) */
   if (strcmp(req->method, "OPTIONS") == 0) return 0; /* a preflight is answered before any route */
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
     if (req->path_len == strlen(routes[i]) && memcmp(req->target, routes[i], req->path_len) == 0) return 1;

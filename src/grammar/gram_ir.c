@@ -160,7 +160,8 @@ int di_cpset_normalize(di_cprange *r, int n) {
       r[i].hi = 0x10FFFF;
     r[k++] = r[i];
   }
-  qsort(r, (size_t)k, sizeof *r, cmp_range);
+  if (k > 1) /* (r may be NULL when the set is empty: qsort's base must not be) */
+    qsort(r, (size_t)k, sizeof *r, cmp_range);
   int m = 0;
   for (int i = 0; i < k; i++) {
     if (m > 0 && r[i].lo <= r[m - 1].hi + 1) {
