@@ -17,21 +17,8 @@
 #define D DI_CUK_MLA_D
 #define DR DI_CUK_MLA_R
 
-static uint64_t rng_s = 88172645463325252ull;
-static double urand(void) {
-  rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
-  return (double)(rng_s >> 11) / 9007199254740992.0;
-}
-static uint16_t *rand_bf16(size_t n, float scale) {
-  uint16_t *v = malloc(n * 2);
-  for (size_t i = 0; i < n; i++) v[i] = di_f32_to_bf16((float)((urand() + urand() + urand() - 1.5) * 2.0) * scale);
-  return v;
-}
-static void *dup_dev(const void *h, size_t bytes) {
-  void *d = di_cut_malloc(bytes);
-  if (d && h) di_cut_h2d(d, h, bytes);
-  return d;
-}
+#define CUT_RNG_SEED 88172645463325252ull
+#include "cuda_test_rand.h" /* urand, nrand, rand_bf16, dup_dev */
 
 typedef struct problem {
   int H, ctx, T, nblk; /* one sequence of ctx keys; its last T tokens are the chunk */

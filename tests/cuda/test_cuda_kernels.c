@@ -15,28 +15,14 @@
 #include <stdint.h>
 #include <string.h>
 
-static uint64_t rng_s = 0x1234567;
-static double urand(void) { /* [0, 1) */
-  rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
-  return (double)(rng_s >> 11) / 9007199254740992.0;
-}
-static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
-static uint16_t *rand_bf16(size_t n, float scale) {
-  uint16_t *v = malloc(n * 2);
-  for (size_t i = 0; i < n; i++) v[i] = di_f32_to_bf16(nrand() * scale);
-  return v;
-}
+#define CUT_RNG_SEED 0x1234567
+#include "cuda_test_rand.h" /* urand, nrand, rand_bf16, dup_dev */
 static float *rand_f32(size_t n, float scale) {
   float *v = malloc(n * 4);
   for (size_t i = 0; i < n; i++) v[i] = nrand() * scale;
   return v;
 }
 static float bf(uint16_t x) { return di_bf16_to_f32(x); }
-static void *dup_dev(const void *h, size_t bytes) {
-  void *d = di_cut_malloc(bytes);
-  if (d && h) di_cut_h2d(d, h, bytes);
-  return d;
-}
 static double rel_err_d(const double *ref, const float *got, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; i++) {

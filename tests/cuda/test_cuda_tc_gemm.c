@@ -25,17 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
-static double urand(void) {
-  rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
-  return (double)(rng_s >> 11) / 9007199254740992.0;
-}
-static float nrand(void) { return (float)((urand() + urand() + urand() - 1.5) * 2.0); }
-static uint16_t *rand_bf16(size_t n, float scale) {
-  uint16_t *v = malloc(n * 2);
-  for (size_t i = 0; i < n; i++) v[i] = di_f32_to_bf16(nrand() * scale);
-  return v;
-}
+#define CUT_RNG_SEED 0x9e3779b97f4a7c15ull
+#include "cuda_test_rand.h" /* urand, nrand, rand_bf16, dup_dev */
 static void *dev_copy(const void *h, size_t bytes) {
   void *d = di_cut_malloc(bytes);
   if (d && h) di_cut_h2d(d, h, bytes);
