@@ -382,6 +382,14 @@ static void set_inflight(di_sched *s, int v) {
     }
 }
 
+/* The device draw of request r's row with the generator's counter at `counter` (the tokens it has
+ * when the row is drawn). */
+static di_sample_row device_row(const di_engine *e, const di_req *r, uint64_t counter) {
+  return (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
+                         .min_p = r->sp.min_p, .seed = r->sp.seed, .counter = counter,
+                         .vocab_limit = e->cfg.vocab_limit};
+}
+
 /* A row the backend can sample on the device: nothing but temperature / top-k / top-p / min-p and
  * the seed (the device draws with the same counter-based generator, for sample 0). n_tok: the tokens
  * the request has when the row is drawn (min_tokens no longer bans EOS then). */
@@ -405,9 +413,7 @@ static int plan_rows(di_engine *e, di_sched *s, di_sample_row *rows, int ahead) 
     di_req *r = en->r;
     const int n_tok = r->n_tokens + (ahead ? r->pending : 0);
     if (r->state != DI_REQ_DONE && !device_row_ok(r, n_tok)) return 0;
-    rows[k++] = (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
-                                .min_p = r->sp.min_p, .seed = r->sp.seed, .counter = (uint64_t)n_tok,
-                                .vocab_limit = e->cfg.vocab_limit};
+    rows[k++] = device_row(e, r, (uint64_t)n_tok);
   }
   return 1;
 }
@@ -432,9 +438,7 @@ static int plan_verify_rows(di_engine *e, di_sched *s, di_sample_row *rows) {
     if (live && (r->draft_sampled || !device_row_ok(r, n_tok))) return 0;
     const int first = live ? en->n_new - 1 - r->n_spec : en->n_new;
     for (int k = 0; k < en->n_new; k++, t++)
-      rows[t] = k >= first ? (di_sample_row){.temperature = r->sp.temperature, .top_p = r->sp.top_p, .top_k = r->sp.top_k,
-                                             .min_p = r->sp.min_p, .seed = r->sp.seed,
-                                             .counter = (uint64_t)(n_tok + k - first), .vocab_limit = e->cfg.vocab_limit}
+      rows[t] = k >= first ? device_row(e, r, (uint64_t)(n_tok + k - first))
                            : (di_sample_row){.temperature = 0.f, .top_p = 1.f, .vocab_limit = e->cfg.vocab_limit};
   }
   return t == s->batch.n_outputs;
