@@ -140,27 +140,6 @@ static void check_dot4(void) {
   }
 }
 
-/* four vectors against two: every output bit-equal to its di_cpu_dot (the batched horizontal sum
- * must add the same pairs as hsum8), over lengths with and without a scalar tail */
-static void check_dot_4x2(void) {
-  for (int n = 1; n < 300; n += 29) {
-    float *v[6];
-    for (int j = 0; j < 6; j++) {
-      v[j] = malloc(sizeof(float) * (size_t)n);
-      for (int i = 0; i < n; i++) v[j][i] = urand() * (j + 1) * 3.0f; /* mixed magnitudes: rounding visible */
-    }
-    float out[8];
-    di_cpu_dot_4x2((const float *const *)v, v[4], v[5], n, out);
-    for (int i = 0; i < 4; i++)
-      for (int j = 0; j < 2; j++) {
-        const float one = di_cpu_dot(v[i], v[4 + j], n);
-        CHECKF(memcmp(&one, &out[2 * i + j], sizeof one) == 0, "dot_4x2 n=%d a%d b%d: %.9g vs %.9g", n, i, j,
-               out[2 * i + j], one);
-      }
-    for (int j = 0; j < 6; j++) free(v[j]);
-  }
-}
-
 static void check_scratch(void) {
   di_threadpool *tp;
   CHECK(di_threadpool_create(3, &tp) == DI_OK);
@@ -196,7 +175,6 @@ int main(void) {
   check_case(NULL, DI_DT_BF16, 20, 33, 64, 0); /* no pool: the tile form for many rows too */
   check_multi(tp3);
   check_dot4();
-  check_dot_4x2();
   check_scratch();
   di_threadpool_free(tp1);
   di_threadpool_free(tp3);

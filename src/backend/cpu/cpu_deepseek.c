@@ -192,36 +192,8 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
       rope_apply(b, q_pe[g], b->s_rope + (size_t)t * dr);
       mx[g] = -INFINITY;
     }
-    /* scores: each key once, every head of the group against it; two keys per pass for four heads
-     * at a time (di_cpu_dot_4x2, the same bits as one di_cpu_dot per head and key) */
-    int js = 0;
-    for (; js + 2 <= pos + 1 && ng >= 4; js += 2) {
-      const float *e0 = kv_key(b, kv_entry(b, a->layer, seq->block_table[js / DI_KV_BLOCK_SIZE], js % DI_KV_BLOCK_SIZE), ktmp);
-      const float *e1 = kv_key(b, kv_entry(b, a->layer, seq->block_table[(js + 1) / DI_KV_BLOCK_SIZE], (js + 1) % DI_KV_BLOCK_SIZE),
-                               ktmp + b->kv_dim);
-      int g = 0;
-      for (; g + 4 <= ng; g += 4) {
-        float sl[8], sp[8];
-        di_cpu_dot_4x2((const float *const *)&q_lat[g], e0, e1, R, sl);
-        di_cpu_dot_4x2((const float *const *)&q_pe[g], e0 + R, e1 + R, dr, sp);
-        for (int i = 0; i < 8; i++) {
-          const float sc = (sl[i] + sp[i]) * c->softmax_scale;
-          const int hg = g + i / 2;
-          scores[hg][js + i % 2] = sc;
-          if (sc > mx[hg])
-            mx[hg] = sc;
-        }
-      }
-      for (; g < ng; g++)
-        for (int i = 0; i < 2; i++) {
-          const float *e = i ? e1 : e0;
-          const float sc = (di_cpu_dot(q_lat[g], e, R) + di_cpu_dot(q_pe[g], e + R, dr)) * c->softmax_scale;
-          scores[g][js + i] = sc;
-          if (sc > mx[g])
-            mx[g] = sc;
-        }
-    }
-    for (int j = js; j <= pos; j++) {
+    /* scores: each key once, every head of the group against it */
+    for (int j = 0; j <= pos; j++) {
       const float *e = kv_key(b, kv_entry(b, a->layer, seq->block_table[j / DI_KV_BLOCK_SIZE], j % DI_KV_BLOCK_SIZE), ktmp);
       int g = 0;
       for (; g + 4 <= ng; g += 4) {
@@ -260,30 +232,7 @@ static void attn_task(void *p, int64_t begin, int64_t end, int thread) {
       for (int i = 0; i < 4; i++)
         e[i] = kv_key(b, kv_entry(b, a->layer, seq->block_table[(jv + i) / DI_KV_BLOCK_SIZE], (jv + i) % DI_KV_BLOCK_SIZE),
                       ktmp + (size_t)i * b->kv_dim);
-      int g = 0;
-      /* two heads per pass: the four key vectors are loaded once for both */
-      for (; g + 2 <= ng; g += 2) {
-        __m256 pw[2][4];
-        for (int hh = 0; hh < 2; hh++)
-          for (int i = 0; i < 4; i++) pw[hh][i] = _mm256_set1_ps(scores[g + hh][jv + i] * inv[g + hh]);
-        float *ol0 = o_lat[g], *ol1 = o_lat[g + 1];
-        for (int r = 0; r < R; r += 8) {
-          const __m256 k0 = _mm256_loadu_ps(e[0] + r), k1 = _mm256_loadu_ps(e[1] + r);
-          const __m256 k2 = _mm256_loadu_ps(e[2] + r), k3 = _mm256_loadu_ps(e[3] + r);
-          __m256 o = _mm256_loadu_ps(ol0 + r), u = _mm256_loadu_ps(ol1 + r);
-          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][0], k0));
-          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][0], k0));
-          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][1], k1));
-          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][1], k1));
-          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][2], k2));
-          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][2], k2));
-          o = _mm256_add_ps(o, _mm256_mul_ps(pw[0][3], k3));
-          u = _mm256_add_ps(u, _mm256_mul_ps(pw[1][3], k3));
-          _mm256_storeu_ps(ol0 + r, o);
-          _mm256_storeu_ps(ol1 + r, u);
-        }
-      }
-      for (; g < ng; g++) {
+      for (int g = 0; g < ng; g++) {
         const __m256 p0 = _mm256_set1_ps(scores[g][jv] * inv[g]), p1 = _mm256_set1_ps(scores[g][jv + 1] * inv[g]);
         const __m256 p2 = _mm256_set1_ps(scores[g][jv + 2] * inv[g]), p3 = _mm256_set1_ps(scores[g][jv + 3] * inv[g]);
         float *ol = o_lat[g];

@@ -344,43 +344,6 @@ void di_cpu_dot4(const float *a, const float *const b[4], int64_t n, float out[4
   }
 }
 
-/* hsum8 of eight vectors at once: out lane i = hsum8(v[i]), bit for bit. hsum8 adds
- * ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7)); here the same pairs are added lane-wise after shuffles
- * (a float addition of the same two operands gives the same bits in any lane), so it costs ~2.5
- * instructions per sum instead of ~5. */
-static inline __m256 hsum8x8(const __m256 v[8]) {
-  /* [v_i lo | v_{i+4} lo] + [v_i hi | v_{i+4} hi]: lanes 0-3 s of v_i, 4-7 s of v_{i+4} (s_l = v_l + v_{l+4}) */
-  __m256 s[4];
-  for (int i = 0; i < 4; i++)
-    s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[i], v[i + 4], 0x20), _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
-  /* per 128-bit half: [s0 a, s0 b, s1 a, s1 b] + [s2 a, s2 b, s3 a, s3 b] = [a02, b02, a13, b13] */
-  const __m256 p01 = _mm256_add_ps(_mm256_unpacklo_ps(s[0], s[1]), _mm256_unpackhi_ps(s[0], s[1]));
-  const __m256 p23 = _mm256_add_ps(_mm256_unpacklo_ps(s[2], s[3]), _mm256_unpackhi_ps(s[2], s[3]));
-  /* [a02, b02, c02, d02] + [a13, b13, c13, d13] per half */
-  return _mm256_add_ps(_mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(1, 0, 1, 0)),
-                       _mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(3, 2, 3, 2)));
-}
-
-void di_cpu_dot_4x2(const float *const a[4], const float *b0, const float *b1, int64_t n, float out[8]) {
-  __m256 acc[8];
-  for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-  const int64_t n8 = n & ~(int64_t)7;
-  for (int64_t k = 0; k < n8; k += 8) {
-    const __m256 x0 = _mm256_loadu_ps(b0 + k), x1 = _mm256_loadu_ps(b1 + k);
-    for (int i = 0; i < 4; i++) {
-      const __m256 av = _mm256_loadu_ps(a[i] + k);
-      acc[2 * i] = _mm256_fmadd_ps(av, x0, acc[2 * i]);
-      acc[2 * i + 1] = _mm256_fmadd_ps(av, x1, acc[2 * i + 1]);
-    }
-  }
-  _mm256_storeu_ps(out, hsum8x8(acc));
-  for (int i = 0; i < 4; i++)
-    for (int64_t k = n8; k < n; k++) {
-      out[2 * i] += a[i][k] * b0[k];
-      out[2 * i + 1] += a[i][k] * b1[k];
-    }
-}
-
 void di_cpu_gemm_selected(di_threadpool *tp, float *x, int64_t M, int64_t ldx, const uint8_t *want, const di_weight *w,
                           int64_t N, float *y, int64_t ldy) {
   if (!want) {

@@ -36,7 +36,4 @@ void di_cpu_gemm_f32(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, 
 float di_cpu_dot(const float *a, const float *b, int64_t n);
 /* out[i] = di_cpu_dot(a, b[i], n) for four vectors at once (a read once; bit-equal to four calls). */
 void di_cpu_dot4(const float *a, const float *const b[4], int64_t n, float out[4]);
-/* out[2i + j] = di_cpu_dot(a[i], b_j, n) for four vectors a against two b at once, bit-equal (the
- * attention's scores: four heads against two keys per pass, 6 loads per 8 FMAs instead of 5 per 4). */
-void di_cpu_dot_4x2(const float *const a[4], const float *b0, const float *b1, int64_t n, float out[8]);
 #endif
