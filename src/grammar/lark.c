@@ -86,7 +86,7 @@ static void skip(lp *p, int nl) {
     char c = p->s[p->i];
     if (c == ' ' || c == '\t' || c == '\r' || (nl && c == '\n'))
       p->i++;
-    else if (c == '/' && p->i + 1 < p->n && p->s[p->i + 1] == '/')
+    else if ((c == '/' && p->i + 1 < p->n && p->s[p->i + 1] == '/') || c == '#') /* llguidance: # comments too */
       while (p->i < p->n && p->s[p->i] != '\n')
         p->i++;
     else
@@ -106,9 +106,14 @@ static int continues(lp *p) {
 
 static int name_char(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
 
+/* llguidance allows '-' inside names (`foo-bar`), but not as the start of `->`. */
+static int name_char_at(const lp *p, size_t i, size_t k) {
+  return name_char(p->s[i]) || (k > 0 && p->s[i] == '-' && !(i + 1 < p->n && p->s[i + 1] == '>'));
+}
+
 static size_t read_name(lp *p, char *out, size_t cap) {
   size_t k = 0;
-  while (p->i < p->n && name_char(p->s[p->i])) {
+  while (p->i < p->n && name_char_at(p, p->i, k)) {
     if (k + 1 < cap)
       out[k++] = p->s[p->i];
     p->i++;
@@ -181,6 +186,8 @@ static di_status parse_string(lp *p, di_gseq *s) {
   if (icase)
     p->i++;
   if (p->i + 2 < p->n && p->s[p->i] == '.' && p->s[p->i + 1] == '.' && p->s[p->i + 2] == '"') { /* range */
+    if (icase)
+      return lerr(p, at, "a range takes no flag");
     p->i += 3;
     int32_t hi = p->i < p->n && p->s[p->i] != '"' ? lit_char(p, &st) : -1;
     if (hi < 0 || count != 1 || p->i >= p->n || p->s[p->i] != '"')
@@ -314,6 +321,43 @@ static di_status parse_json_item(lp *p, di_gseq *s) {
 
 static int read_int(lp *p, int *v) { return di_parse_decimal_capped(p->s, p->n, &p->i, v); }
 
+/* At '{': does a repetition `{N}`, `{M,}`, `{,N}` or `{M,N}` (llguidance) follow, rather than a
+ * template's arguments? */
+static int brace_repeat_follows(const lp *p) {
+  size_t j = p->i + 1;
+  while (j < p->n && (p->s[j] == ' ' || p->s[j] == '\t'))
+    j++;
+  return j < p->n && ((p->s[j] >= '0' && p->s[j] <= '9') || p->s[j] == ',' || p->s[j] == '-');
+}
+
+/* `{N}` / `{M,}` / `{,N}` / `{M,N}` into *min, *max (-1: no maximum). */
+static di_status parse_brace_repeat(lp *p, int *min, int *max) {
+  size_t at = p->i++;
+  skip(p, 0);
+  *min = 0, *max = -1;
+  int has_min = read_int(p, min);
+  skip(p, 0);
+  if (p->i < p->n && p->s[p->i] == ',') {
+    p->i++;
+    skip(p, 0);
+    if (p->i < p->n && p->s[p->i] != '}' && !read_int(p, max))
+      return lerr(p, at, "a repetition is {N}, {M,}, {,N} or {M,N} with counts >= 0");
+  } else if (has_min) {
+    *max = *min;
+  } else {
+    return lerr(p, at, "a repetition is {N}, {M,}, {,N} or {M,N} with counts >= 0");
+  }
+  skip(p, 0);
+  if (p->i >= p->n || p->s[p->i] != '}')
+    return lerr(p, at, "a repetition is {N}, {M,}, {,N} or {M,N} with counts >= 0");
+  p->i++;
+  if (*min >= 1000000 || *max >= 1000000)
+    return lerr(p, at, "a repetition count is at most 999999");
+  if (*max >= 0 && *max < *min)
+    return lerr(p, at, "a repetition {M,N} needs M <= N");
+  return DI_OK;
+}
+
 /* A sequence of items up to `|`, `)`, `]`, `->` or the end of the definition. */
 static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
   di_gb *b = p->b;
@@ -362,6 +406,8 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
       is_term_item = 1;
     } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
       int32_t id = 0;
+      if (terminal)
+        return lerr(p, at, "a token reference cannot be used in a terminal (upper-case name)");
       if (!di_token_ref_parse(p->s, p->n, &p->i, &id))
         return lerr(p, at, "expected a token reference <[id]>");
       di_token_ref_push(b, s, id, 0);
@@ -370,7 +416,7 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
     } else if (name_char(c) && !(c >= '0' && c <= '9')) {
       char nm[256];
       read_name(p, nm, sizeof nm);
-      if (p->i < p->n && p->s[p->i] == '{')
+      if (p->i < p->n && p->s[p->i] == '{' && !brace_repeat_follows(p))
         return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
       if (terminal && !is_terminal_name(nm))
         return lerr(p, at, "a terminal cannot refer to a rule (lower-case name)");
@@ -409,6 +455,8 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
           return lerr(p, p->i, "'~ N..M' needs M >= N");
       }
     }
+    else if (c == '{' && brace_repeat_follows(p))
+      DI_TRY(parse_brace_repeat(p, &min, &max));
     if (min == -2)
       continue;
     di_gseq_repeat_tail(b, s, item, min, max, "lark_rep");
@@ -686,6 +734,89 @@ static di_status remove_direct_left_recursion(di_gb *b) {
   return DI_OK;
 }
 
+/* Terminals are regular expressions (llguidance builds each as one regex): a terminal that reaches
+ * itself through other terminals is an error naming it. Repetitions are recursive rules of their
+ * own, so the walk follows generated (lower-case) rules with a visited stamp and looks for cycles
+ * only among the named terminals: a path-colouring depth-first search over terminal -> terminals
+ * it names (directly or through its groups and repetitions). */
+static int terminal_refs(const di_gb *b, int t, int *stamp, int *queue, int *out) {
+  int qh = 0, qt = 0, n = 0;
+  queue[qt++] = t;
+  stamp[t] = t + 1;
+  while (qh < qt) {
+    const di_grule *R = &b->rules[queue[qh++]];
+    for (int k = 0; k < R->n_els; k++) {
+      int to = R->els[k].arg;
+      if (R->els[k].kind != DI_GE_RULE || stamp[to] == t + 1)
+        continue;
+      stamp[to] = t + 1;
+      if (is_terminal_name(b->rules[to].name))
+        out[n++] = to;
+      else
+        queue[qt++] = to;
+    }
+  }
+  return n;
+}
+
+static di_status check_terminal_cycles(const di_gb *b) {
+  size_t n = (size_t)b->n_rules + 1;
+  char *colour = calloc(n, 1);
+  int *stamp = calloc(n, sizeof(int)), *queue = malloc(sizeof(int) * n), *refs = malloc(sizeof(int) * n);
+  int *path = malloc(sizeof(int) * n), *next = malloc(sizeof(int) * n);
+  int *adj_off = calloc(n + 1, sizeof(int)), *adj = NULL;
+  di_status st = DI_OK;
+  if (!colour || !stamp || !queue || !refs || !path || !next || !adj_off) {
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+    goto done;
+  }
+  size_t total = 0, cap = 0;
+  for (int t = 0; t < b->n_rules && st == DI_OK; t++) { /* adjacency among terminals */
+    adj_off[t] = (int)total;
+    if (!is_terminal_name(b->rules[t].name))
+      continue;
+    int k = terminal_refs(b, t, stamp, queue, refs);
+    if (total + (size_t)k > cap) {
+      cap = (total + (size_t)k) * 2 + 16;
+      int *q = realloc(adj, sizeof(int) * cap);
+      if (!q) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+        break;
+      }
+      adj = q;
+    }
+    memcpy(adj + total, refs, sizeof(int) * (size_t)k);
+    total += (size_t)k;
+  }
+  adj_off[b->n_rules] = (int)total;
+  for (int t = 0; t < b->n_rules && st == DI_OK; t++) {
+    if (colour[t] || !is_terminal_name(b->rules[t].name))
+      continue;
+    int np = 0;
+    path[np] = t, next[np++] = adj_off[t];
+    colour[t] = 1;
+    while (np > 0 && st == DI_OK) {
+      int r = path[np - 1];
+      if (next[np - 1] >= adj_off[r + 1]) {
+        colour[r] = 2;
+        np--;
+        continue;
+      }
+      int to = adj[next[np - 1]++];
+      if (colour[to] == 1)
+        st = di_error_set(DI_ERR_FORMAT, "lark grammar: terminal '%s' is recursive (terminals are regular "
+                          "expressions; make it a rule, in lower case)", b->rules[to].name);
+      else if (!colour[to]) {
+        colour[to] = 1;
+        path[np] = to, next[np++] = adj_off[to];
+      }
+    }
+  }
+done:
+  free(colour), free(stamp), free(queue), free(refs), free(path), free(next), free(adj_off), free(adj);
+  return st;
+}
+
 static int has_ignore_statement(const char *s, size_t n) {
   for (size_t i = 0; i + 7 <= n; i++)
     if (memcmp(s + i, "%ignore", 7) == 0 && (i == 0 || s[i - 1] == '\n' || s[i - 1] == ' ' || s[i - 1] == '\t'))
@@ -716,7 +847,9 @@ di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di
   for (int i = 0; i < b->n_rules; i++)
     if (strcmp(b->rules[i].name, "start") == 0 && b->rules[i].defined)
       start = i;
-  pst = start < 0 ? di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule") : remove_direct_left_recursion(b);
+  pst = start < 0 ? di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule") : check_terminal_cycles(b);
+  if (pst == DI_OK)
+    pst = remove_direct_left_recursion(b);
   if (pst != DI_OK) {
     free(p.lazy);
     return pst;
