@@ -13,6 +13,10 @@ median. Python engines are timed around their mask call (includes ~1 us of Pytho
   python3 bench/grammar_compare.py --bench build/bench_grammar \
       --tokenizer tests/data/tokenizers/deepseek-v3 [--docs 30] [--out /tmp/gbench]
 
+The peers: `pip install --no-deps --target DIR xgrammar==0.2.9 apache-tvm-ffi llguidance==1.9.1`, then
+PYTHONPATH=DIR. XGrammar runs without torch (see import_xgrammar). The first lines printed state the
+versions, the CPU, the cores this process may use and the load average, before and after the run.
+
 llama.cpp (optional, engine "llamacpp"): `pip download llama-cpp-python --no-binary :all: --no-deps`,
 build `vendor/llama.cpp` (`cmake -B build -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF && cmake --build build
 --target llama`), compile bench/grammar_llama.cpp against it, make a vocab-only GGUF with
@@ -93,12 +97,43 @@ def stats(ts):
     return {"median": p(0.5), "p99": p(0.99), "max": ts[-1], "mean": statistics.fmean(ts), "n": len(ts)}
 
 
+def import_xgrammar():
+    """xgrammar, and whether torch is there. XGrammar imports torch at module level only for type
+    names and its torch helpers; its mask call takes any DLPack tensor (a numpy int32 array too).
+    Without torch (this VM has none: the PyPI wheel is the CUDA build), a stand-in module answers
+    those names while xgrammar imports and is removed right after, and the bitmask is numpy."""
+    try:
+        import torch  # noqa: F401
+        import xgrammar as xgr
+        return xgr, True
+    except ImportError:
+        pass
+    import types
+    import tvm_ffi  # noqa: F401  (imported first: it treats torch as optional and must not see the stand-in)
+
+    class _TypeNames(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (), {"__init__": lambda self, *a, **k: None})
+
+    sys.modules["torch"] = _TypeNames("torch")
+    try:
+        import xgrammar as xgr
+    finally:
+        del sys.modules["torch"]
+    return xgr, False
+
+
 def run_xgrammar(hf_tok, eos, grammar_src, is_any, docs_ids):
-    import torch  # noqa: F401  (xgrammar's bitmask type)
-    import xgrammar as xgr
+    xgr, have_torch = import_xgrammar()
     info = xgr.TokenizerInfo.from_huggingface(hf_tok, vocab_size=len(hf_tok), stop_token_ids=[eos])
     comp = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    if have_torch:
+        bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    else:
+        import numpy
+        bitmask = numpy.full(xgr.get_bitmask_shape(1, info.vocab_size), -1, dtype=numpy.int32)
     masks, cpus, compiles = [], [], []
     for ids in docs_ids:
         t0 = time.perf_counter()
@@ -183,9 +218,32 @@ def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path, extra=()):
         if line.startswith("mask cpu us:"):
             f = line.split()
             res["cpu"] = {"median": float(f[4]), "p99": float(f[8])}
+        if line.startswith("first document mask cpu us:"):
+            f = line.split()
+            res["first_cpu"] = {"median": float(f[6]), "p99": float(f[10]), "max": float(f[12])}
         if line.startswith("compile ms:"):
             res["compile"] = float(line.split()[3])
     return res, out
+
+
+def run_context():
+    """What the issue asks a benchmark table to state: versions, CPU, threads, load average."""
+    import importlib.metadata as md
+    import platform
+    vers = []
+    for pkg in ("xgrammar", "llguidance"):
+        try:
+            vers.append("%s %s" % (pkg, md.version(pkg)))
+        except md.PackageNotFoundError:
+            vers.append("%s not installed" % pkg)
+    cpu = platform.processor() or "?"
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return "%s; CPU %s, %d cores visible, this process on cores %s (one thread per engine); load average %s" % (
+        ", ".join(vers), cpu, os.cpu_count(), sorted(os.sched_getaffinity(0)),
+        " ".join("%.1f" % x for x in os.getloadavg()))
 
 
 def main():
@@ -215,6 +273,7 @@ def main():
     cases = [("schema", SCHEMA.read_text(), [order_doc(rng) for _ in range(a.docs)]),
              ("json-object", '{"type":"object"}', [any_doc(rng) for _ in range(a.docs)])]
     rows = []
+    print("before: " + run_context())
     for name, src, docs in cases:
         texts = [dumps(d) for d in docs]
         ids = [raw.encode(t, add_special_tokens=False).ids for t in texts]
@@ -230,6 +289,10 @@ def main():
                     r, _ = run_deepinfer(a.bench, a.tokenizer, str(SCHEMA) if name == "schema" else None, dp, ip,
                                          ["--strict"] if eng == "deepinfer-strict" else [])
                     rows.append((name, eng, r["median"], r["p99"], r["max"], r["compile"], ntok, r.get("cpu")))
+                    if "first_cpu" in r:  # the first document of the process: nothing classified yet
+                        fc = r["first_cpu"]
+                        rows.append((name, eng + " (first document, CPU)", fc["median"], fc["p99"], fc["max"],
+                                     r["compile"], None, fc))
                 elif eng == "xgrammar":
                     s, c = run_xgrammar(hf_tok, eos, src, name != "schema", ids)
                     rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok, s["cpu"]))
@@ -241,6 +304,7 @@ def main():
                     rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok, s["cpu"]))
             except Exception as e:  # an engine missing or failing is reported, not fatal
                 print(f"{eng} on {name}: {e}", file=sys.stderr)
+    print("after: " + run_context())
     print("| grammar | engine | mask median us | mask p99 us | mask max us | CPU median us | CPU p99 us | "
           "compile median ms | tokens |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -248,7 +312,7 @@ def main():
         cpu = r[7] or {}
         fmt = lambda x: "%.1f" % x if x is not None else "-"
         print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.0f} | {fmt(cpu.get('median'))} | "
-              f"{fmt(cpu.get('p99'))} | {r[5]:.3f} | {r[6]} |")
+              f"{fmt(cpu.get('p99'))} | {r[5]:.3f} | {r[6] if r[6] is not None else '-'} |")
 
 
 if __name__ == "__main__":
