@@ -15,7 +15,7 @@ median. Python engines are timed around their mask call (includes ~1 us of Pytho
 
 The peers: `pip install --no-deps --target DIR xgrammar==0.2.9 apache-tvm-ffi llguidance==1.9.1`, then
 PYTHONPATH=DIR. XGrammar runs without torch (see import_xgrammar). The first lines printed state the
-versions, the CPU, the cores this process may use and the load average, before and after the run.
+versions, the CPU and the cores this process may use, then the load average before and after the run.
 
 llama.cpp (optional, engine "llamacpp"): `pip download llama-cpp-python --no-binary :all: --no-deps`,
 build `vendor/llama.cpp` (`cmake -B build -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF && cmake --build build
@@ -227,23 +227,22 @@ def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path, extra=()):
 
 
 def run_context():
-    """What the issue asks a benchmark table to state: versions, CPU, threads, load average."""
+    """What the issue asks a benchmark table to state: versions, CPU (sweep.py's machine()), threads."""
     import importlib.metadata as md
-    import platform
+    from sweep import machine
     vers = []
     for pkg in ("xgrammar", "llguidance"):
         try:
             vers.append("%s %s" % (pkg, md.version(pkg)))
         except md.PackageNotFoundError:
             vers.append("%s not installed" % pkg)
-    cpu = platform.processor() or "?"
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return "%s; CPU %s, %d cores visible, this process on cores %s (one thread per engine); load average %s" % (
-        ", ".join(vers), cpu, os.cpu_count(), sorted(os.sched_getaffinity(0)),
-        " ".join("%.1f" % x for x in os.getloadavg()))
+    m = machine()
+    return "%s; CPU %s, %d cores visible, this process on cores %s (one thread per engine)" % (
+        ", ".join(vers), m.get("cpu") or "?", m["cpus"], sorted(os.sched_getaffinity(0)))
+
+
+def load_average():
+    return " ".join("%.1f" % x for x in os.getloadavg())
 
 
 def main():
@@ -273,7 +272,8 @@ def main():
     cases = [("schema", SCHEMA.read_text(), [order_doc(rng) for _ in range(a.docs)]),
              ("json-object", '{"type":"object"}', [any_doc(rng) for _ in range(a.docs)])]
     rows = []
-    print("before: " + run_context())
+    print(run_context())
+    print("load average before: " + load_average())
     for name, src, docs in cases:
         texts = [dumps(d) for d in docs]
         ids = [raw.encode(t, add_special_tokens=False).ids for t in texts]
@@ -304,7 +304,7 @@ def main():
                     rows.append((name, eng, s["median"], s["p99"], s["max"], c, ntok, s["cpu"]))
             except Exception as e:  # an engine missing or failing is reported, not fatal
                 print(f"{eng} on {name}: {e}", file=sys.stderr)
-    print("after: " + run_context())
+    print("load average after: " + load_average())
     print("| grammar | engine | mask median us | mask p99 us | mask max us | CPU median us | CPU p99 us | "
           "compile median ms | tokens |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -3,6 +3,7 @@
  * flattening into the array the automaton walks. */
 #include "util/grow.h"
 #include "grammar/gram_ir.h"
+#include "grammar/rule_scc.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -495,7 +496,7 @@ di_status di_gb_finish(di_gb *b, int root) {
    * pushes a stack node on the way (a reference that is not the last element of its alternative).
    * The automaton expands rules eagerly, so such a cycle would grow stacks without end; cycles of
    * tail references only (as in `(a*)*`) revisit the same node and are harmless. Found with
-   * strongly connected components (iterative Tarjan) over the "left edges". */
+   * strongly connected components (di_rule_scc) over the "left edges". */
   di_status st = DI_OK;
   int ne = 0, cape = 64;
   int *eto = malloc(sizeof(int) * (size_t)cape), *efrom = malloc(sizeof(int) * (size_t)cape);
@@ -537,54 +538,12 @@ di_status di_gb_finish(di_gb *b, int root) {
   }
   if (eoff)
     eoff[nr] = ne;
-  int *idx = malloc(sizeof(int) * (size_t)nr), *low = malloc(sizeof(int) * (size_t)nr);
-  int *comp = malloc(sizeof(int) * (size_t)nr), *tstack = malloc(sizeof(int) * (size_t)nr);
-  int *cs_node = malloc(sizeof(int) * (size_t)nr), *cs_edge = malloc(sizeof(int) * (size_t)nr);
-  char *onstack = calloc((size_t)nr, 1);
-  if (st == DI_OK && (!idx || !low || !comp || !tstack || !cs_node || !cs_edge || !onstack))
+  int *comp = malloc(sizeof(int) * (size_t)(nr + 1));
+  if (st == DI_OK && !comp)
     st = di_error_set(DI_ERR_OOM, "out of memory");
+  if (st == DI_OK)
+    st = di_rule_scc(nr, eoff, eto, comp, NULL);
   if (st == DI_OK) {
-    for (int i = 0; i < nr; i++)
-      idx[i] = -1;
-    int counter = 0, tsp = 0, ncomp = 0;
-    for (int s0 = 0; s0 < nr; s0++) {
-      if (idx[s0] >= 0)
-        continue;
-      int csp = 0;
-      cs_node[csp] = s0;
-      cs_edge[csp++] = eoff[s0];
-      idx[s0] = low[s0] = counter++;
-      tstack[tsp++] = s0;
-      onstack[s0] = 1;
-      while (csp) {
-        int v = cs_node[csp - 1];
-        if (cs_edge[csp - 1] < eoff[v + 1]) {
-          int w = eto[cs_edge[csp - 1]++];
-          if (idx[w] < 0) {
-            idx[w] = low[w] = counter++;
-            tstack[tsp++] = w;
-            onstack[w] = 1;
-            cs_node[csp] = w;
-            cs_edge[csp++] = eoff[w];
-          } else if (onstack[w] && idx[w] < low[v]) {
-            low[v] = idx[w];
-          }
-        } else {
-          if (low[v] == idx[v]) {
-            int w;
-            do {
-              w = tstack[--tsp];
-              onstack[w] = 0;
-              comp[w] = ncomp;
-            } while (w != v);
-            ncomp++;
-          }
-          csp--;
-          if (csp && low[v] < low[cs_node[csp - 1]])
-            low[cs_node[csp - 1]] = low[v];
-        }
-      }
-    }
     for (int e = 0; e < ne; e++)
       if (egrow[e] && comp[efrom[e]] == comp[eto[e]]) {
         st = di_error_set(DI_ERR_UNSUPPORTED,
@@ -597,13 +556,7 @@ di_status di_gb_finish(di_gb *b, int root) {
   free(efrom);
   free(egrow);
   free(eoff);
-  free(idx);
-  free(low);
   free(comp);
-  free(tstack);
-  free(cs_node);
-  free(cs_edge);
-  free(onstack);
   if (st != DI_OK) {
     free(prod);
     free(nullable);

@@ -20,6 +20,7 @@
 #include "grammar/token_ref.h"
 #include "grammar/gram_ir.h"
 #include "grammar/regular_set.h"
+#include "grammar/rule_scc.h"
 #include "grammar/substring.h"
 #include "util/text.h"
 
@@ -332,6 +333,7 @@ static int brace_repeat_follows(const lp *p) {
 
 /* `{N}` / `{M,}` / `{,N}` / `{M,N}` into *min, *max (-1: no maximum). */
 static di_status parse_brace_repeat(lp *p, int *min, int *max) {
+  static const char form[] = "a repetition is {N}, {M,}, {,N} or {M,N} with counts >= 0";
   size_t at = p->i++;
   skip(p, 0);
   *min = 0, *max = -1;
@@ -341,15 +343,15 @@ static di_status parse_brace_repeat(lp *p, int *min, int *max) {
     p->i++;
     skip(p, 0);
     if (p->i < p->n && p->s[p->i] != '}' && !read_int(p, max))
-      return lerr(p, at, "a repetition is {N}, {M,}, {,N} or {M,N} with counts >= 0");
+      return lerr(p, at, form);
   } else if (has_min) {
     *max = *min;
   } else {
-    return lerr(p, at, "a repetition is {N}, {M,}, {,N} or {M,N} with counts >= 0");
+    return lerr(p, at, form);
   }
   skip(p, 0);
   if (p->i >= p->n || p->s[p->i] != '}')
-    return lerr(p, at, "a repetition is {N}, {M,}, {,N} or {M,N} with counts >= 0");
+    return lerr(p, at, form);
   p->i++;
   if (*min >= 1000000 || *max >= 1000000)
     return lerr(p, at, "a repetition count is at most 999999");
@@ -737,8 +739,8 @@ static di_status remove_direct_left_recursion(di_gb *b) {
 /* Terminals are regular expressions (llguidance builds each as one regex): a terminal that reaches
  * itself through other terminals is an error naming it. Repetitions are recursive rules of their
  * own, so the walk follows generated (lower-case) rules with a visited stamp and looks for cycles
- * only among the named terminals: a path-colouring depth-first search over terminal -> terminals
- * it names (directly or through its groups and repetitions). */
+ * only among the named terminals: strongly connected components (di_rule_scc) of terminal ->
+ * terminals it names (directly or through its groups and repetitions). */
 static int terminal_refs(const di_gb *b, int t, int *stamp, int *queue, int *out) {
   int qh = 0, qt = 0, n = 0;
   queue[qt++] = t;
@@ -761,12 +763,11 @@ static int terminal_refs(const di_gb *b, int t, int *stamp, int *queue, int *out
 
 static di_status check_terminal_cycles(const di_gb *b) {
   size_t n = (size_t)b->n_rules + 1;
-  char *colour = calloc(n, 1);
   int *stamp = calloc(n, sizeof(int)), *queue = malloc(sizeof(int) * n), *refs = malloc(sizeof(int) * n);
-  int *path = malloc(sizeof(int) * n), *next = malloc(sizeof(int) * n);
-  int *adj_off = calloc(n + 1, sizeof(int)), *adj = NULL;
+  int *adj_off = calloc(n + 1, sizeof(int)), *comp = malloc(sizeof(int) * n), *size = calloc(n, sizeof(int));
+  int *adj = NULL;
   di_status st = DI_OK;
-  if (!colour || !stamp || !queue || !refs || !path || !next || !adj_off) {
+  if (!stamp || !queue || !refs || !adj_off || !comp || !size) {
     st = di_error_set(DI_ERR_OOM, "out of memory");
     goto done;
   }
@@ -776,6 +777,8 @@ static di_status check_terminal_cycles(const di_gb *b) {
     if (!is_terminal_name(b->rules[t].name))
       continue;
     int k = terminal_refs(b, t, stamp, queue, refs);
+    if (k == 0)
+      continue;
     if (total + (size_t)k > cap) {
       cap = (total + (size_t)k) * 2 + 16;
       int *q = realloc(adj, sizeof(int) * cap);
@@ -789,31 +792,16 @@ static di_status check_terminal_cycles(const di_gb *b) {
     total += (size_t)k;
   }
   adj_off[b->n_rules] = (int)total;
-  for (int t = 0; t < b->n_rules && st == DI_OK; t++) {
-    if (colour[t] || !is_terminal_name(b->rules[t].name))
-      continue;
-    int np = 0;
-    path[np] = t, next[np++] = adj_off[t];
-    colour[t] = 1;
-    while (np > 0 && st == DI_OK) {
-      int r = path[np - 1];
-      if (next[np - 1] >= adj_off[r + 1]) {
-        colour[r] = 2;
-        np--;
-        continue;
-      }
-      int to = adj[next[np - 1]++];
-      if (colour[to] == 1)
-        st = di_error_set(DI_ERR_FORMAT, "lark grammar: terminal '%s' is recursive (terminals are regular "
-                          "expressions; make it a rule, in lower case)", b->rules[to].name);
-      else if (!colour[to]) {
-        colour[to] = 1;
-        path[np] = to, next[np++] = adj_off[to];
-      }
-    }
-  }
+  if (st == DI_OK) /* terminal_refs never lists t itself, so a cycle is a component of two or more */
+    st = di_rule_scc(b->n_rules, adj_off, adj, comp, NULL);
+  for (int t = 0; t < b->n_rules && st == DI_OK; t++)
+    size[comp[t]]++;
+  for (int t = 0; t < b->n_rules && st == DI_OK; t++)
+    if (size[comp[t]] > 1)
+      st = di_error_set(DI_ERR_FORMAT, "lark grammar: terminal '%s' is recursive (terminals are regular "
+                        "expressions; make it a rule, in lower case)", b->rules[t].name);
 done:
-  free(colour), free(stamp), free(queue), free(refs), free(path), free(next), free(adj_off), free(adj);
+  free(stamp), free(queue), free(refs), free(adj_off), free(comp), free(size), free(adj);
   return st;
 }
 
