@@ -726,8 +726,9 @@ static di_status parse_marker(lp *p, rule_attrs *a, const char *an) {
     a->marker_empty = a->mark.n == 0;
   } else if (c == '/') {
     DI_TRY(parse_regex(p, &a->mark));
-    if (p->s[p->i - 1] != '/')
-      return lerr(p, at, "a stop / suffix regex takes no flags");
+    for (size_t j = p->i; j > at && p->s[j - 1] != '/'; j--)
+      if (p->s[j - 1] == 'i') /* XGrammar's rule: a marker is matched exactly (s is fine) */
+        return lerr(p, at, "a stop / suffix regex takes no i flag");
   } else {
     char nm[256];
     if (!read_name(p, nm, sizeof nm) || !is_terminal_name(nm))
