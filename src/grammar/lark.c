@@ -19,6 +19,7 @@
 #include "grammar/literal_char.h"
 #include "grammar/token_ref.h"
 #include "grammar/gram_ir.h"
+#include "grammar/lark_param.h"
 #include "grammar/regular_set.h"
 #include "grammar/rule_scc.h"
 #include "grammar/substring.h"
@@ -36,7 +37,19 @@ typedef struct {
   const struct di_grammar_options *opt; /* for %json's schemas */
   struct lark_op *ops; /* regular-language operations done after parsing (lark_ops below) */
   int nops, cap_ops;
+  /* parametric rules (lark_param.h): definitions `name::_` (their body's offset), instances queued
+   * by references `name::EXPR` and parsed once per parameter value after the other definitions */
+  struct lark_pdef { char name[256]; size_t body; } *pdefs;
+  int npdefs, cap_pdefs;
+  struct lark_pinst { char name[256]; uint64_t v; int rule; size_t at; } *pq;
+  int npq, cap_pq;
+  char *queued; /* per rule id: an instance queued */
+  int cap_queued;
+  int in_param, dry; /* parsing a parametric body (for parameter p->param); checking it only */
+  uint64_t param;
 } lp;
+
+#define LARK_MAX_INSTANCES 10000
 
 /* Operations on regular languages, done once every definition is parsed (operands may name
  * terminals defined later) with regular_set.c: a lazy rule (shortest matches: [lazy], and
@@ -401,6 +414,11 @@ static di_status parse_brace_repeat(lp *p, int *min, int *max) {
 
 static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is_term_item);
 
+/* At `%if` (a parametric alternative's condition)? */
+static int at_if(const lp *p) {
+  return p->i + 3 <= p->n && memcmp(p->s + p->i, "%if", 3) == 0 && (p->i + 3 == p->n || !name_char(p->s[p->i + 3]));
+}
+
 /* `~ATOM` in a terminal: the complement of the atom's language over all byte strings (llguidance:
  * it may match invalid UTF-8; intersect it with /(?s:.*)/ to avoid that). */
 static di_status parse_complement(lp *p, di_gseq *s, int terminal, int nested) {
@@ -423,6 +441,49 @@ static di_status parse_complement(lp *p, di_gseq *s, int terminal, int nested) {
   DI_TRY(st);
   p->b->rules[res].defined = 1;
   di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, res});
+  return DI_OK;
+}
+
+/* `name::EXPR` at "::": a reference to the instance of parametric rule `name` for the parameter
+ * EXPR computes (from the current one inside a parametric rule), queued for parsing when new. */
+static di_status parse_param_ref(lp *p, di_gseq *s, const char *nm, size_t at) {
+  if (is_terminal_name(nm))
+    return lerr(p, at, "terminals take no parameter (only rules: name::_)");
+  p->i += 2;
+  uint64_t v = 0;
+  const char *err = NULL;
+  if (!di_lark_param_expr(p->s, p->n, &p->i, p->in_param, p->param, &v, &err))
+    return lerr(p, p->i, err);
+  if (p->dry)
+    return DI_OK; /* checking a parametric body's syntax: nothing is built */
+  char inst[300];
+  snprintf(inst, sizeof inst, "%.255s::%#llx", nm, (unsigned long long)v);
+  int r = rule_of(p, inst);
+  if (r >= p->cap_queued) {
+    int nc = (r + 1) * 2;
+    char *q = realloc(p->queued, (size_t)nc);
+    if (!q)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    memset(q + p->cap_queued, 0, (size_t)(nc - p->cap_queued));
+    p->queued = q, p->cap_queued = nc;
+  }
+  if (!p->queued[r]) {
+    if (p->npq >= LARK_MAX_INSTANCES)
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: parametric rules expand to more than %d instances "
+                          "(at %s::...)", LARK_MAX_INSTANCES, nm);
+    if (p->npq == p->cap_pq) {
+      int nc = p->cap_pq ? p->cap_pq * 2 : 16;
+      struct lark_pinst *q = realloc(p->pq, sizeof *q * (size_t)nc);
+      if (!q)
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      p->pq = q, p->cap_pq = nc;
+    }
+    struct lark_pinst *e = &p->pq[p->npq++];
+    snprintf(e->name, sizeof e->name, "%s", nm);
+    e->v = v, e->rule = r, e->at = at;
+    p->queued[r] = 1;
+  }
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, r});
   return DI_OK;
 }
 
@@ -482,6 +543,8 @@ static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is
     if (terminal && !is_terminal_name(nm))
       return lerr(p, at, "a terminal cannot refer to a rule (lower-case name)");
     *is_term_item = is_terminal_name(nm);
+    if (p->i + 1 < p->n && p->s[p->i] == ':' && p->s[p->i + 1] == ':')
+      return parse_param_ref(p, s, nm, at);
     di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule_of(p, nm)});
   } else {
     return lerr(p, at, "unexpected character");
@@ -507,7 +570,7 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
     char c = p->s[p->i];
     size_t at = p->i;
     if (c == '|' || c == '&' || c == ')' || c == ']' || c == '\n' ||
-        (c == '-' && p->i + 1 < p->n && p->s[p->i + 1] == '>'))
+        (c == '-' && p->i + 1 < p->n && p->s[p->i + 1] == '>') || (c == '%' && at_if(p)))
       return DI_OK;
     int item = s->n;
     int is_term_item = 0;
@@ -587,11 +650,27 @@ static di_status parse_intersection(lp *p, di_gseq *s, int terminal, int nested)
 static di_status parse_alts(lp *p, int rule, int terminal, int nested) {
   for (;;) {
     di_gseq s = {0};
+    int queued_before = p->npq;
     di_status st = parse_seq(p, &s, terminal, nested);
     if (st == DI_OK && p->i < p->n && p->s[p->i] == '&')
       st = parse_intersection(p, &s, terminal, nested);
-    if (st == DI_OK)
+    int keep = 1;
+    if (st == DI_OK && at_if(p)) { /* `%if COND`: the alternative only where COND holds */
+      const char *err = NULL;
+      if (!p->in_param || nested)
+        st = lerr(p, p->i, "%if is only for the alternatives of a parametric rule (name::_)");
+      else if ((p->i += 3, !di_lark_param_cond(p->s, p->n, &p->i, p->param, &keep, &err)))
+        st = lerr(p, p->i, err);
+      skip(p, 0);
+    }
+    if (st == DI_OK && keep)
       st = di_gb_add_alt(p->b, rule, s.v, s.n);
+    for (; st == DI_OK && !keep && p->npq > queued_before; p->npq--) { /* a dropped alternative's instances */
+      int r = p->pq[p->npq - 1].rule;
+      p->queued[r] = 0;
+      if (!p->b->rules[r].defined && p->b->rules[r].n_alts == 0)
+        p->b->rules[r].defined = 1; /* unreferenced now; queued again (and parsed) if another reference comes */
+    }
     di_gseq_free(&s);
     DI_TRY(st);
     skip(p, nested);
@@ -815,6 +894,61 @@ static di_status parse_attributes(lp *p, rule_attrs *ra) {
   }
 }
 
+/* `name::_ : body` at "::": recorded (instances parse the body per parameter value) and its
+ * syntax checked once now, building nothing that is kept. */
+static di_status parse_param_definition(lp *p, const char *nm, size_t at) {
+  p->i += 2;
+  if (p->i >= p->n || p->s[p->i] != '_')
+    return lerr(p, p->i, "a parametric rule is written name::_");
+  p->i++;
+  if (is_terminal_name(nm))
+    return lerr(p, at, "terminals cannot be parametric (only rules: name::_)");
+  if (p->i < p->n && p->s[p->i] == '[')
+    return lerr(p, p->i, "attributes are not supported on parametric rules");
+  skip(p, 0);
+  if (p->i >= p->n || p->s[p->i] != ':')
+    return lerr(p, p->i, "expected ':' after the name");
+  p->i++;
+  for (int k = 0; k < p->npdefs; k++)
+    if (strcmp(p->pdefs[k].name, nm) == 0)
+      return lerr(p, at, "rule defined twice");
+  if (p->npdefs == p->cap_pdefs) {
+    int nc = p->cap_pdefs ? p->cap_pdefs * 2 : 4;
+    struct lark_pdef *q = realloc(p->pdefs, sizeof *q * (size_t)nc);
+    if (!q)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    p->pdefs = q, p->cap_pdefs = nc;
+  }
+  struct lark_pdef *d = &p->pdefs[p->npdefs++];
+  snprintf(d->name, sizeof d->name, "%s", nm);
+  d->body = p->i;
+  p->dry = 1, p->in_param = 1, p->param = 0;
+  di_status st = parse_alts(p, di_gb_new_rule(p->b, "lark_param_check"), 0, 0);
+  p->dry = 0, p->in_param = 0;
+  return st;
+}
+
+/* Parses every queued instance of a parametric rule (instances queue more) into its rule. */
+static di_status instantiate_params(lp *p) {
+  for (int q = 0; q < p->npq; q++) {
+    struct lark_pinst e = p->pq[q]; /* p->pq may move while the body is parsed */
+    int d = -1;
+    for (int k = 0; k < p->npdefs && d < 0; k++)
+      if (strcmp(p->pdefs[k].name, e.name) == 0)
+        d = k;
+    if (d < 0)
+      return lerr(p, e.at, "a parameter given to a rule that is not parametric (define it as name::_)");
+    size_t save = p->i;
+    p->i = p->pdefs[d].body;
+    p->in_param = 1, p->param = e.v;
+    di_status st = parse_alts(p, e.rule, 0, 0);
+    p->in_param = 0, p->i = save;
+    DI_TRY(st);
+    p->b->rules[e.rule].defined = 1; /* every alternative's condition may fail: it matches nothing */
+  }
+  return DI_OK;
+}
+
 static di_status parse_definitions(lp *p) {
   while (p->i < p->n) {
     skip(p, 1);
@@ -832,6 +966,13 @@ static di_status parse_definitions(lp *p) {
         return lerr(p, at, "expected a rule or terminal definition (name: ...)");
       if (p->i < p->n && p->s[p->i] == '{')
         return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
+      if (p->i + 1 < p->n && p->s[p->i] == ':' && p->s[p->i + 1] == ':') {
+        DI_TRY(parse_param_definition(p, nm, at));
+        skip(p, 0);
+        if (p->i < p->n && p->s[p->i] != '\n')
+          return lerr(p, p->i, "unexpected text after the definition");
+        continue;
+      }
       if (p->i < p->n && p->s[p->i] == '.') { /* priority */
         p->i++;
         if (p->i < p->n && p->s[p->i] == '-')
@@ -1096,6 +1237,9 @@ di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di
     b->rules[p.ign_set].defined = 1;
   }
   di_status pst = parse_definitions(&p);
+  if (pst == DI_OK)
+    pst = instantiate_params(&p);
+  free(p.pdefs), free(p.pq), free(p.queued);
   int start = -1;
   for (int i = 0; pst == DI_OK && i < b->n_rules; i++)
     if (strcmp(b->rules[i].name, "start") == 0 && b->rules[i].defined)
