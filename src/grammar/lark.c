@@ -1,7 +1,7 @@
 /* Lark front-end (the dialect llguidance takes, and OpenAI's grammar-constrained custom tools):
  * `rule: expansions` (lower case) and `TERMINAL: expansions` (upper case), `|` alternatives that
  * may continue on lines starting with `|`, strings "..." (flag i), ranges "a".."z", /regex/
- * terminals (flags i, s; Rust regex syntax as llguidance has it, see regex.c's DI_RE_LARK), groups
+ * terminals (flags i, s, u; Rust regex syntax as llguidance has it, see regex.c's DI_RE_LARK), groups
  * ( ), optionals [ ], `? * +`, `~ N` and `~ N..M`, `-> alias` (ignored), `?rule` / `!rule` / `_rule`
  * (tree shaping, ignored), priorities `name.N` (parsed: the language is the union, so priorities
  * only matter to a lexer), `%import common.NAME [-> ALIAS]` / `%import common (A, B)`, `%ignore`.
@@ -281,8 +281,8 @@ static di_status parse_regex(lp *p, di_gseq *s) {
       flags |= DI_RE_ICASE;
     else if (f == 's')
       flags |= DI_RE_DOTALL;
-    else
-      return lerr(p, p->i, "unsupported regex flag (only i and s)");
+    else if (f != 'u') /* u (Unicode): regexes match code points already */
+      return lerr(p, p->i, "unsupported regex flag (only i, s and u)");
     p->i++;
   }
   /* "\/" inside the delimiters stands for "/" */
@@ -530,9 +530,15 @@ static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is
     int32_t id = 0;
     if (terminal)
       return lerr(p, at, "a token reference cannot be used in a terminal (upper-case name)");
-    if (!di_token_ref_parse(p->s, p->n, &p->i, &id))
-      return lerr(p, at, "expected a token reference <[id]>");
-    di_token_ref_push(b, s, id, 0);
+    di_token_range set[64];
+    int nset = 0;
+    if (di_token_ref_parse(p->s, p->n, &p->i, &id))
+      di_token_ref_push(b, s, id, 0);
+    else if (di_token_set_parse(p->s, p->n, &p->i, set, 64, &nset)) /* <[A-B,C]>, <[^...]>, <[*]> */
+      di_token_set_push(b, s, set, nset);
+    else
+      return lerr(p, at, "expected a token reference <[id]> or a token set <[A-B,C,...]> / <[^...]> / <[*]> "
+                  "(at most 63 ranges)");
     b->has_token_refs = 1;
     *is_term_item = 1;
   } else if (name_char(c) && !(c >= '0' && c <= '9')) {
