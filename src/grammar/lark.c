@@ -929,8 +929,10 @@ static di_status parse_param_definition(lp *p, const char *nm, size_t at) {
   snprintf(d->name, sizeof d->name, "%s", nm);
   d->body = p->i;
   p->dry = 1, p->in_param = 1, p->param = 0;
-  di_status st = parse_alts(p, di_gb_new_rule(p->b, "lark_param_check"), 0, 0);
+  int check = di_gb_new_rule(p->b, "lark_param_check");
+  di_status st = parse_alts(p, check, 0, 0);
   p->dry = 0, p->in_param = 0;
+  p->b->rules[check].defined = 1; /* unused; every condition may fail for parameter 0 */
   return st;
 }
 
