@@ -177,6 +177,9 @@ static size_t read_name(lp *p, char *out, size_t cap) {
 
 /* Terminals are upper case (after leading underscores). */
 static int is_terminal_name(const char *nm) {
+  const char *dot = strrchr(nm, '.'); /* past a library's or a nested grammar's prefix */
+  if (dot)
+    nm = dot + 1;
   while (*nm == '_')
     nm++;
   return *nm >= 'A' && *nm <= 'Z';
@@ -487,7 +490,9 @@ static di_status parse_param_ref(lp *p, di_gseq *s, const char *nm, size_t at) {
   return DI_OK;
 }
 
-/* One item (a group, string, regex, %json / %regex, token reference, name or ~item) onto s. */
+static di_status parse_nested_lark(lp *p, di_gseq *s);
+
+/* One item (a group, string, regex, %json / %regex / %lark, token reference, name or ~item) onto s. */
 static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is_term_item) {
   di_gb *b = p->b;
   char c = p->s[p->i];
@@ -522,6 +527,12 @@ static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is
     if (terminal)
       return lerr(p, at, "%json cannot be used in terminals (upper-case names)");
     DI_TRY(parse_json_item(p, s));
+    *is_term_item = 1;
+  } else if (c == '%' && p->i + 5 <= p->n && memcmp(p->s + p->i, "%lark", 5) == 0 &&
+             (p->i + 5 == p->n || !name_char(p->s[p->i + 5]))) {
+    if (terminal)
+      return lerr(p, at, "%lark cannot be used in terminals (upper-case names)");
+    DI_TRY(parse_nested_lark(p, s));
     *is_term_item = 1;
   } else if (c == '%' && p->i + 6 <= p->n && memcmp(p->s + p->i, "%regex", 6) == 0) {
     DI_TRY(parse_regex_item(p, s));
@@ -1230,40 +1241,83 @@ static int has_ignore_statement(const char *s, size_t n) {
   return 0;
 }
 
-di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt) {
-  lp p = {.b = b, .s = src, .n = len, .opt = opt};
-  p.has_ignore = has_ignore_statement(src, len);
-  p.ign_set = di_gb_new_rule(b, "lark_ignored");
-  p.ign = -1;
-  if (p.has_ignore) { /* ign ::= ignored* */
+/* Compiles p's text into p->b: *root matches the whole grammar (start, then the trailing %ignore).
+ * A nested grammar (`%lark {...}`, parent set) is compiled with its own names (p->prefix), %ignore
+ * and parametric rules; the passes over the whole builder (terminal cycles, left recursion, the
+ * regular operations) run once, for the outermost grammar, after everything is parsed: a nested
+ * grammar hands its operations to the parent. */
+static di_status compile_grammar(lp *p, lp *parent, int *root) {
+  di_gb *b = p->b;
+  p->has_ignore = has_ignore_statement(p->s, p->n);
+  p->ign_set = di_gb_new_rule(b, "lark_ignored");
+  p->ign = -1;
+  if (p->has_ignore) { /* ign ::= ignored* */
     di_gseq s = {0};
-    di_gseq_repeat(b, &s, (di_gel){DI_GE_RULE, p.ign_set}, 0, -1);
-    p.ign = di_gb_new_rule(b, "lark_ignore");
-    di_gb_add_alt(b, p.ign, s.v, s.n);
+    di_gseq_repeat(b, &s, (di_gel){DI_GE_RULE, p->ign_set}, 0, -1);
+    p->ign = di_gb_new_rule(b, "lark_ignore");
+    di_gb_add_alt(b, p->ign, s.v, s.n);
     di_gseq_free(&s);
   } else {
-    b->rules[p.ign_set].defined = 1;
+    b->rules[p->ign_set].defined = 1;
   }
-  di_status pst = parse_definitions(&p);
+  di_status pst = parse_definitions(p);
+  b->rules[p->ign_set].defined = 1; /* the %ignore seen was a nested grammar's: nothing ignored here */
   if (pst == DI_OK)
-    pst = instantiate_params(&p);
-  free(p.pdefs), free(p.pq), free(p.queued);
+    pst = instantiate_params(p);
+  free(p->pdefs), free(p->pq), free(p->queued);
+  p->pdefs = NULL, p->pq = NULL, p->queued = NULL;
   int start = -1;
-  for (int i = 0; pst == DI_OK && i < b->n_rules; i++)
-    if (strcmp(b->rules[i].name, "start") == 0 && b->rules[i].defined)
-      start = i;
-  if (pst == DI_OK)
-    pst = start < 0 ? di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule") : check_terminal_cycles(b);
-  if (pst == DI_OK)
-    pst = remove_direct_left_recursion(b);
-  if (pst == DI_OK)
-    pst = run_ops(&p);
-  free(p.ops);
+  if (pst == DI_OK) {
+    start = rule_of(p, "start");
+    if (!b->rules[start].defined)
+      pst = di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule");
+  }
+  if (parent) {
+    for (int i = 0; i < p->nops && pst == DI_OK; i++) /* positions are the %lark's, in the parent */
+      pst = push_op(parent, p->ops[i].kind, p->ops[i].target, p->ops[i].ops, p->ops[i].k, p->ops[i].max_chars,
+                    parent->i);
+  } else {
+    if (pst == DI_OK)
+      pst = check_terminal_cycles(b);
+    if (pst == DI_OK)
+      pst = remove_direct_left_recursion(b);
+    if (pst == DI_OK)
+      pst = run_ops(p);
+  }
+  free(p->ops);
+  p->ops = NULL;
   DI_TRY(pst);
-  int root = di_gb_new_rule(b, "lark_root");
-  di_gel els[2] = {{DI_GE_RULE, start}, {DI_GE_RULE, p.ign}};
-  DI_TRY(di_gb_add_alt(b, root, els, p.has_ignore ? 2 : 1));
-  if (b->oom)
-    return di_error_set(DI_ERR_OOM, "out of memory");
+  *root = di_gb_new_rule(b, "lark_root");
+  di_gel els[2] = {{DI_GE_RULE, start}, {DI_GE_RULE, p->ign}};
+  DI_TRY(di_gb_add_alt(b, *root, els, p->has_ignore ? 2 : 1));
+  return b->oom ? di_error_set(DI_ERR_OOM, "out of memory") : DI_OK;
+}
+
+/* `%lark { GRAMMAR }` (llguidance, XGrammar): a grammar of its own (its names, its %ignore, its
+ * start) used as one item; its extent is found by matching braces outside "..." strings. */
+static di_status parse_nested_lark(lp *p, di_gseq *s) {
+  size_t at = p->i, open = 0;
+  DI_TRY(scan_json_object(p, 5, "expected '{' after %lark", "unclosed %lark grammar", &open));
+  if (p->depth > 20)
+    return lerr(p, at, "%lark grammars nested too deeply");
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "%slark%d.", p->prefix ? p->prefix : "", p->b->n_rules);
+  lp q = {.b = p->b, .s = p->s + open + 1, .n = p->i - open - 2, .opt = p->opt, .prefix = prefix,
+          .depth = p->depth + 1};
+  int root = -1;
+  size_t save = p->i;
+  p->i = at;
+  di_status st = compile_grammar(&q, p, &root);
+  p->i = save;
+  if (st != DI_OK)
+    return di_error_wrap(st, "lark grammar: the %%lark grammar at offset %zu", at);
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, root});
+  return DI_OK;
+}
+
+di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt) {
+  lp p = {.b = b, .s = src, .n = len, .opt = opt};
+  int root = -1;
+  DI_TRY(compile_grammar(&p, NULL, &root));
   return di_gb_finish(b, root);
 }
