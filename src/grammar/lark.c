@@ -33,7 +33,7 @@ typedef struct {
   int has_ignore;    /* the grammar has %ignore: insert the ignore rule before terminals */
   int ign;           /* the ignore rule: (ignored alternatives)* */
   int ign_set;       /* the ignored alternatives */
-  const char *prefix; /* names are prefixed while parsing the built-in common library */
+  const char *prefix; /* names are prefixed in the built-in common library and in nested %lark grammars */
   const struct di_grammar_options *opt; /* for %json's schemas */
   struct lark_op *ops; /* regular-language operations done after parsing (lark_ops below) */
   int nops, cap_ops;
@@ -46,6 +46,8 @@ typedef struct {
   char *queued; /* per rule id: an instance queued */
   int cap_queued;
   int in_param, dry; /* parsing a parametric body (for parameter p->param); checking it only */
+  int ignore_once;    /* %llguidance {"ignore_once": true}: one %ignore match per gap, not a run */
+  int initial_skip;   /* %grammar_options {"allow_initial_skip": ...}: -1 unset, 0 / 1 */
   uint64_t param;
 } lp;
 
@@ -102,7 +104,8 @@ static di_status lerr(const lp *p, size_t at, const char *what) {
       col++;
   }
   return di_error_set(DI_ERR_FORMAT, "lark grammar: %s at line %d, column %d%s", what, line, col,
-                      p->prefix ? " (built-in common library)" : "");
+                      p->prefix && strcmp(p->prefix, COMMON_PREFIX) == 0 ? " (built-in common library)"
+                      : p->prefix ? " (of the nested %lark grammar)" : "");
 }
 
 /* Skips blanks and // comments; newlines too when `nl` (inside brackets, or before a `|`). */
@@ -711,6 +714,77 @@ static di_status parse_alts(lp *p, int rule, int terminal, int nested) {
 
 static di_status parse_common(lp *p, const char *name, const char *alias);
 
+/* `%llguidance {...}` (llguidance) and `%grammar_options {...}` (XGrammar): options as a flat JSON
+ * object of true / false / "string" values. Known here: ignore_once (llguidance; also
+ * "skip_repetition": "once" / "many"): a gap takes one %ignore match instead of a run;
+ * allow_initial_skip (XGrammar): only true, what this engine does (%ignore before every terminal,
+ * the first included); no_forcing (tokenisation only: no change, but XGrammar refuses true);
+ * allow_invalid_utf8 only false. Anything else is an error naming it. */
+static di_status parse_options(lp *p, const char *kw) {
+  size_t at = p->i, open = 0;
+  int xg = strcmp(kw, "grammar_options") == 0;
+  DI_TRY(scan_json_object(p, strlen(kw) + 1, "expected a JSON object of options", "unclosed options object", &open));
+  size_t end = p->i - 1, j = open + 1;
+  for (;;) {
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t' || p->s[j] == '\n' || p->s[j] == '\r'))
+      j++;
+    if (j >= end)
+      break;
+    if (p->s[j] != '"')
+      return lerr(p, j, "expected an option name in quotes");
+    size_t k0 = ++j;
+    while (j < end && p->s[j] != '"')
+      j++;
+    char key[64];
+    snprintf(key, sizeof key, "%.*s", (int)(j - k0 < 63 ? j - k0 : 63), p->s + k0);
+    j++;
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t'))
+      j++;
+    if (j >= end || p->s[j] != ':')
+      return lerr(p, j, "expected ':' after an option name");
+    j++;
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t'))
+      j++;
+    size_t v0 = j;
+    int b = -1; /* 1 true, 0 false, -1 a string or anything else */
+    char str[32] = {0};
+    if (end - j >= 4 && memcmp(p->s + j, "true", 4) == 0)
+      b = 1, j += 4;
+    else if (end - j >= 5 && memcmp(p->s + j, "false", 5) == 0)
+      b = 0, j += 5;
+    else if (p->s[j] == '"') {
+      size_t s0 = ++j;
+      while (j < end && p->s[j] != '"')
+        j++;
+      snprintf(str, sizeof str, "%.*s", (int)(j - s0 < 31 ? j - s0 : 31), p->s + s0);
+      j++;
+    } else {
+      return lerr(p, v0, "an option's value is true, false or a string");
+    }
+    int is_bool = b >= 0;
+    if (strcmp(key, "ignore_once") == 0 && !xg && is_bool)
+      p->ignore_once = b;
+    else if (strcmp(key, "skip_repetition") == 0 && !xg && (!strcmp(str, "once") || !strcmp(str, "many")))
+      p->ignore_once = str[0] == 'o';
+    else if (strcmp(key, "allow_initial_skip") == 0 && is_bool)
+      p->initial_skip = b;
+    else if ((strcmp(key, "no_forcing") == 0 && is_bool && !(xg && b)) ||
+             (strcmp(key, "allow_invalid_utf8") == 0 && b == 0))
+      ; /* no change to the language */
+    else
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: %%%s option '%s' with that value is not supported (known: "
+                          "ignore_once, skip_repetition \"once\" / \"many\", allow_initial_skip true, no_forcing, "
+                          "allow_invalid_utf8 false) at offset %zu", kw, key, at);
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t' || p->s[j] == '\n' || p->s[j] == '\r'))
+      j++;
+    if (j < end && p->s[j] == ',')
+      j++;
+    else if (j < end)
+      return lerr(p, j, "expected ',' or '}' in the options");
+  }
+  return DI_OK;
+}
+
 /* %import common.NAME [-> ALIAS] | %import common (A, B, ...) | %ignore EXPANSIONS */
 static di_status parse_statement(lp *p) {
   size_t at = p->i;
@@ -722,9 +796,13 @@ static di_status parse_statement(lp *p) {
     di_status st = parse_alts(p, p->ign_set, 1, 0);
     return st;
   }
+  if (strcmp(kw, "llguidance") == 0 || strcmp(kw, "grammar_options") == 0) {
+    p->i = at;
+    return parse_options(p, kw);
+  }
   if (strcmp(kw, "import") != 0)
-    return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: %%%s is not supported (only %%import common and %%ignore)",
-                        kw);
+    return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: %%%s is not supported (only %%import common, %%ignore, "
+                        "%%llguidance and %%grammar_options)", kw);
   char mod[64];
   read_name(p, mod, sizeof mod);
   if (strcmp(mod, "common") != 0)
@@ -1260,8 +1338,21 @@ static di_status compile_grammar(lp *p, lp *parent, int *root) {
   } else {
     b->rules[p->ign_set].defined = 1;
   }
+  p->initial_skip = -1;
   di_status pst = parse_definitions(p);
   b->rules[p->ign_set].defined = 1; /* the %ignore seen was a nested grammar's: nothing ignored here */
+  if (pst == DI_OK && p->initial_skip == 0)
+    pst = di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: allow_initial_skip false is not supported (%%ignore applies "
+                       "before every terminal, the first included)");
+  if (pst == DI_OK && p->has_ignore && p->ignore_once) { /* ign ::= ignored | "" */
+    di_grule *R = &b->rules[p->ign];
+    b->total_els -= R->n_els + R->n_alts;
+    R->n_alts = R->n_els = 0;
+    di_gel e = {DI_GE_RULE, p->ign_set};
+    pst = di_gb_add_alt(b, p->ign, &e, 1);
+    if (pst == DI_OK)
+      pst = di_gb_add_alt(b, p->ign, NULL, 0);
+  }
   if (pst == DI_OK)
     pst = instantiate_params(p);
   free(p->pdefs), free(p->pq), free(p->queued);
