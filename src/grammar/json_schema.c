@@ -59,7 +59,14 @@ static int own(jc *c, cJSON *j) {
 }
 
 /* ---- small sequence helpers ------------------------------------------------------------------ */
-static void lit(jc *c, di_gseq *s, const char *t) { di_gseq_bytes(c->b, s, t, strlen(t)); }
+static void lit(jc *c, di_gseq *s, const char *t) {
+  /* the separators as the options spell them (XGrammar's exact separators) */
+  if (c->opt && t[0] == ',' && !t[1] && c->opt->item_separator[0])
+    t = c->opt->item_separator;
+  else if (c->opt && t[0] == ':' && !t[1] && c->opt->key_separator[0])
+    t = c->opt->key_separator;
+  di_gseq_bytes(c->b, s, t, strlen(t));
+}
 static void ws(jc *c, di_gseq *s) {
   if (c->ws.kind >= 0)
     di_gseq_push(c->b, s, c->ws);
