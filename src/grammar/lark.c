@@ -445,7 +445,7 @@ static di_status parse_complement(lp *p, di_gseq *s, int terminal, int nested) {
     st = push_op(p, OP_NOT, res, &arg, 1, -1, at);
   p->depth--;
   DI_TRY(st);
-  p->b->rules[res].defined = 1;
+  di_gb_mark_defined(p->b, res);
   di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, res});
   return DI_OK;
 }
@@ -465,6 +465,8 @@ static di_status parse_param_ref(lp *p, di_gseq *s, const char *nm, size_t at) {
   char inst[300];
   snprintf(inst, sizeof inst, "%.255s::%#llx", nm, (unsigned long long)v);
   int r = rule_of(p, inst);
+  if (p->b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory");
   if (r >= p->cap_queued) {
     int nc = (r + 1) * 2;
     char *q = realloc(p->queued, (size_t)nc);
@@ -661,7 +663,7 @@ static di_status parse_intersection(lp *p, di_gseq *s, int terminal, int nested)
   }
   int res = di_gb_new_rule(p->b, "lark_and");
   st = push_op(p, OP_AND, res, ops, k, -1, at);
-  p->b->rules[res].defined = 1;
+  di_gb_mark_defined(p->b, res);
   di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, res});
   return st;
 }
@@ -689,7 +691,7 @@ static di_status parse_alts(lp *p, int rule, int terminal, int nested) {
       int r = p->pq[p->npq - 1].rule;
       p->queued[r] = 0;
       if (!p->b->rules[r].defined && p->b->rules[r].n_alts == 0)
-        p->b->rules[r].defined = 1; /* unreferenced now; queued again (and parsed) if another reference comes */
+        di_gb_mark_defined(p->b, r); /* unreferenced now; queued again (and parsed) if another reference comes */
     }
     di_gseq_free(&s);
     DI_TRY(st);
@@ -1021,7 +1023,7 @@ static di_status parse_param_definition(lp *p, const char *nm, size_t at) {
   int check = di_gb_new_rule(p->b, "lark_param_check");
   di_status st = parse_alts(p, check, 0, 0);
   p->dry = 0, p->in_param = 0;
-  p->b->rules[check].defined = 1; /* unused; every condition may fail for parameter 0 */
+  di_gb_mark_defined(p->b, check); /* unused; every condition may fail for parameter 0 */
   return st;
 }
 
@@ -1041,7 +1043,7 @@ static di_status instantiate_params(lp *p) {
     di_status st = parse_alts(p, e.rule, 0, 0);
     p->in_param = 0, p->i = save;
     DI_TRY(st);
-    p->b->rules[e.rule].defined = 1; /* every alternative's condition may fail: it matches nothing */
+    di_gb_mark_defined(p->b, e.rule); /* every alternative's condition may fail: it matches nothing */
   }
   return DI_OK;
 }
@@ -1336,11 +1338,11 @@ static di_status compile_grammar(lp *p, lp *parent, int *root) {
     di_gb_add_alt(b, p->ign, s.v, s.n);
     di_gseq_free(&s);
   } else {
-    b->rules[p->ign_set].defined = 1;
+    di_gb_mark_defined(b, p->ign_set);
   }
   p->initial_skip = -1;
   di_status pst = parse_definitions(p);
-  b->rules[p->ign_set].defined = 1; /* the %ignore seen was a nested grammar's: nothing ignored here */
+  di_gb_mark_defined(b, p->ign_set); /* the %ignore seen was a nested grammar's: nothing ignored here */
   if (pst == DI_OK && p->initial_skip == 0)
     pst = di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: allow_initial_skip false is not supported (%%ignore applies "
                        "before every terminal, the first included)");
@@ -1360,7 +1362,9 @@ static di_status compile_grammar(lp *p, lp *parent, int *root) {
   int start = -1;
   if (pst == DI_OK) {
     start = rule_of(p, "start");
-    if (!b->rules[start].defined)
+    if (b->oom)
+      pst = di_error_set(DI_ERR_OOM, "out of memory");
+    else if (!b->rules[start].defined)
       pst = di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule");
   }
   if (parent) {

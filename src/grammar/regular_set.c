@@ -480,7 +480,7 @@ static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
       st = di_error_set(DI_ERR_FORMAT, "rule '%s' is used but not defined", R->name);
       break;
     }
-    g->rules[map[x]].defined = 1;
+    di_gb_mark_defined(g, map[x]); /* (no-op after an allocation failure: g->rules may be NULL) */
     for (int a = 0; a < R->n_alts && st == DI_OK; a++) {
       q.n = 0;
       for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++) {

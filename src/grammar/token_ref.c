@@ -170,6 +170,6 @@ void di_token_set_push(di_gb *b, di_gseq *seq, const di_token_range *rs, int nr)
   pre[0] = byte_el(b, DI_TOKEN_REF_MARK, DI_TOKEN_REF_MARK, -1);
   for (int k = 0; k < nr; k++)
     range_alts(b, r, pre, 1, (uint32_t)rs[k].lo, (uint32_t)rs[k].hi, 4);
-  b->rules[r].defined = 1; /* an empty set: a rule with no alternative, matching nothing */
+  di_gb_mark_defined(b, r); /* an empty set: a rule with no alternative, matching nothing */
   di_gseq_push(b, seq, (di_gel){DI_GE_RULE, r});
 }
