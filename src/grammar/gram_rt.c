@@ -339,6 +339,27 @@ int di_grt_truncated_stack(di_grt *rt, int id, int depth) {
   return base < 0 ? DI_GRT_ERROR : base;
 }
 
+int di_grt_replace_frame(di_grt *rt, int id, int depth, int pos) {
+  int above[64];
+  int cur = id;
+  if (depth >= 64)
+    return DI_GRT_ERROR;
+  for (int n = 0; n < depth; n++) {
+    if (cur <= DI_GRT_PSEUDO)
+      return DI_GRT_ERROR;
+    above[n] = rt->npos[cur];
+    cur = rt->npar[cur];
+  }
+  if (cur <= DI_GRT_PSEUDO)
+    return DI_GRT_ERROR;
+  int base = node_get(rt, pos, rt->npar[cur]);
+  for (int i = depth - 1; i >= 0 && base >= 0; i--)
+    base = node_get(rt, above[i], base);
+  if (base < 0)
+    di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+  return base < 0 ? DI_GRT_ERROR : base;
+}
+
 int di_grt_node_state(di_grt *rt, int id) {
   if (!grow((void **)&rt->out, &rt->out_cap, 1, sizeof(int32_t)))
     return DI_GRT_ERROR;

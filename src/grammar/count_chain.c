@@ -1,0 +1,177 @@
+/* Recognises the counted-repetition chains of the IR (count_chain.h). */
+#include "grammar/count_chain.h"
+#include <stdlib.h>
+#include <string.h>
+
+enum { FAR = 1 << 28 };
+
+/* Each rule's shortest string in bytes (a fixpoint from "infinite"); 0 everywhere when it does not
+ * settle within the pass budget, which only makes fewer rules count as non-empty x's. */
+static void shortest(const di_gb *g, int32_t *minlen) {
+  for (int r = 0; r < g->n_rules; r++)
+    minlen[r] = FAR;
+  for (int pass = 0; pass < 64; pass++) {
+    int changed = 0;
+    for (int r = 0; r < g->n_rules; r++)
+      for (int a = g->rule_first[r]; a < g->rule_first[r + 1]; a++) {
+        int len = 0;
+        for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END && len < FAR; p++)
+          len += g->flat[p].kind == DI_GE_CLASS ? 1 : minlen[g->flat[p].arg];
+        if (len > FAR)
+          len = FAR;
+        if (len < minlen[r]) {
+          minlen[r] = len;
+          changed = 1;
+        }
+      }
+    if (!changed)
+      return;
+  }
+  memset(minlen, 0, sizeof *minlen * (size_t)g->n_rules);
+}
+
+/* The x-alternative of a rule shaped like a chain link (two alternatives, one empty, the other
+ * `x` or `x REF`), its start position in *p; -1 when the rule has another shape. */
+static int link_shape(const di_gb *g, const int32_t *minlen, int r, int *p) {
+  if (g->rule_first[r + 1] - g->rule_first[r] != 2)
+    return -1;
+  int a0 = g->rule_alts[g->rule_first[r]], a1 = g->rule_alts[g->rule_first[r] + 1];
+  int x;
+  if (g->flat[a0].kind == DI_GE_END && g->flat[a1].kind != DI_GE_END)
+    x = a1;
+  else if (g->flat[a1].kind == DI_GE_END && g->flat[a0].kind != DI_GE_END)
+    x = a0;
+  else
+    return -1;
+  di_gel e = g->flat[x];
+  if (e.kind == DI_GE_RULE && (e.arg == r || minlen[e.arg] < 1))
+    return -1; /* x must take at least one byte */
+  if (g->flat[x + 1].kind == DI_GE_END) {
+    *p = x;
+    return 0; /* O_1 */
+  }
+  if (g->flat[x + 1].kind != DI_GE_RULE || g->flat[x + 2].kind != DI_GE_END)
+    return -1;
+  *p = x;
+  return 1;
+}
+
+di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
+  memset(c, 0, sizeof *c);
+  int n = g->n_rules;
+  c->index = calloc((size_t)n + 1, sizeof *c->index);
+  c->up = malloc(sizeof *c->up * ((size_t)n + 1));
+  c->down = malloc(sizeof *c->down * ((size_t)n + 1));
+  c->frame_rule = malloc(sizeof *c->frame_rule * ((size_t)g->n_flat + 1));
+  int32_t *minlen = malloc(sizeof *minlen * ((size_t)n + 1));
+  int32_t *xpos = malloc(sizeof *xpos * ((size_t)n + 1));
+  int32_t *path = malloc(sizeof *path * ((size_t)n + 1));
+  if (!c->index || !c->up || !c->down || !c->frame_rule || !minlen || !xpos || !path) {
+    free(minlen);
+    free(xpos);
+    free(path);
+    di_count_chains_free(c);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  shortest(g, minlen);
+  for (int r = 0; r < n; r++) {
+    c->up[r] = c->down[r] = -1;
+    xpos[r] = -1;
+  }
+  for (int i = 0; i < g->n_flat; i++)
+    c->frame_rule[i] = -1;
+  /* index: follow the down links to a resolved rule or an O_1 (state: 0 unseen, 1 on the current
+   * path, 2 settled), so a cycle (x*) or a broken link settles every rule above it as no link */
+  uint8_t *state = calloc((size_t)n + 1, 1);
+  if (!state) {
+    free(minlen);
+    free(xpos);
+    free(path);
+    di_count_chains_free(c);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int r = 0; r < n; r++) {
+    if (state[r])
+      continue;
+    int np = 0, cur = r, base;
+    for (;;) {
+      if (state[cur] == 2) {
+        base = c->index[cur] > 0 ? c->index[cur] : -1;
+        break;
+      }
+      if (state[cur] == 1) { /* a cycle */
+        base = -1;
+        break;
+      }
+      int p, shape = link_shape(g, minlen, cur, &p);
+      if (shape < 0) {
+        state[cur] = 2; /* index 0 */
+        base = -1;
+        break;
+      }
+      state[cur] = 1;
+      path[np++] = cur;
+      xpos[cur] = p;
+      if (shape == 0) {
+        base = 0; /* cur is O_1 */
+        break;
+      }
+      int d = g->flat[p + 1].arg, pd; /* the link below must repeat the same x */
+      if (link_shape(g, minlen, d, &pd) < 0 || g->flat[pd].kind != g->flat[p].kind || g->flat[pd].arg != g->flat[p].arg) {
+        base = -1;
+        break;
+      }
+      cur = d;
+    }
+    for (int k = np - 1; k >= 0; k--) { /* from the bottom of the path up */
+      int q = path[k];
+      state[q] = 2;
+      if (base < 0)
+        continue;
+      c->index[q] = ++base;
+      if (g->flat[xpos[q] + 1].kind == DI_GE_RULE) {
+        c->down[q] = g->flat[xpos[q] + 1].arg;
+        if (c->up[c->down[q]] < 0)
+          c->up[c->down[q]] = q;
+      }
+    }
+  }
+  free(state);
+  for (int r = 0; r < n; r++) {
+    if (c->index[r] <= 0) {
+      c->index[r] = 0;
+      continue;
+    }
+    int p = xpos[r];
+    int fp = g->flat[p].kind == DI_GE_CLASS ? p : (c->index[r] >= 2 ? p + 1 : -1);
+    if (fp >= 0) {
+      c->frame_rule[fp] = r;
+      c->n_frames++;
+    }
+  }
+  free(minlen);
+  free(xpos);
+  free(path);
+  return DI_OK;
+}
+
+int di_count_chain_frame_pos(const di_gb *g, const di_count_chains *c, int r) {
+  if (r < 0 || c->index[r] <= 0)
+    return -1;
+  for (int a = g->rule_first[r]; a < g->rule_first[r + 1]; a++) {
+    int p = g->rule_alts[a];
+    if (g->flat[p].kind == DI_GE_END)
+      continue;
+    int fp = g->flat[p].kind == DI_GE_CLASS ? p : p + 1;
+    return c->frame_rule[fp] == r ? fp : -1;
+  }
+  return -1;
+}
+
+void di_count_chains_free(di_count_chains *c) {
+  free(c->index);
+  free(c->up);
+  free(c->down);
+  free(c->frame_rule);
+  memset(c, 0, sizeof *c);
+}
