@@ -503,9 +503,9 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
 
 /* The topmost count frame (count_chain.h) of truncated stack `key`: its depth below the top, and
  * its rule in *rule; -1 when it has none. */
-static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int *rule) {
+static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int max_depth, int *rule) {
   int d = 0;
-  for (int n = key; n > DI_GRT_PSEUDO; n = rt->npar[n], d++)
+  for (int n = key; n > DI_GRT_PSEUDO && d < max_depth; n = rt->npar[n], d++)
     if (ch->frame_rule[rt->npos[n]] >= 0) {
       *rule = ch->frame_rule[rt->npos[n]];
       return d;
@@ -520,7 +520,7 @@ static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int
 static int count_source(di_grammar *g, struct di_gvcache *c, int key, int *src, int *T) {
   di_grt *rt = &g->rt;
   const di_count_chains *ch = &c->chains;
-  int r, d = count_frame(rt, ch, key, &r);
+  int r, d = count_frame(rt, ch, key, 64, &r);
   if (d < 0)
     return 0;
   const int j = ch->index[r], maxlen = c->v->maxlen;
@@ -675,6 +675,18 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
     c->chains_ready = 1;
   }
   if (c->derive && c->chains.n_frames > 0) {
+    int r, d = count_frame(&g->rt, &c->chains, key, 64, &r), frame = key;
+    for (int k = 0; k < d; k++)
+      frame = g->rt.npar[frame];
+    if (d >= 0 && !last && g->rt.npar[frame] == DI_GRT_PSEUDO) {
+      /* nothing known below the repetition: every token that runs past its end is uncertain (a
+       * string's closing quote and what follows), nearly always more than the bound, so the
+       * caller keeps more frames at once instead of walking to find out (any depth gives the
+       * same masks) */
+      DI_TRY(overflow_entry(&c->ci[key]));
+      c->ci_bytes += c->ci[key]->bytes;
+      return DI_OK;
+    }
     int found = count_source(g, c, key, &src_key, &T);
     if (found < 0)
       return DI_ERR_OOM;
