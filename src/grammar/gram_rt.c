@@ -360,6 +360,13 @@ int di_grt_replace_frame(di_grt *rt, int id, int depth, int pos) {
   return base < 0 ? DI_GRT_ERROR : base;
 }
 
+int di_grt_state_of(di_grt *rt, const int32_t *nodes, int n, int flags) {
+  if (!grow((void **)&rt->out, &rt->out_cap, n, sizeof(int32_t)))
+    return DI_GRT_ERROR;
+  memcpy(rt->out, nodes, sizeof(int32_t) * (size_t)n); /* state_get sorts in place */
+  return state_get(rt, rt->out, n, flags);
+}
+
 int di_grt_node_state(di_grt *rt, int id) {
   if (!grow((void **)&rt->out, &rt->out_cap, 1, sizeof(int32_t)))
     return DI_GRT_ERROR;

@@ -895,6 +895,49 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
   return DI_OK;
 }
 
+/* The state whose mask equals S's with fewer distinct states: every stack of S inside a counted
+ * repetition with at least the longest token's bytes left (count frame O_j, j > longest token;
+ * count_chain.h) moved to O_longest, which no token can tell apart. S itself when none is. Under
+ * g->mu. */
+static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
+  di_grt *rt = &g->rt;
+  if (!c->derive)
+    return S;
+  if (!c->chains_ready) {
+    if (di_count_chains_find(&g->core, &c->chains) != DI_OK)
+      return S;
+    c->chains_ready = 1;
+  }
+  const di_count_chains *ch = &c->chains;
+  const int maxlen = c->v->maxlen, n = rt->soff[S + 1] - rt->soff[S];
+  if (ch->n_frames == 0 || n > 64)
+    return S;
+  int32_t nodes[64];
+  int moved = 0;
+  for (int k = 0; k < n; k++) {
+    int id = rt->sn[rt->soff[S] + k], r, d = count_frame(rt, ch, id, 64, &r);
+    nodes[k] = id;
+    if (d < 0 || ch->index[r] <= maxlen)
+      continue;
+    int s = r;
+    while (ch->index[s] > maxlen && ch->down[s] >= 0)
+      s = ch->down[s];
+    int fp = di_count_chain_frame_pos(&g->core, ch, s);
+    int id2 = fp >= 0 ? di_grt_replace_frame(rt, id, d, fp) : -1;
+    if (id2 >= 0 && id2 != id) {
+      nodes[k] = id2;
+      moved = 1;
+    }
+  }
+  if (!moved)
+    return S;
+  int S2 = di_grt_state_of(rt, nodes, n, rt->sflags[S]);
+  if (S2 < 0)
+    return S;
+  atomic_fetch_add(&((di_grammar_vocab *)c->v)->n_count_masks, 1);
+  return S2;
+}
+
 di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab *v, di_grammar_matcher **out) {
   if (!gc || !v || !out)
     return di_error_set(DI_ERR_INVALID_ARG, "di_grammar_matcher_create: NULL argument");
@@ -985,6 +1028,8 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
   int S = m->hist[m->nh - 1];
   pthread_mutex_lock(&g->mu);
   di_status st = DI_OK;
+  if (!(S < c->cap_mask && c->mask[S]))
+    S = mask_state(g, c, S);
   if (S < c->cap_mask && c->mask[S]) {
     memcpy(bitmask, c->mask[S], sizeof(uint32_t) * (size_t)v->words);
   } else {

@@ -35,7 +35,9 @@ struct di_grammar_vocab {
   int len_le_max;
   int32_t *mark_ids;      /* ids whose bytes contain 0xFF, which spells token references (token_ref.h) */
   int nmark;
-  _Atomic long n_count_derived, n_count_same; /* classifications derived / taken as they are (count_chain.h; tests) */
+  /* count_chain.h, for tests: classifications derived / taken as they are, masks taken from the
+   * state with the frames moved to the longest token's count */
+  _Atomic long n_count_derived, n_count_same, n_count_masks;
   struct di_ci_shared *shared_ci; /* classifications shared by every grammar's matchers (ci_shared.h); NULL = none */
 };
 #endif
