@@ -218,6 +218,51 @@ static int seen_insert(struct di_gvcache *c, int s) {
   }
 }
 
+static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int max_depth, int *rule);
+
+/* The state whose mask equals S's with fewer distinct states: every stack of S inside a counted
+ * repetition with at least the longest token's bytes left (count frame O_j, j > longest token;
+ * count_chain.h) moved to O_longest, which no token can tell apart. S itself when none is. It
+ * takes no more than S (a subset of S's x's), so its plain-text budget is one for S too. Under
+ * g->mu. */
+static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
+  di_grt *rt = &g->rt;
+  if (!c->derive)
+    return S;
+  if (!c->chains_ready) {
+    if (di_count_chains_find(&g->core, &c->chains) != DI_OK)
+      return S;
+    c->chains_ready = 1;
+  }
+  const di_count_chains *ch = &c->chains;
+  const int maxlen = c->v->maxlen, n = rt->soff[S + 1] - rt->soff[S];
+  if (ch->n_frames == 0 || n > 64)
+    return S;
+  int32_t nodes[64];
+  int moved = 0;
+  for (int k = 0; k < n; k++) {
+    int id = rt->sn[rt->soff[S] + k], r, d = count_frame(rt, ch, id, 64, &r);
+    nodes[k] = id;
+    if (d < 0 || ch->index[r] <= maxlen)
+      continue;
+    int s = r;
+    while (ch->index[s] > maxlen && ch->down[s] >= 0)
+      s = ch->down[s];
+    int fp = di_count_chain_frame_pos(&g->core, ch, s);
+    int id2 = fp >= 0 ? di_grt_replace_frame(rt, id, d, fp) : -1;
+    if (id2 >= 0 && id2 != id) {
+      nodes[k] = id2;
+      moved = 1;
+    }
+  }
+  if (!moved)
+    return S;
+  int S2 = di_grt_state_of(rt, nodes, n, rt->sflags[S]);
+  if (S2 < 0)
+    return S;
+  return S2;
+}
+
 /* How many plain characters state s0 takes for certain (plain_text.h): breadth first over the
  * states at character boundaries, level L holding those after L characters; the first level where
  * some character kills the automaton is the answer. Stops (safely low) past a few thousand
@@ -226,6 +271,13 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   di_grt *rt = &g->rt;
   if (s0 < c->cap_budget && c->budget[s0] >= 0)
     return c->budget[s0];
+  const int moved = mask_state(g, c, s0);
+  if (moved != s0) { /* far from a repetition's end: the moved state's search serves */
+    int b = plain_budget(g, c, moved);
+    if (s0 < c->cap_budget)
+      c->budget[s0] = (int16_t)b;
+    return b;
+  }
   if (!c->plain_ready)
     plain_groups(rt, c);
   int32_t *cur = NULL, *next = NULL;
@@ -895,49 +947,6 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
   return DI_OK;
 }
 
-/* The state whose mask equals S's with fewer distinct states: every stack of S inside a counted
- * repetition with at least the longest token's bytes left (count frame O_j, j > longest token;
- * count_chain.h) moved to O_longest, which no token can tell apart. S itself when none is. Under
- * g->mu. */
-static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
-  di_grt *rt = &g->rt;
-  if (!c->derive)
-    return S;
-  if (!c->chains_ready) {
-    if (di_count_chains_find(&g->core, &c->chains) != DI_OK)
-      return S;
-    c->chains_ready = 1;
-  }
-  const di_count_chains *ch = &c->chains;
-  const int maxlen = c->v->maxlen, n = rt->soff[S + 1] - rt->soff[S];
-  if (ch->n_frames == 0 || n > 64)
-    return S;
-  int32_t nodes[64];
-  int moved = 0;
-  for (int k = 0; k < n; k++) {
-    int id = rt->sn[rt->soff[S] + k], r, d = count_frame(rt, ch, id, 64, &r);
-    nodes[k] = id;
-    if (d < 0 || ch->index[r] <= maxlen)
-      continue;
-    int s = r;
-    while (ch->index[s] > maxlen && ch->down[s] >= 0)
-      s = ch->down[s];
-    int fp = di_count_chain_frame_pos(&g->core, ch, s);
-    int id2 = fp >= 0 ? di_grt_replace_frame(rt, id, d, fp) : -1;
-    if (id2 >= 0 && id2 != id) {
-      nodes[k] = id2;
-      moved = 1;
-    }
-  }
-  if (!moved)
-    return S;
-  int S2 = di_grt_state_of(rt, nodes, n, rt->sflags[S]);
-  if (S2 < 0)
-    return S;
-  atomic_fetch_add(&((di_grammar_vocab *)c->v)->n_count_masks, 1);
-  return S2;
-}
-
 di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab *v, di_grammar_matcher **out) {
   if (!gc || !v || !out)
     return di_error_set(DI_ERR_INVALID_ARG, "di_grammar_matcher_create: NULL argument");
@@ -1028,8 +1037,12 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
   int S = m->hist[m->nh - 1];
   pthread_mutex_lock(&g->mu);
   di_status st = DI_OK;
-  if (!(S < c->cap_mask && c->mask[S]))
-    S = mask_state(g, c, S);
+  if (!(S < c->cap_mask && c->mask[S])) {
+    const int moved = mask_state(g, c, S);
+    if (moved != S)
+      atomic_fetch_add(&((di_grammar_vocab *)v)->n_count_masks, 1);
+    S = moved;
+  }
   if (S < c->cap_mask && c->mask[S]) {
     memcpy(bitmask, c->mask[S], sizeof(uint32_t) * (size_t)v->words);
   } else {
