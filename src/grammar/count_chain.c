@@ -3,36 +3,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { FAR = 1 << 28 };
-
-/* Each rule's shortest string in bytes (a fixpoint from "infinite"); 0 everywhere when it does not
- * settle within the pass budget, which only makes fewer rules count as non-empty x's. */
-static void shortest(const di_gb *g, int32_t *minlen) {
-  for (int r = 0; r < g->n_rules; r++)
-    minlen[r] = FAR;
-  for (int pass = 0; pass < 64; pass++) {
-    int changed = 0;
-    for (int r = 0; r < g->n_rules; r++)
-      for (int a = g->rule_first[r]; a < g->rule_first[r + 1]; a++) {
-        int len = 0;
-        for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END && len < FAR; p++)
-          len += g->flat[p].kind == DI_GE_CLASS ? 1 : minlen[g->flat[p].arg];
-        if (len > FAR)
-          len = FAR;
-        if (len < minlen[r]) {
-          minlen[r] = len;
-          changed = 1;
-        }
-      }
-    if (!changed)
-      return;
+/* Whether every string of rule r has a byte: each alternative holds a class, or a rule that does
+ * (looked into `depth` levels deep; 0 when undecided, which only makes fewer rules count). */
+static int takes_a_byte(const di_gb *g, int r, int depth) {
+  for (int a = g->rule_first[r]; a < g->rule_first[r + 1]; a++) {
+    int ok = 0;
+    for (int p = g->rule_alts[a]; !ok && g->flat[p].kind != DI_GE_END; p++)
+      ok = g->flat[p].kind == DI_GE_CLASS || (depth > 0 && takes_a_byte(g, g->flat[p].arg, depth - 1));
+    if (!ok)
+      return 0;
   }
-  memset(minlen, 0, sizeof *minlen * (size_t)g->n_rules);
+  return 1;
+}
+
+/* Memoised takes_a_byte, 4 levels deep (memo: 0 unknown, 1 yes, 2 no). */
+static int x_takes_a_byte(const di_gb *g, uint8_t *memo, int r) {
+  if (!memo[r])
+    memo[r] = takes_a_byte(g, r, 4) ? 1 : 2;
+  return memo[r] == 1;
 }
 
 /* The x-alternative of a rule shaped like a chain link (two alternatives, one empty, the other
  * `x` or `x REF`), its start position in *p; -1 when the rule has another shape. */
-static int link_shape(const di_gb *g, const int32_t *minlen, int r, int *p) {
+static int link_shape(const di_gb *g, uint8_t *memo, int r, int *p) {
   if (g->rule_first[r + 1] - g->rule_first[r] != 2)
     return -1;
   int a0 = g->rule_alts[g->rule_first[r]], a1 = g->rule_alts[g->rule_first[r] + 1];
@@ -44,7 +37,7 @@ static int link_shape(const di_gb *g, const int32_t *minlen, int r, int *p) {
   else
     return -1;
   di_gel e = g->flat[x];
-  if (e.kind == DI_GE_RULE && (e.arg == r || minlen[e.arg] < 1))
+  if (e.kind == DI_GE_RULE && (e.arg == r || !x_takes_a_byte(g, memo, e.arg)))
     return -1; /* x must take at least one byte */
   if (g->flat[x + 1].kind == DI_GE_END) {
     *p = x;
@@ -63,17 +56,16 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
   c->up = malloc(sizeof *c->up * ((size_t)n + 1));
   c->down = malloc(sizeof *c->down * ((size_t)n + 1));
   c->frame_rule = malloc(sizeof *c->frame_rule * ((size_t)g->n_flat + 1));
-  int32_t *minlen = malloc(sizeof *minlen * ((size_t)n + 1));
+  uint8_t *memo = calloc((size_t)n + 1, 1); /* x_takes_a_byte */
   int32_t *xpos = malloc(sizeof *xpos * ((size_t)n + 1));
   int32_t *path = malloc(sizeof *path * ((size_t)n + 1));
-  if (!c->index || !c->up || !c->down || !c->frame_rule || !minlen || !xpos || !path) {
-    free(minlen);
+  if (!c->index || !c->up || !c->down || !c->frame_rule || !memo || !xpos || !path) {
+    free(memo);
     free(xpos);
     free(path);
     di_count_chains_free(c);
     return di_error_set(DI_ERR_OOM, "out of memory");
   }
-  shortest(g, minlen);
   for (int r = 0; r < n; r++) {
     c->up[r] = c->down[r] = -1;
     xpos[r] = -1;
@@ -84,7 +76,7 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
    * path, 2 settled), so a cycle (x*) or a broken link settles every rule above it as no link */
   uint8_t *state = calloc((size_t)n + 1, 1);
   if (!state) {
-    free(minlen);
+    free(memo);
     free(xpos);
     free(path);
     di_count_chains_free(c);
@@ -103,7 +95,7 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
         base = -1;
         break;
       }
-      int p, shape = link_shape(g, minlen, cur, &p);
+      int p, shape = link_shape(g, memo, cur, &p);
       if (shape < 0) {
         state[cur] = 2; /* index 0 */
         base = -1;
@@ -117,7 +109,7 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
         break;
       }
       int d = g->flat[p + 1].arg, pd; /* the link below must repeat the same x */
-      if (link_shape(g, minlen, d, &pd) < 0 || g->flat[pd].kind != g->flat[p].kind || g->flat[pd].arg != g->flat[p].arg) {
+      if (link_shape(g, memo, d, &pd) < 0 || g->flat[pd].kind != g->flat[p].kind || g->flat[pd].arg != g->flat[p].arg) {
         base = -1;
         break;
       }
@@ -149,7 +141,7 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
       c->n_frames++;
     }
   }
-  free(minlen);
+  free(memo);
   free(xpos);
   free(path);
   return DI_OK;
