@@ -322,6 +322,21 @@ int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
   return r;
 }
 
+int di_grt_rule_state(di_grt *rt, int rule, int parent) {
+  if (++rt->cur_gen == 0) { /* generation counter wrapped: clear marks */
+    memset(rt->gen, 0, sizeof(uint32_t) * (size_t)rt->nn);
+    rt->cur_gen = 1;
+  }
+  const di_gb *g = rt->g;
+  int nw = 0;
+  for (int a = g->rule_first[rule]; a < g->rule_first[rule + 1]; a++)
+    if (!push_work(rt, &nw, node_get(rt, g->rule_alts[a], parent))) {
+      di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+      return DI_GRT_ERROR;
+    }
+  return closure(rt, nw);
+}
+
 int di_grt_truncated_stack(di_grt *rt, int id, int depth) {
   int pos[64];
   int n = 0, cur = id;

@@ -49,6 +49,7 @@ struct di_gvcache {
   int derive;              /* derive positions of counted repetitions from one far from the end (count_chain.h) */
   int chains_ready;
   di_count_chains chains;
+  uint8_t *x_plain;        /* per rule: 1 every plain character is one string of it, 2 not, 0 unknown */
   int share;               /* look classifications up in the vocabulary's shared store (ci_shared.h) */
   di_language_key lkey;    /* scratch: the description of the key being looked up */
   int32_t *seen_key; /* budget search: seen states (a hash set, valid where seen_at == seen_stamp) */
@@ -87,6 +88,7 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->seen_at);
     di_language_key_free(&c->lkey);
     di_count_chains_free(&c->chains);
+    free(c->x_plain);
     free(c);
     c = n;
   }
@@ -263,6 +265,67 @@ static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
   return S2;
 }
 
+/* Whether the character begun at decoder state u (> 0) from state s is completed by every plain
+ * continuation with the rule below ended (PSEUDO_END) after it; u = 0: every plain character. */
+static int plain_chars_end_rule(di_grt *rt, struct di_gvcache *c, int s, int u) {
+  for (int k = 0; k < c->plain_nrep[u]; k++) {
+    int s2 = di_grt_step(rt, s, c->plain_rep[u][k]);
+    if (s2 < 0)
+      return 0;
+    int u2 = c->plain_next[u][k];
+    if (u2 == 0 ? !(di_grt_flags(rt, s2) & DI_GRT_PSEUDO_END) : !plain_chars_end_rule(rt, c, s2, u2))
+      return 0;
+  }
+  return 1;
+}
+
+/* A lower bound on the plain characters state S takes for certain from its counted repetitions
+ * alone (count_chain.h), without a search: a stack at the start of x under count frame O_j, with
+ * every start of x there (S holds the whole state "x begins under O_j"), takes any j plain
+ * characters when each plain character is a string of x (checked once per x on x alone). 0 when
+ * none applies. Under g->mu. */
+static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
+  di_grt *rt = &g->rt;
+  const di_gb *gb = &g->core;
+  if (!c->derive || !c->chains_ready || c->chains.n_frames == 0)
+    return 0;
+  if (!c->x_plain && !(c->x_plain = calloc((size_t)gb->n_rules + 1, 1)))
+    return 0;
+  if (!c->plain_ready)
+    plain_groups(rt, c);
+  int best = 0;
+  for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
+    int id = rt->sn[k], r, d = count_frame(rt, &c->chains, id, 64, &r), F = id;
+    if (d < 1 || c->chains.index[r] <= best)
+      continue;
+    for (int q = 0; q < d; q++)
+      F = rt->npar[F];
+    const int fp = rt->npos[F];
+    if (gb->flat[fp - 1].kind != DI_GE_RULE)
+      continue;
+    const int x = gb->flat[fp - 1].arg;
+    if (!c->x_plain[x]) {
+      int X = di_grt_rule_state(rt, x, DI_GRT_PSEUDO);
+      c->x_plain[x] = X >= 0 && plain_chars_end_rule(rt, c, X, 0) ? 1 : 2;
+    }
+    if (c->x_plain[x] != 1)
+      continue;
+    int T = di_grt_rule_state(rt, x, F);
+    if (T < 0)
+      continue;
+    /* T's stacks within S's (both sorted) */
+    int a = rt->soff[T], ae = rt->soff[T + 1], b = rt->soff[S], be = rt->soff[S + 1];
+    while (a < ae && b < be) {
+      if (rt->sn[a] == rt->sn[b])
+        a++;
+      b++;
+    }
+    if (a == ae)
+      best = c->chains.index[r];
+  }
+  return best > DI_PLAIN_CAP ? DI_PLAIN_CAP : best;
+}
+
 /* How many plain characters state s0 takes for certain (plain_text.h): breadth first over the
  * states at character boundaries, level L holding those after L characters; the first level where
  * some character kills the automaton is the answer. Stops (safely low) past a few thousand
@@ -272,16 +335,17 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   if (s0 < c->cap_budget && c->budget[s0] >= 0)
     return c->budget[s0];
   const int moved = mask_state(g, c, s0);
-  if (moved != s0) { /* far from a repetition's end: the moved state's search serves */
-    int b = plain_budget(g, c, moved);
+  int b0 = moved != s0 ? plain_budget(g, c, moved) /* far from a repetition's end: its search serves */
+                       : chain_plain_bound(g, c, s0);
+  if (b0 > 0) {
     if (s0 < c->cap_budget)
-      c->budget[s0] = (int16_t)b;
-    return b;
+      c->budget[s0] = (int16_t)b0;
+    return b0;
   }
   if (!c->plain_ready)
     plain_groups(rt, c);
   int32_t *cur = NULL, *next = NULL;
-  int ncur = 0, capcur = 0, nnext = 0, capnext = 0, level = 0, seen_n = 0, ok = 1;
+  int ncur = 0, capcur = 0, nnext = 0, capnext = 0, level = 0, seen_n = 0, ok = 1, min_known = DI_PLAIN_CAP;
   enum { MAX_SEEN = 4096 };
   int32_t *seen = malloc(sizeof(int32_t) * MAX_SEEN);
   int16_t *seen_level = malloc(sizeof(int16_t) * MAX_SEEN);
@@ -317,6 +381,14 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
     for (int i = 0; i < nnext; i++) {
       if (!seen_insert(c, next[i]))
         continue;
+      /* a state whose budget is known (cached, or a counted repetition's bound) is not searched
+       * further: strings through it live at least level + that many characters */
+      int t = next[i], known = t < c->cap_budget && c->budget[t] >= 0 ? c->budget[t] : chain_plain_bound(g, c, t);
+      if (known > 0) {
+        if (level + known < min_known)
+          min_known = level + known;
+        continue;
+      }
       if (seen_n == MAX_SEEN) { /* too many states to follow: the levels so far are certain */
         ncur = 0;
         break;
@@ -333,6 +405,8 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   }
   if (ok && ncur == 0 && seen_n < MAX_SEEN)
     level = DI_PLAIN_CAP; /* no character ever kills it (a search stopped at cap proves only cap) */
+  if (level > min_known)
+    level = min_known; /* the branches not searched live that long at least */
   free(cur);
   free(next);
   /* a state first reached after j characters takes at least level - j more (else s0 would die
