@@ -382,8 +382,9 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
       if (!seen_insert(c, next[i]))
         continue;
       /* a state whose budget is known (cached, or a counted repetition's bound) is not searched
-       * further: strings through it live at least level + that many characters */
-      int t = next[i], known = t < c->cap_budget && c->budget[t] >= 0 ? c->budget[t] : chain_plain_bound(g, c, t);
+       * further: strings through it live at least level + that many characters (not with
+       * DI_GRAMMAR_COUNT_CI=0, which keeps the old search for A/B runs) */
+      int t = next[i], known = !c->derive ? 0 : t < c->cap_budget && c->budget[t] >= 0 ? c->budget[t] : chain_plain_bound(g, c, t);
       if (known > 0) {
         if (level + known < min_known)
           min_known = level + known;
