@@ -39,6 +39,12 @@ typedef struct di_grammar_options {
                                       DI_GRAMMAR_DEFAULT_MAX_DIGITS, -1 = unbounded) */
   int max_string_length;           /* JSON: characters of a string without maxLength/pattern/format
                                       (0 or -1 = unbounded, the default) */
+  char item_separator[8];          /* JSON: the text between array items and object members: ","
+                                      with JSON whitespace around it ("" = ","), as XGrammar's
+                                      separators (", " with any_whitespace=False); whitespace slots
+                                      of max_whitespace still apply beside it (0 for exact text) */
+  char key_separator[8];           /* JSON: the text between a key and its value, ":" with JSON
+                                      whitespace around it ("" = ":") */
 } di_grammar_options;
 
 /* Compiles `source` (`len` bytes). Errors carry a position ("line 3, column 7" / "offset 12" /
