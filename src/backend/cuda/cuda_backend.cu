@@ -215,6 +215,13 @@ extern "C" di_status di_backend_cuda_set_attn_fixed(di_backend *bb, int split) {
   return DI_OK;
 }
 
+extern "C" void di_backend_cuda_set_fixed_tc(di_backend *bb, int level) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old attention kernel */
+  b->fixed_tc = level < 0 ? 0 : level > 2 ? 2 : level;
+}
+
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {
   ((cu_backend *)bb)->prefill_mha = min_tokens == 1 ? 512 : min_tokens > 0 ? min_tokens : 0;
 }
