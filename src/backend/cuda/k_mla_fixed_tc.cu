@@ -5,8 +5,9 @@
  * - S = Q . K^T of a 32-key tile as two chains of k16 steps (even steps, odd steps, each from zero, in
  *   k order), added at the end: di_qk_slice's two accumulators. A wgmma k16 step gives the bits of an
  *   mma.sync m16n8k16 step (found on the H200 for the GEMMs, session 9; test_cuda_attn_fixed checks it
- *   here). Warpgroup w computes keys 16w .. 16w + 15 of the tile for all 64 rows (m64n16k16);
- * - the scaled, masked scores go through shared memory and every thread reads the same 8 keys of the
+ *   here). Warpgroup 0 runs the even chain, warpgroup 1 the odd one, each over all 64 rows x 32 keys
+ *   (m64n32k16), so Q and the keys are read from shared memory once per tile;
+ * - both chains go through shared memory; every thread adds, scales and masks the same 8 keys of the
  *   same 2 rows as there, so di_online_softmax2 and di_p_fragment run on the same values in the same
  *   registers (the m64nNk16 accumulator and A-fragment layouts are mma.sync's per warp);
  * - O = O * alpha, then P . V as two k16 steps (keys 0-15, 16-31): m64n256k16, P from registers, V
@@ -35,7 +36,7 @@
 static_assert(KT == 32 && DR == 512 && D == 576, "the tile shapes below");
 static_assert(DI_CUK_ATTN_ROWS == BM, "partial slots hold 64 rows");
 
-static constexpr size_t MT_SMEM = (size_t)BM * D * 2 + 2 * (size_t)KT * D * 2 + (size_t)BM * SSTR * 4 + BM * 4;
+static constexpr size_t MT_SMEM = (size_t)BM * D * 2 + 2 * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
 static constexpr uint32_t MT_RG = CMR * 128; /* bytes from 8 rows (keys) to the next 8 */
 
 /* element offset of (row r, column c) in the core-matrix layout */
@@ -45,13 +46,13 @@ static __device__ __forceinline__ uint64_t mt_desc(const bf16 *p, uint32_t lbo, 
   return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
 }
 
-/* S[64 rows][16 keys] += Q . K^T for one k16 step: both operands K-major from shared memory (the
+/* S[64 rows][32 keys] += Q . K^T for one k16 step: both operands K-major from shared memory (the
  * accumulator is always added to, as mma.sync adds to its C: the chains start from registers holding 0) */
 static __device__ __forceinline__ void mt_mma_qk(float *d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(da), "l"(db), "r"(1));
 }
 /* O[64 rows][256 columns] += P . V for one k16 step (16 keys): P from registers (per warp the
@@ -90,7 +91,7 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16 *sQ = (bf16 *)smem_raw, *sK = sQ + BM * D;
   float *sS = (float *)(sK + 2 * KT * D);
-  int *sPos = (int *)(sS + BM * SSTR);
+  int *sPos = (int *)(sS + 2 * BM * SSTR); /* sS: the even and the odd chain's score tiles */
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
   const int rA = wq * 16 + (lane >> 2); /* this thread's rows rA, rA + 8 */
   float4 *slot = slots + (size_t)blockIdx.x * (BM * DR / 4);
@@ -125,49 +126,54 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
       di_cp_commit();
       const bf16 *K = sK + (j & 1) * KT * D;
 
-      /* S[64 rows][keys 16wg ..]: even k16 steps into se, odd into so (di_qk_slice's two chains) */
-      float se[8], so[8];
+      /* S = Q . K^T as di_qk_slice's two chains: warpgroup 0 the even k16 steps, warpgroup 1 the odd
+       * ones, each for all 64 rows x 32 keys (so Q and K are read from shared memory once) */
+      float sacc[16];
 #pragma unroll
-      for (int q = 0; q < 8; q++) se[q] = so[q] = 0.f;
+      for (int q = 0; q < 16; q++) sacc[q] = 0.f;
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; kk += 2) {
-        mt_mma_qk(se, mt_desc(sQ + kk * 2 * 64, 128, MT_RG), mt_desc(K + (2 * wg * CMR + kk * 2) * 64, 128, MT_RG));
-        mt_mma_qk(so, mt_desc(sQ + (kk + 1) * 2 * 64, 128, MT_RG),
-                  mt_desc(K + (2 * wg * CMR + (kk + 1) * 2) * 64, 128, MT_RG));
+      for (int i = 0; i < D / 32; i++) {
+        const int kk = 2 * i + wg;
+        mt_mma_qk(sacc, mt_desc(sQ + kk * 2 * 64, 128, MT_RG), mt_desc(K + kk * 2 * 64, 128, MT_RG));
       }
       wg_commit();
       wg_wait0();
-      /* accumulator register q: row rA + 8 ((q / 2) % 2), key 16wg + 8 (q / 4) + 2 (lane % 4) + q % 2 */
+      /* accumulator register q: row rA + 8 ((q / 2) % 2), key 8 (q / 4) + 2 (lane % 4) + q % 2 */
+      float *sX = sS + wg * BM * SSTR;
 #pragma unroll
-      for (int q = 0; q < 8; q++) {
-        const int r = rA + ((q >> 1) & 1) * 8, kc = 16 * wg + 8 * (q >> 2) + 2 * (lane & 3) + (q & 1);
-        const int k = kb + kc;
-        float s = se[q];
-        s += so[q];
-        sS[r * SSTR + kc] = (k <= sPos[r] && k < it.k1) ? s * scale_log2 : -INFINITY;
-      }
+      for (int q = 0; q < 16; q++)
+        sX[(rA + ((q >> 1) & 1) * 8) * SSTR + 8 * (q >> 2) + 2 * (lane & 3) + (q & 1)] = sacc[q];
       __syncthreads();
 
-      /* rows rA, rA + 8: keys (lane % 4) * 2 + {0, 1} + {0, 8, 16, 24}, as di_mla32_tile reads them */
+      /* rows rA, rA + 8: keys (lane % 4) * 2 + {0, 1} + {0, 8, 16, 24}, as di_mla32_tile reads them; the
+       * even chain plus the odd one, scaled and masked as there */
       float s0[8], s1[8];
+      const int p0 = sPos[rA], p1 = sPos[rA + 8];
 #pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const int kc = q * 8 + (lane & 3) * 2;
-        s0[2 * q] = sS[rA * SSTR + kc];
-        s0[2 * q + 1] = sS[rA * SSTR + kc + 1];
-        s1[2 * q] = sS[(rA + 8) * SSTR + kc];
-        s1[2 * q + 1] = sS[(rA + 8) * SSTR + kc + 1];
+      for (int q = 0; q < 8; q++) {
+        const int kc = (q >> 1) * 8 + (lane & 3) * 2 + (q & 1), k = kb + kc;
+        float e0 = sS[rA * SSTR + kc], e1 = sS[(rA + 8) * SSTR + kc];
+        e0 += sS[BM * SSTR + rA * SSTR + kc];
+        e1 += sS[BM * SSTR + (rA + 8) * SSTR + kc];
+        s0[q] = (k <= p0 && k < it.k1) ? e0 * scale_log2 : -INFINITY;
+        s1[q] = (k <= p1 && k < it.k1) ? e1 * scale_log2 : -INFINITY;
       }
       float al0, al1;
       di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
+      /* x * 1 == x exactly: a factor of 1 (the row's maximum did not move) is skipped, same bits */
+      if (al0 != 1.f)
 #pragma unroll
-      for (int i = 0; i < 32; i++) {
-        o[4 * i] *= al0;
-        o[4 * i + 1] *= al0;
-        o[4 * i + 2] *= al1;
-        o[4 * i + 3] *= al1;
-      }
+        for (int i = 0; i < 32; i++) {
+          o[4 * i] *= al0;
+          o[4 * i + 1] *= al0;
+        }
+      if (al1 != 1.f)
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+          o[4 * i + 2] *= al1;
+          o[4 * i + 3] *= al1;
+        }
       uint32_t pa[2][4];
 #pragma unroll
       for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
