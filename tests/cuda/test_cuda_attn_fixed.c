@@ -197,26 +197,6 @@ static void check_shape(int H, int ctx, int T, const char *label) {
   problem_free(&p);
 }
 
-/* Which descriptor offsets the tensor-core kernel's N-major V operand takes: the kernel's (leading =
- * 8 keys) must be the accurate one; the swapped assignment is run beside it and printed. */
-static void check_v_descriptor(void) {
-  problem p;
-  problem_init(&p, 16, 200, 8);
-  const cut f = {64, 0, 0, 0, 0, 1, "tc probe"};
-  double e[2];
-  for (int sw = 0; sw < 2; sw++) {
-    di_cuk_mla_fixed_tc_swap_v(sw);
-    uint16_t *o = run_form(&p, f, NULL);
-    e[sw] = ref_err(&p, o);
-    free(o);
-  }
-  di_cuk_mla_fixed_tc_swap_v(0);
-  printf("attn_fixed_tc V descriptor: kernel's offsets rel err %.2e, swapped %.2e\n", e[0], e[1]);
-  CHECKF(e[0] < 1e-2, "tc: the V descriptor's offsets are wrong (rel err %.3e; swapped %.3e)", e[0], e[1]);
-  if (!(e[0] < 1e-2) && e[1] < 1e-2) di_cuk_mla_fixed_tc_swap_v(1); /* so the rest of the run still says something */
-  problem_free(&p);
-}
-
 /* whole prompts: the fixed form (32-row items), its tensor-core kernel (64-row items), di_cuk_mla_attn
  * with 64-row items (the default mode's absorbed prefill form) and the strided cluster form; ms per
  * call, median of 5 */
@@ -285,7 +265,6 @@ int main(int argc, char **argv) {
     bench_prompt(16, 4096);
     return test_finish("test_cuda_attn_fixed --bench");
   }
-  check_v_descriptor();
   check_shape(16, 1000, 40, "V2-Lite, chunk of 40");
   check_shape(16, 300, 300, "V2-Lite, whole prompt 300");
   check_shape(128, 2100, 6, "V3, chunk of 6");

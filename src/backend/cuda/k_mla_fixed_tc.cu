@@ -242,12 +242,6 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
   }
 }
 
-/* The N-major V operand's descriptor offsets: the leading byte offset steps 8 keys (K), the stride
- * byte offset 8 columns (N), as the no-swizzle MN-major canonical layout reads; the other assignment
- * (di_cuk_mla_fixed_tc_swap_v) exists for test_cuda_attn_fixed to tell which one the hardware takes. */
-static int g_swap_v;
-extern "C" void di_cuk_mla_fixed_tc_swap_v(int on) { g_swap_v = on; }
-
 extern "C" size_t di_cuk_mla_fixed_tc_slot_bytes(void) { return (size_t)tt_sm_count() * BM * DR * sizeof(float); }
 
 extern "C" di_status di_cuk_mla_attn_fixed_tc(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
@@ -265,7 +259,9 @@ extern "C" di_status di_cuk_mla_attn_fixed_tc(const uint16_t *Q, const uint16_t 
     attr_set = 1;
   }
   const int grid = max_items < tt_sm_count() ? max_items : tt_sm_count();
-  const uint32_t lbo = g_swap_v ? 128 : MT_RG, sbo = g_swap_v ? MT_RG : 128;
+  /* the N-major V operand: the leading byte offset steps 8 keys (K), the stride byte offset 8 columns
+   * (N), as the no-swizzle MN-major layout reads them (the swapped pair faulted on the H200) */
+  const uint32_t lbo = MT_RG, sbo = 128;
   DI_CU(di_launch(mla_fixed_tc_kernel, grid, NTH, MT_SMEM, (cudaStream_t)s, (const bf16 *)Q, (const bf16 *)cache,
                   block_tables, bt_stride, positions, H, scale * 1.4426950408889634f, split / KT, items, n_items,
                   (bf16 *)out, part_o, part_lse, (float4 *)slots, lbo, sbo));
