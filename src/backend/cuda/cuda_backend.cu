@@ -144,8 +144,11 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   if (fixed != 0 && !b->attn_fixed)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED=%d: 0, 1 or a split size in keys (a multiple "
                         "of 32)", fixed);
-  /* the fixed split on tensor cores (k_mla_fixed_tc.cu: mla_fixed_kernel's bits on wgmma, 64-row items) */
-  b->fixed_tc = di_switch_int(DI_SW_CUDA_MLA_FIXED_TC, 0);
+  /* the fixed split on tensor cores (k_mla_fixed_tc.cu: mla_fixed_kernel's bits on wgmma, 64-row items) for
+   * prefill-like steps (H200, V2-Lite shape: bit-identical; the kernel 1.32x at 4,096 tokens, the
+   * invariant mode's prefill 30.3k vs 26.3k tok/s at 4,096, equal at 512 and in decode: PERFORMANCE.md,
+   * session 12, s12-19) */
+  b->fixed_tc = di_switch_int(DI_SW_CUDA_MLA_FIXED_TC, 1);
   if (b->fixed_tc < 0 || b->fixed_tc > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_TC=%d: 0, 1 or 2", b->fixed_tc);
   /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
