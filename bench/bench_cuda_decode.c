@@ -21,7 +21,9 @@
  * reps per setting.
  * --modes default,invariant: the same runs for each listed mode in turn (di_backend_cuda_set_invariant: the
  * batch-invariant mode switched on and off in one process), inside each rep, with --attn-fixed settings
- * within each mode; the medians then give invariant / default per column.
+ * within each mode; the medians then give invariant / default per column. A mode "invariant-tc" is the
+ * invariant mode with DEEPINFER_CUDA_MLA_FIXED_TC=1 (its fixed-split attention on tensor cores, the same
+ * bits); when it is listed, "invariant" runs with that switch at 0.
  * --profile: after the runs, per mode, the per-phase device time (DEEPINFER_CUDA_PROFILE's marks, eager
  * steps) of 8 batch-1 decode steps and of one prefill of the last --prefill length, to stderr.
  * --skip-sweep with --modes: the sweep once per mode.
@@ -180,7 +182,7 @@ int main(int argc, char **argv) {
   const char *cfg_path = "bench/configs/v2-lite.json";
   int batches[16] = {1, 4, 16, 64, 256}, nb = 5, prefills[8] = {512, 4096}, np = 2, prompt = 512, gen = 128;
   const char *skip_sweep = NULL; /* phases to leave out one at a time at batch 1 (their marginal cost) */
-  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[2] = {-1}, n_mode = 1, profile = 0;
+  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[3] = {-1}, n_mode = 1, profile = 0;
   int pmha[4] = {-1}, n_pm = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
@@ -195,12 +197,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--prefill-mha") && i + 1 < argc) n_pm = parse_list(argv[++i], pmha, 4);
     else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
       n_mode = 0;
-      for (char *m = strtok(argv[++i], ","); m && n_mode < 2; m = strtok(NULL, ",")) {
-        if (strcmp(m, "default") && strcmp(m, "invariant")) {
-          fprintf(stderr, "bench: --modes %s (default, invariant)\n", m);
+      for (char *m = strtok(argv[++i], ","); m && n_mode < 3; m = strtok(NULL, ",")) {
+        if (strcmp(m, "default") && strcmp(m, "invariant") && strcmp(m, "invariant-tc")) {
+          fprintf(stderr, "bench: --modes %s (default, invariant, invariant-tc)\n", m);
           return 2;
         }
-        modes[n_mode++] = !strcmp(m, "invariant");
+        modes[n_mode++] = !strcmp(m, "invariant") ? 1 : !strcmp(m, "invariant-tc") ? 2 : 0;
       }
       if (!n_mode) { fprintf(stderr, "bench: --modes needs default and/or invariant\n"); return 2; }
     }
@@ -246,18 +248,21 @@ int main(int argc, char **argv) {
   double res_dec[16], all_dec[8][16][16], all_pf[8][16][8]; /* [setting][rep][batch / prefill] */
   if (reps < 1 || reps > 16) reps = 1;
   const int n_set = n_mode * n_af * n_pm;
+  int has_tc_mode = 0;
+  for (int m = 0; m < n_mode; m++) has_tc_mode |= modes[m] == 2;
   if (n_set > 8) { fprintf(stderr, "bench: more than 8 mode x --attn-fixed x --prefill-mha settings\n"); return 2; }
   for (int rep = 0; rep < reps; rep++)
   for (int si = 0; si < n_set; si++) {
   const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
-  if (modes[mi] == 1 && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
+  if (modes[mi] >= 1 && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
   if (pmha[pi_] >= 0) {
     di_backend_cuda_set_prefill_mha(be, pmha[pi_]);
     printf("\n--- prefill MHA form %d, rep %d\n", pmha[pi_], rep + 1);
   }
   if (modes[mi] >= 0 && ai == 0 && pi_ == 0) {
-    if (di_backend_cuda_set_invariant(be, modes[mi]) != DI_OK) FAIL(0);
-    printf("\n--- %s mode, rep %d\n", modes[mi] ? "batch-invariant" : "default", rep + 1);
+    if (di_backend_cuda_set_invariant(be, modes[mi] != 0) != DI_OK) FAIL(0);
+    if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, modes[mi] == 2);
+    printf("\n--- %s mode, rep %d\n", modes[mi] == 2 ? "batch-invariant (attention on tensor cores)" : modes[mi] ? "batch-invariant" : "default", rep + 1);
   }
   if (attn_fixed[ai] >= 0) {
     if (di_backend_cuda_set_attn_fixed(be, attn_fixed[ai]) != DI_OK) FAIL(0);
@@ -351,8 +356,8 @@ int main(int argc, char **argv) {
     printf(")\n");
     for (int si = 0; si < n_set; si++) {
       const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
-      if (modes[mi] == 1 && pi_ > 0) continue;
-      printf("%-9s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : modes[mi] ? "invariant" : "default", attn_fixed[ai],
+      if (modes[mi] >= 1 && pi_ > 0) continue;
+      printf("%-12s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : modes[mi] == 2 ? "invariant-tc" : modes[mi] ? "invariant" : "default", attn_fixed[ai],
              pmha[pi_]);
       for (int k = 0; k < nb + np; k++) {
         double v[16];
@@ -363,10 +368,14 @@ int main(int argc, char **argv) {
       }
       printf("\n");
     }
-    if (n_mode == 2 && modes[0] != modes[1])
-      for (int ai = 0; ai < n_af * n_pm; ai++) { /* the cost of invariance per column (against each default setting) */
-        const int sd = (modes[0] ? 1 : 0) * n_af * n_pm + ai, sv = (modes[0] ? 0 : 1) * n_af * n_pm + ai - ai % n_pm;
-        printf("invariant / default (attn fixed %d, mha %d):", attn_fixed[ai / n_pm], pmha[ai % n_pm]);
+    int md = -1; /* the default mode's index */
+    for (int m = 0; m < n_mode; m++)
+      if (modes[m] == 0 && md < 0) md = m;
+    for (int mv = 0; md >= 0 && mv < n_mode; mv++)
+      for (int ai = 0; modes[mv] >= 1 && ai < n_af * n_pm; ai++) { /* the cost of invariance per column (against each default setting) */
+        const int sd = md * n_af * n_pm + ai, sv = mv * n_af * n_pm + ai - ai % n_pm;
+        printf("%s / default (attn fixed %d, mha %d):", modes[mv] == 2 ? "invariant-tc" : "invariant", attn_fixed[ai / n_pm],
+               pmha[ai % n_pm]);
         for (int k = 0; k < nb + np; k++) printf(" %7.1f%%", 100.0 * med[sv][k] / med[sd][k]);
         printf("\n");
       }
@@ -374,8 +383,9 @@ int main(int argc, char **argv) {
   if (profile) /* per mode (and MHA setting): the per-phase device time of batch-1 decode steps and of one prefill */
     for (int pk = 0; pk < n_mode * n_pm; pk++) {
       const int mi = pk / n_pm;
-      if (modes[mi] == 1 && pk % n_pm > 0) continue;
-      if (modes[mi] >= 0 && di_backend_cuda_set_invariant(be, modes[mi]) != DI_OK) FAIL(0);
+      if (modes[mi] >= 1 && pk % n_pm > 0) continue;
+      if (modes[mi] >= 0 && di_backend_cuda_set_invariant(be, modes[mi] != 0) != DI_OK) FAIL(0);
+      if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, modes[mi] == 2);
       if (pmha[pk % n_pm] >= 0) di_backend_cuda_set_prefill_mha(be, pmha[pk % n_pm]);
       if (di_backend_cuda_set_profile(be, 1) != DI_OK) FAIL(0);
       seqs[0].block_table = tables;
@@ -398,7 +408,7 @@ int main(int argc, char **argv) {
       if (di_backend_cuda_set_profile(be, 0) != DI_OK) FAIL(0);
       fflush(stdout);
       char title[64];
-      snprintf(title, sizeof title, "(%s mode, prefill MHA %d)", modes[mi] < 0 ? "the backend's" : modes[mi] ? "invariant" : "default", pmha[pk % n_pm]);
+      snprintf(title, sizeof title, "(%s mode, prefill MHA %d)", modes[mi] < 0 ? "the backend's" : modes[mi] == 2 ? "invariant-tc" : modes[mi] ? "invariant" : "default", pmha[pk % n_pm]);
       di_backend_cuda_profile_dump(be, title);
     }
   for (int mi = 0; skip_sweep && mi < n_mode; mi++) {

@@ -80,6 +80,9 @@ ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
 # cluster form; --control: the default mode, differences printed (the checks can fail)
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance 240 "$BIN/test_cuda_invariance"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_cluster 240 env DEEPINFER_CUDA_ATTN_FIXED=0 "$BIN/test_cuda_invariance"
+# the fixed split on tensor cores (k_mla_fixed_tc.cu): prefill-like steps there (1), every step (2)
+[ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_tc1 240 env DEEPINFER_CUDA_MLA_FIXED_TC=1 "$BIN/test_cuda_invariance"
+[ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_tc2 240 env DEEPINFER_CUDA_MLA_FIXED_TC=2 "$BIN/test_cuda_invariance"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_control 240 "$BIN/test_cuda_invariance" --control
 # DeepSeek-V4 (issue 20): its kernels at V4-Flash shapes, dsv4-tiny vs the CPU backend / goldens / the engine
 [ "${SKIP_V4:-0}" = 1 ] || stage v4_kernels 120 "$BIN/test_cuda_v4_kernels"

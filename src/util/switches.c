@@ -39,6 +39,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_ATTN_FIXED] = {"DEEPINFER_CUDA_ATTN_FIXED", "0 (1 in the batch-invariant mode)",
                                "1 (or a split size in keys, a multiple of 32): MLA attention in the fixed-split form at every step "
                                "(k_mla_fixed.cu; batch-invariant); 0: the mode's other kernels"},
+    [DI_SW_CUDA_MLA_FIXED_TC] = {"DEEPINFER_CUDA_MLA_FIXED_TC", "1",
+                                 "1: the fixed-split attention of steps whose runs average >= 64 rows (prefill chunks, "
+                                 "verify blocks) on its tensor-core kernel (k_mla_fixed_tc.cu, the same bits); 2: every "
+                                 "step there (decode rows too); 0: the CUDA-core kernel only"},
     [DI_SW_CUDA_PREFILL_MHA] = {"DEEPINFER_CUDA_PREFILL_MHA", "512",
                                 "N > 0: steps of at least N tokens (1: 512), each run of them a prefill chunk, run MLA "
                                 "attention in the non-absorbed (MHA) form: keys up-projected by kv_b, FlashAttention-2 "

@@ -4,7 +4,10 @@
  * cut: the chunk's rows in items of 32 rows with every split in one CTA (prefill), in items of 16 rows
  * with one CTA per split and the combine kernel (decode / verify), and each token alone as its own
  * item reaching only its own position (a decode row) in both forms. Positions cross several splits of
- * DI_CUK_ATTN_FIXED_SPLIT keys (and of 64, another split size); the block table is scrambled. `--bench` times the fixed-split kernel
+ * DI_CUK_ATTN_FIXED_SPLIT keys (and of 64, another split size); the block table is scrambled. The
+ * tensor-core form (k_mla_fixed_tc.cu, 64-row items) must give the CUDA-core kernel's bits for every row
+ * in every cut too (64-row items at different offsets, a CTA per split, each token alone, a chunk's
+ * rows alone == the same rows of the whole pass) and be accurate against float64 by itself. `--bench` times the fixed-split kernel
  * against today's prefill attention (di_cuk_mla_attn, 64-row items, no splits) and the batch-invariant
  * cluster form on whole prompts of 512 / 4,096 / 16,384 tokens. Built only with nvcc. */
 #include "backend/cuda/cuda_kernels.h"
@@ -27,50 +30,67 @@ typedef struct problem {
   void *dQ, *dc, *dbt, *dpos;
 } problem;
 
-/* items for the chunk's rows: mode 0: rows of `bm` over every split in one CTA; mode 1: rows of bm with
- * one CTA per split + combine items; alone: each token its own item(s), keys up to its own position */
+/* items for the chunk's rows from token t0 on: rows of `bm` (the first of each group `first` rows, when
+ * > 0, so that rows are grouped differently) over every split in one CTA, or (separate) one CTA per
+ * split + combine items; alone: each token its own item(s), keys up to its own position */
 static int g_split = DI_CUK_ATTN_FIXED_SPLIT;
-static int make_items(const problem *p, int bm, int separate, int alone, di_cuk_attn_item *items,
+static int make_items(const problem *p, int bm, int first, int separate, int alone, int t0, di_cuk_attn_item *items,
                       di_cuk_combine_item *citems, int *nci, int *parts) {
   int ni = 0, part = 0;
   *nci = 0;
-  const int step = alone ? p->H : p->T * p->H;
-  for (int g0 = 0; g0 < p->T * p->H; g0 += step)
-    for (int r0 = g0; r0 < g0 + step; r0 += bm) {
-      int r1 = r0 + bm < g0 + step ? r0 + bm : g0 + step;
+  const int step = alone ? p->H : (p->T - t0) * p->H;
+  for (int g0 = t0 * p->H; g0 < p->T * p->H; g0 += step)
+    for (int r0 = g0; r0 < g0 + step;) {
+      const int len = r0 == g0 && first > 0 ? first : bm;
+      int r1 = r0 + len < g0 + step ? r0 + len : g0 + step;
       int maxpos = p->pos[(r1 - 1) / p->H];
       ni += di_cuk_attn_fixed_items(r0, r1, 0, maxpos, p->pos[r0 / p->H], g_split, separate, &part, items + ni, citems,
                                     nci);
+      r0 = r1;
     }
   *parts = part;
   return ni;
 }
 
-/* runs one item form; returns the bf16 output [T*H][DR] (host) or NULL */
-static uint16_t *run_form(const problem *p, int bm, int separate, int alone, double *ms) {
+/* the form of one run: item rows bm (64 on the tensor-core kernel), the first item's rows of each group
+ * (0: bm), separate splits, each token alone, the first token, the kernel */
+typedef struct cut {
+  int bm, first, sep, alone, t0, tc;
+  const char *name;
+} cut;
+
+/* runs one item form; returns the bf16 output [T*H][DR] (host; rows before t0 zero) or NULL */
+static uint16_t *run_form(const problem *p, cut f, double *ms) {
   const int cap = p->T * p->H / 16 * (p->ctx / g_split + 2) + 16;
   di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
   di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
   int nci, parts;
-  int ni = make_items(p, bm, separate, alone, items, citems, &nci, &parts);
+  int ni = make_items(p, f.bm, f.first, f.sep, f.alone, f.t0, items, citems, &nci, &parts);
   int32_t counts[2] = {ni, nci};
   void *dit = dup_dev(items, sizeof *items * (size_t)ni), *dcit = dup_dev(citems, sizeof *citems * (size_t)(nci ? nci : 1));
   void *dn = dup_dev(counts, 8);
   const size_t nout = (size_t)p->T * p->H * DR;
   void *dout = di_cut_malloc(nout * 2);
   void *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
+  void *dslots = f.tc ? di_cut_malloc(di_cuk_mla_fixed_tc_slot_bytes()) : NULL;
+  uint16_t *zero = calloc(nout, 2);
+  di_cut_h2d(dout, zero, nout * 2);
+  free(zero);
   const float scale = 0.0721f;
   di_cut_sync();
   double t0 = di_cut_time_ms();
-  di_status st = di_cuk_mla_attn_fixed(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn, ni, bm,
-                                       dout, dpo, dpl, NULL);
+  di_status st = f.tc ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
+                                                 ni, dout, dpo, dpl, dslots, NULL)
+                      : di_cuk_mla_attn_fixed(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
+                                              ni, f.bm, dout, dpo, dpl, NULL);
   if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
-  CHECKF(st == DI_OK && di_cut_sync() == 0, "mla_attn_fixed: %s", di_last_error());
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "%s: %s", f.name, di_last_error());
   if (ms) *ms = di_cut_time_ms() - t0;
   uint16_t *out = malloc(nout * 2);
   di_cut_d2h(out, dout, nout * 2);
-  void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl};
-  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+  void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl, dslots};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+    if (ptrs[i]) di_cut_free(ptrs[i]);
   free(items); free(citems);
   return out;
 }
@@ -130,24 +150,44 @@ static double ref_err(const problem *p, const uint16_t *out) {
   return sqrt(num / (den > 0 ? den : 1));
 }
 
+static size_t count_diff(const uint16_t *a, const uint16_t *b, size_t from, size_t to) {
+  size_t d = 0;
+  for (size_t i = from; i < to; i++) d += a[i] != b[i];
+  return d;
+}
+
+/* The CUDA-core kernel's output in 32-row items with every split in one CTA is the reference of the bits;
+ * every other cut of the work, on either kernel, must give the same bits for every row. */
 static void check_shape(int H, int ctx, int T, const char *label) {
   problem p;
   problem_init(&p, H, ctx, T);
-  const size_t n = (size_t)T * H * DR * 2;
-  uint16_t *base = run_form(&p, 32, 0, 0, NULL);
-  const struct { int bm, sep, alone; const char *name; } forms[] = {
-      {16, 0, 0, "16-row items, splits in one CTA"},
-      {16, 1, 0, "16-row items, a CTA per split + combine"},
-      {32, 1, 0, "32-row items, a CTA per split + combine"},
-      {16, 1, 1, "each token alone, a CTA per split"},
-      {16, 0, 1, "each token alone, splits in one CTA"},
+  const size_t n = (size_t)T * H * DR;
+  uint16_t *base = run_form(&p, (cut){32, 0, 0, 0, 0, 0, "32-row items, splits in one CTA"}, NULL);
+  const int tc1 = T > 4 ? T / 3 : 1; /* the tensor-core kernel on a later part of the rows (a chunk) */
+  const cut forms[] = {
+      {16, 0, 0, 0, 0, 0, "16-row items, splits in one CTA"},
+      {16, 0, 1, 0, 0, 0, "16-row items, a CTA per split + combine"},
+      {32, 0, 1, 0, 0, 0, "32-row items, a CTA per split + combine"},
+      {16, 0, 1, 1, 0, 0, "each token alone, a CTA per split"},
+      {16, 0, 0, 1, 0, 0, "each token alone, splits in one CTA"},
+      {64, 0, 0, 0, 0, 1, "tc: 64-row items, splits in one CTA"},
+      {64, 16, 0, 0, 0, 1, "tc: 64-row items from row 16"},
+      {64, 40, 0, 0, 0, 1, "tc: 64-row items from row 40"},
+      {64, 0, 1, 0, 0, 1, "tc: 64-row items, a CTA per split + combine"},
+      {64, 0, 0, 1, 0, 1, "tc: each token alone, splits in one CTA"},
+      {64, 0, 1, 1, 0, 1, "tc: each token alone, a CTA per split"},
+      {64, 0, 0, 0, tc1, 1, "tc: the rows of a chunk (a later part)"},
   };
   for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
-    uint16_t *o = run_form(&p, forms[f].bm, forms[f].sep, forms[f].alone, NULL);
-    size_t diff = 0;
-    for (size_t i = 0; i < n / 2; i++) diff += o[i] != base[i];
-    CHECKF(diff == 0, "%s: %s: %zu of %zu values differ from 32-row items in one CTA", label, forms[f].name, diff, n / 2);
-    printf("attn_fixed %-26s %-42s %s\n", label, forms[f].name, diff ? "DIFFERENT" : "bit-identical");
+    uint16_t *o = run_form(&p, forms[f], NULL);
+    const size_t from = (size_t)forms[f].t0 * H * DR, diff = count_diff(o, base, from, n);
+    CHECKF(diff == 0, "%s: %s: %zu of %zu values differ from the CUDA-core kernel's 32-row items", label, forms[f].name,
+           diff, n - from);
+    printf("attn_fixed %-26s %-46s %s\n", label, forms[f].name, diff ? "DIFFERENT" : "bit-identical");
+    if (forms[f].tc && !forms[f].t0 && !forms[f].first) { /* its own accuracy, whatever the bits */
+      const double e = ref_err(&p, o);
+      CHECKF(e < 1e-2, "%s: %s: rel err vs float64 %.3e", label, forms[f].name, e);
+    }
     free(o);
   }
   double err = ref_err(&p, base);
@@ -157,8 +197,9 @@ static void check_shape(int H, int ctx, int T, const char *label) {
   problem_free(&p);
 }
 
-/* whole prompts: the fixed form (32-row items) against di_cuk_mla_attn with 64-row items (today's
- * prefill form) and the strided cluster form (today's batch-invariant form); ms per call, median of 5 */
+/* whole prompts: the fixed form (32-row items), its tensor-core kernel (64-row items), di_cuk_mla_attn
+ * with 64-row items (the default mode's absorbed prefill form) and the strided cluster form; ms per
+ * call, median of 5 */
 static int cmp_dbl(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
 static void bench_prompt(int H, int T) {
   problem p;
@@ -168,14 +209,15 @@ static void bench_prompt(int H, int T) {
   di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
   di_cuk_combine_item *citems = malloc(sizeof *citems * 4);
   void *dout = di_cut_malloc(nrows * DR * 2), *dpo = di_cut_malloc(64 * DR * 4 * 16), *dpl = di_cut_malloc(64 * 4 * 16);
-  double med[3];
+  double med[4];
+  void *dslots = di_cut_malloc(di_cuk_mla_fixed_tc_slot_bytes());
   const int cl = di_cuk_attn_cluster_ok(16) ? 16 : 8;
-  for (int form = 0; form < 3; form++) {
-    const int bm = form == 0 ? 32 : form == 1 ? 64 : 16;
+  for (int form = 0; form < 4; form++) {
+    const int bm = form == 0 ? 32 : form == 1 || form == 3 ? 64 : 16;
     int ni = 0, part = 0, nci = 0;
     for (size_t r0 = 0; r0 < nrows; r0 += bm) {
       int r1 = (int)(r0 + bm < nrows ? r0 + bm : nrows), maxpos = p.pos[(r1 - 1) / H];
-      if (form == 0) ni += di_cuk_attn_fixed_items((int)r0, r1, 0, maxpos, 0, g_split, 0, &part, items + ni, citems, &nci);
+      if (form == 0 || form == 3) ni += di_cuk_attn_fixed_items((int)r0, r1, 0, maxpos, 0, g_split, 0, &part, items + ni, citems, &nci);
       else if (form == 1) items[ni++] = (di_cuk_attn_item){(int)r0, r1, 0, 0, maxpos + 1, -1, 0};
       else ni += di_cuk_attn_cluster_items((int)r0, r1, 0, maxpos + 1, 0, cl, 1, 1, &part, items + ni, citems, &nci);
     }
@@ -185,7 +227,8 @@ static void bench_prompt(int H, int T) {
     for (int rep = 0; rep < 6; rep++) {
       di_cut_sync();
       double t0 = di_cut_time_ms();
-      di_status st = form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+      di_status st = form == 3 ? di_cuk_mla_attn_fixed_tc(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, dout, dpo, dpl, dslots, NULL)
+                   : form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
                    : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
                                : di_cuk_mla_attn_cluster(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
                                                          dout, dpo, dpl, NULL, NULL);
@@ -198,9 +241,10 @@ static void bench_prompt(int H, int T) {
   }
   /* causal attention FLOPs: 2 * rows * (keys/2) * (576 + 512) */
   const double flop = 2.0 * (double)nrows * (T / 2.0) * (D + DR);
-  printf("bench attention H=%d prompt %5d: fixed-split %.3f ms (%.0f TFLOP/s), mla_attn 64-row %.3f ms (%.0f), "
-         "invariant cluster %.3f ms (%.0f)\n", H, T, med[0], flop / med[0] / 1e9, med[1], flop / med[1] / 1e9, med[2],
-         flop / med[2] / 1e9);
+  printf("bench attention H=%d prompt %5d: fixed-split %.3f ms (%.0f TFLOP/s), fixed-split tc %.3f ms (%.0f), "
+         "mla_attn 64-row %.3f ms (%.0f), invariant cluster %.3f ms (%.0f)\n", H, T, med[0], flop / med[0] / 1e9,
+         med[3], flop / med[3] / 1e9, med[1], flop / med[1] / 1e9, med[2], flop / med[2] / 1e9);
+  di_cut_free(dslots);
   di_cut_free(dout); di_cut_free(dpo); di_cut_free(dpl);
   free(items); free(citems);
   problem_free(&p);

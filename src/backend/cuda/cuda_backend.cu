@@ -144,6 +144,13 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   if (fixed != 0 && !b->attn_fixed)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED=%d: 0, 1 or a split size in keys (a multiple "
                         "of 32)", fixed);
+  /* the fixed split on tensor cores (k_mla_fixed_tc.cu: mla_fixed_kernel's bits on wgmma, 64-row items) for
+   * prefill-like steps (H200, V2-Lite shape: bit-identical; the kernel 1.32x at 4,096 tokens, the
+   * invariant mode's prefill 30.3k vs 26.3k tok/s at 4,096, equal at 512 and in decode: PERFORMANCE.md,
+   * session 12, s12-19) */
+  b->fixed_tc = di_switch_int(DI_SW_CUDA_MLA_FIXED_TC, 1);
+  if (b->fixed_tc < 0 || b->fixed_tc > 2)
+    return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_TC=%d: 0, 1 or 2", b->fixed_tc);
   /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
    * V2-Lite shape: prefill 1.15x at 512 tokens, 1.65x at 4,096: PERFORMANCE.md, session 10, issue 19) */
   const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 512);
@@ -209,6 +216,13 @@ extern "C" di_status di_backend_cuda_set_attn_fixed(di_backend *bb, int split) {
   drop_graphs(b); /* captured graphs hold the old attention kernels */
   b->attn_fixed = split;
   return DI_OK;
+}
+
+extern "C" void di_backend_cuda_set_fixed_tc(di_backend *bb, int level) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old attention kernel */
+  b->fixed_tc = level < 0 ? 0 : level > 2 ? 2 : level;
 }
 
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {

@@ -39,6 +39,8 @@ di_status di_backend_cuda_set_attn_fixed(di_backend *b, int split);
  * fixed-split attention, no arithmetic-changing fusions). Not for serving: a sequence's rows before
  * and after the change come from different arithmetic. */
 di_status di_backend_cuda_set_invariant(di_backend *b, int on);
+/* Benchmarking only: DEEPINFER_CUDA_MLA_FIXED_TC for later steps (0, 1, 2; the same bits either way) */
+void di_backend_cuda_set_fixed_tc(di_backend *b, int level);
 /* Benchmarking only: DEEPINFER_CUDA_PREFILL_MHA for later steps (0 off, 1 = 512, N: steps of >= N tokens) */
 void di_backend_cuda_set_prefill_mha(di_backend *b, int min_tokens);
 /* Benchmarking only: DEEPINFER_CUDA_PROFILE's per-phase device time on (graphs off) or off for later steps;

@@ -75,6 +75,9 @@ typedef struct cu_backend {
   int invariant; /* batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1; see create) */
   int attn_fixed; /* > 0: attention in the fixed-split form at every step, splits of this many keys
                    * (k_mla_fixed.cu; see create) */
+  int fixed_tc;   /* DEEPINFER_CUDA_MLA_FIXED_TC: 1 prefill-like steps, 2 every step of the fixed split on
+                   * k_mla_fixed_tc.cu (cuda_step.cu decides per step) */
+  float *tc_slots; /* that kernel's per-CTA merge slots (allocated at its first step) */
   const di_model_config *cfg; /* the model's (outlives the backend) */
   int fp8;       /* DEEPINFER_CUDA_FP8=1: FP8 weights stay FP8 on the device */
   int fp8_fuse;  /* DEEPINFER_CUDA_FP8_FUSE (1): the FP8 path's decode fusions (cuda_deepseek2.cu) */

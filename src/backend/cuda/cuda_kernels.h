@@ -154,6 +154,14 @@ di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const uint16_t *cache, const 
                                 int rows_per_cta, uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);
 di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, const int32_t *n_items, int max_items,
                                    const float *part_o, const float *part_lse, uint16_t *out, di_cu_stream s);
+/* The same attention on wgmma (k_mla_fixed_tc.cu, DEEPINFER_CUDA_MLA_FIXED_TC): items of up to 64 rows,
+ * the same bits as di_cuk_mla_attn_fixed for every row (either item form); slots: f32 scratch of
+ * di_cuk_mla_fixed_tc_slot_bytes() (the merged state of each persistent CTA's row group between splits). */
+di_status di_cuk_mla_attn_fixed_tc(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+                                   int bt_stride, const int32_t *positions, int H, float scale, int split,
+                                   const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                                   uint16_t *out, float *part_o, float *part_lse, float *slots, di_cu_stream s);
+size_t di_cuk_mla_fixed_tc_slot_bytes(void);
 /* The items of rows [r0, r1) of sequence seq whose largest position is maxpos: one item over every
  * split, or (separate, more than one split) one per split and a combine item over partial slots *part ..
  * (advanced). Returns the items written (maxpos / split + 1 at most). */

@@ -98,7 +98,12 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   /* the fixed-split attention (k_mla_fixed.cu; fixed = its split in keys): items of 32 rows where runs
    * are long, else 16 */
   const int fixed = b->attn_fixed;
-  const int bm = fixed ? (rows_total / n_runs >= 32 ? 32 : 16) : rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;
+  /* ... on its tensor-core kernel (k_mla_fixed_tc.cu, the same bits; DEEPINFER_CUDA_MLA_FIXED_TC): items
+   * of 64 rows where runs average 64 rows (prefill chunks, verify blocks), or at every step (=2) */
+  const int fixed_tc = fixed && (b->fixed_tc == 2 || (b->fixed_tc == 1 && rows_total / n_runs >= 64));
+  const int bm = fixed_tc ? 64
+                 : fixed  ? (rows_total / n_runs >= 32 ? 32 : 16)
+                          : rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;
   /* count chunks */
   int n_chunks = 0;
   for (int t = 0; t < Tp;) {
@@ -137,6 +142,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   if (fixed) S_max = fixed_sep ? (bt_stride * DI_KV_BLOCK_SIZE - 1) / fixed + 1 : 1;
   const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
   DI_TRY(ensure_acts(b, Tp, n_out_p, fixed && !fixed_sep ? 1 : max_items)); /* (partial slots) */
+  if (fixed_tc && !b->tc_slots) DI_TRY(dev_alloc(b, (void **)&b->tc_slots, di_cuk_mla_fixed_tc_slot_bytes()));
 
   /* the MHA form of prefill attention (DEEPINFER_CUDA_PREFILL_MHA; the default mode, eager steps of at
    * least prefill_mha tokens): each run's tokens in items of 64, its keys 0 .. the run's largest

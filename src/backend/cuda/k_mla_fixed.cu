@@ -3,7 +3,7 @@
  * DEEPINFER_CUDA_ATTN_FIXED names another multiple of 32: never the batch, the chunk or the number of
  * CTAs); each split is one online-softmax pass over 32-key tiles from its start, giving a
  * normalized partial (o_s, lse_s); the partials are merged in split order by one running merge
- * (fixed_merge below). Whether the splits of a row group run in one CTA (merged in registers: prefill
+ * (fixed_merge, k_mla_fixed.cuh). Whether the splits of a row group run in one CTA (merged in registers: prefill
  * chunks, many row groups) or in CTAs of their own (partials through memory, merged by
  * di_cuk_mla_combine_fixed: decode, verify blocks, few row groups), a row gets the same operations on
  * the same values in the same order, so the same bits; which rows share a CTA (16 or 32 rows, tokens of
@@ -19,30 +19,13 @@
  * Not the FlashAttention-3 form (wgmma, warp-specialized): see docs/NOTES.md, issue 19. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
+#include "k_mla_fixed.cuh"
 #include "k_mla_tile32.cuh"
 
 #define DR DI_CUK_MLA_R
 #define KT DI_MLA32_KT
 
 static_assert(DI_CUK_ATTN_FIXED_SPLIT % KT == 0, "a split is whole key tiles");
-
-/* One split's partial (o normalized by its own sum, lse in log2 units) into the running state (M, W)
- * of a row: the factors a (old state) and c (the partial); the caller then does A = A * a + c * o per
- * column with fixed_acc. Only called for lse > -inf. */
-static __device__ __forceinline__ void fixed_merge(float &M, float &W, float lse, float &a, float &c) {
-  const float Mn = fmaxf(M, lse);
-  a = exp2f(M - Mn); /* M = -inf (nothing merged yet) -> 0 */
-  c = exp2f(lse - Mn);
-  W = __fadd_rn(__fmul_rn(W, a), c);
-  M = Mn;
-}
-static __device__ __forceinline__ float fixed_acc(float A, float a, float c, float o) {
-  return __fadd_rn(__fmul_rn(A, a), __fmul_rn(c, o));
-}
-static __device__ __forceinline__ float fixed_inv(float x) { return x > 0.f ? __fdiv_rn(1.f, x) : 0.f; }
-static __device__ __forceinline__ float fixed_lse(float m, float l) {
-  return l > 0.f ? __fadd_rn(m, log2f(l)) : -INFINITY;
-}
 
 template <int RG>
 static __global__ void __launch_bounds__(RG * 128)
