@@ -270,6 +270,10 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
         if (more && r->constraint) {
           if (e->constraint.rollback && e->constraint.accept(r->constraint, jb->res.token) == DI_OK) r->spec_walked++;
           else more = 0;
+          /* the token completed the grammar: plain decoding ends the request with it (di_req_post_tokens),
+           * so no row after it is sampled, whatever stops it would otherwise take (ignore_eos: no stop
+           * token would; the next round's mask would allow nothing and fail the request) */
+          if (more && e->constraint.is_terminated(r->constraint)) more = 0;
         }
       }
       if (more) {

@@ -268,6 +268,70 @@ static void grammar_drafts(void) {
   }
 }
 
+/* a grammar that completes under ignore_eos: plain decoding ends the request at the grammar's end (the
+ * token that completes it is the last); verification must not accept a token past it (the bonus row
+ * after an accepted final draft). Short regexes, greedy and seeded T = 0.8, a fixed schedule so that
+ * drafts reach the grammar's end. */
+static void grammar_end_ignore_eos(const char *spec, const char *what) {
+  enum { N = 12, T = 24 };
+  static rq_t ref[N], got[N];
+  static const char *res[] = {"[a-z]+\\.", "(yes|no)", "[a-z]+ [a-z]+"};
+  make_prompts(ref, N);
+  int ended = 0;
+  for (int c = 0; c < 2; c++) {
+    rq_t *rq = c == 0 ? ref : got;
+    if (c > 0) memcpy(got, ref, sizeof got);
+    di_engine *e = make_engine(c ? spec : NULL, 0, 0, 0);
+    if (!e) return;
+    for (int k = 0; k < N; k++) {
+      di_request_params p;
+      di_request_params_default(&p);
+      p.prompt = rq[k].text;
+      p.max_tokens = T;
+      p.temperature = k % 2 ? 0.8f : 0;
+      p.has_seed = 1;
+      p.seed = 300 + (uint64_t)k;
+      p.ignore_eos = 1;
+      p.regex = res[k % 3];
+      rq[k].n_got = 0;
+      rq[k].finish = 0;
+      CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "%s: request %d: %s", what, k, di_last_error());
+    }
+    int guard = 0;
+    while (di_engine_has_unfinished(e) && guard++ < 100000) {
+      di_step_output *out;
+      if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "%s: step: %s", what, di_last_error()); break; }
+      for (int i = 0; i < out->n; i++) {
+        const di_seq_output *so = &out->seqs[i];
+        rq_t *r = &rq[so->req_id - rq[0].id];
+        for (int t = 0; t < so->n_new_tokens && r->n_got < MAXT + 8; t++) r->got[r->n_got++] = so->new_tokens[t];
+        if (so->finish_reason) r->finish = so->finish_reason;
+      }
+    }
+    if (c == 0)
+      for (int k = 0; k < N; k++) ended += ref[k].n_got < T; /* the grammar ended it */
+    if (c > 0) {
+      for (int k = 0; k < N; k++)
+        CHECKF(got[k].n_got == ref[k].n_got && got[k].finish == ref[k].finish &&
+                   memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0,
+               "%s: regex %s request %d (T %s, ignore_eos): %d tokens (finish %d) vs plain decoding's %d (finish %d)", what,
+               res[k % 3], k, k % 2 ? "0.8" : "0", got[k].n_got, got[k].finish, ref[k].n_got, ref[k].finish);
+      di_spec_stats ss;
+      di_engine_get_spec_stats(e, &ss);
+      CHECKF(ss.drafted_tokens > 0 && ss.accepted_tokens > 0, "%s: drafted %lld accepted %lld", what,
+             (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+      printf("grammar end under ignore_eos, %s: %d of %d requests ended by their grammar; %lld drafted, %lld accepted\n", what,
+             ended, N, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+    }
+    di_engine_stats st;
+    di_engine_get_stats(e, &st);
+    CHECKF(st.kv_blocks_used == 0, "%s: %lld KV blocks leaked", what, (long long)st.kv_blocks_used);
+    CHECKF(di_engine_check(e) == DI_OK, "%s", di_last_error());
+    di_engine_free(e);
+  }
+  CHECKF(ended >= N / 2, "%s: only %d of %d plain requests ended by their grammar (the test needs grammar ends)", what, ended, N);
+}
+
 static void structured_and_aborts(void) {
   enum { N = 16 };
   static rq_t rq[N];
@@ -329,6 +393,7 @@ int main(void) {
   greedy_identity();
   if (!UNDER_ASAN) sampling_distribution();
   grammar_drafts();
+  grammar_end_ignore_eos("{\"method\": \"dspark\", \"schedule\": \"fixed\"}", "dspark");
   structured_and_aborts();
   bad_configs();
   di_model_free(g_model);
