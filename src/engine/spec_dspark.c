@@ -41,8 +41,7 @@ static int samples_drafts(const struct di_spec *sp, const di_req *r) {
   return !sp->exact && r->sp.temperature > 0 && r->sp.top_k != 1 && !r->constraint;
 }
 
-/* draft logits row lg: the tokens the grammar state forbids set to -inf; 0 when nothing is allowed */
-static int grammar_mask(di_engine *e, di_req *r, float *lg, int limit) {
+int di_spec_grammar_mask(di_engine *e, di_req *r, float *lg, int limit) {
   struct di_spec *sp = e->spec;
   const int words = (sp->V + 31) / 32;
   if (!sp->gmask) {
@@ -342,7 +341,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
       const float *h = sp->dhid + ((size_t)i * B + j) * DH;
       d->markov(d->ctx, prev, lg);
       float c = d->confidence(d->ctx, h, prev);
-      if (r->constraint && (e->constraint.is_terminated(r->constraint) || !grammar_mask(e, r, lg, limit))) break;
+      if (r->constraint && (e->constraint.is_terminated(r->constraint) || !di_spec_grammar_mask(e, r, lg, limit))) break;
       int32_t tok;
       if (sampled) {
         float *qj = r->draft_q + (size_t)j * V;

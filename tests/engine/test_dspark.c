@@ -10,6 +10,9 @@
  *    seeded T = 0.8, 40 tokens each, equal to plain constrained decoding under the fixed and the
  *    confidence schedule, with drafts made and accepted (fixed schedule); every output ends valid
  *    or is cut by max_tokens, as plain decoding's;
+ *  - the same grammar runs with method "mtp" (its drafts masked by the grammar state, exact match);
+ *  - a grammar that completes under ignore_eos ends the request where plain decoding ends it (DSpark
+ *    and MTP): verification accepts nothing past the grammar's end;
  *  - aborts mid-draft leak no KV; bad configs are refused with the field named.
  * Under AddressSanitizer (CI's ./build.sh asan, ~10x slower) the same paths run at a smaller size
  * (6 prompts x 24 tokens, 2 configs; the chi-square needs its sample size and is left to the other
@@ -210,14 +213,14 @@ static void sampling_distribution(void) {
 }
 
 /* constrained requests: 0 json_object, 1 a JSON schema, 2 a regex; greedy and T = 0.8 (seeded) */
-static void grammar_drafts(void) {
+static void grammar_drafts(const char *fixed_spec, const char *sched_spec, const char *what) {
   enum { N = 12, T = 40 };
   static rq_t ref[N], got[N];
   static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, "
                               "\"age\": {\"type\": \"integer\"}}, \"required\": [\"name\", \"age\"]}";
   make_prompts(ref, N);
-  const char *specs[] = {NULL, "{\"method\": \"dspark\", \"schedule\": \"fixed\"}", "{\"method\": \"dspark\"}"};
-  for (int c = 0; c < (UNDER_ASAN ? 2 : 3); c++) {
+  const char *specs[] = {NULL, fixed_spec, sched_spec};
+  for (int c = 0; c < (UNDER_ASAN || !sched_spec ? 2 : 3); c++) {
     rq_t *rq = c == 0 ? ref : got;
     if (c > 0) memcpy(got, ref, sizeof got);
     di_engine *e = make_engine(specs[c], 0, 0, 0);
@@ -251,13 +254,13 @@ static void grammar_drafts(void) {
       for (int k = 0; k < N; k++)
         CHECKF(got[k].n_got == ref[k].n_got && got[k].finish == ref[k].finish &&
                    memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0,
-               "%s: constrained request %d (%s, T %s) differs from plain constrained decoding", specs[c], k,
+               "%s %s: constrained request %d (%s, T %s) differs from plain constrained decoding", what, specs[c], k,
                k % 3 == 0 ? "json_object" : k % 3 == 1 ? "json_schema" : "regex", k % 2 ? "0.8" : "0");
       di_spec_stats ss;
       di_engine_get_spec_stats(e, &ss);
-      CHECKF(c == 2 || (ss.drafted_tokens > 0 && ss.accepted_tokens > 0), "%s under grammars: drafted %lld accepted %lld",
-             specs[c], (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
-      printf("grammars, %s: %lld drafted, %lld accepted, mean accepted length %.2f\n", specs[c], (long long)ss.drafted_tokens,
+      CHECKF(c == 2 || (ss.drafted_tokens > 0 && ss.accepted_tokens > 0), "%s %s under grammars: drafted %lld accepted %lld",
+             what, specs[c], (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+      printf("grammars, %s %s: %lld drafted, %lld accepted, mean accepted length %.2f\n", what, specs[c], (long long)ss.drafted_tokens,
              (long long)ss.accepted_tokens, ss.mean_accepted_length);
     }
     di_engine_stats st;
@@ -392,8 +395,11 @@ int main(void) {
   }
   greedy_identity();
   if (!UNDER_ASAN) sampling_distribution();
-  grammar_drafts();
+  grammar_drafts("{\"method\": \"dspark\", \"schedule\": \"fixed\"}", "{\"method\": \"dspark\"}", "dspark");
   grammar_end_ignore_eos("{\"method\": \"dspark\", \"schedule\": \"fixed\"}", "dspark");
+  /* the MTP layer drafts under grammars too (exact match, as it always verifies) */
+  grammar_drafts("{\"method\": \"mtp\", \"num_speculative_tokens\": 3, \"min_confidence\": 0}", NULL, "mtp");
+  grammar_end_ignore_eos("{\"method\": \"mtp\", \"num_speculative_tokens\": 3, \"min_confidence\": 0}", "mtp");
   structured_and_aborts();
   bad_configs();
   di_model_free(g_model);
