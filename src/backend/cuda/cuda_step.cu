@@ -55,9 +55,6 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const int graph = b->use_graphs && T <= DI_CUDA_GRAPH_MAX_T;
   const int Tp = graph ? pow2_at_least(T) : T;
   const int n_out = bt->n_outputs, n_out_p = graph ? pow2_at_least(n_out > 0 ? n_out : 1) : (n_out > 0 ? n_out : 1);
-  if (b->flog && !bt->drafter_tables)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: the DSpark feature log needs the batch's drafter_tables (the engine's "
-                        "drafter KV group)");
   if (b->flog) { /* the drafter's feature log (cuda_dspark.cu): every row an output row, in order */
     if (n_out != T) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: the DSpark feature log needs every row of a step "
                                         "as an output row (%d outputs for %d tokens)", n_out, T);
@@ -315,10 +312,11 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   hi[o_n + 1] = nci;
   int32_t *d = b->in_dev;
   if (b->flog) { /* the rows' place in the feature log, their positions and drafter cache slots (the
-                   * drafter's own KV group: its tables travel in the batch as drafter_tables) */
+                   * drafter's own KV group: its tables travel in the batch as drafter_tables; a batch
+                   * without them, e.g. di_model_score on the same model, feeds the drafter nothing) */
     for (int t = 0; t < Tp; t++) {
       int32_t slot = -1;
-      if (t < T) {
+      if (t < T && bt->drafter_tables) {
         const int sq = bt->seq_of[t], pos = bt->positions[t];
         const int32_t blk = pos / DI_DRAFTER_BLOCK_TOKENS < bt->drafter_blocks[sq] ? bt->drafter_tables[sq][pos / DI_DRAFTER_BLOCK_TOKENS] : -1;
         if (blk < 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: position %d beyond its %d drafter cache "
