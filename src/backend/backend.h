@@ -4,7 +4,8 @@
  * requests, sampling policy or tokenizers.
  *
  * KV cache addressing: the cache is made of groups (di_kv_group_info: kinds below), each a pool of
- * blocks, and every block of every group covers DI_KV_BLOCK_SIZE token positions: block i of a
+ * blocks, and every block of every group the backend reports covers DI_KV_BLOCK_SIZE token positions
+ * (the engine's own DSpark drafter group: DI_DRAFTER_BLOCK_TOKENS, see block_tokens): block i of a
  * sequence's table in group g holds what group g keeps for positions [64 i, 64 i + 64) (a token's
  * K/V, the compressed entries whose window closes there, a state snapshot at the block's end).
  * Group 0 (the only one of V2/V3, the MLA latents) is `seqs[s].block_table`: the token at position p
@@ -20,6 +21,9 @@
 
 #define DI_KV_BLOCK_SIZE 64
 #define DI_KV_MAX_GROUPS 8
+/* A DSpark drafter's cache group (the engine adds it: di_engine_add_drafter_group) pages by blocks of
+ * this many positions: block i of a sequence's drafter table holds positions [16 i, 16 i + 16). */
+#define DI_DRAFTER_BLOCK_TOKENS 16
 
 typedef struct di_batch_seq {
   const int32_t *block_table; /* group 0's block ids, enough to cover every position this step touches */
@@ -66,6 +70,12 @@ typedef struct di_batch {
    * the sampled and prompt-logprob rows need logits). A backend may leave those rows of the logits
    * unwritten or compute them anyway. */
   const uint8_t *output_logits;
+  /* Optional [n_seqs] (NULL: no drafter group): each sequence's block table in the engine's DSpark
+   * drafter cache group (blocks of DI_DRAFTER_BLOCK_TOKENS positions, drafter_blocks[s] entries), for a
+   * backend that feeds the drafter's cache from the step itself (the CUDA feature log). The target's
+   * forward never reads it. */
+  const int32_t *const *drafter_tables;
+  const int *drafter_blocks;
 } di_batch;
 
 /* Per output row sampling request for backends that sample on the device (optional). */
@@ -109,6 +119,11 @@ typedef struct di_kv_group_info {
   int64_t bytes_per_seq;
   di_kv_kind kind;
   int64_t bytes_per_entry;    /* one entry (token, compressed entry or snapshot), all layers */
+  /* positions one block of this group covers; 0 (what backends report) means DI_KV_BLOCK_SIZE. Other
+   * values must divide DI_KV_BLOCK_SIZE and are for FULL groups without a window (the DSpark drafter's
+   * group: DI_DRAFTER_BLOCK_TOKENS), so a prefix hit (a multiple of DI_KV_BLOCK_SIZE) ends on a block
+   * boundary of every group. bytes_per_token stays per token: a block is block_tokens x it. */
+  int block_tokens;
 } di_kv_group_info;
 
 typedef struct di_backend di_backend;

@@ -11,8 +11,10 @@ typedef struct di_drafter_ops {
   int block_size;  /* rows of a proposal: block_size drafts */
   int hidden;      /* the drafter's hidden size (propose's hidden rows) */
   int feat_dim;    /* one feature row: what the target backend's wait() writes per output row */
-  int64_t cache_bytes_per_token; /* the drafter's cache beside each target block (counted in the KV budget) */
-  /* (re)allocates the drafter's cache for the target pool's block count */
+  int64_t cache_bytes_per_token; /* the drafter's cache per position: its KV group's size (in the KV budget) */
+  /* (re)allocates the drafter's cache: n_blocks blocks of DI_DRAFTER_BLOCK_TOKENS positions, the pool
+   * of the engine's drafter KV group (di_engine_add_drafter_group). The seqs handed to context and
+   * propose carry each sequence's table in that group (block ids < n_blocks). */
   di_status (*kv_alloc)(void *ctx, int64_t n_blocks);
   di_status (*context)(void *ctx, int n, const float *feats, const int32_t *pos, const int32_t *seq_of,
                        const di_batch_seq *seqs);

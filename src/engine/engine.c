@@ -141,34 +141,61 @@ di_status di_engine_core_create(const di_engine_core_config *cfg, const di_engin
 
 const char *di_engine_kv_summary(const di_engine *e) { return e ? e->kv_summary : ""; }
 
-/* A drafter's cache paged by the target's blocks (DSpark) takes extra_bytes_per_token beside every
- * block: when the pool was sized from a byte budget (not num_kv_blocks), the pool is made smaller so
- * that both fit that budget. Before the first request only (the KV manager is made again). */
-di_status di_engine_kv_share_budget(di_engine *e, int64_t extra_bytes_per_token) {
+/* The DSpark drafter's cache as one more KV-manager group (see spec_decode.h). The manager is made
+ * again with the backend's groups plus the drafter's: from the same byte budget (di_kv_plan over all
+ * of them, so every group holds the same number of tokens) or, with num_kv_blocks given, that many
+ * blocks per backend group and as many tokens' worth of drafter blocks. */
+di_status di_engine_add_drafter_group(di_engine *e, int64_t bytes_per_token, int block_tokens, int64_t *n_blocks) {
   if (e->n_all > 0 || e->n_grave > 0 || e->steps > 0 || e->inflight_active)
-    return di_error_set(DI_ERR_INVALID_ARG, "the KV budget can only be shared before the first request");
-  if (e->opt.num_kv_blocks > 0 || extra_bytes_per_token <= 0 || e->n_kv_groups > 1) return DI_OK;
+    return di_error_set(DI_ERR_INVALID_ARG, "a drafter's KV cache group can only be added before the first request");
+  if (bytes_per_token <= 0 || block_tokens <= 0 || DI_KV_BLOCK_SIZE % block_tokens != 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "drafter KV cache group: %lld bytes per token in blocks of %d tokens (a divisor "
+                        "of %d)", (long long)bytes_per_token, block_tokens, DI_KV_BLOCK_SIZE);
   di_kv_group_info groups[DI_KV_MAX_GROUPS];
-  memset(groups, 0, sizeof groups);
-  int ng = e->be->ops->kv_groups(e->be, groups, DI_KV_MAX_GROUPS);
-  if (ng != 1 || groups[0].bytes_per_token <= 0) return DI_OK; /* several groups: not shared (V4 has no drafter) */
-  const int64_t old = di_kv_group_blocks(e->kv, 0);
-  /* old x bytes per token stays far inside int64 (blocks and bytes per token are both < 2^31) */
-  const int64_t bpt = (int64_t)groups[0].bytes_per_token;
-  int64_t nb = old * bpt / (bpt + extra_bytes_per_token);
-  if (nb < 1) nb = 1;
+  int64_t nb[DI_KV_MAX_GROUPS], old[DI_KV_MAX_GROUPS];
+  const int ng = e->drafter_group > 0 ? e->drafter_group : di_kv_num_groups(e->kv); /* a drafter set again: its group anew */
+  if (ng + 1 > DI_KV_MAX_GROUPS)
+    return di_error_set(DI_ERR_UNSUPPORTED, "the model has %d KV cache groups: no room for the drafter's (%d at most)", ng,
+                        DI_KV_MAX_GROUPS);
+  for (int g = 0; g < ng; g++) {
+    groups[g] = *di_kv_group(e->kv, g);
+    old[g] = di_kv_group_blocks(e->kv, g);
+  }
+  groups[ng] = (di_kv_group_info){.n_layers = 1, .bytes_per_token = bytes_per_token, .tokens_per_entry = 1,
+                                  .kind = DI_KV_FULL, .bytes_per_entry = bytes_per_token, .block_tokens = block_tokens};
+  if (e->opt.num_kv_blocks > 0) {
+    for (int g = 0; g < ng; g++) nb[g] = old[g];
+    nb[ng] = old[0] * (DI_KV_BLOCK_SIZE / block_tokens);
+  } else {
+    DI_TRY(di_kv_plan(groups, ng + 1, e->opt.kv_cache_memory_bytes, e->opt.max_num_seqs, e->opt.max_num_batched_tokens, nb));
+  }
   di_kv_manager *kv = NULL;
-  DI_TRY(di_kv_manager_create(groups, 1, &nb, e->opt.enable_prefix_caching, &kv));
-  di_status st = e->be->ops->kv_alloc(e->be, nb);
-  if (st != DI_OK) {
-    di_kv_manager_free(kv);
-    return st;
+  DI_TRY(di_kv_manager_create(groups, ng + 1, nb, e->opt.enable_prefix_caching, &kv));
+  if (e->replay_len > 0) di_kv_set_bounded_replay(kv);
+  int changed = 0;
+  for (int g = 0; g < ng; g++) changed |= nb[g] != old[g];
+  di_status st = DI_OK;
+  if (changed) { /* the backend's pools shrink to make room */
+    st = e->be->ops->kv_alloc_groups ? e->be->ops->kv_alloc_groups(e->be, nb, ng) : e->be->ops->kv_alloc(e->be, nb[0]);
+    if (st != DI_OK) { /* back to the old pools (the error stays the one returned) */
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", di_last_error());
+      if (e->be->ops->kv_alloc_groups) e->be->ops->kv_alloc_groups(e->be, old, ng);
+      else e->be->ops->kv_alloc(e->be, old[0]);
+      di_kv_manager_free(kv);
+      return di_error_set(st, "%s", msg);
+    }
   }
   di_kv_manager_free(e->kv);
   e->kv = kv;
+  e->drafter_group = ng;
+  *n_blocks = nb[ng];
+  int64_t bytes = 0;
+  for (int g = 0; g <= ng; g++) bytes += nb[g] * groups[g].bytes_per_token * di_kv_group(kv, g)->block_tokens;
   size_t n = strlen(e->kv_summary);
-  snprintf(e->kv_summary + n, sizeof e->kv_summary - n, "; %lld blocks with the drafter's cache (%lld B/token) beside",
-           (long long)nb, (long long)extra_bytes_per_token);
+  snprintf(e->kv_summary + n, sizeof e->kv_summary - n, "; with the drafter's group: %lld blocks + %lld drafter blocks of %d "
+           "tokens (%lld B/token), %.2f GiB in all", (long long)nb[0], (long long)nb[ng], block_tokens,
+           (long long)bytes_per_token, (double)bytes / (1 << 30));
   return DI_OK;
 }
 

@@ -177,8 +177,10 @@ typedef struct di_sched {
                                 table while this batch is in flight */
   const int32_t **gtab;      /* per sequence and group: its table in `tables` (di_batch.group_tables) */
   int *gblk;                 /* and its length */
+  const int32_t **dtab;      /* per sequence: its table in the drafter's group (di_batch.drafter_tables) */
+  int *dblk;                 /* and its length */
   int32_t *replay;           /* per sequence: di_batch.seq_replay */
-  int tok_cap, seq_cap, table_cap, gtab_cap, replay_cap;
+  int tok_cap, seq_cap, table_cap, gtab_cap, replay_cap, dtab_cap;
   di_batch batch;
   /* speculative decoding (DSpark, device steps): the step verifies no draft and is sampled like plain
    * decoding (spec_plain); and no proposal follows it, so the step after it may be planned while it runs
@@ -196,6 +198,8 @@ struct di_engine {
   di_kv_manager *kv;
   char kv_summary[384];      /* how the KV cache was sized (di_engine_kv_summary) */
   int n_kv_groups;      /* groups whose tables each batch carries (0: group 0's only, as block_table) */
+  int drafter_group;    /* the DSpark drafter's KV group (di_engine_add_drafter_group), 0: none (group 0 is
+                           always the target's); batches carry its tables as drafter_tables */
   int replay_len;       /* SWA bounded replay: tokens a prefix hit recomputes (window - 1), 0: exact */
   di_row_sampler *rows;      /* host sampling of a step's rows */
   di_row_job *jobs;          /* [max_num_seqs] */

@@ -40,7 +40,7 @@ static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int s
 static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->want_logits); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->replay);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->want_logits); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->dtab); free(s->dblk); free(s->replay);
   memset(s, 0, sizeof *s);
 }
 
@@ -251,6 +251,7 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
       n_tok += s->e[i].n_new;
       n_seq++;
       for (int g = 0; g < ng; g++) n_tab += s->e[i].r->kv.n[g];
+      if (e->drafter_group > 0) n_tab += s->e[i].r->kv.n[e->drafter_group];
     }
   int tb = s->table_cap;
   DI_TRY(grow((void **)&s->tables, &tb, n_tab, sizeof *s->tables));
@@ -276,6 +277,13 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
   gc = s->gtab_cap;
   DI_TRY(grow((void **)&s->gblk, &gc, n_seq * ng, sizeof *s->gblk));
   s->gtab_cap = gc;
+  if (e->drafter_group > 0) {
+    int dc = s->dtab_cap;
+    DI_TRY(grow((void **)&s->dtab, &dc, n_seq, sizeof *s->dtab));
+    dc = s->dtab_cap;
+    DI_TRY(grow((void **)&s->dblk, &dc, n_seq, sizeof *s->dblk));
+    s->dtab_cap = dc;
+  }
   int t = 0, q = 0, o = 0, tab = 0, n_plp = 0;
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
@@ -286,6 +294,13 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
       if (nb) memcpy(s->tables + tab, r->kv.table[g], (size_t)nb * sizeof *s->tables);
       s->gtab[q * ng + g] = s->tables + tab;
       s->gblk[q * ng + g] = nb;
+      tab += nb;
+    }
+    if (e->drafter_group > 0) { /* the drafter's table (DSpark's own group) */
+      int nb = r->kv.n[e->drafter_group];
+      if (nb) memcpy(s->tables + tab, r->kv.table[e->drafter_group], (size_t)nb * sizeof *s->tables);
+      s->dtab[q] = s->tables + tab;
+      s->dblk[q] = nb;
       tab += nb;
     }
     s->seqs[q] = (di_batch_seq){.block_table = s->gtab[q * ng], .n_blocks = s->gblk[q * ng], .key = di_req_key(r)};
@@ -323,7 +338,9 @@ di_status di_sched_build_batch(di_engine *e, di_sched *s) {
                         .n_seqs = q, .seqs = s->seqs, .n_outputs = o, .output_rows = s->out_rows,
                         .n_groups = e->n_kv_groups, .group_tables = s->gtab, .group_blocks = s->gblk,
                         .seq_replay = e->replay_len > 0 ? s->replay : NULL,
-                        .output_logits = e->spec ? s->want_logits : NULL};
+                        .output_logits = e->spec ? s->want_logits : NULL,
+                        .drafter_tables = e->drafter_group > 0 ? s->dtab : NULL,
+                        .drafter_blocks = e->drafter_group > 0 ? s->dblk : NULL};
   s->n_plp = n_plp;
   return DI_OK;
 }

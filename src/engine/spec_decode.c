@@ -14,7 +14,13 @@
  * draft j > 1 from one more MTP row at n_tokens - 3 + j, fed draft j - 1 and the previous MTP row's
  * output hidden state (as vLLM runs one MTP layer for k > 1). Those speculative entries lie at
  * positions >= n_tokens - 1 and are overwritten by the next step's real rows. A stale entry (e.g. the
- * last slot of a prefix-cache block reached through another continuation) only lowers acceptance. */
+ * last slot of a prefix-cache block reached through another continuation) only lowers acceptance.
+ *
+ * Structured outputs (MTP as DSpark, spec_dspark.c): a request with a grammar drafts the argmax under
+ * its grammar's mask, the matcher walked over the drafts and rolled back after them; drafting stops where
+ * the grammar ends or allows nothing. Verification (exact match) walks the matcher over each accepted
+ * token so round j's mask sees rounds < j, and stops at the grammar's end, so the output equals plain
+ * constrained decoding's. */
 #include "engine/spec_internal.h"
 #include <math.h>
 #include <stdlib.h>
@@ -270,6 +276,10 @@ di_status di_spec_sample_step(di_engine *e, di_sched *s) {
         if (more && r->constraint) {
           if (e->constraint.rollback && e->constraint.accept(r->constraint, jb->res.token) == DI_OK) r->spec_walked++;
           else more = 0;
+          /* the token completed the grammar: plain decoding ends the request with it (di_req_post_tokens),
+           * so no row after it is sampled, whatever stops it would otherwise take (ignore_eos: no stop
+           * token would; the next round's mask would allow nothing and fail the request) */
+          if (more && e->constraint.is_terminated(r->constraint)) more = 0;
         }
       }
       if (more) {
@@ -356,7 +366,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
     int t0 = row;
     row += en->n_new;
     r->n_draft = 0;
-    if (r->state != DI_REQ_RUNNING || r->constraint) continue;
+    if (r->state != DI_REQ_RUNNING || (r->constraint && !e->constraint.rollback)) continue;
     int hi = r->n_valid < r->n_tokens - 1 ? r->n_valid : r->n_tokens - 1; /* positions [start, hi) */
     if (hi <= en->start) continue;
     for (int p = en->start; p < hi; p++) {
@@ -379,15 +389,25 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
                 .seqs = sp->seqs, .n_outputs = o, .output_rows = sp->out_rows};
   di_status st = e->be->ops->mtp(e->be, &b, sp->prev, o ? sp->logits : NULL, o ? sp->hid_out : NULL);
   if (st != DI_OK) return di_spec_fail(e, s, st);
-  /* drafts: one more MTP row per still-confident request and draft position */
+  /* drafts: one more MTP row per still-confident request and draft position. A request with a grammar
+   * drafts the argmax under its mask, each draft accepted into its matcher (r->spec_walked) so the next
+   * one's mask follows it, all undone below; its drafts stop where the grammar ends or allows nothing */
+  int walked_any = 0;
   for (int j = 0; o > 0; j++) {
     int n = 0;
     for (int a = 0; a < o; a++) {
       di_req *r = sp->reqs[sp->out_req[a]];
-      float p;
-      int32_t d = top1(sp->logits + (size_t)a * V, e->cfg.vocab_limit, &p);
+      float p, *lg = sp->logits + (size_t)a * V;
+      if (r->constraint && (e->constraint.is_terminated(r->constraint) || !di_spec_grammar_mask(e, r, lg, e->cfg.vocab_limit)))
+        continue;
+      int32_t d = top1(lg, e->cfg.vocab_limit, &p);
       float conf = (j == 0 ? 1.0f : r->draft_conf[j - 1]) * p;
       if (conf < sp->min_conf) continue;
+      if (r->constraint) {
+        if (e->constraint.accept(r->constraint, d) != DI_OK) continue;
+        r->spec_walked++;
+        walked_any = 1;
+      }
       r->draft[j] = d;
       r->draft_conf[j] = conf;
       r->n_draft = j + 1;
@@ -395,7 +415,7 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
       int pos = r->n_tokens - 1 + j; /* the MTP row fed draft j */
       if (!di_kv_can_allocate(e->kv, &r->kv, pos + 1)) continue;
       st = di_kv_allocate(e->kv, &r->kv, pos + 1);
-      if (st != DI_OK) return di_spec_fail(e, s, st);
+      if (st != DI_OK) goto done;
       sp->tok[n] = d;
       sp->pos[n] = pos;
       sp->seq_of[n] = n;
@@ -411,7 +431,17 @@ di_status di_spec_draft(di_engine *e, di_sched *s) {
     di_batch bj = {.n_tokens = n, .tokens = sp->tok, .positions = sp->pos, .seq_of = sp->seq_of, .n_seqs = n,
                    .seqs = sp->seqs, .n_outputs = n, .output_rows = sp->out_rows};
     st = e->be->ops->mtp(e->be, &bj, sp->prev, sp->logits, sp->hid_out);
-    if (st != DI_OK) return di_spec_fail(e, s, st);
+    if (st != DI_OK) break;
   }
+done:
+  if (walked_any) /* the grammar walks over the drafts are undone (verification walks its own) */
+    for (int i = 0; i < s->n; i++) {
+      di_req *r = s->e[i].r;
+      if (s->e[i].dropped || r->spec_walked == 0) continue;
+      di_status rs = e->constraint.rollback(r->constraint, r->spec_walked);
+      r->spec_walked = 0;
+      if (rs != DI_OK && st == DI_OK) st = rs;
+    }
+  if (st != DI_OK) return di_spec_fail(e, s, st);
   return DI_OK;
 }

@@ -31,8 +31,12 @@ void di_spec_record_step(di_engine *e, int n_tokens, double seconds);
 struct di_drafter_ops;
 /* DSpark: speculative decoding with a block drafter (engine/drafter.h), which the engine then owns
  * (destroyed with the engine; not on failure). exact: acceptance "exact"; fixed: schedule "fixed". */
-/* engine.c: shrinks a budget-sized KV pool so that a drafter cache of extra_bytes_per_token beside
- * each of its blocks fits the same budget (before the first request). */
-di_status di_engine_kv_share_budget(di_engine *e, int64_t extra_bytes_per_token);
+/* engine.c: adds a KV-manager group for a block drafter's cache (DSpark), before the first request:
+ * bytes_per_token of it per position, in blocks of block_tokens positions (a divisor of
+ * DI_KV_BLOCK_SIZE), full context, allocated, prefix-cached, truncated, preempted and freed with each
+ * request like the target's groups (kv_manager.h). Its pool is sized with the target's groups from one
+ * budget (num_kv_blocks given: as many tokens as group 0 holds); *n_blocks gets its block count, for
+ * the drafter to allocate. Batches then carry each sequence's table in it (di_batch.drafter_tables). */
+di_status di_engine_add_drafter_group(di_engine *e, int64_t bytes_per_token, int block_tokens, int64_t *n_blocks);
 di_status di_engine_set_dspark(di_engine *e, const struct di_drafter_ops *d, int num_tokens, int exact, int fixed);
 #endif

@@ -32,12 +32,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the sequence as the drafter addresses its cache: its table in the drafter's KV group */
+static di_batch_seq drafter_seq(const di_engine *e, const di_req *r) {
+  return (di_batch_seq){r->kv.table[e->drafter_group], r->kv.n[e->drafter_group], di_req_key(r)};
+}
+
 static int samples_drafts(const struct di_spec *sp, const di_req *r) {
   return !sp->exact && r->sp.temperature > 0 && r->sp.top_k != 1 && !r->constraint;
 }
 
-/* draft logits row lg: the tokens the grammar state forbids set to -inf; 0 when nothing is allowed */
-static int grammar_mask(di_engine *e, di_req *r, float *lg, int limit) {
+int di_spec_grammar_mask(di_engine *e, di_req *r, float *lg, int limit) {
   struct di_spec *sp = e->spec;
   const int words = (sp->V + 31) / 32;
   if (!sp->gmask) {
@@ -83,8 +87,9 @@ di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_to
                  sp->dtok && sp->dconf
                      ? di_sampler_create(sp->V, &sp->sampler)
                      : di_error_set(DI_ERR_OOM, "DSpark: out of memory");
-  if (st == DI_OK) st = di_engine_kv_share_budget(e, d->cache_bytes_per_token);
-  if (st == DI_OK) st = d->kv_alloc(d->ctx, di_kv_group_blocks(e->kv, 0));
+  int64_t n_blocks = 0; /* the drafter's cache: its own KV-manager group, blocks of DI_DRAFTER_BLOCK_TOKENS */
+  if (st == DI_OK) st = di_engine_add_drafter_group(e, d->cache_bytes_per_token, DI_DRAFTER_BLOCK_TOKENS, &n_blocks);
+  if (st == DI_OK) st = d->kv_alloc(d->ctx, n_blocks);
   if (st == DI_OK && d->context_on_device && di_switch_bool(DI_SW_DSPARK_DEVICE_STEPS, 1)) {
     st = d->context_on_device(d->ctx, sp->max_tok);
     sp->device_steps = st == DI_OK;
@@ -266,7 +271,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
       sp->seq_of[m] = q;
       m++;
     }
-    sp->seqs[q++] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
+    sp->seqs[q++] = drafter_seq(e, r);
   }
   di_status st = m > 0 ? d->context(d->ctx, m, sp->feat_rows, sp->pos, sp->seq_of, sp->seqs) : DI_OK;
   if (st != DI_OK) return di_spec_fail(e, s, st);
@@ -280,7 +285,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     if (r->n_valid != r->n_tokens - 1 || di_spec_draft_cap(sp, r) <= 0) continue;
     sp->atok[n] = r->tokens[r->n_tokens - 1];
     sp->apos[n] = r->n_tokens - 1;
-    sp->seqs[n] = (di_batch_seq){r->kv.table[0], r->kv.n[0], di_req_key(r)};
+    sp->seqs[n] = drafter_seq(e, r);
     sp->areq[n++] = r;
   }
   if (n == 0) return DI_OK;
@@ -336,7 +341,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
       const float *h = sp->dhid + ((size_t)i * B + j) * DH;
       d->markov(d->ctx, prev, lg);
       float c = d->confidence(d->ctx, h, prev);
-      if (r->constraint && (e->constraint.is_terminated(r->constraint) || !grammar_mask(e, r, lg, limit))) break;
+      if (r->constraint && (e->constraint.is_terminated(r->constraint) || !di_spec_grammar_mask(e, r, lg, limit))) break;
       int32_t tok;
       if (sampled) {
         float *qj = r->draft_q + (size_t)j * V;

@@ -64,6 +64,9 @@ int di_spec_draft_cap(const struct di_spec *sp, const di_req *r);
 /* A drafting failure: the step's running requests end with it (message "<method> drafting failed:
  * ..."), which is returned. */
 di_status di_spec_fail(di_engine *e, di_sched *s, di_status st);
+/* A draft logits row under the request's grammar state (DSpark and MTP drafting): the tokens it forbids
+ * in [0, limit) set to -inf; 0 when nothing is allowed (or the mask cannot be made). */
+int di_spec_grammar_mask(di_engine *e, di_req *r, float *lg, int limit);
 /* DSpark drafting after a step (di_spec_draft's DSpark branch). */
 di_status di_spec_draft_dspark(di_engine *e, di_sched *s);
 /* Confidence calibration: a verified draft predicted `conf`, accepted or not. */

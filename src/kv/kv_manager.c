@@ -20,6 +20,19 @@ void di_kv_set_bounded_replay(di_kv_manager *m) {
     m->replay[g] = m->info[g].kind == DI_KV_SLIDING || m->info[g].kind == DI_KV_STATE;
 }
 
+/* Positions one block of a group covers: its block_tokens (0: DI_KV_BLOCK_SIZE). A value other than
+ * DI_KV_BLOCK_SIZE must divide it and is for full, unwindowed groups only (kv_manager.h). */
+static di_status group_span(const di_kv_group_info *gi, int g, int *span) {
+  const int bt = gi->block_tokens > 0 ? gi->block_tokens : DI_KV_BLOCK_SIZE;
+  if (gi->block_tokens < 0 || DI_KV_BLOCK_SIZE % bt != 0)
+    return di_error_set(DI_ERR_INVALID_ARG, "KV cache group %d: blocks of %d tokens (a divisor of %d is needed)", g,
+                        gi->block_tokens, DI_KV_BLOCK_SIZE);
+  if (bt != DI_KV_BLOCK_SIZE && (gi->window > 0 || gi->kind != DI_KV_FULL))
+    return di_error_set(DI_ERR_INVALID_ARG, "KV cache group %d: blocks of %d tokens are for full groups without a window", g, bt);
+  *span = bt;
+  return DI_OK;
+}
+
 static uint64_t mix64(uint64_t x) {
   x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 27; x *= 0x94d049bb133111ebULL;
@@ -51,9 +64,11 @@ di_status di_kv_manager_create(const di_kv_group_info *groups, int n_groups, con
     m->info[g] = groups[g];
     int tpe = groups[g].tokens_per_entry > 0 ? groups[g].tokens_per_entry : 1;
     m->info[g].tokens_per_entry = tpe;
-    m->span[g] = DI_KV_BLOCK_SIZE; /* every group pages by positions alike (a compressed block holds the
-                                      entries whose window closes in it), so all groups hit at one length */
-    di_status st = di_block_pool_init(&m->pool[g], n_blocks[g]);
+    /* every group pages by positions (a compressed block holds the entries whose window closes in it);
+     * spans divide DI_KV_BLOCK_SIZE, so all groups hit at one length, a multiple of it */
+    di_status st = group_span(&groups[g], g, &m->span[g]);
+    m->info[g].block_tokens = m->span[g];
+    if (st == DI_OK) st = di_block_pool_init(&m->pool[g], n_blocks[g]);
     if (st != DI_OK) {
       di_kv_manager_free(m);
       return di_error_wrap(st, "KV cache group %d: ", g);
@@ -71,11 +86,11 @@ void di_kv_manager_free(di_kv_manager *m) {
 
 int di_kv_num_groups(const di_kv_manager *m) { return m->n_groups; }
 int64_t di_kv_group_blocks(const di_kv_manager *m, int g) { return m->pool[g].n; }
+const di_kv_group_info *di_kv_group(const di_kv_manager *m, int g) { return &m->info[g]; }
 
 /* blocks a sequence of `tokens` positions holds at once in a group: a window group at most those
  * covering its window and a step of step_tokens after it (plus a block on each side) */
-static int64_t seq_blocks(const di_kv_group_info *gi, int64_t tokens, int step_tokens) {
-  const int64_t span = DI_KV_BLOCK_SIZE;
+static int64_t seq_blocks(const di_kv_group_info *gi, int span, int64_t tokens, int step_tokens) {
   int64_t n = (tokens + span - 1) / span;
   if (gi->window > 0) {
     int64_t cap = ((int64_t)gi->window + (step_tokens > 0 ? step_tokens : 1) + span - 1) / span + 1;
@@ -85,10 +100,10 @@ static int64_t seq_blocks(const di_kv_group_info *gi, int64_t tokens, int step_t
 }
 
 /* a window group: every sequence its window (decode), and one step's chunk on top */
-static int64_t blocks_for(const di_kv_group_info *gi, int64_t tokens, int max_seqs, int step_tokens) {
-  int64_t n = (tokens + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+static int64_t blocks_for(const di_kv_group_info *gi, int span, int64_t tokens, int max_seqs, int step_tokens) {
+  int64_t n = (tokens + span - 1) / span;
   if (gi->window > 0) {
-    int64_t cap = (int64_t)max_seqs * seq_blocks(gi, (int64_t)1 << 40, 1) + (step_tokens + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+    int64_t cap = (int64_t)max_seqs * seq_blocks(gi, span, (int64_t)1 << 40, 1) + (step_tokens + span - 1) / span;
     if (n > cap) n = cap;
   }
   return n < 1 ? 1 : n;
@@ -96,7 +111,7 @@ static int64_t blocks_for(const di_kv_group_info *gi, int64_t tokens, int max_se
 
 int di_kv_fits(const di_kv_manager *m, int64_t n_tokens, int step_tokens, int *group, int64_t *need) {
   for (int g = 0; g < m->n_groups; g++) {
-    int64_t n = seq_blocks(&m->info[g], n_tokens, step_tokens);
+    int64_t n = seq_blocks(&m->info[g], m->span[g], n_tokens, step_tokens);
     if (n > m->pool[g].n) {
       *group = g;
       *need = n;
@@ -110,9 +125,12 @@ di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budge
                      int64_t *n_blocks) {
   if (n_groups < 1 || n_groups > DI_KV_MAX_GROUPS)
     return di_error_set(DI_ERR_INVALID_ARG, "KV plan: %d cache groups", n_groups);
-  for (int g = 0; g < n_groups; g++)
+  int span[DI_KV_MAX_GROUPS];
+  for (int g = 0; g < n_groups; g++) {
     if (groups[g].bytes_per_token <= 0)
       return di_error_set(DI_ERR_INVALID_ARG, "KV plan: group %d has %lld bytes per token", g, (long long)groups[g].bytes_per_token);
+    DI_TRY(group_span(&groups[g], g, &span[g]));
+  }
   /* per-sequence state (V4's window ring, compressor scratch) comes off the budget first, for
    * max_seqs sequences: the blocks then bound the per-token growth */
   int64_t per_seq = 0;
@@ -130,14 +148,14 @@ di_status di_kv_plan(const di_kv_group_info *groups, int n_groups, int64_t budge
   while (lo < hi) {
     int64_t mid = lo + (hi - lo + 1) / 2, bytes = 0;
     for (int g = 0; g < n_groups && bytes <= budget_bytes; g++)
-      bytes += blocks_for(&groups[g], mid, max_seqs, step_tokens) * groups[g].bytes_per_token * DI_KV_BLOCK_SIZE;
+      bytes += blocks_for(&groups[g], span[g], mid, max_seqs, step_tokens) * groups[g].bytes_per_token * span[g];
     if (bytes <= budget_bytes) lo = mid; else hi = mid - 1;
   }
   if (lo < 1)
     return di_error_set(DI_ERR_OOM, "KV cache budget of %lld bytes holds not even one block per cache group "
                         "(one block of group 0 is %lld bytes)", (long long)budget_bytes,
                         (long long)(groups[0].bytes_per_token * DI_KV_BLOCK_SIZE));
-  for (int g = 0; g < n_groups; g++) n_blocks[g] = blocks_for(&groups[g], lo, max_seqs, step_tokens);
+  for (int g = 0; g < n_groups; g++) n_blocks[g] = blocks_for(&groups[g], span[g], lo, max_seqs, step_tokens);
   return DI_OK;
 }
 
@@ -158,14 +176,27 @@ static int groups_share_prefixes(const di_kv_manager *m) {
   return 1;
 }
 
-/* First block of a k-block prefix that group g needs (0 for a full group; a window group only those
+/* Group g's blocks in a prefix of k x DI_KV_BLOCK_SIZE tokens. */
+static int prefix_blocks(const di_kv_manager *m, int g, int k) { return k * (DI_KV_BLOCK_SIZE / m->span[g]); }
+
+/* First block of a k x 64-token prefix that group g needs (0 for a full group; a window group only those
  * covering the window before position k * 64, the same rule di_kv_slide frees by). */
 static int first_needed(const di_kv_manager *m, int g, int k) {
-  const int w = m->info[g].window, span = m->span[g];
+  const int w = m->info[g].window, span = m->span[g], nb = prefix_blocks(m, g, k);
   int i = 0;
   if (w > 0)
-    while (i < k && (int64_t)(i + 1) * span <= (int64_t)k * span - w) i++;
+    while (i < nb && (int64_t)(i + 1) * span <= (int64_t)k * DI_KV_BLOCK_SIZE - w) i++;
   return i;
+}
+
+/* hash chains of the first nb blocks of `span` tokens */
+static void chain(const int32_t *tokens, int nb, int span, uint64_t *h, uint64_t *h2) {
+  uint64_t parent = 0;
+  for (int i = 0; i < nb; i++) {
+    h[i] = di_kv_block_hash(parent, tokens + (size_t)i * span, span);
+    h2[i] = block_hash2(parent, tokens + (size_t)i * span, span);
+    parent = h[i];
+  }
 }
 
 int di_kv_shares_prefixes(const di_kv_manager *m) { return groups_share_prefixes(m); }
@@ -177,13 +208,27 @@ int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, in
   if (!force) m->query_tokens += n_tokens;
   const int span = DI_KV_BLOCK_SIZE, kmax = (n_tokens - 1) / span; /* the last token is always computed */
   if (kmax <= 0) return 0;
-  uint64_t *h = malloc(sizeof *h * 2 * (size_t)kmax);
-  if (!h) return 0; /* no hit: the prompt is computed */
-  uint64_t *h2 = h + kmax, parent = 0;
-  for (int i = 0; i < kmax; i++) {
-    h[i] = di_kv_block_hash(parent, tokens + i * span, span);
-    h2[i] = block_hash2(parent, tokens + i * span, span);
-    parent = h[i];
+  /* each block size's hash chain over the kmax x 64 tokens (groups of one size share theirs) */
+  uint64_t *hg[DI_KV_MAX_GROUPS], *h2g[DI_KV_MAX_GROUPS];
+  size_t words = 0;
+  for (int g = 0; g < m->n_groups; g++) words += 2 * (size_t)prefix_blocks(m, g, kmax);
+  uint64_t *hbuf = malloc(sizeof *hbuf * words);
+  if (!hbuf) return 0; /* no hit: the prompt is computed */
+  size_t used = 0;
+  for (int g = 0; g < m->n_groups; g++) {
+    int same = -1;
+    for (int f = 0; f < g && same < 0; f++)
+      if (m->span[f] == m->span[g]) same = f;
+    if (same >= 0) {
+      hg[g] = hg[same];
+      h2g[g] = h2g[same];
+      continue;
+    }
+    const int nb = prefix_blocks(m, g, kmax);
+    hg[g] = hbuf + used;
+    h2g[g] = hbuf + used + nb;
+    used += 2 * (size_t)nb;
+    chain(tokens, nb, m->span[g], hg[g], h2g[g]);
   }
   /* full groups: the longest run of cached blocks from the start; window groups: a shorter prefix may
    * be needed, one whose window blocks are all still cached (older ones may be evicted) */
@@ -195,9 +240,10 @@ int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, in
       continue;
     }
     if (m->info[g].window > 0) continue;
+    const int r = DI_KV_BLOCK_SIZE / m->span[g], nb = prefix_blocks(m, g, k);
     int i = 0;
-    while (i < k && di_block_pool_lookup(&m->pool[g], h[i], h2[i]) >= 0) i++;
-    k = i;
+    while (i < nb && di_block_pool_lookup(&m->pool[g], hg[g][i], h2g[g][i]) >= 0) i++;
+    k = i / r;
   }
   for (; k > 0; k--) {
     int ok = k >= min_k;
@@ -205,20 +251,22 @@ int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, in
       if (m->replay[g]) /* fresh blocks for the replayed window */
         ok = m->info[g].kind != DI_KV_SLIDING || m->pool[g].n_free >= k - first_needed(m, g, k);
       else
-        for (int i = first_needed(m, g, k); i < k && ok; i++)
-          ok = di_block_pool_lookup(&m->pool[g], h[i], h2[i]) >= 0;
+        for (int i = first_needed(m, g, k), nb = prefix_blocks(m, g, k); i < nb && ok; i++)
+          ok = di_block_pool_lookup(&m->pool[g], hg[g][i], h2g[g][i]) >= 0;
     }
     if (ok) break;
   }
   for (int g = 0; g < m->n_groups && k > 0; g++)
-    if (seq_reserve(s, g, k) != DI_OK) k = 0;
+    if (seq_reserve(s, g, prefix_blocks(m, g, k)) != DI_OK) k = 0;
   if (k <= 0) {
-    free(h);
+    free(hbuf);
     return 0;
   }
   for (int g = 0; g < m->n_groups; g++) {
-    const int first = m->replay[g] && m->info[g].kind == DI_KV_STATE ? k : first_needed(m, g, k);
-    for (int i = 0; i < k; i++) {
+    const int nb = prefix_blocks(m, g, k);
+    const int first = m->replay[g] && m->info[g].kind == DI_KV_STATE ? nb : first_needed(m, g, k);
+    const uint64_t *h = hg[g], *h2 = h2g[g];
+    for (int i = 0; i < nb; i++) {
       int32_t b = -1; /* blocks behind a window group's window are not taken */
       if (i >= first && m->replay[g]) {
         b = di_block_pool_alloc(&m->pool[g]);
@@ -230,12 +278,12 @@ int di_kv_match_prefix(di_kv_manager *m, di_kv_seq *s, const int32_t *tokens, in
       }
       s->table[g][i] = b;
     }
-    s->n[g] = k;
+    s->n[g] = nb;
     s->n_freed[g] = first;
-    s->n_hashed[g] = k;
-    s->last_hash[g] = h[k - 1];
+    s->n_hashed[g] = nb;
+    s->last_hash[g] = h[nb - 1];
   }
-  free(h);
+  free(hbuf);
   const int hit = k * span;
   if (!force) m->hit_tokens += hit;
   return hit;

@@ -2,9 +2,12 @@
  * per group, and prefix caching (full blocks named by a hash chain over their tokens, shared by
  * reference count, evicted LRU when free blocks run out).
  *
- * Groups: the model declares its cache groups (backend kv_groups; kinds in backend.h). Every group's
- * block covers DI_KV_BLOCK_SIZE positions (a compressed group's block holds the entries whose window
- * closes in it), so a prefix hit has one length for all groups: a multiple of 64 tokens. A group with
+ * Groups: the model declares its cache groups (backend kv_groups; kinds in backend.h); the engine may
+ * add its DSpark drafter's (di_engine_add_drafter_group). A group's block covers block_tokens positions
+ * (DI_KV_BLOCK_SIZE unless the group says otherwise; a compressed group's block holds the entries whose
+ * window closes in it); block sizes divide DI_KV_BLOCK_SIZE, so a prefix hit has one length for all
+ * groups: a multiple of 64 tokens (each group hashes its own blocks: a 16-token group registers and
+ * finds four blocks per 64 tokens). A group with
  * a `window` only needs the blocks that cover the last `window` positions: older ones are given back
  * by di_kv_slide; given back with their hash, they stay findable (LRU) for later prefix hits, and a
  * hit of k blocks needs from such a group only the blocks covering the window before position 64 k
@@ -47,9 +50,11 @@ di_status di_kv_manager_create(const di_kv_group_info *groups, int n_groups, con
 void di_kv_manager_free(di_kv_manager *m);
 int di_kv_num_groups(const di_kv_manager *m);
 int64_t di_kv_group_blocks(const di_kv_manager *m, int g);
+/* Group g as the manager keeps it: block_tokens filled in (never 0), tokens_per_entry >= 1. */
+const di_kv_group_info *di_kv_group(const di_kv_manager *m, int g);
 
-/* Sizes the pools from a byte budget: every full-context group gets enough blocks to hold the same
- * number of tokens; window groups get at most what `max_seqs` sequences can hold in their window,
+/* Sizes the pools from a byte budget: every full-context group gets enough blocks (of its
+ * block_tokens) to hold the same number of tokens; window groups get at most what `max_seqs` sequences can hold in their window,
  * plus one step's chunk (step_tokens: the engine's max_num_batched_tokens).
  * Groups' bytes_per_seq (times max_seqs) are set aside from the budget first.
  * Fills n_blocks[g]; fails when not even one block of each group fits. */

@@ -115,11 +115,13 @@ static void shipped_drafter(di_model *cu) {
   CHECK(di_cpu_dspark_create(w, NULL, &cpu) == DI_OK);
   CHECKF(di_cuda_dspark_create(cu->backend, w, &gpu) == DI_OK, "%s", di_last_error());
   if (!cpu || !gpu) return;
-  CHECK(di_cpu_dspark_kv_alloc(cpu, 8) == DI_OK);
-  CHECK(di_cuda_dspark_kv_alloc(gpu, 8) == DI_OK);
+  CHECK(di_cpu_dspark_kv_alloc(cpu, 16) == DI_OK);
+  CHECK(di_cuda_dspark_kv_alloc(gpu, 16) == DI_OK);
   const int F = w->n_feats * w->target_hidden, B = w->block_size, H = w->hidden, V = w->vocab;
-  int32_t t0[2] = {5, 2}, t1[2] = {7, 1};
-  di_batch_seq seqs[2] = {{t0, 2, 1}, {t1, 2, 2}};
+  /* drafter-group tables (blocks of DI_DRAFTER_BLOCK_TOKENS = 16 positions), ids scattered over the
+   * 16-block cache: positions 0..99 and 0..69 */
+  int32_t t0[7] = {13, 2, 9, 0, 15, 4, 11}, t1[5] = {7, 1, 12, 3, 8};
+  di_batch_seq seqs[2] = {{t0, 7, 1}, {t1, 5, 2}};
   const int len[2] = {100, 70}, n = len[0] + len[1];
   float *feats = malloc(sizeof(float) * (size_t)n * F);
   int32_t pos[170], seq_of[170];
@@ -220,7 +222,7 @@ static void v2lite_cost(di_model *cu) {
   CHECKF(s == DI_OK, "V2-Lite-width drafter: %s", di_last_error());
   if (s != DI_OK) return;
   enum { MAXN = 64, CTX = 512 };
-  const int blocks_per = (CTX + B + 63) / 64;
+  const int blocks_per = (CTX + B + DI_DRAFTER_BLOCK_TOKENS - 1) / DI_DRAFTER_BLOCK_TOKENS;
   CHECK(di_cuda_dspark_kv_alloc(g, (int64_t)MAXN * blocks_per) == DI_OK);
   int32_t *tables = malloc(sizeof(int32_t) * MAXN * (size_t)blocks_per);
   di_batch_seq seqs[MAXN];

@@ -1,7 +1,9 @@
 /* KV block manager: allocation and freeing, prefix hits (full blocks only, never the last token),
  * LRU eviction order of cached blocks, OOM all-or-nothing, several cache groups (compressed and
- * window groups), pool planning from a byte budget, and a random walk checked against the
- * invariants after every operation. */
+ * window groups), a group of 16-token blocks beside 64-token ones (the DSpark drafter's: its own
+ * hash chain, prefix hits of 4 blocks per 64 tokens, planning by tokens, bad block sizes refused),
+ * pool planning from a byte budget, and a random walk checked against the invariants after every
+ * operation. */
 #include "test_util.h"
 #include "kv/kv_manager.h"
 #include "sampler/rng.h"
@@ -231,9 +233,66 @@ static void test_no_sharing_and_per_seq(void) {
   CHECK_ERR(plan_one_group(&g, 1000000, 10, &n_blocks), "per-sequence state of 10 sequences");
 }
 
+/* a drafter-like group of 16-token blocks beside the 64-token main group */
+static void test_small_blocks(void) {
+  di_kv_group_info g[2] = {main_group(), {.n_layers = 1, .bytes_per_token = 100, .tokens_per_entry = 1, .block_tokens = 16}};
+  int64_t nb[2];
+  CHECK(di_kv_plan(g, 2, 64 * 1100 * 10, 4, 1, nb) == DI_OK);
+  CHECKF(nb[0] == 10 && nb[1] == 40, "plan by tokens: %lld blocks of 64, %lld of 16", (long long)nb[0], (long long)nb[1]);
+  di_kv_manager *m;
+  int64_t cnt[2] = {8, 24};
+  CHECK(di_kv_manager_create(g, 2, cnt, 1, &m) == DI_OK);
+  CHECK(di_kv_group(m, 0)->block_tokens == 64 && di_kv_group(m, 1)->block_tokens == 16);
+  int grp;
+  int64_t need;
+  CHECK(di_kv_fits(m, 384, 1, &grp, &need) == 1);                                /* 6 + 24 blocks */
+  CHECK(di_kv_fits(m, 385, 1, &grp, &need) == 0 && grp == 1 && need == 25);       /* the 16-token group runs out first */
+  di_kv_seq s = {0}, t = {0};
+  CHECK(di_kv_allocate(m, &s, 100) == DI_OK);
+  CHECK(s.n[0] == 2 && s.n[1] == 7);
+  int32_t toks[300];
+  for (int i = 0; i < 300; i++) toks[i] = (i * 7) % 11;
+  di_kv_commit(m, &s, toks, 100); /* full blocks: 1 of 64, 6 of 16 */
+  CHECK(s.n_hashed[0] == 1 && s.n_hashed[1] == 6);
+  di_kv_truncate(m, &s, 70); /* keeps the hashed blocks: 2 and 6 (70 tokens need 5 of 16, 6 are hashed) */
+  CHECK(s.n[0] == 2 && s.n[1] == 6);
+  /* a hit of 64 tokens takes block 0 of the main group and blocks 0..3 of the small one */
+  CHECK(di_kv_match_prefix(m, &t, toks, 200, 0) == 64);
+  CHECK(t.n[0] == 1 && t.n[1] == 4 && t.n_hashed[1] == 4 && t.table[0][0] == s.table[0][0]);
+  for (int i = 0; i < 4; i++) CHECK(t.table[1][i] == s.table[1][i]);
+  CHECK(di_kv_check(m, di_kv_seq_refs(m, &s) + di_kv_seq_refs(m, &t)) == DI_OK);
+  /* t goes on: its next blocks come fresh, its commit continues the 16-token chain */
+  CHECK(di_kv_allocate(m, &t, 130) == DI_OK && t.n[0] == 3 && t.n[1] == 9);
+  di_kv_commit(m, &t, toks, 130);
+  CHECK(t.n_hashed[0] == 2 && t.n_hashed[1] == 8);
+  di_kv_free_seq(m, &t);
+  di_kv_free_seq(m, &s);
+  /* both blocks of 64 tokens are cached in both groups: a 128-token hit */
+  CHECK(di_kv_match_prefix(m, &t, toks, 200, 0) == 128 && t.n[1] == 8);
+  di_kv_free_seq(m, &t);
+  /* a hit needs every group: evict the small group's cached blocks (all 24 handed out), no hit */
+  CHECK(di_kv_allocate(m, &s, 384) == DI_OK);
+  di_kv_free_seq(m, &s);
+  CHECK(di_kv_match_prefix(m, &t, toks, 200, 0) == 0 && t.n[0] == 0 && t.n[1] == 0);
+  di_kv_stats st;
+  di_kv_get_stats(m, &st);
+  CHECK(st.used_blocks == 0 && st.total_blocks == 32);
+  CHECK(di_kv_check(m, 0) == DI_OK);
+  di_kv_manager_free(m);
+  /* block sizes that do not divide 64, or on a window group, are refused */
+  g[1].block_tokens = 24;
+  CHECK_ERR(di_kv_manager_create(g, 2, cnt, 1, &m), "divisor");
+  CHECK_ERR(di_kv_plan(g, 2, 1 << 20, 4, 1, nb), "divisor");
+  g[1].block_tokens = 16;
+  g[1].window = 128;
+  g[1].kind = DI_KV_SLIDING;
+  CHECK_ERR(di_kv_manager_create(g, 2, cnt, 1, &m), "full groups");
+}
+
 int main(void) {
   test_basic_and_prefix();
   test_groups();
+  test_small_blocks();
   test_no_sharing_and_per_seq();
   test_random_walk();
   return test_finish("test_kv_manager");

@@ -52,13 +52,19 @@ static void one(di_model *m, di_dspark *d, di_cpu_dspark *cd, const di_st_file *
   for (int b = 0; b < nblk; b++) table[b] = b;
   for (int t = 0; t < a; t++) { pos[t] = t; rows[t] = t; }
   di_batch_seq seq = {table, nblk, 1};
+  /* the drafter's own table (its KV group: blocks of DI_DRAFTER_BLOCK_TOKENS), ids in reverse order */
+  int32_t dtable[32];
+  const int ndblk = (n + DI_DRAFTER_BLOCK_TOKENS - 1) / DI_DRAFTER_BLOCK_TOKENS;
+  CHECKF(ndblk <= 32, "fixture case %s: %d positions", key, n);
+  for (int b = 0; b < ndblk && b < 32; b++) dtable[b] = 31 - b;
+  di_batch_seq dseq = {dtable, ndblk < 32 ? ndblk : 32, 1};
   di_batch batch = {.n_tokens = a, .tokens = ids, .positions = pos, .seq_of = seq_of, .n_seqs = 1, .seqs = &seq,
                     .n_outputs = a, .output_rows = rows};
   CHECK(m->backend->ops->submit(m->backend, &batch) == DI_OK);
   CHECKF(m->backend->ops->wait(m->backend, NULL, feats) == DI_OK, "%s", di_last_error());
-  CHECKF(di_cpu_dspark_context(cd, a, feats, pos, seq_of, &seq) == DI_OK, "%s", di_last_error());
+  CHECKF(di_cpu_dspark_context(cd, a, feats, pos, seq_of, &dseq) == DI_OK, "%s", di_last_error());
   int32_t anchor = ids[a], apos = a;
-  CHECKF(di_cpu_dspark_propose(cd, 1, &anchor, &apos, &seq, hid, lg) == DI_OK, "%s", di_last_error());
+  CHECKF(di_cpu_dspark_propose(cd, 1, &anchor, &apos, &dseq, hid, lg) == DI_OK, "%s", di_last_error());
   double e = test_rel_l2(hid, thid->data, (size_t)B * H);
   CHECKF(e <= 1e-4, "%s: block hidden rel L2 %.3g", key, e);
   int32_t prev = anchor;
@@ -110,7 +116,7 @@ int main(void) {
   if (d && g.n_tensors > 0) {
     CHECK(di_cpu_dspark_create(d, ((di_cpu_backend *)m->backend)->tp, &cd) == DI_OK);
     CHECK(m->backend->ops->kv_alloc(m->backend, 8) == DI_OK);
-    CHECK(di_cpu_dspark_kv_alloc(cd, 8) == DI_OK);
+    CHECK(di_cpu_dspark_kv_alloc(cd, 32) == DI_OK); /* 512 positions, as the target's 8 blocks */
     CHECK(di_cpu_backend_set_capture(m->backend, d->feat_layers, d->n_feats) == DI_OK);
     int cases = 0;
     for (int t = 0; t < g.n_tensors; t++) {

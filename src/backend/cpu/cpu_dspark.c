@@ -53,7 +53,7 @@ void di_cpu_dspark_free(di_cpu_dspark *s) {
 }
 
 di_status di_cpu_dspark_kv_alloc(di_cpu_dspark *s, int64_t n_blocks) {
-  size_t n = (size_t)n_blocks * (size_t)s->d->n_layers * DI_KV_BLOCK_SIZE * 2 * (size_t)s->kvd;
+  size_t n = (size_t)n_blocks * (size_t)s->d->n_layers * DI_DRAFTER_BLOCK_TOKENS * 2 * (size_t)s->kvd;
   float *p = n ? calloc(n, sizeof(float)) : NULL;
   if (n && !p) return di_error_set(DI_ERR_OOM, "DSpark drafter: cannot allocate its cache of %lld blocks", (long long)n_blocks);
   free(s->kv);
@@ -73,8 +73,8 @@ static float *scratch(di_cpu_dspark *s, size_t n) {
 }
 
 static float *cache_row(const di_cpu_dspark *s, const di_batch_seq *q, int layer, int pos) {
-  int32_t blk = q->block_table[pos / DI_KV_BLOCK_SIZE];
-  size_t off = (((size_t)blk * (size_t)s->d->n_layers + (size_t)layer) * DI_KV_BLOCK_SIZE + (size_t)(pos % DI_KV_BLOCK_SIZE)) *
+  int32_t blk = q->block_table[pos / DI_DRAFTER_BLOCK_TOKENS];
+  size_t off = (((size_t)blk * (size_t)s->d->n_layers + (size_t)layer) * DI_DRAFTER_BLOCK_TOKENS + (size_t)(pos % DI_DRAFTER_BLOCK_TOKENS)) *
                2 * (size_t)s->kvd;
   return s->kv + off;
 }

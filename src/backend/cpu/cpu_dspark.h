@@ -2,10 +2,10 @@
  *
  * Context: every position the target has computed gets one context row, hidden_norm(fc(features)),
  * whose keys (k_norm, RoPE at the position) and values every drafter layer keeps in the drafter's
- * cache. That cache is paged by the sequence's own block table (same block ids as the target's KV
- * pool, DI_KV_BLOCK_SIZE slots a block), so prefix-cache hits, preemption and truncation follow the
- * target's blocks with no bookkeeping of their own: a block's drafter rows were written by the step
- * that computed the block's positions.
+ * cache. That cache is paged by the sequence's table in the engine's drafter KV group (its own pool,
+ * DI_DRAFTER_BLOCK_TOKENS slots a block; the seqs handed in carry that table), which the KV manager
+ * allocates, prefix-caches, truncates and frees with the request: a block's drafter rows were written
+ * when the target computed the block's positions.
  *
  * Proposal: for each sequence a block of block_size rows [anchor token, mask, ..., mask] at
  * positions a..a+B-1 attends to the context rows of positions < a and to the whole block (not
@@ -22,7 +22,7 @@ typedef struct di_cpu_dspark di_cpu_dspark;
 
 di_status di_cpu_dspark_create(const di_dspark *d, di_threadpool *tp, di_cpu_dspark **out);
 void di_cpu_dspark_free(di_cpu_dspark *s);
-/* (Re)allocates the cache for n_blocks blocks (the target pool's count). */
+/* (Re)allocates the cache for n_blocks blocks of DI_DRAFTER_BLOCK_TOKENS positions (the drafter group's pool). */
 di_status di_cpu_dspark_kv_alloc(di_cpu_dspark *s, int64_t n_blocks);
 /* Context rows: feats [n][n_feats * target_hidden]; row t is position pos[t] of seqs[seq_of[t]]. */
 di_status di_cpu_dspark_context(di_cpu_dspark *s, int n, const float *feats, const int32_t *pos, const int32_t *seq_of,

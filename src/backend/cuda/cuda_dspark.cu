@@ -6,8 +6,8 @@
  * graph, and wait() returns them as the step's hidden rows.
  *
  * Drafter: weights in bf16 on the device (GEMM operands, f32 accumulation), activations, the cache
- * and the attention in f32. The cache is [layer][block][slot][K | V], paged by the target's block
- * ids (the drafter pool has as many blocks as the target's). context() writes the keys/values of the
+ * and the attention in f32. The cache is [layer][block][slot][K | V], paged by the sequence's table in
+ * the engine's drafter KV group (its own pool, DI_DRAFTER_BLOCK_TOKENS slots a block). context() writes the keys/values of the
  * computed positions; propose() runs the blocks [anchor, mask, ...] through every layer in one pass
  * and returns norm(h) and the base logits of each row wanted. Greedy drafts are then made on the device
  * (draft_greedy: per round the Markov term, the argmax and the confidence head, one kernel a round;
@@ -208,12 +208,12 @@ extern "C" di_status di_cuda_dspark_kv_alloc(di_cuda_dspark *s, int64_t n_blocks
   dev_free(b, s->cache);
   s->cache = NULL;
   s->n_blocks = 0;
-  size_t n = (size_t)n_blocks * (size_t)s->d->n_layers * DI_KV_BLOCK_SIZE * 2 * (size_t)s->kvd;
+  size_t n = (size_t)n_blocks * (size_t)s->d->n_layers * DI_DRAFTER_BLOCK_TOKENS * 2 * (size_t)s->kvd;
   DI_TRY(dev_alloc(b, (void **)&s->cache, sizeof(float) * n));
   DI_CU(cudaMemset(s->cache, 0, sizeof(float) * n));
   s->n_blocks = n_blocks;
   free(s->stamp);
-  s->stamp = (uint32_t *)calloc((size_t)n_blocks * DI_KV_BLOCK_SIZE, sizeof *s->stamp);
+  s->stamp = (uint32_t *)calloc((size_t)n_blocks * DI_DRAFTER_BLOCK_TOKENS, sizeof *s->stamp);
   if (!s->stamp) return di_error_set(DI_ERR_OOM, "DSpark drafter: out of host memory for %lld cache slots", (long long)n_blocks);
   s->stamp_gen = 0;
   if (s->log_owner) b->flog_n = 0; /* its rows name slots of the old cache */
@@ -261,7 +261,7 @@ static di_status slot_of(const di_cuda_dspark *s, const di_batch_seq *q, int pos
 }
 
 static float *cache_layer(const di_cuda_dspark *s, int l) {
-  return s->cache + (size_t)l * (size_t)s->n_blocks * DI_KV_BLOCK_SIZE * 2 * (size_t)s->kvd;
+  return s->cache + (size_t)l * (size_t)s->n_blocks * DI_DRAFTER_BLOCK_TOKENS * 2 * (size_t)s->kvd;
 }
 
 static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, const int32_t *d_slot, const int32_t *d_pos);
@@ -316,7 +316,7 @@ static di_status log_flush(void *c) {
   cu_backend *b = s->b;
   const int n = b->flog_n;
   if (n == 0) return DI_OK;
-  const int64_t n_slots = s->n_blocks * DI_KV_BLOCK_SIZE;
+  const int64_t n_slots = s->n_blocks * DI_DRAFTER_BLOCK_TOKENS;
   if (++s->stamp_gen == 0) { /* wrapped: start the stamps again */
     memset(s->stamp, 0, sizeof *s->stamp * (size_t)n_slots);
     s->stamp_gen = 1;
@@ -385,7 +385,7 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
       DI_TRY(slot_of(s, &seqs[i], pos[i] - 1, &g));
     }
     if (pos[i] > max_ctx) max_ctx = pos[i];
-    int nb = (pos[i] + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+    int nb = (pos[i] + DI_DRAFTER_BLOCK_TOKENS - 1) / DI_DRAFTER_BLOCK_TOKENS;
     if (nb > bt_stride) bt_stride = nb;
   }
   /* ints: block tokens [R], anchors [n], block tables [n][bt_stride] */
@@ -396,7 +396,7 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
   for (int i = 0; i < n; i++) {
     for (int j = 0; j < B; j++) h[i * B + j] = j == 0 ? tok[i] : d->mask_token;
     h[R + i] = pos[i];
-    int nb = (pos[i] + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE;
+    int nb = (pos[i] + DI_DRAFTER_BLOCK_TOKENS - 1) / DI_DRAFTER_BLOCK_TOKENS;
     for (int k = 0; k < bt_stride; k++) h[R + n + i * bt_stride + k] = k < nb ? seqs[i].block_table[k] : 0;
   }
   cudaError_t ce = cudaMemcpyAsync(s->ints, h, sizeof(int32_t) * (size_t)n_ints, cudaMemcpyHostToDevice, st);

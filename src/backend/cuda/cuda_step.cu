@@ -317,10 +317,20 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   hi[o_n] = ni;
   hi[o_n + 1] = nci;
   int32_t *d = b->in_dev;
-  if (b->flog) { /* the rows' place in the feature log, their positions and drafter cache slots */
+  if (b->flog) { /* the rows' place in the feature log, their positions and drafter cache slots (the
+                   * drafter's own KV group: its tables travel in the batch as drafter_tables; a batch
+                   * without them, e.g. di_model_score on the same model, feeds the drafter nothing) */
     for (int t = 0; t < Tp; t++) {
+      int32_t slot = -1;
+      if (t < T && bt->drafter_tables) {
+        const int sq = bt->seq_of[t], pos = bt->positions[t];
+        const int32_t blk = pos / DI_DRAFTER_BLOCK_TOKENS < bt->drafter_blocks[sq] ? bt->drafter_tables[sq][pos / DI_DRAFTER_BLOCK_TOKENS] : -1;
+        if (blk < 0) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: token %d: position %d beyond its %d drafter cache "
+                                         "blocks", t, pos, bt->drafter_blocks[sq]);
+        slot = blk * DI_DRAFTER_BLOCK_TOKENS + pos % DI_DRAFTER_BLOCK_TOKENS;
+      }
       b->flog_pos[b->flog_n + t] = t < T ? bt->positions[t] : 0;
-      b->flog_slot[b->flog_n + t] = t < T ? hi[o_slot + t] : -1;
+      b->flog_slot[b->flog_n + t] = slot;
     }
     hi[o_n + 2] = b->flog_n;
     b->d_flog_row0 = d + o_n + 2;

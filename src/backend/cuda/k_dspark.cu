@@ -7,9 +7,9 @@
 #include "cuda_common.cuh"
 #include "k_dspark.h"
 extern "C" {
-#include "backend/backend.h" /* DI_KV_BLOCK_SIZE: the drafter cache is paged like the target's */
+#include "backend/backend.h" /* DI_DRAFTER_BLOCK_TOKENS: the drafter cache is paged by its own KV group */
 }
-#define DI_KV_BLOCK_SIZE_CU DI_KV_BLOCK_SIZE
+#define DI_DRAFTER_BLOCK_CU DI_DRAFTER_BLOCK_TOKENS
 
 /* dst row (*row0 + i) (row stride ld_dst; row0 NULL: 0) = h[rows[i]] over H columns, RMS-normed by w
  * when w != NULL. row0 is read on the device: a step's rows appended to a feature log at an offset
@@ -125,7 +125,7 @@ static __global__ void dspark_attend_kernel(const float *q, const float *kb, con
   const int32_t *tab = bt + (int64_t)i * bt_stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   for (int j = warp; j < nk; j += n_warps) {
-    const float *kr = j < a ? cache + ((int64_t)tab[j / DI_KV_BLOCK_SIZE_CU] * DI_KV_BLOCK_SIZE_CU + j % DI_KV_BLOCK_SIZE_CU) * 2 * kvd
+    const float *kr = j < a ? cache + ((int64_t)tab[j / DI_DRAFTER_BLOCK_CU] * DI_DRAFTER_BLOCK_CU + j % DI_DRAFTER_BLOCK_CU) * 2 * kvd
                             : kb + (int64_t)(i * B + j - a) * kvd;
     kr += (int64_t)g * hd;
     float acc = 0.f;
@@ -156,7 +156,7 @@ static __global__ void dspark_attend_kernel(const float *q, const float *kb, con
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.f;
     for (int j = 0; j < nk; j++) {
-      const float *vr = j < a ? cache + ((int64_t)tab[j / DI_KV_BLOCK_SIZE_CU] * DI_KV_BLOCK_SIZE_CU + j % DI_KV_BLOCK_SIZE_CU) * 2 * kvd + kvd
+      const float *vr = j < a ? cache + ((int64_t)tab[j / DI_DRAFTER_BLOCK_CU] * DI_DRAFTER_BLOCK_CU + j % DI_DRAFTER_BLOCK_CU) * 2 * kvd + kvd
                               : vb + (int64_t)(i * B + j - a) * kvd;
       acc += sc[j] * vr[(int64_t)g * hd + d];
     }
