@@ -28,7 +28,9 @@
  * resolved on the device: the same tokens as wait + sample and the goldens; the engine's feedback steps
  * give the same tokens batched and alone), di_model_score on CUDA vs the CPU, and the registry gate (accelerator cuda is
  * refused with DEEPINFER_CUDA_V4=0; by default it runs the engine: greedy generation equal to the golden
- * continuations in the f32 mode). Built only with nvcc; run on the device. */
+ * continuations in the f32 mode). CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS): check_graphs (graphs on == off bit
+ * for bit over prefills and a decode of several sequences, in every weight mode), then every check above
+ * under graphs off and on (TEST_V4_GRAPHS=0 / 1 runs one of them). Built only with nvcc; run on the device. */
 #include "api/model_internal.h"
 #include "engine/engine_internal.h"
 #include "backend/cpu/cpu_v4_backend.h"
@@ -348,7 +350,8 @@ static void check_mode(int f32, int tc, int native) {
  * eager, the second captured; 61: the 64 bucket), then 70 decode steps together, the last sequence only
  * in every other step (4 and 3 tokens: one bucket, padded), its tokens the eager run's argmax: on the way
  * CSA windows close every 4 positions, HCA windows at 255 and 383, blocks end at 64, 192, 256, 384 (the
- * snapshot writes). Every step's logits equal; the graph backend captured and replayed graphs. */
+ * snapshot writes). Every step's logits equal; the graph backend captured and replayed graphs; with the
+ * switch unset a backend runs graphs (the default). */
 static void check_graphs(int f32, int tc, int native) {
   setenv("DEEPINFER_CUDA_V4_F32", f32 ? "1" : "0", 1);
   setenv("DEEPINFER_CUDA_V4_TC", tc ? "1" : "0", 1);
@@ -367,6 +370,14 @@ static void check_graphs(int f32, int tc, int native) {
     return;
   }
   CHECK(di_backend_cuda_v4_graph_stats(be[0], NULL, NULL) == 0 && di_backend_cuda_v4_graph_stats(be[1], NULL, NULL) == 1);
+  { /* the default (the switch unset): graphs on */
+    di_backend *d = NULL;
+    CHECK(di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &d) == DI_OK);
+    if (d) {
+      CHECKF(di_backend_cuda_v4_graph_stats(d, NULL, NULL) == 1, "DEEPINFER_CUDA_V4_GRAPHS unset: graphs off (the default is on)");
+      d->ops->destroy(d);
+    }
+  }
   enum { NS = 4, STEPS = 70 };
   int np[NS] = {330, 150, 205, 61};
   uint64_t key[NS];
