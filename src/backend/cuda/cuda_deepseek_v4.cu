@@ -647,12 +647,14 @@ static int pow2_at_least(int n) {
   while (p < n) p *= 2;
   return p;
 }
-/* A graph's bound on a count of compressed entries: rounded up to a multiple of an eighth of its power of
- * two (at least 256), so a context that grows by decode takes a new graph rarely and the bound wastes at
- * most ~1/8 (the score / selection / attention scratch and the grids follow it). */
+/* A graph's bound on a count of compressed entries: rounded up to a multiple of 1/32 of its power of two
+ * (at least 64), so a context that grows by decode takes a new graph rarely (at 4K every 256 decode steps,
+ * at 128K every 8192) and the bound wastes at most ~1/32 (the score / selection / attention scratch and the
+ * indexer's grid follow it: its CTAs past a query's entries return at once, but each still costs a launch
+ * slot; with an eighth, graphs were ~1% slower than eager at batch 64-256 on the H200, session 12). */
 static int entries_bucket(int n) {
   if (n <= 0) return 0;
-  const int p = pow2_at_least(n), g = p / 8 > 256 ? p / 8 : 256;
+  const int p = pow2_at_least(n), g = p / 32 > 64 ? p / 32 : 64;
   return (n + g - 1) / g * g;
 }
 

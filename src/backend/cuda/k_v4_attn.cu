@@ -125,11 +125,12 @@ __global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4
   if (n_w && (int)blockIdx.x >= *n_w) return;
   const di_v4k_swrite w = ws[blockIdx.x];
   const di_v4k_seq q = seqs[w.seq];
-  const int s = blockIdx.y, rate = c.rate, wd = c.width;
+  const int rate = c.rate, wd = c.width;
   const size_t rows = (size_t)rate * wd;
   float *dst = w.dst + c.snap_off;
   float *pend = c.overlap ? dst + 2 * rows : dst;
   const int64_t wp = w.P / rate;
+  for (int s = blockIdx.y; s < rate; s += gridDim.y) { /* the window's rows s, s + gridDim.y, ... */
   const int64_t pp = wp * rate + s;
   const int pend_ok = pp < w.P, prev_ok = c.overlap && wp >= 1;
   for (int col = threadIdx.x; col < wd; col += blockDim.x) {
@@ -143,12 +144,14 @@ __global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4
       dst[rows + (size_t)s * wd + col] = row_at(c, q, p, col, 1);
     }
   }
+  }
 }
 
 di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int max_w,
                              const int32_t *n_w, di_cu_stream s) {
   if (max_w <= 0) return DI_OK;
-  state_write_k<<<dim3(max_w, c->rate), 128, 0, s>>>(*c, seqs, w, n_w);
+  /* at most 4 CTAs per write (rows strided over them): a graph's bound of writes past the count costs few idle CTAs */
+  state_write_k<<<dim3(max_w, c->rate < 4 ? c->rate : 4), 128, 0, s>>>(*c, seqs, w, n_w);
   V4_LAUNCH("state_write");
   return DI_OK;
 }
