@@ -4,7 +4,8 @@
 # tok/s over --concurrency) and a prefill sweep (prefill tok/s against time to first token over
 # --prompt-lens x --prefill-batches); CSV, JSON (machine, commit, settings) and two PNG plots in --out,
 # other engines' points in the same plots (--compare URL, --llama-batched-bench FILE). bench/sweep.py
-# does the work (python3 bench/sweep.py --help for every flag).
+# does the work (python3 bench/sweep.py --help for every flag); PYTHON names the interpreter (default
+# python3; the plots need bench/requirements.txt there).
 #
 #   bench/run_sweep.sh [BUILD_DIR] [--model DIR|CONFIG.json] [--accelerator cpu|cuda] [--load-format auto|dummy]
 #       [--prompt-len 128] [--output-len 128] [--concurrency 1,2,...,512] [--prompt-lens 128,512,2048,8192]
@@ -55,4 +56,4 @@ env_args=()
 [ -x "$BUILD/deepinfer" ] || { echo "run_sweep: $BUILD/deepinfer not built (./build.sh, or give BUILD_DIR)" >&2; exit 2; }
 export DEEPINFER_LIB="${DEEPINFER_LIB:-$BUILD/libdeepinfer.so}"
 # env first, flags after: argparse keeps the last value of a flag given twice
-exec python3 bench/sweep.py --deepinfer "$BUILD/deepinfer" "${env_args[@]}" "${args[@]}"
+exec "${PYTHON:-python3}" bench/sweep.py --deepinfer "$BUILD/deepinfer" "${env_args[@]}" "${args[@]}"

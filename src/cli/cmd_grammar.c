@@ -27,6 +27,9 @@ static void usage(FILE *f) {
              "  --max-string-length N   JSON: characters of strings without maxLength/pattern/format\n"
              "                          (default: any, -1 = any)\n"
              "  --no-generation-bounds  both of the above unbounded (what validation means)\n"
+             "  --item-separator S      JSON: exactly S between items and members (',' with whitespace\n"
+             "                          around it, e.g. \", \" as XGrammar's any_whitespace=False writes)\n"
+             "  --key-separator S       JSON: exactly S between a key and its value (':' with whitespace)\n"
              "exit status: 0 accepted (or compiled), 1 rejected, 2 malformed grammar or usage error\n");
 }
 
@@ -52,7 +55,7 @@ static int accepts_prefix(const di_grammar *g, const char *s, size_t n) {
 
 int di_cmd_grammar(int argc, char **argv) {
   const char *regex = NULL, *schema_file = NULL, *grammar_file = NULL, *ws = NULL, *digits = NULL, *strlen_max = NULL,
-             *syntax = NULL;
+             *syntax = NULL, *item_sep = NULL, *key_sep = NULL;
   int json_any = 0, check = 0, check_prefix = 0, print = 0, ignore = 0, err = 0, nkinds = 0, strict = 0, unbounded = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
@@ -73,6 +76,10 @@ int di_cmd_grammar(int argc, char **argv) {
       digits = v;
     } else if (di_cli_flag_value(argc, argv, &i, "--max-string-length", &v, &err)) {
       strlen_max = v;
+    } else if (di_cli_flag_value(argc, argv, &i, "--item-separator", &v, &err)) {
+      item_sep = v;
+    } else if (di_cli_flag_value(argc, argv, &i, "--key-separator", &v, &err)) {
+      key_sep = v;
     } else if (strcmp(argv[i], "--strict") == 0) {
       strict = 1;
     } else if (strcmp(argv[i], "--no-generation-bounds") == 0) {
@@ -119,6 +126,15 @@ int di_cmd_grammar(int argc, char **argv) {
     bad_bound = 1;
   if (strlen_max && (opt.max_string_length = atoi(strlen_max)) == 0)
     bad_bound = 1;
+  if ((item_sep && strlen(item_sep) >= sizeof opt.item_separator) ||
+      (key_sep && strlen(key_sep) >= sizeof opt.key_separator)) {
+    fprintf(stderr, "deepinfer grammar: a separator is at most %zu bytes\n", sizeof opt.item_separator - 1);
+    return 2;
+  }
+  if (item_sep)
+    memcpy(opt.item_separator, item_sep, strlen(item_sep) + 1);
+  if (key_sep)
+    memcpy(opt.key_separator, key_sep, strlen(key_sep) + 1);
   if (bad_bound) {
     fprintf(stderr, "deepinfer grammar: --max-digits / --max-string-length take a positive number or -1 (unbounded)\n");
     return 2;

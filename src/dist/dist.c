@@ -6,6 +6,7 @@
 #include "util/switches.h"
 #include "dist/dist.h"
 #include "util/status.h"
+#include "util/json.h"
 #include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdio.h>
@@ -42,9 +43,9 @@ int di_dist_parse_eplb_config(const char *json, di_ep_config *cfg, char *err, si
       cJSON_Delete(j);
       return -1;
     }
-    const double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
     const double lo = dst == &cfg->num_redundant_experts ? 0 : 1;
-    if (!cJSON_IsNumber(it) || v != (double)(long long)v || v < lo || v > 1e6) {
+    int64_t v;
+    if (!di_json_int_in(it, lo, 1e6, &v)) { /* the one range check: 1e300 is refused, not cast */
       snprintf(err, err_len, "--eplb-config: \"%s\" must be an integer in [%g, 1000000]", it->string, lo);
       cJSON_Delete(j);
       return -1;

@@ -63,6 +63,12 @@ void di_gb_free(di_gb *b);
 int di_gb_rule(di_gb *b, const char *name);
 /* A fresh anonymous rule named after `hint` (hint-N). */
 int di_gb_new_rule(di_gb *b, const char *hint);
+/* Marks rule r defined (it may have no alternatives); a no-op after an allocation failure, when r
+ * may not exist (di_gb_new_rule returns 0 then). */
+static inline void di_gb_mark_defined(di_gb *b, int r) {
+  if (!b->oom && r >= 0 && r < b->n_rules)
+    b->rules[r].defined = 1;
+}
 /* Appends an alternative to `rule` (marks the rule defined). Fails past the element budget. */
 di_status di_gb_add_alt(di_gb *b, int rule, const di_gel *els, int n);
 int di_gb_class(di_gb *b, const di_gbyteset *s);

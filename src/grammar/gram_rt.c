@@ -322,6 +322,21 @@ int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
   return r;
 }
 
+int di_grt_rule_state(di_grt *rt, int rule, int parent) {
+  if (++rt->cur_gen == 0) { /* generation counter wrapped: clear marks */
+    memset(rt->gen, 0, sizeof(uint32_t) * (size_t)rt->nn);
+    rt->cur_gen = 1;
+  }
+  const di_gb *g = rt->g;
+  int nw = 0;
+  for (int a = g->rule_first[rule]; a < g->rule_first[rule + 1]; a++)
+    if (!push_work(rt, &nw, node_get(rt, g->rule_alts[a], parent))) {
+      di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+      return DI_GRT_ERROR;
+    }
+  return closure(rt, nw);
+}
+
 int di_grt_truncated_stack(di_grt *rt, int id, int depth) {
   int pos[64];
   int n = 0, cur = id;
@@ -337,6 +352,34 @@ int di_grt_truncated_stack(di_grt *rt, int id, int depth) {
   if (base < 0)
     di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
   return base < 0 ? DI_GRT_ERROR : base;
+}
+
+int di_grt_replace_frame(di_grt *rt, int id, int depth, int pos) {
+  int above[64];
+  int cur = id;
+  if (depth >= 64)
+    return DI_GRT_ERROR;
+  for (int n = 0; n < depth; n++) {
+    if (cur <= DI_GRT_PSEUDO)
+      return DI_GRT_ERROR;
+    above[n] = rt->npos[cur];
+    cur = rt->npar[cur];
+  }
+  if (cur <= DI_GRT_PSEUDO)
+    return DI_GRT_ERROR;
+  int base = node_get(rt, pos, rt->npar[cur]);
+  for (int i = depth - 1; i >= 0 && base >= 0; i--)
+    base = node_get(rt, above[i], base);
+  if (base < 0)
+    di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+  return base < 0 ? DI_GRT_ERROR : base;
+}
+
+int di_grt_state_of(di_grt *rt, const int32_t *nodes, int n, int flags) {
+  if (!grow((void **)&rt->out, &rt->out_cap, n, sizeof(int32_t)))
+    return DI_GRT_ERROR;
+  memcpy(rt->out, nodes, sizeof(int32_t) * (size_t)n); /* state_get sorts in place */
+  return state_get(rt, rt->out, n, flags);
 }
 
 int di_grt_node_state(di_grt *rt, int id) {

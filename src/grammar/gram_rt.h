@@ -47,6 +47,13 @@ static inline int di_grt_step(di_grt *rt, int s, unsigned c) {
 /* Stack node `id` with only its top `depth` frames kept and the rest replaced by the unknown
  * PSEUDO sentinel (unchanged when the stack is not deeper). DI_GRT_ERROR past the budget. */
 int di_grt_truncated_stack(di_grt *rt, int id, int depth);
+/* Stack node `id` with the frame `depth` levels below its top (0 = the top) moved to position
+ * pos, the frames above it kept. DI_GRT_ERROR past the budget or when the stack is not that deep. */
+int di_grt_replace_frame(di_grt *rt, int id, int depth, int pos);
+/* The state at the start of `rule` (its alternatives expanded) with stack `parent` below. */
+int di_grt_rule_state(di_grt *rt, int rule, int parent);
+/* The state of stacks nodes[0..n) (each topped by a byte class) with flags, interned. */
+int di_grt_state_of(di_grt *rt, const int32_t *nodes, int n, int flags);
 /* The state {stack id}, where id's position is a byte class. */
 int di_grt_node_state(di_grt *rt, int id);
 static inline int di_grt_flags(const di_grt *rt, int s) { return rt->sflags[s]; }

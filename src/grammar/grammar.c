@@ -36,6 +36,28 @@ static void normalize_opt(di_grammar_options *o, const di_grammar_options *in) {
     o->max_string_length = -1;
 }
 
+/* A separator option: `mark` with JSON whitespace around it (or empty); its unused bytes zeroed, so
+ * options compare (and hash) by content. */
+static di_status normalize_separator(char sep[8], char mark, const char *name) {
+  size_t n = 0;
+  while (n < 8 && sep[n])
+    n++;
+  if (n == 8)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar options: %s is at most 7 bytes", name);
+  memset(sep + n, 0, 8 - n);
+  int marks = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sep[i] == mark)
+      marks++;
+    else if (sep[i] != ' ' && sep[i] != '\t' && sep[i] != '\n' && sep[i] != '\r')
+      marks = 99;
+  }
+  if (n > 0 && marks != 1)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar options: %s must be '%c' with optional JSON whitespace around it",
+                        name, mark);
+  return DI_OK;
+}
+
 static void grammar_destroy(di_grammar *g) {
   if (!g)
     return;
@@ -81,6 +103,8 @@ di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t le
     len = 0;
   di_grammar_options o;
   normalize_opt(&o, opt);
+  DI_TRY(normalize_separator(o.item_separator, ',', "item_separator"));
+  DI_TRY(normalize_separator(o.key_separator, ':', "key_separator"));
   int no_cache = o.no_cache;
   o.no_cache = 0;
   if (no_cache) {

@@ -21,8 +21,8 @@ typedef enum {
 /* Default generation bound for JSON numbers the schema leaves unbounded (docs/structured-outputs.md,
  * "No runaway values"): digits of an integer (or of a number's integer part and fraction; 3 in an
  * exponent). Strings have no default bound: a counted string makes every character a new automaton
- * state whose mask is computed afresh (a 1,024 bound takes the any-JSON median mask from ~1 to
- * ~60 us of CPU, PERFORMANCE.md), so max_string_length is opt-in. */
+ * state (a 1,024 bound takes the any-JSON median mask from ~1 to ~18 us of CPU since session 12's
+ * counted-repetition sharing, ~40 us before; PERFORMANCE.md), so max_string_length is opt-in. */
 enum { DI_GRAMMAR_DEFAULT_MAX_DIGITS = 16 };
 
 typedef struct di_grammar_options {
@@ -39,6 +39,12 @@ typedef struct di_grammar_options {
                                       DI_GRAMMAR_DEFAULT_MAX_DIGITS, -1 = unbounded) */
   int max_string_length;           /* JSON: characters of a string without maxLength/pattern/format
                                       (0 or -1 = unbounded, the default) */
+  char item_separator[8];          /* JSON: the text between array items and object members: ","
+                                      with JSON whitespace around it ("" = ","), as XGrammar's
+                                      separators (", " with any_whitespace=False); whitespace slots
+                                      of max_whitespace still apply beside it (0 for exact text) */
+  char key_separator[8];           /* JSON: the text between a key and its value, ":" with JSON
+                                      whitespace around it ("" = ":") */
 } di_grammar_options;
 
 /* Compiles `source` (`len` bytes). Errors carry a position ("line 3, column 7" / "offset 12" /

@@ -1,7 +1,7 @@
 /* Lark front-end (the dialect llguidance takes, and OpenAI's grammar-constrained custom tools):
  * `rule: expansions` (lower case) and `TERMINAL: expansions` (upper case), `|` alternatives that
  * may continue on lines starting with `|`, strings "..." (flag i), ranges "a".."z", /regex/
- * terminals (flags i, s; Rust regex syntax as llguidance has it, see regex.c's DI_RE_LARK), groups
+ * terminals (flags i, s, u; Rust regex syntax as llguidance has it, see regex.c's DI_RE_LARK), groups
  * ( ), optionals [ ], `? * +`, `~ N` and `~ N..M`, `-> alias` (ignored), `?rule` / `!rule` / `_rule`
  * (tree shaping, ignored), priorities `name.N` (parsed: the language is the union, so priorities
  * only matter to a lexer), `%import common.NAME [-> ALIAS]` / `%import common (A, B)`, `%ignore`.
@@ -19,6 +19,7 @@
 #include "grammar/literal_char.h"
 #include "grammar/token_ref.h"
 #include "grammar/gram_ir.h"
+#include "grammar/lark_param.h"
 #include "grammar/regular_set.h"
 #include "grammar/rule_scc.h"
 #include "grammar/substring.h"
@@ -32,11 +33,36 @@ typedef struct {
   int has_ignore;    /* the grammar has %ignore: insert the ignore rule before terminals */
   int ign;           /* the ignore rule: (ignored alternatives)* */
   int ign_set;       /* the ignored alternatives */
-  const char *prefix; /* names are prefixed while parsing the built-in common library */
+  const char *prefix; /* names are prefixed in the built-in common library and in nested %lark grammars */
   const struct di_grammar_options *opt; /* for %json's schemas */
-  int *lazy;         /* rules marked [lazy], made shortest-match after parsing */
-  int nlazy, cap_lazy;
+  struct lark_op *ops; /* regular-language operations done after parsing (lark_ops below) */
+  int nops, cap_ops;
+  /* parametric rules (lark_param.h): definitions `name::_` (their body's offset), instances queued
+   * by references `name::EXPR` and parsed once per parameter value after the other definitions */
+  struct lark_pdef { char name[256]; size_t body; } *pdefs;
+  int npdefs, cap_pdefs;
+  struct lark_pinst { char name[256]; uint64_t v; int rule; size_t at; } *pq;
+  int npq, cap_pq;
+  char *queued; /* per rule id: an instance queued */
+  int cap_queued;
+  int in_param, dry; /* parsing a parametric body (for parameter p->param); checking it only */
+  int ignore_once;    /* %llguidance {"ignore_once": true}: one %ignore match per gap, not a run */
+  int initial_skip;   /* %grammar_options {"allow_initial_skip": ...}: -1 unset, 0 / 1 */
+  uint64_t param;
 } lp;
+
+#define LARK_MAX_INSTANCES 10000
+
+/* Operations on regular languages, done once every definition is parsed (operands may name
+ * terminals defined later) with regular_set.c: a lazy rule (shortest matches: [lazy], and
+ * [stop=X] / [suffix=X] on body X), a character bound ([max_chars=N]), and terminals' `A & B`
+ * (intersection) and `~A` (complement). Each replaces its target rule's alternatives. */
+enum { OP_LAZY, OP_CHARS, OP_AND, OP_NOT };
+typedef struct lark_op {
+  int kind, target, k, max_chars;
+  int ops[DI_RLANG_MAX_OPERANDS];
+  size_t at; /* where it was written, for errors */
+} lark_op;
 
 /* Lark's common.lark, the terminals `%import common.X` brings in (written in the dialect above). */
 static const char COMMON[] =
@@ -78,10 +104,39 @@ static di_status lerr(const lp *p, size_t at, const char *what) {
       col++;
   }
   return di_error_set(DI_ERR_FORMAT, "lark grammar: %s at line %d, column %d%s", what, line, col,
-                      p->prefix ? " (built-in common library)" : "");
+                      p->prefix && strcmp(p->prefix, COMMON_PREFIX) == 0 ? " (built-in common library)"
+                      : p->prefix ? " (of the nested %lark grammar)" : "");
 }
 
 /* Skips blanks and // comments; newlines too when `nl` (inside brackets, or before a `|`). */
+static di_status push_op(lp *p, int kind, int target, const int *ops, int k, int max_chars, size_t at) {
+  if (p->nops == p->cap_ops) {
+    int nc = p->cap_ops ? p->cap_ops * 2 : 8;
+    lark_op *q = realloc(p->ops, sizeof *q * (size_t)nc);
+    if (!q)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    p->ops = q, p->cap_ops = nc;
+  }
+  lark_op *o = &p->ops[p->nops++];
+  memset(o, 0, sizeof *o);
+  o->kind = kind, o->target = target, o->k = k, o->max_chars = max_chars, o->at = at;
+  for (int i = 0; i < k; i++)
+    o->ops[i] = ops[i];
+  return DI_OK;
+}
+
+/* "line L, column C" of offset `at` into buf */
+static void where(const lp *p, size_t at, char *buf, size_t cap) {
+  int line = 1, col = 1;
+  for (size_t k = 0; k < at && k < p->n; k++) {
+    if (p->s[k] == '\n')
+      line++, col = 1;
+    else
+      col++;
+  }
+  snprintf(buf, cap, "line %d, column %d", line, col);
+}
+
 static void skip(lp *p, int nl) {
   while (p->i < p->n) {
     char c = p->s[p->i];
@@ -125,6 +180,9 @@ static size_t read_name(lp *p, char *out, size_t cap) {
 
 /* Terminals are upper case (after leading underscores). */
 static int is_terminal_name(const char *nm) {
+  const char *dot = strrchr(nm, '.'); /* past a library's or a nested grammar's prefix */
+  if (dot)
+    nm = dot + 1;
   while (*nm == '_')
     nm++;
   return *nm >= 'A' && *nm <= 'Z';
@@ -229,8 +287,8 @@ static di_status parse_regex(lp *p, di_gseq *s) {
       flags |= DI_RE_ICASE;
     else if (f == 's')
       flags |= DI_RE_DOTALL;
-    else
-      return lerr(p, p->i, "unsupported regex flag (only i and s)");
+    else if (f != 'u') /* u (Unicode): regexes match code points already */
+      return lerr(p, p->i, "unsupported regex flag (only i, s and u)");
     p->i++;
   }
   /* "\/" inside the delimiters stands for "/" */
@@ -360,7 +418,171 @@ static di_status parse_brace_repeat(lp *p, int *min, int *max) {
   return DI_OK;
 }
 
-/* A sequence of items up to `|`, `)`, `]`, `->` or the end of the definition. */
+static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is_term_item);
+
+/* At `%if` (a parametric alternative's condition)? */
+static int at_if(const lp *p) {
+  return p->i + 3 <= p->n && memcmp(p->s + p->i, "%if", 3) == 0 && (p->i + 3 == p->n || !name_char(p->s[p->i + 3]));
+}
+
+/* `~ATOM` in a terminal: the complement of the atom's language over all byte strings (llguidance:
+ * it may match invalid UTF-8; intersect it with /(?s:.*)/ to avoid that). */
+static di_status parse_complement(lp *p, di_gseq *s, int terminal, int nested) {
+  size_t at = p->i++;
+  if (!terminal)
+    return lerr(p, at, "'~' (complement) is for terminals (upper-case names), not rules");
+  if (++p->depth > 200)
+    return lerr(p, at, "nested too deeply");
+  skip(p, nested);
+  di_gseq t = {0};
+  int dummy = 0;
+  di_status st = parse_item(p, &t, terminal, nested, &dummy);
+  int arg = di_gb_new_rule(p->b, "lark_not_arg"), res = di_gb_new_rule(p->b, "lark_not");
+  if (st == DI_OK)
+    st = di_gb_add_alt(p->b, arg, t.v, t.n);
+  di_gseq_free(&t);
+  if (st == DI_OK)
+    st = push_op(p, OP_NOT, res, &arg, 1, -1, at);
+  p->depth--;
+  DI_TRY(st);
+  di_gb_mark_defined(p->b, res);
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, res});
+  return DI_OK;
+}
+
+/* `name::EXPR` at "::": a reference to the instance of parametric rule `name` for the parameter
+ * EXPR computes (from the current one inside a parametric rule), queued for parsing when new. */
+static di_status parse_param_ref(lp *p, di_gseq *s, const char *nm, size_t at) {
+  if (is_terminal_name(nm))
+    return lerr(p, at, "terminals take no parameter (only rules: name::_)");
+  p->i += 2;
+  uint64_t v = 0;
+  const char *err = NULL;
+  if (!di_lark_param_expr(p->s, p->n, &p->i, p->in_param, p->param, &v, &err))
+    return lerr(p, p->i, err);
+  if (p->dry)
+    return DI_OK; /* checking a parametric body's syntax: nothing is built */
+  char inst[300];
+  snprintf(inst, sizeof inst, "%.255s::%#llx", nm, (unsigned long long)v);
+  int r = rule_of(p, inst);
+  if (p->b->oom)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  if (r >= p->cap_queued) {
+    int nc = (r + 1) * 2;
+    char *q = realloc(p->queued, (size_t)nc);
+    if (!q)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    memset(q + p->cap_queued, 0, (size_t)(nc - p->cap_queued));
+    p->queued = q, p->cap_queued = nc;
+  }
+  if (!p->queued[r]) {
+    if (p->npq >= LARK_MAX_INSTANCES)
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: parametric rules expand to more than %d instances "
+                          "(at %s::...)", LARK_MAX_INSTANCES, nm);
+    if (p->npq == p->cap_pq) {
+      int nc = p->cap_pq ? p->cap_pq * 2 : 16;
+      struct lark_pinst *q = realloc(p->pq, sizeof *q * (size_t)nc);
+      if (!q)
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      p->pq = q, p->cap_pq = nc;
+    }
+    struct lark_pinst *e = &p->pq[p->npq++];
+    snprintf(e->name, sizeof e->name, "%s", nm);
+    e->v = v, e->rule = r, e->at = at;
+    p->queued[r] = 1;
+  }
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, r});
+  return DI_OK;
+}
+
+static di_status parse_nested_lark(lp *p, di_gseq *s);
+
+/* One item (a group, string, regex, %json / %regex / %lark, token reference, name or ~item) onto s. */
+static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is_term_item) {
+  di_gb *b = p->b;
+  char c = p->s[p->i];
+  size_t at = p->i;
+  *is_term_item = 0;
+  if (c == '(' || c == '[') {
+    p->i++;
+    if (++p->depth > 200)
+      return lerr(p, at, "nested too deeply");
+    int r = di_gb_new_rule(b, "lark_group");
+    DI_TRY(parse_alts(p, r, terminal, 1));
+    p->depth--;
+    skip(p, 1);
+    char close = c == '(' ? ')' : ']';
+    if (p->i >= p->n || p->s[p->i] != close)
+      return lerr(p, at, c == '(' ? "unclosed '('" : "unclosed '['");
+    p->i++;
+    if (c == '[')
+      di_gseq_repeat(b, s, (di_gel){DI_GE_RULE, r}, 0, 1);
+    else
+      di_gseq_push(b, s, (di_gel){DI_GE_RULE, r});
+  } else if (c == '"') {
+    DI_TRY(parse_string(p, s));
+    *is_term_item = 1;
+  } else if (c == '/') {
+    DI_TRY(parse_regex(p, s));
+    *is_term_item = 1;
+  } else if (c == '~') {
+    DI_TRY(parse_complement(p, s, terminal, nested));
+    *is_term_item = 1;
+  } else if (c == '%' && p->i + 5 <= p->n && memcmp(p->s + p->i, "%json", 5) == 0) {
+    if (terminal)
+      return lerr(p, at, "%json cannot be used in terminals (upper-case names)");
+    DI_TRY(parse_json_item(p, s));
+    *is_term_item = 1;
+  } else if (c == '%' && p->i + 5 <= p->n && memcmp(p->s + p->i, "%lark", 5) == 0 &&
+             (p->i + 5 == p->n || !name_char(p->s[p->i + 5]))) {
+    if (terminal)
+      return lerr(p, at, "%lark cannot be used in terminals (upper-case names)");
+    DI_TRY(parse_nested_lark(p, s));
+    *is_term_item = 1;
+  } else if (c == '%' && p->i + 6 <= p->n && memcmp(p->s + p->i, "%regex", 6) == 0) {
+    DI_TRY(parse_regex_item(p, s));
+    *is_term_item = 1;
+  } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
+    int32_t id = 0;
+    if (terminal)
+      return lerr(p, at, "a token reference cannot be used in a terminal (upper-case name)");
+    di_token_range set[64];
+    int nset = 0;
+    if (di_token_ref_parse(p->s, p->n, &p->i, &id))
+      di_token_ref_push(b, s, id, 0);
+    else if (di_token_set_parse(p->s, p->n, &p->i, set, 64, &nset)) /* <[A-B,C]>, <[^...]>, <[*]> */
+      di_token_set_push(b, s, set, nset);
+    else
+      return lerr(p, at, "expected a token reference <[id]> or a token set <[A-B,C,...]> / <[^...]> / <[*]> "
+                  "(at most 63 ranges)");
+    b->has_token_refs = 1;
+    *is_term_item = 1;
+  } else if (name_char(c) && !(c >= '0' && c <= '9')) {
+    char nm[256];
+    read_name(p, nm, sizeof nm);
+    if (p->i < p->n && p->s[p->i] == '{' && !brace_repeat_follows(p))
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
+    if (terminal && !is_terminal_name(nm))
+      return lerr(p, at, "a terminal cannot refer to a rule (lower-case name)");
+    *is_term_item = is_terminal_name(nm);
+    if (p->i + 1 < p->n && p->s[p->i] == ':' && p->s[p->i + 1] == ':')
+      return parse_param_ref(p, s, nm, at);
+    di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule_of(p, nm)});
+  } else {
+    return lerr(p, at, "unexpected character");
+  }
+  return DI_OK;
+}
+
+/* At '~' after an item: a repetition `~ N` (a count follows) rather than a complement? */
+static int tilde_count_follows(const lp *p) {
+  size_t j = p->i + 1;
+  while (j < p->n && (p->s[j] == ' ' || p->s[j] == '\t'))
+    j++;
+  return j < p->n && p->s[j] >= '0' && p->s[j] <= '9';
+}
+
+/* A sequence of items up to `|`, `&`, `)`, `]`, `->` or the end of the definition. */
 static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
   di_gb *b = p->b;
   for (;;) {
@@ -369,64 +591,15 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
       return DI_OK;
     char c = p->s[p->i];
     size_t at = p->i;
-    if (c == '|' || c == ')' || c == ']' || c == '\n' || (c == '-' && p->i + 1 < p->n && p->s[p->i + 1] == '>'))
+    if (c == '|' || c == '&' || c == ')' || c == ']' || c == '\n' ||
+        (c == '-' && p->i + 1 < p->n && p->s[p->i + 1] == '>') || (c == '%' && at_if(p)))
       return DI_OK;
     int item = s->n;
     int is_term_item = 0;
     if (!terminal && p->has_ignore)
       di_gseq_push(b, s, (di_gel){DI_GE_RULE, p->ign}); /* removed again below if not a terminal */
     int after_ign = s->n;
-    if (c == '(' || c == '[') {
-      p->i++;
-      if (++p->depth > 200)
-        return lerr(p, at, "nested too deeply");
-      int r = di_gb_new_rule(b, "lark_group");
-      DI_TRY(parse_alts(p, r, terminal, 1));
-      p->depth--;
-      skip(p, 1);
-      char close = c == '(' ? ')' : ']';
-      if (p->i >= p->n || p->s[p->i] != close)
-        return lerr(p, at, c == '(' ? "unclosed '('" : "unclosed '['");
-      p->i++;
-      if (c == '[')
-        di_gseq_repeat(b, s, (di_gel){DI_GE_RULE, r}, 0, 1);
-      else
-        di_gseq_push(b, s, (di_gel){DI_GE_RULE, r});
-    } else if (c == '"') {
-      DI_TRY(parse_string(p, s));
-      is_term_item = 1;
-    } else if (c == '/') {
-      DI_TRY(parse_regex(p, s));
-      is_term_item = 1;
-    } else if (c == '%' && p->i + 5 <= p->n && memcmp(p->s + p->i, "%json", 5) == 0) {
-      if (terminal)
-        return lerr(p, at, "%json cannot be used in terminals (upper-case names)");
-      DI_TRY(parse_json_item(p, s));
-      is_term_item = 1;
-    } else if (c == '%' && p->i + 6 <= p->n && memcmp(p->s + p->i, "%regex", 6) == 0) {
-      DI_TRY(parse_regex_item(p, s));
-      is_term_item = 1;
-    } else if (c == '<' && p->i + 1 < p->n && p->s[p->i + 1] == '[') {
-      int32_t id = 0;
-      if (terminal)
-        return lerr(p, at, "a token reference cannot be used in a terminal (upper-case name)");
-      if (!di_token_ref_parse(p->s, p->n, &p->i, &id))
-        return lerr(p, at, "expected a token reference <[id]>");
-      di_token_ref_push(b, s, id, 0);
-      b->has_token_refs = 1;
-      is_term_item = 1;
-    } else if (name_char(c) && !(c >= '0' && c <= '9')) {
-      char nm[256];
-      read_name(p, nm, sizeof nm);
-      if (p->i < p->n && p->s[p->i] == '{' && !brace_repeat_follows(p))
-        return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
-      if (terminal && !is_terminal_name(nm))
-        return lerr(p, at, "a terminal cannot refer to a rule (lower-case name)");
-      is_term_item = is_terminal_name(nm);
-      di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule_of(p, nm)});
-    } else {
-      return lerr(p, at, "unexpected character");
-    }
+    DI_TRY(parse_item(p, s, terminal, nested, &is_term_item));
     if (!terminal && p->has_ignore && !is_term_item) { /* no ignore slot before a group or a rule */
       memmove(s->v + item, s->v + after_ign, sizeof(di_gel) * (size_t)(s->n - after_ign));
       s->n -= after_ign - item;
@@ -445,7 +618,7 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
       min = 0, max = -1, p->i++;
     else if (c == '+')
       min = 1, max = -1, p->i++;
-    else if (c == '~') {
+    else if (c == '~' && (!terminal || tilde_count_follows(p))) {
       p->i++;
       skip(p, 0);
       if (!read_int(p, &min))
@@ -467,13 +640,59 @@ static di_status parse_seq(lp *p, di_gseq *s, int terminal, int nested) {
   }
 }
 
+/* `SEQ & SEQ & ...` in a terminal (s holds the first SEQ, p->i is at the first '&'): s becomes one
+ * reference to the intersection, made after parsing. `&` binds tighter than `|`, looser than a
+ * sequence (llguidance's precedence). */
+static di_status parse_intersection(lp *p, di_gseq *s, int terminal, int nested) {
+  size_t at = p->i;
+  if (!terminal)
+    return lerr(p, at, "'&' (intersection) is for terminals (upper-case names), not rules");
+  int ops[DI_RLANG_MAX_OPERANDS], k = 0;
+  di_status st = DI_OK;
+  for (;;) {
+    if (k == DI_RLANG_MAX_OPERANDS)
+      return lerr(p, at, "an intersection has at most 16 operands");
+    ops[k] = di_gb_new_rule(p->b, "lark_and_arg");
+    DI_TRY(di_gb_add_alt(p->b, ops[k], s->v, s->n));
+    k++;
+    s->n = 0;
+    if (p->i >= p->n || p->s[p->i] != '&')
+      break;
+    p->i++;
+    DI_TRY(parse_seq(p, s, terminal, nested));
+  }
+  int res = di_gb_new_rule(p->b, "lark_and");
+  st = push_op(p, OP_AND, res, ops, k, -1, at);
+  di_gb_mark_defined(p->b, res);
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, res});
+  return st;
+}
+
 /* alternatives into `rule`, up to the end of the definition (or the closing bracket if nested) */
 static di_status parse_alts(lp *p, int rule, int terminal, int nested) {
   for (;;) {
     di_gseq s = {0};
+    int queued_before = p->npq;
     di_status st = parse_seq(p, &s, terminal, nested);
-    if (st == DI_OK)
+    if (st == DI_OK && p->i < p->n && p->s[p->i] == '&')
+      st = parse_intersection(p, &s, terminal, nested);
+    int keep = 1;
+    if (st == DI_OK && at_if(p)) { /* `%if COND`: the alternative only where COND holds */
+      const char *err = NULL;
+      if (!p->in_param || nested)
+        st = lerr(p, p->i, "%if is only for the alternatives of a parametric rule (name::_)");
+      else if ((p->i += 3, !di_lark_param_cond(p->s, p->n, &p->i, p->param, &keep, &err)))
+        st = lerr(p, p->i, err);
+      skip(p, 0);
+    }
+    if (st == DI_OK && keep)
       st = di_gb_add_alt(p->b, rule, s.v, s.n);
+    for (; st == DI_OK && !keep && p->npq > queued_before; p->npq--) { /* a dropped alternative's instances */
+      int r = p->pq[p->npq - 1].rule;
+      p->queued[r] = 0;
+      if (!p->b->rules[r].defined && p->b->rules[r].n_alts == 0)
+        di_gb_mark_defined(p->b, r); /* unreferenced now; queued again (and parsed) if another reference comes */
+    }
     di_gseq_free(&s);
     DI_TRY(st);
     skip(p, nested);
@@ -497,6 +716,77 @@ static di_status parse_alts(lp *p, int rule, int terminal, int nested) {
 
 static di_status parse_common(lp *p, const char *name, const char *alias);
 
+/* `%llguidance {...}` (llguidance) and `%grammar_options {...}` (XGrammar): options as a flat JSON
+ * object of true / false / "string" values. Known here: ignore_once (llguidance; also
+ * "skip_repetition": "once" / "many"): a gap takes one %ignore match instead of a run;
+ * allow_initial_skip (XGrammar): only true, what this engine does (%ignore before every terminal,
+ * the first included); no_forcing (tokenisation only: no change, but XGrammar refuses true);
+ * allow_invalid_utf8 only false. Anything else is an error naming it. */
+static di_status parse_options(lp *p, const char *kw) {
+  size_t at = p->i, open = 0;
+  int xg = strcmp(kw, "grammar_options") == 0;
+  DI_TRY(scan_json_object(p, strlen(kw) + 1, "expected a JSON object of options", "unclosed options object", &open));
+  size_t end = p->i - 1, j = open + 1;
+  for (;;) {
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t' || p->s[j] == '\n' || p->s[j] == '\r'))
+      j++;
+    if (j >= end)
+      break;
+    if (p->s[j] != '"')
+      return lerr(p, j, "expected an option name in quotes");
+    size_t k0 = ++j;
+    while (j < end && p->s[j] != '"')
+      j++;
+    char key[64];
+    snprintf(key, sizeof key, "%.*s", (int)(j - k0 < 63 ? j - k0 : 63), p->s + k0);
+    j++;
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t'))
+      j++;
+    if (j >= end || p->s[j] != ':')
+      return lerr(p, j, "expected ':' after an option name");
+    j++;
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t'))
+      j++;
+    size_t v0 = j;
+    int b = -1; /* 1 true, 0 false, -1 a string or anything else */
+    char str[32] = {0};
+    if (end - j >= 4 && memcmp(p->s + j, "true", 4) == 0)
+      b = 1, j += 4;
+    else if (end - j >= 5 && memcmp(p->s + j, "false", 5) == 0)
+      b = 0, j += 5;
+    else if (p->s[j] == '"') {
+      size_t s0 = ++j;
+      while (j < end && p->s[j] != '"')
+        j++;
+      snprintf(str, sizeof str, "%.*s", (int)(j - s0 < 31 ? j - s0 : 31), p->s + s0);
+      j++;
+    } else {
+      return lerr(p, v0, "an option's value is true, false or a string");
+    }
+    int is_bool = b >= 0;
+    if (strcmp(key, "ignore_once") == 0 && !xg && is_bool)
+      p->ignore_once = b;
+    else if (strcmp(key, "skip_repetition") == 0 && !xg && (!strcmp(str, "once") || !strcmp(str, "many")))
+      p->ignore_once = str[0] == 'o';
+    else if (strcmp(key, "allow_initial_skip") == 0 && is_bool)
+      p->initial_skip = b;
+    else if ((strcmp(key, "no_forcing") == 0 && is_bool && !(xg && b)) ||
+             (strcmp(key, "allow_invalid_utf8") == 0 && b == 0))
+      ; /* no change to the language */
+    else
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: %%%s option '%s' with that value is not supported (known: "
+                          "ignore_once, skip_repetition \"once\" / \"many\", allow_initial_skip true, no_forcing, "
+                          "allow_invalid_utf8 false) at offset %zu", kw, key, at);
+    while (j < end && (p->s[j] == ' ' || p->s[j] == '\t' || p->s[j] == '\n' || p->s[j] == '\r'))
+      j++;
+    if (j < end && p->s[j] == ',')
+      j++;
+    else if (j < end)
+      return lerr(p, j, "expected ',' or '}' in the options");
+  }
+  return DI_OK;
+}
+
 /* %import common.NAME [-> ALIAS] | %import common (A, B, ...) | %ignore EXPANSIONS */
 static di_status parse_statement(lp *p) {
   size_t at = p->i;
@@ -508,9 +798,13 @@ static di_status parse_statement(lp *p) {
     di_status st = parse_alts(p, p->ign_set, 1, 0);
     return st;
   }
+  if (strcmp(kw, "llguidance") == 0 || strcmp(kw, "grammar_options") == 0) {
+    p->i = at;
+    return parse_options(p, kw);
+  }
   if (strcmp(kw, "import") != 0)
-    return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: %%%s is not supported (only %%import common and %%ignore)",
-                        kw);
+    return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: %%%s is not supported (only %%import common, %%ignore, "
+                        "%%llguidance and %%grammar_options)", kw);
   char mod[64];
   read_name(p, mod, sizeof mod);
   if (strcmp(mod, "common") != 0)
@@ -577,25 +871,88 @@ static di_status parse_common(lp *p, const char *name, const char *alias) {
   return di_gb_add_alt(p->b, r, &e, 1);
 }
 
-/* Rule attributes (llguidance / XGrammar): `name[lazy, capture, capture="x", temperature=0.5]:`.
- * lazy: the rule matches its shortest strings (made so after parsing); capture and temperature do
- * not change the language. Others (stop, suffix, max_tokens, max_chars, ...) are refused, naming
- * them: they bound or cut text by tokens or by what follows, which this engine does not model. */
-static di_status parse_attributes(lp *p, int *lazy) {
+/* Rule attributes (llguidance / XGrammar): `name[lazy, capture, capture="x", temperature=0.5,
+ * stop=X, suffix=X, stop_capture="y", max_chars=N]:`.
+ * - lazy: the rule matches its shortest strings (made so after parsing).
+ * - suffix=X / stop=X (X a "string", a /regex/ without flags, or a TERMINAL): the body is
+ *   followed by X and the whole is lazy, so the rule ends at the first X (both peers' masks). The
+ *   text of X stays in the output for both: XGrammar keeps it; llguidance hides a stop's text by
+ *   backtracking tokens, which this engine never does (docs/structured-outputs.md). stop="" is
+ *   llguidance's "the end-of-sequence token ends the lexeme": the body's language, unchanged.
+ * - max_chars=N (XGrammar): at most N UTF-8 characters (the suffix included); the rule must be
+ *   regular.
+ * - capture, stop_capture, temperature: no change to the language.
+ * Others are refused, naming them: max_tokens bounds tokens, which the byte automaton does not
+ * count. */
+typedef struct {
+  int lazy, max_chars; /* max_chars -1: none */
+  int marker;          /* 0 none, 1 stop, 2 suffix */
+  int marker_empty;    /* stop="" */
+  di_gseq mark;        /* the marker's elements */
+} rule_attrs;
+
+/* The value of stop= / suffix=: a string, a /regex/ or a terminal name, onto a->mark. */
+static di_status parse_marker(lp *p, rule_attrs *a, const char *an) {
+  size_t at = p->i;
+  char c = p->i < p->n ? p->s[p->i] : 0;
+  if (c == '"') {
+    DI_TRY(parse_string(p, &a->mark));
+    if (a->mark.n == 0 && strcmp(an, "suffix") == 0)
+      return lerr(p, at, "suffix must not be empty");
+    a->marker_empty = a->mark.n == 0;
+  } else if (c == '/') {
+    DI_TRY(parse_regex(p, &a->mark));
+    for (size_t j = p->i; j > at && p->s[j - 1] != '/'; j--)
+      if (p->s[j - 1] == 'i') /* XGrammar's rule: a marker is matched exactly (s is fine) */
+        return lerr(p, at, "a stop / suffix regex takes no i flag");
+  } else {
+    char nm[256];
+    if (!read_name(p, nm, sizeof nm) || !is_terminal_name(nm))
+      return lerr(p, at, "a stop / suffix value is a \"string\", a /regex/ or a TERMINAL (upper-case name)");
+    di_gseq_push(p->b, &a->mark, (di_gel){DI_GE_RULE, rule_of(p, nm)});
+  }
+  return DI_OK;
+}
+
+static di_status parse_attributes(lp *p, rule_attrs *ra) {
   p->i++; /* [ */
-  int seen_lazy = 0, seen_capture = 0, seen_temp = 0;
+  static const char *const known[] = {"lazy", "capture", "temperature", "stop", "suffix", "stop_capture", "max_chars"};
+  int seen[7] = {0};
   for (;;) {
     skip(p, 1);
     size_t at = p->i;
     char an[64];
     if (!read_name(p, an, sizeof an))
       return lerr(p, at, "expected an attribute name in [...]");
+    int which = -1;
+    for (int k = 0; k < 7; k++)
+      if (strcmp(an, known[k]) == 0)
+        which = k;
+    if (which < 0)
+      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: rule attribute '%s' is not supported (only lazy, capture, "
+                          "temperature, stop, suffix, stop_capture, max_chars%s) at offset %zu", an,
+                          strcmp(an, "max_tokens") == 0 ? "; max_tokens bounds tokens, which this engine's grammar "
+                          "automaton does not count" : "", at);
+    if (seen[which]++)
+      return lerr(p, at, "an attribute given twice");
     skip(p, 1);
     int has_value = p->i < p->n && p->s[p->i] == '=';
-    if (has_value) { /* a string, a number or a name */
+    if (which == 0 && has_value)
+      return lerr(p, at, "lazy takes no value");
+    if ((which >= 3 && which <= 6) && !has_value)
+      return lerr(p, at, "this attribute needs a value (name=...)");
+    if (has_value) {
       p->i++;
       skip(p, 1);
-      if (p->i < p->n && p->s[p->i] == '"') {
+      if (which == 3 || which == 4) {
+        if (ra->marker)
+          return lerr(p, at, "a rule takes one of stop and suffix");
+        ra->marker = which == 3 ? 1 : 2;
+        DI_TRY(parse_marker(p, ra, an));
+      } else if (which == 6) {
+        if (!read_int(p, &ra->max_chars))
+          return lerr(p, p->i, "max_chars is a count >= 0");
+      } else if (p->i < p->n && p->s[p->i] == '"') { /* a string: capture, stop_capture names */
         size_t v0 = ++p->i;
         while (p->i < p->n && p->s[p->i] != '"' && p->s[p->i] != '\n')
           p->i += p->s[p->i] == '\\' && p->i + 1 < p->n ? 2 : 1;
@@ -604,28 +961,21 @@ static di_status parse_attributes(lp *p, int *lazy) {
         int ident = p->i > v0 && !(p->s[v0] >= '0' && p->s[v0] <= '9');
         for (size_t k = v0; k < p->i; k++)
           ident &= name_char(p->s[k]);
-        if (strcmp(an, "capture") == 0 && !ident)
+        if ((which == 1 || which == 5) && !ident)
           return lerr(p, v0, "a capture name is a non-empty identifier");
         p->i++;
-      } else {
+      } else { /* a number or a name */
         size_t v0 = p->i;
         while (p->i < p->n && (name_char(p->s[p->i]) || p->s[p->i] == '.' || p->s[p->i] == '-'))
           p->i++;
         if (p->i == v0)
           return lerr(p, p->i, "expected an attribute value");
+        if (which == 5)
+          return lerr(p, v0, "stop_capture takes a \"name\"");
       }
     }
-    int *seen = strcmp(an, "lazy") == 0 ? &seen_lazy : strcmp(an, "capture") == 0 ? &seen_capture
-              : strcmp(an, "temperature") == 0 ? &seen_temp : NULL;
-    if (seen && (*seen)++)
-      return lerr(p, at, "an attribute given twice");
-    if (strcmp(an, "lazy") == 0 && has_value)
-      return lerr(p, at, "lazy takes no value");
-    if (strcmp(an, "lazy") == 0)
-      *lazy = 1;
-    else if (!seen)
-      return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: rule attribute '%s' is not supported (only lazy, capture, "
-                          "temperature) at offset %zu", an, at);
+    if (which == 0)
+      ra->lazy = 1;
     skip(p, 1);
     if (p->i < p->n && p->s[p->i] == ',') {
       p->i++;
@@ -633,10 +983,69 @@ static di_status parse_attributes(lp *p, int *lazy) {
     }
     if (p->i < p->n && p->s[p->i] == ']') {
       p->i++;
+      if (seen[5] && !ra->marker)
+        return lerr(p, at, "stop_capture needs stop or suffix");
       return DI_OK;
     }
     return lerr(p, p->i, "expected ',' or ']' in rule attributes");
   }
+}
+
+/* `name::_ : body` at "::": recorded (instances parse the body per parameter value) and its
+ * syntax checked once now, building nothing that is kept. */
+static di_status parse_param_definition(lp *p, const char *nm, size_t at) {
+  p->i += 2;
+  if (p->i >= p->n || p->s[p->i] != '_')
+    return lerr(p, p->i, "a parametric rule is written name::_");
+  p->i++;
+  if (is_terminal_name(nm))
+    return lerr(p, at, "terminals cannot be parametric (only rules: name::_)");
+  if (p->i < p->n && p->s[p->i] == '[')
+    return lerr(p, p->i, "attributes are not supported on parametric rules");
+  skip(p, 0);
+  if (p->i >= p->n || p->s[p->i] != ':')
+    return lerr(p, p->i, "expected ':' after the name");
+  p->i++;
+  for (int k = 0; k < p->npdefs; k++)
+    if (strcmp(p->pdefs[k].name, nm) == 0)
+      return lerr(p, at, "rule defined twice");
+  if (p->npdefs == p->cap_pdefs) {
+    int nc = p->cap_pdefs ? p->cap_pdefs * 2 : 4;
+    struct lark_pdef *q = realloc(p->pdefs, sizeof *q * (size_t)nc);
+    if (!q)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    p->pdefs = q, p->cap_pdefs = nc;
+  }
+  struct lark_pdef *d = &p->pdefs[p->npdefs++];
+  snprintf(d->name, sizeof d->name, "%s", nm);
+  d->body = p->i;
+  p->dry = 1, p->in_param = 1, p->param = 0;
+  int check = di_gb_new_rule(p->b, "lark_param_check");
+  di_status st = parse_alts(p, check, 0, 0);
+  p->dry = 0, p->in_param = 0;
+  di_gb_mark_defined(p->b, check); /* unused; every condition may fail for parameter 0 */
+  return st;
+}
+
+/* Parses every queued instance of a parametric rule (instances queue more) into its rule. */
+static di_status instantiate_params(lp *p) {
+  for (int q = 0; q < p->npq; q++) {
+    struct lark_pinst e = p->pq[q]; /* p->pq may move while the body is parsed */
+    int d = -1;
+    for (int k = 0; k < p->npdefs && d < 0; k++)
+      if (strcmp(p->pdefs[k].name, e.name) == 0)
+        d = k;
+    if (d < 0)
+      return lerr(p, e.at, "a parameter given to a rule that is not parametric (define it as name::_)");
+    size_t save = p->i;
+    p->i = p->pdefs[d].body;
+    p->in_param = 1, p->param = e.v;
+    di_status st = parse_alts(p, e.rule, 0, 0);
+    p->in_param = 0, p->i = save;
+    DI_TRY(st);
+    di_gb_mark_defined(p->b, e.rule); /* every alternative's condition may fail: it matches nothing */
+  }
+  return DI_OK;
 }
 
 static di_status parse_definitions(lp *p) {
@@ -656,6 +1065,13 @@ static di_status parse_definitions(lp *p) {
         return lerr(p, at, "expected a rule or terminal definition (name: ...)");
       if (p->i < p->n && p->s[p->i] == '{')
         return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
+      if (p->i + 1 < p->n && p->s[p->i] == ':' && p->s[p->i + 1] == ':') {
+        DI_TRY(parse_param_definition(p, nm, at));
+        skip(p, 0);
+        if (p->i < p->n && p->s[p->i] != '\n')
+          return lerr(p, p->i, "unexpected text after the definition");
+        continue;
+      }
       if (p->i < p->n && p->s[p->i] == '.') { /* priority */
         p->i++;
         if (p->i < p->n && p->s[p->i] == '-')
@@ -664,30 +1080,45 @@ static di_status parse_definitions(lp *p) {
         if (!read_int(p, &prio))
           return lerr(p, p->i, "a priority is an integer (name.2: ...)");
       }
-      int lazy = 0;
+      rule_attrs ra = {.max_chars = -1};
+      di_status st = DI_OK;
       if (p->i < p->n && p->s[p->i] == '[') {
         if (is_terminal_name(nm))
           return lerr(p, p->i, "attributes are for rules (lower-case names), not terminals");
-        DI_TRY(parse_attributes(p, &lazy));
+        st = parse_attributes(p, &ra);
       }
       skip(p, 0);
-      if (p->i >= p->n || p->s[p->i] != ':')
-        return lerr(p, p->i, "expected ':' after the name");
-      p->i++;
-      int r = rule_of(p, nm);
-      if (p->b->rules[r].defined)
-        return lerr(p, at, "rule defined twice");
-      if (lazy) {
-        if (p->nlazy == p->cap_lazy) {
-          int nc = p->cap_lazy ? p->cap_lazy * 2 : 8;
-          int *q = realloc(p->lazy, sizeof *q * (size_t)nc);
-          if (!q)
-            return di_error_set(DI_ERR_OOM, "out of memory");
-          p->lazy = q, p->cap_lazy = nc;
-        }
-        p->lazy[p->nlazy++] = r;
+      if (st == DI_OK && (p->i >= p->n || p->s[p->i] != ':'))
+        st = lerr(p, p->i, "expected ':' after the name");
+      int r = -1;
+      if (st == DI_OK) {
+        p->i++;
+        r = rule_of(p, nm);
+        if (p->b->rules[r].defined)
+          st = lerr(p, at, "rule defined twice");
       }
-      DI_TRY(parse_alts(p, r, is_terminal_name(nm) || lazy, 0)); /* a lazy rule is terminal-like: no %ignore inside */
+      int marked = st == DI_OK && ra.marker && !ra.marker_empty;
+      int lazy = ra.lazy || marked;
+      /* a lazy rule is terminal-like: no %ignore inside */
+      if (marked) { /* r ::= body marker, lazily */
+        int body = di_gb_new_rule(p->b, "lark_marked_body");
+        st = parse_alts(p, body, 1, 0);
+        di_gseq q = {0};
+        di_gseq_push(p->b, &q, (di_gel){DI_GE_RULE, body});
+        for (int k = 0; k < ra.mark.n; k++)
+          di_gseq_push(p->b, &q, ra.mark.v[k]);
+        if (st == DI_OK)
+          st = di_gb_add_alt(p->b, r, q.v, q.n);
+        di_gseq_free(&q);
+      } else if (st == DI_OK) {
+        st = parse_alts(p, r, is_terminal_name(nm) || lazy, 0);
+      }
+      di_gseq_free(&ra.mark);
+      if (st == DI_OK && lazy)
+        st = push_op(p, OP_LAZY, r, &r, 1, -1, at);
+      if (st == DI_OK && ra.max_chars >= 0)
+        st = push_op(p, OP_CHARS, r, &r, 1, ra.max_chars, at);
+      DI_TRY(st);
     }
     skip(p, 0);
     if (p->i < p->n && p->s[p->i] != '\n')
@@ -805,6 +1236,84 @@ done:
   return st;
 }
 
+/* Rules reachable from rule r (r included) get stamp[x] == mark. */
+static void mark_reachable(const di_gb *b, int r, int *stamp, int mark, int *queue) {
+  int qh = 0, qt = 0;
+  queue[qt++] = r;
+  stamp[r] = mark;
+  while (qh < qt) {
+    const di_grule *R = &b->rules[queue[qh++]];
+    for (int k = 0; k < R->n_els; k++)
+      if (R->els[k].kind == DI_GE_RULE && stamp[R->els[k].arg] != mark) {
+        stamp[R->els[k].arg] = mark;
+        queue[qt++] = R->els[k].arg;
+      }
+  }
+}
+
+/* The deferred operations (lark_op), each once the operations its operands reach are done (for
+ * one target, in the order written: lazy before max_chars). Terminal cycles are errors by now,
+ * so some operation is always ready. */
+static di_status run_ops(lp *p) {
+  di_gb *b = p->b;
+  if (p->nops == 0)
+    return DI_OK;
+  char *done = calloc((size_t)p->nops, 1);
+  int *stamp = NULL, *queue = NULL;
+  int left = p->nops, mark = 0, cap = 0;
+  di_status st = done ? DI_OK : di_error_set(DI_ERR_OOM, "out of memory");
+  while (st == DI_OK && left > 0) {
+    int progressed = 0;
+    for (int i = 0; i < p->nops && st == DI_OK; i++) {
+      if (done[i])
+        continue;
+      const lark_op *o = &p->ops[i];
+      if (b->n_rules > cap) { /* operations add rules: the stamps grow with them */
+        int nc = b->n_rules * 2;
+        int *ns = realloc(stamp, sizeof(int) * (size_t)nc), *nq = ns ? realloc(queue, sizeof(int) * (size_t)nc) : NULL;
+        if (ns)
+          stamp = ns;
+        if (!ns || !nq) {
+          st = di_error_set(DI_ERR_OOM, "out of memory");
+          break;
+        }
+        queue = nq;
+        memset(stamp + cap, 0, sizeof(int) * (size_t)(nc - cap));
+        cap = nc;
+      }
+      int blocked = 0; /* a pending operation's target reachable from an operand */
+      for (int k = 0; k < o->k && !blocked; k++) {
+        mark_reachable(b, o->ops[k], stamp, ++mark, queue);
+        for (int j = 0; j < p->nops && !blocked; j++)
+          blocked = !done[j] && j != i && stamp[p->ops[j].target] == mark &&
+                    (p->ops[j].target != o->target || j < i);
+      }
+      if (blocked)
+        continue;
+      char w[64], what[400];
+      where(p, o->at, w, sizeof w);
+      if (o->kind == OP_LAZY || o->kind == OP_CHARS)
+        snprintf(what, sizeof what, "lark grammar: rule '%.200s' (%s)", b->rules[o->target].name, w);
+      else
+        snprintf(what, sizeof what, "lark grammar: the %s at %s", o->kind == OP_AND ? "'&'" : "'~'", w);
+      if (o->kind == OP_LAZY)
+        st = di_rlang_make_lazy(b, o->target, what);
+      else if (o->kind == OP_CHARS)
+        st = di_rlang_bound_chars(b, o->target, o->max_chars, what);
+      else if (o->kind == OP_AND)
+        st = di_rlang_combine(b, o->target, o->ops, o->k, (1u << o->k) - 1, 0, what);
+      else
+        st = di_rlang_combine(b, o->target, o->ops, 1, 0, 1, what);
+      done[i] = 1, left--, progressed = 1;
+    }
+    if (st == DI_OK && !progressed)
+      st = di_error_set(DI_ERR_FORMAT, "lark grammar: lazy / max_chars / '&' / '~' operations depend on each other "
+                        "in a cycle");
+  }
+  free(done), free(stamp), free(queue);
+  return st;
+}
+
 static int has_ignore_statement(const char *s, size_t n) {
   for (size_t i = 0; i + 7 <= n; i++)
     if (memcmp(s + i, "%ignore", 7) == 0 && (i == 0 || s[i - 1] == '\n' || s[i - 1] == ' ' || s[i - 1] == '\t'))
@@ -812,50 +1321,98 @@ static int has_ignore_statement(const char *s, size_t n) {
   return 0;
 }
 
-di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt) {
-  lp p = {.b = b, .s = src, .n = len, .opt = opt};
-  p.has_ignore = has_ignore_statement(src, len);
-  p.ign_set = di_gb_new_rule(b, "lark_ignored");
-  p.ign = -1;
-  if (p.has_ignore) { /* ign ::= ignored* */
+/* Compiles p's text into p->b: *root matches the whole grammar (start, then the trailing %ignore).
+ * A nested grammar (`%lark {...}`, parent set) is compiled with its own names (p->prefix), %ignore
+ * and parametric rules; the passes over the whole builder (terminal cycles, left recursion, the
+ * regular operations) run once, for the outermost grammar, after everything is parsed: a nested
+ * grammar hands its operations to the parent. */
+static di_status compile_grammar(lp *p, lp *parent, int *root) {
+  di_gb *b = p->b;
+  p->has_ignore = has_ignore_statement(p->s, p->n);
+  p->ign_set = di_gb_new_rule(b, "lark_ignored");
+  p->ign = -1;
+  if (p->has_ignore) { /* ign ::= ignored* */
     di_gseq s = {0};
-    di_gseq_repeat(b, &s, (di_gel){DI_GE_RULE, p.ign_set}, 0, -1);
-    p.ign = di_gb_new_rule(b, "lark_ignore");
-    di_gb_add_alt(b, p.ign, s.v, s.n);
+    di_gseq_repeat(b, &s, (di_gel){DI_GE_RULE, p->ign_set}, 0, -1);
+    p->ign = di_gb_new_rule(b, "lark_ignore");
+    di_gb_add_alt(b, p->ign, s.v, s.n);
     di_gseq_free(&s);
   } else {
-    b->rules[p.ign_set].defined = 1;
+    di_gb_mark_defined(b, p->ign_set);
   }
-  di_status pst = parse_definitions(&p);
-  if (pst != DI_OK) {
-    free(p.lazy);
-    return pst;
+  p->initial_skip = -1;
+  di_status pst = parse_definitions(p);
+  di_gb_mark_defined(b, p->ign_set); /* the %ignore seen was a nested grammar's: nothing ignored here */
+  if (pst == DI_OK && p->initial_skip == 0)
+    pst = di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: allow_initial_skip false is not supported (%%ignore applies "
+                       "before every terminal, the first included)");
+  if (pst == DI_OK && p->has_ignore && p->ignore_once) { /* ign ::= ignored | "" */
+    di_grule *R = &b->rules[p->ign];
+    b->total_els -= R->n_els + R->n_alts;
+    R->n_alts = R->n_els = 0;
+    di_gel e = {DI_GE_RULE, p->ign_set};
+    pst = di_gb_add_alt(b, p->ign, &e, 1);
+    if (pst == DI_OK)
+      pst = di_gb_add_alt(b, p->ign, NULL, 0);
   }
-  int start = -1;
-  for (int i = 0; i < b->n_rules; i++)
-    if (strcmp(b->rules[i].name, "start") == 0 && b->rules[i].defined)
-      start = i;
-  pst = start < 0 ? di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule") : check_terminal_cycles(b);
   if (pst == DI_OK)
-    pst = remove_direct_left_recursion(b);
-  if (pst != DI_OK) {
-    free(p.lazy);
-    return pst;
+    pst = instantiate_params(p);
+  free(p->pdefs), free(p->pq), free(p->queued);
+  p->pdefs = NULL, p->pq = NULL, p->queued = NULL;
+  int start = -1;
+  if (pst == DI_OK) {
+    start = rule_of(p, "start");
+    if (b->oom)
+      pst = di_error_set(DI_ERR_OOM, "out of memory");
+    else if (!b->rules[start].defined)
+      pst = di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule");
   }
-  for (int i = 0; i < p.nlazy; i++) {
-    char what[300];
-    snprintf(what, sizeof what, "lark grammar: rule '%.200s'", b->rules[p.lazy[i]].name);
-    di_status st = di_rlang_make_lazy(b, p.lazy[i], what);
-    if (st != DI_OK) {
-      free(p.lazy);
-      return st;
-    }
+  if (parent) {
+    for (int i = 0; i < p->nops && pst == DI_OK; i++) /* positions are the %lark's, in the parent */
+      pst = push_op(parent, p->ops[i].kind, p->ops[i].target, p->ops[i].ops, p->ops[i].k, p->ops[i].max_chars,
+                    parent->i);
+  } else {
+    if (pst == DI_OK)
+      pst = check_terminal_cycles(b);
+    if (pst == DI_OK)
+      pst = remove_direct_left_recursion(b);
+    if (pst == DI_OK)
+      pst = run_ops(p);
   }
-  free(p.lazy);
-  int root = di_gb_new_rule(b, "lark_root");
-  di_gel els[2] = {{DI_GE_RULE, start}, {DI_GE_RULE, p.ign}};
-  DI_TRY(di_gb_add_alt(b, root, els, p.has_ignore ? 2 : 1));
-  if (b->oom)
-    return di_error_set(DI_ERR_OOM, "out of memory");
+  free(p->ops);
+  p->ops = NULL;
+  DI_TRY(pst);
+  *root = di_gb_new_rule(b, "lark_root");
+  di_gel els[2] = {{DI_GE_RULE, start}, {DI_GE_RULE, p->ign}};
+  DI_TRY(di_gb_add_alt(b, *root, els, p->has_ignore ? 2 : 1));
+  return b->oom ? di_error_set(DI_ERR_OOM, "out of memory") : DI_OK;
+}
+
+/* `%lark { GRAMMAR }` (llguidance, XGrammar): a grammar of its own (its names, its %ignore, its
+ * start) used as one item; its extent is found by matching braces outside "..." strings. */
+static di_status parse_nested_lark(lp *p, di_gseq *s) {
+  size_t at = p->i, open = 0;
+  DI_TRY(scan_json_object(p, 5, "expected '{' after %lark", "unclosed %lark grammar", &open));
+  if (p->depth > 20)
+    return lerr(p, at, "%lark grammars nested too deeply");
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "%slark%d.", p->prefix ? p->prefix : "", p->b->n_rules);
+  lp q = {.b = p->b, .s = p->s + open + 1, .n = p->i - open - 2, .opt = p->opt, .prefix = prefix,
+          .depth = p->depth + 1};
+  int root = -1;
+  size_t save = p->i;
+  p->i = at;
+  di_status st = compile_grammar(&q, p, &root);
+  p->i = save;
+  if (st != DI_OK)
+    return di_error_wrap(st, "lark grammar: the %%lark grammar at offset %zu", at);
+  di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, root});
+  return DI_OK;
+}
+
+di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt) {
+  lp p = {.b = b, .s = src, .n = len, .opt = opt};
+  int root = -1;
+  DI_TRY(compile_grammar(&p, NULL, &root));
   return di_gb_finish(b, root);
 }

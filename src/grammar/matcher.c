@@ -11,6 +11,7 @@
 #include <time.h>
 #include "grammar/ascii_run.h"
 #include "grammar/ci_shared.h"
+#include "grammar/count_chain.h"
 #include "grammar/grammar_impl.h"
 #include "grammar/language_key.h"
 #include "grammar/plain_text.h"
@@ -45,6 +46,10 @@ struct di_gvcache {
   di_ascii_run *arun; /* per state: its ASCII run (ascii_run.h), n = -1 until computed */
   int cap_arun;
   di_ascii_scratch ascratch;
+  int derive;              /* derive positions of counted repetitions from one far from the end (count_chain.h) */
+  int chains_ready;
+  di_count_chains chains;
+  uint8_t *x_plain;        /* per rule: 1 every plain character is one string of it, 2 not, 0 unknown */
   int share;               /* look classifications up in the vocabulary's shared store (ci_shared.h) */
   di_language_key lkey;    /* scratch: the description of the key being looked up */
   int32_t *seen_key; /* budget search: seen states (a hash set, valid where seen_at == seen_stamp) */
@@ -82,6 +87,8 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->seen_key);
     free(c->seen_at);
     di_language_key_free(&c->lkey);
+    di_count_chains_free(&c->chains);
+    free(c->x_plain);
     free(c);
     c = n;
   }
@@ -118,6 +125,7 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   if (uncertain >= 0)
     c->ci_max_uncertain = uncertain;
   c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
+  c->derive = di_switch_int(DI_SW_GRAMMAR_COUNT_CI, 1) != 0;
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
@@ -212,6 +220,112 @@ static int seen_insert(struct di_gvcache *c, int s) {
   }
 }
 
+static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int max_depth, int *rule);
+
+/* The state whose mask equals S's with fewer distinct states: every stack of S inside a counted
+ * repetition with at least the longest token's bytes left (count frame O_j, j > longest token;
+ * count_chain.h) moved to O_longest, which no token can tell apart. S itself when none is. It
+ * takes no more than S (a subset of S's x's), so its plain-text budget is one for S too. Under
+ * g->mu. */
+static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
+  di_grt *rt = &g->rt;
+  if (!c->derive)
+    return S;
+  if (!c->chains_ready) {
+    if (di_count_chains_find(&g->core, &c->chains) != DI_OK)
+      return S;
+    c->chains_ready = 1;
+  }
+  const di_count_chains *ch = &c->chains;
+  const int maxlen = c->v->maxlen, n = rt->soff[S + 1] - rt->soff[S];
+  if (ch->n_frames == 0 || n > 64)
+    return S;
+  int32_t nodes[64];
+  int moved = 0;
+  for (int k = 0; k < n; k++) {
+    int id = rt->sn[rt->soff[S] + k], r, d = count_frame(rt, ch, id, 64, &r);
+    nodes[k] = id;
+    if (d < 0 || ch->index[r] <= maxlen)
+      continue;
+    int s = r;
+    while (ch->index[s] > maxlen && ch->down[s] >= 0)
+      s = ch->down[s];
+    int fp = di_count_chain_frame_pos(&g->core, ch, s);
+    int id2 = fp >= 0 ? di_grt_replace_frame(rt, id, d, fp) : -1;
+    if (id2 >= 0 && id2 != id) {
+      nodes[k] = id2;
+      moved = 1;
+    }
+  }
+  if (!moved)
+    return S;
+  int S2 = di_grt_state_of(rt, nodes, n, rt->sflags[S]);
+  if (S2 < 0)
+    return S;
+  return S2;
+}
+
+/* Whether the character begun at decoder state u (> 0) from state s is completed by every plain
+ * continuation with the rule below ended (PSEUDO_END) after it; u = 0: every plain character. */
+static int plain_chars_end_rule(di_grt *rt, struct di_gvcache *c, int s, int u) {
+  for (int k = 0; k < c->plain_nrep[u]; k++) {
+    int s2 = di_grt_step(rt, s, c->plain_rep[u][k]);
+    if (s2 < 0)
+      return 0;
+    int u2 = c->plain_next[u][k];
+    if (u2 == 0 ? !(di_grt_flags(rt, s2) & DI_GRT_PSEUDO_END) : !plain_chars_end_rule(rt, c, s2, u2))
+      return 0;
+  }
+  return 1;
+}
+
+/* A lower bound on the plain characters state S takes for certain from its counted repetitions
+ * alone (count_chain.h), without a search: a stack at the start of x under count frame O_j, with
+ * every start of x there (S holds the whole state "x begins under O_j"), takes any j plain
+ * characters when each plain character is a string of x (checked once per x on x alone). 0 when
+ * none applies. Under g->mu. */
+static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
+  di_grt *rt = &g->rt;
+  const di_gb *gb = &g->core;
+  if (!c->derive || !c->chains_ready || c->chains.n_frames == 0)
+    return 0;
+  if (!c->x_plain && !(c->x_plain = calloc((size_t)gb->n_rules + 1, 1)))
+    return 0;
+  if (!c->plain_ready)
+    plain_groups(rt, c);
+  int best = 0;
+  for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
+    int id = rt->sn[k], r, d = count_frame(rt, &c->chains, id, 64, &r), F = id;
+    if (d < 1 || c->chains.index[r] <= best)
+      continue;
+    for (int q = 0; q < d; q++)
+      F = rt->npar[F];
+    const int fp = rt->npos[F];
+    if (gb->flat[fp - 1].kind != DI_GE_RULE)
+      continue;
+    const int x = gb->flat[fp - 1].arg;
+    if (!c->x_plain[x]) {
+      int X = di_grt_rule_state(rt, x, DI_GRT_PSEUDO);
+      c->x_plain[x] = X >= 0 && plain_chars_end_rule(rt, c, X, 0) ? 1 : 2;
+    }
+    if (c->x_plain[x] != 1)
+      continue;
+    int T = di_grt_rule_state(rt, x, F);
+    if (T < 0)
+      continue;
+    /* T's stacks within S's (both sorted) */
+    int a = rt->soff[T], ae = rt->soff[T + 1], b = rt->soff[S], be = rt->soff[S + 1];
+    while (a < ae && b < be) {
+      if (rt->sn[a] == rt->sn[b])
+        a++;
+      b++;
+    }
+    if (a == ae)
+      best = c->chains.index[r];
+  }
+  return best > DI_PLAIN_CAP ? DI_PLAIN_CAP : best;
+}
+
 /* How many plain characters state s0 takes for certain (plain_text.h): breadth first over the
  * states at character boundaries, level L holding those after L characters; the first level where
  * some character kills the automaton is the answer. Stops (safely low) past a few thousand
@@ -220,10 +334,18 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   di_grt *rt = &g->rt;
   if (s0 < c->cap_budget && c->budget[s0] >= 0)
     return c->budget[s0];
+  const int moved = mask_state(g, c, s0);
+  int b0 = moved != s0 ? plain_budget(g, c, moved) /* far from a repetition's end: its search serves */
+                       : chain_plain_bound(g, c, s0);
+  if (b0 > 0) {
+    if (s0 < c->cap_budget)
+      c->budget[s0] = (int16_t)b0;
+    return b0;
+  }
   if (!c->plain_ready)
     plain_groups(rt, c);
   int32_t *cur = NULL, *next = NULL;
-  int ncur = 0, capcur = 0, nnext = 0, capnext = 0, level = 0, seen_n = 0, ok = 1;
+  int ncur = 0, capcur = 0, nnext = 0, capnext = 0, level = 0, seen_n = 0, ok = 1, min_known = DI_PLAIN_CAP;
   enum { MAX_SEEN = 4096 };
   int32_t *seen = malloc(sizeof(int32_t) * MAX_SEEN);
   int16_t *seen_level = malloc(sizeof(int16_t) * MAX_SEEN);
@@ -259,6 +381,15 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
     for (int i = 0; i < nnext; i++) {
       if (!seen_insert(c, next[i]))
         continue;
+      /* a state whose budget is known (cached, or a counted repetition's bound) is not searched
+       * further: strings through it live at least level + that many characters (not with
+       * DI_GRAMMAR_COUNT_CI=0, which keeps the old search for A/B runs) */
+      int t = next[i], known = !c->derive ? 0 : t < c->cap_budget && c->budget[t] >= 0 ? c->budget[t] : chain_plain_bound(g, c, t);
+      if (known > 0) {
+        if (level + known < min_known)
+          min_known = level + known;
+        continue;
+      }
       if (seen_n == MAX_SEEN) { /* too many states to follow: the levels so far are certain */
         ncur = 0;
         break;
@@ -275,6 +406,8 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   }
   if (ok && ncur == 0 && seen_n < MAX_SEEN)
     level = DI_PLAIN_CAP; /* no character ever kills it (a search stopped at cap proves only cap) */
+  if (level > min_known)
+    level = min_known; /* the branches not searched live that long at least */
   free(cur);
   free(next);
   /* a state first reached after j characters takes at least level - j more (else s0 would die
@@ -346,8 +479,9 @@ static const char *position_rule_name(const di_gb *g, int pos) {
 }
 
 /* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
- * accepted / rejected whatever lies below, or uncertain. Under g->mu. */
-static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, di_ci_entry **out) {
+ * accepted / rejected whatever lies below, or uncertain. With prune > 0 the subtrees whose tokens
+ * all have at most prune bytes are left out (classified elsewhere: derive_ci). Under g->mu. */
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, int prune, di_ci_entry **out) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   di_ci_entry *e = calloc(1, sizeof *e);
@@ -374,9 +508,13 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   struct timespec ts0, ts1;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
   const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
-  const uint8_t *tbyte = v->tbyte, *cls = rt->cls, *plain = v->plain_below;
+  const uint8_t *tbyte = v->tbyte, *cls = rt->cls, *plain = v->plain_below, *lenb = v->len_below;
   long skipped = 0;
   for (int i = 0, n = v->nnodes, next_i; i < n;) {
+    if (prune > 0 && lenb[i] < 255 && tdepth[i] + lenb[i] <= prune) {
+      i = tnext[i];
+      continue;
+    }
     visited++;
     int d = tdepth[i];
     const int32_t *row = rows[d - 1];
@@ -454,8 +592,9 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
   if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
-    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d states %d skipped %ld visited %ld of %d us %.0f\n",
+    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d states %d skipped %ld visited %ld of %d%s us %.0f\n",
             key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
+            prune > 0 ? " (longer tokens only)" : "",
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
   if (st != DI_OK) {
     di_ci_entry_release(e);
@@ -487,11 +626,217 @@ static int ensure_ci_slots(struct di_gvcache *c, int id) {
   return 1;
 }
 
+static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last);
+
+/* The topmost count frame (count_chain.h) of truncated stack `key`: its depth below the top, and
+ * its rule in *rule; -1 when it has none. */
+static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int max_depth, int *rule) {
+  int d = 0;
+  for (int n = key; n > DI_GRT_PSEUDO && d < max_depth; n = rt->npar[n], d++)
+    if (ch->frame_rule[rt->npos[n]] >= 0) {
+      *rule = ch->frame_rule[rt->npos[n]];
+      return d;
+    }
+  return -1;
+}
+
+/* A position of a counted repetition, at most j more x's (count_chain.h), agrees on every token of
+ * at most j bytes with the same stack at O_S, S = min(the chain's top, longest token) > j: the
+ * source. Sets *src to that stack and *T to j (INT_MAX-like 1 << 30 when j reaches the longest
+ * token: then every token agrees and the source's entry serves as it is). 0: no source. */
+static int count_source(di_grammar *g, struct di_gvcache *c, int key, int *src, int *T) {
+  di_grt *rt = &g->rt;
+  const di_count_chains *ch = &c->chains;
+  int r, d = count_frame(rt, ch, key, 64, &r);
+  if (d < 0)
+    return 0;
+  const int j = ch->index[r], maxlen = c->v->maxlen;
+  int s = r;
+  if (j > maxlen) {
+    while (ch->index[s] > maxlen && ch->down[s] >= 0)
+      s = ch->down[s];
+  } else {
+    while (ch->index[s] < maxlen && ch->up[s] >= 0)
+      s = ch->up[s];
+  }
+  if (s == r || (j < maxlen && j > c->v->len_le_max))
+    return 0;
+  int fp = di_count_chain_frame_pos(&g->core, ch, s);
+  if (fp < 0)
+    return 0;
+  *src = di_grt_replace_frame(rt, key, d, fp);
+  *T = j >= maxlen ? 1 << 30 : j;
+  return *src >= 0 ? 1 : -1;
+}
+
+/* An entry from the accepted bitmap `bits` (words words) and the sorted uncertain list unc[0..nunc)
+ * (taken over). */
+static di_status entry_from(const di_grammar_vocab *v, uint32_t *bits, int32_t *unc, int nunc, di_ci_entry **out) {
+  di_ci_entry *e = calloc(1, sizeof *e);
+  if (!e) {
+    free(unc);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  atomic_init(&e->refs, 1);
+  e->unc = unc;
+  e->nunc = nunc;
+  const size_t nw = v->words > 0 ? (size_t)v->words : 0;
+  int nacc = 0;
+  for (size_t w = 0; w < nw; w++)
+    nacc += __builtin_popcount(bits[w]);
+  e->nacc = nacc;
+  if ((size_t)nacc > nw) {
+    e->acc_bits = malloc(sizeof(uint32_t) * nw);
+    if (e->acc_bits)
+      memcpy(e->acc_bits, bits, sizeof(uint32_t) * nw);
+  } else if (nacc > 0 && (e->acc_list = malloc(sizeof(int32_t) * (size_t)nacc))) {
+    int n = 0;
+    for (size_t w = 0; w < nw; w++)
+      for (uint32_t x = bits[w]; x; x &= x - 1)
+        e->acc_list[n++] = (int32_t)w * 32 + __builtin_ctz(x);
+  }
+  if (nacc > 0 && !e->acc_bits && !e->acc_list) {
+    di_ci_entry_release(e);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  e->bytes = sizeof *e + sizeof(int32_t) * (size_t)e->nunc +
+             (e->acc_bits ? sizeof(uint32_t) * nw : sizeof(int32_t) * (size_t)e->nacc);
+  *out = e;
+  return DI_OK;
+}
+
+static di_status overflow_entry(di_ci_entry **out) {
+  di_ci_entry *e = calloc(1, sizeof *e);
+  if (!e)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  atomic_init(&e->refs, 1);
+  e->overflow = 1;
+  e->bytes = sizeof *e;
+  *out = e;
+  return DI_OK;
+}
+
+/* The classification of `key` from its source's (count_source): tokens of at most T bytes as the
+ * source classified them, the longer ones by a walk that visits only them. Exactly what a walk
+ * of `key` gives; an entry abandoned at the bound when the source was (the caller keeps more
+ * frames, as for a walk that overflows). Under g->mu. */
+static di_status derive_ci(di_grammar *g, struct di_gvcache *c, int key, const di_ci_entry *src, int T, int max_unc,
+                           di_ci_entry **out) {
+  const di_grammar_vocab *v = c->v;
+  if (src->overflow) /* the caller will keep more frames, as after a walk that overflows */
+    return overflow_entry(out);
+  di_ci_entry *w = NULL;
+  DI_TRY(compute_ci(g, c, key, max_unc, T, &w));
+  if (w->overflow) {
+    *out = w;
+    return DI_OK;
+  }
+  const uint32_t *le = v->len_le + (size_t)T * (size_t)v->words;
+  uint32_t *bits = c->bits; /* all zero on entry (compute_ci leaves it so), cleared below */
+  if (w->acc_bits)
+    memcpy(bits, w->acc_bits, sizeof(uint32_t) * (size_t)v->words);
+  else
+    for (int i = 0; i < w->nacc; i++)
+      bits[w->acc_list[i] >> 5] |= 1u << (w->acc_list[i] & 31);
+  if (src->acc_bits) {
+    for (int k = 0; k < v->words; k++)
+      bits[k] |= src->acc_bits[k] & le[k];
+  } else {
+    for (int i = 0; i < src->nacc; i++) {
+      int id = src->acc_list[i];
+      if ((le[id >> 5] >> (id & 31)) & 1u)
+        bits[id >> 5] |= 1u << (id & 31);
+    }
+  }
+  /* uncertain: the walk's and the source's short ones, both in trie order, merged */
+  int32_t *unc = NULL;
+  int nunc = 0, cap = 0, i = 0, k = 0, ok = 1;
+  while (ok && (i < w->nunc || k < src->nunc)) {
+    if (k < src->nunc) {
+      int id = v->sorted[src->unc[k]];
+      if (!((le[id >> 5] >> (id & 31)) & 1u)) { /* a longer token: the walk's answer holds */
+        k++;
+        continue;
+      }
+    }
+    int x;
+    if (k >= src->nunc)
+      x = w->unc[i++];
+    else if (i >= w->nunc || src->unc[k] < w->unc[i])
+      x = src->unc[k++];
+    else if (w->unc[i] < src->unc[k])
+      x = w->unc[i++];
+    else { /* visited by both: they agree */
+      x = w->unc[i++];
+      k++;
+    }
+    ok = buf_append(&unc, &nunc, &cap, x);
+  }
+  di_ci_entry_release(w);
+  di_status st;
+  if (!ok) {
+    free(unc);
+    st = di_error_set(DI_ERR_OOM, "out of memory");
+  } else if (max_unc >= 0 && nunc > max_unc) { /* as a walk would be: abandoned */
+    free(unc);
+    st = overflow_entry(out);
+  } else {
+    st = entry_from(v, bits, unc, nunc, out);
+  }
+  memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
+  return st;
+}
+
 /* Fills c->ci[key]: from the vocabulary's shared store when another grammar (or an earlier compile)
- * classified the same language, else by a walk, then offered to the store. An entry abandoned at
- * its bound of uncertain tokens does not serve a caller that needs it in full. Under g->mu. */
+ * classified the same language, else derived from its source when key is a position near the end
+ * of a counted repetition (count_source), else by a walk; then offered to the store. An entry
+ * abandoned at its bound of uncertain tokens does not serve a caller that needs it in full. Under
+ * g->mu. */
 static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last) {
   enum { MAX_KEY_WORDS = 1 << 16 }; /* larger descriptions (most of a big grammar) are not shared */
+  const int max_unc = last ? -1 : c->ci_max_uncertain;
+  di_ci_entry *src = NULL;
+  int T = 0, src_key = -1;
+  if (c->derive && !c->chains_ready) {
+    DI_TRY(di_count_chains_find(&g->core, &c->chains));
+    c->chains_ready = 1;
+  }
+  if (c->derive && c->chains.n_frames > 0) {
+    int r, d = count_frame(&g->rt, &c->chains, key, 64, &r), frame = key;
+    for (int k = 0; k < d; k++)
+      frame = g->rt.npar[frame];
+    if (d >= 0 && !last && g->rt.npar[frame] == DI_GRT_PSEUDO) {
+      /* nothing known below the repetition: every token that runs past its end is uncertain (a
+       * string's closing quote and what follows), nearly always more than the bound, so the
+       * caller keeps more frames at once instead of walking to find out (any depth gives the
+       * same masks) */
+      DI_TRY(overflow_entry(&c->ci[key]));
+      c->ci_bytes += c->ci[key]->bytes;
+      return DI_OK;
+    }
+    int found = count_source(g, c, key, &src_key, &T);
+    if (found < 0)
+      return DI_ERR_OOM;
+    if (found) { /* the source first (its own lookup uses the description scratch) */
+      if (!ensure_ci_slots(c, src_key))
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      if (c->ci[src_key] && c->ci[src_key]->overflow && last) {
+        c->ci_bytes -= c->ci[src_key]->bytes;
+        di_ci_entry_release(c->ci[src_key]);
+        c->ci[src_key] = NULL;
+      }
+      if (!c->ci[src_key])
+        DI_TRY(classify(g, c, src_key, last));
+      src = c->ci[src_key];
+      if (T >= (1 << 30) && !(src->overflow && last)) { /* every token agrees: the same entry */
+        atomic_fetch_add(&src->refs, 1);
+        atomic_fetch_add(&((di_grammar_vocab *)c->v)->n_count_same, 1);
+        c->ci[key] = src;
+        c->ci_bytes += src->bytes;
+        return DI_OK;
+      }
+    }
+  }
   int described = c->share && di_language_key_make(&c->lkey, &g->rt, key, c->v->maxlen, MAX_KEY_WORDS);
   if (described) {
     di_ci_entry *e = di_ci_shared_find(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash);
@@ -502,7 +847,19 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
     }
     di_ci_entry_release(e);
   }
-  DI_TRY(compute_ci(g, c, key, last ? -1 : c->ci_max_uncertain, &c->ci[key]));
+  if (src && T < (1 << 30)) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    DI_TRY(derive_ci(g, c, key, src, T, max_unc, &c->ci[key]));
+    atomic_fetch_add(&((di_grammar_vocab *)c->v)->n_count_derived, 1);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
+      fprintf(stderr, "ci key %d derived from key %d (tokens of at most %d bytes): accepted %d uncertain %d%s us %.0f\n", key,
+              src_key, T, c->ci[key]->nacc, c->ci[key]->nunc, c->ci[key]->overflow ? " (abandoned)" : "",
+              (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
+  } else {
+    DI_TRY(compute_ci(g, c, key, max_unc, 0, &c->ci[key]));
+  }
   c->ci_bytes += c->ci[key]->bytes;
   if (described)
     di_ci_shared_put(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash, c->ci[key]);
@@ -542,7 +899,7 @@ static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, di_ci_entry
     }
     if (!c->ci[key])
       DI_TRY(classify(g, c, key, last));
-    if (last || c->ci[key]->nunc <= c->ci_max_uncertain) {
+    if (last || (!c->ci[key]->overflow && c->ci[key]->nunc <= c->ci_max_uncertain)) {
       c->chosen[id] = key;
       *out = c->ci[key];
       return DI_OK;
@@ -755,6 +1112,12 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
   int S = m->hist[m->nh - 1];
   pthread_mutex_lock(&g->mu);
   di_status st = DI_OK;
+  if (!(S < c->cap_mask && c->mask[S])) {
+    const int moved = mask_state(g, c, S);
+    if (moved != S)
+      atomic_fetch_add(&((di_grammar_vocab *)v)->n_count_masks, 1);
+    S = moved;
+  }
   if (S < c->cap_mask && c->mask[S]) {
     memcpy(bitmask, c->mask[S], sizeof(uint32_t) * (size_t)v->words);
   } else {

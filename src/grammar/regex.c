@@ -5,7 +5,9 @@
  * `{` `}` `]`, an identity escape of anything but a syntax character (`\a`, `\e`, `\-` outside a
  * class), a quantifier on a quantifier (`a++`) and `\0` before a digit are errors. Matching is over
  * code points emitted as UTF-8. Whole-output match for `--regex`; JSON Schema `pattern` uses
- * search semantics (unanchored unless ^ / $) and JSON-string escaping. Errors say "offset N". */
+ * search semantics (unanchored unless ^ / $) and JSON-string escaping. Lark's /regex/ (DI_RE_LARK,
+ * Rust's regex crate as llguidance has it) also takes scoped flags `(?s:...)` / `(?i:...)` /
+ * `(?-s:...)`. Errors say "offset N". */
 #include "util/text.h"
 #include "grammar/gram_ir.h"
 #include <stdlib.h>
@@ -419,6 +421,7 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
     item = s->n;
     if (c == '(') {
       p->i++;
+      int scoped = 0, group_flags = p->flags;
       if (p->i + 1 < p->n && p->s[p->i] == '?') {
         char k = p->s[p->i + 1];
         if (k == ':') {
@@ -429,6 +432,24 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
           if (p->i >= p->n)
             return rerr(p, at, "unterminated group name");
           p->i++;
+        } else if ((p->flags & DI_RE_LARK) && (k == 'i' || k == 's' || k == '-')) {
+          /* Rust's scoped flags (Lark): (?s:...), (?i:...), (?-s:...), (?is-i:...) */
+          int on = 1;
+          size_t j = p->i + 1;
+          for (; j < p->n && p->s[j] != ':' && p->s[j] != ')'; j++) {
+            char f = p->s[j];
+            int bit = f == 'i' ? DI_RE_ICASE : f == 's' ? DI_RE_DOTALL : 0;
+            if (f == '-' && on)
+              on = 0;
+            else if (!bit)
+              return runsup(p, at, "inline flags other than i and s are not supported");
+            else
+              group_flags = on ? (group_flags | bit) : (group_flags & ~bit);
+          }
+          if (j >= p->n || p->s[j] != ':')
+            return runsup(p, at, "inline flags are supported as a scoped group (?flags:...) only");
+          p->i = j + 1;
+          scoped = 1;
         } else {
           return runsup(p, at, "lookaround and inline flags are not supported");
         }
@@ -436,7 +457,12 @@ static di_status parse_seq(rp *p, di_gseq *s, int top, int *anch_end) {
       if (++p->depth > 200)
         return rerr(p, at, "groups nested too deeply");
       int r = di_gb_new_rule(b, "regroup");
-      DI_TRY(parse_alt(p, r, 0, NULL, NULL));
+      int saved_flags = p->flags;
+      if (scoped)
+        p->flags = group_flags;
+      di_status gst = parse_alt(p, r, 0, NULL, NULL);
+      p->flags = saved_flags;
+      DI_TRY(gst);
       p->depth--;
       if (p->i >= p->n || p->s[p->i] != ')')
         return rerr(p, at, "unclosed '('");

@@ -183,7 +183,14 @@ static int tuple_step(const prod_t *P, const int32_t *t, unsigned c, int32_t *u,
       return 0;
   }
   int esc = t[p->k], cnt = t[p->k + 1];
-  if (p->count_chars) {
+  if (p->count_chars && p->count_plain) { /* UTF-8 text: a character per non-continuation byte */
+    if (counter_class(c) != 1)
+      cnt++;
+    if (p->max_chars >= 0 && cnt > p->max_chars)
+      return 0;
+    if (p->max_chars < 0 && cnt > p->min_chars)
+      cnt = p->min_chars;
+  } else if (p->count_chars) {
     if (esc == 0) {
       if (counter_class(c) != 1)
         cnt++;
@@ -469,7 +476,11 @@ static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
   while (ns > 0 && st == DI_OK) {
     int x = stack[--ns];
     const di_grule *R = &b->rules[x];
-    g->rules[map[x]].defined = 1;
+    if (!R->defined) {
+      st = di_error_set(DI_ERR_FORMAT, "rule '%s' is used but not defined", R->name);
+      break;
+    }
+    di_gb_mark_defined(g, map[x]); /* (no-op after an allocation failure: g->rules may be NULL) */
     for (int a = 0; a < R->n_alts && st == DI_OK; a++) {
       q.n = 0;
       for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++) {
@@ -494,32 +505,61 @@ static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
   return st == DI_OK && g->oom ? di_error_set(DI_ERR_OOM, "out of memory") : st;
 }
 
-di_status di_rlang_make_lazy(di_gb *b, int r, const char *what) {
-  di_gb g;
-  di_gb_init(&g, b->max_els);
-  int root = -1, lazy = -1;
-  di_status st = copy_reachable(b, r, &g, &root);
-  di_rlang *l = NULL;
-  if (st == DI_OK)
-    st = di_rlang_from_builder(&g, root, &l);
-  else
-    di_gb_free(&g);
-  if (st == DI_OK) {
-    di_rlang_product p = {&l, 1, 1, 0, 0, 0, -1, 50000, 1};
-    st = di_rlang_emit(b, &p, &lazy);
+/* Replaces rule `target`'s alternatives by the product of the languages of rules ops[0..k) (each
+ * copied out with what it reaches, so `target` may be one of them): `in` / `out` / `shortest` /
+ * counting as in di_rlang_product. */
+static di_status apply_product(di_gb *b, int target, const int *ops, int k, const di_rlang_product *shape,
+                               const char *what, const char *needs) {
+  di_rlang *langs[DI_RLANG_MAX_OPERANDS] = {0};
+  di_status st = DI_OK;
+  if (k < 1 || k > DI_RLANG_MAX_OPERANDS)
+    return di_error_set(DI_ERR_UNSUPPORTED, "%s: between 1 and %d operands", what, DI_RLANG_MAX_OPERANDS);
+  for (int i = 0; i < k && st == DI_OK; i++) {
+    di_gb g;
+    di_gb_init(&g, b->max_els);
+    int root = -1;
+    st = copy_reachable(b, ops[i], &g, &root);
+    if (st == DI_OK)
+      st = di_rlang_from_builder(&g, root, &langs[i]);
+    else
+      di_gb_free(&g);
   }
-  di_rlang_free(l);
+  int res = -1;
+  if (st == DI_OK) {
+    di_rlang_product p = *shape;
+    p.langs = langs, p.k = k;
+    if (p.max_states <= 0)
+      p.max_states = 50000;
+    st = di_rlang_emit(b, &p, &res);
+  }
+  for (int i = 0; i < k; i++)
+    di_rlang_free(langs[i]);
   if (st == DI_ERR_UNSUPPORTED)
-    return di_error_wrap(st, "%s: a lazy rule must be regular (no recursion but repetition)", what);
+    return di_error_wrap(st, "%s: %s", what, needs);
   if (st != DI_OK)
     return st;
-  di_grule *R = &b->rules[r]; /* its alternatives become the lazy language */
+  di_grule *R = &b->rules[target]; /* its alternatives become the product */
   b->total_els -= R->n_els + R->n_alts;
   R->n_alts = R->n_els = 0;
-  if (lazy < 0) {
-    R->defined = 1;
+  R->defined = 1;
+  if (res < 0)
     return DI_OK;
-  }
-  di_gel e = {DI_GE_RULE, lazy};
-  return di_gb_add_alt(b, r, &e, 1);
+  di_gel e = {DI_GE_RULE, res};
+  return di_gb_add_alt(b, target, &e, 1);
+}
+
+di_status di_rlang_make_lazy(di_gb *b, int r, const char *what) {
+  di_rlang_product shape = {.in = 1, .max_chars = -1, .shortest = 1};
+  return apply_product(b, r, &r, 1, &shape, what, "a lazy rule must be regular (no recursion but repetition)");
+}
+
+di_status di_rlang_bound_chars(di_gb *b, int r, int max_chars, const char *what) {
+  di_rlang_product shape = {.in = 1, .count_chars = 1, .count_plain = 1, .max_chars = max_chars};
+  return apply_product(b, r, &r, 1, &shape, what,
+                       "max_chars needs a regular rule (no recursion but repetition) or a bound small enough to enumerate");
+}
+
+di_status di_rlang_combine(di_gb *b, int target, const int *ops, int k, unsigned in, unsigned out, const char *what) {
+  di_rlang_product shape = {.in = in, .out = out, .max_chars = -1};
+  return apply_product(b, target, ops, k, &shape, what, "the operands must be regular (terminals are)");
 }

@@ -33,6 +33,7 @@ typedef struct di_rlang_product {
   int count_chars, min_chars, max_chars;
   int max_states;
   int shortest; /* keep only strings no proper prefix of which qualifies (a lazy match) */
+  int count_plain; /* with count_chars: count UTF-8 characters of plain text (no JSON escapes) */
 } di_rlang_product;
 di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule);
 
@@ -40,4 +41,12 @@ di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule);
  * r's language no proper prefix of which is in it (Lark's lazy rules). r's language must be
  * regular; DI_ERR_UNSUPPORTED naming `what` when it is not (or too large). */
 di_status di_rlang_make_lazy(di_gb *b, int r, const char *what);
+/* Replaces rule r's alternatives by its strings of at most max_chars UTF-8 characters (Lark's
+ * max_chars); r must be regular, as for di_rlang_make_lazy. */
+di_status di_rlang_bound_chars(di_gb *b, int r, int max_chars, const char *what);
+/* Rule `target` (not finished; its alternatives are replaced) becomes the strings in every
+ * language of ops[i] with bit i set in `in` and in none with bit i set in `out` (Lark's `A & B`
+ * and `~A`; with in == 0 the complement is over all byte strings). Operands must be regular. */
+#define DI_RLANG_MAX_OPERANDS 16
+di_status di_rlang_combine(di_gb *b, int target, const int *ops, int k, unsigned in, unsigned out, const char *what);
 #endif

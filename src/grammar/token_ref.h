@@ -19,4 +19,12 @@ static inline void di_token_ref_spell(int32_t id, uint8_t out[DI_TOKEN_REF_LEN])
 int di_token_ref_parse(const char *s, size_t n, size_t *i, int32_t *id);
 /* Appends to seq the element for token `id` (negated: any one token but `id`). */
 void di_token_ref_push(di_gb *b, di_gseq *seq, int32_t id, int negated);
+
+/* llguidance's token sets `<[A-B,C,...]>`, `<[^...]>` (the complement) and `<[*]>` (any token):
+ * parsed at s[*i] (the '<') into at most cap sorted, disjoint, inclusive ranges of ids in
+ * 0..INT32_MAX. 1 with *nr set and *i past the '>', 0 when malformed or over cap. */
+typedef struct { int32_t lo, hi; } di_token_range;
+int di_token_set_parse(const char *s, size_t n, size_t *i, di_token_range *out, int cap, int *nr);
+/* Appends to seq the element for one token whose id is in the ranges (nr 0: an empty class). */
+void di_token_set_push(di_gb *b, di_gseq *seq, const di_token_range *r, int nr);
 #endif

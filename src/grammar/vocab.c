@@ -84,6 +84,25 @@ static di_status subtree_bits(di_grammar_vocab *v) {
   return DI_OK;
 }
 
+/* len_le: row L holds the sorted (non-stop, non-empty) ids of at most L bytes, L up to the longest
+ * token (at most 255: a longer T is never asked for, matcher.c). */
+static di_status len_le(di_grammar_vocab *v) {
+  v->len_le_max = v->maxlen < 255 ? v->maxlen : 255;
+  size_t rows = (size_t)v->len_le_max + 1;
+  v->len_le = calloc(rows * (size_t)v->words, sizeof(uint32_t));
+  if (!v->len_le)
+    return DI_ERR_OOM;
+  for (int k = 0; k < v->nsorted; k++) {
+    int id = v->sorted[k], len = (int)(v->off[id + 1] - v->off[id]);
+    if (len <= v->len_le_max)
+      v->len_le[(size_t)len * (size_t)v->words + (size_t)(id >> 5)] |= 1u << (id & 31);
+  }
+  for (size_t L = 1; L < rows; L++) /* cumulative */
+    for (int w = 0; w < v->words; w++)
+      v->len_le[L * (size_t)v->words + (size_t)w] |= v->len_le[(L - 1) * (size_t)v->words + (size_t)w];
+  return DI_OK;
+}
+
 /* ascii_below / len_below (ascii_run.h): bottom-up over the trie, as plain_below. */
 static di_status ascii_below(di_grammar_vocab *v) {
   int n = v->nnodes;
@@ -160,6 +179,10 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   }
   v->nsorted = ns;
   v->maxlen = maxlen;
+  if (len_le(v) != DI_OK) {
+    di_grammar_vocab_free(v);
+    return di_error_set(DI_ERR_OOM, "out of memory building the grammar vocabulary");
+  }
   v->mark_ids = malloc(sizeof(int32_t) * ((size_t)vocab_size + 1));
   if (!v->mark_ids) {
     di_grammar_vocab_free(v);
@@ -256,6 +279,7 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->tnext);
   free(v->tok_lo);
   free(v->mark_ids);
+  free(v->len_le);
   free(v->plain_below);
   free(v->ascii_below);
   free(v->len_below);

@@ -2,6 +2,7 @@
 #ifndef DI_GRAMMAR_VOCAB_H
 #define DI_GRAMMAR_VOCAB_H
 #include <pthread.h>
+#include <stdatomic.h>
 #include "grammar/grammar.h"
 
 enum { DI_SUBTREE_MIN = 2048 }; /* a subtree this large gets its ids as a bitmap (vocab.c) */
@@ -29,8 +30,14 @@ struct di_grammar_vocab {
   uint8_t *len_below;     /* per trie node: the longest token suffix below it (bytes, at most 255) */
   int32_t *subtree_of;    /* per trie node: its row of subtree_bits, or -1 (fewer than DI_SUBTREE_MIN tokens below) */
   uint32_t *subtree_bits; /* rows of `words` words: the ids at or below such a node */
+  uint32_t *len_le;       /* rows of `words` words, row L (0 .. len_le_max): the non-stop ids of at most L bytes
+                           * (count_chain.h: positions near a counted string's end) */
+  int len_le_max;
   int32_t *mark_ids;      /* ids whose bytes contain 0xFF, which spells token references (token_ref.h) */
   int nmark;
+  /* count_chain.h, for tests: classifications derived / taken as they are, masks taken from the
+   * state with the frames moved to the longest token's count */
+  _Atomic long n_count_derived, n_count_same, n_count_masks;
   struct di_ci_shared *shared_ci; /* classifications shared by every grammar's matchers (ci_shared.h); NULL = none */
 };
 #endif

@@ -126,6 +126,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_GRAMMAR_DEBUG] = {"DI_GRAMMAR_DEBUG", "unset", "set: the grammar matcher prints per-key statistics"},
     [DI_SW_GRAMMAR_SHARED_CI] = {"DI_GRAMMAR_SHARED_CI", "1",
                                  "0: each grammar classifies the vocabulary alone (no store shared between grammars; A/B runs)"},
+    [DI_SW_GRAMMAR_COUNT_CI] = {"DI_GRAMMAR_COUNT_CI", "1",
+                                "0: every position of a counted repetition x{m,n} gets its own classification walk (A/B runs, tests)"},
 };
 
 const di_switch_info *di_switch_info_of(di_switch sw) {

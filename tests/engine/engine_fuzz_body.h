@@ -32,6 +32,8 @@ typedef struct fz_req {
 static long fz_compared; /* samples checked against their reference (for the replay test) */
 static long fz_plp_checked, fz_scored; /* prompt arrays checked, score-only requests added */
 static long fz_fb_tokens;               /* tokens taken from the device by a step queued with feedback */
+static long fz_preemptions;             /* preemptions the engine made (di_engine_stats) */
+static long fz_long_prompts;            /* requests added whose prompt is longer than the smallest pool (3 x 64) */
 
 /* The checks against the references are the oracle, not what is fuzzed: kept out of the coverage
  * instrumentation, so that inputs are not rewarded for new paths through the checker. */
@@ -268,6 +270,7 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
         q->sp = (di_sampling){.temperature = p.temperature, .top_p = 1, .top_k = p.top_k, .repetition_penalty =
                               p.repetition_penalty, .logprobs = p.logprobs, .seed = p.seed};
         ids[n_ids++] = id;
+        fz_long_prompts += len > 3 * 64;
       }
     } else if (op == 3) {
       if (n_ids) di_engine_abort(e, ids[fz_byte(&in) % n_ids]);
@@ -323,6 +326,7 @@ static int engine_fuzz_one(const uint8_t *data, size_t size) {
     bad++;
   }
   fz_fb_tokens += mb->fb_resolved;
+  fz_preemptions += st.preemptions;
   di_engine_free(e);
   mock_destroy(&mb->base);
   return bad;

@@ -5,7 +5,8 @@
  *   + INPUT            must be accepted whole          - INPUT   must be rejected
  *   !KIND GRAMMAR      must fail to compile, and the next line `? TEXT` is part of the message
  *   % OPTION=N ...     options for the grammars that follow in the file (strict, max_digits,
- *                      max_string_length, max_whitespace); `%` alone restores the defaults
+ *                      max_string_length, max_whitespace; item_separator="..." and
+ *                      key_separator="..." take text); `%` alone restores the defaults
  * INPUT takes escapes \n \t \r \\ \xHH; `+` / `-` alone stand for the empty input. The regex cases are also run through PCRE2 (full
  * match) as an independent oracle. */
 #include <stdlib.h>
@@ -68,6 +69,26 @@ static void parse_options(const char *line, di_grammar_options *o, const char *r
       break;
     char name[32];
     int v, used = 0;
+    char *eq = strchr(p, '=');
+    if (eq && eq[1] == '"' && eq - p < 32) { /* name="text" (escapes as in inputs): the separators */
+      const char *end = strchr(eq + 2, '"');
+      char raw[64] = {0}, text[64] = {0};
+      if (!end || end - eq - 2 >= 63) {
+        CHECKF(0, "%s:%d: bad option line", rel, lineno);
+        return;
+      }
+      memcpy(name, p, (size_t)(eq - p));
+      name[eq - p] = 0;
+      memcpy(raw, eq + 2, (size_t)(end - eq - 2));
+      size_t n = unescape(raw, text);
+      char *dst = strcmp(name, "item_separator") == 0 ? o->item_separator
+                  : strcmp(name, "key_separator") == 0 ? o->key_separator : NULL;
+      CHECKF(dst && n < 8, "%s:%d: unknown option %s", rel, lineno, name);
+      if (dst && n < 8)
+        memcpy(dst, text, n + 1);
+      p = end + 1;
+      continue;
+    }
     if (sscanf(p, "%31[a-z_]=%d%n", name, &v, &used) != 2) {
       CHECKF(0, "%s:%d: bad option line", rel, lineno);
       return;

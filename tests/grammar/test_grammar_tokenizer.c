@@ -86,6 +86,15 @@ int main(void) {
          "\"minimum\":0,\"maximum\":1000}},\"additionalProperties\":{\"type\":\"string\",\"pattern\":\"^[a-z ]+$\","
          "\"maxLength\":12}}",
          "{\"x-abc\":125,\"other\":\"some words\",\"x-q\":1000}", 2);
+  /* counted strings (count_chain.h): positions near the end derived, far ones shared, brute force
+   * at every other step */
+  replay(tok, v, vsize, DI_GRAMMAR_JSON_SCHEMA,
+         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":40},\"note\":{\"type\":"
+         "\"string\",\"minLength\":3,\"maxLength\":300}},\"required\":[\"name\",\"note\"]}",
+         "{\"name\":\"Linus Hopper and the quick brown fox jr\",\"note\":\"please call before arriving, leave at the "
+         "door \\\"gift wrap\\\" — thank you; café naïve résumé 東京 priority customer requested express delivery of "
+         "fragile items, handle with care\"}",
+         2);
   replay(tok, v, vsize, DI_GRAMMAR_JSON_ANY, "",
          "{\"a\":[1,-2.5e3,true,null,{\"b\":\"c\\\"d\\n\"}],\"emoji\":\"😀 café\",\"n\":{}}", 8);
   di_grammar_vocab_free(v);

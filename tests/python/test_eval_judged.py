@@ -334,7 +334,8 @@ def test_llm_judge_unreachable(judge_env):
 # ---- the drivers end to end ------------------------------------------------------------------------
 def run_sh(bench, *args, env_extra=None, judge_vars=False):
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVAL_")}
-    env.update({"PYTHONPATH": os.path.join(ROOT, "python"), "DEEPINFER_PROGRESS": "1", **(env_extra or {})})
+    env.update({"PYTHONPATH": os.path.join(ROOT, "python"), "DEEPINFER_PROGRESS": "1",
+                "PYTHON": sys.executable, **(env_extra or {})})  # the drivers under this interpreter
     return subprocess.run(["bash", os.path.join(EVAL, bench, "run.sh"), *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
 

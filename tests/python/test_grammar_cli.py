@@ -44,6 +44,13 @@ def test_json_schema(tmp_path):
     f.write_text('{"type": "object",')
     rc, err = check(["--json-schema", str(f)], "{}")
     assert rc == 2 and "json schema" in err
+    # exact separators (XGrammar's any_whitespace=False)
+    f.write_text('{"type":"object","properties":{"n":{"type":"array"}},"required":["n"],"additionalProperties":false}')
+    seps = ["--item-separator", ", ", "--key-separator", ": "]
+    assert check(["--json-schema", str(f), *seps], '{"n": [1, 2]}')[0] == 0
+    assert check(["--json-schema", str(f), *seps], '{"n":[1,2]}')[0] == 1
+    rc, err = check(["--json-schema", str(f), "--item-separator", ";"], "{}")
+    assert rc == 2 and "item_separator" in err
 
 
 def test_ebnf(tmp_path):

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # the directories whose code reads untrusted input (configs, headers, requests, templates,
 # grammars, tokenizer files, command lines); numeric kernels convert their own doubles
 SCOPE = ["src/model", "src/arch", "src/server", "src/tokenizer", "src/grammar", "src/chat", "src/cli",
-         "src/engine", "src/util", "src/sampler", "src/api"]
+         "src/engine", "src/util", "src/sampler", "src/api", "src/dist"]
 HELPER = "src/util/json.c"
 INT_TYPES = r"(?:(?:unsigned|signed)\s+)?(?:int|long|long\s+long|short|char|size_t|ssize_t|ptrdiff_t|" \
             r"u?int(?:8|16|32|64)_t|intptr_t|uintptr_t|unsigned)"

@@ -76,6 +76,7 @@ def sweep(tmp_path, *extra):
     env = dict(os.environ, DEEPINFER_LIB=os.environ.get("DEEPINFER_LIB", os.path.join(build, "libdeepinfer.so")))
     for k in ("MODEL", "ACCEL", "LOAD", "CONCURRENCY", "PROMPT_LEN", "OUTPUT_LEN", "PROMPT_LENS", "COMPARE"):
         env.pop(k, None)
+    env["PYTHON"] = sys.executable  # sweep.py under this interpreter (it has matplotlib)
     env["PARETO_OUT"] = str(tmp_path / "env-out")  # the old variable; the --out flag below wins
     r = subprocess.run(["bash", os.path.join(ROOT, "bench", "run_sweep.sh"), build, "--concurrency", "1,2",
                         "--prompt-len", "16", "--output-len", "6", "--prompt-lens", "24,40", "--prefill-batches", "1,2",

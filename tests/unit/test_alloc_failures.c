@@ -457,6 +457,11 @@ int main(void) {
                                " \"b\": {\"enum\": [\"x\", true]}}, \"required\": [\"a\"]}"},
       {DI_GRAMMAR_EBNF, "root ::= \"{\" pair (\",\" pair)* \"}\"\npair ::= \"\\\"a\\\"\" \":\" [0-9]+"},
       {DI_GRAMMAR_REGEX, "(ab|[0-9]{1,3})+\\s?"},
+      /* Lark's deferred regular operations, parametric instances and a nested grammar */
+      {DI_GRAMMAR_LARK, "start: \"{\" r p::0 N %lark { start: \"1\" | \"2\" } \"}\"\n"
+                        "r[suffix=\",\", max_chars=4]: /[ab]*/\n"
+                        "p::_ : \"a\" p::set_bit(0) %if bit_clear(0) | \"\"\n"
+                        "N: /[ab:]+/ & ~\"ba\"\n"},
   };
   for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
     char what[64];
