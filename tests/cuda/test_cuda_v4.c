@@ -351,7 +351,7 @@ static void check_mode(int f32, int tc, int native) {
  * in every other step (4 and 3 tokens: one bucket, padded), its tokens the eager run's argmax: on the way
  * CSA windows close every 4 positions, HCA windows at 255 and 383, blocks end at 64, 192, 256, 384 (the
  * snapshot writes). Every step's logits equal; the graph backend captured and replayed graphs; with the
- * switch unset a backend runs graphs (the default). */
+ * switch unset a backend runs no graphs (the default). */
 static void check_graphs(int f32, int tc, int native) {
   setenv("DEEPINFER_CUDA_V4_F32", f32 ? "1" : "0", 1);
   setenv("DEEPINFER_CUDA_V4_TC", tc ? "1" : "0", 1);
@@ -370,11 +370,11 @@ static void check_graphs(int f32, int tc, int native) {
     return;
   }
   CHECK(di_backend_cuda_v4_graph_stats(be[0], NULL, NULL) == 0 && di_backend_cuda_v4_graph_stats(be[1], NULL, NULL) == 1);
-  { /* the default (the switch unset): graphs on */
+  { /* the default (the switch unset): graphs off */
     di_backend *d = NULL;
     CHECK(di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &d) == DI_OK);
     if (d) {
-      CHECKF(di_backend_cuda_v4_graph_stats(d, NULL, NULL) == 1, "DEEPINFER_CUDA_V4_GRAPHS unset: graphs off (the default is on)");
+      CHECKF(di_backend_cuda_v4_graph_stats(d, NULL, NULL) == 0, "DEEPINFER_CUDA_V4_GRAPHS unset: graphs on (the default is off)");
       d->ops->destroy(d);
     }
   }

@@ -32,7 +32,8 @@
  * DEEPINFER_CUDA_V4_FEEDBACK=0) device token feedback (sample_async / sample_fetch: the next step's token ids
  * -1 - j are resolved on the device from the last sampled row j; the step's host metadata goes through two
  * pinned buffers, each reused only after its copy has run, so the host prepares step N+1 while N runs).
- * CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS, on by default since session 12; 0: every step eager): a step of up to V4_GRAPH_MAX_T tokens is laid out
+ * CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS=1; off by default: on the H200 1-2.7% faster at batch 1, up to ~1-2%
+ * slower at batch 64-256 before the idle-CTA trims, which are not measured yet): a step of up to V4_GRAPH_MAX_T tokens is laid out
  * for its bucket (tokens, sequences and output rows rounded up to powers of two, the compressed-entry bounds
  * to entries_bucket) and every launch's grid follows the bucket only: padding tokens (token 0 at position
  * 0 of a spare sequence with no entries, its block table all block 0) are computed and dropped, never
@@ -1372,7 +1373,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   /* device token feedback (one GPU: under expert parallel it has not run on the device yet) */
   if (di_switch_bool(DI_SW_CUDA_V4_FEEDBACK, 1) && !di_dist_expert_parallel()) b->base.ops = &V4CU_OPS_FB;
   /* CUDA graphs (one GPU: expert parallel's exchanges sync with the host inside the step) */
-  b->use_graphs = di_switch_bool(DI_SW_CUDA_V4_GRAPHS, 1) && !di_dist_expert_parallel();
+  b->use_graphs = di_switch_bool(DI_SW_CUDA_V4_GRAPHS, 0) && !di_dist_expert_parallel();
   if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[0], cudaEventDisableTiming) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[1], cudaEventDisableTiming) != cudaSuccess ||
