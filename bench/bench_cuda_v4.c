@@ -10,7 +10,10 @@
  * (the timing of attention over CTX positions does not depend on the values), then decode.
  *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES]   one line per context and batch size
  *   (BATCHES: a comma list of 1..256, default 1,16,64; a batch whose B x CTX passes 64 x 128K is skipped). PREFILL (argument 5, default 0: none): then one
- *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed. */
+ *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed.
+ * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
+ * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
+ * printed at the end. */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -88,7 +91,7 @@ int main(int argc, char **argv) {
     }
     di_kv_group_info g[DI_KV_MAX_GROUPS];
     ng = be->ops->kv_groups(be, g, DI_KV_MAX_GROUPS);
-    const int nb = (ctx + steps + 64) / 64 + 1; /* table entries per sequence */
+    const int nb = (ctx + steps + 1 + 64) / 64 + 1; /* table entries per sequence */
     /* the cache blocks for the largest batch whose B * ctx fits the device budget (KV_MAX_TOKENS) */
     maxB = 1;
     for (int i = 0; i < n_batches; i++)
@@ -120,7 +123,7 @@ int main(int argc, char **argv) {
       di_batch_seq bs[MAXSEQ];
       double best = 1e30, sum = 0;
       int ok = 1;
-      for (int st = 0; st <= steps && ok; st++) {
+      for (int st = 0; st <= steps + 1 && ok; st++) {
         for (int s = 0; s < B; s++) {
           tok[s] = (s * 7919 + st * 131) % c.vocab_size;
           pos[s] = ctx + st;
@@ -155,7 +158,7 @@ int main(int argc, char **argv) {
           printf("batch %d step %d: %s\n", B, st, di_last_error());
           ok = 0;
         }
-        if (st > 0) { /* the first step resumes the sequences (state restore, scratch growth) */
+        if (st > 1) { /* not the first two (resume, scratch growth; the graph's capture) */
           sum += ms;
           best = ms < best ? ms : best;
         }
@@ -229,6 +232,9 @@ int main(int argc, char **argv) {
     }
     free(tok); free(pos); free(so);
   }
+  int64_t caps = 0, reps = 0;
+  const int graphs = di_backend_cuda_v4_graph_stats(be, &caps, &reps);
+  printf("CUDA graphs %s: %lld captured, %lld replays\n", graphs == 1 ? "on" : "off", (long long)caps, (long long)reps);
   be->ops->destroy(be);
   di_v4_random_model_free(&rm);
   return 0;

@@ -78,6 +78,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_V4_FEEDBACK] = {"DEEPINFER_CUDA_V4_FEEDBACK", "1",
                                 "1: the DeepSeek-V4 CUDA backend offers device token feedback (sample_async / sample_fetch: the "
                                 "engine queues the next step before the host has the tokens); 0: it does not"},
+    [DI_SW_CUDA_V4_GRAPHS] = {"DEEPINFER_CUDA_V4_GRAPHS", "0",
+                              "1: the DeepSeek-V4 CUDA backend runs steps of up to 256 tokens as CUDA graphs, one per bucket "
+                              "(tokens, sequences, outputs, compressed entries; captured the second time a bucket is seen; not "
+                              "under expert parallel); 0: every step eager"},
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},

@@ -28,7 +28,9 @@
  * resolved on the device: the same tokens as wait + sample and the goldens; the engine's feedback steps
  * give the same tokens batched and alone), di_model_score on CUDA vs the CPU, and the registry gate (accelerator cuda is
  * refused with DEEPINFER_CUDA_V4=0; by default it runs the engine: greedy generation equal to the golden
- * continuations in the f32 mode). Built only with nvcc; run on the device. */
+ * continuations in the f32 mode). CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS): check_graphs (graphs on == off bit
+ * for bit over prefills and a decode of several sequences, in every weight mode), then every check above
+ * under graphs off and on (TEST_V4_GRAPHS=0 / 1 runs one of them). Built only with nvcc; run on the device. */
 #include "api/model_internal.h"
 #include "engine/engine_internal.h"
 #include "backend/cpu/cpu_v4_backend.h"
@@ -37,6 +39,7 @@
 #include "model/safetensors.h"
 #include "../model/v4_golden.h"
 #include "test_util.h"
+#include "v4_one_seq.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -332,8 +335,122 @@ static void check_mode(int f32, int tc, int native) {
     rc.be->ops->release(rc.be, key);
     free(o);
   }
+  int64_t cap = 0, rep = 0;
+  if (di_backend_cuda_v4_graph_stats(cu, &cap, &rep) == 1) {
+    printf("CUDA graphs: %lld captured, %lld replays\n", (long long)cap, (long long)rep);
+    CHECKF(cap > 0 && rep > 0, "graphs on, but %lld captured and %lld replayed", (long long)cap, (long long)rep);
+  }
   cu->ops->destroy(cu);
   cpu->ops->destroy(cpu);
+}
+
+/* CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS=1) against eager steps, bit for bit: four sequences of 330, 150,
+ * 205 and 61 random tokens (three past the window of 128; 82 CSA entries against the indexer's top-k of 8),
+ * each prefilled alone (330: eager in both; 150 and 205: the 256-token bucket with padding, its first sight
+ * eager, the second captured; 61: the 64 bucket), then 70 decode steps together, the last sequence only
+ * in every other step (4 and 3 tokens: one bucket, padded), its tokens the eager run's argmax: on the way
+ * CSA windows close every 4 positions, HCA windows at 255 and 383, blocks end at 64, 192, 256, 384 (the
+ * snapshot writes). Every step's logits equal; the graph backend captured and replayed graphs; with the
+ * switch unset a backend runs no graphs (the default). */
+static void check_graphs(int f32, int tc, int native) {
+  setenv("DEEPINFER_CUDA_V4_F32", f32 ? "1" : "0", 1);
+  setenv("DEEPINFER_CUDA_V4_TC", tc ? "1" : "0", 1);
+  setenv("DEEPINFER_CUDA_V4_NATIVE", native ? "1" : "0", 1);
+  di_backend *be[2] = {NULL, NULL};
+  for (int g = 0; g < 2; g++) {
+    setenv("DEEPINFER_CUDA_V4_GRAPHS", g ? "1" : "0", 1);
+    di_status st = di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &be[g]);
+    CHECKF(st == DI_OK, "cuda v4 create (graphs %d): %s", g, di_last_error());
+  }
+  unsetenv("DEEPINFER_CUDA_V4_GRAPHS");
+  runner r[2];
+  if (!be[0] || !be[1] || !runner_init(&r[0], be[0]) || !runner_init(&r[1], be[1])) {
+    for (int g = 0; g < 2; g++)
+      if (be[g]) be[g]->ops->destroy(be[g]);
+    return;
+  }
+  CHECK(di_backend_cuda_v4_graph_stats(be[0], NULL, NULL) == 0 && di_backend_cuda_v4_graph_stats(be[1], NULL, NULL) == 1);
+  { /* the default (the switch unset): graphs off */
+    di_backend *d = NULL;
+    CHECK(di_backend_cuda_v4_create(&M->cfg, &M->v4cfg, &M->v4w, &d) == DI_OK);
+    if (d) {
+      CHECKF(di_backend_cuda_v4_graph_stats(d, NULL, NULL) == 0, "DEEPINFER_CUDA_V4_GRAPHS unset: graphs on (the default is off)");
+      d->ops->destroy(d);
+    }
+  }
+  enum { NS = 4, STEPS = 70 };
+  int np[NS] = {330, 150, 205, 61};
+  uint64_t key[NS];
+  int32_t *ids[NS], last[NS];
+  uint32_t x = 777;
+  float *out[2], *o2[2][NS];
+  for (int g = 0; g < 2; g++) out[g] = malloc(sizeof(float) * (size_t)330 * V);
+  int ok = 1, diff = 0, steps = 0;
+  double worst = 0;
+  for (int q = 0; q < NS && ok; q++) { /* prefill, each alone */
+    key[q] = 80 + q;
+    ids[q] = malloc(sizeof(int32_t) * np[q]);
+    for (int i = 0; i < np[q]; i++) {
+      x = x * 1664525u + 1013904223u;
+      ids[q][i] = (int32_t)((x >> 8) % (uint32_t)V);
+    }
+    const int one[] = {100000, 0};
+    for (int g = 0; g < 2 && ok; g++) ok = run_seq(&r[g], q, key[q], ids[q], np[q], one, out[g]);
+    if (!ok) break;
+    steps++;
+    if (memcmp(out[0], out[1], sizeof(float) * (size_t)np[q] * V)) {
+      diff++;
+      const double e = test_rel_l2(out[1], out[0], (size_t)np[q] * V);
+      worst = e > worst ? e : worst;
+    }
+    last[q] = test_argmax(out[0] + (size_t)(np[q] - 1) * V, V);
+  }
+  for (int k = 0; k < STEPS && ok; k++) { /* decode together */
+    int ns = 0, slot[NS], n[NS], p0[NS];
+    uint64_t kk[NS];
+    const int32_t *id[NS];
+    int32_t tok[NS];
+    for (int q = 0; q < NS; q++) {
+      if (q == NS - 1 && k % 2) continue; /* the last sequence every other step */
+      slot[ns] = q;
+      kk[ns] = key[q];
+      tok[ns] = last[q];
+      n[ns] = 1;
+      p0[ns] = np[q]++;
+      ns++;
+    }
+    for (int j = 0; j < ns; j++) id[j] = &tok[j];
+    for (int g = 0; g < 2 && ok; g++) {
+      for (int j = 0; j < ns; j++) o2[g][j] = out[g] + (size_t)j * V;
+      const di_status st = step(&r[g], ns, slot, kk, id, n, p0, o2[g]);
+      ok = st == DI_OK;
+      CHECKF(ok, "decode step %d (graphs %d): %s", k, g, di_last_error());
+    }
+    if (!ok) break;
+    steps++;
+    if (memcmp(out[0], out[1], sizeof(float) * (size_t)ns * V)) {
+      diff++;
+      const double e = test_rel_l2(out[1], out[0], (size_t)ns * V);
+      worst = e > worst ? e : worst;
+    }
+    for (int j = 0; j < ns; j++) last[slot[j]] = test_argmax(out[0] + (size_t)j * V, V);
+  }
+  int64_t cap = 0, rep = 0;
+  di_backend_cuda_v4_graph_stats(be[1], &cap, &rep);
+  printf("CUDA graphs on vs off (%s%s%s): %d steps (4 prefills, %d decode steps of 3-4 sequences), %d differ (worst rel L2 "
+         "%.2e); %lld graphs captured, %lld replays\n", f32 ? "f32" : "bf16", tc ? ", tensor cores" : "", native ? ", native" : "",
+         steps, STEPS, diff, worst, (long long)cap, (long long)rep);
+  CHECKF(ok && steps == NS + STEPS, "graphs check ran %d of %d steps", steps, NS + STEPS);
+  CHECKF(diff == 0, "graphs on differ from off in %d steps (worst rel L2 %.3e)", diff, worst);
+  CHECKF(cap >= 2 && rep >= STEPS - 2, "graphs: %lld captured, %lld replayed (want >= 2 and >= %d)", (long long)cap,
+         (long long)rep, STEPS - 2);
+  for (int g = 0; g < 2; g++) {
+    for (int q = 0; q < NS; q++) be[g]->ops->release(be[g], key[q]);
+    CHECKF(di_backend_cuda_v4_live_states(be[g]) == 0, "graphs check: %d states left", di_backend_cuda_v4_live_states(be[g]));
+    be[g]->ops->destroy(be[g]);
+    free(out[g]);
+  }
+  for (int q = 0; q < NS; q++) free(ids[q]);
 }
 
 /* Greedy decode of G tokens after prompt ids[0..np) on one sequence, one output row per step, through
@@ -345,35 +462,17 @@ static int greedy_decode(runner *r, uint64_t key, const int32_t *ids, int np, in
   memset(&sr, 0, sizeof sr);
   sr.top_p = 1;
   sr.vocab_limit = V;
-  int32_t *tok = malloc(sizeof(int32_t) * (size_t)np * 3), *pos = tok + np, *so = pos + np;
   const int32_t *gt[DI_KV_MAX_GROUPS];
   int gb[DI_KV_MAX_GROUPS];
   for (int g = 0; g < r->ng; g++) gt[g] = r->tab[0][g], gb[g] = MAXB;
-  di_batch_seq bs = {r->tab[0][0], MAXB, key};
   int ok = 1, pending = 0;
   for (int k = 0; k <= G && ok; k++) {
     const int n = k == 0 ? np : 1, p0 = k == 0 ? 0 : np + k - 1;
-    for (int t = 0; t < n; t++) {
-      tok[t] = k == 0 ? ids[t] : fb ? -1 : out[k - 1];
-      pos[t] = p0 + t;
-      so[t] = 0;
-    }
-    int32_t row = n - 1;
-    di_batch b;
-    memset(&b, 0, sizeof b);
-    b.n_tokens = n;
-    b.tokens = tok;
-    b.positions = pos;
-    b.seq_of = so;
-    b.n_seqs = 1;
-    b.seqs = &bs;
-    b.n_outputs = 1;
-    b.output_rows = &row;
-    b.sample_rows = fb ? &sr : NULL;
-    b.n_groups = r->ng;
-    b.group_tables = gt;
-    b.group_blocks = gb;
-    di_status st = be->ops->submit(be, &b);
+    v4_one_seq o;
+    if (!v4_one_seq_init(&o, k == 0 ? ids : NULL, n, p0, key, r->tab[0][0], MAXB, r->ng, gt, gb, 0)) return 0;
+    if (k > 0) o.tok[0] = fb ? -1 : out[k - 1];
+    o.b.sample_rows = fb ? &sr : NULL;
+    di_status st = be->ops->submit(be, &o.b);
     if (st == DI_OK && pending) st = be->ops->sample_fetch(be, &out[k - 1]), pending = 0; /* overlaps step k */
     if (st == DI_OK && k < G) {
       if (fb) st = be->ops->sample_async(be, &sr, 1), pending = st == DI_OK;
@@ -382,9 +481,9 @@ static int greedy_decode(runner *r, uint64_t key, const int32_t *ids, int np, in
       st = be->ops->wait(be, NULL, NULL);
     ok = st == DI_OK;
     CHECKF(ok, "greedy decode (feedback %d) step %d: %s", fb, k, di_last_error());
+    v4_one_seq_free(&o); /* (the backend keeps no pointer into the batch after submit) */
   }
   be->ops->release(be, key);
-  free(tok);
   return ok;
 }
 
@@ -592,7 +691,7 @@ static int64_t weight_bytes(int native, int64_t *used) {
  * formats on the device (FP8 through issue 18's W8A16 GEMVs over bf16 activations: the bf16 bars; the
  * MXFP4 experts over float32 activations), with and without the tensor-core linears; its device weight
  * bytes below the bf16 upload's. */
-static void check_native(void) {
+static void check_native(int graphs) {
   di_model_options mo;
   di_model_options_default(&mo);
   mo.quiet = 1;
@@ -614,6 +713,8 @@ static void check_native(void) {
     CHECKF(b_native > 0 && b_native < b_bf16, "native weights take %lld bytes, bf16 %lld", (long long)b_native, (long long)b_bf16);
     check_mode(0, 0, 1);
     check_mode(0, 1, 1);
+    if (graphs) check_graphs(0, 0, 1);
+    setenv("DEEPINFER_CUDA_V4_GRAPHS", graphs ? "1" : "0", 1); /* (check_graphs unsets it) */
   }
   unsetenv("DEEPINFER_CUDA_V4_NATIVE");
   unsetenv("DEEPINFER_CUDA_V4_TC");
@@ -642,16 +743,33 @@ int main(void) {
   CHECKF(st == DI_OK, "golden: %s", di_last_error());
   int have = st == DI_OK;
   for (int p = 0; p < 3 && have; p++) have = v4_golden_prompt(&gold, p, &gid[p], &glg[p], &ggr[p], &gmg[p]);
+  /* graphs on == off bit for bit, then every check in both (TEST_V4_GRAPHS=0 / 1: only that one) */
+  const char *only = getenv("TEST_V4_GRAPHS");
   if (have) {
-    check_mode(1, 0, 0);
-    check_mode(0, 0, 0);
-    check_mode(0, 1, 0);
-    unsetenv("DEEPINFER_CUDA_V4_TC");
-    check_feedback();
+    check_graphs(1, 0, 0);
+    check_graphs(0, 0, 0);
+    check_graphs(0, 1, 0);
   }
-  check_registry();
+  for (int g = 0; g < 2; g++) {
+    if (only && atoi(only) != g) continue;
+    printf("======== DEEPINFER_CUDA_V4_GRAPHS=%d\n", g);
+    setenv("DEEPINFER_CUDA_V4_GRAPHS", g ? "1" : "0", 1);
+    if (have) {
+      check_mode(1, 0, 0);
+      check_mode(0, 0, 0);
+      check_mode(0, 1, 0);
+      unsetenv("DEEPINFER_CUDA_V4_TC");
+      check_feedback();
+    }
+    check_registry();
+  }
   if (st == DI_OK) di_st_file_close(&gold);
   di_model_free(M);
-  check_native();
+  for (int g = 0; g < 2; g++) {
+    if (only && atoi(only) != g) continue;
+    setenv("DEEPINFER_CUDA_V4_GRAPHS", g ? "1" : "0", 1);
+    check_native(g == 1);
+  }
+  unsetenv("DEEPINFER_CUDA_V4_GRAPHS");
   return test_finish("test_cuda_v4");
 }

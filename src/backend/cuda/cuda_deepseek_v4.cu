@@ -32,8 +32,19 @@
  * DEEPINFER_CUDA_V4_FEEDBACK=0) device token feedback (sample_async / sample_fetch: the next step's token ids
  * -1 - j are resolved on the device from the last sampled row j; the step's host metadata goes through two
  * pinned buffers, each reused only after its copy has run, so the host prepares step N+1 while N runs).
- * Not yet: CUDA graphs (every launch's grid follows the step's counts: windows closing, entries, picks),
- * grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS=1; off by default: on the H200 1-2.7% faster at batch 1, up to ~1-2%
+ * slower at batch 64-256 before the idle-CTA trims, which are not measured yet): a step of up to V4_GRAPH_MAX_T tokens is laid out
+ * for its bucket (tokens, sequences and output rows rounded up to powers of two, the compressed-entry bounds
+ * to entries_bucket) and every launch's grid follows the bucket only: padding tokens (token 0 at position
+ * 0 of a spare sequence with no entries, its block table all block 0) are computed and dropped, never
+ * written to a cache (di_v4k_window_write's device count); the closing windows and state writes are lists
+ * whose counts the kernels read on the device; the indexer's and the attention's entry loops are bounded by
+ * each sequence's own count. The step's metadata goes to one fixed device block (the block tables to a
+ * buffer of their own, reached through the sequences' table pointers), so a bucket's graph, captured the
+ * second time it is seen, replays with the new step's data; the feedback tokens are resolved before it.
+ * Every real row gets the bits of the eager step (no kernel's per-row arithmetic depends on the number
+ * of rows or on the bounds). Not under expert parallel (its exchanges sync with the host).
+ * Not yet: grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_ep.cuh"
@@ -81,6 +92,15 @@ typedef struct v4_dseq {
   float *state, *next; /* open windows at the state's position; the next state (swapped after a step) */
   int64_t n_pos;
 } v4_dseq;
+
+/* One CUDA graph: the bucket it was captured for, and whether the bucket was seen (captured on its second step). */
+#define V4_GRAPH_MAX_T 256
+#define V4_MAX_GRAPHS 32
+typedef struct v4_graph {
+  int T, S, n_out, max_csa, max_hca, sample, own;
+  int seen;
+  cudaGraphExec_t exec;
+} v4_graph;
 
 typedef struct v4_pools {
   float *pool[DI_V4_N_KINDS];
@@ -133,6 +153,11 @@ typedef struct v4cu {
   cudaEvent_t ev_tok;
   int32_t *h_chk;         /* the batch's tokens with feedback placeholders as 0, for the checks */
   int h_chk_cap;
+  /* CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS) */
+  int use_graphs, capturing;
+  v4_graph graphs[V4_MAX_GRAPHS];
+  int n_graphs;
+  int64_t graph_captures, graph_replays;
   /* the step */
   const di_batch *batch;
   int n_out;
@@ -145,7 +170,7 @@ typedef struct v4cu {
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
        S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
-       S_EPACT, S_EPTILES, S_N };
+       S_EPACT, S_EPTILES, S_TAB, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -160,9 +185,21 @@ static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   return DI_OK;
 }
 
+/* The graphs hold device addresses of scratch, pools, d_tok: when one of them moves, they go. (An
+ * executable graph still in flight is freed when it completes.) */
+static void drop_graphs(v4cu *b) {
+  for (int i = 0; i < b->n_graphs; i++)
+    if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
+  b->n_graphs = 0;
+}
+
 static di_status scratch(v4cu *b, int slot, size_t bytes, void **out) {
   if (bytes < 16) bytes = 16;
   if (b->scr_cap[slot] < bytes) {
+    /* a bucket's first (eager) step sized its buffers: growing one while capturing it is a bug */
+    if (b->capturing)
+      return di_error_set(DI_ERR_BACKEND, WHO ": scratch %d would grow to %zu bytes while a CUDA graph is captured", slot, bytes);
+    if (slot != S_TAB) drop_graphs(b); /* (the block tables are reached through the metadata, not by the graphs) */
     if (b->scr[slot]) cudaFree(b->scr[slot]);
     b->scr[slot] = NULL;
     b->scr_cap[slot] = 0;
@@ -454,6 +491,7 @@ static di_status alloc_pools(v4cu *b, v4_pools *p, const int64_t *n_blocks, int 
   if (b->batch) return di_error_set(DI_ERR_INVALID_ARG, WHO ": kv_alloc while a step is in flight");
   if (n_groups != b->lay.n_groups)
     return di_error_set(DI_ERR_INVALID_ARG, WHO ": %d cache groups allocated, the model has %d", n_groups, b->lay.n_groups);
+  drop_graphs(b);
   free_pools(p);
   for (int k = 0; k < DI_V4_N_KINDS; k++) {
     const int gi = b->lay.group_of[k];
@@ -588,15 +626,38 @@ static di_status get_state(v4cu *b, uint64_t key, int64_t p0, const di_v4_pages 
 
 /* ---- the step ------------------------------------------------------------------------------------- */
 
+/* The step as its kernels see it. Eager steps: the batch's own sizes. Graph steps (graph = 1): the bucket's
+ * (T, n_out padded to powers of two; max_csa / max_hca and the list bounds from the bucket), the real
+ * counts on the device in `counts`. */
 typedef struct step_meta {
-  int T, n_seqs, n_out, max_csa, max_hca;
+  int graph;
+  int T, n_seqs, n_out, max_csa, max_hca;    /* rows the kernels run over; entry bounds (score / sel strides) */
+  int S_p;                                   /* graph: sequences rounded up (the bucket's) */
   int32_t *tok, *pos, *seq_of, *rows;       /* device */
   di_v4k_seq *seqs;                          /* device */
   di_v4k_entry *ent_csa, *ent_hca;           /* device */
-  int n_ent_csa, n_ent_hca;
+  int n_ent_csa, n_ent_hca;                  /* the lists' lengths (eager) or bounds (graph): the grids */
   di_v4k_swrite *sw_csa, *sw_hca;            /* device */
   int n_sw_csa, n_sw_hca;
+  int32_t *counts;                           /* graph: device [tokens, csa entries, hca entries, csa writes, hca writes]; else NULL */
+  di_cuk_sample_row *srows;                  /* device: the in-step sampling rows (n_out of them), or NULL */
 } step_meta;
+
+static int pow2_at_least(int n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+/* A graph's bound on a count of compressed entries: rounded up to a multiple of 1/32 of its power of two
+ * (at least 64), so a context that grows by decode takes a new graph rarely (at 4K every 256 decode steps,
+ * at 128K every 8192) and the bound wastes at most ~1/32 (the score / selection / attention scratch and the
+ * indexer's grid follow it: its CTAs past a query's entries return at once, but each still costs a launch
+ * slot; with an eighth, graphs were ~1% slower than eager at batch 64-256 on the H200, session 12). */
+static int entries_bucket(int n) {
+  if (n <= 0) return 0;
+  const int p = pow2_at_least(n), g = p / 32 > 64 ? p / 32 : 64;
+  return (n + g - 1) / g * g;
+}
 
 static di_v4k_comp comp_desc(v4cu *b, int l, int index, const float *kv, const float *gate) {
   const di_v4_config *c = b->c;
@@ -629,9 +690,11 @@ static di_status run_comp(v4cu *b, const step_meta *m, int l, int index, const f
   DI_TRY(lin2(b, a, c->hidden_size, m->T, c->hidden_size, &dc->wkv, d.width, kv, d.width, &dc->wgate, d.width, gate, d.width));
   DI_TRY(di_v4k_add_ape(gate, dc->ape, m->pos, m->T, d.rate, d.width, s));
   const int csa = d.overlap;
-  DI_TRY(di_v4k_pool(&d, m->seqs, csa ? m->ent_csa : m->ent_hca, csa ? m->n_ent_csa : m->n_ent_hca, b->inv_comp,
-                     c->rope_compress.dim, b->af_comp, (float)c->rms_eps, s));
-  DI_TRY(di_v4k_state_write(&d, m->seqs, csa ? m->sw_csa : m->sw_hca, csa ? m->n_sw_csa : m->n_sw_hca, s));
+  const int32_t *cnt = m->counts;
+  DI_TRY(di_v4k_pool(&d, m->seqs, csa ? m->ent_csa : m->ent_hca, csa ? m->n_ent_csa : m->n_ent_hca,
+                     cnt ? cnt + (csa ? 1 : 2) : NULL, b->inv_comp, c->rope_compress.dim, b->af_comp, (float)c->rms_eps, s));
+  DI_TRY(di_v4k_state_write(&d, m->seqs, csa ? m->sw_csa : m->sw_hca, csa ? m->n_sw_csa : m->n_sw_hca,
+                            cnt ? cnt + (csa ? 3 : 4) : NULL, s));
   *out = d;
   return DI_OK;
 }
@@ -655,7 +718,8 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
   DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
   DI_TRY(di_v4k_rope(kv, hd, T, hd, 1, m->pos, inv, rd, af, 1, s));
-  DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, s));
+  DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, m->counts,
+                             s));
   di_v4k_comp comp;
   const di_v4k_comp *cp = NULL;
   unsigned char *sel = NULL;
@@ -773,16 +837,17 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
 }
 
-/* Host metadata of the step into one device block. */
-static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
+static di_status tok_room(v4cu *b, int n);
+
+/* Host metadata of the step into one device block (the block tables into their own, S_TAB), queued on
+ * the stream behind the previous step; graph = 1: laid out for the step's graph bucket (see the file
+ * comment), else for its exact sizes. Then the feedback placeholders are resolved on the device. */
+static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m, int graph) {
   const di_v4_config *c = b->c;
-  const int T = bt->n_tokens, S = bt->n_seqs, B = DI_KV_BLOCK_SIZE;
+  const int T = bt->n_tokens, S = bt->n_seqs, B = DI_KV_BLOCK_SIZE, n_out = bt->n_outputs;
   memset(m, 0, sizeof *m);
-  m->T = T;
-  m->n_seqs = S;
-  m->n_out = bt->n_outputs;
   /* counts first */
-  int n_ec = 0, n_eh = 0, n_wc = 0, n_wh = 0, tab_total = 0;
+  int n_ec = 0, n_eh = 0, n_wc = 0, n_wh = 0, tab_total = 0, max_csa = 0, max_hca = 0;
   for (int q = 0; q < S; q++) {
     int t0, n;
     DI_TRY(seq_span(bt, q, 0, &t0, &n));
@@ -794,23 +859,52 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
     n_wc += snaps;
     n_wh += snaps;
     for (int g = 0; g < bt->n_groups; g++) tab_total += bt->group_blocks[(size_t)q * bt->n_groups + g];
+    const int mc = (int)(end / c->csa_rate), mh = (int)(end / c->hca_rate);
+    max_csa = mc > max_csa ? mc : max_csa;
+    max_hca = mh > max_hca ? mh : max_hca;
   }
-  /* layout of the block (bytes, 16-aligned parts) */
+  /* the kernels' sizes: the batch's, or its bucket's. Bounds of a bucket: a sequence's n tokens close at
+   * most n windows of a compressor, and need one state write plus at most (n - 1) / 64 + 1 snapshots. */
+  const int Tp = graph ? pow2_at_least(T) : T, Sp = graph ? pow2_at_least(S) : S;
+  const int n_out_p = graph ? pow2_at_least(n_out > 0 ? n_out : 1) : n_out;
+  const int cap_e = graph ? Tp : 0, cap_w = graph ? 2 * Sp + Tp / B + 1 : 0;
+  if (graph && (n_ec > cap_e || n_eh > cap_e || n_wc > cap_w))
+    return di_error_set(DI_ERR_BACKEND, WHO ": a graph step's lists exceed their bounds (%d, %d entries of %d; %d writes of %d)",
+                        n_ec, n_eh, cap_e, n_wc, cap_w);
+  const int sample = bt->sample_rows && n_out > 0;
+  m->graph = graph;
+  m->T = Tp;
+  m->n_seqs = S;
+  m->S_p = Sp;
+  m->n_out = n_out_p;
+  m->max_csa = graph ? entries_bucket(max_csa) : max_csa;
+  m->max_hca = graph ? entries_bucket(max_hca) : max_hca;
+  m->n_ent_csa = graph ? cap_e : n_ec;
+  m->n_ent_hca = graph ? cap_e : n_eh;
+  m->n_sw_csa = graph ? cap_w : n_wc;
+  m->n_sw_hca = graph ? cap_w : n_wh;
+  if (sample) DI_TRY(tok_room(b, n_out_p)); /* (before any address below is taken: it may drop the graphs) */
+  /* layout of the block (bytes, 16-aligned parts); the tables after it in the host copy */
   size_t off = 0;
 #define PART(name, bytes) const size_t name = off; off += ((size_t)(bytes) + 15) & ~(size_t)15
-  PART(o_tok, 4 * (size_t)T);
-  PART(o_pos, 4 * (size_t)T);
-  PART(o_seq, 4 * (size_t)T);
-  PART(o_rows, 4 * (size_t)(bt->n_outputs + 1));
-  PART(o_seqs, sizeof(di_v4k_seq) * (size_t)(S + 1));
-  PART(o_ec, sizeof(di_v4k_entry) * (size_t)(n_ec + 1));
-  PART(o_eh, sizeof(di_v4k_entry) * (size_t)(n_eh + 1));
-  PART(o_wc, sizeof(di_v4k_swrite) * (size_t)(n_wc + 1));
-  PART(o_wh, sizeof(di_v4k_swrite) * (size_t)(n_wh + 1));
+  PART(o_tok, 4 * (size_t)Tp);
+  PART(o_pos, 4 * (size_t)Tp);
+  PART(o_seq, 4 * (size_t)Tp);
+  PART(o_rows, 4 * (size_t)(n_out_p + 1));
+  PART(o_seqs, sizeof(di_v4k_seq) * (size_t)(Sp + 1));
+  PART(o_ec, sizeof(di_v4k_entry) * (size_t)(m->n_ent_csa + 1));
+  PART(o_eh, sizeof(di_v4k_entry) * (size_t)(m->n_ent_hca + 1));
+  PART(o_wc, sizeof(di_v4k_swrite) * (size_t)(m->n_sw_csa + 1));
+  PART(o_wh, sizeof(di_v4k_swrite) * (size_t)(m->n_sw_hca + 1));
+  PART(o_cnt, 4 * 8);
+  PART(o_zero, 16); /* the padding sequence's block table: block 0 */
+  PART(o_srows, sample ? sizeof(di_cuk_sample_row) * (size_t)n_out_p : 0);
+  const size_t fixed = off;
   PART(o_tab, 4 * (size_t)(tab_total + 1));
 #undef PART
-  char *dev;
-  DI_TRY(scratch(b, S_META, off, (void **)&dev));
+  char *dev, *dtab;
+  DI_TRY(scratch(b, S_META, fixed, (void **)&dev));
+  DI_TRY(scratch(b, S_TAB, off - fixed, (void **)&dtab));
   const int k = b->meta_par;
   b->meta_par ^= 1;
   DI_CU(cudaEventSynchronize(b->ev_meta[k])); /* this buffer's last copy has run */
@@ -824,10 +918,12 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
     b->h_meta_cap[k] = cap;
   }
   char *h = (char *)b->h_meta[k];
+  memset(h, 0, fixed);
   memcpy(h + o_tok, bt->tokens, 4 * (size_t)T);
   memcpy(h + o_pos, bt->positions, 4 * (size_t)T);
   memcpy(h + o_seq, bt->seq_of, 4 * (size_t)T);
-  if (bt->n_outputs) memcpy(h + o_rows, bt->output_rows, 4 * (size_t)bt->n_outputs);
+  for (int t = T; t < Tp; t++) ((int32_t *)(h + o_seq))[t] = S; /* padding: token 0 at position 0 of the spare sequence */
+  if (n_out) memcpy(h + o_rows, bt->output_rows, 4 * (size_t)n_out); /* (padding output rows: row 0) */
   di_v4k_seq *hs = (di_v4k_seq *)(h + o_seqs);
   di_v4k_entry *ec = (di_v4k_entry *)(h + o_ec), *eh = (di_v4k_entry *)(h + o_eh);
   di_v4k_swrite *wc = (di_v4k_swrite *)(h + o_wc), *wh = (di_v4k_swrite *)(h + o_wh);
@@ -838,7 +934,6 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
     int t0, n;
     DI_TRY(seq_span(bt, q, 0, &t0, &n));
     di_v4k_seq *d = &hs[q];
-    memset(d, 0, sizeof *d);
     if (!n) continue;
     const int64_t p0 = bt->positions[t0], end = p0 + n;
     di_v4_pages pg;
@@ -849,17 +944,14 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
     d->n = n;
     d->pos0 = (int32_t)p0;
     d->state = st->state;
-    for (int k = 0; k < DI_V4_N_KINDS; k++) {
-      if (b->lay.group_of[k] < 0) continue;
-      memcpy(tabs + tab_at, pg.table[k], 4 * (size_t)pg.n[k]);
-      d->tab[k] = (const int32_t *)(dev + o_tab) + tab_at;
-      tab_at += pg.n[k];
+    for (int k2 = 0; k2 < DI_V4_N_KINDS; k2++) {
+      if (b->lay.group_of[k2] < 0) continue;
+      memcpy(tabs + tab_at, pg.table[k2], 4 * (size_t)pg.n[k2]);
+      d->tab[k2] = (const int32_t *)dtab + tab_at;
+      tab_at += pg.n[k2];
     }
     for (int64_t e = p0 / c->csa_rate; e < end / c->csa_rate; e++) ec[n_ec++] = (di_v4k_entry){q, (int32_t)e};
     for (int64_t e = p0 / c->hca_rate; e < end / c->hca_rate; e++) eh[n_eh++] = (di_v4k_entry){q, (int32_t)e};
-    const int mc = (int)(end / c->csa_rate), mh = (int)(end / c->hca_rate);
-    m->max_csa = mc > m->max_csa ? mc : m->max_csa;
-    m->max_hca = mh > m->max_hca ? mh : m->max_hca;
     /* the new state, then the snapshots of the blocks this step completes */
     wc[n_wc++] = (di_v4k_swrite){q, (int32_t)end, st->next};
     wh[n_wh++] = (di_v4k_swrite){q, (int32_t)end, st->next};
@@ -870,7 +962,24 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
         wh[n_wh++] = (di_v4k_swrite){q, (int32_t)((blk + 1) * B), snap};
       }
   }
-  DI_CU(cudaMemcpyAsync(dev, h, off, cudaMemcpyHostToDevice, b->stream));
+  if (graph) /* the spare sequence of the padding tokens: no tokens, no entries, every table block 0 */
+    for (int k2 = 0; k2 < DI_V4_N_KINDS; k2++) hs[S].tab[k2] = (const int32_t *)(dev + o_zero);
+  int32_t *cnt = (int32_t *)(h + o_cnt);
+  cnt[0] = T;
+  cnt[1] = n_ec;
+  cnt[2] = n_eh;
+  cnt[3] = n_wc;
+  cnt[4] = n_wh;
+  if (sample) { /* the in-step sampling rows (padding rows: row 0's, greedy; their tokens are not read) */
+    di_cuk_sample_row *sr = (di_cuk_sample_row *)(h + o_srows);
+    for (int i = 0; i < n_out_p; i++) {
+      sr[i] = cuk_row(&bt->sample_rows[i < n_out ? i : 0]);
+      if (i >= n_out) sr[i].temperature = 0.f;
+      if (i < n_out) b->h_srows[i] = sr[i]; /* (same_rows compares with them) */
+    }
+  }
+  DI_CU(cudaMemcpyAsync(dev, h, fixed, cudaMemcpyHostToDevice, b->stream));
+  DI_CU(cudaMemcpyAsync(dtab, h + o_tab, off - o_tab, cudaMemcpyHostToDevice, b->stream));
   DI_CU(cudaEventRecord(b->ev_meta[k], b->stream));
   m->tok = (int32_t *)(dev + o_tok);
   m->pos = (int32_t *)(dev + o_pos);
@@ -881,10 +990,14 @@ static di_status build_meta(v4cu *b, const di_batch *bt, step_meta *m) {
   m->ent_hca = (di_v4k_entry *)(dev + o_eh);
   m->sw_csa = (di_v4k_swrite *)(dev + o_wc);
   m->sw_hca = (di_v4k_swrite *)(dev + o_wh);
-  m->n_ent_csa = n_ec;
-  m->n_ent_hca = n_eh;
-  m->n_sw_csa = n_wc;
-  m->n_sw_hca = n_wh;
+  m->counts = graph ? (int32_t *)(dev + o_cnt) : NULL;
+  m->srows = sample ? (di_cuk_sample_row *)(dev + o_srows) : NULL;
+  if (!graph) { /* eager: the lists' exact lengths */
+    m->n_ent_csa = n_ec;
+    m->n_ent_hca = n_eh;
+    m->n_sw_csa = n_wc;
+    m->n_sw_hca = n_wh;
+  }
   if (b->fb_n > 0) DI_TRY(di_v4k_resolve_tokens(m->tok, T, b->d_tok, b->stream)); /* feedback placeholders */
   return DI_OK;
 }
@@ -896,6 +1009,7 @@ static di_status tok_room(v4cu *b, int n) {
   int32_t *d = NULL, *h = NULL;
   di_cuk_sample_row *hr = NULL, *dr = NULL;
   DI_CU(cudaStreamSynchronize(b->stream));
+  drop_graphs(b); /* (in-step sampling writes d_tok) */
   if (cudaMalloc((void **)&d, sizeof(int32_t) * cap) != cudaSuccess || cudaHostAlloc((void **)&h, sizeof(int32_t) * cap, 0) != cudaSuccess ||
       cudaMalloc((void **)&dr, sizeof *dr * cap) != cudaSuccess || !(hr = (di_cuk_sample_row *)malloc(sizeof *hr * cap))) {
     cudaFree(d);
@@ -940,43 +1054,108 @@ static int same_rows(const v4cu *b, const di_sample_row *rows, int n) {
   return 1;
 }
 
-static di_status run_step(v4cu *b, const di_batch *bt) {
+/* The step's kernels, all on the stream (what a graph captures): embedding, the layers, the head on the
+ * output rows, and (sample) the in-step sampling of those rows into d_tok. No host work depends on the
+ * step's data here, only on m's sizes. */
+static di_status forward(v4cu *b, const step_meta *m, int sample) {
   const di_v4_config *c = b->c;
-  step_meta m;
-  DI_TRY(build_meta(b, bt, &m));
-  const int T = m.T, D = c->hidden_size, hc = c->hc_mult;
+  const int T = m->T, D = c->hidden_size, hc = c->hc_mult;
   cudaStream_t s = b->stream;
   SCR(X, S_X, float, (size_t)T * hc * D);
   SCR(in, S_IN, float, (size_t)T * D);
   SCR(out, S_OUT, float, (size_t)T * D);
   SCR(post, S_POST, double, (size_t)T * hc);
   SCR(comb, S_COMB, double, (size_t)T * hc * hc);
-  SCR(hcp, S_HCP, double, di_v4k_hc_scratch(T > m.n_out ? T : m.n_out, D, hc));
+  SCR(hcp, S_HCP, double, di_v4k_hc_scratch(T > m->n_out ? T : m->n_out, D, hc));
   const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
-  DI_TRY(di_v4k_embed(b->embed.p, b->wf32, m.tok, T, D, hc, X, s));
+  DI_TRY(di_v4k_embed(b->embed.p, b->wf32, m->tok, T, D, hc, X, s));
   for (int l = 0; l < c->n_layers; l++) {
     const v4_dlayer *L = &b->L[l];
     DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
                          eps, hc_eps, in, post, comb, hcp, s));
-    DI_TRY(attention(b, &m, l, in, out));
+    DI_TRY(attention(b, m, l, in, out));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
     DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
                          hc_eps, in, post, comb, hcp, s));
-    DI_TRY(moe(b, &m, l, in, out));
+    DI_TRY(moe(b, m, l, in, out));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
   }
-  b->n_out = m.n_out;
-  if (m.n_out > 0) {
-    SCR(hy, S_HY, float, (size_t)m.n_out * D);
-    SCR(lgt, S_LOGITS, float, (size_t)m.n_out * c->vocab_size);
-    DI_TRY(di_v4k_head_pre(X, m.rows, m.n_out, b->hc_head_fn, b->hc_head_base, b->hc_head_scale, b->final_norm, D, hc, eps,
+  if (m->n_out > 0) {
+    SCR(hy, S_HY, float, (size_t)m->n_out * D);
+    SCR(lgt, S_LOGITS, float, (size_t)m->n_out * c->vocab_size);
+    DI_TRY(di_v4k_head_pre(X, m->rows, m->n_out, b->hc_head_fn, b->hc_head_base, b->hc_head_scale, b->final_norm, D, hc, eps,
                            hc_eps, hy, hcp, s));
-    DI_TRY(lin(b, hy, D, &b->head, m.n_out, c->vocab_size, D, lgt, c->vocab_size));
-    b->d_logits = lgt;
-    if (bt->sample_rows) { /* sampling inside the step */
-      DI_TRY(sample_now(b, bt->sample_rows, m.n_out));
-      b->step_sampled = 1;
+    DI_TRY(lin(b, hy, D, &b->head, m->n_out, c->vocab_size, D, lgt, c->vocab_size));
+    if (sample) DI_TRY(di_cuk_sample(lgt, m->n_out, c->vocab_size, m->srows, b->d_tok, s)); /* sampling inside the step */
+  }
+  return DI_OK;
+}
+
+static v4_graph *find_graph(v4cu *b, const step_meta *m, int sample) {
+  const int own = b->cur == &b->own;
+  for (int i = 0; i < b->n_graphs; i++) {
+    v4_graph *g = &b->graphs[i];
+    if (g->T == m->T && g->S == m->S_p && g->n_out == m->n_out && g->max_csa == m->max_csa && g->max_hca == m->max_hca &&
+        g->sample == sample && g->own == own)
+      return g;
+  }
+  if (b->n_graphs == V4_MAX_GRAPHS) drop_graphs(b);
+  v4_graph *g = &b->graphs[b->n_graphs++];
+  memset(g, 0, sizeof *g);
+  g->T = m->T;
+  g->S = m->S_p;
+  g->n_out = m->n_out;
+  g->max_csa = m->max_csa;
+  g->max_hca = m->max_hca;
+  g->sample = sample;
+  g->own = own;
+  return g;
+}
+
+/* A graph step: eager the first time its bucket is seen (that sizes the scratch and sets the kernels'
+ * attributes), captured the second time, replayed from then on. */
+static di_status graph_step(v4cu *b, const step_meta *m, int sample) {
+  v4_graph *g = find_graph(b, m, sample);
+  if (!g->exec && g->seen < 1) {
+    DI_TRY(forward(b, m, sample));
+    find_graph(b, m, sample)->seen = 1; /* (again: growing a buffer in the forward dropped the graphs, their marks too) */
+    return DI_OK;
+  }
+  if (!g->exec) {
+    cudaGraph_t gh = NULL;
+    DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+    b->capturing = 1;
+    const di_status st = forward(b, m, sample);
+    b->capturing = 0;
+    cudaError_t e = cudaStreamEndCapture(b->stream, &gh);
+    if (st != DI_OK || e != cudaSuccess) {
+      if (gh) cudaGraphDestroy(gh);
+      (void)cudaGetLastError();
+      return st != DI_OK ? st : di_error_set(DI_ERR_BACKEND, WHO ": CUDA graph capture failed: %s", cudaGetErrorString(e));
     }
+    e = cudaGraphInstantiate(&g->exec, gh, 0);
+    cudaGraphDestroy(gh);
+    if (e != cudaSuccess) {
+      g->exec = NULL;
+      return di_error_set(DI_ERR_BACKEND, WHO ": CUDA graph instantiation failed: %s", cudaGetErrorString(e));
+    }
+    b->graph_captures++;
+  }
+  DI_CU(cudaGraphLaunch(g->exec, b->stream));
+  b->graph_replays++;
+  return DI_OK;
+}
+
+static di_status run_step(v4cu *b, const di_batch *bt) {
+  const int graph = b->use_graphs && bt->n_tokens > 0 && bt->n_tokens <= V4_GRAPH_MAX_T;
+  const int sample = bt->sample_rows && bt->n_outputs > 0;
+  step_meta m;
+  DI_TRY(build_meta(b, bt, &m, graph));
+  DI_TRY(graph ? graph_step(b, &m, sample) : forward(b, &m, sample));
+  b->n_out = bt->n_outputs;
+  if (b->n_out > 0) {
+    b->d_logits = (float *)b->scr[S_LOGITS];
+    b->step_sampled = sample; /* the tokens wait in d_tok */
   }
   /* the new states become the states */
   for (int q = 0; q < bt->n_seqs; q++) {
@@ -1106,6 +1285,7 @@ static void v4cu_destroy(di_backend *base) {
   v4cu *b = (v4cu *)base;
   if (!b) return;
   if (b->stream) cudaStreamSynchronize(b->stream);
+  drop_graphs(b);
   for (int i = 0; i < b->n_seqs; i++) {
     cudaFree(b->seqs[i].state);
     cudaFree(b->seqs[i].next);
@@ -1192,6 +1372,8 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   di_status st = DI_OK;
   /* device token feedback (one GPU: under expert parallel it has not run on the device yet) */
   if (di_switch_bool(DI_SW_CUDA_V4_FEEDBACK, 1) && !di_dist_expert_parallel()) b->base.ops = &V4CU_OPS_FB;
+  /* CUDA graphs (one GPU: expert parallel's exchanges sync with the host inside the step) */
+  b->use_graphs = di_switch_bool(DI_SW_CUDA_V4_GRAPHS, 0) && !di_dist_expert_parallel();
   if (cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[0], cudaEventDisableTiming) != cudaSuccess ||
       cudaEventCreateWithFlags(&b->ev_meta[1], cudaEventDisableTiming) != cudaSuccess ||
@@ -1232,4 +1414,12 @@ extern "C" int64_t di_backend_cuda_v4_weight_bytes(const di_backend *base) {
 
 extern "C" int di_backend_cuda_v4_live_states(const di_backend *base) {
   return is_v4cu(base) ? ((const v4cu *)base)->n_seqs : -1;
+}
+
+extern "C" int di_backend_cuda_v4_graph_stats(const di_backend *base, int64_t *captures, int64_t *replays) {
+  if (!is_v4cu(base)) return -1;
+  const v4cu *b = (const v4cu *)base;
+  if (captures) *captures = b->graph_captures;
+  if (replays) *replays = b->graph_replays;
+  return b->use_graphs;
 }

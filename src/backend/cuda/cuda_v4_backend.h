@@ -17,6 +17,9 @@ di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_conf
 int64_t di_backend_cuda_v4_weight_bytes(const di_backend *b);
 /* Sequences with device state (tests: none left after an engine), or -1 for another backend. */
 int di_backend_cuda_v4_live_states(const di_backend *b);
+/* CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS): graphs captured and replayed so far into *captures / *replays (either
+ * may be NULL); returns 1 when the backend runs graphs, 0 when not, -1 for another backend. */
+int di_backend_cuda_v4_graph_stats(const di_backend *b, int64_t *captures, int64_t *replays);
 #ifdef __cplusplus
 }
 #endif

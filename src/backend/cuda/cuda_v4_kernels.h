@@ -73,21 +73,27 @@ typedef struct di_v4k_comp {
 } di_v4k_comp;
 typedef struct di_v4k_entry { int32_t seq, e; } di_v4k_entry;
 typedef struct di_v4k_swrite { int32_t seq, P; float *dst; } di_v4k_swrite;
+/* Device counts: the three kernels below launch grids of the given bound (T, max_ents, max_w: a CUDA
+ * graph's bucket) and, where the count pointer (device int32) is not NULL, work on the first *count of
+ * them only (the rest of the grid returns at once); NULL: all of them (the eager steps' exact counts). */
 /* K=V rows of the step into the window pool: row t at block tab[3][pos/64] of its sequence
- * ([block][n_layers][64][hd]), layer l. */
+ * ([block][n_layers][64][hd]), layer l; rows t >= *n_tok (graph padding) are not written. */
 di_status di_v4k_window_write(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
-                              float *pool, int n_layers, int l, int hd, int T, di_cu_stream s);
+                              float *pool, int n_layers, int l, int hd, int T, const int32_t *n_tok, di_cu_stream s);
 /* Pools each listed window (di_v4_pool_window) from the step's rows and the sequences' open windows,
  * norms it, ropes it at e*rate and stores it in its block slot. */
-di_status di_v4k_pool(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_entry *ents, int n_ents,
-                      const float *inv_freq, int rope_dim, float attn_factor, float eps, di_cu_stream s);
+di_status di_v4k_pool(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_entry *ents, int max_ents,
+                      const int32_t *n_ents, const float *inv_freq, int rope_dim, float attn_factor, float eps,
+                      di_cu_stream s);
 /* Writes the compressor's open windows at position P of sequence seq (P in [pos0, pos0 + n]) to
  * dst + snap_off, for each listed write: the new state after the step and the snapshots at block ends. */
-di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int n_w,
-                             di_cu_stream s);
+di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int max_w,
+                             const int32_t *n_w, di_cu_stream s);
 /* Indexer scores (di_v4_index_scores) of token t over the entries complete at it (valid = (pos+1)/rate)
  * of its sequence's indexer keys (kind 1 pool), then the top min(topk, valid) with equal scores going to
- * the earlier entry (di_v4_topk_earlier_first): sel[t][s] = 1 for picks, 0 else, for s < max_n. q: the
+ * the earlier entry (di_v4_topk_earlier_first): sel[t][s] = 1 for picks, 0 else, for s below the token's
+ * sequence's entry count at the end of the step (sel past it is not written: di_v4k_attend reads no further);
+ * max_n: the step's bound on those counts (the row stride of score and sel). q: the
  * roped index queries [T][nh][di]; hw: [T][nh]; score scratch [T][max_n]. */
 di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,

@@ -42,9 +42,10 @@ static __device__ __forceinline__ float row_at(const di_v4k_comp &c, const di_v4
 }
 
 __global__ void window_write_k(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
-                               float *pool, int nl, int l, int hd, int T) {
+                               float *pool, int nl, int l, int hd, int T, const int32_t *n_tok) {
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= T * hd) return;
+  const int n = n_tok ? *n_tok : T; /* graph steps: the padding rows after the step's own are not written */
+  if (idx >= n * hd) return;
   const int t = idx / hd, e = idx % hd;
   const int64_t p = pos[t];
   float *dst = (float *)window_row(pool, seqs[seq_of[t]].tab[3], nl, l, hd, p);
@@ -52,9 +53,9 @@ __global__ void window_write_k(const float *kv, const int32_t *pos, const int32_
 }
 
 di_status di_v4k_window_write(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
-                              float *pool, int n_layers, int l, int hd, int T, di_cu_stream s) {
+                              float *pool, int n_layers, int l, int hd, int T, const int32_t *n_tok, di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  window_write_k<<<(T * hd + 255) / 256, 256, 0, s>>>(kv, pos, seq_of, seqs, pool, n_layers, l, hd, T);
+  window_write_k<<<(T * hd + 255) / 256, 256, 0, s>>>(kv, pos, seq_of, seqs, pool, n_layers, l, hd, T, n_tok);
   V4_LAUNCH("window_write");
   return DI_OK;
 }
@@ -62,8 +63,9 @@ di_status di_v4k_window_write(const float *kv, const int32_t *pos, const int32_t
 /* ---- compressor ---------------------------------------------------------------------------------- */
 
 #define POOL_MAX_DIM 1024
-__global__ void pool_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4k_entry *ents, const float *inv_freq, int rd,
-                       float af, float eps) {
+__global__ void pool_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4k_entry *ents, const int32_t *n_ents,
+                       const float *inv_freq, int rd, float af, float eps) {
+  if (n_ents && (int)blockIdx.x >= *n_ents) return; /* the grid is the bound, the list its own count */
   const di_v4k_entry en = ents[blockIdx.x];
   const di_v4k_seq q = seqs[en.seq];
   const int e = en.e, dim = c.dim, rate = c.rate;
@@ -109,23 +111,26 @@ __global__ void pool_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4k_entry
   for (int ch = threadIdx.x; ch < dim; ch += blockDim.x) dst[ch] = out[ch];
 }
 
-di_status di_v4k_pool(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_entry *ents, int n_ents,
-                      const float *inv_freq, int rope_dim, float attn_factor, float eps, di_cu_stream s) {
+di_status di_v4k_pool(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_entry *ents, int max_ents,
+                      const int32_t *n_ents, const float *inv_freq, int rope_dim, float attn_factor, float eps,
+                      di_cu_stream s) {
   if (c->dim > POOL_MAX_DIM) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: compressor dim %d > %d", c->dim, POOL_MAX_DIM);
-  if (n_ents <= 0) return DI_OK;
-  pool_k<<<n_ents, 256, 0, s>>>(*c, seqs, ents, inv_freq, rope_dim, attn_factor, eps);
+  if (max_ents <= 0) return DI_OK;
+  pool_k<<<max_ents, 256, 0, s>>>(*c, seqs, ents, n_ents, inv_freq, rope_dim, attn_factor, eps);
   V4_LAUNCH("pool");
   return DI_OK;
 }
 
-__global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4k_swrite *ws) {
+__global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4k_swrite *ws, const int32_t *n_w) {
+  if (n_w && (int)blockIdx.x >= *n_w) return;
   const di_v4k_swrite w = ws[blockIdx.x];
   const di_v4k_seq q = seqs[w.seq];
-  const int s = blockIdx.y, rate = c.rate, wd = c.width;
+  const int rate = c.rate, wd = c.width;
   const size_t rows = (size_t)rate * wd;
   float *dst = w.dst + c.snap_off;
   float *pend = c.overlap ? dst + 2 * rows : dst;
   const int64_t wp = w.P / rate;
+  for (int s = blockIdx.y; s < rate; s += gridDim.y) { /* the window's rows s, s + gridDim.y, ... */
   const int64_t pp = wp * rate + s;
   const int pend_ok = pp < w.P, prev_ok = c.overlap && wp >= 1;
   for (int col = threadIdx.x; col < wd; col += blockDim.x) {
@@ -139,12 +144,14 @@ __global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4
       dst[rows + (size_t)s * wd + col] = row_at(c, q, p, col, 1);
     }
   }
+  }
 }
 
-di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int n_w,
-                             di_cu_stream s) {
-  if (n_w <= 0) return DI_OK;
-  state_write_k<<<dim3(n_w, c->rate), 128, 0, s>>>(*c, seqs, w);
+di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int max_w,
+                             const int32_t *n_w, di_cu_stream s) {
+  if (max_w <= 0) return DI_OK;
+  /* at most 4 CTAs per write (rows strided over them): a graph's bound of writes past the count costs few idle CTAs */
+  state_write_k<<<dim3(max_w, c->rate < 4 ? c->rate : 4), 128, 0, s>>>(*c, seqs, w, n_w);
   V4_LAUNCH("state_write");
   return DI_OK;
 }
@@ -209,8 +216,11 @@ __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di
   const int k = topk < valid ? topk : valid;
   const float *sc = score + (size_t)t * max_n;
   unsigned char *out = sel + (size_t)t * max_n;
+  /* sel is read up to the sequence's entry count nc (di_v4k_attend): the loops stop there, not at max_n (a
+   * graph's bound for the whole step) */
+  const int lim = nc < max_n ? nc : max_n;
   if (k >= valid) {
-    for (int s = tid; s < max_n; s += blockDim.x) out[s] = (unsigned char)(s < valid);
+    for (int s = tid; s < lim; s += blockDim.x) out[s] = (unsigned char)(s < valid);
     return;
   }
   __shared__ unsigned hist[256];
@@ -247,7 +257,7 @@ __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di
   }
   const uint32_t tau = prefix;
   const int ties = remaining; /* entries with key tau to take, earliest first */
-  for (int c0 = 0; c0 < max_n; c0 += blockDim.x) {
+  for (int c0 = 0; c0 < lim; c0 += blockDim.x) {
     const int s = c0 + tid;
     const uint32_t u = s < valid ? score_key(sc[s]) : 0;
     const int is_tie = s < valid && u == tau;
@@ -257,7 +267,7 @@ __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di
     int before = base;
     for (int w2 = 0; w2 < warp; w2++) before += warp_tot[w2];
     const int rank = before + __popc(m & ((1u << lane) - 1u));
-    if (s < max_n) out[s] = (unsigned char)(s < valid && (u > tau || (is_tie && rank < ties)));
+    if (s < lim) out[s] = (unsigned char)(s < valid && (u > tau || (is_tie && rank < ties)));
     __syncthreads();
     if (tid == 0) {
       int tot = 0;
@@ -274,7 +284,11 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
   if (T <= 0 || max_n <= 0) return DI_OK;
   const size_t smem = sizeof(float) * (size_t)nh * (di + 1);
   if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
-  if (smem > 48 * 1024) DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  static size_t smem_set; /* the attribute once per size (not again while a graph is captured) */
+  if (smem > 48 * 1024 && smem > smem_set) {
+    DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_set = smem;
+  }
   index_score_k<<<dim3((max_n + IDX_ENTRIES - 1) / IDX_ENTRIES, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
                                                                                              max_n, score);
   V4_LAUNCH("index_score");
@@ -423,10 +437,16 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
   if (hd <= 128) {
     attend_k<4><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
   } else if (hd <= 512) {
-    if (smem > 48 * 1024) DI_CU(cudaFuncSetAttribute(attend_k<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static size_t set16; /* each attribute once per size (not again while a graph is captured) */
+    if (smem > 48 * 1024 && smem > set16) {
+      DI_CU(cudaFuncSetAttribute(attend_k<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      set16 = smem;
+    }
     attend_k<16><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
   } else {
-    DI_CU(cudaFuncSetAttribute(attend_k<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static size_t set32;
+    if (smem > set32) DI_CU(cudaFuncSetAttribute(attend_k<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    set32 = smem > set32 ? smem : set32;
     attend_k<32><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
   }
   V4_LAUNCH("attend");
