@@ -13,13 +13,42 @@
  * At one token the shared experts (the last tiles, known before routing) are prefetched into L2 before
  * the kernel waits for the router (pf_tile0 / pf_expert0, as di_cuk_grouped_gemv). */
 #include "k_fp8_common.cuh"
+#include <type_traits>
 
 #define G16_ROWS 16
 #define G16_STEP 512 /* columns per warp step: 32 lanes x 16 bytes */
 #define G16_DC_WARPS 8
 
+/* The warp's 16 weight rows of an expert (offsets in bytes, 32 bits: an expert is < 4 GB, from the expert's
+ * first row; rows past the matrix clamped to its last row: computed, never stored) and their scale rows.
+ * GLU: W is [gate; up] (N = 2 I rows), rows 0-7 are gate rows c0 .. c0 + 7 and rows 8-15 the up rows
+ * I + c0 ..; else rows c0 .. c0 + 15. g16_rows_calc computes them where they are used (the pipelined form:
+ * no registers for a table), g16_rows_tab holds them in a table. */
+struct g16_rows_calc {
+  int c0, lim, glu, ldq, block_rows, scale_cols;
+  __device__ __forceinline__ g16_rows_calc(di_cuk_fp8w w, int N, int c0_, bool glu_)
+      : c0(c0_), lim(glu_ ? N / 2 : N), glu(glu_), ldq(w.ldq), block_rows(w.block_rows), scale_cols(w.scale_cols) {}
+  __device__ __forceinline__ int row(int r) const {
+    const int c = min(c0 + (glu ? (r & 7) : r), lim - 1);
+    return glu && r >= 8 ? lim + c : c;
+  }
+  __device__ __forceinline__ uint32_t rq(int r) const { return (uint32_t)row(r) * (uint32_t)ldq; }
+  __device__ __forceinline__ int sq(int r) const { return (row(r) / block_rows) * scale_cols; }
+};
+struct g16_rows_tab {
+  uint32_t q[G16_ROWS];
+  int s[G16_ROWS];
+  __device__ __forceinline__ g16_rows_tab(di_cuk_fp8w w, int N, int c0, bool glu) {
+    const g16_rows_calc c(w, N, c0, glu);
+#pragma unroll
+    for (int r = 0; r < G16_ROWS; r++) { q[r] = c.rq(r); s[r] = c.sq(r); }
+  }
+  __device__ __forceinline__ uint32_t rq(int r) const { return q[r]; }
+  __device__ __forceinline__ int sq(int r) const { return s[r]; }
+};
+
 /* The weights, scales and activations of one step (columns k0 + lane * 16 .. +16) of the warp's 16 rows:
- * row r at wq + rq[r], its scale row at ws + sq[r]. Zero past K. SC: the scales loaded with the weights
+ * row r at wq + rt.rq(r), its scale row at ws + rt.sq(r). Zero past K. SC: the scales loaded with the weights
  * (else by g16_fma, from L1: the pipelined form has no registers for two sets of them). */
 template <int MR>
 struct g16_step {
@@ -28,18 +57,18 @@ struct g16_step {
   uint4 x[MR][2];
 };
 
-template <int MR, bool SC>
-static __device__ __forceinline__ void g16_load(g16_step<MR> &st, const uint8_t *wq, const uint32_t *rq,
-                                                const float *ws, const int *sq, const bf16 *const *xr, int bc, int K,
+template <int MR, bool SC, class RT>
+static __device__ __forceinline__ void g16_load(g16_step<MR> &st, const uint8_t *wq, const RT &rt,
+                                                const float *ws, const bf16 *const *xr, int bc, int K,
                                                 int k0, int lane) {
   const int k = k0 + lane * 16;
   if (k < K) {
     const int blk = k / bc;
 #pragma unroll
-    for (int r = 0; r < G16_ROWS; r++) st.w[r] = di_ld_stream16(wq + rq[r] + k);
+    for (int r = 0; r < G16_ROWS; r++) st.w[r] = di_ld_stream16(wq + rt.rq(r) + k);
     if constexpr (SC) {
 #pragma unroll
-      for (int r = 0; r < G16_ROWS; r++) st.sc[r] = __ldg(ws + sq[r] + blk);
+      for (int r = 0; r < G16_ROWS; r++) st.sc[r] = __ldg(ws + rt.sq(r) + blk);
     }
 #pragma unroll
     for (int m = 0; m < MR; m++) {
@@ -55,9 +84,9 @@ static __device__ __forceinline__ void g16_load(g16_step<MR> &st, const uint8_t 
 }
 
 /* acc[r][m] += scale_r * (x_m . w_r) over the step's 16 columns (k_fp8_gemv.cu's fg_fma, in its order) */
-template <int MR, bool SC>
+template <int MR, bool SC, class RT>
 static __device__ __forceinline__ void g16_fma(float (*acc)[MR], const g16_step<MR> &st, const float *ws,
-                                               const int *sq, int bc, int K, int k0, int lane) {
+                                               const RT &rt, int bc, int K, int k0, int lane) {
   if (k0 + lane * 16 >= K) return;
   const int blk = (k0 + lane * 16) / bc;
   float xf[MR][16];
@@ -82,16 +111,16 @@ static __device__ __forceinline__ void g16_fma(float (*acc)[MR], const g16_step<
       float p = 0.f;
 #pragma unroll
       for (int j = 0; j < 16; j++) p = fmaf(xf[m][j], wf[j], p);
-      acc[r][m] = fmaf(p, SC ? st.sc[r] : __ldg(ws + sq[r] + blk), acc[r][m]);
+      acc[r][m] = fmaf(p, SC ? st.sc[r] : __ldg(ws + rt.sq(r) + blk), acc[r][m]);
     }
   }
 }
 
 /* One lane's share of the 16 rows' products with the MR activation rows over K, into acc (zeroed here).
  * PIPE: step s + 1's loads issued before step s's FMAs. */
-template <int MR, bool PIPE>
-static __device__ __forceinline__ void g16_rows(float (*acc)[MR], const uint8_t *wq, const uint32_t *rq,
-                                                const float *ws, const int *sq, const bf16 *const *xr, int bc, int K,
+template <int MR, bool PIPE, class RT>
+static __device__ __forceinline__ void g16_rows(float (*acc)[MR], const uint8_t *wq, const RT &rt,
+                                                const float *ws, const bf16 *const *xr, int bc, int K,
                                                 int lane) {
 #pragma unroll
   for (int r = 0; r < G16_ROWS; r++)
@@ -99,36 +128,20 @@ static __device__ __forceinline__ void g16_rows(float (*acc)[MR], const uint8_t 
     for (int m = 0; m < MR; m++) acc[r][m] = 0.f;
   if constexpr (PIPE) {
     g16_step<MR> cur;
-    g16_load<MR, false>(cur, wq, rq, ws, sq, xr, bc, K, 0, lane);
+    g16_load<MR, false>(cur, wq, rt, ws, xr, bc, K, 0, lane);
     for (int k0 = 0; k0 < K; k0 += G16_STEP) {
       const bool more = k0 + G16_STEP < K;
       g16_step<MR> nxt;
-      if (more) g16_load<MR, false>(nxt, wq, rq, ws, sq, xr, bc, K, k0 + G16_STEP, lane);
-      g16_fma<MR, false>(acc, cur, ws, sq, bc, K, k0, lane);
+      if (more) g16_load<MR, false>(nxt, wq, rt, ws, xr, bc, K, k0 + G16_STEP, lane);
+      g16_fma<MR, false>(acc, cur, ws, rt, bc, K, k0, lane);
       if (more) cur = nxt;
     }
   } else {
     for (int k0 = 0; k0 < K; k0 += G16_STEP) {
       g16_step<MR> cur;
-      g16_load<MR, true>(cur, wq, rq, ws, sq, xr, bc, K, k0, lane);
-      g16_fma<MR, true>(acc, cur, ws, sq, bc, K, k0, lane);
+      g16_load<MR, true>(cur, wq, rt, ws, xr, bc, K, k0, lane);
+      g16_fma<MR, true>(acc, cur, ws, rt, bc, K, k0, lane);
     }
-  }
-}
-
-/* The warp's 16 weight rows of an expert (offsets in bytes, 32 bits: an expert is < 4 GB from the expert's first row, rows past the
- * matrix clamped to its last row: computed, never stored) and their scale rows. GLU: W is [gate; up]
- * (N = 2 I rows), rows 0-7 are gate rows c0 .. c0 + 7 and rows 8-15 the up rows I + c0 ..; else rows
- * c0 .. c0 + 15. */
-template <bool GLU>
-static __device__ __forceinline__ void g16_row_offsets(uint32_t *rq, int *sq, di_cuk_fp8w w, int N, int c0) {
-  const int lim = GLU ? N / 2 : N;
-#pragma unroll
-  for (int r = 0; r < G16_ROWS; r++) {
-    const int c = min(c0 + (GLU ? (r & 7) : r), lim - 1);
-    const int row = GLU && r >= 8 ? lim + c : c;
-    rq[r] = (uint32_t)row * (uint32_t)w.ldq;
-    sq[r] = (row / w.block_rows) * w.scale_cols;
   }
 }
 
@@ -142,14 +155,13 @@ fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
   __shared__ float red[G16_ROWS * MR];
   const int lane = threadIdx.x;
   const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
-  uint32_t rq[G16_ROWS];
-  int sq[G16_ROWS];
-  g16_row_offsets<GLU>(rq, sq, w, N, c0);
+  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
+  const RT rt(w, N, c0, GLU);
   if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
     const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
 #pragma unroll
     for (int r = 0; r < G16_ROWS; r++)
-      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rq[r] + k);
+      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
   }
   DI_PDL_ENTRY();
   if ((int)blockIdx.y >= *n_tiles) return;
@@ -162,7 +174,7 @@ fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
     const bf16 *xr[MR];
     gv_act_rows<MR>(xr, A, lda, a_rows, mb, nm);
     float acc[G16_ROWS][MR];
-    g16_rows<MR, PIPE>(acc, wq, rq, ws, sq, xr, w.block_cols, K, lane);
+    g16_rows<MR, PIPE>(acc, wq, rt, ws, xr, w.block_cols, K, lane);
     gv_warp_reduce<G16_ROWS, MR>(acc, lane);
     constexpr int V = G16_ROWS * MR;
     if constexpr (V <= 32) {
@@ -201,14 +213,13 @@ fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, 
   __shared__ float part[G16_DC_WARPS][G16_ROWS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * G16_ROWS;
   const int sblocks = (N + w.block_rows - 1) / w.block_rows;
-  uint32_t rq[G16_ROWS];
-  int sq[G16_ROWS];
-  g16_row_offsets<false>(rq, sq, w, N, n0);
+  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
+  const RT rt(w, N, n0, false);
   for (int e = warp; e < n_pf; e += G16_DC_WARPS) {
     const uint8_t *wp = w.q + (int64_t)(pf_expert0 + e) * N * w.ldq;
 #pragma unroll
     for (int r = 0; r < G16_ROWS; r++)
-      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rq[r] + k);
+      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
   }
   DI_PDL_ENTRY();
   float totl = 0.f; /* after each reduction (gv_warp_reduce's layout) lane l holds row n0 + (l >> 1) */
@@ -217,7 +228,7 @@ fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, 
     const float wj = wts[j];
     const bf16 *xr[1] = {act + (int64_t)inv[j] * ld_act};
     float acc[G16_ROWS][1];
-    g16_rows<1, PIPE>(acc, w.q + (int64_t)e * N * w.ldq, rq, w.scale + (int64_t)e * sblocks * w.scale_cols, sq, xr,
+    g16_rows<1, PIPE>(acc, w.q + (int64_t)e * N * w.ldq, rt, w.scale + (int64_t)e * sblocks * w.scale_cols, xr,
                       w.block_cols, K, lane);
     gv_warp_reduce<G16_ROWS, 1>(acc, lane);
     totl += wj * acc[0][0];
