@@ -103,6 +103,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                 "weight pieces in flight per warp in the FP8 tensor-core GEMV: 2, or 3"},
     [DI_SW_CUDA_FP8_FUSE] = {"DEEPINFER_CUDA_FP8_FUSE", "1",
                              "0: the FP8 path's one- and two-token fusions off (attention norm inside the q/kv GEMV, experts' gate/up + SiLU, one token's down + combine)"},
+    [DI_SW_CUDA_FP8_GV16] = {"DEEPINFER_CUDA_FP8_GV16", "1",
+                             "1: the FP8 path's decode-sized expert GEMVs (gate/up + SiLU, down, one token's down + combine) "
+                             "with 16 weight rows per warp (k_fp8_grouped_gemv.cu; 2: the same, pipelined loads), "
+                             "bit-equal to the 2-row CUDA-core GEMV they replace; 0: that GEMV (1-2 rows) and the tensor-core one (3-16)"},
     [DI_SW_CUDA_FP8_LT] = {"DEEPINFER_CUDA_FP8_LT", "1",
                            "1: dense FP8 products above the GEMV bound on cuBLASLt's block-scaled FP8 matmul (activations quantized per 1 x 128)"},
     [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "1",

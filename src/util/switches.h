@@ -58,6 +58,7 @@ typedef enum {
   DI_SW_CUDA_FP8_LT,
   DI_SW_CUDA_FP8_TC_RING,
   DI_SW_CUDA_FP8_FUSE,
+  DI_SW_CUDA_FP8_GV16,
   /* several ranks (src/dist/) */
   DI_SW_DIST_TIMEOUT,
   DI_SW_DIST_TEST_FAIL,

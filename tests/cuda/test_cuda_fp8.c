@@ -667,6 +667,251 @@ static void test_vo(int NH, int H, int R, int dv, const char *what) {
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dwuv); di_cut_free(dol); di_cut_free(dh);
 }
 
+/* ---- the 16-rows-a-warp expert GEMVs (k_fp8_grouped_gemv.cu, DEEPINFER_CUDA_FP8_GV16) ------------------
+ * The grouped form (glu: gate/up + SiLU in bf16, 1e-2; plain: f32 out, 1e-4) and one token's down + combine
+ * (1e-4 relative to the added part) against float64 on fresh random inputs, and bit-equal to the 2-row
+ * CUDA-core kernels they replace (di_cuk_fp8_grouped_gemv_form, di_cuk_fp8_down_combine: the same
+ * arithmetic in the same order), plain and pipelined, at 16-row tiles of 1..max_rows rows per expert. */
+static void test_gv16(int E, int N, int K, int br, int bc, int max_rows, int glu, const char *what) {
+  host_w w = make_w(E, N, K, br, bc);
+  const int bm = 16, Nout = glu ? N / 2 : N;
+  int *off = malloc((E + 1) * 4), *tiles = malloc(sizeof(int) * (size_t)(E * (max_rows / bm + 2)));
+  off[0] = 0;
+  int ntile = 0;
+  for (int e = 0; e < E; e++) {
+    const int c = (int)(urand() * (max_rows + 1));
+    off[e + 1] = off[e] + c;
+    for (int i = 0; i * bm < c; i++) tiles[ntile++] = e << 16 | i;
+  }
+  const int R = off[E], T = R > 0 ? R : 1;
+  int *arows = malloc((size_t)T * 4);
+  for (int r = 0; r < T; r++) arows[r] = (int)(urand() * T);
+  uint16_t *A = rand_bf16((size_t)T * K, 1.f);
+  void *dq, *ds;
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  void *dA = dup_dev(A, (size_t)T * K * 2), *doff = dup_dev(off, (E + 1) * 4);
+  void *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4), *dar = dup_dev(arows, (size_t)T * 4);
+  const size_t ob = (size_t)T * Nout * (glu ? 2 : 4);
+  void *dC[3] = {di_cut_malloc(ob), di_cut_malloc(ob), di_cut_malloc(ob)};
+  const int mr = max_rows < bm ? max_rows : bm;
+  CHECKF(di_cuk_fp8_gv16_ok(K, dA, K, dw), "fp8 gv16 %s: not taken", what);
+  CHECK(di_cuk_fp8_grouped_gemv_form(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, bm, mr, dC[0], Nout, !glu, glu,
+                                     NULL) == DI_OK);
+  for (int pipe = 0; pipe < 2; pipe++) {
+    di_status st = di_cuk_fp8_gv16_grouped(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, bm, mr, dC[1 + pipe], Nout,
+                                           !glu, glu, pipe, -1, 0, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+  }
+  CHECK(di_cut_sync() == 0);
+  float *ref2 = fetch_y(dC[0], (size_t)T * Nout, !glu), *got = fetch_y(dC[1], (size_t)T * Nout, !glu);
+  float *gotp = fetch_y(dC[2], (size_t)T * Nout, !glu);
+  int cols[128], nc = pick_cols(Nout, cols, 128);
+  errsum err = {0, 0};
+  for (int e = 0; e < E; e++)
+    for (int m = off[e]; m < off[e + 1]; m++)
+      for (int i = 0; i < nc; i++) {
+        double ga = 0, up = 0;
+        for (int k = 0; k < K; k++) {
+          const double x = di_bf16_to_f32(A[(size_t)arows[m] * K + k]);
+          ga += x * w_at(&w, e, cols[i], k);
+          if (glu) up += x * w_at(&w, e, Nout + cols[i], k);
+        }
+        acc_err(&err, glu ? ga / (1 + exp(-ga)) * up : ga, got[(size_t)m * Nout + cols[i]]);
+      }
+  size_t bad = 0, badp = 0;
+  for (int m = 0; m < R; m++)
+    for (int n = 0; n < Nout; n++) {
+      bad += memcmp(&got[(size_t)m * Nout + n], &ref2[(size_t)m * Nout + n], 4) != 0;
+      badp += memcmp(&gotp[(size_t)m * Nout + n], &ref2[(size_t)m * Nout + n], 4) != 0;
+    }
+  const double tol = glu ? 1e-2 : 1e-4;
+  CHECKF(rel(&err) < tol, "fp8 gv16 %s E %d N %d K %d rows %d: rel err %.3e", what, E, N, K, R, rel(&err));
+  CHECKF(bad == 0 && badp == 0, "fp8 gv16 %s: %zu (plain) / %zu (pipelined) of %zu values differ from the 2-row GEMV",
+         what, bad, badp, (size_t)R * Nout);
+  printf("fp8 gv16 %-4s %-24s E %3d N %5d K %5d block %3dx%-3d rows %4d: rel err %.2e, %zu / %zu differ from the 2-row GEMV\n",
+         glu ? "glu" : "f32", what, E, N, K, br, bc, R, rel(&err), bad, badp);
+  free(ref2); free(got); free(gotp); free(off); free(tiles); free(arows); free(A); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(doff); di_cut_free(dt); di_cut_free(dnt);
+  di_cut_free(dar); for (int i = 0; i < 3; i++) di_cut_free(dC[i]);
+}
+
+static void test_gv16_down_combine(int E, int N, int K, int kt, const char *what) {
+  host_w w = make_w(E, N, K, 1, 128);
+  int ids[16], inv[16];
+  float wts[16];
+  for (int j = 0; j < kt; j++) {
+    ids[j] = (j * 5 + (int)(urand() * E)) % E;
+    wts[j] = 0.1f + (float)urand();
+    inv[j] = (j * 3 + 1) % kt;
+  }
+  uint16_t *act = rand_bf16((size_t)kt * K, 1.f);
+  float *h = malloc((size_t)N * 4);
+  for (int n = 0; n < N; n++) h[n] = nrand();
+  void *dq, *ds, *dact = dup_dev(act, (size_t)kt * K * 2);
+  void *dh[3] = {dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4)};
+  void *dids = dup_dev(ids, (size_t)kt * 4), *dwts = dup_dev(wts, (size_t)kt * 4), *dinv = dup_dev(inv, (size_t)kt * 4);
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  CHECK(di_cuk_fp8_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[0], N, NULL) == DI_OK);
+  for (int pipe = 0; pipe < 2; pipe++) { /* the last two experts prefetched, as the shared ones are */
+    di_status st = di_cuk_fp8_gv16_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[1 + pipe], N, pipe,
+                                                E - 2, 2, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+  }
+  CHECK(di_cut_sync() == 0);
+  float *ref2 = fetch_y(dh[0], (size_t)N, 1), *got = fetch_y(dh[1], (size_t)N, 1), *gotp = fetch_y(dh[2], (size_t)N, 1);
+  errsum e = {0, 0};
+  for (int n = 0; n < N; n++) {
+    double a = 0;
+    for (int j = 0; j < kt; j++) {
+      double d = 0;
+      for (int k = 0; k < K; k++) d += (double)di_bf16_to_f32(act[(size_t)inv[j] * K + k]) * w_at(&w, ids[j], n, k);
+      a += wts[j] * d;
+    }
+    acc_err(&e, a, (double)got[n] - h[n]);
+  }
+  int bad = 0, badp = 0;
+  for (int n = 0; n < N; n++) {
+    bad += memcmp(&got[n], &ref2[n], 4) != 0;
+    badp += memcmp(&gotp[n], &ref2[n], 4) != 0;
+  }
+  CHECKF(rel(&e) < 1e-4, "fp8 gv16 down+combine %s E %d N %d K %d k %d: rel err %.3e", what, E, N, K, kt, rel(&e));
+  CHECKF(bad == 0 && badp == 0, "fp8 gv16 down+combine %s: %d / %d of %d differ from the 2-row kernel", what, bad, badp, N);
+  printf("fp8 gv16 down+combine %-22s E %3d N %5d K %5d k %d: rel err %.2e, %d / %d differ from the 2-row kernel\n", what,
+         E, N, K, kt, rel(&e), bad, badp);
+  free(ref2); free(got); free(gotp); free(act); free(h); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dact); for (int i = 0; i < 3; i++) di_cut_free(dh[i]);
+  di_cut_free(dids); di_cut_free(dwts); di_cut_free(dinv);
+}
+
+static void test_gv16_all(void) {
+  test_gv16(10, 2816, 2048, 1, 128, 1, 1, "V2-Lite gate/up, 1 row");
+  test_gv16(10, 2816, 2048, 1, 128, 2, 1, "V2-Lite gate/up, 2 rows");
+  test_gv16(10, 2816, 2048, 1, 128, 4, 1, "V2-Lite gate/up, 4 rows");
+  test_gv16(10, 2816, 2048, 1, 128, 16, 1, "V2-Lite gate/up, 16 rows");
+  test_gv16(10, 2048, 1408, 1, 128, 1, 0, "V2-Lite down, 1 row");
+  test_gv16(10, 2048, 1408, 1, 128, 3, 0, "V2-Lite down, 3 rows");
+  test_gv16(6, 4096, 7168, 1, 128, 2, 1, "V3 gate/up");
+  test_gv16(6, 7168, 2048, 1, 128, 4, 0, "V3 down");
+  test_gv16(5, 200, 1392, 1, 128, 3, 1, "part I 100, part K");
+  test_gv16(5, 228, 224, 128, 128, 2, 0, "part N 228, K 224, 128x128");
+  test_gv16(4, 333, 512, 32, 16, 5, 0, "block 32x16, N 333");
+  test_gv16_down_combine(10, 2048, 1408, 8, "V2-Lite");
+  test_gv16_down_combine(12, 7168, 2048, 9, "V3");
+  test_gv16_down_combine(4, 228, 1392, 3, "part N, part K");
+  di_cuk_fp8w w = {NULL, NULL, 224, 1, 8, 28};
+  CHECK_ERR(di_cuk_fp8_gv16_grouped(NULL, 224, NULL, w, 64, 224, NULL, NULL, NULL, 1, 16, 1, NULL, 32, 0, 1, 0, -1, 0,
+                                    NULL), "block_cols % 16");
+  di_cuk_fp8w w2 = {NULL, NULL, 224, 1, 128, 2};
+  CHECK_ERR(di_cuk_fp8_gv16_grouped(NULL, 224, NULL, w2, 63, 224, NULL, NULL, NULL, 1, 16, 1, NULL, 32, 0, 1, 0, -1, 0,
+                                    NULL), "N even");
+  CHECK_ERR(di_cuk_fp8_gv16_down_combine(NULL, 216, w2, 64, 216, NULL, NULL, NULL, 1, NULL, 64, 0, -1, 0, NULL),
+            "K % 16");
+}
+
+/* V2-Lite's experts at T tokens (64 routed + 2 shared, 8 slots a token, 16-row tiles), 16 routings that
+ * rotate so that each call reads its experts from HBM: the 2-row CUDA-core GEMV, the 16-row one plain and
+ * pipelined, the tensor-core GEMV; at one token also down + combine. GB/s of the experts' weights touched. */
+static void time_gv16(int T) {
+  enum { NE = 66, I = 1408, H = 2048, SETS = 16, ITERS = 64 };
+  const size_t gub = (size_t)2 * I * H, dnb = (size_t)H * I;
+  uint8_t *pat = rand_fp8(gub);
+  uint8_t *big = malloc(gub * NE);
+  for (int e = 0; e < NE; e++) memcpy(big + gub * e, pat, gub);
+  void *dgu = dup_dev(big, gub * NE), *ddn = dup_dev(big, dnb * NE);
+  free(big); free(pat);
+  float *sc = malloc((size_t)NE * 2 * I * (H / 128) * 4);
+  for (size_t i = 0; i < (size_t)NE * 2 * I * (H / 128); i++) sc[i] = (float)ldexp(1.0 + urand(), -8);
+  void *dsgu = dup_dev(sc, (size_t)NE * 2 * I * (H / 128) * 4), *dsdn = dup_dev(sc, (size_t)NE * H * (I / 128) * 4);
+  free(sc);
+  const di_cuk_fp8w wgu = {(const uint8_t *)dgu, (const float *)dsgu, H, 1, 128, H / 128};
+  const di_cuk_fp8w wdn = {(const uint8_t *)ddn, (const float *)dsdn, I, 1, 128, I / 128};
+  const int A = T * 8, bm = 16;
+  void *doff[SETS], *dtl[SETS], *dnt[SETS], *dperm[SETS], *dids[SETS], *dinv[SETS];
+  int ntiles[SETS], distinct = 0;
+  for (int s = 0; s < SETS; s++) {
+    int cnt[NE] = {0}, off[NE + 1], perm[8 * 16], tiles[8 * 16 + NE], ids[8], inv[8], ntile = 0;
+    int assign[16][8];
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < 8; j++) {
+        int e, dup;
+        do {
+          e = (int)(urand() * NE);
+          dup = 0;
+          for (int q = 0; q < j; q++) dup |= assign[t][q] == e;
+        } while (dup);
+        assign[t][j] = e;
+        cnt[e]++;
+      }
+    off[0] = 0;
+    for (int e = 0; e < NE; e++) off[e + 1] = off[e] + cnt[e];
+    int fill[NE];
+    memcpy(fill, off, sizeof(fill));
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < 8; j++) {
+        const int e = assign[t][j], row = fill[e]++;
+        perm[row] = t;
+        if (t == 0) { ids[j] = e; inv[j] = row; }
+      }
+    for (int e = 0; e < NE; e++) {
+      distinct += cnt[e] > 0;
+      for (int i = 0; i * bm < cnt[e]; i++) tiles[ntile++] = e << 16 | i;
+    }
+    ntiles[s] = ntile;
+    doff[s] = dup_dev(off, sizeof(off)); dtl[s] = dup_dev(tiles, (size_t)ntile * 4); dnt[s] = dup_dev(&ntile, 4);
+    dperm[s] = dup_dev(perm, (size_t)A * 4); dids[s] = dup_dev(ids, sizeof(ids)); dinv[s] = dup_dev(inv, sizeof(inv));
+  }
+  int maxt = 0;
+  for (int s = 0; s < SETS; s++) maxt = ntiles[s] > maxt ? ntiles[s] : maxt;
+  const double touched = (double)distinct / SETS; /* experts read per call */
+  uint16_t *X = rand_bf16((size_t)T * H, 1.f);
+  float wts[8] = {0.3f, 0.2f, 0.1f, 0.1f, 0.1f, 0.1f, 0.05f, 0.05f};
+  void *dX = dup_dev(X, (size_t)T * H * 2), *dact = di_cut_malloc((size_t)A * I * 2), *dy = di_cut_malloc((size_t)A * H * 4);
+  void *dw = dup_dev(wts, sizeof(wts)), *dh = di_cut_malloc((size_t)H * 4);
+  free(X);
+  const int rows = T < bm ? T : bm;
+  double us[4][3]; /* [kernel][gate/up, down, down + combine] */
+  for (int kind = 0; kind < 4; kind++)
+    for (int part = 0; part < 3; part++) {
+      us[kind][part] = -1;
+      if (part == 2 && (T != 1 || kind == 3)) continue;
+      for (int it = -4; it < ITERS; it++) {
+        if (it == 0) { CHECK(di_cut_sync() == 0); us[kind][part] = di_cut_time_ms(); }
+        const int s = (it + 4) % SETS;
+        di_status st = DI_OK;
+        if (part == 0) {
+          if (kind == 0) st = di_cuk_fp8_grouped_gemv_form(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], maxt, bm, rows, dact, I, 0, 1, NULL);
+          else if (kind < 3) st = di_cuk_fp8_gv16_grouped(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], maxt, bm, rows, dact, I, 0, 1, kind == 2, -1, 0, NULL);
+          else st = di_cuk_fp8_tc_grouped_gemv(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], maxt, bm, bm, dact, I, 0, 1, NULL);
+        } else if (part == 1) {
+          if (kind == 0) st = di_cuk_fp8_grouped_gemv(dact, I, NULL, wdn, H, I, doff[s], dtl[s], dnt[s], maxt, bm, rows, dy, H, 1, NULL);
+          else if (kind < 3) st = di_cuk_fp8_gv16_grouped(dact, I, NULL, wdn, H, I, doff[s], dtl[s], dnt[s], maxt, bm, rows, dy, H, 1, 0, kind == 2, -1, 0, NULL);
+          else st = di_cuk_fp8_tc_grouped_gemv(dact, I, NULL, wdn, H, I, doff[s], dtl[s], dnt[s], maxt, bm, bm, dy, H, 1, 0, NULL);
+        } else {
+          if (kind == 0) st = di_cuk_fp8_down_combine(dact, I, wdn, H, I, dids[s], dw, dinv[s], 8, dh, H, NULL);
+          else st = di_cuk_fp8_gv16_down_combine(dact, I, wdn, H, I, dids[s], dw, dinv[s], 8, dh, H, kind == 2, -1, 0, NULL);
+        }
+        if (st != DI_OK) { CHECKF(0, "time gv16: %s", di_last_error()); break; }
+      }
+      CHECK(di_cut_sync() == 0);
+      if (us[kind][part] >= 0) us[kind][part] = (di_cut_time_ms() - us[kind][part]) * 1e3 / ITERS;
+    }
+  const char *names[4] = {"2-row", "16-row", "16-row pipelined", "tensor-core"};
+  const double bytes[3] = {touched * (gub + (double)2 * I * (H / 128) * 4), touched * (dnb + (double)H * (I / 128) * 4),
+                           8 * (dnb + (double)H * (I / 128) * 4)};
+  const char *parts[3] = {"gate/up + SiLU", "down (f32)", "down + combine"};
+  for (int part = 0; part < 3; part++)
+    for (int kind = 0; kind < 4; kind++)
+      if (us[kind][part] > 0)
+        printf("time fp8 experts V2-Lite T %2d (%.1f experts): %-14s %-16s %8.1f us %6.0f GB/s\n", T, touched, parts[part],
+               names[kind], us[kind][part], bytes[part] / (us[kind][part] * 1e3));
+  for (int s = 0; s < SETS; s++) {
+    di_cut_free(doff[s]); di_cut_free(dtl[s]); di_cut_free(dnt[s]); di_cut_free(dperm[s]); di_cut_free(dids[s]);
+    di_cut_free(dinv[s]);
+  }
+  di_cut_free(dgu); di_cut_free(ddn); di_cut_free(dsgu); di_cut_free(dsdn); di_cut_free(dX); di_cut_free(dact);
+  di_cut_free(dy); di_cut_free(dw); di_cut_free(dh);
+}
+
 /* The CUDA-core GEMV's one-token fusions at V2-Lite's and V3's shapes and the shipped model's edges. */
 static void test_fusions(void) {
   test_normed(1, 3648, 2048, "V2-Lite q + kv_a");
@@ -739,11 +984,21 @@ int main(int argc, char **argv) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
-  int timings = 1, tc_only = 0, fusions_only = 0;
+  int timings = 1, tc_only = 0, fusions_only = 0, gv16_only = 0;
   for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--gv16-only") == 0) gv16_only = 1;
     if (strcmp(argv[i], "--no-timings") == 0) timings = 0;
     if (strcmp(argv[i], "--tc-only") == 0) tc_only = 1;
     if (strcmp(argv[i], "--fusions-only") == 0) fusions_only = 1;
+  }
+  test_gv16_all();
+  if (gv16_only) {
+    if (timings) {
+      const int ts[] = {1, 2, 4, 16};
+      for (int i = 0; i < 4; i++) time_gv16(ts[i]);
+    }
+    printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
+    return di_test_failed ? 1 : 0;
   }
   test_fusions();
   if (fusions_only) {

@@ -269,7 +269,10 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
  * (f32, the combine's input). Decode-sized steps and the batch-invariant mode: grouped GEMVs; larger
  * ones: the grouped tensor-core GEMM on activations quantized per 128 (the token rows of xn gathered
  * through perm_tok, then the A rows of act) where the tiles are 64 rows and the blocks 128 wide, else
- * grouped GEMVs of up to 16 rows a pass. */
+ * grouped GEMVs of up to 16 rows a pass. With DEEPINFER_CUDA_FP8_GV16 (outside the invariant mode), steps of
+ * up to GV16_MAX_T tokens take the 16-rows-a-warp GEMVs of k_fp8_grouped_gemv.cu instead (bit-equal to the
+ * CUDA-core GEMV; they replace the tensor-core GEMV at 3-16 rows). */
+#define GV16_MAX_T 16 /* DEEPINFER_CUDA_FP8_GV16: up to this many token rows (passes of up to 4 rows an expert) */
 static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_rows *io, int down_combine) {
   cudaStream_t s = b->stream;
   const int Hp = b->Hp, Ip = b->Ip, T = io->T, A = io->A, bm = io->bm, max_tiles = io->max_tiles;
@@ -280,6 +283,18 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_r
                  di_cuk_fp8_tc_ok(Ip, io->act, Ip, L->f_exp_down);
   const int mma = !b->invariant && T > (tc ? di_cuk_fp8_gemv_max_rows() : GEMV_MAX_T) && bm == 64 &&
                   di_cuk_fp8_gemm_ok(Hp, L->f_exp_gu) && di_cuk_fp8_gemm_ok(Ip, L->f_exp_down);
+  if (b->fp8_gv16 && !b->invariant && T <= GV16_MAX_T && di_cuk_fp8_gv16_ok(Hp, io->x, Hp, L->f_exp_gu) &&
+      di_cuk_fp8_gv16_ok(Ip, io->act, Ip, L->f_exp_down)) { /* DEEPINFER_CUDA_FP8_GV16: 16 rows a warp */
+    const int pipe = b->fp8_gv16 == 2, rows = T < bm ? T : bm;
+    DI_TRY(di_cuk_fp8_gv16_grouped(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                                   io->n_tiles, max_tiles, bm, rows, io->act, Ip, 0, 1, pipe, io->pf0, io->pf_e0, s));
+    if (down_combine) /* (one GPU only: the step's own routing in topk_ids / topk_w / inv) */
+      return di_cuk_fp8_gv16_down_combine((const uint16_t *)io->act, Ip, L->f_exp_down, Hp, Ip, b->topk_ids, b->topk_w,
+                                          b->inv, b->Kt, b->h, b->H, pipe, io->pf_e0, io->pf0 >= 0 ? b->n_sh : 0, s);
+    return di_cuk_fp8_gv16_grouped((const uint16_t *)io->act, Ip, NULL, L->f_exp_down, Hp, Ip, io->expert_off,
+                                   io->tiles, io->n_tiles, max_tiles, bm, rows, io->y, Hp, 1, 0, pipe, io->pf0,
+                                   io->pf_e0, s);
+  }
   if (!mma && tc) { /* gate/up + SiLU in one kernel, then down */
     DI_TRY(di_cuk_fp8_tc_grouped_gemv(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
                                       io->n_tiles, max_tiles, bm, bm, io->act, Ip, 0, 1, s));

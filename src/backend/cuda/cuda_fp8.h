@@ -72,6 +72,23 @@ int di_cuk_mla_vo_fp8_ok(int T, int NH, int H, int R, int dv, const di_cuk_fp8w 
 di_status di_cuk_mla_vo_fp8(const uint16_t *olat, int ld_olat, const uint16_t *wuv, int64_t wuv_stride, int R, int dv,
                             const di_cuk_fp8w *wo, int NH, int H, float *h, di_cu_stream s);
 
+/* The decode-sized expert products with 16 weight rows per warp (k_fp8_grouped_gemv.cu; the model takes
+ * them with DEEPINFER_CUDA_FP8_GV16): the grouped GEMV (glu = 1: W [gate; up], C = silu(gate) * up in bf16,
+ * I = N / 2 columns) and one token's down + combine, bit-equal to di_cuk_fp8_grouped_gemv_form and
+ * di_cuk_fp8_down_combine (the same arithmetic in the same order), streaming more bytes per warp. Rows of
+ * a tile in passes of 1, 2 or 4 (by max_rows). pipe: the next step's loads issued before this step's FMAs.
+ * pf_tile0 >= 0: tiles from pf_tile0 on are the experts pf_expert0, pf_expert0 + 1, ... (the shared ones
+ * at one token), prefetched into L2 before the wait for the previous kernel; down_combine prefetches the
+ * n_pf experts from pf_expert0. Needs K % 16, block_cols % 16 and 16-byte aligned rows (di_cuk_fp8_gv16_ok). */
+int di_cuk_fp8_gv16_ok(int K, const void *A, int lda, di_cuk_fp8w w);
+di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
+                                  const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
+                                  int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu, int pipe,
+                                  int pf_tile0, int pf_expert0, di_cu_stream s);
+di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K,
+                                       const int32_t *ids, const float *wts, const int32_t *inv, int kt, float *h,
+                                       int n, int pipe, int pf_expert0, int n_pf, di_cu_stream s);
+
 /* The same products on the tensor cores (k_fp8_tc_gemv.cu: FP8 widened to bf16 in registers,
  * mma.sync bf16, fp32 promotion per 128-wide K block; batch-invariant; up to 64 rows a pass). Needs
  * block_cols % 128 == 0, K % 16 == 0 and 16-byte aligned rows (di_cuk_fp8_tc_ok). The model's dispatch

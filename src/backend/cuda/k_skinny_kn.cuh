@@ -6,8 +6,8 @@
  * a device function so that gemm.cu's batched kernel and k_mla_prep.cu's fused prep + absorption
  * kernel run the same code (their results are equal).
  * Below it, the pieces the warp-per-row GEMVs share (gemm.cu's bf16 skinny kernel, k_fp8_gemv.cu,
- * k_mxfp4_gemv.cu): a pass's activation row pointers, 16 bf16 widened to floats, and the warp
- * reduction + store of the NR x MR accumulators. */
+ * k_mxfp4_gemv.cu, k_fp8_grouped_gemv.cu): a pass's activation row pointers, 16 bf16 widened to floats, and
+ * the warp reduction (gv_warp_reduce) + store of the NR x MR accumulators. */
 #ifndef DI_K_SKINNY_KN_CUH
 #define DI_K_SKINNY_KN_CUH
 #include "cuda_common.cuh"
@@ -109,21 +109,50 @@ static __device__ __forceinline__ void bf16x16_to_f32(const bf16 *p, float *xf) 
   }
 }
 
-/* The tail of a warp-per-NR-rows GEMV pass: each lane's acc[r][m] summed across the warp (a fixed
- * butterfly: the same order whatever the other rows), then lane r * MR + m stores output column n0 + r of
- * row mb + m (bf16, or f32 with y += the sum when beta != 0) where it exists. The lane's value is picked
- * with constant indices so that acc stays in registers. */
+/* The warp sum of each of V values per lane (v[0 .. V), V a power of two), by the butterfly tree xor 16,
+ * 8, 4, 2, 1 with each lane's own value first: the bits of `for each value: v += shfl_xor(v, o)`, whatever
+ * V is (a row's sum does not depend on the rows beside it), but as a halving exchange: while more than one
+ * value is left, a step sends half of them and keeps the other half (V - 1 shuffles in all for V <= 32,
+ * instead of 5 V). On return, for V <= 32: v[0] is the sum of value lane >> (5 - log2 V) (every lane of a
+ * group of 32 / V holds it); for V > 32: v[i] (i < V / 32) is the sum of value i + (V / 32) * lane. */
+template <int V, int O>
+static __device__ __forceinline__ void gv_halve(float *v, int lane) {
+  if constexpr (O > 0) {
+    if constexpr (V > 1) {
+      constexpr int H = V / 2;
+      const bool upper = (lane & O) != 0;
+#pragma unroll
+      for (int i = 0; i < H; i++) {
+        const float send = upper ? v[i] : v[i + H], keep = upper ? v[i + H] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+      }
+      gv_halve<H, O / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+      gv_halve<1, O / 2>(v, lane);
+    }
+  }
+}
+/* The NR x MR accumulators of a warp-per-NR-rows GEMV pass (value r * MR + m) summed across the warp as
+ * above: gv_halve on acc viewed flat. */
+template <int NR, int MR>
+static __device__ __forceinline__ void gv_warp_reduce(float (*acc)[MR], int lane) {
+  static_assert(((NR * MR) & (NR * MR - 1)) == 0, "gv_warp_reduce: NR * MR a power of two");
+  gv_halve<NR * MR, 16>(&acc[0][0], lane);
+}
+
+/* The tail of a warp-per-NR-rows GEMV pass: each lane's acc[r][m] summed across the warp (gv_halve's tree,
+ * one value at a time: the same order whatever the other rows), then lane r * MR + m stores output column
+ * n0 + r of row mb + m (bf16, or f32 with y += the sum when beta != 0) where it exists. The lane's value is
+ * picked with constant indices so that acc stays in registers. (gv_warp_reduce would give the same bits in
+ * fewer shuffles; these kernels keep the one-value form, whose register use and speed are measured.) */
 template <int NR, int MR>
 static __device__ __forceinline__ void gv_reduce_store(float (*acc)[MR], int lane, int n0, int N, int mb, int nm,
                                                        void *C, int ldc, int c_f32, float beta) {
 #pragma unroll
   for (int r = 0; r < NR; r++)
 #pragma unroll
-    for (int m = 0; m < MR; m++) {
-      float v = acc[r][m];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      acc[r][m] = v;
-    }
+    for (int m = 0; m < MR; m++) gv_halve<1, 16>(&acc[r][m], lane);
   if (lane >= NR * MR) return;
   const int r = lane / MR, m = lane % MR, n = n0 + r;
   float v = 0.f;
