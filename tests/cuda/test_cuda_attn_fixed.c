@@ -62,7 +62,7 @@ static uint16_t *run_form(const problem *p, int bm, int separate, int alone, dou
   const float scale = 0.0721f;
   di_cut_sync();
   double t0 = di_cut_time_ms();
-  di_status st = di_cuk_mla_attn_fixed(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn, ni, bm,
+  di_status st = di_cuk_mla_attn_fixed(p->dQ, p->dc, 0, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn, ni, bm,
                                        dout, dpo, dpl, NULL);
   if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
   CHECKF(st == DI_OK && di_cut_sync() == 0, "mla_attn_fixed: %s", di_last_error());
@@ -185,9 +185,9 @@ static void bench_prompt(int H, int T) {
     for (int rep = 0; rep < 6; rep++) {
       di_cut_sync();
       double t0 = di_cut_time_ms();
-      di_status st = form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
-                   : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
-                               : di_cuk_mla_attn_cluster(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
+      di_status st = form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+                   : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+                               : di_cuk_mla_attn_cluster(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
                                                          dout, dpo, dpl, NULL, NULL);
       CHECKF(st == DI_OK && di_cut_sync() == 0, "bench form %d: %s", form, di_last_error());
       if (rep) t[rep - 1] = di_cut_time_ms() - t0;

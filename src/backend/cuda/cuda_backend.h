@@ -39,6 +39,10 @@ di_status di_backend_cuda_set_attn_fixed(di_backend *b, int split);
  * fixed-split attention, no arithmetic-changing fusions). Not for serving: a sequence's rows before
  * and after the change come from different arithmetic. */
 di_status di_backend_cuda_set_invariant(di_backend *b, int on);
+/* Benchmarking only (bf16 and FP8 caches alternating in one process): frees the KV pool and sets the cache
+ * format of the next kv_alloc (on: --kv-cache-dtype fp8's entries; off: bf16); the caller then calls
+ * kv_alloc again (the pool's contents are gone). The engine's path is ops->set_kv_fp8 (before any pool). */
+di_status di_backend_cuda_set_kv_fp8(di_backend *b, int on);
 /* Benchmarking only: DEEPINFER_CUDA_PREFILL_MHA for later steps (0 off, 1 = 512, N: steps of >= N tokens) */
 void di_backend_cuda_set_prefill_mha(di_backend *b, int min_tokens);
 /* Benchmarking only: DEEPINFER_CUDA_PROFILE's per-phase device time on (graphs off) or off for later steps;

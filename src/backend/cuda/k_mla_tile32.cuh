@@ -7,11 +7,13 @@
  * rA + 8 of its group (rA = 16g + lane / 4). The score tile goes through shared memory because the
  * softmax of a row needs all 32 keys while each warp computed only 8 of them. Keys come from the paged
  * cache (64-token blocks, block table btab) by cp.async into two alternating buffers: tile j + 1 is
- * loaded while tile j is used. A key past the row's position or past the item's end k1 scores -inf, so
+ * loaded while tile j is used (from the FP8 pool, KV8 = 1, the chunks are dequantized to bf16 as they are
+ * staged, k_kv8.cuh: a plain load and store, so that tile's load is not overlapped). A key past the row's position or past the item's end k1 scores -inf, so
  * a tile past a row's position is an exact no-op of the online softmax. */
 #ifndef DI_K_MLA_TILE32_CUH
 #define DI_K_MLA_TILE32_CUH
 #include "k_mla_tile.cuh"
+#include "k_kv8.cuh"
 
 #define DI_MLA32_KT DI_CUK_ATTN_KTILE    /* keys per shared-memory tile (32) */
 #define DI_MLA32_SROW (DI_CUK_MLA_D + 8) /* padded row (1168 B = 73 x 16 B: ldmatrix rows in distinct banks) */
@@ -40,7 +42,8 @@ static __device__ __forceinline__ di_mla32_bufs di_mla32_carve(unsigned char *ra
 }
 
 /* Keys kb .. kb + KT - 1 (zero-filled from k1 on) into key buffer dst, by all nthreads threads. */
-static __device__ __forceinline__ void di_mla32_load_kv(bf16 *dst, const bf16 *cache, const int32_t *btab, int kb,
+template <int KV8>
+static __device__ __forceinline__ void di_mla32_load_kv(bf16 *dst, const void *cache, const int32_t *btab, int kb,
                                                         int k1, int tid, int nthreads) {
   const int D = DI_CUK_MLA_D;
   for (int c = tid; c < DI_MLA32_KT * (D / 8); c += nthreads) {
@@ -48,16 +51,17 @@ static __device__ __forceinline__ void di_mla32_load_kv(bf16 *dst, const bf16 *c
     int k = kb + r;
     bool ok = k < k1;
     int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
-    di_cp_async16(dst + r * DI_MLA32_SROW + col, cache + crow * D + col, ok);
+    di_kv_stage16<KV8>(dst + r * DI_MLA32_SROW + col, di_kv_row(cache, KV8, crow), col, ok);
   }
 }
 
 /* The item's rows row0 .. row0 + nrows - 1 (token x head; a token's position at row / H): positions
  * into sPos (-1 past nrows), the Q rows into sQ (zeros past nrows), then the first key tile at k0; one
  * cp.async group, which the first di_mla32_tile waits for. */
+template <int KV8>
 static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, int BM, const bf16 *Q,
                                                       const int32_t *positions, int H, int row0, int nrows,
-                                                      const bf16 *cache, const int32_t *btab, int k0, int k1,
+                                                      const void *cache, const int32_t *btab, int k0, int k1,
                                                       int tid, int nthreads) {
   const int D = DI_CUK_MLA_D;
   for (int r = tid; r < BM; r += nthreads) sb.sPos[r] = r < nrows ? positions[(row0 + r) / H] : -1;
@@ -66,7 +70,7 @@ static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, i
     bool ok = r < nrows;
     di_cp_async16(sb.sQ + r * DI_MLA32_SROW + col, Q + (int64_t)(ok ? row0 + r : row0) * D + col, ok);
   }
-  di_mla32_load_kv(sb.sK, cache, btab, k0, k1, tid, nthreads);
+  di_mla32_load_kv<KV8>(sb.sK, cache, btab, k0, k1, tid, nthreads);
   di_cp_commit();
 }
 
@@ -74,7 +78,8 @@ static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, i
  * thread's part of S = Q . K^T over 576 dims (masked), the online-softmax step on rows rA, rA + 8 and
  * O[rows][128 columns of quarter wq] += P . V with V = the key tile's first 512 columns. o, m, l: the
  * running state (o unnormalized). Every thread of the CTA calls it (it holds two __syncthreads). */
-static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, const bf16 *cache, const int32_t *btab,
+template <int KV8>
+static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, const void *cache, const int32_t *btab,
                                                      int j, int ntiles, int k0, int k1, float scale_log2, int tid,
                                                      int nthreads, float (&o)[16][4], float &m0, float &m1,
                                                      float &l0, float &l1) {
@@ -85,7 +90,7 @@ static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, co
   const int kb = k0 + j * KT;
   di_cp_wait<0>();
   __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer */
-  if (j + 1 < ntiles) di_mla32_load_kv(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
+  if (j + 1 < ntiles) di_mla32_load_kv<KV8>(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
   di_cp_commit();
   const bf16 *K = sb.sK + (j & 1) * KT * SROW;
   float *sS = sb.sS;
