@@ -15,7 +15,8 @@
  * - the CTA's KV rows are prefetched into L2 before the kernel waits for its predecessor (the block
  *   table and the cache rows of earlier steps are not written by earlier kernels of the step; the new
  *   token's row is, but a prefetch only warms L2, where that write lands).
- * - from the FP8 pool (KV8 = 1, --kv-cache-dtype fp8) the same chunks are loaded, dequantized to bf16 in
+ * - from the FP8 pool (KV8 = 1, --kv-cache-dtype fp8) the same chunks are loaded (into registers ahead of
+ *   the tile before, as cp.async would run ahead), dequantized to bf16 in
  *   registers and stored (k_kv8.cuh), so the tile loop below runs unchanged on the staged bf16 tile.
  * Tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) do both products; the online softmax
  * (FlashAttention-2) runs in registers, the score tile goes through shared memory. */
@@ -84,6 +85,7 @@ mla_decode_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_st
     const unsigned char *row = di_kv_row(cache, KV8, (int64_t)btab[k / 64] * 64 + (k % 64));
 #pragma unroll
     for (int j = 0; j < (KV8 ? 6 : 9); j++) di_prefetch_l2(row + j * 128); /* the row's lines of 128 B */
+    if (KV8) di_prefetch_l2(row + DI_CUK_KV8_ROW - 1); /* (656 B rows are not line-aligned: up to 7 lines) */
   }
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16 *sQ = (bf16 *)smem_raw;                   /* [DROWS][SROW] */
@@ -109,6 +111,34 @@ mla_decode_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_st
     bf16 *dst = sK + (buf * DKT + r) * SROW + q * 8;
 #pragma unroll
     for (int j = 0; j < D / 32; j++) di_kv_stage16<KV8>(dst + j * 32, src, q * 8 + j * 32, ok);
+  };
+  /* KV8, tiles after the first: the next tile's codes, scales and rope chunks (this thread's 18 chunks of
+   * its row) are loaded into registers before the current tile's arithmetic and stored, dequantized,
+   * into their buffer after it, so the load overlaps the arithmetic as cp.async does for bf16 */
+  uint2 r8[16];
+  uint4 rpe[2];
+  float rsc[4];
+  bool r_ok = false;
+  auto fetch8 = [&](int kb) {
+    const int r = tid >> 2, q = tid & 3, k = kb + r;
+    r_ok = k < it.k1;
+    if (!r_ok) return;
+    const unsigned char *src = di_kv_row(cache, 1, (int64_t)btab[k / 64] * 64 + (k % 64));
+#pragma unroll
+    for (int j = 0; j < 16; j++) r8[j] = __ldg((const uint2 *)(src + DI_CUK_KV8_LAT + q * 8 + j * 32));
+#pragma unroll
+    for (int g = 0; g < 4; g++) rsc[g] = __ldg((const float *)(src + DI_CUK_KV8_SCALES) + g);
+#pragma unroll
+    for (int j = 0; j < 2; j++) rpe[j] = __ldg((const uint4 *)(src + DI_CUK_KV8_PE + (q * 8 + j * 32) * 2));
+  };
+  auto put8 = [&](int buf) { /* chunk j < 16: latent columns q * 8 + 32j (group j / 4); 16, 17: rope */
+    const int r = tid >> 2, q = tid & 3;
+    bf16 *dst = sK + (buf * DKT + r) * SROW + q * 8;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int j = 0; j < 16; j++) *(uint4 *)(dst + j * 32) = r_ok ? di_kv8_dequant8(r8[j], rsc[j / 4]) : z;
+#pragma unroll
+    for (int j = 0; j < 2; j++) *(uint4 *)(dst + DR + j * 32) = r_ok ? rpe[j] : z;
   };
   const int ntiles = it.k1 > it.k0 ? (it.k1 - it.k0 + kstep - 1) / kstep : 0;
   if (preload && live && ntiles > 0) {
@@ -136,7 +166,10 @@ mla_decode_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_st
     const int kb = it.k0 + j * kstep;
     di_cp_wait<0>();
     __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer and scores */
-    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + kstep, 0);
+    if (j + 1 < ntiles) {
+      if (KV8) fetch8(kb + kstep);
+      else load_kv((j + 1) & 1, kb + kstep, 0);
+    }
     di_cp_commit();
     const bf16 *K = sK + (j & 1) * DKT * SROW;
 
@@ -183,6 +216,7 @@ mla_decode_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_st
         di_mma16816(o[nt + 1], pa, b + 2);
       }
     }
+    if (KV8 && j + 1 < ntiles) put8((j + 1) & 1); /* (buffer (j+1)&1 was last read in tile j - 1) */
   }
   di_cp_wait<0>();
 
