@@ -38,7 +38,7 @@ mla_attn_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stri
 
   const int ntiles = (it.k1 - it.k0 + DI_MLA32_KT - 1) / DI_MLA32_KT;
   for (int j = 0; j < ntiles; j++)
-    di_mla32_tile<KV8>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
+    di_mla32_tile<KV8, RG * 128>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
   di_cp_wait<0>();
 
   /* epilogue */

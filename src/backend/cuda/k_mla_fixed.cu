@@ -72,7 +72,7 @@ mla_fixed_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_str
 
   const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
   for (int j = 0; j < ntiles; j++) {
-    di_mla32_tile<KV8>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
+    di_mla32_tile<KV8, RG * 128>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
     if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
       const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
       const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
