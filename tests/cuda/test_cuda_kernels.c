@@ -6,6 +6,7 @@
  * router ids exact and weights 1e-5; sampling: the same token as the CPU sampler. Built only with
  * nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/k_mha_prefill.h"
 #include "sampler/sampler.h"
 #include "sampler/rng.h"
 #include "util/numeric.h"
@@ -370,7 +371,7 @@ static void test_kv8_prep(di_cu_blas *blas, int T, int H, int N, int P, int R) {
   float *kvn = rand_f32(R, 1.f);
   const int ldq = H * (N + P);
   uint16_t *q = rand_bf16((size_t)T * ldq, 1.f);
-  int32_t pos[8], slots[8];
+  int32_t pos[16], slots[16]; /* T <= 16 */
   float invf[32];
   for (int i = 0; i < P / 2; i++) invf[i] = (float)pow(10000.0, -2.0 * i / P);
   for (int t = 0; t < T; t++) { pos[t] = (int)(urand() * 5000); slots[t] = 2 * t + 1; }
@@ -446,6 +447,43 @@ static void test_kv8_prep(di_cu_blas *blas, int T, int H, int N, int P, int R) {
   free(kvb); free(kvn); free(q); free(cb); free(c8);
   void *ptrs[] = {dkva, dkvn, dq, dpos, dslot, dinv, dQa, dcb, dc8};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+}
+
+/* The MHA prefill's gather from the FP8 pool: every gathered row bit-equal to bf16(code x scale) of its
+ * entry's latent (f32 product, then nearest-even bf16: the staging rule of every attention kernel) and
+ * to its bf16 rope part, through scrambled slots. */
+static void test_kv8_gather(int n_entries, int n) {
+  const size_t eb = DI_CUK_KV8_ROW;
+  unsigned char *e = malloc(eb * (size_t)n_entries);
+  float x[DR];
+  for (int r = 0; r < n_entries; r++) {
+    unsigned char *o = e + eb * r;
+    for (int i = 0; i < DR; i++) x[i] = (float)nrand() * (float)(1 + i / 128) * 0.3f;
+    di_kv_fp8_quantize(x, DR, (float *)(o + DI_CUK_KV8_SCALES), o + DI_CUK_KV8_LAT);
+    uint16_t *pe = (uint16_t *)(o + DI_CUK_KV8_PE);
+    for (int i = 0; i < D - DR; i++) pe[i] = di_f32_to_bf16((float)nrand());
+  }
+  int32_t *slots = malloc(4 * (size_t)n);
+  for (int i = 0; i < n; i++) slots[i] = (int32_t)(urand() * n_entries) % n_entries;
+  void *de = dup_dev(e, eb * (size_t)n_entries), *ds = dup_dev(slots, 4 * (size_t)n), *dg = di_cut_malloc((size_t)n * D * 2);
+  CHECK(di_cuk_mha_gather(de, 1, ds, n, dg, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  uint16_t *g = malloc((size_t)n * D * 2);
+  di_cut_d2h(g, dg, (size_t)n * D * 2);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    const unsigned char *o = e + eb * slots[i];
+    const float *sc = (const float *)(o + DI_CUK_KV8_SCALES);
+    const uint16_t *pe = (const uint16_t *)(o + DI_CUK_KV8_PE);
+    for (int c = 0; c < D; c++) {
+      const uint16_t want = c < DR ? di_f32_to_bf16(di_fp8e4m3_to_f32(o[DI_CUK_KV8_LAT + c]) * sc[c / 128]) : pe[c - DR];
+      bad += g[(size_t)i * D + c] != want;
+    }
+  }
+  CHECKF(bad == 0, "kv8 mha gather: %d of %d values differ from bf16(code x scale)", bad, n * D);
+  printf("kv8 mha gather %d rows of %d entries: bit-equal to bf16(code x scale) and the rope part\n", n, n_entries);
+  free(e); free(slots); free(g);
+  di_cut_free(de); di_cut_free(ds); di_cut_free(dg);
 }
 
 /* The fused decode launch (prep + absorption) against the two kernels it replaces: bitwise equal
@@ -1042,6 +1080,7 @@ int main(int argc, char **argv) {
     test_kv8_prep(blas, 1, 16, 128, 64, 512); /* V2-Lite decode */
     test_kv8_prep(blas, 8, 4, 32, 16, 32);    /* the tiny fixtures' ranks */
     test_kv8_prep(blas, 12, 128, 128, 64, 512);
+    test_kv8_gather(300, 1000);
     test_kv8 = 1;
     int ctx[] = {1, 100, 4097, 32768}, nt[] = {1, 1, 1, 1};
     test_mla_attn(16, 4, ctx, nt, 16, 1, "V2-Lite decode, no split");
