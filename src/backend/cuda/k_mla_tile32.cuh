@@ -9,8 +9,9 @@
  * cache (64-token blocks, block table btab) by cp.async into two alternating buffers: tile j + 1 is
  * loaded while tile j is used (from the FP8 pool, KV8 = 1, the chunks are dequantized to bf16 as they are
  * staged, k_kv8.cuh: with 128 or 256 threads loaded into registers before tile j's arithmetic and stored
- * after it, di_mla32_kv8_stage; with 512, and the first tile, a plain load and store). A key past the row's position or past the item's end k1 scores -inf, so
- * a tile past a row's position is an exact no-op of the online softmax. */
+ * after it, di_mla32_kv8_stage; with 512, and the first tile, a plain load and store). A key past the
+ * row's position or past the item's end k1 scores -inf, so a tile past a row's position is an exact no-op
+ * of the online softmax. */
 #ifndef DI_K_MLA_TILE32_CUH
 #define DI_K_MLA_TILE32_CUH
 #include "k_mla_tile.cuh"
