@@ -6,7 +6,7 @@
  * one 256 MB random pool at a random offset, which is uploaded like a real checkpoint; the numbers
  * do not depend on the values, only the routing does, and that comes from the random router.
  * usage: bench_cuda_decode [config.json] [--batches 1,4,16,64,256] [--prompt 512] [--gen 128]
- *                          [--prefill 512,4096] [--quantization fp8] [--skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead]
+ *                          [--prefill 512,4096] [--quantization fp8] [--kv-cache-dtype fp8] [--skip-sweep qkv,prep,absorb,attn,vo,gate,experts,combine,lmhead]
  * --skip-sweep: batch-1 decode time with each listed phase left out (its marginal cost in the graph).
  * --feedback: decode steps queued with device token feedback (sample_async; each step's tokens are
  * the previous step's samples, named -1 - row; the host fetches them while the next step runs), as the
@@ -24,6 +24,10 @@
  * within each mode; the medians then give invariant / default per column. A mode "invariant-tc" is the
  * invariant mode with DEEPINFER_CUDA_MLA_FIXED_TC=1 (its fixed-split attention on tensor cores, the same
  * bits); when it is listed, "invariant" runs with that switch at 0.
+ * Modes fp8kv and invariant-fp8kv:
+ * the default / invariant mode with --kv-cache-dtype fp8's latent cache (di_backend_cuda_set_kv_fp8; the
+ * pool reallocated at each switch), so `--modes default,fp8kv --reps 3` is the FP8 cache beside bf16.
+ * --kv-cache-dtype fp8: the FP8 cache for every run (with no --modes).
  * --profile: after the runs, per mode, the per-phase device time (DEEPINFER_CUDA_PROFILE's marks, eager
  * steps) of 8 batch-1 decode steps and of one prefill of the last --prefill length, to stderr.
  * --skip-sweep with --modes: the sweep once per mode.
@@ -182,7 +186,10 @@ int main(int argc, char **argv) {
   const char *cfg_path = "bench/configs/v2-lite.json";
   int batches[16] = {1, 4, 16, 64, 256}, nb = 5, prefills[8] = {512, 4096}, np = 2, prompt = 512, gen = 128;
   const char *skip_sweep = NULL; /* phases to leave out one at a time at batch 1 (their marginal cost) */
-  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[3] = {-1}, n_mode = 1, profile = 0;
+  /* modes: -1 the backend's own; else bit 0 the batch-invariant mode, bit 1 the FP8 KV cache, bit 2 the
+   * invariant mode's attention on tensor cores (DEEPINFER_CUDA_MLA_FIXED_TC=1) */
+  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[4] = {-1}, n_mode = 1, profile = 0, kv8 = 0;
+  static const char *mode_names[6] = {"default", "invariant", "fp8kv", "invariant-fp8kv", NULL, "invariant-tc"};
   int pmha[4] = {-1}, n_pm = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
@@ -197,14 +204,20 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--prefill-mha") && i + 1 < argc) n_pm = parse_list(argv[++i], pmha, 4);
     else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
       n_mode = 0;
-      for (char *m = strtok(argv[++i], ","); m && n_mode < 3; m = strtok(NULL, ",")) {
-        if (strcmp(m, "default") && strcmp(m, "invariant") && strcmp(m, "invariant-tc")) {
-          fprintf(stderr, "bench: --modes %s (default, invariant, invariant-tc)\n", m);
+      for (char *m = strtok(argv[++i], ","); m && n_mode < 4; m = strtok(NULL, ",")) {
+        int k = 0;
+        while (k < 6 && (!mode_names[k] || strcmp(m, mode_names[k]))) k++;
+        if (k == 6) {
+          fprintf(stderr, "bench: --modes %s (default, invariant, fp8kv, invariant-fp8kv, invariant-tc)\n", m);
           return 2;
         }
-        modes[n_mode++] = !strcmp(m, "invariant") ? 1 : !strcmp(m, "invariant-tc") ? 2 : 0;
+        modes[n_mode++] = k;
       }
-      if (!n_mode) { fprintf(stderr, "bench: --modes needs default and/or invariant\n"); return 2; }
+      if (!n_mode) { fprintf(stderr, "bench: --modes needs default, invariant, fp8kv or invariant-fp8kv\n"); return 2; }
+    }
+    else if (!strcmp(argv[i], "--kv-cache-dtype") && i + 1 < argc) {
+      if (strcmp(argv[++i], "fp8")) { fprintf(stderr, "bench: --kv-cache-dtype %s (fp8)\n", argv[i]); return 2; }
+      kv8 = 1;
     }
     else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
       if (strcmp(argv[++i], "fp8")) { fprintf(stderr, "bench: --quantization %s (fp8)\n", argv[i]); return 2; }
@@ -235,6 +248,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < np; i++) if (prefills[i] > maxpf) maxpf = prefills[i];
   int64_t n_blocks = (int64_t)maxb * per_seq_blocks;
   if ((maxpf + 63) / 64 > n_blocks) n_blocks = (maxpf + 63) / 64;
+  if (kv8 && be->ops->set_kv_fp8(be) != DI_OK) FAIL(0);
   if (be->ops->kv_alloc(be, n_blocks) != DI_OK) FAIL(0);
   int32_t *tables = malloc(sizeof(int32_t) * (size_t)n_blocks);
   for (int64_t i = 0; i < n_blocks; i++) tables[i] = (int32_t)i;
@@ -249,20 +263,21 @@ int main(int argc, char **argv) {
   if (reps < 1 || reps > 16) reps = 1;
   const int n_set = n_mode * n_af * n_pm;
   int has_tc_mode = 0;
-  for (int m = 0; m < n_mode; m++) has_tc_mode |= modes[m] == 2;
+  for (int m = 0; m < n_mode; m++) has_tc_mode |= modes[m] >= 0 && (modes[m] >> 2) & 1;
   if (n_set > 8) { fprintf(stderr, "bench: more than 8 mode x --attn-fixed x --prefill-mha settings\n"); return 2; }
   for (int rep = 0; rep < reps; rep++)
   for (int si = 0; si < n_set; si++) {
   const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
-  if (modes[mi] >= 1 && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
+  if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
   if (pmha[pi_] >= 0) {
     di_backend_cuda_set_prefill_mha(be, pmha[pi_]);
     printf("\n--- prefill MHA form %d, rep %d\n", pmha[pi_], rep + 1);
   }
   if (modes[mi] >= 0 && ai == 0 && pi_ == 0) {
-    if (di_backend_cuda_set_invariant(be, modes[mi] != 0) != DI_OK) FAIL(0);
-    if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, modes[mi] == 2);
-    printf("\n--- %s mode, rep %d\n", modes[mi] == 2 ? "batch-invariant (attention on tensor cores)" : modes[mi] ? "batch-invariant" : "default", rep + 1);
+    if (di_backend_cuda_set_invariant(be, modes[mi] & 1) != DI_OK) FAIL(0);
+    if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, (modes[mi] >> 2) & 1);
+    if (di_backend_cuda_set_kv_fp8(be, (modes[mi] >> 1) & 1) != DI_OK || be->ops->kv_alloc(be, n_blocks) != DI_OK) FAIL(0);
+    printf("\n--- %s mode, rep %d\n", mode_names[modes[mi]], rep + 1);
   }
   if (attn_fixed[ai] >= 0) {
     if (di_backend_cuda_set_attn_fixed(be, attn_fixed[ai]) != DI_OK) FAIL(0);
@@ -356,9 +371,8 @@ int main(int argc, char **argv) {
     printf(")\n");
     for (int si = 0; si < n_set; si++) {
       const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
-      if (modes[mi] >= 1 && pi_ > 0) continue;
-      printf("%-12s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : modes[mi] == 2 ? "invariant-tc" : modes[mi] ? "invariant" : "default", attn_fixed[ai],
-             pmha[pi_]);
+      if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue;
+      printf("%-15s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : mode_names[modes[mi]], attn_fixed[ai], pmha[pi_]);
       for (int k = 0; k < nb + np; k++) {
         double v[16];
         for (int r = 0; r < reps; r++) v[r] = k < nb ? all_dec[si][r][k] : all_pf[si][r][k - nb];
@@ -372,20 +386,29 @@ int main(int argc, char **argv) {
     for (int m = 0; m < n_mode; m++)
       if (modes[m] == 0 && md < 0) md = m;
     for (int mv = 0; md >= 0 && mv < n_mode; mv++)
-      for (int ai = 0; modes[mv] >= 1 && ai < n_af * n_pm; ai++) { /* the cost of invariance per column (against each default setting) */
+      for (int ai = 0; (modes[mv] & 1) && ai < n_af * n_pm; ai++) { /* the cost of invariance per column (against each default setting) */
         const int sd = md * n_af * n_pm + ai, sv = mv * n_af * n_pm + ai - ai % n_pm;
-        printf("%s / default (attn fixed %d, mha %d):", modes[mv] == 2 ? "invariant-tc" : "invariant", attn_fixed[ai / n_pm],
+        printf("%s / default (attn fixed %d, mha %d):", mode_names[modes[mv]], attn_fixed[ai / n_pm],
                pmha[ai % n_pm]);
         for (int k = 0; k < nb + np; k++) printf(" %7.1f%%", 100.0 * med[sv][k] / med[sd][k]);
+        printf("\n");
+      }
+    else if (n_mode == 2 && modes[0] >= 0 && (modes[0] ^ modes[1]) == 2)
+      for (int ai = 0; ai < n_af * n_pm; ai++) { /* the FP8 cache against bf16 per column */
+        const int s16 = (modes[0] & 2 ? 1 : 0) * n_af * n_pm + ai, s8 = (modes[0] & 2 ? 0 : 1) * n_af * n_pm + ai;
+        printf("fp8 KV / bf16 KV (attn fixed %d, mha %d):", attn_fixed[ai / n_pm], pmha[ai % n_pm]);
+        for (int k = 0; k < nb + np; k++) printf(" %7.1f%%", 100.0 * med[s8][k] / med[s16][k]);
         printf("\n");
       }
   }
   if (profile) /* per mode (and MHA setting): the per-phase device time of batch-1 decode steps and of one prefill */
     for (int pk = 0; pk < n_mode * n_pm; pk++) {
       const int mi = pk / n_pm;
-      if (modes[mi] >= 1 && pk % n_pm > 0) continue;
-      if (modes[mi] >= 0 && di_backend_cuda_set_invariant(be, modes[mi] != 0) != DI_OK) FAIL(0);
-      if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, modes[mi] == 2);
+      if (modes[mi] > 0 && (modes[mi] & 1) && pk % n_pm > 0) continue;
+      if (modes[mi] >= 0 && (di_backend_cuda_set_invariant(be, modes[mi] & 1) != DI_OK ||
+                             di_backend_cuda_set_kv_fp8(be, (modes[mi] >> 1) & 1) != DI_OK || be->ops->kv_alloc(be, n_blocks) != DI_OK))
+        FAIL(0);
+      if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, (modes[mi] >> 2) & 1);
       if (pmha[pk % n_pm] >= 0) di_backend_cuda_set_prefill_mha(be, pmha[pk % n_pm]);
       if (di_backend_cuda_set_profile(be, 1) != DI_OK) FAIL(0);
       seqs[0].block_table = tables;
@@ -408,16 +431,18 @@ int main(int argc, char **argv) {
       if (di_backend_cuda_set_profile(be, 0) != DI_OK) FAIL(0);
       fflush(stdout);
       char title[64];
-      snprintf(title, sizeof title, "(%s mode, prefill MHA %d)", modes[mi] < 0 ? "the backend's" : modes[mi] == 2 ? "invariant-tc" : modes[mi] ? "invariant" : "default", pmha[pk % n_pm]);
+      snprintf(title, sizeof title, "(%s mode, prefill MHA %d)", modes[mi] < 0 ? "the backend's" : mode_names[modes[mi]], pmha[pk % n_pm]);
       di_backend_cuda_profile_dump(be, title);
     }
   for (int mi = 0; skip_sweep && mi < n_mode; mi++) {
     /* batch 1, the first sequence's blocks: ms per decode step with each phase left out */
-    if (modes[mi] >= 0 && di_backend_cuda_set_invariant(be, modes[mi]) != DI_OK) FAIL(0);
+    if (modes[mi] >= 0 && (di_backend_cuda_set_invariant(be, modes[mi] & 1) != DI_OK ||
+                           di_backend_cuda_set_kv_fp8(be, modes[mi] >> 1) != DI_OK || be->ops->kv_alloc(be, n_blocks) != DI_OK))
+      FAIL(0);
     char list[256];
     snprintf(list, sizeof list, "none,%s", skip_sweep);
     printf("\nbatch-1 decode step without one phase (garbage outputs; marginal device time in the graph)%s\n",
-           modes[mi] < 0 ? "" : modes[mi] ? ", invariant mode" : ", default mode");
+           modes[mi] < 0 ? "" : modes[mi] == 0 ? ", default mode" : mode_names[modes[mi]]);
     double base = 0;
     for (char *ph = strtok(list, ","); ph; ph = strtok(NULL, ",")) {
       di_backend_cuda_set_skip(be, strcmp(ph, "none") ? ph : "");

@@ -61,7 +61,7 @@ typedef struct di_model_options {
                                 layers quantized to FP8 at load (docs/quantization.md says which) */
   const char *kv_cache_dtype; /* NULL, "" or "auto": the backend's own (CPU f32, CUDA bf16); "fp8" or
                                 "fp8_e4m3" (vLLM's --kv-cache-dtype): the MLA latent cache in E4M3, one
-                                scale per token per 128 latent channels, the rope part bf16 (CPU only) */
+                                scale per token per 128 latent channels, the rope part bf16 (CPU and CUDA) */
 } di_model_options;
 
 /* Fills `opt` with defaults. */

@@ -63,7 +63,7 @@ class LLM:
     last sliding_window - 1 tokens; less memory, approximate); model loading: load_format ("auto", "dummy"),
     accelerator ("cpu", "cuda"), quantization (None or "fp8": a bf16 checkpoint's linear layers to 128 x 128
     block FP8 at load, DeepSeek's format; vLLM's name, per block rather than per tensor), kv_cache_dtype
-    (None / "auto" or "fp8": the latent KV cache in E4M3, CPU backend), threads, quiet, batch_invariant (outputs independent of the other requests
+    (None / "auto" or "fp8": the latent KV cache in E4M3, CPU and CUDA backends), threads, quiet, batch_invariant (outputs independent of the other requests
     in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
     decoding with the model's MTP layer (CPU backend; off by default). Several ranks (docs/multi-gpu.md):

@@ -49,10 +49,10 @@ static di_status load(di_model *m, const di_arch_load *in) {
   di_progress_end(pp);
   DI_TRY(di_backend_create(in->accelerator, &m->cfg, &m->weights, in->threads, in->batch_invariant, &m->backend));
   if (in->kv_fp8) {
-    if (strcmp(m->backend->ops->name, "cpu") != 0)
-      return di_error_set(DI_ERR_UNSUPPORTED, "--kv-cache-dtype fp8: the %s backend keeps its latent cache in bf16 (fp8: CPU only)",
-                          m->backend->ops->name);
-    DI_TRY(di_backend_cpu_set_kv_fp8(m->backend));
+    if (!m->backend->ops->set_kv_fp8)
+      return di_error_set(DI_ERR_UNSUPPORTED, "--kv-cache-dtype fp8: the %s backend keeps its latent cache in its own "
+                          "dtype (fp8: the cpu and cuda backends)", m->backend->ops->name);
+    DI_TRY(m->backend->ops->set_kv_fp8(m->backend));
   }
   return DI_OK;
 }

@@ -174,6 +174,10 @@ typedef struct di_backend_ops {
    * pool, n_blocks[g] blocks for group g; batches then carry every group's tables. Without it the
    * engine uses kv_alloc (group 0) and refuses a backend with more groups. */
   di_status (*kv_alloc_groups)(di_backend *b, const int64_t *n_blocks, int n_groups);
+  /* Optional (NULL: not supported): --kv-cache-dtype fp8, the latent cache in E4M3 with one f32 scale per
+   * token per 128 latent channels and the rope part in bf16 (docs/quantization.md); before kv_groups is
+   * read and before the first kv_alloc. */
+  di_status (*set_kv_fp8)(di_backend *b);
 } di_backend_ops;
 
 struct di_backend {

@@ -19,7 +19,7 @@ static void usage(FILE *f) {
           "Model:    --model DIR (else $DEEPINFER_HF_MODEL_DIR, else the shipped models/default)\n"
           "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
           "          --quantization fp8 (a bf16 checkpoint's linear layers to 128x128 block FP8 at load)\n"
-          "          --kv-cache-dtype auto|fp8 (fp8: the latent KV cache in E4M3; CPU backend)\n"
+          "          --kv-cache-dtype auto|fp8 (fp8: the latent KV cache in E4M3; CPU and CUDA backends)\n"
           "          --batch-invariant (outputs independent of the other requests in a step: the CPU\n"
           "          always is; CUDA then runs slower kernels; also $DEEPINFER_BATCH_INVARIANT=1)\n"
           "Prompt:   --prompt TEXT  --prompt-ids 1,2,3  --chat (the prompt is one user message,\n"

@@ -35,7 +35,7 @@ static void usage(FILE *f) {
           "          --served-model-name NAME (default: the model argument as given, or \"default\")\n"
           "          --load-format auto|dummy  --dummy-seed N  --threads N  --accelerator cpu|cuda\n"
           "          --quantization fp8 (a bf16 checkpoint's linear layers to 128x128 block FP8 at load)\n"
-          "          --kv-cache-dtype auto|fp8 (fp8: the latent KV cache in E4M3; CPU backend)\n"
+          "          --kv-cache-dtype auto|fp8 (fp8: the latent KV cache in E4M3; CPU and CUDA backends)\n"
           "          --batch-invariant (a request's output independent of the requests batched with it:\n"
           "          the CPU always is; CUDA then runs slower kernels; also $DEEPINFER_BATCH_INVARIANT=1)\n"
           "Engine:   --max-model-len N  --max-num-seqs N  --max-num-batched-tokens N\n"

@@ -86,3 +86,14 @@ uint8_t di_f32_to_fp8e4m3(float f) {
   }
   return sign | (uint8_t)((e + 7) << 3 | keep);
 }
+
+void di_kv_fp8_quantize(const float *x, int R, float *scales, uint8_t *codes) {
+  for (int g = 0; g * 128 < R; g++) {
+    const int c1 = g * 128 + 128 < R ? g * 128 + 128 : R;
+    float amax = 0.f;
+    for (int c = g * 128; c < c1; c++) amax = fmaxf(amax, fabsf(x[c]));
+    const float s = amax > 0.f ? amax / 448.f : 1.f;
+    scales[g] = s;
+    for (int c = g * 128; c < c1; c++) codes[c] = di_f32_to_fp8e4m3(x[c] / s);
+  }
+}

@@ -41,4 +41,9 @@ extern const float di_e2m1_table[16];
 /* Nearest E4M3 value to f, ties to even, saturating at +-448 (NaN: 0x7f): the GPU's
  * cvt.rn.satfinite; --quantization fp8, dummy FP8 weights, tests. */
 uint8_t di_f32_to_fp8e4m3(float f);
+/* --kv-cache-dtype fp8's rule for one token's latent x[0..R): per group g of 128 channels (the last one
+ * possibly shorter), scales[g] = amax / 448 (1 for an all-zero group) and codes[c] =
+ * di_f32_to_fp8e4m3(x[c] / scales[c / 128]). The CPU cache (cpu_deepseek.c) and the CUDA one
+ * (k_kv8.cuh, tested against this function) follow it. */
+void di_kv_fp8_quantize(const float *x, int R, float *scales, uint8_t *codes);
 #endif

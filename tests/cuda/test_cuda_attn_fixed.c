@@ -81,7 +81,7 @@ static uint16_t *run_form(const problem *p, cut f, double *ms) {
   double t0 = di_cut_time_ms();
   di_status st = f.tc ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
                                                  ni, dout, dpo, dpl, dslots, NULL)
-                      : di_cuk_mla_attn_fixed(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
+                      : di_cuk_mla_attn_fixed(p->dQ, p->dc, 0, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
                                               ni, f.bm, dout, dpo, dpl, NULL);
   if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
   CHECKF(st == DI_OK && di_cut_sync() == 0, "%s: %s", f.name, di_last_error());
@@ -228,9 +228,9 @@ static void bench_prompt(int H, int T) {
       di_cut_sync();
       double t0 = di_cut_time_ms();
       di_status st = form == 3 ? di_cuk_mla_attn_fixed_tc(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, dout, dpo, dpl, dslots, NULL)
-                   : form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
-                   : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
-                               : di_cuk_mla_attn_cluster(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
+                   : form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+                   : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
+                               : di_cuk_mla_attn_cluster(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
                                                          dout, dpo, dpl, NULL, NULL);
       CHECKF(st == DI_OK && di_cut_sync() == 0, "bench form %d: %s", form, di_last_error());
       if (rep) t[rep - 1] = di_cut_time_ms() - t0;

@@ -14,7 +14,8 @@
  * tests/data/dspark-dsv3-tiny) run DSpark too (fixed schedule: every draft verified; a 24-block pool;
  * the shipped model with acceptance "exact", all 16 held; the fixture by rejection sampling, its greedy
  * requests held; `--dspark` runs only that variant). With DEEPINFER_BATCH_INVARIANT=1
- * the CUDA backend is held exactly, as the CPU: every request equal to alone. Built only with nvcc;
+ * the CUDA backend is held exactly, as the CPU: every request equal to alone. --kv8 (with any of the
+ * above): every model loaded with --kv-cache-dtype fp8 (the FP8 latent cache). Built only with nvcc;
  * run by scripts/device_tests.sh. */
 #include "deepinfer.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -105,11 +106,13 @@ static int run(di_model *m, req_t *r, int n, const di_engine_options *o, di_engi
 /* has_mtp: the model has an MTP layer (speculative decoding with it too); dspark: a DSpark
  * speculative_config to run as one more variant (NULL: none) */
 static int g_dspark_only; /* --dspark: only the DSpark variant (and the alone runs it is held to) */
+static int g_kv8;         /* --kv8: --kv-cache-dtype fp8 */
 
 static void check_model_spec(const char *dir, int exact, int has_mtp, const char *dspark) {
   di_model_options mo;
   di_model_options_default(&mo);
   mo.quiet = 1;
+  mo.kv_cache_dtype = g_kv8 ? "fp8" : NULL;
   di_model *m = NULL;
   di_status s = di_model_load(test_path(dir), &mo, &m);
   CHECKF(s == DI_OK, "%s: %s", dir, di_last_error());
@@ -220,9 +223,13 @@ static void check_model(const char *dir, int exact, int has_mtp) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  g_dspark_only = argc > 1 && strcmp(argv[1], "--dspark") == 0;
-  /* --invariant-only: only the batch-invariant part (a short device run of that mode's 16/16) */
-  const int invariant_only = argc > 1 && !strcmp(argv[1], "--invariant-only");
+  int invariant_only = 0; /* --invariant-only: only the batch-invariant part (a short device run of that mode's 16/16) */
+  for (int i = 1; i < argc; i++) {
+    g_dspark_only |= !strcmp(argv[i], "--dspark");
+    invariant_only |= !strcmp(argv[i], "--invariant-only");
+    g_kv8 |= !strcmp(argv[i], "--kv8");
+  }
+  if (g_kv8) printf("--kv8: models loaded with --kv-cache-dtype fp8\n");
   const char *acc = di_switch_get(DI_SW_ACCELERATOR);
   if (!acc || !*acc) setenv("DEEPINFER_ACCELERATOR", "cuda", 1), acc = "cuda";
   const int exact = strcmp(acc, "cpu") == 0;

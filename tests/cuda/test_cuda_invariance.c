@@ -11,6 +11,8 @@
  *   it, at a random place in the step) gives logits bit-identical to the whole-prompt pass.
  * The attention form is the backend's: the fixed-split kernels of k_mla_fixed.cu in this mode, the
  * strided cluster form with DEEPINFER_CUDA_ATTN_FIXED=0; scripts/device_tests.sh runs it with both.
+ * --kv8: the same, models loaded with --kv-cache-dtype fp8 (the FP8 latent cache: every attention form
+ * reads the stored values, the current chunk's included, so the equalities hold as with bf16).
  * Built only with nvcc. */
 #include "api/model_internal.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -26,6 +28,7 @@
 /* --control: the default mode (batch_invariant = 0), differences printed, not held: shows the checks
  * can fail (the default mode's kernels depend on the batch) */
 static int g_control;
+static int g_kv8; /* --kv8 */
 #define HOLD(c, ...) do { if (!g_control) CHECKF(c, __VA_ARGS__); } while (0)
 
 static uint64_t rs = 12345;
@@ -133,6 +136,7 @@ static void check_model(const char *name) {
   di_model_options_default(&mo);
   mo.quiet = 1;
   mo.batch_invariant = !g_control;
+  mo.kv_cache_dtype = g_kv8 ? "fp8" : NULL;
   di_model *m = NULL;
   di_status st = di_model_load(test_path(name), &mo, &m);
   CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
@@ -177,7 +181,11 @@ static void check_model(const char *name) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  g_control = argc > 1 && !strcmp(argv[1], "--control");
+  for (int i = 1; i < argc; i++) {
+    g_control |= !strcmp(argv[i], "--control");
+    g_kv8 |= !strcmp(argv[i], "--kv8");
+  }
+  if (g_kv8) printf("--kv8: models loaded with --kv-cache-dtype fp8\n");
   if (g_control) printf("--control: the default mode, differences printed, not held\n");
   const char *acc = getenv("DEEPINFER_ACCELERATOR");
   if (!acc || !*acc) setenv("DEEPINFER_ACCELERATOR", "cuda", 1), acc = "cuda";

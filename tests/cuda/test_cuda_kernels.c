@@ -6,6 +6,7 @@
  * router ids exact and weights 1e-5; sampling: the same token as the CPU sampler. Built only with
  * nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/k_mha_prefill.h"
 #include "sampler/sampler.h"
 #include "sampler/rng.h"
 #include "util/numeric.h"
@@ -280,7 +281,7 @@ static void test_mla_prep(int T, int H, int N, int P, int R, int interleave) {
   void *dQa = di_cut_malloc((size_t)T * H * D * 2), *dcache = di_cut_malloc((size_t)(3 * T + 2) * D * 2);
   di_cuk_rope rope = {dinv, 1.3f, interleave};
   di_status st = di_cuk_mla_prep(dkva, R + P, dq, H * (N + P), dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa,
-                                 dcache, NULL);
+                                 dcache, 0, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   CHECK(di_cut_sync() == 0);
   float *cache = bf16_dev_to_f32(dcache, (size_t)(3 * T + 2) * D), *Qa = bf16_dev_to_f32(dQa, (size_t)T * H * D);
@@ -324,6 +325,167 @@ static void test_mla_prep(int T, int H, int N, int P, int R, int interleave) {
 
 /* Attention: n_seq sequences; sequence s has n_tok[s] new tokens ending at position ctx[s]-1.
  * Items: rows of each sequence's tokens cut into bm, each split into `split` key ranges. */
+static int test_kv8 = 0; /* --kv-cache-dtype fp8: the prep kernels write, the attention kernels read FP8 entries */
+
+/* The FP8 entry's write rule on the device (di_cuk_kv8_quantize, the rule the prep kernels apply)
+ * against the CPU's di_kv_fp8_quantize: bit for bit, scales and codes, on rows of varied magnitude
+ * (one with an all-zero group, one past E4M3's range, rank R < 512: zero-padded groups, scale 1). */
+static void test_kv8_quant(int n, int R) {
+  float *x = malloc(sizeof(float) * (size_t)n * R);
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c < R; c++) {
+      const float mag = r == 1 ? 0.f : r == 2 ? 3e4f : powf(10.f, (float)(r % 7) - 4.f);
+      x[(size_t)r * R + c] = (float)nrand() * mag * (c % 128 == 5 ? 8.f : 1.f);
+    }
+  for (int c = 0; c < R && c < 128; c++) x[(size_t)3 * R + c] = 0.f; /* row 3: first group all zero */
+  void *dx = dup_dev(x, sizeof(float) * (size_t)n * R), *de = di_cut_malloc((size_t)n * DI_CUK_KV8_ROW);
+  unsigned char *e = calloc((size_t)n, DI_CUK_KV8_ROW);
+  di_cut_h2d(de, e, (size_t)n * DI_CUK_KV8_ROW);
+  CHECK(di_cuk_kv8_quantize(dx, R, n, de, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  di_cut_d2h(e, de, (size_t)n * DI_CUK_KV8_ROW);
+  int bad = 0;
+  for (int r = 0; r < n; r++) {
+    float sc[4] = {1.f, 1.f, 1.f, 1.f};
+    uint8_t code[DR];
+    memset(code, 0, sizeof code);
+    di_kv_fp8_quantize(x + (size_t)r * R, R, sc, code);
+    const unsigned char *er = e + (size_t)r * DI_CUK_KV8_ROW;
+    bad += memcmp(er + DI_CUK_KV8_SCALES, sc, sizeof sc) != 0;
+    bad += memcmp(er + DI_CUK_KV8_LAT, code, DR) != 0;
+  }
+  CHECKF(bad == 0, "kv8 quantize rank %d: %d of %d rows differ from di_kv_fp8_quantize", R, bad, n);
+  printf("kv8 quantize %d rows rank %d: scales and codes bit-equal to the CPU's rule\n", n, R);
+  free(x); free(e);
+  di_cut_free(dx); di_cut_free(de);
+}
+
+/* The prep kernel's FP8 entries (kv_fp8 = 1) against its bf16 ones from the same inputs: the rope part
+ * bit-equal, the latent equal to the CPU's rule applied to the float64 reference of the normed latent
+ * within the last rounding step (scales to 1e-5 relative; a code may differ by one E4M3 step where the
+ * device's f32 norm and the reference straddle a rounding boundary, at most 1% of them), padded groups
+ * (R < 512) scale 1 and code 0; and the fused decode launch (prep + absorption) writes the same bytes. */
+static void test_kv8_prep(di_cu_blas *blas, int T, int H, int N, int P, int R) {
+  (void)blas;
+  uint16_t *kvb = rand_bf16((size_t)T * (R + P), 1.f);
+  float *kvn = rand_f32(R, 1.f);
+  const int ldq = H * (N + P);
+  uint16_t *q = rand_bf16((size_t)T * ldq, 1.f);
+  int32_t pos[16], slots[16]; /* T <= 16 */
+  float invf[32];
+  for (int i = 0; i < P / 2; i++) invf[i] = (float)pow(10000.0, -2.0 * i / P);
+  for (int t = 0; t < T; t++) { pos[t] = (int)(urand() * 5000); slots[t] = 2 * t + 1; }
+  void *dkva = dup_dev(kvb, (size_t)T * (R + P) * 2), *dkvn = dup_dev(kvn, (size_t)R * 4),
+       *dq = dup_dev(q, (size_t)T * ldq * 2), *dpos = dup_dev(pos, 4 * (size_t)T), *dslot = dup_dev(slots, 4 * (size_t)T),
+       *dinv = dup_dev(invf, sizeof invf);
+  const size_t nslot = (size_t)2 * T + 2;
+  void *dQa = di_cut_malloc((size_t)T * H * D * 2), *dcb = di_cut_malloc(nslot * D * 2),
+       *dc8 = di_cut_malloc(nslot * DI_CUK_KV8_ROW);
+  di_cuk_rope rope = {dinv, 1.1f, 0};
+  CHECK(di_cuk_mla_prep(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa, dcb, 0, NULL) == DI_OK);
+  CHECK(di_cuk_mla_prep(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa, dc8, 1, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  uint16_t *cb = malloc(nslot * D * 2);
+  unsigned char *c8 = malloc(nslot * DI_CUK_KV8_ROW);
+  di_cut_d2h(cb, dcb, nslot * D * 2);
+  di_cut_d2h(c8, dc8, nslot * DI_CUK_KV8_ROW);
+  int rope_bad = 0, pad_bad = 0, code_off = 0, code_far = 0;
+  double sc_err = 0;
+  for (int t = 0; t < T; t++) {
+    const unsigned char *e = c8 + (size_t)slots[t] * DI_CUK_KV8_ROW;
+    rope_bad += memcmp(e + DI_CUK_KV8_PE, cb + (size_t)slots[t] * D + DR, 2 * DI_CUK_MLA_P) != 0;
+    float x[DR];
+    double ss = 0;
+    for (int i = 0; i < R; i++) ss += (double)bf(kvb[(size_t)t * (R + P) + i]) * bf(kvb[(size_t)t * (R + P) + i]);
+    const double r = 1.0 / sqrt(ss / R + 1e-6);
+    for (int i = 0; i < DR; i++) x[i] = i < R ? (float)(bf(kvb[(size_t)t * (R + P) + i]) * r * kvn[i]) : 0.f;
+    float sc[4];
+    uint8_t code[DR];
+    di_kv_fp8_quantize(x, DR, sc, code);
+    const float *gs = (const float *)(e + DI_CUK_KV8_SCALES);
+    for (int g = 0; g < 4; g++) {
+      if (g * 128 >= R) pad_bad += gs[g] != 1.f;
+      const double d = fabs((double)gs[g] - sc[g]) / sc[g];
+      if (d > sc_err) sc_err = d;
+    }
+    for (int i = 0; i < DR; i++) {
+      const uint8_t a = e[DI_CUK_KV8_LAT + i], b = code[i];
+      if (i >= R) pad_bad += a != 0;
+      if (a == b) continue;
+      code_off++;
+      if ((a ^ b) & 0x80 || abs((int)(a & 0x7f) - (int)(b & 0x7f)) > 1) code_far++;
+    }
+  }
+  CHECKF(rope_bad == 0, "kv8 prep R=%d: %d rope parts differ from the bf16 entry", R, rope_bad);
+  CHECKF(pad_bad == 0, "kv8 prep R=%d: %d padding scales / codes not 1 / 0", R, pad_bad);
+  CHECKF(sc_err < 1e-5, "kv8 prep R=%d: scale rel err %.3e", R, sc_err);
+  CHECKF(code_far == 0 && code_off <= T * DR / 100, "kv8 prep R=%d: %d codes off by one step, %d further", R, code_off,
+         code_far);
+  /* the decode launch (prep fused with the absorption) writes the same entries */
+  if (T <= 8) {
+    const int Dv = 128;
+    uint16_t *kvb_w = rand_bf16((size_t)H * (N + Dv) * R, 0.1f);
+    void *dw = dup_dev(kvb_w, (size_t)H * (N + Dv) * R * 2), *dc8b = di_cut_malloc(nslot * DI_CUK_KV8_ROW);
+    unsigned char *c8b = calloc(nslot, DI_CUK_KV8_ROW);
+    memset(c8, 0, nslot * DI_CUK_KV8_ROW); /* both from zero: the unwritten slots compare too */
+    di_cut_h2d(dc8, c8, nslot * DI_CUK_KV8_ROW);
+    di_cut_h2d(dc8b, c8b, nslot * DI_CUK_KV8_ROW);
+    const int64_t sw = (int64_t)(N + Dv) * R;
+    CHECK(di_cuk_mla_prep(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa, dc8, 1, NULL) == DI_OK);
+    CHECK(di_cuk_mla_prep_absorb_ok(T, H, R, dw, R, sw));
+    CHECK(di_cuk_mla_prep_absorb(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa, dc8b, 1, dw, R,
+                                 sw, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    di_cut_d2h(c8, dc8, nslot * DI_CUK_KV8_ROW);
+    di_cut_d2h(c8b, dc8b, nslot * DI_CUK_KV8_ROW);
+    CHECKF(memcmp(c8, c8b, nslot * DI_CUK_KV8_ROW) == 0, "kv8 prep+absorb T=%d R=%d: entries differ from the prep's", T, R);
+    free(kvb_w); free(c8b);
+    di_cut_free(dw); di_cut_free(dc8b);
+  }
+  printf("kv8 prep T=%d H=%d R=%d P=%d: rope bit-equal, scales rel err %.1e, %d of %d codes one step off; "
+         "fused decode launch bit-equal\n", T, H, R, P, sc_err, code_off, T * DR);
+  free(kvb); free(kvn); free(q); free(cb); free(c8);
+  void *ptrs[] = {dkva, dkvn, dq, dpos, dslot, dinv, dQa, dcb, dc8};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+}
+
+/* The MHA prefill's gather from the FP8 pool: every gathered row bit-equal to bf16(code x scale) of its
+ * entry's latent (f32 product, then nearest-even bf16: the staging rule of every attention kernel) and
+ * to its bf16 rope part, through scrambled slots. */
+static void test_kv8_gather(int n_entries, int n) {
+  const size_t eb = DI_CUK_KV8_ROW;
+  unsigned char *e = malloc(eb * (size_t)n_entries);
+  float x[DR];
+  for (int r = 0; r < n_entries; r++) {
+    unsigned char *o = e + eb * r;
+    for (int i = 0; i < DR; i++) x[i] = (float)nrand() * (float)(1 + i / 128) * 0.3f;
+    di_kv_fp8_quantize(x, DR, (float *)(o + DI_CUK_KV8_SCALES), o + DI_CUK_KV8_LAT);
+    uint16_t *pe = (uint16_t *)(o + DI_CUK_KV8_PE);
+    for (int i = 0; i < D - DR; i++) pe[i] = di_f32_to_bf16((float)nrand());
+  }
+  int32_t *slots = malloc(4 * (size_t)n);
+  for (int i = 0; i < n; i++) slots[i] = (int32_t)(urand() * n_entries) % n_entries;
+  void *de = dup_dev(e, eb * (size_t)n_entries), *ds = dup_dev(slots, 4 * (size_t)n), *dg = di_cut_malloc((size_t)n * D * 2);
+  CHECK(di_cuk_mha_gather(de, 1, ds, n, dg, NULL) == DI_OK);
+  CHECK(di_cut_sync() == 0);
+  uint16_t *g = malloc((size_t)n * D * 2);
+  di_cut_d2h(g, dg, (size_t)n * D * 2);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    const unsigned char *o = e + eb * slots[i];
+    const float *sc = (const float *)(o + DI_CUK_KV8_SCALES);
+    const uint16_t *pe = (const uint16_t *)(o + DI_CUK_KV8_PE);
+    for (int c = 0; c < D; c++) {
+      const uint16_t want = c < DR ? di_f32_to_bf16(di_fp8e4m3_to_f32(o[DI_CUK_KV8_LAT + c]) * sc[c / 128]) : pe[c - DR];
+      bad += g[(size_t)i * D + c] != want;
+    }
+  }
+  CHECKF(bad == 0, "kv8 mha gather: %d of %d values differ from bf16(code x scale)", bad, n * D);
+  printf("kv8 mha gather %d rows of %d entries: bit-equal to bf16(code x scale) and the rope part\n", n, n_entries);
+  free(e); free(slots); free(g);
+  di_cut_free(de); di_cut_free(ds); di_cut_free(dg);
+}
+
 /* The fused decode launch (prep + absorption) against the two kernels it replaces: bitwise equal
  * Qa (rope and latent columns) and cache entries. */
 static void test_mla_prep_absorb(di_cu_blas *blas, int T, int H, int N, int P, int R) {
@@ -346,9 +508,9 @@ static void test_mla_prep_absorb(di_cu_blas *blas, int T, int H, int N, int P, i
   const int64_t sw = (int64_t)(N + Dv) * R;
   CHECK(di_cuk_mla_prep_absorb_ok(T, H, R, dw, R, sw));
   di_status st = di_cuk_mla_prep_absorb(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa1, dc1,
-                                        dw, R, sw, NULL);
+                                        0, dw, R, sw, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
-  CHECK(di_cuk_mla_prep(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa2, dc2, NULL) == DI_OK);
+  CHECK(di_cuk_mla_prep(dkva, R + P, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa2, dc2, 0, NULL) == DI_OK);
   CHECK(di_cu_gemm_batched(blas, H, T, R, N, dq, ldq, N + P, dw, R, sw, 1, dQa2, H * D, D, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   uint16_t *a = malloc(nqa * 2), *b2 = malloc(nqa * 2), *c1 = malloc(nc * 2), *c2 = malloc(nc * 2);
@@ -390,6 +552,26 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   }
   size_t cache_n = (size_t)total_blocks * 64 * D;
   uint16_t *cache = rand_bf16(cache_n, 1.f);
+  /* test_kv8: the pool holds FP8 entries of these rows (the CPU's rule, di_kv_fp8_quantize; rope bf16), and
+   * the reference attends to their dequantized values code * scale (deq) */
+  unsigned char *c8 = NULL;
+  float *deq = NULL;
+  if (test_kv8) {
+    const size_t nrow = cache_n / D;
+    c8 = calloc(nrow, DI_CUK_KV8_ROW);
+    deq = malloc(sizeof(float) * cache_n);
+    float x[DR];
+    for (size_t r = 0; r < nrow; r++) {
+      const uint16_t *e = cache + r * D;
+      unsigned char *o = c8 + r * DI_CUK_KV8_ROW;
+      for (int i = 0; i < DR; i++) x[i] = bf(e[i]) * (float)(1 + (i / 128)); /* groups of differing scale */
+      di_kv_fp8_quantize(x, DR, (float *)(o + DI_CUK_KV8_SCALES), o + DI_CUK_KV8_LAT);
+      memcpy(o + DI_CUK_KV8_PE, e + DR, 2 * (D - DR));
+      const float *sc = (const float *)(o + DI_CUK_KV8_SCALES);
+      for (int i = 0; i < DR; i++) deq[r * D + i] = di_fp8e4m3_to_f32(o[DI_CUK_KV8_LAT + i]) * sc[i / 128];
+      for (int i = DR; i < D; i++) deq[r * D + i] = bf(e[i]);
+    }
+  }
   uint16_t *Q = rand_bf16((size_t)T * H * D, 0.25f);
   /* items */
   const int n_cl = split < 0 ? -split : 0;
@@ -419,7 +601,8 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
     }
   }
   int32_t counts[2] = {ni, nci};
-  void *dQ = dup_dev(Q, (size_t)T * H * D * 2), *dc = dup_dev(cache, cache_n * 2);
+  void *dQ = dup_dev(Q, (size_t)T * H * D * 2),
+       *dc = test_kv8 ? dup_dev(c8, cache_n / D * DI_CUK_KV8_ROW) : dup_dev(cache, cache_n * 2);
   void *dbt = dup_dev(bt, 4 * (size_t)n_seq * max_blocks), *dpos = dup_dev(pos, 4 * (size_t)T);
   void *dit = dup_dev(items, sizeof *items * (size_t)(ni ? ni : 1)), *dcit = dup_dev(citems, sizeof *citems * (size_t)(nci ? nci : 1));
   void *dn = dup_dev(counts, 8);
@@ -430,9 +613,9 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   uint16_t *wuv = fdv ? rand_bf16((size_t)H * fdv * fld, 0.05f) : NULL;
   void *dwuv = fdv ? dup_dev(wuv, (size_t)H * fdv * fld * 2) : NULL, *dv_out = fdv ? di_cut_malloc((size_t)T * H * fdv * 2) : NULL;
   const di_cuk_uv_fold fold = {dwuv, (int64_t)fdv * fld, fld, fdv, H * fdv, dv_out};
-  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, test_strided,
+  di_status st = n_cl ? di_cuk_mla_attn_cluster(dQ, dc, test_kv8, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, test_strided,
                                                 dout, dpo, dpl, fdv ? &fold : NULL, NULL)
-                      : di_cuk_mla_attn(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
+                      : di_cuk_mla_attn(dQ, dc, test_kv8, dbt, max_blocks, dpos, H, scale, dit, dn, ni, bm, dout, dpo, dpl, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (nci) CHECK(di_cuk_mla_combine(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
@@ -440,7 +623,7 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   float *got = bf16_dev_to_f32(dout, (size_t)T * H * DR);
   if (n_cl && !nci) { /* the first KV tile copied after the wait instead of partly before: bit-equal */
     di_cuk_attn_set_preload(0);
-    st = di_cuk_mla_attn_cluster(dQ, dc, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, test_strided, dout, dpo,
+    st = di_cuk_mla_attn_cluster(dQ, dc, test_kv8, dbt, max_blocks, dpos, H, scale, dit, dn, ni, cl, test_strided, dout, dpo,
                                  dpl, fdv ? &fold : NULL, NULL);
     di_cuk_attn_set_preload(1);
     CHECKF(st == DI_OK, "%s", di_last_error());
@@ -458,8 +641,9 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   for (int t = 0; t < T; t++) {
     int s = seq_of[t];
     for (int j = 0; j <= pos[t]; j++) {
-      const uint16_t *e = cache + ((size_t)bt[s * max_blocks + j / 64] * 64 + j % 64) * D;
-      for (int i = 0; i < D; i++) kf[(size_t)j * D + i] = bf(e[i]);
+      const size_t row = (size_t)bt[s * max_blocks + j / 64] * 64 + j % 64;
+      const uint16_t *e = cache + row * D;
+      for (int i = 0; i < D; i++) kf[(size_t)j * D + i] = test_kv8 ? deq[row * D + i] : bf(e[i]);
     }
     for (int h = 0; h < H; h++) {
       for (int i = 0; i < D; i++) qf[i] = bf(Q[((size_t)t * H + h) * D + i]);
@@ -500,10 +684,10 @@ static void test_mla_attn(int H, int n_seq, const int *ctx, const int *n_tok, in
   err = rel_err_d(ref, got, (size_t)T * H * DR);
   if (!fdv) CHECKF(err < 1e-2, "mla_attn %s: rel err %.3e", label, err);
   if (!fdv)
-    printf("mla_attn %-34s H=%3d T=%4d items=%4d parts=%4d%s: rel err %.2e (%.2f ms incl. launch)\n", label, H, T, ni,
-           part, n_cl ? (cl == 16 ? " cl16" : " cl8") : "", err, ms);
+    printf("mla_attn %-34s H=%3d T=%4d items=%4d parts=%4d%s%s: rel err %.2e (%.2f ms incl. launch)\n", label, H, T,
+           ni, part, n_cl ? (cl == 16 ? " cl16" : " cl8") : "", test_kv8 ? " fp8 KV" : "", err, ms);
   free(perm); free(bt); free(pos); free(seq_of); free(cache); free(Q); free(items); free(citems); free(got); free(ref);
-  free(sc); free(qf); free(kf);
+  free(sc); free(qf); free(kf); free(c8); free(deq);
   di_cut_free(dQ); di_cut_free(dc); di_cut_free(dbt); di_cut_free(dpos); di_cut_free(dit); di_cut_free(dcit);
   di_cut_free(dn); di_cut_free(dout); di_cut_free(dpo); di_cut_free(dpl);
 }
@@ -888,6 +1072,47 @@ int main(int argc, char **argv) {
   }
   di_cu_blas *blas = NULL;
   CHECK(di_cu_blas_create(&blas) == DI_OK);
+  if (argc > 1 && !strcmp(argv[1], "--kv8-only")) { /* --kv-cache-dtype fp8: the write rule, prep, every attention form */
+    test_kv8_quant(40, 512);
+    test_kv8_quant(9, 32);
+    test_kv8_quant(5, 200);
+    test_kv8_prep(blas, 5, 16, 128, 64, 512);
+    test_kv8_prep(blas, 1, 16, 128, 64, 512); /* V2-Lite decode */
+    test_kv8_prep(blas, 8, 4, 32, 16, 32);    /* the tiny fixtures' ranks */
+    test_kv8_prep(blas, 12, 128, 128, 64, 512);
+    test_kv8_gather(300, 1000);
+    test_kv8 = 1;
+    int ctx[] = {1, 100, 4097, 32768}, nt[] = {1, 1, 1, 1};
+    test_mla_attn(16, 4, ctx, nt, 16, 1, "V2-Lite decode, no split");
+    test_mla_attn(16, 4, ctx, nt, 16, 16, "V2-Lite decode, 16-way split");
+    test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, one cluster");
+    test_mla_attn(16, 4, ctx, nt, 16, -5, "V2-Lite decode, 5 clusters");
+    int ctx3[] = {600, 40}, nt3[] = {3, 2};
+    test_mla_attn(16, 2, ctx3, nt3, 16, -2, "decode 3+2 tokens, 2 clusters");
+    test_fold_dv = 128, test_fold_ld = 512;
+    test_mla_attn(16, 2, ctx3, nt3, 16, -1, "decode 3+2 tokens, W_UV fold");
+    test_fold_dv = 0;
+    test_strided = 1;
+    test_mla_attn(16, 4, ctx, nt, 16, -1, "V2-Lite decode, strided (invariant)");
+    test_strided = 0;
+    if (di_cuk_attn_cluster_ok(16)) {
+      test_cl = 16;
+      test_mla_attn(16, 4, ctx, nt, 16, -3, "V2-Lite decode, 3 clusters");
+      test_strided = 1;
+      test_mla_attn(16, 2, ctx3, nt3, 16, -1, "decode 3+2 tokens, strided");
+      test_strided = 0;
+      test_cl = 8;
+    }
+    int ctxv[] = {777, 5000}, ntv[] = {1, 1};
+    test_mla_attn(128, 2, ctxv, ntv, 64, 4, "V3 decode (128 heads), split 4");
+    int ctxp[] = {100, 37}, ntp[] = {70, 37};
+    test_mla_attn(16, 2, ctxp, ntp, 64, 1, "prefill chunks (70 after 30; 37)");
+    test_mla_attn(16, 2, ctxp, ntp, 64, 2, "prefill chunks, split 2");
+    test_mla_attn(4, 2, ctxp, ntp, 16, 1, "tiny heads (4), bm 16");
+    test_kv8 = 0;
+    di_cu_blas_destroy(blas);
+    return test_finish("test_cuda_kernels --kv8-only");
+  }
   if (!attn_only && !moe_only) {
     test_gemm(blas, 5, 2048, 2048, 1, 1.f);       /* M <= 8: the skinny kernel */
     test_gemm(blas, 8, 3648, 2048, 0, 0.f);

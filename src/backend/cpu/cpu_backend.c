@@ -209,6 +209,7 @@ static const di_backend_ops CPU_OPS = {
     .sample = NULL,
     .mtp = cpu_mtp,
     .destroy = cpu_destroy,
+    .set_kv_fp8 = di_backend_cpu_set_kv_fp8,
 };
 
 di_status di_backend_cpu_set_kv_fp8(di_backend *be) {

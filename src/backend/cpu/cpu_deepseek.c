@@ -57,14 +57,7 @@ static void kv_store(const di_cpu_backend *b, float *e, const float *x) {
   }
   uint8_t *q = (uint8_t *)(e + nsc);
   uint16_t *pe = (uint16_t *)(q + R);
-  for (int g = 0; g < nsc; g++) {
-    const int c1 = g * 128 + 128 < R ? g * 128 + 128 : R;
-    float amax = 0.f;
-    for (int c = g * 128; c < c1; c++) amax = fmaxf(amax, fabsf(x[c]));
-    const float s = amax > 0.f ? amax / 448.f : 1.f;
-    e[g] = s;
-    for (int c = g * 128; c < c1; c++) q[c] = di_f32_to_fp8e4m3(x[c] / s);
-  }
+  di_kv_fp8_quantize(x, R, e, q);
   for (int i = 0; i < dr; i++) pe[i] = di_f32_to_bf16(x[R + i]);
 }
 

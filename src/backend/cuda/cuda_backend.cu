@@ -66,7 +66,7 @@ static void cu_destroy(di_backend *bb) {
 
 static const di_backend_ops CU_OPS = {"cuda", cu_kv_groups, cu_kv_alloc, cu_submit, cu_wait, cu_sample, cu_mtp,
                                       NULL /* release */, cu_sample_async, cu_sample_fetch, cu_destroy,
-                                      cu_memory_info};
+                                      cu_memory_info, NULL /* kv_alloc_groups */, cu_set_kv_fp8};
 
 static di_status create(const di_model_config *c, const di_ds_weights *w, cu_backend *b) {
   int ndev = 0;

@@ -41,6 +41,10 @@ di_status di_backend_cuda_set_attn_fixed(di_backend *b, int split);
 di_status di_backend_cuda_set_invariant(di_backend *b, int on);
 /* Benchmarking only: DEEPINFER_CUDA_MLA_FIXED_TC for later steps (0, 1, 2; the same bits either way) */
 void di_backend_cuda_set_fixed_tc(di_backend *b, int level);
+/* Benchmarking only (bf16 and FP8 caches alternating in one process): frees the KV pool and sets the cache
+ * format of the next kv_alloc (on: --kv-cache-dtype fp8's entries; off: bf16); the caller then calls
+ * kv_alloc again (the pool's contents are gone). The engine's path is ops->set_kv_fp8 (before any pool). */
+di_status di_backend_cuda_set_kv_fp8(di_backend *b, int on);
 /* Benchmarking only: DEEPINFER_CUDA_PREFILL_MHA for later steps (0 off, 1 = 512, N: steps of >= N tokens) */
 void di_backend_cuda_set_prefill_mha(di_backend *b, int min_tokens);
 /* Benchmarking only: DEEPINFER_CUDA_PROFILE's per-phase device time on (graphs off) or off for later steps;

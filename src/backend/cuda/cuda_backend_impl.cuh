@@ -112,9 +112,11 @@ typedef struct cu_backend {
   int n_layers;
   void **allocs;
   int n_allocs, cap_allocs;
-  /* KV pool: [layer][(n_blocks + 1) * 64][576]; block n_blocks is the padding tokens' scratch */
+  /* KV pool: [layer][(n_blocks + 1) * 64][576 bf16], or with --kv-cache-dtype fp8 (kv_fp8) [layer][(n_blocks +
+   * 1) * 64][DI_CUK_KV8_ROW bytes] (cuda_kernels.h); block n_blocks is the padding tokens' scratch */
   bf16 *kv;
   int64_t n_blocks;
+  int kv_fp8;
   /* activations, for cap_T tokens */
   int cap_T, cap_out, cap_parts;
   float *h, *xf, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
@@ -231,6 +233,9 @@ void drop_graphs(cu_backend *b);
 di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts);
 int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap);
 di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks);
+di_status cu_set_kv_fp8(di_backend *bb);
+/* bytes of one token's entry in one layer's pool: 576 bf16, or the FP8 entry */
+static inline size_t cu_kv_row_bytes(const cu_backend *b) { return b->kv_fp8 ? DI_CUK_KV8_ROW : DI_CUK_MLA_D * 2; }
 di_status cu_memory_info(di_backend *bb, int max_step_tokens, int max_outputs, int64_t *total_bytes,
                          int64_t *used_bytes);
 /* cuda_upload.cu: host weights (any di_weight dtype) to bf16 device rows */

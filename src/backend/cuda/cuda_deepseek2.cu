@@ -221,8 +221,9 @@ di_status cu_upload_expert(cu_backend *b, const di_ds_layer *s, int l, int e, in
 
 /* ---- the forward pass ---------------------------------------------------------------------------- */
 
-static bf16 *layer_cache(cu_backend *b, int l) {
-  return b->kv + (size_t)l * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D;
+/* layer l's part of the pool (bf16 rows, or FP8 entries with b->kv_fp8) */
+static void *layer_cache(cu_backend *b, int l) {
+  return (unsigned char *)b->kv + (size_t)l * (size_t)(b->n_blocks + 1) * DI_KV_BLOCK_SIZE * cu_kv_row_bytes(b);
 }
 
 di_status mlp_dense(cu_backend *b, int T, const bf16 *gate_up, const bf16 *down, int I) {
@@ -426,7 +427,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     kva = (const uint16_t *)b->qkv + NH * b->dqk;
   }
   PROF("q/kv proj");
-  bf16 *cache = layer_cache(b, l);
+  void *cache = layer_cache(b, l);
+  const int kv8 = b->kv_fp8;
   const uint16_t *wuk = (const uint16_t *)L->kv_b; /* W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R] */
   const int64_t wuk_stride = (int64_t)(b->dn + b->dv) * b->R;
   /* (bit-equal to the two kernels it replaces: test_mla_prep_absorb; so batch-invariant mode too) */
@@ -435,11 +437,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
       di_cuk_mla_prep_absorb_ok(T, NH, b->R, wuk, b->R, wuk_stride)) {
     /* decode: both in one launch */
     DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
-                                  b->eps, b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, wuk, b->R, wuk_stride, s));
+                                  b->eps, b->rope, (uint16_t *)b->Qa, cache, kv8, wuk, b->R, wuk_stride, s));
   } else {
     if (!SKIP(SKIP_PREP))
       DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
-                           b->rope, (uint16_t *)b->Qa, (uint16_t *)cache, s));
+                           b->rope, (uint16_t *)b->Qa, cache, kv8, s));
     /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]); not needed by
      * the MHA form */
     if (!SKIP(SKIP_ABSORB) && !b->mha_step)
@@ -454,27 +456,27 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
   if (!SKIP(SKIP_ATTN) && b->mha_step) { /* prefill in the MHA form (k_mha_prefill.cu): out is per-head v */
     const int wkv = NH * (b->dn + b->dv);
-    DI_TRY(di_cuk_mha_gather((const uint16_t *)cache, b->d_mha_slots, b->n_mha_keys, (uint16_t *)b->mha_g, s));
+    DI_TRY(di_cuk_mha_gather(cache, kv8, b->d_mha_slots, b->n_mha_keys, (uint16_t *)b->mha_g, s));
     DI_TRY(di_cu_gemm(b->blas, b->n_mha_keys, wkv, b->R, (const uint16_t *)b->mha_g, DI_CUK_MLA_D,
                       (const uint16_t *)L->kv_b, b->R, b->mha_kv, wkv, 0, 0.f, s));
     DI_TRY(di_cuk_mha_prefill(q, ldq, b->dqk, (const uint16_t *)b->Qa, (const uint16_t *)b->mha_kv, wkv,
                               (const uint16_t *)b->mha_g, b->d_pos, b->d_mha_items, b->n_mha_items, NH, b->dn, b->dr,
                               b->dv, b->base.cfg->softmax_scale, (uint16_t *)b->attn, NH * b->dv, s));
-  } else if (!SKIP(SKIP_ATTN) && b->attn_fixed && b->bm == 64) /* ... on tensor cores (k_mla_fixed_tc.cu) */
+  } else if (!SKIP(SKIP_ATTN) && b->attn_fixed && b->bm == 64 && !kv8) /* ... on tensor cores (k_mla_fixed_tc.cu) */
     DI_TRY(di_cuk_mla_attn_fixed_tc((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                     NH, b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems,
                                     b->max_items, (uint16_t *)b->olat, b->part_o, b->part_lse, b->tc_slots, s));
   else if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
-    DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
+    DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                                  b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,
                                  b->bm, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
   else if (!SKIP(SKIP_ATTN) && b->attn_cl)
-    DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
+    DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos,
                                    NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
                                    b->attn_cl, b->invariant, (uint16_t *)b->olat, b->part_o, b->part_lse,
                                    fold_uv ? &fold : NULL, s));
   else if (!SKIP(SKIP_ATTN))
-    DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos, NH,
+    DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                          b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                          (uint16_t *)b->olat, b->part_o, b->part_lse, s));
   if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)

@@ -45,12 +45,12 @@ typedef struct di_cuk_rope {
  * (q[t][h*(N+P) + N ..]) roped into Qa[t][h][DI_CUK_MLA_R ..] (zeros in Qa's padding columns; the
  * latent columns [0, R) of Qa are left alone: the absorption GEMM writes them).
  * kva: bf16 [T][R+P] (row stride ldk); q: bf16 [T][H*(N+P)] (row stride ldq); Qa: bf16 [T][H][D];
- * cache: bf16 [slots][D].
+ * cache: bf16 [slots][D], or with kv_fp8 DI_CUK_KV8_ROW-byte FP8 entries [slots].
  * Needs R <= 512, P <= 64. */
 di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_t *q, int ldq,
                           const int32_t *positions, const int32_t *slots, int T, int H, int N, int P, int R,
                           const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
-                          uint16_t *cache, di_cu_stream s);
+                          void *cache, int kv_fp8, di_cu_stream s);
 /* di_cuk_mla_prep plus the absorption Qa[t][h][0:R] = q_nope[t][h] . W_UK[h] (W_UK[h] = wuk + h*sw,
  * [N][R] with row stride ldw: kv_b's rows for head h), equal to di_cuk_mla_prep followed by
  * di_cu_gemm_batched(..., w_kn = 1), in one launch; only where di_cuk_mla_prep_absorb_ok (T <= 8,
@@ -58,8 +58,12 @@ di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_t *q, int l
 int di_cuk_mla_prep_absorb_ok(int T, int H, int R, const uint16_t *wuk, int ldw, int64_t sw);
 di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const uint16_t *q, int ldq, const int32_t *positions,
                                  const int32_t *slots, int T, int H, int N, int P, int R, const float *kv_norm,
-                                 float eps, di_cuk_rope rope, uint16_t *Qa, uint16_t *cache, const uint16_t *wuk,
+                                 float eps, di_cuk_rope rope, uint16_t *Qa, void *cache, int kv_fp8, const uint16_t *wuk,
                                  int ldw, int64_t sw, di_cu_stream s);
+
+/* The FP8 cache entry's write rule alone, as the prep kernels apply it (k_kv8.cuh): rows x [n][R] f32
+ * (R <= 512) into the scales and codes of n DI_CUK_KV8_ROW-byte entries (their rope bytes untouched). */
+di_status di_cuk_kv8_quantize(const float *x, int R, int n, void *entries, di_cu_stream s);
 
 /* ---- MLA attention over the paged latent cache, absorbed form (k_mla_attn.cu) ---- */
 /* One unit of work: rows [row0, row1) of the flattened (token, head) row space, all of one
@@ -82,12 +86,23 @@ typedef struct di_cuk_combine_item {
 #define DI_CUK_MLA_R 512
 #define DI_CUK_MLA_P 64
 #define DI_CUK_MLA_D 576
-/* Q: bf16 [T*H][D] (row = t*H + h); cache: bf16 [n_blocks*64][D] of this layer; block_tables:
+/* --kv-cache-dtype fp8 (issue 18): the cache entry is DI_CUK_KV8_ROW bytes, the CPU backend's format
+ * (cpu_deepseek.c kv_store) at the padded shape: [4 f32 scales, one per 128 latent channels | 512 E4M3
+ * latent bytes | 64 bf16 rope values]; scale = amax / 448 of its 128 channels (1 for an all-zero group),
+ * code = cvt.rn.satfinite(x / scale). The kernels' `cache` arguments are then such rows (kv_fp8 = 1)
+ * instead of DI_CUK_MLA_D bf16 (kv_fp8 = 0); the readers dequantize to bf16 as they stage a key tile
+ * (k_kv8.cuh). */
+#define DI_CUK_KV8_SCALES 0
+#define DI_CUK_KV8_LAT 16
+#define DI_CUK_KV8_PE (16 + DI_CUK_MLA_R)
+#define DI_CUK_KV8_ROW (16 + DI_CUK_MLA_R + 2 * DI_CUK_MLA_P) /* 656 = 41 x 16 B */
+/* Q: bf16 [T*H][D] (row = t*H + h); cache: bf16 [n_blocks*64][D] of this layer (kv_fp8 = 0), or its
+ * FP8 entries [n_blocks*64][DI_CUK_KV8_ROW bytes] (kv_fp8 = 1; every attention form below); block_tables:
  * int32 [n_seqs][bt_stride]; positions: [T]; items: [*n_items] (device count, grid = max_items);
  * out: bf16 [T*H][R] (R = DI_CUK_MLA_R); part_o: f32 [n_parts][64][R]; part_lse: f32 [n_parts][64]. Score of row r
  * against key k (k <= positions[r / H]) = scale * Q[r] . cache[k]; out = softmax-weighted sum of
  * cache[k][0:R]. rows_per_cta: 16 or 64 (items then hold at most that many rows). */
-di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+di_status di_cuk_mla_attn(const uint16_t *Q, const void *cache, int kv_fp8, const int32_t *block_tables,
                           int bt_stride, const int32_t *positions, int H, float scale,
                           const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                           int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
@@ -111,7 +126,7 @@ typedef struct di_cuk_uv_fold {
   uint16_t *v_out;
 } di_cuk_uv_fold;
 int di_cuk_uv_fold_ok(int dv, int rank);
-di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const void *cache, int kv_fp8, const int32_t *block_tables,
                                   int bt_stride, const int32_t *positions, int H, float scale,
                                   const di_cuk_attn_item *items, const int32_t *n_items, int max_items, int cluster,
                                   int strided, uint16_t *out, float *part_o, float *part_lse,
@@ -148,7 +163,7 @@ di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_
  * keys [0, k1) of all its splits (merged in registers, written to out), one with part >= 0 exactly one
  * split (k0 a multiple of the split), merged by di_cuk_mla_combine_fixed. */
 #define DI_CUK_ATTN_FIXED_SPLIT 256
-di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const void *cache, int kv_fp8, const int32_t *block_tables,
                                 int bt_stride, const int32_t *positions, int H, float scale, int split,
                                 const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                                 int rows_per_cta, uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);

@@ -147,13 +147,33 @@ di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
 
 
 int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap) {
-  cu_backend *b = (cu_backend *)bb; /* bf16 rows padded to DI_CUK_MLA_D; the MTP layer when it runs here */
-  return di_ds_kv_groups(b->cfg, b->n_mtp, 2, DI_CUK_MLA_D, g, cap);
+  cu_backend *b = (cu_backend *)bb; /* bf16 rows padded to DI_CUK_MLA_D, or FP8 entries; the MTP layer when it runs here */
+  return di_ds_kv_groups(b->cfg, b->n_mtp, 1, (int)cu_kv_row_bytes(b), g, cap);
+}
+
+/* --kv-cache-dtype fp8 (before the pool exists): the latent cache in the CPU backend's FP8 entry format
+ * (DI_CUK_KV8_ROW bytes a token and layer instead of 1,152), written by the MLA prep kernels and read,
+ * dequantized, by every attention kernel (k_kv8.cuh) */
+extern "C" di_status di_backend_cuda_set_kv_fp8(di_backend *bb, int on) {
+  cu_backend *b = (cu_backend *)bb;
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: KV format change while a step is in flight");
+  drop_graphs(b);
+  dev_free(b, b->kv);
+  b->kv = NULL;
+  b->kv_fp8 = on ? 1 : 0;
+  return DI_OK;
+}
+
+di_status cu_set_kv_fp8(di_backend *bb) {
+  cu_backend *b = (cu_backend *)bb;
+  if (b->kv) return di_error_set(DI_ERR_INTERNAL, "--kv-cache-dtype fp8: set after the KV pool was allocated");
+  b->kv_fp8 = 1;
+  return DI_OK;
 }
 
 /* the latent pool of n_blocks blocks (+1: the padding tokens' block), every layer and the MTP layer */
 static size_t kv_pool_bytes(const cu_backend *b, int64_t n_blocks) {
-  return (size_t)(b->n_layers + b->n_mtp) * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * DI_CUK_MLA_D * 2;
+  return (size_t)(b->n_layers + b->n_mtp) * (size_t)(n_blocks + 1) * DI_KV_BLOCK_SIZE * cu_kv_row_bytes(b);
 }
 
 di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks) {

@@ -87,7 +87,7 @@ static di_status run_rope(const di_op_data *d, float *out) {
   di_cuk_rope rope = {(const float *)dinv, d->cfg.rope_attention_factor, d->cfg.rope_interleave};
   DI_TRY(di_cuk_mla_prep((const uint16_t *)dkva, R + P, (const uint16_t *)dq, P, (const int32_t *)dpos,
                          (const int32_t *)dslot, T, 1, 0, P, R, (const float *)dnorm, 1e-6f, rope, (uint16_t *)dQa,
-                         (uint16_t *)dcache, NULL));
+                         dcache, 0, NULL));
   DI_CU(cudaDeviceSynchronize());
   float *qa = (float *)malloc((size_t)T * D * 4);
   if (!qa) return di_error_set(DI_ERR_OOM, "cuda ops: out of host memory");
@@ -246,7 +246,7 @@ static di_status run_mla_attn(const di_op_data *d, float *out) {
     if (st == DI_OK) st = to_dev(dit, items, (size_t)max_items * sizeof *items);
     if (st == DI_OK) st = to_dev(dn_items, &n_items, 4);
     if (st == DI_OK)
-      st = di_cuk_mla_attn((const uint16_t *)dq, (const uint16_t *)dc, (const int32_t *)dt, nb, (const int32_t *)dpos, NH,
+      st = di_cuk_mla_attn((const uint16_t *)dq, dc, 0, (const int32_t *)dt, nb, (const int32_t *)dpos, NH,
                            d->cfg.softmax_scale, (const di_cuk_attn_item *)dit, (const int32_t *)dn_items, max_items, 64,
                            (uint16_t *)dout, (float *)dpo, (float *)dpl, NULL);
     if (st == DI_OK && cudaDeviceSynchronize() != cudaSuccess)

@@ -100,7 +100,8 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const int fixed = b->attn_fixed;
   /* ... on its tensor-core kernel (k_mla_fixed_tc.cu, the same bits; DEEPINFER_CUDA_MLA_FIXED_TC): items
    * of 64 rows where runs average 64 rows (prefill chunks, verify blocks), or at every step (=2) */
-  const int fixed_tc = fixed && (b->fixed_tc == 2 || (b->fixed_tc == 1 && rows_total / n_runs >= 64));
+  /* (it reads bf16 rows only: an FP8 cache keeps every row on the CUDA-core kernel) */
+  const int fixed_tc = fixed && !b->kv_fp8 && (b->fixed_tc == 2 || (b->fixed_tc == 1 && rows_total / n_runs >= 64));
   const int bm = fixed_tc ? 64
                  : fixed  ? (rows_total / n_runs >= 32 ? 32 : 16)
                           : rows_total / n_runs >= 64 && !b->invariant ? 64 : 16;

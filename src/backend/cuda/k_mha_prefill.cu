@@ -18,6 +18,7 @@
  * (test_cuda_mha_prefill checks both against float64 and each other bit for bit). */
 #include "cuda_common.cuh"
 #include "k_mha_prefill.h"
+#include "k_kv8.cuh"
 #include "k_mla_tile.cuh"
 
 #define MKT 64   /* keys per tile */
@@ -189,18 +190,28 @@ extern "C" di_status di_cuk_mha_prefill(const uint16_t *q, int ldq, int q_hs, co
                             positions, items, n_items, H, N, sl2, (bf16 *)out, ldo, (cudaStream_t)s);
 }
 
-/* G[i] = cache[slots[i]]: the keys' latent entries gathered into rows for the up-projection GEMM. */
-static __global__ void mha_gather_kernel(const int4 *cache, const int32_t *slots, int n, int4 *G) {
+/* G[i] = cache[slots[i]]: the keys' latent entries gathered into bf16 rows for the up-projection GEMM
+ * (from the FP8 pool dequantized, k_kv8.cuh: the stored values, as the absorbed kernels read them). */
+template <int KV8>
+static __global__ void mha_gather_kernel(const void *cache, const int32_t *slots, int n, int4 *G) {
   DI_PDL_ENTRY();
   const int per = DI_CUK_MLA_D * 2 / 16; /* 72 int4 a row */
-  for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < (int64_t)n * per; c += (int64_t)gridDim.x * blockDim.x)
-    G[c] = cache[(int64_t)slots[c / per] * per + c % per];
+  for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < (int64_t)n * per; c += (int64_t)gridDim.x * blockDim.x) {
+    if (KV8) {
+      const uint4 v = di_kv8_chunk16(di_kv_row(cache, 1, slots[c / per]), (int)(c % per) * 8);
+      G[c] = make_int4((int)v.x, (int)v.y, (int)v.z, (int)v.w);
+    } else {
+      G[c] = ((const int4 *)cache)[(int64_t)slots[c / per] * per + c % per];
+    }
+  }
 }
 
-extern "C" di_status di_cuk_mha_gather(const uint16_t *cache, const int32_t *slots, int n, uint16_t *G, di_cu_stream s) {
+extern "C" di_status di_cuk_mha_gather(const void *cache, int kv_fp8, const int32_t *slots, int n, uint16_t *G,
+                                       di_cu_stream s) {
   if (n <= 0) return DI_OK;
   const int blocks = (int)(((int64_t)n * 72 + 255) / 256 < 2048 ? ((int64_t)n * 72 + 255) / 256 : 2048);
-  DI_CU(di_launch(mha_gather_kernel, blocks, 256, 0, (cudaStream_t)s, (const int4 *)cache, slots, n, (int4 *)G));
+  if (kv_fp8) DI_CU(di_launch(mha_gather_kernel<1>, blocks, 256, 0, (cudaStream_t)s, cache, slots, n, (int4 *)G));
+  else DI_CU(di_launch(mha_gather_kernel<0>, blocks, 256, 0, (cudaStream_t)s, cache, slots, n, (int4 *)G));
   DI_CU_LAUNCH("mha_gather");
   return DI_OK;
 }

@@ -22,8 +22,8 @@ int di_cuk_mha_prefill_ok(int N, int P, int DV);
 di_status di_cuk_mha_prefill(const uint16_t *q, int ldq, int q_hs, const uint16_t *qa, const uint16_t *kv, int ldkv,
                              const uint16_t *g, const int32_t *positions, const di_cuk_mha_item *items, int n_items,
                              int H, int N, int P, int DV, float scale, uint16_t *out, int ldo, di_cu_stream s);
-/* G[i] = cache[slots[i]] (576 bf16 entries) for i < n */
-di_status di_cuk_mha_gather(const uint16_t *cache, const int32_t *slots, int n, uint16_t *G, di_cu_stream s);
+/* G[i] = cache[slots[i]] (576 bf16 entries; from kv_fp8's DI_CUK_KV8_ROW-byte entries dequantized) for i < n */
+di_status di_cuk_mha_gather(const void *cache, int kv_fp8, const int32_t *slots, int n, uint16_t *G, di_cu_stream s);
 #ifdef __cplusplus
 }
 #endif

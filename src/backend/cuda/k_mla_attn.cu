@@ -13,9 +13,9 @@
 
 #define DR DI_CUK_MLA_R
 
-template <int RG>
+template <int RG, int KV8>
 static __global__ void __launch_bounds__(RG * 128)
-mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride,
+mla_attn_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride,
                 const int32_t *positions, int H, float scale_log2, const di_cuk_attn_item *items,
                 const int32_t *n_items, bf16 *out, float *part_o, float *part_lse) {
   DI_PDL_ENTRY();
@@ -28,7 +28,7 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp >> 2, wq = warp & 3;       /* row group, quarter */
   const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
-  di_mla32_begin(sb, BM, Q, positions, H, it.row0, nrows, cache, btab, it.k0, it.k1, tid, blockDim.x);
+  di_mla32_begin<KV8>(sb, BM, Q, positions, H, it.row0, nrows, cache, btab, it.k0, it.k1, tid, blockDim.x);
 
   float o[16][4];
 #pragma unroll
@@ -38,7 +38,7 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
 
   const int ntiles = (it.k1 - it.k0 + DI_MLA32_KT - 1) / DI_MLA32_KT;
   for (int j = 0; j < ntiles; j++)
-    di_mla32_tile(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
+    di_mla32_tile<KV8, RG * 128>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
   di_cp_wait<0>();
 
   /* epilogue */
@@ -73,7 +73,23 @@ mla_attn_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stri
   }
 }
 
-extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
+template <int RG, int KV8>
+static di_status launch_attn(int max_items, cudaStream_t s, const bf16 *Q, const void *cache, const int32_t *bt,
+                             int bt_stride, const int32_t *positions, int H, float sl2, const di_cuk_attn_item *items,
+                             const int32_t *n_items, bf16 *out, float *part_o, float *part_lse) {
+  const size_t sm = di_mla32_smem(RG);
+  static int attr_set;
+  if (!attr_set) {
+    DI_CU(cudaFuncSetAttribute(mla_attn_kernel<RG, KV8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr_set = 1;
+  }
+  DI_CU(di_launch(mla_attn_kernel<RG, KV8>, max_items, RG * 128, sm, s, Q, cache, bt, bt_stride, positions, H, sl2,
+                  items, n_items, out, part_o, part_lse));
+  DI_CU_LAUNCH("mla_attn");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const void *cache, int kv_fp8,
                                      const int32_t *block_tables, int bt_stride,
                                      const int32_t *positions, int H, float scale,
                                      const di_cuk_attn_item *items, const int32_t *n_items,
@@ -81,29 +97,15 @@ extern "C" di_status di_cuk_mla_attn(const uint16_t *Q, const uint16_t *cache,
                                      float *part_lse, di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
   const float sl2 = scale * 1.4426950408889634f;
-  if (rows_per_cta == 64) {
-    size_t sm = di_mla32_smem(4);
-    static int attr_set4;
-    if (!attr_set4) {
-      DI_CU(cudaFuncSetAttribute(mla_attn_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-      attr_set4 = 1;
-    }
-    DI_CU(di_launch(mla_attn_kernel<4>, max_items, 512, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
-                    bt_stride, positions, H, sl2, items, n_items, (bf16 *)out, part_o, part_lse));
-  } else if (rows_per_cta == 16) {
-    size_t sm = di_mla32_smem(1);
-    static int attr_set1;
-    if (!attr_set1) {
-      DI_CU(cudaFuncSetAttribute(mla_attn_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-      attr_set1 = 1;
-    }
-    DI_CU(di_launch(mla_attn_kernel<1>, max_items, 128, sm, s, (const bf16 *)Q, (const bf16 *)cache, block_tables,
-                    bt_stride, positions, H, sl2, items, n_items, (bf16 *)out, part_o, part_lse));
-  } else {
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn rows_per_cta %d (16 or 64)", rows_per_cta);
-  }
-  DI_CU_LAUNCH("mla_attn");
-  return DI_OK;
+  const bf16 *q = (const bf16 *)Q;
+  cudaStream_t st = (cudaStream_t)s;
+#define ATTN_CASE(rg, kv8)                                                                                        \
+  if (rows_per_cta == 16 * rg && kv_fp8 == kv8)                                                                   \
+    return launch_attn<rg, kv8>(max_items, st, q, cache, block_tables, bt_stride, positions, H, sl2, items, n_items, \
+                                (bf16 *)out, part_o, part_lse);
+  ATTN_CASE(4, 0) ATTN_CASE(1, 0) ATTN_CASE(4, 1) ATTN_CASE(1, 1)
+#undef ATTN_CASE
+  return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn rows_per_cta %d (16 or 64)", rows_per_cta);
 }
 
 /* Merges the split partial results of each row: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).

@@ -15,11 +15,15 @@
  * - the CTA's KV rows are prefetched into L2 before the kernel waits for its predecessor (the block
  *   table and the cache rows of earlier steps are not written by earlier kernels of the step; the new
  *   token's row is, but a prefetch only warms L2, where that write lands).
+ * - from the FP8 pool (KV8 = 1, --kv-cache-dtype fp8) the same chunks are loaded (into registers ahead of
+ *   the tile before, as cp.async would run ahead), dequantized to bf16 in
+ *   registers and stored (k_kv8.cuh), so the tile loop below runs unchanged on the staged bf16 tile.
  * Tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) do both products; the online softmax
  * (FlashAttention-2) runs in registers, the score tile goes through shared memory. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_mla_tile.cuh"
+#include "k_kv8.cuh"
 #include <cooperative_groups.h>
 
 namespace cg = cooperative_groups;
@@ -56,9 +60,9 @@ static __device__ __forceinline__ void cluster_wait(void) {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-template <int CL>
+template <int CL, int KV8>
 static __global__ void __launch_bounds__(DW * 32)
-mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
+mla_decode_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
                   float scale_log2, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
                   float *part_lse, uv_fold uv, int preload, int tstride) {
   constexpr int RPC = DROWS / CL; /* rows merged per CTA */
@@ -78,9 +82,10 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
   }
   for (int i = tid; it.k0 + (i / DKT) * kstep + i % DKT < it.k1; i += DW * 32) {
     const int k = it.k0 + (i / DKT) * kstep + i % DKT;
-    const bf16 *row = cache + ((int64_t)btab[k / 64] * 64 + (k % 64)) * D;
+    const unsigned char *row = di_kv_row(cache, KV8, (int64_t)btab[k / 64] * 64 + (k % 64));
 #pragma unroll
-    for (int j = 0; j < 9; j++) di_prefetch_l2(row + j * 64); /* 9 lines of 128 B */
+    for (int j = 0; j < (KV8 ? 6 : 9); j++) di_prefetch_l2(row + j * 128); /* the row's lines of 128 B */
+    if (KV8) di_prefetch_l2(row + DI_CUK_KV8_ROW - 1); /* (656 B rows are not line-aligned: up to 7 lines) */
   }
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16 *sQ = (bf16 *)smem_raw;                   /* [DROWS][SROW] */
@@ -102,10 +107,38 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
     const bool old = k < minpos && k < it.k1;
     if ((phase == 1 && !old) || (phase == 2 && old)) return;
     const bool ok = k < it.k1;
-    const bf16 *src = cache + (ok ? ((int64_t)btab[k / 64] * 64 + (k % 64)) * D : 0) + q * 8;
+    const unsigned char *src = di_kv_row(cache, KV8, ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0);
     bf16 *dst = sK + (buf * DKT + r) * SROW + q * 8;
 #pragma unroll
-    for (int j = 0; j < D / 32; j++) di_cp_async16(dst + j * 32, src + j * 32, ok);
+    for (int j = 0; j < D / 32; j++) di_kv_stage16<KV8>(dst + j * 32, src, q * 8 + j * 32, ok);
+  };
+  /* KV8, tiles after the first: the next tile's codes, scales and rope chunks (this thread's 18 chunks of
+   * its row) are loaded into registers before the current tile's arithmetic and stored, dequantized,
+   * into their buffer after it, so the load overlaps the arithmetic as cp.async does for bf16 */
+  uint2 r8[16];
+  uint4 rpe[2];
+  float rsc[4];
+  bool r_ok = false;
+  auto fetch8 = [&](int kb) {
+    const int r = tid >> 2, q = tid & 3, k = kb + r;
+    r_ok = k < it.k1;
+    if (!r_ok) return;
+    const unsigned char *src = di_kv_row(cache, 1, (int64_t)btab[k / 64] * 64 + (k % 64));
+#pragma unroll
+    for (int j = 0; j < 16; j++) r8[j] = __ldg((const uint2 *)(src + DI_CUK_KV8_LAT + q * 8 + j * 32));
+#pragma unroll
+    for (int g = 0; g < 4; g++) rsc[g] = __ldg((const float *)(src + DI_CUK_KV8_SCALES) + g);
+#pragma unroll
+    for (int j = 0; j < 2; j++) rpe[j] = __ldg((const uint4 *)(src + DI_CUK_KV8_PE + (q * 8 + j * 32) * 2));
+  };
+  auto put8 = [&](int buf) { /* chunk j < 16: latent columns q * 8 + 32j (group j / 4); 16, 17: rope */
+    const int r = tid >> 2, q = tid & 3;
+    bf16 *dst = sK + (buf * DKT + r) * SROW + q * 8;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int j = 0; j < 16; j++) *(uint4 *)(dst + j * 32) = r_ok ? di_kv8_dequant8(r8[j], rsc[j / 4]) : z;
+#pragma unroll
+    for (int j = 0; j < 2; j++) *(uint4 *)(dst + DR + j * 32) = r_ok ? rpe[j] : z;
   };
   const int ntiles = it.k1 > it.k0 ? (it.k1 - it.k0 + kstep - 1) / kstep : 0;
   if (preload && live && ntiles > 0) {
@@ -133,7 +166,10 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
     const int kb = it.k0 + j * kstep;
     di_cp_wait<0>();
     __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer and scores */
-    if (j + 1 < ntiles) load_kv((j + 1) & 1, kb + kstep, 0);
+    if (j + 1 < ntiles) {
+      if (KV8) fetch8(kb + kstep);
+      else load_kv((j + 1) & 1, kb + kstep, 0);
+    }
     di_cp_commit();
     const bf16 *K = sK + (j & 1) * DKT * SROW;
 
@@ -180,6 +216,7 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
         di_mma16816(o[nt + 1], pa, b + 2);
       }
     }
+    if (KV8 && j + 1 < ntiles) put8((j + 1) & 1); /* (buffer (j+1)&1 was last read in tile j - 1) */
   }
   di_cp_wait<0>();
 
@@ -286,24 +323,24 @@ mla_decode_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_st
 static int g_attn_preload = 1; /* di_cuk_attn_set_preload */
 extern "C" void di_cuk_attn_set_preload(int on) { g_attn_preload = on; }
 
-template <int CL>
-static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const bf16 *cache, const int32_t *bt,
+template <int CL, int KV8>
+static di_status launch(int max_items, cudaStream_t s, const bf16 *Q, const void *cache, const int32_t *bt,
                         int bt_stride, const int32_t *positions, int H, float sl2, const di_cuk_attn_item *items,
                         const int32_t *n_items, bf16 *out, float *part_o, float *part_lse, uv_fold uv, int tstride) {
   static int attr_set;
   const size_t sm = decode_smem();
   if (!attr_set) {
-    DI_CU(cudaFuncSetAttribute(mla_decode_kernel<CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    if (CL > 8) DI_CU(cudaFuncSetAttribute(mla_decode_kernel<CL>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    DI_CU(cudaFuncSetAttribute(mla_decode_kernel<CL, KV8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    if (CL > 8) DI_CU(cudaFuncSetAttribute(mla_decode_kernel<CL, KV8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     attr_set = 1;
   }
-  DI_CU(di_launch_cluster(mla_decode_kernel<CL>, max_items, DW * 32, sm, s, CL, Q, cache, bt, bt_stride, positions, H,
+  DI_CU(di_launch_cluster(mla_decode_kernel<CL, KV8>, max_items, DW * 32, sm, s, CL, Q, cache, bt, bt_stride, positions, H,
                           sl2, items, n_items, out, part_o, part_lse, uv, g_attn_preload, tstride));
   DI_CU_LAUNCH("mla_decode");
   return DI_OK;
 }
 
-extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const void *cache, int kv_fp8, const int32_t *block_tables,
                                              int bt_stride, const int32_t *positions, int H, float scale,
                                              const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                                              int cluster, int strided, uint16_t *out, float *part_o,
@@ -320,12 +357,15 @@ extern "C" di_status di_cuk_mla_attn_cluster(const uint16_t *Q, const uint16_t *
     uv = (uv_fold){(const bf16 *)fold->w, fold->stride, fold->ld, fold->dv, fold->ld_v, (bf16 *)fold->v_out};
   }
   const float sl2 = scale * 1.4426950408889634f;
-  const bf16 *q = (const bf16 *)Q, *c = (const bf16 *)cache;
+  const bf16 *q = (const bf16 *)Q;
   const int tstride = strided ? cluster : 1; /* in key tiles: the CTAs of a cluster deal the tiles in turn */
-  return cluster == 8 ? launch<8>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                  (bf16 *)out, part_o, part_lse, uv, tstride)
-                      : launch<16>(max_items, s, q, c, block_tables, bt_stride, positions, H, sl2, items, n_items,
-                                   (bf16 *)out, part_o, part_lse, uv, tstride);
+#define DEC_CASE(cl, kv8)                                                                                         \
+  if (cluster == cl && kv_fp8 == kv8)                                                                             \
+    return launch<cl, kv8>(max_items, s, q, cache, block_tables, bt_stride, positions, H, sl2, items, n_items,     \
+                           (bf16 *)out, part_o, part_lse, uv, tstride);
+  DEC_CASE(8, 0) DEC_CASE(16, 0) DEC_CASE(8, 1) DEC_CASE(16, 1)
+#undef DEC_CASE
+  return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla decode attention: kv_fp8 %d", kv_fp8);
 }
 
 extern "C" int di_cuk_uv_fold_ok(int dv, int rank) { return dv > 0 && dv % 16 == 0 && rank > 0 && rank % 8 == 0 && rank <= DR; }
@@ -334,7 +374,7 @@ extern "C" int di_cuk_attn_cluster_ok(int cluster) {
   if (cluster == 8) return 1;
   if (cluster != 16) return 0;
   /* 16 CTAs of ~170 KB shared memory in one GPC: ask the occupancy calculator */
-  return di_cu_cluster_fits((const void *)mla_decode_kernel<16>, 16, DW * 32, decode_smem());
+  return di_cu_cluster_fits((const void *)mla_decode_kernel<16, 0>, 16, DW * 32, decode_smem());
 }
 
 extern "C" int di_cuk_attn_cluster_items(int row0, int row1, int seq, int n_keys, int kfresh, int cluster,

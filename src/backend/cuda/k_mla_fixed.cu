@@ -27,9 +27,9 @@
 
 static_assert(DI_CUK_ATTN_FIXED_SPLIT % KT == 0, "a split is whole key tiles");
 
-template <int RG>
+template <int RG, int KV8>
 static __global__ void __launch_bounds__(RG * 128)
-mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
+mla_fixed_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
                  float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
                  float *part_lse) {
   DI_PDL_ENTRY();
@@ -42,7 +42,7 @@ mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_str
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp >> 2, wq = warp & 3; /* row group, quarter */
   const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
-  di_mla32_begin(sb, BM, Q, positions, H, it.row0, nrows, cache, btab, it.k0, it.k1, tid, blockDim.x);
+  di_mla32_begin<KV8>(sb, BM, Q, positions, H, it.row0, nrows, cache, btab, it.k0, it.k1, tid, blockDim.x);
 
   float o[16][4], A[16][4];
 #pragma unroll
@@ -55,7 +55,7 @@ mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_str
 
   const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
   for (int j = 0; j < ntiles; j++) {
-    di_mla32_tile(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
+    di_mla32_tile<KV8, RG * 128>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
     if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
       const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
       const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
@@ -110,23 +110,23 @@ mla_fixed_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_str
   }
 }
 
-template <int RG>
-static di_status launch_fixed(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *pos,
+template <int RG, int KV8>
+static di_status launch_fixed(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *pos,
                               int H, float sl2, int tps, const di_cuk_attn_item *items, const int32_t *n_items,
                               int max_items, bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
   const size_t sm = di_mla32_smem(RG);
   static int attr_set;
   if (!attr_set) {
-    DI_CU(cudaFuncSetAttribute(mla_fixed_kernel<RG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    DI_CU(cudaFuncSetAttribute(mla_fixed_kernel<RG, KV8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attr_set = 1;
   }
-  DI_CU(di_launch(mla_fixed_kernel<RG>, max_items, RG * 128, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, tps, items,
+  DI_CU(di_launch(mla_fixed_kernel<RG, KV8>, max_items, RG * 128, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, tps, items,
                   n_items, out, part_o, part_lse));
   DI_CU_LAUNCH("mla_attn_fixed");
   return DI_OK;
 }
 
-extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const void *cache, int kv_fp8, const int32_t *block_tables,
                                            int bt_stride, const int32_t *positions, int H, float scale, int split,
                                            const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                                            int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
@@ -136,12 +136,12 @@ extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const uint16_t *ca
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed split %d (a multiple of %d)", split, KT);
   const int tps = split / KT;
   const float sl2 = scale * 1.4426950408889634f;
-  if (rows_per_cta == 32)
-    return launch_fixed<2>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, tps, items,
-                           n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
-  if (rows_per_cta == 16)
-    return launch_fixed<1>((const bf16 *)Q, (const bf16 *)cache, block_tables, bt_stride, positions, H, sl2, tps, items,
-                           n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
+#define FIXED_CASE(rg, kv8)                                                                                      \
+  if (rows_per_cta == 16 * rg && kv_fp8 == kv8)                                                                    \
+    return launch_fixed<rg, kv8>((const bf16 *)Q, cache, block_tables, bt_stride, positions, H, sl2, tps, items,   \
+                                 n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
+  FIXED_CASE(2, 0) FIXED_CASE(1, 0) FIXED_CASE(2, 1) FIXED_CASE(1, 1)
+#undef FIXED_CASE
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed rows_per_cta %d (16 or 32)", rows_per_cta);
 }
 

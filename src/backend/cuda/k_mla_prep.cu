@@ -1,11 +1,13 @@
 /* MLA preparation for one step, one block per token (for decode steps fused with the query
  * absorption, see mla_prep_absorb_kernel): RMSNorm of the compressed KV (c_kv) and RoPE of
  * the shared key part (k_pe), written as one bf16 cache entry [c_kv | k_pe] into the paged latent
- * cache; and RoPE of every head's q_pe into the rope columns of the absorbed query Qa. The rotation
+ * cache (or, kv_fp8, the FP8 entry of k_kv8.cuh: the normed latent quantized per 128 channels, the rope
+ * part bf16); and RoPE of every head's q_pe into the rope columns of the absorbed query Qa. The rotation
  * angle pos * inv_freq is formed in double so long positions (up to 160k) keep full precision. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_skinny_kn.cuh"
+#include "k_kv8.cuh"
 
 static __device__ __forceinline__ void rope_pair(int i, int P, int interleave, int *a, int *b) {
   if (interleave) { *a = 2 * i; *b = 2 * i + 1; }
@@ -16,7 +18,7 @@ static __device__ __forceinline__ void rope_pair(int i, int P, int interleave, i
 static __device__ void mla_prep_token(int t, const bf16 *kva, int ldk, const bf16 *q, int ldq,
                                       const int32_t *positions, const int32_t *slots, int H, int N, int P, int R,
                                       const float *kv_norm, float eps, const di_cuk_rope &rope, bf16 *Qa,
-                                      bf16 *cache) {
+                                      void *cache, int kv_fp8) {
   __shared__ float red[32];
   __shared__ float cs[2][DI_CUK_MLA_P / 2]; /* cos, sin per pair */
   const bf16 *x = kva + (int64_t)t * ldk;
@@ -33,15 +35,32 @@ static __device__ void mla_prep_token(int t, const bf16 *kva, int ldk, const bf1
   ss = di_block_sum(ss, red); /* also orders the cs[] writes above */
   float inv = rsqrtf(ss / R + eps);
   const int D = DI_CUK_MLA_D, RP = DI_CUK_MLA_R; /* padded entry layout */
-  bf16 *ce = cache + (int64_t)slots[t] * D;
-  for (int i = threadIdx.x; i < RP; i += blockDim.x) ce[i] = di_fb(i < R ? di_bf(x[i]) * inv * kv_norm[i] : 0.f);
-  for (int i = P + threadIdx.x; i < DI_CUK_MLA_P; i += blockDim.x) ce[RP + i] = di_fb(0.f);
+  bf16 *pe; /* the entry's 64 rope columns (the latent's are written here) */
+  if (kv_fp8) { /* warp g < 4 quantizes latent group g (blockDim >= 128) */
+    unsigned char *e8 = (unsigned char *)cache + (int64_t)slots[t] * DI_CUK_KV8_ROW;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (w < RP / 128) {
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int c = w * 128 + lane * 4 + i;
+        v[i] = c < R ? di_bf(x[c]) * inv * kv_norm[c] : 0.f;
+      }
+      di_kv8_quant_group(v, e8, w, lane);
+    }
+    pe = (bf16 *)(e8 + DI_CUK_KV8_PE);
+  } else {
+    bf16 *ce = (bf16 *)cache + (int64_t)slots[t] * D;
+    for (int i = threadIdx.x; i < RP; i += blockDim.x) ce[i] = di_fb(i < R ? di_bf(x[i]) * inv * kv_norm[i] : 0.f);
+    pe = ce + RP;
+  }
+  for (int i = P + threadIdx.x; i < DI_CUK_MLA_P; i += blockDim.x) pe[i] = di_fb(0.f);
   for (int i = threadIdx.x; i < P / 2; i += blockDim.x) {
     int a, b;
     rope_pair(i, P, rope.interleave, &a, &b);
     float xa = di_bf(x[R + a]), xb = di_bf(x[R + b]), c = cs[0][i], sn = cs[1][i];
-    ce[RP + a] = di_fb(xa * c - xb * sn);
-    ce[RP + b] = di_fb(xb * c + xa * sn);
+    pe[a] = di_fb(xa * c - xb * sn);
+    pe[b] = di_fb(xb * c + xa * sn);
   }
   for (int j = threadIdx.x; j < H * (P / 2); j += blockDim.x) {
     int h = j / (P / 2), i = j % (P / 2), a, b;
@@ -64,9 +83,9 @@ static __device__ void mla_prep_token(int t, const bf16 *kva, int ldk, const bf1
 
 static __global__ void mla_prep_kernel(const bf16 *kva, int ldk, const bf16 *q, int ldq, const int32_t *positions,
                                        const int32_t *slots, int H, int N, int P, int R, const float *kv_norm,
-                                       float eps, di_cuk_rope rope, bf16 *Qa, bf16 *cache) {
+                                       float eps, di_cuk_rope rope, bf16 *Qa, void *cache, int kv_fp8) {
   DI_PDL_ENTRY();
-  mla_prep_token(blockIdx.x, kva, ldk, q, ldq, positions, slots, H, N, P, R, kv_norm, eps, rope, Qa, cache);
+  mla_prep_token(blockIdx.x, kva, ldk, q, ldq, positions, slots, H, N, P, R, kv_norm, eps, rope, Qa, cache, kv_fp8);
 }
 
 /* Decode steps: the preparation and the query absorption q_lat[t][h] = q_nope[t][h] . W_UK[h] in one
@@ -77,7 +96,8 @@ template <int M>
 static __global__ void __launch_bounds__(KN_THREADS)
 mla_prep_absorb_kernel(const bf16 *kva, int ldk, const bf16 *q, int ldq, const int32_t *positions,
                        const int32_t *slots, int H, int N, int P, int R, const float *kv_norm, float eps,
-                       di_cuk_rope rope, bf16 *Qa, bf16 *cache, const bf16 *wuk, int ldw, int64_t sw, int n_abs) {
+                       di_cuk_rope rope, bf16 *Qa, void *cache, int kv_fp8, const bf16 *wuk, int ldw, int64_t sw,
+                       int n_abs) {
   const int bx = blockIdx.x, by = blockIdx.y;
   if (bx < n_abs) {
     if (by >= H) return;
@@ -90,21 +110,21 @@ mla_prep_absorb_kernel(const bf16 *kva, int ldk, const bf16 *q, int ldq, const i
   }
   DI_PDL_ENTRY();
   if (by >= M) return;
-  mla_prep_token(by, kva, ldk, q, ldq, positions, slots, H, N, P, R, kv_norm, eps, rope, Qa, cache);
+  mla_prep_token(by, kva, ldk, q, ldq, positions, slots, H, N, P, R, kv_norm, eps, rope, Qa, cache, kv_fp8);
 }
 
 extern "C" di_status di_cuk_mla_prep(const uint16_t *kva, int ldk, const uint16_t *q, int ldq,
                                      const int32_t *positions, const int32_t *slots, int T, int H, int N,
                                      int P, int R,
                                      const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
-                                     uint16_t *cache, di_cu_stream s) {
+                                     void *cache, int kv_fp8, di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (P > DI_CUK_MLA_P || P % 2 || R > DI_CUK_MLA_R)
     return di_error_set(DI_ERR_UNSUPPORTED,
                         "cuda: MLA ranks kv_lora %d / rope %d unsupported (need <= %d / even <= %d)", R,
                         P, DI_CUK_MLA_R, DI_CUK_MLA_P);
   DI_CU(di_launch(mla_prep_kernel, T, 256, 0, s, (const bf16 *)kva, ldk, (const bf16 *)q, ldq, positions, slots, H, N,
-                  P, R, kv_norm, eps, rope, (bf16 *)Qa, (bf16 *)cache));
+                  P, R, kv_norm, eps, rope, (bf16 *)Qa, cache, kv_fp8));
   DI_CU_LAUNCH("mla_prep");
   return DI_OK;
 }
@@ -116,7 +136,7 @@ extern "C" int di_cuk_mla_prep_absorb_ok(int T, int H, int R, const uint16_t *wu
 extern "C" di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const uint16_t *q, int ldq,
                                             const int32_t *positions, const int32_t *slots, int T, int H, int N, int P,
                                             int R, const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
-                                            uint16_t *cache, const uint16_t *wuk, int ldw, int64_t sw,
+                                            void *cache, int kv_fp8, const uint16_t *wuk, int ldw, int64_t sw,
                                             di_cu_stream s) {
   if (T <= 0) return DI_OK;
   if (P > DI_CUK_MLA_P || P % 2 || R > DI_CUK_MLA_R)
@@ -132,7 +152,7 @@ extern "C" di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const 
 #define PA_CASE(m)                                                                                              \
   case m:                                                                                                       \
     DI_CU(di_launch(mla_prep_absorb_kernel<m>, grid, KN_THREADS, 0, s, kv, ldk, qq, ldq, positions, slots, H, N, P, R, \
-                    kv_norm, eps, rope, (bf16 *)Qa, (bf16 *)cache, w, ldw, sw, n_abs));                        \
+                    kv_norm, eps, rope, (bf16 *)Qa, cache, kv_fp8, w, ldw, sw, n_abs));                        \
     break;
     PA_CASE(1) PA_CASE(2) PA_CASE(3) PA_CASE(4) PA_CASE(5) PA_CASE(6) PA_CASE(7) PA_CASE(8)
 #undef PA_CASE
@@ -140,3 +160,25 @@ extern "C" di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const 
   return DI_OK;
 }
 
+
+/* The FP8 entry's write rule alone (tests/cuda/test_cuda_kernels.c --kv8-only checks it against the CPU's
+ * di_kv_fp8_quantize bit for bit): one CTA of 4 warps per row, warp g quantizing group g. */
+static __global__ void kv8_quantize_kernel(const float *x, int R, unsigned char *entries) {
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float *xr = x + (int64_t)blockIdx.x * R;
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int c = w * 128 + lane * 4 + i;
+    v[i] = c < R ? xr[c] : 0.f;
+  }
+  di_kv8_quant_group(v, entries + (int64_t)blockIdx.x * DI_CUK_KV8_ROW, w, lane);
+}
+
+extern "C" di_status di_cuk_kv8_quantize(const float *x, int R, int n, void *entries, di_cu_stream s) {
+  if (n <= 0) return DI_OK;
+  if (R <= 0 || R > DI_CUK_MLA_R) return di_error_set(DI_ERR_INVALID_ARG, "cuda: kv8 quantize of rank %d", R);
+  kv8_quantize_kernel<<<n, 128, 0, (cudaStream_t)s>>>(x, R, (unsigned char *)entries);
+  DI_CU_LAUNCH("kv8_quantize");
+  return DI_OK;
+}

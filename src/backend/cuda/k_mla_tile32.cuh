@@ -7,11 +7,15 @@
  * rA + 8 of its group (rA = 16g + lane / 4). The score tile goes through shared memory because the
  * softmax of a row needs all 32 keys while each warp computed only 8 of them. Keys come from the paged
  * cache (64-token blocks, block table btab) by cp.async into two alternating buffers: tile j + 1 is
- * loaded while tile j is used. A key past the row's position or past the item's end k1 scores -inf, so
- * a tile past a row's position is an exact no-op of the online softmax. */
+ * loaded while tile j is used (from the FP8 pool, KV8 = 1, the chunks are dequantized to bf16 as they are
+ * staged, k_kv8.cuh: with 128 or 256 threads loaded into registers before tile j's arithmetic and stored
+ * after it, di_mla32_kv8_stage; with 512, and the first tile, a plain load and store). A key past the
+ * row's position or past the item's end k1 scores -inf, so a tile past a row's position is an exact no-op
+ * of the online softmax. */
 #ifndef DI_K_MLA_TILE32_CUH
 #define DI_K_MLA_TILE32_CUH
 #include "k_mla_tile.cuh"
+#include "k_kv8.cuh"
 
 #define DI_MLA32_KT DI_CUK_ATTN_KTILE    /* keys per shared-memory tile (32) */
 #define DI_MLA32_SROW (DI_CUK_MLA_D + 8) /* padded row (1168 B = 73 x 16 B: ldmatrix rows in distinct banks) */
@@ -40,7 +44,8 @@ static __device__ __forceinline__ di_mla32_bufs di_mla32_carve(unsigned char *ra
 }
 
 /* Keys kb .. kb + KT - 1 (zero-filled from k1 on) into key buffer dst, by all nthreads threads. */
-static __device__ __forceinline__ void di_mla32_load_kv(bf16 *dst, const bf16 *cache, const int32_t *btab, int kb,
+template <int KV8>
+static __device__ __forceinline__ void di_mla32_load_kv(bf16 *dst, const void *cache, const int32_t *btab, int kb,
                                                         int k1, int tid, int nthreads) {
   const int D = DI_CUK_MLA_D;
   for (int c = tid; c < DI_MLA32_KT * (D / 8); c += nthreads) {
@@ -48,16 +53,50 @@ static __device__ __forceinline__ void di_mla32_load_kv(bf16 *dst, const bf16 *c
     int k = kb + r;
     bool ok = k < k1;
     int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
-    di_cp_async16(dst + r * DI_MLA32_SROW + col, cache + crow * D + col, ok);
+    di_kv_stage16<KV8>(dst + r * DI_MLA32_SROW + col, di_kv_row(cache, KV8, crow), col, ok);
   }
 }
+
+/* KV8 with NT = 128 or 256 threads: the next key tile held in registers across the current tile's arithmetic
+ * (loaded before it, stored dequantized after it, as cp.async runs ahead for bf16). Thread -> row tid / TPR
+ * of the tile, chunks q + TPR i (q = tid % TPR): latent chunks i < NL (group i / (16 / TPR)), rope after. */
+template <int NT>
+struct di_mla32_kv8_stage {
+  static constexpr int TPR = NT / 32, NL = 64 / TPR, NP = 8 / TPR;
+  uint2 q[NL];
+  uint4 pe[NP];
+  float s[4];
+  bool ok;
+  __device__ __forceinline__ void fetch(const void *cache, const int32_t *btab, int kb, int k1, int tid) {
+    const int r = tid / TPR, qq = tid % TPR, k = kb + r;
+    ok = k < k1;
+    if (!ok) return;
+    const unsigned char *row = di_kv_row(cache, 1, (int64_t)btab[k / 64] * 64 + (k % 64));
+#pragma unroll
+    for (int i = 0; i < NL; i++) q[i] = __ldg((const uint2 *)(row + DI_CUK_KV8_LAT + (qq + TPR * i) * 8));
+#pragma unroll
+    for (int g = 0; g < 4; g++) s[g] = __ldg((const float *)(row + DI_CUK_KV8_SCALES) + g);
+#pragma unroll
+    for (int i = 0; i < NP; i++) pe[i] = __ldg((const uint4 *)(row + DI_CUK_KV8_PE + (qq + TPR * i) * 16));
+  }
+  __device__ __forceinline__ void put(bf16 *buf, int tid) const {
+    const int r = tid / TPR, qq = tid % TPR;
+    bf16 *dst = buf + r * DI_MLA32_SROW + qq * 8;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < NL; i++) *(uint4 *)(dst + TPR * i * 8) = ok ? di_kv8_dequant8(q[i], s[i / (16 / TPR)]) : z;
+#pragma unroll
+    for (int i = 0; i < NP; i++) *(uint4 *)(dst + DI_CUK_MLA_R + TPR * i * 8) = ok ? pe[i] : z;
+  }
+};
 
 /* The item's rows row0 .. row0 + nrows - 1 (token x head; a token's position at row / H): positions
  * into sPos (-1 past nrows), the Q rows into sQ (zeros past nrows), then the first key tile at k0; one
  * cp.async group, which the first di_mla32_tile waits for. */
+template <int KV8>
 static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, int BM, const bf16 *Q,
                                                       const int32_t *positions, int H, int row0, int nrows,
-                                                      const bf16 *cache, const int32_t *btab, int k0, int k1,
+                                                      const void *cache, const int32_t *btab, int k0, int k1,
                                                       int tid, int nthreads) {
   const int D = DI_CUK_MLA_D;
   for (int r = tid; r < BM; r += nthreads) sb.sPos[r] = r < nrows ? positions[(row0 + r) / H] : -1;
@@ -66,7 +105,7 @@ static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, i
     bool ok = r < nrows;
     di_cp_async16(sb.sQ + r * DI_MLA32_SROW + col, Q + (int64_t)(ok ? row0 + r : row0) * D + col, ok);
   }
-  di_mla32_load_kv(sb.sK, cache, btab, k0, k1, tid, nthreads);
+  di_mla32_load_kv<KV8>(sb.sK, cache, btab, k0, k1, tid, nthreads);
   di_cp_commit();
 }
 
@@ -74,7 +113,8 @@ static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, i
  * thread's part of S = Q . K^T over 576 dims (masked), the online-softmax step on rows rA, rA + 8 and
  * O[rows][128 columns of quarter wq] += P . V with V = the key tile's first 512 columns. o, m, l: the
  * running state (o unnormalized). Every thread of the CTA calls it (it holds two __syncthreads). */
-static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, const bf16 *cache, const int32_t *btab,
+template <int KV8, int NT = 0>
+static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, const void *cache, const int32_t *btab,
                                                      int j, int ntiles, int k0, int k1, float scale_log2, int tid,
                                                      int nthreads, float (&o)[16][4], float &m0, float &m1,
                                                      float &l0, float &l1) {
@@ -85,7 +125,12 @@ static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, co
   const int kb = k0 + j * KT;
   di_cp_wait<0>();
   __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer */
-  if (j + 1 < ntiles) di_mla32_load_kv(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
+  constexpr bool staged = KV8 && (NT == 128 || NT == 256); /* (NT: the CTA's threads, when the caller fixes them) */
+  di_mla32_kv8_stage<staged ? NT : 128> st;
+  if (j + 1 < ntiles) {
+    if (staged) st.fetch(cache, btab, kb + KT, k1, tid);
+    else di_mla32_load_kv<KV8>(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
+  }
   di_cp_commit();
   const bf16 *K = sb.sK + (j & 1) * KT * SROW;
   float *sS = sb.sS;
@@ -133,5 +178,6 @@ static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, co
       di_mma16816(o[nt + 1], pa[ks], b + 2);
     }
   }
+  if (staged && j + 1 < ntiles) st.put(sb.sK + ((j + 1) & 1) * KT * SROW, tid); /* (read last in tile j - 1) */
 }
 #endif
