@@ -393,7 +393,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < nb + np; k++) printf(" %7.1f%%", 100.0 * med[sv][k] / med[sd][k]);
         printf("\n");
       }
-    else if (n_mode == 2 && modes[0] >= 0 && (modes[0] ^ modes[1]) == 2)
+    if (n_mode == 2 && modes[0] >= 0 && (modes[0] ^ modes[1]) == 2)
       for (int ai = 0; ai < n_af * n_pm; ai++) { /* the FP8 cache against bf16 per column */
         const int s16 = (modes[0] & 2 ? 1 : 0) * n_af * n_pm + ai, s8 = (modes[0] & 2 ? 0 : 1) * n_af * n_pm + ai;
         printf("fp8 KV / bf16 KV (attn fixed %d, mha %d):", attn_fixed[ai / n_pm], pmha[ai % n_pm]);
