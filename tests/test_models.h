@@ -7,8 +7,17 @@
 #define DI_TEST_MODELS_H
 #include "deepinfer.h"
 #include "test_util.h"
+#include "model/safetensors.h"
 #include "util/json.h"
+#include <stdio.h>
 #include <stdlib.h>
+
+/* a golden file's tensor by a name with the prompt's number in it ("p%d.ids", "p%d.logits", ...) */
+static inline const di_st_tensor *test_st_findf(const di_st_file *f, const char *fmt, int p) {
+  char name[64];
+  snprintf(name, sizeof name, fmt, p);
+  return di_st_file_find(f, name);
+}
 
 /* the defaults, quiet, 2 compute threads: what the comparison tests load with before their one change */
 static inline void test_model_options(di_model_options *o) {

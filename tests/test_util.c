@@ -1,5 +1,6 @@
 /* See test_util.h. */
 #include "test_util.h"
+#include "deepinfer.h"
 #include "util/json.h"
 #include <dirent.h>
 #include <math.h>
@@ -27,6 +28,33 @@ int test_argmax(const float *v, int n) {
     if (v[i] > v[b])
       b = i;
   return b;
+}
+
+typedef struct {
+  int (*fuzz_one)(const uint8_t *, size_t);
+  const int *accepted;
+  int ok, bad;
+} replay_ok_bad_ctx;
+
+static void replay_ok_bad_file(const char *name, const char *rel, const char *data, size_t n, void *ctx) {
+  (void)rel;
+  replay_ok_bad_ctx *c = ctx;
+  c->fuzz_one((const uint8_t *)data, n);
+  if (strncmp(name, "ok_", 3) == 0) {
+    c->ok++;
+    CHECKF(*c->accepted, "%s refused: %s", name, di_last_error());
+  } else if (strncmp(name, "bad_", 4) == 0) {
+    c->bad++;
+    CHECKF(!*c->accepted, "%s was accepted", name);
+  }
+}
+
+int test_replay_ok_bad(const char *rel_dir, int (*fuzz_one)(const uint8_t *, size_t), const int *accepted, int *ok,
+                       int *bad) {
+  replay_ok_bad_ctx c = {fuzz_one, accepted, 0, 0};
+  const int files = test_for_each_file(rel_dir, replay_ok_bad_file, &c);
+  *ok = c.ok, *bad = c.bad;
+  return files;
 }
 
 double test_rel_l2(const float *got, const float *ref, size_t n) {

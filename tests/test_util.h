@@ -2,6 +2,7 @@
  * "N passed, N failed" that CI reads. A test binary exits nonzero when any check failed. */
 #ifndef DI_TEST_UTIL_H
 #define DI_TEST_UTIL_H
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,6 +47,12 @@ const char *test_path(const char *rel);
  * call). Returns the number of files, or -1 (and a failed check) when the folder cannot be opened. */
 typedef void (*test_file_fn)(const char *name, const char *rel_path, const char *data, size_t len, void *ctx);
 int test_for_each_file(const char *rel_dir, test_file_fn fn, void *ctx);
+/* Replays a config parser's fuzz corpus: every file of `rel_dir` through `fuzz_one` (the target's
+ * LLVMFuzzerTestOneInput), which sets *accepted when the parser read the input; a file named ok_*
+ * must be read, one named bad_* refused (a failed check names the file). Counts them into *ok / *bad;
+ * returns the number of files, as test_for_each_file. */
+int test_replay_ok_bad(const char *rel_dir, int (*fuzz_one)(const uint8_t *, size_t), const int *accepted, int *ok,
+                       int *bad);
 /* ||got - ref|| / ||ref|| in double precision; infinite when got holds a NaN. */
 double test_rel_l2(const float *got, const float *ref, size_t n);
 /* Index of the largest of v[0..n) (the first on ties, as greedy decoding). */

@@ -59,10 +59,12 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
   uint8_t *memo = calloc((size_t)n + 1, 1); /* x_takes_a_byte */
   int32_t *xpos = malloc(sizeof *xpos * ((size_t)n + 1));
   int32_t *path = malloc(sizeof *path * ((size_t)n + 1));
-  if (!c->index || !c->up || !c->down || !c->frame_rule || !memo || !xpos || !path) {
+  uint8_t *state = calloc((size_t)n + 1, 1); /* the index walk's marks, below */
+  if (!c->index || !c->up || !c->down || !c->frame_rule || !memo || !xpos || !path || !state) {
     free(memo);
     free(xpos);
     free(path);
+    free(state);
     di_count_chains_free(c);
     return di_error_set(DI_ERR_OOM, "out of memory");
   }
@@ -74,14 +76,6 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
     c->frame_rule[i] = -1;
   /* index: follow the down links to a resolved rule or an O_1 (state: 0 unseen, 1 on the current
    * path, 2 settled), so a cycle (x*) or a broken link settles every rule above it as no link */
-  uint8_t *state = calloc((size_t)n + 1, 1);
-  if (!state) {
-    free(memo);
-    free(xpos);
-    free(path);
-    di_count_chains_free(c);
-    return di_error_set(DI_ERR_OOM, "out of memory");
-  }
   for (int r = 0; r < n; r++) {
     if (state[r])
       continue;

@@ -18,13 +18,8 @@ typedef struct {
 } ep;
 
 static di_status perr(const ep *p, size_t at, const char *fmt, const char *arg) {
-  int line = 1, col = 1;
-  for (size_t k = 0; k < at && k < p->n; k++) {
-    if (p->s[k] == '\n')
-      line++, col = 1;
-    else
-      col++;
-  }
+  int line, col;
+  di_text_line_col(p->s, p->n, at, &line, &col);
   char msg[256];
   snprintf(msg, sizeof msg, fmt, arg ? arg : "");
   return di_error_set(DI_ERR_FORMAT, "grammar: %s at line %d, column %d", msg, line, col);

@@ -96,19 +96,13 @@ static const char COMMON[] =
 #define COMMON_PREFIX "common."
 
 static di_status lerr(const lp *p, size_t at, const char *what) {
-  int line = 1, col = 1;
-  for (size_t k = 0; k < at && k < p->n; k++) {
-    if (p->s[k] == '\n')
-      line++, col = 1;
-    else
-      col++;
-  }
+  int line, col;
+  di_text_line_col(p->s, p->n, at, &line, &col);
   return di_error_set(DI_ERR_FORMAT, "lark grammar: %s at line %d, column %d%s", what, line, col,
                       p->prefix && strcmp(p->prefix, COMMON_PREFIX) == 0 ? " (built-in common library)"
                       : p->prefix ? " (of the nested %lark grammar)" : "");
 }
 
-/* Skips blanks and // comments; newlines too when `nl` (inside brackets, or before a `|`). */
 static di_status push_op(lp *p, int kind, int target, const int *ops, int k, int max_chars, size_t at) {
   if (p->nops == p->cap_ops) {
     int nc = p->cap_ops ? p->cap_ops * 2 : 8;
@@ -127,16 +121,12 @@ static di_status push_op(lp *p, int kind, int target, const int *ops, int k, int
 
 /* "line L, column C" of offset `at` into buf */
 static void where(const lp *p, size_t at, char *buf, size_t cap) {
-  int line = 1, col = 1;
-  for (size_t k = 0; k < at && k < p->n; k++) {
-    if (p->s[k] == '\n')
-      line++, col = 1;
-    else
-      col++;
-  }
+  int line, col;
+  di_text_line_col(p->s, p->n, at, &line, &col);
   snprintf(buf, cap, "line %d, column %d", line, col);
 }
 
+/* Skips blanks and // comments; newlines too when `nl` (inside brackets, or before a `|`). */
 static void skip(lp *p, int nl) {
   while (p->i < p->n) {
     char c = p->s[p->i];

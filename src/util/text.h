@@ -5,6 +5,18 @@
 #include <stdint.h>
 
 /* The value of a hexadecimal digit, or -1. */
+/* The 1-based line and column of byte offset `at` in s[0..n) (parsers' error messages) */
+static inline void di_text_line_col(const char *s, size_t n, size_t at, int *line, int *col) {
+  int l = 1, c = 1;
+  for (size_t k = 0; k < at && k < n; k++) {
+    if (s[k] == '\n')
+      l++, c = 1;
+    else
+      c++;
+  }
+  *line = l, *col = c;
+}
+
 static inline int di_hexval(char c) {
   return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }

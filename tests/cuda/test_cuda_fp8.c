@@ -62,6 +62,19 @@ static double w_at(const host_w *w, int e, int n, int k) {
   return (double)di_fp8e4m3_to_f32(w->q[((size_t)e * w->N + n) * w->K + k]) *
          w->s[e * sb + (size_t)(n / w->br) * w->sc + k / w->bc];
 }
+
+/* float64 reference of one output column n of the down projection + weighted combine: sum over the
+ * token's kt experts j of wts[j] * (expert ids[j]'s row n . the activation row inv[j]) */
+static double ref_down_combine(const host_w *w, const uint16_t *act, int K, const int *ids, const float *wts,
+                               const int *inv, int kt, int n) {
+  double a = 0;
+  for (int j = 0; j < kt; j++) {
+    double d = 0;
+    for (int k = 0; k < K; k++) d += (double)di_bf16_to_f32(act[(size_t)inv[j] * K + k]) * w_at(w, ids[j], n, k);
+    a += wts[j] * d;
+  }
+  return a;
+}
 static di_cuk_fp8w dev_w(const host_w *w, void **dq, void **ds) {
   size_t sb = (size_t)w->E * ((w->N + w->br - 1) / w->br) * w->sc;
   *dq = dup_dev(w->q, (size_t)w->E * w->N * w->K);
@@ -615,13 +628,7 @@ static void test_down_combine(int E, int N, int K, int kt, const char *what) {
   float *got = fetch_y(dh, (size_t)N, 1);
   errsum e = {0, 0};
   for (int n = 0; n < N; n++) {
-    double a = 0;
-    for (int j = 0; j < kt; j++) {
-      double d = 0;
-      for (int k = 0; k < K; k++) d += (double)di_bf16_to_f32(act[(size_t)inv[j] * K + k]) * w_at(&w, ids[j], n, k);
-      a += wts[j] * d;
-    }
-    acc_err(&e, a, (double)got[n] - h[n]);
+    acc_err(&e, ref_down_combine(&w, act, K, ids, wts, inv, kt, n), (double)got[n] - h[n]);
   }
   CHECKF(rel(&e) < 1e-4, "fp8 down+combine %s E %d N %d K %d k %d: rel err %.3e", what, E, N, K, kt, rel(&e));
   printf("fp8 down+combine %-22s E %3d N %5d K %5d k %d: rel err %.2e\n", what, E, N, K, kt, rel(&e));
@@ -761,13 +768,7 @@ static void test_gv16_down_combine(int E, int N, int K, int kt, const char *what
   float *ref2 = fetch_y(dh[0], (size_t)N, 1), *got = fetch_y(dh[1], (size_t)N, 1), *gotp = fetch_y(dh[2], (size_t)N, 1);
   errsum e = {0, 0};
   for (int n = 0; n < N; n++) {
-    double a = 0;
-    for (int j = 0; j < kt; j++) {
-      double d = 0;
-      for (int k = 0; k < K; k++) d += (double)di_bf16_to_f32(act[(size_t)inv[j] * K + k]) * w_at(&w, ids[j], n, k);
-      a += wts[j] * d;
-    }
-    acc_err(&e, a, (double)got[n] - h[n]);
+    acc_err(&e, ref_down_combine(&w, act, K, ids, wts, inv, kt, n), (double)got[n] - h[n]);
   }
   int bad = 0, badp = 0;
   for (int n = 0; n < N; n++) {

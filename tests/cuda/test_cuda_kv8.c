@@ -72,11 +72,7 @@ static void check_fixture(const char *name) {
     static double ec[4096], eg[4096];
     int n = 0, chk = 0, bad = 0;
     for (int p = 0; p < 3; p++) {
-      char k[64];
-      snprintf(k, sizeof k, "p%d.ids", p);
-      const di_st_tensor *tid = di_st_file_find(&g, k);
-      snprintf(k, sizeof k, "p%d.logits", p);
-      const di_st_tensor *tlog = di_st_file_find(&g, k);
+      const di_st_tensor *tid = test_st_findf(&g, "p%d.ids", p), *tlog = test_st_findf(&g, "p%d.logits", p);
       if (!tid || !tlog) continue;
       const int T = (int)tid->shape[0];
       float *lg = malloc(sizeof(float) * (size_t)T * V), *lc = malloc(sizeof(float) * (size_t)T * V);

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "test_util.h"
+#include "test_models.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -126,11 +127,7 @@ static void check_case(const char *name) {
   static pool pg, pc;
   pg.n = pc.n = 0;
   for (int p = 0; p < 3; p++) {
-    char k[64];
-    snprintf(k, sizeof k, "p%d.ids", p);
-    const di_st_tensor *tid = di_st_file_find(&g, k);
-    snprintf(k, sizeof k, "p%d.logits", p);
-    const di_st_tensor *tlog = di_st_file_find(&g, k);
+    const di_st_tensor *tid = test_st_findf(&g, "p%d.ids", p), *tlog = test_st_findf(&g, "p%d.logits", p);
     if (!tid || !tlog) continue;
     const int T = (int)tid->shape[0];
     const int32_t *ids = tid->data;

@@ -6,27 +6,10 @@
 #include "../../fuzz/fuzz_eplb_config.c"
 #include "test_util.h"
 
-typedef struct { int files, ok, bad; } replay_ctx;
-
-static void replay(const char *name, const char *rel, const char *data, size_t n, void *ctx) {
-  (void)rel;
-  replay_ctx *c = ctx;
-  c->files++;
-  LLVMFuzzerTestOneInput((const uint8_t *)data, n);
-  if (strncmp(name, "ok_", 3) == 0) {
-    c->ok++;
-    CHECKF(fuzz_eplb_accepted, "%s refused", name);
-  } else if (strncmp(name, "bad_", 4) == 0) {
-    c->bad++;
-    CHECKF(!fuzz_eplb_accepted, "%s was accepted", name);
-  }
-}
-
 int main(void) {
-  replay_ctx c = {0, 0, 0};
-  int files = test_for_each_file("fuzz/corpus/eplb_config", replay, &c);
-  CHECKF(files >= 14 && c.files == files && c.ok >= 4 && c.bad >= 10, "%d corpus files (%d ok_, %d bad_)", files, c.ok,
-         c.bad);
+  int ok, bad;
+  const int files = test_replay_ok_bad("fuzz/corpus/eplb_config", LLVMFuzzerTestOneInput, &fuzz_eplb_accepted, &ok, &bad);
+  CHECKF(files >= 14 && ok >= 4 && bad >= 10, "%d corpus files (%d ok_, %d bad_)", files, ok, bad);
   /* what the parser writes, and its message for a value out of range */
   di_ep_config cfg = {0, 9, 9, 9};
   char err[256] = "";

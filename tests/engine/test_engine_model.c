@@ -5,6 +5,7 @@
  * prompts. Also: seeded sampling is batch-independent, n samples share the prompt's blocks, and
  * the first greedy tokens match the reference implementation's golden continuation. */
 #include "test_util.h"
+#include "test_models.h"
 #include "api/model_internal.h"
 #include "model/safetensors.h"
 #include "sampler/rng.h"
@@ -138,13 +139,8 @@ static void test_golden(const char *dir) {
   di_st_file gf;
   if (di_st_open(test_path(gpath), &gf) != DI_OK) { CHECKF(0, "%s", di_last_error()); di_model_free(m); return; }
   for (int pi = 0; pi < 3; pi++) {
-    char name[32];
-    snprintf(name, sizeof name, "p%d.ids", pi);
-    const di_st_tensor *ids = di_st_file_find(&gf, name);
-    snprintf(name, sizeof name, "p%d.greedy", pi);
-    const di_st_tensor *gr = di_st_file_find(&gf, name);
-    snprintf(name, sizeof name, "p%d.margin", pi);
-    const di_st_tensor *mg = di_st_file_find(&gf, name);
+    const di_st_tensor *ids = test_st_findf(&gf, "p%d.ids", pi), *gr = test_st_findf(&gf, "p%d.greedy", pi),
+                       *mg = test_st_findf(&gf, "p%d.margin", pi);
     if (!ids || !gr || !mg) { CHECKF(0, "%s: golden tensors missing", dir); continue; }
     di_engine *e;
     di_engine_options o;

@@ -6,22 +6,17 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/safetensors.h"
 #include "test_util.h"
+#include "test_models.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 
-static const di_st_tensor *find(const di_st_file *f, const char *fmt, int p) {
-  char name[64];
-  snprintf(name, sizeof name, fmt, p);
-  return di_st_file_find(f, name);
-}
-
 /* One prompt: main forward with logits and hidden states of every row, then the MTP layer over rows
  * 0..T-2 (token ids[i+1], hidden h[i]) in the same block table. */
 static void check_prompt(di_model *m, const di_st_file *g, const di_st_file *mg, int p) {
-  const di_st_tensor *tid = find(g, "p%d.ids", p), *tlog = find(g, "p%d.logits", p);
-  const di_st_tensor *thid = find(mg, "p%d.hidden", p), *tmtp = find(mg, "p%d.mtp_logits", p);
+  const di_st_tensor *tid = test_st_findf(g, "p%d.ids", p), *tlog = test_st_findf(g, "p%d.logits", p);
+  const di_st_tensor *thid = test_st_findf(mg, "p%d.hidden", p), *tmtp = test_st_findf(mg, "p%d.mtp_logits", p);
   CHECKF(tid && tlog && thid, "p%d: fixture tensors missing", p);
   if (!tid || !tlog || !thid)
     return;

@@ -5,25 +5,9 @@
 #include "../../fuzz/fuzz_dspark_config.c"
 #include "test_util.h"
 
-typedef struct { int files, ok, bad; } replay_ctx;
-
-static void replay(const char *name, const char *rel, const char *data, size_t n, void *ctx) {
-  (void)rel;
-  replay_ctx *c = ctx;
-  c->files++;
-  LLVMFuzzerTestOneInput((const uint8_t *)data, n);
-  if (strncmp(name, "ok_", 3) == 0) {
-    c->ok++;
-    CHECKF(fuzz_dspark_accepted, "%s refused: %s", name, di_last_error());
-  } else if (strncmp(name, "bad_", 4) == 0) {
-    c->bad++;
-    CHECKF(!fuzz_dspark_accepted, "%s was accepted", name);
-  }
-}
-
 int main(void) {
-  replay_ctx c = {0, 0, 0};
-  int files = test_for_each_file("fuzz/corpus/dspark_config", replay, &c);
-  CHECKF(files >= 14 && c.files == files && c.ok >= 2 && c.bad >= 12, "%d corpus files (%d ok_, %d bad_)", files, c.ok, c.bad);
+  int ok, bad;
+  const int files = test_replay_ok_bad("fuzz/corpus/dspark_config", LLVMFuzzerTestOneInput, &fuzz_dspark_accepted, &ok, &bad);
+  CHECKF(files >= 14 && ok >= 2 && bad >= 12, "%d corpus files (%d ok_, %d bad_)", files, ok, bad);
   return test_finish("test_dspark_config_fuzz_corpus");
 }

@@ -5,6 +5,7 @@
 #include "api/model_internal.h"
 #include "model/safetensors.h"
 #include "test_util.h"
+#include "test_models.h"
 #include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -53,15 +54,8 @@ static void check_case(const char *name, const char *golden_dir) {
   }
   const int V = m->cfg.vocab_size;
   for (int p = 0; p < 3; p++) {
-    char k[64];
-    snprintf(k, sizeof k, "p%d.ids", p);
-    const di_st_tensor *tid = di_st_file_find(&g, k);
-    snprintf(k, sizeof k, "p%d.logits", p);
-    const di_st_tensor *tlog = di_st_file_find(&g, k);
-    snprintf(k, sizeof k, "p%d.greedy", p);
-    const di_st_tensor *tgr = di_st_file_find(&g, k);
-    snprintf(k, sizeof k, "p%d.margin", p);
-    const di_st_tensor *tmar = di_st_file_find(&g, k);
+    const di_st_tensor *tid = test_st_findf(&g, "p%d.ids", p), *tlog = test_st_findf(&g, "p%d.logits", p);
+    const di_st_tensor *tgr = test_st_findf(&g, "p%d.greedy", p), *tmar = test_st_findf(&g, "p%d.margin", p);
     CHECK(tid && tlog && tgr && tmar);
     if (!tid || !tlog || !tgr || !tmar)
       continue;

@@ -462,7 +462,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mha_prefill(q, ldq, b->dqk, (const uint16_t *)b->Qa, (const uint16_t *)b->mha_kv, wkv,
                               (const uint16_t *)b->mha_g, b->d_pos, b->d_mha_items, b->n_mha_items, NH, b->dn, b->dr,
                               b->dv, b->base.cfg->softmax_scale, (uint16_t *)b->attn, NH * b->dv, s));
-  } else if (!SKIP(SKIP_ATTN) && b->attn_fixed && b->bm == 64 && !kv8) /* ... on tensor cores (k_mla_fixed_tc.cu) */
+  } else if (!SKIP(SKIP_ATTN) && b->attn_fixed && b->bm == 64) /* ... on tensor cores (k_mla_fixed_tc.cu; cuda_step.cu
+                                                               * picks 64-row items for bf16 caches only) */
     DI_TRY(di_cuk_mla_attn_fixed_tc((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                     NH, b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems,
                                     b->max_items, (uint16_t *)b->olat, b->part_o, b->part_lse, b->tc_slots, s));
