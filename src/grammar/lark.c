@@ -23,6 +23,7 @@
 #include "grammar/regular_set.h"
 #include "grammar/rule_scc.h"
 #include "grammar/substring.h"
+#include "util/grow.h"
 #include "util/text.h"
 
 typedef struct {
@@ -104,13 +105,8 @@ static di_status lerr(const lp *p, size_t at, const char *what) {
 }
 
 static di_status push_op(lp *p, int kind, int target, const int *ops, int k, int max_chars, size_t at) {
-  if (p->nops == p->cap_ops) {
-    int nc = p->cap_ops ? p->cap_ops * 2 : 8;
-    lark_op *q = realloc(p->ops, sizeof *q * (size_t)nc);
-    if (!q)
-      return di_error_set(DI_ERR_OOM, "out of memory");
-    p->ops = q, p->cap_ops = nc;
-  }
+  if (!di_grow((void **)&p->ops, &p->cap_ops, p->nops + 1, sizeof *p->ops, 8))
+    return di_error_set(DI_ERR_OOM, "out of memory");
   lark_op *o = &p->ops[p->nops++];
   memset(o, 0, sizeof *o);
   o->kind = kind, o->target = target, o->k = k, o->max_chars = max_chars, o->at = at;
@@ -469,13 +465,8 @@ static di_status parse_param_ref(lp *p, di_gseq *s, const char *nm, size_t at) {
     if (p->npq >= LARK_MAX_INSTANCES)
       return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: parametric rules expand to more than %d instances "
                           "(at %s::...)", LARK_MAX_INSTANCES, nm);
-    if (p->npq == p->cap_pq) {
-      int nc = p->cap_pq ? p->cap_pq * 2 : 16;
-      struct lark_pinst *q = realloc(p->pq, sizeof *q * (size_t)nc);
-      if (!q)
-        return di_error_set(DI_ERR_OOM, "out of memory");
-      p->pq = q, p->cap_pq = nc;
-    }
+    if (!di_grow((void **)&p->pq, &p->cap_pq, p->npq + 1, sizeof *p->pq, 16))
+      return di_error_set(DI_ERR_OOM, "out of memory");
     struct lark_pinst *e = &p->pq[p->npq++];
     snprintf(e->name, sizeof e->name, "%s", nm);
     e->v = v, e->rule = r, e->at = at;
@@ -999,13 +990,8 @@ static di_status parse_param_definition(lp *p, const char *nm, size_t at) {
   for (int k = 0; k < p->npdefs; k++)
     if (strcmp(p->pdefs[k].name, nm) == 0)
       return lerr(p, at, "rule defined twice");
-  if (p->npdefs == p->cap_pdefs) {
-    int nc = p->cap_pdefs ? p->cap_pdefs * 2 : 4;
-    struct lark_pdef *q = realloc(p->pdefs, sizeof *q * (size_t)nc);
-    if (!q)
-      return di_error_set(DI_ERR_OOM, "out of memory");
-    p->pdefs = q, p->cap_pdefs = nc;
-  }
+  if (!di_grow((void **)&p->pdefs, &p->cap_pdefs, p->npdefs + 1, sizeof *p->pdefs, 4))
+    return di_error_set(DI_ERR_OOM, "out of memory");
   struct lark_pdef *d = &p->pdefs[p->npdefs++];
   snprintf(d->name, sizeof d->name, "%s", nm);
   d->body = p->i;
