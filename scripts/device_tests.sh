@@ -33,7 +33,9 @@ if [ "${1:-}" = "--build" ]; then
   for f in .carry/cuda/*; do
     case "$f" in *.so*) cp "$f" /tmp/di_cudabin/cudabin/ ;; *) strip -o "/tmp/di_cudabin/cudabin/$(basename "$f")" "$f" ;; esac
   done
-  tar cJf .carry/cudapack/bin.tar.xz -C /tmp/di_cudabin cudabin
+  # one xz stream with a dictionary larger than all binaries together: each binary holds the same
+  # kernels, so the repeats compress away (144 MB -> 7.4 MB; tar cJf's 8 MiB dictionary left 39 MB)
+  tar cf - -C /tmp/di_cudabin cudabin | xz -9 --lzma2=dict=192MiB >.carry/cudapack/bin.tar.xz
   ls -la .carry/cuda .carry/cudapack
   exit 0
 fi
