@@ -10,7 +10,7 @@
 # here and carried (cJSON and PCRE2 are linked statically when their .a files exist, else their .so
 # files are staged next to the binaries). Logs go to $OUT (or ./device-logs).
 # Environment: BENCH_ARGS (extra bench arguments), SKIP_KERNELS=1, SKIP_OPS=1, SKIP_BENCH=1, SKIP_MODEL=1, SKIP_ENGINE=1,
-# SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_V4=1, SKIP_PDL_AB=1, SKIP_NCU=1, SKIP_FEEDBACK=1; AB_VARIANTS (batch-1 A/B runs, see
+# SKIP_PROFILE=1, SKIP_SWEEP=1, SKIP_V4=1, SKIP_PDL_AB=1, SKIP_NCU=1, SKIP_FEEDBACK=1; ONLY (stage names to run); AB_VARIANTS (batch-1 A/B runs, see
 # below), AB_ARGS (extra arguments of those runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +54,8 @@ export DI_SOURCE_DIR="$PWD"
 fail=0
 stage() { # name, timeout, command...
   local name="$1" t="$2"; shift 2
+  # ONLY="kernels model ...": run just the stages named (the others are skipped silently)
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
   echo "=== $name ($(date -u +%T))"
   local s=$SECONDS
   timeout "$t" "$@" >"$LOG/$name.log" 2>&1
