@@ -146,6 +146,9 @@ typedef enum di_finish_reason {
 } di_finish_reason;
 const char *di_finish_reason_str(di_finish_reason r); /* "stop", "length", "abort", "error", "" */
 
+/* di_request_params.max_whitespace's bound (whitespace slots are counted repetitions) */
+#define DI_MAX_WHITESPACE 64
+
 /* One request. Everything is copied by di_engine_add_request. Zero values mean "unset" where
  * noted; use di_request_params_default. */
 typedef struct di_request_params {
@@ -206,6 +209,14 @@ typedef struct di_request_params {
                                     16, -1 = unbounded); docs/structured-outputs.md */
   int max_string_length;         /* JSON: characters of strings without maxLength/pattern/format
                                     (0 = default: unbounded, -1 = unbounded) */
+  const char *item_separator;    /* JSON: exactly this between array items and object members: ","
+                                    with JSON whitespace around it, at most 7 bytes (NULL or "" =
+                                    ","); with key_separator, XGrammar's `separators` (", " / ": "
+                                    is its any_whitespace=False text) */
+  const char *key_separator;     /* JSON: exactly this between a key and its value (":" with JSON
+                                    whitespace; NULL or "" = ":") */
+  int max_whitespace;            /* JSON: whitespace characters allowed in each gap beside the
+                                    separators (0 = none, the default; at most DI_MAX_WHITESPACE) */
 } di_request_params;
 
 void di_request_params_default(di_request_params *p);

@@ -42,7 +42,9 @@ class RequestParams(ctypes.Structure):
                 ("include_stop_str_in_output", ctypes.c_int), ("skip_special_tokens", ctypes.c_int),
                 ("json_schema", ctypes.c_char_p), ("regex", ctypes.c_char_p), ("grammar", ctypes.c_char_p),
                 ("json_object", ctypes.c_int), ("grammar_syntax", ctypes.c_int), ("json_strict", ctypes.c_int),
-                ("max_digits", ctypes.c_int), ("max_string_length", ctypes.c_int)]
+                ("max_digits", ctypes.c_int), ("max_string_length", ctypes.c_int),
+                ("item_separator", ctypes.c_char_p), ("key_separator", ctypes.c_char_p),
+                ("max_whitespace", ctypes.c_int)]
 
 
 class TokenLogprob(ctypes.Structure):

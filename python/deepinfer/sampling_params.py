@@ -8,12 +8,15 @@ class StructuredOutputsParams:
     json_object=True (any JSON object). For JSON: strict=True is XGrammar's strict mode (objects
     without additionalProperties admit no other properties); max_digits / max_string_length bound
     numbers and strings the schema leaves unbounded (None = defaults: 16 digits, strings unbounded;
-    -1 = unbounded)."""
+    -1 = unbounded). separators=(item, key) fixes the JSON text between items / members and between a
+    key and its value, as XGrammar's `separators` (", " / ": " is XGrammar's any_whitespace=False
+    text); each is "," / ":" with JSON whitespace around it. max_whitespace=N allows up to N (at most
+    64) whitespace characters in each gap besides (None = 0: compact)."""
 
     SYNTAXES = ("gbnf", "lark")
 
     def __init__(self, json=None, regex=None, grammar=None, json_object=None, grammar_syntax=None, strict=False,
-                 max_digits=None, max_string_length=None):
+                 max_digits=None, max_string_length=None, separators=None, max_whitespace=None):
         given = [x for x in (json, regex, grammar) if x is not None] + ([1] if json_object else [])
         if len(given) > 1:
             raise ValueError("StructuredOutputsParams: give only one of json, regex, grammar, json_object")
@@ -22,6 +25,16 @@ class StructuredOutputsParams:
         for name, v in (("max_digits", max_digits), ("max_string_length", max_string_length)):
             if v is not None and (not isinstance(v, int) or v == 0 or v < -1):
                 raise ValueError(f"StructuredOutputsParams: {name} must be a positive integer or -1 (unbounded)")
+        if separators is not None:
+            if (not isinstance(separators, (tuple, list)) or len(separators) != 2
+                    or not all(isinstance(x, str) for x in separators)):
+                raise ValueError("StructuredOutputsParams: separators must be two strings (item, key), "
+                                 f"not {separators!r}")
+            separators = tuple(separators)
+        if max_whitespace is not None and (not isinstance(max_whitespace, int) or not 0 <= max_whitespace <= 64):
+            raise ValueError("StructuredOutputsParams: max_whitespace must be an integer in 0..64")
+        self.separators = separators
+        self.max_whitespace = max_whitespace
         self.json = json
         self.regex = regex
         self.grammar = grammar

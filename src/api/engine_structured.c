@@ -36,6 +36,16 @@ static di_status build_vocab(di_engine_text_ctx *c) {
   return st;
 }
 
+/* A request's separator (NULL = the default) into the options' fixed field; its content is
+ * checked by the grammar compiler (",", ":" with JSON whitespace around it). */
+static di_status copy_separator(char dst[8], const char *src, const char *name) {
+  if (!src) return DI_OK;
+  size_t n = strlen(src);
+  if (n >= 8) return di_error_set(DI_ERR_INVALID_ARG, "structured output: %s is at most 7 bytes", name);
+  memcpy(dst, src, n + 1);
+  return DI_OK;
+}
+
 static di_status c_create(void *ctx, const di_request_params *p, void **state) {
   di_engine_text_ctx *c = ctx;
   DI_TRY(build_vocab(c));
@@ -51,6 +61,12 @@ static di_status c_create(void *ctx, const di_request_params *p, void **state) {
   opt.strict = p->json_strict;
   opt.max_digits = p->max_digits;
   opt.max_string_length = p->max_string_length;
+  DI_TRY(copy_separator(opt.item_separator, p->item_separator, "item_separator"));
+  DI_TRY(copy_separator(opt.key_separator, p->key_separator, "key_separator"));
+  if (p->max_whitespace < 0 || p->max_whitespace > DI_MAX_WHITESPACE)
+    return di_error_set(DI_ERR_INVALID_ARG, "structured output: max_whitespace must be 0..%d, got %d",
+                        DI_MAX_WHITESPACE, p->max_whitespace);
+  opt.max_whitespace = p->max_whitespace;
   constraint_state *s = calloc(1, sizeof *s);
   if (!s) return di_error_set(DI_ERR_OOM, "out of memory");
   di_status st = di_grammar_compile(kind, src, strlen(src), &opt, &s->g);

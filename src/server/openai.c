@@ -354,8 +354,33 @@ static int set_struct(di_oai_request *r, int *count, const char *param, const cJ
   return 0;
 }
 
+/* structured_outputs.separators: XGrammar's [item, key] pair of exact JSON separators, each "," /
+ * ":" with JSON whitespace around it (the content is checked again by the grammar compiler). */
+static int read_separators(const cJSON *v, di_oai_request *r, di_oai_error *err) {
+  static const char *what = "'separators' must be two strings [item, key]: ',' and ':' each with optional JSON "
+                            "whitespace around it, at most 7 bytes";
+  if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2) return BAD("structured_outputs.separators", "%s", what);
+  for (int i = 0; i < 2; i++) {
+    const cJSON *s = cJSON_GetArrayItem(v, i);
+    if (!cJSON_IsString(s) || strlen(s->valuestring) > 7) return BAD("structured_outputs.separators", "%s", what);
+    int marks = 0;
+    for (const char *c = s->valuestring; *c; c++)
+      marks += *c == (i ? ':' : ',') ? 1 : strchr(" \t\n\r", *c) ? 0 : 99;
+    if (marks != 1) return BAD("structured_outputs.separators", "%s", what);
+  }
+  char *item = xstrdup(cJSON_GetArrayItem(v, 0)->valuestring), *key = xstrdup(cJSON_GetArrayItem(v, 1)->valuestring);
+  if (!item || !key) {
+    free(item); free(key);
+    return di_oai_fail(err, 500, "server_error", "", NULL, "out of memory");
+  }
+  r->item_separator = item;
+  r->key_separator = key;
+  return 0;
+}
+
 /* structured_outputs' options beside the constraint: grammar_syntax ("gbnf" | "lark"), strict,
- * max_digits / max_string_length (positive, or -1 for unbounded; docs/structured-outputs.md). */
+ * max_digits / max_string_length (positive, or -1 for unbounded), separators, max_whitespace
+ * (0..DI_MAX_WHITESPACE; docs/structured-outputs.md). */
 static int read_structure_options(const cJSON *so, di_oai_request *r, di_oai_error *err) {
   const cJSON *syn = field(so, "grammar_syntax");
   if (syn) {
@@ -375,6 +400,15 @@ static int read_structure_options(const cJSON *so, di_oai_request *r, di_oai_err
       return BAD(i ? "structured_outputs.max_string_length" : "structured_outputs.max_digits",
                  "'%s' must be a positive integer or -1 (unbounded)", bounds[i]);
     *(i ? &r->max_string_length : &r->max_digits) = (int)x;
+  }
+  const cJSON *seps = field(so, "separators");
+  if (seps && !cJSON_IsNull(seps) && read_separators(seps, r, err)) return -1;
+  const cJSON *ws = field(so, "max_whitespace");
+  if (ws) {
+    int64_t x = 0;
+    if (!di_json_int_in(ws, 0, DI_MAX_WHITESPACE, &x))
+      return BAD("structured_outputs.max_whitespace", "'max_whitespace' must be an integer in 0..%d", DI_MAX_WHITESPACE);
+    r->max_whitespace = (int)x;
   }
   return 0;
 }
@@ -612,6 +646,9 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
     p->json_strict = r->json_strict;
     p->max_digits = r->max_digits;
     p->max_string_length = r->max_string_length;
+    p->item_separator = r->item_separator;
+    p->key_separator = r->key_separator;
+    p->max_whitespace = r->max_whitespace;
   }
   return 0;
 }
@@ -647,6 +684,8 @@ void di_oai_request_free(di_oai_request *r) {
   free(r->json_schema);
   free(r->regex);
   free(r->grammar);
+  free(r->item_separator);
+  free(r->key_separator);
   free(r->tool_name);
   di_string_free(r->rendered);
   free(r->params);

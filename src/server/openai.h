@@ -74,6 +74,8 @@ typedef struct di_oai_request {
   int n_bias;
   char *json_schema, *regex, *grammar;
   int grammar_syntax, json_strict, max_digits, max_string_length; /* structured-output options */
+  char *item_separator, *key_separator; /* structured_outputs.separators (NULL: the default) */
+  int max_whitespace;
   char *rendered;                  /* chat: the rendered conversation */
 } di_oai_request;
 

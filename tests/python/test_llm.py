@@ -183,6 +183,45 @@ def test_structured_outputs_lark_strict_bounds(dummy):
     dummy.check()
 
 
+def test_structured_outputs_separators(dummy):
+    """Issue 23: XGrammar's separators (item, key) and max_whitespace on the Python surface."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items":
+              {"type": "boolean"}}}, "required": ["a", "b"], "additionalProperties": False}
+    texts = []
+    for seed in range(4):
+        so = StructuredOutputsParams(json=schema, separators=(", ", ": "), max_digits=3)
+        o = dummy.generate("JSON:", SamplingParams(temperature=1.0, max_tokens=60, seed=seed,
+                                                   structured_outputs=so))[0].outputs[0]
+        texts.append(o.text)
+        if o.finish_reason == "stop":
+            assert re.fullmatch(r'\{"a": -?[0-9]{1,3}, "b": \[((true|false)(, (true|false))*)?\]\}', o.text), o.text
+        else:
+            assert '{"a": '.startswith(o.text[:6]), o.text
+    assert any(t.startswith('{"a": ') for t in texts), texts
+    # whitespace beside the separators: at most 2 characters of [ \t\n\r] in each gap
+    so = StructuredOutputsParams(json={"type": "array", "items": {"type": "integer"}}, separators=(",", ":"),
+                                 max_whitespace=2, max_digits=2)
+    spaced = 0
+    for seed in range(3):
+        o = dummy.generate("JSON:", SamplingParams(temperature=1.0, max_tokens=40, seed=seed,
+                                                   structured_outputs=so))[0].outputs[0]
+        spaced += bool(re.search(r"[ \t\n\r]", o.text))
+        if o.finish_reason == "stop":
+            assert re.fullmatch(r"\[[ \t\n\r]{0,2}(-?[0-9]{1,2}([ \t\n\r]{0,2},[ \t\n\r]{0,2}"
+                                r"-?[0-9]{1,2})*[ \t\n\r]{0,2})?\]", o.text), repr(o.text)
+    assert spaced, "max_whitespace allowed whitespace, yet no sample wrote any"
+    for bad in ((", ",), [",", ":", ":"], (",", 1), ", "):
+        with pytest.raises(ValueError, match="separators"):
+            StructuredOutputsParams(json={}, separators=bad)
+    with pytest.raises(ValueError, match="max_whitespace"):
+        StructuredOutputsParams(json={}, max_whitespace=65)
+    # the content is the grammar compiler's to check: ',' / ':' with JSON whitespace only
+    for bad in ((";", ":"), (",", ", "), (", x", ":"), (",        ", ":")):
+        with pytest.raises(DeepInferError, match="separator"):
+            dummy.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(json={}, separators=bad)))
+    dummy.check()
+
+
 DEFAULT = os.path.join(ROOT, "models", "default")
 
 

@@ -337,8 +337,28 @@ def test_structured_outputs(server):
                                                    "structured_outputs": {"json": {"type": "integer"},
                                                                           "max_digits": 2}})
     assert status == 200 and re.fullmatch(r"-?[0-9]{1,2}", body["choices"][0]["text"]), body
+    # XGrammar's separators [item, key] and max_whitespace
+    obj = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
+           "required": ["a", "b"], "additionalProperties": False}
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 30, "temperature": 0.9, "seed": 3,
+                                                   "structured_outputs": {"json": obj, "separators": [" ,  ", ":  "],
+                                                                          "max_digits": 2}})
+    assert status == 200, body
+    text = body["choices"][0]["text"]
+    assert re.fullmatch(r'\{"a":  -?[0-9]{1,2} ,  "b":  (true|false)\}', text) or (
+        body["choices"][0]["finish_reason"] == "length" and text.startswith('{"a":  ')), text
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 40, "temperature": 0.9, "seed": 3,
+                                                   "structured_outputs": {"json": {"type": "array", "items": {
+                                                       "type": "integer"}}, "max_whitespace": 1, "max_digits": 2}})
+    assert status == 200, body
+    text = body["choices"][0]["text"]
+    assert re.fullmatch(r"\[\s?(-?[0-9]{1,2}\s?(,\s?-?[0-9]{1,2}\s?)*)?\]", text) or (
+        body["choices"][0]["finish_reason"] == "length"), text
+    assert re.search(r"\s", text), text  # this seed's sample writes some (checked: "[\n45,18,\n77, ...")
     for bad in ({"grammar": "start: x", "grammar_syntax": "peg"}, {"json": {}, "max_digits": 0},
-                {"json": {}, "strict": "yes"}, {"grammar": "s: \"x\"", "grammar_syntax": "lark"}):
+                {"json": {}, "strict": "yes"}, {"grammar": "s: \"x\"", "grammar_syntax": "lark"},
+                {"json": {}, "separators": [";", ":"]}, {"json": {}, "separators": [","]},
+                {"json": {}, "max_whitespace": 100}):
         status, body = server.post("/v1/completions", {"prompt": "x", "structured_outputs": bad})
         check_error(status, body, 400)
     status, body = server.post("/v1/completions", {"prompt": "x", "response_format": {

@@ -88,6 +88,27 @@ static void test_structured(void) {
   bad(0, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"xml\"}}", 400, "response_format.type");
   bad(0, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\"}}", 400, "response_format.json_schema");
   bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"choice\": []}}", 400, "structured_outputs.choice");
+  /* XGrammar's separators [item, key] and max_whitespace (issue 23) */
+  CHECK(rd(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"separators\": [\", \", \" : \"],"
+              "\"max_whitespace\": 2}}", &r, &e) == 0);
+  CHECK(r.params[0].item_separator && strcmp(r.params[0].item_separator, ", ") == 0);
+  CHECK(r.params[0].key_separator && strcmp(r.params[0].key_separator, " : ") == 0 && r.params[0].max_whitespace == 2);
+  di_oai_request_free(&r);
+  CHECK(rd(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"separators\": null}}", &r, &e) == 0);
+  CHECK(!r.params[0].item_separator && !r.params[0].key_separator && r.params[0].max_whitespace == 0);
+  di_oai_request_free(&r);
+  static const char *bad_seps[] = {"[\",\"]", "[\",\", \":\", \":\"]", "[\":\", \",\"]", "[\", ,\", \":\"]", "[\",x\", \":\"]",
+                                   "[\",       \", \":\"]", "\", \"", "[1, 2]", "[\"\", \":\"]"};
+  for (size_t i = 0; i < sizeof bad_seps / sizeof *bad_seps; i++) {
+    char body[200];
+    snprintf(body, sizeof body, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"separators\": %s}}",
+             bad_seps[i]);
+    bad(0, body, 400, "structured_outputs.separators");
+  }
+  bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"max_whitespace\": 65}}", 400,
+      "structured_outputs.max_whitespace");
+  bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"max_whitespace\": -1}}", 400,
+      "structured_outputs.max_whitespace");
 }
 
 static void test_chat(void) {
