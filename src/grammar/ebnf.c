@@ -276,7 +276,9 @@ static di_status parse_alternates(ep *p, int rule, int nested) {
   }
 }
 
-di_status di_ebnf_compile(di_gb *b, const char *src, size_t len) {
+di_status di_ebnf_compile(di_gb *b, const char *src, size_t len, const char *root_name) {
+  if (!root_name || !root_name[0])
+    root_name = "root";
   ep p = {.b = b, .s = src, .n = len};
   di_status st = DI_OK;
   for (;;) {
@@ -338,10 +340,10 @@ di_status di_ebnf_compile(di_gb *b, const char *src, size_t len) {
   int root = -1;
   if (st == DI_OK) {
     for (int r = 0; r < b->n_rules; r++)
-      if (strcmp(b->rules[r].name, "root") == 0)
+      if (strcmp(b->rules[r].name, root_name) == 0)
         root = r;
     if (root < 0)
-      st = di_error_set(DI_ERR_FORMAT, "grammar: no 'root' rule at line 1, column 1");
+      st = di_error_set(DI_ERR_FORMAT, "grammar: no '%s' rule at line 1, column 1", root_name);
   }
   free(p.refpos);
   DI_TRY(st);

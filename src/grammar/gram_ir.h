@@ -102,7 +102,8 @@ static inline void di_gbyteset_add(di_gbyteset *s, unsigned c) { s->w[c >> 5] |=
 
 /* Front-ends (each fills a fresh builder and calls di_gb_finish). */
 struct di_grammar_options;
-di_status di_ebnf_compile(di_gb *b, const char *src, size_t len);
+/* root: the start rule's name (NULL or "" = "root") */
+di_status di_ebnf_compile(di_gb *b, const char *src, size_t len, const char *root);
 /* Lark (lark.c): left recursion is rewritten away before di_gb_finish. */
 di_status di_lark_compile(di_gb *b, const char *src, size_t len, const struct di_grammar_options *opt);
 /* Regex into rule `rule`. json_string: emit code points as they appear inside a JSON string

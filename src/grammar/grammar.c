@@ -79,7 +79,7 @@ static di_status compile_new(di_grammar_kind kind, const char *src, size_t len, 
   di_gb_init(&g->core, o->max_elements);
   di_status st;
   switch (kind) {
-  case DI_GRAMMAR_EBNF: st = di_ebnf_compile(&g->core, src, len); break;
+  case DI_GRAMMAR_EBNF: st = di_ebnf_compile(&g->core, src, len, o->root_rule); break;
   case DI_GRAMMAR_REGEX: st = di_regex_compile(&g->core, src, len); break;
   case DI_GRAMMAR_JSON_SCHEMA: st = di_json_schema_compile(&g->core, src, len, o); break;
   case DI_GRAMMAR_JSON_ANY: st = di_json_any_compile(&g->core, o); break;
@@ -105,6 +105,10 @@ di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t le
   normalize_opt(&o, opt);
   DI_TRY(normalize_separator(o.item_separator, ',', "item_separator"));
   DI_TRY(normalize_separator(o.key_separator, ':', "key_separator"));
+  size_t root_len = strnlen(o.root_rule, sizeof o.root_rule);
+  if (root_len == sizeof o.root_rule)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar options: root_rule is at most %zu bytes", sizeof o.root_rule - 1);
+  memset(o.root_rule + root_len, 0, sizeof o.root_rule - root_len); /* compared by content for the cache */
   int no_cache = o.no_cache;
   o.no_cache = 0;
   if (no_cache) {

@@ -45,6 +45,8 @@ typedef struct di_grammar_options {
                                       of max_whitespace still apply beside it (0 for exact text) */
   char key_separator[8];           /* JSON: the text between a key and its value, ":" with JSON
                                       whitespace around it ("" = ":") */
+  char root_rule[32];              /* EBNF: the start rule's name ("" = root), XGrammar's
+                                      root_rule_name */
 } di_grammar_options;
 
 /* Compiles `source` (`len` bytes). Errors carry a position ("line 3, column 7" / "offset 12" /

@@ -5,8 +5,9 @@
  *   + INPUT            must be accepted whole          - INPUT   must be rejected
  *   !KIND GRAMMAR      must fail to compile, and the next line `? TEXT` is part of the message
  *   % OPTION=N ...     options for the grammars that follow in the file (strict, max_digits,
- *                      max_string_length, max_whitespace; item_separator="..." and
- *                      key_separator="..." take text); `%` alone restores the defaults
+ *                      max_string_length, max_whitespace; item_separator="...",
+ *                      key_separator="..." and root_rule="..." take text); `%` alone restores
+ *                      the defaults
  * INPUT takes escapes \n \t \r \\ \xHH; `+` / `-` alone stand for the empty input. The regex cases are also run through PCRE2 (full
  * match) as an independent oracle. */
 #include <stdlib.h>
@@ -82,9 +83,11 @@ static void parse_options(const char *line, di_grammar_options *o, const char *r
       memcpy(raw, eq + 2, (size_t)(end - eq - 2));
       size_t n = unescape(raw, text);
       char *dst = strcmp(name, "item_separator") == 0 ? o->item_separator
-                  : strcmp(name, "key_separator") == 0 ? o->key_separator : NULL;
-      CHECKF(dst && n < 8, "%s:%d: unknown option %s", rel, lineno, name);
-      if (dst && n < 8)
+                  : strcmp(name, "key_separator") == 0 ? o->key_separator
+                  : strcmp(name, "root_rule") == 0 ? o->root_rule : NULL;
+      size_t cap = dst == o->root_rule ? sizeof o->root_rule : 8;
+      CHECKF(dst && n < cap, "%s:%d: unknown option %s", rel, lineno, name);
+      if (dst && n < cap)
         memcpy(dst, text, n + 1);
       p = end + 1;
       continue;
