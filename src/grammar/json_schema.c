@@ -16,6 +16,10 @@
 
 /* The further `pattern`s of merged allOf branches (an internal keyword, not JSON Schema's). */
 #define PATTERNS_KEY "x-deepinfer-patterns"
+/* The additionalProperties of merged allOf branches that other branches' patternProperties do not
+ * see (internal): [{"p": [that branch's patterns], "ap": its additionalProperties}, ...]; a name
+ * matching some patterns, none of them that branch's, gets "ap" too (gen_object). */
+#define PP_ADDL_KEY "x-deepinfer-pattern-addl"
 
 enum { T_NULL = 1, T_BOOL = 2, T_OBJECT = 4, T_ARRAY = 8, T_NUMBER = 16, T_INTEGER = 32, T_STRING = 64, T_ALL = 127 };
 
@@ -530,6 +534,34 @@ static di_status localise_unevaluated(jc *c, const cJSON *inner, const char *pat
   return DI_OK;
 }
 
+static char *key_body(const char *name);
+
+/* *seen = 1 when property `name` matches one of patternProperties pp's patterns (pp may be NULL). */
+static di_status matches_side_patterns(const cJSON *pp, const char *name, const char *path, int *seen) {
+  *seen = 0;
+  if (!cJSON_IsObject(pp) || !pp->child)
+    return DI_OK;
+  char *body = key_body(name);
+  if (!body)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  di_status st = DI_OK;
+  for (const cJSON *e = pp->child; e && st == DI_OK && !*seen; e = e->next) {
+    di_rlang *re = NULL;
+    st = di_rlang_regex(e->string, strlen(e->string), 1, 0, &re);
+    if (st != DI_OK) {
+      st = di_error_wrap(st, "json schema: pattern '%.100s' at %s/patternProperties", e->string, path);
+      break;
+    }
+    int r = di_rlang_contains(re, body, strlen(body));
+    di_rlang_free(re);
+    if (r < 0)
+      st = di_error_set(DI_ERR_UNSUPPORTED, "json schema: matching '%.100s' against patternProperties at %s", name, path);
+    *seen = r > 0;
+  }
+  free(body);
+  return st;
+}
+
 static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const char *path, cJSON **out) {
   DI_TRY(deref(c, a, path, &a));
   DI_TRY(deref(c, b, path, &b));
@@ -553,9 +585,25 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
     const cJSON *xa = cJSON_IsObject(x) ? item(x, "additionalProperties") : NULL;
     const cJSON *xp = cJSON_IsObject(x) ? item(x, "patternProperties") : NULL;
     const cJSON *yp = cJSON_IsObject(y) ? item(y, "patternProperties") : NULL;
+    int unseen = 0;
     for (const cJSON *q = yp ? yp->child : NULL; xa && !cJSON_IsTrue(xa) && q; q = q->next)
-      if (!xp || !item(xp, q->string))
-        return unsupported(c, path, "patternProperties (beside another allOf branch's additionalProperties)");
+      unseen |= !xp || !item(xp, q->string);
+    if (!unseen)
+      continue;
+    if (xp && !cJSON_IsObject(xp))
+      return di_error_set(DI_ERR_FORMAT, "json schema: 'patternProperties' must be an object at %s", path);
+    /* names matching y's patterns and none of x's get x's additionalProperties (gen_object) */
+    cJSON *list = item(m, PP_ADDL_KEY);
+    if (!list)
+      list = cJSON_AddArrayToObject(m, PP_ADDL_KEY);
+    cJSON *entry = cJSON_CreateObject(), *pats = entry ? cJSON_AddArrayToObject(entry, "p") : NULL;
+    if (!list || !pats || !cJSON_AddItemToArray(list, entry)) {
+      cJSON_Delete(entry);
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    }
+    for (const cJSON *q = xp ? xp->child : NULL; q; q = q->next)
+      cJSON_AddItemToArray(pats, cJSON_CreateString(q->string));
+    cJSON_AddItemToObject(entry, "ap", cJSON_Duplicate(xa, 1));
   }
   if (!item(m, "if")) { /* then / else without a sibling if mean nothing (and must not meet the other side's if) */
     cJSON_DeleteItemFromObjectCaseSensitive(m, "then");
@@ -570,7 +618,7 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
       cJSON_AddItemToObject(m, k, cJSON_Duplicate(e, 1));
       continue;
     }
-    if (strcmp(k, PATTERNS_KEY) == 0 && cJSON_IsArray(x) && cJSON_IsArray(e)) {
+    if ((strcmp(k, PATTERNS_KEY) == 0 || strcmp(k, PP_ADDL_KEY) == 0) && cJSON_IsArray(x) && cJSON_IsArray(e)) {
       for (const cJSON *q = e->child; q; q = q->next)
         cJSON_AddItemToArray(x, cJSON_Duplicate(q, 1));
       continue;
@@ -693,6 +741,11 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
       const cJSON *sp = cJSON_IsObject(src) ? item(src, "properties") : NULL;
       const cJSON *sa = cJSON_IsObject(src) ? item(src, "additionalProperties") : NULL;
       if (!sa || cJSON_IsTrue(sa) || (sp && item(sp, p->string)))
+        continue;
+      int seen = 0; /* a name matching one of that side's patterns gets that pattern's schema instead */
+      DI_TRY(matches_side_patterns(cJSON_IsObject(src) ? item(src, "patternProperties") : NULL, p->string, path,
+                                   &seen));
+      if (seen)
         continue;
       cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
       cJSON_AddItemToArray(arr, cJSON_Duplicate(p, 1));
@@ -1288,8 +1341,10 @@ static char *key_body(const char *name) {
   return kb.p;
 }
 
-/* allOf(base, the schemas of the patterns in mask); base may be NULL. */
-static cJSON *all_of_patterns(jc *c, const cJSON *base, const pattern_set *ps, unsigned mask) {
+/* allOf(base, the schemas of the patterns in mask, and the additionalProperties of merged allOf
+ * branches none of whose patterns is in mask: PP_ADDL_KEY entries of `unseen`, may be NULL); base
+ * may be NULL. */
+static cJSON *all_of_patterns(jc *c, const cJSON *base, const pattern_set *ps, unsigned mask, const cJSON *unseen) {
   cJSON *o = cJSON_CreateObject(), *arr = o ? cJSON_AddArrayToObject(o, "allOf") : NULL;
   if (!arr || !own(c, o)) {
     cJSON_Delete(o);
@@ -1300,6 +1355,14 @@ static cJSON *all_of_patterns(jc *c, const cJSON *base, const pattern_set *ps, u
   for (int i = 0; i < ps->k; i++)
     if ((mask >> i) & 1)
       cJSON_AddItemToArray(arr, cJSON_Duplicate(ps->schema[i], 1));
+  for (const cJSON *e = cJSON_IsArray(unseen) ? unseen->child : NULL; e; e = e->next) {
+    int hit = 0;
+    for (const cJSON *q = item(e, "p") ? item(e, "p")->child : NULL; q && !hit; q = q->next)
+      for (int i = 0; i < ps->k && !hit; i++)
+        hit = ((mask >> i) & 1) && cJSON_IsString(q) && strcmp(ps->schema[i]->string, q->valuestring) == 0;
+    if (!hit && item(e, "ap"))
+      cJSON_AddItemToArray(arr, cJSON_Duplicate(item(e, "ap"), 1));
+  }
   return o;
 }
 
@@ -1320,8 +1383,8 @@ static int matching_patterns(const pattern_set *ps, const char *name) {
 /* The members whose names are not named properties: for each set T of patterns, the names matching
  * exactly those (and no named property) with a value satisfying all their schemas; with T empty,
  * the names matching no pattern, valued by vr (when vr >= 0: other properties are allowed). */
-static di_status pattern_members(jc *c, const pattern_set *ps, const keyset *ks, int vr, const char *path,
-                                 int *r_members) {
+static di_status pattern_members(jc *c, const pattern_set *ps, const cJSON *unseen, const keyset *ks, int vr,
+                                 const char *path, int *r_members) {
   di_gb *b = c->b;
   *r_members = -1;
   di_rlang *langs[2 + MAX_PATTERN_PROPERTIES] = {NULL};
@@ -1352,7 +1415,7 @@ static di_status pattern_members(jc *c, const pattern_set *ps, const keyset *ks,
     if (T) {
       char sub[1200];
       snprintf(sub, sizeof sub, "%s/patternProperties", path);
-      const cJSON *vs = T & (T - 1) ? all_of_patterns(c, NULL, ps, T) : NULL;
+      const cJSON *vs = T & (T - 1) || unseen ? all_of_patterns(c, NULL, ps, T, unseen) : NULL;
       for (int i = 0; !vs && i < ps->k; i++)
         if (T == 1u << i)
           vs = ps->schema[i];
@@ -1417,7 +1480,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     st = di_error_set(DI_ERR_OOM, "out of memory");
     goto done;
   }
-  const cJSON *pprops = item(sch, "patternProperties");
+  const cJSON *pprops = item(sch, "patternProperties"), *unseen = item(sch, PP_ADDL_KEY);
   if (pprops) {
     const cJSON *pn0 = item(sch, "propertyNames");
     if (pn0 && !cJSON_IsTrue(pn0) && !c->opt->ignore_unsupported_keywords) {
@@ -1457,7 +1520,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       isreq[found] = 1;
     } else if (pm > 0) { /* required, named by no property, matching patterns: their schemas */
       names[n] = r->valuestring;
-      schemas[n] = all_of_patterns(c, NULL, &ps, (unsigned)pm);
+      schemas[n] = all_of_patterns(c, NULL, &ps, (unsigned)pm, unseen);
       if (!schemas[n]) {
         st = di_error_set(DI_ERR_OOM, "out of memory");
         goto done;
@@ -1477,7 +1540,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
   }
   for (int i = 0; i < nprops && ps.k; i++) { /* a named property matching patterns: all their schemas apply */
     int pm = matching_patterns(&ps, names[i]);
-    if (pm < 0 || (pm > 0 && !(schemas[i] = all_of_patterns(c, schemas[i], &ps, (unsigned)pm)))) {
+    if (pm < 0 || (pm > 0 && !(schemas[i] = all_of_patterns(c, schemas[i], &ps, (unsigned)pm, NULL)))) {
       st = di_error_set(DI_ERR_OOM, "out of memory matching patternProperties at %s", path);
       goto done;
     }
@@ -1573,7 +1636,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       st = gen(c, addl, sub, &vr);
     }
     if (st == DI_OK)
-      st = pattern_members(c, &ps, &ks, vr, path, &r_addl);
+      st = pattern_members(c, &ps, unseen, &ks, vr, path, &r_addl);
     if (st != DI_OK)
       goto done;
   } else if (allow_addl) {
