@@ -49,12 +49,15 @@ static di_status unsupported(jc *c, const char *path, const char *kw) {
                       kw, *path ? path : "#");
 }
 
+/* The compile takes j (freed at its end); 0 when out of memory, j then freed already. */
 static int own(jc *c, cJSON *j) {
   if (c->nowned == c->capowned) {
     int nc = c->capowned ? c->capowned * 2 : 16;
     cJSON **q = realloc(c->owned, sizeof *q * (size_t)nc);
-    if (!q)
+    if (!q) {
+      cJSON_Delete(j);
       return 0;
+    }
     c->owned = q;
     c->capowned = nc;
   }
@@ -562,6 +565,41 @@ static di_status matches_side_patterns(const cJSON *pp, const char *name, const 
   return st;
 }
 
+/* merge()'s builders: each takes v (freed when it cannot be attached) and clears *ok on a failed
+ * allocation, so that merge reports out of memory instead of returning a schema with a keyword
+ * silently missing (test_alloc_failures). */
+static void m_add(int *ok, cJSON *obj, const char *k, cJSON *v) {
+  if (!*ok || !obj || !v || !cJSON_AddItemToObject(obj, k, v)) {
+    cJSON_Delete(v);
+    *ok = 0;
+  }
+}
+static void m_push(int *ok, cJSON *arr, cJSON *v) {
+  if (!*ok || !arr || !v || !cJSON_AddItemToArray(arr, v)) {
+    cJSON_Delete(v);
+    *ok = 0;
+  }
+}
+static void m_replace(int *ok, cJSON *obj, const char *k, cJSON *v) {
+  if (!*ok || !v || !cJSON_ReplaceItemInObjectCaseSensitive(obj, k, v)) {
+    cJSON_Delete(v);
+    *ok = 0;
+  }
+}
+/* {"allOf": [x, y]} (copies); NULL with *ok cleared when out of memory */
+static cJSON *m_all2(int *ok, const cJSON *x, const cJSON *y) {
+  cJSON *all = cJSON_CreateObject(), *arr = all ? cJSON_AddArrayToObject(all, "allOf") : NULL;
+  int fine = arr != NULL;
+  m_push(&fine, arr, cJSON_Duplicate(x, 1));
+  m_push(&fine, arr, cJSON_Duplicate(y, 1));
+  if (!fine) {
+    cJSON_Delete(all);
+    *ok = 0;
+    return NULL;
+  }
+  return all;
+}
+
 static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const char *path, cJSON **out) {
   DI_TRY(deref(c, a, path, &a));
   DI_TRY(deref(c, b, path, &b));
@@ -580,6 +618,7 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
     *out = m;
     return DI_OK;
   }
+  int ok = 1;
   for (int side = 0; side < 2; side++) { /* another branch's additionalProperties does not see our patterns */
     const cJSON *x = side ? b : a, *y = side ? a : b;
     const cJSON *xa = cJSON_IsObject(x) ? item(x, "additionalProperties") : NULL;
@@ -597,13 +636,16 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
     if (!list)
       list = cJSON_AddArrayToObject(m, PP_ADDL_KEY);
     cJSON *entry = cJSON_CreateObject(), *pats = entry ? cJSON_AddArrayToObject(entry, "p") : NULL;
-    if (!list || !pats || !cJSON_AddItemToArray(list, entry)) {
+    if (!pats) {
       cJSON_Delete(entry);
       return di_error_set(DI_ERR_OOM, "out of memory");
     }
     for (const cJSON *q = xp ? xp->child : NULL; q; q = q->next)
-      cJSON_AddItemToArray(pats, cJSON_CreateString(q->string));
-    cJSON_AddItemToObject(entry, "ap", cJSON_Duplicate(xa, 1));
+      m_push(&ok, pats, cJSON_CreateString(q->string));
+    m_add(&ok, entry, "ap", cJSON_Duplicate(xa, 1));
+    m_push(&ok, list, entry); /* entry is m's (the compile owns m) or freed */
+    if (!ok)
+      return di_error_set(DI_ERR_OOM, "out of memory");
   }
   if (!item(m, "if")) { /* then / else without a sibling if mean nothing (and must not meet the other side's if) */
     cJSON_DeleteItemFromObjectCaseSensitive(m, "then");
@@ -615,19 +657,19 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
       continue;
     cJSON *x = item(m, k);
     if (!x) {
-      cJSON_AddItemToObject(m, k, cJSON_Duplicate(e, 1));
+      m_add(&ok, m, k, cJSON_Duplicate(e, 1));
       continue;
     }
     if ((strcmp(k, PATTERNS_KEY) == 0 || strcmp(k, PP_ADDL_KEY) == 0) && cJSON_IsArray(x) && cJSON_IsArray(e)) {
       for (const cJSON *q = e->child; q; q = q->next)
-        cJSON_AddItemToArray(x, cJSON_Duplicate(q, 1));
+        m_push(&ok, x, cJSON_Duplicate(q, 1));
       continue;
     }
     if (strcmp(k, "pattern") == 0 && cJSON_IsString(x) && cJSON_IsString(e) && !cJSON_Compare(x, e, 1)) {
       cJSON *more = item(m, PATTERNS_KEY); /* both patterns apply: gen_string takes their product */
       if (!more)
         more = cJSON_AddArrayToObject(m, PATTERNS_KEY);
-      cJSON_AddItemToArray(more, cJSON_Duplicate(e, 1));
+      m_push(&ok, more, cJSON_Duplicate(e, 1));
       continue;
     }
     if (in_list(k, ANNOTATIONS) || cJSON_Compare(x, e, 1) || (!in_list(k, SUPPORTED) && !in_list(k, UNENFORCED)))
@@ -639,28 +681,22 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
       int t = ta & tb;
       cJSON *arr = cJSON_CreateArray();
       static const char *names[] = {"null", "boolean", "object", "array", "number", "integer", "string"};
-      for (int i = 0; i < 7; i++)
-        if ((t >> i) & 1)
-          cJSON_AddItemToArray(arr, cJSON_CreateString(names[i]));
-      if (t & T_NUMBER) { /* number implies integer in get_types; keep only "number" */
+      int fine = arr != NULL;
+      for (int i = 0; i < 7; i++) /* number implies integer in get_types; keep only "number" */
+        if (((t >> i) & 1) && !(i == 5 && (t & T_NUMBER)))
+          m_push(&fine, arr, cJSON_CreateString(names[i]));
+      if (!fine) {
         cJSON_Delete(arr);
-        arr = cJSON_CreateArray();
-        for (int i = 0; i < 7; i++)
-          if (((t >> i) & 1) && i != 5)
-            cJSON_AddItemToArray(arr, cJSON_CreateString(names[i]));
+        arr = NULL;
       }
-      cJSON_ReplaceItemInObjectCaseSensitive(m, k, arr);
+      m_replace(&ok, m, k, arr);
     } else if (strcmp(k, "properties") == 0 || strcmp(k, "patternProperties") == 0) {
       for (const cJSON *p = e->child; p; p = p->next) {
         cJSON *q = item(x, p->string);
-        if (!q) {
-          cJSON_AddItemToObject(x, p->string, cJSON_Duplicate(p, 1));
-        } else {
-          cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
-          cJSON_AddItemToArray(arr, cJSON_Duplicate(q, 1));
-          cJSON_AddItemToArray(arr, cJSON_Duplicate(p, 1));
-          cJSON_ReplaceItemInObjectCaseSensitive(x, p->string, all);
-        }
+        if (!q)
+          m_add(&ok, x, p->string, cJSON_Duplicate(p, 1));
+        else
+          m_replace(&ok, x, p->string, m_all2(&ok, q, p));
       }
     } else if (strcmp(k, "required") == 0) {
       for (const cJSON *r = e->child; r; r = r->next) {
@@ -668,19 +704,15 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
         for (const cJSON *q = x->child; q; q = q->next)
           found |= cJSON_Compare(q, r, 1);
         if (!found)
-          cJSON_AddItemToArray(x, cJSON_Duplicate(r, 1));
+          m_push(&ok, x, cJSON_Duplicate(r, 1));
       }
     } else if (strcmp(k, "additionalProperties") == 0 || strcmp(k, "items") == 0) {
       if (cJSON_IsFalse(x))
         continue;
-      if (cJSON_IsFalse(e) || cJSON_IsTrue(x)) {
-        cJSON_ReplaceItemInObjectCaseSensitive(m, k, cJSON_Duplicate(e, 1));
-      } else if (!cJSON_IsTrue(e)) {
-        cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
-        cJSON_AddItemToArray(arr, cJSON_Duplicate(x, 1));
-        cJSON_AddItemToArray(arr, cJSON_Duplicate(e, 1));
-        cJSON_ReplaceItemInObjectCaseSensitive(m, k, all);
-      }
+      if (cJSON_IsFalse(e) || cJSON_IsTrue(x))
+        m_replace(&ok, m, k, cJSON_Duplicate(e, 1));
+      else if (!cJSON_IsTrue(e))
+        m_replace(&ok, m, k, m_all2(&ok, x, e));
     } else if (cJSON_IsNumber(x) && cJSON_IsNumber(e) &&
                (strncmp(k, "min", 3) == 0 || strncmp(k, "max", 3) == 0 || strncmp(k, "exclusiveM", 10) == 0)) {
       int is_min = strncmp(k, "min", 3) == 0 || strcmp(k, "exclusiveMinimum") == 0;
@@ -691,19 +723,24 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
       cJSON *arr = cJSON_CreateArray();
       const cJSON *xa = strcmp(k, "const") == 0 ? NULL : x->child;
       const cJSON *ea = strcmp(k, "const") == 0 ? NULL : e->child;
+      int fine = arr != NULL;
       if (strcmp(k, "const") == 0) {
         if (cJSON_Compare(x, e, 1))
-          cJSON_AddItemToArray(arr, cJSON_Duplicate(x, 1));
+          m_push(&fine, arr, cJSON_Duplicate(x, 1));
       } else {
         for (; xa; xa = xa->next)
           for (const cJSON *q = ea; q; q = q->next)
             if (cJSON_Compare(xa, q, 1)) {
-              cJSON_AddItemToArray(arr, cJSON_Duplicate(xa, 1));
+              m_push(&fine, arr, cJSON_Duplicate(xa, 1));
               break;
             }
       }
+      if (!fine) {
+        cJSON_Delete(arr);
+        arr = NULL;
+      }
       cJSON_DeleteItemFromObjectCaseSensitive(m, k);
-      cJSON_AddItemToObject(m, "enum", arr);
+      m_add(&ok, m, "enum", arr);
     } else if ((strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) && cJSON_IsArray(x) && cJSON_IsArray(e)) {
       /* (x1 | x2) & (e1 | e2) = (x1 & e1) | (x1 & e2) | ...: one list of branches (nesting the second
        * under allOf would merge it into the first again, endlessly) */
@@ -712,14 +749,15 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
                             "json schema: anyOf/oneOf/allOf expansion exceeds %d branches at %s (raise max_branches)",
                             c->opt->max_branches, path);
       cJSON *cross = cJSON_CreateArray();
-      for (const cJSON *xi = x->child; xi; xi = xi->next)
-        for (const cJSON *ej = e->child; ej; ej = ej->next) {
-          cJSON *both = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(both, "allOf");
-          cJSON_AddItemToArray(arr, cJSON_Duplicate(xi, 1));
-          cJSON_AddItemToArray(arr, cJSON_Duplicate(ej, 1));
-          cJSON_AddItemToArray(cross, both);
-        }
-      cJSON_ReplaceItemInObjectCaseSensitive(m, k, cross);
+      int fine = cross != NULL;
+      for (const cJSON *xi = x->child; xi && fine; xi = xi->next)
+        for (const cJSON *ej = e->child; ej && fine; ej = ej->next)
+          m_push(&fine, cross, m_all2(&fine, xi, ej));
+      if (!fine) {
+        cJSON_Delete(cross);
+        cross = NULL;
+      }
+      m_replace(&ok, m, k, cross);
     } else if (strcmp(k, "allOf") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0 ||
                strncmp(k, "dependen", 8) == 0) {
       /* both have the combinator: nest b's under a fresh allOf */
@@ -727,8 +765,13 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
       if (!extra)
         extra = cJSON_AddArrayToObject(m, "allOf");
       cJSON *w = cJSON_CreateObject();
-      cJSON_AddItemToObject(w, k, cJSON_Duplicate(e, 1));
-      cJSON_AddItemToArray(extra, w);
+      int fine = w != NULL;
+      m_add(&fine, w, k, cJSON_Duplicate(e, 1));
+      if (!fine) {
+        cJSON_Delete(w);
+        w = NULL;
+      }
+      m_push(&ok, extra, w);
     } else {
       return di_error_set(DI_ERR_UNSUPPORTED, "json schema: cannot combine two different '%s' (allOf) at %s", k, path);
     }
@@ -747,16 +790,10 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
                                    &seen));
       if (seen)
         continue;
-      cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
-      cJSON_AddItemToArray(arr, cJSON_Duplicate(p, 1));
-      cJSON_AddItemToArray(arr, cJSON_Duplicate(sa, 1));
-      char *key = strdup(p->string);
-      if (!key) {
-        cJSON_Delete(all);
+      cJSON *all = m_all2(&ok, p, sa);
+      m_replace(&ok, mp, p->string, all); /* the key is copied before p is freed */
+      if (!ok)
         return di_error_set(DI_ERR_OOM, "out of memory");
-      }
-      cJSON_ReplaceItemInObjectCaseSensitive(mp, key, all);
-      free(key);
       p = all;
     }
   }
@@ -769,13 +806,16 @@ static di_status merge(jc *c, const cJSON *a, const cJSON *b, int b_outer, const
     if (!si || cJSON_IsTrue(si) || item(src, "prefixItems"))
       continue;
     for (cJSON *p = mpi->child; p; p = p->next) {
-      cJSON *all = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(all, "allOf");
-      cJSON_AddItemToArray(arr, cJSON_Duplicate(p, 1));
-      cJSON_AddItemToArray(arr, cJSON_Duplicate(si, 1));
-      cJSON_ReplaceItemViaPointer(mpi, p, all);
+      cJSON *all = m_all2(&ok, p, si);
+      if (!all || !cJSON_ReplaceItemViaPointer(mpi, p, all)) {
+        cJSON_Delete(all);
+        return di_error_set(DI_ERR_OOM, "out of memory");
+      }
       p = all;
     }
   }
+  if (!ok)
+    return di_error_set(DI_ERR_OOM, "out of memory");
   *out = m;
   return DI_OK;
 }
@@ -840,10 +880,8 @@ static long finite_values(jc *c, const cJSON *s, unique_layout *u) {
   if (types & ~(T_BOOL | T_NULL))
     return -1;
   cJSON *lits = cJSON_CreateArray(); /* true, false, null as values of our own */
-  if (!lits || !own(c, lits)) {
-    cJSON_Delete(lits);
+  if (!lits || !own(c, lits)) /* own frees it on failure */
     return -1;
-  }
   if (types & T_BOOL) {
     cJSON_AddItemToArray(lits, cJSON_CreateTrue());
     cJSON_AddItemToArray(lits, cJSON_CreateFalse());
@@ -1346,10 +1384,12 @@ static char *key_body(const char *name) {
  * may be NULL. */
 static cJSON *all_of_patterns(jc *c, const cJSON *base, const pattern_set *ps, unsigned mask, const cJSON *unseen) {
   cJSON *o = cJSON_CreateObject(), *arr = o ? cJSON_AddArrayToObject(o, "allOf") : NULL;
-  if (!arr || !own(c, o)) {
+  if (!arr) {
     cJSON_Delete(o);
     return NULL;
   }
+  if (!own(c, o)) /* own frees it on failure */
+    return NULL;
   if (base)
     cJSON_AddItemToArray(arr, cJSON_Duplicate(base, 1));
   for (int i = 0; i < ps->k; i++)
@@ -2028,7 +2068,10 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gb_add_alt(b, r, NULL, 0);
     }
     di_gseq_free(&s);
-    if (b->oom) return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+    if (b->oom) {
+      free(pr);
+      return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+    }
     b->rules[r].defined = 1;
     next = r;
   }
@@ -2046,7 +2089,10 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gb_add_alt(b, r, s.v, s.n);
       di_gseq_free(&s);
     }
-    if (b->oom) return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+    if (b->oom) {
+      free(pr);
+      return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+    }
     b->rules[r].defined = 1;
     next = r;
   }

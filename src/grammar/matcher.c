@@ -206,8 +206,13 @@ static int seen_insert(struct di_gvcache *c, int s) {
   if (!c->seen_key) {
     c->seen_key = malloc(sizeof(int32_t) * SLOTS);
     c->seen_at = calloc(SLOTS, sizeof(uint32_t));
-    if (!c->seen_key || !c->seen_at)
-      return 0; /* treated as seen: the search ends early, which is safe */
+    if (!c->seen_key || !c->seen_at) { /* treated as seen: the search ends early, which is safe */
+      free(c->seen_key);
+      free(c->seen_at);
+      c->seen_key = NULL;
+      c->seen_at = NULL;
+      return 0;
+    }
   }
   for (uint32_t h = ((uint32_t)s * 2654435761u) & (SLOTS - 1);; h = (h + 1) & (SLOTS - 1)) {
     if (c->seen_at[h] != c->seen_stamp) {

@@ -457,6 +457,9 @@ int main(void) {
                                " \"b\": {\"enum\": [\"x\", true]}}, \"required\": [\"a\"]}"},
       {DI_GRAMMAR_EBNF, "root ::= \"{\" pair (\",\" pair)* \"}\"\npair ::= \"\\\"a\\\"\" \":\" [0-9]+"},
       {DI_GRAMMAR_REGEX, "(ab|[0-9]{1,3})+\\s?"},
+      /* an allOf branch's additionalProperties beside another's patternProperties (merge's entries) */
+      {DI_GRAMMAR_JSON_SCHEMA, "{\"allOf\": [{\"properties\": {\"a\": {}}, \"additionalProperties\": {\"type\": \"integer\"}},"
+                               " {\"patternProperties\": {\"^f\": {\"minimum\": 2}}}]}"},
       /* Lark's deferred regular operations, parametric instances and a nested grammar */
       {DI_GRAMMAR_LARK, "start: \"{\" r p::0 N %lark { start: \"1\" | \"2\" } \"}\"\n"
                         "r[suffix=\",\", max_chars=4]: /[ab]*/\n"
