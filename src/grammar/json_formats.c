@@ -11,7 +11,12 @@
 #define DATE_RE                                                                                                  \
   "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))" \
   "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
-#define TIME_RE "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+/* a leap second (:60) only at 23:59 UTC written with a zero offset: exact, but leap seconds written
+ * in other offsets (15:59:60-08:00) are refused, their check pairing the time with the offset
+ * (1,440 cases) being too large a regex for every time format */
+#define TIME_RE                                                                                     \
+  "(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])" \
+  "|23:59:60(\\.[0-9]+)?([Zz]|[+-]00:00))"
 #define OCTET_RE "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 #define IPV4_RE OCTET_RE "(\\." OCTET_RE "){3}"
 #define H16 "[0-9A-Fa-f]{1,4}"

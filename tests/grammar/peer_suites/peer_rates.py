@@ -19,6 +19,8 @@ valid input in generation order), generation bounds off. How each peer gets a ca
   separators, else llguidance's defaults), GBNF through its gbnf_to_lark; a string is accepted when
   all its bytes are consumed without error and the matcher is accepting.
 llama.cpp's token-piece inputs (`<[id]>` tests) have no byte spelling for the peers: counted refused.
+Then the same rates over the "comparable" checks: EXCLUDED (with the reason for each) left out for
+every engine alike.
 """
 import collections
 import json
@@ -150,6 +152,85 @@ class LLGuidanceRunner(PeerRunner):
         return bool(m.consume_tokens(list(b))) and not m.is_error() and m.is_accepting()
 
 
+# Checks left out of the "comparable" rates (for every engine alike): the peer's expectation breaks
+# JSON Schema / RFC 3339 / ECMA-262 with the u flag, the check is not GBNF (the issue's aim is
+# XGrammar's rate on the GBNF-compatible cases; llama.cpp's GBNF refuses left recursion, as the issue
+# keeps), or the extraction recorded something no grammar engine can pass. (case id prefix, reason)
+# (case id, the one input or None for every check of the case, reason); an id ending in "*" is a prefix
+EXCLUDED = [
+    ("test-grammar-integration/test_schema/min 0", "100000000000000000000000000000000",
+     "a 16-digit integer bound: JSON Schema has none"),
+    ("test-grammar-integration/test_schema/min 2", "12345678900000000", "the same"),
+    ("test-grammar-integration/test_schema/min+max items", "1", "minItems without type: 1 is valid JSON Schema"),
+    ("test-grammar-integration/test_schema/object properties",
+     '{ "number": 1600, "street_name": "Pennsylvania", "street_type":"Avenue", "direction":"NW"}',
+     "no additionalProperties: an extra property is valid"),
+    ("test-json-schema-to-grammar/regexp with escaped hyphen outside a character class", None,
+     "\\- outside a class: an ECMA-262 u-flag error"),
+    ("test_json_string_format.rs/regex_accepts_but_invalid_*", None,
+     "asserts llguidance's regex takes invalid RFC 3339 dates / leap seconds (2021-02-29, 22:59:60Z)"),
+    ("test_lark.rs/test_json_pattern_properties/0", None, "llguidance refuses overlapping patternProperties (valid)"),
+    ("test_lark.rs/test_json_pattern_properties/1", None, "the same"),
+    ("test_lark.rs/test_json_pattern_properties/2", None, "the same, across allOf"),
+    ("test_lark.rs/test_json_min_max_properties/0", None, "llguidance refuses maxProperties beside properties (valid)"),
+    ("test_lark.rs/test_json_min_max_properties/1", None, "llguidance refuses minProperties beside properties (valid)"),
+    ("test_lark.rs/test_lark_syntax_perc/3", None, "llguidance refuses %json {\"if\": {}} (valid JSON Schema)"),
+    ("test_lark.rs/test_lark_syntax_general/26", None, "token ids past the byte tokenizer this runner gives llguidance"),
+    ("test_lark.rs/test_lark_syntax_general/34", None, "the same"),
+    ("test_lark.rs/test_lark_syntax_general/35", None, "the same"),
+    ("test_regex_converter.py::test_null_character[*", None, "XGrammar refuses a NUL in a regex (valid ECMA-262)"),
+    ("test_grammar_matcher_basic.py::test_batch_rollback_size_mismatch#0", None,
+     "recorder artefact: the test raises on matcher API misuse, not on the grammar"),
+    ("test_grammar_matcher_basic.py::test_override_stop_tokens_out_of_range_raises#0", None, "the same"),
+    ("test_grammar_matcher_basic.py::test_batch_fill_next_token_bitmask_terminated_matcher_raises#0", None, "the same"),
+    ("test_grammar_matcher_ebnf.py::test_predict_complete#0", None, "left recursion: an error in llama.cpp's GBNF"),
+    ("test_grammar_parser.py::test_e2e_json_grammar#0", None, "XGrammar's lookahead assertions (= ...): not GBNF"),
+    ("test_grammar_parser.py::test_e2e_to_string_roundtrip#0", None, "the same"),
+    ("test_json_schema_converter.py::test_uri_template_format['-False]#1", "\"'\"",
+     "an apostrophe in a uri-template: the JSON-Schema-Test-Suite counts it valid"),
+    ("test_json_schema_direct_converter.py::test_direct_converter_formatting_and_any_order#*", None,
+     "XGrammar's exact indentation and max_whitespace_cnt: not modelled"),
+]
+EXCLUDED = [(cid, one, EXCLUDED[k - 1][2] if why == "the same" and k else why)  # "the same": the entry above's
+            for k, (cid, one, why) in enumerate(EXCLUDED)]
+for k in range(1, len(EXCLUDED)):
+    if EXCLUDED[k][2] == "the same":
+        EXCLUDED[k] = (EXCLUDED[k][0], EXCLUDED[k][1], EXCLUDED[k - 1][2])
+EBNF_ATTRS = "XGrammar's EBNF rule attributes (name[lazy] ::=): not GBNF"
+
+
+def excluded(suite, case, inp=None):
+    """The reason a check (input inp; None: the case as a whole) is left out of the comparable rates."""
+    for cid, one, why in EXCLUDED:
+        hit = case["id"].startswith(cid[:-1]) if cid.endswith("*") else case["id"] == cid
+        if hit and (one is None or inp == one):
+            return why
+    if suite == "xgrammar" and case["kind"] == "gbnf" and any(
+            line.split("::=")[0].strip().endswith("]") for line in case["grammar"].splitlines() if "::=" in line):
+        return EBNF_ATTRS
+    return None
+
+
+def comparable(runner_cls, lib):
+    """{(suite, kind): [pass, checks]} over the checks not excluded."""
+    r = runner_cls() if runner_cls else ps.Runner(lib, False)
+    out = collections.defaultdict(lambda: [0, 0])
+    for suite in ps.SUITES:
+        for case in json.loads((ps.DATA / (suite + ".json")).read_text(encoding="utf-8"))["cases"]:
+            if excluded(suite, case):
+                continue
+            inputs = case["valid"] + case["invalid"] if case["compiles"] is not False else []
+            for k, (outcome, _) in enumerate(r.run_case(case)):
+                if k < len(inputs) and excluded(suite, case, inputs[k]):
+                    continue
+                key = (suite, ps.kind_group(case))
+                out[key][0] += outcome == "pass"
+                out[key][1] += 1
+    if runner_cls is None:
+        lib.di_grammar_vocab_free(r.vocab)
+    return out
+
+
 def main():
     rows = {}
     lib = ps.load_lib() if os.environ.get("DEEPINFER_LIB") else None
@@ -163,6 +244,27 @@ def main():
         for d in details if want else ():
             if want in ("all", d[2]):
                 print(name, repr(d)[:300])
+    print("\nexcluded from the comparable rates (every engine alike):")
+    for suite in ps.SUITES:
+        n = collections.Counter()
+        for case in json.loads((ps.DATA / (suite + ".json")).read_text(encoding="utf-8"))["cases"]:
+            why = excluded(suite, case)
+            if why:
+                n[(ps.kind_group(case), why)] += max(1, len(case["valid"]) + len(case["invalid"]))
+                continue
+            for inp in case["valid"] + case["invalid"]:
+                why = excluded(suite, case, inp)
+                if why:
+                    n[(ps.kind_group(case), why)] += 1
+        for (kind, why), k in sorted(n.items()):
+            print("  %s %s: %d checks: %s" % (suite, kind, k, why))
+    comp = {name: comparable(cls, lib) for name, cls in engines}
+    print("\n| suite | kind | comparable checks | " + " | ".join(comp) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in comp) + " |")
+    for key in sorted(set(k for t in comp.values() for k in t)):
+        n = max(t[key][1] for t in comp.values())
+        print("| %s | %s | %d | %s |" % (key[0], key[1], n, " | ".join(
+            "%d (%.1f%%)" % (t[key][0], 100.0 * t[key][0] / max(n, 1)) for t in comp.values())))
     # side by side: pass rate per (suite, kind)
     keys = sorted(set(k for t in rows.values() for k in t))
     print("\n| suite | kind | checks | " + " | ".join(rows) + " |")
