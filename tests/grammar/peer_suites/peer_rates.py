@@ -191,9 +191,7 @@ EXCLUDED = [
     ("test_json_schema_direct_converter.py::test_direct_converter_formatting_and_any_order#*", None,
      "XGrammar's exact indentation and max_whitespace_cnt: not modelled"),
 ]
-EXCLUDED = [(cid, one, EXCLUDED[k - 1][2] if why == "the same" and k else why)  # "the same": the entry above's
-            for k, (cid, one, why) in enumerate(EXCLUDED)]
-for k in range(1, len(EXCLUDED)):
+for k in range(1, len(EXCLUDED)):  # "the same": the reason of the entry above
     if EXCLUDED[k][2] == "the same":
         EXCLUDED[k] = (EXCLUDED[k][0], EXCLUDED[k][1], EXCLUDED[k - 1][2])
 EBNF_ATTRS = "XGrammar's EBNF rule attributes (name[lazy] ::=): not GBNF"
