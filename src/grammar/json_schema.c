@@ -39,6 +39,7 @@ typedef struct {
   int branches, depth;
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
   int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc;
+  const char *escapes; /* x-guidance json_allowed_escapes: the letters allowed after a backslash, NULL = all */
   char why_empty[400]; /* the last reason a schema was found to admit nothing, for the error */
 } jc;
 
@@ -118,9 +119,10 @@ static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
 /* A JSON escape (regex text, after its backslash): \uXXXX only for a scalar value, so a high
  * surrogate must be followed by an escaped low one (the pair is one character, as maxLength counts
  * code points) and a lone surrogate is refused (it is no character: RFC 8259 section 8.2). */
-#define JSON_ESCAPE_RE                                                                                   \
-  "([\"\\\\/bfnrt]|u([0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|"                       \
-  "[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}))"
+#define JSON_UESC_RE                                                                                \
+  "u([0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F]" \
+  "[0-9a-fA-F]{2})"
+#define JSON_ESCAPE_RE "([\"\\\\/bfnrt]|" JSON_UESC_RE ")"
 static int mk_rule_regex(jc *c, const char *hint, const char *re) {
   int r = di_gb_new_rule(c->b, hint);
   if (di_regex_compile_into(c->b, r, re, strlen(re), 0, 1) != DI_OK)
@@ -128,9 +130,34 @@ static int mk_rule_regex(jc *c, const char *hint, const char *re) {
   return r;
 }
 
+/* The escapes (regex text, from its backslash on) that x-guidance's json_allowed_escapes leaves:
+ * its short escapes and, with `u`, every \\u spelling JSON_ESCAPE_RE takes; "" when none is left. */
+static void escape_re(const jc *c, char *out, size_t cap) {
+  if (!c->escapes) {
+    snprintf(out, cap, "\\\\%s", JSON_ESCAPE_RE);
+    return;
+  }
+  char cls[16];
+  size_t n = 0;
+  for (const char *e = c->escapes; *e && n + 3 < sizeof cls; e++)
+    if (*e != 'u')
+      n += (size_t)snprintf(cls + n, sizeof cls - n, "%s%c", *e == '\\' ? "\\" : "", *e);
+  cls[n] = 0;
+  int u = strchr(c->escapes, 'u') != NULL;
+  if (!n && !u)
+    out[0] = 0;
+  else
+    snprintf(out, cap, "\\\\(%s%s%s%s%s)", n ? "[" : "", cls, n ? "]" : "", n && u ? "|" : "",
+             u ? JSON_UESC_RE : "");
+}
+
 static int jchar_rule(jc *c) {
-  if (c->r_jchar < 0)
-    c->r_jchar = mk_rule_regex(c, "jchar", "[^\"\\\\\\x00-\\x1f]|\\\\" JSON_ESCAPE_RE);
+  if (c->r_jchar < 0) {
+    char esc[256], re[320];
+    escape_re(c, esc, sizeof esc);
+    snprintf(re, sizeof re, "[^\"\\\\\\x00-\\x1f]%s%s", esc[0] ? "|" : "", esc);
+    c->r_jchar = mk_rule_regex(c, "jchar", re);
+  }
   return c->r_jchar;
 }
 
@@ -1314,7 +1341,9 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
     c->r_ktail = di_gb_new_rule(b, "ktail");
     di_gb_add_alt(b, c->r_ktail, t.v, t.n);
     di_gseq_free(&t);
-    static const char *re = "\\\\" JSON_ESCAPE_RE "|[\\u0080-\\u{10FFFF}]";
+    char esc[256], re[320];
+    escape_re(c, esc, sizeof esc);
+    snprintf(re, sizeof re, "%s%s[\\u0080-\\u{10FFFF}]", esc, esc[0] ? "|" : "");
     c->r_kesc = di_gb_new_rule(b, "kesc");
     if (di_regex_compile_into(b, c->r_kesc, re, strlen(re), 0, 1) != DI_OK)
       b->oom = 1;
@@ -2636,6 +2665,83 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
   return st;
 }
 
+/* llguidance's compile options inside the root schema (`"x-guidance": {...}`, its
+ * JsonCompileOptions; llguidance reads them at the root only). The ones that mean what this
+ * front-end does are taken: json_allow_general_unicode_escapes true (every JSON spelling of a
+ * character in a string without a pattern, our only behaviour) and lenient (unsupported keywords
+ * and formats ignored: ignore_unsupported_keywords). Any other option, or another value, would change
+ * the language in a way not implemented here (json_allowed_escapes: which escapes to write), so it
+ * is an error naming it rather than silently ignored (which accepted escapes the schema's author
+ * had excluded). */
+/* With json_allowed_escapes, the strings this front-end spells in one canonical form (const / enum
+ * values, property names, pattern and format strings) would have to follow the option too: until
+ * they do, a schema holding any of them that needs an escape, or any pattern or format, is refused. */
+static int needs_escape(const char *t) {
+  for (; t && *t; t++)
+    if (*t == '"' || *t == '\\' || (unsigned char)*t < 0x20)
+      return 1;
+  return 0;
+}
+
+static const char *escapes_conflict(const cJSON *j) {
+  for (const cJSON *e = j ? j->child : NULL; e; e = e->next) {
+    if (e->string && strcmp(e->string, "x-guidance") == 0)
+      continue;
+    if (e->string && (needs_escape(e->string) || strcmp(e->string, "pattern") == 0 ||
+                      strcmp(e->string, "patternProperties") == 0 || strcmp(e->string, "format") == 0))
+      return e->string;
+    if (cJSON_IsString(e) && needs_escape(e->valuestring))
+      return "a string needing an escape";
+    const char *w = escapes_conflict(e);
+    if (w)
+      return w;
+  }
+  return NULL;
+}
+
+static di_status x_guidance_options(const cJSON *root, const di_grammar_options *in, di_grammar_options *out,
+                                    const char **escapes) {
+  *escapes = NULL;
+  if (in)
+    *out = *in;
+  else
+    memset(out, 0, sizeof *out);
+  const cJSON *xg = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "x-guidance") : NULL;
+  if (!xg)
+    return DI_OK;
+  if (!cJSON_IsObject(xg))
+    return di_error_set(DI_ERR_FORMAT, "json schema: 'x-guidance' must be an object at #/x-guidance");
+  for (const cJSON *e = xg->child; e; e = e->next) {
+    if (strcmp(e->string, "json_allow_general_unicode_escapes") == 0 && cJSON_IsTrue(e))
+      continue;
+    if (strcmp(e->string, "json_allowed_escapes") == 0 && cJSON_IsString(e)) {
+      for (const char *l = e->valuestring; *l; l++)
+        if (!strchr("nrbtf\"u\\", *l))
+          return di_error_set(DI_ERR_FORMAT,
+                              "json schema: x-guidance json_allowed_escapes: '%c' is not a JSON escape letter "
+                              "(nrbtf\"u\\) at #/x-guidance/json_allowed_escapes", *l);
+      const char *w = escapes_conflict(root);
+      if (w)
+        return di_error_set(DI_ERR_UNSUPPORTED,
+                            "json schema: x-guidance option 'json_allowed_escapes' beside '%s' is not supported "
+                            "(that text is spelled in one canonical form) at #/x-guidance/json_allowed_escapes",
+                            w);
+      *escapes = e->valuestring;
+      continue;
+    }
+    if (strcmp(e->string, "lenient") == 0 && cJSON_IsBool(e)) {
+      if (cJSON_IsTrue(e))
+        out->ignore_unsupported_keywords = 1;
+      continue;
+    }
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "json schema: x-guidance option '%s'%s is not supported at #/x-guidance/%s", e->string,
+                        strcmp(e->string, "json_allow_general_unicode_escapes") == 0 ? " other than true" : "",
+                        e->string);
+  }
+  return DI_OK;
+}
+
 di_status di_json_schema_compile_into(di_gb *b, const char *src, size_t len, const di_grammar_options *opt, int *rule,
                                       char *why_empty, size_t why_cap) {
   /* cJSON strings are NUL-terminated: a schema string holding U+0000 would be silently cut */
@@ -2645,8 +2751,17 @@ di_status di_json_schema_compile_into(di_gb *b, const char *src, size_t len, con
       return di_error_set(DI_ERR_UNSUPPORTED, "json schema: strings containing U+0000 are not supported (offset %zu)", i);
   cJSON *root = NULL;
   DI_TRY(di_json_parse(src, len, "json schema", &root));
+  di_grammar_options xg_opt;
+  const char *escapes = NULL;
+  di_status xst = x_guidance_options(root, opt, &xg_opt, &escapes);
+  if (xst != DI_OK) {
+    cJSON_Delete(root);
+    return xst;
+  }
+  opt = &xg_opt;
   jc c;
   jc_init(&c, b, opt);
+  c.escapes = escapes;
   c.root = root;
   *rule = -1;
   di_status st = gen(&c, root, "#", rule);
