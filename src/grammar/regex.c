@@ -183,22 +183,42 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
   return -2;
 }
 
-/* The bytes generation writes for code point c inside a JSON string (Python json.dumps with
- * ensure_ascii=False: short escapes for \b\f\n\r\t, \u00XX for other controls). */
-static void json_escape_cp(di_gb *b, di_gseq *s, uint32_t c) {
-  char buf[8];
-  switch (c) {
-  case '"': di_gseq_bytes(b, s, "\\\"", 2); return;
-  case '\\': di_gseq_bytes(b, s, "\\\\", 2); return;
-  case '\b': di_gseq_bytes(b, s, "\\b", 2); return;
-  case '\f': di_gseq_bytes(b, s, "\\f", 2); return;
-  case '\n': di_gseq_bytes(b, s, "\\n", 2); return;
-  case '\r': di_gseq_bytes(b, s, "\\r", 2); return;
-  case '\t': di_gseq_bytes(b, s, "\\t", 2); return;
-  default:
-    snprintf(buf, sizeof buf, "\\u%04x", c);
-    di_gseq_bytes(b, s, buf, 6);
+/* Every JSON spelling of a character that a JSON string must escape (`"`, `\\`, the controls), as
+ * alternatives of `rule`: its short escape where JSON has one (\\b\\f\\n\\r\\t\\"\\\\) and \\u with its
+ * four hex digits in either case (\\u0009, \\u000A, \\u000a); generation writes the first (Python's
+ * json.dumps). Characters outside these take their plain spelling only (plus `\\/` for `/`). */
+static void json_escape_alts(di_gb *b, int rule, uint32_t c) {
+  static const char shorts[] = "\"\"\\\\\bb\ff\nn\rr\tt";
+  di_gseq e = {0};
+  for (int i = 0; shorts[i]; i += 2)
+    if ((unsigned char)shorts[i] == c) {
+      char esc[2] = {'\\', shorts[i + 1]};
+      di_gseq_bytes(b, &e, esc, 2);
+      di_gb_add_alt(b, rule, e.v, e.n);
+      e.n = 0;
+    }
+  di_gseq_bytes(b, &e, "\\u", 2);
+  for (int sh = 12; sh >= 0; sh -= 4) {
+    unsigned d = (c >> sh) & 15;
+    di_gbyteset hex = {{0}};
+    di_gbyteset_add(&hex, d < 10 ? '0' + d : 'a' + d - 10);
+    di_gbyteset_add(&hex, d < 10 ? '0' + d : 'A' + d - 10);
+    di_gseq_push(b, &e, (di_gel){DI_GE_CLASS, di_gb_class(b, &hex)});
   }
+  di_gb_add_alt(b, rule, e.v, e.n);
+  di_gseq_free(&e);
+}
+
+static void json_escape_cp(di_gb *b, di_gseq *s, uint32_t c) {
+  int rule = di_gb_new_rule(b, "jesc");
+  json_escape_alts(b, rule, c);
+  di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule});
+}
+
+static int byte_class(di_gb *b, unsigned c) {
+  di_gbyteset one = {{0}};
+  di_gbyteset_add(&one, c);
+  return di_gb_class(b, &one);
 }
 
 static int json_special(uint32_t c) { return c < 0x20 || c == '"' || c == '\\'; }
@@ -227,12 +247,11 @@ static void emit_set(rp *p, di_gseq *s, cset *set, int negate) {
     uint32_t lo = set->v[i].lo, hi = set->v[i].hi;
     for (uint32_t c = lo; c <= hi && c < 0x80; c++) {
       if (json_special(c)) {
-        di_gseq e = {0};
-        json_escape_cp(b, &e, c);
-        di_gb_add_alt(b, rule, e.v, e.n);
-        di_gseq_free(&e);
+        json_escape_alts(b, rule, c);
       } else {
         cs_add(&plain, c, c);
+        if (c == '/')
+          di_gb_add_alt(b, rule, (di_gel[]){{DI_GE_CLASS, byte_class(b, '\\')}, {DI_GE_CLASS, byte_class(b, '/')}}, 2);
       }
     }
     if (hi >= 0x80)
@@ -258,6 +277,13 @@ static void emit_cp(rp *p, di_gseq *s, uint32_t c) {
   }
   if (p->json && json_special(c)) {
     json_escape_cp(p->b, s, c);
+    return;
+  }
+  if (p->json && c == '/') { /* `/` or `\\/` */
+    int rule = di_gb_new_rule(p->b, "jesc");
+    di_gb_add_alt(p->b, rule, (di_gel[]){{DI_GE_CLASS, byte_class(p->b, '/')}}, 1);
+    di_gb_add_alt(p->b, rule, (di_gel[]){{DI_GE_CLASS, byte_class(p->b, '\\')}, {DI_GE_CLASS, byte_class(p->b, '/')}}, 2);
+    di_gseq_push(p->b, s, (di_gel){DI_GE_RULE, rule});
     return;
   }
   di_gseq_cp(p->b, s, c);
