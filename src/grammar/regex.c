@@ -183,35 +183,52 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
   return -2;
 }
 
-/* Every JSON spelling of a character that a JSON string must escape (`"`, `\\`, the controls), as
- * alternatives of `rule`: its short escape where JSON has one (\\b\\f\\n\\r\\t\\"\\\\) and \\u with its
- * four hex digits in either case (\\u0009, \\u000A, \\u000a); generation writes the first (Python's
- * json.dumps). Characters outside these take their plain spelling only (plus `\\/` for `/`). */
-static void json_escape_alts(di_gb *b, int rule, uint32_t c) {
+/* Every JSON spelling of the characters of `esc` (a bitmap over 0..0x7F of characters a JSON
+ * string must escape: `"`, `\\`, the controls), as alternatives of `rule`: the short escapes JSON
+ * has (\\b\\f\\n\\r\\t\\"\\\\, one alternative `\\[...]`) and \\u with its four hex digits in either
+ * case (\\u0009, \\u000A, \\u000a), one alternative per third hex digit with a class of the last, so
+ * a negated class costs a handful of alternatives, not one per character. Generation writes the
+ * first spelling (Python's json.dumps). Other characters take their plain spelling only (plus
+ * `\\/` for `/`). */
+static void json_escape_alts(di_gb *b, int rule, const uint8_t esc[128]) {
   static const char shorts[] = "\"\"\\\\\bb\ff\nn\rr\tt";
-  di_gseq e = {0};
+  di_gbyteset letters = {{0}}, backslash = {{0}}, u = {{0}}, zero = {{0}};
+  int any_short = 0;
   for (int i = 0; shorts[i]; i += 2)
-    if ((unsigned char)shorts[i] == c) {
-      char esc[2] = {'\\', shorts[i + 1]};
-      di_gseq_bytes(b, &e, esc, 2);
-      di_gb_add_alt(b, rule, e.v, e.n);
-      e.n = 0;
-    }
-  di_gseq_bytes(b, &e, "\\u", 2);
-  for (int sh = 12; sh >= 0; sh -= 4) {
-    unsigned d = (c >> sh) & 15;
-    di_gbyteset hex = {{0}};
-    di_gbyteset_add(&hex, d < 10 ? '0' + d : 'a' + d - 10);
-    di_gbyteset_add(&hex, d < 10 ? '0' + d : 'A' + d - 10);
-    di_gseq_push(b, &e, (di_gel){DI_GE_CLASS, di_gb_class(b, &hex)});
+    if (esc[(unsigned char)shorts[i]])
+      di_gbyteset_add(&letters, (unsigned char)shorts[i + 1]), any_short = 1;
+  di_gbyteset_add(&backslash, '\\');
+  di_gbyteset_add(&u, 'u');
+  di_gbyteset_add(&zero, '0');
+  if (any_short)
+    di_gb_add_alt(b, rule, (di_gel[]){{DI_GE_CLASS, di_gb_class(b, &backslash)}, {DI_GE_CLASS, di_gb_class(b, &letters)}},
+                  2);
+  for (unsigned hi = 0; hi < 8; hi++) {
+    di_gbyteset third = {{0}}, last = {{0}};
+    int any = 0;
+    for (unsigned lo = 0; lo < 16; lo++)
+      if (esc[hi * 16 + lo]) {
+        di_gbyteset_add(&last, lo < 10 ? '0' + lo : 'a' + lo - 10);
+        di_gbyteset_add(&last, lo < 10 ? '0' + lo : 'A' + lo - 10);
+        any = 1;
+      }
+    if (!any)
+      continue;
+    di_gbyteset_add(&third, '0' + hi);
+    int z = di_gb_class(b, &zero);
+    di_gb_add_alt(b, rule,
+                  (di_gel[]){{DI_GE_CLASS, di_gb_class(b, &backslash)}, {DI_GE_CLASS, di_gb_class(b, &u)},
+                             {DI_GE_CLASS, z}, {DI_GE_CLASS, z}, {DI_GE_CLASS, di_gb_class(b, &third)},
+                             {DI_GE_CLASS, di_gb_class(b, &last)}},
+                  6);
   }
-  di_gb_add_alt(b, rule, e.v, e.n);
-  di_gseq_free(&e);
 }
 
 static void json_escape_cp(di_gb *b, di_gseq *s, uint32_t c) {
+  uint8_t esc[128] = {0};
+  esc[c] = 1;
   int rule = di_gb_new_rule(b, "jesc");
-  json_escape_alts(b, rule, c);
+  json_escape_alts(b, rule, esc);
   di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule});
 }
 
@@ -243,11 +260,13 @@ static void emit_set(rp *p, di_gseq *s, cset *set, int negate) {
   }
   int rule = di_gb_new_rule(b, "jchar");
   cset plain = {0};
+  uint8_t esc[128] = {0};
+  int any_esc = 0;
   for (int i = 0; i < n; i++) {
     uint32_t lo = set->v[i].lo, hi = set->v[i].hi;
     for (uint32_t c = lo; c <= hi && c < 0x80; c++) {
       if (json_special(c)) {
-        json_escape_alts(b, rule, c);
+        esc[c] = 1, any_esc = 1;
       } else {
         cs_add(&plain, c, c);
         if (c == '/')
@@ -257,6 +276,8 @@ static void emit_set(rp *p, di_gseq *s, cset *set, int negate) {
     if (hi >= 0x80)
       cs_add(&plain, lo < 0x80 ? 0x80 : lo, hi);
   }
+  if (any_esc)
+    json_escape_alts(b, rule, esc);
   if (plain.n) {
     di_gseq e = {0};
     di_gseq_cpset(b, &e, plain.v, plain.n, 0);

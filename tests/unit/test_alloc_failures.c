@@ -460,6 +460,11 @@ int main(void) {
       /* an allOf branch's additionalProperties beside another's patternProperties (merge's entries) */
       {DI_GRAMMAR_JSON_SCHEMA, "{\"allOf\": [{\"properties\": {\"a\": {}}, \"additionalProperties\": {\"type\": \"integer\"}},"
                                " {\"patternProperties\": {\"^f\": {\"minimum\": 2}}}]}"},
+      /* x-guidance's json_allowed_escapes (its own escape rules), and a pattern string's spellings of
+       * escapable characters (one alternative per third hex digit) */
+      {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"object\", \"additionalProperties\": {\"type\": \"string\"},"
+                               " \"x-guidance\": {\"json_allowed_escapes\": \"nu\", \"lenient\": true}}"},
+      {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"pattern\": \"^[^a]\\\\s\\\"/$\"}"},
       /* Lark's deferred regular operations, parametric instances and a nested grammar */
       {DI_GRAMMAR_LARK, "start: \"{\" r p::0 N %lark { start: \"1\" | \"2\" } \"}\"\n"
                         "r[suffix=\",\", max_chars=4]: /[ab]*/\n"
