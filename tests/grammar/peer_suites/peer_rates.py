@@ -174,6 +174,8 @@ EXCLUDED = [
     ("test_lark.rs/test_json_pattern_properties/2", None, "the same, across allOf"),
     ("test_lark.rs/test_json_min_max_properties/0", None, "llguidance refuses maxProperties beside properties (valid)"),
     ("test_lark.rs/test_json_min_max_properties/1", None, "llguidance refuses minProperties beside properties (valid)"),
+    ("test_lark.rs/test_json_general_unicode_escapes_are_opt_in/0", '"\\u00e9"',
+     "llguidance writes no \\u escape of a printable character by default: \"\\u00e9\" is valid JSON"),
     ("test_lark.rs/test_lark_syntax_perc/3", None, "llguidance refuses %json {\"if\": {}} (valid JSON Schema)"),
     ("test_lark.rs/test_lark_syntax_general/26", None, "token ids past the byte tokenizer this runner gives llguidance"),
     ("test_lark.rs/test_lark_syntax_general/34", None, "the same"),
