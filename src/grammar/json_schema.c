@@ -2675,7 +2675,8 @@ di_status di_json_schema_compile(di_gb *b, const char *src, size_t len, const di
  * had excluded). */
 /* With json_allowed_escapes, the strings this front-end spells in one canonical form (const / enum
  * values, property names, pattern and format strings) would have to follow the option too: until
- * they do, a schema holding any of them that needs an escape, or any pattern or format, is refused. */
+ * they do, a schema with a pattern or format, or with such a literal needing an escape, is refused.
+ * Annotations (title, description, ...) are not written, so their text does not matter. */
 static int needs_escape(const char *t) {
   for (; t && *t; t++)
     if (*t == '"' || *t == '\\' || (unsigned char)*t < 0x20)
@@ -2683,15 +2684,42 @@ static int needs_escape(const char *t) {
   return 0;
 }
 
+static int any_needs_escape(const cJSON *j) { /* a string value or an object key anywhere in j */
+  if (cJSON_IsString(j) && needs_escape(j->valuestring))
+    return 1;
+  for (const cJSON *e = j->child; e; e = e->next)
+    if ((e->string && needs_escape(e->string)) || any_needs_escape(e))
+      return 1;
+  return 0;
+}
+
 static const char *escapes_conflict(const cJSON *j) {
+  static const char *annotations[] = {"title", "description", "$comment", "examples", "default", "$id",
+                                            "$schema", "$anchor", "$ref", "$dynamicRef", "x-guidance", NULL};
   for (const cJSON *e = j ? j->child : NULL; e; e = e->next) {
-    if (e->string && strcmp(e->string, "x-guidance") == 0)
+    const char *k = cJSON_IsObject(j) ? e->string : NULL;
+    if (k && in_list(k, annotations))
       continue;
-    if (e->string && (needs_escape(e->string) || strcmp(e->string, "pattern") == 0 ||
-                      strcmp(e->string, "patternProperties") == 0 || strcmp(e->string, "format") == 0))
-      return e->string;
-    if (cJSON_IsString(e) && needs_escape(e->valuestring))
-      return "a string needing an escape";
+    if (k && (strcmp(k, "pattern") == 0 || strcmp(k, "patternProperties") == 0 || strcmp(k, "format") == 0))
+      return k;
+    if (k && (strcmp(k, "const") == 0 || strcmp(k, "enum") == 0 || strcmp(k, "required") == 0 ||
+              strcmp(k, "dependentRequired") == 0)) {
+      if (any_needs_escape(e))
+        return "a const / enum value or a required name needing an escape";
+      continue;
+    }
+    if (k && cJSON_IsObject(e) &&
+        (strcmp(k, "properties") == 0 || strcmp(k, "$defs") == 0 || strcmp(k, "definitions") == 0 ||
+         strcmp(k, "dependentSchemas") == 0)) { /* schemas keyed by names, not keywords */
+      for (const cJSON *n = e->child; n; n = n->next) {
+        if (strcmp(k, "properties") == 0 && needs_escape(n->string))
+          return "a property name needing an escape";
+        const char *w = escapes_conflict(n);
+        if (w)
+          return w;
+      }
+      continue;
+    }
     const char *w = escapes_conflict(e);
     if (w)
       return w;
