@@ -131,7 +131,7 @@ static int mk_rule_regex(jc *c, const char *hint, const char *re) {
 }
 
 /* The escapes (regex text, from its backslash on) that x-guidance's json_allowed_escapes leaves:
- * its short escapes and, with `u`, every \\u spelling JSON_ESCAPE_RE takes; "" when none is left. */
+ * its short escapes and, with `u`, every \u spelling JSON_ESCAPE_RE takes; "" when none is left. */
 static void escape_re(const jc *c, char *out, size_t cap) {
   if (!c->escapes) {
     snprintf(out, cap, "\\\\%s", JSON_ESCAPE_RE);

@@ -184,12 +184,12 @@ static int32_t parse_escape(rp *p, cset *set, int in_class, di_status *st) {
 }
 
 /* Every JSON spelling of the characters of `esc` (a bitmap over 0..0x7F of characters a JSON
- * string must escape: `"`, `\\`, the controls), as alternatives of `rule`: the short escapes JSON
- * has (\\b\\f\\n\\r\\t\\"\\\\, one alternative `\\[...]`) and \\u with its four hex digits in either
- * case (\\u0009, \\u000A, \\u000a), one alternative per third hex digit with a class of the last, so
- * a negated class costs a handful of alternatives, not one per character. Generation writes the
- * first spelling (Python's json.dumps). Other characters take their plain spelling only (plus
- * `\\/` for `/`). */
+ * string must escape: `"`, `\`, the controls), as alternatives of `rule`: the short escapes JSON
+ * has (\b \f \n \r \t \" \\, one alternative `\[...]`) and \u with its four hex digits in
+ * either case (\u0009, \u000A, \u000a), one alternative per third hex digit with a class of the
+ * last, so a negated class costs a handful of alternatives, not one per character. Generation
+ * writes the first spelling (Python's json.dumps). Other characters take their plain spelling
+ * only (plus `\/` for `/`). */
 static void json_escape_alts(di_gb *b, int rule, const uint8_t esc[128]) {
   static const char shorts[] = "\"\"\\\\\bb\ff\nn\rr\tt";
   di_gbyteset letters = {{0}}, backslash = {{0}}, u = {{0}}, zero = {{0}};
@@ -300,7 +300,7 @@ static void emit_cp(rp *p, di_gseq *s, uint32_t c) {
     json_escape_cp(p->b, s, c);
     return;
   }
-  if (p->json && c == '/') { /* `/` or `\\/` */
+  if (p->json && c == '/') { /* `/` or `\/` */
     int rule = di_gb_new_rule(p->b, "jesc");
     di_gb_add_alt(p->b, rule, (di_gel[]){{DI_GE_CLASS, byte_class(p->b, '/')}}, 1);
     di_gb_add_alt(p->b, rule, (di_gel[]){{DI_GE_CLASS, byte_class(p->b, '\\')}, {DI_GE_CLASS, byte_class(p->b, '/')}}, 2);
