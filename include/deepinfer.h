@@ -148,6 +148,8 @@ const char *di_finish_reason_str(di_finish_reason r); /* "stop", "length", "abor
 
 /* di_request_params.max_whitespace's bound (whitespace slots are counted repetitions) */
 #define DI_MAX_WHITESPACE 64
+/* di_request_params.indent's bound (spaces per nesting level) */
+#define DI_MAX_INDENT 16
 
 /* One request. Everything is copied by di_engine_add_request. Zero values mean "unset" where
  * noted; use di_request_params_default. */
@@ -217,6 +219,10 @@ typedef struct di_request_params {
                                     whitespace; NULL or "" = ":") */
   int max_whitespace;            /* JSON: whitespace characters allowed in each gap beside the
                                     separators (0 = none, the default; at most DI_MAX_WHITESPACE) */
+  int indent;                    /* JSON Schema: XGrammar's `indent` layout, 1..DI_MAX_INDENT spaces
+                                    per nesting level (0 = one line, the default); separators then
+                                    "," / ": " unless given; needs max_whitespace 0;
+                                    docs/structured-outputs.md */
 } di_request_params;
 
 void di_request_params_default(di_request_params *p);

@@ -44,7 +44,7 @@ class RequestParams(ctypes.Structure):
                 ("json_object", ctypes.c_int), ("grammar_syntax", ctypes.c_int), ("json_strict", ctypes.c_int),
                 ("max_digits", ctypes.c_int), ("max_string_length", ctypes.c_int),
                 ("item_separator", ctypes.c_char_p), ("key_separator", ctypes.c_char_p),
-                ("max_whitespace", ctypes.c_int)]
+                ("max_whitespace", ctypes.c_int), ("indent", ctypes.c_int)]
 
 
 class TokenLogprob(ctypes.Structure):

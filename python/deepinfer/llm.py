@@ -279,6 +279,7 @@ class LLM:
             if so.separators is not None:
                 p.item_separator, p.key_separator = (x.encode("utf-8") for x in so.separators)
             p.max_whitespace = int(so.max_whitespace or 0)
+            p.indent = int(so.indent or 0)
         rid = ctypes.c_uint64()
         _lib.check(self._L.di_engine_add_request(self._engine, ctypes.byref(p), ctypes.byref(rid)), "adding a request")
         self._counter += 1

@@ -11,12 +11,16 @@ class StructuredOutputsParams:
     -1 = unbounded). separators=(item, key) fixes the JSON text between items / members and between a
     key and its value, as XGrammar's `separators` (", " / ": " is XGrammar's any_whitespace=False
     text); each is "," / ":" with JSON whitespace around it. max_whitespace=N allows up to N (at most
-    64) whitespace characters in each gap besides (None = 0: compact)."""
+    64) whitespace characters in each gap besides (None = 0: compact). indent=N (1..16; json only)
+    lays the JSON out as XGrammar's indent (any_whitespace=False) does: a newline and N spaces per
+    nesting level inside non-empty objects and arrays, separators "," / ": " unless given, values
+    of an unconstrained schema ({}, bare {"type": "object"}) and const / enum on one line."""
 
     SYNTAXES = ("gbnf", "lark")
 
     def __init__(self, json=None, regex=None, grammar=None, json_object=None, grammar_syntax=None, strict=False,
-                 max_digits=None, max_string_length=None, separators=None, max_whitespace=None):
+                 max_digits=None, max_string_length=None, separators=None, max_whitespace=None,
+                 indent=None):
         given = [x for x in (json, regex, grammar) if x is not None] + ([1] if json_object else [])
         if len(given) > 1:
             raise ValueError("StructuredOutputsParams: give only one of json, regex, grammar, json_object")
@@ -33,6 +37,14 @@ class StructuredOutputsParams:
             separators = tuple(separators)
         if max_whitespace is not None and (not isinstance(max_whitespace, int) or not 0 <= max_whitespace <= 64):
             raise ValueError("StructuredOutputsParams: max_whitespace must be an integer in 0..64")
+        if indent is not None:
+            if isinstance(indent, bool) or not isinstance(indent, int) or not 1 <= indent <= 16:
+                raise ValueError(f"StructuredOutputsParams: indent must be an integer in 1..16, not {indent!r}")
+            if json is None:
+                raise ValueError("StructuredOutputsParams: indent goes with json=")
+            if max_whitespace:
+                raise ValueError("StructuredOutputsParams: indent fixes the whitespace; give no max_whitespace")
+        self.indent = indent
         self.separators = separators
         self.max_whitespace = max_whitespace
         self.json = json

@@ -36,6 +36,8 @@ static di_status build_vocab(di_engine_text_ctx *c) {
   return st;
 }
 
+_Static_assert(DI_MAX_INDENT == DI_GRAMMAR_MAX_INDENT, "the request's indent bound is the grammar's");
+
 /* A request's separator (NULL = the default) into the options' fixed field; its content is
  * checked by the grammar compiler (",", ":" with JSON whitespace around it). */
 static di_status copy_separator(char dst[8], const char *src, const char *name) {
@@ -67,6 +69,12 @@ static di_status c_create(void *ctx, const di_request_params *p, void **state) {
     return di_error_set(DI_ERR_INVALID_ARG, "structured output: max_whitespace must be 0..%d, got %d",
                         DI_MAX_WHITESPACE, p->max_whitespace);
   opt.max_whitespace = p->max_whitespace;
+  if (p->indent < 0 || p->indent > DI_MAX_INDENT)
+    return di_error_set(DI_ERR_INVALID_ARG, "structured output: indent must be 0..%d spaces, got %d", DI_MAX_INDENT,
+                        p->indent);
+  if (p->indent && !p->json_schema)
+    return di_error_set(DI_ERR_INVALID_ARG, "structured output: indent applies to a JSON schema only");
+  opt.indent = p->indent;
   constraint_state *s = calloc(1, sizeof *s);
   if (!s) return di_error_set(DI_ERR_OOM, "out of memory");
   di_status st = di_grammar_compile(kind, src, strlen(src), &opt, &s->g);

@@ -30,6 +30,8 @@ static void usage(FILE *f) {
              "  --item-separator S      JSON: exactly S between items and members (',' with whitespace\n"
              "                          around it, e.g. \", \" as XGrammar's any_whitespace=False writes)\n"
              "  --key-separator S       JSON: exactly S between a key and its value (':' with whitespace)\n"
+             "  --indent N              JSON Schema: XGrammar's indent layout, N (1..16) spaces per level\n"
+             "                          (separators ',' and ': ' unless given; default: one line)\n"
              "exit status: 0 accepted (or compiled), 1 rejected, 2 malformed grammar or usage error\n");
 }
 
@@ -55,7 +57,8 @@ static int accepts_prefix(const di_grammar *g, const char *s, size_t n) {
 
 int di_cmd_grammar(int argc, char **argv) {
   const char *regex = NULL, *schema_file = NULL, *grammar_file = NULL, *ws = NULL, *digits = NULL, *strlen_max = NULL,
-             *syntax = NULL, *item_sep = NULL, *key_sep = NULL;
+             *syntax = NULL, *item_sep = NULL, *key_sep = NULL,
+             *indent = NULL;
   int json_any = 0, check = 0, check_prefix = 0, print = 0, ignore = 0, err = 0, nkinds = 0, strict = 0, unbounded = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
@@ -80,6 +83,8 @@ int di_cmd_grammar(int argc, char **argv) {
       item_sep = v;
     } else if (di_cli_flag_value(argc, argv, &i, "--key-separator", &v, &err)) {
       key_sep = v;
+    } else if (di_cli_flag_value(argc, argv, &i, "--indent", &v, &err)) {
+      indent = v;
     } else if (strcmp(argv[i], "--strict") == 0) {
       strict = 1;
     } else if (strcmp(argv[i], "--no-generation-bounds") == 0) {
@@ -130,6 +135,15 @@ int di_cmd_grammar(int argc, char **argv) {
       (key_sep && strlen(key_sep) >= sizeof opt.key_separator)) {
     fprintf(stderr, "deepinfer grammar: a separator is at most %zu bytes\n", sizeof opt.item_separator - 1);
     return 2;
+  }
+  if (indent) {
+    char *end = NULL;
+    long n = strtol(indent, &end, 10);
+    if (end == indent || *end || n < 1 || n > DI_GRAMMAR_MAX_INDENT) {
+      fprintf(stderr, "deepinfer grammar: --indent takes 1..%d spaces, not '%s'\n", DI_GRAMMAR_MAX_INDENT, indent);
+      return 2;
+    }
+    opt.indent = (int)n;
   }
   if (item_sep)
     memcpy(opt.item_separator, item_sep, strlen(item_sep) + 1);

@@ -105,6 +105,14 @@ di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t le
   normalize_opt(&o, opt);
   DI_TRY(normalize_separator(o.item_separator, ',', "item_separator"));
   DI_TRY(normalize_separator(o.key_separator, ':', "key_separator"));
+  if (o.indent < 0 || o.indent > DI_GRAMMAR_MAX_INDENT)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar options: indent must be 0..%d spaces, got %d", DI_GRAMMAR_MAX_INDENT,
+                        o.indent);
+  if (o.indent && kind != DI_GRAMMAR_JSON_SCHEMA && kind != DI_GRAMMAR_JSON_ANY)
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar options: indent applies to JSON only");
+  if (o.indent && o.max_whitespace)
+    return di_error_set(DI_ERR_INVALID_ARG,
+                        "grammar options: indent fixes the whitespace; max_whitespace must be 0 beside it");
   size_t root_len = strnlen(o.root_rule, sizeof o.root_rule);
   if (root_len == sizeof o.root_rule)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar options: root_rule is at most %zu bytes", sizeof o.root_rule - 1);

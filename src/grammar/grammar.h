@@ -47,7 +47,18 @@ typedef struct di_grammar_options {
                                       whitespace around it ("" = ":") */
   char root_rule[32];              /* EBNF: the start rule's name ("" = root), XGrammar's
                                       root_rule_name */
+  int indent;                      /* JSON Schema: XGrammar's `indent` layout (0 = one line, the
+                                      default; 1..DI_GRAMMAR_MAX_INDENT spaces per nesting level):
+                                      a newline and the level's spaces after "[" / "{" and each
+                                      item separator, before the closing bracket; separators ","
+                                      and ": " unless given; empty containers and unconstrained
+                                      values ({}, bare {"type": "object" / "array"}, const / enum)
+                                      on one line with ", " / ": "; needs max_whitespace 0 */
 } di_grammar_options;
+
+/* di_grammar_options.indent's bounds: spaces per level, and nesting levels laid out (a recursive
+ * schema nests without end, so it cannot be laid out by level: refused past this depth) */
+enum { DI_GRAMMAR_MAX_INDENT = 16, DI_GRAMMAR_MAX_INDENT_LEVELS = 32 };
 
 /* Compiles `source` (`len` bytes). Errors carry a position ("line 3, column 7" / "offset 12" /
  * a JSON pointer for schemas). The result is cached by (kind, content, options): compiling the

@@ -25,7 +25,7 @@ enum { T_NULL = 1, T_BOOL = 2, T_OBJECT = 4, T_ARRAY = 8, T_NUMBER = 16, T_INTEG
 
 typedef struct {
   const cJSON *node;
-  int rule;
+  int rule, level; /* level: the nesting level it was laid out at (indent only) */
 } memo_t;
 
 typedef struct {
@@ -37,6 +37,9 @@ typedef struct {
   cJSON **owned; /* merged schemas we allocated */
   int nowned, capowned;
   int branches, depth;
+  int indent;     /* di_grammar_options.indent: spaces per level, 0 = one line */
+  int level;      /* containers entered (indent's nesting level of the value being generated) */
+  int compact;    /* > 0: inside a value laid out on one line under indent (any JSON, const / enum) */
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
   int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc;
   const char *escapes; /* x-guidance json_allowed_escapes: the letters allowed after a backslash, NULL = all */
@@ -68,22 +71,43 @@ static int own(jc *c, cJSON *j) {
 
 /* ---- small sequence helpers ------------------------------------------------------------------ */
 static void lit(jc *c, di_gseq *s, const char *t) {
-  /* the separators as the options spell them (XGrammar's exact separators) */
-  if (c->opt && t[0] == ',' && !t[1] && c->opt->item_separator[0])
-    t = c->opt->item_separator;
-  else if (c->opt && t[0] == ':' && !t[1] && c->opt->key_separator[0])
-    t = c->opt->key_separator;
+  /* the separators as the options spell them (XGrammar's exact separators); under indent its
+   * defaults: "," between laid-out items, ", " on one line, ": " after a key */
+  if (c->opt && t[0] == ',' && !t[1])
+    t = c->opt->item_separator[0] ? c->opt->item_separator : !c->indent ? t : c->compact ? ", " : ",";
+  else if (c->opt && t[0] == ':' && !t[1])
+    t = c->opt->key_separator[0] ? c->opt->key_separator : c->indent ? ": " : t;
   di_gseq_bytes(c->b, s, t, strlen(t));
 }
 static void ws(jc *c, di_gseq *s) {
   if (c->ws.kind >= 0)
     di_gseq_push(c->b, s, c->ws);
 }
+/* A newline and `level` indents (indent's layout). */
+static void newline(jc *c, di_gseq *s, int level) {
+  char buf[1 + DI_GRAMMAR_MAX_INDENT * DI_GRAMMAR_MAX_INDENT_LEVELS];
+  int n = level * c->indent;
+  buf[0] = '\n';
+  memset(buf + 1, ' ', (size_t)n);
+  di_gseq_bytes(c->b, s, buf, (size_t)n + 1);
+}
+/* Indent's newline before an item or member of a container being laid out (c->level is the items'
+ * level), nothing without indent (the whitespace slots, none under indent, are the caller's). */
+static void nl_in(jc *c, di_gseq *s) {
+  if (c->indent && !c->compact)
+    newline(c, s, c->level);
+}
+/* Indent's newline before a non-empty container's closing bracket, at the container's own level. */
+static void nl_out(jc *c, di_gseq *s) {
+  if (c->indent && !c->compact)
+    newline(c, s, c->level - 1);
+}
 static di_gel rule_el(int r) { return (di_gel){DI_GE_RULE, r}; }
 
 /* Literal JSON value with whitespace slots (only where generation may put whitespace). */
 static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
   if (cJSON_IsArray(j) || cJSON_IsObject(j)) {
+    c->compact++; /* on one line under indent */
     int obj = cJSON_IsObject(j);
     lit(c, s, obj ? "{" : "[");
     for (const cJSON *e = j->child; e; e = e->next) {
@@ -105,6 +129,7 @@ static void emit_value_literal(jc *c, di_gseq *s, const cJSON *j) {
     if (!j->child)
       ws(c, s);
     lit(c, s, obj ? "}" : "]");
+    c->compact--;
     return;
   }
   di_sbuf v = {0};
@@ -245,6 +270,7 @@ static int any_rule(jc *c) {
     return c->r_any;
   di_gb *b = c->b;
   int v = c->r_any = di_gb_new_rule(b, "value");
+  c->compact++; /* on one line under indent */
   int obj = di_gb_new_rule(b, "object"), arr = di_gb_new_rule(b, "array");
   int mem = di_gb_new_rule(b, "member");
   di_gseq s = {0};
@@ -278,6 +304,7 @@ static int any_rule(jc *c) {
     s.n = 0;
   }
   di_gseq_free(&s);
+  c->compact--;
   return v;
 }
 
@@ -287,6 +314,7 @@ static void jc_init(jc *c, di_gb *b, const di_grammar_options *opt) {
   c->opt = opt;
   c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = c->r_ktail = c->r_kesc = -1;
   c->ws.kind = -1;
+  c->indent = opt ? opt->indent : 0;
   if (opt && opt->max_whitespace > 0) {
     di_gbyteset set = {{0}};
     di_gbyteset_add(&set, ' ');
@@ -975,8 +1003,8 @@ static di_status check_keywords(jc *c, const cJSON *sch, const char *path) {
 }
 
 static int memo_find(jc *c, const cJSON *n) {
-  for (int i = c->nmemo - 1; i >= 0; i--)
-    if (c->memo[i].node == n)
+  for (int i = c->nmemo - 1; i >= 0; i--) /* under indent a schema's text depends on its level */
+    if (c->memo[i].node == n && (!c->indent || c->memo[i].level == c->level))
       return c->memo[i].rule;
   return -1;
 }
@@ -1495,6 +1523,7 @@ static di_status pattern_members(jc *c, const pattern_set *ps, const cJSON *unse
     if (*r_members < 0)
       *r_members = di_gb_new_rule(b, "pmember");
     di_gseq s = {0};
+    nl_in(c, &s);
     lit(c, &s, "\"");
     di_gseq_push(b, &s, rule_el(key));
     lit(c, &s, "\"");
@@ -1738,10 +1767,12 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
         b->oom = 1, raw.n = 0;
       r_addl = di_gb_new_rule(b, "addl");
       di_gseq s = {0};
+      nl_in(c, &s);
       lit(c, &s, "\"");
       di_gseq_push(b, &s, rule_el(n ? excl_rule(c, &raw, "", 0, 0) : -1));
       if (!n) {
         s.n = 0;
+        nl_in(c, &s);
         di_gseq_push(b, &s, rule_el(r_pkey >= 0 ? r_pkey : string_rule(c)));
       }
       ws(c, &s);
@@ -1786,21 +1817,26 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     }
     b->rules[S].defined = b->rules[R].defined = 1;
     int amin = minp > k ? (int)minp - k : 0, amax = has_maxp ? (int)maxp - k : -1;
+    /* the object ends here: after members (R, or S with additional ones) at indent's newline */
+    di_gseq s = {0};
     if (amin == 0) {
       di_gb_add_alt(b, S, NULL, 0);
-      di_gb_add_alt(b, R, NULL, 0);
+      nl_out(c, &s);
+      di_gb_add_alt(b, R, s.v, s.n);
+      s.n = 0;
     }
     if (r_addl >= 0 && amax != 0) {
-      di_gseq s = {0};
       di_gseq_push(b, &s, rule_el(r_addl));
       ws(c, &s);
       di_gseq_repeat(b, &s, more, amin > 1 ? amin - 1 : 0, amax < 0 ? -1 : amax - 1);
+      nl_out(c, &s);
       di_gb_add_alt(b, S, s.v, s.n);
       s.n = 0;
       di_gseq_repeat(b, &s, more, amin > 1 ? amin : 1, amax);
+      nl_out(c, &s);
       di_gb_add_alt(b, R, s.v, s.n);
-      di_gseq_free(&s);
     }
+    di_gseq_free(&s);
     Snext[k] = S;
     Rnext[k] = R;
   }
@@ -1808,6 +1844,7 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
     di_gel kvel = {-1, -1};
     if (rules[i] >= 0) {
       di_gseq kv = {0};
+      nl_in(c, &kv);
       di_gseq_bytes(b, &kv, ks.keys[i], strlen(ks.keys[i]));
       ws(c, &kv);
       lit(c, &kv, ":");
@@ -1918,17 +1955,20 @@ static di_status gen_array_contains(jc *c, const cJSON *sch, const char *path, i
   ws(c, &t);
   lit(c, &t, ",");
   ws(c, &t);
+  nl_in(c, &t);
   di_gel lead = di_gb_wrap(b, &t, "contains_lead");
   t.n = 0;
   /* after a match: ("," ws I ws)* */
   lit(c, &t, ",");
   ws(c, &t);
+  nl_in(c, &t);
   di_gseq_push(b, &t, rule_el(ri));
   ws(c, &t);
   di_gel more = di_gb_wrap(b, &t, "contains_more");
   di_gseq_free(&t);
   lit(c, &s, "[");
   ws(c, &s);
+  nl_in(c, &s);
   di_gseq_repeat(b, &s, lead, 0, -1);
   di_gseq_push(b, &s, rule_el(rm));
   ws(c, &s);
@@ -1936,10 +1976,12 @@ static di_status gen_array_contains(jc *c, const cJSON *sch, const char *path, i
     di_gseq_repeat(b, &s, more, 0, -1);
     lit(c, &s, ",");
     ws(c, &s);
+    nl_in(c, &s);
     di_gseq_push(b, &s, rule_el(rm));
     ws(c, &s);
   }
   di_gseq_repeat(b, &s, more, 0, -1);
+  nl_out(c, &s);
   lit(c, &s, "]");
   di_status st = di_gb_add_alt(b, rule, s.v, s.n);
   di_gseq_free(&s);
@@ -1984,6 +2026,7 @@ static di_status gen_array_unique(jc *c, const cJSON *sch, const unique_layout *
       s.n = 0;
       lit(c, &s, ",");
       ws(c, &s);
+      nl_in(c, &s);
       di_gseq_push(b, &s, val[i]);
       ws(c, &s);
       di_gseq_push(b, &s, rule_el(U[m | 1 << i]));
@@ -2003,9 +2046,11 @@ static di_status gen_array_unique(jc *c, const cJSON *sch, const unique_layout *
     s.n = 0;
     lit(c, &s, "[");
     ws(c, &s);
+    nl_in(c, &s);
     di_gseq_push(b, &s, val[i]);
     ws(c, &s);
     di_gseq_push(b, &s, rule_el(U[1 << i]));
+    nl_out(c, &s);
     lit(c, &s, "]");
     st = di_gb_add_alt(b, rule, s.v, s.n);
   }
@@ -2085,6 +2130,7 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gseq t = {0};
       lit(c, &t, ",");
       ws(c, &t);
+      nl_in(c, &t);
       di_gseq_push(b, &t, rule_el(r_item));
       ws(c, &t);
       di_gel one = di_gb_wrap(b, &t, "arr_more");
@@ -2112,6 +2158,7 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
       di_gseq s = {0};
       lit(c, &s, ",");
       ws(c, &s);
+      nl_in(c, &s);
       di_gseq_push(b, &s, rule_el(pr[kk]));
       ws(c, &s);
       di_gseq_push(b, &s, rule_el(next));
@@ -2137,9 +2184,11 @@ static di_status gen_array(jc *c, const cJSON *sch, const char *path, int rule) 
   if (first >= 0 && maxlen != 0) {
     lit(c, &s, "[");
     ws(c, &s);
+    nl_in(c, &s);
     di_gseq_push(b, &s, rule_el(first));
     ws(c, &s);
     di_gseq_push(b, &s, rule_el(next));
+    nl_out(c, &s);
     lit(c, &s, "]");
     di_gb_add_alt(b, rule, s.v, s.n);
   }
@@ -2322,6 +2371,20 @@ static di_status gen_number_multiple(jc *c, const cJSON *sch, const cJSON *mult,
 }
 
 /* Alternatives of `rule` for schema `sch` that has no anyOf/oneOf/allOf/$ref left. */
+/* Annotations only, beside at most `type` "object" or "array" (XGrammar's basic any / object /
+ * array, which indent lays out on one line). */
+static int bare_container(const cJSON *sch) {
+  static const char *ann[] = {"title", "default", "description", "examples", "deprecated", "readOnly",
+                              "writeOnly", "$comment", "$schema", NULL};
+  const cJSON *t = item(sch, "type");
+  if (t && (!cJSON_IsString(t) || (strcmp(t->valuestring, "object") && strcmp(t->valuestring, "array"))))
+    return 0;
+  for (const cJSON *e = sch->child; e; e = e->next)
+    if (strcmp(e->string, "type") && !in_list(e->string, ann))
+      return 0;
+  return 1;
+}
+
 static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) {
   DI_TRY(check_keywords(c, sch, path));
   int types;
@@ -2392,11 +2455,26 @@ static di_status gen_plain(jc *c, const cJSON *sch, const char *path, int rule) 
   }
   if (types & T_STRING)
     DI_TRY(gen_string(c, sch, path, rule));
+  if (!(types & (T_ARRAY | T_OBJECT)))
+    return DI_OK;
+  /* containers: their items one level in; under indent a bare {"type": "object" / "array"} is
+   * laid out on one line, as XGrammar's basic rules are */
+  int bare = c->indent && bare_container(sch);
+  c->compact += bare;
+  if (++c->level > DI_GRAMMAR_MAX_INDENT_LEVELS && c->indent && !c->compact) {
+    c->level--, c->compact -= bare;
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "json schema: indent lays out at most %d nesting levels; deeper at %s (a recursive "
+                        "schema cannot be laid out by level)",
+                        DI_GRAMMAR_MAX_INDENT_LEVELS, path);
+  }
+  di_status st = DI_OK;
   if (types & T_ARRAY)
-    DI_TRY(gen_array(c, sch, path, rule));
-  if (types & T_OBJECT)
-    DI_TRY(gen_object(c, sch, path, rule));
-  return DI_OK;
+    st = gen_array(c, sch, path, rule);
+  if (st == DI_OK && (types & T_OBJECT))
+    st = gen_object(c, sch, path, rule);
+  c->level--, c->compact -= bare;
+  return st;
 }
 
 /* A copy of `sch` (owned by the compile) for a rewrite, with its allOf array (created if absent). */
@@ -2537,7 +2615,7 @@ static di_status gen(jc *c, const cJSON *sch, const char *path, int *rule_out) {
     c->memo = q;
     c->capmemo = nc;
   }
-  c->memo[c->nmemo++] = (memo_t){sch, rule};
+  c->memo[c->nmemo++] = (memo_t){sch, rule, c->level};
   b->rules[rule].defined = 1;
   di_status st = DI_OK;
   const cJSON *ref = item(sch, "$ref"), *all = item(sch, "allOf"), *any = item(sch, "anyOf"), *one = item(sch, "oneOf");

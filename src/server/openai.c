@@ -380,7 +380,7 @@ static int read_separators(const cJSON *v, di_oai_request *r, di_oai_error *err)
 
 /* structured_outputs' options beside the constraint: grammar_syntax ("gbnf" | "lark"), strict,
  * max_digits / max_string_length (positive, or -1 for unbounded), separators, max_whitespace
- * (0..DI_MAX_WHITESPACE; docs/structured-outputs.md). */
+ * (0..DI_MAX_WHITESPACE), indent (1..DI_MAX_INDENT; docs/structured-outputs.md). */
 static int read_structure_options(const cJSON *so, di_oai_request *r, di_oai_error *err) {
   const cJSON *syn = field(so, "grammar_syntax");
   if (syn) {
@@ -409,6 +409,15 @@ static int read_structure_options(const cJSON *so, di_oai_request *r, di_oai_err
     if (!di_json_int_in(ws, 0, DI_MAX_WHITESPACE, &x))
       return BAD("structured_outputs.max_whitespace", "'max_whitespace' must be an integer in 0..%d", DI_MAX_WHITESPACE);
     r->max_whitespace = (int)x;
+  }
+  const cJSON *ind = field(so, "indent"); /* XGrammar's indent (null: one line) */
+  if (ind && !cJSON_IsNull(ind)) {
+    int64_t x = 0;
+    if (!di_json_int_in(ind, 1, DI_MAX_INDENT, &x))
+      return BAD("structured_outputs.indent", "'indent' must be an integer in 1..%d (spaces per level)", DI_MAX_INDENT);
+    if (r->max_whitespace)
+      return BAD("structured_outputs.indent", "'indent' fixes the whitespace: give no 'max_whitespace' beside it");
+    r->indent = (int)x;
   }
   return 0;
 }
@@ -649,6 +658,7 @@ static int parse(const di_oai_ctx *ctx, int chat, const cJSON *root, di_oai_requ
     p->item_separator = r->item_separator;
     p->key_separator = r->key_separator;
     p->max_whitespace = r->max_whitespace;
+    p->indent = r->indent;
   }
   return 0;
 }

@@ -76,6 +76,7 @@ typedef struct di_oai_request {
   int grammar_syntax, json_strict, max_digits, max_string_length; /* structured-output options */
   char *item_separator, *key_separator; /* structured_outputs.separators (NULL: the default) */
   int max_whitespace;
+  int indent;                      /* structured_outputs.indent (0: one line) */
   char *rendered;                  /* chat: the rendered conversation */
 } di_oai_request;
 

@@ -31,7 +31,8 @@ class Options(ctypes.Structure):  # di_grammar_options (src/grammar/grammar.h)
     _fields_ = [(n, ctypes.c_int) for n in ("ignore_unsupported_keywords", "max_whitespace", "max_branches",
                                             "max_elements", "no_cache", "strict", "max_digits",
                                             "max_string_length")] + [
-        ("item_separator", ctypes.c_char * 8), ("key_separator", ctypes.c_char * 8), ("root_rule", ctypes.c_char * 32)]
+        ("item_separator", ctypes.c_char * 8), ("key_separator", ctypes.c_char * 8), ("root_rule", ctypes.c_char * 32),
+        ("indent", ctypes.c_int)]
 
 
 UNBOUNDED = Options(max_digits=-1, max_string_length=-1)

@@ -11,8 +11,9 @@ as written and, for a valid one, also re-serialised in generation order (compact
 schema order: the documented generation policy); whitespace up to 64 characters is allowed
 between JSON tokens (JSON Schema cases, and Lark's %json as llguidance's default whitespace_flexible
 has it), none where XGrammar's test fixed the separators (any_whitespace=False: its
-`separators` option, else ", " / ": ", as di_grammar_options' item_separator / key_separator; with an
-indent the layout is not modelled and compact separators stand in). XGrammar's options: strict_mode as the test gave it (default strict);
+`separators` option, else ", " / ": ", as di_grammar_options' item_separator / key_separator) or the
+layout (any_whitespace=False with `indent`: di_grammar_options.indent, its separators as given, the
+defaults then "," / ": "). XGrammar's options: strict_mode as the test gave it (default strict);
 llguidance's and llama.cpp's schemas: JSON Schema's defaults (not strict).
 
 The test fails when a suite's pass count falls below its floor (FLOORS: the counts at the commit
@@ -44,7 +45,8 @@ class Options(ctypes.Structure):  # di_grammar_options (src/grammar/grammar.h)
     _fields_ = [(n, ctypes.c_int) for n in ("ignore_unsupported_keywords", "max_whitespace", "max_branches",
                                             "max_elements", "no_cache", "strict", "max_digits",
                                             "max_string_length")] + [
-        ("item_separator", ctypes.c_char * 8), ("key_separator", ctypes.c_char * 8), ("root_rule", ctypes.c_char * 32)]
+        ("item_separator", ctypes.c_char * 8), ("key_separator", ctypes.c_char * 8), ("root_rule", ctypes.c_char * 32),
+        ("indent", ctypes.c_int)]
 
 
 def load_lib():
@@ -88,14 +90,16 @@ class Runner:
             return None, "unsupported here"
         o = case["options"]
         # XGrammar's any_whitespace=False fixes the separators: its `separators` option, else ", " and
-        # ": " (with an indent XGrammar lays the value out on lines: not modelled, compact here and a
-        # valid input is accepted re-serialised compactly, see accepts())
+        # ": "; with an indent, the layout (our indent, the separators as given, else its defaults)
         exact = o.get("any_whitespace") is False
         opt = Options(max_whitespace=64 if case["kind"] in ("json_schema", "json_any", "lark") and not exact else 0,
                       strict=1 if o.get("strict") else 0, no_cache=1)
-        if "indent" not in o and (exact or o.get("separators")):  # with any_whitespace: whitespace around them
-            item, key = o.get("separators") or (", ", ": ")
-            opt.item_separator, opt.key_separator = item.encode(), key.encode()
+        if exact and o.get("indent") is not None:
+            opt.indent = o["indent"]
+        if exact or o.get("separators"):  # with any_whitespace: whitespace around them
+            item, key = o.get("separators") or ((",", ": ") if opt.indent else (", ", ": "))
+            if o.get("separators") or not opt.indent:
+                opt.item_separator, opt.key_separator = item.encode(), key.encode()
         if not self.bounds:
             opt.max_digits, opt.max_string_length = -1, -1
         if o.get("root"):  # XGrammar's root_rule_name
@@ -136,10 +140,12 @@ class Runner:
             try:
                 schema, inst = json.loads(case["grammar"]), json.loads(inp)
                 o = case["options"]
-                seps = (tuple(o.get("separators") or (", ", ": ")) if (o.get("any_whitespace") is False or
-                        o.get("separators")) and "indent" not in o else (",", ":"))
+                exact = o.get("any_whitespace") is False
+                indent = o.get("indent") if exact else None
+                seps = (tuple(o.get("separators") or ((",", ": ") if indent is not None else (", ", ": ")))
+                        if exact or o.get("separators") else (",", ":"))
                 b = json.dumps(canonical(inst, schema if isinstance(schema, dict) else None, schema),
-                               separators=seps, ensure_ascii=False).encode("utf-8")
+                               separators=seps, indent=indent, ensure_ascii=False).encode("utf-8")
             except (ValueError, RecursionError, TypeError, AttributeError):
                 return False
             return self.accepts_bytes(g, b)
