@@ -5,7 +5,7 @@
  *   + INPUT            must be accepted whole          - INPUT   must be rejected
  *   !KIND GRAMMAR      must fail to compile, and the next line `? TEXT` is part of the message
  *   % OPTION=N ...     options for the grammars that follow in the file (strict, max_digits,
- *                      max_string_length, max_whitespace; item_separator="...",
+ *                      max_string_length, max_whitespace, indent; item_separator="...",
  *                      key_separator="..." and root_rule="..." take text); `%` alone restores
  *                      the defaults
  * INPUT takes escapes \n \t \r \\ \xHH; `+` / `-` alone stand for the empty input. The regex cases are also run through PCRE2 (full
@@ -104,6 +104,8 @@ static void parse_options(const char *line, di_grammar_options *o, const char *r
       o->max_string_length = v;
     else if (strcmp(name, "max_whitespace") == 0)
       o->max_whitespace = v;
+    else if (strcmp(name, "indent") == 0)
+      o->indent = v;
     else
       CHECKF(0, "%s:%d: unknown option %s", rel, lineno, name);
     p += used;

@@ -51,6 +51,21 @@ def test_json_schema(tmp_path):
     assert check(["--json-schema", str(f), *seps], '{"n":[1,2]}')[0] == 1
     rc, err = check(["--json-schema", str(f), "--item-separator", ";"], "{}")
     assert rc == 2 and "item_separator" in err
+    # XGrammar's indent layout (separators "," / ": " unless given; a bare {"type": "array"} on one
+    # line with ", ", as XGrammar's basic array)
+    assert check(["--json-schema", str(f), "--indent", "2"], '{\n  "n": [1, [2, 3]]\n}')[0] == 0
+    assert check(["--json-schema", str(f), "--indent", "2"], '{\n  "n": []\n}')[0] == 0
+    assert check(["--json-schema", str(f), "--indent", "2"], '{"n": [1]}')[0] == 1
+    f.write_text('{"type":"object","properties":{"n":{"type":"array","items":{}}},"required":["n"]}')
+    assert check(["--json-schema", str(f), "--indent", "2"], '{\n  "n": [\n    1,\n    [2, 3]\n  ]\n}')[0] == 0
+    assert check(["--json-schema", str(f), "--indent", "3", "--key-separator", ":"],
+                 '{\n   "n":[\n      1\n   ]\n}')[0] == 0
+    assert check(["--json-schema", str(f), "--indent", "2"], '{\n  "n": [\n    1\n    ]\n}')[0] == 1
+    for bad in ("0", "17", "x", "2x"):
+        rc, err = check(["--json-schema", str(f), "--indent", bad], "{}")
+        assert rc == 2 and "--indent" in err
+    rc, err = check(["--json-schema", str(f), "--indent", "2", "--max-whitespace", "1"], "{}")
+    assert rc == 2 and "max_whitespace" in err
 
 
 def test_ebnf(tmp_path):

@@ -218,7 +218,7 @@ def format_table(table):
 
 # Pass counts (bounds off) when recorded in docs/PERFORMANCE.md ("Peer suites"); a drop fails the test.
 FLOORS = {("llamacpp", "gbnf"): 145, ("llamacpp", "json_schema"): 311, ("llguidance", "json_schema"): 639,
-          ("llguidance", "lark"): 503, ("xgrammar", "gbnf"): 234, ("xgrammar", "json_schema"): 6125,
+          ("llguidance", "lark"): 503, ("xgrammar", "gbnf"): 234, ("xgrammar", "json_schema"): 6126,
           ("xgrammar", "lark"): 316, ("xgrammar", "regex"): 84}
 
 # Wrong accepts where the peer's expectation breaks JSON Schema / ECMA-262 or a documented policy
@@ -234,8 +234,8 @@ KNOWN_WRONG_ACCEPTS = {
                                                                  "JSON escape is valid JSON",
     "test_json_schema_converter.py::test_uri_template_format[": "an apostrophe in a uri-template literal: the "
                                                                "JSON-Schema-Test-Suite counts it valid",
-    "test_json_schema_direct_converter.py::test_direct_converter_formatting_and_any_order#": "exact indentation and "
-        "XGrammar's max_whitespace_cnt (a count per gap): we bound whitespace per gap, not its layout",
+    "test_json_schema_direct_converter.py::test_direct_converter_formatting_and_any_order#5": "XGrammar's "
+        "max_whitespace_cnt (a count per gap; the recorder does not keep it): the replay allows 64 per gap",
 }
 
 

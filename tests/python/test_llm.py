@@ -222,6 +222,34 @@ def test_structured_outputs_separators(dummy):
     dummy.check()
 
 
+def test_structured_outputs_indent(dummy):
+    """Issue 23: XGrammar's indent layout on the Python surface (a newline and 2 spaces per level,
+    "," / ": " by default; an empty array as "[]")."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items":
+              {"type": "boolean"}}}, "required": ["a", "b"], "additionalProperties": False}
+    layout = re.compile(r'\{\n  "a": -?[0-9]{1,3},\n  "b": (\[\]|\[\n    (true|false)(,\n    (true|false))*\n  \])\n\}')
+    texts = []
+    for seed in range(4):
+        so = StructuredOutputsParams(json=schema, indent=2, max_digits=3)
+        o = dummy.generate("JSON:", SamplingParams(temperature=1.0, max_tokens=60, seed=seed,
+                                                   structured_outputs=so))[0].outputs[0]
+        texts.append(o.text)
+        if o.finish_reason == "stop":
+            assert layout.fullmatch(o.text), repr(o.text)
+            json.loads(o.text)
+        else:
+            assert '{\n  "a": '.startswith(o.text[:9]) or o.text.startswith('{\n  "a": '), repr(o.text)
+    assert any(t.startswith('{\n  "a": ') for t in texts), texts
+    for bad in (0, 17, "2", True, 1.5):
+        with pytest.raises(ValueError, match="indent"):
+            StructuredOutputsParams(json={}, indent=bad)
+    with pytest.raises(ValueError, match="indent"):
+        StructuredOutputsParams(regex="a", indent=2)
+    with pytest.raises(ValueError, match="max_whitespace"):
+        StructuredOutputsParams(json={}, indent=2, max_whitespace=1)
+    dummy.check()
+
+
 DEFAULT = os.path.join(ROOT, "models", "default")
 
 

@@ -355,6 +355,17 @@ def test_structured_outputs(server):
     assert re.fullmatch(r"\[\s?(-?[0-9]{1,2}\s?(,\s?-?[0-9]{1,2}\s?)*)?\]", text) or (
         body["choices"][0]["finish_reason"] == "length"), text
     assert re.search(r"\s", text), text  # this seed's sample writes some (checked: "[\n45,18,\n77, ...")
+    # XGrammar's indent: a newline and the level's spaces, "," / ": " unless given
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 40, "temperature": 0.9, "seed": 3,
+                                                   "structured_outputs": {"json": obj, "indent": 3, "max_digits": 2}})
+    assert status == 200, body
+    text = body["choices"][0]["text"]
+    assert re.fullmatch(r'\{\n   "a": -?[0-9]{1,2},\n   "b": (true|false)\n\}', text) or (
+        body["choices"][0]["finish_reason"] == "length" and text.startswith('{\n   "a": ')), repr(text)
+    for bad in ({"json": {}, "indent": 0}, {"json": {}, "indent": 17}, {"json": {}, "indent": 2, "max_whitespace": 1},
+                {"regex": "a", "indent": 2}):
+        status, body = server.post("/v1/completions", {"prompt": "x", "structured_outputs": bad})
+        check_error(status, body, 400)
     for bad in ({"grammar": "start: x", "grammar_syntax": "peg"}, {"json": {}, "max_digits": 0},
                 {"json": {}, "strict": "yes"}, {"grammar": "s: \"x\"", "grammar_syntax": "lark"},
                 {"json": {}, "separators": [";", ":"]}, {"json": {}, "separators": [","]},

@@ -109,6 +109,23 @@ static void test_structured(void) {
       "structured_outputs.max_whitespace");
   bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"max_whitespace\": -1}}", 400,
       "structured_outputs.max_whitespace");
+  /* XGrammar's indent (issue 23, s13-23d) */
+  CHECK(rd(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"indent\": 4, \"separators\": [\",\", \":\"]}}",
+           &r, &e) == 0);
+  CHECK(r.params[0].indent == 4 && r.params[0].item_separator && strcmp(r.params[0].item_separator, ",") == 0);
+  di_oai_request_free(&r);
+  CHECK(rd(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"indent\": null}}", &r, &e) == 0);
+  CHECK(r.params[0].indent == 0);
+  di_oai_request_free(&r);
+  static const char *bad_indents[] = {"0", "17", "-1", "2.5", "\"2\"", "true"};
+  for (size_t i = 0; i < sizeof bad_indents / sizeof *bad_indents; i++) {
+    char body[200];
+    snprintf(body, sizeof body, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"indent\": %s}}",
+             bad_indents[i]);
+    bad(0, body, 400, "structured_outputs.indent");
+  }
+  bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"indent\": 2, \"max_whitespace\": 1}}", 400,
+      "structured_outputs.indent");
 }
 
 static void test_chat(void) {
