@@ -549,6 +549,17 @@ static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is
     if (p->i + 1 < p->n && p->s[p->i] == ':' && p->s[p->i + 1] == ':')
       return parse_param_ref(p, s, nm, at);
     di_gseq_push(b, s, (di_gel){DI_GE_RULE, rule_of(p, nm)});
+  } else if (c == '@') { /* XGrammar's / llguidance's reference to a grammar given beside this one */
+    char nm[64] = "";
+    p->i++;
+    if (p->i < p->n && name_char(p->s[p->i]))
+      read_name(p, nm, sizeof nm);
+    int line, col;
+    di_text_line_col(p->s, p->n, at, &line, &col);
+    return di_error_set(DI_ERR_UNSUPPORTED,
+                        "lark grammar: grammar reference '@%s' at line %d, column %d: references to other grammars "
+                        "(XGrammar's named_grammars, llguidance's sub-grammars) are not supported",
+                        nm, line, col);
   } else {
     return lerr(p, at, "unexpected character");
   }
