@@ -108,8 +108,8 @@ di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t le
   if (o.indent < 0 || o.indent > DI_GRAMMAR_MAX_INDENT)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar options: indent must be 0..%d spaces, got %d", DI_GRAMMAR_MAX_INDENT,
                         o.indent);
-  if (o.indent && kind != DI_GRAMMAR_JSON_SCHEMA && kind != DI_GRAMMAR_JSON_ANY)
-    return di_error_set(DI_ERR_INVALID_ARG, "grammar options: indent applies to JSON only");
+  if (o.indent && kind != DI_GRAMMAR_JSON_SCHEMA) /* any JSON would be one line: XGrammar's basic any */
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar options: indent applies to a JSON schema only");
   if (o.indent && o.max_whitespace)
     return di_error_set(DI_ERR_INVALID_ARG,
                         "grammar options: indent fixes the whitespace; max_whitespace must be 0 beside it");

@@ -258,6 +258,7 @@ static di_status op_tokenizer_dir(void *ctx) {
 typedef struct grammar_case {
   di_grammar_kind kind;
   const char *src;
+  int indent; /* di_grammar_options.indent */
 } grammar_case;
 
 static di_grammar_vocab *grammar_vocab(void) {
@@ -275,6 +276,7 @@ static di_status op_grammar(void *ctx) {
   di_grammar_options opt = {0};
   opt.no_cache = 1; /* compiled afresh each time: the compile is under injection, and a cached grammar
                        would keep what a failed matcher left in its caches */
+  opt.indent = c->indent;
   di_grammar *g = NULL;
   DI_TRY(di_grammar_compile(c->kind, c->src, strlen(c->src), &opt, &g));
   di_grammar_vocab *v = grammar_vocab();
@@ -454,22 +456,26 @@ int main(void) {
          (void *)"tests/data/models/engine-dummy", AF_DENSE_TOK, AF_STRIDE_TOK);
   static const grammar_case grammars[] = {
       {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 1},"
-                               " \"b\": {\"enum\": [\"x\", true]}}, \"required\": [\"a\"]}"},
-      {DI_GRAMMAR_EBNF, "root ::= \"{\" pair (\",\" pair)* \"}\"\npair ::= \"\\\"a\\\"\" \":\" [0-9]+"},
-      {DI_GRAMMAR_REGEX, "(ab|[0-9]{1,3})+\\s?"},
+                               " \"b\": {\"enum\": [\"x\", true]}}, \"required\": [\"a\"]}", 0},
+      {DI_GRAMMAR_EBNF, "root ::= \"{\" pair (\",\" pair)* \"}\"\npair ::= \"\\\"a\\\"\" \":\" [0-9]+", 0},
+      {DI_GRAMMAR_REGEX, "(ab|[0-9]{1,3})+\\s?", 0},
       /* an allOf branch's additionalProperties beside another's patternProperties (merge's entries) */
       {DI_GRAMMAR_JSON_SCHEMA, "{\"allOf\": [{\"properties\": {\"a\": {}}, \"additionalProperties\": {\"type\": \"integer\"}},"
-                               " {\"patternProperties\": {\"^f\": {\"minimum\": 2}}}]}"},
+                               " {\"patternProperties\": {\"^f\": {\"minimum\": 2}}}]}", 0},
       /* x-guidance's json_allowed_escapes (its own escape rules), and a pattern string's spellings of
        * escapable characters (one alternative per third hex digit) */
       {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"object\", \"additionalProperties\": {\"type\": \"string\"},"
-                               " \"x-guidance\": {\"json_allowed_escapes\": \"nu\", \"lenient\": true}}"},
-      {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"pattern\": \"^[^a]\\\\s\\\"/$\"}"},
+                               " \"x-guidance\": {\"json_allowed_escapes\": \"nu\", \"lenient\": true}}", 0},
+      {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"pattern\": \"^[^a]\\\\s\\\"/$\"}", 0},
+      /* indent's layout: rules per nesting level, a $ref at two levels, one-line any values */
+      {DI_GRAMMAR_JSON_SCHEMA, "{\"$defs\": {\"p\": {\"type\": \"array\", \"items\": {}}}, \"type\": \"object\","
+                               " \"properties\": {\"a\": {\"$ref\": \"#/$defs/p\"}, \"b\": {\"type\": \"object\","
+                               " \"properties\": {\"c\": {\"$ref\": \"#/$defs/p\"}}}}}", 2},
       /* Lark's deferred regular operations, parametric instances and a nested grammar */
       {DI_GRAMMAR_LARK, "start: \"{\" r p::0 N %lark { start: \"1\" | \"2\" } \"}\"\n"
                         "r[suffix=\",\", max_chars=4]: /[ab]*/\n"
                         "p::_ : \"a\" p::set_bit(0) %if bit_clear(0) | \"\"\n"
-                        "N: /[ab:]+/ & ~\"ba\"\n"},
+                        "N: /[ab:]+/ & ~\"ba\"\n", 0},
   };
   for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
     char what[64];
