@@ -1542,6 +1542,8 @@ static di_status pattern_members(jc *c, const pattern_set *ps, const cJSON *unse
   return st;
 }
 
+static int bare_container(const cJSON *sch);
+
 static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *props = item(sch, "properties"), *req = item(sch, "required"), *addl = item(sch, "additionalProperties");
@@ -1643,8 +1645,9 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       goto done;
     }
   }
-  /* JSON Schema's default admits other properties; strict mode (XGrammar's) admits none */
-  int allow_addl = addl ? !cJSON_IsFalse(addl) : !c->opt->strict;
+  /* JSON Schema's default admits other properties; strict mode (XGrammar's) admits none, except in
+   * a bare {"type": "object"} (annotations only), which stays any object as in XGrammar's strict mode */
+  int allow_addl = addl ? !cJSON_IsFalse(addl) : (!c->opt->strict || bare_container(sch));
   /* propertyNames: named properties are checked against it here (a grammar of its own); other
    * names are generated from it, which needs there to be no named property they could repeat */
   const cJSON *pn = item(sch, "propertyNames");
