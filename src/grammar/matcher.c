@@ -126,6 +126,8 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     c->ci_max_uncertain = uncertain;
   c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
   c->derive = di_switch_int(DI_SW_GRAMMAR_COUNT_CI, 1) != 0;
+  if (g->rt.tok_map) /* max_tokens: acceptance depends on the token boundary too (compute_mask) */
+    c->share = c->derive = 0;
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
@@ -938,7 +940,7 @@ static di_status add_token_refs(di_grt *rt, const di_grammar_vocab *v, int S, ui
           uint32_t id = (b1 << 24) | (b2 << 16) | (b3 << 8) | b4;
           if (id >= n)
             break;
-          int s4 = di_grt_step(rt, s3, b4);
+          int s4 = di_grt_boundary(rt, di_grt_step(rt, s3, b4));
           if (s4 == DI_GRT_ERROR)
             return DI_ERR_OOM;
           if (s4 >= 0 && !v->is_stop[id])
@@ -963,7 +965,17 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
   int W = v->words;
   memset(out, 0, sizeof(uint32_t) * (size_t)W);
   int nbuf = 0, lists = 0;
-  for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
+  /* A grammar with a max_tokens lexeme: a token is allowed only when the state after its bytes
+   * survives the token boundary (di_grt_boundary), which the context-independent classification
+   * (and every shortcut in it: plain-text budgets, ASCII runs, count chains, the shared store)
+   * does not see, since it assumes acceptance depends on the bytes alone. So every token is walked
+   * from the real state; the result is cached per state like any mask (states carry the copy). */
+  if (rt->tok_map) {
+    for (int i = 0; i < v->nsorted; i++)
+      if (!buf_append(&c->buf, &nbuf, &c->cap_buf, i))
+        return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int k = rt->soff[S]; !rt->tok_map && k < rt->soff[S + 1]; k++) {
     di_ci_entry *e = NULL;
     DI_TRY(get_ci(g, c, rt->sn[k], &e));
     if (e->acc_bits) {
@@ -1016,6 +1028,8 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     valid = d; /* st[0..d] valid */
     prev = t;
     prevlen = len;
+    if (s >= 0 && rt->tok_map && (s = di_grt_boundary(rt, s)) == DI_GRT_ERROR)
+      return DI_ERR_OOM;
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
@@ -1177,6 +1191,7 @@ static di_status advance(di_grammar_matcher *m, const uint8_t *b, size_t n, int 
   int s = m->hist[m->nh - 1];
   for (size_t i = 0; i < n && s >= 0; i++)
     s = di_grt_step(&g->rt, s, b[i]);
+  s = di_grt_boundary(&g->rt, s); /* one accepted step is one token (max_tokens) */
   pthread_mutex_unlock(&g->mu);
   if (s == DI_GRT_ERROR)
     return DI_ERR_OOM;
