@@ -220,6 +220,16 @@ static di_status tok_map_init(di_grt *rt) {
     return di_error_set(DI_ERR_OOM, "out of memory");
   for (int i = 0; i <= g->n_flat; i++)
     rt->tok_map[i] = DI_GRT_UNKNOWN;
+  char *linked = calloc((size_t)g->n_rules + 1, 1); /* a copy that another copy links to */
+  if (!linked)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int r = 0; r < g->n_rules; r++)
+    if (g->rules[r].tok_link > 0)
+      linked[g->rules[r].tok_link - 1] = 1;
+  for (int r = 0; r < g->n_rules; r++)
+    if (g->rules[r].tok_link == -1 && !linked[r])
+      rt->tok_one = 1; /* a last copy that is also the first: N = 1 */
+  free(linked);
   for (int r = 0; r < g->n_rules; r++) {
     const int link = g->rules[r].tok_link;
     if (link == 0)
@@ -237,7 +247,34 @@ static di_status tok_map_init(di_grt *rt) {
       }
     }
   }
+  rt->tok_canon = malloc(sizeof(int32_t) * (size_t)(g->n_flat + 1));
+  if (!rt->tok_canon)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int i = 0; i <= g->n_flat; i++)
+    rt->tok_canon[i] = DI_GRT_UNKNOWN;
+  for (int i = 0; i <= g->n_flat; i++) { /* follow the copies down; each position is filled once */
+    if (rt->tok_map[i] == DI_GRT_UNKNOWN || rt->tok_canon[i] != DI_GRT_UNKNOWN)
+      continue;
+    int last = i;
+    while (rt->tok_map[last] >= 0 && rt->tok_canon[last] == DI_GRT_UNKNOWN)
+      last = rt->tok_map[last];
+    const int canon = rt->tok_canon[last] != DI_GRT_UNKNOWN ? rt->tok_canon[last] : last;
+    for (int p = i; p != last; p = rt->tok_map[p])
+      rt->tok_canon[p] = canon;
+    rt->tok_canon[last] = canon;
+  }
   return DI_OK;
+}
+
+int di_grt_boundary_safe(const di_grt *rt, int s) {
+  if (!rt->tok_map)
+    return 1;
+  if (rt->tok_one)
+    return 0;
+  for (int i = rt->soff[s]; i < rt->soff[s + 1]; i++)
+    if (rt->tok_map[rt->npos[rt->sn[i]]] == DI_GRT_DEAD)
+      return 0;
+  return 1;
 }
 
 int di_grt_boundary_slow(di_grt *rt, int s) {
@@ -333,9 +370,10 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
       di_grt_free(rt);
       return di_error_set(DI_ERR_OOM, "out of memory");
     }
-  if (tok_map_init(rt) != DI_OK) {
+  const di_status ts = tok_map_init(rt);
+  if (ts != DI_OK) {
     di_grt_free(rt);
-    return DI_ERR_OOM;
+    return ts;
   }
   rt->start = closure(rt, nw);
   if (rt->start < 0) {
@@ -361,6 +399,7 @@ void di_grt_free(di_grt *rt) {
   free(rt->work);
   free(rt->out);
   free(rt->tok_map);
+  free(rt->tok_canon);
   free(rt->bnd);
   memset(rt, 0, sizeof *rt);
 }

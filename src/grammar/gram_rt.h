@@ -38,6 +38,9 @@ typedef struct di_grt {
   int32_t *tok_map;
   int32_t *bnd;
   int bnd_cap;
+  int tok_one; /* some max_tokens rule has N = 1 (its entry leads straight into the last copy) */
+  int32_t *tok_canon; /* per flat position in a copy: the same position in the last copy (the copies
+                       * take the same byte strings, so their classifications are one), else -3 */
 } di_grt;
 
 di_status di_grt_init(di_grt *rt, const di_gb *g);
@@ -74,5 +77,9 @@ static inline int di_grt_boundary(di_grt *rt, int s) {
     return rt->bnd[s];
   return di_grt_boundary_slow(rt, s);
 }
+/* 1 when no token from state s can lose a stack at the next boundary: s has no stack in a last
+ * copy and no max_tokens rule has N = 1 (bytes never move a stack into another copy, and an entry
+ * leads into copy N - 1), so byte-level acceptance is the whole answer. */
+int di_grt_boundary_safe(const di_grt *rt, int s);
 static inline int di_grt_flags(const di_grt *rt, int s) { return rt->sflags[s]; }
 #endif

@@ -967,17 +967,26 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
   int nbuf = 0, lists = 0;
   /* A grammar with a max_tokens lexeme: a token is allowed only when the state after its bytes
    * survives the token boundary (di_grt_boundary), which the context-independent classification
-   * (and every shortcut in it: plain-text budgets, ASCII runs, count chains, the shared store)
-   * does not see, since it assumes acceptance depends on the bytes alone. So every token is walked
-   * from the real state; the result is cached per state like any mask (states carry the copy). */
-  if (rt->tok_map) {
+   * does not see (it assumes acceptance depends on the bytes alone). Where the boundary can drop
+   * a stack (a stack in a last copy, or a rule with N = 1: di_grt_boundary_safe), every token is
+   * walked from the real state and tested at its end; elsewhere no stack can die at the boundary
+   * and the classification is exact as it is. Masks are cached per state (states carry the copy).
+   * The count-chain derivation and the shared store are off for such grammars (get_vcache). */
+  const int walk_all = rt->tok_map && !di_grt_boundary_safe(rt, S);
+  if (walk_all) {
     for (int i = 0; i < v->nsorted; i++)
       if (!buf_append(&c->buf, &nbuf, &c->cap_buf, i))
         return di_error_set(DI_ERR_OOM, "out of memory");
   }
-  for (int k = rt->soff[S]; !rt->tok_map && k < rt->soff[S + 1]; k++) {
+  for (int k = rt->soff[S]; !walk_all && k < rt->soff[S + 1]; k++) {
     di_ci_entry *e = NULL;
-    DI_TRY(get_ci(g, c, rt->sn[k], &e));
+    int id = rt->sn[k];
+    if (rt->tok_map && rt->tok_canon[rt->npos[id]] >= 0) { /* one classification for all copies */
+      id = di_grt_replace_frame(rt, id, 0, rt->tok_canon[rt->npos[id]]);
+      if (id < 0)
+        return DI_ERR_OOM;
+    }
+    DI_TRY(get_ci(g, c, id, &e));
     if (e->acc_bits) {
       for (int w = 0; w < W; w++)
         out[w] |= e->acc_bits[w];
@@ -1028,7 +1037,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     valid = d; /* st[0..d] valid */
     prev = t;
     prevlen = len;
-    if (s >= 0 && rt->tok_map && (s = di_grt_boundary(rt, s)) == DI_GRT_ERROR)
+    if (s >= 0 && walk_all && (s = di_grt_boundary(rt, s)) == DI_GRT_ERROR)
       return DI_ERR_OOM;
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
