@@ -1,7 +1,7 @@
 /* Grammar benchmark: compile time and per-token mask time on one core with a real tokenizer.
  * Replays documents (target outputs valid for the grammar) token by token: for each step it times
  * di_grammar_matcher_fill_mask, then accepts the document's next token (and finally EOS).
- *   bench_grammar --tokenizer DIR (--schema FILE | --json) --docs FILE [--ids FILE] [--warm]
+ *   bench_grammar --tokenizer DIR (--schema FILE | --lark FILE | --json) --docs FILE [--ids FILE] [--warm]
  *                 [--strict] [--no-generation-bounds] [--max-digits N] [--max-string-length N]
  *                 (grammar options, see grammar.h)
  * --docs: one JSON string per line (the output text). --ids: the same documents' token ids, one
@@ -44,7 +44,7 @@ static double pct(double *v, int n, double p) {
 
 int main(int argc, char **argv) {
   const char *tok_dir = NULL, *schema = NULL, *docs = NULL, *ids_file = NULL;
-  int json_any = 0, warm = 0, strict = 0, unbounded = 0, max_digits = 0, max_string = 0;
+  int json_any = 0, lark = 0, warm = 0, strict = 0, unbounded = 0, max_digits = 0, max_string = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
       tok_dir = argv[++i];
@@ -54,6 +54,8 @@ int main(int argc, char **argv) {
       docs = argv[++i];
     else if (!strcmp(argv[i], "--ids") && i + 1 < argc)
       ids_file = argv[++i];
+    else if (!strcmp(argv[i], "--lark") && i + 1 < argc) /* a Lark grammar instead of a schema */
+      schema = argv[++i], lark = 1;
     else if (!strcmp(argv[i], "--json"))
       json_any = 1;
     else if (!strcmp(argv[i], "--warm"))
@@ -67,7 +69,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--max-string-length") && i + 1 < argc)
       max_string = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_grammar --tokenizer DIR (--schema FILE | --json) --docs FILE [--ids FILE] [--warm]\n");
+      fprintf(stderr, "usage: bench_grammar --tokenizer DIR (--schema FILE | --lark FILE | --json) --docs FILE [--ids FILE] [--warm]\n");
       return 2;
     }
   }
@@ -105,7 +107,7 @@ int main(int argc, char **argv) {
   size_t cap = 1 << 16;
   double *mt = malloc(sizeof(double) * cap), *mc = malloc(sizeof(double) * cap), *ct = malloc(sizeof(double) * 4096);
   int nm = 0, nc = 0, ndocs = 0, bad = 0, first_n = 0;
-  di_grammar_kind kind = json_any ? DI_GRAMMAR_JSON_ANY : DI_GRAMMAR_JSON_SCHEMA;
+  di_grammar_kind kind = json_any ? DI_GRAMMAR_JSON_ANY : lark ? DI_GRAMMAR_LARK : DI_GRAMMAR_JSON_SCHEMA;
   di_grammar_options opt = {0};
   opt.no_cache = !warm;
   opt.strict = strict;

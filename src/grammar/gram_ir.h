@@ -34,6 +34,11 @@ typedef struct di_grule {
   di_gel *els;
   int n_els, cap_els;
   int defined;
+  /* Lark max_tokens copies (regular_set.c di_rlang_bound_tokens): 0 an ordinary rule; r + 1 this
+   * rule is a copy of a bounded lexeme's DFA state and rule r the same state with one token fewer
+   * left; -1 the copy with one token left (its stacks die at a token boundary). gram_rt.c's
+   * di_grt_boundary applies this per accepted token. */
+  int32_t tok_link;
 } di_grule;
 
 /* The builder; also the compiled grammar's core once di_gb_finish() has flattened it. */

@@ -205,6 +205,113 @@ oom:
   return DI_GRT_ERROR;
 }
 
+/* rt->tok_map from the rules' tok_link (gram_ir.h): copies have their alternatives in the same
+ * order and shape (regular_set.c emit_rules), so position i of alternative a of a copy maps to
+ * position i of alternative a of the next copy down. */
+static di_status tok_map_init(di_grt *rt) {
+  const di_gb *g = rt->g;
+  int any = 0;
+  for (int r = 0; r < g->n_rules && !any; r++)
+    any = g->rules[r].tok_link != 0;
+  if (!any)
+    return DI_OK;
+  rt->tok_map = malloc(sizeof(int32_t) * (size_t)(g->n_flat + 1));
+  if (!rt->tok_map)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int i = 0; i <= g->n_flat; i++)
+    rt->tok_map[i] = DI_GRT_UNKNOWN;
+  char *linked = calloc((size_t)g->n_rules + 1, 1); /* a copy that another copy links to */
+  if (!linked)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int r = 0; r < g->n_rules; r++)
+    if (g->rules[r].tok_link > 0)
+      linked[g->rules[r].tok_link - 1] = 1;
+  for (int r = 0; r < g->n_rules; r++)
+    if (g->rules[r].tok_link == -1 && !linked[r])
+      rt->tok_one = 1; /* a last copy that is also the first: N = 1 */
+  free(linked);
+  for (int r = 0; r < g->n_rules; r++) {
+    const int link = g->rules[r].tok_link;
+    if (link == 0)
+      continue;
+    const int na = g->rule_first[r + 1] - g->rule_first[r];
+    if (link > 0 && g->rule_first[link] - g->rule_first[link - 1] != na)
+      return di_error_set(DI_ERR_INTERNAL, "max_tokens copies differ in shape");
+    for (int a = 0; a < na; a++) {
+      int p = g->rule_alts[g->rule_first[r] + a];
+      int q = link > 0 ? g->rule_alts[g->rule_first[link - 1] + a] : -1;
+      for (int k = 0;; k++) {
+        rt->tok_map[p + k] = link > 0 ? q + k : DI_GRT_DEAD;
+        if (g->flat[p + k].kind == DI_GE_END)
+          break;
+      }
+    }
+  }
+  rt->tok_canon = malloc(sizeof(int32_t) * (size_t)(g->n_flat + 1));
+  if (!rt->tok_canon)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int i = 0; i <= g->n_flat; i++)
+    rt->tok_canon[i] = DI_GRT_UNKNOWN;
+  for (int i = 0; i <= g->n_flat; i++) { /* follow the copies down; each position is filled once */
+    if (rt->tok_map[i] == DI_GRT_UNKNOWN || rt->tok_canon[i] != DI_GRT_UNKNOWN)
+      continue;
+    int last = i;
+    while (rt->tok_map[last] >= 0 && rt->tok_canon[last] == DI_GRT_UNKNOWN)
+      last = rt->tok_map[last];
+    const int canon = rt->tok_canon[last] != DI_GRT_UNKNOWN ? rt->tok_canon[last] : last;
+    for (int p = i; p != last; p = rt->tok_map[p])
+      rt->tok_canon[p] = canon;
+    rt->tok_canon[last] = canon;
+  }
+  return DI_OK;
+}
+
+int di_grt_boundary_safe(const di_grt *rt, int s) {
+  if (!rt->tok_map)
+    return 1;
+  if (rt->tok_one)
+    return 0;
+  for (int i = rt->soff[s]; i < rt->soff[s + 1]; i++)
+    if (rt->tok_map[rt->npos[rt->sn[i]]] == DI_GRT_DEAD)
+      return 0;
+  return 1;
+}
+
+int di_grt_boundary_slow(di_grt *rt, int s) {
+  const int n = rt->soff[s + 1] - rt->soff[s];
+  if (!grow((void **)&rt->work, &rt->work_cap, n, sizeof(int32_t)))
+    return DI_GRT_ERROR;
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    const int id = rt->sn[rt->soff[s] + i];
+    /* only the top frame can be in a copy: copies' references are tail calls, and a bounded
+     * lexeme is never inside another rule's language (copy_reachable refuses that) */
+    const int to = rt->tok_map[rt->npos[id]];
+    if (to == DI_GRT_UNKNOWN) {
+      rt->work[m++] = id;
+    } else if (to >= 0) {
+      const int moved = node_get(rt, to, rt->npar[id]);
+      if (moved < 0) {
+        di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+        return DI_GRT_ERROR;
+      }
+      rt->work[m++] = moved;
+    }
+  }
+  const int r = state_get(rt, rt->work, m, rt->sflags[s]);
+  if (r == DI_GRT_ERROR)
+    return r;
+  const int old = rt->bnd_cap;
+  if (!grow((void **)&rt->bnd, &rt->bnd_cap, rt->ns, sizeof(int32_t))) {
+    di_error_set(DI_ERR_OOM, "out of memory");
+    return DI_GRT_ERROR;
+  }
+  for (int i = old; i < rt->bnd_cap; i++)
+    rt->bnd[i] = DI_GRT_UNKNOWN;
+  rt->bnd[s] = r;
+  return r;
+}
+
 di_status di_grt_init(di_grt *rt, const di_gb *g) {
   memset(rt, 0, sizeof *rt);
   rt->g = g;
@@ -263,6 +370,11 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
       di_grt_free(rt);
       return di_error_set(DI_ERR_OOM, "out of memory");
     }
+  const di_status ts = tok_map_init(rt);
+  if (ts != DI_OK) {
+    di_grt_free(rt);
+    return ts;
+  }
   rt->start = closure(rt, nw);
   if (rt->start < 0) {
     di_grt_free(rt);
@@ -286,6 +398,9 @@ void di_grt_free(di_grt *rt) {
   free(rt->gen);
   free(rt->work);
   free(rt->out);
+  free(rt->tok_map);
+  free(rt->tok_canon);
+  free(rt->bnd);
   memset(rt, 0, sizeof *rt);
 }
 

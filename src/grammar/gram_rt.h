@@ -32,6 +32,15 @@ typedef struct di_grt {
   int work_cap, out_cap;
   int start;
   int max_nodes, max_states, max_set;
+  /* Lark max_tokens (di_grt_boundary): per flat position, the same position in the copy with one
+   * token fewer left, DI_GRT_DEAD for the last copy, -3 (none) elsewhere; NULL when the grammar has
+   * no max_tokens rule. bnd: di_grt_boundary per state (DI_GRT_UNKNOWN until computed). */
+  int32_t *tok_map;
+  int32_t *bnd;
+  int bnd_cap;
+  int tok_one; /* some max_tokens rule has N = 1 (its entry leads straight into the last copy) */
+  int32_t *tok_canon; /* per flat position in a copy: the same position in the last copy (the copies
+                       * take the same byte strings, so their classifications are one), else -3 */
 } di_grt;
 
 di_status di_grt_init(di_grt *rt, const di_gb *g);
@@ -56,5 +65,21 @@ int di_grt_rule_state(di_grt *rt, int rule, int parent);
 int di_grt_state_of(di_grt *rt, const int32_t *nodes, int n, int flags);
 /* The state {stack id}, where id's position is a byte class. */
 int di_grt_node_state(di_grt *rt, int id);
+/* The state after a token boundary: every stack inside a max_tokens lexeme moves to the copy with
+ * one token fewer left, those in the last copy are dropped (the lexeme must have ended within the
+ * token). s itself when the grammar has no max_tokens rule or s < 0; DI_GRT_DEAD when nothing
+ * survives; DI_GRT_ERROR past the budget. Memoised per state. */
+int di_grt_boundary_slow(di_grt *rt, int s);
+static inline int di_grt_boundary(di_grt *rt, int s) {
+  if (!rt->tok_map || s < 0)
+    return s;
+  if (s < rt->bnd_cap && rt->bnd[s] != DI_GRT_UNKNOWN)
+    return rt->bnd[s];
+  return di_grt_boundary_slow(rt, s);
+}
+/* 1 when no token from state s can lose a stack at the next boundary: s has no stack in a last
+ * copy and no max_tokens rule has N = 1 (bytes never move a stack into another copy, and an entry
+ * leads into copy N - 1), so byte-level acceptance is the whole answer. */
+int di_grt_boundary_safe(const di_grt *rt, int s);
 static inline int di_grt_flags(const di_grt *rt, int s) { return rt->sflags[s]; }
 #endif

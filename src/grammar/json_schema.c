@@ -1028,7 +1028,7 @@ static di_status constrained_string(jc *c, const char *fre, const char *const *p
       st = di_error_wrap(st, "json schema: 'pattern' at %s", path);
   }
   if (st == DI_OK) {
-    di_rlang_product p = {langs, k, (1u << k) - 1, 0, has_len, (int)minl, (int)maxl, 50000, 0, 0};
+    di_rlang_product p = {langs, k, (1u << k) - 1, 0, has_len, (int)minl, (int)maxl, 50000, 0, 0, 0};
     st = di_rlang_emit(c->b, &p, rule);
     if (st == DI_ERR_UNSUPPORTED)
       st = di_error_wrap(st, "json schema: format / pattern / length combined at %s", path);
@@ -1502,7 +1502,7 @@ static di_status pattern_members(jc *c, const pattern_set *ps, const cJSON *unse
     langs[2 + i] = ps->re[i];
   unsigned all = (1u << ps->k) - 1;
   for (unsigned T = vr >= 0 ? 0 : 1; st == DI_OK && T <= all; T++) {
-    di_rlang_product p = {langs, 2 + ps->k, 1u | (T << 2), 2u | ((all & ~T) << 2), 0, 0, -1, 20000, 0, 0};
+    di_rlang_product p = {langs, 2 + ps->k, 1u | (T << 2), 2u | ((all & ~T) << 2), 0, 0, -1, 20000, 0, 0, 0};
     int key = -1, val = vr;
     st = di_rlang_emit(b, &p, &key);
     if (st == DI_ERR_UNSUPPORTED)
@@ -2359,7 +2359,7 @@ static di_status gen_number_multiple(jc *c, const cJSON *sch, const cJSON *mult,
       st = DI_OK; /* the bounds admit no number: langs[1] stays NULL */
   }
   if (st == DI_OK && langs[1]) {
-    di_rlang_product p = {langs, 2, 3, 0, 0, 0, -1, 100000, 0, 0};
+    di_rlang_product p = {langs, 2, 3, 0, 0, 0, -1, 100000, 0, 0, 0};
     st = di_rlang_emit(c->b, &p, &r);
     if (st == DI_ERR_UNSUPPORTED)
       st = di_error_wrap(st, "json schema: multipleOf with bounds at %s", path);

@@ -58,7 +58,7 @@ typedef struct {
  * terminals defined later) with regular_set.c: a lazy rule (shortest matches: [lazy], and
  * [stop=X] / [suffix=X] on body X), a character bound ([max_chars=N]), and terminals' `A & B`
  * (intersection) and `~A` (complement). Each replaces its target rule's alternatives. */
-enum { OP_LAZY, OP_CHARS, OP_AND, OP_NOT };
+enum { OP_LAZY, OP_CHARS, OP_AND, OP_NOT, OP_TOKENS }; /* OP_TOKENS: max_tokens, k in max_chars */
 typedef struct lark_op {
   int kind, target, k, max_chars;
   int ops[DI_RLANG_MAX_OPERANDS];
@@ -544,7 +544,7 @@ static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is
     if (p->i < p->n && p->s[p->i] == '{' && !brace_repeat_follows(p))
       return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: templates (%s{...}) are not supported", nm);
     if (terminal && !is_terminal_name(nm))
-      return lerr(p, at, "a terminal cannot refer to a rule (lower-case name)");
+      return lerr(p, at, "a terminal cannot refer to a rule (lower-case name; nor can the body of a lazy, stop, suffix or max_tokens rule)");
     *is_term_item = is_terminal_name(nm);
     if (p->i + 1 < p->n && p->s[p->i] == ':' && p->s[p->i + 1] == ':')
       return parse_param_ref(p, s, nm, at);
@@ -873,11 +873,15 @@ static di_status parse_common(lp *p, const char *name, const char *alias) {
  *   llguidance's "the end-of-sequence token ends the lexeme": the body's language, unchanged.
  * - max_chars=N (XGrammar): at most N UTF-8 characters (the suffix included); the rule must be
  *   regular.
+ * - max_tokens=N (llguidance, XGrammar): the lexeme spans at most N accepted tokens, counting
+ *   the one it starts in (llguidance's count); the rule must be regular. Done last on the rule (after
+ *   lazy / stop / suffix / max_chars) by di_rlang_bound_tokens: N copies of its DFA that the
+ *   matcher steps down per token (gram_rt.c di_grt_boundary).
  * - capture, stop_capture, temperature: no change to the language.
- * Others are refused, naming them: max_tokens bounds tokens, which the byte automaton does not
- * count. */
+ * Others are refused, naming them. */
 typedef struct {
   int lazy, max_chars; /* max_chars -1: none */
+  int max_tokens;      /* 0: none */
   int marker;          /* 0 none, 1 stop, 2 suffix */
   int marker_empty;    /* stop="" */
   di_gseq mark;        /* the marker's elements */
@@ -908,8 +912,9 @@ static di_status parse_marker(lp *p, rule_attrs *a, const char *an) {
 
 static di_status parse_attributes(lp *p, rule_attrs *ra) {
   p->i++; /* [ */
-  static const char *const known[] = {"lazy", "capture", "temperature", "stop", "suffix", "stop_capture", "max_chars"};
-  int seen[7] = {0};
+  static const char *const known[] = {"lazy",         "capture",   "temperature", "stop",
+                                      "suffix",       "stop_capture", "max_chars", "max_tokens"};
+  int seen[8] = {0};
   for (;;) {
     skip(p, 1);
     size_t at = p->i;
@@ -917,21 +922,19 @@ static di_status parse_attributes(lp *p, rule_attrs *ra) {
     if (!read_name(p, an, sizeof an))
       return lerr(p, at, "expected an attribute name in [...]");
     int which = -1;
-    for (int k = 0; k < 7; k++)
+    for (int k = 0; k < 8; k++)
       if (strcmp(an, known[k]) == 0)
         which = k;
     if (which < 0)
       return di_error_set(DI_ERR_UNSUPPORTED, "lark grammar: rule attribute '%s' is not supported (only lazy, capture, "
-                          "temperature, stop, suffix, stop_capture, max_chars%s) at offset %zu", an,
-                          strcmp(an, "max_tokens") == 0 ? "; max_tokens bounds tokens, which this engine's grammar "
-                          "automaton does not count" : "", at);
+                          "temperature, stop, suffix, stop_capture, max_chars, max_tokens) at offset %zu", an, at);
     if (seen[which]++)
       return lerr(p, at, "an attribute given twice");
     skip(p, 1);
     int has_value = p->i < p->n && p->s[p->i] == '=';
     if (which == 0 && has_value)
       return lerr(p, at, "lazy takes no value");
-    if ((which >= 3 && which <= 6) && !has_value)
+    if ((which >= 3 && which <= 7) && !has_value)
       return lerr(p, at, "this attribute needs a value (name=...)");
     if (has_value) {
       p->i++;
@@ -944,6 +947,9 @@ static di_status parse_attributes(lp *p, rule_attrs *ra) {
       } else if (which == 6) {
         if (!read_int(p, &ra->max_chars))
           return lerr(p, p->i, "max_chars is a count >= 0");
+      } else if (which == 7) {
+        if (!read_int(p, &ra->max_tokens) || ra->max_tokens < 1 || ra->max_tokens > DI_RLANG_MAX_TOKENS)
+          return lerr(p, p->i, "max_tokens is a count from 1 to 4096");
       } else if (p->i < p->n && p->s[p->i] == '"') { /* a string: capture, stop_capture names */
         size_t v0 = ++p->i;
         while (p->i < p->n && p->s[p->i] != '"' && p->s[p->i] != '\n')
@@ -1098,13 +1104,15 @@ static di_status parse_definitions(lp *p) {
           st = di_gb_add_alt(p->b, r, q.v, q.n);
         di_gseq_free(&q);
       } else if (st == DI_OK) {
-        st = parse_alts(p, r, is_terminal_name(nm) || lazy, 0);
+        st = parse_alts(p, r, is_terminal_name(nm) || lazy || ra.max_tokens > 0, 0);
       }
       di_gseq_free(&ra.mark);
       if (st == DI_OK && lazy)
         st = push_op(p, OP_LAZY, r, &r, 1, -1, at);
       if (st == DI_OK && ra.max_chars >= 0)
         st = push_op(p, OP_CHARS, r, &r, 1, ra.max_chars, at);
+      if (st == DI_OK && ra.max_tokens > 0) /* last: it bounds the rule's final language */
+        st = push_op(p, OP_TOKENS, r, &r, 1, ra.max_tokens, at);
       DI_TRY(st);
     }
     skip(p, 0);
@@ -1279,7 +1287,7 @@ static di_status run_ops(lp *p) {
         continue;
       char w[64], what[400];
       where(p, o->at, w, sizeof w);
-      if (o->kind == OP_LAZY || o->kind == OP_CHARS)
+      if (o->kind == OP_LAZY || o->kind == OP_CHARS || o->kind == OP_TOKENS)
         snprintf(what, sizeof what, "lark grammar: rule '%.200s' (%s)", b->rules[o->target].name, w);
       else
         snprintf(what, sizeof what, "lark grammar: the %s at %s", o->kind == OP_AND ? "'&'" : "'~'", w);
@@ -1287,6 +1295,8 @@ static di_status run_ops(lp *p) {
         st = di_rlang_make_lazy(b, o->target, what);
       else if (o->kind == OP_CHARS)
         st = di_rlang_bound_chars(b, o->target, o->max_chars, what);
+      else if (o->kind == OP_TOKENS)
+        st = di_rlang_bound_tokens(b, o->target, o->max_chars, what);
       else if (o->kind == OP_AND)
         st = di_rlang_combine(b, o->target, o->ops, o->k, (1u << o->k) - 1, 0, what);
       else
@@ -1294,7 +1304,7 @@ static di_status run_ops(lp *p) {
       done[i] = 1, left--, progressed = 1;
     }
     if (st == DI_OK && !progressed)
-      st = di_error_set(DI_ERR_FORMAT, "lark grammar: lazy / max_chars / '&' / '~' operations depend on each other "
+      st = di_error_set(DI_ERR_FORMAT, "lark grammar: lazy / max_chars / max_tokens / '&' / '~' operations depend on each other "
                         "in a cycle");
   }
   free(done), free(stamp), free(queue);

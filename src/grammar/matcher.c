@@ -126,6 +126,8 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     c->ci_max_uncertain = uncertain;
   c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
   c->derive = di_switch_int(DI_SW_GRAMMAR_COUNT_CI, 1) != 0;
+  if (g->rt.tok_map) /* max_tokens: acceptance depends on the token boundary too (compute_mask) */
+    c->share = c->derive = 0;
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
@@ -938,7 +940,7 @@ static di_status add_token_refs(di_grt *rt, const di_grammar_vocab *v, int S, ui
           uint32_t id = (b1 << 24) | (b2 << 16) | (b3 << 8) | b4;
           if (id >= n)
             break;
-          int s4 = di_grt_step(rt, s3, b4);
+          int s4 = di_grt_boundary(rt, di_grt_step(rt, s3, b4));
           if (s4 == DI_GRT_ERROR)
             return DI_ERR_OOM;
           if (s4 >= 0 && !v->is_stop[id])
@@ -963,9 +965,28 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
   int W = v->words;
   memset(out, 0, sizeof(uint32_t) * (size_t)W);
   int nbuf = 0, lists = 0;
-  for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
+  /* A grammar with a max_tokens lexeme: a token is allowed only when the state after its bytes
+   * survives the token boundary (di_grt_boundary), which the context-independent classification
+   * does not see (it assumes acceptance depends on the bytes alone). Where the boundary can drop
+   * a stack (a stack in a last copy, or a rule with N = 1: di_grt_boundary_safe), every token is
+   * walked from the real state and tested at its end; elsewhere no stack can die at the boundary
+   * and the classification is exact as it is. Masks are cached per state (states carry the copy).
+   * The count-chain derivation and the shared store are off for such grammars (get_vcache). */
+  const int walk_all = rt->tok_map && !di_grt_boundary_safe(rt, S);
+  if (walk_all) {
+    for (int i = 0; i < v->nsorted; i++)
+      if (!buf_append(&c->buf, &nbuf, &c->cap_buf, i))
+        return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int k = rt->soff[S]; !walk_all && k < rt->soff[S + 1]; k++) {
     di_ci_entry *e = NULL;
-    DI_TRY(get_ci(g, c, rt->sn[k], &e));
+    int id = rt->sn[k];
+    if (rt->tok_map && rt->tok_canon[rt->npos[id]] >= 0) { /* one classification for all copies */
+      id = di_grt_replace_frame(rt, id, 0, rt->tok_canon[rt->npos[id]]);
+      if (id < 0)
+        return DI_ERR_OOM;
+    }
+    DI_TRY(get_ci(g, c, id, &e));
     if (e->acc_bits) {
       for (int w = 0; w < W; w++)
         out[w] |= e->acc_bits[w];
@@ -1016,6 +1037,8 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     valid = d; /* st[0..d] valid */
     prev = t;
     prevlen = len;
+    if (s >= 0 && walk_all && (s = di_grt_boundary(rt, s)) == DI_GRT_ERROR)
+      return DI_ERR_OOM;
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
@@ -1177,6 +1200,7 @@ static di_status advance(di_grammar_matcher *m, const uint8_t *b, size_t n, int 
   int s = m->hist[m->nh - 1];
   for (size_t i = 0; i < n && s >= 0; i++)
     s = di_grt_step(&g->rt, s, b[i]);
+  s = di_grt_boundary(&g->rt, s); /* one accepted step is one token (max_tokens) */
   pthread_mutex_unlock(&g->mu);
   if (s == DI_GRT_ERROR)
     return DI_ERR_OOM;

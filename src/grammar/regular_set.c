@@ -389,27 +389,49 @@ static int minimise(const prod_t *P, const char *live, int32_t *block) {
   return nb;
 }
 
+/* Writes the live product states as rules, one per Moore block. With p->token_copies = N > 0
+ * (Lark max_tokens) the rules are written N times, copy c for "c + 1 tokens left", each copy's
+ * edges staying in that copy, plus an entry rule (the start block's alternatives, leading into copy
+ * N - 1) that no edge returns to: a stack in the entry rule has read no byte of the lexeme, so a
+ * token boundary leaves it alone, while gram_rt.c's di_grt_boundary moves a stack in copy c to the
+ * same state of copy c - 1 (tok_link) and drops one in copy 0. Every copy gets its alternatives in
+ * the same order, so flat positions correspond one to one. */
 static di_status emit_rules(di_gb *b, const prod_t *P, const char *live, int *rule) {
+  const int copies = P->p->token_copies > 0 ? P->p->token_copies : 1;
   int32_t *block = malloc(sizeof *block * (size_t)P->n);
   int nb = block ? minimise(P, live, block) : -1;
-  int *rid = nb >= 0 ? malloc(sizeof(int) * ((size_t)nb + 1)) : NULL;
+  int *rid = nb >= 0 ? malloc(sizeof(int) * ((size_t)nb * (size_t)copies + 1)) : NULL;
   char *emitted = rid ? calloc((size_t)nb + 1, 1) : NULL;
   char *done = emitted ? malloc((size_t)P->nj) : NULL;
   if (!done) {
     free(block), free(rid), free(emitted);
     return di_error_set(DI_ERR_OOM, "out of memory");
   }
-  for (int k = 0; k < nb; k++)
-    rid[k] = di_gb_new_rule(b, "rset");
+  for (int c = 0; c < copies; c++)
+    for (int k = 0; k < nb; k++)
+      rid[c * nb + k] = di_gb_new_rule(b, "rset");
+  const int entry = P->p->token_copies > 0 ? di_gb_new_rule(b, "rset_entry") : -1;
+  if (entry >= 0 && !b->oom) {
+    b->rules[entry].defined = 1;
+    for (int c = 0; c < copies; c++)
+      for (int k = 0; k < nb; k++)
+        b->rules[rid[c * nb + k]].tok_link = c == 0 ? -1 : rid[(c - 1) * nb + k] + 1;
+  }
   di_status st = DI_OK;
   for (int s = 0; st == DI_OK && s < P->n && !b->oom; s++) {
     int k = block[s];
     if (k < 0 || emitted[k])
       continue; /* not live, or its block is written from another member */
     emitted[k] = 1;
-    b->rules[rid[k]].defined = 1;
-    if (tuple_accepts(P, P->st + (size_t)s * P->w))
-      st = di_gb_add_alt(b, rid[k], NULL, 0);
+    const int with_entry = entry >= 0 && k == block[0];
+    for (int c = 0; c < copies; c++)
+      b->rules[rid[c * nb + k]].defined = 1;
+    if (tuple_accepts(P, P->st + (size_t)s * P->w)) {
+      for (int c = 0; st == DI_OK && c < copies; c++)
+        st = di_gb_add_alt(b, rid[c * nb + k], NULL, 0);
+      if (st == DI_OK && with_entry)
+        st = di_gb_add_alt(b, entry, NULL, 0);
+    }
     const int32_t *sc = P->succ + (size_t)s * P->nj;
     memset(done, 0, (size_t)P->nj);
     for (int j = 0; st == DI_OK && j < P->nj; j++) {
@@ -425,13 +447,20 @@ static di_status emit_rules(di_gb *b, const prod_t *P, const char *live, int *ru
         if (t >= 0 && block[t] == to)
           di_gbyteset_add(&set, c);
       }
-      di_gel e[2] = {{DI_GE_CLASS, di_gb_class(b, &set)}, {DI_GE_RULE, rid[to]}};
-      st = di_gb_add_alt(b, rid[k], e, 2);
+      const int cls = di_gb_class(b, &set);
+      for (int c = 0; st == DI_OK && c < copies; c++) {
+        di_gel e[2] = {{DI_GE_CLASS, cls}, {DI_GE_RULE, rid[c * nb + to]}};
+        st = di_gb_add_alt(b, rid[c * nb + k], e, 2);
+      }
+      if (st == DI_OK && with_entry) {
+        di_gel e[2] = {{DI_GE_CLASS, cls}, {DI_GE_RULE, rid[(copies - 1) * nb + to]}};
+        st = di_gb_add_alt(b, entry, e, 2);
+      }
     }
   }
   if (st == DI_OK && b->oom)
     st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
-  *rule = st == DI_OK && block[0] >= 0 ? rid[block[0]] : -1;
+  *rule = st == DI_OK && block[0] >= 0 ? (entry >= 0 ? entry : rid[block[0]]) : -1;
   free(block), free(rid), free(emitted), free(done);
   return st;
 }
@@ -478,6 +507,11 @@ static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
     const di_grule *R = &b->rules[x];
     if (!R->defined) {
       st = di_error_set(DI_ERR_FORMAT, "rule '%s' is used but not defined", R->name);
+      break;
+    }
+    if (R->tok_link != 0) { /* a max_tokens lexeme's copies: a language of bytes would lose the bound */
+      st = di_error_set(DI_ERR_UNSUPPORTED, "a max_tokens rule cannot be part of another lexeme, lazy, "
+                        "max_chars or max_tokens rule (it bounds tokens, not bytes)");
       break;
     }
     di_gb_mark_defined(g, map[x]); /* (no-op after an allocation failure: g->rules may be NULL) */
@@ -557,6 +591,13 @@ di_status di_rlang_bound_chars(di_gb *b, int r, int max_chars, const char *what)
   di_rlang_product shape = {.in = 1, .count_chars = 1, .count_plain = 1, .max_chars = max_chars};
   return apply_product(b, r, &r, 1, &shape, what,
                        "max_chars needs a regular rule (no recursion but repetition) or a bound small enough to enumerate");
+}
+
+di_status di_rlang_bound_tokens(di_gb *b, int r, int max_tokens, const char *what) {
+  if (max_tokens < 1 || max_tokens > DI_RLANG_MAX_TOKENS)
+    return di_error_set(DI_ERR_UNSUPPORTED, "%s: max_tokens is a count from 1 to %d", what, DI_RLANG_MAX_TOKENS);
+  di_rlang_product shape = {.in = 1, .max_chars = -1, .token_copies = max_tokens};
+  return apply_product(b, r, &r, 1, &shape, what, "max_tokens needs a regular rule (no recursion but repetition)");
 }
 
 di_status di_rlang_combine(di_gb *b, int target, const int *ops, int k, unsigned in, unsigned out, const char *what) {

@@ -34,6 +34,7 @@ typedef struct di_rlang_product {
   int max_states;
   int shortest; /* keep only strings no proper prefix of which qualifies (a lazy match) */
   int count_plain; /* with count_chars: count UTF-8 characters of plain text (no JSON escapes) */
+  int token_copies; /* > 0: write the rules that many times for a max_tokens bound (emit_rules) */
 } di_rlang_product;
 di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule);
 
@@ -44,6 +45,12 @@ di_status di_rlang_make_lazy(di_gb *b, int r, const char *what);
 /* Replaces rule r's alternatives by its strings of at most max_chars UTF-8 characters (Lark's
  * max_chars); r must be regular, as for di_rlang_make_lazy. */
 di_status di_rlang_bound_chars(di_gb *b, int r, int max_chars, const char *what);
+/* Rule r (regular, as for di_rlang_make_lazy) becomes a lexeme that spans at most max_tokens
+ * accepted tokens (Lark's max_tokens): its DFA is written max_tokens times plus an entry copy,
+ * linked by di_grule.tok_link, and the matcher moves stacks one copy down per token
+ * (di_grt_boundary). 1 <= max_tokens <= DI_RLANG_MAX_TOKENS. */
+#define DI_RLANG_MAX_TOKENS 4096
+di_status di_rlang_bound_tokens(di_gb *b, int r, int max_tokens, const char *what);
 /* Rule `target` (not finished; its alternatives are replaced) becomes the strings in every
  * language of ops[i] with bit i set in `in` and in none with bit i set in `out` (Lark's `A & B`
  * and `~A`; with in == 0 the complement is over all byte strings). Operands must be regular. */

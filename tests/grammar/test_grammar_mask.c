@@ -330,6 +330,15 @@ int main(void) {
   walk("json-bounded", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}}}", 30, 8);
   walk("decimal-bounds", DI_GRAMMAR_JSON_SCHEMA,
        "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"exclusiveMinimum\":-1.5,\"maximum\":2.25}}", 30, 8);
+  /* Lark max_tokens (test_grammar_max_tokens.c has the oracle): masks walk every token and test the
+   * token boundary; several lexemes, with stop / max_chars / lazy on the same rule, and a token
+   * reference beside one */
+  walk("lark-max-tokens", DI_GRAMMAR_LARK,
+       "start: (r \",\")* ans\nr[max_tokens=2]: /[a-z ]+/\nans[max_tokens=3, stop=\"]\"]: /[0-9.e+-]*/\n", 30, 12);
+  walk("lark-max-tokens-chars", DI_GRAMMAR_LARK,
+       "start: head \":\" tail\nhead[max_tokens=1, max_chars=4]: /[a-z\"]*/\ntail[lazy, max_tokens=2]: /[a-z]+x/\n", 30,
+       12);
+  walk("lark-max-tokens-ref", DI_GRAMMAR_LARK, "start: <[5]> r\nr[max_tokens=2]: /[a-c0-9]+/\n", 30, 8);
   /* token references: ids 5 and 9 by id (5 may have no bytes), any token but 9 between them, text after */
   walk("token-refs", DI_GRAMMAR_EBNF, "root ::= <[5]> (!<[9]>){0,6} <[9]> [a-z]*\n", 30, 12);
   for (int i = 0; i < n_tok; i++)

@@ -476,6 +476,8 @@ int main(void) {
                         "r[suffix=\",\", max_chars=4]: /[ab]*/\n"
                         "p::_ : \"a\" p::set_bit(0) %if bit_clear(0) | \"\"\n"
                         "N: /[ab:]+/ & ~\"ba\"\n", 0},
+      /* max_tokens: the copies, the boundary map and its per-state memo */
+      {DI_GRAMMAR_LARK, "start: \"{\" r (\",\" r)* \"}\"\nr[max_tokens=2, suffix=\";\"]: /[ab]+/\n", 0},
   };
   for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
     char what[64];
