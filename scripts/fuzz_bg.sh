@@ -19,20 +19,22 @@
 # other (segments shorter than 20 s are folded into a neighbour). The reserve (10% of SECONDS, 10-40 s)
 # is for writing the results, so the script ends by SECONDS.
 #
-# OUTDIR gets, written as each segment ends (so a SIGINT/SIGTERM from the caller loses only the
-# segments still running, which are themselves interrupted and report their count):
+# OUTDIR gets four files (the device returns only a few files per call). Written as each segment ends,
+# so a SIGINT/SIGTERM from the caller loses only the segments still running, which are themselves
+# interrupted and report their count:
 #   runs.tsv            ledger lines (fuzz/runs.tsv format), one per target, executions summed over its
 #                       segments; the seconds column is the core-seconds spent; corpus+ is the raw number
 #                       of new inputs (the merge against the corpus is done back home)
 #   segments.tsv        one line per segment: slot target seconds executions exec/s cov ft new findings
-#   findings/<target>/  crash-*/leak-*/timeout-*/oom-* inputs
-#   logs/<slot>-<n>-<target>.tail   the last 30 lines of each segment's libFuzzer log
-#   corpus-new.tar.xz   the new inputs as fuzz/corpus/<target>/<sha1> (written at the end or on signal)
-#   summary.md          the table of the run
+#   summary.md          the table of the run and its schedule
+# and at the end (or on a signal; a few seconds):
+#   results.tar.xz      fuzz/corpus/<target>/<sha1> (the new inputs), findings/<target>/crash-<target>-<sha>
+#                       (crash-*/leak-*/timeout-*/oom-* inputs), logs/<slot>-<n>-<target>.tail (the last
+#                       30 lines of each segment's libFuzzer log)
 set -uo pipefail
 secs=$1 jobs=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out/logs" "$out/findings"
+mkdir -p "$out"
 out=$(cd "$out" && pwd)
 reserve=$(( secs / 10 )); [ "$reserve" -lt 10 ] && reserve=10; [ "$reserve" -gt 40 ] && reserve=40
 fuzz_secs=$(( secs - reserve ))
@@ -40,6 +42,8 @@ fuzz_secs=$(( secs - reserve ))
 dir=$(mktemp -d /tmp/fuzzbg.XXXXXX)
 xz -dc "$here/fuzzpack.tar.xz" | tar xf - -C "$dir" || { echo "fuzz_bg: cannot unpack" >&2; exit 2; }
 root="$dir/fuzzpack"
+res="$dir/res"   # what goes into results.tar.xz
+mkdir -p "$res/findings" "$res/logs"
 start=$(date +%s)
 export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export DI_SOURCE_DIR="$root"
@@ -81,40 +85,41 @@ awk -F'\t' -v jobs="$jobs" -v T="$fuzz_secs" -v bin="$root/bin" '
         if (room <= 0) { slot++; room = T }
       }
     }
-  }' "$here/plan.tsv" >"$out/schedule.txt"
+  }' "$here/plan.tsv" >"$dir/schedule.txt"
 echo "fuzz_bg: commit $commit, $jobs workers, ${fuzz_secs} s of fuzzing (+${reserve} s to write results); schedule:" >&2
-sed 's/^/  /' "$out/schedule.txt" >&2
+sed 's/^/  /' "$dir/schedule.txt" >&2
 if [ -n "${FUZZ_BG_DRY:-}" ]; then rm -rf "$dir"; exit 0; fi   # only the schedule
 
 # the ledger and the summary from segments.tsv (rewritten after every segment, under a lock)
 aggregate() {
-  awk -F'\t' -v day="$day" -v commit="$commit" -v machine="$machine" -v outd="$out" '
+  awk -F'\t' -v day="$day" -v commit="$commit" -v machine="$machine" -v outd="$out" -v resd="$res" -v tmpd="$dir" '
     { t = $2; seen[t] = 1; s[t] += $3; ex[t] += $4; if ($6 + 0 > cov[t]) cov[t] = $6; if ($7 + 0 > ft[t]) ft[t] = $7
       nw[t] += $8; nf[t] += $9; nseg[t]++ }
     END {
       for (t in seen) {
         files = ""
-        cmd = "ls " outd "/findings/" t " 2>/dev/null"
+        cmd = "ls " resd "/findings/" t " 2>/dev/null"
         while ((cmd | getline f) > 0) files = files (files == "" ? "" : " ") "fuzz/corpus/" t "/" f
         close(cmd)
         printf "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\t+%d\t%d\t%s\n", day, commit, machine, s[t], t, ex[t],
-          (s[t] > 0 ? ex[t] / s[t] : 0), cov[t], ft[t], nw[t], nf[t], files > (outd "/runs.tsv.tmp")
+          (s[t] > 0 ? ex[t] / s[t] : 0), cov[t], ft[t], nw[t], nf[t], files > (tmpd "/runs.tsv.tmp")
         printf "| %s | %d | %d | %d | %d | %s | %s | %d | %d |\n", t, nseg[t], s[t], ex[t], (s[t] > 0 ? ex[t] / s[t] : 0),
-          cov[t], ft[t], nw[t], nf[t] > (outd "/summary.tmp")
+          cov[t], ft[t], nw[t], nf[t] > (tmpd "/summary.tmp")
       }
     }' "$out/segments.tsv"
-  touch "$out/runs.tsv.tmp" "$out/summary.tmp"
-  sort -t $'\t' -k5,5 "$out/runs.tsv.tmp" >"$out/runs.tsv"; rm -f "$out/runs.tsv.tmp"
+  touch "$dir/runs.tsv.tmp" "$dir/summary.tmp"
+  sort -t $'\t' -k5,5 "$dir/runs.tsv.tmp" >"$out/runs.tsv"; rm -f "$dir/runs.tsv.tmp"
   { echo "# Background fuzz run: commit $commit, $machine, $jobs workers, $fuzz_secs s each (started $(date -u -d "@$start" +%H:%M:%S) UTC)"
     echo
     echo "| target | segments | core-seconds | executions | exec/s per core | cov (max) | ft (max) | new inputs | findings |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    sort "$out/summary.tmp"; rm -f "$out/summary.tmp"
+    sort "$dir/summary.tmp"; rm -f "$dir/summary.tmp"
     echo; echo "Executions are libFuzzer's own final stat per segment (stat::number_of_executed_units; the last #N line if interrupted), summed."
+    echo; echo "Schedule (slot, target, seconds planned):"; echo; sed 's/^/    /' "$dir/schedule.txt"
   } >"$out/summary.md"
 }
 
-# one segment: BIN's run for S seconds; its line into segments.tsv, its findings and log tail into OUTDIR
+# one segment: BIN's run for S seconds; its line into segments.tsv, its findings and log tail into res/
 segment() {   # slot n target seconds
   local slot=$1 n=$2 t=$3 s=$4 w="$dir/work/$1-$2-$3"
   mkdir -p "$w/new" "$w/art"
@@ -142,11 +147,11 @@ segment() {   # slot n target seconds
     [ -f "$a" ] || continue
     local kind="${a##*/}"; kind="${kind%%-*}"
     [ "$kind" = slow ] && continue
-    mkdir -p "$out/findings/$t"
-    cp "$a" "$out/findings/$t/crash-$t-$(sha1sum "$a" | cut -c1-16)"
+    mkdir -p "$res/findings/$t"
+    cp "$a" "$res/findings/$t/crash-$t-$(sha1sum "$a" | cut -c1-16)"
     nf=$((nf + 1))
   done
-  tail -n 30 "$w/log" >"$out/logs/$slot-$n-$t.tail"
+  tail -n 30 "$w/log" >"$res/logs/$slot-$n-$t.tail"
   (
     flock 9
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$slot" "$t" "$used" "$ex" "${rate:-?}" "${cov:-0}" "${ft:-0}" \
@@ -155,14 +160,12 @@ segment() {   # slot n target seconds
   ) 9>"$dir/lock"
 }
 
-corpus_tar() {
-  (cd "$dir/work" 2>/dev/null && for w in */; do
-     t="${w%/}"; t="${t#*-}"; t="${t#*-}"
-     for f in "$w"new/*; do [ -f "$f" ] && echo "$f $t"; done
-   done) >"$dir/newlist"
-  rm -rf "$dir/newtree"; mkdir -p "$dir/newtree"
-  while read -r f t; do mkdir -p "$dir/newtree/fuzz/corpus/$t"; cp "$dir/work/$f" "$dir/newtree/fuzz/corpus/$t/"; done <"$dir/newlist"
-  tar cf - -C "$dir/newtree" . | xz -6 >"$out/corpus-new.tar.xz"
+results_tar() {   # one tar: the new inputs renamed to fuzz/corpus/<target>/, findings, log tails
+  (cd "$dir/work" 2>/dev/null && find . -path './*/new/*' -type f | sed 's,^\./,,') >"$dir/newlist"
+  cp "$out/segments.tsv" "$res/"
+  tar cf - -C "$dir/work" -T "$dir/newlist" \
+      --transform 's,^[0-9]*-[0-9]*-\([a-z0-9_]*\)/new/,fuzz/corpus/\1/,' \
+      -C "$res" findings logs segments.tsv | xz -3 -T2 >"$out/results.tar.xz"
 }
 
 finish() {
@@ -172,8 +175,8 @@ finish() {
   # interrupt running workers: libFuzzer prints its final stats on SIGINT
   for p in "$dir"/work/*/pid; do [ -f "$p" ] && kill -INT "$(cat "$p")" 2>/dev/null; done
   wait
-  corpus_tar
   (flock 9; aggregate) 9>"$dir/lock"
+  results_tar
   local total; total=$(awk -F'\t' '{s += $4} END {print s + 0}' "$out/segments.tsv")
   echo "fuzz_bg: done at $(date -u +%H:%M:%S), $total executions in all; $(du -sh "$out" | cut -f1) in $out" >&2
   cat "$out/summary.md" >&2
@@ -183,7 +186,7 @@ trap 'echo "fuzz_bg: signal, finishing" >&2; finish; exit 130' INT TERM
 
 slots=()
 for ((slot = 0; slot < jobs; slot++)); do
-  awk -v s="$slot" '$1 == s {print $2, $3}' "$out/schedule.txt" >"$dir/slot.$slot"
+  awk -v s="$slot" '$1 == s {print $2, $3}' "$dir/schedule.txt" >"$dir/slot.$slot"
   [ -s "$dir/slot.$slot" ] || continue
   # a trap that does nothing (not an ignored signal, which libFuzzer would inherit): the slot outlives a
   # signal to the process group long enough to record its interrupted worker's count
