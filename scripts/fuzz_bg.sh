@@ -14,8 +14,8 @@
 #
 # Schedule: the JOBS x (SECONDS - reserve) core-seconds are handed out to the targets in ascending order
 # of the core-seconds each still needs (need = executions left / rate), each getting what it needs plus
-# 10%, so as many targets as possible reach the aim; what is left goes to the remaining ones in
-# proportion to their need. The timeline is cut into JOBS slots; a slot runs its segments one after the
+# 10% while the budget lasts (the first it does not cover gets the rest), so as many targets as
+# possible reach the aim. The timeline is cut into JOBS slots; a slot runs its segments one after the
 # other (segments shorter than 20 s are folded into a neighbour). The reserve (10% of SECONDS, 10-40 s)
 # is for writing the results, so the script ends by SECONDS.
 #
@@ -64,10 +64,8 @@ awk -F'\t' -v jobs="$jobs" -v T="$fuzz_secs" -v bin="$root/bin" '
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (need[j] < need[i]) {
       x = need[i]; need[i] = need[j]; need[j] = x; x = t[i]; t[i] = t[j]; t[j] = x }
     B = jobs * T; left = B
-    for (i = 1; i <= n; i++) { a[i] = need[i] <= left ? need[i] : 0; left -= a[i] }
-    rest = 0; for (i = 1; i <= n; i++) if (a[i] == 0) rest += need[i]
-    for (i = 1; i <= n; i++) if (a[i] == 0 && rest > 0) a[i] = left * need[i] / rest
-    if (rest == 0 && n > 0) for (i = 1; i <= n; i++) a[i] += left / n   # everyone reached: share evenly
+    for (i = 1; i <= n; i++) { a[i] = need[i] <= left ? need[i] : left; left -= a[i] }
+    if (left > 0 && n > 0) for (i = 1; i <= n; i++) a[i] += left / n   # everyone reached: share evenly
     # fold allocations under 20 s into the largest one
     big = 1; for (i = 1; i <= n; i++) if (a[i] > a[big]) big = i
     for (i = 1; i <= n; i++) if (i != big && a[i] < 20) { a[big] += a[i]; a[i] = 0 }
