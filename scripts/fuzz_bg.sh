@@ -121,10 +121,10 @@ aggregate() {
 segment() {   # slot n target seconds
   local slot=$1 n=$2 t=$3 s=$4 w="$dir/work/$1-$2-$3"
   mkdir -p "$w/new" "$w/art"
-  [ -e "$dir/stop" ] && return 0
+  [ -e "$dir/stop" ] && return 1
   local left=$(( start + fuzz_secs - $(date +%s) ))
   [ "$s" -gt "$left" ] && s=$left
-  [ "$s" -ge 5 ] || return 0
+  [ "$s" -ge 5 ] || return 1
   local t0; t0=$(date +%s)
   "$root/bin/fuzz_$t" -max_total_time="$s" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$w/art/" "$w/new" "$root/fuzz/corpus/$t" >"$w/log" 2>&1 &
@@ -148,6 +148,7 @@ segment() {   # slot n target seconds
     mkdir -p "$res/findings/$t"
     cp "$a" "$res/findings/$t/crash-$t-$(sha1sum "$a" | cut -c1-16)"
     nf=$((nf + 1))
+    touch "$dir/found.$slot"
   done
   tail -n 30 "$w/log" >"$res/logs/$slot-$n-$t.tail"
   (
@@ -186,9 +187,20 @@ slots=()
 for ((slot = 0; slot < jobs; slot++)); do
   awk -v s="$slot" '$1 == s {print $2, $3}' "$dir/schedule.txt" >"$dir/slot.$slot"
   [ -s "$dir/slot.$slot" ] || continue
-  # a trap that does nothing (not an ignored signal, which libFuzzer would inherit): the slot outlives a
-  # signal to the process group long enough to record its interrupted worker's count
-  ( trap 'touch "$dir/stop"' INT TERM; n=0; while read -r t s; do segment "$slot" "$n" "$t" "$s"; n=$((n + 1)); done <"$dir/slot.$slot" ) &
+  # a trap (not an ignored signal, which libFuzzer would inherit) that only marks the stop: the slot
+  # outlives a signal to the process group long enough to record its interrupted worker's count
+  ( trap 'touch "$dir/stop"' INT TERM; n=0
+    while read -r t s; do
+      # a finding ends a libFuzzer run: the rest of the segment's time goes to a fresh run of the target
+      end=$(( $(date +%s) + s )); runs=0
+      while [ "$runs" -lt 4 ] && [ ! -e "$dir/stop" ] && [ $(( end - $(date +%s) )) -ge 10 ]; do
+        t0=$(date +%s)
+        segment "$slot" "$n" "$t" $(( end - $(date +%s) )) || break      # not run (stopped, past the deadline)
+        n=$((n + 1)); runs=$((runs + 1))   # at most 4 runs: a seed that crashes at once would loop
+        [ -e "$dir/found.$slot" ] || [ $(( $(date +%s) - t0 )) -ge 5 ] || break   # ended early, no finding
+        rm -f "$dir/found.$slot"
+      done
+    done <"$dir/slot.$slot" ) &
   slots+=($!)
 done
 # a watchdog: past SECONDS - reserve + 5, interrupt whatever still runs
