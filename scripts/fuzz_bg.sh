@@ -75,11 +75,10 @@ awk -F'\t' -v jobs="$jobs" -v T="$fuzz_secs" -v bin="$root/bin" '
       r = int(a[i] + 0.5)
       while (r > 0 && slot < jobs) {
         s = r < room ? r : room
-        if (room - s < 20 && room - s > 0) s = room         # no tail under 20 s in a slot
-        if (r - s < 20 && r - s > 0 && s == room) { }       # the target loses < 20 s: fine
+        if (T >= 100 && room - s < 20 && room - s > 0) s = room   # no tail under 20 s in a slot
         print slot, t[i], s
         r -= s; room -= s
-        if (r < 20) r = 0
+        if (r < 20 && T >= 100) r = 0   # no leftover under 20 s (in slots of 100 s or more)
         if (room <= 0) { slot++; room = T }
       }
     }
