@@ -32,6 +32,19 @@
 #                       (crash-*/leak-*/timeout-*/oom-* inputs), logs/<slot>-<n>-<target>.tail (the last
 #                       30 lines of each segment's libFuzzer log)
 set -uo pipefail
+# Started in the background by a non-interactive shell, this script gets SIGINT ignored, and a signal
+# ignored at a shell's entry can be neither trapped nor reset, nor does libFuzzer take it back: the
+# caller's SIGINT then reached nobody (device batch 3, session 13). So start again with SIGINT and
+# SIGTERM at their defaults (env --default-signal, coreutils 8.31; perl otherwise).
+if [ -z "${FUZZ_BG_SIGNALS_RESET:-}" ] &&
+   (( 0x$(awk '/^SigIgn:/ {print $2}' /proc/$$/status 2>/dev/null || echo 0) & 0x4002 )); then
+  export FUZZ_BG_SIGNALS_RESET=1
+  if env --default-signal=INT true 2>/dev/null; then exec env --default-signal=INT,TERM bash "$0" "$@"; fi
+  if command -v perl >/dev/null; then exec perl -e '$SIG{INT} = $SIG{TERM} = "DEFAULT"; exec @ARGV or die' bash "$0" "$@"; fi
+  echo "fuzz_bg: SIGINT is ignored here and cannot be reset: stop this run with SIGTERM" >&2
+fi
+# the workers likewise (bash ignores SIGINT in background children of a non-interactive shell)
+if env --default-signal=INT true 2>/dev/null; then reset_signals=(env --default-signal=INT,TERM); else reset_signals=(); fi
 secs=$1 jobs=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
@@ -125,13 +138,14 @@ segment() {   # slot n target seconds
   [ "$s" -gt "$left" ] && s=$left
   [ "$s" -ge 5 ] || return 1
   local t0; t0=$(date +%s)
-  "$root/bin/fuzz_$t" -max_total_time="$s" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+  "${reset_signals[@]}" "$root/bin/fuzz_$t" -max_total_time="$s" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$w/art/" "$w/new" "$root/fuzz/corpus/$t" >"$w/log" 2>&1 &
   local pid=$!
   echo "$pid" >"$w/pid"
   wait "$pid"
   while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done   # a trapped signal ends wait early
   local used=$(( $(date +%s) - t0 ))
+  grep -q 'libFuzzer: run interrupted' "$w/log" && touch "$dir/stop"   # a signal reached the worker, if not us
   local ex rate cov ft
   ex=$(awk '/stat::number_of_executed_units/ {print $2}' "$w/log" | tail -1)
   [ -n "$ex" ] || ex=$(grep -oE '^#[0-9]+' "$w/log" | tail -1 | tr -d '#')
