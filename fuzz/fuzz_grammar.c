@@ -1,6 +1,8 @@
 /* libFuzzer target for the grammar front-ends and the automaton: the first byte picks the
  * front-end (0xC0 and above: Lark; else EBNF, regex, JSON Schema by its value mod 3, which is how
- * the corpus was first written), the rest is the grammar source. Compiled grammars are
+ * the corpus was first written) and the options (fuzz_grammar_options: whitespace by value / 3 mod 3
+ * as before, and from session 13 the JSON options by (value - 0xC0 for Lark) / 9, 0 being the
+ * defaults, so the older corpus keeps its meaning where that is 0), the rest is the grammar source. Compiled grammars are
  * exercised through di_grammar_accepts and a short masked walk over a small vocabulary (built once:
  * it is not what is fuzzed). Also
  * replayed over fuzz/corpus/grammar by tests/grammar/test_grammar_fuzz_corpus.c. */
@@ -39,14 +41,37 @@ static di_grammar_vocab *fuzz_vocab(void) {
   return v;
 }
 
+/* The front end and options of an input whose first byte is b (the corpus replay test uses it too).
+ * The JSON options (JSON Schema, Lark's %json) by bits of v: 1 strict, 2 XGrammar's separators with
+ * any_whitespace=False, 4 tight bounds on strings and numbers, 8 unsupported keywords skipped and few
+ * branches, 16 other separators (with 2 as well: invalid ones, so their validation is fuzzed too). */
+static di_grammar_kind fuzz_grammar_options(uint8_t b, di_grammar_options *opt) {
+  static const di_grammar_kind kinds[] = {DI_GRAMMAR_EBNF, DI_GRAMMAR_REGEX, DI_GRAMMAR_JSON_SCHEMA};
+  memset(opt, 0, sizeof *opt);
+  opt->max_elements = 50000; /* keep each run fast */
+  opt->max_whitespace = b / 3 % 3;
+  unsigned v = (b >= 0xC0 ? b - 0xC0u : b) / 9;
+  opt->strict = v & 1;
+  if (v & 4) {
+    opt->max_string_length = 8;
+    opt->max_digits = 3;
+  }
+  if (v & 8) {
+    opt->ignore_unsupported_keywords = 1;
+    opt->max_branches = 4;
+  }
+  const char *item = (v & 18) == 2 ? ", " : (v & 18) == 16 ? " ,\n\t" : (v & 18) == 18 ? ";" : "";
+  const char *key = (v & 18) == 2 ? ": " : (v & 18) == 16 ? " : " : (v & 18) == 18 ? ": =" : "";
+  memcpy(opt->item_separator, item, strlen(item) + 1);
+  memcpy(opt->key_separator, key, strlen(key) + 1);
+  return b >= 0xC0 ? DI_GRAMMAR_LARK : kinds[b % 3];
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
-  static const di_grammar_kind kinds[] = {DI_GRAMMAR_EBNF, DI_GRAMMAR_REGEX, DI_GRAMMAR_JSON_SCHEMA};
-  di_grammar_kind kind = data[0] >= 0xC0 ? DI_GRAMMAR_LARK : kinds[data[0] % 3];
-  di_grammar_options opt = {0};
-  opt.max_elements = 50000; /* keep each run fast */
-  opt.max_whitespace = data[0] / 3 % 3;
+  di_grammar_options opt;
+  di_grammar_kind kind = fuzz_grammar_options(data[0], &opt);
   di_grammar *g = NULL;
   if (di_grammar_compile(kind, (const char *)data + 1, size - 1, &opt, &g) != DI_OK)
     return 0;

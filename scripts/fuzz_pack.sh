@@ -25,5 +25,5 @@ cp scripts/fuzz_target.sh scripts/fuzz_parallel.sh "$stage/fuzzpack/scripts/"
 cp -r fuzz/corpus "$stage/fuzzpack/fuzz/"
 cp -r tests/data/models/engine-dummy "$stage/fuzzpack/tests/data/models/"
 git rev-parse --short HEAD >"$stage/fuzzpack/COMMIT" 2>/dev/null || echo unknown >"$stage/fuzzpack/COMMIT"
-tar cJf "$out" -C "$stage" fuzzpack
+tar cf - -C "$stage" fuzzpack | xz -9 --lzma2=dict=192MiB >"$out"   # one stream: the binaries share most of their code
 echo "fuzz_pack: $out ($(du -h "$out" | cut -f1); $(ls "$stage/fuzzpack/bin" | wc -l) targets, $(ls "$stage/fuzzpack/lib" | wc -l) libraries)"

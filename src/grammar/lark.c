@@ -481,9 +481,11 @@ static di_status parse_nested_lark(lp *p, di_gseq *s);
 /* One item (a group, string, regex, %json / %regex / %lark, token reference, name or ~item) onto s. */
 static di_status parse_item(lp *p, di_gseq *s, int terminal, int nested, int *is_term_item) {
   di_gb *b = p->b;
+  *is_term_item = 0;
+  if (p->i >= p->n) /* `~` at the very end (parse_seq checks before its items; the complement does not) */
+    return lerr(p, p->i, "expected an item at the end of the grammar");
   char c = p->s[p->i];
   size_t at = p->i;
-  *is_term_item = 0;
   if (c == '(' || c == '[') {
     p->i++;
     if (++p->depth > 200)

@@ -13,6 +13,6 @@ di_status di_kv_budget_from_device(int64_t total_bytes, int64_t used_bytes, doub
                         "largest step's buffers already use %.2f GiB: no room is left for the KV cache (raise "
                         "gpu_memory_utilization, lower max_num_batched_tokens, or give the KV cache size)",
                         utilization, allowed / gib, (double)total_bytes / gib, (double)used_bytes / gib);
-  *budget = (int64_t)allowed - used_bytes;
+  *budget = (int64_t)allowed - used_bytes; /* int-cast: checked: 0 < utilization <= 1: allowed <= total_bytes */
   return DI_OK;
 }

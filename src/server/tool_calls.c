@@ -81,14 +81,16 @@ static int parse_call(const char *b, size_t n, int complete, char **name, char *
   size_t rn = n - left - sl;
   const char *fence = di_tc_find(r, rn, "```json");
   if (left == 8 && memcmp(b, "function", 8) == 0 && (fence || !complete)) {
-    /* V3: NAME\n```json\nARGS\n``` (the name is known once the fence opens) */
+    /* V3: NAME\n```json\nARGS\n``` (the name is known once the fence opens). A body that reaches
+     * CALL_END with its fence still open takes its arguments up to CALL_END: the stream showed this
+     * call and its arguments while they were written (fuzz_tool_calls' check: a call streamed is a
+     * call of the whole parse, with its arguments a prefix of the final ones) */
     if (!fence) return 0;
     const char *a = fence + 7;
     size_t an = rn - (size_t)(a - r);
     const char *close = NULL;
     for (const char *p = a; (p = di_tc_find(p, an - (size_t)(p - a), "```")); p += 3) close = p; /* the last fence */
-    size_t end = close ? (size_t)(close - a) : complete ? (size_t)-1 : an - di_tc_partial_tail(a, an, "```");
-    if (end == (size_t)-1) return 0;
+    size_t end = close ? (size_t)(close - a) : complete ? an : an - di_tc_partial_tail(a, an, "```");
     *name = dup_trim(r, (size_t)(fence - r));
     *args = dup_trim(a, end);
   } else {

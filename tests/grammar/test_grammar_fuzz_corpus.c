@@ -1,5 +1,6 @@
 /* Replays fuzz/corpus/grammar through the fuzz target's entry point (crashes and sanitizer
- * reports are the failures), and checks that the hand-written seeds compile (found_* and fuzzed_*
+ * reports are the failures), and checks that the hand-written seeds compile with the options their
+ * first byte gives (fuzz_grammar_options; bad_* seeds must be refused instead; found_* and fuzzed_*
  * are fuzzer inputs, replayed only). */
 #include <stdlib.h>
 #include "../../fuzz/fuzz_grammar.c"
@@ -10,13 +11,15 @@ static void replay(const char *name, const char *rel, const char *buf, size_t le
   LLVMFuzzerTestOneInput((const uint8_t *)buf, len);
   if (len > 0 && strstr(name, "_") && !strstr(name, "leftrec") && strncmp(name, "crash", 5) != 0 &&
       strncmp(name, "found", 5) != 0 && strncmp(name, "fuzzed", 6) != 0) {
-    static const di_grammar_kind kinds[] = {DI_GRAMMAR_EBNF, DI_GRAMMAR_REGEX, DI_GRAMMAR_JSON_SCHEMA};
-    di_grammar_options opt = {0};
-    opt.max_whitespace = (unsigned char)buf[0] / 3 % 3;
+    di_grammar_options opt;
+    di_grammar_kind kind = fuzz_grammar_options((uint8_t)buf[0], &opt);
+    opt.max_elements = 0; /* the seeds are checked at the default size bound */
     di_grammar *g = NULL;
-    unsigned char k = (unsigned char)buf[0];
-    di_status st = di_grammar_compile(k >= 0xC0 ? DI_GRAMMAR_LARK : kinds[k % 3], buf + 1, len - 1, &opt, &g);
-    CHECKF(st == DI_OK, "%s: %s", rel, di_last_error());
+    di_status st = di_grammar_compile(kind, buf + 1, len - 1, &opt, &g);
+    if (strncmp(name, "bad_", 4) == 0)
+      CHECKF(st != DI_OK, "%s: compiled, but a bad_ seed must be refused", rel);
+    else
+      CHECKF(st == DI_OK, "%s: %s", rel, di_last_error());
     di_grammar_free(g);
   }
 }

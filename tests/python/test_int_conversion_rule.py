@@ -11,9 +11,11 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the directories whose code reads untrusted input (configs, headers, requests, templates,
-# grammars, tokenizer files, command lines); numeric kernels convert their own doubles
+# grammars, tokenizer files, command lines, engine options such as gpu_memory_utilization): every
+# directory of src/ with C code (session 13 added src/kv and src/backend's C files); the CUDA kernels
+# (.cu) convert their own doubles
 SCOPE = ["src/model", "src/arch", "src/server", "src/tokenizer", "src/grammar", "src/chat", "src/cli",
-         "src/engine", "src/util", "src/sampler", "src/api", "src/dist"]
+         "src/engine", "src/util", "src/sampler", "src/api", "src/dist", "src/kv", "src/backend"]
 HELPER = "src/util/json.c"
 INT_TYPES = r"(?:(?:unsigned|signed)\s+)?(?:int|long|long\s+long|short|char|size_t|ssize_t|ptrdiff_t|" \
             r"u?int(?:8|16|32|64)_t|intptr_t|uintptr_t|unsigned)"
@@ -113,6 +115,13 @@ def test_no_unchecked_double_to_integer_cast():
     bad = violations()
     assert not bad, ("double-to-integer conversions outside the range check of src/util/json.c "
                      "(use di_json_int_in / di_double_to_int_in, see util/json.h):\n" + "\n".join(bad))
+
+
+def test_scope_is_every_c_directory_of_src():
+    # a new directory of C code under src/ must be scanned (or named here with its reason)
+    tops = {"src/" + d for d in os.listdir(os.path.join(ROOT, "src"))
+            if any(f.endswith((".c", ".h")) for _, _, fs in os.walk(os.path.join(ROOT, "src", d)) for f in fs)}
+    assert tops <= set(SCOPE), "not scanned: " + ", ".join(sorted(tops - set(SCOPE)))
 
 
 def test_rule_catches_the_issue_27_finding():

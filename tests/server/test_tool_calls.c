@@ -103,6 +103,13 @@ int main(void) {
   const char *cut = CALLS_BEGIN CALL_BEGIN "a" SEP "{}" CALL_END CALL_BEGIN "b" SEP "{\"unfinished";
   CHECK(parse(cut, &cl, &c) == 1 && c && strcmp(c[0].name, "a") == 0);
   di_tool_calls_free(c, 1);
+  /* a V3 call whose ```json fence is still open at CALL_END: its arguments run to CALL_END (a stream
+   * showed the call while it was written; fuzz/corpus/tool_calls/crash-tool_calls-40c546e5e5cfbb79
+   * is the fuzzer's input where the whole parse then dropped it) */
+  const char *open_fence = CALLS_BEGIN CALL_BEGIN "function" SEP "f\n```json\n{\"a\": 1}\n" CALL_END CALLS_END;
+  CHECK(parse(open_fence, &cl, &c) == 1 && c && strcmp(c[0].name, "f") == 0 && strcmp(c[0].arguments, "{\"a\": 1}") == 0);
+  di_tool_calls_free(c, 1);
+  check_prefixes(open_fence);
   /* markup without a complete call, or none at all: plain content */
   CHECK(parse("hello" CALLS_BEGIN CALL_BEGIN "x", &cl, &c) == 0 && c == NULL && cl == strlen("hello" CALLS_BEGIN CALL_BEGIN "x"));
   CHECK(parse("no tools here", &cl, &c) == 0 && cl == 13);

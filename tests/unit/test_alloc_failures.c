@@ -451,6 +451,12 @@ int main(void) {
   af_run("di_model_load(dsv3-tiny)", op_model_load, (void *)"tests/data/models/dsv3-tiny", AF_DENSE_LONG, AF_STRIDE_LONG);
   af_run("di_model_load(dsv2-lite-tiny)", op_model_load, (void *)"tests/data/models/dsv2-lite-tiny", AF_DENSE_LONG,
          AF_STRIDE_LONG);
+  /* session 13: the FP8 block-scaled loader, DeepSeek-V4's loader and its native MXFP4 / FP8 weights */
+  af_run("di_model_load(dsv3-tiny-fp8)", op_model_load, (void *)"tests/data/models/dsv3-tiny-fp8", AF_DENSE_LONG,
+         AF_STRIDE_LONG);
+  af_run("di_model_load(dsv4-tiny)", op_model_load, (void *)"tests/data/models/dsv4-tiny", AF_DENSE_LONG, AF_STRIDE_LONG);
+  af_run("di_model_load(dsv4-tiny-native)", op_model_load, (void *)"tests/data/models/dsv4-tiny-native", AF_DENSE_LONG,
+         AF_STRIDE_LONG);
   af_run("tokenizer load (small BPE) + encode/decode", op_tokenizer_small, NULL, 100000, 1);
   af_run("tokenizer load (engine-dummy, 8k tokens) + encode/decode", op_tokenizer_dir,
          (void *)"tests/data/models/engine-dummy", AF_DENSE_TOK, AF_STRIDE_TOK);
