@@ -17,6 +17,9 @@
  * output, router, experts; embedding and head), with each phase's batch-1 weight bytes, their read rate and
  * their share of the 4.8 TB/s roofline (at batch B the experts read up to min(E, B x top-k) + 1 experts: the
  * rate shown is of the batch-1 bytes).
+ * Each decode line ends with an FNV-1a hash of the last step's logits (the same binary inputs give the same
+ * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
+ * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones) for A/B runs.
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */
@@ -32,6 +35,7 @@ int main(void) {
 #include "arch/deepseek_v4_shapes.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_backend.h"
+#include "backend/cuda/cuda_v4_kernels.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +114,8 @@ int main(int argc, char **argv) {
     return 0;
   }
   const double t_build = di_cut_time_ms();
+  const char *mxf = getenv("BENCH_V4_MX_FORM");
+  if (mxf) di_v4k_mx_form(atoi(mxf));
   const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
   const int native = nat && strcmp(nat, "1") == 0;
   di_v4_flash_shape(&c, NL, E);
@@ -222,9 +228,14 @@ int main(int argc, char **argv) {
         if (ok) print_profile(be, B, ctx);
       }
       for (int s = 0; s < B; s++) be->ops->release(be, (uint64_t)(100000 * round + 1000 * bi + s + 1));
-      if (ok)
-        printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer\n", B,
-               ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL);
+      if (ok) {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a of the last step's logits */
+        const unsigned char *p = (const unsigned char *)logits;
+        for (size_t i = 0; i < sizeof(float) * (size_t)B * c.vocab_size; i++) h = (h ^ p[i]) * 1099511628211ull;
+        printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer, "
+               "logits %016llx\n", B, ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL,
+               (unsigned long long)h);
+      }
       if (ok && B == 1)
         printf("  batch 1 at context %d: %.1f%% of the weight-read roofline (%.3f ms)\n", ctx, 100 * roof_ms / (sum / steps), roof_ms);
     }

@@ -137,6 +137,10 @@ di_status di_v4k_expert_up_mx(const float *x, const int32_t *ids, const int32_t 
                               di_cuk_mxfp4w w3, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s);
 di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int32_t *tiles, int E1, di_cuk_mxfp4w w2, int T,
                                 int n_slots, int D, int I, float *y, di_cu_stream s);
+/* Which kernels the two take where rows allow (C % 32 == 0, aligned): 1 (the default) the staged form (a CTA's
+ * activations in shared memory, 4 weight rows a warp), 0 the lane form (a row a warp); both give the same bits.
+ * For tests and A/B benchmarks; not thread-safe (set it before launching). */
+void di_v4k_mx_form(int form);
 /* act[t][i] (row stride ldo) = swiglu with the clamp of gate g[t][i] and up u[t][i] (row stride ldg), as
  * di_v4k_expert_up's epilogue. */
 di_status di_v4k_swiglu(const float *g, const float *u, int ldg, int T, int I, float limit, float *act, int ldo, di_cu_stream s);
