@@ -19,7 +19,8 @@
  * rate shown is of the batch-1 bytes).
  * Each decode line ends with an FNV-1a hash of the last step's logits (the same binary inputs give the same
  * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
- * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones) for A/B runs.
+ * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones), BENCH_V4_INDEX_FORM=0 the indexer on its
+ * per-product score kernel (di_v4k_index_form), for A/B runs.
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */
@@ -116,6 +117,8 @@ int main(int argc, char **argv) {
   const double t_build = di_cut_time_ms();
   const char *mxf = getenv("BENCH_V4_MX_FORM");
   if (mxf) di_v4k_mx_form(atoi(mxf));
+  const char *ixf = getenv("BENCH_V4_INDEX_FORM");
+  if (ixf) di_v4k_index_form(atoi(ixf));
   const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
   const int native = nat && strcmp(nat, "1") == 0;
   di_v4_flash_shape(&c, NL, E);

@@ -84,7 +84,8 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *const 
 #pragma unroll
       for (int u = 0; u < XU; u++) cur[u] = nxt[u];
     }
-  } else if (VEC >= 8) {
+  } else if (VEC >= 8) { /* (unrolled: several iterations' loads in flight; the router's 4,096-column f32 rows) */
+#pragma unroll 4
     for (int c = lane * 8; c < C; c += 32 * 8) {
       float w[8];
       wload8(wr, c, w);
@@ -374,7 +375,7 @@ __global__ void __launch_bounds__(HC_COLS) hc_mix_k(const float *X, const int32_
   const int c = s * HC_COLS + threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ double red[HC_COLS / 32][HC_MIX_MAX + 1];
   const float x = c < n ? X[(size_t)t * n + c] : 0.0f;
-#pragma unroll 4
+#pragma unroll 8
   for (int m = 0; m < nmix; m++) {
     double v = c < n ? (double)fn[(size_t)m * n + c] * x : 0.0;
     v = warp_sum_d(v);
@@ -861,10 +862,10 @@ static __device__ __forceinline__ float mx_part(const float *w, const float *xs)
   return part;
 }
 
-template <int MT, bool UP>
-__global__ void __launch_bounds__(MXS_WARPS * 32) mx_staged_k(const float *x, const int32_t *ids, const int32_t *tiles,
-                                                              int max_tiles, int e_skip, mx4mat wa, mx4mat wb, int ns, int D,
-                                                              int I, float lim, float *out) {
+template <int MT, bool UP, int NR, int MINB>
+__global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float *x, const int32_t *ids, const int32_t *tiles,
+                                                                   int max_tiles, int e_skip, mx4mat wa, mx4mat wb, int ns, int D,
+                                                                   int I, float lim, float *out) {
   __shared__ __align__(16) float xs[MT][MXS_LD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int e, ts[LIN_TOK];
@@ -872,27 +873,27 @@ __global__ void __launch_bounds__(MXS_WARPS * 32) mx_staged_k(const float *x, co
   if (nt <= 0) return; /* (the CTA's: no barrier is skipped by part of it) */
   const int C = UP ? D : I, N = UP ? I : D;
   /* the warp's rows: up, gate / up of outputs o0, o0 + 1; down, outputs o0 .. o0 + 3 (clamped: computed, not stored) */
-  const int o0 = (blockIdx.x * MXS_WARPS + warp) * (UP ? MXS_NR / 2 : MXS_NR);
-  mx4row wr[MXS_NR];
+  const int o0 = (blockIdx.x * MXS_WARPS + warp) * (UP ? NR / 2 : NR);
+  mx4row wr[NR];
 #pragma unroll
-  for (int r = 0; r < MXS_NR; r++) {
+  for (int r = 0; r < NR; r++) {
     const int o = UP ? o0 + r / 2 : o0 + r, oc = o < N ? o : N - 1;
     wr[r] = wrow(UP && (r & 1) ? wb : wa, (size_t)e * N + oc, C);
   }
   const float *xr[MT];
 #pragma unroll
   for (int j = 0; j < MT; j++) xr[j] = x + (size_t)(UP ? ts[j < nt ? j : 0] / ns : ts[j < nt ? j : 0]) * C;
-  float acc[MXS_NR][MT];
+  float acc[NR][MT];
 #pragma unroll
-  for (int r = 0; r < MXS_NR; r++)
+  for (int r = 0; r < NR; r++)
 #pragma unroll
     for (int j = 0; j < MT; j++) acc[r][j] = 0;
-  uint4 cur[MXS_NR], nxt[MXS_NR];
-  uint32_t ec[MXS_NR], en[MXS_NR];
+  uint4 cur[NR], nxt[NR];
+  uint32_t ec[NR], en[NR];
   {
     const int c = lane * 32;
 #pragma unroll
-    for (int r = 0; r < MXS_NR; r++) {
+    for (int r = 0; r < NR; r++) {
       cur[r] = c < C ? di_ld_stream16(wr[r].q + c / 2) : make_uint4(0, 0, 0, 0);
       ec[r] = c < C ? __ldg(wr[r].s + c / 32) : 127u;
     }
@@ -906,14 +907,14 @@ __global__ void __launch_bounds__(MXS_WARPS * 32) mx_staged_k(const float *x, co
     __syncthreads();
     const int c = c0 + lane * 32, cn = c + MXS_STEP;
 #pragma unroll
-    for (int r = 0; r < MXS_NR; r++) {
+    for (int r = 0; r < NR; r++) {
       nxt[r] = cn < C ? di_ld_stream16(wr[r].q + cn / 2) : make_uint4(0, 0, 0, 0);
       en[r] = cn < C ? __ldg(wr[r].s + cn / 32) : 127u;
     }
     if (c < C) {
       const float *xl = &xs[0][lane * 36];
 #pragma unroll
-      for (int r = 0; r < MXS_NR; r++) {
+      for (int r = 0; r < NR; r++) {
         float w[32];
         mx_decode32(cur[r], w);
         const float sc = e8m0_scale(ec[r]);
@@ -923,13 +924,13 @@ __global__ void __launch_bounds__(MXS_WARPS * 32) mx_staged_k(const float *x, co
       }
     }
 #pragma unroll
-    for (int r = 0; r < MXS_NR; r++) cur[r] = nxt[r], ec[r] = en[r];
+    for (int r = 0; r < NR; r++) cur[r] = nxt[r], ec[r] = en[r];
   }
 #pragma unroll
   for (int j = 0; j < MT; j++) {
     if (UP) {
 #pragma unroll
-      for (int p = 0; p < MXS_NR / 2; p++) {
+      for (int p = 0; p < NR / 2; p++) {
         const float g = warp_sum_f(acc[2 * p][j]), u = warp_sum_f(acc[2 * p + 1][j]);
         const int i = o0 + p;
         if (lane == 0 && j < nt && i < N) {
@@ -940,7 +941,7 @@ __global__ void __launch_bounds__(MXS_WARPS * 32) mx_staged_k(const float *x, co
       }
     } else {
 #pragma unroll
-      for (int r = 0; r < MXS_NR; r++) {
+      for (int r = 0; r < NR; r++) {
         const float v = warp_sum_f(acc[r][j]);
         if (lane == 0 && j < nt && o0 + r < N) out[(size_t)ts[j] * D + o0 + r] = v;
       }
@@ -948,13 +949,20 @@ __global__ void __launch_bounds__(MXS_WARPS * 32) mx_staged_k(const float *x, co
   }
 }
 
+/* form 1: MXS_NR rows a warp; forms 2 and 3 trade rows a warp for CTAs an SM (2, at one token: the same rows,
+ * registers capped for 2 CTAs; 3: 2 rows, at one token capped for 2 CTAs), all the same bits (A/B: bench_cuda_v4) */
 template <bool UP>
-static void mx_staged_launch(int T, int n_slots, int mt, const float *x, const int32_t *ids, const int32_t *tiles, int E1,
+static void mx_staged_launch(int form, int T, int n_slots, int mt, const float *x, const int32_t *ids, const int32_t *tiles, int E1,
                              di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int D, int I, float lim, float *out, cudaStream_t s) {
-  const int per = MXS_WARPS * (UP ? MXS_NR / 2 : MXS_NR), N = UP ? I : D;
+  const int nr = form == 3 ? 2 : MXS_NR, per = MXS_WARPS * (UP ? nr / 2 : nr), N = UP ? I : D;
   const dim3 grid((N + per - 1) / per, tiles ? mt : T * n_slots);
-  if (!tiles) mx_staged_k<1, UP><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, E1 - 1, mx4mat{wa}, mx4mat{wb}, n_slots, D, I, lim, out);
-  else mx_staged_k<LIN_TOK, UP><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, E1 - 1, mx4mat{wa}, mx4mat{wb}, n_slots, D, I, lim, out);
+  const mx4mat a{wa}, b{wb};
+  const int m = E1 - 1;
+  if (tiles && form == 3) mx_staged_k<LIN_TOK, UP, 2, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (tiles) mx_staged_k<LIN_TOK, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (form == 2) mx_staged_k<1, UP, MXS_NR, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (form == 3) mx_staged_k<1, UP, 2, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else mx_staged_k<1, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
 }
 
 /* The native experts: MXFP4 stacks [E][..] (ids E, the shared expert, skipped: moe() computes it from its FP8
@@ -968,8 +976,8 @@ di_status di_v4k_expert_up_mx(const float *x, const int32_t *ids, const int32_t 
   const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
   dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
-  if (g_mx_form == 1 && mx_vec_ok(x, D, w1, D) && mx_vec_ok(x, D, w3, D))
-    mx_staged_launch<true>(T, n_slots, mt, x, ids, tiles, E1, w1, w3, D, I, limit, act, s);
+  if (g_mx_form >= 1 && mx_vec_ok(x, D, w1, D) && mx_vec_ok(x, D, w3, D))
+    mx_staged_launch<true>(g_mx_form, T, n_slots, mt, x, ids, tiles, E1, w1, w3, D, I, limit, act, s);
   else if (mx_vec_ok(x, D, w1, D) && mx_vec_ok(x, D, w3, D))
     expert_up_k<mx4mat, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, E1 - 1, mx4mat{w1}, mx4mat{w3}, n_slots, D, I, limit, act);
   else
@@ -983,8 +991,8 @@ di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int3
   const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
   dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
-  if (g_mx_form == 1 && mx_vec_ok(act, I, w2, I))
-    mx_staged_launch<false>(T, n_slots, mt, act, ids, tiles, E1, w2, w2, D, I, 0.0f, y, s);
+  if (g_mx_form >= 1 && mx_vec_ok(act, I, w2, I))
+    mx_staged_launch<false>(g_mx_form, T, n_slots, mt, act, ids, tiles, E1, w2, w2, D, I, 0.0f, y, s);
   else if (mx_vec_ok(act, I, w2, I))
     expert_down_k<mx4mat, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, E1 - 1, mx4mat{w2}, D, I, y);
   else
