@@ -174,6 +174,12 @@ typedef struct v4cu {
   int *ptag;
   double *pms, *pbytes, *acct;
   int64_t prof_steps;
+  /* one token's grouped FP8 wo_a as one grouped GEMV: the groups as experts (off [G + 1], tiles [G], count) */
+  int32_t *grp_tab;
+  /* native MoE: the shared expert's FP8 products on a side stream beside the routed MXFP4 kernels (forked and
+   * joined through ev_fork / ev_join, so a graph captures both) */
+  cudaStream_t side;
+  cudaEvent_t ev_fork, ev_join;
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
@@ -243,6 +249,13 @@ static void prof_mark(v4cu *b, int l, int p) {
  * group g's rows start gw / C rows on. */
 static di_status fp8_products(v4cu *b, const uint16_t *xb, int width, const v4_mat *Wm, int T, int R, int C, float *y, int ldy,
                               int G, int64_t gx, int64_t gw, int64_t gy) {
+  /* one token, G > 1 (wo_a): group g is expert g of one grouped GEMV over the G slices of x as rows (x's row g
+   * of C columns is slice g when gx == C, y's row g of R columns is group g's output when gy == R), the
+   * kernel and per-row arithmetic of di_cuk_fp8_gemv's one-row pass, so the same bits in one launch not G */
+  if (T == 1 && G > 1 && b->grp_tab && !b->tc && G == b->c->o_groups && gx == C && gy == R && gw == (int64_t)R * C &&
+      di_cuk_fp8_gemv_vec_ok(C, xb, C, Wm->q))
+    return di_cuk_fp8_grouped_gemv(xb, C, NULL, Wm->q, R, C, b->grp_tab, b->grp_tab + G + 1, b->grp_tab + 2 * G + 1, G, 1, 1, y,
+                                   R, 1, b->stream);
   for (int g = 0; g < G; g++) {
     di_cuk_fp8w w = Wm->q;
     const int64_t r0 = gw / C * g;
@@ -873,11 +886,26 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   const float lim = (float)c->swiglu_limit;
   if (L->mx) { /* routed experts MXFP4; the shared one (slot 0 of every token) on its own weights */
     SCR(gu, S_SHGU, float, (size_t)T * 2 * I);
+    /* the shared expert on the side stream (its own buffers: gu, its act / y slot 0, the bf16 copies) while the
+     * routed slots run here; joined before the combine */
+    const int fork = b->side != NULL;
+    if (fork) {
+      DI_CU(cudaEventRecord(b->ev_fork, s));
+      DI_CU(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
+      b->stream = b->side;
+    }
+    di_status st = lin2(b, x, D, T, D, &L->sh1, I, gu, 2 * I, &L->sh3, I, gu + I, 2 * I);
+    if (st == DI_OK) st = di_v4k_swiglu(gu, gu + I, 2 * I, T, I, lim, act, ns * I, b->stream);
+    if (st == DI_OK) st = lin(b, act, ns * I, &L->sh2, T, D, I, y, ns * D);
+    if (fork) {
+      b->stream = s;
+      if (st == DI_OK && cudaEventRecord(b->ev_join, b->side) != cudaSuccess)
+        st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the shared expert's event");
+    }
+    DI_TRY(st);
     DI_TRY(di_v4k_expert_up_mx(x, ids, tiles, E + 1, L->m1, L->m3, T, ns, D, I, lim, act, s));
-    DI_TRY(lin2(b, x, D, T, D, &L->sh1, I, gu, 2 * I, &L->sh3, I, gu + I, 2 * I));
-    DI_TRY(di_v4k_swiglu(gu, gu + I, 2 * I, T, I, lim, act, ns * I, s));
     DI_TRY(di_v4k_expert_down_mx(act, ids, tiles, E + 1, L->m2, T, ns, D, I, y, s));
-    DI_TRY(lin(b, act, ns * I, &L->sh2, T, D, I, y, ns * D));
+    if (fork) DI_CU(cudaStreamWaitEvent(s, b->ev_join, 0));
     return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
   }
   DI_TRY(di_v4k_expert_up(x, ids, tiles, E + 1, L->w1, L->w3, b->wf32, T, ns, D, I, lim, act, s));
@@ -1102,6 +1130,20 @@ static int same_rows(const v4cu *b, const di_sample_row *rows, int n) {
   return 1;
 }
 
+/* An mHC site's pre-step: with the side stream, its Sinkhorn (post / comb) runs there beside the collapse and the
+ * sublayer after it (joined before hc_post; ev_fork / ev_join are reused by moe()'s fork, which is ordered
+ * after this one on both streams, so a wait on the latest ev_join covers both). */
+static di_status hc_pre(v4cu *b, const float *X, const float *fn, const float *base, const float *scale, const float *norm,
+                        int T, float *in, double *post, double *comb, double *hcp) {
+  const di_v4_config *c = b->c;
+  const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
+  if (b->side)
+    return di_v4k_hc_pre_side(X, fn, base, scale, norm, T, c->hidden_size, c->hc_mult, c->hc_sinkhorn_iters, eps, hc_eps, in,
+                              post, comb, hcp, b->stream, b->side, b->ev_fork, b->ev_join);
+  return di_v4k_hc_pre(X, fn, base, scale, norm, T, c->hidden_size, c->hc_mult, c->hc_sinkhorn_iters, eps, hc_eps, in, post,
+                       comb, hcp, b->stream);
+}
+
 /* The step's kernels, all on the stream (what a graph captures): embedding, the layers, the head on the
  * output rows, and (sample) the in-step sampling of those rows into d_tok. No host work depends on the
  * step's data here, only on m's sizes. */
@@ -1123,15 +1165,15 @@ static di_status forward(v4cu *b, const step_meta *m, int sample) {
   for (int l = 0; l < NL; l++) {
     const v4_dlayer *L = &b->L[l];
     prof_mark(b, l, DI_V4_PROF_HC);
-    DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
-                         eps, hc_eps, in, post, comb, hcp, s));
+    DI_TRY(hc_pre(b, X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, in, post, comb, hcp));
     DI_TRY(attention(b, m, l, in, out));
     prof_mark(b, l, DI_V4_PROF_HC);
+    if (b->side) DI_CU(cudaStreamWaitEvent(s, b->ev_join, 0)); /* post / comb from the side stream */
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
-    DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
-                         hc_eps, in, post, comb, hcp, s));
+    DI_TRY(hc_pre(b, X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, in, post, comb, hcp));
     DI_TRY(moe(b, m, l, in, out));
     prof_mark(b, l, DI_V4_PROF_HC);
+    if (b->side) DI_CU(cudaStreamWaitEvent(s, b->ev_join, 0));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
   }
   prof_mark(b, NL, DI_V4_PROF_HEAD);
@@ -1355,6 +1397,7 @@ static void v4cu_destroy(di_backend *base) {
   free(b->ptag);
   free(b->pms);
   free(b->pbytes);
+  if (b->grp_tab) cudaFree(b->grp_tab);
   for (int i = 0; i < b->n_seqs; i++) {
     cudaFree(b->seqs[i].state);
     cudaFree(b->seqs[i].next);
@@ -1380,6 +1423,9 @@ static void v4cu_destroy(di_backend *base) {
   free(b->h_srows);
   free(b->h_chk);
   if (b->ev_tok) cudaEventDestroy(b->ev_tok);
+  if (b->ev_fork) cudaEventDestroy(b->ev_fork);
+  if (b->ev_join) cudaEventDestroy(b->ev_join);
+  if (b->side) cudaStreamDestroy(b->side);
   if (b->stream) cudaStreamDestroy(b->stream);
   free(b);
 }
@@ -1470,6 +1516,25 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
     st = di_error_set(DI_ERR_OOM, WHO ": out of memory");
   if (st == DI_OK) st = upload(b, w);
   b->acct = NULL;
+  if (st == DI_OK && b->native && v4->o_groups > 1 && b->L && v4->n_layers > 0 && b->L[0].wo_a.fp8) {
+    const int G = v4->o_groups;
+    int32_t *h = (int32_t *)malloc(sizeof(int32_t) * (size_t)(2 * G + 2));
+    if (!h) st = di_error_set(DI_ERR_OOM, WHO ": out of memory");
+    else {
+      for (int g = 0; g <= G; g++) h[g] = g;              /* off: one row an expert */
+      for (int g = 0; g < G; g++) h[G + 1 + g] = g << 16; /* tiles: (expert g, row tile 0) */
+      h[2 * G + 1] = G;                                   /* the tile count */
+      if (cudaMalloc(&b->grp_tab, sizeof(int32_t) * (size_t)(2 * G + 2)) != cudaSuccess ||
+          cudaMemcpy(b->grp_tab, h, sizeof(int32_t) * (size_t)(2 * G + 2), cudaMemcpyHostToDevice) != cudaSuccess)
+        st = di_error_set(DI_ERR_BACKEND, WHO ": cannot upload the output groups' table");
+      free(h);
+    }
+  }
+  if (st == DI_OK && !b->ep && di_switch_bool(DI_SW_CUDA_V4_SIDE, 1) &&
+      (cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming) != cudaSuccess))
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the side stream or its events");
   if (st == DI_OK && cudaDeviceSynchronize() != cudaSuccess)
     st = di_error_set(DI_ERR_BACKEND, WHO ": uploading the weights failed: %s", cudaGetErrorString(cudaGetLastError()));
   if (st != DI_OK) {

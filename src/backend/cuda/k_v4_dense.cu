@@ -472,13 +472,13 @@ static __device__ void hc_sinkhorn_lanes(const double *mixes, const float *scale
  * two run side by side; each gathers the mixes itself. */
 __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
                          const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
-                         double *comb_out) {
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
+                         double *comb_out, int role0) {
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y + role0;
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
   hc_gather(part + (size_t)t * nsplit * (mix + 1), nsplit, mix, n, eps, mixes);
   const int j = threadIdx.x;
-  if (blockIdx.y == 0) {
+  if (role == 0) {
     if (j < hc) pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
     __syncthreads();
     hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D);
@@ -530,8 +530,28 @@ di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, cons
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
   hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
   V4_LAUNCH("hc_mix");
-  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
+  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, 0);
   V4_LAUNCH("hc_pre");
+  return DI_OK;
+}
+
+di_status di_v4k_hc_pre_side(const float *X, const float *fn, const float *base, const float *scale, const float *norm,
+                             int T, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post,
+                             double *comb, double *part, di_cu_stream s, di_cu_stream side, cudaEvent_t fork,
+                             cudaEvent_t join) {
+  if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
+  if (T <= 0) return DI_OK;
+  if (T > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: mHC over %d tokens at once", T);
+  const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
+  hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+  V4_LAUNCH("hc_mix");
+  DI_CU(cudaEventRecord(fork, s));
+  DI_CU(cudaStreamWaitEvent(side, fork, 0));
+  hc_pre_k<<<dim3(T, 1), 256, 0, side>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, 1);
+  V4_LAUNCH("hc_pre (Sinkhorn)");
+  DI_CU(cudaEventRecord(join, side));
+  hc_pre_k<<<dim3(T, 1), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, 0);
+  V4_LAUNCH("hc_pre (collapse)");
   return DI_OK;
 }
 
