@@ -192,23 +192,26 @@ __global__ void index_score_k(const float *q, const float *hw, const int32_t *po
   }
 }
 
-/* The same scores (di_v4k_index_form 1, the default) with each float widened to double once: the query's
- * heads as doubles in shared memory (per CTA), each warp's IDX2_E entries' keys as doubles in shared memory,
- * and a lane's two heads' dot products with the IDX2_E keys accumulated together (each q value read once per
- * IDX2_E products). index_score_k widens both operands of every product (two float-to-double conversions per
- * FMA, the conversions' rate bounds it: ~10 ms per CSA layer at batch 64, 128K). Every dot product runs over
- * k in the same order with the same operands, each lane's heads in the same order, then the same warp sum:
- * the same bits as index_score_k. */
-#define IDX2_WARPS 8
-#define IDX2_E 8          /* entries per warp pass */
-#define IDX2_ENTRIES 128  /* entries per CTA (two passes per warp) */
+/* The same scores (di_v4k_index_form 1, the default, when nh == 64) with the products register-tiled: a CTA of
+ * IDX2_WARPS warps takes IDX2_ENTRIES entries, IDX2_E at a time per warp; the query stays float in shared
+ * memory (rows padded by one), the warp's keys are widened to double once into shared memory, and lane
+ * (hg, eg) = (lane % 16, lane / 16) accumulates heads 4 hg .. 4 hg + 3 against entries 4 eg .. 4 eg + 3: per
+ * column k 4 query and 4 key reads for 16 products (index_score_k: one of each, and two widenings, per
+ * product: the conversions' rate bound it, ~10 ms per CSA layer at batch 64, 128K). Each (entry, head) dot
+ * product runs over k in order with the same operands; its relu and scale go to shared memory, and then lane l
+ * adds heads l, l + 32 times their weights as index_score_k's lane did (the same expression, so the same fused
+ * multiply-adds), followed by the same warp sum: the same bits as index_score_k. */
+#define IDX2_WARPS 4
+#define IDX2_E 8          /* entries per warp pass (2 groups of 4) */
+#define IDX2_ENTRIES 64   /* entries per CTA (two passes per warp) */
+#define IDX2_NH 64        /* the heads this form takes (16 lane groups of 4) */
 static size_t idx2_smem(int nh, int di) {
-  return sizeof(double) * ((size_t)nh * (di + 1) + (size_t)IDX2_WARPS * IDX2_E * di);
+  return sizeof(float) * (size_t)nh * (di + 1) + sizeof(double) * (size_t)IDX2_WARPS * IDX2_E * (di + nh);
 }
 __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q, const float *hw, const int32_t *pos,
                                                                  const int32_t *seq_of, const di_v4k_seq *seqs, di_v4k_comp ic,
                                                                  int nh, int di, int max_n, float *score) {
-  extern __shared__ double qd[]; /* [nh][di + 1], then per warp [IDX2_E][di] */
+  extern __shared__ double sm2[]; /* per warp [IDX2_E][di] keys, [IDX2_E][nh] terms; then the query [nh][di + 1] floats */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const di_v4k_seq sq = seqs[seq_of[t]];
   const int nc = (sq.pos0 + sq.n) / ic.rate;
@@ -216,38 +219,49 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
   valid = valid < nc ? valid : nc;
   const int s0 = blockIdx.x * IDX2_ENTRIES;
   if (s0 >= valid) return;
+  double *kd = sm2 + (size_t)warp * IDX2_E * (di + nh), *term = kd + (size_t)IDX2_E * di;
+  float *qs = (float *)(sm2 + (size_t)IDX2_WARPS * IDX2_E * (di + nh));
   const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
-  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qd[(i / di) * (di + 1) + i % di] = (double)qt[i];
+  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
   __syncthreads();
-  double *kd = qd + (size_t)nh * (di + 1) + (size_t)warp * IDX2_E * di;
   const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
+  const int hg = lane & 15, eg = lane >> 4;
   for (int b = s0 + warp * IDX2_E; b < s0 + IDX2_ENTRIES && b < valid; b += IDX2_WARPS * IDX2_E) {
     const int ne = valid - b < IDX2_E ? valid - b : IDX2_E;
     __syncwarp();
-    for (int i = lane; i < ne * di; i += 32) kd[i] = (double)entry_ptr(ic, sq.tab[1], b + i / di)[i % di];
-    for (int i = ne * di + lane; i < IDX2_E * di; i += 32) kd[i] = 0;
+    for (int i = lane; i < IDX2_E * di; i += 32)
+      kd[i] = i / di < ne ? (double)entry_ptr(ic, sq.tab[1], b + i / di)[i % di] : 0.0;
     __syncwarp();
-    double sc[IDX2_E];
+    double d[4][4];
 #pragma unroll
-    for (int e = 0; e < IDX2_E; e++) sc[e] = 0;
-    for (int h = lane; h < nh; h += 32) {
-      const double *qh = qd + (size_t)h * (di + 1);
-      double d[IDX2_E];
+    for (int e = 0; e < 4; e++)
 #pragma unroll
-      for (int e = 0; e < IDX2_E; e++) d[e] = 0;
-      for (int k = 0; k < di; k++) {
-        const double a = qh[k];
+      for (int j = 0; j < 4; j++) d[e][j] = 0;
+    const float *qh = qs + (size_t)(4 * hg) * (di + 1);
+    const double *ke = kd + (size_t)(4 * eg) * di;
+    for (int k = 0; k < di; k++) {
+      double qv[4], kv[4];
 #pragma unroll
-        for (int e = 0; e < IDX2_E; e++) d[e] += a * kd[e * di + k];
-      }
-      const double wgt = ht[h] * w_scale;
+      for (int j = 0; j < 4; j++) qv[j] = (double)qh[(size_t)j * (di + 1) + k];
 #pragma unroll
-      for (int e = 0; e < IDX2_E; e++) sc[e] += (d[e] > 0 ? d[e] * qk_scale : 0) * wgt;
+      for (int e = 0; e < 4; e++) kv[e] = ke[(size_t)e * di + k];
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) d[e][j] += qv[j] * kv[e];
     }
 #pragma unroll
-    for (int e = 0; e < IDX2_E; e++) {
-      const double v = warp_sum_d(sc[e]);
-      if (lane == 0 && e < ne) score[(size_t)t * max_n + b + e] = (float)v;
+    for (int e = 0; e < 4; e++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        term[(4 * eg + e) * nh + 4 * hg + j] = d[e][j] > 0 ? d[e][j] * qk_scale : 0;
+      }
+    __syncwarp();
+    for (int e = 0; e < ne; e++) { /* index_score_k's per-lane head order, then its warp sum */
+      double sc = 0;
+      for (int h = lane; h < nh; h += 32) sc += term[e * nh + h] * (ht[h] * w_scale);
+      sc = warp_sum_d(sc);
+      if (lane == 0) score[(size_t)t * max_n + b + e] = (float)sc;
     }
   }
 }
@@ -376,7 +390,7 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
   const size_t smem = sizeof(float) * (size_t)nh * (di + 1);
   if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
   const size_t smem2 = idx2_smem(nh, di);
-  if (g_index_form == 1 && smem2 <= 220 * 1024) {
+  if (g_index_form == 1 && nh == IDX2_NH && smem2 <= 220 * 1024) {
     static size_t smem2_set; /* the attribute once per size (not again while a graph is captured) */
     if (smem2 > 48 * 1024 && smem2 > smem2_set) {
       DI_CU(cudaFuncSetAttribute(index_score2_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2));
