@@ -83,9 +83,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                               "(tokens, sequences, outputs, compressed entries; captured the second time a bucket is seen; not "
                               "under expert parallel); 0: every step eager"},
     [DI_SW_CUDA_V4_SIDE] = {"DEEPINFER_CUDA_V4_SIDE", "1",
-                            "1: the DeepSeek-V4 CUDA backend runs each mHC site's Sinkhorn, and in the native mode the shared "
-                            "expert, on a second stream beside the main one (same results; not under expert parallel); 0: one "
-                            "stream"},
+                            "1: the DeepSeek-V4 CUDA backend in the native mode runs a one-token step's shared expert on a "
+                            "second stream beside the routed experts (same results; not under expert parallel); 0: one stream"},
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},

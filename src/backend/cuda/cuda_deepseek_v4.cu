@@ -176,8 +176,8 @@ typedef struct v4cu {
   int64_t prof_steps;
   /* one token's grouped FP8 wo_a as one grouped GEMV: the groups as experts (off [G + 1], tiles [G], count) */
   int32_t *grp_tab;
-  /* native MoE: the shared expert's FP8 products on a side stream beside the routed MXFP4 kernels (forked and
-   * joined through ev_fork / ev_join, so a graph captures both) */
+  /* native MoE at one token: the shared expert's FP8 products on a side stream beside the routed MXFP4 kernels
+   * (forked and joined through ev_fork / ev_join, so a graph captures both) */
   cudaStream_t side;
   cudaEvent_t ev_fork, ev_join;
 } v4cu;
@@ -886,9 +886,10 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   const float lim = (float)c->swiglu_limit;
   if (L->mx) { /* routed experts MXFP4; the shared one (slot 0 of every token) on its own weights */
     SCR(gu, S_SHGU, float, (size_t)T * 2 * I);
-    /* the shared expert on the side stream (its own buffers: gu, its act / y slot 0, the bf16 copies) while the
-     * routed slots run here; joined before the combine */
-    const int fork = b->side != NULL;
+    /* one token: the shared expert on the side stream (its own buffers: gu, its act / y slot 0, the bf16 copies)
+     * while the routed slots run here; joined before the combine (H200: 4.35 -> 4.23 ms a step at batch 1; at
+     * batch 64 the fork was ~2% slower, so only at one token) */
+    const int fork = b->side != NULL && T == 1;
     if (fork) {
       DI_CU(cudaEventRecord(b->ev_fork, s));
       DI_CU(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
@@ -1130,20 +1131,6 @@ static int same_rows(const v4cu *b, const di_sample_row *rows, int n) {
   return 1;
 }
 
-/* An mHC site's pre-step: with the side stream, its Sinkhorn (post / comb) runs there beside the collapse and the
- * sublayer after it (joined before hc_post; ev_fork / ev_join are reused by moe()'s fork, which is ordered
- * after this one on both streams, so a wait on the latest ev_join covers both). */
-static di_status hc_pre(v4cu *b, const float *X, const float *fn, const float *base, const float *scale, const float *norm,
-                        int T, float *in, double *post, double *comb, double *hcp) {
-  const di_v4_config *c = b->c;
-  const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
-  if (b->side)
-    return di_v4k_hc_pre_side(X, fn, base, scale, norm, T, c->hidden_size, c->hc_mult, c->hc_sinkhorn_iters, eps, hc_eps, in,
-                              post, comb, hcp, b->stream, b->side, b->ev_fork, b->ev_join);
-  return di_v4k_hc_pre(X, fn, base, scale, norm, T, c->hidden_size, c->hc_mult, c->hc_sinkhorn_iters, eps, hc_eps, in, post,
-                       comb, hcp, b->stream);
-}
-
 /* The step's kernels, all on the stream (what a graph captures): embedding, the layers, the head on the
  * output rows, and (sample) the in-step sampling of those rows into d_tok. No host work depends on the
  * step's data here, only on m's sizes. */
@@ -1165,15 +1152,15 @@ static di_status forward(v4cu *b, const step_meta *m, int sample) {
   for (int l = 0; l < NL; l++) {
     const v4_dlayer *L = &b->L[l];
     prof_mark(b, l, DI_V4_PROF_HC);
-    DI_TRY(hc_pre(b, X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, in, post, comb, hcp));
+    DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
+                         eps, hc_eps, in, post, comb, hcp, s));
     DI_TRY(attention(b, m, l, in, out));
     prof_mark(b, l, DI_V4_PROF_HC);
-    if (b->side) DI_CU(cudaStreamWaitEvent(s, b->ev_join, 0)); /* post / comb from the side stream */
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
-    DI_TRY(hc_pre(b, X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, in, post, comb, hcp));
+    DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
+                         hc_eps, in, post, comb, hcp, s));
     DI_TRY(moe(b, m, l, in, out));
     prof_mark(b, l, DI_V4_PROF_HC);
-    if (b->side) DI_CU(cudaStreamWaitEvent(s, b->ev_join, 0));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
   }
   prof_mark(b, NL, DI_V4_PROF_HEAD);
@@ -1530,7 +1517,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
       free(h);
     }
   }
-  if (st == DI_OK && !b->ep && di_switch_bool(DI_SW_CUDA_V4_SIDE, 1) &&
+  if (st == DI_OK && b->native && !b->ep && di_switch_bool(DI_SW_CUDA_V4_SIDE, 1) &&
       (cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking) != cudaSuccess ||
        cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
        cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming) != cudaSuccess))

@@ -13,7 +13,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-struct CUevent_st; /* == cudaEvent_t's */
 typedef struct CUstream_st *di_cu_stream;
 
 /* y[t][r] = sum_c W[r][c] x[t][c] (di_v4_linear), r < R, c < C; x row stride ldx, y row stride ldy.
@@ -43,13 +42,6 @@ size_t di_v4k_hc_scratch(int T, int D, int hc);
 di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
                         int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
                         double *part, di_cu_stream s);
-/* The same with post / comb (the Sinkhorn) on stream `side` beside the collapse on s: the mixes on s, then
- * fork (an event recorded on s, waited for on side), post / comb on side, join (recorded on side) recorded;
- * the caller waits for `join` on s before reading post / comb (di_v4k_hc_post). The same bits. */
-di_status di_v4k_hc_pre_side(const float *X, const float *fn, const float *base, const float *scale, const float *norm,
-                             int T, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post,
-                             double *comb, double *part, di_cu_stream s, di_cu_stream side, struct CUevent_st *fork,
-                             struct CUevent_st *join);
 /* The back half: X[t][k] = post[k] * out[t] + sum_j comb[j][k] X[t][j]. */
 di_status di_v4k_hc_post(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc,
                          di_cu_stream s);

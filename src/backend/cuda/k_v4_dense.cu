@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(HC_COLS) hc_mix_k(const float *X, const int32_
   const int c = s * HC_COLS + threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ double red[HC_COLS / 32][HC_MIX_MAX + 1];
   const float x = c < n ? X[(size_t)t * n + c] : 0.0f;
-#pragma unroll 8
+#pragma unroll 4
   for (int m = 0; m < nmix; m++) {
     double v = c < n ? (double)fn[(size_t)m * n + c] * x : 0.0;
     v = warp_sum_d(v);
@@ -484,8 +484,8 @@ static __device__ void hc_sinkhorn_lanes(const double *mixes, const float *scale
  * two run side by side; each gathers the mixes itself. */
 __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
                          const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
-                         double *comb_out, int role0) {
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y + role0;
+                         double *comb_out) {
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y;
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
   hc_gather(part + (size_t)t * nsplit * (mix + 1), nsplit, mix, n, eps, mixes);
@@ -542,28 +542,8 @@ di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, cons
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
   hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
   V4_LAUNCH("hc_mix");
-  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, 0);
+  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
   V4_LAUNCH("hc_pre");
-  return DI_OK;
-}
-
-di_status di_v4k_hc_pre_side(const float *X, const float *fn, const float *base, const float *scale, const float *norm,
-                             int T, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post,
-                             double *comb, double *part, di_cu_stream s, di_cu_stream side, cudaEvent_t fork,
-                             cudaEvent_t join) {
-  if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
-  if (T <= 0) return DI_OK;
-  if (T > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: mHC over %d tokens at once", T);
-  const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
-  hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
-  V4_LAUNCH("hc_mix");
-  DI_CU(cudaEventRecord(fork, s));
-  DI_CU(cudaStreamWaitEvent(side, fork, 0));
-  hc_pre_k<<<dim3(T, 1), 256, 0, side>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, 1);
-  V4_LAUNCH("hc_pre (Sinkhorn)");
-  DI_CU(cudaEventRecord(join, side));
-  hc_pre_k<<<dim3(T, 1), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, 0);
-  V4_LAUNCH("hc_pre (collapse)");
   return DI_OK;
 }
 
