@@ -15,7 +15,7 @@
  *
  * Weights: bf16 on the device, dequantized on the host at load (cuda_upload.cu's up_rows: FP8 / MXFP4 /
  * F16 / F32 all pass through di_weight_rows_f32), or float32 with DEEPINFER_CUDA_V4_F32=1 (the tests'
- * exact mode). With DEEPINFER_CUDA_V4_NATIVE=1 the checkpoint's formats stay on the device: FP8 matrices
+ * exact mode). With DEEPINFER_CUDA_V4_NATIVE=1 (the default) the checkpoint's formats stay on the device: FP8 matrices
  * as E4M3 with one f32 scale row per weight row (cuda_upload_fp8.cu's fp8_up_rows), multiplied by issue
  * 18's W8A16 GEMVs (cuda_fp8.h: bf16-rounded activations, batch-invariant; on its tensor-core form with
  * DEEPINFER_CUDA_V4_TC=1), and MXFP4 routed experts as E2M1 + E8M0 bytes, multiplied by the V4 expert
@@ -1466,7 +1466,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->c = v4;
   b->wf32 = di_switch_bool(DI_SW_CUDA_V4_F32, 0);
   b->tc = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_TC, 0);
-  b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 0);
+  b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 1); /* default on since session 13 (PERFORMANCE.md) */
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];

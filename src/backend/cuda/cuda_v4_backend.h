@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 /* Copies the weights to the device (bf16, float32 with DEEPINFER_CUDA_V4_F32=1, or FP8 / MXFP4 as stored with
- * DEEPINFER_CUDA_V4_NATIVE=1); `w` is not kept. */
+ * DEEPINFER_CUDA_V4_NATIVE=1, the default; 0: bf16); `w` is not kept. */
 di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
                                     di_backend **out);
 /* Device bytes of the weights as uploaded (tests: the native formats' saving), or -1 for another backend. */
