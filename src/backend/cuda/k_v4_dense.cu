@@ -232,24 +232,21 @@ template <typename WT, int VEC>
 __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int C, float *y, int ldy, int64_t gx, int64_t gw,
                          int64_t gy) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = blockIdx.x * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
   constexpr int staged = VEC == VEC_STAGED && sizeof(WT) == 2;
-  /* staged: two rows a warp (r and r + LIN_ROWS of the CTA's 2 LIN_ROWS), both rows' loads in flight together */
-  const int r = blockIdx.x * (staged ? 2 : 1) * LIN_ROWS + warp, t0 = blockIdx.y * LIN_TOK;
   if (r >= R && !staged) return;
   x += gx * blockIdx.z;
   W += gw * blockIdx.z;
   y += gy * blockIdx.z;
   const int nt = T - t0 < LIN_TOK ? T - t0 : LIN_TOK;
-  float acc[LIN_TOK], acc2[LIN_TOK];
+  float acc[LIN_TOK];
 #pragma unroll
-  for (int i = 0; i < LIN_TOK; i++) acc[i] = acc2[i] = 0;
+  for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
-  const int r2 = r + LIN_ROWS;
   if constexpr (staged)
-    rows_dot_staged(W + (size_t)(r < R ? r : 0) * C, staged && r2 < R ? W + (size_t)r2 * C : NULL, xr, nt, C, r < R, acc,
-                    acc2);
+    rows_dot_staged(W + (size_t)(r < R ? r : 0) * C, NULL, xr, nt, C, r < R, acc, NULL);
   else
     row_dot<WT, VEC>(W + (size_t)r * C, xr, nt, C, lane, acc);
   if (r >= R) return;
@@ -257,13 +254,6 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   for (int i = 0; i < LIN_TOK; i++) {
     const float v = warp_sum_f(acc[i]);
     if (lane == 0 && i < nt) y[(size_t)(t0 + i) * ldy + r] = v;
-  }
-  if (staged && r2 < R) {
-#pragma unroll
-    for (int i = 0; i < LIN_TOK; i++) {
-      const float v = warp_sum_f(acc2[i]);
-      if (lane == 0 && i < nt) y[(size_t)(t0 + i) * ldy + r2] = v;
-    }
   }
 }
 
@@ -281,9 +271,7 @@ di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32,
   const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
   if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
-  else if (v8 && T == 1)
-    linear_k<bf16, VEC_STAGED><<<dim3((R + 2 * LIN_ROWS - 1) / (2 * LIN_ROWS), grid.y, grid.z), 32 * LIN_ROWS, 0, s>>>(
-        x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (v8 && T == 1) linear_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   V4_LAUNCH("linear");
@@ -798,21 +786,20 @@ template <typename WM, int VEC>
 __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_t *tiles, int max_tiles, int e_skip, WM w2,
                               int D, int I, float *y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
-  /* staged: two rows a warp (d and d + LIN_ROWS), as linear_k's */
-  const int d = blockIdx.x * (staged ? 2 : 1) * LIN_ROWS + warp, d2 = d + LIN_ROWS;
+  const int d = blockIdx.x * LIN_ROWS + warp;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
+  constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
   if (nt <= 0 || (d >= D && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) xr[j] = act + (size_t)ts[j < nt ? j : 0] * I;
-  float acc[LIN_TOK], acc2[LIN_TOK];
+  float acc[LIN_TOK];
 #pragma unroll
-  for (int j = 0; j < LIN_TOK; j++) acc[j] = acc2[j] = 0;
+  for (int j = 0; j < LIN_TOK; j++) acc[j] = 0;
   const size_t row = (size_t)e * D + (d < D ? d : 0);
   if constexpr (staged) {
-    rows_dot_staged(w2 + row * I, d2 < D ? w2 + ((size_t)e * D + d2) * I : NULL, xr, nt, I, d < D, acc, acc2);
+    rows_dot_staged(w2 + row * I, NULL, xr, nt, I, d < D, acc, NULL);
     if (d >= D) return;
   } else {
     dot_row<VEC>(wrow(w2, row, I), xr, nt, I, lane, acc);
@@ -821,13 +808,6 @@ __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_
   for (int j = 0; j < LIN_TOK; j++) {
     const float v = warp_sum_f(acc[j]);
     if (lane == 0 && j < nt) y[(size_t)ts[j] * D + d] = v;
-  }
-  if (staged && d2 < D) {
-#pragma unroll
-    for (int j = 0; j < LIN_TOK; j++) {
-      const float v = warp_sum_f(acc2[j]);
-      if (lane == 0 && j < nt) y[(size_t)ts[j] * D + d2] = v;
-    }
   }
 }
 
@@ -840,9 +820,7 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
   const int v8 = vec8_ok(act, I, w2, I);
   if (wf32 && v8) expert_down_k<const float *, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const float *)w2, D, I, y);
   else if (wf32) expert_down_k<const float *, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const float *)w2, D, I, y);
-  else if (v8 && T == 1)
-    expert_down_k<const bf16 *, VEC_STAGED><<<dim3((D + 2 * LIN_ROWS - 1) / (2 * LIN_ROWS), grid.y), 32 * LIN_ROWS, 0, s>>>(
-        act, ids, tiles, mt, -1, (const bf16 *)w2, D, I, y);
+  else if (v8 && T == 1) expert_down_k<const bf16 *, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const bf16 *)w2, D, I, y);
   else if (v8) expert_down_k<const bf16 *, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const bf16 *)w2, D, I, y);
   else expert_down_k<const bf16 *, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, -1, (const bf16 *)w2, D, I, y);
   V4_LAUNCH("expert_down");
