@@ -298,17 +298,17 @@ static void check_indexer(void) {
   sq.tab[1] = tab;
   di_v4k_seq *dsq = dup_dev(&sq, sizeof sq);
   di_v4k_comp ic = {1, rate, 1, di, 2 * di, 0, 1, slots, 0, dpool, NULL, NULL, NULL};
+  di_v4k_index_form(1); /* the register-tiled score kernel first, vs the CPU; then the default one, bit for bit */
   CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore, dsel, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   float *gs = from_dev(dscore, (size_t)T * N);
   unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
   di_cut_d2h(gsel, dsel, (size_t)T * N);
-  { /* the per-product score kernel (di_v4k_index_form 0) gives the same bits and picks */
+  { /* the per-product score kernel (di_v4k_index_form 0, the default) gives the same bits and picks */
     float *dscore0 = zeros_dev(4 * (size_t)T * N);
     unsigned char *dsel0 = zeros_dev((size_t)T * N), *gsel0 = malloc((size_t)T * N);
     di_v4k_index_form(0);
     CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore0, dsel0, NULL) == DI_OK);
-    di_v4k_index_form(1);
     CHECK(di_cut_sync() == 0);
     float *gs0 = from_dev(dscore0, (size_t)T * N);
     di_cut_d2h(gsel0, dsel0, (size_t)T * N);

@@ -98,8 +98,9 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
 di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s);
-/* The score kernel di_v4k_indexer takes: 1 (the default) widens each float to double once (index_score2_k),
- * 0 per product (index_score_k); the same bits. For tests and A/B benchmarks; not thread-safe. */
+/* The score kernel di_v4k_indexer takes: 0 (the default) index_score_k, 1 the register-tiled index_score2_k
+ * (64 heads; the same bits by construction, not yet verified on the device). For tests and A/B benchmarks;
+ * not thread-safe. */
 void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];

@@ -192,7 +192,7 @@ __global__ void index_score_k(const float *q, const float *hw, const int32_t *po
   }
 }
 
-/* The same scores (di_v4k_index_form 1, the default, when nh == 64) with the products register-tiled: a CTA of
+/* The same scores (di_v4k_index_form 1, when nh == 64; not the default until run on the device) with the products register-tiled: a CTA of
  * IDX2_WARPS warps takes IDX2_ENTRIES entries, IDX2_E at a time per warp; the query stays float in shared
  * memory (rows padded by one), the warp's keys are widened to double once into shared memory, and lane
  * (hg, eg) = (lane % 16, lane / 16) accumulates heads 4 hg .. 4 hg + 3 against entries 4 eg .. 4 eg + 3: per
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
     }
   }
 }
-static int g_index_form = 1;
+static int g_index_form = 0; /* 1 (index_score2_k) not yet run on the device: off by default */
 extern "C" void di_v4k_index_form(int form) { g_index_form = form; }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
