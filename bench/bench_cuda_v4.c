@@ -8,9 +8,19 @@
  * per layer), at larger batches fewer distinct experts exist to be read.
  * Sequences start at position CTX (argument 1, default 4096) as prefix hits on zeroed cache blocks
  * (the timing of attention over CTX positions does not depend on the values), then decode.
- *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES]   one line per context and batch size
+ *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES] [PREFILL] [PROFILE]   one line per context and batch size
  *   (BATCHES: a comma list of 1..256, default 1,16,64; a batch whose B x CTX passes 64 x 128K is skipped). PREFILL (argument 5, default 0: none): then one
  *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed.
+ * PROFILE (argument 6, default 0): after each batch's timed steps, PROFILE more steps with the backend's phase
+ * profile on (eager, an event at each phase's start: di_backend_cuda_v4_profile), printed per layer type
+ * (sliding / CSA / HCA, mean per layer) and phase (hyper-connections, q/kv, compressor, indexer, attention,
+ * output, router, experts; embedding and head), with each phase's batch-1 weight bytes, their read rate and
+ * their share of the 4.8 TB/s roofline (at batch B the experts read up to min(E, B x top-k) + 1 experts: the
+ * rate shown is of the batch-1 bytes).
+ * Each decode line ends with an FNV-1a hash of the last step's logits (the same binary inputs give the same
+ * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
+ * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones), BENCH_V4_INDEX_FORM=1 the indexer on its
+ * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), for A/B runs.
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */
@@ -21,10 +31,12 @@ int main(void) {
   return 0;
 }
 #else
+#include "arch/deepseek_v4.h"
 #include "arch/deepseek_v4_random.h"
 #include "arch/deepseek_v4_shapes.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_backend.h"
+#include "backend/cuda/cuda_v4_kernels.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,11 +51,57 @@ static int ng;
 static int64_t nblocks[DI_KV_MAX_GROUPS];
 static int32_t *tabs[MAXSEQ][DI_KV_MAX_GROUPS];
 
+/* The phase profile of the last profiled steps: per layer type the mean per layer and step, us; per phase
+ * its batch-1 weight bytes, their rate, the share of the roofline (bytes / 4.8 TB/s over the time). */
+static void print_profile(const di_backend *be, int B, int ctx) {
+  static const char *pn[DI_V4_PROF_N] = {"hyper-conn", "q/kv", "compressor", "indexer", "attention", "output",
+                                         "router", "experts", "embedding", "head"};
+  static const char *kn[3] = {"sliding", "CSA", "HCA"};
+  int64_t steps = 0;
+  di_backend_cuda_v4_profile_read(be, 0, 0, NULL, &steps, NULL);
+  if (steps <= 0) return;
+  double total = 0;
+  printf("  phase profile, batch %d at context %d (%lld eager steps; us per layer and step; MB of batch-1 weights; GB/s of them; %% of "
+         "the %.1f TB/s roofline):\n", B, ctx, (long long)steps, HBM_TBS);
+  for (int k = 0; k < 3; k++) {
+    int nl = 0;
+    for (int l = 0; l < NL; l++) nl += c.attn_kind[l] == k;
+    if (!nl) continue;
+    double lay_us = 0, lay_b = 0;
+    for (int p = 0; p < DI_V4_PROF_EMBED; p++) {
+      double ms = 0, by = 0;
+      for (int l = 0; l < NL; l++) {
+        if (c.attn_kind[l] != k) continue;
+        double m1 = 0, b1 = 0;
+        di_backend_cuda_v4_profile_read(be, l, p, &m1, NULL, &b1);
+        ms += m1, by += b1;
+      }
+      const double us = ms * 1e3 / steps / nl, mb = by / nl / 1e6;
+      lay_us += us, lay_b += by / nl;
+      total += ms / steps;
+      if (us <= 0 && mb <= 0) continue;
+      printf("    %-7s x%d %-10s %8.1f us %8.2f MB %7.0f GB/s %5.1f%%\n", kn[k], nl, pn[p], us, mb, us > 0 ? mb * 1e3 / us : 0,
+             us > 0 ? 100 * (mb * 1e6 / (HBM_TBS * 1e12)) / (us * 1e-6) : 0);
+    }
+    printf("    %-7s x%d %-10s %8.1f us %8.2f MB %7.0f GB/s %5.1f%%\n", kn[k], nl, "LAYER", lay_us, lay_b / 1e6,
+           lay_us > 0 ? lay_b / 1e3 / lay_us : 0, lay_us > 0 ? 100 * (lay_b / (HBM_TBS * 1e12)) / (lay_us * 1e-6) : 0);
+  }
+  for (int p = DI_V4_PROF_EMBED; p < DI_V4_PROF_N; p++) {
+    double ms = 0, by = 0;
+    di_backend_cuda_v4_profile_read(be, NL, p, &ms, NULL, &by);
+    const double us = ms * 1e3 / steps, mb = by / 1e6;
+    total += ms / steps;
+    printf("    %-10s %-10s %8.1f us %8.2f MB %7.0f GB/s %5.1f%%\n", "model", pn[p], us, mb, us > 0 ? mb * 1e3 / us : 0,
+           us > 0 ? 100 * (mb * 1e6 / (HBM_TBS * 1e12)) / (us * 1e-6) : 0);
+  }
+  printf("  phase sum %.3f ms per step (device, between the step's first and last event)\n", total);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   const char *ctxs = argc > 1 ? argv[1] : "4096";
   const int E = argc > 2 ? atoi(argv[2]) : 32, steps = argc > 3 ? atoi(argv[3]) : 8;
-  const int prefill = argc > 5 ? atoi(argv[5]) : 0;
+  const int prefill = argc > 5 ? atoi(argv[5]) : 0, pfs = argc > 6 ? atoi(argv[6]) : 0;
   int batches[8], n_batches = 0;
   for (const char *bp = argc > 4 ? argv[4] : "1,16,64"; *bp && n_batches < 8;) {
     const int v = atoi(bp);
@@ -57,6 +115,10 @@ int main(int argc, char **argv) {
     return 0;
   }
   const double t_build = di_cut_time_ms();
+  const char *mxf = getenv("BENCH_V4_MX_FORM");
+  if (mxf) di_v4k_mx_form(atoi(mxf));
+  const char *ixf = getenv("BENCH_V4_INDEX_FORM");
+  if (ixf) di_v4k_index_form(atoi(ixf));
   const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
   const int native = nat && strcmp(nat, "1") == 0;
   di_v4_flash_shape(&c, NL, E);
@@ -91,7 +153,7 @@ int main(int argc, char **argv) {
     }
     di_kv_group_info g[DI_KV_MAX_GROUPS];
     ng = be->ops->kv_groups(be, g, DI_KV_MAX_GROUPS);
-    const int nb = (ctx + steps + 1 + 64) / 64 + 1; /* table entries per sequence */
+    const int nb = (ctx + steps + pfs + 1 + 64) / 64 + 1; /* table entries per sequence */
     /* the cache blocks for the largest batch whose B * ctx fits the device budget (KV_MAX_TOKENS) */
     maxB = 1;
     for (int i = 0; i < n_batches; i++)
@@ -123,7 +185,8 @@ int main(int argc, char **argv) {
       di_batch_seq bs[MAXSEQ];
       double best = 1e30, sum = 0;
       int ok = 1;
-      for (int st = 0; st <= steps + 1 && ok; st++) {
+      for (int st = 0; st <= steps + 1 + pfs && ok; st++) {
+        if (st == steps + 2) di_backend_cuda_v4_profile(be, 1); /* the profiled steps after the timed ones */
         for (int s = 0; s < B; s++) {
           tok[s] = (s * 7919 + st * 131) % c.vocab_size;
           pos[s] = ctx + st;
@@ -158,15 +221,24 @@ int main(int argc, char **argv) {
           printf("batch %d step %d: %s\n", B, st, di_last_error());
           ok = 0;
         }
-        if (st > 1) { /* not the first two (resume, scratch growth; the graph's capture) */
+        if (st > 1 && st < steps + 2) { /* not the first two (resume, scratch growth; the graph's capture) */
           sum += ms;
           best = ms < best ? ms : best;
         }
       }
+      if (pfs > 0) {
+        di_backend_cuda_v4_profile(be, 0);
+        if (ok) print_profile(be, B, ctx);
+      }
       for (int s = 0; s < B; s++) be->ops->release(be, (uint64_t)(100000 * round + 1000 * bi + s + 1));
-      if (ok)
-        printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer\n", B,
-               ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL);
+      if (ok) {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a of the last step's logits */
+        const unsigned char *p = (const unsigned char *)logits;
+        for (size_t i = 0; i < sizeof(float) * (size_t)B * c.vocab_size; i++) h = (h ^ p[i]) * 1099511628211ull;
+        printf("decode batch %2d at context %d: %.2f ms/step mean (best %.2f) over %d steps, %.1f tok/s, %.2f ms per layer, "
+               "logits %016llx\n", B, ctx, sum / steps, best, steps, B * 1e3 / (sum / steps), sum / steps / NL,
+               (unsigned long long)h);
+      }
       if (ok && B == 1)
         printf("  batch 1 at context %d: %.1f%% of the weight-read roofline (%.3f ms)\n", ctx, 100 * roof_ms / (sum / steps), roof_ms);
     }

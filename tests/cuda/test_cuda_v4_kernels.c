@@ -298,11 +298,30 @@ static void check_indexer(void) {
   sq.tab[1] = tab;
   di_v4k_seq *dsq = dup_dev(&sq, sizeof sq);
   di_v4k_comp ic = {1, rate, 1, di, 2 * di, 0, 1, slots, 0, dpool, NULL, NULL, NULL};
+  di_v4k_index_form(1); /* the register-tiled score kernel first, vs the CPU; then the default one, bit for bit */
   CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore, dsel, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   float *gs = from_dev(dscore, (size_t)T * N);
   unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
   di_cut_d2h(gsel, dsel, (size_t)T * N);
+  { /* the per-product score kernel (di_v4k_index_form 0, the default) gives the same bits and picks */
+    float *dscore0 = zeros_dev(4 * (size_t)T * N);
+    unsigned char *dsel0 = zeros_dev((size_t)T * N), *gsel0 = malloc((size_t)T * N);
+    di_v4k_index_form(0);
+    CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore0, dsel0, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    float *gs0 = from_dev(dscore0, (size_t)T * N);
+    di_cut_d2h(gsel0, dsel0, (size_t)T * N);
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+      const int valid = (pos[t] + 1) / rate < N ? (pos[t] + 1) / rate : N;
+      same &= memcmp(gs + (size_t)t * N, gs0 + (size_t)t * N, 4 * (size_t)valid) == 0;
+    }
+    same &= memcmp(gsel, gsel0, (size_t)T * N) == 0;
+    printf("indexer: the widen-once score kernel vs the per-product one: %s\n", same ? "bit-identical" : "DIFFERS");
+    CHECKF(same, "indexer: the two score kernels differ");
+    free(gs0); free(gsel0); di_cut_free(dscore0); di_cut_free(dsel0);
+  }
   di_v4_scored *work = malloc(sizeof(di_v4_scored) * N);
   float *cs = malloc(4 * (size_t)N);
   for (int t = 0; t < T; t++) {
@@ -522,7 +541,8 @@ static void check_experts(int wf32) {
  * an odd 96 x 40 shape for the column-a-lane path): random E2M1 codes and E8M0 scales, against the f32
  * kernels on the same weights as the CPU reads them (di_weight_rows_f32): rel L2 < 1e-6 (the same
  * products, sums in another order); the shared expert's slots (id E) are left untouched; the tiled form
- * gives the same bits as one CTA row per slot. */
+ * gives the same bits as one CTA row per slot, and the staged kernels (di_v4k_mx_form 1, the default) the
+ * same bits as the lane ones (form 0), per slot and tiled (T tokens: up to 8 of an expert in a tile). */
 static void mx_random(int E, int R, int C, uint8_t **q, uint8_t **sc, float **deq) {
   const int cb = C / 2, ns = (C + 31) / 32;
   *q = malloc((size_t)E * R * cb);
@@ -553,8 +573,8 @@ static di_cuk_mxfp4w mx_dev(const uint8_t *q, const uint8_t *sc, int E, int R, i
   free(h);
   return w;
 }
-static void check_experts_mx(int D, int I) {
-  const int T = 2, E = 3, ns = 3;
+static void check_experts_mx(int D, int I, int T) {
+  const int E = 3, ns = 3;
   const float lim = 10;
   float *x = rnd((size_t)T * D, 1), *w1, *w3, *w2;
   uint8_t *q1, *q3, *q2, *s1, *s3, *s2;
@@ -564,19 +584,28 @@ static void check_experts_mx(int D, int I) {
   const di_cuk_mxfp4w m1 = mx_dev(q1, s1, E, I, D), m3 = mx_dev(q3, s3, E, I, D), m2 = mx_dev(q2, s2, E, D, I);
   const size_t n13 = (size_t)(E + 1) * I * D;
   void *d1 = dup_dev(w1, 4 * n13), *d3 = dup_dev(w3, 4 * n13), *d2 = dup_dev(w2, 4 * n13);
-  const int32_t ids[6] = {E, 2, 0, E, 1, -1};
-  int32_t *dids = dup_dev(ids, sizeof ids);
+  int32_t ids[3 * 16];
+  if (T > 16) T = 16;
+  for (int t = 0; t < T; t++) { /* slot 0 the shared expert; the others random routed ones or none (-1) */
+    ids[t * ns] = E;
+    for (int k = 1; k < ns; k++) ids[t * ns + k] = t == 0 && k == 2 ? -1 : (int32_t)((urand() + 1) * 1.5f) % E;
+  }
+  int32_t *dids = dup_dev(ids, sizeof(int32_t) * (size_t)T * ns);
   float *dx = dup_dev(x, 4 * (size_t)T * D);
-  float *act[3], *y[3];
+  float *act[9], *y[9];
   int32_t *work = zeros_dev(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns));
   CHECK(di_v4k_expert_tiles(dids, T, ns, E + 1, work, NULL) == DI_OK);
-  for (int v = 0; v < 3; v++) { /* 0: f32 reference kernels, 1: mx per slot, 2: mx tiled */
+  /* 0: f32 reference kernels, 1: mx per slot, 2: mx tiled (form 1, the default); 3, 4: the same in the lane
+   * form 0; 5, 6: form 2; 7, 8: form 3 */
+  static const int form_of[9] = {1, 1, 1, 0, 0, 2, 2, 3, 3};
+  for (int v = 0; v < 9; v++) {
+    di_v4k_mx_form(form_of[v]);
     float *da = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D);
     if (v == 0) {
       CHECK(di_v4k_expert_up(dx, dids, NULL, E + 1, d1, d3, 1, T, ns, D, I, lim, da, NULL) == DI_OK);
       CHECK(di_v4k_expert_down(da, dids, NULL, E + 1, d2, 1, T, ns, D, I, dy, NULL) == DI_OK);
     } else {
-      const int32_t *tl = v == 2 ? work : NULL;
+      const int32_t *tl = v % 2 == 0 ? work : NULL;
       CHECK(di_v4k_expert_up_mx(dx, dids, tl, E + 1, m1, m3, T, ns, D, I, lim, da, NULL) == DI_OK);
       CHECK(di_v4k_expert_down_mx(da, dids, tl, E + 1, m2, T, ns, D, I, dy, NULL) == DI_OK);
     }
@@ -599,12 +628,18 @@ static void check_experts_mx(int D, int I) {
     worst = ea > worst ? ea : worst;
     worst = ey > worst ? ey : worst;
   }
-  const int same = memcmp(y[1], y[2], 4 * (size_t)T * ns * D) == 0 && memcmp(act[1], act[2], 4 * (size_t)T * ns * I) == 0;
-  printf("experts MXFP4 (hidden %d, width %d): vs the f32 kernels on the dequantized weights worst rel L2 %.2e, shared slots "
-         "untouched %s, tiled %s\n", D, I, worst, shared_touched ? "NO" : "yes", same ? "bit-identical" : "DIFFERS");
+  di_v4k_mx_form(1);
+  const size_t ny = 4 * (size_t)T * ns * D, na = 4 * (size_t)T * ns * I;
+  const int same = memcmp(y[1], y[2], ny) == 0 && memcmp(act[1], act[2], na) == 0;
+  int forms = 1;
+  for (int v = 3; v < 9; v++) forms &= memcmp(y[2 - v % 2], y[v], ny) == 0 && memcmp(act[2 - v % 2], act[v], na) == 0;
+  printf("experts MXFP4 (hidden %d, width %d, %d tokens): vs the f32 kernels on the dequantized weights worst rel L2 %.2e, shared "
+         "slots untouched %s, tiled %s, forms 0, 2, 3 vs 1 %s\n", D, I, T, worst, shared_touched ? "NO" : "yes",
+         same ? "bit-identical" : "DIFFERS", forms ? "bit-identical" : "DIFFERS");
   CHECKF(worst < 1e-6, "experts MXFP4 %d x %d: rel L2 %.3e", D, I, worst);
   CHECKF(!shared_touched && same, "experts MXFP4: shared slots touched %d, tiled same %d", shared_touched, same);
-  for (int v = 0; v < 3; v++) free(act[v]), free(y[v]);
+  CHECKF(forms, "experts MXFP4 %d x %d x %d tokens: the staged kernels' bits differ from the lane form's", D, I, T);
+  for (int v = 0; v < 9; v++) free(act[v]), free(y[v]);
   free(x); free(w1); free(w3); free(w2); free(q1); free(q3); free(q2); free(s1); free(s3); free(s2);
   di_cut_free((void *)m1.q); di_cut_free((void *)m1.scale); di_cut_free((void *)m3.q); di_cut_free((void *)m3.scale);
   di_cut_free((void *)m2.q); di_cut_free((void *)m2.scale);
@@ -717,8 +752,10 @@ int main(void) {
   check_route(1);
   check_experts(0);
   check_experts(1);
-  check_experts_mx(4096, 2048);
-  check_experts_mx(96, 40);
+  check_experts_mx(4096, 2048, 2);
+  check_experts_mx(4096, 2048, 13); /* tiles of up to 8 tokens of an expert */
+  check_experts_mx(96, 40, 5);
+  check_experts_mx(160, 96, 9); /* both products staged, partial steps and partial warps of rows */
   check_swiglu();
   check_native_model();
   return test_finish("test_cuda_v4_kernels");

@@ -15,7 +15,7 @@
  *
  * Weights: bf16 on the device, dequantized on the host at load (cuda_upload.cu's up_rows: FP8 / MXFP4 /
  * F16 / F32 all pass through di_weight_rows_f32), or float32 with DEEPINFER_CUDA_V4_F32=1 (the tests'
- * exact mode). With DEEPINFER_CUDA_V4_NATIVE=1 the checkpoint's formats stay on the device: FP8 matrices
+ * exact mode). With DEEPINFER_CUDA_V4_NATIVE=1 (the default) the checkpoint's formats stay on the device: FP8 matrices
  * as E4M3 with one f32 scale row per weight row (cuda_upload_fp8.cu's fp8_up_rows), multiplied by issue
  * 18's W8A16 GEMVs (cuda_fp8.h: bf16-rounded activations, batch-invariant; on its tensor-core form with
  * DEEPINFER_CUDA_V4_TC=1), and MXFP4 routed experts as E2M1 + E8M0 bytes, multiplied by the V4 expert
@@ -166,6 +166,20 @@ typedef struct v4cu {
    * the shared one, in w1 / w3 / w2; NULL on one GPU */
   cu_ep_core *ep;
   const di_v4_weights *w;
+  /* phase profile (di_backend_cuda_v4_profile): events at the phase starts of an eager step, tagged
+   * layer * DI_V4_PROF_N + phase; the sums per tag; the batch-1 weight bytes per tag, counted at upload
+   * (acct: the tag's sum alloc_dev adds to, NULL: none) */
+  int prof, n_pev, cap_pev;
+  cudaEvent_t *pev;
+  int *ptag;
+  double *pms, *pbytes, *acct;
+  int64_t prof_steps;
+  /* one token's grouped FP8 wo_a as one grouped GEMV: the groups as experts (off [G + 1], tiles [G], count) */
+  int32_t *grp_tab;
+  /* native MoE at one token: the shared expert's FP8 products on a side stream beside the routed MXFP4 kernels
+   * (forked and joined through ev_fork / ev_join, so a graph captures both) */
+  cudaStream_t side;
+  cudaEvent_t ev_fork, ev_join;
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
@@ -182,6 +196,7 @@ static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
     return di_error_set(DI_ERR_OOM, WHO ": cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
   b->allocs[b->n_allocs++] = *p;
   b->weight_bytes += bytes;
+  if (b->acct) *b->acct += (double)bytes;
   return DI_OK;
 }
 
@@ -216,6 +231,13 @@ static di_status scratch(v4cu *b, int slot, size_t bytes, void **out) {
   type *var;                    \
   DI_TRY(scratch(b, slot, sizeof(type) * (size_t)(n), (void **)&var))
 
+/* Phase profile: an event at the start of phase p of layer l (l < 0: the step's end). */
+static void prof_mark(v4cu *b, int l, int p) {
+  if (!b->prof || b->capturing || b->n_pev >= b->cap_pev) return;
+  b->ptag[b->n_pev] = l < 0 ? -1 : l * DI_V4_PROF_N + p;
+  cudaEventRecord(b->pev[b->n_pev++], b->stream);
+}
+
 /* ---- linear layers: the GEMV kernels, or (tc) the batch-invariant tensor-core GEMM ---------------------- */
 
 /* y[t][r] = W[r] . x[t] as di_v4k_linear; in the tc mode (bf16 weights, shapes k_tc_gemm takes) on
@@ -227,6 +249,13 @@ static di_status scratch(v4cu *b, int slot, size_t bytes, void **out) {
  * group g's rows start gw / C rows on. */
 static di_status fp8_products(v4cu *b, const uint16_t *xb, int width, const v4_mat *Wm, int T, int R, int C, float *y, int ldy,
                               int G, int64_t gx, int64_t gw, int64_t gy) {
+  /* one token, G > 1 (wo_a): group g is expert g of one grouped GEMV over the G slices of x as rows (x's row g
+   * of C columns is slice g when gx == C, y's row g of R columns is group g's output when gy == R), the
+   * kernel and per-row arithmetic of di_cuk_fp8_gemv's one-row pass, so the same bits in one launch not G */
+  if (T == 1 && G > 1 && b->grp_tab && !b->tc && G == b->c->o_groups && gx == C && gy == R && gw == (int64_t)R * C &&
+      di_cuk_fp8_gemv_vec_ok(C, xb, C, Wm->q))
+    return di_cuk_fp8_grouped_gemv(xb, C, NULL, Wm->q, R, C, b->grp_tab, b->grp_tab + G + 1, b->grp_tab + 2 * G + 1, G, 1, 1, y,
+                                   R, 1, b->stream);
   for (int g = 0; g < G; g++) {
     di_cuk_fp8w w = Wm->q;
     const int64_t r0 = gw / C * g;
@@ -407,10 +436,16 @@ static di_status upload_comp(v4cu *b, const di_v4_compressor *cp, int rate, v4_d
   return up_f32(b, cp->norm, (size_t)cp->dim, &d->norm);
 }
 
+/* (the profile's batch-1 bytes: alloc_dev adds to the phase ACCT names; the embedding's one row and the
+ * experts' share are set by hand) */
+#define ACCT(l, p) (b->acct = &b->pbytes[(size_t)(l) * DI_V4_PROF_N + (p)])
 static di_status upload(v4cu *b, const di_v4_weights *w) {
   const di_v4_config *c = b->c;
-  const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
+  const int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc, NL = c->n_layers;
+  b->acct = NULL;
   DI_TRY(v4_upload_dense(b, &w->embed, &b->embed));
+  b->pbytes[(size_t)NL * DI_V4_PROF_N + DI_V4_PROF_EMBED] = (double)D * (double)b->wsize; /* one row */
+  ACCT(NL, DI_V4_PROF_HEAD);
   DI_TRY(v4_upload_matrix(b, &w->head, &b->head));
   DI_TRY(up_f32(b, w->final_norm, (size_t)D, &b->final_norm));
   DI_TRY(up_weight_f32(b, &w->hc_head_fn, &b->hc_head_fn));
@@ -421,6 +456,7 @@ static di_status upload(v4cu *b, const di_v4_weights *w) {
   for (int l = 0; l < c->n_layers; l++) {
     const di_v4_layer *s = &w->layers[l];
     v4_dlayer *d = &b->L[l];
+    ACCT(l, DI_V4_PROF_HC);
     DI_TRY(up_f32(b, s->attn_norm, (size_t)D, &d->attn_norm));
     DI_TRY(up_f32(b, s->ffn_norm, (size_t)D, &d->ffn_norm));
     DI_TRY(up_weight_f32(b, &s->hc_attn_fn, &d->hc_attn_fn));
@@ -429,46 +465,64 @@ static di_status upload(v4cu *b, const di_v4_weights *w) {
     DI_TRY(up_f32(b, s->hc_ffn_base, (size_t)mix, &d->hc_ffn_base));
     DI_TRY(up_f32(b, s->hc_attn_scale, 3, &d->hc_attn_scale));
     DI_TRY(up_f32(b, s->hc_ffn_scale, 3, &d->hc_ffn_scale));
+    ACCT(l, DI_V4_PROF_QKV);
     DI_TRY(v4_upload_matrix(b, &s->wq_a, &d->wq_a));
     DI_TRY(v4_upload_matrix(b, &s->wq_b, &d->wq_b));
     DI_TRY(v4_upload_matrix(b, &s->wkv, &d->wkv));
+    ACCT(l, DI_V4_PROF_OUT);
     DI_TRY(v4_upload_matrix(b, &s->wo_a, &d->wo_a));
     DI_TRY(v4_upload_matrix(b, &s->wo_b, &d->wo_b));
+    ACCT(l, DI_V4_PROF_QKV);
     DI_TRY(up_f32(b, s->q_norm, (size_t)c->q_lora_rank, &d->q_norm));
     DI_TRY(up_f32(b, s->kv_norm, (size_t)c->head_dim, &d->kv_norm));
+    ACCT(l, DI_V4_PROF_ATTEND);
     DI_TRY(up_f32(b, s->sink, (size_t)c->n_heads, &d->sink));
+    ACCT(l, DI_V4_PROF_COMP);
     if (c->attn_kind[l] == DI_V4_ATTN_CSA) {
       DI_TRY(upload_comp(b, &s->comp, c->csa_rate, &d->comp));
+      ACCT(l, DI_V4_PROF_INDEX);
       DI_TRY(upload_comp(b, &s->icomp, c->csa_rate, &d->icomp));
       DI_TRY(v4_upload_matrix(b, &s->idx_wq_b, &d->idx_wq_b));
       DI_TRY(v4_upload_matrix(b, &s->idx_weights, &d->idx_weights));
     } else if (c->attn_kind[l] == DI_V4_ATTN_HCA)
       DI_TRY(upload_comp(b, &s->comp, c->hca_rate, &d->comp));
+    ACCT(l, DI_V4_PROF_ROUTE);
     DI_TRY(up_weight_f32(b, &s->router, &d->router));
     if (s->router_bias) DI_TRY(up_f32(b, s->router_bias, (size_t)c->n_routed_experts, &d->router_bias));
     else DI_TRY(up_f32(b, NULL, (size_t)c->n_routed_experts, &d->router_bias));
+    b->acct = NULL; /* (tid2eid: one row read a token) */
     if (s->tid2eid) {
       DI_TRY(alloc_dev(b, (void **)&d->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * c->top_k));
       DI_CU(cudaMemcpy(d->tid2eid, s->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * c->top_k, cudaMemcpyHostToDevice));
     }
     const int E = c->n_routed_experts;
+    double *ex = &b->pbytes[(size_t)l * DI_V4_PROF_N + DI_V4_PROF_EXPERTS], stack = 0;
+    b->acct = &stack;
     /* native MXFP4 experts on one GPU (under expert parallel the ranks' expert blocks stay bf16 stacks) */
     if (b->native && !b->ep && v4_mx_ok(s->exp_w1, E) && v4_mx_ok(s->exp_w3, E) && v4_mx_ok(s->exp_w2, E)) {
       d->mx = 1;
       DI_TRY(v4_upload_mx(b, s->exp_w1, E, &d->m1));
       DI_TRY(v4_upload_mx(b, s->exp_w3, E, &d->m3));
       DI_TRY(v4_upload_mx(b, s->exp_w2, E, &d->m2));
+      *ex += stack * c->top_k / E; /* top_k routed ones of the E, then the shared one */
+      b->acct = ex;
       DI_TRY(v4_upload_matrix(b, &s->sh_w1, &d->sh1));
       DI_TRY(v4_upload_matrix(b, &s->sh_w3, &d->sh3));
       DI_TRY(v4_upload_matrix(b, &s->sh_w2, &d->sh2));
+      b->acct = NULL;
       continue;
     }
     DI_TRY(v4_upload_experts(b, l, s->exp_w1, &s->sh_w1, E, &d->w1));
     DI_TRY(v4_upload_experts(b, l, s->exp_w3, &s->sh_w3, E, &d->w3));
     DI_TRY(v4_upload_experts(b, l, s->exp_w2, &s->sh_w2, E, &d->w2));
+    const int n = b->ep ? cu_epc_per_rank(b->ep) : E; /* stacks of n + 1 (the shared one last) */
+    *ex += stack * (c->top_k + 1) / (n + 1);
+    b->acct = NULL;
   }
+  b->acct = NULL;
   return DI_OK;
 }
+#undef ACCT
 
 /* ---- cache groups --------------------------------------------------------------------------------- */
 
@@ -711,6 +765,7 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   SCR(qr, S_QR, float, (size_t)T * ql);
   SCR(q, S_Q, float, (size_t)T * H * hd);
   SCR(kv, S_KV, float, (size_t)T * hd);
+  prof_mark(b, l, DI_V4_PROF_QKV);
   DI_TRY(lin2(b, a, D, T, D, &L->wq_a, ql, qr, ql, &L->wkv, hd, kv, hd));
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
   DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
@@ -729,6 +784,7 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
     const int w = 2 * hd * (csa ? 1 : 0) + hd * (csa ? 0 : 1);
     SCR(ckv, S_CKV, float, (size_t)T * w);
     SCR(cg, S_CGATE, float, (size_t)T * w);
+    prof_mark(b, l, DI_V4_PROF_COMP);
     DI_TRY(run_comp(b, m, l, 0, a, ckv, cg, &comp));
     cp = &comp;
     max_n = csa ? m->max_csa : m->max_hca;
@@ -737,6 +793,7 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
       SCR(ikv, S_IKV, float, (size_t)T * 2 * di);
       SCR(ig, S_IGATE, float, (size_t)T * 2 * di);
       di_v4k_comp icomp;
+      prof_mark(b, l, DI_V4_PROF_INDEX);
       DI_TRY(run_comp(b, m, l, 1, a, ikv, ig, &icomp));
       SCR(iq, S_IQ, float, (size_t)T * nh * di);
       SCR(iw, S_IW, float, (size_t)T * nh);
@@ -753,11 +810,13 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   SCR(p, S_P, float, (size_t)T * H * keys);
   SCR(ex, S_EX, double, (size_t)T * H * keys);
   SCR(o, S_O, float, (size_t)T * H * hd);
+  prof_mark(b, l, DI_V4_PROF_ATTEND);
   DI_TRY(di_v4k_attend(q, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, c->sliding_window, cp,
                        kind == DI_V4_ATTN_HCA, sel, max_n, L->sink, T, H, hd, inv, rd, af, p, ex, o, s));
   /* grouped output: wo_a's rows [g*R, (g+1)*R) over slice g of the heads' outputs, then wo_b */
   const int G = c->o_groups, R = c->o_lora_rank, gin = H * hd / G;
   SCR(mid, S_MID, float, (size_t)T * G * R);
+  prof_mark(b, l, DI_V4_PROF_OUT);
   DI_TRY(lin_groups(b, o, H * hd, &L->wo_a, T, R, gin, mid, G * R, G, gin, (int64_t)R * gin, R));
   return lin(b, mid, G * R, &L->wo_b, T, D, G * R, out, D);
 }
@@ -807,9 +866,11 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   SCR(wts, S_WTS, float, (size_t)T * ns);
   SCR(act, S_ACT, float, (size_t)T * ns * I);
   SCR(y, S_Y, float, (size_t)T * ns * D);
+  prof_mark(b, l, DI_V4_PROF_ROUTE);
   DI_TRY(di_v4k_linear(x, D, L->router, 1, T, E, D, lg, E, s));
   DI_TRY(di_v4k_route(lg, L->router_bias, L->tid2eid, m->tok, T, E, K, c->scoring == DI_V4_SCORE_SIGMOID,
                       (float)c->routed_scaling, ids, wts, s));
+  prof_mark(b, l, DI_V4_PROF_EXPERTS);
   if (b->ep) { /* the slots' rows on the ranks holding their experts (the shared one here), back per slot */
     const cu_ep_rows r = {ids, T, ns, x, sizeof(float) * (size_t)D, y, sizeof(float) * (size_t)D};
     DI_TRY(cu_epc_run(b->ep, l, 1, &r, NULL));
@@ -825,11 +886,27 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
   const float lim = (float)c->swiglu_limit;
   if (L->mx) { /* routed experts MXFP4; the shared one (slot 0 of every token) on its own weights */
     SCR(gu, S_SHGU, float, (size_t)T * 2 * I);
+    /* one token: the shared expert on the side stream (its own buffers: gu, its act / y slot 0, the bf16 copies)
+     * while the routed slots run here; joined before the combine (H200: 4.35 -> 4.23 ms a step at batch 1; at
+     * batch 64 the fork was ~2% slower, so only at one token) */
+    const int fork = b->side != NULL && T == 1;
+    if (fork) {
+      DI_CU(cudaEventRecord(b->ev_fork, s));
+      DI_CU(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
+      b->stream = b->side;
+    }
+    di_status st = lin2(b, x, D, T, D, &L->sh1, I, gu, 2 * I, &L->sh3, I, gu + I, 2 * I);
+    if (st == DI_OK) st = di_v4k_swiglu(gu, gu + I, 2 * I, T, I, lim, act, ns * I, b->stream);
+    if (st == DI_OK) st = lin(b, act, ns * I, &L->sh2, T, D, I, y, ns * D);
+    if (fork) {
+      b->stream = s;
+      if (st == DI_OK && cudaEventRecord(b->ev_join, b->side) != cudaSuccess)
+        st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the shared expert's event");
+    }
+    DI_TRY(st);
     DI_TRY(di_v4k_expert_up_mx(x, ids, tiles, E + 1, L->m1, L->m3, T, ns, D, I, lim, act, s));
-    DI_TRY(lin2(b, x, D, T, D, &L->sh1, I, gu, 2 * I, &L->sh3, I, gu + I, 2 * I));
-    DI_TRY(di_v4k_swiglu(gu, gu + I, 2 * I, T, I, lim, act, ns * I, s));
     DI_TRY(di_v4k_expert_down_mx(act, ids, tiles, E + 1, L->m2, T, ns, D, I, y, s));
-    DI_TRY(lin(b, act, ns * I, &L->sh2, T, D, I, y, ns * D));
+    if (fork) DI_CU(cudaStreamWaitEvent(s, b->ev_join, 0));
     return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
   }
   DI_TRY(di_v4k_expert_up(x, ids, tiles, E + 1, L->w1, L->w3, b->wf32, T, ns, D, I, lim, act, s));
@@ -1068,18 +1145,25 @@ static di_status forward(v4cu *b, const step_meta *m, int sample) {
   SCR(comb, S_COMB, double, (size_t)T * hc * hc);
   SCR(hcp, S_HCP, double, di_v4k_hc_scratch(T > m->n_out ? T : m->n_out, D, hc));
   const float eps = (float)c->rms_eps, hc_eps = (float)c->hc_eps;
+  const int NL = c->n_layers;
+  b->n_pev = 0;
+  prof_mark(b, NL, DI_V4_PROF_EMBED);
   DI_TRY(di_v4k_embed(b->embed.p, b->wf32, m->tok, T, D, hc, X, s));
-  for (int l = 0; l < c->n_layers; l++) {
+  for (int l = 0; l < NL; l++) {
     const v4_dlayer *L = &b->L[l];
+    prof_mark(b, l, DI_V4_PROF_HC);
     DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
                          eps, hc_eps, in, post, comb, hcp, s));
     DI_TRY(attention(b, m, l, in, out));
+    prof_mark(b, l, DI_V4_PROF_HC);
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
     DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
                          hc_eps, in, post, comb, hcp, s));
     DI_TRY(moe(b, m, l, in, out));
+    prof_mark(b, l, DI_V4_PROF_HC);
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
   }
+  prof_mark(b, NL, DI_V4_PROF_HEAD);
   if (m->n_out > 0) {
     SCR(hy, S_HY, float, (size_t)m->n_out * D);
     SCR(lgt, S_LOGITS, float, (size_t)m->n_out * c->vocab_size);
@@ -1088,6 +1172,7 @@ static di_status forward(v4cu *b, const step_meta *m, int sample) {
     DI_TRY(lin(b, hy, D, &b->head, m->n_out, c->vocab_size, D, lgt, c->vocab_size));
     if (sample) DI_TRY(di_cuk_sample(lgt, m->n_out, c->vocab_size, m->srows, b->d_tok, s)); /* sampling inside the step */
   }
+  prof_mark(b, -1, 0);
   return DI_OK;
 }
 
@@ -1147,7 +1232,7 @@ static di_status graph_step(v4cu *b, const step_meta *m, int sample) {
 }
 
 static di_status run_step(v4cu *b, const di_batch *bt) {
-  const int graph = b->use_graphs && bt->n_tokens > 0 && bt->n_tokens <= V4_GRAPH_MAX_T;
+  const int graph = b->use_graphs && !b->prof && bt->n_tokens > 0 && bt->n_tokens <= V4_GRAPH_MAX_T;
   const int sample = bt->sample_rows && bt->n_outputs > 0;
   step_meta m;
   DI_TRY(build_meta(b, bt, &m, graph));
@@ -1234,6 +1319,14 @@ static di_status v4cu_wait(di_backend *base, float *logits, float *hidden) {
     DI_CU(cudaMemcpyAsync(logits, b->d_logits, sizeof(float) * (size_t)b->n_out * b->c->vocab_size, cudaMemcpyDeviceToHost,
                           b->stream));
   DI_CU(cudaStreamSynchronize(b->stream));
+  if (b->prof && b->n_pev > 1) { /* the phase times of this step */
+    for (int i = 0; i + 1 < b->n_pev; i++) {
+      float ms = 0;
+      if (b->ptag[i] >= 0 && cudaEventElapsedTime(&ms, b->pev[i], b->pev[i + 1]) == cudaSuccess) b->pms[b->ptag[i]] += ms;
+    }
+    b->prof_steps++;
+  }
+  b->n_pev = 0;
   return DI_OK;
 }
 
@@ -1286,6 +1379,12 @@ static void v4cu_destroy(di_backend *base) {
   if (!b) return;
   if (b->stream) cudaStreamSynchronize(b->stream);
   drop_graphs(b);
+  for (int i = 0; i < b->cap_pev; i++) cudaEventDestroy(b->pev[i]);
+  free(b->pev);
+  free(b->ptag);
+  free(b->pms);
+  free(b->pbytes);
+  if (b->grp_tab) cudaFree(b->grp_tab);
   for (int i = 0; i < b->n_seqs; i++) {
     cudaFree(b->seqs[i].state);
     cudaFree(b->seqs[i].next);
@@ -1311,6 +1410,9 @@ static void v4cu_destroy(di_backend *base) {
   free(b->h_srows);
   free(b->h_chk);
   if (b->ev_tok) cudaEventDestroy(b->ev_tok);
+  if (b->ev_fork) cudaEventDestroy(b->ev_fork);
+  if (b->ev_join) cudaEventDestroy(b->ev_join);
+  if (b->side) cudaStreamDestroy(b->side);
   if (b->stream) cudaStreamDestroy(b->stream);
   free(b);
 }
@@ -1364,7 +1466,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->c = v4;
   b->wf32 = di_switch_bool(DI_SW_CUDA_V4_F32, 0);
   b->tc = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_TC, 0);
-  b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 0);
+  b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 1); /* default on since session 13 (PERFORMANCE.md) */
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];
@@ -1397,7 +1499,29 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   if (st == DI_OK) b->inv_comp = upload_inv_freq(b, &cx.compress_rope, &st);
   b->af_main = (float)v4->rope_main.attention_factor;
   b->af_comp = (float)v4->rope_compress.attention_factor;
+  if (st == DI_OK && !(b->pbytes = (double *)calloc((size_t)(v4->n_layers + 1) * DI_V4_PROF_N, sizeof(double))))
+    st = di_error_set(DI_ERR_OOM, WHO ": out of memory");
   if (st == DI_OK) st = upload(b, w);
+  b->acct = NULL;
+  if (st == DI_OK && b->native && v4->o_groups > 1 && b->L && v4->n_layers > 0 && b->L[0].wo_a.fp8) {
+    const int G = v4->o_groups;
+    int32_t *h = (int32_t *)malloc(sizeof(int32_t) * (size_t)(2 * G + 2));
+    if (!h) st = di_error_set(DI_ERR_OOM, WHO ": out of memory");
+    else {
+      for (int g = 0; g <= G; g++) h[g] = g;              /* off: one row an expert */
+      for (int g = 0; g < G; g++) h[G + 1 + g] = g << 16; /* tiles: (expert g, row tile 0) */
+      h[2 * G + 1] = G;                                   /* the tile count */
+      if (cudaMalloc(&b->grp_tab, sizeof(int32_t) * (size_t)(2 * G + 2)) != cudaSuccess ||
+          cudaMemcpy(b->grp_tab, h, sizeof(int32_t) * (size_t)(2 * G + 2), cudaMemcpyHostToDevice) != cudaSuccess)
+        st = di_error_set(DI_ERR_BACKEND, WHO ": cannot upload the output groups' table");
+      free(h);
+    }
+  }
+  if (st == DI_OK && b->native && !b->ep && di_switch_bool(DI_SW_CUDA_V4_SIDE, 1) &&
+      (cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming) != cudaSuccess))
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the side stream or its events");
   if (st == DI_OK && cudaDeviceSynchronize() != cudaSuccess)
     st = di_error_set(DI_ERR_BACKEND, WHO ": uploading the weights failed: %s", cudaGetErrorString(cudaGetLastError()));
   if (st != DI_OK) {
@@ -1422,4 +1546,36 @@ extern "C" int di_backend_cuda_v4_graph_stats(const di_backend *base, int64_t *c
   if (captures) *captures = b->graph_captures;
   if (replays) *replays = b->graph_replays;
   return b->use_graphs;
+}
+
+extern "C" int di_backend_cuda_v4_profile(di_backend *base, int on) {
+  if (!is_v4cu(base)) return -1;
+  v4cu *b = (v4cu *)base;
+  const size_t n = (size_t)(b->c->n_layers + 1) * DI_V4_PROF_N;
+  if (on && !b->pev) { /* at most 12 marks a layer (see forward), a few for the step */
+    const int cap = 12 * b->c->n_layers + 8;
+    b->pev = (cudaEvent_t *)calloc((size_t)cap, sizeof(cudaEvent_t));
+    b->ptag = (int *)calloc((size_t)cap, sizeof(int));
+    b->pms = (double *)calloc(n, sizeof(double));
+    if (!b->pev || !b->ptag || !b->pms) return -1;
+    for (int i = 0; i < cap; i++) {
+      if (cudaEventCreate(&b->pev[i]) != cudaSuccess) return -1;
+      b->cap_pev = i + 1;
+    }
+  }
+  if (on) memset(b->pms, 0, sizeof(double) * n);
+  if (on) b->prof_steps = 0;
+  b->prof = on ? 1 : 0;
+  return 0;
+}
+
+extern "C" int di_backend_cuda_v4_profile_read(const di_backend *base, int l, int p, double *ms, int64_t *steps, double *bytes1) {
+  if (!is_v4cu(base)) return -1;
+  const v4cu *b = (const v4cu *)base;
+  if (l < 0 || l > b->c->n_layers || p < 0 || p >= DI_V4_PROF_N) return -1;
+  const size_t k = (size_t)l * DI_V4_PROF_N + p;
+  if (ms) *ms = b->pms ? b->pms[k] : 0;
+  if (steps) *steps = b->prof_steps;
+  if (bytes1) *bytes1 = b->pbytes ? b->pbytes[k] : 0;
+  return 0;
 }

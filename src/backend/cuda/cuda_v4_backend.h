@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 /* Copies the weights to the device (bf16, float32 with DEEPINFER_CUDA_V4_F32=1, or FP8 / MXFP4 as stored with
- * DEEPINFER_CUDA_V4_NATIVE=1); `w` is not kept. */
+ * DEEPINFER_CUDA_V4_NATIVE=1, the default; 0: bf16); `w` is not kept. */
 di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
                                     di_backend **out);
 /* Device bytes of the weights as uploaded (tests: the native formats' saving), or -1 for another backend. */
@@ -20,6 +20,30 @@ int di_backend_cuda_v4_live_states(const di_backend *b);
 /* CUDA graphs (DEEPINFER_CUDA_V4_GRAPHS): graphs captured and replayed so far into *captures / *replays (either
  * may be NULL); returns 1 when the backend runs graphs, 0 when not, -1 for another backend. */
 int di_backend_cuda_v4_graph_stats(const di_backend *b, int64_t *captures, int64_t *replays);
+
+/* Phase profile (bench_cuda_v4): with it on, every step runs eager (no graph) with a timing event at each
+ * phase's start, and wait() adds each phase's device time to its (layer, phase) sum. The phases of a layer
+ * (the embedding and the head count as layer n_layers): */
+enum {
+  DI_V4_PROF_HC,      /* hyper-connections: hc_pre (mixes, Sinkhorn, collapse, norm) and hc_post, both sites */
+  DI_V4_PROF_QKV,     /* wq_a + wkv, q_norm, wq_b, per-head norm, ropes, kv norm, window write */
+  DI_V4_PROF_COMP,    /* the layer's compressor (CSA / HCA): projections, ape, pooling, open windows */
+  DI_V4_PROF_INDEX,   /* the indexer (CSA): its compressor, idx_wq_b, idx_weights, scores, top-k */
+  DI_V4_PROF_ATTEND,  /* sparse attention with sinks and the inverse rope */
+  DI_V4_PROF_OUT,     /* grouped wo_a, wo_b */
+  DI_V4_PROF_ROUTE,   /* router logits and top-k */
+  DI_V4_PROF_EXPERTS, /* routed + shared experts, combine */
+  DI_V4_PROF_EMBED,   /* (layer n_layers) the embedding */
+  DI_V4_PROF_HEAD,    /* (layer n_layers) hc_head, final norm, the head, in-step sampling */
+  DI_V4_PROF_N
+};
+/* on = 1: clears the sums and starts; 0 stops. Returns 0, or -1 for another backend. */
+int di_backend_cuda_v4_profile(di_backend *b, int on);
+/* Layer l (0..n_layers; n_layers: embedding and head), phase p: the device ms summed over the profiled steps
+ * (*ms), their number (*steps), and the weight bytes one batch-1 step reads in that phase in the device
+ * layout (*bytes1: the matrices and float parameters it reads; routed experts: top_k of them, plus the
+ * shared one). Any pointer may be NULL. Returns 0, or -1 (another backend, l or p out of range). */
+int di_backend_cuda_v4_profile_read(const di_backend *b, int l, int p, double *ms, int64_t *steps, double *bytes1);
 #ifdef __cplusplus
 }
 #endif

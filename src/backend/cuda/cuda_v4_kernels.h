@@ -98,6 +98,10 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
 di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s);
+/* The score kernel di_v4k_indexer takes: 0 (the default) index_score_k, 1 the register-tiled index_score2_k
+ * (64 heads; the same bits by construction, not yet verified on the device). For tests and A/B benchmarks;
+ * not thread-safe. */
+void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];
  * entries counted to the sequence's end of step), with the per-head sink; the output's rope channels
@@ -137,6 +141,11 @@ di_status di_v4k_expert_up_mx(const float *x, const int32_t *ids, const int32_t 
                               di_cuk_mxfp4w w3, int T, int n_slots, int D, int I, float limit, float *act, di_cu_stream s);
 di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int32_t *tiles, int E1, di_cuk_mxfp4w w2, int T,
                                 int n_slots, int D, int I, float *y, di_cu_stream s);
+/* Which kernels the two take where rows allow (C % 32 == 0, aligned): 1 (the default) the staged form (a CTA's
+ * activations in shared memory, 4 weight rows a warp), 2 / 3 its variants (registers capped at one token; 2 rows
+ * a warp), 0 the lane form (a row a warp); all give the same bits. For tests and A/B benchmarks; not
+ * thread-safe (set it before launching). */
+void di_v4k_mx_form(int form);
 /* act[t][i] (row stride ldo) = swiglu with the clamp of gate g[t][i] and up u[t][i] (row stride ldg), as
  * di_v4k_expert_up's epilogue. */
 di_status di_v4k_swiglu(const float *g, const float *u, int ldg, int T, int I, float limit, float *act, int ldo, di_cu_stream s);

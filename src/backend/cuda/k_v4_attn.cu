@@ -192,6 +192,82 @@ __global__ void index_score_k(const float *q, const float *hw, const int32_t *po
   }
 }
 
+/* The same scores (di_v4k_index_form 1, when nh == 64; not the default until run on the device) with the products register-tiled: a CTA of
+ * IDX2_WARPS warps takes IDX2_ENTRIES entries, IDX2_E at a time per warp; the query stays float in shared
+ * memory (rows padded by one), the warp's keys are widened to double once into shared memory, and lane
+ * (hg, eg) = (lane % 16, lane / 16) accumulates heads 4 hg .. 4 hg + 3 against entries 4 eg .. 4 eg + 3: per
+ * column k 4 query and 4 key reads for 16 products (index_score_k: one of each, and two widenings, per
+ * product: the conversions' rate bound it, ~10 ms per CSA layer at batch 64, 128K). Each (entry, head) dot
+ * product runs over k in order with the same operands; its relu and scale go to shared memory, and then lane l
+ * adds heads l, l + 32 times their weights as index_score_k's lane did (the same expression, so the same fused
+ * multiply-adds), followed by the same warp sum: the same bits as index_score_k. */
+#define IDX2_WARPS 4
+#define IDX2_E 8          /* entries per warp pass (2 groups of 4) */
+#define IDX2_ENTRIES 64   /* entries per CTA (two passes per warp) */
+#define IDX2_NH 64        /* the heads this form takes (16 lane groups of 4) */
+static size_t idx2_smem(int nh, int di) {
+  return sizeof(float) * (size_t)nh * (di + 1) + sizeof(double) * (size_t)IDX2_WARPS * IDX2_E * (di + nh);
+}
+__global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q, const float *hw, const int32_t *pos,
+                                                                 const int32_t *seq_of, const di_v4k_seq *seqs, di_v4k_comp ic,
+                                                                 int nh, int di, int max_n, float *score) {
+  extern __shared__ double sm2[]; /* per warp [IDX2_E][di] keys, [IDX2_E][nh] terms; then the query [nh][di + 1] floats */
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const di_v4k_seq sq = seqs[seq_of[t]];
+  const int nc = (sq.pos0 + sq.n) / ic.rate;
+  int valid = (pos[t] + 1) / ic.rate;
+  valid = valid < nc ? valid : nc;
+  const int s0 = blockIdx.x * IDX2_ENTRIES;
+  if (s0 >= valid) return;
+  double *kd = sm2 + (size_t)warp * IDX2_E * (di + nh), *term = kd + (size_t)IDX2_E * di;
+  float *qs = (float *)(sm2 + (size_t)IDX2_WARPS * IDX2_E * (di + nh));
+  const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
+  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
+  __syncthreads();
+  const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
+  const int hg = lane & 15, eg = lane >> 4;
+  for (int b = s0 + warp * IDX2_E; b < s0 + IDX2_ENTRIES && b < valid; b += IDX2_WARPS * IDX2_E) {
+    const int ne = valid - b < IDX2_E ? valid - b : IDX2_E;
+    __syncwarp();
+    for (int i = lane; i < IDX2_E * di; i += 32)
+      kd[i] = i / di < ne ? (double)entry_ptr(ic, sq.tab[1], b + i / di)[i % di] : 0.0;
+    __syncwarp();
+    double d[4][4];
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) d[e][j] = 0;
+    const float *qh = qs + (size_t)(4 * hg) * (di + 1);
+    const double *ke = kd + (size_t)(4 * eg) * di;
+    for (int k = 0; k < di; k++) {
+      double qv[4], kv[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) qv[j] = (double)qh[(size_t)j * (di + 1) + k];
+#pragma unroll
+      for (int e = 0; e < 4; e++) kv[e] = ke[(size_t)e * di + k];
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) d[e][j] += qv[j] * kv[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        term[(4 * eg + e) * nh + 4 * hg + j] = d[e][j] > 0 ? d[e][j] * qk_scale : 0;
+      }
+    __syncwarp();
+    for (int e = 0; e < ne; e++) { /* index_score_k's per-lane head order, then its warp sum */
+      double sc = 0;
+      for (int h = lane; h < nh; h += 32) sc += term[e * nh + h] * (ht[h] * w_scale);
+      sc = warp_sum_d(sc);
+      if (lane == 0) score[(size_t)t * max_n + b + e] = (float)sc;
+    }
+  }
+}
+static int g_index_form = 0; /* 1 (index_score2_k) not yet run on the device: off by default */
+extern "C" void di_v4k_index_form(int form) { g_index_form = form; }
+
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
  * lowest (di_v4_topk_earlier_first ranks NaN last). No real value maps to 0. */
 static __device__ __forceinline__ uint32_t score_key(float v) {
@@ -225,38 +301,67 @@ __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di
   }
   __shared__ unsigned hist[256];
   __shared__ uint32_t prefix, mask;
-  __shared__ int remaining, base;
+  __shared__ int remaining, base, tau_count;
   __shared__ int warp_tot[TOPK_THREADS / 32];
   if (tid == 0) {
     prefix = mask = 0;
     remaining = k;
     base = 0;
+    tau_count = -1;
   }
+  const unsigned full = 0xffffffffu;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
     __syncthreads();
     const uint32_t pf = prefix, mk = mask;
-    for (int s = tid; s < valid; s += blockDim.x) {
-      const uint32_t u = score_key(sc[s]);
-      if ((u & mk) == pf) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+    /* the counts, one atomic per distinct bin of a warp (the high bytes of similar scores share a few bins:
+     * per-lane atomics on them serialise) */
+    for (int s0 = 0; s0 < valid; s0 += blockDim.x) {
+      const int s = s0 + tid;
+      const uint32_t u = s < valid ? score_key(sc[s]) : 0;
+      const int take = s < valid && (u & mk) == pf;
+      const unsigned bin = take ? (u >> shift) & 255u : 256u;
+      const unsigned peers = __match_any_sync(full, bin);
+      if (take && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
     }
     __syncthreads();
-    if (tid == 0) {
-      int rem = remaining;
-      for (int bin = 255; bin >= 0; bin--) {
-        if ((int)hist[bin] >= rem) {
-          prefix |= (uint32_t)bin << shift;
-          mask |= 255u << shift;
-          break;
-        }
-        rem -= (int)hist[bin];
+    /* the first bin from the top whose count reaches the remaining rank (warp 0: 8 bins a lane, a scan over
+     * the lanes; the sequential loop's bin and remainder) */
+    if (warp == 0) {
+      const int rem = remaining;
+      int hv[8], ls = 0;
+#pragma unroll
+      for (int i = 0; i < 8; i++) ls += (hv[i] = (int)hist[255 - (lane * 8 + i)]);
+      int incl = ls;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(full, incl, o);
+        if (lane >= o) incl += v;
       }
-      remaining = rem;
+      const int total = __shfl_sync(full, incl, 31);
+      const unsigned hit = __ballot_sync(full, incl >= rem);
+      if (hit && lane == __ffs(hit) - 1) {
+        int cum = incl - ls;
+        for (int i = 0; i < 8; i++) {
+          if (hv[i] >= rem - cum) {
+            prefix |= (uint32_t)(255 - (lane * 8 + i)) << shift;
+            mask |= 255u << shift;
+            remaining = rem - cum;
+            tau_count = hv[i];
+            break;
+          }
+          cum += hv[i];
+        }
+      } else if (!hit && lane == 0)
+        remaining = rem - total;
     }
     __syncthreads();
   }
   const uint32_t tau = prefix;
   const int ties = remaining; /* entries with key tau to take, earliest first */
+  if (mask == full && tau_count == ties) { /* every entry with key tau is taken: no ranking of the ties */
+    for (int s = tid; s < lim; s += blockDim.x) out[s] = (unsigned char)(s < valid && score_key(sc[s]) >= tau);
+    return;
+  }
   for (int c0 = 0; c0 < lim; c0 += blockDim.x) {
     const int s = c0 + tid;
     const uint32_t u = s < valid ? score_key(sc[s]) : 0;
@@ -284,13 +389,24 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
   if (T <= 0 || max_n <= 0) return DI_OK;
   const size_t smem = sizeof(float) * (size_t)nh * (di + 1);
   if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
-  static size_t smem_set; /* the attribute once per size (not again while a graph is captured) */
-  if (smem > 48 * 1024 && smem > smem_set) {
-    DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    smem_set = smem;
+  const size_t smem2 = idx2_smem(nh, di);
+  if (g_index_form == 1 && nh == IDX2_NH && smem2 <= 220 * 1024) {
+    static size_t smem2_set; /* the attribute once per size (not again while a graph is captured) */
+    if (smem2 > 48 * 1024 && smem2 > smem2_set) {
+      DI_CU(cudaFuncSetAttribute(index_score2_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2));
+      smem2_set = smem2;
+    }
+    index_score2_k<<<dim3((max_n + IDX2_ENTRIES - 1) / IDX2_ENTRIES, T), 32 * IDX2_WARPS, smem2, s>>>(q, hw, pos, seq_of, seqs, *ic,
+                                                                                                   nh, di, max_n, score);
+  } else {
+    static size_t smem_set; /* the attribute once per size (not again while a graph is captured) */
+    if (smem > 48 * 1024 && smem > smem_set) {
+      DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      smem_set = smem;
+    }
+    index_score_k<<<dim3((max_n + IDX_ENTRIES - 1) / IDX_ENTRIES, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh,
+                                                                                               di, max_n, score);
   }
-  index_score_k<<<dim3((max_n + IDX_ENTRIES - 1) / IDX_ENTRIES, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
-                                                                                             max_n, score);
   V4_LAUNCH("index_score");
   index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
   V4_LAUNCH("index_topk");
@@ -340,10 +456,10 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   const float **kp = (const float **)(a.ex + (size_t)blockIdx.x * stride);
   const unsigned char *sel = a.sel && has_comp && !a.hca ? a.sel + (size_t)t * a.max_n : NULL;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  __shared__ float qs[ATT_MAX_HD];
+  __shared__ double qs[ATT_MAX_HD]; /* the query widened once (not per key: the conversions bound the score loop) */
   __shared__ int wtot[ATT_WARPS];
   const float *qh = a.q + ((size_t)t * a.H + h) * hd;
-  for (int e = tid; e < hd; e += blockDim.x) qs[e] = qh[e];
+  for (int e = tid; e < hd; e += blockDim.x) qs[e] = (double)qh[e];
   /* the key list */
   for (int i = tid; i < nw; i += blockDim.x) kp[i] = window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i);
   int nk = nw;
@@ -376,7 +492,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       const int e = lane + 32 * j;
-      if (e < hd) d += (double)qs[e] * k[e];
+      if (e < hd) d += qs[e] * k[e];
     }
     d = warp_sum_d(d);
     if (lane == 0) p[i] = (float)(d * scale);

@@ -84,7 +84,8 @@ static __device__ __forceinline__ void row_dot(const WT *wr, const float *const 
 #pragma unroll
       for (int u = 0; u < XU; u++) cur[u] = nxt[u];
     }
-  } else if (VEC >= 8) {
+  } else if (VEC >= 8) { /* (unrolled: several iterations' loads in flight; the router's 4,096-column f32 rows) */
+#pragma unroll 4
     for (int c = lane * 8; c < C; c += 32 * 8) {
       float w[8];
       wload8(wr, c, w);
@@ -391,19 +392,33 @@ __global__ void __launch_bounds__(HC_COLS) hc_mix_k(const float *X, const int32_
 }
 
 /* mixes[m] = (fn_m . X) / rms(X) of one token from its partials (the splits summed in order); shared
- * memory out, the CTA synchronised after. */
+ * memory out, the CTA synchronised after. The partials are first copied to shared memory by the whole CTA
+ * (their loads in flight together; the in-order sums then read shared memory), when they fit. */
+#define HC_GATHER_MAX 2048 /* doubles of partials staged (nsplit x (nmix + 1)); V4-Flash: 64 x 25 */
 static __device__ void hc_gather(const double *part, int nsplit, int nmix, int n, float eps, double *mixes) {
   __shared__ double r;
+  __shared__ double stage[HC_GATHER_MAX];
+  const int np = nsplit * (nmix + 1), staged = np <= HC_GATHER_MAX;
+  if (staged) {
+    for (int i = threadIdx.x; i < np; i += blockDim.x) stage[i] = part[i];
+    __syncthreads();
+  }
+  const double *src = staged ? stage : part;
+  /* thread 0: the sum of squares; threads 1..nmix: the mixes' sums (each in split order), then scaled */
+  double v = 0;
+  const int m = (int)threadIdx.x - 1;
   if (threadIdx.x == 0) {
-    double ss = 0;
-    for (int s = 0; s < nsplit; s++) ss += part[(size_t)s * (nmix + 1) + nmix];
-    r = 1.0 / sqrt(ss / n + (double)eps);
+    for (int s = 0; s < nsplit; s++) v += src[(size_t)s * (nmix + 1) + nmix];
+    r = 1.0 / sqrt(v / n + (double)eps);
+  } else if (m < nmix) {
+    for (int s = 0; s < nsplit; s++) v += src[(size_t)s * (nmix + 1) + m];
   }
   __syncthreads();
-  for (int m = threadIdx.x; m < nmix; m += blockDim.x) {
-    double v = 0;
-    for (int s = 0; s < nsplit; s++) v += part[(size_t)s * (nmix + 1) + m];
-    mixes[m] = v * r;
+  if (threadIdx.x > 0 && m < nmix) mixes[m] = v * r;
+  for (int k = (int)blockDim.x - 1 + (int)threadIdx.x; k < nmix; k += blockDim.x) { /* (nmix >= blockDim.x: the rest) */
+    double w = 0;
+    for (int s = 0; s < nsplit; s++) w += src[(size_t)s * (nmix + 1) + k];
+    mixes[k] = w * r;
   }
   __syncthreads();
 }
@@ -424,20 +439,60 @@ static __device__ void hc_collapse(const float *Xt, const double *pre, int D, in
   for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = norm ? norm[d] * (out[d] * k) : out[d] * k;
 }
 
+/* The Sinkhorn of one site (comb: softmax rows + hc_eps, then iters alternating row / column
+ * normalisations), warp 0 with a lane per element (hc * hc <= 32): lane r * hc + k holds element (r, k)
+ * and takes each row's / column's sum from the lanes holding it, in the CPU's order (k, then r, from 0),
+ * so every lane's element gets the bits of the one-lane-per-row loop below, with hc x fewer dependent
+ * divisions in a row. */
+static __device__ void hc_sinkhorn_lanes(const double *mixes, const float *scale, const float *base, int hc, int iters,
+                                         float hc_eps, double *comb_out) {
+  const int lane = threadIdx.x & 31, r = lane / hc, k = lane % hc, on = lane < hc * hc;
+  double v = on ? mixes[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0, mx = -INFINITY, sum = 0;
+  for (int q = 0; q < hc; q++) {
+    const double x = __shfl_sync(0xffffffffu, v, r * hc + q);
+    mx = x > mx ? x : mx;
+  }
+  const double e = exp(v - mx);
+  for (int q = 0; q < hc; q++) sum += __shfl_sync(0xffffffffu, e, r * hc + q);
+  v = e / sum + hc_eps;
+  for (int it = 0; it < iters; it++) {
+    if (it > 0) { /* rows */
+      double s = 0;
+      for (int q = 0; q < hc; q++) s += __shfl_sync(0xffffffffu, v, r * hc + q);
+      v /= s + hc_eps;
+    }
+    double s = 0; /* columns */
+    for (int q = 0; q < hc; q++) s += __shfl_sync(0xffffffffu, v, q * hc + k);
+    v /= s + hc_eps;
+  }
+  if (on) comb_out[lane] = v;
+}
+
+/* One site's pre-step: CTA (t, 0) the collapse (pre, then `in`), CTA (t, 1) post and the Sinkhorn, so the
+ * two run side by side; each gathers the mixes itself. */
 __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
                          const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
                          double *comb_out) {
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc;
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y;
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
   hc_gather(part + (size_t)t * nsplit * (mix + 1), nsplit, mix, n, eps, mixes);
+  const int j = threadIdx.x;
+  if (role == 0) {
+    if (j < hc) pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
+    __syncthreads();
+    hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D);
+    return;
+  }
+  if (j < hc) post_out[(size_t)t * hc + j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
+  if (hc * hc <= 32) {
+    if (threadIdx.x < 32) hc_sinkhorn_lanes(mixes, scale, base, hc, iters, hc_eps, comb_out + (size_t)t * hc * hc);
+    return;
+  }
   /* in shared memory, lane j of warp 0 taking row j (or column j) of each step: the CPU's per-row and
    * per-column sums, each in its own order (on global memory, one thread: ~100 us of dependent accesses) */
   __shared__ double cm[HC_MAX * HC_MAX];
-  const int j = threadIdx.x;
   if (j < hc) {
-    pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
-    post_out[(size_t)t * hc + j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
     double *row = cm + j * hc, mx = -INFINITY, sum = 0;
     for (int k = 0; k < hc; k++) {
       row[k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
@@ -464,8 +519,6 @@ __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const f
     __syncwarp();
     for (int i = j; i < hc * hc; i += 32) comb_out[(size_t)t * hc * hc + i] = cm[i];
   }
-  __syncthreads();
-  hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D);
 }
 
 di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
@@ -477,7 +530,7 @@ di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, cons
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
   hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
   V4_LAUNCH("hc_mix");
-  hc_pre_k<<<T, 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
+  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
   V4_LAUNCH("hc_pre");
   return DI_OK;
 }
@@ -774,6 +827,144 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
   return DI_OK;
 }
 
+/* ---- MXFP4 experts, staged (the native mode's default form, di_v4k_mx_form 1) ----
+ * The lane form above gives a warp one weight row with one 16-byte load per lane in flight ahead and reads
+ * the activations straight from memory with a 128-byte stride between lanes (32 values per lane step), so
+ * one token streams at ~0.45 TB/s and a tile of 8 tokens is bound by those uncoalesced activation reads.
+ * Here a CTA of MXS_WARPS warps stages its tokens' activations MXS_STEP columns at a time in shared memory,
+ * padded 4 floats per 32 (lane l's 32 values start at 36 l: the float4 reads of a quarter warp fall in
+ * distinct banks), and a warp owns MXS_NR weight rows (up: the gate and up rows of two outputs; down: four
+ * outputs) whose next step's 16-byte loads are in flight while a step is summed. Per (row, token) each
+ * lane sums the same 32 columns with the same expression in the same order as mx_row_dot, then the warp
+ * sum is the same warp_sum_f: every output is bit-equal to the lane form's. At one token (MT = 1) the
+ * lane keeps its 32 activations in registers across the rows. */
+#define MXS_WARPS 8
+#define MXS_NR 4
+#define MXS_STEP 1024
+#define MXS_LD (MXS_STEP + MXS_STEP / 8)
+static int g_mx_form = 1;
+extern "C" void di_v4k_mx_form(int form) { g_mx_form = form; }
+
+/* the 32 values of a lane's step from 16 code bytes, as mx_row_dot decodes them */
+static __device__ __forceinline__ void mx_decode32(uint4 v, float *w) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 32; j++) w[j] = e2m1_f32(u[j / 8] >> (4 * (j % 8)));
+}
+/* mx_row_dot's step sum of one row with one token's 32 staged values at xs (padded row, lane offset applied) */
+static __device__ __forceinline__ float mx_part(const float *w, const float *xs) {
+  float part = 0;
+#pragma unroll
+  for (int j = 0; j < 32; j += 4) {
+    const float4 a = *(const float4 *)(xs + j);
+    part += w[j] * a.x + w[j + 1] * a.y + w[j + 2] * a.z + w[j + 3] * a.w;
+  }
+  return part;
+}
+
+template <int MT, bool UP, int NR, int MINB>
+__global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float *x, const int32_t *ids, const int32_t *tiles,
+                                                                   int max_tiles, int e_skip, mx4mat wa, mx4mat wb, int ns, int D,
+                                                                   int I, float lim, float *out) {
+  __shared__ __align__(16) float xs[MT][MXS_LD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int e, ts[LIN_TOK];
+  const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
+  if (nt <= 0) return; /* (the CTA's: no barrier is skipped by part of it) */
+  const int C = UP ? D : I, N = UP ? I : D;
+  /* the warp's rows: up, gate / up of outputs o0, o0 + 1; down, outputs o0 .. o0 + 3 (clamped: computed, not stored) */
+  const int o0 = (blockIdx.x * MXS_WARPS + warp) * (UP ? NR / 2 : NR);
+  mx4row wr[NR];
+#pragma unroll
+  for (int r = 0; r < NR; r++) {
+    const int o = UP ? o0 + r / 2 : o0 + r, oc = o < N ? o : N - 1;
+    wr[r] = wrow(UP && (r & 1) ? wb : wa, (size_t)e * N + oc, C);
+  }
+  const float *xr[MT];
+#pragma unroll
+  for (int j = 0; j < MT; j++) xr[j] = x + (size_t)(UP ? ts[j < nt ? j : 0] / ns : ts[j < nt ? j : 0]) * C;
+  float acc[NR][MT];
+#pragma unroll
+  for (int r = 0; r < NR; r++)
+#pragma unroll
+    for (int j = 0; j < MT; j++) acc[r][j] = 0;
+  uint4 cur[NR], nxt[NR];
+  uint32_t ec[NR], en[NR];
+  {
+    const int c = lane * 32;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      cur[r] = c < C ? di_ld_stream16(wr[r].q + c / 2) : make_uint4(0, 0, 0, 0);
+      ec[r] = c < C ? __ldg(wr[r].s + c / 32) : 127u;
+    }
+  }
+  for (int c0 = 0; c0 < C; c0 += MXS_STEP) {
+    __syncthreads(); /* the last step's reads of xs are done */
+    for (int idx = threadIdx.x; idx < nt * (MXS_STEP / 4); idx += blockDim.x) {
+      const int j = idx / (MXS_STEP / 4), c = (idx % (MXS_STEP / 4)) * 4;
+      if (c0 + c < C) *(float4 *)(&xs[j][c + (c >> 5) * 4]) = *(const float4 *)(xr[j] + c0 + c);
+    }
+    __syncthreads();
+    const int c = c0 + lane * 32, cn = c + MXS_STEP;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      nxt[r] = cn < C ? di_ld_stream16(wr[r].q + cn / 2) : make_uint4(0, 0, 0, 0);
+      en[r] = cn < C ? __ldg(wr[r].s + cn / 32) : 127u;
+    }
+    if (c < C) {
+      const float *xl = &xs[0][lane * 36];
+#pragma unroll
+      for (int r = 0; r < NR; r++) {
+        float w[32];
+        mx_decode32(cur[r], w);
+        const float sc = e8m0_scale(ec[r]);
+#pragma unroll
+        for (int j = 0; j < MT; j++)
+          if (j < nt) acc[r][j] += mx_part(w, xl + j * MXS_LD) * sc;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) cur[r] = nxt[r], ec[r] = en[r];
+  }
+#pragma unroll
+  for (int j = 0; j < MT; j++) {
+    if (UP) {
+#pragma unroll
+      for (int p = 0; p < NR / 2; p++) {
+        const float g = warp_sum_f(acc[2 * p][j]), u = warp_sum_f(acc[2 * p + 1][j]);
+        const int i = o0 + p;
+        if (lane == 0 && j < nt && i < N) {
+          const float gv = g > lim ? lim : g;
+          const float uv = u > lim ? lim : u < -lim ? -lim : u;
+          out[(size_t)ts[j] * I + i] = (float)(gv / (1.0 + exp(-(double)gv))) * uv;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < NR; r++) {
+        const float v = warp_sum_f(acc[r][j]);
+        if (lane == 0 && j < nt && o0 + r < N) out[(size_t)ts[j] * D + o0 + r] = v;
+      }
+    }
+  }
+}
+
+/* form 1: MXS_NR rows a warp; forms 2 and 3 trade rows a warp for CTAs an SM (2, at one token: the same rows,
+ * registers capped for 2 CTAs; 3: 2 rows, at one token capped for 2 CTAs), all the same bits (A/B: bench_cuda_v4) */
+template <bool UP>
+static void mx_staged_launch(int form, int T, int n_slots, int mt, const float *x, const int32_t *ids, const int32_t *tiles, int E1,
+                             di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int D, int I, float lim, float *out, cudaStream_t s) {
+  const int nr = form == 3 ? 2 : MXS_NR, per = MXS_WARPS * (UP ? nr / 2 : nr), N = UP ? I : D;
+  const dim3 grid((N + per - 1) / per, tiles ? mt : T * n_slots);
+  const mx4mat a{wa}, b{wb};
+  const int m = E1 - 1;
+  if (tiles && form == 3) mx_staged_k<LIN_TOK, UP, 2, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (tiles) mx_staged_k<LIN_TOK, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (form == 2) mx_staged_k<1, UP, MXS_NR, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (form == 3) mx_staged_k<1, UP, 2, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else mx_staged_k<1, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+}
+
 /* The native experts: MXFP4 stacks [E][..] (ids E, the shared expert, skipped: moe() computes it from its FP8
  * weights), the same kernels and tiles as above. */
 static int mx_vec_ok(const void *x, int ldx, di_cuk_mxfp4w w, int C) {
@@ -785,7 +976,9 @@ di_status di_v4k_expert_up_mx(const float *x, const int32_t *ids, const int32_t 
   const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
   dim3 grid((I + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
-  if (mx_vec_ok(x, D, w1, D) && mx_vec_ok(x, D, w3, D))
+  if (g_mx_form >= 1 && mx_vec_ok(x, D, w1, D) && mx_vec_ok(x, D, w3, D))
+    mx_staged_launch<true>(g_mx_form, T, n_slots, mt, x, ids, tiles, E1, w1, w3, D, I, limit, act, s);
+  else if (mx_vec_ok(x, D, w1, D) && mx_vec_ok(x, D, w3, D))
     expert_up_k<mx4mat, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, E1 - 1, mx4mat{w1}, mx4mat{w3}, n_slots, D, I, limit, act);
   else
     expert_up_k<mx4mat, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ids, tiles, mt, E1 - 1, mx4mat{w1}, mx4mat{w3}, n_slots, D, I, limit, act);
@@ -798,7 +991,9 @@ di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int3
   const int mt = di_v4k_expert_max_tiles(T, n_slots, E1);
   dim3 grid((D + LIN_ROWS - 1) / LIN_ROWS, tiles ? mt : T * n_slots);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: %d tokens x %d expert slots at once", T, n_slots);
-  if (mx_vec_ok(act, I, w2, I))
+  if (g_mx_form >= 1 && mx_vec_ok(act, I, w2, I))
+    mx_staged_launch<false>(g_mx_form, T, n_slots, mt, act, ids, tiles, E1, w2, w2, D, I, 0.0f, y, s);
+  else if (mx_vec_ok(act, I, w2, I))
     expert_down_k<mx4mat, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, E1 - 1, mx4mat{w2}, D, I, y);
   else
     expert_down_k<mx4mat, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(act, ids, tiles, mt, E1 - 1, mx4mat{w2}, D, I, y);
