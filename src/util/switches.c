@@ -109,7 +109,7 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                              "bit-equal to the 2-row CUDA-core GEMV they replace; 0: that GEMV (1-2 rows) and the tensor-core one (3-16)"},
     [DI_SW_CUDA_FP8_GMMA] = {"DEEPINFER_CUDA_FP8_GMMA", "1",
                              "1: the FP8 path's expert products of steps of more than 16 tokens (outside the invariant mode) on "
-                             "k_fp8_grouped_mma.cu's grouped W8A8 GEMM (16- and 64-row tiles, gate/up + SiLU in one kernel); "
+                             "k_fp8_grouped_mma.cu's grouped W8A8 GEMM (16- and 64-row tiles, gate/up + SiLU in one kernel; 2: the same, 64-row tiles as one warp row of 4 warps); "
                              "0: the tensor-core GEMV (16-row tiles) and k_fp8_gemm.cu's grouped GEMM (64-row tiles)"},
     [DI_SW_CUDA_FP8_LT] = {"DEEPINFER_CUDA_FP8_LT", "1",
                            "1: dense FP8 products above the GEMV bound on cuBLASLt's block-scaled FP8 matmul (activations quantized per 1 x 128)"},

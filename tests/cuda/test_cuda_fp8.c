@@ -1079,9 +1079,10 @@ static void time_gmma(int v3, int T) {
   free(X);
   size_t wsb = di_cuk_fp8_ws_bytes(A > T ? A : T, H > I ? H : I);
   void *dws = di_cut_malloc(wsb);
-  double us[3] = {-1, -1, -1};
-  const char *names[3] = {"gmma (new)", bm == 16 ? "tc GEMV (was)" : "mma.sync GEMM (was)", "bf16 grouped GEMM"};
-  for (int kind = 0; kind < 3; kind++) {
+  double us[4] = {-1, -1, -1, -1};
+  const char *names[4] = {"gmma (new)", bm == 16 ? "tc GEMV (was)" : "mma.sync GEMM (was)", "bf16 grouped GEMM",
+                          "16-row GEMV (gv16)"};
+  for (int kind = 0; kind < (T <= 16 ? 4 : 3); kind++) {
     for (int it = -2; it < ITERS; it++) {
       if (it == 0) { CHECK(di_cut_sync() == 0); us[kind] = di_cut_time_ms(); }
       const int st = (it + 2) % SETS;
@@ -1105,6 +1106,10 @@ static void time_gmma(int v3, int T) {
       } else if (kind == 1) {
         r = di_cuk_fp8_tc_grouped_gemv(dX, H, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, bm, dact, I, 0, 1, NULL);
         if (r == DI_OK) r = di_cuk_fp8_tc_grouped_gemv(dact, I, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, bm, dy, H, 1, 0, NULL);
+      } else if (kind == 3) { /* the 16-rows-a-warp GEMVs the backend takes up to 16 tokens */
+        const int rows = T < bm ? T : bm;
+        r = di_cuk_fp8_gv16_grouped(dX, H, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, rows, dact, I, 0, 1, 0, -1, 0, NULL);
+        if (r == DI_OK) r = di_cuk_fp8_gv16_grouped(dact, I, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, rows, dy, H, 1, 0, 0, -1, 0, NULL);
       } else {
         r = di_cuk_grouped_gemm(dX, H, dperm[st], dgu16, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, dact, I, 0, 1, NULL);
         if (r == DI_OK) r = di_cuk_grouped_gemm(dact, I, NULL, ddn16, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, 0, NULL);
@@ -1116,7 +1121,7 @@ static void time_gmma(int v3, int T) {
   }
   const double bytes = touched * ((double)(gub + dnb) + 3.0 * I * (H / 128) * 4);
   const double flops = 2.0 * A * 3.0 * I * H;
-  for (int kind = 0; kind < 3; kind++)
+  for (int kind = 0; kind < 4; kind++)
     if (us[kind] > 0)
       printf("time fp8 experts %s T %5d (bm %d, %.1f experts): %-20s %9.1f us %6.0f GB/s (FP8 bytes) %6.0f TFLOP/s\n",
              v3 ? "V3     " : "V2-Lite", T, bm, touched, names[kind], us[kind], bytes / (us[kind] * 1e3),
@@ -1208,9 +1213,9 @@ int main(int argc, char **argv) {
   if (gmma_only) { /* k_fp8_grouped_mma.cu: checks, then the expert paths timed at decode batches and prefill */
     test_gmma_all();
     if (timings) {
-      const int ts[] = {16, 64, 256, 512, 4096};
+      const int ts[] = {8, 16, 32, 64, 256, 512, 4096};
       for (int v3 = 0; v3 < 2; v3++)
-        for (int i = 0; i < 5; i++) time_gmma(v3, ts[i]);
+        for (int i = 0; i < 7; i++) time_gmma(v3, ts[i]);
     }
     printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
     return di_test_failed ? 1 : 0;

@@ -21,6 +21,7 @@
  * shared memory at 16 rows: 3 CTAs an SM). Edges: weight rows past N and columns past K load zeros;
  * K % 16 == 0. Not batch-invariant (the invariant mode never takes it). */
 #include "k_fp8_common.cuh"
+#include "util/switches.h"
 
 #define GM_BK 128  /* K per stage: one scale block */
 #define GM_BN 128  /* weight rows per CTA */
@@ -234,6 +235,8 @@ extern "C" di_status di_cuk_fp8_gmma_grouped(const uint8_t *Aq, int ldq, const f
   const dim3 grid(glu ? (N / 2 + 63) / 64 : (N + GM_BN - 1) / GM_BN, max_tiles);
   if (bm == 16)
     return gm_launch<1, 1>(grid, s, Aq, ldq, sa, lds, a_rows, w, N, K, expert_off, tiles, n_tiles, C, ldc, c_f32, glu);
+  if (bm == 64 && di_switch_int(DI_SW_CUDA_FP8_GMMA, 1) == 2) /* A/B: one warp row of 64 (4 warps, 2 CTAs an SM) */
+    return gm_launch<4, 1>(grid, s, Aq, ldq, sa, lds, a_rows, w, N, K, expert_off, tiles, n_tiles, C, ldc, c_f32, glu);
   if (bm == 64)
     return gm_launch<2, 2>(grid, s, Aq, ldq, sa, lds, a_rows, w, N, K, expert_off, tiles, n_tiles, C, ldc, c_f32, glu);
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 gmma bm %d (16 or 64)", bm);
