@@ -920,6 +920,7 @@ static void time_gv16(int T) {
  * short accumulation inside a K block, as for the mma.sync GEMM); glu (silu(gate) * up, bf16 out) < 1e-2;
  * and the f32 form against k_fp8_gemm.cu's grouped GEMM on the same inputs (64-row tiles) < 1e-3 (the same products
  * in another order inside each mma: the tensor cores round differently). */
+static int g_tcg = 0; /* 1: test_gmma checks k_fp8_tc_grouped.cu's wgmma kernel instead (same contract) */
 static void test_gmma(int E, int N, int K, int max_rows_per_expert, int bm, int br, int glu, const char *what) {
   host_w w = make_w(E, N, K, br, 128);
   int *cnt = malloc(E * 4), *off = malloc((E + 1) * 4);
@@ -944,9 +945,9 @@ static void test_gmma(int E, int N, int K, int max_rows_per_expert, int bm, int 
   void *dAq = dup_dev(q, (size_t)T * K), *dsa = dup_dev(sq, (size_t)T * lds * 4);
   void *doff = dup_dev(off, (E + 1) * 4), *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4);
   void *dar = dup_dev(arows, (size_t)T * 4), *dC = di_cut_malloc((size_t)T * Nout * 4);
-  CHECKF(di_cuk_fp8_gmma_ok(K, dw), "fp8 gmma %s: not taken", what);
-  di_status st = di_cuk_fp8_gmma_grouped(dAq, K, dsa, lds, dar, dw, N, K, doff, dt, dnt, ntile + 3, bm, dC, Nout, !glu, glu,
-                                         NULL);
+  CHECKF(g_tcg ? di_cuk_fp8_tcg_ok(N, K, glu, dw) : di_cuk_fp8_gmma_ok(K, dw), "fp8 gmma %s: not taken", what);
+  di_status st = (g_tcg ? di_cuk_fp8_tcg_grouped : di_cuk_fp8_gmma_grouped)(dAq, K, dsa, lds, dar, dw, N, K, doff, dt, dnt,
+                                                                            ntile + 3, bm, dC, Nout, !glu, glu, NULL);
   CHECKF(st == DI_OK, "%s", di_last_error());
   CHECK(di_cut_sync() == 0);
   float *got = fetch_y(dC, (size_t)T * Nout, !glu);
@@ -980,8 +981,8 @@ static void test_gmma(int E, int N, int K, int max_rows_per_expert, int bm, int 
     free(old);
     di_cut_free(dC2);
   }
-  printf("fp8 gmma %-24s E %3d N %5d K %5d bm %2d block %3dx128 glu %d rows %5d: rel err %.2e (vs k_fp8_gemm.cu %.1e)\n",
-         what, E, N, K, bm, br, glu, R, rel(&err), dmma);
+  printf("fp8 %s %-24s E %3d N %5d K %5d bm %2d block %3dx128 glu %d rows %5d: rel err %.2e (vs k_fp8_gemm.cu %.1e)\n",
+         g_tcg ? "tcg " : "gmma", what, E, N, K, bm, br, glu, R, rel(&err), dmma);
   free(got); free(cnt); free(off); free(tiles); free(arows); free(A); free(q); free(sq); free_w(&w);
   di_cut_free(dq); di_cut_free(ds); di_cut_free(dAq); di_cut_free(dsa); di_cut_free(doff); di_cut_free(dt);
   di_cut_free(dnt); di_cut_free(dar); di_cut_free(dC);
@@ -1000,7 +1001,21 @@ static void test_gmma_all(void) {
   test_gmma(4, 4096, 2048, 33, 16, 1, 1, "V4-Flash w13");
   di_cuk_fp8w w = {NULL, NULL, 224, 1, 64, 4};
   CHECK_ERR(di_cuk_fp8_gmma_grouped(NULL, 224, NULL, 2, NULL, w, 64, 224, NULL, NULL, NULL, 1, 16, NULL, 64, 0, 0, NULL),
-            "64-wide blocks");
+            "block 1 x 64");
+  /* the wgmma form: the same contract where N % 256 (glu: I % 128), any tile rows up to 64 */
+  g_tcg = 1;
+  test_gmma(10, 2816, 2048, 40, 16, 1, 1, "V2-Lite gate/up + SiLU");
+  test_gmma(12, 2816, 2048, 150, 64, 1, 1, "V2-Lite gate/up + SiLU");
+  test_gmma(12, 2048, 1408, 150, 64, 1, 0, "V2-Lite down");
+  test_gmma(6, 4096, 7168, 70, 64, 1, 1, "V3 gate/up + SiLU");
+  test_gmma(6, 7168, 2048, 70, 64, 1, 0, "V3 down");
+  test_gmma(6, 7168, 2048, 70, 64, 128, 0, "V3 down, 128x128 blocks");
+  test_gmma(5, 512, 1392, 90, 64, 1, 0, "N 512, part K 1392");
+  test_gmma(4, 4096, 2048, 33, 16, 1, 1, "V4-Flash w13");
+  g_tcg = 0;
+  w.block_cols = 128;
+  CHECK_ERR(di_cuk_fp8_tcg_grouped(NULL, 224, NULL, 2, NULL, w, 200, 224, NULL, NULL, NULL, 1, 64, NULL, 200, 0, 0, NULL),
+            "N % 256");
 }
 
 /* The experts of a step of T tokens on the paths the backend has for them: 2 shared + 6 of 64 routed
@@ -1079,10 +1094,11 @@ static void time_gmma(int v3, int T) {
   free(X);
   size_t wsb = di_cuk_fp8_ws_bytes(A > T ? A : T, H > I ? H : I);
   void *dws = di_cut_malloc(wsb);
-  double us[4] = {-1, -1, -1, -1};
-  const char *names[4] = {"gmma (new)", bm == 16 ? "tc GEMV (was)" : "mma.sync GEMM (was)", "bf16 grouped GEMM",
-                          "16-row GEMV (gv16)"};
-  for (int kind = 0; kind < (T <= 16 ? 4 : 3); kind++) {
+  double us[5] = {-1, -1, -1, -1, -1};
+  const char *names[5] = {"gmma (new)", bm == 16 ? "tc GEMV (was)" : "mma.sync GEMM (was)", "bf16 grouped GEMM",
+                          "16-row GEMV (gv16)", "wgmma tcg (new)"};
+  for (int kind = 0; kind < 5; kind++) {
+    if (kind == 3 && T > 16) continue;
     for (int it = -2; it < ITERS; it++) {
       if (it == 0) { CHECK(di_cut_sync() == 0); us[kind] = di_cut_time_ms(); }
       const int st = (it + 2) % SETS;
@@ -1090,10 +1106,12 @@ static void time_gmma(int v3, int T) {
       float *sx;
       int ldq, lds;
       di_status r = DI_OK;
-      if (kind == 0 || (kind == 1 && bm == 64)) {
+      if (kind == 0 || kind == 4 || (kind == 1 && bm == 64)) {
         r = di_cuk_fp8_quant_ws(dX, H, T, H, dws, wsb, &xq, &ldq, &sx, &lds, NULL);
         if (r == DI_OK && kind == 0)
           r = di_cuk_fp8_gmma_grouped(xq, ldq, sx, lds, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, dact, I, 0, 1, NULL);
+        else if (r == DI_OK && kind == 4)
+          r = di_cuk_fp8_tcg_grouped(xq, ldq, sx, lds, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, dact, I, 0, 1, NULL);
         else if (r == DI_OK) {
           r = di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, degu, 2 * I, 0, NULL);
           if (r == DI_OK) r = di_cuk_silu_mul(degu, A, I, dact, NULL);
@@ -1101,6 +1119,8 @@ static void time_gmma(int v3, int T) {
         if (r == DI_OK) r = di_cuk_fp8_quant_ws(dact, I, A, I, dws, wsb, &xq, &ldq, &sx, &lds, NULL);
         if (r == DI_OK && kind == 0)
           r = di_cuk_fp8_gmma_grouped(xq, ldq, sx, lds, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, 0, NULL);
+        else if (r == DI_OK && kind == 4)
+          r = di_cuk_fp8_tcg_grouped(xq, ldq, sx, lds, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, 0, NULL);
         else if (r == DI_OK)
           r = di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, NULL);
       } else if (kind == 1) {
@@ -1121,7 +1141,7 @@ static void time_gmma(int v3, int T) {
   }
   const double bytes = touched * ((double)(gub + dnb) + 3.0 * I * (H / 128) * 4);
   const double flops = 2.0 * A * 3.0 * I * H;
-  for (int kind = 0; kind < 4; kind++)
+  for (int kind = 0; kind < 5; kind++)
     if (us[kind] > 0)
       printf("time fp8 experts %s T %5d (bm %d, %.1f experts): %-20s %9.1f us %6.0f GB/s (FP8 bytes) %6.0f TFLOP/s\n",
              v3 ? "V3     " : "V2-Lite", T, bm, touched, names[kind], us[kind], bytes / (us[kind] * 1e3),
@@ -1213,9 +1233,9 @@ int main(int argc, char **argv) {
   if (gmma_only) { /* k_fp8_grouped_mma.cu: checks, then the expert paths timed at decode batches and prefill */
     test_gmma_all();
     if (timings) {
-      const int ts[] = {8, 16, 32, 64, 256, 512, 4096};
+      const int ts[] = {4, 8, 16, 32, 64, 256, 512, 4096};
       for (int v3 = 0; v3 < 2; v3++)
-        for (int i = 0; i < 7; i++) time_gmma(v3, ts[i]);
+        for (int i = 0; i < 8; i++) time_gmma(v3, ts[i]);
     }
     printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
     return di_test_failed ? 1 : 0;

@@ -136,6 +136,13 @@ int di_cuk_fp8_gemm_ok(int K, di_cuk_fp8w w);
  * [gate; up] (N = 2 I rows, not interleaved) and C (bf16, I columns) gets silu(gate) * up. Takes the
  * weights di_cuk_fp8_gmma_ok accepts (128-wide blocks, aligned rows, K % 16 == 0). */
 int di_cuk_fp8_gmma_ok(int K, di_cuk_fp8w w);
+/* The same product on the TMA wgmma core (k_fp8_tc_grouped.cu, DEEPINFER_CUDA_FP8_TCG): bm 1..64 (the tile
+ * list's rows; the CTA tile is 64 rows), N % 256 == 0 (glu: I % 128), K % 16, 128-wide scale blocks. */
+int di_cuk_fp8_tcg_ok(int N, int K, int glu, di_cuk_fp8w w);
+di_status di_cuk_fp8_tcg_grouped(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32_t *a_rows,
+                                 di_cuk_fp8w w, int N, int K, const int32_t *expert_off, const int32_t *tiles,
+                                 const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc, int c_f32, int glu,
+                                 di_cu_stream s);
 di_status di_cuk_fp8_gmma_grouped(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32_t *a_rows,
                                   di_cuk_fp8w w, int N, int K, const int32_t *expert_off, const int32_t *tiles,
                                   const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc, int c_f32, int glu,
