@@ -921,6 +921,7 @@ static void time_gv16(int T) {
  * and the f32 form against k_fp8_gemm.cu's grouped GEMM on the same inputs (64-row tiles) < 1e-3 (the same products
  * in another order inside each mma: the tensor cores round differently). */
 static int g_tcg = 0; /* 1: test_gmma checks k_fp8_tc_grouped.cu's wgmma kernel instead (same contract) */
+static int g_tcg_sel = 0; /* --no-tcg: -1 (its checks and timings skipped), --tcg-only: 1 (only those) */
 static void test_gmma(int E, int N, int K, int max_rows_per_expert, int bm, int br, int glu, const char *what) {
   host_w w = make_w(E, N, K, br, 128);
   int *cnt = malloc(E * 4), *off = malloc((E + 1) * 4);
@@ -989,6 +990,7 @@ static void test_gmma(int E, int N, int K, int max_rows_per_expert, int bm, int 
 }
 
 static void test_gmma_all(void) {
+  if (g_tcg_sel == 1) goto tcg;
   test_gmma(10, 2816, 2048, 40, 16, 1, 1, "V2-Lite gate/up + SiLU");
   test_gmma(10, 2048, 1408, 40, 16, 1, 0, "V2-Lite down");
   test_gmma(12, 2816, 2048, 150, 64, 1, 1, "V2-Lite gate/up + SiLU");
@@ -999,10 +1001,13 @@ static void test_gmma_all(void) {
   test_gmma(5, 200, 1392, 20, 16, 1, 1, "part I 100, part K");
   test_gmma(5, 228, 224, 90, 64, 128, 0, "part N 228, K 224");
   test_gmma(4, 4096, 2048, 33, 16, 1, 1, "V4-Flash w13");
+  {
   di_cuk_fp8w w = {NULL, NULL, 224, 1, 64, 4};
   CHECK_ERR(di_cuk_fp8_gmma_grouped(NULL, 224, NULL, 2, NULL, w, 64, 224, NULL, NULL, NULL, 1, 16, NULL, 64, 0, 0, NULL),
             "block 1 x 64");
-  /* the wgmma form: the same contract where N % 256 (glu: I % 128), any tile rows up to 64 */
+  }
+  if (g_tcg_sel == -1) return;
+tcg: /* the wgmma form: the same contract where N % 256 (glu: I % 128), any tile rows up to 64 */
   g_tcg = 1;
   test_gmma(10, 2816, 2048, 40, 16, 1, 1, "V2-Lite gate/up + SiLU");
   test_gmma(12, 2816, 2048, 150, 64, 1, 1, "V2-Lite gate/up + SiLU");
@@ -1013,7 +1018,7 @@ static void test_gmma_all(void) {
   test_gmma(5, 512, 1392, 90, 64, 1, 0, "N 512, part K 1392");
   test_gmma(4, 4096, 2048, 33, 16, 1, 1, "V4-Flash w13");
   g_tcg = 0;
-  w.block_cols = 128;
+  di_cuk_fp8w w = {NULL, NULL, 224, 1, 128, 2};
   CHECK_ERR(di_cuk_fp8_tcg_grouped(NULL, 224, NULL, 2, NULL, w, 200, 224, NULL, NULL, NULL, 1, 64, NULL, 200, 0, 0, NULL),
             "N % 256");
 }
@@ -1099,6 +1104,7 @@ static void time_gmma(int v3, int T) {
                           "16-row GEMV (gv16)", "wgmma tcg (new)"};
   for (int kind = 0; kind < 5; kind++) {
     if (kind == 3 && T > 16) continue;
+    if ((g_tcg_sel == -1 && kind == 4) || (g_tcg_sel == 1 && kind != 4 && kind != 2)) continue;
     for (int it = -2; it < ITERS; it++) {
       if (it == 0) { CHECK(di_cut_sync() == 0); us[kind] = di_cut_time_ms(); }
       const int st = (it + 2) % SETS;
@@ -1226,6 +1232,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--gv16-only") == 0) gv16_only = 1;
     if (strcmp(argv[i], "--gmma-only") == 0) gmma_only = 1;
+    if (strcmp(argv[i], "--no-tcg") == 0) g_tcg_sel = -1;
+    if (strcmp(argv[i], "--tcg-only") == 0) g_tcg_sel = 1, gmma_only = 1;
     if (strcmp(argv[i], "--no-timings") == 0) timings = 0;
     if (strcmp(argv[i], "--tc-only") == 0) tc_only = 1;
     if (strcmp(argv[i], "--fusions-only") == 0) fusions_only = 1;
