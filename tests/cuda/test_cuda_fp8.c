@@ -16,6 +16,9 @@
  *   batch invariance (GEMV at M = 1 vs inside M = 16 / 24): bit-equal.
  *   MXFP4 GEMV (E2M1 x E8M0, bf16 activations): 1e-5 with f32 output (fp32 sums of exact products);
  *     a row alone bit-equal to the same row in a batch.
+ *   grouped W8A8 GEMMs of steps of > 16 tokens (k_fp8_grouped_mma.cu, k_fp8_tc_grouped.cu; --gmma-only,
+ *     --tcg-only, --no-tcg): against the float64 product of the same quantized activations, f32 out 1e-3,
+ *     gate/up + SiLU (bf16 out) 1e-2, and within 1e-3 of k_fp8_gemm.cu's grouped GEMM on the same inputs.
  * Timings at the end (GB/s of weights read for the GEMV, TFLOP/s for the GEMM, bf16 cuBLASLt beside).
  * Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_fp8.h"
