@@ -277,74 +277,9 @@ static __global__ void router_kernel(const float *x, const bf16 *W, int T, int E
   if (lane == 0) out[(int64_t)t * E + e] = acc;
 }
 
-/* Router logits of prefill-sized steps: a CTA per TT tokens, their x rows staged in shared memory, each
- * warp the logits of every TT tokens for experts warp, warp + 8, ...: a weight row is read once per TT
- * tokens instead of once per token (router_kernel: T x E warps each streaming an f32 x row, 2 GB of L2
- * traffic a layer at 4,096 V2-Lite tokens). Each logit's arithmetic is router_dot's 16-byte path (the
- * same per-lane fmaf order, the same xor tree), so the logits are bit-equal to router_kernel's and to the
- * fused gate's (test_moe_gate). */
-template <int TT>
-static __global__ void __launch_bounds__(256) router_tiled_kernel(const float *x, const bf16 *W, int T, int E, int n,
-                                                                  float *out) {
-  extern __shared__ __align__(16) float rx[]; /* [TT][n] */
-  DI_PDL_ENTRY();
-  const int t0 = blockIdx.x * TT, nt = min(TT, T - t0), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int i = threadIdx.x * 4; i < TT * n; i += 256 * 4) {
-    const int t = i / n;
-    *(float4 *)(rx + i) = t < nt ? *(const float4 *)(x + (int64_t)(t0 + t) * n + (i - t * n)) : make_float4(0, 0, 0, 0);
-  }
-  __syncthreads();
-  for (int e = warp; e < E; e += 8) {
-    const bf16 *w = W + (int64_t)e * n;
-    float acc[TT];
-#pragma unroll
-    for (int t = 0; t < TT; t++) acc[t] = 0.f;
-#pragma unroll 4
-    for (int i = lane * 8; i < n; i += 256) {
-      uint4 wv = *(const uint4 *)(w + i);
-      const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&wv;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        float2 c = __bfloat1622float2(wp[j]);
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-          acc[t] = fmaf(rx[t * n + i + 2 * j], c.x, acc[t]);
-          acc[t] = fmaf(rx[t * n + i + 2 * j + 1], c.y, acc[t]);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-      float a = acc[t];
-      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0 && t < nt) out[(int64_t)(t0 + t) * E + e] = a;
-    }
-  }
-}
-
-#define ROUTER_TILED_MIN_T 16 /* steps of at least this many tokens take router_tiled_kernel */
-
 extern "C" di_status di_cuk_router_logits(const float *x, const uint16_t *W, int T, int E, int n, float *out,
                                           di_cu_stream s) {
   if (T <= 0) return DI_OK;
-  const int tt = (size_t)n * 4 * 8 <= 96 * 1024 ? 8 : 2;
-  if (T >= ROUTER_TILED_MIN_T && n % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0 &&
-      (size_t)n * 4 * tt <= 96 * 1024) {
-    const size_t smem = (size_t)n * 4 * tt;
-    static size_t set8, set2; /* the opt-in above 48 KB, once per form (host state only) */
-    if (tt == 8 && smem > set8) {
-      DI_CU(cudaFuncSetAttribute(router_tiled_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      set8 = smem;
-    }
-    if (tt == 2 && smem > set2) {
-      DI_CU(cudaFuncSetAttribute(router_tiled_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      set2 = smem;
-    }
-    if (tt == 8) DI_CU(di_launch(router_tiled_kernel<8>, (T + 7) / 8, 256, smem, s, x, (const bf16 *)W, T, E, n, out));
-    else DI_CU(di_launch(router_tiled_kernel<2>, (T + 1) / 2, 256, smem, s, x, (const bf16 *)W, T, E, n, out));
-    DI_CU_LAUNCH("router_tiled");
-    return DI_OK;
-  }
   int warps = T * E;
   DI_CU(di_launch(router_kernel, (warps + 7) / 8, 256, 0, s, x, (const bf16 *)W, T, E, n, out));
   return DI_OK;
