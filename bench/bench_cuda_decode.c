@@ -29,7 +29,13 @@
  * pool reallocated at each switch), so `--modes default,fp8kv --reps 3` is the FP8 cache beside bf16.
  * --kv-cache-dtype fp8: the FP8 cache for every run (with no --modes).
  * --profile: after the runs, per mode, the per-phase device time (DEEPINFER_CUDA_PROFILE's marks, eager
- * steps) of 8 batch-1 decode steps and of one prefill of the last --prefill length, to stderr.
+ * steps) of 8 decode steps at each --batches size and of one prefill of each --prefill length, to stderr.
+ * Each decode row also prints the bytes-read roofline of its step (weights read once a step: the
+ * expected number of distinct experts E (1 - (1 - k/E)^B) of B uniformly routed tokens, plus each
+ * sequence's KV of prompt + gen/2 keys, at 4.8 TB/s), each prefill row the FLOP roofline (2 x the
+ * weights a token multiplies + the causal MHA-form attention, at 989 TFLOP/s bf16 / 1,979 FP8 dense).
+ * bench/configs/v3-layer.json is one DeepSeek-V3-shaped MoE layer (hidden 7168, 256 experts top-8,
+ * 2048 wide, one shared expert; vocab cut to 4096 so the step is the layer, not the 129k-row lm_head).
  * --skip-sweep with --modes: the sweep once per mode.
  * --prefill-mha 0,1: the runs repeated for each DEEPINFER_CUDA_PREFILL_MHA setting (0 off; 1: steps of >= 512
  * tokens; N: >= N) inside each mode (default mode only: the invariant mode ignores it). */
@@ -43,6 +49,7 @@ int main(void) {
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "util/numeric.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,6 +185,60 @@ static int parse_list(const char *s, int *out, int cap) {
     s = c + 1;
   }
   return n;
+}
+
+/* bytes of one weight as stored on the host side of the bench (FP8: codes + f32 block scales) */
+static double wb(const di_weight *w) {
+  if (!w->data) return 0;
+  if (w->dtype == DI_DT_F8E4M3)
+    return (double)w->rows * w->cols + 4.0 * (double)((w->rows + 127) / 128) * (double)w->scale_cols;
+  return 2.0 * (double)w->rows * w->cols;
+}
+static double welems(const di_weight *w) { return w->data ? (double)w->rows * w->cols : 0; }
+
+/* the bytes a decode step of B tokens reads at least: every weight once, routed experts touched by B
+ * uniformly routed tokens (expected count), each sequence's KV (ctx keys of the latent row) */
+static double step_bytes(const di_model_config *c, const di_ds_weights *w, int B, double ctx) {
+  double b = wb(&w->lm_head) + (double)B * 2 * c->hidden_size; /* + the embedding rows */
+  const double E = c->n_routed_experts, k = c->num_experts_per_tok;
+  for (int l = 0; l < w->n_layers; l++) {
+    const di_ds_layer *L = &w->layers[l];
+    b += wb(&L->q_a) + wb(&L->q_b) + wb(&L->q_proj) + wb(&L->kv_a) + wb(&L->kv_b) + wb(&L->o_proj);
+    b += (double)B * ctx * (c->kv_lora_rank + c->qk_rope_head_dim) * 2;
+    if (!L->is_moe) { b += wb(&L->gate) + wb(&L->up) + wb(&L->down); continue; }
+    b += wb(&L->router) + wb(&L->sh_gate) + wb(&L->sh_up) + wb(&L->sh_down);
+    b += (wb(&L->exp_gate[0]) + wb(&L->exp_up[0]) + wb(&L->exp_down[0])) * E * (1 - pow(1 - k / E, B));
+  }
+  return b;
+}
+
+/* FLOPs a prefill token costs: its weight products (all but the output head, which one row takes) and
+ * the causal attention of a T-token prompt in the MHA form (keys expanded by kv_b: a weight product);
+ * *fp8_part: the share of the weight products on FP8 weights */
+static double prefill_flops(const di_model_config *c, const di_ds_weights *w, int T, double *fp8_flops) {
+  double f = 0, f8 = 0;
+  for (int l = 0; l < w->n_layers; l++) {
+    const di_ds_layer *L = &w->layers[l];
+    const di_weight *m[9] = {&L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->o_proj, &L->sh_gate, &L->sh_up,
+                             &L->sh_down};
+    for (int i = 0; i < 9; i++) {
+      f += 2 * welems(m[i]);
+      if (m[i]->data && m[i]->dtype == DI_DT_F8E4M3) f8 += 2 * welems(m[i]);
+    }
+    const int dqk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    f += (double)c->num_attention_heads * (dqk + c->v_head_dim) * T; /* 2 x (dqk + dv) x T/2 keys */
+    if (!L->is_moe) {
+      const double d = 2 * (welems(&L->gate) + welems(&L->up) + welems(&L->down));
+      f += d;
+      if (L->gate.dtype == DI_DT_F8E4M3) f8 += d;
+      continue;
+    }
+    const double e = 2 * c->num_experts_per_tok * (welems(&L->exp_gate[0]) + welems(&L->exp_up[0]) + welems(&L->exp_down[0]));
+    f += e + 2 * welems(&L->router);
+    if (L->exp_gate[0].dtype == DI_DT_F8E4M3) f8 += e;
+  }
+  *fp8_flops = f8;
+  return f;
 }
 
 #define FAIL(st) do { fprintf(stderr, "bench: %s\n", di_last_error()); return 1; } while (0)
@@ -331,7 +392,9 @@ int main(int argc, char **argv) {
     double sec = (di_cut_time_ms() - tstart) / 1e3;
     res_dec[bi] = (double)B * gen / sec;
     all_dec[si][rep][bi] = res_dec[bi];
-    printf("%-8d %12.0f %14.3f %12.2f", B, res_dec[bi], sec * 1e3 / gen, tp);
+    const double sb = step_bytes(&cfg, &w, B, prompt + gen / 2.0);
+    printf("%-8d %12.0f %14.3f %12.2f   roofline %.0f tok/s (%.2f GB a step at 4.8 TB/s: %.0f%%)", B, res_dec[bi],
+           sec * 1e3 / gen, tp, B * 4.8e12 / sb, sb / 1e9, 100.0 * res_dec[bi] / (B * 4.8e12 / sb));
     di_cuda_stats cs1;
     di_backend_cuda_stats(be, &cs1);
     if (cs1.timed_replays > cs0.timed_replays) { /* DEEPINFER_CUDA_GPU_TIME=1: the graph's device time */
@@ -358,7 +421,10 @@ int main(int argc, char **argv) {
       double ms = di_cut_time_ms() - ts;
       if (rep > 0 && ms < best) best = ms; /* rep 0 warms up (allocations, GEMM plans) */
     }
-    printf("%-8d %14.0f %10.2f\n", T, T / (best / 1e3), best);
+    double f8, fl = prefill_flops(&cfg, &w, T, &f8);
+    const double roof = 1.0 / ((fl - f8) / 989e12 + f8 / 1979e12);
+    printf("%-8d %14.0f %10.2f   roofline %.0f tok/s (%.2f GFLOP a token, %.0f%% on FP8 weights: %.0f%%)\n", T,
+           T / (best / 1e3), best, roof, fl / 1e9, 100 * f8 / fl, 100.0 * T / (best / 1e3) / roof);
     all_pf[si][rep][pi] = T / (best / 1e3);
   }
   }
@@ -411,28 +477,37 @@ int main(int argc, char **argv) {
       if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, (modes[mi] >> 2) & 1);
       if (pmha[pk % n_pm] >= 0) di_backend_cuda_set_prefill_mha(be, pmha[pk % n_pm]);
       if (di_backend_cuda_set_profile(be, 1) != DI_OK) FAIL(0);
-      seqs[0].block_table = tables;
-      seqs[0].n_blocks = per_seq_blocks;
-      for (int step = 0; step < 8; step++) {
-        tok[0] = 1; pos[0] = prompt + step; seq[0] = 0; rows[0] = 0;
-        di_batch b = {.n_tokens = 1, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = seqs,
-                      .n_outputs = 1, .output_rows = rows};
-        if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
+      char title[96];
+      for (int bi = 0; bi < nb; bi++) { /* 8 eager decode steps of each batch size (the sequences' prompts are in the cache) */
+        const int B = batches[bi];
+        for (int s = 0; s < B; s++) { seqs[s].block_table = tables + (size_t)s * per_seq_blocks; seqs[s].n_blocks = per_seq_blocks; }
+        for (int step = 0; step < 8; step++) {
+          for (int s = 0; s < B; s++) { tok[s] = 1 + s; pos[s] = prompt + step; seq[s] = s; rows[s] = s; }
+          di_batch b = {.n_tokens = B, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = B, .seqs = seqs,
+                        .n_outputs = B, .output_rows = rows};
+          if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
+        }
+        fflush(stdout);
+        snprintf(title, sizeof title, "(%s mode, prefill MHA %d, decode batch %d)",
+                 modes[mi] < 0 ? "the backend's" : mode_names[modes[mi]], pmha[pk % n_pm], B);
+        di_backend_cuda_profile_dump(be, title);
       }
-      const int T = np > 0 ? prefills[np - 1] : 0;
-      if (T > 0) {
+      for (int pi = 0; pi < np; pi++) { /* one prefill of each length */
+        const int T = prefills[pi];
+        if (T <= 0) continue;
+        seqs[0].block_table = tables;
         seqs[0].n_blocks = (T + 63) / 64;
         for (int t = 0; t < T; t++) { tok[t] = (int32_t)((rnd() >> 33) % (uint64_t)cfg.vocab_size); pos[t] = t; seq[t] = 0; }
         rows[0] = T - 1;
         di_batch b = {.n_tokens = T, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = seqs,
                       .n_outputs = 1, .output_rows = rows};
         if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
+        fflush(stdout);
+        snprintf(title, sizeof title, "(%s mode, prefill MHA %d, prefill %d)",
+                 modes[mi] < 0 ? "the backend's" : mode_names[modes[mi]], pmha[pk % n_pm], T);
+        di_backend_cuda_profile_dump(be, title);
       }
       if (di_backend_cuda_set_profile(be, 0) != DI_OK) FAIL(0);
-      fflush(stdout);
-      char title[64];
-      snprintf(title, sizeof title, "(%s mode, prefill MHA %d)", modes[mi] < 0 ? "the backend's" : mode_names[modes[mi]], pmha[pk % n_pm]);
-      di_backend_cuda_profile_dump(be, title);
     }
   for (int mi = 0; skip_sweep && mi < n_mode; mi++) {
     /* batch 1, the first sequence's blocks: ms per decode step with each phase left out */

@@ -111,6 +111,15 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                              "1: the FP8 path's decode-sized expert GEMVs (gate/up + SiLU, down, one token's down + combine) "
                              "with 16 weight rows per warp (k_fp8_grouped_gemv.cu; 2: the same, pipelined loads), "
                              "bit-equal to the 2-row CUDA-core GEMV they replace; 0: that GEMV (1-2 rows) and the tensor-core one (3-16)"},
+    [DI_SW_CUDA_FP8_GMMA] = {"DEEPINFER_CUDA_FP8_GMMA", "1",
+                             "1: the FP8 path's expert products of steps of DEEPINFER_CUDA_FP8_GMMA_MIN_T tokens or more (outside the invariant mode) "
+                             "that DEEPINFER_CUDA_FP8_TCG's kernel does not take on k_fp8_grouped_mma.cu's grouped W8A8 GEMM (16- and 64-row tiles, gate/up + SiLU in one kernel; 2: the same, 64-row tiles as one warp row of 4 warps); "
+                             "0: the tensor-core GEMV (16-row tiles) and k_fp8_gemm.cu's grouped GEMM (64-row tiles)"},
+    [DI_SW_CUDA_FP8_GMMA_MIN_T] = {"DEEPINFER_CUDA_FP8_GMMA_MIN_T", "4",
+                                   "fewest tokens of a step (at least 2) whose FP8 expert products take the grouped W8A8 GEMMs (DEEPINFER_CUDA_FP8_TCG / _GMMA; fewer: the 16-row GEMVs)"},
+    [DI_SW_CUDA_FP8_TCG] = {"DEEPINFER_CUDA_FP8_TCG", "1",
+                            "1: the FP8 path's grouped W8A8 expert GEMMs (outside the invariant mode) on k_fp8_tc_grouped.cu's wgmma kernel "
+                            "(TMA, FP8 tensor cores, 64-row tiles) where I % 128 and H % 256; 0: k_fp8_grouped_mma.cu's mma.sync one"},
     [DI_SW_CUDA_FP8_LT] = {"DEEPINFER_CUDA_FP8_LT", "1",
                            "1: dense FP8 products above the GEMV bound on cuBLASLt's block-scaled FP8 matmul (activations quantized per 1 x 128)"},
     [DI_SW_CUDA_EP_OVERLAP] = {"DEEPINFER_CUDA_EP_OVERLAP", "1",

@@ -60,6 +60,9 @@ typedef enum {
   DI_SW_CUDA_FP8_TC_RING,
   DI_SW_CUDA_FP8_FUSE,
   DI_SW_CUDA_FP8_GV16,
+  DI_SW_CUDA_FP8_GMMA,
+  DI_SW_CUDA_FP8_GMMA_MIN_T,
+  DI_SW_CUDA_FP8_TCG,
   /* several ranks (src/dist/) */
   DI_SW_DIST_TIMEOUT,
   DI_SW_DIST_TEST_FAIL,

@@ -16,6 +16,9 @@
  *   batch invariance (GEMV at M = 1 vs inside M = 16 / 24): bit-equal.
  *   MXFP4 GEMV (E2M1 x E8M0, bf16 activations): 1e-5 with f32 output (fp32 sums of exact products);
  *     a row alone bit-equal to the same row in a batch.
+ *   grouped W8A8 GEMMs of steps of > 16 tokens (k_fp8_grouped_mma.cu, k_fp8_tc_grouped.cu; --gmma-only,
+ *     --tcg-only, --no-tcg): against the float64 product of the same quantized activations, f32 out 1e-3,
+ *     gate/up + SiLU (bf16 out) 1e-2, and within 1e-3 of k_fp8_gemm.cu's grouped GEMM on the same inputs.
  * Timings at the end (GB/s of weights read for the GEMV, TFLOP/s for the GEMM, bf16 cuBLASLt beside).
  * Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_fp8.h"
@@ -913,6 +916,249 @@ static void time_gv16(int T) {
   di_cut_free(dy); di_cut_free(dw); di_cut_free(dh);
 }
 
+/* ---- k_fp8_grouped_mma.cu (DEEPINFER_CUDA_FP8_GMMA): the grouped W8A8 GEMM of steps of > 16 tokens ----
+ * Tile lists of bm (16 or 64) rows as k_moe.cu builds them, the activation rows gathered through a_rows,
+ * per-row weight scales (the device form) or 128 x 128 blocks; against the float64 product of the same
+ * quantized activations (host_quant: bit-equal to the device's): f32 out < 1e-3 (the FP8 tensor cores'
+ * short accumulation inside a K block, as for the mma.sync GEMM); glu (silu(gate) * up, bf16 out) < 1e-2;
+ * and the f32 form against k_fp8_gemm.cu's grouped GEMM on the same inputs (64-row tiles) < 1e-3 (the same products
+ * in another order inside each mma: the tensor cores round differently). */
+static int g_tcg = 0; /* 1: test_gmma checks k_fp8_tc_grouped.cu's wgmma kernel instead (same contract) */
+static int g_tcg_sel = 0; /* --no-tcg: -1 (its checks and timings skipped), --tcg-only: 1 (only those) */
+static void test_gmma(int E, int N, int K, int max_rows_per_expert, int bm, int br, int glu, const char *what) {
+  host_w w = make_w(E, N, K, br, 128);
+  int *cnt = malloc(E * 4), *off = malloc((E + 1) * 4);
+  off[0] = 0;
+  for (int e = 0; e < E; e++) {
+    cnt[e] = e == 1 ? 0 : e == 0 ? max_rows_per_expert : (int)(urand() * (max_rows_per_expert + 1));
+    off[e + 1] = off[e] + cnt[e];
+  }
+  const int R = off[E], T = R > 0 ? R : 1, I = N / 2, Nout = glu ? I : N;
+  int ntile = 0, *tiles = malloc(sizeof(int) * (size_t)(R / bm + E + 1));
+  for (int e = 0; e < E; e++)
+    for (int i = 0; i * bm < cnt[e]; i++) tiles[ntile++] = e << 16 | i;
+  int *arows = malloc((size_t)T * 4);
+  for (int r = 0; r < R; r++) arows[r] = (int)(urand() * T);
+  uint16_t *A = rand_bf16((size_t)T * K, 1.f);
+  const int lds = (K + 127) / 128;
+  uint8_t *q = malloc((size_t)T * K);
+  float *sq = malloc((size_t)T * lds * 4);
+  host_quant(A, T, K, q, sq, lds);
+  void *dq, *ds;
+  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
+  void *dAq = dup_dev(q, (size_t)T * K), *dsa = dup_dev(sq, (size_t)T * lds * 4);
+  void *doff = dup_dev(off, (E + 1) * 4), *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4);
+  void *dar = dup_dev(arows, (size_t)T * 4), *dC = di_cut_malloc((size_t)T * Nout * 4);
+  CHECKF(g_tcg ? di_cuk_fp8_tcg_ok(N, K, glu, dw) : di_cuk_fp8_gmma_ok(K, dw), "fp8 gmma %s: not taken", what);
+  di_status st = (g_tcg ? di_cuk_fp8_tcg_grouped : di_cuk_fp8_gmma_grouped)(dAq, K, dsa, lds, dar, dw, N, K, doff, dt, dnt,
+                                                                            ntile + 3, bm, dC, Nout, !glu, glu, NULL);
+  CHECKF(st == DI_OK, "%s", di_last_error());
+  CHECK(di_cut_sync() == 0);
+  float *got = fetch_y(dC, (size_t)T * Nout, !glu);
+  int cols[128], nc = pick_cols(Nout, cols, 128);
+  errsum err = {0, 0};
+  for (int e = 0; e < E; e++)
+    for (int m = off[e]; m < off[e + 1]; m += (cnt[e] > 8 ? 5 : 1)) {
+      const int ar = arows[m];
+      for (int i = 0; i < nc; i++) {
+        double a = 0, u = 0;
+        for (int k = 0; k < K; k++) {
+          const double x = (double)di_fp8e4m3_to_f32(q[(size_t)ar * K + k]) * sq[(size_t)ar * lds + k / 128];
+          a += x * w_at(&w, e, cols[i], k);
+          if (glu) u += x * w_at(&w, e, I + cols[i], k);
+        }
+        acc_err(&err, glu ? a / (1 + exp(-a)) * u : a, got[(size_t)m * Nout + cols[i]]);
+      }
+    }
+  const double tol = glu ? 1e-2 : 1e-3;
+  CHECKF(rel(&err) < tol, "fp8 gmma %s E %d N %d K %d bm %d rows %d: rel err %.3e", what, E, N, K, bm, R, rel(&err));
+  double dmma = -1;
+  if (!glu && bm == 64 && R > 0) { /* the same product on k_fp8_gemm.cu's grouped kernel */
+    void *dC2 = di_cut_malloc((size_t)T * N * 4);
+    CHECK(di_cuk_fp8_grouped_gemm(dAq, K, dsa, lds, dar, dw, N, K, doff, dt, dnt, ntile + 3, bm, dC2, N, 1, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    float *old = fetch_y(dC2, (size_t)T * N, 1);
+    errsum d = {0, 0};
+    for (size_t i = 0; i < (size_t)R * N; i++) acc_err(&d, old[i], got[i]);
+    dmma = rel(&d);
+    CHECKF(dmma < 1e-3, "fp8 gmma %s: rel diff %.3e from the mma.sync grouped GEMM", what, dmma);
+    free(old);
+    di_cut_free(dC2);
+  }
+  printf("fp8 %s %-24s E %3d N %5d K %5d bm %2d block %3dx128 glu %d rows %5d: rel err %.2e (vs k_fp8_gemm.cu %.1e)\n",
+         g_tcg ? "tcg " : "gmma", what, E, N, K, bm, br, glu, R, rel(&err), dmma);
+  free(got); free(cnt); free(off); free(tiles); free(arows); free(A); free(q); free(sq); free_w(&w);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dAq); di_cut_free(dsa); di_cut_free(doff); di_cut_free(dt);
+  di_cut_free(dnt); di_cut_free(dar); di_cut_free(dC);
+}
+
+static void test_gmma_all(void) {
+  if (g_tcg_sel == 1) goto tcg;
+  test_gmma(10, 2816, 2048, 40, 16, 1, 1, "V2-Lite gate/up + SiLU");
+  test_gmma(10, 2048, 1408, 40, 16, 1, 0, "V2-Lite down");
+  test_gmma(12, 2816, 2048, 150, 64, 1, 1, "V2-Lite gate/up + SiLU");
+  test_gmma(12, 2048, 1408, 150, 64, 1, 0, "V2-Lite down");
+  test_gmma(6, 4096, 7168, 40, 16, 1, 1, "V3 gate/up + SiLU");
+  test_gmma(6, 7168, 2048, 70, 64, 1, 0, "V3 down");
+  test_gmma(6, 7168, 2048, 70, 64, 128, 0, "V3 down, 128x128 blocks");
+  test_gmma(5, 200, 1392, 20, 16, 1, 1, "part I 100, part K");
+  test_gmma(5, 228, 224, 90, 64, 128, 0, "part N 228, K 224");
+  test_gmma(4, 4096, 2048, 33, 16, 1, 1, "V4-Flash w13");
+  {
+  di_cuk_fp8w w = {NULL, NULL, 224, 1, 64, 4};
+  CHECK_ERR(di_cuk_fp8_gmma_grouped(NULL, 224, NULL, 2, NULL, w, 64, 224, NULL, NULL, NULL, 1, 16, NULL, 64, 0, 0, NULL),
+            "block 1 x 64");
+  }
+  if (g_tcg_sel == -1) return;
+tcg: /* the wgmma form: the same contract where N % 256 (glu: I % 128), any tile rows up to 64 */
+  g_tcg = 1;
+  test_gmma(10, 2816, 2048, 40, 16, 1, 1, "V2-Lite gate/up + SiLU");
+  test_gmma(12, 2816, 2048, 150, 64, 1, 1, "V2-Lite gate/up + SiLU");
+  test_gmma(12, 2048, 1408, 150, 64, 1, 0, "V2-Lite down");
+  test_gmma(6, 4096, 7168, 70, 64, 1, 1, "V3 gate/up + SiLU");
+  test_gmma(6, 7168, 2048, 70, 64, 1, 0, "V3 down");
+  test_gmma(6, 7168, 2048, 70, 64, 128, 0, "V3 down, 128x128 blocks");
+  test_gmma(5, 512, 1392, 90, 64, 1, 0, "N 512, part K 1392");
+  test_gmma(4, 4096, 2048, 33, 16, 1, 1, "V4-Flash w13");
+  g_tcg = 0;
+  di_cuk_fp8w w = {NULL, NULL, 224, 1, 128, 2};
+  CHECK_ERR(di_cuk_fp8_tcg_grouped(NULL, 224, NULL, 2, NULL, w, 200, 224, NULL, NULL, NULL, 1, 64, NULL, 200, 0, 0, NULL),
+            "N % 256");
+}
+
+/* The experts of a step of T tokens on the paths the backend has for them: 2 shared + 6 of 64 routed
+ * (V2-Lite, 1408 wide over 2048) or 1 shared + 8 of 256 (V3, 2048 wide over 7168), uniform routing; the
+ * tile rows the backend picks (64 from 32 x experts assignments, else 16). us per call of gate/up + SiLU +
+ * down (the activation quantizations included), and GB/s of the touched experts' FP8 weights. Paths:
+ * the new grouped W8A8 GEMM (gmma), the one it replaces (the tensor-core GEMV at 16-row tiles,
+ * k_fp8_gemm.cu's GEMM + silu_mul at 64), and bf16 experts on k_grouped_gemm.cu (weights twice the bytes). */
+static void time_gmma(int v3, int T) {
+  const int NR = v3 ? 256 : 64, NS = v3 ? 1 : 2, KR = v3 ? 8 : 6, NE = NR + NS, KT = KR + NS;
+  const int I = v3 ? 2048 : 1408, H = v3 ? 7168 : 2048, A = T * KT, bm = A >= 32 * NE ? 64 : 16;
+  const size_t gub = (size_t)2 * I * H, dnb = (size_t)H * I;
+  /* the shape's weights, kept from the previous call of the same shape (V3's are 34 GB to upload) */
+  static int have = -1;
+  static uint8_t *dgu, *ddn;
+  static uint16_t *dgu16, *ddn16;
+  static void *dsgu, *dsdn;
+  if (have != v3) {
+    if (have >= 0) { di_cut_free(dgu); di_cut_free(ddn); di_cut_free(dgu16); di_cut_free(ddn16); di_cut_free(dsgu); di_cut_free(dsdn); }
+    have = v3;
+    uint8_t *pat = rand_fp8(gub);
+    uint16_t *pat16 = rand_bf16(gub, 0.03f);
+    dgu = di_cut_malloc(gub * NE); ddn = di_cut_malloc(dnb * NE);
+    dgu16 = di_cut_malloc(gub * NE * 2); ddn16 = di_cut_malloc(dnb * NE * 2);
+    for (int e = 0; e < NE; e++) {
+      di_cut_h2d(dgu + gub * e, pat, gub); di_cut_h2d(ddn + dnb * e, pat, dnb);
+      di_cut_h2d(dgu16 + gub * e, pat16, gub * 2); di_cut_h2d(ddn16 + dnb * e, pat16, dnb * 2);
+    }
+    free(pat); free(pat16);
+    float *sc = malloc((size_t)NE * 2 * I * (H / 128) * 4);
+    for (size_t i = 0; i < (size_t)NE * 2 * I * (H / 128); i++) sc[i] = (float)ldexp(1.0 + urand(), -8);
+    dsgu = dup_dev(sc, (size_t)NE * 2 * I * (H / 128) * 4); dsdn = dup_dev(sc, (size_t)NE * H * (I / 128) * 4);
+    free(sc);
+  }
+  const di_cuk_fp8w wgu = {dgu, (const float *)dsgu, H, 1, 128, H / 128};
+  const di_cuk_fp8w wdn = {ddn, (const float *)dsdn, I, 1, 128, I / 128};
+  enum { SETS = 4, ITERS = 12 };
+  void *doff[SETS], *dtl[SETS], *dnt[SETS], *dperm[SETS];
+  int maxt = 0;
+  double touched = 0;
+  int *cnt = malloc(NE * 4), *offh = malloc((NE + 1) * 4), *fill = malloc(NE * 4), *asg = malloc((size_t)A * 4);
+  int *perm = malloc((size_t)A * 4), *tiles = malloc(sizeof(int) * (size_t)(A / 16 + NE + 1));
+  for (int st = 0; st < SETS; st++) {
+    memset(cnt, 0, NE * 4);
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < KT; j++) {
+        int e, dup;
+        if (j >= KR) e = NR + j - KR; /* the shared experts: every token */
+        else do {
+          e = (int)(urand() * NR);
+          dup = 0;
+          for (int q2 = 0; q2 < j; q2++) dup |= asg[t * KT + q2] == e;
+        } while (dup);
+        asg[t * KT + j] = e;
+        cnt[e]++;
+      }
+    offh[0] = 0;
+    for (int e = 0; e < NE; e++) offh[e + 1] = offh[e] + cnt[e];
+    memcpy(fill, offh, NE * 4);
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < KT; j++) perm[fill[asg[t * KT + j]]++] = t;
+    int nt = 0;
+    for (int e = 0; e < NE; e++) {
+      touched += cnt[e] > 0;
+      for (int i = 0; i * bm < cnt[e]; i++) tiles[nt++] = e << 16 | i;
+    }
+    maxt = nt > maxt ? nt : maxt;
+    doff[st] = dup_dev(offh, (NE + 1) * 4); dtl[st] = dup_dev(tiles, (size_t)nt * 4); dnt[st] = dup_dev(&nt, 4);
+    dperm[st] = dup_dev(perm, (size_t)A * 4);
+  }
+  touched /= SETS;
+  free(cnt); free(offh); free(fill); free(asg); free(perm); free(tiles);
+  uint16_t *X = rand_bf16((size_t)T * H, 1.f);
+  void *dX = dup_dev(X, (size_t)T * H * 2), *dact = di_cut_malloc((size_t)A * I * 2), *degu = di_cut_malloc((size_t)A * 2 * I * 2);
+  void *dy = di_cut_malloc((size_t)A * H * 4);
+  free(X);
+  size_t wsb = di_cuk_fp8_ws_bytes(A > T ? A : T, H > I ? H : I);
+  void *dws = di_cut_malloc(wsb);
+  double us[5] = {-1, -1, -1, -1, -1};
+  const char *names[5] = {"gmma (new)", bm == 16 ? "tc GEMV (was)" : "mma.sync GEMM (was)", "bf16 grouped GEMM",
+                          "16-row GEMV (gv16)", "wgmma tcg (new)"};
+  for (int kind = 0; kind < 5; kind++) {
+    if (kind == 3 && T > 16) continue;
+    if ((g_tcg_sel == -1 && kind == 4) || (g_tcg_sel == 1 && kind != 4 && kind != 2)) continue;
+    for (int it = -2; it < ITERS; it++) {
+      if (it == 0) { CHECK(di_cut_sync() == 0); us[kind] = di_cut_time_ms(); }
+      const int st = (it + 2) % SETS;
+      uint8_t *xq;
+      float *sx;
+      int ldq, lds;
+      di_status r = DI_OK;
+      if (kind == 0 || kind == 4 || (kind == 1 && bm == 64)) {
+        r = di_cuk_fp8_quant_ws(dX, H, T, H, dws, wsb, &xq, &ldq, &sx, &lds, NULL);
+        if (r == DI_OK && kind == 0)
+          r = di_cuk_fp8_gmma_grouped(xq, ldq, sx, lds, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, dact, I, 0, 1, NULL);
+        else if (r == DI_OK && kind == 4)
+          r = di_cuk_fp8_tcg_grouped(xq, ldq, sx, lds, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, dact, I, 0, 1, NULL);
+        else if (r == DI_OK) {
+          r = di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, degu, 2 * I, 0, NULL);
+          if (r == DI_OK) r = di_cuk_silu_mul(degu, A, I, dact, NULL);
+        }
+        if (r == DI_OK) r = di_cuk_fp8_quant_ws(dact, I, A, I, dws, wsb, &xq, &ldq, &sx, &lds, NULL);
+        if (r == DI_OK && kind == 0)
+          r = di_cuk_fp8_gmma_grouped(xq, ldq, sx, lds, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, 0, NULL);
+        else if (r == DI_OK && kind == 4)
+          r = di_cuk_fp8_tcg_grouped(xq, ldq, sx, lds, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, 0, NULL);
+        else if (r == DI_OK)
+          r = di_cuk_fp8_grouped_gemm(xq, ldq, sx, lds, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, NULL);
+      } else if (kind == 1) {
+        r = di_cuk_fp8_tc_grouped_gemv(dX, H, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, bm, dact, I, 0, 1, NULL);
+        if (r == DI_OK) r = di_cuk_fp8_tc_grouped_gemv(dact, I, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, bm, dy, H, 1, 0, NULL);
+      } else if (kind == 3) { /* the 16-rows-a-warp GEMVs the backend takes up to 16 tokens */
+        const int rows = T < bm ? T : bm;
+        r = di_cuk_fp8_gv16_grouped(dX, H, dperm[st], wgu, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, rows, dact, I, 0, 1, 0, -1, 0, NULL);
+        if (r == DI_OK) r = di_cuk_fp8_gv16_grouped(dact, I, NULL, wdn, H, I, doff[st], dtl[st], dnt[st], maxt, bm, rows, dy, H, 1, 0, 0, -1, 0, NULL);
+      } else {
+        r = di_cuk_grouped_gemm(dX, H, dperm[st], dgu16, 2 * I, H, doff[st], dtl[st], dnt[st], maxt, bm, dact, I, 0, 1, NULL);
+        if (r == DI_OK) r = di_cuk_grouped_gemm(dact, I, NULL, ddn16, H, I, doff[st], dtl[st], dnt[st], maxt, bm, dy, H, 1, 0, NULL);
+      }
+      if (r != DI_OK) { CHECKF(0, "time gmma %s: %s", names[kind], di_last_error()); us[kind] = -1; break; }
+    }
+    CHECK(di_cut_sync() == 0);
+    if (us[kind] >= 0) us[kind] = (di_cut_time_ms() - us[kind]) * 1e3 / ITERS;
+  }
+  const double bytes = touched * ((double)(gub + dnb) + 3.0 * I * (H / 128) * 4);
+  const double flops = 2.0 * A * 3.0 * I * H;
+  for (int kind = 0; kind < 5; kind++)
+    if (us[kind] > 0)
+      printf("time fp8 experts %s T %5d (bm %d, %.1f experts): %-20s %9.1f us %6.0f GB/s (FP8 bytes) %6.0f TFLOP/s\n",
+             v3 ? "V3     " : "V2-Lite", T, bm, touched, names[kind], us[kind], bytes / (us[kind] * 1e3),
+             flops / (us[kind] * 1e6));
+  for (int st = 0; st < SETS; st++) { di_cut_free(doff[st]); di_cut_free(dtl[st]); di_cut_free(dnt[st]); di_cut_free(dperm[st]); }
+  di_cut_free(dX); di_cut_free(dact); di_cut_free(degu); di_cut_free(dy); di_cut_free(dws);
+}
+
 /* The CUDA-core GEMV's one-token fusions at V2-Lite's and V3's shapes and the shipped model's edges. */
 static void test_fusions(void) {
   test_normed(1, 3648, 2048, "V2-Lite q + kv_a");
@@ -985,14 +1231,28 @@ int main(int argc, char **argv) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
-  int timings = 1, tc_only = 0, fusions_only = 0, gv16_only = 0;
+  int timings = 1, tc_only = 0, fusions_only = 0, gv16_only = 0, gmma_only = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--gv16-only") == 0) gv16_only = 1;
+    if (strcmp(argv[i], "--gmma-only") == 0) gmma_only = 1;
+    if (strcmp(argv[i], "--no-tcg") == 0) g_tcg_sel = -1;
+    if (strcmp(argv[i], "--tcg-only") == 0) g_tcg_sel = 1, gmma_only = 1;
     if (strcmp(argv[i], "--no-timings") == 0) timings = 0;
     if (strcmp(argv[i], "--tc-only") == 0) tc_only = 1;
     if (strcmp(argv[i], "--fusions-only") == 0) fusions_only = 1;
   }
+  if (gmma_only) { /* k_fp8_grouped_mma.cu: checks, then the expert paths timed at decode batches and prefill */
+    test_gmma_all();
+    if (timings) {
+      const int ts[] = {4, 8, 16, 32, 64, 256, 512, 4096};
+      for (int v3 = 0; v3 < 2; v3++)
+        for (int i = 0; i < 8; i++) time_gmma(v3, ts[i]);
+    }
+    printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
+    return di_test_failed ? 1 : 0;
+  }
   test_gv16_all();
+  test_gmma_all();
   if (gv16_only) {
     if (timings) {
       const int ts[] = {1, 2, 4, 16};

@@ -127,6 +127,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * model-level runs on the H200 are recorded (docs/NOTES.md, issue 18) */
   b->fp8 = di_switch_bool(DI_SW_CUDA_FP8, 0);
   b->fp8_fuse = di_switch_bool(DI_SW_CUDA_FP8_FUSE, 1);
+  b->fp8_gmma = di_switch_bool(DI_SW_CUDA_FP8_GMMA, 1);
+  b->fp8_gmma_min_t = di_switch_int(DI_SW_CUDA_FP8_GMMA_MIN_T, 4);
+  if (b->fp8_gmma_min_t < 2) b->fp8_gmma_min_t = 2; /* one token keeps the fused down + combine */
+  b->fp8_tcg = di_switch_int(DI_SW_CUDA_FP8_TCG, 1);
   b->fp8_gv16 = di_switch_int(DI_SW_CUDA_FP8_GV16, 1); /* (H200, V2-Lite FP8: batch 1 531 vs 426 tok/s) */
   if (b->fp8_gv16 < 0 || b->fp8_gv16 > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: DEEPINFER_CUDA_FP8_GV16=%d (0, 1 or 2)", b->fp8_gv16);

@@ -272,8 +272,17 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
  * through perm_tok, then the A rows of act) where the tiles are 64 rows and the blocks 128 wide, else
  * grouped GEMVs of up to 16 rows a pass. With DEEPINFER_CUDA_FP8_GV16 (outside the invariant mode), steps of
  * up to GV16_MAX_T tokens take the 16-rows-a-warp GEMVs of k_fp8_grouped_gemv.cu instead (bit-equal to the
- * CUDA-core GEMV; they replace the tensor-core GEMV at 3-16 rows). */
+ * CUDA-core GEMV; they replace the tensor-core GEMV at 3-16 rows). Outside the invariant mode, steps of at least
+ * DEEPINFER_CUDA_FP8_GMMA_MIN_T tokens (4; and never one token) take the grouped W8A8 GEMMs instead: k_fp8_tc_grouped.cu's
+ * wgmma one (DEEPINFER_CUDA_FP8_TCG) where the widths allow (I % 128, H % 256), else k_fp8_grouped_mma.cu's mma.sync
+ * one (DEEPINFER_CUDA_FP8_GMMA). */
 #define GV16_MAX_T 16 /* DEEPINFER_CUDA_FP8_GV16: up to this many token rows (passes of up to 4 rows an expert) */
+/* Whether a step of T tokens takes k_fp8_tc_grouped.cu for layer L's experts (DEEPINFER_CUDA_FP8_TCG); layer_step
+ * then builds 64-row tiles (the kernel's CTA tile: an expert's weights read once per 64 of its rows, not 16). */
+static int fp8_tcg_step(const cu_backend *b, const cu_layer *L, int T) {
+  return L->f_exp_gu.q && b->fp8_tcg && !b->invariant && T >= b->fp8_gmma_min_t && T > 1 &&
+         di_cuk_fp8_tcg_ok(2 * b->Ip, b->Hp, 1, L->f_exp_gu) && di_cuk_fp8_tcg_ok(b->Hp, b->Ip, 0, L->f_exp_down);
+}
 static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_rows *io, int down_combine) {
   cudaStream_t s = b->stream;
   const int Hp = b->Hp, Ip = b->Ip, T = io->T, A = io->A, bm = io->bm, max_tiles = io->max_tiles;
@@ -284,6 +293,24 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_r
                  di_cuk_fp8_tc_ok(Ip, io->act, Ip, L->f_exp_down);
   const int mma = !b->invariant && T > (tc ? di_cuk_fp8_gemv_max_rows() : GEMV_MAX_T) && bm == 64 &&
                   di_cuk_fp8_gemm_ok(Hp, L->f_exp_gu) && di_cuk_fp8_gemm_ok(Ip, L->f_exp_down);
+  const int tcg = !down_combine && bm <= 64 && fp8_tcg_step(b, L, T);
+  if (tcg || (b->fp8_gmma && !b->invariant && T >= b->fp8_gmma_min_t && !down_combine && (bm == 16 || bm == 64) &&
+              di_cuk_fp8_gmma_ok(Hp, L->f_exp_gu) && di_cuk_fp8_gmma_ok(Ip, L->f_exp_down))) {
+    /* DEEPINFER_CUDA_FP8_TCG / _GMMA: W8A8 on k_fp8_tc_grouped.cu (wgmma) or k_fp8_grouped_mma.cu (mma.sync),
+     * activations quantized per 128; gate/up + SiLU in one kernel, then act quantized for the down product */
+    uint8_t *xq;
+    float *sx;
+    int ldq, lds;
+    DI_TRY(di_cuk_fp8_quant_ws(x, Hp, io->x_rows, Hp, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds, s));
+    DI_TRY((tcg ? di_cuk_fp8_tcg_grouped : di_cuk_fp8_gmma_grouped)(xq, ldq, sx, lds, io->perm_tok, L->f_exp_gu,
+                                                                     2 * Ip, Hp, io->expert_off, io->tiles, io->n_tiles,
+                                                                     max_tiles, bm, io->act, Ip, 0, 1, s));
+    DI_TRY(di_cuk_fp8_quant_ws((const uint16_t *)io->act, Ip, A, Ip, b->fp8_ws, b->fp8_ws_bytes, &xq, &ldq, &sx, &lds,
+                               s));
+    return (tcg ? di_cuk_fp8_tcg_grouped : di_cuk_fp8_gmma_grouped)(xq, ldq, sx, lds, NULL, L->f_exp_down, Hp, Ip,
+                                                                    io->expert_off, io->tiles, io->n_tiles, max_tiles,
+                                                                    bm, io->y, Hp, 1, 0, s);
+  }
   if (b->fp8_gv16 && !b->invariant && T <= GV16_MAX_T && di_cuk_fp8_gv16_ok(Hp, io->x, Hp, L->f_exp_gu) &&
       di_cuk_fp8_gv16_ok(Ip, io->act, Ip, L->f_exp_down)) { /* DEEPINFER_CUDA_FP8_GV16: 16 rows a warp */
     const int pipe = b->fp8_gv16 == 2, rows = T < bm ? T : bm;
@@ -522,7 +549,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     *xn_ready_io = 0;
     return DI_OK;
   }
-  const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et ? 64 : 16;
+  const int E = b->E, Et = b->Et, Kt = b->Kt, A = T * Kt, bm = A >= 32 * Et || fp8_tcg_step(b, L, T) ? 64 : 16;
   int max_tiles = (A + bm - 1) / bm + Et;
   if (max_tiles > A) max_tiles = A;
   const di_cuk_perm pm = {bm, b->perm_tok, b->inv, b->expert_off, b->tiles, b->n_tiles};

@@ -131,6 +131,22 @@ di_status di_cuk_fp8_grouped_gemm(const uint8_t *Aq, int ldq, const float *sa, i
                                   di_cu_stream s);
 /* Whether di_cuk_fp8_gemm takes this weight (128-wide blocks, aligned rows). */
 int di_cuk_fp8_gemm_ok(int K, di_cuk_fp8w w);
+/* The grouped W8A8 GEMM of k_fp8_grouped_mma.cu (DEEPINFER_CUDA_FP8_GMMA: the experts of steps of more
+ * than 16 tokens): the arguments of di_cuk_fp8_grouped_gemm, bm 16 or 64, and glu: W is each expert's
+ * [gate; up] (N = 2 I rows, not interleaved) and C (bf16, I columns) gets silu(gate) * up. Takes the
+ * weights di_cuk_fp8_gmma_ok accepts (128-wide blocks, aligned rows, K % 16 == 0). */
+int di_cuk_fp8_gmma_ok(int K, di_cuk_fp8w w);
+/* The same product on the TMA wgmma core (k_fp8_tc_grouped.cu, DEEPINFER_CUDA_FP8_TCG): bm 1..64 (the tile
+ * list's rows; the CTA tile is 64 rows), N % 256 == 0 (glu: I % 128), K % 16, 128-wide scale blocks. */
+int di_cuk_fp8_tcg_ok(int N, int K, int glu, di_cuk_fp8w w);
+di_status di_cuk_fp8_tcg_grouped(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32_t *a_rows,
+                                 di_cuk_fp8w w, int N, int K, const int32_t *expert_off, const int32_t *tiles,
+                                 const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc, int c_f32, int glu,
+                                 di_cu_stream s);
+di_status di_cuk_fp8_gmma_grouped(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32_t *a_rows,
+                                  di_cuk_fp8w w, int N, int K, const int32_t *expert_off, const int32_t *tiles,
+                                  const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc, int c_f32, int glu,
+                                  di_cu_stream s);
 
 /* The dense dispatch the model calls: the GEMV for M <= di_cuk_fp8_gemv_max_rows() (and at every M
  * in the batch-invariant mode; the tensor-core one where di_cuk_fp8_tc_use), else quantize the activations into `ws` and run
