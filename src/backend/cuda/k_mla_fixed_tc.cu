@@ -17,9 +17,10 @@
  * register file), so between splits it waits in a slot of global memory private to the CTA (128 KB, in
  * the L2): the CTA is persistent (one per SM, items from the longest down) and slot b is CTA b's.
  * Items with part >= 0 (one split) write their partial for di_cuk_mla_combine_fixed instead.
- * Shared memory: Q [64][576] and two key tiles [32][576] in the no-swizzle core-matrix layout (8 rows x
- * 16 bytes contiguous; 72 core matrices per 8 rows), the score tile, the rows' positions. Not yet:
- * TMA, warp specialization (loads are cp.async, double-buffered), 64-key loads. */
+ * Shared memory: Q [64][576] and two key tiles [32][576] in the 128-byte swizzle (64-column blocks of
+ * 1024-byte atoms; a key tile serves S K-major and P.V N-major from the same bytes), the two score
+ * tiles, the rows' positions. Not yet: TMA, warp specialization (loads are cp.async, double-buffered),
+ * 64-key loads. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_mla_fixed.cuh"
@@ -32,18 +33,24 @@
 #define BM 64
 #define NTH 256
 #define SSTR (KT + 4)
-#define CMR (D / 8) /* core matrices per 8 rows */
+#define NCB (D / 64) /* 64-column (128-byte) blocks of a row */
 static_assert(KT == 32 && DR == 512 && D == 576, "the tile shapes below");
 static_assert(DI_CUK_ATTN_ROWS == BM, "partial slots hold 64 rows");
 
-static constexpr size_t MT_SMEM = (size_t)BM * D * 2 + 2 * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
-static constexpr uint32_t MT_RG = CMR * 128; /* bytes from 8 rows (keys) to the next 8 */
+/* + 1 KB to align the tiles to the 1024-byte swizzle atoms */
+static constexpr size_t MT_SMEM = 1024 + (size_t)BM * D * 2 + 2 * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
 
-/* element offset of (row r, column c) in the core-matrix layout */
-static __device__ __forceinline__ int mt_off(int r, int c) { return ((r >> 3) * CMR + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7); }
-static __device__ __forceinline__ uint64_t mt_desc(const bf16 *p, uint32_t lbo, uint32_t sbo) {
+/* element offset of (row r, 16-byte chunk gc = column / 8) in a tile of `rows` rows: 64-column blocks of
+ * [rows][128 bytes], the chunks of a row XOR-permuted by the row's index within its 8-row (1024-byte)
+ * atom, the 128-byte swizzle the tensor cores read */
+static __device__ __forceinline__ int mt_off(int rows, int r, int gc) {
+  return (gc >> 3) * rows * 64 + r * 64 + (((gc & 7) ^ (r & 7)) << 3);
+}
+/* a 128-byte-swizzle matrix descriptor: stride byte offset 1024 (the next 8 rows), leading byte offset
+ * lbo (K-major: unused, 1; MN-major: the next 64-element block along N) */
+static __device__ __forceinline__ uint64_t mt_desc(const bf16 *p, uint32_t lbo_field) {
   const uint32_t a = tt_smem(p);
-  return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
+  return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)lbo_field << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
 /* S[64 rows][32 keys] += Q . K^T for one k16 step: both operands K-major from shared memory (the
@@ -65,31 +72,25 @@ static __device__ __forceinline__ void mt_mma_pv(float *d, const uint32_t *a, ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/* rows r of an 8-row group fastest, so 8 consecutive threads fill one core matrix (128 contiguous bytes) */
-static __device__ __forceinline__ void mt_rc(int c, int &r, int &ch) {
-  r = (c & 7) + ((c / (8 * CMR)) << 3);
-  ch = (c >> 3) % CMR;
-}
 /* keys kb .. kb + 31 (zeros from k1 on) from the paged cache into a key tile */
 static __device__ __forceinline__ void mt_load_k(bf16 *dst, const bf16 *cache, const int32_t *btab, int kb, int k1,
                                                  int tid) {
-  for (int c = tid; c < KT * CMR; c += NTH) {
-    int r, ch;
-    mt_rc(c, r, ch);
+  for (int c = tid; c < KT * (D / 8); c += NTH) { /* 8 consecutive threads: one 128-byte row block */
+    const int r = c / (D / 8), ch = c % (D / 8);
     const int k = kb + r;
     const bool ok = k < k1;
     const int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
-    di_cp_async16(dst + mt_off(r, ch * 8), cache + crow * D + ch * 8, ok);
+    di_cp_async16(dst + mt_off(KT, r, ch), cache + crow * D + ch * 8, ok);
   }
 }
 
 static __global__ void __launch_bounds__(NTH, 1)
 mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions,
                     int H, float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out,
-                    float *part_o, float *part_lse, float4 *slots, uint32_t lbo_v, uint32_t sbo_v) {
+                    float *part_o, float *part_lse, float4 *slots) {
   DI_PDL_ENTRY();
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16 *sQ = (bf16 *)smem_raw, *sK = sQ + BM * D;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  bf16 *sQ = (bf16 *)(smem_raw + ((1024 - (tt_smem(smem_raw) & 1023)) & 1023)), *sK = sQ + BM * D;
   float *sS = (float *)(sK + 2 * KT * D);
   int *sPos = (int *)(sS + 2 * BM * SSTR); /* sS: the even and the odd chain's score tiles */
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
@@ -102,11 +103,10 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
     const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
     __syncthreads(); /* the previous item is done with every buffer */
     for (int r = tid; r < BM; r += NTH) sPos[r] = r < nrows ? positions[(it.row0 + r) / H] : -1;
-    for (int c = tid; c < BM * CMR; c += NTH) {
-      int r, ch;
-      mt_rc(c, r, ch);
+    for (int c = tid; c < BM * (D / 8); c += NTH) {
+      const int r = c / (D / 8), ch = c % (D / 8);
       const bool ok = r < nrows;
-      di_cp_async16(sQ + mt_off(r, ch * 8), Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + ch * 8, ok);
+      di_cp_async16(sQ + mt_off(BM, r, ch), Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + ch * 8, ok);
     }
     mt_load_k(sK, cache, btab, it.k0, it.k1, tid);
     di_cp_commit();
@@ -135,7 +135,9 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
 #pragma unroll
       for (int i = 0; i < D / 32; i++) {
         const int kk = 2 * i + wg;
-        mt_mma_qk(sacc, mt_desc(sQ + kk * 2 * 64, 128, MT_RG), mt_desc(K + kk * 2 * 64, 128, MT_RG));
+        /* k16 step kk: 64-column block kk / 4, 32 bytes further per step inside it */
+        mt_mma_qk(sacc, mt_desc(sQ + (kk >> 2) * BM * 64 + (kk & 3) * 16, 1),
+                  mt_desc(K + (kk >> 2) * KT * 64 + (kk & 3) * 16, 1));
       }
       wg_commit();
       wg_wait0();
@@ -179,7 +181,10 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
       for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
       wg_fence();
 #pragma unroll
-      for (int ks = 0; ks < 2; ks++) mt_mma_pv(o, pa[ks], mt_desc(K + (2 * ks * CMR + 32 * wg) * 64, lbo_v, sbo_v));
+      /* V N-major: keys 16ks .. (rows of the 1024-byte atoms, stride 1024), columns 256wg .. (blocks 4wg ..,
+       * the leading byte offset the next 64-column block, KT rows x 128 bytes) */
+      for (int ks = 0; ks < 2; ks++)
+        mt_mma_pv(o, pa[ks], mt_desc(K + 4 * wg * KT * 64 + ks * 16 * 64, KT * 128 >> 4));
       wg_commit();
       wg_wait0();
 
@@ -259,12 +264,9 @@ extern "C" di_status di_cuk_mla_attn_fixed_tc(const uint16_t *Q, const uint16_t 
     attr_set = 1;
   }
   const int grid = max_items < tt_sm_count() ? max_items : tt_sm_count();
-  /* the N-major V operand: the leading byte offset steps 8 keys (K), the stride byte offset 8 columns
-   * (N), as the no-swizzle MN-major layout reads them (the swapped pair faulted on the H200) */
-  const uint32_t lbo = MT_RG, sbo = 128;
   DI_CU(di_launch(mla_fixed_tc_kernel, grid, NTH, MT_SMEM, (cudaStream_t)s, (const bf16 *)Q, (const bf16 *)cache,
                   block_tables, bt_stride, positions, H, scale * 1.4426950408889634f, split / KT, items, n_items,
-                  (bf16 *)out, part_o, part_lse, (float4 *)slots, lbo, sbo));
+                  (bf16 *)out, part_o, part_lse, (float4 *)slots));
   DI_CU_LAUNCH("mla_attn_fixed_tc");
   return DI_OK;
 }
