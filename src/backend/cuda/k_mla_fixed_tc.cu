@@ -37,8 +37,10 @@
 static_assert(KT == 32 && DR == 512 && D == 576, "the tile shapes below");
 static_assert(DI_CUK_ATTN_ROWS == BM, "partial slots hold 64 rows");
 
-/* + 1 KB to align the tiles to the 1024-byte swizzle atoms */
-static constexpr size_t MT_SMEM = 1024 + (size_t)BM * D * 2 + 2 * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
+#define NKB 3 /* key tile buffers: tile j (P.V), j + 1 (S), j + 2 (loading) */
+/* + 1 KB to align the tiles to the 1024-byte swizzle atoms; the score tiles of the even and the odd chain */
+static constexpr size_t MT_SMEM = 1024 + (size_t)BM * D * 2 + NKB * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
+static_assert(MT_SMEM <= 227 * 1024, "shared memory per block");
 
 /* element offset of (row r, 16-byte chunk gc = column / 8) in a tile of `rows` rows: 64-column blocks of
  * [rows][128 bytes], the chunks of a row XOR-permuted by the row's index within its 8-row (1024-byte)
@@ -84,6 +86,56 @@ static __device__ __forceinline__ void mt_load_k(bf16 *dst, const bf16 *cache, c
   }
 }
 
+/* registers the compiler must treat as read and written here, so that no access to a wgmma accumulator
+ * moves across the wait for it (CUTLASS's warpgroup_fence_operand) */
+template <int N> static __device__ __forceinline__ void mt_fence_regs(float *r) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/* S = Q . K^T of one 32-key tile as di_qk_slice's two chains: warpgroup 0 the even k16 steps, warpgroup
+ * 1 the odd ones, each for all 64 rows x 32 keys (Q and K read from shared memory once); issued, not
+ * waited for. dq: Q's descriptor + 2 wg (this warpgroup's first step); dk: the key tile's, the same */
+static __device__ __forceinline__ void mt_issue_s(float *sacc, uint64_t dq, uint64_t dk) {
+#pragma unroll
+  for (int q = 0; q < 16; q++) sacc[q] = 0.f;
+  mt_fence_regs<16>(sacc);
+  wg_fence();
+#pragma unroll
+  for (int i = 0; i < D / 32; i++) {
+    /* k16 step 2i + wg: 64-column block (2i) / 4, 32 bytes further per step inside it (descriptor
+     * addresses in 16-byte units: a Q block is BM rows x 128 bytes, a key block KT rows x 128 bytes) */
+    const int kk = 2 * i;
+    mt_mma_qk(sacc, dq + (uint64_t)((kk >> 2) * (BM * 8) + (kk & 3) * 2), dk + (uint64_t)((kk >> 2) * (KT * 8) + (kk & 3) * 2));
+  }
+  wg_commit();
+}
+/* the chain of this warpgroup into its score tile sX [64][SSTR] (accumulator register q: row rA + 8
+ * ((q / 2) % 2), key 8 (q / 4) + 2 (lane % 4) + q % 2) */
+static __device__ __forceinline__ void mt_store_s(float *sX, const float *sacc, int rA, int lane) {
+#pragma unroll
+  for (int q = 0; q < 16; q++) sX[(rA + ((q >> 1) & 1) * 8) * SSTR + 8 * (q >> 2) + 2 * (lane & 3) + (q & 1)] = sacc[q];
+}
+
+/* the softmax step of the 32-key tile from key kb: rows rA, rA + 8, keys (lane % 4) * 2 + {0, 1} + {0, 8,
+ * 16, 24}, as di_mla32_tile reads them; the even chain plus the odd one, scaled and masked as there */
+static __device__ __forceinline__ void mt_softmax(const float *sS, int kb, int k1, const int *sPos, int rA, int lane,
+                                                  float scale_log2, float *s0, float *s1, float &m0, float &m1,
+                                                  float &l0, float &l1, float &al0, float &al1) {
+  const float *sE = sS, *sO = sS + BM * SSTR;
+  const int p0 = sPos[rA], p1 = sPos[rA + 8];
+#pragma unroll
+  for (int q = 0; q < 8; q++) {
+    const int kc = (q >> 1) * 8 + (lane & 3) * 2 + (q & 1), k = kb + kc;
+    float e0 = sE[rA * SSTR + kc], e1 = sE[(rA + 8) * SSTR + kc];
+    e0 += sO[rA * SSTR + kc];
+    e1 += sO[(rA + 8) * SSTR + kc];
+    s0[q] = (k <= p0 && k < k1) ? e0 * scale_log2 : -INFINITY;
+    s1[q] = (k <= p1 && k < k1) ? e1 * scale_log2 : -INFINITY;
+  }
+  di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
+}
+
 static __global__ void __launch_bounds__(NTH, 1)
 mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions,
                     int H, float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out,
@@ -91,16 +143,21 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
   DI_PDL_ENTRY();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   bf16 *sQ = (bf16 *)(smem_raw + ((1024 - (tt_smem(smem_raw) & 1023)) & 1023)), *sK = sQ + BM * D;
-  float *sS = (float *)(sK + 2 * KT * D);
-  int *sPos = (int *)(sS + 2 * BM * SSTR); /* sS: the even and the odd chain's score tiles */
+  float *sS = (float *)(sK + NKB * KT * D); /* [chain][64][SSTR] */
+  int *sPos = (int *)(sS + 2 * BM * SSTR);
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
   const int rA = wq * 16 + (lane >> 2); /* this thread's rows rA, rA + 8 */
   float4 *slot = slots + (size_t)blockIdx.x * (BM * DR / 4);
+  /* descriptors: Q's and key buffer b's (K-major, for S; + 2 wg: this warpgroup's first k16 step), and
+   * key buffer b's as V (N-major; columns 256 wg .. : 4 wg 64-column blocks of KT x 128 bytes further) */
+  const uint64_t dq = mt_desc(sQ, 1) + 2 * wg, dk0 = mt_desc(sK, 1) + 2 * wg;
+  const uint64_t dv0 = mt_desc(sK, KT * 128 >> 4) + (uint64_t)(4 * wg * KT * 8);
   const int n = *n_items;
   for (int idx = n - 1 - (int)blockIdx.x; idx >= 0; idx -= (int)gridDim.x) {
     const di_cuk_attn_item it = items[idx];
     const int nrows = it.row1 - it.row0;
     const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
+    const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
     __syncthreads(); /* the previous item is done with every buffer */
     for (int r = tid; r < BM; r += NTH) sPos[r] = r < nrows ? positions[(it.row0 + r) / H] : -1;
     for (int c = tid; c < BM * (D / 8); c += NTH) {
@@ -110,87 +167,70 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
     }
     mt_load_k(sK, cache, btab, it.k0, it.k1, tid);
     di_cp_commit();
+    if (ntiles > 1) mt_load_k(sK + KT * D, cache, btab, it.k0 + KT, it.k1, tid);
+    di_cp_commit();
+    di_cp_wait<1>(); /* Q and tile 0 */
+    wg_proxy_fence();
+    __syncthreads();
+    /* FA3's intra-warpgroup order: tile j + 1's S, then tile j's P.V are issued; tile j + 1's softmax
+     * runs on the CUDA cores while P.V runs on the tensor cores; then O is rescaled for tile j + 1. The
+     * arithmetic of each row is that of the sequential loop (independent work reordered only) */
+    float sacc[16], s0[8], s1[8];
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, al0, al1;
+    float ms0, ms1, ls0, ls1; /* a split's softmax state, kept for its end after the next tile's softmax */
+    mt_issue_s(sacc, dq, dk0);
+    wg_wait0();
+    mt_fence_regs<16>(sacc);
+    mt_store_s(sS + wg * BM * SSTR, sacc, rA, lane);
+    __syncthreads();
+    mt_softmax(sS, it.k0, it.k1, sPos, rA, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
 
     float o[128];
 #pragma unroll
-    for (int q = 0; q < 128; q++) o[q] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    for (int q = 0; q < 128; q++) o[q] = 0.f; /* (o * al of the first tile: 0 either way) */
     float M0 = -INFINITY, M1 = -INFINITY, W0 = 0.f, W1 = 0.f;
-    const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
+    int b0 = 0; /* key buffer of tile j (tile j + 1 in b0 + 1, j + 2 in b0 + 2, mod NKB) */
     for (int j = 0; j < ntiles; j++) {
-      const int kb = it.k0 + j * KT;
+      const int b1 = b0 + 1 == NKB ? 0 : b0 + 1, b2 = b1 + 1 == NKB ? 0 : b1 + 1;
+      const bool more = j + 1 < ntiles, send = (j + 1) % tps == 0 || !more;
       di_cp_wait<0>();
       wg_proxy_fence();
-      __syncthreads(); /* tile j landed; everyone is done with tile j - 1's buffer and the score tile */
-      if (j + 1 < ntiles) mt_load_k(sK + ((j + 1) & 1) * KT * D, cache, btab, kb + KT, it.k1, tid);
-      di_cp_commit();
-      const bf16 *K = sK + (j & 1) * KT * D;
-
-      /* S = Q . K^T as di_qk_slice's two chains: warpgroup 0 the even k16 steps, warpgroup 1 the odd
-       * ones, each for all 64 rows x 32 keys (so Q and K are read from shared memory once) */
-      float sacc[16];
-#pragma unroll
-      for (int q = 0; q < 16; q++) sacc[q] = 0.f;
-      wg_fence();
-#pragma unroll
-      for (int i = 0; i < D / 32; i++) {
-        const int kk = 2 * i + wg;
-        /* k16 step kk: 64-column block kk / 4, 32 bytes further per step inside it */
-        mt_mma_qk(sacc, mt_desc(sQ + (kk >> 2) * BM * 64 + (kk & 3) * 16, 1),
-                  mt_desc(K + (kk >> 2) * KT * 64 + (kk & 3) * 16, 1));
-      }
-      wg_commit();
-      wg_wait0();
-      /* accumulator register q: row rA + 8 ((q / 2) % 2), key 8 (q / 4) + 2 (lane % 4) + q % 2 */
-      float *sX = sS + wg * BM * SSTR;
-#pragma unroll
-      for (int q = 0; q < 16; q++)
-        sX[(rA + ((q >> 1) & 1) * 8) * SSTR + 8 * (q >> 2) + 2 * (lane & 3) + (q & 1)] = sacc[q];
+      /* tile j + 1 landed; everyone is done with tile j - 1 (key buffer b2) and with the score tiles */
       __syncthreads();
-
-      /* rows rA, rA + 8: keys (lane % 4) * 2 + {0, 1} + {0, 8, 16, 24}, as di_mla32_tile reads them; the
-       * even chain plus the odd one, scaled and masked as there */
-      float s0[8], s1[8];
-      const int p0 = sPos[rA], p1 = sPos[rA + 8];
-#pragma unroll
-      for (int q = 0; q < 8; q++) {
-        const int kc = (q >> 1) * 8 + (lane & 3) * 2 + (q & 1), k = kb + kc;
-        float e0 = sS[rA * SSTR + kc], e1 = sS[(rA + 8) * SSTR + kc];
-        e0 += sS[BM * SSTR + rA * SSTR + kc];
-        e1 += sS[BM * SSTR + (rA + 8) * SSTR + kc];
-        s0[q] = (k <= p0 && k < it.k1) ? e0 * scale_log2 : -INFINITY;
-        s1[q] = (k <= p1 && k < it.k1) ? e1 * scale_log2 : -INFINITY;
-      }
-      float al0, al1;
-      di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
-      /* x * 1 == x exactly: a factor of 1 (the row's maximum did not move) is skipped, same bits */
-      if (al0 != 1.f)
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-          o[4 * i] *= al0;
-          o[4 * i + 1] *= al0;
-        }
-      if (al1 != 1.f)
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-          o[4 * i + 2] *= al1;
-          o[4 * i + 3] *= al1;
-        }
-      uint32_t pa[2][4];
-#pragma unroll
-      for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
+      mt_fence_regs<128>(o);
+      /* (issued on the last tile too, from tile j's own buffer, and not used: a branch around a wgmma
+       * makes ptxas serialize every wgmma of the kernel) */
+      mt_issue_s(sacc, dq, dk0 + (uint64_t)((more ? b1 : b0) * (KT * D * 2 / 16)));
       wg_fence();
-#pragma unroll
       /* V N-major: keys 16ks .. (rows of the 1024-byte atoms, stride 1024), columns 256wg .. (blocks 4wg ..,
        * the leading byte offset the next 64-column block, KT rows x 128 bytes) */
-      for (int ks = 0; ks < 2; ks++)
-        mt_mma_pv(o, pa[ks], mt_desc(K + 4 * wg * KT * 64 + ks * 16 * 64, KT * 128 >> 4));
+#pragma unroll
+      for (int ks = 0; ks < 2; ks++) mt_mma_pv(o, pa[ks], dv0 + (uint64_t)(b0 * (KT * D * 2 / 16) + ks * 16 * 8));
       wg_commit();
+      if (j + 2 < ntiles) mt_load_k(sK + b2 * KT * D, cache, btab, it.k0 + (j + 2) * KT, it.k1, tid);
+      di_cp_commit();
+      if (send) { /* tile j ends a split: its state for the end below, a fresh pass from tile j + 1 */
+        ms0 = m0; ms1 = m1; ls0 = l0; ls1 = l1;
+        m0 = m1 = -INFINITY;
+        l0 = l1 = 0.f;
+      }
+      tt_wait1();
+      mt_fence_regs<16>(sacc);
+      if (more) { /* tile j + 1's S (the older group), then its softmax, while P.V runs */
+        mt_store_s(sS + wg * BM * SSTR, sacc, rA, lane);
+        __syncthreads();
+        mt_softmax(sS, it.k0 + (j + 1) * KT, it.k1, sPos, rA, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
+      }
       wg_wait0();
+      mt_fence_regs<128>(o);
+      b0 = b1;
 
-      if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
-        const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
-        const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
+      if (send) { /* the end of a split: its partial, then a fresh pass */
+        const float inv0 = fixed_inv(ls0), inv1 = fixed_inv(ls1);
+        const float lse0 = fixed_lse(ms0, ls0), lse1 = fixed_lse(ms1, ls1);
         if (it.part >= 0) { /* an item of one split: the partial goes to the combine kernel */
           float *po = part_o + (int64_t)it.part * DI_CUK_ATTN_ROWS * DR;
 #pragma unroll
@@ -239,8 +279,22 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
         }
 #pragma unroll
         for (int q = 0; q < 128; q++) o[q] = 0.f;
-        m0 = m1 = -INFINITY;
-        l0 = l1 = 0.f;
+      }
+      if (more) { /* O for tile j + 1 (x * 1 == x exactly: a factor of 1 is skipped, same bits) */
+        if (al0 != 1.f)
+#pragma unroll
+          for (int i = 0; i < 32; i++) {
+            o[4 * i] *= al0;
+            o[4 * i + 1] *= al0;
+          }
+        if (al1 != 1.f)
+#pragma unroll
+          for (int i = 0; i < 32; i++) {
+            o[4 * i + 2] *= al1;
+            o[4 * i + 3] *= al1;
+          }
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
       }
     }
     di_cp_wait<0>();
