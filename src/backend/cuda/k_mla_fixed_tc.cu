@@ -32,7 +32,7 @@
 #define KT DI_CUK_ATTN_KTILE
 #define BM 64
 #define NTH 256
-#define SSTR (KT + 4)
+#define SSTR (KT + 8) /* score tile row stride: 64-bit accesses of 8 rows x 4 column pairs hit each bank pair twice (the minimum) */
 #define NCB (D / 64) /* 64-column (128-byte) blocks of a row */
 static_assert(KT == 32 && DR == 512 && D == 576, "the tile shapes below");
 static_assert(DI_CUK_ATTN_ROWS == BM, "partial slots hold 64 rows");
@@ -42,12 +42,9 @@ static_assert(DI_CUK_ATTN_ROWS == BM, "partial slots hold 64 rows");
 static constexpr size_t MT_SMEM = 1024 + (size_t)BM * D * 2 + NKB * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
 static_assert(MT_SMEM <= 227 * 1024, "shared memory per block");
 
-/* element offset of (row r, 16-byte chunk gc = column / 8) in a tile of `rows` rows: 64-column blocks of
- * [rows][128 bytes], the chunks of a row XOR-permuted by the row's index within its 8-row (1024-byte)
- * atom, the 128-byte swizzle the tensor cores read */
-static __device__ __forceinline__ int mt_off(int rows, int r, int gc) {
-  return (gc >> 3) * rows * 64 + r * 64 + (((gc & 7) ^ (r & 7)) << 3);
-}
+/* The tile layout: 64-column blocks of [rows][128 bytes], the 16-byte chunks of a row XOR-permuted by
+ * the row's index within its 8-row (1024-byte) atom, the 128-byte swizzle the tensor cores read: (row
+ * r, chunk gc = column / 8) at element (gc / 8) rows 64 + r 64 + ((gc % 8) ^ (r % 8)) 8 */
 /* a 128-byte-swizzle matrix descriptor: stride byte offset 1024 (the next 8 rows), leading byte offset
  * lbo (K-major: unused, 1; MN-major: the next 64-element block along N) */
 static __device__ __forceinline__ uint64_t mt_desc(const bf16 *p, uint32_t lbo_field) {
@@ -74,15 +71,32 @@ static __device__ __forceinline__ void mt_mma_pv(float *d, const uint32_t *a, ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/* keys kb .. kb + 31 (zeros from k1 on) from the paged cache into a key tile */
+/* keys kb .. kb + 31 (zeros from k1 on) from the paged cache into a key tile: thread t copies row t / 8,
+ * 16-byte chunk t % 8 of each of the 9 64-column blocks (8 threads: one row's 128 bytes of a block), so
+ * the row's cache address is looked up once and the 9 copies step by constants (the address arithmetic
+ * was a quarter of the kernel's instructions when each chunk was placed by a division) */
 static __device__ __forceinline__ void mt_load_k(bf16 *dst, const bf16 *cache, const int32_t *btab, int kb, int k1,
                                                  int tid) {
-  for (int c = tid; c < KT * (D / 8); c += NTH) { /* 8 consecutive threads: one 128-byte row block */
-    const int r = c / (D / 8), ch = c % (D / 8);
-    const int k = kb + r;
-    const bool ok = k < k1;
-    const int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
-    di_cp_async16(dst + mt_off(KT, r, ch), cache + crow * D + ch * 8, ok);
+  const int r = tid >> 3, cc = tid & 7, k = kb + r;
+  const bool ok = k < k1;
+  const int64_t crow = ok ? (int64_t)btab[k >> 6] * 64 + (k & 63) : 0;
+  const bf16 *src = cache + crow * D + cc * 8;
+  bf16 *d = dst + r * 64 + ((cc ^ (r & 7)) << 3); /* (r, chunk 8 i + cc) at d + i KT 64 */
+#pragma unroll
+  for (int i = 0; i < NCB; i++) di_cp_async16(d + i * KT * 64, src + i * 64, ok);
+}
+static_assert(KT * 8 == NTH, "one key row per 8 threads");
+/* the item's 64 query rows (rows from nrows on: zeros), the same way (rows t / 8 and t / 8 + 32) */
+static __device__ __forceinline__ void mt_load_q(bf16 *sQ, const bf16 *Q, int row0, int nrows, int tid) {
+  const int cc = tid & 7;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = (tid >> 3) + 32 * h;
+    const bool ok = r < nrows;
+    const bf16 *src = Q + (int64_t)(ok ? row0 + r : row0) * D + cc * 8;
+    bf16 *d = sQ + r * 64 + ((cc ^ (r & 7)) << 3);
+#pragma unroll
+    for (int i = 0; i < NCB; i++) di_cp_async16(d + i * BM * 64, src + i * 64, ok);
   }
 }
 
@@ -160,11 +174,7 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
     const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
     __syncthreads(); /* the previous item is done with every buffer */
     for (int r = tid; r < BM; r += NTH) sPos[r] = r < nrows ? positions[(it.row0 + r) / H] : -1;
-    for (int c = tid; c < BM * (D / 8); c += NTH) {
-      const int r = c / (D / 8), ch = c % (D / 8);
-      const bool ok = r < nrows;
-      di_cp_async16(sQ + mt_off(BM, r, ch), Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + ch * 8, ok);
-    }
+    mt_load_q(sQ, Q, it.row0, nrows, tid);
     mt_load_k(sK, cache, btab, it.k0, it.k1, tid);
     di_cp_commit();
     if (ntiles > 1) mt_load_k(sK + KT * D, cache, btab, it.k0 + KT, it.k1, tid);
