@@ -17,10 +17,15 @@
  * register file), so between splits it waits in a slot of global memory private to the CTA (128 KB, in
  * the L2): the CTA is persistent (one per SM, items from the longest down) and slot b is CTA b's.
  * Items with part >= 0 (one split) write their partial for di_cuk_mla_combine_fixed instead.
- * Shared memory: Q [64][576] and two key tiles [32][576] in the 128-byte swizzle (64-column blocks of
- * 1024-byte atoms; a key tile serves S K-major and P.V N-major from the same bytes), the two score
- * tiles, the rows' positions. Not yet: TMA, warp specialization (loads are cp.async, double-buffered),
- * 64-key loads. */
+ * The order of the work is FlashAttention-3's inside a warpgroup (not its arithmetic, which stays the
+ * CUDA-core kernel's): tile j + 1's S and tile j's P.V are issued together, tile j + 1's softmax runs on
+ * the CUDA cores while P.V runs on the tensor cores, then O is rescaled for tile j + 1; each row still
+ * sees the same operations on the same values in the same order. The S of an item's last tile is issued
+ * and thrown away (ptxas serializes every wgmma of a kernel that branches around one).
+ * Shared memory: Q [64][576] and three key tiles [32][576] (tile j for P.V, j + 1 for S, j + 2 loading)
+ * in the 128-byte swizzle (64-column blocks of 1024-byte atoms; a key tile serves S K-major and P.V
+ * N-major from the same bytes), the two chains' score tiles, the rows' positions. Loads are cp.async, a
+ * key row per 8 threads. Not yet: TMA, a producer warp, ping-pong of two consumer groups. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_mla_fixed.cuh"
