@@ -17,9 +17,15 @@
  * register file), so between splits it waits in a slot of global memory private to the CTA (128 KB, in
  * the L2): the CTA is persistent (one per SM, items from the longest down) and slot b is CTA b's.
  * Items with part >= 0 (one split) write their partial for di_cuk_mla_combine_fixed instead.
- * Shared memory: Q [64][576] and two key tiles [32][576] in the no-swizzle core-matrix layout (8 rows x
- * 16 bytes contiguous; 72 core matrices per 8 rows), the score tile, the rows' positions. Not yet:
- * TMA, warp specialization (loads are cp.async, double-buffered), 64-key loads. */
+ * The order of the work is FlashAttention-3's inside a warpgroup (not its arithmetic, which stays the
+ * CUDA-core kernel's): tile j + 1's S and tile j's P.V are issued together, tile j + 1's softmax runs on
+ * the CUDA cores while P.V runs on the tensor cores, then O is rescaled for tile j + 1; each row still
+ * sees the same operations on the same values in the same order. The S of an item's last tile is issued
+ * and thrown away (ptxas serializes every wgmma of a kernel that branches around one).
+ * Shared memory: Q [64][576] and three key tiles [32][576] (tile j for P.V, j + 1 for S, j + 2 loading)
+ * in the 128-byte swizzle (64-column blocks of 1024-byte atoms; a key tile serves S K-major and P.V
+ * N-major from the same bytes), the two chains' score tiles, the rows' positions. Loads are cp.async, a
+ * key row per 8 threads. Not yet: TMA, a producer warp, ping-pong of two consumer groups. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_mla_fixed.cuh"
@@ -31,19 +37,24 @@
 #define KT DI_CUK_ATTN_KTILE
 #define BM 64
 #define NTH 256
-#define SSTR (KT + 4)
-#define CMR (D / 8) /* core matrices per 8 rows */
+#define SSTR (KT + 8) /* score tile row stride: 64-bit accesses of 8 rows x 4 column pairs hit each bank pair twice (the minimum) */
+#define NCB (D / 64) /* 64-column (128-byte) blocks of a row */
 static_assert(KT == 32 && DR == 512 && D == 576, "the tile shapes below");
 static_assert(DI_CUK_ATTN_ROWS == BM, "partial slots hold 64 rows");
 
-static constexpr size_t MT_SMEM = (size_t)BM * D * 2 + 2 * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
-static constexpr uint32_t MT_RG = CMR * 128; /* bytes from 8 rows (keys) to the next 8 */
+#define NKB 3 /* key tile buffers: tile j (P.V), j + 1 (S), j + 2 (loading) */
+/* + 1 KB to align the tiles to the 1024-byte swizzle atoms; the score tiles of the even and the odd chain */
+static constexpr size_t MT_SMEM = 1024 + (size_t)BM * D * 2 + NKB * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
+static_assert(MT_SMEM <= 227 * 1024, "shared memory per block");
 
-/* element offset of (row r, column c) in the core-matrix layout */
-static __device__ __forceinline__ int mt_off(int r, int c) { return ((r >> 3) * CMR + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7); }
-static __device__ __forceinline__ uint64_t mt_desc(const bf16 *p, uint32_t lbo, uint32_t sbo) {
+/* The tile layout: 64-column blocks of [rows][128 bytes], the 16-byte chunks of a row XOR-permuted by
+ * the row's index within its 8-row (1024-byte) atom, the 128-byte swizzle the tensor cores read: (row
+ * r, chunk gc = column / 8) at element (gc / 8) rows 64 + r 64 + ((gc % 8) ^ (r % 8)) 8 */
+/* a 128-byte-swizzle matrix descriptor: stride byte offset 1024 (the next 8 rows), leading byte offset
+ * lbo (K-major: unused, 1; MN-major: the next 64-element block along N) */
+static __device__ __forceinline__ uint64_t mt_desc(const bf16 *p, uint32_t lbo_field) {
   const uint32_t a = tt_smem(p);
-  return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32;
+  return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)lbo_field << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
 /* S[64 rows][32 keys] += Q . K^T for one k16 step: both operands K-major from shared memory (the
@@ -65,127 +76,176 @@ static __device__ __forceinline__ void mt_mma_pv(float *d, const uint32_t *a, ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/* rows r of an 8-row group fastest, so 8 consecutive threads fill one core matrix (128 contiguous bytes) */
-static __device__ __forceinline__ void mt_rc(int c, int &r, int &ch) {
-  r = (c & 7) + ((c / (8 * CMR)) << 3);
-  ch = (c >> 3) % CMR;
-}
-/* keys kb .. kb + 31 (zeros from k1 on) from the paged cache into a key tile */
+/* keys kb .. kb + 31 (zeros from k1 on) from the paged cache into a key tile: thread t copies row t / 8,
+ * 16-byte chunk t % 8 of each of the 9 64-column blocks (8 threads: one row's 128 bytes of a block), so
+ * the row's cache address is looked up once and the 9 copies step by constants (the address arithmetic
+ * was a quarter of the kernel's instructions when each chunk was placed by a division) */
 static __device__ __forceinline__ void mt_load_k(bf16 *dst, const bf16 *cache, const int32_t *btab, int kb, int k1,
                                                  int tid) {
-  for (int c = tid; c < KT * CMR; c += NTH) {
-    int r, ch;
-    mt_rc(c, r, ch);
-    const int k = kb + r;
-    const bool ok = k < k1;
-    const int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
-    di_cp_async16(dst + mt_off(r, ch * 8), cache + crow * D + ch * 8, ok);
+  const int r = tid >> 3, cc = tid & 7, k = kb + r;
+  const bool ok = k < k1;
+  const int64_t crow = ok ? (int64_t)btab[k >> 6] * 64 + (k & 63) : 0;
+  const bf16 *src = cache + crow * D + cc * 8;
+  bf16 *d = dst + r * 64 + ((cc ^ (r & 7)) << 3); /* (r, chunk 8 i + cc) at d + i KT 64 */
+#pragma unroll
+  for (int i = 0; i < NCB; i++) di_cp_async16(d + i * KT * 64, src + i * 64, ok);
+}
+static_assert(KT * 8 == NTH, "one key row per 8 threads");
+/* the item's 64 query rows (rows from nrows on: zeros), the same way (rows t / 8 and t / 8 + 32) */
+static __device__ __forceinline__ void mt_load_q(bf16 *sQ, const bf16 *Q, int row0, int nrows, int tid) {
+  const int cc = tid & 7;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = (tid >> 3) + 32 * h;
+    const bool ok = r < nrows;
+    const bf16 *src = Q + (int64_t)(ok ? row0 + r : row0) * D + cc * 8;
+    bf16 *d = sQ + r * 64 + ((cc ^ (r & 7)) << 3);
+#pragma unroll
+    for (int i = 0; i < NCB; i++) di_cp_async16(d + i * BM * 64, src + i * 64, ok);
   }
+}
+
+/* registers the compiler must treat as read and written here, so that no access to a wgmma accumulator
+ * moves across the wait for it (CUTLASS's warpgroup_fence_operand) */
+template <int N> static __device__ __forceinline__ void mt_fence_regs(float *r) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/* S = Q . K^T of one 32-key tile as di_qk_slice's two chains: warpgroup 0 the even k16 steps, warpgroup
+ * 1 the odd ones, each for all 64 rows x 32 keys (Q and K read from shared memory once); issued, not
+ * waited for. dq: Q's descriptor + 2 wg (this warpgroup's first step); dk: the key tile's, the same */
+static __device__ __forceinline__ void mt_issue_s(float *sacc, uint64_t dq, uint64_t dk) {
+#pragma unroll
+  for (int q = 0; q < 16; q++) sacc[q] = 0.f;
+  mt_fence_regs<16>(sacc);
+  wg_fence();
+#pragma unroll
+  for (int i = 0; i < D / 32; i++) {
+    /* k16 step 2i + wg: 64-column block (2i) / 4, 32 bytes further per step inside it (descriptor
+     * addresses in 16-byte units: a Q block is BM rows x 128 bytes, a key block KT rows x 128 bytes) */
+    const int kk = 2 * i;
+    mt_mma_qk(sacc, dq + (uint64_t)((kk >> 2) * (BM * 8) + (kk & 3) * 2), dk + (uint64_t)((kk >> 2) * (KT * 8) + (kk & 3) * 2));
+  }
+  wg_commit();
+}
+/* the chain of this warpgroup into its score tile sX [64][SSTR] (accumulator register q: row rA + 8
+ * ((q / 2) % 2), key 8 (q / 4) + 2 (lane % 4) + q % 2) */
+static __device__ __forceinline__ void mt_store_s(float *sX, const float *sacc, int rA, int lane) {
+#pragma unroll
+  for (int q = 0; q < 16; q++) sX[(rA + ((q >> 1) & 1) * 8) * SSTR + 8 * (q >> 2) + 2 * (lane & 3) + (q & 1)] = sacc[q];
+}
+
+/* the softmax step of the 32-key tile from key kb: rows rA, rA + 8, keys (lane % 4) * 2 + {0, 1} + {0, 8,
+ * 16, 24}, as di_mla32_tile reads them; the even chain plus the odd one, scaled and masked as there */
+static __device__ __forceinline__ void mt_softmax(const float *sS, int kb, int k1, const int *sPos, int rA, int lane,
+                                                  float scale_log2, float *s0, float *s1, float &m0, float &m1,
+                                                  float &l0, float &l1, float &al0, float &al1) {
+  const float *sE = sS, *sO = sS + BM * SSTR;
+  const int p0 = sPos[rA], p1 = sPos[rA + 8];
+#pragma unroll
+  for (int q = 0; q < 8; q++) {
+    const int kc = (q >> 1) * 8 + (lane & 3) * 2 + (q & 1), k = kb + kc;
+    float e0 = sE[rA * SSTR + kc], e1 = sE[(rA + 8) * SSTR + kc];
+    e0 += sO[rA * SSTR + kc];
+    e1 += sO[(rA + 8) * SSTR + kc];
+    s0[q] = (k <= p0 && k < k1) ? e0 * scale_log2 : -INFINITY;
+    s1[q] = (k <= p1 && k < k1) ? e1 * scale_log2 : -INFINITY;
+  }
+  di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
 }
 
 static __global__ void __launch_bounds__(NTH, 1)
 mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_stride, const int32_t *positions,
                     int H, float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out,
-                    float *part_o, float *part_lse, float4 *slots, uint32_t lbo_v, uint32_t sbo_v) {
+                    float *part_o, float *part_lse, float4 *slots) {
   DI_PDL_ENTRY();
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16 *sQ = (bf16 *)smem_raw, *sK = sQ + BM * D;
-  float *sS = (float *)(sK + 2 * KT * D);
-  int *sPos = (int *)(sS + 2 * BM * SSTR); /* sS: the even and the odd chain's score tiles */
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  bf16 *sQ = (bf16 *)(smem_raw + ((1024 - (tt_smem(smem_raw) & 1023)) & 1023)), *sK = sQ + BM * D;
+  float *sS = (float *)(sK + NKB * KT * D); /* [chain][64][SSTR] */
+  int *sPos = (int *)(sS + 2 * BM * SSTR);
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
   const int rA = wq * 16 + (lane >> 2); /* this thread's rows rA, rA + 8 */
   float4 *slot = slots + (size_t)blockIdx.x * (BM * DR / 4);
+  /* descriptors: Q's and key buffer b's (K-major, for S; + 2 wg: this warpgroup's first k16 step), and
+   * key buffer b's as V (N-major; columns 256 wg .. : 4 wg 64-column blocks of KT x 128 bytes further) */
+  const uint64_t dq = mt_desc(sQ, 1) + 2 * wg, dk0 = mt_desc(sK, 1) + 2 * wg;
+  const uint64_t dv0 = mt_desc(sK, KT * 128 >> 4) + (uint64_t)(4 * wg * KT * 8);
   const int n = *n_items;
   for (int idx = n - 1 - (int)blockIdx.x; idx >= 0; idx -= (int)gridDim.x) {
     const di_cuk_attn_item it = items[idx];
     const int nrows = it.row1 - it.row0;
     const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
+    const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
     __syncthreads(); /* the previous item is done with every buffer */
     for (int r = tid; r < BM; r += NTH) sPos[r] = r < nrows ? positions[(it.row0 + r) / H] : -1;
-    for (int c = tid; c < BM * CMR; c += NTH) {
-      int r, ch;
-      mt_rc(c, r, ch);
-      const bool ok = r < nrows;
-      di_cp_async16(sQ + mt_off(r, ch * 8), Q + (int64_t)(ok ? it.row0 + r : it.row0) * D + ch * 8, ok);
-    }
+    mt_load_q(sQ, Q, it.row0, nrows, tid);
     mt_load_k(sK, cache, btab, it.k0, it.k1, tid);
     di_cp_commit();
+    if (ntiles > 1) mt_load_k(sK + KT * D, cache, btab, it.k0 + KT, it.k1, tid);
+    di_cp_commit();
+    di_cp_wait<1>(); /* Q and tile 0 */
+    wg_proxy_fence();
+    __syncthreads();
+    /* FA3's intra-warpgroup order: tile j + 1's S, then tile j's P.V are issued; tile j + 1's softmax
+     * runs on the CUDA cores while P.V runs on the tensor cores; then O is rescaled for tile j + 1. The
+     * arithmetic of each row is that of the sequential loop (independent work reordered only) */
+    float sacc[16], s0[8], s1[8];
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, al0, al1;
+    float ms0, ms1, ls0, ls1; /* a split's softmax state, kept for its end after the next tile's softmax */
+    mt_issue_s(sacc, dq, dk0);
+    wg_wait0();
+    mt_fence_regs<16>(sacc);
+    mt_store_s(sS + wg * BM * SSTR, sacc, rA, lane);
+    __syncthreads();
+    mt_softmax(sS, it.k0, it.k1, sPos, rA, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
 
     float o[128];
 #pragma unroll
-    for (int q = 0; q < 128; q++) o[q] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    for (int q = 0; q < 128; q++) o[q] = 0.f; /* (o * al of the first tile: 0 either way) */
     float M0 = -INFINITY, M1 = -INFINITY, W0 = 0.f, W1 = 0.f;
-    const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
+    int b0 = 0; /* key buffer of tile j (tile j + 1 in b0 + 1, j + 2 in b0 + 2, mod NKB) */
     for (int j = 0; j < ntiles; j++) {
-      const int kb = it.k0 + j * KT;
+      const int b1 = b0 + 1 == NKB ? 0 : b0 + 1, b2 = b1 + 1 == NKB ? 0 : b1 + 1;
+      const bool more = j + 1 < ntiles, send = (j + 1) % tps == 0 || !more;
       di_cp_wait<0>();
       wg_proxy_fence();
-      __syncthreads(); /* tile j landed; everyone is done with tile j - 1's buffer and the score tile */
-      if (j + 1 < ntiles) mt_load_k(sK + ((j + 1) & 1) * KT * D, cache, btab, kb + KT, it.k1, tid);
-      di_cp_commit();
-      const bf16 *K = sK + (j & 1) * KT * D;
-
-      /* S = Q . K^T as di_qk_slice's two chains: warpgroup 0 the even k16 steps, warpgroup 1 the odd
-       * ones, each for all 64 rows x 32 keys (so Q and K are read from shared memory once) */
-      float sacc[16];
-#pragma unroll
-      for (int q = 0; q < 16; q++) sacc[q] = 0.f;
-      wg_fence();
-#pragma unroll
-      for (int i = 0; i < D / 32; i++) {
-        const int kk = 2 * i + wg;
-        mt_mma_qk(sacc, mt_desc(sQ + kk * 2 * 64, 128, MT_RG), mt_desc(K + kk * 2 * 64, 128, MT_RG));
-      }
-      wg_commit();
-      wg_wait0();
-      /* accumulator register q: row rA + 8 ((q / 2) % 2), key 8 (q / 4) + 2 (lane % 4) + q % 2 */
-      float *sX = sS + wg * BM * SSTR;
-#pragma unroll
-      for (int q = 0; q < 16; q++)
-        sX[(rA + ((q >> 1) & 1) * 8) * SSTR + 8 * (q >> 2) + 2 * (lane & 3) + (q & 1)] = sacc[q];
+      /* tile j + 1 landed; everyone is done with tile j - 1 (key buffer b2) and with the score tiles */
       __syncthreads();
-
-      /* rows rA, rA + 8: keys (lane % 4) * 2 + {0, 1} + {0, 8, 16, 24}, as di_mla32_tile reads them; the
-       * even chain plus the odd one, scaled and masked as there */
-      float s0[8], s1[8];
-      const int p0 = sPos[rA], p1 = sPos[rA + 8];
-#pragma unroll
-      for (int q = 0; q < 8; q++) {
-        const int kc = (q >> 1) * 8 + (lane & 3) * 2 + (q & 1), k = kb + kc;
-        float e0 = sS[rA * SSTR + kc], e1 = sS[(rA + 8) * SSTR + kc];
-        e0 += sS[BM * SSTR + rA * SSTR + kc];
-        e1 += sS[BM * SSTR + (rA + 8) * SSTR + kc];
-        s0[q] = (k <= p0 && k < it.k1) ? e0 * scale_log2 : -INFINITY;
-        s1[q] = (k <= p1 && k < it.k1) ? e1 * scale_log2 : -INFINITY;
-      }
-      float al0, al1;
-      di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
-      /* x * 1 == x exactly: a factor of 1 (the row's maximum did not move) is skipped, same bits */
-      if (al0 != 1.f)
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-          o[4 * i] *= al0;
-          o[4 * i + 1] *= al0;
-        }
-      if (al1 != 1.f)
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-          o[4 * i + 2] *= al1;
-          o[4 * i + 3] *= al1;
-        }
-      uint32_t pa[2][4];
-#pragma unroll
-      for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
+      mt_fence_regs<128>(o);
+      /* (issued on the last tile too, from tile j's own buffer, and not used: a branch around a wgmma
+       * makes ptxas serialize every wgmma of the kernel) */
+      mt_issue_s(sacc, dq, dk0 + (uint64_t)((more ? b1 : b0) * (KT * D * 2 / 16)));
       wg_fence();
+      /* V N-major: keys 16ks .. (rows of the 1024-byte atoms, stride 1024), columns 256wg .. (blocks 4wg ..,
+       * the leading byte offset the next 64-column block, KT rows x 128 bytes) */
 #pragma unroll
-      for (int ks = 0; ks < 2; ks++) mt_mma_pv(o, pa[ks], mt_desc(K + (2 * ks * CMR + 32 * wg) * 64, lbo_v, sbo_v));
+      for (int ks = 0; ks < 2; ks++) mt_mma_pv(o, pa[ks], dv0 + (uint64_t)(b0 * (KT * D * 2 / 16) + ks * 16 * 8));
       wg_commit();
+      if (j + 2 < ntiles) mt_load_k(sK + b2 * KT * D, cache, btab, it.k0 + (j + 2) * KT, it.k1, tid);
+      di_cp_commit();
+      if (send) { /* tile j ends a split: its state for the end below, a fresh pass from tile j + 1 */
+        ms0 = m0; ms1 = m1; ls0 = l0; ls1 = l1;
+        m0 = m1 = -INFINITY;
+        l0 = l1 = 0.f;
+      }
+      tt_wait1();
+      mt_fence_regs<16>(sacc);
+      if (more) { /* tile j + 1's S (the older group), then its softmax, while P.V runs */
+        mt_store_s(sS + wg * BM * SSTR, sacc, rA, lane);
+        __syncthreads();
+        mt_softmax(sS, it.k0 + (j + 1) * KT, it.k1, sPos, rA, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
+      }
       wg_wait0();
+      mt_fence_regs<128>(o);
+      b0 = b1;
 
-      if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
-        const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
-        const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
+      if (send) { /* the end of a split: its partial, then a fresh pass */
+        const float inv0 = fixed_inv(ls0), inv1 = fixed_inv(ls1);
+        const float lse0 = fixed_lse(ms0, ls0), lse1 = fixed_lse(ms1, ls1);
         if (it.part >= 0) { /* an item of one split: the partial goes to the combine kernel */
           float *po = part_o + (int64_t)it.part * DI_CUK_ATTN_ROWS * DR;
 #pragma unroll
@@ -234,8 +294,22 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
         }
 #pragma unroll
         for (int q = 0; q < 128; q++) o[q] = 0.f;
-        m0 = m1 = -INFINITY;
-        l0 = l1 = 0.f;
+      }
+      if (more) { /* O for tile j + 1 (x * 1 == x exactly: a factor of 1 is skipped, same bits) */
+        if (al0 != 1.f)
+#pragma unroll
+          for (int i = 0; i < 32; i++) {
+            o[4 * i] *= al0;
+            o[4 * i + 1] *= al0;
+          }
+        if (al1 != 1.f)
+#pragma unroll
+          for (int i = 0; i < 32; i++) {
+            o[4 * i + 2] *= al1;
+            o[4 * i + 3] *= al1;
+          }
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
       }
     }
     di_cp_wait<0>();
@@ -259,12 +333,9 @@ extern "C" di_status di_cuk_mla_attn_fixed_tc(const uint16_t *Q, const uint16_t 
     attr_set = 1;
   }
   const int grid = max_items < tt_sm_count() ? max_items : tt_sm_count();
-  /* the N-major V operand: the leading byte offset steps 8 keys (K), the stride byte offset 8 columns
-   * (N), as the no-swizzle MN-major layout reads them (the swapped pair faulted on the H200) */
-  const uint32_t lbo = MT_RG, sbo = 128;
   DI_CU(di_launch(mla_fixed_tc_kernel, grid, NTH, MT_SMEM, (cudaStream_t)s, (const bf16 *)Q, (const bf16 *)cache,
                   block_tables, bt_stride, positions, H, scale * 1.4426950408889634f, split / KT, items, n_items,
-                  (bf16 *)out, part_o, part_lse, (float4 *)slots, lbo, sbo));
+                  (bf16 *)out, part_o, part_lse, (float4 *)slots));
   DI_CU_LAUNCH("mla_attn_fixed_tc");
   return DI_OK;
 }
