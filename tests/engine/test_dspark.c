@@ -21,6 +21,7 @@
  * three CI runs of this test). */
 #include "test_util.h"
 #include "deepinfer.h"
+#include "util/switches.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,13 @@ static void make_prompts(rq_t *rq, int n) {
   for (int k = 0; k < n; k++) snprintf(rq[k].text, sizeof rq[k].text, "%s%s", texts[k % 10], k >= 10 ? (k >= 20 ? " and" : " the") : "");
 }
 
+/* the model runs on CUDA with DSpark's proposals inside the step's graph (their switches' defaults) */
+static int on_cuda_graph_proposals(void) {
+  const char *acc = di_switch_get(DI_SW_ACCELERATOR);
+  return acc && (strcmp(acc, "cuda") == 0 || strcmp(acc, "nvidia") == 0) && di_switch_bool(DI_SW_DSPARK_DEVICE_STEPS, 1) &&
+         di_switch_bool(DI_SW_DSPARK_GRAPH_PROPOSE, 1);
+}
+
 static void greedy_identity(void) {
   enum { NMAX = 21 };
   static rq_t ref[NMAX], got[NMAX];
@@ -133,6 +141,12 @@ static void greedy_identity(void) {
      * nothing, which is its job); fixed schedules must draft and get drafts accepted */
     CHECKF(ss.method == 1 && (c == 0 || (ss.drafted_tokens > 0 && ss.accepted_tokens > 0)), "%s: drafted %lld accepted %lld",
            cfgs[c].spec, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+    /* on CUDA (device steps and proposals in the step on, the defaults) the fixed schedules' greedy
+     * steps propose inside their CUDA graph, and every block's device-found anchor is the host's */
+    CHECKF(ss.proposals_missed == 0, "%s: %lld proposals in the step with an anchor the host did not confirm", cfgs[c].spec,
+           (long long)ss.proposals_missed);
+    if (c > 0 && on_cuda_graph_proposals())
+      CHECKF(ss.proposals_in_step > 0, "%s: no step proposed inside its CUDA graph", cfgs[c].spec);
     /* calibration counts the drafts verification reached (a draft after a rejected one is not judged) */
     int64_t cal = 0, cal_acc = 0;
     for (int b = 0; b < 10; b++) {
@@ -141,9 +155,10 @@ static void greedy_identity(void) {
     }
     CHECKF(cal <= ss.drafted_tokens && cal_acc == ss.accepted_tokens, "calibration: %lld judged (of %lld drafted), %lld accepted "
            "(of %lld)", (long long)cal, (long long)ss.drafted_tokens, (long long)cal_acc, (long long)ss.accepted_tokens);
-    printf("%s budget %d blocks %d: %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f, ECE %.3f\n", cfgs[c].spec,
-           cfgs[c].budget, cfgs[c].blocks, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens,
-           100 * ss.acceptance_rate, ss.mean_accepted_length, ss.calibration_error);
+    printf("%s budget %d blocks %d: %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f, ECE %.3f, %lld proposals "
+           "in the step\n", cfgs[c].spec, cfgs[c].budget, cfgs[c].blocks, (long long)ss.drafted_tokens,
+           (long long)ss.accepted_tokens, 100 * ss.acceptance_rate, ss.mean_accepted_length, ss.calibration_error,
+           (long long)ss.proposals_in_step);
     di_engine_free(e);
   }
 }
