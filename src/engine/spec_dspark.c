@@ -23,7 +23,14 @@
  * step of n tokens comes from a profile of measured steps (EMA per token count, linear between
  * counts seen, taken from the engine's own steps: a step is first run without drafts to measure it,
  * then with all of them to measure a larger one). The survivals
- * are the ones computed on the host after the previous step: no extra synchronisation. */
+ * are the ones computed on the host after the previous step: no extra synchronisation.
+ *
+ * Proposals inside the step (graph_prop: the drafter's graph_on, CUDA): at submit a device-sampled
+ * step whose requests all draft greedily carries the next proposal (di_spec_graph_propose); after it
+ * the drafts are taken from the step (graph_drafts) where the device's anchor is the host's last
+ * token, else proposed eagerly as before. The profile then keeps proposing steps' times apart
+ * (prof_prop_ms): drafts are admitted while expected tokens / (a proposing step's time) beats the rate
+ * of a plain step without a proposal (prof_ms); the probe of a plain step's time carries none. */
 #include "engine/spec_internal.h"
 #include "sampler/rng.h"
 #include "util/grow.h"

@@ -13,8 +13,20 @@
  * (draft_greedy: per round the Markov term, the argmax and the confidence head, one kernel a round;
  * only the tokens and confidences come back); the rows of requests that sample their drafts or follow
  * a grammar go to the host, where the engine applies the Markov and confidence heads (spec_dspark.c).
- * All of it runs eagerly on the target's stream after the step's wait(); the proposal's inputs
- * (positions, block tables) travel from the host.
+ * propose() runs eagerly on the target's stream after the step's wait(); its inputs (positions, block
+ * tables) travel from the host.
+ *
+ * Proposals inside the step (di_cuda_dspark_graph_on; the engine's DEEPINFER_DSPARK_GRAPH_PROPOSE):
+ * a step whose batch carries propose_row runs prop_forward at the end of its forward, inside its CUDA
+ * graph, after its own sampling: the step's logged feature rows become cache entries (the log's
+ * earlier rows were flushed eagerly in prepare(), so order is kept: a later write wins), each block's
+ * anchor comes from the step's samples on the device (dspark_anchor_kernel: the verified drafts
+ * accepted while equal to the sample before them, as the host's exact match accepts them), the blocks
+ * go through block_forward and the greedy rounds, and the anchors, drafts and confidences are copied
+ * to pinned host memory (graph_drafts reads them after wait()). Its scratch is sized in prepare()
+ * (prop_prepare), before any capture; growing it drops the captured graphs, which name the old
+ * buffers. The attention's key bound is the graph's table stride (prop_bt x 16 + B), not the step's
+ * context, so one graph serves every context its tables cover.
  *
  * The context fed on the device (di_cuda_dspark_log_on, the engine's DEEPINFER_DSPARK_DEVICE_STEPS): the
  * capture then appends every step's feature rows to a device log (cu_backend.flog, inside the step's
