@@ -40,7 +40,7 @@ static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int s
 static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->want_logits); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->dtab); free(s->dblk); free(s->replay); free(s->prow); free(s->pcap);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->want_logits); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->dtab); free(s->dblk); free(s->replay); free(s->prow); /* (pcap lies in prow) */
   memset(s, 0, sizeof *s);
 }
 
