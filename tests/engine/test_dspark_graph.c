@@ -160,6 +160,7 @@ static void make(rq_t *rq, int n) {
 static void run(rq_t *rq, int n, const char *spec, int fixed, int blocks, int abort_at, di_spec_stats *ss) {
   mock_backend *m = mock_backend_new(VOCAB);
   m->base.ops = &GD_OPS;
+  free(g_md.sampled);
   memset(&g_md, 0, sizeof g_md);
   g_md.m = m;
   di_engine_options o;
@@ -170,7 +171,7 @@ static void run(rq_t *rq, int n, const char *spec, int fixed, int blocks, int ab
   o.seed = 3;
   di_engine *e = NULL;
   CHECKF(mock_engine(m, &o, 0, 4096, &e) == DI_OK, "%s", di_last_error());
-  if (!e) return;
+  if (!e) { mock_destroy(&m->base); return; }
   if (spec) {
     di_drafter_ops d = {.ctx = &g_md, .block_size = BLOCK, .hidden = 8, .feat_dim = 8, .cache_bytes_per_token = 64,
                         .kv_alloc = d_kv_alloc, .context = d_context, .propose = d_propose, .draft_greedy = d_draft_greedy,
@@ -215,6 +216,7 @@ static void run(rq_t *rq, int n, const char *spec, int fixed, int blocks, int ab
   memset(ss, 0, sizeof *ss);
   di_engine_get_spec_stats(e, ss);
   di_engine_free(e);
+  mock_destroy(&m->base);
 }
 
 int main(void) {
