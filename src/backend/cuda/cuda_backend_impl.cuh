@@ -29,9 +29,12 @@ extern "C" {
 #include <math.h>
 
 #define DI_CUDA_GRAPH_MAX_T 256
-/* the largest step (rows) that may carry a DSpark proposal (di_batch.propose_row; larger ones, prompt
- * chunks, leave it to the eager proposal after the step) */
-#define DI_CUDA_PROP_MAX_T 1024
+/* the largest step (rows) that may carry a DSpark proposal (di_batch.propose_row): the graph steps. Larger
+ * ones (prompt chunks, verify steps of many sequences) leave it to the eager proposal after the step:
+ * measured on the H200 (session 13, req-2), a proposal inside an eager step was slower than after it
+ * (batch 256 fixed k = 1..5: 0.50-0.66x of plain against 0.65-0.81x; batch 64, k = 4 / 5: 0.19x / 0.16x
+ * against 0.20x / 0.17x), inside a graph step faster (batch 1-64, k <= 3: up to 2.3x the eager rate) */
+#define DI_CUDA_PROP_MAX_T DI_CUDA_GRAPH_MAX_T
 #define GATE_FUSE_MAX_T 64 /* steps up to this many tokens use the fused MoE gate */
 #define GEMV_MAX_T 4       /* ... and up to this many the GEMV form of the expert products */
 
