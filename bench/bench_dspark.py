@@ -6,7 +6,9 @@ table (generated tokens/s over the whole run, acceptance, mean accepted length, 
 position (accepted at j / drafted at j), ECE, engine steps with ms per step split into the time blocked
 in the backend's wait and the host's time (drafting included), warm-up included) and checks that greedy outputs equal plain decoding's. --quick: plain, mtp k=3, dspark
 fixed k=5 and scheduled only. --configs NAME,NAME: only those rows; --device-steps 0,1: every DSpark row
-with DEEPINFER_DSPARK_DEVICE_STEPS at each value (the rows with 1 are labeled "+dev").
+with DEEPINFER_DSPARK_DEVICE_STEPS at each value (the rows with 1 are labeled "+dev"); --graph-propose 0,1: every
+DSpark row with DEEPINFER_DSPARK_GRAPH_PROPOSE at each value (the rows with 0 are labeled "eager": proposals after
+the step; the "in-step" column counts the steps that proposed inside their CUDA graph).
 
 Usage: DEEPINFER_LIB=build/libdeepinfer.so PYTHONPATH=python python3 bench/bench_dspark.py \
     [--model models/default] [--tokens 128] [--threads 2] [--batches 1,16] [--accelerator cuda] \
@@ -24,9 +26,14 @@ PROMPTS = ["The history of the city", "The sea is", "Once upon a time", "This pr
            "The manual page", "Debian is", "The river", "The library"]
 
 
-def run(model, spec, batch, temperature, tokens, threads, accelerator=None, num_kv_blocks=None, device_steps=None):
+def run(model, spec, batch, temperature, tokens, threads, accelerator=None, num_kv_blocks=None, device_steps=None,
+        graph_propose=None):
     if device_steps is not None:
         os.environ["DEEPINFER_DSPARK_DEVICE_STEPS"] = device_steps
+    if graph_propose is not None:
+        os.environ["DEEPINFER_DSPARK_GRAPH_PROPOSE"] = graph_propose
+    else:
+        os.environ.pop("DEEPINFER_DSPARK_GRAPH_PROPOSE", None)
     llm = LLM(model, threads=threads, speculative_config=spec, quiet=True, accelerator=accelerator,
               num_kv_blocks=num_kv_blocks)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
@@ -57,6 +64,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--configs", default=None)
     ap.add_argument("--device-steps", default=None)
+    ap.add_argument("--graph-propose", default=None)
     a = ap.parse_args()
     configs = [("plain", None), ("mtp k=3", {"method": "mtp", "num_speculative_tokens": 3})]
     configs += [(f"dspark fixed k={k}", {"method": "dspark", "num_speculative_tokens": k, "schedule": "fixed"})
@@ -66,23 +74,26 @@ def main():
         configs = [c for c in configs if c[0] in ("plain", "mtp k=3", "dspark fixed k=5", "dspark scheduled k=5")]
     if a.configs:
         configs = [c for c in configs if c[0] in a.configs.split(",")]
-    configs = [(n, s, None) for n, s in configs]
+    configs = [(n, s, None, None) for n, s in configs]
     if a.device_steps:
-        configs = [(n + (" +dev" if d == "1" else ""), s, d) for n, s, _ in configs
+        configs = [(n + (" +dev" if d == "1" else ""), s, d, None) for n, s, _, _ in configs
                    for d in (a.device_steps.split(",") if s and s.get("method") == "dspark" else [None])]
+    if a.graph_propose:
+        configs = [(n + (" eager" if g == "0" else ""), s, d, g) for n, s, d, _ in configs
+                   for g in (a.graph_propose.split(",") if s and s.get("method") == "dspark" else [None])]
     print("| batch | T | config | tok/s | vs plain | accepted / drafted | mean accepted length | acceptance per position "
-          "| ECE | steps | ms/step (wait + host) | greedy == plain |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| ECE | steps | ms/step (wait + host) | in-step (missed) | greedy == plain |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for batch in (int(b) for b in a.batches.split(",")):
         for temperature in (float(t) for t in a.temperatures.split(",")):
             base, ref = None, None
-            for name, spec, dev in configs:
-                if temperature > 0 and name.replace(" +dev", "") not in ("plain", "mtp k=3", "dspark fixed k=3",
-                                                                         "dspark fixed k=5", "dspark scheduled k=5"):
+            for name, spec, dev, gp in configs:
+                if temperature > 0 and name.replace(" +dev", "").replace(" eager", "") not in (
+                        "plain", "mtp k=3", "dspark fixed k=3", "dspark fixed k=5", "dspark scheduled k=5"):
                     continue
                 try:
                     tps, st, ids = run(a.model, spec, batch, temperature, a.tokens, a.threads, a.accelerator,
-                                       a.num_kv_blocks, dev)
+                                       a.num_kv_blocks, dev, gp)
                 except Exception as ex:  # one config's failure (e.g. mtp on a backend without it) is a row
                     print(f"| {batch} | {temperature:g} | {name} | failed: {ex} |", flush=True)
                     continue
@@ -98,8 +109,9 @@ def main():
                 n = max(en["steps"], 1)
                 stp = (f"{en['steps']} | {1e3 * (en['backend_wait_s'] + en['host_time_s']) / n:.3f} "
                        f"({1e3 * en['backend_wait_s'] / n:.3f} + {1e3 * en['host_time_s'] / n:.3f})")
+                ins = f"{st['proposals_in_step']} ({st['proposals_missed']})" if spec else "-"
                 print(f"| {batch} | {temperature:g} | {name} | {tps:.0f} | {tps / base:.2f}x | {acc} | {mal} | {pos} | {ece} | {stp} | "
-                      f"{same if spec else '-'} |", flush=True)
+                      f"{ins} | {same if spec else '-'} |", flush=True)
 
 
 if __name__ == "__main__":

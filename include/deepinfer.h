@@ -329,6 +329,11 @@ typedef struct di_spec_stats {
   double calib_predicted[10];
   int64_t calib_accepted[10];
   double calibration_error;
+  /* DSpark on CUDA: steps that proposed the next drafts inside themselves (the step's CUDA graph,
+   * DEEPINFER_DSPARK_GRAPH_PROPOSE), and blocks of those whose device-found anchor the host's
+   * verification did not confirm (their drafts dropped; expected 0) */
+  int64_t proposals_in_step;
+  int64_t proposals_missed;
 } di_spec_stats;
 #define DI_SPEC_CALIB_BINS 10
 void di_engine_get_spec_stats(const di_engine *e, di_spec_stats *s);

@@ -34,7 +34,8 @@ class _SpecStats(ctypes.Structure):
                 ("accepted_at", ctypes.c_int64 * 5), ("acceptance_rate", ctypes.c_double),
                 ("mean_accepted_length", ctypes.c_double), ("method", ctypes.c_int),
                 ("calib_count", ctypes.c_int64 * 10), ("calib_predicted", ctypes.c_double * 10),
-                ("calib_accepted", ctypes.c_int64 * 10), ("calibration_error", ctypes.c_double)]
+                ("calib_accepted", ctypes.c_int64 * 10), ("calibration_error", ctypes.c_double),
+                ("proposals_in_step", ctypes.c_int64), ("proposals_missed", ctypes.c_int64)]
 
 
 def _prompt_logprobs(s):
@@ -166,7 +167,8 @@ class LLM:
                 "acceptance_rate": s.acceptance_rate, "mean_accepted_length": s.mean_accepted_length,
                 "method": "dspark" if s.method == 1 else "mtp",
                 "calibration": {"count": list(s.calib_count), "predicted": list(s.calib_predicted),
-                                "accepted": list(s.calib_accepted), "ece": s.calibration_error}}
+                                "accepted": list(s.calib_accepted), "ece": s.calibration_error},
+                "proposals_in_step": s.proposals_in_step, "proposals_missed": s.proposals_missed}
 
     # ---- lifetime ------------------------------------------------------------------------------
     def close(self):

@@ -58,6 +58,10 @@ static di_status b_draft_greedy(void *c, int n, const int32_t *anchor, const int
 static di_status b_context_on_device(void *c, int max_step_rows) {
   return di_cuda_dspark_log_on(((dspark_binding *)c)->cuda, max_step_rows);
 }
+static di_status b_graph_on(void *c, int vocab_limit) { return di_cuda_dspark_graph_on(((dspark_binding *)c)->cuda, vocab_limit); }
+static di_status b_graph_drafts(void *c, int n, int *made, int32_t *anchor, int32_t *tok, float *conf) {
+  return di_cuda_dspark_graph_drafts(((dspark_binding *)c)->cuda, n, made, anchor, tok, conf);
+}
 #endif
 static int is_backend(const di_model *m, const char *name) { return m->backend && strcmp(m->backend->ops->name, name) == 0; }
 static di_status set_capture(dspark_binding *b, const int *ids, int n) {
@@ -119,6 +123,8 @@ static di_status set_dspark(di_engine *e, di_model *m, const char *dir, int k, i
     if (b->cuda) {
       ops.draft_greedy = b_draft_greedy;
       ops.context_on_device = b_context_on_device;
+      ops.graph_on = b_graph_on;
+      ops.graph_drafts = b_graph_drafts;
     }
 #endif
     st = di_engine_set_dspark(e, &ops, k, exact, fixed);

@@ -76,6 +76,14 @@ typedef struct di_batch {
    * forward never reads it. */
   const int32_t *const *drafter_tables;
   const int *drafter_blocks;
+  /* Optional [n_seqs] (NULL: no proposal in the step): a DSpark proposal made inside the step itself
+   * (the CUDA drafter in the step's graph, after the step's own sampling; needs sample_rows and the
+   * feature log). propose_row[s] >= 0: the row whose sample is sequence s's first new token; the rows
+   * after it up to the sequence's last row are its drafts, accepted on the device while they equal the
+   * samples before them, and the block is anchored at the token after the last accepted one (its
+   * sample); propose_cap[s] draft rounds at most. -1: no block for s. */
+  const int32_t *propose_row;
+  const int32_t *propose_cap;
 } di_batch;
 
 /* Per output row sampling request for backends that sample on the device (optional). */

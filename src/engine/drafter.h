@@ -32,6 +32,15 @@ typedef struct di_drafter_ops {
    * features of every step on the device itself (the CUDA drafter's feature log), so the engine
    * neither copies them to the host nor calls context(); max_step_rows: the most rows of a step. */
   di_status (*context_on_device)(void *ctx, int max_step_rows);
+  /* Optional (NULL: every proposal runs after the step through propose): from now on (after
+   * context_on_device) a step whose batch carries propose_row / propose_cap (backend.h) proposes
+   * inside itself, greedy over [0, vocab_limit) (the CUDA drafter: in the step's graph, after its
+   * sampling; anchors found on the device from the samples). graph_drafts returns the last such step's
+   * blocks for its n sequences: anchor [n][2] (token, position; -1: no block), tok / conf
+   * [n][block_size] (-1 past a block's cap); *made 0 when that step did not propose (the backend
+   * declined it, e.g. a step too large): the engine then proposes after the step as before. */
+  di_status (*graph_on)(void *ctx, int vocab_limit);
+  di_status (*graph_drafts)(void *ctx, int n, int *made, int32_t *anchor, int32_t *tok, float *conf);
   void (*markov)(void *ctx, int32_t prev, float *logits);
   float (*confidence)(void *ctx, const float *hidden, int32_t prev);
   void (*destroy)(void *ctx);

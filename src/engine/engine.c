@@ -563,6 +563,8 @@ static di_status submit(di_engine *e, di_sched *s) {
   if (s->spec_plain) di_spec_plain_submitted(e, s);
   s->spec_devverify = e->spec && !rows && plan_verify_rows(e, s, di_spec_verify_rows(e));
   if (s->spec_devverify) s->batch.sample_rows = di_spec_verify_rows(e);
+  /* DSpark: the next drafts proposed inside this device-sampled step (no round trip after it) */
+  s->spec_gprop = e->spec && (s->spec_plain || s->spec_devverify) && di_spec_graph_propose(e, s);
   DI_TRY(e->be->ops->submit(e->be, &s->batch));
   e->t_submit = di_now();
   e->inflight_active = 1;
@@ -737,7 +739,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
       t_blocked += tw1 - tw;
       e->wait_s += tw1 - tw;
       e->inflight_active = 0;
-      if (st == DI_OK && e->spec) di_spec_record_step(e, cur->n_tokens, tw1 - e->t_submit);
+      if (st == DI_OK && e->spec) di_spec_record_step(e, cur->n_tokens, tw1 - e->t_submit, cur->spec_gprop);
       if (st != DI_OK) {
         fail_with_plan(e, cur, next, st);
         collect_outputs(e);

@@ -187,6 +187,11 @@ typedef struct di_sched {
    * (spec_ahead). Set at submit. */
   int spec_plain, spec_ahead;
   int spec_devverify; /* a verify step whose every row is sampled on the device (di_spec_verify_rows) */
+  /* DSpark proposals inside the step (di_spec_graph_propose; di_batch.propose_row / propose_cap, per
+   * sequence of the batch): spec_gprop, the step carries them */
+  int spec_gprop;
+  int32_t *prow, *pcap;
+  int prop_cap;
 } di_sched;
 
 struct di_engine {

@@ -24,7 +24,7 @@ static di_status sched_push(di_sched *s, di_req *r, int start, int n_new, int sa
   return DI_OK;
 }
 
-void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = s->n_plp = s->spec_plain = s->spec_ahead = s->spec_devverify = 0; }
+void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = s->n_plp = s->spec_plain = s->spec_ahead = s->spec_devverify = s->spec_gprop = 0; }
 
 /* Shortens a chunk of r from `start` so that its prompt-logprob rows fit the step's row budget
  * (the logits buffer); 0: nothing of r fits this step. */
@@ -40,7 +40,7 @@ static int plp_fit(const di_engine *e, const di_sched *s, const di_req *r, int s
 static int wants_sample(const di_req *r, int end, int total) { return end == total && !r->score_only; }
 
 void di_sched_free(di_sched *s) {
-  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->want_logits); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->dtab); free(s->dblk); free(s->replay);
+  free(s->e); free(s->tokens); free(s->positions); free(s->seq_of); free(s->out_rows); free(s->want_logits); free(s->seqs); free(s->tables); free(s->gtab); free(s->gblk); free(s->dtab); free(s->dblk); free(s->replay); free(s->prow); /* (pcap lies in prow) */
   memset(s, 0, sizeof *s);
 }
 

@@ -33,7 +33,7 @@ void di_spec_free(di_engine *e) {
   free(sp->seqs); free(sp->reqs); free(sp->prev); free(sp->hid_out); free(sp->logits);
   free(sp->act); free(sp->row0); free(sp->vstart); free(sp->vbase); free(sp->cands);
   free(sp->vrows); free(sp->vtok);
-  free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->dwant); free(sp->dcap); free(sp->dtok); free(sp->dconf); free(sp->gmask); free(sp->hist);
+  free(sp->feat_rows); free(sp->atok); free(sp->apos); free(sp->areq); free(sp->dhid); free(sp->dlog); free(sp->dwant); free(sp->dcap); free(sp->dtok); free(sp->dconf); free(sp->gmask); free(sp->hist); free(sp->ganchor);
   di_sampler_free(sp->sampler);
   if (sp->drafter.destroy) sp->drafter.destroy(sp->drafter.ctx);
   e->opt.async_scheduling = sp->async_ok;
@@ -141,6 +141,8 @@ void di_engine_get_spec_stats(const di_engine *e, di_spec_stats *s) {
     if (sp->cal_n[b] > 0) gap += fabs((double)sp->cal_acc[b] - sp->cal_pred[b]);
   }
   s->calibration_error = n_all > 0 ? gap / n_all : 0;
+  s->proposals_in_step = sp->graph_proposals;
+  s->proposals_missed = sp->graph_missed;
   s->mean_accepted_length = sp->verify_steps > 0 ? 1.0 + (double)sp->accepted / (double)sp->verify_steps : 0;
 }
 

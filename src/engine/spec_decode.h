@@ -14,6 +14,10 @@ int di_spec_plain_ok(const di_engine *e, const di_sched *s);
 /* `s` is submitted as a plain step: its entries' old drafts are void; sets s->spec_ahead when no
  * proposal is due after it (the confidence schedule's pause, counted here in such steps). */
 void di_spec_plain_submitted(di_engine *e, di_sched *s);
+/* DSpark proposals inside the step: at submit, whether the device-sampled step s (spec_plain or
+ * spec_devverify) carries one (sets its batch's propose_row / propose_cap); 0 leaves the proposal to
+ * di_spec_draft after the step, as before. */
+int di_spec_graph_propose(di_engine *e, di_sched *s);
 /* DSpark device steps: the row buffer [max_num_batched_tokens] for a verify step sampled on the device
  * (every output row drawn there, its tokens compared with the drafts on the host); NULL when off. */
 di_sample_row *di_spec_verify_rows(di_engine *e);
@@ -26,8 +30,9 @@ void di_spec_after_post(di_engine *e, di_sched *s);
  * step's running requests end with the error, which is returned. */
 di_status di_spec_draft(di_engine *e, di_sched *s);
 void di_spec_free(di_engine *e);
-/* A completed step of n_tokens tokens took `seconds` (DSpark's step-time profile). */
-void di_spec_record_step(di_engine *e, int n_tokens, double seconds);
+/* A completed step of n_tokens tokens took `seconds` (DSpark's step-time profile; proposed: the step
+ * carried a proposal inside it, di_spec_graph_propose, whose time the profile keeps apart). */
+void di_spec_record_step(di_engine *e, int n_tokens, double seconds, int proposed);
 struct di_drafter_ops;
 /* DSpark: speculative decoding with a block drafter (engine/drafter.h), which the engine then owns
  * (destroyed with the engine; not on failure). exact: acceptance "exact"; fixed: schedule "fixed". */

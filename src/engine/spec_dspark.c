@@ -23,9 +23,17 @@
  * step of n tokens comes from a profile of measured steps (EMA per token count, linear between
  * counts seen, taken from the engine's own steps: a step is first run without drafts to measure it,
  * then with all of them to measure a larger one). The survivals
- * are the ones computed on the host after the previous step: no extra synchronisation. */
+ * are the ones computed on the host after the previous step: no extra synchronisation.
+ *
+ * Proposals inside the step (graph_prop: the drafter's graph_on, CUDA): at submit a device-sampled
+ * step whose requests all draft greedily carries the next proposal (di_spec_graph_propose); after it
+ * the drafts are taken from the step (graph_drafts) where the device's anchor is the host's last
+ * token, else proposed eagerly as before. The profile then keeps proposing steps' times apart
+ * (prof_prop_ms): drafts are admitted while expected tokens / (a proposing step's time) beats the rate
+ * of a plain step without a proposal (prof_ms); the probe of a plain step's time carries none. */
 #include "engine/spec_internal.h"
 #include "sampler/rng.h"
+#include "util/grow.h"
 #include "util/json.h"
 #include "util/switches.h"
 #include <math.h>
@@ -94,6 +102,13 @@ di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_to
     st = d->context_on_device(d->ctx, sp->max_tok);
     sp->device_steps = st == DI_OK;
   }
+  /* proposals inside the device-sampled steps (greedy / exact drafts, no grammar) */
+  if (st == DI_OK && sp->device_steps && d->graph_on && d->graph_drafts && di_switch_bool(DI_SW_DSPARK_GRAPH_PROPOSE, 1)) {
+    sp->ganchor = malloc(S * 2 * sizeof *sp->ganchor);
+    st = sp->ganchor ? d->graph_on(d->ctx, e->cfg.vocab_limit < sp->V ? e->cfg.vocab_limit : sp->V)
+                     : di_error_set(DI_ERR_OOM, "DSpark: out of memory");
+    sp->graph_prop = st == DI_OK;
+  }
   if (st != DI_OK) {
     sp->drafter.destroy = NULL; /* the caller still owns the drafter on failure */
     di_spec_free(e);
@@ -110,33 +125,36 @@ void di_spec_calibrate(struct di_spec *sp, float conf, int accepted) {
   sp->cal_acc[b] += accepted != 0;
 }
 
-void di_spec_record_step(di_engine *e, int n_tokens, double seconds) {
+void di_spec_record_step(di_engine *e, int n_tokens, double seconds, int proposed) {
   struct di_spec *sp = e->spec;
   if (!sp || n_tokens <= 0 || n_tokens > DI_SPEC_PROFILE_MAX) return;
-  double ms = seconds * 1e3, *p = &sp->prof_ms[n_tokens];
+  double ms = seconds * 1e3, *p = proposed ? &sp->prof_prop_ms[n_tokens] : &sp->prof_ms[n_tokens];
   *p = *p > 0 ? 0.8 * *p + 0.2 * ms : ms;
   sp->steps_seen++;
 }
 
-/* predicted milliseconds of a step of n tokens: the profile, linear between measured counts, the
- * per-token slope of the two nearest measured counts beyond them */
-static double step_ms(const struct di_spec *sp, int n) {
+/* predicted milliseconds of a step of n tokens from a profile (prof_ms or prof_prop_ms): linear
+ * between measured counts, the per-token slope of the two nearest measured counts beyond them; below
+ * the smallest count measured, that count's time when flat_below (else -1, as when nothing is) */
+static double profile_ms(const double *prof, int n, int flat_below) {
   if (n > DI_SPEC_PROFILE_MAX) n = DI_SPEC_PROFILE_MAX;
-  if (sp->prof_ms[n] > 0) return sp->prof_ms[n];
+  if (prof[n] > 0) return prof[n];
   int lo = n - 1, hi = n + 1;
-  while (lo > 0 && !(sp->prof_ms[lo] > 0)) lo--;
-  while (hi <= DI_SPEC_PROFILE_MAX && !(sp->prof_ms[hi] > 0)) hi++;
-  if (lo > 0 && hi <= DI_SPEC_PROFILE_MAX)
-    return sp->prof_ms[lo] + (sp->prof_ms[hi] - sp->prof_ms[lo]) * (double)(n - lo) / (double)(hi - lo);
+  while (lo > 0 && !(prof[lo] > 0)) lo--;
+  while (hi <= DI_SPEC_PROFILE_MAX && !(prof[hi] > 0)) hi++;
+  if (lo > 0 && hi <= DI_SPEC_PROFILE_MAX) return prof[lo] + (prof[hi] - prof[lo]) * (double)(n - lo) / (double)(hi - lo);
   if (lo > 0) { /* beyond the largest count seen: extend by its slope from the one below */
     int lo2 = lo - 1;
-    while (lo2 > 0 && !(sp->prof_ms[lo2] > 0)) lo2--;
-    double slope = lo2 > 0 ? (sp->prof_ms[lo] - sp->prof_ms[lo2]) / (double)(lo - lo2) : sp->prof_ms[lo] / (double)lo;
+    while (lo2 > 0 && !(prof[lo2] > 0)) lo2--;
+    double slope = lo2 > 0 ? (prof[lo] - prof[lo2]) / (double)(lo - lo2) : prof[lo] / (double)lo;
     if (slope < 0) slope = 0;
-    return sp->prof_ms[lo] + slope * (double)(n - lo);
+    return prof[lo] + slope * (double)(n - lo);
   }
+  if (flat_below && hi <= DI_SPEC_PROFILE_MAX) return prof[hi];
   return -1; /* nothing measured */
 }
+
+static double step_ms(const struct di_spec *sp, int n) { return profile_ms(sp->prof_ms, n, 0); }
 
 static int cand_cmp(const void *a, const void *b) {
   const spec_cand *x = a, *y = b;
@@ -155,9 +173,35 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
     for (int i = 0; i < s->n; i++) expect += s->e[i].sample ? 1.0 : 0.0;
     int base = s->n_tokens, best = 0, above = 0;
     double t0 = step_ms(sp, base);
-    for (int m = base + 1; m <= DI_SPEC_PROFILE_MAX && !above; m++) above = sp->prof_ms[m] > 0;
+    /* proposals inside the step: steps that verify drafts propose too (their times are prof_prop_ms),
+     * to be weighed against the plain step without a proposal (prof_ms) */
+    const double *prof = sp->graph_prop ? sp->prof_prop_ms : sp->prof_ms;
+    for (int m = base + 1; m <= DI_SPEC_PROFILE_MAX && !above; m++) above = prof[m] > 0;
     if (t0 <= 0) {
-      take = 0; /* probe: this step measures a step without drafts */
+      take = 0; /* probe: this step measures a step without drafts (and, inside the step, without a proposal) */
+      sp->probe_plain = sp->graph_prop;
+    } else if (above && sp->graph_prop) {
+      /* the step's cost of proposing: what a proposing step of base tokens costs over a plain one */
+      double tp = profile_ms(sp->prof_prop_ms, base, 1), rate = expect / t0, e_run = expect;
+      double t_draft = tp > t0 ? tp - t0 : 0;
+      for (int c = 0; c < take; c++) {
+        e_run += sp->cands[c].conf;
+        double t = profile_ms(sp->prof_prop_ms, base + c + 1, 1);
+        if (t <= 0 || e_run / t <= rate) break;
+        rate = e_run / t;
+        best = c + 1;
+      }
+      take = best;
+      if (best == 0) {
+        int len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
+        int64_t floor_len = 4096;
+        if (!di_double_to_int_in(50.0 * t_draft / t0, 0, 4096, &floor_len)) floor_len = 4096;
+        if (len < floor_len) len = (int)floor_len;
+        sp->pause_len = len;
+        sp->pause = sp->pause_len;
+      } else {
+        sp->pause_len = 0;
+      }
     } else if (above) {
       /* the drafts' own cost: the proposals of the drafting sequences (paid for the next step) */
       int drafting = 0;
@@ -248,6 +292,79 @@ void di_spec_plain_submitted(di_engine *e, di_sched *s) {
   if (s->spec_ahead) sp->pause--;
 }
 
+int di_spec_graph_propose(di_engine *e, di_sched *s) {
+  struct di_spec *sp = e->spec;
+  s->batch.propose_row = s->batch.propose_cap = NULL;
+  if (!sp || !sp->graph_prop || s->spec_ahead) return 0;
+  if (sp->probe_plain) { /* this step measures a plain step: its proposal comes after it */
+    sp->probe_plain = 0;
+    return 0;
+  }
+  if (sp->pause > 0 && !sp->fixed) return 0; /* (counted down after the step, di_spec_draft_dspark) */
+  const int B = sp->drafter.block_size, n_seqs = s->batch.n_seqs;
+  if (n_seqs > sp->max_seqs) return 0;
+  if (!di_grow((void **)&s->prow, &s->prop_cap, 2 * n_seqs, sizeof *s->prow, 64)) return 0;
+  s->pcap = s->prow + n_seqs;
+  int q = 0, t = 0, any = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    di_req *r = en->r;
+    const int t0 = t;
+    t += en->n_new;
+    int row = -1, cap = 0;
+    if (en->sample && r->state == DI_REQ_RUNNING && !(r->constraint && !e->constraint.rollback)) {
+      if (samples_drafts(sp, r) || r->constraint) return 0; /* drafts made on the host: after the step */
+      cap = di_spec_draft_cap(sp, r); /* (n_tokens may be one short here: a bound, cut after the step) */
+      if (cap > B) cap = B;
+      if (cap > 0) row = t0 + en->n_new - 1 - r->n_spec;
+    }
+    s->prow[q] = row;
+    s->pcap[q] = cap > 0 ? cap : 0;
+    any |= row >= 0;
+    q++;
+  }
+  if (!any || q != n_seqs) return 0;
+  s->batch.propose_row = s->prow;
+  s->batch.propose_cap = s->pcap;
+  return 1;
+}
+
+/* the drafts a step proposed inside itself (di_spec_graph_propose) to its requests: a block counts when
+ * its anchor (found on the device from the step's samples) is the request's last token at its
+ * position, as the host's verification left it; 0 when the step made none (the backend declined) */
+static di_status graph_drafts(di_engine *e, di_sched *s, int *made) {
+  struct di_spec *sp = e->spec;
+  const di_drafter_ops *d = &sp->drafter;
+  const int B = d->block_size;
+  DI_TRY(d->graph_drafts(d->ctx, s->batch.n_seqs, made, sp->ganchor, sp->dtok, sp->dconf));
+  if (!*made) return DI_OK;
+  sp->graph_proposals++;
+  int q = 0;
+  for (int i = 0; i < s->n; i++) {
+    di_sched_entry *en = &s->e[i];
+    if (en->dropped) continue;
+    const int k = q++;
+    di_req *r = en->r;
+    if (s->prow[k] < 0 || r->state != DI_REQ_RUNNING || r->n_valid != r->n_tokens - 1) continue;
+    if (sp->ganchor[2 * k] != r->tokens[r->n_tokens - 1] || sp->ganchor[2 * k + 1] != r->n_tokens - 1) {
+      sp->graph_missed++;
+      continue;
+    }
+    int cap = di_spec_draft_cap(sp, r);
+    if (cap > s->pcap[k]) cap = s->pcap[k];
+    float survive = 1.0f;
+    for (int j = 0; j < cap && sp->dtok[(size_t)k * B + j] >= 0; j++) {
+      survive *= sp->dconf[(size_t)k * B + j];
+      r->draft[j] = sp->dtok[(size_t)k * B + j];
+      r->draft_pconf[j] = sp->dconf[(size_t)k * B + j];
+      r->draft_conf[j] = survive;
+      r->n_draft = j + 1;
+    }
+  }
+  return DI_OK;
+}
+
 di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   struct di_spec *sp = e->spec;
   const di_drafter_ops *d = &sp->drafter;
@@ -276,6 +393,12 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   di_status st = m > 0 ? d->context(d->ctx, m, sp->feat_rows, sp->pos, sp->seq_of, sp->seqs) : DI_OK;
   if (st != DI_OK) return di_spec_fail(e, s, st);
   if (s->spec_ahead) return DI_OK; /* no proposal: the step after this one may be in flight already */
+  if (s->spec_gprop) { /* proposed inside the step already */
+    int made = 0;
+    st = graph_drafts(e, s, &made);
+    if (st != DI_OK) return di_spec_fail(e, s, st);
+    if (made) return DI_OK;
+  }
   /* 2. one block per decoding sequence */
   int n = 0;
   for (int i = 0; i < s->n; i++) {

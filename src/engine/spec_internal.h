@@ -47,7 +47,12 @@ struct di_spec {
   int32_t *hist;                 /* history scratch for draft distributions */
   int hist_cap;
   di_sampler *sampler;           /* draft distributions (engine thread) */
+  int graph_prop;                /* DSpark: proposals inside the step (drafter graph_on; di_spec_graph_propose) */
+  int probe_plain;               /* the next step is a probe of the plain step time: no proposal inside it */
+  int32_t *ganchor;              /* [max_seqs][2] anchors of a step's proposal (graph_drafts) */
+  int64_t graph_proposals, graph_missed; /* steps that proposed inside, blocks whose anchor the host did not confirm */
   double prof_ms[DI_SPEC_PROFILE_MAX + 1]; /* step time (EMA) by tokens in the step; 0: not seen */
+  double prof_prop_ms[DI_SPEC_PROFILE_MAX + 1]; /* the same for steps with a proposal inside them (graph_prop) */
   int64_t steps_seen;
   double draft_ms;               /* EMA of one proposal's host time per drafting sequence */
   int pause, pause_len;          /* steps left without proposals (the last schedule admitted none), its length */

@@ -21,6 +21,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_DSPARK_DEVICE_STEPS] = {"DEEPINFER_DSPARK_DEVICE_STEPS", "1",
                                    "0: DSpark on CUDA feeds its context from the host and samples every step on the "
                                    "host (no plain path for steps that verify no draft, no device verification)"},
+    [DI_SW_DSPARK_GRAPH_PROPOSE] = {"DEEPINFER_DSPARK_GRAPH_PROPOSE", "1",
+                                    "0: DSpark on CUDA proposes after each step (eagerly, with host round trips) "
+                                    "instead of inside the step's CUDA graph"},
     [DI_SW_CUDA_GRAPHS] = {"DEEPINFER_CUDA_GRAPHS", "1", "0: no CUDA graphs (every step launched eagerly)"},
     [DI_SW_CUDA_STEP_SAMPLE] = {"DEEPINFER_CUDA_STEP_SAMPLE", "1",
                                 "0: no sampling inside the step's graph (a separate sample launch after it)"},

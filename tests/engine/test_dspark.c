@@ -5,7 +5,8 @@
  *    cut grants) and a 6-block pool (preemption); no KV block leaked; drafts are accepted;
  *  - temperature 1: the distribution of the 2nd and 3rd generated tokens over 600 seeds each equals plain
  *    sampling's (two-sample chi-square homogeneity test at level 0.001 on the categories with >= 10
- *    expected counts, the rest pooled; fixed seeds, so the verdict is reproducible);
+ *    expected counts, the rest pooled; fixed seeds, so the verdict is reproducible); again with top-k,
+ *    top-p, min-p, repetition / frequency / presence penalties and a logit bias on every request;
  *  - structured outputs draft under their grammar: json_object, a JSON schema and a regex, greedy and
  *    seeded T = 0.8, 40 tokens each, equal to plain constrained decoding under the fixed and the
  *    confidence schedule, with drafts made and accepted (fixed schedule); every output ends valid
@@ -21,6 +22,7 @@
  * three CI runs of this test). */
 #include "test_util.h"
 #include "deepinfer.h"
+#include "util/switches.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +49,10 @@ typedef struct {
 } rq_t;
 
 static di_model *g_model;
+/* sampling processing every request of run() gets when g_proc (top-k / top-p / min-p, penalties, bias) */
+static int g_proc;
+static int32_t g_bias_ids[2] = {13, 262}; /* set to the plain T = 1 run's two most frequent 2nd tokens */
+static const float g_bias_val[2] = {-1.0f, 1.0f};
 
 static di_engine *make_engine(const char *spec, int budget, int blocks, int max_seqs) {
   di_engine_options o;
@@ -72,6 +78,17 @@ static void run(di_engine *e, rq_t *rq, int n, float temperature, int max_tokens
     p.ignore_eos = 1;
     p.has_seed = 1;
     p.seed = seed0 + (uint64_t)k;
+    if (g_proc) {
+      p.top_k = 40;
+      p.top_p = 0.9f;
+      p.min_p = 0.02f;
+      p.repetition_penalty = 1.3f;
+      p.frequency_penalty = 0.6f;
+      p.presence_penalty = 0.4f;
+      p.logit_bias_ids = g_bias_ids;
+      p.logit_bias_values = g_bias_val;
+      p.n_logit_bias = 2;
+    }
     rq[k].n_got = 0;
     rq[k].finish = 0;
     CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "%s: add: %s", what, di_last_error());
@@ -98,6 +115,13 @@ static void make_prompts(rq_t *rq, int n) {
                                 "This program is free software", "The quick brown fox", "What does \"sea\" mean?",
                                 "Copyright (C) 2004", "The function returns", "A long time ago in a"};
   for (int k = 0; k < n; k++) snprintf(rq[k].text, sizeof rq[k].text, "%s%s", texts[k % 10], k >= 10 ? (k >= 20 ? " and" : " the") : "");
+}
+
+/* the model runs on CUDA with DSpark's proposals inside the step's graph (their switches' defaults) */
+static int on_cuda_graph_proposals(void) {
+  const char *acc = di_switch_get(DI_SW_ACCELERATOR);
+  return acc && (strcmp(acc, "cuda") == 0 || strcmp(acc, "nvidia") == 0) && di_switch_bool(DI_SW_DSPARK_DEVICE_STEPS, 1) &&
+         di_switch_bool(DI_SW_DSPARK_GRAPH_PROPOSE, 1);
 }
 
 static void greedy_identity(void) {
@@ -133,6 +157,12 @@ static void greedy_identity(void) {
      * nothing, which is its job); fixed schedules must draft and get drafts accepted */
     CHECKF(ss.method == 1 && (c == 0 || (ss.drafted_tokens > 0 && ss.accepted_tokens > 0)), "%s: drafted %lld accepted %lld",
            cfgs[c].spec, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+    /* on CUDA (device steps and proposals in the step on, the defaults) the fixed schedules' greedy
+     * steps propose inside their CUDA graph, and every block's device-found anchor is the host's */
+    CHECKF(ss.proposals_missed == 0, "%s: %lld proposals in the step with an anchor the host did not confirm", cfgs[c].spec,
+           (long long)ss.proposals_missed);
+    if (c > 0 && on_cuda_graph_proposals())
+      CHECKF(ss.proposals_in_step > 0, "%s: no step proposed inside its CUDA graph", cfgs[c].spec);
     /* calibration counts the drafts verification reached (a draft after a rejected one is not judged) */
     int64_t cal = 0, cal_acc = 0;
     for (int b = 0; b < 10; b++) {
@@ -141,9 +171,10 @@ static void greedy_identity(void) {
     }
     CHECKF(cal <= ss.drafted_tokens && cal_acc == ss.accepted_tokens, "calibration: %lld judged (of %lld drafted), %lld accepted "
            "(of %lld)", (long long)cal, (long long)ss.drafted_tokens, (long long)cal_acc, (long long)ss.accepted_tokens);
-    printf("%s budget %d blocks %d: %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f, ECE %.3f\n", cfgs[c].spec,
-           cfgs[c].budget, cfgs[c].blocks, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens,
-           100 * ss.acceptance_rate, ss.mean_accepted_length, ss.calibration_error);
+    printf("%s budget %d blocks %d: %lld drafted, %lld accepted (%.1f%%), mean accepted length %.2f, ECE %.3f, %lld proposals "
+           "in the step\n", cfgs[c].spec, cfgs[c].budget, cfgs[c].blocks, (long long)ss.drafted_tokens,
+           (long long)ss.accepted_tokens, 100 * ss.acceptance_rate, ss.mean_accepted_length, ss.calibration_error,
+           (long long)ss.proposals_in_step);
     di_engine_free(e);
   }
 }
@@ -181,27 +212,47 @@ static void chi2_same(const int *a, const int *b, int V, int na, int nb, const c
   CHECKF(stat < crit, "%s: chi-square %.2f >= %.2f: the distributions differ", what, stat, crit);
 }
 
-static void sampling_distribution(void) {
+/* proc: every request with top-k 40, top-p 0.9, min-p 0.02, repetition / frequency / presence penalties
+ * and a logit bias, which rejection sampling must apply to the draft distribution q as the sampler
+ * applies them to the target's p (the penalties counting the drafts before each position) */
+static void sampling_distribution(int proc) {
   enum { N = 600, V = 8192 };
   static rq_t a[N], b[N];
+  const char *tag = proc ? "T=1 processed" : "T=1";
   for (int k = 0; k < N; k++) {
     snprintf(a[k].text, sizeof a[k].text, "The history of the city");
     snprintf(b[k].text, sizeof b[k].text, "The history of the city");
   }
+  g_proc = proc;
   di_engine *e = make_engine(NULL, 0, 0, 0);
-  run(e, a, N, 1.0f, 3, 1000, "plain T=1");
+  /* processed: 4 tokens, so the 2nd request step verifies two drafts (the second one's q counts the first) */
+  const int T = proc ? 4 : 3;
+  run(e, a, N, 1.0f, T, 1000, "plain T=1");
   di_engine_free(e);
   e = make_engine("{\"method\": \"dspark\", \"num_speculative_tokens\": 5, \"schedule\": \"fixed\"}", 0, 0, 0);
-  if (!e) return;
-  run(e, b, N, 1.0f, 3, 5000, "dspark T=1");
+  if (!e) { g_proc = 0; return; }
+  run(e, b, N, 1.0f, T, 5000, "dspark T=1");
+  g_proc = 0;
   di_spec_stats ss;
   di_engine_get_spec_stats(e, &ss);
-  printf("T=1: %lld drafted, %lld accepted\n", (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
-  CHECKF(ss.accepted_tokens > N / 4, "T=1: only %lld drafts accepted (the test needs accepted drafts to mean anything)",
+  printf("%s: %lld drafted, %lld accepted\n", tag, (long long)ss.drafted_tokens, (long long)ss.accepted_tokens);
+  CHECKF(ss.accepted_tokens > N / 4, "%s: only %lld drafts accepted (the test needs accepted drafts to mean anything)", tag,
          (long long)ss.accepted_tokens);
   di_engine_free(e);
   static int ca[V], cb[V];
-  for (int pos = 1; pos <= 2; pos++) {
+  if (!proc) { /* the processed run's logit bias: on the two tokens most often 2nd here (a bias that matters) */
+    memset(ca, 0, sizeof ca);
+    for (int k = 0; k < N; k++)
+      if (a[k].n_got > 1) ca[a[k].got[1]]++;
+    for (int r = 0; r < 2; r++) {
+      int best = 0;
+      for (int v = 1; v < V; v++)
+        if (ca[v] > ca[best]) best = v;
+      g_bias_ids[r] = best;
+      ca[best] = -1;
+    }
+  }
+  for (int pos = 1; pos < T; pos++) {
     memset(ca, 0, sizeof ca);
     memset(cb, 0, sizeof cb);
     for (int k = 0; k < N; k++) {
@@ -209,7 +260,7 @@ static void sampling_distribution(void) {
       if (b[k].n_got > pos) cb[b[k].got[pos]]++;
     }
     char what[64];
-    snprintf(what, sizeof what, "T=1 token %d", pos + 1);
+    snprintf(what, sizeof what, "%s token %d", tag, pos + 1);
     chi2_same(ca, cb, V, N, N, what);
   }
 }
@@ -518,7 +569,8 @@ int main(void) {
     return test_finish("test_dspark");
   }
   greedy_identity();
-  if (!UNDER_ASAN) sampling_distribution();
+  if (!UNDER_ASAN) sampling_distribution(0);
+  if (!UNDER_ASAN) sampling_distribution(1);
   drafter_group();
   grammar_drafts("{\"method\": \"dspark\", \"schedule\": \"fixed\"}", "{\"method\": \"dspark\"}", "dspark");
   grammar_end_ignore_eos("{\"method\": \"dspark\", \"schedule\": \"fixed\"}", "dspark");

@@ -29,6 +29,12 @@ extern "C" {
 #include <math.h>
 
 #define DI_CUDA_GRAPH_MAX_T 256
+/* the largest step (rows) that may carry a DSpark proposal (di_batch.propose_row): the graph steps. Larger
+ * ones (prompt chunks, verify steps of many sequences) leave it to the eager proposal after the step:
+ * measured on the H200 (session 13, req-2), a proposal inside an eager step was slower than after it
+ * (batch 256 fixed k = 1..5: 0.50-0.66x of plain against 0.65-0.81x; batch 64, k = 4 / 5: 0.19x / 0.16x
+ * against 0.20x / 0.17x), inside a graph step faster (batch 1-64, k <= 3: up to 2.3x the eager rate) */
+#define DI_CUDA_PROP_MAX_T DI_CUDA_GRAPH_MAX_T
 #define GATE_FUSE_MAX_T 64 /* steps up to this many tokens use the fused MoE gate */
 #define GEMV_MAX_T 4       /* ... and up to this many the GEMV form of the expert products */
 
@@ -62,6 +68,7 @@ typedef struct cu_layer {
 
 typedef struct graph_entry {
   int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows, step_sample, n_lg;
+  int prop_blk, prop_bt;       /* a DSpark proposal in the step: its padded block count and table stride (0: none) */
   int seen;                    /* eager runs so far; captured on the second */
   cudaGraphExec_t exec;
 } graph_entry;
@@ -206,6 +213,18 @@ typedef struct cu_backend {
   const int32_t *d_flog_row0;
   di_status (*flog_flush)(void *ctx);
   void *flog_ctx;
+  /* a DSpark proposal inside the step (di_batch.propose_row; di_cuda_dspark_graph_on): prop_forward
+   * (after the step's sampling, inside its graph) turns the step's logged rows into drafter cache
+   * entries, finds each block's anchor on the device and drafts; prop_prepare (in prepare(), before any
+   * capture) sizes its scratch for rows context rows and blk blocks. prop_on: this step proposes;
+   * prop_blk its padded block count, prop_bt the stride of its drafter tables, d_prop its inputs in
+   * the step's input block (first row [prop_blk], last row [prop_blk], cap [prop_blk], tables
+   * [prop_blk][prop_bt], context slots [Tp]). */
+  di_status (*prop_prepare)(void *ctx, int rows, int blk);
+  di_status (*prop_forward)(void *ctx);
+  void *prop_ctx;
+  int prop_on, prop_blk, prop_n, prop_bt;
+  const int32_t *d_prop;
   /* di_batch.output_logits of the step in flight (want_on): wait() copies only those logits rows. With
    * a drafter's feature log on (DSpark: its rows' features come from the capture, not from hn) and some rows
    * unwanted, the output head runs on the wanted rows only (lg_gather): logits row k is output row

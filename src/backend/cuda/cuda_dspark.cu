@@ -13,8 +13,20 @@
  * (draft_greedy: per round the Markov term, the argmax and the confidence head, one kernel a round;
  * only the tokens and confidences come back); the rows of requests that sample their drafts or follow
  * a grammar go to the host, where the engine applies the Markov and confidence heads (spec_dspark.c).
- * All of it runs eagerly on the target's stream after the step's wait(); the proposal's inputs
- * (positions, block tables) travel from the host.
+ * propose() runs eagerly on the target's stream after the step's wait(); its inputs (positions, block
+ * tables) travel from the host.
+ *
+ * Proposals inside the step (di_cuda_dspark_graph_on; the engine's DEEPINFER_DSPARK_GRAPH_PROPOSE):
+ * a step whose batch carries propose_row runs prop_forward at the end of its forward, inside its CUDA
+ * graph, after its own sampling: the step's logged feature rows become cache entries (the log's
+ * earlier rows were flushed eagerly in prepare(), so order is kept: a later write wins), each block's
+ * anchor comes from the step's samples on the device (dspark_anchor_kernel: the verified drafts
+ * accepted while equal to the sample before them, as the host's exact match accepts them), the blocks
+ * go through block_forward and the greedy rounds, and the anchors, drafts and confidences are copied
+ * to pinned host memory (graph_drafts reads them after wait()). Its scratch is sized in prepare()
+ * (prop_prepare), before any capture; growing it drops the captured graphs, which name the old
+ * buffers. The attention's key bound is the graph's table stride (prop_bt x 16 + B), not the step's
+ * context, so one graph serves every context its tables cover.
  *
  * The context fed on the device (di_cuda_dspark_log_on, the engine's DEEPINFER_DSPARK_DEVICE_STEPS): the
  * capture then appends every step's feature rows to a device log (cu_backend.flog, inside the step's
@@ -85,6 +97,12 @@ struct di_cuda_dspark {
   int32_t *g_ints; /* greedy drafting: prev [n], cap [n], tokens [n * B] */
   float *g_conf;   /* [n * B] */
   int log_owner;   /* the target's feature log is this drafter's (di_cuda_dspark_log_on) */
+  /* proposals inside the step (di_cuda_dspark_graph_on): device scratch for p_cap blocks (block tokens
+   * [cap * B], anchor positions, prev, caps [cap] each, anchor out [cap][2], draft tokens [cap * B] as
+   * int32, then confidences [cap * B] f32), its pinned host copy (anchor out, tokens, confidences) and
+   * the proposal's sizes (p_n real blocks, p_blk padded; p_made: the last step proposed) */
+  int graph_owner, p_limit, p_cap, p_n, p_blk, p_made;
+  int32_t *p_dev, *p_host;
   uint32_t *stamp, stamp_gen; /* per cache slot: the flush that last wrote it (a flush's later rows win) */
 };
 
@@ -179,7 +197,10 @@ static void log_off(di_cuda_dspark *s) {
   b->flog_cap = b->flog_n = 0;
   b->flog_flush = NULL;
   b->flog_ctx = NULL;
-  s->log_owner = 0;
+  b->prop_prepare = NULL;
+  b->prop_forward = NULL;
+  b->prop_ctx = NULL;
+  s->log_owner = s->graph_owner = 0;
 }
 
 extern "C" void di_cuda_dspark_free(di_cuda_dspark *s) {
@@ -187,10 +208,11 @@ extern "C" void di_cuda_dspark_free(di_cuda_dspark *s) {
   cu_backend *b = s->b;
   log_off(s);
   free(s->stamp);
+  if (s->p_host) cudaFreeHost(s->p_host);
   cudaStreamSynchronize(b->stream);
   void *ptrs[] = {s->fc, s->embed, s->lm_head, s->hidden_norm, s->norm, s->inv_freq, s->cache, s->x, s->qf, s->kf,
                   s->vf, s->hf, s->featf, s->xn, s->att, s->gu, s->act, s->featb, s->ints, s->mw1, s->mw2,
-                  s->conf_w, s->g_ints, s->g_conf};
+                  s->conf_w, s->g_ints, s->g_conf, s->p_dev};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) dev_free(b, ptrs[i]);
   if (s->L)
     for (int l = 0; l < s->d->n_layers; l++) {
@@ -227,6 +249,7 @@ static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
     int c = s->cap_rows ? s->cap_rows : 64;
     while (c < rows) c *= 2;
     DI_CU(cudaStreamSynchronize(b->stream));
+    if (s->graph_owner) drop_graphs(b); /* the step graphs with a proposal name the old scratch */
     const size_t R = (size_t)c, H = (size_t)d->hidden, I = (size_t)d->inter, V = (size_t)d->vocab;
     const size_t wide = (size_t)s->F > V ? (size_t)s->F : V; /* featf: the context's features or the logits */
     REALLOC(s->x, sizeof(float) * R * H);
@@ -368,14 +391,16 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   return DI_OK;
 }
 
+static di_status block_forward(di_cuda_dspark *s, int n, const int32_t *d_tok, const int32_t *d_anchor, const int32_t *d_bt,
+                               int bt_stride, int max_keys);
+
 extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int32_t *tok, const int32_t *pos,
                                            const di_batch_seq *seqs, const uint8_t *want, float *hidden, float *logits) {
   if (n <= 0) return DI_OK;
   const di_dspark *d = s->d;
   cu_backend *b = s->b;
   cudaStream_t st = b->stream;
-  const int B = d->block_size, H = d->hidden, kvd = s->kvd, hd = d->head_dim, NH = d->n_heads, QD = s->qd;
-  const int I = d->inter, R = n * B, V = d->vocab;
+  const int B = d->block_size, H = d->hidden, R = n * B, V = d->vocab;
   if (s->log_owner) DI_TRY(log_flush(s)); /* the context up to every anchor */
   int max_ctx = 0, bt_stride = 1;
   for (int i = 0; i < n; i++) {
@@ -403,28 +428,7 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
   if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
   free(h);
   if (ce != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: DSpark proposal upload: %s", cudaGetErrorString(ce));
-  const int32_t *d_tok = s->ints, *d_anchor = s->ints + R, *d_bt = s->ints + R + n;
-  const float scale = 1.0f / sqrtf((float)hd);
-  DI_TRY(di_cuk_embed((const uint16_t *)s->embed, d_tok, NULL, R, H, s->x, st));
-  for (int l = 0; l < d->n_layers; l++) {
-    const cd_layer *L = &s->L[l];
-    DI_TRY(di_cuk_rmsnorm(s->x, H, L->in_norm, R, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
-    DI_TRY(di_cu_gemm(b->blas, R, QD, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->q, H, s->qf, QD, 1, 0.f, st));
-    DI_TRY(di_cu_gemm(b->blas, R, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->k, H, s->kf, kvd, 1, 0.f, st));
-    DI_TRY(di_cu_gemm(b->blas, R, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->v, H, s->vf, kvd, 1, 0.f, st));
-    DI_TRY(di_cuk_head_norm_rope(s->qf, QD, R, NH, hd, L->q_norm, d->eps, d_anchor, B, s->inv_freq, st));
-    DI_TRY(di_cuk_head_norm_rope(s->kf, kvd, R, d->n_kv_heads, hd, L->k_norm, d->eps, d_anchor, B, s->inv_freq, st));
-    DI_TRY(di_cuk_dspark_attend(s->qf, s->kf, s->vf, cache_layer(s, l), d_bt, bt_stride, d_anchor, n, B, NH, d->n_kv_heads,
-                                hd, scale, max_ctx + B, (uint16_t *)s->att, st));
-    DI_TRY(di_cu_gemm(b->blas, R, H, QD, (const uint16_t *)s->att, QD, (const uint16_t *)L->o, QD, s->x, H, 1, 1.f, st));
-    DI_TRY(di_cuk_rmsnorm(s->x, H, L->post_norm, R, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
-    DI_TRY(di_cu_gemm(b->blas, R, 2 * I, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->gate_up, H, s->gu, 2 * I, 0, 0.f, st));
-    DI_TRY(di_cuk_silu_mul((const uint16_t *)s->gu, R, I, (uint16_t *)s->act, st));
-    DI_TRY(di_cu_gemm(b->blas, R, H, I, (const uint16_t *)s->act, I, (const uint16_t *)L->down, I, s->x, H, 1, 1.f, st));
-  }
-  DI_TRY(di_cuk_rmsnorm(s->x, H, s->norm, R, H, d->eps, (uint16_t *)s->xn, H, s->hf, st));
-  /* the base logits stay on the device for draft_greedy; the wanted rows are copied below */
-  DI_TRY(di_cu_gemm(b->blas, R, V, H, (const uint16_t *)s->xn, H, (const uint16_t *)s->lm_head, H, s->featf, V, 1, 0.f, st));
+  DI_TRY(block_forward(s, n, s->ints, s->ints + R, s->ints + R + n, bt_stride, max_ctx + B));
   s->last_n = n;
   if (!hidden && !logits) return DI_OK; /* (draft_greedy reads them on the device) */
   DI_CU(cudaStreamSynchronize(st));
@@ -438,6 +442,41 @@ extern "C" di_status di_cuda_dspark_propose(di_cuda_dspark *s, int n, const int3
     DI_CU(cudaMemcpy((char *)logits + i * row, (const char *)s->featf + i * row, (size_t)(j - i) * row, cudaMemcpyDeviceToHost));
     i = j;
   }
+  return DI_OK;
+}
+
+/* n blocks of B rows (tokens d_tok [n * B], anchor positions d_anchor [n], drafter tables d_bt [n][bt_stride])
+ * through every layer in one pass: the normed hidden rows into hf, the base logits into featf. max_keys:
+ * at least every anchor + B (the attention's shared memory). Stream work only (no host sync), so it
+ * runs eagerly or inside a step's graph. */
+static di_status block_forward(di_cuda_dspark *s, int n, const int32_t *d_tok, const int32_t *d_anchor, const int32_t *d_bt,
+                               int bt_stride, int max_keys) {
+  const di_dspark *d = s->d;
+  cu_backend *b = s->b;
+  cudaStream_t st = b->stream;
+  const int B = d->block_size, H = d->hidden, kvd = s->kvd, hd = d->head_dim, NH = d->n_heads, QD = s->qd;
+  const int I = d->inter, R = n * B, V = d->vocab;
+  const float scale = 1.0f / sqrtf((float)hd);
+  DI_TRY(di_cuk_embed((const uint16_t *)s->embed, d_tok, NULL, R, H, s->x, st));
+  for (int l = 0; l < d->n_layers; l++) {
+    const cd_layer *L = &s->L[l];
+    DI_TRY(di_cuk_rmsnorm(s->x, H, L->in_norm, R, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
+    DI_TRY(di_cu_gemm(b->blas, R, QD, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->q, H, s->qf, QD, 1, 0.f, st));
+    DI_TRY(di_cu_gemm(b->blas, R, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->k, H, s->kf, kvd, 1, 0.f, st));
+    DI_TRY(di_cu_gemm(b->blas, R, kvd, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->v, H, s->vf, kvd, 1, 0.f, st));
+    DI_TRY(di_cuk_head_norm_rope(s->qf, QD, R, NH, hd, L->q_norm, d->eps, d_anchor, B, s->inv_freq, st));
+    DI_TRY(di_cuk_head_norm_rope(s->kf, kvd, R, d->n_kv_heads, hd, L->k_norm, d->eps, d_anchor, B, s->inv_freq, st));
+    DI_TRY(di_cuk_dspark_attend(s->qf, s->kf, s->vf, cache_layer(s, l), d_bt, bt_stride, d_anchor, n, B, NH, d->n_kv_heads,
+                                hd, scale, max_keys, (uint16_t *)s->att, st));
+    DI_TRY(di_cu_gemm(b->blas, R, H, QD, (const uint16_t *)s->att, QD, (const uint16_t *)L->o, QD, s->x, H, 1, 1.f, st));
+    DI_TRY(di_cuk_rmsnorm(s->x, H, L->post_norm, R, H, d->eps, (uint16_t *)s->xn, H, NULL, st));
+    DI_TRY(di_cu_gemm(b->blas, R, 2 * I, H, (const uint16_t *)s->xn, H, (const uint16_t *)L->gate_up, H, s->gu, 2 * I, 0, 0.f, st));
+    DI_TRY(di_cuk_silu_mul((const uint16_t *)s->gu, R, I, (uint16_t *)s->act, st));
+    DI_TRY(di_cu_gemm(b->blas, R, H, I, (const uint16_t *)s->act, I, (const uint16_t *)L->down, I, s->x, H, 1, 1.f, st));
+  }
+  DI_TRY(di_cuk_rmsnorm(s->x, H, s->norm, R, H, d->eps, (uint16_t *)s->xn, H, s->hf, st));
+  /* the base logits stay on the device for the greedy rounds; propose() copies the wanted rows */
+  DI_TRY(di_cu_gemm(b->blas, R, V, H, (const uint16_t *)s->xn, H, (const uint16_t *)s->lm_head, H, s->featf, V, 1, 0.f, st));
   return DI_OK;
 }
 
@@ -477,5 +516,89 @@ extern "C" di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const
     DI_CU(cudaMemcpy2D(conf, sizeof(float) * B, s->g_conf, sizeof(float) * B, sizeof(float) * rounds, (size_t)n,
                        cudaMemcpyDeviceToHost));
   }
+  return DI_OK;
+}
+
+/* ---- proposals inside the step (di_cuda_dspark_graph_on) ------------------------------------------ */
+
+static di_status prop_prepare(void *c, int rows, int blk) {
+  di_cuda_dspark *s = (di_cuda_dspark *)c;
+  cu_backend *b = s->b;
+  const int B = s->d->block_size;
+  DI_TRY(reserve(s, rows > blk * B ? rows : blk * B, 0));
+  if (blk > s->p_cap) {
+    int c2 = s->p_cap ? s->p_cap : 64;
+    while (c2 < blk) c2 *= 2;
+    DI_CU(cudaStreamSynchronize(b->stream));
+    drop_graphs(b); /* the step graphs with a proposal name the old buffers */
+    const size_t ints = (size_t)c2 * (2 * (size_t)B + 5), host = (size_t)c2 * (2 + 2 * (size_t)B);
+    REALLOC(s->p_dev, sizeof(int32_t) * (ints + (size_t)c2 * B));
+    if (s->p_host) cudaFreeHost(s->p_host);
+    s->p_host = NULL;
+    DI_CU(cudaMallocHost((void **)&s->p_host, sizeof(int32_t) * host));
+    s->p_cap = c2;
+  }
+  s->p_n = b->prop_n;
+  s->p_blk = blk;
+  s->p_made = 1;
+  return DI_OK;
+}
+
+/* Inside the step, after its sampling: the step's rows (the feature log's first Tp rows) into the
+ * drafter's cache, the anchors from the samples (di_cuk_dspark_anchor), the blocks through the drafter,
+ * the greedy rounds, and the anchors, drafts and confidences to the pinned host buffer. */
+static di_status prop_forward(void *c) {
+  di_cuda_dspark *s = (di_cuda_dspark *)c;
+  cu_backend *b = s->b;
+  cudaStream_t st = b->stream;
+  const di_dspark *d = s->d;
+  const int B = d->block_size, PB = b->prop_blk, PT = b->prop_bt, P = s->p_cap;
+  const int32_t *first = b->d_prop, *last = first + PB, *cap = last + PB, *tabs = cap + PB, *cslot = tabs + (size_t)PB * PT;
+  DI_TRY(context_rows(s, b->Tp, b->flog, cslot, b->d_pos));
+  int32_t *btok = s->p_dev, *apos = btok + (size_t)P * B, *prev = apos + P, *pcap = prev + P, *aout = pcap + P;
+  int32_t *otok = aout + 2 * (size_t)P;
+  float *oconf = (float *)(otok + (size_t)P * B);
+  DI_TRY(di_cuk_dspark_anchor(PB, first, last, cap, b->d_tokens, b->d_pos, b->d_sample_out, B, d->mask_token, btok, apos,
+                              prev, pcap, aout, st));
+  DI_TRY(block_forward(s, PB, btok, apos, tabs, PT, PT * DI_DRAFTER_BLOCK_TOKENS + B));
+  for (int j = 0; j < B; j++)
+    DI_TRY(di_cuk_dspark_greedy_round(s->featf, s->hf, prev, pcap, j, PB, B, d->vocab, s->p_limit, d->hidden, d->markov_rank,
+                                      s->mw1, s->mw2, s->conf_w, d->conf_b, d->has_conf, d->conf_with_markov, otok, oconf,
+                                      st));
+  int32_t *h = s->p_host;
+  DI_CU(cudaMemcpyAsync(h, aout, sizeof(int32_t) * 2 * (size_t)PB, cudaMemcpyDeviceToHost, st));
+  DI_CU(cudaMemcpyAsync(h + 2 * (size_t)P, otok, sizeof(int32_t) * (size_t)PB * B, cudaMemcpyDeviceToHost, st));
+  DI_CU(cudaMemcpyAsync(h + 2 * (size_t)P + (size_t)P * B, oconf, sizeof(float) * (size_t)PB * B, cudaMemcpyDeviceToHost, st));
+  return DI_OK;
+}
+
+extern "C" di_status di_cuda_dspark_graph_on(di_cuda_dspark *s, int vocab_limit) {
+  cu_backend *b = s->b;
+  if (!s->log_owner) return di_error_set(DI_ERR_INVALID_ARG, "DSpark proposals in the step need the drafter's feature log on");
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "DSpark proposals in the step: turned on while a step is in flight");
+  if (s->d->markov_rank > 1024) return di_error_set(DI_ERR_UNSUPPORTED, "DSpark drafter on CUDA: Markov rank %d > 1024", s->d->markov_rank);
+  drop_graphs(b);
+  s->p_limit = vocab_limit < s->d->vocab ? vocab_limit : s->d->vocab;
+  b->prop_prepare = prop_prepare;
+  b->prop_forward = prop_forward;
+  b->prop_ctx = s;
+  s->graph_owner = 1;
+  return DI_OK;
+}
+
+extern "C" di_status di_cuda_dspark_graph_drafts(di_cuda_dspark *s, int n, int *made, int32_t *anchor, int32_t *tok,
+                                                float *conf) {
+  cu_backend *b = s->b;
+  *made = 0;
+  if (!s->graph_owner || !b->prop_on || !s->p_made) return DI_OK; /* (prop_on: the last step submitted) */
+  s->p_made = 0;
+  if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafts of a step still in flight");
+  if (n != s->p_n) return di_error_set(DI_ERR_INVALID_ARG, "DSpark drafts of %d sequences after a step of %d", n, s->p_n);
+  const int B = s->d->block_size, P = s->p_cap;
+  DI_CU(cudaStreamSynchronize(b->stream)); /* (wait() synchronised already: free) */
+  memcpy(anchor, s->p_host, sizeof(int32_t) * 2 * (size_t)n);
+  memcpy(tok, s->p_host + 2 * (size_t)P, sizeof(int32_t) * (size_t)n * B);
+  memcpy(conf, s->p_host + 2 * (size_t)P + (size_t)P * B, sizeof(float) * (size_t)n * B);
+  *made = 1;
   return DI_OK;
 }

@@ -31,4 +31,11 @@ di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows);
  * the cap). The host path of the engine (spec_dspark.c) does the same for the CPU drafter. */
 di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const int32_t *anchor, const int32_t *cap, int limit,
                                       int32_t *tok, float *conf);
+/* Proposals inside the step from now on (needs the feature log on): a step whose batch carries
+ * propose_row (backend.h) drafts in its own graph after its sampling, greedy over [0, vocab_limit). */
+di_status di_cuda_dspark_graph_on(di_cuda_dspark *s, int vocab_limit);
+/* The drafts of the last step that proposed, for its n sequences: anchor [n][2] (token, position; -1:
+ * none), tok / conf [n][block_size] (-1 past a block's cap); *made 0 when the last step proposed
+ * nothing (or they were read already). */
+di_status di_cuda_dspark_graph_drafts(di_cuda_dspark *s, int n, int *made, int32_t *anchor, int32_t *tok, float *conf);
 #endif

@@ -62,6 +62,24 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
                                               "(%d rows)", Tp, b->flog_cap);
     if (b->flog_n + Tp > b->flog_cap) DI_TRY(b->flog_flush(b->flog_ctx));
   }
+  /* a DSpark proposal inside the step (cuda_dspark.cu, prop_forward): after the step's own sampling,
+   * from the step's logged rows; the log's earlier rows become cache entries first (eagerly, here), so
+   * the step's rows are the log's first ones and are consumed by the step itself */
+  b->prop_on = 0;
+  b->prop_blk = b->prop_bt = b->prop_n = 0;
+  if (b->flog && b->prop_forward && bt->propose_row && bt->propose_cap && bt->drafter_tables && bt->sample_rows &&
+      b->step_sample_on && n_out > 0 && Tp <= DI_CUDA_PROP_MAX_T)
+    for (int q = 0; q < bt->n_seqs && !b->prop_on; q++) b->prop_on = bt->propose_row[q] >= 0;
+  if (b->prop_on) {
+    if (b->flog_n > 0) DI_TRY(b->flog_flush(b->flog_ctx));
+    int max_pos = 0;
+    for (int t = 0; t < T; t++)
+      if (bt->positions[t] > max_pos) max_pos = bt->positions[t];
+    b->prop_n = bt->n_seqs;
+    b->prop_blk = graph ? pow2_at_least(bt->n_seqs) : bt->n_seqs;
+    b->prop_bt = pow2_at_least(max_pos / DI_DRAFTER_BLOCK_TOKENS + 1);
+    DI_TRY(b->prop_prepare(b->prop_ctx, Tp, b->prop_blk));
+  }
   int max_blocks = 1;
   for (int t = 0; t < T; t++) {
     int sq = bt->seq_of[t], pos = bt->positions[t];
@@ -201,6 +219,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const size_t o_mslots = o; o += use_mha ? (size_t)n_mk : 0;
   o = (o + 1) & ~(size_t)1; /* 8-byte fields */
   const size_t o_srows = o; o += (size_t)n_out_p * (sizeof(di_cuk_sample_row) / sizeof(int32_t));
+  const size_t o_prop = o; o += b->prop_on ? (size_t)b->prop_blk * (3 + (size_t)b->prop_bt) + (size_t)Tp : 0;
   DI_TRY(ensure_inputs(b, o));
   int32_t *hi = b->in_host;
   const int32_t spare = (int32_t)b->n_blocks;
@@ -318,6 +337,27 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   hi[o_n] = ni;
   hi[o_n + 1] = nci;
   int32_t *d = b->in_dev;
+  int32_t *prop_slot = NULL; /* a proposing step's context slots (its rows are the log's first ones, consumed by it) */
+  if (b->prop_on) {
+    const int PB = b->prop_blk, PT = b->prop_bt;
+    int32_t *pr = hi + o_prop, *pl = pr + PB, *pc = pl + PB, *ptab = pc + PB;
+    prop_slot = ptab + (size_t)PB * PT;
+    for (int i = 0; i < PB; i++) pr[i] = pl[i] = -1, pc[i] = 0;
+    memset(ptab, 0, sizeof(int32_t) * (size_t)PB * PT);
+    for (int t = 0; t < T; t++) pl[bt->seq_of[t]] = t; /* each sequence's last row */
+    for (int q = 0; q < bt->n_seqs; q++) {
+      const int r0 = bt->propose_row[q];
+      if (r0 < 0) continue;
+      if (r0 >= T || bt->seq_of[r0] != q || bt->propose_cap[q] < 0)
+        return di_error_set(DI_ERR_INVALID_ARG, "cuda backend: sequence %d: proposal row %d (cap %d) is not one of its rows", q,
+                            r0, bt->propose_cap[q]);
+      pr[q] = r0;
+      pc[q] = bt->propose_cap[q];
+      const int nb = bt->drafter_blocks[q] < PT ? bt->drafter_blocks[q] : PT;
+      for (int k = 0; k < nb; k++) ptab[(size_t)q * PT + k] = bt->drafter_tables[q][k];
+    }
+    b->d_prop = d + o_prop;
+  }
   if (b->flog) { /* the rows' place in the feature log, their positions and drafter cache slots (the
                    * drafter's own KV group: its tables travel in the batch as drafter_tables; a batch
                    * without them, e.g. di_model_score on the same model, feeds the drafter nothing) */
@@ -330,12 +370,16 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
                                          "blocks", t, pos, bt->drafter_blocks[sq]);
         slot = blk * DI_DRAFTER_BLOCK_TOKENS + pos % DI_DRAFTER_BLOCK_TOKENS;
       }
+      if (prop_slot) {
+        prop_slot[t] = slot;
+        continue;
+      }
       b->flog_pos[b->flog_n + t] = t < T ? bt->positions[t] : 0;
       b->flog_slot[b->flog_n + t] = slot;
     }
-    hi[o_n + 2] = b->flog_n;
+    hi[o_n + 2] = prop_slot ? 0 : b->flog_n;
     b->d_flog_row0 = d + o_n + 2;
-    b->flog_n += Tp;
+    if (!prop_slot) b->flog_n += Tp;
   }
   b->d_tokens = d + o_tok; b->d_pos = d + o_pos; b->d_slots = d + o_slot; b->d_out_rows = d + o_out;
   b->d_bt = d + o_bt; b->d_nitems = d + o_n; b->d_ncitems = d + o_n + 1;
@@ -360,7 +404,7 @@ static graph_entry *find_graph(cu_backend *b) {
     graph_entry *g = &b->graphs[i];
     if (g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
         g->max_citems == b->max_citems && g->bm == b->bm && g->attn_cl == b->attn_cl && g->n_seq_rows == b->n_seq_rows &&
-        g->step_sample == b->step_sample && g->n_lg == b->n_lg_p)
+        g->step_sample == b->step_sample && g->n_lg == b->n_lg_p && g->prop_blk == b->prop_blk && g->prop_bt == b->prop_bt)
       return g;
   }
   if (b->n_graphs == MAX_GRAPHS) drop_graphs(b);
@@ -370,6 +414,8 @@ static graph_entry *find_graph(cu_backend *b) {
   g->max_citems = b->max_citems; g->bm = b->bm; g->attn_cl = b->attn_cl; g->n_seq_rows = b->n_seq_rows;
   g->step_sample = b->step_sample;
   g->n_lg = b->n_lg_p;
+  g->prop_blk = b->prop_blk;
+  g->prop_bt = b->prop_bt;
   return g;
 }
 

@@ -261,3 +261,44 @@ extern "C" di_status di_cuk_dspark_greedy_round(float *logits, const float *hid,
   DI_CU_LAUNCH("dspark_greedy_round");
   return DI_OK;
 }
+
+/* A proposal inside the step (cuda_dspark.cu's prop_forward): block i's anchor from the step's own
+ * samples. Its rows first[i] .. last[i] were sampled (sampled[t], by row: every row is an output row);
+ * rows after first[i] hold drafts (tokens[t]), accepted while each equals the sample of the row before
+ * it, as the engine's exact-match verification accepts them. The anchor is the sample after the last
+ * accepted draft, at the position after that row; block i's rows become [anchor, mask, ...], prev[i]
+ * the anchor, cap_out[i] = cap[i]. first[i] < 0: a padding block (mask tokens at position 0, cap 0).
+ * anchor_out[2 i], [2 i + 1]: the anchor token and position (-1 for padding), for the host to check. */
+static __global__ void dspark_anchor_kernel(int n, const int32_t *first, const int32_t *last, const int32_t *cap,
+                                            const int32_t *tokens, const int32_t *positions, const int32_t *sampled,
+                                            int B, int mask, int32_t *block_tok, int32_t *anchor_pos, int32_t *prev,
+                                            int32_t *cap_out, int32_t *anchor_out) {
+  DI_PDL_ENTRY();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int f = first[i];
+  int32_t tok = -1, pos = 0;
+  if (f >= 0) {
+    int a = 0;
+    while (f + a < last[i] && sampled[f + a] == tokens[f + a + 1]) a++;
+    tok = sampled[f + a];
+    pos = positions[f + a] + 1;
+  }
+  for (int j = 0; j < B; j++) block_tok[i * B + j] = j == 0 && tok >= 0 ? tok : mask;
+  anchor_pos[i] = pos;
+  prev[i] = tok;
+  cap_out[i] = tok >= 0 ? cap[i] : 0;
+  anchor_out[2 * i] = tok;
+  anchor_out[2 * i + 1] = tok >= 0 ? pos : -1;
+}
+
+extern "C" di_status di_cuk_dspark_anchor(int n, const int32_t *first, const int32_t *last, const int32_t *cap,
+                                          const int32_t *tokens, const int32_t *positions, const int32_t *sampled, int B,
+                                          int mask, int32_t *block_tok, int32_t *anchor_pos, int32_t *prev,
+                                          int32_t *cap_out, int32_t *anchor_out, di_cu_stream s) {
+  if (n <= 0) return DI_OK;
+  DI_CU(di_launch(dspark_anchor_kernel, (n + 127) / 128, 128, 0, s, n, first, last, cap, tokens, positions, sampled, B,
+                  mask, block_tok, anchor_pos, prev, cap_out, anchor_out));
+  DI_CU_LAUNCH("dspark_anchor");
+  return DI_OK;
+}

@@ -37,6 +37,15 @@ di_status di_cuk_dspark_greedy_round(float *logits, const float *hid, int32_t *p
                                      int B, int V, int limit, int H, int rank, const float *w1, const float *w2,
                                      const float *conf_w, float conf_b, int has_conf, int conf_markov,
                                      int32_t *out_tok, float *out_conf, di_cu_stream s);
+/* A proposal inside the step: block i's anchor from the step's samples (k_dspark.cu's comment): the
+ * drafts in rows first[i] + 1 .. last[i] accepted while equal to the samples before them, the anchor
+ * the sample after the last accepted one; writes the blocks' tokens [n * B] (anchor, then mask), their
+ * anchor positions, prev (the anchor) and cap_out (cap, 0 for padding) for the greedy rounds, and
+ * anchor_out [n][2] (token, position; -1 for padding). */
+di_status di_cuk_dspark_anchor(int n, const int32_t *first, const int32_t *last, const int32_t *cap,
+                               const int32_t *tokens, const int32_t *positions, const int32_t *sampled, int B, int mask,
+                               int32_t *block_tok, int32_t *anchor_pos, int32_t *prev, int32_t *cap_out,
+                               int32_t *anchor_out, di_cu_stream s);
 #ifdef __cplusplus
 }
 #endif
