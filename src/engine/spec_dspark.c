@@ -156,6 +156,23 @@ static double profile_ms(const double *prof, int n, int flat_below) {
 
 static double step_ms(const struct di_spec *sp, int n) { return profile_ms(sp->prof_ms, n, 0); }
 
+/* After admitting `best` drafts: when nothing pays (best == 0), stop proposing for a while (the
+ * context is still fed), then look again; the pause doubles (16 .. 512 steps) while it keeps not
+ * paying, and is at least so long that looking again (a proposal, t_draft ms against a t0 ms step)
+ * costs at most 2% of the paused steps' time (at most 4096 steps). A paying step ends the doubling. */
+static void pause_if_unpaid(struct di_spec *sp, int best, double t_draft, double t0) {
+  if (best > 0) {
+    sp->pause_len = 0;
+    return;
+  }
+  int len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
+  int64_t floor_len = 4096; /* 50 x t_draft / t0, at most 4096 (also when it is not finite) */
+  if (!di_double_to_int_in(50.0 * t_draft / t0, 0, 4096, &floor_len)) floor_len = 4096;
+  if (len < floor_len) len = (int)floor_len;
+  sp->pause_len = len;
+  sp->pause = sp->pause_len;
+}
+
 static int cand_cmp(const void *a, const void *b) {
   const spec_cand *x = a, *y = b;
   if (x->conf != y->conf) return x->conf > y->conf ? -1 : 1;
@@ -192,16 +209,7 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
         best = c + 1;
       }
       take = best;
-      if (best == 0) {
-        int len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
-        int64_t floor_len = 4096;
-        if (!di_double_to_int_in(50.0 * t_draft / t0, 0, 4096, &floor_len)) floor_len = 4096;
-        if (len < floor_len) len = (int)floor_len;
-        sp->pause_len = len;
-        sp->pause = sp->pause_len;
-      } else {
-        sp->pause_len = 0;
-      }
+      pause_if_unpaid(sp, best, t_draft, t0);
     } else if (above) {
       /* the drafts' own cost: the proposals of the drafting sequences (paid for the next step) */
       int drafting = 0;
@@ -215,19 +223,7 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
         best = c + 1;
       }
       take = best;
-      /* nothing pays: stop proposing for a while (the context is still fed), then look again; the
-       * pause doubles (16 .. 512 steps) while it keeps not paying, and is at least so long that looking
-       * again (a proposal, t_draft) costs at most 2% of the paused steps' time (at most 4096 steps) */
-      if (best == 0) {
-        int len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
-        int64_t floor_len = 4096; /* 50 x t_draft / t0, at most 4096 (also when it is not finite) */
-        if (!di_double_to_int_in(50.0 * t_draft / t0, 0, 4096, &floor_len)) floor_len = 4096;
-        if (len < floor_len) len = (int)floor_len;
-        sp->pause_len = len;
-        sp->pause = sp->pause_len;
-      } else {
-        sp->pause_len = 0;
-      }
+      pause_if_unpaid(sp, best, t_draft, t0);
     } /* else explore: verify everything, which measures a larger step */
   }
   for (int c = 0; c < take; c++) {

@@ -25,6 +25,17 @@ static void bad(int chat, const char *body, int status, const char *param) {
   if (rc == 0) di_oai_request_free(&r);
 }
 
+/* expects each value of structured_outputs.FIELD (beside a json schema) to be refused with 400 naming it */
+static void bad_structured_values(const char *field, const char *const *values, size_t n) {
+  char body[200], param[64];
+  snprintf(param, sizeof param, "structured_outputs.%s", field);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(body, sizeof body, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"%s\": %s}}", field,
+             values[i]);
+    bad(0, body, 400, param);
+  }
+}
+
 static void test_completions(void) {
   di_oai_request r;
   di_oai_error e;
@@ -97,14 +108,9 @@ static void test_structured(void) {
   CHECK(rd(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"separators\": null}}", &r, &e) == 0);
   CHECK(!r.params[0].item_separator && !r.params[0].key_separator && r.params[0].max_whitespace == 0);
   di_oai_request_free(&r);
-  static const char *bad_seps[] = {"[\",\"]", "[\",\", \":\", \":\"]", "[\":\", \",\"]", "[\", ,\", \":\"]", "[\",x\", \":\"]",
+  static const char *const bad_seps[] = {"[\",\"]", "[\",\", \":\", \":\"]", "[\":\", \",\"]", "[\", ,\", \":\"]", "[\",x\", \":\"]",
                                    "[\",       \", \":\"]", "\", \"", "[1, 2]", "[\"\", \":\"]"};
-  for (size_t i = 0; i < sizeof bad_seps / sizeof *bad_seps; i++) {
-    char body[200];
-    snprintf(body, sizeof body, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"separators\": %s}}",
-             bad_seps[i]);
-    bad(0, body, 400, "structured_outputs.separators");
-  }
+  bad_structured_values("separators", bad_seps, sizeof bad_seps / sizeof *bad_seps);
   bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"max_whitespace\": 65}}", 400,
       "structured_outputs.max_whitespace");
   bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"max_whitespace\": -1}}", 400,
@@ -117,13 +123,8 @@ static void test_structured(void) {
   CHECK(rd(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"indent\": null}}", &r, &e) == 0);
   CHECK(r.params[0].indent == 0);
   di_oai_request_free(&r);
-  static const char *bad_indents[] = {"0", "17", "-1", "2.5", "\"2\"", "true"};
-  for (size_t i = 0; i < sizeof bad_indents / sizeof *bad_indents; i++) {
-    char body[200];
-    snprintf(body, sizeof body, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"indent\": %s}}",
-             bad_indents[i]);
-    bad(0, body, 400, "structured_outputs.indent");
-  }
+  static const char *const bad_indents[] = {"0", "17", "-1", "2.5", "\"2\"", "true"};
+  bad_structured_values("indent", bad_indents, sizeof bad_indents / sizeof *bad_indents);
   bad(0, "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, \"indent\": 2, \"max_whitespace\": 1}}", 400,
       "structured_outputs.indent");
 }
