@@ -71,11 +71,16 @@ di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out)
       jv w;
       NEXT_ARG(w);
       if (w.kind != JV_INT) { st = fmt_err(c, at, "* wants int"); goto done; }
+      /* the magnitude is checked before it is negated or narrowed (INT64_MIN, 2^40 both overflow) */
+      if (w.u.i > 100000 || w.u.i < -100000) { st = fmt_err(c, at, "width or precision too large"); goto done; }
       width = (int)(w.u.i < 0 ? -w.u.i : w.u.i);
       if (w.u.i < 0) left = 1;
       i++;
     } else
-      for (width = -1; i < n && p[i] >= '0' && p[i] <= '9'; i++) width = (width < 0 ? 0 : width) * 10 + (p[i] - '0');
+      /* digits saturate past the limit below (a run of 60 nines overflowed int: fuzz finding
+         crash-chat_template-541353a7208a9a4e) */
+      for (width = -1; i < n && p[i] >= '0' && p[i] <= '9'; i++)
+        width = width > 100000 ? width : (width < 0 ? 0 : width) * 10 + (p[i] - '0');
     if (i < n && p[i] == '.') {
       i++;
       prec = 0;
@@ -83,10 +88,11 @@ di_status jj_format(struct jj_ctx *c, const jnode *at, jv fmt, jv args, jv *out)
         jv w;
         NEXT_ARG(w);
         if (w.kind != JV_INT) { st = fmt_err(c, at, "* wants int"); goto done; }
+        if (w.u.i > 1000) { st = fmt_err(c, at, "width or precision too large"); goto done; }
         prec = (int)(w.u.i < 0 ? 0 : w.u.i);
         i++;
       } else
-        for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) prec = prec * 10 + (p[i] - '0');
+        for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) prec = prec > 1000 ? prec : prec * 10 + (p[i] - '0');
     }
     if (width > 100000 || prec > 1000) { st = fmt_err(c, at, "width or precision too large"); goto done; }
     for (; i < n && (p[i] == 'h' || p[i] == 'l' || p[i] == 'L'); i++) {}

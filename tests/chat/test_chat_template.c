@@ -236,6 +236,12 @@ static void test_errors(void) {
   expect_error("{% for x in y recursive %}{% endfor %}", DI_ERR_UNSUPPORTED, "recursive for loops");
   expect_error("{{ '%d' % 'x' }}", DI_ERR_INVALID_ARG, "a real number is required, not str");
   expect_error("{{ '%s %s' % 1 }}", DI_ERR_INVALID_ARG, "not enough arguments for format string");
+  /* widths and precisions past int (fuzz finding: a run of digits overflowed the accumulator) */
+  expect_error("{{ '%99999999999999999999999999999999d' % 1 }}", DI_ERR_INVALID_ARG, "width or precision too large");
+  expect_error("{{ '%.99999999999999999999999999999999f' % 1.5 }}", DI_ERR_INVALID_ARG, "width or precision too large");
+  expect_error("{{ '%*d' % (-1099511627776, 1) }}", DI_ERR_INVALID_ARG, "width or precision too large");
+  expect_error("{{ '%.*f' % (1099511627776, 1.5) }}", DI_ERR_INVALID_ARG, "width or precision too large");
+  expect_render("{{ '%5d|%.2f|%*d' % (7, 1.234, 3, 4) }}", "    7|1.23|  4");
   expect_error("{{ '%s' % (1, 2) }}", DI_ERR_INVALID_ARG, "not all arguments converted");
   expect_error("{{ '%y' % 1 }}", DI_ERR_INVALID_ARG, "unsupported format character 'y'");
   expect_error("{{ 'a'.format(1) }}", DI_ERR_UNSUPPORTED, "the method str.format");
