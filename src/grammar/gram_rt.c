@@ -1,6 +1,9 @@
 /* Lazily determinised pushdown automaton (see gram_rt.h). Expansion of rule references is
  * eager (closure) with tail calls eliminated, so repetition written as right recursion keeps
- * stacks flat; left recursion is rejected at compile time, which makes every closure finite. */
+ * stacks flat; left recursion is rejected at compile time, which makes every closure finite.
+ * A step fills every byte class of its state's row that the state's stacks cannot tell from the
+ * stepped one (the same stacks take it), so a state costs one closure per distinct successor set,
+ * not one per byte class: the budget and ASCII-run searches step each state by every class. */
 #include "util/grow.h"
 #include "grammar/gram_rt.h"
 #include <stdlib.h>
@@ -106,8 +109,17 @@ static int cmp_i32(const void *a, const void *b) {
 static int state_get(di_grt *rt, int32_t *v, int n, int flags) {
   if (n == 0 && flags == 0)
     return DI_GRT_DEAD;
-  if (n > 1)
+  if (n > 32) {
     qsort(v, (size_t)n, sizeof(int32_t), cmp_i32);
+  } else { /* most sets are small: insertion sort, without qsort's call per comparison */
+    for (int i = 1; i < n; i++) {
+      const int32_t x = v[i];
+      int j = i;
+      for (; j > 0 && v[j - 1] > x; j--)
+        v[j] = v[j - 1];
+      v[j] = x;
+    }
+  }
   uint32_t h = state_hash(v, n, flags);
   uint32_t k = h & (uint32_t)(rt->shcap - 1);
   for (;;) {
@@ -358,6 +370,16 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
     memcpy(rt->cls, nc, sizeof nc);
     rt->ncls = n;
   }
+  /* each class set as a set of byte classes (the classes refine every set, so it is a union of them) */
+  rt->cmask = calloc((size_t)g->n_classes + 1, sizeof *rt->cmask);
+  if (!rt->cmask) {
+    di_grt_free(rt);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int k = 0; k < g->n_classes; k++)
+    for (int b = 0; b < 256; b++)
+      if (di_gbyteset_has(&g->classes[k], (unsigned)b))
+        rt->cmask[k][rt->cls[b] >> 6] |= 1ull << (rt->cls[b] & 63);
   rt->soff[0] = 0;
   rt->nn = 2; /* sentinels */
   rt->npos[0] = rt->npos[1] = -1;
@@ -401,6 +423,7 @@ void di_grt_free(di_grt *rt) {
   free(rt->tok_map);
   free(rt->tok_canon);
   free(rt->bnd);
+  free(rt->cmask);
   memset(rt, 0, sizeof *rt);
 }
 
@@ -420,20 +443,37 @@ int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
     rt->cur_gen = 1;
   }
   const di_gb *g = rt->g;
+  const int t = rt->cls[c];
+  /* same: the byte classes that every stack of s takes exactly when it takes t's (they step to
+   * the same successor) */
+  uint64_t same[4] = {~0ull, ~0ull, ~0ull, ~0ull};
   int nw = 0;
   for (int i = rt->soff[s]; i < rt->soff[s + 1]; i++) {
     int id = rt->sn[i];
     int pos = rt->npos[id];
-    if (di_gbyteset_has(&g->classes[g->flat[pos].arg], c)) {
+    const uint64_t *m = rt->cmask[g->flat[pos].arg];
+    if ((m[t >> 6] >> (t & 63)) & 1u) {
+      for (int w = 0; w < 4; w++)
+        same[w] &= m[w];
       if (!push_work(rt, &nw, node_get(rt, pos + 1, rt->npar[id]))) {
         di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
         return DI_GRT_ERROR;
       }
+    } else {
+      for (int w = 0; w < 4; w++)
+        same[w] &= ~m[w];
     }
   }
   int r = closure(rt, nw);
-  if (r != DI_GRT_ERROR)
-    rt->trans[s][rt->cls[c]] = r; /* note: rt->trans may have moved, index again */
+  if (r == DI_GRT_ERROR)
+    return r;
+  int32_t *row = rt->trans[s]; /* note: rt->trans may have moved, index again */
+  for (int w = 0; w < 4; w++)
+    for (uint64_t x = same[w]; x; x &= x - 1) {
+      const int k = w * 64 + __builtin_ctzll(x);
+      if (k < rt->ncls)
+        row[k] = r;
+    }
   return r;
 }
 

@@ -26,6 +26,7 @@ typedef struct di_grt {
   int32_t **trans; /* per state, a successor per byte class (DI_GRT_UNKNOWN until computed), or NULL */
   uint8_t cls[256]; /* byte -> byte class: bytes no grammar class tells apart share transitions */
   int ncls;
+  uint64_t (*cmask)[4]; /* per grammar class set (g->classes): the byte classes it holds, as bits */
   uint32_t *gen;   /* per node: closure generation that visited it */
   uint32_t cur_gen;
   int32_t *work, *out;
