@@ -513,7 +513,9 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   di_status st = DI_OK;
   long visited = 0;
   struct timespec ts0, ts1;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
+  const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0; /* the thread clock is a system call: only then */
+  if (debug)
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
   const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
   const uint8_t *tbyte = v->tbyte, *cls = rt->cls, *plain = v->plain_below, *lenb = v->len_below;
   long skipped = 0;
@@ -597,12 +599,13 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     }
   }
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
-  if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
+  if (debug) {
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
     fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d states %d skipped %ld visited %ld of %d%s us %.0f\n",
             key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
             prune > 0 ? " (longer tokens only)" : "",
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
+  }
   if (st != DI_OK) {
     di_ci_entry_release(e);
     return st;
@@ -856,11 +859,12 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
   }
   if (src && T < (1 << 30)) {
     struct timespec t0, t1;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0;
+    if (debug)
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     DI_TRY(derive_ci(g, c, key, src, T, max_unc, &c->ci[key]));
     atomic_fetch_add(&((di_grammar_vocab *)c->v)->n_count_derived, 1);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-    if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
+    if (debug && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1) == 0)
       fprintf(stderr, "ci key %d derived from key %d (tokens of at most %d bytes): accepted %d uncertain %d%s us %.0f\n", key,
               src_key, T, c->ci[key]->nacc, c->ci[key]->nunc, c->ci[key]->overflow ? " (abandoned)" : "",
               (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
