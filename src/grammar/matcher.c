@@ -29,6 +29,8 @@ struct di_gvcache {
   size_t ci_bytes, ci_max_bytes;   /* memory held by the entries; all are dropped past the cap */
   uint32_t **mask; /* by state id */
   int cap_mask, nmask, max_masks;
+  uint8_t *asked; /* by state id: its mask was computed once (cached only when asked again) */
+  int cap_asked;
   int32_t *st;     /* walk scratch: state per depth */
   int32_t **rows;  /* walk scratch: transition row per depth */
   uint8_t *pseen;  /* walk scratch: PSEUDO_END seen above this depth */
@@ -76,6 +78,7 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->ci);
     free(c->chosen);
     free(c->mask);
+    free(c->asked);
     free(c->st);
     free(c->rows);
     free(c->pseen);
@@ -1154,7 +1157,29 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
     memcpy(bitmask, c->mask[S], sizeof(uint32_t) * (size_t)v->words);
   } else {
     st = compute_mask(g, c, S, bitmask);
-    if (st == DI_OK && c->nmask < c->max_masks) {
+    /* most states of a document are met once (positions in strings, numbers, formats): a mask is
+     * kept (16 KB each, fresh memory to fault in) only for a state asked for a second time */
+    int again = 0;
+    if (st == DI_OK) {
+      if (S >= c->cap_asked) {
+        int nc = c->cap_asked ? c->cap_asked : 1024;
+        while (nc <= S)
+          nc *= 2;
+        uint8_t *q = realloc(c->asked, (size_t)nc);
+        if (q) {
+          memset(q + c->cap_asked, 0, (size_t)(nc - c->cap_asked));
+          c->asked = q;
+          c->cap_asked = nc;
+        }
+      }
+      if (S < c->cap_asked) {
+        again = c->asked[S];
+        c->asked[S] = 1;
+      } else {
+        again = 1; /* no memory for the marks: cache as before */
+      }
+    }
+    if (st == DI_OK && again && c->nmask < c->max_masks) {
       if (S >= c->cap_mask) {
         int nc = c->cap_mask ? c->cap_mask : 256;
         while (nc <= S)
