@@ -452,19 +452,15 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   return level;
 }
 
-/* Whether every token below trie node i is accepted from state s by its ASCII run (ascii_run.h). */
-static int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
-  const di_grammar_vocab *v = c->v;
-  const uint64_t *below = v->ascii_below + 2 * (size_t)i;
-  if ((below[0] & 1) || v->len_below[i] > DI_ASCII_RUN_MAX || v->tok_lo[v->tnext[i]] - v->tok_lo[i] < 8)
-    return 0; /* not ASCII, too long, or too few tokens below to be worth a search */
+/* State s's ASCII run (ascii_run.h), computed when first asked; NULL without memory for it. */
+static const di_ascii_run *ascii_run_of(di_grammar *g, struct di_gvcache *c, int s) {
   if (s >= c->cap_arun) {
     int nc = c->cap_arun ? c->cap_arun : 1024;
     while (nc <= s)
       nc *= 2;
     di_ascii_run *q = realloc(c->arun, sizeof *q * (size_t)nc);
     if (!q)
-      return 0;
+      return NULL;
     for (int k = c->cap_arun; k < nc; k++)
       q[k].n = -1;
     c->arun = q;
@@ -472,7 +468,23 @@ static int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
   }
   if (c->arun[s].n < 0 && di_ascii_run_compute(&g->rt, s, &c->ascratch, &c->arun[s]) != 0)
     c->arun[s].n = 0; /* past the automaton's budget: walk (the walk reports the error) */
-  return di_ascii_run_covers(&c->arun[s], below, v->len_below[i]);
+  return &c->arun[s];
+}
+
+/* Whether every token below trie node i is accepted from state s by its ASCII run (ascii_run.h).
+ * Inline: the walk asks at most nodes, and most fail the cheap tests. */
+static inline int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
+  const di_grammar_vocab *v = c->v;
+  const uint64_t *below = v->ascii_below + 2 * (size_t)i;
+  if ((below[0] & 1) || v->len_below[i] > DI_ASCII_RUN_MAX || v->tok_lo[v->tnext[i]] - v->tok_lo[i] < 8)
+    return 0; /* not ASCII, too long, or too few tokens below to be worth a search */
+  const di_ascii_run *r = ascii_run_of(g, c, s);
+  return r && di_ascii_run_covers(r, below, v->len_below[i]);
+}
+
+/* plain_budget's answer for state s when it is cached, else -1 (inline for the walk's nodes). */
+static inline int cached_budget(const struct di_gvcache *c, int s) {
+  return s < c->cap_budget ? c->budget[s] : -1;
 }
 
 /* The name of the rule whose alternative holds flat position pos (for DI_GRAMMAR_DEBUG lines). */
@@ -559,8 +571,10 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     sts[d] = s;
     rows[d] = rt->trans[s];
     pse[d] = pse[d - 1] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
-    int below = plain[i], ke = tok_lo[i + 1];
-    if (tnext[i] > i + 1 && ((below != DI_PLAIN_NOT && below <= plain_budget(g, c, s)) || ascii_run_covers(g, c, s, i))) {
+    int below = plain[i], ke = tok_lo[i + 1], known;
+    if (tnext[i] > i + 1 &&
+        ((below != DI_PLAIN_NOT && below <= ((known = cached_budget(c, s)) >= 0 ? known : plain_budget(g, c, s))) ||
+         ascii_run_covers(g, c, s, i))) {
       ke = tok_lo[tnext[i]]; /* every token below is plain text the state takes: all accepted */
       skipped += tnext[i] - i - 1;
       next_i = tnext[i];
