@@ -475,11 +475,11 @@ static const di_ascii_run *ascii_run_of(di_grammar *g, struct di_gvcache *c, int
  * Inline: the walk asks at most nodes, and most fail the cheap tests. */
 static inline int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
   const di_grammar_vocab *v = c->v;
-  const uint64_t *below = v->ascii_below + 2 * (size_t)i;
-  if ((below[0] & 1) || v->len_below[i] > DI_ASCII_RUN_MAX || v->tok_lo[v->tnext[i]] - v->tok_lo[i] < 8)
+  const di_tnode *t = &v->tn[i];
+  if ((t->flags & DI_TNODE_NOT_ASCII) || t->len_below > DI_ASCII_RUN_MAX || t->tok_hi - t->tok_lo < 8)
     return 0; /* not ASCII, too long, or too few tokens below to be worth a search */
   const di_ascii_run *r = ascii_run_of(g, c, s);
-  return r && di_ascii_run_covers(r, below, v->len_below[i]);
+  return r && di_ascii_run_covers(r, v->ascii_below + 2 * (size_t)i, t->len_below);
 }
 
 /* plain_budget's answer for state s when it is cached, else -1 (inline for the walk's nodes). */
@@ -531,20 +531,22 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0; /* the thread clock is a system call: only then */
   if (debug)
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
-  const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
-  const uint8_t *tbyte = v->tbyte, *cls = rt->cls, *plain = v->plain_below, *lenb = v->len_below;
+  const int32_t *sorted = v->sorted;
+  const uint8_t *cls = rt->cls;
+  const di_tnode *tn = v->tn;
   long skipped = 0;
   for (int i = 0, n = v->nnodes, next_i; i < n;) {
-    if (prune > 0 && lenb[i] < 255 && tdepth[i] + lenb[i] <= prune) {
-      i = tnext[i];
+    const di_tnode *t = &tn[i];
+    if (prune > 0 && t->len_below < 255 && t->depth + t->len_below <= prune) {
+      i = t->tnext;
       continue;
     }
     visited++;
-    int d = tdepth[i];
+    int d = t->depth;
     const int32_t *row = rows[d - 1];
-    int s = row ? row[cls[tbyte[i]]] : DI_GRT_UNKNOWN;
+    int s = row ? row[cls[t->byte]] : DI_GRT_UNKNOWN;
     if (s == DI_GRT_UNKNOWN) {
-      s = di_grt_step_slow(rt, sts[d - 1], tbyte[i]);
+      s = di_grt_step_slow(rt, sts[d - 1], t->byte);
       rows[d - 1] = rt->trans[sts[d - 1]];
     }
     if (s < 0) {
@@ -553,7 +555,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
         break;
       }
       if (pse[d - 1]) {
-        for (int k = tok_lo[i]; k < tok_lo[tnext[i]]; k++)
+        for (int k = t->tok_lo; k < t->tok_hi; k++)
           if (!buf_append(&e->unc, &e->nunc, &cap_unc, k)) {
             st = di_error_set(DI_ERR_OOM, "out of memory");
             break;
@@ -565,31 +567,31 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
           break;
         }
       }
-      i = tnext[i];
+      i = t->tnext;
       continue;
     }
     sts[d] = s;
     rows[d] = rt->trans[s];
     pse[d] = pse[d - 1] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
-    int below = plain[i], ke = tok_lo[i + 1], known;
-    if (tnext[i] > i + 1 &&
+    int below = t->plain, ke = tn[i + 1].tok_lo, known;
+    if (t->tnext > i + 1 &&
         ((below != DI_PLAIN_NOT && below <= ((known = cached_budget(c, s)) >= 0 ? known : plain_budget(g, c, s))) ||
          ascii_run_covers(g, c, s, i))) {
-      ke = tok_lo[tnext[i]]; /* every token below is plain text the state takes: all accepted */
-      skipped += tnext[i] - i - 1;
-      next_i = tnext[i];
-      if (v->subtree_of[i] >= 0) { /* a large subtree: its ids' bitmap, word by word */
-        const uint32_t *sb = v->subtree_bits + (size_t)v->subtree_of[i] * (size_t)v->words;
+      ke = t->tok_hi; /* every token below is plain text the state takes: all accepted */
+      skipped += t->tnext - i - 1;
+      next_i = t->tnext;
+      if (t->subtree >= 0) { /* a large subtree: its ids' bitmap, word by word */
+        const uint32_t *sb = v->subtree_bits + (size_t)t->subtree * (size_t)v->words;
         for (int w = 0; w < v->words; w++)
           bits[w] |= sb[w];
-        nacc += ke - tok_lo[i];
+        nacc += ke - t->tok_lo;
         i = next_i;
         continue;
       }
     } else {
       next_i = i + 1;
     }
-    for (int k = tok_lo[i]; k < ke; k++) {
+    for (int k = t->tok_lo; k < ke; k++) {
       int id = sorted[k];
       bits[id >> 5] |= 1u << (id & 31);
       nacc++;
