@@ -981,13 +981,16 @@ static di_status add_token_refs(di_grt *rt, const di_grammar_vocab *v, int S, ui
   return DI_OK;
 }
 
-/* Full mask for state S into out (vocab words). Under g->mu. */
-static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32_t *out) {
+/* Full mask for state S into out (vocab words); *cheap = 1 when it was one classification's
+ * accepted tokens and nothing else (computing it again costs about what a copy from the cache
+ * does). Under g->mu. */
+static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32_t *out, int *cheap) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   int W = v->words;
   memset(out, 0, sizeof(uint32_t) * (size_t)W);
   int nbuf = 0, lists = 0;
+  *cheap = 0;
   /* A grammar with a max_tokens lexeme: a token is allowed only when the state after its bytes
    * survives the token boundary (di_grt_boundary), which the context-independent classification
    * does not see (it assumes acceptance depends on the bytes alone). Where the boundary can drop
@@ -1065,6 +1068,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
+  *cheap = !walk_all && nbuf == 0 && rt->soff[S + 1] - rt->soff[S] <= 1 && !g->core.has_token_refs;
   if (g->core.has_token_refs)
     DI_TRY(add_token_refs(rt, v, S, out));
   if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)
@@ -1172,11 +1176,13 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
   if (S < c->cap_mask && c->mask[S]) {
     memcpy(bitmask, c->mask[S], sizeof(uint32_t) * (size_t)v->words);
   } else {
-    st = compute_mask(g, c, S, bitmask);
-    /* most states of a document are met once (positions in strings, numbers, formats): a mask is
-     * kept (16 KB each, fresh memory to fault in) only for a state asked for a second time */
-    int again = 0;
-    if (st == DI_OK) {
+    int cheap = 0;
+    st = compute_mask(g, c, S, bitmask, &cheap);
+    /* many states of a document are met once (positions in strings, numbers, formats): a mask that
+     * costs no more to compute than to copy is kept (16 KB, fresh memory to fault in) only when its
+     * state is asked for a second time */
+    int again = 1;
+    if (st == DI_OK && cheap) {
       if (S >= c->cap_asked) {
         int nc = c->cap_asked ? c->cap_asked : 1024;
         while (nc <= S)
