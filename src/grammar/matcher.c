@@ -26,6 +26,12 @@ struct di_gvcache {
   int32_t *chosen; /* by real stack node: the truncated stack whose entry it uses (0 = not yet) */
   int nci;
   int ci_depth, ci_max_uncertain; /* see get_ci */
+  /* the walk of part_key abandoned at its bound of uncertain tokens (compute_ci), kept so that the
+   * walk of the same stack with one frame more resumes it at node part_from instead of starting
+   * over (part_key -1: none): its accepted tokens (bitmap, count) and uncertain ones so far */
+  int part_key, part_from, part_nacc, part_nunc, part_cap;
+  uint32_t *part_bits;
+  int32_t *part_unc;
   size_t ci_bytes, ci_max_bytes;   /* memory held by the entries; all are dropped past the cap */
   uint32_t **mask; /* by state id */
   int cap_mask, nmask, max_masks;
@@ -79,6 +85,8 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->chosen);
     free(c->mask);
     free(c->asked);
+    free(c->part_bits);
+    free(c->part_unc);
     free(c->st);
     free(c->rows);
     free(c->pseen);
@@ -120,6 +128,7 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   c->chosen = calloc((size_t)c->nci, sizeof *c->chosen);
   c->ci_depth = 12;
   c->ci_max_uncertain = 256;
+  c->part_key = -1;
   c->ci_max_bytes = (size_t)128 << 20;
   const int depth = di_switch_int(DI_SW_GRAMMAR_CI_DEPTH, 0);
   if (depth > 0)
@@ -502,8 +511,16 @@ static const char *position_rule_name(const di_gb *g, int pos) {
 
 /* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
  * accepted / rejected whatever lies below, or uncertain. With prune > 0 the subtrees whose tokens
- * all have at most prune bytes are left out (classified elsewhere: derive_ci). Under g->mu. */
-static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, int prune, di_ci_entry **out) {
+ * all have at most prune bytes are left out (classified elsewhere: derive_ci).
+ * With resume, c->part_* holds the abandoned walk of the same stack with one frame fewer (the
+ * "upper" key), and this walk continues it: a token the upper key accepts is accepted whatever lies
+ * below its frames, so by key too; one it rejects died within its frames, so key rejects it too;
+ * its uncertain tokens are walked one by one from key's state; the trie before node part_from is
+ * not walked again (only the ancestors of part_from are stepped, to reach its parent's state).
+ * Exactly what a walk from the start gives. A walk (prune 0) abandoned at max_unc leaves its own
+ * partial walk in c->part_* for the next frame's. Under g->mu. */
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, int prune, int resume,
+                            di_ci_entry **out) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   di_ci_entry *e = calloc(1, sizeof *e);
@@ -516,16 +533,58 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     return DI_ERR_OOM;
   }
   uint32_t *bits = c->bits; /* all zero on entry, left zero on exit */
-  int cap_unc = 0, nacc = 0;
+  int cap_unc = 0, nacc = 0, from = 0;
   /* per depth: the state, its transition row (NULL until allocated) and whether the rule end
    * was passed at or above it (tokens running further are uncertain) */
   int32_t *sts = c->st;
   int32_t **rows = c->rows;
   uint8_t *pse = c->pseen;
+  di_status st = DI_OK;
+  if (resume) { /* the upper key's verdicts, its uncertain tokens walked from s0 (in trie order) */
+    atomic_fetch_add(&((di_grammar_vocab *)v)->n_resumed, 1);
+    memcpy(bits, c->part_bits, sizeof(uint32_t) * (size_t)v->words);
+    nacc = c->part_nacc;
+    from = c->part_from;
+    const uint8_t *prev = NULL;
+    int valid = 0, prevlen = 0;
+    sts[0] = s0;
+    pse[0] = (di_grt_flags(rt, s0) & DI_GRT_PSEUDO_END) != 0;
+    for (int k = 0; k < c->part_nunc && st == DI_OK; k++) {
+      const int id = v->sorted[c->part_unc[k]];
+      const uint8_t *t = v->bytes + v->off[id];
+      const int len = (int)(v->off[id + 1] - v->off[id]);
+      int l = 0;
+      if (prev)
+        while (l < len && l < prevlen && l < valid && t[l] == prev[l])
+          l++;
+      int d = l, s = sts[l];
+      for (; d < len; d++) {
+        s = di_grt_step(rt, sts[d], t[d]);
+        if (s < 0)
+          break;
+        sts[d + 1] = s;
+        pse[d + 1] = pse[d] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
+      }
+      if (s == DI_GRT_ERROR) {
+        st = DI_ERR_OOM;
+        break;
+      }
+      valid = d;
+      prev = t;
+      prevlen = len;
+      if (d == len) {
+        bits[id >> 5] |= 1u << (id & 31);
+        nacc++;
+      } else if (pse[d] && !buf_append(&e->unc, &e->nunc, &cap_unc, c->part_unc[k])) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+      }
+    }
+    if (st == DI_OK && max_unc >= 0 && e->nunc > max_unc)
+      e->overflow = 1; /* abandoned before walking on: resumed again from the same node */
+  }
   sts[0] = s0;
   rows[0] = rt->trans[s0];
   pse[0] = (di_grt_flags(rt, s0) & DI_GRT_PSEUDO_END) != 0;
-  di_status st = DI_OK;
   long visited = 0;
   struct timespec ts0, ts1;
   const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0; /* the thread clock is a system call: only then */
@@ -535,8 +594,13 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   const uint8_t *cls = rt->cls;
   const di_tnode *tn = v->tn;
   long skipped = 0;
-  for (int i = 0, n = v->nnodes, next_i; i < n;) {
+  const int lo_from = tn[from < v->nnodes ? from : v->nnodes].tok_lo; /* tokens before it: classified */
+  for (int i = 0, n = st == DI_OK && !e->overflow ? v->nnodes : 0, next_i; i < n;) {
     const di_tnode *t = &tn[i];
+    if (i < from && t->tnext <= from) { /* classified by the upper key's walk */
+      i = t->tnext;
+      continue;
+    }
     if (prune > 0 && t->len_below < 255 && t->depth + t->len_below <= prune) {
       i = t->tnext;
       continue;
@@ -555,7 +619,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
         break;
       }
       if (pse[d - 1]) {
-        for (int k = t->tok_lo; k < t->tok_hi; k++)
+        for (int k = i < from ? lo_from : t->tok_lo; k < t->tok_hi; k++)
           if (!buf_append(&e->unc, &e->nunc, &cap_unc, k)) {
             st = di_error_set(DI_ERR_OOM, "out of memory");
             break;
@@ -564,6 +628,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
           break;
         if (max_unc >= 0 && e->nunc > max_unc) { /* too uncertain: the caller keeps more frames */
           e->overflow = 1;
+          from = t->tnext; /* where a walk with one frame more resumes */
           break;
         }
       }
@@ -573,6 +638,10 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     sts[d] = s;
     rows[d] = rt->trans[s];
     pse[d] = pse[d - 1] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
+    if (i < from) { /* an ancestor of node from: its own tokens are classified, descend */
+      i++;
+      continue;
+    }
     int below = t->plain, ke = tn[i + 1].tok_lo, known;
     if (t->tnext > i + 1 &&
         ((below != DI_PLAIN_NOT && below <= ((known = cached_budget(c, s)) >= 0 ? known : plain_budget(g, c, s))) ||
@@ -617,12 +686,28 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
           e->acc_list[n++] = w * 32 + __builtin_ctz(x);
     }
   }
+  if (st == DI_OK && e->overflow && prune == 0) { /* kept for the walk with one frame more */
+    if (!c->part_bits)
+      c->part_bits = malloc(sizeof(uint32_t) * (size_t)v->words);
+    c->part_key = -1;
+    if (c->part_bits) {
+      memcpy(c->part_bits, bits, sizeof(uint32_t) * (size_t)v->words);
+      free(c->part_unc);
+      c->part_unc = e->unc; /* taken over: an abandoned entry keeps no lists */
+      c->part_nunc = e->nunc;
+      c->part_nacc = nacc;
+      c->part_from = from;
+      c->part_key = key;
+      e->unc = NULL;
+      e->nunc = 0;
+    }
+  }
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
   if (debug) {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
     fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d states %d skipped %ld visited %ld of %d%s us %.0f\n",
             key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
-            prune > 0 ? " (longer tokens only)" : "",
+            prune > 0 ? " (longer tokens only)" : resume ? " (resumed: upper key's uncertain walked again)" : "",
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
   }
   if (st != DI_OK) {
@@ -755,7 +840,7 @@ static di_status derive_ci(di_grammar *g, struct di_gvcache *c, int key, const d
   if (src->overflow) /* the caller will keep more frames, as after a walk that overflows */
     return overflow_entry(out);
   di_ci_entry *w = NULL;
-  DI_TRY(compute_ci(g, c, key, max_unc, T, &w));
+  DI_TRY(compute_ci(g, c, key, max_unc, T, 0, &w));
   if (w->overflow) {
     *out = w;
     return DI_OK;
@@ -818,7 +903,8 @@ static di_status derive_ci(di_grammar *g, struct di_gvcache *c, int key, const d
 
 /* Fills c->ci[key]: from the vocabulary's shared store when another grammar (or an earlier compile)
  * classified the same language, else derived from its source when key is a position near the end
- * of a counted repetition (count_source), else by a walk; then offered to the store. An entry
+ * of a counted repetition (count_source), else by a walk (resuming the abandoned walk of the
+ * stack with one frame fewer when that was the last one abandoned); then offered to the store. An entry
  * abandoned at its bound of uncertain tokens does not serve a caller that needs it in full. Under
  * g->mu. */
 static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last) {
@@ -888,7 +974,13 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
               src_key, T, c->ci[key]->nacc, c->ci[key]->nunc, c->ci[key]->overflow ? " (abandoned)" : "",
               (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
   } else {
-    DI_TRY(compute_ci(g, c, key, max_unc, 0, &c->ci[key]));
+    /* resumed when the walk of the same stack with one frame fewer was the last one abandoned
+     * (get_ci's next depth, or the next depth's count source) */
+    int frames = 0;
+    for (int n = key; n > DI_GRT_PSEUDO; n = g->rt.npar[n])
+      frames++;
+    const int resume = c->part_key >= 0 && frames > 1 && di_grt_truncated_stack(&g->rt, key, frames - 1) == c->part_key;
+    DI_TRY(compute_ci(g, c, key, max_unc, 0, resume, &c->ci[key]));
   }
   c->ci_bytes += c->ci[key]->bytes;
   if (described)

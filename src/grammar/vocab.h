@@ -57,6 +57,7 @@ struct di_grammar_vocab {
   /* count_chain.h, for tests: classifications derived / taken as they are, masks taken from the
    * state with the frames moved to the longest token's count */
   _Atomic long n_count_derived, n_count_same, n_count_masks;
+  _Atomic long n_resumed; /* walks resumed from the abandoned walk of one frame fewer (matcher.c compute_ci) */
   struct di_ci_shared *shared_ci; /* classifications shared by every grammar's matchers (ci_shared.h); NULL = none */
 };
 #endif
