@@ -705,8 +705,9 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
   if (debug) {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
-    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d states %d skipped %ld visited %ld of %d%s us %.0f\n",
-            key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
+    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d%s states %d skipped %ld visited %ld of %d%s us %.0f\n",
+            key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->overflow ? c->part_nunc : e->nunc,
+            e->overflow ? " (abandoned)" : "", rt->ns, skipped, visited, v->nnodes,
             prune > 0 ? " (longer tokens only)" : resume ? " (resumed: upper key's uncertain walked again)" : "",
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
   }
