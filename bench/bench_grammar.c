@@ -7,7 +7,8 @@
  * --docs: one JSON string per line (the output text). --ids: the same documents' token ids, one
  * line of space-separated ids each (e.g. from the Hugging Face tokenizer, so that other engines
  * replay identical sequences); without it the documents are encoded with DeepInfer's tokenizer.
- * Each document gets a freshly compiled grammar (cold caches) unless --warm. */
+ * Each document gets a freshly compiled grammar (cold caches) unless --warm. BENCH_GRAMMAR_TRACE=1
+ * prints each mask's CPU time on stderr (with DI_GRAMMAR_DEBUG=1, between the walks it caused). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

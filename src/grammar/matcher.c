@@ -138,8 +138,12 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     c->ci_max_uncertain = uncertain;
   c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
   c->derive = di_switch_int(DI_SW_GRAMMAR_COUNT_CI, 1) != 0;
-  if (g->rt.tok_map) /* max_tokens: acceptance depends on the token boundary too (compute_mask) */
-    c->share = c->derive = 0;
+  /* max_tokens: acceptance depends on the token boundary too, which compute_mask tests itself (it
+   * walks every token where the boundary can drop a stack); a classification is of the bytes alone
+   * (the copies of a bounded lexeme take the bytes of the rule), so the shared store serves such
+   * grammars as any other. The count-chain derivation stays off for them. */
+  if (g->rt.tok_map)
+    c->derive = 0;
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
