@@ -41,6 +41,7 @@ struct di_gvcache {
   int32_t **rows;  /* walk scratch: transition row per depth */
   uint8_t *pseen;  /* walk scratch: PSEUDO_END seen above this depth */
   uint32_t *bits;  /* scratch bitmap */
+  int32_t *alist;  /* scratch: a walk's accepted ids while they are few (words + 1 slots) */
   int32_t *buf;
   int cap_buf;
   /* plain-text budgets (plain_text.h): per state, the plain characters it takes for certain (-1 =
@@ -91,6 +92,7 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->rows);
     free(c->pseen);
     free(c->bits);
+    free(c->alist);
     free(c->buf);
     free(c->budget);
     free(c->arun);
@@ -148,6 +150,7 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
   c->bits = calloc((size_t)v->words + 1, sizeof(uint32_t));
+  c->alist = malloc(sizeof(int32_t) * ((size_t)v->words + 1)); /* NULL: the bitmap is scanned instead */
   size_t per = (size_t)v->words * 4 + 64;
   c->max_masks = (int)((size_t)(32 << 20) / per);
   if (c->max_masks < 64)
@@ -538,6 +541,10 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   }
   uint32_t *bits = c->bits; /* all zero on entry, left zero on exit */
   int cap_unc = 0, nacc = 0, from = 0;
+  /* the accepted ids also listed while no more than a bitmap's words (and none came by a subtree
+   * bitmap or from a resumed walk), so a sparse entry needs no scan of the bitmap */
+  const int W = v->words;
+  int nlist = resume || !c->alist ? W + 1 : 0;
   /* per depth: the state, its transition row (NULL until allocated) and whether the rule end
    * was passed at or above it (tokens running further are uncertain) */
   int32_t *sts = c->st;
@@ -601,6 +608,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   const int lo_from = tn[from < v->nnodes ? from : v->nnodes].tok_lo; /* tokens before it: classified */
   for (int i = 0, n = st == DI_OK && !e->overflow ? v->nnodes : 0, next_i; i < n;) {
     const di_tnode *t = &tn[i];
+    __builtin_prefetch(&tn[t->tnext]); /* where a rejected or accepted subtree jumps to */
     if (i < from && t->tnext <= from) { /* classified by the upper key's walk */
       i = t->tnext;
       continue;
@@ -658,6 +666,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
         for (int w = 0; w < v->words; w++)
           bits[w] |= sb[w];
         nacc += ke - t->tok_lo;
+        nlist = W + 1;
         i = next_i;
         continue;
       }
@@ -668,6 +677,8 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       int id = sorted[k];
       bits[id >> 5] |= 1u << (id & 31);
       nacc++;
+      if (nlist <= W)
+        c->alist[nlist++] = id;
     }
     i = next_i;
   }
@@ -684,8 +695,10 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       e->acc_list = malloc(sizeof(int32_t) * (size_t)nacc);
       if (!e->acc_list)
         st = di_error_set(DI_ERR_OOM, "out of memory");
+      else if (nlist == nacc)
+        memcpy(e->acc_list, c->alist, sizeof(int32_t) * (size_t)nacc);
       int n = 0;
-      for (int w = 0; w < v->words && e->acc_list; w++)
+      for (int w = 0; w < v->words && e->acc_list && nlist != nacc; w++)
         for (uint32_t x = bits[w]; x; x &= x - 1)
           e->acc_list[n++] = w * 32 + __builtin_ctz(x);
     }
@@ -706,7 +719,11 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       e->nunc = 0;
     }
   }
-  memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
+  if (nlist == nacc) /* only the listed ids' words are set */
+    for (int k = 0; k < nlist; k++)
+      bits[c->alist[k] >> 5] = 0;
+  else
+    memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
   if (debug) {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
     fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d%s states %d skipped %ld visited %ld of %d%s us %.0f\n",
