@@ -974,7 +974,8 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
       }
     }
   }
-  int described = c->share && di_language_key_make(&c->lkey, &g->rt, key, c->v->maxlen, MAX_KEY_WORDS);
+  int described =
+      c->share && di_language_key_make(&c->lkey, &g->rt, c->v->shared_ci, key, c->v->maxlen, MAX_KEY_WORDS);
   if (described) {
     di_ci_entry *e = di_ci_shared_find(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash);
     if (e && !(e->overflow && last)) {
