@@ -492,7 +492,7 @@ static const di_ascii_run *ascii_run_of(di_grammar *g, struct di_gvcache *c, int
 static inline int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
   const di_grammar_vocab *v = c->v;
   const di_tnode *t = &v->tn[i];
-  if ((t->flags & DI_TNODE_NOT_ASCII) || t->len_below > DI_ASCII_RUN_MAX || t->tok_hi - t->tok_lo < 8)
+  if ((t->flags & DI_TNODE_NOT_ASCII) || t->len_below > DI_ASCII_RUN_MAX || v->tn[t->tnext].tok_lo - t->tok_lo < 8)
     return 0; /* not ASCII, too long, or too few tokens below to be worth a search */
   const di_ascii_run *r = ascii_run_of(g, c, s);
   return r && di_ascii_run_covers(r, v->ascii_below + 2 * (size_t)i, t->len_below);
@@ -631,7 +631,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
         break;
       }
       if (pse[d - 1]) {
-        for (int k = i < from ? lo_from : t->tok_lo; k < t->tok_hi; k++)
+        for (int k = i < from ? lo_from : t->tok_lo, hi = tn[t->tnext].tok_lo; k < hi; k++)
           if (!buf_append(&e->unc, &e->nunc, &cap_unc, k)) {
             st = di_error_set(DI_ERR_OOM, "out of memory");
             break;
@@ -658,7 +658,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     if (t->tnext > i + 1 &&
         ((below != DI_PLAIN_NOT && below <= ((known = cached_budget(c, s)) >= 0 ? known : plain_budget(g, c, s))) ||
          ascii_run_covers(g, c, s, i))) {
-      ke = t->tok_hi; /* every token below is plain text the state takes: all accepted */
+      ke = tn[t->tnext].tok_lo; /* every token below is plain text the state takes: all accepted */
       skipped += t->tnext - i - 1;
       next_i = t->tnext;
       if (t->subtree >= 0) { /* a large subtree: its ids' bitmap, word by word */

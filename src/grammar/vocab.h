@@ -11,12 +11,14 @@ enum { DI_SUBTREE_MIN = 2048 }; /* a subtree this large gets its ids as a bitmap
  * needs side by side. The walk jumps over the subtrees it accepts or rejects whole, so after a jump
  * every array it reads misses the cache: one record is one miss instead of one per array. */
 enum { DI_TNODE_NOT_ASCII = 1 }; /* flags: some token suffix below holds a NUL or a non-ASCII byte */
-typedef struct di_tnode {
-  int32_t tnext;     /* the node's subtree ends before node tnext */
+enum { DI_TNODE_MAX_DEPTH = 65535, DI_TNODE_MAX_SUBTREES = 32767 };
+typedef struct di_tnode { /* 16 bytes: four to a cache line */
+  int32_t tnext;     /* the node's subtree ends before node tnext; its tokens: [tok_lo, tn[tnext].tok_lo) */
   int32_t tok_lo;    /* first sorted index at or below the node; tokens ending here: [tok_lo, next node's) */
-  int32_t tok_hi;    /* one past the subtree's last sorted index (tok_lo of node tnext) */
-  int32_t depth;     /* 1-based: the node's byte is byte depth - 1 of its tokens */
-  int32_t subtree;   /* its row of subtree_bits, or -1 (fewer than DI_SUBTREE_MIN tokens below) */
+  uint16_t depth;    /* 1-based: the node's byte is byte depth - 1 of its tokens (tokens are at most
+                      * DI_TNODE_MAX_DEPTH bytes: vocab.c) */
+  int16_t subtree;   /* its row of subtree_bits, or -1 (fewer than DI_SUBTREE_MIN tokens below, or past
+                      * DI_TNODE_MAX_SUBTREES rows) */
   uint8_t byte;      /* the node's byte */
   uint8_t plain;     /* plain_below (DI_PLAIN_NOT: not all plain) */
   uint8_t len_below; /* the longest token suffix below (bytes, at most 255) */

@@ -336,8 +336,28 @@ static void resumed_walks(void) {
   unsetenv("DI_GRAMMAR_CI_UNCERTAIN");
 }
 
+/* The trie keeps token depths in 16 bits (vocab.h): a longer token is refused by name. */
+static void long_token(void) {
+  size_t n = 70000;
+  char *big = malloc(n);
+  if (!big)
+    return;
+  memset(big, 'a', n);
+  const char *tb[2] = {"a", big};
+  size_t tl[2] = {1, n};
+  di_grammar_vocab *v = NULL;
+  CHECK(di_grammar_vocab_create(2, tb, tl, NULL, 0, &v) == DI_ERR_INVALID_ARG);
+  CHECK(v == NULL);
+  CHECK(strstr(di_last_error(), "70000 bytes") != NULL);
+  tl[1] = 65535; /* the longest taken */
+  CHECK(di_grammar_vocab_create(2, tb, tl, NULL, 0, &v) == DI_OK);
+  di_grammar_vocab_free(v);
+  free(big);
+}
+
 int main(void) {
   build_vocab();
+  long_token();
   resumed_walks();
   budget();
   threads();
