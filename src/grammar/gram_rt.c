@@ -8,6 +8,7 @@
 #include "grammar/gram_rt.h"
 #include <stdlib.h>
 #include <string.h>
+#include "util/sort_i32.h"
 #include "util/switches.h"
 
 static inline uint32_t mix(uint64_t x) {
@@ -100,26 +101,13 @@ static int state_rehash(di_grt *rt, int cap) {
   return 1;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Interns the set v[0..n) (sorted here) with flags; DI_GRT_DEAD when empty and flagless. */
 static int state_get(di_grt *rt, int32_t *v, int n, int flags) {
   if (n == 0 && flags == 0)
     return DI_GRT_DEAD;
-  if (n > 32) {
-    qsort(v, (size_t)n, sizeof(int32_t), cmp_i32);
-  } else { /* most sets are small: insertion sort, without qsort's call per comparison */
-    for (int i = 1; i < n; i++) {
-      const int32_t x = v[i];
-      int j = i;
-      for (; j > 0 && v[j - 1] > x; j--)
-        v[j] = v[j - 1];
-      v[j] = x;
-    }
-  }
+  if (n > DI_SORT_I32_SMALL && !grow((void **)&rt->sort_tmp, &rt->sort_cap, n, sizeof(int32_t)))
+    goto oom;
+  di_sort_i32(v, n, rt->sort_tmp); /* node ids are >= 0 */
   uint32_t h = state_hash(v, n, flags);
   uint32_t k = h & (uint32_t)(rt->shcap - 1);
   for (;;) {
@@ -424,6 +412,7 @@ void di_grt_free(di_grt *rt) {
   free(rt->tok_canon);
   free(rt->bnd);
   free(rt->cmask);
+  free(rt->sort_tmp);
   memset(rt, 0, sizeof *rt);
 }
 

@@ -31,6 +31,8 @@ typedef struct di_grt {
   uint32_t cur_gen;
   int32_t *work, *out;
   int work_cap, out_cap;
+  int32_t *sort_tmp; /* state_get's sorting scratch */
+  int sort_cap;
   int start;
   int max_nodes, max_states, max_set;
   /* Lark max_tokens (di_grt_boundary): per flat position, the same position in the copy with one

@@ -17,6 +17,7 @@
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
+#include "util/sort_i32.h"
 #include "util/switches.h"
 
 struct di_gvcache {
@@ -1052,10 +1053,6 @@ static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, di_ci_entry
   }
 }
 
-static int cmp_i32(const void *a, const void *b) {
-  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* A grammar with token references (token_ref.h): text tokens holding the 0xFF mark are never
  * allowed by their text, and every non-stop id whose spelling 0xFF + 4 id bytes the grammar
@@ -1143,7 +1140,11 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     }
   }
   if (lists > 1) { /* merge: sort, unique */
-    qsort(c->buf, (size_t)nbuf, sizeof(int32_t), cmp_i32);
+    int32_t *tmp = NULL;
+    if (nbuf > DI_SORT_I32_SMALL && !(tmp = malloc(sizeof(int32_t) * (size_t)nbuf)))
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    di_sort_i32(c->buf, nbuf, tmp); /* sorted indices, >= 0 */
+    free(tmp);
     int m = 0;
     for (int i = 0; i < nbuf; i++)
       if (m == 0 || c->buf[m - 1] != c->buf[i])
