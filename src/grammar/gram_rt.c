@@ -321,8 +321,14 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
   const int max_states = di_switch_int(DI_SW_GRAMMAR_MAX_STATES, 0); /* tests of the budget paths */
   if (max_states > 16)
     rt->max_states = max_states;
+  /* hash tables sized by the grammar (a document of a JSON schema makes about 2 stack nodes and 0.7
+   * states per flat position): growing them by rehashing is one mask's spike, not amortised */
   rt->nhcap = 1024;
+  while (rt->nhcap < 8 * g->n_flat && rt->nhcap < (1 << 20))
+    rt->nhcap *= 2;
   rt->shcap = 1024;
+  while (rt->shcap < 2 * g->n_flat && rt->shcap < (1 << 18))
+    rt->shcap *= 2;
   rt->nhash = malloc(sizeof(int32_t) * (size_t)rt->nhcap);
   rt->shash = malloc(sizeof(int32_t) * (size_t)rt->shcap);
   rt->caps = 64;

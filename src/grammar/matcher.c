@@ -126,7 +126,9 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     return NULL;
   c->serial = v->serial;
   c->v = v;
-  c->nci = 1024;
+  c->nci = 1024; /* by stack node id: sized as the automaton's node table (gram_rt.c) */
+  while (c->nci < 4 * g->core.n_flat && c->nci < (1 << 20))
+    c->nci *= 2;
   c->ci = calloc((size_t)c->nci, sizeof *c->ci);
   c->chosen = calloc((size_t)c->nci, sizeof *c->chosen);
   c->ci_depth = 12;
