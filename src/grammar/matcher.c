@@ -544,10 +544,11 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
   }
   uint32_t *bits = c->bits; /* all zero on entry, left zero on exit */
   int cap_unc = 0, nacc = 0, from = 0;
-  /* the accepted ids also listed while no more than a bitmap's words (and none came by a subtree
-   * bitmap or from a resumed walk), so a sparse entry needs no scan of the bitmap */
+  /* the accepted ids also listed while no more than a bitmap's words + 1 (and none came by a
+   * subtree bitmap or from a resumed walk; -1 once one did), so a sparse entry needs no scan of
+   * the bitmap: the list is valid exactly when nlist == nacc */
   const int W = v->words;
-  int nlist = resume || !c->alist ? W + 1 : 0;
+  int nlist = resume || !c->alist ? -1 : 0;
   /* per depth: the state, its transition row (NULL until allocated) and whether the rule end
    * was passed at or above it (tokens running further are uncertain) */
   int32_t *sts = c->st;
@@ -669,7 +670,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
         for (int w = 0; w < v->words; w++)
           bits[w] |= sb[w];
         nacc += ke - t->tok_lo;
-        nlist = W + 1;
+        nlist = -1;
         i = next_i;
         continue;
       }
@@ -680,8 +681,8 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       int id = sorted[k];
       bits[id >> 5] |= 1u << (id & 31);
       nacc++;
-      if (nlist <= W)
-        c->alist[nlist++] = id;
+      if (nlist >= 0)
+        nlist = nlist <= W ? (c->alist[nlist] = id, nlist + 1) : -1;
     }
     i = next_i;
   }
