@@ -7,7 +7,8 @@
  * --docs: one JSON string per line (the output text). --ids: the same documents' token ids, one
  * line of space-separated ids each (e.g. from the Hugging Face tokenizer, so that other engines
  * replay identical sequences); without it the documents are encoded with DeepInfer's tokenizer.
- * Each document gets a freshly compiled grammar (cold caches) unless --warm. */
+ * Each document gets a freshly compiled grammar (cold caches) unless --warm. BENCH_GRAMMAR_TRACE=1
+ * prints each mask's CPU time on stderr (with DI_GRAMMAR_DEBUG=1, between the walks it caused). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ static double pct(double *v, int n, double p) {
 
 int main(int argc, char **argv) {
   const char *tok_dir = NULL, *schema = NULL, *docs = NULL, *ids_file = NULL;
+  const int trace = getenv("BENCH_GRAMMAR_TRACE") != NULL;
   int json_any = 0, lark = 0, warm = 0, strict = 0, unbounded = 0, max_digits = 0, max_string = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
@@ -168,6 +170,8 @@ int main(int argc, char **argv) {
       }
       mc[nm] = cb - ca;
       mt[nm++] = b - a;
+      if (trace) /* BENCH_GRAMMAR_TRACE=1: each mask's CPU time on stderr, between DI_GRAMMAR_DEBUG's lines */
+        fprintf(stderr, "mask doc %d step %zu cpu_us %.1f\n", ndocs, k, cb - ca);
       int32_t id = k < n ? ids[k] : eos;
       if (!((mask[id >> 5] >> (id & 31)) & 1u) || di_grammar_matcher_accept_token(m, id) != DI_OK) {
         if (bad++ < 3)

@@ -13,6 +13,14 @@ median. Python engines are timed around their mask call (includes ~1 us of Pytho
   python3 bench/grammar_compare.py --bench build/bench_grammar \
       --tokenizer tests/data/tokenizers/deepseek-v3 [--docs 30] [--out /tmp/gbench]
 
+With --suite CASES (the output of bench/grammar_suite_cases.py: a few hundred distinct schemas of
+the peers' test suites, one valid instance each) it replays those instead: every engine compiles
+each schema afresh and replays its instance's tokens (the Hugging Face tokenizer's, for all
+engines alike; DeepInfer through build/bench_grammar_suite --ids --times). Reported twice: over
+the cases each engine replayed, and over the cases all of them replayed (same tokens, same cases).
+XGrammar runs in strict mode where the case says so; llguidance has no such mode (its grammar is
+then the looser JSON Schema default, which the instance satisfies as well).
+
 The peers: `pip install --no-deps --target DIR xgrammar==0.2.9 apache-tvm-ffi llguidance==1.9.1`, then
 PYTHONPATH=DIR. XGrammar runs without torch (see import_xgrammar). The first lines printed state the
 versions, the CPU and the cores this process may use, then the load average before and after the run.
@@ -226,6 +234,105 @@ def run_deepinfer(bench, tok_dir, schema_path, docs_path, ids_path, extra=()):
     return res, out
 
 
+def run_peer_case(eng, hf_tok, eos, schema, strict, ids, state):
+    """One suite case on a peer: (compile ms, [(cpu us, wall us) per mask]), or None when the peer
+    refuses the schema or rejects a token of the instance."""
+    if eng == "xgrammar":
+        if "xgr" not in state:
+            xgr, have_torch = import_xgrammar()
+            info = xgr.TokenizerInfo.from_huggingface(hf_tok, vocab_size=len(hf_tok), stop_token_ids=[eos])
+            import numpy
+            state["xgr"] = (xgr, xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False),
+                            numpy.full(xgr.get_bitmask_shape(1, info.vocab_size), -1, dtype=numpy.int32))
+        xgr, comp, bitmask = state["xgr"]
+        try:
+            t0 = time.perf_counter()
+            cg = comp.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"), strict_mode=strict)
+            m = xgr.GrammarMatcher(cg)
+            ct = (time.perf_counter() - t0) * 1e3
+        except Exception:
+            return None
+        fill, accept = (lambda: m.fill_next_token_bitmask(bitmask)), m.accept_token
+    else:
+        import llguidance
+        import llguidance.hf
+        import llguidance.numpy
+        if "llg" not in state:
+            lltok = llguidance.hf.from_tokenizer(hf_tok, n_vocab=len(hf_tok), eos_token=eos)
+            state["llg"] = (lltok, llguidance.numpy.allocate_token_bitmask(1, lltok.vocab_size))
+        lltok, bitmask = state["llg"]
+        try:
+            t0 = time.perf_counter()
+            grm = llguidance.LLMatcher.grammar_from_json_schema(json.loads(schema),
+                                                                 defaults={"whitespace_flexible": False})
+            m = llguidance.LLMatcher(lltok, grm)
+            ct = (time.perf_counter() - t0) * 1e3
+        except Exception:
+            return None
+        if m.is_error():
+            return None
+        fill, accept = (lambda: llguidance.numpy.fill_next_token_bitmask(m, bitmask, 0)), m.consume_token
+    times = []
+    for tid in list(ids) + [eos]:
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        fill()
+        times.append(((time.thread_time_ns() - c0) / 1e3, (time.perf_counter_ns() - t0) / 1e3))
+        if not accept(tid):
+            return None
+    return ct, times
+
+
+def run_suite(a, hf_tok, raw, eos):
+    """--suite: the peer-suite schemas on every engine (see the module docstring)."""
+    cases = [json.loads(l) for l in open(a.suite) if l.strip()]
+    ids = [raw.encode(c["doc"], add_special_tokens=False).ids for c in cases]
+    ip, tp = os.path.join(a.out, "suite.ids.txt"), os.path.join(a.out, "suite.times.txt")
+    with open(ip, "w") as f:
+        f.writelines(" ".join(map(str, x)) + "\n" for x in ids)
+    print(run_context())
+    print("load average before: " + load_average())
+    res = {}  # engine -> {case: (compile ms, [(cpu, wall)])}
+    for eng in a.engines.split(","):
+        if eng.startswith("deepinfer"):
+            suite_bin = os.path.join(os.path.dirname(a.bench), "bench_grammar_suite")
+            subprocess.run([suite_bin, "--tokenizer", a.tokenizer, "--cases", a.suite, "--ids", ip, "--times", tp],
+                           capture_output=True, check=True)
+            per, masks = {}, {}
+            for line in open(tp):
+                f = line.split()
+                if f[0] == "mask":
+                    masks.setdefault(int(f[1]), []).append((float(f[2]), float(f[3])))
+                elif f[0] == "case" and f[5] == "1":
+                    per[int(f[1])] = (float(f[3]), masks.get(int(f[1]), []))
+            res["deepinfer"] = per
+        elif eng in ("xgrammar", "llguidance"):
+            state, per = {}, {}
+            for k, c in enumerate(cases):
+                r = run_peer_case(eng, hf_tok, eos, c["schema"], bool(c.get("strict")), ids[k], state)
+                if r is not None:
+                    per[k] = r
+            res[eng] = per
+    print("load average after: " + load_average())
+    common = set(range(len(cases)))
+    for per in res.values():
+        common &= set(per)
+    print("%d cases; replayed by all engines: %d" % (len(cases), len(common)))
+    print("| cases | engine | replayed | masks | CPU median us | CPU p99 us | CPU max us | wall p99 us | "
+          "compile median ms | compile p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, pick in (("each engine's own", None), ("common to all", common)):
+        for eng, per in res.items():
+            ks = [k for k in per if pick is None or k in pick]
+            cpu = [t[0] for k in ks for t in per[k][1]]
+            wall = [t[1] for k in ks for t in per[k][1]]
+            comp = [per[k][0] for k in ks]
+            if not cpu:
+                continue
+            sc, sw, scomp = stats(cpu), stats(wall), stats(comp)
+            print(f"| {label} | {eng} | {len(ks)} | {len(cpu)} | {sc['median']:.1f} | {sc['p99']:.1f} | "
+                  f"{sc['max']:.0f} | {sw['p99']:.1f} | {scomp['median']:.3f} | {scomp['p99']:.3f} |")
+
+
 def run_context():
     """What the issue asks a benchmark table to state: versions, CPU (sweep.py's machine()), threads."""
     import importlib.metadata as md
@@ -254,6 +361,7 @@ def main():
     ap.add_argument("--engines", default="deepinfer,xgrammar,llguidance",
                     help="deepinfer (JSON Schema defaults, generation bounds on), deepinfer-strict (XGrammar's "
                          "strict mode, as the xgrammar row runs), xgrammar, llguidance, llamacpp")
+    ap.add_argument("--suite", help="peer-suite cases (bench/grammar_suite_cases.py) instead of the two grammars")
     ap.add_argument("--llama-harness")
     ap.add_argument("--llama-vocab")
     ap.add_argument("--llama-src")
@@ -268,6 +376,8 @@ def main():
     hf_tok = PreTrainedTokenizerFast(tokenizer_file=tokjson, eos_token=eos_tok)
     raw = Tokenizer.from_file(tokjson)
     eos = raw.token_to_id(eos_tok)
+    if a.suite:
+        return run_suite(a, hf_tok, raw, eos)
     rng = random.Random(1234)
     cases = [("schema", SCHEMA.read_text(), [order_doc(rng) for _ in range(a.docs)]),
              ("json-object", '{"type":"object"}', [any_doc(rng) for _ in range(a.docs)])]

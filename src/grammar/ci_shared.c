@@ -13,12 +13,21 @@ typedef struct slot {
   di_ci_entry *e;
 } slot;
 
+typedef struct class_slot {
+  uint32_t set[8];
+  uint32_t id; /* 0 = empty */
+} class_slot;
+
+enum { MAX_CLASS_IDS = 1 << 20 }; /* 36 MB of sets at most; further sets are written out */
+
 struct di_ci_shared {
   pthread_mutex_t mu;
   slot *t;
   int cap, used;
   size_t bytes, max_bytes;
   long hits, lookups;
+  class_slot *ct; /* byte sets -> ids (open addressing), kept for the store's lifetime */
+  int ccap, cused;
 };
 
 void di_ci_entry_release(di_ci_entry *e) {
@@ -61,6 +70,7 @@ void di_ci_shared_free(di_ci_shared *s) {
     return;
   clear_all(s);
   free(s->t);
+  free(s->ct);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -132,6 +142,46 @@ void di_ci_shared_put(di_ci_shared *s, const uint32_t *key, int n, uint64_t h, d
   x->e = e;
   s->bytes += e->bytes;
   pthread_mutex_unlock(&s->mu);
+}
+
+static class_slot *class_slot_of(class_slot *t, int cap, const uint32_t set[8]) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL;
+  for (int i = 0; i < 8; i++)
+    h = (h ^ set[i]) * 0x100000001B3ULL;
+  for (uint32_t i = (uint32_t)(h ^ (h >> 31)) & (uint32_t)(cap - 1);; i = (i + 1) & (uint32_t)(cap - 1))
+    if (!t[i].id || memcmp(t[i].set, set, sizeof t[i].set) == 0)
+      return &t[i];
+}
+
+uint32_t di_ci_shared_class_id(di_ci_shared *s, const uint32_t set[8]) {
+  pthread_mutex_lock(&s->mu);
+  uint32_t id = 0;
+  if (!s->ct) {
+    s->ccap = 256;
+    s->ct = calloc((size_t)s->ccap, sizeof *s->ct);
+  }
+  if (s->ct && (s->cused + 1) * 2 > s->ccap && s->cused < MAX_CLASS_IDS) { /* grow */
+    class_slot *t = calloc((size_t)s->ccap * 2, sizeof *t);
+    if (t) {
+      for (int i = 0; i < s->ccap; i++)
+        if (s->ct[i].id)
+          *class_slot_of(t, s->ccap * 2, s->ct[i].set) = s->ct[i];
+      free(s->ct);
+      s->ct = t;
+      s->ccap *= 2;
+    }
+  }
+  if (s->ct) {
+    class_slot *x = class_slot_of(s->ct, s->ccap, set);
+    if (x->id) {
+      id = x->id;
+    } else if (s->cused < MAX_CLASS_IDS && (s->cused + 1) * 2 <= s->ccap) {
+      memcpy(x->set, set, sizeof x->set);
+      x->id = id = (uint32_t)++s->cused;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return id;
 }
 
 void di_ci_shared_stats(di_ci_shared *s, long *hits, long *lookups) {

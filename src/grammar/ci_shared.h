@@ -33,6 +33,11 @@ di_ci_entry *di_ci_shared_find(di_ci_shared *s, const uint32_t *key, int n, uint
 /* Stores e for the description (replacing an older entry; the store takes its own reference). Past
  * the store's memory bound everything stored so far is forgotten first. */
 void di_ci_shared_put(di_ci_shared *s, const uint32_t *key, int n, uint64_t h, di_ci_entry *e);
+/* A number for byte set set[0..8) that is the same for every grammar using the store and differs
+ * between different sets (ids are never reused: the table is not forgotten with the entries), so
+ * language descriptions (language_key.h) can name a class in one word instead of eight. 0 when the
+ * table is full (the caller writes the set out). */
+uint32_t di_ci_shared_class_id(di_ci_shared *s, const uint32_t set[8]);
 /* Lookups that found an entry / all lookups, since creation (tests, DI_GRAMMAR_DEBUG). */
 void di_ci_shared_stats(di_ci_shared *s, long *hits, long *lookups);
 #endif

@@ -1,10 +1,14 @@
 /* Lazily determinised pushdown automaton (see gram_rt.h). Expansion of rule references is
  * eager (closure) with tail calls eliminated, so repetition written as right recursion keeps
- * stacks flat; left recursion is rejected at compile time, which makes every closure finite. */
+ * stacks flat; left recursion is rejected at compile time, which makes every closure finite.
+ * A step fills every byte class of its state's row that the state's stacks cannot tell from the
+ * stepped one (the same stacks take it), so a state costs one closure per distinct successor set,
+ * not one per byte class: the budget and ASCII-run searches step each state by every class. */
 #include "util/grow.h"
 #include "grammar/gram_rt.h"
 #include <stdlib.h>
 #include <string.h>
+#include "util/sort_i32.h"
 #include "util/switches.h"
 
 static inline uint32_t mix(uint64_t x) {
@@ -97,17 +101,13 @@ static int state_rehash(di_grt *rt, int cap) {
   return 1;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Interns the set v[0..n) (sorted here) with flags; DI_GRT_DEAD when empty and flagless. */
 static int state_get(di_grt *rt, int32_t *v, int n, int flags) {
   if (n == 0 && flags == 0)
     return DI_GRT_DEAD;
-  if (n > 1)
-    qsort(v, (size_t)n, sizeof(int32_t), cmp_i32);
+  if (n > DI_SORT_I32_SMALL && !grow((void **)&rt->sort_tmp, &rt->sort_cap, n, sizeof(int32_t)))
+    goto oom;
+  di_sort_i32(v, n, rt->sort_tmp); /* node ids are >= 0 */
   uint32_t h = state_hash(v, n, flags);
   uint32_t k = h & (uint32_t)(rt->shcap - 1);
   for (;;) {
@@ -321,8 +321,14 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
   const int max_states = di_switch_int(DI_SW_GRAMMAR_MAX_STATES, 0); /* tests of the budget paths */
   if (max_states > 16)
     rt->max_states = max_states;
+  /* hash tables sized by the grammar (a document of a JSON schema makes about 2 stack nodes and 0.7
+   * states per flat position): growing them by rehashing is one mask's spike, not amortised */
   rt->nhcap = 1024;
+  while (rt->nhcap < 8 * g->n_flat && rt->nhcap < (1 << 20))
+    rt->nhcap *= 2;
   rt->shcap = 1024;
+  while (rt->shcap < 2 * g->n_flat && rt->shcap < (1 << 18))
+    rt->shcap *= 2;
   rt->nhash = malloc(sizeof(int32_t) * (size_t)rt->nhcap);
   rt->shash = malloc(sizeof(int32_t) * (size_t)rt->shcap);
   rt->caps = 64;
@@ -358,6 +364,16 @@ di_status di_grt_init(di_grt *rt, const di_gb *g) {
     memcpy(rt->cls, nc, sizeof nc);
     rt->ncls = n;
   }
+  /* each class set as a set of byte classes (the classes refine every set, so it is a union of them) */
+  rt->cmask = calloc((size_t)g->n_classes + 1, sizeof *rt->cmask);
+  if (!rt->cmask) {
+    di_grt_free(rt);
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int k = 0; k < g->n_classes; k++)
+    for (int b = 0; b < 256; b++)
+      if (di_gbyteset_has(&g->classes[k], (unsigned)b))
+        rt->cmask[k][rt->cls[b] >> 6] |= 1ull << (rt->cls[b] & 63);
   rt->soff[0] = 0;
   rt->nn = 2; /* sentinels */
   rt->npos[0] = rt->npos[1] = -1;
@@ -401,6 +417,8 @@ void di_grt_free(di_grt *rt) {
   free(rt->tok_map);
   free(rt->tok_canon);
   free(rt->bnd);
+  free(rt->cmask);
+  free(rt->sort_tmp);
   memset(rt, 0, sizeof *rt);
 }
 
@@ -420,20 +438,37 @@ int di_grt_step_slow(di_grt *rt, int s, unsigned c) {
     rt->cur_gen = 1;
   }
   const di_gb *g = rt->g;
+  const int t = rt->cls[c];
+  /* same: the byte classes that every stack of s takes exactly when it takes t's (they step to
+   * the same successor) */
+  uint64_t same[4] = {~0ull, ~0ull, ~0ull, ~0ull};
   int nw = 0;
   for (int i = rt->soff[s]; i < rt->soff[s + 1]; i++) {
     int id = rt->sn[i];
     int pos = rt->npos[id];
-    if (di_gbyteset_has(&g->classes[g->flat[pos].arg], c)) {
+    const uint64_t *m = rt->cmask[g->flat[pos].arg];
+    if ((m[t >> 6] >> (t & 63)) & 1u) {
+      for (int w = 0; w < 4; w++)
+        same[w] &= m[w];
       if (!push_work(rt, &nw, node_get(rt, pos + 1, rt->npar[id]))) {
         di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
         return DI_GRT_ERROR;
       }
+    } else {
+      for (int w = 0; w < 4; w++)
+        same[w] &= ~m[w];
     }
   }
   int r = closure(rt, nw);
-  if (r != DI_GRT_ERROR)
-    rt->trans[s][rt->cls[c]] = r; /* note: rt->trans may have moved, index again */
+  if (r == DI_GRT_ERROR)
+    return r;
+  int32_t *row = rt->trans[s]; /* note: rt->trans may have moved, index again */
+  for (int w = 0; w < 4; w++)
+    for (uint64_t x = same[w]; x; x &= x - 1) {
+      const int k = w * 64 + __builtin_ctzll(x);
+      if (k < rt->ncls)
+        row[k] = r;
+    }
   return r;
 }
 

@@ -26,10 +26,13 @@ typedef struct di_grt {
   int32_t **trans; /* per state, a successor per byte class (DI_GRT_UNKNOWN until computed), or NULL */
   uint8_t cls[256]; /* byte -> byte class: bytes no grammar class tells apart share transitions */
   int ncls;
+  uint64_t (*cmask)[4]; /* per grammar class set (g->classes): the byte classes it holds, as bits */
   uint32_t *gen;   /* per node: closure generation that visited it */
   uint32_t cur_gen;
   int32_t *work, *out;
   int work_cap, out_cap;
+  int32_t *sort_tmp; /* state_get's sorting scratch */
+  int sort_cap;
   int start;
   int max_nodes, max_states, max_set;
   /* Lark max_tokens (di_grt_boundary): per flat position, the same position in the copy with one

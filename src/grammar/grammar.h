@@ -82,7 +82,8 @@ void di_grammar_print(const di_grammar *g, FILE *f);
 
 /* Vocabulary: the raw bytes of each token id + which ids end generation. Built once per
  * tokenizer; immutable, shareable. Ids with no bytes (NULL or length 0) are never allowed. Stop
- * ids are allowed exactly when the grammar can end, whatever their bytes. */
+ * ids are allowed exactly when the grammar can end, whatever their bytes. A token of more than
+ * 65,535 bytes is refused (DI_ERR_INVALID_ARG). */
 typedef struct di_grammar_vocab di_grammar_vocab;
 di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes, const size_t *token_lens,
                                   const int32_t *stop_ids, int n_stop, di_grammar_vocab **out);

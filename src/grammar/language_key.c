@@ -2,8 +2,10 @@
  *
  * Words: per frame a FRAME tag and its elements to the alternative's END, the bottom sentinel,
  * then per reachable rule a RULE tag, its local number, its alternative count and each
- * alternative's elements. An element is CLASS + 8 words of its byte set, REF + the rule's local
- * number, or END. Rule names, rule ids and class ids never appear, which is what makes
+ * alternative's elements. An element is CLASS_ID + the byte set's id in the shared store (the same
+ * for every grammar on that store), CLASS + 8 words of its byte set (no id), REF + the rule's local
+ * number, or END. Each tag fixes how many words follow it, so a description reads back one way.
+ * Rule names, rule ids and the grammar's class numbers never appear, which is what makes
  * descriptions comparable across grammars.
  *
  * Only what a token can reach is described. A classification reads at most max_bytes bytes (the
@@ -21,7 +23,7 @@
 #include <string.h>
 
 enum { TAG_FRAME = 0xF0000001u, TAG_BOTTOM = 0xF0000002u, TAG_RULE = 0xF0000003u, TAG_CLASS = 0xF0000004u,
-       TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u };
+       TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u, TAG_CLASS_ID = 0xF0000008u };
 enum { FAR_AWAY = 1 << 28 };
 
 static int put(di_language_key *k, uint32_t x, int max_words) {
@@ -110,7 +112,10 @@ static int put_alternative(di_language_key *k, const di_gb *g, int pos, int dist
     di_gel e = g->flat[pos];
     if (e.kind == DI_GE_END)
       return put(k, TAG_END, max_words) ? dist : -1;
-    if (e.kind == DI_GE_CLASS) {
+    if (e.kind == DI_GE_CLASS && k->cls_id[e.arg]) {
+      if (!put(k, TAG_CLASS_ID, max_words) || !put(k, k->cls_id[e.arg], max_words))
+        return -1;
+    } else if (e.kind == DI_GE_CLASS) {
       if (!put(k, TAG_CLASS, max_words))
         return -1;
       for (int i = 0; i < 8; i++)
@@ -136,9 +141,14 @@ static int put_alternative(di_language_key *k, const di_gb *g, int pos, int dist
   }
 }
 
-int di_language_key_make(di_language_key *k, const di_grt *rt, int node, int max_bytes, int max_words) {
+int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
+                         int max_words) {
   const di_gb *g = rt->g;
   if (k->for_g != g) {
+    free(k->cls_id);
+    k->cls_id = calloc((size_t)g->n_classes + 1, sizeof *k->cls_id);
+    for (int c = 0; k->cls_id && store && c < g->n_classes; c++)
+      k->cls_id[c] = di_ci_shared_class_id(store, g->classes[c].w);
     free(k->local);
     free(k->queue);
     free(k->minlen);
@@ -150,7 +160,7 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, int node, int max
     k->best = malloc(sizeof *k->best * ((size_t)g->n_rules + 1));
     k->heap_cap = g->n_rules + 16;
     k->heap = malloc(sizeof *k->heap * (size_t)k->heap_cap);
-    k->for_g = k->local && k->queue && k->minlen && k->best && k->heap ? g : NULL;
+    k->for_g = k->local && k->queue && k->minlen && k->best && k->heap && k->cls_id ? g : NULL;
     if (!k->for_g)
       return 0;
     compute_minlen(k, g);
@@ -195,6 +205,7 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, int node, int max
 
 void di_language_key_free(di_language_key *k) {
   free(k->w);
+  free(k->cls_id);
   free(k->local);
   free(k->queue);
   free(k->minlen);

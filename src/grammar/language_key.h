@@ -4,6 +4,7 @@
 #ifndef DI_GRAMMAR_LANGUAGE_KEY_H
 #define DI_GRAMMAR_LANGUAGE_KEY_H
 #include <stdint.h>
+#include "grammar/ci_shared.h"
 #include "grammar/gram_rt.h"
 
 typedef struct di_lkey_item {
@@ -18,6 +19,7 @@ typedef struct di_language_key {
    * (0 = not met), rules met in order, best distance found, the distance queue */
   const di_gb *for_g;
   int32_t *minlen, *local, *queue, *best;
+  uint32_t *cls_id; /* per class set of the grammar: its id in the store (0: written out) */
   int nlocal, seq;
   di_lkey_item *heap;
   int heap_cap;
@@ -26,9 +28,12 @@ typedef struct di_language_key {
 /* Describes the language of stack `node` (its frames up to its bottom sentinel, ROOT or PSEUDO) as
  * far as strings of at most max_bytes bytes can tell: each frame's rest of alternative, then every
  * rule reachable from them within max_bytes, rules renumbered in the order they are met and byte
- * classes written out as their 256-bit sets; so two stacks with one description agree on every
- * string of at most max_bytes bytes. Returns 1 with k->w / k->n / k->hash set, 0 when the
- * description would pass max_words (or memory ran out): the caller then does not share. */
-int di_language_key_make(di_language_key *k, const di_grt *rt, int node, int max_bytes, int max_words);
+ * classes named by their store ids (di_ci_shared_class_id; written out as their 256-bit sets when
+ * the store has no id for them or store is NULL); so two stacks with one description (made with
+ * one store) agree on every string of at most max_bytes bytes. Returns 1 with k->w / k->n /
+ * k->hash set, 0 when the description would pass max_words (or memory ran out): the caller then
+ * does not share. */
+int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
+                         int max_words);
 void di_language_key_free(di_language_key *k);
 #endif

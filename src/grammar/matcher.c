@@ -17,6 +17,7 @@
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
+#include "util/sort_i32.h"
 #include "util/switches.h"
 
 struct di_gvcache {
@@ -26,13 +27,22 @@ struct di_gvcache {
   int32_t *chosen; /* by real stack node: the truncated stack whose entry it uses (0 = not yet) */
   int nci;
   int ci_depth, ci_max_uncertain; /* see get_ci */
+  /* the walk of part_key abandoned at its bound of uncertain tokens (compute_ci), kept so that the
+   * walk of the same stack with one frame more resumes it at node part_from instead of starting
+   * over (part_key -1: none): its accepted tokens (bitmap, count) and uncertain ones so far */
+  int part_key, part_from, part_nacc, part_nunc, part_cap;
+  uint32_t *part_bits;
+  int32_t *part_unc;
   size_t ci_bytes, ci_max_bytes;   /* memory held by the entries; all are dropped past the cap */
   uint32_t **mask; /* by state id */
   int cap_mask, nmask, max_masks;
+  uint8_t *asked; /* by state id: its mask was computed once (cached only when asked again) */
+  int cap_asked;
   int32_t *st;     /* walk scratch: state per depth */
   int32_t **rows;  /* walk scratch: transition row per depth */
   uint8_t *pseen;  /* walk scratch: PSEUDO_END seen above this depth */
   uint32_t *bits;  /* scratch bitmap */
+  int32_t *alist;  /* scratch: a walk's accepted ids while they are few (words + 1 slots) */
   int32_t *buf;
   int cap_buf;
   /* plain-text budgets (plain_text.h): per state, the plain characters it takes for certain (-1 =
@@ -76,10 +86,14 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->ci);
     free(c->chosen);
     free(c->mask);
+    free(c->asked);
+    free(c->part_bits);
+    free(c->part_unc);
     free(c->st);
     free(c->rows);
     free(c->pseen);
     free(c->bits);
+    free(c->alist);
     free(c->buf);
     free(c->budget);
     free(c->arun);
@@ -112,11 +126,14 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     return NULL;
   c->serial = v->serial;
   c->v = v;
-  c->nci = 1024;
+  c->nci = 1024; /* by stack node id: sized as the automaton's node table (gram_rt.c) */
+  while (c->nci < 4 * g->core.n_flat && c->nci < (1 << 20))
+    c->nci *= 2;
   c->ci = calloc((size_t)c->nci, sizeof *c->ci);
   c->chosen = calloc((size_t)c->nci, sizeof *c->chosen);
   c->ci_depth = 12;
   c->ci_max_uncertain = 256;
+  c->part_key = -1;
   c->ci_max_bytes = (size_t)128 << 20;
   const int depth = di_switch_int(DI_SW_GRAMMAR_CI_DEPTH, 0);
   if (depth > 0)
@@ -126,12 +143,17 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     c->ci_max_uncertain = uncertain;
   c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
   c->derive = di_switch_int(DI_SW_GRAMMAR_COUNT_CI, 1) != 0;
-  if (g->rt.tok_map) /* max_tokens: acceptance depends on the token boundary too (compute_mask) */
-    c->share = c->derive = 0;
+  /* max_tokens: acceptance depends on the token boundary too, which compute_mask tests itself (it
+   * walks every token where the boundary can drop a stack); a classification is of the bytes alone
+   * (the copies of a bounded lexeme take the bytes of the rule), so the shared store serves such
+   * grammars as any other. The count-chain derivation stays off for them. */
+  if (g->rt.tok_map)
+    c->derive = 0;
   c->st = malloc(sizeof(int32_t) * ((size_t)v->maxlen + 2));
   c->pseen = malloc((size_t)v->maxlen + 2);
   c->rows = malloc(sizeof(int32_t *) * ((size_t)v->maxlen + 2));
   c->bits = calloc((size_t)v->words + 1, sizeof(uint32_t));
+  c->alist = malloc(sizeof(int32_t) * ((size_t)v->words + 1)); /* NULL: the bitmap is scanned instead */
   size_t per = (size_t)v->words * 4 + 64;
   c->max_masks = (int)((size_t)(32 << 20) / per);
   if (c->max_masks < 64)
@@ -449,19 +471,15 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   return level;
 }
 
-/* Whether every token below trie node i is accepted from state s by its ASCII run (ascii_run.h). */
-static int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
-  const di_grammar_vocab *v = c->v;
-  const uint64_t *below = v->ascii_below + 2 * (size_t)i;
-  if ((below[0] & 1) || v->len_below[i] > DI_ASCII_RUN_MAX || v->tok_lo[v->tnext[i]] - v->tok_lo[i] < 8)
-    return 0; /* not ASCII, too long, or too few tokens below to be worth a search */
+/* State s's ASCII run (ascii_run.h), computed when first asked; NULL without memory for it. */
+static const di_ascii_run *ascii_run_of(di_grammar *g, struct di_gvcache *c, int s) {
   if (s >= c->cap_arun) {
     int nc = c->cap_arun ? c->cap_arun : 1024;
     while (nc <= s)
       nc *= 2;
     di_ascii_run *q = realloc(c->arun, sizeof *q * (size_t)nc);
     if (!q)
-      return 0;
+      return NULL;
     for (int k = c->cap_arun; k < nc; k++)
       q[k].n = -1;
     c->arun = q;
@@ -469,7 +487,23 @@ static int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
   }
   if (c->arun[s].n < 0 && di_ascii_run_compute(&g->rt, s, &c->ascratch, &c->arun[s]) != 0)
     c->arun[s].n = 0; /* past the automaton's budget: walk (the walk reports the error) */
-  return di_ascii_run_covers(&c->arun[s], below, v->len_below[i]);
+  return &c->arun[s];
+}
+
+/* Whether every token below trie node i is accepted from state s by its ASCII run (ascii_run.h).
+ * Inline: the walk asks at most nodes, and most fail the cheap tests. */
+static inline int ascii_run_covers(di_grammar *g, struct di_gvcache *c, int s, int i) {
+  const di_grammar_vocab *v = c->v;
+  const di_tnode *t = &v->tn[i];
+  if ((t->flags & DI_TNODE_NOT_ASCII) || t->len_below > DI_ASCII_RUN_MAX || v->tn[t->tnext].tok_lo - t->tok_lo < 8)
+    return 0; /* not ASCII, too long, or too few tokens below to be worth a search */
+  const di_ascii_run *r = ascii_run_of(g, c, s);
+  return r && di_ascii_run_covers(r, v->ascii_below + 2 * (size_t)i, t->len_below);
+}
+
+/* plain_budget's answer for state s when it is cached, else -1 (inline for the walk's nodes). */
+static inline int cached_budget(const struct di_gvcache *c, int s) {
+  return s < c->cap_budget ? c->budget[s] : -1;
 }
 
 /* The name of the rule whose alternative holds flat position pos (for DI_GRAMMAR_DEBUG lines). */
@@ -487,8 +521,16 @@ static const char *position_rule_name(const di_gb *g, int pos) {
 
 /* The classification of the tokens from truncated stack `key` (its top frames, the rest unknown):
  * accepted / rejected whatever lies below, or uncertain. With prune > 0 the subtrees whose tokens
- * all have at most prune bytes are left out (classified elsewhere: derive_ci). Under g->mu. */
-static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, int prune, di_ci_entry **out) {
+ * all have at most prune bytes are left out (classified elsewhere: derive_ci).
+ * With resume, c->part_* holds the abandoned walk of the same stack with one frame fewer (the
+ * "upper" key), and this walk continues it: a token the upper key accepts is accepted whatever lies
+ * below its frames, so by key too; one it rejects died within its frames, so key rejects it too;
+ * its uncertain tokens are walked one by one from key's state; the trie before node part_from is
+ * not walked again (only the ancestors of part_from are stepped, to reach its parent's state).
+ * Exactly what a walk from the start gives. A walk (prune 0) abandoned at max_unc leaves its own
+ * partial walk in c->part_* for the next frame's. Under g->mu. */
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, int prune, int resume,
+                            di_ci_entry **out) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   di_ci_entry *e = calloc(1, sizeof *e);
@@ -501,33 +543,90 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     return DI_ERR_OOM;
   }
   uint32_t *bits = c->bits; /* all zero on entry, left zero on exit */
-  int cap_unc = 0, nacc = 0;
+  int cap_unc = 0, nacc = 0, from = 0;
+  /* the accepted ids also listed while no more than a bitmap's words + 1 (and none came by a
+   * subtree bitmap or from a resumed walk; -1 once one did), so a sparse entry needs no scan of
+   * the bitmap: the list is valid exactly when nlist == nacc */
+  const int W = v->words;
+  int nlist = resume || !c->alist ? -1 : 0;
   /* per depth: the state, its transition row (NULL until allocated) and whether the rule end
    * was passed at or above it (tokens running further are uncertain) */
   int32_t *sts = c->st;
   int32_t **rows = c->rows;
   uint8_t *pse = c->pseen;
+  di_status st = DI_OK;
+  if (resume) { /* the upper key's verdicts, its uncertain tokens walked from s0 (in trie order) */
+    atomic_fetch_add(&((di_grammar_vocab *)v)->n_resumed, 1);
+    memcpy(bits, c->part_bits, sizeof(uint32_t) * (size_t)v->words);
+    nacc = c->part_nacc;
+    from = c->part_from;
+    const uint8_t *prev = NULL;
+    int valid = 0, prevlen = 0;
+    sts[0] = s0;
+    pse[0] = (di_grt_flags(rt, s0) & DI_GRT_PSEUDO_END) != 0;
+    for (int k = 0; k < c->part_nunc && st == DI_OK; k++) {
+      const int id = v->sorted[c->part_unc[k]];
+      const uint8_t *t = v->bytes + v->off[id];
+      const int len = (int)(v->off[id + 1] - v->off[id]);
+      int l = 0;
+      if (prev)
+        while (l < len && l < prevlen && l < valid && t[l] == prev[l])
+          l++;
+      int d = l, s = sts[l];
+      for (; d < len; d++) {
+        s = di_grt_step(rt, sts[d], t[d]);
+        if (s < 0)
+          break;
+        sts[d + 1] = s;
+        pse[d + 1] = pse[d] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
+      }
+      if (s == DI_GRT_ERROR) {
+        st = DI_ERR_OOM;
+        break;
+      }
+      valid = d;
+      prev = t;
+      prevlen = len;
+      if (d == len) {
+        bits[id >> 5] |= 1u << (id & 31);
+        nacc++;
+      } else if (pse[d] && !buf_append(&e->unc, &e->nunc, &cap_unc, c->part_unc[k])) {
+        st = di_error_set(DI_ERR_OOM, "out of memory");
+      }
+    }
+    if (st == DI_OK && max_unc >= 0 && e->nunc > max_unc)
+      e->overflow = 1; /* abandoned before walking on: resumed again from the same node */
+  }
   sts[0] = s0;
   rows[0] = rt->trans[s0];
   pse[0] = (di_grt_flags(rt, s0) & DI_GRT_PSEUDO_END) != 0;
-  di_status st = DI_OK;
   long visited = 0;
   struct timespec ts0, ts1;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
-  const int32_t *tdepth = v->tdepth, *tok_lo = v->tok_lo, *tnext = v->tnext, *sorted = v->sorted;
-  const uint8_t *tbyte = v->tbyte, *cls = rt->cls, *plain = v->plain_below, *lenb = v->len_below;
+  const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0; /* the thread clock is a system call: only then */
+  if (debug)
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
+  const int32_t *sorted = v->sorted;
+  const uint8_t *cls = rt->cls;
+  const di_tnode *tn = v->tn;
   long skipped = 0;
-  for (int i = 0, n = v->nnodes, next_i; i < n;) {
-    if (prune > 0 && lenb[i] < 255 && tdepth[i] + lenb[i] <= prune) {
-      i = tnext[i];
+  const int lo_from = tn[from < v->nnodes ? from : v->nnodes].tok_lo; /* tokens before it: classified */
+  for (int i = 0, n = st == DI_OK && !e->overflow ? v->nnodes : 0, next_i; i < n;) {
+    const di_tnode *t = &tn[i];
+    __builtin_prefetch(&tn[t->tnext]); /* where a rejected or accepted subtree jumps to */
+    if (i < from && t->tnext <= from) { /* classified by the upper key's walk */
+      i = t->tnext;
+      continue;
+    }
+    if (prune > 0 && t->len_below < 255 && t->depth + t->len_below <= prune) {
+      i = t->tnext;
       continue;
     }
     visited++;
-    int d = tdepth[i];
+    int d = t->depth;
     const int32_t *row = rows[d - 1];
-    int s = row ? row[cls[tbyte[i]]] : DI_GRT_UNKNOWN;
+    int s = row ? row[cls[t->byte]] : DI_GRT_UNKNOWN;
     if (s == DI_GRT_UNKNOWN) {
-      s = di_grt_step_slow(rt, sts[d - 1], tbyte[i]);
+      s = di_grt_step_slow(rt, sts[d - 1], t->byte);
       rows[d - 1] = rt->trans[sts[d - 1]];
     }
     if (s < 0) {
@@ -536,7 +635,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
         break;
       }
       if (pse[d - 1]) {
-        for (int k = tok_lo[i]; k < tok_lo[tnext[i]]; k++)
+        for (int k = i < from ? lo_from : t->tok_lo, hi = tn[t->tnext].tok_lo; k < hi; k++)
           if (!buf_append(&e->unc, &e->nunc, &cap_unc, k)) {
             st = di_error_set(DI_ERR_OOM, "out of memory");
             break;
@@ -545,35 +644,45 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
           break;
         if (max_unc >= 0 && e->nunc > max_unc) { /* too uncertain: the caller keeps more frames */
           e->overflow = 1;
+          from = t->tnext; /* where a walk with one frame more resumes */
           break;
         }
       }
-      i = tnext[i];
+      i = t->tnext;
       continue;
     }
     sts[d] = s;
     rows[d] = rt->trans[s];
     pse[d] = pse[d - 1] | ((rt->sflags[s] & DI_GRT_PSEUDO_END) != 0);
-    int below = plain[i], ke = tok_lo[i + 1];
-    if (tnext[i] > i + 1 && ((below != DI_PLAIN_NOT && below <= plain_budget(g, c, s)) || ascii_run_covers(g, c, s, i))) {
-      ke = tok_lo[tnext[i]]; /* every token below is plain text the state takes: all accepted */
-      skipped += tnext[i] - i - 1;
-      next_i = tnext[i];
-      if (v->subtree_of[i] >= 0) { /* a large subtree: its ids' bitmap, word by word */
-        const uint32_t *sb = v->subtree_bits + (size_t)v->subtree_of[i] * (size_t)v->words;
+    if (i < from) { /* an ancestor of node from: its own tokens are classified, descend */
+      i++;
+      continue;
+    }
+    int below = t->plain, ke = tn[i + 1].tok_lo, known;
+    if (t->tnext > i + 1 &&
+        ((below != DI_PLAIN_NOT && below <= ((known = cached_budget(c, s)) >= 0 ? known : plain_budget(g, c, s))) ||
+         ascii_run_covers(g, c, s, i))) {
+      ke = tn[t->tnext].tok_lo; /* every token below is plain text the state takes: all accepted */
+      skipped += t->tnext - i - 1;
+      next_i = t->tnext;
+      if (t->subtree >= 0) { /* a large subtree: its ids' bitmap, word by word */
+        const uint32_t *sb = v->subtree_bits + (size_t)t->subtree * (size_t)v->words;
         for (int w = 0; w < v->words; w++)
           bits[w] |= sb[w];
-        nacc += ke - tok_lo[i];
+        nacc += ke - t->tok_lo;
+        nlist = -1;
         i = next_i;
         continue;
       }
     } else {
       next_i = i + 1;
     }
-    for (int k = tok_lo[i]; k < ke; k++) {
+    for (int k = t->tok_lo; k < ke; k++) {
       int id = sorted[k];
       bits[id >> 5] |= 1u << (id & 31);
       nacc++;
+      if (nlist >= 0)
+        nlist = nlist <= W ? (c->alist[nlist] = id, nlist + 1) : -1;
     }
     i = next_i;
   }
@@ -590,19 +699,43 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       e->acc_list = malloc(sizeof(int32_t) * (size_t)nacc);
       if (!e->acc_list)
         st = di_error_set(DI_ERR_OOM, "out of memory");
+      else if (nlist == nacc)
+        memcpy(e->acc_list, c->alist, sizeof(int32_t) * (size_t)nacc);
       int n = 0;
-      for (int w = 0; w < v->words && e->acc_list; w++)
+      for (int w = 0; w < v->words && e->acc_list && nlist != nacc; w++)
         for (uint32_t x = bits[w]; x; x &= x - 1)
           e->acc_list[n++] = w * 32 + __builtin_ctz(x);
     }
   }
-  memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
-  if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
-    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d states %d skipped %ld visited %ld of %d%s us %.0f\n",
-            key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->nunc, rt->ns, skipped, visited, v->nnodes,
-            prune > 0 ? " (longer tokens only)" : "",
+  if (st == DI_OK && e->overflow && prune == 0) { /* kept for the walk with one frame more */
+    if (!c->part_bits)
+      c->part_bits = malloc(sizeof(uint32_t) * (size_t)v->words);
+    c->part_key = -1;
+    if (c->part_bits) {
+      memcpy(c->part_bits, bits, sizeof(uint32_t) * (size_t)v->words);
+      free(c->part_unc);
+      c->part_unc = e->unc; /* taken over: an abandoned entry keeps no lists */
+      c->part_nunc = e->nunc;
+      c->part_nacc = nacc;
+      c->part_from = from;
+      c->part_key = key;
+      e->unc = NULL;
+      e->nunc = 0;
+    }
+  }
+  if (nlist == nacc) /* only the listed ids' words are set */
+    for (int k = 0; k < nlist; k++)
+      bits[c->alist[k] >> 5] = 0;
+  else
+    memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
+  if (debug) {
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
+    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d%s states %d skipped %ld visited %ld of %d%s us %.0f\n",
+            key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->overflow ? c->part_nunc : e->nunc,
+            e->overflow ? " (abandoned)" : "", rt->ns, skipped, visited, v->nnodes,
+            prune > 0 ? " (longer tokens only)" : resume ? " (resumed: upper key's uncertain walked again)" : "",
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
+  }
   if (st != DI_OK) {
     di_ci_entry_release(e);
     return st;
@@ -733,7 +866,7 @@ static di_status derive_ci(di_grammar *g, struct di_gvcache *c, int key, const d
   if (src->overflow) /* the caller will keep more frames, as after a walk that overflows */
     return overflow_entry(out);
   di_ci_entry *w = NULL;
-  DI_TRY(compute_ci(g, c, key, max_unc, T, &w));
+  DI_TRY(compute_ci(g, c, key, max_unc, T, 0, &w));
   if (w->overflow) {
     *out = w;
     return DI_OK;
@@ -796,7 +929,8 @@ static di_status derive_ci(di_grammar *g, struct di_gvcache *c, int key, const d
 
 /* Fills c->ci[key]: from the vocabulary's shared store when another grammar (or an earlier compile)
  * classified the same language, else derived from its source when key is a position near the end
- * of a counted repetition (count_source), else by a walk; then offered to the store. An entry
+ * of a counted repetition (count_source), else by a walk (resuming the abandoned walk of the
+ * stack with one frame fewer when that was the last one abandoned); then offered to the store. An entry
  * abandoned at its bound of uncertain tokens does not serve a caller that needs it in full. Under
  * g->mu. */
 static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last) {
@@ -844,7 +978,8 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
       }
     }
   }
-  int described = c->share && di_language_key_make(&c->lkey, &g->rt, key, c->v->maxlen, MAX_KEY_WORDS);
+  int described =
+      c->share && di_language_key_make(&c->lkey, &g->rt, c->v->shared_ci, key, c->v->maxlen, MAX_KEY_WORDS);
   if (described) {
     di_ci_entry *e = di_ci_shared_find(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash);
     if (e && !(e->overflow && last)) {
@@ -856,16 +991,23 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
   }
   if (src && T < (1 << 30)) {
     struct timespec t0, t1;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0;
+    if (debug)
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     DI_TRY(derive_ci(g, c, key, src, T, max_unc, &c->ci[key]));
     atomic_fetch_add(&((di_grammar_vocab *)c->v)->n_count_derived, 1);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-    if (di_switch_get(DI_SW_GRAMMAR_DEBUG))
+    if (debug && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1) == 0)
       fprintf(stderr, "ci key %d derived from key %d (tokens of at most %d bytes): accepted %d uncertain %d%s us %.0f\n", key,
               src_key, T, c->ci[key]->nacc, c->ci[key]->nunc, c->ci[key]->overflow ? " (abandoned)" : "",
               (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
   } else {
-    DI_TRY(compute_ci(g, c, key, max_unc, 0, &c->ci[key]));
+    /* resumed when the walk of the same stack with one frame fewer was the last one abandoned
+     * (get_ci's next depth, or the next depth's count source) */
+    int frames = 0;
+    for (int n = key; n > DI_GRT_PSEUDO; n = g->rt.npar[n])
+      frames++;
+    const int resume = c->part_key >= 0 && frames > 1 && di_grt_truncated_stack(&g->rt, key, frames - 1) == c->part_key;
+    DI_TRY(compute_ci(g, c, key, max_unc, 0, resume, &c->ci[key]));
   }
   c->ci_bytes += c->ci[key]->bytes;
   if (described)
@@ -914,10 +1056,6 @@ static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, di_ci_entry
   }
 }
 
-static int cmp_i32(const void *a, const void *b) {
-  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* A grammar with token references (token_ref.h): text tokens holding the 0xFF mark are never
  * allowed by their text, and every non-stop id whose spelling 0xFF + 4 id bytes the grammar
@@ -958,13 +1096,16 @@ static di_status add_token_refs(di_grt *rt, const di_grammar_vocab *v, int S, ui
   return DI_OK;
 }
 
-/* Full mask for state S into out (vocab words). Under g->mu. */
-static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32_t *out) {
+/* Full mask for state S into out (vocab words); *cheap = 1 when it was one classification's
+ * accepted tokens and nothing else (computing it again costs about what a copy from the cache
+ * does). Under g->mu. */
+static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32_t *out, int *cheap) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   int W = v->words;
   memset(out, 0, sizeof(uint32_t) * (size_t)W);
   int nbuf = 0, lists = 0;
+  *cheap = 0;
   /* A grammar with a max_tokens lexeme: a token is allowed only when the state after its bytes
    * survives the token boundary (di_grt_boundary), which the context-independent classification
    * does not see (it assumes acceptance depends on the bytes alone). Where the boundary can drop
@@ -1002,7 +1143,11 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     }
   }
   if (lists > 1) { /* merge: sort, unique */
-    qsort(c->buf, (size_t)nbuf, sizeof(int32_t), cmp_i32);
+    int32_t *tmp = NULL;
+    if (nbuf > DI_SORT_I32_SMALL && !(tmp = malloc(sizeof(int32_t) * (size_t)nbuf)))
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    di_sort_i32(c->buf, nbuf, tmp); /* sorted indices, >= 0 */
+    free(tmp);
     int m = 0;
     for (int i = 0; i < nbuf; i++)
       if (m == 0 || c->buf[m - 1] != c->buf[i])
@@ -1042,6 +1187,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
+  *cheap = !walk_all && nbuf == 0 && rt->soff[S + 1] - rt->soff[S] <= 1 && !g->core.has_token_refs;
   if (g->core.has_token_refs)
     DI_TRY(add_token_refs(rt, v, S, out));
   if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)
@@ -1149,8 +1295,32 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
   if (S < c->cap_mask && c->mask[S]) {
     memcpy(bitmask, c->mask[S], sizeof(uint32_t) * (size_t)v->words);
   } else {
-    st = compute_mask(g, c, S, bitmask);
-    if (st == DI_OK && c->nmask < c->max_masks) {
+    int cheap = 0;
+    st = compute_mask(g, c, S, bitmask, &cheap);
+    /* many states of a document are met once (positions in strings, numbers, formats): a mask that
+     * costs no more to compute than to copy is kept (16 KB, fresh memory to fault in) only when its
+     * state is asked for a second time */
+    int again = 1;
+    if (st == DI_OK && cheap) {
+      if (S >= c->cap_asked) {
+        int nc = c->cap_asked ? c->cap_asked : 1024;
+        while (nc <= S)
+          nc *= 2;
+        uint8_t *q = realloc(c->asked, (size_t)nc);
+        if (q) {
+          memset(q + c->cap_asked, 0, (size_t)(nc - c->cap_asked));
+          c->asked = q;
+          c->cap_asked = nc;
+        }
+      }
+      if (S < c->cap_asked) {
+        again = c->asked[S];
+        c->asked[S] = 1;
+      } else {
+        again = 1; /* no memory for the marks: cache as before */
+      }
+    }
+    if (st == DI_OK && again && c->nmask < c->max_masks) {
       if (S >= c->cap_mask) {
         int nc = c->cap_mask ? c->cap_mask : 256;
         while (nc <= S)

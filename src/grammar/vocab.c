@@ -70,7 +70,7 @@ static di_status subtree_bits(di_grammar_vocab *v) {
     return DI_ERR_OOM;
   int nbig = 0;
   for (int i = 0; i < v->nnodes; i++)
-    v->subtree_of[i] = v->tok_lo[v->tnext[i]] - v->tok_lo[i] >= DI_SUBTREE_MIN ? nbig++ : -1;
+    v->subtree_of[i] = v->tok_lo[v->tnext[i]] - v->tok_lo[i] >= DI_SUBTREE_MIN && nbig < DI_TNODE_MAX_SUBTREES ? nbig++ : -1;
   v->subtree_bits = calloc((size_t)nbig * (size_t)v->words + 1, sizeof(uint32_t));
   if (!v->subtree_bits)
     return DI_ERR_OOM;
@@ -81,6 +81,39 @@ static di_status subtree_bits(di_grammar_vocab *v) {
     for (int k = v->tok_lo[i]; k < v->tok_lo[v->tnext[i]]; k++)
       b[v->sorted[k] >> 5] |= 1u << (v->sorted[k] & 31);
   }
+  return DI_OK;
+}
+
+/* tn: the walk's records (vocab.h), from the creation arrays, which are freed. */
+static di_status walk_nodes(di_grammar_vocab *v) {
+  const int n = v->nnodes;
+  v->tn = malloc(sizeof(di_tnode) * ((size_t)n + 1));
+  if (!v->tn)
+    return DI_ERR_OOM;
+  for (int i = 0; i < n; i++) {
+    di_tnode *t = &v->tn[i];
+    t->tnext = v->tnext[i];
+    t->tok_lo = v->tok_lo[i];
+    t->depth = (uint16_t)v->tdepth[i];
+    t->subtree = (int16_t)v->subtree_of[i];
+    t->byte = v->tbyte[i];
+    t->plain = v->plain_below[i];
+    t->len_below = v->len_below[i];
+    t->flags = (v->ascii_below[2 * (size_t)i] & 1) ? DI_TNODE_NOT_ASCII : 0;
+  }
+  memset(&v->tn[n], 0, sizeof v->tn[n]);
+  v->tn[n].tok_lo = v->nsorted;
+  v->tn[n].tnext = n;
+  v->tn[n].subtree = -1;
+  free(v->tnext);
+  free(v->tok_lo);
+  free(v->tdepth);
+  free(v->subtree_of);
+  free(v->tbyte);
+  free(v->plain_below);
+  free(v->len_below);
+  v->tnext = v->tok_lo = v->tdepth = v->subtree_of = NULL;
+  v->tbyte = v->plain_below = v->len_below = NULL;
   return DI_OK;
 }
 
@@ -179,6 +212,11 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   }
   v->nsorted = ns;
   v->maxlen = maxlen;
+  if (maxlen > DI_TNODE_MAX_DEPTH) {
+    di_grammar_vocab_free(v);
+    return di_error_set(DI_ERR_INVALID_ARG, "grammar vocabulary: a token of %d bytes (at most %d are supported)", maxlen,
+                        DI_TNODE_MAX_DEPTH);
+  }
   if (len_le(v) != DI_OK) {
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the grammar vocabulary");
@@ -255,7 +293,7 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   v->tok_lo[nn] = ns;
   v->nnodes = nn;
   free(open);
-  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK || subtree_bits(v) != DI_OK) {
+  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK || subtree_bits(v) != DI_OK || walk_nodes(v) != DI_OK) {
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
   }
@@ -278,6 +316,7 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->tdepth);
   free(v->tnext);
   free(v->tok_lo);
+  free(v->tn);
   free(v->mark_ids);
   free(v->len_le);
   free(v->plain_below);

@@ -7,6 +7,24 @@
 
 enum { DI_SUBTREE_MIN = 2048 }; /* a subtree this large gets its ids as a bitmap (vocab.c) */
 
+/* One trie node as the classification walk reads it (matcher.c compute_ci): the fields a visit
+ * needs side by side. The walk jumps over the subtrees it accepts or rejects whole, so after a jump
+ * every array it reads misses the cache: one record is one miss instead of one per array. */
+enum { DI_TNODE_NOT_ASCII = 1 }; /* flags: some token suffix below holds a NUL or a non-ASCII byte */
+enum { DI_TNODE_MAX_DEPTH = 65535, DI_TNODE_MAX_SUBTREES = 32767 };
+typedef struct di_tnode { /* 16 bytes: four to a cache line */
+  int32_t tnext;     /* the node's subtree ends before node tnext; its tokens: [tok_lo, tn[tnext].tok_lo) */
+  int32_t tok_lo;    /* first sorted index at or below the node; tokens ending here: [tok_lo, next node's) */
+  uint16_t depth;    /* 1-based: the node's byte is byte depth - 1 of its tokens (tokens are at most
+                      * DI_TNODE_MAX_DEPTH bytes: vocab.c) */
+  int16_t subtree;   /* its row of subtree_bits, or -1 (fewer than DI_SUBTREE_MIN tokens below, or past
+                      * DI_TNODE_MAX_SUBTREES rows) */
+  uint8_t byte;      /* the node's byte */
+  uint8_t plain;     /* plain_below (DI_PLAIN_NOT: not all plain) */
+  uint8_t len_below; /* the longest token suffix below (bytes, at most 255) */
+  uint8_t flags;     /* DI_TNODE_* */
+} di_tnode;
+
 struct di_grammar_vocab {
   int n, words;           /* vocabulary size, bitmask words */
   uint64_t serial;        /* unique per vocabulary object: keys the per-grammar mask caches */
@@ -17,18 +35,21 @@ struct di_grammar_vocab {
   int nstop;
   int32_t *sorted;        /* ids of the non-stop tokens with bytes, in byte order (trie preorder) */
   int nsorted, maxlen;
-  /* the trie: node i (preorder) has byte tbyte[i] at depth tdepth[i] (1-based), its subtree ends
-   * before node tnext[i]; tok_lo[i] = first sorted index at or below node i */
+  /* the trie, nodes in preorder: tn[0 .. nnodes) plus a sentinel tn[nnodes] (tok_lo = nsorted) */
+  di_tnode *tn;
+  int nnodes;
+  /* creation only (vocab.c builds tn from them, then frees them: NULL afterwards): node i has byte
+   * tbyte[i] at depth tdepth[i] (1-based), its subtree ends before node tnext[i]; tok_lo[i] = first
+   * sorted index at or below node i */
   uint8_t *tbyte;
   int32_t *tdepth, *tnext, *tok_lo;
-  int nnodes;
-  uint8_t *plain_below;   /* per trie node: the most characters in any token suffix below it when all
-                           * of them are well-formed plain UTF-8 (plain_text.h), else 255 */
+  uint8_t *plain_below;   /* creation only: per trie node, the most characters in any token suffix below it
+                           * when all of them are well-formed plain UTF-8 (plain_text.h), else 255 */
   int max_plain;          /* the largest of those below 255: no budget search needs to look further */
   uint64_t *ascii_below;  /* per trie node, 2 words: the ASCII bytes of the token suffixes below it, bit 0 = some
                            * byte below is NUL or not ASCII (ascii_run.h) */
-  uint8_t *len_below;     /* per trie node: the longest token suffix below it (bytes, at most 255) */
-  int32_t *subtree_of;    /* per trie node: its row of subtree_bits, or -1 (fewer than DI_SUBTREE_MIN tokens below) */
+  uint8_t *len_below;     /* creation only: per trie node, the longest token suffix below it (bytes, at most 255) */
+  int32_t *subtree_of;    /* creation only: per trie node, its row of subtree_bits, or -1 */
   uint32_t *subtree_bits; /* rows of `words` words: the ids at or below such a node */
   uint32_t *len_le;       /* rows of `words` words, row L (0 .. len_le_max): the non-stop ids of at most L bytes
                            * (count_chain.h: positions near a counted string's end) */
@@ -38,6 +59,7 @@ struct di_grammar_vocab {
   /* count_chain.h, for tests: classifications derived / taken as they are, masks taken from the
    * state with the frames moved to the longest token's count */
   _Atomic long n_count_derived, n_count_same, n_count_masks;
+  _Atomic long n_resumed; /* walks resumed from the abandoned walk of one frame fewer (matcher.c compute_ci) */
   struct di_ci_shared *shared_ci; /* classifications shared by every grammar's matchers (ci_shared.h); NULL = none */
 };
 #endif

@@ -303,8 +303,62 @@ static void threads(void) {
   di_grammar_free(g);
 }
 
+/* Walks abandoned at the bound of uncertain tokens resume with one frame more (matcher.c
+ * compute_ci): with the bound at 0, 3 and 17 nearly every classification is abandoned and resumed,
+ * at several depths in a row; every mask must still equal brute force, and the resumptions must
+ * have happened. */
+static void resumed_walks(void) {
+  static const char *bounds[] = {"0", "3", "17"};
+  for (int b = 0; b < 3; b++) {
+    setenv("DI_GRAMMAR_CI_UNCERTAIN", bounds[b], 1); /* read when a grammar's caches for a vocabulary are made */
+    di_grammar_vocab *v = make_vocab();
+    if (!v)
+      continue;
+    char name[64];
+    snprintf(name, sizeof name, "resumed-json-any-%s", bounds[b]);
+    walk_on(name, DI_GRAMMAR_JSON_ANY, "", 30, 6, v, NULL);
+    snprintf(name, sizeof name, "resumed-schema-%s", bounds[b]);
+    walk_on(name, DI_GRAMMAR_JSON_SCHEMA,
+            "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"when\":{\"type\":"
+            "\"string\",\"format\":\"date-time\"},\"n\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}}",
+            30, 6, v, NULL);
+    snprintf(name, sizeof name, "resumed-ebnf-%s", bounds[b]);
+    walk_on(name, DI_GRAMMAR_EBNF,
+            "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= [0-9]+ | \"(\" ws expr ws \")\"\nws ::= \" \"?\n", 30,
+            6, v, NULL);
+    snprintf(name, sizeof name, "resumed-regex-%s", bounds[b]);
+    walk_on(name, DI_GRAMMAR_REGEX, "(ab|a[0-9]+c)*x?(é|日本)+\\d{2,4}", 25, 6, v, NULL);
+    const long resumed = atomic_load(&v->n_resumed);
+    CHECKF(resumed > 0, "bound %s: no walk was resumed", bounds[b]);
+    fprintf(stderr, "resumed walks (bound %s): %ld\n", bounds[b], resumed);
+    di_grammar_vocab_free(v);
+  }
+  unsetenv("DI_GRAMMAR_CI_UNCERTAIN");
+}
+
+/* The trie keeps token depths in 16 bits (vocab.h): a longer token is refused by name. */
+static void long_token(void) {
+  size_t n = 70000;
+  char *big = malloc(n);
+  if (!big)
+    return;
+  memset(big, 'a', n);
+  const char *tb[2] = {"a", big};
+  size_t tl[2] = {1, n};
+  di_grammar_vocab *v = NULL;
+  CHECK(di_grammar_vocab_create(2, tb, tl, NULL, 0, &v) == DI_ERR_INVALID_ARG);
+  CHECK(v == NULL);
+  CHECK(strstr(di_last_error(), "70000 bytes") != NULL);
+  tl[1] = 65535; /* the longest taken */
+  CHECK(di_grammar_vocab_create(2, tb, tl, NULL, 0, &v) == DI_OK);
+  di_grammar_vocab_free(v);
+  free(big);
+}
+
 int main(void) {
   build_vocab();
+  long_token();
+  resumed_walks();
   budget();
   threads();
   walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);

@@ -9,6 +9,7 @@
  * so this test is what shows their replacement is exact. Also the compile errors. */
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/ci_shared.h"
 #include "grammar/grammar.h"
 #include "grammar/vocab.h"
 #include "test_util.h"
@@ -72,14 +73,9 @@ static int oracle(const char *t, int n, const int *start, int k, int max_tokens,
   return 1;
 }
 
-static void walks(int max_tokens, int n_walks) {
-  char src[200];
-  snprintf(src, sizeof src, "start: \"<\" r (\",\" r)* \">\"\nr[max_tokens=%d]: /[a-z]+/\n", max_tokens);
-  /* the grammar is over a..z; the vocabulary only has a and b, which keeps walks dense */
-  di_grammar *g = NULL;
-  CHECKF(di_grammar_compile(DI_GRAMMAR_LARK, src, strlen(src), NULL, &g) == DI_OK, "%s", di_last_error());
-  if (!g)
-    return;
+static void walks_on(di_grammar_vocab *v, int max_tokens, int n_walks);
+
+static di_grammar_vocab *make_vocab(void) {
   const char *tb[NV];
   size_t tl[NV];
   for (int i = 0; i < NV; i++)
@@ -87,6 +83,44 @@ static void walks(int max_tokens, int n_walks) {
   int32_t stops[1] = {STOP};
   di_grammar_vocab *v = NULL;
   CHECK(di_grammar_vocab_create(NV, tb, tl, stops, 1, &v) == DI_OK);
+  return v;
+}
+
+static void walks(int max_tokens, int n_walks) {
+  di_grammar_vocab *v = make_vocab();
+  if (v)
+    walks_on(v, max_tokens, n_walks);
+  di_grammar_vocab_free(v);
+}
+
+/* The vocabulary's shared classifications (ci_shared.h) serve max_tokens grammars: grammars with
+ * different bounds (and one without) compiled afresh on one vocabulary reuse each other's entries
+ * (a classification is of the bytes alone), and every mask still agrees with the oracle. */
+static void shared_walks(void) {
+  di_grammar_vocab *v = make_vocab();
+  if (!v)
+    return;
+  walks_on(v, 2, 20);
+  long hits0 = 0, lookups0 = 0, hits = 0, lookups = 0;
+  di_ci_shared_stats(v->shared_ci, &hits0, &lookups0);
+  walks_on(v, 3, 20);
+  walks_on(v, 2, 20);
+  walks_on(v, 1, 20);
+  di_ci_shared_stats(v->shared_ci, &hits, &lookups);
+  CHECKF(hits > hits0, "max_tokens grammars did not reuse shared classifications (%ld hits)", hits - hits0);
+  fprintf(stderr, "shared max_tokens walks: %ld hits of %ld lookups after the first grammar\n", hits - hits0,
+          lookups - lookups0);
+  di_grammar_vocab_free(v);
+}
+
+static void walks_on(di_grammar_vocab *v, int max_tokens, int n_walks) {
+  char src[200];
+  snprintf(src, sizeof src, "start: \"<\" r (\",\" r)* \">\"\nr[max_tokens=%d]: /[a-z]+/\n", max_tokens);
+  /* the grammar is over a..z; the vocabulary only has a and b, which keeps walks dense */
+  di_grammar *g = NULL;
+  CHECKF(di_grammar_compile(DI_GRAMMAR_LARK, src, strlen(src), NULL, &g) == DI_OK, "%s", di_last_error());
+  if (!g)
+    return;
   uint32_t mask[(NV + 31) / 32];
   int bad = 0, longest_run = 0, ended = 0, rolled = 0;
   for (int w = 0; w < n_walks && v; w++) {
@@ -153,7 +187,6 @@ static void walks(int max_tokens, int n_walks) {
   CHECK(longest_run > max_tokens); /* the walks did reach the bound (multi-byte tokens) */
   fprintf(stderr, "max_tokens=%d: %d walks, %d ended, %d rollbacks, longest run %d bytes\n", max_tokens, n_walks,
           ended, rolled, longest_run);
-  di_grammar_vocab_free(v);
   di_grammar_free(g);
 }
 
@@ -235,5 +268,6 @@ int main(void) {
   walks(1, 60);
   walks(2, 60);
   walks(3, 40);
+  shared_walks();
   return test_finish("test_grammar_max_tokens");
 }
