@@ -120,6 +120,27 @@ static void leap_byte(leap_bytes *k, di_gseq *s, char c) {
   di_gseq_push(k->b, s, (di_gel){DI_GE_CLASS, k->cls[(int)c]});
 }
 
+/* Every rule of the trie (and the time rule) is the same language in every grammar: named by
+ * di_grule.canon, so that a language key near a time (language_key.c) does not spell out the
+ * trie. The numbers: */
+enum { /* (shortest strings: the time 9 bytes, HH:MM:SSZ; a leap second 14, HH:MM:60+hh:mm) */
+  DI_CANON_TIME = 1,
+  DI_CANON_LEAP = 2,
+  DI_CANON_LEAP_H = 3,                             /* + the hour's tens digit (3) */
+  DI_CANON_LEAP_M = DI_CANON_LEAP_H + 3,           /* + the hour (24) */
+  DI_CANON_LEAP_MM = DI_CANON_LEAP_M + 24,         /* + hour * 6 + the minute's tens digit (144) */
+  DI_CANON_LEAP_OFFSET = DI_CANON_LEAP_MM + 144,   /* + the local minute (1,440) */
+};
+
+/* names rule r's language by `canon`; minlen: its shortest string, in bytes */
+static int leap_canon(di_gb *b, int r, int canon, int minlen) {
+  if (!b->oom) {
+    b->rules[r].canon = canon;
+    b->rules[r].canon_minlen = minlen;
+  }
+  return r;
+}
+
 /* a rule of one alternative: its text, with `ref` (when >= 0) after it */
 static int leap_text(leap_bytes *k, di_gseq *s, const char *text, int ref) {
   int r = di_gb_new_rule(k->b, "leap");
@@ -172,14 +193,15 @@ static int leap_rule(di_gb *b) {
         int L = h * 60 + m1 * 10 + m2, neg = 1439 - L, pos = L + 1;
         if (L == 1439)
           break;
-        off[m2] = di_gb_new_rule(b, "leap-offset");
+        off[m2] = leap_canon(b, di_gb_new_rule(b, "leap-offset"), DI_CANON_LEAP_OFFSET + L, 6);
         di_gel e[2] = {{DI_GE_RULE, neg_h[neg / 60]}, {DI_GE_RULE, mm[neg % 60]}};
         di_gb_add_alt(b, off[m2], e, 2);
         e[0].arg = pos_h[pos / 60];
         e[1].arg = mm[pos % 60];
         di_gb_add_alt(b, off[m2], e, 2);
       }
-      m2r[m1] = di_gb_new_rule(b, "leap-mm"); /* the minute's units digit, then :60, fraction, offsets */
+      /* the minute's units digit, then :60, fraction, offsets */
+      m2r[m1] = leap_canon(b, di_gb_new_rule(b, "leap-mm"), DI_CANON_LEAP_MM + h * 6 + m1, 10);
       for (int m2 = 0; m2 < 10 && h * 60 + m1 * 10 + m2 < 1439; m2++) {
         s.n = 0;
         leap_byte(&k, &s, (char)('0' + m2));
@@ -188,7 +210,7 @@ static int leap_rule(di_gb *b) {
         di_gb_add_alt(b, m2r[m1], s.v, s.n);
       }
     }
-    hr[h] = di_gb_new_rule(b, "leap-m"); /* the minute's tens digit */
+    hr[h] = leap_canon(b, di_gb_new_rule(b, "leap-m"), DI_CANON_LEAP_M + h, 11); /* the minute's tens digit */
     for (int m1 = 0; m1 < 6; m1++) {
       s.n = 0;
       leap_byte(&k, &s, (char)('0' + m1));
@@ -198,7 +220,7 @@ static int leap_rule(di_gb *b) {
   }
   int h1r[3];
   for (int h1 = 0; h1 < 3 && !b->oom; h1++) { /* the hour's units digit and ':' */
-    h1r[h1] = di_gb_new_rule(b, "leap-h");
+    h1r[h1] = leap_canon(b, di_gb_new_rule(b, "leap-h"), DI_CANON_LEAP_H + h1, 13);
     for (int h = h1 * 10; h < 24 && h < h1 * 10 + 10; h++) {
       s.n = 0;
       leap_byte(&k, &s, (char)('0' + h % 10));
@@ -207,7 +229,7 @@ static int leap_rule(di_gb *b) {
       di_gb_add_alt(b, h1r[h1], s.v, s.n);
     }
   }
-  int top = di_gb_new_rule(b, "leap-second");
+  int top = leap_canon(b, di_gb_new_rule(b, "leap-second"), DI_CANON_LEAP, 14);
   for (int h1 = 0; h1 < 3 && !b->oom; h1++) {
     s.n = 0;
     leap_byte(&k, &s, (char)('0' + h1));
@@ -230,7 +252,7 @@ di_status di_json_format_compile(di_gb *b, const char *name, const char *re, int
       return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
     di_gel e = {DI_GE_RULE, leap};
     DI_TRY(di_gb_add_alt(b, t, &e, 1));
-    *time_cache = t;
+    *time_cache = leap_canon(b, t, DI_CANON_TIME, 9);
   }
   di_gel els[2];
   int n = 0;

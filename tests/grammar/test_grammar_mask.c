@@ -40,7 +40,10 @@ static void build_vocab(void) {
                                 "1.5", "e+", ".0", "\\n", "\\\"", "\\u00", "é", "\xc3", "\xa9", "日本", "\xe6\x97",
                                 " ", "  ", "\n", ", ", ": ", "abc", "ab", "a", "b", "c", "x", "2024", "-01", "-15",
                                 "T12", ":30", ":00Z", "@", ".com", "foo", "bar", "\"foo\"", "\"bar\"", "+", "(", ")",
-                                "1+2", "()", "((", "))", "ws", "\"tags\":[", "\"x\"]", "[\"", "\"]"};
+                                "1+2", "()", "((", "))", "ws", "\"tags\":[", "\"x\"]", "[\"", "\"]",
+                                /* leap seconds: tokens reaching from the seconds into the offset */
+                                ":60-08:", "60-08:0", "0-08:01", ":60+16", "-08:00\"", "-08:01\"", "15:5", "9:60", "9:60-08",
+                                "9:60-09"};
   for (size_t i = 0; i < sizeof frags / sizeof frags[0]; i++)
     add_tok(frags[i], strlen(frags[i]));
   static const char alpha[] = "{}[]\":,0123456789-.eE+abcdefnrtulsx \\\n@T:Z";
@@ -185,6 +188,75 @@ static void shared_classifications(void) {
   di_grammar_vocab_free(v);
 }
 
+/* Leap seconds (json_formats.c's trie, whose rules language_key.c describes by number: di_grule.canon):
+ * documents fed one byte token at a time through leap seconds in several offsets, every mask against
+ * brute force, the grammar compiled afresh each round so later rounds take shared classifications
+ * (the numbered rules' keys) from the earlier ones. */
+static int mask_vs_brute(di_grammar_matcher *m, const char *name, int step) {
+  uint32_t mask[(NV + 31) / 32];
+  CHECK(di_grammar_matcher_fill_mask(m, mask) == DI_OK);
+  int bad = 0;
+  for (int id = 0; id < NV; id++) {
+    int ok;
+    if (id == STOP)
+      ok = di_grammar_matcher_can_end(m);
+    else if ((ok = di_grammar_matcher_accept_token(m, id) == DI_OK))
+      CHECK(di_grammar_matcher_rollback(m, 1) == DI_OK);
+    if (allowed(mask, id) != ok && bad++ < 3)
+      fprintf(stderr, "%s: step %d token %d '%s': mask %d, brute force %d\n", name, step, id, toks[id],
+              allowed(mask, id), ok);
+  }
+  return bad;
+}
+
+static void leap_seconds(void) {
+  di_grammar_vocab *v = make_vocab();
+  if (!v)
+    return;
+  di_grammar_options opt = {0};
+  opt.no_cache = 1;
+  static const char schema[] = "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"format\":\"time\"},"
+                               "{\"type\":\"string\",\"format\":\"date-time\"}]},\"maxItems\":3}";
+  static const char *const docs[] = {
+      "[\"15:59:60-08:00\",\"23:59:60Z\"]", "[\"00:29:60.25-23:30\",\"1990-12-31T22:59:60+23:00\"]",
+      "[\"2016-12-31T23:59:60+00:00\",\"12:00:60+12:01\",\"01:29:60+01:30\"]", "[\"15:59:59+15:00\"]",
+      /* neighbouring local minutes: their offsets differ in the last digit only */
+      "[\"15:58:60-08:01\",\"15:59:60-08:00\",\"15:58:60+15:59\"]",
+      /* the same minute in another hour (a key that dropped the hour would share them) */
+      "[\"14:59:60-09:00\",\"15:59:60+16:00\"]"};
+  long hits0 = 0, lookups0 = 0;
+  di_ci_shared_stats(v->shared_ci, &hits0, &lookups0);
+  int bad = 0, steps = 0;
+  for (int round = 0; round < 2; round++)
+    for (size_t d = 0; d < sizeof docs / sizeof docs[0]; d++) {
+      di_grammar *g = NULL;
+      CHECKF(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, schema, sizeof schema - 1, &opt, &g) == DI_OK, "%s",
+             di_last_error());
+      if (!g)
+        continue;
+      di_grammar_matcher *m = NULL;
+      CHECK(di_grammar_matcher_create(g, v, &m) == DI_OK);
+      const char *doc = docs[d];
+      for (size_t i = 0; m && doc[i]; i++, steps++) {
+        bad += mask_vs_brute(m, "leap-seconds", (int)i);
+        CHECKF(di_grammar_matcher_accept_token(m, (unsigned char)doc[i]) == DI_OK, "leap seconds: '%s' at %zu", doc,
+               i);
+      }
+      if (m) {
+        bad += mask_vs_brute(m, "leap-seconds-end", steps);
+        CHECK(di_grammar_matcher_can_end(m));
+      }
+      di_grammar_matcher_free(m);
+      di_grammar_free(g);
+    }
+  long hits = 0, lookups = 0;
+  di_ci_shared_stats(v->shared_ci, &hits, &lookups);
+  CHECKF(bad == 0, "leap seconds: %d mask mismatches", bad);
+  CHECKF(hits - hits0 > 0, "leap seconds: no shared classification reused (%ld lookups)", lookups - lookups0);
+  fprintf(stderr, "leap seconds: %d steps, shared %ld hits of %ld lookups\n", steps, hits - hits0, lookups - lookups0);
+  di_grammar_vocab_free(v);
+}
+
 /* A tiny state budget: the automaton of a grammar used by successive requests is reset between
  * them (no live matcher), and a request that needs more states gets an error, not a crash. */
 static void budget(void) {
@@ -309,6 +381,7 @@ int main(void) {
   threads();
   walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);
   shared_classifications();
+  leap_seconds();
   walk("schema", DI_GRAMMAR_JSON_SCHEMA,
        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"age\":{\"type\":\"integer\","
        "\"minimum\":-5,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",\"foo\"]}},\"when\":{"
