@@ -109,7 +109,14 @@ const char *di_json_format_regex(const char *name, int *defined) {
 typedef struct {
   di_gb *b;
   int cls[128];
+  di_status st; /* the first di_gb_add_alt failure (the element budget, memory) */
 } leap_bytes;
+
+static void leap_add(leap_bytes *k, int rule, const di_gel *els, int n) {
+  di_status st = di_gb_add_alt(k->b, rule, els, n);
+  if (k->st == DI_OK)
+    k->st = st;
+}
 
 static void leap_byte(leap_bytes *k, di_gseq *s, char c) {
   if (k->cls[(int)c] < 0) {
@@ -149,23 +156,23 @@ static int leap_text(leap_bytes *k, di_gseq *s, const char *text, int ref) {
     leap_byte(k, s, *p);
   if (ref >= 0)
     di_gseq_push(k->b, s, (di_gel){DI_GE_RULE, ref});
-  di_gb_add_alt(k->b, r, s->v, s->n);
+  leap_add(k, r, s->v, s->n);
   return r;
 }
 
-static int leap_rule(di_gb *b) {
-  leap_bytes k = {b, {0}};
+static di_status leap_rule(di_gb *b, int *out) {
+  leap_bytes k = {b, {0}, DI_OK};
   for (int i = 0; i < 128; i++)
     k.cls[i] = -1;
   int frac = di_gb_new_rule(b, "leap-frac"); /* "" | "." [0-9]+ */
   di_gseq s = {0};
-  di_gb_add_alt(b, frac, NULL, 0);
+  leap_add(&k, frac, NULL, 0);
   leap_byte(&k, &s, '.');
   di_gbyteset dig = {{0}};
   for (int d = '0'; d <= '9'; d++)
     di_gbyteset_add(&dig, (unsigned)d);
   di_gseq_repeat(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &dig)}, 1, -1);
-  di_gb_add_alt(b, frac, s.v, s.n);
+  leap_add(&k, frac, s.v, s.n);
   /* shared pieces, so that each of the 1,439 local minutes costs one alternative and one offset
    * rule of two short alternatives: ":60" and the fraction; "-hh:" / "+hh:" per hour; "mm" per
    * minute */
@@ -195,10 +202,10 @@ static int leap_rule(di_gb *b) {
           break;
         off[m2] = leap_canon(b, di_gb_new_rule(b, "leap-offset"), DI_CANON_LEAP_OFFSET + L, 6);
         di_gel e[2] = {{DI_GE_RULE, neg_h[neg / 60]}, {DI_GE_RULE, mm[neg % 60]}};
-        di_gb_add_alt(b, off[m2], e, 2);
+        leap_add(&k, off[m2], e, 2);
         e[0].arg = pos_h[pos / 60];
         e[1].arg = mm[pos % 60];
-        di_gb_add_alt(b, off[m2], e, 2);
+        leap_add(&k, off[m2], e, 2);
       }
       /* the minute's units digit, then :60, fraction, offsets */
       m2r[m1] = leap_canon(b, di_gb_new_rule(b, "leap-mm"), DI_CANON_LEAP_MM + h * 6 + m1, 10);
@@ -207,7 +214,7 @@ static int leap_rule(di_gb *b) {
         leap_byte(&k, &s, (char)('0' + m2));
         di_gseq_push(b, &s, (di_gel){DI_GE_RULE, sec});
         di_gseq_push(b, &s, (di_gel){DI_GE_RULE, off[m2]});
-        di_gb_add_alt(b, m2r[m1], s.v, s.n);
+        leap_add(&k, m2r[m1], s.v, s.n);
       }
     }
     hr[h] = leap_canon(b, di_gb_new_rule(b, "leap-m"), DI_CANON_LEAP_M + h, 11); /* the minute's tens digit */
@@ -215,7 +222,7 @@ static int leap_rule(di_gb *b) {
       s.n = 0;
       leap_byte(&k, &s, (char)('0' + m1));
       di_gseq_push(b, &s, (di_gel){DI_GE_RULE, m2r[m1]});
-      di_gb_add_alt(b, hr[h], s.v, s.n);
+      leap_add(&k, hr[h], s.v, s.n);
     }
   }
   int h1r[3];
@@ -226,7 +233,7 @@ static int leap_rule(di_gb *b) {
       leap_byte(&k, &s, (char)('0' + h % 10));
       leap_byte(&k, &s, ':');
       di_gseq_push(b, &s, (di_gel){DI_GE_RULE, hr[h]});
-      di_gb_add_alt(b, h1r[h1], s.v, s.n);
+      leap_add(&k, h1r[h1], s.v, s.n);
     }
   }
   int top = leap_canon(b, di_gb_new_rule(b, "leap-second"), DI_CANON_LEAP, 14);
@@ -234,10 +241,13 @@ static int leap_rule(di_gb *b) {
     s.n = 0;
     leap_byte(&k, &s, (char)('0' + h1));
     di_gseq_push(b, &s, (di_gel){DI_GE_RULE, h1r[h1]});
-    di_gb_add_alt(b, top, s.v, s.n);
+    leap_add(&k, top, s.v, s.n);
   }
   di_gseq_free(&s);
-  return b->oom ? -1 : top;
+  if (k.st == DI_OK && b->oom)
+    k.st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+  *out = top;
+  return k.st;
 }
 
 di_status di_json_format_compile(di_gb *b, const char *name, const char *re, int rule, int *time_cache) {
@@ -247,9 +257,8 @@ di_status di_json_format_compile(di_gb *b, const char *name, const char *re, int
   if (*time_cache < 0) { /* TIME_RE | the leap seconds at other offsets, once per builder */
     int t = di_gb_new_rule(b, "time");
     DI_TRY(di_regex_compile_into(b, t, TIME_RE, sizeof TIME_RE - 1, 1, 1));
-    int leap = leap_rule(b);
-    if (leap < 0)
-      return di_error_set(DI_ERR_OOM, "out of memory building the grammar");
+    int leap = -1;
+    DI_TRY(leap_rule(b, &leap));
     di_gel e = {DI_GE_RULE, leap};
     DI_TRY(di_gb_add_alt(b, t, &e, 1));
     *time_cache = leap_canon(b, t, DI_CANON_TIME, 9);

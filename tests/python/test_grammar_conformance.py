@@ -358,3 +358,8 @@ def test_leap_seconds_every_local_minute():
         lib.di_grammar_free(dt_g)
     print("\nleap seconds: %d checks, %d wrong" % (checks, wrong))
     assert checks > 50000 and wrong == 0
+    # the trie's ~15,000 elements count against max_elements like any other rule's
+    small, g = Options(max_digits=-1, max_string_length=-1, max_elements=4000), ctypes.c_void_p()
+    src = b'{"type": "string", "format": "time"}'
+    assert lib.di_grammar_compile(2, src, len(src), ctypes.byref(small), ctypes.byref(g)) != 0
+    assert b"max_elements" in lib.di_last_error()
