@@ -412,6 +412,13 @@ int main(void) {
        "start: head \":\" tail\nhead[max_tokens=1, max_chars=4]: /[a-z\"]*/\ntail[lazy, max_tokens=2]: /[a-z]+x/\n", 30,
        12);
   walk("lark-max-tokens-ref", DI_GRAMMAR_LARK, "start: <[5]> r\nr[max_tokens=2]: /[a-c0-9]+/\n", 30, 8);
+  /* XGrammar's EBNF rule attributes (rule_ops.h, shared with Lark): a token bound on a rule reference
+   * beside a shared sub-rule, lazy + max_tokens, max_chars */
+  walk("ebnf-attributes", DI_GRAMMAR_EBNF,
+       "root ::= a \" \" b (\",\" c)*\na[max_tokens=2] ::= sub\nb ::= sub\nsub ::= [a-z] sub | [a-z]\n"
+       "c[lazy, max_tokens=3] ::= [0-9] [0-9a-z]* \"x\"\n",
+       30, 12);
+  walk("ebnf-max-chars", DI_GRAMMAR_EBNF, "root ::= \"<\" r \">\" r\nr[max_chars=4] ::= [a-z\"]*\n", 30, 8);
   /* token references: ids 5 and 9 by id (5 may have no bytes), any token but 9 between them, text after */
   walk("token-refs", DI_GRAMMAR_EBNF, "root ::= <[5]> (!<[9]>){0,6} <[9]> [a-z]*\n", 30, 12);
   for (int i = 0; i < n_tok; i++)
