@@ -99,12 +99,13 @@ const char *di_json_format_regex(const char *name, int *defined) {
 
 /* Leap seconds at a non-zero offset (RFC 3339 section 5.7: 23:59:60 UTC; a local time L minutes past
  * midnight with offset o is UTC L - o, so o = L - 1439 (negative) or L + 1 (positive, below 24:00),
- * both taken; L = 23:59 itself, with a zero offset, is in TIME_RE). A CFG must hold the local minute
- * across the fraction (a fooling set of 1,440 strings), so the rule is a digit trie reading HH:MM
- * (3 / 10 / 6 / 10-way rules: only the alternatives of the digits read so far are live), each of
- * the 144 (hour, tens of minute) rules ending in ":60", the shared fraction rule and an offset rule
- * of its local minute's two offsets. The trie alternatives are parse items of their own, which is
- * what this costs in masks (docs/structured-outputs.md, PERFORMANCE.md s14-23l). */
+ * both taken; L = 23:59 itself, with a zero offset, is in TIME_RE). Any automaton must hold the local
+ * minute across the fraction (a fooling set of 1,440 strings), so the rule is a digit trie reading
+ * HH:MM (3 / 10 / 6 / 10-way rules: only the alternatives of the digits read so far are live parse
+ * items), each local minute one alternative `m2 ":60" FRAC OFF_L`, OFF_L its two offsets made of
+ * shared "-hh:" / "+hh:" / "mm" rules: ~15,000 elements, once per grammar. Its rules are numbered
+ * fixed languages (di_grule.canon), or every language key within a token's reach of a time would
+ * spell the trie out (docs/structured-outputs.md "Formats", PERFORMANCE.md s14-23l). */
 /* the classes of the bytes the trie spells, interned once (di_gb_class is a linear search) */
 typedef struct {
   di_gb *b;

@@ -38,8 +38,9 @@ static int put(di_language_key *k, uint32_t x, int max_words) {
 static int el_minlen(const di_language_key *k, di_gel e) { return e.kind == DI_GE_CLASS ? 1 : k->minlen[e.arg]; }
 
 /* Rules in DFS postorder over their references (a rule after the rules it refers to, but for the
- * references that close a cycle), into order[]; rules of a fixed language (di_grule.canon) and what
- * only they reach are left out. Returns how many, -1 when memory ran out. */
+ * references that close a cycle), into order[]; rules of a fixed language (di_grule.canon) are left
+ * out, their length being given (the rules they refer to are still ordered, as roots of their own).
+ * Returns how many, -1 when memory ran out. */
 static int post_order(const di_gb *g, int32_t *order) {
   typedef struct {
     int32_t r, a, p; /* rule, its alternative, the element next */
