@@ -179,7 +179,7 @@ static di_status leap_rule(di_gb *b, int *out) {
    * minute */
   int sec = leap_text(&k, &s, ":60", frac);
   int neg_h[24], pos_h[24], mm[60];
-  char t[8];
+  char t[16]; /* (room for any int: the compiler cannot see h < 24) */
   for (int h = 0; h < 24; h++) {
     snprintf(t, sizeof t, "-%02d:", h);
     neg_h[h] = leap_text(&k, &s, t, -1);
