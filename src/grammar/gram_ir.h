@@ -45,6 +45,11 @@ typedef struct di_grule {
    * change the rule's language afterwards. canon_minlen: its shortest string in bytes (or a lower
    * bound), which language_key.c takes instead of computing it from the rule's parts. */
   int32_t canon, canon_minlen;
+  /* 1: regular operations on rules that reach this one (regular_set.c: lazy, max_chars, max_tokens
+   * over rule copies) leave out the alternatives referring to it, its automaton being too large for
+   * their products (the leap seconds at non-zero offsets: what remains accepts less, never more); a
+   * complemented operand reaching it is an error instead. */
+  int32_t product_drop;
 } di_grule;
 
 /* The builder; also the compiled grammar's core once di_gb_finish() has flattened it. */

@@ -238,6 +238,8 @@ static di_status leap_rule(di_gb *b, int *out) {
     }
   }
   int top = leap_canon(b, di_gb_new_rule(b, "leap-second"), DI_CANON_LEAP, 14);
+  if (!b->oom) /* lexeme operations (Lark's max_chars over a %json) keep the zero-offset form only */
+    b->rules[top].product_drop = 1;
   for (int h1 = 0; h1 < 3 && !b->oom; h1++) {
     s.n = 0;
     leap_byte(&k, &s, (char)('0' + h1));

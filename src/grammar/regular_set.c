@@ -488,8 +488,10 @@ di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule) {
 }
 
 /* ---- lazy rules ------------------------------------------------------------------------------ */
-/* Copies the rules reachable from r in b into g (a fresh builder); *root = r's copy. */
-static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
+/* Copies the rules reachable from r in b into g (a fresh builder); *root = r's copy. Alternatives
+ * referring to a product_drop rule are left out when may_drop (an operand taken as it is), an error
+ * otherwise (a complemented operand would then take more). */
+static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root, int may_drop) {
   int *map = malloc(sizeof(int) * (size_t)b->n_rules), *stack = malloc(sizeof(int) * (size_t)b->n_rules);
   if (!map || !stack) {
     free(map), free(stack);
@@ -516,6 +518,16 @@ static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
     }
     di_gb_mark_defined(g, map[x]); /* (no-op after an allocation failure: g->rules may be NULL) */
     for (int a = 0; a < R->n_alts && st == DI_OK; a++) {
+      int dropped = 0;
+      for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++)
+        dropped |= R->els[k].kind == DI_GE_RULE && b->rules[R->els[k].arg].product_drop;
+      if (dropped && !may_drop) {
+        st = di_error_set(DI_ERR_UNSUPPORTED, "a complement cannot take a time format's leap seconds (their "
+                          "automaton is too large)");
+        break;
+      }
+      if (dropped)
+        continue;
       q.n = 0;
       for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++) {
         di_gel e = R->els[k];
@@ -552,7 +564,7 @@ static di_status apply_product(di_gb *b, int target, const int *ops, int k, cons
     di_gb g;
     di_gb_init(&g, b->max_els);
     int root = -1;
-    st = copy_reachable(b, ops[i], &g, &root);
+    st = copy_reachable(b, ops[i], &g, &root, !((shape->out >> i) & 1));
     if (st == DI_OK)
       st = di_rlang_from_builder(&g, root, &langs[i]);
     else
