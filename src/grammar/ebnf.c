@@ -119,12 +119,15 @@ static di_status parse_attributes(ep *p, int r, size_t at) {
           if (p->i == q)
             return perr(p, q, "capture takes a name or a string%s", NULL);
         }
-      } else {
-        char *end;
-        v = strtol(p->s + p->i, &end, 10);
-        if (end == p->s + p->i || (*end != ',' && *end != ']' && *end != ' '))
+      } else { /* digits within the source (it is not NUL-terminated: no strtol) */
+        size_t q = p->i;
+        v = 0;
+        while (q < p->n && p->s[q] >= '0' && p->s[q] <= '9' && v <= 1000000)
+          v = v * 10 + (p->s[q++] - '0');
+        if (q == p->i || (q < p->n && p->s[q] >= '0' && p->s[q] <= '9') ||
+            (q < p->n && p->s[q] != ',' && p->s[q] != ']' && p->s[q] != ' ' && p->s[q] != '\t'))
           return perr(p, p->i, "attribute '%s' takes a whole number", key);
-        p->i = (size_t)(end - p->s);
+        p->i = q;
       }
     }
     if (strcmp(key, "lazy") == 0 && !has_value && !lazy) {
