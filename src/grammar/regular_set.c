@@ -617,7 +617,7 @@ static int right_linear(const di_gb *b, int r, int *bad) {
           map[e.arg] = m, list[m++] = e.arg;
       }
     }
-  off = malloc(sizeof(int) * (size_t)(m + 1)), to = malloc(sizeof(int) * (size_t)(ne + 1));
+  off = malloc(sizeof(int) * (size_t)(m + 1)), to = calloc((size_t)ne + 1, sizeof(int));
   comp = malloc(sizeof(int) * (size_t)(m + 1));
   if (!off || !to || !comp)
     goto out;
