@@ -1,9 +1,12 @@
 /* EBNF front-end: the GBNF dialect llama.cpp users write -- `name ::= alternatives`, literals
  * with escapes, [classes] with ranges and ^negation, `.`, groups, `? * + {m} {m,} {m,n}`, `#`
- * comments; the start rule is `root`. Errors say "line L, column C". */
+ * comments; the start rule is `root`. Errors say "line L, column C". XGrammar's rule attributes,
+ * `name[lazy, max_chars=N, max_tokens=N, capture="x"] ::= ...` (the rule's language must be
+ * regular), run after parsing as Lark's do (rule_ops.h). */
 #include "util/text.h"
 #include "grammar/gram_ir.h"
 #include "grammar/literal_char.h"
+#include "grammar/rule_ops.h"
 #include "grammar/token_ref.h"
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +18,7 @@ typedef struct {
   int depth;
   size_t *refpos; /* first reference of each rule (for "used but not defined") */
   int cap_ref;
+  di_rule_ops ops; /* the rules' attributes, run once every rule is defined */
 } ep;
 
 static di_status perr(const ep *p, size_t at, const char *fmt, const char *arg) {
@@ -65,6 +69,111 @@ static int32_t parse_char(ep *p, di_status *st) {
 }
 
 static di_status parse_alternates(ep *p, int rule, int nested);
+
+/* Where the attribute list `[...]` right after a rule name at j ends (j itself when there is none):
+ * a `[` directly after the name, closed on the same line. Only a rule definition can follow a name
+ * with one and then `::=` (a class after a reference never meets `::=`). */
+static size_t attrs_end(const ep *p, size_t j) {
+  if (j >= p->n || p->s[j] != '[')
+    return j;
+  for (size_t k = j + 1; k < p->n && p->s[k] != '\n'; k++)
+    if (p->s[k] == ']')
+      return k + 1;
+  return j;
+}
+
+/* `[attr, attr=value, ...]` after rule r's name (XGrammar's EBNF): lazy, max_chars=N, max_tokens=N
+ * (pushed in that order, whatever order they are written in, as Lark's are), capture="x" / capture=x
+ * (a name for the matched text: no change to the language). */
+static di_status parse_attributes(ep *p, int r, size_t at) {
+  int lazy = 0, max_chars = -1, max_tokens = 0, seen_capture = 0;
+  p->i++; /* '[' */
+  for (;;) {
+    skip_space(p, 0);
+    size_t k = p->i;
+    while (p->i < p->n && (is_word(p->s[p->i])))
+      p->i++;
+    char key[32];
+    if (p->i == k || p->i - k >= sizeof key)
+      return perr(p, k, "expected an attribute name (lazy, max_chars, max_tokens, capture)%s", NULL);
+    memcpy(key, p->s + k, p->i - k);
+    key[p->i - k] = 0;
+    skip_space(p, 0);
+    long v = -1;
+    int has_value = p->i < p->n && p->s[p->i] == '=';
+    if (has_value) {
+      p->i++;
+      skip_space(p, 0);
+      if (strcmp(key, "capture") == 0) { /* a string or a name */
+        if (p->i < p->n && p->s[p->i] == '"') {
+          size_t q = p->i + 1;
+          while (q < p->n && p->s[q] != '"' && p->s[q] != '\n')
+            q += p->s[q] == '\\' && q + 1 < p->n ? 2 : 1;
+          if (q >= p->n || p->s[q] != '"')
+            return perr(p, p->i, "unterminated capture name%s", NULL);
+          p->i = q + 1;
+        } else {
+          size_t q = p->i;
+          while (p->i < p->n && is_word(p->s[p->i]))
+            p->i++;
+          if (p->i == q)
+            return perr(p, q, "capture takes a name or a string%s", NULL);
+        }
+      } else { /* digits within the source (it is not NUL-terminated: no strtol) */
+        size_t q = p->i;
+        v = 0;
+        while (q < p->n && p->s[q] >= '0' && p->s[q] <= '9' && v <= 1000000)
+          v = v * 10 + (p->s[q++] - '0');
+        if (q == p->i || (q < p->n && p->s[q] >= '0' && p->s[q] <= '9') ||
+            (q < p->n && p->s[q] != ',' && p->s[q] != ']' && p->s[q] != ' ' && p->s[q] != '\t'))
+          return perr(p, p->i, "attribute '%s' takes a whole number", key);
+        p->i = q;
+      }
+    }
+    if (strcmp(key, "lazy") == 0 && !has_value && !lazy) {
+      lazy = 1;
+    } else if (strcmp(key, "max_chars") == 0 && has_value && max_chars < 0) {
+      if (v < 0 || v > 100000)
+        return perr(p, k, "max_chars must be 0..100000%s", NULL);
+      max_chars = (int)v;
+    } else if (strcmp(key, "max_tokens") == 0 && has_value && !max_tokens) {
+      if (v < 1 || v > DI_RLANG_MAX_TOKENS)
+        return perr(p, k, "max_tokens must be 1..4096%s", NULL);
+      max_tokens = (int)v;
+    } else if (strcmp(key, "capture") == 0 && has_value && !seen_capture) {
+      seen_capture = 1;
+    } else if (strcmp(key, "lazy") == 0 || strcmp(key, "max_chars") == 0 || strcmp(key, "max_tokens") == 0 ||
+               strcmp(key, "capture") == 0) {
+      return perr(p, k, "attribute '%s' given twice or without its value (lazy has none)", key);
+    } else {
+      return perr(p, k, "unknown rule attribute '%s' (lazy, max_chars, max_tokens and capture are taken)", key);
+    }
+    skip_space(p, 0);
+    if (p->i < p->n && p->s[p->i] == ',') {
+      p->i++;
+      continue;
+    }
+    if (p->i < p->n && p->s[p->i] == ']') {
+      p->i++;
+      break;
+    }
+    return perr(p, p->i, "expected ',' or ']' in the rule's attributes%s", NULL);
+  }
+  int line, col;
+  di_text_line_col(p->s, p->n, at, &line, &col);
+  char w[48];
+  snprintf(w, sizeof w, "line %d, column %d", line, col);
+  di_status st = DI_OK;
+  if (lazy)
+    st = di_rule_ops_push(&p->ops, DI_ROP_LAZY, r, &r, 1, -1, w);
+  if (st == DI_OK && max_chars >= 0)
+    st = di_rule_ops_push(&p->ops, DI_ROP_CHARS, r, &r, 1, max_chars, w);
+  if (st == DI_OK && max_tokens > 0) /* last: it bounds the rule's final language */
+    st = di_rule_ops_push(&p->ops, DI_ROP_TOKENS, r, &r, 1, max_tokens, w);
+  return st;
+}
+
+
 
 static int note_ref(ep *p, int rule, size_t at) {
   if (rule >= p->cap_ref) {
@@ -175,7 +284,7 @@ static di_status parse_sequence(ep *p, di_gseq *seq, int nested) {
       size_t j = p->i;
       while (j < p->n && is_word(p->s[j]))
         j++;
-      size_t k = j;
+      size_t k = attrs_end(p, j);
       while (k < p->n && (p->s[k] == ' ' || p->s[k] == '\t'))
         k++;
       if (!nested && k + 2 < p->n && memcmp(p->s + k, "::=", 3) == 0)
@@ -301,12 +410,6 @@ di_status di_ebnf_compile(di_gb *b, const char *src, size_t len, const char *roo
     memcpy(name, p.s + p.i, j - p.i);
     name[j - p.i] = 0;
     p.i = j;
-    skip_space(&p, 0);
-    if (p.i + 3 > p.n || memcmp(p.s + p.i, "::=", 3) != 0) {
-      st = perr(&p, p.i, "expected '::=' after rule name%s", NULL);
-      break;
-    }
-    p.i += 3;
     int r = di_gb_rule(b, name);
     if (b->oom) {
       st = di_error_set(DI_ERR_OOM, "out of memory building the grammar");
@@ -316,6 +419,14 @@ di_status di_ebnf_compile(di_gb *b, const char *src, size_t len, const char *roo
       st = perr(&p, at, "rule '%s' defined twice", name);
       break;
     }
+    if (p.i < p.n && p.s[p.i] == '[' && (st = parse_attributes(&p, r, at)) != DI_OK)
+      break;
+    skip_space(&p, 0);
+    if (p.i + 3 > p.n || memcmp(p.s + p.i, "::=", 3) != 0) {
+      st = perr(&p, p.i, "expected '::=' after rule name%s", NULL);
+      break;
+    }
+    p.i += 3;
     skip_space(&p, 1);
     st = parse_alternates(&p, r, 0);
     if (st != DI_OK)
@@ -345,7 +456,10 @@ di_status di_ebnf_compile(di_gb *b, const char *src, size_t len, const char *roo
     if (root < 0)
       st = di_error_set(DI_ERR_FORMAT, "grammar: no '%s' rule at line 1, column 1", root_name);
   }
+  if (st == DI_OK)
+    st = di_rule_ops_run(b, &p.ops, "grammar");
   free(p.refpos);
+  di_rule_ops_free(&p.ops);
   DI_TRY(st);
   return di_gb_finish(b, root);
 }

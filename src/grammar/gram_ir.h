@@ -39,6 +39,17 @@ typedef struct di_grule {
    * left; -1 the copy with one token left (its stacks die at a token boundary). gram_rt.c's
    * di_grt_boundary applies this per accepted token. */
   int32_t tok_link;
+  /* > 0: the rule's language is one fixed language named by this number, whatever grammar holds it
+   * (the time formats' rules, json_formats.h), so language_key.c writes the number instead of
+   * describing the rule and what it reaches; 0 for every other rule. Whoever sets it must never
+   * change the rule's language afterwards. canon_minlen: its shortest string in bytes (or a lower
+   * bound), which language_key.c takes instead of computing it from the rule's parts. */
+  int32_t canon, canon_minlen;
+  /* 1: regular operations on rules that reach this one (regular_set.c: lazy, max_chars, max_tokens
+   * over rule copies) leave out the alternatives referring to it, its automaton being too large for
+   * their products (the leap seconds at non-zero offsets: what remains accepts less, never more); a
+   * complemented operand reaching it is an error instead. */
+  int32_t product_drop;
 } di_grule;
 
 /* The builder; also the compiled grammar's core once di_gb_finish() has flattened it. */

@@ -42,6 +42,7 @@ typedef struct {
   int compact;    /* > 0: inside a value laid out on one line under indent (any JSON, const / enum) */
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
   int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc;
+  int r_time; /* the time rule of the time formats, leap seconds included (json_formats.h), -1 until built */
   const char *escapes; /* x-guidance json_allowed_escapes: the letters allowed after a backslash, NULL = all */
   char why_empty[400]; /* the last reason a schema was found to admit nothing, for the error */
 } jc;
@@ -312,7 +313,7 @@ static void jc_init(jc *c, di_gb *b, const di_grammar_options *opt) {
   memset(c, 0, sizeof *c);
   c->b = b;
   c->opt = opt;
-  c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = c->r_ktail = c->r_kesc = -1;
+  c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = c->r_ktail = c->r_kesc = c->r_time = -1;
   c->ws.kind = -1;
   c->indent = opt ? opt->indent : 0;
   if (opt && opt->max_whitespace > 0) {
@@ -1084,10 +1085,13 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
   } else if (fre || pat) {
     int r = di_gb_new_rule(b, fre ? "format" : "pattern");
     const char *re = fre ? fre : pat->valuestring;
-    st = di_regex_compile_into(b, r, re, strlen(re), 1, fre ? 1 : 0);
+    if (fre)
+      st = di_json_format_compile(b, fmt->valuestring, fre, r, &c->r_time);
+    else if ((st = di_regex_compile_into(b, r, re, strlen(re), 1, 0)) != DI_OK)
+      st = di_error_wrap(st, "json schema: 'pattern' at %s", path);
     if (st != DI_OK) {
       di_gseq_free(&s);
-      return di_error_wrap(st, "json schema: 'pattern' at %s", path);
+      return st;
     }
     di_gseq_push(b, &s, rule_el(r));
   } else if (has_len) {

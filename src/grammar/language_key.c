@@ -16,14 +16,18 @@
  * farther than that. This is what lets the positions of a long counted string (x{0,1024}: every
  * remaining length its own rule chain) share one description once more characters remain than
  * the longest token has bytes. Distances are exact lower bounds, so two stacks with the same
- * description agree on every string of at most max_bytes bytes, hence on every token. */
+ * description agree on every string of at most max_bytes bytes, hence on every token. A rule whose
+ * language is fixed whatever grammar holds it (di_grule.canon: the time formats' 1,440-minute leap
+ * second trie, which a description of every position within a token's reach of a time would
+ * otherwise spell out) is written as CANON + its number, and what it reaches is not described. */
 #include "grammar/language_key.h"
 #include "util/grow.h"
 #include <stdlib.h>
 #include <string.h>
 
 enum { TAG_FRAME = 0xF0000001u, TAG_BOTTOM = 0xF0000002u, TAG_RULE = 0xF0000003u, TAG_CLASS = 0xF0000004u,
-       TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u, TAG_CLASS_ID = 0xF0000008u };
+       TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u, TAG_CLASS_ID = 0xF0000008u,
+       TAG_CANON = 0xF0000009u };
 enum { FAR_AWAY = 1 << 28 };
 
 static int put(di_language_key *k, uint32_t x, int max_words) {
@@ -35,16 +39,72 @@ static int put(di_language_key *k, uint32_t x, int max_words) {
 
 static int el_minlen(const di_language_key *k, di_gel e) { return e.kind == DI_GE_CLASS ? 1 : k->minlen[e.arg]; }
 
-/* Each rule's shortest string in bytes: relaxation from "infinite" until nothing changes (rules
- * usually refer to older rules, so a pass in index order nearly always settles it). Values are only
- * upper bounds until it has, so a grammar that does not settle within the pass budget gets 0 for
- * every rule: safe (distances are lower bounds), merely less shared. */
+/* Rules in DFS postorder over their references (a rule after the rules it refers to, but for the
+ * references that close a cycle), into order[]; rules of a fixed language (di_grule.canon) are left
+ * out, their length being given (the rules they refer to are still ordered, as roots of their own).
+ * Returns how many, -1 when memory ran out. */
+static int post_order(const di_gb *g, int32_t *order) {
+  typedef struct {
+    int32_t r, a, p; /* rule, its alternative, the element next */
+  } frame;
+  uint8_t *seen = calloc((size_t)g->n_rules + 1, 1);
+  frame *st = malloc(sizeof *st * ((size_t)g->n_rules + 1));
+  if (!seen || !st) {
+    free(seen);
+    free(st);
+    return -1;
+  }
+  int n = 0;
+  for (int root = 0; root < g->n_rules; root++) {
+    if (seen[root] || g->rules[root].canon) /* a fixed language: its length is given */
+      continue;
+    int sp = 0;
+    seen[root] = 1;
+    st[sp++] = (frame){root, g->rule_first[root], -1};
+    while (sp > 0) {
+      frame *f = &st[sp - 1];
+      if (f->a >= g->rule_first[f->r + 1]) { /* every alternative done */
+        order[n++] = f->r;
+        sp--;
+        continue;
+      }
+      f->p = f->p < 0 ? g->rule_alts[f->a] : f->p + 1;
+      di_gel e = g->flat[f->p];
+      if (e.kind == DI_GE_END) {
+        f->a++;
+        f->p = -1;
+      } else if (e.kind == DI_GE_RULE && !seen[e.arg] && !g->rules[e.arg].canon) {
+        seen[e.arg] = 1;
+        st[sp++] = (frame){e.arg, g->rule_first[e.arg], -1};
+      }
+    }
+  }
+  free(seen);
+  free(st);
+  return n;
+}
+
+/* Each rule's shortest string in bytes: relaxation from "infinite" until nothing changes, passes in
+ * reference postorder (post_order), so that a grammar without recursion settles in its first pass
+ * and the second only confirms it, whichever order the front-end created its rules in (index order
+ * took 8 passes on a JSON Schema grammar, whose value rules come before their parts'). Values are
+ * only upper bounds until it has, so a grammar that does not settle within the pass budget gets 0
+ * for every rule: safe (distances are lower bounds), merely less shared. */
 static void compute_minlen(di_language_key *k, const di_gb *g) {
-  for (int r = 0; r < g->n_rules; r++)
-    k->minlen[r] = FAR_AWAY;
+  for (int r = 0; r < g->n_rules; r++) /* a fixed language's length is given (di_grule.canon) */
+    k->minlen[r] = g->rules[r].canon ? g->rules[r].canon_minlen : FAR_AWAY;
+  int32_t *order = malloc(sizeof *order * ((size_t)g->n_rules + 1));
+  int n_order = order ? post_order(g, order) : -1;
+  if (n_order < 0) {
+    free(order);
+    order = NULL;
+  }
   for (int pass = 0;; pass++) {
     int changed = 0;
-    for (int r = 0; r < g->n_rules; r++)
+    for (int i = 0; i < (order ? n_order : g->n_rules); i++) {
+      int r = order ? order[i] : i;
+      if (!order && g->rules[r].canon)
+        continue;
       for (int a = g->rule_first[r]; a < g->rule_first[r + 1]; a++) {
         int len = 0;
         for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END && len < FAR_AWAY; p++)
@@ -56,13 +116,15 @@ static void compute_minlen(di_language_key *k, const di_gb *g) {
           changed = 1;
         }
       }
+    }
     if (!changed)
-      return;
+      break;
     if (pass == 64) {
       memset(k->minlen, 0, sizeof *k->minlen * (size_t)g->n_rules);
-      return;
+      break;
     }
   }
+  free(order);
 }
 
 /* The distance queue: (distance, order met) -> rule, a binary min-heap. */
@@ -187,6 +249,11 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *sto
     }
     k->best[it.rule] = -1; /* described */
     int r = it.rule;
+    if (g->rules[r].canon > 0) { /* a fixed language (di_grule.canon): its number says it all */
+      ok = put(k, TAG_RULE, max_words) && put(k, (uint32_t)k->local[r], max_words) && put(k, TAG_CANON, max_words) &&
+           put(k, (uint32_t)g->rules[r].canon, max_words);
+      continue;
+    }
     ok = put(k, TAG_RULE, max_words) && put(k, (uint32_t)k->local[r], max_words) &&
          put(k, (uint32_t)(g->rule_first[r + 1] - g->rule_first[r]), max_words);
     for (int a = g->rule_first[r]; ok && a < g->rule_first[r + 1]; a++)

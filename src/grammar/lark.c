@@ -21,6 +21,7 @@
 #include "grammar/gram_ir.h"
 #include "grammar/lark_param.h"
 #include "grammar/regular_set.h"
+#include "grammar/rule_ops.h"
 #include "grammar/rule_scc.h"
 #include "grammar/substring.h"
 #include "util/grow.h"
@@ -36,8 +37,7 @@ typedef struct {
   int ign_set;       /* the ignored alternatives */
   const char *prefix; /* names are prefixed in the built-in common library and in nested %lark grammars */
   const struct di_grammar_options *opt; /* for %json's schemas */
-  struct lark_op *ops; /* regular-language operations done after parsing (lark_ops below) */
-  int nops, cap_ops;
+  di_rule_ops ops; /* regular-language operations done after parsing (rule_ops.h) */
   /* parametric rules (lark_param.h): definitions `name::_` (their body's offset), instances queued
    * by references `name::EXPR` and parsed once per parameter value after the other definitions */
   struct lark_pdef { char name[256]; size_t body; } *pdefs;
@@ -54,16 +54,12 @@ typedef struct {
 
 #define LARK_MAX_INSTANCES 10000
 
-/* Operations on regular languages, done once every definition is parsed (operands may name
- * terminals defined later) with regular_set.c: a lazy rule (shortest matches: [lazy], and
- * [stop=X] / [suffix=X] on body X), a character bound ([max_chars=N]), and terminals' `A & B`
- * (intersection) and `~A` (complement). Each replaces its target rule's alternatives. */
-enum { OP_LAZY, OP_CHARS, OP_AND, OP_NOT, OP_TOKENS }; /* OP_TOKENS: max_tokens, k in max_chars */
-typedef struct lark_op {
-  int kind, target, k, max_chars;
-  int ops[DI_RLANG_MAX_OPERANDS];
-  size_t at; /* where it was written, for errors */
-} lark_op;
+/* Operations on regular languages (rule_ops.h), done once every definition is parsed (operands
+ * may name terminals defined later): a lazy rule (shortest matches: [lazy], and [stop=X] /
+ * [suffix=X] on body X), a character bound ([max_chars=N]), a token bound ([max_tokens=N]) and
+ * terminals' `A & B` (intersection) and `~A` (complement). */
+enum { OP_LAZY = DI_ROP_LAZY, OP_CHARS = DI_ROP_CHARS, OP_AND = DI_ROP_AND, OP_NOT = DI_ROP_NOT,
+       OP_TOKENS = DI_ROP_TOKENS };
 
 /* Lark's common.lark, the terminals `%import common.X` brings in (written in the dialect above). */
 static const char COMMON[] =
@@ -104,22 +100,17 @@ static di_status lerr(const lp *p, size_t at, const char *what) {
                       : p->prefix ? " (of the nested %lark grammar)" : "");
 }
 
-static di_status push_op(lp *p, int kind, int target, const int *ops, int k, int max_chars, size_t at) {
-  if (!di_grow((void **)&p->ops, &p->cap_ops, p->nops + 1, sizeof *p->ops, 8))
-    return di_error_set(DI_ERR_OOM, "out of memory");
-  lark_op *o = &p->ops[p->nops++];
-  memset(o, 0, sizeof *o);
-  o->kind = kind, o->target = target, o->k = k, o->max_chars = max_chars, o->at = at;
-  for (int i = 0; i < k; i++)
-    o->ops[i] = ops[i];
-  return DI_OK;
-}
-
 /* "line L, column C" of offset `at` into buf */
 static void where(const lp *p, size_t at, char *buf, size_t cap) {
   int line, col;
   di_text_line_col(p->s, p->n, at, &line, &col);
   snprintf(buf, cap, "line %d, column %d", line, col);
+}
+
+static di_status push_op(lp *p, int kind, int target, const int *ops, int k, int n, size_t at) {
+  char w[48];
+  where(p, at, w, sizeof w);
+  return di_rule_ops_push(&p->ops, kind, target, ops, k, n, w);
 }
 
 /* Skips blanks and // comments; newlines too when `nl` (inside brackets, or before a `|`). */
@@ -1233,86 +1224,6 @@ done:
   return st;
 }
 
-/* Rules reachable from rule r (r included) get stamp[x] == mark. */
-static void mark_reachable(const di_gb *b, int r, int *stamp, int mark, int *queue) {
-  int qh = 0, qt = 0;
-  queue[qt++] = r;
-  stamp[r] = mark;
-  while (qh < qt) {
-    const di_grule *R = &b->rules[queue[qh++]];
-    for (int k = 0; k < R->n_els; k++)
-      if (R->els[k].kind == DI_GE_RULE && stamp[R->els[k].arg] != mark) {
-        stamp[R->els[k].arg] = mark;
-        queue[qt++] = R->els[k].arg;
-      }
-  }
-}
-
-/* The deferred operations (lark_op), each once the operations its operands reach are done (for
- * one target, in the order written: lazy before max_chars). Terminal cycles are errors by now,
- * so some operation is always ready. */
-static di_status run_ops(lp *p) {
-  di_gb *b = p->b;
-  if (p->nops == 0)
-    return DI_OK;
-  char *done = calloc((size_t)p->nops, 1);
-  int *stamp = NULL, *queue = NULL;
-  int left = p->nops, mark = 0, cap = 0;
-  di_status st = done ? DI_OK : di_error_set(DI_ERR_OOM, "out of memory");
-  while (st == DI_OK && left > 0) {
-    int progressed = 0;
-    for (int i = 0; i < p->nops && st == DI_OK; i++) {
-      if (done[i])
-        continue;
-      const lark_op *o = &p->ops[i];
-      if (b->n_rules > cap) { /* operations add rules: the stamps grow with them */
-        int nc = b->n_rules * 2;
-        int *ns = realloc(stamp, sizeof(int) * (size_t)nc), *nq = ns ? realloc(queue, sizeof(int) * (size_t)nc) : NULL;
-        if (ns)
-          stamp = ns;
-        if (!ns || !nq) {
-          st = di_error_set(DI_ERR_OOM, "out of memory");
-          break;
-        }
-        queue = nq;
-        memset(stamp + cap, 0, sizeof(int) * (size_t)(nc - cap));
-        cap = nc;
-      }
-      int blocked = 0; /* a pending operation's target reachable from an operand */
-      for (int k = 0; k < o->k && !blocked; k++) {
-        mark_reachable(b, o->ops[k], stamp, ++mark, queue);
-        for (int j = 0; j < p->nops && !blocked; j++)
-          blocked = !done[j] && j != i && stamp[p->ops[j].target] == mark &&
-                    (p->ops[j].target != o->target || j < i);
-      }
-      if (blocked)
-        continue;
-      char w[64], what[400];
-      where(p, o->at, w, sizeof w);
-      if (o->kind == OP_LAZY || o->kind == OP_CHARS || o->kind == OP_TOKENS)
-        snprintf(what, sizeof what, "lark grammar: rule '%.200s' (%s)", b->rules[o->target].name, w);
-      else
-        snprintf(what, sizeof what, "lark grammar: the %s at %s", o->kind == OP_AND ? "'&'" : "'~'", w);
-      if (o->kind == OP_LAZY)
-        st = di_rlang_make_lazy(b, o->target, what);
-      else if (o->kind == OP_CHARS)
-        st = di_rlang_bound_chars(b, o->target, o->max_chars, what);
-      else if (o->kind == OP_TOKENS)
-        st = di_rlang_bound_tokens(b, o->target, o->max_chars, what);
-      else if (o->kind == OP_AND)
-        st = di_rlang_combine(b, o->target, o->ops, o->k, (1u << o->k) - 1, 0, what);
-      else
-        st = di_rlang_combine(b, o->target, o->ops, 1, 0, 1, what);
-      done[i] = 1, left--, progressed = 1;
-    }
-    if (st == DI_OK && !progressed)
-      st = di_error_set(DI_ERR_FORMAT, "lark grammar: lazy / max_chars / max_tokens / '&' / '~' operations depend on each other "
-                        "in a cycle");
-  }
-  free(done), free(stamp), free(queue);
-  return st;
-}
-
 static int has_ignore_statement(const char *s, size_t n) {
   for (size_t i = 0; i + 7 <= n; i++)
     if (memcmp(s + i, "%ignore", 7) == 0 && (i == 0 || s[i - 1] == '\n' || s[i - 1] == ' ' || s[i - 1] == '\t'))
@@ -1367,8 +1278,8 @@ static di_status compile_grammar(lp *p, lp *parent, int *root) {
       pst = di_error_set(DI_ERR_FORMAT, "lark grammar: no 'start' rule");
   }
   if (parent) {
-    for (int i = 0; i < p->nops && pst == DI_OK; i++) /* positions are the %lark's, in the parent */
-      pst = push_op(parent, p->ops[i].kind, p->ops[i].target, p->ops[i].ops, p->ops[i].k, p->ops[i].max_chars,
+    for (int i = 0; i < p->ops.n && pst == DI_OK; i++) /* positions are the %lark's, in the parent */
+      pst = push_op(parent, p->ops.v[i].kind, p->ops.v[i].target, p->ops.v[i].ops, p->ops.v[i].k, p->ops.v[i].n,
                     parent->i);
   } else {
     if (pst == DI_OK)
@@ -1376,10 +1287,9 @@ static di_status compile_grammar(lp *p, lp *parent, int *root) {
     if (pst == DI_OK)
       pst = remove_direct_left_recursion(b);
     if (pst == DI_OK)
-      pst = run_ops(p);
+      pst = di_rule_ops_run(b, &p->ops, "lark grammar");
   }
-  free(p->ops);
-  p->ops = NULL;
+  di_rule_ops_free(&p->ops);
   DI_TRY(pst);
   *root = di_gb_new_rule(b, "lark_root");
   di_gel els[2] = {{DI_GE_RULE, start}, {DI_GE_RULE, p->ign}};

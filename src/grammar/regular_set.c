@@ -11,6 +11,7 @@
  * Canonically escaped text (what json_string regexes emit) has no surrogate pairs, so this is
  * exact for it. */
 #include "grammar/regular_set.h"
+#include "grammar/rule_scc.h"
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/gram_rt.h"
@@ -488,8 +489,10 @@ di_status di_rlang_emit(di_gb *b, const di_rlang_product *p, int *rule) {
 }
 
 /* ---- lazy rules ------------------------------------------------------------------------------ */
-/* Copies the rules reachable from r in b into g (a fresh builder); *root = r's copy. */
-static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
+/* Copies the rules reachable from r in b into g (a fresh builder); *root = r's copy. Alternatives
+ * referring to a product_drop rule are left out when may_drop (an operand taken as it is), an error
+ * otherwise (a complemented operand would then take more). */
+static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root, int may_drop) {
   int *map = malloc(sizeof(int) * (size_t)b->n_rules), *stack = malloc(sizeof(int) * (size_t)b->n_rules);
   if (!map || !stack) {
     free(map), free(stack);
@@ -516,6 +519,16 @@ static di_status copy_reachable(const di_gb *b, int r, di_gb *g, int *root) {
     }
     di_gb_mark_defined(g, map[x]); /* (no-op after an allocation failure: g->rules may be NULL) */
     for (int a = 0; a < R->n_alts && st == DI_OK; a++) {
+      int dropped = 0;
+      for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++)
+        dropped |= R->els[k].kind == DI_GE_RULE && b->rules[R->els[k].arg].product_drop;
+      if (dropped && !may_drop) {
+        st = di_error_set(DI_ERR_UNSUPPORTED, "a complement cannot take a time format's leap seconds (their "
+                          "automaton is too large)");
+        break;
+      }
+      if (dropped)
+        continue;
       q.n = 0;
       for (int k = R->alt_off[a]; k < R->alt_off[a + 1]; k++) {
         di_gel e = R->els[k];
@@ -552,7 +565,7 @@ static di_status apply_product(di_gb *b, int target, const int *ops, int k, cons
     di_gb g;
     di_gb_init(&g, b->max_els);
     int root = -1;
-    st = copy_reachable(b, ops[i], &g, &root);
+    st = copy_reachable(b, ops[i], &g, &root, !((shape->out >> i) & 1));
     if (st == DI_OK)
       st = di_rlang_from_builder(&g, root, &langs[i]);
     else
@@ -582,9 +595,69 @@ static di_status apply_product(di_gb *b, int target, const int *ops, int k, cons
   return di_gb_add_alt(b, target, &e, 1);
 }
 
+/* 1 when the rules reachable from r are right-linear within their cycles (every reference to a rule
+ * of the referring rule's own strongly connected component is an alternative's last element), so
+ * the language is regular; 0 when not, -1 out of memory. Without it a product over a recursive rule
+ * would explore ever deeper stacks up to its state budget (minutes: found by fuzzing EBNF
+ * attributes). Not for max_chars, whose bound makes any rule finite. */
+static int right_linear(const di_gb *b, int r, int *bad) {
+  int n = b->n_rules, *map = malloc(sizeof(int) * (size_t)n), *list = malloc(sizeof(int) * (size_t)n);
+  int *off = NULL, *to = NULL, *comp = NULL, m = 0, ne = 0, res = -1;
+  if (!map || !list)
+    goto out;
+  for (int i = 0; i < n; i++)
+    map[i] = -1;
+  map[r] = m, list[m++] = r;
+  for (int q = 0; q < m; q++) /* the reachable rules, and their references counted */
+    for (int k = 0; k < b->rules[list[q]].n_els; k++) {
+      di_gel e = b->rules[list[q]].els[k];
+      if (e.kind == DI_GE_RULE) {
+        ne++;
+        if (map[e.arg] < 0)
+          map[e.arg] = m, list[m++] = e.arg;
+      }
+    }
+  off = malloc(sizeof(int) * (size_t)(m + 1)), to = calloc((size_t)ne + 1, sizeof(int));
+  comp = malloc(sizeof(int) * (size_t)(m + 1));
+  if (!off || !to || !comp)
+    goto out;
+  ne = 0;
+  for (int q = 0; q < m; q++) {
+    off[q] = ne;
+    for (int k = 0; k < b->rules[list[q]].n_els; k++)
+      if (b->rules[list[q]].els[k].kind == DI_GE_RULE)
+        to[ne++] = map[b->rules[list[q]].els[k].arg];
+  }
+  off[m] = ne;
+  if (di_rule_scc(m, off, to, comp, NULL) != DI_OK)
+    goto out;
+  res = 1;
+  for (int q = 0; q < m && res; q++) {
+    const di_grule *R = &b->rules[list[q]];
+    for (int a = 0; a < R->n_alts && res; a++)
+      for (int k = R->alt_off[a]; k < R->alt_off[a + 1] - 1 && res; k++) /* all but the last element */
+        if (R->els[k].kind == DI_GE_RULE && comp[map[R->els[k].arg]] == comp[q])
+          res = 0, *bad = list[q];
+  }
+out:
+  free(map), free(list), free(off), free(to), free(comp);
+  return res;
+}
+
+static di_status check_regular(const di_gb *b, int r, const char *what, const char *needs) {
+  int bad = r, lin = right_linear(b, r, &bad);
+  if (lin < 0)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  return lin ? DI_OK
+             : di_error_set(DI_ERR_UNSUPPORTED, "%s: %s: rule '%s' refers to its own cycle before its end", what, needs,
+                            b->rules[bad].name);
+}
+
 di_status di_rlang_make_lazy(di_gb *b, int r, const char *what) {
+  static const char needs[] = "a lazy rule must be regular (no recursion but repetition)";
+  DI_TRY(check_regular(b, r, what, needs));
   di_rlang_product shape = {.in = 1, .max_chars = -1, .shortest = 1};
-  return apply_product(b, r, &r, 1, &shape, what, "a lazy rule must be regular (no recursion but repetition)");
+  return apply_product(b, r, &r, 1, &shape, what, needs);
 }
 
 di_status di_rlang_bound_chars(di_gb *b, int r, int max_chars, const char *what) {
@@ -596,11 +669,16 @@ di_status di_rlang_bound_chars(di_gb *b, int r, int max_chars, const char *what)
 di_status di_rlang_bound_tokens(di_gb *b, int r, int max_tokens, const char *what) {
   if (max_tokens < 1 || max_tokens > DI_RLANG_MAX_TOKENS)
     return di_error_set(DI_ERR_UNSUPPORTED, "%s: max_tokens is a count from 1 to %d", what, DI_RLANG_MAX_TOKENS);
+  static const char needs[] = "max_tokens needs a regular rule (no recursion but repetition)";
+  DI_TRY(check_regular(b, r, what, needs));
   di_rlang_product shape = {.in = 1, .max_chars = -1, .token_copies = max_tokens};
-  return apply_product(b, r, &r, 1, &shape, what, "max_tokens needs a regular rule (no recursion but repetition)");
+  return apply_product(b, r, &r, 1, &shape, what, needs);
 }
 
 di_status di_rlang_combine(di_gb *b, int target, const int *ops, int k, unsigned in, unsigned out, const char *what) {
+  static const char needs[] = "the operands must be regular (terminals are)";
+  for (int i = 0; i < k && i < DI_RLANG_MAX_OPERANDS; i++)
+    DI_TRY(check_regular(b, ops[i], what, needs));
   di_rlang_product shape = {.in = in, .out = out, .max_chars = -1};
-  return apply_product(b, target, ops, k, &shape, what, "the operands must be regular (terminals are)");
+  return apply_product(b, target, ops, k, &shape, what, needs);
 }

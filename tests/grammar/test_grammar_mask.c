@@ -40,7 +40,10 @@ static void build_vocab(void) {
                                 "1.5", "e+", ".0", "\\n", "\\\"", "\\u00", "é", "\xc3", "\xa9", "日本", "\xe6\x97",
                                 " ", "  ", "\n", ", ", ": ", "abc", "ab", "a", "b", "c", "x", "2024", "-01", "-15",
                                 "T12", ":30", ":00Z", "@", ".com", "foo", "bar", "\"foo\"", "\"bar\"", "+", "(", ")",
-                                "1+2", "()", "((", "))", "ws", "\"tags\":[", "\"x\"]", "[\"", "\"]"};
+                                "1+2", "()", "((", "))", "ws", "\"tags\":[", "\"x\"]", "[\"", "\"]",
+                                /* leap seconds: tokens reaching from the seconds into the offset */
+                                ":60-08:", "60-08:0", "0-08:01", ":60+16", "-08:00\"", "-08:01\"", "15:5", "9:60", "9:60-08",
+                                "9:60-09"};
   for (size_t i = 0; i < sizeof frags / sizeof frags[0]; i++)
     add_tok(frags[i], strlen(frags[i]));
   static const char alpha[] = "{}[]\":,0123456789-.eE+abcdefnrtulsx \\\n@T:Z";
@@ -182,6 +185,81 @@ static void shared_classifications(void) {
   CHECKF(hits2 - hits > (lookups2 - lookups) / 2, "the same schema compiled again: %ld hits of %ld lookups",
          hits2 - hits, lookups2 - lookups);
   fprintf(stderr, "shared classifications: %ld hits of %ld lookups\n", hits2, lookups2);
+  di_grammar_vocab_free(v);
+}
+
+/* Leap seconds (json_formats.c's trie, whose rules language_key.c describes by number: di_grule.canon):
+ * documents fed one byte token at a time through leap seconds in several offsets, every mask against
+ * brute force, the grammar compiled afresh each round so later rounds take shared classifications
+ * (the numbered rules' keys) from the earlier ones. */
+static int mask_vs_brute(di_grammar_matcher *m, const char *name, int step) {
+  uint32_t mask[(NV + 31) / 32];
+  CHECK(di_grammar_matcher_fill_mask(m, mask) == DI_OK);
+  int bad = 0;
+  for (int id = 0; id < NV; id++) {
+    int ok;
+    if (id == STOP)
+      ok = di_grammar_matcher_can_end(m);
+    else if ((ok = di_grammar_matcher_accept_token(m, id) == DI_OK))
+      CHECK(di_grammar_matcher_rollback(m, 1) == DI_OK);
+    if (allowed(mask, id) != ok && bad++ < 3)
+      fprintf(stderr, "%s: step %d token %d '%s': mask %d, brute force %d\n", name, step, id, toks[id],
+              allowed(mask, id), ok);
+  }
+  return bad;
+}
+
+static void leap_seconds(void) {
+  di_grammar_vocab *v = make_vocab();
+  if (!v)
+    return;
+  di_grammar_options opt = {0};
+  opt.no_cache = 1;
+  static const char schema[] = "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"format\":\"time\"},"
+                               "{\"type\":\"string\",\"format\":\"date-time\"}]},\"maxItems\":3}";
+  /* a second grammar around the same time rule (a pattern's rules built first, which the time
+   * regex may reuse): its classifications must agree with the first's wherever they are shared */
+  static const char schema2[] = "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"string\",\"pattern\":"
+                                "\"^[0-5][0-9]:$\"},\"t\":{\"type\":\"string\",\"format\":\"time\"}}}";
+  static const char *const docs2[] = {"{\"p\":\"59:\",\"t\":\"15:59:60-08:00\"}", "{\"t\":\"14:59:60-09:00\"}"};
+  static const char *const docs[] = {
+      "[\"15:59:60-08:00\",\"23:59:60Z\"]", "[\"00:29:60.25-23:30\",\"1990-12-31T22:59:60+23:00\"]",
+      "[\"2016-12-31T23:59:60+00:00\",\"12:00:60+12:01\",\"01:29:60+01:30\"]", "[\"15:59:59+15:00\"]",
+      /* neighbouring local minutes: their offsets differ in the last digit only */
+      "[\"15:58:60-08:01\",\"15:59:60-08:00\",\"15:58:60+15:59\"]",
+      /* the same minute in another hour (a key that dropped the hour would share them) */
+      "[\"14:59:60-09:00\",\"15:59:60+16:00\"]"};
+  long hits0 = 0, lookups0 = 0;
+  di_ci_shared_stats(v->shared_ci, &hits0, &lookups0);
+  int bad = 0, steps = 0;
+  const size_t n1 = sizeof docs / sizeof docs[0], n2 = sizeof docs2 / sizeof docs2[0];
+  for (int round = 0; round < 2; round++)
+    for (size_t d = 0; d < n1 + n2; d++) {
+      const char *src = d < n1 ? schema : schema2;
+      di_grammar *g = NULL;
+      CHECKF(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, strlen(src), &opt, &g) == DI_OK, "%s", di_last_error());
+      if (!g)
+        continue;
+      di_grammar_matcher *m = NULL;
+      CHECK(di_grammar_matcher_create(g, v, &m) == DI_OK);
+      const char *doc = d < n1 ? docs[d] : docs2[d - n1];
+      for (size_t i = 0; m && doc[i]; i++, steps++) {
+        bad += mask_vs_brute(m, "leap-seconds", (int)i);
+        CHECKF(di_grammar_matcher_accept_token(m, (unsigned char)doc[i]) == DI_OK, "leap seconds: '%s' at %zu", doc,
+               i);
+      }
+      if (m) {
+        bad += mask_vs_brute(m, "leap-seconds-end", steps);
+        CHECK(di_grammar_matcher_can_end(m));
+      }
+      di_grammar_matcher_free(m);
+      di_grammar_free(g);
+    }
+  long hits = 0, lookups = 0;
+  di_ci_shared_stats(v->shared_ci, &hits, &lookups);
+  CHECKF(bad == 0, "leap seconds: %d mask mismatches", bad);
+  CHECKF(hits - hits0 > 0, "leap seconds: no shared classification reused (%ld lookups)", lookups - lookups0);
+  fprintf(stderr, "leap seconds: %d steps, shared %ld hits of %ld lookups\n", steps, hits - hits0, lookups - lookups0);
   di_grammar_vocab_free(v);
 }
 
@@ -363,6 +441,7 @@ int main(void) {
   threads();
   walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);
   shared_classifications();
+  leap_seconds();
   walk("schema", DI_GRAMMAR_JSON_SCHEMA,
        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"age\":{\"type\":\"integer\","
        "\"minimum\":-5,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\",\"foo\"]}},\"when\":{"
@@ -393,6 +472,13 @@ int main(void) {
        "start: head \":\" tail\nhead[max_tokens=1, max_chars=4]: /[a-z\"]*/\ntail[lazy, max_tokens=2]: /[a-z]+x/\n", 30,
        12);
   walk("lark-max-tokens-ref", DI_GRAMMAR_LARK, "start: <[5]> r\nr[max_tokens=2]: /[a-c0-9]+/\n", 30, 8);
+  /* XGrammar's EBNF rule attributes (rule_ops.h, shared with Lark): a token bound on a rule reference
+   * beside a shared sub-rule, lazy + max_tokens, max_chars */
+  walk("ebnf-attributes", DI_GRAMMAR_EBNF,
+       "root ::= a \" \" b (\",\" c)*\na[max_tokens=2] ::= sub\nb ::= sub\nsub ::= [a-z] sub | [a-z]\n"
+       "c[lazy, max_tokens=3] ::= [0-9] [0-9a-z]* \"x\"\n",
+       30, 12);
+  walk("ebnf-max-chars", DI_GRAMMAR_EBNF, "root ::= \"<\" r \">\" r\nr[max_chars=4] ::= [a-z\"]*\n", 30, 8);
   /* token references: ids 5 and 9 by id (5 may have no bytes), any token but 9 between them, text after */
   walk("token-refs", DI_GRAMMAR_EBNF, "root ::= <[5]> (!<[9]>){0,6} <[9]> [a-z]*\n", 30, 12);
   for (int i = 0; i < n_tok; i++)

@@ -482,6 +482,9 @@ int main(void) {
                         "r[suffix=\",\", max_chars=4]: /[ab]*/\n"
                         "p::_ : \"a\" p::set_bit(0) %if bit_clear(0) | \"\"\n"
                         "N: /[ab:]+/ & ~\"ba\"\n", 0},
+      /* the time formats' leap-second trie (shared by both) and a date */
+      {DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"array\", \"prefixItems\": [{\"type\": \"string\", \"format\": \"time\"},"
+                               " {\"type\": \"string\", \"format\": \"date-time\"}]}", 0},
       /* max_tokens: the copies, the boundary map and its per-state memo */
       {DI_GRAMMAR_LARK, "start: \"{\" r (\",\" r)* \"}\"\nr[max_tokens=2, suffix=\";\"]: /[ab]+/\n", 0},
   };
