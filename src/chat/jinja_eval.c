@@ -146,6 +146,9 @@ static di_status type_err(jj_ctx *c, const jnode *at, int op, jv a, jv b) {
 
 static di_status repeat(jj_ctx *c, const jnode *at, jv seq, int64_t times, jv *out) {
   if (times < 0) times = 0;
+  /* an empty sequence repeats to itself: without this the copy loops ran `times` (up to 2^63)
+   * empty iterations (fuzz finding crash-chat_template-bdeb4d673c66fe17: '' * 2 * 4 * 2 * 5e13) */
+  if ((seq.kind == JV_STR ? seq.u.s.n : seq.u.l->n) == 0) times = 0;
   if (seq.kind == JV_STR) {
     if (seq.u.s.n && (uint64_t)times > (64u << 20) / seq.u.s.n) return oom(c, at);
     size_t n = seq.u.s.n * (size_t)times;

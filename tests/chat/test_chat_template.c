@@ -242,6 +242,8 @@ static void test_errors(void) {
   expect_error("{{ '%*d' % (-1099511627776, 1) }}", DI_ERR_INVALID_ARG, "width or precision too large");
   expect_error("{{ '%.*f' % (1099511627776, 1.5) }}", DI_ERR_INVALID_ARG, "width or precision too large");
   expect_render("{{ '%5d|%.2f|%*d' % (7, 1.234, 3, 4) }}", "    7|1.23|  4");
+  /* an empty string or list times a huge count is empty at once (fuzz finding: it looped 5e13 times) */
+  expect_render("{{ ('' * 49999999999999) ~ '|' ~ ([] * 49999999999999) | length }}", "|0");
   expect_error("{{ '%s' % (1, 2) }}", DI_ERR_INVALID_ARG, "not all arguments converted");
   expect_error("{{ '%y' % 1 }}", DI_ERR_INVALID_ARG, "unsupported format character 'y'");
   expect_error("{{ 'a'.format(1) }}", DI_ERR_UNSUPPORTED, "the method str.format");
