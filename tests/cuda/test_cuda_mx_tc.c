@@ -11,15 +11,23 @@
  * - bit for bit: each tile size (8, 16, 32, 64 slots) gives the same act and y, and the last token's slots alone
  *   (a step of one token) the same as inside the batch (batch-invariant); the shared expert's and unused slots'
  *   rows stay untouched.
+ * - the whole backend (cuda_deepseek_v4.cu's moe() hook) on a random V4-Flash-shaped model, 4 layers, 4 experts
+ *   top-2, native weights, prompts of 70 and 9 tokens in one step: logits with DEEPINFER_CUDA_V4_MX_TC=2 against
+ *   the CUDA-core experts (=0) within rel L2 2e-2 (test_cuda_v4_kernels' bound for native vs bf16) and not equal
+ *   (the form was taken).
  * `--time`: the kernels at V4-Flash's 256 experts (and the benchmark model's 32) top-6, hidden 4096 x 2048, against
  * the CUDA-core MXFP4 kernels, with the MXFP4 and bf16 rooflines (4.8 TB/s, 989 TFLOP/s dense bf16).
  * Built only with nvcc; run on the device. */
 #define CUT_RNG_SEED 0x5eed18f4a11ull
 #include "cuda_test_rand.h"
+#include "arch/deepseek_v4_random.h"
+#include "arch/deepseek_v4_shapes.h"
+#include "backend/cuda/cuda_v4_backend.h"
 #include "backend/cuda/cuda_v4_kernels.h"
 #include "backend/cuda/cuda_v4_mxtc.h"
 #include "model/weights.h"
 #include "test_util.h"
+#include "v4_one_seq.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -244,6 +252,63 @@ static void check(int D, int I, int E, int topk, int T, int every, int smin, int
   mx_free(&m1); mx_free(&m3); mx_free(&m2);
 }
 
+/* ---- the backend's hook ---- */
+static int run_prompt(di_backend *be, int T, float *logits) {
+  int32_t tok[128], table[4] = {0, 1, 2, 3};
+  for (int t = 0; t < T; t++) tok[t] = (t * 7919) % 4096;
+  v4_one_seq o;
+  di_status st = v4_one_seq_init(&o, tok, T, 0, 1, table, 4, 0, NULL, NULL, 1) ? DI_OK : DI_ERR_OOM;
+  if (st == DI_OK) st = be->ops->kv_alloc(be, 8);
+  if (st == DI_OK) st = be->ops->submit(be, &o.b);
+  if (st == DI_OK) st = be->ops->wait(be, logits, NULL);
+  CHECKF(st == DI_OK, "random V4-Flash model step: %s", di_last_error());
+  be->ops->release(be, 1);
+  v4_one_seq_free(&o);
+  return st == DI_OK;
+}
+static void check_model(void) {
+  di_v4_config mc;
+  di_v4_flash_shape(&mc, 4, 4);
+  mc.vocab_size = 4096;
+  mc.top_k = 2;
+  di_v4_random_model rm;
+  CHECK(di_v4_random_model_init(&rm, &mc, 1, 7) == DI_OK);
+  di_model_config cfg0;
+  memset(&cfg0, 0, sizeof cfg0);
+  static const int Ts[2] = {70, 9};
+  const int V = mc.vocab_size;
+  setenv("DEEPINFER_CUDA_V4_NATIVE", "1", 1);
+  for (int k = 0; k < 2; k++) {
+    const int T = Ts[k];
+    float *lg[2];
+    int ok = 1;
+    for (int on = 0; on < 2; on++) {
+      setenv("DEEPINFER_CUDA_V4_MX_TC", on ? "2" : "0", 1);
+      di_backend *be = NULL;
+      lg[on] = calloc((size_t)T * V, sizeof(float));
+      di_status st = di_backend_cuda_v4_create(&cfg0, &rm.c, &rm.w, &be);
+      CHECKF(st == DI_OK, "random V4-Flash model (mx tc %d): %s", on, di_last_error());
+      ok = ok && st == DI_OK && run_prompt(be, T, lg[on]);
+      if (be) be->ops->destroy(be);
+    }
+    if (ok) {
+      const double e = test_rel_l2(lg[1], lg[0], (size_t)T * V);
+      int finite = 1, agree = 0;
+      for (size_t i = 0; i < (size_t)T * V; i++) finite &= isfinite(lg[1][i]) != 0;
+      for (int t = 0; t < T; t++) agree += test_argmax(lg[1] + (size_t)t * V, V) == test_argmax(lg[0] + (size_t)t * V, V);
+      printf("model: V4-Flash shapes, 4 layers, native, %d tokens: MXFP4 tensor-core experts vs CUDA-core ones: logits rel "
+             "L2 %.2e, top-1 agreement %d / %d\n", T, e, agree, T);
+      CHECKF(finite && e < 2e-2 && e > 0, "model, %d tokens: tensor-core vs CUDA-core experts rel L2 %.3e (finite %d)", T, e,
+             finite);
+    }
+    free(lg[0]);
+    free(lg[1]);
+  }
+  unsetenv("DEEPINFER_CUDA_V4_MX_TC");
+  unsetenv("DEEPINFER_CUDA_V4_NATIVE");
+  di_v4_random_model_free(&rm);
+}
+
 /* ---- timing ---- */
 static void fill_dev(void *d, size_t bytes, int smin, int smax) {
   const size_t chunk = (size_t)64 << 20;
@@ -327,6 +392,7 @@ int main(int argc, char **argv) {
     check(4000, 992, 5, 3, 37, 1, 100, 135, "partial K and rows");
     check(4096, 2048, 8, 6, 13, 1, 118, 122, "V4-Flash decode");
     check(4096, 2048, 8, 6, 300, 23, 118, 122, "V4-Flash prefill");
+    check_model();
   }
   if (do_time) {
     static const int Ts[] = {1, 4, 16, 64, 256, 1024, 4096};
