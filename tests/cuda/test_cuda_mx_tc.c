@@ -8,6 +8,8 @@
  * - down (y, float): rel L2 < 1e-5 against float64 sums over the kernel's own bf16 act (fp32 accumulation);
  * - against the CUDA-core kernels (float32 activations, di_v4k_expert_up_mx / _down_mx): rel L2 < 2e-2 (what
  *   rounding the activations to bf16 costs; printed);
+ * - both forms (di_v4k_mx_tc_form 1, the default, and 0: other K orders inside the tensor cores) each so, and
+ *   printed how far apart they are;
  * - bit for bit: each tile size (8, 16, 32, 64 slots) gives the same act and y, and the last token's slots alone
  *   (a step of one token) the same as inside the batch (batch-invariant); the shared expert's and unused slots'
  *   rows stay untouched.
@@ -113,7 +115,7 @@ static int32_t *route(int T, int ns, int E) {
 }
 
 /* one step through the pieces (tile size bt; 0: the form's pick) or the combined entry (combined = 1):
- * act (bf16, T * ns * I) and y (T * ns * D) back on the host */
+ * act (bf16, T * ns * I, back in natural order) and y (T * ns * D) back on the host */
 typedef struct step_out { uint16_t *act; float *y; } step_out;
 static step_out run_tc(const float *x, const int32_t *ids, int T, int ns, int E, const mxstack *m1, const mxstack *m3,
                        const mxstack *m2, float lim, int bt, int combined) {
@@ -137,7 +139,7 @@ static step_out run_tc(const float *x, const int32_t *ids, int T, int ns, int E,
     uint16_t *xb = zeros_dev(2 * (size_t)T * D);
     int32_t *tl = zeros_dev(4 * (1 + 3 * (size_t)mt));
     const int32_t *perm = t8 + 1 + 3 * (size_t)mt8;
-    CHECK(di_v4k_rows_to_bf16(dx, T * D, xb, NULL) == DI_OK);
+    CHECK(di_v4k_mx_tc_acts(dx, T * D, xb, NULL) == DI_OK);
     CHECK(di_v4k_mx_tc_tiles(t8, T, ns, E1, E, b, tl, NULL) == DI_OK);
     CHECKF(di_v4k_mx_tc_up(xb, perm, tl, mt, b, m1->d, m3->d, T, ns, D, I, lim, dact, NULL) == DI_OK, "%s", di_last_error());
     CHECKF(di_v4k_mx_tc_down(dact, perm, tl, mt, b, m2->d, T, ns, D, I, dy, NULL) == DI_OK, "%s", di_last_error());
@@ -147,6 +149,13 @@ static step_out run_tc(const float *x, const int32_t *ids, int T, int ns, int E,
   di_v4k_mx_tc_tile(0);
   CHECK(di_cut_sync() == 0);
   o.act = from_dev(dact, 2 * (size_t)T * ns * I);
+  if (di_v4k_mx_tc_get_form() == 1) { /* stored as 0 4 1 5 2 6 3 7 in each 8 */
+    uint16_t *nat = malloc(2 * (size_t)T * ns * I);
+    for (size_t r = 0; r < (size_t)T * ns; r++)
+      for (int i = 0; i < I; i++) nat[r * I + i] = o.act[r * I + ((i & ~7) | (i & 3) << 1 | (i >> 2 & 1))];
+    free(o.act);
+    o.act = nat;
+  }
   o.y = from_dev(dy, 4 * (size_t)T * ns * D);
   di_cut_free(dx); di_cut_free(dids); di_cut_free(t8); di_cut_free(dact); di_cut_free(dy);
   return o;
@@ -157,8 +166,54 @@ static double swiglu_d(double g, double u, double lim) {
   return gv / (1 + exp(-gv)) * uv;
 }
 
+/* form's outputs against float64 (up: on the weights and bf16-rounded x; down: on the form's own act), every
+ * `every`-th routed slot; skipped slots' rows must stay zero */
+typedef struct errs { double ea, ey; int checked, untouched; } errs;
+static errs ref_errors(const step_out *o, const float *x, const int32_t *ids, int T, int ns, int E, const mxstack *m1,
+                       const mxstack *m3, const mxstack *m2, float lim, int every) {
+  const int D = m1->C, I = m1->R;
+  double ea_n = 0, ea_d = 0, ey_n = 0, ey_d = 0;
+  errs r = {0, 0, 0, 1};
+  float *xr = malloc(4 * (size_t)D), *ar = malloc(4 * (size_t)I);
+  int routed = 0;
+  for (int ts = 0; ts < T * ns; ts++) {
+    const int e = ids[ts];
+    if (e < 0 || e == E) {
+      for (int d = 0; d < D; d++) r.untouched &= o->y[(size_t)ts * D + d] == 0;
+      for (int i = 0; i < I; i++) r.untouched &= o->act[(size_t)ts * I + i] == 0;
+      continue;
+    }
+    if (routed++ % every) continue;
+    r.checked++;
+    const float *xt = x + (size_t)(ts / ns) * D;
+    for (int k = 0; k < D; k++) xr[k] = di_bf16_to_f32(di_f32_to_bf16(xt[k]));
+    for (int i = 0; i < I; i++) {
+      const float *g = m1->deq + ((size_t)e * I + i) * D, *u = m3->deq + ((size_t)e * I + i) * D;
+      double sg = 0, su = 0;
+      for (int k = 0; k < D; k++) sg += (double)g[k] * xr[k], su += (double)u[k] * xr[k];
+      const double ref = swiglu_d(sg, su, lim), got = di_bf16_to_f32(o->act[(size_t)ts * I + i]);
+      ea_n += (got - ref) * (got - ref);
+      ea_d += ref * ref;
+    }
+    for (int i = 0; i < I; i++) ar[i] = di_bf16_to_f32(o->act[(size_t)ts * I + i]);
+    for (int d = 0; d < D; d++) {
+      const float *w = m2->deq + ((size_t)e * D + d) * I;
+      double sum = 0;
+      for (int i = 0; i < I; i++) sum += (double)w[i] * ar[i];
+      const double got = o->y[(size_t)ts * D + d];
+      ey_n += (got - sum) * (got - sum);
+      ey_d += sum * sum;
+    }
+  }
+  r.ea = sqrt(ea_n / (ea_d > 0 ? ea_d : 1));
+  r.ey = sqrt(ey_n / (ey_d > 0 ? ey_d : 1));
+  free(xr);
+  free(ar);
+  return r;
+}
+
 static void check(int D, int I, int E, int topk, int T, int every, int smin, int smax, const char *what) {
-  const int ns = topk + 1;
+  const int ns = topk + 1, E1 = E + 1;
   const float lim = 10;
   mxstack m1, m3, m2;
   mx_make(&m1, E, I, D, smin, smax);
@@ -167,49 +222,10 @@ static void check(int D, int I, int E, int topk, int T, int every, int smin, int
   float *x = malloc(4 * (size_t)T * D);
   for (size_t i = 0; i < (size_t)T * D; i++) x[i] = nrand() * 0.5f;
   int32_t *ids = route(T, ns, E);
-  const int E1 = E + 1;
   CHECKF(di_v4k_mx_tc_ok(m1.d, m3.d, m2.d, D, I), "%s: the form refuses D %d I %d", what, D, I);
-  step_out o = run_tc(x, ids, T, ns, E, &m1, &m3, &m2, lim, 0, 0);
-
-  /* float64 references on every `every`-th routed slot */
-  double ea_n = 0, ea_d = 0, ey_n = 0, ey_d = 0;
-  int checked = 0, untouched = 1;
-  double *ref = malloc(sizeof(double) * (size_t)(I > D ? I : D));
-  float *xr = malloc(4 * (size_t)D), *ar = malloc(4 * (size_t)I);
-  int routed = 0;
-  for (int ts = 0; ts < T * ns; ts++) {
-    const int e = ids[ts];
-    if (e < 0 || e == E) { /* untouched rows */
-      for (int d = 0; d < D; d++) untouched &= o.y[(size_t)ts * D + d] == 0;
-      for (int i = 0; i < I; i++) untouched &= o.act[(size_t)ts * I + i] == 0;
-      continue;
-    }
-    if (routed++ % every) continue;
-    checked++;
-    const float *xt = x + (size_t)(ts / ns) * D;
-    for (int k = 0; k < D; k++) xr[k] = di_bf16_to_f32(di_f32_to_bf16(xt[k]));
-    for (int i = 0; i < I; i++) {
-      const float *g = m1.deq + ((size_t)e * I + i) * D, *u = m3.deq + ((size_t)e * I + i) * D;
-      double sg = 0, su = 0;
-      for (int k = 0; k < D; k++) sg += (double)g[k] * xr[k], su += (double)u[k] * xr[k];
-      const double r = swiglu_d(sg, su, lim), got = di_bf16_to_f32(o.act[(size_t)ts * I + i]);
-      ea_n += (got - r) * (got - r);
-      ea_d += r * r;
-    }
-    for (int i = 0; i < I; i++) ar[i] = di_bf16_to_f32(o.act[(size_t)ts * I + i]);
-    for (int d = 0; d < D; d++) {
-      const float *w = m2.deq + ((size_t)e * D + d) * I;
-      double s = 0;
-      for (int i = 0; i < I; i++) s += (double)w[i] * ar[i];
-      const double got = o.y[(size_t)ts * D + d];
-      ey_n += (got - s) * (got - s);
-      ey_d += s * s;
-    }
-  }
-  const double ea = sqrt(ea_n / (ea_d > 0 ? ea_d : 1)), ey = sqrt(ey_n / (ey_d > 0 ? ey_d : 1));
 
   /* the CUDA-core kernels on the same step (float32 activations) */
-  double ecc = 0;
+  float *yc;
   {
     float *dx = dup_dev(x, 4 * (size_t)T * D), *da = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D);
     int32_t *dids = dup_dev(ids, sizeof(int32_t) * (size_t)T * ns);
@@ -218,37 +234,45 @@ static void check(int D, int I, int E, int topk, int T, int every, int smin, int
     CHECK(di_v4k_expert_up_mx(dx, dids, t8, E1, m1.d, m3.d, T, ns, D, I, lim, da, NULL) == DI_OK);
     CHECK(di_v4k_expert_down_mx(da, dids, t8, E1, m2.d, T, ns, D, I, dy, NULL) == DI_OK);
     CHECK(di_cut_sync() == 0);
-    float *yc = from_dev(dy, 4 * (size_t)T * ns * D);
-    ecc = test_rel_l2(o.y, yc, (size_t)T * ns * D);
-    free(yc);
+    yc = from_dev(dy, 4 * (size_t)T * ns * D);
     di_cut_free(dx); di_cut_free(da); di_cut_free(dy); di_cut_free(dids); di_cut_free(t8);
   }
-
-  /* bit for bit: every tile size, the combined entry, and the last token alone */
-  int tiles_same = 1;
-  static const int bts[5] = {8, 16, 32, 64, -1};
-  for (int v = 0; v < 5; v++) {
-    step_out p = run_tc(x, ids, T, ns, E, &m1, &m3, &m2, lim, bts[v] > 0 ? bts[v] : 0, bts[v] < 0);
-    const int same = memcmp(p.y, o.y, 4 * (size_t)T * ns * D) == 0 &&
-                     (bts[v] < 0 || memcmp(p.act, o.act, 2 * (size_t)T * ns * I) == 0);
-    if (!same) printf("  %s: tile %d differs\n", what, bts[v]);
-    tiles_same &= same;
-    free(p.act); free(p.y);
+  step_out of[2];
+  for (int form = 1; form >= 0; form--) {
+    di_v4k_mx_tc_form(form);
+    step_out o = run_tc(x, ids, T, ns, E, &m1, &m3, &m2, lim, 0, 0);
+    const errs r = ref_errors(&o, x, ids, T, ns, E, &m1, &m3, &m2, lim, every);
+    const double ecc = test_rel_l2(o.y, yc, (size_t)T * ns * D);
+    /* bit for bit: every tile size, the combined entry, and the last token alone */
+    int tiles_same = 1;
+    static const int bts[5] = {8, 16, 32, 64, -1};
+    for (int v = 0; v < 5; v++) {
+      step_out p = run_tc(x, ids, T, ns, E, &m1, &m3, &m2, lim, bts[v] > 0 ? bts[v] : 0, bts[v] < 0);
+      const int same = memcmp(p.y, o.y, 4 * (size_t)T * ns * D) == 0 &&
+                       (bts[v] < 0 || memcmp(p.act, o.act, 2 * (size_t)T * ns * I) == 0);
+      if (!same) printf("  %s form %d: tile %d differs\n", what, form, bts[v]);
+      tiles_same &= same;
+      free(p.act); free(p.y);
+    }
+    step_out one = run_tc(x + (size_t)(T - 1) * D, ids + (size_t)(T - 1) * ns, 1, ns, E, &m1, &m3, &m2, lim, 0, 0);
+    const int alone_same = memcmp(one.y, o.y + (size_t)(T - 1) * ns * D, 4 * (size_t)ns * D) == 0 &&
+                           memcmp(one.act, o.act + (size_t)(T - 1) * ns * I, 2 * (size_t)ns * I) == 0;
+    free(one.act); free(one.y);
+    printf("mx tc form %d %-20s D %4d I %4d E %3d top-%d T %4d (tile %2d, %d slots checked): up rel L2 %.2e, down %.2e, vs "
+           "CUDA-core f32 %.2e; tiles 8..64 + combined %s, last token alone %s, skipped slots untouched %s\n",
+           form, what, D, I, E, topk, T, di_v4k_mx_tc_pick_tile(T, ns, E1), r.checked, r.ea, r.ey, ecc,
+           tiles_same ? "bit-identical" : "DIFFER", alone_same ? "bit-identical" : "DIFFERS", r.untouched ? "yes" : "NO");
+    CHECKF(r.checked > 0 && r.ea < 3e-3, "%s form %d: up rel L2 %.3e", what, form, r.ea);
+    CHECKF(r.ey < 1e-5, "%s form %d: down rel L2 %.3e", what, form, r.ey);
+    CHECKF(ecc < 2e-2, "%s form %d: vs the CUDA-core kernels rel L2 %.3e", what, form, ecc);
+    CHECKF(tiles_same && alone_same && r.untouched, "%s form %d: tiles %d alone %d untouched %d", what, form, tiles_same,
+           alone_same, r.untouched);
+    of[form] = o;
   }
-  step_out one = run_tc(x + (size_t)(T - 1) * D, ids + (size_t)(T - 1) * ns, 1, ns, E, &m1, &m3, &m2, lim, 0, 0);
-  const int alone_same = memcmp(one.y, o.y + (size_t)(T - 1) * ns * D, 4 * (size_t)ns * D) == 0 &&
-                         memcmp(one.act, o.act + (size_t)(T - 1) * ns * I, 2 * (size_t)ns * I) == 0;
-  free(one.act); free(one.y);
-
-  printf("mx tc %-22s D %4d I %4d E %3d top-%d T %4d (tile %2d, %d slots checked): up rel L2 %.2e, down %.2e, vs "
-         "CUDA-core f32 %.2e; tiles 8..64 + combined %s, last token alone %s, skipped slots untouched %s\n",
-         what, D, I, E, topk, T, di_v4k_mx_tc_pick_tile(T, ns, E1), checked, ea, ey, ecc,
-         tiles_same ? "bit-identical" : "DIFFER", alone_same ? "bit-identical" : "DIFFERS", untouched ? "yes" : "NO");
-  CHECKF(checked > 0 && ea < 3e-3, "%s: up rel L2 %.3e", what, ea);
-  CHECKF(ey < 1e-5, "%s: down rel L2 %.3e", what, ey);
-  CHECKF(ecc < 2e-2, "%s: vs the CUDA-core kernels rel L2 %.3e", what, ecc);
-  CHECKF(tiles_same && alone_same && untouched, "%s: tiles %d alone %d untouched %d", what, tiles_same, alone_same, untouched);
-  free(o.act); free(o.y); free(ref); free(xr); free(ar); free(x); free(ids);
+  printf("  forms 0 and 1: y rel L2 %.2e apart (the tensor cores' sum order)\n", test_rel_l2(of[0].y, of[1].y, (size_t)T * ns * D));
+  di_v4k_mx_tc_form(1);
+  for (int f = 0; f < 2; f++) free(of[f].act), free(of[f].y);
+  free(yc); free(x); free(ids);
   mx_free(&m1); mx_free(&m3); mx_free(&m2);
 }
 
@@ -344,8 +368,9 @@ static void time_experts(int E, int topk, int D, int I, const int *Ts, int nT) {
     int32_t *dids = dup_dev(ids, sizeof(int32_t) * (size_t)T * ns);
     int32_t *t8 = di_cut_malloc(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E1) + (size_t)T * ns));
     void *ws = di_cut_malloc(di_v4k_mx_tc_ws_bytes(T, ns, D, I, E1));
-    double ms[2];
-    for (int form = 0; form < 2; form++) {
+    double ms[3];
+    for (int form = 0; form < 3; form++) { /* 0: CUDA-core, 1: tensor-core form 1, 2: tensor-core form 0 */
+      di_v4k_mx_tc_form(form == 2 ? 0 : 1);
       const int reps = T >= 1024 ? 5 : 20;
       double t0 = 0;
       for (int r = -3; r < reps; r++) {
@@ -366,10 +391,11 @@ static void time_experts(int E, int topk, int D, int I, const int *Ts, int nT) {
     }
     const double flops = 2.0 * 3 * D * I * routed, bytes = touched * expert_bytes;
     const double roof = fmax(bytes / 4.8e9, flops / 989e9), roof16 = fmax(touched * 3.0 * D * I * 2 / 4.8e9, flops / 989e9);
+    di_v4k_mx_tc_form(1);
     printf("time mx experts E %3d top-%d T %5d (tile %2d; %3d experts touched): CUDA-core %9.1f us, tensor-core %9.1f us "
-           "(%5.2fx; %6.1f TFLOP/s, %5.0f GB/s of MXFP4); roofline MXFP4 %8.1f us (tc at %4.0f%%), bf16 %8.1f us\n",
+           "(%5.2fx; %6.1f TFLOP/s, %5.0f GB/s of MXFP4; form 0 %9.1f us); roofline MXFP4 %8.1f us (tc at %4.0f%%), bf16 %8.1f us\n",
            E, topk, T, di_v4k_mx_tc_pick_tile(T, ns, E1), touched, ms[0] * 1e3, ms[1] * 1e3, ms[0] / ms[1],
-           flops / (ms[1] * 1e9), bytes / (ms[1] * 1e6), roof * 1e3, 100 * roof / ms[1], roof16 * 1e3);
+           flops / (ms[1] * 1e9), bytes / (ms[1] * 1e6), ms[2] * 1e3, roof * 1e3, 100 * roof / ms[1], roof16 * 1e3);
     free(x); free(ids);
     di_cut_free(dx); di_cut_free(da); di_cut_free(dy); di_cut_free(dids); di_cut_free(t8); di_cut_free(ws);
   }

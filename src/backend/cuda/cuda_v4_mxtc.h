@@ -30,11 +30,16 @@ size_t di_v4k_mx_tc_ws_bytes(int T, int n_slots, int D, int I, int E1);
 di_status di_v4k_experts_mx_tc(const float *x, const int32_t *ids, const int32_t *tiles8, int E1, di_cuk_mxfp4w w1,
                                di_cuk_mxfp4w w3, di_cuk_mxfp4w w2, int T, int n_slots, int D, int I, float limit, void *ws,
                                float *y, di_cu_stream s);
-/* The pieces, for tests: rows of f32 to bf16; the tile list of bt slots (work: 1 + 3 * di_v4k_mx_tc_max_tiles
+/* The form (0: a code byte per bf16 pair, activations in order; 1, the default: nibbles j, j + 4 of a code word
+ * per pair, activations stored with each 8 positions as 0 4 1 5 2 6 3 7); the same results up to the tensor
+ * cores' sum order. For tests and A/B benchmarks; not thread-safe. */
+void di_v4k_mx_tc_form(int form);
+int di_v4k_mx_tc_get_form(void);
+/* The pieces, for tests: rows of f32 to bf16 in the form's order (n % 8 == 0); the tile list of bt slots (work: 1 + 3 * di_v4k_mx_tc_max_tiles
  * ints: the count, then (expert, first, count) into perm) from tiles8, skipping expert e_skip; the two products
- * (xb [T][D] bf16; act bf16 [T * n_slots][I]; perm: tiles8's slot order, tiles8 + 1 + 3 *
+ * (xb [T][D] bf16; act bf16 [T * n_slots][I], both in the form's order; perm: tiles8's slot order, tiles8 + 1 + 3 *
  * di_v4k_expert_max_tiles(T, n_slots, E1)). */
-di_status di_v4k_rows_to_bf16(const float *x, int n, uint16_t *xb, di_cu_stream s);
+di_status di_v4k_mx_tc_acts(const float *x, int n, uint16_t *xb, di_cu_stream s);
 int di_v4k_mx_tc_max_tiles(int T, int n_slots, int E1, int bt);
 di_status di_v4k_mx_tc_tiles(const int32_t *tiles8, int T, int n_slots, int E1, int e_skip, int bt, int32_t *work,
                              di_cu_stream s);

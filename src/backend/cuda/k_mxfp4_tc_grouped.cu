@@ -9,12 +9,16 @@
  * the row's 4 E8M0 scale bytes, and the slots' bf16 activations (gathered by the tile's slot list).
  *
  * The K order inside a stage is permuted, identically in both operands (a dot product does not care): in a
- * 64-value half, mma step s gives lane quad q the logical k 2q, 2q+1 / 2q+8, 2q+9 = physical values
- * 16q + 4s + 0..3, so a lane's A values for 4 steps are 8 consecutive code bytes (one 8-byte shared load per
- * row) and its B values 16 consecutive bf16 (two 16-byte loads). Decoding: a code s.ee.m becomes the bf16
- * bits s << 15 | eem << 6, i.e. the value times 2^-126 (e = 0 lands on bf16 subnormals, which the bf16
- * multiply keeps), times 2^126 and then times the block's scale 2^(E-127): both exact, so the tensor cores
- * multiply exactly the dequantized weight by the bf16-rounded activation and sum in fp32.
+ * 64-value half, a lane quad q owns the physical values 16q .. 16q + 15 (8 consecutive code bytes: one 8-byte
+ * shared load per row; one E8M0 scale) over the 4 mma steps, and its B values are 16 consecutive bf16 (two
+ * 16-byte loads). Decoding: a code s.ee.m becomes the bf16 bits s << 15 | eem << 6, i.e. the value times
+ * 2^-126 (e = 0 lands on bf16 subnormals, which the bf16 multiply keeps), then times 2^126 and the block's
+ * scale 2^(E-127), both exact (one multiply by 2^(E-1) when every scale of the warp's stage allows it, E in
+ * 1..128), so the tensor cores multiply exactly the dequantized weight by the bf16-rounded activation and sum
+ * in fp32. Two forms (di_v4k_mx_tc_form): 1, the default, takes a code word's nibbles j and j + 4 as one
+ * bf16x2 (their bits are 16 apart, so 4 pairs cost ~3 integer ops each), which asks the activations to be
+ * stored with the positions of each 8 permuted alike (0 4 1 5 2 6 3 7: the bf16 conversion and the up
+ * product's act store do it); 0 decodes a byte (nibbles 2j, 2j + 1) a pair, activations in natural order.
  *
  * Shared-memory layouts are chosen for conflict-free reads: code rows of 64 bytes with the two 32-byte halves
  * swapped on rows 2, 3 (mod 4); activation rows padded to 272 bytes. Every output's sum runs over the same
@@ -48,7 +52,71 @@ static __device__ __forceinline__ __nv_bfloat162 mt_scale2(uint32_t e) {
   const uint32_t v = b | b << 16;
   return *(const __nv_bfloat162 *)&v;
 }
-/* one code byte (low nibble first) to two bf16 values times the scale (see the file comment) */
+/* 2^126 x 2^(E-127) = 2^(E-1) as bf16 bits, both halves (E in 1..128) */
+static __device__ __forceinline__ __nv_bfloat162 mt_fold2(uint32_t e) {
+  const uint32_t b = (e + 126) << 7, v = b | b << 16;
+  return *(const __nv_bfloat162 *)&v;
+}
+/* the 8 codes of a word (nibble j = value j) as 4 bf16x2 of values (j, j + 4), j = 0..3, times the scale: FAST,
+ * sc2 = mt_fold2 (one multiply), else sc2 = mt_scale2 (times 2^126 first) */
+template <bool FAST> static __device__ __forceinline__ void mt_dec4(uint32_t w, __nv_bfloat162 sc2, uint32_t *out) {
+  const uint32_t S = 0x80008000u, M = 0x01c001c0u, k126 = 0x7e807e80u;
+  const uint32_t p[4] = {(w << 12 & S) | (w << 6 & M), (w << 8 & S) | (w << 2 & M), (w << 4 & S) | (w >> 2 & M),
+                         (w & S) | (w >> 6 & M)};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    __nv_bfloat162 h = *(const __nv_bfloat162 *)&p[i];
+    if (!FAST) h = __hmul2(h, *(const __nv_bfloat162 *)&k126);
+    h = __hmul2(h, sc2);
+    out[i] = *(const uint32_t *)&h;
+  }
+}
+/* form 1's stage: 2 halves x 2 words x (steps A: pairs 0, 1; B: pairs 2, 3) */
+template <int BT, bool FAST>
+static __device__ __forceinline__ void mt_stage1(float (&acc)[2][BT / 8][4], const uint8_t *sw, const uint32_t (&scw)[2][2],
+                                                 const bf16 *sx, const int (&rr)[2][2], int g, int q) {
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    uint2 wv[2][2];
+    __nv_bfloat162 sc2[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int r = rr[m][h];
+        wv[m][h] = *(const uint2 *)(sw + r * 64 + ((c ^ ((r >> 1) & 1)) << 5) + 8 * q);
+        const uint32_t e = (scw[m][h] >> (8 * (2 * c + (q >> 1)))) & 0xffu;
+        sc2[m][h] = FAST ? mt_fold2(e) : mt_scale2(e);
+      }
+#pragma unroll
+    for (int sp = 0; sp < 2; sp++) {
+      uint4 bv[BT / 8];
+#pragma unroll
+      for (int n = 0; n < BT / 8; n++) bv[n] = *(const uint4 *)(sx + (n * 8 + g) * MT_XLD + 64 * c + 16 * q + 8 * sp);
+      uint32_t P[2][2][4];
+#pragma unroll
+      for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) mt_dec4<FAST>(sp ? wv[m][h].y : wv[m][h].x, sc2[m][h], P[m][h]);
+#pragma unroll
+      for (int ss = 0; ss < 2; ss++) {
+#pragma unroll
+        for (int n = 0; n < BT / 8; n++) {
+          const uint32_t b[2] = {ss ? bv[n].z : bv[n].x, ss ? bv[n].w : bv[n].y};
+#pragma unroll
+          for (int m = 0; m < 2; m++) {
+            const uint32_t a[4] = {P[m][0][2 * ss], P[m][1][2 * ss], P[m][0][2 * ss + 1], P[m][1][2 * ss + 1]};
+            di_mma16816(acc[m][n], a, b);
+          }
+        }
+      }
+    }
+  }
+}
+/* act's stored position of output o under form 1 (the inverse of the 0 4 1 5 2 6 3 7 order of each 8) */
+static __device__ __forceinline__ int mt_perm_pos(int o) { return (o & ~7) | (o & 3) << 1 | (o >> 2 & 1); }
+
+/* one code byte (low nibble first) to two bf16 values times the scale (form 0) */
 static __device__ __forceinline__ uint32_t mt_dec(uint32_t byte, __nv_bfloat162 sc2) {
   const uint32_t p = (byte & 0xfu) | (byte & 0xf0u) << 12;
   const uint32_t r = (p & 0x00080008u) << 12 | (p & 0x00070007u) << 6;
@@ -58,9 +126,54 @@ static __device__ __forceinline__ uint32_t mt_dec(uint32_t byte, __nv_bfloat162 
   return *(const uint32_t *)&h;
 }
 
+/* form 0's stage: 2 halves x 4 steps, bytes 2s, 2s + 1 of a lane's 8 per step */
+template <int BT>
+static __device__ __forceinline__ void mt_stage0(float (&acc)[2][BT / 8][4], const uint8_t *sw, const uint32_t (&scw)[2][2],
+                                                 const bf16 *sx, const int (&rr)[2][2], int g, int q) {
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    uint2 wv[2][2];
+    __nv_bfloat162 sc2[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int r = rr[m][h];
+        wv[m][h] = *(const uint2 *)(sw + r * 64 + ((c ^ ((r >> 1) & 1)) << 5) + 8 * q);
+        sc2[m][h] = mt_scale2((scw[m][h] >> (8 * (2 * c + (q >> 1)))) & 0xffu);
+      }
+#pragma unroll
+    for (int sp = 0; sp < 2; sp++) {
+      uint4 bv[BT / 8];
+#pragma unroll
+      for (int n = 0; n < BT / 8; n++) bv[n] = *(const uint4 *)(sx + (n * 8 + g) * MT_XLD + 64 * c + 16 * q + 8 * sp);
+#pragma unroll
+      for (int ss = 0; ss < 2; ss++) {
+        const int s = 2 * sp + ss; /* bytes 2s, 2s + 1 of the lane's 8 */
+        uint32_t a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+          const uint32_t w0 = s < 2 ? wv[m][0].x : wv[m][0].y, w1 = s < 2 ? wv[m][1].x : wv[m][1].y;
+          const int sh = 16 * (s & 1);
+          a[m][0] = mt_dec(w0 >> sh, sc2[m][0]);
+          a[m][1] = mt_dec(w1 >> sh, sc2[m][1]);
+          a[m][2] = mt_dec(w0 >> (sh + 8), sc2[m][0]);
+          a[m][3] = mt_dec(w1 >> (sh + 8), sc2[m][1]);
+        }
+#pragma unroll
+        for (int n = 0; n < BT / 8; n++) {
+          const uint32_t b[2] = {ss ? bv[n].z : bv[n].x, ss ? bv[n].w : bv[n].y};
+#pragma unroll
+          for (int m = 0; m < 2; m++) di_mma16816(acc[m][n], a[m], b);
+        }
+      }
+    }
+  }
+}
+
 /* UP: act[ts][o] = swiglu(w1[e][o] . x, w3[e][o] . x) (bf16), X = xb rows ts / ns; else y[ts][o] = w2[e][o] . act
  * (float), X = act rows ts. N outputs, K columns, X rows K apart. */
-template <int BT, bool UP>
+template <int BT, bool UP, int FORM>
 __global__ void __launch_bounds__(MT_WARPS * 32) mx_tc_k(const bf16 *X, const int32_t *perm, const int32_t *tiles, int ns,
                                                          di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int N, int K, float lim,
                                                          void *out) {
@@ -146,44 +259,16 @@ __global__ void __launch_bounds__(MT_WARPS * 32) mx_tc_k(const bf16 *X, const in
     for (int m = 0; m < 2; m++)
 #pragma unroll
       for (int h = 0; h < 2; h++) scw[m][h] = sm.sc[st][rr[m][h]];
-#pragma unroll
-    for (int c = 0; c < 2; c++) {
-      uint2 wv[2][2];
-      __nv_bfloat162 sc2[2][2];
+    if constexpr (FORM == 1) {
+      uint32_t bad = 0; /* a scale byte outside 1..128 (the one-multiply decode's range) */
 #pragma unroll
       for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const int r = rr[m][h];
-          wv[m][h] = *(const uint2 *)(sw + r * 64 + ((c ^ ((r >> 1) & 1)) << 5) + 8 * q);
-          sc2[m][h] = mt_scale2((scw[m][h] >> (8 * (2 * c + (q >> 1)))) & 0xffu);
-        }
-#pragma unroll
-      for (int sp = 0; sp < 2; sp++) {
-        uint4 bv[BT / 8];
-#pragma unroll
-        for (int n = 0; n < BT / 8; n++) bv[n] = *(const uint4 *)(sx + (n * 8 + g) * MT_XLD + 64 * c + 16 * q + 8 * sp);
-#pragma unroll
-        for (int ss = 0; ss < 2; ss++) {
-          const int s = 2 * sp + ss; /* bytes 2s, 2s + 1 of the lane's 8 */
-          uint32_t a[2][4];
-#pragma unroll
-          for (int m = 0; m < 2; m++) {
-            const uint32_t w0 = s < 2 ? wv[m][0].x : wv[m][0].y, w1 = s < 2 ? wv[m][1].x : wv[m][1].y;
-            const int sh = 16 * (s & 1);
-            a[m][0] = mt_dec(w0 >> sh, sc2[m][0]);
-            a[m][1] = mt_dec(w1 >> sh, sc2[m][1]);
-            a[m][2] = mt_dec(w0 >> (sh + 8), sc2[m][0]);
-            a[m][3] = mt_dec(w1 >> (sh + 8), sc2[m][1]);
-          }
-#pragma unroll
-          for (int n = 0; n < BT / 8; n++) {
-            const uint32_t b[2] = {ss ? bv[n].z : bv[n].x, ss ? bv[n].w : bv[n].y};
-#pragma unroll
-            for (int m = 0; m < 2; m++) di_mma16816(acc[m][n], a[m], b);
-          }
-        }
-      }
+        for (int h = 0; h < 2; h++) bad |= __vsub4(scw[m][h], 0x01010101u) & 0x80808080u;
+      if (__all_sync(0xffffffffu, bad == 0)) mt_stage1<BT, true>(acc, sw, scw, sx, rr, g, q);
+      else mt_stage1<BT, false>(acc, sw, scw, sx, rr, g, q);
+    } else {
+      mt_stage0<BT>(acc, sw, scw, sx, rr, g, q);
     }
   }
   di_cp_wait<0>();
@@ -201,7 +286,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32) mx_tc_k(const bf16 *X, const in
         const float gr = acc[0][n][i], u = acc[1][n][i];
         const float gv = gr > lim ? lim : gr;
         const float uv = u > lim ? lim : u < -lim ? -lim : u;
-        ((bf16 *)out)[ts * N + o] = __float2bfloat16((float)(gv / (1.0 + exp(-(double)gv))) * uv);
+        ((bf16 *)out)[ts * N + (FORM == 1 ? mt_perm_pos(o) : o)] = __float2bfloat16((float)(gv / (1.0 + exp(-(double)gv))) * uv);
       } else {
 #pragma unroll
         for (int m = 0; m < 2; m++) {
@@ -239,15 +324,19 @@ __global__ void mx_tc_tiles_k(const int32_t *t8, int E1, int e_skip, int bt, int
   }
 }
 
-__global__ void rows_to_bf16_k(const float4 *x, int n4, uint2 *xb) {
+/* 8 floats to 8 bf16, in order (form 0) or as 0 4 1 5 2 6 3 7 (form 1) */
+__global__ void mx_tc_acts_k(const float4 *x, int n8, uint4 *xb, int perm) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n4) return;
-  const float4 v = x[i];
-  xb[i] = make_uint2(di_pack_bf16(v.x, v.y), di_pack_bf16(v.z, v.w));
+  if (i >= n8) return;
+  const float4 a = x[2 * i], b = x[2 * i + 1];
+  xb[i] = perm ? make_uint4(di_pack_bf16(a.x, b.x), di_pack_bf16(a.y, b.y), di_pack_bf16(a.z, b.z), di_pack_bf16(a.w, b.w))
+               : make_uint4(di_pack_bf16(a.x, a.y), di_pack_bf16(a.z, a.w), di_pack_bf16(b.x, b.y), di_pack_bf16(b.z, b.w));
 }
 
-static int g_mt_bt = 0;
+static int g_mt_bt = 0, g_mt_form = 1;
 extern "C" void di_v4k_mx_tc_tile(int bt) { g_mt_bt = bt; }
+extern "C" void di_v4k_mx_tc_form(int form) { g_mt_form = form == 0 ? 0 : 1; }
+extern "C" int di_v4k_mx_tc_get_form(void) { return g_mt_form; }
 
 extern "C" int di_v4k_mx_tc_pick_tile(int T, int n_slots, int E1) {
   if (g_mt_bt == 8 || g_mt_bt == 16 || g_mt_bt == 32 || g_mt_bt == 64) return g_mt_bt;
@@ -277,12 +366,12 @@ extern "C" size_t di_v4k_mx_tc_ws_bytes(int T, int n_slots, int D, int I, int E1
          mt_align(4 * (1 + 3 * (size_t)di_v4k_mx_tc_max_tiles(T, n_slots, E1, 8)));
 }
 
-extern "C" di_status di_v4k_rows_to_bf16(const float *x, int n, uint16_t *xb, di_cu_stream s) {
+extern "C" di_status di_v4k_mx_tc_acts(const float *x, int n, uint16_t *xb, di_cu_stream s) {
   if (n <= 0) return DI_OK;
-  if (n % 4 || (uintptr_t)x % 16 || (uintptr_t)xb % 8)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda v4: rows to bf16 of %d values (a multiple of 4, aligned)", n);
-  rows_to_bf16_k<<<(n / 4 + 255) / 256, 256, 0, s>>>((const float4 *)x, n / 4, (uint2 *)xb);
-  V4_LAUNCH("rows_to_bf16");
+  if (n % 8 || (uintptr_t)x % 16 || (uintptr_t)xb % 16)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda v4: activations to bf16 of %d values (a multiple of 8, aligned)", n);
+  mx_tc_acts_k<<<(n / 8 + 255) / 256, 256, 0, s>>>((const float4 *)x, n / 8, (uint4 *)xb, g_mt_form);
+  V4_LAUNCH("mx_tc_acts");
   return DI_OK;
 }
 
@@ -297,18 +386,24 @@ extern "C" di_status di_v4k_mx_tc_tiles(const int32_t *tiles8, int T, int n_slot
   return DI_OK;
 }
 
-template <int BT, bool UP>
-static di_status mt_launch(dim3 grid, cudaStream_t s, const bf16 *X, const int32_t *perm, const int32_t *tiles, int ns,
-                           di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int N, int K, float lim, void *out) {
+template <int BT, bool UP, int FORM>
+static di_status mt_launch1(dim3 grid, cudaStream_t s, const bf16 *X, const int32_t *perm, const int32_t *tiles, int ns,
+                            di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int N, int K, float lim, void *out) {
   static int attr_set = 0; /* (set once per kernel; not thread-safe, like the backend's other one-time setup) */
   const size_t smem = sizeof(mt_smem<BT>);
   if (!attr_set) {
-    DI_CU(cudaFuncSetAttribute(mx_tc_k<BT, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DI_CU(cudaFuncSetAttribute(mx_tc_k<BT, UP, FORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr_set = 1;
   }
-  mx_tc_k<BT, UP><<<grid, MT_WARPS * 32, smem, s>>>(X, perm, tiles, ns, wa, wb, N, K, lim, out);
+  mx_tc_k<BT, UP, FORM><<<grid, MT_WARPS * 32, smem, s>>>(X, perm, tiles, ns, wa, wb, N, K, lim, out);
   V4_LAUNCH(UP ? "mx_tc_up" : "mx_tc_down");
   return DI_OK;
+}
+template <int BT, bool UP>
+static di_status mt_launch(dim3 grid, cudaStream_t s, const bf16 *X, const int32_t *perm, const int32_t *tiles, int ns,
+                           di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int N, int K, float lim, void *out) {
+  return g_mt_form ? mt_launch1<BT, UP, 1>(grid, s, X, perm, tiles, ns, wa, wb, N, K, lim, out)
+                   : mt_launch1<BT, UP, 0>(grid, s, X, perm, tiles, ns, wa, wb, N, K, lim, out);
 }
 
 template <bool UP>
@@ -353,7 +448,7 @@ extern "C" di_status di_v4k_experts_mx_tc(const float *x, const int32_t *ids, co
   uint16_t *xb = (uint16_t *)p, *act = (uint16_t *)(p + mt_align((size_t)T * D * 2));
   int32_t *tiles = (int32_t *)(p + mt_align((size_t)T * D * 2) + mt_align((size_t)T * n_slots * I * 2));
   const int32_t *perm = tiles8 + 1 + 3 * (size_t)di_v4k_expert_max_tiles(T, n_slots, E1);
-  DI_TRY(di_v4k_rows_to_bf16(x, T * D, xb, s));
+  DI_TRY(di_v4k_mx_tc_acts(x, T * D, xb, s));
   DI_TRY(di_v4k_mx_tc_tiles(tiles8, T, n_slots, E1, E1 - 1, bt, tiles, s));
   DI_TRY(di_v4k_mx_tc_up(xb, perm, tiles, mt, bt, w1, w3, T, n_slots, D, I, limit, act, s));
   return di_v4k_mx_tc_down(act, perm, tiles, mt, bt, w2, T, n_slots, D, I, y, s);
