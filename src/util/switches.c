@@ -104,8 +104,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_TC_FUSED_REDUCE] = {"DEEPINFER_CUDA_TC_FUSED_REDUCE", "0",
                                     "1: the tensor-core GEMM adds decode-sized split partials in its last CTA per "
                                     "tile (no reduce kernel; the same bits)"},
-    [DI_SW_CUDA_FP8] = {"DEEPINFER_CUDA_FP8", "0",
-                        "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels) instead of bf16 at load"},
+    [DI_SW_CUDA_FP8] = {"DEEPINFER_CUDA_FP8", "1",
+                        "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels); 0: dequantized to bf16 at load"},
     [DI_SW_CUDA_FP8_GEMV_ROWS] = {"DEEPINFER_CUDA_FP8_GEMV_ROWS", "3",
                                   "most rows of a dense FP8 product taken by the decode GEMV (16 with DEEPINFER_CUDA_FP8_LT=0); more go to cuBLASLt's FP8 matmul, or the mma.sync FP8 GEMM"},
     [DI_SW_CUDA_FP8_TC] = {"DEEPINFER_CUDA_FP8_TC", "1",
