@@ -91,8 +91,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "second stream beside the routed experts (same results; not under expert parallel); 0: one stream"},
     [DI_SW_CUDA_V4_MX_TC] = {"DEEPINFER_CUDA_V4_MX_TC", "0",
                              "N > 0: the DeepSeek-V4 CUDA backend's native MXFP4 routed experts run on the tensor cores "
-                             "(W4A16: bf16-rounded activations, batch-invariant) in steps of at least N tokens; 0: always "
-                             "the CUDA-core kernels (float32 activations)"},
+                             "(W4A16: bf16-rounded activations) in steps of at least N tokens (1: every step, which keeps "
+                             "a token's logits independent of its step; N > 1: not, across N); 0: always the CUDA-core "
+                             "kernels (float32 activations)"},
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},

@@ -16,7 +16,8 @@
  * - the whole backend (cuda_deepseek_v4.cu's moe() hook) on a random V4-Flash-shaped model, 4 layers, 4 experts
  *   top-2, native weights, prompts of 70 and 9 tokens in one step: logits with DEEPINFER_CUDA_V4_MX_TC=2 against
  *   the CUDA-core experts (=0) within rel L2 2e-2 (test_cuda_v4_kernels' bound for native vs bf16) and not equal
- *   (the form was taken).
+ *   (the form was taken); the 70th token's logits after 69 + 1 tokens bit-equal to 70 in one step with =0 and =1
+ *   (the tensor-core form at every step keeps a token independent of its step; =2 does not at one token).
  * `--time`: the kernels at V4-Flash's 256 experts (and the benchmark model's 32) top-6, hidden 4096 x 2048, against
  * the CUDA-core MXFP4 kernels, with the MXFP4 and bf16 rooflines (4.8 TB/s, 989 TFLOP/s dense bf16).
  * Built only with nvcc; run on the device. */
@@ -290,6 +291,28 @@ static int run_prompt(di_backend *be, int T, float *logits) {
   v4_one_seq_free(&o);
   return st == DI_OK;
 }
+/* the last token's logits when the prompt's first `split` tokens go in one step and the rest in a second */
+static int run_split(di_backend *be, int T, int split, float *last) {
+  int32_t tok[128], table[4] = {0, 1, 2, 3};
+  for (int t = 0; t < T; t++) tok[t] = (t * 7919) % 4096;
+  float *tmp = malloc(sizeof(float) * (size_t)be->vocab_size);
+  v4_one_seq a, c;
+  di_status st = v4_one_seq_init(&a, tok, split, 0, 1, table, 4, 0, NULL, NULL, 0) ? DI_OK : DI_ERR_OOM;
+  if (st == DI_OK) st = be->ops->kv_alloc(be, 8);
+  if (st == DI_OK) st = be->ops->submit(be, &a.b);
+  if (st == DI_OK) st = be->ops->wait(be, tmp, NULL);
+  if (st == DI_OK) st = v4_one_seq_init(&c, tok + split, T - split, split, 1, table, 4, 0, NULL, NULL, 0) ? DI_OK : DI_ERR_OOM;
+  if (st == DI_OK) {
+    st = be->ops->submit(be, &c.b);
+    if (st == DI_OK) st = be->ops->wait(be, last, NULL);
+    v4_one_seq_free(&c);
+  }
+  CHECKF(st == DI_OK, "random V4-Flash model, split step: %s", di_last_error());
+  be->ops->release(be, 1);
+  v4_one_seq_free(&a);
+  free(tmp);
+  return st == DI_OK;
+}
 static void check_model(void) {
   di_v4_config mc;
   di_v4_flash_shape(&mc, 4, 4);
@@ -327,6 +350,30 @@ static void check_model(void) {
     }
     free(lg[0]);
     free(lg[1]);
+  }
+  /* chunking: 70 tokens in one step against 69 then 1, the last token's logits; bit-equal with the CUDA-core
+   * experts (0) and with the tensor-core ones at every step (1); with 2 the one-token step takes the CUDA-core
+   * form (printed only) */
+  {
+    const int T = 70;
+    static const char *modes[3] = {"0", "1", "2"};
+    for (int k = 0; k < 3; k++) {
+      setenv("DEEPINFER_CUDA_V4_MX_TC", modes[k], 1);
+      di_backend *be = NULL;
+      float *whole = calloc((size_t)T * V, sizeof(float)), *last = calloc((size_t)V, sizeof(float));
+      di_status st = di_backend_cuda_v4_create(&cfg0, &rm.c, &rm.w, &be);
+      CHECKF(st == DI_OK, "random V4-Flash model (mx tc %s): %s", modes[k], di_last_error());
+      if (st == DI_OK && run_prompt(be, T, whole) && run_split(be, T, T - 1, last)) {
+        const int same = memcmp(last, whole + (size_t)(T - 1) * V, sizeof(float) * (size_t)V) == 0;
+        printf("model: DEEPINFER_CUDA_V4_MX_TC=%s: the 70th token's logits after 69 + 1 tokens vs 70 in one step: %s "
+               "(rel L2 %.2e)\n", modes[k], same ? "bit-identical" : "differ",
+               test_rel_l2(last, whole + (size_t)(T - 1) * V, (size_t)V));
+        if (k < 2) CHECKF(same, "DEEPINFER_CUDA_V4_MX_TC=%s: chunked logits differ from one step", modes[k]);
+      }
+      if (be) be->ops->destroy(be);
+      free(whole);
+      free(last);
+    }
   }
   unsetenv("DEEPINFER_CUDA_V4_MX_TC");
   unsetenv("DEEPINFER_CUDA_V4_NATIVE");

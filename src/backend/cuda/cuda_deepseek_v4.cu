@@ -878,9 +878,11 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
     DI_TRY(cu_epc_run(b->ep, l, 1, &r, NULL));
     return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
   }
-  /* one token: every slot its own expert (tiles would only add a launch); more: grouped by expert */
+  /* one token: every slot its own expert (tiles would only add a launch); more, or the MXFP4 tensor-core form
+   * (DEEPINFER_CUDA_V4_MX_TC: steps of >= mx_tc tokens; 1: every step, so batch-invariant): grouped by expert */
+  const int mx_tc = L->mx && b->mx_tc > 0 && T >= b->mx_tc && di_v4k_mx_tc_ok(L->m1, L->m3, L->m2, D, I);
   int32_t *tiles = NULL;
-  if (T > 1) {
+  if (T > 1 || mx_tc) {
     SCR(work, S_TILES, int32_t, 1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns);
     DI_TRY(di_v4k_expert_tiles(ids, T, ns, E + 1, work, s));
     tiles = work;
@@ -906,7 +908,7 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
         st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the shared expert's event");
     }
     DI_TRY(st);
-    if (b->mx_tc > 0 && T >= b->mx_tc && tiles && di_v4k_mx_tc_ok(L->m1, L->m3, L->m2, D, I)) { /* k_mxfp4_tc_grouped.cu */
+    if (mx_tc) { /* k_mxfp4_tc_grouped.cu */
       SCR(ws, S_MXTC, uint8_t, di_v4k_mx_tc_ws_bytes(T, ns, D, I, E + 1));
       DI_TRY(di_v4k_experts_mx_tc(x, ids, tiles, E + 1, L->m1, L->m3, L->m2, T, ns, D, I, lim, ws, y, s));
     } else {
