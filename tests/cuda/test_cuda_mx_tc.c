@@ -6,8 +6,11 @@
  * - up (act, bf16): rel L2 < 3e-3 against float64 sums of the exact dequantized weights times the bf16-rounded
  *   activations, clamp and SwiGLU in double (the bf16 output rounding, 2^-9 relative at most, dominates);
  * - down (y, float): rel L2 < 1e-5 against float64 sums over the kernel's own bf16 act (fp32 accumulation);
- * - against the CUDA-core kernels (float32 activations, di_v4k_expert_up_mx / _down_mx): rel L2 < 2e-2 (what
- *   rounding the activations to bf16 costs; printed);
+ * - against the CUDA-core kernels (float32 activations, di_v4k_expert_up_mx / _down_mx): rel L2 < 2e-2 at the
+ *   checkpoints' scale range (2^-9 .. 2^-5; measured 2.9e-3: what rounding the activations to bf16 costs), < 1e-1
+ *   with scales 2^-27 .. 2^8 (gate / up values of ~1e4 then move by ~|g| 2^-9 under the rounding, and the few
+ *   within that of the clamp's range change act by O(1): measured 3.7e-2, while against float64 on the same
+ *   rounded inputs the form stays at 9e-5);
  * - both forms (di_v4k_mx_tc_form 1, the default, and 0: other K orders inside the tensor cores) each so, and
  *   printed how far apart they are;
  * - bit for bit: each tile size (8, 16, 32, 64 slots) gives the same act and y, and the last token's slots alone
@@ -213,7 +216,7 @@ static errs ref_errors(const step_out *o, const float *x, const int32_t *ids, in
   return r;
 }
 
-static void check(int D, int I, int E, int topk, int T, int every, int smin, int smax, const char *what) {
+static void check(int D, int I, int E, int topk, int T, int every, int smin, int smax, double cc_bound, const char *what) {
   const int ns = topk + 1, E1 = E + 1;
   const float lim = 10;
   mxstack m1, m3, m2;
@@ -265,7 +268,7 @@ static void check(int D, int I, int E, int topk, int T, int every, int smin, int
            tiles_same ? "bit-identical" : "DIFFER", alone_same ? "bit-identical" : "DIFFERS", r.untouched ? "yes" : "NO");
     CHECKF(r.checked > 0 && r.ea < 3e-3, "%s form %d: up rel L2 %.3e", what, form, r.ea);
     CHECKF(r.ey < 1e-5, "%s form %d: down rel L2 %.3e", what, form, r.ey);
-    CHECKF(ecc < 2e-2, "%s form %d: vs the CUDA-core kernels rel L2 %.3e", what, form, ecc);
+    CHECKF(ecc < cc_bound, "%s form %d: vs the CUDA-core kernels rel L2 %.3e", what, form, ecc);
     CHECKF(tiles_same && alone_same && r.untouched, "%s form %d: tiles %d alone %d untouched %d", what, form, tiles_same,
            alone_same, r.untouched);
     of[form] = o;
@@ -461,16 +464,16 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--time-only")) do_time = time_only = 1;
   }
   if (!time_only) {
-    check(96, 64, 3, 2, 9, 1, 118, 122, "small, partial K");
-    check(4000, 992, 5, 3, 37, 1, 100, 135, "partial K and rows");
-    check(4096, 2048, 8, 6, 13, 1, 118, 122, "V4-Flash decode");
-    check(4096, 2048, 8, 6, 300, 23, 118, 122, "V4-Flash prefill");
+    check(96, 64, 3, 2, 9, 1, 118, 122, 2e-2, "small, partial K");
+    check(4000, 992, 5, 3, 37, 1, 100, 135, 1e-1, "partial K and rows");
+    check(4096, 2048, 8, 6, 13, 1, 118, 122, 2e-2, "V4-Flash decode");
+    check(4096, 2048, 8, 6, 300, 23, 118, 122, 2e-2, "V4-Flash prefill");
     check_model();
   }
   if (do_time) {
-    static const int Ts[] = {1, 4, 16, 64, 256, 1024, 4096};
-    time_experts(256, 6, 4096, 2048, Ts, 7);
-    time_experts(32, 6, 4096, 2048, Ts, 7);
+    static const int Ts[] = {1, 16, 64, 256, 4096};
+    time_experts(256, 6, 4096, 2048, Ts, 5);
+    time_experts(32, 6, 4096, 2048, Ts, 5);
   }
   return test_finish("test_cuda_mx_tc");
 }
