@@ -31,8 +31,9 @@ di_status di_v4k_experts_mx_tc(const float *x, const int32_t *ids, const int32_t
                                di_cuk_mxfp4w w3, di_cuk_mxfp4w w2, int T, int n_slots, int D, int I, float limit, void *ws,
                                float *y, di_cu_stream s);
 /* The form (0: a code byte per bf16 pair, activations in order; 1, the default: nibbles j, j + 4 of a code word
- * per pair, activations stored with each 8 positions as 0 4 1 5 2 6 3 7); the same results up to the tensor
- * cores' sum order. For tests and A/B benchmarks; not thread-safe. */
+ * per pair, activations stored with each 8 positions as 0 4 1 5 2 6 3 7; 2: form 1 on 8 warps, each stage's two
+ * K halves on two warps, summed at the end); the same results up to the sum order. For tests and A/B
+ * benchmarks; not thread-safe. */
 void di_v4k_mx_tc_form(int form);
 int di_v4k_mx_tc_get_form(void);
 /* The pieces, for tests: rows of f32 to bf16 in the form's order (n % 8 == 0); the tile list of bt slots (work: 1 + 3 * di_v4k_mx_tc_max_tiles
