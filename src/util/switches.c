@@ -89,6 +89,11 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_V4_SIDE] = {"DEEPINFER_CUDA_V4_SIDE", "1",
                             "1: the DeepSeek-V4 CUDA backend in the native mode runs a one-token step's shared expert on a "
                             "second stream beside the routed experts (same results; not under expert parallel); 0: one stream"},
+    [DI_SW_CUDA_V4_MX_TC] = {"DEEPINFER_CUDA_V4_MX_TC", "0",
+                             "N > 0: the DeepSeek-V4 CUDA backend's native MXFP4 routed experts run on the tensor cores "
+                             "(W4A16: bf16-rounded activations) in steps of at least N tokens (1: every step, which keeps "
+                             "a token's logits independent of its step; N > 1: not, across N); 0: always the CUDA-core "
+                             "kernels (float32 activations)"},
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},
@@ -100,8 +105,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_TC_FUSED_REDUCE] = {"DEEPINFER_CUDA_TC_FUSED_REDUCE", "0",
                                     "1: the tensor-core GEMM adds decode-sized split partials in its last CTA per "
                                     "tile (no reduce kernel; the same bits)"},
-    [DI_SW_CUDA_FP8] = {"DEEPINFER_CUDA_FP8", "0",
-                        "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels) instead of bf16 at load"},
+    [DI_SW_CUDA_FP8] = {"DEEPINFER_CUDA_FP8", "1",
+                        "1: FP8 block-scaled weights kept in FP8 on the device (native FP8 kernels); 0: dequantized to bf16 at load"},
     [DI_SW_CUDA_FP8_GEMV_ROWS] = {"DEEPINFER_CUDA_FP8_GEMV_ROWS", "3",
                                   "most rows of a dense FP8 product taken by the decode GEMV (16 with DEEPINFER_CUDA_FP8_LT=0); more go to cuBLASLt's FP8 matmul, or the mma.sync FP8 GEMM"},
     [DI_SW_CUDA_FP8_TC] = {"DEEPINFER_CUDA_FP8_TC", "1",

@@ -125,7 +125,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->down_combine = di_switch_bool(DI_SW_CUDA_DOWN_COMBINE, 1);
   /* FP8 weights kept FP8 on the device, with the FP8 kernels (cuda_fp8.h); off by default until the
    * model-level runs on the H200 are recorded (docs/NOTES.md, issue 18) */
-  b->fp8 = di_switch_bool(DI_SW_CUDA_FP8, 0);
+  b->fp8 = di_switch_bool(DI_SW_CUDA_FP8, 1); /* on by default since session 14 (PERFORMANCE.md "Session 14, s14-18") */
   b->fp8_fuse = di_switch_bool(DI_SW_CUDA_FP8_FUSE, 1);
   b->fp8_gmma = di_switch_bool(DI_SW_CUDA_FP8_GMMA, 1);
   b->fp8_gmma_min_t = di_switch_int(DI_SW_CUDA_FP8_GMMA_MIN_T, 4);

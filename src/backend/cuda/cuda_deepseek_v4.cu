@@ -49,6 +49,7 @@
 #include "cuda_backend_impl.cuh"
 #include "cuda_ep.cuh"
 #include "cuda_v4_kernels.h"
+#include "cuda_v4_mxtc.h"
 extern "C" {
 #include "dist/dist.h"
 #include "backend/cpu/cpu_deepseek_v4_ops.h"
@@ -114,6 +115,7 @@ typedef struct v4cu {
   int wf32;
   int tc; /* DEEPINFER_CUDA_V4_TC: dense bf16 linears on the batch-invariant tensor-core GEMM */
   int native; /* DEEPINFER_CUDA_V4_NATIVE: FP8 / MXFP4 weights kept as stored */
+  int mx_tc;  /* DEEPINFER_CUDA_V4_MX_TC: steps of >= this many tokens take the MXFP4 tensor-core experts (0: never) */
   size_t weight_bytes; /* device bytes of the weights (alloc_dev) */
   size_t wsize;
   di_v4_layout lay;
@@ -184,7 +186,7 @@ typedef struct v4cu {
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
        S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
-       S_EPACT, S_EPTILES, S_TAB, S_N };
+       S_EPACT, S_EPTILES, S_TAB, S_MXTC, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -876,9 +878,11 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
     DI_TRY(cu_epc_run(b->ep, l, 1, &r, NULL));
     return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
   }
-  /* one token: every slot its own expert (tiles would only add a launch); more: grouped by expert */
+  /* one token: every slot its own expert (tiles would only add a launch); more, or the MXFP4 tensor-core form
+   * (DEEPINFER_CUDA_V4_MX_TC: steps of >= mx_tc tokens; 1: every step, so batch-invariant): grouped by expert */
+  const int mx_tc = L->mx && b->mx_tc > 0 && T >= b->mx_tc && di_v4k_mx_tc_ok(L->m1, L->m3, L->m2, D, I);
   int32_t *tiles = NULL;
-  if (T > 1) {
+  if (T > 1 || mx_tc) {
     SCR(work, S_TILES, int32_t, 1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns);
     DI_TRY(di_v4k_expert_tiles(ids, T, ns, E + 1, work, s));
     tiles = work;
@@ -904,8 +908,13 @@ static di_status moe(v4cu *b, const step_meta *m, int l, const float *x, float *
         st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the shared expert's event");
     }
     DI_TRY(st);
-    DI_TRY(di_v4k_expert_up_mx(x, ids, tiles, E + 1, L->m1, L->m3, T, ns, D, I, lim, act, s));
-    DI_TRY(di_v4k_expert_down_mx(act, ids, tiles, E + 1, L->m2, T, ns, D, I, y, s));
+    if (mx_tc) { /* k_mxfp4_tc_grouped.cu */
+      SCR(ws, S_MXTC, uint8_t, di_v4k_mx_tc_ws_bytes(T, ns, D, I, E + 1));
+      DI_TRY(di_v4k_experts_mx_tc(x, ids, tiles, E + 1, L->m1, L->m3, L->m2, T, ns, D, I, lim, ws, y, s));
+    } else {
+      DI_TRY(di_v4k_expert_up_mx(x, ids, tiles, E + 1, L->m1, L->m3, T, ns, D, I, lim, act, s));
+      DI_TRY(di_v4k_expert_down_mx(act, ids, tiles, E + 1, L->m2, T, ns, D, I, y, s));
+    }
     if (fork) DI_CU(cudaStreamWaitEvent(s, b->ev_join, 0));
     return di_v4k_moe_combine(y, ids, wts, T, ns, D, out, s);
   }
@@ -1467,6 +1476,7 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->wf32 = di_switch_bool(DI_SW_CUDA_V4_F32, 0);
   b->tc = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_TC, 0);
   b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 1); /* default on since session 13 (PERFORMANCE.md) */
+  b->mx_tc = di_switch_int(DI_SW_CUDA_V4_MX_TC, 0); /* off by default (issue 18, session 14: PERFORMANCE.md) */
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];

@@ -16,8 +16,9 @@
  * columns past K load as zeros (cp.async src-size 0), so partial blocks need no special case; K % 16
  * keeps every 16-byte copy either wholly inside or wholly past K. Fragment layouts are the PTX ISA's
  * for m16n8k32 with 8-bit operands: A reg j holds row g (+8 for j odd), bytes 4t..4t+3 (+16 for
- * j >= 2); B reg j holds column g, bytes 4t.. (+16 for j = 1); C as for m16n8k16. */
-#include "k_fp8_common.cuh"
+ * j >= 2); B reg j holds column g, bytes 4t.. (+16 for j = 1); C as for m16n8k16. The skeleton it shares
+ * with k_fp8_grouped_mma.cu (stage ring, promotion, tile rows) is k_fp8_mma.cuh. */
+#include "k_fp8_mma.cuh"
 #include "util/switches.h"
 
 #define FM_BN 128
@@ -25,14 +26,6 @@
 #define FM_SROW 144
 #define FM_STAGES 3
 #define FM_THREADS 256
-
-static __device__ __forceinline__ void mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 static size_t fm_smem(int bm) { return (size_t)FM_STAGES * (bm + FM_BN) * FM_SROW; }
 
@@ -51,14 +44,11 @@ fp8_mma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32
   const int n0 = blockIdx.x * FM_BN;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const int wm = warp >> 2, wn = warp & 3;
-  for (int r = tid; r < BM; r += FM_THREADS) {
-    const int m = t.m0 + r;
-    srow[r] = m < t.mend ? (a_rows ? a_rows[m] : m) : -1;
-  }
+  fp8_tile_srow(srow, BM, t, a_rows, tid, FM_THREADS);
   __syncthreads();
-  const int sblocks = (N + w.block_rows - 1) / w.block_rows;
-  const uint8_t *We = w.q + (int64_t)t.e * N * w.ldq;
-  const float *Se = w.scale + (int64_t)t.e * sblocks * w.scale_cols;
+  const uint8_t *We;
+  const float *Se;
+  fp8_expert_w(w, N, t.e, &We, &Se);
   /* the weight scale rows of this thread's accumulator columns (any block height: 128-row blocks give
    * one row per CTA, the backend's per-row scales one per column) */
   int srw[NT][2];
@@ -86,39 +76,17 @@ fp8_mma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32
   };
 
   const int nk = (K + FM_BK - 1) / FM_BK;
-#pragma unroll
-  for (int st = 0; st < FM_STAGES - 1; st++) {
-    if (st < nk) load(st, st);
-    di_cp_commit();
-  }
+  fp8_ring_start<FM_STAGES>(load, nk);
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; i++)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int v = 0; v < 4; v++) acc[i][j][v] = 0.f;
-  /* the activation rows of this thread's accumulator fragments (-1: past the tile) */
-  int arow[MT][2];
-#pragma unroll
-  for (int i = 0; i < MT; i++) {
-    arow[i][0] = srow[wm * WM + i * 16 + g];
-    arow[i][1] = srow[wm * WM + i * 16 + g + 8];
-  }
+  fp8_frag_zero(acc);
+  int arow[MT][2]; /* the activation rows of this thread's accumulator fragments (-1: past the tile) */
+  fp8_frag_rows(arow, srow, wm * WM, g);
 
   for (int kb = 0; kb < nk; kb++) {
-    di_cp_wait<FM_STAGES - 2>();
-    __syncthreads();
-    if (kb + FM_STAGES - 1 < nk) load((kb + FM_STAGES - 1) % FM_STAGES, kb + FM_STAGES - 1);
-    di_cp_commit();
+    fp8_ring_step<FM_STAGES>(load, kb, nk);
     const uint8_t *a = sA + (kb % FM_STAGES) * BM * FM_SROW, *b = sB + (kb % FM_STAGES) * FM_BN * FM_SROW;
     float tmp[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) tmp[i][j][v] = 0.f;
+    fp8_frag_zero(tmp);
 #pragma unroll
     for (int kk = 0; kk < FM_BK / 32; kk++) {
       uint32_t af[MT][4], bfr[NT][2];
@@ -139,26 +107,12 @@ fp8_mma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int32
 #pragma unroll
       for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int j = 0; j < NT; j++) mma_e4m3(tmp[i][j], af[i], bfr[j]);
+        for (int j = 0; j < NT; j++) fp8_mma16832(tmp[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bfr[j][0], bfr[j][1]);
     }
     /* promotion: this K block's partial sums, scaled, into the fp32 accumulator */
-    float swc[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int v = 0; v < 2; v++) swc[j][v] = __ldg(Se + srw[j][v] + kb);
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-      const float s0 = arow[i][0] >= 0 ? __ldg(sa + (int64_t)arow[i][0] * lds + kb) : 0.f;
-      const float s1 = arow[i][1] >= 0 ? __ldg(sa + (int64_t)arow[i][1] * lds + kb) : 0.f;
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        acc[i][j][0] = fmaf(tmp[i][j][0], s0 * swc[j][0], acc[i][j][0]);
-        acc[i][j][1] = fmaf(tmp[i][j][1], s0 * swc[j][1], acc[i][j][1]);
-        acc[i][j][2] = fmaf(tmp[i][j][2], s1 * swc[j][0], acc[i][j][2]);
-        acc[i][j][3] = fmaf(tmp[i][j][3], s1 * swc[j][1], acc[i][j][3]);
-      }
-    }
+    float swc[NT][2], s_a[MT][2];
+    fp8_block_scales(swc, s_a, Se, srw, sa, lds, arow, kb);
+    fp8_promote(acc, tmp, s_a, swc);
   }
   di_cp_wait<0>();
 #pragma unroll

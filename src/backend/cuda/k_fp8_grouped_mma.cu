@@ -19,8 +19,9 @@
  * The weights are the backend's device form (E4M3 rows, one f32 scale per row per 128 columns, or any
  * block height: the scale is looked up per output row), 4 stages of cp.async in flight (72 KB of
  * shared memory at 16 rows: 3 CTAs an SM). Edges: weight rows past N and columns past K load zeros;
- * K % 16 == 0. Not batch-invariant (the invariant mode never takes it). */
-#include "k_fp8_common.cuh"
+ * K % 16 == 0. Not batch-invariant (the invariant mode never takes it). The skeleton shared with
+ * k_fp8_gemm.cu (stage ring, per-K-block scales and promotion, tile rows) is k_fp8_mma.cuh. */
+#include "k_fp8_mma.cuh"
 #include "util/switches.h"
 
 #define GM_BK 128  /* K per stage: one scale block */
@@ -29,15 +30,6 @@
 
 /* byte offset of 16-byte chunk c of shared row r */
 static __device__ __forceinline__ int gm_at(int r, int c) { return r * 128 + ((c ^ ((r & 1) << 2)) << 4); }
-
-static __device__ __forceinline__ void gm_mma(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 static size_t gm_smem(int bm) { return (size_t)GM_STAGES * (bm + GM_BN) * 128; }
 
@@ -56,10 +48,7 @@ fp8_gmma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int3
   const fp8_rows t = fp8_tile_rows(off, tiles, BM, 0);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const int wm = warp >> 2, wn = warp & 3, I = N / 2;
-  for (int r = tid; r < BM; r += NTH) {
-    const int m = t.m0 + r;
-    srow[r] = m < t.mend ? (a_rows ? a_rows[m] : m) : -1;
-  }
+  fp8_tile_srow(srow, BM, t, a_rows, tid, NTH);
   for (int r = tid; r < GM_BN; r += NTH) { /* the weight row of shared row r (-1: past the matrix) */
     int n;
     if (glu) { /* warp wn's rows wn*32 ..: n8 tiles 0-1 gate columns c0 + wn*16 + 0..15, tiles 2-3 their up rows */
@@ -72,9 +61,9 @@ fp8_gmma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int3
     brow[r] = n;
   }
   __syncthreads();
-  const int sblocks = (N + w.block_rows - 1) / w.block_rows;
-  const uint8_t *We = w.q + (int64_t)t.e * N * w.ldq;
-  const float *Se = w.scale + (int64_t)t.e * sblocks * w.scale_cols;
+  const uint8_t *We;
+  const float *Se;
+  fp8_expert_w(w, N, t.e, &We, &Se);
   int srw[NT][2]; /* the scale rows of this thread's accumulator columns (-1: past N) */
 #pragma unroll
   for (int j = 0; j < NT; j++)
@@ -84,11 +73,7 @@ fp8_gmma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int3
       srw[j][v] = n < 0 ? -1 : (n / w.block_rows) * w.scale_cols;
     }
   int arow[MT][2];
-#pragma unroll
-  for (int i = 0; i < MT; i++) {
-    arow[i][0] = srow[wm * WM + i * 16 + g];
-    arow[i][1] = srow[wm * WM + i * 16 + g + 8];
-  }
+  fp8_frag_rows(arow, srow, wm * WM, g);
 
   auto load = [&](int stage, int kb) {
     const int k0 = kb * GM_BK;
@@ -107,42 +92,18 @@ fp8_gmma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int3
   };
 
   const int nk = (K + GM_BK - 1) / GM_BK;
-#pragma unroll
-  for (int st = 0; st < GM_STAGES - 1; st++) {
-    if (st < nk) load(st, st);
-    di_cp_commit();
-  }
+  fp8_ring_start<GM_STAGES>(load, nk);
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; i++)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int v = 0; v < 4; v++) acc[i][j][v] = 0.f;
+  fp8_frag_zero(acc);
 
   for (int kb = 0; kb < nk; kb++) {
     /* this K block's scales, loaded before its products so their latency hides behind them */
     float swc[NT][2], s_a[MT][2];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int v = 0; v < 2; v++) swc[j][v] = srw[j][v] >= 0 ? __ldg(Se + srw[j][v] + kb) : 0.f;
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) s_a[i][h] = arow[i][h] >= 0 ? __ldg(sa + (int64_t)arow[i][h] * lds + kb) : 0.f;
-    di_cp_wait<GM_STAGES - 2>();
-    __syncthreads();
-    if (kb + GM_STAGES - 1 < nk) load((kb + GM_STAGES - 1) % GM_STAGES, kb + GM_STAGES - 1);
-    di_cp_commit();
+    fp8_block_scales(swc, s_a, Se, srw, sa, lds, arow, kb);
+    fp8_ring_step<GM_STAGES>(load, kb, nk);
     const uint8_t *a = sA + (kb % GM_STAGES) * BM * 128, *b = sB + (kb % GM_STAGES) * GM_BN * 128;
     float tmp[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) tmp[i][j][v] = 0.f;
+    fp8_frag_zero(tmp);
 #pragma unroll
     for (int h = 0; h < 2; h++) { /* 64 K positions: the lane's chunk 4h + t of each row, two mma steps */
       uint4 af[MT][2], bf[NT];
@@ -157,19 +118,11 @@ fp8_gmma_kernel(const uint8_t *Aq, int ldq, const float *sa, int lds, const int3
       for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-          gm_mma(tmp[i][j], af[i][0].x, af[i][1].x, af[i][0].y, af[i][1].y, bf[j].x, bf[j].y);
-          gm_mma(tmp[i][j], af[i][0].z, af[i][1].z, af[i][0].w, af[i][1].w, bf[j].z, bf[j].w);
+          fp8_mma16832(tmp[i][j], af[i][0].x, af[i][1].x, af[i][0].y, af[i][1].y, bf[j].x, bf[j].y);
+          fp8_mma16832(tmp[i][j], af[i][0].z, af[i][1].z, af[i][0].w, af[i][1].w, bf[j].z, bf[j].w);
         }
     }
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        acc[i][j][0] = fmaf(tmp[i][j][0], s_a[i][0] * swc[j][0], acc[i][j][0]);
-        acc[i][j][1] = fmaf(tmp[i][j][1], s_a[i][0] * swc[j][1], acc[i][j][1]);
-        acc[i][j][2] = fmaf(tmp[i][j][2], s_a[i][1] * swc[j][0], acc[i][j][2]);
-        acc[i][j][3] = fmaf(tmp[i][j][3], s_a[i][1] * swc[j][1], acc[i][j][3]);
-      }
+    fp8_promote(acc, tmp, s_a, swc);
   }
   di_cp_wait<0>();
 #pragma unroll

@@ -16,9 +16,10 @@
  *     gate and the matching 64 up columns and writes silu(gate) * up (bf16) for 64 output columns.
  * Shapes: K % 16 (a partial last K block is zero-filled by the copies and the TMA), 128-wide scale
  * blocks; N % 256 (or I % 128 with glu), since a box past an expert's rows would read the next expert's.
- * Not batch-invariant (the invariant mode never takes it). */
+ * Not batch-invariant (the invariant mode never takes it). The tile walk shared with k_tc_grouped.cu (units,
+ * barriers, the A rows' swizzled copies) is k_tc_units.cuh. */
 #include "k_fp8_common.cuh"
-#include "k_tc_sm90.cuh"
+#include "k_tc_units.cuh"
 #include "util/switches.h"
 
 #define FG_BM 64
@@ -28,9 +29,6 @@
 #define FG_ST_BYTES (FG_BM * 128 + FG_BN * 128)
 #define FG_SC_FLOATS (FG_BN + FG_BM) /* a stage's scales: 256 weight rows, then 64 activation rows */
 
-static __device__ __forceinline__ void fg_cp_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 static __device__ __forceinline__ void fg_cp4(uint32_t dst, const void *src, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0) : "memory");
 }
@@ -63,13 +61,7 @@ static __global__ void __launch_bounds__(384, 1)
   const float *scales = (const float *)(smem_raw + (scb - tt_smem(smem_raw)));
   const int wg = threadIdx.x >> 7, I = N / 2, nblk = glu ? I / 128 : N / FG_BN, nk = (K + 127) / 128;
   const int sblocks = (N + w.block_rows - 1) / w.block_rows;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < FG_STAGES; s++) {
-      tt_bar_init(bars + 8 * s, 128 + 1); /* every producer thread's copies, and thread 0's expect_tx */
-      tt_bar_init(bars + 8 * (FG_STAGES + s), 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  tg_bars_init(bars, FG_STAGES);
   __syncthreads();
   DI_PDL_ENTRY();
   const int units = *n_tiles * nblk;
@@ -78,14 +70,10 @@ static __global__ void __launch_bounds__(384, 1)
     const int t = threadIdx.x, cc = t & 7;
     int stage = 0, phase = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const int tile = tiles[u / nblk], n0 = (u % nblk) * (glu ? 128 : FG_BN);
-      const int e = tile >> 16, m0 = off[e] + (tile & 0xffff) * bm, mend = min(off[e + 1], m0 + bm);
+      const tg_unit un = tg_unit_at(tiles, off, bm, u, nblk, glu ? 128 : FG_BN);
+      const int e = un.e, n0 = un.n0;
       int64_t src[4]; /* this thread's 4 A rows t / 8 + 16 i (chunk t % 8): their activation row, -1 absent */
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int r = (t >> 3) + 16 * i, m = m0 + r;
-        src[i] = r < bm && m < mend ? (int64_t)(a_rows ? a_rows[m] : m) : -1;
-      }
+      tg_src_rows(src, t, un, bm, a_rows, 1);
       const float *Se = w.scale + (int64_t)e * sblocks * w.scale_cols;
       const int sw0 = (fg_wrow(t, n0, I, glu) / w.block_rows) * w.scale_cols,
                 sw1 = (fg_wrow(t + 128, n0, I, glu) / w.block_rows) * w.scale_cols;
@@ -102,15 +90,13 @@ static __global__ void __launch_bounds__(384, 1)
         for (int i = 0; i < 4; i++) {
           const int r = (t >> 3) + 16 * i;
           const bool p = src[i] >= 0 && k < K;
-          const uint8_t *g = p ? Aq + src[i] * ldq + k : Aq;
-          const uint32_t d = st + r * 128 + ((cc ^ (r & 7)) << 4);
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(g), "r"(p ? 16 : 0) : "memory");
+          tg_cp_row16(st, r, cc, p ? Aq + src[i] * ldq + k : Aq, p);
           if (cc == 0) fg_cp4(sc + (FG_BN + r) * 4, src[i] >= 0 ? sa + src[i] * lds + kt : sa, src[i] >= 0);
         }
         fg_cp4(sc + t * 4, Se + sw0 + kt, true);
         fg_cp4(sc + (t + 128) * 4, Se + sw1 + kt, true);
-        fg_cp_arrive(full);
-        if (++stage == FG_STAGES) stage = 0, phase ^= 1;
+        tg_cp_arrive(full);
+        tg_next<FG_STAGES>(stage, phase);
       }
     }
   } else { /* consumer c: B rows 128 c .. 128 c + 127 of the stage */
@@ -119,8 +105,8 @@ static __global__ void __launch_bounds__(384, 1)
     const int r0 = wq * 16 + (lane >> 2); /* this thread's tile rows r0 and r0 + 8 */
     int stage = 0, phase = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const int tile = tiles[u / nblk], n0 = (u % nblk) * (glu ? 128 : FG_BN);
-      const int e = tile >> 16, m0 = off[e] + (tile & 0xffff) * bm, mend = min(off[e + 1], m0 + bm);
+      const tg_unit un = tg_unit_at(tiles, off, bm, u, nblk, glu ? 128 : FG_BN);
+      const int n0 = un.n0, m0 = un.m0, mend = un.mend;
       float acc[64], tmp[64];
 #pragma unroll
       for (int q = 0; q < 64; q++) acc[q] = tmp[q] = 0.f;
@@ -146,7 +132,7 @@ static __global__ void __launch_bounds__(384, 1)
         }
         __syncwarp();
         if (lane == 0) tt_bar_arrive(bars + 8 * (FG_STAGES + stage));
-        if (++stage == FG_STAGES) stage = 0, phase ^= 1;
+        tg_next<FG_STAGES>(stage, phase);
       }
 #pragma unroll
       for (int q = 0; q < 64; q += 2) {

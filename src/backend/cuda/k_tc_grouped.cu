@@ -13,18 +13,15 @@
  * r * 128 + ((c ^ r % 8) * 16); absent rows zero-filled), each arriving on the stage's full barrier
  * when its copies land (cp.async.mbarrier.arrive.noinc), while thread 0 loads the W box by TMA (2-D
  * map over all experts' rows: e * N + n). Two consumer warpgroups take 128 columns each of the 64 x
- * 256 tile; they fence the generic-proxy copies into the async proxy before their wgmmas read them. */
-#include "k_tc_sm90.cuh"
+ * 256 tile; they fence the generic-proxy copies into the async proxy before their wgmmas read them. The
+ * tile walk (units, barriers, the A rows' swizzled copies) is k_tc_units.cuh, shared with k_fp8_tc_grouped.cu. */
+#include "k_tc_units.cuh"
 #include "k_tc_core.h"
 
 #define TG_BM 64
 #define TG_BN 256
 #define TG_STAGES 5
 #define TG_MAX_EXPERTS 1024 /* the W map's row extent (N x this); the device tile list names the expert */
-
-static __device__ __forceinline__ void tg_cp_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 
 static __global__ void __launch_bounds__(384, 1)
     tc_grouped_kernel(const __grid_constant__ CUtensorMap mw, const bf16 *A, int lda, const int32_t *a_rows, int N,
@@ -35,13 +32,7 @@ static __global__ void __launch_bounds__(384, 1)
   const uint32_t base = (tt_smem(smem_raw) + 1023) & ~1023u;
   const uint32_t bars = base + TG_STAGES * ST_BYTES; /* full[STAGES], then empty[STAGES] */
   const int wg = threadIdx.x >> 7, nblk = N / TG_BN, nk = K / 64;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < TG_STAGES; s++) {
-      tt_bar_init(bars + 8 * s, 128 + 1); /* every producer thread's copies, and thread 0's expect_tx */
-      tt_bar_init(bars + 8 * (TG_STAGES + s), 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  tg_bars_init(bars, TG_STAGES);
   __syncthreads();
   DI_PDL_ENTRY();
   const int units = *n_tiles * nblk;
@@ -50,16 +41,12 @@ static __global__ void __launch_bounds__(384, 1)
     const int t = threadIdx.x;
     int stage = 0, phase = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const int tile = tiles[u / nblk], n0 = (u % nblk) * TG_BN;
-      const int e = tile >> 16, m0 = off[e] + (tile & 0xffff) * bm, mend = min(off[e + 1], m0 + bm);
+      const tg_unit un = tg_unit_at(tiles, off, bm, u, nblk, TG_BN);
+      const int e = un.e, n0 = un.n0;
       /* this thread's 4 chunks: rows t / 8 + 16 i, chunk t % 8 */
       const int cc = t & 7;
       int64_t src[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int r = (t >> 3) + 16 * i, m = m0 + r;
-        src[i] = r < bm && m < mend ? (int64_t)(a_rows ? a_rows[m] : m) * lda : -1;
-      }
+      tg_src_rows(src, t, un, bm, a_rows, lda);
       for (int kt = 0; kt < nk; kt++) {
         const uint32_t full = bars + 8 * stage, sa = base + stage * ST_BYTES;
         tt_bar_wait(bars + 8 * (TG_STAGES + stage), phase ^ 1);
@@ -70,13 +57,10 @@ static __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
           const int r = (t >> 3) + 16 * i;
-          const bf16 *g = src[i] >= 0 ? A + src[i] + kt * 64 + cc * 8 : A;
-          const uint32_t d = sa + r * 128 + ((cc ^ (r & 7)) << 4);
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(g), "r"(src[i] >= 0 ? 16 : 0)
-                       : "memory");
+          tg_cp_row16(sa, r, cc, src[i] >= 0 ? A + src[i] + kt * 64 + cc * 8 : A, src[i] >= 0);
         }
         tg_cp_arrive(full);
-        if (++stage == TG_STAGES) stage = 0, phase ^= 1;
+        tg_next<TG_STAGES>(stage, phase);
       }
     }
   } else { /* consumer c: columns 128 c .. 128 c + 127 of the tile */
@@ -84,8 +68,8 @@ static __global__ void __launch_bounds__(384, 1)
     const int c = wg - 1, lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
     int stage = 0, phase = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const int tile = tiles[u / nblk], n0 = (u % nblk) * TG_BN + c * 128;
-      const int e = tile >> 16, m0 = off[e] + (tile & 0xffff) * bm, mend = min(off[e + 1], m0 + bm);
+      const tg_unit un = tg_unit_at(tiles, off, bm, u, nblk, TG_BN);
+      const int n0 = un.n0 + c * 128, m0 = un.m0, mend = un.mend;
       float acc[64];
 #pragma unroll
       for (int q = 0; q < 64; q++) acc[q] = 0.f;
@@ -101,7 +85,7 @@ static __global__ void __launch_bounds__(384, 1)
         tt_wait1();
         if (prev >= 0 && lane == 0) tt_bar_arrive(bars + 8 * (TG_STAGES + prev));
         prev = stage;
-        if (++stage == TG_STAGES) stage = 0, phase ^= 1;
+        tg_next<TG_STAGES>(stage, phase);
       }
       wg_wait0();
       if (prev >= 0 && lane == 0) tt_bar_arrive(bars + 8 * (TG_STAGES + prev));
