@@ -96,6 +96,7 @@ struct di_cuda_dspark {
   int last_n;      /* blocks of the last proposal (whose logits and hidden rows draft_greedy reads) */
   int32_t *g_ints; /* greedy drafting: prev [n], cap [n], tokens [n * B] */
   float *g_conf;   /* [n * B] */
+  void *gscr;      /* the greedy rounds' per-chunk maxima (di_cuk_dspark_greedy_scratch), for cap_rows / B blocks */
   int log_owner;   /* the target's feature log is this drafter's (di_cuda_dspark_log_on) */
   /* proposals inside the step (di_cuda_dspark_graph_on): device scratch for p_cap blocks (block tokens
    * [cap * B], anchor positions, prev, caps [cap] each, anchor out [cap][2], draft tokens [cap * B] as
@@ -212,7 +213,7 @@ extern "C" void di_cuda_dspark_free(di_cuda_dspark *s) {
   cudaStreamSynchronize(b->stream);
   void *ptrs[] = {s->fc, s->embed, s->lm_head, s->hidden_norm, s->norm, s->inv_freq, s->cache, s->x, s->qf, s->kf,
                   s->vf, s->hf, s->featf, s->xn, s->att, s->gu, s->act, s->featb, s->ints, s->mw1, s->mw2,
-                  s->conf_w, s->g_ints, s->g_conf, s->p_dev};
+                  s->conf_w, s->g_ints, s->g_conf, s->p_dev, s->gscr};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) dev_free(b, ptrs[i]);
   if (s->L)
     for (int l = 0; l < s->d->n_layers; l++) {
@@ -263,6 +264,7 @@ static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
     REALLOC(s->gu, 2 * R * 2 * I);
     REALLOC(s->act, 2 * R * I);
     REALLOC(s->featb, 2 * R * s->F);
+    REALLOC(s->gscr, di_cuk_dspark_greedy_scratch(c / d->block_size + 1));
     s->cap_rows = c;
   }
   if (ints > s->cap_ints) {
@@ -506,7 +508,7 @@ extern "C" di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const
   for (int j = 0; j < rounds; j++)
     DI_TRY(di_cuk_dspark_greedy_round(s->featf, s->hf, s->g_ints, s->g_ints + n, j, n, B, d->vocab, limit, d->hidden,
                                       d->markov_rank, s->mw1, s->mw2, s->conf_w, d->conf_b, d->has_conf,
-                                      d->conf_with_markov, d_tok, s->g_conf, st));
+                                      d->conf_with_markov, d_tok, s->g_conf, s->gscr, st));
   DI_CU(cudaStreamSynchronize(st)); /* the anchors and caps above were copied from pageable memory */
   for (int i = 0; i < n; i++)
     for (int j = rounds; j < B; j++) tok[i * B + j] = -1;
@@ -564,7 +566,7 @@ static di_status prop_forward(void *c) {
   for (int j = 0; j < B; j++)
     DI_TRY(di_cuk_dspark_greedy_round(s->featf, s->hf, prev, pcap, j, PB, B, d->vocab, s->p_limit, d->hidden, d->markov_rank,
                                       s->mw1, s->mw2, s->conf_w, d->conf_b, d->has_conf, d->conf_with_markov, otok, oconf,
-                                      st));
+                                      s->gscr, st));
   int32_t *h = s->p_host;
   DI_CU(cudaMemcpyAsync(h, aout, sizeof(int32_t) * 2 * (size_t)PB, cudaMemcpyDeviceToHost, st));
   DI_CU(cudaMemcpyAsync(h + 2 * (size_t)P, otok, sizeof(int32_t) * (size_t)PB * B, cudaMemcpyDeviceToHost, st));
