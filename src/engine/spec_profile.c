@@ -96,6 +96,8 @@ static di_status time_step(di_engine *e, prof_scratch *p, int T, int propose, do
     const double t1 = di_now();
     if (dev) DI_TRY(be->ops->sample(be, p->rows, T, p->sampled));
     if (propose) DI_TRY(sp->drafter.graph_drafts(sp->drafter.ctx, n, made, sp->ganchor, sp->dtok, sp->dconf));
+    if (be->ops->release) /* each run's sequences end with it (a backend keeping per-sequence state drops theirs) */
+      for (int q = 0; q < n; q++) be->ops->release(be, UINT64_MAX - (uint64_t)q);
     if (r >= WARM_RUNS) t_run[r - WARM_RUNS] = (t1 - t0) * 1e3;
   }
   qsort(t_run, TIMED_RUNS, sizeof *t_run, cmp_double);
@@ -161,8 +163,6 @@ di_status di_spec_profile_startup(di_engine *e) {
     st = time_step(e, &p, sizes[i], 0, &plain[i], &m);
     if (st == DI_OK && sp->graph_prop) st = time_step(e, &p, sizes[i], 1, &prop[i], &made[i]);
   }
-  if (e->be->ops->release)
-    for (int q = 0; q < sp->max_seqs; q++) e->be->ops->release(e->be, UINT64_MAX - (uint64_t)q);
   scratch_free(e, &p);
   if (st != DI_OK) return st;
   /* proposals the backend declined (made 0): the plain time plus the last accepted size's proposal cost */

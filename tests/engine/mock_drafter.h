@@ -6,7 +6,7 @@
  * last accepted one) and drafts greedily from the mock model's logits over the sequence's context read
  * back from the mock KV (so a wrong table or a wrong anchor changes the drafts), every fourth draft made
  * wrong on purpose (confidence conf_wrong, the others conf_right). Optionally (per_token_s > 0) each step
- * takes per_token_s x its padded token count (+ proposal_s when it proposes): the mock then reports graph
+ * takes step_s + per_token_s x its padded token count (+ proposal_s when it proposes): the mock then reports graph
  * buckets (powers of two up to MOCK_DRAFTER_BUCKET_MAX, the counts a step is padded up to) as the CUDA
  * backend does. Header-only; one mock drafter per test binary (g_md). */
 #ifndef DI_TEST_MOCK_DRAFTER_H
@@ -25,7 +25,7 @@ typedef struct mock_drafter {
   mock_backend *m;
   int block, limit, on;
   float conf_right, conf_wrong;
-  double per_token_s, proposal_s; /* the step-time model (0: the mock's own sleep_s) */
+  double step_s, per_token_s, proposal_s; /* the step-time model (per_token_s 0: the mock's own sleep_s) */
   di_batch last;      /* the last submitted batch (its arrays stay valid until the engine reads the drafts) */
   int32_t *sampled;   /* its samples, by row */
   int n_sampled, cap_sampled;
@@ -52,7 +52,7 @@ static int mock_drafter_padded(int n) {
 }
 /* the mock's step time for a batch of n tokens under the step-time model */
 static double mock_drafter_step_s(int n, int proposes) {
-  return g_md.per_token_s * mock_drafter_padded(n) + (proposes ? g_md.proposal_s : 0);
+  return g_md.step_s + g_md.per_token_s * mock_drafter_padded(n) + (proposes ? g_md.proposal_s : 0);
 }
 
 static void md_keep_samples(const int32_t *tok, int n) {
