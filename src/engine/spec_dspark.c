@@ -404,6 +404,9 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   const di_drafter_ops *d = &sp->drafter;
   const size_t F = (size_t)d->feat_dim, V = (size_t)sp->V, B = (size_t)d->block_size, DH = (size_t)d->hidden;
   int row = 0, m = 0, q = 0;
+  /* a paused plain step (device steps: its context fed on the device, its entries' drafts voided at
+   * submit by di_spec_plain_submitted): nothing to do, and the step after it may be in flight already */
+  if (s->spec_ahead && sp->device_steps) return DI_OK;
   /* 1. context rows of every position this step computed with a valid token */
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];
