@@ -2,6 +2,7 @@
  * test; the CUDA path's host side without a GPU):
  *
  *   bench_dspark_host [run] [SEQS] [STEPS | TOKENS] [SLEEP_MS] [PER_TOKEN_US] [PROPOSAL_US]
+ *   bench_dspark_host model MODEL_DIR [cpu|cuda] [SEQS,SEQS..] [STEPS]   (see bench_model below)
  *
  * SEQS running sequences (default 64) decode STEPS steps (default 400, after 100 of warm-up), or with
  * `run` bench/bench_dspark.py's shape (a warm-up generate of 8 tokens, then TOKENS tokens each, default
@@ -292,7 +293,167 @@ static int run(int dspark, const bench_cfg *c) {
   return rc;
 }
 
+/* ---- the same over a real backend: `bench_dspark_host model MODEL_DIR [cpu|cuda] [SEQS,SEQS..] [STEPS]` ----
+ * The engine on the model (and its DSpark drafter, MODEL_DIR/dspark), plain against DSpark's confidence
+ * schedule (online, and from the startup profile), SEQS running sequences (default 16,64,256) decoding
+ * STEPS timed steps (default 300) after 100; the backend's ops are timed through a wrapper, so the
+ * host's time per step is split into the backend calls (submit: the input block, its upload, the graph
+ * launch, feature-log flushes; sample_async; sample_fetch / wait: blocked on the device) and the engine's
+ * own part. */
+typedef struct timed_backend {
+  di_backend base;
+  di_backend *real;
+  di_backend_ops ops;
+  double t[6];
+  int64_t n[6];
+} timed_backend;
+enum { OP_SUBMIT, OP_WAIT, OP_SAMPLE, OP_ASYNC, OP_FETCH, OP_RELEASE };
+static const char *const OP_NAME[6] = {"submit", "wait", "sample", "sample_async", "sample_fetch", "release"};
+#define TB(b) ((timed_backend *)(b))
+#define TIMED(op, call)                  \
+  do {                                   \
+    const double t0_ = now_s();          \
+    di_status st_ = (call);              \
+    TB(b)->t[op] += now_s() - t0_;       \
+    TB(b)->n[op]++;                      \
+    return st_;                          \
+  } while (0)
+static int tb_kv_groups(di_backend *b, di_kv_group_info *g, int cap) { return TB(b)->real->ops->kv_groups(TB(b)->real, g, cap); }
+static di_status tb_kv_alloc(di_backend *b, int64_t n) { return TB(b)->real->ops->kv_alloc(TB(b)->real, n); }
+static di_status tb_submit(di_backend *b, const di_batch *bt) { TIMED(OP_SUBMIT, TB(b)->real->ops->submit(TB(b)->real, bt)); }
+static di_status tb_wait(di_backend *b, float *lg, float *h) { TIMED(OP_WAIT, TB(b)->real->ops->wait(TB(b)->real, lg, h)); }
+static di_status tb_sample(di_backend *b, const di_sample_row *r, int n, int32_t *t) {
+  TIMED(OP_SAMPLE, TB(b)->real->ops->sample(TB(b)->real, r, n, t));
+}
+static di_status tb_async(di_backend *b, const di_sample_row *r, int n) {
+  TIMED(OP_ASYNC, TB(b)->real->ops->sample_async(TB(b)->real, r, n));
+}
+static di_status tb_fetch(di_backend *b, int32_t *t) { TIMED(OP_FETCH, TB(b)->real->ops->sample_fetch(TB(b)->real, t)); }
+static void tb_release(di_backend *b, uint64_t key) {
+  const double t0 = now_s();
+  TB(b)->real->ops->release(TB(b)->real, key);
+  TB(b)->t[OP_RELEASE] += now_s() - t0;
+  TB(b)->n[OP_RELEASE]++;
+}
+static int tb_buckets(di_backend *b, int *t, int cap) { return TB(b)->real->ops->graph_buckets(TB(b)->real, t, cap); }
+
+/* the engine's backend wrapped (every op the real one has, timed) */
+static void wrap(timed_backend *tb, di_engine *e) {
+  memset(tb, 0, sizeof *tb);
+  tb->real = e->be;
+  tb->base = *e->be;
+  const di_backend_ops *r = e->be->ops;
+  tb->ops = *r;
+  tb->ops.kv_groups = r->kv_groups ? tb_kv_groups : NULL;
+  tb->ops.kv_alloc = r->kv_alloc ? tb_kv_alloc : NULL;
+  tb->ops.submit = tb_submit;
+  tb->ops.wait = tb_wait;
+  tb->ops.sample = r->sample ? tb_sample : NULL;
+  tb->ops.sample_async = r->sample_async ? tb_async : NULL;
+  tb->ops.sample_fetch = r->sample_fetch ? tb_fetch : NULL;
+  tb->ops.release = r->release ? tb_release : NULL;
+  tb->ops.graph_buckets = r->graph_buckets ? tb_buckets : NULL;
+  tb->base.ops = &tb->ops;
+  e->be = &tb->base;
+}
+
+static int bench_on_model(di_model *m, const char *name, const char *spec, int seqs, int steps) {
+  di_engine_options o;
+  di_engine_options_default(&o);
+  o.max_num_seqs = seqs;
+  o.async_scheduling = 1;
+  o.num_kv_blocks = (int64_t)seqs * ((steps + 200) / 64 + 3);
+  di_engine *e;
+  if (di_engine_create(m, &o, &e) != DI_OK) {
+    fprintf(stderr, "bench: %s\n", di_last_error());
+    return 1;
+  }
+  const double t_spec = now_s();
+  if (spec && di_engine_set_speculative_config(e, m, spec) != DI_OK) {
+    fprintf(stderr, "bench: %s: %s\n", spec, di_last_error());
+    di_engine_free(e);
+    return 1;
+  }
+  const double spec_s = now_s() - t_spec;
+  timed_backend tb;
+  wrap(&tb, e);
+  const int V = di_model_vocab_size(m);
+  int32_t prompt[8];
+  for (int k = 0; k < seqs; k++) {
+    for (int i = 0; i < 8; i++) prompt[i] = 3 + (int32_t)((k * 7919 + i * 104729) % (V - 3));
+    di_request_params p;
+    di_request_params_default(&p);
+    p.prompt_ids = prompt;
+    p.n_prompt_ids = 8;
+    p.max_tokens = 100 + steps + 50;
+    p.temperature = 0;
+    p.ignore_eos = 1;
+    uint64_t id;
+    if (di_engine_add_request(e, &p, &id) != DI_OK) fprintf(stderr, "bench: %s\n", di_last_error());
+  }
+  di_step_output *out;
+  int rc = 0;
+  for (int i = 0; i < 100 && !rc; i++) rc = di_engine_step(e, &out) != DI_OK;
+  di_engine_stats s0, s1;
+  di_engine_get_stats(e, &s0);
+  timed_backend t0 = tb;
+  const double w0 = now_s();
+  for (int i = 0; i < steps && !rc; i++) rc = di_engine_step(e, &out) != DI_OK;
+  const double wall = now_s() - w0;
+  if (rc) fprintf(stderr, "bench: step: %s\n", di_last_error());
+  di_engine_get_stats(e, &s1);
+  di_spec_stats ss;
+  di_engine_get_spec_stats(e, &ss);
+  const double k = 1e3 / steps;
+  const double host = (s1.host_time_s - s0.host_time_s) * k;
+  printf("| %d | %s | %.0f | %.4f | %.4f |", seqs, name, (double)(s1.generated_tokens - s0.generated_tokens) / wall,
+         wall * k, host);
+  double in_ops = 0;
+  for (int op = 0; op < 6; op++) {
+    const double ms = (tb.t[op] - t0.t[op]) * k;
+    printf(" %.4f (%lld) |", ms, (long long)(tb.n[op] - t0.n[op]));
+    if (op == OP_SUBMIT || op == OP_ASYNC || op == OP_SAMPLE || op == OP_RELEASE) in_ops += ms;
+  }
+  printf(" %.4f | %lld / %lld | %.2f s |\n", host - in_ops, (long long)ss.proposals_in_step, (long long)ss.drafted_tokens,
+         spec ? spec_s : 0.0);
+  e->be = tb.real;
+  di_engine_free(e);
+  return rc;
+}
+
+static int bench_model(const char *dir, const char *accel, const char *seq_list, int steps) {
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.accelerator = accel;
+  mo.quiet = 1;
+  di_model *m;
+  if (di_model_load(dir, &mo, &m) != DI_OK) {
+    fprintf(stderr, "bench: %s\n", di_last_error());
+    return 1;
+  }
+  printf("%s on %s: %d timed decoding steps after 100, greedy; ms per step; backend ops: ms per step (calls); "
+         "engine = host - submit - sample_async - sample - release\n\n", dir, accel, steps);
+  printf("| seqs | config | tok/s | wall | host |");
+  for (int op = 0; op < 6; op++) printf(" %s |", OP_NAME[op]);
+  printf(" engine | in-step proposals / drafted | spec setup |\n|");
+  for (int c = 0; c < 14; c++) printf(" --- |");
+  printf("\n");
+  static const char *const names[3] = {"plain", "dspark scheduled", "dspark scheduled, startup profile"};
+  static const char *const specs[3] = {NULL, "{\"method\": \"dspark\"}", "{\"method\": \"dspark\", \"profile\": \"startup\"}"};
+  int rc = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", seq_list);
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
+    for (int c = 0; c < 3; c++)
+      if (!getenv("BENCH_ONLY") || atoi(getenv("BENCH_ONLY")) == c) /* 0 plain, 1 dspark, 2 startup (for perf) */
+        rc |= bench_on_model(m, names[c], specs[c], atoi(tok), steps);
+  di_model_free(m);
+  return rc;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 3 && strcmp(argv[1], "model") == 0)
+    return bench_model(argv[2], argc > 3 ? argv[3] : "cpu", argc > 4 ? argv[4] : "16,64,256", argc > 5 ? atoi(argv[5]) : 300);
   bench_cfg c = {.seqs = 64, .steps = 400, .run_tokens = 0, .sleep_ms = 0.25, .per_token_us = 2.0, .prop_us = 300};
   int a = 1;
   if (a < argc && strcmp(argv[a], "run") == 0) c.run_tokens = 128, a++;
