@@ -11,6 +11,7 @@
  * 6-block pool (preemption) and aborts; the mock's slot checks clean. */
 #include "test_util.h"
 #include "mock_drafter.h"
+#include "test_requests.h"
 #include "engine/spec_decode.h"
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,7 @@ typedef struct {
   int32_t prompt[64];
   int n_prompt;
   float temperature;
-  int32_t got[MAXT + 1];
-  int n_got, finish;
-  uint64_t id;
+  test_got out;
 } rq_t;
 
 static void make(rq_t *rq, int n) {
@@ -36,6 +35,17 @@ static void make(rq_t *rq, int n) {
     for (int i = 0; i < rq[k].n_prompt; i++) rq[k].prompt[i] = 2 + (int32_t)(mock_mix((uint64_t)(k * 100 + i)) % (VOCAB - 2));
     rq[k].temperature = k % 3 == 2 ? 0.8f : 0.f;
   }
+}
+
+/* every third request aborted at step at */
+typedef struct abort_ctx {
+  rq_t *rq;
+  int n, at;
+} abort_ctx;
+static void abort_every_third(di_engine *e, int step, void *c) {
+  const abort_ctx *a = c;
+  if (step == a->at)
+    for (int k = 0; k < a->n; k += 3) (void)di_engine_abort(e, a->rq[k].out.id);
 }
 
 /* runs rq through an engine on a fresh mock (spec NULL: no speculative decoding); abort_at > 0: every
@@ -59,31 +69,11 @@ static void run(rq_t *rq, int n, const char *spec, int fixed, int blocks, int ab
     CHECKF(g_md.on, "%s: graph proposals not turned on", spec);
   }
   for (int k = 0; k < n; k++) {
-    di_request_params p;
-    di_request_params_default(&p);
-    p.prompt_ids = rq[k].prompt;
-    p.n_prompt_ids = rq[k].n_prompt;
-    p.max_tokens = MAXT;
-    p.temperature = rq[k].temperature;
-    p.ignore_eos = 1;
-    p.has_seed = 1;
-    p.seed = 11 + (uint64_t)k;
-    rq[k].n_got = rq[k].finish = 0;
-    CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "add: %s", di_last_error());
+    const di_request_params p = test_params(NULL, rq[k].prompt, rq[k].n_prompt, MAXT, rq[k].temperature, 11 + (uint64_t)k);
+    test_add(e, &p, &rq[k].out, spec ? spec : "plain");
   }
-  int steps = 0;
-  while (di_engine_has_unfinished(e) && steps < 20000) {
-    di_step_output *out;
-    if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "%s: step: %s", spec ? spec : "plain", di_last_error()); break; }
-    for (int i = 0; i < out->n; i++) {
-      const di_seq_output *so = &out->seqs[i];
-      rq_t *r = &rq[so->req_id - rq[0].id];
-      for (int t = 0; t < so->n_new_tokens && r->n_got < MAXT + 1; t++) r->got[r->n_got++] = so->new_tokens[t];
-      if (so->finish_reason) r->finish = so->finish_reason;
-    }
-    if (++steps == abort_at)
-      for (int k = 0; k < n; k += 3) (void)di_engine_abort(e, rq[k].id);
-  }
+  abort_ctx ac = {rq, n, abort_at};
+  test_run_to_end(e, &rq[0].out, sizeof *rq, n, 20000, abort_every_third, &ac, spec ? spec : "plain");
   di_engine_stats st;
   di_engine_get_stats(e, &st);
   CHECKF(st.kv_blocks_used == 0, "%s: %lld KV blocks leaked", spec ? spec : "plain", (long long)st.kv_blocks_used);
@@ -111,8 +101,7 @@ int main(void) {
     for (int k = 0; k < NREQ; k++) {
       if (cfgs[c].abort_at && k % 3 == 0) continue;
       compared++;
-      same &= got[k].n_got == ref[k].n_got && memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0 &&
-              got[k].finish == ref[k].finish;
+      same &= test_got_equal(&got[k].out, &ref[k].out);
     }
     CHECKF(same && compared > 0, "%s: outputs differ from decoding without drafts", cfgs[c].what);
     CHECKF(ss.proposals_in_step > 0 && ss.proposals_missed == 0, "%s: %lld proposals in the step, %lld missed", cfgs[c].what,

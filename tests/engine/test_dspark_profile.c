@@ -11,6 +11,7 @@
  * DSpark, after a request, bad or misplaced "profile" values. */
 #include "test_util.h"
 #include "mock_drafter.h"
+#include "test_requests.h"
 #include "deepinfer.h"
 #include "engine/spec_internal.h"
 #include <stdlib.h>
@@ -128,9 +129,9 @@ static void test_no_buckets(void) {
 }
 
 typedef struct {
-  int32_t prompt[8], got[MAXT + 1];
-  int n_prompt, n_got;
-  uint64_t id;
+  int32_t prompt[8];
+  int n_prompt;
+  test_got out;
 } rq_t;
 
 /* NREQ greedy requests to the end; returns the drafted tokens (the spec stats) */
@@ -138,25 +139,10 @@ static int64_t generate(di_engine *e, rq_t *rq) {
   for (int k = 0; k < NREQ; k++) {
     rq[k].n_prompt = 3 + (k * 3) % 5; /* every prompt in the first step: then decoding steps only */
     for (int i = 0; i < rq[k].n_prompt; i++) rq[k].prompt[i] = 2 + (int32_t)(mock_mix((uint64_t)(k * 100 + i)) % (VOCAB - 2));
-    di_request_params p;
-    di_request_params_default(&p);
-    p.prompt_ids = rq[k].prompt;
-    p.n_prompt_ids = rq[k].n_prompt;
-    p.max_tokens = MAXT;
-    p.temperature = 0;
-    p.ignore_eos = 1;
-    rq[k].n_got = 0;
-    CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "add: %s", di_last_error());
+    const di_request_params p = test_params(NULL, rq[k].prompt, rq[k].n_prompt, MAXT, 0, 0);
+    test_add(e, &p, &rq[k].out, "generate");
   }
-  int steps = 0;
-  while (di_engine_has_unfinished(e) && steps++ < 5000) {
-    di_step_output *out;
-    if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "step: %s", di_last_error()); break; }
-    for (int i = 0; i < out->n; i++) {
-      rq_t *r = &rq[out->seqs[i].req_id - rq[0].id];
-      for (int t = 0; t < out->seqs[i].n_new_tokens && r->n_got < MAXT + 1; t++) r->got[r->n_got++] = out->seqs[i].new_tokens[t];
-    }
-  }
+  test_run_to_end(e, &rq[0].out, sizeof *rq, NREQ, 5000, NULL, NULL, "generate");
   di_spec_stats ss;
   di_engine_get_spec_stats(e, &ss);
   return ss.drafted_tokens;
@@ -185,8 +171,7 @@ static void test_schedule(void) {
     CHECKF(di_spec_profile_startup(e) == DI_OK, "%s", di_last_error());
     const int64_t drafted = generate(e, got);
     int same = 1;
-    for (int k = 0; k < NREQ; k++)
-      same &= got[k].n_got == MAXT && got[k].n_got == ref[k].n_got && !memcmp(got[k].got, ref[k].got, sizeof(int32_t) * MAXT);
+    for (int k = 0; k < NREQ; k++) same &= got[k].out.n == MAXT && test_got_equal(&got[k].out, &ref[k].out);
     CHECKF(same, "%s: outputs differ from plain decoding", cfgs[c].what);
     if (cfgs[c].pays) CHECKF(drafted > 0, "%s: none verified", cfgs[c].what);
     else CHECKF(drafted == 0, "%s: %lld drafts verified", cfgs[c].what, (long long)drafted);
