@@ -105,6 +105,11 @@ struct di_cuda_dspark {
   int graph_owner, p_limit, p_cap, p_n, p_blk, p_made;
   int32_t *p_dev, *p_host;
   uint32_t *stamp, stamp_gen; /* per cache slot: the flush that last wrote it (a flush's later rows win) */
+  /* log_flush's pinned staging of the log's slots and positions [2 * flog_cap] and the event after its
+   * upload (waited for at the next flush only: the host rewrites the log's host arrays at once) */
+  int32_t *flush_stage;
+  cudaEvent_t ev_flush;
+  int flush_pending;
 };
 
 static di_status up_w(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what) {
@@ -198,6 +203,11 @@ static void log_off(di_cuda_dspark *s) {
   b->flog_cap = b->flog_n = 0;
   b->flog_flush = NULL;
   b->flog_ctx = NULL;
+  if (s->flush_stage) cudaFreeHost(s->flush_stage);
+  if (s->ev_flush) cudaEventDestroy(s->ev_flush);
+  s->flush_stage = NULL;
+  s->ev_flush = NULL;
+  s->flush_pending = 0;
   b->prop_prepare = NULL;
   b->prop_forward = NULL;
   b->prop_ctx = NULL;
@@ -334,7 +344,11 @@ static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, cons
 
 /* The feature log's rows into the drafter cache (cu_backend.flog): a slot written by several logged
  * rows (a rejected draft's row, then the real token's at that position; a block that changed hands)
- * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows). */
+ * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows).
+ * No host synchronisation (session 14; it was one per 1,024 rows, from pageable memory, and so a
+ * drained pipeline under token feedback every flush): the slots and positions are staged in pinned
+ * memory and uploaded once, the chunks' kernels queued behind the step in flight (which writes the log's
+ * last rows: stream order), and the staging is reused at the next flush after its upload's event. */
 enum { LOG_CHUNK = 1024 }; /* rows per context pass (the scratch is sized by rows) */
 static di_status log_flush(void *c) {
   di_cuda_dspark *s = (di_cuda_dspark *)c;
@@ -353,13 +367,16 @@ static di_status log_flush(void *c) {
     else s->stamp[g] = s->stamp_gen;
   }
   b->flog_n = 0;
+  DI_TRY(reserve(s, n < LOG_CHUNK ? n : LOG_CHUNK, 2 * n));
+  if (s->flush_pending) DI_CU(cudaEventSynchronize(s->ev_flush)); /* the last flush's upload read the staging */
+  memcpy(s->flush_stage, b->flog_slot, sizeof(int32_t) * (size_t)n);
+  memcpy(s->flush_stage + n, b->flog_pos, sizeof(int32_t) * (size_t)n);
+  DI_CU(cudaMemcpyAsync(s->ints, s->flush_stage, sizeof(int32_t) * 2 * (size_t)n, cudaMemcpyHostToDevice, b->stream));
+  DI_CU(cudaEventRecord(s->ev_flush, b->stream));
+  s->flush_pending = 1;
   for (int c0 = 0; c0 < n; c0 += LOG_CHUNK) {
     const int m = n - c0 < LOG_CHUNK ? n - c0 : LOG_CHUNK;
-    DI_TRY(reserve(s, m, 2 * m));
-    DI_CU(cudaMemcpyAsync(s->ints, b->flog_slot + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
-    DI_CU(cudaMemcpyAsync(s->ints + m, b->flog_pos + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
-    DI_CU(cudaStreamSynchronize(b->stream)); /* pageable sources; the next chunk rewrites s->ints */
-    DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints, s->ints + m));
+    DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints + c0, s->ints + n + c0));
   }
   return DI_OK;
 }
@@ -380,7 +397,9 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   DI_TRY(dev_alloc(b, (void **)&b->flog, sizeof(float) * (size_t)cap * s->F));
   b->flog_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
   b->flog_slot = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
-  if (!b->flog_pos || !b->flog_slot) {
+  if (cudaMallocHost((void **)&s->flush_stage, sizeof(int32_t) * 2 * (size_t)cap) != cudaSuccess) s->flush_stage = NULL;
+  if (s->flush_stage && cudaEventCreateWithFlags(&s->ev_flush, cudaEventDisableTiming) != cudaSuccess) s->ev_flush = NULL;
+  if (!b->flog_pos || !b->flog_slot || !s->flush_stage || !s->ev_flush) {
     s->log_owner = 1;
     log_off(s);
     return di_error_set(DI_ERR_OOM, "DSpark feature log: out of host memory");
