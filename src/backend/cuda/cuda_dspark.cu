@@ -109,7 +109,7 @@ struct di_cuda_dspark {
    * upload (waited for at the next flush only: the host rewrites the log's host arrays at once) */
   int32_t *flush_stage;
   cudaEvent_t ev_flush;
-  int flush_pending;
+  int flush_pending, flush_async; /* flush_async: DEEPINFER_DSPARK_FLUSH_ASYNC, read at log_on */
 };
 
 static di_status up_w(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what) {
@@ -345,10 +345,11 @@ static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, cons
 /* The feature log's rows into the drafter cache (cu_backend.flog): a slot written by several logged
  * rows (a rejected draft's row, then the real token's at that position; a block that changed hands)
  * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows).
- * No host synchronisation (session 14; it was one per 1,024 rows, from pageable memory, and so a
- * drained pipeline under token feedback every flush): the slots and positions are staged in pinned
- * memory and uploaded once, the chunks' kernels queued behind the step in flight (which writes the log's
- * last rows: stream order), and the staging is reused at the next flush after its upload's event. */
+ * With DEEPINFER_DSPARK_FLUSH_ASYNC=1 (session 14; off until verified on the device) without host
+ * synchronisation (else one per 1,024 rows, from pageable memory, and so a drained pipeline under token
+ * feedback at every flush): the slots and positions are staged in pinned memory and uploaded once, the
+ * chunks' kernels queued behind the step in flight (which writes the log's last rows: stream order), and
+ * the staging is reused at the next flush after its upload's event. */
 enum { LOG_CHUNK = 1024 }; /* rows per context pass (the scratch is sized by rows) */
 static di_status log_flush(void *c) {
   di_cuda_dspark *s = (di_cuda_dspark *)c;
@@ -367,6 +368,17 @@ static di_status log_flush(void *c) {
     else s->stamp[g] = s->stamp_gen;
   }
   b->flog_n = 0;
+  if (!s->flush_async) { /* session 13's flush: a sync per chunk (the pageable sources, s->ints rewritten) */
+    for (int c0 = 0; c0 < n; c0 += LOG_CHUNK) {
+      const int m = n - c0 < LOG_CHUNK ? n - c0 : LOG_CHUNK;
+      DI_TRY(reserve(s, m, 2 * m));
+      DI_CU(cudaMemcpyAsync(s->ints, b->flog_slot + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
+      DI_CU(cudaMemcpyAsync(s->ints + m, b->flog_pos + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
+      DI_CU(cudaStreamSynchronize(b->stream));
+      DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints, s->ints + m));
+    }
+    return DI_OK;
+  }
   DI_TRY(reserve(s, n < LOG_CHUNK ? n : LOG_CHUNK, 2 * n));
   if (s->flush_pending) DI_CU(cudaEventSynchronize(s->ev_flush)); /* the last flush's upload read the staging */
   memcpy(s->flush_stage, b->flog_slot, sizeof(int32_t) * (size_t)n);
@@ -397,9 +409,11 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   DI_TRY(dev_alloc(b, (void **)&b->flog, sizeof(float) * (size_t)cap * s->F));
   b->flog_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
   b->flog_slot = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
-  if (cudaMallocHost((void **)&s->flush_stage, sizeof(int32_t) * 2 * (size_t)cap) != cudaSuccess) s->flush_stage = NULL;
+  s->flush_async = di_switch_bool(DI_SW_DSPARK_FLUSH_ASYNC, 0);
+  if (s->flush_async && cudaMallocHost((void **)&s->flush_stage, sizeof(int32_t) * 2 * (size_t)cap) != cudaSuccess)
+    s->flush_stage = NULL;
   if (s->flush_stage && cudaEventCreateWithFlags(&s->ev_flush, cudaEventDisableTiming) != cudaSuccess) s->ev_flush = NULL;
-  if (!b->flog_pos || !b->flog_slot || !s->flush_stage || !s->ev_flush) {
+  if (!b->flog_pos || !b->flog_slot || (s->flush_async && (!s->flush_stage || !s->ev_flush))) {
     s->log_owner = 1;
     log_off(s);
     return di_error_set(DI_ERR_OOM, "DSpark feature log: out of host memory");
