@@ -295,7 +295,7 @@ static int run(int dspark, const bench_cfg *c) {
 
 /* ---- the same over a real backend: `bench_dspark_host model MODEL_DIR [cpu|cuda] [SEQS,SEQS..] [STEPS]` ----
  * The engine on the model (and its DSpark drafter, MODEL_DIR/dspark), plain against DSpark's confidence
- * schedule (online, and from the startup profile), SEQS running sequences (default 16,64,256) decoding
+ * schedule (online, and from the startup profile), then plain again (the machine's noise), SEQS running sequences (default 16,64,256) decoding
  * STEPS timed steps (default 300) after 100; the backend's ops are timed through a wrapper, so the
  * host's time per step is split into the backend calls (submit: the input block, its upload, the graph
  * launch, feature-log flushes; sample_async; sample_fetch / wait: blocked on the device) and the engine's
@@ -438,14 +438,16 @@ static int bench_model(const char *dir, const char *accel, const char *seq_list,
   printf(" engine | in-step proposals / drafted | spec setup |\n|");
   for (int c = 0; c < 14; c++) printf(" --- |");
   printf("\n");
-  static const char *const names[3] = {"plain", "dspark scheduled", "dspark scheduled, startup profile"};
-  static const char *const specs[3] = {NULL, "{\"method\": \"dspark\"}", "{\"method\": \"dspark\", \"profile\": \"startup\"}"};
+  /* plain twice (first and last: the spread between them is the noise of the machine) */
+  static const char *const names[4] = {"plain", "dspark scheduled", "dspark scheduled, startup profile", "plain again"};
+  static const char *const specs[4] = {NULL, "{\"method\": \"dspark\"}", "{\"method\": \"dspark\", \"profile\": \"startup\"}",
+                                       NULL};
   int rc = 0;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", seq_list);
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
-    for (int c = 0; c < 3; c++)
-      if (!getenv("BENCH_ONLY") || atoi(getenv("BENCH_ONLY")) == c) /* 0 plain, 1 dspark, 2 startup (for perf) */
+    for (int c = 0; c < 4; c++)
+      if (!getenv("BENCH_ONLY") || atoi(getenv("BENCH_ONLY")) == c) /* 0 plain, 1 dspark, 2 startup, 3 plain (for perf) */
         rc |= bench_on_model(m, names[c], specs[c], atoi(tok), steps);
   di_model_free(m);
   return rc;
