@@ -8,7 +8,9 @@ in the backend's wait and the host's time (drafting included), warm-up included)
 fixed k=5 and scheduled only. --configs NAME,NAME: only those rows; --device-steps 0,1: every DSpark row
 with DEEPINFER_DSPARK_DEVICE_STEPS at each value (the rows with 1 are labeled "+dev"); --graph-propose 0,1: every
 DSpark row with DEEPINFER_DSPARK_GRAPH_PROPOSE at each value (the rows with 0 are labeled "eager": proposals after
-the step; the "in-step" column counts the steps that proposed inside their CUDA graph).
+the step; the "in-step" column counts the steps that proposed inside their CUDA graph). "scheduled k=5 startup": the
+confidence schedule from a step-time profile measured per graph bucket at startup (speculative_config "profile":
+"startup"; the LLM's creation, which runs it, is not timed).
 
 Usage: DEEPINFER_LIB=build/libdeepinfer.so PYTHONPATH=python python3 bench/bench_dspark.py \
     [--model models/default] [--tokens 128] [--threads 2] [--batches 1,16] [--accelerator cuda] \
@@ -70,8 +72,10 @@ def main():
     configs += [(f"dspark fixed k={k}", {"method": "dspark", "num_speculative_tokens": k, "schedule": "fixed"})
                 for k in range(1, 6)]
     configs += [("dspark scheduled k=5", {"method": "dspark", "num_speculative_tokens": 5})]
+    configs += [("dspark scheduled k=5 startup", {"method": "dspark", "num_speculative_tokens": 5, "profile": "startup"})]
     if a.quick:
-        configs = [c for c in configs if c[0] in ("plain", "mtp k=3", "dspark fixed k=5", "dspark scheduled k=5")]
+        configs = [c for c in configs if c[0] in ("plain", "mtp k=3", "dspark fixed k=5", "dspark scheduled k=5",
+                                                  "dspark scheduled k=5 startup")]
     if a.configs:
         configs = [c for c in configs if c[0] in a.configs.split(",")]
     configs = [(n, s, None, None) for n, s in configs]

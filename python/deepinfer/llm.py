@@ -67,7 +67,8 @@ class LLM:
     (None / "auto" or "fp8": the latent KV cache in E4M3, CPU and CUDA backends), threads, quiet, batch_invariant (outputs independent of the other requests
     in a step: the CPU always is; on CUDA slower kernels). speculative_config={"method": "mtp",
     "num_speculative_tokens": 1..5, "min_confidence": 0.3 (optional)} turns on lossless speculative
-    decoding with the model's MTP layer (CPU backend; off by default). Several ranks (docs/multi-gpu.md):
+    decoding with the model's MTP layer (CPU backend; off by default); {"method": "dspark"} with the DSpark
+    block drafter (keys acceptance, schedule, profile ("online" / "startup"), model: docs/speculative.md). Several ranks (docs/multi-gpu.md):
     data_parallel_size=N (N ranks under mpirun, requests placed on them by load; outside mpirun the
     program is re-run under it), enable_expert_parallel, enable_eplb, eplb_config={"num_redundant_experts":
     R, "window_size": W, "step_interval": S}, dist_timeout (seconds per collective, 60)."""

@@ -138,7 +138,7 @@ di_status di_engine_set_speculative_config(di_engine *e, di_model *m, const char
   cJSON *j = NULL;
   DI_TRY(di_json_parse(json, strlen(json), "speculative_config", &j));
   di_status st = DI_OK;
-  const char *method = NULL, *acceptance = NULL, *schedule = NULL, *model = NULL;
+  const char *method = NULL, *acceptance = NULL, *schedule = NULL, *model = NULL, *profile = NULL;
   int64_t k = -1;
   double conf = 0.3;
   if (!cJSON_IsObject(j)) {
@@ -147,15 +147,17 @@ di_status di_engine_set_speculative_config(di_engine *e, di_model *m, const char
   }
   for (const cJSON *it = j->child; it; it = it->next)
     if (strcmp(it->string, "method") && strcmp(it->string, "num_speculative_tokens") && strcmp(it->string, "min_confidence") &&
-        strcmp(it->string, "acceptance") && strcmp(it->string, "schedule") && strcmp(it->string, "model")) {
+        strcmp(it->string, "acceptance") && strcmp(it->string, "schedule") && strcmp(it->string, "model") &&
+        strcmp(it->string, "profile")) {
       st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: unknown key \"%s\" (method, num_speculative_tokens, "
-                        "min_confidence, acceptance, schedule, model)", it->string);
+                        "min_confidence, acceptance, schedule, model, profile)", it->string);
       goto done;
     }
   if ((st = di_json_str(j, "method", NULL, "speculative_config", &method)) != DI_OK) goto done;
   if ((st = di_json_str(j, "acceptance", NULL, "speculative_config", &acceptance)) != DI_OK) goto done;
   if ((st = di_json_str(j, "schedule", "confidence", "speculative_config", &schedule)) != DI_OK) goto done;
   if ((st = di_json_str(j, "model", NULL, "speculative_config", &model)) != DI_OK) goto done;
+  if ((st = di_json_str(j, "profile", "online", "speculative_config", &profile)) != DI_OK) goto done;
   if ((st = di_json_num(j, "min_confidence", 0.3, "speculative_config", &conf)) != DI_OK) goto done;
   const cJSON *nk = cJSON_GetObjectItemCaseSensitive(j, "num_speculative_tokens");
   if (nk && !di_json_int_in(nk, 0, 5, &k)) {
@@ -173,6 +175,15 @@ di_status di_engine_set_speculative_config(di_engine *e, di_model *m, const char
   }
   if (strcmp(schedule, "confidence") && strcmp(schedule, "fixed")) {
     st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: schedule must be \"confidence\" or \"fixed\", got \"%s\"", schedule);
+    goto done;
+  }
+  if (strcmp(profile, "online") && strcmp(profile, "startup")) {
+    st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: profile must be \"online\" or \"startup\", got \"%s\"", profile);
+    goto done;
+  }
+  if (!strcmp(profile, "startup") && strcmp(method, "dspark")) {
+    st = di_error_set(DI_ERR_INVALID_ARG, "speculative_config: profile \"startup\" is for method \"dspark\" (its "
+                      "confidence schedule's step-time profile)");
     goto done;
   }
   if (!strcmp(method, "mtp") || !e) {
@@ -197,6 +208,8 @@ di_status di_engine_set_speculative_config(di_engine *e, di_model *m, const char
     goto done;
   }
   st = set_dspark(e, m, model, k < 0 ? 5 : (int)k, acceptance && !strcmp(acceptance, "exact"), !strcmp(schedule, "fixed"));
+  /* the confidence schedule's step times per graph bucket, measured now (else learned online) */
+  if (st == DI_OK && !strcmp(profile, "startup")) st = di_spec_profile_startup(e);
 done:
   cJSON_Delete(j);
   return st;

@@ -186,6 +186,11 @@ typedef struct di_backend_ops {
    * token per 128 latent channels and the rope part in bf16 (docs/quantization.md); before kv_groups is
    * read and before the first kv_alloc. */
   di_status (*set_kv_fp8)(di_backend *b);
+  /* Optional (NULL: none): the step sizes in tokens that this backend replays from captured graphs,
+   * ascending, at most cap of them; a step of fewer tokens than the largest is padded up to the next
+   * (the CUDA backend: powers of two up to DI_CUDA_GRAPH_MAX_T, none with graphs off). Returns the
+   * count. For a step-time profile per bucket (DSpark's startup profile, engine/spec_profile.c). */
+  int (*graph_buckets)(di_backend *b, int *tokens, int cap);
 } di_backend_ops;
 
 struct di_backend {

@@ -44,4 +44,9 @@ struct di_drafter_ops;
  * the drafter to allocate. Batches then carry each sequence's table in it (di_batch.drafter_tables). */
 di_status di_engine_add_drafter_group(di_engine *e, int64_t bytes_per_token, int block_tokens, int64_t *n_blocks);
 di_status di_engine_set_dspark(di_engine *e, const struct di_drafter_ops *d, int num_tokens, int exact, int fixed);
+/* spec_profile.c: DSpark's step-time profile measured now (speculative_config "profile": "startup"), per
+ * graph bucket of the backend (ops->graph_buckets), by synthetic steps through the backend; after
+ * di_engine_set_dspark, before the first request. The schedule starts from it instead of probing, and
+ * the engine's own steps refine it online. A fixed schedule needs none (nothing is run). */
+di_status di_spec_profile_startup(di_engine *e);
 #endif

@@ -156,6 +156,54 @@ static double profile_ms(const double *prof, int n, int flat_below) {
 
 static double step_ms(const struct di_spec *sp, int n) { return profile_ms(sp->prof_ms, n, 0); }
 
+/* profile_ms at rising counts (the admission's base + 1, base + 2, ...): the same values, the measured
+ * counts around each found by one forward walk instead of a scan of the gaps at every count */
+typedef struct prof_walk {
+  const double *prof;
+  int flat_below, cur, lo, lo2, hi; /* lo, lo2: the largest measured counts below cur; hi: the next above */
+} prof_walk;
+
+static prof_walk walk_start(const double *prof, int flat_below) { return (prof_walk){prof, flat_below, 1, 0, 0, 0}; }
+
+static double walk_at(prof_walk *w, int n) {
+  const double *prof = w->prof;
+  if (n > DI_SPEC_PROFILE_MAX) n = DI_SPEC_PROFILE_MAX;
+  for (; w->cur < n; w->cur++)
+    if (prof[w->cur] > 0) w->lo2 = w->lo, w->lo = w->cur;
+  if (w->hi <= n)
+    for (w->hi = n + 1; w->hi <= DI_SPEC_PROFILE_MAX && !(prof[w->hi] > 0); w->hi++) {}
+  if (prof[n] > 0) return prof[n];
+  const int lo = w->lo, hi = w->hi;
+  if (lo > 0 && hi <= DI_SPEC_PROFILE_MAX) return prof[lo] + (prof[hi] - prof[lo]) * (double)(n - lo) / (double)(hi - lo);
+  if (lo > 0) {
+    double slope = w->lo2 > 0 ? (prof[lo] - prof[w->lo2]) / (double)(lo - w->lo2) : prof[lo] / (double)lo;
+    if (slope < 0) slope = 0;
+    return prof[lo] + slope * (double)(n - lo);
+  }
+  if (w->flat_below && hi <= DI_SPEC_PROFILE_MAX) return prof[hi];
+  return -1;
+}
+
+/* The admission: candidates (sorted by survival) taken in order; the prefix with the best expected
+ * tokens per millisecond wins if it beats the step without drafts (rate0). Not the first prefix whose
+ * next candidate lowers the rate: a cost every admitted draft shares (a proposal inside the step, the
+ * drafting sequences' proposals after it) is a jump the first draft alone need not pay. Stops where no
+ * later prefix can win: the candidates after c add at most their survival each (at most c's), over a
+ * step no shorter (step times rise with tokens). t_extra: added to every step time. */
+static int admit(const spec_cand *cands, int take, double expect, double rate0, prof_walk *w, int base, double t_extra) {
+  double e_run = expect, best_rate = rate0;
+  int best = 0;
+  for (int c = 0; c < take; c++) {
+    e_run += cands[c].conf;
+    const double t = walk_at(w, base + c + 1);
+    if (t <= 0) break;
+    const double r = e_run / (t + t_extra);
+    if (r > best_rate) best_rate = r, best = c + 1;
+    if ((e_run + (double)(take - c - 1) * cands[c].conf) / (t + t_extra) <= best_rate) break;
+  }
+  return best;
+}
+
 /* After admitting `best` drafts: when nothing pays (best == 0), stop proposing for a while (the
  * context is still fed), then look again; the pause doubles (16 .. 512 steps) while it keeps not
  * paying, and is at least so long that looking again (a proposal, t_draft ms against a t0 ms step)
@@ -199,29 +247,19 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
       sp->probe_plain = sp->graph_prop;
     } else if (above && sp->graph_prop) {
       /* the step's cost of proposing: what a proposing step of base tokens costs over a plain one */
-      double tp = profile_ms(sp->prof_prop_ms, base, 1), rate = expect / t0, e_run = expect;
+      double tp = profile_ms(sp->prof_prop_ms, base, 1);
       double t_draft = tp > t0 ? tp - t0 : 0;
-      for (int c = 0; c < take; c++) {
-        e_run += sp->cands[c].conf;
-        double t = profile_ms(sp->prof_prop_ms, base + c + 1, 1);
-        if (t <= 0 || e_run / t <= rate) break;
-        rate = e_run / t;
-        best = c + 1;
-      }
+      prof_walk w = walk_start(sp->prof_prop_ms, 1);
+      best = admit(sp->cands, take, expect, expect / t0, &w, base, 0);
       take = best;
       pause_if_unpaid(sp, best, t_draft, t0);
     } else if (above) {
       /* the drafts' own cost: the proposals of the drafting sequences (paid for the next step) */
       int drafting = 0;
       for (int i = 0; i < s->n; i++) drafting += s->e[i].r->n_draft > 0;
-      double rate = expect / t0, e_run = expect, t_draft = sp->draft_ms * drafting;
-      for (int c = 0; c < take; c++) {
-        e_run += sp->cands[c].conf;
-        double t = step_ms(sp, base + c + 1);
-        if (t <= 0 || e_run / (t + t_draft) <= rate) break;
-        rate = e_run / (t + t_draft);
-        best = c + 1;
-      }
+      double t_draft = sp->draft_ms * drafting;
+      prof_walk w = walk_start(sp->prof_ms, 0);
+      best = admit(sp->cands, take, expect, expect / t0, &w, base, t_draft);
       take = best;
       pause_if_unpaid(sp, best, t_draft, t0);
     } /* else explore: verify everything, which measures a larger step */
@@ -366,6 +404,9 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   const di_drafter_ops *d = &sp->drafter;
   const size_t F = (size_t)d->feat_dim, V = (size_t)sp->V, B = (size_t)d->block_size, DH = (size_t)d->hidden;
   int row = 0, m = 0, q = 0;
+  /* a paused plain step (device steps: its context fed on the device, its entries' drafts voided at
+   * submit by di_spec_plain_submitted): nothing to do, and the step after it may be in flight already */
+  if (s->spec_ahead && sp->device_steps) return DI_OK;
   /* 1. context rows of every position this step computed with a valid token */
   for (int i = 0; i < s->n; i++) {
     di_sched_entry *en = &s->e[i];

@@ -54,6 +54,7 @@ struct di_spec {
   double prof_ms[DI_SPEC_PROFILE_MAX + 1]; /* step time (EMA) by tokens in the step; 0: not seen */
   double prof_prop_ms[DI_SPEC_PROFILE_MAX + 1]; /* the same for steps with a proposal inside them (graph_prop) */
   int64_t steps_seen;
+  int profiled_sizes;            /* step sizes measured by the startup profile (spec_profile.c); 0: online only */
   double draft_ms;               /* EMA of one proposal's host time per drafting sequence */
   int pause, pause_len;          /* steps left without proposals (the last schedule admitted none), its length */
   /* stats */

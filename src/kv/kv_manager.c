@@ -311,6 +311,9 @@ int di_kv_can_allocate(const di_kv_manager *m, const di_kv_seq *s, int n_tokens)
 }
 
 di_status di_kv_allocate(di_kv_manager *m, di_kv_seq *s, int n_tokens) {
+  int grows = 0; /* most decoding steps need no new block in any group: nothing to do then */
+  for (int g = 0; g < m->n_groups && !grows; g++) grows = blocks_to_cover(m, g, n_tokens) > s->n[g];
+  if (!grows) return DI_OK;
   if (!di_kv_can_allocate(m, s, n_tokens)) {
     for (int g = 0; g < m->n_groups; g++) {
       int want = blocks_to_cover(m, g, n_tokens);

@@ -21,6 +21,7 @@
  * (6 prompts x 24 tokens, 2 configs; the chi-square needs its sample size and is left to the other
  * three CI runs of this test). */
 #include "test_util.h"
+#include "test_requests.h"
 #include "deepinfer.h"
 #include "util/switches.h"
 #include <math.h>
@@ -43,9 +44,7 @@
 
 typedef struct {
   char text[96];
-  int32_t got[MAXT + 8];
-  int n_got, finish;
-  uint64_t id;
+  test_got out;
 } rq_t;
 
 static di_model *g_model;
@@ -70,14 +69,7 @@ static di_engine *make_engine(const char *spec, int budget, int blocks, int max_
 /* runs every request to its end; temperature < 0: greedy */
 static void run(di_engine *e, rq_t *rq, int n, float temperature, int max_tokens, uint64_t seed0, const char *what) {
   for (int k = 0; k < n; k++) {
-    di_request_params p;
-    di_request_params_default(&p);
-    p.prompt = rq[k].text;
-    p.max_tokens = max_tokens;
-    p.temperature = temperature < 0 ? 0 : temperature;
-    p.ignore_eos = 1;
-    p.has_seed = 1;
-    p.seed = seed0 + (uint64_t)k;
+    di_request_params p = test_params(rq[k].text, NULL, 0, max_tokens, temperature, seed0 + (uint64_t)k);
     if (g_proc) {
       p.top_k = 40;
       p.top_p = 0.9f;
@@ -89,21 +81,9 @@ static void run(di_engine *e, rq_t *rq, int n, float temperature, int max_tokens
       p.logit_bias_values = g_bias_val;
       p.n_logit_bias = 2;
     }
-    rq[k].n_got = 0;
-    rq[k].finish = 0;
-    CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "%s: add: %s", what, di_last_error());
+    test_add(e, &p, &rq[k].out, what);
   }
-  int guard = 0;
-  while (di_engine_has_unfinished(e) && guard++ < 100000) {
-    di_step_output *out;
-    if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "%s: step: %s", what, di_last_error()); break; }
-    for (int i = 0; i < out->n; i++) {
-      const di_seq_output *so = &out->seqs[i];
-      rq_t *r = &rq[so->req_id - rq[0].id];
-      for (int t = 0; t < so->n_new_tokens && r->n_got < MAXT + 8; t++) r->got[r->n_got++] = so->new_tokens[t];
-      if (so->finish_reason) r->finish = so->finish_reason;
-    }
-  }
+  test_run_to_end(e, &rq[0].out, sizeof *rq, n, 100000, NULL, NULL, what);
   di_engine_stats st;
   di_engine_get_stats(e, &st);
   CHECKF(st.kv_blocks_used == 0, "%s: %lld KV blocks leaked", what, (long long)st.kv_blocks_used);
@@ -146,8 +126,8 @@ static void greedy_identity(void) {
     run(e, got, N, -1, T, 1, cfgs[c].spec);
     int same = 1, tokens = 0;
     for (int k = 0; k < N; k++) {
-      same &= got[k].n_got == ref[k].n_got && memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0;
-      tokens += got[k].n_got;
+      same &= got[k].out.n == ref[k].out.n && memcmp(got[k].out.tok, ref[k].out.tok, sizeof(int32_t) * (size_t)ref[k].out.n) == 0;
+      tokens += got[k].out.n;
     }
     CHECKF(same && tokens == N * T, "%s (budget %d, blocks %d): greedy output differs from plain decoding", cfgs[c].spec,
            cfgs[c].budget, cfgs[c].blocks);
@@ -243,7 +223,7 @@ static void sampling_distribution(int proc) {
   if (!proc) { /* the processed run's logit bias: on the two tokens most often 2nd here (a bias that matters) */
     memset(ca, 0, sizeof ca);
     for (int k = 0; k < N; k++)
-      if (a[k].n_got > 1) ca[a[k].got[1]]++;
+      if (a[k].out.n > 1) ca[a[k].out.tok[1]]++;
     for (int r = 0; r < 2; r++) {
       int best = 0;
       for (int v = 1; v < V; v++)
@@ -256,8 +236,8 @@ static void sampling_distribution(int proc) {
     memset(ca, 0, sizeof ca);
     memset(cb, 0, sizeof cb);
     for (int k = 0; k < N; k++) {
-      if (a[k].n_got > pos) ca[a[k].got[pos]]++;
-      if (b[k].n_got > pos) cb[b[k].got[pos]]++;
+      if (a[k].out.n > pos) ca[a[k].out.tok[pos]]++;
+      if (b[k].out.n > pos) cb[b[k].out.tok[pos]]++;
     }
     char what[64];
     snprintf(what, sizeof what, "%s token %d", tag, pos + 1);
@@ -279,34 +259,17 @@ static void grammar_drafts(const char *fixed_spec, const char *sched_spec, const
     di_engine *e = make_engine(specs[c], 0, 0, 0);
     if (!e) return;
     for (int k = 0; k < N; k++) {
-      di_request_params p;
-      di_request_params_default(&p);
-      p.prompt = rq[k].text;
-      p.max_tokens = T;
-      p.temperature = k % 2 ? 0.8f : 0;
-      p.has_seed = 1;
-      p.seed = 100 + (uint64_t)k;
+      di_request_params p = test_params(rq[k].text, NULL, 0, T, k % 2 ? 0.8f : 0, 100 + (uint64_t)k);
+      p.ignore_eos = 0;
       if (k % 3 == 0) p.json_object = 1;
       if (k % 3 == 1) p.json_schema = schema;
       if (k % 3 == 2) p.regex = "[a-z]+( [a-z]+)*\\.";
-      rq[k].n_got = 0;
-      CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "grammar request %d: %s", k, di_last_error());
+      test_add(e, &p, &rq[k].out, "grammar request");
     }
-    int guard = 0;
-    while (di_engine_has_unfinished(e) && guard++ < 100000) {
-      di_step_output *out;
-      if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "grammar step: %s", di_last_error()); break; }
-      for (int i = 0; i < out->n; i++) {
-        const di_seq_output *so = &out->seqs[i];
-        rq_t *r = &rq[so->req_id - rq[0].id];
-        for (int t = 0; t < so->n_new_tokens && r->n_got < MAXT + 8; t++) r->got[r->n_got++] = so->new_tokens[t];
-        if (so->finish_reason) r->finish = so->finish_reason;
-      }
-    }
+    test_run_to_end(e, &rq[0].out, sizeof *rq, N, 100000, NULL, NULL, "grammar");
     if (c > 0) {
       for (int k = 0; k < N; k++)
-        CHECKF(got[k].n_got == ref[k].n_got && got[k].finish == ref[k].finish &&
-                   memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0,
+        CHECKF(test_got_equal(&got[k].out, &ref[k].out),
                "%s %s: constrained request %d (%s, T %s) differs from plain constrained decoding", what, specs[c], k,
                k % 3 == 0 ? "json_object" : k % 3 == 1 ? "json_schema" : "regex", k % 2 ? "0.8" : "0");
       di_spec_stats ss;
@@ -341,38 +304,18 @@ static void grammar_end_ignore_eos(const char *spec, const char *what) {
     di_engine *e = make_engine(c ? spec : NULL, 0, 0, 0);
     if (!e) return;
     for (int k = 0; k < N; k++) {
-      di_request_params p;
-      di_request_params_default(&p);
-      p.prompt = rq[k].text;
-      p.max_tokens = T;
-      p.temperature = k % 2 ? 0.8f : 0;
-      p.has_seed = 1;
-      p.seed = 300 + (uint64_t)k;
-      p.ignore_eos = 1;
+      di_request_params p = test_params(rq[k].text, NULL, 0, T, k % 2 ? 0.8f : 0, 300 + (uint64_t)k);
       p.regex = res[k % 3];
-      rq[k].n_got = 0;
-      rq[k].finish = 0;
-      CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "%s: request %d: %s", what, k, di_last_error());
+      test_add(e, &p, &rq[k].out, what);
     }
-    int guard = 0;
-    while (di_engine_has_unfinished(e) && guard++ < 100000) {
-      di_step_output *out;
-      if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "%s: step: %s", what, di_last_error()); break; }
-      for (int i = 0; i < out->n; i++) {
-        const di_seq_output *so = &out->seqs[i];
-        rq_t *r = &rq[so->req_id - rq[0].id];
-        for (int t = 0; t < so->n_new_tokens && r->n_got < MAXT + 8; t++) r->got[r->n_got++] = so->new_tokens[t];
-        if (so->finish_reason) r->finish = so->finish_reason;
-      }
-    }
+    test_run_to_end(e, &rq[0].out, sizeof *rq, N, 100000, NULL, NULL, what);
     if (c == 0)
-      for (int k = 0; k < N; k++) ended += ref[k].n_got < T; /* the grammar ended it */
+      for (int k = 0; k < N; k++) ended += ref[k].out.n < T; /* the grammar ended it */
     if (c > 0) {
       for (int k = 0; k < N; k++)
-        CHECKF(got[k].n_got == ref[k].n_got && got[k].finish == ref[k].finish &&
-                   memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0,
+        CHECKF(test_got_equal(&got[k].out, &ref[k].out),
                "%s: regex %s request %d (T %s, ignore_eos): %d tokens (finish %d) vs plain decoding's %d (finish %d)", what,
-               res[k % 3], k, k % 2 ? "0.8" : "0", got[k].n_got, got[k].finish, ref[k].n_got, ref[k].finish);
+               res[k % 3], k, k % 2 ? "0.8" : "0", got[k].out.n, got[k].out.finish, ref[k].out.n, ref[k].out.finish);
       di_spec_stats ss;
       di_engine_get_spec_stats(e, &ss);
       CHECKF(ss.drafted_tokens > 0 && ss.accepted_tokens > 0, "%s: drafted %lld accepted %lld", what,
@@ -486,8 +429,8 @@ static void drafter_group(void) {
     run(e, batch, N, temp, 24, 40, t ? "batch, exact T=0.8" : "batch, greedy");
     run_alone(e, alone, N, temp, 24, 40, t ? "alone, exact T=0.8" : "alone, greedy");
     for (int k = 0; k < N; k++)
-      CHECKF(batch[k].n_got == alone[k].n_got &&
-                 memcmp(batch[k].got, alone[k].got, sizeof(int32_t) * (size_t)alone[k].n_got) == 0,
+      CHECKF(batch[k].out.n == alone[k].out.n &&
+                 memcmp(batch[k].out.tok, alone[k].out.tok, sizeof(int32_t) * (size_t)alone[k].out.n) == 0,
              "%s: request %d in a batch differs from alone", t ? "exact T=0.8" : "greedy", k);
     di_spec_stats ss;
     di_engine_get_spec_stats(e, &ss);

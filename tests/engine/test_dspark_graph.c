@@ -10,8 +10,8 @@
  * step, accepted, none with an anchor the host does not confirm; no KV block leaked, also through a
  * 6-block pool (preemption) and aborts; the mock's slot checks clean. */
 #include "test_util.h"
-#include "mock_backend.h"
-#include "engine/drafter.h"
+#include "mock_drafter.h"
+#include "test_requests.h"
 #include "engine/spec_decode.h"
 #include <stdlib.h>
 #include <string.h>
@@ -21,129 +21,11 @@
 #define MAXT 40
 #define BLOCK 4
 
-/* the mock "device" drafter: the last submitted batch and its samples */
-typedef struct mock_drafter {
-  mock_backend *m;
-  int limit, on;
-  di_batch last;      /* the last submitted batch (its arrays stay valid until the engine reads the drafts) */
-  int32_t *sampled;   /* its samples, by row */
-  int n_sampled, cap_sampled;
-  int64_t emulated;
-} mock_drafter;
-
-static mock_drafter g_md;
-
-static void keep_samples(const int32_t *tok, int n) {
-  if (n > g_md.cap_sampled) {
-    g_md.cap_sampled = n;
-    g_md.sampled = realloc(g_md.sampled, sizeof *g_md.sampled * (size_t)n);
-  }
-  memcpy(g_md.sampled, tok, sizeof *tok * (size_t)n);
-  g_md.n_sampled = n;
-}
-static di_status gd_submit(di_backend *b, const di_batch *bt) {
-  g_md.last = *bt;
-  g_md.n_sampled = 0;
-  return mock_submit_fb(b, bt);
-}
-static di_status gd_sample(di_backend *b, const di_sample_row *rows, int n, int32_t *tokens) {
-  DI_TRY(mock_sample(b, rows, n, tokens));
-  keep_samples(tokens, n);
-  return DI_OK;
-}
-static di_status gd_sample_async(di_backend *b, const di_sample_row *rows, int n) {
-  DI_TRY(mock_sample_async(b, rows, n));
-  keep_samples(((mock_backend *)b)->fb_tokens, n);
-  return DI_OK;
-}
-static const di_backend_ops GD_OPS = {.name = "mock-graph", .kv_groups = mock_kv_groups, .kv_alloc = mock_kv_alloc,
-                                      .submit = gd_submit, .wait = mock_wait, .sample = gd_sample,
-                                      .release = mock_release, .sample_async = gd_sample_async,
-                                      .sample_fetch = mock_sample_fetch, .destroy = mock_destroy};
-
-static di_status d_kv_alloc(void *c, int64_t n) { (void)c; (void)n; return DI_OK; }
-static di_status d_context(void *c, int n, const float *f, const int32_t *p, const int32_t *q, const di_batch_seq *s) {
-  (void)c; (void)n; (void)f; (void)p; (void)q; (void)s;
-  return DI_OK;
-}
-/* the proposals after the step (the engine's fallback): no drafts */
-static di_status d_propose(void *c, int n, const int32_t *t, const int32_t *p, const di_batch_seq *s, const uint8_t *w,
-                           float *h, float *lg) {
-  (void)c; (void)n; (void)t; (void)p; (void)s; (void)w; (void)h; (void)lg;
-  return DI_OK;
-}
-static di_status d_draft_greedy(void *c, int n, const int32_t *a, const int32_t *cap, int limit, int32_t *tok, float *conf) {
-  (void)c; (void)a; (void)cap; (void)limit;
-  for (int i = 0; i < n * BLOCK; i++) tok[i] = -1, conf[i] = 0;
-  return DI_OK;
-}
-static di_status d_context_on_device(void *c, int rows) { (void)c; (void)rows; return DI_OK; }
-static di_status d_graph_on(void *c, int limit) {
-  (void)c;
-  g_md.limit = limit;
-  g_md.on = 1;
-  return DI_OK;
-}
-
-/* what the CUDA drafter computes inside the step, from the step's batch, its samples and the KV */
-static di_status d_graph_drafts(void *c, int n, int *made, int32_t *anchor, int32_t *tok, float *conf) {
-  (void)c;
-  const di_batch *bt = &g_md.last;
-  mock_backend *m = g_md.m;
-  *made = 0;
-  if (!bt->propose_row) return DI_OK;
-  CHECKF(n == bt->n_seqs && g_md.n_sampled == bt->n_tokens, "graph drafts of %d sequences after a step of %d (%d samples, "
-         "%d rows)", n, bt->n_seqs, g_md.n_sampled, bt->n_tokens);
-  if (n != bt->n_seqs || g_md.n_sampled != bt->n_tokens) return di_error_set(DI_ERR_INVALID_ARG, "mock graph drafts");
-  int32_t ctx[4096];
-  for (int q = 0; q < n; q++) {
-    anchor[2 * q] = anchor[2 * q + 1] = -1;
-    for (int j = 0; j < BLOCK; j++) tok[q * BLOCK + j] = -1, conf[q * BLOCK + j] = 0;
-    const int f = bt->propose_row[q];
-    if (f < 0) continue;
-    int last = f;
-    while (last + 1 < bt->n_tokens && bt->seq_of[last + 1] == q) last++;
-    int a = 0;
-    while (f + a < last && g_md.sampled[f + a] == bt->tokens[f + a + 1]) a++;
-    const int32_t at = g_md.sampled[f + a];
-    const int ap = bt->positions[f + a] + 1;
-    anchor[2 * q] = at;
-    anchor[2 * q + 1] = ap;
-    if (ap + BLOCK >= (int)(sizeof ctx / sizeof *ctx)) continue;
-    const di_batch_seq *s = &bt->seqs[q];
-    for (int p = 0; p < ap; p++) { /* the context as the step left the cache */
-      const int64_t slot = (int64_t)s->block_table[p / DI_KV_BLOCK_SIZE] * DI_KV_BLOCK_SIZE + p % DI_KV_BLOCK_SIZE;
-      if (m->kv_pos[slot] != p) m->errors++;
-      ctx[p] = m->kv_tok[slot];
-    }
-    ctx[ap] = at;
-    float lg[VOCAB];
-    for (int j = 0; j < bt->propose_cap[q] && j < BLOCK; j++) {
-      mock_logits_of(ctx, ap + 1 + j, VOCAB, lg);
-      int best = 0;
-      for (int v = 1; v < g_md.limit; v++)
-        if (lg[v] > lg[best]) best = v;
-      const int wrong = mock_mix((uint64_t)(ap + j) * 31 + (uint64_t)best) % 4 == 0;
-      tok[q * BLOCK + j] = wrong ? (best + 1) % VOCAB : best;
-      conf[q * BLOCK + j] = wrong ? 0.4f : 0.9f;
-      ctx[ap + 1 + j] = tok[q * BLOCK + j];
-    }
-  }
-  g_md.emulated++;
-  *made = 1;
-  return DI_OK;
-}
-static void d_markov(void *c, int32_t prev, float *lg) { (void)c; (void)prev; (void)lg; }
-static float d_conf(void *c, const float *h, int32_t prev) { (void)c; (void)h; (void)prev; return 0; }
-static void d_destroy(void *c) { (void)c; }
-
 typedef struct {
   int32_t prompt[64];
   int n_prompt;
   float temperature;
-  int32_t got[MAXT + 1];
-  int n_got, finish;
-  uint64_t id;
+  test_got out;
 } rq_t;
 
 static void make(rq_t *rq, int n) {
@@ -155,14 +37,23 @@ static void make(rq_t *rq, int n) {
   }
 }
 
+/* every third request aborted at step at */
+typedef struct abort_ctx {
+  rq_t *rq;
+  int n, at;
+} abort_ctx;
+static void abort_every_third(di_engine *e, int step, void *c) {
+  const abort_ctx *a = c;
+  if (step == a->at)
+    for (int k = 0; k < a->n; k += 3) (void)di_engine_abort(e, a->rq[k].out.id);
+}
+
 /* runs rq through an engine on a fresh mock (spec NULL: no speculative decoding); abort_at > 0: every
  * third request aborted at that step (their outputs are not compared) */
 static void run(rq_t *rq, int n, const char *spec, int fixed, int blocks, int abort_at, di_spec_stats *ss) {
   mock_backend *m = mock_backend_new(VOCAB);
-  m->base.ops = &GD_OPS;
-  free(g_md.sampled);
-  memset(&g_md, 0, sizeof g_md);
-  g_md.m = m;
+  m->base.ops = &MOCK_DRAFTER_OPS;
+  mock_drafter_reset(m, BLOCK);
   di_engine_options o;
   di_engine_options_default(&o);
   o.num_kv_blocks = blocks ? blocks : 256;
@@ -173,39 +64,16 @@ static void run(rq_t *rq, int n, const char *spec, int fixed, int blocks, int ab
   CHECKF(mock_engine(m, &o, 0, 4096, &e) == DI_OK, "%s", di_last_error());
   if (!e) { mock_destroy(&m->base); return; }
   if (spec) {
-    di_drafter_ops d = {.ctx = &g_md, .block_size = BLOCK, .hidden = 8, .feat_dim = 8, .cache_bytes_per_token = 64,
-                        .kv_alloc = d_kv_alloc, .context = d_context, .propose = d_propose, .draft_greedy = d_draft_greedy,
-                        .context_on_device = d_context_on_device, .graph_on = d_graph_on, .graph_drafts = d_graph_drafts,
-                        .markov = d_markov, .confidence = d_conf, .destroy = d_destroy};
+    di_drafter_ops d = mock_drafter_ops();
     CHECKF(di_engine_set_dspark(e, &d, BLOCK, 1, fixed) == DI_OK, "%s: %s", spec, di_last_error());
     CHECKF(g_md.on, "%s: graph proposals not turned on", spec);
   }
   for (int k = 0; k < n; k++) {
-    di_request_params p;
-    di_request_params_default(&p);
-    p.prompt_ids = rq[k].prompt;
-    p.n_prompt_ids = rq[k].n_prompt;
-    p.max_tokens = MAXT;
-    p.temperature = rq[k].temperature;
-    p.ignore_eos = 1;
-    p.has_seed = 1;
-    p.seed = 11 + (uint64_t)k;
-    rq[k].n_got = rq[k].finish = 0;
-    CHECKF(di_engine_add_request(e, &p, &rq[k].id) == DI_OK, "add: %s", di_last_error());
+    const di_request_params p = test_params(NULL, rq[k].prompt, rq[k].n_prompt, MAXT, rq[k].temperature, 11 + (uint64_t)k);
+    test_add(e, &p, &rq[k].out, spec ? spec : "plain");
   }
-  int steps = 0;
-  while (di_engine_has_unfinished(e) && steps < 20000) {
-    di_step_output *out;
-    if (di_engine_step(e, &out) != DI_OK) { CHECKF(0, "%s: step: %s", spec ? spec : "plain", di_last_error()); break; }
-    for (int i = 0; i < out->n; i++) {
-      const di_seq_output *so = &out->seqs[i];
-      rq_t *r = &rq[so->req_id - rq[0].id];
-      for (int t = 0; t < so->n_new_tokens && r->n_got < MAXT + 1; t++) r->got[r->n_got++] = so->new_tokens[t];
-      if (so->finish_reason) r->finish = so->finish_reason;
-    }
-    if (++steps == abort_at)
-      for (int k = 0; k < n; k += 3) (void)di_engine_abort(e, rq[k].id);
-  }
+  abort_ctx ac = {rq, n, abort_at};
+  test_run_to_end(e, &rq[0].out, sizeof *rq, n, 20000, abort_every_third, &ac, spec ? spec : "plain");
   di_engine_stats st;
   di_engine_get_stats(e, &st);
   CHECKF(st.kv_blocks_used == 0, "%s: %lld KV blocks leaked", spec ? spec : "plain", (long long)st.kv_blocks_used);
@@ -233,8 +101,7 @@ int main(void) {
     for (int k = 0; k < NREQ; k++) {
       if (cfgs[c].abort_at && k % 3 == 0) continue;
       compared++;
-      same &= got[k].n_got == ref[k].n_got && memcmp(got[k].got, ref[k].got, sizeof(int32_t) * (size_t)ref[k].n_got) == 0 &&
-              got[k].finish == ref[k].finish;
+      same &= test_got_equal(&got[k].out, &ref[k].out);
     }
     CHECKF(same && compared > 0, "%s: outputs differ from decoding without drafts", cfgs[c].what);
     CHECKF(ss.proposals_in_step > 0 && ss.proposals_missed == 0, "%s: %lld proposals in the step, %lld missed", cfgs[c].what,

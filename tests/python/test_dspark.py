@@ -32,6 +32,21 @@ def test_llm_greedy_equal_and_stats():
     spec.close()
 
 
+def test_startup_profile():
+    """"profile": "startup": the step-time profile measured before the first request (the schedule then
+    decides from it); greedy output stays plain decoding's"""
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(MODEL, threads=2, num_kv_blocks=64, max_num_seqs=4)
+    ref = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
+    plain.close()
+    spec = LLM(MODEL, threads=2, num_kv_blocks=64, max_num_seqs=4,
+               speculative_config={"method": "dspark", "profile": "startup"})
+    assert [o.outputs[0].token_ids for o in spec.generate(PROMPTS, sp)] == ref
+    spec.close()
+    with pytest.raises(DeepInferError, match="profile"):
+        LLM(MODEL, threads=1, num_kv_blocks=16, speculative_config={"method": "dspark", "profile": "sometimes"})
+
+
 def test_bad_configs():
     with pytest.raises(ValueError):
         LLM(MODEL, threads=1, num_kv_blocks=16, speculative_config={"method": "medusa"})

@@ -64,9 +64,17 @@ static void cu_destroy(di_backend *bb) {
   free(b);
 }
 
+/* the graph buckets: a step of at most DI_CUDA_GRAPH_MAX_T tokens is padded to a power of two (cuda_step.cu) */
+static int cu_graph_buckets(di_backend *bb, int *tokens, int cap) {
+  const cu_backend *b = (const cu_backend *)bb;
+  int n = 0;
+  for (int t = 1; b->use_graphs && t <= DI_CUDA_GRAPH_MAX_T && n < cap; t *= 2) tokens[n++] = t;
+  return n;
+}
+
 static const di_backend_ops CU_OPS = {"cuda", cu_kv_groups, cu_kv_alloc, cu_submit, cu_wait, cu_sample, cu_mtp,
                                       NULL /* release */, cu_sample_async, cu_sample_fetch, cu_destroy,
-                                      cu_memory_info, NULL /* kv_alloc_groups */, cu_set_kv_fp8};
+                                      cu_memory_info, NULL /* kv_alloc_groups */, cu_set_kv_fp8, cu_graph_buckets};
 
 static di_status create(const di_model_config *c, const di_ds_weights *w, cu_backend *b) {
   int ndev = 0;

@@ -96,6 +96,7 @@ struct di_cuda_dspark {
   int last_n;      /* blocks of the last proposal (whose logits and hidden rows draft_greedy reads) */
   int32_t *g_ints; /* greedy drafting: prev [n], cap [n], tokens [n * B] */
   float *g_conf;   /* [n * B] */
+  void *gscr;      /* the greedy rounds' per-chunk maxima (di_cuk_dspark_greedy_scratch), for cap_rows / B blocks */
   int log_owner;   /* the target's feature log is this drafter's (di_cuda_dspark_log_on) */
   /* proposals inside the step (di_cuda_dspark_graph_on): device scratch for p_cap blocks (block tokens
    * [cap * B], anchor positions, prev, caps [cap] each, anchor out [cap][2], draft tokens [cap * B] as
@@ -104,6 +105,11 @@ struct di_cuda_dspark {
   int graph_owner, p_limit, p_cap, p_n, p_blk, p_made;
   int32_t *p_dev, *p_host;
   uint32_t *stamp, stamp_gen; /* per cache slot: the flush that last wrote it (a flush's later rows win) */
+  /* log_flush's pinned staging of the log's slots and positions [2 * flog_cap] and the event after its
+   * upload (waited for at the next flush only: the host rewrites the log's host arrays at once) */
+  int32_t *flush_stage;
+  cudaEvent_t ev_flush;
+  int flush_pending, flush_async; /* flush_async: DEEPINFER_DSPARK_FLUSH_ASYNC, read at log_on */
 };
 
 static di_status up_w(cu_backend *b, const di_weight *w, int64_t rows, int64_t cols, bf16 **out, const char *what) {
@@ -197,6 +203,11 @@ static void log_off(di_cuda_dspark *s) {
   b->flog_cap = b->flog_n = 0;
   b->flog_flush = NULL;
   b->flog_ctx = NULL;
+  if (s->flush_stage) cudaFreeHost(s->flush_stage);
+  if (s->ev_flush) cudaEventDestroy(s->ev_flush);
+  s->flush_stage = NULL;
+  s->ev_flush = NULL;
+  s->flush_pending = 0;
   b->prop_prepare = NULL;
   b->prop_forward = NULL;
   b->prop_ctx = NULL;
@@ -212,7 +223,7 @@ extern "C" void di_cuda_dspark_free(di_cuda_dspark *s) {
   cudaStreamSynchronize(b->stream);
   void *ptrs[] = {s->fc, s->embed, s->lm_head, s->hidden_norm, s->norm, s->inv_freq, s->cache, s->x, s->qf, s->kf,
                   s->vf, s->hf, s->featf, s->xn, s->att, s->gu, s->act, s->featb, s->ints, s->mw1, s->mw2,
-                  s->conf_w, s->g_ints, s->g_conf, s->p_dev};
+                  s->conf_w, s->g_ints, s->g_conf, s->p_dev, s->gscr};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) dev_free(b, ptrs[i]);
   if (s->L)
     for (int l = 0; l < s->d->n_layers; l++) {
@@ -263,6 +274,7 @@ static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
     REALLOC(s->gu, 2 * R * 2 * I);
     REALLOC(s->act, 2 * R * I);
     REALLOC(s->featb, 2 * R * s->F);
+    REALLOC(s->gscr, di_cuk_dspark_greedy_scratch(c / d->block_size + 1));
     s->cap_rows = c;
   }
   if (ints > s->cap_ints) {
@@ -332,7 +344,12 @@ static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, cons
 
 /* The feature log's rows into the drafter cache (cu_backend.flog): a slot written by several logged
  * rows (a rejected draft's row, then the real token's at that position; a block that changed hands)
- * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows). */
+ * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows).
+ * With DEEPINFER_DSPARK_FLUSH_ASYNC=1 (session 14; off until verified on the device) without host
+ * synchronisation (else one per 1,024 rows, from pageable memory, and so a drained pipeline under token
+ * feedback at every flush): the slots and positions are staged in pinned memory and uploaded once, the
+ * chunks' kernels queued behind the step in flight (which writes the log's last rows: stream order), and
+ * the staging is reused at the next flush after its upload's event. */
 enum { LOG_CHUNK = 1024 }; /* rows per context pass (the scratch is sized by rows) */
 static di_status log_flush(void *c) {
   di_cuda_dspark *s = (di_cuda_dspark *)c;
@@ -351,13 +368,27 @@ static di_status log_flush(void *c) {
     else s->stamp[g] = s->stamp_gen;
   }
   b->flog_n = 0;
+  if (!s->flush_async) { /* session 13's flush: a sync per chunk (the pageable sources, s->ints rewritten) */
+    for (int c0 = 0; c0 < n; c0 += LOG_CHUNK) {
+      const int m = n - c0 < LOG_CHUNK ? n - c0 : LOG_CHUNK;
+      DI_TRY(reserve(s, m, 2 * m));
+      DI_CU(cudaMemcpyAsync(s->ints, b->flog_slot + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
+      DI_CU(cudaMemcpyAsync(s->ints + m, b->flog_pos + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
+      DI_CU(cudaStreamSynchronize(b->stream));
+      DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints, s->ints + m));
+    }
+    return DI_OK;
+  }
+  DI_TRY(reserve(s, n < LOG_CHUNK ? n : LOG_CHUNK, 2 * n));
+  if (s->flush_pending) DI_CU(cudaEventSynchronize(s->ev_flush)); /* the last flush's upload read the staging */
+  memcpy(s->flush_stage, b->flog_slot, sizeof(int32_t) * (size_t)n);
+  memcpy(s->flush_stage + n, b->flog_pos, sizeof(int32_t) * (size_t)n);
+  DI_CU(cudaMemcpyAsync(s->ints, s->flush_stage, sizeof(int32_t) * 2 * (size_t)n, cudaMemcpyHostToDevice, b->stream));
+  DI_CU(cudaEventRecord(s->ev_flush, b->stream));
+  s->flush_pending = 1;
   for (int c0 = 0; c0 < n; c0 += LOG_CHUNK) {
     const int m = n - c0 < LOG_CHUNK ? n - c0 : LOG_CHUNK;
-    DI_TRY(reserve(s, m, 2 * m));
-    DI_CU(cudaMemcpyAsync(s->ints, b->flog_slot + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
-    DI_CU(cudaMemcpyAsync(s->ints + m, b->flog_pos + c0, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, b->stream));
-    DI_CU(cudaStreamSynchronize(b->stream)); /* pageable sources; the next chunk rewrites s->ints */
-    DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints, s->ints + m));
+    DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints + c0, s->ints + n + c0));
   }
   return DI_OK;
 }
@@ -378,7 +409,11 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   DI_TRY(dev_alloc(b, (void **)&b->flog, sizeof(float) * (size_t)cap * s->F));
   b->flog_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
   b->flog_slot = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
-  if (!b->flog_pos || !b->flog_slot) {
+  s->flush_async = di_switch_bool(DI_SW_DSPARK_FLUSH_ASYNC, 0);
+  if (s->flush_async && cudaMallocHost((void **)&s->flush_stage, sizeof(int32_t) * 2 * (size_t)cap) != cudaSuccess)
+    s->flush_stage = NULL;
+  if (s->flush_stage && cudaEventCreateWithFlags(&s->ev_flush, cudaEventDisableTiming) != cudaSuccess) s->ev_flush = NULL;
+  if (!b->flog_pos || !b->flog_slot || (s->flush_async && (!s->flush_stage || !s->ev_flush))) {
     s->log_owner = 1;
     log_off(s);
     return di_error_set(DI_ERR_OOM, "DSpark feature log: out of host memory");
@@ -506,7 +541,7 @@ extern "C" di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const
   for (int j = 0; j < rounds; j++)
     DI_TRY(di_cuk_dspark_greedy_round(s->featf, s->hf, s->g_ints, s->g_ints + n, j, n, B, d->vocab, limit, d->hidden,
                                       d->markov_rank, s->mw1, s->mw2, s->conf_w, d->conf_b, d->has_conf,
-                                      d->conf_with_markov, d_tok, s->g_conf, st));
+                                      d->conf_with_markov, d_tok, s->g_conf, s->gscr, st));
   DI_CU(cudaStreamSynchronize(st)); /* the anchors and caps above were copied from pageable memory */
   for (int i = 0; i < n; i++)
     for (int j = rounds; j < B; j++) tok[i * B + j] = -1;
@@ -564,7 +599,7 @@ static di_status prop_forward(void *c) {
   for (int j = 0; j < B; j++)
     DI_TRY(di_cuk_dspark_greedy_round(s->featf, s->hf, prev, pcap, j, PB, B, d->vocab, s->p_limit, d->hidden, d->markov_rank,
                                       s->mw1, s->mw2, s->conf_w, d->conf_b, d->has_conf, d->conf_with_markov, otok, oconf,
-                                      st));
+                                      s->gscr, st));
   int32_t *h = s->p_host;
   DI_CU(cudaMemcpyAsync(h, aout, sizeof(int32_t) * 2 * (size_t)PB, cudaMemcpyDeviceToHost, st));
   DI_CU(cudaMemcpyAsync(h + 2 * (size_t)P, otok, sizeof(int32_t) * (size_t)PB * B, cudaMemcpyDeviceToHost, st));

@@ -30,13 +30,15 @@ di_status di_cuk_dspark_attend(const float *q, const float *kb, const float *vb,
 
 /* Round j of greedy drafting for n proposal blocks of B rows (logits [n * B][V] and normed hidden rows
  * hid [n * B][H] of the proposal, on the device): row j += markov_w2 . markov_w1[prev[i]] (w1, w2 f32
- * [V][rank]; rank 0: none), its argmax over [0, limit) (first maximum) is draft j of block i, its
+ * [V][rank]; rank 0: none; logits are not changed), its argmax over [0, limit) (first maximum) is draft j of block i, its
  * confidence sigmoid(conf_w . [h_j ; markov_w1[prev]] + conf_b) (1 without a head); prev[i] becomes
  * the draft. j >= cap[i], or a block whose previous round found none: -1. */
 di_status di_cuk_dspark_greedy_round(float *logits, const float *hid, int32_t *prev, const int32_t *cap, int j, int n,
                                      int B, int V, int limit, int H, int rank, const float *w1, const float *w2,
                                      const float *conf_w, float conf_b, int has_conf, int conf_markov,
-                                     int32_t *out_tok, float *out_conf, di_cu_stream s);
+                                     int32_t *out_tok, float *out_conf, void *scratch, di_cu_stream s);
+/* bytes of the device scratch di_cuk_dspark_greedy_round needs for n blocks (per-chunk maxima) */
+size_t di_cuk_dspark_greedy_scratch(int n);
 /* A proposal inside the step: block i's anchor from the step's samples (k_dspark.cu's comment): the
  * drafts in rows first[i] + 1 .. last[i] accepted while equal to the samples before them, the anchor
  * the sample after the last accepted one; writes the blocks' tokens [n * B] (anchor, then mask), their
