@@ -16,7 +16,8 @@
  * (k_tc_gemv.cuh at <= 8 rows, TMA above), invariant only if the kernels they mix agree bit for bit;
  * `--core mma|wgmma|tma|hybrid|gemv` runs one.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
- * shapes instead. Built only with nvcc; run on the device by scripts/device_tests.sh. */
+ * shapes instead; `--bench-mla`: the per-head MLA products (the query absorption, W [K][N], and W_UV)
+ * through di_cu_gemm_batched as the backend calls them, invariant (this kernel) against default. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
 #include "util/numeric.h"
 #include "test_util.h"
@@ -332,6 +333,51 @@ static void bench_grouped(int N, int K, int glu, int rows) {
   di_cut_free(dX); di_cut_free(dW); di_cut_free(doff); di_cut_free(dtiles); di_cut_free(dnt); di_cut_free(dC);
 }
 
+/* --bench-mla: V2-Lite's per-head products at T tokens as cuda_deepseek2.cu calls di_cu_gemm_batched
+ * (16 heads; q rows of 16 x 192 with the 128 nope columns first, kv_b [16][256][512]; the absorption
+ * writes Qa's 512 latent columns of 576, W_UV reads o_lat [T][16][512]), best of 3 x 10 calls */
+static void bench_mla(di_cu_blas *blas) {
+  enum { NH = 16, DN = 128, DV = 128, DQK = 192, R = 512 };
+  const int Ts[] = {1, 16, 512, 4096};
+  uint16_t *q = rand_bf16((size_t)4096 * NH * DQK, 1.f), *kvb = rand_bf16((size_t)NH * (DN + DV) * R, 0.02f);
+  uint16_t *ol = rand_bf16((size_t)4096 * NH * R, 1.f);
+  void *dq = dev_copy(q, (size_t)4096 * NH * DQK * 2), *dkvb = dev_copy(kvb, (size_t)NH * (DN + DV) * R * 2);
+  void *dol = dev_copy(ol, (size_t)4096 * NH * R * 2), *dY = dev_copy(NULL, (size_t)4096 * NH * 576 * 2);
+  CHECK(dq && dkvb && dol && dY);
+  for (int prod = 0; prod < 2; prod++)
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+      const int T = Ts[ti];
+      double us[2];
+      for (int inv = 0; inv < 2; inv++) {
+        di_cu_blas_set_invariant(blas, inv);
+        di_cu_blas_set_tc(blas, inv);
+        double best = 1e30;
+        for (int rep = 0; rep < 4; rep++) {
+          di_cut_sync();
+          const double t0 = di_cut_time_ms();
+          for (int i = 0; i < 10; i++) {
+            const di_status st =
+                prod == 0 ? di_cu_gemm_batched(blas, NH, T, R, DN, dq, NH * DQK, DQK, dkvb, R, (int64_t)(DN + DV) * R, 1,
+                                               dY, NH * 576, 576, NULL)
+                          : di_cu_gemm_batched(blas, NH, T, DV, R, dol, NH * R, R, (const uint16_t *)dkvb + DN * R, R,
+                                               (int64_t)(DN + DV) * R, 0, dY, NH * DV, DV, NULL);
+            CHECK(st == DI_OK);
+          }
+          CHECK(di_cut_sync() == 0);
+          const double t = (di_cut_time_ms() - t0) * 100.0;
+          if (rep && t < best) best = t;
+        }
+        us[inv] = best;
+      }
+      const double fl = 2.0 * NH * T * (prod == 0 ? (double)R * DN : (double)DV * R);
+      printf("mla %s T %5d: invariant %.1f us (%.1f TF/s), default %.1f us (%.1f TF/s)\n",
+             prod == 0 ? "absorb (w_kn) " : "W_UV          ", T, us[1], fl / us[1] * 1e-6, us[0], fl / us[0] * 1e-6);
+    }
+  di_cu_blas_set_invariant(blas, 0);
+  free(q); free(kvb); free(ol);
+  di_cut_free(dq); di_cut_free(dkvb); di_cut_free(dol); di_cut_free(dY);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -350,6 +396,7 @@ int main(int argc, char **argv) {
   int core0 = 0, core1 = 4, bench_mode = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) bench_mode = 1;
+    else if (!strcmp(argv[i], "--bench-mla")) bench_mode = 2;
     else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
       i++;
       core0 = core1 = !strcmp(argv[i], "gemv") ? 4 : !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
@@ -358,6 +405,14 @@ int main(int argc, char **argv) {
       core1 = atoi(argv[i + 2]);
       i += 2;
     }
+  }
+  if (bench_mode == 2) {
+    di_cu_blas *blas = NULL;
+    CHECK(di_cu_blas_create(&blas) == DI_OK);
+    bench_mla(blas);
+    di_cu_blas_destroy(blas);
+    di_cut_free(g_ws);
+    return test_finish("bench_tc_gemm --bench-mla");
   }
   if (bench_mode) {
     di_cu_blas *blas = NULL;

@@ -164,6 +164,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   if (b->fixed_depth < 1 || b->fixed_depth > 4)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED_DEPTH=%d: 1 .. 4", b->fixed_depth);
   b->fixed_fuse = di_switch_bool(DI_SW_CUDA_ATTN_FIXED_FUSE, 0);
+  b->attn_depth = 1; /* (each step sets it: cuda_step.cu) */
   /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
    * V2-Lite shape: prefill 1.15x at 512 tokens, 1.65x at 4,096: PERFORMANCE.md, session 10, issue 19) */
   const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 512);
