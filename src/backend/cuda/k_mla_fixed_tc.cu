@@ -37,13 +37,14 @@
 #define KT DI_CUK_ATTN_KTILE
 #define BM 64
 #define NTH 256
+#define SSTR (KT + 8) /* score tile row stride: 64-bit accesses of 8 rows x 4 column pairs hit each bank pair twice (the minimum) */
 #define NCB (D / 64) /* 64-column (128-byte) blocks of a row */
 static_assert(KT == 32 && DR == 512 && D == 576, "the tile shapes below");
 static_assert(DI_CUK_ATTN_ROWS == BM, "partial slots hold 64 rows");
 
 #define NKB 3 /* key tile buffers: tile j (P.V), j + 1 (S), j + 2 (loading) */
 /* + 1 KB to align the tiles to the 1024-byte swizzle atoms; the score tiles of the even and the odd chain */
-static constexpr size_t MT_SMEM = 1024 + (size_t)BM * D * 2 + NKB * (size_t)KT * D * 2 + BM * 4;
+static constexpr size_t MT_SMEM = 1024 + (size_t)BM * D * 2 + NKB * (size_t)KT * D * 2 + 2 * (size_t)BM * SSTR * 4 + BM * 4;
 static_assert(MT_SMEM <= 227 * 1024, "shared memory per block");
 
 /* The tile layout: 64-column blocks of [rows][128 bytes], the 16-byte chunks of a row XOR-permuted by
@@ -111,43 +112,45 @@ template <int N> static __device__ __forceinline__ void mt_fence_regs(float *r) 
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-/* S = Q . K^T of one 32-key tile as di_qk_slice's two chains (even k16 steps into se, odd ones into so,
- * each from zero in k order), for all 64 rows x 32 keys; each warpgroup runs both, so that neither
- * waits for the other's half (twice the S work, no exchange through shared memory and no barrier for
- * it); issued, not waited for */
-static __device__ __forceinline__ void mt_issue_s(float *se, float *so, uint64_t dq, uint64_t dk) {
+/* S = Q . K^T of one 32-key tile as di_qk_slice's two chains: warpgroup 0 the even k16 steps, warpgroup
+ * 1 the odd ones, each for all 64 rows x 32 keys (Q and K read from shared memory once); issued, not
+ * waited for. dq: Q's descriptor + 2 wg (this warpgroup's first step); dk: the key tile's, the same */
+static __device__ __forceinline__ void mt_issue_s(float *sacc, uint64_t dq, uint64_t dk) {
 #pragma unroll
-  for (int q = 0; q < 16; q++) se[q] = so[q] = 0.f;
-  mt_fence_regs<16>(se);
-  mt_fence_regs<16>(so);
+  for (int q = 0; q < 16; q++) sacc[q] = 0.f;
+  mt_fence_regs<16>(sacc);
   wg_fence();
 #pragma unroll
   for (int i = 0; i < D / 32; i++) {
-    /* k16 steps 2i and 2i + 1: 64-column block (2i) / 4, 32 bytes further per step inside it
-     * (descriptor addresses in 16-byte units: a Q block is BM rows x 128 bytes, a key block KT rows x
-     * 128 bytes); the chains alternate, so consecutive wgmmas are independent */
+    /* k16 step 2i + wg: 64-column block (2i) / 4, 32 bytes further per step inside it (descriptor
+     * addresses in 16-byte units: a Q block is BM rows x 128 bytes, a key block KT rows x 128 bytes) */
     const int kk = 2 * i;
-    const uint64_t oq = (uint64_t)((kk >> 2) * (BM * 8) + (kk & 3) * 2), ok = (uint64_t)((kk >> 2) * (KT * 8) + (kk & 3) * 2);
-    mt_mma_qk(se, dq + oq, dk + ok);
-    mt_mma_qk(so, dq + oq + 2, dk + ok + 2);
+    mt_mma_qk(sacc, dq + (uint64_t)((kk >> 2) * (BM * 8) + (kk & 3) * 2), dk + (uint64_t)((kk >> 2) * (KT * 8) + (kk & 3) * 2));
   }
   wg_commit();
 }
-/* the softmax step of the 32-key tile from key kb on the chains' accumulators: rows rA, rA + 8 (register
- * q: row rA + 8 ((q / 2) % 2), key 8 (q / 4) + 2 (lane % 4) + q % 2), keys (lane % 4) * 2 + {0, 1} + {0,
- * 8, 16, 24} as di_mla32_tile reads them; the even chain plus the odd one, scaled and masked as there */
-static __device__ __forceinline__ void mt_softmax(const float *se, const float *so, int kb, int k1, int p0, int p1,
-                                                  int lane, float scale_log2, float *s0, float *s1, float &m0,
-                                                  float &m1, float &l0, float &l1, float &al0, float &al1) {
+/* the chain of this warpgroup into its score tile sX [64][SSTR] (accumulator register q: row rA + 8
+ * ((q / 2) % 2), key 8 (q / 4) + 2 (lane % 4) + q % 2) */
+static __device__ __forceinline__ void mt_store_s(float *sX, const float *sacc, int rA, int lane) {
 #pragma unroll
-  for (int qq = 0; qq < 8; qq++) {
-    const int q = 4 * (qq >> 1) + (qq & 1);
-    const int k = kb + (qq >> 1) * 8 + (lane & 3) * 2 + (qq & 1);
-    float e0 = se[q], e1 = se[q + 2];
-    e0 += so[q];
-    e1 += so[q + 2];
-    s0[qq] = (k <= p0 && k < k1) ? e0 * scale_log2 : -INFINITY;
-    s1[qq] = (k <= p1 && k < k1) ? e1 * scale_log2 : -INFINITY;
+  for (int q = 0; q < 16; q++) sX[(rA + ((q >> 1) & 1) * 8) * SSTR + 8 * (q >> 2) + 2 * (lane & 3) + (q & 1)] = sacc[q];
+}
+
+/* the softmax step of the 32-key tile from key kb: rows rA, rA + 8, keys (lane % 4) * 2 + {0, 1} + {0, 8,
+ * 16, 24}, as di_mla32_tile reads them; the even chain plus the odd one, scaled and masked as there */
+static __device__ __forceinline__ void mt_softmax(const float *sS, int kb, int k1, const int *sPos, int rA, int lane,
+                                                  float scale_log2, float *s0, float *s1, float &m0, float &m1,
+                                                  float &l0, float &l1, float &al0, float &al1) {
+  const float *sE = sS, *sO = sS + BM * SSTR;
+  const int p0 = sPos[rA], p1 = sPos[rA + 8];
+#pragma unroll
+  for (int q = 0; q < 8; q++) {
+    const int kc = (q >> 1) * 8 + (lane & 3) * 2 + (q & 1), k = kb + kc;
+    float e0 = sE[rA * SSTR + kc], e1 = sE[(rA + 8) * SSTR + kc];
+    e0 += sO[rA * SSTR + kc];
+    e1 += sO[(rA + 8) * SSTR + kc];
+    s0[q] = (k <= p0 && k < k1) ? e0 * scale_log2 : -INFINITY;
+    s1[q] = (k <= p1 && k < k1) ? e1 * scale_log2 : -INFINITY;
   }
   di_online_softmax2<8>(s0, s1, m0, m1, l0, l1, al0, al1);
 }
@@ -159,13 +162,14 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
   DI_PDL_ENTRY();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   bf16 *sQ = (bf16 *)(smem_raw + ((1024 - (tt_smem(smem_raw) & 1023)) & 1023)), *sK = sQ + BM * D;
-  int *sPos = (int *)(sK + NKB * KT * D);
+  float *sS = (float *)(sK + NKB * KT * D); /* [chain][64][SSTR] */
+  int *sPos = (int *)(sS + 2 * BM * SSTR);
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;
   const int rA = wq * 16 + (lane >> 2); /* this thread's rows rA, rA + 8 */
   float4 *slot = slots + (size_t)blockIdx.x * (BM * DR / 4);
-  /* descriptors: Q's and key buffer b's (K-major, for S), and key buffer b's as V (N-major; columns
-   * 256 wg .. : 4 wg 64-column blocks of KT x 128 bytes further) */
-  const uint64_t dq = mt_desc(sQ, 1), dk0 = mt_desc(sK, 1);
+  /* descriptors: Q's and key buffer b's (K-major, for S; + 2 wg: this warpgroup's first k16 step), and
+   * key buffer b's as V (N-major; columns 256 wg .. : 4 wg 64-column blocks of KT x 128 bytes further) */
+  const uint64_t dq = mt_desc(sQ, 1) + 2 * wg, dk0 = mt_desc(sK, 1) + 2 * wg;
   const uint64_t dv0 = mt_desc(sK, KT * 128 >> 4) + (uint64_t)(4 * wg * KT * 8);
   const int n = *n_items;
   for (int idx = n - 1 - (int)blockIdx.x; idx >= 0; idx -= (int)gridDim.x) {
@@ -186,15 +190,15 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
     /* FA3's intra-warpgroup order: tile j + 1's S, then tile j's P.V are issued; tile j + 1's softmax
      * runs on the CUDA cores while P.V runs on the tensor cores; then O is rescaled for tile j + 1. The
      * arithmetic of each row is that of the sequential loop (independent work reordered only) */
-    float se[16], so[16], s0[8], s1[8];
+    float sacc[16], s0[8], s1[8];
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, al0, al1;
     float ms0, ms1, ls0, ls1; /* a split's softmax state, kept for its end after the next tile's softmax */
-    const int p0 = sPos[rA], p1 = sPos[rA + 8];
-    mt_issue_s(se, so, dq, dk0);
+    mt_issue_s(sacc, dq, dk0);
     wg_wait0();
-    mt_fence_regs<16>(se);
-    mt_fence_regs<16>(so);
-    mt_softmax(se, so, it.k0, it.k1, p0, p1, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
+    mt_fence_regs<16>(sacc);
+    mt_store_s(sS + wg * BM * SSTR, sacc, rA, lane);
+    __syncthreads();
+    mt_softmax(sS, it.k0, it.k1, sPos, rA, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
     uint32_t pa[2][4];
 #pragma unroll
     for (int ks = 0; ks < 2; ks++) di_p_fragment(s0, s1, ks, pa[ks]);
@@ -209,12 +213,12 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
       const bool more = j + 1 < ntiles, send = (j + 1) % tps == 0 || !more;
       di_cp_wait<0>();
       wg_proxy_fence();
-      /* tile j + 1 landed; everyone is done with tile j - 1 (key buffer b2) */
+      /* tile j + 1 landed; everyone is done with tile j - 1 (key buffer b2) and with the score tiles */
       __syncthreads();
       mt_fence_regs<128>(o);
       /* (issued on the last tile too, from tile j's own buffer, and not used: a branch around a wgmma
        * makes ptxas serialize every wgmma of the kernel) */
-      mt_issue_s(se, so, dq, dk0 + (uint64_t)((more ? b1 : b0) * (KT * D * 2 / 16)));
+      mt_issue_s(sacc, dq, dk0 + (uint64_t)((more ? b1 : b0) * (KT * D * 2 / 16)));
       wg_fence();
       /* V N-major: keys 16ks .. (rows of the 1024-byte atoms, stride 1024), columns 256wg .. (blocks 4wg ..,
        * the leading byte offset the next 64-column block, KT rows x 128 bytes) */
@@ -229,10 +233,12 @@ mla_fixed_tc_kernel(const bf16 *Q, const bf16 *cache, const int32_t *bt, int bt_
         l0 = l1 = 0.f;
       }
       tt_wait1();
-      mt_fence_regs<16>(se);
-      mt_fence_regs<16>(so);
-      if (more) /* tile j + 1's softmax (its S: the older group) while P.V runs */
-        mt_softmax(se, so, it.k0 + (j + 1) * KT, it.k1, p0, p1, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
+      mt_fence_regs<16>(sacc);
+      if (more) { /* tile j + 1's S (the older group), then its softmax, while P.V runs */
+        mt_store_s(sS + wg * BM * SSTR, sacc, rA, lane);
+        __syncthreads();
+        mt_softmax(sS, it.k0 + (j + 1) * KT, it.k1, sPos, rA, lane, scale_log2, s0, s1, m0, m1, l0, l1, al0, al1);
+      }
       wg_wait0();
       mt_fence_regs<128>(o);
       b0 = b1;
