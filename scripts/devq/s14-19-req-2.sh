@@ -2,6 +2,7 @@
 # merge in the attention kernel (DEEPINFER_CUDA_ATTN_FIXED_FUSE): bit-identity (kernel test, invariance,
 # engine) with both on, kernel and model benches with them off / on; the per-head MLA GEMMs (absorb, W_UV)
 # invariant vs default; the invariant mode at splits of 256 / 128 keys (batch 1, prefill 4,096).
+# Binaries of 274ad9e (main + 47e677e, v5 tensor-core kernel, the two switches off by default).
 set -u
 cd "$DI_SOURCE_DIR"
 B="$BIN"
@@ -20,15 +21,15 @@ trap 'echo "(interrupted)"; summary; exit 130' INT TERM
 step() { local n="$1" t="$2"; shift 2; local s=$SECONDS; timeout "$t" "$@" > "$LOG/$n.log" 2>&1; RC[$n]="$? ($((SECONDS - s)) s)"; echo "=== $n: ${RC[$n]}"; tail -n 2 "$LOG/$n.log" | cut -c1-300; }
 ON="DEEPINFER_CUDA_ATTN_FIXED_DEPTH=4 DEEPINFER_CUDA_ATTN_FIXED_FUSE=1"
 BD="bench/configs/v2-lite.json --modes default,invariant --batches 1,16,64 --prefill 0 --reps 3"
-step attn_fixed 40 "$B/test_cuda_attn_fixed"
-step attn_bench 25 "$B/test_cuda_attn_fixed" --bench
-step invariance_dec 25 env $ON "$B/test_cuda_invariance"
-step invariance_dec_kv8 20 env $ON "$B/test_cuda_invariance" --kv8
-step engine_dec 25 env $ON "$B/test_cuda_engine" --invariant-only
-step tc_mla 10 "$B/test_cuda_tc_gemm" --bench-mla
-step bench_base 20 "$B/bench_cuda_decode" $BD
-step bench_dec 20 env $ON "$B/bench_cuda_decode" $BD
-step bench_fuse 20 env DEEPINFER_CUDA_ATTN_FIXED_FUSE=1 "$B/bench_cuda_decode" $BD
-step bench_split 25 env $ON "$B/bench_cuda_decode" bench/configs/v2-lite.json --modes invariant --attn-fixed 256,128 --batches 1 --prefill 4096 --reps 3
+step attn_fixed 45 "$B/test_cuda_attn_fixed"
+step attn_bench 20 "$B/test_cuda_attn_fixed" --bench
+step invariance_dec 15 env $ON "$B/test_cuda_invariance"
+step invariance_dec_kv8 15 env $ON "$B/test_cuda_invariance" --kv8
+step engine_dec 15 env $ON "$B/test_cuda_engine" --invariant-only
+step tc_mla 15 "$B/test_cuda_tc_gemm" --bench-mla
+step bench_base 40 "$B/bench_cuda_decode" $BD
+step bench_dec 40 env $ON "$B/bench_cuda_decode" $BD
+step bench_fuse 40 env DEEPINFER_CUDA_ATTN_FIXED_FUSE=1 "$B/bench_cuda_decode" $BD
+step bench_split 30 env $ON "$B/bench_cuda_decode" bench/configs/v2-lite.json --modes invariant --attn-fixed 256,128 --batches 1 --prefill 4096 --reps 3
 trap - INT TERM
 summary
