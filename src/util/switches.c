@@ -46,12 +46,6 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                  "1: the fixed-split attention of steps whose runs average >= 64 rows (prefill chunks, "
                                  "verify blocks) on its tensor-core kernel (k_mla_fixed_tc.cu, the same bits); 2: every "
                                  "step there (decode rows too); 0: the CUDA-core kernel only"},
-    [DI_SW_CUDA_ATTN_FIXED_DEPTH] = {"DEEPINFER_CUDA_ATTN_FIXED_DEPTH", "1",
-                                     "2..4: the fixed-split attention's decode form (a CTA per split) keeps this many "
-                                     "key tiles in flight, where the step's split CTAs fit one per SM (the same bits)"},
-    [DI_SW_CUDA_ATTN_FIXED_FUSE] = {"DEEPINFER_CUDA_ATTN_FIXED_FUSE", "0",
-                                    "1: the fixed-split attention's decode form merges its splits in the attention "
-                                    "kernel (the last CTA of a row group), no combine kernel (the same bits)"},
     [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "0",
                               "1: the batch-invariant mode's query absorption on per-head transposed copies of W_UK "
                               "(W [N][K]: the hybrid tensor-core GEMM instead of mma.sync above 8 rows; the same "

@@ -7,13 +7,9 @@
  * DI_CUK_ATTN_FIXED_SPLIT keys (and of 64, another split size); the block table is scrambled. The
  * tensor-core form (k_mla_fixed_tc.cu, 64-row items) must give the CUDA-core kernel's bits for every row
  * in every cut too (64-row items at different offsets, a CTA per split, each token alone, a chunk's
- * rows alone == the same rows of the whole pass) and be accurate against float64 by itself. The decode
- * form (a CTA per split) with more key tiles in flight (depth 2..4) and with the merge in the attention
- * kernel (counters; run twice to show the counters left zero) must give the same bits too.
- * `--bench` times the fixed-split kernel
+ * rows alone == the same rows of the whole pass) and be accurate against float64 by itself. `--bench` times the fixed-split kernel
  * against today's prefill attention (di_cuk_mla_attn, 64-row items, no splits) and the batch-invariant
- * cluster form on whole prompts of 512 / 4,096 / 16,384 tokens, and the decode form (one token, a CTA per
- * split) at each depth, with and without the fused merge. Built only with nvcc. */
+ * cluster form on whole prompts of 512 / 4,096 / 16,384 tokens. Built only with nvcc. */
 #include "backend/cuda/cuda_kernels.h"
 #include "test_util.h"
 #include "util/numeric.h"
@@ -57,12 +53,10 @@ static int make_items(const problem *p, int bm, int first, int separate, int alo
 }
 
 /* the form of one run: item rows bm (64 on the tensor-core kernel), the first item's rows of each group
- * (0: bm), separate splits, each token alone, the first token, the kernel; the CUDA-core kernel's key
- * tiles in flight (0: 1) and the fused merge (separate splits) */
+ * (0: bm), separate splits, each token alone, the first token, the kernel */
 typedef struct cut {
   int bm, first, sep, alone, t0, tc;
   const char *name;
-  int depth, fuse;
 } cut;
 
 /* runs one item form; returns the bf16 output [T*H][DR] (host; rows before t0 zero) or NULL */
@@ -79,34 +73,19 @@ static uint16_t *run_form(const problem *p, cut f, double *ms) {
   void *dout = di_cut_malloc(nout * 2);
   void *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
   void *dslots = f.tc ? di_cut_malloc(di_cuk_mla_fixed_tc_slot_bytes()) : NULL;
-  const int fuse = f.fuse && nci > 0;
-  int32_t *cnt = calloc((size_t)(parts ? parts : 1), 4);
-  void *dcnt = fuse ? dup_dev(cnt, 4 * (size_t)(parts ? parts : 1)) : NULL;
   uint16_t *zero = calloc(nout, 2);
-  const float scale = 0.0721f;
-  di_status st = DI_OK;
-  double t0 = 0;
-  for (int run = 0; run < (fuse ? 2 : 1) && st == DI_OK; run++) { /* fused: twice on the same counters */
-    di_cut_h2d(dout, zero, nout * 2);
-    di_cut_sync();
-    t0 = di_cut_time_ms();
-    st = f.tc ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn, ni, dout,
-                                         dpo, dpl, dslots, NULL)
-              : di_cuk_mla_attn_fixed(p->dQ, p->dc, 0, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn, ni, f.bm,
-                                      dout, dpo, dpl, f.depth ? f.depth : 1, fuse ? (int32_t *)dcnt : NULL, NULL);
-    if (st == DI_OK && nci && !fuse) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
-    CHECKF(st == DI_OK && di_cut_sync() == 0, "%s: %s", f.name, di_last_error());
-  }
-  if (ms) *ms = di_cut_time_ms() - t0;
-  if (fuse) { /* every counter back at zero */
-    di_cut_d2h(cnt, dcnt, 4 * (size_t)parts);
-    int nz = 0;
-    for (int i = 0; i < parts; i++) nz += cnt[i] != 0;
-    CHECKF(nz == 0, "%s: %d of %d merge counters not zero after the launch", f.name, nz, parts);
-    di_cut_free(dcnt);
-  }
-  free(cnt);
+  di_cut_h2d(dout, zero, nout * 2);
   free(zero);
+  const float scale = 0.0721f;
+  di_cut_sync();
+  double t0 = di_cut_time_ms();
+  di_status st = f.tc ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
+                                                 ni, dout, dpo, dpl, dslots, NULL)
+                      : di_cuk_mla_attn_fixed(p->dQ, p->dc, 0, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
+                                              ni, f.bm, dout, dpo, dpl, NULL);
+  if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "%s: %s", f.name, di_last_error());
+  if (ms) *ms = di_cut_time_ms() - t0;
   uint16_t *out = malloc(nout * 2);
   di_cut_d2h(out, dout, nout * 2);
   void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl, dslots};
@@ -183,27 +162,21 @@ static void check_shape(int H, int ctx, int T, const char *label) {
   problem p;
   problem_init(&p, H, ctx, T);
   const size_t n = (size_t)T * H * DR;
-  uint16_t *base = run_form(&p, (cut){32, 0, 0, 0, 0, 0, "32-row items, splits in one CTA", 1, 0}, NULL);
+  uint16_t *base = run_form(&p, (cut){32, 0, 0, 0, 0, 0, "32-row items, splits in one CTA"}, NULL);
   const int tc1 = T > 4 ? T / 3 : 1; /* the tensor-core kernel on a later part of the rows (a chunk) */
   const cut forms[] = {
-      {16, 0, 0, 0, 0, 0, "16-row items, splits in one CTA", 1, 0},
-      {16, 0, 1, 0, 0, 0, "16-row items, a CTA per split + combine", 1, 0},
-      {32, 0, 1, 0, 0, 0, "32-row items, a CTA per split + combine", 1, 0},
-      {16, 0, 1, 1, 0, 0, "each token alone, a CTA per split", 1, 0},
-      {16, 0, 0, 1, 0, 0, "each token alone, splits in one CTA", 1, 0},
-      {64, 0, 0, 0, 0, 1, "tc: 64-row items, splits in one CTA", 1, 0},
-      {64, 16, 0, 0, 0, 1, "tc: 64-row items from row 16", 1, 0},
-      {64, 40, 0, 0, 0, 1, "tc: 64-row items from row 40", 1, 0},
-      {64, 0, 1, 0, 0, 1, "tc: 64-row items, a CTA per split + combine", 1, 0},
-      {64, 0, 0, 1, 0, 1, "tc: each token alone, splits in one CTA", 1, 0},
-      {64, 0, 1, 1, 0, 1, "tc: each token alone, a CTA per split", 1, 0},
-      {64, 0, 0, 0, tc1, 1, "tc: the rows of a chunk (a later part)", 1, 0},
-      {16, 0, 1, 0, 0, 0, "16-row items, a CTA per split, depth 2", 2, 0},
-      {16, 0, 1, 0, 0, 0, "16-row items, a CTA per split, depth 4", 4, 0},
-      {16, 0, 1, 0, 0, 0, "16-row items, a CTA per split, fused merge", 1, 1},
-      {16, 0, 1, 1, 0, 0, "each token alone, depth 3, fused merge", 3, 1},
-      {32, 0, 1, 0, 0, 0, "32-row items, depth 4, fused merge", 4, 1},
-      {16, 0, 0, 0, 0, 0, "16-row items, splits in one CTA, depth 4", 4, 0},
+      {16, 0, 0, 0, 0, 0, "16-row items, splits in one CTA"},
+      {16, 0, 1, 0, 0, 0, "16-row items, a CTA per split + combine"},
+      {32, 0, 1, 0, 0, 0, "32-row items, a CTA per split + combine"},
+      {16, 0, 1, 1, 0, 0, "each token alone, a CTA per split"},
+      {16, 0, 0, 1, 0, 0, "each token alone, splits in one CTA"},
+      {64, 0, 0, 0, 0, 1, "tc: 64-row items, splits in one CTA"},
+      {64, 16, 0, 0, 0, 1, "tc: 64-row items from row 16"},
+      {64, 40, 0, 0, 0, 1, "tc: 64-row items from row 40"},
+      {64, 0, 1, 0, 0, 1, "tc: 64-row items, a CTA per split + combine"},
+      {64, 0, 0, 1, 0, 1, "tc: each token alone, splits in one CTA"},
+      {64, 0, 1, 1, 0, 1, "tc: each token alone, a CTA per split"},
+      {64, 0, 0, 0, tc1, 1, "tc: the rows of a chunk (a later part)"},
   };
   for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
     uint16_t *o = run_form(&p, forms[f], NULL);
@@ -211,7 +184,7 @@ static void check_shape(int H, int ctx, int T, const char *label) {
     CHECKF(diff == 0, "%s: %s: %zu of %zu values differ from the CUDA-core kernel's 32-row items", label, forms[f].name,
            diff, n - from);
     printf("attn_fixed %-26s %-46s %s\n", label, forms[f].name, diff ? "DIFFERENT" : "bit-identical");
-    if ((forms[f].tc || forms[f].fuse) && !forms[f].t0 && !forms[f].first) { /* its own accuracy, whatever the bits */
+    if (forms[f].tc && !forms[f].t0 && !forms[f].first) { /* its own accuracy, whatever the bits */
       const double e = ref_err(&p, o);
       CHECKF(e < 1e-2, "%s: %s: rel err vs float64 %.3e", label, forms[f].name, e);
     }
@@ -255,7 +228,7 @@ static void bench_prompt(int H, int T) {
       di_cut_sync();
       double t0 = di_cut_time_ms();
       di_status st = form == 3 ? di_cuk_mla_attn_fixed_tc(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, dout, dpo, dpl, dslots, NULL)
-                   : form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, 1, NULL, NULL)
+                   : form == 0 ? di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, bm, dout, dpo, dpl, NULL)
                    : form == 1 ? di_cuk_mla_attn(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, bm, dout, dpo, dpl, NULL)
                                : di_cuk_mla_attn_cluster(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, dit, dn, ni, cl, 1,
                                                          dout, dpo, dpl, NULL, NULL);
@@ -277,45 +250,6 @@ static void bench_prompt(int H, int T) {
   problem_free(&p);
 }
 
-/* the decode form: one token (H rows) at context ctx, a CTA per split + the combine kernel, or the fused
- * merge; us per call (mean of 200 calls after 20), at each depth */
-static void bench_decode(int H, int ctx) {
-  problem p;
-  problem_init(&p, H, ctx, 1);
-  di_cuk_attn_item items[64];
-  di_cuk_combine_item citems[2];
-  int part = 0, nci = 0;
-  const int ni = di_cuk_attn_fixed_items(0, H, 0, ctx - 1, ctx - 1, g_split, 1, &part, items, citems, &nci);
-  int32_t counts[2] = {ni, nci};
-  void *dit = dup_dev(items, sizeof items[0] * (size_t)ni), *dcit = dup_dev(citems, sizeof citems[0] * 2),
-       *dn = dup_dev(counts, 8);
-  int32_t zero[64] = {0};
-  void *dcnt = dup_dev(zero, sizeof zero);
-  void *dout = di_cut_malloc((size_t)H * DR * 2), *dpo = di_cut_malloc((size_t)ni * 64 * DR * 4),
-       *dpl = di_cut_malloc((size_t)ni * 64 * 4);
-  printf("bench decode H=%d ctx %5d (%d splits):", H, ctx, ni);
-  for (int fuse = 0; fuse < 2; fuse++)
-    for (int depth = 1; depth <= 4; depth++) {
-      double t0 = 0;
-      di_status st = DI_OK;
-      for (int rep = 0; rep < 220 && st == DI_OK; rep++) {
-        if (rep == 20) {
-          di_cut_sync();
-          t0 = di_cut_time_ms();
-        }
-        st = di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, H, 0.07f, g_split, dit, dn, ni, 16, dout, dpo,
-                                   dpl, depth, fuse ? (int32_t *)dcnt : NULL, NULL);
-        if (st == DI_OK && !fuse) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
-      }
-      CHECKF(st == DI_OK && di_cut_sync() == 0, "bench decode: %s", di_last_error());
-      printf(" %s depth %d %.1f us;", fuse ? "fused" : "combine", depth, (di_cut_time_ms() - t0) * 1e3 / 200);
-    }
-  printf("\n");
-  void *ptrs[] = {dit, dcit, dn, dcnt, dout, dpo, dpl};
-  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
-  problem_free(&p);
-}
-
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -324,8 +258,6 @@ int main(int argc, char **argv) {
   }
   if (argc > 1 && !strcmp(argv[1], "--bench")) {
     const int T[] = {512, 4096, 16384};
-    const int ctx[] = {600, 2000, 8000};
-    for (int i = 0; i < 3; i++) bench_decode(16, ctx[i]);
     for (int i = 0; i < 3; i++) bench_prompt(16, T[i]);
     bench_prompt(128, 4096);
     g_split = 64;

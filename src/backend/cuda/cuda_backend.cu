@@ -158,13 +158,6 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->fixed_tc = di_switch_int(DI_SW_CUDA_MLA_FIXED_TC, 1);
   if (b->fixed_tc < 0 || b->fixed_tc > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_TC=%d: 0, 1 or 2", b->fixed_tc);
-  /* the fixed split's decode form: key tiles in flight and the merge in the attention kernel (session 14,
-   * s14-19: the same bits, test_cuda_attn_fixed; off until measured on the device) */
-  b->fixed_depth = di_switch_int(DI_SW_CUDA_ATTN_FIXED_DEPTH, 1);
-  if (b->fixed_depth < 1 || b->fixed_depth > 4)
-    return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_ATTN_FIXED_DEPTH=%d: 1 .. 4", b->fixed_depth);
-  b->fixed_fuse = di_switch_bool(DI_SW_CUDA_ATTN_FIXED_FUSE, 0);
-  b->attn_depth = 1; /* (each step sets it: cuda_step.cu) */
   /* the invariant absorption on W_UK [N][K] copies (the hybrid core; session 14, s14-19: unverified on the
    * device, off) */
   b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 0);

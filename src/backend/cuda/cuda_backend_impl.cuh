@@ -86,13 +86,7 @@ typedef struct cu_backend {
   int fixed_tc;   /* DEEPINFER_CUDA_MLA_FIXED_TC: 1 prefill-like steps, 2 every step of the fixed split on
                    * k_mla_fixed_tc.cu (cuda_step.cu decides per step) */
   float *tc_slots; /* that kernel's per-CTA merge slots (allocated at its first step) */
-  /* the fixed split's decode form (a CTA per split, k_mla_fixed.cu): DEEPINFER_CUDA_ATTN_FIXED_DEPTH (key
-   * tiles in flight where the step's split CTAs fit in one wave of one CTA per SM) and
-   * DEEPINFER_CUDA_ATTN_FIXED_FUSE (the merge in the attention kernel); attn_depth / attn_fuse: this
-   * step's (cuda_step.cu; the same bits whatever they are) */
-  int fixed_depth, fixed_fuse, attn_depth, attn_fuse;
   int absorb_nk; /* DEEPINFER_CUDA_ABSORB_NK: the invariant absorption on cu_layer.wuk_t */
-  int32_t *part_cnt; /* the fused merge's counters, one per partial slot (zero between launches) */
   const di_model_config *cfg; /* the model's (outlives the backend) */
   int fp8;       /* DEEPINFER_CUDA_FP8=1: FP8 weights stay FP8 on the device */
   int fp8_gv16;  /* DEEPINFER_CUDA_FP8_GV16 (1): 1 / 2 the 16-row FP8 expert GEMVs (2: pipelined loads), 0 off */

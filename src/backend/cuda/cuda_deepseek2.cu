@@ -500,8 +500,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   else if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
     DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                                  b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,
-                                 b->bm, (uint16_t *)b->olat, b->part_o, b->part_lse, b->attn_depth,
-                                 b->attn_fuse ? b->part_cnt : NULL, s));
+                                 b->bm, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
   else if (!SKIP(SKIP_ATTN) && b->attn_cl)
     DI_TRY(di_cuk_mla_attn_cluster((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos,
                                    NH, b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items,
@@ -511,9 +510,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                          b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                          (uint16_t *)b->olat, b->part_o, b->part_lse, s));
-  if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed && b->attn_fuse)
-    ; /* merged by the attention kernel */
-  else if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
+  if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
     DI_TRY(di_cuk_mla_combine_fixed(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                                     (uint16_t *)b->olat, s));
   else if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN))

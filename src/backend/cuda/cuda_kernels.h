@@ -165,16 +165,12 @@ di_status di_cuk_mla_combine(const di_cuk_combine_item *items, const int32_t *n_
  * the splits merged in order; its bits do not depend on the batch, the chunk, or how its splits are
  * spread over CTAs. Arguments as di_cuk_mla_attn; rows_per_cta 16 or 32; an item with part < 0 covers
  * keys [0, k1) of all its splits (merged in registers, written to out), one with part >= 0 exactly one
- * split (k0 a multiple of the split), merged by di_cuk_mla_combine_fixed, or (counters non-NULL) by the
- * CTA that finishes a row group's last split: counters has an int per partial slot, zero before the first
- * launch, left zero by every launch. depth: key tiles loaded ahead of the one in use (1; up to 4 with a
- * bf16 cache). Neither changes the bits. */
+ * split (k0 a multiple of the split), merged by di_cuk_mla_combine_fixed. */
 #define DI_CUK_ATTN_FIXED_SPLIT 256
 di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const void *cache, int kv_fp8, const int32_t *block_tables,
                                 int bt_stride, const int32_t *positions, int H, float scale, int split,
                                 const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
-                                int rows_per_cta, uint16_t *out, float *part_o, float *part_lse, int depth,
-                                int32_t *counters, di_cu_stream s);
+                                int rows_per_cta, uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);
 di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, const int32_t *n_items, int max_items,
                                    const float *part_o, const float *part_lse, uint16_t *out, di_cu_stream s);
 /* The same attention on wgmma (k_mla_fixed_tc.cu, DEEPINFER_CUDA_MLA_FIXED_TC): items of up to 64 rows,

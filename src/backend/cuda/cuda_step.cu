@@ -160,13 +160,6 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   const int fixed_sep = fixed && n_chunks * 4 <= target;
   if (fixed) S_max = fixed_sep ? (bt_stride * DI_KV_BLOCK_SIZE - 1) / fixed + 1 : 1;
   const int max_items = cluster ? n_chunks * C_max * CL : n_chunks * S_max, max_citems = S_max > 1 ? n_chunks : 0;
-  /* the decode form of the fixed split (a CTA per split, bf16 cache): more key tiles in flight where its
-   * CTAs fit in one wave of one CTA per SM (the deeper buffers leave room for one), the merge in the
-   * attention kernel if asked; both follow only the graph's shape (max_items, max_citems, bm), and
-   * neither changes the bits (k_mla_fixed.cu) */
-  const int fixed_dec = fixed && fixed_sep && !fixed_tc && max_citems > 0;
-  const int attn_depth = fixed_dec && !b->kv_fp8 && max_items <= b->sms ? b->fixed_depth : 1;
-  const int attn_fuse = fixed_dec && b->fixed_fuse;
   DI_TRY(ensure_acts(b, Tp, n_out_p, fixed && !fixed_sep ? 1 : max_items)); /* (partial slots) */
   if (fixed_tc && !b->tc_slots) DI_TRY(dev_alloc(b, (void **)&b->tc_slots, di_cuk_mla_fixed_tc_slot_bytes()));
 
@@ -401,7 +394,6 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
   b->d_mha_slots = d + o_mslots;
   b->T = T; b->Tp = Tp; b->n_out = n_out; b->n_out_p = n_out_p; b->bt_stride = bt_stride;
   b->max_items = max_items; b->max_citems = max_citems; b->bm = bm; b->attn_cl = cluster ? CL : 0; b->in_used = o;
-  b->attn_depth = attn_depth; b->attn_fuse = attn_fuse;
   b->n_seq_rows = n_seq_rows;
   return DI_OK;
 }

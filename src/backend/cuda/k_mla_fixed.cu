@@ -16,11 +16,6 @@
  * The tile loop is k_mla_attn.cu's, one function for both (di_mla32_tile in k_mla_tile32.cuh: mma.sync
  * m16n8k16, a 16-row group per 4 warps, each warp 8 keys of the score tile and 128 of the 512 output
  * columns); a row group of 32 rows keeps a second accumulator (the merged state) in registers, which is why items here hold at most 32 rows.
- * The decode form (a CTA per split) may keep more key tiles in flight (nb buffers, di_mla32_tile) and may
- * merge its row group's partials itself: the CTA that finishes a row group's last split (a counter per
- * row group, atomically counted, reset by that CTA) runs the combine kernel's merge (fixed_combine_row,
- * one function for both) on the partials the others wrote, so no combine launch. Neither changes a
- * row's operations or their order: only when loads are issued and which kernel runs the merge.
  * Not the FlashAttention-3 form (wgmma, warp-specialized): see docs/NOTES.md, issue 19. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
@@ -32,55 +27,22 @@
 
 static_assert(DI_CUK_ATTN_FIXED_SPLIT % KT == 0, "a split is whole key tiles");
 
-/* Row r of a row group: its partials in slots part0 .. part0 + nsplit - 1 merged in split order, written
- * to out_row as bf16; lane l of the warp owns columns 64i + 2l, 64i + 2l + 1. The partials are read
- * through the L2 (__ldcg): in the fused form other CTAs of the same kernel wrote them. */
-static __device__ __forceinline__ void fixed_combine_row(const float *part_o, const float *part_lse, int part0,
-                                                         int nsplit, int r, int lane, bf16 *out_row) {
-  float acc[DR / 64][2];
-#pragma unroll
-  for (int i = 0; i < DR / 64; i++) acc[i][0] = acc[i][1] = 0.f;
-  float M = -INFINITY, W = 0.f;
-  for (int sp = 0; sp < nsplit; sp++) {
-    const float lse = __ldcg(part_lse + (int64_t)(part0 + sp) * DI_CUK_ATTN_ROWS + r);
-    if (lse == -INFINITY) continue;
-    float a, c;
-    fixed_merge(M, W, lse, a, c);
-    const float *po = part_o + ((int64_t)(part0 + sp) * DI_CUK_ATTN_ROWS + r) * DR;
-#pragma unroll
-    for (int i = 0; i < DR / 64; i++) {
-      const float2 v = __ldcg((const float2 *)(po + i * 64 + lane * 2));
-      acc[i][0] = fixed_acc(acc[i][0], a, c, v.x);
-      acc[i][1] = fixed_acc(acc[i][1], a, c, v.y);
-    }
-  }
-  const float inv = fixed_inv(W);
-#pragma unroll
-  for (int i = 0; i < DR / 64; i++)
-    *(__nv_bfloat162 *)(out_row + i * 64 + lane * 2) =
-        __floats2bfloat162_rn(__fmul_rn(acc[i][0], inv), __fmul_rn(acc[i][1], inv));
-}
-
-/* nb: key buffers (2, or up to DI_MLA32_MAX_NB for the bf16 pool); counters: NULL, or (split items only)
- * the fused merge's counters, one per row group at its first partial slot, zero between launches */
 template <int RG, int KV8>
 static __global__ void __launch_bounds__(RG * 128)
 mla_fixed_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *positions, int H,
                  float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out, float *part_o,
-                 float *part_lse, int nb, int32_t *counters) {
+                 float *part_lse) {
   DI_PDL_ENTRY();
   if ((int)blockIdx.x >= *n_items) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int BM = RG * 16;
-  const di_mla32_bufs sb = di_mla32_carve(smem_raw, BM, nb);
+  const di_mla32_bufs sb = di_mla32_carve(smem_raw, BM);
   const di_cuk_attn_item it = items[blockIdx.x];
   const int nrows = it.row1 - it.row0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = warp >> 2, wq = warp & 3; /* row group, quarter */
   const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
   di_mla32_begin<KV8>(sb, BM, Q, positions, H, it.row0, nrows, cache, btab, it.k0, it.k1, tid, blockDim.x);
-  const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
-  if (!KV8 && nb > 2) di_mla32_prefetch<RG * 128>(sb, cache, btab, ntiles, it.k0, it.k1, tid, blockDim.x, nb);
 
   float o[16][4], A[16][4];
 #pragma unroll
@@ -91,9 +53,9 @@ mla_fixed_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_str
   float M0 = -INFINITY, M1 = -INFINITY, W0 = 0.f, W1 = 0.f;
   const int rA = g * 16 + (lane >> 2); /* this thread's rows rA, rA + 8 in the tile */
 
+  const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
   for (int j = 0; j < ntiles; j++) {
-    di_mla32_tile<KV8, RG * 128>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1,
-                                 KV8 ? 2 : nb);
+    di_mla32_tile<KV8, RG * 128>(sb, cache, btab, j, ntiles, it.k0, it.k1, scale_log2, tid, blockDim.x, o, m0, m1, l0, l1);
     if ((j + 1) % tps == 0 || j + 1 == ntiles) { /* the end of a split: its partial, then a fresh pass */
       const float inv0 = fixed_inv(l0), inv1 = fixed_inv(l1);
       const float lse0 = fixed_lse(m0, l0), lse1 = fixed_lse(m1, l1);
@@ -134,30 +96,7 @@ mla_fixed_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_str
     }
   }
   di_cp_wait<0>();
-  if (it.part >= 0) {
-    if (!counters) return;
-    /* the fused merge: the CTA that counts the row group's last split merges all of its partials */
-    __shared__ int s_last;
-    __threadfence(); /* this CTA's partial, visible to the CTA that merges */
-    __syncthreads();
-    const int split = tps * KT, part0 = it.part - it.k0 / split;
-    if (tid == 0) {
-      int maxpos = 0; /* the row group's largest position, as di_cuk_attn_fixed_items counted its splits */
-      for (int r = 0; r < nrows; r++) maxpos = sb.sPos[r] > maxpos ? sb.sPos[r] : maxpos;
-      const int nsplit = maxpos / split + 1;
-      const int last = atomicAdd(counters + part0, 1) == nsplit - 1;
-      if (last) counters[part0] = 0; /* every split has counted: zero for the next launch */
-      s_last = last;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence(); /* the other splits' partials, read after their count */
-    int maxpos = 0;
-    for (int r = 0; r < nrows; r++) maxpos = sb.sPos[r] > maxpos ? sb.sPos[r] : maxpos;
-    for (int r = warp; r < nrows; r += RG * 4)
-      fixed_combine_row(part_o, part_lse, part0, maxpos / split + 1, r, lane, out + (int64_t)(it.row0 + r) * DR);
-    return;
-  }
+  if (it.part >= 0) return;
   const float iw0 = fixed_inv(W0), iw1 = fixed_inv(W1);
 #pragma unroll
   for (int nt = 0; nt < 16; nt++) {
@@ -174,16 +113,15 @@ mla_fixed_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_str
 template <int RG, int KV8>
 static di_status launch_fixed(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *pos,
                               int H, float sl2, int tps, const di_cuk_attn_item *items, const int32_t *n_items,
-                              int max_items, bf16 *out, float *part_o, float *part_lse, int nb, int32_t *counters,
-                              cudaStream_t s) {
-  const size_t sm = di_mla32_smem(RG, nb);
-  static size_t attr_set; /* the largest dynamic shared memory allowed so far */
-  if (sm > attr_set) {
+                              int max_items, bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
+  const size_t sm = di_mla32_smem(RG);
+  static int attr_set;
+  if (!attr_set) {
     DI_CU(cudaFuncSetAttribute(mla_fixed_kernel<RG, KV8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attr_set = sm;
+    attr_set = 1;
   }
   DI_CU(di_launch(mla_fixed_kernel<RG, KV8>, max_items, RG * 128, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, tps, items,
-                  n_items, out, part_o, part_lse, nb, counters));
+                  n_items, out, part_o, part_lse));
   DI_CU_LAUNCH("mla_attn_fixed");
   return DI_OK;
 }
@@ -191,21 +129,17 @@ static di_status launch_fixed(const bf16 *Q, const void *cache, const int32_t *b
 extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const void *cache, int kv_fp8, const int32_t *block_tables,
                                            int bt_stride, const int32_t *positions, int H, float scale, int split,
                                            const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
-                                           int rows_per_cta, uint16_t *out, float *part_o, float *part_lse, int depth,
-                                           int32_t *counters, di_cu_stream s) {
+                                           int rows_per_cta, uint16_t *out, float *part_o, float *part_lse,
+                                           di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
   if (split < KT || split % KT)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed split %d (a multiple of %d)", split, KT);
-  const int nb = depth + 1;
-  if (depth < 1 || nb > DI_MLA32_MAX_NB || (kv_fp8 && depth != 1) || di_mla32_smem(rows_per_cta / 16, nb) > 227 * 1024)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed depth %d (1 .. %d, 1 for an FP8 cache; %d rows)", depth,
-                        DI_MLA32_MAX_NB - 1, rows_per_cta);
   const int tps = split / KT;
   const float sl2 = scale * 1.4426950408889634f;
 #define FIXED_CASE(rg, kv8)                                                                                      \
   if (rows_per_cta == 16 * rg && kv_fp8 == kv8)                                                                    \
     return launch_fixed<rg, kv8>((const bf16 *)Q, cache, block_tables, bt_stride, positions, H, sl2, tps, items,   \
-                                 n_items, max_items, (bf16 *)out, part_o, part_lse, nb, counters, (cudaStream_t)s);
+                                 n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
   FIXED_CASE(2, 0) FIXED_CASE(1, 0) FIXED_CASE(2, 1) FIXED_CASE(1, 1)
 #undef FIXED_CASE
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed rows_per_cta %d (16 or 32)", rows_per_cta);
@@ -223,7 +157,29 @@ mla_combine_fixed_kernel(const di_cuk_combine_item *items, const int32_t *n_item
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y * CMB_ROWS + (threadIdx.x >> 5);
   if (r >= it.row1 - it.row0) return;
-  fixed_combine_row(part_o, part_lse, it.part0, it.nsplit, r, lane, out + (int64_t)(it.row0 + r) * DR);
+  float acc[DR / 64][2];
+#pragma unroll
+  for (int i = 0; i < DR / 64; i++) acc[i][0] = acc[i][1] = 0.f;
+  float M = -INFINITY, W = 0.f;
+  for (int sp = 0; sp < it.nsplit; sp++) {
+    const float lse = part_lse[(int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r];
+    if (lse == -INFINITY) continue;
+    float a, c;
+    fixed_merge(M, W, lse, a, c);
+    const float *po = part_o + ((int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r) * DR;
+#pragma unroll
+    for (int i = 0; i < DR / 64; i++) {
+      const float2 v = *(const float2 *)(po + i * 64 + lane * 2);
+      acc[i][0] = fixed_acc(acc[i][0], a, c, v.x);
+      acc[i][1] = fixed_acc(acc[i][1], a, c, v.y);
+    }
+  }
+  const float inv = fixed_inv(W);
+  bf16 *o = out + (int64_t)(it.row0 + r) * DR;
+#pragma unroll
+  for (int i = 0; i < DR / 64; i++)
+    *(__nv_bfloat162 *)(o + i * 64 + lane * 2) =
+        __floats2bfloat162_rn(__fmul_rn(acc[i][0], inv), __fmul_rn(acc[i][1], inv));
 }
 
 extern "C" di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, const int32_t *n_items, int max_items,

@@ -6,10 +6,8 @@
  * 8wq .. 8wq + 7 of the score tile and output columns 128wq .. 128wq + 127; a thread holds rows rA and
  * rA + 8 of its group (rA = 16g + lane / 4). The score tile goes through shared memory because the
  * softmax of a row needs all 32 keys while each warp computed only 8 of them. Keys come from the paged
- * cache (64-token blocks, block table btab) by cp.async into nb rotating buffers (2 unless the caller asks
- * for more: the bf16 pool only): tiles j + 1 .. j + nb - 1 are in flight while tile j is used; with more
- * buffers a CTA that runs few tiles at low occupancy (the decode form of the fixed split) waits less for
- * memory; the arithmetic is the same whatever nb (from the FP8 pool, KV8 = 1, the chunks are dequantized to bf16 as they are
+ * cache (64-token blocks, block table btab) by cp.async into two alternating buffers: tile j + 1 is
+ * loaded while tile j is used (from the FP8 pool, KV8 = 1, the chunks are dequantized to bf16 as they are
  * staged, k_kv8.cuh: with 128 or 256 threads loaded into registers before tile j's arithmetic and stored
  * after it, di_mla32_kv8_stage; with 512, and the first tile, a plain load and store). A key past the
  * row's position or past the item's end k1 scores -inf, so a tile past a row's position is an exact no-op
@@ -24,11 +22,10 @@
 #define DI_MLA32_SSTR (DI_MLA32_KT + 4)  /* score tile row stride (floats) */
 static_assert(DI_MLA32_KT == 32, "di_mla32_tile's fragments assume 32-key tiles");
 
-/* Shared memory of a CTA of rg row groups: Q tile [16rg][SROW], nb key tiles [nb][KT][SROW], the score
+/* Shared memory of a CTA of rg row groups: Q tile [16rg][SROW], two key tiles [2][KT][SROW], the score
  * tile [16rg][SSTR] (f32) and the rows' positions [16rg]. */
-#define DI_MLA32_MAX_NB 5 /* key buffers at most (16 rows: 208 KB) */
-static inline size_t di_mla32_smem(int rg, int nb = 2) {
-  return (size_t)rg * 16 * DI_MLA32_SROW * 2 + (size_t)nb * DI_MLA32_KT * DI_MLA32_SROW * 2 +
+static inline size_t di_mla32_smem(int rg) {
+  return (size_t)rg * 16 * DI_MLA32_SROW * 2 + 2 * DI_MLA32_KT * DI_MLA32_SROW * 2 +
          (size_t)rg * 16 * DI_MLA32_SSTR * 4 + rg * 16 * 4;
 }
 
@@ -37,11 +34,11 @@ struct di_mla32_bufs {
   float *sS;
   int *sPos;
 };
-static __device__ __forceinline__ di_mla32_bufs di_mla32_carve(unsigned char *raw, int BM, int nb = 2) {
+static __device__ __forceinline__ di_mla32_bufs di_mla32_carve(unsigned char *raw, int BM) {
   di_mla32_bufs b;
   b.sQ = (bf16 *)raw;
   b.sK = b.sQ + BM * DI_MLA32_SROW;
-  b.sS = (float *)(b.sK + nb * DI_MLA32_KT * DI_MLA32_SROW);
+  b.sS = (float *)(b.sK + 2 * DI_MLA32_KT * DI_MLA32_SROW);
   b.sPos = (int *)(b.sS + BM * DI_MLA32_SSTR);
   return b;
 }
@@ -128,57 +125,30 @@ static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, i
   di_cp_commit();
 }
 
-/* With nb > 2 key buffers (bf16 pool): tiles 1 .. nb - 2 of the item into buffers 1 .. nb - 2, a cp.async
- * group each (empty past the item's last tile), after di_mla32_begin; di_mla32_tile keeps nb - 1 tiles in
- * flight from then on. */
-template <int NT = 0>
-static __device__ __forceinline__ void di_mla32_prefetch(const di_mla32_bufs &sb, const void *cache,
-                                                         const int32_t *btab, int ntiles, int k0, int k1, int tid,
-                                                         int nthreads, int nb) {
-  for (int t = 1; t < nb - 1; t++) {
-    if (t < ntiles) di_mla32_load_kv<0, NT>(sb.sK + t * DI_MLA32_KT * DI_MLA32_SROW, cache, btab, k0 + t * DI_MLA32_KT, k1, tid, nthreads);
-    di_cp_commit();
-  }
-}
-
-/* cp.async.wait_group n for a run-time n < DI_MLA32_MAX_NB - 1 (uniform in the CTA) */
-static __device__ __forceinline__ void di_mla32_wait(int n) {
-  switch (n) {
-  case 0: di_cp_wait<0>(); break;
-  case 1: di_cp_wait<1>(); break;
-  case 2: di_cp_wait<2>(); break;
-  default: di_cp_wait<3>(); break;
-  }
-}
-
-/* Key tile j (keys kb = k0 + 32j ..) of the item: waits for it, starts loading tile j + nb - 1 (into the
- * buffer tile j - 1 used), then this thread's part of S = Q . K^T over 576 dims (masked), the
- * online-softmax step on rows rA, rA + 8 and O[rows][128 columns of quarter wq] += P . V with V = the key
- * tile's first 512 columns. o, m, l: the running state (o unnormalized). nb: key buffers (2; more only
- * for the bf16 pool, after di_mla32_prefetch). Every thread of the CTA calls it (it holds two
- * __syncthreads). */
+/* Key tile j (keys kb = k0 + 32j ..) of the item: waits for it, starts loading tile j + 1, then this
+ * thread's part of S = Q . K^T over 576 dims (masked), the online-softmax step on rows rA, rA + 8 and
+ * O[rows][128 columns of quarter wq] += P . V with V = the key tile's first 512 columns. o, m, l: the
+ * running state (o unnormalized). Every thread of the CTA calls it (it holds two __syncthreads). */
 template <int KV8, int NT = 0>
 static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, const void *cache, const int32_t *btab,
                                                      int j, int ntiles, int k0, int k1, float scale_log2, int tid,
                                                      int nthreads, float (&o)[16][4], float &m0, float &m1,
-                                                     float &l0, float &l1, int nb = 2) {
+                                                     float &l0, float &l1) {
   const int SROW = DI_MLA32_SROW, SSTR = DI_MLA32_SSTR, KT = DI_MLA32_KT;
   const int lane = tid & 31, warp = tid >> 5;
   const int g = warp >> 2, wq = warp & 3;
   const int rA = g * 16 + (lane >> 2);
   const int kb = k0 + j * KT;
-  if (nb == 2) di_cp_wait<0>();
-  else di_mla32_wait(nb - 2); /* the groups of tiles j + 1 .. j + nb - 2 may still run */
+  di_cp_wait<0>();
   __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer */
   constexpr bool staged = KV8 && (NT == 128 || NT == 256); /* (NT: the CTA's threads, when the caller fixes them) */
   di_mla32_kv8_stage<staged ? NT : 128> st;
-  if (j + nb - 1 < ntiles) {
+  if (j + 1 < ntiles) {
     if (staged) st.fetch(cache, btab, kb + KT, k1, tid);
-    else di_mla32_load_kv<KV8, NT>(sb.sK + ((j + nb - 1) % nb) * KT * SROW, cache, btab, kb + (nb - 1) * KT, k1, tid,
-                                   nthreads);
+    else di_mla32_load_kv<KV8, NT>(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
   }
   di_cp_commit();
-  const bf16 *K = sb.sK + (j % nb) * KT * SROW;
+  const bf16 *K = sb.sK + (j & 1) * KT * SROW;
   float *sS = sb.sS;
 
   /* S[16 rows of group g][8 keys of quarter wq] */
