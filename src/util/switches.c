@@ -49,6 +49,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                  "1: the fixed-split attention of steps whose runs average >= 64 rows (prefill chunks, "
                                  "verify blocks) on its tensor-core kernel (k_mla_fixed_tc.cu, the same bits); 2: every "
                                  "step there (decode rows too); 0: the CUDA-core kernel only"},
+    [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "0",
+                              "1: the batch-invariant mode's query absorption on per-head transposed copies of W_UK "
+                              "(W [N][K]: the hybrid tensor-core GEMM instead of mma.sync above 8 rows; the same "
+                              "bits; 2 MB a V2-Lite layer)"},
     [DI_SW_CUDA_PREFILL_MHA] = {"DEEPINFER_CUDA_PREFILL_MHA", "512",
                                 "N > 0: steps of at least N tokens (1: 512), each run of them a prefill chunk, run MLA "
                                 "attention in the non-absorbed (MHA) form: keys up-projected by kv_b, FlashAttention-2 "

@@ -16,7 +16,8 @@
  * (k_tc_gemv.cuh at <= 8 rows, TMA above), invariant only if the kernels they mix agree bit for bit;
  * `--core mma|wgmma|tma|hybrid|gemv` runs one.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
- * shapes instead. Built only with nvcc; run on the device by scripts/device_tests.sh. */
+ * shapes instead; `--bench-mla`: the per-head MLA products (the query absorption, W [K][N], and W_UV)
+ * through di_cu_gemm_batched as the backend calls them, invariant (this kernel) against default. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
 #include "util/numeric.h"
 #include "test_util.h"
@@ -332,6 +333,104 @@ static void bench_grouped(int N, int K, int glu, int rows) {
   di_cut_free(dX); di_cut_free(dW); di_cut_free(doff); di_cut_free(dtiles); di_cut_free(dnt); di_cut_free(dC);
 }
 
+/* The absorption in its two forms (DEEPINFER_CUDA_ABSORB_NK): W_UK [K][N] (w_kn, the mma.sync kernel) and
+ * its per-head transpose [N][K] (whichever core is set) must give the same bits at every M: the same
+ * chains of k16 steps on the same values. */
+static void check_absorb_forms(void) {
+  enum { NH = 16, DN = 128, DV = 128, DQK = 192, R = 512, MMAX = 1024 };
+  uint16_t *q = rand_bf16((size_t)MMAX * NH * DQK, 1.f), *kvb = rand_bf16((size_t)NH * (DN + DV) * R, 0.05f);
+  uint16_t *wt = malloc((size_t)NH * R * DN * 2);
+  for (int h = 0; h < NH; h++)
+    for (int k = 0; k < DN; k++)
+      for (int r = 0; r < R; r++) wt[((size_t)h * R + r) * DN + k] = kvb[((size_t)h * (DN + DV) + k) * R + r];
+  void *dq = dev_copy(q, (size_t)MMAX * NH * DQK * 2), *dkvb = dev_copy(kvb, (size_t)NH * (DN + DV) * R * 2);
+  void *dwt = dev_copy(NULL, (size_t)NH * R * DN * 2), *dY0 = dev_copy(NULL, (size_t)MMAX * NH * 576 * 2),
+       *dY1 = dev_copy(NULL, (size_t)MMAX * NH * 576 * 2);
+  CHECK(dq && dkvb && dwt && dY0 && dY1);
+  /* the backend's transpose kernel against the host's */
+  CHECK(di_cuk_mla_wuk_transpose(dkvb, NH, DN, DV, R, dwt, NULL) == DI_OK && di_cut_sync() == 0);
+  uint16_t *wt_dev = malloc((size_t)NH * R * DN * 2);
+  di_cut_d2h(wt_dev, dwt, (size_t)NH * R * DN * 2);
+  CHECKF(memcmp(wt, wt_dev, (size_t)NH * R * DN * 2) == 0, "di_cuk_mla_wuk_transpose differs from the transpose");
+  const int Ms[] = {1, 5, 8, 9, 16, 64, 300, 1024};
+  uint16_t *y0 = malloc((size_t)MMAX * NH * 576 * 2), *y1 = malloc((size_t)MMAX * NH * 576 * 2);
+  for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+    const int M = Ms[i];
+    const size_t ny = (size_t)M * NH * 576 * 2;
+    di_status st = di_cuk_tc_gemm(NH, M, R, DN, dq, NH * DQK, DQK, dkvb, R, (int64_t)(DN + DV) * R, 1, dY0, NH * 576,
+                                  576, 0, 0.f, g_ws, WS_BYTES, NULL);
+    if (st == DI_OK)
+      st = di_cuk_tc_gemm(NH, M, R, DN, dq, NH * DQK, DQK, dwt, DN, (int64_t)R * DN, 0, dY1, NH * 576, 576, 0, 0.f,
+                          g_ws, WS_BYTES, NULL);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "absorb forms M %d: %s", M, di_last_error());
+    di_cut_d2h(y0, dY0, ny);
+    di_cut_d2h(y1, dY1, ny);
+    size_t diff = 0;
+    for (int m = 0; m < M; m++)
+      for (int h = 0; h < NH; h++)
+        for (int n = 0; n < R; n++) {
+          const size_t e = ((size_t)m * NH + h) * 576 + n;
+          diff += y0[e] != y1[e];
+        }
+    CHECKF(diff == 0, "absorb M %d: %zu of %d values of the [N][K] form differ from the [K][N] form", M, diff, M * NH * R);
+    printf("  absorb [K][N] vs [N][K] form, M %4d: %s\n", M, diff ? "DIFFERENT" : "bit-identical");
+  }
+  free(q); free(kvb); free(wt); free(wt_dev); free(y0); free(y1);
+  di_cut_free(dq); di_cut_free(dkvb); di_cut_free(dwt); di_cut_free(dY0); di_cut_free(dY1);
+}
+
+/* --bench-mla: V2-Lite's per-head products at T tokens as cuda_deepseek2.cu calls di_cu_gemm_batched
+ * (16 heads; q rows of 16 x 192 with the 128 nope columns first, kv_b [16][256][512]; the absorption
+ * writes Qa's 512 latent columns of 576, W_UV reads o_lat [T][16][512]), best of 3 x 10 calls */
+static void bench_mla(di_cu_blas *blas) {
+  enum { NH = 16, DN = 128, DV = 128, DQK = 192, R = 512 };
+  const int Ts[] = {1, 16, 512, 4096};
+  uint16_t *q = rand_bf16((size_t)4096 * NH * DQK, 1.f), *kvb = rand_bf16((size_t)NH * (DN + DV) * R, 0.02f);
+  uint16_t *ol = rand_bf16((size_t)4096 * NH * R, 1.f);
+  void *dq = dev_copy(q, (size_t)4096 * NH * DQK * 2), *dkvb = dev_copy(kvb, (size_t)NH * (DN + DV) * R * 2);
+  void *dol = dev_copy(ol, (size_t)4096 * NH * R * 2), *dY = dev_copy(NULL, (size_t)4096 * NH * 576 * 2);
+  CHECK(dq && dkvb && dol && dY);
+  uint16_t *dwt = dev_copy(NULL, (size_t)NH * R * DN * 2);
+  CHECK(dwt && di_cuk_mla_wuk_transpose(dkvb, NH, DN, DV, R, dwt, NULL) == DI_OK);
+  for (int prod = 0; prod < 3; prod++)
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+      const int T = Ts[ti];
+      double us[3]; /* default, invariant on the hybrid core (the backend's), invariant on mma.sync */
+      for (int v = 0; v < 3; v++) {
+        const int inv = v > 0;
+        di_cu_blas_set_invariant(blas, inv);
+        di_cu_blas_set_tc(blas, inv);
+        di_cuk_tc_gemm_set_core(v == 2 ? 0 : 3);
+        double best = 1e30;
+        for (int rep = 0; rep < 4; rep++) {
+          di_cut_sync();
+          const double t0 = di_cut_time_ms();
+          for (int i = 0; i < 10; i++) {
+            const di_status st =
+                prod == 0   ? di_cu_gemm_batched(blas, NH, T, R, DN, dq, NH * DQK, DQK, dkvb, R, (int64_t)(DN + DV) * R,
+                                                 1, dY, NH * 576, 576, NULL)
+                : prod == 2 ? di_cu_gemm_batched(blas, NH, T, R, DN, dq, NH * DQK, DQK, dwt, DN, (int64_t)R * DN, 0, dY,
+                                                 NH * 576, 576, NULL)
+                          : di_cu_gemm_batched(blas, NH, T, DV, R, dol, NH * R, R, (const uint16_t *)dkvb + DN * R, R,
+                                               (int64_t)(DN + DV) * R, 0, dY, NH * DV, DV, NULL);
+            CHECK(st == DI_OK);
+          }
+          CHECK(di_cut_sync() == 0);
+          const double t = (di_cut_time_ms() - t0) * 100.0;
+          if (rep && t < best) best = t;
+        }
+        us[v] = best;
+      }
+      const double fl = 2.0 * NH * T * (prod == 0 ? (double)R * DN : (double)DV * R);
+      printf("mla %s T %5d: invariant %.1f us (%.1f TF/s; mma.sync core %.1f us), default %.1f us (%.1f TF/s)\n",
+             prod == 0 ? "absorb [K][N]" : prod == 2 ? "absorb [N][K]" : "W_UV         ", T, us[1], fl / us[1] * 1e-6, us[2], us[0], fl / us[0] * 1e-6);
+    }
+  di_cu_blas_set_invariant(blas, 0);
+  di_cuk_tc_gemm_set_core(0);
+  free(q); free(kvb); free(ol);
+  di_cut_free(dq); di_cut_free(dkvb); di_cut_free(dol); di_cut_free(dY); di_cut_free(dwt);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -350,6 +449,7 @@ int main(int argc, char **argv) {
   int core0 = 0, core1 = 4, bench_mode = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) bench_mode = 1;
+    else if (!strcmp(argv[i], "--bench-mla")) bench_mode = 2;
     else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
       i++;
       core0 = core1 = !strcmp(argv[i], "gemv") ? 4 : !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
@@ -358,6 +458,14 @@ int main(int argc, char **argv) {
       core1 = atoi(argv[i + 2]);
       i += 2;
     }
+  }
+  if (bench_mode == 2) {
+    di_cu_blas *blas = NULL;
+    CHECK(di_cu_blas_create(&blas) == DI_OK);
+    bench_mla(blas);
+    di_cu_blas_destroy(blas);
+    di_cut_free(g_ws);
+    return test_finish("bench_tc_gemm --bench-mla");
   }
   if (bench_mode) {
     di_cu_blas *blas = NULL;
@@ -387,6 +495,7 @@ int main(int argc, char **argv) {
       {"odd 224 x 64 (+res)", 1, 224, 64, 0, 1, 1.f, 0, 64},
       {"absorb q.W_UK [K][N] x16", 16, 512, 128, 1, 0, 0.f, (int64_t)256 * 512, 512},
       {"W_UV x16", 16, 128, 512, 0, 0, 0.f, (int64_t)256 * 512, 512},
+      {"absorb q.W_UK^T [N][K] x16", 16, 512, 128, 0, 0, 0.f, (int64_t)512 * 128, 128},
   };
   const shape gu = {"dense gate/up", 1, 21888, 2048, 0, 0, 0.f, 0, 2048};
   const shape lm = {"lm_head", 1, 102400, 2048, 0, 1, 0.f, 0, 2048};
@@ -403,6 +512,7 @@ int main(int argc, char **argv) {
     }
     test_shape(&gu, 1000, Ms, nM, 2);
     test_shape(&lm, 300, Ms, nM, 2);
+    check_absorb_forms();
   }
   if (core0 != core1 || core1 >= 2) {
     printf("cores against each other (informational):\n");

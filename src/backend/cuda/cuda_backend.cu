@@ -166,6 +166,9 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->fixed_tc = di_switch_int(DI_SW_CUDA_MLA_FIXED_TC, 1);
   if (b->fixed_tc < 0 || b->fixed_tc > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_TC=%d: 0, 1 or 2", b->fixed_tc);
+  /* the invariant absorption on W_UK [N][K] copies (the hybrid core; session 14, s14-19: unverified on the
+   * device, off) */
+  b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 0);
   /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
    * V2-Lite shape: prefill 1.15x at 512 tokens, 1.65x at 4,096: PERFORMANCE.md, session 10, issue 19) */
   const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 512);
@@ -185,6 +188,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
     for (int i = 0; i < MAX_MARKS; i++) DI_CU(cudaEventCreate(&b->marks[i]));
   }
   DI_TRY(ds2_load(b, c, w));
+  if (b->invariant && b->absorb_nk) DI_TRY(ds2_wuk_t(b));
   dev_free(b, b->stage);
   b->stage = NULL;
   DI_TRY(ensure_acts(b, 256, 16, 512));
@@ -280,6 +284,7 @@ extern "C" di_status di_backend_cuda_set_invariant(di_backend *bb, int on) {
     di_cu_blas_set_invariant(b->blas, 1);
     di_cu_blas_set_tc(b->blas, di_switch_bool(DI_SW_CUDA_TC_INVARIANT, 1));
     b->vo_fused = b->fold_uv = 0;
+    if (b->absorb_nk) DI_TRY(ds2_wuk_t(b));
     const int fixed = di_switch_int(DI_SW_CUDA_ATTN_FIXED, 1);
     b->attn_fixed = fixed == 1 ? DI_CUK_ATTN_FIXED_SPLIT : fixed >= 32 && fixed % 32 == 0 ? fixed : 0;
   } else {

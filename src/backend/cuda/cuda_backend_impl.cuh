@@ -54,6 +54,7 @@ typedef struct cu_layer {
   float *attn_norm, *ffn_norm, *q_a_norm, *kv_a_norm, *router_bias;
   bf16 *qkv_a;                 /* [q_a (qr) or q_proj (NH*dqk) | kv_a (R+dr)][H]: one GEMM */
   bf16 *q_b, *kv_b, *o_proj;
+  bf16 *wuk_t; /* W_UK transposed per head [NH][R][dn] (DEEPINFER_CUDA_ABSORB_NK, invariant mode), or NULL */
   int is_moe, has_shared;
   bf16 *gate_up, *down;        /* dense MLP: [2I][H], [H][I] */
   bf16 *router;                /* [E][H] */
@@ -85,6 +86,7 @@ typedef struct cu_backend {
   int fixed_tc;   /* DEEPINFER_CUDA_MLA_FIXED_TC: 1 prefill-like steps, 2 every step of the fixed split on
                    * k_mla_fixed_tc.cu (cuda_step.cu decides per step) */
   float *tc_slots; /* that kernel's per-CTA merge slots (allocated at its first step) */
+  int absorb_nk; /* DEEPINFER_CUDA_ABSORB_NK: the invariant absorption on cu_layer.wuk_t */
   const di_model_config *cfg; /* the model's (outlives the backend) */
   int fp8;       /* DEEPINFER_CUDA_FP8=1: FP8 weights stay FP8 on the device */
   int fp8_gv16;  /* DEEPINFER_CUDA_FP8_GV16 (1): 1 / 2 the 16-row FP8 expert GEMVs (2: pipelined loads), 0 off */
@@ -290,6 +292,7 @@ di_status cu_mtp(di_backend *bb, const di_batch *batch, const float *prev_hidden
 /* cuda_deepseek2.cu: the DeepSeek-V2/V3 architecture: shapes and weights to the device, one decoder
  * layer, the whole forward of a prepared step */
 di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights *w);
+di_status ds2_wuk_t(cu_backend *b); /* every layer's wuk_t, if not there yet (cuda_deepseek2.cu) */
 di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm);
 di_status forward(cu_backend *b);
 /* cuda_ep.cu: expert parallel (see there) */

@@ -471,7 +471,10 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                            b->rope, (uint16_t *)b->Qa, cache, kv8, s));
     /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]); not needed by
      * the MHA form */
-    if (!SKIP(SKIP_ABSORB) && !b->mha_step)
+    if (!SKIP(SKIP_ABSORB) && !b->mha_step && b->invariant && L->wuk_t) /* the W [N][K] copy: the same bits */
+      DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->wuk_t, b->dn,
+                                (int64_t)b->R * b->dn, 0, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
+    else if (!SKIP(SKIP_ABSORB) && !b->mha_step)
       DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->kv_b, b->R,
                               (int64_t)(b->dn + b->dv) * b->R, 1, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
   }
@@ -649,6 +652,20 @@ di_status forward(cu_backend *b) {
 
 /* The architecture's shapes (router, rotary, padded widths) and weights to the device: the main layers,
  * then the MTP layer when loaded (b->n_mtp, set by create). */
+/* The batch-invariant absorption's W [N][K] copies of W_UK (DEEPINFER_CUDA_ABSORB_NK): W [K][N] products run
+ * on the mma.sync kernel only, W [N][K] ones on the hybrid core (TMA wgmma above 8 rows), with the same
+ * chains, so the same bits (test_cuda_tc_gemm checks both forms against each other). 2 MB a V2-Lite layer. */
+di_status ds2_wuk_t(cu_backend *b) {
+  for (int l = 0; l < b->n_layers + b->n_mtp; l++) {
+    cu_layer *L = &b->L[l];
+    if (L->wuk_t || !L->kv_b || b->dn % 8 || b->R % 8) continue;
+    DI_TRY(dev_alloc(b, (void **)&L->wuk_t, (size_t)b->NH * b->R * b->dn * 2));
+    DI_TRY(di_cuk_mla_wuk_transpose((const uint16_t *)L->kv_b, b->NH, b->dn, b->dv, b->R, (uint16_t *)L->wuk_t, NULL));
+  }
+  DI_CU(cudaDeviceSynchronize());
+  return DI_OK;
+}
+
 di_status ds2_load(cu_backend *b, const di_model_config *c, const di_ds_weights *w) {
   b->cfg = c;
   b->H = c->hidden_size; b->NH = c->num_attention_heads; b->dn = c->qk_nope_head_dim; b->dr = c->qk_rope_head_dim;

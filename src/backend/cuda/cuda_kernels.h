@@ -61,6 +61,10 @@ di_status di_cuk_mla_prep_absorb(const uint16_t *kva, int ldk, const uint16_t *q
                                  float eps, di_cuk_rope rope, uint16_t *Qa, void *cache, int kv_fp8, const uint16_t *wuk,
                                  int ldw, int64_t sw, di_cu_stream s);
 
+/* W_UK[h] (kv_b rows h (dn + dv) .. + dn, [dn][R]) of the NH heads transposed into out [NH][R][dn] (the
+ * batch-invariant absorption's W [N][K] form; DEEPINFER_CUDA_ABSORB_NK). */
+di_status di_cuk_mla_wuk_transpose(const uint16_t *kv_b, int NH, int dn, int dv, int R, uint16_t *out, di_cu_stream s);
+
 /* The FP8 cache entry's write rule alone, as the prep kernels apply it (k_kv8.cuh): rows x [n][R] f32
  * (R <= 512) into the scales and codes of n DI_CUK_KV8_ROW-byte entries (their rope bytes untouched). */
 di_status di_cuk_kv8_quantize(const float *x, int R, int n, void *entries, di_cu_stream s);

@@ -182,3 +182,23 @@ extern "C" di_status di_cuk_kv8_quantize(const float *x, int R, int n, void *ent
   DI_CU_LAUNCH("kv8_quantize");
   return DI_OK;
 }
+
+/* W_UK of every head transposed for the batch-invariant absorption in the W [N][K] form
+ * (DEEPINFER_CUDA_ABSORB_NK): kv_b rows h (dn + dv) .. + dn ([dn][R]) into out + h R dn as [R][dn]; the
+ * same values, so the product's chains (and bits) are the same, on whichever core takes W [N][K]. Once, at load. */
+static __global__ void wuk_transpose_kernel(const bf16 *kv_b, int dn, int dv, int R, bf16 *out) {
+  const int h = blockIdx.y;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < R * dn; i += gridDim.x * blockDim.x) {
+    const int r = i / dn, k = i % dn;
+    out[(int64_t)h * R * dn + i] = kv_b[((int64_t)h * (dn + dv) + k) * R + r];
+  }
+}
+
+extern "C" di_status di_cuk_mla_wuk_transpose(const uint16_t *kv_b, int NH, int dn, int dv, int R, uint16_t *out,
+                                              di_cu_stream s) {
+  if (NH <= 0 || dn <= 0 || R <= 0) return DI_OK;
+  wuk_transpose_kernel<<<dim3((R * dn + 255) / 256 < 256 ? (R * dn + 255) / 256 : 256, NH), 256, 0, (cudaStream_t)s>>>(
+      (const bf16 *)kv_b, dn, dv, R, (bf16 *)out);
+  DI_CU_LAUNCH("mla_wuk_transpose");
+  return DI_OK;
+}

@@ -43,17 +43,33 @@ static __device__ __forceinline__ di_mla32_bufs di_mla32_carve(unsigned char *ra
   return b;
 }
 
-/* Keys kb .. kb + KT - 1 (zero-filled from k1 on) into key buffer dst, by all nthreads threads. */
-template <int KV8>
+/* Keys kb .. kb + KT - 1 (zero-filled from k1 on) into key buffer dst, by all nthreads threads. From the
+ * bf16 pool with NT = 128 or 256 threads (the caller fixes them): thread t copies row t / (NT / 32), its
+ * 16-byte chunks t % (NT / 32) + (NT / 32) i, so the row's cache address is looked up once and the copies
+ * step by constants (a division and a block-table lookup per chunk were ~45% of the decode kernel's
+ * instructions in ncu, session 13); the same bytes land in the same places either way. */
+template <int KV8, int NT = 0>
 static __device__ __forceinline__ void di_mla32_load_kv(bf16 *dst, const void *cache, const int32_t *btab, int kb,
                                                         int k1, int tid, int nthreads) {
   const int D = DI_CUK_MLA_D;
-  for (int c = tid; c < DI_MLA32_KT * (D / 8); c += nthreads) {
-    int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    int k = kb + r;
-    bool ok = k < k1;
-    int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
-    di_kv_stage16<KV8>(dst + r * DI_MLA32_SROW + col, di_kv_row(cache, KV8, crow), col, ok);
+  if constexpr (!KV8 && (NT == 128 || NT == 256)) {
+    constexpr int TPR = NT == 256 ? 8 : 4, NCH = (DI_CUK_MLA_D / 8) / TPR;
+    static_assert(DI_MLA32_KT * TPR == NT && NCH * TPR == DI_CUK_MLA_D / 8, "a key row per TPR threads");
+    const int r = tid / TPR, cc = tid % TPR, k = kb + r;
+    const bool ok = k < k1;
+    const int64_t crow = ok ? (int64_t)btab[k >> 6] * 64 + (k & 63) : 0;
+    const bf16 *src = (const bf16 *)cache + crow * D + cc * 8;
+    bf16 *d = dst + r * DI_MLA32_SROW + cc * 8;
+#pragma unroll
+    for (int i = 0; i < NCH; i++) di_cp_async16(d + i * TPR * 8, src + i * TPR * 8, ok);
+  } else {
+    for (int c = tid; c < DI_MLA32_KT * (D / 8); c += nthreads) {
+      int r = c / (D / 8), col = (c % (D / 8)) * 8;
+      int k = kb + r;
+      bool ok = k < k1;
+      int64_t crow = ok ? (int64_t)btab[k / 64] * 64 + (k % 64) : 0;
+      di_kv_stage16<KV8>(dst + r * DI_MLA32_SROW + col, di_kv_row(cache, KV8, crow), col, ok);
+    }
   }
 }
 
@@ -129,7 +145,7 @@ static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, co
   di_mla32_kv8_stage<staged ? NT : 128> st;
   if (j + 1 < ntiles) {
     if (staged) st.fetch(cache, btab, kb + KT, k1, tid);
-    else di_mla32_load_kv<KV8>(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
+    else di_mla32_load_kv<KV8, NT>(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
   }
   di_cp_commit();
   const bf16 *K = sb.sK + (j & 1) * KT * SROW;
