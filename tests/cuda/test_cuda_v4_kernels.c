@@ -756,6 +756,7 @@ int main(void) {
   check_experts_mx(4096, 2048, 13); /* tiles of up to 8 tokens of an expert */
   check_experts_mx(96, 40, 5);
   check_experts_mx(160, 96, 9); /* both products staged, partial steps and partial warps of rows */
+  check_experts_mx(4160, 4128, 2); /* rows past MXS_WHOLE columns: one token's staging per step, partial last step */
   check_swiglu();
   check_native_model();
   return test_finish("test_cuda_v4_kernels");

@@ -837,19 +837,48 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
  * outputs) whose next step's 16-byte loads are in flight while a step is summed. Per (row, token) each
  * lane sums the same 32 columns with the same expression in the same order as mx_row_dot, then the warp
  * sum is the same warp_sum_f: every output is bit-equal to the lane form's. At one token (MT = 1) the
- * lane keeps its 32 activations in registers across the rows. */
+ * lane keeps its 32 activations in registers across the rows, and a row of up to MXS_WHOLE columns is
+ * staged whole at the start (no barrier per step: at one token the per-step staging's two barriers and its
+ * L2 round trip were a large part of a CTA of 2-4 steps). */
 #define MXS_WARPS 8
 #define MXS_NR 4
 #define MXS_STEP 1024
 #define MXS_LD (MXS_STEP + MXS_STEP / 8)
+#define MXS_WHOLE 4096 /* one token's row staged whole up to this many columns (18 KB padded) */
 static int g_mx_form = 1;
 extern "C" void di_v4k_mx_form(int form) { g_mx_form = form; }
 
-/* the 32 values of a lane's step from 16 code bytes, as mx_row_dot decodes them */
-static __device__ __forceinline__ void mx_decode32(uint4 v, float *w) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+/* The 32 values of a lane's step from 16 code bytes: the same floats as mx_row_dot's e2m1_f32 (tested bit for
+ * bit through the forms' comparison), in ~3 integer operations a value instead of ~10: at one token the
+ * staged kernels were bound by the decode's integer work (the H200's integer pipe runs at half the FMA
+ * rate), not by memory. Every E2M1 value is a bf16 (high byte H, low byte L: 0 = 00 00, 0.5 = 3f 00,
+ * 1 = 3f 80, 1.5 = 3f c0, 2 = 40 00, 3 = 40 40, 4 = 40 80, 6 = 40 c0): byte permutes (prmt) look up H and L
+ * of four codes at once from 8-byte tables indexed by the codes' magnitude bits, a permute pairs codes j and
+ * j + 4 of a word into one bf16x2 (their sign bits are then 16 apart, so one shift and one lop3 set both),
+ * and the halves widen to floats exactly. */
+#define MX_TH0 0x3f3f3f00u /* H of magnitudes 0..3 */
+#define MX_TH1 0x40404040u /* H of 4..7 */
+#define MX_TL0 0xc0800000u /* L of 0..3 */
+#define MX_TL1 0xc0804000u /* L of 4..7 */
+static __device__ __forceinline__ void mx_decode8(uint32_t u, float *w) {
+  const uint32_t u7 = u & 0x77777777u;                                   /* magnitudes (the selectors' bit 3 clear) */
+  const uint32_t ca = __byte_perm(u7, 0, 0x20), cb = __byte_perm(u7, 0, 0x31); /* codes 0 1 4 5 / 2 3 6 7 */
+  const uint32_t ha = __byte_perm(MX_TH0, MX_TH1, ca), la = __byte_perm(MX_TL0, MX_TL1, ca);
+  const uint32_t hb = __byte_perm(MX_TH0, MX_TH1, cb), lb = __byte_perm(MX_TL0, MX_TL1, cb);
+  const uint32_t p[4] = {__byte_perm(la, ha, 0x6240), __byte_perm(la, ha, 0x7351), __byte_perm(lb, hb, 0x6240),
+                         __byte_perm(lb, hb, 0x7351)}; /* bf16x2 of codes (j, j + 4), unsigned */
 #pragma unroll
-  for (int j = 0; j < 32; j++) w[j] = e2m1_f32(u[j / 8] >> (4 * (j % 8)));
+  for (int j = 0; j < 4; j++) {
+    const uint32_t q = p[j] | ((u << (12 - 4 * j)) & 0x80008000u); /* the two sign bits (code bit 3 -> 15, 31) */
+    w[j] = __uint_as_float(q << 16);
+    w[j + 4] = __uint_as_float(q & 0xffff0000u);
+  }
+}
+static __device__ __forceinline__ void mx_decode32(uint4 v, float *w) {
+  mx_decode8(v.x, w);
+  mx_decode8(v.y, w + 8);
+  mx_decode8(v.z, w + 16);
+  mx_decode8(v.w, w + 24);
 }
 /* mx_row_dot's step sum of one row with one token's 32 staged values at xs (padded row, lane offset applied) */
 static __device__ __forceinline__ float mx_part(const float *w, const float *xs) {
@@ -866,7 +895,7 @@ template <int MT, bool UP, int NR, int MINB>
 __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float *x, const int32_t *ids, const int32_t *tiles,
                                                                    int max_tiles, int e_skip, mx4mat wa, mx4mat wb, int ns, int D,
                                                                    int I, float lim, float *out) {
-  __shared__ __align__(16) float xs[MT][MXS_LD];
+  __shared__ __align__(16) float xs[MT == 1 ? MXS_WHOLE + MXS_WHOLE / 8 : MT * MXS_LD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
@@ -898,13 +927,22 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
       ec[r] = c < C ? __ldg(wr[r].s + c / 32) : 127u;
     }
   }
-  for (int c0 = 0; c0 < C; c0 += MXS_STEP) {
-    __syncthreads(); /* the last step's reads of xs are done */
-    for (int idx = threadIdx.x; idx < nt * (MXS_STEP / 4); idx += blockDim.x) {
-      const int j = idx / (MXS_STEP / 4), c = (idx % (MXS_STEP / 4)) * 4;
-      if (c0 + c < C) *(float4 *)(&xs[j][c + (c >> 5) * 4]) = *(const float4 *)(xr[j] + c0 + c);
-    }
+  /* one token whose row fits: staged whole once (one barrier; its loads in flight with the first weights), so
+   * the warps then run their steps unsynchronised; else MXS_STEP columns of the tokens' rows per step */
+  const bool whole = MT == 1 && C <= MXS_WHOLE;
+  if (whole) {
+    for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) *(float4 *)(xs + c + (c >> 5) * 4) = *(const float4 *)(xr[0] + c);
     __syncthreads();
+  }
+  for (int c0 = 0; c0 < C; c0 += MXS_STEP) {
+    if (!whole) {
+      __syncthreads(); /* the last step's reads of xs are done */
+      for (int idx = threadIdx.x; idx < nt * (MXS_STEP / 4); idx += blockDim.x) {
+        const int j = idx / (MXS_STEP / 4), c = (idx % (MXS_STEP / 4)) * 4;
+        if (c0 + c < C) *(float4 *)(xs + j * MXS_LD + c + (c >> 5) * 4) = *(const float4 *)(xr[j] + c0 + c);
+      }
+      __syncthreads();
+    }
     const int c = c0 + lane * 32, cn = c + MXS_STEP;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -912,7 +950,7 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
       en[r] = cn < C ? __ldg(wr[r].s + cn / 32) : 127u;
     }
     if (c < C) {
-      const float *xl = &xs[0][lane * 36];
+      const float *xl = xs + (whole ? c0 + c0 / 8 : 0) + lane * 36;
 #pragma unroll
       for (int r = 0; r < NR; r++) {
         float w[32];
