@@ -158,6 +158,29 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
 
 /* ---- indexer ------------------------------------------------------------------------------------- */
 
+/* Query t's view of the indexer's entries: its sequence, the sequence's closed entries nc and those the query
+ * may see, valid (the entries closed at or before its position). */
+struct idx_query {
+  di_v4k_seq sq;
+  int nc, valid;
+};
+static __device__ __forceinline__ idx_query index_query(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
+                                                        int t, int rate) {
+  idx_query r;
+  r.sq = seqs[seq_of[t]];
+  r.nc = (r.sq.pos0 + r.sq.n) / rate;
+  const int v = (pos[t] + 1) / rate;
+  r.valid = v < r.nc ? v : r.nc;
+  return r;
+}
+/* Query t's nh x di floats into shared memory, rows padded by one float (lane h reads row h without bank
+ * conflicts); every thread of the CTA, then a barrier. */
+static __device__ void index_stage_query(float *qs, const float *q, int t, int nh, int di) {
+  const float *qt = q + (size_t)t * nh * di;
+  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
+  __syncthreads();
+}
+
 /* Scores of IDX_ENTRIES entries per CTA, a warp per entry at a time: the query's heads in shared memory
  * (rows padded by one float: lane h reads row h without bank conflicts), lane j computes the dot products of
  * heads j, j + 32, ... in the CPU's order (double), relu, scale and head weight, then the warp sums its
@@ -168,15 +191,12 @@ __global__ void index_score_k(const float *q, const float *hw, const int32_t *po
                               const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score) {
   extern __shared__ float qs[]; /* [nh][di + 1] */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const di_v4k_seq sq = seqs[seq_of[t]];
-  const int nc = (sq.pos0 + sq.n) / ic.rate;
-  int valid = (pos[t] + 1) / ic.rate;
-  valid = valid < nc ? valid : nc;
-  const int s0 = blockIdx.x * IDX_ENTRIES;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, ic.rate);
+  const di_v4k_seq &sq = iq.sq;
+  const int valid = iq.valid, s0 = blockIdx.x * IDX_ENTRIES;
   if (s0 >= valid) return;
-  const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
-  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
-  __syncthreads();
+  const float *ht = hw + (size_t)t * nh;
+  index_stage_query(qs, q, t, nh, di);
   const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
   for (int sidx = s0 + warp; sidx < s0 + IDX_ENTRIES && sidx < valid; sidx += IDX_WARPS) {
     const float *K = entry_ptr(ic, sq.tab[1], sidx);
@@ -213,17 +233,14 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
                                                                  int nh, int di, int max_n, float *score) {
   extern __shared__ double sm2[]; /* per warp [IDX2_E][di] keys, [IDX2_E][nh] terms; then the query [nh][di + 1] floats */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const di_v4k_seq sq = seqs[seq_of[t]];
-  const int nc = (sq.pos0 + sq.n) / ic.rate;
-  int valid = (pos[t] + 1) / ic.rate;
-  valid = valid < nc ? valid : nc;
-  const int s0 = blockIdx.x * IDX2_ENTRIES;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, ic.rate);
+  const di_v4k_seq &sq = iq.sq;
+  const int valid = iq.valid, s0 = blockIdx.x * IDX2_ENTRIES;
   if (s0 >= valid) return;
   double *kd = sm2 + (size_t)warp * IDX2_E * (di + nh), *term = kd + (size_t)IDX2_E * di;
   float *qs = (float *)(sm2 + (size_t)IDX2_WARPS * IDX2_E * (di + nh));
-  const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
-  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
-  __syncthreads();
+  const float *ht = hw + (size_t)t * nh;
+  index_stage_query(qs, q, t, nh, di);
   const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
   const int hg = lane & 15, eg = lane >> 4;
   for (int b = s0 + warp * IDX2_E; b < s0 + IDX2_ENTRIES && b < valid; b += IDX2_WARPS * IDX2_E) {
@@ -285,10 +302,8 @@ static __device__ __forceinline__ uint32_t score_key(float v) {
 __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
                              int max_n, const float *score, unsigned char *sel) {
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const di_v4k_seq sq = seqs[seq_of[t]];
-  const int nc = (sq.pos0 + sq.n) / rate;
-  int valid = (pos[t] + 1) / rate;
-  valid = valid < nc ? valid : nc;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, rate);
+  const int nc = iq.nc, valid = iq.valid;
   const int k = topk < valid ? topk : valid;
   const float *sc = score + (size_t)t * max_n;
   unsigned char *out = sel + (size_t)t * max_n;

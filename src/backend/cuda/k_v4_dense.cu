@@ -9,6 +9,7 @@
  * weights mode: E2M1 codes decoded to floats in registers, each 32-value block's products summed, then
  * scaled by its E8M0 power of two, which is exact: the CPU's dequantize-then-dot up to the sum order). */
 #include "k_v4_common.cuh"
+#include "k_skinny_kn.cuh"
 #include "cuda_v4_kernels.h"
 #include "backend/v4_torch_select.h"
 #include <math.h>
@@ -243,8 +244,7 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
   const float *xr[LIN_TOK];
-#pragma unroll
-  for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
+  gv_act_rows<LIN_TOK>(xr, x, ldx, NULL, t0, nt);
   if constexpr (staged)
     rows_dot_staged(W + (size_t)(r < R ? r : 0) * C, NULL, xr, nt, C, r < R, acc, NULL);
   else
@@ -742,8 +742,7 @@ __global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *t
   constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
   if (nt <= 0 || (i >= I && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
-#pragma unroll
-  for (int j = 0; j < LIN_TOK; j++) xr[j] = x + (size_t)(ts[j < nt ? j : 0] / ns) * D;
+  gv_act_rows<LIN_TOK>(xr, x, D, ts, 0, nt, ns);
   float ag[LIN_TOK], au[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) ag[j] = au[j] = 0;
@@ -792,8 +791,7 @@ __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_
   constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
   if (nt <= 0 || (d >= D && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
-#pragma unroll
-  for (int j = 0; j < LIN_TOK; j++) xr[j] = act + (size_t)ts[j < nt ? j : 0] * I;
+  gv_act_rows<LIN_TOK>(xr, act, I, ts, 0, nt);
   float acc[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) acc[j] = 0;
@@ -910,8 +908,7 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
     wr[r] = wrow(UP && (r & 1) ? wb : wa, (size_t)e * N + oc, C);
   }
   const float *xr[MT];
-#pragma unroll
-  for (int j = 0; j < MT; j++) xr[j] = x + (size_t)(UP ? ts[j < nt ? j : 0] / ns : ts[j < nt ? j : 0]) * C;
+  gv_act_rows<MT>(xr, x, C, ts, 0, nt, UP ? ns : 1);
   float acc[NR][MT];
 #pragma unroll
   for (int r = 0; r < NR; r++)
