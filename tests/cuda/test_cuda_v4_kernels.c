@@ -541,8 +541,9 @@ static void check_experts(int wf32) {
  * an odd 96 x 40 shape for the column-a-lane path): random E2M1 codes and E8M0 scales, against the f32
  * kernels on the same weights as the CPU reads them (di_weight_rows_f32): rel L2 < 1e-6 (the same
  * products, sums in another order); the shared expert's slots (id E) are left untouched; the tiled form
- * gives the same bits as one CTA row per slot, and the staged kernels (di_v4k_mx_form 1, the default) the
- * same bits as the lane ones (form 0), per slot and tiled (T tokens: up to 8 of an expert in a tile). */
+ * gives the same bits as one CTA row per slot, and the staged kernels (di_v4k_mx_form 1, the default, and 2-5:
+ * 4 and 5 decode the codes by byte permutes) the same bits as the lane ones (form 0, e2m1_f32 per value), per
+ * slot and tiled (T tokens: up to 8 of an expert in a tile; random codes: every E2M1 value in every position). */
 static void mx_random(int E, int R, int C, uint8_t **q, uint8_t **sc, float **deq) {
   const int cb = C / 2, ns = (C + 31) / 32;
   *q = malloc((size_t)E * R * cb);
@@ -592,13 +593,13 @@ static void check_experts_mx(int D, int I, int T) {
   }
   int32_t *dids = dup_dev(ids, sizeof(int32_t) * (size_t)T * ns);
   float *dx = dup_dev(x, 4 * (size_t)T * D);
-  float *act[9], *y[9];
+  float *act[13], *y[13];
   int32_t *work = zeros_dev(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns));
   CHECK(di_v4k_expert_tiles(dids, T, ns, E + 1, work, NULL) == DI_OK);
   /* 0: f32 reference kernels, 1: mx per slot, 2: mx tiled (form 1, the default); 3, 4: the same in the lane
-   * form 0; 5, 6: form 2; 7, 8: form 3 */
-  static const int form_of[9] = {1, 1, 1, 0, 0, 2, 2, 3, 3};
-  for (int v = 0; v < 9; v++) {
+   * form 0; 5, 6: form 2; 7, 8: form 3; 9, 10: form 4; 11, 12: form 5 */
+  static const int form_of[13] = {1, 1, 1, 0, 0, 2, 2, 3, 3, 4, 4, 5, 5};
+  for (int v = 0; v < 13; v++) {
     di_v4k_mx_form(form_of[v]);
     float *da = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D);
     if (v == 0) {
@@ -632,14 +633,14 @@ static void check_experts_mx(int D, int I, int T) {
   const size_t ny = 4 * (size_t)T * ns * D, na = 4 * (size_t)T * ns * I;
   const int same = memcmp(y[1], y[2], ny) == 0 && memcmp(act[1], act[2], na) == 0;
   int forms = 1;
-  for (int v = 3; v < 9; v++) forms &= memcmp(y[2 - v % 2], y[v], ny) == 0 && memcmp(act[2 - v % 2], act[v], na) == 0;
+  for (int v = 3; v < 13; v++) forms &= memcmp(y[2 - v % 2], y[v], ny) == 0 && memcmp(act[2 - v % 2], act[v], na) == 0;
   printf("experts MXFP4 (hidden %d, width %d, %d tokens): vs the f32 kernels on the dequantized weights worst rel L2 %.2e, shared "
-         "slots untouched %s, tiled %s, forms 0, 2, 3 vs 1 %s\n", D, I, T, worst, shared_touched ? "NO" : "yes",
+         "slots untouched %s, tiled %s, forms 0, 2, 3, 4, 5 vs 1 %s\n", D, I, T, worst, shared_touched ? "NO" : "yes",
          same ? "bit-identical" : "DIFFERS", forms ? "bit-identical" : "DIFFERS");
   CHECKF(worst < 1e-6, "experts MXFP4 %d x %d: rel L2 %.3e", D, I, worst);
   CHECKF(!shared_touched && same, "experts MXFP4: shared slots touched %d, tiled same %d", shared_touched, same);
   CHECKF(forms, "experts MXFP4 %d x %d x %d tokens: the staged kernels' bits differ from the lane form's", D, I, T);
-  for (int v = 0; v < 9; v++) free(act[v]), free(y[v]);
+  for (int v = 0; v < 13; v++) free(act[v]), free(y[v]);
   free(x); free(w1); free(w3); free(w2); free(q1); free(q3); free(q2); free(s1); free(s3); free(s2);
   di_cut_free((void *)m1.q); di_cut_free((void *)m1.scale); di_cut_free((void *)m3.q); di_cut_free((void *)m3.scale);
   di_cut_free((void *)m2.q); di_cut_free((void *)m2.scale);

@@ -835,9 +835,10 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
  * outputs) whose next step's 16-byte loads are in flight while a step is summed. Per (row, token) each
  * lane sums the same 32 columns with the same expression in the same order as mx_row_dot, then the warp
  * sum is the same warp_sum_f: every output is bit-equal to the lane form's. At one token (MT = 1) the
- * lane keeps its 32 activations in registers across the rows, and a row of up to MXS_WHOLE columns is
- * staged whole at the start (no barrier per step: at one token the per-step staging's two barriers and its
- * L2 round trip were a large part of a CTA of 2-4 steps). */
+ * lane keeps its 32 activations in registers across the rows; in the FAST forms (4, 5) a row of up to
+ * MXS_WHOLE columns is staged whole at the start (no barrier per step: at one token the per-step staging's
+ * two barriers and its L2 round trip were a large part of a CTA of 2-4 steps) and the codes are decoded by
+ * byte permutes (mx_decode8). */
 #define MXS_WARPS 8
 #define MXS_NR 4
 #define MXS_STEP 1024
@@ -846,8 +847,8 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
 static int g_mx_form = 1;
 extern "C" void di_v4k_mx_form(int form) { g_mx_form = form; }
 
-/* The 32 values of a lane's step from 16 code bytes: the same floats as mx_row_dot's e2m1_f32 (tested bit for
- * bit through the forms' comparison), in ~3 integer operations a value instead of ~10: at one token the
+/* The 32 values of a lane's step from 16 code bytes (forms 4, 5): the same floats as mx_row_dot's e2m1_f32
+ * (tested bit for bit through the forms' comparison), in ~3 integer operations a value instead of ~10: at one token the
  * staged kernels were bound by the decode's integer work (the H200's integer pipe runs at half the FMA
  * rate), not by memory. Every E2M1 value is a bf16 (high byte H, low byte L: 0 = 00 00, 0.5 = 3f 00,
  * 1 = 3f 80, 1.5 = 3f c0, 2 = 40 00, 3 = 40 40, 4 = 40 80, 6 = 40 c0): byte permutes (prmt) look up H and L
@@ -872,11 +873,19 @@ static __device__ __forceinline__ void mx_decode8(uint32_t u, float *w) {
     w[j + 4] = __uint_as_float(q & 0xffff0000u);
   }
 }
+/* FAST (forms 4, 5): the byte-permute decode; else (forms 1-3) mx_row_dot's own e2m1_f32 per value */
+template <bool FAST>
 static __device__ __forceinline__ void mx_decode32(uint4 v, float *w) {
-  mx_decode8(v.x, w);
-  mx_decode8(v.y, w + 8);
-  mx_decode8(v.z, w + 16);
-  mx_decode8(v.w, w + 24);
+  if constexpr (FAST) {
+    mx_decode8(v.x, w);
+    mx_decode8(v.y, w + 8);
+    mx_decode8(v.z, w + 16);
+    mx_decode8(v.w, w + 24);
+  } else {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 32; j++) w[j] = e2m1_f32(u[j / 8] >> (4 * (j % 8)));
+  }
 }
 /* mx_row_dot's step sum of one row with one token's 32 staged values at xs (padded row, lane offset applied) */
 static __device__ __forceinline__ float mx_part(const float *w, const float *xs) {
@@ -889,11 +898,11 @@ static __device__ __forceinline__ float mx_part(const float *w, const float *xs)
   return part;
 }
 
-template <int MT, bool UP, int NR, int MINB>
+template <int MT, bool UP, int NR, int MINB, bool FAST>
 __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float *x, const int32_t *ids, const int32_t *tiles,
                                                                    int max_tiles, int e_skip, mx4mat wa, mx4mat wb, int ns, int D,
                                                                    int I, float lim, float *out) {
-  __shared__ __align__(16) float xs[MT == 1 ? MXS_WHOLE + MXS_WHOLE / 8 : MT * MXS_LD];
+  __shared__ __align__(16) float xs[MT == 1 && FAST ? MXS_WHOLE + MXS_WHOLE / 8 : MT * MXS_LD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
@@ -924,9 +933,9 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
       ec[r] = c < C ? __ldg(wr[r].s + c / 32) : 127u;
     }
   }
-  /* one token whose row fits: staged whole once (one barrier; its loads in flight with the first weights), so
-   * the warps then run their steps unsynchronised; else MXS_STEP columns of the tokens' rows per step */
-  const bool whole = MT == 1 && C <= MXS_WHOLE;
+  /* FAST, one token whose row fits: staged whole once (one barrier; its loads in flight with the first weights),
+   * so the warps then run their steps unsynchronised; else MXS_STEP columns of the tokens' rows per step */
+  const bool whole = FAST && MT == 1 && C <= MXS_WHOLE;
   if (whole) {
     for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) *(float4 *)(xs + c + (c >> 5) * 4) = *(const float4 *)(xr[0] + c);
     __syncthreads();
@@ -951,7 +960,7 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
 #pragma unroll
       for (int r = 0; r < NR; r++) {
         float w[32];
-        mx_decode32(cur[r], w);
+        mx_decode32<FAST>(cur[r], w);
         const float sc = e8m0_scale(ec[r]);
 #pragma unroll
         for (int j = 0; j < MT; j++)
@@ -985,19 +994,26 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
 }
 
 /* form 1: MXS_NR rows a warp; forms 2 and 3 trade rows a warp for CTAs an SM (2, at one token: the same rows,
- * registers capped for 2 CTAs; 3: 2 rows, at one token capped for 2 CTAs), all the same bits (A/B: bench_cuda_v4) */
+ * registers capped for 2 CTAs; 3: 2 rows, at one token capped for 2 CTAs); forms 4 and 5 are 1 and 3 with the
+ * byte-permute decode and (one token) the row staged whole: all the same bits (A/B: bench_cuda_v4) */
+template <bool UP, int MINB, bool FAST>
+static void mx_staged_go(int nr, dim3 grid, int tiled, cudaStream_t s, const float *x, const int32_t *ids, const int32_t *tiles,
+                         int mt, int m, mx4mat a, mx4mat b, int ns, int D, int I, float lim, float *out) {
+  if (tiled && nr == 2) mx_staged_k<LIN_TOK, UP, 2, 0, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+  else if (tiled) mx_staged_k<LIN_TOK, UP, MXS_NR, 0, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+  else if (nr == 2) mx_staged_k<1, UP, 2, 2, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+  else mx_staged_k<1, UP, MXS_NR, MINB, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+}
 template <bool UP>
 static void mx_staged_launch(int form, int T, int n_slots, int mt, const float *x, const int32_t *ids, const int32_t *tiles, int E1,
                              di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int D, int I, float lim, float *out, cudaStream_t s) {
-  const int nr = form == 3 ? 2 : MXS_NR, per = MXS_WARPS * (UP ? nr / 2 : nr), N = UP ? I : D;
+  const int nr = form == 3 || form == 5 ? 2 : MXS_NR, per = MXS_WARPS * (UP ? nr / 2 : nr), N = UP ? I : D;
   const dim3 grid((N + per - 1) / per, tiles ? mt : T * n_slots);
   const mx4mat a{wa}, b{wb};
-  const int m = E1 - 1;
-  if (tiles && form == 3) mx_staged_k<LIN_TOK, UP, 2, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else if (tiles) mx_staged_k<LIN_TOK, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else if (form == 2) mx_staged_k<1, UP, MXS_NR, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else if (form == 3) mx_staged_k<1, UP, 2, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else mx_staged_k<1, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  const int m = E1 - 1, tiled = tiles != NULL;
+  if (form >= 4) mx_staged_go<UP, 0, true>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (form == 2) mx_staged_go<UP, 2, false>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else mx_staged_go<UP, 0, false>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
 }
 
 /* The native experts: MXFP4 stacks [E][..] (ids E, the shared expert, skipped: moe() computes it from its FP8
