@@ -20,7 +20,9 @@
  * Each decode line ends with an FNV-1a hash of the last step's logits (the same binary inputs give the same
  * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
  * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones), BENCH_V4_INDEX_FORM=1 the indexer on its
- * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), for A/B runs.
+ * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), BENCH_V4_FUSE=1 the
+ * q / kv norms and ropes in one launch each (di_v4k_fuse), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
+ * kernels with the byte-permute decode).
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */
@@ -119,6 +121,8 @@ int main(int argc, char **argv) {
   if (mxf) di_v4k_mx_form(atoi(mxf));
   const char *ixf = getenv("BENCH_V4_INDEX_FORM");
   if (ixf) di_v4k_index_form(atoi(ixf));
+  const char *fus = getenv("BENCH_V4_FUSE");
+  if (fus) di_v4k_fuse(atoi(fus));
   const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
   const int native = nat && strcmp(nat, "1") == 0;
   di_v4_flash_shape(&c, NL, E);

@@ -728,6 +728,43 @@ static void check_native_model(void) {
   di_v4_random_model_free(&rm);
 }
 
+/* RMSNorm then RoPE (di_v4k_rmsnorm_rope) at the q heads' shape (3 tokens x 64 heads x 512, rope 64, no weight)
+ * and the kv row's (weighted), positions up to 131,000: the one-launch form (di_v4k_fuse 1) bit for bit equal to
+ * the two launches, both against di_v4_rmsnorm + di_v4_rope_apply on the CPU (rel L2 1e-6: the sum of squares
+ * in another order). */
+static void check_norm_rope(int heads, int weighted) {
+  const int T = 3, n = cfg.head_dim, rows = T * heads, rd = cx.compress_rope.p->dim;
+  const int32_t pos[3] = {5, 4097, 131000};
+  float *x = rnd((size_t)rows * n, 3), *w = weighted ? rnd((size_t)n, 1) : NULL, *ref = malloc(sizeof(float) * (size_t)rows * n);
+  memcpy(ref, x, sizeof(float) * (size_t)rows * n);
+  for (int r = 0; r < rows; r++) {
+    di_v4_rmsnorm(ref + (size_t)r * n, n, w, cfg.rms_eps);
+    di_v4_rope_apply(&cx.compress_rope, ref + (size_t)r * n, n, pos[r / heads], 1);
+  }
+  float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * (size_t)(rd / 2)), *dw = w ? dup_dev(w, 4 * (size_t)n) : NULL;
+  int32_t *dpos = dup_dev(pos, sizeof pos);
+  const float af = (float)cx.compress_rope.p->attention_factor;
+  float *out[2];
+  for (int f = 0; f < 2; f++) {
+    di_v4k_fuse(f);
+    float *dx = dup_dev(x, 4 * (size_t)rows * n);
+    CHECK(di_v4k_rmsnorm_rope(dx, n, rows, n, dw, (float)cfg.rms_eps, heads, dpos, inv, rd, af, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    out[f] = from_dev(dx, (size_t)rows * n);
+    di_cut_free(dx);
+  }
+  di_v4k_fuse(0);
+  const double e = test_rel_l2(out[1], ref, (size_t)rows * n);
+  const int same = memcmp(out[0], out[1], sizeof(float) * (size_t)rows * n) == 0;
+  printf("rmsnorm + rope (%d rows of %d, %s): vs the CPU rel L2 %.2e, one launch vs two %s\n", rows, n,
+         weighted ? "weighted" : "unweighted", e, same ? "bit-identical" : "DIFFERS");
+  CHECKF(e < 1e-6, "rmsnorm + rope: rel L2 %.3e", e);
+  CHECKF(same, "rmsnorm + rope: the one-launch form's bits differ from the two launches'");
+  free(x); free(w); free(ref); free(out[0]); free(out[1]);
+  di_cut_free(inv); di_cut_free(dpos);
+  if (dw) di_cut_free(dw);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -742,6 +779,8 @@ int main(void) {
   check_linear(0, 4, 40, 999); /* the one-column path (rows not a multiple of 8) */
   check_linear(1, 2, 24, 1001);
   check_linear_groups(3, 8, 1024, 4096);
+  check_norm_rope(64, 0);
+  check_norm_rope(1, 1);
   check_hc();
   check_pool(1);
   check_pool(0);

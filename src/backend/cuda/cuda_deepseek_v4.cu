@@ -769,10 +769,8 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   DI_TRY(lin2(b, a, D, T, D, &L->wq_a, ql, qr, ql, &L->wkv, hd, kv, hd));
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
   DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
-  DI_TRY(di_v4k_rmsnorm(q, hd, T * H, hd, NULL, eps, s));
-  DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
-  DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
-  DI_TRY(di_v4k_rope(kv, hd, T, hd, 1, m->pos, inv, rd, af, 1, s));
+  DI_TRY(di_v4k_rmsnorm_rope(q, hd, T * H, hd, NULL, eps, H, m->pos, inv, rd, af, s));
+  DI_TRY(di_v4k_rmsnorm_rope(kv, hd, T, hd, L->kv_norm, eps, 1, m->pos, inv, rd, af, s));
   DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, m->counts,
                              s));
   di_v4k_comp comp;

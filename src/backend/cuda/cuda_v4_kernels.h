@@ -32,6 +32,12 @@ di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weigh
  * inv_freq: [rope_dim/2] device; sign -1: inverse rotation. */
 di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, const int32_t *pos, const float *inv_freq,
                       int rope_dim, float attn_factor, int sign, di_cu_stream s);
+/* di_v4k_rmsnorm then di_v4k_rope (sign 1) of the same rows: with di_v4k_fuse(1) in one launch (the same bits),
+ * else the two launches (the default until the fused kernel has run on the device). */
+di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
+                              const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s);
+/* 1: di_v4k_rmsnorm_rope in one launch; 0 (the default): two. For tests and A/B benchmarks; not thread-safe. */
+void di_v4k_fuse(int on);
 /* X[t][j][:] = embed[tokens[t]][:] for every stream j < hc (di_v4_embed); embed bf16 or f32 [V][D]. */
 di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s);
 /* The mHC site's front half (hc_weights + collapse + norm of di_v4_hc_site): per token, the mixes of

@@ -285,14 +285,15 @@ di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T,
 
 /* ---- norms, rope, embedding ------------------------------------------------------------------------ */
 
-__global__ void rmsnorm_k(float *x, int ld, int n, const float *w, float eps) {
-  float *r = x + (size_t)blockIdx.x * ld;
+/* In-place RMSNorm of the CTA's row r (di_v4_rmsnorm: the sum of squares in double); every thread of the CTA. */
+static __device__ __forceinline__ void rmsnorm_row(float *r, int n, const float *w, float eps) {
   double ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)r[i] * r[i];
   ss = block_sum_d(ss);
   const float k = (float)(1.0 / sqrt(ss / n + (double)eps));
   for (int i = threadIdx.x; i < n; i += blockDim.x) r[i] = w ? w[i] * (r[i] * k) : r[i] * k;
 }
+__global__ void rmsnorm_k(float *x, int ld, int n, const float *w, float eps) { rmsnorm_row(x + (size_t)blockIdx.x * ld, n, w, eps); }
 
 di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weight, float eps, di_cu_stream s) {
   if (n_rows <= 0) return DI_OK;
@@ -315,6 +316,30 @@ di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, c
   if (total <= 0) return DI_OK;
   rope_k<<<(total + 255) / 256, 256, 0, s>>>(x, ld, n_rows, n, rows_per_token, pos, inv_freq, rope_dim, attn_factor, sign);
   V4_LAUNCH("rope");
+  return DI_OK;
+}
+
+/* RMSNorm then RoPE of row blockIdx.x in one launch (the q heads; the kv row): rmsnorm_k's and rope_k's
+ * arithmetic on the same values in the same order, so the same bits as the two launches. */
+__global__ void rmsnorm_rope_k(float *x, int ld, int n, const float *w, float eps, int rpt, const int32_t *pos,
+                               const float *inv_freq, int d, float af) {
+  float *r = x + (size_t)blockIdx.x * ld;
+  rmsnorm_row(r, n, w, eps);
+  __syncthreads(); /* the normed row is visible to the CTA */
+  for (int i = threadIdx.x; i < d / 2; i += blockDim.x) rope_pair(r + (n - d), i, inv_freq[i], pos[blockIdx.x / rpt], af, 1);
+}
+static int g_fuse = 0; /* 1 (one launch) not yet run on the device: off by default */
+extern "C" void di_v4k_fuse(int on) { g_fuse = on; }
+
+di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
+                              const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s) {
+  if (!g_fuse) {
+    DI_TRY(di_v4k_rmsnorm(x, ld, n_rows, n, weight, eps, s));
+    return di_v4k_rope(x, ld, n_rows, n, rows_per_token, pos, inv_freq, rope_dim, attn_factor, 1, s);
+  }
+  if (n_rows <= 0) return DI_OK;
+  rmsnorm_rope_k<<<n_rows, 256, 0, s>>>(x, ld, n, weight, eps, rows_per_token, pos, inv_freq, rope_dim, attn_factor);
+  V4_LAUNCH("rmsnorm_rope");
   return DI_OK;
 }
 
