@@ -21,7 +21,8 @@
  * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
  * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones), BENCH_V4_INDEX_FORM=1 the indexer on its
  * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), BENCH_V4_FUSE=1 the
- * q / kv norms and ropes in one launch each (di_v4k_fuse), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
+ * q / kv norms and ropes in one launch each (di_v4k_fuse), BENCH_V4_LIN_FORM=1 one token's bf16 linears on the
+ * barrier-free GEMV (di_v4k_lin_form), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
  * kernels with the byte-permute decode).
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
@@ -123,6 +124,8 @@ int main(int argc, char **argv) {
   if (ixf) di_v4k_index_form(atoi(ixf));
   const char *fus = getenv("BENCH_V4_FUSE");
   if (fus) di_v4k_fuse(atoi(fus));
+  const char *lnf = getenv("BENCH_V4_LIN_FORM");
+  if (lnf) di_v4k_lin_form(atoi(lnf));
   const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
   const int native = nat && strcmp(nat, "1") == 0;
   di_v4_flash_shape(&c, NL, E);

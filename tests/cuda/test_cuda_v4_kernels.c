@@ -76,15 +76,19 @@ static void check_linear(int wf32, int T, int R, int C) {
       ref[(size_t)t * R + r] = (float)s;
     }
   double e = test_rel_l2(y, ref, (size_t)T * R);
-  /* each token's row alone (T = 1) gives the same bits as in the step of T tokens */
+  /* each token's row alone (T = 1) gives the same bits as in the step of T tokens, in both one-token forms
+   * (di_v4k_lin_form 0: staged; 1: the barrier-free GEMV) */
   int differ = 0;
   float *y1 = malloc(4 * (size_t)R);
-  for (int t = 0; t < T; t += T > 2 ? T - 1 : 1) {
-    CHECK(di_v4k_linear(dx + (size_t)t * C, C, dw, wf32, 1, R, C, dy, R, NULL) == DI_OK);
-    CHECK(di_cut_sync() == 0);
-    di_cut_d2h(y1, dy, 4 * (size_t)R);
-    differ += memcmp(y1, y + (size_t)t * R, 4 * (size_t)R) != 0;
-  }
+  for (int form = 0; form < 2; form++)
+    for (int t = 0; t < T; t += T > 2 ? T - 1 : 1) {
+      di_v4k_lin_form(form);
+      CHECK(di_v4k_linear(dx + (size_t)t * C, C, dw, wf32, 1, R, C, dy, R, NULL) == DI_OK);
+      CHECK(di_cut_sync() == 0);
+      di_cut_d2h(y1, dy, 4 * (size_t)R);
+      differ += memcmp(y1, y + (size_t)t * R, 4 * (size_t)R) != 0;
+    }
+  di_v4k_lin_form(0);
   printf("linear %s T=%d %dx%d: rel L2 %.2e, rows alone %s\n", wf32 ? "f32" : "bf16", T, R, C, e,
          differ ? "DIFFER" : "bit-identical");
   CHECKF(e < 1e-5, "linear %s T=%d %dx%d: rel L2 %.3e", wf32 ? "f32" : "bf16", T, R, C, e);
@@ -112,9 +116,23 @@ static void check_linear_groups(int T, int G, int R, int gin) {
         ref[((size_t)t * G + g) * R + r] = (float)acc;
       }
   const double e = test_rel_l2(y, ref, (size_t)T * G * R);
-  printf("grouped linear (wo_a) T=%d, %d groups of %d x %d: rel L2 %.2e\n", T, G, R, gin, e);
+  /* the last token alone, in both one-token forms, gives its row of the step bit for bit */
+  float *y1 = malloc(4 * (size_t)G * R);
+  int differ = 0;
+  for (int form = 0; form < 2; form++) {
+    di_v4k_lin_form(form);
+    CHECK(di_v4k_linear_groups(dx + (size_t)(T - 1) * C, C, dw, 0, 1, R, gin, dy, G * R, G, gin, (int64_t)R * gin, R, NULL) ==
+          DI_OK);
+    CHECK(di_cut_sync() == 0);
+    di_cut_d2h(y1, dy, 4 * (size_t)G * R);
+    differ += memcmp(y1, y + (size_t)(T - 1) * G * R, 4 * (size_t)G * R) != 0;
+  }
+  di_v4k_lin_form(0);
+  printf("grouped linear (wo_a) T=%d, %d groups of %d x %d: rel L2 %.2e, the last token alone %s\n", T, G, R, gin, e,
+         differ ? "DIFFERS" : "bit-identical");
   CHECKF(e < 1e-5, "grouped linear: %.3e", e);
-  free(x); free(W); free(wb); free(y); free(ref);
+  CHECKF(!differ, "grouped linear: the last token alone differs in %d forms", differ);
+  free(x); free(W); free(wb); free(y); free(ref); free(y1);
   di_cut_free(dx); di_cut_free(dy); di_cut_free(dw);
 }
 
@@ -778,6 +796,7 @@ int main(void) {
   check_linear(0, 11, 37, 2056); /* rows past the end in a CTA, a partial staged chunk, two token tiles */
   check_linear(0, 4, 40, 999); /* the one-column path (rows not a multiple of 8) */
   check_linear(1, 2, 24, 1001);
+  check_linear(0, 3, 8200, 1032); /* two rows a warp in the one-token form, a partial last CTA and chunk */
   check_linear_groups(3, 8, 1024, 4096);
   check_norm_rope(64, 0);
   check_norm_rope(1, 1);

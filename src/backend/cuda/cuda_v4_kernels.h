@@ -36,6 +36,9 @@ di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, c
  * else the two launches (the default until the fused kernel has run on the device). */
 di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
                               const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s);
+/* 1: one token's bf16 linears (di_v4k_linear / _groups, T == 1) on the barrier-free GEMV (a warp takes 1 or 2
+ * rows, activations from L1); 0 (the default): the staged form. The same bits. For tests and A/B benchmarks. */
+void di_v4k_lin_form(int form);
 /* 1: di_v4k_rmsnorm_rope in one launch; 0 (the default): two. For tests and A/B benchmarks; not thread-safe. */
 void di_v4k_fuse(int on);
 /* X[t][j][:] = embed[tokens[t]][:] for every stream j < hc (di_v4_embed); embed bf16 or f32 [V][D]. */

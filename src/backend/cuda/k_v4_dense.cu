@@ -257,6 +257,64 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
   }
 }
 
+/* One token's bf16 GEMV (di_v4k_lin_form 1): the staged form's CTA of 8 rows (a row a warp) stages the activation
+ * row 1,024 columns at a time with two barriers per chunk and keeps one chunk of one row in flight per warp:
+ * short-lived CTAs at 1.6-3 TB/s (wq_b, wo_a, wo_b, the head). Here a warp takes NRW rows, reads the
+ * activations straight from L1 (a lane's 8 columns and the warp's 256 are contiguous: coalesced float4 loads),
+ * with no shared memory and no barrier, every row's next chunk in flight while a chunk is summed. Per row and
+ * lane the same columns in the same order through the same dot8: the same bits as row_dot / rows_dot_staged,
+ * so as the step's other token counts. grid.z: the groups as in linear_k. */
+#define G1_WARPS 4
+template <int NRW>
+__global__ void __launch_bounds__(G1_WARPS * 32) gemv1_k(const float *x, const bf16 *W, int R, int C, float *y, int64_t gx,
+                                                         int64_t gw, int64_t gy) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = (blockIdx.x * G1_WARPS + warp) * NRW;
+  if (r0 >= R) return;
+  x += gx * blockIdx.z;
+  W += gw * blockIdx.z;
+  y += gy * blockIdx.z;
+  const float *xr[1] = {x};
+  const bf16 *wr[NRW];
+  float acc[NRW][LIN_TOK];
+#pragma unroll
+  for (int r = 0; r < NRW; r++) {
+    wr[r] = W + (size_t)(r0 + r < R ? r0 + r : r0) * C; /* past R: a copy, not stored */
+#pragma unroll
+    for (int i = 0; i < LIN_TOK; i++) acc[r][i] = 0;
+  }
+  uint4 cur[NRW][XU], nxt[NRW][XU];
+#pragma unroll
+  for (int r = 0; r < NRW; r++) wchunk(cur[r], wr[r], 0, C, lane, 1);
+  for (int c0 = 0; c0 < C; c0 += XCH) {
+#pragma unroll
+    for (int r = 0; r < NRW; r++) wchunk(nxt[r], wr[r], c0 + XCH, C, lane, 1);
+#pragma unroll
+    for (int u = 0; u < XU; u++) {
+      const int k = c0 + lane * 8 + u * 256;
+      if (k < C) {
+#pragma unroll
+        for (int r = 0; r < NRW; r++) {
+          float f[8];
+          unpack8(cur[r][u], f);
+          dot8(f, xr, 1, k, acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < NRW; r++)
+#pragma unroll
+      for (int u = 0; u < XU; u++) cur[r][u] = nxt[r][u];
+  }
+#pragma unroll
+  for (int r = 0; r < NRW; r++) {
+    const float v = warp_sum_f(acc[r][0]);
+    if (lane == 0 && r0 + r < R) y[r0 + r] = v;
+  }
+}
+static int g_lin_form = 0; /* 1 (gemv1_k at one token) not yet run on the device: off by default */
+extern "C" void di_v4k_lin_form(int form) { g_lin_form = form; }
+
 /* whether rows of C columns at x (stride ldx) and w take the 16-byte path */
 static int vec8_ok(const void *x, int ldx, const void *w, int C) {
   return C % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
@@ -271,6 +329,10 @@ di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32,
   const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
   if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (v8 && T == 1 && g_lin_form == 1 && R >= 8192)
+    gemv1_k<2><<<dim3((R + 2 * G1_WARPS - 1) / (2 * G1_WARPS), 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
+  else if (v8 && T == 1 && g_lin_form == 1)
+    gemv1_k<1><<<dim3((R + G1_WARPS - 1) / G1_WARPS, 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
   else if (v8 && T == 1) linear_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
