@@ -11,6 +11,7 @@
 #include "arch/deepseek_v4_shapes.h"
 #include "backend/cuda/cuda_v4_backend.h"
 #include "backend/cpu/cpu_deepseek_v4_ops.h"
+#include "backend/cuda/cuda_fp8.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_kernels.h"
 #include "model/weights.h"
@@ -783,6 +784,44 @@ static void check_norm_rope(int heads, int weighted) {
   if (dw) di_cut_free(dw);
 }
 
+/* One activation row's FP8 GEMV (di_cuk_fp8_gemv, W8A16: the native mode's attention and shared-expert products)
+ * at V4-Flash's shapes (wq_b 32768 x 1024, wo_b 4096 x 8192, wq_a 1024 x 4096) and an odd one: the one-row forms
+ * (di_cuk_fp8_gemv1_form 1, 2) bit for bit equal to form 0, all against the double product of the dequantized
+ * weights and the bf16 activations (rel L2 1e-5). 128 x 128 scale blocks, as V4's checkpoints. */
+static void check_fp8_gemv_forms(int N, int K) {
+  const int sr = (N + 127) / 128, sc = (K + 127) / 128;
+  uint8_t *q = malloc((size_t)N * K);
+  float *scale = malloc(sizeof(float) * (size_t)sr * sc), *x = rnd((size_t)K, 1);
+  uint16_t *xb = malloc(2 * (size_t)K);
+  for (size_t i = 0; i < (size_t)N * K; i++) q[i] = di_f32_to_fp8e4m3(urand() * 400);
+  for (int i = 0; i < sr * sc; i++) scale[i] = 1e-3f * (1.5f + urand());
+  for (int k = 0; k < K; k++) x[k] = di_bf16_to_f32(xb[k] = di_f32_to_bf16(x[k]));
+  di_cuk_fp8w w = {dup_dev(q, (size_t)N * K), dup_dev(scale, sizeof(float) * (size_t)sr * sc), K, 128, 128, sc};
+  void *dx = dup_dev(xb, 2 * (size_t)K);
+  float *dy = zeros_dev(4 * (size_t)N), *y[3];
+  for (int f = 0; f < 3; f++) {
+    di_cuk_fp8_gemv1_form(f);
+    CHECK(di_cuk_fp8_gemv(1, N, K, dx, K, w, dy, N, 1, 0.0f, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    y[f] = from_dev(dy, (size_t)N);
+  }
+  di_cuk_fp8_gemv1_form(0);
+  float *ref = malloc(4 * (size_t)N);
+  for (int n = 0; n < N; n++) {
+    double a = 0;
+    for (int k = 0; k < K; k++) a += (double)di_fp8e4m3_to_f32(q[(size_t)n * K + k]) * scale[(n / 128) * sc + k / 128] * x[k];
+    ref[n] = (float)a;
+  }
+  const double e = test_rel_l2(y[0], ref, (size_t)N);
+  const int same = memcmp(y[0], y[1], 4 * (size_t)N) == 0 && memcmp(y[0], y[2], 4 * (size_t)N) == 0;
+  printf("fp8 gemv one row %d x %d: rel L2 %.2e vs double, forms 1, 2 vs 0 %s\n", N, K, e, same ? "bit-identical" : "DIFFER");
+  CHECKF(e < 1e-5, "fp8 gemv %d x %d: rel L2 %.3e", N, K, e);
+  CHECKF(same, "fp8 gemv %d x %d: the one-row forms' bits differ", N, K);
+  free(q); free(scale); free(x); free(xb); free(ref);
+  for (int f = 0; f < 3; f++) free(y[f]);
+  di_cut_free((void *)w.q); di_cut_free((void *)w.scale); di_cut_free(dx); di_cut_free(dy);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -798,6 +837,11 @@ int main(void) {
   check_linear(1, 2, 24, 1001);
   check_linear(0, 3, 8200, 1032); /* two rows a warp in the one-token form, a partial last CTA and chunk */
   check_linear_groups(3, 8, 1024, 4096);
+  check_fp8_gemv_forms(32768, 1024);
+  check_fp8_gemv_forms(4096, 8192);
+  check_fp8_gemv_forms(1024, 4096);
+  check_fp8_gemv_forms(1000, 1040); /* partial warps of rows, a partial scale block and chunk */
+  check_fp8_gemv_forms(1000, 1008); /* four rows a warp, a partial chunk */
   check_norm_rope(64, 0);
   check_norm_rope(1, 1);
   check_hc();

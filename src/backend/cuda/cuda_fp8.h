@@ -31,6 +31,9 @@ typedef struct di_cuk_fp8w {
   int block_rows, block_cols, scale_cols;
 } di_cuk_fp8w;
 
+/* One activation row's forms of di_cuk_fp8_gemv and the grouped GEMV (not GLU): 0 (the default) FG_NR rows a warp in
+ * 4-step chunks; 1 / 2 rows a warp and chunks chosen by K (the same bits). For A/B benchmarks; not thread-safe. */
+void di_cuk_fp8_gemv1_form(int form);
 /* Y[M][N] = X[M][K] . dequant(W)^T + beta * Y  (X bf16, row stride ldx; Y bf16, or f32 with y_f32 and
  * the beta = 1 residual form). Any M (in passes of at most 16 rows), any block shape. */
 di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,

@@ -133,12 +133,13 @@ static __device__ __forceinline__ void fg_row_inv(const float *X, int ldx, int m
  * with weights nw (the decode layer's attention norm inside its q/kv product). GLU: W is [gate; up]
  * (N = 2 I rows), a warp's two rows are gate row j and up row j, and it stores silu(gate) * up as bf16
  * at column j of C (I columns; the grid covers I / FG_WARPS): no silu_mul kernel, no [T][2I] round trip. */
-template <int MR, bool NORM, bool GLU>
+template <int MR, bool NORM, bool GLU, int NRT = FG_NR, int UT = (MR <= 4 ? 4 : 2)>
 static __global__ void __launch_bounds__(FG_WARPS * 32)
 fp8_gemv_kernel(const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
                 const int32_t *tiles, const int32_t *n_tiles, int bm, int M, void *C, int ldc, int c_f32, float beta,
                 const float *nw, float eps) {
-  constexpr int NR = FG_NR, U = MR <= 4 ? 4 : 2;
+  constexpr int NR = NRT, U = UT;
+  static_assert(!GLU || NR == 2, "fp8 gemv: the GLU form takes a gate and an up row a warp");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = N / 2;
   const int n0 = GLU ? blockIdx.x * FG_WARPS + warp : (blockIdx.x * FG_WARPS + warp) * NR;
   const bool live = GLU ? n0 < half : n0 < N;
@@ -249,6 +250,31 @@ static di_status fg_launch(int mode, int mr, dim3 grid, cudaStream_t s, const vo
 
 static int fg_rows_per_pass(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16; }
 
+/* One activation row (the plain and grouped forms at one row per pass), di_cuk_fp8_gemv1_form 1 / 2: the weight
+ * rows a warp and the chunk of columns a lane step group covers follow K (every row's sum is the same whatever
+ * they are: a lane's 16-column steps in order, then the same warp tree), so that a warp has more bytes in flight
+ * at K <= 1,024 (4 rows of one chunk: wq_b's 1,024 columns were 2 KB a warp in 4,096 CTAs) and more warps share
+ * a wide K (1 or 2 rows in 1 KB chunks: wo_b's 8,192 columns ran 1.3 waves of CTAs). 0: FG_NR rows, 4 steps. */
+static int g_fg1_form = 0; /* 1, 2 not yet run on the device: off by default */
+extern "C" void di_cuk_fp8_gemv1_form(int form) { g_fg1_form = form; }
+static int fg1_rows(int K) { return K <= 1024 ? 4 : g_fg1_form == 2 ? 2 : 1; }
+static di_status fg1_launch(int nr, unsigned gy, cudaStream_t s, const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w,
+                            int N, int K, const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int bm, int M,
+                            void *C, int ldc, int c_f32, float beta) {
+  const dim3 grid((N + FG_WARPS * nr - 1) / (FG_WARPS * nr), gy);
+  if (nr == 4)
+    DI_CU(di_launch(fp8_gemv_kernel<1, false, false, 4, 2>, grid, FG_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles,
+                    n_tiles, bm, M, C, ldc, c_f32, beta, (const float *)NULL, 0.f));
+  else if (nr == 2)
+    DI_CU(di_launch(fp8_gemv_kernel<1, false, false, 2, 2>, grid, FG_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles,
+                    n_tiles, bm, M, C, ldc, c_f32, beta, (const float *)NULL, 0.f));
+  else
+    DI_CU(di_launch(fp8_gemv_kernel<1, false, false, 1, 2>, grid, FG_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles,
+                    n_tiles, bm, M, C, ldc, c_f32, beta, (const float *)NULL, 0.f));
+  DI_CU_LAUNCH("fp8_gemv1");
+  return DI_OK;
+}
+
 static di_status fg_check_blocks(int K, di_cuk_fp8w w) {
   if (w.block_rows <= 0 || w.block_cols <= 0 || w.scale_cols < (K + w.block_cols - 1) / w.block_cols)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 gemv: block %d x %d with %d scale columns for K %d",
@@ -268,6 +294,7 @@ extern "C" di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int
     return DI_OK;
   }
   const int bm = M < 16 ? M : 16;
+  if (M == 1 && g_fg1_form) return fg1_launch(fg1_rows(K), 1, s, X, ldx, NULL, w, N, K, NULL, NULL, NULL, 1, 1, Y, ldy, y_f32, beta);
   const dim3 grid((N + FG_WARPS * FG_NR - 1) / (FG_WARPS * FG_NR), (M + bm - 1) / bm);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: fp8 gemv of %d rows", M);
   return fg_launch(FG_PLAIN, fg_rows_per_pass(bm), grid, s, X, ldx, NULL, w, N, K, NULL, NULL, NULL, bm, M, Y, ldy,
@@ -323,6 +350,8 @@ extern "C" di_status di_cuk_fp8_grouped_gemv_form(const uint16_t *A, int lda, co
     return di_error_set(DI_ERR_INVALID_ARG,
                         "cuda: fp8 grouped gemv K %d lda %d block %d x %d tiles %d (K %% 16, block_cols %% 16, aligned)",
                         K, lda, w.block_rows, w.block_cols, max_tiles);
+  if (!glu && g_fg1_form && fg_rows_per_pass(max_rows < bm ? max_rows : bm) == 1)
+    return fg1_launch(fg1_rows(K), max_tiles, s, A, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, bm, 0, C, ldc, c_f32, 0.f);
   const dim3 grid(glu ? (N / 2 + FG_WARPS - 1) / FG_WARPS : (N + FG_WARPS * FG_NR - 1) / (FG_WARPS * FG_NR), max_tiles);
   return fg_launch(glu ? FG_GLU : FG_PLAIN, fg_rows_per_pass(max_rows < bm ? max_rows : bm), grid, s, A, lda, a_rows,
                    w, N, K, expert_off, tiles, n_tiles, bm, 0, C, ldc, c_f32, 0.f);
