@@ -511,19 +511,63 @@ static __device__ void hc_gather(const double *part, int nsplit, int nmix, int n
 }
 
 /* out[d] = RMSNorm(sum_j pre[j] Xt[j][d]) * norm[d] (norm NULL: unweighted): the collapse of the mHC site
- * and of the head alike. */
-static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out) {
+ * and of the head alike. One CTA. grouped (di_v4k_hc_form 1): a thread's columns d = threadIdx.x + i blockDim.x
+ * are taken HCG at a time with all their loads issued first (the plain loop waits one memory latency per column:
+ * each store to out may alias the next column's loads; hc_pre_k / head_pre_k took ~23 / 27 us at D = 4,096), then
+ * summed in the plain loop's order: the same bits. */
+#define HCG 4
+static int g_hc_form = 0; /* 1 (the grouped loads) not yet run on the device: off by default */
+extern "C" void di_v4k_hc_form(int form) { g_hc_form = form; }
+static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out,
+                                   int grouped) {
+  if (!grouped) { /* the plain loops (di_v4k_hc_form 0) */
+    double s2 = 0;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      double s = 0;
+      for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
+      const float v = (float)s;
+      out[d] = v;
+      s2 += (double)v * v;
+    }
+    s2 = block_sum_d(s2);
+    const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = norm ? norm[d] * (out[d] * k) : out[d] * k;
+    return;
+  }
   double s2 = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    double s = 0;
-    for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
-    const float v = (float)s;
-    out[d] = v;
-    s2 += (double)v * v;
+  const int bd = blockDim.x;
+  for (int d0 = threadIdx.x; d0 < D; d0 += HCG * bd) {
+    float xv[HCG][HC_MAX];
+#pragma unroll
+    for (int g = 0; g < HCG; g++)
+#pragma unroll
+      for (int j = 0; j < HC_MAX; j++) xv[g][j] = j < hc && d0 + g * bd < D ? Xt[j * D + d0 + g * bd] : 0.0f;
+#pragma unroll
+    for (int g = 0; g < HCG; g++) {
+      if (d0 + g * bd >= D) break;
+      double s = 0;
+#pragma unroll
+      for (int j = 0; j < HC_MAX; j++)
+        if (j < hc) s += pre[j] * xv[g][j];
+      const float v = (float)s;
+      out[d0 + g * bd] = v;
+      s2 += (double)v * v;
+    }
   }
   s2 = block_sum_d(s2);
   const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
-  for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = norm ? norm[d] * (out[d] * k) : out[d] * k;
+  for (int d0 = threadIdx.x; d0 < D; d0 += HCG * bd) {
+    float ov[HCG], nv[HCG];
+#pragma unroll
+    for (int g = 0; g < HCG; g++) {
+      const int d = d0 + g * bd;
+      ov[g] = d < D ? out[d] : 0.0f;
+      nv[g] = d < D && norm ? norm[d] : 0.0f;
+    }
+#pragma unroll
+    for (int g = 0; g < HCG; g++)
+      if (d0 + g * bd < D) out[d0 + g * bd] = norm ? nv[g] * (ov[g] * k) : ov[g] * k;
+  }
 }
 
 /* The Sinkhorn of one site (comb: softmax rows + hc_eps, then iters alternating row / column
@@ -559,7 +603,7 @@ static __device__ void hc_sinkhorn_lanes(const double *mixes, const float *scale
  * two run side by side; each gathers the mixes itself. */
 __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
                          const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
-                         double *comb_out) {
+                         double *comb_out, int grouped) {
   const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y;
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
@@ -568,7 +612,7 @@ __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const f
   if (role == 0) {
     if (j < hc) pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
     __syncthreads();
-    hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D);
+    hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D, grouped);
     return;
   }
   if (j < hc) post_out[(size_t)t * hc + j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
@@ -617,7 +661,7 @@ di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, cons
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
   hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
   V4_LAUNCH("hc_mix");
-  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
+  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, g_hc_form);
   V4_LAUNCH("hc_pre");
   return DI_OK;
 }
@@ -648,13 +692,13 @@ di_status di_v4k_hc_post(float *X, const float *out, const double *post, const d
 
 /* The head's collapse: the mHC site's with hc sigmoid mixes only (no post / comb, no Sinkhorn). */
 __global__ void head_pre_k(const float *X, const int32_t *rows, const double *part, int nsplit, const float *base,
-                           const float *scale, const float *fnorm, int D, int hc, float eps, float hc_eps, float *y) {
+                           const float *scale, const float *fnorm, int D, int hc, float eps, float hc_eps, float *y, int grouped) {
   const int i = blockIdx.x, n = hc * D;
   __shared__ double mixes[HC_MAX], pre[HC_MAX];
   hc_gather(part + (size_t)i * nsplit * (hc + 1), nsplit, hc, n, eps, mixes);
   if (threadIdx.x < hc) pre[threadIdx.x] = sigmoid_d(mixes[threadIdx.x] * scale[0] + base[threadIdx.x]) + hc_eps;
   __syncthreads();
-  hc_collapse(X + (size_t)rows[i] * n, pre, D, hc, eps, fnorm, y + (size_t)i * D);
+  hc_collapse(X + (size_t)rows[i] * n, pre, D, hc, eps, fnorm, y + (size_t)i * D, grouped);
 }
 
 di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const float *fn, const float *base,
@@ -666,7 +710,7 @@ di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const floa
   const int nsplit = hc_splits(D, hc);
   hc_mix_k<<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
   V4_LAUNCH("head_mix");
-  head_pre_k<<<n, 256, 0, s>>>(X, rows, part, nsplit, base, scale, final_norm, D, hc, eps, hc_eps, y);
+  head_pre_k<<<n, 256, 0, s>>>(X, rows, part, nsplit, base, scale, final_norm, D, hc, eps, hc_eps, y, g_hc_form);
   V4_LAUNCH("head_pre");
   return DI_OK;
 }
