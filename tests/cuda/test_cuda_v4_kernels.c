@@ -206,7 +206,7 @@ static int32_t *ident_table(int n) {
 /* compressor: pooling of windows that mix the state's rows and the step's, and the open windows after; the
  * lists read with a device count below the grid (a CUDA graph's bound): the entry and the state write past
  * the count (an entry of an untouched slot, a write to a buffer of its own) change nothing */
-static void check_pool(int csa) {
+static void check_pool(int csa, int state_ctas) { /* state_ctas: CTAs per state write (di_v4k_state_ctas) */
   const int dim = 512, rate = csa ? 4 : 128, width = csa ? 2 * dim : dim, pos0 = csa ? 42 : 100, n = csa ? 7 : 40;
   const int slots = (64 + rate - 1) / rate, nblk = 4;
   const size_t rows = (size_t)rate * width, sfl = rows * (csa ? 4 : 2);
@@ -236,7 +236,9 @@ static void check_pool(int csa) {
   int32_t *dcounts = dup_dev(counts, sizeof counts);
   float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
   CHECK(di_v4k_pool(&c, dsq, dents, ne + 1, dcounts, inv, 64, 1.0f, (float)cfg.rms_eps, NULL) == DI_OK);
+  di_v4k_state_ctas(state_ctas);
   CHECK(di_v4k_state_write(&c, dsq, dsw, 2, dcounts + 1, NULL) == DI_OK);
+  di_v4k_state_ctas(4);
   CHECK(di_cut_sync() == 0);
   /* the reference's rows by position: state (open window at pos0 and, CSA, the one before) or step */
   float *row_kv = malloc(sizeof(float) * (size_t)(pos0 + n) * width), *row_g = malloc(sizeof(float) * (size_t)(pos0 + n) * width);
@@ -865,8 +867,10 @@ int main(void) {
   check_norm_rope(64, 0);
   check_norm_rope(1, 1);
   check_hc();
-  check_pool(1);
-  check_pool(0);
+  check_pool(1, 4);
+  check_pool(0, 4);
+  check_pool(1, 16);
+  check_pool(0, 16);
   check_indexer();
   check_attend(DI_V4_ATTN_SLIDING);
   check_attend(DI_V4_ATTN_CSA);

@@ -147,11 +147,16 @@ __global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4
   }
 }
 
+/* CTAs per write (rows strided over them): few, so that a graph's bound of writes past the count costs few idle CTAs;
+ * at 4 an HCA write (128 rows x 512 x 2 floats) took ~13.5 us at one token (H200), so di_v4k_state_ctas(16) is
+ * offered (the same copies; 4 the default until measured on the device). */
+static int g_state_ctas = 4;
+extern "C" void di_v4k_state_ctas(int n) { g_state_ctas = n >= 1 && n <= 128 ? n : 4; }
+
 di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int max_w,
                              const int32_t *n_w, di_cu_stream s) {
   if (max_w <= 0) return DI_OK;
-  /* at most 4 CTAs per write (rows strided over them): a graph's bound of writes past the count costs few idle CTAs */
-  state_write_k<<<dim3(max_w, c->rate < 4 ? c->rate : 4), 128, 0, s>>>(*c, seqs, w, n_w);
+  state_write_k<<<dim3(max_w, c->rate < g_state_ctas ? c->rate : g_state_ctas), 128, 0, s>>>(*c, seqs, w, n_w);
   V4_LAUNCH("state_write");
   return DI_OK;
 }
