@@ -469,9 +469,20 @@ static void check_route(int ties) {
   int32_t *di = zeros_dev(4 * (size_t)T * ns);
   CHECK(di_v4k_route(dl, db, NULL, NULL, T, E, K, 0, 2.5f, di, dw, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
-  int32_t *ids = malloc(4 * (size_t)T * ns);
+  int32_t *ids = malloc(4 * (size_t)T * ns), *ids1 = malloc(4 * (size_t)T * ns);
   di_cut_d2h(ids, di, 4 * (size_t)T * ns);
   float *w = from_dev(dw, (size_t)T * ns);
+  /* the warp-per-token form (di_v4k_route_form 1): the same ids and weights, bit for bit */
+  di_v4k_route_form(1);
+  CHECK(di_v4k_route(dl, db, NULL, NULL, T, E, K, 0, 2.5f, di, dw, NULL) == DI_OK);
+  di_v4k_route_form(0);
+  CHECK(di_cut_sync() == 0);
+  di_cut_d2h(ids1, di, 4 * (size_t)T * ns);
+  float *w1 = from_dev(dw, (size_t)T * ns);
+  const int form_same = memcmp(ids, ids1, 4 * (size_t)T * ns) == 0 && memcmp(w, w1, 4 * (size_t)T * ns) == 0;
+  printf("routing, a warp per token vs a thread: %s\n", form_same ? "bit-identical" : "DIFFER");
+  CHECKF(form_same, "routing: the warp-per-token form differs");
+  free(ids1); free(w1);
   di_v4_config rc = cfg;
   rc.n_routed_experts = E;
   rc.top_k = K;

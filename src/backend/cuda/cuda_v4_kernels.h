@@ -42,6 +42,9 @@ void di_v4k_lin_form(int form);
 /* 1: the mHC and head collapses (di_v4k_hc_pre, di_v4k_head_pre) with their loads grouped four columns a thread
  * ahead of the sums; 0 (the default): the plain loops. The same bits. For tests and A/B benchmarks. */
 void di_v4k_hc_form(int form);
+/* 1: di_v4k_route with a warp per token (the experts scored by the lanes); 0 (the default): a thread per token. The
+ * same picks and weights. For tests and A/B benchmarks. */
+void di_v4k_route_form(int form);
 /* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
 void di_v4k_state_ctas(int n);
 /* 1: di_v4k_rmsnorm_rope in one launch; 0 (the default): two. For tests and A/B benchmarks; not thread-safe. */

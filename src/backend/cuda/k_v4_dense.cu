@@ -312,6 +312,29 @@ __global__ void __launch_bounds__(G1_WARPS * 32) gemv1_k(const float *x, const b
     if (lane == 0 && r0 + r < R) y[r0 + r] = v;
   }
 }
+/* f32 rows (the router's 4,096-column rows) at one token: a row a warp, G1_WARPS warps a CTA (linear_k's 8 rows a
+ * CTA left most SMs idle: 4 CTAs for 32 experts) and 8 iterations' loads in flight (linear_k: 4); each lane's
+ * iterations in row_dot's order through the same dot8: the same bits. */
+__global__ void __launch_bounds__(G1_WARPS * 32) gemv1_f32_k(const float *x, const float *W, int R, int C, float *y, int64_t gx,
+                                                             int64_t gw, int64_t gy) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.x * G1_WARPS + warp;
+  if (r >= R) return;
+  x += gx * blockIdx.z;
+  W += gw * blockIdx.z;
+  y += gy * blockIdx.z;
+  const float *xr[1] = {x}, *wr = W + (size_t)r * C;
+  float acc[LIN_TOK];
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
+#pragma unroll 8
+  for (int c = lane * 8; c < C; c += 32 * 8) {
+    float w[8];
+    wload8(wr, c, w);
+    dot8(w, xr, 1, c, acc);
+  }
+  const float v = warp_sum_f(acc[0]);
+  if (lane == 0) y[r] = v;
+}
 static int g_lin_form = 0; /* 1 (gemv1_k at one token) not yet run on the device: off by default */
 extern "C" void di_v4k_lin_form(int form) { g_lin_form = form; }
 
@@ -327,7 +350,9 @@ di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32,
   if (grid.y > 65535 || G > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: linear over %d tokens x %d groups at once", T, G);
   /* every group's rows keep the alignment of the first when the offsets are multiples of 8 elements */
   const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
-  if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  if (wf32 && v8 && T == 1 && g_lin_form == 1)
+    gemv1_f32_k<<<dim3((R + G1_WARPS - 1) / G1_WARPS, 1, G), 32 * G1_WARPS, 0, s>>>(x, (const float *)W, R, C, y, gx, gw, gy);
+  else if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (v8 && T == 1 && g_lin_form == 1 && R >= 8192)
     gemv1_k<2><<<dim3((R + 2 * G1_WARPS - 1) / (2 * G1_WARPS), 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
@@ -739,21 +764,17 @@ static __device__ float route_score(float x, int sigm) {
   return (float)(sigm ? 1.0 / (1.0 + exp(-d)) : sqrt(d > 20 ? d : log1p(exp(d))));
 }
 
-/* One thread per token (E <= 1024 in local memory): the CPU's di_v4_moe routing, the top-k by torch.topk's
- * own procedure (backend/v4_torch_select.h, as the CPU), so exactly equal biased scores pick the same
- * experts as the CPU; the picks are then taken in ascending id order, as the CPU sums them. */
-__global__ void route_k(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T, int E,
-                        int K, int sigm, float scaling, int32_t *ids, float *wts) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= T) return;
+/* Token t's picks and weights from its router logits lg, the CPU's di_v4_moe routing: by tid2eid (hash layers),
+ * else the top-k of work (the biased scores of the E experts, reordered) by torch.topk's own procedure
+ * (backend/v4_torch_select.h, as the CPU), so exactly equal biased scores pick the same experts as the CPU; the
+ * picks are then taken in ascending id order, as the CPU sums them, and merged into ids / wts. */
+static __device__ void route_pick(const float *lg, di_v4_scored *work, const int32_t *tid2eid, const int32_t *tokens, int t, int E,
+                                  int K, int sigm, float scaling, int32_t *ids, float *wts) {
   int idx[ROUTE_MAX_K];
   float sc[ROUTE_MAX_K];
-  const float *lg = logits + (size_t)t * E;
   if (tid2eid) {
     for (int k = 0; k < K; k++) idx[k] = tid2eid[(size_t)tokens[t] * K + k];
   } else {
-    di_v4_scored work[ROUTE_MAX_E];
-    for (int e = 0; e < E; e++) work[e] = di_v4_scored{route_score(lg[e], sigm) + bias[e], e};
     di_v4s_select_pairs(work, E, K);
     for (int k = 0; k < K; k++) idx[k] = work[k].i;
     for (int a = 1; a < K; a++) /* ascending ids (insertion sort) */
@@ -791,13 +812,49 @@ __global__ void route_k(const float *logits, const float *bias, const int32_t *t
   }
 }
 
+/* One thread per token (E <= 1024 in local memory). */
+__global__ void route_k(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T, int E,
+                        int K, int sigm, float scaling, int32_t *ids, float *wts) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const float *lg = logits + (size_t)t * E;
+  di_v4_scored work[ROUTE_MAX_E];
+  if (!tid2eid)
+    for (int e = 0; e < E; e++) work[e] = di_v4_scored{route_score(lg[e], sigm) + bias[e], e};
+  route_pick(lg, work, tid2eid, tokens, t, E, K, sigm, scaling, ids, wts);
+}
+
+/* route_k with a warp per token (di_v4k_route_form 1): the lanes score the experts into shared memory (the same
+ * per-expert function: route_k's one thread spent ~10 us on 8 experts' double exp / log1p / sqrt, ~40 at 256), then
+ * lane 0 selects, merges and writes exactly as route_k. */
+#define ROUTE_WARPS 2
+__global__ void __launch_bounds__(ROUTE_WARPS * 32) route_warp_k(const float *logits, const float *bias, const int32_t *tid2eid,
+                                                                 const int32_t *tokens, int T, int E, int K, int sigm,
+                                                                 float scaling, int32_t *ids, float *wts) {
+  __shared__ di_v4_scored work_s[ROUTE_WARPS][ROUTE_MAX_E];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + warp;
+  if (t >= T) return;
+  const float *lg = logits + (size_t)t * E;
+  di_v4_scored *work = work_s[warp];
+  if (!tid2eid)
+    for (int e = lane; e < E; e += 32) work[e] = di_v4_scored{route_score(lg[e], sigm) + bias[e], e};
+  __syncwarp();
+  if (lane == 0) route_pick(lg, tid2eid ? NULL : work, tid2eid, tokens, t, E, K, sigm, scaling, ids, wts);
+}
+static int g_route_form = 0; /* 1 (route_warp_k) not yet run on the device: off by default */
+extern "C" void di_v4k_route_form(int form) { g_route_form = form; }
+
 di_status di_v4k_route(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T,
                        int E, int K, int sigmoid_scores, float scaling, int32_t *ids, float *wts, di_cu_stream s) {
   if (E > ROUTE_MAX_E || K > ROUTE_MAX_K || K > E)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: routing of %d of %d experts (at most %d of %d)", K, E, ROUTE_MAX_K,
                         ROUTE_MAX_E);
   if (T <= 0) return DI_OK;
-  route_k<<<(T + 63) / 64, 64, 0, s>>>(logits, bias, tid2eid, tokens, T, E, K, sigmoid_scores, scaling, ids, wts);
+  if (g_route_form == 1)
+    route_warp_k<<<(T + ROUTE_WARPS - 1) / ROUTE_WARPS, 32 * ROUTE_WARPS, 0, s>>>(logits, bias, tid2eid, tokens, T, E, K,
+                                                                               sigmoid_scores, scaling, ids, wts);
+  else
+    route_k<<<(T + 63) / 64, 64, 0, s>>>(logits, bias, tid2eid, tokens, T, E, K, sigmoid_scores, scaling, ids, wts);
   V4_LAUNCH("route");
   return DI_OK;
 }
