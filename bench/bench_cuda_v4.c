@@ -25,7 +25,8 @@
  * barrier-free GEMV (di_v4k_lin_form), BENCH_V4_FP8_FORM=1 / 2 one row's FP8 GEMVs with rows a warp and chunks by K
  * (di_cuk_fp8_gemv1_form), BENCH_V4_HC_FORM=1 the mHC / head collapses with grouped loads (di_v4k_hc_form),
  * BENCH_V4_STATE_CTAS=N the compressor state writes over N CTAs each (di_v4k_state_ctas), BENCH_V4_ROUTE_FORM=1 the
- * routing with a warp per token (di_v4k_route_form), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
+ * routing with a warp per token (di_v4k_route_form), BENCH_V4_ATT_FORM=1 the attention with two keys a warp in
+ * flight (di_v4k_attend_form), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
  * kernels with the byte-permute decode).
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
@@ -138,6 +139,8 @@ int main(int argc, char **argv) {
   if (stc) di_v4k_state_ctas(atoi(stc));
   const char *rtf = getenv("BENCH_V4_ROUTE_FORM");
   if (rtf) di_v4k_route_form(atoi(rtf));
+  const char *atf = getenv("BENCH_V4_ATT_FORM");
+  if (atf) di_v4k_attend_form(atoi(atf));
   const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
   const int native = nat && strcmp(nat, "1") == 0;
   di_v4_flash_shape(&c, NL, E);

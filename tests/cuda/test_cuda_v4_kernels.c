@@ -428,6 +428,16 @@ static void check_attend(int kind) {
                       NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   float *o = from_dev(dout, (size_t)T * H * hd), *ref = malloc(4 * (size_t)H * hd);
+  /* two keys a warp in flight (di_v4k_attend_form 1): the same bits */
+  di_v4k_attend_form(1);
+  CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
+                      kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
+                      NULL) == DI_OK);
+  di_v4k_attend_form(0);
+  CHECK(di_cut_sync() == 0);
+  float *o1 = from_dev(dout, (size_t)T * H * hd);
+  const int form_same = memcmp(o, o1, 4 * (size_t)T * H * hd) == 0;
+  free(o1);
   float *win = malloc(4 * (size_t)W * hd), *ent = malloc(4 * (size_t)(nc + 1) * hd), *p = malloc(4 * keys);
   double *ex = malloc(8 * keys);
   for (int e = 0; e < nc; e++) {
@@ -448,8 +458,10 @@ static void check_attend(int kind) {
     worst = e > worst ? e : worst;
   }
   static const char *const name[3] = {"sliding", "CSA", "HCA"};
-  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e\n", name[kind], H, hd, W, nc, worst);
+  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e, two keys a warp %s\n", name[kind], H, hd, W,
+         nc, worst, form_same ? "bit-identical" : "DIFFERS");
   CHECKF(worst < 1e-5, "attention %s: %.3e", name[kind], worst);
+  CHECKF(form_same, "attention %s: two keys a warp differ", name[kind]);
   free(wpool); free(epool); free(q); free(sink); free(sel); free(o); free(ref); free(win); free(ent); free(p); free(ex);
   di_cut_free(dw); di_cut_free(de); di_cut_free(dq); di_cut_free(dsink); di_cut_free(dout); di_cut_free(dsel);
   di_cut_free(tab); di_cut_free(dpos); di_cut_free(dso); di_cut_free(dsq); di_cut_free(dp); di_cut_free(dex); di_cut_free(inv);

@@ -45,6 +45,8 @@ void di_v4k_hc_form(int form);
 /* 1: di_v4k_route with a warp per token (the experts scored by the lanes); 0 (the default): a thread per token. The
  * same picks and weights. For tests and A/B benchmarks. */
 void di_v4k_route_form(int form);
+/* 1: di_v4k_attend (head_dim 129..512) with two keys a warp in flight; 0 (the default): one. The same bits. */
+void di_v4k_attend_form(int form);
 /* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
 void di_v4k_state_ctas(int n);
 /* 1: di_v4k_rmsnorm_rope in one launch; 0 (the default): two. For tests and A/B benchmarks; not thread-safe. */

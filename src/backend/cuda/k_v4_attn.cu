@@ -457,7 +457,7 @@ typedef struct att_args {
  * sums are added in warp order in shared memory. Every sum's order depends only on the token's own keys,
  * so results do not depend on the batch. */
 #define ATT_WARPS 16
-template <int NJ>
+template <int NJ, int AU>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_comp c, int has_comp) {
   const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
   const di_v4k_seq sq = a.seqs[a.seq_of[t]];
@@ -506,16 +506,47 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   }
   __syncthreads();
   const double scale = 1.0 / sqrt((double)hd);
-  for (int i = warp; i < nk; i += ATT_WARPS) {
-    const float *k = kp[i];
-    double d = 0;
+  /* a warp's keys i = warp, warp + ATT_WARPS, ...: AU == 1 one after another (one key's memory latency after
+   * another: the loop's bound at one token); else AU at a time with all their loads issued first, each key's sum
+   * as in the one-key loop */
+  if constexpr (AU == 1) {
+    for (int i = warp; i < nk; i += ATT_WARPS) {
+      const float *k = kp[i];
+      double d = 0;
 #pragma unroll
-    for (int j = 0; j < NJ; j++) {
-      const int e = lane + 32 * j;
-      if (e < hd) d += qs[e] * k[e];
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) d += qs[e] * k[e];
+      }
+      d = warp_sum_d(d);
+      if (lane == 0) p[i] = (float)(d * scale);
     }
-    d = warp_sum_d(d);
-    if (lane == 0) p[i] = (float)(d * scale);
+  } else
+  for (int i0 = warp; i0 < nk; i0 += ATT_WARPS * AU) {
+    float kv[AU][NJ];
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      const float *k = i < nk ? kp[i] : NULL;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        kv[u][j] = k && e < hd ? k[e] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      if (i >= nk) break;
+      double d = 0;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) d += qs[e] * kv[u][j];
+      }
+      d = warp_sum_d(d);
+      if (lane == 0) p[i] = (float)(d * scale);
+    }
   }
   __syncthreads();
   double mx = -INFINITY;
@@ -529,13 +560,39 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   double acc[NJ];
 #pragma unroll
   for (int j = 0; j < NJ; j++) acc[j] = 0;
-  for (int i = warp; i < nk; i += ATT_WARPS) {
-    const float *v = kp[i];
-    const double w = exp((double)p[i] - mx);
+  if constexpr (AU == 1) {
+    for (int i = warp; i < nk; i += ATT_WARPS) {
+      const float *v = kp[i];
+      const double w = exp((double)p[i] - mx);
 #pragma unroll
-    for (int j = 0; j < NJ; j++) {
-      const int e = lane + 32 * j;
-      if (e < hd) acc[j] += w * v[e];
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) acc[j] += w * v[e];
+      }
+    }
+  } else
+  for (int i0 = warp; i0 < nk; i0 += ATT_WARPS * AU) { /* the same keys, AU at a time, added in order */
+    float vv[AU][NJ];
+    double wv[AU];
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      const float *v = i < nk ? kp[i] : NULL;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        vv[u][j] = v && e < hd ? v[e] : 0.0f;
+      }
+      wv[u] = i < nk ? exp((double)p[i] - mx) : 0.0;
+    }
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      if (i0 + u * ATT_WARPS >= nk) break;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) acc[j] += wv[u] * vv[u][j];
+      }
     }
   }
   extern __shared__ double red[]; /* [ATT_WARPS][hd] */
@@ -558,6 +615,9 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   for (int e = tid; e < hd; e += blockDim.x) oh[e] = os[e];
 }
 
+static int g_att_form = 0; /* 1 (two keys a warp in flight, 129 <= head_dim <= 512) not yet run on the device */
+extern "C" void di_v4k_attend_form(int form) { g_att_form = form; }
+
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                         const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,
                         const unsigned char *sel, int max_n, const float *sink, int T, int H, int hd,
@@ -570,20 +630,23 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
   di_v4k_comp none;
   memset(&none, 0, sizeof none);
   const size_t smem = sizeof(double) * ATT_WARPS * (size_t)hd;
+  const di_v4k_comp cc = comp ? *comp : none;
   if (hd <= 128) {
-    attend_k<4><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+    attend_k<4, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else if (hd <= 512) {
-    static size_t set16; /* each attribute once per size (not again while a graph is captured) */
-    if (smem > 48 * 1024 && smem > set16) {
-      DI_CU(cudaFuncSetAttribute(attend_k<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      set16 = smem;
+    static size_t set16[2]; /* each attribute once per size (not again while a graph is captured) */
+    const int f = g_att_form == 1;
+    if (smem > 48 * 1024 && smem > set16[f]) {
+      DI_CU(cudaFuncSetAttribute(f ? attend_k<16, 2> : attend_k<16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      set16[f] = smem;
     }
-    attend_k<16><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+    if (f) attend_k<16, 2><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
+    else attend_k<16, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else {
     static size_t set32;
-    if (smem > set32) DI_CU(cudaFuncSetAttribute(attend_k<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > set32) DI_CU(cudaFuncSetAttribute(attend_k<32, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     set32 = smem > set32 ? smem : set32;
-    attend_k<32><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+    attend_k<32, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   }
   V4_LAUNCH("attend");
   return DI_OK;
