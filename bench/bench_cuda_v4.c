@@ -23,7 +23,8 @@
  * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), BENCH_V4_FUSE=1 the
  * q / kv norms and ropes in one launch each (di_v4k_fuse), BENCH_V4_LIN_FORM=1 one token's bf16 linears on the
  * barrier-free GEMV (di_v4k_lin_form), BENCH_V4_FP8_FORM=1 / 2 one row's FP8 GEMVs with rows a warp and chunks by K
- * (di_cuk_fp8_gemv1_form), BENCH_V4_HC_FORM=1 the mHC / head collapses with grouped loads (di_v4k_hc_form),
+ * (di_cuk_fp8_gemv1_form), BENCH_V4_FP8_F32X=1 one token's FP8 products from the f32 activations (di_cuk_fp8_f32x),
+ * BENCH_V4_HC_FORM=1 the mHC / head collapses with grouped loads (di_v4k_hc_form),
  * BENCH_V4_STATE_CTAS=N the compressor state writes over N CTAs each (di_v4k_state_ctas), BENCH_V4_ROUTE_FORM=1 the
  * routing with a warp per token (di_v4k_route_form), BENCH_V4_ATT_FORM=1 the attention with two keys a warp in
  * flight (di_v4k_attend_form), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
@@ -133,6 +134,8 @@ int main(int argc, char **argv) {
   if (lnf) di_v4k_lin_form(atoi(lnf));
   const char *f8f = getenv("BENCH_V4_FP8_FORM");
   if (f8f) di_cuk_fp8_gemv1_form(atoi(f8f));
+  const char *f8x = getenv("BENCH_V4_FP8_F32X");
+  if (f8x) di_cuk_fp8_f32x(atoi(f8x));
   const char *hcf = getenv("BENCH_V4_HC_FORM");
   if (hcf) di_v4k_hc_form(atoi(hcf));
   const char *stc = getenv("BENCH_V4_STATE_CTAS");

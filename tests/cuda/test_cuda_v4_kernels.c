@@ -831,8 +831,9 @@ static void check_norm_rope(int heads, int weighted) {
 
 /* One activation row's FP8 GEMV (di_cuk_fp8_gemv, W8A16: the native mode's attention and shared-expert products)
  * at V4-Flash's shapes (wq_b 32768 x 1024, wo_b 4096 x 8192, wq_a 1024 x 4096) and an odd one: the one-row forms
- * (di_cuk_fp8_gemv1_form 1, 2) bit for bit equal to form 0, all against the double product of the dequantized
- * weights and the bf16 activations (rel L2 1e-5). 128 x 128 scale blocks, as V4's checkpoints. */
+ * (di_cuk_fp8_gemv1_form 1, 2) and the f32-row entry (di_cuk_fp8_gemv1_f32x, rounding to bf16 inside) bit for bit
+ * equal to form 0 over the bf16 copy, all against the double product of the dequantized weights and the bf16
+ * activations (rel L2 1e-5). 128 x 128 scale blocks, as V4's checkpoints. */
 static void check_fp8_gemv_forms(int N, int K) {
   const int sr = (N + 127) / 128, sc = (K + 127) / 128;
   uint8_t *q = malloc((size_t)N * K);
@@ -840,13 +841,16 @@ static void check_fp8_gemv_forms(int N, int K) {
   uint16_t *xb = malloc(2 * (size_t)K);
   for (size_t i = 0; i < (size_t)N * K; i++) q[i] = di_f32_to_fp8e4m3(urand() * 400);
   for (int i = 0; i < sr * sc; i++) scale[i] = 1e-3f * (1.5f + urand());
+  float *dxf = dup_dev(x, 4 * (size_t)K); /* the f32 row itself (di_cuk_fp8_gemv1_f32x rounds it) */
   for (int k = 0; k < K; k++) x[k] = di_bf16_to_f32(xb[k] = di_f32_to_bf16(x[k]));
   di_cuk_fp8w w = {dup_dev(q, (size_t)N * K), dup_dev(scale, sizeof(float) * (size_t)sr * sc), K, 128, 128, sc};
   void *dx = dup_dev(xb, 2 * (size_t)K);
-  float *dy = zeros_dev(4 * (size_t)N), *y[3];
-  for (int f = 0; f < 3; f++) {
-    di_cuk_fp8_gemv1_form(f);
-    CHECK(di_cuk_fp8_gemv(1, N, K, dx, K, w, dy, N, 1, 0.0f, NULL) == DI_OK);
+  float *dy = zeros_dev(4 * (size_t)N), *y[6];
+  /* y[f]: form f over the bf16 copy; y[3 + f]: form f from the f32 row */
+  for (int f = 0; f < 6; f++) {
+    di_cuk_fp8_gemv1_form(f % 3);
+    if (f < 3) CHECK(di_cuk_fp8_gemv(1, N, K, dx, K, w, dy, N, 1, 0.0f, NULL) == DI_OK);
+    else CHECK(di_cuk_fp8_gemv1_f32x(N, K, dxf, w, dy, NULL) == DI_OK);
     CHECK(di_cut_sync() == 0);
     y[f] = from_dev(dy, (size_t)N);
   }
@@ -858,13 +862,15 @@ static void check_fp8_gemv_forms(int N, int K) {
     ref[n] = (float)a;
   }
   const double e = test_rel_l2(y[0], ref, (size_t)N);
-  const int same = memcmp(y[0], y[1], 4 * (size_t)N) == 0 && memcmp(y[0], y[2], 4 * (size_t)N) == 0;
-  printf("fp8 gemv one row %d x %d: rel L2 %.2e vs double, forms 1, 2 vs 0 %s\n", N, K, e, same ? "bit-identical" : "DIFFER");
+  int same = 1;
+  for (int f = 1; f < 6; f++) same &= memcmp(y[0], y[f], 4 * (size_t)N) == 0;
+  printf("fp8 gemv one row %d x %d: rel L2 %.2e vs double, forms 1, 2 and from f32 vs form 0 %s\n", N, K, e,
+         same ? "bit-identical" : "DIFFER");
   CHECKF(e < 1e-5, "fp8 gemv %d x %d: rel L2 %.3e", N, K, e);
   CHECKF(same, "fp8 gemv %d x %d: the one-row forms' bits differ", N, K);
   free(q); free(scale); free(x); free(xb); free(ref);
-  for (int f = 0; f < 3; f++) free(y[f]);
-  di_cut_free((void *)w.q); di_cut_free((void *)w.scale); di_cut_free(dx); di_cut_free(dy);
+  for (int f = 0; f < 6; f++) free(y[f]);
+  di_cut_free((void *)w.q); di_cut_free((void *)w.scale); di_cut_free(dx); di_cut_free(dy); di_cut_free(dxf);
 }
 
 int main(void) {
