@@ -78,10 +78,10 @@ static void check_linear(int wf32, int T, int R, int C) {
     }
   double e = test_rel_l2(y, ref, (size_t)T * R);
   /* each token's row alone (T = 1) gives the same bits as in the step of T tokens, in both one-token forms
-   * (di_v4k_lin_form 0: staged; 1: the barrier-free GEMV) */
+   * (di_v4k_lin_form 0: staged; 1, 2: the barrier-free GEMV) */
   int differ = 0;
   float *y1 = malloc(4 * (size_t)R);
-  for (int form = 0; form < 2; form++)
+  for (int form = 0; form < 3; form++)
     for (int t = 0; t < T; t += T > 2 ? T - 1 : 1) {
       di_v4k_lin_form(form);
       CHECK(di_v4k_linear(dx + (size_t)t * C, C, dw, wf32, 1, R, C, dy, R, NULL) == DI_OK);

@@ -37,7 +37,8 @@ di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, c
 di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
                               const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s);
 /* 1: one token's bf16 linears (di_v4k_linear / _groups, T == 1) on the barrier-free GEMV (a warp takes 1 or 2
- * rows, activations from L1); 0 (the default): the staged form. The same bits. For tests and A/B benchmarks. */
+ * rows, activations from L1; 2: 4 rows from 8,192 rows, the head), and f32 ones a row a warp; 0 (the default): the
+ * staged form. The same bits. For tests and A/B benchmarks. */
 void di_v4k_lin_form(int form);
 /* 1: the mHC and head collapses (di_v4k_hc_pre, di_v4k_head_pre) with their loads grouped four columns a thread
  * ahead of the sums; 0 (the default): the plain loops. The same bits. For tests and A/B benchmarks. */

@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32) gemv1_f32_k(const float *x, con
   const float v = warp_sum_f(acc[0]);
   if (lane == 0) y[r] = v;
 }
-static int g_lin_form = 0; /* 1 (gemv1_k at one token) not yet run on the device: off by default */
+static int g_lin_form = 0; /* 1 (gemv1_k at one token; 2: 4 rows a warp from 8,192 rows) not yet run on the device */
 extern "C" void di_v4k_lin_form(int form) { g_lin_form = form; }
 
 /* whether rows of C columns at x (stride ldx) and w take the 16-byte path */
@@ -350,13 +350,15 @@ di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32,
   if (grid.y > 65535 || G > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: linear over %d tokens x %d groups at once", T, G);
   /* every group's rows keep the alignment of the first when the offsets are multiples of 8 elements */
   const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
-  if (wf32 && v8 && T == 1 && g_lin_form == 1)
+  if (wf32 && v8 && T == 1 && g_lin_form >= 1)
     gemv1_f32_k<<<dim3((R + G1_WARPS - 1) / G1_WARPS, 1, G), 32 * G1_WARPS, 0, s>>>(x, (const float *)W, R, C, y, gx, gw, gy);
   else if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
-  else if (v8 && T == 1 && g_lin_form == 1 && R >= 8192)
+  else if (v8 && T == 1 && g_lin_form == 2 && R >= 8192)
+    gemv1_k<4><<<dim3((R + 4 * G1_WARPS - 1) / (4 * G1_WARPS), 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
+  else if (v8 && T == 1 && g_lin_form >= 1 && R >= 8192)
     gemv1_k<2><<<dim3((R + 2 * G1_WARPS - 1) / (2 * G1_WARPS), 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
-  else if (v8 && T == 1 && g_lin_form == 1)
+  else if (v8 && T == 1 && g_lin_form >= 1)
     gemv1_k<1><<<dim3((R + G1_WARPS - 1) / G1_WARPS, 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
   else if (v8 && T == 1) linear_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
