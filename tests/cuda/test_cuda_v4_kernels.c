@@ -873,6 +873,51 @@ static void check_fp8_gemv_forms(int N, int K) {
   di_cut_free((void *)w.q); di_cut_free((void *)w.scale); di_cut_free(dx); di_cut_free(dy); di_cut_free(dxf);
 }
 
+/* The kv row's norm + rope + window write (di_v4k_rmsnorm_rope_window): one launch (di_v4k_fuse 1) against the three,
+ * bit for bit in the rows and the window pool (3 tokens of one sequence at positions 5, 70, 130 of a 3-block table,
+ * 2 layers, layer 1), with the graphs' device count below the rows: the third row is not written in either form. */
+static void check_norm_rope_window(void) {
+  const int T = 3, hd = cfg.head_dim, nl = 2, nblk = 3, rd = cx.compress_rope.p->dim;
+  const int32_t pos[3] = {5, 70, 130}, seq_of[3] = {0, 0, 0}, n_tok = 2;
+  float *x = rnd((size_t)T * hd, 2), *w = rnd((size_t)hd, 1);
+  int32_t *tab = ident_table(nblk), *dpos = dup_dev(pos, sizeof pos), *dso = dup_dev(seq_of, sizeof seq_of),
+          *dn = dup_dev(&n_tok, sizeof n_tok);
+  di_v4k_seq sq;
+  memset(&sq, 0, sizeof sq);
+  sq.n = T;
+  sq.pos0 = 5;
+  sq.tab[3] = tab;
+  di_v4k_seq *dsq = dup_dev(&sq, sizeof sq);
+  float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * (size_t)(rd / 2)), *dw = dup_dev(w, 4 * (size_t)hd);
+  const size_t np = (size_t)nblk * nl * 64 * hd;
+  float *rows[2], *pools[2];
+  for (int f = 0; f < 2; f++) {
+    float *dx = dup_dev(x, 4 * (size_t)T * hd), *dpool = zeros_dev(4 * np);
+    di_v4k_fuse(f);
+    CHECK(di_v4k_rmsnorm_rope_window(dx, T, hd, dw, (float)cfg.rms_eps, dpos, inv, rd, (float)cx.compress_rope.p->attention_factor,
+                                     dso, dsq, dpool, nl, 1, dn, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    rows[f] = from_dev(dx, (size_t)T * hd);
+    pools[f] = from_dev(dpool, np);
+    di_cut_free(dx);
+    di_cut_free(dpool);
+  }
+  di_v4k_fuse(0);
+  int written = 0, third = 0;
+  for (int t = 0; t < T; t++) {
+    const float *slot = pools[1] + (((size_t)(pos[t] / 64) * nl + 1) * 64 + pos[t] % 64) * hd;
+    const int eq = memcmp(slot, rows[1] + (size_t)t * hd, 4 * (size_t)hd) == 0;
+    if (t < n_tok) written += eq;
+    else for (int e = 0; e < hd; e++) third += slot[e] != 0;
+  }
+  const int same = memcmp(rows[0], rows[1], 4 * (size_t)T * hd) == 0 && memcmp(pools[0], pools[1], 4 * np) == 0;
+  printf("kv norm + rope + window write: one launch vs three %s, rows in the window %d of %d, past the count untouched %s\n",
+         same ? "bit-identical" : "DIFFER", written, n_tok, third ? "NO" : "yes");
+  CHECKF(same && written == n_tok && !third, "kv norm + rope + window: same %d, written %d, past the count %d", same, written, third);
+  free(x); free(w); free(rows[0]); free(rows[1]); free(pools[0]); free(pools[1]);
+  di_cut_free(tab); di_cut_free(dpos); di_cut_free(dso); di_cut_free(dn); di_cut_free(dsq); di_cut_free(inv); di_cut_free(dw);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -895,6 +940,7 @@ int main(void) {
   check_fp8_gemv_forms(1000, 1008); /* four rows a warp, a partial chunk */
   check_norm_rope(64, 0);
   check_norm_rope(1, 1);
+  check_norm_rope_window();
   check_hc();
   check_pool(1, 4);
   check_pool(0, 4);

@@ -797,9 +797,8 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
   DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
   DI_TRY(di_v4k_rmsnorm_rope(q, hd, T * H, hd, NULL, eps, H, m->pos, inv, rd, af, s));
-  DI_TRY(di_v4k_rmsnorm_rope(kv, hd, T, hd, L->kv_norm, eps, 1, m->pos, inv, rd, af, s));
-  DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, m->counts,
-                             s));
+  DI_TRY(di_v4k_rmsnorm_rope_window(kv, T, hd, L->kv_norm, eps, m->pos, inv, rd, af, m->seq_of, m->seqs,
+                                    b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, m->counts, s));
   di_v4k_comp comp;
   const di_v4k_comp *cp = NULL;
   unsigned char *sel = NULL;

@@ -15,7 +15,7 @@
 #include <math.h>
 #include <string.h>
 
-#define BS 64 /* DI_KV_BLOCK_SIZE */
+#define BS V4K_BS
 
 /* Entry e of compressor c in the blocks of table tab. */
 static __device__ __forceinline__ float *entry_ptr(const di_v4k_comp &c, const int32_t *tab, int e) {
@@ -24,10 +24,6 @@ static __device__ __forceinline__ float *entry_ptr(const di_v4k_comp &c, const i
   return c.pool + (((size_t)tab[blk] * c.n_in + c.lidx) * c.slots + slot) * c.dim;
 }
 
-static __device__ __forceinline__ const float *window_row(const float *pool, const int32_t *tab, int n_layers, int l, int hd,
-                                                          int64_t p) {
-  return pool + (((size_t)tab[p / BS] * n_layers + l) * BS + (size_t)(p % BS)) * hd;
-}
 
 /* The kv (gate = 0) or gate (gate = 1) value of column col of the compressor row at position p of
  * sequence q (see the file comment). */

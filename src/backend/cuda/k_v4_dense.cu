@@ -409,15 +409,30 @@ di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, c
 }
 
 /* RMSNorm then RoPE of row blockIdx.x in one launch (the q heads; the kv row): rmsnorm_k's and rope_k's
- * arithmetic on the same values in the same order, so the same bits as the two launches. */
+ * arithmetic on the same values in the same order, so the same bits as the two launches; with win.pool the kv row
+ * is then written into the window (window_write_k's copy). */
+typedef struct v4k_win {
+  float *pool;
+  const di_v4k_seq *seqs;
+  const int32_t *seq_of;
+  int nl, l;
+  const int32_t *n_tok; /* graph steps: rows past the step's own are not written */
+} v4k_win;
 __global__ void rmsnorm_rope_k(float *x, int ld, int n, const float *w, float eps, int rpt, const int32_t *pos,
-                               const float *inv_freq, int d, float af) {
+                               const float *inv_freq, int d, float af, v4k_win win) {
   float *r = x + (size_t)blockIdx.x * ld;
   rmsnorm_row(r, n, w, eps);
   __syncthreads(); /* the normed row is visible to the CTA */
   for (int i = threadIdx.x; i < d / 2; i += blockDim.x) rope_pair(r + (n - d), i, inv_freq[i], pos[blockIdx.x / rpt], af, 1);
+  if (!win.pool) return;
+  __syncthreads(); /* the roped row, then into the window (window_write_k's copy, not past the step's own rows) */
+  const int t = blockIdx.x;
+  if (t >= (win.n_tok ? *win.n_tok : gridDim.x)) return;
+  float *dst = (float *)window_row(win.pool, win.seqs[win.seq_of[t]].tab[3], win.nl, win.l, n, pos[t]);
+  for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = r[e];
 }
 static int g_fuse = 0; /* 1 (one launch) not yet run on the device: off by default */
+static const v4k_win no_win = {NULL, NULL, NULL, 0, 0, NULL};
 extern "C" void di_v4k_fuse(int on) { g_fuse = on; }
 
 di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
@@ -427,8 +442,23 @@ di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *
     return di_v4k_rope(x, ld, n_rows, n, rows_per_token, pos, inv_freq, rope_dim, attn_factor, 1, s);
   }
   if (n_rows <= 0) return DI_OK;
-  rmsnorm_rope_k<<<n_rows, 256, 0, s>>>(x, ld, n, weight, eps, rows_per_token, pos, inv_freq, rope_dim, attn_factor);
+  rmsnorm_rope_k<<<n_rows, 256, 0, s>>>(x, ld, n, weight, eps, rows_per_token, pos, inv_freq, rope_dim, attn_factor, no_win);
   V4_LAUNCH("rmsnorm_rope");
+  return DI_OK;
+}
+
+di_status di_v4k_rmsnorm_rope_window(float *kv, int T, int hd, const float *weight, float eps, const int32_t *pos,
+                                     const float *inv_freq, int rope_dim, float attn_factor, const int32_t *seq_of,
+                                     const di_v4k_seq *seqs, float *pool, int n_layers, int l, const int32_t *n_tok,
+                                     di_cu_stream s) {
+  if (!g_fuse) {
+    DI_TRY(di_v4k_rmsnorm_rope(kv, hd, T, hd, weight, eps, 1, pos, inv_freq, rope_dim, attn_factor, s));
+    return di_v4k_window_write(kv, pos, seq_of, seqs, pool, n_layers, l, hd, T, n_tok, s);
+  }
+  if (T <= 0) return DI_OK;
+  const v4k_win win = {pool, seqs, seq_of, n_layers, l, n_tok};
+  rmsnorm_rope_k<<<T, 256, 0, s>>>(kv, hd, hd, weight, eps, 1, pos, inv_freq, rope_dim, attn_factor, win);
+  V4_LAUNCH("rmsnorm_rope_window");
   return DI_OK;
 }
 
