@@ -873,7 +873,7 @@ static void check_fp8_gemv_forms(int N, int K) {
   di_cut_free((void *)w.q); di_cut_free((void *)w.scale); di_cut_free(dx); di_cut_free(dy); di_cut_free(dxf);
 }
 
-/* The kv row's norm + rope + window write (di_v4k_rmsnorm_rope_window): one launch (di_v4k_fuse 1) against the three,
+/* The kv row's norm + rope + window write (di_v4k_rmsnorm_rope_window): one launch (di_v4k_fuse 2) against the three,
  * bit for bit in the rows and the window pool (3 tokens of one sequence at positions 5, 70, 130 of a 3-block table,
  * 2 layers, layer 1), with the graphs' device count below the rows: the third row is not written in either form. */
 static void check_norm_rope_window(void) {
@@ -893,7 +893,7 @@ static void check_norm_rope_window(void) {
   float *rows[2], *pools[2];
   for (int f = 0; f < 2; f++) {
     float *dx = dup_dev(x, 4 * (size_t)T * hd), *dpool = zeros_dev(4 * np);
-    di_v4k_fuse(f);
+    di_v4k_fuse(2 * f);
     CHECK(di_v4k_rmsnorm_rope_window(dx, T, hd, dw, (float)cfg.rms_eps, dpos, inv, rd, (float)cx.compress_rope.p->attention_factor,
                                      dso, dsq, dpool, nl, 1, dn, NULL) == DI_OK);
     CHECK(di_cut_sync() == 0);

@@ -50,7 +50,8 @@ void di_v4k_route_form(int form);
 void di_v4k_attend_form(int form);
 /* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
 void di_v4k_state_ctas(int n);
-/* 1: di_v4k_rmsnorm_rope(_window) in one launch; 0 (the default): two (three). For tests and A/B benchmarks. */
+/* 1: di_v4k_rmsnorm_rope in one launch, 2: and di_v4k_rmsnorm_rope_window too; 0 (the default): two (three) launches.
+ * For tests and A/B benchmarks. */
 void di_v4k_fuse(int on);
 /* X[t][j][:] = embed[tokens[t]][:] for every stream j < hc (di_v4_embed); embed bf16 or f32 [V][D]. */
 di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s);
@@ -100,7 +101,7 @@ typedef struct di_v4k_swrite { int32_t seq, P; float *dst; } di_v4k_swrite;
  * ([block][n_layers][64][hd]), layer l; rows t >= *n_tok (graph padding) are not written. */
 di_status di_v4k_window_write(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                               float *pool, int n_layers, int l, int hd, int T, const int32_t *n_tok, di_cu_stream s);
-/* The kv row's di_v4k_rmsnorm_rope (one row a token) then di_v4k_window_write: with di_v4k_fuse(1) one launch. */
+/* The kv row's di_v4k_rmsnorm_rope (one row a token) then di_v4k_window_write: with di_v4k_fuse(2) one launch. */
 di_status di_v4k_rmsnorm_rope_window(float *kv, int T, int hd, const float *weight, float eps, const int32_t *pos,
                                      const float *inv_freq, int rope_dim, float attn_factor, const int32_t *seq_of,
                                      const di_v4k_seq *seqs, float *pool, int n_layers, int l, const int32_t *n_tok,

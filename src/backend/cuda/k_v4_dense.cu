@@ -431,7 +431,7 @@ __global__ void rmsnorm_rope_k(float *x, int ld, int n, const float *w, float ep
   float *dst = (float *)window_row(win.pool, win.seqs[win.seq_of[t]].tab[3], win.nl, win.l, n, pos[t]);
   for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = r[e];
 }
-static int g_fuse = 0; /* 1 (one launch) not yet run on the device: off by default */
+static int g_fuse = 0; /* 1 (norm + rope one launch), 2 (and the kv window write) not yet run on the device: off */
 static const v4k_win no_win = {NULL, NULL, NULL, 0, 0, NULL};
 extern "C" void di_v4k_fuse(int on) { g_fuse = on; }
 
@@ -451,7 +451,7 @@ di_status di_v4k_rmsnorm_rope_window(float *kv, int T, int hd, const float *weig
                                      const float *inv_freq, int rope_dim, float attn_factor, const int32_t *seq_of,
                                      const di_v4k_seq *seqs, float *pool, int n_layers, int l, const int32_t *n_tok,
                                      di_cu_stream s) {
-  if (!g_fuse) {
+  if (g_fuse < 2) {
     DI_TRY(di_v4k_rmsnorm_rope(kv, hd, T, hd, weight, eps, 1, pos, inv_freq, rope_dim, attn_factor, s));
     return di_v4k_window_write(kv, pos, seq_of, seqs, pool, n_layers, l, hd, T, n_tok, s);
   }
