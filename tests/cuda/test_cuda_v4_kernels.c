@@ -162,19 +162,19 @@ static void check_hc(void) {
   float *din1 = zeros_dev(4 * (size_t)T * D), *dh0 = zeros_dev(4 * (size_t)T * D), *dh1 = zeros_dev(4 * (size_t)T * D);
   int32_t hrows[3] = {2, 0, 1};
   int32_t *dhrows = dup_dev(hrows, sizeof hrows);
-  di_v4k_hc_form(1);
-  CHECK(di_v4k_hc_pre(dX, dfn, db, ds, dn, T, D, hc, cfg.hc_sinkhorn_iters, (float)cfg.rms_eps, (float)cfg.hc_eps, din1, dpost,
-                      dcomb, dpart, NULL) == DI_OK);
-  CHECK(di_v4k_head_pre(dX, dhrows, T, dfn, db, ds, dn, D, hc, (float)cfg.rms_eps, (float)cfg.hc_eps, dh1, dpart, NULL) == DI_OK);
-  di_v4k_hc_form(0);
   CHECK(di_v4k_head_pre(dX, dhrows, T, dfn, db, ds, dn, D, hc, (float)cfg.rms_eps, (float)cfg.hc_eps, dh0, dpart, NULL) == DI_OK);
-  CHECK(di_cut_sync() == 0);
-  {
+  for (int form = 1; form <= 2; form++) { /* 1: the collapse's loads grouped; 2: the mixes' too */
+    di_v4k_hc_form(form);
+    CHECK(di_v4k_hc_pre(dX, dfn, db, ds, dn, T, D, hc, cfg.hc_sinkhorn_iters, (float)cfg.rms_eps, (float)cfg.hc_eps, din1, dpost,
+                        dcomb, dpart, NULL) == DI_OK);
+    CHECK(di_v4k_head_pre(dX, dhrows, T, dfn, db, ds, dn, D, hc, (float)cfg.rms_eps, (float)cfg.hc_eps, dh1, dpart, NULL) == DI_OK);
+    di_v4k_hc_form(0);
+    CHECK(di_cut_sync() == 0);
     float *a = from_dev(din, (size_t)T * D), *b = from_dev(din1, (size_t)T * D), *h0 = from_dev(dh0, (size_t)T * D),
           *h1 = from_dev(dh1, (size_t)T * D);
     const int same = memcmp(a, b, 4 * (size_t)T * D) == 0 && memcmp(h0, h1, 4 * (size_t)T * D) == 0;
-    printf("mHC collapse, grouped loads vs plain (site and head): %s\n", same ? "bit-identical" : "DIFFER");
-    CHECKF(same, "mHC: the grouped collapse's bits differ");
+    printf("mHC, grouped loads (form %d) vs plain (site and head): %s\n", form, same ? "bit-identical" : "DIFFER");
+    CHECKF(same, "mHC: the grouped form %d's bits differ", form);
     free(a); free(b); free(h0); free(h1);
   }
   di_cut_free(din1); di_cut_free(dh0); di_cut_free(dh1); di_cut_free(dhrows);
@@ -345,10 +345,11 @@ static void check_indexer(void) {
   float *gs = from_dev(dscore, (size_t)T * N);
   unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
   di_cut_d2h(gsel, dsel, (size_t)T * N);
-  { /* the per-product score kernel (di_v4k_index_form 0, the default) gives the same bits and picks */
+  for (int form = 0; form <= 2; form += 2) { /* the per-product score kernel (di_v4k_index_form 0, the default; 2: 8 entries a
+                                              * CTA) gives the same bits and picks */
     float *dscore0 = zeros_dev(4 * (size_t)T * N);
     unsigned char *dsel0 = zeros_dev((size_t)T * N), *gsel0 = malloc((size_t)T * N);
-    di_v4k_index_form(0);
+    di_v4k_index_form(form);
     CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore0, dsel0, NULL) == DI_OK);
     CHECK(di_cut_sync() == 0);
     float *gs0 = from_dev(dscore0, (size_t)T * N);
@@ -359,10 +360,11 @@ static void check_indexer(void) {
       same &= memcmp(gs + (size_t)t * N, gs0 + (size_t)t * N, 4 * (size_t)valid) == 0;
     }
     same &= memcmp(gsel, gsel0, (size_t)T * N) == 0;
-    printf("indexer: the widen-once score kernel vs the per-product one: %s\n", same ? "bit-identical" : "DIFFERS");
-    CHECKF(same, "indexer: the two score kernels differ");
+    printf("indexer: the widen-once score kernel vs the per-product one (form %d): %s\n", form, same ? "bit-identical" : "DIFFERS");
+    CHECKF(same, "indexer: the score kernels differ (form %d)", form);
     free(gs0); free(gsel0); di_cut_free(dscore0); di_cut_free(dsel0);
   }
+  di_v4k_index_form(0);
   di_v4_scored *work = malloc(sizeof(di_v4_scored) * N);
   float *cs = malloc(4 * (size_t)N);
   for (int t = 0; t < T; t++) {

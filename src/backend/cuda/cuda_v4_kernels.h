@@ -41,7 +41,8 @@ di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *
  * staged form. The same bits. For tests and A/B benchmarks. */
 void di_v4k_lin_form(int form);
 /* 1: the mHC and head collapses (di_v4k_hc_pre, di_v4k_head_pre) with their loads grouped four columns a thread
- * ahead of the sums; 0 (the default): the plain loops. The same bits. For tests and A/B benchmarks. */
+ * ahead of the sums; 2: and the mixes' (8 rows ahead); 0 (the default): the plain loops. The same bits. For tests
+ * and A/B benchmarks. */
 void di_v4k_hc_form(int form);
 /* 1: di_v4k_route with a warp per token (the experts scored by the lanes); 0 (the default): a thread per token. The
  * same picks and weights. For tests and A/B benchmarks. */
@@ -125,8 +126,8 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s);
 /* The score kernel di_v4k_indexer takes: 0 (the default) index_score_k, 1 the register-tiled index_score2_k
- * (64 heads; the same bits by construction, not yet verified on the device). For tests and A/B benchmarks;
- * not thread-safe. */
+ * (64 heads; the same bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the
+ * same bits). For tests and A/B benchmarks; not thread-safe. */
 void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];

@@ -187,19 +187,20 @@ static __device__ void index_stage_query(float *qs, const float *q, int t, int n
  * heads j, j + 32, ... in the CPU's order (double), relu, scale and head weight, then the warp sums its
  * heads. The entry's key is read by all lanes at once (a broadcast). */
 #define IDX_WARPS 8
-#define IDX_ENTRIES 16 /* entries per CTA (two per warp): more CTAs at short contexts than 32 (32 CTAs at 4K), fewer stagings of the queries than 8 */
+#define IDX_ENTRIES 16 /* entries per CTA (epc; two per warp): more CTAs at short contexts than 32 (32 CTAs at 4K), fewer stagings of the queries than 8 */
+#define IDX_ENTRIES_SHORT 8 /* di_v4k_index_form 2: epc up to 4,096 entries (a CTA an SM at 4K: 64 CTAs of 16 used half the H200) */
 __global__ void index_score_k(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
-                              const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score) {
+                              const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score, int epc) {
   extern __shared__ float qs[]; /* [nh][di + 1] */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const idx_query iq = index_query(pos, seq_of, seqs, t, ic.rate);
   const di_v4k_seq &sq = iq.sq;
-  const int valid = iq.valid, s0 = blockIdx.x * IDX_ENTRIES;
+  const int valid = iq.valid, s0 = blockIdx.x * epc;
   if (s0 >= valid) return;
   const float *ht = hw + (size_t)t * nh;
   index_stage_query(qs, q, t, nh, di);
   const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
-  for (int sidx = s0 + warp; sidx < s0 + IDX_ENTRIES && sidx < valid; sidx += IDX_WARPS) {
+  for (int sidx = s0 + warp; sidx < s0 + epc && sidx < valid; sidx += IDX_WARPS) {
     const float *K = entry_ptr(ic, sq.tab[1], sidx);
     double sc = 0;
     for (int h = lane; h < nh; h += 32) {
@@ -283,7 +284,8 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
     }
   }
 }
-static int g_index_form = 0; /* 1 (index_score2_k) not yet run on the device: off by default */
+static int g_index_form = 0; /* 1 (index_score2_k: slower on the H200, session 14's request 6); 2 (index_score_k, 8 entries
+                                 a CTA up to 4,096 entries) not yet run on the device */
 extern "C" void di_v4k_index_form(int form) { g_index_form = form; }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
@@ -420,8 +422,10 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
       DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       smem_set = smem;
     }
-    index_score_k<<<dim3((max_n + IDX_ENTRIES - 1) / IDX_ENTRIES, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh,
-                                                                                               di, max_n, score);
+    /* entries per CTA: every entry's score is one warp's whatever the grouping, so any epc gives the same bits */
+    const int epc = g_index_form == 2 && max_n <= 4096 ? IDX_ENTRIES_SHORT : IDX_ENTRIES;
+    index_score_k<<<dim3((max_n + epc - 1) / epc, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di, max_n,
+                                                                               score, epc);
   }
   V4_LAUNCH("index_score");
   index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);

@@ -513,17 +513,36 @@ size_t di_v4k_hc_scratch(int T, int D, int hc) {
  * token would stream it from one SM): CTA (s, i) takes columns [s * HC_COLS, +HC_COLS) of token
  * rows ? rows[i] : i and writes part[(i * nsplit + s) * (nmix + 1) + m]: its share of fn_m . X (m < nmix)
  * and of X . X (m = nmix), in double. */
+/* GROUPED (di_v4k_hc_form 2): the mix rows' values read 8 at a time ahead of their sums (read-only loads, which the
+ * shared-memory stores between the sums cannot alias), the same products and sums. */
+#define HC_MIXG 8
+template <bool GROUPED>
 __global__ void __launch_bounds__(HC_COLS) hc_mix_k(const float *X, const int32_t *rows, const float *fn, int n, int nmix,
                                                     double *part) {
   const int s = blockIdx.x, i = blockIdx.y, t = rows ? rows[i] : i;
   const int c = s * HC_COLS + threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ double red[HC_COLS / 32][HC_MIX_MAX + 1];
   const float x = c < n ? X[(size_t)t * n + c] : 0.0f;
+  if constexpr (GROUPED) {
+    for (int m0 = 0; m0 < nmix; m0 += HC_MIXG) {
+      float fv[HC_MIXG];
+#pragma unroll
+      for (int g = 0; g < HC_MIXG; g++) fv[g] = c < n && m0 + g < nmix ? __ldg(fn + (size_t)(m0 + g) * n + c) : 0.0f;
+#pragma unroll
+      for (int g = 0; g < HC_MIXG; g++) {
+        if (m0 + g >= nmix) break;
+        double v = c < n ? (double)fv[g] * x : 0.0;
+        v = warp_sum_d(v);
+        if (lane == 0) red[warp][m0 + g] = v;
+      }
+    }
+  } else {
 #pragma unroll 4
-  for (int m = 0; m < nmix; m++) {
-    double v = c < n ? (double)fn[(size_t)m * n + c] * x : 0.0;
-    v = warp_sum_d(v);
-    if (lane == 0) red[warp][m] = v;
+    for (int m = 0; m < nmix; m++) {
+      double v = c < n ? (double)fn[(size_t)m * n + c] * x : 0.0;
+      v = warp_sum_d(v);
+      if (lane == 0) red[warp][m] = v;
+    }
   }
   const double sq = warp_sum_d((double)x * x);
   if (lane == 0) red[warp][nmix] = sq;
@@ -573,7 +592,7 @@ static __device__ void hc_gather(const double *part, int nsplit, int nmix, int n
  * each store to out may alias the next column's loads; hc_pre_k / head_pre_k took ~23 / 27 us at D = 4,096), then
  * summed in the plain loop's order: the same bits. */
 #define HCG 4
-static int g_hc_form = 0; /* 1 (the grouped loads) not yet run on the device: off by default */
+static int g_hc_form = 0; /* 1 (the collapse's grouped loads), 2 (and the mixes') not yet run on the device: off */
 extern "C" void di_v4k_hc_form(int form) { g_hc_form = form; }
 static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out,
                                    int grouped) {
@@ -716,7 +735,8 @@ di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, cons
   if (T <= 0) return DI_OK;
   if (T > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: mHC over %d tokens at once", T);
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
-  hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+  if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+  else hc_mix_k<false><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
   V4_LAUNCH("hc_mix");
   hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, g_hc_form);
   V4_LAUNCH("hc_pre");
@@ -765,7 +785,8 @@ di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const floa
   if (n <= 0) return DI_OK;
   if (n > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: head over %d rows at once", n);
   const int nsplit = hc_splits(D, hc);
-  hc_mix_k<<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
+  if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
+  else hc_mix_k<false><<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
   V4_LAUNCH("head_mix");
   head_pre_k<<<n, 256, 0, s>>>(X, rows, part, nsplit, base, scale, final_norm, D, hc, eps, hc_eps, y, g_hc_form);
   V4_LAUNCH("head_pre");
