@@ -89,7 +89,7 @@ static void check_linear(int wf32, int T, int R, int C) {
       di_cut_d2h(y1, dy, 4 * (size_t)R);
       differ += memcmp(y1, y + (size_t)t * R, 4 * (size_t)R) != 0;
     }
-  di_v4k_lin_form(0);
+  di_v4k_lin_form(-1);
   printf("linear %s T=%d %dx%d: rel L2 %.2e, rows alone %s\n", wf32 ? "f32" : "bf16", T, R, C, e,
          differ ? "DIFFER" : "bit-identical");
   CHECKF(e < 1e-5, "linear %s T=%d %dx%d: rel L2 %.3e", wf32 ? "f32" : "bf16", T, R, C, e);
@@ -128,7 +128,7 @@ static void check_linear_groups(int T, int G, int R, int gin) {
     di_cut_d2h(y1, dy, 4 * (size_t)G * R);
     differ += memcmp(y1, y + (size_t)(T - 1) * G * R, 4 * (size_t)G * R) != 0;
   }
-  di_v4k_lin_form(0);
+  di_v4k_lin_form(-1);
   printf("grouped linear (wo_a) T=%d, %d groups of %d x %d: rel L2 %.2e, the last token alone %s\n", T, G, R, gin, e,
          differ ? "DIFFERS" : "bit-identical");
   CHECKF(e < 1e-5, "grouped linear: %.3e", e);
@@ -156,6 +156,7 @@ static void check_hc(void) {
         *dout = dup_dev(hc_out_given, 4 * (size_t)T * D);
   double *dpost = zeros_dev(8 * (size_t)T * hc), *dcomb = zeros_dev(8 * (size_t)T * hc * hc),
          *dpart = zeros_dev(8 * di_v4k_hc_scratch(T, D, hc));
+  di_v4k_hc_form(0); /* the plain loops first */
   CHECK(di_v4k_hc_pre(dX, dfn, db, ds, dn, T, D, hc, cfg.hc_sinkhorn_iters, (float)cfg.rms_eps, (float)cfg.hc_eps, din, dpost,
                       dcomb, dpart, NULL) == DI_OK);
   /* the collapse with grouped loads (di_v4k_hc_form 1) gives the same bits, and the head's collapse likewise */
@@ -177,6 +178,7 @@ static void check_hc(void) {
     CHECKF(same, "mHC: the grouped form %d's bits differ", form);
     free(a); free(b); free(h0); free(h1);
   }
+  di_v4k_hc_form(-1);
   di_cut_free(din1); di_cut_free(dh0); di_cut_free(dh1); di_cut_free(dhrows);
   CHECK(di_v4k_hc_post(dX, dout, dpost, dcomb, T, D, hc, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
@@ -238,7 +240,7 @@ static void check_pool(int csa, int state_ctas) { /* state_ctas: CTAs per state 
   CHECK(di_v4k_pool(&c, dsq, dents, ne + 1, dcounts, inv, 64, 1.0f, (float)cfg.rms_eps, NULL) == DI_OK);
   di_v4k_state_ctas(state_ctas);
   CHECK(di_v4k_state_write(&c, dsq, dsw, 2, dcounts + 1, NULL) == DI_OK);
-  di_v4k_state_ctas(4);
+  di_v4k_state_ctas(-1);
   CHECK(di_cut_sync() == 0);
   /* the reference's rows by position: state (open window at pos0 and, CSA, the one before) or step */
   float *row_kv = malloc(sizeof(float) * (size_t)(pos0 + n) * width), *row_g = malloc(sizeof(float) * (size_t)(pos0 + n) * width);
@@ -364,7 +366,7 @@ static void check_indexer(void) {
     CHECKF(same, "indexer: the score kernels differ (form %d)", form);
     free(gs0); free(gsel0); di_cut_free(dscore0); di_cut_free(dsel0);
   }
-  di_v4k_index_form(0);
+  di_v4k_index_form(-1);
   di_v4_scored *work = malloc(sizeof(di_v4_scored) * N);
   float *cs = malloc(4 * (size_t)N);
   for (int t = 0; t < T; t++) {
@@ -425,6 +427,7 @@ static void check_attend(int kind) {
   float *dp = zeros_dev(4 * (size_t)T * H * keys);
   double *dex = zeros_dev(8 * (size_t)T * H * keys);
   float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
+  di_v4k_attend_form(0); /* the one-key loops first */
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
                       kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
                       NULL) == DI_OK);
@@ -435,7 +438,7 @@ static void check_attend(int kind) {
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
                       kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
                       NULL) == DI_OK);
-  di_v4k_attend_form(0);
+  di_v4k_attend_form(-1);
   CHECK(di_cut_sync() == 0);
   float *o1 = from_dev(dout, (size_t)T * H * hd);
   const int form_same = memcmp(o, o1, 4 * (size_t)T * H * hd) == 0;
@@ -481,6 +484,7 @@ static void check_route(int ties) {
   }
   float *dl = dup_dev(lg, 4 * (size_t)T * E), *db = dup_dev(bias, 4 * (size_t)E), *dw = zeros_dev(4 * (size_t)T * ns);
   int32_t *di = zeros_dev(4 * (size_t)T * ns);
+  di_v4k_route_form(0); /* a thread a token first */
   CHECK(di_v4k_route(dl, db, NULL, NULL, T, E, K, 0, 2.5f, di, dw, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   int32_t *ids = malloc(4 * (size_t)T * ns), *ids1 = malloc(4 * (size_t)T * ns);
@@ -489,7 +493,7 @@ static void check_route(int ties) {
   /* the warp-per-token form (di_v4k_route_form 1): the same ids and weights, bit for bit */
   di_v4k_route_form(1);
   CHECK(di_v4k_route(dl, db, NULL, NULL, T, E, K, 0, 2.5f, di, dw, NULL) == DI_OK);
-  di_v4k_route_form(0);
+  di_v4k_route_form(-1);
   CHECK(di_cut_sync() == 0);
   di_cut_d2h(ids1, di, 4 * (size_t)T * ns);
   float *w1 = from_dev(dw, (size_t)T * ns);
@@ -695,7 +699,7 @@ static void check_experts_mx(int D, int I, int T) {
     worst = ea > worst ? ea : worst;
     worst = ey > worst ? ey : worst;
   }
-  di_v4k_mx_form(1);
+  di_v4k_mx_form(-1);
   const size_t ny = 4 * (size_t)T * ns * D, na = 4 * (size_t)T * ns * I;
   const int same = memcmp(y[1], y[2], ny) == 0 && memcmp(act[1], act[2], na) == 0;
   int forms = 1;
@@ -819,7 +823,7 @@ static void check_norm_rope(int heads, int weighted) {
     out[f] = from_dev(dx, (size_t)rows * n);
     di_cut_free(dx);
   }
-  di_v4k_fuse(0);
+  di_v4k_fuse(-1);
   const double e = test_rel_l2(out[1], ref, (size_t)rows * n);
   const int same = memcmp(out[0], out[1], sizeof(float) * (size_t)rows * n) == 0;
   printf("rmsnorm + rope (%d rows of %d, %s): vs the CPU rel L2 %.2e, one launch vs two %s\n", rows, n,
@@ -856,7 +860,7 @@ static void check_fp8_gemv_forms(int N, int K) {
     CHECK(di_cut_sync() == 0);
     y[f] = from_dev(dy, (size_t)N);
   }
-  di_cuk_fp8_gemv1_form(0);
+  di_cuk_fp8_gemv1_form(-1);
   float *ref = malloc(4 * (size_t)N);
   for (int n = 0; n < N; n++) {
     double a = 0;
@@ -904,7 +908,7 @@ static void check_norm_rope_window(void) {
     di_cut_free(dx);
     di_cut_free(dpool);
   }
-  di_v4k_fuse(0);
+  di_v4k_fuse(-1);
   int written = 0, third = 0;
   for (int t = 0; t < T; t++) {
     const float *slot = pools[1] + (((size_t)(pos[t] / 64) * nl + 1) * 64 + pos[t] % 64) * hd;

@@ -32,13 +32,14 @@ typedef struct di_cuk_fp8w {
 } di_cuk_fp8w;
 
 /* One activation row's forms of di_cuk_fp8_gemv and the grouped GEMV (not GLU): 0 (the default) FG_NR rows a warp in
- * 4-step chunks; 1 / 2 rows a warp and chunks chosen by K (the same bits). For A/B benchmarks; not thread-safe. */
+ * 4-step chunks; 1 / 2 rows a warp and chunks chosen by K (the same bits); negative: the default. For A/B benchmarks;
+ * not thread-safe. */
 void di_cuk_fp8_gemv1_form(int form);
 /* One f32 activation row x (16-byte aligned) through di_cuk_fp8_gemv's one-row product, rounded to bf16 as it is loaded:
  * y[n] (f32) bit-equal to di_cuk_fp8_gemv over a bf16 copy of x (the same form: di_cuk_fp8_gemv1_form), without
  * the rounding launch. The grouped form: di_cuk_fp8_grouped_gemv's one-row pass with f32 rows of A (lda floats apart)
  * and f32 out. di_cuk_fp8_f32x(1) lets callers choose them (the V4 backend's one-token products; default 0 until
- * run on the device). */
+ * run on the device; negative: the default). */
 void di_cuk_fp8_f32x(int on);
 int di_cuk_fp8_f32x_on(void);
 int di_cuk_fp8_gemv1_f32x_ok(int K, const float *x, di_cuk_fp8w w);

@@ -36,6 +36,8 @@ di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, c
  * else the two launches (the default until the fused kernel has run on the device). */
 di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
                               const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s);
+/* The kernel-form setters below (di_v4k_lin_form, _fuse, _hc_form, _route_form, _attend_form, _state_ctas,
+ * _index_form, _mx_form): a negative value restores the default. */
 /* 1: one token's bf16 linears (di_v4k_linear / _groups, T == 1) on the barrier-free GEMV (a warp takes 1 or 2
  * rows, activations from L1; 2: 4 rows from 8,192 rows, the head), and f32 ones a row a warp; 0 (the default): the
  * staged form. The same bits. For tests and A/B benchmarks. */

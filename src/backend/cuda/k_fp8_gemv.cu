@@ -273,8 +273,9 @@ static di_status fg_check_blocks(int K, di_cuk_fp8w w) {
  * they are: a lane's 16-column steps in order, then the same warp tree), so that a warp has more bytes in flight
  * at K <= 1,024 (4 rows of one chunk: wq_b's 1,024 columns were 2 KB a warp in 4,096 CTAs) and more warps share
  * a wide K (1 or 2 rows in 1 KB chunks: wo_b's 8,192 columns ran 1.3 waves of CTAs). 0: FG_NR rows, 4 steps. */
-static int g_fg1_form = 0; /* 1, 2 not yet run on the device: off by default */
-extern "C" void di_cuk_fp8_gemv1_form(int form) { g_fg1_form = form; }
+#define FG1_FORM_DEFAULT 0
+static int g_fg1_form = FG1_FORM_DEFAULT; /* 1, 2 not yet run on the device: off by default */
+extern "C" void di_cuk_fp8_gemv1_form(int form) { g_fg1_form = form < 0 ? FG1_FORM_DEFAULT : form; }
 static int fg1_rows(int K) { return K <= 1024 ? 4 : g_fg1_form == 2 ? 2 : 1; }
 /* nr rows a warp (4, 2, 1: 2-step chunks; 0: FG_NR rows in 4-step chunks, form 0's shape); f32x: A is f32 */
 template <bool F32X>
@@ -309,8 +310,9 @@ static di_status fg1_launch(int nr, unsigned gy, cudaStream_t s, const void *A, 
 
 /* One f32 activation row rounded to bf16 inside the product (the same bits as di_cuk_fp8_gemv / the grouped GEMV
  * over a bf16 copy of it, one rounding launch fewer): di_cuk_fp8_gemv1_f32x / di_cuk_fp8_grouped_gemv1_f32x. */
-static int g_f32x = 0; /* 1 not yet run on the device: off by default */
-extern "C" void di_cuk_fp8_f32x(int on) { g_f32x = on; }
+#define F32X_DEFAULT 0
+static int g_f32x = F32X_DEFAULT; /* 1 not yet run on the device: off by default */
+extern "C" void di_cuk_fp8_f32x(int on) { g_f32x = on < 0 ? F32X_DEFAULT : on; }
 extern "C" int di_cuk_fp8_f32x_on(void) { return g_f32x; }
 static int fg1_f32x_ok(int K, const float *x, di_cuk_fp8w w) {
   return K % 16 == 0 && w.ldq % 16 == 0 && w.block_cols % 16 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w.q & 15) == 0 &&

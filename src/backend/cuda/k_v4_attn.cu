@@ -146,8 +146,9 @@ __global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4
 /* CTAs per write (rows strided over them): few, so that a graph's bound of writes past the count costs few idle CTAs;
  * at 4 an HCA write (128 rows x 512 x 2 floats) took ~13.5 us at one token (H200), so di_v4k_state_ctas(16) is
  * offered (the same copies; 4 the default until measured on the device). */
-static int g_state_ctas = 4;
-extern "C" void di_v4k_state_ctas(int n) { g_state_ctas = n >= 1 && n <= 128 ? n : 4; }
+#define STATE_CTAS_DEFAULT 4
+static int g_state_ctas = STATE_CTAS_DEFAULT;
+extern "C" void di_v4k_state_ctas(int n) { g_state_ctas = n >= 1 && n <= 128 ? n : STATE_CTAS_DEFAULT; }
 
 di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int max_w,
                              const int32_t *n_w, di_cu_stream s) {
@@ -284,9 +285,10 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
     }
   }
 }
-static int g_index_form = 0; /* 1 (index_score2_k: slower on the H200, session 14's request 6); 2 (index_score_k, 8 entries
+#define INDEX_FORM_DEFAULT 0
+static int g_index_form = INDEX_FORM_DEFAULT; /* 1 (index_score2_k: slower on the H200, session 14's request 6); 2 (index_score_k, 8 entries
                                  a CTA up to 4,096 entries) not yet run on the device */
-extern "C" void di_v4k_index_form(int form) { g_index_form = form; }
+extern "C" void di_v4k_index_form(int form) { g_index_form = form < 0 ? INDEX_FORM_DEFAULT : form; }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
  * lowest (di_v4_topk_earlier_first ranks NaN last). No real value maps to 0. */
@@ -615,8 +617,9 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   for (int e = tid; e < hd; e += blockDim.x) oh[e] = os[e];
 }
 
-static int g_att_form = 0; /* 1 (two keys a warp in flight, 129 <= head_dim <= 512) not yet run on the device */
-extern "C" void di_v4k_attend_form(int form) { g_att_form = form; }
+#define ATT_FORM_DEFAULT 0
+static int g_att_form = ATT_FORM_DEFAULT; /* 1 (two keys a warp in flight, 129 <= head_dim <= 512) not yet run on the device */
+extern "C" void di_v4k_attend_form(int form) { g_att_form = form < 0 ? ATT_FORM_DEFAULT : form; }
 
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                         const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,

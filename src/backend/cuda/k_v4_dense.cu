@@ -335,8 +335,9 @@ __global__ void __launch_bounds__(G1_WARPS * 32) gemv1_f32_k(const float *x, con
   const float v = warp_sum_f(acc[0]);
   if (lane == 0) y[r] = v;
 }
-static int g_lin_form = 0; /* 1 (gemv1_k at one token; 2: 4 rows a warp from 8,192 rows) not yet run on the device */
-extern "C" void di_v4k_lin_form(int form) { g_lin_form = form; }
+#define LIN_FORM_DEFAULT 0
+static int g_lin_form = LIN_FORM_DEFAULT; /* 1 (gemv1_k at one token; 2: 4 rows a warp from 8,192 rows) not yet run on the device */
+extern "C" void di_v4k_lin_form(int form) { g_lin_form = form < 0 ? LIN_FORM_DEFAULT : form; }
 
 /* whether rows of C columns at x (stride ldx) and w take the 16-byte path */
 static int vec8_ok(const void *x, int ldx, const void *w, int C) {
@@ -431,9 +432,10 @@ __global__ void rmsnorm_rope_k(float *x, int ld, int n, const float *w, float ep
   float *dst = (float *)window_row(win.pool, win.seqs[win.seq_of[t]].tab[3], win.nl, win.l, n, pos[t]);
   for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = r[e];
 }
-static int g_fuse = 0; /* 1 (norm + rope one launch), 2 (and the kv window write) not yet run on the device: off */
+#define FUSE_DEFAULT 0
+static int g_fuse = FUSE_DEFAULT; /* 1 (norm + rope one launch), 2 (and the kv window write) not yet run on the device: off */
 static const v4k_win no_win = {NULL, NULL, NULL, 0, 0, NULL};
-extern "C" void di_v4k_fuse(int on) { g_fuse = on; }
+extern "C" void di_v4k_fuse(int on) { g_fuse = on < 0 ? FUSE_DEFAULT : on; }
 
 di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
                               const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s) {
@@ -592,8 +594,9 @@ static __device__ void hc_gather(const double *part, int nsplit, int nmix, int n
  * each store to out may alias the next column's loads; hc_pre_k / head_pre_k took ~23 / 27 us at D = 4,096), then
  * summed in the plain loop's order: the same bits. */
 #define HCG 4
-static int g_hc_form = 0; /* 1 (the collapse's grouped loads), 2 (and the mixes') not yet run on the device: off */
-extern "C" void di_v4k_hc_form(int form) { g_hc_form = form; }
+#define HC_FORM_DEFAULT 0
+static int g_hc_form = HC_FORM_DEFAULT; /* 1 (the collapse's grouped loads), 2 (and the mixes') not yet run on the device: off */
+extern "C" void di_v4k_hc_form(int form) { g_hc_form = form < 0 ? HC_FORM_DEFAULT : form; }
 static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out,
                                    int grouped) {
   if (!grouped) { /* the plain loops (di_v4k_hc_form 0) */
@@ -894,8 +897,9 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) route_warp_k(const float *lo
   __syncwarp();
   if (lane == 0) route_pick(lg, tid2eid ? NULL : work, tid2eid, tokens, t, E, K, sigm, scaling, ids, wts);
 }
-static int g_route_form = 0; /* 1 (route_warp_k) not yet run on the device: off by default */
-extern "C" void di_v4k_route_form(int form) { g_route_form = form; }
+#define ROUTE_FORM_DEFAULT 0
+static int g_route_form = ROUTE_FORM_DEFAULT; /* 1 (route_warp_k) not yet run on the device: off by default */
+extern "C" void di_v4k_route_form(int form) { g_route_form = form < 0 ? ROUTE_FORM_DEFAULT : form; }
 
 di_status di_v4k_route(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T,
                        int E, int K, int sigmoid_scores, float scaling, int32_t *ids, float *wts, di_cu_stream s) {
@@ -1085,8 +1089,9 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
 #define MXS_STEP 1024
 #define MXS_LD (MXS_STEP + MXS_STEP / 8)
 #define MXS_WHOLE 4096 /* one token's row staged whole up to this many columns (18 KB padded) */
-static int g_mx_form = 1;
-extern "C" void di_v4k_mx_form(int form) { g_mx_form = form; }
+#define MX_FORM_DEFAULT 1
+static int g_mx_form = MX_FORM_DEFAULT;
+extern "C" void di_v4k_mx_form(int form) { g_mx_form = form < 0 ? MX_FORM_DEFAULT : form; }
 
 /* The 32 values of a lane's step from 16 code bytes (forms 4, 5): the same floats as mx_row_dot's e2m1_f32
  * (tested bit for bit through the forms' comparison), in ~3 integer operations a value instead of ~10: at one token the
