@@ -433,8 +433,8 @@ static void check_attend(int kind) {
                       NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   float *o = from_dev(dout, (size_t)T * H * hd), *ref = malloc(4 * (size_t)H * hd);
-  /* two keys a warp in flight (di_v4k_attend_form 1): the same bits */
-  di_v4k_attend_form(1);
+  /* two keys a warp in flight (di_v4k_attend_form 2: at any T; form 1, the default, at one token): the same bits */
+  di_v4k_attend_form(2);
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
                       kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
                       NULL) == DI_OK);

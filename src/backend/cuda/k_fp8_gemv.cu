@@ -273,8 +273,8 @@ static di_status fg_check_blocks(int K, di_cuk_fp8w w) {
  * they are: a lane's 16-column steps in order, then the same warp tree), so that a warp has more bytes in flight
  * at K <= 1,024 (4 rows of one chunk: wq_b's 1,024 columns were 2 KB a warp in 4,096 CTAs) and more warps share
  * a wide K (1 or 2 rows in 1 KB chunks: wo_b's 8,192 columns ran 1.3 waves of CTAs). 0: FG_NR rows, 4 steps. */
-#define FG1_FORM_DEFAULT 0
-static int g_fg1_form = FG1_FORM_DEFAULT; /* 1, 2 not yet run on the device: off by default */
+#define FG1_FORM_DEFAULT 1
+static int g_fg1_form = FG1_FORM_DEFAULT; /* 1, 2: verified (the same bits) in session 14's request 1; 1 the default */
 extern "C" void di_cuk_fp8_gemv1_form(int form) { g_fg1_form = form < 0 ? FG1_FORM_DEFAULT : form; }
 static int fg1_rows(int K) { return K <= 1024 ? 4 : g_fg1_form == 2 ? 2 : 1; }
 /* nr rows a warp (4, 2, 1: 2-step chunks; 0: FG_NR rows in 4-step chunks, form 0's shape); f32x: A is f32 */

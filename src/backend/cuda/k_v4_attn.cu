@@ -146,7 +146,7 @@ __global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4
 /* CTAs per write (rows strided over them): few, so that a graph's bound of writes past the count costs few idle CTAs;
  * at 4 an HCA write (128 rows x 512 x 2 floats) took ~13.5 us at one token (H200), so di_v4k_state_ctas(16) is
  * offered (the same copies; 4 the default until measured on the device). */
-#define STATE_CTAS_DEFAULT 4
+#define STATE_CTAS_DEFAULT 16
 static int g_state_ctas = STATE_CTAS_DEFAULT;
 extern "C" void di_v4k_state_ctas(int n) { g_state_ctas = n >= 1 && n <= 128 ? n : STATE_CTAS_DEFAULT; }
 
@@ -617,8 +617,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   for (int e = tid; e < hd; e += blockDim.x) oh[e] = os[e];
 }
 
-#define ATT_FORM_DEFAULT 0
-static int g_att_form = ATT_FORM_DEFAULT; /* 1 (two keys a warp in flight, 129 <= head_dim <= 512) not yet run on the device */
+#define ATT_FORM_DEFAULT 1
+static int g_att_form = ATT_FORM_DEFAULT; /* 1: two keys a warp in flight at one token (129 <= head_dim <= 512) */
 extern "C" void di_v4k_attend_form(int form) { g_att_form = form < 0 ? ATT_FORM_DEFAULT : form; }
 
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
@@ -638,7 +638,8 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
     attend_k<4, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else if (hd <= 512) {
     static size_t set16[2]; /* each attribute once per size (not again while a graph is captured) */
-    const int f = g_att_form == 1;
+    /* form 1: at one token only (at batch 64 the two-key kernel was slower: 128 registers, 1 CTA an SM); 2: always */
+    const int f = (g_att_form == 1 && T == 1) || g_att_form == 2;
     if (smem > 48 * 1024 && smem > set16[f]) {
       DI_CU(cudaFuncSetAttribute(f ? attend_k<16, 2> : attend_k<16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       set16[f] = smem;

@@ -335,8 +335,8 @@ __global__ void __launch_bounds__(G1_WARPS * 32) gemv1_f32_k(const float *x, con
   const float v = warp_sum_f(acc[0]);
   if (lane == 0) y[r] = v;
 }
-#define LIN_FORM_DEFAULT 0
-static int g_lin_form = LIN_FORM_DEFAULT; /* 1 (gemv1_k at one token; 2: 4 rows a warp from 8,192 rows) not yet run on the device */
+#define LIN_FORM_DEFAULT 1
+static int g_lin_form = LIN_FORM_DEFAULT; /* 1 (gemv1_k at one token; verified on the H200, session 14 request 1); 2: 4 rows a warp from 8,192 rows, not yet run */
 extern "C" void di_v4k_lin_form(int form) { g_lin_form = form < 0 ? LIN_FORM_DEFAULT : form; }
 
 /* whether rows of C columns at x (stride ldx) and w take the 16-byte path */
@@ -432,8 +432,8 @@ __global__ void rmsnorm_rope_k(float *x, int ld, int n, const float *w, float ep
   float *dst = (float *)window_row(win.pool, win.seqs[win.seq_of[t]].tab[3], win.nl, win.l, n, pos[t]);
   for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = r[e];
 }
-#define FUSE_DEFAULT 0
-static int g_fuse = FUSE_DEFAULT; /* 1 (norm + rope one launch), 2 (and the kv window write) not yet run on the device: off */
+#define FUSE_DEFAULT 1
+static int g_fuse = FUSE_DEFAULT; /* 1 (norm + rope one launch: verified, session 14 request 1); 2 (and the kv window write) not yet run on the device */
 static const v4k_win no_win = {NULL, NULL, NULL, 0, 0, NULL};
 extern "C" void di_v4k_fuse(int on) { g_fuse = on < 0 ? FUSE_DEFAULT : on; }
 
@@ -594,8 +594,8 @@ static __device__ void hc_gather(const double *part, int nsplit, int nmix, int n
  * each store to out may alias the next column's loads; hc_pre_k / head_pre_k took ~23 / 27 us at D = 4,096), then
  * summed in the plain loop's order: the same bits. */
 #define HCG 4
-#define HC_FORM_DEFAULT 0
-static int g_hc_form = HC_FORM_DEFAULT; /* 1 (the collapse's grouped loads), 2 (and the mixes') not yet run on the device: off */
+#define HC_FORM_DEFAULT 1
+static int g_hc_form = HC_FORM_DEFAULT; /* 1 (the collapse's grouped loads: verified, session 14 request 1), 2 (and the mixes') not yet run on the device */
 extern "C" void di_v4k_hc_form(int form) { g_hc_form = form < 0 ? HC_FORM_DEFAULT : form; }
 static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out,
                                    int grouped) {
@@ -897,8 +897,8 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) route_warp_k(const float *lo
   __syncwarp();
   if (lane == 0) route_pick(lg, tid2eid ? NULL : work, tid2eid, tokens, t, E, K, sigm, scaling, ids, wts);
 }
-#define ROUTE_FORM_DEFAULT 0
-static int g_route_form = ROUTE_FORM_DEFAULT; /* 1 (route_warp_k) not yet run on the device: off by default */
+#define ROUTE_FORM_DEFAULT 1
+static int g_route_form = ROUTE_FORM_DEFAULT; /* 1 (route_warp_k: verified, session 14 request 1) */
 extern "C" void di_v4k_route_form(int form) { g_route_form = form < 0 ? ROUTE_FORM_DEFAULT : form; }
 
 di_status di_v4k_route(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T,
@@ -1089,7 +1089,7 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
 #define MXS_STEP 1024
 #define MXS_LD (MXS_STEP + MXS_STEP / 8)
 #define MXS_WHOLE 4096 /* one token's row staged whole up to this many columns (18 KB padded) */
-#define MX_FORM_DEFAULT 1
+#define MX_FORM_DEFAULT 4
 static int g_mx_form = MX_FORM_DEFAULT;
 extern "C" void di_v4k_mx_form(int form) { g_mx_form = form < 0 ? MX_FORM_DEFAULT : form; }
 
