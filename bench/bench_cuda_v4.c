@@ -20,7 +20,15 @@
  * Each decode line ends with an FNV-1a hash of the last step's logits (the same binary inputs give the same
  * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
  * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones), BENCH_V4_INDEX_FORM=1 the indexer on its
- * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), for A/B runs.
+ * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), BENCH_V4_FUSE=1 the
+ * q / kv norms and ropes in one launch each (di_v4k_fuse), BENCH_V4_LIN_FORM=1 one token's bf16 linears on the
+ * barrier-free GEMV (di_v4k_lin_form), BENCH_V4_FP8_FORM=1 / 2 one row's FP8 GEMVs with rows a warp and chunks by K
+ * (di_cuk_fp8_gemv1_form), BENCH_V4_FP8_F32X=1 one token's FP8 products from the f32 activations (di_cuk_fp8_f32x),
+ * BENCH_V4_HC_FORM=1 the mHC / head collapses with grouped loads (di_v4k_hc_form),
+ * BENCH_V4_STATE_CTAS=N the compressor state writes over N CTAs each (di_v4k_state_ctas), BENCH_V4_ROUTE_FORM=1 the
+ * routing with a warp per token (di_v4k_route_form), BENCH_V4_ATT_FORM=1 the attention with two keys a warp in
+ * flight (di_v4k_attend_form), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
+ * kernels with the byte-permute decode).
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */
@@ -34,6 +42,7 @@ int main(void) {
 #include "arch/deepseek_v4.h"
 #include "arch/deepseek_v4_random.h"
 #include "arch/deepseek_v4_shapes.h"
+#include "backend/cuda/cuda_fp8.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_backend.h"
 #include "backend/cuda/cuda_v4_kernels.h"
@@ -119,6 +128,22 @@ int main(int argc, char **argv) {
   if (mxf) di_v4k_mx_form(atoi(mxf));
   const char *ixf = getenv("BENCH_V4_INDEX_FORM");
   if (ixf) di_v4k_index_form(atoi(ixf));
+  const char *fus = getenv("BENCH_V4_FUSE");
+  if (fus) di_v4k_fuse(atoi(fus));
+  const char *lnf = getenv("BENCH_V4_LIN_FORM");
+  if (lnf) di_v4k_lin_form(atoi(lnf));
+  const char *f8f = getenv("BENCH_V4_FP8_FORM");
+  if (f8f) di_cuk_fp8_gemv1_form(atoi(f8f));
+  const char *f8x = getenv("BENCH_V4_FP8_F32X");
+  if (f8x) di_cuk_fp8_f32x(atoi(f8x));
+  const char *hcf = getenv("BENCH_V4_HC_FORM");
+  if (hcf) di_v4k_hc_form(atoi(hcf));
+  const char *stc = getenv("BENCH_V4_STATE_CTAS");
+  if (stc) di_v4k_state_ctas(atoi(stc));
+  const char *rtf = getenv("BENCH_V4_ROUTE_FORM");
+  if (rtf) di_v4k_route_form(atoi(rtf));
+  const char *atf = getenv("BENCH_V4_ATT_FORM");
+  if (atf) di_v4k_attend_form(atoi(atf));
   const char *nat = getenv("DEEPINFER_CUDA_V4_NATIVE");
   const int native = nat && strcmp(nat, "1") == 0;
   di_v4_flash_shape(&c, NL, E);

@@ -11,6 +11,7 @@
 #include "arch/deepseek_v4_shapes.h"
 #include "backend/cuda/cuda_v4_backend.h"
 #include "backend/cpu/cpu_deepseek_v4_ops.h"
+#include "backend/cuda/cuda_fp8.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_v4_kernels.h"
 #include "model/weights.h"
@@ -76,15 +77,19 @@ static void check_linear(int wf32, int T, int R, int C) {
       ref[(size_t)t * R + r] = (float)s;
     }
   double e = test_rel_l2(y, ref, (size_t)T * R);
-  /* each token's row alone (T = 1) gives the same bits as in the step of T tokens */
+  /* each token's row alone (T = 1) gives the same bits as in the step of T tokens, in both one-token forms
+   * (di_v4k_lin_form 0: staged; 1, 2: the barrier-free GEMV) */
   int differ = 0;
   float *y1 = malloc(4 * (size_t)R);
-  for (int t = 0; t < T; t += T > 2 ? T - 1 : 1) {
-    CHECK(di_v4k_linear(dx + (size_t)t * C, C, dw, wf32, 1, R, C, dy, R, NULL) == DI_OK);
-    CHECK(di_cut_sync() == 0);
-    di_cut_d2h(y1, dy, 4 * (size_t)R);
-    differ += memcmp(y1, y + (size_t)t * R, 4 * (size_t)R) != 0;
-  }
+  for (int form = 0; form < 3; form++)
+    for (int t = 0; t < T; t += T > 2 ? T - 1 : 1) {
+      di_v4k_lin_form(form);
+      CHECK(di_v4k_linear(dx + (size_t)t * C, C, dw, wf32, 1, R, C, dy, R, NULL) == DI_OK);
+      CHECK(di_cut_sync() == 0);
+      di_cut_d2h(y1, dy, 4 * (size_t)R);
+      differ += memcmp(y1, y + (size_t)t * R, 4 * (size_t)R) != 0;
+    }
+  di_v4k_lin_form(-1);
   printf("linear %s T=%d %dx%d: rel L2 %.2e, rows alone %s\n", wf32 ? "f32" : "bf16", T, R, C, e,
          differ ? "DIFFER" : "bit-identical");
   CHECKF(e < 1e-5, "linear %s T=%d %dx%d: rel L2 %.3e", wf32 ? "f32" : "bf16", T, R, C, e);
@@ -112,9 +117,23 @@ static void check_linear_groups(int T, int G, int R, int gin) {
         ref[((size_t)t * G + g) * R + r] = (float)acc;
       }
   const double e = test_rel_l2(y, ref, (size_t)T * G * R);
-  printf("grouped linear (wo_a) T=%d, %d groups of %d x %d: rel L2 %.2e\n", T, G, R, gin, e);
+  /* the last token alone, in both one-token forms, gives its row of the step bit for bit */
+  float *y1 = malloc(4 * (size_t)G * R);
+  int differ = 0;
+  for (int form = 0; form < 2; form++) {
+    di_v4k_lin_form(form);
+    CHECK(di_v4k_linear_groups(dx + (size_t)(T - 1) * C, C, dw, 0, 1, R, gin, dy, G * R, G, gin, (int64_t)R * gin, R, NULL) ==
+          DI_OK);
+    CHECK(di_cut_sync() == 0);
+    di_cut_d2h(y1, dy, 4 * (size_t)G * R);
+    differ += memcmp(y1, y + (size_t)(T - 1) * G * R, 4 * (size_t)G * R) != 0;
+  }
+  di_v4k_lin_form(-1);
+  printf("grouped linear (wo_a) T=%d, %d groups of %d x %d: rel L2 %.2e, the last token alone %s\n", T, G, R, gin, e,
+         differ ? "DIFFERS" : "bit-identical");
   CHECKF(e < 1e-5, "grouped linear: %.3e", e);
-  free(x); free(W); free(wb); free(y); free(ref);
+  CHECKF(!differ, "grouped linear: the last token alone differs in %d forms", differ);
+  free(x); free(W); free(wb); free(y); free(ref); free(y1);
   di_cut_free(dx); di_cut_free(dy); di_cut_free(dw);
 }
 
@@ -137,8 +156,30 @@ static void check_hc(void) {
         *dout = dup_dev(hc_out_given, 4 * (size_t)T * D);
   double *dpost = zeros_dev(8 * (size_t)T * hc), *dcomb = zeros_dev(8 * (size_t)T * hc * hc),
          *dpart = zeros_dev(8 * di_v4k_hc_scratch(T, D, hc));
+  di_v4k_hc_form(0); /* the plain loops first */
   CHECK(di_v4k_hc_pre(dX, dfn, db, ds, dn, T, D, hc, cfg.hc_sinkhorn_iters, (float)cfg.rms_eps, (float)cfg.hc_eps, din, dpost,
                       dcomb, dpart, NULL) == DI_OK);
+  /* the collapse with grouped loads (di_v4k_hc_form 1) gives the same bits, and the head's collapse likewise */
+  float *din1 = zeros_dev(4 * (size_t)T * D), *dh0 = zeros_dev(4 * (size_t)T * D), *dh1 = zeros_dev(4 * (size_t)T * D);
+  int32_t hrows[3] = {2, 0, 1};
+  int32_t *dhrows = dup_dev(hrows, sizeof hrows);
+  CHECK(di_v4k_head_pre(dX, dhrows, T, dfn, db, ds, dn, D, hc, (float)cfg.rms_eps, (float)cfg.hc_eps, dh0, dpart, NULL) == DI_OK);
+  for (int form = 1; form <= 2; form++) { /* 1: the collapse's loads grouped; 2: the mixes' too */
+    di_v4k_hc_form(form);
+    CHECK(di_v4k_hc_pre(dX, dfn, db, ds, dn, T, D, hc, cfg.hc_sinkhorn_iters, (float)cfg.rms_eps, (float)cfg.hc_eps, din1, dpost,
+                        dcomb, dpart, NULL) == DI_OK);
+    CHECK(di_v4k_head_pre(dX, dhrows, T, dfn, db, ds, dn, D, hc, (float)cfg.rms_eps, (float)cfg.hc_eps, dh1, dpart, NULL) == DI_OK);
+    di_v4k_hc_form(0);
+    CHECK(di_cut_sync() == 0);
+    float *a = from_dev(din, (size_t)T * D), *b = from_dev(din1, (size_t)T * D), *h0 = from_dev(dh0, (size_t)T * D),
+          *h1 = from_dev(dh1, (size_t)T * D);
+    const int same = memcmp(a, b, 4 * (size_t)T * D) == 0 && memcmp(h0, h1, 4 * (size_t)T * D) == 0;
+    printf("mHC, grouped loads (form %d) vs plain (site and head): %s\n", form, same ? "bit-identical" : "DIFFER");
+    CHECKF(same, "mHC: the grouped form %d's bits differ", form);
+    free(a); free(b); free(h0); free(h1);
+  }
+  di_v4k_hc_form(-1);
+  di_cut_free(din1); di_cut_free(dh0); di_cut_free(dh1); di_cut_free(dhrows);
   CHECK(di_v4k_hc_post(dX, dout, dpost, dcomb, T, D, hc, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   di_weight fw = {"hc_fn", DI_DT_F32, mix, (int64_t)hc * D, fn, NULL, NULL, 0, 0, 0};
@@ -167,7 +208,7 @@ static int32_t *ident_table(int n) {
 /* compressor: pooling of windows that mix the state's rows and the step's, and the open windows after; the
  * lists read with a device count below the grid (a CUDA graph's bound): the entry and the state write past
  * the count (an entry of an untouched slot, a write to a buffer of its own) change nothing */
-static void check_pool(int csa) {
+static void check_pool(int csa, int state_ctas) { /* state_ctas: CTAs per state write (di_v4k_state_ctas) */
   const int dim = 512, rate = csa ? 4 : 128, width = csa ? 2 * dim : dim, pos0 = csa ? 42 : 100, n = csa ? 7 : 40;
   const int slots = (64 + rate - 1) / rate, nblk = 4;
   const size_t rows = (size_t)rate * width, sfl = rows * (csa ? 4 : 2);
@@ -197,7 +238,9 @@ static void check_pool(int csa) {
   int32_t *dcounts = dup_dev(counts, sizeof counts);
   float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
   CHECK(di_v4k_pool(&c, dsq, dents, ne + 1, dcounts, inv, 64, 1.0f, (float)cfg.rms_eps, NULL) == DI_OK);
+  di_v4k_state_ctas(state_ctas);
   CHECK(di_v4k_state_write(&c, dsq, dsw, 2, dcounts + 1, NULL) == DI_OK);
+  di_v4k_state_ctas(-1);
   CHECK(di_cut_sync() == 0);
   /* the reference's rows by position: state (open window at pos0 and, CSA, the one before) or step */
   float *row_kv = malloc(sizeof(float) * (size_t)(pos0 + n) * width), *row_g = malloc(sizeof(float) * (size_t)(pos0 + n) * width);
@@ -304,10 +347,11 @@ static void check_indexer(void) {
   float *gs = from_dev(dscore, (size_t)T * N);
   unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
   di_cut_d2h(gsel, dsel, (size_t)T * N);
-  { /* the per-product score kernel (di_v4k_index_form 0, the default) gives the same bits and picks */
+  for (int form = 0; form <= 2; form += 2) { /* the per-product score kernel (di_v4k_index_form 0, the default; 2: 8 entries a
+                                              * CTA) gives the same bits and picks */
     float *dscore0 = zeros_dev(4 * (size_t)T * N);
     unsigned char *dsel0 = zeros_dev((size_t)T * N), *gsel0 = malloc((size_t)T * N);
-    di_v4k_index_form(0);
+    di_v4k_index_form(form);
     CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore0, dsel0, NULL) == DI_OK);
     CHECK(di_cut_sync() == 0);
     float *gs0 = from_dev(dscore0, (size_t)T * N);
@@ -318,10 +362,11 @@ static void check_indexer(void) {
       same &= memcmp(gs + (size_t)t * N, gs0 + (size_t)t * N, 4 * (size_t)valid) == 0;
     }
     same &= memcmp(gsel, gsel0, (size_t)T * N) == 0;
-    printf("indexer: the widen-once score kernel vs the per-product one: %s\n", same ? "bit-identical" : "DIFFERS");
-    CHECKF(same, "indexer: the two score kernels differ");
+    printf("indexer: the widen-once score kernel vs the per-product one (form %d): %s\n", form, same ? "bit-identical" : "DIFFERS");
+    CHECKF(same, "indexer: the score kernels differ (form %d)", form);
     free(gs0); free(gsel0); di_cut_free(dscore0); di_cut_free(dsel0);
   }
+  di_v4k_index_form(-1);
   di_v4_scored *work = malloc(sizeof(di_v4_scored) * N);
   float *cs = malloc(4 * (size_t)N);
   for (int t = 0; t < T; t++) {
@@ -382,11 +427,22 @@ static void check_attend(int kind) {
   float *dp = zeros_dev(4 * (size_t)T * H * keys);
   double *dex = zeros_dev(8 * (size_t)T * H * keys);
   float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
+  di_v4k_attend_form(0); /* the one-key loops first */
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
                       kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
                       NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
   float *o = from_dev(dout, (size_t)T * H * hd), *ref = malloc(4 * (size_t)H * hd);
+  /* two keys a warp in flight (di_v4k_attend_form 2: at any T; form 1, the default, at one token): the same bits */
+  di_v4k_attend_form(2);
+  CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
+                      kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
+                      NULL) == DI_OK);
+  di_v4k_attend_form(-1);
+  CHECK(di_cut_sync() == 0);
+  float *o1 = from_dev(dout, (size_t)T * H * hd);
+  const int form_same = memcmp(o, o1, 4 * (size_t)T * H * hd) == 0;
+  free(o1);
   float *win = malloc(4 * (size_t)W * hd), *ent = malloc(4 * (size_t)(nc + 1) * hd), *p = malloc(4 * keys);
   double *ex = malloc(8 * keys);
   for (int e = 0; e < nc; e++) {
@@ -407,8 +463,10 @@ static void check_attend(int kind) {
     worst = e > worst ? e : worst;
   }
   static const char *const name[3] = {"sliding", "CSA", "HCA"};
-  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e\n", name[kind], H, hd, W, nc, worst);
+  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e, two keys a warp %s\n", name[kind], H, hd, W,
+         nc, worst, form_same ? "bit-identical" : "DIFFERS");
   CHECKF(worst < 1e-5, "attention %s: %.3e", name[kind], worst);
+  CHECKF(form_same, "attention %s: two keys a warp differ", name[kind]);
   free(wpool); free(epool); free(q); free(sink); free(sel); free(o); free(ref); free(win); free(ent); free(p); free(ex);
   di_cut_free(dw); di_cut_free(de); di_cut_free(dq); di_cut_free(dsink); di_cut_free(dout); di_cut_free(dsel);
   di_cut_free(tab); di_cut_free(dpos); di_cut_free(dso); di_cut_free(dsq); di_cut_free(dp); di_cut_free(dex); di_cut_free(inv);
@@ -426,11 +484,23 @@ static void check_route(int ties) {
   }
   float *dl = dup_dev(lg, 4 * (size_t)T * E), *db = dup_dev(bias, 4 * (size_t)E), *dw = zeros_dev(4 * (size_t)T * ns);
   int32_t *di = zeros_dev(4 * (size_t)T * ns);
+  di_v4k_route_form(0); /* a thread a token first */
   CHECK(di_v4k_route(dl, db, NULL, NULL, T, E, K, 0, 2.5f, di, dw, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
-  int32_t *ids = malloc(4 * (size_t)T * ns);
+  int32_t *ids = malloc(4 * (size_t)T * ns), *ids1 = malloc(4 * (size_t)T * ns);
   di_cut_d2h(ids, di, 4 * (size_t)T * ns);
   float *w = from_dev(dw, (size_t)T * ns);
+  /* the warp-per-token form (di_v4k_route_form 1): the same ids and weights, bit for bit */
+  di_v4k_route_form(1);
+  CHECK(di_v4k_route(dl, db, NULL, NULL, T, E, K, 0, 2.5f, di, dw, NULL) == DI_OK);
+  di_v4k_route_form(-1);
+  CHECK(di_cut_sync() == 0);
+  di_cut_d2h(ids1, di, 4 * (size_t)T * ns);
+  float *w1 = from_dev(dw, (size_t)T * ns);
+  const int form_same = memcmp(ids, ids1, 4 * (size_t)T * ns) == 0 && memcmp(w, w1, 4 * (size_t)T * ns) == 0;
+  printf("routing, a warp per token vs a thread: %s\n", form_same ? "bit-identical" : "DIFFER");
+  CHECKF(form_same, "routing: the warp-per-token form differs");
+  free(ids1); free(w1);
   di_v4_config rc = cfg;
   rc.n_routed_experts = E;
   rc.top_k = K;
@@ -541,8 +611,9 @@ static void check_experts(int wf32) {
  * an odd 96 x 40 shape for the column-a-lane path): random E2M1 codes and E8M0 scales, against the f32
  * kernels on the same weights as the CPU reads them (di_weight_rows_f32): rel L2 < 1e-6 (the same
  * products, sums in another order); the shared expert's slots (id E) are left untouched; the tiled form
- * gives the same bits as one CTA row per slot, and the staged kernels (di_v4k_mx_form 1, the default) the
- * same bits as the lane ones (form 0), per slot and tiled (T tokens: up to 8 of an expert in a tile). */
+ * gives the same bits as one CTA row per slot, and the staged kernels (di_v4k_mx_form 1, the default, and 2-5:
+ * 4 and 5 decode the codes by byte permutes) the same bits as the lane ones (form 0, e2m1_f32 per value), per
+ * slot and tiled (T tokens: up to 8 of an expert in a tile; random codes: every E2M1 value in every position). */
 static void mx_random(int E, int R, int C, uint8_t **q, uint8_t **sc, float **deq) {
   const int cb = C / 2, ns = (C + 31) / 32;
   *q = malloc((size_t)E * R * cb);
@@ -592,13 +663,13 @@ static void check_experts_mx(int D, int I, int T) {
   }
   int32_t *dids = dup_dev(ids, sizeof(int32_t) * (size_t)T * ns);
   float *dx = dup_dev(x, 4 * (size_t)T * D);
-  float *act[9], *y[9];
+  float *act[13], *y[13];
   int32_t *work = zeros_dev(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns));
   CHECK(di_v4k_expert_tiles(dids, T, ns, E + 1, work, NULL) == DI_OK);
   /* 0: f32 reference kernels, 1: mx per slot, 2: mx tiled (form 1, the default); 3, 4: the same in the lane
-   * form 0; 5, 6: form 2; 7, 8: form 3 */
-  static const int form_of[9] = {1, 1, 1, 0, 0, 2, 2, 3, 3};
-  for (int v = 0; v < 9; v++) {
+   * form 0; 5, 6: form 2; 7, 8: form 3; 9, 10: form 4; 11, 12: form 5 */
+  static const int form_of[13] = {1, 1, 1, 0, 0, 2, 2, 3, 3, 4, 4, 5, 5};
+  for (int v = 0; v < 13; v++) {
     di_v4k_mx_form(form_of[v]);
     float *da = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D);
     if (v == 0) {
@@ -628,18 +699,18 @@ static void check_experts_mx(int D, int I, int T) {
     worst = ea > worst ? ea : worst;
     worst = ey > worst ? ey : worst;
   }
-  di_v4k_mx_form(1);
+  di_v4k_mx_form(-1);
   const size_t ny = 4 * (size_t)T * ns * D, na = 4 * (size_t)T * ns * I;
   const int same = memcmp(y[1], y[2], ny) == 0 && memcmp(act[1], act[2], na) == 0;
   int forms = 1;
-  for (int v = 3; v < 9; v++) forms &= memcmp(y[2 - v % 2], y[v], ny) == 0 && memcmp(act[2 - v % 2], act[v], na) == 0;
+  for (int v = 3; v < 13; v++) forms &= memcmp(y[2 - v % 2], y[v], ny) == 0 && memcmp(act[2 - v % 2], act[v], na) == 0;
   printf("experts MXFP4 (hidden %d, width %d, %d tokens): vs the f32 kernels on the dequantized weights worst rel L2 %.2e, shared "
-         "slots untouched %s, tiled %s, forms 0, 2, 3 vs 1 %s\n", D, I, T, worst, shared_touched ? "NO" : "yes",
+         "slots untouched %s, tiled %s, forms 0, 2, 3, 4, 5 vs 1 %s\n", D, I, T, worst, shared_touched ? "NO" : "yes",
          same ? "bit-identical" : "DIFFERS", forms ? "bit-identical" : "DIFFERS");
   CHECKF(worst < 1e-6, "experts MXFP4 %d x %d: rel L2 %.3e", D, I, worst);
   CHECKF(!shared_touched && same, "experts MXFP4: shared slots touched %d, tiled same %d", shared_touched, same);
   CHECKF(forms, "experts MXFP4 %d x %d x %d tokens: the staged kernels' bits differ from the lane form's", D, I, T);
-  for (int v = 0; v < 9; v++) free(act[v]), free(y[v]);
+  for (int v = 0; v < 13; v++) free(act[v]), free(y[v]);
   free(x); free(w1); free(w3); free(w2); free(q1); free(q3); free(q2); free(s1); free(s3); free(s2);
   di_cut_free((void *)m1.q); di_cut_free((void *)m1.scale); di_cut_free((void *)m3.q); di_cut_free((void *)m3.scale);
   di_cut_free((void *)m2.q); di_cut_free((void *)m2.scale);
@@ -727,6 +798,132 @@ static void check_native_model(void) {
   di_v4_random_model_free(&rm);
 }
 
+/* RMSNorm then RoPE (di_v4k_rmsnorm_rope) at the q heads' shape (3 tokens x 64 heads x 512, rope 64, no weight)
+ * and the kv row's (weighted), positions up to 131,000: the one-launch form (di_v4k_fuse 1) bit for bit equal to
+ * the two launches, both against di_v4_rmsnorm + di_v4_rope_apply on the CPU (rel L2 1e-6: the sum of squares
+ * in another order). */
+static void check_norm_rope(int heads, int weighted) {
+  const int T = 3, n = cfg.head_dim, rows = T * heads, rd = cx.compress_rope.p->dim;
+  const int32_t pos[3] = {5, 4097, 131000};
+  float *x = rnd((size_t)rows * n, 3), *w = weighted ? rnd((size_t)n, 1) : NULL, *ref = malloc(sizeof(float) * (size_t)rows * n);
+  memcpy(ref, x, sizeof(float) * (size_t)rows * n);
+  for (int r = 0; r < rows; r++) {
+    di_v4_rmsnorm(ref + (size_t)r * n, n, w, cfg.rms_eps);
+    di_v4_rope_apply(&cx.compress_rope, ref + (size_t)r * n, n, pos[r / heads], 1);
+  }
+  float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * (size_t)(rd / 2)), *dw = w ? dup_dev(w, 4 * (size_t)n) : NULL;
+  int32_t *dpos = dup_dev(pos, sizeof pos);
+  const float af = (float)cx.compress_rope.p->attention_factor;
+  float *out[2];
+  for (int f = 0; f < 2; f++) {
+    di_v4k_fuse(f);
+    float *dx = dup_dev(x, 4 * (size_t)rows * n);
+    CHECK(di_v4k_rmsnorm_rope(dx, n, rows, n, dw, (float)cfg.rms_eps, heads, dpos, inv, rd, af, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    out[f] = from_dev(dx, (size_t)rows * n);
+    di_cut_free(dx);
+  }
+  di_v4k_fuse(-1);
+  const double e = test_rel_l2(out[1], ref, (size_t)rows * n);
+  const int same = memcmp(out[0], out[1], sizeof(float) * (size_t)rows * n) == 0;
+  printf("rmsnorm + rope (%d rows of %d, %s): vs the CPU rel L2 %.2e, one launch vs two %s\n", rows, n,
+         weighted ? "weighted" : "unweighted", e, same ? "bit-identical" : "DIFFERS");
+  CHECKF(e < 1e-6, "rmsnorm + rope: rel L2 %.3e", e);
+  CHECKF(same, "rmsnorm + rope: the one-launch form's bits differ from the two launches'");
+  free(x); free(w); free(ref); free(out[0]); free(out[1]);
+  di_cut_free(inv); di_cut_free(dpos);
+  if (dw) di_cut_free(dw);
+}
+
+/* One activation row's FP8 GEMV (di_cuk_fp8_gemv, W8A16: the native mode's attention and shared-expert products)
+ * at V4-Flash's shapes (wq_b 32768 x 1024, wo_b 4096 x 8192, wq_a 1024 x 4096) and an odd one: the one-row forms
+ * (di_cuk_fp8_gemv1_form 1, 2) and the f32-row entry (di_cuk_fp8_gemv1_f32x, rounding to bf16 inside) bit for bit
+ * equal to form 0 over the bf16 copy, all against the double product of the dequantized weights and the bf16
+ * activations (rel L2 1e-5). 128 x 128 scale blocks, as V4's checkpoints. */
+static void check_fp8_gemv_forms(int N, int K) {
+  const int sr = (N + 127) / 128, sc = (K + 127) / 128;
+  uint8_t *q = malloc((size_t)N * K);
+  float *scale = malloc(sizeof(float) * (size_t)sr * sc), *x = rnd((size_t)K, 1);
+  uint16_t *xb = malloc(2 * (size_t)K);
+  for (size_t i = 0; i < (size_t)N * K; i++) q[i] = di_f32_to_fp8e4m3(urand() * 400);
+  for (int i = 0; i < sr * sc; i++) scale[i] = 1e-3f * (1.5f + urand());
+  float *dxf = dup_dev(x, 4 * (size_t)K); /* the f32 row itself (di_cuk_fp8_gemv1_f32x rounds it) */
+  for (int k = 0; k < K; k++) x[k] = di_bf16_to_f32(xb[k] = di_f32_to_bf16(x[k]));
+  di_cuk_fp8w w = {dup_dev(q, (size_t)N * K), dup_dev(scale, sizeof(float) * (size_t)sr * sc), K, 128, 128, sc};
+  void *dx = dup_dev(xb, 2 * (size_t)K);
+  float *dy = zeros_dev(4 * (size_t)N), *y[6];
+  /* y[f]: form f over the bf16 copy; y[3 + f]: form f from the f32 row */
+  for (int f = 0; f < 6; f++) {
+    di_cuk_fp8_gemv1_form(f % 3);
+    if (f < 3) CHECK(di_cuk_fp8_gemv(1, N, K, dx, K, w, dy, N, 1, 0.0f, NULL) == DI_OK);
+    else CHECK(di_cuk_fp8_gemv1_f32x(N, K, dxf, w, dy, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    y[f] = from_dev(dy, (size_t)N);
+  }
+  di_cuk_fp8_gemv1_form(-1);
+  float *ref = malloc(4 * (size_t)N);
+  for (int n = 0; n < N; n++) {
+    double a = 0;
+    for (int k = 0; k < K; k++) a += (double)di_fp8e4m3_to_f32(q[(size_t)n * K + k]) * scale[(n / 128) * sc + k / 128] * x[k];
+    ref[n] = (float)a;
+  }
+  const double e = test_rel_l2(y[0], ref, (size_t)N);
+  int same = 1;
+  for (int f = 1; f < 6; f++) same &= memcmp(y[0], y[f], 4 * (size_t)N) == 0;
+  printf("fp8 gemv one row %d x %d: rel L2 %.2e vs double, forms 1, 2 and from f32 vs form 0 %s\n", N, K, e,
+         same ? "bit-identical" : "DIFFER");
+  CHECKF(e < 1e-5, "fp8 gemv %d x %d: rel L2 %.3e", N, K, e);
+  CHECKF(same, "fp8 gemv %d x %d: the one-row forms' bits differ", N, K);
+  free(q); free(scale); free(x); free(xb); free(ref);
+  for (int f = 0; f < 6; f++) free(y[f]);
+  di_cut_free((void *)w.q); di_cut_free((void *)w.scale); di_cut_free(dx); di_cut_free(dy); di_cut_free(dxf);
+}
+
+/* The kv row's norm + rope + window write (di_v4k_rmsnorm_rope_window): one launch (di_v4k_fuse 2) against the three,
+ * bit for bit in the rows and the window pool (3 tokens of one sequence at positions 5, 70, 130 of a 3-block table,
+ * 2 layers, layer 1), with the graphs' device count below the rows: the third row is not written in either form. */
+static void check_norm_rope_window(void) {
+  const int T = 3, hd = cfg.head_dim, nl = 2, nblk = 3, rd = cx.compress_rope.p->dim;
+  const int32_t pos[3] = {5, 70, 130}, seq_of[3] = {0, 0, 0}, n_tok = 2;
+  float *x = rnd((size_t)T * hd, 2), *w = rnd((size_t)hd, 1);
+  int32_t *tab = ident_table(nblk), *dpos = dup_dev(pos, sizeof pos), *dso = dup_dev(seq_of, sizeof seq_of),
+          *dn = dup_dev(&n_tok, sizeof n_tok);
+  di_v4k_seq sq;
+  memset(&sq, 0, sizeof sq);
+  sq.n = T;
+  sq.pos0 = 5;
+  sq.tab[3] = tab;
+  di_v4k_seq *dsq = dup_dev(&sq, sizeof sq);
+  float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * (size_t)(rd / 2)), *dw = dup_dev(w, 4 * (size_t)hd);
+  const size_t np = (size_t)nblk * nl * 64 * hd;
+  float *rows[2], *pools[2];
+  for (int f = 0; f < 2; f++) {
+    float *dx = dup_dev(x, 4 * (size_t)T * hd), *dpool = zeros_dev(4 * np);
+    di_v4k_fuse(2 * f);
+    CHECK(di_v4k_rmsnorm_rope_window(dx, T, hd, dw, (float)cfg.rms_eps, dpos, inv, rd, (float)cx.compress_rope.p->attention_factor,
+                                     dso, dsq, dpool, nl, 1, dn, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    rows[f] = from_dev(dx, (size_t)T * hd);
+    pools[f] = from_dev(dpool, np);
+    di_cut_free(dx);
+    di_cut_free(dpool);
+  }
+  di_v4k_fuse(-1);
+  int written = 0, third = 0;
+  for (int t = 0; t < T; t++) {
+    const float *slot = pools[1] + (((size_t)(pos[t] / 64) * nl + 1) * 64 + pos[t] % 64) * hd;
+    const int eq = memcmp(slot, rows[1] + (size_t)t * hd, 4 * (size_t)hd) == 0;
+    if (t < n_tok) written += eq;
+    else for (int e = 0; e < hd; e++) third += slot[e] != 0;
+  }
+  const int same = memcmp(rows[0], rows[1], 4 * (size_t)T * hd) == 0 && memcmp(pools[0], pools[1], 4 * np) == 0;
+  printf("kv norm + rope + window write: one launch vs three %s, rows in the window %d of %d, past the count untouched %s\n",
+         same ? "bit-identical" : "DIFFER", written, n_tok, third ? "NO" : "yes");
+  CHECKF(same && written == n_tok && !third, "kv norm + rope + window: same %d, written %d, past the count %d", same, written, third);
+  free(x); free(w); free(rows[0]); free(rows[1]); free(pools[0]); free(pools[1]);
+  di_cut_free(tab); di_cut_free(dpos); di_cut_free(dso); di_cut_free(dn); di_cut_free(dsq); di_cut_free(inv); di_cut_free(dw);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -740,10 +937,21 @@ int main(void) {
   check_linear(0, 11, 37, 2056); /* rows past the end in a CTA, a partial staged chunk, two token tiles */
   check_linear(0, 4, 40, 999); /* the one-column path (rows not a multiple of 8) */
   check_linear(1, 2, 24, 1001);
+  check_linear(0, 3, 8200, 1032); /* two rows a warp in the one-token form, a partial last CTA and chunk */
   check_linear_groups(3, 8, 1024, 4096);
+  check_fp8_gemv_forms(32768, 1024);
+  check_fp8_gemv_forms(4096, 8192);
+  check_fp8_gemv_forms(1024, 4096);
+  check_fp8_gemv_forms(1000, 1040); /* partial warps of rows, a partial scale block and chunk */
+  check_fp8_gemv_forms(1000, 1008); /* four rows a warp, a partial chunk */
+  check_norm_rope(64, 0);
+  check_norm_rope(1, 1);
+  check_norm_rope_window();
   check_hc();
-  check_pool(1);
-  check_pool(0);
+  check_pool(1, 4);
+  check_pool(0, 4);
+  check_pool(1, 16);
+  check_pool(0, 16);
   check_indexer();
   check_attend(DI_V4_ATTN_SLIDING);
   check_attend(DI_V4_ATTN_CSA);
@@ -756,6 +964,7 @@ int main(void) {
   check_experts_mx(4096, 2048, 13); /* tiles of up to 8 tokens of an expert */
   check_experts_mx(96, 40, 5);
   check_experts_mx(160, 96, 9); /* both products staged, partial steps and partial warps of rows */
+  check_experts_mx(4160, 4128, 2); /* rows past MXS_WHOLE columns: one token's staging per step, partial last step */
   check_swiglu();
   check_native_model();
   return test_finish("test_cuda_v4_kernels");

@@ -271,12 +271,39 @@ static di_status fp8_products(v4cu *b, const uint16_t *xb, int width, const v4_m
   return DI_OK;
 }
 
+/* One token's FP8 products straight from the f32 activations (di_cuk_fp8_f32x on, not the tc mode): the GEMVs round
+ * them to bf16 as they load them, the same values as the bf16 copy, so the same bits without the rounding launch.
+ * Returns 0 (nothing launched) where the shapes or alignment do not allow it. */
+static int fp8_f32x_ok(const v4cu *b, int T) { return T == 1 && !b->tc && di_cuk_fp8_f32x_on(); }
+static di_status fp8_products_f32x(v4cu *b, const float *x, const v4_mat *Wm, int R, int C, float *y, int G, int64_t gx,
+                                   int64_t gw, int64_t gy, int *done) {
+  *done = 0;
+  if (!di_cuk_fp8_gemv1_f32x_ok(C, x, Wm->q) || (G > 1 && gx % 4)) return DI_OK;
+  *done = 1;
+  if (G > 1 && b->grp_tab && G == b->c->o_groups && gx == C && gy == R && gw == (int64_t)R * C) /* as fp8_products */
+    return di_cuk_fp8_grouped_gemv1_f32x(x, C, NULL, Wm->q, R, C, b->grp_tab, b->grp_tab + G + 1, b->grp_tab + 2 * G + 1, G, 1, y,
+                                         R, b->stream);
+  for (int g = 0; g < G; g++) {
+    di_cuk_fp8w w = Wm->q;
+    const int64_t r0 = gw / C * g;
+    w.q += r0 * w.ldq;
+    w.scale += r0 * w.scale_cols;
+    DI_TRY(di_cuk_fp8_gemv1_f32x(R, C, x + gx * g, w, y + gy * g, b->stream));
+  }
+  return DI_OK;
+}
+
 static di_status lin_groups(v4cu *b, const float *x, int ldx, const v4_mat *Wm, int T, int R, int C, float *y, int ldy, int G,
                             int64_t gx, int64_t gw, int64_t gy) {
   cudaStream_t s = b->stream;
   const int width = G > 1 ? (int)(gx * (G - 1)) + C : C; /* the columns of x the products read */
   if (Wm->fp8) { /* W8A16 over bf16-rounded activations */
     if (T <= 0) return DI_OK;
+    if (fp8_f32x_ok(b, T)) {
+      int done;
+      DI_TRY(fp8_products_f32x(b, x, Wm, R, C, y, G, gx, gw, gy, &done));
+      if (done) return DI_OK;
+    }
     SCR(xb, S_TCX, uint16_t, (size_t)T * width);
     DI_TRY(di_v4k_to_bf16(x, ldx, T, width, xb, s));
     return fp8_products(b, xb, width, Wm, T, R, C, y, ldy, G, gx, gw, gy);
@@ -306,7 +333,7 @@ static di_status lin(v4cu *b, const float *x, int ldx, const v4_mat *W, int T, i
  * FP8 the activations are rounded to bf16 once (the same bits as two lin calls). */
 static di_status lin2(v4cu *b, const float *x, int ldx, int T, int C, const v4_mat *W1, int R1, float *y1, int ldy1,
                       const v4_mat *W2, int R2, float *y2, int ldy2) {
-  if (!W1->fp8 || !W2->fp8 || T <= 0) {
+  if (!W1->fp8 || !W2->fp8 || T <= 0 || fp8_f32x_ok(b, T)) { /* (f32x: no shared rounding to save) */
     DI_TRY(lin(b, x, ldx, W1, T, R1, C, y1, ldy1));
     return lin(b, x, ldx, W2, T, R2, C, y2, ldy2);
   }
@@ -771,12 +798,9 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   DI_TRY(lin2(b, a, D, T, D, &L->wq_a, ql, qr, ql, &L->wkv, hd, kv, hd));
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
   DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
-  DI_TRY(di_v4k_rmsnorm(q, hd, T * H, hd, NULL, eps, s));
-  DI_TRY(di_v4k_rope(q, hd, T * H, hd, H, m->pos, inv, rd, af, 1, s));
-  DI_TRY(di_v4k_rmsnorm(kv, hd, T, hd, L->kv_norm, eps, s));
-  DI_TRY(di_v4k_rope(kv, hd, T, hd, 1, m->pos, inv, rd, af, 1, s));
-  DI_TRY(di_v4k_window_write(kv, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, hd, T, m->counts,
-                             s));
+  DI_TRY(di_v4k_rmsnorm_rope(q, hd, T * H, hd, NULL, eps, H, m->pos, inv, rd, af, s));
+  DI_TRY(di_v4k_rmsnorm_rope_window(kv, T, hd, L->kv_norm, eps, m->pos, inv, rd, af, m->seq_of, m->seqs,
+                                    b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, m->counts, s));
   di_v4k_comp comp;
   const di_v4k_comp *cp = NULL;
   unsigned char *sel = NULL;

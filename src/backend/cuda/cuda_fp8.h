@@ -31,6 +31,22 @@ typedef struct di_cuk_fp8w {
   int block_rows, block_cols, scale_cols;
 } di_cuk_fp8w;
 
+/* One activation row's forms of di_cuk_fp8_gemv and the grouped GEMV (not GLU): 0 (the default) FG_NR rows a warp in
+ * 4-step chunks; 1 / 2 rows a warp and chunks chosen by K (the same bits); negative: the default. For A/B benchmarks;
+ * not thread-safe. */
+void di_cuk_fp8_gemv1_form(int form);
+/* One f32 activation row x (16-byte aligned) through di_cuk_fp8_gemv's one-row product, rounded to bf16 as it is loaded:
+ * y[n] (f32) bit-equal to di_cuk_fp8_gemv over a bf16 copy of x (the same form: di_cuk_fp8_gemv1_form), without
+ * the rounding launch. The grouped form: di_cuk_fp8_grouped_gemv's one-row pass with f32 rows of A (lda floats apart)
+ * and f32 out. di_cuk_fp8_f32x(1) lets callers choose them (the V4 backend's one-token products; default 0 until
+ * run on the device; negative: the default). */
+void di_cuk_fp8_f32x(int on);
+int di_cuk_fp8_f32x_on(void);
+int di_cuk_fp8_gemv1_f32x_ok(int K, const float *x, di_cuk_fp8w w);
+di_status di_cuk_fp8_gemv1_f32x(int N, int K, const float *x, di_cuk_fp8w w, float *y, di_cu_stream s);
+di_status di_cuk_fp8_grouped_gemv1_f32x(const float *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
+                                        const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
+                                        int bm, float *C, int ldc, di_cu_stream s);
 /* Y[M][N] = X[M][K] . dequant(W)^T + beta * Y  (X bf16, row stride ldx; Y bf16, or f32 with y_f32 and
  * the beta = 1 residual form). Any M (in passes of at most 16 rows), any block shape. */
 di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,

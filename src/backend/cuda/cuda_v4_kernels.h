@@ -32,6 +32,30 @@ di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weigh
  * inv_freq: [rope_dim/2] device; sign -1: inverse rotation. */
 di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, const int32_t *pos, const float *inv_freq,
                       int rope_dim, float attn_factor, int sign, di_cu_stream s);
+/* di_v4k_rmsnorm then di_v4k_rope (sign 1) of the same rows: with di_v4k_fuse(1) in one launch (the same bits),
+ * else the two launches (the default until the fused kernel has run on the device). */
+di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
+                              const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s);
+/* The kernel-form setters below (di_v4k_lin_form, _fuse, _hc_form, _route_form, _attend_form, _state_ctas,
+ * _index_form, _mx_form): a negative value restores the default. */
+/* 1: one token's bf16 linears (di_v4k_linear / _groups, T == 1) on the barrier-free GEMV (a warp takes 1 or 2
+ * rows, activations from L1; 2: 4 rows from 8,192 rows, the head), and f32 ones a row a warp; 0 (the default): the
+ * staged form. The same bits. For tests and A/B benchmarks. */
+void di_v4k_lin_form(int form);
+/* 1: the mHC and head collapses (di_v4k_hc_pre, di_v4k_head_pre) with their loads grouped four columns a thread
+ * ahead of the sums; 2: and the mixes' (8 rows ahead); 0 (the default): the plain loops. The same bits. For tests
+ * and A/B benchmarks. */
+void di_v4k_hc_form(int form);
+/* 1: di_v4k_route with a warp per token (the experts scored by the lanes); 0 (the default): a thread per token. The
+ * same picks and weights. For tests and A/B benchmarks. */
+void di_v4k_route_form(int form);
+/* 1: di_v4k_attend (head_dim 129..512) with two keys a warp in flight; 0 (the default): one. The same bits. */
+void di_v4k_attend_form(int form);
+/* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
+void di_v4k_state_ctas(int n);
+/* 1: di_v4k_rmsnorm_rope in one launch, 2: and di_v4k_rmsnorm_rope_window too; 0 (the default): two (three) launches.
+ * For tests and A/B benchmarks. */
+void di_v4k_fuse(int on);
 /* X[t][j][:] = embed[tokens[t]][:] for every stream j < hc (di_v4_embed); embed bf16 or f32 [V][D]. */
 di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s);
 /* The mHC site's front half (hc_weights + collapse + norm of di_v4_hc_site): per token, the mixes of
@@ -80,6 +104,11 @@ typedef struct di_v4k_swrite { int32_t seq, P; float *dst; } di_v4k_swrite;
  * ([block][n_layers][64][hd]), layer l; rows t >= *n_tok (graph padding) are not written. */
 di_status di_v4k_window_write(const float *kv, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                               float *pool, int n_layers, int l, int hd, int T, const int32_t *n_tok, di_cu_stream s);
+/* The kv row's di_v4k_rmsnorm_rope (one row a token) then di_v4k_window_write: with di_v4k_fuse(2) one launch. */
+di_status di_v4k_rmsnorm_rope_window(float *kv, int T, int hd, const float *weight, float eps, const int32_t *pos,
+                                     const float *inv_freq, int rope_dim, float attn_factor, const int32_t *seq_of,
+                                     const di_v4k_seq *seqs, float *pool, int n_layers, int l, const int32_t *n_tok,
+                                     di_cu_stream s);
 /* Pools each listed window (di_v4_pool_window) from the step's rows and the sequences' open windows,
  * norms it, ropes it at e*rate and stores it in its block slot. */
 di_status di_v4k_pool(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_entry *ents, int max_ents,
@@ -99,8 +128,8 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s);
 /* The score kernel di_v4k_indexer takes: 0 (the default) index_score_k, 1 the register-tiled index_score2_k
- * (64 heads; the same bits by construction, not yet verified on the device). For tests and A/B benchmarks;
- * not thread-safe. */
+ * (64 heads; the same bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the
+ * same bits). For tests and A/B benchmarks; not thread-safe. */
 void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];
@@ -143,8 +172,9 @@ di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int3
                                 int n_slots, int D, int I, float *y, di_cu_stream s);
 /* Which kernels the two take where rows allow (C % 32 == 0, aligned): 1 (the default) the staged form (a CTA's
  * activations in shared memory, 4 weight rows a warp), 2 / 3 its variants (registers capped at one token; 2 rows
- * a warp), 0 the lane form (a row a warp); all give the same bits. For tests and A/B benchmarks; not
- * thread-safe (set it before launching). */
+ * a warp), 4 / 5 forms 1 / 3 with the E2M1 codes decoded by byte permutes and one token's row staged whole,
+ * 0 the lane form (a row a warp); all give the same bits. For tests and A/B benchmarks; not thread-safe (set it
+ * before launching). */
 void di_v4k_mx_form(int form);
 /* act[t][i] (row stride ldo) = swiglu with the clamp of gate g[t][i] and up u[t][i] (row stride ldg), as
  * di_v4k_expert_up's epilogue. */

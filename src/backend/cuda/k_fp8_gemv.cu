@@ -24,10 +24,19 @@ static __device__ __forceinline__ void fg_load(uint4 (*w)[U], const uint8_t *con
 }
 
 /* 16 activations of row x at column k as floats: bf16 X, or (NORM) the f32 residual row normed on the
- * way in, bf16(h * inv * w) as di_cuk_rmsnorm rounds it. */
-template <bool NORM>
+ * way in, bf16(h * inv * w) as di_cuk_rmsnorm rounds it, or (F32X) an f32 row rounded to bf16 on the way in
+ * (the values a bf16 copy of it would hold: no rounding launch before the product). */
+template <bool NORM, bool F32X = false>
 static __device__ __forceinline__ void fg_x16(const void *x, const float *nw, float inv, int k, float *xf) {
-  if constexpr (NORM) {
+  if constexpr (F32X) {
+    const float4 *h = (const float4 *)((const float *)x + k);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const float4 hv = __ldg(h + q);
+      xf[4 * q] = di_bf(di_fb(hv.x)); xf[4 * q + 1] = di_bf(di_fb(hv.y));
+      xf[4 * q + 2] = di_bf(di_fb(hv.z)); xf[4 * q + 3] = di_bf(di_fb(hv.w));
+    }
+  } else if constexpr (NORM) {
     const float4 *h = (const float4 *)((const float *)x + k), *g = (const float4 *)(nw + k);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
@@ -40,7 +49,7 @@ static __device__ __forceinline__ void fg_x16(const void *x, const float *nw, fl
   }
 }
 
-template <int MR, int NR, int U, bool NORM>
+template <int MR, int NR, int U, bool NORM, bool F32X = false>
 static __device__ __forceinline__ void fg_fma(float (*acc)[MR], const uint4 (*w)[U], const void *const *xr,
                                               const float *const *sr, int bc, int K, int k0, int lane,
                                               const float *nw, const float *inv) {
@@ -60,7 +69,7 @@ static __device__ __forceinline__ void fg_fma(float (*acc)[MR], const uint4 (*w)
 #pragma unroll
     for (int m = 0; m < MR; m++) {
       float xf[16];
-      fg_x16<NORM>(xr[m], nw, NORM ? inv[m] : 0.f, k, xf);
+      fg_x16<NORM, F32X>(xr[m], nw, NORM ? inv[m] : 0.f, k, xf);
 #pragma unroll
       for (int r = 0; r < NR; r++) {
         float p = 0.f;
@@ -74,7 +83,7 @@ static __device__ __forceinline__ void fg_fma(float (*acc)[MR], const uint4 (*w)
 
 /* The chunked, software-pipelined product of NR weight rows wr with MR activation rows xr over K
  * (chunk c + 1's loads issued before chunk c's FMAs), into acc (zeroed here): one lane's share. */
-template <int MR, int NR, int U, bool NORM>
+template <int MR, int NR, int U, bool NORM, bool F32X = false>
 static __device__ __forceinline__ void fg_rows(float (*acc)[MR], const uint8_t *const *wr, const float *const *sr,
                                                const void *const *xr, int bc, int K, int lane, const float *nw,
                                                const float *inv) {
@@ -88,7 +97,7 @@ static __device__ __forceinline__ void fg_rows(float (*acc)[MR], const uint8_t *
   for (int k0 = 0; k0 < K; k0 += CHUNK) {
     const bool more = k0 + CHUNK < K;
     if (more) fg_load<NR, U>(nxt, wr, K, k0 + CHUNK, lane);
-    fg_fma<MR, NR, U, NORM>(acc, cur, xr, sr, bc, K, k0, lane, nw, inv);
+    fg_fma<MR, NR, U, NORM, F32X>(acc, cur, xr, sr, bc, K, k0, lane, nw, inv);
     if (more) {
 #pragma unroll
       for (int r = 0; r < NR; r++)
@@ -133,12 +142,13 @@ static __device__ __forceinline__ void fg_row_inv(const float *X, int ldx, int m
  * with weights nw (the decode layer's attention norm inside its q/kv product). GLU: W is [gate; up]
  * (N = 2 I rows), a warp's two rows are gate row j and up row j, and it stores silu(gate) * up as bf16
  * at column j of C (I columns; the grid covers I / FG_WARPS): no silu_mul kernel, no [T][2I] round trip. */
-template <int MR, bool NORM, bool GLU>
+template <int MR, bool NORM, bool GLU, int NRT = FG_NR, int UT = (MR <= 4 ? 4 : 2), bool F32X = false>
 static __global__ void __launch_bounds__(FG_WARPS * 32)
 fp8_gemv_kernel(const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
                 const int32_t *tiles, const int32_t *n_tiles, int bm, int M, void *C, int ldc, int c_f32, float beta,
                 const float *nw, float eps) {
-  constexpr int NR = FG_NR, U = MR <= 4 ? 4 : 2;
+  constexpr int NR = NRT, U = UT;
+  static_assert(!GLU || NR == 2, "fp8 gemv: the GLU form takes a gate and an up row a warp");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = N / 2;
   const int n0 = GLU ? blockIdx.x * FG_WARPS + warp : (blockIdx.x * FG_WARPS + warp) * NR;
   const bool live = GLU ? n0 < half : n0 < N;
@@ -170,11 +180,13 @@ fp8_gemv_kernel(const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
 #pragma unroll
       for (int m = 0; m < MR; m++) xr[m] = (const float *)A + (int64_t)(mb + (m < nm ? m : 0)) * lda;
       if (!live) continue;
+    } else if constexpr (F32X) {
+      gv_act_rows<MR>((const float **)xr, (const float *)A, lda, a_rows, mb, nm);
     } else {
       gv_act_rows<MR>((const bf16 **)xr, (const bf16 *)A, lda, a_rows, mb, nm);
     }
     float acc[NR][MR];
-    fg_rows<MR, NR, U, NORM>(acc, wr, sr, xr, w.block_cols, K, lane, nw, inv);
+    fg_rows<MR, NR, U, NORM, F32X>(acc, wr, sr, xr, w.block_cols, K, lane, nw, inv);
     if constexpr (GLU) {
 #pragma unroll
       for (int r = 0; r < NR; r++)
@@ -256,6 +268,65 @@ static di_status fg_check_blocks(int K, di_cuk_fp8w w) {
   return DI_OK;
 }
 
+/* One activation row (the plain and grouped forms at one row per pass), di_cuk_fp8_gemv1_form 1 / 2: the weight
+ * rows a warp and the chunk of columns a lane step group covers follow K (every row's sum is the same whatever
+ * they are: a lane's 16-column steps in order, then the same warp tree), so that a warp has more bytes in flight
+ * at K <= 1,024 (4 rows of one chunk: wq_b's 1,024 columns were 2 KB a warp in 4,096 CTAs) and more warps share
+ * a wide K (1 or 2 rows in 1 KB chunks: wo_b's 8,192 columns ran 1.3 waves of CTAs). 0: FG_NR rows, 4 steps. */
+#define FG1_FORM_DEFAULT 1
+static int g_fg1_form = FG1_FORM_DEFAULT; /* 1, 2: verified (the same bits) in session 14's request 1; 1 the default */
+extern "C" void di_cuk_fp8_gemv1_form(int form) { g_fg1_form = form < 0 ? FG1_FORM_DEFAULT : form; }
+static int fg1_rows(int K) { return K <= 1024 ? 4 : g_fg1_form == 2 ? 2 : 1; }
+/* nr rows a warp (4, 2, 1: 2-step chunks; 0: FG_NR rows in 4-step chunks, form 0's shape); f32x: A is f32 */
+template <bool F32X>
+static di_status fg1_go(int nr, dim3 grid, cudaStream_t s, const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N,
+                        int K, const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int bm, int M, void *C, int ldc,
+                        int c_f32, float beta) {
+  const float *nw = NULL;
+  if (nr == 4)
+    DI_CU(di_launch(fp8_gemv_kernel<1, false, false, 4, 2, F32X>, grid, FG_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles,
+                    n_tiles, bm, M, C, ldc, c_f32, beta, nw, 0.f));
+  else if (nr == 2)
+    DI_CU(di_launch(fp8_gemv_kernel<1, false, false, 2, 2, F32X>, grid, FG_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles,
+                    n_tiles, bm, M, C, ldc, c_f32, beta, nw, 0.f));
+  else if (nr == 1)
+    DI_CU(di_launch(fp8_gemv_kernel<1, false, false, 1, 2, F32X>, grid, FG_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off, tiles,
+                    n_tiles, bm, M, C, ldc, c_f32, beta, nw, 0.f));
+  else
+    DI_CU(di_launch(fp8_gemv_kernel<1, false, false, FG_NR, 4, F32X>, grid, FG_WARPS * 32, 0, s, A, lda, a_rows, w, N, K, off,
+                    tiles, n_tiles, bm, M, C, ldc, c_f32, beta, nw, 0.f));
+  return DI_OK;
+}
+static di_status fg1_launch(int nr, unsigned gy, cudaStream_t s, const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w,
+                            int N, int K, const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, int bm, int M,
+                            void *C, int ldc, int c_f32, float beta, bool f32x = false) {
+  const int rows = nr ? nr : FG_NR;
+  const dim3 grid((N + FG_WARPS * rows - 1) / (FG_WARPS * rows), gy);
+  if (f32x) DI_TRY(fg1_go<true>(nr, grid, s, A, lda, a_rows, w, N, K, off, tiles, n_tiles, bm, M, C, ldc, c_f32, beta));
+  else DI_TRY(fg1_go<false>(nr, grid, s, A, lda, a_rows, w, N, K, off, tiles, n_tiles, bm, M, C, ldc, c_f32, beta));
+  DI_CU_LAUNCH("fp8_gemv1");
+  return DI_OK;
+}
+
+/* One f32 activation row rounded to bf16 inside the product (the same bits as di_cuk_fp8_gemv / the grouped GEMV
+ * over a bf16 copy of it, one rounding launch fewer): di_cuk_fp8_gemv1_f32x / di_cuk_fp8_grouped_gemv1_f32x. */
+#define F32X_DEFAULT 0
+static int g_f32x = F32X_DEFAULT; /* 1 not yet run on the device: off by default */
+extern "C" void di_cuk_fp8_f32x(int on) { g_f32x = on < 0 ? F32X_DEFAULT : on; }
+extern "C" int di_cuk_fp8_f32x_on(void) { return g_f32x; }
+static int fg1_f32x_ok(int K, const float *x, di_cuk_fp8w w) {
+  return K % 16 == 0 && w.ldq % 16 == 0 && w.block_cols % 16 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w.q & 15) == 0 &&
+         w.block_rows > 0;
+}
+extern "C" int di_cuk_fp8_gemv1_f32x_ok(int K, const float *x, di_cuk_fp8w w) { return fg1_f32x_ok(K, x, w); }
+extern "C" di_status di_cuk_fp8_gemv1_f32x(int N, int K, const float *x, di_cuk_fp8w w, float *y, di_cu_stream s) {
+  if (N <= 0) return DI_OK;
+  DI_TRY(fg_check_blocks(K, w));
+  if (!fg1_f32x_ok(K, x, w)) return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 gemv of an f32 row: K %d (K %% 16, aligned)", K);
+  return fg1_launch(g_fg1_form ? fg1_rows(K) : 0, 1, s, x, K, NULL, w, N, K, NULL, NULL, NULL, 1, 1, y, N, 1, 0.f, true);
+}
+
+
 extern "C" di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int ldx, di_cuk_fp8w w, void *Y, int ldy,
                                      int y_f32, float beta, di_cu_stream s) {
   if (M <= 0 || N <= 0) return DI_OK;
@@ -268,6 +339,7 @@ extern "C" di_status di_cuk_fp8_gemv(int M, int N, int K, const uint16_t *X, int
     return DI_OK;
   }
   const int bm = M < 16 ? M : 16;
+  if (M == 1 && g_fg1_form) return fg1_launch(fg1_rows(K), 1, s, X, ldx, NULL, w, N, K, NULL, NULL, NULL, 1, 1, Y, ldy, y_f32, beta);
   const dim3 grid((N + FG_WARPS * FG_NR - 1) / (FG_WARPS * FG_NR), (M + bm - 1) / bm);
   if (grid.y > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda: fp8 gemv of %d rows", M);
   return fg_launch(FG_PLAIN, fg_rows_per_pass(bm), grid, s, X, ldx, NULL, w, N, K, NULL, NULL, NULL, bm, M, Y, ldy,
@@ -323,9 +395,22 @@ extern "C" di_status di_cuk_fp8_grouped_gemv_form(const uint16_t *A, int lda, co
     return di_error_set(DI_ERR_INVALID_ARG,
                         "cuda: fp8 grouped gemv K %d lda %d block %d x %d tiles %d (K %% 16, block_cols %% 16, aligned)",
                         K, lda, w.block_rows, w.block_cols, max_tiles);
+  if (!glu && g_fg1_form && fg_rows_per_pass(max_rows < bm ? max_rows : bm) == 1)
+    return fg1_launch(fg1_rows(K), max_tiles, s, A, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, bm, 0, C, ldc, c_f32, 0.f);
   const dim3 grid(glu ? (N / 2 + FG_WARPS - 1) / FG_WARPS : (N + FG_WARPS * FG_NR - 1) / (FG_WARPS * FG_NR), max_tiles);
   return fg_launch(glu ? FG_GLU : FG_PLAIN, fg_rows_per_pass(max_rows < bm ? max_rows : bm), grid, s, A, lda, a_rows,
                    w, N, K, expert_off, tiles, n_tiles, bm, 0, C, ldc, c_f32, 0.f);
+}
+
+extern "C" di_status di_cuk_fp8_grouped_gemv1_f32x(const float *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
+                                                   const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
+                                                   int max_tiles, int bm, float *C, int ldc, di_cu_stream s) {
+  if (max_tiles <= 0) return DI_OK;
+  if (!fg1_f32x_ok(K, A, w) || lda % 4 || max_tiles > 65535)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 grouped gemv of f32 rows: K %d lda %d tiles %d (K %% 16, aligned)", K, lda,
+                        max_tiles);
+  return fg1_launch(g_fg1_form ? fg1_rows(K) : 0, max_tiles, s, A, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, bm, 0, C,
+                    ldc, 1, 0.f, true);
 }
 
 /* The MoE down projection of a one-token step fused with the weighted combine into the residual row

@@ -10,6 +10,7 @@
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_tc_core.h"
+#include "k_skinny_kn.cuh"
 
 #define BK 64
 #define STAGES 4
@@ -261,11 +262,7 @@ grouped_gemv_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
   for (int mb = m0; mb < mend; mb += MR) {
     const int nm = min(MR, mend - mb);
     const bf16 *arow[MR];
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-      int mm = mb + (m < nm ? m : 0);
-      arow[m] = A + (int64_t)(a_rows ? a_rows[mm] : mm) * lda;
-    }
+    gv_act_rows<MR>(arow, A, lda, a_rows, mb, nm);
     float acc[MR][GV_ROWS];
 #pragma unroll
     for (int m = 0; m < MR; m++)

@@ -87,14 +87,15 @@ static inline bool kn_ok(int M, int N, int ldw, int64_t sw, const void *W) {
 }
 
 /* The activation rows of a pass of MR rows from mb (nm of them live; the rest point at row mb, computed
- * and not stored), through the gather list a_rows when there is one. */
-template <int MR>
-static __device__ __forceinline__ void gv_act_rows(const bf16 **xr, const bf16 *A, int lda, const int32_t *a_rows,
-                                                   int mb, int nm) {
+ * and not stored), through the gather list a_rows when there is one (its entries divided by per: the V4
+ * expert kernels' slot lists, per slots a token). Also k_grouped_gemm.cu's and the V4 kernels' (f32) walks. */
+template <int MR, typename T>
+static __device__ __forceinline__ void gv_act_rows(const T **xr, const T *A, int64_t lda, const int32_t *a_rows, int mb,
+                                                   int nm, int per = 1) {
 #pragma unroll
   for (int m = 0; m < MR; m++) {
     const int mm = mb + (m < nm ? m : 0);
-    xr[m] = A + (int64_t)(a_rows ? a_rows[mm] : mm) * lda;
+    xr[m] = A + (int64_t)(a_rows ? a_rows[mm] / per : mm) * lda;
   }
 }
 

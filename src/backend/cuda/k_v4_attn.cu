@@ -15,7 +15,7 @@
 #include <math.h>
 #include <string.h>
 
-#define BS 64 /* DI_KV_BLOCK_SIZE */
+#define BS V4K_BS
 
 /* Entry e of compressor c in the blocks of table tab. */
 static __device__ __forceinline__ float *entry_ptr(const di_v4k_comp &c, const int32_t *tab, int e) {
@@ -24,10 +24,6 @@ static __device__ __forceinline__ float *entry_ptr(const di_v4k_comp &c, const i
   return c.pool + (((size_t)tab[blk] * c.n_in + c.lidx) * c.slots + slot) * c.dim;
 }
 
-static __device__ __forceinline__ const float *window_row(const float *pool, const int32_t *tab, int n_layers, int l, int hd,
-                                                          int64_t p) {
-  return pool + (((size_t)tab[p / BS] * n_layers + l) * BS + (size_t)(p % BS)) * hd;
-}
 
 /* The kv (gate = 0) or gate (gate = 1) value of column col of the compressor row at position p of
  * sequence q (see the file comment). */
@@ -147,38 +143,65 @@ __global__ void state_write_k(di_v4k_comp c, const di_v4k_seq *seqs, const di_v4
   }
 }
 
+/* CTAs per write (rows strided over them): few, so that a graph's bound of writes past the count costs few idle CTAs;
+ * at 4 an HCA write (128 rows x 512 x 2 floats) took ~13.5 us at one token (H200), so di_v4k_state_ctas(16) is
+ * offered (the same copies; 4 the default until measured on the device). */
+#define STATE_CTAS_DEFAULT 16
+static int g_state_ctas = STATE_CTAS_DEFAULT;
+extern "C" void di_v4k_state_ctas(int n) { g_state_ctas = n >= 1 && n <= 128 ? n : STATE_CTAS_DEFAULT; }
+
 di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const di_v4k_swrite *w, int max_w,
                              const int32_t *n_w, di_cu_stream s) {
   if (max_w <= 0) return DI_OK;
-  /* at most 4 CTAs per write (rows strided over them): a graph's bound of writes past the count costs few idle CTAs */
-  state_write_k<<<dim3(max_w, c->rate < 4 ? c->rate : 4), 128, 0, s>>>(*c, seqs, w, n_w);
+  state_write_k<<<dim3(max_w, c->rate < g_state_ctas ? c->rate : g_state_ctas), 128, 0, s>>>(*c, seqs, w, n_w);
   V4_LAUNCH("state_write");
   return DI_OK;
 }
 
 /* ---- indexer ------------------------------------------------------------------------------------- */
 
+/* Query t's view of the indexer's entries: its sequence, the sequence's closed entries nc and those the query
+ * may see, valid (the entries closed at or before its position). */
+struct idx_query {
+  di_v4k_seq sq;
+  int nc, valid;
+};
+static __device__ __forceinline__ idx_query index_query(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
+                                                        int t, int rate) {
+  idx_query r;
+  r.sq = seqs[seq_of[t]];
+  r.nc = (r.sq.pos0 + r.sq.n) / rate;
+  const int v = (pos[t] + 1) / rate;
+  r.valid = v < r.nc ? v : r.nc;
+  return r;
+}
+/* Query t's nh x di floats into shared memory, rows padded by one float (lane h reads row h without bank
+ * conflicts); every thread of the CTA, then a barrier. */
+static __device__ void index_stage_query(float *qs, const float *q, int t, int nh, int di) {
+  const float *qt = q + (size_t)t * nh * di;
+  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
+  __syncthreads();
+}
+
 /* Scores of IDX_ENTRIES entries per CTA, a warp per entry at a time: the query's heads in shared memory
  * (rows padded by one float: lane h reads row h without bank conflicts), lane j computes the dot products of
  * heads j, j + 32, ... in the CPU's order (double), relu, scale and head weight, then the warp sums its
  * heads. The entry's key is read by all lanes at once (a broadcast). */
 #define IDX_WARPS 8
-#define IDX_ENTRIES 16 /* entries per CTA (two per warp): more CTAs at short contexts than 32 (32 CTAs at 4K), fewer stagings of the queries than 8 */
+#define IDX_ENTRIES 16 /* entries per CTA (epc; two per warp): more CTAs at short contexts than 32 (32 CTAs at 4K), fewer stagings of the queries than 8 */
+#define IDX_ENTRIES_SHORT 8 /* di_v4k_index_form 2: epc up to 4,096 entries (a CTA an SM at 4K: 64 CTAs of 16 used half the H200) */
 __global__ void index_score_k(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
-                              const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score) {
+                              const di_v4k_seq *seqs, di_v4k_comp ic, int nh, int di, int max_n, float *score, int epc) {
   extern __shared__ float qs[]; /* [nh][di + 1] */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const di_v4k_seq sq = seqs[seq_of[t]];
-  const int nc = (sq.pos0 + sq.n) / ic.rate;
-  int valid = (pos[t] + 1) / ic.rate;
-  valid = valid < nc ? valid : nc;
-  const int s0 = blockIdx.x * IDX_ENTRIES;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, ic.rate);
+  const di_v4k_seq &sq = iq.sq;
+  const int valid = iq.valid, s0 = blockIdx.x * epc;
   if (s0 >= valid) return;
-  const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
-  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
-  __syncthreads();
+  const float *ht = hw + (size_t)t * nh;
+  index_stage_query(qs, q, t, nh, di);
   const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
-  for (int sidx = s0 + warp; sidx < s0 + IDX_ENTRIES && sidx < valid; sidx += IDX_WARPS) {
+  for (int sidx = s0 + warp; sidx < s0 + epc && sidx < valid; sidx += IDX_WARPS) {
     const float *K = entry_ptr(ic, sq.tab[1], sidx);
     double sc = 0;
     for (int h = lane; h < nh; h += 32) {
@@ -213,17 +236,14 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
                                                                  int nh, int di, int max_n, float *score) {
   extern __shared__ double sm2[]; /* per warp [IDX2_E][di] keys, [IDX2_E][nh] terms; then the query [nh][di + 1] floats */
   const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const di_v4k_seq sq = seqs[seq_of[t]];
-  const int nc = (sq.pos0 + sq.n) / ic.rate;
-  int valid = (pos[t] + 1) / ic.rate;
-  valid = valid < nc ? valid : nc;
-  const int s0 = blockIdx.x * IDX2_ENTRIES;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, ic.rate);
+  const di_v4k_seq &sq = iq.sq;
+  const int valid = iq.valid, s0 = blockIdx.x * IDX2_ENTRIES;
   if (s0 >= valid) return;
   double *kd = sm2 + (size_t)warp * IDX2_E * (di + nh), *term = kd + (size_t)IDX2_E * di;
   float *qs = (float *)(sm2 + (size_t)IDX2_WARPS * IDX2_E * (di + nh));
-  const float *qt = q + (size_t)t * nh * di, *ht = hw + (size_t)t * nh;
-  for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qs[(i / di) * (di + 1) + i % di] = qt[i];
-  __syncthreads();
+  const float *ht = hw + (size_t)t * nh;
+  index_stage_query(qs, q, t, nh, di);
   const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
   const int hg = lane & 15, eg = lane >> 4;
   for (int b = s0 + warp * IDX2_E; b < s0 + IDX2_ENTRIES && b < valid; b += IDX2_WARPS * IDX2_E) {
@@ -265,8 +285,10 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
     }
   }
 }
-static int g_index_form = 0; /* 1 (index_score2_k) not yet run on the device: off by default */
-extern "C" void di_v4k_index_form(int form) { g_index_form = form; }
+#define INDEX_FORM_DEFAULT 0
+static int g_index_form = INDEX_FORM_DEFAULT; /* 1 (index_score2_k: slower on the H200, session 14's request 6); 2 (index_score_k, 8 entries
+                                 a CTA up to 4,096 entries) not yet run on the device */
+extern "C" void di_v4k_index_form(int form) { g_index_form = form < 0 ? INDEX_FORM_DEFAULT : form; }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
  * lowest (di_v4_topk_earlier_first ranks NaN last). No real value maps to 0. */
@@ -285,10 +307,8 @@ static __device__ __forceinline__ uint32_t score_key(float v) {
 __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
                              int max_n, const float *score, unsigned char *sel) {
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const di_v4k_seq sq = seqs[seq_of[t]];
-  const int nc = (sq.pos0 + sq.n) / rate;
-  int valid = (pos[t] + 1) / rate;
-  valid = valid < nc ? valid : nc;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, rate);
+  const int nc = iq.nc, valid = iq.valid;
   const int k = topk < valid ? topk : valid;
   const float *sc = score + (size_t)t * max_n;
   unsigned char *out = sel + (size_t)t * max_n;
@@ -404,8 +424,10 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
       DI_CU(cudaFuncSetAttribute(index_score_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       smem_set = smem;
     }
-    index_score_k<<<dim3((max_n + IDX_ENTRIES - 1) / IDX_ENTRIES, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh,
-                                                                                               di, max_n, score);
+    /* entries per CTA: every entry's score is one warp's whatever the grouping, so any epc gives the same bits */
+    const int epc = g_index_form == 2 && max_n <= 4096 ? IDX_ENTRIES_SHORT : IDX_ENTRIES;
+    index_score_k<<<dim3((max_n + epc - 1) / epc, T), 32 * IDX_WARPS, smem, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di, max_n,
+                                                                               score, epc);
   }
   V4_LAUNCH("index_score");
   index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
@@ -437,7 +459,7 @@ typedef struct att_args {
  * sums are added in warp order in shared memory. Every sum's order depends only on the token's own keys,
  * so results do not depend on the batch. */
 #define ATT_WARPS 16
-template <int NJ>
+template <int NJ, int AU>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_comp c, int has_comp) {
   const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
   const di_v4k_seq sq = a.seqs[a.seq_of[t]];
@@ -486,16 +508,47 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   }
   __syncthreads();
   const double scale = 1.0 / sqrt((double)hd);
-  for (int i = warp; i < nk; i += ATT_WARPS) {
-    const float *k = kp[i];
-    double d = 0;
+  /* a warp's keys i = warp, warp + ATT_WARPS, ...: AU == 1 one after another (one key's memory latency after
+   * another: the loop's bound at one token); else AU at a time with all their loads issued first, each key's sum
+   * as in the one-key loop */
+  if constexpr (AU == 1) {
+    for (int i = warp; i < nk; i += ATT_WARPS) {
+      const float *k = kp[i];
+      double d = 0;
 #pragma unroll
-    for (int j = 0; j < NJ; j++) {
-      const int e = lane + 32 * j;
-      if (e < hd) d += qs[e] * k[e];
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) d += qs[e] * k[e];
+      }
+      d = warp_sum_d(d);
+      if (lane == 0) p[i] = (float)(d * scale);
     }
-    d = warp_sum_d(d);
-    if (lane == 0) p[i] = (float)(d * scale);
+  } else
+  for (int i0 = warp; i0 < nk; i0 += ATT_WARPS * AU) {
+    float kv[AU][NJ];
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      const float *k = i < nk ? kp[i] : NULL;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        kv[u][j] = k && e < hd ? k[e] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      if (i >= nk) break;
+      double d = 0;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) d += qs[e] * kv[u][j];
+      }
+      d = warp_sum_d(d);
+      if (lane == 0) p[i] = (float)(d * scale);
+    }
   }
   __syncthreads();
   double mx = -INFINITY;
@@ -509,13 +562,39 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   double acc[NJ];
 #pragma unroll
   for (int j = 0; j < NJ; j++) acc[j] = 0;
-  for (int i = warp; i < nk; i += ATT_WARPS) {
-    const float *v = kp[i];
-    const double w = exp((double)p[i] - mx);
+  if constexpr (AU == 1) {
+    for (int i = warp; i < nk; i += ATT_WARPS) {
+      const float *v = kp[i];
+      const double w = exp((double)p[i] - mx);
 #pragma unroll
-    for (int j = 0; j < NJ; j++) {
-      const int e = lane + 32 * j;
-      if (e < hd) acc[j] += w * v[e];
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) acc[j] += w * v[e];
+      }
+    }
+  } else
+  for (int i0 = warp; i0 < nk; i0 += ATT_WARPS * AU) { /* the same keys, AU at a time, added in order */
+    float vv[AU][NJ];
+    double wv[AU];
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      const float *v = i < nk ? kp[i] : NULL;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        vv[u][j] = v && e < hd ? v[e] : 0.0f;
+      }
+      wv[u] = i < nk ? exp((double)p[i] - mx) : 0.0;
+    }
+#pragma unroll
+    for (int u = 0; u < AU; u++) {
+      if (i0 + u * ATT_WARPS >= nk) break;
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const int e = lane + 32 * j;
+        if (e < hd) acc[j] += wv[u] * vv[u][j];
+      }
     }
   }
   extern __shared__ double red[]; /* [ATT_WARPS][hd] */
@@ -538,6 +617,10 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   for (int e = tid; e < hd; e += blockDim.x) oh[e] = os[e];
 }
 
+#define ATT_FORM_DEFAULT 1
+static int g_att_form = ATT_FORM_DEFAULT; /* 1: two keys a warp in flight at one token (129 <= head_dim <= 512) */
+extern "C" void di_v4k_attend_form(int form) { g_att_form = form < 0 ? ATT_FORM_DEFAULT : form; }
+
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                         const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,
                         const unsigned char *sel, int max_n, const float *sink, int T, int H, int hd,
@@ -550,20 +633,24 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
   di_v4k_comp none;
   memset(&none, 0, sizeof none);
   const size_t smem = sizeof(double) * ATT_WARPS * (size_t)hd;
+  const di_v4k_comp cc = comp ? *comp : none;
   if (hd <= 128) {
-    attend_k<4><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+    attend_k<4, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else if (hd <= 512) {
-    static size_t set16; /* each attribute once per size (not again while a graph is captured) */
-    if (smem > 48 * 1024 && smem > set16) {
-      DI_CU(cudaFuncSetAttribute(attend_k<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      set16 = smem;
+    static size_t set16[2]; /* each attribute once per size (not again while a graph is captured) */
+    /* form 1: at one token only (at batch 64 the two-key kernel was slower: 128 registers, 1 CTA an SM); 2: always */
+    const int f = (g_att_form == 1 && T == 1) || g_att_form == 2;
+    if (smem > 48 * 1024 && smem > set16[f]) {
+      DI_CU(cudaFuncSetAttribute(f ? attend_k<16, 2> : attend_k<16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      set16[f] = smem;
     }
-    attend_k<16><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+    if (f) attend_k<16, 2><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
+    else attend_k<16, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else {
     static size_t set32;
-    if (smem > set32) DI_CU(cudaFuncSetAttribute(attend_k<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > set32) DI_CU(cudaFuncSetAttribute(attend_k<32, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     set32 = smem > set32 ? smem : set32;
-    attend_k<32><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, comp ? *comp : none, comp != NULL);
+    attend_k<32, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   }
   V4_LAUNCH("attend");
   return DI_OK;

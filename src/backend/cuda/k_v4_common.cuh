@@ -1,6 +1,6 @@
 /* Device helpers shared by the DeepSeek-V4 kernels (k_v4_dense.cu, k_v4_attn.cu): the launch check,
- * warp and CTA reductions (double, as the CPU's sums), and one rotary pair rotated as
- * di_v4_rope_apply does (float angle, cos / sin in double, attention factor). */
+ * warp and CTA reductions (double, as the CPU's sums), a window row's place in the pool, and one rotary pair
+ * rotated as di_v4_rope_apply does (float angle, cos / sin in double, attention factor). */
 #ifndef DI_K_V4_COMMON_CUH
 #define DI_K_V4_COMMON_CUH
 #include "cuda_common.cuh"
@@ -60,6 +60,13 @@ static __device__ double block_max_d(double v) {
   }
   __syncthreads();
   return total;
+}
+
+#define V4K_BS 64 /* DI_KV_BLOCK_SIZE */
+/* Window row p of layer l in the window pool's blocks of table tab. */
+static __device__ __forceinline__ const float *window_row(const float *pool, const int32_t *tab, int n_layers, int l, int hd,
+                                                          int64_t p) {
+  return pool + (((size_t)tab[p / V4K_BS] * n_layers + l) * V4K_BS + (size_t)(p % V4K_BS)) * hd;
 }
 
 static __device__ __forceinline__ void rope_pair(float *r, int i, float inv_freq, int pos, float af, int sign) {

@@ -9,6 +9,7 @@
  * weights mode: E2M1 codes decoded to floats in registers, each 32-value block's products summed, then
  * scaled by its E8M0 power of two, which is exact: the CPU's dequantize-then-dot up to the sum order). */
 #include "k_v4_common.cuh"
+#include "k_skinny_kn.cuh"
 #include "cuda_v4_kernels.h"
 #include "backend/v4_torch_select.h"
 #include <math.h>
@@ -243,8 +244,7 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
 #pragma unroll
   for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
   const float *xr[LIN_TOK];
-#pragma unroll
-  for (int i = 0; i < LIN_TOK; i++) xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * ldx;
+  gv_act_rows<LIN_TOK>(xr, x, ldx, NULL, t0, nt);
   if constexpr (staged)
     rows_dot_staged(W + (size_t)(r < R ? r : 0) * C, NULL, xr, nt, C, r < R, acc, NULL);
   else
@@ -256,6 +256,88 @@ __global__ void linear_k(const float *x, int ldx, const WT *W, int T, int R, int
     if (lane == 0 && i < nt) y[(size_t)(t0 + i) * ldy + r] = v;
   }
 }
+
+/* One token's bf16 GEMV (di_v4k_lin_form 1): the staged form's CTA of 8 rows (a row a warp) stages the activation
+ * row 1,024 columns at a time with two barriers per chunk and keeps one chunk of one row in flight per warp:
+ * short-lived CTAs at 1.6-3 TB/s (wq_b, wo_a, wo_b, the head). Here a warp takes NRW rows, reads the
+ * activations straight from L1 (a lane's 8 columns and the warp's 256 are contiguous: coalesced float4 loads),
+ * with no shared memory and no barrier, every row's next chunk in flight while a chunk is summed. Per row and
+ * lane the same columns in the same order through the same dot8: the same bits as row_dot / rows_dot_staged,
+ * so as the step's other token counts. grid.z: the groups as in linear_k. */
+#define G1_WARPS 4
+template <int NRW>
+__global__ void __launch_bounds__(G1_WARPS * 32) gemv1_k(const float *x, const bf16 *W, int R, int C, float *y, int64_t gx,
+                                                         int64_t gw, int64_t gy) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = (blockIdx.x * G1_WARPS + warp) * NRW;
+  if (r0 >= R) return;
+  x += gx * blockIdx.z;
+  W += gw * blockIdx.z;
+  y += gy * blockIdx.z;
+  const float *xr[1] = {x};
+  const bf16 *wr[NRW];
+  float acc[NRW][LIN_TOK];
+#pragma unroll
+  for (int r = 0; r < NRW; r++) {
+    wr[r] = W + (size_t)(r0 + r < R ? r0 + r : r0) * C; /* past R: a copy, not stored */
+#pragma unroll
+    for (int i = 0; i < LIN_TOK; i++) acc[r][i] = 0;
+  }
+  uint4 cur[NRW][XU], nxt[NRW][XU];
+#pragma unroll
+  for (int r = 0; r < NRW; r++) wchunk(cur[r], wr[r], 0, C, lane, 1);
+  for (int c0 = 0; c0 < C; c0 += XCH) {
+#pragma unroll
+    for (int r = 0; r < NRW; r++) wchunk(nxt[r], wr[r], c0 + XCH, C, lane, 1);
+#pragma unroll
+    for (int u = 0; u < XU; u++) {
+      const int k = c0 + lane * 8 + u * 256;
+      if (k < C) {
+#pragma unroll
+        for (int r = 0; r < NRW; r++) {
+          float f[8];
+          unpack8(cur[r][u], f);
+          dot8(f, xr, 1, k, acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < NRW; r++)
+#pragma unroll
+      for (int u = 0; u < XU; u++) cur[r][u] = nxt[r][u];
+  }
+#pragma unroll
+  for (int r = 0; r < NRW; r++) {
+    const float v = warp_sum_f(acc[r][0]);
+    if (lane == 0 && r0 + r < R) y[r0 + r] = v;
+  }
+}
+/* f32 rows (the router's 4,096-column rows) at one token: a row a warp, G1_WARPS warps a CTA (linear_k's 8 rows a
+ * CTA left most SMs idle: 4 CTAs for 32 experts) and 8 iterations' loads in flight (linear_k: 4); each lane's
+ * iterations in row_dot's order through the same dot8: the same bits. */
+__global__ void __launch_bounds__(G1_WARPS * 32) gemv1_f32_k(const float *x, const float *W, int R, int C, float *y, int64_t gx,
+                                                             int64_t gw, int64_t gy) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.x * G1_WARPS + warp;
+  if (r >= R) return;
+  x += gx * blockIdx.z;
+  W += gw * blockIdx.z;
+  y += gy * blockIdx.z;
+  const float *xr[1] = {x}, *wr = W + (size_t)r * C;
+  float acc[LIN_TOK];
+#pragma unroll
+  for (int i = 0; i < LIN_TOK; i++) acc[i] = 0;
+#pragma unroll 8
+  for (int c = lane * 8; c < C; c += 32 * 8) {
+    float w[8];
+    wload8(wr, c, w);
+    dot8(w, xr, 1, c, acc);
+  }
+  const float v = warp_sum_f(acc[0]);
+  if (lane == 0) y[r] = v;
+}
+#define LIN_FORM_DEFAULT 1
+static int g_lin_form = LIN_FORM_DEFAULT; /* 1 (gemv1_k at one token; verified on the H200, session 14 request 1); 2: 4 rows a warp from 8,192 rows, not yet run */
+extern "C" void di_v4k_lin_form(int form) { g_lin_form = form < 0 ? LIN_FORM_DEFAULT : form; }
 
 /* whether rows of C columns at x (stride ldx) and w take the 16-byte path */
 static int vec8_ok(const void *x, int ldx, const void *w, int C) {
@@ -269,8 +351,16 @@ di_status di_v4k_linear_groups(const float *x, int ldx, const void *W, int wf32,
   if (grid.y > 65535 || G > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: linear over %d tokens x %d groups at once", T, G);
   /* every group's rows keep the alignment of the first when the offsets are multiples of 8 elements */
   const int v8 = vec8_ok(x, ldx, W, C) && (G == 1 || (gx % 8 == 0 && gw % 8 == 0));
-  if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  if (wf32 && v8 && T == 1 && g_lin_form >= 1)
+    gemv1_f32_k<<<dim3((R + G1_WARPS - 1) / G1_WARPS, 1, G), 32 * G1_WARPS, 0, s>>>(x, (const float *)W, R, C, y, gx, gw, gy);
+  else if (wf32 && v8) linear_k<float, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (wf32) linear_k<float, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const float *)W, T, R, C, y, ldy, gx, gw, gy);
+  else if (v8 && T == 1 && g_lin_form == 2 && R >= 8192)
+    gemv1_k<4><<<dim3((R + 4 * G1_WARPS - 1) / (4 * G1_WARPS), 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
+  else if (v8 && T == 1 && g_lin_form >= 1 && R >= 8192)
+    gemv1_k<2><<<dim3((R + 2 * G1_WARPS - 1) / (2 * G1_WARPS), 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
+  else if (v8 && T == 1 && g_lin_form >= 1)
+    gemv1_k<1><<<dim3((R + G1_WARPS - 1) / G1_WARPS, 1, G), 32 * G1_WARPS, 0, s>>>(x, (const bf16 *)W, R, C, y, gx, gw, gy);
   else if (v8 && T == 1) linear_k<bf16, VEC_STAGED><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else if (v8) linear_k<bf16, 8><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
   else linear_k<bf16, 1><<<grid, 32 * LIN_ROWS, 0, s>>>(x, ldx, (const bf16 *)W, T, R, C, y, ldy, gx, gw, gy);
@@ -285,14 +375,15 @@ di_status di_v4k_linear(const float *x, int ldx, const void *W, int wf32, int T,
 
 /* ---- norms, rope, embedding ------------------------------------------------------------------------ */
 
-__global__ void rmsnorm_k(float *x, int ld, int n, const float *w, float eps) {
-  float *r = x + (size_t)blockIdx.x * ld;
+/* In-place RMSNorm of the CTA's row r (di_v4_rmsnorm: the sum of squares in double); every thread of the CTA. */
+static __device__ __forceinline__ void rmsnorm_row(float *r, int n, const float *w, float eps) {
   double ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)r[i] * r[i];
   ss = block_sum_d(ss);
   const float k = (float)(1.0 / sqrt(ss / n + (double)eps));
   for (int i = threadIdx.x; i < n; i += blockDim.x) r[i] = w ? w[i] * (r[i] * k) : r[i] * k;
 }
+__global__ void rmsnorm_k(float *x, int ld, int n, const float *w, float eps) { rmsnorm_row(x + (size_t)blockIdx.x * ld, n, w, eps); }
 
 di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weight, float eps, di_cu_stream s) {
   if (n_rows <= 0) return DI_OK;
@@ -315,6 +406,61 @@ di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, c
   if (total <= 0) return DI_OK;
   rope_k<<<(total + 255) / 256, 256, 0, s>>>(x, ld, n_rows, n, rows_per_token, pos, inv_freq, rope_dim, attn_factor, sign);
   V4_LAUNCH("rope");
+  return DI_OK;
+}
+
+/* RMSNorm then RoPE of row blockIdx.x in one launch (the q heads; the kv row): rmsnorm_k's and rope_k's
+ * arithmetic on the same values in the same order, so the same bits as the two launches; with win.pool the kv row
+ * is then written into the window (window_write_k's copy). */
+typedef struct v4k_win {
+  float *pool;
+  const di_v4k_seq *seqs;
+  const int32_t *seq_of;
+  int nl, l;
+  const int32_t *n_tok; /* graph steps: rows past the step's own are not written */
+} v4k_win;
+__global__ void rmsnorm_rope_k(float *x, int ld, int n, const float *w, float eps, int rpt, const int32_t *pos,
+                               const float *inv_freq, int d, float af, v4k_win win) {
+  float *r = x + (size_t)blockIdx.x * ld;
+  rmsnorm_row(r, n, w, eps);
+  __syncthreads(); /* the normed row is visible to the CTA */
+  for (int i = threadIdx.x; i < d / 2; i += blockDim.x) rope_pair(r + (n - d), i, inv_freq[i], pos[blockIdx.x / rpt], af, 1);
+  if (!win.pool) return;
+  __syncthreads(); /* the roped row, then into the window (window_write_k's copy, not past the step's own rows) */
+  const int t = blockIdx.x;
+  if (t >= (win.n_tok ? *win.n_tok : gridDim.x)) return;
+  float *dst = (float *)window_row(win.pool, win.seqs[win.seq_of[t]].tab[3], win.nl, win.l, n, pos[t]);
+  for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = r[e];
+}
+#define FUSE_DEFAULT 1
+static int g_fuse = FUSE_DEFAULT; /* 1 (norm + rope one launch: verified, session 14 request 1); 2 (and the kv window write) not yet run on the device */
+static const v4k_win no_win = {NULL, NULL, NULL, 0, 0, NULL};
+extern "C" void di_v4k_fuse(int on) { g_fuse = on < 0 ? FUSE_DEFAULT : on; }
+
+di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
+                              const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s) {
+  if (!g_fuse) {
+    DI_TRY(di_v4k_rmsnorm(x, ld, n_rows, n, weight, eps, s));
+    return di_v4k_rope(x, ld, n_rows, n, rows_per_token, pos, inv_freq, rope_dim, attn_factor, 1, s);
+  }
+  if (n_rows <= 0) return DI_OK;
+  rmsnorm_rope_k<<<n_rows, 256, 0, s>>>(x, ld, n, weight, eps, rows_per_token, pos, inv_freq, rope_dim, attn_factor, no_win);
+  V4_LAUNCH("rmsnorm_rope");
+  return DI_OK;
+}
+
+di_status di_v4k_rmsnorm_rope_window(float *kv, int T, int hd, const float *weight, float eps, const int32_t *pos,
+                                     const float *inv_freq, int rope_dim, float attn_factor, const int32_t *seq_of,
+                                     const di_v4k_seq *seqs, float *pool, int n_layers, int l, const int32_t *n_tok,
+                                     di_cu_stream s) {
+  if (g_fuse < 2) {
+    DI_TRY(di_v4k_rmsnorm_rope(kv, hd, T, hd, weight, eps, 1, pos, inv_freq, rope_dim, attn_factor, s));
+    return di_v4k_window_write(kv, pos, seq_of, seqs, pool, n_layers, l, hd, T, n_tok, s);
+  }
+  if (T <= 0) return DI_OK;
+  const v4k_win win = {pool, seqs, seq_of, n_layers, l, n_tok};
+  rmsnorm_rope_k<<<T, 256, 0, s>>>(kv, hd, hd, weight, eps, 1, pos, inv_freq, rope_dim, attn_factor, win);
+  V4_LAUNCH("rmsnorm_rope_window");
   return DI_OK;
 }
 
@@ -369,17 +515,36 @@ size_t di_v4k_hc_scratch(int T, int D, int hc) {
  * token would stream it from one SM): CTA (s, i) takes columns [s * HC_COLS, +HC_COLS) of token
  * rows ? rows[i] : i and writes part[(i * nsplit + s) * (nmix + 1) + m]: its share of fn_m . X (m < nmix)
  * and of X . X (m = nmix), in double. */
+/* GROUPED (di_v4k_hc_form 2): the mix rows' values read 8 at a time ahead of their sums (read-only loads, which the
+ * shared-memory stores between the sums cannot alias), the same products and sums. */
+#define HC_MIXG 8
+template <bool GROUPED>
 __global__ void __launch_bounds__(HC_COLS) hc_mix_k(const float *X, const int32_t *rows, const float *fn, int n, int nmix,
                                                     double *part) {
   const int s = blockIdx.x, i = blockIdx.y, t = rows ? rows[i] : i;
   const int c = s * HC_COLS + threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ double red[HC_COLS / 32][HC_MIX_MAX + 1];
   const float x = c < n ? X[(size_t)t * n + c] : 0.0f;
+  if constexpr (GROUPED) {
+    for (int m0 = 0; m0 < nmix; m0 += HC_MIXG) {
+      float fv[HC_MIXG];
+#pragma unroll
+      for (int g = 0; g < HC_MIXG; g++) fv[g] = c < n && m0 + g < nmix ? __ldg(fn + (size_t)(m0 + g) * n + c) : 0.0f;
+#pragma unroll
+      for (int g = 0; g < HC_MIXG; g++) {
+        if (m0 + g >= nmix) break;
+        double v = c < n ? (double)fv[g] * x : 0.0;
+        v = warp_sum_d(v);
+        if (lane == 0) red[warp][m0 + g] = v;
+      }
+    }
+  } else {
 #pragma unroll 4
-  for (int m = 0; m < nmix; m++) {
-    double v = c < n ? (double)fn[(size_t)m * n + c] * x : 0.0;
-    v = warp_sum_d(v);
-    if (lane == 0) red[warp][m] = v;
+    for (int m = 0; m < nmix; m++) {
+      double v = c < n ? (double)fn[(size_t)m * n + c] * x : 0.0;
+      v = warp_sum_d(v);
+      if (lane == 0) red[warp][m] = v;
+    }
   }
   const double sq = warp_sum_d((double)x * x);
   if (lane == 0) red[warp][nmix] = sq;
@@ -424,19 +589,64 @@ static __device__ void hc_gather(const double *part, int nsplit, int nmix, int n
 }
 
 /* out[d] = RMSNorm(sum_j pre[j] Xt[j][d]) * norm[d] (norm NULL: unweighted): the collapse of the mHC site
- * and of the head alike. */
-static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out) {
+ * and of the head alike. One CTA. grouped (di_v4k_hc_form 1): a thread's columns d = threadIdx.x + i blockDim.x
+ * are taken HCG at a time with all their loads issued first (the plain loop waits one memory latency per column:
+ * each store to out may alias the next column's loads; hc_pre_k / head_pre_k took ~23 / 27 us at D = 4,096), then
+ * summed in the plain loop's order: the same bits. */
+#define HCG 4
+#define HC_FORM_DEFAULT 1
+static int g_hc_form = HC_FORM_DEFAULT; /* 1 (the collapse's grouped loads: verified, session 14 request 1), 2 (and the mixes') not yet run on the device */
+extern "C" void di_v4k_hc_form(int form) { g_hc_form = form < 0 ? HC_FORM_DEFAULT : form; }
+static __device__ void hc_collapse(const float *Xt, const double *pre, int D, int hc, float eps, const float *norm, float *out,
+                                   int grouped) {
+  if (!grouped) { /* the plain loops (di_v4k_hc_form 0) */
+    double s2 = 0;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      double s = 0;
+      for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
+      const float v = (float)s;
+      out[d] = v;
+      s2 += (double)v * v;
+    }
+    s2 = block_sum_d(s2);
+    const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = norm ? norm[d] * (out[d] * k) : out[d] * k;
+    return;
+  }
   double s2 = 0;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    double s = 0;
-    for (int j = 0; j < hc; j++) s += pre[j] * Xt[j * D + d];
-    const float v = (float)s;
-    out[d] = v;
-    s2 += (double)v * v;
+  const int bd = blockDim.x;
+  for (int d0 = threadIdx.x; d0 < D; d0 += HCG * bd) {
+    float xv[HCG][HC_MAX];
+#pragma unroll
+    for (int g = 0; g < HCG; g++)
+#pragma unroll
+      for (int j = 0; j < HC_MAX; j++) xv[g][j] = j < hc && d0 + g * bd < D ? Xt[j * D + d0 + g * bd] : 0.0f;
+#pragma unroll
+    for (int g = 0; g < HCG; g++) {
+      if (d0 + g * bd >= D) break;
+      double s = 0;
+#pragma unroll
+      for (int j = 0; j < HC_MAX; j++)
+        if (j < hc) s += pre[j] * xv[g][j];
+      const float v = (float)s;
+      out[d0 + g * bd] = v;
+      s2 += (double)v * v;
+    }
   }
   s2 = block_sum_d(s2);
   const float k = (float)(1.0 / sqrt(s2 / D + (double)eps));
-  for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = norm ? norm[d] * (out[d] * k) : out[d] * k;
+  for (int d0 = threadIdx.x; d0 < D; d0 += HCG * bd) {
+    float ov[HCG], nv[HCG];
+#pragma unroll
+    for (int g = 0; g < HCG; g++) {
+      const int d = d0 + g * bd;
+      ov[g] = d < D ? out[d] : 0.0f;
+      nv[g] = d < D && norm ? norm[d] : 0.0f;
+    }
+#pragma unroll
+    for (int g = 0; g < HCG; g++)
+      if (d0 + g * bd < D) out[d0 + g * bd] = norm ? nv[g] * (ov[g] * k) : ov[g] * k;
+  }
 }
 
 /* The Sinkhorn of one site (comb: softmax rows + hc_eps, then iters alternating row / column
@@ -472,7 +682,7 @@ static __device__ void hc_sinkhorn_lanes(const double *mixes, const float *scale
  * two run side by side; each gathers the mixes itself. */
 __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
                          const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
-                         double *comb_out) {
+                         double *comb_out, int grouped) {
   const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y;
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
@@ -481,7 +691,7 @@ __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const f
   if (role == 0) {
     if (j < hc) pre[j] = sigmoid_d(mixes[j] * scale[0] + base[j]) + hc_eps;
     __syncthreads();
-    hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D);
+    hc_collapse(X + (size_t)t * n, pre, D, hc, eps, norm, in + (size_t)t * D, grouped);
     return;
   }
   if (j < hc) post_out[(size_t)t * hc + j] = 2 * sigmoid_d(mixes[hc + j] * scale[1] + base[hc + j]);
@@ -528,9 +738,10 @@ di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, cons
   if (T <= 0) return DI_OK;
   if (T > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: mHC over %d tokens at once", T);
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
-  hc_mix_k<<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+  if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+  else hc_mix_k<false><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
   V4_LAUNCH("hc_mix");
-  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb);
+  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, g_hc_form);
   V4_LAUNCH("hc_pre");
   return DI_OK;
 }
@@ -561,13 +772,13 @@ di_status di_v4k_hc_post(float *X, const float *out, const double *post, const d
 
 /* The head's collapse: the mHC site's with hc sigmoid mixes only (no post / comb, no Sinkhorn). */
 __global__ void head_pre_k(const float *X, const int32_t *rows, const double *part, int nsplit, const float *base,
-                           const float *scale, const float *fnorm, int D, int hc, float eps, float hc_eps, float *y) {
+                           const float *scale, const float *fnorm, int D, int hc, float eps, float hc_eps, float *y, int grouped) {
   const int i = blockIdx.x, n = hc * D;
   __shared__ double mixes[HC_MAX], pre[HC_MAX];
   hc_gather(part + (size_t)i * nsplit * (hc + 1), nsplit, hc, n, eps, mixes);
   if (threadIdx.x < hc) pre[threadIdx.x] = sigmoid_d(mixes[threadIdx.x] * scale[0] + base[threadIdx.x]) + hc_eps;
   __syncthreads();
-  hc_collapse(X + (size_t)rows[i] * n, pre, D, hc, eps, fnorm, y + (size_t)i * D);
+  hc_collapse(X + (size_t)rows[i] * n, pre, D, hc, eps, fnorm, y + (size_t)i * D, grouped);
 }
 
 di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const float *fn, const float *base,
@@ -577,9 +788,10 @@ di_status di_v4k_head_pre(const float *X, const int32_t *rows, int n, const floa
   if (n <= 0) return DI_OK;
   if (n > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: head over %d rows at once", n);
   const int nsplit = hc_splits(D, hc);
-  hc_mix_k<<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
+  if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
+  else hc_mix_k<false><<<dim3(nsplit, n), HC_COLS, 0, s>>>(X, rows, fn, hc * D, hc, part);
   V4_LAUNCH("head_mix");
-  head_pre_k<<<n, 256, 0, s>>>(X, rows, part, nsplit, base, scale, final_norm, D, hc, eps, hc_eps, y);
+  head_pre_k<<<n, 256, 0, s>>>(X, rows, part, nsplit, base, scale, final_norm, D, hc, eps, hc_eps, y, g_hc_form);
   V4_LAUNCH("head_pre");
   return DI_OK;
 }
@@ -608,21 +820,17 @@ static __device__ float route_score(float x, int sigm) {
   return (float)(sigm ? 1.0 / (1.0 + exp(-d)) : sqrt(d > 20 ? d : log1p(exp(d))));
 }
 
-/* One thread per token (E <= 1024 in local memory): the CPU's di_v4_moe routing, the top-k by torch.topk's
- * own procedure (backend/v4_torch_select.h, as the CPU), so exactly equal biased scores pick the same
- * experts as the CPU; the picks are then taken in ascending id order, as the CPU sums them. */
-__global__ void route_k(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T, int E,
-                        int K, int sigm, float scaling, int32_t *ids, float *wts) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= T) return;
+/* Token t's picks and weights from its router logits lg, the CPU's di_v4_moe routing: by tid2eid (hash layers),
+ * else the top-k of work (the biased scores of the E experts, reordered) by torch.topk's own procedure
+ * (backend/v4_torch_select.h, as the CPU), so exactly equal biased scores pick the same experts as the CPU; the
+ * picks are then taken in ascending id order, as the CPU sums them, and merged into ids / wts. */
+static __device__ void route_pick(const float *lg, di_v4_scored *work, const int32_t *tid2eid, const int32_t *tokens, int t, int E,
+                                  int K, int sigm, float scaling, int32_t *ids, float *wts) {
   int idx[ROUTE_MAX_K];
   float sc[ROUTE_MAX_K];
-  const float *lg = logits + (size_t)t * E;
   if (tid2eid) {
     for (int k = 0; k < K; k++) idx[k] = tid2eid[(size_t)tokens[t] * K + k];
   } else {
-    di_v4_scored work[ROUTE_MAX_E];
-    for (int e = 0; e < E; e++) work[e] = di_v4_scored{route_score(lg[e], sigm) + bias[e], e};
     di_v4s_select_pairs(work, E, K);
     for (int k = 0; k < K; k++) idx[k] = work[k].i;
     for (int a = 1; a < K; a++) /* ascending ids (insertion sort) */
@@ -660,13 +868,50 @@ __global__ void route_k(const float *logits, const float *bias, const int32_t *t
   }
 }
 
+/* One thread per token (E <= 1024 in local memory). */
+__global__ void route_k(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T, int E,
+                        int K, int sigm, float scaling, int32_t *ids, float *wts) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const float *lg = logits + (size_t)t * E;
+  di_v4_scored work[ROUTE_MAX_E];
+  if (!tid2eid)
+    for (int e = 0; e < E; e++) work[e] = di_v4_scored{route_score(lg[e], sigm) + bias[e], e};
+  route_pick(lg, work, tid2eid, tokens, t, E, K, sigm, scaling, ids, wts);
+}
+
+/* route_k with a warp per token (di_v4k_route_form 1): the lanes score the experts into shared memory (the same
+ * per-expert function: route_k's one thread spent ~10 us on 8 experts' double exp / log1p / sqrt, ~40 at 256), then
+ * lane 0 selects, merges and writes exactly as route_k. */
+#define ROUTE_WARPS 2
+__global__ void __launch_bounds__(ROUTE_WARPS * 32) route_warp_k(const float *logits, const float *bias, const int32_t *tid2eid,
+                                                                 const int32_t *tokens, int T, int E, int K, int sigm,
+                                                                 float scaling, int32_t *ids, float *wts) {
+  __shared__ di_v4_scored work_s[ROUTE_WARPS][ROUTE_MAX_E];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + warp;
+  if (t >= T) return;
+  const float *lg = logits + (size_t)t * E;
+  di_v4_scored *work = work_s[warp];
+  if (!tid2eid)
+    for (int e = lane; e < E; e += 32) work[e] = di_v4_scored{route_score(lg[e], sigm) + bias[e], e};
+  __syncwarp();
+  if (lane == 0) route_pick(lg, tid2eid ? NULL : work, tid2eid, tokens, t, E, K, sigm, scaling, ids, wts);
+}
+#define ROUTE_FORM_DEFAULT 1
+static int g_route_form = ROUTE_FORM_DEFAULT; /* 1 (route_warp_k: verified, session 14 request 1) */
+extern "C" void di_v4k_route_form(int form) { g_route_form = form < 0 ? ROUTE_FORM_DEFAULT : form; }
+
 di_status di_v4k_route(const float *logits, const float *bias, const int32_t *tid2eid, const int32_t *tokens, int T,
                        int E, int K, int sigmoid_scores, float scaling, int32_t *ids, float *wts, di_cu_stream s) {
   if (E > ROUTE_MAX_E || K > ROUTE_MAX_K || K > E)
     return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: routing of %d of %d experts (at most %d of %d)", K, E, ROUTE_MAX_K,
                         ROUTE_MAX_E);
   if (T <= 0) return DI_OK;
-  route_k<<<(T + 63) / 64, 64, 0, s>>>(logits, bias, tid2eid, tokens, T, E, K, sigmoid_scores, scaling, ids, wts);
+  if (g_route_form == 1)
+    route_warp_k<<<(T + ROUTE_WARPS - 1) / ROUTE_WARPS, 32 * ROUTE_WARPS, 0, s>>>(logits, bias, tid2eid, tokens, T, E, K,
+                                                                               sigmoid_scores, scaling, ids, wts);
+  else
+    route_k<<<(T + 63) / 64, 64, 0, s>>>(logits, bias, tid2eid, tokens, T, E, K, sigmoid_scores, scaling, ids, wts);
   V4_LAUNCH("route");
   return DI_OK;
 }
@@ -742,8 +987,7 @@ __global__ void expert_up_k(const float *x, const int32_t *ids, const int32_t *t
   constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
   if (nt <= 0 || (i >= I && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
-#pragma unroll
-  for (int j = 0; j < LIN_TOK; j++) xr[j] = x + (size_t)(ts[j < nt ? j : 0] / ns) * D;
+  gv_act_rows<LIN_TOK>(xr, x, D, ts, 0, nt, ns);
   float ag[LIN_TOK], au[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) ag[j] = au[j] = 0;
@@ -792,8 +1036,7 @@ __global__ void expert_down_k(const float *act, const int32_t *ids, const int32_
   constexpr int staged = VEC == VEC_STAGED && std::is_same<WM, const bf16 *>::value;
   if (nt <= 0 || (d >= D && !staged)) return; /* (nt is the CTA's) */
   const float *xr[LIN_TOK];
-#pragma unroll
-  for (int j = 0; j < LIN_TOK; j++) xr[j] = act + (size_t)ts[j < nt ? j : 0] * I;
+  gv_act_rows<LIN_TOK>(xr, act, I, ts, 0, nt);
   float acc[LIN_TOK];
 #pragma unroll
   for (int j = 0; j < LIN_TOK; j++) acc[j] = 0;
@@ -837,19 +1080,58 @@ di_status di_v4k_expert_down(const float *act, const int32_t *ids, const int32_t
  * outputs) whose next step's 16-byte loads are in flight while a step is summed. Per (row, token) each
  * lane sums the same 32 columns with the same expression in the same order as mx_row_dot, then the warp
  * sum is the same warp_sum_f: every output is bit-equal to the lane form's. At one token (MT = 1) the
- * lane keeps its 32 activations in registers across the rows. */
+ * lane keeps its 32 activations in registers across the rows; in the FAST forms (4, 5) a row of up to
+ * MXS_WHOLE columns is staged whole at the start (no barrier per step: at one token the per-step staging's
+ * two barriers and its L2 round trip were a large part of a CTA of 2-4 steps) and the codes are decoded by
+ * byte permutes (mx_decode8). */
 #define MXS_WARPS 8
 #define MXS_NR 4
 #define MXS_STEP 1024
 #define MXS_LD (MXS_STEP + MXS_STEP / 8)
-static int g_mx_form = 1;
-extern "C" void di_v4k_mx_form(int form) { g_mx_form = form; }
+#define MXS_WHOLE 4096 /* one token's row staged whole up to this many columns (18 KB padded) */
+#define MX_FORM_DEFAULT 4
+static int g_mx_form = MX_FORM_DEFAULT;
+extern "C" void di_v4k_mx_form(int form) { g_mx_form = form < 0 ? MX_FORM_DEFAULT : form; }
 
-/* the 32 values of a lane's step from 16 code bytes, as mx_row_dot decodes them */
-static __device__ __forceinline__ void mx_decode32(uint4 v, float *w) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+/* The 32 values of a lane's step from 16 code bytes (forms 4, 5): the same floats as mx_row_dot's e2m1_f32
+ * (tested bit for bit through the forms' comparison), in ~3 integer operations a value instead of ~10: at one token the
+ * staged kernels were bound by the decode's integer work (the H200's integer pipe runs at half the FMA
+ * rate), not by memory. Every E2M1 value is a bf16 (high byte H, low byte L: 0 = 00 00, 0.5 = 3f 00,
+ * 1 = 3f 80, 1.5 = 3f c0, 2 = 40 00, 3 = 40 40, 4 = 40 80, 6 = 40 c0): byte permutes (prmt) look up H and L
+ * of four codes at once from 8-byte tables indexed by the codes' magnitude bits, a permute pairs codes j and
+ * j + 4 of a word into one bf16x2 (their sign bits are then 16 apart, so one shift and one lop3 set both),
+ * and the halves widen to floats exactly. */
+#define MX_TH0 0x3f3f3f00u /* H of magnitudes 0..3 */
+#define MX_TH1 0x40404040u /* H of 4..7 */
+#define MX_TL0 0xc0800000u /* L of 0..3 */
+#define MX_TL1 0xc0804000u /* L of 4..7 */
+static __device__ __forceinline__ void mx_decode8(uint32_t u, float *w) {
+  const uint32_t u7 = u & 0x77777777u;                                   /* magnitudes (the selectors' bit 3 clear) */
+  const uint32_t ca = __byte_perm(u7, 0, 0x20), cb = __byte_perm(u7, 0, 0x31); /* codes 0 1 4 5 / 2 3 6 7 */
+  const uint32_t ha = __byte_perm(MX_TH0, MX_TH1, ca), la = __byte_perm(MX_TL0, MX_TL1, ca);
+  const uint32_t hb = __byte_perm(MX_TH0, MX_TH1, cb), lb = __byte_perm(MX_TL0, MX_TL1, cb);
+  const uint32_t p[4] = {__byte_perm(la, ha, 0x6240), __byte_perm(la, ha, 0x7351), __byte_perm(lb, hb, 0x6240),
+                         __byte_perm(lb, hb, 0x7351)}; /* bf16x2 of codes (j, j + 4), unsigned */
 #pragma unroll
-  for (int j = 0; j < 32; j++) w[j] = e2m1_f32(u[j / 8] >> (4 * (j % 8)));
+  for (int j = 0; j < 4; j++) {
+    const uint32_t q = p[j] | ((u << (12 - 4 * j)) & 0x80008000u); /* the two sign bits (code bit 3 -> 15, 31) */
+    w[j] = __uint_as_float(q << 16);
+    w[j + 4] = __uint_as_float(q & 0xffff0000u);
+  }
+}
+/* FAST (forms 4, 5): the byte-permute decode; else (forms 1-3) mx_row_dot's own e2m1_f32 per value */
+template <bool FAST>
+static __device__ __forceinline__ void mx_decode32(uint4 v, float *w) {
+  if constexpr (FAST) {
+    mx_decode8(v.x, w);
+    mx_decode8(v.y, w + 8);
+    mx_decode8(v.z, w + 16);
+    mx_decode8(v.w, w + 24);
+  } else {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 32; j++) w[j] = e2m1_f32(u[j / 8] >> (4 * (j % 8)));
+  }
 }
 /* mx_row_dot's step sum of one row with one token's 32 staged values at xs (padded row, lane offset applied) */
 static __device__ __forceinline__ float mx_part(const float *w, const float *xs) {
@@ -862,11 +1144,11 @@ static __device__ __forceinline__ float mx_part(const float *w, const float *xs)
   return part;
 }
 
-template <int MT, bool UP, int NR, int MINB>
+template <int MT, bool UP, int NR, int MINB, bool FAST>
 __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float *x, const int32_t *ids, const int32_t *tiles,
                                                                    int max_tiles, int e_skip, mx4mat wa, mx4mat wb, int ns, int D,
                                                                    int I, float lim, float *out) {
-  __shared__ __align__(16) float xs[MT][MXS_LD];
+  __shared__ __align__(16) float xs[MT == 1 && FAST ? MXS_WHOLE + MXS_WHOLE / 8 : MT * MXS_LD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int e, ts[LIN_TOK];
   const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
@@ -881,8 +1163,7 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
     wr[r] = wrow(UP && (r & 1) ? wb : wa, (size_t)e * N + oc, C);
   }
   const float *xr[MT];
-#pragma unroll
-  for (int j = 0; j < MT; j++) xr[j] = x + (size_t)(UP ? ts[j < nt ? j : 0] / ns : ts[j < nt ? j : 0]) * C;
+  gv_act_rows<MT>(xr, x, C, ts, 0, nt, UP ? ns : 1);
   float acc[NR][MT];
 #pragma unroll
   for (int r = 0; r < NR; r++)
@@ -898,13 +1179,22 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
       ec[r] = c < C ? __ldg(wr[r].s + c / 32) : 127u;
     }
   }
-  for (int c0 = 0; c0 < C; c0 += MXS_STEP) {
-    __syncthreads(); /* the last step's reads of xs are done */
-    for (int idx = threadIdx.x; idx < nt * (MXS_STEP / 4); idx += blockDim.x) {
-      const int j = idx / (MXS_STEP / 4), c = (idx % (MXS_STEP / 4)) * 4;
-      if (c0 + c < C) *(float4 *)(&xs[j][c + (c >> 5) * 4]) = *(const float4 *)(xr[j] + c0 + c);
-    }
+  /* FAST, one token whose row fits: staged whole once (one barrier; its loads in flight with the first weights),
+   * so the warps then run their steps unsynchronised; else MXS_STEP columns of the tokens' rows per step */
+  const bool whole = FAST && MT == 1 && C <= MXS_WHOLE;
+  if (whole) {
+    for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) *(float4 *)(xs + c + (c >> 5) * 4) = *(const float4 *)(xr[0] + c);
     __syncthreads();
+  }
+  for (int c0 = 0; c0 < C; c0 += MXS_STEP) {
+    if (!whole) {
+      __syncthreads(); /* the last step's reads of xs are done */
+      for (int idx = threadIdx.x; idx < nt * (MXS_STEP / 4); idx += blockDim.x) {
+        const int j = idx / (MXS_STEP / 4), c = (idx % (MXS_STEP / 4)) * 4;
+        if (c0 + c < C) *(float4 *)(xs + j * MXS_LD + c + (c >> 5) * 4) = *(const float4 *)(xr[j] + c0 + c);
+      }
+      __syncthreads();
+    }
     const int c = c0 + lane * 32, cn = c + MXS_STEP;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -912,11 +1202,11 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
       en[r] = cn < C ? __ldg(wr[r].s + cn / 32) : 127u;
     }
     if (c < C) {
-      const float *xl = &xs[0][lane * 36];
+      const float *xl = xs + (whole ? c0 + c0 / 8 : 0) + lane * 36;
 #pragma unroll
       for (int r = 0; r < NR; r++) {
         float w[32];
-        mx_decode32(cur[r], w);
+        mx_decode32<FAST>(cur[r], w);
         const float sc = e8m0_scale(ec[r]);
 #pragma unroll
         for (int j = 0; j < MT; j++)
@@ -950,19 +1240,26 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
 }
 
 /* form 1: MXS_NR rows a warp; forms 2 and 3 trade rows a warp for CTAs an SM (2, at one token: the same rows,
- * registers capped for 2 CTAs; 3: 2 rows, at one token capped for 2 CTAs), all the same bits (A/B: bench_cuda_v4) */
+ * registers capped for 2 CTAs; 3: 2 rows, at one token capped for 2 CTAs); forms 4 and 5 are 1 and 3 with the
+ * byte-permute decode and (one token) the row staged whole: all the same bits (A/B: bench_cuda_v4) */
+template <bool UP, int MINB, bool FAST>
+static void mx_staged_go(int nr, dim3 grid, int tiled, cudaStream_t s, const float *x, const int32_t *ids, const int32_t *tiles,
+                         int mt, int m, mx4mat a, mx4mat b, int ns, int D, int I, float lim, float *out) {
+  if (tiled && nr == 2) mx_staged_k<LIN_TOK, UP, 2, 0, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+  else if (tiled) mx_staged_k<LIN_TOK, UP, MXS_NR, 0, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+  else if (nr == 2) mx_staged_k<1, UP, 2, 2, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+  else mx_staged_k<1, UP, MXS_NR, MINB, FAST><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, ns, D, I, lim, out);
+}
 template <bool UP>
 static void mx_staged_launch(int form, int T, int n_slots, int mt, const float *x, const int32_t *ids, const int32_t *tiles, int E1,
                              di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int D, int I, float lim, float *out, cudaStream_t s) {
-  const int nr = form == 3 ? 2 : MXS_NR, per = MXS_WARPS * (UP ? nr / 2 : nr), N = UP ? I : D;
+  const int nr = form == 3 || form == 5 ? 2 : MXS_NR, per = MXS_WARPS * (UP ? nr / 2 : nr), N = UP ? I : D;
   const dim3 grid((N + per - 1) / per, tiles ? mt : T * n_slots);
   const mx4mat a{wa}, b{wb};
-  const int m = E1 - 1;
-  if (tiles && form == 3) mx_staged_k<LIN_TOK, UP, 2, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else if (tiles) mx_staged_k<LIN_TOK, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else if (form == 2) mx_staged_k<1, UP, MXS_NR, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else if (form == 3) mx_staged_k<1, UP, 2, 2><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
-  else mx_staged_k<1, UP, MXS_NR, 0><<<grid, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  const int m = E1 - 1, tiled = tiles != NULL;
+  if (form >= 4) mx_staged_go<UP, 0, true>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else if (form == 2) mx_staged_go<UP, 2, false>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  else mx_staged_go<UP, 0, false>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
 }
 
 /* The native experts: MXFP4 stacks [E][..] (ids E, the shared expert, skipped: moe() computes it from its FP8
