@@ -282,16 +282,8 @@ static void check(int D, int I, int E, int topk, int T, int every, int smin, int
 
 /* ---- the backend's hook ---- */
 static int run_prompt(di_backend *be, int T, float *logits) {
-  int32_t tok[128], table[4] = {0, 1, 2, 3};
-  for (int t = 0; t < T; t++) tok[t] = (t * 7919) % 4096;
-  v4_one_seq o;
-  di_status st = v4_one_seq_init(&o, tok, T, 0, 1, table, 4, 0, NULL, NULL, 1) ? DI_OK : DI_ERR_OOM;
-  if (st == DI_OK) st = be->ops->kv_alloc(be, 8);
-  if (st == DI_OK) st = be->ops->submit(be, &o.b);
-  if (st == DI_OK) st = be->ops->wait(be, logits, NULL);
+  di_status st = v4_run_prompt(be, T, logits);
   CHECKF(st == DI_OK, "random V4-Flash model step: %s", di_last_error());
-  be->ops->release(be, 1);
-  v4_one_seq_free(&o);
   return st == DI_OK;
 }
 /* the last token's logits when the prompt's first `split` tokens go in one step and the rest in a second */

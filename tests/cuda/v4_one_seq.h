@@ -1,4 +1,4 @@
-/* A one-sequence di_batch for the DeepSeek-V4 CUDA tests (test_cuda_v4.c, test_cuda_v4_kernels.c): n tokens
+/* A one-sequence di_batch for the DeepSeek-V4 CUDA tests (test_cuda_v4.c, test_cuda_v4_kernels.c, test_cuda_mx_tc.c): n tokens
  * at positions p0 .. p0 + n - 1 of one sequence, its block table, either every row an output row or only
  * the last, and optionally the engine's cache groups' tables (n_groups > 0: each group's table and
  * block count; 0: none, the backend's own pools of kv_alloc). The token, position, sequence and row
@@ -59,4 +59,20 @@ static inline void v4_one_seq_free(v4_one_seq *o) {
   free(o->tok);
   memset(o, 0, sizeof *o);
 }
+/* One prompt of T tokens (ids (t * 7919) % 4096) through be in one step as sequence 1 on blocks 0..3,
+ * every row's logits into logits; the sequence released after. Shared by the random V4-Flash model
+ * checks of test_cuda_v4_kernels.c and test_cuda_mx_tc.c. */
+static inline di_status v4_run_prompt(di_backend *be, int T, float *logits) {
+  int32_t tok[128], table[4] = {0, 1, 2, 3};
+  for (int t = 0; t < T; t++) tok[t] = (t * 7919) % 4096;
+  v4_one_seq o;
+  di_status st = v4_one_seq_init(&o, tok, T, 0, 1, table, 4, 0, NULL, NULL, 1) ? DI_OK : DI_ERR_OOM;
+  if (st == DI_OK) st = be->ops->kv_alloc(be, 8);
+  if (st == DI_OK) st = be->ops->submit(be, &o.b);
+  if (st == DI_OK) st = be->ops->wait(be, logits, NULL);
+  be->ops->release(be, 1);
+  v4_one_seq_free(&o);
+  return st;
+}
+
 #endif
