@@ -388,7 +388,24 @@ struct di_detok_stream {
   di_buf pending;   /* clean-up mode: raw text not yet emitted */
   di_buf out;       /* what the last call returned */
   di_buf scratch;
+  /* The decoder may still change text it already produced when tokens are appended (a Replace on
+   * the fused text whose pattern is more than one literal character: a match can span tokens, or,
+   * like `a*`, match the empty string at the end). Such a chain is not streamable by windows: the
+   * stream then holds everything and the flush emits the whole decode (found by fuzz_tokenizer,
+   * crash-tokenizer-c128ba5c282055dd). */
+  int whole;
 };
+
+static int decoder_streamable(const di_tokenizer *t) {
+  int fused = 0;
+  for (int k = 0; k < t->n_decs; k++) {
+    if (t->decs[k].kind == DEC_FUSE)
+      fused = 1;
+    else if (fused && t->decs[k].kind == DEC_REPLACE && !t->decs[k].one_char)
+      return 0;
+  }
+  return 1;
+}
 
 di_status di_detok_stream_create(const di_tokenizer *t, int skip_special_tokens, di_detok_stream **out) {
   if (!t || !out)
@@ -398,6 +415,7 @@ di_status di_detok_stream_create(const di_tokenizer *t, int skip_special_tokens,
     return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
   s->t = t;
   s->skip = skip_special_tokens;
+  s->whole = !decoder_streamable(t);
   *out = s;
   return DI_OK;
 }
@@ -490,9 +508,10 @@ di_status di_detok_stream_push(di_detok_stream *s, int32_t id, const char **text
                         (int)s->t->vocab_size);
   if (di_ivec_push(&s->ids, id))
     return di_error_set(DI_ERR_OOM, "tokenizer: out of memory");
-  if (s->t->tok_flags[id] & 16) {
+  if (s->whole || (s->t->tok_flags[id] & 16)) {
     /* a ByteFallback byte token: a later byte token can still turn this group of bytes into
-     * U+FFFD per byte, so nothing is final until a non-byte token closes the group */
+     * U+FFFD per byte, so nothing is final until a non-byte token closes the group (and nothing
+     * is final before the flush for a chain that is not streamable) */
     s->out.len = 0;
     *text = "";
     *len = 0;

@@ -73,6 +73,7 @@ typedef struct {
   uint32_t ch;              /* METASPACE replacement / STRIP content (a code point) */
   di_prepend prepend;
   int start, stop;          /* STRIP */
+  int one_char;             /* REPLACE: the pattern is one literal character (never spans tokens) */
 } di_dec;
 
 typedef struct {

@@ -269,6 +269,12 @@ static di_status load_decoder(di_tokenizer *t, const cJSON *o, int depth) {
     if (!s)
       return di_error_set(DI_ERR_FORMAT, W ": decoder Replace: missing \"content\"");
     DI_TRY(load_pattern(o, "decoder Replace", &d.pat));
+    const cJSON *lit = jget(jget(o, "pattern"), "String");
+    if (cJSON_IsString(lit)) {
+      size_t ll = strlen(lit->valuestring);
+      uint32_t cp;
+      d.one_char = ll > 0 && di_utf8_decode((const unsigned char *)lit->valuestring, ll, &cp) == (int)ll;
+    }
     d.str_len = strlen(s);
     if (!(d.str = dup_n(s, d.str_len))) {
       di_pattern_free(&d.pat);

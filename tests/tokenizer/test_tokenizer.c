@@ -359,6 +359,59 @@ static void test_errors(void) {
   di_tokenizer_free(t);
 }
 
+/* Decoder chains whose output can change text already produced when tokens are appended: a Replace
+ * on the fused text with a pattern that matches the empty string (`a*`: found by fuzz_tokenizer,
+ * crash-tokenizer-c128ba5c282055dd) or spans tokens (`ab`). The stream must still equal the full
+ * decode for every sequence; a one-character Replace after Fuse stays incremental (pieces before
+ * the flush). Every sequence of up to 4 of the ids a, b, c, "ab". */
+static void test_stream_unstable_decoders(void) {
+  static const char *const chains[] = {
+      "[{\"type\": \"Fuse\"}, {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"a*\"}, \"content\": \"~\"}]",
+      "[{\"type\": \"Fuse\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \"ab\"}, \"content\": \"X\"}]",
+      "[{\"type\": \"Fuse\"}, {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"b$\"}, \"content\": \"\"}]",
+      "[{\"type\": \"Fuse\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"ZZ\"}]",
+      "[{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"a*\"}, \"content\": \"~\"}, {\"type\": \"Fuse\"}]",
+  };
+  const int incremental[] = {0, 0, 0, 1, 1};
+  for (size_t c = 0; c < sizeof chains / sizeof *chains; c++) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"decoder\": {\"type\": \"Sequence\", \"decoders\": %s}, \"model\": {\"type\": \"BPE\", \"vocab\": "
+             "{\"a\": 0, \"b\": 1, \"c\": 2, \"ab\": 3}, \"merges\": [\"a b\"]}}",
+             chains[c]);
+    di_tokenizer *t = NULL;
+    di_status st = load_str(json, &t);
+    CHECKF(st == DI_OK, "chain %zu: %s", c, di_last_error());
+    if (st != DI_OK)
+      continue;
+    int early = 0;
+    for (int len = 1; len <= 4; len++) {
+      int total = 1;
+      for (int k = 0; k < len; k++)
+        total *= 4;
+      for (int code = 0; code < total; code++) {
+        int32_t ids[4];
+        for (int k = 0, v = code; k < len; k++, v /= 4)
+          ids[k] = v % 4;
+        char what[64];
+        snprintf(what, sizeof what, "chain %zu, sequence %d of length %d", c, code, len);
+        check_stream(t, ids, (size_t)len, 0, what);
+        di_detok_stream *s;
+        CHECK(di_detok_stream_create(t, 0, &s) == DI_OK);
+        for (int k = 0; k < len; k++) {
+          const char *p;
+          size_t pl;
+          CHECK(di_detok_stream_push(s, ids[k], &p, &pl) == DI_OK);
+          early |= pl > 0;
+        }
+        di_detok_stream_free(s);
+      }
+    }
+    CHECKF(early == incremental[c], "chain %zu: pieces before the flush %d, expected %d", c, early, incremental[c]);
+    di_tokenizer_free(t);
+  }
+}
+
 int main(void) {
   di_tokenizer *t = NULL;
   double t0 = now_s();
@@ -375,5 +428,6 @@ int main(void) {
   test_threads(t);
   di_tokenizer_free(t);
   test_errors();
+  test_stream_unstable_decoders();
   return test_finish("test_tokenizer");
 }
