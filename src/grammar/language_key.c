@@ -19,7 +19,12 @@
  * description agree on every string of at most max_bytes bytes, hence on every token. A rule whose
  * language is fixed whatever grammar holds it (di_grule.canon: the time formats' 1,440-minute leap
  * second trie, which a description of every position within a token's reach of a time would
- * otherwise spell out) is written as CANON + its number, and what it reaches is not described. */
+ * otherwise spell out) is written as CANON + its number, and what it reaches is not described.
+ *
+ * A set of stacks (a state's, classified as one key by matcher.c) is SET + its size, then each
+ * stack's frames as above (each from distance 0), the stacks in an order of their positions, then
+ * the rules they reach. Two sets with one description hold stacks with the same languages, hence
+ * classify every token alike; no single stack's description begins with SET. */
 #include "grammar/language_key.h"
 #include "util/grow.h"
 #include <stdlib.h>
@@ -27,7 +32,7 @@
 
 enum { TAG_FRAME = 0xF0000001u, TAG_BOTTOM = 0xF0000002u, TAG_RULE = 0xF0000003u, TAG_CLASS = 0xF0000004u,
        TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u, TAG_CLASS_ID = 0xF0000008u,
-       TAG_CANON = 0xF0000009u };
+       TAG_CANON = 0xF0000009u, TAG_SET = 0xF000000Au };
 enum { FAR_AWAY = 1 << 28 };
 
 static int put(di_language_key *k, uint32_t x, int max_words) {
@@ -203,9 +208,8 @@ static int put_alternative(di_language_key *k, const di_gb *g, int pos, int dist
   }
 }
 
-int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
-                         int max_words) {
-  const di_gb *g = rt->g;
+/* The per-grammar tables (for_g), made when the grammar changes; 0 without memory. */
+static int prepare(di_language_key *k, const di_gb *g, di_ci_shared *store) {
   if (k->for_g != g) {
     free(k->cls_id);
     k->cls_id = calloc((size_t)g->n_classes + 1, sizeof *k->cls_id);
@@ -230,15 +234,29 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *sto
   k->n = 0;
   k->nlocal = 0;
   k->seq = 0;
-  int nh = 0, ok = 1, dist = 0;
+  return 1;
+}
+
+/* Frames from `node` down to its bottom sentinel (the first at distance 0), queueing the rules
+ * they reach (nh of them so far); 0 when the description would pass max_words. */
+static int frames(di_language_key *k, const di_grt *rt, int node, int *nh, int max_bytes, int max_words) {
+  const di_gb *g = rt->g;
+  int ok = 1, dist = 0;
   for (; ok && node > DI_GRT_PSEUDO && dist <= max_bytes; node = rt->npar[node]) {
     ok = put(k, TAG_FRAME, max_words);
-    if (ok && (dist = put_alternative(k, g, rt->npos[node], dist, &nh, max_words)) < 0)
+    if (ok && (dist = put_alternative(k, g, rt->npos[node], dist, nh, max_words)) < 0)
       ok = 0;
   }
   if (ok)
     ok = dist <= max_bytes ? put(k, TAG_BOTTOM, max_words) && put(k, (uint32_t)node, max_words)
                            : put(k, TAG_FAR, max_words);
+  return ok;
+}
+
+/* The rules queued (nh), in order of distance, then the hash; ok = 0: a failure so far (the
+ * scratch is still cleared). 1, or 0 when the description would pass max_words. */
+static int finish(di_language_key *k, const di_grt *rt, int nh, int ok, int max_bytes, int max_words) {
+  const di_gb *g = rt->g;
   while (ok && nh > 0) {
     di_lkey_item it = heap_pop(k, &nh);
     if (it.dist != k->best[it.rule])
@@ -268,6 +286,44 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *sto
     h = (h ^ k->w[i]) * 0x100000001b3ULL;
   k->hash = h ^ (h >> 29);
   return 1;
+}
+
+int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
+                         int max_words) {
+  if (!prepare(k, rt->g, store))
+    return 0;
+  int nh = 0, ok = frames(k, rt, node, &nh, max_bytes, max_words);
+  return finish(k, rt, nh, ok, max_bytes, max_words);
+}
+
+/* Orders stacks by their frames' positions, top first (a shorter chain first when one is a prefix
+ * of the other, then by bottom sentinel): an order of their content, not of node numbers, which
+ * depend on the order the automaton met them in. */
+static int stack_cmp(const di_grt *rt, int a, int b) {
+  for (; a > DI_GRT_PSEUDO && b > DI_GRT_PSEUDO; a = rt->npar[a], b = rt->npar[b])
+    if (rt->npos[a] != rt->npos[b])
+      return rt->npos[a] < rt->npos[b] ? -1 : 1;
+  if ((a > DI_GRT_PSEUDO) != (b > DI_GRT_PSEUDO))
+    return a > DI_GRT_PSEUDO ? 1 : -1;
+  return a < b ? -1 : a > b;
+}
+
+int di_language_key_make_set(di_language_key *k, const di_grt *rt, di_ci_shared *store, const int32_t *nodes, int n,
+                             int max_bytes, int max_words) {
+  enum { MAX_SET = 64 };
+  if (n < 2 || n > MAX_SET || !prepare(k, rt->g, store))
+    return 0;
+  int32_t ord[MAX_SET];
+  for (int i = 0; i < n; i++) { /* insertion sort: a set is small */
+    int j = i;
+    for (; j > 0 && stack_cmp(rt, ord[j - 1], nodes[i]) > 0; j--)
+      ord[j] = ord[j - 1];
+    ord[j] = nodes[i];
+  }
+  int nh = 0, ok = put(k, TAG_SET, max_words) && put(k, (uint32_t)n, max_words);
+  for (int i = 0; ok && i < n; i++)
+    ok = frames(k, rt, ord[i], &nh, max_bytes, max_words);
+  return finish(k, rt, nh, ok, max_bytes, max_words);
 }
 
 void di_language_key_free(di_language_key *k) {

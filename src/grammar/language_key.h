@@ -35,5 +35,9 @@ typedef struct di_language_key {
  * does not share. */
 int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
                          int max_words);
+/* The same for the set of stacks nodes[0..n) (2 <= n <= 64; their language is the union of theirs),
+ * in whatever order they come. */
+int di_language_key_make_set(di_language_key *k, const di_grt *rt, di_ci_shared *store, const int32_t *nodes, int n,
+                             int max_bytes, int max_words);
 void di_language_key_free(di_language_key *k);
 #endif
