@@ -568,6 +568,8 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int gr
   if (debug)
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
   int s0 = group ? key : di_grt_node_state(rt, key);
+  if (group)
+    atomic_fetch_add(&((di_grammar_vocab *)v)->n_group_walks, 1);
   if (s0 < 0) {
     free(e);
     return DI_ERR_OOM;
@@ -634,6 +636,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int gr
       b = plain_budget(g, c, s0);
     rows_at = b < v->plain_rows ? b : v->plain_rows;
     if (rows_at > 0) {
+      atomic_fetch_add(&((di_grammar_vocab *)v)->n_row_walks, 1);
       const uint32_t *row = v->plain_le + (size_t)rows_at * (size_t)W;
       for (int w = 0; w < W; w++)
         bits[w] |= row[w];

@@ -70,6 +70,7 @@ struct di_grammar_vocab {
    * state with the frames moved to the longest token's count */
   _Atomic long n_count_derived, n_count_same, n_count_masks;
   _Atomic long n_resumed; /* walks resumed from the abandoned walk of one frame fewer (matcher.c compute_ci) */
+  _Atomic long n_group_walks, n_row_walks; /* walks of group keys; walks started from a plain row (matcher.c) */
   struct di_ci_shared *shared_ci; /* classifications shared by every grammar's matchers (ci_shared.h); NULL = none */
 };
 #endif
