@@ -22,9 +22,11 @@
  * otherwise spell out) is written as CANON + its number, and what it reaches is not described.
  *
  * A set of stacks (a state's, classified as one key by matcher.c) is SET + its size, then each
- * stack's frames as above (each from distance 0), the stacks in an order of their positions, then
- * the rules they reach. Two sets with one description hold stacks with the same languages, hence
- * classify every token alike; no single stack's description begins with SET. */
+ * stack's frames as above (each from distance 0) down to the node all of them lie above (JOIN),
+ * the stacks in an order of their positions, then FRAME JOIN and that node's frames once (entered
+ * at the least distance any stack reaches it), then the rules they reach. Two sets with one
+ * description hold stacks with the same languages, hence classify every token alike; no single
+ * stack's description begins with SET. */
 #include "grammar/language_key.h"
 #include "util/grow.h"
 #include <stdlib.h>
@@ -32,7 +34,7 @@
 
 enum { TAG_FRAME = 0xF0000001u, TAG_BOTTOM = 0xF0000002u, TAG_RULE = 0xF0000003u, TAG_CLASS = 0xF0000004u,
        TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u, TAG_CLASS_ID = 0xF0000008u,
-       TAG_CANON = 0xF0000009u, TAG_SET = 0xF000000Au };
+       TAG_CANON = 0xF0000009u, TAG_SET = 0xF000000Au, TAG_JOIN = 0xF000000Bu };
 enum { FAR_AWAY = 1 << 28 };
 
 static int put(di_language_key *k, uint32_t x, int max_words) {
@@ -237,19 +239,26 @@ static int prepare(di_language_key *k, const di_gb *g, di_ci_shared *store) {
   return 1;
 }
 
-/* Frames from `node` down to its bottom sentinel (the first at distance 0), queueing the rules
- * they reach (nh of them so far); 0 when the description would pass max_words. */
-static int frames(di_language_key *k, const di_grt *rt, int node, int *nh, int max_bytes, int max_words) {
+/* Frames from `node` down to node `stop` (-1: to the bottom sentinel, written as BOTTOM; else a
+ * JOIN where stop is reached), the first at distance *dist (the distance at the end left there),
+ * queueing the rules they reach (nh of them so far); FAR where the distance passes max_bytes. 0
+ * when the description would pass max_words. */
+static int frames(di_language_key *k, const di_grt *rt, int node, int stop, int *dist, int *nh, int max_bytes,
+                  int max_words) {
   const di_gb *g = rt->g;
-  int ok = 1, dist = 0;
-  for (; ok && node > DI_GRT_PSEUDO && dist <= max_bytes; node = rt->npar[node]) {
+  int ok = 1, d = *dist;
+  for (; ok && node != stop && node > DI_GRT_PSEUDO && d <= max_bytes; node = rt->npar[node]) {
     ok = put(k, TAG_FRAME, max_words);
-    if (ok && (dist = put_alternative(k, g, rt->npos[node], dist, nh, max_words)) < 0)
+    if (ok && (d = put_alternative(k, g, rt->npos[node], d, nh, max_words)) < 0)
       ok = 0;
   }
-  if (ok)
-    ok = dist <= max_bytes ? put(k, TAG_BOTTOM, max_words) && put(k, (uint32_t)node, max_words)
-                           : put(k, TAG_FAR, max_words);
+  if (ok && d > max_bytes) {
+    ok = put(k, TAG_FAR, max_words);
+    d = FAR_AWAY;
+  } else if (ok) {
+    ok = node == stop ? put(k, TAG_JOIN, max_words) : put(k, TAG_BOTTOM, max_words) && put(k, (uint32_t)node, max_words);
+  }
+  *dist = d;
   return ok;
 }
 
@@ -292,7 +301,7 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *sto
                          int max_words) {
   if (!prepare(k, rt->g, store))
     return 0;
-  int nh = 0, ok = frames(k, rt, node, &nh, max_bytes, max_words);
+  int nh = 0, dist = 0, ok = frames(k, rt, node, -1, &dist, &nh, max_bytes, max_words);
   return finish(k, rt, nh, ok, max_bytes, max_words);
 }
 
@@ -320,9 +329,41 @@ int di_language_key_make_set(di_language_key *k, const di_grt *rt, di_ci_shared 
       ord[j] = ord[j - 1];
     ord[j] = nodes[i];
   }
-  int nh = 0, ok = put(k, TAG_SET, max_words) && put(k, (uint32_t)n, max_words);
-  for (int i = 0; ok && i < n; i++)
-    ok = frames(k, rt, ord[i], &nh, max_bytes, max_words);
+  /* the frames below which they all lie (a group key's truncated common ancestor, matcher.c) are
+   * written once, after every stack's own, from the nearest distance at which one reaches them */
+  int common = rt->npar[ord[0]], hc = 0;
+  for (int x = common; x > DI_GRT_PSEUDO; x = rt->npar[x])
+    hc++;
+  for (int i = 1; i < n && common > DI_GRT_PSEUDO; i++) {
+    int b = rt->npar[ord[i]], hb = 0;
+    for (int x = b; x > DI_GRT_PSEUDO; x = rt->npar[x])
+      hb++;
+    for (; hb > hc; hb--)
+      b = rt->npar[b];
+    for (; hc > hb; hc--)
+      common = rt->npar[common];
+    for (; common != b && common > DI_GRT_PSEUDO; hc--) {
+      common = rt->npar[common];
+      b = rt->npar[b];
+    }
+  }
+  if (common <= DI_GRT_PSEUDO)
+    common = -1; /* nothing shared but the bottom: each stack is written to it */
+  int nh = 0, below = FAR_AWAY, ok = put(k, TAG_SET, max_words) && put(k, (uint32_t)n, max_words);
+  for (int i = 0; ok && i < n; i++) {
+    int d = 0;
+    ok = frames(k, rt, ord[i], common, &d, &nh, max_bytes, max_words);
+    if (d < below)
+      below = d;
+  }
+  if (ok && common >= 0) {
+    if (below > max_bytes) {
+      ok = put(k, TAG_FAR, max_words);
+    } else {
+      ok = put(k, TAG_FRAME, max_words) && put(k, TAG_JOIN, max_words); /* the shared frames follow */
+      ok = ok && frames(k, rt, common, -1, &below, &nh, max_bytes, max_words);
+    }
+  }
   return finish(k, rt, nh, ok, max_bytes, max_words);
 }
 

@@ -1462,7 +1462,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
-  *cheap = !walk_all && nbuf == 0 && rt->soff[S + 1] - rt->soff[S] <= 1 && !g->core.has_token_refs;
+  *cheap = !walk_all && nbuf == 0 && (rt->soff[S + 1] - rt->soff[S] <= 1 || ge) && !g->core.has_token_refs;
   if (g->core.has_token_refs)
     DI_TRY(add_token_refs(rt, v, S, out));
   if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)
