@@ -629,7 +629,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int gr
     if (st == DI_OK && max_unc >= 0 && e->nunc > max_unc)
       e->overflow = 1; /* abandoned before walking on: resumed again from the same node */
   }
-  int rows_at = 0; /* the plain row ORed (0: none) */
+  int rows_at = 0, alnum_at = 0; /* the plain / letters-and-digits row ORed (0: none) */
   if (st == DI_OK && !e->overflow && c->group && v->plain_rows > 0) {
     int b = cached_budget(c, s0);
     if (b < 0)
@@ -638,6 +638,20 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int gr
     if (rows_at > 0) {
       atomic_fetch_add(&((di_grammar_vocab *)v)->n_row_walks, 1);
       const uint32_t *row = v->plain_le + (size_t)rows_at * (size_t)W;
+      for (int w = 0; w < W; w++)
+        bits[w] |= row[w];
+      nlist = -1;
+    }
+  }
+  if (st == DI_OK && !e->overflow && c->group && rows_at == 0 && v->alnum_le) {
+    /* the same from the start state's ASCII run (ascii_run.h) when it takes letters and digits: the
+     * ids of at most n(s0) of them (the email format's parts, identifiers, hex) */
+    const uint64_t alnum[2] = {0x03FF000000000000ull, 0x07FFFFFE07FFFFFEull};
+    const di_ascii_run *r = ascii_run_of(g, c, s0);
+    if (r && r->n > 0 && !(alnum[0] & ~r->set[0]) && !(alnum[1] & ~r->set[1])) {
+      alnum_at = r->n < DI_ALNUM_ROWS ? r->n : DI_ALNUM_ROWS;
+      atomic_fetch_add(&((di_grammar_vocab *)v)->n_row_walks, 1);
+      const uint32_t *row = v->alnum_le + (size_t)alnum_at * (size_t)W;
       for (int w = 0; w < W; w++)
         bits[w] |= row[w];
       nlist = -1;
@@ -663,7 +677,8 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int gr
       i = t->tnext;
       continue;
     }
-    if (rows_at > 0 && (t->flags >> DI_TNODE_WPLAIN_SHIFT) <= rows_at) { /* all accepted by the row */
+    if ((rows_at > 0 && (t->flags >> DI_TNODE_WPLAIN_SHIFT) <= rows_at) ||
+        (alnum_at > 0 && v->walnum[i] <= alnum_at)) { /* all accepted by the row */
       skipped += t->tnext - i;
       i = t->tnext;
       continue;
@@ -733,7 +748,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int gr
     }
     i = next_i;
   }
-  if (rows_at > 0 || resume) { /* tokens may have been set twice (a row, a resumed walk): count the bits */
+  if (rows_at > 0 || alnum_at > 0 || resume) { /* tokens may have been set twice (a row, a resumed walk): count the bits */
     nacc = 0;
     for (int w = 0; w < W; w++)
       nacc += __builtin_popcount(bits[w]);

@@ -112,6 +112,38 @@ static di_status plain_rows(di_grammar_vocab *v) {
   for (size_t L = 1; L <= (size_t)v->plain_rows; L++) /* cumulative */
     for (int w = 0; w < v->words; w++)
       v->plain_le[L * (size_t)v->words + (size_t)w] |= v->plain_le[(L - 1) * (size_t)v->words + (size_t)w];
+  /* the same for tokens of letters and digits alone, by bytes (ascii_run.h: a state whose run takes
+   * them all) */
+  v->walnum = malloc((size_t)n + 1);
+  v->alnum_le = calloc(((size_t)DI_ALNUM_ROWS + 1) * (size_t)v->words, sizeof(uint32_t));
+  if (!v->walnum || !v->alnum_le) {
+    free(tokp);
+    return DI_ERR_OOM;
+  }
+  for (int k = 0; k < ns; k++) {
+    const int id = v->sorted[k], len = (int)(v->off[id + 1] - v->off[id]);
+    int ok = len <= DI_ALNUM_ROWS;
+    for (uint32_t b = v->off[id]; ok && b < v->off[id + 1]; b++) {
+      const unsigned c = v->bytes[b];
+      ok = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+    }
+    tokp[k] = ok ? (uint8_t)len : 255;
+    if (ok)
+      v->alnum_le[(size_t)len * (size_t)v->words + (size_t)(id >> 5)] |= 1u << (id & 31);
+  }
+  for (size_t L = 1; L <= (size_t)DI_ALNUM_ROWS; L++)
+    for (int w = 0; w < v->words; w++)
+      v->alnum_le[L * (size_t)v->words + (size_t)w] |= v->alnum_le[(L - 1) * (size_t)v->words + (size_t)w];
+  for (int j = n - 1; j >= 0; j--) {
+    uint8_t m = 0;
+    for (int k = v->tok_lo[j]; k < v->tok_lo[j + 1]; k++)
+      if (tokp[k] > m)
+        m = tokp[k];
+    for (int k = j + 1; k < v->tnext[j]; k = v->tnext[k])
+      if (v->walnum[k] > m)
+        m = v->walnum[k];
+    v->walnum[j] = m;
+  }
   free(tokp);
   return DI_OK;
 }
@@ -386,6 +418,8 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->subtree_bits);
   free(v->wplain);
   free(v->plain_le);
+  free(v->walnum);
+  free(v->alnum_le);
   free(v);
 }
 

@@ -7,6 +7,7 @@
 
 enum { DI_SUBTREE_MIN = 2048 }; /* a subtree this large gets its ids as a bitmap (vocab.c) */
 enum { DI_PLAIN_ROWS = 64 };     /* plain_le's last row (vocab.c plain_rows) */
+enum { DI_ALNUM_ROWS = 24 };     /* alnum_le's last row (DI_ASCII_RUN_MAX) */
 
 /* One trie node as the classification walk reads it (matcher.c compute_ci): the fields a visit
  * needs side by side. The walk jumps over the subtrees it accepts or rejects whole, so after a jump
@@ -61,6 +62,9 @@ struct di_grammar_vocab {
   uint32_t *plain_le;     /* rows of `words` words, row L (0 .. plain_rows): the ids whose whole text is plain with at
                            * most L characters (matcher.c: a walk from a state that takes any L of them) */
   int plain_rows;
+  uint8_t *walnum;        /* per trie node: the longest whole token at or below it when all are letters and digits
+                           * of at most DI_ALNUM_ROWS bytes, else 255 */
+  uint32_t *alnum_le;     /* rows of `words` words, row L (0 .. DI_ALNUM_ROWS): the ids of at most L letters and digits */
   uint32_t *len_le;       /* rows of `words` words, row L (0 .. len_le_max): the non-stop ids of at most L bytes
                            * (count_chain.h: positions near a counted string's end) */
   int len_le_max;
