@@ -1373,10 +1373,12 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
       if (!buf_append(&c->buf, &nbuf, &c->cap_buf, i))
         return di_error_set(DI_ERR_OOM, "out of memory");
   }
-  /* the stacks (each copy of a max_tokens lexeme as its last copy: one classification for all),
-   * classified together as a group key (get_group_ci) */
+  /* the stacks (each copy of a max_tokens lexeme as its last copy: one classification for all)
+   * classified as one key (get_group_ci), but for those that lie a few frames below another stack
+   * (a string's closing quote below its characters), each alone: their context differs from string
+   * to string, the characters' does not, so the characters' group is a key every string shares. */
   enum { MAX_GROUPED = 64 };
-  int32_t ids[MAX_GROUPED];
+  int32_t ids[MAX_GROUPED], anc[MAX_GROUPED];
   const int grouping = c->group && rt->soff[S + 1] - rt->soff[S] <= MAX_GROUPED && rt->soff[S + 1] - rt->soff[S] > 1;
   int nst = rt->soff[S + 1] - rt->soff[S];
   if (grouping && !walk_all) {
@@ -1396,14 +1398,54 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
       m++;
     }
     nst = m;
+    /* a stack that lies a few frames below another (its continuation: a string's closing quote
+     * under its characters) stays apart (anchor: itself); the others form one group */
+    uint8_t below[MAX_GROUPED] = {0};
+    for (int k = 0; k < nst; k++) {
+      int x = rt->npar[ids[k]];
+      for (int up = 0; up < 4 && x > DI_GRT_PSEUDO; up++, x = rt->npar[x]) {
+        int lo = 0, hi = nst - 1; /* ids are sorted: binary search */
+        while (lo <= hi) {
+          const int mid = (lo + hi) / 2;
+          if (ids[mid] == x) {
+            below[mid] = 1;
+            break;
+          }
+          if (ids[mid] < x)
+            lo = mid + 1;
+          else
+            hi = mid - 1;
+        }
+      }
+    }
+    for (int k = 0; k < nst; k++)
+      anc[k] = below[k] ? ids[k] : -1;
+    for (int k = 1; k < nst; k++) { /* by anchor, then node (insertion sort) */
+      const int32_t a = anc[k], id = ids[k];
+      int j = k;
+      for (; j > 0 && (anc[j - 1] > a || (anc[j - 1] == a && ids[j - 1] > id)); j--) {
+        anc[j] = anc[j - 1];
+        ids[j] = ids[j - 1];
+      }
+      anc[j] = a;
+      ids[j] = id;
+    }
   }
-  di_ci_entry *ge = NULL; /* the group's entry; NULL: the stacks one by one */
-  if (grouping && !walk_all && nst > 1)
-    DI_TRY(get_group_ci(g, c, ids, nst, &ge));
+  di_ci_entry *ge = NULL; /* the current group's entry; NULL: its stacks one by one */
+  int gend = 0;           /* where the current group ends */
+  int nent = 0;           /* entries ORed */
   for (int k = 0, next = 0; !walk_all && k < nst; k = next) {
     di_ci_entry *e = NULL;
-    if (ge) {
-      next = nst;
+    if (grouping && k >= gend) { /* a new group */
+      gend = k + 1;
+      while (gend < nst && anc[gend] == anc[k])
+        gend++;
+      ge = NULL;
+      if (gend - k > 1)
+        DI_TRY(get_group_ci(g, c, ids + k, gend - k, &ge));
+    }
+    if (grouping && ge) {
+      next = gend;
       e = ge;
     } else if (grouping) {
       next = k + 1;
@@ -1418,6 +1460,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
       }
       DI_TRY(get_ci(g, c, id, &e));
     }
+    nent++;
     if (e->acc_bits) {
       for (int w = 0; w < W; w++)
         out[w] |= e->acc_bits[w];
@@ -1477,7 +1520,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
-  *cheap = !walk_all && nbuf == 0 && (rt->soff[S + 1] - rt->soff[S] <= 1 || ge) && !g->core.has_token_refs;
+  *cheap = !walk_all && nbuf == 0 && nent <= 1 && !g->core.has_token_refs; /* one entry: a stack or a group */
   if (g->core.has_token_refs)
     DI_TRY(add_token_refs(rt, v, S, out));
   if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)
