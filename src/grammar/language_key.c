@@ -97,7 +97,9 @@ static int post_order(const di_gb *g, int32_t *order) {
  * took 8 passes on a JSON Schema grammar, whose value rules come before their parts'). Values are
  * only upper bounds until it has, so a grammar that does not settle within the pass budget gets 0
  * for every rule: safe (distances are lower bounds), merely less shared. */
-static void compute_minlen(di_language_key *k, const di_gb *g) {
+void di_language_key_rule_minlen(const di_gb *g, int32_t *minlen) {
+  di_language_key kk = {0}, *k = &kk; /* el_minlen reads k->minlen */
+  k->minlen = minlen;
   for (int r = 0; r < g->n_rules; r++) /* a fixed language's length is given (di_grule.canon) */
     k->minlen[r] = g->rules[r].canon ? g->rules[r].canon_minlen : FAR_AWAY;
   int32_t *order = malloc(sizeof *order * ((size_t)g->n_rules + 1));
@@ -231,7 +233,10 @@ static int prepare(di_language_key *k, const di_gb *g, di_ci_shared *store) {
     k->for_g = k->local && k->queue && k->minlen && k->best && k->heap && k->cls_id ? g : NULL;
     if (!k->for_g)
       return 0;
-    compute_minlen(k, g);
+    if (k->given_minlen) /* made at compile (matcher.c passes the grammar's) */
+      memcpy(k->minlen, k->given_minlen, sizeof *k->minlen * (size_t)g->n_rules);
+    else
+      di_language_key_rule_minlen(g, k->minlen);
   }
   k->n = 0;
   k->nlocal = 0;

@@ -64,8 +64,6 @@ struct di_gvcache {
   int cap_arun;
   di_ascii_scratch ascratch;
   int derive;              /* derive positions of counted repetitions from one far from the end (count_chain.h) */
-  int chains_ready;
-  di_count_chains chains;
   uint8_t *x_plain;        /* per rule: 1 every plain character is one string of it, 2 not, 0 unknown */
   int share;               /* look classifications up in the vocabulary's shared store (ci_shared.h) */
   di_language_key lkey;    /* scratch: the description of the key being looked up */
@@ -112,7 +110,6 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->seen_key);
     free(c->seen_at);
     di_language_key_free(&c->lkey);
-    di_count_chains_free(&c->chains);
     free(c->x_plain);
     free(c);
     c = n;
@@ -155,6 +152,7 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
   c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
   c->derive = di_switch_int(DI_SW_GRAMMAR_COUNT_CI, 1) != 0;
   c->group = di_switch_int(DI_SW_GRAMMAR_GROUP_CI, 1) != 0;
+  c->lkey.given_minlen = g->minlen; /* the rule lengths made at compile (NULL: computed when first needed) */
   /* max_tokens: acceptance depends on the token boundary too, which compute_mask tests itself (it
    * walks every token where the boundary can drop a stack); a classification is of the bytes alone
    * (the copies of a bounded lexeme take the bytes of the rule), so the shared store serves such
@@ -272,12 +270,7 @@ static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
   di_grt *rt = &g->rt;
   if (!c->derive)
     return S;
-  if (!c->chains_ready) {
-    if (di_count_chains_find(&g->core, &c->chains) != DI_OK)
-      return S;
-    c->chains_ready = 1;
-  }
-  const di_count_chains *ch = &c->chains;
+  const di_count_chains *ch = &g->chains; /* made at compile (grammar.c) */
   const int maxlen = c->v->maxlen, n = rt->soff[S + 1] - rt->soff[S];
   if (ch->n_frames == 0 || n > 64)
     return S;
@@ -328,7 +321,7 @@ static int plain_chars_end_rule(di_grt *rt, struct di_gvcache *c, int s, int u) 
 static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
   di_grt *rt = &g->rt;
   const di_gb *gb = &g->core;
-  if (!c->derive || !c->chains_ready || c->chains.n_frames == 0)
+  if (!c->derive || g->chains.n_frames == 0)
     return 0;
   if (!c->x_plain && !(c->x_plain = calloc((size_t)gb->n_rules + 1, 1)))
     return 0;
@@ -336,8 +329,8 @@ static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
     plain_groups(rt, c);
   int best = 0;
   for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
-    int id = rt->sn[k], r, d = count_frame(rt, &c->chains, id, 64, &r), F = id;
-    if (d < 1 || c->chains.index[r] <= best)
+    int id = rt->sn[k], r, d = count_frame(rt, &g->chains, id, 64, &r), F = id;
+    if (d < 1 || g->chains.index[r] <= best)
       continue;
     for (int q = 0; q < d; q++)
       F = rt->npar[F];
@@ -362,7 +355,7 @@ static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
       b++;
     }
     if (a == ae)
-      best = c->chains.index[r];
+      best = g->chains.index[r];
   }
   return best > DI_PLAIN_CAP ? DI_PLAIN_CAP : best;
 }
@@ -856,7 +849,7 @@ static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int
  * token: then every token agrees and the source's entry serves as it is). 0: no source. */
 static int count_source(di_grammar *g, struct di_gvcache *c, int key, int *src, int *T) {
   di_grt *rt = &g->rt;
-  const di_count_chains *ch = &c->chains;
+  const di_count_chains *ch = &g->chains;
   int r, d = count_frame(rt, ch, key, 64, &r);
   if (d < 0)
     return 0;
@@ -1008,12 +1001,8 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
   const int max_unc = last ? -1 : c->ci_max_uncertain;
   di_ci_entry *src = NULL;
   int T = 0, src_key = -1;
-  if (c->derive && !c->chains_ready) {
-    DI_TRY(di_count_chains_find(&g->core, &c->chains));
-    c->chains_ready = 1;
-  }
-  if (c->derive && c->chains.n_frames > 0) {
-    int r, d = count_frame(&g->rt, &c->chains, key, 64, &r), frame = key;
+  if (c->derive && g->chains.n_frames > 0) {
+    int r, d = count_frame(&g->rt, &g->chains, key, 64, &r), frame = key;
     for (int k = 0; k < d; k++)
       frame = g->rt.npar[frame];
     if (d >= 0 && !last && g->rt.npar[frame] == DI_GRT_PSEUDO) {
@@ -1181,14 +1170,10 @@ static di_status classify_group(di_grammar *g, struct di_gvcache *c, int T, int 
   di_grt *rt = &g->rt;
   const int max_unc = last ? -1 : c->ci_max_uncertain, n = rt->soff[T + 1] - rt->soff[T];
   const int32_t *nodes = rt->sn + rt->soff[T];
-  if (c->derive && !c->chains_ready) {
-    DI_TRY(di_count_chains_find(&g->core, &c->chains));
-    c->chains_ready = 1;
-  }
-  for (int i = 0; c->derive && c->chains.n_frames > 0 && !last && i < n; i++) {
+  for (int i = 0; c->derive && g->chains.n_frames > 0 && !last && i < n; i++) {
     /* as classify: a stack with a count frame at its bottom leaves nearly every token that runs past
      * the repetition uncertain, so the next frame is taken at once (any depth gives the same masks) */
-    int r, d = count_frame(rt, &c->chains, nodes[i], 64, &r), frame = nodes[i];
+    int r, d = count_frame(rt, &g->chains, nodes[i], 64, &r), frame = nodes[i];
     for (int k = 0; k < d; k++)
       frame = rt->npar[frame];
     if (d >= 0 && rt->npar[frame] == DI_GRT_PSEUDO) {
