@@ -3,8 +3,10 @@
  * once, by walking the vocabulary trie with the stack below replaced by an unknown (PSEUDO), which
  * tokens are accepted whatever the stack ("context-independent", the XGrammar idea), which are
  * rejected whatever it is, and which are uncertain (they run past the end of the rule); at run
- * time only the uncertain ones are walked from the real state. Whole masks are also cached per
- * state, since states repeat (string bodies, object keys). */
+ * time only the uncertain ones are walked from the real state. A state's stacks are classified
+ * together as one key where that saves walks (group keys, get_group_ci), and a walk starts from
+ * the vocabulary's rows of plain-text / letter-digit tokens its start state takes (compute_ci).
+ * Whole masks are also cached per state, since states repeat (string bodies, object keys). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

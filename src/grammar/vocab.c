@@ -1,6 +1,7 @@
 /* Grammar vocabulary: each token id's bytes, the stop ids, and a byte trie of the other tokens
  * laid out in preorder, so a mask computation can walk all tokens sharing a prefix once and skip
- * a whole subtree when the automaton dies on the prefix. */
+ * a whole subtree when the automaton dies on the prefix; and the bitmaps the walks OR instead of
+ * setting tokens one by one (large subtrees, tokens by length, plain-text and letter-digit rows). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
