@@ -41,8 +41,13 @@ int di_ascii_run_compute(di_grt *rt, int s, di_ascii_scratch *w, di_ascii_run *r
   if (!w->key) {
     w->key = malloc(sizeof(int32_t) * SLOTS);
     w->at = calloc(SLOTS, sizeof(uint32_t));
-    if (!w->key || !w->at)
+    if (!w->key || !w->at) { /* both or neither: a later call allocates them afresh */
+      free(w->key);
+      free(w->at);
+      w->key = NULL;
+      w->at = NULL;
       return 0; /* n = 0: nothing skipped, still correct */
+    }
   }
   /* C: per byte class, the ASCII bytes whose representative s takes twice */
   uint64_t members[256][2];

@@ -504,6 +504,22 @@ int di_grt_truncated_stack(di_grt *rt, int id, int depth) {
   return base < 0 ? DI_GRT_ERROR : base;
 }
 
+int di_grt_truncated_from(di_grt *rt, int id, int anc, int depth) {
+  int pos[64];
+  int n = 0, cur = id;
+  for (; cur != anc; cur = rt->npar[cur]) {
+    if (cur <= DI_GRT_PSEUDO || n == 64)
+      return DI_GRT_ERROR; /* anc is no ancestor of id, or too far */
+    pos[n++] = rt->npos[cur];
+  }
+  int base = anc <= DI_GRT_PSEUDO ? anc : depth > 0 ? di_grt_truncated_stack(rt, anc, depth) : DI_GRT_PSEUDO;
+  for (int i = n - 1; i >= 0 && base >= 0; i--)
+    base = node_get(rt, pos[i], base);
+  if (base < 0)
+    di_error_set(DI_ERR_OOM, "grammar automaton exceeded its budget of %d stack nodes", rt->max_nodes);
+  return base < 0 ? DI_GRT_ERROR : base;
+}
+
 int di_grt_replace_frame(di_grt *rt, int id, int depth, int pos) {
   int above[64];
   int cur = id;

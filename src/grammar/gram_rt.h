@@ -59,6 +59,10 @@ static inline int di_grt_step(di_grt *rt, int s, unsigned c) {
 /* Stack node `id` with only its top `depth` frames kept and the rest replaced by the unknown
  * PSEUDO sentinel (unchanged when the stack is not deeper). DI_GRT_ERROR past the budget. */
 int di_grt_truncated_stack(di_grt *rt, int id, int depth);
+/* Stack node `id` with its frames above node anc (an ancestor of id, or its bottom sentinel) kept
+ * and anc replaced by anc with only its top `depth` frames (depth 0: PSEUDO; a sentinel stays).
+ * DI_GRT_ERROR past the budget, when anc is not below id, or more than 64 frames above it. */
+int di_grt_truncated_from(di_grt *rt, int id, int anc, int depth);
 /* Stack node `id` with the frame `depth` levels below its top (0 = the top) moved to position
  * pos, the frames above it kept. DI_GRT_ERROR past the budget or when the stack is not that deep. */
 int di_grt_replace_frame(di_grt *rt, int id, int depth, int pos);

@@ -1,6 +1,7 @@
 /* Grammar compilation entry point: dispatches to the front-ends, keeps a process-wide cache of
  * compiled grammars keyed by (kind, options, source text), and checks whole strings. */
 #include "grammar/grammar_impl.h"
+#include "grammar/language_key.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +65,8 @@ static void grammar_destroy(di_grammar *g) {
   if (g->rt_ready)
     di_grt_free(&g->rt);
   di_gvcache_free_all(g->vcaches);
+  di_count_chains_free(&g->chains);
+  free(g->minlen);
   di_gb_free(&g->core);
   pthread_mutex_destroy(&g->mu);
   free(g->src);
@@ -86,10 +89,14 @@ static di_status compile_new(di_grammar_kind kind, const char *src, size_t len, 
   case DI_GRAMMAR_LARK: st = di_lark_compile(&g->core, src, len, o); break;
   default: st = di_error_set(DI_ERR_INVALID_ARG, "unknown grammar kind %d", (int)kind);
   }
+  if (st == DI_OK)
+    st = di_count_chains_find(&g->core, &g->chains);
   if (st != DI_OK) {
     grammar_destroy(g);
     return st;
   }
+  if ((g->minlen = malloc(sizeof *g->minlen * ((size_t)g->core.n_rules + 1))))
+    di_language_key_rule_minlen(&g->core, g->minlen);
   g->refs = 1;
   *out = g;
   return DI_OK;

@@ -4,6 +4,7 @@
 #define DI_GRAMMAR_IMPL_H
 #include <pthread.h>
 #include "grammar/grammar.h"
+#include "grammar/count_chain.h"
 #include "grammar/gram_rt.h"
 
 struct di_gvcache; /* per-vocabulary mask caches, matcher.c */
@@ -16,6 +17,11 @@ struct di_grammar {
   int rt_ready;
   struct di_gvcache *vcaches;
   int live_matchers;        /* guarded by mu: caches are reset only when none is live */
+  /* grammar-level analyses, made at compile so that the first mask does not pay them: the counted
+   * repetitions (count_chain.h) and each rule's shortest string (language_key.h; NULL: computed
+   * when first needed) */
+  di_count_chains chains;
+  int32_t *minlen;
   /* cache key */
   di_grammar_kind kind;
   di_grammar_options opt;

@@ -41,7 +41,7 @@ typedef struct {
   int level;      /* containers entered (indent's nesting level of the value being generated) */
   int compact;    /* > 0: inside a value laid out on one line under indent (any JSON, const / enum) */
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
-  int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc;
+  int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc, r_kesc_tail;
   int r_time; /* the time rule of the time formats, leap seconds included (json_formats.h), -1 until built */
   const char *escapes; /* x-guidance json_allowed_escapes: the letters allowed after a backslash, NULL = all */
   char why_empty[400]; /* the last reason a schema was found to admit nothing, for the error */
@@ -313,7 +313,7 @@ static void jc_init(jc *c, di_gb *b, const di_grammar_options *opt) {
   memset(c, 0, sizeof *c);
   c->b = b;
   c->opt = opt;
-  c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = c->r_ktail = c->r_kesc = c->r_time = -1;
+  c->r_any = c->r_string = c->r_number = c->r_jchar = c->r_int = c->r_ktail = c->r_kesc = c->r_kesc_tail = c->r_time = -1;
   c->ws.kind = -1;
   c->indent = opt ? opt->indent : 0;
   if (opt && opt->max_whitespace > 0) {
@@ -1379,6 +1379,15 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
     c->r_kesc = di_gb_new_rule(b, "kesc");
     if (di_regex_compile_into(b, c->r_kesc, re, strlen(re), 0, 1) != DI_OK)
       b->oom = 1;
+    /* esc ktail as one rule, referenced last by every trie node: its stacks then have one parent
+     * whichever node they leave from, so the automaton's states inside an escape or a multi-byte
+     * character are shared by all the trie's nodes instead of built once per node */
+    di_gseq e = {0};
+    di_gseq_push(b, &e, rule_el(c->r_kesc));
+    di_gseq_push(b, &e, rule_el(c->r_ktail));
+    c->r_kesc_tail = di_gb_new_rule(b, "kesctail");
+    di_gb_add_alt(b, c->r_kesc_tail, e.v, e.n);
+    di_gseq_free(&e);
   }
   di_gseq_push(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &plain)});
   di_gseq_push(b, &s, rule_el(c->r_ktail));
@@ -1389,8 +1398,7 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
     if (di_gbyteset_has(&next, lead))
       esc_ok = 0;
   if (esc_ok) { /* escapes and non-ASCII characters also leave the trie */
-    di_gseq_push(b, &s, rule_el(c->r_kesc));
-    di_gseq_push(b, &s, rule_el(c->r_ktail));
+    di_gseq_push(b, &s, rule_el(c->r_kesc_tail));
     di_gb_add_alt(b, r, s.v, s.n);
   }
   di_gseq_free(&s);

@@ -19,7 +19,14 @@
  * description agree on every string of at most max_bytes bytes, hence on every token. A rule whose
  * language is fixed whatever grammar holds it (di_grule.canon: the time formats' 1,440-minute leap
  * second trie, which a description of every position within a token's reach of a time would
- * otherwise spell out) is written as CANON + its number, and what it reaches is not described. */
+ * otherwise spell out) is written as CANON + its number, and what it reaches is not described.
+ *
+ * A set of stacks (a state's, classified as one key by matcher.c) is SET + its size, then each
+ * stack's frames as above (each from distance 0) down to the node all of them lie above (JOIN),
+ * the stacks in an order of their positions, then FRAME JOIN and that node's frames once (entered
+ * at the least distance any stack reaches it), then the rules they reach. Two sets with one
+ * description hold stacks with the same languages, hence classify every token alike; no single
+ * stack's description begins with SET. */
 #include "grammar/language_key.h"
 #include "util/grow.h"
 #include <stdlib.h>
@@ -27,7 +34,7 @@
 
 enum { TAG_FRAME = 0xF0000001u, TAG_BOTTOM = 0xF0000002u, TAG_RULE = 0xF0000003u, TAG_CLASS = 0xF0000004u,
        TAG_REF = 0xF0000005u, TAG_END = 0xF0000006u, TAG_FAR = 0xF0000007u, TAG_CLASS_ID = 0xF0000008u,
-       TAG_CANON = 0xF0000009u };
+       TAG_CANON = 0xF0000009u, TAG_SET = 0xF000000Au, TAG_JOIN = 0xF000000Bu };
 enum { FAR_AWAY = 1 << 28 };
 
 static int put(di_language_key *k, uint32_t x, int max_words) {
@@ -90,7 +97,9 @@ static int post_order(const di_gb *g, int32_t *order) {
  * took 8 passes on a JSON Schema grammar, whose value rules come before their parts'). Values are
  * only upper bounds until it has, so a grammar that does not settle within the pass budget gets 0
  * for every rule: safe (distances are lower bounds), merely less shared. */
-static void compute_minlen(di_language_key *k, const di_gb *g) {
+void di_language_key_rule_minlen(const di_gb *g, int32_t *minlen) {
+  di_language_key kk = {0}, *k = &kk; /* el_minlen reads k->minlen */
+  k->minlen = minlen;
   for (int r = 0; r < g->n_rules; r++) /* a fixed language's length is given (di_grule.canon) */
     k->minlen[r] = g->rules[r].canon ? g->rules[r].canon_minlen : FAR_AWAY;
   int32_t *order = malloc(sizeof *order * ((size_t)g->n_rules + 1));
@@ -203,9 +212,8 @@ static int put_alternative(di_language_key *k, const di_gb *g, int pos, int dist
   }
 }
 
-int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
-                         int max_words) {
-  const di_gb *g = rt->g;
+/* The per-grammar tables (for_g), made when the grammar changes; 0 without memory. */
+static int prepare(di_language_key *k, const di_gb *g, di_ci_shared *store) {
   if (k->for_g != g) {
     free(k->cls_id);
     k->cls_id = calloc((size_t)g->n_classes + 1, sizeof *k->cls_id);
@@ -225,20 +233,44 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *sto
     k->for_g = k->local && k->queue && k->minlen && k->best && k->heap && k->cls_id ? g : NULL;
     if (!k->for_g)
       return 0;
-    compute_minlen(k, g);
+    if (k->given_minlen) /* made at compile (matcher.c passes the grammar's) */
+      memcpy(k->minlen, k->given_minlen, sizeof *k->minlen * (size_t)g->n_rules);
+    else
+      di_language_key_rule_minlen(g, k->minlen);
   }
   k->n = 0;
   k->nlocal = 0;
   k->seq = 0;
-  int nh = 0, ok = 1, dist = 0;
-  for (; ok && node > DI_GRT_PSEUDO && dist <= max_bytes; node = rt->npar[node]) {
+  return 1;
+}
+
+/* Frames from `node` down to node `stop` (-1: to the bottom sentinel, written as BOTTOM; else a
+ * JOIN where stop is reached), the first at distance *dist (the distance at the end left there),
+ * queueing the rules they reach (nh of them so far); FAR where the distance passes max_bytes. 0
+ * when the description would pass max_words. */
+static int frames(di_language_key *k, const di_grt *rt, int node, int stop, int *dist, int *nh, int max_bytes,
+                  int max_words) {
+  const di_gb *g = rt->g;
+  int ok = 1, d = *dist;
+  for (; ok && node != stop && node > DI_GRT_PSEUDO && d <= max_bytes; node = rt->npar[node]) {
     ok = put(k, TAG_FRAME, max_words);
-    if (ok && (dist = put_alternative(k, g, rt->npos[node], dist, &nh, max_words)) < 0)
+    if (ok && (d = put_alternative(k, g, rt->npos[node], d, nh, max_words)) < 0)
       ok = 0;
   }
-  if (ok)
-    ok = dist <= max_bytes ? put(k, TAG_BOTTOM, max_words) && put(k, (uint32_t)node, max_words)
-                           : put(k, TAG_FAR, max_words);
+  if (ok && d > max_bytes) {
+    ok = put(k, TAG_FAR, max_words);
+    d = FAR_AWAY;
+  } else if (ok) {
+    ok = node == stop ? put(k, TAG_JOIN, max_words) : put(k, TAG_BOTTOM, max_words) && put(k, (uint32_t)node, max_words);
+  }
+  *dist = d;
+  return ok;
+}
+
+/* The rules queued (nh), in order of distance, then the hash; ok = 0: a failure so far (the
+ * scratch is still cleared). 1, or 0 when the description would pass max_words. */
+static int finish(di_language_key *k, const di_grt *rt, int nh, int ok, int max_bytes, int max_words) {
+  const di_gb *g = rt->g;
   while (ok && nh > 0) {
     di_lkey_item it = heap_pop(k, &nh);
     if (it.dist != k->best[it.rule])
@@ -268,6 +300,76 @@ int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *sto
     h = (h ^ k->w[i]) * 0x100000001b3ULL;
   k->hash = h ^ (h >> 29);
   return 1;
+}
+
+int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
+                         int max_words) {
+  if (!prepare(k, rt->g, store))
+    return 0;
+  int nh = 0, dist = 0, ok = frames(k, rt, node, -1, &dist, &nh, max_bytes, max_words);
+  return finish(k, rt, nh, ok, max_bytes, max_words);
+}
+
+/* Orders stacks by their frames' positions, top first (a shorter chain first when one is a prefix
+ * of the other, then by bottom sentinel): an order of their content, not of node numbers, which
+ * depend on the order the automaton met them in. */
+static int stack_cmp(const di_grt *rt, int a, int b) {
+  for (; a > DI_GRT_PSEUDO && b > DI_GRT_PSEUDO; a = rt->npar[a], b = rt->npar[b])
+    if (rt->npos[a] != rt->npos[b])
+      return rt->npos[a] < rt->npos[b] ? -1 : 1;
+  if ((a > DI_GRT_PSEUDO) != (b > DI_GRT_PSEUDO))
+    return a > DI_GRT_PSEUDO ? 1 : -1;
+  return a < b ? -1 : a > b;
+}
+
+int di_language_key_make_set(di_language_key *k, const di_grt *rt, di_ci_shared *store, const int32_t *nodes, int n,
+                             int max_bytes, int max_words) {
+  enum { MAX_SET = 64 };
+  if (n < 2 || n > MAX_SET || !prepare(k, rt->g, store))
+    return 0;
+  int32_t ord[MAX_SET];
+  for (int i = 0; i < n; i++) { /* insertion sort: a set is small */
+    int j = i;
+    for (; j > 0 && stack_cmp(rt, ord[j - 1], nodes[i]) > 0; j--)
+      ord[j] = ord[j - 1];
+    ord[j] = nodes[i];
+  }
+  /* the frames below which they all lie (a group key's truncated common ancestor, matcher.c) are
+   * written once, after every stack's own, from the nearest distance at which one reaches them */
+  int common = rt->npar[ord[0]], hc = 0;
+  for (int x = common; x > DI_GRT_PSEUDO; x = rt->npar[x])
+    hc++;
+  for (int i = 1; i < n && common > DI_GRT_PSEUDO; i++) {
+    int b = rt->npar[ord[i]], hb = 0;
+    for (int x = b; x > DI_GRT_PSEUDO; x = rt->npar[x])
+      hb++;
+    for (; hb > hc; hb--)
+      b = rt->npar[b];
+    for (; hc > hb; hc--)
+      common = rt->npar[common];
+    for (; common != b && common > DI_GRT_PSEUDO; hc--) {
+      common = rt->npar[common];
+      b = rt->npar[b];
+    }
+  }
+  if (common <= DI_GRT_PSEUDO)
+    common = -1; /* nothing shared but the bottom: each stack is written to it */
+  int nh = 0, below = FAR_AWAY, ok = put(k, TAG_SET, max_words) && put(k, (uint32_t)n, max_words);
+  for (int i = 0; ok && i < n; i++) {
+    int d = 0;
+    ok = frames(k, rt, ord[i], common, &d, &nh, max_bytes, max_words);
+    if (d < below)
+      below = d;
+  }
+  if (ok && common >= 0) {
+    if (below > max_bytes) {
+      ok = put(k, TAG_FAR, max_words);
+    } else {
+      ok = put(k, TAG_FRAME, max_words) && put(k, TAG_JOIN, max_words); /* the shared frames follow */
+      ok = ok && frames(k, rt, common, -1, &below, &nh, max_bytes, max_words);
+    }
+  }
+  return finish(k, rt, nh, ok, max_bytes, max_words);
 }
 
 void di_language_key_free(di_language_key *k) {

@@ -18,6 +18,7 @@ typedef struct di_language_key {
   /* per grammar (for_g): each rule's shortest string in bytes, and scratch: rule id -> local number
    * (0 = not met), rules met in order, best distance found, the distance queue */
   const di_gb *for_g;
+  const int32_t *given_minlen; /* set by the caller: the grammar's rule lengths made at compile, or NULL */
   int32_t *minlen, *local, *queue, *best;
   uint32_t *cls_id; /* per class set of the grammar: its id in the store (0: written out) */
   int nlocal, seq;
@@ -35,5 +36,12 @@ typedef struct di_language_key {
  * does not share. */
 int di_language_key_make(di_language_key *k, const di_grt *rt, di_ci_shared *store, int node, int max_bytes,
                          int max_words);
+/* The same for the set of stacks nodes[0..n) (2 <= n <= 64; their language is the union of theirs),
+ * in whatever order they come. */
+int di_language_key_make_set(di_language_key *k, const di_grt *rt, di_ci_shared *store, const int32_t *nodes, int n,
+                             int max_bytes, int max_words);
+/* Each rule's shortest string in bytes (minlen[0 .. g->n_rules)): a grammar-level analysis, made
+ * once at compile (grammar.c) and handed to descriptions by given_minlen. */
+void di_language_key_rule_minlen(const di_gb *g, int32_t *minlen);
 void di_language_key_free(di_language_key *k);
 #endif

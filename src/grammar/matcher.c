@@ -3,8 +3,10 @@
  * once, by walking the vocabulary trie with the stack below replaced by an unknown (PSEUDO), which
  * tokens are accepted whatever the stack ("context-independent", the XGrammar idea), which are
  * rejected whatever it is, and which are uncertain (they run past the end of the rule); at run
- * time only the uncertain ones are walked from the real state. Whole masks are also cached per
- * state, since states repeat (string bodies, object keys). */
+ * time only the uncertain ones are walked from the real state. A state's stacks are classified
+ * together as one key where that saves walks (group keys, get_group_ci), and a walk starts from
+ * the vocabulary's rows of plain-text / letter-digit tokens its start state takes (compute_ci).
+ * Whole masks are also cached per state, since states repeat (string bodies, object keys). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,9 +33,16 @@ struct di_gvcache {
    * walk of the same stack with one frame more resumes it at node part_from instead of starting
    * over (part_key -1: none): its accepted tokens (bitmap, count) and uncertain ones so far */
   int part_key, part_from, part_nacc, part_nunc, part_cap;
+  int part_group; /* part_key is a group key (a state id, get_group_ci), not a stack node */
   uint32_t *part_bits;
   int32_t *part_unc;
   size_t ci_bytes, ci_max_bytes;   /* memory held by the entries; all are dropped past the cap */
+  /* group keys (get_group_ci): a state's stacks with one parent (a rule's alternatives) classified
+   * as one key, the state of their truncations; and the trie walks' start from the plain rows */
+  int group;
+  di_ci_entry **gci; /* by state id: a group key's classification */
+  int32_t *gchosen;  /* by state id of a real group: 1 + the group key it uses (0 = not yet) */
+  int ngci;
   uint32_t **mask; /* by state id */
   int cap_mask, nmask, max_masks;
   uint8_t *asked; /* by state id: its mask was computed once (cached only when asked again) */
@@ -57,8 +66,6 @@ struct di_gvcache {
   int cap_arun;
   di_ascii_scratch ascratch;
   int derive;              /* derive positions of counted repetitions from one far from the end (count_chain.h) */
-  int chains_ready;
-  di_count_chains chains;
   uint8_t *x_plain;        /* per rule: 1 every plain character is one string of it, 2 not, 0 unknown */
   int share;               /* look classifications up in the vocabulary's shared store (ci_shared.h) */
   di_language_key lkey;    /* scratch: the description of the key being looked up */
@@ -83,6 +90,10 @@ void di_gvcache_free_all(struct di_gvcache *c) {
       di_ci_entry_release(c->ci[i]);
     for (int i = 0; c->mask && i < c->cap_mask; i++)
       free(c->mask[i]);
+    for (int i = 0; c->gci && i < c->ngci; i++)
+      di_ci_entry_release(c->gci[i]);
+    free(c->gci);
+    free(c->gchosen);
     free(c->ci);
     free(c->chosen);
     free(c->mask);
@@ -101,7 +112,6 @@ void di_gvcache_free_all(struct di_gvcache *c) {
     free(c->seen_key);
     free(c->seen_at);
     di_language_key_free(&c->lkey);
-    di_count_chains_free(&c->chains);
     free(c->x_plain);
     free(c);
     c = n;
@@ -143,6 +153,8 @@ static struct di_gvcache *get_vcache(di_grammar *g, const di_grammar_vocab *v) {
     c->ci_max_uncertain = uncertain;
   c->share = v->shared_ci && di_switch_int(DI_SW_GRAMMAR_SHARED_CI, 1) != 0;
   c->derive = di_switch_int(DI_SW_GRAMMAR_COUNT_CI, 1) != 0;
+  c->group = di_switch_int(DI_SW_GRAMMAR_GROUP_CI, 1) != 0;
+  c->lkey.given_minlen = g->minlen; /* the rule lengths made at compile (NULL: computed when first needed) */
   /* max_tokens: acceptance depends on the token boundary too, which compute_mask tests itself (it
    * walks every token where the boundary can drop a stack); a classification is of the bytes alone
    * (the copies of a bounded lexeme take the bytes of the rule), so the shared store serves such
@@ -260,12 +272,7 @@ static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
   di_grt *rt = &g->rt;
   if (!c->derive)
     return S;
-  if (!c->chains_ready) {
-    if (di_count_chains_find(&g->core, &c->chains) != DI_OK)
-      return S;
-    c->chains_ready = 1;
-  }
-  const di_count_chains *ch = &c->chains;
+  const di_count_chains *ch = &g->chains; /* made at compile (grammar.c) */
   const int maxlen = c->v->maxlen, n = rt->soff[S + 1] - rt->soff[S];
   if (ch->n_frames == 0 || n > 64)
     return S;
@@ -316,7 +323,7 @@ static int plain_chars_end_rule(di_grt *rt, struct di_gvcache *c, int s, int u) 
 static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
   di_grt *rt = &g->rt;
   const di_gb *gb = &g->core;
-  if (!c->derive || !c->chains_ready || c->chains.n_frames == 0)
+  if (!c->derive || g->chains.n_frames == 0)
     return 0;
   if (!c->x_plain && !(c->x_plain = calloc((size_t)gb->n_rules + 1, 1)))
     return 0;
@@ -324,8 +331,8 @@ static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
     plain_groups(rt, c);
   int best = 0;
   for (int k = rt->soff[S]; k < rt->soff[S + 1]; k++) {
-    int id = rt->sn[k], r, d = count_frame(rt, &c->chains, id, 64, &r), F = id;
-    if (d < 1 || c->chains.index[r] <= best)
+    int id = rt->sn[k], r, d = count_frame(rt, &g->chains, id, 64, &r), F = id;
+    if (d < 1 || g->chains.index[r] <= best)
       continue;
     for (int q = 0; q < d; q++)
       F = rt->npar[F];
@@ -350,7 +357,7 @@ static int chain_plain_bound(di_grammar *g, struct di_gvcache *c, int S) {
       b++;
     }
     if (a == ae)
-      best = c->chains.index[r];
+      best = g->chains.index[r];
   }
   return best > DI_PLAIN_CAP ? DI_PLAIN_CAP : best;
 }
@@ -388,7 +395,7 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
   /* no subtree holds more plain characters than the vocabulary's most, so the search stops there
    * (a budget of that many is as good as any larger one) */
   const int cap = c->v->max_plain < DI_PLAIN_CAP ? c->v->max_plain : DI_PLAIN_CAP;
-  while (ok && ncur > 0 && level < cap) {
+  while (ok && ncur > 0 && level < cap && level < min_known) { /* past min_known nothing can lower it */
     nnext = 0;
     for (int i = 0; i < ncur && ok; i++) {
       int s = cur[i];
@@ -414,6 +421,12 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
        * further: strings through it live at least level + that many characters (not with
        * DI_GRAMMAR_COUNT_CI=0, which keeps the old search for A/B runs) */
       int t = next[i], known = !c->derive ? 0 : t < c->cap_budget && c->budget[t] >= 0 ? c->budget[t] : chain_plain_bound(g, c, t);
+      if (rt->soff[t + 1] == rt->soff[t]) { /* no stack left (a rule ended at the unknown below): it
+                                             * dies on any character, so s0 takes level, no more */
+        if (level < min_known)
+          min_known = level;
+        continue;
+      }
       if (known > 0) {
         if (level + known < min_known)
           min_known = level + known;
@@ -460,9 +473,9 @@ static int plain_budget(di_grammar *g, struct di_gvcache *c, int s0) {
     c->budget = q;
     c->cap_budget = nc;
   }
-  for (int i = 0; i < seen_n; i++) {
+  for (int i = 0; i < seen_n; i++) { /* 0 is no answer: such a state is searched when asked */
     int b = level == DI_PLAIN_CAP ? DI_PLAIN_CAP : level - seen_level[i];
-    if (b > c->budget[seen[i]])
+    if (b > 0 && b > c->budget[seen[i]])
       c->budget[seen[i]] = (int16_t)b;
   }
   c->budget[s0] = (int16_t)level;
@@ -528,16 +541,30 @@ static const char *position_rule_name(const di_gb *g, int pos) {
  * its uncertain tokens are walked one by one from key's state; the trie before node part_from is
  * not walked again (only the ancestors of part_from are stepped, to reach its parent's state).
  * Exactly what a walk from the start gives. A walk (prune 0) abandoned at max_unc leaves its own
- * partial walk in c->part_* for the next frame's. Under g->mu. */
-static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int max_unc, int prune, int resume,
-                            di_ci_entry **out) {
+ * partial walk in c->part_* for the next frame's. With group, key is a group key: the state of several
+ * truncated stacks (get_group_ci), walked as one; otherwise a truncated stack.
+ *
+ * The root's plain rows: when the start state takes any L plain characters for certain (its
+ * plain-text budget, the test the walk makes at every node, made at the root), every token whose
+ * whole text is plain with at most L characters is accepted: the vocabulary's row L (vocab.h
+ * plain_le) is ORed at once, and subtrees holding only such tokens (wplain <= L) are not visited.
+ * This is what a string body's key gains (80k tokens of 128k, set one by one otherwise). Under
+ * g->mu. */
+static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int group, int max_unc, int prune,
+                            int resume, di_ci_entry **out) {
   const di_grammar_vocab *v = c->v;
   di_grt *rt = &g->rt;
   di_ci_entry *e = calloc(1, sizeof *e);
   if (!e)
     return di_error_set(DI_ERR_OOM, "out of memory");
   atomic_init(&e->refs, 1);
-  int s0 = di_grt_node_state(rt, key);
+  struct timespec ts0, ts1;
+  const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0; /* the thread clock is a system call: only then */
+  if (debug)
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
+  int s0 = group ? key : di_grt_node_state(rt, key);
+  if (group)
+    atomic_fetch_add(&((di_grammar_vocab *)v)->n_group_walks, 1);
   if (s0 < 0) {
     free(e);
     return DI_ERR_OOM;
@@ -597,14 +624,38 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     if (st == DI_OK && max_unc >= 0 && e->nunc > max_unc)
       e->overflow = 1; /* abandoned before walking on: resumed again from the same node */
   }
+  int rows_at = 0, alnum_at = 0; /* the plain / letters-and-digits row ORed (0: none) */
+  if (st == DI_OK && !e->overflow && c->group && v->plain_rows > 0) {
+    int b = cached_budget(c, s0);
+    if (b < 0)
+      b = plain_budget(g, c, s0);
+    rows_at = b < v->plain_rows ? b : v->plain_rows;
+    if (rows_at > 0) {
+      atomic_fetch_add(&((di_grammar_vocab *)v)->n_row_walks, 1);
+      const uint32_t *row = v->plain_le + (size_t)rows_at * (size_t)W;
+      for (int w = 0; w < W; w++)
+        bits[w] |= row[w];
+      nlist = -1;
+    }
+  }
+  if (st == DI_OK && !e->overflow && c->group && rows_at == 0 && v->alnum_le) {
+    /* the same from the start state's ASCII run (ascii_run.h) when it takes letters and digits: the
+     * ids of at most n(s0) of them (the email format's parts, identifiers, hex) */
+    const uint64_t alnum[2] = {0x03FF000000000000ull, 0x07FFFFFE07FFFFFEull};
+    const di_ascii_run *r = ascii_run_of(g, c, s0);
+    if (r && r->n > 0 && !(alnum[0] & ~r->set[0]) && !(alnum[1] & ~r->set[1])) {
+      alnum_at = r->n < DI_ALNUM_ROWS ? r->n : DI_ALNUM_ROWS;
+      atomic_fetch_add(&((di_grammar_vocab *)v)->n_row_walks, 1);
+      const uint32_t *row = v->alnum_le + (size_t)alnum_at * (size_t)W;
+      for (int w = 0; w < W; w++)
+        bits[w] |= row[w];
+      nlist = -1;
+    }
+  }
   sts[0] = s0;
   rows[0] = rt->trans[s0];
   pse[0] = (di_grt_flags(rt, s0) & DI_GRT_PSEUDO_END) != 0;
   long visited = 0;
-  struct timespec ts0, ts1;
-  const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0; /* the thread clock is a system call: only then */
-  if (debug)
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
   const int32_t *sorted = v->sorted;
   const uint8_t *cls = rt->cls;
   const di_tnode *tn = v->tn;
@@ -618,6 +669,12 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       continue;
     }
     if (prune > 0 && t->len_below < 255 && t->depth + t->len_below <= prune) {
+      i = t->tnext;
+      continue;
+    }
+    if ((rows_at > 0 && (t->flags >> DI_TNODE_WPLAIN_SHIFT) <= rows_at) ||
+        (alnum_at > 0 && v->walnum[i] <= alnum_at)) { /* all accepted by the row */
+      skipped += t->tnext - i;
       i = t->tnext;
       continue;
     }
@@ -686,6 +743,11 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     }
     i = next_i;
   }
+  if (rows_at > 0 || alnum_at > 0 || resume) { /* tokens may have been set twice (a row, a resumed walk): count the bits */
+    nacc = 0;
+    for (int w = 0; w < W; w++)
+      nacc += __builtin_popcount(bits[w]);
+  }
   /* store accepted tokens densely or as a list, whichever is smaller; clear the scratch */
   if (st == DI_OK && !e->overflow) {
     e->nacc = nacc;
@@ -719,6 +781,7 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
       c->part_nacc = nacc;
       c->part_from = from;
       c->part_key = key;
+      c->part_group = group;
       e->unc = NULL;
       e->nunc = 0;
     }
@@ -730,8 +793,10 @@ static di_status compute_ci(di_grammar *g, struct di_gvcache *c, int key, int ma
     memset(bits, 0, sizeof(uint32_t) * (size_t)v->words);
   if (debug) {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
-    fprintf(stderr, "ci key %d (pos %d, rule %s): accepted %d uncertain %d%s states %d skipped %ld visited %ld of %d%s us %.0f\n",
-            key, rt->npos[key], position_rule_name(&g->core, rt->npos[key]), nacc, e->overflow ? c->part_nunc : e->nunc,
+    const int top = group ? rt->sn[rt->soff[key]] : key;
+    fprintf(stderr, "ci %s %d (%d stacks, pos %d, rule %s, plain row %d): accepted %d uncertain %d%s states %d skipped %ld visited %ld of %d%s us %.0f\n",
+            group ? "group key" : "key", key, group ? rt->soff[key + 1] - rt->soff[key] : 1, rt->npos[top],
+            position_rule_name(&g->core, rt->npos[top]), rows_at, nacc, e->overflow ? c->part_nunc : e->nunc,
             e->overflow ? " (abandoned)" : "", rt->ns, skipped, visited, v->nnodes,
             prune > 0 ? " (longer tokens only)" : resume ? " (resumed: upper key's uncertain walked again)" : "",
             (double)(ts1.tv_sec - ts0.tv_sec) * 1e6 + (double)(ts1.tv_nsec - ts0.tv_nsec) / 1e3);
@@ -786,7 +851,7 @@ static int count_frame(const di_grt *rt, const di_count_chains *ch, int key, int
  * token: then every token agrees and the source's entry serves as it is). 0: no source. */
 static int count_source(di_grammar *g, struct di_gvcache *c, int key, int *src, int *T) {
   di_grt *rt = &g->rt;
-  const di_count_chains *ch = &c->chains;
+  const di_count_chains *ch = &g->chains;
   int r, d = count_frame(rt, ch, key, 64, &r);
   if (d < 0)
     return 0;
@@ -866,7 +931,7 @@ static di_status derive_ci(di_grammar *g, struct di_gvcache *c, int key, const d
   if (src->overflow) /* the caller will keep more frames, as after a walk that overflows */
     return overflow_entry(out);
   di_ci_entry *w = NULL;
-  DI_TRY(compute_ci(g, c, key, max_unc, T, 0, &w));
+  DI_TRY(compute_ci(g, c, key, 0, max_unc, T, 0, &w));
   if (w->overflow) {
     *out = w;
     return DI_OK;
@@ -938,12 +1003,8 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
   const int max_unc = last ? -1 : c->ci_max_uncertain;
   di_ci_entry *src = NULL;
   int T = 0, src_key = -1;
-  if (c->derive && !c->chains_ready) {
-    DI_TRY(di_count_chains_find(&g->core, &c->chains));
-    c->chains_ready = 1;
-  }
-  if (c->derive && c->chains.n_frames > 0) {
-    int r, d = count_frame(&g->rt, &c->chains, key, 64, &r), frame = key;
+  if (c->derive && g->chains.n_frames > 0) {
+    int r, d = count_frame(&g->rt, &g->chains, key, 64, &r), frame = key;
     for (int k = 0; k < d; k++)
       frame = g->rt.npar[frame];
     if (d >= 0 && !last && g->rt.npar[frame] == DI_GRT_PSEUDO) {
@@ -1006,8 +1067,9 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
     int frames = 0;
     for (int n = key; n > DI_GRT_PSEUDO; n = g->rt.npar[n])
       frames++;
-    const int resume = c->part_key >= 0 && frames > 1 && di_grt_truncated_stack(&g->rt, key, frames - 1) == c->part_key;
-    DI_TRY(compute_ci(g, c, key, max_unc, 0, resume, &c->ci[key]));
+    const int resume =
+        c->part_key >= 0 && !c->part_group && frames > 1 && di_grt_truncated_stack(&g->rt, key, frames - 1) == c->part_key;
+    DI_TRY(compute_ci(g, c, key, 0, max_unc, 0, resume, &c->ci[key]));
   }
   c->ci_bytes += c->ci[key]->bytes;
   if (described)
@@ -1019,16 +1081,27 @@ static di_status classify(di_grammar *g, struct di_gvcache *c, int key, int last
  * one entry (and its trie walk), but leaves more tokens uncertain, to be walked at every mask: so
  * the shallowest truncation with at most ci_max_uncertain uncertain tokens is chosen, trying 1, 2,
  * ... frames (at most ci_depth; a stack that is not deeper is exact and has none uncertain). */
+/* Bounds the memory the entries hold: past the cap, all are dropped (they are only caches). */
+static void bound_entries(struct di_gvcache *c) {
+  if (c->ci_bytes <= c->ci_max_bytes)
+    return;
+  for (int i = 0; i < c->nci; i++) {
+    di_ci_entry_release(c->ci[i]);
+    c->ci[i] = NULL;
+  }
+  memset(c->chosen, 0, sizeof *c->chosen * (size_t)c->nci);
+  for (int i = 0; i < c->ngci; i++) {
+    di_ci_entry_release(c->gci[i]);
+    c->gci[i] = NULL;
+  }
+  if (c->gchosen)
+    memset(c->gchosen, 0, sizeof *c->gchosen * (size_t)c->ngci);
+  c->ci_bytes = 0;
+}
+
 static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, di_ci_entry **out) {
   di_grt *rt = &g->rt;
-  if (c->ci_bytes > c->ci_max_bytes) { /* bound the memory: start over (entries are only caches) */
-    for (int i = 0; i < c->nci; i++) {
-      di_ci_entry_release(c->ci[i]);
-      c->ci[i] = NULL;
-    }
-    memset(c->chosen, 0, sizeof *c->chosen * (size_t)c->nci);
-    c->ci_bytes = 0;
-  }
+  bound_entries(c);
   if (!ensure_ci_slots(c, id))
     return di_error_set(DI_ERR_OOM, "out of memory");
   if (c->chosen[id]) {
@@ -1056,6 +1129,174 @@ static di_status get_ci(di_grammar *g, struct di_gvcache *c, int id, di_ci_entry
   }
 }
 
+/* Group keys. A state's stacks (the alternatives of the rules it is inside: a string character's 9
+ * forms and the closing quote, a free key's trie bytes, its class and the escapes' alternatives
+ * nested in another) are classified as one key: the state of their truncations, walked once. A
+ * token the group accepts is accepted by one of its stacks within their frames, one it rejects
+ * dies in all of them, the rest are uncertain and walked from the real state at every mask: exactly
+ * what one walk per stack gives, for any set of stacks and any truncation of each, since the mask
+ * is the union over the stacks. It pays because the group's start state takes any plain text where
+ * no single alternative does, so the walk starts from the plain rows (compute_ci) instead of setting
+ * a string body's 80k tokens one by one, and visits the trie once. Keys are chosen as for one stack
+ * (get_ci: the fewest frames with at most ci_max_uncertain uncertain tokens, every member keeping
+ * that many), looked up in the shared store by their description (di_language_key_make_set), and
+ * an abandoned walk is resumed by the group key with one frame more. The count-chain derivation
+ * (derive_ci) is for single stacks only: a counted group's positions are walked, from row j (its
+ * budget, chain_plain_bound). */
+
+static int ensure_g_slots(struct di_gvcache *c, int id) {
+  if (id < c->ngci)
+    return 1;
+  int nc = c->ngci ? c->ngci * 2 : 1024;
+  while (nc <= id)
+    nc *= 2;
+  di_ci_entry **q = realloc(c->gci, sizeof *q * (size_t)nc);
+  if (q)
+    c->gci = q;
+  int32_t *r = realloc(c->gchosen, sizeof *r * (size_t)nc);
+  if (r)
+    c->gchosen = r;
+  if (!q || !r)
+    return 0;
+  memset(c->gci + c->ngci, 0, sizeof *q * (size_t)(nc - c->ngci));
+  memset(c->gchosen + c->ngci, 0, sizeof *r * (size_t)(nc - c->ngci));
+  c->ngci = nc;
+  return 1;
+}
+
+/* Fills c->gci[T] for group key T (a state of truncated stacks); prev: the group key
+ * with one frame fewer (-1 at one frame), whose walk this one resumes when it was the last one
+ * abandoned. Under g->mu. */
+static di_status classify_group(di_grammar *g, struct di_gvcache *c, int T, int prev, int last) {
+  enum { MAX_KEY_WORDS = 1 << 16 };
+  di_grt *rt = &g->rt;
+  const int max_unc = last ? -1 : c->ci_max_uncertain, n = rt->soff[T + 1] - rt->soff[T];
+  const int32_t *nodes = rt->sn + rt->soff[T];
+  for (int i = 0; c->derive && g->chains.n_frames > 0 && !last && i < n; i++) {
+    /* as classify: a stack with a count frame at its bottom leaves nearly every token that runs past
+     * the repetition uncertain, so the next frame is taken at once (any depth gives the same masks) */
+    int r, d = count_frame(rt, &g->chains, nodes[i], 64, &r), frame = nodes[i];
+    for (int k = 0; k < d; k++)
+      frame = rt->npar[frame];
+    if (d >= 0 && rt->npar[frame] == DI_GRT_PSEUDO) {
+      DI_TRY(overflow_entry(&c->gci[T]));
+      c->ci_bytes += c->gci[T]->bytes;
+      return DI_OK;
+    }
+  }
+  struct timespec t0, t1;
+  const int debug = di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0;
+  if (debug)
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  int described =
+      c->share && di_language_key_make_set(&c->lkey, rt, c->v->shared_ci, nodes, n, c->v->maxlen, MAX_KEY_WORDS);
+  if (debug && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1) == 0)
+    fprintf(stderr, "group key %d described in %d words (%s) us %.0f\n", T, described ? c->lkey.n : -1,
+            described ? "shared store" : "not shared",
+            (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
+  if (described) {
+    di_ci_entry *e = di_ci_shared_find(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash);
+    if (e && !(e->overflow && last)) {
+      c->gci[T] = e;
+      c->ci_bytes += e->bytes;
+      return DI_OK;
+    }
+    di_ci_entry_release(e);
+  }
+  const int resume = prev >= 0 && c->part_key == prev && c->part_group;
+  DI_TRY(compute_ci(g, c, T, 1, max_unc, 0, resume, &c->gci[T]));
+  c->ci_bytes += c->gci[T]->bytes;
+  if (described)
+    di_ci_shared_put(c->v->shared_ci, c->lkey.w, c->lkey.n, c->lkey.hash, c->gci[T]);
+  return DI_OK;
+}
+
+static int stack_height(const di_grt *rt, int id) {
+  int h = 0;
+  for (; id > DI_GRT_PSEUDO; id = rt->npar[id])
+    h++;
+  return h;
+}
+
+/* The deepest node that lies strictly below every member (their parents' common ancestor, perhaps
+ * the ROOT sentinel); -1 when there is none or a member has more than 64 frames above it. */
+static int common_below(const di_grt *rt, const int32_t *m, int n) {
+  int a = rt->npar[m[0]], ha = stack_height(rt, a);
+  for (int i = 1; i < n; i++) {
+    int b = rt->npar[m[i]], hb = stack_height(rt, b);
+    for (; ha > hb; ha--)
+      a = rt->npar[a];
+    for (; hb > ha; hb--)
+      b = rt->npar[b];
+    for (; a != b; ha--) {
+      if (a <= DI_GRT_PSEUDO || b <= DI_GRT_PSEUDO)
+        return -1; /* different sentinels */
+      a = rt->npar[a];
+      b = rt->npar[b];
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (stack_height(rt, m[i]) - ha > 64)
+      return -1;
+  return a;
+}
+
+/* The classification used for the stacks members[0..n) (2 <= n <= 64) of a state, as get_ci for
+ * one stack, but counting frames from below: level L keeps every frame above the members' common
+ * ancestor C and L frames of C's (level 0: the frames above C alone, which is where the members
+ * part: a string's characters with its closing quote, a free key's trie with the escapes' nested
+ * alternatives; counting from each top would cut the deeper ones short). *out = NULL when the
+ * members have no usable C (the caller classifies them one by one). Under g->mu. */
+static di_status get_group_ci(di_grammar *g, struct di_gvcache *c, const int32_t *members, int n, di_ci_entry **out) {
+  di_grt *rt = &g->rt;
+  bound_entries(c);
+  *out = NULL;
+  const int R = di_grt_state_of(rt, members, n, 0);
+  if (R < 0)
+    return DI_ERR_OOM;
+  if (!ensure_g_slots(c, R))
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  if (c->gchosen[R] > 0) {
+    *out = c->gci[c->gchosen[R] - 1];
+    return DI_OK;
+  }
+  if (c->gchosen[R] < 0) /* no common ancestor: one by one */
+    return DI_OK;
+  const int C = common_below(rt, members, n);
+  if (C < 0) {
+    c->gchosen[R] = -1;
+    return DI_OK;
+  }
+  int32_t keys[64];
+  for (int level = 0, prev = -1;; level++) {
+    const int base = C <= DI_GRT_PSEUDO ? C : level > 0 ? di_grt_truncated_stack(rt, C, level) : DI_GRT_PSEUDO;
+    if (base < 0)
+      return DI_ERR_OOM;
+    const int full = base == C;
+    for (int i = 0; i < n; i++)
+      if ((keys[i] = full ? members[i] : di_grt_truncated_from(rt, members[i], C, level)) < 0)
+        return DI_ERR_OOM;
+    const int T = full ? R : di_grt_state_of(rt, keys, n, 0);
+    if (T < 0)
+      return DI_ERR_OOM;
+    if (!ensure_g_slots(c, T))
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    const int last = full || level + 1 >= c->ci_depth;
+    if (c->gci[T] && c->gci[T]->overflow && last) { /* abandoned earlier, needed in full now */
+      c->ci_bytes -= c->gci[T]->bytes;
+      di_ci_entry_release(c->gci[T]);
+      c->gci[T] = NULL;
+    }
+    if (!c->gci[T])
+      DI_TRY(classify_group(g, c, T, prev, last));
+    if (last || (!c->gci[T]->overflow && c->gci[T]->nunc <= c->ci_max_uncertain)) {
+      c->gchosen[R] = T + 1;
+      *out = c->gci[T];
+      return DI_OK;
+    }
+    prev = T;
+  }
+}
 
 /* A grammar with token references (token_ref.h): text tokens holding the 0xFF mark are never
  * allowed by their text, and every non-stop id whose spelling 0xFF + 4 id bytes the grammar
@@ -1119,15 +1360,94 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
       if (!buf_append(&c->buf, &nbuf, &c->cap_buf, i))
         return di_error_set(DI_ERR_OOM, "out of memory");
   }
-  for (int k = rt->soff[S]; !walk_all && k < rt->soff[S + 1]; k++) {
-    di_ci_entry *e = NULL;
-    int id = rt->sn[k];
-    if (rt->tok_map && rt->tok_canon[rt->npos[id]] >= 0) { /* one classification for all copies */
-      id = di_grt_replace_frame(rt, id, 0, rt->tok_canon[rt->npos[id]]);
-      if (id < 0)
+  /* the stacks (each copy of a max_tokens lexeme as its last copy: one classification for all)
+   * classified as one key (get_group_ci), but for those that lie a few frames below another stack
+   * (a string's closing quote below its characters), each alone: their context differs from string
+   * to string, the characters' does not, so the characters' group is a key every string shares. */
+  enum { MAX_GROUPED = 64 };
+  int32_t ids[MAX_GROUPED], anc[MAX_GROUPED];
+  const int grouping = c->group && rt->soff[S + 1] - rt->soff[S] <= MAX_GROUPED && rt->soff[S + 1] - rt->soff[S] > 1;
+  int nst = rt->soff[S + 1] - rt->soff[S];
+  if (grouping && !walk_all) {
+    int m = 0;
+    for (int k = 0; k < nst; k++) {
+      int id = rt->sn[rt->soff[S] + k];
+      if (rt->tok_map && rt->tok_canon[rt->npos[id]] >= 0 &&
+          (id = di_grt_replace_frame(rt, id, 0, rt->tok_canon[rt->npos[id]])) < 0)
         return DI_ERR_OOM;
+      int j = m; /* insertion sort (a state is small here); copies mapped to one stack once */
+      for (; j > 0 && ids[j - 1] > id; j--)
+        ;
+      if (j > 0 && ids[j - 1] == id)
+        continue;
+      memmove(ids + j + 1, ids + j, sizeof *ids * (size_t)(m - j));
+      ids[j] = id;
+      m++;
     }
-    DI_TRY(get_ci(g, c, id, &e));
+    nst = m;
+    /* a stack that lies a few frames below another (its continuation: a string's closing quote
+     * under its characters) stays apart (anchor: itself); the others form one group */
+    uint8_t below[MAX_GROUPED] = {0};
+    for (int k = 0; k < nst; k++) {
+      int x = rt->npar[ids[k]];
+      for (int up = 0; up < 4 && x > DI_GRT_PSEUDO; up++, x = rt->npar[x]) {
+        int lo = 0, hi = nst - 1; /* ids are sorted: binary search */
+        while (lo <= hi) {
+          const int mid = (lo + hi) / 2;
+          if (ids[mid] == x) {
+            below[mid] = 1;
+            break;
+          }
+          if (ids[mid] < x)
+            lo = mid + 1;
+          else
+            hi = mid - 1;
+        }
+      }
+    }
+    for (int k = 0; k < nst; k++)
+      anc[k] = below[k] ? ids[k] : -1;
+    for (int k = 1; k < nst; k++) { /* by anchor, then node (insertion sort) */
+      const int32_t a = anc[k], id = ids[k];
+      int j = k;
+      for (; j > 0 && (anc[j - 1] > a || (anc[j - 1] == a && ids[j - 1] > id)); j--) {
+        anc[j] = anc[j - 1];
+        ids[j] = ids[j - 1];
+      }
+      anc[j] = a;
+      ids[j] = id;
+    }
+  }
+  di_ci_entry *ge = NULL; /* the current group's entry; NULL: its stacks one by one */
+  int gend = 0;           /* where the current group ends */
+  int nent = 0;           /* entries ORed */
+  for (int k = 0, next = 0; !walk_all && k < nst; k = next) {
+    di_ci_entry *e = NULL;
+    if (grouping && k >= gend) { /* a new group */
+      gend = k + 1;
+      while (gend < nst && anc[gend] == anc[k])
+        gend++;
+      ge = NULL;
+      if (gend - k > 1)
+        DI_TRY(get_group_ci(g, c, ids + k, gend - k, &ge));
+    }
+    if (grouping && ge) {
+      next = gend;
+      e = ge;
+    } else if (grouping) {
+      next = k + 1;
+      DI_TRY(get_ci(g, c, ids[k], &e));
+    } else {
+      next = k + 1;
+      int id = rt->sn[rt->soff[S] + k];
+      if (rt->tok_map && rt->tok_canon[rt->npos[id]] >= 0) { /* one classification for all copies */
+        id = di_grt_replace_frame(rt, id, 0, rt->tok_canon[rt->npos[id]]);
+        if (id < 0)
+          return DI_ERR_OOM;
+      }
+      DI_TRY(get_ci(g, c, id, &e));
+    }
+    nent++;
     if (e->acc_bits) {
       for (int w = 0; w < W; w++)
         out[w] |= e->acc_bits[w];
@@ -1187,7 +1507,7 @@ static di_status compute_mask(di_grammar *g, struct di_gvcache *c, int S, uint32
     if (s >= 0)
       out[id >> 5] |= 1u << (id & 31);
   }
-  *cheap = !walk_all && nbuf == 0 && rt->soff[S + 1] - rt->soff[S] <= 1 && !g->core.has_token_refs;
+  *cheap = !walk_all && nbuf == 0 && nent <= 1 && !g->core.has_token_refs; /* one entry: a stack or a group */
   if (g->core.has_token_refs)
     DI_TRY(add_token_refs(rt, v, S, out));
   if (di_grt_flags(rt, S) & DI_GRT_ACCEPT)

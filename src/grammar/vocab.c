@@ -1,6 +1,7 @@
 /* Grammar vocabulary: each token id's bytes, the stop ids, and a byte trie of the other tokens
  * laid out in preorder, so a mask computation can walk all tokens sharing a prefix once and skip
- * a whole subtree when the automaton dies on the prefix. */
+ * a whole subtree when the automaton dies on the prefix; and the bitmaps the walks OR instead of
+ * setting tokens one by one (large subtrees, tokens by length, plain-text and letter-digit rows). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,93 @@ static di_status plain_below(di_grammar_vocab *v) {
   return DI_OK;
 }
 
+/* whole_plain / plain_le (plain_text.h): per token (sorted index) the characters of its whole
+ * text when it is plain (decoded from a character boundary), DI_PLAIN_NOT when not; per trie node
+ * the most of them over the tokens at or below it (a subtree's tokens are one range of sorted
+ * indices); and rows of ids by that count, cumulative, so that a walk from a state taking any L
+ * plain characters ORs row L once instead of setting its tokens one by one (matcher.c). Rows stop
+ * at DI_PLAIN_ROWS (tokens with more plain characters are walked). */
+static di_status plain_rows(di_grammar_vocab *v) {
+  const int n = v->nnodes, ns = v->nsorted;
+  uint8_t *tokp = malloc((size_t)ns + 1);
+  v->wplain = malloc((size_t)n + 1);
+  if (!tokp || !v->wplain) {
+    free(tokp);
+    return DI_ERR_OOM;
+  }
+  int most = 0;
+  for (int k = 0; k < ns; k++) {
+    const int id = v->sorted[k];
+    int u = 0, chars = 0;
+    for (uint32_t b = v->off[id]; b < v->off[id + 1] && u >= 0; b++) {
+      int starts = 0;
+      u = di_plain_step(u, v->bytes[b], &starts);
+      chars += starts;
+    }
+    tokp[k] = u < 0 ? DI_PLAIN_NOT : (uint8_t)(chars > DI_PLAIN_CAP ? DI_PLAIN_CAP : chars);
+    if (tokp[k] != DI_PLAIN_NOT && tokp[k] > most)
+      most = tokp[k];
+  }
+  for (int j = n - 1; j >= 0; j--) { /* children have larger preorder indices */
+    uint8_t m = 0;
+    for (int k = v->tok_lo[j]; k < v->tok_lo[j + 1]; k++) /* the tokens ending at node j */
+      if (tokp[k] > m)
+        m = tokp[k];
+    for (int k = j + 1; k < v->tnext[j]; k = v->tnext[k])
+      if (v->wplain[k] > m)
+        m = v->wplain[k];
+    v->wplain[j] = m;
+  }
+  v->plain_rows = most < DI_PLAIN_ROWS ? most : DI_PLAIN_ROWS;
+  v->plain_le = calloc(((size_t)v->plain_rows + 1) * (size_t)v->words, sizeof(uint32_t));
+  if (!v->plain_le) {
+    free(tokp);
+    return DI_ERR_OOM;
+  }
+  for (int k = 0; k < ns; k++)
+    if (tokp[k] <= v->plain_rows) {
+      const int id = v->sorted[k];
+      v->plain_le[(size_t)tokp[k] * (size_t)v->words + (size_t)(id >> 5)] |= 1u << (id & 31);
+    }
+  for (size_t L = 1; L <= (size_t)v->plain_rows; L++) /* cumulative */
+    for (int w = 0; w < v->words; w++)
+      v->plain_le[L * (size_t)v->words + (size_t)w] |= v->plain_le[(L - 1) * (size_t)v->words + (size_t)w];
+  /* the same for tokens of letters and digits alone, by bytes (ascii_run.h: a state whose run takes
+   * them all) */
+  v->walnum = malloc((size_t)n + 1);
+  v->alnum_le = calloc(((size_t)DI_ALNUM_ROWS + 1) * (size_t)v->words, sizeof(uint32_t));
+  if (!v->walnum || !v->alnum_le) {
+    free(tokp);
+    return DI_ERR_OOM;
+  }
+  for (int k = 0; k < ns; k++) {
+    const int id = v->sorted[k], len = (int)(v->off[id + 1] - v->off[id]);
+    int ok = len <= DI_ALNUM_ROWS;
+    for (uint32_t b = v->off[id]; ok && b < v->off[id + 1]; b++) {
+      const unsigned c = v->bytes[b];
+      ok = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+    }
+    tokp[k] = ok ? (uint8_t)len : 255;
+    if (ok)
+      v->alnum_le[(size_t)len * (size_t)v->words + (size_t)(id >> 5)] |= 1u << (id & 31);
+  }
+  for (size_t L = 1; L <= (size_t)DI_ALNUM_ROWS; L++)
+    for (int w = 0; w < v->words; w++)
+      v->alnum_le[L * (size_t)v->words + (size_t)w] |= v->alnum_le[(L - 1) * (size_t)v->words + (size_t)w];
+  for (int j = n - 1; j >= 0; j--) {
+    uint8_t m = 0;
+    for (int k = v->tok_lo[j]; k < v->tok_lo[j + 1]; k++)
+      if (tokp[k] > m)
+        m = tokp[k];
+    for (int k = j + 1; k < v->tnext[j]; k = v->tnext[k])
+      if (v->walnum[k] > m)
+        m = v->walnum[k];
+    v->walnum[j] = m;
+  }
+  free(tokp);
+  return DI_OK;
+}
+
 /* subtree_of / subtree_bits: the ids below each trie node holding at least DI_SUBTREE_MIN tokens as
  * a bitmap, so that a classification walk accepting the whole subtree ORs words instead of setting
  * thousands of scattered bits (ids are not in trie order). */
@@ -99,7 +187,8 @@ static di_status walk_nodes(di_grammar_vocab *v) {
     t->byte = v->tbyte[i];
     t->plain = v->plain_below[i];
     t->len_below = v->len_below[i];
-    t->flags = (v->ascii_below[2 * (size_t)i] & 1) ? DI_TNODE_NOT_ASCII : 0;
+    const int wp = v->wplain[i] < DI_TNODE_WPLAIN_MAX ? v->wplain[i] : DI_TNODE_WPLAIN_MAX;
+    t->flags = (uint8_t)(((v->ascii_below[2 * (size_t)i] & 1) ? DI_TNODE_NOT_ASCII : 0) | wp << DI_TNODE_WPLAIN_SHIFT);
   }
   memset(&v->tn[n], 0, sizeof v->tn[n]);
   v->tn[n].tok_lo = v->nsorted;
@@ -112,6 +201,8 @@ static di_status walk_nodes(di_grammar_vocab *v) {
   free(v->tbyte);
   free(v->plain_below);
   free(v->len_below);
+  free(v->wplain);
+  v->wplain = NULL;
   v->tnext = v->tok_lo = v->tdepth = v->subtree_of = NULL;
   v->tbyte = v->plain_below = v->len_below = NULL;
   return DI_OK;
@@ -293,7 +384,8 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
   v->tok_lo[nn] = ns;
   v->nnodes = nn;
   free(open);
-  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK || subtree_bits(v) != DI_OK || walk_nodes(v) != DI_OK) {
+  if (plain_below(v) != DI_OK || ascii_below(v) != DI_OK || subtree_bits(v) != DI_OK || plain_rows(v) != DI_OK ||
+      walk_nodes(v) != DI_OK) {
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the token trie");
   }
@@ -325,6 +417,10 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   di_ci_shared_free(v->shared_ci);
   free(v->subtree_of);
   free(v->subtree_bits);
+  free(v->wplain);
+  free(v->plain_le);
+  free(v->walnum);
+  free(v->alnum_le);
   free(v);
 }
 

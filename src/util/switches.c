@@ -164,6 +164,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                  "0: each grammar classifies the vocabulary alone (no store shared between grammars; A/B runs)"},
     [DI_SW_GRAMMAR_COUNT_CI] = {"DI_GRAMMAR_COUNT_CI", "1",
                                 "0: every position of a counted repetition x{m,n} gets its own classification walk (A/B runs, tests)"},
+    [DI_SW_GRAMMAR_GROUP_CI] = {"DI_GRAMMAR_GROUP_CI", "1",
+                                "0: each stack of a state is classified alone, never a rule's alternatives as one key, and no "
+                                "walk starts from the plain-text rows (A/B runs, tests)"},
 };
 
 const di_switch_info *di_switch_info_of(di_switch sw) {

@@ -82,32 +82,39 @@ static di_grammar_vocab *make_vocab(void) {
   return v;
 }
 
-/* Random walks with two matchers of the same source, one per vocabulary (derivation on / off):
- * each step both masks and brute force agree; the next token is one of the allowed, long ones
+/* Random walks with three matchers of the same source, one per vocabulary: the derivation on
+ * (group keys off, so that single stacks derive), the old per-position path (both off), and the
+ * default (group keys, plain rows and the derivation for the stacks left alone): each step every
+ * mask and brute force agree; the next token is one of the allowed, long ones
  * preferred half the time so that walks reach the ends of the repetitions. */
 static int bad;
 static void compare(const char *name, di_grammar_kind kind, const char *src, di_grammar_vocab *von,
-                    di_grammar_vocab *voff, int walks, int steps) {
+                    di_grammar_vocab *voff, di_grammar_vocab *vgr, int walks, int steps) {
   di_grammar_options opt = {0};
   opt.no_cache = 1;
-  di_grammar *ga = NULL, *gb = NULL;
+  di_grammar *ga = NULL, *gb = NULL, *gc = NULL;
   di_status st = di_grammar_compile(kind, src, strlen(src), &opt, &ga);
   CHECKF(st == DI_OK, "%s: %s", name, di_last_error());
   if (st != DI_OK)
     return;
   CHECK(di_grammar_compile(kind, src, strlen(src), &opt, &gb) == DI_OK);
-  uint32_t ma[(NV + 31) / 32], mb[(NV + 31) / 32];
+  CHECK(di_grammar_compile(kind, src, strlen(src), &opt, &gc) == DI_OK);
+  uint32_t ma[(NV + 31) / 32], mb[(NV + 31) / 32], mc[(NV + 31) / 32];
   for (int w = 0; w < walks; w++) {
-    di_grammar_matcher *a = NULL, *b = NULL;
+    di_grammar_matcher *a = NULL, *b = NULL, *c = NULL;
+    setenv("DI_GRAMMAR_GROUP_CI", "0", 1); /* switches are read when a grammar's caches for a vocabulary are made */
     CHECK(di_grammar_matcher_create(ga, von, &a) == DI_OK);
-    setenv("DI_GRAMMAR_COUNT_CI", "0", 1); /* read when a grammar's caches for a vocabulary are made */
+    setenv("DI_GRAMMAR_COUNT_CI", "0", 1);
     CHECK(di_grammar_matcher_create(gb, voff, &b) == DI_OK);
     unsetenv("DI_GRAMMAR_COUNT_CI");
-    if (!a || !b)
+    unsetenv("DI_GRAMMAR_GROUP_CI");
+    CHECK(di_grammar_matcher_create(gc, vgr, &c) == DI_OK);
+    if (!a || !b || !c)
       return;
     for (int step = 0; step < steps; step++) {
       CHECK(di_grammar_matcher_fill_mask(a, ma) == DI_OK);
       CHECK(di_grammar_matcher_fill_mask(b, mb) == DI_OK);
+      CHECK(di_grammar_matcher_fill_mask(c, mc) == DI_OK);
       int cand[NV], nc = 0, longest = -1;
       for (int id = 0; id < NV; id++) {
         int ok;
@@ -118,9 +125,9 @@ static void compare(const char *name, di_grammar_kind kind, const char *src, di_
           if (ok)
             CHECK(di_grammar_matcher_rollback(a, 1) == DI_OK);
         }
-        if ((allowed(ma, id) != ok || allowed(mb, id) != ok) && bad++ < 8)
-          fprintf(stderr, "%s: walk %d step %d token %d '%s': derived %d, per position %d, brute force %d\n", name, w,
-                  step, id, toks[id], allowed(ma, id), allowed(mb, id), ok);
+        if ((allowed(ma, id) != ok || allowed(mb, id) != ok || allowed(mc, id) != ok) && bad++ < 8)
+          fprintf(stderr, "%s: walk %d step %d token %d '%s': derived %d, per position %d, group keys %d, brute force %d\n",
+                  name, w, step, id, toks[id], allowed(ma, id), allowed(mb, id), allowed(mc, id), ok);
         if (ok && id != STOP) {
           cand[nc++] = id;
           if (longest < 0 || lens[id] > lens[longest])
@@ -132,12 +139,15 @@ static void compare(const char *name, di_grammar_kind kind, const char *src, di_
       int id = rnd() % 2 ? longest : cand[rnd() % (unsigned)nc];
       CHECK(di_grammar_matcher_accept_token(a, id) == DI_OK);
       CHECK(di_grammar_matcher_accept_token(b, id) == DI_OK);
+      CHECK(di_grammar_matcher_accept_token(c, id) == DI_OK);
     }
     di_grammar_matcher_free(a);
     di_grammar_matcher_free(b);
+    di_grammar_matcher_free(c);
   }
   di_grammar_free(ga);
   di_grammar_free(gb);
+  di_grammar_free(gc);
 }
 
 /* Random sources: each exercises chains of a different x and continuation. */
@@ -184,18 +194,18 @@ static void random_source(int k, char *buf, size_t cap, di_grammar_kind *kind) {
 
 int main(void) {
   build_vocab();
-  di_grammar_vocab *von = make_vocab(), *voff = make_vocab();
-  if (!von || !voff)
+  di_grammar_vocab *von = make_vocab(), *voff = make_vocab(), *vgr = make_vocab();
+  if (!von || !voff || !vgr)
     return test_finish("test_grammar_count");
   CHECK(von->maxlen == 40);
   char src[512];
   for (int k = 0; k < 160; k++) {
     di_grammar_kind kind;
     random_source(k, src, sizeof src, &kind);
-    compare(src, kind, src, von, voff, 3, 30);
+    compare(src, kind, src, von, voff, vgr, 3, 30);
   }
   /* a string longer than the longest token: far positions share, near ones derive */
-  compare("string{0,100}", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":100}", von, voff, 3, 40);
+  compare("string{0,100}", DI_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":100}", von, voff, vgr, 3, 40);
   CHECKF(bad == 0, "%d mask mismatches", bad);
   /* the derivation ran, both ways, and never with the switch off */
   fprintf(stderr, "classifications derived %ld, taken as they are %ld; masks of a moved state %ld\n",
@@ -203,8 +213,13 @@ int main(void) {
   CHECK(von->n_count_derived > 20);
   CHECK(von->n_count_masks > 20);
   CHECK(voff->n_count_derived == 0 && voff->n_count_same == 0 && voff->n_count_masks == 0);
+  /* group keys and plain rows ran with the defaults, and never with the switch off */
+  fprintf(stderr, "group-key walks %ld, walks from a plain row %ld\n", (long)vgr->n_group_walks, (long)vgr->n_row_walks);
+  CHECK(vgr->n_group_walks > 100 && vgr->n_row_walks > 20);
+  CHECK(von->n_group_walks == 0 && von->n_row_walks == 0 && voff->n_group_walks == 0);
   di_grammar_vocab_free(von);
   di_grammar_vocab_free(voff);
+  di_grammar_vocab_free(vgr);
   for (int i = 0; i < n_tok; i++)
     free(toks[i]);
   return test_finish("test_grammar_count");

@@ -283,7 +283,8 @@ static void budget(void) {
   for (int r = 0; r < 12; r++) {
     di_grammar_matcher *m = NULL;
     CHECK(di_grammar_matcher_create(g, v, &m) == DI_OK);
-    const char *doc = r % 3 == 2 ? "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+    const char *doc = r % 3 == 2 ? "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+                                   "1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
                                  : "[1,{\"a\":[true]}]";
     int ok = 1;
     for (const char *p = doc; *p && ok; p++) {
@@ -414,6 +415,59 @@ static void resumed_walks(void) {
   unsetenv("DI_GRAMMAR_CI_UNCERTAIN");
 }
 
+/* Group keys (matcher.c get_group_ci): a state's stacks classified as one key, counted from their
+ * common ancestor, and walks started from the vocabulary's plain rows. Grammars with many
+ * alternatives, alternatives nested at another's start (a rule reference first: the stacks end at
+ * different heights), free keys beside known ones, counted strings and a set of stacks with no
+ * common frame; at uncertain-token bounds 0 / 3 / 17 / the default, so that group walks are
+ * abandoned and resumed at several levels; every mask against brute force, the same grammars with
+ * the switch off as well; the counters show the paths ran (and not with the switch off). */
+static void group_keys(void) {
+  static const char *bounds[] = {"0", "3", "17", NULL};
+  static const char *ebnf =
+      "root ::= item (\",\" item)*\n"
+      "item ::= \"a\" num | \"b\" str | sub tail | [c-f]+ | \"\\\"\" str \"\\\"\" | \"x\" | \"xy\" num\n"
+      "sub ::= \"g\" | \"h\" \"i\" | [j-m] | inner\n"
+      "inner ::= \"n\" | \"op\" | [q-s]+\n"
+      "tail ::= \"\" | \":\" num | \"=\" str\n"
+      "str ::= ([^\"\\\\] | \"\\\\\" [\"\\\\nt])*\n"
+      "num ::= [0-9]+ (\".\" [0-9]+)?\n";
+  static const char *schema =
+      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":7},\"nab\":{\"type\":"
+      "\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},\"sub\":{\"type\":\"object\","
+      "\"properties\":{\"x\":{\"type\":\"string\"}}}},\"required\":[\"name\"]}";
+  for (int on = 0; on < 2; on++)
+    for (int b = 0; b < 4; b++) {
+      if (!on)
+        setenv("DI_GRAMMAR_GROUP_CI", "0", 1); /* switches are read when a grammar's caches for a vocabulary are made */
+      if (bounds[b])
+        setenv("DI_GRAMMAR_CI_UNCERTAIN", bounds[b], 1);
+      di_grammar_vocab *v = make_vocab();
+      if (v) {
+        char name[64];
+        snprintf(name, sizeof name, "group-ebnf-%s-%s", on ? "on" : "off", bounds[b] ? bounds[b] : "default");
+        walk_on(name, DI_GRAMMAR_EBNF, ebnf, 30, 8, v, NULL);
+        snprintf(name, sizeof name, "group-schema-%s-%s", on ? "on" : "off", bounds[b] ? bounds[b] : "default");
+        walk_on(name, DI_GRAMMAR_JSON_SCHEMA, schema, 40, 8, v, NULL);
+        snprintf(name, sizeof name, "group-json-%s-%s", on ? "on" : "off", bounds[b] ? bounds[b] : "default");
+        walk_on(name, DI_GRAMMAR_JSON_ANY, "", 30, 6, v, NULL);
+        snprintf(name, sizeof name, "group-regex-%s-%s", on ? "on" : "off", bounds[b] ? bounds[b] : "default");
+        walk_on(name, DI_GRAMMAR_REGEX, "(a|b[0-9]|c+|(d|e)f|é)+|x(y|z)*", 20, 6, v, NULL);
+        const long gw = atomic_load(&v->n_group_walks), rw = atomic_load(&v->n_row_walks);
+        fprintf(stderr, "group keys %s, bound %s: %ld group walks, %ld from a plain row, %ld resumed\n", on ? "on" : "off",
+                bounds[b] ? bounds[b] : "default", gw, rw, (long)atomic_load(&v->n_resumed));
+        if (on)
+          CHECKF(gw > 20 && rw > 5, "group keys on, bound %s: %ld group walks, %ld from a row", bounds[b] ? bounds[b] : "default",
+                 gw, rw);
+        else
+          CHECKF(gw == 0 && rw == 0, "group keys off: %ld group walks, %ld from a row", gw, rw);
+        di_grammar_vocab_free(v);
+      }
+      unsetenv("DI_GRAMMAR_CI_UNCERTAIN");
+      unsetenv("DI_GRAMMAR_GROUP_CI");
+    }
+}
+
 /* The trie keeps token depths in 16 bits (vocab.h): a longer token is refused by name. */
 static void long_token(void) {
   size_t n = 70000;
@@ -437,6 +491,7 @@ int main(void) {
   build_vocab();
   long_token();
   resumed_walks();
+  group_keys();
   budget();
   threads();
   walk("json-any", DI_GRAMMAR_JSON_ANY, "", 40, 12);

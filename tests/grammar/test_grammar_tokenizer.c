@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/grammar.h"
+#include "grammar/vocab.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -97,6 +98,20 @@ int main(void) {
          2);
   replay(tok, v, vsize, DI_GRAMMAR_JSON_ANY, "",
          "{\"a\":[1,-2.5e3,true,null,{\"b\":\"c\\\"d\\n\"}],\"emoji\":\"😀 café\",\"n\":{}}", 8);
+  /* group keys and plain / letter-digit rows (matcher.c): free keys beside known ones (the key trie
+   * with its escapes nested), a counted name, an email, strings in an array; brute force at every
+   * third step, and the counters show the paths ran on this vocabulary */
+  const long groups0 = atomic_load(&v->n_group_walks), rows0 = atomic_load(&v->n_row_walks);
+  replay(tok, v, vsize, DI_GRAMMAR_JSON_SCHEMA,
+         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":40},\"email\":{\"type\":"
+         "\"string\",\"format\":\"email\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},"
+         "\"required\":[\"name\"]}",
+         "{\"name\":\"Zoë Nakamura\",\"email\":\"zoe.n@example.com\",\"tags\":[\"fragile\",\"東京 express\"],"
+         "\"extra key\":{\"é\\\"\":[1,\"x\"]},\"nam\":null}",
+         3);
+  CHECKF(atomic_load(&v->n_group_walks) > groups0 && atomic_load(&v->n_row_walks) > rows0,
+         "group keys / rows unused on the V3 vocabulary (%ld / %ld walks)", atomic_load(&v->n_group_walks) - groups0,
+         atomic_load(&v->n_row_walks) - rows0);
   di_grammar_vocab_free(v);
   di_tokenizer_free(tok);
   return test_finish("test_grammar_tokenizer");
