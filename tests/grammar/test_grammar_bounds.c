@@ -151,6 +151,17 @@ static void string_values(void) {
   CHECK(matcher_takes(g, "<\"", "x", N, "\">"));
   CHECK(!matcher_takes(g, "<\"", "x", N + 1, "\">"));
   di_grammar_free(g);
+  /* %json directly in a max_chars=40 rule: the bound (4,096, above 40) is dropped there, the
+   * language is the same (40 characters with the quotes); a bound of 20 below it still applies */
+  const char *mc = "start: x \"!\"\nx[max_chars=40]: %json {\"type\": \"string\"}";
+  for (int bound = 0; bound <= 20; bound += 20) {
+    g = compile(DI_GRAMMAR_LARK, mc, bound, 0);
+    int most = bound ? 20 : 38;
+    CHECK(matcher_takes(g, "\"", "x", most, "\"!"));
+    CHECK(!matcher_takes(g, "\"", "x", most + 1, "\"!"));
+    CHECK(matcher_takes(g, "\"", "\\n", most / 2, "\"!"));  /* an escape: 2 characters of the 40 */
+    di_grammar_free(g);
+  }
 }
 
 static void keys(void) {
