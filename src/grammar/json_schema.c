@@ -1340,7 +1340,8 @@ static int key_chars(const char *p, size_t n) {
     unsigned char ch = (unsigned char)p[i];
     if (ch == '\\') {
       size_t len = i + 1 < n && p[i + 1] == 'u' ? 6 : 2;
-      int low = len == 6 && i + 3 < n && (p[i + 2] == 'd' || p[i + 2] == 'D') && strchr("cdefCDEF", p[i + 3]);
+      int low = len == 6 && i + 3 < n && (p[i + 2] == 'd' || p[i + 2] == 'D') && p[i + 3] &&
+                strchr("cdefCDEF", p[i + 3]);
       k += !low;
       i += len;
     } else {
