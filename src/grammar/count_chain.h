@@ -16,7 +16,7 @@ typedef struct di_count_chains {
   int32_t *up, *down;   /* per rule: O_{j+1} (-1 when none is known) and O_{j-1} (-1 for O_1) */
   int32_t *frame_rule;  /* per flat position: the chain rule whose count frame sits there, or -1 */
   int n_frames;         /* how many positions are count frames (0: nothing to derive) */
-  int n_rules;
+  int n_rules;          /* rules of the grammar searched (the memo's size) */
   int32_t *desc;        /* di_count_chain_descend's memo for length desc_len (-1: not known yet) */
   int desc_len;
 } di_count_chains;
