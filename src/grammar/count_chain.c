@@ -52,6 +52,7 @@ static int link_shape(const di_gb *g, uint8_t *memo, int r, int *p) {
 di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
   memset(c, 0, sizeof *c);
   int n = g->n_rules;
+  c->n_rules = n;
   c->index = calloc((size_t)n + 1, sizeof *c->index);
   c->up = malloc(sizeof *c->up * ((size_t)n + 1));
   c->down = malloc(sizeof *c->down * ((size_t)n + 1));
@@ -141,6 +142,27 @@ di_status di_count_chains_find(const di_gb *g, di_count_chains *c) {
   return DI_OK;
 }
 
+int di_count_chain_descend(di_count_chains *c, int r, int len) {
+  if (!c->desc || c->desc_len != len) {
+    if (!c->desc && !(c->desc = malloc(sizeof *c->desc * ((size_t)c->n_rules + 1)))) {
+      while (c->index[r] > len && c->down[r] >= 0) /* no memo: the plain walk */
+        r = c->down[r];
+      return r;
+    }
+    for (int i = 0; i <= c->n_rules; i++)
+      c->desc[i] = -1;
+    c->desc_len = len;
+  }
+  int s = r;
+  while (c->desc[s] < 0 && c->index[s] > len && c->down[s] >= 0)
+    s = c->down[s];
+  const int res = c->desc[s] >= 0 ? c->desc[s] : s;
+  for (int q = r; q != s; q = c->down[q])
+    c->desc[q] = res;
+  c->desc[s] = res;
+  return res;
+}
+
 int di_count_chain_frame_pos(const di_gb *g, const di_count_chains *c, int r) {
   if (r < 0 || c->index[r] <= 0)
     return -1;
@@ -158,6 +180,7 @@ void di_count_chains_free(di_count_chains *c) {
   free(c->index);
   free(c->up);
   free(c->down);
+  free(c->desc);
   free(c->frame_rule);
   memset(c, 0, sizeof *c);
 }

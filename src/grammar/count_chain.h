@@ -16,10 +16,18 @@ typedef struct di_count_chains {
   int32_t *up, *down;   /* per rule: O_{j+1} (-1 when none is known) and O_{j-1} (-1 for O_1) */
   int32_t *frame_rule;  /* per flat position: the chain rule whose count frame sits there, or -1 */
   int n_frames;         /* how many positions are count frames (0: nothing to derive) */
+  int n_rules;          /* rules of the grammar searched (the memo's size) */
+  int32_t *desc;        /* di_count_chain_descend's memo for length desc_len (-1: not known yet) */
+  int desc_len;
 } di_count_chains;
 
 di_status di_count_chains_find(const di_gb *g, di_count_chains *c);
 void di_count_chains_free(di_count_chains *c);
+/* The link reached from chain rule r by following `down` while its index exceeds len (r itself
+ * when index[r] <= len; the chain's bottom when it ends first). Memoised per len, so walking a
+ * long chain (a 4,096-character string bound) from each of its positions costs O(1) amortised;
+ * not thread-safe (the matcher calls it under the grammar's lock). */
+int di_count_chain_descend(di_count_chains *c, int r, int len);
 /* The flat position of rule r's count frame (r a chain link with a frame), else -1. */
 int di_count_chain_frame_pos(const di_gb *g, const di_count_chains *c, int r);
 #endif

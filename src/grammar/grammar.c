@@ -33,7 +33,9 @@ static void normalize_opt(di_grammar_options *o, const di_grammar_options *in) {
     o->max_digits = DI_GRAMMAR_DEFAULT_MAX_DIGITS;
   if (o->max_digits < 0)
     o->max_digits = -1;
-  if (o->max_string_length <= 0)
+  if (o->max_string_length == 0)
+    o->max_string_length = DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH;
+  if (o->max_string_length < 0)
     o->max_string_length = -1;
 }
 

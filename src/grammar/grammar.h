@@ -18,12 +18,17 @@ typedef enum {
   DI_GRAMMAR_LARK         /* Lark (llguidance's dialect): the start rule is `start` */
 } di_grammar_kind;
 
-/* Default generation bound for JSON numbers the schema leaves unbounded (docs/structured-outputs.md,
+/* Default generation bounds for JSON values the schema leaves unbounded (docs/structured-outputs.md,
  * "No runaway values"): digits of an integer (or of a number's integer part and fraction; 3 in an
- * exponent). Strings have no default bound: a counted string makes every character a new automaton
- * state (a 1,024 bound takes the any-JSON median mask from ~1 to ~18 us of CPU since session 12's
- * counted-repetition sharing, ~40 us before; PERFORMANCE.md), so max_string_length is opt-in. */
-enum { DI_GRAMMAR_DEFAULT_MAX_DIGITS = 16 };
+ * exponent), and characters (code points, as maxLength counts them) of a string whose schema gives
+ * it no maxLength, pattern, format, enum or const: string values, the keys of free members (any
+ * JSON's, additionalProperties', propertyNames') and a minLength-only string (never below its
+ * minLength). A string under a pattern or format keeps that language: its length bound would be
+ * the pattern automaton times 4,097 counts (past the 50,000-state product budget for any pattern
+ * of more than 12 states), so a schema bounds those with maxLength. The counted string costs
+ * little since session 12's count chains: positions with more characters left than the longest
+ * token share one classification (PERFORMANCE.md, "Session 15, s15-23s"). */
+enum { DI_GRAMMAR_DEFAULT_MAX_DIGITS = 16, DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH = 4096 };
 
 typedef struct di_grammar_options {
   int ignore_unsupported_keywords; /* JSON Schema: 1 = skip keywords it cannot enforce instead of failing
@@ -37,8 +42,9 @@ typedef struct di_grammar_options {
                                       Schema's default: it admits any) */
   int max_digits;                  /* JSON: digits of a number the schema does not bound (0 = default
                                       DI_GRAMMAR_DEFAULT_MAX_DIGITS, -1 = unbounded) */
-  int max_string_length;           /* JSON: characters of a string without maxLength/pattern/format
-                                      (0 or -1 = unbounded, the default) */
+  int max_string_length;           /* JSON: characters of a string without maxLength/pattern/format,
+                                      keys included (0 = default DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH,
+                                      -1 = unbounded) */
   char item_separator[8];          /* JSON: the text between array items and object members: ","
                                       with JSON whitespace around it ("" = ","), as XGrammar's
                                       separators (", " with any_whitespace=False); whitespace slots

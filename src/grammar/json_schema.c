@@ -1322,14 +1322,39 @@ static di_status gen_number_bounded(jc *c, const cJSON *sch, const char *path, i
 }
 
 /* "string key not equal to any of keys[]" (as JSON-encoded bytes, between the quotes): a trie of
- * rules; the first byte that leaves the trie continues as any string. */
+ * rules; the first byte that leaves the trie continues as any string. Under the string generation
+ * bound (max_string_length N >= 0) a key has at most N characters too: trie nodes past N
+ * characters are not entered and the tail after a node of k characters is at most N - k - 1
+ * more (the leaving character is one). */
 typedef struct {
   char **keys;
   int n;
 } keyset;
 
+/* Characters of a JSON-encoded key prefix as maxLength counts them: an escape is one (a \u escape of
+ * a low surrogate none: it completes a pair), UTF-8 continuation bytes none; an escape cut off at
+ * the end of the prefix counts as begun. */
+static int key_chars(const char *p, size_t n) {
+  int k = 0;
+  for (size_t i = 0; i < n;) {
+    unsigned char ch = (unsigned char)p[i];
+    if (ch == '\\') {
+      size_t len = i + 1 < n && p[i + 1] == 'u' ? 6 : 2;
+      int low = len == 6 && i + 3 < n && (p[i + 2] == 'd' || p[i + 2] == 'D') && p[i + 3] &&
+                strchr("cdefCDEF", p[i + 3]);
+      k += !low;
+      i += len;
+    } else {
+      k += (ch & 0xC0) != 0x80;
+      i++;
+    }
+  }
+  return k;
+}
+
 static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, int depth) {
   di_gb *b = c->b;
+  const int bound = c->opt->max_string_length; /* < 0: keys unbounded */
   int r = di_gb_new_rule(b, "key");
   int is_full = 0;
   di_gbyteset next = {{0}};
@@ -1355,6 +1380,8 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
       continue; /* absurdly long keys: such keys are simply not generated as additional keys */
     memcpy(buf, prefix, plen);
     buf[plen] = (char)ch;
+    if (bound >= 0 && key_chars(buf, plen + 1) > bound)
+      continue; /* every key through this node is longer than the bound */
     int sub = excl_rule(c, ks, buf, plen + 1, depth + 1);
     di_gseq_byte(b, &s, (uint8_t)ch);
     di_gseq_push(b, &s, rule_el(sub));
@@ -1366,13 +1393,15 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
   for (unsigned ch = 0x20; ch < 0x80; ch++)
     if (ch != '"' && ch != '\\' && !di_gbyteset_has(&next, ch))
       di_gbyteset_add(&plain, ch);
-  if (c->r_ktail < 0) { /* shared by all trie nodes: tail ::= jchar* '"' ; esc ::= an escape or non-ASCII */
-    di_gseq t = {0};
-    di_gseq_repeat(b, &t, rule_el(jchar_rule(c)), 0, -1);
-    lit(c, &t, "\"");
-    c->r_ktail = di_gb_new_rule(b, "ktail");
-    di_gb_add_alt(b, c->r_ktail, t.v, t.n);
-    di_gseq_free(&t);
+  if (c->r_kesc < 0) { /* shared by all trie nodes: tail ::= jchar* '"' ; esc ::= an escape or non-ASCII */
+    if (bound < 0) {
+      di_gseq t = {0};
+      di_gseq_repeat(b, &t, rule_el(jchar_rule(c)), 0, -1);
+      lit(c, &t, "\"");
+      c->r_ktail = di_gb_new_rule(b, "ktail");
+      di_gb_add_alt(b, c->r_ktail, t.v, t.n);
+      di_gseq_free(&t);
+    }
     char esc[256], re[320];
     escape_re(c, esc, sizeof esc);
     snprintf(re, sizeof re, "%s%s[\\u0080-\\u{10FFFF}]", esc, esc[0] ? "|" : "");
@@ -1381,24 +1410,52 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
       b->oom = 1;
     /* esc ktail as one rule, referenced last by every trie node: its stacks then have one parent
      * whichever node they leave from, so the automaton's states inside an escape or a multi-byte
-     * character are shared by all the trie's nodes instead of built once per node */
-    di_gseq e = {0};
-    di_gseq_push(b, &e, rule_el(c->r_kesc));
-    di_gseq_push(b, &e, rule_el(c->r_ktail));
-    c->r_kesc_tail = di_gb_new_rule(b, "kesctail");
-    di_gb_add_alt(b, c->r_kesc_tail, e.v, e.n);
-    di_gseq_free(&e);
+     * character are shared by all the trie's nodes instead of built once per node (unbounded keys
+     * only: under the bound each node's tail has its own count) */
+    if (bound < 0) {
+      di_gseq e = {0};
+      di_gseq_push(b, &e, rule_el(c->r_kesc));
+      di_gseq_push(b, &e, rule_el(c->r_ktail));
+      c->r_kesc_tail = di_gb_new_rule(b, "kesctail");
+      di_gb_add_alt(b, c->r_kesc_tail, e.v, e.n);
+      di_gseq_free(&e);
+    }
   }
-  di_gseq_push(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &plain)});
-  di_gseq_push(b, &s, rule_el(c->r_ktail));
-  di_gb_add_alt(b, r, s.v, s.n);
-  s.n = 0;
-  int esc_ok = !di_gbyteset_has(&next, '\\');
-  for (unsigned lead = 0xC2; lead < 0xF5; lead++)
-    if (di_gbyteset_has(&next, lead))
-      esc_ok = 0;
-  if (esc_ok) { /* escapes and non-ASCII characters also leave the trie */
-    di_gseq_push(b, &s, rule_el(c->r_kesc_tail));
+  /* the tail after the leaving character: any string (jchar* '"'), or under the bound at most
+   * `left` more characters; none when the leaving character itself would pass the bound */
+  int left = bound < 0 ? -1 : bound - key_chars(prefix, plen) - 1;
+  if (bound < 0 || left >= 0) {
+    for (int esc = 0; esc < 2; esc++) {
+      if (esc) { /* escapes and non-ASCII characters also leave the trie */
+        int esc_ok = !di_gbyteset_has(&next, '\\');
+        for (unsigned lead = 0xC2; lead < 0xF5; lead++)
+          if (di_gbyteset_has(&next, lead))
+            esc_ok = 0;
+        if (!esc_ok)
+          break;
+      }
+      if (esc && bound < 0) {
+        /* the shared escape tail (esc ktail as one rule): one parent for every trie node's stacks */
+        di_gseq_push(b, &s, rule_el(c->r_kesc_tail));
+      } else {
+        if (esc)
+          di_gseq_push(b, &s, rule_el(c->r_kesc));
+        else
+          di_gseq_push(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &plain)});
+        if (bound < 0) {
+          di_gseq_push(b, &s, rule_el(c->r_ktail));
+        } else {
+          di_gseq_repeat(b, &s, rule_el(jchar_rule(c)), 0, left);
+          lit(c, &s, "\"");
+        }
+      }
+      di_gb_add_alt(b, r, s.v, s.n);
+      s.n = 0;
+    }
+  }
+  if (!b->oom && b->rules[r].n_alts == 0) { /* a named key of exactly N characters, nothing past it */
+    di_gbyteset none = {{0}};
+    di_gseq_push(b, &s, (di_gel){DI_GE_CLASS, di_gb_class(b, &none)});
     di_gb_add_alt(b, r, s.v, s.n);
   }
   di_gseq_free(&s);

@@ -283,9 +283,7 @@ static int mask_state(di_grammar *g, struct di_gvcache *c, int S) {
     nodes[k] = id;
     if (d < 0 || ch->index[r] <= maxlen)
       continue;
-    int s = r;
-    while (ch->index[s] > maxlen && ch->down[s] >= 0)
-      s = ch->down[s];
+    int s = di_count_chain_descend(&g->chains, r, maxlen);
     int fp = di_count_chain_frame_pos(&g->core, ch, s);
     int id2 = fp >= 0 ? di_grt_replace_frame(rt, id, d, fp) : -1;
     if (id2 >= 0 && id2 != id) {
@@ -858,8 +856,7 @@ static int count_source(di_grammar *g, struct di_gvcache *c, int key, int *src, 
   const int j = ch->index[r], maxlen = c->v->maxlen;
   int s = r;
   if (j > maxlen) {
-    while (ch->index[s] > maxlen && ch->down[s] >= 0)
-      s = ch->down[s];
+    s = di_count_chain_descend(&g->chains, r, maxlen);
   } else {
     while (ch->index[s] < maxlen && ch->up[s] >= 0)
       s = ch->up[s];
