@@ -38,9 +38,11 @@ static int push(int32_t **p, int *n, int *cap, int32_t x) {
 
 int di_ascii_run_compute(di_grt *rt, int s, di_ascii_scratch *w, di_ascii_run *r) {
   memset(r, 0, sizeof *r);
-  if (!w->key) {
-    w->key = malloc(sizeof(int32_t) * SLOTS);
-    w->at = calloc(SLOTS, sizeof(uint32_t));
+  if (!w->key || !w->at) { /* each made once: after a failed allocation, the other is kept, not made again */
+    if (!w->key)
+      w->key = malloc(sizeof(int32_t) * SLOTS);
+    if (!w->at)
+      w->at = calloc(SLOTS, sizeof(uint32_t));
     if (!w->key || !w->at)
       return 0; /* n = 0: nothing skipped, still correct */
   }
