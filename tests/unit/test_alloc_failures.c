@@ -60,7 +60,7 @@
  * on the final code, ~40 s). */
 #define AF_DENSE_SPEC 120
 #define AF_STRIDE_SPEC 11
-#define AF_TOKENS_SPEC 8
+#define AF_TOKENS_SPEC 6
 #define AF_DENSE_SETUP 150
 #define AF_STRIDE_SETUP 7
 #define AF_DENSE_V4 450
@@ -384,6 +384,7 @@ typedef struct engine_case {
   int max_tokens;        /* per request, <= AF_MAXT */
   int sampled;           /* request 1 is sampled (T = 0.8, seeded) rather than greedy */
   const char *regex;     /* request 0's structured output (drafts under its grammar), or NULL */
+  const char *const *text; /* the three prompts as text (the model's tokenizer), or NULL: prompt[] */
   int n_prompt[3];
   int32_t prompt[3][AF_MAXP];
   int32_t ref[3][AF_MAXT];  /* each request's greedy tokens alone (no injection) */
@@ -392,8 +393,12 @@ typedef struct engine_case {
 
 static void params(di_request_params *p, const engine_case *c, int r) {
   di_request_params_default(p);
-  p->prompt_ids = c->prompt[r];
-  p->n_prompt_ids = c->n_prompt[r];
+  if (c->text) {
+    p->prompt = c->text[r];
+  } else {
+    p->prompt_ids = c->prompt[r];
+    p->n_prompt_ids = c->n_prompt[r];
+  }
   p->max_tokens = c->max_tokens;
   p->temperature = 0;
   p->ignore_eos = 1;
@@ -616,6 +621,7 @@ typedef struct engine_setup {
   int max_tokens;
   int sampled;        /* request 1 seeded at T = 0.8 */
   const char *regex;  /* request 0's regex (structured output), or NULL */
+  const char *const *text; /* text prompts (else ids of the lengths n_prompt) */
   int setup;          /* also inject into di_engine_set_speculative_config (the drafter's load) */
   int n_prompt[3];
   long dense, stride; /* af_run's */
@@ -631,6 +637,7 @@ static void engine_case_run(const engine_setup *es) {
   c.max_tokens = es->max_tokens;
   c.sampled = es->sampled;
   c.regex = es->regex;
+  c.text = es->text;
   set_prompts(&c, es->n_prompt[0], es->n_prompt[1], es->n_prompt[2]);
   di_model_options mo;
   di_model_options_default(&mo);
@@ -667,16 +674,19 @@ static void engine_case_run(const engine_setup *es) {
  * compressed and indexer caches; 4 tokens from prompts of 5-6, a compressed entry every 4 positions). */
 static void engine_cases(void) {
   static const char REGEX[] = "(the|a|sea|is|of| )+";
+  /* text the trained model continues predictably, so that drafts are accepted within a few tokens */
+  static const char *const TEXT[3] = {"The sea is", "Once upon a time", "The history of the city"};
   static const engine_setup cases[] = {
-      {"engine-dummy", "tests/data/models/engine-dummy", "dummy", NULL, 8, 8, 0, NULL, 0, {6, 6, 6}, AF_DENSE_LONG / 2,
-       AF_STRIDE_LONG},
+      {"engine-dummy", "tests/data/models/engine-dummy", "dummy", NULL, 8, 8, 0, NULL, NULL, 0, {6, 6, 6},
+       AF_DENSE_LONG / 2, AF_STRIDE_LONG},
       {"models/default, MTP", "models/default", NULL,
-       "{\"method\": \"mtp\", \"num_speculative_tokens\": 3, \"min_confidence\": 0}", 8, AF_TOKENS_SPEC, 1, REGEX, 0,
-       {6, 6, 6}, AF_DENSE_SPEC, AF_STRIDE_SPEC},
+       "{\"method\": \"mtp\", \"num_speculative_tokens\": 3, \"min_confidence\": 0}", 8, AF_TOKENS_SPEC, 1, REGEX,
+       TEXT, 0, {0}, AF_DENSE_SPEC, AF_STRIDE_SPEC},
       {"models/default, DSpark", "models/default", NULL,
        "{\"method\": \"dspark\", \"num_speculative_tokens\": 4, \"schedule\": \"fixed\"}", 8, AF_TOKENS_SPEC, 1,
-       REGEX, 1, {6, 6, 6}, AF_DENSE_SPEC, AF_STRIDE_SPEC},
-      {"dsv4-tiny", "tests/data/models/dsv4-tiny", NULL, NULL, 0, 4, 1, NULL, 0, {5, 6, 5}, AF_DENSE_V4, AF_STRIDE_V4},
+       REGEX, TEXT, 1, {0}, AF_DENSE_SPEC, AF_STRIDE_SPEC},
+      {"dsv4-tiny", "tests/data/models/dsv4-tiny", NULL, NULL, 0, 4, 1, NULL, NULL, 0, {5, 6, 5}, AF_DENSE_V4,
+       AF_STRIDE_V4},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) engine_case_run(&cases[i]);
 }
