@@ -41,8 +41,8 @@
 #define AF_STRIDE_LONG 13
 #define AF_DENSE_TOK 100 /* the 8k-token tokenizer */
 #define AF_STRIDE_TOK 2999
-#define AF_DENSE_SPEC 60 /* engine steps with speculative decoding (models/default: ~0.1 s a run here) */
-#define AF_STRIDE_SPEC 17
+#define AF_DENSE_SPEC 40 /* engine steps with speculative decoding (models/default: ~0.1 s a run here) */
+#define AF_STRIDE_SPEC 23
 #define AF_TOKENS_SPEC 4 /* tokens per request: the prefill, a draft, its verification and the next */
 #define AF_DENSE_SETUP 40 /* the DSpark drafter's set-up */
 #define AF_STRIDE_SETUP 23
