@@ -58,7 +58,7 @@
  * prime to that period, so that the later steps fail at different sites of each (V4: every 3rd over
  * its three decode steps reaches nearly every site of one). AF_FULL=1 takes every n (release: 0 findings
  * on the final code, ~40 s). */
-#define AF_DENSE_SPEC 120
+#define AF_DENSE_SPEC 250
 #define AF_STRIDE_SPEC 11
 #define AF_TOKENS_SPEC 6
 #define AF_DENSE_SETUP 150
