@@ -2,11 +2,14 @@
  * front-end (0xC0 and above: Lark; else EBNF, regex, JSON Schema by its value mod 3, which is how
  * the corpus was first written) and the options (fuzz_grammar_options: whitespace by value / 3 mod 3
  * as before, and from session 13 the JSON options by (value - 0xC0 for Lark) / 9, 0 being the
- * defaults, so the older corpus keeps its meaning where that is 0), the rest is the grammar source. Compiled grammars are
+ * defaults, so the older corpus keeps its meaning where that is 0), the rest is the grammar source.
+ * Session 15: a second byte 0x7F (no corpus input had it) says a third byte holds more options
+ * (fuzz_grammar_more: the JSON Schema indent layout and EBNF's root_rule) and the source follows it. Compiled grammars are
  * exercised through di_grammar_accepts and a short masked walk over a small vocabulary (built once:
  * it is not what is fuzzed). Also
  * replayed over fuzz/corpus/grammar by tests/grammar/test_grammar_fuzz_corpus.c. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/grammar.h"
@@ -67,20 +70,44 @@ static di_grammar_kind fuzz_grammar_options(uint8_t b, di_grammar_options *opt) 
   return b >= 0xC0 ? DI_GRAMMAR_LARK : kinds[b % 3];
 }
 
+/* Session 15's options, from byte x after the 0x7F marker: bits 0-2 XGrammar's indent (0-7 spaces
+ * per level; with an indent the whitespace slots are 0, as the layout requires), bits 3-4 EBNF's
+ * root_rule (none, "a", "b", "value": names the fuzzer can write in the source). Bits 5-7 unused
+ * (0: keep them so for later options). */
+static void fuzz_grammar_more(uint8_t x, di_grammar_options *opt) {
+  static const char *roots[] = {"", "a", "b", "value"};
+  opt->indent = x & 7;
+  if (opt->indent)
+    opt->max_whitespace = 0;
+  snprintf(opt->root_rule, sizeof opt->root_rule, "%s", roots[x >> 3 & 3]);
+}
+
+/* The whole input: front end, options and where the source starts (*src_at). */
+static di_grammar_kind fuzz_grammar_input(const uint8_t *data, size_t size, di_grammar_options *opt, size_t *src_at) {
+  di_grammar_kind kind = fuzz_grammar_options(data[0], opt);
+  *src_at = 1;
+  if (size >= 3 && data[1] == 0x7F) {
+    fuzz_grammar_more(data[2], opt);
+    *src_at = 3;
+  }
+  return kind;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
   di_grammar_options opt;
-  di_grammar_kind kind = fuzz_grammar_options(data[0], &opt);
+  size_t at;
+  di_grammar_kind kind = fuzz_grammar_input(data, size, &opt, &at);
   di_grammar *g = NULL;
-  if (di_grammar_compile(kind, (const char *)data + 1, size - 1, &opt, &g) != DI_OK)
+  if (di_grammar_compile(kind, (const char *)data + at, size - at, &opt, &g) != DI_OK)
     return 0;
   /* one probe per input (the last byte picks it) and the source itself: each di_grammar_accepts
    * builds a fresh automaton runtime, which dominated the run time when all ten were tried */
   static const char *probes[] = {"", "a", "{}", "[1,2]", "{\"a\":1}", "abc", "\"x\"", "0", "null", "\xc3\xa9"};
   const char *probe = probes[data[size - 1] % (sizeof probes / sizeof probes[0])];
   (void)di_grammar_accepts(g, probe, strlen(probe));
-  (void)di_grammar_accepts(g, (const char *)data + 1, size - 1);
+  (void)di_grammar_accepts(g, (const char *)data + at, size - at);
   di_grammar_vocab *v = fuzz_vocab();
   di_grammar_matcher *m = NULL;
   if (v && di_grammar_matcher_create(g, v, &m) == DI_OK) {

@@ -4,7 +4,10 @@
 #include "util/json.h"
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 int di_test_passed, di_test_failed;
 
@@ -55,6 +58,37 @@ int test_replay_ok_bad(const char *rel_dir, int (*fuzz_one)(const uint8_t *, siz
   const int files = test_for_each_file(rel_dir, replay_ok_bad_file, &c);
   *ok = c.ok, *bad = c.bad;
   return files;
+}
+
+static const char *replaying; /* the corpus file in the target now (test_fuzz_replay) */
+
+static void replay_died(int sig) {
+  if (replaying) {
+    static const char pre[] = "test_fuzz_replay: the fuzz target died on ";
+    (void)!write(2, pre, sizeof pre - 1);
+    (void)!write(2, replaying, strlen(replaying));
+    (void)!write(2, "\n", 1);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void replay_target_file(const char *name, const char *rel, const char *data, size_t n, void *ctx) {
+  (void)name;
+  union { void *p; int (*f)(const uint8_t *, size_t); } u = {ctx};
+  replaying = rel;
+  u.f((const uint8_t *)data, n);
+  replaying = NULL;
+}
+
+int test_fuzz_replay(const char *rel_dir, int (*fuzz_one)(const uint8_t *, size_t)) {
+  /* abort() and __builtin_trap() (the targets' verdicts); SIGSEGV is left to the sanitizers' reports */
+  void (*old_abrt)(int) = signal(SIGABRT, replay_died), (*old_ill)(int) = signal(SIGILL, replay_died);
+  union { int (*f)(const uint8_t *, size_t); void *p; } u = {fuzz_one};
+  int n = test_for_each_file(rel_dir, replay_target_file, u.p);
+  signal(SIGABRT, old_abrt);
+  signal(SIGILL, old_ill);
+  return n;
 }
 
 double test_rel_l2(const float *got, const float *ref, size_t n) {

@@ -53,6 +53,11 @@ int test_for_each_file(const char *rel_dir, test_file_fn fn, void *ctx);
  * returns the number of files, as test_for_each_file. */
 int test_replay_ok_bad(const char *rel_dir, int (*fuzz_one)(const uint8_t *, size_t), const int *accepted, int *ok,
                        int *bad);
+/* Replays every file of a fuzz corpus `rel_dir` through the fuzz target's own entry point `fuzz_one`
+ * (a test that also checks verdicts of its own calls this too, so that whatever the target checks,
+ * its abort()s and traps, holds for every input kept): a file whose replay aborts or traps is named
+ * on stderr before the process dies of it. Returns the number of files. */
+int test_fuzz_replay(const char *rel_dir, int (*fuzz_one)(const uint8_t *, size_t));
 /* ||got - ref|| / ||ref|| in double precision; infinite when got holds a NaN. */
 double test_rel_l2(const float *got, const float *ref, size_t n);
 /* Index of the largest of v[0..n) (the first on ties, as greedy decoding). */

@@ -135,15 +135,25 @@ int di_cmd_generate(int argc, char **argv) {
     else if (FLAG("--seed")) { if (!parse_int(a, v, 0, INT64_MAX, &seed)) return 2; }
     else if (FLAG("--threads")) { if (!parse_int(a, v, 0, 4096, &threads)) return 2; }
     else if (FLAG("--dummy-seed")) { if (!parse_int(a, v, 0, INT64_MAX, &dummy_seed)) return 2; }
+/* the sampling table's bounds checked by di_cli_parse_sampling; an integer flag's value becomes an
+ * integer through the one range check (util/json.h), a float one by an explicit narrowing */
 #define SAMPLING(flag, var)                                                     \
   else if (FLAG(flag)) {                                                        \
     double d;                                                                   \
     if (!di_cli_parse_sampling("generate", flag, v, &d)) return 2;              \
-    var = d;                                                                    \
+    var = (float)d;                                                             \
   }
-    SAMPLING("--top-k", top_k)
-    SAMPLING("--n", n)
-    SAMPLING("--min-tokens", min_tokens)
+#define SAMPLING_INT(flag, var)                                                 \
+  else if (FLAG(flag)) {                                                        \
+    double d;                                                                   \
+    int64_t i64;                                                                \
+    if (!di_cli_parse_sampling("generate", flag, v, &d) ||                      \
+        !di_double_to_int_in(d, INT32_MIN, INT32_MAX, &i64)) return 2;          \
+    var = i64;                                                                  \
+  }
+    SAMPLING_INT("--top-k", top_k)
+    SAMPLING_INT("--n", n)
+    SAMPLING_INT("--min-tokens", min_tokens)
     SAMPLING("--temperature", temperature)
     SAMPLING("--top-p", top_p)
     SAMPLING("--min-p", min_p)
@@ -151,6 +161,7 @@ int di_cmd_generate(int argc, char **argv) {
     SAMPLING("--presence-penalty", pres)
     SAMPLING("--frequency-penalty", freq)
 #undef SAMPLING
+#undef SAMPLING_INT
     else if (FLAG("--speculative-tokens")) { if (!parse_int(a, v, 0, 5, &spec_tokens)) return 2; }
     else if (FLAG("--speculative-min-confidence")) { if (!parse_float(a, v, &spec_conf)) return 2; }
     else if (FLAG("--speculative-config")) {

@@ -37,6 +37,7 @@
 #include "util/json.h"
 #include "util/switches.h"
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -486,6 +487,8 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
     int32_t prev = sp->atok[i];
     float survive = 1.0f;
     int walked = 0; /* drafts accepted into the request's grammar matcher (rolled back below) */
+    di_status oom = DI_OK; /* draft_dist out of memory: fails the step (after the rollback), unlike
+                              "nothing allowed", which only ends the draft */
     if (sp->dcap[i] > 0) { /* drafted by the drafter itself */
       for (int j = 0; j < sp->dcap[i] && sp->dtok[(size_t)i * B + j] >= 0; j++) {
         survive *= sp->dconf[(size_t)i * B + j];
@@ -506,6 +509,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
       if (sampled) {
         float *qj = r->draft_q + (size_t)j * V;
         st = draft_dist(e, r, j, lg, qj);
+        if (st == DI_ERR_OOM) oom = st;
         if (st != DI_OK) break; /* nothing allowed: draft no further */
         tok = di_sample_from_probs(qj, e->cfg.vocab_limit < (int)V ? e->cfg.vocab_limit : (int)V,
                                    di_rng_uniform(r->sp.seed, r->sp.stream + DI_SPEC_STREAM_DRAFT,
@@ -528,9 +532,14 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
       prev = tok;
     }
     if (walked > 0) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "%s", di_last_error());
       st = e->constraint.rollback(r->constraint, walked);
       if (st != DI_OK) return di_spec_fail(e, s, st);
+      if (oom != DI_OK) di_error_set(oom, "%s", msg);
     }
+    /* a draft cut short by a failed allocation would change what a seeded request samples */
+    if (oom != DI_OK) return di_spec_fail(e, s, oom);
     r->draft_sampled = sampled && r->n_draft > 0;
   }
   double ms = (di_now() - t_start) * 1e3 / n;

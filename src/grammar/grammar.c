@@ -9,6 +9,7 @@
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static di_grammar *cache[CACHE_SLOTS];
 static unsigned cache_next;
+static di_grammar *live_head; /* every live grammar (under cache_mu): see di_grammar_forget_vocab */
 
 static uint64_t fnv(const void *p, size_t n, uint64_t h) {
   const unsigned char *u = p;
@@ -64,6 +65,14 @@ static di_status normalize_separator(char sep[8], char mark, const char *name) {
 static void grammar_destroy(di_grammar *g) {
   if (!g)
     return;
+  pthread_mutex_lock(&cache_mu);
+  if (g->live_prev)
+    g->live_prev->live_next = g->live_next;
+  else if (live_head == g)
+    live_head = g->live_next;
+  if (g->live_next)
+    g->live_next->live_prev = g->live_prev;
+  pthread_mutex_unlock(&cache_mu);
   if (g->rt_ready)
     di_grt_free(&g->rt);
   di_gvcache_free_all(g->vcaches);
@@ -100,8 +109,24 @@ static di_status compile_new(di_grammar_kind kind, const char *src, size_t len, 
   if ((g->minlen = malloc(sizeof *g->minlen * ((size_t)g->core.n_rules + 1))))
     di_language_key_rule_minlen(&g->core, g->minlen);
   g->refs = 1;
+  pthread_mutex_lock(&cache_mu);
+  g->live_next = live_head;
+  if (live_head)
+    live_head->live_prev = g;
+  live_head = g;
+  pthread_mutex_unlock(&cache_mu);
   *out = g;
   return DI_OK;
+}
+
+void di_grammar_forget_vocab(uint64_t vocab_serial) {
+  pthread_mutex_lock(&cache_mu);
+  for (di_grammar *g = live_head; g; g = g->live_next) {
+    pthread_mutex_lock(&g->mu);
+    di_gvcache_drop(g, vocab_serial);
+    pthread_mutex_unlock(&g->mu);
+  }
+  pthread_mutex_unlock(&cache_mu);
 }
 
 di_status di_grammar_compile(di_grammar_kind kind, const char *source, size_t len, const di_grammar_options *opt,
@@ -188,6 +213,18 @@ void di_grammar_free(di_grammar *g) {
   pthread_mutex_unlock(&cache_mu);
   if (last)
     grammar_destroy(g);
+}
+
+void di_grammar_cache_clear(void) {
+  for (int i = 0; i < CACHE_SLOTS; i++) {
+    pthread_mutex_lock(&cache_mu);
+    di_grammar *g = cache[i];
+    cache[i] = NULL;
+    int last = g && --g->refs == 0;
+    pthread_mutex_unlock(&cache_mu);
+    if (last)
+      grammar_destroy(g);
+  }
 }
 
 di_grammar *di_grammar_ref_internal(const di_grammar *gc) {

@@ -28,9 +28,18 @@ struct di_grammar {
   char *src;
   size_t len;
   uint64_t hash;
+  /* every live grammar, cached or not, in one list (guarded by the global cache mutex), so that a
+   * vocabulary being freed can take its mask caches out of each (di_grammar_forget_vocab) */
+  di_grammar *live_prev, *live_next;
 };
 
 void di_gvcache_free_all(struct di_gvcache *c);
+/* Frees g's mask caches for the vocabulary with this serial; under g->mu (matcher.c). */
+void di_gvcache_drop(di_grammar *g, uint64_t vocab_serial);
+/* Called by di_grammar_vocab_free: the vocabulary's mask caches leave every live grammar. Without it
+ * a cached grammar kept one cache per vocabulary ever used with it (an engine builds its own), each
+ * pointing at a freed vocabulary, for as long as the grammar stayed cached. */
+void di_grammar_forget_vocab(uint64_t vocab_serial);
 /* Takes one more reference (matchers hold one). */
 di_grammar *di_grammar_ref_internal(const di_grammar *g);
 #endif

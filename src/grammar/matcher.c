@@ -118,6 +118,19 @@ void di_gvcache_free_all(struct di_gvcache *c) {
   }
 }
 
+void di_gvcache_drop(di_grammar *g, uint64_t vocab_serial) {
+  for (struct di_gvcache **pc = &g->vcaches; *pc;) {
+    struct di_gvcache *c = *pc;
+    if (c->serial != vocab_serial) {
+      pc = &c->next;
+      continue;
+    }
+    *pc = c->next;
+    c->next = NULL;
+    di_gvcache_free_all(c);
+  }
+}
+
 /* Under g->mu. */
 static di_status ensure_rt(di_grammar *g) {
   if (g->rt_ready)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/ci_shared.h"
+#include "grammar/grammar_impl.h"
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
@@ -399,6 +400,7 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
 void di_grammar_vocab_free(di_grammar_vocab *v) {
   if (!v)
     return;
+  di_grammar_forget_vocab(v->serial); /* its mask caches in the grammars (cached ones outlive it) */
   free(v->off);
   free(v->bytes);
   free(v->is_stop);

@@ -12,6 +12,13 @@
 #include "chat/chat_template.h"
 #include "chat/jinja.h"
 #include "test_util.h"
+/* the fuzz target itself: its own conversation (tool-call arguments as an object, a non-ASCII
+ * message) and limits, replayed over its corpus too (its file-scope names kept apart from this file's) */
+#define LLVMFuzzerTestOneInput fuzz_chat_template_one
+#define vars fuzz_chat_vars
+#include "../../fuzz/fuzz_chat_template.c"
+#undef vars
+#undef LLVMFuzzerTestOneInput
 #include "util/json.h"
 
 static int first_diff(const char *a, size_t na, const char *b, size_t nb) {
@@ -455,6 +462,8 @@ static void test_fuzz_corpus(void) {
   cJSON_Delete(vars);
   CHECKF(files >= 10, "only %d corpus files", files);
   CHECKF(rendered >= 5, "only %d corpus files rendered", rendered);
+  CHECK(test_fuzz_replay("fuzz/corpus/chat_template", fuzz_chat_template_one) == files);
+  cJSON_Delete(fuzz_chat_vars);
   printf("fuzz corpus: %d files, %d rendered\n", files, rendered);
 }
 

@@ -3,6 +3,10 @@
  * through the same entry points the fuzz targets use, and checks the expected verdicts of the seed
  * files whose names say what they are (good_* parse, the rest fail with a message). */
 #include "../../fuzz/fuzz_config.c"
+/* the safetensors target itself too (its bounds check on every parsed tensor) */
+#define LLVMFuzzerTestOneInput fuzz_safetensors_one
+#include "../../fuzz/fuzz_safetensors.c"
+#undef LLVMFuzzerTestOneInput
 #include "model/safetensors.h"
 #include "util/json.h"
 #include "test_util.h"
@@ -35,5 +39,7 @@ static void replay_safetensors(const char *name, const char *rel, const char *bu
 int main(void) {
   CHECK(test_for_each_file("fuzz/corpus/safetensors", replay_safetensors, NULL) >= 5);
   CHECK(test_for_each_file("fuzz/corpus/config", replay_config, NULL) >= 4);
+  CHECK(test_fuzz_replay("fuzz/corpus/safetensors", fuzz_safetensors_one) >= 5);
+  CHECK(test_fuzz_replay("fuzz/corpus/config", LLVMFuzzerTestOneInput) >= 4);
   return test_finish("test_fuzz_corpus");
 }

@@ -13,6 +13,10 @@
 #include "util/json.h"
 #include "test_util.h"
 #include "v4_golden.h"
+/* the fuzz target itself (its invariants on an accepted config), replayed over its corpus */
+#define LLVMFuzzerTestOneInput fuzz_v4_config_one
+#include "../../fuzz/fuzz_v4_config.c"
+#undef LLVMFuzzerTestOneInput
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -469,6 +473,7 @@ static void check_native_formats(void) {
 
 int main(void) {
   CHECK(test_for_each_file("fuzz/corpus/v4_config", replay_config, NULL) >= 6);
+  CHECK(test_fuzz_replay("fuzz/corpus/v4_config", fuzz_v4_config_one) >= 6);
   di_status st = di_read_file(test_path(FIXTURE "/config.json"), &cfg_text, &cfg_len);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (st != DI_OK)

@@ -4,6 +4,10 @@
 #include "server/http.h"
 #include "server/json_scan.h"
 #include "test_util.h"
+/* the fuzz target itself (pieces of its first byte's size, the header-line splitter), replayed too */
+#define LLVMFuzzerTestOneInput fuzz_http_one
+#include "../../fuzz/fuzz_http.c"
+#undef LLVMFuzzerTestOneInput
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,7 +153,10 @@ static void scan_corpus_file(const char *name, const char *rel, const char *buf,
   CHECKF(x == y && (x == 0 || x == 400 || x == 413), "%s: %d vs %d", name, x, y);
 }
 
-static void test_fuzz_corpus(void) { CHECK(test_for_each_file("fuzz/corpus/http", scan_corpus_file, NULL) >= 5); }
+static void test_fuzz_corpus(void) {
+  CHECK(test_for_each_file("fuzz/corpus/http", scan_corpus_file, NULL) >= 5);
+  CHECK(test_fuzz_replay("fuzz/corpus/http", fuzz_http_one) >= 5);
+}
 
 int main(void) {
   test_utf8();

@@ -8,6 +8,15 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+/* the fuzz target itself, replayed over its corpus with its own context (its file-scope names kept
+ * apart from this file's) */
+#define LLVMFuzzerTestOneInput fuzz_openai_one
+#define ctx fuzz_oai_ctx
+#define ready fuzz_oai_ready
+#include "../../fuzz/fuzz_openai.c"
+#undef ready
+#undef ctx
+#undef LLVMFuzzerTestOneInput
 
 static di_oai_ctx ctx;
 
@@ -306,6 +315,8 @@ static void test_logprobs_shapes(void) {
 }
 
 static void test_fuzz_corpus(void) {
+  /* through the target itself first: its own context (oai_fuzz_ctx.h) and checks */
+  const int replayed = test_fuzz_replay("fuzz/corpus/openai", fuzz_openai_one);
   const char *dir = test_path("fuzz/corpus/openai");
   DIR *d = opendir(dir);
   CHECKF(d != NULL, "no corpus at %s", dir);
@@ -335,7 +346,7 @@ static void test_fuzz_corpus(void) {
     free(buf);
   }
   closedir(d);
-  CHECKF(files >= 10 && ok >= 5, "%d files, %d read", files, ok);
+  CHECKF(files >= 10 && ok >= 5 && replayed == files, "%d files (%d through the target), %d read", files, replayed, ok);
   printf("fuzz corpus: %d files, %d reads succeeded\n", files, ok);
 }
 

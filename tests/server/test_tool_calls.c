@@ -5,6 +5,10 @@
 #include "server/tool_calls.h"
 #include "server/tool_choice.h"
 #include "test_util.h"
+/* the fuzz target itself (its tool_choice "required" reads and prefix checks on every input), replayed too */
+#define LLVMFuzzerTestOneInput fuzz_tool_calls_one
+#include "../../fuzz/fuzz_tool_calls.c"
+#undef LLVMFuzzerTestOneInput
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +80,7 @@ static void replay_file(const char *name, const char *rel, const char *buf, size
 static void replay_corpus(void) {
   int with_calls = 0;
   int files = test_for_each_file("fuzz/corpus/tool_calls", replay_file, &with_calls);
+  CHECK(test_fuzz_replay("fuzz/corpus/tool_calls", fuzz_tool_calls_one) == files);
   CHECKF(files >= 5 && with_calls >= 3, "%d files, %d with calls", files, with_calls);
 }
 

@@ -14,9 +14,11 @@
  * not counted. Leaks are checked two ways: a live-allocation count that must come back to where it
  * was (any build), and LeakSanitizer in the ASan build. Budget: ~30-60 s on one core (stride below). */
 #include <execinfo.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <pcre2.h>
 #include "deepinfer.h"
 #include "grammar/grammar.h"
@@ -39,11 +41,30 @@
 #define AF_STRIDE_LONG 13
 #define AF_DENSE_TOK 100 /* the 8k-token tokenizer */
 #define AF_STRIDE_TOK 2999
+#define AF_DENSE_SPEC 40 /* engine steps with speculative decoding (models/default: ~0.1 s a run here) */
+#define AF_STRIDE_SPEC 23
+#define AF_TOKENS_SPEC 4 /* tokens per request: the prefill, a draft, its verification and the next */
+#define AF_DENSE_SETUP 40 /* the DSpark drafter's set-up */
+#define AF_STRIDE_SETUP 23
+#define AF_DENSE_V4 150 /* V4 engine steps */
+#define AF_STRIDE_V4 11
 #else
 #define AF_DENSE_LONG 100000
 #define AF_STRIDE_LONG 1
 #define AF_DENSE_TOK 300
 #define AF_STRIDE_TOK 997
+/* The engine cases' later steps repeat the first ones' allocation sites (a V4 decode step: the same
+ * 280 every step), so they take every n over the prefill and the first decode steps, then a stride
+ * prime to that period, so that the later steps fail at different sites of each (V4: every 3rd over
+ * its three decode steps reaches nearly every site of one). AF_FULL=1 takes every n (release: 0 findings
+ * on the final code, ~40 s). */
+#define AF_DENSE_SPEC 250
+#define AF_STRIDE_SPEC 11
+#define AF_TOKENS_SPEC 6
+#define AF_DENSE_SETUP 150
+#define AF_STRIDE_SETUP 7
+#define AF_DENSE_V4 450
+#define AF_STRIDE_V4 3
 #endif
 
 void *__real_malloc(size_t n);
@@ -55,12 +76,15 @@ pcre2_code *__real_pcre2_compile_8(PCRE2_SPTR pattern, PCRE2_SIZE length, uint32
 pcre2_match_data *__real_pcre2_match_data_create_8(uint32_t ovecsize, pcre2_general_context *gcontext);
 
 static atomic_long af_count;  /* allocations since af_arm */
+static long af_gen;           /* af_arm calls so far (AF_LEAKS: an allocation counts from its af_arm) */
 static atomic_long af_live;   /* allocations not yet freed (of those this file saw) */
 static long af_fail_at;       /* 0: no failure; else the allocation number that fails */
 static atomic_int af_failed;  /* whether the armed failure happened */
 static long af_trace = -1;    /* AF_TRACE (debugging, with AF_ONLY): see af_note */
+static int af_tracing;        /* in the run AF_ONLY="name:n" picked */
 
 static void af_arm(long n) {
+  af_gen++;
   af_count = 0;
   af_failed = 0;
   af_fail_at = n;
@@ -89,11 +113,34 @@ pcre2_code *__wrap_pcre2_compile_8(PCRE2_SPTR pattern, PCRE2_SIZE length, uint32
                                    PCRE2_SIZE *erroroffset, pcre2_compile_context *ccontext);
 pcre2_match_data *__wrap_pcre2_match_data_create_8(uint32_t ovecsize, pcre2_general_context *gcontext);
 
+/* AF_LEAKS=1 (debugging, with AF_ONLY="name:n"): every live allocation's number in a table, so a run
+ * that leaves allocations behind names them (then AF_TRACE=k prints where allocation k was made) */
+#define AF_LEAK_SLOTS (1u << 20)
+static struct af_slot { void *p; long n, gen; } *af_leaks;
+static size_t af_slot_of(void *p) { return ((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull >> 44; }
+static void af_leak_put(void *p, long n) {
+  for (size_t i = af_slot_of(p);; i = (i + 1) & (AF_LEAK_SLOTS - 1))
+    if (!af_leaks[i].p || af_leaks[i].p == (void *)1) { af_leaks[i] = (struct af_slot){p, n, af_gen}; return; }
+}
+static void af_leak_del(void *p) {
+  for (size_t i = af_slot_of(p); af_leaks[i].p; i = (i + 1) & (AF_LEAK_SLOTS - 1))
+    if (af_leaks[i].p == p) { af_leaks[i].p = (void *)1; return; } /* a tombstone */
+}
+/* prints the allocations made since af_arm call `gen0` that are still live: which af_arm after it
+ * (0: the run's first) and their number from that one */
+static void af_leak_report(long gen0) {
+  if (!af_leaks) return;
+  for (size_t i = 0; i < AF_LEAK_SLOTS; i++)
+    if (af_leaks[i].p > (void *)1 && af_leaks[i].gen >= gen0)
+      fprintf(stderr, "  still live: allocation %ld after arm %ld\n", af_leaks[i].n, af_leaks[i].gen - gen0);
+}
+
 /* AF_TRACE=k (with AF_ONLY): prints the call stack of allocation k of the run (addr2line reads it) */
 static void af_note(void *p) {
   if (!p) return;
   af_live++;
-  if (af_fail_at > 0 && af_count == af_trace) {
+  if (af_leaks) af_leak_put(p, af_count);
+  if (af_tracing && af_count == af_trace) {
     void *frames[16];
     backtrace_symbols_fd(frames, backtrace(frames, 16), 2);
   }
@@ -116,10 +163,18 @@ void *__wrap_realloc(void *p, size_t n) {
   void *q = __real_realloc(p, n);
   if (!p) af_note(q);
   if (p && !q && n == 0) af_live--; /* glibc: realloc(p, 0) frees p */
+  if (af_leaks && p && q != p) {
+    long was = -1;
+    for (size_t i = af_slot_of(p); af_leaks[i].p; i = (i + 1) & (AF_LEAK_SLOTS - 1))
+      if (af_leaks[i].p == p) was = af_leaks[i].n;
+    af_leak_del(p);
+    if (q && was >= 0) af_leak_put(q, was);
+  }
   return q;
 }
 void __wrap_free(void *p) {
   if (p) af_live--;
+  if (p && af_leaks) af_leak_del(p);
   __real_free(p);
 }
 char *__wrap_strdup(const char *s) {
@@ -156,25 +211,42 @@ pcre2_match_data *__wrap_pcre2_match_data_create_8(uint32_t ovecsize, pcre2_gene
  * then by `stride`. A failed run must return an error with a message and free what it took. */
 static int af_run(const char *what, di_status (*op)(void *ctx), void *ctx, long dense, long stride) {
   /* once without failures: warms lazily built tables, and counts the allocations */
+  clock_t t0 = clock();
   long live0 = af_live;
   af_arm(0);
   di_status st = op(ctx);
   long total = af_count;
   CHECKF(st == DI_OK, "%s without injected failures: %s", what, di_last_error());
   if (st != DI_OK) return 0;
+  /* a second run without failures leaves memory as it found it (what a first run builds lazily is
+   * built; a cache keyed by a freed object would grow here: see di_grammar_forget_vocab) */
+  live0 = af_live;
+  st = op(ctx);
+  CHECKF(st == DI_OK && af_live == live0, "%s run again without failures: %s, %ld allocations more", what,
+         st == DI_OK ? "ok" : di_last_error(), af_live - live0);
+  /* the grammar cache emptied after every run from here: compiled grammars' automata and mask caches
+   * grow with the states a run reaches, which a failure changes */
+  di_grammar_cache_clear();
   live0 = af_live;
   int runs = 0, bad = 0;
-  /* AF_ONLY="name:n" runs only allocation n of the operations whose name holds `name` (to read the
-   * leak report of one failure under ASan) */
+  /* AF_ONLY="name:n" runs only allocation n of the operations whose name starts with `name` (to read
+   * the leak report of one failure under ASan); AF_ONLY="name" every n of those operations */
   const char *only = getenv("AF_ONLY"), *colon = only ? strrchr(only, ':') : NULL;
   long only_n = 0;
-  if (colon) {
+  if (colon && colon[1] >= '0' && colon[1] <= '9') {
     if (strncmp(what, only, (size_t)(colon - only)) != 0) return 0;
     only_n = atol(colon + 1);
+  } else if (only && strncmp(what, only, strlen(only)) != 0) {
+    return 0;
   }
+  if (getenv("AF_FULL")) dense = LONG_MAX; /* AF_FULL=1: every n of every operation (the strides' check) */
   for (long n = only_n ? only_n : 1;; n += n < dense ? 1 : stride) {
+    long gen0 = af_gen + 1;
     af_arm(n);
+    af_tracing = only_n > 0 && af_trace > 0;
     st = op(ctx);
+    af_tracing = 0;
+    di_grammar_cache_clear();
     af_fail_at = 0; /* disarmed; af_failed tells whether the failure happened */
     runs++;
     if (!af_failed) { /* past the last allocation */
@@ -191,12 +263,14 @@ static int af_run(const char *what, di_status (*op)(void *ctx), void *ctx, long 
     }
     if (af_live != live0) {
       CHECKF(0, "%s: allocation %ld failed: %ld allocations leaked (%s)", what, n, af_live - live0, di_last_error());
+      af_leak_report(gen0);
       bad++;
       live0 = af_live;
     }
     if (bad > 5 || only_n) break;
   }
-  fprintf(stderr, "%s: %ld allocations; %d runs (every n to %ld, then every %ld-th)\n", what, total, runs, dense, stride);
+  fprintf(stderr, "%s: %ld allocations; %d runs (every n to %ld, then every %ld-th), %.1f s of CPU\n", what, total, runs, dense,
+          stride, (double)(clock() - t0) / CLOCKS_PER_SEC);
   CHECK(runs > 1);
   return runs;
 }
@@ -298,42 +372,88 @@ static di_status op_grammar(void *ctx) {
 
 /* ---- the engine step ---- */
 
+/* One engine set-up under injection: a model, optionally speculative decoding (a --speculative-config:
+ * MTP or a DSpark drafter), a KV pool, and three greedy requests whose tokens alone are the reference. */
+#define AF_MAXP 24 /* prompt tokens */
+#define AF_MAXT 8  /* tokens generated per request */
 typedef struct engine_case {
   di_model *m;
-  int32_t ref[3][8];  /* each request's greedy tokens alone */
+  const char *spec;      /* di_engine_set_speculative_config's JSON, or NULL: plain decoding */
+  int64_t kv_blocks;     /* di_engine_options.num_kv_blocks; 0: kv_bytes */
+  int64_t kv_bytes;      /* di_engine_options.kv_cache_memory_bytes when kv_blocks is 0 */
+  int max_tokens;        /* per request, <= AF_MAXT */
+  int sampled;           /* request 1 is sampled (T = 0.8, seeded) rather than greedy */
+  const char *regex;     /* request 0's structured output (drafts under its grammar), or NULL */
+  const char *const *text; /* the three prompts as text (the model's tokenizer), or NULL: prompt[] */
+  int n_prompt[3];
+  int32_t prompt[3][AF_MAXP];
+  int32_t ref[3][AF_MAXT];  /* each request's greedy tokens alone (no injection) */
   int failed_steps, errored, served_after;
 } engine_case;
 
-static void params(di_request_params *p, const int32_t *prompt, int n) {
+static void params(di_request_params *p, const engine_case *c, int r) {
   di_request_params_default(p);
-  p->prompt_ids = prompt;
-  p->n_prompt_ids = n;
-  p->max_tokens = 8;
+  if (c->text) {
+    p->prompt = c->text[r];
+  } else {
+    p->prompt_ids = c->prompt[r];
+    p->n_prompt_ids = c->n_prompt[r];
+  }
+  p->max_tokens = c->max_tokens;
   p->temperature = 0;
   p->ignore_eos = 1;
+  if (r == 0) p->regex = c->regex;
+  if (r == 1 && c->sampled) { /* seeded sampling: with DSpark, rejection sampling of its drafts */
+    p->temperature = 0.8f;
+    p->has_seed = 1;
+    p->seed = 11;
+  }
 }
 
-static const int32_t PROMPTS[3][6] = {{5, 9, 13, 2, 7, 7}, {3, 3, 8, 20, 11, 4}, {17, 6, 6, 1, 9, 30}};
+/* the case's prompts: lengths n0..n2, ids below 32 from a fixed sequence (every model's vocabulary
+ * holds them) */
+static void set_prompts(engine_case *c, int n0, int n1, int n2) {
+  static const int32_t base[3][6] = {{5, 9, 13, 2, 7, 7}, {3, 3, 8, 20, 11, 4}, {17, 6, 6, 1, 9, 30}};
+  const int n[3] = {n0, n1, n2};
+  for (int r = 0; r < 3; r++) {
+    c->n_prompt[r] = n[r];
+    for (int i = 0; i < n[r]; i++) c->prompt[r][i] = i < 6 ? base[r][i] : (base[r][i % 6] * 7 + i) % 32;
+  }
+}
+
+/* the engine of the case, its speculative decoding set (no injection armed here) */
+static di_status engine_make(const engine_case *c, di_engine **e) {
+  di_engine_options o;
+  di_engine_options_default(&o);
+  if (c->kv_blocks) o.num_kv_blocks = c->kv_blocks;
+  else o.kv_cache_memory_bytes = c->kv_bytes;
+  o.max_num_seqs = 4; /* V4's per-sequence state is sized for max_num_seqs up front */
+  o.seed = 3;
+  DI_TRY(di_engine_create(c->m, &o, e));
+  di_status st = c->spec ? di_engine_set_speculative_config(*e, c->m, c->spec) : DI_OK;
+  if (st != DI_OK) {
+    di_engine_free(*e);
+    *e = NULL;
+  }
+  return st;
+}
 
 /* Runs requests 0 and 1, with allocation n of their steps failing (af_fail_at, set by the caller, is
- * armed at the first step), then request 2 alone; checks each against its reference. */
+ * armed at the first step: prefill, decode, and with speculative decoding the drafts and their
+ * verification), then request 2 alone; checks each against its reference. */
 static di_status op_engine(void *ctx) {
   engine_case *c = ctx;
   long fail_at = af_fail_at;
   af_arm(0);
-  di_engine_options o;
-  di_engine_options_default(&o);
-  o.num_kv_blocks = 8;
-  o.seed = 3;
   di_engine *e = NULL;
-  DI_TRY(di_engine_create(c->m, &o, &e));
+  DI_TRY(engine_make(c, &e));
   di_request_params p;
   uint64_t id[3];
-  int32_t got[3][8];
+  int32_t got[3][AF_MAXT];
   int n_got[3] = {0}, finish[3] = {0};
   di_status st = DI_OK, step_st = DI_OK;
   for (int r = 0; r < 2 && st == DI_OK; r++) {
-    params(&p, PROMPTS[r], 6);
+    params(&p, c, r);
     st = di_engine_add_request(e, &p, &id[r]);
   }
   for (int steps = 0; st == DI_OK && di_engine_has_unfinished(e) && steps < 100; steps++) {
@@ -349,7 +469,7 @@ static di_status op_engine(void *ctx) {
     for (int i = 0; out && i < out->n; i++) {
       const di_seq_output *so = &out->seqs[i];
       int r = so->req_id == id[0] ? 0 : 1;
-      for (int t = 0; t < so->n_new_tokens && n_got[r] < 8; t++) got[r][n_got[r]++] = so->new_tokens[t];
+      for (int t = 0; t < so->n_new_tokens && n_got[r] < c->max_tokens; t++) got[r][n_got[r]++] = so->new_tokens[t];
       if (so->finish_reason) finish[r] = so->finish_reason;
       if (so->finish_reason == DI_FINISH_ERROR) CHECKF(so->error && so->error[0], "an error finish without a message");
     }
@@ -358,22 +478,22 @@ static di_status op_engine(void *ctx) {
   int errored_here = 0;
   for (int r = 0; r < 2; r++) {
     if (finish[r] == DI_FINISH_ERROR) { c->errored++; errored_here++; continue; }
-    CHECKF(finish[r] == DI_FINISH_LENGTH && n_got[r] == 8 && memcmp(got[r], c->ref[r], sizeof got[r]) == 0,
+    CHECKF(finish[r] == DI_FINISH_LENGTH && n_got[r] == c->max_tokens && memcmp(got[r], c->ref[r], sizeof(int32_t) * (size_t)c->max_tokens) == 0,
            "request %d after allocation %ld failed: finish %d, %d tokens (not its tokens alone)", r, fail_at, finish[r],
            n_got[r]);
   }
   /* a new request after the failure: served as if alone */
-  params(&p, PROMPTS[2], 6);
+  params(&p, c, 2);
   if (st == DI_OK) st = di_engine_add_request(e, &p, &id[2]);
   for (int steps = 0; st == DI_OK && di_engine_has_unfinished(e) && steps < 100; steps++) {
     di_step_output *out;
     st = di_engine_step(e, &out);
     for (int i = 0; st == DI_OK && i < out->n; i++)
-      for (int t = 0; t < out->seqs[i].n_new_tokens && n_got[2] < 8; t++) got[2][n_got[2]++] = out->seqs[i].new_tokens[t];
+      for (int t = 0; t < out->seqs[i].n_new_tokens && n_got[2] < c->max_tokens; t++) got[2][n_got[2]++] = out->seqs[i].new_tokens[t];
   }
-  CHECKF(st == DI_OK && n_got[2] == 8 && memcmp(got[2], c->ref[2], sizeof got[2]) == 0,
+  CHECKF(st == DI_OK && n_got[2] == c->max_tokens && memcmp(got[2], c->ref[2], sizeof(int32_t) * (size_t)c->max_tokens) == 0,
          "the request after allocation %ld failed: %s, %d tokens", fail_at, st == DI_OK ? "ok" : di_last_error(), n_got[2]);
-  c->served_after += st == DI_OK && n_got[2] == 8;
+  c->served_after += st == DI_OK && n_got[2] == c->max_tokens;
   CHECKF(di_engine_check(e) == DI_OK, "%s", di_last_error());
   di_engine_stats es;
   di_engine_get_stats(e, &es);
@@ -383,28 +503,86 @@ static di_status op_engine(void *ctx) {
   return step_st != DI_OK || errored_here ? di_error_set(DI_ERR_OOM, "a step failed (as injected)") : DI_OK;
 }
 
-static void reference_tokens(engine_case *c) {
-  di_engine_options o;
-  di_engine_options_default(&o);
-  o.num_kv_blocks = 8;
-  o.seed = 3;
-  for (int r = 0; r < 3; r++) {
-    di_engine *e = NULL;
-    CHECK(di_engine_create(c->m, &o, &e) == DI_OK);
-    di_request_params p;
-    params(&p, PROMPTS[r], 6);
-    uint64_t id;
-    CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
-    int n = 0;
-    for (int steps = 0; di_engine_has_unfinished(e) && steps < 100; steps++) {
-      di_step_output *out;
-      CHECK(di_engine_step(e, &out) == DI_OK);
-      for (int i = 0; i < out->n; i++)
-        for (int t = 0; t < out->seqs[i].n_new_tokens && n < 8; t++) c->ref[r][n++] = out->seqs[i].new_tokens[t];
+/* Each request alone without injection (the reference), into c->ref; with speculative decoding also
+ * plain decoding's tokens, which greedy speculative decoding must equal, and the drafts made and
+ * accepted over the three (into *drafted / *accepted), so the injection is known to reach them. */
+static void reference_tokens(engine_case *c, int64_t *drafted, int64_t *accepted) {
+  *drafted = *accepted = 0;
+  for (int pass = 0; pass < (c->spec ? 2 : 1); pass++) {
+    const char *spec = c->spec;
+    if (pass == 1) c->spec = NULL; /* plain decoding */
+    for (int r = 0; r < 3; r++) {
+      di_engine *e = NULL;
+      CHECKF(engine_make(c, &e) == DI_OK, "%s", di_last_error());
+      if (!e) break;
+      di_request_params p;
+      params(&p, c, r);
+      uint64_t id;
+      CHECK(di_engine_add_request(e, &p, &id) == DI_OK);
+      int32_t got[AF_MAXT];
+      int n = 0;
+      for (int steps = 0; di_engine_has_unfinished(e) && steps < 100; steps++) {
+        di_step_output *out;
+        CHECK(di_engine_step(e, &out) == DI_OK);
+        for (int i = 0; i < out->n; i++)
+          for (int t = 0; t < out->seqs[i].n_new_tokens && n < c->max_tokens; t++) got[n++] = out->seqs[i].new_tokens[t];
+      }
+      CHECK(n == c->max_tokens);
+      if (pass == 0) memcpy(c->ref[r], got, sizeof(int32_t) * (size_t)n);
+      else if (!(r == 1 && c->sampled)) /* greedy: speculative decoding gives plain decoding's tokens */
+        CHECKF(memcmp(c->ref[r], got, sizeof(int32_t) * (size_t)n) == 0, "request %d: speculative decoding != plain decoding (greedy)", r);
+      if (pass == 0 && spec) {
+        di_spec_stats ss;
+        di_engine_get_spec_stats(e, &ss);
+        *drafted += ss.drafted_tokens;
+        *accepted += ss.accepted_tokens;
+      }
+      di_engine_free(e);
     }
-    CHECK(n == 8);
-    di_engine_free(e);
+    c->spec = spec;
   }
+}
+
+/* di_engine_set_speculative_config under injection (the MTP set-up, or a DSpark drafter's config and
+ * weights loaded from its folder): a failure is an error with a message, and the engine it was called
+ * on still serves, plain decoding, request 2 as plain decoding alone gives it. */
+static di_status op_spec_setup(void *ctx) {
+  engine_case *c = ctx;
+  long fail_at = af_fail_at;
+  af_arm(0);
+  const char *spec = c->spec;
+  c->spec = NULL;
+  di_engine *e = NULL;
+  di_status st = engine_make(c, &e);
+  c->spec = spec;
+  DI_TRY(st);
+  af_arm(fail_at);
+  st = di_engine_set_speculative_config(e, c->m, c->spec);
+  af_fail_at = 0;
+  if (st != DI_OK) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", di_last_error());
+    CHECKF(msg[0] != 0, "speculative set-up failed without a message");
+    di_request_params p;
+    params(&p, c, 2);
+    uint64_t id;
+    di_status s2 = di_engine_add_request(e, &p, &id);
+    int32_t got[AF_MAXT];
+    int n = 0;
+    for (int steps = 0; s2 == DI_OK && di_engine_has_unfinished(e) && steps < 100; steps++) {
+      di_step_output *out;
+      s2 = di_engine_step(e, &out);
+      for (int i = 0; s2 == DI_OK && i < out->n; i++)
+        for (int t = 0; t < out->seqs[i].n_new_tokens && n < c->max_tokens; t++) got[n++] = out->seqs[i].new_tokens[t];
+    }
+    CHECKF(s2 == DI_OK && n == c->max_tokens && memcmp(got, c->ref[2], sizeof(int32_t) * (size_t)n) == 0,
+           "after a failed speculative set-up (allocation %ld: %s) the engine did not serve a request as plain decoding "
+           "(%s, %d tokens)", fail_at, msg, s2 == DI_OK ? "ok" : di_last_error(), n);
+    CHECKF(di_engine_check(e) == DI_OK, "%s", di_last_error());
+    di_error_set(st, "%s", msg);
+  }
+  di_engine_free(e);
+  return st;
 }
 
 /* A Responses API body translated into a chat body (server/responses.c, ~130 cJSON_Add* calls that do
@@ -435,8 +613,87 @@ static di_status op_responses(void *ctx) {
   return DI_OK;
 }
 
+/* One engine case's set-up: what is loaded, how the engine runs it, and how densely the injection
+ * walks its steps. */
+typedef struct engine_setup {
+  const char *what, *model, *load_format, *spec;
+  int64_t kv_blocks;  /* 0: a 4 MiB KV budget */
+  int max_tokens;
+  int sampled;        /* request 1 seeded at T = 0.8 */
+  const char *regex;  /* request 0's regex (structured output), or NULL */
+  const char *const *text; /* text prompts (else ids of the lengths n_prompt) */
+  int setup;          /* also inject into di_engine_set_speculative_config (the drafter's load) */
+  int n_prompt[3];
+  long dense, stride; /* af_run's */
+} engine_setup;
+
+/* Loads the model of one engine case (no injection), computes its references, then runs the
+ * injection over its steps (and, with `setup`, over its speculative set-up). */
+static void engine_case_run(const engine_setup *es) {
+  engine_case c = {0};
+  c.spec = es->spec;
+  c.kv_blocks = es->kv_blocks;
+  c.kv_bytes = 4 << 20;
+  c.max_tokens = es->max_tokens;
+  c.sampled = es->sampled;
+  c.regex = es->regex;
+  c.text = es->text;
+  set_prompts(&c, es->n_prompt[0], es->n_prompt[1], es->n_prompt[2]);
+  di_model_options mo;
+  di_model_options_default(&mo);
+  mo.quiet = 1;
+  mo.threads = 1;
+  mo.load_format = es->load_format;
+  CHECKF(di_model_load(test_path(es->model), &mo, &c.m) == DI_OK, "%s: %s", es->model, di_last_error());
+  if (!c.m) return;
+  int64_t drafted, accepted;
+  reference_tokens(&c, &drafted, &accepted);
+  if (es->spec) {
+    fprintf(stderr, "%s: the references drafted %lld tokens, accepted %lld\n", es->what, (long long)drafted,
+            (long long)accepted);
+    CHECKF(drafted > 0 && accepted > 0, "%s: no drafts made or accepted: the injection would miss their paths", es->what);
+  }
+  char name[160];
+  if (es->setup) {
+    snprintf(name, sizeof name, "speculative set-up (%s)", es->what);
+    af_run(name, op_spec_setup, &c, AF_DENSE_SETUP, AF_STRIDE_SETUP);
+  }
+  snprintf(name, sizeof name, "engine steps (%s)", es->what);
+  if (af_run(name, op_engine, &c, es->dense, es->stride) > 0) {
+    fprintf(stderr, "%s: %d failed steps, %d requests ended with the error, %d served after\n", name, c.failed_steps,
+            c.errored, c.served_after);
+    CHECKF(c.failed_steps + c.errored > 0 && c.served_after > 0, "%s: no failed step or no request served after", name);
+  }
+  di_model_free(c.m);
+}
+
+/* Plain decoding on engine-dummy (dummy weights, a real 8k tokenizer); speculative decoding on
+ * models/default (trained weights, so drafts are accepted as well as rejected) with its MTP layer and
+ * with its DSpark drafter (models/default/dspark; rejection sampling for the seeded request, and the
+ * drafter's config and weights loaded under injection too); DeepSeek-V4 (dsv4-tiny: its sliding-window,
+ * compressed and indexer caches; 4 tokens from prompts of 5-6, a compressed entry every 4 positions). */
+static void engine_cases(void) {
+  static const char REGEX[] = "(the|a|sea|is|of| )+";
+  /* text the trained model continues predictably, so that drafts are accepted within a few tokens */
+  static const char *const TEXT[3] = {"The sea is", "Once upon a time", "The history of the city"};
+  static const engine_setup cases[] = {
+      {"engine-dummy", "tests/data/models/engine-dummy", "dummy", NULL, 8, 8, 0, NULL, NULL, 0, {6, 6, 6},
+       AF_DENSE_LONG / 2, AF_STRIDE_LONG},
+      {"models/default, MTP", "models/default", NULL,
+       "{\"method\": \"mtp\", \"num_speculative_tokens\": 3, \"min_confidence\": 0}", 8, AF_TOKENS_SPEC, 1, REGEX,
+       TEXT, 0, {0}, AF_DENSE_SPEC, AF_STRIDE_SPEC},
+      {"models/default, DSpark", "models/default", NULL,
+       "{\"method\": \"dspark\", \"num_speculative_tokens\": 4, \"schedule\": \"fixed\"}", 8, AF_TOKENS_SPEC, 1,
+       REGEX, TEXT, 1, {0}, AF_DENSE_SPEC, AF_STRIDE_SPEC},
+      {"dsv4-tiny", "tests/data/models/dsv4-tiny", NULL, NULL, 0, 4, 1, NULL, NULL, 0, {5, 6, 5}, AF_DENSE_V4,
+       AF_STRIDE_V4},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) engine_case_run(&cases[i]);
+}
+
 int main(void) {
   if (getenv("AF_TRACE")) af_trace = atol(getenv("AF_TRACE"));
+  if (getenv("AF_LEAKS")) af_leaks = __real_calloc(AF_LEAK_SLOTS, sizeof *af_leaks);
   cJSON_Hooks hooks = {__wrap_malloc, __wrap_free};
   cJSON_InitHooks(&hooks);
   /* the injection reaches cJSON and PCRE2: a parse and a compile each fail at their first allocation */
@@ -498,21 +755,7 @@ int main(void) {
   af_arm(0);
   CHECK(op_responses(NULL) == DI_OK && responses_reference);
   af_run("responses body -> chat body (cJSON builders)", op_responses, NULL, AF_DENSE_LONG, AF_STRIDE_LONG);
-  engine_case ec_ = {0};
-  di_model_options mo;
-  di_model_options_default(&mo);
-  mo.quiet = 1;
-  mo.threads = 1;
-  mo.load_format = "dummy"; /* engine-dummy: random weights, a real tokenizer (text paths too) */
-  CHECKF(di_model_load(test_path("tests/data/models/engine-dummy"), &mo, &ec_.m) == DI_OK, "%s", di_last_error());
-  if (ec_.m) {
-    reference_tokens(&ec_);
-    af_run("engine steps (engine-dummy)", op_engine, &ec_, AF_DENSE_LONG / 2, AF_STRIDE_LONG);
-    fprintf(stderr, "engine: %d failed steps, %d requests ended with the error, %d served after\n", ec_.failed_steps,
-            ec_.errored, ec_.served_after);
-    CHECK(ec_.failed_steps + ec_.errored > 0 && ec_.served_after > 0);
-    di_model_free(ec_.m);
-  }
+  engine_cases(); /* engine steps: plain, MTP, DSpark, V4 */
   __real_free(responses_reference);
   return test_finish("test_alloc_failures");
 }
