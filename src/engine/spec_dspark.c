@@ -407,27 +407,35 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   /* a paused plain step (device steps: its context fed on the device, its entries' drafts voided at
    * submit by di_spec_plain_submitted): nothing to do, and the step after it may be in flight already */
   if (s->spec_ahead && sp->device_steps) return DI_OK;
-  /* 1. context rows of every position this step computed with a valid token */
-  for (int i = 0; i < s->n; i++) {
-    di_sched_entry *en = &s->e[i];
-    if (en->dropped) continue;
-    di_req *r = en->r;
-    int t0 = row;
-    row += en->n_new;
-    r->n_draft = 0;
-    r->draft_sampled = 0;
-    if (r->state == DI_REQ_DONE || sp->device_steps) continue; /* its blocks are gone; fed on the device */
-    int hi = r->n_valid < en->start + en->n_new ? r->n_valid : en->start + en->n_new;
-    if (hi <= en->start) continue;
-    for (int p = en->start; p < hi; p++) {
-      memcpy(sp->feat_rows + (size_t)m * F, sp->hidden + (size_t)(t0 + p - en->start) * F, F * sizeof(float));
-      sp->pos[m] = p;
-      sp->seq_of[m] = q;
-      m++;
+  /* 1. context rows of every position this step computed with a valid token: the step's hidden rows
+   * as they are when they are all of them (a decoding step without rejected drafts), else packed */
+  int packed = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    row = m = q = 0;
+    for (int i = 0; i < s->n; i++) {
+      di_sched_entry *en = &s->e[i];
+      if (en->dropped) continue;
+      di_req *r = en->r;
+      int t0 = row;
+      row += en->n_new;
+      r->n_draft = 0;
+      r->draft_sampled = 0;
+      if (r->state == DI_REQ_DONE || sp->device_steps) continue; /* its blocks are gone; fed on the device */
+      int hi = r->n_valid < en->start + en->n_new ? r->n_valid : en->start + en->n_new;
+      if (hi <= en->start) continue;
+      for (int p = en->start; p < hi; p++) {
+        const int h = t0 + p - en->start;
+        if (pass) memcpy(sp->feat_rows + (size_t)m * F, sp->hidden + (size_t)h * F, F * sizeof(float));
+        packed |= h != m;
+        sp->pos[m] = p;
+        sp->seq_of[m] = q;
+        m++;
+      }
+      sp->seqs[q++] = drafter_seq(e, r);
     }
-    sp->seqs[q++] = drafter_seq(e, r);
+    if (!packed) break;
   }
-  di_status st = m > 0 ? d->context(d->ctx, m, sp->feat_rows, sp->pos, sp->seq_of, sp->seqs) : DI_OK;
+  di_status st = m > 0 ? d->context(d->ctx, m, packed ? sp->feat_rows : sp->hidden, sp->pos, sp->seq_of, sp->seqs) : DI_OK;
   if (st != DI_OK) return di_spec_fail(e, s, st);
   if (s->spec_ahead) return DI_OK; /* no proposal: the step after this one may be in flight already */
   if (s->spec_gprop) { /* proposed inside the step already */
