@@ -345,9 +345,9 @@ static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, cons
 /* The feature log's rows into the drafter cache (cu_backend.flog): a slot written by several logged
  * rows (a rejected draft's row, then the real token's at that position; a block that changed hands)
  * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows).
- * With DEEPINFER_DSPARK_FLUSH_ASYNC=1 (session 14; off until verified on the device) without host
- * synchronisation (else one per 1,024 rows, from pageable memory, and so a drained pipeline under token
- * feedback at every flush): the slots and positions are staged in pinned memory and uploaded once, the
+ * Without host synchronisation (DEEPINFER_DSPARK_FLUSH_ASYNC, default 1 since session 15: test_dspark on
+ * the H200 gave the synchronous flush's counts; 0: one sync per 1,024 rows, from pageable memory, and so
+ * a drained pipeline under token feedback at every flush): the slots and positions are staged in pinned memory and uploaded once, the
  * chunks' kernels queued behind the step in flight (which writes the log's last rows: stream order), and
  * the staging is reused at the next flush after its upload's event. */
 enum { LOG_CHUNK = 1024 }; /* rows per context pass (the scratch is sized by rows) */
@@ -409,7 +409,7 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   DI_TRY(dev_alloc(b, (void **)&b->flog, sizeof(float) * (size_t)cap * s->F));
   b->flog_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
   b->flog_slot = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
-  s->flush_async = di_switch_bool(DI_SW_DSPARK_FLUSH_ASYNC, 0);
+  s->flush_async = di_switch_bool(DI_SW_DSPARK_FLUSH_ASYNC, 1);
   if (s->flush_async && cudaMallocHost((void **)&s->flush_stage, sizeof(int32_t) * 2 * (size_t)cap) != cudaSuccess)
     s->flush_stage = NULL;
   if (s->flush_stage && cudaEventCreateWithFlags(&s->ev_flush, cudaEventDisableTiming) != cudaSuccess) s->ev_flush = NULL;
