@@ -260,7 +260,8 @@ static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
     int c = s->cap_rows ? s->cap_rows : 64;
     while (c < rows) c *= 2;
     DI_CU(cudaStreamSynchronize(b->stream));
-    if (s->graph_owner) drop_graphs(b); /* the step graphs with a proposal name the old scratch */
+    if (s->graph_owner) drop_proposal_graphs(b); /* the step graphs with a proposal name the old scratch (the
+                                                   * others only the feature log, which does not move) */
     const size_t R = (size_t)c, H = (size_t)d->hidden, I = (size_t)d->inter, V = (size_t)d->vocab;
     const size_t wide = (size_t)s->F > V ? (size_t)s->F : V; /* featf: the context's features or the logits */
     REALLOC(s->x, sizeof(float) * R * H);
@@ -565,7 +566,7 @@ static di_status prop_prepare(void *c, int rows, int blk) {
     int c2 = s->p_cap ? s->p_cap : 64;
     while (c2 < blk) c2 *= 2;
     DI_CU(cudaStreamSynchronize(b->stream));
-    drop_graphs(b); /* the step graphs with a proposal name the old buffers */
+    drop_proposal_graphs(b); /* the step graphs with a proposal name the old buffers */
     const size_t ints = (size_t)c2 * (2 * (size_t)B + 5), host = (size_t)c2 * (2 + 2 * (size_t)B);
     REALLOC(s->p_dev, sizeof(int32_t) * (ints + (size_t)c2 * B));
     if (s->p_host) cudaFreeHost(s->p_host);
