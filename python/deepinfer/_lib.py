@@ -76,7 +76,7 @@ def _seq_output_format():
     """A struct format that reads _READ_FIELDS (in that order) from one di_seq_output, the other bytes
     skipped; pointers as integers (0 = NULL). None where a field's size has no code here."""
     import struct
-    codes = {1: "B", 4: "i", 8: "Q"}
+    codes = {1: "B", 4: "I", 8: "Q"}  # unsigned; signed fields take the lower-case code
     spots = []
     for n in _READ_FIELDS:
         f, typ = getattr(SeqOutput, n), dict(SeqOutput._fields_)[n]
@@ -85,7 +85,7 @@ def _seq_output_format():
         code = codes.get(f.size)
         if code is None or typ is ctypes.c_double:
             return None
-        spots.append((f.offset, f.size, code if unsigned or code == "B" else code.lower()))
+        spots.append((f.offset, f.size, code if unsigned else code.lower()))
     order = sorted(range(len(spots)), key=lambda k: spots[k][0])
     if order != list(range(len(spots))):
         return None  # the tuple's order must be the fields' order in memory
