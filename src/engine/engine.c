@@ -565,8 +565,10 @@ static di_status submit(di_engine *e, di_sched *s) {
   if (s->spec_devverify) s->batch.sample_rows = di_spec_verify_rows(e);
   /* DSpark: the next drafts proposed inside this device-sampled step (no round trip after it) */
   s->spec_gprop = e->spec && (s->spec_plain || s->spec_devverify) && di_spec_graph_propose(e, s);
+  const double ts = di_now();
   DI_TRY(e->be->ops->submit(e->be, &s->batch));
   e->t_submit = di_now();
+  if (e->spec) di_spec_submitted(e, s, e->t_submit - ts);
   e->inflight_active = 1;
   set_inflight(s, 1);
   e->steps++;
