@@ -87,8 +87,9 @@ struct di_cuda_dspark {
   cd_layer *L;
   float *cache;
   int64_t n_blocks;
-  /* scratch, grown by need (rows / ints) */
-  int cap_rows, cap_ints;
+  /* scratch, grown by need (rows / ints); the context pass's buffers (x, xn, kf, vf, featb) may hold more
+   * rows (cap_ctx >= cap_rows: the feature log's flush in chunks of `chunk` rows, log_on) */
+  int cap_rows, cap_ints, cap_ctx, chunk;
   float *x, *qf, *kf, *vf, *hf, *featf;
   bf16 *xn, *att, *gu, *act, *featb;
   int32_t *ints;
@@ -253,6 +254,19 @@ extern "C" di_status di_cuda_dspark_kv_alloc(di_cuda_dspark *s, int64_t n_blocks
   return DI_OK;
 }
 
+/* the context pass's buffers for `rows` rows (callers sync and drop the proposal graphs first) */
+static di_status reserve_ctx(di_cuda_dspark *s, int rows) {
+  cu_backend *b = s->b;
+  const size_t R = (size_t)rows, H = (size_t)s->d->hidden;
+  REALLOC(s->x, sizeof(float) * R * H);
+  REALLOC(s->kf, sizeof(float) * R * s->kvd);
+  REALLOC(s->vf, sizeof(float) * R * s->kvd);
+  REALLOC(s->xn, 2 * R * H);
+  REALLOC(s->featb, 2 * R * s->F);
+  s->cap_ctx = rows;
+  return DI_OK;
+}
+
 static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
   cu_backend *b = s->b;
   const di_dspark *d = s->d;
@@ -264,17 +278,15 @@ static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
                                                    * others only the feature log, which does not move) */
     const size_t R = (size_t)c, H = (size_t)d->hidden, I = (size_t)d->inter, V = (size_t)d->vocab;
     const size_t wide = (size_t)s->F > V ? (size_t)s->F : V; /* featf: the context's features or the logits */
-    REALLOC(s->x, sizeof(float) * R * H);
+    if (c > s->cap_ctx) {
+      DI_TRY(reserve_ctx(s, c));
+    }
     REALLOC(s->qf, sizeof(float) * R * s->qd);
-    REALLOC(s->kf, sizeof(float) * R * s->kvd);
-    REALLOC(s->vf, sizeof(float) * R * s->kvd);
     REALLOC(s->hf, sizeof(float) * R * H);
     REALLOC(s->featf, sizeof(float) * R * wide);
-    REALLOC(s->xn, 2 * R * H);
     REALLOC(s->att, 2 * R * s->qd);
     REALLOC(s->gu, 2 * R * 2 * I);
     REALLOC(s->act, 2 * R * I);
-    REALLOC(s->featb, 2 * R * s->F);
     REALLOC(s->gscr, di_cuk_dspark_greedy_scratch(c / d->block_size + 1));
     s->cap_rows = c;
   }
@@ -380,15 +392,15 @@ static di_status log_flush(void *c) {
     }
     return DI_OK;
   }
-  DI_TRY(reserve(s, n < LOG_CHUNK ? n : LOG_CHUNK, 2 * n));
+  DI_TRY(reserve(s, 0, 2 * n)); /* (the context buffers hold s->chunk rows since log_on) */
   if (s->flush_pending) DI_CU(cudaEventSynchronize(s->ev_flush)); /* the last flush's upload read the staging */
   memcpy(s->flush_stage, b->flog_slot, sizeof(int32_t) * (size_t)n);
   memcpy(s->flush_stage + n, b->flog_pos, sizeof(int32_t) * (size_t)n);
   DI_CU(cudaMemcpyAsync(s->ints, s->flush_stage, sizeof(int32_t) * 2 * (size_t)n, cudaMemcpyHostToDevice, b->stream));
   DI_CU(cudaEventRecord(s->ev_flush, b->stream));
   s->flush_pending = 1;
-  for (int c0 = 0; c0 < n; c0 += LOG_CHUNK) {
-    const int m = n - c0 < LOG_CHUNK ? n - c0 : LOG_CHUNK;
+  for (int c0 = 0; c0 < n; c0 += s->chunk) { /* (one pass of up to s->chunk rows: launches cost the host ~9 a pass) */
+    const int m = n - c0 < s->chunk ? n - c0 : s->chunk;
     DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints + c0, s->ints + n + c0));
   }
   return DI_OK;
@@ -425,7 +437,18 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   b->flog_ctx = s;
   s->log_owner = 1;
   /* every flush's scratch (a chunk's rows, the async flush's slots and positions) now, not grown (a
-   * stream sync, reallocations) at the first flushes while requests run */
+   * stream sync, reallocations) at the first flushes while requests run. The async flush's passes take
+   * as many rows as 64 MiB of context buffers hold (at least LOG_CHUNK, at most the log): the shipped
+   * model's whole log of 8,192 rows in one pass (26 MB; was 8 passes of 1,024, ~72 launches, ~0.6 ms of
+   * host time a flush: every 32 steps at batch 256) */
+  const di_dspark *d = s->d;
+  const size_t row_bytes = 2 * (size_t)s->F + 6 * (size_t)d->hidden + 8 * (size_t)s->kvd;
+  int chunk = LOG_CHUNK;
+  while (chunk < cap && (size_t)(2 * chunk) * row_bytes <= ((size_t)64 << 20)) chunk *= 2;
+  s->chunk = s->flush_async ? chunk : LOG_CHUNK;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  if (s->graph_owner) drop_proposal_graphs(b);
+  if (s->chunk > s->cap_ctx) DI_TRY(reserve_ctx(s, s->chunk));
   return reserve(s, LOG_CHUNK, 2 * cap);
 }
 
