@@ -24,6 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(DI_HAVE_CUDA)
+#include "backend/cuda/cuda_backend.h"
+#endif
 #if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h> /* under callgrind --instr-atstart=no: only the measured steps are counted */
@@ -299,7 +302,8 @@ static int run(int dspark, const bench_cfg *c) {
  * STEPS timed steps (default 300) after 100; the backend's ops are timed through a wrapper, so the
  * host's time per step is split into the backend calls (submit: the input block, its upload, the graph
  * launch, feature-log flushes; sample_async; sample_fetch / wait: blocked on the device) and the engine's
- * own part. */
+ * own part; the spread of the steps' wall times (median, p90, max, and what the steps slower than twice the
+ * median cost above it, per step) and, on CUDA, the graphs captured and the steps run eagerly meanwhile. */
 typedef struct timed_backend {
   di_backend base;
   di_backend *real;
@@ -357,6 +361,11 @@ static void wrap(timed_backend *tb, di_engine *e) {
   e->be = &tb->base;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
 static int bench_on_model(di_model *m, const char *name, const char *spec, int seqs, int steps) {
   di_engine_options o;
   di_engine_options_default(&o);
@@ -397,9 +406,37 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
   di_engine_stats s0, s1;
   di_engine_get_stats(e, &s0);
   timed_backend t0 = tb;
+#if defined(DI_HAVE_CUDA)
+  di_cuda_stats cs0 = {0}, cs1 = {0};
+  const int cuda = strcmp(tb.real->ops->name, "cuda") == 0;
+  if (cuda) di_backend_cuda_stats(tb.real, &cs0);
+#endif
+  double *st_ms = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
   const double w0 = now_s();
-  for (int i = 0; i < steps && !rc; i++) rc = di_engine_step(e, &out) != DI_OK;
+  for (int i = 0; i < steps && !rc; i++) {
+    const double ts = now_s();
+    rc = di_engine_step(e, &out) != DI_OK;
+    if (st_ms) st_ms[i] = (now_s() - ts) * 1e3;
+  }
   const double wall = now_s() - w0;
+#if defined(DI_HAVE_CUDA)
+  if (cuda) di_backend_cuda_stats(tb.real, &cs1);
+#endif
+  /* the steps' spread: the median step, and what the steps slower than 2x the median cost above it */
+  double med = 0, p90 = 0, mx = 0, slow_ms = 0;
+  int n_slow = 0;
+  if (st_ms && steps > 0 && !rc) {
+    double *srt = malloc(sizeof(double) * (size_t)steps);
+    if (srt) {
+      memcpy(srt, st_ms, sizeof(double) * (size_t)steps);
+      qsort(srt, (size_t)steps, sizeof *srt, cmp_double);
+      med = srt[steps / 2], p90 = srt[(steps * 9) / 10], mx = srt[steps - 1];
+      for (int i = 0; i < steps; i++)
+        if (st_ms[i] > 2 * med) n_slow++, slow_ms += st_ms[i] - med;
+      free(srt);
+    }
+  }
+  free(st_ms);
   if (rc) fprintf(stderr, "bench: step: %s\n", di_last_error());
   di_engine_get_stats(e, &s1);
   di_spec_stats ss;
@@ -414,8 +451,16 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
     printf(" %.4f (%lld) |", ms, (long long)(tb.n[op] - t0.n[op]));
     if (op == OP_SUBMIT || op == OP_ASYNC || op == OP_SAMPLE || op == OP_RELEASE) in_ops += ms;
   }
-  printf(" %.4f | %lld / %lld | %.2f s |\n", host - in_ops, (long long)ss.proposals_in_step, (long long)ss.drafted_tokens,
-         spec ? spec_s : 0.0);
+  printf(" %.4f | %lld / %lld | %.2f s | %.4f / %.4f / %.3f | %d, %.4f |", host - in_ops, (long long)ss.proposals_in_step,
+         (long long)ss.drafted_tokens, spec ? spec_s : 0.0, med, p90, mx, n_slow, slow_ms / steps);
+#if defined(DI_HAVE_CUDA)
+  if (cuda) printf(" %lld / %lld |", (long long)(cs1.graph_captures - cs0.graph_captures), (long long)(cs1.steps - cs0.steps -
+                                                                                                      (cs1.graph_replays - cs0.graph_replays)));
+  else printf(" - |");
+#else
+  printf(" - |");
+#endif
+  printf("\n");
   e->be = tb.real;
   di_engine_free(e);
   return rc;
@@ -435,8 +480,9 @@ static int bench_model(const char *dir, const char *accel, const char *seq_list,
          "engine = host - submit - sample_async - sample - release\n\n", dir, accel, steps);
   printf("| seqs | config | tok/s | wall | host |");
   for (int op = 0; op < 6; op++) printf(" %s |", OP_NAME[op]);
-  printf(" engine | in-step proposals / drafted | spec setup |\n|");
-  for (int c = 0; c < 14; c++) printf(" --- |");
+  printf(" engine | in-step proposals / drafted | spec setup | step median / p90 / max | steps > 2x median, their ms a step "
+         "above it | CUDA graphs captured / eager steps |\n|");
+  for (int c = 0; c < 17; c++) printf(" --- |");
   printf("\n");
   /* plain twice (first and last: the spread between them is the noise of the machine) */
   static const char *const names[4] = {"plain", "dspark scheduled", "dspark scheduled, startup profile", "plain again"};

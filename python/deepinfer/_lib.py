@@ -67,6 +67,53 @@ class StepOutput(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int), ("seqs", ctypes.POINTER(SeqOutput))]
 
 
+# The fields LLM._run reads from every sequence of every step, in their order in memory.
+_READ_FIELDS = ("req_id", "sample_index", "n_new_tokens", "new_tokens", "new_text", "new_text_len", "new_logprobs",
+                "finish_reason", "n_cached_tokens", "prompt_token_ids", "prompt_logprobs")
+
+
+def _seq_output_format():
+    """A struct format that reads _READ_FIELDS (in that order) from one di_seq_output, the other bytes
+    skipped; pointers as integers (0 = NULL). None where a field's size has no code here."""
+    import struct
+    codes = {1: "B", 4: "I", 8: "Q"}  # unsigned; signed fields take the lower-case code
+    spots = []
+    for n in _READ_FIELDS:
+        f, typ = getattr(SeqOutput, n), dict(SeqOutput._fields_)[n]
+        pointer = hasattr(typ, "contents") or typ in (ctypes.c_void_p, ctypes.c_char_p)
+        unsigned = pointer or typ in (ctypes.c_uint64, ctypes.c_size_t)
+        code = codes.get(f.size)
+        if code is None or typ is ctypes.c_double:
+            return None
+        spots.append((f.offset, f.size, code if unsigned else code.lower()))
+    order = sorted(range(len(spots)), key=lambda k: spots[k][0])
+    if order != list(range(len(spots))):
+        return None  # the tuple's order must be the fields' order in memory
+    fmt, at = "=", 0
+    for off, size, code in spots:
+        if off < at:
+            return None
+        fmt += (f"{off - at}x" if off > at else "") + code
+        at = off + size
+    size = ctypes.sizeof(SeqOutput)
+    fmt += f"{size - at}x" if size > at else ""
+    return fmt if struct.calcsize(fmt) == size else None
+
+
+def seq_output_reader():
+    """f(step_output) -> an iterator of one tuple per sequence with _READ_FIELDS' values, read from the
+    C array by one struct.iter_unpack; None when the layout cannot be described as a struct format."""
+    import struct
+    fmt = _seq_output_format()
+    if fmt is None:
+        return None
+    unpack, size = struct.Struct(fmt).iter_unpack, ctypes.sizeof(SeqOutput)
+
+    def read(so):
+        return unpack(ctypes.string_at(ctypes.cast(so.seqs, ctypes.c_void_p).value, so.n * size))
+    return read
+
+
 class EngineStats(ctypes.Structure):
     _fields_ = [("kv_blocks_total", ctypes.c_int64), ("kv_blocks_used", ctypes.c_int64),
                 ("kv_blocks_free", ctypes.c_int64), ("kv_blocks_cached", ctypes.c_int64),

@@ -293,61 +293,96 @@ class LLM:
         return rid.value, out
 
     def _run(self, reqs):
-        """Steps the engine until every request in `reqs` ({id: RequestOutput}) finished."""
-        bytes_acc = {}
+        """Steps the engine until every request in `reqs` ({id: RequestOutput}) finished. Each step's
+        outputs are read from the C array in one struct.iter_unpack (_lib.seq_output_reader): a decoding
+        step's usual output (new tokens and text) is taken from those fields; an output with anything
+        more (the prompt's ids the first time, prompt logprobs, logprobs, its end) goes through the
+        ctypes structure (_take). Per sequence and step this is ~4x cheaper than the ctypes fields
+        alone, which at batch 256 cost about as much as the H200's whole decoding step."""
+        texts = {}
         pending = {rid: set(range(len(o.outputs))) for rid, o in reqs.items()}
+        left = sum(len(p) for p in pending.values())
         step = ctypes.POINTER(_lib.StepOutput)()
-        while any(pending.values()):
+        read = _lib.seq_output_reader()
+        i32, chars = ctypes.c_int32, {}  # chars: ctypes char arrays by length (a text's bytes in one copy)
+        while left:
             _lib.check(self._L.di_engine_step(self._engine, ctypes.byref(step)), "engine step")
             so = step.contents
+            if so.n <= 0:
+                continue
+            rows = read(so) if read else None
             for i in range(so.n):
+                if rows is not None:
+                    (rid, idx, n_new, tok_p, text_p, text_len, lp_p, fin, n_cached, pid_p, plp_p) = next(rows)
+                    ro = reqs.get(rid)
+                    if ro is None:
+                        continue
+                    if not (fin or lp_p or plp_p or (pid_p and ro.prompt_token_ids is None)):
+                        ro.num_cached_tokens = n_cached
+                        co = ro.outputs[idx]
+                        if n_new == 1:
+                            co.token_ids.append(i32.from_address(tok_p).value)
+                        elif n_new:
+                            co.token_ids.extend((i32 * n_new).from_address(tok_p))
+                        if text_len:
+                            ct = chars.get(text_len)
+                            if ct is None:
+                                ct = chars[text_len] = ctypes.c_char * text_len
+                            texts.setdefault((rid, idx), []).append(ct.from_address(text_p).raw)
+                        continue
                 s = so.seqs[i]
                 ro = reqs.get(s.req_id)
-                if ro is None:
-                    continue
-                co = ro.outputs[s.sample_index]
-                if ro.prompt_token_ids is None and s.prompt_token_ids:
-                    ro.prompt_token_ids = s.prompt_token_ids[:s.n_prompt_tokens]
-                ro.num_cached_tokens = s.n_cached_tokens
-                if s.prompt_logprobs and getattr(ro, "_score_from", None) is not None:
-                    a = ro._score_from  # loglikelihood: the sum from there, and whether all are rank 1
-                    ro._score = (sum(s.prompt_logprobs[i] for i in range(a, s.n_prompt_tokens)),
-                                 all(s.prompt_ranks[i] == 1 for i in range(a, s.n_prompt_tokens)))
-                elif s.prompt_logprobs:
-                    ro.prompt_logprobs = _prompt_logprobs(s)
-                if s.n_new_tokens:
-                    co.token_ids.extend(s.new_tokens[:s.n_new_tokens])
-                if s.new_text_len:
-                    key = (s.req_id, s.sample_index)
-                    bytes_acc[key] = bytes_acc.get(key, b"") + ctypes.string_at(s.new_text, s.new_text_len)
-                if s.new_logprobs:
-                    if co.logprobs is None:
-                        co.logprobs, co.cumulative_logprob = [], 0.0
-                    for t in range(s.n_new_tokens):
-                        d = {}
-                        for k in range(s.n_top):
-                            tl = s.top[t * s.n_top + k]
-                            if tl.id >= 0:
-                                d[tl.id] = Logprob(tl.logprob, rank=k + 1)
-                        chosen = s.new_tokens[t]
-                        if chosen not in d:
-                            d[chosen] = Logprob(s.new_logprobs[t])
-                        co.logprobs.append(d)
-                        co.cumulative_logprob += s.new_logprobs[t]
-                if s.finish_reason:
-                    co.finish_reason = _lib.FINISH_REASONS.get(s.finish_reason)
-                    if s.stop_token >= 0:
-                        co.stop_reason = s.stop_token
-                    if s.error:
-                        co.error = s.error.decode("utf-8", "replace")
-                    ro.metrics.time_to_first_token = s.time_to_first_token if s.time_to_first_token >= 0 else None
-                    ro.metrics.time_per_output_token = s.time_per_output_token
+                if ro is not None and self._take(ro, s, texts):
+                    if s.sample_index in pending[s.req_id]:
+                        left -= 1
                     pending[s.req_id].discard(s.sample_index)
                     if not pending[s.req_id]:
                         ro.finished = True
                         ro.metrics.finished_time = time.time()
-        for (rid, idx), b in bytes_acc.items():
-            reqs[rid].outputs[idx].text = b.decode("utf-8", "replace")
+        for (rid, idx), parts in texts.items():
+            reqs[rid].outputs[idx].text = b"".join(parts).decode("utf-8", "replace")
+
+    @staticmethod
+    def _take(ro, s, texts):
+        """One sequence's step output `s` (the ctypes structure) into `ro`; True when that sample ended."""
+        co = ro.outputs[s.sample_index]
+        if ro.prompt_token_ids is None and s.prompt_token_ids:
+            ro.prompt_token_ids = s.prompt_token_ids[:s.n_prompt_tokens]
+        ro.num_cached_tokens = s.n_cached_tokens
+        if s.prompt_logprobs and getattr(ro, "_score_from", None) is not None:
+            a = ro._score_from  # loglikelihood: the sum from there, and whether all are rank 1
+            ro._score = (sum(s.prompt_logprobs[i] for i in range(a, s.n_prompt_tokens)),
+                         all(s.prompt_ranks[i] == 1 for i in range(a, s.n_prompt_tokens)))
+        elif s.prompt_logprobs:
+            ro.prompt_logprobs = _prompt_logprobs(s)
+        if s.n_new_tokens:
+            co.token_ids.extend(s.new_tokens[:s.n_new_tokens])
+        if s.new_text_len:
+            texts.setdefault((s.req_id, s.sample_index), []).append(ctypes.string_at(s.new_text, s.new_text_len))
+        if s.new_logprobs:
+            if co.logprobs is None:
+                co.logprobs, co.cumulative_logprob = [], 0.0
+            for t in range(s.n_new_tokens):
+                d = {}
+                for k in range(s.n_top):
+                    tl = s.top[t * s.n_top + k]
+                    if tl.id >= 0:
+                        d[tl.id] = Logprob(tl.logprob, rank=k + 1)
+                chosen = s.new_tokens[t]
+                if chosen not in d:
+                    d[chosen] = Logprob(s.new_logprobs[t])
+                co.logprobs.append(d)
+                co.cumulative_logprob += s.new_logprobs[t]
+        if not s.finish_reason:
+            return False
+        co.finish_reason = _lib.FINISH_REASONS.get(s.finish_reason)
+        if s.stop_token >= 0:
+            co.stop_reason = s.stop_token
+        if s.error:
+            co.error = s.error.decode("utf-8", "replace")
+        ro.metrics.time_to_first_token = s.time_to_first_token if s.time_to_first_token >= 0 else None
+        ro.metrics.time_per_output_token = s.time_per_output_token
+        return True
 
     def get_default_sampling_params(self):
         """SamplingParams from the model's generation_config.json (temperature, top_p, top_k,

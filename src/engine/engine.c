@@ -565,8 +565,11 @@ static di_status submit(di_engine *e, di_sched *s) {
   if (s->spec_devverify) s->batch.sample_rows = di_spec_verify_rows(e);
   /* DSpark: the next drafts proposed inside this device-sampled step (no round trip after it) */
   s->spec_gprop = e->spec && (s->spec_plain || s->spec_devverify) && di_spec_graph_propose(e, s);
+  const double ts = di_now();
   DI_TRY(e->be->ops->submit(e->be, &s->batch));
   e->t_submit = di_now();
+  e->t_submit0 = ts;
+  if (e->spec) di_spec_submitted(e, s, e->t_submit - ts);
   e->inflight_active = 1;
   set_inflight(s, 1);
   e->steps++;
@@ -739,7 +742,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
       t_blocked += tw1 - tw;
       e->wait_s += tw1 - tw;
       e->inflight_active = 0;
-      if (st == DI_OK && e->spec) di_spec_record_step(e, cur->n_tokens, tw1 - e->t_submit, cur->spec_gprop);
+      if (st == DI_OK && e->spec) di_spec_record_step(e, cur->n_tokens, tw1 - e->t_submit0, cur->spec_gprop);
       if (st != DI_OK) {
         fail_with_plan(e, cur, next, st);
         collect_outputs(e);

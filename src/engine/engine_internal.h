@@ -229,6 +229,7 @@ struct di_engine {
   int cur;                   /* sched[cur] is in flight when inflight_active */
   int inflight_active;
   double t_submit;           /* when the in-flight step was submitted */
+  double t_submit0;          /* when its submit began (DSpark's step times count the submit: an eager step's launches) */
   int preempted_this_step;
   /* outputs */
   di_seq_output *outs;

@@ -33,6 +33,9 @@ void di_spec_free(di_engine *e);
 /* A completed step of n_tokens tokens took `seconds` (DSpark's step-time profile; proposed: the step
  * carried a proposal inside it, di_spec_graph_propose, whose time the profile keeps apart). */
 void di_spec_record_step(di_engine *e, int n_tokens, double seconds, int proposed);
+/* `s` was handed to the backend's submit, which took `seconds` on the host (DSpark: what a step carrying a
+ * proposal costs the host beyond a plain step's, for the confidence schedule's pause). */
+void di_spec_submitted(di_engine *e, const di_sched *s, double seconds);
 struct di_drafter_ops;
 /* DSpark: speculative decoding with a block drafter (engine/drafter.h), which the engine then owns
  * (destroyed with the engine; not on failure). exact: acceptance "exact"; fixed: schedule "fixed". */

@@ -57,6 +57,10 @@ struct di_spec {
   int profiled_sizes;            /* step sizes measured by the startup profile (spec_profile.c); 0: online only */
   double draft_ms;               /* EMA of one proposal's host time per drafting sequence */
   int pause, pause_len;          /* steps left without proposals (the last schedule admitted none), its length */
+  /* the host's cost of looking again (di_spec_submitted): the last proposing step's submit above the plain
+   * steps' (plain_submit_ms, an EMA) plus the fetch of its drafts, ms */
+  double look_ms, plain_submit_ms;
+  int verify_run;                /* schedules in a row that admitted drafts (a plain step is probed again after DI_SPEC_REPROBE) */
   /* stats */
   int64_t verify_steps, drafted, accepted, drafted_at[DI_SPEC_MAX_DRAFT], accepted_at[DI_SPEC_MAX_DRAFT];
   int64_t cal_n[DI_SPEC_CALIB_BINS], cal_acc[DI_SPEC_CALIB_BINS];

@@ -11,7 +11,8 @@
  * max_num_batched_tokens). A bucket's time then stands for every count it pads (T/2, T]; counts beyond
  * the buckets (eager steps) are interpolated linearly between the sizes measured, as online. Each size is
  * run a few times untimed (the CUDA backend's first sight is eager, the second captures the graph) and
- * timed as the engine times a step (from submit's return to wait's): the median of the timed runs.
+ * timed as the engine times a step (from submit's start to wait's return: an eager step's launches count,
+ * session 15): the median of the timed runs.
  *
  * A step of T tokens is min(T, max_num_seqs) sequences of consecutive rows, all on one scratch KV
  * sequence's blocks (taken from the manager and given back; never committed, so never a prefix-cache
@@ -90,8 +91,8 @@ static di_status time_step(di_engine *e, prof_scratch *p, int T, int propose, do
   double t_run[TIMED_RUNS];
   *made = 0;
   for (int r = 0; r < WARM_RUNS + TIMED_RUNS; r++) {
-    DI_TRY(be->ops->submit(be, &bt));
     const double t0 = di_now();
+    DI_TRY(be->ops->submit(be, &bt));
     DI_TRY(be->ops->wait(be, dev ? NULL : e->logits, di_spec_hidden(e)));
     const double t1 = di_now();
     if (dev) DI_TRY(be->ops->sample(be, p->rows, T, p->sampled));

@@ -24,9 +24,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_DSPARK_GRAPH_PROPOSE] = {"DEEPINFER_DSPARK_GRAPH_PROPOSE", "1",
                                     "0: DSpark on CUDA proposes after each step (eagerly, with host round trips) "
                                     "instead of inside the step's CUDA graph"},
-    [DI_SW_DSPARK_FLUSH_ASYNC] = {"DEEPINFER_DSPARK_FLUSH_ASYNC", "0",
-                                  "1: DSpark on CUDA turns its feature log into drafter cache entries without host "
-                                  "synchronisation (pinned staging, one upload; unverified on the device: off)"},
+    [DI_SW_DSPARK_FLUSH_ASYNC] = {"DEEPINFER_DSPARK_FLUSH_ASYNC", "1",
+                                  "0: DSpark on CUDA turns its feature log into drafter cache entries with a host "
+                                  "synchronisation per 1,024 rows (session 13's flush) instead of without one"},
     [DI_SW_CUDA_GRAPHS] = {"DEEPINFER_CUDA_GRAPHS", "1", "0: no CUDA graphs (every step launched eagerly)"},
     [DI_SW_CUDA_STEP_SAMPLE] = {"DEEPINFER_CUDA_STEP_SAMPLE", "1",
                                 "0: no sampling inside the step's graph (a separate sample launch after it)"},

@@ -183,6 +183,37 @@ static void test_schedule(void) {
   }
 }
 
+/* a plain step's time measured much too slow (one noisy probe) makes drafts that do not pay look paying;
+ * while drafts are verified no plain step is measured, so the schedule probes one again every 32
+ * schedules (and a faster plain measurement replaces a slower one at once): verification stops there,
+ * sooner (here ~250 drafts verified; ~650 without the probe and the faster-replaces rule) */
+static void test_reprobe(void) {
+  enum { LONG_T = 160 };
+  mock_backend *m;
+  di_engine *e = make_engine_model(&m, 1, 1, 0, 0, PER_TOKEN_S, PROPOSAL_S, 0.4f);
+  if (!e) { free_engine(e, m); return; }
+  CHECKF(di_spec_profile_startup(e) == DI_OK, "%s", di_last_error());
+  for (int c = 1; c <= DI_SPEC_PROFILE_MAX; c++) e->spec->prof_ms[c] *= 10;
+  static rq_t rq[NREQ];
+  for (int k = 0; k < NREQ; k++) {
+    rq[k].n_prompt = 3 + (k * 3) % 5;
+    for (int i = 0; i < rq[k].n_prompt; i++) rq[k].prompt[i] = 2 + (int32_t)(mock_mix((uint64_t)(k * 100 + i)) % (VOCAB - 2));
+    const di_request_params p = test_params(NULL, rq[k].prompt, rq[k].n_prompt, LONG_T, 0, 0);
+    test_add(e, &p, &rq[k].out, "reprobe");
+  }
+  test_run_to_end(e, &rq[0].out, sizeof *rq, NREQ, 20000, NULL, NULL, "reprobe");
+  di_spec_stats ss;
+  di_engine_get_spec_stats(e, &ss);
+  printf("a 10x plain time: %lld drafts verified over %d tokens a request\n", (long long)ss.drafted_tokens, LONG_T);
+  CHECKF(ss.drafted_tokens > 0, "the wrong plain time admitted nothing (the case does not test the probe)");
+  CHECKF(ss.drafted_tokens <= 12 * SEQS * BLOCK, "%lld drafts verified: the plain step was not probed again",
+         (long long)ss.drafted_tokens);
+  di_engine_stats st;
+  di_engine_get_stats(e, &st);
+  CHECKF(st.kv_blocks_used == 0 && di_engine_check(e) == DI_OK, "%lld KV blocks leaked", (long long)st.kv_blocks_used);
+  free_engine(e, m);
+}
+
 static void test_misuse(void) {
   mock_backend *m;
   di_engine *e = make_engine(&m, 0, 1, 0, PER_TOKEN_S);
@@ -216,6 +247,7 @@ int main(void) {
   test_buckets();
   test_no_buckets();
   test_schedule();
+  test_reprobe();
   test_misuse();
   free(g_md.sampled);
   return test_finish("test_dspark_profile");

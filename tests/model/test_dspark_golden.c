@@ -5,7 +5,8 @@
  * rows go through the drafter's cache, one block is proposed, then the Markov head and confidence
  * head run left to right on the greedy drafts. Bounds: block hidden states rel L2 <= 1e-4, the top-8
  * logits of each draft rel L2 <= 1e-4, draft tokens equal (where the golden top-2 margin > 1e-3),
- * confidence probabilities within 1e-4. Also: loader errors name the file and the field. */
+ * confidence probabilities within 1e-4. Also: loader errors name the file and the field; the context
+ * feed's row-parallel form (many rows a call) writes the same cache bits as rows fed one at a time. */
 #include "api/model_internal.h"
 #include "arch/dspark.h"
 #include "backend/cpu/cpu_backend.h"
@@ -90,6 +91,46 @@ static void one(di_model *m, di_dspark *d, di_cpu_dspark *cd, const di_st_file *
   free(pos); free(seq_of); free(rows); free(feats); free(hid); free(lg); free(top); free(row);
 }
 
+/* The context feed of n rows in one call (the row-parallel form: each task its rows' products, norms,
+ * RoPE and cache writes) against the same rows fed one per call (the column-parallel products): a
+ * proposal from each cache must give the same bits (random features, two sequences interleaved). */
+static void context_split(const di_dspark *d, di_threadpool *tp) {
+  enum { N = 75 };
+  const int F = d->n_feats * d->target_hidden, B = d->block_size, H = d->hidden, V = d->vocab;
+  di_cpu_dspark *c1 = NULL, *c2 = NULL;
+  CHECK(di_cpu_dspark_create(d, tp, &c1) == DI_OK && di_cpu_dspark_create(d, tp, &c2) == DI_OK);
+  if (!c1 || !c2) return;
+  CHECK(di_cpu_dspark_kv_alloc(c1, 16) == DI_OK && di_cpu_dspark_kv_alloc(c2, 16) == DI_OK);
+  float *feats = malloc(sizeof(float) * (size_t)N * F), *h1 = malloc(sizeof(float) * 2 * (size_t)B * H);
+  float *h2 = malloc(sizeof(float) * 2 * (size_t)B * H), *l1 = malloc(sizeof(float) * 2 * (size_t)B * V);
+  float *l2 = malloc(sizeof(float) * 2 * (size_t)B * V);
+  int32_t pos[N], seq_of[N], t0[8] = {0, 1, 2, 3, 4, 5, 6, 7}, t1[8] = {15, 14, 13, 12, 11, 10, 9, 8};
+  di_batch_seq seqs[2] = {{t0, 8, 1}, {t1, 8, 2}};
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < (size_t)N * F; i++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    feats[i] = (float)((double)(rng >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+  }
+  int np[2] = {0, 0};
+  for (int t = 0; t < N; t++) { /* rows of sequence 0 and 1 interleaved, 2 : 1 */
+    seq_of[t] = t % 3 == 2;
+    pos[t] = np[seq_of[t]]++;
+  }
+  CHECKF(di_cpu_dspark_context(c1, N, feats, pos, seq_of, seqs) == DI_OK, "%s", di_last_error());
+  for (int t = 0; t < N; t++) {
+    const int32_t zero = 0;
+    CHECK(di_cpu_dspark_context(c2, 1, feats + (size_t)t * F, pos + t, &zero, seqs + seq_of[t]) == DI_OK);
+  }
+  const int32_t tok[2] = {5, 77}, apos[2] = {np[0], np[1]};
+  CHECK(di_cpu_dspark_propose(c1, 2, tok, apos, seqs, h1, l1) == DI_OK);
+  CHECK(di_cpu_dspark_propose(c2, 2, tok, apos, seqs, h2, l2) == DI_OK);
+  CHECK(memcmp(h1, h2, sizeof(float) * 2 * (size_t)B * H) == 0);
+  CHECK(memcmp(l1, l2, sizeof(float) * 2 * (size_t)B * V) == 0);
+  free(feats); free(h1); free(h2); free(l1); free(l2);
+  di_cpu_dspark_free(c1);
+  di_cpu_dspark_free(c2);
+}
+
 static void loader_errors(di_model *m) {
   di_dspark *d = NULL;
   CHECK_ERR(di_dspark_load("/nonexistent-drafter", &m->cfg, &m->weights.embed, &m->weights.lm_head, &d), "/nonexistent-drafter");
@@ -128,6 +169,7 @@ int main(void) {
       cases++;
     }
     CHECKF(cases >= 4, "only %d fixture cases", cases);
+    context_split(d, ((di_cpu_backend *)m->backend)->tp);
     di_cpu_backend_set_capture(m->backend, NULL, 0);
   }
   loader_errors(m);

@@ -341,3 +341,43 @@ def test_no_tokenizer_and_bad_options_raise_clean_errors(tiny):
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
         LLM(TINY, gpu_memory_utilization=1.5)
     assert tiny.kv_summary.startswith("KV cache: 256 blocks of 64 tokens") and "num_kv_blocks given" in tiny.kv_summary
+
+
+def test_step_output_reader():
+    """LLM._run reads each step's outputs by one struct.iter_unpack (_lib.seq_output_reader): every field it
+    reads equals the ctypes structure's, NULL pointers as 0, on random values in every field."""
+    import ctypes
+    import random
+    from deepinfer import _lib
+    read = _lib.seq_output_reader()
+    assert read is not None, "di_seq_output's layout has no struct format"
+    rng = random.Random(7)
+    n = 37
+    arr = (_lib.SeqOutput * n)()
+    keep = []
+    for s in arr:  # every byte random first, so a misplaced read shows
+        ctypes.memmove(ctypes.addressof(s), bytes(rng.randrange(256) for _ in range(ctypes.sizeof(s))), ctypes.sizeof(s))
+    for i, s in enumerate(arr):
+        s.req_id = rng.randrange(1 << 64)
+        s.sample_index, s.n_new_tokens, s.finish_reason = rng.randrange(-5, 9), rng.randrange(0, 7), rng.randrange(0, 5)
+        s.n_cached_tokens = rng.randrange(-(1 << 31), 1 << 31)
+        s.new_text_len = rng.randrange(1 << 40)
+        for name in ("new_tokens", "new_logprobs", "prompt_token_ids", "prompt_logprobs"):
+            if i % 3:
+                b = ctypes.create_string_buffer(8)
+                keep.append(b)
+                setattr(s, name, ctypes.cast(b, dict(_lib.SeqOutput._fields_)[name]))
+            else:
+                setattr(s, name, None)
+        s.new_text = rng.randrange(1, 1 << 47) if i % 2 else None
+    so = _lib.StepOutput()
+    so.n, so.seqs = n, ctypes.cast(arr, ctypes.POINTER(_lib.SeqOutput))
+    rows = list(read(so))
+    assert len(rows) == n
+
+    def addr(p):
+        return ctypes.cast(p, ctypes.c_void_p).value or 0
+    for s, row in zip(arr, rows):
+        want = (s.req_id, s.sample_index, s.n_new_tokens, addr(s.new_tokens), s.new_text or 0, s.new_text_len,
+                addr(s.new_logprobs), s.finish_reason, s.n_cached_tokens, addr(s.prompt_token_ids), addr(s.prompt_logprobs))
+        assert row == want

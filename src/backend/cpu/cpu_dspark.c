@@ -101,28 +101,70 @@ static void norm_rope(const di_cpu_dspark *s, float *x, int n_heads, const float
   }
 }
 
+/* Context rows t in [t0, t1): fc, hidden_norm, then every layer's k (k_norm, RoPE) and v into the cache. */
+typedef struct context_job {
+  di_cpu_dspark *s;
+  const float *feats;
+  const int32_t *pos, *seq_of;
+  const di_batch_seq *seqs;
+  float *ctx, *k, *v; /* [n][H], [n][kvd], [n][kvd] */
+  int pooled;         /* 1: the products run inside the task (context_rows is itself a parallel loop's task) */
+} context_job;
+
+static void context_rows(void *p, int64_t t0, int64_t t1, int thread) {
+  const context_job *c = p;
+  di_cpu_dspark *s = c->s;
+  const di_dspark *d = s->d;
+  const int H = d->hidden, kvd = s->kvd, F = d->n_feats * d->target_hidden;
+  const int64_t n = t1 - t0;
+  float *ctx = c->ctx + (size_t)t0 * H, *k = c->k + (size_t)t0 * kvd, *v = c->v + (size_t)t0 * kvd;
+  const float *feats = c->feats + (size_t)t0 * F;
+  if (c->pooled) di_cpu_gemm_in_task(s->tp, thread, feats, n, F, &d->fc, 0, H, ctx, H);
+  else di_cpu_gemm(s->tp, feats, n, F, &d->fc, 0, H, ctx, H);
+  for (int64_t t = 0; t < n; t++) di_cpu_rmsnorm_row(ctx + (size_t)t * H, ctx + (size_t)t * H, d->hidden_norm, H, d->eps);
+  for (int l = 0; l < d->n_layers; l++) {
+    const di_dspark_layer *L = &d->layers[l];
+    if (c->pooled) {
+      di_cpu_gemm_in_task(s->tp, thread, ctx, n, H, &L->k, 0, kvd, k, kvd);
+      di_cpu_gemm_in_task(s->tp, thread, ctx, n, H, &L->v, 0, kvd, v, kvd);
+    } else {
+      const di_gemm_job jobs[2] = {{ctx, n, H, &L->k, 0, kvd, k, kvd}, {ctx, n, H, &L->v, 0, kvd, v, kvd}};
+      di_cpu_gemm_multi(s->tp, jobs, 2);
+    }
+    for (int64_t t = 0; t < n; t++) {
+      float *kt = k + (size_t)t * kvd;
+      norm_rope(s, kt, d->n_kv_heads, L->k_norm, c->pos[t0 + t]);
+      float *row = cache_row(s, &c->seqs[c->seq_of[t0 + t]], l, c->pos[t0 + t]);
+      memcpy(row, kt, sizeof(float) * (size_t)kvd);
+      memcpy(row + kvd, v + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+    }
+  }
+}
+
+/* Rows per task of the row-parallel context feed: the panel form's minimum (PANEL_MIN_M in cpu_gemm.c),
+ * so every task converts each weight panel once for 8+ rows. */
+#define CONTEXT_TASK_ROWS 8
+
 di_status di_cpu_dspark_context(di_cpu_dspark *s, int n, const float *feats, const int32_t *pos, const int32_t *seq_of,
                                 const di_batch_seq *seqs) {
   const di_dspark *d = s->d;
-  const int H = d->hidden, kvd = s->kvd, F = d->n_feats * d->target_hidden;
+  const int H = d->hidden, kvd = s->kvd;
   if (n <= 0) return DI_OK;
   for (int t = 0; t < n; t++) DI_TRY(check_pos(s, &seqs[seq_of[t]], pos[t]));
   float *ctx = scratch(s, (size_t)n * (H + 2 * kvd));
   if (!ctx) return di_error_set(DI_ERR_OOM, "DSpark drafter: out of memory for %d context rows", n);
-  float *k = ctx + (size_t)n * H, *v = k + (size_t)n * kvd;
-  di_cpu_gemm(s->tp, feats, n, F, &d->fc, 0, H, ctx, H);
-  for (int t = 0; t < n; t++) di_cpu_rmsnorm_row(ctx + (size_t)t * H, ctx + (size_t)t * H, d->hidden_norm, H, d->eps);
-  for (int l = 0; l < d->n_layers; l++) {
-    const di_dspark_layer *L = &d->layers[l];
-    const di_gemm_job jobs[2] = {{ctx, n, H, &L->k, 0, kvd, k, kvd}, {ctx, n, H, &L->v, 0, kvd, v, kvd}};
-    di_cpu_gemm_multi(s->tp, jobs, 2);
-    for (int t = 0; t < n; t++) {
-      float *kt = k + (size_t)t * kvd;
-      norm_rope(s, kt, d->n_kv_heads, L->k_norm, pos[t]);
-      float *row = cache_row(s, &seqs[seq_of[t]], l, pos[t]);
-      memcpy(row, kt, sizeof(float) * (size_t)kvd);
-      memcpy(row + kvd, v + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
-    }
+  context_job c = {s, feats, pos, seq_of, seqs, ctx, ctx + (size_t)n * H, ctx + (size_t)n * (H + kvd), 0};
+  /* Many rows (a batch's decoding step, a prompt chunk): one parallel loop over the rows, each task
+   * doing all of its rows' work (the products, the norms, RoPE and the cache writes); a product's
+   * columns split over threads gave only ceil(224 / 48) = 5 tasks for fc and ran the per-row work on
+   * one thread. Few rows: the products' own column-parallel loops. Either way every value is the same
+   * (a row's product does not depend on the other rows: cpu_gemm.h). */
+  const int nt = di_threadpool_size(s->tp);
+  if (nt > 1 && n >= 2 * CONTEXT_TASK_ROWS) {
+    c.pooled = 1;
+    di_parallel_for(s->tp, n, CONTEXT_TASK_ROWS, context_rows, &c);
+  } else {
+    context_rows(&c, 0, n, 0);
   }
   return DI_OK;
 }

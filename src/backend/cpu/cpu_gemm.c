@@ -254,6 +254,12 @@ void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, cons
   di_parallel_for(tp, N, grain, gemm_rows, &c);
 }
 
+void di_cpu_gemm_in_task(di_threadpool *tp, int thread, const float *x, int64_t M, int64_t ldx, const di_weight *w,
+                         int64_t n0, int64_t n1, float *y, int64_t ldy) {
+  gemm_ctx c = {x, M, ldx, w, n0, y, ldy, tp};
+  if (n1 > n0) gemm_rows(&c, 0, n1 - n0, thread);
+}
+
 /* The multi-job loop runs over units of NR output rows of all jobs laid end to end. */
 typedef struct {
   di_threadpool *tp;

@@ -13,6 +13,11 @@
 
 void di_cpu_gemm(di_threadpool *tp, const float *x, int64_t M, int64_t ldx, const di_weight *w, int64_t n0,
                  int64_t n1, float *y, int64_t ldy);
+/* The whole product inside one task of a parallel loop over something else (rows of a batch): no
+ * parallel loop of its own; `thread` is the task's thread index (its scratch holds the weight panel).
+ * The same values as di_cpu_gemm. */
+void di_cpu_gemm_in_task(di_threadpool *tp, int thread, const float *x, int64_t M, int64_t ldx, const di_weight *w,
+                         int64_t n0, int64_t n1, float *y, int64_t ldy);
 /* y[i] = x[i] . W^T over columns [0, N) for the rows i < M with want[i] != 0 (every row when want is
  * NULL); the other rows of y are left alone. x is scratch: the wanted rows are moved to its front.
  * The same values as di_cpu_gemm (the product of a row does not depend on the other rows). */

@@ -254,6 +254,9 @@ static inline di_cuk_sample_row cuk_row(const di_sample_row *r) {
 di_status dev_alloc(cu_backend *b, void **p, size_t bytes);
 void dev_free(cu_backend *b, void *p);
 void drop_graphs(cu_backend *b);
+/* only the graphs of steps that carry a DSpark proposal (graph_entry.prop_blk > 0): the others never
+ * name the drafter's scratch, so its growth keeps them */
+void drop_proposal_graphs(cu_backend *b);
 di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts);
 int cu_kv_groups(di_backend *bb, di_kv_group_info *g, int cap);
 di_status cu_kv_alloc(di_backend *bb, int64_t n_blocks);

@@ -87,8 +87,9 @@ struct di_cuda_dspark {
   cd_layer *L;
   float *cache;
   int64_t n_blocks;
-  /* scratch, grown by need (rows / ints) */
-  int cap_rows, cap_ints;
+  /* scratch, grown by need (rows / ints); the context pass's buffers (x, xn, kf, vf, featb) may hold more
+   * rows (cap_ctx >= cap_rows: the feature log's flush in chunks of `chunk` rows, log_on) */
+  int cap_rows, cap_ints, cap_ctx, chunk;
   float *x, *qf, *kf, *vf, *hf, *featf;
   bf16 *xn, *att, *gu, *act, *featb;
   int32_t *ints;
@@ -253,6 +254,19 @@ extern "C" di_status di_cuda_dspark_kv_alloc(di_cuda_dspark *s, int64_t n_blocks
   return DI_OK;
 }
 
+/* the context pass's buffers for `rows` rows (callers sync and drop the proposal graphs first) */
+static di_status reserve_ctx(di_cuda_dspark *s, int rows) {
+  cu_backend *b = s->b;
+  const size_t R = (size_t)rows, H = (size_t)s->d->hidden;
+  REALLOC(s->x, sizeof(float) * R * H);
+  REALLOC(s->kf, sizeof(float) * R * s->kvd);
+  REALLOC(s->vf, sizeof(float) * R * s->kvd);
+  REALLOC(s->xn, 2 * R * H);
+  REALLOC(s->featb, 2 * R * s->F);
+  s->cap_ctx = rows;
+  return DI_OK;
+}
+
 static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
   cu_backend *b = s->b;
   const di_dspark *d = s->d;
@@ -260,20 +274,19 @@ static di_status reserve(di_cuda_dspark *s, int rows, int ints) {
     int c = s->cap_rows ? s->cap_rows : 64;
     while (c < rows) c *= 2;
     DI_CU(cudaStreamSynchronize(b->stream));
-    if (s->graph_owner) drop_graphs(b); /* the step graphs with a proposal name the old scratch */
+    if (s->graph_owner) drop_proposal_graphs(b); /* the step graphs with a proposal name the old scratch (the
+                                                   * others only the feature log, which does not move) */
     const size_t R = (size_t)c, H = (size_t)d->hidden, I = (size_t)d->inter, V = (size_t)d->vocab;
     const size_t wide = (size_t)s->F > V ? (size_t)s->F : V; /* featf: the context's features or the logits */
-    REALLOC(s->x, sizeof(float) * R * H);
+    if (c > s->cap_ctx) {
+      DI_TRY(reserve_ctx(s, c));
+    }
     REALLOC(s->qf, sizeof(float) * R * s->qd);
-    REALLOC(s->kf, sizeof(float) * R * s->kvd);
-    REALLOC(s->vf, sizeof(float) * R * s->kvd);
     REALLOC(s->hf, sizeof(float) * R * H);
     REALLOC(s->featf, sizeof(float) * R * wide);
-    REALLOC(s->xn, 2 * R * H);
     REALLOC(s->att, 2 * R * s->qd);
     REALLOC(s->gu, 2 * R * 2 * I);
     REALLOC(s->act, 2 * R * I);
-    REALLOC(s->featb, 2 * R * s->F);
     REALLOC(s->gscr, di_cuk_dspark_greedy_scratch(c / d->block_size + 1));
     s->cap_rows = c;
   }
@@ -345,9 +358,9 @@ static di_status context_rows(di_cuda_dspark *s, int n, const float *feats, cons
 /* The feature log's rows into the drafter cache (cu_backend.flog): a slot written by several logged
  * rows (a rejected draft's row, then the real token's at that position; a block that changed hands)
  * keeps the last one, the earlier ones are skipped (one cache-write kernel has no order between rows).
- * With DEEPINFER_DSPARK_FLUSH_ASYNC=1 (session 14; off until verified on the device) without host
- * synchronisation (else one per 1,024 rows, from pageable memory, and so a drained pipeline under token
- * feedback at every flush): the slots and positions are staged in pinned memory and uploaded once, the
+ * Without host synchronisation (DEEPINFER_DSPARK_FLUSH_ASYNC, default 1 since session 15: test_dspark on
+ * the H200 gave the synchronous flush's counts; 0: one sync per 1,024 rows, from pageable memory, and so
+ * a drained pipeline under token feedback at every flush): the slots and positions are staged in pinned memory and uploaded once, the
  * chunks' kernels queued behind the step in flight (which writes the log's last rows: stream order), and
  * the staging is reused at the next flush after its upload's event. */
 enum { LOG_CHUNK = 1024 }; /* rows per context pass (the scratch is sized by rows) */
@@ -379,15 +392,15 @@ static di_status log_flush(void *c) {
     }
     return DI_OK;
   }
-  DI_TRY(reserve(s, n < LOG_CHUNK ? n : LOG_CHUNK, 2 * n));
+  DI_TRY(reserve(s, 0, 2 * n)); /* (the context buffers hold s->chunk rows since log_on) */
   if (s->flush_pending) DI_CU(cudaEventSynchronize(s->ev_flush)); /* the last flush's upload read the staging */
   memcpy(s->flush_stage, b->flog_slot, sizeof(int32_t) * (size_t)n);
   memcpy(s->flush_stage + n, b->flog_pos, sizeof(int32_t) * (size_t)n);
   DI_CU(cudaMemcpyAsync(s->ints, s->flush_stage, sizeof(int32_t) * 2 * (size_t)n, cudaMemcpyHostToDevice, b->stream));
   DI_CU(cudaEventRecord(s->ev_flush, b->stream));
   s->flush_pending = 1;
-  for (int c0 = 0; c0 < n; c0 += LOG_CHUNK) {
-    const int m = n - c0 < LOG_CHUNK ? n - c0 : LOG_CHUNK;
+  for (int c0 = 0; c0 < n; c0 += s->chunk) { /* (one pass of up to s->chunk rows: launches cost the host ~9 a pass) */
+    const int m = n - c0 < s->chunk ? n - c0 : s->chunk;
     DI_TRY(context_rows(s, m, b->flog + (size_t)c0 * s->F, s->ints + c0, s->ints + n + c0));
   }
   return DI_OK;
@@ -409,7 +422,7 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   DI_TRY(dev_alloc(b, (void **)&b->flog, sizeof(float) * (size_t)cap * s->F));
   b->flog_pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
   b->flog_slot = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
-  s->flush_async = di_switch_bool(DI_SW_DSPARK_FLUSH_ASYNC, 0);
+  s->flush_async = di_switch_bool(DI_SW_DSPARK_FLUSH_ASYNC, 1);
   if (s->flush_async && cudaMallocHost((void **)&s->flush_stage, sizeof(int32_t) * 2 * (size_t)cap) != cudaSuccess)
     s->flush_stage = NULL;
   if (s->flush_stage && cudaEventCreateWithFlags(&s->ev_flush, cudaEventDisableTiming) != cudaSuccess) s->ev_flush = NULL;
@@ -423,7 +436,20 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   b->flog_flush = log_flush;
   b->flog_ctx = s;
   s->log_owner = 1;
-  return DI_OK;
+  /* every flush's scratch (a chunk's rows, the async flush's slots and positions) now, not grown (a
+   * stream sync, reallocations) at the first flushes while requests run. The async flush's passes take
+   * as many rows as 64 MiB of context buffers hold (at least LOG_CHUNK, at most the log): the shipped
+   * model's whole log of 8,192 rows in one pass (26 MB; was 8 passes of 1,024, ~72 launches, ~0.6 ms of
+   * host time a flush: every 32 steps at batch 256) */
+  const di_dspark *d = s->d;
+  const size_t row_bytes = 2 * (size_t)s->F + 6 * (size_t)d->hidden + 8 * (size_t)s->kvd;
+  int chunk = LOG_CHUNK;
+  while (chunk < cap && (size_t)(2 * chunk) * row_bytes <= ((size_t)64 << 20)) chunk *= 2;
+  s->chunk = s->flush_async ? chunk : LOG_CHUNK;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  if (s->graph_owner) drop_proposal_graphs(b);
+  if (s->chunk > s->cap_ctx) DI_TRY(reserve_ctx(s, s->chunk));
+  return reserve(s, LOG_CHUNK, 2 * cap);
 }
 
 static di_status block_forward(di_cuda_dspark *s, int n, const int32_t *d_tok, const int32_t *d_anchor, const int32_t *d_bt,
@@ -556,23 +582,30 @@ extern "C" di_status di_cuda_dspark_draft_greedy(di_cuda_dspark *s, int n, const
 
 /* ---- proposals inside the step (di_cuda_dspark_graph_on) ------------------------------------------ */
 
+/* the proposal's block buffers for blk blocks (device, and pinned host for its results) */
+static di_status prop_alloc(di_cuda_dspark *s, int blk) {
+  cu_backend *b = s->b;
+  const int B = s->d->block_size;
+  if (blk <= s->p_cap) return DI_OK;
+  int c2 = s->p_cap ? s->p_cap : 64;
+  while (c2 < blk) c2 *= 2;
+  DI_CU(cudaStreamSynchronize(b->stream));
+  drop_proposal_graphs(b); /* the step graphs with a proposal name the old buffers */
+  const size_t ints = (size_t)c2 * (2 * (size_t)B + 5), host = (size_t)c2 * (2 + 2 * (size_t)B);
+  REALLOC(s->p_dev, sizeof(int32_t) * (ints + (size_t)c2 * B));
+  if (s->p_host) cudaFreeHost(s->p_host);
+  s->p_host = NULL;
+  DI_CU(cudaMallocHost((void **)&s->p_host, sizeof(int32_t) * host));
+  s->p_cap = c2;
+  return DI_OK;
+}
+
 static di_status prop_prepare(void *c, int rows, int blk) {
   di_cuda_dspark *s = (di_cuda_dspark *)c;
   cu_backend *b = s->b;
   const int B = s->d->block_size;
   DI_TRY(reserve(s, rows > blk * B ? rows : blk * B, 0));
-  if (blk > s->p_cap) {
-    int c2 = s->p_cap ? s->p_cap : 64;
-    while (c2 < blk) c2 *= 2;
-    DI_CU(cudaStreamSynchronize(b->stream));
-    drop_graphs(b); /* the step graphs with a proposal name the old buffers */
-    const size_t ints = (size_t)c2 * (2 * (size_t)B + 5), host = (size_t)c2 * (2 + 2 * (size_t)B);
-    REALLOC(s->p_dev, sizeof(int32_t) * (ints + (size_t)c2 * B));
-    if (s->p_host) cudaFreeHost(s->p_host);
-    s->p_host = NULL;
-    DI_CU(cudaMallocHost((void **)&s->p_host, sizeof(int32_t) * host));
-    s->p_cap = c2;
-  }
+  DI_TRY(prop_alloc(s, blk));
   s->p_n = b->prop_n;
   s->p_blk = blk;
   s->p_made = 1;
@@ -613,6 +646,10 @@ extern "C" di_status di_cuda_dspark_graph_on(di_cuda_dspark *s, int vocab_limit)
   if (b->pending) return di_error_set(DI_ERR_INVALID_ARG, "DSpark proposals in the step: turned on while a step is in flight");
   if (s->d->markov_rank > 1024) return di_error_set(DI_ERR_UNSUPPORTED, "DSpark drafter on CUDA: Markov rank %d > 1024", s->d->markov_rank);
   drop_graphs(b);
+  /* the block buffers for the most blocks a step can propose (one a sequence, a graph step's at most
+   * DI_CUDA_PROP_MAX_T: ~20 KB) now: made at the first proposal, their pinned allocation (cudaMallocHost)
+   * and sync cost that step ~5 ms on the H200 (session 15) */
+  DI_TRY(prop_alloc(s, DI_CUDA_PROP_MAX_T));
   s->p_limit = vocab_limit < s->d->vocab ? vocab_limit : s->d->vocab;
   b->prop_prepare = prop_prepare;
   b->prop_forward = prop_forward;

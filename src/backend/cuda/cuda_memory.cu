@@ -40,6 +40,18 @@ void drop_graphs(cu_backend *b) {
   b->n_graphs = 0;
 }
 
+void drop_proposal_graphs(cu_backend *b) {
+  int k = 0;
+  for (int i = 0; i < b->n_graphs; i++) {
+    if (b->graphs[i].prop_blk == 0) {
+      b->graphs[k++] = b->graphs[i];
+      continue;
+    }
+    if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
+  }
+  b->n_graphs = k;
+}
+
 
 di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
   if (T > b->cap_T) {
