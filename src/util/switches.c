@@ -49,6 +49,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                  "1: the fixed-split attention of steps whose runs average >= 64 rows (prefill chunks, "
                                  "verify blocks) on its tensor-core kernel (k_mla_fixed_tc.cu, the same bits); 2: every "
                                  "step there (decode rows too); 0: the CUDA-core kernel only"},
+    [DI_SW_CUDA_MLA_FIXED_DEC] = {"DEEPINFER_CUDA_MLA_FIXED_DEC", "0",
+                                  "1: the fixed-split attention of steps of 16-row items (decode) whose items fit one CTA "
+                                  "an SM on its decode form (k_mla_fixed.cu: 8 warps, a tile's scores beside the previous "
+                                  "tile's softmax and P.V; the same bits; bf16 caches); 2: every such step; 0: off"},
     [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "0",
                               "1: the batch-invariant mode's query absorption on per-head transposed copies of W_UK "
                               "(W [N][K]: the hybrid tensor-core GEMM instead of mma.sync above 8 rows; the same "

@@ -166,6 +166,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->fixed_tc = di_switch_int(DI_SW_CUDA_MLA_FIXED_TC, 1);
   if (b->fixed_tc < 0 || b->fixed_tc > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_TC=%d: 0, 1 or 2", b->fixed_tc);
+  /* its decode form (two warp roles a CTA, the same bits; session 15, s15-19: off until measured) */
+  b->fixed_dec = di_switch_int(DI_SW_CUDA_MLA_FIXED_DEC, 0);
+  if (b->fixed_dec < 0 || b->fixed_dec > 2)
+    return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_DEC=%d: 0, 1 or 2", b->fixed_dec);
   /* the invariant absorption on W_UK [N][K] copies (the hybrid core; session 14, s14-19: unverified on the
    * device, off) */
   b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 0);
@@ -242,6 +246,13 @@ extern "C" void di_backend_cuda_set_fixed_tc(di_backend *bb, int level) {
   cudaStreamSynchronize(b->stream);
   drop_graphs(b); /* captured graphs hold the old attention kernel */
   b->fixed_tc = level < 0 ? 0 : level > 2 ? 2 : level;
+}
+
+extern "C" void di_backend_cuda_set_fixed_dec(di_backend *bb, int level) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old attention kernel */
+  b->fixed_dec = level < 0 ? 0 : level > 2 ? 2 : level;
 }
 
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {

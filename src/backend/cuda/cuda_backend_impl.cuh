@@ -85,6 +85,8 @@ typedef struct cu_backend {
                    * (k_mla_fixed.cu; see create) */
   int fixed_tc;   /* DEEPINFER_CUDA_MLA_FIXED_TC: 1 prefill-like steps, 2 every step of the fixed split on
                    * k_mla_fixed_tc.cu (cuda_step.cu decides per step) */
+  int fixed_dec;  /* DEEPINFER_CUDA_MLA_FIXED_DEC: 1 decode steps that fit one CTA an SM, 2 every 16-row step of the
+                   * fixed split on its decode form (di_cuk_mla_attn_fixed_dec; cuda_deepseek2.cu decides) */
   float *tc_slots; /* that kernel's per-CTA merge slots (allocated at its first step) */
   int absorb_nk; /* DEEPINFER_CUDA_ABSORB_NK: the invariant absorption on cu_layer.wuk_t */
   const di_model_config *cfg; /* the model's (outlives the backend) */
