@@ -56,7 +56,7 @@ static int make_items(const problem *p, int bm, int first, int separate, int alo
 
 /* the form of one run: item rows bm (64 on the tensor-core kernel), the first item's rows of each group
  * (0: bm), separate splits, each token alone, the first token, the kernel (0 mla_fixed_kernel, 1 the
- * tensor-core form, 2 the decode form of 16-row items) */
+ * tensor-core form, 2 / 3 the decode form of 16-row items, 2 / 1 key tiles ahead) */
 typedef struct cut {
   int bm, first, sep, alone, t0, tc;
   const char *name;
@@ -84,8 +84,8 @@ static uint16_t *run_form(const problem *p, cut f, double *ms) {
   double t0 = di_cut_time_ms();
   di_status st = f.tc == 1 ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split,
                                                       dit, dn, ni, dout, dpo, dpl, dslots, NULL)
-                 : f.tc == 2 ? di_cuk_mla_attn_fixed_dec(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split,
-                                                       dit, dn, ni, dout, dpo, dpl, NULL)
+                 : f.tc >= 2 ? di_cuk_mla_attn_fixed_dec(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split,
+                                                       dit, dn, ni, f.tc == 2 ? 2 : 1, dout, dpo, dpl, NULL)
                       : di_cuk_mla_attn_fixed(p->dQ, p->dc, 0, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
                                               ni, f.bm, dout, dpo, dpl, NULL);
   if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
@@ -187,6 +187,8 @@ static void check_shape(int H, int ctx, int T, const char *label) {
       {16, 8, 1, 0, 0, 2, "dec: 16-row items from row 8, a CTA per split"},
       {16, 0, 1, 1, 0, 2, "dec: each token alone, a CTA per split"},
       {16, 0, 0, 1, 0, 2, "dec: each token alone, splits in one CTA"},
+      {16, 0, 1, 0, 0, 3, "dec (1 ahead): 16-row items, a CTA per split"},
+      {16, 0, 1, 1, 0, 3, "dec (1 ahead): each token alone, a CTA per split"},
   };
   for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
     uint16_t *o = run_form(&p, forms[f], NULL);
@@ -275,13 +277,13 @@ static void bench_decode(int ctx) {
   void *dn = dup_dev(counts, 8);
   void *dout = di_cut_malloc(16 * DR * 2), *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4);
   void *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
-  double us[2];
-  for (int form = 0; form < 2; form++) {
+  double us[3];
+  for (int form = 0; form < 3; form++) {
     double t0 = 0;
     for (int rep = 0; rep < 220; rep++) {
       if (rep == 20) { di_cut_sync(); t0 = di_cut_time_ms(); }
       di_status st = form ? di_cuk_mla_attn_fixed_dec(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, 16, 0.07f, g_split, dit, dn, ni,
-                                                     dout, dpo, dpl, NULL)
+                                                     form, dout, dpo, dpl, NULL)
                           : di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, 16, 0.07f, g_split, dit, dn, ni,
                                                   16, dout, dpo, dpl, NULL);
       if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
@@ -290,8 +292,8 @@ static void bench_decode(int ctx) {
     CHECKF(di_cut_sync() == 0, "bench decode form %d: %s", form, di_last_error());
     us[form] = (di_cut_time_ms() - t0) * 1e3 / 200;
   }
-  printf("bench decode one token H=16 ctx %5d (%d splits): fixed-split %.1f us, decode form %.1f us\n", ctx, ni, us[0],
-         us[1]);
+  printf("bench decode one token H=16 ctx %5d (%d splits): fixed-split %.1f us, decode form %.1f us (1 tile ahead), "
+         "%.1f us (2 ahead)\n", ctx, ni, us[0], us[1], us[2]);
   void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
   free(items); free(citems);

@@ -501,7 +501,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
            (b->fixed_dec == 2 || (b->fixed_dec == 1 && b->max_items <= b->sms))) /* its decode form, the same bits */
     DI_TRY(di_cuk_mla_attn_fixed_dec((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                      NH, b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems,
-                                     b->max_items, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+                                     b->max_items, 2, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
   else if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
     DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                                  b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,

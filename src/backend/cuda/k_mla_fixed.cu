@@ -167,27 +167,30 @@ extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const void *cache,
  * chains on the same values) and write the masked scores of tile t into score buffer t % 2; warps 0..3
  * (quarter wq = warp) run di_mla32_pv on tile t - 1 and the split ends, exactly as mla_fixed_kernel's warps
  * of row group 0 do (the same o / m / l / A registers, the same order), so every row gets that kernel's
- * bits. Key tiles rotate through 3 buffers (tile t + 1 loading while the scorers read t and the others
- * t - 1); all 256 threads load, and one named barrier a step orders the roles (the two roles pass it from
+ * bits. Key tiles rotate through AH + 2 buffers (tiles t + 1 .. t + AH loading while the scorers read t and
+ * the others t - 1; AH = 1 or 2, the caller's `ahead`); all 256 threads load, and one named barrier a step orders the roles (the two roles pass it from
  * different places in the code, which bar.sync allows and __syncthreads does not promise). */
-#define DEC_NB 3
 #define DEC_THREADS 256
-static size_t dec_smem(void) {
-  return (size_t)16 * DI_MLA32_SROW * 2 + (size_t)DEC_NB * KT * DI_MLA32_SROW * 2 + 2 * 16 * DI_MLA32_SSTR * 4 + 16 * 4;
+/* AH: key tiles loaded ahead (1 or 2), in AH + 2 rotating buffers */
+static size_t dec_smem(int ah) {
+  return (size_t)16 * DI_MLA32_SROW * 2 + (size_t)(ah + 2) * KT * DI_MLA32_SROW * 2 + 2 * 16 * DI_MLA32_SSTR * 4 + 16 * 4;
 }
 static __device__ __forceinline__ void dec_bar(void) { asm volatile("bar.sync 1, %0;\n" ::"n"(DEC_THREADS) : "memory"); }
 
-/* the step's wait: this thread's loads of tile t landed, then the barrier; then the load of tile t + 1 */
+/* the step's wait: this thread's loads of tile t landed (those of t + 1 may still run), then the barrier;
+ * then the load of tile t + AH */
+template <int AH>
 static __device__ __forceinline__ void dec_step(bf16 *sK, const void *cache, const int32_t *btab, int t, int ntiles,
                                                 int k0, int k1, int tid) {
-  di_cp_wait<0>();
+  di_cp_wait<AH - 1>();
   dec_bar();
-  if (t + 1 < ntiles)
-    di_mla32_load_kv<0, DEC_THREADS>(sK + ((t + 1) % DEC_NB) * KT * DI_MLA32_SROW, cache, btab, k0 + (t + 1) * KT, k1,
-                                     tid, DEC_THREADS);
+  if (t + AH < ntiles)
+    di_mla32_load_kv<0, DEC_THREADS>(sK + ((t + AH) % (AH + 2)) * KT * DI_MLA32_SROW, cache, btab, k0 + (t + AH) * KT,
+                                     k1, tid, DEC_THREADS);
   di_cp_commit();
 }
 
+template <int AH>
 static __global__ void __launch_bounds__(DEC_THREADS, 1)
 mla_fixed_dec_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *positions,
                      int H, float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out,
@@ -198,7 +201,8 @@ mla_fixed_dec_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt
   di_mla32_bufs sb;
   sb.sQ = (bf16 *)smem_raw;
   sb.sK = sb.sQ + 16 * DI_MLA32_SROW;
-  sb.sS = (float *)(sb.sK + DEC_NB * KT * DI_MLA32_SROW); /* [2][16][SSTR] */
+  constexpr int NB = AH + 2;
+  sb.sS = (float *)(sb.sK + NB * KT * DI_MLA32_SROW); /* [2][16][SSTR] */
   sb.sPos = (int *)(sb.sS + 2 * 16 * DI_MLA32_SSTR);
   const di_cuk_attn_item it = items[blockIdx.x];
   const int nrows = it.row1 - it.row0;
@@ -207,19 +211,23 @@ mla_fixed_dec_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt
   const int32_t *btab = bt + (int64_t)it.seq * bt_stride;
   di_mla32_begin<0>(sb, 16, Q, positions, H, it.row0, nrows, cache, btab, it.k0, it.k1, tid, DEC_THREADS);
   const int ntiles = (it.k1 - it.k0 + KT - 1) / KT;
+  if (AH == 2) { /* tile 1 in flight too before the first step */
+    if (1 < ntiles) di_mla32_load_kv<0, DEC_THREADS>(sb.sK + KT * DI_MLA32_SROW, cache, btab, it.k0 + KT, it.k1, tid, DEC_THREADS);
+    di_cp_commit();
+  }
   const int SROW = DI_MLA32_SROW, SBUF = 16 * DI_MLA32_SSTR;
 
   if (warp >= 4) { /* scorers: tile t at step t */
     uint32_t qa[DI_CUK_MLA_D / 16][4];
     for (int t = 0; t <= ntiles; t++) {
-      dec_step(sb.sK, cache, btab, t, ntiles, it.k0, it.k1, tid);
+      dec_step<AH>(sb.sK, cache, btab, t, ntiles, it.k0, it.k1, tid);
       if (t == ntiles) break;
       if (t == 0) {
         const bf16 *qrow = sb.sQ + (lane & 15) * SROW + (lane >> 4) * 8;
 #pragma unroll
         for (int i = 0; i < DI_CUK_MLA_D / 16; i++) di_ldsm_x4(qa[i], qrow + i * 16);
       }
-      const bf16 *K = sb.sK + (t % DEC_NB) * KT * SROW;
+      const bf16 *K = sb.sK + (t % NB) * KT * SROW;
       float sacc[4];
       di_qk_slice_qreg(qa, K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8, sacc);
       di_mla32_put_scores(sb.sS + (t & 1) * SBUF, sb.sPos, sacc, rA, wq, lane, it.k0 + t * KT, it.k1, scale_log2);
@@ -236,10 +244,10 @@ mla_fixed_dec_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   float M0 = -INFINITY, M1 = -INFINITY, W0 = 0.f, W1 = 0.f;
   for (int t = 0; t <= ntiles; t++) {
-    dec_step(sb.sK, cache, btab, t, ntiles, it.k0, it.k1, tid);
+    dec_step<AH>(sb.sK, cache, btab, t, ntiles, it.k0, it.k1, tid);
     if (t == 0) continue;
     const int j = t - 1;
-    di_mla32_pv(sb.sK + (j % DEC_NB) * KT * SROW, sb.sS + (j & 1) * SBUF, rA, wq, lane, o, m0, m1, l0, l1);
+    di_mla32_pv(sb.sK + (j % NB) * KT * SROW, sb.sS + (j & 1) * SBUF, rA, wq, lane, o, m0, m1, l0, l1);
     if ((j + 1) % tps == 0 || j + 1 == ntiles)
       fixed_split_end(it, rA, wq, lane, o, m0, m1, l0, l1, A, M0, M1, W0, W1, part_o, part_lse);
   }
@@ -248,24 +256,36 @@ mla_fixed_dec_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt
   fixed_store_out(it, nrows, rA, wq, lane, A, W0, W1, out);
 }
 
+template <int AH>
+static di_status launch_dec(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *pos, int H,
+                            float sl2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                            bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
+  const size_t sm = dec_smem(AH);
+  static int attr_set;
+  if (!attr_set) {
+    DI_CU(cudaFuncSetAttribute(mla_fixed_dec_kernel<AH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr_set = 1;
+  }
+  DI_CU(di_launch(mla_fixed_dec_kernel<AH>, max_items, DEC_THREADS, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, tps,
+                  items, n_items, out, part_o, part_lse));
+  DI_CU_LAUNCH("mla_attn_fixed_dec");
+  return DI_OK;
+}
+
 extern "C" di_status di_cuk_mla_attn_fixed_dec(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
                                                int bt_stride, const int32_t *positions, int H, float scale, int split,
                                                const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
-                                               uint16_t *out, float *part_o, float *part_lse, di_cu_stream s) {
+                                               int ahead, uint16_t *out, float *part_o, float *part_lse,
+                                               di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
   if (split < KT || split % KT)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed_dec split %d (a multiple of %d)", split, KT);
-  const size_t sm = dec_smem();
-  static int attr_set;
-  if (!attr_set) {
-    DI_CU(cudaFuncSetAttribute(mla_fixed_dec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attr_set = 1;
-  }
-  DI_CU(di_launch(mla_fixed_dec_kernel, max_items, DEC_THREADS, sm, (cudaStream_t)s, (const bf16 *)Q,
-                  (const void *)cache, block_tables, bt_stride, positions, H, scale * 1.4426950408889634f, split / KT,
-                  items, n_items, (bf16 *)out, part_o, part_lse));
-  DI_CU_LAUNCH("mla_attn_fixed_dec");
-  return DI_OK;
+  if (ahead != 1 && ahead != 2) return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed_dec ahead %d (1 or 2)", ahead);
+  const float sl2 = scale * 1.4426950408889634f;
+  return ahead == 1 ? launch_dec<1>((const bf16 *)Q, cache, block_tables, bt_stride, positions, H, sl2, split / KT, items,
+                                    n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s)
+                    : launch_dec<2>((const bf16 *)Q, cache, block_tables, bt_stride, positions, H, sl2, split / KT, items,
+                                    n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
 }
 
 /* The partials of a row group's splits merged in split order with fixed_merge: one warp per row, each
