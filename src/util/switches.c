@@ -53,10 +53,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                   "1: the fixed-split attention of steps of 16-row items (decode) whose items fit one CTA "
                                   "an SM on its decode form (k_mla_fixed.cu: 8 warps, a tile's scores beside the previous "
                                   "tile's softmax and P.V; the same bits; bf16 caches); 2: every such step; 0: off"},
-    [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "0",
-                              "1: the batch-invariant mode's query absorption on per-head transposed copies of W_UK "
-                              "(W [N][K]: the hybrid tensor-core GEMM instead of mma.sync above 8 rows; the same "
-                              "bits; 2 MB a V2-Lite layer)"},
+    [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "1",
+                              "1: the batch-invariant mode's query absorption, at steps of 128 tokens or more, on "
+                              "per-head transposed copies of W_UK (W [N][K]: the hybrid tensor-core GEMM instead of "
+                              "mma.sync above 8 rows; the same bits; 2 MB a V2-Lite layer, 16 MB a V3 layer); 0: off"},
     [DI_SW_CUDA_PREFILL_MHA] = {"DEEPINFER_CUDA_PREFILL_MHA", "512",
                                 "N > 0: steps of at least N tokens (1: 512), each run of them a prefill chunk, run MLA "
                                 "attention in the non-absorbed (MHA) form: keys up-projected by kv_b, FlashAttention-2 "

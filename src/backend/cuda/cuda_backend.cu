@@ -170,9 +170,11 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->fixed_dec = di_switch_int(DI_SW_CUDA_MLA_FIXED_DEC, 0);
   if (b->fixed_dec < 0 || b->fixed_dec > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_DEC=%d: 0, 1 or 2", b->fixed_dec);
-  /* the invariant absorption on W_UK [N][K] copies (the hybrid core; session 14, s14-19: unverified on the
-   * device, off) */
-  b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 0);
+  /* the invariant absorption on W_UK [N][K] copies (the hybrid core: the same bits; H200, session 15's batch A:
+   * 200 -> 82 us a layer at 4,096 tokens, invariant prefill 85.2 / 67.6 / 50.2 -> 87.6 / 69.0 / 51.0% of the
+   * default at 512 / 4,096 / 16,384; steps of fewer than DI_ABSORB_NK_MIN_T tokens keep the [K][N] form,
+   * cuda_deepseek2.cu) */
+  b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 1);
   /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
    * V2-Lite shape: prefill 1.15x at 512 tokens, 1.65x at 4,096: PERFORMANCE.md, session 10, issue 19) */
   const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 512);
