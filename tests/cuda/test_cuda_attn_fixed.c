@@ -196,7 +196,8 @@ static void check_shape(int H, int ctx, int T, const char *label) {
     CHECKF(diff == 0, "%s: %s: %zu of %zu values differ from the CUDA-core kernel's 32-row items", label, forms[f].name,
            diff, n - from);
     printf("attn_fixed %-26s %-46s %s\n", label, forms[f].name, diff ? "DIFFERENT" : "bit-identical");
-    if (forms[f].tc && !forms[f].t0 && !forms[f].first) { /* its own accuracy, whatever the bits */
+    if (forms[f].tc == 1 && !forms[f].t0 && !forms[f].first) { /* its own accuracy, whatever the bits (the decode
+                                                                * form: bit-equal to the checked base) */
       const double e = ref_err(&p, o);
       CHECKF(e < 1e-2, "%s: %s: rel err vs float64 %.3e", label, forms[f].name, e);
     }
