@@ -53,6 +53,10 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                   "1: the fixed-split attention of steps of 16-row items (decode) whose items fit one CTA "
                                   "an SM on its decode form (k_mla_fixed.cu: 8 warps, a tile's scores beside the previous "
                                   "tile's softmax and P.V; the same bits; bf16 caches); 2: every such step; 0: off"},
+    [DI_SW_CUDA_MLA_FIXED_DEC_MERGE] = {"DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE", "0",
+                                        "1: the fixed split's decode form merges a row group's split partials in the "
+                                        "CTA that finishes its last split (the combine kernel's arithmetic; no combine "
+                                        "launch)"},
     [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "1",
                               "1: the batch-invariant mode's query absorption, at steps of 128 tokens or more, on "
                               "per-head transposed copies of W_UK (W [N][K]: the hybrid tensor-core GEMM instead of "

@@ -56,7 +56,8 @@ static int make_items(const problem *p, int bm, int first, int separate, int alo
 
 /* the form of one run: item rows bm (64 on the tensor-core kernel), the first item's rows of each group
  * (0: bm), separate splits, each token alone, the first token, the kernel (0 mla_fixed_kernel, 1 the
- * tensor-core form, 2 / 3 the decode form of 16-row items, 2 / 1 key tiles ahead) */
+ * tensor-core form, 2 / 3 the decode form of 16-row items, 2 / 1 key tiles ahead, 4 the decode form merging
+ * its own partials: no combine launch, its counters checked back at zero) */
 typedef struct cut {
   int bm, first, sep, alone, t0, tc;
   const char *name;
@@ -76,6 +77,8 @@ static uint16_t *run_form(const problem *p, cut f, double *ms) {
   void *dout = di_cut_malloc(nout * 2);
   void *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
   void *dslots = f.tc == 1 ? di_cut_malloc(di_cuk_mla_fixed_tc_slot_bytes()) : NULL;
+  int32_t *zcnt = calloc((size_t)(parts ? parts : 1), 4);
+  void *dcnt = f.tc == 4 ? dup_dev(zcnt, 4 * (size_t)(parts ? parts : 1)) : NULL;
   uint16_t *zero = calloc(nout, 2);
   di_cut_h2d(dout, zero, nout * 2);
   free(zero);
@@ -85,12 +88,20 @@ static uint16_t *run_form(const problem *p, cut f, double *ms) {
   di_status st = f.tc == 1 ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split,
                                                       dit, dn, ni, dout, dpo, dpl, dslots, NULL)
                  : f.tc >= 2 ? di_cuk_mla_attn_fixed_dec(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split,
-                                                       dit, dn, ni, f.tc == 2 ? 2 : 1, dout, dpo, dpl, NULL)
+                                                       dit, dn, ni, f.tc == 3 ? 1 : 2, dout, dpo, dpl, dcnt, NULL)
                       : di_cuk_mla_attn_fixed(p->dQ, p->dc, 0, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
                                               ni, f.bm, dout, dpo, dpl, NULL);
-  if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
+  if (st == DI_OK && nci && !dcnt) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
   CHECKF(st == DI_OK && di_cut_sync() == 0, "%s: %s", f.name, di_last_error());
   if (ms) *ms = di_cut_time_ms() - t0;
+  if (dcnt) { /* the merge leaves every counter at zero for the next launch */
+    di_cut_d2h(zcnt, dcnt, 4 * (size_t)(parts ? parts : 1));
+    int nz = 0;
+    for (int i = 0; i < (parts ? parts : 1); i++) nz += zcnt[i] != 0;
+    CHECKF(nz == 0, "%s: %d merge counters not back at zero", f.name, nz);
+    di_cut_free(dcnt);
+  }
+  free(zcnt);
   uint16_t *out = malloc(nout * 2);
   di_cut_d2h(out, dout, nout * 2);
   void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl, dslots};
@@ -189,6 +200,9 @@ static void check_shape(int H, int ctx, int T, const char *label) {
       {16, 0, 0, 1, 0, 2, "dec: each token alone, splits in one CTA"},
       {16, 0, 1, 0, 0, 3, "dec (1 ahead): 16-row items, a CTA per split"},
       {16, 0, 1, 1, 0, 3, "dec (1 ahead): each token alone, a CTA per split"},
+      {16, 0, 1, 0, 0, 4, "dec + merge: 16-row items, a CTA per split"},
+      {16, 8, 1, 0, 0, 4, "dec + merge: 16-row items from row 8"},
+      {16, 0, 1, 1, 0, 4, "dec + merge: each token alone, a CTA per split"},
   };
   for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
     uint16_t *o = run_form(&p, forms[f], NULL);
@@ -278,23 +292,27 @@ static void bench_decode(int ctx) {
   void *dn = dup_dev(counts, 8);
   void *dout = di_cut_malloc(16 * DR * 2), *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4);
   void *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
-  double us[3];
-  for (int form = 0; form < 3; form++) {
+  int32_t *zcnt = calloc((size_t)(parts ? parts : 1), 4);
+  void *dcnt = dup_dev(zcnt, 4 * (size_t)(parts ? parts : 1)); /* the merge's counters, zero */
+  free(zcnt);
+  double us[4];
+  for (int form = 0; form < 4; form++) {
     double t0 = 0;
     for (int rep = 0; rep < 220; rep++) {
       if (rep == 20) { di_cut_sync(); t0 = di_cut_time_ms(); }
       di_status st = form ? di_cuk_mla_attn_fixed_dec(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, 16, 0.07f, g_split, dit, dn, ni,
-                                                     form, dout, dpo, dpl, NULL)
+                                                     form == 1 ? 1 : 2, dout, dpo, dpl, form == 3 ? dcnt : NULL, NULL)
                           : di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, 16, 0.07f, g_split, dit, dn, ni,
                                                   16, dout, dpo, dpl, NULL);
-      if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
+      if (st == DI_OK && nci && form != 3) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
       CHECKF(st == DI_OK, "bench decode form %d: %s", form, di_last_error());
     }
     CHECKF(di_cut_sync() == 0, "bench decode form %d: %s", form, di_last_error());
     us[form] = (di_cut_time_ms() - t0) * 1e3 / 200;
   }
+  di_cut_free(dcnt);
   printf("bench decode one token H=16 ctx %5d (%d splits): fixed-split %.1f us, decode form %.1f us (1 tile ahead), "
-         "%.1f us (2 ahead)\n", ctx, ni, us[0], us[1], us[2]);
+         "%.1f us (2 ahead), %.1f us (2 ahead, its own merge)\n", ctx, ni, us[0], us[1], us[2], us[3]);
   void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
   free(items); free(citems);

@@ -170,6 +170,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->fixed_dec = di_switch_int(DI_SW_CUDA_MLA_FIXED_DEC, 0);
   if (b->fixed_dec < 0 || b->fixed_dec > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_DEC=%d: 0, 1 or 2", b->fixed_dec);
+  b->fixed_dec_merge = di_switch_bool(DI_SW_CUDA_MLA_FIXED_DEC_MERGE, 0);
   /* the invariant absorption on W_UK [N][K] copies (the hybrid core: the same bits; H200, session 15's batch A:
    * 200 -> 82 us a layer at 4,096 tokens, invariant prefill 85.2 / 67.6 / 50.2 -> 87.6 / 69.0 / 51.0% of the
    * default at 512 / 4,096 / 16,384; steps of fewer than DI_ABSORB_NK_MIN_T tokens keep the [K][N] form,
@@ -254,7 +255,9 @@ extern "C" void di_backend_cuda_set_fixed_dec(di_backend *bb, int level) {
   cu_backend *b = (cu_backend *)bb;
   cudaStreamSynchronize(b->stream);
   drop_graphs(b); /* captured graphs hold the old attention kernel */
-  b->fixed_dec = level < 0 ? 0 : level > 2 ? 2 : level;
+  const int lv = level < 0 ? 0 : level & 3;
+  b->fixed_dec = lv > 2 ? 2 : lv;
+  b->fixed_dec_merge = level > 0 && (level >> 2) & 1;
 }
 
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {

@@ -490,6 +490,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                       b->fold_uv;
   const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
+  /* the fixed split's decode form (16-row items of a bf16 cache; =1 where the step's items fit one CTA an SM:
+   * decided by the graph's shape only), merging its own partials if asked */
+  const int dec_form = !b->mha_step && b->attn_fixed && b->bm == 16 && !kv8 &&
+                       (b->fixed_dec == 2 || (b->fixed_dec == 1 && b->max_items <= b->sms));
+  const int dec_merge = dec_form && b->fixed_dec_merge && b->max_citems > 0;
   if (!SKIP(SKIP_ATTN) && b->mha_step) { /* prefill in the MHA form (k_mha_prefill.cu): out is per-head v */
     const int wkv = NH * (b->dn + b->dv);
     DI_TRY(di_cuk_mha_gather(cache, kv8, b->d_mha_slots, b->n_mha_keys, (uint16_t *)b->mha_g, s));
@@ -503,11 +508,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mla_attn_fixed_tc((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                     NH, b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems,
                                     b->max_items, (uint16_t *)b->olat, b->part_o, b->part_lse, b->tc_slots, s));
-  else if (!SKIP(SKIP_ATTN) && b->attn_fixed && b->bm == 16 && !kv8 &&
-           (b->fixed_dec == 2 || (b->fixed_dec == 1 && b->max_items <= b->sms))) /* its decode form, the same bits */
+  else if (!SKIP(SKIP_ATTN) && dec_form) /* its decode form, the same bits */
     DI_TRY(di_cuk_mla_attn_fixed_dec((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                      NH, b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems,
-                                     b->max_items, 2, (uint16_t *)b->olat, b->part_o, b->part_lse, s));
+                                     b->max_items, 2, (uint16_t *)b->olat, b->part_o, b->part_lse,
+                                     dec_merge ? b->part_cnt : NULL, s));
   else if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
     DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                                  b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,
@@ -521,7 +526,9 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                          b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                          (uint16_t *)b->olat, b->part_o, b->part_lse, s));
-  if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
+  if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed && dec_merge)
+    ; /* merged by the decode form */
+  else if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
     DI_TRY(di_cuk_mla_combine_fixed(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                                     (uint16_t *)b->olat, s));
   else if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN))

@@ -160,6 +160,37 @@ extern "C" di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const void *cache,
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed rows_per_cta %d (16 or 32)", rows_per_cta);
 }
 
+/* Row r of a row group: its partials in slots part0 .. part0 + nsplit - 1 merged in split order (fixed_merge)
+ * into out_row (bf16); this thread owns the NC column pairs col0 + cstep i, + 1. One function for the combine
+ * kernel and the decode form's own merge, so the two give the same bits. The partials are read through the L2
+ * (__ldcg: in the decode form's merge other CTAs of the same kernel wrote them). */
+template <int NC>
+static __device__ __forceinline__ void fixed_combine_row(const float *part_o, const float *part_lse, int part0,
+                                                         int nsplit, int r, int col0, int cstep, bf16 *out_row) {
+  float acc[NC][2];
+#pragma unroll
+  for (int i = 0; i < NC; i++) acc[i][0] = acc[i][1] = 0.f;
+  float M = -INFINITY, W = 0.f;
+  for (int sp = 0; sp < nsplit; sp++) {
+    const float lse = __ldcg(part_lse + (int64_t)(part0 + sp) * DI_CUK_ATTN_ROWS + r);
+    if (lse == -INFINITY) continue;
+    float a, c;
+    fixed_merge(M, W, lse, a, c);
+    const float *po = part_o + ((int64_t)(part0 + sp) * DI_CUK_ATTN_ROWS + r) * DR;
+#pragma unroll
+    for (int i = 0; i < NC; i++) {
+      const float2 v = __ldcg((const float2 *)(po + col0 + i * cstep));
+      acc[i][0] = fixed_acc(acc[i][0], a, c, v.x);
+      acc[i][1] = fixed_acc(acc[i][1], a, c, v.y);
+    }
+  }
+  const float inv = fixed_inv(W);
+#pragma unroll
+  for (int i = 0; i < NC; i++)
+    *(__nv_bfloat162 *)(out_row + col0 + i * cstep) =
+        __floats2bfloat162_rn(__fmul_rn(acc[i][0], inv), __fmul_rn(acc[i][1], inv));
+}
+
 /* The decode form (di_cuk_mla_attn_fixed_dec): one 16-row group per CTA of 8 warps in two roles, so that
  * a tile's score chain and the previous tile's softmax and P.V run at once instead of one after the
  * other (at decode a split's 8 tiles are a serial chain in a CTA of its own, most SMs idle). Warps 4..7
@@ -194,7 +225,7 @@ template <int AH>
 static __global__ void __launch_bounds__(DEC_THREADS, 1)
 mla_fixed_dec_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *positions,
                      int H, float scale_log2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, bf16 *out,
-                     float *part_o, float *part_lse) {
+                     float *part_o, float *part_lse, int32_t *counters) {
   DI_PDL_ENTRY();
   if ((int)blockIdx.x >= *n_items) return;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -232,34 +263,53 @@ mla_fixed_dec_kernel(const bf16 *Q, const void *cache, const int32_t *bt, int bt
       di_qk_slice_qreg(qa, K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8, sacc);
       di_mla32_put_scores(sb.sS + (t & 1) * SBUF, sb.sPos, sacc, rA, wq, lane, it.k0 + t * KT, it.k1, scale_log2);
     }
-    di_cp_wait<0>();
-    return;
-  }
-  /* the others: tile j = t - 1 at step t */
-  float o[16][4], A[16][4];
+  } else { /* the others: tile j = t - 1 at step t */
+    float o[16][4], A[16][4];
 #pragma unroll
-  for (int i = 0; i < 16; i++)
+    for (int i = 0; i < 16; i++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) o[i][e] = A[i][e] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  float M0 = -INFINITY, M1 = -INFINITY, W0 = 0.f, W1 = 0.f;
-  for (int t = 0; t <= ntiles; t++) {
-    dec_step<AH>(sb.sK, cache, btab, t, ntiles, it.k0, it.k1, tid);
-    if (t == 0) continue;
-    const int j = t - 1;
-    di_mla32_pv(sb.sK + (j % NB) * KT * SROW, sb.sS + (j & 1) * SBUF, rA, wq, lane, o, m0, m1, l0, l1);
-    if ((j + 1) % tps == 0 || j + 1 == ntiles)
-      fixed_split_end(it, rA, wq, lane, o, m0, m1, l0, l1, A, M0, M1, W0, W1, part_o, part_lse);
+      for (int e = 0; e < 4; e++) o[i][e] = A[i][e] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float M0 = -INFINITY, M1 = -INFINITY, W0 = 0.f, W1 = 0.f;
+    for (int t = 0; t <= ntiles; t++) {
+      dec_step<AH>(sb.sK, cache, btab, t, ntiles, it.k0, it.k1, tid);
+      if (t == 0) continue;
+      const int j = t - 1;
+      di_mla32_pv(sb.sK + (j % NB) * KT * SROW, sb.sS + (j & 1) * SBUF, rA, wq, lane, o, m0, m1, l0, l1);
+      if ((j + 1) % tps == 0 || j + 1 == ntiles)
+        fixed_split_end(it, rA, wq, lane, o, m0, m1, l0, l1, A, M0, M1, W0, W1, part_o, part_lse);
+    }
+    if (it.part < 0) fixed_store_out(it, nrows, rA, wq, lane, A, W0, W1, out);
   }
   di_cp_wait<0>();
-  if (it.part >= 0) return;
-  fixed_store_out(it, nrows, rA, wq, lane, A, W0, W1, out);
+  if (it.part < 0 || !counters) return;
+  /* the merge here (counters set; items of one split): the CTA that counts its row group's last split merges
+   * all of the group's partials with the combine kernel's arithmetic (16 threads a row), and zeroes the count
+   * for the next launch */
+  __shared__ int s_last;
+  __threadfence(); /* this CTA's partial, visible to the CTA that merges */
+  dec_bar();
+  const int split = tps * KT, part0 = it.part - it.k0 / split;
+  int maxpos = 0; /* the row group's largest position, as di_cuk_attn_fixed_items counted its splits */
+  for (int r = 0; r < nrows; r++) maxpos = sb.sPos[r] > maxpos ? sb.sPos[r] : maxpos;
+  const int nsplit = maxpos / split + 1;
+  if (tid == 0) {
+    const int last = atomicAdd(counters + part0, 1) == nsplit - 1;
+    if (last) counters[part0] = 0;
+    s_last = last;
+  }
+  dec_bar();
+  if (!s_last) return;
+  __threadfence(); /* the other splits' partials, read after their count */
+  const int r = tid >> 4;
+  if (r < nrows)
+    fixed_combine_row<16>(part_o, part_lse, part0, nsplit, r, (tid & 15) * 2, 32, out + (int64_t)(it.row0 + r) * DR);
 }
 
 template <int AH>
 static di_status launch_dec(const bf16 *Q, const void *cache, const int32_t *bt, int bt_stride, const int32_t *pos, int H,
                             float sl2, int tps, const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
-                            bf16 *out, float *part_o, float *part_lse, cudaStream_t s) {
+                            bf16 *out, float *part_o, float *part_lse, int32_t *counters, cudaStream_t s) {
   const size_t sm = dec_smem(AH);
   static int attr_set;
   if (!attr_set) {
@@ -267,7 +317,7 @@ static di_status launch_dec(const bf16 *Q, const void *cache, const int32_t *bt,
     attr_set = 1;
   }
   DI_CU(di_launch(mla_fixed_dec_kernel<AH>, max_items, DEC_THREADS, sm, s, Q, cache, bt, bt_stride, pos, H, sl2, tps,
-                  items, n_items, out, part_o, part_lse));
+                  items, n_items, out, part_o, part_lse, counters));
   DI_CU_LAUNCH("mla_attn_fixed_dec");
   return DI_OK;
 }
@@ -276,16 +326,16 @@ extern "C" di_status di_cuk_mla_attn_fixed_dec(const uint16_t *Q, const uint16_t
                                                int bt_stride, const int32_t *positions, int H, float scale, int split,
                                                const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
                                                int ahead, uint16_t *out, float *part_o, float *part_lse,
-                                               di_cu_stream s) {
+                                               int32_t *counters, di_cu_stream s) {
   if (max_items <= 0) return DI_OK;
   if (split < KT || split % KT)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed_dec split %d (a multiple of %d)", split, KT);
   if (ahead != 1 && ahead != 2) return di_error_set(DI_ERR_INVALID_ARG, "cuda: mla_attn_fixed_dec ahead %d (1 or 2)", ahead);
   const float sl2 = scale * 1.4426950408889634f;
   return ahead == 1 ? launch_dec<1>((const bf16 *)Q, cache, block_tables, bt_stride, positions, H, sl2, split / KT, items,
-                                    n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s)
+                                    n_items, max_items, (bf16 *)out, part_o, part_lse, counters, (cudaStream_t)s)
                     : launch_dec<2>((const bf16 *)Q, cache, block_tables, bt_stride, positions, H, sl2, split / KT, items,
-                                    n_items, max_items, (bf16 *)out, part_o, part_lse, (cudaStream_t)s);
+                                    n_items, max_items, (bf16 *)out, part_o, part_lse, counters, (cudaStream_t)s);
 }
 
 /* The partials of a row group's splits merged in split order with fixed_merge: one warp per row, each
@@ -300,29 +350,7 @@ mla_combine_fixed_kernel(const di_cuk_combine_item *items, const int32_t *n_item
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y * CMB_ROWS + (threadIdx.x >> 5);
   if (r >= it.row1 - it.row0) return;
-  float acc[DR / 64][2];
-#pragma unroll
-  for (int i = 0; i < DR / 64; i++) acc[i][0] = acc[i][1] = 0.f;
-  float M = -INFINITY, W = 0.f;
-  for (int sp = 0; sp < it.nsplit; sp++) {
-    const float lse = part_lse[(int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r];
-    if (lse == -INFINITY) continue;
-    float a, c;
-    fixed_merge(M, W, lse, a, c);
-    const float *po = part_o + ((int64_t)(it.part0 + sp) * DI_CUK_ATTN_ROWS + r) * DR;
-#pragma unroll
-    for (int i = 0; i < DR / 64; i++) {
-      const float2 v = *(const float2 *)(po + i * 64 + lane * 2);
-      acc[i][0] = fixed_acc(acc[i][0], a, c, v.x);
-      acc[i][1] = fixed_acc(acc[i][1], a, c, v.y);
-    }
-  }
-  const float inv = fixed_inv(W);
-  bf16 *o = out + (int64_t)(it.row0 + r) * DR;
-#pragma unroll
-  for (int i = 0; i < DR / 64; i++)
-    *(__nv_bfloat162 *)(o + i * 64 + lane * 2) =
-        __floats2bfloat162_rn(__fmul_rn(acc[i][0], inv), __fmul_rn(acc[i][1], inv));
+  fixed_combine_row<DR / 64>(part_o, part_lse, it.part0, it.nsplit, r, lane * 2, 64, out + (int64_t)(it.row0 + r) * DR);
 }
 
 extern "C" di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, const int32_t *n_items, int max_items,
