@@ -65,7 +65,8 @@ typedef struct cut {
 
 /* runs one item form; returns the bf16 output [T*H][DR] (host; rows before t0 zero) or NULL */
 static uint16_t *run_form(const problem *p, cut f, double *ms) {
-  const int cap = p->T * p->H / 16 * (p->ctx / g_split + 2) + 16;
+  /* (a first item of `first` rows adds a row group; session 15's 5000-key cut overran T * H / 16 groups) */
+  const int cap = ((p->T * p->H + 15) / 16 + 2) * (p->ctx / g_split + 2) + 16;
   di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
   di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
   int nci, parts;

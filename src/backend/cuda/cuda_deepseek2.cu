@@ -278,10 +278,10 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
  * one (DEEPINFER_CUDA_FP8_GMMA). */
 #define GV16_MAX_T 16 /* DEEPINFER_CUDA_FP8_GV16: up to this many token rows (passes of up to 4 rows an expert) */
 /* the invariant mode's query absorption takes the W_UK [N][K] copies (DEEPINFER_CUDA_ABSORB_NK) from this
- * many tokens a step: the hybrid core runs [N][K] above 8 rows on TMA wgmma, which won at 512 / 4,096 tokens
- * (13.0 / 81.8 vs 25.2 / 200.0 us a layer) and lost at 16 (7.5 vs 4.8 us) on the H200 (session 15); both forms
- * give the same bits, so the cut only picks the faster one */
-#define DI_ABSORB_NK_MIN_T 128
+ * many tokens a step: the hybrid core runs [N][K] above 8 rows on TMA wgmma; on the H200 (session 15, us a
+ * layer, [N][K] vs [K][N]) 7.3 vs 3.7 at 16 tokens, 6.9 vs 8.2 at 64, 9.1 vs 8.7 at 128, 9.5 vs 22.0 at 256,
+ * 12.9 vs 25.0 at 512, 78.6 vs 200 at 4,096; both forms give the same bits, so the cut only picks the faster */
+#define DI_ABSORB_NK_MIN_T 64
 /* Whether a step of T tokens takes k_fp8_tc_grouped.cu for layer L's experts (DEEPINFER_CUDA_FP8_TCG); layer_step
  * then builds 64-row tiles (the kernel's CTA tile: an expert's weights read once per 64 of its rows, not 16). */
 static int fp8_tcg_step(const cu_backend *b, const cu_layer *L, int T) {
