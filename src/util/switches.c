@@ -58,7 +58,7 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                         "CTA that finishes its last split (the combine kernel's arithmetic; no combine "
                                         "launch)"},
     [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "1",
-                              "1: the batch-invariant mode's query absorption, at steps of 64 tokens or more, on "
+                              "1: the batch-invariant mode's query absorption, at steps of up to 8 or of 64 tokens or more, on "
                               "per-head transposed copies of W_UK (W [N][K]: the hybrid tensor-core GEMM instead of "
                               "mma.sync above 8 rows; the same bits; 2 MB a V2-Lite layer, 16 MB a V3 layer); 0: off"},
     [DI_SW_CUDA_PREFILL_MHA] = {"DEEPINFER_CUDA_PREFILL_MHA", "512",

@@ -175,7 +175,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->fixed_dec_merge = di_switch_bool(DI_SW_CUDA_MLA_FIXED_DEC_MERGE, 0);
   /* the invariant absorption on W_UK [N][K] copies (the hybrid core: the same bits; H200, session 15's batch A:
    * 200 -> 82 us a layer at 4,096 tokens, invariant prefill 85.2 / 67.6 / 50.2 -> 87.6 / 69.0 / 51.0% of the
-   * default at 512 / 4,096 / 16,384; steps of fewer than DI_ABSORB_NK_MIN_T (64) tokens keep the [K][N] form,
+   * default at 512 / 4,096 / 16,384; steps of 9 .. 63 tokens keep the [K][N] form,
    * cuda_deepseek2.cu) */
   b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 1);
   /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,

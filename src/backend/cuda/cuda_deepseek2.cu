@@ -277,11 +277,13 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
  * wgmma one (DEEPINFER_CUDA_FP8_TCG) where the widths allow (I % 128, H % 256), else k_fp8_grouped_mma.cu's mma.sync
  * one (DEEPINFER_CUDA_FP8_GMMA). */
 #define GV16_MAX_T 16 /* DEEPINFER_CUDA_FP8_GV16: up to this many token rows (passes of up to 4 rows an expert) */
-/* the invariant mode's query absorption takes the W_UK [N][K] copies (DEEPINFER_CUDA_ABSORB_NK) from this
- * many tokens a step: the hybrid core runs [N][K] above 8 rows on TMA wgmma; on the H200 (session 15, us a
- * layer, [N][K] vs [K][N]) 7.3 vs 3.7 at 16 tokens, 6.9 vs 8.2 at 64, 9.1 vs 8.7 at 128, 9.5 vs 22.0 at 256,
- * 12.9 vs 25.0 at 512, 78.6 vs 200 at 4,096; both forms give the same bits, so the cut only picks the faster */
+/* the invariant mode's query absorption takes the W_UK [N][K] copies (DEEPINFER_CUDA_ABSORB_NK) at steps of up to 8
+ * tokens (both forms on mma.sync there) and from DI_ABSORB_NK_MIN_T tokens (the hybrid core runs [N][K] above 8 rows
+ * on TMA wgmma); on the H200 (session 15, us a layer, [N][K] vs [K][N]) 3.4 vs 3.9 at one token, 7.3 vs 3.7 at
+ * 16, 6.9 vs 8.2 at 64, 9.1 vs 8.7 at 128, 9.5 vs 22.0 at 256, 12.9 vs 25.0 at 512, 78.6 vs 200 at 4,096; both
+ * forms give the same bits, so the cut only picks the faster */
 #define DI_ABSORB_NK_MIN_T 64
+#define DI_ABSORB_NK_MAX_SMALL_T 8
 /* Whether a step of T tokens takes k_fp8_tc_grouped.cu for layer L's experts (DEEPINFER_CUDA_FP8_TCG); layer_step
  * then builds 64-row tiles (the kernel's CTA tile: an expert's weights read once per 64 of its rows, not 16). */
 static int fp8_tcg_step(const cu_backend *b, const cu_layer *L, int T) {
@@ -476,8 +478,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                            b->rope, (uint16_t *)b->Qa, cache, kv8, s));
     /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]); not needed by
      * the MHA form */
-    if (!SKIP(SKIP_ABSORB) && !b->mha_step && b->invariant && L->wuk_t && T >= DI_ABSORB_NK_MIN_T) /* the W [N][K] copy:
-                                                                                                  * the same bits */
+    if (!SKIP(SKIP_ABSORB) && !b->mha_step && b->invariant && L->wuk_t &&
+        (T <= DI_ABSORB_NK_MAX_SMALL_T || T >= DI_ABSORB_NK_MIN_T)) /* the W [N][K] copy: the same bits */
       DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->wuk_t, b->dn,
                                 (int64_t)b->R * b->dn, 0, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
     else if (!SKIP(SKIP_ABSORB) && !b->mha_step)
