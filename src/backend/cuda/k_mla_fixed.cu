@@ -16,7 +16,10 @@
  * The tile loop is k_mla_attn.cu's, one function for both (di_mla32_tile in k_mla_tile32.cuh: mma.sync
  * m16n8k16, a 16-row group per 4 warps, each warp 8 keys of the score tile and 128 of the 512 output
  * columns); a row group of 32 rows keeps a second accumulator (the merged state) in registers, which is why items here hold at most 32 rows.
- * Not the FlashAttention-3 form (wgmma, warp-specialized): see docs/NOTES.md, issue 19. */
+ * Two kernels here run that loop: mla_fixed_kernel (4 warps a 16-row group) and its decode form
+ * mla_fixed_dec_kernel (one 16-row group in 8 warps of two roles, below), which give the same bits; the
+ * combine kernel and the decode form's optional own merge share fixed_combine_row.
+ * Not the FlashAttention-3 form (wgmma, warp-specialized; that is k_mla_fixed_tc.cu): see docs/NOTES.md, issue 19. */
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_mla_fixed.cuh"
