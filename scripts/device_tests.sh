@@ -87,6 +87,8 @@ ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
 # the fixed split on tensor cores (k_mla_fixed_tc.cu): prefill-like steps there (1), every step (2)
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_tc1 240 env DEEPINFER_CUDA_MLA_FIXED_TC=1 "$BIN/test_cuda_invariance"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_tc2 240 env DEEPINFER_CUDA_MLA_FIXED_TC=2 "$BIN/test_cuda_invariance"
+# decode rows on mla_fixed_kernel instead of its decode form (the default, DEEPINFER_CUDA_MLA_FIXED_DEC=2: the same bits)
+[ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_dec0 240 env DEEPINFER_CUDA_MLA_FIXED_DEC=0 "$BIN/test_cuda_invariance"
 [ "${SKIP_ENGINE:-0}" = 1 ] || stage invariance_control 240 "$BIN/test_cuda_invariance" --control
 # --kv-cache-dtype fp8 (issue 18): the FP8 latent cache's kernels, model-level agreement (fixtures vs the CPU's
 # FP8 cache, the shipped model vs the bf16 cache), the invariant mode's equalities and the engine with it

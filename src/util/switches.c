@@ -49,10 +49,18 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                                  "1: the fixed-split attention of steps whose runs average >= 64 rows (prefill chunks, "
                                  "verify blocks) on its tensor-core kernel (k_mla_fixed_tc.cu, the same bits); 2: every "
                                  "step there (decode rows too); 0: the CUDA-core kernel only"},
-    [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "0",
-                              "1: the batch-invariant mode's query absorption on per-head transposed copies of W_UK "
-                              "(W [N][K]: the hybrid tensor-core GEMM instead of mma.sync above 8 rows; the same "
-                              "bits; 2 MB a V2-Lite layer)"},
+    [DI_SW_CUDA_MLA_FIXED_DEC] = {"DEEPINFER_CUDA_MLA_FIXED_DEC", "2",
+                                  "2: the fixed-split attention of every step of 16-row items (decode) on its decode form "
+                                  "(k_mla_fixed.cu: 8 warps, a tile's scores beside the previous tile's softmax and P.V; "
+                                  "the same bits; bf16 caches); 1: only steps whose items fit one CTA an SM; 0: off"},
+    [DI_SW_CUDA_MLA_FIXED_DEC_MERGE] = {"DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE", "0",
+                                        "1: the fixed split's decode form merges a row group's split partials in the "
+                                        "CTA that finishes its last split (the combine kernel's arithmetic; no combine "
+                                        "launch)"},
+    [DI_SW_CUDA_ABSORB_NK] = {"DEEPINFER_CUDA_ABSORB_NK", "1",
+                              "1: the batch-invariant mode's query absorption, at steps of up to 8 or of 64 tokens or more, on "
+                              "per-head transposed copies of W_UK (W [N][K]: the hybrid tensor-core GEMM instead of "
+                              "mma.sync above 8 rows; the same bits; 2 MB a V2-Lite layer, 16 MB a V3 layer); 0: off"},
     [DI_SW_CUDA_PREFILL_MHA] = {"DEEPINFER_CUDA_PREFILL_MHA", "512",
                                 "N > 0: steps of at least N tokens (1: 512), each run of them a prefill chunk, run MLA "
                                 "attention in the non-absorbed (MHA) form: keys up-projected by kv_b, FlashAttention-2 "

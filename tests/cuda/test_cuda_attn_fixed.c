@@ -7,9 +7,11 @@
  * DI_CUK_ATTN_FIXED_SPLIT keys (and of 64, another split size); the block table is scrambled. The
  * tensor-core form (k_mla_fixed_tc.cu, 64-row items) must give the CUDA-core kernel's bits for every row
  * in every cut too (64-row items at different offsets, a CTA per split, each token alone, a chunk's
- * rows alone == the same rows of the whole pass) and be accurate against float64 by itself. `--bench` times the fixed-split kernel
+ * rows alone == the same rows of the whole pass) and be accurate against float64 by itself; so must the decode
+ * form (di_cuk_mla_attn_fixed_dec, 16-row items, two warp roles a CTA) in every cut of 16-row items. `--bench` times the fixed-split kernel
  * against today's prefill attention (di_cuk_mla_attn, 64-row items, no splits) and the batch-invariant
- * cluster form on whole prompts of 512 / 4,096 / 16,384 tokens. Built only with nvcc. */
+ * cluster form on whole prompts of 512 / 4,096 / 16,384 tokens, after one decode token at 600 / 2,000 / 8,000 keys
+ * on the CUDA-core kernel and its decode form (`--bench --decode`: those rows only). Built only with nvcc. */
 #include "backend/cuda/cuda_kernels.h"
 #include "test_util.h"
 #include "util/numeric.h"
@@ -53,7 +55,9 @@ static int make_items(const problem *p, int bm, int first, int separate, int alo
 }
 
 /* the form of one run: item rows bm (64 on the tensor-core kernel), the first item's rows of each group
- * (0: bm), separate splits, each token alone, the first token, the kernel */
+ * (0: bm), separate splits, each token alone, the first token, the kernel (0 mla_fixed_kernel, 1 the
+ * tensor-core form, 2 / 3 the decode form of 16-row items, 2 / 1 key tiles ahead, 4 the decode form merging
+ * its own partials: no combine launch, its counters checked back at zero) */
 typedef struct cut {
   int bm, first, sep, alone, t0, tc;
   const char *name;
@@ -61,7 +65,8 @@ typedef struct cut {
 
 /* runs one item form; returns the bf16 output [T*H][DR] (host; rows before t0 zero) or NULL */
 static uint16_t *run_form(const problem *p, cut f, double *ms) {
-  const int cap = p->T * p->H / 16 * (p->ctx / g_split + 2) + 16;
+  /* (a first item of `first` rows adds a row group; session 15's 5000-key cut overran T * H / 16 groups) */
+  const int cap = ((p->T * p->H + 15) / 16 + 2) * (p->ctx / g_split + 2) + 16;
   di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
   di_cuk_combine_item *citems = malloc(sizeof *citems * (size_t)cap);
   int nci, parts;
@@ -72,20 +77,32 @@ static uint16_t *run_form(const problem *p, cut f, double *ms) {
   const size_t nout = (size_t)p->T * p->H * DR;
   void *dout = di_cut_malloc(nout * 2);
   void *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4), *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
-  void *dslots = f.tc ? di_cut_malloc(di_cuk_mla_fixed_tc_slot_bytes()) : NULL;
+  void *dslots = f.tc == 1 ? di_cut_malloc(di_cuk_mla_fixed_tc_slot_bytes()) : NULL;
+  int32_t *zcnt = calloc((size_t)(parts ? parts : 1), 4);
+  void *dcnt = f.tc == 4 ? dup_dev(zcnt, 4 * (size_t)(parts ? parts : 1)) : NULL;
   uint16_t *zero = calloc(nout, 2);
   di_cut_h2d(dout, zero, nout * 2);
   free(zero);
   const float scale = 0.0721f;
   di_cut_sync();
   double t0 = di_cut_time_ms();
-  di_status st = f.tc ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
-                                                 ni, dout, dpo, dpl, dslots, NULL)
+  di_status st = f.tc == 1 ? di_cuk_mla_attn_fixed_tc(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split,
+                                                      dit, dn, ni, dout, dpo, dpl, dslots, NULL)
+                 : f.tc >= 2 ? di_cuk_mla_attn_fixed_dec(p->dQ, p->dc, p->dbt, p->nblk, p->dpos, p->H, scale, g_split,
+                                                       dit, dn, ni, f.tc == 3 ? 1 : 2, dout, dpo, dpl, dcnt, NULL)
                       : di_cuk_mla_attn_fixed(p->dQ, p->dc, 0, p->dbt, p->nblk, p->dpos, p->H, scale, g_split, dit, dn,
                                               ni, f.bm, dout, dpo, dpl, NULL);
-  if (st == DI_OK && nci) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
+  if (st == DI_OK && nci && !dcnt) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
   CHECKF(st == DI_OK && di_cut_sync() == 0, "%s: %s", f.name, di_last_error());
   if (ms) *ms = di_cut_time_ms() - t0;
+  if (dcnt) { /* the merge leaves every counter at zero for the next launch */
+    di_cut_d2h(zcnt, dcnt, 4 * (size_t)(parts ? parts : 1));
+    int nz = 0;
+    for (int i = 0; i < (parts ? parts : 1); i++) nz += zcnt[i] != 0;
+    CHECKF(nz == 0, "%s: %d merge counters not back at zero", f.name, nz);
+    di_cut_free(dcnt);
+  }
+  free(zcnt);
   uint16_t *out = malloc(nout * 2);
   di_cut_d2h(out, dout, nout * 2);
   void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl, dslots};
@@ -177,6 +194,16 @@ static void check_shape(int H, int ctx, int T, const char *label) {
       {64, 0, 0, 1, 0, 1, "tc: each token alone, splits in one CTA"},
       {64, 0, 1, 1, 0, 1, "tc: each token alone, a CTA per split"},
       {64, 0, 0, 0, tc1, 1, "tc: the rows of a chunk (a later part)"},
+      {16, 0, 1, 0, 0, 2, "dec: 16-row items, a CTA per split + combine"},
+      {16, 0, 0, 0, 0, 2, "dec: 16-row items, splits in one CTA"},
+      {16, 8, 1, 0, 0, 2, "dec: 16-row items from row 8, a CTA per split"},
+      {16, 0, 1, 1, 0, 2, "dec: each token alone, a CTA per split"},
+      {16, 0, 0, 1, 0, 2, "dec: each token alone, splits in one CTA"},
+      {16, 0, 1, 0, 0, 3, "dec (1 ahead): 16-row items, a CTA per split"},
+      {16, 0, 1, 1, 0, 3, "dec (1 ahead): each token alone, a CTA per split"},
+      {16, 0, 1, 0, 0, 4, "dec + merge: 16-row items, a CTA per split"},
+      {16, 8, 1, 0, 0, 4, "dec + merge: 16-row items from row 8"},
+      {16, 0, 1, 1, 0, 4, "dec + merge: each token alone, a CTA per split"},
   };
   for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
     uint16_t *o = run_form(&p, forms[f], NULL);
@@ -184,7 +211,8 @@ static void check_shape(int H, int ctx, int T, const char *label) {
     CHECKF(diff == 0, "%s: %s: %zu of %zu values differ from the CUDA-core kernel's 32-row items", label, forms[f].name,
            diff, n - from);
     printf("attn_fixed %-26s %-46s %s\n", label, forms[f].name, diff ? "DIFFERENT" : "bit-identical");
-    if (forms[f].tc && !forms[f].t0 && !forms[f].first) { /* its own accuracy, whatever the bits */
+    if (forms[f].tc == 1 && !forms[f].t0 && !forms[f].first) { /* its own accuracy, whatever the bits (the decode
+                                                                * form: bit-equal to the checked base) */
       const double e = ref_err(&p, o);
       CHECKF(e < 1e-2, "%s: %s: rel err vs float64 %.3e", label, forms[f].name, e);
     }
@@ -250,6 +278,48 @@ static void bench_prompt(int H, int T) {
   problem_free(&p);
 }
 
+/* one decode token (16-row item of H = 16 heads, a CTA per split + the combine kernel) at ctx keys: the
+ * CUDA-core kernel against its decode form, us per call (attention + combine), mean of 200 calls */
+static void bench_decode(int ctx) {
+  problem p;
+  problem_init(&p, 16, ctx, 1);
+  const int cap = ctx / g_split + 4;
+  di_cuk_attn_item *items = malloc(sizeof *items * (size_t)cap);
+  di_cuk_combine_item *citems = malloc(sizeof *citems * 4);
+  int nci, parts;
+  const int ni = make_items(&p, 16, 0, 1, 0, 0, items, citems, &nci, &parts);
+  int32_t counts[2] = {ni, nci};
+  void *dit = dup_dev(items, sizeof *items * (size_t)ni), *dcit = dup_dev(citems, sizeof *citems * (size_t)(nci ? nci : 1));
+  void *dn = dup_dev(counts, 8);
+  void *dout = di_cut_malloc(16 * DR * 2), *dpo = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * DR * 4);
+  void *dpl = di_cut_malloc((size_t)(parts ? parts : 1) * 64 * 4);
+  int32_t *zcnt = calloc((size_t)(parts ? parts : 1), 4);
+  void *dcnt = dup_dev(zcnt, 4 * (size_t)(parts ? parts : 1)); /* the merge's counters, zero */
+  free(zcnt);
+  double us[4];
+  for (int form = 0; form < 4; form++) {
+    double t0 = 0;
+    for (int rep = 0; rep < 220; rep++) {
+      if (rep == 20) { di_cut_sync(); t0 = di_cut_time_ms(); }
+      di_status st = form ? di_cuk_mla_attn_fixed_dec(p.dQ, p.dc, p.dbt, p.nblk, p.dpos, 16, 0.07f, g_split, dit, dn, ni,
+                                                     form == 1 ? 1 : 2, dout, dpo, dpl, form == 3 ? dcnt : NULL, NULL)
+                          : di_cuk_mla_attn_fixed(p.dQ, p.dc, 0, p.dbt, p.nblk, p.dpos, 16, 0.07f, g_split, dit, dn, ni,
+                                                  16, dout, dpo, dpl, NULL);
+      if (st == DI_OK && nci && form != 3) st = di_cuk_mla_combine_fixed(dcit, (int32_t *)dn + 1, nci, dpo, dpl, dout, NULL);
+      CHECKF(st == DI_OK, "bench decode form %d: %s", form, di_last_error());
+    }
+    CHECKF(di_cut_sync() == 0, "bench decode form %d: %s", form, di_last_error());
+    us[form] = (di_cut_time_ms() - t0) * 1e3 / 200;
+  }
+  di_cut_free(dcnt);
+  printf("bench decode one token H=16 ctx %5d (%d splits): fixed-split %.1f us, decode form %.1f us (1 tile ahead), "
+         "%.1f us (2 ahead), %.1f us (2 ahead, its own merge)\n", ctx, ni, us[0], us[1], us[2], us[3]);
+  void *ptrs[] = {dit, dcit, dn, dout, dpo, dpl};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) di_cut_free(ptrs[i]);
+  free(items); free(citems);
+  problem_free(&p);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!di_cut_device_ok()) {
@@ -258,6 +328,9 @@ int main(int argc, char **argv) {
   }
   if (argc > 1 && !strcmp(argv[1], "--bench")) {
     const int T[] = {512, 4096, 16384};
+    const int ctx[] = {600, 2000, 8000};
+    for (int i = 0; i < 3; i++) bench_decode(ctx[i]);
+    if (argc > 2 && !strcmp(argv[2], "--decode")) return test_finish("test_cuda_attn_fixed --bench --decode");
     for (int i = 0; i < 3; i++) bench_prompt(16, T[i]);
     bench_prompt(128, 4096);
     g_split = 64;

@@ -384,7 +384,7 @@ static void check_absorb_forms(void) {
  * writes Qa's 512 latent columns of 576, W_UV reads o_lat [T][16][512]), best of 3 x 10 calls */
 static void bench_mla(di_cu_blas *blas) {
   enum { NH = 16, DN = 128, DV = 128, DQK = 192, R = 512 };
-  const int Ts[] = {1, 16, 512, 4096};
+  const int Ts[] = {1, 16, 64, 128, 256, 512, 4096};
   uint16_t *q = rand_bf16((size_t)4096 * NH * DQK, 1.f), *kvb = rand_bf16((size_t)NH * (DN + DV) * R, 0.02f);
   uint16_t *ol = rand_bf16((size_t)4096 * NH * R, 1.f);
   void *dq = dev_copy(q, (size_t)4096 * NH * DQK * 2), *dkvb = dev_copy(kvb, (size_t)NH * (DN + DV) * R * 2);

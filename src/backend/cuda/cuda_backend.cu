@@ -166,9 +166,18 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   b->fixed_tc = di_switch_int(DI_SW_CUDA_MLA_FIXED_TC, 1);
   if (b->fixed_tc < 0 || b->fixed_tc > 2)
     return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_TC=%d: 0, 1 or 2", b->fixed_tc);
-  /* the invariant absorption on W_UK [N][K] copies (the hybrid core; session 14, s14-19: unverified on the
-   * device, off) */
-  b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 0);
+  /* its decode form on every 16-row step (two warp roles a CTA, the same bits; H200, session 15, s15-19: the kernel
+   * 14.7 vs 22.2 us for a token at 600 keys, the invariant mode at batch 1 / 4 / 16 67.8 / 85.3 / 96.9 ->
+   * 72.3 / 88.7 / 99.3% of the default, at 64 / 256 (=2) 95.8 / 98.0% (94.6 / 93-94% before)) */
+  b->fixed_dec = di_switch_int(DI_SW_CUDA_MLA_FIXED_DEC, 2);
+  if (b->fixed_dec < 0 || b->fixed_dec > 2)
+    return di_error_set(DI_ERR_INVALID_ARG, "DEEPINFER_CUDA_MLA_FIXED_DEC=%d: 0, 1 or 2", b->fixed_dec);
+  b->fixed_dec_merge = di_switch_bool(DI_SW_CUDA_MLA_FIXED_DEC_MERGE, 0);
+  /* the invariant absorption on W_UK [N][K] copies (the hybrid core: the same bits; H200, session 15's batch A:
+   * 200 -> 82 us a layer at 4,096 tokens, invariant prefill 85.2 / 67.6 / 50.2 -> 87.6 / 69.0 / 51.0% of the
+   * default at 512 / 4,096 / 16,384; steps of 9 .. 63 tokens keep the [K][N] form,
+   * cuda_deepseek2.cu) */
+  b->absorb_nk = di_switch_bool(DI_SW_CUDA_ABSORB_NK, 1);
   /* prefill attention in the MHA form (k_mha_prefill.cu) on steps of at least N tokens (512 by default; H200,
    * V2-Lite shape: prefill 1.15x at 512 tokens, 1.65x at 4,096: PERFORMANCE.md, session 10, issue 19) */
   const int mha = di_switch_int(DI_SW_CUDA_PREFILL_MHA, 512);
@@ -242,6 +251,15 @@ extern "C" void di_backend_cuda_set_fixed_tc(di_backend *bb, int level) {
   cudaStreamSynchronize(b->stream);
   drop_graphs(b); /* captured graphs hold the old attention kernel */
   b->fixed_tc = level < 0 ? 0 : level > 2 ? 2 : level;
+}
+
+extern "C" void di_backend_cuda_set_fixed_dec(di_backend *bb, int level) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old attention kernel */
+  const int lv = level < 0 ? 0 : level & 3;
+  b->fixed_dec = lv > 2 ? 2 : lv;
+  b->fixed_dec_merge = level > 0 && (level >> 2) & 1;
 }
 
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {

@@ -41,6 +41,9 @@ di_status di_backend_cuda_set_attn_fixed(di_backend *b, int split);
 di_status di_backend_cuda_set_invariant(di_backend *b, int on);
 /* Benchmarking only: DEEPINFER_CUDA_MLA_FIXED_TC for later steps (0, 1, 2; the same bits either way) */
 void di_backend_cuda_set_fixed_tc(di_backend *b, int level);
+/* DEEPINFER_CUDA_MLA_FIXED_DEC's level (0 / 1 / 2), + 4 for DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE=1, for A/B runs in
+ * one process (drops captured graphs) */
+void di_backend_cuda_set_fixed_dec(di_backend *b, int level);
 /* Benchmarking only (bf16 and FP8 caches alternating in one process): frees the KV pool and sets the cache
  * format of the next kv_alloc (on: --kv-cache-dtype fp8's entries; off: bf16); the caller then calls
  * kv_alloc again (the pool's contents are gone). The engine's path is ops->set_kv_fp8 (before any pool). */

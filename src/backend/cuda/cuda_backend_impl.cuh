@@ -85,6 +85,9 @@ typedef struct cu_backend {
                    * (k_mla_fixed.cu; see create) */
   int fixed_tc;   /* DEEPINFER_CUDA_MLA_FIXED_TC: 1 prefill-like steps, 2 every step of the fixed split on
                    * k_mla_fixed_tc.cu (cuda_step.cu decides per step) */
+  int fixed_dec;  /* DEEPINFER_CUDA_MLA_FIXED_DEC: 1 decode steps that fit one CTA an SM, 2 every 16-row step of the
+                   * fixed split on its decode form (di_cuk_mla_attn_fixed_dec; cuda_deepseek2.cu decides) */
+  int fixed_dec_merge; /* DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE: the decode form merges its partials itself */
   float *tc_slots; /* that kernel's per-CTA merge slots (allocated at its first step) */
   int absorb_nk; /* DEEPINFER_CUDA_ABSORB_NK: the invariant absorption on cu_layer.wuk_t */
   const di_model_config *cfg; /* the model's (outlives the backend) */
@@ -132,6 +135,7 @@ typedef struct cu_backend {
   /* activations, for cap_T tokens */
   int cap_T, cap_out, cap_parts;
   float *h, *xf, *router_logits, *topk_w, *y, *hout, *logits, *part_o, *part_lse;
+  int32_t *part_cnt; /* per partial slot: the fixed split's decode form counts a row group's finished splits there */
   bf16 *xn, *qkv, *q, *qa_n, *Qa, *olat, *attn, *gu, *act, *hn;
   int32_t *topk_ids, *perm_tok, *inv, *expert_off, *tiles, *n_tiles;
   /* step inputs: pinned host mirror and device copy */

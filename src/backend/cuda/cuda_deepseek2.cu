@@ -277,6 +277,13 @@ static di_status mlp_dense_fp8(cu_backend *b, int T, const di_cuk_fp8w *gate_up,
  * wgmma one (DEEPINFER_CUDA_FP8_TCG) where the widths allow (I % 128, H % 256), else k_fp8_grouped_mma.cu's mma.sync
  * one (DEEPINFER_CUDA_FP8_GMMA). */
 #define GV16_MAX_T 16 /* DEEPINFER_CUDA_FP8_GV16: up to this many token rows (passes of up to 4 rows an expert) */
+/* the invariant mode's query absorption takes the W_UK [N][K] copies (DEEPINFER_CUDA_ABSORB_NK) at steps of up to 8
+ * tokens (both forms on mma.sync there) and from DI_ABSORB_NK_MIN_T tokens (the hybrid core runs [N][K] above 8 rows
+ * on TMA wgmma); on the H200 (session 15, us a layer, [N][K] vs [K][N]) 3.4 vs 3.9 at one token, 7.3 vs 3.7 at
+ * 16, 6.9 vs 8.2 at 64, 9.1 vs 8.7 at 128, 9.5 vs 22.0 at 256, 12.9 vs 25.0 at 512, 78.6 vs 200 at 4,096; both
+ * forms give the same bits, so the cut only picks the faster */
+#define DI_ABSORB_NK_MIN_T 64
+#define DI_ABSORB_NK_MAX_SMALL_T 8
 /* Whether a step of T tokens takes k_fp8_tc_grouped.cu for layer L's experts (DEEPINFER_CUDA_FP8_TCG); layer_step
  * then builds 64-row tiles (the kernel's CTA tile: an expert's weights read once per 64 of its rows, not 16). */
 static int fp8_tcg_step(const cu_backend *b, const cu_layer *L, int T) {
@@ -471,7 +478,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                            b->rope, (uint16_t *)b->Qa, cache, kv8, s));
     /* q_lat[t][h] = q_nope[t][h] . W_UK[h]  (W_UK[h] = kv_b rows h*(dn+dv) .. +dn, [dn][R]); not needed by
      * the MHA form */
-    if (!SKIP(SKIP_ABSORB) && !b->mha_step && b->invariant && L->wuk_t) /* the W [N][K] copy: the same bits */
+    if (!SKIP(SKIP_ABSORB) && !b->mha_step && b->invariant && L->wuk_t &&
+        (T <= DI_ABSORB_NK_MAX_SMALL_T || T >= DI_ABSORB_NK_MIN_T)) /* the W [N][K] copy: the same bits */
       DI_TRY(di_cu_gemm_batched(b->blas, NH, T, b->R, b->dn, q, ldq, b->dqk, (const uint16_t *)L->wuk_t, b->dn,
                                 (int64_t)b->R * b->dn, 0, (uint16_t *)b->Qa, NH * DI_CUK_MLA_D, DI_CUK_MLA_D, s));
     else if (!SKIP(SKIP_ABSORB) && !b->mha_step)
@@ -484,6 +492,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                       b->fold_uv;
   const di_cuk_uv_fold fold = {(const uint16_t *)(L->kv_b + (int64_t)b->dn * b->R), (int64_t)(b->dn + b->dv) * b->R,
                                b->R, b->dv, NH * b->dv, (uint16_t *)b->attn};
+  /* the fixed split's decode form (16-row items of a bf16 cache; =1 where the step's items fit one CTA an SM:
+   * decided by the graph's shape only), merging its own partials if asked */
+  const int dec_form = !b->mha_step && b->attn_fixed && b->bm == 16 && !kv8 &&
+                       (b->fixed_dec == 2 || (b->fixed_dec == 1 && b->max_items <= b->sms));
+  const int dec_merge = dec_form && b->fixed_dec_merge && b->max_citems > 0;
   if (!SKIP(SKIP_ATTN) && b->mha_step) { /* prefill in the MHA form (k_mha_prefill.cu): out is per-head v */
     const int wkv = NH * (b->dn + b->dv);
     DI_TRY(di_cuk_mha_gather(cache, kv8, b->d_mha_slots, b->n_mha_keys, (uint16_t *)b->mha_g, s));
@@ -497,6 +510,11 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mla_attn_fixed_tc((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
                                     NH, b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems,
                                     b->max_items, (uint16_t *)b->olat, b->part_o, b->part_lse, b->tc_slots, s));
+  else if (!SKIP(SKIP_ATTN) && dec_form) /* its decode form, the same bits */
+    DI_TRY(di_cuk_mla_attn_fixed_dec((const uint16_t *)b->Qa, (const uint16_t *)cache, b->d_bt, b->bt_stride, b->d_pos,
+                                     NH, b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems,
+                                     b->max_items, 2, (uint16_t *)b->olat, b->part_o, b->part_lse,
+                                     dec_merge ? b->part_cnt : NULL, s));
   else if (!SKIP(SKIP_ATTN) && b->attn_fixed) /* the fixed-split form (k_mla_fixed.cu; cuda_step.cu's items) */
     DI_TRY(di_cuk_mla_attn_fixed((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                                  b->base.cfg->softmax_scale, b->attn_fixed, b->d_items, b->d_nitems, b->max_items,
@@ -510,7 +528,9 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     DI_TRY(di_cuk_mla_attn((const uint16_t *)b->Qa, cache, kv8, b->d_bt, b->bt_stride, b->d_pos, NH,
                          b->base.cfg->softmax_scale, b->d_items, b->d_nitems, b->max_items, b->bm,
                          (uint16_t *)b->olat, b->part_o, b->part_lse, s));
-  if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
+  if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed && dec_merge)
+    ; /* merged by the decode form */
+  else if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN) && b->attn_fixed)
     DI_TRY(di_cuk_mla_combine_fixed(b->d_citems, b->d_ncitems, b->max_citems, b->part_o, b->part_lse,
                                     (uint16_t *)b->olat, s));
   else if (!b->mha_step && b->max_citems > 0 && !SKIP(SKIP_ATTN))

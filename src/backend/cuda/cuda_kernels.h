@@ -173,6 +173,17 @@ di_status di_cuk_mla_attn_fixed(const uint16_t *Q, const void *cache, int kv_fp8
                                 int rows_per_cta, uint16_t *out, float *part_o, float *part_lse, di_cu_stream s);
 di_status di_cuk_mla_combine_fixed(const di_cuk_combine_item *items, const int32_t *n_items, int max_items,
                                    const float *part_o, const float *part_lse, uint16_t *out, di_cu_stream s);
+/* Its decode form (k_mla_fixed.cu, DEEPINFER_CUDA_MLA_FIXED_DEC): items of up to 16 rows of a bf16 cache, a CTA
+ * of 8 warps each (the score chain of a tile beside the softmax and P.V of the one before), the same bits as
+ * di_cuk_mla_attn_fixed for every row; for steps of few items (decode of few sequences). ahead: key tiles
+ * loaded ahead of the one in use (1 or 2). counters: NULL (split items' partials for di_cuk_mla_combine_fixed),
+ * or zeroed ints, one per partial slot: the CTA that finishes a row group's last split merges its partials
+ * itself (the combine kernel's bits; no combine launch) and leaves the counters zero. */
+di_status di_cuk_mla_attn_fixed_dec(const uint16_t *Q, const uint16_t *cache, const int32_t *block_tables,
+                                    int bt_stride, const int32_t *positions, int H, float scale, int split,
+                                    const di_cuk_attn_item *items, const int32_t *n_items, int max_items,
+                                    int ahead, uint16_t *out, float *part_o, float *part_lse, int32_t *counters,
+                                    di_cu_stream s);
 /* The same attention on wgmma (k_mla_fixed_tc.cu, DEEPINFER_CUDA_MLA_FIXED_TC): items of up to 64 rows,
  * the same bits as di_cuk_mla_attn_fixed for every row (either item form); slots: f32 scratch of
  * di_cuk_mla_fixed_tc_slot_bytes() (the merged state of each persistent CTA's row group between splits). */

@@ -153,6 +153,8 @@ di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     b->cap_parts = c;
     REALLOC(b->part_o, sizeof(float) * (size_t)c * DI_CUK_ATTN_ROWS * DI_CUK_MLA_R);
     REALLOC(b->part_lse, sizeof(float) * (size_t)c * DI_CUK_ATTN_ROWS);
+    REALLOC(b->part_cnt, sizeof(int32_t) * (size_t)c);
+    DI_CU(cudaMemset(b->part_cnt, 0, sizeof(int32_t) * (size_t)c)); /* the decode form's merge counters start at zero */
   }
   return DI_OK;
 }

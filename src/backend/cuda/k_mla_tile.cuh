@@ -29,6 +29,24 @@ static __device__ __forceinline__ void di_qk_slice(const bf16 *qrow, const bf16 
   for (int i = 0; i < 4; i++) s[i] += s2[i];
 }
 
+/* di_qk_slice with the warp's Q fragments held in registers (qa[i]: the ldmatrix x4 of qrow + 16i, which
+ * di_qk_slice loads again for every key tile): the same two chains of the same MMAs on the same values,
+ * so the same bits. */
+static __device__ __forceinline__ void di_qk_slice_qreg(const uint32_t (&qa)[DI_CUK_MLA_D / 16][4], const bf16 *krow,
+                                                        float *s) {
+  float s2[4] = {0.f, 0.f, 0.f, 0.f};
+  s[0] = s[1] = s[2] = s[3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < DI_CUK_MLA_D / 16; kk += 2) {
+    uint32_t b[4];
+    di_ldsm_x4(b, krow + kk * 16);
+    di_mma16816(s, qa[kk], b);
+    di_mma16816(s2, qa[kk + 1], b + 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) s[i] += s2[i];
+}
+
 template <int N>
 static __device__ __forceinline__ void di_online_softmax2(float *s0, float *s1, float &m0, float &m1, float &l0,
                                                           float &l1, float &al0, float &al1) {

@@ -125,47 +125,26 @@ static __device__ __forceinline__ void di_mla32_begin(const di_mla32_bufs &sb, i
   di_cp_commit();
 }
 
-/* Key tile j (keys kb = k0 + 32j ..) of the item: waits for it, starts loading tile j + 1, then this
- * thread's part of S = Q . K^T over 576 dims (masked), the online-softmax step on rows rA, rA + 8 and
- * O[rows][128 columns of quarter wq] += P . V with V = the key tile's first 512 columns. o, m, l: the
- * running state (o unnormalized). Every thread of the CTA calls it (it holds two __syncthreads). */
-template <int KV8, int NT = 0>
-static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, const void *cache, const int32_t *btab,
-                                                     int j, int ntiles, int k0, int k1, float scale_log2, int tid,
-                                                     int nthreads, float (&o)[16][4], float &m0, float &m1,
-                                                     float &l0, float &l1) {
-  const int SROW = DI_MLA32_SROW, SSTR = DI_MLA32_SSTR, KT = DI_MLA32_KT;
-  const int lane = tid & 31, warp = tid >> 5;
-  const int g = warp >> 2, wq = warp & 3;
-  const int rA = g * 16 + (lane >> 2);
-  const int kb = k0 + j * KT;
-  di_cp_wait<0>();
-  __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer */
-  constexpr bool staged = KV8 && (NT == 128 || NT == 256); /* (NT: the CTA's threads, when the caller fixes them) */
-  di_mla32_kv8_stage<staged ? NT : 128> st;
-  if (j + 1 < ntiles) {
-    if (staged) st.fetch(cache, btab, kb + KT, k1, tid);
-    else di_mla32_load_kv<KV8, NT>(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
-  }
-  di_cp_commit();
-  const bf16 *K = sb.sK + (j & 1) * KT * SROW;
-  float *sS = sb.sS;
+/* The masked scores of a warp's S[16 rows][8 keys of quarter wq] slice (sacc, its accumulator fragment:
+ * rows rA, rA + 8) into the score tile sS, in log2 units; a key past the row's position or past the
+ * item's end k1 scores -inf. */
+static __device__ __forceinline__ void di_mla32_put_scores(float *sS, const int *sPos, const float (&sacc)[4], int rA,
+                                                           int wq, int lane, int kb, int k1, float scale_log2) {
+  const int SSTR = DI_MLA32_SSTR;
+  int kc = wq * 8 + (lane & 3) * 2;
+  int p0 = sPos[rA], p1 = sPos[rA + 8];
+  int ka = kb + kc, kb1 = kb + kc + 1;
+  sS[rA * SSTR + kc] = (ka <= p0 && ka < k1) ? sacc[0] * scale_log2 : -INFINITY;
+  sS[rA * SSTR + kc + 1] = (kb1 <= p0 && kb1 < k1) ? sacc[1] * scale_log2 : -INFINITY;
+  sS[(rA + 8) * SSTR + kc] = (ka <= p1 && ka < k1) ? sacc[2] * scale_log2 : -INFINITY;
+  sS[(rA + 8) * SSTR + kc + 1] = (kb1 <= p1 && kb1 < k1) ? sacc[3] * scale_log2 : -INFINITY;
+}
 
-  /* S[16 rows of group g][8 keys of quarter wq] */
-  float sacc[4];
-  di_qk_slice(sb.sQ + (g * 16 + (lane & 15)) * SROW + (lane >> 4) * 8,
-              K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8, sacc);
-  {
-    int kc = wq * 8 + (lane & 3) * 2;
-    int p0 = sb.sPos[rA], p1 = sb.sPos[rA + 8];
-    int ka = kb + kc, kb1 = kb + kc + 1;
-    sS[rA * SSTR + kc] = (ka <= p0 && ka < k1) ? sacc[0] * scale_log2 : -INFINITY;
-    sS[rA * SSTR + kc + 1] = (kb1 <= p0 && kb1 < k1) ? sacc[1] * scale_log2 : -INFINITY;
-    sS[(rA + 8) * SSTR + kc] = (ka <= p1 && ka < k1) ? sacc[2] * scale_log2 : -INFINITY;
-    sS[(rA + 8) * SSTR + kc + 1] = (kb1 <= p1 && kb1 < k1) ? sacc[3] * scale_log2 : -INFINITY;
-  }
-  __syncthreads();
-
+/* The rest of a tile once its score tile sS is complete: the online-softmax step on rows rA, rA + 8 and
+ * O[rows][128 columns of quarter wq] += P . V with V = the key tile K's first 512 columns. */
+static __device__ __forceinline__ void di_mla32_pv(const bf16 *K, const float *sS, int rA, int wq, int lane,
+                                                   float (&o)[16][4], float &m0, float &m1, float &l0, float &l1) {
+  const int SROW = DI_MLA32_SROW, SSTR = DI_MLA32_SSTR;
   /* the thread's slice of rows rA, rA + 8: keys (lane % 4) * 2 + {0, 1} + {0, 8, 16, 24} */
   float s0[8], s1[8];
 #pragma unroll
@@ -194,6 +173,40 @@ static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, co
       di_mma16816(o[nt + 1], pa[ks], b + 2);
     }
   }
+}
+
+/* Key tile j (keys kb = k0 + 32j ..) of the item: waits for it, starts loading tile j + 1, then this
+ * thread's part of S = Q . K^T over 576 dims (masked), the online-softmax step on rows rA, rA + 8 and
+ * O[rows][128 columns of quarter wq] += P . V with V = the key tile's first 512 columns. o, m, l: the
+ * running state (o unnormalized). Every thread of the CTA calls it (it holds two __syncthreads). */
+template <int KV8, int NT = 0>
+static __device__ __forceinline__ void di_mla32_tile(const di_mla32_bufs &sb, const void *cache, const int32_t *btab,
+                                                     int j, int ntiles, int k0, int k1, float scale_log2, int tid,
+                                                     int nthreads, float (&o)[16][4], float &m0, float &m1,
+                                                     float &l0, float &l1) {
+  const int SROW = DI_MLA32_SROW, KT = DI_MLA32_KT;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int g = warp >> 2, wq = warp & 3;
+  const int rA = g * 16 + (lane >> 2);
+  const int kb = k0 + j * KT;
+  di_cp_wait<0>();
+  __syncthreads(); /* tile j landed for everyone; everyone is done with tile j-1's buffer */
+  constexpr bool staged = KV8 && (NT == 128 || NT == 256); /* (NT: the CTA's threads, when the caller fixes them) */
+  di_mla32_kv8_stage<staged ? NT : 128> st;
+  if (j + 1 < ntiles) {
+    if (staged) st.fetch(cache, btab, kb + KT, k1, tid);
+    else di_mla32_load_kv<KV8, NT>(sb.sK + ((j + 1) & 1) * KT * SROW, cache, btab, kb + KT, k1, tid, nthreads);
+  }
+  di_cp_commit();
+  const bf16 *K = sb.sK + (j & 1) * KT * SROW;
+  float *sS = sb.sS;
+
+  float sacc[4];
+  di_qk_slice(sb.sQ + (g * 16 + (lane & 15)) * SROW + (lane >> 4) * 8,
+              K + (wq * 8 + (lane & 7)) * SROW + (lane >> 3) * 8, sacc);
+  di_mla32_put_scores(sS, sb.sPos, sacc, rA, wq, lane, kb, k1, scale_log2);
+  __syncthreads();
+  di_mla32_pv(K, sS, rA, wq, lane, o, m0, m1, l0, l1);
   if (staged && j + 1 < ntiles) st.put(sb.sK + ((j + 1) & 1) * KT * SROW, tid); /* (read last in tile j - 1) */
 }
 #endif
