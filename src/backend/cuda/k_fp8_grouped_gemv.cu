@@ -11,8 +11,22 @@
  * and di_cuk_fp8_down_combine's, and a row's result does not depend on the rows beside it
  * (batch-invariant). One-warp CTAs (as k_grouped_gemm.cu's one-row GEMV: no SM left with a partial CTA).
  * At one token the shared experts (the last tiles, known before routing) are prefetched into L2 before
- * the kernel waits for the router (pf_tile0 / pf_expert0, as di_cuk_grouped_gemv). */
-#include "k_fp8_common.cuh"
+ * the kernel waits for the router (pf_tile0 / pf_expert0, as di_cuk_grouped_gemv).
+ *
+ * The one-token form on the FP8 tensor cores (DEEPINFER_CUDA_FP8_GV16=3, di_cuk_fp8_gvm_*; session 15): the
+ * CUDA-core forms spend ~2.5 instructions a weight (E4M3 -> half -> float, an FMA), which at one token is
+ * most of a warp's time between its loads. Here the weights go unconverted into mma.sync m16n8k32 e4m3 as
+ * the A operand (the warp's 16 rows: lane (g, t) loads 16 bytes of rows g and g + 8 at column 16 t of each
+ * 64-column chunk; byte i of those is mma (i / 8)'s K position 4 t + i % 4 (+ 16 for i % 8 >= 4), the same
+ * permutation for both operands, as k_fp8_tc_gemv.cu does for bf16), and the activation row is the B
+ * operand, quantized by the warp into shared memory as TWO E4M3 codes a value with one scale per 128
+ * columns: hi = e4m3(x / s) and lo = e4m3(x / s - hi), s = amax / 448 (x ~ s (hi + lo), within ~2^-9 of x
+ * relative, about a bf16 rounding: near W8A16, not the W8A8 of the larger steps). The mma's 8 N columns
+ * carry hi in columns 0-3 (lanes g < 4 supply hi codes) and lo in 4-7, so one mma sums both; each 128-column
+ * block is summed into a fresh fragment and promoted with weight scale x activation scale, and the hi and
+ * lo accumulators (lanes t = 0 and t = 2) are added at the end. Not bit-equal to the CUDA-core forms
+ * (rel ~1e-3, test_cuda_fp8 --gv16-only); a row's result depends only on its own row (one token only). */
+#include "k_fp8_mma.cuh"
 #include <type_traits>
 
 #define G16_ROWS 16
@@ -241,6 +255,243 @@ fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, 
     for (int q = 0; q < G16_DC_WARPS; q++) sum += part[q][threadIdx.x];
     h[n0 + threadIdx.x] += sum;
   }
+}
+
+/* ---- the one-token form on the FP8 tensor cores (see the top of the file) ---------------------------- */
+#define GM_K_MAX 8192    /* gate/up: one warp's codes (2 K bytes) + scales in shared memory */
+#define GM_DC_K_MAX 2816 /* down + combine: 8 warps' codes in 48 KB */
+
+static __host__ __device__ inline int gm_smem(int K) { return (2 * K + K / 32 + 15) & ~15; } /* hi, lo, scales */
+
+/* The warp quantizes activation row x (K % 128 == 0) into hi / lo E4M3 codes (qh, ql: K bytes each, natural
+ * column order) and one scale per 128 columns (sx); lane l takes columns 16 l .. +16 of each 512. */
+static __device__ __forceinline__ void gm_quant_row(const bf16 *x, int K, uint8_t *qh, uint8_t *ql, float *sx, int lane) {
+  for (int k0 = 0; k0 < K; k0 += G16_STEP) {
+    const int k = k0 + lane * 16;
+    float v[16];
+    if (k < K) bf16x16_to_f32(x + k, v);
+    else {
+#pragma unroll
+      for (int j = 0; j < 16; j++) v[j] = 0.f;
+    }
+    float a = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) a = fmaxf(a, fabsf(v[j]));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1)); /* the 8 lanes of a 128-column group */
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    const float s = a > 0.f ? a * (1.f / 448.f) : 1.f, inv = a > 0.f ? 448.f / a : 1.f;
+    if (k >= K) continue;
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      uint32_t hw = 0, lw = 0;
+#pragma unroll
+      for (int p = 0; p < 2; p++) {
+        const float y0 = v[4 * q + 2 * p] * inv, y1 = v[4 * q + 2 * p + 1] * inv;
+        const __nv_fp8x2_storage_t h2 = __nv_cvt_float2_to_fp8x2(make_float2(y0, y1), __NV_SATFINITE, __NV_E4M3);
+        __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(h2, __NV_E4M3);
+        const float2 hf = __half22float2(*(__half2 *)&hr);
+        const __nv_fp8x2_storage_t l2 =
+            __nv_cvt_float2_to_fp8x2(make_float2(y0 - hf.x, y1 - hf.y), __NV_SATFINITE, __NV_E4M3);
+        hw |= (uint32_t)h2 << (16 * p);
+        lw |= (uint32_t)l2 << (16 * p);
+      }
+      hi[q] = hw;
+      lo[q] = lw;
+    }
+    *(uint4 *)(qh + k) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *(uint4 *)(ql + k) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    if ((lane & 7) == 0) sx[k / 128] = s;
+  }
+}
+
+/* One step's weights (512 columns: 8 chunks of 64) of the lane's two rows a (g) and b (g + 8). */
+static __device__ __forceinline__ void gm_load(uint4 *wa4, uint4 *wb4, const uint8_t *wa, const uint8_t *wb, int K, int k0,
+                                               int t) {
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const int c = k0 + 64 * j + 16 * t;
+    const bool in = c < K;
+    wa4[j] = in ? di_ld_stream16(wa + c) : make_uint4(0, 0, 0, 0);
+    wb4[j] = in ? di_ld_stream16(wb + c) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+/* The step's four 128-column blocks: 4 mma each (2 chunks x 2 halves) into a fresh fragment, promoted into
+ * pa / pb (rows g / g + 8, the hi or lo part by the lane's t) with weight scale x activation scale. */
+static __device__ __forceinline__ void gm_step(float &pa, float &pb, const uint4 *wa4, const uint4 *wb4, const uint8_t *qx,
+                                               const float *sx, const float *sa, const float *sb, int bc, int K, int k0,
+                                               int t) {
+#pragma unroll
+  for (int blk = 0; blk < 4; blk++) {
+    const int kb = k0 + 128 * blk;
+    if (kb >= K) break;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int j = 2 * blk + h;
+      const uint4 xb = *(const uint4 *)(qx + k0 + 64 * j + 16 * t);
+      fp8_mma16832(c, wa4[j].x, wb4[j].x, wa4[j].y, wb4[j].y, xb.x, xb.y);
+      fp8_mma16832(c, wa4[j].z, wb4[j].z, wa4[j].w, wb4[j].w, xb.z, xb.w);
+    }
+    const float xs = sx[kb / 128];
+    pa = fmaf(c[0], __ldg(sa + kb / bc) * xs, pa);
+    pb = fmaf(c[2], __ldg(sb + kb / bc) * xs, pb);
+  }
+}
+
+/* Rows a and b (g, g + 8) of the warp against activation row x: x quantized into the warp's shared codes
+ * (the first step's weights already in flight), then the steps; returns the full sums in lanes t = 0 / 1. */
+static __device__ __forceinline__ void gm_rows(float &ra, float &rb, const uint8_t *wa, const uint8_t *wb, const float *sa,
+                                               const float *sb, int bc, const bf16 *x, int K, unsigned char *sm, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  uint8_t *qh = sm, *ql = sm + K;
+  float *sx = (float *)(sm + 2 * K);
+  uint4 wa4[8], wb4[8];
+  gm_load(wa4, wb4, wa, wb, K, 0, t);
+  __syncwarp(); /* the codes of a previous row are no longer read */
+  gm_quant_row(x, K, qh, ql, sx, lane);
+  __syncwarp();
+  const uint8_t *qx = g < 4 ? qh : ql; /* B columns 0-3: hi codes, 4-7: lo codes */
+  float pa = 0.f, pb = 0.f;
+  for (int k0 = 0; k0 < K; k0 += G16_STEP) {
+    if (k0) gm_load(wa4, wb4, wa, wb, K, k0, t);
+    gm_step(pa, pb, wa4, wb4, qx, sx, sa, sb, bc, K, k0, t);
+  }
+  ra = pa + __shfl_xor_sync(0xffffffffu, pa, 2); /* hi (t 0, 1) + lo (t 2, 3) */
+  rb = pb + __shfl_xor_sync(0xffffffffu, pb, 2);
+}
+
+/* grid (ceil(N / 16) (glu: ceil(I / 8)), tiles), one warp a CTA, gm_smem(K) bytes of dynamic shared memory;
+ * every row of the tile in turn (one at one token). */
+template <bool GLU>
+static __global__ void __launch_bounds__(32, 16)
+fp8_gvm_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
+               const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc, int c_f32, int pf_tile0,
+               int pf_expert0) {
+  extern __shared__ __align__(16) unsigned char gm_sm[];
+  const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+  const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
+  const g16_rows_calc rc(w, N, c0, GLU);
+  if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
+    const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
+#pragma unroll
+    for (int r = 0; r < G16_ROWS; r++)
+      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rc.rq(r) + k);
+  }
+  DI_PDL_ENTRY();
+  if ((int)blockIdx.y >= *n_tiles) return;
+  const fp8_rows tr = fp8_tile_rows(off, tiles, bm, 0);
+  const int sblocks = (N + w.block_rows - 1) / w.block_rows;
+  const uint8_t *wq = w.q + (int64_t)tr.e * N * w.ldq;
+  const float *ws = w.scale + (int64_t)tr.e * sblocks * w.scale_cols;
+  const uint8_t *wa = wq + rc.rq(g), *wb = wq + rc.rq(g + 8);
+  const float *sa = ws + rc.sq(g), *sb = ws + rc.sq(g + 8);
+  for (int m = tr.m0; m < tr.mend; m++) {
+    float ra, rb;
+    gm_rows(ra, rb, wa, wb, sa, sb, w.block_cols, A + (int64_t)(a_rows ? a_rows[m] : m) * lda, K, gm_sm, lane);
+    if (t != 0) continue;
+    if constexpr (GLU) { /* row g is gate column c0 + g, row g + 8 its up row */
+      if (c0 + g < N / 2) ((bf16 *)C)[(int64_t)m * ldc + c0 + g] = di_fb(ra / (1.f + __expf(-ra)) * rb);
+    } else {
+      const int na = c0 + g, nb = c0 + g + 8;
+      if (c_f32) {
+        if (na < N) ((float *)C)[(int64_t)m * ldc + na] = ra;
+        if (nb < N) ((float *)C)[(int64_t)m * ldc + nb] = rb;
+      } else {
+        if (na < N) ((bf16 *)C)[(int64_t)m * ldc + na] = di_fb(ra);
+        if (nb < N) ((bf16 *)C)[(int64_t)m * ldc + nb] = di_fb(rb);
+      }
+    }
+  }
+}
+
+/* One token's down + combine in this form (the layout of fp8_gv16_down_combine_kernel: CTA c owns output rows
+ * 16 c .. +16, warp j the slots j, j + 8, ..., the warps' totals added in warp order onto h); each warp
+ * quantizes its slot's act row into its own gm_smem(K) bytes. */
+static __global__ void __launch_bounds__(G16_DC_WARPS * 32)
+fp8_gvm_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, int K, const int32_t *ids,
+                            const float *wts, const int32_t *inv, int kt, float *h, int n, int pf_expert0, int n_pf) {
+  extern __shared__ __align__(16) unsigned char gm_sm[];
+  __shared__ float part[G16_DC_WARPS][G16_ROWS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, n0 = blockIdx.x * G16_ROWS;
+  const int sblocks = (N + w.block_rows - 1) / w.block_rows;
+  const g16_rows_calc rc(w, N, n0, false);
+  for (int e = warp; e < n_pf; e += G16_DC_WARPS) {
+    const uint8_t *wp = w.q + (int64_t)(pf_expert0 + e) * N * w.ldq;
+#pragma unroll
+    for (int r = 0; r < G16_ROWS; r++)
+      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rc.rq(r) + k);
+  }
+  DI_PDL_ENTRY();
+  unsigned char *sm = gm_sm + (size_t)warp * gm_smem(K);
+  float ta = 0.f, tb = 0.f;
+  for (int j = warp; j < kt; j += G16_DC_WARPS) {
+    const int e = ids[j];
+    const float wj = wts[j];
+    const uint8_t *wq = w.q + (int64_t)e * N * w.ldq;
+    const float *ws = w.scale + (int64_t)e * sblocks * w.scale_cols;
+    float ra, rb;
+    gm_rows(ra, rb, wq + rc.rq(g), wq + rc.rq(g + 8), ws + rc.sq(g), ws + rc.sq(g + 8), w.block_cols,
+            act + (int64_t)inv[j] * ld_act, K, sm, lane);
+    ta += wj * ra;
+    tb += wj * rb;
+  }
+  if ((lane & 3) == 0) {
+    part[warp][g] = ta;
+    part[warp][g + 8] = tb;
+  }
+  __syncthreads();
+  if (threadIdx.x < G16_ROWS && n0 + (int)threadIdx.x < n) {
+    float sum = 0.f;
+#pragma unroll
+    for (int q = 0; q < G16_DC_WARPS; q++) sum += part[q][threadIdx.x];
+    h[n0 + threadIdx.x] += sum;
+  }
+}
+
+extern "C" int di_cuk_fp8_gvm_ok(int K, const void *A, int lda, di_cuk_fp8w w, int down_combine) {
+  return K % 128 == 0 && K > 0 && K <= (down_combine ? GM_DC_K_MAX : GM_K_MAX) && lda % 8 == 0 && w.ldq % 16 == 0 &&
+         w.block_cols % 128 == 0 && w.block_rows > 0 && w.scale_cols >= (K + w.block_cols - 1) / w.block_cols &&
+         ((uintptr_t)A & 15) == 0 && ((uintptr_t)w.q & 15) == 0;
+}
+
+extern "C" di_status di_cuk_fp8_gvm_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N,
+                                            int K, const int32_t *expert_off, const int32_t *tiles,
+                                            const int32_t *n_tiles, int max_tiles, int bm, void *C, int ldc, int c_f32,
+                                            int glu, int pf_tile0, int pf_expert0, di_cu_stream s) {
+  if (max_tiles <= 0) return DI_OK;
+  if (!di_cuk_fp8_gvm_ok(K, A, lda, w, 0) || max_tiles > 65535 || N <= 0 || (glu && (N % 2 || c_f32)))
+    return di_error_set(DI_ERR_INVALID_ARG,
+                        "cuda: fp8 one-token tensor-core expert gemv N %d K %d lda %d block %d x %d tiles %d glu %d "
+                        "(K %% 128, K <= %d, block_cols %% 128, aligned rows, glu: N even, bf16 out)",
+                        N, K, lda, w.block_rows, w.block_cols, max_tiles, glu, GM_K_MAX);
+  const dim3 grid(glu ? (N / 2 + G16_ROWS / 2 - 1) / (G16_ROWS / 2) : (N + G16_ROWS - 1) / G16_ROWS, max_tiles);
+  const size_t smem = (size_t)gm_smem(K);
+  if (glu)
+    DI_CU(di_launch(fp8_gvm_kernel<true>, grid, 32, smem, s, (const bf16 *)A, lda, a_rows, w, N, K, expert_off, tiles,
+                    n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));
+  else
+    DI_CU(di_launch(fp8_gvm_kernel<false>, grid, 32, smem, s, (const bf16 *)A, lda, a_rows, w, N, K, expert_off, tiles,
+                    n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0));
+  DI_CU_LAUNCH("fp8_gvm");
+  return DI_OK;
+}
+
+extern "C" di_status di_cuk_fp8_gvm_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K,
+                                                 const int32_t *ids, const float *wts, const int32_t *inv, int kt,
+                                                 float *h, int n, int pf_expert0, int n_pf, di_cu_stream s) {
+  if (!di_cuk_fp8_gvm_ok(K, act, ld_act, w, 1) || n > N || n <= 0 || kt < 1)
+    return di_error_set(DI_ERR_INVALID_ARG,
+                        "cuda: fp8 one-token tensor-core down + combine N %d K %d ld %d n %d k %d (K %% 128, K <= %d, "
+                        "block_cols %% 128, aligned)",
+                        N, K, ld_act, n, kt, GM_DC_K_MAX);
+  const int grid = (n + G16_ROWS - 1) / G16_ROWS;
+  DI_CU(di_launch(fp8_gvm_down_combine_kernel, grid, G16_DC_WARPS * 32, (size_t)G16_DC_WARPS * gm_smem(K), s,
+                  (const bf16 *)act, ld_act, w, N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
+  DI_CU_LAUNCH("fp8_gvm_down_combine");
+  return DI_OK;
 }
 
 extern "C" int di_cuk_fp8_gv16_ok(int K, const void *A, int lda, di_cuk_fp8w w) {
