@@ -908,12 +908,14 @@ static void test_gv16_all(void) {
   test_gvm(6, 7168, 2048, 0, "V3 down");
   test_gvm(5, 200, 1408, 1, "part I 100");
   test_gvm(5, 228, 256, 0, "part N 228, K 256");
+  test_gvm(5, 256, 192, 0, "K 192 (half a block)");
+  test_gvm(5, 128, 64, 1, "fixture: I 64, K 64");
   test_gvm_down_combine(10, 2048, 1408, 8, "V2-Lite");
   test_gvm_down_combine(12, 7168, 2048, 9, "V3");
   test_gvm_down_combine(4, 228, 1408, 3, "part N");
   {
     di_cuk_fp8w wb = {NULL, NULL, 1392, 1, 128, 11};
-    CHECK(!di_cuk_fp8_gvm_ok(1392, NULL, 1392, wb, 0)); /* K % 128 */
+    CHECK(!di_cuk_fp8_gvm_ok(1392, NULL, 1392, wb, 0)); /* K % 64 */
     di_cuk_fp8w wc = {NULL, NULL, 2048, 1, 64, 32};
     CHECK_ERR(di_cuk_fp8_gvm_grouped(NULL, 2048, NULL, wc, 64, 2048, NULL, NULL, NULL, 1, 16, NULL, 32, 0, 1, -1, 0, NULL),
               "block_cols % 128");

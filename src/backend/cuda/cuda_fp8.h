@@ -109,7 +109,7 @@ di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_act, di_cuk_f
  * DEEPINFER_CUDA_FP8_GV16=3 at one token): the same contracts as di_cuk_fp8_gv16_grouped (rows of a tile one at
  * a time) and di_cuk_fp8_gv16_down_combine, the activation row quantized per 128 columns into two E4M3 codes
  * a value (hi + lo: ~bf16 precision) and multiplied on mma.sync e4m3; not bit-equal to the CUDA-core forms
- * (rel ~1e-3). Needs K % 128 == 0, K <= 8192 (down + combine: 2816), block_cols % 128 == 0, 16-byte aligned
+ * (rel ~1e-3). Needs K % 64 == 0, K <= 8192 (down + combine: 2816), block_cols % 128 == 0, 16-byte aligned
  * rows (di_cuk_fp8_gvm_ok, down_combine selecting the second bound). */
 int di_cuk_fp8_gvm_ok(int K, const void *A, int lda, di_cuk_fp8w w, int down_combine);
 di_status di_cuk_fp8_gvm_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,

@@ -261,9 +261,9 @@ fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, 
 #define GM_K_MAX 8192    /* gate/up: one warp's codes (2 K bytes) + scales in shared memory */
 #define GM_DC_K_MAX 2816 /* down + combine: 8 warps' codes in 48 KB */
 
-static __host__ __device__ inline int gm_smem(int K) { return (2 * K + K / 32 + 15) & ~15; } /* hi, lo, scales */
+static __host__ __device__ inline int gm_smem(int K) { return (2 * K + (K + 127) / 128 * 4 + 15) & ~15; } /* hi, lo, scales */
 
-/* The warp quantizes activation row x (K % 128 == 0) into hi / lo E4M3 codes (qh, ql: K bytes each, natural
+/* The warp quantizes activation row x (K % 64 == 0; a last half group is scaled by its 64 values) into hi / lo E4M3 codes (qh, ql: K bytes each, natural
  * column order) and one scale per 128 columns (sx); lane l takes columns 16 l .. +16 of each 512. */
 static __device__ __forceinline__ void gm_quant_row(const bf16 *x, int K, uint8_t *qh, uint8_t *ql, float *sx, int lane) {
   for (int k0 = 0; k0 < K; k0 += G16_STEP) {
@@ -331,6 +331,7 @@ static __device__ __forceinline__ void gm_step(float &pa, float &pb, const uint4
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int j = 2 * blk + h;
+      if (k0 + 64 * j >= K) break; /* (past K the shared codes are not this row's: never read) */
       const uint4 xb = *(const uint4 *)(qx + k0 + 64 * j + 16 * t);
       fp8_mma16832(c, wa4[j].x, wb4[j].x, wa4[j].y, wb4[j].y, xb.x, xb.y);
       fp8_mma16832(c, wa4[j].z, wb4[j].z, wa4[j].w, wb4[j].w, xb.z, xb.w);
@@ -452,7 +453,7 @@ fp8_gvm_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, i
 }
 
 extern "C" int di_cuk_fp8_gvm_ok(int K, const void *A, int lda, di_cuk_fp8w w, int down_combine) {
-  return K % 128 == 0 && K > 0 && K <= (down_combine ? GM_DC_K_MAX : GM_K_MAX) && lda % 8 == 0 && w.ldq % 16 == 0 &&
+  return K % 64 == 0 && K > 0 && K <= (down_combine ? GM_DC_K_MAX : GM_K_MAX) && lda % 8 == 0 && w.ldq % 16 == 0 &&
          w.block_cols % 128 == 0 && w.block_rows > 0 && w.scale_cols >= (K + w.block_cols - 1) / w.block_cols &&
          ((uintptr_t)A & 15) == 0 && ((uintptr_t)w.q & 15) == 0;
 }
@@ -465,7 +466,7 @@ extern "C" di_status di_cuk_fp8_gvm_grouped(const uint16_t *A, int lda, const in
   if (!di_cuk_fp8_gvm_ok(K, A, lda, w, 0) || max_tiles > 65535 || N <= 0 || (glu && (N % 2 || c_f32)))
     return di_error_set(DI_ERR_INVALID_ARG,
                         "cuda: fp8 one-token tensor-core expert gemv N %d K %d lda %d block %d x %d tiles %d glu %d "
-                        "(K %% 128, K <= %d, block_cols %% 128, aligned rows, glu: N even, bf16 out)",
+                        "(K %% 64, K <= %d, block_cols %% 128, aligned rows, glu: N even, bf16 out)",
                         N, K, lda, w.block_rows, w.block_cols, max_tiles, glu, GM_K_MAX);
   const dim3 grid(glu ? (N / 2 + G16_ROWS / 2 - 1) / (G16_ROWS / 2) : (N + G16_ROWS - 1) / G16_ROWS, max_tiles);
   const size_t smem = (size_t)gm_smem(K);
@@ -484,7 +485,7 @@ extern "C" di_status di_cuk_fp8_gvm_down_combine(const uint16_t *act, int ld_act
                                                  float *h, int n, int pf_expert0, int n_pf, di_cu_stream s) {
   if (!di_cuk_fp8_gvm_ok(K, act, ld_act, w, 1) || n > N || n <= 0 || kt < 1)
     return di_error_set(DI_ERR_INVALID_ARG,
-                        "cuda: fp8 one-token tensor-core down + combine N %d K %d ld %d n %d k %d (K %% 128, K <= %d, "
+                        "cuda: fp8 one-token tensor-core down + combine N %d K %d ld %d n %d k %d (K %% 64, K <= %d, "
                         "block_cols %% 128, aligned)",
                         N, K, ld_act, n, kt, GM_DC_K_MAX);
   const int grid = (n + G16_ROWS - 1) / G16_ROWS;
