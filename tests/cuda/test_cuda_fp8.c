@@ -805,121 +805,7 @@ static void test_gv16_down_combine(int E, int N, int K, int kt, const char *what
   di_cut_free(dids); di_cut_free(dwts); di_cut_free(dinv);
 }
 
-/* ---- one token's expert products on the FP8 tensor cores (di_cuk_fp8_gvm_*, DEEPINFER_CUDA_FP8_GV16=3) --------
- * Against float64 on the bf16 activations themselves (the form quantizes them into hi + lo E4M3 codes, ~2^-9
- * relative a value, and multiplies on the tensor cores): glu (bf16 out) < 5e-3, f32 out < 3e-3, down + combine
- * < 3e-3 relative to the added part; and against the 16-row CUDA-core kernel's outputs (rel < 5e-3). Tiles of one
- * row (a token's slots), random rows gathered; the activations over a 2^-12 .. 2^4 dynamic range. */
-static void test_gvm(int E, int N, int K, int glu, const char *what) {
-  host_w w = make_w(E, N, K, 1, 128);
-  const int bm = 16, Nout = glu ? N / 2 : N;
-  int *off = malloc((E + 1) * 4), *tiles = malloc(sizeof(int) * (size_t)(E + 1));
-  off[0] = 0;
-  int ntile = 0;
-  for (int e = 0; e < E; e++) {
-    const int c = urand() < 0.6 ? 1 : 0;
-    off[e + 1] = off[e] + c;
-    if (c) tiles[ntile++] = e << 16;
-  }
-  const int R = off[E], T = R > 0 ? R : 1;
-  int *arows = malloc((size_t)T * 4);
-  for (int r = 0; r < T; r++) arows[r] = (int)(urand() * T);
-  uint16_t *A = rand_bf16((size_t)T * K, 1.f);
-  for (size_t i = 0; i < (size_t)T * K; i++) /* a wide dynamic range inside each 128-column group */
-    A[i] = di_f32_to_bf16(di_bf16_to_f32(A[i]) * (float)ldexp(1.0, (int)(urand() * 16) - 12));
-  void *dq, *ds;
-  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
-  void *dA = dup_dev(A, (size_t)T * K * 2), *doff = dup_dev(off, (E + 1) * 4);
-  void *dt = dup_dev(tiles, (size_t)(ntile + 1) * 4), *dnt = dup_dev(&ntile, 4), *dar = dup_dev(arows, (size_t)T * 4);
-  const size_t ob = (size_t)T * Nout * (glu ? 2 : 4);
-  void *dC[2] = {di_cut_malloc(ob), di_cut_malloc(ob)};
-  CHECKF(di_cuk_fp8_gvm_ok(K, dA, K, dw, 0), "fp8 gvm %s: not taken", what);
-  CHECK(di_cuk_fp8_gv16_grouped(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, bm, 1, dC[0], Nout, !glu, glu, 0, -1, 0,
-                                NULL) == DI_OK);
-  di_status st = di_cuk_fp8_gvm_grouped(dA, K, dar, dw, N, K, doff, dt, dnt, ntile, bm, dC[1], Nout, !glu, glu,
-                                        ntile >= 2 ? ntile - 2 : -1, E - 2, NULL); /* (prefetches experts E-2, E-1) */
-  CHECKF(st == DI_OK, "%s", di_last_error());
-  CHECK(di_cut_sync() == 0);
-  float *g16 = fetch_y(dC[0], (size_t)T * Nout, !glu), *got = fetch_y(dC[1], (size_t)T * Nout, !glu);
-  int cols[128], nc = pick_cols(Nout, cols, 128);
-  errsum err = {0, 0}, err16 = {0, 0};
-  for (int e = 0; e < E; e++)
-    for (int m = off[e]; m < off[e + 1]; m++)
-      for (int i = 0; i < nc; i++) {
-        double ga = 0, up = 0;
-        for (int k = 0; k < K; k++) {
-          const double x = di_bf16_to_f32(A[(size_t)arows[m] * K + k]);
-          ga += x * w_at(&w, e, cols[i], k);
-          if (glu) up += x * w_at(&w, e, Nout + cols[i], k);
-        }
-        acc_err(&err, glu ? ga / (1 + exp(-ga)) * up : ga, got[(size_t)m * Nout + cols[i]]);
-      }
-  for (size_t i = 0; i < (size_t)R * Nout; i++) acc_err(&err16, g16[i], got[i]);
-  const double tol = glu ? 5e-3 : 3e-3;
-  CHECKF(rel(&err) < tol, "fp8 gvm %s E %d N %d K %d rows %d: rel err %.3e", what, E, N, K, R, rel(&err));
-  CHECKF(rel(&err16) < 5e-3, "fp8 gvm %s: rel %.3e from the 16-row CUDA-core kernel", what, rel(&err16));
-  printf("fp8 gvm  %-4s %-24s E %3d N %5d K %5d rows %3d: rel err %.2e (float64), %.2e (16-row kernel)\n", glu ? "glu" : "f32",
-         what, E, N, K, R, rel(&err), rel(&err16));
-  free(g16); free(got); free(off); free(tiles); free(arows); free(A); free_w(&w);
-  di_cut_free(dq); di_cut_free(ds); di_cut_free(dA); di_cut_free(doff); di_cut_free(dt); di_cut_free(dnt);
-  di_cut_free(dar); di_cut_free(dC[0]); di_cut_free(dC[1]);
-}
-
-static void test_gvm_down_combine(int E, int N, int K, int kt, const char *what) {
-  host_w w = make_w(E, N, K, 1, 128);
-  int ids[16], inv[16];
-  float wts[16];
-  for (int j = 0; j < kt; j++) {
-    ids[j] = (j * 5 + (int)(urand() * E)) % E;
-    wts[j] = 0.1f + (float)urand();
-    inv[j] = (j * 3 + 1) % kt;
-  }
-  uint16_t *act = rand_bf16((size_t)kt * K, 1.f);
-  float *h = malloc((size_t)N * 4);
-  for (int n = 0; n < N; n++) h[n] = nrand();
-  void *dq, *ds, *dact = dup_dev(act, (size_t)kt * K * 2);
-  void *dh[2] = {dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4)};
-  void *dids = dup_dev(ids, (size_t)kt * 4), *dwts = dup_dev(wts, (size_t)kt * 4), *dinv = dup_dev(inv, (size_t)kt * 4);
-  di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
-  CHECKF(di_cuk_fp8_gvm_ok(K, dact, K, dw, 1), "fp8 gvm down+combine %s: not taken", what);
-  CHECK(di_cuk_fp8_gv16_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[0], N, 0, -1, 0, NULL) == DI_OK);
-  di_status st = di_cuk_fp8_gvm_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[1], N, E - 2, 2, NULL);
-  CHECKF(st == DI_OK, "%s", di_last_error());
-  CHECK(di_cut_sync() == 0);
-  float *g16 = fetch_y(dh[0], (size_t)N, 1), *got = fetch_y(dh[1], (size_t)N, 1);
-  errsum e = {0, 0}, e16 = {0, 0};
-  for (int n = 0; n < N; n++) {
-    acc_err(&e, ref_down_combine(&w, act, K, ids, wts, inv, kt, n), (double)got[n] - h[n]);
-    acc_err(&e16, (double)g16[n] - h[n], (double)got[n] - h[n]);
-  }
-  CHECKF(rel(&e) < 3e-3, "fp8 gvm down+combine %s E %d N %d K %d k %d: rel err %.3e", what, E, N, K, kt, rel(&e));
-  CHECKF(rel(&e16) < 5e-3, "fp8 gvm down+combine %s: rel %.3e from the 16-row kernel", what, rel(&e16));
-  printf("fp8 gvm  down+combine %-22s E %3d N %5d K %5d k %d: rel err %.2e (float64), %.2e (16-row kernel)\n", what, E,
-         N, K, kt, rel(&e), rel(&e16));
-  free(g16); free(got); free(act); free(h); free_w(&w);
-  di_cut_free(dq); di_cut_free(ds); di_cut_free(dact); di_cut_free(dh[0]); di_cut_free(dh[1]);
-  di_cut_free(dids); di_cut_free(dwts); di_cut_free(dinv);
-}
-
 static void test_gv16_all(void) {
-  test_gvm(10, 2816, 2048, 1, "V2-Lite gate/up");
-  test_gvm(10, 2048, 1408, 0, "V2-Lite down");
-  test_gvm(6, 4096, 7168, 1, "V3 gate/up");
-  test_gvm(6, 7168, 2048, 0, "V3 down");
-  test_gvm(5, 200, 1408, 1, "part I 100");
-  test_gvm(5, 228, 256, 0, "part N 228, K 256");
-  test_gvm(5, 256, 192, 0, "K 192 (half a block)");
-  test_gvm(5, 128, 64, 1, "fixture: I 64, K 64");
-  test_gvm_down_combine(10, 2048, 1408, 8, "V2-Lite");
-  test_gvm_down_combine(12, 7168, 2048, 9, "V3");
-  test_gvm_down_combine(4, 228, 1408, 3, "part N");
-  {
-    di_cuk_fp8w wb = {NULL, NULL, 1392, 1, 128, 11};
-    CHECK(!di_cuk_fp8_gvm_ok(1392, NULL, 1392, wb, 0)); /* K % 64 */
-    di_cuk_fp8w wc = {NULL, NULL, 2048, 1, 64, 32};
-    CHECK_ERR(di_cuk_fp8_gvm_grouped(NULL, 2048, NULL, wc, 64, 2048, NULL, NULL, NULL, 1, 16, NULL, 32, 0, 1, -1, 0, NULL),
-              "block_cols % 128");
-  }
   test_gv16(10, 2816, 2048, 1, 128, 1, 1, "V2-Lite gate/up, 1 row");
   test_gv16(10, 2816, 2048, 1, 128, 2, 1, "V2-Lite gate/up, 2 rows");
   test_gv16(10, 2816, 2048, 1, 128, 4, 1, "V2-Lite gate/up, 4 rows");
@@ -1005,21 +891,16 @@ static void time_gv16(int T) {
   void *dw = dup_dev(wts, sizeof(wts)), *dh = di_cut_malloc((size_t)H * 4);
   free(X);
   const int rows = T < bm ? T : bm;
-  double us[5][3]; /* [kernel][gate/up, down, down + combine] */
-  for (int kind = 0; kind < 5; kind++)
+  double us[4][3]; /* [kernel][gate/up, down, down + combine] */
+  for (int kind = 0; kind < 4; kind++)
     for (int part = 0; part < 3; part++) {
       us[kind][part] = -1;
       if (part == 2 && (T != 1 || kind == 3)) continue;
-      if (kind == 4 && T != 1) continue; /* the one-token FP8 tensor-core form */
       for (int it = -4; it < ITERS; it++) {
         if (it == 0) { CHECK(di_cut_sync() == 0); us[kind][part] = di_cut_time_ms(); }
         const int s = (it + 4) % SETS;
         di_status st = DI_OK;
-        if (kind == 4) {
-          if (part == 0) st = di_cuk_fp8_gvm_grouped(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], maxt, bm, dact, I, 0, 1, -1, 0, NULL);
-          else if (part == 1) st = di_cuk_fp8_gvm_grouped(dact, I, NULL, wdn, H, I, doff[s], dtl[s], dnt[s], maxt, bm, dy, H, 1, 0, -1, 0, NULL);
-          else st = di_cuk_fp8_gvm_down_combine(dact, I, wdn, H, I, dids[s], dw, dinv[s], 8, dh, H, -1, 0, NULL);
-        } else if (part == 0) {
+        if (part == 0) {
           if (kind == 0) st = di_cuk_fp8_grouped_gemv_form(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], maxt, bm, rows, dact, I, 0, 1, NULL);
           else if (kind < 3) st = di_cuk_fp8_gv16_grouped(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], maxt, bm, rows, dact, I, 0, 1, kind == 2, -1, 0, NULL);
           else st = di_cuk_fp8_tc_grouped_gemv(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], maxt, bm, bm, dact, I, 0, 1, NULL);
@@ -1036,12 +917,12 @@ static void time_gv16(int T) {
       CHECK(di_cut_sync() == 0);
       if (us[kind][part] >= 0) us[kind][part] = (di_cut_time_ms() - us[kind][part]) * 1e3 / ITERS;
     }
-  const char *names[5] = {"2-row", "16-row", "16-row pipelined", "tensor-core", "fp8 mma 1-token"};
+  const char *names[4] = {"2-row", "16-row", "16-row pipelined", "tensor-core"};
   const double bytes[3] = {touched * (gub + (double)2 * I * (H / 128) * 4), touched * (dnb + (double)H * (I / 128) * 4),
                            8 * (dnb + (double)H * (I / 128) * 4)};
   const char *parts[3] = {"gate/up + SiLU", "down (f32)", "down + combine"};
   for (int part = 0; part < 3; part++)
-    for (int kind = 0; kind < 5; kind++)
+    for (int kind = 0; kind < 4; kind++)
       if (us[kind][part] > 0)
         printf("time fp8 experts V2-Lite T %2d (%.1f experts): %-14s %-16s %8.1f us %6.0f GB/s\n", T, touched, parts[part],
                names[kind], us[kind][part], bytes[part] / (us[kind][part] * 1e3));

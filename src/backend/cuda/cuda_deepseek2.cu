@@ -311,16 +311,6 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_r
                                                                     io->expert_off, io->tiles, io->n_tiles, max_tiles,
                                                                     bm, io->y, Hp, 1, 0, s);
   }
-  if (b->fp8_gv16 == 3 && !b->invariant && T == 1 && di_cuk_fp8_gvm_ok(Hp, io->x, Hp, L->f_exp_gu, 0) &&
-      di_cuk_fp8_gvm_ok(Ip, io->act, Ip, L->f_exp_down, down_combine)) { /* =3: one token on the FP8 tensor cores */
-    DI_TRY(di_cuk_fp8_gvm_grouped(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles, io->n_tiles,
-                                  max_tiles, bm, io->act, Ip, 0, 1, io->pf0, io->pf_e0, s));
-    if (down_combine)
-      return di_cuk_fp8_gvm_down_combine((const uint16_t *)io->act, Ip, L->f_exp_down, Hp, Ip, b->topk_ids, b->topk_w,
-                                         b->inv, b->Kt, b->h, b->H, io->pf_e0, io->pf0 >= 0 ? b->n_sh : 0, s);
-    return di_cuk_fp8_gvm_grouped((const uint16_t *)io->act, Ip, NULL, L->f_exp_down, Hp, Ip, io->expert_off, io->tiles,
-                                  io->n_tiles, max_tiles, bm, io->y, Hp, 1, 0, io->pf0, io->pf_e0, s);
-  }
   if (b->fp8_gv16 && !b->invariant && T <= GV16_MAX_T && di_cuk_fp8_gv16_ok(Hp, io->x, Hp, L->f_exp_gu) &&
       di_cuk_fp8_gv16_ok(Ip, io->act, Ip, L->f_exp_down)) { /* DEEPINFER_CUDA_FP8_GV16: 16 rows a warp */
     const int pipe = b->fp8_gv16 == 2, rows = T < bm ? T : bm;

@@ -105,21 +105,6 @@ di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_act, di_cuk_f
                                        const int32_t *ids, const float *wts, const int32_t *inv, int kt, float *h,
                                        int n, int pipe, int pf_expert0, int n_pf, di_cu_stream s);
 
-/* One token's expert products on the FP8 tensor cores (k_fp8_grouped_gemv.cu; the model takes them with
- * DEEPINFER_CUDA_FP8_GV16=3 at one token): the same contracts as di_cuk_fp8_gv16_grouped (rows of a tile one at
- * a time) and di_cuk_fp8_gv16_down_combine, the activation row quantized per 128 columns into two E4M3 codes
- * a value (hi + lo: ~bf16 precision) and multiplied on mma.sync e4m3; not bit-equal to the CUDA-core forms
- * (rel ~1e-3). Needs K % 64 == 0, K <= 8192 (down + combine: 2816), block_cols % 128 == 0, 16-byte aligned
- * rows (di_cuk_fp8_gvm_ok, down_combine selecting the second bound). */
-int di_cuk_fp8_gvm_ok(int K, const void *A, int lda, di_cuk_fp8w w, int down_combine);
-di_status di_cuk_fp8_gvm_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
-                                 const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
-                                 int bm, void *C, int ldc, int c_f32, int glu, int pf_tile0, int pf_expert0,
-                                 di_cu_stream s);
-di_status di_cuk_fp8_gvm_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K, const int32_t *ids,
-                                      const float *wts, const int32_t *inv, int kt, float *h, int n, int pf_expert0,
-                                      int n_pf, di_cu_stream s);
-
 /* The same products on the tensor cores (k_fp8_tc_gemv.cu: FP8 widened to bf16 in registers,
  * mma.sync bf16, fp32 promotion per 128-wide K block; batch-invariant; up to 64 rows a pass). Needs
  * block_cols % 128 == 0, K % 16 == 0 and 16-byte aligned rows (di_cuk_fp8_tc_ok). The model's dispatch
