@@ -1063,7 +1063,7 @@ static void test_sample(int V) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  /* --attn-only: the MLA attention cases alone; --moe-only: the router and MoE gate cases alone (the
+  /* --attn-only: the MLA attention cases alone; --moe-only: the router, MoE gate and W_UV + o_proj cases alone (the
    * whole test takes ~4 minutes on an H200) */
   const int attn_only = argc > 1 && !strcmp(argv[1], "--attn-only"), moe_only = argc > 1 && !strcmp(argv[1], "--moe-only");
   if (!di_cut_device_ok()) {
@@ -1231,11 +1231,11 @@ int main(int argc, char **argv) {
       test_moe_gate(3, 72, r2, "group-limited, tiny");
       test_moe_gate(300, 2048, r1, "V2-Lite, 300 tokens");
     }
-    if (!moe_only) {
-    test_mla_vo(16, 2048, 512, 128, "V2-Lite decode (4 row tiles)");
-    test_mla_vo(8, 768, 64, 32, "8 heads, 3 row tiles of 256");
+    test_mla_vo(16, 2048, 512, 128, "V2-Lite decode (4 row tiles)"); /* (also under --moe-only: the decode */
+    test_mla_vo(8, 768, 64, 32, "8 heads, 3 row tiles of 256");       /* layer's one-token kernels) */
     test_mla_vo(4, 64, 32, 16, "tiny (one tile)");
     test_mla_vo(4, 224, 64, 32, "the default model's shape");
+    if (!moe_only) {
     test_moe_chain(1, 64, 6, 2, 2048, 1408, 0);   /* V2-Lite decode, 2 shared experts folded in (64-wide tiles) */
     test_moe_chain(1, 64, 6, 2, 2048, 1408, 1);   /* ... as the GEMV the backend uses at T <= 4 */
     test_moe_chain(1, 64, 6, 2, 2048, 1408, -1);  /* ... and T == 1's down projection fused with the combine */
