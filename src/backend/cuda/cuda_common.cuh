@@ -46,34 +46,11 @@ static __device__ __forceinline__ void di_pdl_trigger(void) {
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
-/* DI_PDL_EARLY (0 by default; -DDI_PDL_EARLY=1 builds it): the trigger comes BEFORE the wait, so the next kernel is
- * launched as soon as every CTA of this one has started (not when they have all passed the wait, i.e. when
- * the kernel before this one has finished). A chain of small decode kernels then has its next kernels'
- * CTAs resident, their weight prefetches issued, several kernels ahead instead of one. Correctness does not
- * change: griddepcontrol.wait still waits for the previous grid's completion and memory flush, which came
- * after that grid's own wait, so every kernel still sees all earlier kernels' writes; and a kernel is only
- * launched once all CTAs of the one before it are placed, so waiting CTAs never keep an earlier kernel's
- * CTAs off the SMs. What the rule above forbids before the wait stays forbidden (a kernel may now be
- * launched while kernels two or more before it still run, so reading anything but weights and host-written
- * step inputs before the wait would be a race). Measured on the H200 (session 15, V2-Lite FP8): batch 1 486 vs
- * 526-533 tok/s, i.e. SLOWER (the sweep's gate and vo phases grew: later kernels' resident CTAs crowd the
- * chain), batch 256 and prefill unchanged; so it stays off. */
-#ifndef DI_PDL_EARLY
-#define DI_PDL_EARLY 0
-#endif
-#if DI_PDL_EARLY
-#define DI_PDL_ENTRY() \
-  do {                 \
-    di_pdl_trigger();  \
-    di_pdl_wait();     \
-  } while (0)
-#else
 #define DI_PDL_ENTRY() \
   do {                 \
     di_pdl_wait();     \
     di_pdl_trigger();  \
   } while (0)
-#endif
 /* A 16-byte load of data no kernel writes (weights), not kept in L1, as a volatile asm so that a
  * group of them is issued back to back (memory-level parallelism for weight streaming). */
 static __device__ __forceinline__ uint4 di_ld_stream16(const void *p) {

@@ -82,19 +82,18 @@ static __device__ __forceinline__ void fg_fma(float (*acc)[MR], const uint4 (*w)
 }
 
 /* The chunked, software-pipelined product of NR weight rows wr with MR activation rows xr over K
- * (chunk c + 1's loads issued before chunk c's FMAs), into acc (zeroed here): one lane's share. cur: the
- * chunk buffer, already holding the first chunk when have_first (loaded before the kernel's PDL wait). */
+ * (chunk c + 1's loads issued before chunk c's FMAs), into acc (zeroed here): one lane's share. */
 template <int MR, int NR, int U, bool NORM, bool F32X = false>
 static __device__ __forceinline__ void fg_rows(float (*acc)[MR], const uint8_t *const *wr, const float *const *sr,
                                                const void *const *xr, int bc, int K, int lane, const float *nw,
-                                               const float *inv, bool have_first, uint4 (&cur)[NR][U]) {
+                                               const float *inv) {
 #pragma unroll
   for (int r = 0; r < NR; r++)
 #pragma unroll
     for (int m = 0; m < MR; m++) acc[r][m] = 0.f;
   constexpr int CHUNK = U * FG_STEP;
-  uint4 nxt[NR][U];
-  if (!have_first) fg_load<NR, U>(cur, wr, K, 0, lane);
+  uint4 cur[NR][U], nxt[NR][U];
+  fg_load<NR, U>(cur, wr, K, 0, lane);
   for (int k0 = 0; k0 < K; k0 += CHUNK) {
     const bool more = k0 + CHUNK < K;
     if (more) fg_load<NR, U>(nxt, wr, K, k0 + CHUNK, lane);
@@ -138,20 +137,6 @@ static __device__ __forceinline__ void fg_row_inv(const float *X, int ldx, int m
   __syncthreads(); /* part is reused by the next pass */
 }
 
-/* Expert e's NR weight rows of the warp at n0 (dense: e = 0) and their scale rows; past N: copies, not stored. */
-template <int NR, bool GLU>
-static __device__ __forceinline__ void fg_rows_of(const uint8_t **wr, const float **sr, const di_cuk_fp8w &w, int e, int N,
-                                                  int sblocks, int n0, bool live, int half) {
-  const uint8_t *wq = w.q + (int64_t)e * N * w.ldq;
-  const float *ws = w.scale + (int64_t)e * sblocks * w.scale_cols;
-#pragma unroll
-  for (int r = 0; r < NR; r++) {
-    const int n = GLU ? (live ? n0 : 0) + r * half : n0 + r < N ? n0 + r : n0;
-    wr[r] = wq + (int64_t)n * w.ldq;
-    sr[r] = ws + (int64_t)(n / w.block_rows) * w.scale_cols;
-  }
-}
-
 /* grid (N / (FG_WARPS * FG_NR), tiles); rows of a tile in passes of MR. Dense: tiles == NULL, tile y
  * is rows [y * bm, +bm) of M. NORM (dense only): A is the f32 residual stream, normed on the way in
  * with weights nw (the decode layer's attention norm inside its q/kv product). GLU: W is [gate; up]
@@ -171,20 +156,21 @@ fp8_gemv_kernel(const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
     for (int r = 0; r < NR && (GLU || n0 + r < N); r++)
       for (int k = lane * 128; k < K; k += 32 * 128)
         di_prefetch_l2(w.q + (int64_t)(GLU ? n0 + r * half : n0 + r) * w.ldq + k);
-  const int sblocks = (N + w.block_rows - 1) / w.block_rows;
-  const uint8_t *wr[NR];
-  const float *sr[NR];
-  /* dense: the first chunk of the warp's weight rows into registers before the wait as well (weights only,
-   * the PDL rule), so that after it the first FMAs wait for the activations alone; the same arithmetic */
-  uint4 cur[NR][U];
-  const bool pl = NR > 1 && !tiles && live; /* (one row a warp: 8 bytes of spills with it, so not there) */
-  if (!tiles) fg_rows_of<NR, GLU>(wr, sr, w, 0, N, sblocks, n0, live, half);
-  if (pl) fg_load<NR, U>(cur, wr, K, 0, lane);
   DI_PDL_ENTRY();
   if (tiles && (int)blockIdx.y >= *n_tiles) return;
   if (!NORM && !live) return; /* NORM: every warp takes part in the row norms */
   const fp8_rows t = fp8_tile_rows(off, tiles, bm, M);
-  if (tiles) fg_rows_of<NR, GLU>(wr, sr, w, t.e, N, sblocks, n0, live, half);
+  const int sblocks = (N + w.block_rows - 1) / w.block_rows;
+  const uint8_t *wq = w.q + (int64_t)t.e * N * w.ldq;
+  const float *ws = w.scale + (int64_t)t.e * sblocks * w.scale_cols;
+  const uint8_t *wr[NR];
+  const float *sr[NR];
+#pragma unroll
+  for (int r = 0; r < NR; r++) {
+    const int n = GLU ? (live ? n0 : 0) + r * half : n0 + r < N ? n0 + r : n0; /* past N: a copy, not stored */
+    wr[r] = wq + (int64_t)n * w.ldq;
+    sr[r] = ws + (int64_t)(n / w.block_rows) * w.scale_cols;
+  }
   for (int mb = t.m0; mb < t.mend; mb += MR) {
     const int nm = min(MR, t.mend - mb);
     const void *xr[MR];
@@ -200,7 +186,7 @@ fp8_gemv_kernel(const void *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
       gv_act_rows<MR>((const bf16 **)xr, (const bf16 *)A, lda, a_rows, mb, nm);
     }
     float acc[NR][MR];
-    fg_rows<MR, NR, U, NORM, F32X>(acc, wr, sr, xr, w.block_cols, K, lane, nw, inv, pl && mb == t.m0, cur);
+    fg_rows<MR, NR, U, NORM, F32X>(acc, wr, sr, xr, w.block_cols, K, lane, nw, inv);
     if constexpr (GLU) {
 #pragma unroll
       for (int r = 0; r < NR; r++)
@@ -459,8 +445,7 @@ fp8_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, int K
         sr[r] = w.scale + ((int64_t)e * sblocks + nn / w.block_rows) * w.scale_cols;
       }
       float acc[NR][1];
-      uint4 none[NR][U];
-      fg_rows<1, NR, U, false>(acc, wr, sr, xr, w.block_cols, K, lane, NULL, NULL, false, none);
+      fg_rows<1, NR, U, false>(acc, wr, sr, xr, w.block_cols, K, lane, NULL, NULL);
 #pragma unroll
       for (int r = 0; r < NR; r++) {
         float v = acc[r][0];

@@ -29,7 +29,7 @@ static __host__ __device__ inline int vo_ld(int dv) { return dv + 8; }
 static __host__ __device__ inline int vo_row_bytes(int dv, bool fp8) { return fp8 ? dv + 16 : vo_ld(dv) * 2; }
 
 static size_t vo_smem(int rt, int dv, bool fp8 = false) {
-  return (size_t)rt * vo_row_bytes(dv, fp8) + sizeof(float) * ((size_t)VO_DV_MAX + 2 * VO_RT_MAX);
+  return (size_t)rt * vo_row_bytes(dv, fp8) + sizeof(float) * ((size_t)VO_DV_MAX + VO_RT_MAX);
 }
 
 template <bool FP8>
@@ -41,7 +41,6 @@ mla_vo_kernel(const bf16 *olat, int ld_olat, const bf16 *wuv, int64_t wuv_stride
   bf16 *wsm = (bf16 *)vo_sm;                           /* [rt][ldw] this CTA's W_o block (FP8: [rt][rowb] bytes) */
   float *vsm = (float *)(vo_sm + (size_t)rt * rowb);   /* [dv] v_h (bf16-rounded values) */
   float *part = vsm + VO_DV_MAX;                       /* [rt] this head's partial rows */
-  float *gath = part + VO_RT_MAX;                      /* [nh][rt / nh] the heads' partials of the rows this CTA adds */
   const int head = blockIdx.x, nh = gridDim.x, tile = blockIdx.y, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   const int row0 = tile * rt;
@@ -131,17 +130,13 @@ mla_vo_kernel(const bf16 *olat, int ld_olat, const bf16 *wuv, int64_t wuv_stride
   }
   cg::cluster_group cl = cg::this_cluster();
   cl.sync(); /* every head's partials are written */
-  /* this CTA finishes rows head * per .. +per of the tile: the heads' partials in head order. They are first
-   * fetched from the cluster's shared memory by all threads at once (one remote load each, ~a DSMEM latency in
-   * all; a thread per row summing its nh remote values in turn waited nh latencies), then summed per row in
-   * head order from local shared memory: the same additions in the same order as before, so the same bits. */
+  /* this CTA finishes rows head * per .. +per of the tile: the heads' partials in head order */
   const int per = rt / nh;
-  for (int i = tid; i < nh * per; i += VO_THREADS) gath[i] = cl.map_shared_rank(part, i / per)[head * per + i % per];
-  __syncthreads();
   for (int q = tid; q < per; q += VO_THREADS) {
+    const int r = head * per + q;
     float sum = 0.f;
-    for (int g = 0; g < nh; g++) sum += gath[g * per + q];
-    h[row0 + head * per + q] += sum;
+    for (int g = 0; g < nh; g++) sum += cl.map_shared_rank(part, g)[r];
+    h[row0 + r] += sum;
   }
   cl.sync(); /* no CTA leaves while another still reads its partials */
 }

@@ -322,7 +322,7 @@ moe_gate_kernel(const float *h, const float *norm_w, float eps, int H, const bf1
   /* the sum of squares in rmsnorm_kernel's order (thread i: elements i, i + 256, ...), so that the fused
    * and the unfused gate give bit-equal norms and routings (a prefill and a decode of the same token) */
   float ss = 0.f;
-#pragma unroll 8 /* (V2-Lite: all 8 of a thread's loads issued together; the additions keep their order) */
+#pragma unroll 4
   for (int i = threadIdx.x; i < H; i += blockDim.x) {
     float v = xr[i];
     ss += v * v;
