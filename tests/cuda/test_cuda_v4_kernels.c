@@ -347,23 +347,26 @@ static void check_indexer(void) {
   float *gs = from_dev(dscore, (size_t)T * N);
   unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
   di_cut_d2h(gsel, dsel, (size_t)T * N);
-  for (int form = 0; form <= 2; form += 2) { /* the per-product score kernel (di_v4k_index_form 0, the default; 2: 8 entries a
-                                              * CTA) gives the same bits and picks */
-    float *dscore0 = zeros_dev(4 * (size_t)T * N);
-    unsigned char *dsel0 = zeros_dev((size_t)T * N), *gsel0 = malloc((size_t)T * N);
+  /* the per-product score kernel (di_v4k_index_form 0, the default; 2: 8 entries a CTA), the widen-once one (3: one
+   * entry a lane at this N; with a score row of 9000 > 8192, two a lane) give the same bits and picks */
+  const int forms[4][2] = {{0, N}, {2, N}, {3, N}, {3, 9000}};
+  for (int f = 0; f < 4; f++) {
+    const int form = forms[f][0], MN = forms[f][1];
+    float *dscore0 = zeros_dev(4 * (size_t)T * MN);
+    unsigned char *dsel0 = zeros_dev((size_t)T * MN), *gsel0 = malloc((size_t)T * MN);
     di_v4k_index_form(form);
-    CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore0, dsel0, NULL) == DI_OK);
+    CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, MN, dscore0, dsel0, NULL) == DI_OK);
     CHECK(di_cut_sync() == 0);
-    float *gs0 = from_dev(dscore0, (size_t)T * N);
-    di_cut_d2h(gsel0, dsel0, (size_t)T * N);
+    float *gs0 = from_dev(dscore0, (size_t)T * MN);
+    di_cut_d2h(gsel0, dsel0, (size_t)T * MN);
     int same = 1;
     for (int t = 0; t < T; t++) {
       const int valid = (pos[t] + 1) / rate < N ? (pos[t] + 1) / rate : N;
-      same &= memcmp(gs + (size_t)t * N, gs0 + (size_t)t * N, 4 * (size_t)valid) == 0;
+      same &= memcmp(gs + (size_t)t * N, gs0 + (size_t)t * MN, 4 * (size_t)valid) == 0;
+      same &= memcmp(gsel + (size_t)t * N, gsel0 + (size_t)t * MN, (size_t)N) == 0;
     }
-    same &= memcmp(gsel, gsel0, (size_t)T * N) == 0;
-    printf("indexer: the widen-once score kernel vs the per-product one (form %d): %s\n", form, same ? "bit-identical" : "DIFFERS");
-    CHECKF(same, "indexer: the score kernels differ (form %d)", form);
+    printf("indexer: the register-tiled score kernel vs form %d (score rows of %d): %s\n", form, MN, same ? "bit-identical" : "DIFFERS");
+    CHECKF(same, "indexer: the score kernels differ (form %d, rows of %d)", form, MN);
     free(gs0); free(gsel0); di_cut_free(dscore0); di_cut_free(dsel0);
   }
   di_v4k_index_form(-1);

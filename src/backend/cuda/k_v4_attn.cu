@@ -285,9 +285,135 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
     }
   }
 }
+/* The same scores (di_v4k_index_form 3, when nh == 64 and di % 4 == 0) with each float widened to double once
+ * per CTA (query) or once per 16 products (key), no shared-memory traffic per product: index_score_k widens both
+ * operands of every product (two float-to-double conversions per double FMA: the conversions' quarter rate bound
+ * it, ~0.4 ms a CSA layer at 128K, batch 1). Here the CTA's query is widened once into shared memory (64 KB,
+ * read as broadcasts: every lane of a warp reads the same head's double2), warp w takes heads 16 w .. 16 w + 15
+ * of the CTA's 32 x EPL entries (lane l: entries s0 + l + 32 j), and a lane widens its entries' key floats once
+ * for its 16 heads. Each (entry, head) dot product runs over k in order from 0 (products of two widened floats
+ * are exact in double, so fma = the mul + add of index_score_k: the same d). The epilogue is index_score_k's
+ * per-entry arithmetic written out (its PTX: lane L's sum is fma(X_L, Y_L, 0) then fma(X_{L+32}, Y_{L+32}, .),
+ * X = d > 0 ? qk_scale d : 0, Y = w_scale (double)hw; then warp_sum_d's butterfly, which leaves at lane 0 the
+ * tree s_i += s_{i+o} for o = 16, 8, 4, 2, 1; IEEE addition commutes): warps 2 / 3 pass X of heads 32..63
+ * through shared memory (reusing the query's), warps 0 / 1 form lanes 0..15 / 16..31's sums, warp 1 passes its
+ * sums, warp 0 runs the tree and stores. So the same bits as index_score_k for any EPL or grid. */
+#define IDX3_NH 64      /* the heads this form takes: 4 warps x 16 */
+#define IDX3_HW 16      /* heads per warp */
+#define IDX3_WARPS 4
+static size_t idx3_smem(int nh, int di) { return sizeof(double) * ((size_t)nh * di + nh); }
+template <int EPL>
+__global__ void __launch_bounds__(IDX3_WARPS * 32) index_score3_k(const float *q, const float *hw, const int32_t *pos,
+                                                                 const int32_t *seq_of, const di_v4k_seq *seqs, di_v4k_comp ic,
+                                                                 int nh, int di, int max_n, float *score) {
+  extern __shared__ double sm3[]; /* [nh][di] widened query, then [nh] head weights Y; after the loop: X / sums */
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, ic.rate);
+  const int valid = iq.valid, s0 = blockIdx.x * (32 * EPL);
+  if (s0 >= valid) return;
+  const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
+  double *qd = sm3, *yw = sm3 + (size_t)nh * di;
+  {
+    const float *qt = q + (size_t)t * nh * di;
+    for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qd[i] = (double)qt[i];
+    const float *ht = hw + (size_t)t * nh;
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) yw[h] = (double)ht[h] * w_scale;
+  }
+  const float *kp[EPL];
+  bool ok[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; j++) {
+    const int s = s0 + lane + 32 * j;
+    ok[j] = s < valid;
+    kp[j] = ok[j] ? entry_ptr(ic, iq.sq.tab[1], s) : NULL;
+  }
+  __syncthreads();
+  double acc[EPL][IDX3_HW];
+#pragma unroll
+  for (int j = 0; j < EPL; j++)
+#pragma unroll
+    for (int h = 0; h < IDX3_HW; h++) acc[j][h] = 0;
+  const double *qw = qd + (size_t)(warp * IDX3_HW) * di;
+  float4 nf[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; j++) nf[j] = ok[j] ? __ldg((const float4 *)kp[j]) : make_float4(0, 0, 0, 0);
+  for (int k = 0; k < di; k += 4) {
+    double kd[EPL][4];
+#pragma unroll
+    for (int j = 0; j < EPL; j++) {
+      kd[j][0] = (double)nf[j].x;
+      kd[j][1] = (double)nf[j].y;
+      kd[j][2] = (double)nf[j].z;
+      kd[j][3] = (double)nf[j].w;
+    }
+    if (k + 4 < di) { /* the next 4 columns' loads in flight during these 16 heads' products */
+#pragma unroll
+      for (int j = 0; j < EPL; j++) nf[j] = ok[j] ? __ldg((const float4 *)(kp[j] + k + 4)) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int h = 0; h < IDX3_HW; h++) {
+      const double2 qa = *(const double2 *)(qw + (size_t)h * di + k), qb = *(const double2 *)(qw + (size_t)h * di + k + 2);
+#pragma unroll
+      for (int j = 0; j < EPL; j++) {
+        acc[j][h] = __fma_rn(qa.x, kd[j][0], acc[j][h]);
+        acc[j][h] = __fma_rn(qa.y, kd[j][1], acc[j][h]);
+        acc[j][h] = __fma_rn(qb.x, kd[j][2], acc[j][h]);
+        acc[j][h] = __fma_rn(qb.y, kd[j][3], acc[j][h]);
+      }
+    }
+  }
+  /* X = relu-scaled dot products; the epilogue of the file comment */
+#pragma unroll
+  for (int j = 0; j < EPL; j++)
+#pragma unroll
+    for (int h = 0; h < IDX3_HW; h++) acc[j][h] = acc[j][h] > 0 ? __dmul_rn(qk_scale, acc[j][h]) : 0.0;
+  __syncthreads(); /* every warp is done with the query: its space takes X of heads 32..63 and warp 1's sums */
+  const int ENT = 32 * EPL, XS = 33, PS = 17; /* row strides (doubles): lanes' rows in distinct bank pairs */
+  double *xs = sm3, *ps = sm3 + (size_t)ENT * XS;
+  if (warp >= 2) {
+#pragma unroll
+    for (int j = 0; j < EPL; j++)
+#pragma unroll
+      for (int h = 0; h < IDX3_HW; h++) xs[(size_t)(lane + 32 * j) * XS + (warp - 2) * IDX3_HW + h] = acc[j][h];
+  }
+  __syncthreads();
+  if (warp < 2) {
+#pragma unroll
+    for (int j = 0; j < EPL; j++)
+#pragma unroll
+      for (int h = 0; h < IDX3_HW; h++) {
+        const int L = warp * IDX3_HW + h; /* warp_sum_d's lane L: heads L and L + 32 */
+        const double t0 = __fma_rn(acc[j][h], yw[L], 0.0);
+        acc[j][h] = __fma_rn(xs[(size_t)(lane + 32 * j) * XS + L], yw[L + 32], t0);
+      }
+    if (warp == 1) {
+#pragma unroll
+      for (int j = 0; j < EPL; j++)
+#pragma unroll
+        for (int h = 0; h < IDX3_HW; h++) ps[(size_t)(lane + 32 * j) * PS + h] = acc[j][h];
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int j = 0; j < EPL; j++) {
+      double v[IDX3_HW];
+#pragma unroll
+      for (int i = 0; i < IDX3_HW; i++) v[i] = __dadd_rn(acc[j][i], ps[(size_t)(lane + 32 * j) * PS + i]); /* o = 16 */
+#pragma unroll
+      for (int i = 0; i < 8; i++) v[i] = __dadd_rn(v[i], v[i + 8]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) v[i] = __dadd_rn(v[i], v[i + 4]);
+      v[0] = __dadd_rn(v[0], v[2]);
+      v[1] = __dadd_rn(v[1], v[3]);
+      v[0] = __dadd_rn(v[0], v[1]);
+      if (ok[j]) score[(size_t)t * max_n + s0 + lane + 32 * j] = (float)v[0];
+    }
+  }
+}
 #define INDEX_FORM_DEFAULT 0
 static int g_index_form = INDEX_FORM_DEFAULT; /* 1 (index_score2_k: slower on the H200, session 14's request 6); 2 (index_score_k, 8 entries
-                                 a CTA up to 4,096 entries) not yet run on the device */
+                                 a CTA up to 4,096 entries) not yet run on the device; 3 (index_score3_k, each float widened once) */
 extern "C" void di_v4k_index_form(int form) { g_index_form = form < 0 ? INDEX_FORM_DEFAULT : form; }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
@@ -410,7 +536,23 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
   const size_t smem = sizeof(float) * (size_t)nh * (di + 1);
   if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
   const size_t smem2 = idx2_smem(nh, di);
-  if (g_index_form == 1 && nh == IDX2_NH && smem2 <= 220 * 1024) {
+  const size_t smem3 = idx3_smem(nh, di);
+  if (g_index_form == 3 && nh == IDX3_NH && di % 4 == 0 && ic->dim % 4 == 0 && smem3 <= 200 * 1024 &&
+      smem3 >= sizeof(double) * 64 * (33 + 17)) {
+    static size_t smem3_set; /* the attribute once per size (not again while a graph is captured) */
+    if (smem3 > 48 * 1024 && smem3 > smem3_set) {
+      DI_CU(cudaFuncSetAttribute(index_score3_k<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
+      DI_CU(cudaFuncSetAttribute(index_score3_k<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
+      smem3_set = smem3;
+    }
+    /* 2 entries a lane from 8,192 entries (fewer query stagings), 1 below (more CTAs): the same bits either way */
+    if (max_n > 8192)
+      index_score3_k<2><<<dim3((max_n + 63) / 64, T), 32 * IDX3_WARPS, smem3, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                 max_n, score);
+    else
+      index_score3_k<1><<<dim3((max_n + 31) / 32, T), 32 * IDX3_WARPS, smem3, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                 max_n, score);
+  } else if (g_index_form == 1 && nh == IDX2_NH && smem2 <= 220 * 1024) {
     static size_t smem2_set; /* the attribute once per size (not again while a graph is captured) */
     if (smem2 > 48 * 1024 && smem2 > smem2_set) {
       DI_CU(cudaFuncSetAttribute(index_score2_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2));
