@@ -428,7 +428,7 @@ static void check_attend(int kind) {
   di_v4k_comp c = {kind == DI_V4_ATTN_HCA ? 2 : 0, rate, kind == DI_V4_ATTN_CSA, hd, hd, 0, 1, slots, 0, de, NULL, NULL, NULL};
   const size_t keys = (size_t)W + (nc > 0 ? nc : 1);
   float *dp = zeros_dev(4 * (size_t)T * H * keys);
-  double *dex = zeros_dev(8 * (size_t)T * H * keys);
+  double *dex = zeros_dev(8 * di_v4k_attend_ex(T, H, W, nc > 0 ? nc : 1));
   float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
   di_v4k_attend_form(0); /* the one-key loops first */
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
@@ -441,11 +441,24 @@ static void check_attend(int kind) {
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
                       kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
                       NULL) == DI_OK);
-  di_v4k_attend_form(-1);
   CHECK(di_cut_sync() == 0);
   float *o1 = from_dev(dout, (size_t)T * H * hd);
   const int form_same = memcmp(o, o1, 4 * (size_t)T * H * hd) == 0;
   free(o1);
+  /* the split kernels (form 3: the key list once a token, scores 8 heads a CTA, values 4 heads x 128 channels), into a
+   * fresh output: the same bits */
+  float *dout3 = zeros_dev(4 * (size_t)T * H * hd);
+  di_v4k_attend_form(3);
+  CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
+                      kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout3,
+                      NULL) == DI_OK);
+  di_v4k_attend_form(-1);
+  CHECK(di_cut_sync() == 0);
+  float *o3 = from_dev(dout3, (size_t)T * H * hd);
+  int split_diff = 0;
+  for (size_t i = 0; i < (size_t)T * H * hd; i++) split_diff += memcmp(o + i, o3 + i, 4) != 0;
+  free(o3);
+  di_cut_free(dout3);
   float *win = malloc(4 * (size_t)W * hd), *ent = malloc(4 * (size_t)(nc + 1) * hd), *p = malloc(4 * keys);
   double *ex = malloc(8 * keys);
   for (int e = 0; e < nc; e++) {
@@ -466,10 +479,11 @@ static void check_attend(int kind) {
     worst = e > worst ? e : worst;
   }
   static const char *const name[3] = {"sliding", "CSA", "HCA"};
-  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e, two keys a warp %s\n", name[kind], H, hd, W,
-         nc, worst, form_same ? "bit-identical" : "DIFFERS");
+  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e, two keys a warp %s, split kernels %d of %d "
+         "outputs differ\n", name[kind], H, hd, W, nc, worst, form_same ? "bit-identical" : "DIFFERS", split_diff, T * H * hd);
   CHECKF(worst < 1e-5, "attention %s: %.3e", name[kind], worst);
   CHECKF(form_same, "attention %s: two keys a warp differ", name[kind]);
+  CHECKF(split_diff == 0, "attention %s: the split kernels differ in %d outputs", name[kind], split_diff);
   free(wpool); free(epool); free(q); free(sink); free(sel); free(o); free(ref); free(win); free(ent); free(p); free(ex);
   di_cut_free(dw); di_cut_free(de); di_cut_free(dq); di_cut_free(dsink); di_cut_free(dout); di_cut_free(dsel);
   di_cut_free(tab); di_cut_free(dpos); di_cut_free(dso); di_cut_free(dsq); di_cut_free(dp); di_cut_free(dex); di_cut_free(inv);

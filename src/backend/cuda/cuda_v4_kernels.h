@@ -49,7 +49,9 @@ void di_v4k_hc_form(int form);
 /* 1: di_v4k_route with a warp per token (the experts scored by the lanes); 0 (the default): a thread per token. The
  * same picks and weights. For tests and A/B benchmarks. */
 void di_v4k_route_form(int form);
-/* 1: di_v4k_attend (head_dim 129..512) with two keys a warp in flight; 0 (the default): one. The same bits. */
+/* 1 (the default): di_v4k_attend (head_dim 129..512) with two keys a warp in flight at one token, 2: at any T; 0: one;
+ * 3: the split kernels (each key row widened once per 8 / 4 heads; hd % 128 == 0, H % 8 == 0, else as 0). The same
+ * bits. */
 void di_v4k_attend_form(int form);
 /* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
 void di_v4k_state_ctas(int n);
@@ -135,9 +137,9 @@ void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];
  * entries counted to the sequence's end of step), with the per-head sink; the output's rope channels
- * rotated back at pos. q: [T][H][hd] roped; o: [T][H][hd]. Scratch: p (float) and ex (double: its slots hold
- * the list of key rows), each
- * [T*H][W + max_n]. */
+ * rotated back at pos. q: [T][H][hd] roped; o: [T][H][hd]. Scratch: p (float) [T*H][W + max_n] and ex (double:
+ * its slots hold the list of key rows) of di_v4k_attend_ex(T, H, W, max_n) doubles. */
+size_t di_v4k_attend_ex(int T, int H, int W, int max_n);
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                         const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,
                         const unsigned char *sel, int max_n, const float *sink, int T, int H, int hd,

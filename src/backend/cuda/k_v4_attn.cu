@@ -591,6 +591,7 @@ typedef struct att_args {
   float af;
   float *p, *o;
   double *ex;
+  int T; /* the step's tokens (the split form's slots in ex) */
 } att_args;
 
 /* One CTA of ATT_WARPS warps per (token, head). First the keys it attends to are listed, in order, as row
@@ -601,11 +602,12 @@ typedef struct att_args {
  * sums are added in warp order in shared memory. Every sum's order depends only on the token's own keys,
  * so results do not depend on the batch. */
 #define ATT_WARPS 16
-template <int NJ, int AU>
-__global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_comp c, int has_comp) {
-  const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+/* Token t's key list (every thread of the CTA calls it; blockDim.x <= 32 * ATT_WARPS): the window rows, then the
+ * visible entries (HCA: every complete one; CSA: those with sel, compacted in index order by a block scan), as
+ * row pointers into kp; returns their count. */
+static __device__ int att_key_list(const att_args &a, const di_v4k_comp &c, int has_comp, int t, const float **kp) {
   const di_v4k_seq sq = a.seqs[a.seq_of[t]];
-  const int pos = a.pos[t];
+  const int pos = a.pos[t], hd = a.hd;
   const int j0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0, nw = pos - j0 + 1;
   int ncmp = 0;
   if (has_comp) {
@@ -615,16 +617,9 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
       ncmp = v < nc ? v : nc;
     } else ncmp = nc;
   }
-  const size_t stride = (size_t)a.W + a.max_n;
-  float *p = a.p + (size_t)blockIdx.x * stride;
-  const float **kp = (const float **)(a.ex + (size_t)blockIdx.x * stride);
   const unsigned char *sel = a.sel && has_comp && !a.hca ? a.sel + (size_t)t * a.max_n : NULL;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  __shared__ double qs[ATT_MAX_HD]; /* the query widened once (not per key: the conversions bound the score loop) */
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
   __shared__ int wtot[ATT_WARPS];
-  const float *qh = a.q + ((size_t)t * a.H + h) * hd;
-  for (int e = tid; e < hd; e += blockDim.x) qs[e] = (double)qh[e];
-  /* the key list */
   for (int i = tid; i < nw; i += blockDim.x) kp[i] = window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i);
   int nk = nw;
   if (ncmp > 0 && !sel) {
@@ -638,7 +633,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
       if (lane == 0) wtot[warp] = __popc(m);
       __syncthreads();
       int before = base, tot = 0;
-      for (int w2 = 0; w2 < ATT_WARPS; w2++) {
+      for (int w2 = 0; w2 < nwarps; w2++) {
         before += w2 < warp ? wtot[w2] : 0;
         tot += wtot[w2];
       }
@@ -648,6 +643,21 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
     }
     nk += base;
   }
+  return nk;
+}
+
+template <int NJ, int AU>
+__global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_comp c, int has_comp) {
+  const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+  const int pos = a.pos[t];
+  const size_t stride = (size_t)a.W + a.max_n;
+  float *p = a.p + (size_t)blockIdx.x * stride;
+  const float **kp = (const float **)(a.ex + (size_t)blockIdx.x * stride);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  __shared__ double qs[ATT_MAX_HD]; /* the query widened once (not per key: the conversions bound the score loop) */
+  const float *qh = a.q + ((size_t)t * a.H + h) * hd;
+  for (int e = tid; e < hd; e += blockDim.x) qs[e] = (double)qh[e];
+  const int nk = att_key_list(a, c, has_comp, t, kp);
   __syncthreads();
   const double scale = 1.0 / sqrt((double)hd);
   /* a warp's keys i = warp, warp + ATT_WARPS, ...: AU == 1 one after another (one key's memory latency after
@@ -759,8 +769,229 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   for (int e = tid; e < hd; e += blockDim.x) oh[e] = os[e];
 }
 
+/* ---- attention over many keys: attend_k's arithmetic in four kernels (di_v4k_attend_form 3) ----------------
+ * attend_k's CTA per (token, head) reads and widens every key row twice (scores, values) for one head: at long
+ * HCA contexts (1,152 keys at 128K) that is 64 x 2 reads of each 2 KB row a token, bound by the conversions and
+ * L2 (3.5 ms a layer at batch 64). The one KV head is shared by all 64 heads, so here each row is read and widened
+ * once per 8 heads (scores) or 4 heads (values), with every output the same expression in the same order as
+ * attend_k's, so the same bits:
+ *  1. att_keys_k: token t's key list (att_key_list, attend_k's) once, into ex's list slots, with its count;
+ *  2. att_score_k: a warp takes 4 keys x 8 heads; lane l sums channels l + 32 j in j order (attend_k's lane
+ *     partial; the product of two widened floats is exact, so fma = mul + add), then a transposed butterfly: at
+ *     level o each lane keeps half its pairs and adds its partner's half, v_l + v_{l^o} per pair as warp_sum_d's
+ *     (IEEE addition commutes), ending with pair l in lane l; p = (float)(d * scale);
+ *  3. att_softmax_k: per (token, head) attend_k's max / sum code over the same 512 threads, storing each key's
+ *     exp(p - mx) (attend_k recomputes the same expression in its value loop) and the sum;
+ *  4. att_value_k: per (token, 4 heads, 128 channels) warp w adds keys w, w + 16, ... in order (attend_k's 16
+ *     warps' accumulation streams, fma(w, v, acc)), the warps' sums in warp order, / sum, the rope's inverse on
+ *     its pairs (never split by a 128-channel chunk: hd - rope_dim is even), the output.
+ * ex holds (di_v4k_attend_ex): [T*H][W + max_n] weights, then per token the list and its count, then [T*H] sums. */
+#define AS_KEYS 4   /* keys a warp (att_score_k) */
+#define AS_HEADS 8  /* heads a CTA, every warp the same */
+#define AS_WARPS 8  /* 32 keys a CTA */
+#define AV_HEADS 4  /* heads a CTA (att_value_k) */
+#define AV_CH 128   /* channels a CTA */
+static __device__ __forceinline__ const float *const *att_list(const att_args &a, int t) {
+  const size_t stride = (size_t)a.W + a.max_n;
+  return (const float *const *)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
+}
+__global__ void __launch_bounds__(32 * ATT_WARPS) att_keys_k(att_args a, di_v4k_comp c, int has_comp) {
+  const int t = blockIdx.x;
+  const size_t stride = (size_t)a.W + a.max_n;
+  const float **kp = (const float **)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
+  const int nk = att_key_list(a, c, has_comp, t, kp);
+  if (threadIdx.x == 0) ((long long *)kp)[stride] = nk;
+}
+template <int NJ>
+__global__ void __launch_bounds__(32 * AS_WARPS) att_score_k(att_args a) {
+  extern __shared__ double qd[]; /* [AS_HEADS][hd] the heads' queries widened */
+  const int t = blockIdx.z, h0 = blockIdx.y * AS_HEADS, hd = NJ * 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float *const *kl = att_list(a, t);
+  const size_t stride = (size_t)a.W + a.max_n;
+  const int nk = (int)((const long long *)kl)[stride];
+  if (blockIdx.x * (AS_KEYS * AS_WARPS) >= nk) return;
+  const float *qt = a.q + ((size_t)t * a.H + h0) * hd;
+  for (int i = threadIdx.x; i < AS_HEADS * hd; i += blockDim.x) qd[i] = (double)qt[i];
+  __syncthreads();
+  const int i0 = blockIdx.x * (AS_KEYS * AS_WARPS) + warp * AS_KEYS;
+  if (i0 >= nk) return;
+  const float *kr[AS_KEYS];
+#pragma unroll
+  for (int u = 0; u < AS_KEYS; u++) kr[u] = kl[i0 + u < nk ? i0 + u : i0];
+  double v[AS_KEYS * AS_HEADS];
+#pragma unroll
+  for (int i = 0; i < AS_KEYS * AS_HEADS; i++) v[i] = 0;
+#pragma unroll 4
+  for (int j = 0; j < NJ; j++) {
+    const int e = lane + 32 * j;
+    double kd[AS_KEYS];
+#pragma unroll
+    for (int u = 0; u < AS_KEYS; u++) kd[u] = (double)kr[u][e];
+#pragma unroll
+    for (int hh = 0; hh < AS_HEADS; hh++) {
+      const double qv = qd[hh * hd + e];
+#pragma unroll
+      for (int u = 0; u < AS_KEYS; u++) v[u * AS_HEADS + hh] = __fma_rn(qv, kd[u], v[u * AS_HEADS + hh]);
+    }
+  }
+  /* the transposed butterfly (file comment above): pair index u * 8 + hh ends in lane u * 8 + hh */
+  const unsigned F = 0xffffffffu;
+#pragma unroll
+  for (int m = 0; m < 16; m++) {
+    const bool up = lane & 16;
+    const double send = up ? v[m] : v[m + 16], keep = up ? v[m + 16] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 16);
+  }
+#pragma unroll
+  for (int m = 0; m < 8; m++) {
+    const bool up = lane & 8;
+    const double send = up ? v[m] : v[m + 8], keep = up ? v[m + 8] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 8);
+  }
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    const bool up = lane & 4;
+    const double send = up ? v[m] : v[m + 4], keep = up ? v[m + 4] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 4);
+  }
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    const bool up = lane & 2;
+    const double send = up ? v[m] : v[m + 2], keep = up ? v[m + 2] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 2);
+  }
+  {
+    const bool up = lane & 1;
+    const double send = up ? v[0] : v[1], keep = up ? v[1] : v[0];
+    v[0] = keep + __shfl_xor_sync(F, send, 1);
+  }
+  const int i = i0 + lane / AS_HEADS, h = h0 + lane % AS_HEADS;
+  const double scale = 1.0 / sqrt((double)hd);
+  if (i < nk) a.p[((size_t)t * a.H + h) * stride + i] = (float)(v[0] * scale);
+}
+__global__ void __launch_bounds__(32 * ATT_WARPS) att_softmax_k(att_args a) {
+  const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, tid = threadIdx.x;
+  const size_t stride = (size_t)a.W + a.max_n;
+  const int nk = (int)((const long long *)att_list(a, t))[stride];
+  const float *p = a.p + (size_t)blockIdx.x * stride;
+  double *ew = a.ex + (size_t)blockIdx.x * stride;
+  double mx = -INFINITY;
+  for (int i = tid; i < nk; i += blockDim.x) mx = p[i] > mx ? p[i] : mx;
+  mx = block_max_d(mx);
+  const double sink = a.sink[h];
+  mx = sink > mx ? sink : mx;
+  double sum = 0;
+  for (int i = tid; i < nk; i += blockDim.x) {
+    const double e = exp((double)p[i] - mx);
+    sum += e;
+    ew[i] = e;
+  }
+  sum = block_sum_d(sum) + exp(sink - mx);
+  if (tid == 0) a.ex[(size_t)a.T * a.H * stride + (size_t)a.T * (stride + 1) + blockIdx.x] = sum;
+}
+__global__ void __launch_bounds__(32 * ATT_WARPS) att_value_k(att_args a) {
+  extern __shared__ double red3[]; /* [AV_HEADS][ATT_WARPS][AV_CH] the warps' sums; then os */
+  const int hg = a.H / AV_HEADS, t = blockIdx.x / hg, h0 = (blockIdx.x % hg) * AV_HEADS, c0 = blockIdx.y * AV_CH;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hd = a.hd;
+  const size_t stride = (size_t)a.W + a.max_n;
+  const float *const *kl = att_list(a, t);
+  const int nk = (int)((const long long *)kl)[stride];
+  const double *ew = a.ex + ((size_t)t * a.H + h0) * stride;
+  double acc[AV_HEADS][AV_CH / 32];
+#pragma unroll
+  for (int g = 0; g < AV_HEADS; g++)
+#pragma unroll
+    for (int j = 0; j < AV_CH / 32; j++) acc[g][j] = 0;
+  for (int i = warp; i < nk; i += ATT_WARPS) {
+    const float *vr = kl[i] + c0 + lane;
+    double vd[AV_CH / 32];
+#pragma unroll
+    for (int j = 0; j < AV_CH / 32; j++) vd[j] = (double)vr[32 * j];
+#pragma unroll
+    for (int g = 0; g < AV_HEADS; g++) {
+      const double w = ew[(size_t)g * stride + i];
+#pragma unroll
+      for (int j = 0; j < AV_CH / 32; j++) acc[g][j] = __fma_rn(w, vd[j], acc[g][j]);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < AV_HEADS; g++)
+#pragma unroll
+    for (int j = 0; j < AV_CH / 32; j++) red3[((size_t)g * ATT_WARPS + warp) * AV_CH + lane + 32 * j] = acc[g][j];
+  __syncthreads();
+  float *os = (float *)(red3 + (size_t)AV_HEADS * ATT_WARPS * AV_CH); /* [AV_HEADS][AV_CH] */
+  const double *sums = a.ex + (size_t)a.T * a.H * stride + (size_t)a.T * (stride + 1) + (size_t)t * a.H + h0;
+  for (int idx = tid; idx < AV_HEADS * AV_CH; idx += blockDim.x) {
+    const int g = idx / AV_CH, el = idx % AV_CH;
+    double v = 0;
+    for (int w2 = 0; w2 < ATT_WARPS; w2++) v += red3[((size_t)g * ATT_WARPS + w2) * AV_CH + el];
+    os[idx] = (float)(v / sums[g]);
+  }
+  __syncthreads();
+  const int pos = a.pos[t], half = a.rd / 2;
+  for (int idx = tid; idx < AV_HEADS * half; idx += blockDim.x) {
+    const int g = idx / half, i = idx % half, ch = hd - a.rd + 2 * i;
+    if (ch >= c0 && ch < c0 + AV_CH) rope_pair(os + (size_t)g * AV_CH + (ch - c0), 0, a.inv_freq[i], pos, a.af, -1);
+  }
+  __syncthreads();
+  for (int idx = tid; idx < AV_HEADS * AV_CH; idx += blockDim.x) {
+    const int g = idx / AV_CH, el = idx % AV_CH;
+    a.o[((size_t)t * a.H + h0 + g) * hd + c0 + el] = os[idx];
+  }
+}
+extern "C" size_t di_v4k_attend_ex(int T, int H, int W, int max_n) {
+  const size_t stride = (size_t)W + max_n;
+  return (size_t)T * H * stride + (size_t)T * (stride + 1) + (size_t)T * H;
+}
+/* Whether di_v4k_attend_form 3 takes this shape (else attend_k). */
+static int att_split_ok(int H, int hd, int rd) {
+  return hd % AV_CH == 0 && hd <= ATT_MAX_HD && H % AS_HEADS == 0 && H % AV_HEADS == 0 && rd % 2 == 0 && rd <= hd;
+}
+static di_status att_split(const att_args &a, const di_v4k_comp &cc, int has_comp, int T, int H, int hd, di_cu_stream s) {
+  const size_t stride = (size_t)a.W + a.max_n;
+  att_keys_k<<<T, 32 * ATT_WARPS, 0, s>>>(a, cc, has_comp);
+  V4_LAUNCH("att_keys");
+  const size_t qsm = sizeof(double) * AS_HEADS * (size_t)hd;
+  const dim3 sg((unsigned)((stride + AS_KEYS * AS_WARPS - 1) / (AS_KEYS * AS_WARPS)), H / AS_HEADS, T);
+  static size_t set_q[3]; /* each attribute once per size (not again while a graph is captured) */
+  switch (hd / 128) {
+#define AS_CASE(n, NJ)                                                                                    \
+  case n:                                                                                                 \
+    if (qsm > 48 * 1024 && qsm > set_q[n / 4]) {                                                           \
+      DI_CU(cudaFuncSetAttribute(att_score_k<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qsm)); \
+      set_q[n / 4] = qsm;                                                                                  \
+    }                                                                                                     \
+    att_score_k<NJ><<<sg, 32 * AS_WARPS, qsm, s>>>(a);                                                    \
+    break;
+    AS_CASE(1, 4)
+    AS_CASE(2, 8)
+    AS_CASE(3, 12)
+    AS_CASE(4, 16)
+    AS_CASE(5, 20)
+    AS_CASE(6, 24)
+    AS_CASE(7, 28)
+    AS_CASE(8, 32)
+#undef AS_CASE
+  default: return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: split attention of head_dim %d", hd);
+  }
+  V4_LAUNCH("att_score");
+  att_softmax_k<<<T * H, 32 * ATT_WARPS, 0, s>>>(a);
+  V4_LAUNCH("att_softmax");
+  const size_t vsm = sizeof(double) * AV_HEADS * ATT_WARPS * AV_CH + sizeof(float) * AV_HEADS * AV_CH;
+  static size_t set_v;
+  if (vsm > 48 * 1024 && vsm > set_v) {
+    DI_CU(cudaFuncSetAttribute(att_value_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)vsm));
+    set_v = vsm;
+  }
+  att_value_k<<<dim3(T * (H / AV_HEADS), hd / AV_CH), 32 * ATT_WARPS, vsm, s>>>(a);
+  V4_LAUNCH("att_value");
+  return DI_OK;
+}
+
 #define ATT_FORM_DEFAULT 1
-static int g_att_form = ATT_FORM_DEFAULT; /* 1: two keys a warp in flight at one token (129 <= head_dim <= 512) */
+static int g_att_form = ATT_FORM_DEFAULT; /* 1: two keys a warp in flight at one token (129 <= head_dim <= 512); 2: at
+                                           any T; 3: the split kernels (att_split) */
 extern "C" void di_v4k_attend_form(int form) { g_att_form = form < 0 ? ATT_FORM_DEFAULT : form; }
 
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
@@ -771,11 +1002,12 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
   if (hd > ATT_MAX_HD) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: head_dim %d > %d", hd, ATT_MAX_HD);
   if (T <= 0) return DI_OK;
   att_args a = {q, pos, seq_of, seqs, window_pool, n_layers, l, W, hca, max_n, H, hd, rope_dim, sel, sink, inv_freq,
-                attn_factor, p, o, ex};
+                attn_factor, p, o, ex, T};
   di_v4k_comp none;
   memset(&none, 0, sizeof none);
   const size_t smem = sizeof(double) * ATT_WARPS * (size_t)hd;
   const di_v4k_comp cc = comp ? *comp : none;
+  if (g_att_form == 3 && att_split_ok(H, hd, rope_dim)) return att_split(a, cc, comp != NULL, T, H, hd, s);
   if (hd <= 128) {
     attend_k<4, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else if (hd <= 512) {
