@@ -27,8 +27,9 @@
  * BENCH_V4_HC_FORM=1 the mHC / head collapses with grouped loads (di_v4k_hc_form),
  * BENCH_V4_STATE_CTAS=N the compressor state writes over N CTAs each (di_v4k_state_ctas), BENCH_V4_ROUTE_FORM=1 the
  * routing with a warp per token (di_v4k_route_form), BENCH_V4_ATT_FORM=1 the attention with two keys a warp in
- * flight (di_v4k_attend_form), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
- * kernels with the byte-permute decode).
+ * flight (di_v4k_attend_form; 3: the split kernels, each key row widened once per 8 / 4 heads), for A/B runs
+ * (BENCH_V4_MX_FORM=4 / 5: the MXFP4 kernels with the byte-permute decode; BENCH_V4_INDEX_FORM=3: the indexer's
+ * widen-once score kernel and, past 4,096 entries, a 1,024-thread top-k).
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */

@@ -430,7 +430,9 @@ static __device__ __forceinline__ uint32_t score_key(float v) {
  * entries (a block-wide scan in index order) until k are picked: di_v4_topk_earlier_first's result in
  * O(n) per query. */
 #define TOPK_THREADS 256
-__global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
+#define TOPK_THREADS_LONG 1024 /* form 3, over 4,096 entries: a token's one CTA takes 4x the threads (the same picks: the
+                                  counts are integers, the ties ranked by a scan in index order whatever the width) */
+__global__ void __launch_bounds__(TOPK_THREADS_LONG) index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
                              int max_n, const float *score, unsigned char *sel) {
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const idx_query iq = index_query(pos, seq_of, seqs, t, rate);
@@ -448,7 +450,7 @@ __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di
   __shared__ unsigned hist[256];
   __shared__ uint32_t prefix, mask;
   __shared__ int remaining, base, tau_count;
-  __shared__ int warp_tot[TOPK_THREADS / 32];
+  __shared__ int warp_tot[TOPK_THREADS_LONG / 32];
   if (tid == 0) {
     prefix = mask = 0;
     remaining = k;
@@ -572,7 +574,8 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
                                                                                score, epc);
   }
   V4_LAUNCH("index_score");
-  index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
+  const int topk_threads = g_index_form == 3 && max_n > 4096 ? TOPK_THREADS_LONG : TOPK_THREADS;
+  index_topk_k<<<T, topk_threads, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
   V4_LAUNCH("index_topk");
   return DI_OK;
 }
