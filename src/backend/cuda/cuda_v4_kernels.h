@@ -32,8 +32,8 @@ di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weigh
  * inv_freq: [rope_dim/2] device; sign -1: inverse rotation. */
 di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, const int32_t *pos, const float *inv_freq,
                       int rope_dim, float attn_factor, int sign, di_cu_stream s);
-/* di_v4k_rmsnorm then di_v4k_rope (sign 1) of the same rows: with di_v4k_fuse(1) in one launch (the same bits),
- * else the two launches (the default until the fused kernel has run on the device). */
+/* di_v4k_rmsnorm then di_v4k_rope (sign 1) of the same rows: with di_v4k_fuse(1) or (2) (the default) in one launch (the
+ * same bits), else the two launches. */
 di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
                               const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s);
 /* The kernel-form setters below (di_v4k_lin_form, _fuse, _hc_form, _route_form, _attend_form, _state_ctas,
@@ -55,8 +55,8 @@ void di_v4k_route_form(int form);
 void di_v4k_attend_form(int form);
 /* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
 void di_v4k_state_ctas(int n);
-/* 1: di_v4k_rmsnorm_rope in one launch, 2: and di_v4k_rmsnorm_rope_window too; 0 (the default): two (three) launches.
- * For tests and A/B benchmarks. */
+/* 1: di_v4k_rmsnorm_rope in one launch, 2 (the default): and di_v4k_rmsnorm_rope_window too; 0: two (three) launches.
+ * The same bits. For tests and A/B benchmarks. */
 void di_v4k_fuse(int on);
 /* X[t][j][:] = embed[tokens[t]][:] for every stream j < hc (di_v4_embed); embed bf16 or f32 [V][D]. */
 di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s);
