@@ -10,7 +10,8 @@
  * (the timing of attention over CTX positions does not depend on the values), then decode.
  *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES] [PREFILL] [PROFILE]   one line per context and batch size
  *   (BATCHES: a comma list of 1..256, default 1,16,64; a batch whose B x CTX passes 64 x 128K is skipped). PREFILL (argument 5, default 0: none): then one
- *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed.
+ *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed (with PROFILE > 0 the
+ *   one-step prefill runs twice more: timed with its scratch grown, then with the phase profile on).
  * PROFILE (argument 6, default 0): after each batch's timed steps, PROFILE more steps with the backend's phase
  * profile on (eager, an event at each phase's start: di_backend_cuda_v4_profile), printed per layer type
  * (sliding / CSA / HCA, mean per layer) and phase (hyper-connections, q/kv, compressor, indexer, attention,
@@ -63,7 +64,7 @@ static int32_t *tabs[MAXSEQ][DI_KV_MAX_GROUPS];
 
 /* The phase profile of the last profiled steps: per layer type the mean per layer and step, us; per phase
  * its batch-1 weight bytes, their rate, the share of the roofline (bytes / 4.8 TB/s over the time). */
-static void print_profile(const di_backend *be, int B, int ctx) {
+static void print_profile(const di_backend *be, const char *what) {
   static const char *pn[DI_V4_PROF_N] = {"hyper-conn", "q/kv", "compressor", "indexer", "attention", "output",
                                          "router", "experts", "embedding", "head"};
   static const char *kn[3] = {"sliding", "CSA", "HCA"};
@@ -71,8 +72,8 @@ static void print_profile(const di_backend *be, int B, int ctx) {
   di_backend_cuda_v4_profile_read(be, 0, 0, NULL, &steps, NULL);
   if (steps <= 0) return;
   double total = 0;
-  printf("  phase profile, batch %d at context %d (%lld eager steps; us per layer and step; MB of batch-1 weights; GB/s of them; %% of "
-         "the %.1f TB/s roofline):\n", B, ctx, (long long)steps, HBM_TBS);
+  printf("  phase profile, %s (%lld eager steps; us per layer and step; MB of batch-1 weights; GB/s of them; %% of "
+         "the %.1f TB/s roofline):\n", what, (long long)steps, HBM_TBS);
   for (int k = 0; k < 3; k++) {
     int nl = 0;
     for (int l = 0; l < NL; l++) nl += c.attn_kind[l] == k;
@@ -254,7 +255,11 @@ int main(int argc, char **argv) {
       }
       if (pfs > 0) {
         di_backend_cuda_v4_profile(be, 0);
-        if (ok) print_profile(be, B, ctx);
+        if (ok) {
+          char what[64];
+          snprintf(what, sizeof what, "batch %d at context %d", B, ctx);
+          print_profile(be, what);
+        }
       }
       for (int s = 0; s < B; s++) be->ops->release(be, (uint64_t)(100000 * round + 1000 * bi + s + 1));
       if (ok) {
@@ -287,7 +292,11 @@ int main(int argc, char **argv) {
         printf("kv_alloc_groups for prefill: %s\n", di_last_error());
         break;
       }
-      for (int rep = 1; rep < 2; rep++) { /* one timed run (scratch growth, ms, included) */
+      /* rep 1: timed (scratch growth included); whole-prompt steps with PROFILE > 0: rep 2 timed again (grown), rep 3
+       * with the phase profile on */
+      const int reps = chunk == prefill && pfs > 0 ? 4 : 2;
+      for (int rep = 1; rep < reps; rep++) {
+        if (rep == 3) di_backend_cuda_v4_profile(be, 1);
         const uint64_t key = 900000 + (uint64_t)(2 * chunk + rep);
         const double a = di_cut_time_ms();
         di_status r = DI_OK;
@@ -326,6 +335,15 @@ int main(int argc, char **argv) {
         }
         if (rep == 1)
           printf("prefill of %d tokens in steps of %d: %.1f ms, %.0f tok/s\n", prefill, chunk, ms, prefill * 1e3 / ms);
+        if (rep == 2)
+          printf("prefill of %d tokens in steps of %d again (scratch grown): %.1f ms, %.0f tok/s\n", prefill, chunk, ms,
+                 prefill * 1e3 / ms);
+        if (rep == 3) {
+          di_backend_cuda_v4_profile(be, 0);
+          char what[64];
+          snprintf(what, sizeof what, "prefill of %d tokens in one step", prefill);
+          print_profile(be, what);
+        }
       }
     }
     free(tok); free(pos); free(so);
