@@ -49,9 +49,9 @@ void di_v4k_hc_form(int form);
 /* 1: di_v4k_route with a warp per token (the experts scored by the lanes); 0 (the default): a thread per token. The
  * same picks and weights. For tests and A/B benchmarks. */
 void di_v4k_route_form(int form);
-/* 1 (the default): di_v4k_attend (head_dim 129..512) with two keys a warp in flight at one token, 2: at any T; 0: one;
- * 3: the split kernels (each key row widened once per 8 / 4 heads; hd % 128 == 0, H % 8 == 0, else as 0). The same
- * bits. */
+/* 1: di_v4k_attend (head_dim 129..512) with two keys a warp in flight at one token, 2: at any T; 0: one; 3: the split
+ * kernels (each key row widened once per 8 / 4 heads; hd % 128 == 0, H % 8 == 0, else as 1); 4 (the default): 1 for
+ * one token over at most 256 keys, else 3. The same bits. */
 void di_v4k_attend_form(int form);
 /* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
 void di_v4k_state_ctas(int n);
@@ -129,10 +129,11 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
 di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s);
-/* The score kernel di_v4k_indexer takes: 0 (the default) index_score_k, 1 the register-tiled index_score2_k
- * (64 heads; the same bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the
- * same bits), 3 index_score3_k (64 heads, di % 4 == 0; else form 0): each float widened to double once per CTA or
- * per 16 products (the same bits). For tests and A/B benchmarks; not thread-safe. */
+/* The score kernel di_v4k_indexer takes: 0 index_score_k, 1 the register-tiled index_score2_k (64 heads; the same
+ * bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the same bits), 3 (the default)
+ * index_score3_k (64 heads, di % 4 == 0; else form 0): each float widened to double once per CTA or per 16 products,
+ * and past 4,096 entries a 1,024-thread top-k (the same bits and picks); 4: form 3 with 4 entries a lane past 8,192.
+ * For tests and A/B benchmarks; not thread-safe. */
 void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];

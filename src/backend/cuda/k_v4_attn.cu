@@ -411,9 +411,11 @@ __global__ void __launch_bounds__(IDX3_WARPS * 32) index_score3_k(const float *q
     }
   }
 }
-#define INDEX_FORM_DEFAULT 0
+#define INDEX_FORM_DEFAULT 3
 static int g_index_form = INDEX_FORM_DEFAULT; /* 1 (index_score2_k: slower on the H200, session 14's request 6); 2 (index_score_k, 8 entries
-                                 a CTA up to 4,096 entries) not yet run on the device; 3 (index_score3_k, each float widened once) */
+                                 a CTA up to 4,096 entries) not yet run on the device; 3 (index_score3_k, each float widened once: the same hashes,
+                                 session 15's request 1; 128K: the CSA indexer 382 -> 194 us a layer at batch 1, 9.6 -> 3.5 ms at
+                                 64) the default; 4: its 4 entries a lane past 8,192 entries */
 extern "C" void di_v4k_index_form(int form) { g_index_form = form < 0 ? INDEX_FORM_DEFAULT : form; }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
@@ -539,16 +541,25 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
   if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
   const size_t smem2 = idx2_smem(nh, di);
   const size_t smem3 = idx3_smem(nh, di);
-  if (g_index_form == 3 && nh == IDX3_NH && di % 4 == 0 && ic->dim % 4 == 0 && smem3 <= 200 * 1024 &&
-      smem3 >= sizeof(double) * 64 * (33 + 17)) {
+  if ((g_index_form == 3 || g_index_form == 4) && nh == IDX3_NH && di % 4 == 0 && ic->dim % 4 == 0 && smem3 <= 200 * 1024 &&
+      smem3 >= sizeof(double) * 128 * (33 + 17)) {
     static size_t smem3_set; /* the attribute once per size (not again while a graph is captured) */
     if (smem3 > 48 * 1024 && smem3 > smem3_set) {
       DI_CU(cudaFuncSetAttribute(index_score3_k<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
       DI_CU(cudaFuncSetAttribute(index_score3_k<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
       smem3_set = smem3;
     }
-    /* 2 entries a lane from 8,192 entries (fewer query stagings), 1 below (more CTAs): the same bits either way */
-    if (max_n > 8192)
+    /* 2 entries a lane from 8,192 entries (fewer query stagings; form 4: 4, half the query reads a product), 1 below
+     * (more CTAs): the same bits either way */
+    if (max_n > 8192 && g_index_form == 4) {
+      static int set4;
+      if (!set4) {
+        DI_CU(cudaFuncSetAttribute(index_score3_k<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
+        set4 = 1;
+      }
+      index_score3_k<4><<<dim3((max_n + 127) / 128, T), 32 * IDX3_WARPS, smem3, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                   max_n, score);
+    } else if (max_n > 8192)
       index_score3_k<2><<<dim3((max_n + 63) / 64, T), 32 * IDX3_WARPS, smem3, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
                                                                                  max_n, score);
     else
@@ -574,7 +585,7 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
                                                                                score, epc);
   }
   V4_LAUNCH("index_score");
-  const int topk_threads = g_index_form == 3 && max_n > 4096 ? TOPK_THREADS_LONG : TOPK_THREADS;
+  const int topk_threads = g_index_form >= 3 && max_n > 4096 ? TOPK_THREADS_LONG : TOPK_THREADS;
   index_topk_k<<<T, topk_threads, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
   V4_LAUNCH("index_topk");
   return DI_OK;
@@ -605,7 +616,7 @@ typedef struct att_args {
  * sums are added in warp order in shared memory. Every sum's order depends only on the token's own keys,
  * so results do not depend on the batch. */
 #define ATT_WARPS 16
-/* Token t's key list (every thread of the CTA calls it; blockDim.x <= 32 * ATT_WARPS): the window rows, then the
+/* Token t's key list (every thread of the CTA calls it; blockDim.x <= 1024): the window rows, then the
  * visible entries (HCA: every complete one; CSA: those with sel, compacted in index order by a block scan), as
  * row pointers into kp; returns their count. */
 static __device__ int att_key_list(const att_args &a, const di_v4k_comp &c, int has_comp, int t, const float **kp) {
@@ -622,7 +633,7 @@ static __device__ int att_key_list(const att_args &a, const di_v4k_comp &c, int 
   }
   const unsigned char *sel = a.sel && has_comp && !a.hca ? a.sel + (size_t)t * a.max_n : NULL;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
-  __shared__ int wtot[ATT_WARPS];
+  __shared__ int wtot[32];
   for (int i = tid; i < nw; i += blockDim.x) kp[i] = window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i);
   int nk = nw;
   if (ncmp > 0 && !sel) {
@@ -798,7 +809,8 @@ static __device__ __forceinline__ const float *const *att_list(const att_args &a
   const size_t stride = (size_t)a.W + a.max_n;
   return (const float *const *)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
 }
-__global__ void __launch_bounds__(32 * ATT_WARPS) att_keys_k(att_args a, di_v4k_comp c, int has_comp) {
+#define AK_THREADS 1024 /* att_keys_k: a CSA token's scan of its sel row in 1,024-entry steps (32 steps at 128K) */
+__global__ void __launch_bounds__(AK_THREADS) att_keys_k(att_args a, di_v4k_comp c, int has_comp) {
   const int t = blockIdx.x;
   const size_t stride = (size_t)a.W + a.max_n;
   const float **kp = (const float **)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
@@ -806,7 +818,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) att_keys_k(att_args a, di_v4k_
   if (threadIdx.x == 0) ((long long *)kp)[stride] = nk;
 }
 template <int NJ>
-__global__ void __launch_bounds__(32 * AS_WARPS) att_score_k(att_args a) {
+__global__ void __launch_bounds__(32 * AS_WARPS, 2) att_score_k(att_args a) {
   extern __shared__ double qd[]; /* [AS_HEADS][hd] the heads' queries widened */
   const int t = blockIdx.z, h0 = blockIdx.y * AS_HEADS, hd = NJ * 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -817,8 +829,10 @@ __global__ void __launch_bounds__(32 * AS_WARPS) att_score_k(att_args a) {
   const float *qt = a.q + ((size_t)t * a.H + h0) * hd;
   for (int i = threadIdx.x; i < AS_HEADS * hd; i += blockDim.x) qd[i] = (double)qt[i];
   __syncthreads();
-  const int i0 = blockIdx.x * (AS_KEYS * AS_WARPS) + warp * AS_KEYS;
-  if (i0 >= nk) return;
+  const double scale = 1.0 / sqrt((double)hd);
+  /* the CTA's key blocks blockIdx.x, + gridDim.x, ... (the grid is capped: a CSA token has W + top-k keys, far fewer
+   * than its bound W + max_n, and empty CTAs cost their launch) */
+  for (int i0 = blockIdx.x * (AS_KEYS * AS_WARPS) + warp * AS_KEYS; i0 < nk; i0 += gridDim.x * (AS_KEYS * AS_WARPS)) {
   const float *kr[AS_KEYS];
 #pragma unroll
   for (int u = 0; u < AS_KEYS; u++) kr[u] = kl[i0 + u < nk ? i0 + u : i0];
@@ -870,8 +884,8 @@ __global__ void __launch_bounds__(32 * AS_WARPS) att_score_k(att_args a) {
     v[0] = keep + __shfl_xor_sync(F, send, 1);
   }
   const int i = i0 + lane / AS_HEADS, h = h0 + lane % AS_HEADS;
-  const double scale = 1.0 / sqrt((double)hd);
   if (i < nk) a.p[((size_t)t * a.H + h) * stride + i] = (float)(v[0] * scale);
+  }
 }
 __global__ void __launch_bounds__(32 * ATT_WARPS) att_softmax_k(att_args a) {
   const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, tid = threadIdx.x;
@@ -953,10 +967,12 @@ static int att_split_ok(int H, int hd, int rd) {
 }
 static di_status att_split(const att_args &a, const di_v4k_comp &cc, int has_comp, int T, int H, int hd, di_cu_stream s) {
   const size_t stride = (size_t)a.W + a.max_n;
-  att_keys_k<<<T, 32 * ATT_WARPS, 0, s>>>(a, cc, has_comp);
+  att_keys_k<<<T, AK_THREADS, 0, s>>>(a, cc, has_comp);
   V4_LAUNCH("att_keys");
   const size_t qsm = sizeof(double) * AS_HEADS * (size_t)hd;
-  const dim3 sg((unsigned)((stride + AS_KEYS * AS_WARPS - 1) / (AS_KEYS * AS_WARPS)), H / AS_HEADS, T);
+  /* key blocks a token: its bound's, capped at 40 (1,280 keys: a CSA token's 640 in one pass; longer HCA rows loop) */
+  const size_t kb = (stride + AS_KEYS * AS_WARPS - 1) / (AS_KEYS * AS_WARPS);
+  const dim3 sg((unsigned)(kb < 40 ? kb : 40), H / AS_HEADS, T);
   static size_t set_q[3]; /* each attribute once per size (not again while a graph is captured) */
   switch (hd / 128) {
 #define AS_CASE(n, NJ)                                                                                    \
@@ -992,9 +1008,10 @@ static di_status att_split(const att_args &a, const di_v4k_comp &cc, int has_com
   return DI_OK;
 }
 
-#define ATT_FORM_DEFAULT 1
+#define ATT_FORM_DEFAULT 4
 static int g_att_form = ATT_FORM_DEFAULT; /* 1: two keys a warp in flight at one token (129 <= head_dim <= 512); 2: at
-                                           any T; 3: the split kernels (att_split) */
+                                           any T; 3: the split kernels (att_split); 4 (the default): 1 for one token over
+                                           <= 256 keys, else 3 (session 15's request 1: split faster except there) */
 extern "C" void di_v4k_attend_form(int form) { g_att_form = form < 0 ? ATT_FORM_DEFAULT : form; }
 
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
@@ -1010,13 +1027,15 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
   memset(&none, 0, sizeof none);
   const size_t smem = sizeof(double) * ATT_WARPS * (size_t)hd;
   const di_v4k_comp cc = comp ? *comp : none;
-  if (g_att_form == 3 && att_split_ok(H, hd, rope_dim)) return att_split(a, cc, comp != NULL, T, H, hd, s);
+  /* form 4 (the default): one token over at most 256 keys (sliding, short HCA) on attend_k's two-key loops, else split */
+  const int split = g_att_form == 3 || (g_att_form == 4 && (T > 1 || (size_t)W + (comp ? max_n : 0) > 256));
+  if (split && att_split_ok(H, hd, rope_dim)) return att_split(a, cc, comp != NULL, T, H, hd, s);
   if (hd <= 128) {
     attend_k<4, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else if (hd <= 512) {
     static size_t set16[2]; /* each attribute once per size (not again while a graph is captured) */
     /* form 1: at one token only (at batch 64 the two-key kernel was slower: 128 registers, 1 CTA an SM); 2: always */
-    const int f = (g_att_form == 1 && T == 1) || g_att_form == 2;
+    const int f = ((g_att_form == 1 || g_att_form == 4) && T == 1) || g_att_form == 2;
     if (smem > 48 * 1024 && smem > set16[f]) {
       DI_CU(cudaFuncSetAttribute(f ? attend_k<16, 2> : attend_k<16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       set16[f] = smem;
