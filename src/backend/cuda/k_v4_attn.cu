@@ -805,6 +805,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
 #define AS_WARPS 8  /* 32 keys a CTA */
 #define AV_HEADS 4  /* heads a CTA (att_value_k) */
 #define AV_CH 128   /* channels a CTA */
+#define AV_U 4      /* keys a warp has in flight */
 static __device__ __forceinline__ const float *const *att_list(const att_args &a, int t) {
   const size_t stride = (size_t)a.W + a.max_n;
   return (const float *const *)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
@@ -920,16 +921,27 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) att_value_k(att_args a) {
   for (int g = 0; g < AV_HEADS; g++)
 #pragma unroll
     for (int j = 0; j < AV_CH / 32; j++) acc[g][j] = 0;
-  for (int i = warp; i < nk; i += ATT_WARPS) {
-    const float *vr = kl[i] + c0 + lane;
-    double vd[AV_CH / 32];
+  /* keys i0, i0 + 16, ... AV_U at a time with all their loads issued first (one key at a time waits a memory latency
+   * per key: the loop's bound), each added in order */
+  for (int i0 = warp; i0 < nk; i0 += ATT_WARPS * AV_U) {
+    float vf[AV_U][AV_CH / 32];
+    double wv[AV_U][AV_HEADS];
 #pragma unroll
-    for (int j = 0; j < AV_CH / 32; j++) vd[j] = (double)vr[32 * j];
+    for (int u = 0; u < AV_U; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      const float *vr = i < nk ? kl[i] + c0 + lane : NULL;
 #pragma unroll
-    for (int g = 0; g < AV_HEADS; g++) {
-      const double w = ew[(size_t)g * stride + i];
+      for (int j = 0; j < AV_CH / 32; j++) vf[u][j] = vr ? vr[32 * j] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < AV_CH / 32; j++) acc[g][j] = __fma_rn(w, vd[j], acc[g][j]);
+      for (int g = 0; g < AV_HEADS; g++) wv[u][g] = i < nk ? ew[(size_t)g * stride + i] : 0.0;
+    }
+#pragma unroll
+    for (int u = 0; u < AV_U; u++) {
+      if (i0 + u * ATT_WARPS >= nk) break;
+#pragma unroll
+      for (int g = 0; g < AV_HEADS; g++)
+#pragma unroll
+        for (int j = 0; j < AV_CH / 32; j++) acc[g][j] = __fma_rn(wv[u][g], (double)vf[u][j], acc[g][j]);
     }
   }
 #pragma unroll
