@@ -982,9 +982,10 @@ static di_status att_split(const att_args &a, const di_v4k_comp &cc, int has_com
   att_keys_k<<<T, AK_THREADS, 0, s>>>(a, cc, has_comp);
   V4_LAUNCH("att_keys");
   const size_t qsm = sizeof(double) * AS_HEADS * (size_t)hd;
-  /* key blocks a token: its bound's, capped at 40 (1,280 keys: a CSA token's 640 in one pass; longer HCA rows loop) */
+  /* key blocks a token: its bound's, capped at 20 (640 keys: a CSA token's W + top-k in one pass; longer HCA rows
+   * loop), so a CSA step does not launch the mostly empty blocks of its bound W + max_n */
   const size_t kb = (stride + AS_KEYS * AS_WARPS - 1) / (AS_KEYS * AS_WARPS);
-  const dim3 sg((unsigned)(kb < 40 ? kb : 40), H / AS_HEADS, T);
+  const dim3 sg((unsigned)(kb < 20 ? kb : 20), H / AS_HEADS, T);
   static size_t set_q[3]; /* each attribute once per size (not again while a graph is captured) */
   switch (hd / 128) {
 #define AS_CASE(n, NJ)                                                                                    \
