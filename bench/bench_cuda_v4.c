@@ -21,7 +21,7 @@
  * Each decode line ends with an FNV-1a hash of the last step's logits (the same binary inputs give the same
  * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
  * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones), BENCH_V4_INDEX_FORM=1 the indexer on its
- * register-tiled score kernel (di_v4k_index_form; 3, the default, the widen-once one; 0 the per-product one), BENCH_V4_FUSE=1 the
+ * register-tiled score kernel (di_v4k_index_form; 4, the default, the widen-once one; 0 the per-product one), BENCH_V4_FUSE=1 the
  * q / kv norms and ropes in one launch each (di_v4k_fuse), BENCH_V4_LIN_FORM=1 one token's bf16 linears on the
  * barrier-free GEMV (di_v4k_lin_form), BENCH_V4_FP8_FORM=1 / 2 one row's FP8 GEMVs with rows a warp and chunks by K
  * (di_cuk_fp8_gemv1_form), BENCH_V4_FP8_F32X=1 one token's FP8 products from the f32 activations (di_cuk_fp8_f32x),
@@ -31,7 +31,7 @@
  * flight (di_v4k_attend_form; 3: the split kernels, each key row widened once per 8 / 4 heads; 4, the default: 1 for
  * one token over <= 256 keys, else 3), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4 kernels with the byte-permute
  * decode; BENCH_V4_INDEX_FORM=3: the indexer's widen-once score kernel and, past 4,096 entries, a 1,024-thread top-k;
- * 4: with 4 entries a lane past 8,192).
+ * 4, the default: with 4 entries a lane past 8,192).
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */

@@ -347,8 +347,8 @@ static void check_indexer(void) {
   float *gs = from_dev(dscore, (size_t)T * N);
   unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
   di_cut_d2h(gsel, dsel, (size_t)T * N);
-  /* the per-product score kernel (di_v4k_index_form 0; 2: 8 entries a CTA), the widen-once one (3, the default: one
-   * entry a lane at this N; with a score row of 9000 > 8192, two a lane; 4: four) give the same bits and picks */
+  /* the per-product score kernel (di_v4k_index_form 0; 2: 8 entries a CTA), the widen-once one (3: one entry a lane
+   * at this N; with a score row of 9000 > 8192, two a lane; 4, the default: four) give the same bits and picks */
   const int forms[5][2] = {{0, N}, {2, N}, {3, N}, {3, 9000}, {4, 9000}};
   for (int f = 0; f < 5; f++) {
     const int form = forms[f][0], MN = forms[f][1];

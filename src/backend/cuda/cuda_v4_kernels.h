@@ -130,9 +130,10 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s);
 /* The score kernel di_v4k_indexer takes: 0 index_score_k, 1 the register-tiled index_score2_k (64 heads; the same
- * bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the same bits), 3 (the default)
+ * bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the same bits), 3
  * index_score3_k (64 heads, di % 4 == 0; else form 0): each float widened to double once per CTA or per 16 products,
- * and past 4,096 entries a 1,024-thread top-k (the same bits and picks); 4: form 3 with 4 entries a lane past 8,192.
+ * and past 4,096 entries a 1,024-thread top-k (the same bits and picks); 4 (the default): form 3 with 4 entries a lane
+ * past 8,192.
  * For tests and A/B benchmarks; not thread-safe. */
 void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
