@@ -10,7 +10,8 @@
  * (the timing of attention over CTX positions does not depend on the values), then decode.
  *   bench_cuda_v4 [CTX[,CTX...]] [EXPERTS] [STEPS] [BATCHES] [PREFILL] [PROFILE]   one line per context and batch size
  *   (BATCHES: a comma list of 1..256, default 1,16,64; a batch whose B x CTX passes 64 x 128K is skipped). PREFILL (argument 5, default 0: none): then one
- *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed.
+ *   sequence's first PREFILL tokens in one step, and the same again in steps of 512 tokens, timed (with PROFILE > 0 the
+ *   one-step prefill runs twice more: timed with its scratch grown, then with the phase profile on).
  * PROFILE (argument 6, default 0): after each batch's timed steps, PROFILE more steps with the backend's phase
  * profile on (eager, an event at each phase's start: di_backend_cuda_v4_profile), printed per layer type
  * (sliding / CSA / HCA, mean per layer) and phase (hyper-connections, q/kv, compressor, indexer, attention,
@@ -20,15 +21,17 @@
  * Each decode line ends with an FNV-1a hash of the last step's logits (the same binary inputs give the same
  * logits: two builds' hashes equal = bit-identical forwards). BENCH_V4_MX_FORM=0 runs the MXFP4 experts on
  * the lane kernels (di_v4k_mx_form; 1, the default, the staged ones), BENCH_V4_INDEX_FORM=1 the indexer on its
- * register-tiled score kernel (di_v4k_index_form; 0, the default, the per-product one), BENCH_V4_FUSE=1 the
+ * register-tiled score kernel (di_v4k_index_form; 4, the default, the widen-once one; 0 the per-product one), BENCH_V4_FUSE=1 the
  * q / kv norms and ropes in one launch each (di_v4k_fuse), BENCH_V4_LIN_FORM=1 one token's bf16 linears on the
  * barrier-free GEMV (di_v4k_lin_form), BENCH_V4_FP8_FORM=1 / 2 one row's FP8 GEMVs with rows a warp and chunks by K
  * (di_cuk_fp8_gemv1_form), BENCH_V4_FP8_F32X=1 one token's FP8 products from the f32 activations (di_cuk_fp8_f32x),
  * BENCH_V4_HC_FORM=1 the mHC / head collapses with grouped loads (di_v4k_hc_form),
  * BENCH_V4_STATE_CTAS=N the compressor state writes over N CTAs each (di_v4k_state_ctas), BENCH_V4_ROUTE_FORM=1 the
  * routing with a warp per token (di_v4k_route_form), BENCH_V4_ATT_FORM=1 the attention with two keys a warp in
- * flight (di_v4k_attend_form), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4
- * kernels with the byte-permute decode).
+ * flight (di_v4k_attend_form; 3: the split kernels, each key row widened once per 8 / 4 heads; 4, the default: 1 for
+ * one token over <= 256 keys, else 3), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4 kernels with the byte-permute
+ * decode; BENCH_V4_INDEX_FORM=3: the indexer's widen-once score kernel and, past 4,096 entries, a 1,024-thread top-k;
+ * 4, the default: with 4 entries a lane past 8,192).
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */
@@ -62,7 +65,7 @@ static int32_t *tabs[MAXSEQ][DI_KV_MAX_GROUPS];
 
 /* The phase profile of the last profiled steps: per layer type the mean per layer and step, us; per phase
  * its batch-1 weight bytes, their rate, the share of the roofline (bytes / 4.8 TB/s over the time). */
-static void print_profile(const di_backend *be, int B, int ctx) {
+static void print_profile(const di_backend *be, const char *what) {
   static const char *pn[DI_V4_PROF_N] = {"hyper-conn", "q/kv", "compressor", "indexer", "attention", "output",
                                          "router", "experts", "embedding", "head"};
   static const char *kn[3] = {"sliding", "CSA", "HCA"};
@@ -70,8 +73,8 @@ static void print_profile(const di_backend *be, int B, int ctx) {
   di_backend_cuda_v4_profile_read(be, 0, 0, NULL, &steps, NULL);
   if (steps <= 0) return;
   double total = 0;
-  printf("  phase profile, batch %d at context %d (%lld eager steps; us per layer and step; MB of batch-1 weights; GB/s of them; %% of "
-         "the %.1f TB/s roofline):\n", B, ctx, (long long)steps, HBM_TBS);
+  printf("  phase profile, %s (%lld eager steps; us per layer and step; MB of batch-1 weights; GB/s of them; %% of "
+         "the %.1f TB/s roofline):\n", what, (long long)steps, HBM_TBS);
   for (int k = 0; k < 3; k++) {
     int nl = 0;
     for (int l = 0; l < NL; l++) nl += c.attn_kind[l] == k;
@@ -253,7 +256,11 @@ int main(int argc, char **argv) {
       }
       if (pfs > 0) {
         di_backend_cuda_v4_profile(be, 0);
-        if (ok) print_profile(be, B, ctx);
+        if (ok) {
+          char what[64];
+          snprintf(what, sizeof what, "batch %d at context %d", B, ctx);
+          print_profile(be, what);
+        }
       }
       for (int s = 0; s < B; s++) be->ops->release(be, (uint64_t)(100000 * round + 1000 * bi + s + 1));
       if (ok) {
@@ -286,7 +293,11 @@ int main(int argc, char **argv) {
         printf("kv_alloc_groups for prefill: %s\n", di_last_error());
         break;
       }
-      for (int rep = 1; rep < 2; rep++) { /* one timed run (scratch growth, ms, included) */
+      /* rep 1: timed (scratch growth included); whole-prompt steps with PROFILE > 0: rep 2 timed again (grown), rep 3
+       * with the phase profile on */
+      const int reps = chunk == prefill && pfs > 0 ? 4 : 2;
+      for (int rep = 1; rep < reps; rep++) {
+        if (rep == 3) di_backend_cuda_v4_profile(be, 1);
         const uint64_t key = 900000 + (uint64_t)(2 * chunk + rep);
         const double a = di_cut_time_ms();
         di_status r = DI_OK;
@@ -325,6 +336,15 @@ int main(int argc, char **argv) {
         }
         if (rep == 1)
           printf("prefill of %d tokens in steps of %d: %.1f ms, %.0f tok/s\n", prefill, chunk, ms, prefill * 1e3 / ms);
+        if (rep == 2)
+          printf("prefill of %d tokens in steps of %d again (scratch grown): %.1f ms, %.0f tok/s\n", prefill, chunk, ms,
+                 prefill * 1e3 / ms);
+        if (rep == 3) {
+          di_backend_cuda_v4_profile(be, 0);
+          char what[64];
+          snprintf(what, sizeof what, "prefill of %d tokens in one step", prefill);
+          print_profile(be, what);
+        }
       }
     }
     free(tok); free(pos); free(so);

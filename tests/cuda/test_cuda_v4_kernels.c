@@ -347,23 +347,26 @@ static void check_indexer(void) {
   float *gs = from_dev(dscore, (size_t)T * N);
   unsigned char *gsel = malloc((size_t)T * N), *ref = malloc(N);
   di_cut_d2h(gsel, dsel, (size_t)T * N);
-  for (int form = 0; form <= 2; form += 2) { /* the per-product score kernel (di_v4k_index_form 0, the default; 2: 8 entries a
-                                              * CTA) gives the same bits and picks */
-    float *dscore0 = zeros_dev(4 * (size_t)T * N);
-    unsigned char *dsel0 = zeros_dev((size_t)T * N), *gsel0 = malloc((size_t)T * N);
+  /* the per-product score kernel (di_v4k_index_form 0; 2: 8 entries a CTA), the widen-once one (3: one entry a lane
+   * at this N; with a score row of 9000 > 8192, two a lane; 4, the default: four) give the same bits and picks */
+  const int forms[5][2] = {{0, N}, {2, N}, {3, N}, {3, 9000}, {4, 9000}};
+  for (int f = 0; f < 5; f++) {
+    const int form = forms[f][0], MN = forms[f][1];
+    float *dscore0 = zeros_dev(4 * (size_t)T * MN);
+    unsigned char *dsel0 = zeros_dev((size_t)T * MN), *gsel0 = malloc((size_t)T * MN);
     di_v4k_index_form(form);
-    CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, N, dscore0, dsel0, NULL) == DI_OK);
+    CHECK(di_v4k_indexer(dq, dhw, dpos, dso, dsq, &ic, T, nh, di, topk, MN, dscore0, dsel0, NULL) == DI_OK);
     CHECK(di_cut_sync() == 0);
-    float *gs0 = from_dev(dscore0, (size_t)T * N);
-    di_cut_d2h(gsel0, dsel0, (size_t)T * N);
+    float *gs0 = from_dev(dscore0, (size_t)T * MN);
+    di_cut_d2h(gsel0, dsel0, (size_t)T * MN);
     int same = 1;
     for (int t = 0; t < T; t++) {
       const int valid = (pos[t] + 1) / rate < N ? (pos[t] + 1) / rate : N;
-      same &= memcmp(gs + (size_t)t * N, gs0 + (size_t)t * N, 4 * (size_t)valid) == 0;
+      same &= memcmp(gs + (size_t)t * N, gs0 + (size_t)t * MN, 4 * (size_t)valid) == 0;
+      same &= memcmp(gsel + (size_t)t * N, gsel0 + (size_t)t * MN, (size_t)N) == 0;
     }
-    same &= memcmp(gsel, gsel0, (size_t)T * N) == 0;
-    printf("indexer: the widen-once score kernel vs the per-product one (form %d): %s\n", form, same ? "bit-identical" : "DIFFERS");
-    CHECKF(same, "indexer: the score kernels differ (form %d)", form);
+    printf("indexer: the register-tiled score kernel vs form %d (score rows of %d): %s\n", form, MN, same ? "bit-identical" : "DIFFERS");
+    CHECKF(same, "indexer: the score kernels differ (form %d, rows of %d)", form, MN);
     free(gs0); free(gsel0); di_cut_free(dscore0); di_cut_free(dsel0);
   }
   di_v4k_index_form(-1);
@@ -425,7 +428,7 @@ static void check_attend(int kind) {
   di_v4k_comp c = {kind == DI_V4_ATTN_HCA ? 2 : 0, rate, kind == DI_V4_ATTN_CSA, hd, hd, 0, 1, slots, 0, de, NULL, NULL, NULL};
   const size_t keys = (size_t)W + (nc > 0 ? nc : 1);
   float *dp = zeros_dev(4 * (size_t)T * H * keys);
-  double *dex = zeros_dev(8 * (size_t)T * H * keys);
+  double *dex = zeros_dev(8 * di_v4k_attend_ex(T, H, W, nc > 0 ? nc : 1));
   float *inv = dup_dev(cx.compress_rope.inv_freq, 4 * 32);
   di_v4k_attend_form(0); /* the one-key loops first */
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
@@ -438,11 +441,24 @@ static void check_attend(int kind) {
   CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
                       kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout,
                       NULL) == DI_OK);
-  di_v4k_attend_form(-1);
   CHECK(di_cut_sync() == 0);
   float *o1 = from_dev(dout, (size_t)T * H * hd);
   const int form_same = memcmp(o, o1, 4 * (size_t)T * H * hd) == 0;
   free(o1);
+  /* the split kernels (form 3: the key list once a token, scores 8 heads a CTA, values 4 heads x 128 channels), into a
+   * fresh output: the same bits */
+  float *dout3 = zeros_dev(4 * (size_t)T * H * hd);
+  di_v4k_attend_form(3);
+  CHECK(di_v4k_attend(dq, dpos, dso, dsq, dw, 1, 0, W, kind == DI_V4_ATTN_SLIDING ? NULL : &c, kind == DI_V4_ATTN_HCA,
+                      kind == DI_V4_ATTN_CSA ? dsel : NULL, nc > 0 ? nc : 1, dsink, T, H, hd, inv, 64, 1.0f, dp, dex, dout3,
+                      NULL) == DI_OK);
+  di_v4k_attend_form(-1);
+  CHECK(di_cut_sync() == 0);
+  float *o3 = from_dev(dout3, (size_t)T * H * hd);
+  int split_diff = 0;
+  for (size_t i = 0; i < (size_t)T * H * hd; i++) split_diff += memcmp(o + i, o3 + i, 4) != 0;
+  free(o3);
+  di_cut_free(dout3);
   float *win = malloc(4 * (size_t)W * hd), *ent = malloc(4 * (size_t)(nc + 1) * hd), *p = malloc(4 * keys);
   double *ex = malloc(8 * keys);
   for (int e = 0; e < nc; e++) {
@@ -463,10 +479,11 @@ static void check_attend(int kind) {
     worst = e > worst ? e : worst;
   }
   static const char *const name[3] = {"sliding", "CSA", "HCA"};
-  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e, two keys a warp %s\n", name[kind], H, hd, W,
-         nc, worst, form_same ? "bit-identical" : "DIFFERS");
+  printf("attention %s (%d heads x %d, window %d, %d entries): worst rel L2 %.2e, two keys a warp %s, split kernels %d of %d "
+         "outputs differ\n", name[kind], H, hd, W, nc, worst, form_same ? "bit-identical" : "DIFFERS", split_diff, T * H * hd);
   CHECKF(worst < 1e-5, "attention %s: %.3e", name[kind], worst);
   CHECKF(form_same, "attention %s: two keys a warp differ", name[kind]);
+  CHECKF(split_diff == 0, "attention %s: the split kernels differ in %d outputs", name[kind], split_diff);
   free(wpool); free(epool); free(q); free(sink); free(sel); free(o); free(ref); free(win); free(ent); free(p); free(ex);
   di_cut_free(dw); di_cut_free(de); di_cut_free(dq); di_cut_free(dsink); di_cut_free(dout); di_cut_free(dsel);
   di_cut_free(tab); di_cut_free(dpos); di_cut_free(dso); di_cut_free(dsq); di_cut_free(dp); di_cut_free(dex); di_cut_free(inv);

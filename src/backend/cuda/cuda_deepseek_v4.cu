@@ -834,7 +834,7 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   }
   const size_t keys = (size_t)c->sliding_window + max_n;
   SCR(p, S_P, float, (size_t)T * H * keys);
-  SCR(ex, S_EX, double, (size_t)T * H * keys);
+  SCR(ex, S_EX, double, di_v4k_attend_ex(T, H, c->sliding_window, max_n));
   SCR(o, S_O, float, (size_t)T * H * hd);
   prof_mark(b, l, DI_V4_PROF_ATTEND);
   DI_TRY(di_v4k_attend(q, m->pos, m->seq_of, m->seqs, b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, c->sliding_window, cp,

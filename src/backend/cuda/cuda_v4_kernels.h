@@ -32,8 +32,8 @@ di_status di_v4k_rmsnorm(float *x, int ld, int n_rows, int n, const float *weigh
  * inv_freq: [rope_dim/2] device; sign -1: inverse rotation. */
 di_status di_v4k_rope(float *x, int ld, int n_rows, int n, int rows_per_token, const int32_t *pos, const float *inv_freq,
                       int rope_dim, float attn_factor, int sign, di_cu_stream s);
-/* di_v4k_rmsnorm then di_v4k_rope (sign 1) of the same rows: with di_v4k_fuse(1) in one launch (the same bits),
- * else the two launches (the default until the fused kernel has run on the device). */
+/* di_v4k_rmsnorm then di_v4k_rope (sign 1) of the same rows: with di_v4k_fuse(1) or (2) (the default) in one launch (the
+ * same bits), else the two launches. */
 di_status di_v4k_rmsnorm_rope(float *x, int ld, int n_rows, int n, const float *weight, float eps, int rows_per_token,
                               const int32_t *pos, const float *inv_freq, int rope_dim, float attn_factor, di_cu_stream s);
 /* The kernel-form setters below (di_v4k_lin_form, _fuse, _hc_form, _route_form, _attend_form, _state_ctas,
@@ -49,12 +49,14 @@ void di_v4k_hc_form(int form);
 /* 1: di_v4k_route with a warp per token (the experts scored by the lanes); 0 (the default): a thread per token. The
  * same picks and weights. For tests and A/B benchmarks. */
 void di_v4k_route_form(int form);
-/* 1: di_v4k_attend (head_dim 129..512) with two keys a warp in flight; 0 (the default): one. The same bits. */
+/* 1: di_v4k_attend (head_dim 129..512) with two keys a warp in flight at one token, 2: at any T; 0: one; 3: the split
+ * kernels (each key row widened once per 8 / 4 heads; hd % 128 == 0, H % 8 == 0, else as 1); 4 (the default): 1 for
+ * one token over at most 256 keys, else 3. The same bits. */
 void di_v4k_attend_form(int form);
 /* CTAs per compressor state write (di_v4k_state_write; 1..128, default 4): the same copies. For A/B benchmarks. */
 void di_v4k_state_ctas(int n);
-/* 1: di_v4k_rmsnorm_rope in one launch, 2: and di_v4k_rmsnorm_rope_window too; 0 (the default): two (three) launches.
- * For tests and A/B benchmarks. */
+/* 1: di_v4k_rmsnorm_rope in one launch, 2 (the default): and di_v4k_rmsnorm_rope_window too; 0: two (three) launches.
+ * The same bits. For tests and A/B benchmarks. */
 void di_v4k_fuse(int on);
 /* X[t][j][:] = embed[tokens[t]][:] for every stream j < hc (di_v4_embed); embed bf16 or f32 [V][D]. */
 di_status di_v4k_embed(const void *embed, int wf32, const int32_t *tokens, int T, int D, int hc, float *X, di_cu_stream s);
@@ -127,16 +129,19 @@ di_status di_v4k_state_write(const di_v4k_comp *c, const di_v4k_seq *seqs, const
 di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, const int32_t *seq_of,
                          const di_v4k_seq *seqs, const di_v4k_comp *ic, int T, int nh, int di, int topk, int max_n,
                          float *score, unsigned char *sel, di_cu_stream s);
-/* The score kernel di_v4k_indexer takes: 0 (the default) index_score_k, 1 the register-tiled index_score2_k
- * (64 heads; the same bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the
- * same bits). For tests and A/B benchmarks; not thread-safe. */
+/* The score kernel di_v4k_indexer takes: 0 index_score_k, 1 the register-tiled index_score2_k (64 heads; the same
+ * bits, slower on the H200), 2 index_score_k with 8 entries a CTA up to 4,096 entries (the same bits), 3
+ * index_score3_k (64 heads, di % 4 == 0; else form 0): each float widened to double once per CTA or per 16 products,
+ * and past 4,096 entries a 1,024-thread top-k (the same bits and picks); 4 (the default): form 3 with 4 entries a lane
+ * past 8,192.
+ * For tests and A/B benchmarks; not thread-safe. */
 void di_v4k_index_form(int form);
 /* Sparse attention (di_v4_attend) of token t, every head: the window rows [max(pos-W+1,0), pos] of layer
  * l, then the entries of comp (NULL: none) visible at it (HCA: complete windows; CSA: those with sel[t][e];
  * entries counted to the sequence's end of step), with the per-head sink; the output's rope channels
- * rotated back at pos. q: [T][H][hd] roped; o: [T][H][hd]. Scratch: p (float) and ex (double: its slots hold
- * the list of key rows), each
- * [T*H][W + max_n]. */
+ * rotated back at pos. q: [T][H][hd] roped; o: [T][H][hd]. Scratch: p (float) [T*H][W + max_n] and ex (double:
+ * its slots hold the list of key rows) of di_v4k_attend_ex(T, H, W, max_n) doubles. */
+size_t di_v4k_attend_ex(int T, int H, int W, int max_n);
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
                         const float *window_pool, int n_layers, int l, int W, const di_v4k_comp *comp, int hca,
                         const unsigned char *sel, int max_n, const float *sink, int T, int H, int hd,

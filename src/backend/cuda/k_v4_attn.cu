@@ -285,9 +285,138 @@ __global__ void __launch_bounds__(IDX2_WARPS * 32) index_score2_k(const float *q
     }
   }
 }
-#define INDEX_FORM_DEFAULT 0
+/* The same scores (di_v4k_index_form 3, when nh == 64 and di % 4 == 0) with each float widened to double once
+ * per CTA (query) or once per 16 products (key), no shared-memory traffic per product: index_score_k widens both
+ * operands of every product (two float-to-double conversions per double FMA: the conversions' quarter rate bound
+ * it, ~0.4 ms a CSA layer at 128K, batch 1). Here the CTA's query is widened once into shared memory (64 KB,
+ * read as broadcasts: every lane of a warp reads the same head's double2), warp w takes heads 16 w .. 16 w + 15
+ * of the CTA's 32 x EPL entries (lane l: entries s0 + l + 32 j), and a lane widens its entries' key floats once
+ * for its 16 heads. Each (entry, head) dot product runs over k in order from 0 (products of two widened floats
+ * are exact in double, so fma = the mul + add of index_score_k: the same d). The epilogue is index_score_k's
+ * per-entry arithmetic written out (its PTX: lane L's sum is fma(X_L, Y_L, 0) then fma(X_{L+32}, Y_{L+32}, .),
+ * X = d > 0 ? qk_scale d : 0, Y = w_scale (double)hw; then warp_sum_d's butterfly, which leaves at lane 0 the
+ * tree s_i += s_{i+o} for o = 16, 8, 4, 2, 1; IEEE addition commutes): warps 2 / 3 pass X of heads 32..63
+ * through shared memory (reusing the query's), warps 0 / 1 form lanes 0..15 / 16..31's sums, warp 1 passes its
+ * sums, warp 0 runs the tree and stores. So the same bits as index_score_k for any EPL or grid. */
+#define IDX3_NH 64      /* the heads this form takes: 4 warps x 16 */
+#define IDX3_HW 16      /* heads per warp */
+#define IDX3_WARPS 4
+static size_t idx3_smem(int nh, int di) { return sizeof(double) * ((size_t)nh * di + nh); }
+template <int EPL>
+__global__ void __launch_bounds__(IDX3_WARPS * 32) index_score3_k(const float *q, const float *hw, const int32_t *pos,
+                                                                 const int32_t *seq_of, const di_v4k_seq *seqs, di_v4k_comp ic,
+                                                                 int nh, int di, int max_n, float *score) {
+  extern __shared__ double sm3[]; /* [nh][di] widened query, then [nh] head weights Y; after the loop: X / sums */
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const idx_query iq = index_query(pos, seq_of, seqs, t, ic.rate);
+  const int valid = iq.valid, s0 = blockIdx.x * (32 * EPL);
+  if (s0 >= valid) return;
+  const double qk_scale = 1.0 / sqrt((double)di), w_scale = 1.0 / sqrt((double)nh);
+  double *qd = sm3, *yw = sm3 + (size_t)nh * di;
+  {
+    const float *qt = q + (size_t)t * nh * di;
+    for (int i = threadIdx.x; i < nh * di; i += blockDim.x) qd[i] = (double)qt[i];
+    const float *ht = hw + (size_t)t * nh;
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) yw[h] = (double)ht[h] * w_scale;
+  }
+  const float *kp[EPL];
+  bool ok[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; j++) {
+    const int s = s0 + lane + 32 * j;
+    ok[j] = s < valid;
+    kp[j] = ok[j] ? entry_ptr(ic, iq.sq.tab[1], s) : NULL;
+  }
+  __syncthreads();
+  double acc[EPL][IDX3_HW];
+#pragma unroll
+  for (int j = 0; j < EPL; j++)
+#pragma unroll
+    for (int h = 0; h < IDX3_HW; h++) acc[j][h] = 0;
+  const double *qw = qd + (size_t)(warp * IDX3_HW) * di;
+  float4 nf[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; j++) nf[j] = ok[j] ? __ldg((const float4 *)kp[j]) : make_float4(0, 0, 0, 0);
+  for (int k = 0; k < di; k += 4) {
+    double kd[EPL][4];
+#pragma unroll
+    for (int j = 0; j < EPL; j++) {
+      kd[j][0] = (double)nf[j].x;
+      kd[j][1] = (double)nf[j].y;
+      kd[j][2] = (double)nf[j].z;
+      kd[j][3] = (double)nf[j].w;
+    }
+    if (k + 4 < di) { /* the next 4 columns' loads in flight during these 16 heads' products */
+#pragma unroll
+      for (int j = 0; j < EPL; j++) nf[j] = ok[j] ? __ldg((const float4 *)(kp[j] + k + 4)) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int h = 0; h < IDX3_HW; h++) {
+      const double2 qa = *(const double2 *)(qw + (size_t)h * di + k), qb = *(const double2 *)(qw + (size_t)h * di + k + 2);
+#pragma unroll
+      for (int j = 0; j < EPL; j++) {
+        acc[j][h] = __fma_rn(qa.x, kd[j][0], acc[j][h]);
+        acc[j][h] = __fma_rn(qa.y, kd[j][1], acc[j][h]);
+        acc[j][h] = __fma_rn(qb.x, kd[j][2], acc[j][h]);
+        acc[j][h] = __fma_rn(qb.y, kd[j][3], acc[j][h]);
+      }
+    }
+  }
+  /* X = relu-scaled dot products; the epilogue of the file comment */
+#pragma unroll
+  for (int j = 0; j < EPL; j++)
+#pragma unroll
+    for (int h = 0; h < IDX3_HW; h++) acc[j][h] = acc[j][h] > 0 ? __dmul_rn(qk_scale, acc[j][h]) : 0.0;
+  __syncthreads(); /* every warp is done with the query: its space takes X of heads 32..63 and warp 1's sums */
+  const int ENT = 32 * EPL, XS = 33, PS = 17; /* row strides (doubles): lanes' rows in distinct bank pairs */
+  double *xs = sm3, *ps = sm3 + (size_t)ENT * XS;
+  if (warp >= 2) {
+#pragma unroll
+    for (int j = 0; j < EPL; j++)
+#pragma unroll
+      for (int h = 0; h < IDX3_HW; h++) xs[(size_t)(lane + 32 * j) * XS + (warp - 2) * IDX3_HW + h] = acc[j][h];
+  }
+  __syncthreads();
+  if (warp < 2) {
+#pragma unroll
+    for (int j = 0; j < EPL; j++)
+#pragma unroll
+      for (int h = 0; h < IDX3_HW; h++) {
+        const int L = warp * IDX3_HW + h; /* warp_sum_d's lane L: heads L and L + 32 */
+        const double t0 = __fma_rn(acc[j][h], yw[L], 0.0);
+        acc[j][h] = __fma_rn(xs[(size_t)(lane + 32 * j) * XS + L], yw[L + 32], t0);
+      }
+    if (warp == 1) {
+#pragma unroll
+      for (int j = 0; j < EPL; j++)
+#pragma unroll
+        for (int h = 0; h < IDX3_HW; h++) ps[(size_t)(lane + 32 * j) * PS + h] = acc[j][h];
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int j = 0; j < EPL; j++) {
+      double v[IDX3_HW];
+#pragma unroll
+      for (int i = 0; i < IDX3_HW; i++) v[i] = __dadd_rn(acc[j][i], ps[(size_t)(lane + 32 * j) * PS + i]); /* o = 16 */
+#pragma unroll
+      for (int i = 0; i < 8; i++) v[i] = __dadd_rn(v[i], v[i + 8]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) v[i] = __dadd_rn(v[i], v[i + 4]);
+      v[0] = __dadd_rn(v[0], v[2]);
+      v[1] = __dadd_rn(v[1], v[3]);
+      v[0] = __dadd_rn(v[0], v[1]);
+      if (ok[j]) score[(size_t)t * max_n + s0 + lane + 32 * j] = (float)v[0];
+    }
+  }
+}
+#define INDEX_FORM_DEFAULT 4
 static int g_index_form = INDEX_FORM_DEFAULT; /* 1 (index_score2_k: slower on the H200, session 14's request 6); 2 (index_score_k, 8 entries
-                                 a CTA up to 4,096 entries) not yet run on the device */
+                                 a CTA up to 4,096 entries) not yet run on the device; 3 (index_score3_k, each float widened once: the same hashes,
+                                 session 15's request 1; 128K: the CSA indexer 382 -> 194 us a layer at batch 1, 9.6 -> 3.5 ms at
+                                 64); 4 (the default): its 4 entries a lane past 8,192 entries (the same hashes, request 2:
+                                 194 -> 168 us, 3.54 -> 3.14 ms) */
 extern "C" void di_v4k_index_form(int form) { g_index_form = form < 0 ? INDEX_FORM_DEFAULT : form; }
 
 /* Order-preserving key of a score: larger float, larger key; -0 as +0 (they are equal); NaN gets 0, the
@@ -304,7 +433,9 @@ static __device__ __forceinline__ uint32_t score_key(float v) {
  * entries (a block-wide scan in index order) until k are picked: di_v4_topk_earlier_first's result in
  * O(n) per query. */
 #define TOPK_THREADS 256
-__global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
+#define TOPK_THREADS_LONG 1024 /* form 3, over 4,096 entries: a token's one CTA takes 4x the threads (the same picks: the
+                                  counts are integers, the ties ranked by a scan in index order whatever the width) */
+__global__ void __launch_bounds__(TOPK_THREADS_LONG) index_topk_k(const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs, int rate, int topk,
                              int max_n, const float *score, unsigned char *sel) {
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const idx_query iq = index_query(pos, seq_of, seqs, t, rate);
@@ -322,7 +453,7 @@ __global__ void index_topk_k(const int32_t *pos, const int32_t *seq_of, const di
   __shared__ unsigned hist[256];
   __shared__ uint32_t prefix, mask;
   __shared__ int remaining, base, tau_count;
-  __shared__ int warp_tot[TOPK_THREADS / 32];
+  __shared__ int warp_tot[TOPK_THREADS_LONG / 32];
   if (tid == 0) {
     prefix = mask = 0;
     remaining = k;
@@ -410,7 +541,32 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
   const size_t smem = sizeof(float) * (size_t)nh * (di + 1);
   if (smem > 200 * 1024) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: indexer of %d x %d heads", nh, di);
   const size_t smem2 = idx2_smem(nh, di);
-  if (g_index_form == 1 && nh == IDX2_NH && smem2 <= 220 * 1024) {
+  const size_t smem3 = idx3_smem(nh, di);
+  if ((g_index_form == 3 || g_index_form == 4) && nh == IDX3_NH && di % 4 == 0 && ic->dim % 4 == 0 && smem3 <= 200 * 1024 &&
+      smem3 >= sizeof(double) * 128 * (33 + 17)) {
+    static size_t smem3_set; /* the attribute once per size (not again while a graph is captured) */
+    if (smem3 > 48 * 1024 && smem3 > smem3_set) {
+      DI_CU(cudaFuncSetAttribute(index_score3_k<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
+      DI_CU(cudaFuncSetAttribute(index_score3_k<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
+      smem3_set = smem3;
+    }
+    /* 2 entries a lane from 8,192 entries (fewer query stagings; form 4: 4, half the query reads a product), 1 below
+     * (more CTAs): the same bits either way */
+    if (max_n > 8192 && g_index_form == 4) {
+      static int set4;
+      if (!set4) {
+        DI_CU(cudaFuncSetAttribute(index_score3_k<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem3));
+        set4 = 1;
+      }
+      index_score3_k<4><<<dim3((max_n + 127) / 128, T), 32 * IDX3_WARPS, smem3, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                   max_n, score);
+    } else if (max_n > 8192)
+      index_score3_k<2><<<dim3((max_n + 63) / 64, T), 32 * IDX3_WARPS, smem3, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                 max_n, score);
+    else
+      index_score3_k<1><<<dim3((max_n + 31) / 32, T), 32 * IDX3_WARPS, smem3, s>>>(q, hw, pos, seq_of, seqs, *ic, nh, di,
+                                                                                 max_n, score);
+  } else if (g_index_form == 1 && nh == IDX2_NH && smem2 <= 220 * 1024) {
     static size_t smem2_set; /* the attribute once per size (not again while a graph is captured) */
     if (smem2 > 48 * 1024 && smem2 > smem2_set) {
       DI_CU(cudaFuncSetAttribute(index_score2_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2));
@@ -430,7 +586,8 @@ di_status di_v4k_indexer(const float *q, const float *hw, const int32_t *pos, co
                                                                                score, epc);
   }
   V4_LAUNCH("index_score");
-  index_topk_k<<<T, TOPK_THREADS, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
+  const int topk_threads = g_index_form >= 3 && max_n > 4096 ? TOPK_THREADS_LONG : TOPK_THREADS;
+  index_topk_k<<<T, topk_threads, 0, s>>>(pos, seq_of, seqs, ic->rate, topk, max_n, score, sel);
   V4_LAUNCH("index_topk");
   return DI_OK;
 }
@@ -449,6 +606,7 @@ typedef struct att_args {
   float af;
   float *p, *o;
   double *ex;
+  int T; /* the step's tokens (the split form's slots in ex) */
 } att_args;
 
 /* One CTA of ATT_WARPS warps per (token, head). First the keys it attends to are listed, in order, as row
@@ -459,11 +617,12 @@ typedef struct att_args {
  * sums are added in warp order in shared memory. Every sum's order depends only on the token's own keys,
  * so results do not depend on the batch. */
 #define ATT_WARPS 16
-template <int NJ, int AU>
-__global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_comp c, int has_comp) {
-  const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+/* Token t's key list (every thread of the CTA calls it; blockDim.x <= 1024): the window rows, then the
+ * visible entries (HCA: every complete one; CSA: those with sel, compacted in index order by a block scan), as
+ * row pointers into kp; returns their count. */
+static __device__ int att_key_list(const att_args &a, const di_v4k_comp &c, int has_comp, int t, const float **kp) {
   const di_v4k_seq sq = a.seqs[a.seq_of[t]];
-  const int pos = a.pos[t];
+  const int pos = a.pos[t], hd = a.hd;
   const int j0 = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0, nw = pos - j0 + 1;
   int ncmp = 0;
   if (has_comp) {
@@ -473,16 +632,9 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
       ncmp = v < nc ? v : nc;
     } else ncmp = nc;
   }
-  const size_t stride = (size_t)a.W + a.max_n;
-  float *p = a.p + (size_t)blockIdx.x * stride;
-  const float **kp = (const float **)(a.ex + (size_t)blockIdx.x * stride);
   const unsigned char *sel = a.sel && has_comp && !a.hca ? a.sel + (size_t)t * a.max_n : NULL;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  __shared__ double qs[ATT_MAX_HD]; /* the query widened once (not per key: the conversions bound the score loop) */
-  __shared__ int wtot[ATT_WARPS];
-  const float *qh = a.q + ((size_t)t * a.H + h) * hd;
-  for (int e = tid; e < hd; e += blockDim.x) qs[e] = (double)qh[e];
-  /* the key list */
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
+  __shared__ int wtot[32];
   for (int i = tid; i < nw; i += blockDim.x) kp[i] = window_row(a.wpool, sq.tab[3], a.nl, a.l, hd, j0 + i);
   int nk = nw;
   if (ncmp > 0 && !sel) {
@@ -496,7 +648,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
       if (lane == 0) wtot[warp] = __popc(m);
       __syncthreads();
       int before = base, tot = 0;
-      for (int w2 = 0; w2 < ATT_WARPS; w2++) {
+      for (int w2 = 0; w2 < nwarps; w2++) {
         before += w2 < warp ? wtot[w2] : 0;
         tot += wtot[w2];
       }
@@ -506,6 +658,21 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
     }
     nk += base;
   }
+  return nk;
+}
+
+template <int NJ, int AU>
+__global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_comp c, int has_comp) {
+  const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+  const int pos = a.pos[t];
+  const size_t stride = (size_t)a.W + a.max_n;
+  float *p = a.p + (size_t)blockIdx.x * stride;
+  const float **kp = (const float **)(a.ex + (size_t)blockIdx.x * stride);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  __shared__ double qs[ATT_MAX_HD]; /* the query widened once (not per key: the conversions bound the score loop) */
+  const float *qh = a.q + ((size_t)t * a.H + h) * hd;
+  for (int e = tid; e < hd; e += blockDim.x) qs[e] = (double)qh[e];
+  const int nk = att_key_list(a, c, has_comp, t, kp);
   __syncthreads();
   const double scale = 1.0 / sqrt((double)hd);
   /* a warp's keys i = warp, warp + ATT_WARPS, ...: AU == 1 one after another (one key's memory latency after
@@ -617,8 +784,248 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
   for (int e = tid; e < hd; e += blockDim.x) oh[e] = os[e];
 }
 
-#define ATT_FORM_DEFAULT 1
-static int g_att_form = ATT_FORM_DEFAULT; /* 1: two keys a warp in flight at one token (129 <= head_dim <= 512) */
+/* ---- attention over many keys: attend_k's arithmetic in four kernels (di_v4k_attend_form 3) ----------------
+ * attend_k's CTA per (token, head) reads and widens every key row twice (scores, values) for one head: at long
+ * HCA contexts (1,152 keys at 128K) that is 64 x 2 reads of each 2 KB row a token, bound by the conversions and
+ * L2 (3.5 ms a layer at batch 64). The one KV head is shared by all 64 heads, so here each row is read and widened
+ * once per 8 heads (scores) or 4 heads (values), with every output the same expression in the same order as
+ * attend_k's, so the same bits:
+ *  1. att_keys_k: token t's key list (att_key_list, attend_k's) once, into ex's list slots, with its count;
+ *  2. att_score_k: a warp takes 4 keys x 8 heads; lane l sums channels l + 32 j in j order (attend_k's lane
+ *     partial; the product of two widened floats is exact, so fma = mul + add), then a transposed butterfly: at
+ *     level o each lane keeps half its pairs and adds its partner's half, v_l + v_{l^o} per pair as warp_sum_d's
+ *     (IEEE addition commutes), ending with pair l in lane l; p = (float)(d * scale);
+ *  3. att_softmax_k: per (token, head) attend_k's max / sum code over the same 512 threads, storing each key's
+ *     exp(p - mx) (attend_k recomputes the same expression in its value loop) and the sum;
+ *  4. att_value_k: per (token, 4 heads, 128 channels) warp w adds keys w, w + 16, ... in order (attend_k's 16
+ *     warps' accumulation streams, fma(w, v, acc)), the warps' sums in warp order, / sum, the rope's inverse on
+ *     its pairs (never split by a 128-channel chunk: hd - rope_dim is even), the output.
+ * ex holds (di_v4k_attend_ex): [T*H][W + max_n] weights, then per token the list and its count, then [T*H] sums. */
+#define AS_KEYS 4   /* keys a warp (att_score_k) */
+#define AS_HEADS 8  /* heads a CTA, every warp the same */
+#define AS_WARPS 8  /* 32 keys a CTA */
+#define AV_HEADS 4  /* heads a CTA (att_value_k) */
+#define AV_CH 128   /* channels a CTA */
+#define AV_U 4      /* keys a warp has in flight */
+static __device__ __forceinline__ const float *const *att_list(const att_args &a, int t) {
+  const size_t stride = (size_t)a.W + a.max_n;
+  return (const float *const *)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
+}
+#define AK_THREADS 1024 /* att_keys_k: a CSA token's scan of its sel row in 1,024-entry steps (32 steps at 128K) */
+__global__ void __launch_bounds__(AK_THREADS) att_keys_k(att_args a, di_v4k_comp c, int has_comp) {
+  const int t = blockIdx.x;
+  const size_t stride = (size_t)a.W + a.max_n;
+  const float **kp = (const float **)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
+  const int nk = att_key_list(a, c, has_comp, t, kp);
+  if (threadIdx.x == 0) ((long long *)kp)[stride] = nk;
+}
+template <int NJ>
+__global__ void __launch_bounds__(32 * AS_WARPS, 2) att_score_k(att_args a) {
+  extern __shared__ double qd[]; /* [AS_HEADS][hd] the heads' queries widened */
+  const int t = blockIdx.z, h0 = blockIdx.y * AS_HEADS, hd = NJ * 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float *const *kl = att_list(a, t);
+  const size_t stride = (size_t)a.W + a.max_n;
+  const int nk = (int)((const long long *)kl)[stride];
+  if (blockIdx.x * (AS_KEYS * AS_WARPS) >= nk) return;
+  const float *qt = a.q + ((size_t)t * a.H + h0) * hd;
+  for (int i = threadIdx.x; i < AS_HEADS * hd; i += blockDim.x) qd[i] = (double)qt[i];
+  __syncthreads();
+  const double scale = 1.0 / sqrt((double)hd);
+  /* the CTA's key blocks blockIdx.x, + gridDim.x, ... (the grid is capped: a CSA token has W + top-k keys, far fewer
+   * than its bound W + max_n, and empty CTAs cost their launch) */
+  for (int i0 = blockIdx.x * (AS_KEYS * AS_WARPS) + warp * AS_KEYS; i0 < nk; i0 += gridDim.x * (AS_KEYS * AS_WARPS)) {
+  const float *kr[AS_KEYS];
+#pragma unroll
+  for (int u = 0; u < AS_KEYS; u++) kr[u] = kl[i0 + u < nk ? i0 + u : i0];
+  double v[AS_KEYS * AS_HEADS];
+#pragma unroll
+  for (int i = 0; i < AS_KEYS * AS_HEADS; i++) v[i] = 0;
+#pragma unroll 4
+  for (int j = 0; j < NJ; j++) {
+    const int e = lane + 32 * j;
+    double kd[AS_KEYS];
+#pragma unroll
+    for (int u = 0; u < AS_KEYS; u++) kd[u] = (double)kr[u][e];
+#pragma unroll
+    for (int hh = 0; hh < AS_HEADS; hh++) {
+      const double qv = qd[hh * hd + e];
+#pragma unroll
+      for (int u = 0; u < AS_KEYS; u++) v[u * AS_HEADS + hh] = __fma_rn(qv, kd[u], v[u * AS_HEADS + hh]);
+    }
+  }
+  /* the transposed butterfly (file comment above): pair index u * 8 + hh ends in lane u * 8 + hh */
+  const unsigned F = 0xffffffffu;
+#pragma unroll
+  for (int m = 0; m < 16; m++) {
+    const bool up = lane & 16;
+    const double send = up ? v[m] : v[m + 16], keep = up ? v[m + 16] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 16);
+  }
+#pragma unroll
+  for (int m = 0; m < 8; m++) {
+    const bool up = lane & 8;
+    const double send = up ? v[m] : v[m + 8], keep = up ? v[m + 8] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 8);
+  }
+#pragma unroll
+  for (int m = 0; m < 4; m++) {
+    const bool up = lane & 4;
+    const double send = up ? v[m] : v[m + 4], keep = up ? v[m + 4] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 4);
+  }
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    const bool up = lane & 2;
+    const double send = up ? v[m] : v[m + 2], keep = up ? v[m + 2] : v[m];
+    v[m] = keep + __shfl_xor_sync(F, send, 2);
+  }
+  {
+    const bool up = lane & 1;
+    const double send = up ? v[0] : v[1], keep = up ? v[1] : v[0];
+    v[0] = keep + __shfl_xor_sync(F, send, 1);
+  }
+  const int i = i0 + lane / AS_HEADS, h = h0 + lane % AS_HEADS;
+  if (i < nk) a.p[((size_t)t * a.H + h) * stride + i] = (float)(v[0] * scale);
+  }
+}
+__global__ void __launch_bounds__(32 * ATT_WARPS) att_softmax_k(att_args a) {
+  const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, tid = threadIdx.x;
+  const size_t stride = (size_t)a.W + a.max_n;
+  const int nk = (int)((const long long *)att_list(a, t))[stride];
+  const float *p = a.p + (size_t)blockIdx.x * stride;
+  double *ew = a.ex + (size_t)blockIdx.x * stride;
+  double mx = -INFINITY;
+  for (int i = tid; i < nk; i += blockDim.x) mx = p[i] > mx ? p[i] : mx;
+  mx = block_max_d(mx);
+  const double sink = a.sink[h];
+  mx = sink > mx ? sink : mx;
+  double sum = 0;
+  for (int i = tid; i < nk; i += blockDim.x) {
+    const double e = exp((double)p[i] - mx);
+    sum += e;
+    ew[i] = e;
+  }
+  sum = block_sum_d(sum) + exp(sink - mx);
+  if (tid == 0) a.ex[(size_t)a.T * a.H * stride + (size_t)a.T * (stride + 1) + blockIdx.x] = sum;
+}
+__global__ void __launch_bounds__(32 * ATT_WARPS) att_value_k(att_args a) {
+  extern __shared__ double red3[]; /* [AV_HEADS][ATT_WARPS][AV_CH] the warps' sums; then os */
+  const int hg = a.H / AV_HEADS, t = blockIdx.x / hg, h0 = (blockIdx.x % hg) * AV_HEADS, c0 = blockIdx.y * AV_CH;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, hd = a.hd;
+  const size_t stride = (size_t)a.W + a.max_n;
+  const float *const *kl = att_list(a, t);
+  const int nk = (int)((const long long *)kl)[stride];
+  const double *ew = a.ex + ((size_t)t * a.H + h0) * stride;
+  double acc[AV_HEADS][AV_CH / 32];
+#pragma unroll
+  for (int g = 0; g < AV_HEADS; g++)
+#pragma unroll
+    for (int j = 0; j < AV_CH / 32; j++) acc[g][j] = 0;
+  /* keys i0, i0 + 16, ... AV_U at a time with all their loads issued first (one key at a time waits a memory latency
+   * per key: the loop's bound), each added in order */
+  for (int i0 = warp; i0 < nk; i0 += ATT_WARPS * AV_U) {
+    float vf[AV_U][AV_CH / 32];
+    double wv[AV_U][AV_HEADS];
+#pragma unroll
+    for (int u = 0; u < AV_U; u++) {
+      const int i = i0 + u * ATT_WARPS;
+      const float *vr = i < nk ? kl[i] + c0 + lane : NULL;
+#pragma unroll
+      for (int j = 0; j < AV_CH / 32; j++) vf[u][j] = vr ? vr[32 * j] : 0.0f;
+#pragma unroll
+      for (int g = 0; g < AV_HEADS; g++) wv[u][g] = i < nk ? ew[(size_t)g * stride + i] : 0.0;
+    }
+#pragma unroll
+    for (int u = 0; u < AV_U; u++) {
+      if (i0 + u * ATT_WARPS >= nk) break;
+#pragma unroll
+      for (int g = 0; g < AV_HEADS; g++)
+#pragma unroll
+        for (int j = 0; j < AV_CH / 32; j++) acc[g][j] = __fma_rn(wv[u][g], (double)vf[u][j], acc[g][j]);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < AV_HEADS; g++)
+#pragma unroll
+    for (int j = 0; j < AV_CH / 32; j++) red3[((size_t)g * ATT_WARPS + warp) * AV_CH + lane + 32 * j] = acc[g][j];
+  __syncthreads();
+  float *os = (float *)(red3 + (size_t)AV_HEADS * ATT_WARPS * AV_CH); /* [AV_HEADS][AV_CH] */
+  const double *sums = a.ex + (size_t)a.T * a.H * stride + (size_t)a.T * (stride + 1) + (size_t)t * a.H + h0;
+  for (int idx = tid; idx < AV_HEADS * AV_CH; idx += blockDim.x) {
+    const int g = idx / AV_CH, el = idx % AV_CH;
+    double v = 0;
+    for (int w2 = 0; w2 < ATT_WARPS; w2++) v += red3[((size_t)g * ATT_WARPS + w2) * AV_CH + el];
+    os[idx] = (float)(v / sums[g]);
+  }
+  __syncthreads();
+  const int pos = a.pos[t], half = a.rd / 2;
+  for (int idx = tid; idx < AV_HEADS * half; idx += blockDim.x) {
+    const int g = idx / half, i = idx % half, ch = hd - a.rd + 2 * i;
+    if (ch >= c0 && ch < c0 + AV_CH) rope_pair(os + (size_t)g * AV_CH + (ch - c0), 0, a.inv_freq[i], pos, a.af, -1);
+  }
+  __syncthreads();
+  for (int idx = tid; idx < AV_HEADS * AV_CH; idx += blockDim.x) {
+    const int g = idx / AV_CH, el = idx % AV_CH;
+    a.o[((size_t)t * a.H + h0 + g) * hd + c0 + el] = os[idx];
+  }
+}
+extern "C" size_t di_v4k_attend_ex(int T, int H, int W, int max_n) {
+  const size_t stride = (size_t)W + max_n;
+  return (size_t)T * H * stride + (size_t)T * (stride + 1) + (size_t)T * H;
+}
+/* Whether di_v4k_attend_form 3 takes this shape (else attend_k). */
+static int att_split_ok(int H, int hd, int rd) {
+  return hd % AV_CH == 0 && hd <= ATT_MAX_HD && H % AS_HEADS == 0 && H % AV_HEADS == 0 && rd % 2 == 0 && rd <= hd;
+}
+static di_status att_split(const att_args &a, const di_v4k_comp &cc, int has_comp, int T, int H, int hd, di_cu_stream s) {
+  const size_t stride = (size_t)a.W + a.max_n;
+  att_keys_k<<<T, AK_THREADS, 0, s>>>(a, cc, has_comp);
+  V4_LAUNCH("att_keys");
+  const size_t qsm = sizeof(double) * AS_HEADS * (size_t)hd;
+  /* key blocks a token: its bound's, capped at 20 (640 keys: a CSA token's W + top-k in one pass; longer HCA rows
+   * loop), so a CSA step does not launch the mostly empty blocks of its bound W + max_n */
+  const size_t kb = (stride + AS_KEYS * AS_WARPS - 1) / (AS_KEYS * AS_WARPS);
+  const dim3 sg((unsigned)(kb < 20 ? kb : 20), H / AS_HEADS, T);
+  static size_t set_q[3]; /* each attribute once per size (not again while a graph is captured) */
+  switch (hd / 128) {
+#define AS_CASE(n, NJ)                                                                                    \
+  case n:                                                                                                 \
+    if (qsm > 48 * 1024 && qsm > set_q[n / 4]) {                                                           \
+      DI_CU(cudaFuncSetAttribute(att_score_k<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qsm)); \
+      set_q[n / 4] = qsm;                                                                                  \
+    }                                                                                                     \
+    att_score_k<NJ><<<sg, 32 * AS_WARPS, qsm, s>>>(a);                                                    \
+    break;
+    AS_CASE(1, 4)
+    AS_CASE(2, 8)
+    AS_CASE(3, 12)
+    AS_CASE(4, 16)
+    AS_CASE(5, 20)
+    AS_CASE(6, 24)
+    AS_CASE(7, 28)
+    AS_CASE(8, 32)
+#undef AS_CASE
+  default: return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: split attention of head_dim %d", hd);
+  }
+  V4_LAUNCH("att_score");
+  att_softmax_k<<<T * H, 32 * ATT_WARPS, 0, s>>>(a);
+  V4_LAUNCH("att_softmax");
+  const size_t vsm = sizeof(double) * AV_HEADS * ATT_WARPS * AV_CH + sizeof(float) * AV_HEADS * AV_CH;
+  static size_t set_v;
+  if (vsm > 48 * 1024 && vsm > set_v) {
+    DI_CU(cudaFuncSetAttribute(att_value_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)vsm));
+    set_v = vsm;
+  }
+  att_value_k<<<dim3(T * (H / AV_HEADS), hd / AV_CH), 32 * ATT_WARPS, vsm, s>>>(a);
+  V4_LAUNCH("att_value");
+  return DI_OK;
+}
+
+#define ATT_FORM_DEFAULT 4
+static int g_att_form = ATT_FORM_DEFAULT; /* 1: two keys a warp in flight at one token (129 <= head_dim <= 512); 2: at
+                                           any T; 3: the split kernels (att_split); 4 (the default): 1 for one token over
+                                           <= 256 keys, else 3 (session 15's request 1: split faster except there) */
 extern "C" void di_v4k_attend_form(int form) { g_att_form = form < 0 ? ATT_FORM_DEFAULT : form; }
 
 di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_of, const di_v4k_seq *seqs,
@@ -629,17 +1036,20 @@ di_status di_v4k_attend(const float *q, const int32_t *pos, const int32_t *seq_o
   if (hd > ATT_MAX_HD) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: head_dim %d > %d", hd, ATT_MAX_HD);
   if (T <= 0) return DI_OK;
   att_args a = {q, pos, seq_of, seqs, window_pool, n_layers, l, W, hca, max_n, H, hd, rope_dim, sel, sink, inv_freq,
-                attn_factor, p, o, ex};
+                attn_factor, p, o, ex, T};
   di_v4k_comp none;
   memset(&none, 0, sizeof none);
   const size_t smem = sizeof(double) * ATT_WARPS * (size_t)hd;
   const di_v4k_comp cc = comp ? *comp : none;
+  /* form 4 (the default): one token over at most 256 keys (sliding, short HCA) on attend_k's two-key loops, else split */
+  const int split = g_att_form == 3 || (g_att_form == 4 && (T > 1 || (size_t)W + (comp ? max_n : 0) > 256));
+  if (split && att_split_ok(H, hd, rope_dim)) return att_split(a, cc, comp != NULL, T, H, hd, s);
   if (hd <= 128) {
     attend_k<4, 1><<<T * H, 32 * ATT_WARPS, smem, s>>>(a, cc, comp != NULL);
   } else if (hd <= 512) {
     static size_t set16[2]; /* each attribute once per size (not again while a graph is captured) */
     /* form 1: at one token only (at batch 64 the two-key kernel was slower: 128 registers, 1 CTA an SM); 2: always */
-    const int f = (g_att_form == 1 && T == 1) || g_att_form == 2;
+    const int f = ((g_att_form == 1 || g_att_form == 4) && T == 1) || g_att_form == 2;
     if (smem > 48 * 1024 && smem > set16[f]) {
       DI_CU(cudaFuncSetAttribute(f ? attend_k<16, 2> : attend_k<16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       set16[f] = smem;
