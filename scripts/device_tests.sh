@@ -19,9 +19,9 @@ if [ "${1:-}" = "--build" ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
   # no MPI in the device binaries (its runtime is not on the device; the GPU tests need none)
   cmake -S . -B build-cuda -DDI_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
-  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_tc_gemm test_cuda_attn_fixed test_cuda_mha_prefill test_cuda_invariance test_cuda_fp8 test_cuda_ops test_cuda_model test_cuda_kv8 test_cuda_engine test_cuda_v4 test_cuda_v4_kernels bench_cuda_decode bench_cuda_v4 bench_engine deepinfer_cli
+  cmake --build build-cuda -j "${JOBS:-2}" --target test_cuda_kernels test_cuda_tc_gemm test_cuda_attn_fixed test_cuda_mha_prefill test_cuda_invariance test_cuda_fp8 test_cuda_ops test_cuda_model test_cuda_kv8 test_cuda_engine test_cuda_v4 test_cuda_v4_kernels test_cuda_mx_tc bench_cuda_decode bench_cuda_v4 bench_engine deepinfer_cli
   mkdir -p .carry/cuda
-  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_tc_gemm build-cuda/test_cuda_attn_fixed build-cuda/test_cuda_mha_prefill build-cuda/test_cuda_invariance build-cuda/test_cuda_fp8 build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_kv8 build-cuda/test_cuda_engine build-cuda/test_cuda_v4 build-cuda/test_cuda_v4_kernels build-cuda/bench_cuda_decode build-cuda/bench_cuda_v4 build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
+  cp build-cuda/test_cuda_kernels build-cuda/test_cuda_tc_gemm build-cuda/test_cuda_attn_fixed build-cuda/test_cuda_mha_prefill build-cuda/test_cuda_invariance build-cuda/test_cuda_fp8 build-cuda/test_cuda_ops build-cuda/test_cuda_model build-cuda/test_cuda_kv8 build-cuda/test_cuda_engine build-cuda/test_cuda_v4 build-cuda/test_cuda_v4_kernels build-cuda/test_cuda_mx_tc build-cuda/bench_cuda_decode build-cuda/bench_cuda_v4 build-cuda/bench_engine build-cuda/deepinfer .carry/cuda/
   # the Debian libraries the binaries link (cJSON, PCRE2, libmicrohttpd and its GnuTLS chain): the
   # device image has the CUDA runtime and glibc, not these
   for lib in $(ldd build-cuda/test_cuda_model build-cuda/deepinfer | awk '/=> \// {print $3}' | sort -u |
@@ -102,6 +102,7 @@ ldd "$BIN/test_cuda_kernels" | grep -E "not found|cublas|cudart" || true
 if [ "${SKIP_ENGINE:-0}" != 1 ]; then keep_fail=$fail; stage engine_kv8_default_report 240 "$BIN/test_cuda_engine" --kv8; fail=$keep_fail; fi
 # DeepSeek-V4 (issue 20): its kernels at V4-Flash shapes, dsv4-tiny vs the CPU backend / goldens / the engine
 [ "${SKIP_V4:-0}" = 1 ] || stage v4_kernels 120 "$BIN/test_cuda_v4_kernels"
+[ "${SKIP_V4:-0}" = 1 ] || stage mx_tc 120 "$BIN/test_cuda_mx_tc"
 [ "${SKIP_V4:-0}" = 1 ] || stage v4_model 240 "$BIN/test_cuda_v4"
 [ "${SKIP_V4:-0}" = 1 ] || [ "${SKIP_BENCH:-0}" = 1 ] || stage v4_bench 240 "$BIN/bench_cuda_v4" 4096 32 8
 [ "${SKIP_BENCH:-0}" = 1 ] || stage bench 420 "$BIN/bench_cuda_decode" bench/configs/v2-lite.json ${BENCH_ARGS:-}

@@ -18,10 +18,9 @@
  * in fp32. Forms (di_v4k_mx_tc_form): 1, the default, takes a code word's nibbles j and j + 4 as one
  * bf16x2 (their bits are 16 apart, so 4 pairs cost ~3 integer ops each), which asks the activations to be
  * stored with the positions of each 8 permuted alike (0 4 1 5 2 6 3 7: the bf16 conversion and the up
- * product's act store do it); 0 decodes a byte (nibbles 2j, 2j + 1) a pair, activations in natural order;
- * 2 is form 1 with 8 warps a CTA, warps w and w + 4 the same rows over the two 64-value halves of each stage
- * (half the instructions a warp and twice the warps: the decode-sized steps are latency-bound at 4 warps), their
- * sums added in that order at the end: batch-invariant too, not bit-equal to form 1.
+ * product's act store do it); 0 decodes a byte (nibbles 2j, 2j + 1) a pair, activations in natural order.
+ * (A form 2, form 1 on 8 warps with each stage's K halves on two warps, was dropped in session 15: it failed
+ * its float64 checks on the H200, rel L2 ~1.2; see git history before that.)
  *
  * Shared-memory layouts are chosen for conflict-free reads: code rows of 64 bytes with the two 32-byte halves
  * swapped on rows 2, 3 (mod 4); activation rows padded to 272 bytes. Every output's sum runs over the same
@@ -74,13 +73,12 @@ template <bool FAST> static __device__ __forceinline__ void mt_dec4(uint32_t w, 
     out[i] = *(const uint32_t *)&h;
   }
 }
-/* form 1's stage: 2 halves x 2 words x (steps A: pairs 0, 1; B: pairs 2, 3); KS = 2 (form 2): only half kc */
-template <int BT, bool FAST, int KS>
+/* form 1's stage: 2 halves x 2 words x (steps A: pairs 0, 1; B: pairs 2, 3) */
+template <int BT, bool FAST>
 static __device__ __forceinline__ void mt_stage1(float (&acc)[2][BT / 8][4], const uint8_t *sw, const uint32_t (&scw)[2][2],
-                                                 const bf16 *sx, const int (&rr)[2][2], int g, int q, int kc) {
+                                                 const bf16 *sx, const int (&rr)[2][2], int g, int q) {
 #pragma unroll
-  for (int cc = 0; cc < 2 / KS; cc++) {
-    const int c = KS == 1 ? cc : kc;
+  for (int c = 0; c < 2; c++) {
     uint2 wv[2][2];
     __nv_bfloat162 sc2[2][2];
 #pragma unroll
@@ -178,7 +176,7 @@ static __device__ __forceinline__ void mt_stage0(float (&acc)[2][BT / 8][4], con
 /* UP: act[ts][o] = swiglu(w1[e][o] . x, w3[e][o] . x) (bf16), X = xb rows ts / ns; else y[ts][o] = w2[e][o] . act
  * (float), X = act rows ts. N outputs, K columns, X rows K apart. */
 template <int BT, bool UP, int FORM>
-__global__ void __launch_bounds__((FORM == 2 ? 2 : 1) * MT_WARPS * 32) mx_tc_k(const bf16 *X, const int32_t *perm, const int32_t *tiles, int ns,
+__global__ void __launch_bounds__(MT_WARPS * 32) mx_tc_k(const bf16 *X, const int32_t *perm, const int32_t *tiles, int ns,
                                                          di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int N, int K, float lim,
                                                          void *out) {
   extern __shared__ __align__(16) unsigned char mt_raw[];
@@ -187,10 +185,10 @@ __global__ void __launch_bounds__((FORM == 2 ? 2 : 1) * MT_WARPS * 32) mx_tc_k(c
   if ((int)blockIdx.y >= tiles[0]) return;
   const int32_t *tl = tiles + 1 + 3 * blockIdx.y;
   const int e = tl[0], first = tl[1], cnt = tl[2];
-  /* forms 0, 1: 4 warps of 32 rows; form 2: 8, warp w the rows of group w % 4 over K half w / 4 of each stage */
-  constexpr int KS = FORM == 2 ? 2 : 1, NTH = KS * MT_WARPS * 32;
+  /* 4 warps of 32 rows */
+  constexpr int NTH = MT_WARPS * 32;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-  const int rg = KS == 1 ? warp : warp & 3, kc = KS == 1 ? 0 : warp >> 2;
+  const int rg = warp;
   for (int t = tid; t < BT; t += blockDim.x) {
     const int ts = t < cnt ? perm[first + t] : -1;
     s_ts[t] = ts;
@@ -213,7 +211,7 @@ __global__ void __launch_bounds__((FORM == 2 ? 2 : 1) * MT_WARPS * 32) mx_tc_k(c
   }
   const uint8_t *srow;
   {
-    const int sr = KS == 1 ? tid : tid & (MT_ROWS - 1); /* (form 2: threads 128.. copy no scales) */
+    const int sr = tid;
     const int up1 = UP && sr >= MT_ROWS / 2;
     const int o = o0 + (up1 ? sr - MT_ROWS / 2 : sr), oc = o < N ? o : N - 1;
     srow = (up1 ? wb.scale : wa.scale) + ((size_t)e * N + oc) * (up1 ? wb.lds : wa.lds);
@@ -227,7 +225,7 @@ __global__ void __launch_bounds__((FORM == 2 ? 2 : 1) * MT_WARPS * 32) mx_tc_k(c
       di_cp_async16(sm.w[st] + qdst[i], ok ? qrow[i] + k0 / 2 + 16 * cj : qrow[i], ok);
     }
     const int nb = (K - k0) / 32;
-    if (KS == 1 || tid < MT_ROWS) mt_cp_async4(&sm.sc[st][tid], srow + k0 / 32, nb >= 4 ? 4 : nb);
+    mt_cp_async4(&sm.sc[st][tid], srow + k0 / 32, nb >= 4 ? 4 : nb);
 #pragma unroll
     for (int i = 0; i < (BT * 16 + NTH - 1) / NTH; i++) {
       const int idx = tid + NTH * i, t = idx >> 4, j = idx & 15;
@@ -275,33 +273,13 @@ __global__ void __launch_bounds__((FORM == 2 ? 2 : 1) * MT_WARPS * 32) mx_tc_k(c
       for (int m = 0; m < 2; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) bad |= __vsub4(scw[m][h], 0x01010101u) & 0x80808080u;
-      if (__all_sync(0xffffffffu, bad == 0)) mt_stage1<BT, true, KS>(acc, sw, scw, sx, rr, g, q, kc);
-      else mt_stage1<BT, false, KS>(acc, sw, scw, sx, rr, g, q, kc);
+      if (__all_sync(0xffffffffu, bad == 0)) mt_stage1<BT, true>(acc, sw, scw, sx, rr, g, q);
+      else mt_stage1<BT, false>(acc, sw, scw, sx, rr, g, q);
     } else {
       mt_stage0<BT>(acc, sw, scw, sx, rr, g, q);
     }
   }
   di_cp_wait<0>();
-  if constexpr (KS == 2) { /* half 1's sums onto half 0's (in that order), through the stages' memory */
-    float *red = reinterpret_cast<float *>(mt_raw);
-    __syncthreads();
-    if (kc == 1) {
-#pragma unroll
-      for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int n = 0; n < BT / 8; n++)
-#pragma unroll
-          for (int i = 0; i < 4; i++) red[((rg * 2 + m) * (BT / 8) * 4 + n * 4 + i) * 32 + lane] = acc[m][n][i];
-    }
-    __syncthreads();
-    if (kc == 1) return;
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-      for (int n = 0; n < BT / 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[m][n][i] = acc[m][n][i] + red[((rg * 2 + m) * (BT / 8) * 4 + n * 4 + i) * 32 + lane];
-  }
   /* accumulator i of fragment (m, n): output row g + 8 (i >> 1), slot column n * 8 + 2q + (i & 1) */
 #pragma unroll
   for (int n = 0; n < BT / 8; n++)
@@ -365,7 +343,7 @@ __global__ void mx_tc_acts_k(const float4 *x, int n8, uint4 *xb, int perm) {
 
 static int g_mt_bt = 0, g_mt_form = 1;
 extern "C" void di_v4k_mx_tc_tile(int bt) { g_mt_bt = bt; }
-extern "C" void di_v4k_mx_tc_form(int form) { g_mt_form = form == 0 || form == 2 ? form : 1; }
+extern "C" void di_v4k_mx_tc_form(int form) { g_mt_form = form == 0 ? 0 : 1; }
 extern "C" int di_v4k_mx_tc_get_form(void) { return g_mt_form; }
 
 extern "C" int di_v4k_mx_tc_pick_tile(int T, int n_slots, int E1) {
@@ -425,14 +403,13 @@ static di_status mt_launch1(dim3 grid, cudaStream_t s, const bf16 *X, const int3
     DI_CU(cudaFuncSetAttribute(mx_tc_k<BT, UP, FORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr_set = 1;
   }
-  mx_tc_k<BT, UP, FORM><<<grid, (FORM == 2 ? 2 : 1) * MT_WARPS * 32, smem, s>>>(X, perm, tiles, ns, wa, wb, N, K, lim, out);
+  mx_tc_k<BT, UP, FORM><<<grid, MT_WARPS * 32, smem, s>>>(X, perm, tiles, ns, wa, wb, N, K, lim, out);
   V4_LAUNCH(UP ? "mx_tc_up" : "mx_tc_down");
   return DI_OK;
 }
 template <int BT, bool UP>
 static di_status mt_launch(dim3 grid, cudaStream_t s, const bf16 *X, const int32_t *perm, const int32_t *tiles, int ns,
                            di_cuk_mxfp4w wa, di_cuk_mxfp4w wb, int N, int K, float lim, void *out) {
-  if (g_mt_form == 2) return mt_launch1<BT, UP, 2>(grid, s, X, perm, tiles, ns, wa, wb, N, K, lim, out);
   return g_mt_form ? mt_launch1<BT, UP, 1>(grid, s, X, perm, tiles, ns, wa, wb, N, K, lim, out)
                    : mt_launch1<BT, UP, 0>(grid, s, X, perm, tiles, ns, wa, wb, N, K, lim, out);
 }
