@@ -422,11 +422,11 @@ int main(int argc, char **argv) {
     di_batch b = {.n_tokens = T, .tokens = tok, .positions = pos, .seq_of = seq, .n_seqs = 1, .seqs = seqs,
                   .n_outputs = 1, .output_rows = rows};
     double best = 1e30;
-    for (int rep = 0; rep < 4; rep++) {
+    for (int run = 0; run < 4; run++) {
       double ts = di_cut_time_ms();
       if (be->ops->submit(be, &b) != DI_OK || be->ops->wait(be, NULL, NULL) != DI_OK) FAIL(0);
       double ms = di_cut_time_ms() - ts;
-      if (rep > 0 && ms < best) best = ms; /* rep 0 warms up (allocations, GEMM plans) */
+      if (run > 0 && ms < best) best = ms; /* run 0 warms up (allocations, GEMM plans) */
     }
     double f8, fl = prefill_flops(&cfg, &w, T, &f8);
     const double roof = 1.0 / ((fl - f8) / 989e12 + f8 / 1979e12);
