@@ -194,6 +194,7 @@ static void test_reprobe(void) {
   if (!e) { free_engine(e, m); return; }
   CHECKF(di_spec_profile_startup(e) == DI_OK, "%s", di_last_error());
   for (int c = 1; c <= DI_SPEC_PROFILE_MAX; c++) e->spec->prof_ms[c] *= 10;
+  const double inflated = e->spec->prof_ms[SEQS];
   static rq_t rq[NREQ];
   for (int k = 0; k < NREQ; k++) {
     rq[k].n_prompt = 3 + (k * 3) % 5;
@@ -206,8 +207,14 @@ static void test_reprobe(void) {
   di_engine_get_spec_stats(e, &ss);
   printf("a 10x plain time: %lld drafts verified over %d tokens a request\n", (long long)ss.drafted_tokens, LONG_T);
   CHECKF(ss.drafted_tokens > 0, "the wrong plain time admitted nothing (the case does not test the probe)");
-  CHECKF(ss.drafted_tokens <= 12 * SEQS * BLOCK, "%lld drafts verified: the plain step was not probed again",
-         (long long)ss.drafted_tokens);
+  /* the probe's effect on the profile, not on how many drafts were verified meanwhile (that count rose from
+   * ~250 to ~750 when a loaded 2-core machine stretched the mock's sleeps): the plain step time at the batch's
+   * size must have been measured again, well below the 10x it was set to (it stays 10x without the re-probe,
+   * since a schedule that always verifies never times a plain step) */
+  const double after = e->spec->prof_ms[SEQS];
+  printf("the plain step time at %d sequences: set to %.3f ms, %.3f ms at the end\n", SEQS, inflated, after);
+  CHECKF(after < 0.5 * inflated, "the plain step time at %d sequences stayed %.3f ms (set to %.3f): not probed again",
+         SEQS, after, inflated);
   di_engine_stats st;
   di_engine_get_stats(e, &st);
   CHECKF(st.kv_blocks_used == 0 && di_engine_check(e) == DI_OK, "%lld KV blocks leaked", (long long)st.kv_blocks_used);
