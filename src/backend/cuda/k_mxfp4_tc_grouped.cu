@@ -73,6 +73,21 @@ template <bool FAST> static __device__ __forceinline__ void mt_dec4(uint32_t w, 
     out[i] = *(const uint32_t *)&h;
   }
 }
+/* a lane's code words of half c (8 bytes of each of its 4 fragment rows, rows 2, 3 mod 4 with the halves
+ * swapped) and their E8M0 scales as bf16x2 factors (FAST: the one-multiply fold; both forms' stages) */
+template <bool FAST>
+static __device__ __forceinline__ void mt_frags(uint2 (&wv)[2][2], __nv_bfloat162 (&sc2)[2][2], const uint8_t *sw,
+                                                const uint32_t (&scw)[2][2], const int (&rr)[2][2], int c, int q) {
+#pragma unroll
+  for (int m = 0; m < 2; m++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = rr[m][h];
+      wv[m][h] = *(const uint2 *)(sw + r * 64 + ((c ^ ((r >> 1) & 1)) << 5) + 8 * q);
+      const uint32_t e = (scw[m][h] >> (8 * (2 * c + (q >> 1)))) & 0xffu;
+      sc2[m][h] = FAST ? mt_fold2(e) : mt_scale2(e);
+    }
+}
 /* form 1's stage: 2 halves x 2 words x (steps A: pairs 0, 1; B: pairs 2, 3) */
 template <int BT, bool FAST>
 static __device__ __forceinline__ void mt_stage1(float (&acc)[2][BT / 8][4], const uint8_t *sw, const uint32_t (&scw)[2][2],
@@ -81,15 +96,7 @@ static __device__ __forceinline__ void mt_stage1(float (&acc)[2][BT / 8][4], con
   for (int c = 0; c < 2; c++) {
     uint2 wv[2][2];
     __nv_bfloat162 sc2[2][2];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int r = rr[m][h];
-        wv[m][h] = *(const uint2 *)(sw + r * 64 + ((c ^ ((r >> 1) & 1)) << 5) + 8 * q);
-        const uint32_t e = (scw[m][h] >> (8 * (2 * c + (q >> 1)))) & 0xffu;
-        sc2[m][h] = FAST ? mt_fold2(e) : mt_scale2(e);
-      }
+    mt_frags<FAST>(wv, sc2, sw, scw, rr, c, q);
 #pragma unroll
     for (int sp = 0; sp < 2; sp++) {
       uint4 bv[BT / 8];
@@ -136,14 +143,7 @@ static __device__ __forceinline__ void mt_stage0(float (&acc)[2][BT / 8][4], con
   for (int c = 0; c < 2; c++) {
     uint2 wv[2][2];
     __nv_bfloat162 sc2[2][2];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int r = rr[m][h];
-        wv[m][h] = *(const uint2 *)(sw + r * 64 + ((c ^ ((r >> 1) & 1)) << 5) + 8 * q);
-        sc2[m][h] = mt_scale2((scw[m][h] >> (8 * (2 * c + (q >> 1)))) & 0xffu);
-      }
+    mt_frags<false>(wv, sc2, sw, scw, rr, c, q);
 #pragma unroll
     for (int sp = 0; sp < 2; sp++) {
       uint4 bv[BT / 8];

@@ -807,6 +807,18 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attend_k(att_args a, di_v4k_co
 #define AV_HEADS 4  /* heads a CTA (att_value_k) */
 #define AV_CH 128   /* channels a CTA */
 #define AV_U 4      /* keys a warp has in flight */
+/* one step of the transposed butterfly: the lanes of each W-apart pair keep one half of v[0 .. 2W) and
+ * add their partner's sum of the other half into v[0 .. W) */
+template <int W>
+static __device__ __forceinline__ void tbfly_step(double *v, int lane) {
+  const bool up = lane & W;
+#pragma unroll
+  for (int m = 0; m < W; m++) {
+    const double send = up ? v[m] : v[m + W], keep = up ? v[m + W] : v[m];
+    v[m] = keep + __shfl_xor_sync(0xffffffffu, send, W);
+  }
+}
+
 static __device__ __forceinline__ const float *const *att_list(const att_args &a, int t) {
   const size_t stride = (size_t)a.W + a.max_n;
   return (const float *const *)(a.ex + (size_t)a.T * a.H * stride + (size_t)t * (stride + 1));
@@ -855,36 +867,11 @@ __global__ void __launch_bounds__(32 * AS_WARPS, 2) att_score_k(att_args a) {
     }
   }
   /* the transposed butterfly (file comment above): pair index u * 8 + hh ends in lane u * 8 + hh */
-  const unsigned F = 0xffffffffu;
-#pragma unroll
-  for (int m = 0; m < 16; m++) {
-    const bool up = lane & 16;
-    const double send = up ? v[m] : v[m + 16], keep = up ? v[m + 16] : v[m];
-    v[m] = keep + __shfl_xor_sync(F, send, 16);
-  }
-#pragma unroll
-  for (int m = 0; m < 8; m++) {
-    const bool up = lane & 8;
-    const double send = up ? v[m] : v[m + 8], keep = up ? v[m + 8] : v[m];
-    v[m] = keep + __shfl_xor_sync(F, send, 8);
-  }
-#pragma unroll
-  for (int m = 0; m < 4; m++) {
-    const bool up = lane & 4;
-    const double send = up ? v[m] : v[m + 4], keep = up ? v[m + 4] : v[m];
-    v[m] = keep + __shfl_xor_sync(F, send, 4);
-  }
-#pragma unroll
-  for (int m = 0; m < 2; m++) {
-    const bool up = lane & 2;
-    const double send = up ? v[m] : v[m + 2], keep = up ? v[m + 2] : v[m];
-    v[m] = keep + __shfl_xor_sync(F, send, 2);
-  }
-  {
-    const bool up = lane & 1;
-    const double send = up ? v[0] : v[1], keep = up ? v[1] : v[0];
-    v[0] = keep + __shfl_xor_sync(F, send, 1);
-  }
+  tbfly_step<16>(v, lane);
+  tbfly_step<8>(v, lane);
+  tbfly_step<4>(v, lane);
+  tbfly_step<2>(v, lane);
+  tbfly_step<1>(v, lane);
   const int i = i0 + lane / AS_HEADS, h = h0 + lane % AS_HEADS;
   if (i < nk) a.p[((size_t)t * a.H + h) * stride + i] = (float)(v[0] * scale);
   }
