@@ -1039,6 +1039,17 @@ static di_status constrained_string(jc *c, const char *fre, const char *const *p
   return st;
 }
 
+/* The default length bound of a pattern / format string without maxLength (string_bound.h): body
+ * rule r (followed by the closing quote) gets the counter, unless its minLength is above the bound
+ * (then it stays unbounded: the two bounds cannot be one counter) or the bound is off. */
+static void mark_bounded(jc *c, int r, int64_t minl) {
+  const int n = c->opt->max_string_length;
+  if (n <= 0 || minl > n || c->b->oom || r < 0 || r >= c->b->n_rules || (c->b->sb_n && c->b->sb_n != n))
+    return;
+  c->b->rules[r].sbound = 1;
+  c->b->sb_n = n;
+}
+
 static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *fmt = item(sch, "format"), *pat = item(sch, "pattern");
@@ -1081,6 +1092,8 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
                  path);
       return st;
     }
+    if (maxl < 0)
+      mark_bounded(c, r, minl);
     di_gseq_push(b, &s, rule_el(r));
   } else if (fre || pat) {
     int r = di_gb_new_rule(b, fre ? "format" : "pattern");
@@ -1093,6 +1106,7 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
       di_gseq_free(&s);
       return st;
     }
+    mark_bounded(c, r, 0);
     di_gseq_push(b, &s, rule_el(r));
   } else if (has_len) {
     if (maxl < 0 && c->opt->max_string_length > 0) /* the generation bound, yet never below minLength */

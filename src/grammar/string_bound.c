@@ -1,0 +1,354 @@
+/* The default length bound of pattern / format strings: the compile-time marks and radius, and the
+ * run-time per-node / per-state memos the counter reads (string_bound.h). */
+#include <stdlib.h>
+#include <string.h>
+#include "grammar/string_bound.h"
+
+enum { SB_INF = 1 << 28 };
+
+/* ---- compile time --------------------------------------------------------------------------- */
+
+/* The most bytes a stack at any position of rule r (or of the rules it reaches) needs to finish r,
+ * bounded by `cap` (cap + 1 = more): a fixed point over the rules reached from r. */
+static int body_radius(const di_gb *g, const int32_t *minlen, int r, int cap) {
+  int *rad = calloc((size_t)g->n_rules, sizeof *rad);
+  int32_t *list = malloc(sizeof *list * (size_t)g->n_rules);
+  uint8_t *seen = calloc((size_t)g->n_rules, 1);
+  if (!rad || !list || !seen) {
+    free(rad), free(list), free(seen);
+    return -1;
+  }
+  int n = 0;
+  list[n++] = r, seen[r] = 1;
+  for (int k = 0; k < n; k++) /* the rules reached from r */
+    for (int a = g->rule_first[list[k]]; a < g->rule_first[list[k] + 1]; a++)
+      for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++)
+        if (g->flat[p].kind == DI_GE_RULE && !seen[g->flat[p].arg])
+          seen[g->flat[p].arg] = 1, list[n++] = g->flat[p].arg;
+  int result = 0;
+  for (int changed = 1, it = 0; changed && result <= cap; it++) {
+    changed = 0;
+    for (int k = 0; k < n && result <= cap; k++) {
+      const int q = list[k];
+      int best = rad[q];
+      for (int a = g->rule_first[q]; a < g->rule_first[q + 1]; a++) {
+        int end = g->rule_alts[a];
+        while (g->flat[end].kind != DI_GE_END)
+          end++;
+        long suffix = 0; /* bytes of the elements after position p */
+        for (int p = end - 1; p >= g->rule_alts[a]; p--) {
+          const di_gel e = g->flat[p];
+          long here = suffix + (e.kind == DI_GE_CLASS ? 1 : minlen[e.arg]); /* a stack at p itself */
+          if (e.kind == DI_GE_RULE && rad[e.arg] + suffix > here)
+            here = rad[e.arg] + suffix; /* a stack inside the rule at p */
+          if (here > best)
+            best = here > SB_INF ? SB_INF : (int)here;
+          suffix += e.kind == DI_GE_CLASS ? 1 : minlen[e.arg];
+          if (suffix > SB_INF)
+            suffix = SB_INF;
+        }
+      }
+      if (best != rad[q])
+        rad[q] = best, changed = 1;
+      if (rad[q] > result)
+        result = rad[q];
+    }
+    if (it > cap + 2 * n) /* cannot happen: each round raises some radius by at least one */
+      result = cap + 1;
+  }
+  free(rad), free(list), free(seen);
+  return result > cap ? cap + 1 : result;
+}
+
+di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
+  if (g->sb_n <= 0) {
+    g->sb_n = 0;
+    return DI_OK;
+  }
+  int radius = 0, marks = 0;
+  for (int r = 0; r < g->n_rules; r++) {
+    if (!g->rules[r].sbound)
+      continue;
+    const int rad = minlen ? body_radius(g, minlen, r, DI_SB_RADIUS_MAX) : -1;
+    if (rad < 0)
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    if (rad > DI_SB_RADIUS_MAX) {
+      g->rules[r].sbound = 0; /* left unbounded (string_bound.h) */
+      continue;
+    }
+    if (rad > radius)
+      radius = rad;
+    marks++;
+  }
+  if (marks) {
+    if (!(g->sb_cont = calloc((size_t)g->n_flat, 1)))
+      return di_error_set(DI_ERR_OOM, "out of memory");
+    marks = 0;
+    for (int p = 0; p + 1 < g->n_flat; p++)
+      if (g->flat[p].kind == DI_GE_RULE && g->rules[g->flat[p].arg].sbound) {
+        if (g->flat[p + 1].kind == DI_GE_END) /* never written so by gen_string: refuse to miscount */
+          return di_error_set(DI_ERR_INTERNAL, "grammar: a bounded string body without its closing quote");
+        g->sb_cont[p + 1] = 1, marks++;
+      }
+  }
+  if (!marks) {
+    free(g->sb_cont);
+    g->sb_cont = NULL;
+    g->sb_n = 0;
+  }
+  g->sb_radius = radius;
+  return DI_OK;
+}
+
+/* ---- run time -------------------------------------------------------------------------------- */
+
+static int grow_states(di_grt *rt, int s) {
+  if (s < rt->sb_state_cap)
+    return 1;
+  int nc = rt->sb_state_cap ? rt->sb_state_cap : 256;
+  while (nc <= s)
+    nc *= 2;
+  uint8_t *info = realloc(rt->sb_info, (size_t)nc);
+  if (info)
+    rt->sb_info = info;
+  int32_t *pr = realloc(rt->sb_prune, sizeof *pr * (size_t)nc);
+  if (pr)
+    rt->sb_prune = pr;
+  int16_t *rem = realloc(rt->sb_rem, sizeof *rem * 9 * (size_t)nc);
+  if (rem)
+    rt->sb_rem = rem;
+  if (!info || !pr || !rem)
+    return 0;
+  memset(info + rt->sb_state_cap, 0, (size_t)(nc - rt->sb_state_cap));
+  for (int i = rt->sb_state_cap; i < nc; i++)
+    pr[i] = DI_GRT_UNKNOWN;
+  memset(rem + 9 * (size_t)rt->sb_state_cap, 0xff, sizeof *rem * 9 * (size_t)(nc - rt->sb_state_cap));
+  rt->sb_state_cap = nc;
+  return 1;
+}
+
+/* 1 when a frame below node id's top sits at a bounded body's closing quote, 0 when none, -1 out of
+ * memory. Memoised per node (rt->sb_node: 0 unknown, 1 no, 2 yes). */
+static int node_inside(di_grt *rt, int id) {
+  if (id < 2)
+    return 0;
+  if (id >= rt->sb_node_cap) {
+    int nc = rt->sb_node_cap ? rt->sb_node_cap : 1024;
+    while (nc <= id || nc < rt->nn)
+      nc *= 2;
+    uint8_t *q = realloc(rt->sb_node, (size_t)nc);
+    if (!q)
+      return -1;
+    memset(q + rt->sb_node_cap, 0, (size_t)(nc - rt->sb_node_cap));
+    rt->sb_node = q;
+    rt->sb_node_cap = nc;
+  }
+  if (rt->sb_node[id])
+    return rt->sb_node[id] - 1;
+  /* the frames below id up to one whose answer is known (or the bottom), at most 256 at a time */
+  int32_t path[256];
+  int n = 0, x = id;
+  while (x >= 2 && !rt->sb_node[x] && n < 256)
+    path[n++] = x, x = rt->npar[x];
+  int below; /* x or a frame below it is at a closing quote */
+  if (x < 2) {
+    below = 0;
+  } else {
+    const int in = rt->sb_node[x] ? rt->sb_node[x] - 1 : node_inside(rt, x);
+    if (in < 0)
+      return -1;
+    below = in || rt->g->sb_cont[rt->npos[x]];
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    rt->sb_node[path[i]] = (uint8_t)(below + 1);
+    below = below || rt->g->sb_cont[rt->npos[path[i]]];
+  }
+  return rt->sb_node[id] - 1;
+}
+
+int di_sb_info_slow(di_grt *rt, int s) {
+  if (!grow_states(rt, s))
+    goto oom;
+  int bits = DI_SB_KNOWN | (rt->sflags[s] & DI_GRT_ACCEPT ? DI_SB_OUTSIDE : 0);
+  for (int i = rt->soff[s]; i < rt->soff[s + 1]; i++) {
+    const int in = node_inside(rt, rt->sn[i]);
+    if (in < 0)
+      goto oom;
+    bits |= in ? DI_SB_INSIDE : DI_SB_OUTSIDE;
+  }
+  rt->sb_info[s] = (uint8_t)bits;
+  return bits;
+oom:
+  di_error_set(DI_ERR_OOM, "out of memory");
+  return DI_GRT_ERROR;
+}
+
+int di_sb_prune(di_grt *rt, int s) {
+  if (!grow_states(rt, s)) {
+    di_error_set(DI_ERR_OOM, "out of memory");
+    return DI_GRT_ERROR;
+  }
+  if (rt->sb_prune[s] != DI_GRT_UNKNOWN)
+    return rt->sb_prune[s];
+  const int n = rt->soff[s + 1] - rt->soff[s];
+  int32_t *keep = malloc(sizeof *keep * (size_t)(n ? n : 1));
+  if (!keep) {
+    di_error_set(DI_ERR_OOM, "out of memory");
+    return DI_GRT_ERROR;
+  }
+  int k = 0;
+  for (int i = rt->soff[s]; i < rt->soff[s + 1]; i++) {
+    const int in = node_inside(rt, rt->sn[i]); /* known: di_sb_info ran on s */
+    if (in < 0) {
+      free(keep);
+      di_error_set(DI_ERR_OOM, "out of memory");
+      return DI_GRT_ERROR;
+    }
+    if (!in)
+      keep[k++] = rt->sn[i];
+  }
+  const int flags = rt->sflags[s];
+  int r = k == n ? s : k == 0 && !(flags & DI_GRT_ACCEPT) ? DI_GRT_DEAD : di_grt_state_of(rt, keep, k, flags);
+  free(keep);
+  if (r == DI_GRT_ERROR)
+    return r;
+  if (!grow_states(rt, s)) { /* di_grt_state_of may have made states: s's slot is still there */
+    di_error_set(DI_ERR_OOM, "out of memory");
+    return DI_GRT_ERROR;
+  }
+  rt->sb_prune[s] = r;
+  return r;
+}
+
+/* The lexical step of the counter (string_bound.h) for byte c at position lex: *tick = 1 when c is a
+ * character's first byte; the next position. */
+static unsigned lex_next(unsigned lex, unsigned c, int *tick) {
+  *tick = 0;
+  if (lex == 0) {
+    if (c == '"' || (c >= 0x80 && c < 0xC0))
+      return 0;
+    *tick = 1;
+    return c == '\\' ? 4 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+  }
+  if (lex == 4)
+    return c == 'u' ? 8 : 0;
+  return lex == 5 ? 0 : lex - 1;
+}
+
+enum { SB_SEARCH_MAX = 16384 }; /* configurations a viability search may reach before it gives up */
+
+/* The fewest characters from (s, lex) to a state with a stack outside the body (0-1 breadth-first
+ * search over (state, lexical position): a character's first byte costs one); SB_INF when there is
+ * none, -2 out of memory, -3 past the search's budget. */
+static int fewest_chars(di_grt *rt, int s, unsigned lex) {
+  enum { QCAP = 4 * SB_SEARCH_MAX, HCAP = 4 * SB_SEARCH_MAX }; /* powers of two */
+  typedef struct {
+    int64_t key; /* state * 16 + lexical position, -1 empty */
+    int32_t d;   /* the smallest distance known */
+  } slot;
+  int64_t *q = malloc(sizeof *q * QCAP); /* a ring: keys, distance in the map */
+  slot *map = malloc(sizeof *map * HCAP);
+  if (!q || !map) {
+    free(q), free(map);
+    return -2;
+  }
+  for (int i = 0; i < HCAP; i++)
+    map[i].key = -1;
+  unsigned head = 0, tail = 0;
+  int reached = 0, result = SB_INF;
+#define SB_FIND(k, h)                                                                                                  \
+  do {                                                                                                                 \
+    h = (unsigned)((uint64_t)(k) * 0x9E3779B97F4A7C15ull >> 40) & (HCAP - 1);                                          \
+    while (map[h].key != -1 && map[h].key != (k))                                                                     \
+      h = (h + 1) & (HCAP - 1);                                                                                        \
+  } while (0)
+  unsigned h;
+  const int64_t k0 = (int64_t)s * 16 + lex;
+  SB_FIND(k0, h);
+  map[h].key = k0, map[h].d = 0, reached = 1;
+  q[tail++ & (QCAP - 1)] = k0;
+  while (head != tail) {
+    const int64_t key = q[head++ & (QCAP - 1)];
+    SB_FIND(key, h);
+    const int d = map[h].d;
+    const int xs = (int)(key >> 4);
+    const unsigned xl = (unsigned)(key & 15);
+    const int info = di_sb_info(rt, xs);
+    if (info < 0) {
+      result = -2;
+      break;
+    }
+    if (info & DI_SB_OUTSIDE) { /* popped in order of distance: the fewest */
+      result = d;
+      break;
+    }
+    uint64_t done[4 * 16] = {0}; /* (byte class, tick, next position) triples expanded */
+    for (unsigned c = 0; c < 256; c++) {
+      int tick;
+      const unsigned nl = lex_next(xl, c, &tick);
+      const unsigned kk = (unsigned)rt->cls[c] * 32 + (unsigned)tick * 16 + nl;
+      if (done[kk >> 6] >> (kk & 63) & 1)
+        continue;
+      done[kk >> 6] |= 1ull << (kk & 63);
+      const int ns = di_grt_step(rt, xs, c);
+      if (ns == DI_GRT_ERROR) {
+        result = -2;
+        goto out;
+      }
+      if (ns < 0)
+        continue;
+      const int64_t nk = (int64_t)ns * 16 + nl;
+      const int nd = d + tick;
+      SB_FIND(nk, h);
+      if (map[h].key == nk && map[h].d <= nd)
+        continue;
+      if (map[h].key != nk && ++reached > SB_SEARCH_MAX) {
+        result = -3;
+        goto out;
+      }
+      if (tail - head >= QCAP - 1) {
+        result = -3;
+        goto out;
+      }
+      map[h].key = nk, map[h].d = nd;
+      if (tick)
+        q[tail++ & (QCAP - 1)] = nk;
+      else
+        q[--head & (QCAP - 1)] = nk;
+    }
+  }
+out:
+#undef SB_FIND
+  free(q), free(map);
+  return result;
+}
+
+int di_sb_viable(di_grt *rt, int s, uint32_t cs) {
+  if (s < 0)
+    return 0;
+  const int info = di_sb_info(rt, s);
+  if (info < 0)
+    return info;
+  if (!(info & DI_SB_INSIDE) || (info & DI_SB_OUTSIDE))
+    return 1;
+  const int left = rt->g->sb_n - (int)di_sb_count(cs);
+  if (left >= rt->g->sb_radius) /* every position of a body ends within the radius (bytes >= characters) */
+    return 1;
+  const unsigned lex = cs >> 24;
+  int16_t *memo = &rt->sb_rem[(size_t)s * 9 + lex];
+  int d = *memo;
+  if (d < 0) {
+    d = fewest_chars(rt, s, lex);
+    if (d == -2) {
+      di_error_set(DI_ERR_OOM, "out of memory");
+      return DI_GRT_ERROR;
+    }
+    if (d == -3)
+      return 1; /* past the search's budget: taken as viable (never met by the formats; documented) */
+    if (d > 32767)
+      d = 32767;
+    memo = &rt->sb_rem[(size_t)s * 9 + lex]; /* the search may have grown the arrays */
+    *memo = (int16_t)d;
+  }
+  return d <= left;
+}
