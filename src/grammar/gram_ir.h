@@ -81,6 +81,9 @@ typedef struct di_gb {
    * end from any of its positions */
   int sb_n, sb_radius;
   uint8_t *sb_cont;
+  int sb_off; /* front ends: 1 while compiling text whose rules a regular operation copies (Lark's
+               * max_chars: copies lose the marks), so json_schema.c writes the bound into the
+               * grammar (counted repetitions) there instead */
 } di_gb;
 
 void di_gb_init(di_gb *b, int max_elements);

@@ -81,15 +81,17 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
     marks++;
   }
   if (marks) {
+    /* a body referenced last in an alternative (never so by json_schema.c; a front end's rewriting
+     * could) has no frame to mark: it stays unbounded */
+    for (int p = 0; p + 1 < g->n_flat; p++)
+      if (g->flat[p].kind == DI_GE_RULE && g->flat[p + 1].kind == DI_GE_END)
+        g->rules[g->flat[p].arg].sbound = 0;
     if (!(g->sb_cont = calloc((size_t)g->n_flat, 1)))
       return di_error_set(DI_ERR_OOM, "out of memory");
     marks = 0;
     for (int p = 0; p + 1 < g->n_flat; p++)
-      if (g->flat[p].kind == DI_GE_RULE && g->rules[g->flat[p].arg].sbound) {
-        if (g->flat[p + 1].kind == DI_GE_END) /* never written so by gen_string: refuse to miscount */
-          return di_error_set(DI_ERR_INTERNAL, "grammar: a bounded string body without its closing quote");
+      if (g->flat[p].kind == DI_GE_RULE && g->rules[g->flat[p].arg].sbound)
         g->sb_cont[p + 1] = 1, marks++;
-      }
   }
   if (!marks) {
     free(g->sb_cont);
@@ -220,21 +222,6 @@ int di_sb_prune(di_grt *rt, int s) {
   return r;
 }
 
-/* The lexical step of the counter (string_bound.h) for byte c at position lex: *tick = 1 when c is a
- * character's first byte; the next position. */
-static unsigned lex_next(unsigned lex, unsigned c, int *tick) {
-  *tick = 0;
-  if (lex == 0) {
-    if (c == '"' || (c >= 0x80 && c < 0xC0))
-      return 0;
-    *tick = 1;
-    return c == '\\' ? 4 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-  }
-  if (lex == 4)
-    return c == 'u' ? 8 : 0;
-  return lex == 5 ? 0 : lex - 1;
-}
-
 enum { SB_SEARCH_MAX = 16384 }; /* configurations a viability search may reach before it gives up */
 
 /* The fewest characters from (s, lex) to a state with a stack outside the body (0-1 breadth-first
@@ -285,7 +272,7 @@ static int fewest_chars(di_grt *rt, int s, unsigned lex) {
     uint64_t done[4 * 16] = {0}; /* (byte class, tick, next position) triples expanded */
     for (unsigned c = 0; c < 256; c++) {
       int tick;
-      const unsigned nl = lex_next(xl, c, &tick);
+      const unsigned nl = di_sb_lex(xl, c, &tick);
       const unsigned kk = (unsigned)rt->cls[c] * 32 + (unsigned)tick * 16 + nl;
       if (done[kk >> 6] >> (kk & 63) & 1)
         continue;

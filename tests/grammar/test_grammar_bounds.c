@@ -385,6 +385,17 @@ static void pattern_strings(void) {
   CHECK(!matcher_takes(g, "{\"", "x", N + 1, "\":1}"));
   CHECK(matcher_takes(g, "{\"x\":1,\"", "x", N, "\":1}")); /* the counter starts again per string */
   di_grammar_free(g);
+  /* patternProperties names: those matching a pattern and those matching none */
+  g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"patternProperties\": {\"^x\": {\"type\": \"integer\"}}}", 0, 0);
+  CHECK(matcher_takes(g, "{\"", "x", N, "\":1}"));
+  CHECK(!matcher_takes(g, "{\"", "x", N + 1, "\":1}"));
+  CHECK(matcher_takes(g, "{\"", "a", N, "\":[]}")); /* no pattern: any value */
+  CHECK(!matcher_takes(g, "{\"", "a", N + 1, "\":[]}"));
+  CHECK(!matcher_takes(g, "{\"", "x", 3, "\":[]}")); /* the pattern's schema holds */
+  di_grammar_free(g);
+  g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"patternProperties\": {\"^x\": {\"type\": \"integer\"}}}", -1, 0);
+  CHECK(matcher_takes(g, "{\"", "x", 2 * N, "\":1}"));
+  di_grammar_free(g);
   g = compile(DI_GRAMMAR_LARK, "start: \"<\" %json {\"type\": \"string\", \"pattern\": \"^x+$\"} \">\"", 0, 0);
   CHECK(matcher_takes(g, "<\"", "x", N, "\">"));
   CHECK(!matcher_takes(g, "<\"", "x", N + 1, "\">"));
