@@ -1613,28 +1613,55 @@ void di_grammar_matcher_reset(di_grammar_matcher *m) { m->nh = 1; }
 
 static int step_bytes(di_grt *rt, int s, uint32_t *cs, const uint8_t *b, size_t n);
 
-/* Pattern / format strings' bound (string_bound.h): the mask of state S is the unbounded one, less
- * the tokens that would run a bounded body past its characters or leave it unable to end within
- * them. Only tokens longer than the characters left less the bodies' radius can: far from the bound
- * (every string's first 4,096 - 256 - the longest token's characters by default) nothing is
- * checked. Under g->mu. */
-static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint32_t cs, uint32_t *bits) {
+/* Pattern / format strings' and every default string bound (string_bound.h): the mask of state S is
+ * the unbounded one, less the tokens that would run a bounded body past its characters or leave it
+ * unable to end within them. Only tokens longer than the characters left less the bodies' radius can:
+ * far from the bound (a string's first 4,096 - radius - the longest token's characters by default)
+ * nothing is checked. Nearer, the candidates are the mask less the vocabulary's row of short ids;
+ * at a character boundary inside a body, a token without a quote that has more characters than are
+ * left never leaves the body (a body ends only at a quote, json_schema.c), so it is refused without
+ * a walk where the state's stacks outside the body refuse its first byte, and one with few enough
+ * characters before any quote is taken as it is; the rest are walked with the counter. Under g->mu. */
+static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint32_t cs,
+                           uint32_t *bits) {
   di_grt *rt = &g->rt;
   const int info = di_sb_info(rt, S);
   if (info < 0)
     return DI_ERR_OOM;
-  long left = g->core.sb_n; /* a body the token opens starts at 0 */
-  if ((info & DI_SB_INSIDE) && g->core.sb_n - (long)di_sb_count(cs) < left)
-    left = g->core.sb_n - (long)di_sb_count(cs);
-  const long safe = left - g->core.sb_radius; /* tokens of at most this many bytes are never affected */
+  const long N = g->core.sb_n, R = g->core.sb_radius;
+  const int inside = (info & DI_SB_INSIDE) != 0;
+  const long left = inside ? N - (long)di_sb_count(cs) : N; /* a body a token opens starts at 0 */
+  const long safe = left - R; /* tokens of at most this many bytes are never affected */
   if (safe >= v->maxlen)
     return DI_OK;
+  const uint32_t *shorts = safe >= 0 && safe <= v->len_le_max ? v->len_le + (size_t)safe * (size_t)v->words : NULL;
+  int shortcut = inside && (cs >> 24) == 0 && N - R >= v->maxlen, outside = DI_GRT_DEAD;
+  if (shortcut) {
+    if ((outside = di_sb_prune(rt, S)) == DI_GRT_ERROR)
+      return DI_ERR_OOM;
+  }
   for (int w = 0; w < v->words; w++)
-    for (uint32_t x = bits[w]; x; x &= x - 1) {
+    for (uint32_t x = bits[w] & (shorts ? ~shorts[w] : ~0u); x; x &= x - 1) {
       const int id = w * 32 + __builtin_ctz(x);
       if (id >= v->n || v->is_stop[id] || (long)(v->off[id + 1] - v->off[id]) <= safe)
         continue;
       const uint32_t len = v->off[id + 1] - v->off[id];
+      const uint8_t *tb = v->bytes + v->off[id];
+      if (shortcut && !g->core.has_token_refs) {
+        const long q = v->quote_chars[id] & 0xff;
+        const int has_quote = (v->quote_chars[id] & 0x100) != 0;
+        if (q <= safe) /* its characters in this body leave room; a body after its quote starts at 0 */
+          continue;
+        if (!has_quote && q > left) {
+          const int o = outside >= 0 ? di_grt_step(rt, outside, tb[0]) : DI_GRT_DEAD;
+          if (o == DI_GRT_ERROR)
+            return DI_ERR_OOM;
+          if (o < 0) {
+            bits[w] &= ~(1u << (id & 31));
+            continue;
+          }
+        }
+      }
       uint32_t c2 = cs;
       int s = DI_GRT_DEAD;
       if (g->core.has_token_refs) { /* as accept_token: by its id first */
@@ -1647,7 +1674,7 @@ static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint
           continue;
         c2 = cs;
       }
-      s = step_bytes(rt, S, &c2, v->bytes + v->off[id], len);
+      s = step_bytes(rt, S, &c2, tb, len);
       if (s == DI_GRT_ERROR)
         return DI_ERR_OOM;
       if (s < 0)

@@ -318,6 +318,84 @@ static void rollback_walk(const char *schema, int bound, unsigned seed) {
   di_grammar_free(g);
 }
 
+/* A vocabulary of text, quotes, escapes, multi-byte characters and long tokens, and walks that take
+ * random allowed tokens (long ones first, so that strings run into the bound) where every mask bit
+ * must equal whether a fresh matcher fed the same bytes accepts that token: the mask's filter near
+ * the bound (its short rows, its refusals without a walk, its walks) against accept_token. */
+static const char *const WTOKS[] = {
+    "a", "b", "x", "y", "!", "@", ".", "ab", "abc", "xyz", "hello", "abcdefghij", "abcdefghijklmnop", "\"", "\",",
+    "\",\"", "\":", "\":\"", "\":1", "\"}", "\"]", "{", "}", "[", "]", ",", ":", "1", "{\"", "[\"", "ab\"", "a\"b",
+    "abc\":\"", "x@y.z", "\\\"", "\\n", "\\u00e9", "\\u0041b", "\\ud83d\\ude00", "\xc3\xa9", "\xc3\xa9\xc3\xa9\xc3\xa9", "\xe6\x9d\xb1",
+    "x\xc3\xa9y", "\\", "u00", "\\ud83d", "\\ude00", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "!\"", "b.c", "z\"]"};
+enum { NW = sizeof WTOKS / sizeof WTOKS[0] };
+
+static void brute_walk(const di_grammar_vocab *wv, const char *schema, int bound, unsigned seed, int *near) {
+  di_grammar *g = compile(DI_GRAMMAR_JSON_SCHEMA, schema, bound, 0);
+  di_grammar_matcher *m = NULL;
+  if (di_grammar_matcher_create(g, wv, &m) != DI_OK)
+    abort();
+  char buf[16384];
+  size_t len = 0;
+  for (int step = 0; step < 120 && !di_grammar_matcher_is_terminated(m); step++) {
+    uint32_t mask[(NW + 31) / 32 + 1] = {0};
+    CHECK(di_grammar_matcher_fill_mask(m, mask) == DI_OK);
+    int allowed[NW], na = 0;
+    for (int t = 0; t < NW; t++) {
+      di_grammar_matcher *f = NULL;
+      if (di_grammar_matcher_create(g, wv, &f) != DI_OK)
+        abort();
+      int ok = (len == 0 || di_grammar_matcher_accept_bytes(f, buf, len) == DI_OK) &&
+               di_grammar_matcher_accept_token(f, t) == DI_OK;
+      di_grammar_matcher_free(f);
+      CHECKF((int)(mask[t >> 5] >> (t & 31) & 1) == ok, "%s bound %d step %d: token '%s' mask %d, accepted %d",
+             schema, bound, step, WTOKS[t], (int)(mask[t >> 5] >> (t & 31) & 1), ok);
+      if (ok)
+        allowed[na++] = t;
+    }
+    if (!na)
+      break;
+    seed = seed * 1103515245u + 12345u;
+    int pick = allowed[(seed >> 16) % (unsigned)na];
+    for (int i = 0; i < na && (seed >> 8) % 4 != 0; i++) /* mostly the longest allowed */
+      if (strlen(WTOKS[allowed[i]]) > strlen(WTOKS[pick]))
+        pick = allowed[i];
+    if (len + strlen(WTOKS[pick]) >= sizeof buf)
+      break;
+    CHECK(di_grammar_matcher_accept_token(m, pick) == DI_OK);
+    memcpy(buf + len, WTOKS[pick], strlen(WTOKS[pick]));
+    len += strlen(WTOKS[pick]);
+    *near += len > (size_t)bound / 2;
+  }
+  di_grammar_matcher_free(m);
+  di_grammar_free(g);
+}
+
+static void walks_at_the_bound(void) {
+  size_t lens[NW];
+  for (int i = 0; i < NW; i++)
+    lens[i] = strlen(WTOKS[i]);
+  const int32_t stop = NW - 1; /* "z\"]": its text never matters, it is the stop id */
+  di_grammar_vocab *wv = NULL;
+  if (di_grammar_vocab_create(NW, WTOKS, lens, &stop, 1, &wv) != DI_OK)
+    abort();
+  static const char *const schemas[] = {
+      "{\"type\": \"string\"}",
+      "{\"type\": \"array\", \"items\": {\"type\": \"string\"}}",
+      "{\"type\": \"object\"}",
+      "{\"properties\": {\"abc\": {\"type\": \"string\"}, \"ab\": {}}}",
+      "{\"type\": \"array\", \"items\": {\"type\": \"string\", \"pattern\": \"^[a-z]+!$\"}}",
+      "{\"type\": \"array\", \"items\": {\"type\": \"string\", \"format\": \"email\"}}",
+      "{\"type\": \"array\", \"items\": {\"type\": \"string\", \"pattern\": \"a\"}}",
+  };
+  int near = 0;
+  for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++)
+    for (int bound = 7; bound <= 60; bound += 53) /* 60: above the longest token + the radius (the shortcuts) */
+      for (unsigned seed = 1; seed <= 3; seed++)
+        brute_walk(wv, schemas[k], bound, seed, &near);
+  CHECK(near > 500);
+  di_grammar_vocab_free(wv);
+}
+
 /* Strings under a pattern or format: the same default bound, through the matcher's counter. */
 static void pattern_strings(void) {
   const char *px = "{\"type\": \"string\", \"pattern\": \"^x+$\"}";
@@ -425,6 +503,7 @@ int main(void) {
   string_values();
   keys();
   pattern_strings();
+  walks_at_the_bound();
   numbers();
   di_grammar_vocab_free(vocab);
   return test_finish("test_grammar_bounds");
