@@ -1,8 +1,10 @@
 /* The default length bound of pattern / format strings: the compile-time marks and radius, and the
  * run-time per-node / per-state memos the counter reads (string_bound.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/string_bound.h"
+#include "util/switches.h"
 
 enum { SB_INF = 1 << 28 };
 
@@ -99,6 +101,9 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
     g->sb_n = 0;
   }
   g->sb_radius = radius;
+  if (g->sb_n && di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0)
+    fprintf(stderr, "string bound: %d characters, %d closing quotes after bounded bodies, radius %d bytes\n", g->sb_n,
+            marks, radius);
   return DI_OK;
 }
 
