@@ -46,7 +46,7 @@ typedef struct di_grt {
                        * take the same byte strings, so their classifications are one), else -3 */
   /* pattern / format strings' length bound (string_bound.h), grown on demand: per stack node, 0 not
    * known, 1 outside every bounded body, 2 inside one; per state, its DI_SB_* bits (0 not known), the
-   * state without its bounded stacks (DI_GRT_UNKNOWN until computed) and, per lexical position, the
+   * state without its bounded stacks (DI_GRT_UNKNOWN until computed) and, per lexical position (16), the
    * fewest characters until a stack outside the body (-1 not known) */
   uint8_t *sb_node;
   int sb_node_cap;

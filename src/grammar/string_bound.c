@@ -6,7 +6,7 @@
 #include "grammar/string_bound.h"
 #include "util/switches.h"
 
-enum { SB_INF = 1 << 28 };
+enum { SB_INF = 1 << 28, SB_LEX = 16 }; /* SB_LEX: the counter's lexical positions (di_sb_lex) */
 
 /* ---- compile time --------------------------------------------------------------------------- */
 
@@ -121,7 +121,7 @@ static int grow_states(di_grt *rt, int s) {
   int32_t *pr = realloc(rt->sb_prune, sizeof *pr * (size_t)nc);
   if (pr)
     rt->sb_prune = pr;
-  int16_t *rem = realloc(rt->sb_rem, sizeof *rem * 9 * (size_t)nc);
+  int16_t *rem = realloc(rt->sb_rem, sizeof *rem * SB_LEX * (size_t)nc);
   if (rem)
     rt->sb_rem = rem;
   if (!info || !pr || !rem)
@@ -129,7 +129,7 @@ static int grow_states(di_grt *rt, int s) {
   memset(info + rt->sb_state_cap, 0, (size_t)(nc - rt->sb_state_cap));
   for (int i = rt->sb_state_cap; i < nc; i++)
     pr[i] = DI_GRT_UNKNOWN;
-  memset(rem + 9 * (size_t)rt->sb_state_cap, 0xff, sizeof *rem * 9 * (size_t)(nc - rt->sb_state_cap));
+  memset(rem + SB_LEX * (size_t)rt->sb_state_cap, 0xff, sizeof *rem * SB_LEX * (size_t)(nc - rt->sb_state_cap));
   rt->sb_state_cap = nc;
   return 1;
 }
@@ -274,7 +274,7 @@ static int fewest_chars(di_grt *rt, int s, unsigned lex) {
       result = d;
       break;
     }
-    uint64_t done[4 * 16] = {0}; /* (byte class, tick, next position) triples expanded */
+    uint64_t done[256 * 32 / 64] = {0}; /* (byte class, tick, next position) triples expanded */
     for (unsigned c = 0; c < 256; c++) {
       int tick;
       const unsigned nl = di_sb_lex(xl, c, &tick);
@@ -327,7 +327,7 @@ int di_sb_viable(di_grt *rt, int s, uint32_t cs) {
   if (left >= rt->g->sb_radius) /* every position of a body ends within the radius (bytes >= characters) */
     return 1;
   const unsigned lex = cs >> 24;
-  int16_t *memo = &rt->sb_rem[(size_t)s * 9 + lex];
+  int16_t *memo = &rt->sb_rem[(size_t)s * SB_LEX + lex];
   int d = *memo;
   if (d < 0) {
     d = fewest_chars(rt, s, lex);
@@ -339,7 +339,7 @@ int di_sb_viable(di_grt *rt, int s, uint32_t cs) {
       return 1; /* past the search's budget: taken as viable (never met by the formats; documented) */
     if (d > 32767)
       d = 32767;
-    memo = &rt->sb_rem[(size_t)s * 9 + lex]; /* the search may have grown the arrays */
+    memo = &rt->sb_rem[(size_t)s * SB_LEX + lex]; /* the search may have grown the arrays */
     *memo = (int16_t)d;
   }
   return d <= left;
