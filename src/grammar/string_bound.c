@@ -62,18 +62,55 @@ static int body_radius(const di_gb *g, const int32_t *minlen, int r, int cap) {
   return result > cap ? cap + 1 : result;
 }
 
+/* The longest string of rule r in bytes, -1 when unbounded (a rule reaching itself) or past `cap`
+ * (or nesting past 1,000 rules deep); memo: -2 unknown, -3 being visited. */
+static long longest(const di_gb *g, int r, long cap, long *memo, int depth) {
+  if (memo[r] != -2)
+    return memo[r] == -3 ? -1 : memo[r];
+  if (depth > 1000)
+    return -1;
+  memo[r] = -3;
+  long best = 0;
+  for (int a = g->rule_first[r]; a < g->rule_first[r + 1] && best >= 0; a++) {
+    long sum = 0;
+    for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END && sum >= 0; p++) {
+      const long x = g->flat[p].kind == DI_GE_CLASS ? 1 : longest(g, g->flat[p].arg, cap, memo, depth + 1);
+      sum = x < 0 ? -1 : sum + x;
+      if (sum > cap)
+        sum = -1;
+    }
+    best = sum < 0 ? -1 : sum > best ? sum : best;
+  }
+  memo[r] = best;
+  return best;
+}
+
 di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
   if (g->sb_n <= 0) {
     g->sb_n = 0;
     return DI_OK;
   }
   int radius = 0, marks = 0;
+  long *memo = malloc(sizeof *memo * (size_t)(g->n_rules ? g->n_rules : 1));
+  if (!memo)
+    return di_error_set(DI_ERR_OOM, "out of memory");
+  for (int r = 0; r < g->n_rules; r++)
+    memo[r] = -2;
   for (int r = 0; r < g->n_rules; r++) {
     if (!g->rules[r].sbound)
       continue;
+    /* a body whose every string fits the bound needs no counter (a uuid, a date); one whose shortest
+     * string is longer keeps its language (the bound would leave it none: as a minLength above it) */
+    const long most = longest(g, r, g->sb_n, memo, 0);
+    if ((most >= 0 && most <= g->sb_n) || (minlen && minlen[r] > g->sb_n)) {
+      g->rules[r].sbound = 0;
+      continue;
+    }
     const int rad = minlen ? body_radius(g, minlen, r, DI_SB_RADIUS_MAX) : -1;
-    if (rad < 0)
+    if (rad < 0) {
+      free(memo);
       return di_error_set(DI_ERR_OOM, "out of memory");
+    }
     if (rad > DI_SB_RADIUS_MAX) {
       g->rules[r].sbound = 0; /* left unbounded (string_bound.h) */
       continue;
@@ -82,6 +119,7 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
       radius = rad;
     marks++;
   }
+  free(memo);
   if (marks) {
     /* a body referenced last in an alternative (never so by json_schema.c; a front end's rewriting
      * could) has no frame to mark: it stays unbounded */

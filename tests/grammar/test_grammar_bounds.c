@@ -448,6 +448,14 @@ static void pattern_strings(void) {
   g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"pattern\": \"^x+$\", \"minLength\": 5000}", 0, 0);
   CHECK(matcher_takes(g, "\"", "x", 6000, "\""));
   di_grammar_free(g);
+  /* a finite format longer than the bound, and a pattern whose shortest string is: their own
+   * language (the bound would leave none, as a minLength above it) */
+  g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"format\": \"uuid\"}", 12, 0);
+  CHECK(matcher_takes(g, "\"64abd298-f7b2-0a75-ff42-475ca4e1b2bd", "", 0, "\""));
+  di_grammar_free(g);
+  g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"pattern\": \"^x{20}y*$\"}", 10, 0);
+  CHECK(matcher_takes(g, "\"", "x", 20, "yyyyyyyyyy\""));
+  di_grammar_free(g);
   /* maxLength stays the exact way */
   g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"pattern\": \"^x+$\", \"maxLength\": 5000}", 0, 0);
   CHECK(matcher_takes(g, "\"", "x", 5000, "\""));
