@@ -1640,6 +1640,7 @@ static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint
     if ((outside = di_sb_prune(rt, S)) == DI_GRT_ERROR)
       return DI_ERR_OOM;
   }
+  long n_walked = 0;
   for (int w = 0; w < v->words; w++)
     for (uint32_t x = bits[w] & (shorts ? ~shorts[w] : ~0u); x; x &= x - 1) {
       const int id = w * 32 + __builtin_ctz(x);
@@ -1664,6 +1665,7 @@ static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint
       }
       uint32_t c2 = cs;
       int s = DI_GRT_DEAD;
+      n_walked++;
       if (g->core.has_token_refs) { /* as accept_token: by its id first */
         uint8_t spell[DI_TOKEN_REF_LEN];
         di_token_ref_spell(id, spell);
@@ -1680,6 +1682,9 @@ static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint
       if (s < 0)
         bits[w] &= ~(1u << (id & 31));
     }
+  if (di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0)
+    fprintf(stderr, "string bound filter: %ld characters left, tokens of more than %ld bytes checked, %ld walked\n", left,
+            safe, n_walked);
   return DI_OK;
 }
 

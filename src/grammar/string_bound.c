@@ -10,23 +10,80 @@ enum { SB_INF = 1 << 28, SB_LEX = 16 }; /* SB_LEX: the counter's lexical positio
 
 /* ---- compile time --------------------------------------------------------------------------- */
 
-/* The most bytes a stack at any position of rule r (or of the rules it reaches) needs to finish r,
- * bounded by `cap` (cap + 1 = more): a fixed point over the rules reached from r. */
-static int body_radius(const di_gb *g, const int32_t *minlen, int r, int cap) {
-  int *rad = calloc((size_t)g->n_rules, sizeof *rad);
+/* Characters as the counter counts them (string_bound.h di_sb_lex), written into the rules: a class
+ * element is a character's first byte unless it holds UTF-8 continuation bytes only, and in an
+ * alternative everything after a class of the backslash alone is the rest of an escape (a \u pair's
+ * second escape included), no new character. */
+static int is_backslash(const di_gbyteset *c) {
+  for (int w = 0; w < 8; w++)
+    if (c->w[w] != (w == 2 ? 1u << ('\\' - 64) : 0u))
+      return 0;
+  return 1;
+}
+static int is_continuation(const di_gbyteset *c) {
+  for (int b = 0; b < 256; b++)
+    if (di_gbyteset_has(c, (unsigned)b) && (b < 0x80 || b >= 0xC0))
+      return 0;
+  return 1;
+}
+
+/* The most characters a stack at any position of rule r (or of the rules it reaches) needs to finish
+ * r, bounded by `cap` (cap + 1 = more): fixed points over the rules reached from r, first of each
+ * rule's fewest characters, then of the radius. */
+static int body_radius(const di_gb *g, int r, int cap) {
+  int *rad = calloc((size_t)g->n_rules, sizeof *rad), *few = malloc(sizeof *few * (size_t)g->n_rules);
   int32_t *list = malloc(sizeof *list * (size_t)g->n_rules);
-  uint8_t *seen = calloc((size_t)g->n_rules, 1);
-  if (!rad || !list || !seen) {
-    free(rad), free(list), free(seen);
+  uint8_t *seen = calloc((size_t)g->n_rules, 1), *tail = calloc((size_t)g->n_rules, 1);
+  uint8_t *ws = calloc((size_t)g->n_flat + 1, 1); /* per flat position: 1 a character's first byte */
+  uint8_t *intail = calloc((size_t)g->n_flat + 1, 1); /* per flat position: after a backslash */
+  if (!rad || !few || !list || !seen || !tail || !ws || !intail) {
+    free(rad), free(few), free(list), free(seen), free(tail), free(ws), free(intail);
     return -1;
   }
   int n = 0;
   list[n++] = r, seen[r] = 1;
-  for (int k = 0; k < n; k++) /* the rules reached from r */
+  for (int k = 0; k < n; k++) /* the rules reached from r, and the positions' weights */
+    for (int a = g->rule_first[list[k]]; a < g->rule_first[list[k] + 1]; a++) {
+      int after_bs = 0;
+      for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++) {
+        const di_gel e = g->flat[p];
+        intail[p] = (uint8_t)after_bs;
+        if (e.kind == DI_GE_CLASS) {
+          ws[p] = !after_bs && !is_continuation(&g->classes[e.arg]);
+          after_bs = after_bs || is_backslash(&g->classes[e.arg]);
+        } else if (!seen[e.arg]) {
+          seen[e.arg] = 1, list[n++] = e.arg;
+        }
+      }
+    }
+  for (int k = 0; k < n; k++)
+    few[list[k]] = SB_INF;
+  for (int changed = 1, it = 0; changed && it < n + 2; it++) { /* fewest characters (sums only fall) */
+    changed = 0;
+    for (int k = 0; k < n; k++) {
+      const int q = list[k];
+      long best = few[q];
+      for (int a = g->rule_first[q]; a < g->rule_first[q + 1]; a++) {
+        long sum = 0;
+        for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++)
+          sum += intail[p] ? 0 : g->flat[p].kind == DI_GE_CLASS ? ws[p] : few[g->flat[p].arg];
+        if (sum < best)
+          best = sum;
+      }
+      if (best < few[q])
+        few[q] = (int)best, changed = 1;
+    }
+  }
+  /* the radius over the rules reached outside escapes (a stack inside an escape has no character of
+   * it left to count: the rest of the escape is no new character) */
+  int m = 0;
+  tail[r] = 1, list[m++] = r; /* tail[]: reached outside escapes (the list is reused from here) */
+  for (int k = 0; k < m; k++)
     for (int a = g->rule_first[list[k]]; a < g->rule_first[list[k] + 1]; a++)
       for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++)
-        if (g->flat[p].kind == DI_GE_RULE && !seen[g->flat[p].arg])
-          seen[g->flat[p].arg] = 1, list[n++] = g->flat[p].arg;
+        if (g->flat[p].kind == DI_GE_RULE && !intail[p] && !tail[g->flat[p].arg])
+          tail[g->flat[p].arg] = 1, list[m++] = g->flat[p].arg;
+  n = m;
   int result = 0;
   for (int changed = 1, it = 0; changed && result <= cap; it++) {
     changed = 0;
@@ -37,17 +94,16 @@ static int body_radius(const di_gb *g, const int32_t *minlen, int r, int cap) {
         int end = g->rule_alts[a];
         while (g->flat[end].kind != DI_GE_END)
           end++;
-        long suffix = 0; /* bytes of the elements after position p */
+        long suffix = 0; /* characters of the elements after position p */
         for (int p = end - 1; p >= g->rule_alts[a]; p--) {
           const di_gel e = g->flat[p];
-          long here = suffix + (e.kind == DI_GE_CLASS ? 1 : minlen[e.arg]); /* a stack at p itself */
-          if (e.kind == DI_GE_RULE && rad[e.arg] + suffix > here)
-            here = rad[e.arg] + suffix; /* a stack inside the rule at p */
+          const long w = intail[p] ? 0 : e.kind == DI_GE_CLASS ? ws[p] : few[e.arg];
+          long here = suffix + w; /* a stack at p itself */
+          if (e.kind == DI_GE_RULE && !intail[p] && rad[e.arg] + suffix > here)
+            here = rad[e.arg] + suffix; /* a stack inside the rule at p (inside an escape: none to count) */
           if (here > best)
             best = here > SB_INF ? SB_INF : (int)here;
-          suffix += e.kind == DI_GE_CLASS ? 1 : minlen[e.arg];
-          if (suffix > SB_INF)
-            suffix = SB_INF;
+          suffix = suffix + w > SB_INF ? SB_INF : suffix + w;
         }
       }
       if (best != rad[q])
@@ -58,7 +114,7 @@ static int body_radius(const di_gb *g, const int32_t *minlen, int r, int cap) {
     if (it > cap + 2 * n) /* cannot happen: each round raises some radius by at least one */
       result = cap + 1;
   }
-  free(rad), free(list), free(seen);
+  free(rad), free(few), free(list), free(seen), free(tail), free(ws), free(intail);
   return result > cap ? cap + 1 : result;
 }
 
@@ -106,7 +162,7 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
       g->rules[r].sbound = 0;
       continue;
     }
-    const int rad = minlen ? body_radius(g, minlen, r, DI_SB_RADIUS_MAX) : -1;
+    const int rad = body_radius(g, r, DI_SB_RADIUS_MAX);
     if (rad < 0) {
       free(memo);
       return di_error_set(DI_ERR_OOM, "out of memory");
@@ -140,7 +196,7 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
   }
   g->sb_radius = radius;
   if (g->sb_n && di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0)
-    fprintf(stderr, "string bound: %d characters, %d closing quotes after bounded bodies, radius %d bytes\n", g->sb_n,
+    fprintf(stderr, "string bound: %d characters, %d closing quotes after bounded bodies, radius %d characters\n", g->sb_n,
             marks, radius);
   return DI_OK;
 }
