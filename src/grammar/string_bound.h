@@ -13,16 +13,18 @@
  * still end (its closing quote is no character). A token is allowed only when, after it, the body
  * can still end within the characters left (di_sb_viable: the fewest characters from the state to a
  * stack outside the body); tokens that cannot come near the bound (at most sb_n - count - sb_radius
- * bytes) are never affected, so the mask is the unbounded one except within a token's length and
- * the body's radius of the bound (matcher.c sb_filter). */
+ * bytes: a byte is at most one character, and sb_radius bounds the characters any position of a body
+ * needs to end) are never affected, so the mask is the unbounded one except within a token's length
+ * and the body's radius of the bound (matcher.c sb_filter). */
 #ifndef DI_GRAMMAR_STRING_BOUND_H
 #define DI_GRAMMAR_STRING_BOUND_H
 #include "grammar/gram_rt.h"
 
 /* di_sb_info bits: the state has a stack inside a bounded body / one outside (or it accepts) */
 enum { DI_SB_INSIDE = 1, DI_SB_OUTSIDE = 2, DI_SB_KNOWN = 4 };
-/* A body whose positions may need more than this many bytes to end is left unbounded (a pattern
- * such as `^a+b{300}$`; documented): the radius sets how far from the bound masks are checked. */
+/* A body whose positions may need more than this many characters to end is left unbounded (a
+ * pattern such as `^a+b{300}$`; documented): the radius sets how far from the bound masks are
+ * checked. */
 enum { DI_SB_RADIUS_MAX = 256 };
 
 /* The counter (one uint32_t per accepted step): characters of the current body in the low 24 bits,
