@@ -27,69 +27,70 @@ static int is_continuation(const di_gbyteset *c) {
   return 1;
 }
 
+/* Scratch of body_radius, made once per grammar: per rule and per flat position, zeroed between
+ * bodies where a body touched them. */
+typedef struct {
+  int *rad, *few;
+  int32_t *list, *list2;
+  uint8_t *seen, *outside;
+  uint8_t *ws, *intail; /* per flat position: a character's first byte; after a backslash */
+  uint8_t *cls;         /* per class: 1 continuation bytes only, 2 the backslash alone */
+} radius_scratch;
+
 /* The most characters a stack at any position of rule r (or of the rules it reaches) needs to finish
  * r, bounded by `cap` (cap + 1 = more): fixed points over the rules reached from r, first of each
- * rule's fewest characters, then of the radius. */
-static int body_radius(const di_gb *g, int r, int cap) {
-  int *rad = calloc((size_t)g->n_rules, sizeof *rad), *few = malloc(sizeof *few * (size_t)g->n_rules);
-  int32_t *list = malloc(sizeof *list * (size_t)g->n_rules);
-  uint8_t *seen = calloc((size_t)g->n_rules, 1), *tail = calloc((size_t)g->n_rules, 1);
-  uint8_t *ws = calloc((size_t)g->n_flat + 1, 1); /* per flat position: 1 a character's first byte */
-  uint8_t *intail = calloc((size_t)g->n_flat + 1, 1); /* per flat position: after a backslash */
-  if (!rad || !few || !list || !seen || !tail || !ws || !intail) {
-    free(rad), free(few), free(list), free(seen), free(tail), free(ws), free(intail);
-    return -1;
-  }
+ * rule's fewest characters, then of the radius over the rules reached outside escapes (a stack inside
+ * an escape has no character of it left to count). */
+static int body_radius(const di_gb *g, int r, int cap, radius_scratch *x) {
   int n = 0;
-  list[n++] = r, seen[r] = 1;
+  x->list[n++] = r, x->seen[r] = 1;
   for (int k = 0; k < n; k++) /* the rules reached from r, and the positions' weights */
-    for (int a = g->rule_first[list[k]]; a < g->rule_first[list[k] + 1]; a++) {
+    for (int a = g->rule_first[x->list[k]]; a < g->rule_first[x->list[k] + 1]; a++) {
       int after_bs = 0;
       for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++) {
         const di_gel e = g->flat[p];
-        intail[p] = (uint8_t)after_bs;
+        x->intail[p] = (uint8_t)after_bs;
         if (e.kind == DI_GE_CLASS) {
-          ws[p] = !after_bs && !is_continuation(&g->classes[e.arg]);
-          after_bs = after_bs || is_backslash(&g->classes[e.arg]);
-        } else if (!seen[e.arg]) {
-          seen[e.arg] = 1, list[n++] = e.arg;
+          x->ws[p] = !after_bs && x->cls[e.arg] != 1;
+          after_bs = after_bs || x->cls[e.arg] == 2;
+        } else if (!x->seen[e.arg]) {
+          x->seen[e.arg] = 1, x->list[n++] = e.arg;
         }
       }
     }
   for (int k = 0; k < n; k++)
-    few[list[k]] = SB_INF;
-  for (int changed = 1, it = 0; changed && it < n + 2; it++) { /* fewest characters (sums only fall) */
+    x->few[x->list[k]] = SB_INF, x->rad[x->list[k]] = 0;
+  /* fewest characters (sums only fall); the rules from the last reached back, so that a rule mostly
+   * follows the rules it refers to and a round or two settles them */
+  for (int changed = 1, it = 0; changed && it < n + 2; it++) {
     changed = 0;
-    for (int k = 0; k < n; k++) {
-      const int q = list[k];
-      long best = few[q];
+    for (int k = n - 1; k >= 0; k--) {
+      const int q = x->list[k];
+      long best = x->few[q];
       for (int a = g->rule_first[q]; a < g->rule_first[q + 1]; a++) {
         long sum = 0;
         for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++)
-          sum += intail[p] ? 0 : g->flat[p].kind == DI_GE_CLASS ? ws[p] : few[g->flat[p].arg];
+          sum += x->intail[p] ? 0 : g->flat[p].kind == DI_GE_CLASS ? x->ws[p] : x->few[g->flat[p].arg];
         if (sum < best)
           best = sum;
       }
-      if (best < few[q])
-        few[q] = (int)best, changed = 1;
+      if (best < x->few[q])
+        x->few[q] = (int)best, changed = 1;
     }
   }
-  /* the radius over the rules reached outside escapes (a stack inside an escape has no character of
-   * it left to count: the rest of the escape is no new character) */
   int m = 0;
-  tail[r] = 1, list[m++] = r; /* tail[]: reached outside escapes (the list is reused from here) */
+  x->outside[r] = 1, x->list2[m++] = r;
   for (int k = 0; k < m; k++)
-    for (int a = g->rule_first[list[k]]; a < g->rule_first[list[k] + 1]; a++)
+    for (int a = g->rule_first[x->list2[k]]; a < g->rule_first[x->list2[k] + 1]; a++)
       for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++)
-        if (g->flat[p].kind == DI_GE_RULE && !intail[p] && !tail[g->flat[p].arg])
-          tail[g->flat[p].arg] = 1, list[m++] = g->flat[p].arg;
-  n = m;
+        if (g->flat[p].kind == DI_GE_RULE && !x->intail[p] && !x->outside[g->flat[p].arg])
+          x->outside[g->flat[p].arg] = 1, x->list2[m++] = g->flat[p].arg;
   int result = 0;
   for (int changed = 1, it = 0; changed && result <= cap; it++) {
     changed = 0;
-    for (int k = 0; k < n && result <= cap; k++) {
-      const int q = list[k];
-      int best = rad[q];
+    for (int k = m - 1; k >= 0 && result <= cap; k--) {
+      const int q = x->list2[k];
+      int best = x->rad[q];
       for (int a = g->rule_first[q]; a < g->rule_first[q + 1]; a++) {
         int end = g->rule_alts[a];
         while (g->flat[end].kind != DI_GE_END)
@@ -97,24 +98,30 @@ static int body_radius(const di_gb *g, int r, int cap) {
         long suffix = 0; /* characters of the elements after position p */
         for (int p = end - 1; p >= g->rule_alts[a]; p--) {
           const di_gel e = g->flat[p];
-          const long w = intail[p] ? 0 : e.kind == DI_GE_CLASS ? ws[p] : few[e.arg];
+          const long w = x->intail[p] ? 0 : e.kind == DI_GE_CLASS ? x->ws[p] : x->few[e.arg];
           long here = suffix + w; /* a stack at p itself */
-          if (e.kind == DI_GE_RULE && !intail[p] && rad[e.arg] + suffix > here)
-            here = rad[e.arg] + suffix; /* a stack inside the rule at p (inside an escape: none to count) */
+          if (e.kind == DI_GE_RULE && !x->intail[p] && x->rad[e.arg] + suffix > here)
+            here = x->rad[e.arg] + suffix; /* a stack inside the rule at p */
           if (here > best)
             best = here > SB_INF ? SB_INF : (int)here;
           suffix = suffix + w > SB_INF ? SB_INF : suffix + w;
         }
       }
-      if (best != rad[q])
-        rad[q] = best, changed = 1;
-      if (rad[q] > result)
-        result = rad[q];
+      if (best != x->rad[q])
+        x->rad[q] = best, changed = 1;
+      if (x->rad[q] > result)
+        result = x->rad[q];
     }
-    if (it > cap + 2 * n) /* cannot happen: each round raises some radius by at least one */
+    if (it > cap + 2 * m) /* cannot happen: each round raises some radius by at least one */
       result = cap + 1;
   }
-  free(rad), free(few), free(list), free(seen), free(tail), free(ws), free(intail);
+  for (int k = 0; k < n; k++) { /* the scratch back to zero where this body touched it */
+    const int q = x->list[k];
+    x->seen[q] = x->outside[q] = 0;
+    for (int a = g->rule_first[q]; a < g->rule_first[q + 1]; a++)
+      for (int p = g->rule_alts[a]; g->flat[p].kind != DI_GE_END; p++)
+        x->ws[p] = x->intail[p] = 0;
+  }
   return result > cap ? cap + 1 : result;
 }
 
@@ -147,9 +154,20 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
     return DI_OK;
   }
   int radius = 0, marks = 0;
-  long *memo = malloc(sizeof *memo * (size_t)(g->n_rules ? g->n_rules : 1));
-  if (!memo)
+  const size_t nr = (size_t)(g->n_rules ? g->n_rules : 1), nf = (size_t)g->n_flat + 1;
+  long *memo = malloc(sizeof *memo * nr);
+  radius_scratch x = {malloc(sizeof(int) * nr), malloc(sizeof(int) * nr), malloc(sizeof(int32_t) * nr),
+                      malloc(sizeof(int32_t) * nr), calloc(nr, 1), calloc(nr, 1), calloc(nf, 1), calloc(nf, 1),
+                      malloc((size_t)g->n_classes + 1)};
+#define SB_SCRATCH_FREE() free(x.rad), free(x.few), free(x.list), free(x.list2), free(x.seen), free(x.outside), \
+                          free(x.ws), free(x.intail), free(x.cls)
+  if (!memo || !x.rad || !x.few || !x.list || !x.list2 || !x.seen || !x.outside || !x.ws || !x.intail || !x.cls) {
+    free(memo);
+    SB_SCRATCH_FREE();
     return di_error_set(DI_ERR_OOM, "out of memory");
+  }
+  for (int k = 0; k < g->n_classes; k++)
+    x.cls[k] = is_backslash(&g->classes[k]) ? 2 : is_continuation(&g->classes[k]) ? 1 : 0;
   for (int r = 0; r < g->n_rules; r++)
     memo[r] = -2;
   for (int r = 0; r < g->n_rules; r++) {
@@ -162,11 +180,7 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
       g->rules[r].sbound = 0;
       continue;
     }
-    const int rad = body_radius(g, r, DI_SB_RADIUS_MAX);
-    if (rad < 0) {
-      free(memo);
-      return di_error_set(DI_ERR_OOM, "out of memory");
-    }
+    const int rad = body_radius(g, r, DI_SB_RADIUS_MAX, &x);
     if (rad > DI_SB_RADIUS_MAX) {
       g->rules[r].sbound = 0; /* left unbounded (string_bound.h) */
       continue;
@@ -176,6 +190,8 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
     marks++;
   }
   free(memo);
+  SB_SCRATCH_FREE();
+#undef SB_SCRATCH_FREE
   if (marks) {
     /* a body referenced last in an alternative (never so by json_schema.c; a front end's rewriting
      * could) has no frame to mark: it stays unbounded */
