@@ -1683,8 +1683,8 @@ static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint
         bits[w] &= ~(1u << (id & 31));
     }
   if (di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0)
-    fprintf(stderr, "string bound filter: %ld characters left, tokens of more than %ld bytes checked, %ld walked\n", left,
-            safe, n_walked);
+    fprintf(stderr, "string bound filter: %ld characters left, tokens of more than %ld bytes checked, %ld walked\n",
+            left, safe, n_walked);
   return DI_OK;
 }
 

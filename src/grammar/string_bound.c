@@ -212,8 +212,8 @@ di_status di_sbound_prepare(di_gb *g, const int32_t *minlen) {
   }
   g->sb_radius = radius;
   if (g->sb_n && di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0)
-    fprintf(stderr, "string bound: %d characters, %d closing quotes after bounded bodies, radius %d characters\n", g->sb_n,
-            marks, radius);
+    fprintf(stderr, "string bound: %d characters, %d closing quotes after bounded bodies, radius %d characters\n",
+            g->sb_n, marks, radius);
   return DI_OK;
 }
 

@@ -3,13 +3,15 @@
  * the pattern's automaton times 4,097 counts would be past any state budget, while a counter costs
  * one number per accepted step.
  *
- * The front end (json_schema.c gen_string) marks the string's body rule (di_grule.sbound) and every
- * reference to it is followed by the closing quote; di_sbound_prepare marks those quote positions
- * (di_gb.sb_cont), so a stack is inside a bounded body exactly when one of the frames below its top
- * sits at such a quote. The counter (a matcher's step, di_grammar_accepts) counts the characters of
- * the JSON text the body has taken (code points, an escape one, a surrogate pair one, as maxLength
- * counts: JSON's lexical rules, di_sb_lex) and is reset where no stack is inside a body. At a character's first byte with the count at
- * the bound the bounded stacks are dropped (di_sb_prune) before the byte is taken; the string can
+ * The front end (json_schema.c: string values and keys, pattern / format strings) marks the string's
+ * body rule (di_grule.sbound) and every reference to it is followed by the closing quote (or, for a
+ * key's trie, what follows the key); di_sbound_prepare marks those positions (di_gb.sb_cont), so a
+ * stack is inside a bounded body exactly when one of the frames below its top sits at such a
+ * position. The counter (a matcher's step, di_grammar_accepts) counts the characters of the JSON
+ * text the body has taken (code points, an escape one, a surrogate pair one, as maxLength counts:
+ * JSON's lexical rules, di_sb_lex) and is reset where no stack is inside a body. At a character's
+ * first byte with the count at the bound the bounded stacks are dropped (di_sb_prune) before the
+ * byte is taken; the string can
  * still end (its closing quote is no character). A token is allowed only when, after it, the body
  * can still end within the characters left (di_sb_viable: the fewest characters from the state to a
  * stack outside the body); tokens that cannot come near the bound (at most sb_n - count - sb_radius
