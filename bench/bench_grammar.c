@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json.h"
@@ -29,6 +30,12 @@ static double cpu_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* This thread's minor page faults so far (BENCH_GRAMMAR_TRACE: fresh memory a mask touches). */
+static long minor_faults(void) {
+  struct rusage u;
+  return getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_minflt : 0;
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -160,6 +167,7 @@ int main(int argc, char **argv) {
       return 1;
     }
     for (size_t k = 0; k <= n; k++) {
+      const long fa = trace ? minor_faults() : 0;
       double a = now_us(), ca = cpu_us();
       if (di_grammar_matcher_fill_mask(m, mask) != DI_OK) {
         fprintf(stderr, "bench_grammar: %s\n", di_last_error());
@@ -174,7 +182,7 @@ int main(int argc, char **argv) {
       mc[nm] = cb - ca;
       mt[nm++] = b - a;
       if (trace) /* BENCH_GRAMMAR_TRACE=1: each mask's CPU time on stderr, between DI_GRAMMAR_DEBUG's lines */
-        fprintf(stderr, "mask doc %d step %zu cpu_us %.1f\n", ndocs, k, cb - ca);
+        fprintf(stderr, "mask doc %d step %zu cpu_us %.1f faults %ld\n", ndocs, k, cb - ca, minor_faults() - fa);
       int32_t id = k < n ? ids[k] : eos;
       if (!((mask[id >> 5] >> (id & 31)) & 1u) || di_grammar_matcher_accept_token(m, id) != DI_OK) {
         if (bad++ < 3)

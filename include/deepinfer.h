@@ -209,8 +209,8 @@ typedef struct di_request_params {
                                     server sets it for response_format json_schema strict: true */
   int max_digits;                /* JSON: digits of numbers the schema leaves unbounded (0 = default
                                     16, -1 = unbounded); docs/structured-outputs.md */
-  int max_string_length;         /* JSON: characters of strings without maxLength/pattern/format,
-                                    keys included (0 = default 4,096, -1 = unbounded) */
+  int max_string_length;         /* JSON: characters of strings without maxLength, pattern and format
+                                    strings and keys included (0 = default 4,096, -1 = unbounded) */
   const char *item_separator;    /* JSON: exactly this between array items and object members: ","
                                     with JSON whitespace around it, at most 7 bytes (NULL or "" =
                                     ","); with key_separator, XGrammar's `separators` (", " / ": "

@@ -7,7 +7,7 @@ class StructuredOutputsParams:
     grammar_syntax: "gbnf", llama.cpp's EBNF, the default, or "lark", llguidance's Lark),
     json_object=True (any JSON object). For JSON: strict=True is XGrammar's strict mode (objects
     without additionalProperties admit no other properties); max_digits / max_string_length bound
-    numbers and strings (additional keys too) the schema leaves unbounded (None = defaults: 16
+    numbers and strings (pattern / format strings and additional keys too) the schema leaves unbounded (None = defaults: 16
     digits, 4,096 characters; -1 = unbounded). separators=(item, key) fixes the JSON text between items / members and between a
     key and its value, as XGrammar's `separators` (", " / ": " is XGrammar's any_whitespace=False
     text); each is "," / ":" with JSON whitespace around it. max_whitespace=N allows up to N (at most

@@ -46,6 +46,7 @@ void di_gb_free(di_gb *b) {
   free(b->flat);
   free(b->rule_alts);
   free(b->rule_first);
+  free(b->sb_cont);
   memset(b, 0, sizeof *b);
 }
 

@@ -50,6 +50,10 @@ typedef struct di_grule {
    * their products (the leap seconds at non-zero offsets: what remains accepts less, never more); a
    * complemented operand reaching it is an error instead. */
   int32_t product_drop;
+  /* 1: the rule is the body of a JSON string under a pattern or format that takes the default length
+   * bound (string_bound.h): a character counter beside the automaton state stops it at di_gb.sb_n
+   * characters; every reference to it is followed by the string's closing quote */
+  int32_t sbound;
 } di_grule;
 
 /* The builder; also the compiled grammar's core once di_gb_finish() has flattened it. */
@@ -71,6 +75,15 @@ typedef struct di_gb {
   int32_t *rule_alts;   /* alternative start positions in `flat`, grouped by rule */
   int32_t *rule_first;  /* n_rules + 1 offsets into rule_alts */
   int root;
+  /* the default length bound of pattern / format strings (string_bound.h): sb_n characters (0: no rule
+   * has sbound); after di_sbound_prepare, sb_cont marks per flat position the closing quotes that
+   * follow a bounded body (NULL: none) and sb_radius bounds the characters any bounded body needs to
+   * end from any of its positions */
+  int sb_n, sb_radius;
+  uint8_t *sb_cont;
+  int sb_off; /* front ends: 1 while compiling text whose rules a regular operation copies (Lark's
+               * max_chars: copies lose the marks), so json_schema.c writes the bound into the
+               * grammar (counted repetitions) there instead */
 } di_gb;
 
 void di_gb_init(di_gb *b, int max_elements);

@@ -419,6 +419,10 @@ void di_grt_free(di_grt *rt) {
   free(rt->bnd);
   free(rt->cmask);
   free(rt->sort_tmp);
+  free(rt->sb_node);
+  free(rt->sb_info);
+  free(rt->sb_prune);
+  free(rt->sb_rem);
   memset(rt, 0, sizeof *rt);
 }
 

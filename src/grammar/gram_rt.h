@@ -44,6 +44,16 @@ typedef struct di_grt {
   int tok_one; /* some max_tokens rule has N = 1 (its entry leads straight into the last copy) */
   int32_t *tok_canon; /* per flat position in a copy: the same position in the last copy (the copies
                        * take the same byte strings, so their classifications are one), else -3 */
+  /* pattern / format strings' length bound (string_bound.h), grown on demand: per stack node, 0 not
+   * known, 1 outside every bounded body, 2 inside one; per state, its DI_SB_* bits (0 not known), the
+   * state without its bounded stacks (DI_GRT_UNKNOWN until computed) and, per lexical position (16), the
+   * fewest characters until a stack outside the body (-1 not known) */
+  uint8_t *sb_node;
+  int sb_node_cap;
+  uint8_t *sb_info;
+  int32_t *sb_prune;
+  int16_t *sb_rem;
+  int sb_state_cap;
 } di_grt;
 
 di_status di_grt_init(di_grt *rt, const di_gb *g);

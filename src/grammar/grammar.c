@@ -2,6 +2,7 @@
  * compiled grammars keyed by (kind, options, source text), and checks whole strings. */
 #include "grammar/grammar_impl.h"
 #include "grammar/language_key.h"
+#include "grammar/string_bound.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,6 +109,10 @@ static di_status compile_new(di_grammar_kind kind, const char *src, size_t len, 
   }
   if ((g->minlen = malloc(sizeof *g->minlen * ((size_t)g->core.n_rules + 1))))
     di_language_key_rule_minlen(&g->core, g->minlen);
+  if ((st = di_sbound_prepare(&g->core, g->minlen)) != DI_OK) {
+    grammar_destroy(g);
+    return st;
+  }
   g->refs = 1;
   pthread_mutex_lock(&cache_mu);
   g->live_next = live_head;
@@ -240,8 +245,9 @@ int di_grammar_accepts(const di_grammar *g, const char *s, size_t len) {
   if (di_grt_init(&rt, &g->core) != DI_OK)
     return 0;
   int st = rt.start;
+  uint32_t cs = 0; /* the bounded strings' counter (string_bound.h) */
   for (size_t i = 0; i < len && st >= 0; i++)
-    st = di_grt_step(&rt, st, (unsigned char)s[i]);
+    st = di_sb_step(&rt, st, &cs, (unsigned char)s[i]);
   int ok = st >= 0 && (di_grt_flags(&rt, st) & DI_GRT_ACCEPT);
   di_grt_free(&rt);
   return ok;

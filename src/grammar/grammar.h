@@ -21,13 +21,13 @@ typedef enum {
 /* Default generation bounds for JSON values the schema leaves unbounded (docs/structured-outputs.md,
  * "No runaway values"): digits of an integer (or of a number's integer part and fraction; 3 in an
  * exponent), and characters (code points, as maxLength counts them) of a string whose schema gives
- * it no maxLength, pattern, format, enum or const: string values, the keys of free members (any
- * JSON's, additionalProperties', propertyNames') and a minLength-only string (never below its
- * minLength). A string under a pattern or format keeps that language: its length bound would be
- * the pattern automaton times 4,097 counts (past the 50,000-state product budget for any pattern
- * of more than 12 states), so a schema bounds those with maxLength. The counted string costs
- * little since session 12's count chains: positions with more characters left than the longest
- * token share one classification (PERFORMANCE.md, "Session 15, s15-23s"). */
+ * it no maxLength, enum or const: string values, strings under a pattern or format, the keys of free
+ * members (any JSON's, additionalProperties', propertyNames', patternProperties' names) and a
+ * minLength-only string (never below its minLength; a pattern string with a minLength above the
+ * bound stays unbounded). Since session 16 the bound is a character counter the matcher keeps
+ * beside the automaton state (string_bound.h), not a counted repetition in the grammar: masks equal
+ * the unbounded ones except within a token's length of the bound (PERFORMANCE.md, "Session 16,
+ * s16-23"). Lark max_chars bodies keep it written into the grammar (their products copy rules). */
 enum { DI_GRAMMAR_DEFAULT_MAX_DIGITS = 16, DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH = 4096 };
 
 typedef struct di_grammar_options {
@@ -42,9 +42,9 @@ typedef struct di_grammar_options {
                                       Schema's default: it admits any) */
   int max_digits;                  /* JSON: digits of a number the schema does not bound (0 = default
                                       DI_GRAMMAR_DEFAULT_MAX_DIGITS, -1 = unbounded) */
-  int max_string_length;           /* JSON: characters of a string without maxLength/pattern/format,
-                                      keys included (0 = default DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH,
-                                      -1 = unbounded) */
+  int max_string_length;           /* JSON: characters of a string without maxLength, pattern and
+                                      format strings and keys included (0 = default
+                                      DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH, -1 = unbounded) */
   char item_separator[8];          /* JSON: the text between array items and object members: ","
                                       with JSON whitespace around it ("" = ","), as XGrammar's
                                       separators (", " with any_whitespace=False); whitespace slots

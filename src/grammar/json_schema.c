@@ -42,6 +42,7 @@ typedef struct {
   int compact;    /* > 0: inside a value laid out on one line under indent (any JSON, const / enum) */
   di_gel ws;      /* bounded whitespace element, or kind -1 for none */
   int r_any, r_string, r_number, r_jchar, r_int, r_ktail, r_kesc, r_kesc_tail;
+  int key_counter; /* excl_rule: the key's bound kept by the matcher's counter (string_bound.h), tails unbounded */
   int r_time; /* the time rule of the time formats, leap seconds included (json_formats.h), -1 until built */
   const char *escapes; /* x-guidance json_allowed_escapes: the letters allowed after a backslash, NULL = all */
   char why_empty[400]; /* the last reason a schema was found to admit nothing, for the error */
@@ -187,12 +188,27 @@ static int jchar_rule(jc *c) {
   return c->r_jchar;
 }
 
+static void mark_bounded(jc *c, int r, int64_t minl);
+
+/* Any JSON string. Under the generation bound its body is jchar* with the bound kept by the
+ * matcher's character counter (string_bound.h; since session 16: a 4,096-link counted repetition
+ * made every character its own automaton state, and the first document's masks paid for them). */
 static int string_rule(jc *c) {
   if (c->r_string < 0) {
     c->r_string = di_gb_new_rule(c->b, "string");
     di_gseq s = {0};
     lit(c, &s, "\"");
-    di_gseq_repeat(c->b, &s, rule_el(jchar_rule(c)), 0, c->opt->max_string_length);
+    if (c->opt->max_string_length > 0 && !c->b->sb_off) {
+      di_gseq body = {0};
+      di_gseq_repeat(c->b, &body, rule_el(jchar_rule(c)), 0, -1);
+      int r = di_gb_new_rule(c->b, "sbody");
+      di_gb_add_alt(c->b, r, body.v, body.n);
+      di_gseq_free(&body);
+      mark_bounded(c, r, 0);
+      di_gseq_push(c->b, &s, rule_el(r));
+    } else {
+      di_gseq_repeat(c->b, &s, rule_el(jchar_rule(c)), 0, c->opt->max_string_length);
+    }
     lit(c, &s, "\"");
     di_gb_add_alt(c->b, c->r_string, s.v, s.n);
     di_gseq_free(&s);
@@ -1039,6 +1055,17 @@ static di_status constrained_string(jc *c, const char *fre, const char *const *p
   return st;
 }
 
+/* The default length bound of a pattern / format string without maxLength (string_bound.h): body
+ * rule r (followed by the closing quote) gets the counter, unless its minLength is above the bound
+ * (then it stays unbounded: the two bounds cannot be one counter) or the bound is off. */
+static void mark_bounded(jc *c, int r, int64_t minl) {
+  const int n = c->opt->max_string_length;
+  if (n <= 0 || minl > n || c->b->oom || c->b->sb_off || r < 0 || r >= c->b->n_rules || (c->b->sb_n && c->b->sb_n != n))
+    return;
+  c->b->rules[r].sbound = 1;
+  c->b->sb_n = n;
+}
+
 static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule) {
   di_gb *b = c->b;
   const cJSON *fmt = item(sch, "format"), *pat = item(sch, "pattern");
@@ -1081,6 +1108,8 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
                  path);
       return st;
     }
+    if (maxl < 0)
+      mark_bounded(c, r, minl);
     di_gseq_push(b, &s, rule_el(r));
   } else if (fre || pat) {
     int r = di_gb_new_rule(b, fre ? "format" : "pattern");
@@ -1093,6 +1122,7 @@ static di_status gen_string(jc *c, const cJSON *sch, const char *path, int rule)
       di_gseq_free(&s);
       return st;
     }
+    mark_bounded(c, r, 0);
     di_gseq_push(b, &s, rule_el(r));
   } else if (has_len) {
     if (maxl < 0 && c->opt->max_string_length > 0) /* the generation bound, yet never below minLength */
@@ -1354,7 +1384,8 @@ static int key_chars(const char *p, size_t n) {
 
 static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, int depth) {
   di_gb *b = c->b;
-  const int bound = c->opt->max_string_length; /* < 0: keys unbounded */
+  /* < 0: the tails unbounded (the bound off, or kept by the counter on the whole key: key_counter) */
+  const int bound = c->key_counter ? -1 : c->opt->max_string_length;
   int r = di_gb_new_rule(b, "key");
   int is_full = 0;
   di_gbyteset next = {{0}};
@@ -1393,8 +1424,8 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
   for (unsigned ch = 0x20; ch < 0x80; ch++)
     if (ch != '"' && ch != '\\' && !di_gbyteset_has(&next, ch))
       di_gbyteset_add(&plain, ch);
-  if (c->r_kesc < 0) { /* shared by all trie nodes: tail ::= jchar* '"' ; esc ::= an escape or non-ASCII */
-    if (bound < 0) {
+  if (c->r_kesc < 0 || (bound < 0 && c->r_ktail < 0)) { /* shared by all trie nodes: tail ::= jchar* '"' ; esc ::= an escape or non-ASCII */
+    if (bound < 0 && c->r_ktail < 0) {
       di_gseq t = {0};
       di_gseq_repeat(b, &t, rule_el(jchar_rule(c)), 0, -1);
       lit(c, &t, "\"");
@@ -1405,14 +1436,16 @@ static int excl_rule(jc *c, const keyset *ks, const char *prefix, size_t plen, i
     char esc[256], re[320];
     escape_re(c, esc, sizeof esc);
     snprintf(re, sizeof re, "%s%s[\\u0080-\\u{10FFFF}]", esc, esc[0] ? "|" : "");
-    c->r_kesc = di_gb_new_rule(b, "kesc");
-    if (di_regex_compile_into(b, c->r_kesc, re, strlen(re), 0, 1) != DI_OK)
-      b->oom = 1;
+    if (c->r_kesc < 0) {
+      c->r_kesc = di_gb_new_rule(b, "kesc");
+      if (di_regex_compile_into(b, c->r_kesc, re, strlen(re), 0, 1) != DI_OK)
+        b->oom = 1;
+    }
     /* esc ktail as one rule, referenced last by every trie node: its stacks then have one parent
      * whichever node they leave from, so the automaton's states inside an escape or a multi-byte
      * character are shared by all the trie's nodes instead of built once per node (unbounded keys
      * only: under the bound each node's tail has its own count) */
-    if (bound < 0) {
+    if (bound < 0 && c->r_kesc_tail < 0) {
       di_gseq e = {0};
       di_gseq_push(b, &e, rule_el(c->r_kesc));
       di_gseq_push(b, &e, rule_el(c->r_ktail));
@@ -1594,6 +1627,7 @@ static di_status pattern_members(jc *c, const pattern_set *ps, const cJSON *unse
     di_gseq s = {0};
     nl_in(c, &s);
     lit(c, &s, "\"");
+    mark_bounded(c, key, 0); /* the names' default bound, as other keys' (string_bound.h) */
     di_gseq_push(b, &s, rule_el(key));
     lit(c, &s, "\"");
     ws(c, &s);
@@ -1841,7 +1875,21 @@ static di_status gen_object(jc *c, const cJSON *sch, const char *path, int rule)
       di_gseq s = {0};
       nl_in(c, &s);
       lit(c, &s, "\"");
-      di_gseq_push(b, &s, rule_el(n ? excl_rule(c, &raw, "", 0, 0) : -1));
+      /* under the bound, the whole key is a bounded body for the matcher's counter (string_bound.h)
+       * when every named key fits the bound (always at the default 4,096); else each trie node's
+       * tail counts its own characters (a counted repetition of N - k - 1) */
+      int fits = c->opt->max_string_length > 0 && !b->sb_off && (!b->sb_n || b->sb_n == c->opt->max_string_length);
+      for (int i = 0; fits && i < raw.n; i++)
+        fits = key_chars(raw.keys[i], strlen(raw.keys[i])) <= c->opt->max_string_length;
+      int kr = -1;
+      if (n) {
+        c->key_counter = fits;
+        kr = excl_rule(c, &raw, "", 0, 0);
+        c->key_counter = 0;
+        if (fits)
+          mark_bounded(c, kr, 0);
+      }
+      di_gseq_push(b, &s, rule_el(kr));
       if (!n) {
         s.n = 0;
         nl_in(c, &s);

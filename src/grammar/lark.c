@@ -351,7 +351,12 @@ static di_status parse_json_item(lp *p, di_gseq *s) {
       p->chars_bound <= (o.max_string_length ? o.max_string_length : DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH))
     o.max_string_length = -1;
   int r = -1;
+  /* inside a max_chars body the product copies the value's rules, and copies lose the marks of
+   * the matcher's string counter (string_bound.h): the bound is written into the grammar there */
+  const int off = p->b->sb_off;
+  p->b->sb_off = p->chars_bound >= 0;
   di_status st = di_json_schema_compile_into(p->b, p->s + start, p->i - start, &o, &r, NULL, 0);
+  p->b->sb_off = off;
   if (st != DI_OK)
     return di_error_wrap(st, "lark grammar: the %%json schema at offset %zu", at);
   if (r < 0) { /* the schema admits nothing */

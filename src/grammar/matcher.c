@@ -17,6 +17,7 @@
 #include "grammar/grammar_impl.h"
 #include "grammar/language_key.h"
 #include "grammar/plain_text.h"
+#include "grammar/string_bound.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
 #include "util/sort_i32.h"
@@ -80,6 +81,7 @@ struct di_grammar_matcher {
   struct di_gvcache *vc;
   int32_t *hist; /* state after each accepted step; hist[0] = start */
   uint8_t *stop; /* step i accepted a stop token */
+  uint32_t *hcs; /* the bounded strings' counter after each step (string_bound.h) */
   int nh, caph;
 };
 
@@ -1556,7 +1558,8 @@ di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab
   m->caph = 64;
   m->hist = malloc(sizeof(int32_t) * (size_t)m->caph);
   m->stop = malloc((size_t)m->caph);
-  if (st == DI_OK && (!m->hist || !m->stop))
+  m->hcs = malloc(sizeof(uint32_t) * (size_t)m->caph);
+  if (st == DI_OK && (!m->hist || !m->stop || !m->hcs))
     st = di_error_set(DI_ERR_OOM, "out of memory");
   if (st != DI_OK) {
     if (m->vc) {
@@ -1566,6 +1569,7 @@ di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab
     }
     free(m->hist);
     free(m->stop);
+    free(m->hcs);
     free(m);
     return st;
   }
@@ -1573,6 +1577,7 @@ di_status di_grammar_matcher_create(const di_grammar *gc, const di_grammar_vocab
   m->v = v;
   m->hist[0] = start;
   m->stop[0] = 0;
+  m->hcs[0] = 0;
   m->nh = 1;
   *out = m;
   return DI_OK;
@@ -1587,6 +1592,7 @@ void di_grammar_matcher_free(di_grammar_matcher *m) {
   di_grammar_free(m->g);
   free(m->hist);
   free(m->stop);
+  free(m->hcs);
   free(m);
 }
 
@@ -1605,6 +1611,83 @@ int di_grammar_matcher_num_accepted(const di_grammar_matcher *m) { return m->nh 
 
 void di_grammar_matcher_reset(di_grammar_matcher *m) { m->nh = 1; }
 
+static int step_bytes(di_grt *rt, int s, uint32_t *cs, const uint8_t *b, size_t n);
+
+/* Pattern / format strings' and every default string bound (string_bound.h): the mask of state S is
+ * the unbounded one, less the tokens that would run a bounded body past its characters or leave it
+ * unable to end within them. Only tokens longer than the characters left less the bodies' radius can:
+ * far from the bound (a string's first 4,096 - radius - the longest token's characters by default)
+ * nothing is checked. Nearer, the candidates are the mask less the vocabulary's row of short ids;
+ * at a character boundary inside a body, a token without a quote that has more characters than are
+ * left never leaves the body (a body ends only at a quote, json_schema.c), so it is refused without
+ * a walk where the state's stacks outside the body refuse its first byte, and one with few enough
+ * characters before any quote is taken as it is; the rest are walked with the counter. Under g->mu. */
+static di_status sb_filter(di_grammar *g, const di_grammar_vocab *v, int S, uint32_t cs,
+                           uint32_t *bits) {
+  di_grt *rt = &g->rt;
+  const int info = di_sb_info(rt, S);
+  if (info < 0)
+    return DI_ERR_OOM;
+  const long N = g->core.sb_n, R = g->core.sb_radius;
+  const int inside = (info & DI_SB_INSIDE) != 0;
+  const long left = inside ? N - (long)di_sb_count(cs) : N; /* a body a token opens starts at 0 */
+  const long safe = left - R; /* tokens of at most this many bytes are never affected */
+  if (safe >= v->maxlen)
+    return DI_OK;
+  const uint32_t *shorts = safe >= 0 && safe <= v->len_le_max ? v->len_le + (size_t)safe * (size_t)v->words : NULL;
+  int shortcut = inside && (cs >> 24) == 0 && N - R >= v->maxlen, outside = DI_GRT_DEAD;
+  if (shortcut) {
+    if ((outside = di_sb_prune(rt, S)) == DI_GRT_ERROR)
+      return DI_ERR_OOM;
+  }
+  long n_walked = 0;
+  for (int w = 0; w < v->words; w++)
+    for (uint32_t x = bits[w] & (shorts ? ~shorts[w] : ~0u); x; x &= x - 1) {
+      const int id = w * 32 + __builtin_ctz(x);
+      if (id >= v->n || v->is_stop[id] || (long)(v->off[id + 1] - v->off[id]) <= safe)
+        continue;
+      const uint32_t len = v->off[id + 1] - v->off[id];
+      const uint8_t *tb = v->bytes + v->off[id];
+      if (shortcut && !g->core.has_token_refs) {
+        const long q = v->quote_chars[id] & 0xff;
+        const int has_quote = (v->quote_chars[id] & 0x100) != 0;
+        if (q <= safe) /* its characters in this body leave room; a body after its quote starts at 0 */
+          continue;
+        if (!has_quote && q > left) {
+          const int o = outside >= 0 ? di_grt_step(rt, outside, tb[0]) : DI_GRT_DEAD;
+          if (o == DI_GRT_ERROR)
+            return DI_ERR_OOM;
+          if (o < 0) {
+            bits[w] &= ~(1u << (id & 31));
+            continue;
+          }
+        }
+      }
+      uint32_t c2 = cs;
+      int s = DI_GRT_DEAD;
+      n_walked++;
+      if (g->core.has_token_refs) { /* as accept_token: by its id first */
+        uint8_t spell[DI_TOKEN_REF_LEN];
+        di_token_ref_spell(id, spell);
+        s = step_bytes(rt, S, &c2, spell, DI_TOKEN_REF_LEN);
+        if (s == DI_GRT_ERROR)
+          return DI_ERR_OOM;
+        if (s >= 0)
+          continue;
+        c2 = cs;
+      }
+      s = step_bytes(rt, S, &c2, tb, len);
+      if (s == DI_GRT_ERROR)
+        return DI_ERR_OOM;
+      if (s < 0)
+        bits[w] &= ~(1u << (id & 31));
+    }
+  if (di_switch_get(DI_SW_GRAMMAR_DEBUG) != 0)
+    fprintf(stderr, "string bound filter: %ld characters left, tokens of more than %ld bytes checked, %ld walked\n",
+            left, safe, n_walked);
+  return DI_OK;
+}
+
 di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask) {
   const di_grammar_vocab *v = m->v;
   if (m->stop[m->nh - 1]) {
@@ -1614,6 +1697,7 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
   di_grammar *g = m->g;
   struct di_gvcache *c = m->vc;
   int S = m->hist[m->nh - 1];
+  const int S0 = S;
   pthread_mutex_lock(&g->mu);
   di_status st = DI_OK;
   if (!(S < c->cap_mask && c->mask[S])) {
@@ -1671,11 +1755,13 @@ di_status di_grammar_matcher_fill_mask(di_grammar_matcher *m, uint32_t *bitmask)
       }
     }
   }
+  if (st == DI_OK && g->core.sb_cont)
+    st = sb_filter(g, v, S0, m->hcs[m->nh - 1], bitmask);
   pthread_mutex_unlock(&g->mu);
   return st;
 }
 
-static di_status push_state(di_grammar_matcher *m, int s, int stop) {
+static di_status push_state(di_grammar_matcher *m, int s, int stop, uint32_t cs) {
   if (m->nh == m->caph) {
     int nc = m->caph * 2;
     int32_t *h = realloc(m->hist, sizeof(int32_t) * (size_t)nc);
@@ -1684,23 +1770,39 @@ static di_status push_state(di_grammar_matcher *m, int s, int stop) {
     uint8_t *t = realloc(m->stop, (size_t)nc);
     if (t)
       m->stop = t;
-    if (!h || !t)
+    uint32_t *x = realloc(m->hcs, sizeof(uint32_t) * (size_t)nc);
+    if (x)
+      m->hcs = x;
+    if (!h || !t || !x)
       return di_error_set(DI_ERR_OOM, "out of memory");
     m->caph = nc;
   }
   m->hist[m->nh] = s;
   m->stop[m->nh] = (uint8_t)stop;
+  m->hcs[m->nh] = cs;
   m->nh++;
   return DI_OK;
 }
 
-static di_status advance(di_grammar_matcher *m, const uint8_t *b, size_t n, int *out) {
+/* n bytes from state s with the bounded strings' counter *cs (string_bound.h), then a token boundary
+ * (max_tokens); under g->mu. A state (DI_GRT_DEAD when refused) or DI_GRT_ERROR. */
+static int step_bytes(di_grt *rt, int s, uint32_t *cs, const uint8_t *b, size_t n) {
+  for (size_t i = 0; i < n && s >= 0; i++)
+    s = di_sb_step(rt, s, cs, b[i]);
+  s = di_grt_boundary(rt, s); /* one accepted step is one token (max_tokens) */
+  if (s >= 0 && rt->g->sb_cont) { /* the string's body must still end within its bound */
+    const int ok = di_sb_viable(rt, s, *cs);
+    if (ok <= 0)
+      s = ok < 0 ? DI_GRT_ERROR : DI_GRT_DEAD;
+  }
+  return s;
+}
+
+static di_status advance(di_grammar_matcher *m, const uint8_t *b, size_t n, int *out, uint32_t *cs) {
   di_grammar *g = m->g;
   pthread_mutex_lock(&g->mu);
-  int s = m->hist[m->nh - 1];
-  for (size_t i = 0; i < n && s >= 0; i++)
-    s = di_grt_step(&g->rt, s, b[i]);
-  s = di_grt_boundary(&g->rt, s); /* one accepted step is one token (max_tokens) */
+  *cs = m->hcs[m->nh - 1];
+  int s = step_bytes(&g->rt, m->hist[m->nh - 1], cs, b, n);
   pthread_mutex_unlock(&g->mu);
   if (s == DI_GRT_ERROR)
     return DI_ERR_OOM;
@@ -1717,35 +1819,37 @@ di_status di_grammar_matcher_accept_token(di_grammar_matcher *m, int32_t id) {
   if (v->is_stop[id]) {
     if (!di_grammar_matcher_can_end(m))
       return di_error_set(DI_ERR_INVALID_ARG, "grammar: stop token %d before the grammar can end", (int)id);
-    return push_state(m, m->hist[m->nh - 1], 1);
+    return push_state(m, m->hist[m->nh - 1], 1, m->hcs[m->nh - 1]);
   }
   uint32_t len = v->off[id + 1] - v->off[id];
   int s = DI_GRT_DEAD;
+  uint32_t cs = 0;
   if (m->g->core.has_token_refs) { /* by its id where the grammar takes it, else by its text */
     uint8_t spell[DI_TOKEN_REF_LEN];
     di_token_ref_spell(id, spell);
-    DI_TRY(advance(m, spell, DI_TOKEN_REF_LEN, &s));
+    DI_TRY(advance(m, spell, DI_TOKEN_REF_LEN, &s, &cs));
     if (s >= 0)
-      return push_state(m, s, 0);
+      return push_state(m, s, 0, cs);
     if (memchr(v->bytes + v->off[id], DI_TOKEN_REF_MARK, len))
       return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d is not allowed here", (int)id);
   }
   if (len == 0)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d has no bytes and is never allowed", (int)id);
-  DI_TRY(advance(m, v->bytes + v->off[id], len, &s));
+  DI_TRY(advance(m, v->bytes + v->off[id], len, &s, &cs));
   if (s < 0)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: token %d is not allowed here", (int)id);
-  return push_state(m, s, 0);
+  return push_state(m, s, 0, cs);
 }
 
 di_status di_grammar_matcher_accept_bytes(di_grammar_matcher *m, const char *s, size_t len) {
   if (m->stop[m->nh - 1])
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: bytes after the stop token");
   int st;
-  DI_TRY(advance(m, (const uint8_t *)s, len, &st));
+  uint32_t cs = 0;
+  DI_TRY(advance(m, (const uint8_t *)s, len, &st, &cs));
   if (st < 0)
     return di_error_set(DI_ERR_INVALID_ARG, "grammar: these bytes are not allowed here");
-  return push_state(m, st, 0);
+  return push_state(m, st, 0, cs);
 }
 
 di_status di_grammar_matcher_rollback(di_grammar_matcher *m, int n) {

@@ -10,6 +10,7 @@
 #include "grammar/plain_text.h"
 #include "grammar/token_ref.h"
 #include "grammar/vocab.h"
+#include "grammar/string_bound.h"
 
 static atomic_ullong vocab_serial = 1;
 
@@ -313,8 +314,20 @@ di_status di_grammar_vocab_create(int vocab_size, const char *const *token_bytes
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the grammar vocabulary");
   }
+  v->quote_chars = malloc(sizeof(uint16_t) * ((size_t)vocab_size + 1));
+  for (int id = 0; v->quote_chars && id < vocab_size; id++) {
+    unsigned lex = 0, chars = 0, quote = 0;
+    for (uint32_t i = v->off[id]; i < v->off[id + 1] && !quote; i++) {
+      int tick;
+      if (lex == 0 && v->bytes[i] == '"')
+        quote = 0x100;
+      lex = di_sb_lex(lex, v->bytes[i], &tick);
+      chars += (unsigned)tick;
+    }
+    v->quote_chars[id] = (uint16_t)((chars < 255 ? chars : 255) | quote);
+  }
   v->mark_ids = malloc(sizeof(int32_t) * ((size_t)vocab_size + 1));
-  if (!v->mark_ids) {
+  if (!v->mark_ids || !v->quote_chars) {
     di_grammar_vocab_free(v);
     return di_error_set(DI_ERR_OOM, "out of memory building the grammar vocabulary");
   }
@@ -413,6 +426,7 @@ void di_grammar_vocab_free(di_grammar_vocab *v) {
   free(v->tn);
   free(v->mark_ids);
   free(v->len_le);
+  free(v->quote_chars);
   free(v->plain_below);
   free(v->ascii_below);
   free(v->len_below);

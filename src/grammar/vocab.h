@@ -68,6 +68,9 @@ struct di_grammar_vocab {
   uint32_t *len_le;       /* rows of `words` words, row L (0 .. len_le_max): the non-stop ids of at most L bytes
                            * (count_chain.h: positions near a counted string's end) */
   int len_le_max;
+  uint16_t *quote_chars;  /* per id: the characters of its text before its first unescaped quote, read from a JSON
+                           * string's character boundary (string_bound.h di_sb_lex), at most 255, | 0x100 when it has
+                           * such a quote (matcher.c sb_filter) */
   int32_t *mark_ids;      /* ids whose bytes contain 0xFF, which spells token references (token_ref.h) */
   int nmark;
   /* count_chain.h, for tests: classifications derived / taken as they are, masks taken from the

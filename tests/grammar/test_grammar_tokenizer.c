@@ -12,10 +12,10 @@
 
 static int allowed(const uint32_t *m, int id) { return (m[id >> 5] >> (id & 31)) & 1u; }
 
-static void replay(di_tokenizer *tok, const di_grammar_vocab *v, int vsize, di_grammar_kind kind, const char *src,
-                   const char *doc, int brute_every) {
+static void replay_opt(di_tokenizer *tok, const di_grammar_vocab *v, int vsize, di_grammar_kind kind, const char *src,
+                       const char *doc, int brute_every, const di_grammar_options *opt) {
   di_grammar *g = NULL;
-  di_status st = di_grammar_compile(kind, src, strlen(src), NULL, &g);
+  di_status st = di_grammar_compile(kind, src, strlen(src), opt, &g);
   CHECKF(st == DI_OK, "%s", di_last_error());
   if (st != DI_OK)
     return;
@@ -60,6 +60,39 @@ static void replay(di_tokenizer *tok, const di_grammar_vocab *v, int vsize, di_g
   free(ids);
   di_grammar_matcher_free(m);
   di_grammar_free(g);
+}
+
+static void replay(di_tokenizer *tok, const di_grammar_vocab *v, int vsize, di_grammar_kind kind, const char *src,
+                   const char *doc, int brute_every) {
+  replay_opt(tok, v, vsize, kind, src, doc, brute_every, NULL);
+}
+
+/* The default string bound (a counter beside the automaton state, string_bound.h) leaves every mask
+ * as it is without the bound while the strings stay short of it: both forms replay the document,
+ * masks compared word for word at every step. */
+static void same_masks(di_tokenizer *tok, const di_grammar_vocab *v, int vsize, const char *src, const char *doc) {
+  di_grammar_options on = {0}, off = {0};
+  off.max_string_length = -1;
+  di_grammar *g[2] = {NULL, NULL};
+  CHECK(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, strlen(src), &on, &g[0]) == DI_OK);
+  CHECK(di_grammar_compile(DI_GRAMMAR_JSON_SCHEMA, src, strlen(src), &off, &g[1]) == DI_OK);
+  int32_t *ids = NULL;
+  size_t n = 0;
+  CHECK(di_tokenizer_encode(tok, doc, strlen(doc), 0, &ids, &n) == DI_OK);
+  di_grammar_matcher *m[2] = {NULL, NULL};
+  CHECK(di_grammar_matcher_create(g[0], v, &m[0]) == DI_OK && di_grammar_matcher_create(g[1], v, &m[1]) == DI_OK);
+  const size_t words = (size_t)(vsize + 31) / 32;
+  uint32_t *a = malloc(sizeof(uint32_t) * words), *b = malloc(sizeof(uint32_t) * words);
+  int differ = 0;
+  for (size_t k = 0; k < n && m[0] && m[1]; k++) {
+    CHECK(di_grammar_matcher_fill_mask(m[0], a) == DI_OK && di_grammar_matcher_fill_mask(m[1], b) == DI_OK);
+    differ += memcmp(a, b, sizeof(uint32_t) * words) != 0;
+    CHECK(di_grammar_matcher_accept_token(m[0], ids[k]) == DI_OK && di_grammar_matcher_accept_token(m[1], ids[k]) == DI_OK);
+  }
+  CHECKF(differ == 0, "%d of %zu masks differ with the bound on and off", differ, n);
+  free(a), free(b), free(ids);
+  di_grammar_matcher_free(m[0]), di_grammar_matcher_free(m[1]);
+  di_grammar_free(g[0]), di_grammar_free(g[1]);
 }
 
 int main(void) {
@@ -112,6 +145,23 @@ int main(void) {
   CHECKF(atomic_load(&v->n_group_walks) > groups0 && atomic_load(&v->n_row_walks) > rows0,
          "group keys / rows unused on the V3 vocabulary (%ld / %ld walks)", atomic_load(&v->n_group_walks) - groups0,
          atomic_load(&v->n_row_walks) - rows0);
+  /* the string bound (session 16: a counter beside the automaton state): below it the masks are the
+   * unbounded ones; at a bound of 12 characters (every string near it: the mask's filter on this
+   * vocabulary; the uuid, 36 characters, keeps its language) brute force at every step */
+  const char *bench = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"
+                      "\"email\":{\"type\":\"string\",\"format\":\"email\"},\"sku\":{\"type\":\"string\",\"pattern\":"
+                      "\"^[A-Z]{3}-[0-9]{4}$\"},\"note\":{\"type\":\"string\"},\"tags\":{\"type\":\"array\",\"items\":"
+                      "{\"type\":\"string\",\"pattern\":\"[a-z]\"}}},\"required\":[\"id\"]}";
+  const char *bdoc = "{\"id\":\"64abd298-f7b2-0a75-ff42-475ca4e1b2bd\",\"email\":\"ada.lovelace@example.com\","
+                     "\"sku\":\"TZG-5671\",\"note\":\"jumps quick with handle \\\"requested\\\" shipping 東京 order\","
+                     "\"tags\":[\"fox\",\"quick brown\"],\"free key\":{\"k\":\"v\"}}";
+  same_masks(tok, v, vsize, bench, bdoc);
+  di_grammar_options small = {0};
+  small.max_string_length = 12;
+  replay_opt(tok, v, vsize, DI_GRAMMAR_JSON_SCHEMA, bench,
+             "{\"id\":\"64abd298-f7b2-0a75-ff42-475ca4e1b2bd\",\"email\":\"ada@exam.com\",\"note\":\"jumps "
+             "\\\"q\\\" 東京\",\"tags\":[\"fox\",\"quick brown\"],\"free key\":{\"k\":\"v\"}}",
+             1, &small);
   di_grammar_vocab_free(v);
   di_tokenizer_free(tok);
   return test_finish("test_grammar_tokenizer");

@@ -41,6 +41,16 @@ def test_json_schema(tmp_path):
     assert check(["--json-schema", str(f), "--no-generation-bounds"], '{"n":12345678901234567}')[0] == 0
     assert check(["--json-schema", str(f), "--max-digits", "2"], '{"n":123}')[0] == 1
     assert check(["--json-schema", str(f), "--max-digits", "0"], '{}')[0] == 2
+    # the string bound reaches strings under a pattern or format too (the matcher's counter, session 16)
+    f.write_text('{"type":"string","pattern":"^x+$"}')
+    assert check(["--json-schema", str(f)], '"' + "x" * 4096 + '"')[0] == 0
+    assert check(["--json-schema", str(f)], '"' + "x" * 4097 + '"')[0] == 1
+    assert check(["--json-schema", str(f), "--max-string-length", "5"], '"xxxxx"')[0] == 0
+    assert check(["--json-schema", str(f), "--max-string-length", "5"], '"xxxxxx"')[0] == 1
+    assert check(["--json-schema", str(f), "--no-generation-bounds"], '"' + "x" * 5000 + '"')[0] == 0
+    f.write_text('{"type":"string","format":"email"}')
+    assert check(["--json-schema", str(f), "--max-string-length", "8"], '"abc@d.ef"')[0] == 0
+    assert check(["--json-schema", str(f), "--max-string-length", "8"], '"abcd@d.ef"')[0] == 1
     f.write_text('{"type": "object",')
     rc, err = check(["--json-schema", str(f)], "{}")
     assert rc == 2 and "json schema" in err

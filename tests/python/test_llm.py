@@ -173,6 +173,14 @@ def test_structured_outputs_lark_strict_bounds(dummy):
             json=schema, strict=True, max_digits=2))
         o = dummy.generate("JSON:", sp)[0].outputs[0]
         assert re.fullmatch(r'\{"a":-?[0-9]{1,2}\}', o.text) or o.finish_reason == "length", o.text
+    # max_string_length bounds a pattern's string too (the matcher's counter; the string must still
+    # end with its "!" within the 6 characters)
+    pat = {"type": "string", "pattern": "^[a-z]+!$"}
+    for seed in range(3):
+        sp = SamplingParams(temperature=1.0, max_tokens=40, seed=seed, structured_outputs=StructuredOutputsParams(
+            json=pat, max_string_length=6))
+        o = dummy.generate("JSON:", sp)[0].outputs[0]
+        assert re.fullmatch(r'"[a-z]{1,5}!"', o.text) and o.finish_reason == "stop", (o.text, o.finish_reason)
     with pytest.raises(ValueError, match="grammar_syntax"):
         StructuredOutputsParams(grammar="start: \"x\"", grammar_syntax="peg")
     with pytest.raises(ValueError, match="max_digits"):

@@ -337,6 +337,12 @@ def test_structured_outputs(server):
                                                    "structured_outputs": {"json": {"type": "integer"},
                                                                           "max_digits": 2}})
     assert status == 200 and re.fullmatch(r"-?[0-9]{1,2}", body["choices"][0]["text"]), body
+    status, body = server.post("/v1/completions", {"prompt": "x", "max_tokens": 30, "temperature": 0.9, "seed": 2,
+                                                   "structured_outputs": {"json": {"type": "string", "format": "email"},
+                                                                          "max_string_length": 9}})
+    text = body["choices"][0]["text"] if status == 200 else ""
+    assert status == 200 and re.fullmatch(r'"[^"]{3,9}"', text) and "@" in text, body
+    assert body["choices"][0]["finish_reason"] == "stop", body
     # XGrammar's separators [item, key] and max_whitespace
     obj = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
            "required": ["a", "b"], "additionalProperties": False}
