@@ -17,8 +17,15 @@
  * `--core mma|wgmma|tma|hybrid|gemv` runs one.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
  * shapes instead; `--bench-mla`: the per-head MLA products (the query absorption, W [K][N], and W_UV)
- * through di_cu_gemm_batched as the backend calls them, invariant (this kernel) against default. Built only with nvcc; run on the device by scripts/device_tests.sh. */
+ * through di_cu_gemm_batched as the backend calls them, invariant (this kernel) against default.
+ * - the invariant mode's down + combine (di_cuk_grouped_gemm_combine, session 16): y, h and the next
+ *   layer's normed rows bit for bit equal to di_cuk_grouped_gemm + di_cuk_moe_combine at V2-Lite's expert
+ *   shapes (N 2048, K 1408, 8 slots with the two shared experts) for T = 1 .. 16 and 33 tokens, with and
+ *   without the norm, grids with idle tile slots, the counters back at zero, every launch twice; and on
+ *   the host, the order of its sum of squares against di_block_sum's at 256 threads. `--fusions-only`:
+ *   only these. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/k_grouped_combine.h"
 #include "util/numeric.h"
 #include "test_util.h"
 #include <math.h>
@@ -250,6 +257,188 @@ static void test_grouped(int N, int K, int glu, int c_f32) {
   di_cut_free(dC); di_cut_free(dC1);
 }
 
+/* ---- the invariant down + combine: the unfused kernels' bits ------------------------------------- */
+/* host simulation: di_block_sum over 256 threads (a warp's xor butterfly, the 8 warp sums read by lanes 0..7
+ * of a 32-lane butterfly) and gg_combine_tail's form of it on 128 threads (warp w forms the sums of warps w
+ * and w + 4) run the same float additions: checked on random squares of 2,048-column rows */
+static float host_xor_sum(float *v /* [32] */) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float nv[32];
+    for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+    memcpy(v, nv, sizeof nv);
+  }
+  for (int l = 1; l < 32; l++)
+    if (memcmp(&v[l], &v[0], 4)) return NAN; /* every lane ends with lane 0's bits */
+  return v[0];
+}
+static float host_block_sum256(const float *ss) {
+  float red[32];
+  for (int w = 0; w < 8; w++) {
+    float v[32];
+    memcpy(v, ss + 32 * w, sizeof v);
+    red[w] = host_xor_sum(v);
+  }
+  float v[32];
+  for (int l = 0; l < 32; l++) v[l] = l < 8 ? red[l] : 0.f;
+  return host_xor_sum(v);
+}
+static float host_tail_sum128(const float *ss) {
+  float red[8];
+  for (int w = 0; w < 4; w++)
+    for (int hv = 0; hv < 2; hv++) { /* thread tid = 32 w + lane holds virtual threads tid and tid + 128 */
+      float v[32];
+      for (int l = 0; l < 32; l++) v[l] = ss[32 * w + l + 128 * hv];
+      red[w + 4 * hv] = host_xor_sum(v);
+    }
+  float v[32];
+  for (int l = 0; l < 32; l++) v[l] = l < 8 ? red[l] : 0.f;
+  return host_xor_sum(v);
+}
+static void check_tail_order_host(void) {
+  int bad = 0;
+  for (int r = 0; r < 2000; r++) {
+    float ss[256];
+    for (int i = 0; i < 256; i++) {
+      const float v = nrand() * (float)(1 + r % 7);
+      ss[i] = v * v;
+    }
+    const float a = host_block_sum256(ss), b = host_tail_sum128(ss);
+    bad += a != a || memcmp(&a, &b, 4) != 0;
+  }
+  CHECKF(bad == 0, "host: the 128-thread sum of squares differs from di_block_sum's in %d of 2000 rows", bad);
+  printf("  host: 128-thread sum-of-squares order == di_block_sum at 256 threads (2000 random rows): %s\n",
+         bad ? "NO" : "yes");
+}
+
+/* the experts' weights of one shape, drawn once (138 MB at V2-Lite's with 24 experts) */
+static void *g_dc_w;
+static int64_t g_dc_w_elems;
+static void *dc_weights(int E, int N, int K) {
+  const int64_t elems = (int64_t)E * N * K;
+  if (g_dc_w && g_dc_w_elems == elems) return g_dc_w;
+  di_cut_free(g_dc_w);
+  uint16_t *W = rand_bf16((size_t)elems, 1.f / sqrtf((float)K));
+  g_dc_w = dev_copy(W, (size_t)elems * 2);
+  g_dc_w_elems = elems;
+  free(W);
+  return g_dc_w;
+}
+
+static void test_down_combine(int E, int N, int K, int n, int k, int T, int norm, int idle) {
+  const int A = T * k, bm = 16;
+  int32_t *ids = malloc((size_t)A * 4), *cnt = calloc(E, 4), off[1025], *tiles = malloc((size_t)(A + E) * 4);
+  int32_t *inv = malloc((size_t)A * 4), *fill = calloc(E, 4);
+  float *w = malloc((size_t)A * 4), *h0 = malloc((size_t)T * n * 4), *nw = malloc((size_t)n * 4);
+  for (int t = 0; t < T; t++) { /* k - 2 distinct routed experts, then the two shared ones (E - 2, E - 1) */
+    for (int j = 0; j < k - 2; j++) {
+      int e, dup;
+      do {
+        e = (int)(urand() * (E - 2));
+        dup = 0;
+        for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
+      } while (dup);
+      ids[t * k + j] = e;
+    }
+    ids[t * k + k - 2] = E - 2;
+    ids[t * k + k - 1] = E - 1;
+    for (int j = 0; j < k; j++) w[t * k + j] = j < k - 2 ? (float)urand() : 1.f;
+  }
+  for (int a = 0; a < A; a++) cnt[ids[a]]++;
+  int nt;
+  grouped_tiles(cnt, E, bm, off, tiles, &nt);
+  for (int a = 0; a < A; a++) inv[a] = off[ids[a]] + fill[ids[a]]++;
+  for (int i = 0; i < T * n; i++) h0[i] = nrand();
+  for (int c = 0; c < n; c++) nw[c] = 0.5f + (float)urand();
+  uint16_t *act = rand_bf16((size_t)A * K, 1.f);
+  const int max_tiles = nt + idle, ncnt = N / 64 + 1;
+  void *dact = dev_copy(act, (size_t)A * K * 2), *dW = dc_weights(E, N, K);
+  void *doff = dev_copy(off, (E + 1) * 4), *dtiles = dev_copy(tiles, (size_t)(nt > 0 ? nt : 1) * 4), *dnt = dev_copy(&nt, 4);
+  void *dinv = dev_copy(inv, (size_t)A * 4), *dw = dev_copy(w, (size_t)A * 4), *dnw = dev_copy(nw, (size_t)n * 4);
+  int32_t *zc = calloc(ncnt, 4), *gc = malloc((size_t)ncnt * 4);
+  void *dcnt = dev_copy(zc, (size_t)ncnt * 4);
+  float *y[2], *hh[2];
+  uint16_t *xn[2];
+  void *dy[2], *dh[2], *dxn[2];
+  for (int v = 0; v < 2; v++) {
+    y[v] = malloc((size_t)A * N * 4);
+    hh[v] = malloc((size_t)T * n * 4);
+    xn[v] = calloc((size_t)T * N, 2);
+    dy[v] = dev_copy(NULL, (size_t)A * N * 4);
+    dh[v] = dev_copy(h0, (size_t)T * n * 4);
+    dxn[v] = dev_copy(xn[v], (size_t)T * N * 2);
+  }
+  di_status st = di_cuk_grouped_gemm(dact, K, NULL, dW, N, K, doff, dtiles, dnt, max_tiles, bm, dy[0], N, 1, 0, NULL);
+  if (st == DI_OK)
+    st = di_cuk_moe_combine(dy[0], N, dinv, dw, T, k, n, dh[0], norm ? dnw : NULL, 1e-6f, dxn[0], N, NULL);
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "down + combine (unfused) T %d: %s", T, di_last_error());
+  di_cut_d2h(y[0], dy[0], (size_t)A * N * 4);
+  di_cut_d2h(hh[0], dh[0], (size_t)T * n * 4);
+  di_cut_d2h(xn[0], dxn[0], (size_t)T * N * 2);
+  int bad_y = 0, bad_h = 0, bad_x = 0, bad_c = 0;
+  for (int rep = 0; rep < 2; rep++) { /* twice: the counters left at zero serve the next launch */
+    di_cut_h2d(dh[1], h0, (size_t)T * n * 4);
+    st = di_cuk_grouped_gemm_combine(dact, K, dW, N, K, doff, dtiles, dnt, max_tiles, bm, dy[1], N, dinv, dw, T, k, n,
+                                     dh[1], norm ? dnw : NULL, 1e-6f, dxn[1], N, dcnt, NULL);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "down + combine (fused) T %d: %s", T, di_last_error());
+    di_cut_d2h(y[1], dy[1], (size_t)A * N * 4);
+    di_cut_d2h(hh[1], dh[1], (size_t)T * n * 4);
+    di_cut_d2h(xn[1], dxn[1], (size_t)T * N * 2);
+    di_cut_d2h(gc, dcnt, (size_t)ncnt * 4);
+    for (int a = 0; a < A; a++) bad_y += memcmp(y[0] + (size_t)a * N, y[1] + (size_t)a * N, (size_t)N * 4) != 0;
+    for (int t = 0; t < T; t++) {
+      bad_h += memcmp(hh[0] + (size_t)t * n, hh[1] + (size_t)t * n, (size_t)n * 4) != 0;
+      bad_x += norm && memcmp(xn[0] + (size_t)t * N, xn[1] + (size_t)t * N, (size_t)n * 2) != 0;
+    }
+    for (int i = 0; i < ncnt; i++) bad_c += gc[i] != 0;
+  }
+  /* the combine did add: h moved from h0 */
+  int moved = 0;
+  for (int i = 0; i < T * n; i++) moved += hh[1][i] != h0[i];
+  CHECKF(bad_y == 0 && bad_h == 0 && bad_x == 0 && bad_c == 0 && moved > T * n / 2,
+         "down + combine N %d K %d n %d k %d T %d norm %d idle %d: unequal y rows %d, h rows %d, xn rows %d, counters "
+         "left %d, h moved %d of %d",
+         N, K, n, k, T, norm, idle, bad_y, bad_h, bad_x, bad_c, moved, T * n);
+  printf("  down + combine N %d K %d n %d k %d T %2d norm %d idle tiles %d (%2d tiles): y, h%s == unfused bit for bit: "
+         "%s\n", N, K, n, k, T, norm, idle, nt, norm ? ", xn" : "", bad_y + bad_h + bad_x + bad_c ? "NO" : "yes");
+  for (int v = 0; v < 2; v++) {
+    free(y[v]); free(hh[v]); free(xn[v]);
+    di_cut_free(dy[v]); di_cut_free(dh[v]); di_cut_free(dxn[v]);
+  }
+  free(ids); free(cnt); free(tiles); free(inv); free(fill); free(w); free(h0); free(nw); free(act); free(zc);
+  free(gc);
+  di_cut_free(dact); di_cut_free(doff); di_cut_free(dtiles); di_cut_free(dnt); di_cut_free(dinv);
+  di_cut_free(dw); di_cut_free(dnw); di_cut_free(dcnt);
+}
+
+static void test_down_combine_all(void) {
+  printf("invariant down + combine (di_cuk_grouped_gemm_combine) against grouped GEMM + moe_combine:\n");
+  check_tail_order_host();
+  const int Ts[] = {1, 2, 3, 4, 5, 8, 16, 33};
+  for (int core = 0; core <= 3; core += 3) { /* mma.sync, hybrid: bm 16 on the mma.sync kernel in both */
+    di_cuk_tc_gemm_set_core(core);
+    printf(" %s core:\n", core ? "hybrid" : "mma.sync");
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+      test_down_combine(24, 2048, 1408, 2048, 8, Ts[i], 1, Ts[i] % 3); /* V2-Lite: 22 routed + 2 shared */
+      if (Ts[i] <= 4) test_down_combine(24, 2048, 1408, 2048, 8, Ts[i], 0, 2);
+    }
+  }
+  for (int core = 0; core <= 3; core += 3) {
+    di_cuk_tc_gemm_set_core(core);
+    test_down_combine(10, 256, 128, 200, 3, 1, 1, 0); /* h narrower than N (padding columns), 3 slots */
+    test_down_combine(10, 256, 128, 200, 3, 7, 1, 1);
+    test_down_combine(10, 256, 128, 200, 3, 7, 0, 0);
+  }
+  di_cuk_tc_gemm_set_core(2); /* the TMA core takes bm 16 too: not this form */
+  CHECK(!di_cuk_grouped_gemm_combine_ok(2048, 1408, 1408, g_ws, 16, 2048, 8, 1));
+  di_cuk_tc_gemm_set_core(3);
+  CHECK(di_cuk_grouped_gemm_combine_ok(2048, 1408, 1408, g_ws, 16, 2048, 8, 1));
+  CHECK(!di_cuk_grouped_gemm_combine_ok(2048, 1408, 1408, g_ws, 64, 2048, 8, 1)); /* 64-row tiles: TMA */
+  di_cuk_tc_gemm_set_core(0);
+  di_cut_free(g_dc_w);
+  g_dc_w = NULL;
+  g_dc_w_elems = 0;
+}
+
 /* ---- --bench: TFLOP/s at the main shapes -------------------------------------------------------- */
 static double time_us(di_cu_blas *blas, int tc, int M, int N, int K, int y_f32, const void *dX, const void *dW,
                       void *dY) {
@@ -453,11 +642,18 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
       i++;
       core0 = core1 = !strcmp(argv[i], "gemv") ? 4 : !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
+    } else if (!strcmp(argv[i], "--fusions-only")) {
+      bench_mode = 3;
     } else if (!strcmp(argv[i], "--cores") && i + 2 < argc) { /* --cores FIRST LAST (0 mma .. 3 hybrid) */
       core0 = atoi(argv[i + 1]);
       core1 = atoi(argv[i + 2]);
       i += 2;
     }
+  }
+  if (bench_mode == 3) {
+    test_down_combine_all();
+    di_cut_free(g_ws);
+    return test_finish("test_cuda_tc_gemm --fusions-only");
   }
   if (bench_mode == 2) {
     di_cu_blas *blas = NULL;
@@ -528,6 +724,7 @@ int main(int argc, char **argv) {
     test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */
   }
   di_cuk_tc_gemm_set_core(0);
+  test_down_combine_all();
   di_cut_free(g_ws);
   return test_finish("test_cuda_tc_gemm");
 }
