@@ -259,8 +259,9 @@ static void test_grouped(int N, int K, int glu, int c_f32) {
 
 /* ---- the invariant down + combine: the unfused kernels' bits ------------------------------------- */
 /* host simulation: di_block_sum over 256 threads (a warp's xor butterfly, the 8 warp sums read by lanes 0..7
- * of a 32-lane butterfly) and gg_combine_tail's form of it on 128 threads (warp w forms the sums of warps w
- * and w + 4) run the same float additions: checked on random squares of 2,048-column rows */
+ * of a 32-lane butterfly) and gg_combine_tail's form of it on 128 threads (each warp forms some of the
+ * virtual warps' sums, in another order of warps; then the 8-lane butterfly) run the same float
+ * additions: checked on random squares of 2,048-column rows */
 static float host_xor_sum(float *v /* [32] */) {
   for (int o = 16; o > 0; o >>= 1) {
     float nv[32];
@@ -285,10 +286,10 @@ static float host_block_sum256(const float *ss) {
 static float host_tail_sum128(const float *ss) {
   float red[8];
   for (int w = 0; w < 4; w++)
-    for (int hv = 0; hv < 2; hv++) { /* thread tid = 32 w + lane holds virtual threads tid and tid + 128 */
+    for (int vw = w; vw < 8; vw += 4) { /* warp w forms virtual warps w and w + 4 */
       float v[32];
-      for (int l = 0; l < 32; l++) v[l] = ss[32 * w + l + 128 * hv];
-      red[w + 4 * hv] = host_xor_sum(v);
+      for (int l = 0; l < 32; l++) v[l] = ss[32 * vw + l];
+      red[vw] = host_xor_sum(v);
     }
   float v[32];
   for (int l = 0; l < 32; l++) v[l] = l < 8 ? red[l] : 0.f;

@@ -265,6 +265,13 @@ extern "C" void di_backend_cuda_set_fixed_dec(di_backend *bb, int level) {
   b->fixed_dec_merge = level > 0 && (level >> 2) & 1;
 }
 
+extern "C" void di_backend_cuda_set_inv_down_combine(di_backend *bb, int max_tokens) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old kernels */
+  b->inv_down_combine = max_tokens > 0 ? max_tokens : 0;
+}
+
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {
   ((cu_backend *)bb)->prefill_mha = min_tokens == 1 ? 512 : min_tokens > 0 ? min_tokens : 0;
 }

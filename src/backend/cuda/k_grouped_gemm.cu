@@ -175,8 +175,9 @@ grouped_gemm_cmb_kernel(const bf16 *A, int lda, const bf16 *W, int N, int K, con
  * columns with combine_kernel's arithmetic (k_moe.cu: acc = 0, acc += w_j y_j in slot order, h + acc);
  * the last column block to finish (one more counter) writes the normed rows with combine_norm_kernel's:
  * the sum of squares of each of its 8 cluster CTAs' column ranges as that CTA's 256 threads leave it
- * (each thread's columns in order, then di_block_sum's tree: here each of the 4 warps forms two of the
- * 8 warp sums), the 8 added in rank order, rsqrtf(tot / n + eps), v * inv_rms * norm_w. Both counters
+ * (each thread's columns in order, then di_block_sum's tree: a warp's xor butterfly, then one over its 8
+ * warp sums; here each of the 4 warps forms 16 of the 64 warp sums and two of the 8 CTA sums), the 8
+ * added in rank order, rsqrtf(tot / n + eps), v * inv_rms * norm_w. Both counters
  * are reset by the CTA that saw them complete (graph replays find them at zero). */
 #define GGC_CLUSTER 8   /* combine_norm_kernel's CMB_CLUSTER */
 #define GGC_COLS 256    /* its CMB_COLS */
@@ -188,7 +189,6 @@ static __device__ __forceinline__ float ggc_xor_sum(float v) {
 template <int BN>
 static __device__ void gg_combine_tail(const gg_combine &cb, const float *y, int ldy, int n0, int nt) {
   __shared__ int s_last;
-  __shared__ float red[2 * 4];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __threadfence(); /* this CTA's y rows, before its count */
   __syncthreads();
@@ -218,35 +218,35 @@ static __device__ void gg_combine_tail(const gg_combine &cb, const float *y, int
   if (!s_last) return;
   __threadfence();
   const int n = cb.n, per = ((n + GGC_CLUSTER - 1) / GGC_CLUSTER + 7) & ~7;
+  __shared__ float wsum[GGC_CLUSTER][GGC_COLS / 32], csum[GGC_CLUSTER];
   for (int t = 0; t < cb.T; t++) {
     const float *ht = cb.h + (int64_t)t * n;
-    float tot = 0.f;
-    for (int p = 0; p < GGC_CLUSTER; p++) {
-      const int c0 = p * per, c1 = min(n, c0 + per);
-      float s2[2];
+    /* the 64 warp sums (cluster CTA p, its warp vw), 16 a warp here: lane l is thread 32 vw + l of CTA p */
+    for (int i = warp; i < GGC_CLUSTER * (GGC_COLS / 32); i += 4) {
+      const int p = i / (GGC_COLS / 32), vw = i % (GGC_COLS / 32), c0 = p * per, c1 = min(n, c0 + per);
+      float ss = 0.f;
 #pragma unroll
-      for (int hv = 0; hv < 2; hv++) { /* virtual thread tid + 128 hv of cluster CTA p */
-        float ss = 0.f;
-#pragma unroll
-        for (int q = 0; q < GGC_PER_THREAD; q++) {
-          const int c = c0 + tid + 128 * hv + q * GGC_COLS;
-          if (c < c1) {
-            const float v = __ldcg(ht + c);
-            ss += v * v;
-          }
+      for (int q = 0; q < GGC_PER_THREAD; q++) {
+        const int c = c0 + 32 * vw + lane + q * GGC_COLS;
+        if (c < c1) {
+          const float v = __ldcg(ht + c);
+          ss += v * v;
         }
-        s2[hv] = ggc_xor_sum(ss);
       }
-      __syncthreads();
-      if (lane == 0) {
-        red[warp] = s2[0];
-        red[warp + 4] = s2[1];
-      }
-      __syncthreads();
-      tot += ggc_xor_sum(lane < 8 ? red[lane] : 0.f);
+      ss = ggc_xor_sum(ss);
+      if (lane == 0) wsum[p][vw] = ss;
     }
+    __syncthreads();
+    for (int p = warp; p < GGC_CLUSTER; p += 4) { /* CTA p's di_block_sum: lanes 0..7 its warp sums */
+      const float v = ggc_xor_sum(lane < GGC_COLS / 32 ? wsum[p][lane] : 0.f);
+      if (lane == 0) csum[p] = v;
+    }
+    __syncthreads();
+    float tot = 0.f;
+    for (int p = 0; p < GGC_CLUSTER; p++) tot += csum[p];
     const float inv_rms = rsqrtf(tot / n + cb.eps);
     for (int c = tid; c < n; c += 128) cb.xn[(int64_t)t * cb.ldo + c] = di_fb(__ldcg(ht + c) * inv_rms * cb.norm_w[c]);
+    __syncthreads(); /* wsum / csum free for the next token */
   }
   if (tid == 0) cb.cnt[gridDim.x] = 0;
 }
