@@ -22,10 +22,12 @@
  *   layer's normed rows bit for bit equal to di_cuk_grouped_gemm + di_cuk_moe_combine at V2-Lite's expert
  *   shapes (N 2048, K 1408, 8 slots with the two shared experts) for T = 1 .. 16 and 33 tokens, with and
  *   without the norm, grids with idle tile slots, the counters back at zero, every launch twice; and on
- *   the host, the order of its sum of squares against di_block_sum's at 256 threads. `--fusions-only`:
- *   only these. Built only with nvcc; run on the device by scripts/device_tests.sh. */
+ *   the host, the order of its sum of squares against di_block_sum's at 256 threads;
+ * - the invariant prep + absorption (di_cuk_tc_gemm_prep): Qa and the cache bit for bit equal to
+ *   di_cuk_mla_prep + di_cuk_tc_gemm at V2-Lite's MLA shapes, T = 1 .. 16, W_UK [N][K] and [K][N], bf16 and
+ *   FP8 caches. `--fusions-only`: only these. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/k_grouped_combine.h"
+#include "backend/cuda/k_inv_fusions.h"
 #include "util/numeric.h"
 #include "test_util.h"
 #include <math.h>
@@ -440,6 +442,99 @@ static void test_down_combine_all(void) {
   g_dc_w_elems = 0;
 }
 
+/* ---- the invariant prep + absorption: the unfused kernels' bits ---------------------------------- */
+/* V2-Lite's MLA shapes (16 heads, nope 128, rope 64, latent 512, v 128): Qa (every column: the absorption's
+ * latent ones, the prep's roped and zero ones) and the cache entries of di_cuk_tc_gemm_prep equal
+ * di_cuk_mla_prep + di_cuk_tc_gemm (as di_cu_gemm_batched runs it) bit for bit; nk: W_UK as the [N][K]
+ * copies (ABSORB_NK), else kv_b's [K][N] rows. */
+static void test_prep_absorb(int T, int nk, int kv8, int interleave) {
+  enum { H = 16, N = 128, P = 64, R = 512, DV = 128, NSLOT = 64 };
+  const int dqk = N + P, ldq = H * dqk, ldk = R + P + 64, D = DI_CUK_MLA_D;
+  const size_t row = kv8 ? DI_CUK_KV8_ROW : (size_t)D * 2, wn = nk ? (size_t)H * R * N : (size_t)H * (N + DV) * R;
+  uint16_t *kva = rand_bf16((size_t)T * ldk, 1.f), *q = rand_bf16((size_t)T * ldq, 1.f);
+  uint16_t *W = rand_bf16(wn, 1.f / sqrtf((float)N));
+  int32_t pos[16], slot[16];
+  for (int t = 0; t < T; t++) {
+    pos[t] = (int)(urand() * 6000);
+    int ok;
+    do { /* distinct slots */
+      slot[t] = (int)(urand() * NSLOT);
+      ok = 1;
+      for (int u = 0; u < t; u++) ok &= slot[u] != slot[t];
+    } while (!ok);
+  }
+  float kvn[R], invf[P / 2];
+  for (int i = 0; i < R; i++) kvn[i] = 0.5f + (float)urand();
+  for (int i = 0; i < P / 2; i++) invf[i] = powf(10000.f, -2.f * i / P);
+  const size_t qa_bytes = (size_t)T * H * D * 2, c_bytes = NSLOT * row;
+  unsigned char *fill = malloc(qa_bytes > c_bytes ? qa_bytes : c_bytes);
+  memset(fill, 0xa5, qa_bytes > c_bytes ? qa_bytes : c_bytes); /* what neither writes stays equal too */
+  void *dkva = dev_copy(kva, (size_t)T * ldk * 2), *dq = dev_copy(q, (size_t)T * ldq * 2), *dW = dev_copy(W, wn * 2);
+  void *dpos = dev_copy(pos, 64), *dslot = dev_copy(slot, 64), *dkvn = dev_copy(kvn, sizeof kvn);
+  void *dinv = dev_copy(invf, sizeof invf);
+  void *dQa[2] = {dev_copy(fill, qa_bytes), dev_copy(fill, qa_bytes)}, *dc[2] = {dev_copy(fill, c_bytes), dev_copy(fill, c_bytes)};
+  const di_cuk_rope rope = {dinv, 1.1f, interleave};
+  const int ldw = nk ? N : R;
+  const int64_t sw = nk ? (int64_t)R * N : (int64_t)(N + DV) * R;
+  di_status st = di_cuk_mla_prep(dkva, ldk, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa[0], dc[0], kv8,
+                                 NULL);
+  if (st == DI_OK)
+    st = di_cuk_tc_gemm(H, T, R, N, dq, ldq, dqk, dW, ldw, sw, !nk, dQa[0], H * D, D, 0, 0.f, g_ws, WS_BYTES, NULL);
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "prep + absorb (unfused) T %d: %s", T, di_last_error());
+  const int ok = di_cuk_tc_gemm_prep_ok(T, R, N, ldq, ldw, !nk, dq, dW, H);
+  CHECKF(ok, "prep + absorb: not taken at T %d nk %d", T, nk);
+  int bad_q = 0, bad_c = 0;
+  unsigned char *a = malloc(qa_bytes), *b = malloc(qa_bytes), *ca = malloc(c_bytes), *cb = malloc(c_bytes);
+  for (int rep = 0; rep < 2 && ok; rep++) {
+    st = di_cuk_tc_gemm_prep(H, T, R, N, dq, ldq, dqk, dW, ldw, sw, !nk, dQa[1], H * D, D, dkva, ldk, dq, ldq, dpos,
+                             dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa[1], dc[1], kv8, NULL);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "prep + absorb (fused) T %d: %s", T, di_last_error());
+    di_cut_d2h(a, dQa[0], qa_bytes);
+    di_cut_d2h(b, dQa[1], qa_bytes);
+    di_cut_d2h(ca, dc[0], c_bytes);
+    di_cut_d2h(cb, dc[1], c_bytes);
+    for (int r = 0; r < T * H; r++) bad_q += memcmp(a + (size_t)r * D * 2, b + (size_t)r * D * 2, (size_t)D * 2) != 0;
+    for (int r = 0; r < NSLOT; r++) bad_c += memcmp(ca + r * row, cb + r * row, row) != 0;
+  }
+  int written = 0; /* the product and the prep did write */
+  for (int t = 0; t < T; t++) written += memcmp(a + (size_t)t * H * D * 2, fill, 16) != 0 &&
+                                         memcmp(ca + slot[t] * row, fill, 16) != 0;
+  CHECKF(bad_q == 0 && bad_c == 0 && written == T, "prep + absorb T %d nk %d kv8 %d: unequal Qa rows %d of %d, cache "
+         "rows %d, rows written %d of %d", T, nk, kv8, bad_q, T * H, bad_c, written, T);
+  printf("  prep + absorb T %2d %s %s cache, rope %s: Qa and cache == unfused bit for bit: %s\n", T,
+         nk ? "W [N][K]" : "W [K][N]", kv8 ? "fp8 " : "bf16", interleave ? "interleaved" : "halves",
+         bad_q + bad_c ? "NO" : "yes");
+  free(kva); free(q); free(W); free(fill); free(a); free(b); free(ca); free(cb);
+  di_cut_free(dkva); di_cut_free(dq); di_cut_free(dW); di_cut_free(dpos); di_cut_free(dslot); di_cut_free(dkvn);
+  di_cut_free(dinv);
+  for (int v = 0; v < 2; v++) {
+    di_cut_free(dQa[v]);
+    di_cut_free(dc[v]);
+  }
+}
+
+static void test_prep_absorb_all(void) {
+  printf("invariant prep + absorption (di_cuk_tc_gemm_prep) against mla_prep + the tensor-core GEMM:\n");
+  for (int core = 0; core <= 3; core += 3) {
+    di_cuk_tc_gemm_set_core(core);
+    printf(" %s core:\n", core ? "hybrid" : "mma.sync");
+    const int Tn[] = {1, 2, 3, 5, 8}, Tk[] = {1, 4, 9, 16};
+    for (int i = 0; i < 5; i++) test_prep_absorb(Tn[i], 1, 0, i & 1);
+    for (int i = 0; i < 4; i++) test_prep_absorb(Tk[i], 0, 0, i & 1);
+    test_prep_absorb(1, 1, 1, 1);
+    test_prep_absorb(4, 0, 1, 0);
+  }
+  /* not taken where di_cuk_tc_gemm would run another core: the TMA / wgmma cores for [N][K], the hybrid's
+   * TMA side above 8 rows, 17 rows (two tiles) */
+  di_cuk_tc_gemm_set_core(3);
+  CHECK(!di_cuk_tc_gemm_prep_ok(9, 512, 128, 3072, 128, 0, g_ws, g_ws, 16));
+  CHECK(di_cuk_tc_gemm_prep_ok(9, 512, 128, 3072, 512, 1, g_ws, g_ws, 16));
+  CHECK(!di_cuk_tc_gemm_prep_ok(17, 512, 128, 3072, 512, 1, g_ws, g_ws, 16));
+  di_cuk_tc_gemm_set_core(2);
+  CHECK(!di_cuk_tc_gemm_prep_ok(1, 512, 128, 3072, 128, 0, g_ws, g_ws, 16));
+  di_cuk_tc_gemm_set_core(0);
+}
+
 /* ---- --bench: TFLOP/s at the main shapes -------------------------------------------------------- */
 static double time_us(di_cu_blas *blas, int tc, int M, int N, int K, int y_f32, const void *dX, const void *dW,
                       void *dY) {
@@ -653,6 +748,7 @@ int main(int argc, char **argv) {
   }
   if (bench_mode == 3) {
     test_down_combine_all();
+    test_prep_absorb_all();
     di_cut_free(g_ws);
     return test_finish("test_cuda_tc_gemm --fusions-only");
   }
@@ -726,6 +822,7 @@ int main(int argc, char **argv) {
   }
   di_cuk_tc_gemm_set_core(0);
   test_down_combine_all();
+  test_prep_absorb_all();
   di_cut_free(g_ws);
   return test_finish("test_cuda_tc_gemm");
 }

@@ -4,7 +4,7 @@
  * with the absorbed query over the latent KV cache, then the dense MLP or the MoE), and the forward of
  * a prepared step (embed, layers, final norm, lm_head, in-step sampling). */
 #include "cuda_backend_impl.cuh"
-#include "k_grouped_combine.h"
+#include "k_inv_fusions.h"
 #include "cuda_ep.cuh"
 #include "k_mha_prefill.h"
 #include <string.h>
@@ -473,6 +473,17 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     /* decode: both in one launch */
     DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
                                   b->eps, b->rope, (uint16_t *)b->Qa, cache, kv8, wuk, b->R, wuk_stride, s));
+  } else if (b->inv_prep_absorb && b->invariant && di_cu_blas_tc_invariant(b->blas) && !b->mha_step && b->dqk % 8 == 0 &&
+             !SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) &&
+             (L->wuk_t && T <= DI_ABSORB_NK_MAX_SMALL_T
+                  ? di_cuk_tc_gemm_prep_ok(T, b->R, b->dn, ldq, b->dn, 0, q, L->wuk_t, NH)
+                  : di_cuk_tc_gemm_prep_ok(T, b->R, b->dn, ldq, b->R, 1, q, L->kv_b, NH))) {
+    /* the invariant mode's decode steps: the prep in the absorption's launch (the two kernels' bits below) */
+    const int nk = L->wuk_t && T <= DI_ABSORB_NK_MAX_SMALL_T;
+    DI_TRY(di_cuk_tc_gemm_prep(NH, T, b->R, b->dn, q, ldq, b->dqk, nk ? (const uint16_t *)L->wuk_t : wuk,
+                               nk ? b->dn : b->R, nk ? (int64_t)b->R * b->dn : wuk_stride, !nk, (uint16_t *)b->Qa,
+                               NH * DI_CUK_MLA_D, DI_CUK_MLA_D, kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn,
+                               b->dr, b->R, L->kv_a_norm, b->eps, b->rope, (uint16_t *)b->Qa, cache, kv8, s));
   } else {
     if (!SKIP(SKIP_PREP))
       DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,

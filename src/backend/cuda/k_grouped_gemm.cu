@@ -10,7 +10,7 @@
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_tc_core.h"
-#include "k_grouped_combine.h"
+#include "k_inv_fusions.h"
 #include "k_skinny_kn.cuh"
 
 #define BK 64
