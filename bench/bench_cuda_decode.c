@@ -256,8 +256,8 @@ int main(int argc, char **argv) {
    * invariant mode's attention on tensor cores (DEEPINFER_CUDA_MLA_FIXED_TC=1) */
   int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[6] = {-1}, n_mode = 1, profile = 0, kv8 = 0;
   static const char *mode_names[98] = {"default", "invariant", "fp8kv", "invariant-fp8kv", NULL, "invariant-tc",
-                                       NULL, NULL, NULL, "invariant-dec", [25] = "invariant-decm", [33] = "invariant-dc",
-                                       [65] = "invariant-pa", [97] = "invariant-dcpa"};
+                                       NULL, NULL, NULL, "invariant-dec", [25] = "invariant-decm",
+                                       [33] = "invariant-dc", [65] = "invariant-pa", [97] = "invariant-dcpa"};
   int pmha[4] = {-1}, n_pm = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);

@@ -355,7 +355,8 @@ static void test_down_combine(int E, int N, int K, int n, int k, int T, int norm
   uint16_t *act = rand_bf16((size_t)A * K, 1.f);
   const int max_tiles = nt + idle, ncnt = N / 64 + 1;
   void *dact = dev_copy(act, (size_t)A * K * 2), *dW = dc_weights(E, N, K);
-  void *doff = dev_copy(off, (E + 1) * 4), *dtiles = dev_copy(tiles, (size_t)(nt > 0 ? nt : 1) * 4), *dnt = dev_copy(&nt, 4);
+  void *doff = dev_copy(off, (E + 1) * 4), *dtiles = dev_copy(tiles, (size_t)(nt > 0 ? nt : 1) * 4);
+  void *dnt = dev_copy(&nt, 4);
   void *dinv = dev_copy(inv, (size_t)A * 4), *dw = dev_copy(w, (size_t)A * 4), *dnw = dev_copy(nw, (size_t)n * 4);
   int32_t *zc = calloc(ncnt, 4), *gc = malloc((size_t)ncnt * 4);
   void *dcnt = dev_copy(zc, (size_t)ncnt * 4);
@@ -472,7 +473,8 @@ static void test_prep_absorb(int T, int nk, int kv8, int interleave) {
   void *dkva = dev_copy(kva, (size_t)T * ldk * 2), *dq = dev_copy(q, (size_t)T * ldq * 2), *dW = dev_copy(W, wn * 2);
   void *dpos = dev_copy(pos, 64), *dslot = dev_copy(slot, 64), *dkvn = dev_copy(kvn, sizeof kvn);
   void *dinv = dev_copy(invf, sizeof invf);
-  void *dQa[2] = {dev_copy(fill, qa_bytes), dev_copy(fill, qa_bytes)}, *dc[2] = {dev_copy(fill, c_bytes), dev_copy(fill, c_bytes)};
+  void *dQa[2] = {dev_copy(fill, qa_bytes), dev_copy(fill, qa_bytes)};
+  void *dc[2] = {dev_copy(fill, c_bytes), dev_copy(fill, c_bytes)};
   const di_cuk_rope rope = {dinv, 1.1f, interleave};
   const int ldw = nk ? N : R;
   const int64_t sw = nk ? (int64_t)R * N : (int64_t)(N + DV) * R;

@@ -473,8 +473,8 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     /* decode: both in one launch */
     DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
                                   b->eps, b->rope, (uint16_t *)b->Qa, cache, kv8, wuk, b->R, wuk_stride, s));
-  } else if (b->inv_prep_absorb && b->invariant && di_cu_blas_tc_invariant(b->blas) && !b->mha_step && b->dqk % 8 == 0 &&
-             !SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) &&
+  } else if (b->inv_prep_absorb && b->invariant && di_cu_blas_tc_invariant(b->blas) && !b->mha_step &&
+             b->dqk % 8 == 0 && !SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) &&
              (L->wuk_t && T <= DI_ABSORB_NK_MAX_SMALL_T
                   ? di_cuk_tc_gemm_prep_ok(T, b->R, b->dn, ldq, b->dn, 0, q, L->wuk_t, NH)
                   : di_cuk_tc_gemm_prep_ok(T, b->R, b->dn, ldq, b->R, 1, q, L->kv_b, NH))) {
