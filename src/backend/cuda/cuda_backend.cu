@@ -131,7 +131,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   di_cuk_attn_set_preload(di_switch_bool(DI_SW_CUDA_ATTN_PRELOAD, 1));
   di_cuk_grouped_gemv_set_one_warp(di_switch_int(DI_SW_CUDA_GV_WARPS, 1) != 4);
   b->down_combine = di_switch_bool(DI_SW_CUDA_DOWN_COMBINE, 1);
-  /* the invariant mode's combine in the down projection's last CTAs (the same bits; session 16, s16-19) */
+  /* the invariant mode's combine in the down projection's last CTAs (same bits; H200, session 16: slower) */
   b->inv_down_combine = di_switch_int(DI_SW_CUDA_INV_DOWN_COMBINE, 0);
   if (b->inv_down_combine < 0) b->inv_down_combine = 0;
   b->inv_prep_absorb = di_switch_bool(DI_SW_CUDA_INV_PREP_ABSORB, 0); /* ... and its prep beside the absorption */
