@@ -25,7 +25,10 @@
  * invariant mode with DEEPINFER_CUDA_MLA_FIXED_TC=1 (its fixed-split attention on tensor cores, the same
  * bits); when it is listed, "invariant" runs with that switch at 0. "invariant-dec" likewise: the invariant mode
  * with DEEPINFER_CUDA_MLA_FIXED_DEC=1 (the fixed split's decode form, the same bits), "invariant" then at 0;
- * "invariant-decm" that form merging its own partials (DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE=1).
+ * "invariant-decm" that form merging its own partials (DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE=1). "invariant-dc": the
+ * invariant mode with its MoE combine in the down GEMM (DEEPINFER_CUDA_INV_DOWN_COMBINE=256, the same bits),
+ * the other modes then at 0; "invariant-pa" likewise with its MLA prep in the absorption's launch
+ * (DEEPINFER_CUDA_INV_PREP_ABSORB=1), "invariant-dcpa" both.
  * Modes fp8kv and invariant-fp8kv:
  * the default / invariant mode with --kv-cache-dtype fp8's latent cache (di_backend_cuda_set_kv_fp8; the
  * pool reallocated at each switch), so `--modes default,fp8kv --reps 3` is the FP8 cache beside bf16.
@@ -251,9 +254,10 @@ int main(int argc, char **argv) {
   const char *skip_sweep = NULL; /* phases to leave out one at a time at batch 1 (their marginal cost) */
   /* modes: -1 the backend's own; else bit 0 the batch-invariant mode, bit 1 the FP8 KV cache, bit 2 the
    * invariant mode's attention on tensor cores (DEEPINFER_CUDA_MLA_FIXED_TC=1) */
-  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[4] = {-1}, n_mode = 1, profile = 0, kv8 = 0;
-  static const char *mode_names[26] = {"default", "invariant", "fp8kv", "invariant-fp8kv", NULL, "invariant-tc",
-                                       NULL, NULL, NULL, "invariant-dec", [25] = "invariant-decm"};
+  int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[6] = {-1}, n_mode = 1, profile = 0, kv8 = 0;
+  static const char *mode_names[98] = {"default", "invariant", "fp8kv", "invariant-fp8kv", NULL, "invariant-tc",
+                                       NULL, NULL, NULL, "invariant-dec", [25] = "invariant-decm",
+                                       [33] = "invariant-dc", [65] = "invariant-pa", [97] = "invariant-dcpa"};
   int pmha[4] = {-1}, n_pm = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
@@ -268,12 +272,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--prefill-mha") && i + 1 < argc) n_pm = parse_list(argv[++i], pmha, 4);
     else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
       n_mode = 0;
-      for (char *m = strtok(argv[++i], ","); m && n_mode < 4; m = strtok(NULL, ",")) {
+      for (char *m = strtok(argv[++i], ","); m && n_mode < 6; m = strtok(NULL, ",")) {
         int k = 0;
-        while (k < 26 && (!mode_names[k] || strcmp(m, mode_names[k]))) k++;
-        if (k == 26) {
+        while (k < 98 && (!mode_names[k] || strcmp(m, mode_names[k]))) k++;
+        if (k == 98) {
           fprintf(stderr, "bench: --modes %s (default, invariant, fp8kv, invariant-fp8kv, invariant-tc, invariant-dec, "
-                  "invariant-decm)\n", m);
+                  "invariant-decm, invariant-dc, invariant-pa, invariant-dcpa)\n", m);
           return 2;
         }
         modes[n_mode++] = k;
@@ -331,6 +335,10 @@ int main(int argc, char **argv) {
   int has_dec_mode = 0;
   for (int m = 0; m < n_mode; m++) has_tc_mode |= modes[m] >= 0 && (modes[m] >> 2) & 1;
   for (int m = 0; m < n_mode; m++) has_dec_mode |= modes[m] >= 0 && (modes[m] >> 3) & 1;
+  int has_dc_mode = 0; /* invariant-dc: DEEPINFER_CUDA_INV_DOWN_COMBINE=256 there, 0 in the other modes */
+  for (int m = 0; m < n_mode; m++) has_dc_mode |= modes[m] >= 0 && (modes[m] >> 5) & 1;
+  int has_pa_mode = 0; /* invariant-pa: DEEPINFER_CUDA_INV_PREP_ABSORB=1 there, 0 in the other modes */
+  for (int m = 0; m < n_mode; m++) has_pa_mode |= modes[m] >= 0 && (modes[m] >> 6) & 1;
   if (n_set > 8) { fprintf(stderr, "bench: more than 8 mode x --attn-fixed x --prefill-mha settings\n"); return 2; }
   for (int rep = 0; rep < reps; rep++)
   for (int si = 0; si < n_set; si++) {
@@ -344,6 +352,8 @@ int main(int argc, char **argv) {
     if (di_backend_cuda_set_invariant(be, modes[mi] & 1) != DI_OK) FAIL(0);
     if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, (modes[mi] >> 2) & 1);
     if (has_dec_mode) di_backend_cuda_set_fixed_dec(be, ((modes[mi] >> 3) & 1) | (((modes[mi] >> 4) & 1) << 2));
+    if (has_dc_mode) di_backend_cuda_set_inv_down_combine(be, (modes[mi] >> 5) & 1 ? 256 : 0);
+    if (has_pa_mode) di_backend_cuda_set_inv_prep_absorb(be, (modes[mi] >> 6) & 1);
     if (di_backend_cuda_set_kv_fp8(be, (modes[mi] >> 1) & 1) != DI_OK || be->ops->kv_alloc(be, n_blocks) != DI_OK) FAIL(0);
     printf("\n--- %s mode, rep %d\n", mode_names[modes[mi]], rep + 1);
   }
@@ -483,6 +493,8 @@ int main(int argc, char **argv) {
         FAIL(0);
       if (has_tc_mode) di_backend_cuda_set_fixed_tc(be, (modes[mi] >> 2) & 1);
       if (has_dec_mode) di_backend_cuda_set_fixed_dec(be, ((modes[mi] >> 3) & 1) | (((modes[mi] >> 4) & 1) << 2));
+      if (has_dc_mode) di_backend_cuda_set_inv_down_combine(be, (modes[mi] >> 5) & 1 ? 256 : 0);
+      if (has_pa_mode) di_backend_cuda_set_inv_prep_absorb(be, (modes[mi] >> 6) & 1);
       if (pmha[pk % n_pm] >= 0) di_backend_cuda_set_prefill_mha(be, pmha[pk % n_pm]);
       if (di_backend_cuda_set_profile(be, 1) != DI_OK) FAIL(0);
       char title[96];

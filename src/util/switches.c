@@ -72,6 +72,14 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_DOWN_COMBINE] = {"DEEPINFER_CUDA_DOWN_COMBINE", "1",
                                  "0: decode's MoE down projection and combine as separate kernels, no normed q/kv "
                                  "GEMM"},
+    [DI_SW_CUDA_INV_DOWN_COMBINE] = {"DEEPINFER_CUDA_INV_DOWN_COMBINE", "0",
+                                     "N > 0: the batch-invariant mode's MoE combine (and the next layer's norm) in "
+                                     "the last CTAs of its expert down projection at steps of up to N tokens (the "
+                                     "unfused kernels' bits; k_grouped_gemm.cu; H200: slower, 2-20x the combine kernel it replaces); 0: off"},
+    [DI_SW_CUDA_INV_PREP_ABSORB] = {"DEEPINFER_CUDA_INV_PREP_ABSORB", "0",
+                                    "1: the batch-invariant mode's MLA preparation in the launch of its query "
+                                    "absorption at steps of up to 16 tokens (the unfused kernels' bits; k_tc_gemm.cu; "
+                                    "H200: no gain at 1-4 tokens, slower at 16); 0: off"},
     [DI_SW_CUDA_GV_WARPS] = {"DEEPINFER_CUDA_GV_WARPS", "1", "4: the grouped GEMV with four warps per row block"},
     [DI_SW_CUDA_BLOCK_ROUTE] = {"DEEPINFER_CUDA_BLOCK_ROUTE", "0", "1: the block-wide MoE routing at every size (A/B)"},
     [DI_SW_CUDA_OUT_CAP] = {"DEEPINFER_CUDA_OUT_CAP", "16",

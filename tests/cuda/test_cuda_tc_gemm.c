@@ -17,8 +17,17 @@
  * `--core mma|wgmma|tma|hybrid|gemv` runs one.
  * `--bench`: TFLOP/s of this kernel and of the default path (cuBLASLt, skinny at M <= 8) at the main
  * shapes instead; `--bench-mla`: the per-head MLA products (the query absorption, W [K][N], and W_UV)
- * through di_cu_gemm_batched as the backend calls them, invariant (this kernel) against default. Built only with nvcc; run on the device by scripts/device_tests.sh. */
+ * through di_cu_gemm_batched as the backend calls them, invariant (this kernel) against default.
+ * - the invariant mode's down + combine (di_cuk_grouped_gemm_combine, session 16): y, h and the next
+ *   layer's normed rows bit for bit equal to di_cuk_grouped_gemm + di_cuk_moe_combine at V2-Lite's expert
+ *   shapes (N 2048, K 1408, 8 slots with the two shared experts) for T = 1 .. 16 and 33 tokens, with and
+ *   without the norm, grids with idle tile slots, the counters back at zero, every launch twice; and on
+ *   the host, the order of its sum of squares against di_block_sum's at 256 threads;
+ * - the invariant prep + absorption (di_cuk_tc_gemm_prep): Qa and the cache bit for bit equal to
+ *   di_cuk_mla_prep + di_cuk_tc_gemm at V2-Lite's MLA shapes, T = 1 .. 16, W_UK [N][K] and [K][N], bf16 and
+ *   FP8 caches. `--fusions-only`: only these. Built only with nvcc; run on the device by scripts/device_tests.sh. */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/k_inv_fusions.h"
 #include "util/numeric.h"
 #include "test_util.h"
 #include <math.h>
@@ -250,6 +259,284 @@ static void test_grouped(int N, int K, int glu, int c_f32) {
   di_cut_free(dC); di_cut_free(dC1);
 }
 
+/* ---- the invariant down + combine: the unfused kernels' bits ------------------------------------- */
+/* host simulation: di_block_sum over 256 threads (a warp's xor butterfly, the 8 warp sums read by lanes 0..7
+ * of a 32-lane butterfly) and gg_combine_tail's form of it on 128 threads (each warp forms some of the
+ * virtual warps' sums, in another order of warps; then the 8-lane butterfly) run the same float
+ * additions: checked on random squares of 2,048-column rows */
+static float host_xor_sum(float *v /* [32] */) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float nv[32];
+    for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+    memcpy(v, nv, sizeof nv);
+  }
+  for (int l = 1; l < 32; l++)
+    if (memcmp(&v[l], &v[0], 4)) return NAN; /* every lane ends with lane 0's bits */
+  return v[0];
+}
+static float host_block_sum256(const float *ss) {
+  float red[32];
+  for (int w = 0; w < 8; w++) {
+    float v[32];
+    memcpy(v, ss + 32 * w, sizeof v);
+    red[w] = host_xor_sum(v);
+  }
+  float v[32];
+  for (int l = 0; l < 32; l++) v[l] = l < 8 ? red[l] : 0.f;
+  return host_xor_sum(v);
+}
+static float host_tail_sum128(const float *ss) {
+  float red[8];
+  for (int w = 0; w < 4; w++)
+    for (int vw = w; vw < 8; vw += 4) { /* warp w forms virtual warps w and w + 4 */
+      float v[32];
+      for (int l = 0; l < 32; l++) v[l] = ss[32 * vw + l];
+      red[vw] = host_xor_sum(v);
+    }
+  float v[32];
+  for (int l = 0; l < 32; l++) v[l] = l < 8 ? red[l] : 0.f;
+  return host_xor_sum(v);
+}
+static void check_tail_order_host(void) {
+  int bad = 0;
+  for (int r = 0; r < 2000; r++) {
+    float ss[256];
+    for (int i = 0; i < 256; i++) {
+      const float v = nrand() * (float)(1 + r % 7);
+      ss[i] = v * v;
+    }
+    const float a = host_block_sum256(ss), b = host_tail_sum128(ss);
+    bad += a != a || memcmp(&a, &b, 4) != 0;
+  }
+  CHECKF(bad == 0, "host: the 128-thread sum of squares differs from di_block_sum's in %d of 2000 rows", bad);
+  printf("  host: 128-thread sum-of-squares order == di_block_sum at 256 threads (2000 random rows): %s\n",
+         bad ? "NO" : "yes");
+}
+
+/* the experts' weights of one shape, drawn once (138 MB at V2-Lite's with 24 experts) */
+static void *g_dc_w;
+static int64_t g_dc_w_elems;
+static void *dc_weights(int E, int N, int K) {
+  const int64_t elems = (int64_t)E * N * K;
+  if (g_dc_w && g_dc_w_elems == elems) return g_dc_w;
+  di_cut_free(g_dc_w);
+  uint16_t *W = rand_bf16((size_t)elems, 1.f / sqrtf((float)K));
+  g_dc_w = dev_copy(W, (size_t)elems * 2);
+  g_dc_w_elems = elems;
+  free(W);
+  return g_dc_w;
+}
+
+static void test_down_combine(int E, int N, int K, int n, int k, int T, int norm, int idle) {
+  const int A = T * k, bm = 16;
+  int32_t *ids = malloc((size_t)A * 4), *cnt = calloc(E, 4), off[1025], *tiles = malloc((size_t)(A + E) * 4);
+  int32_t *inv = malloc((size_t)A * 4), *fill = calloc(E, 4);
+  float *w = malloc((size_t)A * 4), *h0 = malloc((size_t)T * n * 4), *nw = malloc((size_t)n * 4);
+  for (int t = 0; t < T; t++) { /* k - 2 distinct routed experts, then the two shared ones (E - 2, E - 1) */
+    for (int j = 0; j < k - 2; j++) {
+      int e, dup;
+      do {
+        e = (int)(urand() * (E - 2));
+        dup = 0;
+        for (int q = 0; q < j; q++) dup |= ids[t * k + q] == e;
+      } while (dup);
+      ids[t * k + j] = e;
+    }
+    ids[t * k + k - 2] = E - 2;
+    ids[t * k + k - 1] = E - 1;
+    for (int j = 0; j < k; j++) w[t * k + j] = j < k - 2 ? (float)urand() : 1.f;
+  }
+  for (int a = 0; a < A; a++) cnt[ids[a]]++;
+  int nt;
+  grouped_tiles(cnt, E, bm, off, tiles, &nt);
+  for (int a = 0; a < A; a++) inv[a] = off[ids[a]] + fill[ids[a]]++;
+  for (int i = 0; i < T * n; i++) h0[i] = nrand();
+  for (int c = 0; c < n; c++) nw[c] = 0.5f + (float)urand();
+  uint16_t *act = rand_bf16((size_t)A * K, 1.f);
+  const int max_tiles = nt + idle, ncnt = N / 64 + 1;
+  void *dact = dev_copy(act, (size_t)A * K * 2), *dW = dc_weights(E, N, K);
+  void *doff = dev_copy(off, (E + 1) * 4), *dtiles = dev_copy(tiles, (size_t)(nt > 0 ? nt : 1) * 4);
+  void *dnt = dev_copy(&nt, 4);
+  void *dinv = dev_copy(inv, (size_t)A * 4), *dw = dev_copy(w, (size_t)A * 4), *dnw = dev_copy(nw, (size_t)n * 4);
+  int32_t *zc = calloc(ncnt, 4), *gc = malloc((size_t)ncnt * 4);
+  void *dcnt = dev_copy(zc, (size_t)ncnt * 4);
+  float *y[2], *hh[2];
+  uint16_t *xn[2];
+  void *dy[2], *dh[2], *dxn[2];
+  for (int v = 0; v < 2; v++) {
+    y[v] = malloc((size_t)A * N * 4);
+    hh[v] = malloc((size_t)T * n * 4);
+    xn[v] = calloc((size_t)T * N, 2);
+    dy[v] = dev_copy(NULL, (size_t)A * N * 4);
+    dh[v] = dev_copy(h0, (size_t)T * n * 4);
+    dxn[v] = dev_copy(xn[v], (size_t)T * N * 2);
+  }
+  di_status st = di_cuk_grouped_gemm(dact, K, NULL, dW, N, K, doff, dtiles, dnt, max_tiles, bm, dy[0], N, 1, 0, NULL);
+  if (st == DI_OK)
+    st = di_cuk_moe_combine(dy[0], N, dinv, dw, T, k, n, dh[0], norm ? dnw : NULL, 1e-6f, dxn[0], N, NULL);
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "down + combine (unfused) T %d: %s", T, di_last_error());
+  di_cut_d2h(y[0], dy[0], (size_t)A * N * 4);
+  di_cut_d2h(hh[0], dh[0], (size_t)T * n * 4);
+  di_cut_d2h(xn[0], dxn[0], (size_t)T * N * 2);
+  int bad_y = 0, bad_h = 0, bad_x = 0, bad_c = 0;
+  for (int rep = 0; rep < 2; rep++) { /* twice: the counters left at zero serve the next launch */
+    di_cut_h2d(dh[1], h0, (size_t)T * n * 4);
+    st = di_cuk_grouped_gemm_combine(dact, K, dW, N, K, doff, dtiles, dnt, max_tiles, bm, dy[1], N, dinv, dw, T, k, n,
+                                     dh[1], norm ? dnw : NULL, 1e-6f, dxn[1], N, dcnt, NULL);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "down + combine (fused) T %d: %s", T, di_last_error());
+    di_cut_d2h(y[1], dy[1], (size_t)A * N * 4);
+    di_cut_d2h(hh[1], dh[1], (size_t)T * n * 4);
+    di_cut_d2h(xn[1], dxn[1], (size_t)T * N * 2);
+    di_cut_d2h(gc, dcnt, (size_t)ncnt * 4);
+    for (int a = 0; a < A; a++) bad_y += memcmp(y[0] + (size_t)a * N, y[1] + (size_t)a * N, (size_t)N * 4) != 0;
+    for (int t = 0; t < T; t++) {
+      bad_h += memcmp(hh[0] + (size_t)t * n, hh[1] + (size_t)t * n, (size_t)n * 4) != 0;
+      bad_x += norm && memcmp(xn[0] + (size_t)t * N, xn[1] + (size_t)t * N, (size_t)n * 2) != 0;
+    }
+    for (int i = 0; i < ncnt; i++) bad_c += gc[i] != 0;
+  }
+  /* the combine did add: h moved from h0 */
+  int moved = 0;
+  for (int i = 0; i < T * n; i++) moved += hh[1][i] != h0[i];
+  CHECKF(bad_y == 0 && bad_h == 0 && bad_x == 0 && bad_c == 0 && moved > T * n / 2,
+         "down + combine N %d K %d n %d k %d T %d norm %d idle %d: unequal y rows %d, h rows %d, xn rows %d, counters "
+         "left %d, h moved %d of %d",
+         N, K, n, k, T, norm, idle, bad_y, bad_h, bad_x, bad_c, moved, T * n);
+  printf("  down + combine N %d K %d n %d k %d T %2d norm %d idle tiles %d (%2d tiles): y, h%s == unfused bit for bit: "
+         "%s\n", N, K, n, k, T, norm, idle, nt, norm ? ", xn" : "", bad_y + bad_h + bad_x + bad_c ? "NO" : "yes");
+  for (int v = 0; v < 2; v++) {
+    free(y[v]); free(hh[v]); free(xn[v]);
+    di_cut_free(dy[v]); di_cut_free(dh[v]); di_cut_free(dxn[v]);
+  }
+  free(ids); free(cnt); free(tiles); free(inv); free(fill); free(w); free(h0); free(nw); free(act); free(zc);
+  free(gc);
+  di_cut_free(dact); di_cut_free(doff); di_cut_free(dtiles); di_cut_free(dnt); di_cut_free(dinv);
+  di_cut_free(dw); di_cut_free(dnw); di_cut_free(dcnt);
+}
+
+static void test_down_combine_all(void) {
+  printf("invariant down + combine (di_cuk_grouped_gemm_combine) against grouped GEMM + moe_combine:\n");
+  check_tail_order_host();
+  const int Ts[] = {1, 2, 3, 4, 5, 8, 16, 33};
+  for (int core = 0; core <= 3; core += 3) { /* mma.sync, hybrid: bm 16 on the mma.sync kernel in both */
+    di_cuk_tc_gemm_set_core(core);
+    printf(" %s core:\n", core ? "hybrid" : "mma.sync");
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+      test_down_combine(24, 2048, 1408, 2048, 8, Ts[i], 1, Ts[i] % 3); /* V2-Lite: 22 routed + 2 shared */
+      if (Ts[i] <= 4) test_down_combine(24, 2048, 1408, 2048, 8, Ts[i], 0, 2);
+    }
+  }
+  for (int core = 0; core <= 3; core += 3) {
+    di_cuk_tc_gemm_set_core(core);
+    test_down_combine(10, 256, 128, 200, 3, 1, 1, 0); /* h narrower than N (padding columns), 3 slots */
+    test_down_combine(10, 256, 128, 200, 3, 7, 1, 1);
+    test_down_combine(10, 256, 128, 200, 3, 7, 0, 0);
+  }
+  di_cuk_tc_gemm_set_core(2); /* the TMA core takes bm 16 too: not this form */
+  CHECK(!di_cuk_grouped_gemm_combine_ok(2048, 1408, 1408, g_ws, 16, 2048, 8, 1));
+  di_cuk_tc_gemm_set_core(3);
+  CHECK(di_cuk_grouped_gemm_combine_ok(2048, 1408, 1408, g_ws, 16, 2048, 8, 1));
+  CHECK(!di_cuk_grouped_gemm_combine_ok(2048, 1408, 1408, g_ws, 64, 2048, 8, 1)); /* 64-row tiles: TMA */
+  di_cuk_tc_gemm_set_core(0);
+  di_cut_free(g_dc_w);
+  g_dc_w = NULL;
+  g_dc_w_elems = 0;
+}
+
+/* ---- the invariant prep + absorption: the unfused kernels' bits ---------------------------------- */
+/* V2-Lite's MLA shapes (16 heads, nope 128, rope 64, latent 512, v 128): Qa (every column: the absorption's
+ * latent ones, the prep's roped and zero ones) and the cache entries of di_cuk_tc_gemm_prep equal
+ * di_cuk_mla_prep + di_cuk_tc_gemm (as di_cu_gemm_batched runs it) bit for bit; nk: W_UK as the [N][K]
+ * copies (ABSORB_NK), else kv_b's [K][N] rows. */
+static void test_prep_absorb(int T, int nk, int kv8, int interleave) {
+  enum { H = 16, N = 128, P = 64, R = 512, DV = 128, NSLOT = 64 };
+  const int dqk = N + P, ldq = H * dqk, ldk = R + P + 64, D = DI_CUK_MLA_D;
+  const size_t row = kv8 ? DI_CUK_KV8_ROW : (size_t)D * 2, wn = nk ? (size_t)H * R * N : (size_t)H * (N + DV) * R;
+  uint16_t *kva = rand_bf16((size_t)T * ldk, 1.f), *q = rand_bf16((size_t)T * ldq, 1.f);
+  uint16_t *W = rand_bf16(wn, 1.f / sqrtf((float)N));
+  int32_t pos[16], slot[16];
+  for (int t = 0; t < T; t++) {
+    pos[t] = (int)(urand() * 6000);
+    int ok;
+    do { /* distinct slots */
+      slot[t] = (int)(urand() * NSLOT);
+      ok = 1;
+      for (int u = 0; u < t; u++) ok &= slot[u] != slot[t];
+    } while (!ok);
+  }
+  float kvn[R], invf[P / 2];
+  for (int i = 0; i < R; i++) kvn[i] = 0.5f + (float)urand();
+  for (int i = 0; i < P / 2; i++) invf[i] = powf(10000.f, -2.f * i / P);
+  const size_t qa_bytes = (size_t)T * H * D * 2, c_bytes = NSLOT * row;
+  unsigned char *fill = malloc(qa_bytes > c_bytes ? qa_bytes : c_bytes);
+  memset(fill, 0xa5, qa_bytes > c_bytes ? qa_bytes : c_bytes); /* what neither writes stays equal too */
+  void *dkva = dev_copy(kva, (size_t)T * ldk * 2), *dq = dev_copy(q, (size_t)T * ldq * 2), *dW = dev_copy(W, wn * 2);
+  void *dpos = dev_copy(pos, 64), *dslot = dev_copy(slot, 64), *dkvn = dev_copy(kvn, sizeof kvn);
+  void *dinv = dev_copy(invf, sizeof invf);
+  void *dQa[2] = {dev_copy(fill, qa_bytes), dev_copy(fill, qa_bytes)};
+  void *dc[2] = {dev_copy(fill, c_bytes), dev_copy(fill, c_bytes)};
+  const di_cuk_rope rope = {dinv, 1.1f, interleave};
+  const int ldw = nk ? N : R;
+  const int64_t sw = nk ? (int64_t)R * N : (int64_t)(N + DV) * R;
+  di_status st = di_cuk_mla_prep(dkva, ldk, dq, ldq, dpos, dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa[0], dc[0], kv8,
+                                 NULL);
+  if (st == DI_OK)
+    st = di_cuk_tc_gemm(H, T, R, N, dq, ldq, dqk, dW, ldw, sw, !nk, dQa[0], H * D, D, 0, 0.f, g_ws, WS_BYTES, NULL);
+  CHECKF(st == DI_OK && di_cut_sync() == 0, "prep + absorb (unfused) T %d: %s", T, di_last_error());
+  const int ok = di_cuk_tc_gemm_prep_ok(T, R, N, ldq, ldw, !nk, dq, dW, H);
+  CHECKF(ok, "prep + absorb: not taken at T %d nk %d", T, nk);
+  int bad_q = 0, bad_c = 0;
+  unsigned char *a = malloc(qa_bytes), *b = malloc(qa_bytes), *ca = malloc(c_bytes), *cb = malloc(c_bytes);
+  for (int rep = 0; rep < 2 && ok; rep++) {
+    st = di_cuk_tc_gemm_prep(H, T, R, N, dq, ldq, dqk, dW, ldw, sw, !nk, dQa[1], H * D, D, dkva, ldk, dq, ldq, dpos,
+                             dslot, T, H, N, P, R, dkvn, 1e-6f, rope, dQa[1], dc[1], kv8, NULL);
+    CHECKF(st == DI_OK && di_cut_sync() == 0, "prep + absorb (fused) T %d: %s", T, di_last_error());
+    di_cut_d2h(a, dQa[0], qa_bytes);
+    di_cut_d2h(b, dQa[1], qa_bytes);
+    di_cut_d2h(ca, dc[0], c_bytes);
+    di_cut_d2h(cb, dc[1], c_bytes);
+    for (int r = 0; r < T * H; r++) bad_q += memcmp(a + (size_t)r * D * 2, b + (size_t)r * D * 2, (size_t)D * 2) != 0;
+    for (int r = 0; r < NSLOT; r++) bad_c += memcmp(ca + r * row, cb + r * row, row) != 0;
+  }
+  int written = 0; /* the product and the prep did write */
+  for (int t = 0; t < T; t++) written += memcmp(a + (size_t)t * H * D * 2, fill, 16) != 0 &&
+                                         memcmp(ca + slot[t] * row, fill, 16) != 0;
+  CHECKF(bad_q == 0 && bad_c == 0 && written == T, "prep + absorb T %d nk %d kv8 %d: unequal Qa rows %d of %d, cache "
+         "rows %d, rows written %d of %d", T, nk, kv8, bad_q, T * H, bad_c, written, T);
+  printf("  prep + absorb T %2d %s %s cache, rope %s: Qa and cache == unfused bit for bit: %s\n", T,
+         nk ? "W [N][K]" : "W [K][N]", kv8 ? "fp8 " : "bf16", interleave ? "interleaved" : "halves",
+         bad_q + bad_c ? "NO" : "yes");
+  free(kva); free(q); free(W); free(fill); free(a); free(b); free(ca); free(cb);
+  di_cut_free(dkva); di_cut_free(dq); di_cut_free(dW); di_cut_free(dpos); di_cut_free(dslot); di_cut_free(dkvn);
+  di_cut_free(dinv);
+  for (int v = 0; v < 2; v++) {
+    di_cut_free(dQa[v]);
+    di_cut_free(dc[v]);
+  }
+}
+
+static void test_prep_absorb_all(void) {
+  printf("invariant prep + absorption (di_cuk_tc_gemm_prep) against mla_prep + the tensor-core GEMM:\n");
+  for (int core = 0; core <= 3; core += 3) {
+    di_cuk_tc_gemm_set_core(core);
+    printf(" %s core:\n", core ? "hybrid" : "mma.sync");
+    const int Tn[] = {1, 2, 3, 5, 8}, Tk[] = {1, 4, 9, 16};
+    for (int i = 0; i < 5; i++) test_prep_absorb(Tn[i], 1, 0, i & 1);
+    for (int i = 0; i < 4; i++) test_prep_absorb(Tk[i], 0, 0, i & 1);
+    test_prep_absorb(1, 1, 1, 1);
+    test_prep_absorb(4, 0, 1, 0);
+  }
+  /* not taken where di_cuk_tc_gemm would run another core: the TMA / wgmma cores for [N][K], the hybrid's
+   * TMA side above 8 rows, 17 rows (two tiles) */
+  di_cuk_tc_gemm_set_core(3);
+  CHECK(!di_cuk_tc_gemm_prep_ok(9, 512, 128, 3072, 128, 0, g_ws, g_ws, 16));
+  CHECK(di_cuk_tc_gemm_prep_ok(9, 512, 128, 3072, 512, 1, g_ws, g_ws, 16));
+  CHECK(!di_cuk_tc_gemm_prep_ok(17, 512, 128, 3072, 512, 1, g_ws, g_ws, 16));
+  di_cuk_tc_gemm_set_core(2);
+  CHECK(!di_cuk_tc_gemm_prep_ok(1, 512, 128, 3072, 128, 0, g_ws, g_ws, 16));
+  di_cuk_tc_gemm_set_core(0);
+}
+
 /* ---- --bench: TFLOP/s at the main shapes -------------------------------------------------------- */
 static double time_us(di_cu_blas *blas, int tc, int M, int N, int K, int y_f32, const void *dX, const void *dW,
                       void *dY) {
@@ -453,11 +740,19 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--core") && i + 1 < argc) {
       i++;
       core0 = core1 = !strcmp(argv[i], "gemv") ? 4 : !strcmp(argv[i], "hybrid") ? 3 : !strcmp(argv[i], "tma") ? 2 : !strcmp(argv[i], "wgmma") ? 1 : 0;
+    } else if (!strcmp(argv[i], "--fusions-only")) {
+      bench_mode = 3;
     } else if (!strcmp(argv[i], "--cores") && i + 2 < argc) { /* --cores FIRST LAST (0 mma .. 3 hybrid) */
       core0 = atoi(argv[i + 1]);
       core1 = atoi(argv[i + 2]);
       i += 2;
     }
+  }
+  if (bench_mode == 3) {
+    test_down_combine_all();
+    test_prep_absorb_all();
+    di_cut_free(g_ws);
+    return test_finish("test_cuda_tc_gemm --fusions-only");
   }
   if (bench_mode == 2) {
     di_cu_blas *blas = NULL;
@@ -528,6 +823,8 @@ int main(int argc, char **argv) {
     test_grouped(2048, 1408, 0, 1);     /* ... and down, f32 out */
   }
   di_cuk_tc_gemm_set_core(0);
+  test_down_combine_all();
+  test_prep_absorb_all();
   di_cut_free(g_ws);
   return test_finish("test_cuda_tc_gemm");
 }

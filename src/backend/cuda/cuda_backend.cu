@@ -131,6 +131,10 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   di_cuk_attn_set_preload(di_switch_bool(DI_SW_CUDA_ATTN_PRELOAD, 1));
   di_cuk_grouped_gemv_set_one_warp(di_switch_int(DI_SW_CUDA_GV_WARPS, 1) != 4);
   b->down_combine = di_switch_bool(DI_SW_CUDA_DOWN_COMBINE, 1);
+  /* the invariant mode's combine in the down projection's last CTAs (same bits; H200, session 16: slower) */
+  b->inv_down_combine = di_switch_int(DI_SW_CUDA_INV_DOWN_COMBINE, 0);
+  if (b->inv_down_combine < 0) b->inv_down_combine = 0;
+  b->inv_prep_absorb = di_switch_bool(DI_SW_CUDA_INV_PREP_ABSORB, 0); /* ... and its prep beside the absorption */
   /* FP8 weights kept FP8 on the device, with the FP8 kernels (cuda_fp8.h); off by default until the
    * model-level runs on the H200 are recorded (docs/NOTES.md, issue 18) */
   b->fp8 = di_switch_bool(DI_SW_CUDA_FP8, 1); /* on by default since session 14 (PERFORMANCE.md "Session 14, s14-18") */
@@ -260,6 +264,20 @@ extern "C" void di_backend_cuda_set_fixed_dec(di_backend *bb, int level) {
   const int lv = level < 0 ? 0 : level & 3;
   b->fixed_dec = lv > 2 ? 2 : lv;
   b->fixed_dec_merge = level > 0 && (level >> 2) & 1;
+}
+
+extern "C" void di_backend_cuda_set_inv_down_combine(di_backend *bb, int max_tokens) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old kernels */
+  b->inv_down_combine = max_tokens > 0 ? max_tokens : 0;
+}
+
+extern "C" void di_backend_cuda_set_inv_prep_absorb(di_backend *bb, int on) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old kernels */
+  b->inv_prep_absorb = on != 0;
 }
 
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {

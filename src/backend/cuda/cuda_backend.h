@@ -44,6 +44,10 @@ void di_backend_cuda_set_fixed_tc(di_backend *b, int level);
 /* DEEPINFER_CUDA_MLA_FIXED_DEC's level (0 / 1 / 2), + 4 for DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE=1, for A/B runs in
  * one process (drops captured graphs) */
 void di_backend_cuda_set_fixed_dec(di_backend *b, int level);
+/* DEEPINFER_CUDA_INV_DOWN_COMBINE's value (steps of up to max_tokens: the invariant combine in the down GEMM; 0 off) */
+void di_backend_cuda_set_inv_down_combine(di_backend *b, int max_tokens);
+/* DEEPINFER_CUDA_INV_PREP_ABSORB's value (the invariant MLA prep in the absorption's launch) */
+void di_backend_cuda_set_inv_prep_absorb(di_backend *b, int on);
 /* Benchmarking only (bf16 and FP8 caches alternating in one process): frees the KV pool and sets the cache
  * format of the next kv_alloc (on: --kv-cache-dtype fp8's entries; off: bf16); the caller then calls
  * kv_alloc again (the pool's contents are gone). The engine's path is ops->set_kv_fp8 (before any pool). */

@@ -87,6 +87,9 @@ typedef struct cu_backend {
                    * k_mla_fixed_tc.cu (cuda_step.cu decides per step) */
   int fixed_dec;  /* DEEPINFER_CUDA_MLA_FIXED_DEC: 1 decode steps that fit one CTA an SM, 2 every 16-row step of the
                    * fixed split on its decode form (di_cuk_mla_attn_fixed_dec; cuda_deepseek2.cu decides) */
+  int inv_down_combine; /* DEEPINFER_CUDA_INV_DOWN_COMBINE: up to this many tokens, the invariant combine in the down GEMM */
+  int inv_prep_absorb;  /* DEEPINFER_CUDA_INV_PREP_ABSORB: the invariant prep in the absorption's launch */
+  int32_t *gg_cnt;      /* its counters (di_cuk_grouped_gemm_combine: Hp / 64 + 1, zero between launches) */
   int fixed_dec_merge; /* DEEPINFER_CUDA_MLA_FIXED_DEC_MERGE: the decode form merges its partials itself */
   float *tc_slots; /* that kernel's per-CTA merge slots (allocated at its first step) */
   int absorb_nk; /* DEEPINFER_CUDA_ABSORB_NK: the invariant absorption on cu_layer.wuk_t */

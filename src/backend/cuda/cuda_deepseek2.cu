@@ -4,6 +4,7 @@
  * with the absorbed query over the latent KV cache, then the dense MLP or the MoE), and the forward of
  * a prepared step (embed, layers, final norm, lm_head, in-step sampling). */
 #include "cuda_backend_impl.cuh"
+#include "k_inv_fusions.h"
 #include "cuda_ep.cuh"
 #include "k_mha_prefill.h"
 #include <string.h>
@@ -472,6 +473,17 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
     /* decode: both in one launch */
     DI_TRY(di_cuk_mla_prep_absorb(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm,
                                   b->eps, b->rope, (uint16_t *)b->Qa, cache, kv8, wuk, b->R, wuk_stride, s));
+  } else if (b->inv_prep_absorb && b->invariant && di_cu_blas_tc_invariant(b->blas) && !b->mha_step &&
+             b->dqk % 8 == 0 && !SKIP(SKIP_PREP) && !SKIP(SKIP_ABSORB) &&
+             (L->wuk_t && T <= DI_ABSORB_NK_MAX_SMALL_T
+                  ? di_cuk_tc_gemm_prep_ok(T, b->R, b->dn, ldq, b->dn, 0, q, L->wuk_t, NH)
+                  : di_cuk_tc_gemm_prep_ok(T, b->R, b->dn, ldq, b->R, 1, q, L->kv_b, NH))) {
+    /* the invariant mode's decode steps: the prep in the absorption's launch (the two kernels' bits below) */
+    const int nk = L->wuk_t && T <= DI_ABSORB_NK_MAX_SMALL_T;
+    DI_TRY(di_cuk_tc_gemm_prep(NH, T, b->R, b->dn, q, ldq, b->dqk, nk ? (const uint16_t *)L->wuk_t : wuk,
+                               nk ? b->dn : b->R, nk ? (int64_t)b->R * b->dn : wuk_stride, !nk, (uint16_t *)b->Qa,
+                               NH * DI_CUK_MLA_D, DI_CUK_MLA_D, kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn,
+                               b->dr, b->R, L->kv_a_norm, b->eps, b->rope, (uint16_t *)b->Qa, cache, kv8, s));
   } else {
     if (!SKIP(SKIP_PREP))
       DI_TRY(di_cuk_mla_prep(kva, b->Wa, q, ldq, b->d_pos, b->d_slots, T, NH, b->dn, b->dr, b->R, L->kv_a_norm, b->eps,
@@ -594,6 +606,13 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
                                                di_cuk_fp8_gemv_vec_ok(Hp, b->xn, Hp, L->f_exp_gu) &&
                                                di_cuk_fp8_gemv_vec_ok(b->Ip, b->act, b->Ip, L->f_exp_down)));
   const int32_t *inv = b->inv; /* where the combine finds (token, slot)'s output in y */
+  /* the invariant mode's combine (and the next layer's norm) in the down GEMM's last CTAs
+   * (DEEPINFER_CUDA_INV_DOWN_COMBINE: the bits of the grouped GEMM + di_cuk_moe_combine below) */
+  const int inv_dc = b->invariant && T <= b->inv_down_combine && !L->f_exp_gu.q && !b->ep && !SKIP(SKIP_EXPERTS) &&
+                     !SKIP(SKIP_COMBINE) && !(L->has_shared && b->n_sh == 0) && !down_combine &&
+                     di_cu_blas_tc_invariant(b->blas) && b->gg_cnt &&
+                     di_cuk_grouped_gemm_combine_ok(Hp, b->Ip, b->Ip, b->act, bm, H, Kt, T);
+  const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !down_combine && !next_normed;
   int shared_done = 0;
   if (b->ep && L->has_shared && b->n_sh == 0 && cu_ep_side_stream(b)) {
     /* expert parallel (DEEPINFER_CUDA_EP_OVERLAP, on by default): the shared experts on the side stream while the
@@ -622,6 +641,14 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
       PROF("experts gate/up");
       DI_TRY(di_cuk_moe_down_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
                                      b->topk_ids, b->topk_w, b->inv, Kt, b->h, H, E, pf0 >= 0 ? b->n_sh : 0, s));
+    } else if (inv_dc) {
+      DI_TRY(di_cuk_grouped_gemm(xn, Hp, b->perm_tok, (const uint16_t *)L->exp_gu, 2 * b->Ip, Hp, b->expert_off,
+                                 b->tiles, b->n_tiles, max_tiles, bm, b->act, b->Ip, 0, 1, s));
+      PROF("experts gate/up");
+      DI_TRY(di_cuk_grouped_gemm_combine((const uint16_t *)b->act, b->Ip, (const uint16_t *)L->exp_down, Hp, b->Ip,
+                                         b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, b->y, Hp, b->inv,
+                                         b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL, b->eps,
+                                         (uint16_t *)b->xn, Hp, b->gg_cnt, s));
     } else {
       const cu_expert_rows io = {b->xn, T, b->perm_tok, b->expert_off, b->tiles, b->n_tiles, max_tiles, bm, A, T,
                                  pf0, E, b->act, b->egu, b->y};
@@ -631,8 +658,7 @@ di_status layer_step(cu_backend *b, int l, int *xn_ready_io, int normed_gemm) {
   PROF("experts down");
   if (!shared_done) DI_TRY(shared_experts(b, L, T));
   /* the combine writes the next layer's normed input unless that layer norms inside its q/kv product */
-  const int fuse = l + 1 < b->n_layers && !(L->has_shared && b->n_sh == 0) && !down_combine && !next_normed;
-  if (!SKIP(SKIP_COMBINE) && !down_combine)
+  if (!SKIP(SKIP_COMBINE) && !down_combine && !inv_dc)
     DI_TRY(di_cuk_moe_combine(b->y, Hp, inv, b->topk_w, T, Kt, H, b->h, fuse ? b->L[l + 1].attn_norm : NULL,
                             b->eps, (uint16_t *)b->xn, Hp, s));
   *xn_ready_io = fuse;

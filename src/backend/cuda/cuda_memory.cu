@@ -66,6 +66,8 @@ di_status ensure_acts(cu_backend *b, int T, int n_out, int n_parts) {
     int64_t gu_w = 2 * (int64_t)b->Idense * c;
     if (2 * (int64_t)b->Ish * c > gu_w) gu_w = 2 * (int64_t)b->Ish * c;
     REALLOC(b->h, sizeof(float) * (size_t)c * b->H);
+    REALLOC(b->gg_cnt, sizeof(int32_t) * (size_t)(b->Hp / 64 + 1));
+    DI_CU(cudaMemset(b->gg_cnt, 0, sizeof(int32_t) * (size_t)(b->Hp / 64 + 1))); /* the invariant down + combine's */
     REALLOC(b->xf, sizeof(float) * (size_t)c * b->H);
     REALLOC(b->xn, 2 * (size_t)c * b->Hp);
     DI_CU(cudaMemset(b->xn, 0, 2 * (size_t)c * b->Hp)); /* padding columns stay zero */

@@ -10,17 +10,33 @@
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_tc_core.h"
+#include "k_inv_fusions.h"
 #include "k_skinny_kn.cuh"
 
 #define BK 64
 #define STAGES 4
 #define KROW (BK + 8) /* padded smem row: 144 B = 9 x 16 B, conflict-free ldmatrix */
 
-template <int BM, int BN>
-static __global__ void __launch_bounds__(128)
-grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
-                    const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, void *C, int ldc,
-                    int c_f32, int glu) {
+/* The MoE combine handed to the down projection's last CTAs (di_cuk_grouped_gemm_combine, below). */
+struct gg_combine {
+  const int32_t *inv; /* [T][k]: the row of y holding token t's slot j */
+  const float *w;     /* [T][k] routing weights */
+  int T, k, n;        /* tokens, slots a token, h's width (<= N) */
+  float *h;           /* [T][n], += the weighted sum */
+  const float *norm_w; /* the next layer's attention norm (NULL: none) */
+  float eps;
+  bf16 *xn; /* [T][ldo] the normed rows */
+  int ldo;
+  int32_t *cnt; /* gridDim.x + 1 counters, zero before and after each launch */
+};
+template <int BN>
+static __device__ void gg_combine_tail(const gg_combine &cb, const float *y, int ldy, int n0, int nt);
+
+template <int BM, int BN, bool CMB>
+static __device__ __forceinline__ void
+grouped_gemm_body(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
+                  const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, void *C, int ldc,
+                  int c_f32, int glu, const gg_combine &cb) {
   constexpr int WN = BN / 4, NT = WN / 8; /* columns and n8 tiles per warp */
   DI_PDL_ENTRY();
   if ((int)blockIdx.y >= *n_tiles) return;
@@ -135,6 +151,104 @@ grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W
       }
     }
   }
+  if (CMB) gg_combine_tail<BN>(cb, (const float *)C, ldc, n0, *n_tiles);
+}
+
+template <int BM, int BN>
+static __global__ void __launch_bounds__(128)
+grouped_gemm_kernel(const bf16 *A, int lda, const int32_t *a_rows, const bf16 *W, int N, int K,
+                    const int32_t *off, const int32_t *tiles, const int32_t *n_tiles, void *C, int ldc,
+                    int c_f32, int glu) {
+  grouped_gemm_body<BM, BN, false>(A, lda, a_rows, W, N, K, off, tiles, n_tiles, C, ldc, c_f32, glu, gg_combine());
+}
+
+/* the same with the combine in its last CTAs (di_cuk_grouped_gemm_combine) */
+template <int BM, int BN>
+static __global__ void __launch_bounds__(128)
+grouped_gemm_cmb_kernel(const bf16 *A, int lda, const bf16 *W, int N, int K, const int32_t *off,
+                        const int32_t *tiles, const int32_t *n_tiles, float *y, int ldy, gg_combine cb) {
+  grouped_gemm_body<BM, BN, true>(A, lda, NULL, W, N, K, off, tiles, n_tiles, y, ldy, 1, 0, cb);
+}
+
+/* The combine in the down projection (CMB): the last of a column block's CTAs (a counter a block; the
+ * y rows of every tile of those columns are then written) adds the weighted rows to h over those
+ * columns with combine_kernel's arithmetic (k_moe.cu: acc = 0, acc += w_j y_j in slot order, h + acc);
+ * the last column block to finish (one more counter) writes the normed rows with combine_norm_kernel's:
+ * the sum of squares of each of its 8 cluster CTAs' column ranges as that CTA's 256 threads leave it
+ * (each thread's columns in order, then di_block_sum's tree: a warp's xor butterfly, then one over its 8
+ * warp sums; here each of the 4 warps forms 16 of the 64 warp sums and two of the 8 CTA sums), the 8
+ * added in rank order, rsqrtf(tot / n + eps), v * inv_rms * norm_w. Both counters
+ * are reset by the CTA that saw them complete (graph replays find them at zero). */
+#define GGC_CLUSTER 8   /* combine_norm_kernel's CMB_CLUSTER */
+#define GGC_COLS 256    /* its CMB_COLS */
+#define GGC_PER_THREAD 4 /* its CMB_MAX_PER_THREAD */
+static __device__ __forceinline__ float ggc_xor_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int BN>
+static __device__ void gg_combine_tail(const gg_combine &cb, const float *y, int ldy, int n0, int nt) {
+  __shared__ int s_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __threadfence(); /* this CTA's y rows, before its count */
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(&cb.cnt[blockIdx.x], 1) == nt - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = tid; i < cb.T * BN; i += 128) {
+    const int t = i / BN, c = n0 + i % BN;
+    if (c >= cb.n) continue;
+    float acc = 0.f;
+    for (int j = 0; j < cb.k; j++) acc += cb.w[t * cb.k + j] * __ldcg(y + (int64_t)cb.inv[t * cb.k + j] * ldy + c);
+    float *hp = cb.h + (int64_t)t * cb.n + c;
+    *hp = *hp + acc;
+  }
+  if (!cb.norm_w) {
+    if (tid == 0) cb.cnt[blockIdx.x] = 0;
+    return;
+  }
+  __threadfence(); /* this block's h columns, before the second count */
+  __syncthreads();
+  if (tid == 0) {
+    cb.cnt[blockIdx.x] = 0;
+    s_last = atomicAdd(&cb.cnt[gridDim.x], 1) == (int)gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int n = cb.n, per = ((n + GGC_CLUSTER - 1) / GGC_CLUSTER + 7) & ~7;
+  __shared__ float wsum[GGC_CLUSTER][GGC_COLS / 32], csum[GGC_CLUSTER];
+  for (int t = 0; t < cb.T; t++) {
+    const float *ht = cb.h + (int64_t)t * n;
+    /* the 64 warp sums (cluster CTA p, its warp vw), 16 a warp here: lane l is thread 32 vw + l of CTA p */
+    for (int i = warp; i < GGC_CLUSTER * (GGC_COLS / 32); i += 4) {
+      const int p = i / (GGC_COLS / 32), vw = i % (GGC_COLS / 32), c0 = p * per, c1 = min(n, c0 + per);
+      float ss = 0.f;
+#pragma unroll
+      for (int q = 0; q < GGC_PER_THREAD; q++) {
+        const int c = c0 + 32 * vw + lane + q * GGC_COLS;
+        if (c < c1) {
+          const float v = __ldcg(ht + c);
+          ss += v * v;
+        }
+      }
+      ss = ggc_xor_sum(ss);
+      if (lane == 0) wsum[p][vw] = ss;
+    }
+    __syncthreads();
+    for (int p = warp; p < GGC_CLUSTER; p += 4) { /* CTA p's di_block_sum: lanes 0..7 its warp sums */
+      const float v = ggc_xor_sum(lane < GGC_COLS / 32 ? wsum[p][lane] : 0.f);
+      if (lane == 0) csum[p] = v;
+    }
+    __syncthreads();
+    float tot = 0.f;
+    for (int p = 0; p < GGC_CLUSTER; p++) tot += csum[p];
+    const float inv_rms = rsqrtf(tot / n + cb.eps);
+    for (int c = tid; c < n; c += 128) cb.xn[(int64_t)t * cb.ldo + c] = di_fb(__ldcg(ht + c) * inv_rms * cb.norm_w[c]);
+    __syncthreads(); /* wsum / csum free for the next token */
+  }
+  if (tid == 0) cb.cnt[gridDim.x] = 0;
 }
 
 template <int BM, int BN>
@@ -150,6 +264,21 @@ static di_status launch(const bf16 *A, int lda, const int32_t *a_rows, const bf1
   dim3 grid(N / BN, max_tiles);
   DI_CU(di_launch(grouped_gemm_kernel<BM, BN>, grid, 128, sm, s, A, lda, a_rows, W, N, K, off, tiles, n_tiles, C,
                   ldc, c_f32, glu));
+  return DI_OK;
+}
+
+template <int BN>
+static di_status launch_cmb(const bf16 *A, int lda, const bf16 *W, int N, int K, const int32_t *off,
+                            const int32_t *tiles, const int32_t *n_tiles, int max_tiles, float *y, int ldy,
+                            const gg_combine &cb, cudaStream_t s) {
+  size_t sm = (size_t)STAGES * (16 + BN) * KROW * 2;
+  static int attr_set;
+  if (!attr_set) {
+    DI_CU(cudaFuncSetAttribute(grouped_gemm_cmb_kernel<16, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr_set = 1;
+  }
+  DI_CU(di_launch(grouped_gemm_cmb_kernel<16, BN>, dim3(N / BN, max_tiles), 128, sm, s, A, lda, W, N, K, off, tiles,
+                  n_tiles, y, ldy, cb));
   return DI_OK;
 }
 
@@ -191,6 +320,34 @@ extern "C" di_status di_cuk_grouped_gemm(const uint16_t *A, int lda, const int32
   }
 #undef GG_LAUNCH
   return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm bm %d (16 or 64)", bm);
+}
+
+/* Whether di_cuk_grouped_gemm_combine takes this down projection: the shape di_cuk_grouped_gemm runs on its
+ * mma.sync kernel (16-row tiles on the mma.sync or hybrid core), and the combine's limits. */
+extern "C" int di_cuk_grouped_gemm_combine_ok(int N, int K, int lda, const void *A, int bm, int n, int k, int T) {
+  const int core = di_cuk_tc_gemm_core();
+  if (bm != 16 || N % 128 || K % BK || n > N || k < 1 || k > 16 || T < 1 || T > 65535) return 0;
+  if (n > DI_CUK_GG_COMBINE_MAX_N) return 0;
+  return !(core == 2 && di_cuk_tc_grouped_ok(N, K, lda, A)); /* (the TMA core at bm 16 only when core == 2) */
+}
+
+extern "C" di_status di_cuk_grouped_gemm_combine(const uint16_t *A, int lda, const uint16_t *W, int N, int K,
+                                                 const int32_t *expert_off, const int32_t *tiles,
+                                                 const int32_t *n_tiles, int max_tiles, int bm, float *y, int ldy,
+                                                 const int32_t *inv, const float *w, int T, int k, int n, float *h,
+                                                 const float *norm_w, float eps, uint16_t *xn, int ldo, int32_t *cnt,
+                                                 di_cu_stream s) {
+  if (max_tiles <= 0 || T <= 0) return DI_OK;
+  if (!di_cuk_grouped_gemm_combine_ok(N, K, lda, A, bm, n, k, T) || max_tiles > 65535 || !cnt)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: grouped_gemm_combine N %d K %d bm %d n %d k %d T %d", N, K, bm, n,
+                        k, T);
+  const gg_combine cb = {inv, w, T, k, n, h, norm_w, eps, (bf16 *)xn, ldo, cnt};
+  /* the tile width di_cuk_grouped_gemm picks (not the bits: a column's chain is the same in either) */
+  if (max_tiles * (N / 128) < 2 * sm_count())
+    return launch_cmb<64>((const bf16 *)A, lda, (const bf16 *)W, N, K, expert_off, tiles, n_tiles, max_tiles, y, ldy,
+                          cb, s);
+  return launch_cmb<128>((const bf16 *)A, lda, (const bf16 *)W, N, K, expert_off, tiles, n_tiles, max_tiles, y, ldy,
+                         cb, s);
 }
 
 /* ---- decode-sized steps: the same grouped product as a GEMV ----------------------------------------

@@ -27,6 +27,7 @@
 #include "cuda_common.cuh"
 #include "cuda_kernels.h"
 #include "k_tc_core.h"
+#include "k_inv_fusions.h"
 
 #define TC_BK 64
 #define TC_STAGES 4
@@ -160,7 +161,7 @@ static __device__ __forceinline__ void tc_cross_finish(const tc_args &a, int z, 
 /* BM x BN tile, WM x 4 warps (each (BM/WM) x (BN/4)); WKN: W stored [K][N]; TOT: S > 1 with all
  * splits in this CTA (a second set of accumulators holds the running total). */
 template <int BM, int BN, int WM, int WKN, int TOT>
-static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_args a) {
+static __device__ __forceinline__ void tc_gemm_body(const tc_args &a) {
   constexpr int TM = BM / WM, TN = BN / 4, MT = TM / 16, NT = TN / 8;
   constexpr int BROW = WKN ? BN + 8 : TC_KROW;     /* B tile: [BK][BN+8] or [BN][KROW] */
   constexpr int BTILE = WKN ? TC_BK * BROW : BN * TC_KROW;
@@ -291,6 +292,44 @@ static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_ar
   if (cross && a.counters) tc_cross_finish<BM, BN, NTH>(a, z, m0, n0);
 }
 
+template <int BM, int BN, int WM, int WKN, int TOT>
+static __global__ void __launch_bounds__(WM * 128, 1) tc_gemm_kernel(const tc_args a) {
+  tc_gemm_body<BM, BN, WM, WKN, TOT>(a);
+}
+
+/* The invariant mode's decode query absorption with the MLA preparation in the same launch
+ * (di_cuk_tc_gemm_prep): the absorption's 16 x 64 mma.sync tiles as tc_gemm_kernel runs them (slabs z <
+ * batch), and one more slab whose CTA x prepares tokens x, x + gridDim.x, ... with mla_prep_kernel's
+ * arithmetic (mla_prep_token<256>: its 256-thread sum of squares on these 128 threads). The two are
+ * independent (different columns of Qa; the cache), as in the default mode's mla_prep_absorb_kernel. */
+struct tc_prep {
+  const bf16 *kva, *q;
+  int ldk, ldq;
+  const int32_t *positions, *slots;
+  int T, H, N, P, R;
+  const float *kv_norm;
+  float eps;
+  di_cuk_rope rope;
+  bf16 *Qa;
+  void *cache;
+  int kv_fp8;
+};
+#include "k_mla_prep.cuh"
+template <int WKN>
+static __global__ void __launch_bounds__(128, 1) tc_gemm_prep_kernel(const tc_args a, const tc_prep p) {
+  if ((int)blockIdx.z == (int)gridDim.z - 1) {
+    DI_PDL_ENTRY();
+    if (blockIdx.y != 0) return;
+    for (int t = blockIdx.x; t < p.T; t += gridDim.x) {
+      mla_prep_token<256>(t, p.kva, p.ldk, p.q, p.ldq, p.positions, p.slots, p.H, p.N, p.P, p.R, p.kv_norm, p.eps,
+                          p.rope, p.Qa, p.cache, p.kv_fp8);
+      __syncthreads(); /* its shared tables, before the next token's */
+    }
+    return;
+  }
+  tc_gemm_body<16, 64, 1, WKN, 0>(a);
+}
+
 /* The cross-CTA form's reduction: total = ((0 + p0) + p1) + ..., as the in-CTA form adds them. */
 static __global__ void __launch_bounds__(256) tc_reduce_kernel(const tc_args a, int batch) {
   DI_PDL_ENTRY();
@@ -363,6 +402,52 @@ extern "C" size_t di_cuk_tc_gemm_ws_bytes(int batch, int M, int N, int K) {
   const int64_t ctas = (int64_t)((N + tc_bn(M) - 1) / tc_bn(M)) * ((M + tc_bm(M) - 1) / tc_bm(M)) * batch;
   if (ctas >= TC_CTA_TARGET) return 0; /* enough CTAs: the splits stay inside each CTA */
   return TC_COUNTER_BYTES + (size_t)batch * S * M * N * sizeof(float);
+}
+
+/* Whether di_cuk_tc_gemm_prep takes the product: di_cuk_tc_gemm would run it unsplit on the mma.sync 16 x 64
+ * tiles (one 16-row tile; the core chosen now). */
+extern "C" int di_cuk_tc_gemm_prep_ok(int M, int N, int K, int ldx, int ldw, int w_kn, const void *X, const void *W,
+                                      int batch) {
+  if (M < 1 || M > 16 || batch < 1 || batch + 1 > 65535 || !di_cuk_tc_gemm_ok(N, K, ldx, ldw, w_kn, X, W)) return 0;
+  if (tc_splits(N, K) != 1) return 0;
+  return w_kn || g_core == 0 || (g_core == 3 && M <= TC_HYBRID_MMA_M);
+}
+
+extern "C" di_status di_cuk_tc_gemm_prep(int batch, int M, int N, int K, const uint16_t *X, int ldx, int64_t sx,
+                                         const uint16_t *W, int ldw, int64_t sw, int w_kn, uint16_t *Y, int ldy,
+                                         int64_t sy, const uint16_t *kva, int ldk, const uint16_t *q, int ldq,
+                                         const int32_t *positions, const int32_t *slots, int T, int H, int Nn, int P,
+                                         int R, const float *kv_norm, float eps, di_cuk_rope rope, uint16_t *Qa,
+                                         void *cache, int kv_fp8, di_cu_stream s) {
+  if (M <= 0 || batch <= 0) return DI_OK;
+  if (!di_cuk_tc_gemm_prep_ok(M, N, K, ldx, ldw, w_kn, X, W, batch) || sx % 8 || sw % 8 || T < 1 ||
+      P > DI_CUK_MLA_P || P % 2 || R > DI_CUK_MLA_R)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: tensor-core GEMM + MLA prep %d x %dx%dx%d, T %d", batch, M, N, K, T);
+  tc_args a;
+  a.X = (const bf16 *)X; a.W = (const bf16 *)W; a.Y = Y; a.part = NULL; a.counters = NULL;
+  a.sx = sx; a.sw = sw; a.sy = sy; a.ldx = ldx; a.ldw = ldw; a.ldy = ldy;
+  a.M = M; a.N = N; a.K = K; a.S = 1; a.y_f32 = 0; a.beta = 0.f;
+  a.pair = N % 2 == 0 && ldy % 2 == 0 && sy % 2 == 0 && ((uintptr_t)Y & 7) == 0;
+  const tc_prep p = {(const bf16 *)kva, (const bf16 *)q, ldk, ldq, positions, slots, T, H, Nn, P, R, kv_norm, eps,
+                     rope, (bf16 *)Qa, cache, kv_fp8};
+  const size_t sm = (size_t)TC_STAGES * (16 * TC_KROW + (w_kn ? TC_BK * (64 + 8) : 64 * TC_KROW)) * 2;
+  const dim3 grid((N + 63) / 64, 1, batch + 1);
+  static int attr_set[2];
+  if (w_kn) {
+    if (!attr_set[1]) {
+      DI_CU(cudaFuncSetAttribute(tc_gemm_prep_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+      attr_set[1] = 1;
+    }
+    DI_CU(di_launch(tc_gemm_prep_kernel<1>, grid, 128, sm, s, a, p));
+  } else {
+    if (!attr_set[0]) {
+      DI_CU(cudaFuncSetAttribute(tc_gemm_prep_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+      attr_set[0] = 1;
+    }
+    DI_CU(di_launch(tc_gemm_prep_kernel<0>, grid, 128, sm, s, a, p));
+  }
+  DI_CU_LAUNCH("tc_gemm_prep");
+  return DI_OK;
 }
 
 extern "C" di_status di_cuk_tc_gemm(int batch, int M, int N, int K, const uint16_t *X, int ldx, int64_t sx,
