@@ -101,6 +101,21 @@ di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_r
                                   const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
                                   int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu, int pipe,
                                   int pf_tile0, int pf_expert0, di_cu_stream s);
+/* di_cuk_fp8_gv16_grouped with the next product's weights prefetched into L2 (DEEPINFER_CUDA_FP8_PF_DOWN: one token's
+ * down rows during its gate/up product): each CTA, after the wait, prefetches its share (by blockIdx.x) of the
+ * next->bytes at next->q + e * next->stride of its tile's expert e (16-byte aligned, multiples of 16, bytes <=
+ * stride); evict_last: with an L2 evict_last hint. The outputs are the same bits as without (a prefetch reads only
+ * weights). next NULL: di_cuk_fp8_gv16_grouped. */
+typedef struct di_cuk_fp8_pf {
+  const uint8_t *q;
+  int64_t stride, bytes;
+  int evict_last;
+} di_cuk_fp8_pf;
+di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
+                                     const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
+                                     int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu,
+                                     int pipe, int pf_tile0, int pf_expert0, const di_cuk_fp8_pf *next,
+                                     di_cu_stream s);
 di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K,
                                        const int32_t *ids, const float *wts, const int32_t *inv, int kt, float *h,
                                        int n, int pipe, int pf_expert0, int n_pf, di_cu_stream s);

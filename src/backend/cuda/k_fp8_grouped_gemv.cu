@@ -11,7 +11,11 @@
  * and di_cuk_fp8_down_combine's, and a row's result does not depend on the rows beside it
  * (batch-invariant). One-warp CTAs (as k_grouped_gemm.cu's one-row GEMV: no SM left with a partial CTA).
  * At one token the shared experts (the last tiles, known before routing) are prefetched into L2 before
- * the kernel waits for the router (pf_tile0 / pf_expert0, as di_cuk_grouped_gemv). */
+ * the kernel waits for the router (pf_tile0 / pf_expert0, as di_cuk_grouped_gemv). With a next-product prefetch
+ * (di_cuk_fp8_gv16_grouped_pf: one token's down rows, DEEPINFER_CUDA_FP8_PF_DOWN) each CTA, once it knows its
+ * tile's expert, asks the TMA unit to bring its share of that expert's next weights into L2: the gate/up product
+ * streams at ~2.4 TB/s, latency-bound, so the DRAM has room for the down rows, which the down + combine kernel
+ * then reads from L2. A prefetch changes no value: the outputs are the same bits with it or without. */
 #include "k_fp8_common.cuh"
 #include <type_traits>
 
@@ -145,27 +149,37 @@ static __device__ __forceinline__ void g16_rows(float (*acc)[MR], const uint8_t 
   }
 }
 
-/* grid (ceil(N / 16) (glu: ceil(I / 8)), tiles), one warp per CTA; the tile's rows in passes of MR. The
- * warp's sums go through shared memory (value r * MR + m) to the lanes that store them. */
-template <int MR, bool GLU, bool PIPE>
-static __global__ void __launch_bounds__(32, PIPE || MR > 1 ? 8 : 16) /* MR 1 plain: 128 registers */
-fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
-                const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc, int c_f32, int pf_tile0,
-                int pf_expert0) {
-  __shared__ float red[G16_ROWS * MR];
-  const int lane = threadIdx.x;
-  const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
-  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
-  const RT rt(w, N, c0, GLU);
-  if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
-    const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
-#pragma unroll
-    for (int r = 0; r < G16_ROWS; r++)
-      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
+/* This CTA's share of expert e's next-product weights (pf.bytes from pf.q + e * pf.stride, all multiples of 16)
+ * prefetched into L2 by bulk prefetches of one 16-byte-aligned piece a lane (evict_last: with an L2 hint that
+ * keeps them over the lines this kernel streams). */
+struct g16_pf {
+  const uint8_t *q;
+  int64_t stride;
+  uint32_t bytes;
+  int evict_last;
+};
+static __device__ __forceinline__ void g16_prefetch_share(const g16_pf &pf, int e, int lane) {
+  const uint32_t per = ((pf.bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u, b0 = blockIdx.x * per;
+  if (b0 >= pf.bytes) return;
+  const uint32_t len = min(per, pf.bytes - b0), piece = ((len + 31) / 32 + 15) & ~15u, p0 = (uint32_t)lane * piece;
+  if (p0 >= len) return;
+  const uint32_t n = min(piece, len - p0);
+  const uint8_t *p = pf.q + (int64_t)e * pf.stride + b0 + p0;
+  if (pf.evict_last) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(n), "l"(pol)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
   }
-  DI_PDL_ENTRY();
-  if ((int)blockIdx.y >= *n_tiles) return;
-  const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
+}
+
+/* One tile's rows times the warp's 16 weight rows (rt) in passes of MR, stored (GLU: silu(gate) * up, bf16) */
+template <int MR, bool GLU, bool PIPE, class RT>
+static __device__ __forceinline__ void g16_tile(float *red, const RT &rt, const fp8_rows &t, const bf16 *A, int lda,
+                                                const int32_t *a_rows, const di_cuk_fp8w &w, int N, int K, int c0,
+                                                void *C, int ldc, int c_f32, int lane) {
   const int sblocks = (N + w.block_rows - 1) / w.block_rows;
   const uint8_t *wq = w.q + (int64_t)t.e * N * w.ldq;
   const float *ws = w.scale + (int64_t)t.e * sblocks * w.scale_cols;
@@ -199,6 +213,48 @@ fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
       }
     }
     __syncwarp(); /* red is reused by the next pass */
+  }
+}
+
+/* grid (ceil(N / 16) (glu: ceil(I / 8)), tiles), one warp per CTA; the tile's rows in passes of MR. The
+ * warp's sums go through shared memory (value r * MR + m) to the lanes that store them. PF (one row a pass):
+ * the next product's weights of the tile's expert prefetched after the wait (pfn), the row table built after
+ * that (with the table live across the prefetch the one-row form spilled 112 bytes). */
+template <int MR, bool GLU, bool PIPE, bool PF>
+static __global__ void __launch_bounds__(32, PIPE || MR > 1 ? 8 : 16) /* MR 1 plain: 128 registers */
+fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
+                const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc, int c_f32, int pf_tile0,
+                int pf_expert0, g16_pf pfn) {
+  __shared__ float red[G16_ROWS * MR];
+  const int lane = threadIdx.x;
+  const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
+  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
+  if constexpr (PF) {
+    if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
+      const g16_rows_calc rc(w, N, c0, GLU);
+      const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
+#pragma unroll
+      for (int r = 0; r < G16_ROWS; r++)
+        for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rc.rq(r) + k);
+    }
+    DI_PDL_ENTRY();
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
+    g16_prefetch_share(pfn, t.e, lane);
+    const g16_rows_calc rt(w, N, c0, GLU);
+    g16_tile<MR, GLU, PIPE>(red, rt, t, A, lda, a_rows, w, N, K, c0, C, ldc, c_f32, lane);
+  } else {
+    const RT rt(w, N, c0, GLU);
+    if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
+      const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
+#pragma unroll
+      for (int r = 0; r < G16_ROWS; r++)
+        for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
+    }
+    DI_PDL_ENTRY();
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
+    g16_tile<MR, GLU, PIPE>(red, rt, t, A, lda, a_rows, w, N, K, c0, C, ldc, c_f32, lane);
   }
 }
 
@@ -249,12 +305,21 @@ extern "C" int di_cuk_fp8_gv16_ok(int K, const void *A, int lda, di_cuk_fp8w w) 
          ((uintptr_t)w.q & 15) == 0;
 }
 
-extern "C" di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N,
-                                             int K, const int32_t *expert_off, const int32_t *tiles,
-                                             const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
-                                             int ldc, int c_f32, int glu, int pipe, int pf_tile0, int pf_expert0,
-                                             di_cu_stream s) {
+extern "C" di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w,
+                                                int N, int K, const int32_t *expert_off, const int32_t *tiles,
+                                                const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
+                                                int ldc, int c_f32, int glu, int pipe, int pf_tile0, int pf_expert0,
+                                                const di_cuk_fp8_pf *next, di_cu_stream s) {
   if (max_tiles <= 0) return DI_OK;
+  g16_pf pfn = {NULL, 0, 0, 0};
+  if (next && next->q) {
+    if (((uintptr_t)next->q & 15) || next->stride % 16 || next->bytes % 16 || next->bytes <= 0 ||
+        next->bytes > next->stride || next->bytes >= ((int64_t)1 << 32))
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv prefetch of %lld bytes a %lld-byte stride "
+                          "(16-byte aligned, multiples of 16, within the stride)",
+                          (long long)next->bytes, (long long)next->stride);
+    pfn = {next->q, next->stride, (uint32_t)next->bytes, next->evict_last};
+  }
   if (!di_cuk_fp8_gv16_ok(K, A, lda, w) || max_tiles > 65535 || N <= 0 || (glu && (N % 2 || c_f32)))
     return di_error_set(DI_ERR_INVALID_ARG,
                         "cuda: fp8 16-row grouped gemv N %d K %d lda %d block %d x %d tiles %d glu %d (K %% 16, "
@@ -262,21 +327,36 @@ extern "C" di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const i
                         N, K, lda, w.block_rows, w.block_cols, max_tiles, glu);
   const int mr = max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : 4;
   if (mr > 1) pipe = 0; /* two sets of 16 loads and 2-4 rows of activations spill */
+  if (pfn.q && mr > 1)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv: the next-product prefetch takes one row a pass "
+                        "(max_rows %d)", max_rows);
   const dim3 grid(glu ? (N / 2 + G16_ROWS / 2 - 1) / (G16_ROWS / 2) : (N + G16_ROWS - 1) / G16_ROWS, max_tiles);
   const bf16 *a = (const bf16 *)A;
-#define G16_LAUNCH(m, g, p)                                                                                      \
-  DI_CU(di_launch(fp8_gv16_kernel<m, g, p>, grid, 32, 0, s, a, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, bm, \
-                  C, ldc, c_f32, pf_tile0, pf_expert0))
+#define G16_LAUNCH(m, g, p, f)                                                                                   \
+  DI_CU(di_launch(fp8_gv16_kernel<m, g, p, f>, grid, 32, 0, s, a, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, \
+                  bm, C, ldc, c_f32, pf_tile0, pf_expert0, pfn))
 #define G16_CASE(m, p) \
-  if (mr == m && pipe == p) { if (glu) G16_LAUNCH(m, true, p); else G16_LAUNCH(m, false, p); }
-  G16_CASE(1, true) else G16_CASE(1, false) else G16_CASE(2, false) else {
-    if (glu) G16_LAUNCH(4, true, false);
-    else G16_LAUNCH(4, false, false);
+  if (mr == m && pipe == p) { if (glu) G16_LAUNCH(m, true, p, false); else G16_LAUNCH(m, false, p, false); }
+#define G16_CASE_PF(p) \
+  if (pfn.q && pipe == p) { if (glu) G16_LAUNCH(1, true, p, true); else G16_LAUNCH(1, false, p, true); }
+  G16_CASE_PF(true) else G16_CASE_PF(false) else G16_CASE(1, true) else G16_CASE(1, false) else G16_CASE(2, false) else {
+    if (glu) G16_LAUNCH(4, true, false, false);
+    else G16_LAUNCH(4, false, false, false);
   }
+#undef G16_CASE_PF
 #undef G16_CASE
 #undef G16_LAUNCH
   DI_CU_LAUNCH("fp8_gv16");
   return DI_OK;
+}
+
+extern "C" di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N,
+                                             int K, const int32_t *expert_off, const int32_t *tiles,
+                                             const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
+                                             int ldc, int c_f32, int glu, int pipe, int pf_tile0, int pf_expert0,
+                                             di_cu_stream s) {
+  return di_cuk_fp8_gv16_grouped_pf(A, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, max_tiles, bm, max_rows, C,
+                                    ldc, c_f32, glu, pipe, pf_tile0, pf_expert0, NULL, s);
 }
 
 extern "C" di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K,
