@@ -1352,6 +1352,12 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--tc-only") == 0) tc_only = 1;
     if (strcmp(argv[i], "--fusions-only") == 0) fusions_only = 1;
   }
+  if (argc > 1 && strcmp(argv[1], "--pf-time") == 0) { /* DEEPINFER_CUDA_FP8_PF_DOWN's kernel pair timed alone */
+    time_pf_down();
+    time_gv16(1);
+    printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
+    return di_test_failed ? 1 : 0;
+  }
   if (gmma_only) { /* k_fp8_grouped_mma.cu: checks, then the expert paths timed at decode batches and prefill */
     test_gmma_all();
     if (timings) {

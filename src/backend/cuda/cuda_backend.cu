@@ -266,6 +266,14 @@ extern "C" void di_backend_cuda_set_fixed_dec(di_backend *bb, int level) {
   b->fixed_dec_merge = level > 0 && (level >> 2) & 1;
 }
 
+extern "C" void di_backend_cuda_set_decode_opts(di_backend *bb, int pf_down, int skinny_rows) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old kernels */
+  b->fp8_pf_down = pf_down < 0 ? 0 : pf_down > 2 ? 2 : pf_down;
+  di_cu_blas_set_skinny_rows(b->blas, skinny_rows > 0 ? skinny_rows : 0);
+}
+
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {
   ((cu_backend *)bb)->prefill_mha = min_tokens == 1 ? 512 : min_tokens > 0 ? min_tokens : 0;
 }
