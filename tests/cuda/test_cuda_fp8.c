@@ -763,7 +763,8 @@ static void test_gv16(int E, int N, int K, int br, int bc, int max_rows, int glu
     di_cut_d2h(h1, dC[1], ob);
     size_t badf = 0;
     for (int ev = 0; ev < 2; ev++) {
-      const di_cuk_fp8_pf pf = {dw.q, (int64_t)N * dw.ldq, (int64_t)(N - ev) * dw.ldq, ev};
+      const di_cuk_fp8_pf pf = {dw.q, (int64_t)N * dw.ldq, (int64_t)(N - ev) * dw.ldq, ev, ev ? dw.q : NULL,
+                                (int64_t)N * dw.ldq};
       di_status st = di_cuk_fp8_gv16_grouped_pf(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, bm, mr, dP, Nout, !glu,
                                                 glu, 0, -1, 0, &pf, NULL);
       CHECKF(st == DI_OK, "%s", di_last_error());
@@ -999,7 +1000,7 @@ static void time_pf_down(void) {
   double us[ROUNDS][3];
   for (int r = 0; r < ROUNDS; r++)
     for (int v = 0; v < 3; v++) {
-      const di_cuk_fp8_pf pf = {wdn.q, (int64_t)H * I, (int64_t)H * I, v == 2};
+      const di_cuk_fp8_pf pf = {wdn.q, (int64_t)H * I, (int64_t)H * I, v == 2, NULL, 0};
       for (int it = -4; it < ITERS; it++) {
         if (it == 0) { CHECK(di_cut_sync() == 0); us[r][v] = di_cut_time_ms(); }
         const int s = (it + 4 + r * 5) % SETS;

@@ -323,8 +323,12 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_r
     const int pipe = b->fp8_gv16 == 2, rows = T < bm ? T : bm;
     /* DEEPINFER_CUDA_FP8_PF_DOWN: one token's down rows (the H the combine reads of each expert's Hp) into L2 while
      * the gate/up product streams (the same bits) */
+    /* (3: the next layer's q/kv rows too: down_combine implies the next layer norms inside its FP8 q/kv GEMV) */
+    const cu_layer *Ln = L + 1 < b->L + b->n_layers ? L + 1 : NULL;
+    const int q2 = b->fp8_pf_down == 3 && Ln && Ln->f_qkv_a.q && Ln->f_qkv_a.ldq % 16 == 0;
     const di_cuk_fp8_pf pf_down = {L->f_exp_down.q, (int64_t)Hp * L->f_exp_down.ldq,
-                                   (int64_t)b->H * L->f_exp_down.ldq, b->fp8_pf_down == 2};
+                                   (int64_t)b->H * L->f_exp_down.ldq, b->fp8_pf_down >= 2,
+                                   q2 ? Ln->f_qkv_a.q : NULL, q2 ? (int64_t)b->Wa * Ln->f_qkv_a.ldq : 0};
     DI_TRY(di_cuk_fp8_gv16_grouped_pf(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
                                       io->n_tiles, max_tiles, bm, rows, io->act, Ip, 0, 1, pipe, io->pf0, io->pf_e0,
                                       down_combine && b->fp8_pf_down ? &pf_down : NULL, s));

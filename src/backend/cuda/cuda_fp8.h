@@ -104,12 +104,15 @@ di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_r
 /* di_cuk_fp8_gv16_grouped with the next product's weights prefetched into L2 (DEEPINFER_CUDA_FP8_PF_DOWN: one token's
  * down rows during its gate/up product): each CTA, after the wait, prefetches its share (by blockIdx.x) of the
  * next->bytes at next->q + e * next->stride of its tile's expert e (16-byte aligned, multiples of 16, bytes <=
- * stride); evict_last: with an L2 evict_last hint. The outputs are the same bits as without (a prefetch reads only
- * weights). next NULL: di_cuk_fp8_gv16_grouped. */
+ * stride); evict_last: with an L2 evict_last hint. q2 (optional): q2_bytes more (16-byte aligned, % 16) shared out
+ * over all CTAs before the wait (the next layer's q/kv weights). The outputs are the same bits as without (a
+ * prefetch reads only weights). next NULL: di_cuk_fp8_gv16_grouped. */
 typedef struct di_cuk_fp8_pf {
   const uint8_t *q;
   int64_t stride, bytes;
   int evict_last;
+  const uint8_t *q2;
+  int64_t q2_bytes;
 } di_cuk_fp8_pf;
 di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
                                      const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,

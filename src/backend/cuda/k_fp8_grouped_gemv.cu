@@ -157,22 +157,33 @@ struct g16_pf {
   int64_t stride;
   uint32_t bytes;
   int evict_last;
+  const uint8_t *q2; /* a weight all CTAs share out before the wait (the next layer's q/kv rows), q2_bytes of it */
+  uint32_t q2_bytes;
 };
+/* bytes [p, p + n) (16-byte aligned, n % 16 == 0) cut into one piece a lane */
+static __device__ __forceinline__ void g16_bulk_prefetch(const uint8_t *p, uint32_t n, int lane, int evict_last) {
+  const uint32_t piece = ((n + 31) / 32 + 15) & ~15u, p0 = (uint32_t)lane * piece;
+  if (p0 >= n) return;
+  const uint32_t m = min(piece, n - p0);
+  if (evict_last) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + p0), "r"(m), "l"(pol)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + p0), "r"(m) : "memory");
+  }
+}
 static __device__ __forceinline__ void g16_prefetch_share(const g16_pf &pf, int e, int lane) {
   const uint32_t per = ((pf.bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u, b0 = blockIdx.x * per;
   if (b0 >= pf.bytes) return;
-  const uint32_t len = min(per, pf.bytes - b0), piece = ((len + 31) / 32 + 15) & ~15u, p0 = (uint32_t)lane * piece;
-  if (p0 >= len) return;
-  const uint32_t n = min(piece, len - p0);
-  const uint8_t *p = pf.q + (int64_t)e * pf.stride + b0 + p0;
-  if (pf.evict_last) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(n), "l"(pol)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
-  }
+  g16_bulk_prefetch(pf.q + (int64_t)e * pf.stride + b0, min(per, pf.bytes - b0), lane, pf.evict_last);
+}
+/* This CTA's share (by its linear index in the grid) of pf.q2 */
+static __device__ __forceinline__ void g16_prefetch_q2(const g16_pf &pf, int lane) {
+  const uint32_t ctas = gridDim.x * gridDim.y, id = blockIdx.y * gridDim.x + blockIdx.x;
+  const uint32_t per = ((pf.q2_bytes + ctas - 1) / ctas + 15) & ~15u, b0 = id * per;
+  if (b0 < pf.q2_bytes) g16_bulk_prefetch(pf.q2 + b0, min(per, pf.q2_bytes - b0), lane, 0);
 }
 
 /* One tile's rows times the warp's 16 weight rows (rt) in passes of MR, stored (GLU: silu(gate) * up, bf16) */
@@ -230,6 +241,7 @@ fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
   const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
   using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
   if constexpr (PF) {
+    if (pfn.q2) g16_prefetch_q2(pfn, lane); /* weights only: before the wait */
     if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
       const g16_rows_calc rc(w, N, c0, GLU);
       const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
@@ -311,14 +323,16 @@ extern "C" di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, cons
                                                 int ldc, int c_f32, int glu, int pipe, int pf_tile0, int pf_expert0,
                                                 const di_cuk_fp8_pf *next, di_cu_stream s) {
   if (max_tiles <= 0) return DI_OK;
-  g16_pf pfn = {NULL, 0, 0, 0};
+  g16_pf pfn = {NULL, 0, 0, 0, NULL, 0};
   if (next && next->q) {
     if (((uintptr_t)next->q & 15) || next->stride % 16 || next->bytes % 16 || next->bytes <= 0 ||
-        next->bytes > next->stride || next->bytes >= ((int64_t)1 << 32))
-      return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv prefetch of %lld bytes a %lld-byte stride "
-                          "(16-byte aligned, multiples of 16, within the stride)",
-                          (long long)next->bytes, (long long)next->stride);
-    pfn = {next->q, next->stride, (uint32_t)next->bytes, next->evict_last};
+        next->bytes > next->stride || next->bytes >= ((int64_t)1 << 32) ||
+        (next->q2 && (((uintptr_t)next->q2 & 15) || next->q2_bytes % 16 || next->q2_bytes <= 0 ||
+                      next->q2_bytes >= ((int64_t)1 << 32))))
+      return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv prefetch of %lld bytes a %lld-byte stride, "
+                          "%lld more (16-byte aligned, multiples of 16, within the stride)",
+                          (long long)next->bytes, (long long)next->stride, (long long)next->q2_bytes);
+    pfn = {next->q, next->stride, (uint32_t)next->bytes, next->evict_last, next->q2, (uint32_t)next->q2_bytes};
   }
   if (!di_cuk_fp8_gv16_ok(K, A, lda, w) || max_tiles > 65535 || N <= 0 || (glu && (N % 2 || c_f32)))
     return di_error_set(DI_ERR_INVALID_ARG,
