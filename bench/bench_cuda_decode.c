@@ -41,9 +41,10 @@
  * --skip-sweep with --modes: the sweep once per mode.
  * --prefill-mha 0,1: the runs repeated for each DEEPINFER_CUDA_PREFILL_MHA setting (0 off; 1: steps of >= 512
  * tokens; N: >= N) inside each mode (default mode only: the invariant mode ignores it).
- * --decode-opts 0:0,2:0,0:16384,2:16384: the runs repeated for each listed P:R, DEEPINFER_CUDA_FP8_PF_DOWN=P and
- * DEEPINFER_CUDA_SKINNY_ROWS=R (di_backend_cuda_set_decode_opts; the same bits, so a same-process A/B of their
- * speed), inside each rep (one mode, one --attn-fixed and --prefill-mha setting only). */
+ * --decode-opts 0:0,2:0,0:16384,2:16384:3: the runs repeated for each listed P:R[:G], DEEPINFER_CUDA_FP8_PF_DOWN=P,
+ * DEEPINFER_CUDA_SKINNY_ROWS=R and DEEPINFER_CUDA_FP8_GV16=G (unchanged if not given) (di_backend_cuda_set_decode_opts;
+ * the same bits, so a same-process A/B of their speed), inside each rep (one mode, one --attn-fixed and
+ * --prefill-mha setting only). */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -257,7 +258,7 @@ int main(int argc, char **argv) {
   int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[4] = {-1}, n_mode = 1, profile = 0, kv8 = 0;
   static const char *mode_names[26] = {"default", "invariant", "fp8kv", "invariant-fp8kv", NULL, "invariant-tc",
                                        NULL, NULL, NULL, "invariant-dec", [25] = "invariant-decm"};
-  int pmha[4] = {-1}, n_pm = 1, ko_pf[8] = {-1}, ko_rows[8] = {0}, n_ko = 1;
+  int pmha[4] = {-1}, n_pm = 1, ko_pf[8] = {-1}, ko_rows[8] = {0}, ko_gv[8] = {-1}, n_ko = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
     else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) np = parse_list(argv[++i], prefills, 8);
@@ -274,7 +275,9 @@ int main(int argc, char **argv) {
       for (const char *s = argv[++i]; *s && n_ko < 8;) {
         ko_pf[n_ko] = atoi(s);
         const char *c = strchr(s, ':'), *e = strchr(s, ',');
-        ko_rows[n_ko++] = c && (!e || c < e) ? atoi(c + 1) : 0;
+        const char *c2 = c && (!e || c < e) ? strchr(c + 1, ':') : NULL;
+        ko_rows[n_ko] = c && (!e || c < e) ? atoi(c + 1) : 0;
+        ko_gv[n_ko++] = c2 && (!e || c2 < e) ? atoi(c2 + 1) : -1;
         if (!e) break;
         s = e + 1;
       }
@@ -356,8 +359,9 @@ int main(int argc, char **argv) {
   const int mi = sj / (n_af * n_pm), ai = sj / n_pm % n_af, pi_ = sj % n_pm;
   if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
   if (ko_pf[ki] >= 0) {
-    di_backend_cuda_set_decode_opts(be, ko_pf[ki], ko_rows[ki]);
-    printf("\n--- DEEPINFER_CUDA_FP8_PF_DOWN=%d DEEPINFER_CUDA_SKINNY_ROWS=%d, rep %d\n", ko_pf[ki], ko_rows[ki], rep + 1);
+    di_backend_cuda_set_decode_opts(be, ko_pf[ki], ko_rows[ki], ko_gv[ki]);
+    printf("\n--- DEEPINFER_CUDA_FP8_PF_DOWN=%d DEEPINFER_CUDA_SKINNY_ROWS=%d GV16=%d, rep %d\n", ko_pf[ki], ko_rows[ki],
+           ko_gv[ki], rep + 1);
   }
   if (pmha[pi_] >= 0) {
     di_backend_cuda_set_prefill_mha(be, pmha[pi_]);
@@ -469,7 +473,7 @@ int main(int argc, char **argv) {
       const int ki = si % n_ko, sj = si / n_ko;
       const int mi = sj / (n_af * n_pm), ai = sj / n_pm % n_af, pi_ = sj % n_pm;
       if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue;
-      if (n_ko > 1) printf("pf_down %d skinny_rows %6d:", ko_pf[ki], ko_rows[ki]);
+      if (n_ko > 1) printf("pf_down %d skinny_rows %6d gv16 %2d:", ko_pf[ki], ko_rows[ki], ko_gv[ki]);
       else printf("%-15s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : mode_names[modes[mi]], attn_fixed[ai], pmha[pi_]);
       for (int k = 0; k < nb + np; k++) {
         double v[16];

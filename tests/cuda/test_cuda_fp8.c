@@ -795,11 +795,11 @@ static void test_gv16_down_combine(int E, int N, int K, int kt, const char *what
   float *h = malloc((size_t)N * 4);
   for (int n = 0; n < N; n++) h[n] = nrand();
   void *dq, *ds, *dact = dup_dev(act, (size_t)kt * K * 2);
-  void *dh[3] = {dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4)};
+  void *dh[4] = {dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4)};
   void *dids = dup_dev(ids, (size_t)kt * 4), *dwts = dup_dev(wts, (size_t)kt * 4), *dinv = dup_dev(inv, (size_t)kt * 4);
   di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
   CHECK(di_cuk_fp8_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[0], N, NULL) == DI_OK);
-  for (int pipe = 0; pipe < 2; pipe++) { /* the last two experts prefetched, as the shared ones are */
+  for (int pipe = 0; pipe < 3; pipe++) { /* the last two experts prefetched, as the shared ones are (2: half-step) */
     di_status st = di_cuk_fp8_gv16_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[1 + pipe], N, pipe,
                                                 E - 2, 2, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
@@ -817,10 +817,18 @@ static void test_gv16_down_combine(int E, int N, int K, int kt, const char *what
   }
   CHECKF(rel(&e) < 1e-4, "fp8 gv16 down+combine %s E %d N %d K %d k %d: rel err %.3e", what, E, N, K, kt, rel(&e));
   CHECKF(bad == 0 && badp == 0, "fp8 gv16 down+combine %s: %d / %d of %d differ from the 2-row kernel", what, bad, badp, N);
+  { /* the half-step form (DEEPINFER_CUDA_FP8_GV16=3), compared in place (no hash line: main's hash files line up) */
+    float *goth = malloc((size_t)N * 4);
+    di_cut_d2h(goth, dh[3], (size_t)N * 4);
+    int badh = 0;
+    for (int n = 0; n < N; n++) badh += memcmp(&goth[n], &ref2[n], 4) != 0;
+    CHECKF(badh == 0, "fp8 gv16 down+combine %s: %d of %d differ from the 2-row kernel in the half-step form", what, badh, N);
+    free(goth);
+  }
   printf("fp8 gv16 down+combine %-22s E %3d N %5d K %5d k %d: rel err %.2e, %d / %d differ from the 2-row kernel\n", what,
          E, N, K, kt, rel(&e), bad, badp);
   free(ref2); free(got); free(gotp); free(act); free(h); free_w(&w);
-  di_cut_free(dq); di_cut_free(ds); di_cut_free(dact); for (int i = 0; i < 3; i++) di_cut_free(dh[i]);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dact); for (int i = 0; i < 4; i++) di_cut_free(dh[i]);
   di_cut_free(dids); di_cut_free(dwts); di_cut_free(dinv);
 }
 
@@ -955,7 +963,8 @@ static void time_gv16(int T) {
 
 /* DEEPINFER_CUDA_FP8_PF_DOWN at one token: the pair the model runs (16-row gate/up + SiLU, then 16-row down +
  * combine) on V2-Lite's experts (8 of 66 a call, cold in L2: 571 MB of weights over 16 routings) without the down
- * prefetch (0), with it (1) and with its evict_last hint (2), alternating, 5 rounds of 64 pairs each. */
+ * prefetch (0), with it (1) and with its evict_last hint (2), and 0 / 2 with the half-step down + combine
+ * (DEEPINFER_CUDA_FP8_GV16=3), alternating, 5 rounds of 64 pairs each. */
 static void time_pf_down(void) {
   enum { NE = 66, I = 1408, H = 2048, SETS = 16, ITERS = 64, ROUNDS = 5 };
   const size_t gub = (size_t)2 * I * H, dnb = (size_t)H * I;
@@ -997,24 +1006,26 @@ static void time_pf_down(void) {
   void *dX = dup_dev(X, (size_t)H * 2), *dact = di_cut_malloc((size_t)8 * I * 2), *dw = dup_dev(wts, sizeof(wts));
   void *dh = di_cut_malloc((size_t)H * 4);
   free(X);
-  double us[ROUNDS][3];
+  double us[ROUNDS][5];
   for (int r = 0; r < ROUNDS; r++)
-    for (int v = 0; v < 3; v++) {
-      const di_cuk_fp8_pf pf = {wdn.q, (int64_t)H * I, (int64_t)H * I, v == 2, NULL, 0};
+    for (int v = 0; v < 5; v++) { /* 3, 4: as 0, 2 with the half-step down + combine */
+      const di_cuk_fp8_pf pf = {wdn.q, (int64_t)H * I, (int64_t)H * I, v == 2 || v == 4, NULL, 0};
+      const int pfon = v == 1 || v == 2 || v == 4, dcf = v >= 3 ? 2 : 0;
       for (int it = -4; it < ITERS; it++) {
         if (it == 0) { CHECK(di_cut_sync() == 0); us[r][v] = di_cut_time_ms(); }
         const int s = (it + 4 + r * 5) % SETS;
         di_status st = di_cuk_fp8_gv16_grouped_pf(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], 8, 16, 1,
-                                                  dact, I, 0, 1, 0, -1, 0, v ? &pf : NULL, NULL);
-        if (st == DI_OK) st = di_cuk_fp8_gv16_down_combine(dact, I, wdn, H, I, dids[s], dw, dinv[s], 8, dh, H, 0, -1, 0, NULL);
+                                                  dact, I, 0, 1, 0, -1, 0, pfon ? &pf : NULL, NULL);
+        if (st == DI_OK) st = di_cuk_fp8_gv16_down_combine(dact, I, wdn, H, I, dids[s], dw, dinv[s], 8, dh, H, dcf, -1, 0, NULL);
         if (st != DI_OK) { CHECKF(0, "time pf down: %s", di_last_error()); break; }
       }
       CHECK(di_cut_sync() == 0);
       us[r][v] = (di_cut_time_ms() - us[r][v]) * 1e3 / ITERS;
     }
-  const char *names[3] = {"no prefetch", "down into L2", "down into L2 evict_last"};
+  const char *names[5] = {"no prefetch", "down into L2", "down into L2 evict_last", "half-step down",
+                          "evict_last + half-step"};
   const double bytes = 8 * ((double)gub + dnb + (double)3 * I * (H / 128) * 4);
-  for (int v = 0; v < 3; v++) {
+  for (int v = 0; v < 5; v++) {
     double best = 1e30;
     printf("time fp8 experts V2-Lite T 1: gate/up + down+combine, %-24s", names[v]);
     for (int r = 0; r < ROUNDS; r++) { printf(" %6.1f", us[r][v]); best = us[r][v] < best ? us[r][v] : best; }

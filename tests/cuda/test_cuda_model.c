@@ -218,7 +218,8 @@ static void check_case(const char *name) {
 
 /* DEEPINFER_CUDA_FP8_PF_DOWN (one token's down rows prefetched into L2 by the gate/up GEMV) changes no value: the
  * FP8 fixture whose experts take the 16-row GEMVs (block_cols % 16: dsv3-tiny-fp8) decoded token by token (one-token
- * steps: gate/up + down + combine) with the switch at 0, 1, 2 and 3; the logits of every step equal bit for bit. */
+ * steps: gate/up + down + combine) with the switch at 0, 1, 2 and 3, and at 3 with DEEPINFER_CUDA_FP8_GV16=3 (the
+ * half-step down + combine); the logits of every step equal bit for bit. */
 static void check_pf_down_bits(const char *name) {
   char dir[512], gpath[600];
   snprintf(dir, sizeof dir, "%s", test_path(name));
@@ -228,11 +229,12 @@ static void check_pf_down_bits(const char *name) {
   const di_st_tensor *tid = test_st_findf(&g, "p%d.ids", 2);
   if (!tid) tid = test_st_findf(&g, "p%d.ids", 0);
   CHECK(tid != NULL);
-  float *lg[4] = {0};
+  float *lg[5] = {0};
   size_t n = 0;
-  for (int v = 0; v < 4 && tid; v++) {
-    char val[2] = {(char)('0' + v), 0};
+  for (int v = 0; v < 5 && tid; v++) {
+    char val[2] = {(char)('0' + (v < 4 ? v : 3)), 0};
     setenv("DEEPINFER_CUDA_FP8_PF_DOWN", val, 1);
+    if (v == 4) setenv("DEEPINFER_CUDA_FP8_GV16", "3", 1);
     di_model_options opt;
     di_model_options_default(&opt);
     opt.quiet = 1;
@@ -253,15 +255,16 @@ static void check_pf_down_bits(const char *name) {
     di_model_free(m);
   }
   unsetenv("DEEPINFER_CUDA_FP8_PF_DOWN");
-  if (lg[0] && lg[1] && lg[2] && lg[3]) {
-    int same[4] = {1, 1, 1, 1};
-    for (int v = 1; v < 4; v++) same[v] = memcmp(lg[0], lg[v], sizeof(float) * n) == 0;
-    CHECKF(same[1] && same[2] && same[3], "%s: decode logits with DEEPINFER_CUDA_FP8_PF_DOWN=1 / 2 / 3 differ from 0 "
-           "(%d / %d / %d)", name, !same[1], !same[2], !same[3]);
-    printf("%-32s DEEPINFER_CUDA_FP8_PF_DOWN 1 / 2 / 3 vs 0: %zu decode logits, bit-identical %d / %d / %d\n", name, n,
-           same[1], same[2], same[3]);
+  unsetenv("DEEPINFER_CUDA_FP8_GV16");
+  if (lg[0] && lg[1] && lg[2] && lg[3] && lg[4]) {
+    int same[5] = {1, 1, 1, 1, 1};
+    for (int v = 1; v < 5; v++) same[v] = memcmp(lg[0], lg[v], sizeof(float) * n) == 0;
+    CHECKF(same[1] && same[2] && same[3] && same[4], "%s: decode logits with DEEPINFER_CUDA_FP8_PF_DOWN=1 / 2 / 3 / "
+           "3 + GV16=3 differ from 0 (%d / %d / %d / %d)", name, !same[1], !same[2], !same[3], !same[4]);
+    printf("%-32s DEEPINFER_CUDA_FP8_PF_DOWN 1 / 2 / 3 / 3 + GV16=3 vs 0: %zu decode logits, bit-identical %d / %d / %d / %d\n",
+           name, n, same[1], same[2], same[3], same[4]);
   }
-  for (int v = 0; v < 4; v++) free(lg[v]);
+  for (int v = 0; v < 5; v++) free(lg[v]);
   di_st_file_close(&g);
 }
 

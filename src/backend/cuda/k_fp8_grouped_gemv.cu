@@ -227,6 +227,58 @@ static __device__ __forceinline__ void g16_tile(float *red, const RT &rt, const 
   }
 }
 
+/* One activation row, half-step pipelined (one token's down + combine with DEEPINFER_CUDA_FP8_GV16=3): the plain
+ * form holds one step's 16 rows of loads, so a warp has nothing in flight while it multiplies; here rows 0-7 of
+ * step s + 1 are loaded into the registers rows 0-7 of step s free as soon as they are multiplied, then rows 8-15
+ * likewise, so half a step's loads are always in flight (169 registers, no spills, in the 8-warp down + combine
+ * CTAs; in the 128-register gate/up kernel it spilled). Each row's arithmetic is g16_fma's in the same order
+ * (scales from L1, the activations of a step loaded at its start), so the same bits as g16_rows. */
+template <class RT>
+static __device__ __forceinline__ void g16_rows_half(float (*acc)[1], const uint8_t *wq, const RT &rt, const float *ws,
+                                                     const bf16 *x, int bc, int K, int lane) {
+#pragma unroll
+  for (int r = 0; r < G16_ROWS; r++) acc[r][0] = 0.f;
+  uint4 w[G16_ROWS];
+  if (lane * 16 < K) {
+#pragma unroll
+    for (int r = 0; r < G16_ROWS; r++) w[r] = di_ld_stream16(wq + rt.rq(r) + lane * 16);
+  }
+  for (int k0 = 0; k0 < K; k0 += G16_STEP) {
+    const int k = k0 + lane * 16, kn = k + G16_STEP;
+    if (k >= K) break; /* (this lane's later steps are past K too) */
+    const int blk = k / bc;
+    float xf[16];
+    {
+      const uint4 x0 = __ldg((const uint4 *)(x + k)), x1 = __ldg((const uint4 *)(x + k) + 1);
+      const __nv_bfloat162 *p0 = (const __nv_bfloat162 *)&x0, *p1 = (const __nv_bfloat162 *)&x1;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float2 a = __bfloat1622float2(p0[j]), b = __bfloat1622float2(p1[j]);
+        xf[2 * j] = a.x; xf[2 * j + 1] = a.y; xf[8 + 2 * j] = b.x; xf[8 + 2 * j + 1] = b.y;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+      for (int r = 8 * h; r < 8 * h + 8; r++) {
+        float wf[16];
+        fp8x4_to_f32(w[r].x, wf);
+        fp8x4_to_f32(w[r].y, wf + 4);
+        fp8x4_to_f32(w[r].z, wf + 8);
+        fp8x4_to_f32(w[r].w, wf + 12);
+        float p = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; j++) p = fmaf(xf[j], wf[j], p);
+        acc[r][0] = fmaf(p, __ldg(ws + rt.sq(r) + blk), acc[r][0]);
+      }
+      if (kn < K) {
+#pragma unroll
+        for (int r = 8 * h; r < 8 * h + 8; r++) w[r] = di_ld_stream16(wq + rt.rq(r) + kn);
+      }
+    }
+  }
+}
+
 /* grid (ceil(N / 16) (glu: ceil(I / 8)), tiles), one warp per CTA; the tile's rows in passes of MR. The
  * warp's sums go through shared memory (value r * MR + m) to the lanes that store them. PF (one row a pass):
  * the next product's weights of the tile's expert prefetched after the wait (pfn), the row table built after
@@ -274,14 +326,14 @@ fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
  * warp): CTA c owns output rows 16 c .. +16, its warp j streams those rows of the down matrices of slots j,
  * j + 8, ..., adds wts[j] x the row's sum, and the warps' totals are added in warp order onto h. The shared
  * experts' rows (pf_expert0 .., n_pf of them) are prefetched into L2 before the wait. */
-template <bool PIPE>
+template <bool PIPE, bool HALF>
 static __global__ void __launch_bounds__(G16_DC_WARPS * 32)
 fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, int K, const int32_t *ids,
                              const float *wts, const int32_t *inv, int kt, float *h, int n, int pf_expert0, int n_pf) {
   __shared__ float part[G16_DC_WARPS][G16_ROWS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * G16_ROWS;
   const int sblocks = (N + w.block_rows - 1) / w.block_rows;
-  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
+  using RT = typename std::conditional<PIPE || HALF, g16_rows_calc, g16_rows_tab>::type;
   const RT rt(w, N, n0, false);
   for (int e = warp; e < n_pf; e += G16_DC_WARPS) {
     const uint8_t *wp = w.q + (int64_t)(pf_expert0 + e) * N * w.ldq;
@@ -296,8 +348,12 @@ fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, 
     const float wj = wts[j];
     const bf16 *xr[1] = {act + (int64_t)inv[j] * ld_act};
     float acc[G16_ROWS][1];
-    g16_rows<1, PIPE>(acc, w.q + (int64_t)e * N * w.ldq, rt, w.scale + (int64_t)e * sblocks * w.scale_cols, xr,
-                      w.block_cols, K, lane);
+    if constexpr (HALF)
+      g16_rows_half(acc, w.q + (int64_t)e * N * w.ldq, rt, w.scale + (int64_t)e * sblocks * w.scale_cols, xr[0],
+                    w.block_cols, K, lane);
+    else
+      g16_rows<1, PIPE>(acc, w.q + (int64_t)e * N * w.ldq, rt, w.scale + (int64_t)e * sblocks * w.scale_cols, xr,
+                        w.block_cols, K, lane);
     gv_warp_reduce<G16_ROWS, 1>(acc, lane);
     totl += wj * acc[0][0];
   }
@@ -341,6 +397,7 @@ extern "C" di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, cons
                         N, K, lda, w.block_rows, w.block_cols, max_tiles, glu);
   const int mr = max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : 4;
   if (mr > 1) pipe = 0; /* two sets of 16 loads and 2-4 rows of activations spill */
+  pipe = pipe == 1; /* (2, the half-step form, is down + combine's only: here it spilled 116 bytes at 128 registers) */
   if (pfn.q && mr > 1)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv: the next-product prefetch takes one row a pass "
                         "(max_rows %d)", max_rows);
@@ -382,12 +439,15 @@ extern "C" di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_ac
                         "cuda: fp8 16-row down + combine N %d K %d ld %d n %d k %d (K %% 16, block_cols %% 16, aligned)",
                         N, K, ld_act, n, kt);
   const int grid = (n + G16_ROWS - 1) / G16_ROWS;
-  if (pipe)
-    DI_CU(di_launch(fp8_gv16_down_combine_kernel<true>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act, ld_act, w,
-                    N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
+  if (pipe == 2) /* the half-step form */
+    DI_CU(di_launch(fp8_gv16_down_combine_kernel<false, true>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act,
+                    ld_act, w, N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
+  else if (pipe)
+    DI_CU(di_launch(fp8_gv16_down_combine_kernel<true, false>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act,
+                    ld_act, w, N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
   else
-    DI_CU(di_launch(fp8_gv16_down_combine_kernel<false>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act, ld_act, w,
-                    N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
+    DI_CU(di_launch(fp8_gv16_down_combine_kernel<false, false>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act,
+                    ld_act, w, N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
   DI_CU_LAUNCH("fp8_gv16_down_combine");
   return DI_OK;
 }
