@@ -231,10 +231,14 @@ static void check_pf_down_bits(const char *name) {
   CHECK(tid != NULL);
   float *lg[5] = {0};
   size_t n = 0;
+  char saved[2][64] = {"", ""}; /* the caller's settings, restored after */
+  const char *names[2] = {"DEEPINFER_CUDA_FP8_PF_DOWN", "DEEPINFER_CUDA_FP8_GV16"};
+  for (int i = 0; i < 2; i++)
+    if (getenv(names[i])) snprintf(saved[i], sizeof saved[i], "%s", getenv(names[i]));
   for (int v = 0; v < 5 && tid; v++) {
     char val[2] = {(char)('0' + (v < 4 ? v : 3)), 0};
-    setenv("DEEPINFER_CUDA_FP8_PF_DOWN", val, 1);
-    if (v == 4) setenv("DEEPINFER_CUDA_FP8_GV16", "3", 1);
+    setenv(names[0], val, 1);
+    setenv(names[1], v == 4 ? "3" : "1", 1);
     di_model_options opt;
     di_model_options_default(&opt);
     opt.quiet = 1;
@@ -254,8 +258,10 @@ static void check_pf_down_bits(const char *name) {
     CHECKF(st == DI_OK, "%s (PF_DOWN=%d): %s", name, v, di_last_error());
     di_model_free(m);
   }
-  unsetenv("DEEPINFER_CUDA_FP8_PF_DOWN");
-  unsetenv("DEEPINFER_CUDA_FP8_GV16");
+  for (int i = 0; i < 2; i++) {
+    if (saved[i][0]) setenv(names[i], saved[i], 1);
+    else unsetenv(names[i]);
+  }
   if (lg[0] && lg[1] && lg[2] && lg[3] && lg[4]) {
     int same[5] = {1, 1, 1, 1, 1};
     for (int v = 1; v < 5; v++) same[v] = memcmp(lg[0], lg[v], sizeof(float) * n) == 0;
