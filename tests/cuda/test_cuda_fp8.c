@@ -762,17 +762,18 @@ static void test_gv16(int E, int N, int K, int br, int bc, int max_rows, int glu
     uint8_t *hp = malloc(ob), *h1 = malloc(ob);
     di_cut_d2h(h1, dC[1], ob);
     size_t badf = 0;
-    for (int ev = 0; ev < 2; ev++) {
-      const di_cuk_fp8_pf pf = {dw.q, (int64_t)N * dw.ldq, (int64_t)(N - ev) * dw.ldq, ev, ev ? dw.q : NULL,
-                                (int64_t)N * dw.ldq};
+    for (int ev = 0; ev < (mr == 1 ? 4 : 2); ev++) { /* 2, 3: the half-step form (one row a tile), without / with */
+      const di_cuk_fp8_pf pf = {dw.q, (int64_t)N * dw.ldq, (int64_t)(N - (ev & 1)) * dw.ldq, ev & 1,
+                                ev & 1 ? dw.q : NULL, (int64_t)N * dw.ldq};
       di_status st = di_cuk_fp8_gv16_grouped_pf(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, bm, mr, dP, Nout, !glu,
-                                                glu, 0, -1, 0, &pf, NULL);
+                                                glu, ev >= 2 ? 2 : 0, -1, 0, ev == 2 ? NULL : &pf, NULL);
       CHECKF(st == DI_OK, "%s", di_last_error());
       CHECK(di_cut_sync() == 0);
       di_cut_d2h(hp, dP, ob);
       badf += memcmp(hp, h1, (size_t)R * Nout * (glu ? 2 : 4)) != 0;
     }
-    CHECKF(badf == 0, "fp8 gv16 %s: the output with the down prefetch differs from the plain kernel's", what);
+    CHECKF(badf == 0, "fp8 gv16 %s: the output with the down prefetch / the half-step form differs from the plain "
+           "kernel's (%zu of %d runs)", what, badf, mr == 1 ? 4 : 2);
     free(hp); free(h1); di_cut_free(dP);
   }
   printf("fp8 gv16 %-4s %-24s E %3d N %5d K %5d block %3dx%-3d rows %4d: rel err %.2e, %zu / %zu differ from the 2-row GEMV\n",
@@ -963,7 +964,7 @@ static void time_gv16(int T) {
 
 /* DEEPINFER_CUDA_FP8_PF_DOWN at one token: the pair the model runs (16-row gate/up + SiLU, then 16-row down +
  * combine) on V2-Lite's experts (8 of 66 a call, cold in L2: 571 MB of weights over 16 routings) without the down
- * prefetch (0), with it (1) and with its evict_last hint (2), and 0 / 2 with the half-step down + combine
+ * prefetch (0), with it (1) and with its evict_last hint (2), and 0 / 2 with both kernels' half-step forms
  * (DEEPINFER_CUDA_FP8_GV16=3), alternating, 5 rounds of 64 pairs each. */
 static void time_pf_down(void) {
   enum { NE = 66, I = 1408, H = 2048, SETS = 16, ITERS = 64, ROUNDS = 5 };
@@ -1015,14 +1016,14 @@ static void time_pf_down(void) {
         if (it == 0) { CHECK(di_cut_sync() == 0); us[r][v] = di_cut_time_ms(); }
         const int s = (it + 4 + r * 5) % SETS;
         di_status st = di_cuk_fp8_gv16_grouped_pf(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], 8, 16, 1,
-                                                  dact, I, 0, 1, 0, -1, 0, pfon ? &pf : NULL, NULL);
+                                                  dact, I, 0, 1, dcf, -1, 0, pfon ? &pf : NULL, NULL);
         if (st == DI_OK) st = di_cuk_fp8_gv16_down_combine(dact, I, wdn, H, I, dids[s], dw, dinv[s], 8, dh, H, dcf, -1, 0, NULL);
         if (st != DI_OK) { CHECKF(0, "time pf down: %s", di_last_error()); break; }
       }
       CHECK(di_cut_sync() == 0);
       us[r][v] = (di_cut_time_ms() - us[r][v]) * 1e3 / ITERS;
     }
-  const char *names[5] = {"no prefetch", "down into L2", "down into L2 evict_last", "half-step down",
+  const char *names[5] = {"no prefetch", "down into L2", "down into L2 evict_last", "half-step both",
                           "evict_last + half-step"};
   const double bytes = 8 * ((double)gub + dnb + (double)3 * I * (H / 128) * 4);
   for (int v = 0; v < 5; v++) {

@@ -95,7 +95,8 @@ di_status di_cuk_mla_vo_fp8(const uint16_t *olat, int ld_olat, const uint16_t *w
  * a tile in passes of 1, 2 or 4 (by max_rows). pipe: the next step's loads issued before this step's FMAs.
  * pf_tile0 >= 0: tiles from pf_tile0 on are the experts pf_expert0, pf_expert0 + 1, ... (the shared ones
  * at one token), prefetched into L2 before the wait for the previous kernel; down_combine prefetches the
- * n_pf experts from pf_expert0; its pipe = 2: the half-step pipelined loads (the same bits). Needs K % 16,
+ * n_pf experts from pf_expert0. pipe = 2: the half-step pipelined loads (the same bits; the grouped GEMV then needs
+ * max_rows 1 and computes each tile's first row only: one token). Needs K % 16,
  * block_cols % 16 and 16-byte aligned rows (di_cuk_fp8_gv16_ok). */
 int di_cuk_fp8_gv16_ok(int K, const void *A, int lda, di_cuk_fp8w w);
 di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,

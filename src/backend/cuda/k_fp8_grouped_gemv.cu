@@ -227,12 +227,12 @@ static __device__ __forceinline__ void g16_tile(float *red, const RT &rt, const 
   }
 }
 
-/* One activation row, half-step pipelined (one token's down + combine with DEEPINFER_CUDA_FP8_GV16=3): the plain
- * form holds one step's 16 rows of loads, so a warp has nothing in flight while it multiplies; here rows 0-7 of
- * step s + 1 are loaded into the registers rows 0-7 of step s free as soon as they are multiplied, then rows 8-15
- * likewise, so half a step's loads are always in flight (169 registers, no spills, in the 8-warp down + combine
- * CTAs; in the 128-register gate/up kernel it spilled). Each row's arithmetic is g16_fma's in the same order
- * (scales from L1, the activations of a step loaded at its start), so the same bits as g16_rows. */
+/* One activation row, half-step pipelined (one token's gate/up and down + combine with DEEPINFER_CUDA_FP8_GV16=3):
+ * the plain form holds one step's 16 rows of loads, so a warp has nothing in flight while it multiplies; here rows
+ * 0-7 of step s + 1 are loaded into the registers rows 0-7 of step s free as soon as they are multiplied, then rows
+ * 8-15 likewise, so half a step's loads are always in flight (no spills: 128 registers in fp8_gv16_half_kernel,
+ * 169 in the 8-warp down + combine CTAs). Each row's arithmetic is g16_fma's in the same order (scales from L1,
+ * the activations of a step loaded at its start), so the same bits as g16_rows. */
 template <class RT>
 static __device__ __forceinline__ void g16_rows_half(float (*acc)[1], const uint8_t *wq, const RT &rt, const float *ws,
                                                      const bf16 *x, int bc, int K, int lane) {
@@ -322,6 +322,49 @@ fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, in
   }
 }
 
+/* fp8_gv16_kernel's one-row form with g16_rows_half (DEEPINFER_CUDA_FP8_GV16=3 at one token): each tile's first row
+ * only (one token: every tile is one row; the host allows it at max_rows 1), the row offsets computed where used;
+ * with a loop over a tile's rows it spilled 124 bytes at the 128-register bound, without one it has no spills. */
+template <bool GLU, bool PF>
+static __global__ void __launch_bounds__(32, 16)
+fp8_gv16_half_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
+                     const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc, int c_f32, int pf_tile0,
+                     int pf_expert0, g16_pf pfn) {
+  __shared__ float red[G16_ROWS];
+  const int lane = threadIdx.x;
+  const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
+  const g16_rows_calc rt(w, N, c0, GLU);
+  if (PF && pfn.q2) g16_prefetch_q2(pfn, lane); /* weights only: before the wait */
+  if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
+    const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
+#pragma unroll
+    for (int r = 0; r < G16_ROWS; r++)
+      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
+  }
+  DI_PDL_ENTRY();
+  if ((int)blockIdx.y >= *n_tiles) return;
+  const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
+  if (PF) g16_prefetch_share(pfn, t.e, lane);
+  if (t.m0 >= t.mend) return;
+  const int mb = t.m0, sblocks = (N + w.block_rows - 1) / w.block_rows;
+  const bf16 *x = A + (int64_t)(a_rows ? a_rows[mb] : mb) * lda;
+  float acc[G16_ROWS][1];
+  g16_rows_half(acc, w.q + (int64_t)t.e * N * w.ldq, rt, w.scale + (int64_t)t.e * sblocks * w.scale_cols, x,
+                w.block_cols, K, lane);
+  gv_warp_reduce<G16_ROWS, 1>(acc, lane);
+  if ((lane & 1) == 0) red[lane / 2] = acc[0][0]; /* (g16_tile's store at MR 1) */
+  __syncwarp();
+  if constexpr (GLU) {
+    if (lane < G16_ROWS / 2 && c0 + lane < N / 2) {
+      const float g = red[lane], u = red[lane + 8];
+      ((bf16 *)C)[(int64_t)mb * ldc + c0 + lane] = di_fb(g / (1.f + __expf(-g)) * u);
+    }
+  } else if (lane < G16_ROWS && c0 + lane < N) {
+    if (c_f32) ((float *)C)[(int64_t)mb * ldc + c0 + lane] = red[lane];
+    else ((bf16 *)C)[(int64_t)mb * ldc + c0 + lane] = di_fb(red[lane]);
+  }
+}
+
 /* One token's down projection + weighted combine (k_fp8_gemv.cu's fp8_down_combine_kernel with 16 rows a
  * warp): CTA c owns output rows 16 c .. +16, its warp j streams those rows of the down matrices of slots j,
  * j + 8, ..., adds wts[j] x the row's sum, and the warps' totals are added in warp order onto h. The shared
@@ -395,13 +438,28 @@ extern "C" di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, cons
                         "cuda: fp8 16-row grouped gemv N %d K %d lda %d block %d x %d tiles %d glu %d (K %% 16, "
                         "block_cols %% 16, aligned rows, glu: N even, bf16 out)",
                         N, K, lda, w.block_rows, w.block_cols, max_tiles, glu);
+  if (pipe == 2 && max_rows > 1)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv: the half-step form takes one row a tile (max_rows %d)",
+                        max_rows);
   const int mr = max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : 4;
   if (mr > 1) pipe = 0; /* two sets of 16 loads and 2-4 rows of activations spill */
-  pipe = pipe == 1; /* (2, the half-step form, is down + combine's only: here it spilled 116 bytes at 128 registers) */
+  const dim3 grid(glu ? (N / 2 + G16_ROWS / 2 - 1) / (G16_ROWS / 2) : (N + G16_ROWS - 1) / G16_ROWS, max_tiles);
+  if (pipe == 2) { /* the half-step form (one token) */
+#define G16_HALF(g, f)                                                                                            \
+  DI_CU(di_launch(fp8_gv16_half_kernel<g, f>, grid, 32, 0, s, (const bf16 *)A, lda, a_rows, w, N, K, expert_off, tiles, \
+                  n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0, pfn))
+    if (glu && pfn.q) G16_HALF(true, true);
+    else if (glu) G16_HALF(true, false);
+    else if (pfn.q) G16_HALF(false, true);
+    else G16_HALF(false, false);
+#undef G16_HALF
+    DI_CU_LAUNCH("fp8_gv16_half");
+    return DI_OK;
+  }
+  pipe = pipe == 1;
   if (pfn.q && mr > 1)
     return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv: the next-product prefetch takes one row a pass "
                         "(max_rows %d)", max_rows);
-  const dim3 grid(glu ? (N / 2 + G16_ROWS / 2 - 1) / (G16_ROWS / 2) : (N + G16_ROWS - 1) / G16_ROWS, max_tiles);
   const bf16 *a = (const bf16 *)A;
 #define G16_LAUNCH(m, g, p, f)                                                                                   \
   DI_CU(di_launch(fp8_gv16_kernel<m, g, p, f>, grid, 32, 0, s, a, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, \
