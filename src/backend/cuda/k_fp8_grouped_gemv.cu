@@ -15,7 +15,9 @@
  * (di_cuk_fp8_gv16_grouped_pf: one token's down rows, DEEPINFER_CUDA_FP8_PF_DOWN) each CTA, once it knows its
  * tile's expert, asks the TMA unit to bring its share of that expert's next weights into L2: the gate/up product
  * streams at ~2.4 TB/s, latency-bound, so the DRAM has room for the down rows, which the down + combine kernel
- * then reads from L2. A prefetch changes no value: the outputs are the same bits with it or without. */
+ * then reads from L2. A prefetch changes no value: the outputs are the same bits with it or without. The half-step
+ * forms (DEEPINFER_CUDA_FP8_GV16=3, one token) keep half a step's loads in flight while the other half is multiplied
+ * (g16_rows_half), the same arithmetic in the same order. */
 #include "k_fp8_common.cuh"
 #include <type_traits>
 
