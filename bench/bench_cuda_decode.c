@@ -41,10 +41,9 @@
  * --skip-sweep with --modes: the sweep once per mode.
  * --prefill-mha 0,1: the runs repeated for each DEEPINFER_CUDA_PREFILL_MHA setting (0 off; 1: steps of >= 512
  * tokens; N: >= N) inside each mode (default mode only: the invariant mode ignores it).
- * --decode-opts 0:0,2:0,0:16384,2:16384:3: the runs repeated for each listed P:R[:G], DEEPINFER_CUDA_FP8_PF_DOWN=P,
- * DEEPINFER_CUDA_SKINNY_ROWS=R and DEEPINFER_CUDA_FP8_GV16=G (unchanged if not given) (di_backend_cuda_set_decode_opts;
- * the same bits, so a same-process A/B of their speed), inside each rep (one mode, one --attn-fixed and
- * --prefill-mha setting only). */
+ * --skinny-rows 0,16384: the runs repeated for each listed DEEPINFER_CUDA_SKINNY_ROWS value (di_backend_cuda_set_skinny_rows;
+ * the same bits, so a same-process A/B of its speed), inside each rep (one mode, one --attn-fixed and --prefill-mha
+ * setting only). */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -258,7 +257,7 @@ int main(int argc, char **argv) {
   int feedback = 0, attn_fixed[8] = {-1}, n_af = 1, reps = 1, modes[4] = {-1}, n_mode = 1, profile = 0, kv8 = 0;
   static const char *mode_names[26] = {"default", "invariant", "fp8kv", "invariant-fp8kv", NULL, "invariant-tc",
                                        NULL, NULL, NULL, "invariant-dec", [25] = "invariant-decm"};
-  int pmha[4] = {-1}, n_pm = 1, ko_pf[8] = {-1}, ko_rows[8] = {0}, ko_gv[8] = {-1}, n_ko = 1;
+  int pmha[4] = {-1}, n_pm = 1, ko_rows[8] = {-1}, n_ko = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
     else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) np = parse_list(argv[++i], prefills, 8);
@@ -270,19 +269,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--profile")) profile = 1;
     else if (!strcmp(argv[i], "--prefill-mha") && i + 1 < argc) n_pm = parse_list(argv[++i], pmha, 4);
-    else if (!strcmp(argv[i], "--decode-opts") && i + 1 < argc) {
-      n_ko = 0;
-      for (const char *s = argv[++i]; *s && n_ko < 8;) {
-        ko_pf[n_ko] = atoi(s);
-        const char *c = strchr(s, ':'), *e = strchr(s, ',');
-        const char *c2 = c && (!e || c < e) ? strchr(c + 1, ':') : NULL;
-        ko_rows[n_ko] = c && (!e || c < e) ? atoi(c + 1) : 0;
-        ko_gv[n_ko++] = c2 && (!e || c2 < e) ? atoi(c2 + 1) : -1;
-        if (!e) break;
-        s = e + 1;
-      }
-      if (!n_ko) { fprintf(stderr, "bench: --decode-opts P:R,...\n"); return 2; }
-    }
+    else if (!strcmp(argv[i], "--skinny-rows") && i + 1 < argc) n_ko = parse_list(argv[++i], ko_rows, 8);
     else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
       n_mode = 0;
       for (char *m = strtok(argv[++i], ","); m && n_mode < 4; m = strtok(NULL, ",")) {
@@ -344,7 +331,7 @@ int main(int argc, char **argv) {
   double res_dec[16], all_dec[8][16][16], all_pf[8][16][8]; /* [setting][rep][batch / prefill] */
   if (reps < 1 || reps > 16) reps = 1;
   if (n_ko > 1 && (n_mode > 1 || n_af > 1 || n_pm > 1)) {
-    fprintf(stderr, "bench: --decode-opts with one mode, --attn-fixed and --prefill-mha setting only\n");
+    fprintf(stderr, "bench: --skinny-rows with one mode, --attn-fixed and --prefill-mha setting only\n");
     return 2;
   }
   const int n_set = n_mode * n_af * n_pm * n_ko;
@@ -358,10 +345,9 @@ int main(int argc, char **argv) {
   const int si = si_, ki = si_ % n_ko, sj = si_ / n_ko; /* (n_ko > 1: sj == 0) */
   const int mi = sj / (n_af * n_pm), ai = sj / n_pm % n_af, pi_ = sj % n_pm;
   if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
-  if (ko_pf[ki] >= 0) {
-    di_backend_cuda_set_decode_opts(be, ko_pf[ki], ko_rows[ki], ko_gv[ki]);
-    printf("\n--- DEEPINFER_CUDA_FP8_PF_DOWN=%d DEEPINFER_CUDA_SKINNY_ROWS=%d GV16=%d, rep %d\n", ko_pf[ki], ko_rows[ki],
-           ko_gv[ki], rep + 1);
+  if (ko_rows[ki] >= 0) {
+    di_backend_cuda_set_skinny_rows(be, ko_rows[ki]);
+    printf("\n--- DEEPINFER_CUDA_SKINNY_ROWS=%d, rep %d\n", ko_rows[ki], rep + 1);
   }
   if (pmha[pi_] >= 0) {
     di_backend_cuda_set_prefill_mha(be, pmha[pi_]);
@@ -473,7 +459,7 @@ int main(int argc, char **argv) {
       const int ki = si % n_ko, sj = si / n_ko;
       const int mi = sj / (n_af * n_pm), ai = sj / n_pm % n_af, pi_ = sj % n_pm;
       if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue;
-      if (n_ko > 1) printf("pf_down %d skinny_rows %6d gv16 %2d:", ko_pf[ki], ko_rows[ki], ko_gv[ki]);
+      if (n_ko > 1) printf("skinny_rows %6d:", ko_rows[ki]);
       else printf("%-15s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : mode_names[modes[mi]], attn_fixed[ai], pmha[pi_]);
       for (int k = 0; k < nb + np; k++) {
         double v[16];

@@ -132,10 +132,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                              "0: the FP8 path's one- and two-token fusions off (attention norm inside the q/kv GEMV, experts' gate/up + SiLU, one token's down + combine)"},
     [DI_SW_CUDA_FP8_GV16] = {"DEEPINFER_CUDA_FP8_GV16", "1",
                              "1: the FP8 path's decode-sized expert GEMVs (gate/up + SiLU, down, one token's down + combine) "
-                             "with 16 weight rows per warp (k_fp8_grouped_gemv.cu; 2: the same, pipelined loads; 3: as 1, one token's gate/up and down + combine half-step pipelined), "
+                             "with 16 weight rows per warp (k_fp8_grouped_gemv.cu; 2: the same, pipelined loads), "
                              "bit-equal to the 2-row CUDA-core GEMV they replace; 0: that GEMV (1-2 rows) and the tensor-core one (3-16)"},
-    [DI_SW_CUDA_FP8_PF_DOWN] = {"DEEPINFER_CUDA_FP8_PF_DOWN", "0",
-                                "1: at one token, each CTA of the FP8 experts' 16-row gate/up GEMV prefetches its share of its expert's down rows into L2 (TMA bulk prefetch) for the down + combine kernel; 2: the same with an L2 evict_last hint; 3: as 2, and the next layer's q/kv weights before the wait; 0: off. The same bits (a prefetch changes no value)"},
     [DI_SW_CUDA_SKINNY_ROWS] = {"DEEPINFER_CUDA_SKINNY_ROWS", "0",
                                 "N > 0: default-mode dense bf16 products of at most 8 rows with >= N outputs (the lm_head at decode: 102,400 for V2-Lite) on a persistent form of the skinny GEMM (each warp walks row pairs, loads in flight across them; the same bits); 0: off"},
     [DI_SW_CUDA_FP8_GMMA] = {"DEEPINFER_CUDA_FP8_GMMA", "1",

@@ -756,26 +756,6 @@ static void test_gv16(int E, int N, int K, int br, int bc, int max_rows, int glu
   CHECKF(rel(&err) < tol, "fp8 gv16 %s E %d N %d K %d rows %d: rel err %.3e", what, E, N, K, R, rel(&err));
   CHECKF(bad == 0 && badp == 0, "fp8 gv16 %s: %zu (plain) / %zu (pipelined) of %zu values differ from the 2-row GEMV",
          what, bad, badp, (size_t)R * Nout);
-  { /* with a next-product prefetch (DEEPINFER_CUDA_FP8_PF_DOWN; here of the same weights, both L2 policies): the same
-     * bits as without (compared in place: no hash lines, so the hash files of builds without it still line up) */
-    void *dP = di_cut_malloc(ob);
-    uint8_t *hp = malloc(ob), *h1 = malloc(ob);
-    di_cut_d2h(h1, dC[1], ob);
-    size_t badf = 0;
-    for (int ev = 0; ev < (mr == 1 ? 4 : 2); ev++) { /* 2, 3: the half-step form (one row a tile), without / with */
-      const di_cuk_fp8_pf pf = {dw.q, (int64_t)N * dw.ldq, (int64_t)(N - (ev & 1)) * dw.ldq, ev & 1,
-                                ev & 1 ? dw.q : NULL, (int64_t)N * dw.ldq};
-      di_status st = di_cuk_fp8_gv16_grouped_pf(dA, K, dar, dw, N, K, doff, dt, dnt, ntile + 2, bm, mr, dP, Nout, !glu,
-                                                glu, ev >= 2 ? 2 : 0, -1, 0, ev == 2 ? NULL : &pf, NULL);
-      CHECKF(st == DI_OK, "%s", di_last_error());
-      CHECK(di_cut_sync() == 0);
-      di_cut_d2h(hp, dP, ob);
-      badf += memcmp(hp, h1, (size_t)R * Nout * (glu ? 2 : 4)) != 0;
-    }
-    CHECKF(badf == 0, "fp8 gv16 %s: the output with the down prefetch / the half-step form differs from the plain "
-           "kernel's (%zu of %d runs)", what, badf, mr == 1 ? 4 : 2);
-    free(hp); free(h1); di_cut_free(dP);
-  }
   printf("fp8 gv16 %-4s %-24s E %3d N %5d K %5d block %3dx%-3d rows %4d: rel err %.2e, %zu / %zu differ from the 2-row GEMV\n",
          glu ? "glu" : "f32", what, E, N, K, br, bc, R, rel(&err), bad, badp);
   free(ref2); free(got); free(gotp); free(off); free(tiles); free(arows); free(A); free_w(&w);
@@ -796,11 +776,11 @@ static void test_gv16_down_combine(int E, int N, int K, int kt, const char *what
   float *h = malloc((size_t)N * 4);
   for (int n = 0; n < N; n++) h[n] = nrand();
   void *dq, *ds, *dact = dup_dev(act, (size_t)kt * K * 2);
-  void *dh[4] = {dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4)};
+  void *dh[3] = {dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4), dup_dev(h, (size_t)N * 4)};
   void *dids = dup_dev(ids, (size_t)kt * 4), *dwts = dup_dev(wts, (size_t)kt * 4), *dinv = dup_dev(inv, (size_t)kt * 4);
   di_cuk_fp8w dw = dev_w(&w, &dq, &ds);
   CHECK(di_cuk_fp8_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[0], N, NULL) == DI_OK);
-  for (int pipe = 0; pipe < 3; pipe++) { /* the last two experts prefetched, as the shared ones are (2: half-step) */
+  for (int pipe = 0; pipe < 2; pipe++) { /* the last two experts prefetched, as the shared ones are */
     di_status st = di_cuk_fp8_gv16_down_combine(dact, K, dw, N, K, dids, dwts, dinv, kt, dh[1 + pipe], N, pipe,
                                                 E - 2, 2, NULL);
     CHECKF(st == DI_OK, "%s", di_last_error());
@@ -818,18 +798,10 @@ static void test_gv16_down_combine(int E, int N, int K, int kt, const char *what
   }
   CHECKF(rel(&e) < 1e-4, "fp8 gv16 down+combine %s E %d N %d K %d k %d: rel err %.3e", what, E, N, K, kt, rel(&e));
   CHECKF(bad == 0 && badp == 0, "fp8 gv16 down+combine %s: %d / %d of %d differ from the 2-row kernel", what, bad, badp, N);
-  { /* the half-step form (DEEPINFER_CUDA_FP8_GV16=3), compared in place (no hash line: main's hash files line up) */
-    float *goth = malloc((size_t)N * 4);
-    di_cut_d2h(goth, dh[3], (size_t)N * 4);
-    int badh = 0;
-    for (int n = 0; n < N; n++) badh += memcmp(&goth[n], &ref2[n], 4) != 0;
-    CHECKF(badh == 0, "fp8 gv16 down+combine %s: %d of %d differ from the 2-row kernel in the half-step form", what, badh, N);
-    free(goth);
-  }
   printf("fp8 gv16 down+combine %-22s E %3d N %5d K %5d k %d: rel err %.2e, %d / %d differ from the 2-row kernel\n", what,
          E, N, K, kt, rel(&e), bad, badp);
   free(ref2); free(got); free(gotp); free(act); free(h); free_w(&w);
-  di_cut_free(dq); di_cut_free(ds); di_cut_free(dact); for (int i = 0; i < 4; i++) di_cut_free(dh[i]);
+  di_cut_free(dq); di_cut_free(ds); di_cut_free(dact); for (int i = 0; i < 3; i++) di_cut_free(dh[i]);
   di_cut_free(dids); di_cut_free(dwts); di_cut_free(dinv);
 }
 
@@ -960,84 +932,6 @@ static void time_gv16(int T) {
   }
   di_cut_free(dgu); di_cut_free(ddn); di_cut_free(dsgu); di_cut_free(dsdn); di_cut_free(dX); di_cut_free(dact);
   di_cut_free(dy); di_cut_free(dw); di_cut_free(dh);
-}
-
-/* DEEPINFER_CUDA_FP8_PF_DOWN at one token: the pair the model runs (16-row gate/up + SiLU, then 16-row down +
- * combine) on V2-Lite's experts (8 of 66 a call, cold in L2: 571 MB of weights over 16 routings) without the down
- * prefetch (0), with it (1) and with its evict_last hint (2), and 0 / 2 with both kernels' half-step forms
- * (DEEPINFER_CUDA_FP8_GV16=3), alternating, 5 rounds of 64 pairs each. */
-static void time_pf_down(void) {
-  enum { NE = 66, I = 1408, H = 2048, SETS = 16, ITERS = 64, ROUNDS = 5 };
-  const size_t gub = (size_t)2 * I * H, dnb = (size_t)H * I;
-  uint8_t *pat = rand_fp8(gub);
-  uint8_t *big = malloc(gub * NE);
-  for (int e = 0; e < NE; e++) memcpy(big + gub * e, pat, gub);
-  void *dgu = dup_dev(big, gub * NE), *ddn = dup_dev(big, dnb * NE);
-  free(big); free(pat);
-  float *sc = malloc((size_t)NE * 2 * I * (H / 128) * 4);
-  for (size_t i = 0; i < (size_t)NE * 2 * I * (H / 128); i++) sc[i] = (float)ldexp(1.0 + urand(), -8);
-  void *dsgu = dup_dev(sc, (size_t)NE * 2 * I * (H / 128) * 4), *dsdn = dup_dev(sc, (size_t)NE * H * (I / 128) * 4);
-  free(sc);
-  const di_cuk_fp8w wgu = {(const uint8_t *)dgu, (const float *)dsgu, H, 1, 128, H / 128};
-  const di_cuk_fp8w wdn = {(const uint8_t *)ddn, (const float *)dsdn, I, 1, 128, I / 128};
-  void *doff[SETS], *dtl[SETS], *dnt[SETS], *dperm[SETS], *dids[SETS], *dinv[SETS];
-  for (int s = 0; s < SETS; s++) {
-    int off[NE + 1], tiles[8], ids[8], inv[8], perm[8], cnt[NE] = {0}, ntile = 8;
-    for (int j = 0; j < 8; j++) {
-      int e, dup;
-      do {
-        e = (int)(urand() * NE);
-        dup = 0;
-        for (int q = 0; q < j; q++) dup |= ids[q] == e;
-      } while (dup);
-      ids[j] = e;
-      cnt[e]++;
-    }
-    off[0] = 0;
-    for (int e = 0; e < NE; e++) off[e + 1] = off[e] + cnt[e];
-    int t = 0;
-    for (int e = 0; e < NE; e++)
-      if (cnt[e]) tiles[t++] = e << 16;
-    for (int j = 0; j < 8; j++) { inv[j] = off[ids[j]]; perm[inv[j]] = 0; }
-    doff[s] = dup_dev(off, sizeof(off)); dtl[s] = dup_dev(tiles, sizeof(tiles)); dnt[s] = dup_dev(&ntile, 4);
-    dperm[s] = dup_dev(perm, sizeof(perm)); dids[s] = dup_dev(ids, sizeof(ids)); dinv[s] = dup_dev(inv, sizeof(inv));
-  }
-  uint16_t *X = rand_bf16(H, 1.f);
-  float wts[8] = {0.3f, 0.2f, 0.1f, 0.1f, 0.1f, 0.1f, 0.05f, 0.05f};
-  void *dX = dup_dev(X, (size_t)H * 2), *dact = di_cut_malloc((size_t)8 * I * 2), *dw = dup_dev(wts, sizeof(wts));
-  void *dh = di_cut_malloc((size_t)H * 4);
-  free(X);
-  double us[ROUNDS][5];
-  for (int r = 0; r < ROUNDS; r++)
-    for (int v = 0; v < 5; v++) { /* 3, 4: as 0, 2 with the half-step down + combine */
-      const di_cuk_fp8_pf pf = {wdn.q, (int64_t)H * I, (int64_t)H * I, v == 2 || v == 4, NULL, 0};
-      const int pfon = v == 1 || v == 2 || v == 4, dcf = v >= 3 ? 2 : 0;
-      for (int it = -4; it < ITERS; it++) {
-        if (it == 0) { CHECK(di_cut_sync() == 0); us[r][v] = di_cut_time_ms(); }
-        const int s = (it + 4 + r * 5) % SETS;
-        di_status st = di_cuk_fp8_gv16_grouped_pf(dX, H, dperm[s], wgu, 2 * I, H, doff[s], dtl[s], dnt[s], 8, 16, 1,
-                                                  dact, I, 0, 1, dcf, -1, 0, pfon ? &pf : NULL, NULL);
-        if (st == DI_OK) st = di_cuk_fp8_gv16_down_combine(dact, I, wdn, H, I, dids[s], dw, dinv[s], 8, dh, H, dcf, -1, 0, NULL);
-        if (st != DI_OK) { CHECKF(0, "time pf down: %s", di_last_error()); break; }
-      }
-      CHECK(di_cut_sync() == 0);
-      us[r][v] = (di_cut_time_ms() - us[r][v]) * 1e3 / ITERS;
-    }
-  const char *names[5] = {"no prefetch", "down into L2", "down into L2 evict_last", "half-step both",
-                          "evict_last + half-step"};
-  const double bytes = 8 * ((double)gub + dnb + (double)3 * I * (H / 128) * 4);
-  for (int v = 0; v < 5; v++) {
-    double best = 1e30;
-    printf("time fp8 experts V2-Lite T 1: gate/up + down+combine, %-24s", names[v]);
-    for (int r = 0; r < ROUNDS; r++) { printf(" %6.1f", us[r][v]); best = us[r][v] < best ? us[r][v] : best; }
-    printf(" us (best %.1f us, %.0f GB/s)\n", best, bytes / (best * 1e3));
-  }
-  for (int s = 0; s < SETS; s++) {
-    di_cut_free(doff[s]); di_cut_free(dtl[s]); di_cut_free(dnt[s]); di_cut_free(dperm[s]); di_cut_free(dids[s]);
-    di_cut_free(dinv[s]);
-  }
-  di_cut_free(dgu); di_cut_free(ddn); di_cut_free(dsgu); di_cut_free(dsdn); di_cut_free(dX); di_cut_free(dact);
-  di_cut_free(dw); di_cut_free(dh);
 }
 
 /* ---- k_fp8_grouped_mma.cu (DEEPINFER_CUDA_FP8_GMMA): the grouped W8A8 GEMM of steps of > 16 tokens ----
@@ -1365,12 +1259,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--tc-only") == 0) tc_only = 1;
     if (strcmp(argv[i], "--fusions-only") == 0) fusions_only = 1;
   }
-  if (argc > 1 && strcmp(argv[1], "--pf-time") == 0) { /* DEEPINFER_CUDA_FP8_PF_DOWN's kernel pair timed alone */
-    time_pf_down();
-    time_gv16(1);
-    printf("%d passed, %d failed\n", di_test_passed, di_test_failed);
-    return di_test_failed ? 1 : 0;
-  }
   if (gmma_only) { /* k_fp8_grouped_mma.cu: checks, then the expert paths timed at decode batches and prefill */
     test_gmma_all();
     if (timings) {
@@ -1385,7 +1273,6 @@ int main(int argc, char **argv) {
   test_gmma_all();
   if (gv16_only) {
     if (timings) {
-      time_pf_down();
       const int ts[] = {1, 2, 4, 16};
       for (int i = 0; i < 4; i++) time_gv16(ts[i]);
     }

@@ -216,64 +216,6 @@ static void check_case(const char *name) {
   di_model_free(mg);
 }
 
-/* DEEPINFER_CUDA_FP8_PF_DOWN (one token's down rows prefetched into L2 by the gate/up GEMV) changes no value: the
- * FP8 fixture whose experts take the 16-row GEMVs (block_cols % 16: dsv3-tiny-fp8) decoded token by token (one-token
- * steps: gate/up + down + combine) with the switch at 0, 1, 2 and 3, and at 3 with DEEPINFER_CUDA_FP8_GV16=3 (the
- * half-step down + combine); the logits of every step equal bit for bit. */
-static void check_pf_down_bits(const char *name) {
-  char dir[512], gpath[600];
-  snprintf(dir, sizeof dir, "%s", test_path(name));
-  snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir);
-  di_st_file g;
-  if (di_st_open(gpath, &g) != DI_OK) { CHECKF(0, "%s: no golden file", name); return; }
-  const di_st_tensor *tid = test_st_findf(&g, "p%d.ids", 2);
-  if (!tid) tid = test_st_findf(&g, "p%d.ids", 0);
-  CHECK(tid != NULL);
-  float *lg[5] = {0};
-  size_t n = 0;
-  char saved[2][64] = {"", ""}; /* the caller's settings, restored after */
-  const char *names[2] = {"DEEPINFER_CUDA_FP8_PF_DOWN", "DEEPINFER_CUDA_FP8_GV16"};
-  for (int i = 0; i < 2; i++)
-    if (getenv(names[i])) snprintf(saved[i], sizeof saved[i], "%s", getenv(names[i]));
-  for (int v = 0; v < 5 && tid; v++) {
-    char val[2] = {(char)('0' + (v < 4 ? v : 3)), 0};
-    setenv(names[0], val, 1);
-    setenv(names[1], v == 4 ? "3" : "1", 1);
-    di_model_options opt;
-    di_model_options_default(&opt);
-    opt.quiet = 1;
-    opt.accelerator = "cuda";
-    di_model *m = NULL;
-    di_status st = di_model_load(dir, &opt, &m);
-    CHECKF(st == DI_OK, "%s (PF_DOWN=%d): %s", name, v, di_last_error());
-    if (st != DI_OK) break;
-    const int V = m->cfg.vocab_size, T = (int)tid->shape[0];
-    seqst ss = {.ids = tid->data, .n = T, .nb = (T + DI_KV_BLOCK_SIZE - 1) / DI_KV_BLOCK_SIZE};
-    for (int j = 0; j < ss.nb; j++) ss.table[j] = ss.nb - j;
-    n = (size_t)T * V;
-    lg[v] = malloc(sizeof(float) * n);
-    float *o[1] = {lg[v]};
-    st = m->backend->ops->kv_alloc(m->backend, 32);
-    if (st == DI_OK) st = decode_batch(m->backend, &ss, 1, o, V, 0);
-    CHECKF(st == DI_OK, "%s (PF_DOWN=%d): %s", name, v, di_last_error());
-    di_model_free(m);
-  }
-  for (int i = 0; i < 2; i++) {
-    if (saved[i][0]) setenv(names[i], saved[i], 1);
-    else unsetenv(names[i]);
-  }
-  if (lg[0] && lg[1] && lg[2] && lg[3] && lg[4]) {
-    int same[5] = {1, 1, 1, 1, 1};
-    for (int v = 1; v < 5; v++) same[v] = memcmp(lg[0], lg[v], sizeof(float) * n) == 0;
-    CHECKF(same[1] && same[2] && same[3] && same[4], "%s: decode logits with DEEPINFER_CUDA_FP8_PF_DOWN=1 / 2 / 3 / "
-           "3 + GV16=3 differ from 0 (%d / %d / %d / %d)", name, !same[1], !same[2], !same[3], !same[4]);
-    printf("%-32s DEEPINFER_CUDA_FP8_PF_DOWN 1 / 2 / 3 / 3 + GV16=3 vs 0: %zu decode logits, bit-identical %d / %d / %d / %d\n",
-           name, n, same[1], same[2], same[3], same[4]);
-  }
-  for (int v = 0; v < 5; v++) free(lg[v]);
-  di_st_file_close(&g);
-}
-
 /* The MTP layer (ops->mtp; uploaded when the checkpoint has one) against the CPU backend's on fresh random inputs: a
  * 40-token sequence in two calls (the second reads the first's MTP KV entries through a scrambled block
  * table), random previous hidden states; logits and the pre-head hidden states of the output rows,
@@ -346,7 +288,6 @@ int main(void) {
                          "tests/data/models/dsv3-odd",       "tests/data/models/dsv2-yarn-tied",
                          "tests/data/models/dsv3-halfsplit", "tests/data/models/dsv3-fp8-16x12"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(cases[i]);
-  check_pf_down_bits("tests/data/models/dsv3-tiny-fp8");
   check_mtp("models/default"); /* has a trained MTP layer */
   return test_finish("test_cuda_model");
 }

@@ -141,11 +141,8 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
   if (b->fp8_gmma_min_t < 2) b->fp8_gmma_min_t = 2; /* one token keeps the fused down + combine */
   b->fp8_tcg = di_switch_int(DI_SW_CUDA_FP8_TCG, 1);
   b->fp8_gv16 = di_switch_int(DI_SW_CUDA_FP8_GV16, 1); /* (H200, V2-Lite FP8: batch 1 531 vs 426 tok/s) */
-  if (b->fp8_gv16 < 0 || b->fp8_gv16 > 3)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: DEEPINFER_CUDA_FP8_GV16=%d (0 .. 3)", b->fp8_gv16);
-  b->fp8_pf_down = di_switch_int(DI_SW_CUDA_FP8_PF_DOWN, 0);
-  if (b->fp8_pf_down < 0 || b->fp8_pf_down > 3)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: DEEPINFER_CUDA_FP8_PF_DOWN=%d (0 .. 3)", b->fp8_pf_down);
+  if (b->fp8_gv16 < 0 || b->fp8_gv16 > 2)
+    return di_error_set(DI_ERR_INVALID_ARG, "cuda: DEEPINFER_CUDA_FP8_GV16=%d (0, 1 or 2)", b->fp8_gv16);
   if (b->fp8 && di_switch_bool(DI_SW_CUDA_FP8_LT, 1)) DI_TRY(di_cu_fp8lt_create(&b->fp8lt));
   /* decode attention in clusters of 16 CTAs where the GPU can place them (H200: 417 vs 404 tok/s at
    * batch 1 with 8), else 8; DEEPINFER_CUDA_ATTN_CLUSTER=8, 16 or 0 (splits + a combine kernel, the
@@ -266,13 +263,11 @@ extern "C" void di_backend_cuda_set_fixed_dec(di_backend *bb, int level) {
   b->fixed_dec_merge = level > 0 && (level >> 2) & 1;
 }
 
-extern "C" void di_backend_cuda_set_decode_opts(di_backend *bb, int pf_down, int skinny_rows, int gv16) {
+extern "C" void di_backend_cuda_set_skinny_rows(di_backend *bb, int min_n) {
   cu_backend *b = (cu_backend *)bb;
   cudaStreamSynchronize(b->stream);
-  drop_graphs(b); /* captured graphs hold the old kernels */
-  b->fp8_pf_down = pf_down < 0 ? 0 : pf_down > 3 ? 3 : pf_down;
-  di_cu_blas_set_skinny_rows(b->blas, skinny_rows > 0 ? skinny_rows : 0);
-  if (gv16 >= 0 && gv16 <= 3) b->fp8_gv16 = gv16;
+  drop_graphs(b); /* captured graphs hold the old kernel */
+  di_cu_blas_set_skinny_rows(b->blas, min_n > 0 ? min_n : 0);
 }
 
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {

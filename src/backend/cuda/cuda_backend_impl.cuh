@@ -93,7 +93,6 @@ typedef struct cu_backend {
   const di_model_config *cfg; /* the model's (outlives the backend) */
   int fp8;       /* DEEPINFER_CUDA_FP8=1: FP8 weights stay FP8 on the device */
   int fp8_gv16;  /* DEEPINFER_CUDA_FP8_GV16 (1): 1 / 2 the 16-row FP8 expert GEMVs (2: pipelined loads), 0 off */
-  int fp8_pf_down; /* DEEPINFER_CUDA_FP8_PF_DOWN (0): one token's down rows into L2 during gate/up (2: evict_last; 3: and the next layer's q/kv) */
   int fp8_gmma;  /* DEEPINFER_CUDA_FP8_GMMA (1): experts of steps of > 16 tokens on k_fp8_grouped_mma.cu's GEMM */
   int fp8_gmma_min_t; /* DEEPINFER_CUDA_FP8_GMMA_MIN_T (4): the fewest tokens of a step for the grouped GEMMs */
   int fp8_tcg;   /* DEEPINFER_CUDA_FP8_TCG (1): those on k_fp8_tc_grouped.cu where the widths allow */

@@ -320,22 +320,12 @@ static di_status experts_fp8(cu_backend *b, const cu_layer *L, const cu_expert_r
   }
   if (b->fp8_gv16 && !b->invariant && T <= GV16_MAX_T && di_cuk_fp8_gv16_ok(Hp, io->x, Hp, L->f_exp_gu) &&
       di_cuk_fp8_gv16_ok(Ip, io->act, Ip, L->f_exp_down)) { /* DEEPINFER_CUDA_FP8_GV16: 16 rows a warp */
-    const int pipe = b->fp8_gv16 == 2, rows = T < bm ? T : bm, dc_form = b->fp8_gv16 == 3 ? 2 : pipe; /* 3: half-step */
-    const int gu_form = b->fp8_gv16 == 3 && rows == 1 ? 2 : pipe; /* (one row a tile) */
-    /* DEEPINFER_CUDA_FP8_PF_DOWN: one token's down rows (the H the combine reads of each expert's Hp) into L2 while
-     * the gate/up product streams (the same bits) */
-    /* (3: the next layer's q/kv rows too: down_combine implies the next layer norms inside its FP8 q/kv GEMV) */
-    const cu_layer *Ln = L + 1 < b->L + b->n_layers ? L + 1 : NULL;
-    const int q2 = b->fp8_pf_down == 3 && Ln && Ln->f_qkv_a.q && Ln->f_qkv_a.ldq % 16 == 0;
-    const di_cuk_fp8_pf pf_down = {L->f_exp_down.q, (int64_t)Hp * L->f_exp_down.ldq,
-                                   (int64_t)b->H * L->f_exp_down.ldq, b->fp8_pf_down >= 2,
-                                   q2 ? Ln->f_qkv_a.q : NULL, q2 ? (int64_t)b->Wa * Ln->f_qkv_a.ldq : 0};
-    DI_TRY(di_cuk_fp8_gv16_grouped_pf(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
-                                      io->n_tiles, max_tiles, bm, rows, io->act, Ip, 0, 1, gu_form, io->pf0, io->pf_e0,
-                                      down_combine && b->fp8_pf_down ? &pf_down : NULL, s));
+    const int pipe = b->fp8_gv16 == 2, rows = T < bm ? T : bm;
+    DI_TRY(di_cuk_fp8_gv16_grouped(x, Hp, io->perm_tok, L->f_exp_gu, 2 * Ip, Hp, io->expert_off, io->tiles,
+                                   io->n_tiles, max_tiles, bm, rows, io->act, Ip, 0, 1, pipe, io->pf0, io->pf_e0, s));
     if (down_combine) /* (one GPU only: the step's own routing in topk_ids / topk_w / inv) */
       return di_cuk_fp8_gv16_down_combine((const uint16_t *)io->act, Ip, L->f_exp_down, Hp, Ip, b->topk_ids, b->topk_w,
-                                          b->inv, b->Kt, b->h, b->H, dc_form, io->pf_e0, io->pf0 >= 0 ? b->n_sh : 0, s);
+                                          b->inv, b->Kt, b->h, b->H, pipe, io->pf_e0, io->pf0 >= 0 ? b->n_sh : 0, s);
     return di_cuk_fp8_gv16_grouped((const uint16_t *)io->act, Ip, NULL, L->f_exp_down, Hp, Ip, io->expert_off,
                                    io->tiles, io->n_tiles, max_tiles, bm, rows, io->y, Hp, 1, 0, pipe, io->pf0,
                                    io->pf_e0, s);

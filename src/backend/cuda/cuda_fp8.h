@@ -95,32 +95,12 @@ di_status di_cuk_mla_vo_fp8(const uint16_t *olat, int ld_olat, const uint16_t *w
  * a tile in passes of 1, 2 or 4 (by max_rows). pipe: the next step's loads issued before this step's FMAs.
  * pf_tile0 >= 0: tiles from pf_tile0 on are the experts pf_expert0, pf_expert0 + 1, ... (the shared ones
  * at one token), prefetched into L2 before the wait for the previous kernel; down_combine prefetches the
- * n_pf experts from pf_expert0. pipe = 2: the half-step pipelined loads (the same bits; the grouped GEMV then needs
- * max_rows 1 and computes each tile's first row only: one token). Needs K % 16,
- * block_cols % 16 and 16-byte aligned rows (di_cuk_fp8_gv16_ok). */
+ * n_pf experts from pf_expert0. Needs K % 16, block_cols % 16 and 16-byte aligned rows (di_cuk_fp8_gv16_ok). */
 int di_cuk_fp8_gv16_ok(int K, const void *A, int lda, di_cuk_fp8w w);
 di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
                                   const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
                                   int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu, int pipe,
                                   int pf_tile0, int pf_expert0, di_cu_stream s);
-/* di_cuk_fp8_gv16_grouped with the next product's weights prefetched into L2 (DEEPINFER_CUDA_FP8_PF_DOWN: one token's
- * down rows during its gate/up product): each CTA, after the wait, prefetches its share (by blockIdx.x) of the
- * next->bytes at next->q + e * next->stride of its tile's expert e (16-byte aligned, multiples of 16, bytes <=
- * stride); evict_last: with an L2 evict_last hint. q2 (optional): q2_bytes more (16-byte aligned, % 16) shared out
- * over all CTAs before the wait (the next layer's q/kv weights). The outputs are the same bits as without (a
- * prefetch reads only weights). next NULL: di_cuk_fp8_gv16_grouped. */
-typedef struct di_cuk_fp8_pf {
-  const uint8_t *q;
-  int64_t stride, bytes;
-  int evict_last;
-  const uint8_t *q2;
-  int64_t q2_bytes;
-} di_cuk_fp8_pf;
-di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K,
-                                     const int32_t *expert_off, const int32_t *tiles, const int32_t *n_tiles,
-                                     int max_tiles, int bm, int max_rows, void *C, int ldc, int c_f32, int glu,
-                                     int pipe, int pf_tile0, int pf_expert0, const di_cuk_fp8_pf *next,
-                                     di_cu_stream s);
 di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K,
                                        const int32_t *ids, const float *wts, const int32_t *inv, int kt, float *h,
                                        int n, int pipe, int pf_expert0, int n_pf, di_cu_stream s);

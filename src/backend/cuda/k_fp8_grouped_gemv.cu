@@ -11,13 +11,7 @@
  * and di_cuk_fp8_down_combine's, and a row's result does not depend on the rows beside it
  * (batch-invariant). One-warp CTAs (as k_grouped_gemm.cu's one-row GEMV: no SM left with a partial CTA).
  * At one token the shared experts (the last tiles, known before routing) are prefetched into L2 before
- * the kernel waits for the router (pf_tile0 / pf_expert0, as di_cuk_grouped_gemv). With a next-product prefetch
- * (di_cuk_fp8_gv16_grouped_pf: one token's down rows, DEEPINFER_CUDA_FP8_PF_DOWN) each CTA, once it knows its
- * tile's expert, asks the TMA unit to bring its share of that expert's next weights into L2: the gate/up product
- * streams at ~2.4 TB/s, latency-bound, so the DRAM has room for the down rows, which the down + combine kernel
- * then reads from L2. A prefetch changes no value: the outputs are the same bits with it or without. The half-step
- * forms (DEEPINFER_CUDA_FP8_GV16=3, one token) keep half a step's loads in flight while the other half is multiplied
- * (g16_rows_half), the same arithmetic in the same order. */
+ * the kernel waits for the router (pf_tile0 / pf_expert0, as di_cuk_grouped_gemv). */
 #include "k_fp8_common.cuh"
 #include <type_traits>
 
@@ -151,48 +145,27 @@ static __device__ __forceinline__ void g16_rows(float (*acc)[MR], const uint8_t 
   }
 }
 
-/* This CTA's share of expert e's next-product weights (pf.bytes from pf.q + e * pf.stride, all multiples of 16)
- * prefetched into L2 by bulk prefetches of one 16-byte-aligned piece a lane (evict_last: with an L2 hint that
- * keeps them over the lines this kernel streams). */
-struct g16_pf {
-  const uint8_t *q;
-  int64_t stride;
-  uint32_t bytes;
-  int evict_last;
-  const uint8_t *q2; /* a weight all CTAs share out before the wait (the next layer's q/kv rows), q2_bytes of it */
-  uint32_t q2_bytes;
-};
-/* bytes [p, p + n) (16-byte aligned, n % 16 == 0) cut into one piece a lane */
-static __device__ __forceinline__ void g16_bulk_prefetch(const uint8_t *p, uint32_t n, int lane, int evict_last) {
-  const uint32_t piece = ((n + 31) / 32 + 15) & ~15u, p0 = (uint32_t)lane * piece;
-  if (p0 >= n) return;
-  const uint32_t m = min(piece, n - p0);
-  if (evict_last) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p + p0), "r"(m), "l"(pol)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + p0), "r"(m) : "memory");
+/* grid (ceil(N / 16) (glu: ceil(I / 8)), tiles), one warp per CTA; the tile's rows in passes of MR. The
+ * warp's sums go through shared memory (value r * MR + m) to the lanes that store them. */
+template <int MR, bool GLU, bool PIPE>
+static __global__ void __launch_bounds__(32, PIPE || MR > 1 ? 8 : 16) /* MR 1 plain: 128 registers */
+fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
+                const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc, int c_f32, int pf_tile0,
+                int pf_expert0) {
+  __shared__ float red[G16_ROWS * MR];
+  const int lane = threadIdx.x;
+  const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
+  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
+  const RT rt(w, N, c0, GLU);
+  if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
+    const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
+#pragma unroll
+    for (int r = 0; r < G16_ROWS; r++)
+      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
   }
-}
-static __device__ __forceinline__ void g16_prefetch_share(const g16_pf &pf, int e, int lane) {
-  const uint32_t per = ((pf.bytes + gridDim.x - 1) / gridDim.x + 15) & ~15u, b0 = blockIdx.x * per;
-  if (b0 >= pf.bytes) return;
-  g16_bulk_prefetch(pf.q + (int64_t)e * pf.stride + b0, min(per, pf.bytes - b0), lane, pf.evict_last);
-}
-/* This CTA's share (by its linear index in the grid) of pf.q2 */
-static __device__ __forceinline__ void g16_prefetch_q2(const g16_pf &pf, int lane) {
-  const uint32_t ctas = gridDim.x * gridDim.y, id = blockIdx.y * gridDim.x + blockIdx.x;
-  const uint32_t per = ((pf.q2_bytes + ctas - 1) / ctas + 15) & ~15u, b0 = id * per;
-  if (b0 < pf.q2_bytes) g16_bulk_prefetch(pf.q2 + b0, min(per, pf.q2_bytes - b0), lane, 0);
-}
-
-/* One tile's rows times the warp's 16 weight rows (rt) in passes of MR, stored (GLU: silu(gate) * up, bf16) */
-template <int MR, bool GLU, bool PIPE, class RT>
-static __device__ __forceinline__ void g16_tile(float *red, const RT &rt, const fp8_rows &t, const bf16 *A, int lda,
-                                                const int32_t *a_rows, const di_cuk_fp8w &w, int N, int K, int c0,
-                                                void *C, int ldc, int c_f32, int lane) {
+  DI_PDL_ENTRY();
+  if ((int)blockIdx.y >= *n_tiles) return;
+  const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
   const int sblocks = (N + w.block_rows - 1) / w.block_rows;
   const uint8_t *wq = w.q + (int64_t)t.e * N * w.ldq;
   const float *ws = w.scale + (int64_t)t.e * sblocks * w.scale_cols;
@@ -229,156 +202,18 @@ static __device__ __forceinline__ void g16_tile(float *red, const RT &rt, const 
   }
 }
 
-/* One activation row, half-step pipelined (one token's gate/up and down + combine with DEEPINFER_CUDA_FP8_GV16=3):
- * the plain form holds one step's 16 rows of loads, so a warp has nothing in flight while it multiplies; here rows
- * 0-7 of step s + 1 are loaded into the registers rows 0-7 of step s free as soon as they are multiplied, then rows
- * 8-15 likewise, so half a step's loads are always in flight (no spills: 128 registers in fp8_gv16_half_kernel,
- * 169 in the 8-warp down + combine CTAs). Each row's arithmetic is g16_fma's in the same order (scales from L1,
- * the activations of a step loaded at its start), so the same bits as g16_rows. */
-template <class RT>
-static __device__ __forceinline__ void g16_rows_half(float (*acc)[1], const uint8_t *wq, const RT &rt, const float *ws,
-                                                     const bf16 *x, int bc, int K, int lane) {
-#pragma unroll
-  for (int r = 0; r < G16_ROWS; r++) acc[r][0] = 0.f;
-  uint4 w[G16_ROWS];
-  if (lane * 16 < K) {
-#pragma unroll
-    for (int r = 0; r < G16_ROWS; r++) w[r] = di_ld_stream16(wq + rt.rq(r) + lane * 16);
-  }
-  for (int k0 = 0; k0 < K; k0 += G16_STEP) {
-    const int k = k0 + lane * 16, kn = k + G16_STEP;
-    if (k >= K) break; /* (this lane's later steps are past K too) */
-    const int blk = k / bc;
-    float xf[16];
-    {
-      const uint4 x0 = __ldg((const uint4 *)(x + k)), x1 = __ldg((const uint4 *)(x + k) + 1);
-      const __nv_bfloat162 *p0 = (const __nv_bfloat162 *)&x0, *p1 = (const __nv_bfloat162 *)&x1;
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float2 a = __bfloat1622float2(p0[j]), b = __bfloat1622float2(p1[j]);
-        xf[2 * j] = a.x; xf[2 * j + 1] = a.y; xf[8 + 2 * j] = b.x; xf[8 + 2 * j + 1] = b.y;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-#pragma unroll
-      for (int r = 8 * h; r < 8 * h + 8; r++) {
-        float wf[16];
-        fp8x4_to_f32(w[r].x, wf);
-        fp8x4_to_f32(w[r].y, wf + 4);
-        fp8x4_to_f32(w[r].z, wf + 8);
-        fp8x4_to_f32(w[r].w, wf + 12);
-        float p = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; j++) p = fmaf(xf[j], wf[j], p);
-        acc[r][0] = fmaf(p, __ldg(ws + rt.sq(r) + blk), acc[r][0]);
-      }
-      if (kn < K) {
-#pragma unroll
-        for (int r = 8 * h; r < 8 * h + 8; r++) w[r] = di_ld_stream16(wq + rt.rq(r) + kn);
-      }
-    }
-  }
-}
-
-/* grid (ceil(N / 16) (glu: ceil(I / 8)), tiles), one warp per CTA; the tile's rows in passes of MR. The
- * warp's sums go through shared memory (value r * MR + m) to the lanes that store them. PF (one row a pass):
- * the next product's weights of the tile's expert prefetched after the wait (pfn), the row table built after
- * that (with the table live across the prefetch the one-row form spilled 112 bytes). */
-template <int MR, bool GLU, bool PIPE, bool PF>
-static __global__ void __launch_bounds__(32, PIPE || MR > 1 ? 8 : 16) /* MR 1 plain: 128 registers */
-fp8_gv16_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
-                const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc, int c_f32, int pf_tile0,
-                int pf_expert0, g16_pf pfn) {
-  __shared__ float red[G16_ROWS * MR];
-  const int lane = threadIdx.x;
-  const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
-  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
-  if constexpr (PF) {
-    if (pfn.q2) g16_prefetch_q2(pfn, lane); /* weights only: before the wait */
-    if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
-      const g16_rows_calc rc(w, N, c0, GLU);
-      const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
-#pragma unroll
-      for (int r = 0; r < G16_ROWS; r++)
-        for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rc.rq(r) + k);
-    }
-    DI_PDL_ENTRY();
-    if ((int)blockIdx.y >= *n_tiles) return;
-    const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
-    g16_prefetch_share(pfn, t.e, lane);
-    const g16_rows_calc rt(w, N, c0, GLU);
-    g16_tile<MR, GLU, PIPE>(red, rt, t, A, lda, a_rows, w, N, K, c0, C, ldc, c_f32, lane);
-  } else {
-    const RT rt(w, N, c0, GLU);
-    if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
-      const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
-#pragma unroll
-      for (int r = 0; r < G16_ROWS; r++)
-        for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
-    }
-    DI_PDL_ENTRY();
-    if ((int)blockIdx.y >= *n_tiles) return;
-    const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
-    g16_tile<MR, GLU, PIPE>(red, rt, t, A, lda, a_rows, w, N, K, c0, C, ldc, c_f32, lane);
-  }
-}
-
-/* fp8_gv16_kernel's one-row form with g16_rows_half (DEEPINFER_CUDA_FP8_GV16=3 at one token): each tile's first row
- * only (one token: every tile is one row; the host allows it at max_rows 1), the row offsets computed where used;
- * with a loop over a tile's rows it spilled 124 bytes at the 128-register bound, without one it has no spills. */
-template <bool GLU, bool PF>
-static __global__ void __launch_bounds__(32, 16)
-fp8_gv16_half_kernel(const bf16 *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N, int K, const int32_t *off,
-                     const int32_t *tiles, const int32_t *n_tiles, int bm, void *C, int ldc, int c_f32, int pf_tile0,
-                     int pf_expert0, g16_pf pfn) {
-  __shared__ float red[G16_ROWS];
-  const int lane = threadIdx.x;
-  const int c0 = blockIdx.x * (GLU ? G16_ROWS / 2 : G16_ROWS);
-  const g16_rows_calc rt(w, N, c0, GLU);
-  if (PF && pfn.q2) g16_prefetch_q2(pfn, lane); /* weights only: before the wait */
-  if (pf_tile0 >= 0 && (int)blockIdx.y >= pf_tile0) { /* a shared expert's rows, known before routing */
-    const uint8_t *wp = w.q + (int64_t)(pf_expert0 + (int)blockIdx.y - pf_tile0) * N * w.ldq;
-#pragma unroll
-    for (int r = 0; r < G16_ROWS; r++)
-      for (int k = lane * 128; k < K; k += 32 * 128) di_prefetch_l2(wp + rt.rq(r) + k);
-  }
-  DI_PDL_ENTRY();
-  if ((int)blockIdx.y >= *n_tiles) return;
-  const fp8_rows t = fp8_tile_rows(off, tiles, bm, 0);
-  if (PF) g16_prefetch_share(pfn, t.e, lane);
-  if (t.m0 >= t.mend) return;
-  const int mb = t.m0, sblocks = (N + w.block_rows - 1) / w.block_rows;
-  const bf16 *x = A + (int64_t)(a_rows ? a_rows[mb] : mb) * lda;
-  float acc[G16_ROWS][1];
-  g16_rows_half(acc, w.q + (int64_t)t.e * N * w.ldq, rt, w.scale + (int64_t)t.e * sblocks * w.scale_cols, x,
-                w.block_cols, K, lane);
-  gv_warp_reduce<G16_ROWS, 1>(acc, lane);
-  if ((lane & 1) == 0) red[lane / 2] = acc[0][0]; /* (g16_tile's store at MR 1) */
-  __syncwarp();
-  if constexpr (GLU) {
-    if (lane < G16_ROWS / 2 && c0 + lane < N / 2) {
-      const float g = red[lane], u = red[lane + 8];
-      ((bf16 *)C)[(int64_t)mb * ldc + c0 + lane] = di_fb(g / (1.f + __expf(-g)) * u);
-    }
-  } else if (lane < G16_ROWS && c0 + lane < N) {
-    if (c_f32) ((float *)C)[(int64_t)mb * ldc + c0 + lane] = red[lane];
-    else ((bf16 *)C)[(int64_t)mb * ldc + c0 + lane] = di_fb(red[lane]);
-  }
-}
-
 /* One token's down projection + weighted combine (k_fp8_gemv.cu's fp8_down_combine_kernel with 16 rows a
  * warp): CTA c owns output rows 16 c .. +16, its warp j streams those rows of the down matrices of slots j,
  * j + 8, ..., adds wts[j] x the row's sum, and the warps' totals are added in warp order onto h. The shared
  * experts' rows (pf_expert0 .., n_pf of them) are prefetched into L2 before the wait. */
-template <bool PIPE, bool HALF>
+template <bool PIPE>
 static __global__ void __launch_bounds__(G16_DC_WARPS * 32)
 fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, int K, const int32_t *ids,
                              const float *wts, const int32_t *inv, int kt, float *h, int n, int pf_expert0, int n_pf) {
   __shared__ float part[G16_DC_WARPS][G16_ROWS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * G16_ROWS;
   const int sblocks = (N + w.block_rows - 1) / w.block_rows;
-  using RT = typename std::conditional<PIPE || HALF, g16_rows_calc, g16_rows_tab>::type;
+  using RT = typename std::conditional<PIPE, g16_rows_calc, g16_rows_tab>::type;
   const RT rt(w, N, n0, false);
   for (int e = warp; e < n_pf; e += G16_DC_WARPS) {
     const uint8_t *wp = w.q + (int64_t)(pf_expert0 + e) * N * w.ldq;
@@ -393,12 +228,8 @@ fp8_gv16_down_combine_kernel(const bf16 *act, int ld_act, di_cuk_fp8w w, int N, 
     const float wj = wts[j];
     const bf16 *xr[1] = {act + (int64_t)inv[j] * ld_act};
     float acc[G16_ROWS][1];
-    if constexpr (HALF)
-      g16_rows_half(acc, w.q + (int64_t)e * N * w.ldq, rt, w.scale + (int64_t)e * sblocks * w.scale_cols, xr[0],
-                    w.block_cols, K, lane);
-    else
-      g16_rows<1, PIPE>(acc, w.q + (int64_t)e * N * w.ldq, rt, w.scale + (int64_t)e * sblocks * w.scale_cols, xr,
-                        w.block_cols, K, lane);
+    g16_rows<1, PIPE>(acc, w.q + (int64_t)e * N * w.ldq, rt, w.scale + (int64_t)e * sblocks * w.scale_cols, xr,
+                      w.block_cols, K, lane);
     gv_warp_reduce<G16_ROWS, 1>(acc, lane);
     totl += wj * acc[0][0];
   }
@@ -418,76 +249,34 @@ extern "C" int di_cuk_fp8_gv16_ok(int K, const void *A, int lda, di_cuk_fp8w w) 
          ((uintptr_t)w.q & 15) == 0;
 }
 
-extern "C" di_status di_cuk_fp8_gv16_grouped_pf(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w,
-                                                int N, int K, const int32_t *expert_off, const int32_t *tiles,
-                                                const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
-                                                int ldc, int c_f32, int glu, int pipe, int pf_tile0, int pf_expert0,
-                                                const di_cuk_fp8_pf *next, di_cu_stream s) {
-  if (max_tiles <= 0) return DI_OK;
-  g16_pf pfn = {NULL, 0, 0, 0, NULL, 0};
-  if (next && next->q) {
-    if (((uintptr_t)next->q & 15) || next->stride % 16 || next->bytes % 16 || next->bytes <= 0 ||
-        next->bytes > next->stride || next->bytes >= ((int64_t)1 << 32) ||
-        (next->q2 && (((uintptr_t)next->q2 & 15) || next->q2_bytes % 16 || next->q2_bytes <= 0 ||
-                      next->q2_bytes >= ((int64_t)1 << 32))))
-      return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv prefetch of %lld bytes a %lld-byte stride, "
-                          "%lld more (16-byte aligned, multiples of 16, within the stride)",
-                          (long long)next->bytes, (long long)next->stride, (long long)next->q2_bytes);
-    pfn = {next->q, next->stride, (uint32_t)next->bytes, next->evict_last, next->q2, (uint32_t)next->q2_bytes};
-  }
-  if (!di_cuk_fp8_gv16_ok(K, A, lda, w) || max_tiles > 65535 || N <= 0 || (glu && (N % 2 || c_f32)))
-    return di_error_set(DI_ERR_INVALID_ARG,
-                        "cuda: fp8 16-row grouped gemv N %d K %d lda %d block %d x %d tiles %d glu %d (K %% 16, "
-                        "block_cols %% 16, aligned rows, glu: N even, bf16 out)",
-                        N, K, lda, w.block_rows, w.block_cols, max_tiles, glu);
-  if (pipe == 2 && max_rows > 1)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv: the half-step form takes one row a tile (max_rows %d)",
-                        max_rows);
-  const int mr = max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : 4;
-  if (mr > 1) pipe = 0; /* two sets of 16 loads and 2-4 rows of activations spill */
-  const dim3 grid(glu ? (N / 2 + G16_ROWS / 2 - 1) / (G16_ROWS / 2) : (N + G16_ROWS - 1) / G16_ROWS, max_tiles);
-  if (pipe == 2) { /* the half-step form (one token) */
-#define G16_HALF(g, f)                                                                                            \
-  DI_CU(di_launch(fp8_gv16_half_kernel<g, f>, grid, 32, 0, s, (const bf16 *)A, lda, a_rows, w, N, K, expert_off, tiles, \
-                  n_tiles, bm, C, ldc, c_f32, pf_tile0, pf_expert0, pfn))
-    if (glu && pfn.q) G16_HALF(true, true);
-    else if (glu) G16_HALF(true, false);
-    else if (pfn.q) G16_HALF(false, true);
-    else G16_HALF(false, false);
-#undef G16_HALF
-    DI_CU_LAUNCH("fp8_gv16_half");
-    return DI_OK;
-  }
-  pipe = pipe == 1;
-  if (pfn.q && mr > 1)
-    return di_error_set(DI_ERR_INVALID_ARG, "cuda: fp8 16-row gemv: the next-product prefetch takes one row a pass "
-                        "(max_rows %d)", max_rows);
-  const bf16 *a = (const bf16 *)A;
-#define G16_LAUNCH(m, g, p, f)                                                                                   \
-  DI_CU(di_launch(fp8_gv16_kernel<m, g, p, f>, grid, 32, 0, s, a, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, \
-                  bm, C, ldc, c_f32, pf_tile0, pf_expert0, pfn))
-#define G16_CASE(m, p) \
-  if (mr == m && pipe == p) { if (glu) G16_LAUNCH(m, true, p, false); else G16_LAUNCH(m, false, p, false); }
-#define G16_CASE_PF(p) \
-  if (pfn.q && pipe == p) { if (glu) G16_LAUNCH(1, true, p, true); else G16_LAUNCH(1, false, p, true); }
-  G16_CASE_PF(true) else G16_CASE_PF(false) else G16_CASE(1, true) else G16_CASE(1, false) else G16_CASE(2, false) else {
-    if (glu) G16_LAUNCH(4, true, false, false);
-    else G16_LAUNCH(4, false, false, false);
-  }
-#undef G16_CASE_PF
-#undef G16_CASE
-#undef G16_LAUNCH
-  DI_CU_LAUNCH("fp8_gv16");
-  return DI_OK;
-}
-
 extern "C" di_status di_cuk_fp8_gv16_grouped(const uint16_t *A, int lda, const int32_t *a_rows, di_cuk_fp8w w, int N,
                                              int K, const int32_t *expert_off, const int32_t *tiles,
                                              const int32_t *n_tiles, int max_tiles, int bm, int max_rows, void *C,
                                              int ldc, int c_f32, int glu, int pipe, int pf_tile0, int pf_expert0,
                                              di_cu_stream s) {
-  return di_cuk_fp8_gv16_grouped_pf(A, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, max_tiles, bm, max_rows, C,
-                                    ldc, c_f32, glu, pipe, pf_tile0, pf_expert0, NULL, s);
+  if (max_tiles <= 0) return DI_OK;
+  if (!di_cuk_fp8_gv16_ok(K, A, lda, w) || max_tiles > 65535 || N <= 0 || (glu && (N % 2 || c_f32)))
+    return di_error_set(DI_ERR_INVALID_ARG,
+                        "cuda: fp8 16-row grouped gemv N %d K %d lda %d block %d x %d tiles %d glu %d (K %% 16, "
+                        "block_cols %% 16, aligned rows, glu: N even, bf16 out)",
+                        N, K, lda, w.block_rows, w.block_cols, max_tiles, glu);
+  const int mr = max_rows <= 1 ? 1 : max_rows <= 2 ? 2 : 4;
+  if (mr > 1) pipe = 0; /* two sets of 16 loads and 2-4 rows of activations spill */
+  const dim3 grid(glu ? (N / 2 + G16_ROWS / 2 - 1) / (G16_ROWS / 2) : (N + G16_ROWS - 1) / G16_ROWS, max_tiles);
+  const bf16 *a = (const bf16 *)A;
+#define G16_LAUNCH(m, g, p)                                                                                      \
+  DI_CU(di_launch(fp8_gv16_kernel<m, g, p>, grid, 32, 0, s, a, lda, a_rows, w, N, K, expert_off, tiles, n_tiles, bm, \
+                  C, ldc, c_f32, pf_tile0, pf_expert0))
+#define G16_CASE(m, p) \
+  if (mr == m && pipe == p) { if (glu) G16_LAUNCH(m, true, p); else G16_LAUNCH(m, false, p); }
+  G16_CASE(1, true) else G16_CASE(1, false) else G16_CASE(2, false) else {
+    if (glu) G16_LAUNCH(4, true, false);
+    else G16_LAUNCH(4, false, false);
+  }
+#undef G16_CASE
+#undef G16_LAUNCH
+  DI_CU_LAUNCH("fp8_gv16");
+  return DI_OK;
 }
 
 extern "C" di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_act, di_cuk_fp8w w, int N, int K,
@@ -499,15 +288,12 @@ extern "C" di_status di_cuk_fp8_gv16_down_combine(const uint16_t *act, int ld_ac
                         "cuda: fp8 16-row down + combine N %d K %d ld %d n %d k %d (K %% 16, block_cols %% 16, aligned)",
                         N, K, ld_act, n, kt);
   const int grid = (n + G16_ROWS - 1) / G16_ROWS;
-  if (pipe == 2) /* the half-step form */
-    DI_CU(di_launch(fp8_gv16_down_combine_kernel<false, true>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act,
-                    ld_act, w, N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
-  else if (pipe)
-    DI_CU(di_launch(fp8_gv16_down_combine_kernel<true, false>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act,
-                    ld_act, w, N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
+  if (pipe)
+    DI_CU(di_launch(fp8_gv16_down_combine_kernel<true>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act, ld_act, w,
+                    N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
   else
-    DI_CU(di_launch(fp8_gv16_down_combine_kernel<false, false>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act,
-                    ld_act, w, N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
+    DI_CU(di_launch(fp8_gv16_down_combine_kernel<false>, grid, G16_DC_WARPS * 32, 0, s, (const bf16 *)act, ld_act, w,
+                    N, K, ids, wts, inv, kt, h, n, pf_expert0, n_pf));
   DI_CU_LAUNCH("fp8_gv16_down_combine");
   return DI_OK;
 }
