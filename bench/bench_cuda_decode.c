@@ -43,7 +43,10 @@
  * 2048 wide, one shared expert; vocab cut to 4096 so the step is the layer, not the 129k-row lm_head).
  * --skip-sweep with --modes: the sweep once per mode.
  * --prefill-mha 0,1: the runs repeated for each DEEPINFER_CUDA_PREFILL_MHA setting (0 off; 1: steps of >= 512
- * tokens; N: >= N) inside each mode (default mode only: the invariant mode ignores it). */
+ * tokens; N: >= N) inside each mode (default mode only: the invariant mode ignores it).
+ * --skinny-rows 0,16384: the runs repeated for each listed DEEPINFER_CUDA_SKINNY_ROWS value (di_backend_cuda_set_skinny_rows;
+ * the same bits, so a same-process A/B of its speed), inside each rep (one mode, one --attn-fixed and --prefill-mha
+ * setting only). */
 #include <stdio.h>
 #ifndef DI_HAVE_CUDA
 int main(void) {
@@ -258,7 +261,7 @@ int main(int argc, char **argv) {
   static const char *mode_names[98] = {"default", "invariant", "fp8kv", "invariant-fp8kv", NULL, "invariant-tc",
                                        NULL, NULL, NULL, "invariant-dec", [25] = "invariant-decm",
                                        [33] = "invariant-dc", [65] = "invariant-pa", [97] = "invariant-dcpa"};
-  int pmha[4] = {-1}, n_pm = 1;
+  int pmha[4] = {-1}, n_pm = 1, ko_rows[8] = {-1}, n_ko = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--batches") && i + 1 < argc) nb = parse_list(argv[++i], batches, 16);
     else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) np = parse_list(argv[++i], prefills, 8);
@@ -270,6 +273,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--profile")) profile = 1;
     else if (!strcmp(argv[i], "--prefill-mha") && i + 1 < argc) n_pm = parse_list(argv[++i], pmha, 4);
+    else if (!strcmp(argv[i], "--skinny-rows") && i + 1 < argc) n_ko = parse_list(argv[++i], ko_rows, 8);
     else if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
       n_mode = 0;
       for (char *m = strtok(argv[++i], ","); m && n_mode < 6; m = strtok(NULL, ",")) {
@@ -330,7 +334,11 @@ int main(int argc, char **argv) {
   int32_t *next = malloc(4 * (size_t)maxb);
   double res_dec[16], all_dec[8][16][16], all_pf[8][16][8]; /* [setting][rep][batch / prefill] */
   if (reps < 1 || reps > 16) reps = 1;
-  const int n_set = n_mode * n_af * n_pm;
+  if (n_ko > 1 && (n_mode > 1 || n_af > 1 || n_pm > 1)) {
+    fprintf(stderr, "bench: --skinny-rows with one mode, --attn-fixed and --prefill-mha setting only\n");
+    return 2;
+  }
+  const int n_set = n_mode * n_af * n_pm * n_ko;
   int has_tc_mode = 0;
   int has_dec_mode = 0;
   for (int m = 0; m < n_mode; m++) has_tc_mode |= modes[m] >= 0 && (modes[m] >> 2) & 1;
@@ -341,9 +349,14 @@ int main(int argc, char **argv) {
   for (int m = 0; m < n_mode; m++) has_pa_mode |= modes[m] >= 0 && (modes[m] >> 6) & 1;
   if (n_set > 8) { fprintf(stderr, "bench: more than 8 mode x --attn-fixed x --prefill-mha settings\n"); return 2; }
   for (int rep = 0; rep < reps; rep++)
-  for (int si = 0; si < n_set; si++) {
-  const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
+  for (int si_ = 0; si_ < n_set; si_++) {
+  const int si = si_, ki = si_ % n_ko, sj = si_ / n_ko; /* (n_ko > 1: sj == 0) */
+  const int mi = sj / (n_af * n_pm), ai = sj / n_pm % n_af, pi_ = sj % n_pm;
   if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue; /* the invariant mode ignores --prefill-mha: its first setting only */
+  if (ko_rows[ki] >= 0) {
+    di_backend_cuda_set_skinny_rows(be, ko_rows[ki]);
+    printf("\n--- DEEPINFER_CUDA_SKINNY_ROWS=%d, rep %d\n", ko_rows[ki], rep + 1);
+  }
   if (pmha[pi_] >= 0) {
     di_backend_cuda_set_prefill_mha(be, pmha[pi_]);
     printf("\n--- prefill MHA form %d, rep %d\n", pmha[pi_], rep + 1);
@@ -453,9 +466,11 @@ int main(int argc, char **argv) {
     for (int pi = 0; pi < np; pi++) printf(" %d", prefills[pi]);
     printf(")\n");
     for (int si = 0; si < n_set; si++) {
-      const int mi = si / (n_af * n_pm), ai = si / n_pm % n_af, pi_ = si % n_pm;
+      const int ki = si % n_ko, sj = si / n_ko;
+      const int mi = sj / (n_af * n_pm), ai = sj / n_pm % n_af, pi_ = sj % n_pm;
       if (modes[mi] > 0 && (modes[mi] & 1) && pi_ > 0) continue;
-      printf("%-15s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : mode_names[modes[mi]], attn_fixed[ai], pmha[pi_]);
+      if (n_ko > 1) printf("skinny_rows %6d:", ko_rows[ki]);
+      else printf("%-15s attn fixed %4d mha %4d:", modes[mi] < 0 ? "" : mode_names[modes[mi]], attn_fixed[ai], pmha[pi_]);
       for (int k = 0; k < nb + np; k++) {
         double v[16];
         for (int r = 0; r < reps; r++) v[r] = k < nb ? all_dec[si][r][k] : all_pf[si][r][k - nb];

@@ -142,6 +142,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                              "1: the FP8 path's decode-sized expert GEMVs (gate/up + SiLU, down, one token's down + combine) "
                              "with 16 weight rows per warp (k_fp8_grouped_gemv.cu; 2: the same, pipelined loads), "
                              "bit-equal to the 2-row CUDA-core GEMV they replace; 0: that GEMV (1-2 rows) and the tensor-core one (3-16)"},
+    [DI_SW_CUDA_SKINNY_ROWS] = {"DEEPINFER_CUDA_SKINNY_ROWS", "0",
+                                "N > 0: default-mode dense bf16 products of at most 8 rows with >= N outputs (the lm_head at decode: 102,400 for V2-Lite) on a persistent form of the skinny GEMM (each warp walks row pairs, loads in flight across them; the same bits); 0: off"},
     [DI_SW_CUDA_FP8_GMMA] = {"DEEPINFER_CUDA_FP8_GMMA", "1",
                              "1: the FP8 path's expert products of steps of DEEPINFER_CUDA_FP8_GMMA_MIN_T tokens or more (outside the invariant mode) "
                              "that DEEPINFER_CUDA_FP8_TCG's kernel does not take on k_fp8_grouped_mma.cu's grouped W8A8 GEMM (16- and 64-row tiles, gate/up + SiLU in one kernel; 2: the same, 64-row tiles as one warp row of 4 warps); "

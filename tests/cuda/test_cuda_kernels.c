@@ -70,6 +70,80 @@ static void test_gemm(di_cu_blas *blas, int M, int N, int K, int y_f32, float be
   di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
 }
 
+/* DEEPINFER_CUDA_SKINNY_ROWS (di_cu_blas_set_skinny_rows): the persistent skinny kernel (warps walking row pairs)
+ * against the skinny kernel bit for bit, and against float64 (f32 out < 1e-3, bf16 < 1e-2, as test_gemm), on fresh
+ * random inputs: the lm_head shapes, a residual add (beta 1), fewer rows than its grid, odd N and K. */
+static void test_skinny_rows(di_cu_blas *blas, int M, int N, int K, int y_f32, float beta) {
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f), *W = rand_bf16((size_t)N * K, 0.05f);
+  float *Y0 = rand_f32((size_t)M * N, 1.f);
+  const size_t yb = (size_t)M * N * (y_f32 ? 4 : 2);
+  void *dX = dup_dev(X, (size_t)M * K * 2), *dW = dup_dev(W, (size_t)N * K * 2);
+  void *dY[2] = {di_cut_malloc((size_t)M * N * 4), di_cut_malloc((size_t)M * N * 4)};
+  for (int v = 0; v < 2; v++) {
+    if (y_f32) di_cut_h2d(dY[v], Y0, (size_t)M * N * 4);
+    di_cu_blas_set_skinny_rows(blas, v ? 1 : 0);
+    di_status st = di_cu_gemm(blas, M, N, K, dX, K, dW, K, dY[v], N, y_f32, beta, NULL);
+    CHECKF(st == DI_OK, "%s", di_last_error());
+  }
+  di_cu_blas_set_skinny_rows(blas, 0);
+  CHECK(di_cut_sync() == 0);
+  uint8_t *h0 = malloc(yb), *h1 = malloc(yb);
+  di_cut_d2h(h0, dY[0], yb);
+  di_cut_d2h(h1, dY[1], yb);
+  size_t bad = 0;
+  for (size_t i = 0; i < (size_t)M * N; i++) bad += memcmp(h0 + i * (y_f32 ? 4 : 2), h1 + i * (y_f32 ? 4 : 2), y_f32 ? 4 : 2) != 0;
+  double *ref = malloc(sizeof(double) * (size_t)M * N);
+  float *got = malloc((size_t)M * N * 4);
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      double a = 0;
+      for (int k = 0; k < K; k++) a += (double)bf(X[(size_t)m * K + k]) * bf(W[(size_t)n * K + k]);
+      ref[(size_t)m * N + n] = a + (y_f32 ? beta * Y0[(size_t)m * N + n] : 0);
+      const size_t i = (size_t)m * N + n;
+      got[i] = y_f32 ? ((float *)h1)[i] : bf(((uint16_t *)h1)[i]);
+    }
+  const double err = rel_err_d(ref, got, (size_t)M * N), tol = y_f32 ? 1e-3 : 1e-2;
+  CHECKF(err < tol, "skinny rows %dx%dx%d f32=%d beta=%g: rel err %.3e", M, N, K, y_f32, beta, err);
+  CHECKF(bad == 0, "skinny rows %dx%dx%d: %zu of %d outputs differ from the skinny kernel", M, N, K, bad, M * N);
+  printf("skinny rows %dx%dx%d f32=%d beta=%g: rel err %.2e, %zu differ from the skinny kernel\n", M, N, K, y_f32, beta,
+         err, bad);
+  free(X); free(W); free(Y0); free(h0); free(h1); free(ref); free(got);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(dY[0]); di_cut_free(dY[1]);
+}
+/* its time against the skinny kernel's at one shape (weights > L2: each call streams them), alternating, 5 rounds */
+static void time_skinny_rows(di_cu_blas *blas, int M, int N, int K) {
+  uint16_t *X = rand_bf16((size_t)M * K, 1.f), *W = rand_bf16((size_t)N * K, 0.05f);
+  void *dX = dup_dev(X, (size_t)M * K * 2), *dW = dup_dev(W, (size_t)N * K * 2), *dY = di_cut_malloc((size_t)M * N * 4);
+  double us[5][2];
+  for (int r = 0; r < 5; r++)
+    for (int v = 0; v < 2; v++) {
+      di_cu_blas_set_skinny_rows(blas, v ? 1 : 0);
+      for (int it = -2; it < 20; it++) {
+        if (it == 0) { CHECK(di_cut_sync() == 0); us[r][v] = di_cut_time_ms(); }
+        CHECK(di_cu_gemm(blas, M, N, K, dX, K, dW, K, dY, N, 1, 0.f, NULL) == DI_OK);
+      }
+      CHECK(di_cut_sync() == 0);
+      us[r][v] = (di_cut_time_ms() - us[r][v]) * 1e3 / 20;
+    }
+  di_cu_blas_set_skinny_rows(blas, 0);
+  for (int v = 0; v < 2; v++) {
+    double best = 1e30;
+    printf("time gemm %dx%dx%d %-14s", M, N, K, v ? "skinny rows" : "skinny");
+    for (int r = 0; r < 5; r++) { printf(" %7.1f", us[r][v]); best = us[r][v] < best ? us[r][v] : best; }
+    printf(" us (best %.1f us, %.0f GB/s)\n", best, (double)N * K * 2 / (best * 1e3));
+  }
+  free(X); free(W);
+  di_cut_free(dX); di_cut_free(dW); di_cut_free(dY);
+}
+static void test_skinny_rows_all(di_cu_blas *blas) {
+  test_skinny_rows(blas, 1, 102400, 2048, 1, 0.f); /* V2-Lite's lm_head at one token */
+  test_skinny_rows(blas, 1, 129280, 2048, 1, 0.f); /* V3's vocabulary */
+  test_skinny_rows(blas, 3, 20011, 2048, 1, 1.f);  /* a residual add, odd N */
+  test_skinny_rows(blas, 8, 50001, 136, 0, 0.f);   /* bf16 out, K not a multiple of a chunk */
+  test_skinny_rows(blas, 1, 200, 96, 0, 0.f);      /* fewer rows than the grid */
+  test_skinny_rows(blas, 2, 777, 72, 1, 0.f);
+}
+
 /* Y = RMSNorm(H) . W^T with the norm inside the skinny kernel (the decode layer's q/kv projection) */
 static void test_gemm_normed(di_cu_blas *blas, int M, int N, int K) {
   float *h = rand_f32((size_t)M * K, 3.f), *nw = rand_f32(K, 1.f);
@@ -1072,6 +1146,12 @@ int main(int argc, char **argv) {
   }
   di_cu_blas *blas = NULL;
   CHECK(di_cu_blas_create(&blas) == DI_OK);
+  if (argc > 1 && !strcmp(argv[1], "--rows-only")) { /* DEEPINFER_CUDA_SKINNY_ROWS's kernel alone */
+    test_skinny_rows_all(blas);
+    time_skinny_rows(blas, 1, 102400, 2048);
+    di_cu_blas_destroy(blas);
+    return test_finish("test_cuda_kernels");
+  }
   if (argc > 1 && !strcmp(argv[1], "--kv8-only")) { /* --kv-cache-dtype fp8: the write rule, prep, every attention form */
     test_kv8_quant(40, 512);
     test_kv8_quant(9, 32);
@@ -1119,6 +1199,7 @@ int main(int argc, char **argv) {
     test_gemm(blas, 1, 129280, 2048, 1, 0.f);     /* lm_head shape */
     test_gemm(blas, 1, 2048, 2048, 1, 1.f);       /* o_proj at decode */
     test_gemm(blas, 1, 200, 96, 0, 0.f);          /* a partial last CTA */
+    test_skinny_rows_all(blas);
     test_gemm_normed(blas, 1, 3648, 2048);         /* the q/kv projection with the attention norm inside */
     test_gemm_normed(blas, 4, 2112, 7168);
     test_gemm_normed(blas, 8, 100, 72);

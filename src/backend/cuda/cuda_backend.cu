@@ -114,6 +114,7 @@ static di_status create(const di_model_config *c, const di_ds_weights *w, cu_bac
    * prep + absorb are bit-equal to their unfused kernels and stay). Slower. */
   b->invariant = b->invariant || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
   di_cu_blas_set_tc_default(b->blas, di_switch_int(DI_SW_CUDA_TC_DEFAULT_MINM, 4));
+  di_cu_blas_set_skinny_rows(b->blas, di_switch_int(DI_SW_CUDA_SKINNY_ROWS, 0));
   const char *tc_core = di_switch_get(DI_SW_CUDA_TC_CORE);
   /* hybrid by default: all four cores give the same bits (test_cuda_tc_gemm), hybrid is the fastest */
   di_cuk_tc_gemm_set_core(!tc_core || !strcmp(tc_core, "hybrid") ? 3
@@ -278,6 +279,13 @@ extern "C" void di_backend_cuda_set_inv_prep_absorb(di_backend *bb, int on) {
   cudaStreamSynchronize(b->stream);
   drop_graphs(b); /* captured graphs hold the old kernels */
   b->inv_prep_absorb = on != 0;
+}
+
+extern "C" void di_backend_cuda_set_skinny_rows(di_backend *bb, int min_n) {
+  cu_backend *b = (cu_backend *)bb;
+  cudaStreamSynchronize(b->stream);
+  drop_graphs(b); /* captured graphs hold the old kernel */
+  di_cu_blas_set_skinny_rows(b->blas, min_n > 0 ? min_n : 0);
 }
 
 extern "C" void di_backend_cuda_set_prefill_mha(di_backend *bb, int min_tokens) {

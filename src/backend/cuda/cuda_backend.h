@@ -54,6 +54,9 @@ void di_backend_cuda_set_inv_prep_absorb(di_backend *b, int on);
 di_status di_backend_cuda_set_kv_fp8(di_backend *b, int on);
 /* Benchmarking only: DEEPINFER_CUDA_PREFILL_MHA for later steps (0 off, 1 = 512, N: steps of >= N tokens) */
 void di_backend_cuda_set_prefill_mha(di_backend *b, int min_tokens);
+/* Benchmarking only (A/B in one process; drops captured graphs): DEEPINFER_CUDA_SKINNY_ROWS (0 off, N) for later
+ * steps (the same bits) */
+void di_backend_cuda_set_skinny_rows(di_backend *b, int min_n);
 /* Benchmarking only: DEEPINFER_CUDA_PROFILE's per-phase device time on (graphs off) or off for later steps;
  * di_backend_cuda_profile_dump prints what was gathered (decode-sized and larger steps apart, to stderr)
  * under `title` and clears it. */

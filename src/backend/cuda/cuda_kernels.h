@@ -330,6 +330,9 @@ int di_cu_blas_tc_invariant(const di_cu_blas *b);
 /* Default mode: dense GEMMs with min_m <= M <= 8 on the tensor-core kernel instead of the skinny one
  * (0: never; DEEPINFER_CUDA_TC_DEFAULT_MINM). */
 void di_cu_blas_set_tc_default(di_cu_blas *b, int min_m);
+/* Default mode: di_cu_gemm's skinny products of >= min_n outputs (0: none) on a persistent form of the skinny
+ * kernel (each warp walks row pairs; the same bits; DEEPINFER_CUDA_SKINNY_ROWS). */
+void di_cu_blas_set_skinny_rows(di_cu_blas *b, int min_n);
 /* Batched over `batch` heads, row-major, bf16 in/out, f32 accumulate:
  *   Y_h[M][N] = X_h[M][K] . op(W_h)  with op(W_h) = W_h ([K][N]) when w_kn, else W_h^T (W_h [N][K]).
  * X_h = X + h*sx (row stride ldx), W_h = W + h*sw (row stride ldw), Y_h = Y + h*sy (row stride ldy). */

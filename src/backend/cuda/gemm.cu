@@ -20,6 +20,7 @@ typedef struct plan {
   cublasLtMatmulAlgo_t algo;
 } plan;
 
+#define SK_MAXM_ 8 /* = SK_MAXM (below) */
 struct di_cu_blas {
   cublasLtHandle_t lt;
   cublasHandle_t h;
@@ -31,6 +32,8 @@ struct di_cu_blas {
   int tc;        /* invariant GEMMs on the tensor-core kernel (di_cu_blas_set_tc) */
   float *tc_ws;  /* its split partials at decode-sized M (TC_WS_BYTES) */
   int tc_default_minm; /* default mode: GEMMs of this <= M <= SK_MAXM on the tensor-core kernel (di_cu_blas_set_tc_default) */
+  int rows_min_n;      /* DEEPINFER_CUDA_SKINNY_ROWS: default-mode skinny GEMMs of >= this many outputs on skinny_rows_kernel */
+  int rows_grid[SK_MAXM_ + 1]; /* its persistent grid per M (0: not yet asked) */
 };
 #define TC_WS_BYTES (16u << 20)
 
@@ -60,6 +63,7 @@ extern "C" void di_cu_blas_set_invariant(di_cu_blas *b, int on) { b->invariant =
 extern "C" void di_cu_blas_set_tc(di_cu_blas *b, int on) { b->tc = on; }
 extern "C" int di_cu_blas_tc_invariant(const di_cu_blas *b) { return b->invariant && b->tc; }
 extern "C" void di_cu_blas_set_tc_default(di_cu_blas *b, int min_m) { b->tc_default_minm = min_m; }
+extern "C" void di_cu_blas_set_skinny_rows(di_cu_blas *b, int min_n) { b->rows_min_n = min_n; }
 
 extern "C" void di_cu_blas_destroy(di_cu_blas *b) {
   if (!b) return;
@@ -248,6 +252,82 @@ skinny_kernel(const void *X, int ldx, const bf16 *W, int ldw, int N, int K, void
   gv_reduce_store<NR, M>(acc, lane, n0, N, 0, M, Y, ldy, y_f32, beta);
 }
 
+/* skinny_kernel's product (no norm, one matrix) with each warp walking row pairs n0, n0 + step, ... (a grid of as
+ * many CTAs as fit the SMs at once) instead of one pair a warp: a row pair's first chunk is loaded while the
+ * previous pair's last chunk is multiplied, so a warp keeps its loads in flight across its rows, and the grid has
+ * no CTA turnover (one-row V2-Lite lm_head: 51,200 warps of 8 KB each otherwise). Each row's arithmetic is
+ * skinny_kernel's (the same loads into the same sk_fma chain and gv_reduce_store): the same bits. */
+template <int M, int NR, int U>
+static __global__ void __launch_bounds__(SK_WARPS * 32)
+skinny_rows_kernel(const bf16 *X, int ldx, const bf16 *W, int ldw, int N, int K, void *Y, int ldy, int y_f32,
+                   float beta) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, step = gridDim.x * SK_WARPS * NR;
+  int n0 = (blockIdx.x * SK_WARPS + warp) * NR;
+  if (n0 < N) /* the first pair's rows into L2 before the wait (weights are never written) */
+    for (int r = 0; r < NR && n0 + r < N; r++)
+      for (int k = lane * 64; k < K; k += 32 * 64) di_prefetch_l2(W + (int64_t)(n0 + r) * ldw + k);
+  DI_PDL_ENTRY();
+  if (n0 >= N) return;
+  const bf16 *wr[NR];
+#pragma unroll
+  for (int r = 0; r < NR; r++) wr[r] = W + (int64_t)(n0 + r < N ? n0 + r : n0) * ldw; /* past N: a copy */
+  uint4 cur[NR][U], nxt[NR][U];
+  const int chunk = U * 256;
+  sk_load<NR, U>(cur, wr, K, 0, lane);
+  for (; n0 < N; n0 += step) {
+    float acc[NR][M];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+      for (int m = 0; m < M; m++) acc[r][m] = 0.f;
+    const int n1 = n0 + step;
+    for (int k0 = 0; k0 < K; k0 += chunk) {
+      const bool more = k0 + chunk < K, next = !more && n1 < N;
+      if (more) sk_load<NR, U>(nxt, wr, K, k0 + chunk, lane);
+      else if (next) { /* the next pair's first chunk */
+#pragma unroll
+        for (int r = 0; r < NR; r++) wr[r] = W + (int64_t)(n1 + r < N ? n1 + r : n1) * ldw;
+        sk_load<NR, U>(nxt, wr, K, 0, lane);
+      }
+      sk_fma<M, 0, NR, U>(acc, cur, X, ldx, K, k0, lane, NULL, NULL);
+      if (more || next) {
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+          for (int u = 0; u < U; u++) cur[r][u] = nxt[r][u];
+      }
+    }
+    gv_reduce_store<NR, M>(acc, lane, n0, N, 0, M, Y, ldy, y_f32, beta);
+  }
+}
+
+static di_status skinny_rows(di_cu_blas *b, int M, int N, int K, const void *X, int ldx, const uint16_t *W, int ldw,
+                             void *Y, int ldy, int y_f32, float beta, cudaStream_t s) {
+  int &grid = b->rows_grid[M];
+  if (grid == 0) { /* as many CTAs as are resident at once (asked once per M) */
+    int dev = 0, sms = 0, per = 0;
+    DI_CU(cudaGetDevice(&dev));
+    DI_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    switch (M) {
+#define SR_OCC(m) \
+  case m: DI_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, skinny_rows_kernel<m, 2, 4>, SK_WARPS * 32, 0)); break;
+      SR_OCC(1) SR_OCC(2) SR_OCC(3) SR_OCC(4) SR_OCC(5) SR_OCC(6) SR_OCC(7) SR_OCC(8)
+#undef SR_OCC
+    }
+    grid = sms * (per > 0 ? per : 1);
+  }
+  const int need = (N + SK_WARPS * 2 - 1) / (SK_WARPS * 2), blocks = need < grid ? need : grid;
+  const bf16 *w = (const bf16 *)W, *x = (const bf16 *)X;
+  switch (M) {
+#define SR_CASE(m) \
+  case m: DI_CU(di_launch(skinny_rows_kernel<m, 2, 4>, blocks, SK_WARPS * 32, 0, s, x, ldx, w, ldw, N, K, Y, ldy, y_f32, beta)); break;
+    SR_CASE(1) SR_CASE(2) SR_CASE(3) SR_CASE(4) SR_CASE(5) SR_CASE(6) SR_CASE(7) SR_CASE(8)
+#undef SR_CASE
+  }
+  DI_CU_LAUNCH("skinny_rows");
+  return DI_OK;
+}
+
 static bool skinny_ok(int M, int K, const void *X, int ldx, const void *W, int ldw) {
   return M >= 1 && M <= SK_MAXM && K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && ((uintptr_t)X & 15) == 0 &&
          ((uintptr_t)W & 15) == 0;
@@ -380,6 +460,8 @@ extern "C" di_status di_cu_gemm(di_cu_blas *b, int M, int N, int K, const uint16
   }
   if (tc_default(b, M) && di_cuk_tc_gemm_ok(N, K, ldx, ldw, 0, X, W))
     return di_cuk_tc_gemm(1, M, N, K, X, ldx, 0, W, ldw, 0, 0, Y, ldy, 0, y_f32, beta, b->tc_ws, TC_WS_BYTES, s);
+  if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny && b->rows_min_n > 0 && N >= b->rows_min_n)
+    return skinny_rows(b, M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s); /* DEEPINFER_CUDA_SKINNY_ROWS */
   if (skinny_ok(M, K, X, ldx, W, ldw) && !b->no_skinny) return skinny(M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
   return lt_gemm(b, M, N, K, X, ldx, W, ldw, Y, ldy, y_f32, beta, s);
 }
