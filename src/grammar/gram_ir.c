@@ -42,6 +42,7 @@ void di_gb_free(di_gb *b) {
     free(b->rpc[i].opt);
   free(b->rpc);
   free(b->rules);
+  free(b->name_ht);
   free(b->classes);
   free(b->flat);
   free(b->rule_alts);
@@ -52,10 +53,58 @@ void di_gb_free(di_gb *b) {
 
 static inline int grow(void **p, int *cap, int need, size_t elsize) { return di_grow(p, cap, need, elsize, 8); }
 
+static uint32_t name_hash(const char *s) { /* FNV-1a */
+  uint32_t h = 2166136261u;
+  for (; *s; s++)
+    h = (h ^ (uint8_t)*s) * 16777619u;
+  return h;
+}
+
+/* The slot of `name` in the index: the one holding its rule, else the empty slot where it would go. */
+static int32_t *name_slot(const di_gb *b, const char *name) {
+  const uint32_t mask = (uint32_t)b->ht_cap - 1;
+  for (uint32_t i = name_hash(name) & mask;; i = (i + 1) & mask) {
+    int32_t *e = &b->name_ht[i];
+    if (*e < 0 || strcmp(b->rules[*e].name, name) == 0)
+      return e;
+  }
+}
+
+/* Puts rule r (just appended, its name set) into the index, doubling it at half full. A failed
+ * allocation sets b->oom: the caller's grammar is then abandoned, so a rule missing from the index
+ * can never be looked up. */
+static void name_index(di_gb *b, int r) {
+  if (!b->rules[r].name)
+    return; /* its strdup failed: b->oom is set */
+  if (2 * (r + 1) > b->ht_cap) {
+    int cap = b->ht_cap ? 2 * b->ht_cap : 64;
+    int32_t *ht = malloc((size_t)cap * sizeof *ht);
+    if (!ht) {
+      b->oom = 1;
+      return;
+    }
+    free(b->name_ht);
+    b->name_ht = ht;
+    b->ht_cap = cap;
+    memset(ht, 0xff, (size_t)cap * sizeof *ht);
+    for (int i = 0; i < r; i++)
+      if (b->rules[i].name) {
+        int32_t *e = name_slot(b, b->rules[i].name);
+        if (*e < 0)
+          *e = i;
+      }
+  }
+  int32_t *e = name_slot(b, b->rules[r].name);
+  if (*e < 0) /* a name already held keeps its first rule, as the scan found it */
+    *e = r;
+}
+
 int di_gb_rule(di_gb *b, const char *name) {
-  for (int i = 0; i < b->n_rules; i++)
-    if (b->rules[i].name && strcmp(b->rules[i].name, name) == 0) /* NULL: its strdup failed */
-      return i;
+  if (b->name_ht) {
+    const int32_t *e = name_slot(b, name);
+    if (*e >= 0)
+      return *e;
+  }
   if (!grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof(di_grule))) {
     b->oom = 1;
     return 0;
@@ -65,12 +114,13 @@ int di_gb_rule(di_gb *b, const char *name) {
   r->name = strdup(name);
   if (!r->name)
     b->oom = 1;
+  name_index(b, b->n_rules);
   return b->n_rules++;
 }
 
 int di_gb_new_rule(di_gb *b, const char *hint) {
-  /* anonymous names contain '#', which EBNF identifiers cannot, so they never collide; no lookup
-   * needed (keeps building O(rules)) */
+  /* anonymous names contain '#', which EBNF identifiers cannot, so they never collide with a named
+   * rule; indexed all the same, so a lookup by any name finds what a scan of the rules would */
   if (!grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof(di_grule))) {
     b->oom = 1;
     return 0;
@@ -82,6 +132,7 @@ int di_gb_new_rule(di_gb *b, const char *hint) {
   r->name = strdup(name);
   if (!r->name)
     b->oom = 1;
+  name_index(b, b->n_rules);
   return b->n_rules++;
 }
 

@@ -60,6 +60,9 @@ typedef struct di_grule {
 typedef struct di_gb {
   di_grule *rules;
   int n_rules, cap_rules;
+  int32_t *name_ht; /* open-addressing index of the rules by name (-1 empty; NULL until the first rule),
+                     * so a lookup is O(1): Lark's parameterised rules made the linear scan quadratic */
+  int ht_cap;       /* a power of two, at least twice the rules */
   di_gbyteset *classes;
   int n_classes, cap_classes;
   int total_els, max_els;
