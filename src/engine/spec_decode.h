@@ -36,6 +36,12 @@ void di_spec_record_step(di_engine *e, int n_tokens, double seconds, int propose
 /* `s` was handed to the backend's submit, which took `seconds` on the host (DSpark: what a step carrying a
  * proposal costs the host beyond a plain step's, for the confidence schedule's pause). */
 void di_spec_submitted(di_engine *e, const di_sched *s, double seconds);
+/* DSpark: one di_engine_step call is over; it took `seconds` of wall time (the looks' full cost: see
+ * spec_dspark.c, di_spec_call_done). */
+void di_spec_call_done(di_engine *e, double seconds);
+/* DSpark: a plain step of n_tokens queued behind the step before it (token feedback) gave its tokens
+ * `seconds` after that step's: what a plain step costs in the pipeline (the schedule's plain rate). */
+void di_spec_record_pipelined(di_engine *e, int n_tokens, double seconds);
 struct di_drafter_ops;
 /* DSpark: speculative decoding with a block drafter (engine/drafter.h), which the engine then owns
  * (destroyed with the engine; not on failure). exact: acceptance "exact"; fixed: schedule "fixed". */
