@@ -20,6 +20,7 @@
 #include "engine/drafter.h"
 #include "engine/engine_internal.h"
 #include "engine/spec_decode.h"
+#include "engine/spec_internal.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -460,6 +461,11 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
 #else
   printf(" - |");
 #endif
+  /* the schedule's looks (spec_dspark.c di_spec_call_done): measured, the last one's full cost, the pause
+   * running at the end; the host path's context rows left unfed while paused */
+  if (e->spec) printf(" %lld, %.2f ms, %d / %d | %lld |", (long long)e->spec->looks, e->spec->look_cost_ms, e->spec->pause,
+                      e->spec->pause_len, (long long)e->spec->rows_unfed);
+  else printf(" - | - |");
   printf("\n");
   e->be = tb.real;
   di_engine_free(e);
@@ -481,8 +487,8 @@ static int bench_model(const char *dir, const char *accel, const char *seq_list,
   printf("| seqs | config | tok/s | wall | host |");
   for (int op = 0; op < 6; op++) printf(" %s |", OP_NAME[op]);
   printf(" engine | in-step proposals / drafted | spec setup | step median / p90 / max | steps > 2x median, their ms a step "
-         "above it | CUDA graphs captured / eager steps |\n|");
-  for (int c = 0; c < 17; c++) printf(" --- |");
+         "above it | CUDA graphs captured / eager steps | looks measured, the last one's cost, pause left / length | rows unfed |\n|");
+  for (int c = 0; c < 19; c++) printf(" --- |");
   printf("\n");
   /* plain twice (first and last: the spread between them is the noise of the machine) */
   static const char *const names[4] = {"plain", "dspark scheduled", "dspark scheduled, startup profile", "plain again"};

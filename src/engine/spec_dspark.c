@@ -225,6 +225,7 @@ void di_spec_call_done(di_engine *e, double seconds) {
   const double cost = sp->look_acc - sp->look_calls * sp->steady_ms;
   if (!(cost > 0)) return;
   sp->look_cost_ms = cost;
+  sp->looks++;
   const int len = pause_floor(cost, sp->steady_ms);
   if (sp->pause > 0 && len > sp->pause_len) {
     sp->pause += len - sp->pause_len;

@@ -67,6 +67,7 @@ struct di_spec {
    * the calls that complete a paused step) */
   int look_open, look_calls, step_paused, paused_run; /* step_paused: this call completed a paused step; paused_run: such calls in a row */
   double look_acc, look_cost_ms, steady_ms;
+  int64_t looks;                 /* looks whose full cost was measured */
   /* plain steps under token feedback (item 1 of session 15): the time from the previous step's tokens to
    * this one's, for steps queued behind the one before (engine.c feedback_step), an EMA at one size */
   int pipe_size, pipe_count;
