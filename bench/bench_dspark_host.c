@@ -414,7 +414,10 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
 #endif
   double *st_ms = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
   const double w0 = now_s();
+  /* BENCH_LOOK_EVERY=N: pauses cut to N steps (looks every N + 1 steps: what one costs, measured) */
+  const int look_every = getenv("BENCH_LOOK_EVERY") ? atoi(getenv("BENCH_LOOK_EVERY")) : 0;
   for (int i = 0; i < steps && !rc; i++) {
+    if (look_every > 0 && e->spec && e->spec->pause > look_every) e->spec->pause = look_every;
     const double ts = now_s();
     rc = di_engine_step(e, &out) != DI_OK;
     if (st_ms) st_ms[i] = (now_s() - ts) * 1e3;
