@@ -304,7 +304,10 @@ static int run(int dspark, const bench_cfg *c) {
  * host's time per step is split into the backend calls (submit: the input block, its upload, the graph
  * launch, feature-log flushes; sample_async; sample_fetch / wait: blocked on the device) and the engine's
  * own part; the spread of the steps' wall times (median, p90, max, and what the steps slower than twice the
- * median cost above it, per step) and, on CUDA, the graphs captured and the steps run eagerly meanwhile. */
+ * median cost above it, per step) and, on CUDA, the graphs captured and the steps run eagerly meanwhile; for
+ * DSpark the schedule's looks (how many had their full cost measured, the last one's cost, the pause left
+ * and its length) and the context rows the host path left unfed while paused. BENCH_LOOK_EVERY=N cuts the
+ * pauses to N steps (what looks cost, measured). */
 typedef struct timed_backend {
   di_backend base;
   di_backend *real;
