@@ -743,7 +743,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
     } else {
       double tw = di_now();
       e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
-      st = e->be->ops->wait(e->be, on_device || cur->spec_devverify ? NULL : e->logits, e->spec ? di_spec_hidden(e) : NULL);
+      st = e->be->ops->wait(e->be, on_device || cur->spec_devverify ? NULL : e->logits, e->spec ? di_spec_hidden_for(e, cur) : NULL);
       double tw1 = di_now();
       e->t_done = tw1;
       t_blocked += tw1 - tw;

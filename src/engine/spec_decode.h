@@ -8,6 +8,9 @@
 di_status di_spec_grant(di_engine *e, di_sched *s, int *budget);
 /* Hidden-state rows [max_num_batched_tokens][hidden] the backend's wait() fills (every row). */
 float *di_spec_hidden(di_engine *e);
+/* The same for the step s: NULL also when DSpark's host path feeds none of its rows (a paused step of
+ * one-row decoding entries, feed_skip: spec_dspark.c), so the backend copies no features. */
+float *di_spec_hidden_for(di_engine *e, const di_sched *s);
 /* DSpark device steps: 1 when step `s` (planned, built) verifies no draft and every entry is one
  * decoding row, so it can be sampled as plain decoding samples (on the device, with feedback). */
 int di_spec_plain_ok(const di_engine *e, const di_sched *s);

@@ -180,6 +180,20 @@ static double plain_ms(const struct di_spec *sp, double t0, int n) {
 /* DI_SPEC_FEED_TAIL: the last paused steps whose rows the host-path drafter is fed (feed_skip) */
 #define DI_SPEC_FEED_TAIL 16
 
+/* the host path leaves a paused step's one-row decoding entries unfed (di_spec_draft_dspark) */
+static int unfed_now(const struct di_spec *sp) {
+  return sp->method == DI_SPEC_DSPARK && sp->feed_skip && !sp->fixed && sp->pause > DI_SPEC_FEED_TAIL;
+}
+
+float *di_spec_hidden_for(di_engine *e, const di_sched *s) {
+  struct di_spec *sp = e->spec;
+  if (sp->device_steps) return NULL;
+  if (!unfed_now(sp)) return sp->hidden;
+  for (int i = 0; i < s->n; i++)
+    if (!s->e[i].dropped && s->e[i].n_new != 1) return sp->hidden; /* a prompt chunk's rows are fed */
+  return NULL;
+}
+
 static int pause_floor(double look_ms, double t0) {
   int64_t n = DI_SPEC_PAUSE_MAX; /* look_ms / (share x t0), at most DI_SPEC_PAUSE_MAX (also when not finite) */
   if (!di_double_to_int_in(look_ms / (DI_SPEC_LOOK_SHARE * t0), 0, DI_SPEC_PAUSE_MAX, &n)) n = DI_SPEC_PAUSE_MAX;
@@ -530,7 +544,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   }
   /* the host path while paused: the decoding rows of the pause's first steps are not fed (feed_skip):
    * the drafter's cache keeps the prompt rows and the last DI_SPEC_FEED_TAIL steps' rows before a look */
-  const int unfed = sp->feed_skip && !sp->fixed && sp->pause > DI_SPEC_FEED_TAIL;
+  const int unfed = unfed_now(sp); /* (what di_spec_hidden_for saw at the step's wait) */
   /* 1. context rows of every position this step computed with a valid token: the step's hidden rows
    * as they are when they are all of them (a decoding step without rejected drafts), else packed */
   int packed = 0;
