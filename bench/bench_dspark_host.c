@@ -419,6 +419,7 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
   const double w0 = now_s();
   /* BENCH_LOOK_EVERY=N: pauses cut to N steps (looks every N + 1 steps: what one costs, measured) */
   const int look_every = getenv("BENCH_LOOK_EVERY") ? atoi(getenv("BENCH_LOOK_EVERY")) : 0;
+  CALLGRIND_START_INSTRUMENTATION; /* (valgrind --tool=callgrind --instr-atstart=no: the timed steps only) */
   for (int i = 0; i < steps && !rc; i++) {
     if (look_every > 0 && e->spec && e->spec->pause > look_every) e->spec->pause = look_every;
     const double ts = now_s();
@@ -426,6 +427,7 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
     if (st_ms) st_ms[i] = (now_s() - ts) * 1e3;
   }
   const double wall = now_s() - w0;
+  CALLGRIND_STOP_INSTRUMENTATION;
 #if defined(DI_HAVE_CUDA)
   if (cuda) di_backend_cuda_stats(tb.real, &cs1);
 #endif
