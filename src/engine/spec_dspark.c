@@ -180,7 +180,8 @@ static double plain_ms(const struct di_spec *sp, double t0, int n) {
 /* DI_SPEC_FEED_TAIL: the last paused steps whose rows the host-path drafter is fed (feed_skip) */
 #define DI_SPEC_FEED_TAIL 16
 
-/* the host path leaves a paused step's one-row decoding entries unfed (di_spec_draft_dspark) */
+/* the host path leaves a paused step's one-row decoding entries (a generated token's row) unfed
+ * (di_spec_draft_dspark) */
 static int unfed_now(const struct di_spec *sp) {
   return sp->method == DI_SPEC_DSPARK && sp->feed_skip && !sp->fixed && sp->pause > DI_SPEC_FEED_TAIL;
 }
@@ -189,8 +190,10 @@ float *di_spec_hidden_for(di_engine *e, const di_sched *s) {
   struct di_spec *sp = e->spec;
   if (sp->device_steps) return NULL;
   if (!unfed_now(sp)) return sp->hidden;
-  for (int i = 0; i < s->n; i++)
-    if (!s->e[i].dropped && s->e[i].n_new != 1) return sp->hidden; /* a prompt chunk's rows are fed */
+  for (int i = 0; i < s->n; i++) {
+    const di_sched_entry *en = &s->e[i];
+    if (!en->dropped && (en->n_new != 1 || en->start < en->r->n_prompt)) return sp->hidden; /* prompt rows are fed */
+  }
   return NULL;
 }
 
@@ -561,7 +564,7 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
       if (r->state == DI_REQ_DONE || sp->device_steps) continue; /* its blocks are gone; fed on the device */
       int hi = r->n_valid < en->start + en->n_new ? r->n_valid : en->start + en->n_new;
       if (hi <= en->start) continue;
-      if (unfed && en->n_new == 1) {
+      if (unfed && en->n_new == 1 && en->start >= r->n_prompt) { /* (a generated token's row) */
         if (!pass) sp->rows_unfed++; /* (the rows after it move up: packed) */
         continue;
       }
