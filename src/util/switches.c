@@ -30,6 +30,9 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_DSPARK_PAUSE_FEED] = {"DEEPINFER_DSPARK_PAUSE_FEED", "0",
                                  "1: DSpark's host-path drafter (the CPU) is fed every decoding row while the confidence "
                                  "schedule pauses (session 15) instead of the prompt rows and the last 16 paused steps' only"},
+    [DI_SW_DSPARK_PROP_GRAPH] = {"DEEPINFER_DSPARK_PROP_GRAPH", "0",
+                                 "1: DSpark on CUDA runs a graph step's in-step proposal as a CUDA graph of its own behind "
+                                 "the step's plain graph (session 16; not yet run on a GPU) instead of inside one graph with it"},
     [DI_SW_CUDA_GRAPHS] = {"DEEPINFER_CUDA_GRAPHS", "1", "0: no CUDA graphs (every step launched eagerly)"},
     [DI_SW_CUDA_STEP_SAMPLE] = {"DEEPINFER_CUDA_STEP_SAMPLE", "1",
                                 "0: no sampling inside the step's graph (a separate sample launch after it)"},

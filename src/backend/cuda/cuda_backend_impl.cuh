@@ -236,8 +236,9 @@ typedef struct cu_backend {
   int prop_on, prop_blk, prop_n, prop_bt;
   const int32_t *d_prop;
   /* forward() leaves the proposal out (cu_submit launches it as a graph of its own after the step's:
-   * the step's graph is then the plain step's, already captured, and a look after a pause replays it) */
-  int prop_defer;
+   * the step's graph is then the plain step's, already captured, and a look after a pause replays it);
+   * prop_split: so for every graph step (DEEPINFER_DSPARK_PROP_GRAPH, read at graph_on; default 0) */
+  int prop_defer, prop_split;
   /* di_batch.output_logits of the step in flight (want_on): wait() copies only those logits rows. With
    * a drafter's feature log on (DSpark: its rows' features come from the capture, not from hn) and some rows
    * unwanted, the output head runs on the wanted rows only (lg_gather): logits row k is output row

@@ -654,6 +654,7 @@ extern "C" di_status di_cuda_dspark_graph_on(di_cuda_dspark *s, int vocab_limit)
   b->prop_prepare = prop_prepare;
   b->prop_forward = prop_forward;
   b->prop_ctx = s;
+  b->prop_split = di_switch_bool(DI_SW_DSPARK_PROP_GRAPH, 0); /* the proposal as a graph of its own (cuda_step.cu) */
   s->graph_owner = 1;
   return DI_OK;
 }

@@ -488,10 +488,10 @@ di_status cu_submit(di_backend *bb, const di_batch *batch) {
     DI_TRY(forward(b));
     return step_queued(b);
   }
-  /* a proposal in a graph step: the step's graph without it (the plain step's, prop_blk = prop_bt = 0 in
-   * its key), then the proposal's own graph behind it on the stream (prop_launch). Same launches in the
-   * same stream order as one graph holding both. */
-  const int pb = b->prop_blk, pt = b->prop_bt, split = b->prop_on && b->step_sample;
+  /* a proposal in a graph step, with DEEPINFER_DSPARK_PROP_GRAPH=1 (prop_split; default 0: one graph holds
+   * both): the step's graph without it (the plain step's, prop_blk = prop_bt = 0 in its key), then the
+   * proposal's own graph behind it on the stream (prop_launch). Same launches in the same stream order. */
+  const int pb = b->prop_blk, pt = b->prop_bt, split = b->prop_split && b->prop_on && b->step_sample;
   if (split) b->prop_blk = b->prop_bt = 0, b->prop_defer = 1;
   graph_entry *g = find_graph(b);
   di_status st_g = DI_OK;
