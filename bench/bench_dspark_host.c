@@ -20,6 +20,7 @@
 #include "engine/drafter.h"
 #include "engine/engine_internal.h"
 #include "engine/spec_decode.h"
+#include "engine/spec_internal.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,7 +304,10 @@ static int run(int dspark, const bench_cfg *c) {
  * host's time per step is split into the backend calls (submit: the input block, its upload, the graph
  * launch, feature-log flushes; sample_async; sample_fetch / wait: blocked on the device) and the engine's
  * own part; the spread of the steps' wall times (median, p90, max, and what the steps slower than twice the
- * median cost above it, per step) and, on CUDA, the graphs captured and the steps run eagerly meanwhile. */
+ * median cost above it, per step) and, on CUDA, the graphs captured and the steps run eagerly meanwhile; for
+ * DSpark the schedule's looks (how many had their full cost measured, the last one's cost, the pause left
+ * and its length) and the context rows the host path left unfed while paused. BENCH_LOOK_EVERY=N cuts the
+ * pauses to N steps (what looks cost, measured). */
 typedef struct timed_backend {
   di_backend base;
   di_backend *real;
@@ -413,12 +417,17 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
 #endif
   double *st_ms = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
   const double w0 = now_s();
+  /* BENCH_LOOK_EVERY=N: pauses cut to N steps (looks every N + 1 steps: what one costs, measured) */
+  const int look_every = getenv("BENCH_LOOK_EVERY") ? atoi(getenv("BENCH_LOOK_EVERY")) : 0;
+  CALLGRIND_START_INSTRUMENTATION; /* (valgrind --tool=callgrind --instr-atstart=no: the timed steps only) */
   for (int i = 0; i < steps && !rc; i++) {
+    if (look_every > 0 && e->spec && e->spec->pause > look_every) e->spec->pause = look_every;
     const double ts = now_s();
     rc = di_engine_step(e, &out) != DI_OK;
     if (st_ms) st_ms[i] = (now_s() - ts) * 1e3;
   }
   const double wall = now_s() - w0;
+  CALLGRIND_STOP_INSTRUMENTATION;
 #if defined(DI_HAVE_CUDA)
   if (cuda) di_backend_cuda_stats(tb.real, &cs1);
 #endif
@@ -460,6 +469,11 @@ static int bench_on_model(di_model *m, const char *name, const char *spec, int s
 #else
   printf(" - |");
 #endif
+  /* the schedule's looks (spec_dspark.c di_spec_call_done): measured, the last one's full cost, the pause
+   * running at the end; the host path's context rows left unfed while paused */
+  if (e->spec) printf(" %lld, %.2f ms, %d / %d | %lld |", (long long)e->spec->looks, e->spec->look_cost_ms, e->spec->pause,
+                      e->spec->pause_len, (long long)e->spec->rows_unfed);
+  else printf(" - | - |");
   printf("\n");
   e->be = tb.real;
   di_engine_free(e);
@@ -481,8 +495,8 @@ static int bench_model(const char *dir, const char *accel, const char *seq_list,
   printf("| seqs | config | tok/s | wall | host |");
   for (int op = 0; op < 6; op++) printf(" %s |", OP_NAME[op]);
   printf(" engine | in-step proposals / drafted | spec setup | step median / p90 / max | steps > 2x median, their ms a step "
-         "above it | CUDA graphs captured / eager steps |\n|");
-  for (int c = 0; c < 17; c++) printf(" --- |");
+         "above it | CUDA graphs captured / eager steps | looks measured, the last one's cost, pause left / length | rows unfed |\n|");
+  for (int c = 0; c < 19; c++) printf(" --- |");
   printf("\n");
   /* plain twice (first and last: the spread between them is the noise of the machine) */
   static const char *const names[4] = {"plain", "dspark scheduled", "dspark scheduled, startup profile", "plain again"};

@@ -665,6 +665,7 @@ static di_status feedback_step(di_engine *e, di_sched *cur, di_sched *next, doub
     }
     e->cur ^= 1;
     e->feedback_steps++;
+    next->fb_queued = 1;
     for (int i = 0; i < next->n; i++)
       if (!next->e[i].dropped) next->e[i].r->in_next = 1;
   } else {
@@ -673,7 +674,12 @@ static di_status feedback_step(di_engine *e, di_sched *cur, di_sched *next, doub
   /* cur's tokens, while next computes */
   double tf = di_now();
   st = be->ops->sample_fetch(be, e->dev_tokens);
-  *t_blocked += di_now() - tf;
+  const double tfe = di_now();
+  *t_blocked += tfe - tf;
+  /* a plain step queued behind the one before it: its tokens' time after that one's is what it cost */
+  if (st == DI_OK && e->spec && cur->fb_queued && cur->spec_plain && e->t_done > 0)
+    di_spec_record_pipelined(e, cur->n_tokens, tfe - e->t_done);
+  e->t_done = tfe;
   if (st == DI_OK) st = sample_step(e, cur, 2);
   for (int i = 0; i < next->n; i++)
     if (!next->e[i].dropped) next->e[i].r->in_next = 0;
@@ -737,8 +743,9 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
     } else {
       double tw = di_now();
       e->hidden_s += tw - (e->t_submit > t0 ? e->t_submit : t0); /* host work done while it computed */
-      st = e->be->ops->wait(e->be, on_device || cur->spec_devverify ? NULL : e->logits, e->spec ? di_spec_hidden(e) : NULL);
+      st = e->be->ops->wait(e->be, on_device || cur->spec_devverify ? NULL : e->logits, e->spec ? di_spec_hidden_for(e, cur) : NULL);
       double tw1 = di_now();
+      e->t_done = tw1;
       t_blocked += tw1 - tw;
       e->wait_s += tw1 - tw;
       e->inflight_active = 0;
@@ -786,6 +793,7 @@ di_status di_engine_step_local(di_engine *e, di_step_output **out) {
   if (e->inflight_active) e->hidden_s += t1 - tc;
   e->busy_s += t1 - t0;
   e->host_s += (t1 - t0) - t_blocked;
+  if (e->spec) di_spec_call_done(e, t1 - t0);
   *out = &e->step_out;
   if (st_spec != DI_OK) return st_spec; /* MTP failure: the message is set, its requests ended with it */
   return DI_OK;

@@ -186,6 +186,8 @@ typedef struct di_sched {
    * decoding (spec_plain); and no proposal follows it, so the step after it may be planned while it runs
    * (spec_ahead). Set at submit. */
   int spec_plain, spec_ahead;
+  /* queued behind the step before it on the device (device token feedback, engine.c feedback_step) */
+  int fb_queued;
   int spec_devverify; /* a verify step whose every row is sampled on the device (di_spec_verify_rows) */
   /* DSpark proposals inside the step (di_spec_graph_propose; di_batch.propose_row / propose_cap, per
    * sequence of the batch): spec_gprop, the step carries them */
@@ -229,6 +231,7 @@ struct di_engine {
   int cur;                   /* sched[cur] is in flight when inflight_active */
   int inflight_active;
   double t_submit;           /* when the in-flight step was submitted */
+  double t_done;             /* when the last step's tokens were on the host (DSpark: pipelined plain steps' time) */
   double t_submit0;          /* when its submit began (DSpark's step times count the submit: an eager step's launches) */
   int preempted_this_step;
   /* outputs */

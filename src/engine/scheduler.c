@@ -24,7 +24,7 @@ static di_status sched_push(di_sched *s, di_req *r, int start, int n_new, int sa
   return DI_OK;
 }
 
-void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = s->n_plp = s->spec_plain = s->spec_ahead = s->spec_devverify = s->spec_gprop = 0; }
+void di_sched_clear(di_sched *s) { s->n = s->n_tokens = s->n_sample = s->n_plp = s->spec_plain = s->spec_ahead = s->spec_devverify = s->spec_gprop = s->fb_queued = 0; }
 
 /* Shortens a chunk of r from `start` so that its prompt-logprob rows fit the step's row budget
  * (the logits buffer); 0: nothing of r fits this step. */

@@ -8,6 +8,9 @@
 di_status di_spec_grant(di_engine *e, di_sched *s, int *budget);
 /* Hidden-state rows [max_num_batched_tokens][hidden] the backend's wait() fills (every row). */
 float *di_spec_hidden(di_engine *e);
+/* The same for the step s: NULL also when DSpark's host path feeds none of its rows (a paused step of
+ * one-row decoding entries, feed_skip: spec_dspark.c), so the backend copies no features. */
+float *di_spec_hidden_for(di_engine *e, const di_sched *s);
 /* DSpark device steps: 1 when step `s` (planned, built) verifies no draft and every entry is one
  * decoding row, so it can be sampled as plain decoding samples (on the device, with feedback). */
 int di_spec_plain_ok(const di_engine *e, const di_sched *s);
@@ -36,6 +39,12 @@ void di_spec_record_step(di_engine *e, int n_tokens, double seconds, int propose
 /* `s` was handed to the backend's submit, which took `seconds` on the host (DSpark: what a step carrying a
  * proposal costs the host beyond a plain step's, for the confidence schedule's pause). */
 void di_spec_submitted(di_engine *e, const di_sched *s, double seconds);
+/* DSpark: one di_engine_step call is over; it took `seconds` of wall time (the looks' full cost: see
+ * spec_dspark.c, di_spec_call_done). */
+void di_spec_call_done(di_engine *e, double seconds);
+/* DSpark: a plain step of n_tokens queued behind the step before it (token feedback) gave its tokens
+ * `seconds` after that step's: what a plain step costs in the pipeline (the schedule's plain rate). */
+void di_spec_record_pipelined(di_engine *e, int n_tokens, double seconds);
 struct di_drafter_ops;
 /* DSpark: speculative decoding with a block drafter (engine/drafter.h), which the engine then owns
  * (destroyed with the engine; not on failure). exact: acceptance "exact"; fixed: schedule "fixed". */

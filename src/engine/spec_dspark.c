@@ -103,6 +103,7 @@ di_status di_engine_set_dspark(di_engine *e, const di_drafter_ops *d, int num_to
     st = d->context_on_device(d->ctx, sp->max_tok);
     sp->device_steps = st == DI_OK;
   }
+  sp->feed_skip = !sp->device_steps && !di_switch_bool(DI_SW_DSPARK_PAUSE_FEED, 0);
   /* proposals inside the device-sampled steps (greedy / exact drafts, no grammar) */
   if (st == DI_OK && sp->device_steps && d->graph_on && d->graph_drafts && di_switch_bool(DI_SW_DSPARK_GRAPH_PROPOSE, 1)) {
     sp->ganchor = malloc(S * 2 * sizeof *sp->ganchor);
@@ -153,6 +154,99 @@ void di_spec_submitted(di_engine *e, const di_sched *s, double seconds) {
     sp->look_ms = sp->plain_submit_ms > 0 && ms > sp->plain_submit_ms ? ms - sp->plain_submit_ms : 0;
   } else if (s->spec_plain) {
     sp->plain_submit_ms = sp->plain_submit_ms > 0 ? 0.9 * sp->plain_submit_ms + 0.1 * ms : ms;
+  }
+}
+
+void di_spec_record_pipelined(di_engine *e, int n_tokens, double seconds) {
+  struct di_spec *sp = e->spec;
+  if (!sp || sp->method != DI_SPEC_DSPARK || n_tokens <= 0) return;
+  const double ms = seconds * 1e3;
+  if (n_tokens != sp->pipe_size) sp->pipe_size = n_tokens, sp->pipe_count = 0, sp->pipe_ms = 0;
+  sp->pipe_ms = sp->pipe_count ? 0.9 * sp->pipe_ms + 0.1 * ms : ms; /* an EMA, not the minimum: an interval
+                                                                      shortened by a late fetch before it is noise too */
+  sp->pipe_count++;
+}
+
+/* the plain step's time against which drafts must pay: the profile's (a probe: a synchronous step),
+ * or what plain steps of that size cost in the pipeline under token feedback when that is less */
+static double plain_ms(const struct di_spec *sp, double t0, int n) {
+  return sp->pipe_size == n && sp->pipe_count >= 8 && sp->pipe_ms > 0 && (t0 <= 0 || sp->pipe_ms < t0) ? sp->pipe_ms : t0;
+}
+
+/* Looks amortised: a look's cost over the paused steps' at most DI_SPEC_LOOK_SHARE; pauses of at most
+ * DI_SPEC_PAUSE_MAX steps. */
+#define DI_SPEC_LOOK_SHARE 0.01
+#define DI_SPEC_PAUSE_MAX 8192
+/* DI_SPEC_FEED_TAIL: the last paused steps whose rows the host-path drafter is fed (feed_skip) */
+#define DI_SPEC_FEED_TAIL 16
+
+/* the host path leaves a paused step's one-row decoding entries (a generated token's row) unfed
+ * (di_spec_draft_dspark) */
+static int unfed_now(const struct di_spec *sp) {
+  return sp->method == DI_SPEC_DSPARK && sp->feed_skip && !sp->fixed && sp->pause > DI_SPEC_FEED_TAIL;
+}
+
+float *di_spec_hidden_for(di_engine *e, const di_sched *s) {
+  struct di_spec *sp = e->spec;
+  if (sp->device_steps) return NULL;
+  if (!unfed_now(sp)) return sp->hidden;
+  for (int i = 0; i < s->n; i++) {
+    const di_sched_entry *en = &s->e[i];
+    if (!en->dropped && (en->n_new != 1 || en->start < en->r->n_prompt)) return sp->hidden; /* prompt rows are fed */
+  }
+  return NULL;
+}
+
+static int pause_floor(double look_ms, double t0) {
+  int64_t n = DI_SPEC_PAUSE_MAX; /* look_ms / (share x t0), at most DI_SPEC_PAUSE_MAX (also when not finite) */
+  if (!di_double_to_int_in(look_ms / (DI_SPEC_LOOK_SHARE * t0), 0, DI_SPEC_PAUSE_MAX, &n)) n = DI_SPEC_PAUSE_MAX;
+  return (int)n;
+}
+
+static void open_look(struct di_spec *sp) {
+  if (sp->fixed || sp->look_open) return;
+  sp->look_open = 1;
+  sp->look_calls = 0;
+  sp->look_acc = 0;
+}
+
+/* The full cost of a look (and of the first schedule's probe and exploration): from the di_engine_step
+ * call that starts it to the first call that completes a paused step again, what those calls took above
+ * as many paused calls (steady_ms). On CUDA a look is a synchronous step whose proposal is a new graph key
+ * (an eager first sight, later a capture), a flush of the feature log, the pipeline drained and filled
+ * again: 5-7 ms at batch 64 on the H200 (session 15) against the ~0.3 ms the profile's proposing steps
+ * show. The pause running when it is known is lengthened to DI_SPEC_LOOK_SHARE of it. */
+void di_spec_call_done(di_engine *e, double seconds) {
+  struct di_spec *sp = e->spec;
+  if (!sp || sp->method != DI_SPEC_DSPARK || sp->fixed) return;
+  const double ms = seconds * 1e3;
+  if (!sp->step_paused) {
+    sp->paused_run = 0;
+    if (sp->look_open) {
+      sp->look_acc += ms;
+      if (++sp->look_calls > 256) sp->look_open = 0; /* drafts paid: no pause to weigh it against */
+    }
+    return;
+  }
+  sp->step_paused = 0;
+  /* the first paused call after a look is the look's too (under token feedback: the pipeline filled again) */
+  if (sp->look_open && ++sp->paused_run < 2) {
+    sp->look_acc += ms;
+    sp->look_calls++;
+    return;
+  }
+  /* (noise only slows a call: a faster one takes the reference down at once) */
+  sp->steady_ms = sp->steady_ms > 0 && ms >= sp->steady_ms ? 0.95 * sp->steady_ms + 0.05 * ms : ms;
+  if (!sp->look_open) return;
+  sp->look_open = 0;
+  const double cost = sp->look_acc - sp->look_calls * sp->steady_ms;
+  if (!(cost > 0)) return;
+  sp->look_cost_ms = cost;
+  sp->looks++;
+  const int len = pause_floor(cost, sp->steady_ms);
+  if (sp->pause > 0 && len > sp->pause_len) {
+    sp->pause += len - sp->pause_len;
+    sp->pause_len = len;
   }
 }
 
@@ -228,19 +322,21 @@ static int admit(const spec_cand *cands, int take, double expect, double rate0, 
 }
 
 /* After admitting `best` drafts: when nothing pays (best == 0), stop proposing for a while (the
- * context is still fed), then look again; the pause doubles (16 .. 512 steps) while it keeps not
- * paying, and is at least so long that looking again (a proposal, t_draft ms against a t0 ms step)
- * costs at most 2% of the paused steps' time (at most 4096 steps). A paying step ends the doubling. */
+ * context is still fed on the device; the host path's drafter only the prompt rows and the last
+ * DI_SPEC_FEED_TAIL paused steps' rows, feed_skip), then look again; the pause doubles (16 .. 512 steps)
+ * while it keeps not paying, and is at least so long that looking again (a proposal, t_draft ms against a
+ * t0 ms step; the last look's full cost when known, di_spec_call_done) costs at most DI_SPEC_LOOK_SHARE of
+ * the paused steps' time (at most DI_SPEC_PAUSE_MAX steps). A paying step ends the doubling. */
 static void pause_if_unpaid(struct di_spec *sp, int best, double t_draft, double t0) {
-  if (sp->look_ms > t_draft) t_draft = sp->look_ms; /* what the last look really cost the host (di_spec_submitted) */
+  if (sp->look_ms > t_draft) t_draft = sp->look_ms; /* what the last look cost the host (di_spec_submitted) */
+  if (sp->look_cost_ms > t_draft) t_draft = sp->look_cost_ms; /* and in wall time (di_spec_call_done) */
   if (best > 0) {
     sp->pause_len = 0;
     return;
   }
   int len = sp->pause_len ? (sp->pause_len < 512 ? 2 * sp->pause_len : 512) : 16;
-  int64_t floor_len = 4096; /* 50 x t_draft / t0, at most 4096 (also when it is not finite) */
-  if (!di_double_to_int_in(50.0 * t_draft / t0, 0, 4096, &floor_len)) floor_len = 4096;
-  if (len < floor_len) len = (int)floor_len;
+  const int floor_len = pause_floor(t_draft, t0);
+  if (len < floor_len) len = floor_len;
   sp->pause_len = len;
   sp->pause = sp->pause_len;
 }
@@ -263,7 +359,7 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
     double expect = 0;
     for (int i = 0; i < s->n; i++) expect += s->e[i].sample ? 1.0 : 0.0;
     int base = s->n_tokens, best = 0, above = 0;
-    double t0 = step_ms(sp, base);
+    double t0 = plain_ms(sp, step_ms(sp, base), base);
     /* proposals inside the step: steps that verify drafts propose too (their times are prof_prop_ms),
      * to be weighed against the plain step without a proposal (prof_ms) */
     const double *prof = sp->graph_prop ? sp->prof_prop_ms : sp->prof_ms;
@@ -271,6 +367,7 @@ di_status di_spec_grant_scheduled(di_engine *e, di_sched *s, int *budget, int n)
     if (t0 <= 0) {
       take = 0; /* probe: this step measures a step without drafts (and, inside the step, without a proposal) */
       sp->probe_plain = sp->graph_prop;
+      open_look(sp); /* the probe and the exploration after it cost as a look does */
     } else if (above && sp->graph_prop) {
       /* the step's cost of proposing: what a proposing step of base tokens costs over a plain one */
       double tp = profile_ms(sp->prof_prop_ms, base, 1);
@@ -394,6 +491,7 @@ int di_spec_graph_propose(di_engine *e, di_sched *s) {
     q++;
   }
   if (!any || q != n_seqs) return 0;
+  if (sp->pause_len > 0) open_look(sp); /* a look after a pause */
   s->batch.propose_row = s->prow;
   s->batch.propose_cap = s->pcap;
   return 1;
@@ -443,7 +541,13 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   int row = 0, m = 0, q = 0;
   /* a paused plain step (device steps: its context fed on the device, its entries' drafts voided at
    * submit by di_spec_plain_submitted): nothing to do, and the step after it may be in flight already */
-  if (s->spec_ahead && sp->device_steps) return DI_OK;
+  if (s->spec_ahead && sp->device_steps) {
+    sp->step_paused = 1;
+    return DI_OK;
+  }
+  /* the host path while paused: the decoding rows of the pause's first steps are not fed (feed_skip):
+   * the drafter's cache keeps the prompt rows and the last DI_SPEC_FEED_TAIL steps' rows before a look */
+  const int unfed = unfed_now(sp); /* (what di_spec_hidden_for saw at the step's wait) */
   /* 1. context rows of every position this step computed with a valid token: the step's hidden rows
    * as they are when they are all of them (a decoding step without rejected drafts), else packed */
   int packed = 0;
@@ -460,6 +564,10 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
       if (r->state == DI_REQ_DONE || sp->device_steps) continue; /* its blocks are gone; fed on the device */
       int hi = r->n_valid < en->start + en->n_new ? r->n_valid : en->start + en->n_new;
       if (hi <= en->start) continue;
+      if (unfed && en->n_new == 1 && en->start >= r->n_prompt) { /* (a generated token's row) */
+        if (!pass) sp->rows_unfed++; /* (the rows after it move up: packed) */
+        continue;
+      }
       for (int p = en->start; p < hi; p++) {
         const int h = t0 + p - en->start;
         if (pass) memcpy(sp->feat_rows + (size_t)m * F, sp->hidden + (size_t)h * F, F * sizeof(float));
@@ -474,7 +582,10 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   }
   di_status st = m > 0 ? d->context(d->ctx, m, packed ? sp->feat_rows : sp->hidden, sp->pos, sp->seq_of, sp->seqs) : DI_OK;
   if (st != DI_OK) return di_spec_fail(e, s, st);
-  if (s->spec_ahead) return DI_OK; /* no proposal: the step after this one may be in flight already */
+  if (s->spec_ahead) { /* no proposal: the step after this one may be in flight already */
+    sp->step_paused = 1;
+    return DI_OK;
+  }
   if (s->spec_gprop) { /* proposed inside the step already */
     int made = 0;
     st = graph_drafts(e, s, &made);
@@ -496,8 +607,10 @@ di_status di_spec_draft_dspark(di_engine *e, di_sched *s) {
   if (n == 0) return DI_OK;
   if (sp->pause > 0 && !sp->fixed) {
     sp->pause--;
+    sp->step_paused = 1;
     return DI_OK;
   }
+  if (sp->pause_len > 0) open_look(sp); /* a look after a pause */
   double t_start = di_now();
   /* blocks the drafter drafts itself (greedy, no grammar: draft_greedy) and those drafted here; logits
    * come to the host only for the latter, and only for the rows that can become drafts */

@@ -61,6 +61,19 @@ struct di_spec {
    * steps' (plain_submit_ms, an EMA) plus the fetch of its drafts, ms */
   double look_ms, plain_submit_ms;
   int verify_run;                /* schedules in a row that admitted drafts (a plain step is probed again after DI_SPEC_REPROBE) */
+  /* what a look really costs (di_spec_call_done): the engine steps (di_engine_step calls) from the one that
+   * starts a look (a proposal after a pause, or the first schedule's probe and exploration) to the first
+   * that completes a paused step again, their wall time above as many paused steps' (steady_ms: an EMA of
+   * the calls that complete a paused step) */
+  int look_open, look_calls, step_paused, paused_run; /* step_paused: this call completed a paused step; paused_run: such calls in a row */
+  double look_acc, look_cost_ms, steady_ms;
+  int64_t looks;                 /* looks whose full cost was measured */
+  /* plain steps under token feedback (item 1 of session 15): the time from the previous step's tokens to
+   * this one's, for steps queued behind the one before (engine.c feedback_step), an EMA at one size */
+  int pipe_size, pipe_count;
+  double pipe_ms;
+  int feed_skip;                 /* host path: decoding rows not fed to the drafter while paused (DEEPINFER_DSPARK_PAUSE_FEED 0) */
+  int64_t rows_unfed;            /* context rows so left out */
   /* stats */
   int64_t verify_steps, drafted, accepted, drafted_at[DI_SPEC_MAX_DRAFT], accepted_at[DI_SPEC_MAX_DRAFT];
   int64_t cal_n[DI_SPEC_CALIB_BINS], cal_acc[DI_SPEC_CALIB_BINS];

@@ -27,6 +27,15 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_DSPARK_FLUSH_ASYNC] = {"DEEPINFER_DSPARK_FLUSH_ASYNC", "1",
                                   "0: DSpark on CUDA turns its feature log into drafter cache entries with a host "
                                   "synchronisation per 1,024 rows (session 13's flush) instead of without one"},
+    [DI_SW_DSPARK_PAUSE_FEED] = {"DEEPINFER_DSPARK_PAUSE_FEED", "0",
+                                 "1: DSpark's host-path drafter (the CPU) is fed every decoding row while the confidence "
+                                 "schedule pauses (session 15) instead of the prompt rows and the last 16 paused steps' only"},
+    [DI_SW_DSPARK_PROP_GRAPH] = {"DEEPINFER_DSPARK_PROP_GRAPH", "0",
+                                 "1: DSpark on CUDA runs a graph step's in-step proposal as a CUDA graph of its own behind "
+                                 "the step's plain graph (session 16: correct on the H200, a look cheaper at batch 16 only) instead of inside one graph with it"},
+    [DI_SW_DSPARK_FLUSH_WARM] = {"DEEPINFER_DSPARK_FLUSH_WARM", "0",
+                                 "1: DSpark on CUDA runs one pass of its feature log's flush at startup (nothing written), so "
+                                 "the first full flush's GEMM planning is not paid while requests run (session 16; not yet run on a GPU)"},
     [DI_SW_CUDA_GRAPHS] = {"DEEPINFER_CUDA_GRAPHS", "1", "0: no CUDA graphs (every step launched eagerly)"},
     [DI_SW_CUDA_STEP_SAMPLE] = {"DEEPINFER_CUDA_STEP_SAMPLE", "1",
                                 "0: no sampling inside the step's graph (a separate sample launch after it)"},

@@ -30,6 +30,7 @@ typedef struct mock_drafter {
   int32_t *sampled;   /* its samples, by row */
   int n_sampled, cap_sampled;
   int64_t emulated, proposing_submits;
+  int64_t context_rows; /* rows fed through context() (the host path) */
 } mock_drafter;
 
 static mock_drafter g_md;
@@ -94,7 +95,8 @@ static const di_backend_ops MOCK_DRAFTER_OPS = {.name = "mock-graph", .kv_groups
 
 static di_status md_kv_alloc(void *c, int64_t n) { (void)c; (void)n; return DI_OK; }
 static di_status md_context(void *c, int n, const float *f, const int32_t *p, const int32_t *q, const di_batch_seq *s) {
-  (void)c; (void)n; (void)f; (void)p; (void)q; (void)s;
+  (void)c; (void)f; (void)p; (void)q; (void)s;
+  g_md.context_rows += n;
   return DI_OK;
 }
 /* the proposals after the step (the engine's fallback): no drafts */

@@ -221,6 +221,71 @@ static void test_reprobe(void) {
   free_engine(e, m);
 }
 
+/* The confidence schedule's pauses (spec_dspark.c) where no draft pays (confidence 0.05): the first
+ * schedule's probe and exploration measured as a look (its full cost, from the steps' wall times), the
+ * pause then at least that cost over 1% of a paused step, so a run of LONG_T tokens holds no look after
+ * it; with device token feedback the pipelined plain steps timed; on the host path the decoding rows of
+ * a pause's steps (but its last 16) not fed to the drafter, every row with DEEPINFER_DSPARK_PAUSE_FEED=1;
+ * outputs equal plain decoding's in all three. */
+static void run_long(di_engine *e, rq_t *rq, int T, const char *what) {
+  for (int k = 0; k < NREQ; k++) {
+    rq[k].n_prompt = 3 + (k * 3) % 5;
+    for (int i = 0; i < rq[k].n_prompt; i++) rq[k].prompt[i] = 2 + (int32_t)(mock_mix((uint64_t)(k * 100 + i)) % (VOCAB - 2));
+    const di_request_params p = test_params(NULL, rq[k].prompt, rq[k].n_prompt, T, 0, 0);
+    test_add(e, &p, &rq[k].out, what);
+  }
+  test_run_to_end(e, &rq[0].out, sizeof *rq, NREQ, 40000, NULL, NULL, what);
+}
+
+static void test_pauses(void) {
+  enum { LONG_T = 200 };
+  static rq_t ref[NREQ], got[NREQ];
+  mock_backend *m;
+  di_engine *e = make_engine(&m, 0, 1, 0, PER_TOKEN_S);
+  if (!e) { free_engine(e, m); return; }
+  run_long(e, ref, LONG_T, "pauses, plain");
+  free_engine(e, m);
+  static const char *const what[3] = {"device drafter", "host path", "host path, every row fed"};
+  int64_t fed[3] = {0};
+  for (int c = 0; c < 3; c++) {
+    if (c == 2) setenv("DEEPINFER_DSPARK_PAUSE_FEED", "1", 1);
+    e = make_engine_model(&m, 1, c == 0, 0, 0, c == 0 ? PER_TOKEN_S : 0, PROPOSAL_S, 0.05f); /* (host path: 0.2 ms a step) */
+    unsetenv("DEEPINFER_DSPARK_PAUSE_FEED");
+    if (!e) { free_engine(e, m); continue; }
+    run_long(e, got, LONG_T, what[c]);
+    int same = 1;
+    for (int k = 0; k < NREQ; k++) same &= ref[k].out.n == LONG_T && test_got_equal(&got[k].out, &ref[k].out);
+    CHECKF(same, "%s: outputs differ from plain decoding", what[c]);
+    const struct di_spec *sp = e->spec;
+    di_spec_stats ss;
+    di_engine_get_spec_stats(e, &ss);
+    printf("pauses, %s: %lld looks measured, the last %.2f ms against a %.3f ms paused step, pause %d; %lld proposing "
+           "submits, %lld drafts verified; pipelined plain steps %d (%.3f ms); %lld rows unfed, %lld fed\n", what[c],
+           (long long)sp->looks, sp->look_cost_ms, sp->steady_ms, sp->pause_len, (long long)g_md.proposing_submits,
+           (long long)ss.drafted_tokens, sp->pipe_count, sp->pipe_ms, (long long)sp->rows_unfed, (long long)g_md.context_rows);
+    CHECKF(sp->looks >= 1 && sp->look_cost_ms > 0 && sp->steady_ms > 0, "%s: the first schedule's look not measured", what[c]);
+    if (c == 0) {
+      /* its pause outlasts the run (the exploration verifies 8 x 4 drafts: a step of 5x a paused one; the host
+       * path's mock proposals cost nothing, so its looks are cheap and its pauses short) */
+      CHECKF(sp->pause_len > LONG_T, "%s: a pause of %d steps after a look of %.2f ms (steps of %.3f ms)", what[c],
+             sp->pause_len, sp->look_cost_ms, sp->steady_ms);
+      CHECKF(sp->pipe_count >= 8 && sp->pipe_ms > 0, "%s: %d pipelined plain steps timed", what[c], sp->pipe_count);
+      CHECKF(g_md.proposing_submits <= 4, "%s: %lld steps proposed (looks after the first)", what[c],
+             (long long)g_md.proposing_submits);
+      CHECKF(sp->rows_unfed == 0, "%s: %lld rows unfed (the context is fed on the device)", what[c], (long long)sp->rows_unfed);
+    }
+    if (c == 1) CHECKF(sp->rows_unfed > (int64_t)NREQ * (LONG_T / 2), "%s: %lld rows unfed", what[c], (long long)sp->rows_unfed);
+    if (c == 2) CHECKF(sp->rows_unfed == 0, "%s: %lld rows unfed", what[c], (long long)sp->rows_unfed);
+    fed[c] = g_md.context_rows;
+    di_engine_stats st;
+    di_engine_get_stats(e, &st);
+    CHECKF(st.kv_blocks_used == 0 && di_engine_check(e) == DI_OK, "%lld KV blocks leaked", (long long)st.kv_blocks_used);
+    free_engine(e, m);
+  }
+  CHECKF(fed[1] + (int64_t)NREQ * (LONG_T / 2) < fed[2], "host path: %lld rows fed, %lld with every row fed", (long long)fed[1],
+         (long long)fed[2]);
+}
+
 static void test_misuse(void) {
   mock_backend *m;
   di_engine *e = make_engine(&m, 0, 1, 0, PER_TOKEN_S);
@@ -255,6 +320,7 @@ int main(void) {
   test_no_buckets();
   test_schedule();
   test_reprobe();
+  test_pauses();
   test_misuse();
   free(g_md.sampled);
   return test_finish("test_dspark_profile");

@@ -9,7 +9,7 @@
 #include "deepinfer.h"
 #include <stddef.h>
 
-#define TEST_GOT_TOKENS 64 /* tokens kept per request (more are dropped: a count check then fails) */
+#define TEST_GOT_TOKENS 256 /* tokens kept per request (more are dropped: a count check then fails) */
 
 typedef struct test_got {
   int32_t tok[TEST_GOT_TOKENS];

@@ -70,6 +70,10 @@ typedef struct cu_layer {
 typedef struct graph_entry {
   int T, n_out, bt_stride, max_items, max_citems, bm, attn_cl, n_seq_rows, step_sample, n_lg;
   int prop_blk, prop_bt;       /* a DSpark proposal in the step: its padded block count and table stride (0: none) */
+  /* a DSpark proposal's own graph (prop_only: launched after the step's plain graph, cu_submit), keyed by
+   * T, prop_blk, prop_bt and prop_off, the offset of its inputs in the step's input block */
+  int prop_only;
+  size_t prop_off;
   int seen;                    /* eager runs so far; captured on the second */
   cudaGraphExec_t exec;
 } graph_entry;
@@ -234,6 +238,10 @@ typedef struct cu_backend {
   void *prop_ctx;
   int prop_on, prop_blk, prop_n, prop_bt;
   const int32_t *d_prop;
+  /* forward() leaves the proposal out (cu_submit launches it as a graph of its own after the step's:
+   * the step's graph is then the plain step's, already captured, and a look after a pause replays it);
+   * prop_split: so for every graph step (DEEPINFER_DSPARK_PROP_GRAPH, read at graph_on; default 0) */
+  int prop_defer, prop_split;
   /* di_batch.output_logits of the step in flight (want_on): wait() copies only those logits rows. With
    * a drafter's feature log on (DSpark: its rows' features come from the capture, not from hn) and some rows
    * unwanted, the output head runs on the wanted rows only (lg_gather): logits row k is output row

@@ -692,7 +692,7 @@ di_status forward(cu_backend *b) {
   PROF("lm_head");
   if (b->step_sample) DI_TRY(di_cuk_sample(b->logits, b->n_out_p, b->V, b->d_step_rows, b->d_sample_out, s));
   /* DSpark: the next block proposed from this step's samples, in the same graph (cuda_dspark.cu) */
-  if (b->prop_on && b->step_sample) DI_TRY(b->prop_forward(b->prop_ctx));
+  if (b->prop_on && b->step_sample && !b->prop_defer) DI_TRY(b->prop_forward(b->prop_ctx));
   return DI_OK;
 }
 

@@ -449,7 +449,18 @@ extern "C" di_status di_cuda_dspark_log_on(di_cuda_dspark *s, int max_step_rows)
   DI_CU(cudaStreamSynchronize(b->stream));
   if (s->graph_owner) drop_proposal_graphs(b);
   if (s->chunk > s->cap_ctx) DI_TRY(reserve_ctx(s, s->chunk));
-  return reserve(s, LOG_CHUNK, 2 * cap);
+  DI_TRY(reserve(s, LOG_CHUNK, 2 * cap));
+  /* DEEPINFER_DSPARK_FLUSH_WARM (default 0): one pass of a full flush now, every slot -1 (the cache write skips
+   * them) over zero features, so the pass's GEMM shapes are planned at startup: on the H200 the first full flush
+   * (at step 128 with 64 sequences) was one step of 3.4-3.8 ms, the planning of its M = 8,192 products (session 16) */
+  if (di_switch_bool(DI_SW_DSPARK_FLUSH_WARM, 0)) {
+    const int m = s->chunk < cap ? s->chunk : cap;
+    DI_CU(cudaMemsetAsync(s->ints, 0xff, sizeof(int32_t) * 2 * (size_t)m, b->stream));
+    DI_CU(cudaMemsetAsync(b->flog, 0, sizeof(float) * (size_t)m * s->F, b->stream));
+    DI_TRY(context_rows(s, m, b->flog, s->ints, s->ints + m));
+    DI_CU(cudaStreamSynchronize(b->stream));
+  }
+  return DI_OK;
 }
 
 static di_status block_forward(di_cuda_dspark *s, int n, const int32_t *d_tok, const int32_t *d_anchor, const int32_t *d_bt,
@@ -654,6 +665,7 @@ extern "C" di_status di_cuda_dspark_graph_on(di_cuda_dspark *s, int vocab_limit)
   b->prop_prepare = prop_prepare;
   b->prop_forward = prop_forward;
   b->prop_ctx = s;
+  b->prop_split = di_switch_bool(DI_SW_DSPARK_PROP_GRAPH, 0); /* the proposal as a graph of its own (cuda_step.cu) */
   s->graph_owner = 1;
   return DI_OK;
 }

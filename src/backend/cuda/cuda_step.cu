@@ -402,7 +402,7 @@ di_status prepare(cu_backend *b, const di_batch *bt) {
 static graph_entry *find_graph(cu_backend *b) {
   for (int i = 0; i < b->n_graphs; i++) {
     graph_entry *g = &b->graphs[i];
-    if (g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
+    if (!g->prop_only && g->T == b->Tp && g->n_out == b->n_out_p && g->bt_stride == b->bt_stride && g->max_items == b->max_items &&
         g->max_citems == b->max_citems && g->bm == b->bm && g->attn_cl == b->attn_cl && g->n_seq_rows == b->n_seq_rows &&
         g->step_sample == b->step_sample && g->n_lg == b->n_lg_p && g->prop_blk == b->prop_blk && g->prop_bt == b->prop_bt)
       return g;
@@ -420,6 +420,51 @@ static graph_entry *find_graph(cu_backend *b) {
 }
 
 
+/* A DSpark proposal's own graph (prop_only), keyed by what prop_forward's launches name: the step's
+ * padded rows, the padded block count, the drafter tables' stride and where its inputs lie in the
+ * step's input block. */
+static graph_entry *find_prop_graph(cu_backend *b) {
+  const size_t off = (size_t)(b->d_prop - b->in_dev);
+  for (int i = 0; i < b->n_graphs; i++) {
+    graph_entry *g = &b->graphs[i];
+    if (g->prop_only && g->T == b->Tp && g->prop_blk == b->prop_blk && g->prop_bt == b->prop_bt && g->prop_off == off)
+      return g;
+  }
+  if (b->n_graphs == MAX_GRAPHS) drop_graphs(b);
+  graph_entry *g = &b->graphs[b->n_graphs++];
+  memset(g, 0, sizeof *g);
+  g->prop_only = 1;
+  g->T = b->Tp;
+  g->prop_blk = b->prop_blk;
+  g->prop_bt = b->prop_bt;
+  g->prop_off = off;
+  return g;
+}
+
+/* a graph step's proposal (cu_submit): after the step on the stream, eagerly at its key's first sight,
+ * then captured and replayed, as a step */
+static di_status prop_launch(cu_backend *b) {
+  graph_entry *g = find_prop_graph(b);
+  if (!g->exec && g->seen < 1) {
+    g->seen++;
+    return b->prop_forward(b->prop_ctx);
+  }
+  if (!g->exec) {
+    cudaGraph_t graph_h = NULL;
+    DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+    di_status st = b->prop_forward(b->prop_ctx);
+    cudaError_t e = cudaStreamEndCapture(b->stream, &graph_h);
+    if (st != DI_OK) { if (graph_h) cudaGraphDestroy(graph_h); return st; }
+    if (e != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: proposal graph capture failed: %s", cudaGetErrorString(e));
+    e = cudaGraphInstantiate(&g->exec, graph_h, 0);
+    cudaGraphDestroy(graph_h);
+    if (e != cudaSuccess) { g->exec = NULL; return di_error_set(DI_ERR_BACKEND, "cuda: proposal graph instantiate failed: %s", cudaGetErrorString(e)); }
+    b->stats.graph_captures++;
+  }
+  DI_CU(cudaGraphLaunch(g->exec, b->stream));
+  return DI_OK;
+}
+
 /* a step is on the stream: when it samples in-step, its tokens' copy to the host goes right behind it */
 static di_status step_queued(cu_backend *b) {
   b->pending = 1;
@@ -427,6 +472,8 @@ static di_status step_queued(cu_backend *b) {
   if (b->step_sample) DI_TRY(queue_tokens(b, b->n_out));
   return DI_OK;
 }
+
+static di_status launch_graph(cu_backend *b, graph_entry *g);
 
 di_status cu_submit(di_backend *bb, const di_batch *batch) {
   cu_backend *b = (cu_backend *)bb;
@@ -441,12 +488,29 @@ di_status cu_submit(di_backend *bb, const di_batch *batch) {
     DI_TRY(forward(b));
     return step_queued(b);
   }
+  /* a proposal in a graph step, with DEEPINFER_DSPARK_PROP_GRAPH=1 (prop_split; default 0: one graph holds
+   * both): the step's graph without it (the plain step's, prop_blk = prop_bt = 0 in its key), then the
+   * proposal's own graph behind it on the stream (prop_launch). Same launches in the same stream order. */
+  const int pb = b->prop_blk, pt = b->prop_bt, split = b->prop_split && b->prop_on && b->step_sample;
+  if (split) b->prop_blk = b->prop_bt = 0, b->prop_defer = 1;
   graph_entry *g = find_graph(b);
+  di_status st_g = DI_OK;
   if (!g->exec && g->seen < 1) { /* first sight: eager (sets kernel attributes, plans GEMMs) */
     g->seen++;
-    DI_TRY(forward(b));
-    return step_queued(b);
+    st_g = forward(b);
+  } else {
+    st_g = launch_graph(b, g);
   }
+  if (split) {
+    b->prop_blk = pb, b->prop_bt = pt, b->prop_defer = 0;
+    if (st_g == DI_OK) st_g = prop_launch(b);
+  }
+  DI_TRY(st_g);
+  return step_queued(b);
+}
+
+/* the step's graph: captured at its second sight, then replayed */
+static di_status launch_graph(cu_backend *b, graph_entry *g) {
   if (!g->exec) {
     cudaGraph_t graph_h = NULL;
     DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
@@ -464,7 +528,7 @@ di_status cu_submit(di_backend *bb, const di_batch *batch) {
   if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g1, b->stream));
   b->timing = b->gpu_time;
   b->stats.graph_replays++;
-  return step_queued(b);
+  return DI_OK;
 }
 
 di_status cu_wait(di_backend *bb, float *logits, float *hidden) {
