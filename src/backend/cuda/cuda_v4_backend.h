@@ -13,6 +13,16 @@ extern "C" {
  * DEEPINFER_CUDA_V4_NATIVE=1, the default; 0: bf16); `w` is not kept. */
 di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
                                     di_backend **out);
+/* The same in a mode: batch_invariant != 0 (di_model_options.batch_invariant, or DEEPINFER_BATCH_INVARIANT=1) keeps
+ * every kernel one form at every step size, so a token's logits do not depend on its batch or chunk (the MXFP4
+ * experts on the CUDA-core kernels unless DEEPINFER_CUDA_V4_MX_TC=1 asks for the tensor-core form at every step);
+ * 0 (the default mode, di_backend_cuda_v4_create) lets a step's size pick the form: with DEEPINFER_CUDA_V4_MX_TC
+ * unset, steps of >= DI_V4_MX_TC_AUTO tokens take the MXFP4 tensor-core experts, one-token steps the CUDA-core ones. */
+#define DI_V4_MX_TC_AUTO 2
+di_status di_backend_cuda_v4_create_mode(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
+                                         int batch_invariant, di_backend **out);
+/* The step size from which the MXFP4 tensor-core experts run (0: never), as the backend chose it; -1 for another backend. */
+int di_backend_cuda_v4_mx_tc(const di_backend *b);
 /* Device bytes of the weights as uploaded (tests: the native formats' saving), or -1 for another backend. */
 int64_t di_backend_cuda_v4_weight_bytes(const di_backend *b);
 /* Sequences with device state (tests: none left after an engine), or -1 for another backend. */

@@ -68,6 +68,12 @@ size_t di_v4k_hc_scratch(int T, int D, int hc);
 di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
                         int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
                         double *part, di_cu_stream s);
+/* di_v4k_hc_pre in parts, for running the Sinkhorn beside the sublayer: parts 1 the mixes (into part), 2 the collapse
+ * (in; reads part), 4 post and the Sinkhorn (post, comb; reads part); 6 both halves in one launch (di_v4k_hc_pre is
+ * 1 then 6). Every output the same bits whatever the parts (the same CTAs' code). */
+di_status di_v4k_hc_pre_parts(const float *X, const float *fn, const float *base, const float *scale, const float *norm,
+                              int T, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                              double *part, int parts, di_cu_stream s);
 /* The back half: X[t][k] = post[k] * out[t] + sum_j comb[j][k] X[t][j]. */
 di_status di_v4k_hc_post(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc,
                          di_cu_stream s);

@@ -683,8 +683,8 @@ static __device__ void hc_sinkhorn_lanes(const double *mixes, const float *scale
  * two run side by side; each gathers the mixes itself. */
 __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
                          const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
-                         double *comb_out, int grouped) {
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y;
+                         double *comb_out, int grouped, int role0) {
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y + role0;
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
   hc_gather(part + (size_t)t * nsplit * (mix + 1), nsplit, mix, n, eps, mixes);
@@ -732,19 +732,31 @@ __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const f
   }
 }
 
-di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
-                        int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
-                        double *part, di_cu_stream s) {
+di_status di_v4k_hc_pre_parts(const float *X, const float *fn, const float *base, const float *scale, const float *norm,
+                              int T, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                              double *part, int parts, di_cu_stream s) {
   if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
   if (T <= 0) return DI_OK;
   if (T > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: mHC over %d tokens at once", T);
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
-  if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
-  else hc_mix_k<false><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
-  V4_LAUNCH("hc_mix");
-  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, g_hc_form);
-  V4_LAUNCH("hc_pre");
+  if (parts & 1) {
+    if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+    else hc_mix_k<false><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+    V4_LAUNCH("hc_mix");
+  }
+  /* CTA (t, y): role y + role0 (0 the collapse, 1 post + Sinkhorn) */
+  const int roles = ((parts >> 1) & 1) + ((parts >> 2) & 1), role0 = (parts & 2) ? 0 : 1;
+  if (roles) {
+    hc_pre_k<<<dim3(T, roles), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb,
+                                            g_hc_form, role0);
+    V4_LAUNCH("hc_pre");
+  }
   return DI_OK;
+}
+di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
+                        int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                        double *part, di_cu_stream s) {
+  return di_v4k_hc_pre_parts(X, fn, base, scale, norm, T, D, hc, iters, eps, hc_eps, in, post, comb, part, 7, s);
 }
 
 __global__ void hc_post_k(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc) {
