@@ -44,7 +44,11 @@
  * second time it is seen, replays with the new step's data; the feedback tokens are resolved before it.
  * Every real row gets the bits of the eager step (no kernel's per-row arithmetic depends on the number
  * of rows or on the bounds). Not under expert parallel (its exchanges sync with the host).
- * Not yet: grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * MXFP4 experts on tensor cores (k_mxfp4_tc_grouped.cu): steps of >= mx_tc tokens (DEEPINFER_CUDA_V4_MX_TC; unset: 2 in
+ * the default mode, never in the batch-invariant mode, which keeps one form at every step size). DEEPINFER_CUDA_V4_FORK
+ * (off by default): each mHC site's Sinkhorn on a stream of its own beside the sublayer (bit 1), a one-token step's
+ * compressor and indexer on two more beside the q path (bit 2): the same kernels, forked and joined by events.
+ * Not yet: bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_ep.cuh"
