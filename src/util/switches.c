@@ -115,7 +115,8 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
                             "bits: 1: the DeepSeek-V4 CUDA backend runs each mHC site's Sinkhorn on a stream of its own "
                             "beside the sublayer (joined before hc_post); 2: a one-token step's compressor and indexer on "
                             "two more streams beside the q path (joined before the attention; not with "
-                            "DEEPINFER_CUDA_V4_TC=1 or the phase profile); the same results; 0: one stream"},
+                            "DEEPINFER_CUDA_V4_TC=1 or the phase profile); 4 (with 2): the indexer's queries on a third "
+                            "stream beside its compressor; the same results; 0: one stream"},
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},

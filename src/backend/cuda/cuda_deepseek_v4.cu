@@ -47,7 +47,8 @@
  * MXFP4 experts on tensor cores (k_mxfp4_tc_grouped.cu): steps of >= mx_tc tokens (DEEPINFER_CUDA_V4_MX_TC; unset: 2 in
  * the default mode, never in the batch-invariant mode, which keeps one form at every step size). DEEPINFER_CUDA_V4_FORK
  * (off by default): each mHC site's Sinkhorn on a stream of its own beside the sublayer (bit 1), a one-token step's
- * compressor and indexer on two more beside the q path (bit 2): the same kernels, forked and joined by events.
+ * compressor and indexer on two more beside the q path (bit 2; bit 4: the indexer's queries on a third beside its
+ * compressor): the same kernels, forked and joined by events.
  * Not yet: bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
@@ -191,13 +192,13 @@ typedef struct v4cu {
   /* DEEPINFER_CUDA_V4_FORK: bit 1, each mHC site's post + Sinkhorn on hside (forked after the mixes through ev_hfork,
    * joined before hc_post through ev_hjoin); bit 2, a one-token step's compressor on aside[0] and indexer on aside[1]
    * (forked after q_norm through ev_afork, joined before the attention through ev_ajoin) */
-  cudaStream_t hside, aside[2];
-  cudaEvent_t ev_hfork, ev_hjoin, ev_afork, ev_ajoin[2];
+  cudaStream_t hside, aside[3]; /* aside[2] (bit 4): the indexer's queries beside its compressor */
+  cudaEvent_t ev_hfork, ev_hjoin, ev_afork, ev_ajoin[3];
 } v4cu;
 
 enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
        S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
-       S_EPACT, S_EPTILES, S_TAB, S_MXTC, S_TCXA, S_TCXB, S_N };
+       S_EPACT, S_EPTILES, S_TAB, S_MXTC, S_TCXA, S_TCXB, S_TCXC, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -308,7 +309,10 @@ static di_status fp8_products_f32x(v4cu *b, const float *x, const v4_mat *Wm, in
  * compressor's and indexer's, DEEPINFER_CUDA_V4_FORK bit 2; the shared expert's side stream overlaps only the MXFP4
  * kernels, which take float32 rows). */
 static int tcx_slot(const v4cu *b) {
-  return b->aside[0] && b->stream == b->aside[0] ? S_TCXA : b->aside[1] && b->stream == b->aside[1] ? S_TCXB : S_TCX;
+  return b->aside[0] && b->stream == b->aside[0]   ? S_TCXA
+         : b->aside[1] && b->stream == b->aside[1] ? S_TCXB
+         : b->aside[2] && b->stream == b->aside[2] ? S_TCXC
+                                                   : S_TCX;
 }
 
 static di_status lin_groups(v4cu *b, const float *x, int ldx, const v4_mat *Wm, int T, int R, int C, float *y, int ldy, int G,
@@ -808,16 +812,35 @@ static di_status indexer(v4cu *b, const step_meta *m, int l, const float *a, con
   const int T = m->T, D = c->hidden_size, ql = c->q_lora_rank, nh = c->index_n_heads, di = c->index_head_dim;
   SCR(ikv, S_IKV, float, (size_t)T * 2 * di);
   SCR(ig, S_IGATE, float, (size_t)T * 2 * di);
-  di_v4k_comp icomp;
-  prof_mark(b, l, DI_V4_PROF_INDEX);
-  DI_TRY(run_comp(b, m, l, 1, a, ikv, ig, &icomp));
   SCR(iq, S_IQ, float, (size_t)T * nh * di);
   SCR(iw, S_IW, float, (size_t)T * nh);
   SCR(score, S_SCORE, float, (size_t)T * (max_n > 0 ? max_n : 1));
   SCR(selb, S_SEL, unsigned char, (size_t)T * (max_n > 0 ? max_n : 1));
-  DI_TRY(lin(b, qr, ql, &L->idx_wq_b, T, nh * di, ql, iq, nh * di));
-  DI_TRY(lin(b, a, D, &L->idx_weights, T, nh, D, iw, nh));
-  DI_TRY(di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, b->stream));
+  /* forked with a third stream (DEEPINFER_CUDA_V4_FORK bit 4): the index queries and head weights on aside[2]
+   * (waiting on the fork like the others) beside the indexer's compressor here, joined before the scores */
+  const int split = b->aside[2] && b->stream == b->aside[1];
+  if (split) {
+    cudaStream_t s1 = b->stream;
+    b->stream = b->aside[2];
+    DI_CU(cudaStreamWaitEvent(b->aside[2], b->ev_afork, 0));
+    di_status st = lin(b, qr, ql, &L->idx_wq_b, T, nh * di, ql, iq, nh * di);
+    if (st == DI_OK) st = lin(b, a, D, &L->idx_weights, T, nh, D, iw, nh);
+    if (st == DI_OK)
+      st = di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, b->stream);
+    if (st == DI_OK && cudaEventRecord(b->ev_ajoin[2], b->aside[2]) != cudaSuccess)
+      st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the index queries' event");
+    b->stream = s1;
+    DI_TRY(st);
+  }
+  di_v4k_comp icomp;
+  prof_mark(b, l, DI_V4_PROF_INDEX);
+  DI_TRY(run_comp(b, m, l, 1, a, ikv, ig, &icomp));
+  if (split) DI_CU(cudaStreamWaitEvent(b->stream, b->ev_ajoin[2], 0));
+  else {
+    DI_TRY(lin(b, qr, ql, &L->idx_wq_b, T, nh * di, ql, iq, nh * di));
+    DI_TRY(lin(b, a, D, &L->idx_weights, T, nh, D, iw, nh));
+    DI_TRY(di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, b->stream));
+  }
   DI_TRY(di_v4k_indexer(iq, iw, m->pos, m->seq_of, m->seqs, &icomp, T, nh, di, c->index_topk, max_n, score, selb, b->stream));
   *sel = selb;
   return DI_OK;
@@ -1523,11 +1546,11 @@ static void v4cu_destroy(di_backend *base) {
   if (b->ev_fork) cudaEventDestroy(b->ev_fork);
   if (b->ev_join) cudaEventDestroy(b->ev_join);
   if (b->side) cudaStreamDestroy(b->side);
-  cudaEvent_t fev[5] = {b->ev_hfork, b->ev_hjoin, b->ev_afork, b->ev_ajoin[0], b->ev_ajoin[1]};
-  for (int k = 0; k < 5; k++)
+  cudaEvent_t fev[6] = {b->ev_hfork, b->ev_hjoin, b->ev_afork, b->ev_ajoin[0], b->ev_ajoin[1], b->ev_ajoin[2]};
+  for (int k = 0; k < 6; k++)
     if (fev[k]) cudaEventDestroy(fev[k]);
   if (b->hside) cudaStreamDestroy(b->hside);
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 3; k++)
     if (b->aside[k]) cudaStreamDestroy(b->aside[k]);
   if (b->stream) cudaStreamDestroy(b->stream);
   free(b);
@@ -1663,6 +1686,10 @@ extern "C" di_status di_backend_cuda_v4_create_mode(const di_model_config *cfg, 
        cudaEventCreateWithFlags(&b->ev_ajoin[0], cudaEventDisableTiming) != cudaSuccess ||
        cudaEventCreateWithFlags(&b->ev_ajoin[1], cudaEventDisableTiming) != cudaSuccess))
     st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the compressor / indexer streams or their events");
+  if (st == DI_OK && (fork & 2) && (fork & 4) &&
+      (cudaStreamCreateWithFlags(&b->aside[2], cudaStreamNonBlocking) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_ajoin[2], cudaEventDisableTiming) != cudaSuccess))
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the index queries' stream or its event");
   if (st == DI_OK && cudaDeviceSynchronize() != cudaSuccess)
     st = di_error_set(DI_ERR_BACKEND, WHO ": uploading the weights failed: %s", cudaGetErrorString(cudaGetLastError()));
   if (st != DI_OK) {
