@@ -104,13 +104,13 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_V4_SIDE] = {"DEEPINFER_CUDA_V4_SIDE", "1",
                             "1: the DeepSeek-V4 CUDA backend in the native mode runs a one-token step's shared expert on a "
                             "second stream beside the routed experts (same results; not under expert parallel); 0: one stream"},
-    [DI_SW_CUDA_V4_MX_TC] = {"DEEPINFER_CUDA_V4_MX_TC", "auto",
+    [DI_SW_CUDA_V4_MX_TC] = {"DEEPINFER_CUDA_V4_MX_TC", "0",
                              "N > 0: the DeepSeek-V4 CUDA backend's native MXFP4 routed experts run on the tensor cores "
                              "(W4A16: bf16-rounded activations) in steps of at least N tokens (1: every step, which keeps "
                              "a token's logits independent of its step; N > 1: not, across N, so the batch-invariant mode "
-                             "takes N > 1 as 0); 0: always the CUDA-core kernels (float32 activations); unset (auto): 2 "
-                             "in the default mode (one-token steps on the CUDA-core kernels, larger steps and prefill on "
-                             "the tensor cores), 0 in the batch-invariant mode"},
+                             "takes N > 1 as 0); 0 (the default in both modes until measured end to end; 2 is the proposed "
+                             "default-mode value: one-token steps on the CUDA-core kernels, larger steps and prefill on the "
+                             "tensor cores): always the CUDA-core kernels (float32 activations)"},
     [DI_SW_CUDA_V4_FORK] = {"DEEPINFER_CUDA_V4_FORK", "0",
                             "bits: 1: the DeepSeek-V4 CUDA backend runs each mHC site's Sinkhorn on a stream of its own "
                             "beside the sublayer (joined before hc_post); 2: a one-token step's compressor and indexer on "

@@ -44,8 +44,9 @@
  * second time it is seen, replays with the new step's data; the feedback tokens are resolved before it.
  * Every real row gets the bits of the eager step (no kernel's per-row arithmetic depends on the number
  * of rows or on the bounds). Not under expert parallel (its exchanges sync with the host).
- * MXFP4 experts on tensor cores (k_mxfp4_tc_grouped.cu): steps of >= mx_tc tokens (DEEPINFER_CUDA_V4_MX_TC; unset: 2 in
- * the default mode, never in the batch-invariant mode, which keeps one form at every step size). DEEPINFER_CUDA_V4_FORK
+ * MXFP4 experts on tensor cores (k_mxfp4_tc_grouped.cu): steps of >= mx_tc tokens (DEEPINFER_CUDA_V4_MX_TC; unset:
+ * DI_V4_MX_TC_DEFAULT in the default mode (0 until measured; 2 proposed), never in the batch-invariant mode, which keeps
+ * one form at every step size). DEEPINFER_CUDA_V4_FORK
  * (off by default): each mHC site's Sinkhorn on a stream of its own beside the sublayer (bit 1), a one-token step's
  * compressor and indexer on two more beside the q path (bit 2; bit 4: the indexer's queries on a third beside its
  * compressor): the same kernels, forked and joined by events.
@@ -1612,11 +1613,12 @@ extern "C" di_status di_backend_cuda_v4_create_mode(const di_model_config *cfg, 
   b->tc = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_TC, 0);
   b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 1); /* default on since session 13 (PERFORMANCE.md) */
   /* MXFP4 tensor-core experts (issue 18): set, the switch's N (the invariant mode takes only 0 or 1: N > 1 would
-   * make a token's logits depend on its step, so it means 0 there); unset, the default mode from DI_V4_MX_TC_AUTO
-   * tokens (one-token steps: the CUDA-core kernels, 10% faster there; 1.4-2.1x slower from 16 tokens, session 15) and
-   * the invariant mode never (its bits: the CUDA-core kernels' at every step, as before the mode was read here) */
+   * make a token's logits depend on its step, so it means 0 there); unset, the default mode's DI_V4_MX_TC_DEFAULT
+   * (0 until measured; 2 proposed: one-token steps on the CUDA-core kernels, 10% faster there, larger steps on the
+   * tensor cores, 1.4-2.1x faster from 16 tokens, session 15) and the invariant mode never (its bits: the CUDA-core
+   * kernels' at every step, as before the mode was read here) */
   b->invariant = batch_invariant != 0 || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
-  b->mx_tc = di_switch_int(DI_SW_CUDA_V4_MX_TC, b->invariant ? 0 : DI_V4_MX_TC_AUTO);
+  b->mx_tc = di_switch_int(DI_SW_CUDA_V4_MX_TC, b->invariant ? 0 : DI_V4_MX_TC_DEFAULT);
   if (b->mx_tc < 0 || (b->invariant && b->mx_tc > 1)) b->mx_tc = 0;
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
