@@ -114,6 +114,11 @@ typedef struct v4_pools {
   int64_t blocks[DI_V4_N_KINDS];
 } v4_pools;
 
+/* scratch slots (scratch(): one device buffer each, grown on demand) */
+enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
+       S_EPACT, S_EPTILES, S_TAB, S_MXTC, S_TCXA, S_TCXB, S_TCXC, S_N };
+
 typedef struct v4cu {
   di_backend base;
   const di_v4_config *c;
@@ -147,8 +152,8 @@ typedef struct v4cu {
   v4_dseq *seqs;
   int n_seqs, cap_seqs;
   /* scratch (grown as needed) */
-  void *scr[40];
-  size_t scr_cap[40];
+  void *scr[S_N];
+  size_t scr_cap[S_N];
   int32_t *h_meta[2]; /* pinned, alternating per step; ev_meta[k] marks the end of buffer k's copy */
   size_t h_meta_cap[2];
   cudaEvent_t ev_meta[2];
@@ -197,9 +202,6 @@ typedef struct v4cu {
   cudaEvent_t ev_hfork, ev_hjoin, ev_afork, ev_ajoin[3];
 } v4cu;
 
-enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
-       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
-       S_EPACT, S_EPTILES, S_TAB, S_MXTC, S_TCXA, S_TCXB, S_TCXC, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
