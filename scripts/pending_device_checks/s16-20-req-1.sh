@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # s16-20 req-1 (session 16, issue 20; no model): what branch s16-20 added to the V4 CUDA backend, run on main's binaries
 # after its merge (scripts/device_tests.sh --build builds every binary it needs: test_cuda_v4_kernels, test_cuda_mx_tc,
-# test_cuda_v4, bench_cuda_v4). The same checks as /work/devq/s16-20-req-1 of session 16 (which did not run: the device
-# did not start), with the baseline ("m" runs) the same binary at the old settings (DEEPINFER_CUDA_V4_FORK=0
+# test_cuda_v4, bench_cuda_v4). The same checks as /work/devq/s16-20-req-1 of session 16 (whose bench ran: PERFORMANCE.md
+# "Session 16, s16-20"; its tests crashed at exit on a bug fixed since), with the baseline ("m" runs) the same binary at
+# the old settings (DEEPINFER_CUDA_V4_FORK=0
 # DEEPINFER_CUDA_V4_MX_TC=0 = the defaults) instead of a main binary:
 # 1. test_cuda_v4_kernels (the mHC pre-step in parts == one call; MXFP4 forms 6 / 7 == form 1), test_cuda_mx_tc (the
 #    MX_TC choice per mode), test_cuda_v4 with DEEPINFER_CUDA_V4_FORK=3 and graphs (every check; graphs on == off).
 # 2. bench_cuda_v4 hashes: FORK=3 MX_TC=0 == the baseline on every line (the forks keep the bits); MX_TC=2 == it at batch 1;
 #    the invariant mode with MX_TC=2 == it (4K); forms 6 / 7, FORK=7, graphs == it at batch 1; the baseline == session 15's
 #    hashes (printed). Speed: baseline vs FORK=3 / MX_TC=2 (alternating) at 4K / 128K, batches 1, 2, 4, 16, 64, prefill
-#    4,096; batch 1 with FORK 0 / 1 / 2 / 7, forms 6 / 7, graphs. Flip (docs/NOTES.md, issue 20, session 16): MX_TC's
-#    default-mode value to 2 (DI_V4_MX_TC_DEFAULT in cuda_v4_backend.h, switches.c / .md, test_cuda_mx_tc follows) if b
-#    is faster at every batch >= 2 and prefill and equal at 1; FORK to the fastest same-hash setting; the MXFP4 form
-#    (MX_FORM_DEFAULT in k_v4_dense.cu) to 6 or 7 if faster.
+#    4,096; batch 1 with FORK 0 / 1 / 2 / 7, forms 6 / 7, graphs. With MX_TC's default at 2 (the branch's last commit)
+#    the "m" runs set 0 explicitly, so the comparison stands either way. What matters now: the three tests' result.
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET_S:-240}
