@@ -32,6 +32,11 @@
  * one token over <= 256 keys, else 3), for A/B runs (BENCH_V4_MX_FORM=4 / 5: the MXFP4 kernels with the byte-permute
  * decode; BENCH_V4_INDEX_FORM=3: the indexer's widen-once score kernel and, past 4,096 entries, a 1,024-thread top-k;
  * 4, the default: with 4 entries a lane past 8,192).
+ * The backend's switches are read at its creation: since session 16 DEEPINFER_CUDA_V4_MX_TC unset means the default mode's
+ * 2 (the MXFP4 tensor-core experts in steps of >= 2 tokens: batch lines above 1 and the prefill; =0 gives the CUDA-core
+ * kernels at every step, the hashes of earlier sessions), DEEPINFER_BATCH_INVARIANT=1 the invariant mode (CUDA-core at
+ * every step), DEEPINFER_CUDA_V4_FORK the streams of the mHC Sinkhorn / compressor / indexer, BENCH_V4_MX_FORM=6 / 7
+ * the MXFP4 one-token kernel with 2 / 4 row groups a warp.
  * Each batch's first two steps are not timed (the first resumes the sequences and grows the scratch; with
  * DEEPINFER_CUDA_V4_GRAPHS=1 the second captures the bucket's graph); the graphs captured and replayed are
  * printed at the end. */

@@ -32,7 +32,7 @@ static di_status load(di_model *m, const di_arch_load *in) {
   di_progress_end(in->progress);
   if (cuda) {
 #ifdef DI_HAVE_CUDA
-    return di_backend_cuda_v4_create(&m->cfg, &m->v4cfg, &m->v4w, &m->backend);
+    return di_backend_cuda_v4_create_mode(&m->cfg, &m->v4cfg, &m->v4w, in->batch_invariant, &m->backend);
 #else
     return di_error_set(DI_ERR_UNSUPPORTED, "accelerator \"%s\": this build has no CUDA backend (build with nvcc, DI_CUDA=ON)", acc);
 #endif

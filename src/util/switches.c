@@ -124,8 +124,16 @@ static const di_switch_info TABLE[DI_SW_COUNT] = {
     [DI_SW_CUDA_V4_MX_TC] = {"DEEPINFER_CUDA_V4_MX_TC", "0",
                              "N > 0: the DeepSeek-V4 CUDA backend's native MXFP4 routed experts run on the tensor cores "
                              "(W4A16: bf16-rounded activations) in steps of at least N tokens (1: every step, which keeps "
-                             "a token's logits independent of its step; N > 1: not, across N); 0: always the CUDA-core "
-                             "kernels (float32 activations)"},
+                             "a token's logits independent of its step; N > 1: not, across N, so the batch-invariant mode "
+                             "takes N > 1 as 0); 0 (the default in both modes until measured end to end; 2 is the proposed "
+                             "default-mode value: one-token steps on the CUDA-core kernels, larger steps and prefill on the "
+                             "tensor cores): always the CUDA-core kernels (float32 activations)"},
+    [DI_SW_CUDA_V4_FORK] = {"DEEPINFER_CUDA_V4_FORK", "0",
+                            "bits: 1: the DeepSeek-V4 CUDA backend runs each mHC site's Sinkhorn on a stream of its own "
+                            "beside the sublayer (joined before hc_post); 2: a one-token step's compressor and indexer on "
+                            "two more streams beside the q path (joined before the attention; not with "
+                            "DEEPINFER_CUDA_V4_TC=1 or the phase profile); 4 (with 2): the indexer's queries on a third "
+                            "stream beside its compressor; the same results; 0: one stream"},
     [DI_SW_CUDA_TC_INVARIANT] = {"DEEPINFER_CUDA_TC_INVARIANT", "1",
                                  "1: batch-invariant mode on tensor cores (dense GEMMs on k_tc_gemm.cu, experts on "
                                  "the grouped GEMM at every step); 0: skinny 8-row chunks and the grouped GEMV"},

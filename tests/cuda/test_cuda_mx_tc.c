@@ -19,7 +19,8 @@
  *   top-2, native weights, prompts of 70 and 9 tokens in one step: logits with DEEPINFER_CUDA_V4_MX_TC=2 against
  *   the CUDA-core experts (=0) within rel L2 2e-2 (test_cuda_v4_kernels' bound for native vs bf16) and not equal
  *   (the form was taken); the 70th token's logits after 69 + 1 tokens bit-equal to 70 in one step with =0 and =1
- *   (the tensor-core form at every step keeps a token independent of its step; =2 does not at one token).
+ *   (the tensor-core form at every step keeps a token independent of its step; =2 does not at one token); the switch
+ *   unset: the default mode as =DI_V4_MX_TC_DEFAULT, the batch-invariant mode as =0 (=2 there as 0, =1 as 1), bit for bit.
  * `--time`: the kernels at V4-Flash's 256 experts (and the benchmark model's 32) top-6, hidden 4096 x 2048, against
  * the CUDA-core MXFP4 kernels, with the MXFP4 and bf16 rooflines (4.8 TB/s, 989 TFLOP/s dense bf16).
  * Built only with nvcc; run on the device. */
@@ -307,6 +308,65 @@ static int run_split(di_backend *be, int T, int split, float *last) {
   free(tmp);
   return st == DI_OK;
 }
+/* The switch unset: the default mode as DEEPINFER_CUDA_V4_MX_TC=DI_V4_MX_TC_DEFAULT (a 70-token step's logits and its
+ * 69 + 1 tokens' last row bit-equal to that setting's), the
+ * batch-invariant mode (create_mode's flag, or DEEPINFER_BATCH_INVARIANT=1) never (70 tokens bit-equal to =0's, 69 + 1
+ * == 70), and there an explicit 2 means 0 and 1 stays 1 (69 + 1 == 70 in both). */
+static void mode_run(di_v4_random_model *rm, const char *sw, int inv, const char *env_inv, int T, float *whole, float *last,
+                     int *mx) {
+  di_model_config cfg0;
+  memset(&cfg0, 0, sizeof cfg0);
+  if (sw) setenv("DEEPINFER_CUDA_V4_MX_TC", sw, 1);
+  else unsetenv("DEEPINFER_CUDA_V4_MX_TC");
+  if (env_inv) setenv("DEEPINFER_BATCH_INVARIANT", env_inv, 1);
+  di_backend *be = NULL;
+  di_status st = di_backend_cuda_v4_create_mode(&cfg0, &rm->c, &rm->w, inv, &be);
+  CHECKF(st == DI_OK, "random V4-Flash model (mx tc %s, invariant %d): %s", sw ? sw : "unset", inv, di_last_error());
+  *mx = be ? di_backend_cuda_v4_mx_tc(be) : -2;
+  if (st == DI_OK) {
+    if (whole) CHECK(run_prompt(be, T, whole));
+    if (last) CHECK(run_split(be, T, T - 1, last));
+  }
+  if (be) be->ops->destroy(be);
+  unsetenv("DEEPINFER_CUDA_V4_MX_TC");
+  unsetenv("DEEPINFER_BATCH_INVARIANT");
+}
+static void check_modes(di_v4_random_model *rm, int V) {
+  const int T = 70;
+  const size_t n = (size_t)T * V, rb = sizeof(float) * (size_t)V;
+  float *w0 = calloc(n, 4), *w2 = calloc(n, 4), *wa = calloc(n, 4), *wi = calloc(n, 4), *we = calloc(n, 4);
+  float *la = calloc((size_t)V, 4), *li = calloc((size_t)V, 4), *li2 = calloc((size_t)V, 4),
+        *li1 = calloc((size_t)V, 4), *w1 = calloc(n, 4), *l2 = calloc((size_t)V, 4);
+  int mx[7];
+  mode_run(rm, "0", 0, NULL, T, w0, NULL, &mx[0]);
+  char defs[16];
+  snprintf(defs, sizeof defs, "%d", DI_V4_MX_TC_DEFAULT);
+  mode_run(rm, defs, 0, NULL, T, w2, l2, &mx[1]);
+  mode_run(rm, NULL, 0, NULL, T, wa, la, &mx[2]);
+  mode_run(rm, NULL, 1, NULL, T, wi, li, &mx[3]);
+  mode_run(rm, NULL, 0, "1", T, we, NULL, &mx[4]);
+  mode_run(rm, "2", 1, NULL, T, NULL, li2, &mx[5]);
+  mode_run(rm, "1", 1, NULL, T, w1, li1, &mx[6]);
+  CHECKF(mx[0] == 0 && mx[1] == DI_V4_MX_TC_DEFAULT && mx[2] == DI_V4_MX_TC_DEFAULT && mx[3] == 0 && mx[4] == 0 && mx[5] == 0 && mx[6] == 1,
+         "the backend's MX_TC choice: =0 %d, =default %d, unset %d, auto invariant %d, auto DEEPINFER_BATCH_INVARIANT=1 %d, "
+         "=2 invariant %d, =1 invariant %d", mx[0], mx[1], mx[2], mx[3], mx[4], mx[5], mx[6]);
+  const int auto_eq2 = memcmp(wa, w2, n * 4) == 0, auto_last_eq2 = memcmp(la, l2, rb) == 0;
+  const int inv_eq0 = memcmp(wi, w0, n * 4) == 0, env_eq0 = memcmp(we, w0, n * 4) == 0;
+  const int inv_split = memcmp(li, wi + (size_t)(T - 1) * V, rb) == 0, inv2_split = memcmp(li2, w0 + (size_t)(T - 1) * V, rb) == 0;
+  const int inv1_split = memcmp(li1, w1 + (size_t)(T - 1) * V, rb) == 0;
+  printf("model: MX_TC unset, default mode: 70 tokens %s =%d's, 69 + 1 %s its 69 + 1; invariant mode: 70 "
+         "tokens %s =0's (DEEPINFER_BATCH_INVARIANT=1: %s), 69 + 1 %s 70 (=2 there: %s =0's 70; =1: 69 + 1 %s 70)\n",
+         auto_eq2 ? "==" : "!=", DI_V4_MX_TC_DEFAULT, auto_last_eq2 ? "==" : "!=", inv_eq0 ? "==" : "!=", env_eq0 ? "==" : "!=",
+         inv_split ? "==" : "!=", inv2_split ? "==" : "!=", inv1_split ? "==" : "!=");
+  CHECKF(auto_eq2 && auto_last_eq2, "MX_TC unset in the default mode: 70 tokens == =%d %d, 69 + 1 == its %d",
+         DI_V4_MX_TC_DEFAULT, auto_eq2, auto_last_eq2);
+  CHECKF(inv_eq0 && env_eq0 && inv_split && inv2_split && inv1_split,
+         "the invariant mode's experts: 70 == =0 %d (env %d), 69 + 1 == 70 %d, =2 as 0 %d, =1 69 + 1 == 70 %d", inv_eq0,
+         env_eq0, inv_split, inv2_split, inv1_split);
+  free(w0); free(w2); free(wa); free(wi); free(we); free(w1);
+  free(l2); free(la); free(li); free(li2); free(li1);
+}
+
 static void check_model(void) {
   di_v4_config mc;
   di_v4_flash_shape(&mc, 4, 4);
@@ -370,6 +430,7 @@ static void check_model(void) {
     }
   }
   unsetenv("DEEPINFER_CUDA_V4_MX_TC");
+  check_modes(&rm, V);
   unsetenv("DEEPINFER_CUDA_V4_NATIVE");
   di_v4_random_model_free(&rm);
 }

@@ -179,6 +179,30 @@ static void check_hc(void) {
     free(a); free(b); free(h0); free(h1);
   }
   di_v4k_hc_form(-1);
+  /* in parts (DEEPINFER_CUDA_V4_FORK bit 1: the mixes, then post + Sinkhorn and the collapse as two launches, here
+   * in the order the backend queues them on two streams) at the default form, against one call: in, post, comb the same bits */
+  {
+    const float ep = (float)cfg.rms_eps, he = (float)cfg.hc_eps;
+    const int it = cfg.hc_sinkhorn_iters;
+    double *dpost2 = zeros_dev(8 * (size_t)T * hc), *dcomb2 = zeros_dev(8 * (size_t)T * hc * hc);
+    CHECK(di_v4k_hc_pre(dX, dfn, db, ds, dn, T, D, hc, it, ep, he, din1, dpost, dcomb, dpart, NULL) == DI_OK);
+    float *dinp = zeros_dev(4 * (size_t)T * D);
+    CHECK(di_v4k_hc_pre_parts(dX, dfn, db, ds, dn, T, D, hc, it, ep, he, dinp, dpost2, dcomb2, dpart, 1, NULL) == DI_OK);
+    CHECK(di_v4k_hc_pre_parts(dX, dfn, db, ds, dn, T, D, hc, it, ep, he, dinp, dpost2, dcomb2, dpart, 4, NULL) == DI_OK);
+    CHECK(di_v4k_hc_pre_parts(dX, dfn, db, ds, dn, T, D, hc, it, ep, he, dinp, dpost2, dcomb2, dpart, 2, NULL) == DI_OK);
+    CHECK(di_cut_sync() == 0);
+    float *a = from_dev(din1, (size_t)T * D), *b = from_dev(dinp, (size_t)T * D);
+    double *p1 = malloc(8 * (size_t)T * hc), *p2 = malloc(8 * (size_t)T * hc), *c1 = malloc(8 * (size_t)T * hc * hc),
+           *c2 = malloc(8 * (size_t)T * hc * hc);
+    CHECK(di_cut_d2h(p1, dpost, 8 * (size_t)T * hc) == 0 && di_cut_d2h(p2, dpost2, 8 * (size_t)T * hc) == 0 &&
+          di_cut_d2h(c1, dcomb, 8 * (size_t)T * hc * hc) == 0 && di_cut_d2h(c2, dcomb2, 8 * (size_t)T * hc * hc) == 0);
+    const int same = memcmp(a, b, 4 * (size_t)T * D) == 0 && memcmp(p1, p2, 8 * (size_t)T * hc) == 0 &&
+                     memcmp(c1, c2, 8 * (size_t)T * hc * hc) == 0;
+    printf("mHC pre-step in parts (mixes, post + Sinkhorn, collapse) vs one call: %s\n", same ? "bit-identical" : "DIFFER");
+    CHECKF(same, "mHC: the pre-step in parts differs from one call");
+    free(a); free(b); free(p1); free(p2); free(c1); free(c2);
+    di_cut_free(dpost2); di_cut_free(dcomb2); di_cut_free(dinp);
+  }
   di_cut_free(din1); di_cut_free(dh0); di_cut_free(dh1); di_cut_free(dhrows);
   CHECK(di_v4k_hc_post(dX, dout, dpost, dcomb, T, D, hc, NULL) == DI_OK);
   CHECK(di_cut_sync() == 0);
@@ -628,8 +652,8 @@ static void check_experts(int wf32) {
  * an odd 96 x 40 shape for the column-a-lane path): random E2M1 codes and E8M0 scales, against the f32
  * kernels on the same weights as the CPU reads them (di_weight_rows_f32): rel L2 < 1e-6 (the same
  * products, sums in another order); the shared expert's slots (id E) are left untouched; the tiled form
- * gives the same bits as one CTA row per slot, and the staged kernels (di_v4k_mx_form 1, the default, and 2-5:
- * 4 and 5 decode the codes by byte permutes) the same bits as the lane ones (form 0, e2m1_f32 per value), per
+ * gives the same bits as one CTA row per slot, and the staged kernels (di_v4k_mx_form 1, and 2-7:
+ * 4-7 decode the codes by byte permutes; 6, 7 give a warp 2 / 4 row groups at one token) the same bits as the lane ones (form 0, e2m1_f32 per value), per
  * slot and tiled (T tokens: up to 8 of an expert in a tile; random codes: every E2M1 value in every position). */
 static void mx_random(int E, int R, int C, uint8_t **q, uint8_t **sc, float **deq) {
   const int cb = C / 2, ns = (C + 31) / 32;
@@ -680,13 +704,14 @@ static void check_experts_mx(int D, int I, int T) {
   }
   int32_t *dids = dup_dev(ids, sizeof(int32_t) * (size_t)T * ns);
   float *dx = dup_dev(x, 4 * (size_t)T * D);
-  float *act[13], *y[13];
+  float *act[17], *y[17];
   int32_t *work = zeros_dev(4 * (1 + 3 * (size_t)di_v4k_expert_max_tiles(T, ns, E + 1) + (size_t)T * ns));
   CHECK(di_v4k_expert_tiles(dids, T, ns, E + 1, work, NULL) == DI_OK);
   /* 0: f32 reference kernels, 1: mx per slot, 2: mx tiled (form 1, the default); 3, 4: the same in the lane
-   * form 0; 5, 6: form 2; 7, 8: form 3; 9, 10: form 4; 11, 12: form 5 */
-  static const int form_of[13] = {1, 1, 1, 0, 0, 2, 2, 3, 3, 4, 4, 5, 5};
-  for (int v = 0; v < 13; v++) {
+   * form 0; 5, 6: form 2; 7, 8: form 3; 9, 10: form 4; 11, 12: form 5; 13, 14: form 6; 15, 16: form 7 (per slot:
+   * 2 / 4 row groups a warp; tiled: form 4's) */
+  static const int form_of[17] = {1, 1, 1, 0, 0, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
+  for (int v = 0; v < 17; v++) {
     di_v4k_mx_form(form_of[v]);
     float *da = zeros_dev(4 * (size_t)T * ns * I), *dy = zeros_dev(4 * (size_t)T * ns * D);
     if (v == 0) {
@@ -720,14 +745,14 @@ static void check_experts_mx(int D, int I, int T) {
   const size_t ny = 4 * (size_t)T * ns * D, na = 4 * (size_t)T * ns * I;
   const int same = memcmp(y[1], y[2], ny) == 0 && memcmp(act[1], act[2], na) == 0;
   int forms = 1;
-  for (int v = 3; v < 13; v++) forms &= memcmp(y[2 - v % 2], y[v], ny) == 0 && memcmp(act[2 - v % 2], act[v], na) == 0;
+  for (int v = 3; v < 17; v++) forms &= memcmp(y[2 - v % 2], y[v], ny) == 0 && memcmp(act[2 - v % 2], act[v], na) == 0;
   printf("experts MXFP4 (hidden %d, width %d, %d tokens): vs the f32 kernels on the dequantized weights worst rel L2 %.2e, shared "
-         "slots untouched %s, tiled %s, forms 0, 2, 3, 4, 5 vs 1 %s\n", D, I, T, worst, shared_touched ? "NO" : "yes",
+         "slots untouched %s, tiled %s, forms 0, 2-7 vs 1 %s\n", D, I, T, worst, shared_touched ? "NO" : "yes",
          same ? "bit-identical" : "DIFFERS", forms ? "bit-identical" : "DIFFERS");
   CHECKF(worst < 1e-6, "experts MXFP4 %d x %d: rel L2 %.3e", D, I, worst);
   CHECKF(!shared_touched && same, "experts MXFP4: shared slots touched %d, tiled same %d", shared_touched, same);
   CHECKF(forms, "experts MXFP4 %d x %d x %d tokens: the staged kernels' bits differ from the lane form's", D, I, T);
-  for (int v = 0; v < 13; v++) free(act[v]), free(y[v]);
+  for (int v = 0; v < 17; v++) free(act[v]), free(y[v]);
   free(x); free(w1); free(w3); free(w2); free(q1); free(q3); free(q2); free(s1); free(s3); free(s2);
   di_cut_free((void *)m1.q); di_cut_free((void *)m1.scale); di_cut_free((void *)m3.q); di_cut_free((void *)m3.scale);
   di_cut_free((void *)m2.q); di_cut_free((void *)m2.scale);

@@ -44,7 +44,13 @@
  * second time it is seen, replays with the new step's data; the feedback tokens are resolved before it.
  * Every real row gets the bits of the eager step (no kernel's per-row arithmetic depends on the number
  * of rows or on the bounds). Not under expert parallel (its exchanges sync with the host).
- * Not yet: grouped tensor-core expert GEMMs, bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
+ * MXFP4 experts on tensor cores (k_mxfp4_tc_grouped.cu): steps of >= mx_tc tokens (DEEPINFER_CUDA_V4_MX_TC; unset:
+ * DI_V4_MX_TC_DEFAULT in the default mode (0 until measured; 2 proposed), never in the batch-invariant mode, which keeps
+ * one form at every step size). DEEPINFER_CUDA_V4_FORK
+ * (off by default): each mHC site's Sinkhorn on a stream of its own beside the sublayer (bit 1), a one-token step's
+ * compressor and indexer on two more beside the q path (bit 2; bit 4: the indexer's queries on a third beside its
+ * compressor): the same kernels, forked and joined by events.
+ * Not yet: bf16 / fp8 caches, SWA bounded replay (refused with a message). Batches without group tables (di_model_score, log-likelihoods) run on pools of their own
  * (kv_alloc), each sequence's group-0 block table standing for its table in every group. */
 #include "cuda_backend_impl.cuh"
 #include "cuda_ep.cuh"
@@ -108,6 +114,11 @@ typedef struct v4_pools {
   int64_t blocks[DI_V4_N_KINDS];
 } v4_pools;
 
+/* scratch slots (scratch(): one device buffer each, grown on demand) */
+enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
+       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
+       S_EPACT, S_EPTILES, S_TAB, S_MXTC, S_TCXA, S_TCXB, S_TCXC, S_N };
+
 typedef struct v4cu {
   di_backend base;
   const di_v4_config *c;
@@ -116,6 +127,8 @@ typedef struct v4cu {
   int tc; /* DEEPINFER_CUDA_V4_TC: dense bf16 linears on the batch-invariant tensor-core GEMM */
   int native; /* DEEPINFER_CUDA_V4_NATIVE: FP8 / MXFP4 weights kept as stored */
   int mx_tc;  /* DEEPINFER_CUDA_V4_MX_TC: steps of >= this many tokens take the MXFP4 tensor-core experts (0: never) */
+  int invariant; /* the batch-invariant mode (create_mode's batch_invariant or DEEPINFER_BATCH_INVARIANT=1): every
+                  * kernel one form at every step size */
   size_t weight_bytes; /* device bytes of the weights (alloc_dev) */
   size_t wsize;
   di_v4_layout lay;
@@ -139,8 +152,8 @@ typedef struct v4cu {
   v4_dseq *seqs;
   int n_seqs, cap_seqs;
   /* scratch (grown as needed) */
-  void *scr[40];
-  size_t scr_cap[40];
+  void *scr[S_N];
+  size_t scr_cap[S_N];
   int32_t *h_meta[2]; /* pinned, alternating per step; ev_meta[k] marks the end of buffer k's copy */
   size_t h_meta_cap[2];
   cudaEvent_t ev_meta[2];
@@ -182,11 +195,13 @@ typedef struct v4cu {
    * (forked and joined through ev_fork / ev_join, so a graph captures both) */
   cudaStream_t side;
   cudaEvent_t ev_fork, ev_join;
+  /* DEEPINFER_CUDA_V4_FORK: bit 1, each mHC site's post + Sinkhorn on hside (forked after the mixes through ev_hfork,
+   * joined before hc_post through ev_hjoin); bit 2, a one-token step's compressor on aside[0] and indexer on aside[1]
+   * (forked after q_norm through ev_afork, joined before the attention through ev_ajoin) */
+  cudaStream_t hside, aside[3]; /* aside[2] (bit 4): the indexer's queries beside its compressor */
+  cudaEvent_t ev_hfork, ev_hjoin, ev_afork, ev_ajoin[3];
 } v4cu;
 
-enum { S_X, S_IN, S_OUT, S_POST, S_COMB, S_QR, S_Q, S_KV, S_CKV, S_CGATE, S_IKV, S_IGATE, S_IQ, S_IW, S_SCORE, S_SEL,
-       S_P, S_EX, S_O, S_MID, S_RLOG, S_IDS, S_WTS, S_ACT, S_Y, S_HY, S_LOGITS, S_META, S_SROWS, S_SOUT, S_TILES, S_HCP, S_TCX, S_TCWS, S_SHGU,
-       S_EPACT, S_EPTILES, S_TAB, S_MXTC, S_N };
 
 static di_status alloc_dev(v4cu *b, void **p, size_t bytes) {
   *p = NULL;
@@ -293,6 +308,16 @@ static di_status fp8_products_f32x(v4cu *b, const float *x, const v4_mat *Wm, in
   return DI_OK;
 }
 
+/* The bf16 copy of an FP8 product's activations: a buffer per stream that runs products at once (the forked
+ * compressor's and indexer's, DEEPINFER_CUDA_V4_FORK bit 2; the shared expert's side stream overlaps only the MXFP4
+ * kernels, which take float32 rows). */
+static int tcx_slot(const v4cu *b) {
+  return b->aside[0] && b->stream == b->aside[0]   ? S_TCXA
+         : b->aside[1] && b->stream == b->aside[1] ? S_TCXB
+         : b->aside[2] && b->stream == b->aside[2] ? S_TCXC
+                                                   : S_TCX;
+}
+
 static di_status lin_groups(v4cu *b, const float *x, int ldx, const v4_mat *Wm, int T, int R, int C, float *y, int ldy, int G,
                             int64_t gx, int64_t gw, int64_t gy) {
   cudaStream_t s = b->stream;
@@ -304,7 +329,7 @@ static di_status lin_groups(v4cu *b, const float *x, int ldx, const v4_mat *Wm, 
       DI_TRY(fp8_products_f32x(b, x, Wm, R, C, y, G, gx, gw, gy, &done));
       if (done) return DI_OK;
     }
-    SCR(xb, S_TCX, uint16_t, (size_t)T * width);
+    SCR(xb, tcx_slot(b), uint16_t, (size_t)T * width);
     DI_TRY(di_v4k_to_bf16(x, ldx, T, width, xb, s));
     return fp8_products(b, xb, width, Wm, T, R, C, y, ldy, G, gx, gw, gy);
   }
@@ -337,7 +362,7 @@ static di_status lin2(v4cu *b, const float *x, int ldx, int T, int C, const v4_m
     DI_TRY(lin(b, x, ldx, W1, T, R1, C, y1, ldy1));
     return lin(b, x, ldx, W2, T, R2, C, y2, ldy2);
   }
-  SCR(xb, S_TCX, uint16_t, (size_t)T * C);
+  SCR(xb, tcx_slot(b), uint16_t, (size_t)T * C);
   DI_TRY(di_v4k_to_bf16(x, ldx, T, C, xb, b->stream));
   DI_TRY(fp8_products(b, xb, C, W1, T, R1, C, y1, ldy1, 1, 0, 0, 0));
   return fp8_products(b, xb, C, W2, T, R2, C, y2, ldy2, 1, 0, 0, 0);
@@ -782,6 +807,72 @@ static di_status run_comp(v4cu *b, const step_meta *m, int l, int index, const f
   return DI_OK;
 }
 
+/* The CSA indexer of layer l on b->stream: its compressor, the roped index queries from qr, the head weights, the
+ * scores and top-k picks into sel. */
+static di_status indexer(v4cu *b, const step_meta *m, int l, const float *a, const float *qr, int max_n, unsigned char **sel) {
+  const di_v4_config *c = b->c;
+  const v4_dlayer *L = &b->L[l];
+  const int T = m->T, D = c->hidden_size, ql = c->q_lora_rank, nh = c->index_n_heads, di = c->index_head_dim;
+  SCR(ikv, S_IKV, float, (size_t)T * 2 * di);
+  SCR(ig, S_IGATE, float, (size_t)T * 2 * di);
+  SCR(iq, S_IQ, float, (size_t)T * nh * di);
+  SCR(iw, S_IW, float, (size_t)T * nh);
+  SCR(score, S_SCORE, float, (size_t)T * (max_n > 0 ? max_n : 1));
+  SCR(selb, S_SEL, unsigned char, (size_t)T * (max_n > 0 ? max_n : 1));
+  /* forked with a third stream (DEEPINFER_CUDA_V4_FORK bit 4): the index queries and head weights on aside[2]
+   * (waiting on the fork like the others) beside the indexer's compressor here, joined before the scores */
+  const int split = b->aside[2] && b->stream == b->aside[1];
+  if (split) {
+    cudaStream_t s1 = b->stream;
+    b->stream = b->aside[2];
+    DI_CU(cudaStreamWaitEvent(b->aside[2], b->ev_afork, 0));
+    di_status st = lin(b, qr, ql, &L->idx_wq_b, T, nh * di, ql, iq, nh * di);
+    if (st == DI_OK) st = lin(b, a, D, &L->idx_weights, T, nh, D, iw, nh);
+    if (st == DI_OK)
+      st = di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, b->stream);
+    if (st == DI_OK && cudaEventRecord(b->ev_ajoin[2], b->aside[2]) != cudaSuccess)
+      st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the index queries' event");
+    b->stream = s1;
+    DI_TRY(st);
+  }
+  di_v4k_comp icomp;
+  prof_mark(b, l, DI_V4_PROF_INDEX);
+  DI_TRY(run_comp(b, m, l, 1, a, ikv, ig, &icomp));
+  if (split) DI_CU(cudaStreamWaitEvent(b->stream, b->ev_ajoin[2], 0));
+  else {
+    DI_TRY(lin(b, qr, ql, &L->idx_wq_b, T, nh * di, ql, iq, nh * di));
+    DI_TRY(lin(b, a, D, &L->idx_weights, T, nh, D, iw, nh));
+    DI_TRY(di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, b->stream));
+  }
+  DI_TRY(di_v4k_indexer(iq, iw, m->pos, m->seq_of, m->seqs, &icomp, T, nh, di, c->index_topk, max_n, score, selb, b->stream));
+  *sel = selb;
+  return DI_OK;
+}
+
+/* The compressor (and for CSA the indexer) of layer l on two streams of their own beside the q path
+ * (DEEPINFER_CUDA_V4_FORK bit 2; forked from the stream after q_norm, joined by the caller through ev_ajoin): they
+ * read only a and qr and write buffers the q path does not touch (the compressor's projections, entries, open
+ * windows; the indexer's), so the same results. */
+static di_status comp_forked(v4cu *b, const step_meta *m, int l, const float *a, const float *qr, float *ckv, float *cg,
+                             int csa, int max_n, di_v4k_comp *comp, unsigned char **sel) {
+  cudaStream_t s = b->stream;
+  DI_CU(cudaEventRecord(b->ev_afork, s));
+  DI_CU(cudaStreamWaitEvent(b->aside[0], b->ev_afork, 0));
+  if (csa) DI_CU(cudaStreamWaitEvent(b->aside[1], b->ev_afork, 0));
+  b->stream = b->aside[0];
+  di_status st = run_comp(b, m, l, 0, a, ckv, cg, comp);
+  if (st == DI_OK && cudaEventRecord(b->ev_ajoin[0], b->aside[0]) != cudaSuccess)
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the compressor's event");
+  if (st == DI_OK && csa) {
+    b->stream = b->aside[1];
+    st = indexer(b, m, l, a, qr, max_n, sel);
+    if (st == DI_OK && cudaEventRecord(b->ev_ajoin[1], b->aside[1]) != cudaSuccess)
+      st = di_error_set(DI_ERR_BACKEND, WHO ": cannot record the indexer's event");
+  }
+  b->stream = s;
+  return st;
+}
+
 static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, float *out) {
   const di_v4_config *c = b->c;
   const v4_dlayer *L = &b->L[l];
@@ -797,40 +888,34 @@ static di_status attention(v4cu *b, const step_meta *m, int l, const float *a, f
   prof_mark(b, l, DI_V4_PROF_QKV);
   DI_TRY(lin2(b, a, D, T, D, &L->wq_a, ql, qr, ql, &L->wkv, hd, kv, hd));
   DI_TRY(di_v4k_rmsnorm(qr, ql, T, ql, L->q_norm, eps, s));
-  DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
-  DI_TRY(di_v4k_rmsnorm_rope(q, hd, T * H, hd, NULL, eps, H, m->pos, inv, rd, af, s));
-  DI_TRY(di_v4k_rmsnorm_rope_window(kv, T, hd, L->kv_norm, eps, m->pos, inv, rd, af, m->seq_of, m->seqs,
-                                    b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, m->counts, s));
+  /* one token: the compressor and indexer beside the q path (not in the tc mode: its GEMM's tile counters are one
+   * buffer; not under the phase profile: its events are on one stream) */
+  const int fork = b->aside[0] && T == 1 && !b->tc && !b->prof && kind != DI_V4_ATTN_SLIDING;
   di_v4k_comp comp;
   const di_v4k_comp *cp = NULL;
   unsigned char *sel = NULL;
   int max_n = 0;
+  const int csa = kind == DI_V4_ATTN_CSA;
+  float *ckv = NULL, *cg = NULL;
   if (kind != DI_V4_ATTN_SLIDING) {
-    const int csa = kind == DI_V4_ATTN_CSA;
     const int w = 2 * hd * (csa ? 1 : 0) + hd * (csa ? 0 : 1);
-    SCR(ckv, S_CKV, float, (size_t)T * w);
-    SCR(cg, S_CGATE, float, (size_t)T * w);
+    DI_TRY(scratch(b, S_CKV, sizeof(float) * (size_t)T * w, (void **)&ckv));
+    DI_TRY(scratch(b, S_CGATE, sizeof(float) * (size_t)T * w, (void **)&cg));
+    max_n = csa ? m->max_csa : m->max_hca;
+    cp = &comp;
+  }
+  if (fork) DI_TRY(comp_forked(b, m, l, a, qr, ckv, cg, csa, max_n, &comp, &sel));
+  DI_TRY(lin(b, qr, ql, &L->wq_b, T, H * hd, ql, q, H * hd));
+  DI_TRY(di_v4k_rmsnorm_rope(q, hd, T * H, hd, NULL, eps, H, m->pos, inv, rd, af, s));
+  DI_TRY(di_v4k_rmsnorm_rope_window(kv, T, hd, L->kv_norm, eps, m->pos, inv, rd, af, m->seq_of, m->seqs,
+                                    b->cur->pool[DI_V4_G_WINDOW], c->n_layers, l, m->counts, s));
+  if (fork) {
+    DI_CU(cudaStreamWaitEvent(s, b->ev_ajoin[0], 0));
+    if (csa) DI_CU(cudaStreamWaitEvent(s, b->ev_ajoin[1], 0));
+  } else if (kind != DI_V4_ATTN_SLIDING) {
     prof_mark(b, l, DI_V4_PROF_COMP);
     DI_TRY(run_comp(b, m, l, 0, a, ckv, cg, &comp));
-    cp = &comp;
-    max_n = csa ? m->max_csa : m->max_hca;
-    if (csa) {
-      const int nh = c->index_n_heads, di = c->index_head_dim;
-      SCR(ikv, S_IKV, float, (size_t)T * 2 * di);
-      SCR(ig, S_IGATE, float, (size_t)T * 2 * di);
-      di_v4k_comp icomp;
-      prof_mark(b, l, DI_V4_PROF_INDEX);
-      DI_TRY(run_comp(b, m, l, 1, a, ikv, ig, &icomp));
-      SCR(iq, S_IQ, float, (size_t)T * nh * di);
-      SCR(iw, S_IW, float, (size_t)T * nh);
-      SCR(score, S_SCORE, float, (size_t)T * (max_n > 0 ? max_n : 1));
-      SCR(selb, S_SEL, unsigned char, (size_t)T * (max_n > 0 ? max_n : 1));
-      DI_TRY(lin(b, qr, ql, &L->idx_wq_b, T, nh * di, ql, iq, nh * di));
-      DI_TRY(lin(b, a, D, &L->idx_weights, T, nh, D, iw, nh));
-      DI_TRY(di_v4k_rope(iq, di, T * nh, di, nh, m->pos, b->inv_comp, c->rope_compress.dim, b->af_comp, 1, s));
-      DI_TRY(di_v4k_indexer(iq, iw, m->pos, m->seq_of, m->seqs, &icomp, T, nh, di, c->index_topk, max_n, score, selb, s));
-      sel = selb;
-    }
+    if (csa) DI_TRY(indexer(b, m, l, a, qr, max_n, &sel));
   }
   const size_t keys = (size_t)c->sliding_window + max_n;
   SCR(p, S_P, float, (size_t)T * H * keys);
@@ -1164,6 +1249,24 @@ static int same_rows(const v4cu *b, const di_sample_row *rows, int n) {
   return 1;
 }
 
+/* An mHC site's pre-step: the mixes, then the collapse into `in` on the stream; post and the Sinkhorn (which only
+ * hc_post reads) in the same launch, or (DEEPINFER_CUDA_V4_FORK bit 1) on hside beside the sublayer, joined by the
+ * caller before hc_post (the same kernel and CTAs either way: the same bits). */
+static di_status hc_pre(v4cu *b, const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
+                        float *in, double *post, double *comb, double *hcp) {
+  const di_v4_config *c = b->c;
+  const int D = c->hidden_size, hc = c->hc_mult, it = c->hc_sinkhorn_iters;
+  const float eps = (float)c->rms_eps, he = (float)c->hc_eps;
+  cudaStream_t s = b->stream;
+  if (!b->hside) return di_v4k_hc_pre(X, fn, base, scale, norm, T, D, hc, it, eps, he, in, post, comb, hcp, s);
+  DI_TRY(di_v4k_hc_pre_parts(X, fn, base, scale, norm, T, D, hc, it, eps, he, in, post, comb, hcp, 1, s));
+  DI_CU(cudaEventRecord(b->ev_hfork, s));
+  DI_CU(cudaStreamWaitEvent(b->hside, b->ev_hfork, 0));
+  DI_TRY(di_v4k_hc_pre_parts(X, fn, base, scale, norm, T, D, hc, it, eps, he, in, post, comb, hcp, 4, b->hside));
+  DI_CU(cudaEventRecord(b->ev_hjoin, b->hside));
+  return di_v4k_hc_pre_parts(X, fn, base, scale, norm, T, D, hc, it, eps, he, in, post, comb, hcp, 2, s);
+}
+
 /* The step's kernels, all on the stream (what a graph captures): embedding, the layers, the head on the
  * output rows, and (sample) the in-step sampling of those rows into d_tok. No host work depends on the
  * step's data here, only on m's sizes. */
@@ -1185,15 +1288,15 @@ static di_status forward(v4cu *b, const step_meta *m, int sample) {
   for (int l = 0; l < NL; l++) {
     const v4_dlayer *L = &b->L[l];
     prof_mark(b, l, DI_V4_PROF_HC);
-    DI_TRY(di_v4k_hc_pre(X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, D, hc, c->hc_sinkhorn_iters,
-                         eps, hc_eps, in, post, comb, hcp, s));
+    DI_TRY(hc_pre(b, X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, T, in, post, comb, hcp));
     DI_TRY(attention(b, m, l, in, out));
     prof_mark(b, l, DI_V4_PROF_HC);
+    if (b->hside) DI_CU(cudaStreamWaitEvent(s, b->ev_hjoin, 0));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
-    DI_TRY(di_v4k_hc_pre(X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, D, hc, c->hc_sinkhorn_iters, eps,
-                         hc_eps, in, post, comb, hcp, s));
+    DI_TRY(hc_pre(b, X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, T, in, post, comb, hcp));
     DI_TRY(moe(b, m, l, in, out));
     prof_mark(b, l, DI_V4_PROF_HC);
+    if (b->hside) DI_CU(cudaStreamWaitEvent(s, b->ev_hjoin, 0));
     DI_TRY(di_v4k_hc_post(X, out, post, comb, T, D, hc, s));
   }
   prof_mark(b, NL, DI_V4_PROF_HEAD);
@@ -1446,6 +1549,12 @@ static void v4cu_destroy(di_backend *base) {
   if (b->ev_fork) cudaEventDestroy(b->ev_fork);
   if (b->ev_join) cudaEventDestroy(b->ev_join);
   if (b->side) cudaStreamDestroy(b->side);
+  cudaEvent_t fev[6] = {b->ev_hfork, b->ev_hjoin, b->ev_afork, b->ev_ajoin[0], b->ev_ajoin[1], b->ev_ajoin[2]};
+  for (int k = 0; k < 6; k++)
+    if (fev[k]) cudaEventDestroy(fev[k]);
+  if (b->hside) cudaStreamDestroy(b->hside);
+  for (int k = 0; k < 3; k++)
+    if (b->aside[k]) cudaStreamDestroy(b->aside[k]);
   if (b->stream) cudaStreamDestroy(b->stream);
   free(b);
 }
@@ -1482,6 +1591,11 @@ static float *upload_inv_freq(v4cu *b, const di_v4_rope_tab *rt, di_status *st) 
 
 extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
                                                di_backend **out) {
+  return di_backend_cuda_v4_create_mode(cfg, v4, w, 0, out);
+}
+
+extern "C" di_status di_backend_cuda_v4_create_mode(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
+                                                    int batch_invariant, di_backend **out) {
   if (!cfg || !v4 || !w || !out) return di_error_set(DI_ERR_INVALID_ARG, WHO ": NULL argument");
   *out = NULL;
   if (w->n_layers != v4->n_layers)
@@ -1500,7 +1614,14 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   b->wf32 = di_switch_bool(DI_SW_CUDA_V4_F32, 0);
   b->tc = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_TC, 0);
   b->native = !b->wf32 && di_switch_bool(DI_SW_CUDA_V4_NATIVE, 1); /* default on since session 13 (PERFORMANCE.md) */
-  b->mx_tc = di_switch_int(DI_SW_CUDA_V4_MX_TC, 0); /* off by default (issue 18, session 14: PERFORMANCE.md) */
+  /* MXFP4 tensor-core experts (issue 18): set, the switch's N (the invariant mode takes only 0 or 1: N > 1 would
+   * make a token's logits depend on its step, so it means 0 there); unset, the default mode's DI_V4_MX_TC_DEFAULT
+   * (0 until measured; 2 proposed: one-token steps on the CUDA-core kernels, 10% faster there, larger steps on the
+   * tensor cores, 1.4-2.1x faster from 16 tokens, session 15) and the invariant mode never (its bits: the CUDA-core
+   * kernels' at every step, as before the mode was read here) */
+  b->invariant = batch_invariant != 0 || di_switch_bool(DI_SW_BATCH_INVARIANT, 0);
+  b->mx_tc = di_switch_int(DI_SW_CUDA_V4_MX_TC, b->invariant ? 0 : DI_V4_MX_TC_DEFAULT);
+  if (b->mx_tc < 0 || (b->invariant && b->mx_tc > 1)) b->mx_tc = 0;
   b->wsize = b->wf32 ? 4 : 2;
   di_v4_layout_init(v4, &b->lay);
   b->state_floats = b->lay.block_floats[DI_V4_G_STATE];
@@ -1556,6 +1677,23 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
        cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
        cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming) != cudaSuccess))
     st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the side stream or its events");
+  const int fork = b->ep ? 0 : di_switch_int(DI_SW_CUDA_V4_FORK, 0); /* (not under expert parallel: not run there) */
+  if (st == DI_OK && (fork & 1) &&
+      (cudaStreamCreateWithFlags(&b->hside, cudaStreamNonBlocking) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_hfork, cudaEventDisableTiming) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_hjoin, cudaEventDisableTiming) != cudaSuccess))
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the mHC stream or its events");
+  if (st == DI_OK && (fork & 2) &&
+      (cudaStreamCreateWithFlags(&b->aside[0], cudaStreamNonBlocking) != cudaSuccess ||
+       cudaStreamCreateWithFlags(&b->aside[1], cudaStreamNonBlocking) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_afork, cudaEventDisableTiming) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_ajoin[0], cudaEventDisableTiming) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_ajoin[1], cudaEventDisableTiming) != cudaSuccess))
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the compressor / indexer streams or their events");
+  if (st == DI_OK && (fork & 2) && (fork & 4) &&
+      (cudaStreamCreateWithFlags(&b->aside[2], cudaStreamNonBlocking) != cudaSuccess ||
+       cudaEventCreateWithFlags(&b->ev_ajoin[2], cudaEventDisableTiming) != cudaSuccess))
+    st = di_error_set(DI_ERR_BACKEND, WHO ": cannot create the index queries' stream or its event");
   if (st == DI_OK && cudaDeviceSynchronize() != cudaSuccess)
     st = di_error_set(DI_ERR_BACKEND, WHO ": uploading the weights failed: %s", cudaGetErrorString(cudaGetLastError()));
   if (st != DI_OK) {
@@ -1565,6 +1703,8 @@ extern "C" di_status di_backend_cuda_v4_create(const di_model_config *cfg, const
   *out = &b->base;
   return DI_OK;
 }
+
+extern "C" int di_backend_cuda_v4_mx_tc(const di_backend *base) { return is_v4cu(base) ? ((const v4cu *)base)->mx_tc : -1; }
 
 extern "C" int64_t di_backend_cuda_v4_weight_bytes(const di_backend *base) {
   return is_v4cu(base) ? (int64_t)((const v4cu *)base)->weight_bytes : -1;

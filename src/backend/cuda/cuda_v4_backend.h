@@ -13,6 +13,19 @@ extern "C" {
  * DEEPINFER_CUDA_V4_NATIVE=1, the default; 0: bf16); `w` is not kept. */
 di_status di_backend_cuda_v4_create(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
                                     di_backend **out);
+/* The same in a mode: batch_invariant != 0 (di_model_options.batch_invariant, or DEEPINFER_BATCH_INVARIANT=1) keeps
+ * every kernel one form at every step size, so a token's logits do not depend on its batch or chunk (the MXFP4
+ * experts on the CUDA-core kernels unless DEEPINFER_CUDA_V4_MX_TC=1 asks for the tensor-core form at every step; an
+ * explicit N > 1 counts as 0 there); 0 (the default mode, di_backend_cuda_v4_create) lets a step's size pick the form:
+ * steps of >= DEEPINFER_CUDA_V4_MX_TC tokens (unset: DI_V4_MX_TC_DEFAULT) take the MXFP4 tensor-core experts.
+ * DI_V4_MX_TC_DEFAULT is 0 (off) until the GPU run of scripts/pending_device_checks/s16-20-req-1.sh shows the
+ * proposed 2 (one-token steps on the CUDA-core kernels, larger steps and prefill on the tensor cores) faster at every
+ * batch (docs/NOTES.md, issue 20, session 16); the invariant mode's default stays 0 either way. */
+#define DI_V4_MX_TC_DEFAULT 0
+di_status di_backend_cuda_v4_create_mode(const di_model_config *cfg, const di_v4_config *v4, const di_v4_weights *w,
+                                         int batch_invariant, di_backend **out);
+/* The step size from which the MXFP4 tensor-core experts run (0: never), as the backend chose it; -1 for another backend. */
+int di_backend_cuda_v4_mx_tc(const di_backend *b);
 /* Device bytes of the weights as uploaded (tests: the native formats' saving), or -1 for another backend. */
 int64_t di_backend_cuda_v4_weight_bytes(const di_backend *b);
 /* Sequences with device state (tests: none left after an engine), or -1 for another backend. */

@@ -68,6 +68,12 @@ size_t di_v4k_hc_scratch(int T, int D, int hc);
 di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
                         int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
                         double *part, di_cu_stream s);
+/* di_v4k_hc_pre in parts, for running the Sinkhorn beside the sublayer: parts 1 the mixes (into part), 2 the collapse
+ * (in; reads part), 4 post and the Sinkhorn (post, comb; reads part); 6 both halves in one launch (di_v4k_hc_pre is
+ * 1 then 6). Every output the same bits whatever the parts (the same CTAs' code). */
+di_status di_v4k_hc_pre_parts(const float *X, const float *fn, const float *base, const float *scale, const float *norm,
+                              int T, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                              double *part, int parts, di_cu_stream s);
 /* The back half: X[t][k] = post[k] * out[t] + sum_j comb[j][k] X[t][j]. */
 di_status di_v4k_hc_post(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc,
                          di_cu_stream s);
@@ -177,8 +183,9 @@ di_status di_v4k_expert_down_mx(const float *act, const int32_t *ids, const int3
                                 int n_slots, int D, int I, float *y, di_cu_stream s);
 /* Which kernels the two take where rows allow (C % 32 == 0, aligned): 1 (the default) the staged form (a CTA's
  * activations in shared memory, 4 weight rows a warp), 2 / 3 its variants (registers capped at one token; 2 rows
- * a warp), 4 / 5 forms 1 / 3 with the E2M1 codes decoded by byte permutes and one token's row staged whole,
- * 0 the lane form (a row a warp); all give the same bits. For tests and A/B benchmarks; not thread-safe (set it
+ * a warp), 4 / 5 forms 1 / 3 with the E2M1 codes decoded by byte permutes and one token's row staged whole (4: the
+ * default), 6 / 7 form 4 with 2 / 4 row groups a warp at one token a CTA (fewer, longer CTAs: one staging for more
+ * rows; tiles as form 4), 0 the lane form (a row a warp); all give the same bits. For tests and A/B benchmarks; not thread-safe (set it
  * before launching). */
 void di_v4k_mx_form(int form);
 /* act[t][i] (row stride ldo) = swiglu with the clamp of gate g[t][i] and up u[t][i] (row stride ldg), as

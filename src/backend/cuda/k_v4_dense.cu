@@ -683,8 +683,8 @@ static __device__ void hc_sinkhorn_lanes(const double *mixes, const float *scale
  * two run side by side; each gathers the mixes itself. */
 __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const float *base, const float *scale,
                          const float *norm, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post_out,
-                         double *comb_out, int grouped) {
-  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y;
+                         double *comb_out, int grouped, int role0) {
+  const int t = blockIdx.x, n = hc * D, mix = (2 + hc) * hc, role = (int)blockIdx.y + role0;
   __shared__ double mixes[HC_MIX_MAX];
   __shared__ double pre[HC_MAX];
   hc_gather(part + (size_t)t * nsplit * (mix + 1), nsplit, mix, n, eps, mixes);
@@ -732,19 +732,31 @@ __global__ void hc_pre_k(const float *X, const double *part, int nsplit, const f
   }
 }
 
-di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
-                        int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
-                        double *part, di_cu_stream s) {
+di_status di_v4k_hc_pre_parts(const float *X, const float *fn, const float *base, const float *scale, const float *norm,
+                              int T, int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                              double *part, int parts, di_cu_stream s) {
   if (hc > HC_MAX) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: hc_mult %d > %d", hc, HC_MAX);
   if (T <= 0) return DI_OK;
   if (T > 65535) return di_error_set(DI_ERR_UNSUPPORTED, "cuda v4: mHC over %d tokens at once", T);
   const int nsplit = hc_splits(D, hc), mix = (2 + hc) * hc;
-  if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
-  else hc_mix_k<false><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
-  V4_LAUNCH("hc_mix");
-  hc_pre_k<<<dim3(T, 2), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb, g_hc_form);
-  V4_LAUNCH("hc_pre");
+  if (parts & 1) {
+    if (g_hc_form >= 2) hc_mix_k<true><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+    else hc_mix_k<false><<<dim3(nsplit, T), HC_COLS, 0, s>>>(X, NULL, fn, hc * D, mix, part);
+    V4_LAUNCH("hc_mix");
+  }
+  /* CTA (t, y): role y + role0 (0 the collapse, 1 post + Sinkhorn) */
+  const int roles = ((parts >> 1) & 1) + ((parts >> 2) & 1), role0 = (parts & 2) ? 0 : 1;
+  if (roles) {
+    hc_pre_k<<<dim3(T, roles), 256, 0, s>>>(X, part, nsplit, base, scale, norm, D, hc, iters, eps, hc_eps, in, post, comb,
+                                            g_hc_form, role0);
+    V4_LAUNCH("hc_pre");
+  }
   return DI_OK;
+}
+di_status di_v4k_hc_pre(const float *X, const float *fn, const float *base, const float *scale, const float *norm, int T,
+                        int D, int hc, int iters, float eps, float hc_eps, float *in, double *post, double *comb,
+                        double *part, di_cu_stream s) {
+  return di_v4k_hc_pre_parts(X, fn, base, scale, norm, T, D, hc, iters, eps, hc_eps, in, post, comb, part, 7, s);
 }
 
 __global__ void hc_post_k(float *X, const float *out, const double *post, const double *comb, int T, int D, int hc) {
@@ -1240,6 +1252,100 @@ __global__ void __launch_bounds__(MXS_WARPS * 32, MINB) mx_staged_k(const float 
   }
 }
 
+/* Forms 6 / 7 at one token (a CTA per slot, the row staged whole): form 4's kernel with RG = 2 / 4 row groups a warp
+ * one after another in a CTA (the groups of RG of form 4's CTAs), so a CTA stages the activation row once for RG
+ * times the rows (form 4: 768 CTAs of 4 steps a warp for 6 experts' gate / up, 2 steps for down) and a warp's weight
+ * stream runs across its groups: the last step of a group issues the next group's first loads. Per output the same
+ * lanes, columns, expressions and order as form 4 (acc += mx_part(w, xl) * sc per step, then warp_sum_f and the
+ * same epilogue): the same bits. Capped at 128 registers for 2 CTAs an SM. */
+template <bool UP, int RG>
+__global__ void __launch_bounds__(MXS_WARPS * 32, 2) mx_one_rg_k(const float *x, const int32_t *ids, const int32_t *tiles,
+                                                                int max_tiles, int e_skip, mx4mat wa, mx4mat wb, int ns, int D,
+                                                                int I, float lim, float *out) {
+  constexpr int NR = MXS_NR, NO = UP ? NR / 2 : NR;
+  __shared__ __align__(16) float xs[MXS_WHOLE + MXS_WHOLE / 8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int e, ts[LIN_TOK];
+  const int nt = cta_slots(ids, tiles, max_tiles, e_skip, &e, ts);
+  if (nt <= 0) return;
+  const int C = UP ? D : I, N = UP ? I : D;
+  const float *xr[1];
+  gv_act_rows<1>(xr, x, C, ts, 0, nt, UP ? ns : 1);
+  mx4row wr[NR];
+  int o0 = (blockIdx.x * RG * MXS_WARPS + warp) * NO; /* group g: + g * MXS_WARPS * NO */
+#pragma unroll
+  for (int r = 0; r < NR; r++) {
+    const int o = UP ? o0 + r / 2 : o0 + r, oc = o < N ? o : N - 1;
+    wr[r] = wrow(UP && (r & 1) ? wb : wa, (size_t)e * N + oc, C);
+  }
+  uint4 cur[NR], nxt[NR];
+  uint32_t ec[NR], en[NR];
+  {
+    const int c = lane * 32;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      cur[r] = c < C ? di_ld_stream16(wr[r].q + c / 2) : make_uint4(0, 0, 0, 0);
+      ec[r] = c < C ? __ldg(wr[r].s + c / 32) : 127u;
+    }
+  }
+  for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) *(float4 *)(xs + c + (c >> 5) * 4) = *(const float4 *)(xr[0] + c);
+  __syncthreads();
+  for (int g = 0; g < RG; g++, o0 += MXS_WARPS * NO) {
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0;
+    for (int c0 = 0; c0 < C; c0 += MXS_STEP) {
+      const int c = c0 + lane * 32, cn = c + MXS_STEP;
+      if (c0 + MXS_STEP < C) { /* this group's next step */
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+          nxt[r] = cn < C ? di_ld_stream16(wr[r].q + cn / 2) : make_uint4(0, 0, 0, 0);
+          en[r] = cn < C ? __ldg(wr[r].s + cn / 32) : 127u;
+        }
+      } else if (g + 1 < RG) { /* the next group's first step */
+        const int c1 = lane * 32, o1 = o0 + MXS_WARPS * NO;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+          const int o = UP ? o1 + r / 2 : o1 + r, oc = o < N ? o : N - 1;
+          wr[r] = wrow(UP && (r & 1) ? wb : wa, (size_t)e * N + oc, C);
+          nxt[r] = c1 < C ? di_ld_stream16(wr[r].q + c1 / 2) : make_uint4(0, 0, 0, 0);
+          en[r] = c1 < C ? __ldg(wr[r].s + c1 / 32) : 127u;
+        }
+      }
+      if (c < C) {
+        const float *xl = xs + c0 + c0 / 8 + lane * 36;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+          float w[32];
+          mx_decode32<true>(cur[r], w);
+          const float sc = e8m0_scale(ec[r]);
+          acc[r] += mx_part(w, xl) * sc;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < NR; r++) cur[r] = nxt[r], ec[r] = en[r];
+    }
+    if (UP) {
+#pragma unroll
+      for (int p = 0; p < NR / 2; p++) {
+        const float gs = warp_sum_f(acc[2 * p]), u = warp_sum_f(acc[2 * p + 1]);
+        const int i = o0 + p;
+        if (lane == 0 && i < N) {
+          const float gv = gs > lim ? lim : gs;
+          const float uv = u > lim ? lim : u < -lim ? -lim : u;
+          out[(size_t)ts[0] * I + i] = (float)(gv / (1.0 + exp(-(double)gv))) * uv;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < NR; r++) {
+        const float v = warp_sum_f(acc[r]);
+        if (lane == 0 && o0 + r < N) out[(size_t)ts[0] * D + o0 + r] = v;
+      }
+    }
+  }
+}
+
 /* form 1: MXS_NR rows a warp; forms 2 and 3 trade rows a warp for CTAs an SM (2, at one token: the same rows,
  * registers capped for 2 CTAs; 3: 2 rows, at one token capped for 2 CTAs); forms 4 and 5 are 1 and 3 with the
  * byte-permute decode and (one token) the row staged whole: all the same bits (A/B: bench_cuda_v4) */
@@ -1258,7 +1364,12 @@ static void mx_staged_launch(int form, int T, int n_slots, int mt, const float *
   const dim3 grid((N + per - 1) / per, tiles ? mt : T * n_slots);
   const mx4mat a{wa}, b{wb};
   const int m = E1 - 1, tiled = tiles != NULL;
-  if (form >= 4) mx_staged_go<UP, 0, true>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  if ((form == 6 || form == 7) && !tiled && (UP ? D : I) <= MXS_WHOLE) { /* one token a CTA, RG row groups a warp */
+    const int rg = form == 6 ? 2 : 4;
+    const dim3 g2((N + per * rg - 1) / (per * rg), T * n_slots);
+    if (rg == 2) mx_one_rg_k<UP, 2><<<g2, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+    else mx_one_rg_k<UP, 4><<<g2, MXS_WARPS * 32, 0, s>>>(x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
+  } else if (form >= 4) mx_staged_go<UP, 0, true>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
   else if (form == 2) mx_staged_go<UP, 2, false>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
   else mx_staged_go<UP, 0, false>(nr, grid, tiled, s, x, ids, tiles, mt, m, a, b, n_slots, D, I, lim, out);
 }
