@@ -88,6 +88,19 @@ static void mask_at_bound(const di_grammar *g, const char *head, int bound) {
 
 enum { N = DI_GRAMMAR_DEFAULT_MAX_STRING_LENGTH };
 
+/* A string schema of x's with the bound turned off (-1: runs to 3N) and changed (10: stops there, the
+ * mask at the bound as mask_at_bound checks it). */
+static void bound_off_and_changed(const char *schema) {
+  di_grammar *g = compile(DI_GRAMMAR_JSON_SCHEMA, schema, -1, 0);
+  CHECK(matcher_takes(g, "\"", "x", 3 * N, "\""));
+  di_grammar_free(g);
+  g = compile(DI_GRAMMAR_JSON_SCHEMA, schema, 10, 0);
+  CHECK(matcher_takes(g, "\"", "x", 10, "\""));
+  CHECK(!matcher_takes(g, "\"", "x", 11, "\""));
+  mask_at_bound(g, "\"", 10);
+  di_grammar_free(g);
+}
+
 static void string_values(void) {
   const char *str = "{\"type\": \"string\"}";
   di_grammar *g = compile(DI_GRAMMAR_JSON_SCHEMA, str, 0, 0);
@@ -102,14 +115,7 @@ static void string_values(void) {
   CHECK(matcher_takes(g, "\"", "\\ud83d\\ude00", N, "\"")); /* a surrogate pair is one */
   mask_at_bound(g, "\"", N);
   di_grammar_free(g);
-  g = compile(DI_GRAMMAR_JSON_SCHEMA, str, -1, 0); /* off */
-  CHECK(matcher_takes(g, "\"", "x", 3 * N, "\""));
-  di_grammar_free(g);
-  g = compile(DI_GRAMMAR_JSON_SCHEMA, str, 10, 0); /* changed */
-  CHECK(matcher_takes(g, "\"", "x", 10, "\""));
-  CHECK(!matcher_takes(g, "\"", "x", 11, "\""));
-  mask_at_bound(g, "\"", 10);
-  di_grammar_free(g);
+  bound_off_and_changed(str); /* off: runs to 3N; changed: stops at 10 */
   /* the schema's own maxLength wins, above or below the bound */
   g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"maxLength\": 5000}", 0, 0);
   CHECK(matcher_takes(g, "\"", "x", 5000, "\""));
@@ -405,14 +411,7 @@ static void pattern_strings(void) {
   CHECK(matcher_takes(g, "\"", "x", N - 1, "\""));
   mask_at_bound(g, "\"", N);
   di_grammar_free(g);
-  g = compile(DI_GRAMMAR_JSON_SCHEMA, px, -1, 0); /* off: the pattern's own language */
-  CHECK(matcher_takes(g, "\"", "x", 3 * N, "\""));
-  di_grammar_free(g);
-  g = compile(DI_GRAMMAR_JSON_SCHEMA, px, 10, 0); /* changed */
-  CHECK(matcher_takes(g, "\"", "x", 10, "\""));
-  CHECK(!matcher_takes(g, "\"", "x", 11, "\""));
-  mask_at_bound(g, "\"", 10);
-  di_grammar_free(g);
+  bound_off_and_changed(px); /* off: the pattern's own language; changed: stops at 10 */
   /* characters as maxLength counts them: two-byte UTF-8 and escapes one each (an unanchored pattern) */
   g = compile(DI_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\", \"pattern\": \"a\"}", 0, 0);
   CHECK(matcher_takes(g, "\"a", "\xc3\xa9", N - 1, "\""));

@@ -441,6 +441,23 @@ static graph_entry *find_prop_graph(cu_backend *b) {
   return g;
 }
 
+/* Captures what run(ctx) enqueues on the stream into g->exec (the step's forward or a proposal's);
+ * `what` names it in the errors. */
+static di_status capture_graph(cu_backend *b, graph_entry *g, di_status (*run)(void *), void *ctx, const char *what) {
+  cudaGraph_t graph_h = NULL;
+  DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+  di_status st = run(ctx);
+  cudaError_t e = cudaStreamEndCapture(b->stream, &graph_h);
+  if (st != DI_OK) { if (graph_h) cudaGraphDestroy(graph_h); return st; }
+  if (e != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: %s capture failed: %s", what, cudaGetErrorString(e));
+  e = cudaGraphInstantiate(&g->exec, graph_h, 0);
+  cudaGraphDestroy(graph_h);
+  if (e != cudaSuccess) { g->exec = NULL; return di_error_set(DI_ERR_BACKEND, "cuda: %s instantiate failed: %s", what, cudaGetErrorString(e)); }
+  b->stats.graph_captures++;
+  return DI_OK;
+}
+static di_status step_forward(void *b) { return forward((cu_backend *)b); }
+
 /* a graph step's proposal (cu_submit): after the step on the stream, eagerly at its key's first sight,
  * then captured and replayed, as a step */
 static di_status prop_launch(cu_backend *b) {
@@ -449,18 +466,7 @@ static di_status prop_launch(cu_backend *b) {
     g->seen++;
     return b->prop_forward(b->prop_ctx);
   }
-  if (!g->exec) {
-    cudaGraph_t graph_h = NULL;
-    DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
-    di_status st = b->prop_forward(b->prop_ctx);
-    cudaError_t e = cudaStreamEndCapture(b->stream, &graph_h);
-    if (st != DI_OK) { if (graph_h) cudaGraphDestroy(graph_h); return st; }
-    if (e != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: proposal graph capture failed: %s", cudaGetErrorString(e));
-    e = cudaGraphInstantiate(&g->exec, graph_h, 0);
-    cudaGraphDestroy(graph_h);
-    if (e != cudaSuccess) { g->exec = NULL; return di_error_set(DI_ERR_BACKEND, "cuda: proposal graph instantiate failed: %s", cudaGetErrorString(e)); }
-    b->stats.graph_captures++;
-  }
+  if (!g->exec) DI_TRY(capture_graph(b, g, b->prop_forward, b->prop_ctx, "proposal graph"));
   DI_CU(cudaGraphLaunch(g->exec, b->stream));
   return DI_OK;
 }
@@ -511,18 +517,7 @@ di_status cu_submit(di_backend *bb, const di_batch *batch) {
 
 /* the step's graph: captured at its second sight, then replayed */
 static di_status launch_graph(cu_backend *b, graph_entry *g) {
-  if (!g->exec) {
-    cudaGraph_t graph_h = NULL;
-    DI_CU(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
-    di_status st = forward(b);
-    cudaError_t e = cudaStreamEndCapture(b->stream, &graph_h);
-    if (st != DI_OK) { if (graph_h) cudaGraphDestroy(graph_h); return st; }
-    if (e != cudaSuccess) return di_error_set(DI_ERR_BACKEND, "cuda: graph capture failed: %s", cudaGetErrorString(e));
-    e = cudaGraphInstantiate(&g->exec, graph_h, 0);
-    cudaGraphDestroy(graph_h);
-    if (e != cudaSuccess) { g->exec = NULL; return di_error_set(DI_ERR_BACKEND, "cuda: graph instantiate failed: %s", cudaGetErrorString(e)); }
-    b->stats.graph_captures++;
-  }
+  if (!g->exec) DI_TRY(capture_graph(b, g, step_forward, b, "graph"));
   if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g0, b->stream));
   DI_CU(cudaGraphLaunch(g->exec, b->stream));
   if (b->gpu_time) DI_CU(cudaEventRecord(b->ev_g1, b->stream));
